@@ -1,0 +1,216 @@
+//! The element types a tensor may have, numbered as ggml numbers them so that GGUF tensors
+//! pass through unchanged, with the block geometry each one has on disk.
+
+use std::fmt;
+
+/// A tensor element type. The discriminant is the ggml type id, which is also the value
+/// stored in [`crate::raw::TensorEntry::dtype`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum DType {
+    /// IEEE-754 binary32.
+    F32 = 0,
+    /// IEEE-754 binary16.
+    F16 = 1,
+    /// 32 weights: f16 scale, 16 bytes of 4-bit quants.
+    Q4_0 = 2,
+    /// 32 weights: f16 scale, f16 min, 16 bytes of 4-bit quants.
+    Q4_1 = 3,
+    /// 32 weights: f16 scale, 4 bytes of high bits, 16 bytes of low nibbles.
+    Q5_0 = 6,
+    /// 32 weights: f16 scale, f16 min, 4 bytes of high bits, 16 bytes of low nibbles.
+    Q5_1 = 7,
+    /// 32 weights: f16 scale, 32 signed bytes.
+    Q8_0 = 8,
+    /// 32 weights: f16 scale, f16 sum, 32 signed bytes.
+    Q8_1 = 9,
+    /// 256-weight super-block, 2-bit quants.
+    Q2K = 10,
+    /// 256-weight super-block, 3-bit quants.
+    Q3K = 11,
+    /// 256-weight super-block, 4-bit quants.
+    Q4K = 12,
+    /// 256-weight super-block, 5-bit quants.
+    Q5K = 13,
+    /// 256-weight super-block, 6-bit quants.
+    Q6K = 14,
+    /// 256-weight super-block, f32 scale, 8-bit quants and block sums.
+    Q8K = 15,
+    /// Signed 8-bit integer.
+    I8 = 24,
+    /// Signed 16-bit integer.
+    I16 = 25,
+    /// Signed 32-bit integer.
+    I32 = 26,
+    /// Signed 64-bit integer.
+    I64 = 27,
+    /// IEEE-754 binary64.
+    F64 = 28,
+    /// bfloat16.
+    BF16 = 30,
+}
+
+/// All dtypes this version of the format defines, in id order.
+pub const ALL_DTYPES: [DType; 20] = [
+    DType::F32,
+    DType::F16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q8_1,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+    DType::Q8K,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::F64,
+    DType::BF16,
+];
+
+impl DType {
+    /// The dtype with ggml id `id`, if the format defines it.
+    pub fn from_id(id: u32) -> Option<DType> {
+        ALL_DTYPES.iter().copied().find(|d| *d as u32 == id)
+    }
+
+    /// The ggml type id.
+    pub fn id(self) -> u32 {
+        self as u32
+    }
+
+    /// Elements per block (1 for scalar types).
+    pub fn block_size(self) -> usize {
+        use DType::*;
+        match self {
+            F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q2K | Q3K | Q4K | Q5K | Q6K | Q8K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn type_size(self) -> usize {
+        use DType::*;
+        match self {
+            F32 | I32 => 4,
+            F16 | BF16 | I16 => 2,
+            I8 => 1,
+            I64 | F64 => 8,
+            Q4_0 => 18,
+            Q4_1 => 20,
+            Q5_0 => 22,
+            Q5_1 => 24,
+            Q8_0 => 34,
+            Q8_1 => 36,
+            Q2K => 84,
+            Q3K => 110,
+            Q4K => 144,
+            Q5K => 176,
+            Q6K => 210,
+            Q8K => 292,
+        }
+    }
+
+    /// True for the block-quantized types.
+    pub fn is_quantized(self) -> bool {
+        self.block_size() > 1
+    }
+
+    /// True for F32, F16, BF16 and F64.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+
+    /// The name used in SPEC.md, GGUF tools and the CLIs (`q4_k`, `bf16`, ...).
+    pub fn name(self) -> &'static str {
+        use DType::*;
+        match self {
+            F32 => "f32",
+            F16 => "f16",
+            Q4_0 => "q4_0",
+            Q4_1 => "q4_1",
+            Q5_0 => "q5_0",
+            Q5_1 => "q5_1",
+            Q8_0 => "q8_0",
+            Q8_1 => "q8_1",
+            Q2K => "q2_k",
+            Q3K => "q3_k",
+            Q4K => "q4_k",
+            Q5K => "q5_k",
+            Q6K => "q6_k",
+            Q8K => "q8_k",
+            I8 => "i8",
+            I16 => "i16",
+            I32 => "i32",
+            I64 => "i64",
+            F64 => "f64",
+            BF16 => "bf16",
+        }
+    }
+
+    /// Parses a name as printed by [`DType::name`] (case-insensitive).
+    pub fn from_name(name: &str) -> Option<DType> {
+        let lower = name.to_ascii_lowercase();
+        ALL_DTYPES.iter().copied().find(|d| d.name() == lower)
+    }
+
+    /// Bytes taken by one row of `n` elements, or `None` when `n` is not a whole number of
+    /// blocks or the size overflows.
+    pub fn row_bytes(self, n: u64) -> Option<u64> {
+        let bs = self.block_size() as u64;
+        if n % bs != 0 {
+            return None;
+        }
+        (n / bs).checked_mul(self.type_size() as u64)
+    }
+
+    /// Bytes taken by a tensor of this dtype and `shape` (row-major, last dimension
+    /// contiguous), or `None` when the last dimension is not a whole number of blocks or the
+    /// size overflows.
+    pub fn tensor_bytes(self, shape: &[u64]) -> Option<u64> {
+        let (&last, outer) = match shape.split_last() {
+            Some(s) => s,
+            None => return Some(self.type_size() as u64).filter(|_| self.block_size() == 1),
+        };
+        let rows = outer.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
+        self.row_bytes(last)?.checked_mul(rows)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_are_unique() {
+        for d in ALL_DTYPES {
+            assert_eq!(DType::from_id(d.id()), Some(d));
+            assert_eq!(DType::from_name(d.name()), Some(d));
+        }
+        assert_eq!(DType::from_id(4), None, "4 was Q4_2, removed from ggml");
+        assert_eq!(DType::from_id(31), None);
+    }
+
+    #[test]
+    fn sizes_match_ggml_table() {
+        // bytes per 256 weights, from ggml's type_traits table
+        assert_eq!(DType::Q4_0.tensor_bytes(&[256]), Some(8 * 18));
+        assert_eq!(DType::Q6K.tensor_bytes(&[2, 256]), Some(2 * 210));
+        assert_eq!(DType::BF16.tensor_bytes(&[3, 5]), Some(30));
+        assert_eq!(DType::Q4K.tensor_bytes(&[100]), None, "not whole blocks");
+        assert_eq!(DType::F32.tensor_bytes(&[u64::MAX, 2]), None, "overflow");
+    }
+}
