@@ -1,0 +1,206 @@
+//! The `mmap` backend: every layer file mapped whole, read-only. Acquiring a layer hands out
+//! the mapping itself (zero-copy); the kernel pages the bytes in on first touch.
+
+use crate::{IoError, IoStats, LayerBytes, LayerSource, Resident};
+use gds_format::Manifest;
+use memmap2::{Advice, Mmap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One mapped layer file. Empty files (a layer with no tensors) have no mapping.
+struct Mapped(Option<Mmap>);
+
+impl Resident for Mapped {
+    fn bytes(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+}
+
+/// Memory-maps every layer file of a model directory.
+pub struct MmapBackend {
+    layers: Vec<Arc<Mapped>>,
+    touched: Vec<AtomicBool>,
+    bytes_read: AtomicU64,
+    acquires: AtomicU64,
+}
+
+impl MmapBackend {
+    /// Maps every layer file named by `manifest`, relative to `dir`. Fails, naming the file,
+    /// when a file is missing, unreadable, or its length differs from the manifest's record.
+    pub fn open(dir: &Path, manifest: &Manifest<'_>) -> Result<MmapBackend, IoError> {
+        let mut layers = Vec::with_capacity(manifest.n_layers());
+        for i in 0..manifest.n_layers() {
+            let info = manifest.layer(i).map_err(|source| IoError::Manifest {
+                path: dir.join(gds_format::MANIFEST_FILE),
+                source,
+            })?;
+            if !gds_format::validate::is_safe_relative_path(info.file) {
+                return Err(IoError::BadPath {
+                    layer: i,
+                    file: info.file.to_string(),
+                });
+            }
+            let path = dir.join(info.file);
+            let file_err = |source| IoError::File {
+                path: path.clone(),
+                source,
+            };
+            let file = File::open(&path).map_err(file_err)?;
+            let actual = file.metadata().map_err(file_err)?.len();
+            if actual != info.file_size {
+                return Err(IoError::LengthMismatch {
+                    path,
+                    expected: info.file_size,
+                    actual,
+                });
+            }
+            let map = if actual == 0 {
+                None
+            } else {
+                // SAFETY: the mapping is read-only and private to this process. Like every
+                // mmap-based loader we rely on nobody truncating or rewriting the model files
+                // while they are mapped; the length was just checked against the manifest.
+                let map = unsafe { Mmap::map(&file) }.map_err(file_err)?;
+                Some(map)
+            };
+            layers.push(Arc::new(Mapped(map)));
+        }
+        Ok(MmapBackend {
+            touched: layers.iter().map(|_| AtomicBool::new(false)).collect(),
+            layers,
+            bytes_read: AtomicU64::new(0),
+            acquires: AtomicU64::new(0),
+        })
+    }
+}
+
+impl LayerSource for MmapBackend {
+    fn name(&self) -> &'static str {
+        "mmap"
+    }
+
+    fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn acquire(&self, layer: usize) -> Result<LayerBytes, IoError> {
+        let buf = self.layers.get(layer).ok_or(IoError::NoSuchLayer {
+            layer,
+            n_layers: self.layers.len(),
+        })?;
+        self.acquires.fetch_add(1, Ordering::Relaxed);
+        if !self.touched[layer].swap(true, Ordering::Relaxed) {
+            self.bytes_read
+                .fetch_add(buf.bytes().len() as u64, Ordering::Relaxed);
+        }
+        Ok(LayerBytes::new(layer, buf.clone()))
+    }
+
+    fn prefetch(&self, layer: usize) {
+        if let Some(Mapped(Some(map))) = self.layers.get(layer).map(|a| &**a) {
+            // A hint only: failure changes nothing but speed.
+            let _ = map.advise(Advice::WillNeed);
+        }
+    }
+
+    fn stats(&self) -> IoStats {
+        IoStats {
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            acquires: self.acquires.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Reads `manifest.gdsm` of a model directory into memory (it is small; the layer files are
+/// what gets mapped).
+pub fn read_manifest(dir: &Path) -> Result<Vec<u8>, IoError> {
+    let path: PathBuf = dir.join(gds_format::MANIFEST_FILE);
+    std::fs::read(&path).map_err(|source| IoError::File { path, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gds_format::{DType, LayerRecord, ManifestBuilder, TensorSpec};
+
+    /// Writes a one-layer model directory whose layer file holds `data`.
+    fn model_dir(data: &[u8], declared_len: u64) -> (tempfile::TempDir, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("embed.bin"), data).unwrap();
+        let spec = TensorSpec {
+            name: "token_embd.weight".into(),
+            dtype: DType::F32,
+            shape: vec![4, 256],
+        };
+        let mut layout = gds_format::layout(std::slice::from_ref(&spec)).unwrap();
+        layout.file_size = declared_len;
+        let mut b = ManifestBuilder::new();
+        b.kv_str("general.architecture", "llama");
+        b.add_layer(&LayerRecord {
+            name: "embed".into(),
+            file: "embed.bin".into(),
+            kind: gds_format::layer_kind::EMBED,
+            index: 0,
+            tensors: vec![spec],
+            layout,
+            content_hash: [0; 32],
+        });
+        (dir, b.finish())
+    }
+
+    #[test]
+    fn maps_layers_and_counts_bytes_once() {
+        let data: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        let (dir, bytes) = model_dir(&data, 4096);
+        let m = Manifest::parse(&bytes).unwrap();
+        let b = MmapBackend::open(dir.path(), &m).unwrap();
+        assert_eq!(b.n_layers(), 1);
+        let l = b.acquire(0).unwrap();
+        assert_eq!(&l[..], &data[..]);
+        assert_eq!(l.index(), 0);
+        let again = b.acquire(0).unwrap();
+        b.prefetch(0);
+        assert_eq!(again.len(), 4096);
+        assert_eq!(
+            b.stats(),
+            IoStats {
+                bytes_read: 4096,
+                acquires: 2
+            }
+        );
+        assert!(matches!(
+            b.acquire(1),
+            Err(IoError::NoSuchLayer {
+                layer: 1,
+                n_layers: 1
+            })
+        ));
+    }
+
+    #[test]
+    fn length_mismatch_names_the_file() {
+        let (dir, bytes) = model_dir(&[0u8; 4096], 8192);
+        let m = Manifest::parse(&bytes).unwrap();
+        let err = MmapBackend::open(dir.path(), &m).err().expect("must fail");
+        assert!(matches!(
+            err,
+            IoError::LengthMismatch {
+                expected: 8192,
+                actual: 4096,
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("embed.bin"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_names_the_file() {
+        let (dir, bytes) = model_dir(&[0u8; 4096], 4096);
+        std::fs::remove_file(dir.path().join("embed.bin")).unwrap();
+        let m = Manifest::parse(&bytes).unwrap();
+        let err = MmapBackend::open(dir.path(), &m).err().expect("must fail");
+        assert!(err.to_string().contains("embed.bin"), "{err}");
+    }
+}
