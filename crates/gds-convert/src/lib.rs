@@ -1,14 +1,20 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Conversion of GGUF files and safetensors checkpoints into the GdsLLM format, and the
+//! directory-level `validate` and `inspect` behind `gdsconv`.
+//!
+//! Readers ([`gguf`], [`safetensors`]) produce a [`source::Source`]: canonical names, row-major
+//! shapes, bytes still in the memory-mapped input. [`convert::convert`] streams it out layer
+//! by layer into a temporary directory and renames it into place.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod convert;
+mod error;
+pub mod gguf;
+pub mod inspect;
+pub mod names;
+pub mod safetensors;
+pub mod source;
+pub mod tokenizer;
+pub mod validate;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use convert::{convert, open_source, ConvertOptions, ConvertSummary, NoProgress, Progress, QuantTarget};
+pub use error::ConvertError;
+pub use validate::{validate_dir, Depth, Report};

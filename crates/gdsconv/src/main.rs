@@ -1,3 +1,233 @@
-fn main() {
-    println!("Hello, world!");
+//! `gdsconv`: convert, validate and inspect GdsLLM model directories.
+//!
+//! Exit codes: 0 success (valid), 1 invalid model or failed conversion, 2 usage or I/O error.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use gds_convert::{convert, inspect::inspect, validate_dir, ConvertOptions, Depth, Progress, QuantTarget};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "gdsconv", version, about = "Package LLM weights in the GdsLLM format (one 4 KiB-aligned file per layer + a zero-copy manifest)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Convert a .gguf file, a .safetensors file, a model.safetensors.index.json or a Hugging Face directory.
+    Convert {
+        /// The input model.
+        input: PathBuf,
+        /// The output directory (must not exist, unless --force).
+        out_dir: PathBuf,
+        /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1. Norms and other 1-D tensors stay f32.
+        #[arg(long, default_value = "keep")]
+        quant: String,
+        /// Also convert tensors that are already block-quantized (dequantize, then quantize).
+        #[arg(long)]
+        requantize: bool,
+        /// Replace OUT_DIR if it already holds a GdsLLM model.
+        #[arg(long)]
+        force: bool,
+        /// Use this tokenizer.json instead of the input's.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// Worker threads for quantization (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a directory against SPEC.md. Exit 0 when valid, 1 when invalid, 2 on usage/I/O errors.
+    Validate {
+        /// The model directory.
+        dir: PathBuf,
+        /// Skip content hashing.
+        #[arg(long)]
+        quick: bool,
+        /// Print {"valid", "errors", "warnings"} as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show architecture, hyperparameters, per-layer table and totals.
+    Inspect {
+        /// The model directory.
+        dir: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Also list every tensor.
+        #[arg(long)]
+        tensors: bool,
+    },
+}
+
+struct Bar(Option<indicatif::ProgressBar>);
+
+impl Progress for Bar {
+    fn start(&self, total: u64) {
+        if let Some(b) = &self.0 {
+            b.set_length(total);
+        }
+    }
+    fn advance(&self, bytes: u64) {
+        if let Some(b) = &self.0 {
+            b.inc(bytes);
+        }
+    }
+    fn finish(&self) {
+        if let Some(b) = &self.0 {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn human(bytes: u64) -> String {
+    indicatif::HumanBytes(bytes).to_string()
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Convert { input, out_dir, quant, requantize, force, tokenizer, threads, json } => {
+            let quant: QuantTarget = quant.parse().map_err(|e: String| anyhow::anyhow!(e)).context("bad --quant")?;
+            if let Some(n) = threads {
+                rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global().context("configuring threads")?;
+            }
+            let bar = if std::io::stderr().is_terminal() && !json {
+                let b = indicatif::ProgressBar::new(0);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                Bar(Some(b))
+            } else {
+                Bar(None)
+            };
+            let opts = ConvertOptions { quant, requantize, force, tokenizer };
+            let s = convert(&input, &out_dir, &opts, &bar).map_err(|e| {
+                bar.finish();
+                e
+            })?;
+            for w in &s.warnings {
+                eprintln!("warning: {w}");
+            }
+            let gbs = s.tensor_bytes as f64 / s.seconds.max(1e-9) / 1e9;
+            if json {
+                let j = serde_json::json!({
+                    "output": out_dir, "architecture": s.arch, "runnable": s.runnable, "tensors": s.tensors,
+                    "layers": s.layers, "tensor_bytes": s.tensor_bytes, "file_bytes": s.file_bytes,
+                    "seconds": s.seconds, "gb_per_sec": gbs, "warnings": s.warnings,
+                });
+                println!("{j}");
+            } else {
+                println!(
+                    "converted {} -> {}: {} tensors in {} layer files, {} in {:.2} s ({:.2} GB/s)",
+                    input.display(),
+                    out_dir.display(),
+                    s.tensors,
+                    s.layers,
+                    human(s.tensor_bytes),
+                    s.seconds,
+                    gbs
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Validate { dir, quick, json } => {
+            if !dir.is_dir() {
+                anyhow::bail!("{}: not a directory", dir.display());
+            }
+            let r = validate_dir(&dir, if quick { Depth::Quick } else { Depth::Full });
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for w in &r.warnings {
+                    println!("warning: {w}");
+                }
+                for e in &r.errors {
+                    println!("error: {e}");
+                }
+                if r.valid {
+                    println!("{}: valid{}", dir.display(), if quick { " (content hashes not checked: --quick)" } else { "" });
+                } else {
+                    println!("{}: INVALID ({} errors)", dir.display(), r.errors.len());
+                }
+            }
+            Ok(if r.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Inspect { dir, json, tensors } => {
+            let i = inspect(&dir).map_err(|e| anyhow::anyhow!(e))?;
+            let mut out = std::io::stdout().lock();
+            if json {
+                let mut v = serde_json::to_value(&i)?;
+                if !tensors {
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("tensors");
+                    }
+                }
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            writeln!(out, "{}  (GdsLLM format {})", dir.display(), i.format_version)?;
+            writeln!(out, "architecture: {}", i.architecture)?;
+            for (k, v) in i.metadata.iter().filter(|(k, _)| !k.starts_with("gguf.")) {
+                writeln!(out, "  {k:<40} {v}")?;
+            }
+            writeln!(out, "\n{:<10} {:<24} {:>7} {:>12} {:>12}  dtypes", "layer", "file", "tensors", "bytes", "file bytes")?;
+            for l in &i.layers {
+                let d: Vec<String> = l.dtypes.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+                writeln!(out, "{:<10} {:<24} {:>7} {:>12} {:>12}  {}", l.name, l.file, l.tensors, l.tensor_bytes, l.file_bytes, d.join(" "))?;
+            }
+            let d: Vec<String> = i.dtypes.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+            writeln!(
+                out,
+                "\ntotal: {} layers, {} tensors, {} parameters, {} of tensors ({} on disk), dtypes {}",
+                i.layers.len(),
+                i.total_tensors,
+                i.parameters,
+                human(i.total_tensor_bytes),
+                human(i.total_file_bytes),
+                d.join(" ")
+            )?;
+            if tensors {
+                writeln!(out)?;
+                for t in &i.tensors {
+                    writeln!(out, "{:<40} {:<6} {:<8} {:<20} @{:<10} {}", t.name, t.layer, t.dtype, format!("{:?}", t.shape), t.offset, t.nbytes)?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    let is_convert = matches!(cli.cmd, Cmd::Convert { .. });
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // A closed stdout (e.g. `| head`) is not an error worth reporting.
+            if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("gdsconv: error: {e:#}");
+            // conversion failures are "the input is bad" (1); validate/inspect I/O problems are 2
+            if is_convert {
+                ExitCode::from(1)
+            } else {
+                ExitCode::from(2)
+            }
+        }
+    }
 }

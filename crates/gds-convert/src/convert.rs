@@ -1,0 +1,417 @@
+//! The conversion pipeline: open the input, decide each tensor's output dtype, write one
+//! 4 KiB-aligned file per layer into a temporary directory beside the output, write the
+//! manifest and tokenizer, check the result, and rename it into place.
+
+use crate::error::{io, ConvertError};
+use crate::names::{group_of, Group};
+use crate::source::{MetaValue, Source, SourceTensor, Transform};
+use gds_format::{layer_kind, layout, DType, LayerRecord, ManifestBuilder, TensorSpec, MANIFEST_FILE};
+use rayon::prelude::*;
+use std::borrow::Cow;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Instant;
+
+/// What `--quant` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantTarget {
+    /// Every tensor as stored.
+    Keep,
+    /// Float matrices to this dtype; 1-D tensors to F32.
+    To(DType),
+}
+
+impl FromStr for QuantTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "keep" => Ok(QuantTarget::Keep),
+            other => match DType::from_name(other) {
+                Some(d @ (DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1)) => Ok(QuantTarget::To(d)),
+                _ => Err(format!("unknown --quant {s:?} (expected keep, f32, f16, bf16, q8_0, q4_0 or q4_1)")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for QuantTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuantTarget::Keep => f.write_str("keep"),
+            QuantTarget::To(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+/// Options of one conversion.
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    /// Output dtype policy.
+    pub quant: QuantTarget,
+    /// Also convert tensors that are already block-quantized (dequantize, then quantize).
+    pub requantize: bool,
+    /// Replace an existing output directory.
+    pub force: bool,
+    /// A `tokenizer.json` to use instead of the input's.
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions { quant: QuantTarget::Keep, requantize: false, force: false, tokenizer: None }
+    }
+}
+
+/// Receives progress in bytes of tensor data written.
+pub trait Progress: Sync {
+    /// Total bytes about to be written.
+    fn start(&self, _total: u64) {}
+    /// `bytes` more were written.
+    fn advance(&self, _bytes: u64) {}
+    /// Done (successfully or not).
+    fn finish(&self) {}
+}
+
+/// A [`Progress`] that ignores everything.
+pub struct NoProgress;
+impl Progress for NoProgress {}
+
+/// What a conversion did.
+#[derive(Clone, Debug)]
+pub struct ConvertSummary {
+    /// Architecture family (or the input's own name when unknown).
+    pub arch: String,
+    /// Whether `gdsrun` can run it.
+    pub runnable: bool,
+    /// Number of tensors written.
+    pub tensors: usize,
+    /// Number of layer files.
+    pub layers: usize,
+    /// Tensor bytes written (without padding).
+    pub tensor_bytes: u64,
+    /// Bytes of all layer files (with padding).
+    pub file_bytes: u64,
+    /// Wall time of the whole conversion.
+    pub seconds: f64,
+    /// Warnings for the user.
+    pub warnings: Vec<String>,
+}
+
+/// Opens any supported input: a `.gguf` file, a `.safetensors` file, a
+/// `model.safetensors.index.json`, or a Hugging Face model directory.
+pub fn open_source(input: &Path) -> Result<Source, ConvertError> {
+    let meta = std::fs::metadata(input).map_err(io(input))?;
+    if meta.is_dir() {
+        return Ok(crate::safetensors::read_safetensors(input)?);
+    }
+    let mut magic = [0u8; 4];
+    {
+        use std::io::Read;
+        let mut f = std::fs::File::open(input).map_err(io(input))?;
+        let n = f.read(&mut magic).map_err(io(input))?;
+        if n < 4 {
+            return Err(ConvertError::BadInput { path: input.into(), msg: format!("file is {n} bytes: too short to be a model") });
+        }
+    }
+    let ext = input.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    if &magic == b"GGUF" || ext == "gguf" {
+        crate::gguf::read_gguf(input)
+    } else if ext == "safetensors" || ext == "json" {
+        Ok(crate::safetensors::read_safetensors(input)?)
+    } else {
+        Err(ConvertError::BadInput {
+            path: input.into(),
+            msg: "unrecognized input: expected a .gguf file, a .safetensors file, a model.safetensors.index.json, or a Hugging Face model directory".into(),
+        })
+    }
+}
+
+/// The dtype a tensor is written as under `opts`.
+pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions) -> DType {
+    let target = match opts.quant {
+        QuantTarget::Keep => return t.dtype,
+        QuantTarget::To(d) => d,
+    };
+    if t.dtype.is_quantized() && !opts.requantize {
+        return t.dtype;
+    }
+    if !t.dtype.is_float() && !t.dtype.is_quantized() {
+        return t.dtype; // integer tensors pass through
+    }
+    if t.shape.len() < 2 {
+        return DType::F32; // norms, biases
+    }
+    let cols = *t.shape.last().unwrap_or(&0);
+    if target.is_quantized() && cols % target.block_size() as u64 != 0 {
+        return if t.dtype.is_float() { t.dtype } else { DType::F32 };
+    }
+    target
+}
+
+/// The bytes of `t` as written: permuted if the input layout asks, converted to `out`.
+fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, ConvertError> {
+    let kerr = |source| ConvertError::Kernel { tensor: t.source_name.clone(), source };
+    let mut bytes: Cow<'a, [u8]> = Cow::Borrowed(t.bytes());
+    if let Transform::PermuteRope { n_head } = t.transform {
+        let rows = t.shape[0] as usize;
+        let row_bytes = t.nbytes as usize / rows.max(1);
+        if n_head == 0 || rows % (2 * n_head as usize) != 0 {
+            return Err(ConvertError::BadTensor {
+                path: t.file.path.clone(),
+                tensor: t.source_name.clone(),
+                msg: format!("{rows} rows cannot be split into {n_head} RoPE heads of pairs"),
+            });
+        }
+        bytes = Cow::Owned(crate::safetensors::permute_rope_rows(&bytes, rows, row_bytes, n_head as usize));
+    }
+    if out == t.dtype {
+        return Ok(bytes);
+    }
+    let cols = *t.shape.last().unwrap_or(&1) as usize;
+    let n: usize = t.shape.iter().product::<u64>() as usize;
+    let in_row = t.dtype.row_bytes(cols as u64).unwrap_or(0) as usize;
+    let mut f = vec![0f32; n];
+    if in_row == 0 {
+        return Err(kerr(gds_kernels::KernelError::Shape(format!("{} row of {cols}", t.dtype))));
+    }
+    f.par_chunks_mut(cols).zip(bytes.par_chunks(in_row)).try_for_each(|(dst, src)| gds_kernels::dequantize(t.dtype, src, dst)).map_err(kerr)?;
+    Ok(Cow::Owned(gds_kernels::quantize(out, &f).map_err(kerr)?))
+}
+
+/// Removes the temporary directory unless the conversion committed it.
+struct TempDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn sibling(out_dir: &Path, tag: &str) -> Result<PathBuf, ConvertError> {
+    let name = out_dir.file_name().ok_or_else(|| ConvertError::BadInput { path: out_dir.into(), msg: "output path has no directory name".into() })?;
+    let parent = match out_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok(parent.join(format!(".{}.{tag}-{}", name.to_string_lossy(), std::process::id())))
+}
+
+fn check_output(out_dir: &Path, force: bool) -> Result<(), ConvertError> {
+    match std::fs::symlink_metadata(out_dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(out_dir)(e)),
+        Ok(_) if !force => Err(ConvertError::OutputExists(out_dir.into())),
+        Ok(m) => {
+            let empty = m.is_dir() && std::fs::read_dir(out_dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+            if m.is_dir() && (empty || out_dir.join(MANIFEST_FILE).is_file()) {
+                Ok(())
+            } else {
+                Err(ConvertError::BadInput {
+                    path: out_dir.into(),
+                    msg: "refusing to replace it with --force: it is not a GdsLLM model directory".into(),
+                })
+            }
+        }
+    }
+}
+
+fn put_meta(b: &mut ManifestBuilder, k: &str, v: &MetaValue) {
+    match v {
+        MetaValue::U64(x) => b.kv_u64(k, *x),
+        MetaValue::I64(x) => b.kv_i64(k, *x),
+        MetaValue::F64(x) => b.kv_f64(k, *x),
+        MetaValue::Bool(x) => b.kv_bool(k, *x),
+        MetaValue::Str(x) => b.kv_str(k, x),
+    };
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ConvertError> {
+    let mut f = std::fs::File::create(path).map_err(io(path))?;
+    f.write_all(bytes).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+/// Converts `input` into a GdsLLM directory at `out_dir`. On any error nothing is left at
+/// `out_dir` (an existing directory replaced with `force` stays as it was).
+pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &dyn Progress) -> Result<ConvertSummary, ConvertError> {
+    let t0 = Instant::now();
+    check_output(out_dir, opts.force)?;
+    let source = open_source(input)?;
+    let mut warnings = source.warnings.clone();
+
+    // tokenizer first: a conversion that cannot produce one fails before writing anything
+    let tokenizer_json = match &opts.tokenizer {
+        Some(p) => std::fs::read_to_string(p).map_err(io(p))?,
+        None => source.tokenizer.tokenizer_json.clone().ok_or_else(|| ConvertError::BadInput {
+            path: input.into(),
+            msg: "the input carries no tokenizer; pass --tokenizer path/to/tokenizer.json".into(),
+        })?,
+    };
+    if let Err(e) = tokenizers::Tokenizer::from_str(&tokenizer_json) {
+        let path = opts.tokenizer.clone().unwrap_or_else(|| input.into());
+        return Err(ConvertError::BadInput { path, msg: format!("tokenizer.json does not load: {e}") });
+    }
+
+    // group into layers, deterministic order
+    let mut groups: Vec<(Group, Vec<&SourceTensor>)> = Vec::new();
+    for t in &source.tensors {
+        let g = group_of(&t.name);
+        match groups.iter_mut().find(|(h, _)| *h == g) {
+            Some((_, v)) => v.push(t),
+            None => groups.push((g, vec![t])),
+        }
+    }
+    groups.sort_by_key(|(g, _)| *g);
+    for (_, ts) in &mut groups {
+        ts.sort_by(|a, b| a.name.cmp(&b.name));
+        if let Some(w) = ts.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(ConvertError::BadTensor { path: w[0].file.path.clone(), tensor: w[0].name.clone(), msg: "tensor name appears twice".into() });
+        }
+    }
+    let mut skipped_quant = 0usize;
+    let plans: Vec<(Group, Vec<(&SourceTensor, DType)>)> = groups
+        .iter()
+        .map(|(g, ts)| {
+            let v = ts
+                .iter()
+                .map(|t| {
+                    let d = output_dtype(t, opts);
+                    if let QuantTarget::To(q) = opts.quant {
+                        if q.is_quantized() && t.shape.len() >= 2 && d != q && !(t.dtype.is_quantized() && !opts.requantize) && t.dtype.is_float() {
+                            skipped_quant += 1;
+                        }
+                    }
+                    (*t, d)
+                })
+                .collect();
+            (*g, v)
+        })
+        .collect();
+    if skipped_quant > 0 {
+        warnings.push(format!("{skipped_quant} tensors kept as float: their rows are not a whole number of {} blocks", opts.quant));
+    }
+    let total: u64 = plans.iter().flat_map(|(_, v)| v.iter()).map(|(t, d)| d.tensor_bytes(&t.shape).unwrap_or(0)).sum();
+
+    let tmp = TempDir { path: sibling(out_dir, "tmp")?, keep: false };
+    let _ = std::fs::remove_dir_all(&tmp.path);
+    std::fs::create_dir_all(tmp.path.join("layers")).map_err(io(&tmp.path))?;
+    progress.start(total);
+
+    let mut builder = ManifestBuilder::new();
+    let mut meta = source.metadata.clone();
+    meta.insert("convert.quant".into(), MetaValue::Str(opts.quant.to_string()));
+    meta.insert("convert.requantize".into(), MetaValue::Bool(opts.requantize));
+    let src_name = input.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    meta.insert("convert.source".into(), MetaValue::Str(src_name));
+    meta.insert("convert.tool".into(), MetaValue::Str(concat!("gdsconv ", env!("CARGO_PKG_VERSION")).into()));
+    for (k, v) in &meta {
+        put_meta(&mut builder, k, v);
+    }
+
+    let mut tensor_bytes = 0u64;
+    let mut file_bytes = 0u64;
+    let n_tensors: usize = plans.iter().map(|(_, v)| v.len()).sum();
+    for (g, ts) in &plans {
+        let (name, file, kind, index) = match g {
+            Group::Embed => ("embed".to_string(), "layers/embed.bin".to_string(), layer_kind::EMBED, 0),
+            Group::Block(n) => (format!("blk.{n}"), format!("layers/blk.{n:04}.bin"), layer_kind::BLOCK, *n),
+            Group::Head => ("head".to_string(), "layers/head.bin".to_string(), layer_kind::HEAD, 0),
+        };
+        let specs: Vec<TensorSpec> = ts.iter().map(|(t, d)| TensorSpec { name: t.name.clone(), dtype: *d, shape: t.shape.clone() }).collect();
+        let lay = layout(&specs).map_err(|msg| ConvertError::BadInput { path: input.into(), msg })?;
+        let path = tmp.path.join(&file);
+        let f = std::fs::File::create(&path).map_err(io(&path))?;
+        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+        let mut hasher = blake3::Hasher::new();
+        let mut pos = 0u64;
+        let zeros = [0u8; 4096];
+        for ((t, d), &(offset, nbytes)) in ts.iter().zip(&lay.placements) {
+            let mut pad = offset - pos;
+            while pad > 0 {
+                let n = pad.min(4096) as usize;
+                w.write_all(&zeros[..n]).map_err(io(&path))?;
+                hasher.update(&zeros[..n]);
+                pad -= n as u64;
+            }
+            let bytes = produce(t, *d)?;
+            if bytes.len() as u64 != nbytes {
+                return Err(ConvertError::Internal(format!("tensor {:?}: produced {} bytes, expected {nbytes}", t.name, bytes.len())));
+            }
+            w.write_all(&bytes).map_err(io(&path))?;
+            hasher.update(&bytes);
+            pos = offset + nbytes;
+            tensor_bytes += nbytes;
+            progress.advance(nbytes);
+        }
+        let mut pad = lay.file_size - pos;
+        while pad > 0 {
+            let n = pad.min(4096) as usize;
+            w.write_all(&zeros[..n]).map_err(io(&path))?;
+            hasher.update(&zeros[..n]);
+            pad -= n as u64;
+        }
+        let f = w.into_inner().map_err(|e| io(&path)(e.into_error()))?;
+        f.sync_all().map_err(io(&path))?;
+        file_bytes += lay.file_size;
+        builder.add_layer(&LayerRecord { name, file, kind, index, tensors: specs, layout: lay, content_hash: *hasher.finalize().as_bytes() });
+    }
+
+    let manifest = builder.finish();
+    write_file(&tmp.path.join(MANIFEST_FILE), &manifest)?;
+    write_file(&tmp.path.join("tokenizer.json"), tokenizer_json.as_bytes())?;
+    if let Some(c) = &source.tokenizer.tokenizer_config_json {
+        write_file(&tmp.path.join("tokenizer_config.json"), c.as_bytes())?;
+    }
+    if let Some(c) = &source.tokenizer.generation_config_json {
+        write_file(&tmp.path.join("generation_config.json"), c.as_bytes())?;
+    }
+    progress.finish();
+
+    // Check what we wrote before anyone can see it.
+    let report = crate::validate::validate_dir(&tmp.path, crate::validate::Depth::Quick);
+    if !report.errors.is_empty() {
+        return Err(ConvertError::Internal(format!("the written model is invalid: {}", report.errors.join("; "))));
+    }
+
+    // commit
+    check_output(out_dir, opts.force)?;
+    let old = if out_dir.exists() {
+        let old = sibling(out_dir, "old")?;
+        std::fs::rename(out_dir, &old).map_err(io(out_dir))?;
+        Some(old)
+    } else {
+        None
+    };
+    if let Err(e) = std::fs::rename(&tmp.path, out_dir) {
+        if let Some(old) = &old {
+            let _ = std::fs::rename(old, out_dir);
+        }
+        return Err(io(out_dir)(e));
+    }
+    let mut tmp = tmp;
+    tmp.keep = true;
+    if let Some(old) = old {
+        let _ = std::fs::remove_dir_all(old);
+    }
+    if let Some(parent) = out_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if let Ok(d) = std::fs::File::open(parent) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(ConvertSummary {
+        arch: source.arch.clone(),
+        runnable: source.runnable,
+        tensors: n_tensors,
+        layers: plans.len(),
+        tensor_bytes,
+        file_bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+        warnings,
+    })
+}

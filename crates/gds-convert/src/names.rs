@@ -1,0 +1,122 @@
+//! Architecture name maps (from `formats/*.json`) and the grouping of tensors into layers.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// The machine-readable description of an architecture family (`formats/llama.json`).
+#[derive(Debug, Deserialize)]
+pub struct FamilySpec {
+    /// Canonical family name.
+    pub family: String,
+    /// GGUF `general.architecture` values of this family.
+    pub gguf_architectures: Vec<String>,
+    /// HF `architectures[0]` values of this family.
+    pub hf_architectures: Vec<String>,
+    /// HF `model_type` values of this family.
+    pub hf_model_types: Vec<String>,
+    /// HF tensor name → canonical name, `{N}` standing for the block number.
+    pub tensors: BTreeMap<String, String>,
+    /// Input tensors dropped on conversion.
+    pub ignored_tensors: Vec<String>,
+    /// Canonical tensors whose rows are permuted from HF's RoPE layout.
+    pub rope_permuted: Vec<String>,
+    /// Tensors a converted model must have.
+    pub required_tensors: RequiredTensors,
+    /// Metadata keys a converted model must have, with their types.
+    pub required_metadata: BTreeMap<String, String>,
+}
+
+/// Required tensors, global and per block.
+#[derive(Debug, Deserialize)]
+pub struct RequiredTensors {
+    /// Outside the blocks.
+    pub global: Vec<String>,
+    /// In every block, `{N}` standing for the block number.
+    pub block: Vec<String>,
+}
+
+/// The llama family spec, parsed once from the file embedded at build time.
+pub fn llama() -> &'static FamilySpec {
+    static SPEC: OnceLock<FamilySpec> = OnceLock::new();
+    SPEC.get_or_init(|| serde_json::from_str(include_str!("../../../formats/llama.json")).expect("formats/llama.json is valid (checked by a unit test)"))
+}
+
+/// The canonical family of a GGUF or HF architecture name, if `gdsrun` can run it.
+pub fn canonical_family(arch: &str) -> Option<&'static str> {
+    let l = llama();
+    let hit = l.gguf_architectures.iter().chain(&l.hf_architectures).chain(&l.hf_model_types).any(|a| a == arch);
+    hit.then_some("llama")
+}
+
+/// Matches `name` against a pattern with one `{N}` placeholder, returning N.
+pub fn match_pattern(pattern: &str, name: &str) -> Option<Option<u32>> {
+    match pattern.split_once("{N}") {
+        None => (pattern == name).then_some(None),
+        Some((pre, post)) => {
+            let mid = name.strip_prefix(pre)?.strip_suffix(post)?;
+            if mid.is_empty() || !mid.bytes().all(|b| b.is_ascii_digit()) || (mid.len() > 1 && mid.starts_with('0')) {
+                return None;
+            }
+            mid.parse().ok().map(Some)
+        }
+    }
+}
+
+/// Which layer file a tensor goes into. Ordered: embedding, blocks by number, head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Group {
+    /// Token embedding (and other input embeddings).
+    Embed,
+    /// Transformer block N.
+    Block(u32),
+    /// Final norm, output head, and everything else outside the blocks.
+    Head,
+}
+
+/// Groups a tensor by the first all-digit component of its dotted name (the layer index in
+/// every naming scheme we know: `blk.3.`, `model.layers.3.`, `transformer.h.3.`); tensors
+/// without one are the embedding if their name says so, else the head.
+pub fn group_of(name: &str) -> Group {
+    let parts: Vec<&str> = name.split('.').collect();
+    for p in &parts[..parts.len().saturating_sub(1)] {
+        if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+            if let Ok(n) = p.parse() {
+                return Group::Block(n);
+            }
+        }
+    }
+    let l = name.to_ascii_lowercase();
+    if l.starts_with("token_embd") || l.contains("embed_tokens") || l.contains("wte") || l.contains("word_embeddings") || l.starts_with("tok_embeddings") || l.contains("embedding") {
+        Group::Embed
+    } else {
+        Group::Head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_spec_parses_and_maps() {
+        let l = llama();
+        assert_eq!(l.family, "llama");
+        assert_eq!(canonical_family("qwen2"), Some("llama"));
+        assert_eq!(canonical_family("LlamaForCausalLM"), Some("llama"));
+        assert_eq!(canonical_family("gemma3"), None);
+        assert_eq!(match_pattern("model.layers.{N}.mlp.up_proj.weight", "model.layers.12.mlp.up_proj.weight"), Some(Some(12)));
+        assert_eq!(match_pattern("model.layers.{N}.mlp.up_proj.weight", "model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(match_pattern("model.norm.weight", "model.norm.weight"), Some(None));
+    }
+
+    #[test]
+    fn grouping() {
+        assert_eq!(group_of("token_embd.weight"), Group::Embed);
+        assert_eq!(group_of("blk.7.attn_q.weight"), Group::Block(7));
+        assert_eq!(group_of("model.layers.11.mlp.up_proj.weight"), Group::Block(11));
+        assert_eq!(group_of("output_norm.weight"), Group::Head);
+        assert_eq!(group_of("output.weight"), Group::Head);
+        assert!(Group::Embed < Group::Block(0) && Group::Block(2) < Group::Block(10) && Group::Block(99) < Group::Head);
+    }
+}
