@@ -2,10 +2,25 @@
 //!
 //! API contract (used by gds-convert and gds-runtime):
 //! - [`dequantize`]: any supported dtype → f32.
-//! - [`quantize`]: f32 → F32/F16/BF16/Q8_0/Q4_0/Q4_1, byte-identical to ggml/gguf-py.
+//! - [`quantize`]: f32 → F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, byte-identical to
+//!   ggml/gguf-py.
 //! - [`matmul`]: `y[t, r] = sum_k W[r, k] * x[t, k]` for a weight in its on-disk dtype.
+//!
+//! Large inputs are split across the current rayon pool; the caller sizes the pool.
 
+pub mod blocks;
+mod dequant;
+mod quant;
+
+use blocks::*;
+use dequant::{dequant_blocks, Dequant};
 use gds_format::DType;
+use rayon::prelude::*;
+
+pub use quant::{
+    quantize_block_q4_0, quantize_block_q4_1, quantize_block_q5_0, quantize_block_q5_1,
+    quantize_block_q8_0, quantize_block_q8_1, quantize_block_q8_k,
+};
 
 /// Errors from kernels: only ever about unsupported dtypes or mismatched lengths.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -36,21 +51,308 @@ pub struct WeightView<'a> {
     pub cols: usize,
 }
 
+impl WeightView<'_> {
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_size() * self.dtype.type_size()
+    }
+
+    /// Checks that `data` holds exactly `rows` rows of `cols` elements.
+    pub fn validate(&self) -> Result<(), KernelError> {
+        if !self.cols.is_multiple_of(self.dtype.block_size()) {
+            return Err(KernelError::Shape(format!(
+                "{} columns are not a whole number of {} blocks",
+                self.cols, self.dtype
+            )));
+        }
+        let want = self.rows.checked_mul(self.row_bytes());
+        if want != Some(self.data.len()) {
+            return Err(KernelError::Shape(format!(
+                "{}x{} {} weight needs {:?} bytes, got {}",
+                self.rows,
+                self.cols,
+                self.dtype,
+                want,
+                self.data.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Elements per rayon task when (de)quantizing large inputs (a multiple of 256).
+const PAR_CHUNK: usize = 64 * 1024;
+
+/// Checks that `n` elements of `dtype` take exactly `bytes` bytes.
+fn check_len(dtype: DType, n: usize, bytes: usize) -> Result<(), KernelError> {
+    match dtype.row_bytes(n as u64) {
+        Some(b) if b == bytes as u64 => Ok(()),
+        Some(b) => Err(KernelError::Shape(format!(
+            "{n} {dtype} elements take {b} bytes, got {bytes}"
+        ))),
+        None => Err(KernelError::Shape(format!(
+            "{n} elements are not a whole number of {dtype} blocks ({})",
+            dtype.block_size()
+        ))),
+    }
+}
+
+fn dequant_typed<B>(src: &[u8], dst: &mut [f32])
+where
+    B: Dequant
+        + zerocopy::FromBytes
+        + zerocopy::Immutable
+        + zerocopy::KnownLayout
+        + zerocopy::Unaligned
+        + Sync,
+{
+    // Lengths were checked by the caller, so the cast cannot fail.
+    let blocks = cast::<B>(src).expect("whole blocks");
+    let per = PAR_CHUNK / B::N;
+    if dst.len() <= PAR_CHUNK {
+        dequant_blocks(blocks, dst);
+    } else {
+        blocks
+            .par_chunks(per)
+            .zip(dst.par_chunks_mut(per * B::N))
+            .for_each(|(b, o)| dequant_blocks(b, o));
+    }
+}
+
+fn par_elementwise(src: &[u8], dst: &mut [f32], width: usize, f: fn(&[u8], &mut [f32])) {
+    if dst.len() <= PAR_CHUNK {
+        f(src, dst);
+    } else {
+        src.par_chunks(PAR_CHUNK * width)
+            .zip(dst.par_chunks_mut(PAR_CHUNK))
+            .for_each(|(s, d)| f(s, d));
+    }
+}
+
 /// Dequantizes `src` (a whole number of blocks of `dtype`) into `dst`
 /// (`dst.len()` elements).
+///
+/// Results are bit-identical to gguf-py's `gguf.quants.dequantize` for every dtype it
+/// supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K); Q8_1 and Q8_K follow
+/// ggml (`x = d * q`).
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
-    let _ = (src, dst);
-    Err(KernelError::Unsupported { op: "dequantize", dtype })
+    check_len(dtype, dst.len(), src.len())?;
+    match dtype {
+        DType::F32 => par_elementwise(src, dst, 4, dequant::f32_from_bytes),
+        DType::F16 => par_elementwise(src, dst, 2, dequant::f16_from_bytes),
+        DType::BF16 => par_elementwise(src, dst, 2, dequant::bf16_from_bytes),
+        DType::Q4_0 => dequant_typed::<BlockQ4_0>(src, dst),
+        DType::Q4_1 => dequant_typed::<BlockQ4_1>(src, dst),
+        DType::Q5_0 => dequant_typed::<BlockQ5_0>(src, dst),
+        DType::Q5_1 => dequant_typed::<BlockQ5_1>(src, dst),
+        DType::Q8_0 => dequant_typed::<BlockQ8_0>(src, dst),
+        DType::Q8_1 => dequant_typed::<BlockQ8_1>(src, dst),
+        DType::Q2K => dequant_typed::<BlockQ2K>(src, dst),
+        DType::Q3K => dequant_typed::<BlockQ3K>(src, dst),
+        DType::Q4K => dequant_typed::<BlockQ4K>(src, dst),
+        DType::Q5K => dequant_typed::<BlockQ5K>(src, dst),
+        DType::Q6K => dequant_typed::<BlockQ6K>(src, dst),
+        DType::Q8K => dequant_typed::<BlockQ8K>(src, dst),
+        _ => {
+            return Err(KernelError::Unsupported {
+                op: "dequantize",
+                dtype,
+            })
+        }
+    }
+    Ok(())
+}
+
+fn quant_typed<B>(src: &[f32], n: usize, f: fn(&[f32]) -> B) -> Vec<u8>
+where
+    B: zerocopy::IntoBytes + zerocopy::Immutable,
+{
+    let size = size_of::<B>();
+    let mut out = vec![0u8; src.len() / n * size];
+    let run = |s: &[f32], o: &mut [u8]| {
+        for (x, b) in s.chunks_exact(n).zip(o.chunks_exact_mut(size)) {
+            b.copy_from_slice(f(x).as_bytes());
+        }
+    };
+    if src.len() <= PAR_CHUNK {
+        run(src, &mut out);
+    } else {
+        src.par_chunks(PAR_CHUNK)
+            .zip(out.par_chunks_mut(PAR_CHUNK / n * size))
+            .for_each(|(s, o)| run(s, o));
+    }
+    out
+}
+
+fn quant_elementwise(src: &[f32], width: usize, f: fn(&[f32], &mut [u8])) -> Vec<u8> {
+    let mut out = vec![0u8; src.len() * width];
+    if src.len() <= PAR_CHUNK {
+        f(src, &mut out);
+    } else {
+        src.par_chunks(PAR_CHUNK)
+            .zip(out.par_chunks_mut(PAR_CHUNK * width))
+            .for_each(|(s, o)| f(s, o));
+    }
+    out
 }
 
 /// Quantizes `src` into `dtype`, returning the bytes.
+///
+/// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are byte-identical to gguf-py's
+/// `gguf.quants.quantize` (ggml's reference quantizers); Q8_1 and Q8_K follow ggml's
+/// `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref`. `src.len()` must be a whole number of
+/// blocks. Large inputs are quantized in parallel on the current rayon pool.
 pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>, KernelError> {
-    let _ = src;
-    Err(KernelError::Unsupported { op: "quantize", dtype })
+    if !src.len().is_multiple_of(dtype.block_size()) {
+        return Err(KernelError::Shape(format!(
+            "{} elements are not a whole number of {dtype} blocks ({})",
+            src.len(),
+            dtype.block_size()
+        )));
+    }
+    Ok(match dtype {
+        DType::F32 => quant_elementwise(src, 4, quant::f32_to_bytes),
+        DType::F16 => quant_elementwise(src, 2, quant::f16_to_bytes),
+        DType::BF16 => quant_elementwise(src, 2, quant::bf16_to_bytes),
+        DType::Q4_0 => quant_typed(src, QK, quantize_block_q4_0),
+        DType::Q4_1 => quant_typed(src, QK, quantize_block_q4_1),
+        DType::Q5_0 => quant_typed(src, QK, quantize_block_q5_0),
+        DType::Q5_1 => quant_typed(src, QK, quantize_block_q5_1),
+        DType::Q8_0 => quant_typed(src, QK, quantize_block_q8_0),
+        DType::Q8_1 => quant_typed(src, QK, quantize_block_q8_1),
+        DType::Q8K => quant_typed(src, QK_K, quantize_block_q8_k),
+        _ => {
+            return Err(KernelError::Unsupported {
+                op: "quantize",
+                dtype,
+            })
+        }
+    })
 }
 
 /// `y[t * w.rows + r] = sum_k W[r, k] * x[t * w.cols + k]` for `t in 0..n_tokens`.
-pub fn matmul(w: &WeightView<'_>, x: &[f32], n_tokens: usize, y: &mut [f32]) -> Result<(), KernelError> {
-    let _ = (x, n_tokens, y);
-    Err(KernelError::Unsupported { op: "matmul", dtype: w.dtype })
+pub fn matmul(
+    w: &WeightView<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    w.validate()?;
+    if x.len() != n_tokens * w.cols || y.len() != n_tokens * w.rows {
+        return Err(KernelError::Shape(format!(
+            "matmul {}x{} with {n_tokens} tokens: x has {} (want {}), y has {} (want {})",
+            w.rows,
+            w.cols,
+            x.len(),
+            n_tokens * w.cols,
+            y.len(),
+            n_tokens * w.rows
+        )));
+    }
+    let rb = w.row_bytes();
+    let mut row = vec![0f32; w.cols];
+    for r in 0..w.rows {
+        dequantize(w.dtype, &w.data[r * rb..(r + 1) * rb], &mut row)?;
+        for t in 0..n_tokens {
+            let xt = &x[t * w.cols..(t + 1) * w.cols];
+            y[t * w.rows + r] = row.iter().zip(xt).map(|(a, b)| a * b).sum();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg_values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parallel_quantize_equals_blockwise() {
+        // More than PAR_CHUNK elements, with a ragged last chunk.
+        let x = lcg_values(PAR_CHUNK * 2 + 32 * 7, 1);
+        for dtype in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::Q5_1,
+            DType::F16,
+            DType::BF16,
+        ] {
+            let all = quantize(dtype, &x).unwrap();
+            let bs = dtype.block_size().max(32);
+            let mut pieces = Vec::new();
+            for c in x.chunks(bs) {
+                pieces.extend(quantize(dtype, c).unwrap());
+            }
+            assert_eq!(all, pieces, "{dtype}");
+            let mut back = vec![0f32; x.len()];
+            dequantize(dtype, &all, &mut back).unwrap();
+            let mut back_pieces = Vec::new();
+            for c in all.chunks(dtype.type_size() * bs / dtype.block_size()) {
+                let mut o = vec![0f32; bs];
+                dequantize(dtype, c, &mut o).unwrap();
+                back_pieces.extend(o);
+            }
+            assert_eq!(back, back_pieces, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn q8_k_round_trips_within_one_step() {
+        let x = lcg_values(QK_K * 3, 2);
+        let q = quantize(DType::Q8K, &x).unwrap();
+        assert_eq!(q.len(), 3 * 292);
+        let blocks = cast::<BlockQ8K>(&q).unwrap();
+        let mut back = vec![0f32; x.len()];
+        dequantize(DType::Q8K, &q, &mut back).unwrap();
+        for (b, (xs, ys)) in blocks.iter().zip(x.chunks(QK_K).zip(back.chunks(QK_K))) {
+            for (j, (a, c)) in xs.iter().zip(ys).enumerate() {
+                assert!((a - c).abs() <= b.d().abs() * 0.5001, "{a} vs {c}");
+                let _ = j;
+            }
+            for i in 0..16 {
+                let s: i32 = b.qs[i * 16..i * 16 + 16].iter().map(|&v| v as i32).sum();
+                assert_eq!(s, b.bsum(i) as i32);
+            }
+        }
+    }
+
+    #[test]
+    fn shape_and_dtype_errors() {
+        let mut out = vec![0f32; 32];
+        assert!(matches!(
+            dequantize(DType::Q4_0, &[0u8; 17], &mut out),
+            Err(KernelError::Shape(_))
+        ));
+        assert!(matches!(
+            dequantize(DType::Q4_0, &[0u8; 18], &mut out[..31]),
+            Err(KernelError::Shape(_))
+        ));
+        assert!(matches!(
+            dequantize(DType::I32, &[0u8; 128], &mut out),
+            Err(KernelError::Unsupported {
+                op: "dequantize",
+                dtype: DType::I32
+            })
+        ));
+        assert!(matches!(
+            quantize(DType::Q4K, &[0f32; 256]),
+            Err(KernelError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            quantize(DType::Q8_0, &out[..20]),
+            Err(KernelError::Shape(_))
+        ));
+    }
 }

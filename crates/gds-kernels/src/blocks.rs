@@ -1,0 +1,284 @@
+//! ggml block layouts as `#[repr(C)]` structs with alignment 1, so that any byte slice of
+//! whole blocks can be viewed as a block slice with [`zerocopy`] (no unsafe, no copies).
+//!
+//! Half-precision fields are stored as little-endian `[u8; 2]` and read with accessor methods;
+//! the layouts match `ggml-common.h` field for field.
+
+use half::f16;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// Elements in a K-quant super-block.
+pub const QK_K: usize = 256;
+/// Elements in a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q8_1 block.
+pub const QK: usize = 32;
+
+/// Reads a little-endian f16 stored as two bytes and widens it to f32.
+#[inline(always)]
+pub fn f16_bytes_to_f32(b: [u8; 2]) -> f32 {
+    f16::from_le_bytes(b).to_f32()
+}
+
+/// Narrows an f32 to f16 (round to nearest even, like numpy's `astype(np.float16)` and
+/// ggml's `GGML_FP32_TO_FP16`) and returns its little-endian bytes.
+#[inline(always)]
+pub fn f32_to_f16_bytes(v: f32) -> [u8; 2] {
+    f16::from_f32(v).to_le_bytes()
+}
+
+macro_rules! half_getters {
+    ($($field:ident),*) => {
+        $(
+            #[doc = concat!("The `", stringify!($field), "` field widened to f32.")]
+            #[inline(always)]
+            pub fn $field(&self) -> f32 {
+                f16_bytes_to_f32(self.$field)
+            }
+        )*
+    };
+}
+
+/// Q4_0: `x = d * (q - 8)`, `q` in 0..16; element `j < 16` in the low nibble of `qs[j]`,
+/// element `j + 16` in the high nibble.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ4_0 {
+    /// Scale (f16).
+    pub d: [u8; 2],
+    /// Nibbles.
+    pub qs: [u8; QK / 2],
+}
+
+/// Q4_1: `x = d * q + m`, `q` in 0..16, nibble layout as in [`BlockQ4_0`].
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ4_1 {
+    /// Scale (f16).
+    pub d: [u8; 2],
+    /// Minimum (f16).
+    pub m: [u8; 2],
+    /// Nibbles.
+    pub qs: [u8; QK / 2],
+}
+
+/// Q5_0: `x = d * (q - 16)`, `q` in 0..32; low 4 bits as in [`BlockQ4_0`], bit 4 of
+/// element `j` is bit `j` of the little-endian `qh`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ5_0 {
+    /// Scale (f16).
+    pub d: [u8; 2],
+    /// Fifth bits, little-endian u32.
+    pub qh: [u8; 4],
+    /// Low nibbles.
+    pub qs: [u8; QK / 2],
+}
+
+/// Q5_1: `x = d * q + m`, `q` in 0..32, bits as in [`BlockQ5_0`].
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ5_1 {
+    /// Scale (f16).
+    pub d: [u8; 2],
+    /// Minimum (f16).
+    pub m: [u8; 2],
+    /// Fifth bits, little-endian u32.
+    pub qh: [u8; 4],
+    /// Low nibbles.
+    pub qs: [u8; QK / 2],
+}
+
+/// Q8_0: `x = d * q`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    /// Scale (f16).
+    pub d: [u8; 2],
+    /// Signed quants.
+    pub qs: [i8; QK],
+}
+
+/// Q8_1: `x = d * q`, with `s = d * sum(q)` kept for the Q4_1/Q5_1 dot products.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ8_1 {
+    /// Scale (f16).
+    pub d: [u8; 2],
+    /// `d * sum(qs)` (f16).
+    pub s: [u8; 2],
+    /// Signed quants.
+    pub qs: [i8; QK],
+}
+
+/// Q2_K: 16 sub-blocks of 16; `x = d * (sc & 15) * q - dmin * (sc >> 4)`, `q` in 0..4.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ2K {
+    /// 4-bit scale (low) and 4-bit min (high) per sub-block.
+    pub scales: [u8; QK_K / 16],
+    /// 2-bit quants.
+    pub qs: [u8; QK_K / 4],
+    /// Super-block scale for the scales (f16).
+    pub d: [u8; 2],
+    /// Super-block scale for the mins (f16).
+    pub dmin: [u8; 2],
+}
+
+/// Q3_K: 16 sub-blocks of 16 with 6-bit signed scales; `q` in -4..4.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ3K {
+    /// High bit of each quant (set means no `-4` offset).
+    pub hmask: [u8; QK_K / 8],
+    /// Low 2 bits of each quant.
+    pub qs: [u8; QK_K / 4],
+    /// 16 packed 6-bit scales.
+    pub scales: [u8; 12],
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+}
+
+/// Q4_K: 8 sub-blocks of 32 with 6-bit scales and mins; `x = d * sc * q - dmin * m`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ4K {
+    /// Super-block scale for the scales (f16).
+    pub d: [u8; 2],
+    /// Super-block scale for the mins (f16).
+    pub dmin: [u8; 2],
+    /// 8 scales and 8 mins, 6 bits each, packed.
+    pub scales: [u8; 12],
+    /// 4-bit quants.
+    pub qs: [u8; QK_K / 2],
+}
+
+/// Q5_K: as [`BlockQ4K`] with a fifth bit per quant in `qh`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ5K {
+    /// Super-block scale for the scales (f16).
+    pub d: [u8; 2],
+    /// Super-block scale for the mins (f16).
+    pub dmin: [u8; 2],
+    /// 8 scales and 8 mins, 6 bits each, packed.
+    pub scales: [u8; 12],
+    /// Fifth bits.
+    pub qh: [u8; QK_K / 8],
+    /// Low nibbles.
+    pub qs: [u8; QK_K / 2],
+}
+
+/// Q6_K: 16 sub-blocks of 16 with signed 8-bit scales; `x = d * sc * (q - 32)`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ6K {
+    /// Low 4 bits of the quants.
+    pub ql: [u8; QK_K / 2],
+    /// High 2 bits of the quants.
+    pub qh: [u8; QK_K / 4],
+    /// Sub-block scales.
+    pub scales: [i8; QK_K / 16],
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+}
+
+/// Q8_K: `x = d * q` with an f32 scale and per-16 sums of the quants.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockQ8K {
+    /// Scale (f32, little-endian).
+    pub d: [u8; 4],
+    /// Signed quants.
+    pub qs: [i8; QK_K],
+    /// Sums of each 16 quants (i16, little-endian).
+    pub bsums: [[u8; 2]; QK_K / 16],
+}
+
+const _: () = assert!(size_of::<BlockQ4_0>() == 18);
+const _: () = assert!(size_of::<BlockQ4_1>() == 20);
+const _: () = assert!(size_of::<BlockQ5_0>() == 22);
+const _: () = assert!(size_of::<BlockQ5_1>() == 24);
+const _: () = assert!(size_of::<BlockQ8_0>() == 34);
+const _: () = assert!(size_of::<BlockQ8_1>() == 36);
+const _: () = assert!(size_of::<BlockQ2K>() == 84);
+const _: () = assert!(size_of::<BlockQ3K>() == 110);
+const _: () = assert!(size_of::<BlockQ4K>() == 144);
+const _: () = assert!(size_of::<BlockQ5K>() == 176);
+const _: () = assert!(size_of::<BlockQ6K>() == 210);
+const _: () = assert!(size_of::<BlockQ8K>() == 292);
+
+impl BlockQ4_0 {
+    half_getters!(d);
+}
+impl BlockQ4_1 {
+    half_getters!(d, m);
+}
+impl BlockQ5_0 {
+    half_getters!(d);
+}
+impl BlockQ5_1 {
+    half_getters!(d, m);
+}
+impl BlockQ8_0 {
+    half_getters!(d);
+}
+impl BlockQ8_1 {
+    half_getters!(d, s);
+}
+impl BlockQ2K {
+    half_getters!(d, dmin);
+}
+impl BlockQ3K {
+    half_getters!(d);
+}
+impl BlockQ4K {
+    half_getters!(d, dmin);
+}
+impl BlockQ5K {
+    half_getters!(d, dmin);
+}
+impl BlockQ6K {
+    half_getters!(d);
+}
+impl BlockQ8K {
+    /// The scale.
+    #[inline(always)]
+    pub fn d(&self) -> f32 {
+        f32::from_le_bytes(self.d)
+    }
+    /// Sum of quants `16 * i .. 16 * i + 16`.
+    #[inline(always)]
+    pub fn bsum(&self, i: usize) -> i16 {
+        i16::from_le_bytes(self.bsums[i])
+    }
+}
+
+/// Unpacks the 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block
+/// (ggml's `get_scale_min_k4`).
+#[inline(always)]
+pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Unpacks the sixteen 6-bit signed scales of a Q3_K block (-32..32).
+#[inline(always)]
+pub fn q3k_scales(s: &[u8; 12]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for (j, o) in out.iter_mut().enumerate() {
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + (j % 4)] >> (2 * (j / 4))) & 3;
+        *o = ((low | (high << 4)) as i8) - 32;
+    }
+    out
+}
+
+/// Views `bytes` as a slice of blocks; `None` unless the length is a whole number of blocks.
+pub fn cast<B: FromBytes + Immutable + KnownLayout + Unaligned>(bytes: &[u8]) -> Option<&[B]> {
+    <[B]>::ref_from_bytes(bytes).ok()
+}

@@ -1,0 +1,104 @@
+//! Compares `quantize` / `dequantize` with gguf-py outputs stored in fixtures/kernels
+//! (regenerate with `python3 scripts/gen_kernel_goldens.py`). Every comparison is exact:
+//! bytes for quantize, f32 bit patterns for dequantize.
+
+use gds_format::DType;
+use gds_kernels::{dequantize, quantize};
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/kernels")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn quantize_matches_gguf_py() {
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ] {
+        let input = f32s(&fixture(&format!("q_{}.in.f32", dtype.name())));
+        let want = fixture(&format!("q_{}.out.bin", dtype.name()));
+        let got = quantize(dtype, &input).unwrap();
+        assert_eq!(got.len(), want.len(), "{dtype}");
+        let ts = dtype.type_size();
+        for (i, (g, w)) in got.chunks(ts).zip(want.chunks(ts)).enumerate() {
+            assert_eq!(g, w, "{dtype} block {i} differs from gguf-py");
+        }
+    }
+}
+
+#[test]
+fn dequantize_matches_gguf_py_bitwise() {
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q8_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::Q8K,
+    ] {
+        let src = fixture(&format!("dq_{}.in.bin", dtype.name()));
+        let want = f32s(&fixture(&format!("dq_{}.out.f32", dtype.name())));
+        let mut got = vec![f32::NAN; want.len()];
+        dequantize(dtype, &src, &mut got).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{dtype} element {i}: {g} vs gguf-py {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn quantized_goldens_dequantize_consistently() {
+    // gguf-py's quantize output, dequantized by us, lands near the input.
+    for (dtype, tol) in [
+        (DType::Q8_0, 1.0 / 127.0),
+        (DType::Q4_0, 1.0 / 7.0),
+        (DType::Q4_1, 1.0 / 14.0),
+    ] {
+        let input = f32s(&fixture(&format!("q_{}.in.f32", dtype.name())));
+        let q = fixture(&format!("q_{}.out.bin", dtype.name()));
+        let mut back = vec![0f32; input.len()];
+        dequantize(dtype, &q, &mut back).unwrap();
+        for (blk_in, blk_out) in input.chunks(32).zip(back.chunks(32)) {
+            let amax = blk_in.iter().fold(0f32, |a, v| a.max(v.abs()));
+            if !(1e-4..=1e4).contains(&amax) {
+                continue; // f16 scale underflows or overflows there
+            }
+            for (a, b) in blk_in.iter().zip(blk_out) {
+                assert!(
+                    (a - b).abs() <= amax * tol * 1.01,
+                    "{dtype}: {a} -> {b} (amax {amax})"
+                );
+            }
+        }
+    }
+}
