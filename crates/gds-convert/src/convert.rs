@@ -5,7 +5,9 @@
 use crate::error::{io, ConvertError};
 use crate::names::{group_of, Group};
 use crate::source::{MetaValue, Source, SourceTensor, Transform};
-use gds_format::{layer_kind, layout, DType, LayerRecord, ManifestBuilder, TensorSpec, MANIFEST_FILE};
+use gds_format::{
+    layer_kind, layout, DType, LayerRecord, ManifestBuilder, TensorSpec, MANIFEST_FILE,
+};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::io::Write;
@@ -28,8 +30,17 @@ impl FromStr for QuantTarget {
         match s.to_ascii_lowercase().as_str() {
             "keep" => Ok(QuantTarget::Keep),
             other => match DType::from_name(other) {
-                Some(d @ (DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0 | DType::Q4_1)) => Ok(QuantTarget::To(d)),
-                _ => Err(format!("unknown --quant {s:?} (expected keep, f32, f16, bf16, q8_0, q4_0 or q4_1)")),
+                Some(
+                    d @ (DType::F32
+                    | DType::F16
+                    | DType::BF16
+                    | DType::Q8_0
+                    | DType::Q4_0
+                    | DType::Q4_1),
+                ) => Ok(QuantTarget::To(d)),
+                _ => Err(format!(
+                    "unknown --quant {s:?} (expected keep, f32, f16, bf16, q8_0, q4_0 or q4_1)"
+                )),
             },
         }
     }
@@ -59,7 +70,12 @@ pub struct ConvertOptions {
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { quant: QuantTarget::Keep, requantize: false, force: false, tokenizer: None }
+        ConvertOptions {
+            quant: QuantTarget::Keep,
+            requantize: false,
+            force: false,
+            tokenizer: None,
+        }
     }
 }
 
@@ -111,10 +127,17 @@ pub fn open_source(input: &Path) -> Result<Source, ConvertError> {
         let mut f = std::fs::File::open(input).map_err(io(input))?;
         let n = f.read(&mut magic).map_err(io(input))?;
         if n < 4 {
-            return Err(ConvertError::BadInput { path: input.into(), msg: format!("file is {n} bytes: too short to be a model") });
+            return Err(ConvertError::BadInput {
+                path: input.into(),
+                msg: format!("file is {n} bytes: too short to be a model"),
+            });
         }
     }
-    let ext = input.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    let ext = input
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
     if &magic == b"GGUF" || ext == "gguf" {
         crate::gguf::read_gguf(input)
     } else if ext == "safetensors" || ext == "json" {
@@ -144,14 +167,21 @@ pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions) -> DType {
     }
     let cols = *t.shape.last().unwrap_or(&0);
     if target.is_quantized() && cols % target.block_size() as u64 != 0 {
-        return if t.dtype.is_float() { t.dtype } else { DType::F32 };
+        return if t.dtype.is_float() {
+            t.dtype
+        } else {
+            DType::F32
+        };
     }
     target
 }
 
 /// The bytes of `t` as written: permuted if the input layout asks, converted to `out`.
 fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, ConvertError> {
-    let kerr = |source| ConvertError::Kernel { tensor: t.source_name.clone(), source };
+    let kerr = |source| ConvertError::Kernel {
+        tensor: t.source_name.clone(),
+        source,
+    };
     let mut bytes: Cow<'a, [u8]> = Cow::Borrowed(t.bytes());
     if let Transform::PermuteRope { n_head } = t.transform {
         let rows = t.shape[0] as usize;
@@ -163,7 +193,12 @@ fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, Convert
                 msg: format!("{rows} rows cannot be split into {n_head} RoPE heads of pairs"),
             });
         }
-        bytes = Cow::Owned(crate::safetensors::permute_rope_rows(&bytes, rows, row_bytes, n_head as usize));
+        bytes = Cow::Owned(crate::safetensors::permute_rope_rows(
+            &bytes,
+            rows,
+            row_bytes,
+            n_head as usize,
+        ));
     }
     if out == t.dtype {
         return Ok(bytes);
@@ -173,9 +208,15 @@ fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, Convert
     let in_row = t.dtype.row_bytes(cols as u64).unwrap_or(0) as usize;
     let mut f = vec![0f32; n];
     if in_row == 0 {
-        return Err(kerr(gds_kernels::KernelError::Shape(format!("{} row of {cols}", t.dtype))));
+        return Err(kerr(gds_kernels::KernelError::Shape(format!(
+            "{} row of {cols}",
+            t.dtype
+        ))));
     }
-    f.par_chunks_mut(cols).zip(bytes.par_chunks(in_row)).try_for_each(|(dst, src)| gds_kernels::dequantize(t.dtype, src, dst)).map_err(kerr)?;
+    f.par_chunks_mut(cols)
+        .zip(bytes.par_chunks(in_row))
+        .try_for_each(|(dst, src)| gds_kernels::dequantize(t.dtype, src, dst))
+        .map_err(kerr)?;
     Ok(Cow::Owned(gds_kernels::quantize(out, &f).map_err(kerr)?))
 }
 
@@ -194,12 +235,19 @@ impl Drop for TempDir {
 }
 
 fn sibling(out_dir: &Path, tag: &str) -> Result<PathBuf, ConvertError> {
-    let name = out_dir.file_name().ok_or_else(|| ConvertError::BadInput { path: out_dir.into(), msg: "output path has no directory name".into() })?;
+    let name = out_dir.file_name().ok_or_else(|| ConvertError::BadInput {
+        path: out_dir.into(),
+        msg: "output path has no directory name".into(),
+    })?;
     let parent = match out_dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    Ok(parent.join(format!(".{}.{tag}-{}", name.to_string_lossy(), std::process::id())))
+    Ok(parent.join(format!(
+        ".{}.{tag}-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
 }
 
 fn check_output(out_dir: &Path, force: bool) -> Result<(), ConvertError> {
@@ -208,13 +256,17 @@ fn check_output(out_dir: &Path, force: bool) -> Result<(), ConvertError> {
         Err(e) => Err(io(out_dir)(e)),
         Ok(_) if !force => Err(ConvertError::OutputExists(out_dir.into())),
         Ok(m) => {
-            let empty = m.is_dir() && std::fs::read_dir(out_dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+            let empty = m.is_dir()
+                && std::fs::read_dir(out_dir)
+                    .map(|mut d| d.next().is_none())
+                    .unwrap_or(false);
             if m.is_dir() && (empty || out_dir.join(MANIFEST_FILE).is_file()) {
                 Ok(())
             } else {
                 Err(ConvertError::BadInput {
                     path: out_dir.into(),
-                    msg: "refusing to replace it with --force: it is not a GdsLLM model directory".into(),
+                    msg: "refusing to replace it with --force: it is not a GdsLLM model directory"
+                        .into(),
                 })
             }
         }
@@ -239,23 +291,39 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ConvertError> {
 
 /// Converts `input` into a GdsLLM directory at `out_dir`. On any error nothing is left at
 /// `out_dir` (an existing directory replaced with `force` stays as it was).
-pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &dyn Progress) -> Result<ConvertSummary, ConvertError> {
+pub fn convert(
+    input: &Path,
+    out_dir: &Path,
+    opts: &ConvertOptions,
+    progress: &dyn Progress,
+) -> Result<ConvertSummary, ConvertError> {
     let t0 = Instant::now();
     check_output(out_dir, opts.force)?;
     let source = open_source(input)?;
-    let mut warnings = source.warnings.clone();
+    let mut warnings: Vec<String> = source
+        .warnings
+        .iter()
+        .filter(|w| opts.tokenizer.is_none() || !w.starts_with("tokenizer"))
+        .cloned()
+        .collect();
 
     // tokenizer first: a conversion that cannot produce one fails before writing anything
     let tokenizer_json = match &opts.tokenizer {
         Some(p) => std::fs::read_to_string(p).map_err(io(p))?,
         None => source.tokenizer.tokenizer_json.clone().ok_or_else(|| ConvertError::BadInput {
             path: input.into(),
-            msg: "the input carries no tokenizer; pass --tokenizer path/to/tokenizer.json".into(),
+            msg: {
+                let why: Vec<&str> = source.warnings.iter().filter(|w| w.starts_with("tokenizer")).map(String::as_str).collect();
+                format!("the input carries no usable tokenizer{}; pass --tokenizer path/to/tokenizer.json", if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) })
+            },
         })?,
     };
     if let Err(e) = tokenizers::Tokenizer::from_str(&tokenizer_json) {
         let path = opts.tokenizer.clone().unwrap_or_else(|| input.into());
-        return Err(ConvertError::BadInput { path, msg: format!("tokenizer.json does not load: {e}") });
+        return Err(ConvertError::BadInput {
+            path,
+            msg: format!("tokenizer.json does not load: {e}"),
+        });
     }
 
     // group into layers, deterministic order
@@ -271,7 +339,11 @@ pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &d
     for (_, ts) in &mut groups {
         ts.sort_by(|a, b| a.name.cmp(&b.name));
         if let Some(w) = ts.windows(2).find(|w| w[0].name == w[1].name) {
-            return Err(ConvertError::BadTensor { path: w[0].file.path.clone(), tensor: w[0].name.clone(), msg: "tensor name appears twice".into() });
+            return Err(ConvertError::BadTensor {
+                path: w[0].file.path.clone(),
+                tensor: w[0].name.clone(),
+                msg: "tensor name appears twice".into(),
+            });
         }
     }
     let mut skipped_quant = 0usize;
@@ -283,7 +355,12 @@ pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &d
                 .map(|t| {
                     let d = output_dtype(t, opts);
                     if let QuantTarget::To(q) = opts.quant {
-                        if q.is_quantized() && t.shape.len() >= 2 && d != q && !(t.dtype.is_quantized() && !opts.requantize) && t.dtype.is_float() {
+                        if q.is_quantized()
+                            && t.shape.len() >= 2
+                            && d != q
+                            && !(t.dtype.is_quantized() && !opts.requantize)
+                            && t.dtype.is_float()
+                        {
                             skipped_quant += 1;
                         }
                     }
@@ -294,22 +371,44 @@ pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &d
         })
         .collect();
     if skipped_quant > 0 {
-        warnings.push(format!("{skipped_quant} tensors kept as float: their rows are not a whole number of {} blocks", opts.quant));
+        warnings.push(format!(
+            "{skipped_quant} tensors kept as float: their rows are not a whole number of {} blocks",
+            opts.quant
+        ));
     }
-    let total: u64 = plans.iter().flat_map(|(_, v)| v.iter()).map(|(t, d)| d.tensor_bytes(&t.shape).unwrap_or(0)).sum();
+    let total: u64 = plans
+        .iter()
+        .flat_map(|(_, v)| v.iter())
+        .map(|(t, d)| d.tensor_bytes(&t.shape).unwrap_or(0))
+        .sum();
 
-    let tmp = TempDir { path: sibling(out_dir, "tmp")?, keep: false };
+    let tmp = TempDir {
+        path: sibling(out_dir, "tmp")?,
+        keep: false,
+    };
     let _ = std::fs::remove_dir_all(&tmp.path);
     std::fs::create_dir_all(tmp.path.join("layers")).map_err(io(&tmp.path))?;
     progress.start(total);
 
     let mut builder = ManifestBuilder::new();
     let mut meta = source.metadata.clone();
-    meta.insert("convert.quant".into(), MetaValue::Str(opts.quant.to_string()));
-    meta.insert("convert.requantize".into(), MetaValue::Bool(opts.requantize));
-    let src_name = input.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    meta.insert(
+        "convert.quant".into(),
+        MetaValue::Str(opts.quant.to_string()),
+    );
+    meta.insert(
+        "convert.requantize".into(),
+        MetaValue::Bool(opts.requantize),
+    );
+    let src_name = input
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     meta.insert("convert.source".into(), MetaValue::Str(src_name));
-    meta.insert("convert.tool".into(), MetaValue::Str(concat!("gdsconv ", env!("CARGO_PKG_VERSION")).into()));
+    meta.insert(
+        "convert.tool".into(),
+        MetaValue::Str(concat!("gdsconv ", env!("CARGO_PKG_VERSION")).into()),
+    );
     for (k, v) in &meta {
         put_meta(&mut builder, k, v);
     }
@@ -319,12 +418,37 @@ pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &d
     let n_tensors: usize = plans.iter().map(|(_, v)| v.len()).sum();
     for (g, ts) in &plans {
         let (name, file, kind, index) = match g {
-            Group::Embed => ("embed".to_string(), "layers/embed.bin".to_string(), layer_kind::EMBED, 0),
-            Group::Block(n) => (format!("blk.{n}"), format!("layers/blk.{n:04}.bin"), layer_kind::BLOCK, *n),
-            Group::Head => ("head".to_string(), "layers/head.bin".to_string(), layer_kind::HEAD, 0),
+            Group::Embed => (
+                "embed".to_string(),
+                "layers/embed.bin".to_string(),
+                layer_kind::EMBED,
+                0,
+            ),
+            Group::Block(n) => (
+                format!("blk.{n}"),
+                format!("layers/blk.{n:04}.bin"),
+                layer_kind::BLOCK,
+                *n,
+            ),
+            Group::Head => (
+                "head".to_string(),
+                "layers/head.bin".to_string(),
+                layer_kind::HEAD,
+                0,
+            ),
         };
-        let specs: Vec<TensorSpec> = ts.iter().map(|(t, d)| TensorSpec { name: t.name.clone(), dtype: *d, shape: t.shape.clone() }).collect();
-        let lay = layout(&specs).map_err(|msg| ConvertError::BadInput { path: input.into(), msg })?;
+        let specs: Vec<TensorSpec> = ts
+            .iter()
+            .map(|(t, d)| TensorSpec {
+                name: t.name.clone(),
+                dtype: *d,
+                shape: t.shape.clone(),
+            })
+            .collect();
+        let lay = layout(&specs).map_err(|msg| ConvertError::BadInput {
+            path: input.into(),
+            msg,
+        })?;
         let path = tmp.path.join(&file);
         let f = std::fs::File::create(&path).map_err(io(&path))?;
         let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
@@ -341,7 +465,11 @@ pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &d
             }
             let bytes = produce(t, *d)?;
             if bytes.len() as u64 != nbytes {
-                return Err(ConvertError::Internal(format!("tensor {:?}: produced {} bytes, expected {nbytes}", t.name, bytes.len())));
+                return Err(ConvertError::Internal(format!(
+                    "tensor {:?}: produced {} bytes, expected {nbytes}",
+                    t.name,
+                    bytes.len()
+                )));
             }
             w.write_all(&bytes).map_err(io(&path))?;
             hasher.update(&bytes);
@@ -359,7 +487,15 @@ pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &d
         let f = w.into_inner().map_err(|e| io(&path)(e.into_error()))?;
         f.sync_all().map_err(io(&path))?;
         file_bytes += lay.file_size;
-        builder.add_layer(&LayerRecord { name, file, kind, index, tensors: specs, layout: lay, content_hash: *hasher.finalize().as_bytes() });
+        builder.add_layer(&LayerRecord {
+            name,
+            file,
+            kind,
+            index,
+            tensors: specs,
+            layout: lay,
+            content_hash: *hasher.finalize().as_bytes(),
+        });
     }
 
     let manifest = builder.finish();
@@ -376,7 +512,10 @@ pub fn convert(input: &Path, out_dir: &Path, opts: &ConvertOptions, progress: &d
     // Check what we wrote before anyone can see it.
     let report = crate::validate::validate_dir(&tmp.path, crate::validate::Depth::Quick);
     if !report.errors.is_empty() {
-        return Err(ConvertError::Internal(format!("the written model is invalid: {}", report.errors.join("; "))));
+        return Err(ConvertError::Internal(format!(
+            "the written model is invalid: {}",
+            report.errors.join("; ")
+        )));
     }
 
     // commit

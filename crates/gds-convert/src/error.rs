@@ -38,15 +38,6 @@ pub enum ConvertError {
     /// A safetensors input could not be read.
     #[error(transparent)]
     Safetensors(#[from] crate::safetensors::SafetensorsError),
-    /// The GGUF tokenizer could not be exported.
-    #[error("{path}: tokenizer: {source}")]
-    Tokenizer {
-        /// The input file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: crate::tokenizer::TokenizerError,
-    },
     /// A kernel (quantize/dequantize) refused the data.
     #[error("tensor {tensor:?}: {source}")]
     Kernel {

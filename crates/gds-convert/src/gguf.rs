@@ -4,7 +4,9 @@
 
 use crate::error::{io, ConvertError};
 use crate::names::{canonical_family, group_of};
-use crate::source::{MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles, Transform};
+use crate::source::{
+    MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles, Transform,
+};
 use gds_format::DType;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -23,21 +25,31 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
     }
     impl Cur<'_> {
         fn take(&mut self, n: u64, what: &str) -> Result<&[u8], String> {
-            let end = (self.pos as u64).checked_add(n).filter(|&e| e <= self.b.len() as u64);
+            let end = (self.pos as u64)
+                .checked_add(n)
+                .filter(|&e| e <= self.b.len() as u64);
             match end {
                 Some(e) => {
                     let s = &self.b[self.pos..e as usize];
                     self.pos = e as usize;
                     Ok(s)
                 }
-                None => Err(format!("truncated: {what} at byte {} needs {n} bytes, file has {}", self.pos, self.b.len())),
+                None => Err(format!(
+                    "truncated: {what} at byte {} needs {n} bytes, file has {}",
+                    self.pos,
+                    self.b.len()
+                )),
             }
         }
         fn u32(&mut self, what: &str) -> Result<u32, String> {
-            Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap_or_default()))
+            Ok(u32::from_le_bytes(
+                self.take(4, what)?.try_into().unwrap_or_default(),
+            ))
         }
         fn u64(&mut self, what: &str) -> Result<u64, String> {
-            Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap_or_default()))
+            Ok(u64::from_le_bytes(
+                self.take(8, what)?.try_into().unwrap_or_default(),
+            ))
         }
         fn string(&mut self, what: &str) -> Result<String, String> {
             let n = self.u64(what)?;
@@ -66,13 +78,17 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
                     let n = self.u64(&format!("array length of {key:?}"))?;
                     match scalar(et) {
                         Some(sz) => {
-                            let total = n.checked_mul(sz).ok_or_else(|| format!("key {key:?}: array length {n} overflows"))?;
+                            let total = n.checked_mul(sz).ok_or_else(|| {
+                                format!("key {key:?}: array length {n} overflows")
+                            })?;
                             self.take(total, &format!("array {key:?}"))?;
                         }
                         None => {
                             // each element takes at least 8 bytes (a string length)
                             if n > (self.b.len() - self.pos) as u64 / 8 {
-                                return Err(format!("key {key:?}: array length {n} exceeds the file"));
+                                return Err(format!(
+                                    "key {key:?}: array length {n} exceeds the file"
+                                ));
                             }
                             for _ in 0..n {
                                 self.value(et, key, depth + 1)?;
@@ -81,7 +97,8 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
                     }
                 }
                 t => {
-                    let sz = scalar(t).ok_or_else(|| format!("key {key:?}: unknown value type {t}"))?;
+                    let sz =
+                        scalar(t).ok_or_else(|| format!("key {key:?}: unknown value type {t}"))?;
                     self.take(sz, &format!("value of {key:?}"))?;
                 }
             }
@@ -91,16 +108,22 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
     let mut c = Cur { b: bytes, pos: 0 };
     let magic = c.take(4, "magic")?;
     if magic != GGUF_MAGIC {
-        return Err(format!("not a GGUF file (magic {magic:02x?}, expected \"GGUF\")"));
+        return Err(format!(
+            "not a GGUF file (magic {magic:02x?}, expected \"GGUF\")"
+        ));
     }
     let version = c.u32("version")?;
     if version != 2 && version != 3 {
-        return Err(format!("unsupported GGUF version {version} (supported: 2, 3)"));
+        return Err(format!(
+            "unsupported GGUF version {version} (supported: 2, 3)"
+        ));
     }
     let n_tensors = c.u64("tensor count")?;
     let n_kv = c.u64("key/value count")?;
     if n_kv > bytes.len() as u64 / 12 || n_tensors > bytes.len() as u64 / 24 {
-        return Err(format!("header counts ({n_kv} key/values, {n_tensors} tensors) exceed the file size"));
+        return Err(format!(
+            "header counts ({n_kv} key/values, {n_tensors} tensors) exceed the file size"
+        ));
     }
     for i in 0..n_kv {
         let key = c.string(&format!("key #{i}"))?;
@@ -118,7 +141,9 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
         }
         let t = c.u32(&format!("type of {name:?}"))?;
         if DType::from_id(t).is_none() {
-            return Err(format!("tensor {name:?}: ggml type id {t} is not supported by GdsLLM format v1"));
+            return Err(format!(
+                "tensor {name:?}: ggml type id {t} is not supported by GdsLLM format v1"
+            ));
         }
         c.u64(&format!("offset of {name:?}"))?;
     }
@@ -144,7 +169,11 @@ fn json_to_meta(v: &Value) -> Option<MetaValue> {
 
 fn num_u64(v: Option<&Value>) -> Option<u64> {
     let v = v?;
-    v.as_u64().or_else(|| v.as_f64().filter(|f| *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64))
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+            .map(|f| f as u64)
+    })
 }
 
 fn num_f64(v: Option<&Value>) -> Option<f64> {
@@ -153,24 +182,37 @@ fn num_f64(v: Option<&Value>) -> Option<f64> {
 
 /// Reads a GGUF file into a [`Source`].
 pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
-    let bad = |msg: String| ConvertError::BadInput { path: path.to_path_buf(), msg };
+    let bad = |msg: String| ConvertError::BadInput {
+        path: path.to_path_buf(),
+        msg,
+    };
     let file = std::fs::File::open(path).map_err(io(path))?;
     // SAFETY: the file is opened read-only and the mapping is only read. A concurrent writer
     // truncating the file could fault; that is the documented contract of converting from mmap
     // (same as llama.cpp and safetensors' loaders).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
     prescan(&map).map_err(&bad)?;
-    let path_str = path.to_str().ok_or_else(|| bad("path is not valid UTF-8".into()))?;
+    let path_str = path
+        .to_str()
+        .ok_or_else(|| bad("path is not valid UTF-8".into()))?;
     let model = {
-        let mut container = gguf_rs::get_gguf_container_array_size(path_str, u64::MAX).map_err(|e| bad(format!("{e:#}")))?;
+        let mut container = gguf_rs::get_gguf_container_array_size(path_str, u64::MAX)
+            .map_err(|e| bad(format!("{e:#}")))?;
         container.decode().map_err(|e| bad(format!("{e:#}")))?
     };
     let meta = model.metadata();
     let data_offset = model.data_offset();
-    let file = Arc::new(MappedFile { path: path.to_path_buf(), map });
+    let file = Arc::new(MappedFile {
+        path: path.to_path_buf(),
+        map,
+    });
     let file_len = file.map.len() as u64;
 
-    let gguf_arch = meta.get("general.architecture").and_then(Value::as_str).unwrap_or("").to_string();
+    let gguf_arch = meta
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let family = canonical_family(&gguf_arch);
     let runnable = family.is_some();
     let mut warnings = Vec::new();
@@ -183,12 +225,22 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
             msg: format!("ggml type id {} is not supported", t.kind),
         })?;
         let shape: Vec<u64> = t.shape.iter().rev().copied().collect();
-        let tbad = |msg: String| ConvertError::BadTensor { path: path.to_path_buf(), tensor: t.name.clone(), msg };
+        let tbad = |msg: String| ConvertError::BadTensor {
+            path: path.to_path_buf(),
+            tensor: t.name.clone(),
+            msg,
+        };
         if shape.contains(&0) {
             return Err(tbad(format!("shape {shape:?} has a zero dimension")));
         }
-        let nbytes = dtype.tensor_bytes(&shape).ok_or_else(|| tbad(format!("shape {shape:?} is not a whole number of {dtype} blocks")))?;
-        let offset = data_offset.checked_add(t.offset).ok_or_else(|| tbad("offset overflows".into()))?;
+        let nbytes = dtype.tensor_bytes(&shape).ok_or_else(|| {
+            tbad(format!(
+                "shape {shape:?} is not a whole number of {dtype} blocks"
+            ))
+        })?;
+        let offset = data_offset
+            .checked_add(t.offset)
+            .ok_or_else(|| tbad("offset overflows".into()))?;
         match offset.checked_add(nbytes) {
             Some(end) if end <= file_len => {}
             _ => return Err(tbad(format!("data at bytes {offset}..{offset}+{nbytes} is out of bounds (file has {file_len} bytes)"))),
@@ -217,48 +269,94 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     if let Some(name) = meta.get("general.name").and_then(Value::as_str) {
         metadata.insert("general.name".into(), MetaValue::Str(name.into()));
     }
-    metadata.insert("general.source_architecture".into(), MetaValue::Str(gguf_arch.clone()));
+    metadata.insert(
+        "general.source_architecture".into(),
+        MetaValue::Str(gguf_arch.clone()),
+    );
     if let Some(fam) = family {
         metadata.insert("general.architecture".into(), MetaValue::Str(fam.into()));
         let a = &gguf_arch;
         let key = |k: &str| meta.get(&format!("{a}.{k}"));
-        let need_u64 = |k: &str| num_u64(key(k)).ok_or_else(|| bad(format!("metadata key {a}.{k} is missing or not an integer")));
+        let need_u64 = |k: &str| {
+            num_u64(key(k))
+                .ok_or_else(|| bad(format!("metadata key {a}.{k} is missing or not an integer")))
+        };
         let n_embd = need_u64("embedding_length")?;
         let n_heads = need_u64("attention.head_count")?;
         if n_heads == 0 || n_embd % n_heads != 0 {
-            return Err(bad(format!("{a}.attention.head_count {n_heads} does not divide embedding_length {n_embd}")));
+            return Err(bad(format!(
+                "{a}.attention.head_count {n_heads} does not divide embedding_length {n_embd}"
+            )));
         }
         let n_kv = num_u64(key("attention.head_count_kv")).unwrap_or(n_heads);
         let vocab = num_u64(key("vocab_size"))
-            .or_else(|| meta.get("tokenizer.ggml.tokens").and_then(Value::as_array).map(|a| a.len() as u64))
-            .or_else(|| tensors.iter().find(|t| t.name == "token_embd.weight").map(|t| t.shape[0]))
+            .or_else(|| {
+                meta.get("tokenizer.ggml.tokens")
+                    .and_then(Value::as_array)
+                    .map(|a| a.len() as u64)
+            })
+            .or_else(|| {
+                tensors
+                    .iter()
+                    .find(|t| t.name == "token_embd.weight")
+                    .map(|t| t.shape[0])
+            })
             .ok_or_else(|| bad("cannot determine the vocabulary size".into()))?;
         let head_dim = num_u64(key("attention.key_length")).unwrap_or(n_embd / n_heads);
-        metadata.insert("model.n_layers".into(), MetaValue::U64(need_u64("block_count")?));
+        metadata.insert(
+            "model.n_layers".into(),
+            MetaValue::U64(need_u64("block_count")?),
+        );
         metadata.insert("model.n_embd".into(), MetaValue::U64(n_embd));
         metadata.insert("model.n_heads".into(), MetaValue::U64(n_heads));
         metadata.insert("model.n_kv_heads".into(), MetaValue::U64(n_kv));
-        metadata.insert("model.n_ff".into(), MetaValue::U64(need_u64("feed_forward_length")?));
+        metadata.insert(
+            "model.n_ff".into(),
+            MetaValue::U64(need_u64("feed_forward_length")?),
+        );
         metadata.insert("model.vocab_size".into(), MetaValue::U64(vocab));
-        metadata.insert("model.context_length".into(), MetaValue::U64(num_u64(key("context_length")).unwrap_or(2048)));
+        metadata.insert(
+            "model.context_length".into(),
+            MetaValue::U64(num_u64(key("context_length")).unwrap_or(2048)),
+        );
         metadata.insert("model.head_dim".into(), MetaValue::U64(head_dim));
-        metadata.insert("model.rope_theta".into(), MetaValue::F64(num_f64(key("rope.freq_base")).unwrap_or(10000.0)));
+        metadata.insert(
+            "model.rope_theta".into(),
+            MetaValue::F64(num_f64(key("rope.freq_base")).unwrap_or(10000.0)),
+        );
         metadata.insert(
             "model.rms_norm_eps".into(),
-            MetaValue::F64(num_f64(key("attention.layer_norm_rms_epsilon")).ok_or_else(|| bad(format!("metadata key {a}.attention.layer_norm_rms_epsilon is missing")))?),
+            MetaValue::F64(
+                num_f64(key("attention.layer_norm_rms_epsilon")).ok_or_else(|| {
+                    bad(format!(
+                        "metadata key {a}.attention.layer_norm_rms_epsilon is missing"
+                    ))
+                })?,
+            ),
         );
         let tied = !tensors.iter().any(|t| t.name == "output.weight");
         metadata.insert("model.tie_embeddings".into(), MetaValue::Bool(tied));
         match key("rope.scaling.type").and_then(Value::as_str) {
             Some("linear") => {
-                metadata.insert("model.rope_scaling.type".into(), MetaValue::Str("linear".into()));
-                metadata.insert("model.rope_scaling.factor".into(), MetaValue::F64(num_f64(key("rope.scaling.factor")).unwrap_or(1.0)));
+                metadata.insert(
+                    "model.rope_scaling.type".into(),
+                    MetaValue::Str("linear".into()),
+                );
+                metadata.insert(
+                    "model.rope_scaling.factor".into(),
+                    MetaValue::F64(num_f64(key("rope.scaling.factor")).unwrap_or(1.0)),
+                );
             }
             Some("none") | None => {}
-            Some(other) => warnings.push(format!("rope scaling type {other:?} is recorded but not applied by gdsrun")),
+            Some(other) => warnings.push(format!(
+                "rope scaling type {other:?} is recorded but not applied by gdsrun"
+            )),
         }
     } else {
-        metadata.insert("general.architecture".into(), MetaValue::Str(gguf_arch.clone()));
+        metadata.insert(
+            "general.architecture".into(),
+            MetaValue::Str(gguf_arch.clone()),
+        );
         warnings.push(format!(
             "architecture {gguf_arch:?} is not supported by gdsrun; tensors are converted and grouped by layer index, but the model cannot be run"
         ));
@@ -269,24 +367,40 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     if let Some(v) = num_u64(meta.get("tokenizer.ggml.eos_token_id")) {
         metadata.insert("tokenizer.eos_token_id".into(), MetaValue::U64(v));
     }
-    if let Some(v) = meta.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool) {
+    if let Some(v) = meta
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(Value::as_bool)
+    {
         metadata.insert("tokenizer.add_bos".into(), MetaValue::Bool(v));
     }
 
     let tokenizer = if meta.contains_key("tokenizer.ggml.model") {
-        let meta_map: BTreeMap<String, Value> = meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let export = crate::tokenizer::tokenizer_from_gguf(&meta_map).map_err(|source| ConvertError::Tokenizer { path: path.to_path_buf(), source })?;
-        TokenizerFiles {
-            tokenizer_json: Some(export.tokenizer_json),
-            tokenizer_config_json: Some(export.tokenizer_config_json),
-            generation_config_json: None,
+        let meta_map: BTreeMap<String, Value> =
+            meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        match crate::tokenizer::tokenizer_from_gguf(&meta_map) {
+            Ok(export) => TokenizerFiles {
+                tokenizer_json: Some(export.tokenizer_json),
+                tokenizer_config_json: Some(export.tokenizer_config_json),
+                generation_config_json: None,
+            },
+            // Deferred: fatal only if the user does not supply a tokenizer.json instead.
+            Err(e) => {
+                warnings.push(format!(
+                    "tokenizer: the embedded vocabulary cannot be exported: {e}"
+                ));
+                TokenizerFiles::default()
+            }
         }
     } else {
         warnings.push("the GGUF has no embedded tokenizer (tokenizer.ggml.model)".into());
         TokenizerFiles::default()
     };
 
-    tensors.sort_by(|a, b| group_of(&a.name).cmp(&group_of(&b.name)).then_with(|| a.name.cmp(&b.name)));
+    tensors.sort_by(|a, b| {
+        group_of(&a.name)
+            .cmp(&group_of(&b.name))
+            .then_with(|| a.name.cmp(&b.name))
+    });
     Ok(Source {
         arch: family.map(str::to_string).unwrap_or(gguf_arch),
         runnable,
@@ -312,9 +426,13 @@ mod tests {
     #[test]
     fn prescan_rejects_bad_magic_version_and_lengths() {
         assert!(prescan(b"GGML....").unwrap_err().contains("not a GGUF"));
-        assert!(prescan(&header(1, 0, 0)).unwrap_err().contains("unsupported GGUF version 1"));
+        assert!(prescan(&header(1, 0, 0))
+            .unwrap_err()
+            .contains("unsupported GGUF version 1"));
         assert!(prescan(&header(3, 0, 0)).is_ok());
-        assert!(prescan(&header(3, 1 << 40, 0)).unwrap_err().contains("exceed"));
+        assert!(prescan(&header(3, 1 << 40, 0))
+            .unwrap_err()
+            .contains("exceed"));
         // a key whose string length runs past the end
         let mut b = header(3, 0, 1);
         b.extend((1u64 << 50).to_le_bytes());

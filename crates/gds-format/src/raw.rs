@@ -23,7 +23,19 @@ pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 pub const MAX_DIMS: usize = 4;
 
 /// A reference to a UTF-8 string in the string table. 8 bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+)]
 #[repr(C)]
 pub struct StrRef {
     /// Byte offset from the start of the string table.
@@ -33,7 +45,19 @@ pub struct StrRef {
 }
 
 /// Where a table lives in the manifest. 16 bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+)]
 #[repr(C)]
 pub struct Section {
     /// Byte offset from the start of the manifest; a multiple of 8.

@@ -144,13 +144,21 @@ pub struct LayerInfo<'a> {
     pub content_hash: [u8; 32],
 }
 
-fn section<'a, T>(bytes: &'a [u8], s: &Section, table: &'static str, min_entry: usize, header_size: usize) -> Result<Table<'a, T>, FormatError> {
+fn section<'a, T>(
+    bytes: &'a [u8],
+    s: &Section,
+    table: &'static str,
+    min_entry: usize,
+    header_size: usize,
+) -> Result<Table<'a, T>, FormatError> {
     let bad = |why: String| FormatError::BadSection { table, why };
     let offset = s.offset.get();
     let count = s.count.get() as u64;
     let stride = s.entry_size.get() as u64;
     if (stride as usize) < min_entry {
-        return Err(bad(format!("entry_size {stride} is smaller than {min_entry}")));
+        return Err(bad(format!(
+            "entry_size {stride} is smaller than {min_entry}"
+        )));
     }
     if offset % 8 != 0 {
         return Err(bad(format!("offset {offset} is not a multiple of 8")));
@@ -158,10 +166,17 @@ fn section<'a, T>(bytes: &'a [u8], s: &Section, table: &'static str, min_entry: 
     if offset < header_size as u64 && count > 0 {
         return Err(bad(format!("offset {offset} overlaps the header")));
     }
-    let len = count.checked_mul(stride).ok_or_else(|| bad("size overflows".into()))?;
-    let end = offset.checked_add(len).ok_or_else(|| bad("end overflows".into()))?;
+    let len = count
+        .checked_mul(stride)
+        .ok_or_else(|| bad("size overflows".into()))?;
+    let end = offset
+        .checked_add(len)
+        .ok_or_else(|| bad("end overflows".into()))?;
     if end > bytes.len() as u64 {
-        return Err(bad(format!("ends at byte {end}, past the manifest's {} bytes", bytes.len())));
+        return Err(bad(format!(
+            "ends at byte {end}, past the manifest's {} bytes",
+            bytes.len()
+        )));
     }
     Ok(Table {
         bytes: &bytes[offset as usize..end as usize],
@@ -176,7 +191,8 @@ impl<'a> Manifest<'a> {
     /// checksum (see [`Manifest::verify_checksum`]) or per-record rules (see
     /// [`crate::validate::validate_manifest`]).
     pub fn parse(bytes: &'a [u8]) -> Result<Manifest<'a>, FormatError> {
-        let (header, _) = Header::ref_from_prefix(bytes).map_err(|_| FormatError::TooShort(bytes.len()))?;
+        let (header, _) =
+            Header::ref_from_prefix(bytes).map_err(|_| FormatError::TooShort(bytes.len()))?;
         if header.magic != MAGIC {
             return Err(FormatError::BadMagic(header.magic));
         }
@@ -193,7 +209,10 @@ impl<'a> Manifest<'a> {
             return Err(FormatError::TooLarge(declared));
         }
         if declared != bytes.len() as u64 {
-            return Err(FormatError::SizeMismatch { declared, actual: bytes.len() as u64 });
+            return Err(FormatError::SizeMismatch {
+                declared,
+                actual: bytes.len() as u64,
+            });
         }
         if header_size as usize > bytes.len() {
             return Err(FormatError::BadHeaderSize(header_size));
@@ -201,7 +220,10 @@ impl<'a> Manifest<'a> {
         let hs = header_size as usize;
         let strings_t: Table<'a, u8> = section(bytes, &header.strings, "string", 1, hs)?;
         if header.strings.entry_size.get() != 1 {
-            return Err(FormatError::BadSection { table: "string", why: "entry_size must be 1".into() });
+            return Err(FormatError::BadSection {
+                table: "string",
+                why: "entry_size must be 1".into(),
+            });
         }
         Ok(Manifest {
             bytes,
@@ -209,7 +231,13 @@ impl<'a> Manifest<'a> {
             strings: strings_t.bytes,
             kv: section(bytes, &header.kv, "key/value", size_of::<KvEntry>(), hs)?,
             layers: section(bytes, &header.layers, "layer", size_of::<LayerEntry>(), hs)?,
-            tensors: section(bytes, &header.tensors, "tensor", size_of::<TensorEntry>(), hs)?,
+            tensors: section(
+                bytes,
+                &header.tensors,
+                "tensor",
+                size_of::<TensorEntry>(),
+                hs,
+            )?,
         })
     }
 
@@ -225,7 +253,10 @@ impl<'a> Manifest<'a> {
 
     /// `(major, minor)` version.
     pub fn version(&self) -> (u16, u16) {
-        (self.header.version_major.get(), self.header.version_minor.get())
+        (
+            self.header.version_major.get(),
+            self.header.version_minor.get(),
+        )
     }
 
     /// True when the stored BLAKE3 checksum matches.
@@ -256,12 +287,16 @@ impl<'a> Manifest<'a> {
     }
 
     fn string_or(&self, r: &StrRef, what: impl FnOnce() -> String) -> Result<&'a str, FormatError> {
-        self.string(r).ok_or_else(|| FormatError::BadString { what: what() })
+        self.string(r)
+            .ok_or_else(|| FormatError::BadString { what: what() })
     }
 
     /// Decodes key/value entry `i`.
     pub fn kv(&self, i: usize) -> Result<(&'a str, Value<'a>), FormatError> {
-        let e = self.kv.get(i).ok_or(FormatError::BadKv { index: i, why: "no such entry".into() })?;
+        let e = self.kv.get(i).ok_or(FormatError::BadKv {
+            index: i,
+            why: "no such entry".into(),
+        })?;
         let key = self.string_or(&e.key, || format!("key of key/value entry {i}"))?;
         let raw = e.value.get();
         let v = match e.value_type.get() {
@@ -271,13 +306,26 @@ impl<'a> Manifest<'a> {
             kv_type::BOOL => match raw {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                _ => return Err(FormatError::BadKv { index: i, why: format!("bool value {raw} is not 0 or 1") }),
+                _ => {
+                    return Err(FormatError::BadKv {
+                        index: i,
+                        why: format!("bool value {raw} is not 0 or 1"),
+                    })
+                }
             },
             kv_type::STRING => {
-                let r = StrRef { offset: (raw as u32).into(), len: ((raw >> 32) as u32).into() };
+                let r = StrRef {
+                    offset: (raw as u32).into(),
+                    len: ((raw >> 32) as u32).into(),
+                };
                 Value::Str(self.string_or(&r, || format!("value of key {key:?}"))?)
             }
-            t => return Err(FormatError::BadKv { index: i, why: format!("unknown value type {t} for key {key:?}") }),
+            t => {
+                return Err(FormatError::BadKv {
+                    index: i,
+                    why: format!("unknown value type {t} for key {key:?}"),
+                })
+            }
         };
         Ok((key, v))
     }
@@ -297,8 +345,14 @@ impl<'a> Manifest<'a> {
     pub fn get_u64(&self, key: &str) -> Result<u64, FormatError> {
         match self.get(key) {
             Some(Value::U64(v)) => Ok(v),
-            Some(v) => Err(FormatError::MissingKey { key: key.into(), why: format!("expected an unsigned integer, found {v}") }),
-            None => Err(FormatError::MissingKey { key: key.into(), why: "absent".into() }),
+            Some(v) => Err(FormatError::MissingKey {
+                key: key.into(),
+                why: format!("expected an unsigned integer, found {v}"),
+            }),
+            None => Err(FormatError::MissingKey {
+                key: key.into(),
+                why: "absent".into(),
+            }),
         }
     }
 
@@ -308,8 +362,14 @@ impl<'a> Manifest<'a> {
             Some(Value::F64(v)) => Ok(v),
             Some(Value::U64(v)) => Ok(v as f64),
             Some(Value::I64(v)) => Ok(v as f64),
-            Some(v) => Err(FormatError::MissingKey { key: key.into(), why: format!("expected a number, found {v}") }),
-            None => Err(FormatError::MissingKey { key: key.into(), why: "absent".into() }),
+            Some(v) => Err(FormatError::MissingKey {
+                key: key.into(),
+                why: format!("expected a number, found {v}"),
+            }),
+            None => Err(FormatError::MissingKey {
+                key: key.into(),
+                why: "absent".into(),
+            }),
         }
     }
 
@@ -317,8 +377,14 @@ impl<'a> Manifest<'a> {
     pub fn get_str(&self, key: &str) -> Result<&'a str, FormatError> {
         match self.get(key) {
             Some(Value::Str(v)) => Ok(v),
-            Some(v) => Err(FormatError::MissingKey { key: key.into(), why: format!("expected a string, found {v}") }),
-            None => Err(FormatError::MissingKey { key: key.into(), why: "absent".into() }),
+            Some(v) => Err(FormatError::MissingKey {
+                key: key.into(),
+                why: format!("expected a string, found {v}"),
+            }),
+            None => Err(FormatError::MissingKey {
+                key: key.into(),
+                why: "absent".into(),
+            }),
         }
     }
 
@@ -326,8 +392,14 @@ impl<'a> Manifest<'a> {
     pub fn get_bool(&self, key: &str) -> Result<bool, FormatError> {
         match self.get(key) {
             Some(Value::Bool(v)) => Ok(v),
-            Some(v) => Err(FormatError::MissingKey { key: key.into(), why: format!("expected a bool, found {v}") }),
-            None => Err(FormatError::MissingKey { key: key.into(), why: "absent".into() }),
+            Some(v) => Err(FormatError::MissingKey {
+                key: key.into(),
+                why: format!("expected a bool, found {v}"),
+            }),
+            None => Err(FormatError::MissingKey {
+                key: key.into(),
+                why: "absent".into(),
+            }),
         }
     }
 
@@ -343,7 +415,10 @@ impl<'a> Manifest<'a> {
 
     /// Layer `i` with strings resolved.
     pub fn layer(&self, i: usize) -> Result<LayerInfo<'a>, FormatError> {
-        let e = self.layers.get(i).ok_or(FormatError::BadLayer { name: format!("#{i}"), why: "no such layer".into() })?;
+        let e = self.layers.get(i).ok_or(FormatError::BadLayer {
+            name: format!("#{i}"),
+            why: "no such layer".into(),
+        })?;
         let name = self.string_or(&e.name, || format!("name of layer #{i}"))?;
         let file = self.string_or(&e.file, || format!("file of layer {name:?}"))?;
         let first = e.first_tensor.get() as usize;
@@ -367,10 +442,17 @@ impl<'a> Manifest<'a> {
 
     /// Tensor `i` with strings resolved and dtype decoded.
     pub fn tensor(&self, i: usize) -> Result<TensorInfo<'a>, FormatError> {
-        let e = self.tensors.get(i).ok_or(FormatError::BadTensor { name: format!("#{i}"), why: "no such tensor".into() })?;
+        let e = self.tensors.get(i).ok_or(FormatError::BadTensor {
+            name: format!("#{i}"),
+            why: "no such tensor".into(),
+        })?;
         let name = self.string_or(&e.name, || format!("name of tensor #{i}"))?;
-        let bad = |why: String| FormatError::BadTensor { name: name.to_string(), why };
-        let dtype = DType::from_id(e.dtype.get()).ok_or_else(|| bad(format!("unknown dtype id {}", e.dtype.get())))?;
+        let bad = |why: String| FormatError::BadTensor {
+            name: name.to_string(),
+            why,
+        };
+        let dtype = DType::from_id(e.dtype.get())
+            .ok_or_else(|| bad(format!("unknown dtype id {}", e.dtype.get())))?;
         let n_dims = e.n_dims.get() as usize;
         if n_dims == 0 || n_dims > MAX_DIMS {
             return Err(bad(format!("n_dims {n_dims} is not in 1..=4")));

@@ -25,7 +25,10 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
         match m.kv(i) {
             Ok((k, _)) => {
                 if !keys.insert(k) {
-                    errs.push(FormatError::BadKv { index: i, why: format!("duplicate key {k:?}") });
+                    errs.push(FormatError::BadKv {
+                        index: i,
+                        why: format!("duplicate key {k:?}"),
+                    });
                 }
             }
             Err(FormatError::BadKv { why, .. }) if why.starts_with("unknown value type") => {} // may ignore
@@ -47,9 +50,15 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
                 continue;
             }
         };
-        let bad = |why: String| FormatError::BadLayer { name: l.name.to_string(), why };
+        let bad = |why: String| FormatError::BadLayer {
+            name: l.name.to_string(),
+            why,
+        };
         if !is_safe_relative_path(l.file) {
-            errs.push(bad(format!("file path {:?} is not a safe relative path", l.file)));
+            errs.push(bad(format!(
+                "file path {:?} is not a safe relative path",
+                l.file
+            )));
         }
         if !files.insert(l.file) {
             errs.push(bad(format!("file {:?} is used by another layer", l.file)));
@@ -64,19 +73,31 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
             k => errs.push(bad(format!("unknown layer kind {k}"))),
         }
         if l.file_size % ALIGNMENT != 0 {
-            errs.push(bad(format!("file_size {} is not a multiple of 4096", l.file_size)));
+            errs.push(bad(format!(
+                "file_size {} is not a multiple of 4096",
+                l.file_size
+            )));
         }
         if l.tensors.start != next_tensor {
             errs.push(bad(format!("first_tensor {} should be {next_tensor}: layers must cover the tensor table in order", l.tensors.start)));
         }
         if l.tensors.end > n_tensors {
-            errs.push(bad(format!("tensor range {:?} runs past the {n_tensors} tensors", l.tensors)));
+            errs.push(bad(format!(
+                "tensor range {:?} runs past the {n_tensors} tensors",
+                l.tensors
+            )));
         }
         next_tensor = l.tensors.end;
         layer_sizes.push(Some((l.tensors.clone(), l.file_size)));
     }
     if next_tensor != n_tensors && errs.is_empty() {
-        errs.push(FormatError::BadSection { table: "tensor", why: format!("{} tensors belong to no layer", n_tensors.saturating_sub(next_tensor)) });
+        errs.push(FormatError::BadSection {
+            table: "tensor",
+            why: format!(
+                "{} tensors belong to no layer",
+                n_tensors.saturating_sub(next_tensor)
+            ),
+        });
     }
 
     let mut names = HashMap::new();
@@ -89,7 +110,10 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
                 continue;
             }
         };
-        let bad = |why: String| FormatError::BadTensor { name: t.name.to_string(), why };
+        let bad = |why: String| FormatError::BadTensor {
+            name: t.name.to_string(),
+            why,
+        };
         if names.insert(t.name, i).is_some() {
             errs.push(bad("name appears twice".into()));
         }
@@ -101,8 +125,18 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
         }
         match t.dtype.tensor_bytes(t.dims()) {
             Some(n) if n == t.nbytes => {}
-            Some(n) => errs.push(bad(format!("nbytes {} but {} {:?} takes {n}", t.nbytes, t.dtype, t.dims()))),
-            None => errs.push(bad(format!("shape {:?} is not a whole number of {} blocks of {}", t.dims(), t.dtype, t.dtype.block_size()))),
+            Some(n) => errs.push(bad(format!(
+                "nbytes {} but {} {:?} takes {n}",
+                t.nbytes,
+                t.dtype,
+                t.dims()
+            ))),
+            None => errs.push(bad(format!(
+                "shape {:?} is not a whole number of {} blocks of {}",
+                t.dims(),
+                t.dtype,
+                t.dtype.block_size()
+            ))),
         }
         if t.offset % ALIGNMENT != 0 {
             errs.push(bad(format!("offset {} is not 4096-aligned", t.offset)));
@@ -112,16 +146,25 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
             Some((range, size)) if range.contains(&i) => {
                 match t.offset.checked_add(t.nbytes) {
                     Some(end) if end <= size => {}
-                    _ => errs.push(bad(format!("bytes {}..+{} run past the layer file's {size} bytes", t.offset, t.nbytes))),
+                    _ => errs.push(bad(format!(
+                        "bytes {}..+{} run past the layer file's {size} bytes",
+                        t.offset, t.nbytes
+                    ))),
                 }
                 if let Some((pl, pend)) = prev_end {
                     if pl == t.layer && t.offset < pend {
-                        errs.push(bad(format!("offset {} overlaps the previous tensor (ends at {pend})", t.offset)));
+                        errs.push(bad(format!(
+                            "offset {} overlaps the previous tensor (ends at {pend})",
+                            t.offset
+                        )));
                     }
                 }
                 prev_end = Some((t.layer, t.offset.saturating_add(t.nbytes)));
             }
-            _ => errs.push(bad(format!("layer field {} does not name the layer that lists this tensor", t.layer))),
+            _ => errs.push(bad(format!(
+                "layer field {} does not name the layer that lists this tensor",
+                t.layer
+            ))),
         }
     }
     (Some(m), errs)
@@ -129,18 +172,37 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
 
 /// Checks one layer's data file against its entry: exact length and, when `hash` is set,
 /// the BLAKE3 content hash.
-pub fn validate_layer_file(layer: &crate::reader::LayerInfo<'_>, data: &[u8], hash: bool) -> Vec<FormatError> {
+pub fn validate_layer_file(
+    layer: &crate::reader::LayerInfo<'_>,
+    data: &[u8],
+    hash: bool,
+) -> Vec<FormatError> {
     let mut errs = Vec::new();
-    let bad = |why: String| FormatError::BadLayer { name: layer.name.to_string(), why };
+    let bad = |why: String| FormatError::BadLayer {
+        name: layer.name.to_string(),
+        why,
+    };
     if data.len() as u64 != layer.file_size {
-        errs.push(bad(format!("file {:?} is {} bytes, the manifest says {}", layer.file, data.len(), layer.file_size)));
+        errs.push(bad(format!(
+            "file {:?} is {} bytes, the manifest says {}",
+            layer.file,
+            data.len(),
+            layer.file_size
+        )));
     } else if hash && *blake3::hash(data).as_bytes() != layer.content_hash {
-        errs.push(bad(format!("file {:?} content hash does not match the manifest", layer.file)));
+        errs.push(bad(format!(
+            "file {:?} content hash does not match the manifest",
+            layer.file
+        )));
     }
     errs
 }
 
 /// A path is safe when it is relative, `/`-separated, and has no empty, `.` or `..` part.
 pub fn is_safe_relative_path(p: &str) -> bool {
-    !p.is_empty() && !p.starts_with('/') && !p.contains('\\') && !p.contains('\0') && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+    !p.is_empty()
+        && !p.starts_with('/')
+        && !p.contains('\\')
+        && !p.contains('\0')
+        && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
 }

@@ -25,7 +25,8 @@ impl TensorSpec {
 
 /// Rounds `n` up to the next multiple of [`ALIGNMENT`].
 pub fn align_up(n: u64) -> Option<u64> {
-    n.checked_add(ALIGNMENT - 1).map(|v| v / ALIGNMENT * ALIGNMENT)
+    n.checked_add(ALIGNMENT - 1)
+        .map(|v| v / ALIGNMENT * ALIGNMENT)
 }
 
 /// Where each tensor of a layer goes: offsets in table order, each 4 KiB aligned, and the
@@ -45,15 +46,31 @@ pub fn layout(tensors: &[TensorSpec]) -> Result<LayerLayout, String> {
     let mut placements = Vec::with_capacity(tensors.len());
     for t in tensors {
         if t.shape.is_empty() || t.shape.len() > MAX_DIMS {
-            return Err(format!("tensor {:?}: {} dimensions (1 to 4 allowed)", t.name, t.shape.len()));
+            return Err(format!(
+                "tensor {:?}: {} dimensions (1 to 4 allowed)",
+                t.name,
+                t.shape.len()
+            ));
         }
         let n = t.nbytes().ok_or_else(|| {
-            format!("tensor {:?}: shape {:?} is not a whole number of {} blocks ({} elements each)", t.name, t.shape, t.dtype, t.dtype.block_size())
+            format!(
+                "tensor {:?}: shape {:?} is not a whole number of {} blocks ({} elements each)",
+                t.name,
+                t.shape,
+                t.dtype,
+                t.dtype.block_size()
+            )
         })?;
         placements.push((pos, n));
-        pos = pos.checked_add(n).and_then(align_up).ok_or_else(|| format!("tensor {:?}: layer too large", t.name))?;
+        pos = pos
+            .checked_add(n)
+            .and_then(align_up)
+            .ok_or_else(|| format!("tensor {:?}: layer too large", t.name))?;
     }
-    Ok(LayerLayout { placements, file_size: pos })
+    Ok(LayerLayout {
+        placements,
+        file_size: pos,
+    })
 }
 
 /// A finished layer, ready to be recorded in the manifest.
@@ -93,14 +110,22 @@ impl ManifestBuilder {
     fn intern(&mut self, s: &str) -> StrRef {
         // Identical strings share bytes; a linear search is fine for manifests of this size
         // only when hits are rare, so just append: deterministic and simple.
-        let r = StrRef { offset: (self.strings.len() as u32).into(), len: (s.len() as u32).into() };
+        let r = StrRef {
+            offset: (self.strings.len() as u32).into(),
+            len: (s.len() as u32).into(),
+        };
         self.strings.extend_from_slice(s.as_bytes());
         r
     }
 
     fn push_kv(&mut self, key: &str, value_type: u32, value: u64) {
         let key = self.intern(key);
-        self.kv.push(KvEntry { key, value_type: value_type.into(), reserved: 0.into(), value: value.into() });
+        self.kv.push(KvEntry {
+            key,
+            value_type: value_type.into(),
+            reserved: 0.into(),
+            value: value.into(),
+        });
     }
 
     /// Adds an unsigned integer.
@@ -130,7 +155,11 @@ impl ManifestBuilder {
     /// Adds a string.
     pub fn kv_str(&mut self, key: &str, v: &str) -> &mut Self {
         let r = self.intern(v);
-        self.push_kv(key, kv_type::STRING, r.offset.get() as u64 | (r.len.get() as u64) << 32);
+        self.push_kv(
+            key,
+            kv_type::STRING,
+            r.offset.get() as u64 | (r.len.get() as u64) << 32,
+        );
         self
     }
 
@@ -181,13 +210,32 @@ impl ManifestBuilder {
         let mut out = vec![0u8; size_of::<Header>()];
         let put = |out: &mut Vec<u8>, bytes: &[u8], count: usize, entry_size: usize| {
             pad8(out);
-            let s = Section { offset: (out.len() as u64).into(), count: (count as u32).into(), entry_size: (entry_size as u32).into() };
+            let s = Section {
+                offset: (out.len() as u64).into(),
+                count: (count as u32).into(),
+                entry_size: (entry_size as u32).into(),
+            };
             out.extend_from_slice(bytes);
             s
         };
-        let kv = put(&mut out, self.kv.as_bytes(), self.kv.len(), size_of::<KvEntry>());
-        let layers = put(&mut out, self.layers.as_bytes(), self.layers.len(), size_of::<LayerEntry>());
-        let tensors = put(&mut out, self.tensors.as_bytes(), self.tensors.len(), size_of::<TensorEntry>());
+        let kv = put(
+            &mut out,
+            self.kv.as_bytes(),
+            self.kv.len(),
+            size_of::<KvEntry>(),
+        );
+        let layers = put(
+            &mut out,
+            self.layers.as_bytes(),
+            self.layers.len(),
+            size_of::<LayerEntry>(),
+        );
+        let tensors = put(
+            &mut out,
+            self.tensors.as_bytes(),
+            self.tensors.len(),
+            size_of::<TensorEntry>(),
+        );
         let strings = put(&mut out, &self.strings, self.strings.len(), 1);
         pad8(&mut out);
         let header = Header {

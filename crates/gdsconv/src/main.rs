@@ -4,13 +4,19 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use gds_convert::{convert, inspect::inspect, validate_dir, ConvertOptions, Depth, Progress, QuantTarget};
+use gds_convert::{
+    convert, inspect::inspect, validate_dir, ConvertOptions, Depth, Progress, QuantTarget,
+};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "gdsconv", version, about = "Package LLM weights in the GdsLLM format (one 4 KiB-aligned file per layer + a zero-copy manifest)")]
+#[command(
+    name = "gdsconv",
+    version,
+    about = "Package LLM weights in the GdsLLM format (one 4 KiB-aligned file per layer + a zero-copy manifest)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -93,10 +99,25 @@ fn human(bytes: u64) -> String {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
-        Cmd::Convert { input, out_dir, quant, requantize, force, tokenizer, threads, json } => {
-            let quant: QuantTarget = quant.parse().map_err(|e: String| anyhow::anyhow!(e)).context("bad --quant")?;
+        Cmd::Convert {
+            input,
+            out_dir,
+            quant,
+            requantize,
+            force,
+            tokenizer,
+            threads,
+            json,
+        } => {
+            let quant: QuantTarget = quant
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!(e))
+                .context("bad --quant")?;
             if let Some(n) = threads {
-                rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global().context("configuring threads")?;
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n.max(1))
+                    .build_global()
+                    .context("configuring threads")?;
             }
             let bar = if std::io::stderr().is_terminal() && !json {
                 let b = indicatif::ProgressBar::new(0);
@@ -108,7 +129,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 Bar(None)
             };
-            let opts = ConvertOptions { quant, requantize, force, tokenizer };
+            let opts = ConvertOptions {
+                quant,
+                requantize,
+                force,
+                tokenizer,
+            };
             let s = convert(&input, &out_dir, &opts, &bar).map_err(|e| {
                 bar.finish();
                 e
@@ -153,12 +179,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!("error: {e}");
                 }
                 if r.valid {
-                    println!("{}: valid{}", dir.display(), if quick { " (content hashes not checked: --quick)" } else { "" });
+                    println!(
+                        "{}: valid{}",
+                        dir.display(),
+                        if quick {
+                            " (content hashes not checked: --quick)"
+                        } else {
+                            ""
+                        }
+                    );
                 } else {
                     println!("{}: INVALID ({} errors)", dir.display(), r.errors.len());
                 }
             }
-            Ok(if r.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if r.valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Cmd::Inspect { dir, json, tensors } => {
             let i = inspect(&dir).map_err(|e| anyhow::anyhow!(e))?;
@@ -173,15 +211,33 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
                 return Ok(ExitCode::SUCCESS);
             }
-            writeln!(out, "{}  (GdsLLM format {})", dir.display(), i.format_version)?;
+            writeln!(
+                out,
+                "{}  (GdsLLM format {})",
+                dir.display(),
+                i.format_version
+            )?;
             writeln!(out, "architecture: {}", i.architecture)?;
             for (k, v) in i.metadata.iter().filter(|(k, _)| !k.starts_with("gguf.")) {
                 writeln!(out, "  {k:<40} {v}")?;
             }
-            writeln!(out, "\n{:<10} {:<24} {:>7} {:>12} {:>12}  dtypes", "layer", "file", "tensors", "bytes", "file bytes")?;
+            writeln!(
+                out,
+                "\n{:<10} {:<24} {:>7} {:>12} {:>12}  dtypes",
+                "layer", "file", "tensors", "bytes", "file bytes"
+            )?;
             for l in &i.layers {
                 let d: Vec<String> = l.dtypes.iter().map(|(k, v)| format!("{k}:{v}")).collect();
-                writeln!(out, "{:<10} {:<24} {:>7} {:>12} {:>12}  {}", l.name, l.file, l.tensors, l.tensor_bytes, l.file_bytes, d.join(" "))?;
+                writeln!(
+                    out,
+                    "{:<10} {:<24} {:>7} {:>12} {:>12}  {}",
+                    l.name,
+                    l.file,
+                    l.tensors,
+                    l.tensor_bytes,
+                    l.file_bytes,
+                    d.join(" ")
+                )?;
             }
             let d: Vec<String> = i.dtypes.iter().map(|(k, v)| format!("{k}:{v}")).collect();
             writeln!(
@@ -197,7 +253,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if tensors {
                 writeln!(out)?;
                 for t in &i.tensors {
-                    writeln!(out, "{:<40} {:<6} {:<8} {:<20} @{:<10} {}", t.name, t.layer, t.dtype, format!("{:?}", t.shape), t.offset, t.nbytes)?;
+                    writeln!(
+                        out,
+                        "{:<40} {:<6} {:<8} {:<20} @{:<10} {}",
+                        t.name,
+                        t.layer,
+                        t.dtype,
+                        format!("{:?}", t.shape),
+                        t.offset,
+                        t.nbytes
+                    )?;
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -210,7 +275,11 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     let is_convert = matches!(cli.cmd, Cmd::Convert { .. });
@@ -218,7 +287,10 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // A closed stdout (e.g. `| head`) is not an error worth reporting.
-            if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) {
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
                 return ExitCode::SUCCESS;
             }
             eprintln!("gdsconv: error: {e:#}");
