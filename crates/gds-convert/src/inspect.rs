@@ -69,7 +69,8 @@ pub struct Inspection {
 /// cannot be parsed (run `validate` for the full list of problems).
 pub fn inspect(dir: &Path) -> Result<Inspection, String> {
     let bytes = read_manifest(dir)?;
-    let m = Manifest::parse(&bytes).map_err(|e| format!("{}: {e}", dir.join(gds_format::MANIFEST_FILE).display()))?;
+    let m = Manifest::parse(&bytes)
+        .map_err(|e| format!("{}: {e}", dir.join(gds_format::MANIFEST_FILE).display()))?;
     let (maj, min) = m.version();
     let metadata = m
         .kvs()
@@ -89,7 +90,14 @@ pub fn inspect(dir: &Path) -> Result<Inspection, String> {
     let mut dtypes = BTreeMap::new();
     let mut parameters = 0u64;
     for l in m.layers() {
-        let mut s = LayerSummary { name: l.name.into(), file: l.file.into(), tensors: 0, dtypes: BTreeMap::new(), tensor_bytes: 0, file_bytes: l.file_size };
+        let mut s = LayerSummary {
+            name: l.name.into(),
+            file: l.file.into(),
+            tensors: 0,
+            dtypes: BTreeMap::new(),
+            tensor_bytes: 0,
+            file_bytes: l.file_size,
+        };
         for i in l.tensors.clone() {
             let t = m.tensor(i).map_err(|e| e.to_string())?;
             s.tensors += 1;
@@ -97,7 +105,14 @@ pub fn inspect(dir: &Path) -> Result<Inspection, String> {
             *s.dtypes.entry(t.dtype.name().to_string()).or_default() += 1;
             *dtypes.entry(t.dtype.name().to_string()).or_default() += 1;
             parameters += t.n_elements();
-            tensors.push(TensorSummary { name: t.name.into(), layer: l.name.into(), dtype: t.dtype.name().into(), shape: t.dims().to_vec(), offset: t.offset, nbytes: t.nbytes });
+            tensors.push(TensorSummary {
+                name: t.name.into(),
+                layer: l.name.into(),
+                dtype: t.dtype.name().into(),
+                shape: t.dims().to_vec(),
+                offset: t.offset,
+                nbytes: t.nbytes,
+            });
         }
         layers.push(s);
     }

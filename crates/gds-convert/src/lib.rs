@@ -15,6 +15,8 @@ pub mod source;
 pub mod tokenizer;
 pub mod validate;
 
-pub use convert::{convert, open_source, ConvertOptions, ConvertSummary, NoProgress, Progress, QuantTarget};
+pub use convert::{
+    convert, open_source, ConvertOptions, ConvertSummary, NoProgress, Progress, QuantTarget,
+};
 pub use error::ConvertError;
 pub use validate::{validate_dir, Depth, Report};

@@ -39,13 +39,21 @@ pub struct RequiredTensors {
 /// The llama family spec, parsed once from the file embedded at build time.
 pub fn llama() -> &'static FamilySpec {
     static SPEC: OnceLock<FamilySpec> = OnceLock::new();
-    SPEC.get_or_init(|| serde_json::from_str(include_str!("../../../formats/llama.json")).expect("formats/llama.json is valid (checked by a unit test)"))
+    SPEC.get_or_init(|| {
+        serde_json::from_str(include_str!("../../../formats/llama.json"))
+            .expect("formats/llama.json is valid (checked by a unit test)")
+    })
 }
 
 /// The canonical family of a GGUF or HF architecture name, if `gdsrun` can run it.
 pub fn canonical_family(arch: &str) -> Option<&'static str> {
     let l = llama();
-    let hit = l.gguf_architectures.iter().chain(&l.hf_architectures).chain(&l.hf_model_types).any(|a| a == arch);
+    let hit = l
+        .gguf_architectures
+        .iter()
+        .chain(&l.hf_architectures)
+        .chain(&l.hf_model_types)
+        .any(|a| a == arch);
     hit.then_some("llama")
 }
 
@@ -55,7 +63,10 @@ pub fn match_pattern(pattern: &str, name: &str) -> Option<Option<u32>> {
         None => (pattern == name).then_some(None),
         Some((pre, post)) => {
             let mid = name.strip_prefix(pre)?.strip_suffix(post)?;
-            if mid.is_empty() || !mid.bytes().all(|b| b.is_ascii_digit()) || (mid.len() > 1 && mid.starts_with('0')) {
+            if mid.is_empty()
+                || !mid.bytes().all(|b| b.is_ascii_digit())
+                || (mid.len() > 1 && mid.starts_with('0'))
+            {
                 return None;
             }
             mid.parse().ok().map(Some)
@@ -87,7 +98,13 @@ pub fn group_of(name: &str) -> Group {
         }
     }
     let l = name.to_ascii_lowercase();
-    if l.starts_with("token_embd") || l.contains("embed_tokens") || l.contains("wte") || l.contains("word_embeddings") || l.starts_with("tok_embeddings") || l.contains("embedding") {
+    if l.starts_with("token_embd")
+        || l.contains("embed_tokens")
+        || l.contains("wte")
+        || l.contains("word_embeddings")
+        || l.starts_with("tok_embeddings")
+        || l.contains("embedding")
+    {
         Group::Embed
     } else {
         Group::Head
@@ -105,18 +122,40 @@ mod tests {
         assert_eq!(canonical_family("qwen2"), Some("llama"));
         assert_eq!(canonical_family("LlamaForCausalLM"), Some("llama"));
         assert_eq!(canonical_family("gemma3"), None);
-        assert_eq!(match_pattern("model.layers.{N}.mlp.up_proj.weight", "model.layers.12.mlp.up_proj.weight"), Some(Some(12)));
-        assert_eq!(match_pattern("model.layers.{N}.mlp.up_proj.weight", "model.layers.x.mlp.up_proj.weight"), None);
-        assert_eq!(match_pattern("model.norm.weight", "model.norm.weight"), Some(None));
+        assert_eq!(
+            match_pattern(
+                "model.layers.{N}.mlp.up_proj.weight",
+                "model.layers.12.mlp.up_proj.weight"
+            ),
+            Some(Some(12))
+        );
+        assert_eq!(
+            match_pattern(
+                "model.layers.{N}.mlp.up_proj.weight",
+                "model.layers.x.mlp.up_proj.weight"
+            ),
+            None
+        );
+        assert_eq!(
+            match_pattern("model.norm.weight", "model.norm.weight"),
+            Some(None)
+        );
     }
 
     #[test]
     fn grouping() {
         assert_eq!(group_of("token_embd.weight"), Group::Embed);
         assert_eq!(group_of("blk.7.attn_q.weight"), Group::Block(7));
-        assert_eq!(group_of("model.layers.11.mlp.up_proj.weight"), Group::Block(11));
+        assert_eq!(
+            group_of("model.layers.11.mlp.up_proj.weight"),
+            Group::Block(11)
+        );
         assert_eq!(group_of("output_norm.weight"), Group::Head);
         assert_eq!(group_of("output.weight"), Group::Head);
-        assert!(Group::Embed < Group::Block(0) && Group::Block(2) < Group::Block(10) && Group::Block(99) < Group::Head);
+        assert!(
+            Group::Embed < Group::Block(0)
+                && Group::Block(2) < Group::Block(10)
+                && Group::Block(99) < Group::Head
+        );
     }
 }

@@ -34,7 +34,11 @@ pub fn read_manifest(dir: &Path) -> Result<Vec<u8>, String> {
     let path = dir.join(MANIFEST_FILE);
     let meta = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     if meta.len() > MAX_MANIFEST_BYTES {
-        return Err(format!("{}: {} bytes exceeds the 64 MiB manifest limit", path.display(), meta.len()));
+        return Err(format!(
+            "{}: {} bytes exceeds the 64 MiB manifest limit",
+            path.display(),
+            meta.len()
+        ));
     }
     std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -51,7 +55,8 @@ pub fn validate_dir(dir: &Path, depth: Depth) -> Report {
     };
     let mpath = dir.join(MANIFEST_FILE);
     let (m, errs) = validate_manifest(&bytes);
-    r.errors.extend(errs.iter().map(|e| format!("{}: {e}", mpath.display())));
+    r.errors
+        .extend(errs.iter().map(|e| format!("{}: {e}", mpath.display())));
     let Some(m) = m else {
         return r;
     };
@@ -77,7 +82,12 @@ fn check_layer_files(dir: &Path, m: &Manifest<'_>, depth: Depth, r: &mut Report)
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         if depth == Depth::Quick || len != l.file_size {
             if len != l.file_size {
-                r.errors.push(format!("{}: {} bytes, the manifest says {}", path.display(), len, l.file_size));
+                r.errors.push(format!(
+                    "{}: {} bytes, the manifest says {}",
+                    path.display(),
+                    len,
+                    l.file_size
+                ));
             }
             continue;
         }
@@ -105,45 +115,75 @@ fn check_architecture(m: &Manifest<'_>, r: &mut Report) {
         }
     };
     if arch != "llama" {
-        r.warnings.push(format!("architecture {arch:?} is not one gdsrun can run; its required tensors are not checked"));
+        r.warnings.push(format!(
+            "architecture {arch:?} is not one gdsrun can run; its required tensors are not checked"
+        ));
         return;
     }
     let spec = llama();
     for (key, ty) in &spec.required_metadata {
         let ok = match (ty.as_str(), m.get(key)) {
-            ("u64", Some(Value::U64(_))) | ("f64", Some(Value::F64(_))) | ("bool", Some(Value::Bool(_))) | ("string", Some(Value::Str(_))) => true,
+            ("u64", Some(Value::U64(_)))
+            | ("f64", Some(Value::F64(_)))
+            | ("bool", Some(Value::Bool(_)))
+            | ("string", Some(Value::Str(_))) => true,
             (_, None) => {
-                r.errors.push(format!("metadata key {key:?} required by architecture llama is missing"));
+                r.errors.push(format!(
+                    "metadata key {key:?} required by architecture llama is missing"
+                ));
                 continue;
             }
             _ => false,
         };
         if !ok {
-            r.errors.push(format!("metadata key {key:?} must be of type {ty}"));
+            r.errors
+                .push(format!("metadata key {key:?} must be of type {ty}"));
         }
     }
-    let Ok(n_layers) = m.get_u64("model.n_layers") else { return };
+    let Ok(n_layers) = m.get_u64("model.n_layers") else {
+        return;
+    };
     let mut required: Vec<String> = spec.required_tensors.global.clone();
     if m.get_bool("model.tie_embeddings") == Ok(false) {
         required.push("output.weight".into());
     }
     for n in 0..n_layers {
-        required.extend(spec.required_tensors.block.iter().map(|p| p.replace("{N}", &n.to_string())));
+        required.extend(
+            spec.required_tensors
+                .block
+                .iter()
+                .map(|p| p.replace("{N}", &n.to_string())),
+        );
     }
-    let present: std::collections::HashMap<&str, gds_format::TensorInfo<'_>> = m.tensors().map(|t| (t.name, t)).collect();
+    let present: std::collections::HashMap<&str, gds_format::TensorInfo<'_>> =
+        m.tensors().map(|t| (t.name, t)).collect();
     for name in &required {
         if !present.contains_key(name.as_str()) {
-            r.errors.push(format!("tensor {name:?} required by architecture llama is missing"));
+            r.errors.push(format!(
+                "tensor {name:?} required by architecture llama is missing"
+            ));
         }
     }
     let blocks = m.layers().filter(|l| l.kind == layer_kind::BLOCK).count() as u64;
     if blocks != n_layers {
-        r.errors.push(format!("model.n_layers is {n_layers} but the layer table has {blocks} blocks"));
+        r.errors.push(format!(
+            "model.n_layers is {n_layers} but the layer table has {blocks} blocks"
+        ));
     }
     // Shapes the runtime relies on.
     let g = |k: &str| m.get_u64(k).unwrap_or(0);
-    let (embd, heads, kv, hd, ff, vocab) = (g("model.n_embd"), g("model.n_heads"), g("model.n_kv_heads"), g("model.head_dim"), g("model.n_ff"), g("model.vocab_size"));
-    let mut expect = vec![("token_embd.weight".to_string(), vec![vocab, embd]), ("output_norm.weight".to_string(), vec![embd])];
+    let (embd, heads, kv, hd, ff, vocab) = (
+        g("model.n_embd"),
+        g("model.n_heads"),
+        g("model.n_kv_heads"),
+        g("model.head_dim"),
+        g("model.n_ff"),
+        g("model.vocab_size"),
+    );
+    let mut expect = vec![
+        ("token_embd.weight".to_string(), vec![vocab, embd]),
+        ("output_norm.weight".to_string(), vec![embd]),
+    ];
     for n in 0..n_layers {
         let b = |s: &str| format!("blk.{n}.{s}");
         expect.push((b("attn_q.weight"), vec![heads * hd, embd]));
@@ -159,7 +199,10 @@ fn check_architecture(m: &Manifest<'_>, r: &mut Report) {
     for (name, shape) in expect {
         if let Some(t) = present.get(name.as_str()) {
             if t.dims() != shape.as_slice() {
-                r.errors.push(format!("tensor {name:?} has shape {:?}, the hyperparameters require {shape:?}", t.dims()));
+                r.errors.push(format!(
+                    "tensor {name:?} has shape {:?}, the hyperparameters require {shape:?}",
+                    t.dims()
+                ));
             }
         }
     }
@@ -170,12 +213,18 @@ fn check_tokenizer(dir: &Path, m: &Manifest<'_>, r: &mut Report) {
     match std::fs::read_to_string(&path) {
         Err(e) => r.errors.push(format!("{}: {e}", path.display())),
         Ok(s) => match tokenizers::Tokenizer::from_str(&s) {
-            Err(e) => r.errors.push(format!("{}: does not load with the tokenizers library: {e}", path.display())),
+            Err(e) => r.errors.push(format!(
+                "{}: does not load with the tokenizers library: {e}",
+                path.display()
+            )),
             Ok(t) => {
                 if let Ok(v) = m.get_u64("model.vocab_size") {
                     let n = t.get_vocab_size(true) as u64;
                     if n > v {
-                        r.errors.push(format!("{}: {n} tokens but the model's vocabulary has {v}", path.display()));
+                        r.errors.push(format!(
+                            "{}: {n} tokens but the model's vocabulary has {v}",
+                            path.display()
+                        ));
                     }
                 }
             }
