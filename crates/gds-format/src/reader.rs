@@ -218,13 +218,13 @@ impl<'a> Manifest<'a> {
             return Err(FormatError::BadHeaderSize(header_size));
         }
         let hs = header_size as usize;
-        let strings_t: Table<'a, u8> = section(bytes, &header.strings, "string", 1, hs)?;
         if header.strings.entry_size.get() != 1 {
             return Err(FormatError::BadSection {
                 table: "string",
                 why: "entry_size must be 1".into(),
             });
         }
+        let strings_t: Table<'a, u8> = section(bytes, &header.strings, "string", 1, hs)?;
         Ok(Manifest {
             bytes,
             header,
