@@ -1,0 +1,47 @@
+//! Shared helpers for the end-to-end tests in `tests/e2e/`: paths of the built binaries, the
+//! fixtures, and the real model (fetched into `.cache/` by `scripts/fetch-model.sh`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// A built workspace binary (`gdsconv`, `gdsrun`), from the same profile as the tests.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/test-xxxx -> target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(p.exists(), "{} not built: run `cargo build --workspace` (cargo test builds it when the test target depends on it)", p.display());
+    p
+}
+
+/// Runs a binary with arguments and returns its output.
+pub fn run(name: &str, args: &[&str]) -> Output {
+    Command::new(bin(name)).args(args).output().expect("spawn")
+}
+
+/// The real SmolLM2 GGUF; panics with instructions when it has not been fetched.
+pub fn smollm_gguf() -> PathBuf {
+    let p = root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} is missing: run scripts/fetch-model.sh (the test command in README.md does)", p.display());
+    p
+}
+
+/// A fixture file or directory under `fixtures/`.
+pub fn fixture(rel: &str) -> PathBuf {
+    root().join("fixtures").join(rel)
+}
+
+/// stdout as a string.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// stderr as a string.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
