@@ -485,6 +485,9 @@ pub fn convert(
             pad -= n as u64;
         }
         let f = w.into_inner().map_err(|e| io(&path)(e.into_error()))?;
+        for (t, _) in ts {
+            t.file.release(t.offset, t.nbytes);
+        }
         f.sync_all().map_err(io(&path))?;
         file_bytes += lay.file_size;
         builder.add_layer(&LayerRecord {

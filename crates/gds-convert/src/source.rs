@@ -78,6 +78,22 @@ pub struct MappedFile {
     pub map: Mmap,
 }
 
+impl MappedFile {
+    /// Tells the kernel we are done with `len` bytes at `offset`, so converted layers do not
+    /// accumulate in our resident set (peak memory stays near one layer, not the model).
+    pub fn release(&self, offset: u64, len: u64) {
+        let start = (offset / 4096 * 4096) as usize;
+        let end = ((offset + len) as usize).min(self.map.len());
+        if end <= start {
+            return;
+        }
+        // SAFETY: the mapping is a read-only, file-backed map. MADV_DONTNEED only drops our
+        // copies of the pages; a later access re-reads them from the unchanged file, so no
+        // Rust reference can observe different bytes.
+        let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+    }
+}
+
 /// Tokenizer material that goes into the output directory.
 #[derive(Clone, Debug, Default)]
 pub struct TokenizerFiles {
