@@ -1,15 +1,1385 @@
-//! PLACEHOLDER until the safetensors reader lands (owned by the safetensors helper; overwrite freely).
-use crate::source::Source;
-use std::path::Path;
-/// Error.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SafetensorsError(String);
-/// Reads safetensors.
-pub fn read_safetensors(p: &Path) -> Result<Source, SafetensorsError> {
-    Err(SafetensorsError(format!("{}: not yet implemented", p.display())))
+//! Reads safetensors checkpoints — one `.safetensors` file, a sharded checkpoint through its
+//! `model.safetensors.index.json`, or a Hugging Face model directory — into a [`Source`].
+//!
+//! What [`read_safetensors`] accepts:
+//!
+//! * a directory: `model.safetensors.index.json` if present (sharded), else
+//!   `model.safetensors`, else every `*.safetensors` file in it (in name order, as shards);
+//! * a `*.index.json` file: the shards it lists, which must sit beside it;
+//! * a `.safetensors` file.
+//!
+//! The model directory (the input itself, or the directory holding the input file) may hold
+//! `config.json` and the tokenizer files `tokenizer.json`, `tokenizer_config.json` and
+//! `generation_config.json`, which are copied verbatim into [`TokenizerFiles`] (one
+//! exception: see "EOS lists" below).
+//!
+//! **Llama family** (`config.json`'s `architectures[0]` or `model_type` listed in
+//! `formats/llama.json`): tensor names are mapped to canonical (GGUF) names, the ignored
+//! tensors (`rotary_emb.inv_freq`) are dropped, Q and K projections (weights and biases) get
+//! [`Transform::PermuteRope`] because Hugging Face stores them in "rotate half" order,
+//! hyperparameters are read from `config.json` into the canonical `model.*` keys, every
+//! required tensor must be present, and the result is runnable. Embeddings are tied when
+//! `tie_word_embeddings` is true or `lm_head.weight` is absent; a `lm_head.weight` next to
+//! `tie_word_embeddings: true` is dropped with a warning (Hugging Face ignores it too).
+//!
+//! **Other architectures**: original tensor names, `runnable = false`, a warning.
+//!
+//! **No `config.json`**: the head counts (needed both to run the model and to permute Q/K)
+//! cannot be inferred from tensor shapes, so the tensors are kept under their original names
+//! and the model is not runnable, with a warning saying so.
+//!
+//! **EOS lists**: when `eos_token_id` is a list, `tokenizer.eos_token_id` is its first entry
+//! and, if the list has more than one entry, `"eos_token_ids": [...]` is added to
+//! `tokenizer_config.json` (inserted textually, so the rest of the file stays verbatim;
+//! created if the input has none) unless that key is already there.
+//!
+//! Only F32, F16 and BF16 tensors are accepted; any other dtype is an error naming the file
+//! and the tensor, unless the tensor is one that conversion drops anyway.
+//!
+//! **Tensor order**: embedding tensors (no layer index, name mentions `embd`/`embed`) first,
+//! then tensors with a layer index (the first all-digit dotted component) by layer, then
+//! everything else; by name within each group.
+
+use crate::source::{
+    MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles, Transform,
+};
+use gds_format::DType;
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype as StDtype, SafeTensorError, SafeTensors};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use thiserror::Error;
+
+/// Why a safetensors input could not be read. Every message names the file, and the tensor
+/// where there is one.
+#[derive(Debug, Error)]
+pub enum SafetensorsError {
+    /// Reading or mapping a file or directory failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The input is neither a safetensors file, an index, nor a directory holding them.
+    #[error("{path}: {reason}")]
+    UnsupportedInput {
+        /// The input path.
+        path: PathBuf,
+        /// What was expected.
+        reason: String,
+    },
+    /// The safetensors header is unusable (length, UTF-8, JSON, layout).
+    #[error("{path}: bad safetensors header: {reason}")]
+    Header {
+        /// The safetensors file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// One tensor's header entry or data is unusable.
+    #[error("{path}: tensor {tensor:?}: {reason}")]
+    Tensor {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The tensor's name in the file.
+        tensor: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor that would be converted has a dtype other than F32, F16 or BF16.
+    #[error("{path}: tensor {tensor:?} has dtype {dtype}; only F32, F16 and BF16 are supported")]
+    UnsupportedDtype {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The tensor's name in the file.
+        tensor: String,
+        /// The dtype as the header spells it.
+        dtype: String,
+    },
+    /// `model.safetensors.index.json` is malformed.
+    #[error("{path}: bad shard index: {reason}")]
+    Index {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A shard listed in the index does not exist.
+    #[error("{index}: shard {shard} (holding tensor {tensor:?}) is missing")]
+    MissingShard {
+        /// The index file.
+        index: PathBuf,
+        /// The shard's path.
+        shard: PathBuf,
+        /// A tensor the index places in that shard.
+        tensor: String,
+    },
+    /// Two files hold a tensor of the same name.
+    #[error("tensor {tensor:?} is in both {first} and {second}")]
+    DuplicateTensor {
+        /// The tensor's name.
+        tensor: String,
+        /// The first file holding it.
+        first: PathBuf,
+        /// The second file holding it.
+        second: PathBuf,
+    },
+    /// `config.json` (or another JSON side file) is malformed or inconsistent with the
+    /// tensors.
+    #[error("{path}: {reason}")]
+    Config {
+        /// The JSON file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor the architecture requires is absent.
+    #[error("{path}: required tensor {tensor:?} (stored as {source_name:?}) is missing")]
+    MissingTensor {
+        /// The input (file, index or directory).
+        path: PathBuf,
+        /// Canonical name.
+        tensor: String,
+        /// The name it would have in the input.
+        source_name: String,
+    },
 }
-/// Permutes rows.
-pub fn permute_rope_rows(bytes: &[u8], _rows: usize, _row_bytes: usize, _n_head: usize) -> Vec<u8> {
-    bytes.to_vec()
+
+type Result<T> = std::result::Result<T, SafetensorsError>;
+
+/// Reads a safetensors input (file, `model.safetensors.index.json`, or Hugging Face model
+/// directory; see the module docs) into a [`Source`]. Tensor bytes stay in the memory-mapped
+/// files; every offset and length has been bounds-checked against its file.
+pub fn read_safetensors(input: &Path) -> Result<Source> {
+    let located = locate(input)?;
+    let mut raw: Vec<RawTensor> = Vec::new();
+    let mut warnings = Vec::new();
+    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for file in &located.files {
+        for t in parse_file(file)? {
+            if let Some(first) = seen.insert(t.name.clone(), t.file.path.clone()) {
+                return Err(SafetensorsError::DuplicateTensor {
+                    tensor: t.name,
+                    first,
+                    second: t.file.path.clone(),
+                });
+            }
+            raw.push(t);
+        }
+    }
+    if let Some(index) = &located.index {
+        check_index(index, &raw, &mut warnings)?;
+    }
+
+    let dir = &located.dir;
+    let config_path = dir.join("config.json");
+    let config = read_json_object(&config_path)?;
+    let mut tokenizer = TokenizerFiles {
+        tokenizer_json: read_text_opt(&dir.join("tokenizer.json"))?,
+        tokenizer_config_json: read_text_opt(&dir.join("tokenizer_config.json"))?,
+        generation_config_json: read_text_opt(&dir.join("generation_config.json"))?,
+    };
+    if tokenizer.tokenizer_json.is_none() {
+        warnings.push(format!(
+            "{} has no tokenizer.json; the converted model will have no tokenizer",
+            dir.display()
+        ));
+    }
+
+    let Some(config) = config else {
+        return no_config(input, raw, tokenizer, warnings);
+    };
+    let cfg = Config {
+        path: &config_path,
+        map: &config,
+    };
+    let mut metadata = Metadata::new();
+    token_ids(&cfg, dir, &mut tokenizer, &mut metadata)?;
+
+    let hf_arch = config
+        .get("architectures")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let spec = llama_spec();
+    let is_llama = hf_arch
+        .as_ref()
+        .is_some_and(|a| spec.hf_architectures.contains(a))
+        || model_type
+            .as_ref()
+            .is_some_and(|m| spec.hf_model_types.contains(m));
+    let source_arch = hf_arch
+        .clone()
+        .or_else(|| model_type.clone())
+        .unwrap_or_else(|| "unknown".to_owned());
+    metadata.insert(
+        "general.source_architecture".into(),
+        MetaValue::Str(source_arch.clone()),
+    );
+
+    if !is_llama {
+        let arch = model_type
+            .or(hf_arch)
+            .unwrap_or_else(|| "unknown".to_owned());
+        warnings.push(format!(
+            "architecture {source_arch} is not supported by gdsrun; tensors are grouped by layer index"
+        ));
+        metadata.insert("general.architecture".into(), MetaValue::Str(arch.clone()));
+        let tensors = keep_original(raw)?;
+        return Ok(Source {
+            arch,
+            runnable: false,
+            metadata,
+            tensors,
+            tokenizer,
+            warnings,
+        });
+    }
+
+    let mut runnable = true;
+    let hp = llama_hparams(&cfg, &raw, &mut metadata, &mut warnings, &mut runnable)?;
+    metadata.insert(
+        "general.architecture".into(),
+        MetaValue::Str("llama".into()),
+    );
+    let tensors = map_llama(input, raw, &hp, &mut warnings)?;
+    Ok(Source {
+        arch: "llama".into(),
+        runnable,
+        metadata,
+        tensors,
+        tokenizer,
+        warnings,
+    })
+}
+
+/// Reorders the rows of a Hugging Face Q or K projection (weight or bias) from the "rotate
+/// half" RoPE layout to ggml's interleaved layout, exactly as llama.cpp's
+/// `convert_hf_to_gguf.py` does with
+/// `w.reshape(n_head, 2, rows // n_head // 2, ...).swapaxes(1, 2).reshape(w.shape)`:
+/// within each head of `2·h` rows, output row `2i + j` is input row `j·h + i`.
+///
+/// `bytes` holds `rows` rows of `row_bytes` bytes each (any dtype: only whole rows move).
+///
+/// # Panics
+///
+/// If `bytes.len() != rows * row_bytes`, `n_head` is 0, or `rows` is not a multiple of
+/// `2 * n_head`. [`read_safetensors`] checks the last two for every tensor it marks with
+/// [`Transform::PermuteRope`].
+pub fn permute_rope_rows(bytes: &[u8], rows: usize, row_bytes: usize, n_head: usize) -> Vec<u8> {
+    assert_eq!(
+        Some(bytes.len()),
+        rows.checked_mul(row_bytes),
+        "rows × row_bytes"
+    );
+    assert!(
+        n_head.checked_mul(2).and_then(|d| rows.checked_rem(d)) == Some(0),
+        "rows must be a multiple of 2 × n_head"
+    );
+    let half = rows / n_head / 2;
+    let mut out = Vec::with_capacity(bytes.len());
+    for h in 0..n_head {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = h * 2 * half + j * half + i;
+                out.extend_from_slice(&bytes[src * row_bytes..(src + 1) * row_bytes]);
+            }
+        }
+    }
+    out
+}
+
+// ------------------------------------------------------------------------------------------
+// Locating the files
+
+struct Located {
+    /// Where config.json and the tokenizer files may be.
+    dir: PathBuf,
+    /// Safetensors files, in the order they are read.
+    files: Vec<PathBuf>,
+    /// The shard index, when there is one.
+    index: Option<Index>,
+}
+
+struct Index {
+    path: PathBuf,
+    /// Tensor name → shard path.
+    weight_map: BTreeMap<String, PathBuf>,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SafetensorsError + '_ {
+    move |source| SafetensorsError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn locate(input: &Path) -> Result<Located> {
+    let meta = std::fs::metadata(input).map_err(io_err(input))?;
+    if meta.is_dir() {
+        let index = input.join("model.safetensors.index.json");
+        if index.is_file() {
+            return located_index(&index, input);
+        }
+        let single = input.join("model.safetensors");
+        if single.is_file() {
+            return Ok(Located {
+                dir: input.to_owned(),
+                files: vec![single],
+                index: None,
+            });
+        }
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(input).map_err(io_err(input))? {
+            let path = entry.map_err(io_err(input))?.path();
+            if path.extension().is_some_and(|e| e == "safetensors") && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        if files.is_empty() {
+            return Err(SafetensorsError::UnsupportedInput {
+                path: input.to_owned(),
+                reason: "directory holds no .safetensors file".into(),
+            });
+        }
+        return Ok(Located {
+            dir: input.to_owned(),
+            files,
+            index: None,
+        });
+    }
+    let dir = match input.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = input
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if name.ends_with(".index.json") {
+        located_index(input, &dir)
+    } else if name.ends_with(".safetensors") {
+        Ok(Located {
+            dir,
+            files: vec![input.to_owned()],
+            index: None,
+        })
+    } else {
+        Err(SafetensorsError::UnsupportedInput {
+            path: input.to_owned(),
+            reason: "expected a .safetensors file, a model.safetensors.index.json or a \
+                     directory holding safetensors files"
+                .into(),
+        })
+    }
+}
+
+fn located_index(index_path: &Path, dir: &Path) -> Result<Located> {
+    let bad = |reason: String| SafetensorsError::Index {
+        path: index_path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(index_path).map_err(io_err(index_path))?;
+    let json: Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    let mut weight_map = BTreeMap::new();
+    // shard name → first tensor the index places in it (for messages)
+    let mut shards: BTreeMap<String, String> = BTreeMap::new();
+    for (tensor, shard) in map {
+        let shard = shard
+            .as_str()
+            .ok_or_else(|| bad(format!("tensor {tensor:?}: shard is not a string")))?;
+        let plain = Path::new(shard)
+            .file_name()
+            .is_some_and(|f| f == std::ffi::OsStr::new(shard));
+        if !plain || shard == ".." {
+            return Err(bad(format!(
+                "tensor {tensor:?}: shard {shard:?} is not a plain file name"
+            )));
+        }
+        shards
+            .entry(shard.to_owned())
+            .or_insert_with(|| tensor.clone());
+        weight_map.insert(tensor.clone(), dir.join(shard));
+    }
+    if shards.is_empty() {
+        return Err(bad("\"weight_map\" is empty".into()));
+    }
+    let mut files = Vec::new();
+    for (shard, tensor) in shards {
+        let path = dir.join(&shard);
+        if !path.is_file() {
+            return Err(SafetensorsError::MissingShard {
+                index: index_path.to_owned(),
+                shard: path,
+                tensor,
+            });
+        }
+        files.push(path);
+    }
+    Ok(Located {
+        dir: dir.to_owned(),
+        files,
+        index: Some(Index {
+            path: index_path.to_owned(),
+            weight_map,
+        }),
+    })
+}
+
+/// Every tensor the index lists must be in the shard it names; tensors found in shards but
+/// not listed are kept, with a warning.
+fn check_index(index: &Index, raw: &[RawTensor], warnings: &mut Vec<String>) -> Result<()> {
+    let found: BTreeMap<&str, &Path> = raw
+        .iter()
+        .map(|t| (t.name.as_str(), t.file.path.as_path()))
+        .collect();
+    for (tensor, shard) in &index.weight_map {
+        if found.get(tensor.as_str()) != Some(&shard.as_path()) {
+            return Err(SafetensorsError::Tensor {
+                path: shard.clone(),
+                tensor: tensor.clone(),
+                reason: format!("listed in {} but not in this shard", index.path.display()),
+            });
+        }
+    }
+    for t in raw {
+        if !index.weight_map.contains_key(&t.name) {
+            warnings.push(format!(
+                "tensor {:?} in {} is not listed in {}; kept",
+                t.name,
+                t.file.path.display(),
+                index.path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// One safetensors file
+
+/// A tensor as its file describes it, validated against the file's size.
+struct RawTensor {
+    name: String,
+    st_dtype: StDtype,
+    shape: Vec<u64>,
+    file: Arc<MappedFile>,
+    /// Absolute offset of the data in the file.
+    offset: u64,
+    nbytes: u64,
+}
+
+/// safetensors' own limit on the header size.
+const MAX_HEADER: u64 = 100_000_000;
+
+fn map_file(path: &Path) -> Result<Mmap> {
+    let file = File::open(path).map_err(io_err(path))?;
+    let len = file.metadata().map_err(io_err(path))?.len();
+    if len < 8 {
+        return Err(SafetensorsError::Header {
+            path: path.to_owned(),
+            reason: format!("file is {len} bytes, too short for the 8-byte header length"),
+        });
+    }
+    // SAFETY: the file is opened read-only and the map is only ever read. As with every
+    // memory-mapped reader, a process truncating or rewriting the file while it is mapped
+    // could change what we read; that is outside this program's control and documented as
+    // a limitation of converting files that are being modified.
+    unsafe { Mmap::map(&file) }.map_err(io_err(path))
+}
+
+/// Bits per element of a safetensors dtype name, or `None` if the name is unknown.
+fn dtype_bits(name: &str) -> Option<u64> {
+    Some(match name {
+        "F4" => 4,
+        "F6_E2M3" | "F6_E3M2" => 6,
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" => 8,
+        "I16" | "U16" | "F16" | "BF16" => 16,
+        "I32" | "U32" | "F32" => 32,
+        "I64" | "U64" | "F64" => 64,
+        _ => return None,
+    })
+}
+
+fn parse_file(path: &Path) -> Result<Vec<RawTensor>> {
+    let map = map_file(path)?;
+    let header_err = |reason: String| SafetensorsError::Header {
+        path: path.to_owned(),
+        reason,
+    };
+    let file_len = map.len() as u64;
+    let n = u64::from_le_bytes(map[..8].try_into().expect("8 bytes"));
+    if n > MAX_HEADER {
+        return Err(header_err(format!(
+            "header length {n} exceeds safetensors' limit of {MAX_HEADER} bytes"
+        )));
+    }
+    if n > file_len - 8 {
+        return Err(header_err(format!(
+            "header length {n} runs past the end of the {file_len}-byte file (truncated?)"
+        )));
+    }
+    let data_start = 8 + n;
+    let data_len = file_len - data_start;
+    let text = std::str::from_utf8(&map[8..data_start as usize])
+        .map_err(|e| header_err(format!("header is not UTF-8: {e}")))?;
+    let header: Map<String, Value> = serde_json::from_str(text)
+        .map_err(|e| header_err(format!("header is not a JSON object: {e}")))?;
+
+    // Our own pass first, for messages that name the tensor.
+    for (name, entry) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        check_entry(path, name, entry, data_len)?;
+    }
+    // Then the safetensors crate's validation (contiguous offsets covering the data).
+    let (_, meta) = SafeTensors::read_metadata(&map[..]).map_err(|e| match e {
+        SafeTensorError::InvalidOffset(tensor) => SafetensorsError::Tensor {
+            path: path.to_owned(),
+            tensor,
+            reason: "data offsets overlap another tensor or leave a gap".into(),
+        },
+        SafeTensorError::MetadataIncompleteBuffer => header_err(format!(
+            "tensor data does not exactly fill the {data_len}-byte data section \
+             (trailing bytes or a truncated file)"
+        )),
+        other => header_err(other.to_string()),
+    })?;
+
+    let file = Arc::new(MappedFile {
+        path: path.to_owned(),
+        map,
+    });
+    let mut out = Vec::new();
+    for (name, info) in meta.tensors() {
+        let (start, end) = info.data_offsets;
+        out.push(RawTensor {
+            name,
+            st_dtype: info.dtype,
+            shape: info.shape.iter().map(|&d| d as u64).collect(),
+            file: file.clone(),
+            offset: data_start + start as u64,
+            nbytes: (end - start) as u64,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn check_entry(path: &Path, name: &str, entry: &Value, data_len: u64) -> Result<()> {
+    let err = |reason: String| SafetensorsError::Tensor {
+        path: path.to_owned(),
+        tensor: name.to_owned(),
+        reason,
+    };
+    let dtype = entry
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or_else(|| err("header entry has no \"dtype\" string".into()))?;
+    let bits = dtype_bits(dtype).ok_or_else(|| err(format!("unknown dtype {dtype:?}")))?;
+    let shape = entry
+        .get("shape")
+        .and_then(Value::as_array)
+        .ok_or_else(|| err("header entry has no \"shape\" array".into()))?;
+    let mut dims = Vec::with_capacity(shape.len());
+    for d in shape {
+        dims.push(
+            d.as_u64()
+                .ok_or_else(|| err(format!("shape entry {d} is not a non-negative integer")))?,
+        );
+    }
+    let elems = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| err("shape overflows".into()))?;
+    let offs = entry
+        .get("data_offsets")
+        .and_then(Value::as_array)
+        .filter(|a| a.len() == 2)
+        .ok_or_else(|| err("header entry has no two-element \"data_offsets\"".into()))?;
+    let (Some(start), Some(end)) = (offs[0].as_u64(), offs[1].as_u64()) else {
+        return Err(err("data_offsets are not non-negative integers".into()));
+    };
+    if end < start {
+        return Err(err(format!(
+            "data_offsets [{start}, {end}) end before they start"
+        )));
+    }
+    if end > data_len {
+        return Err(err(format!(
+            "data [{start}, {end}) runs past the end of the {data_len}-byte data section \
+             (truncated file?)"
+        )));
+    }
+    let need_bits = elems
+        .checked_mul(bits)
+        .ok_or_else(|| err("size overflows".into()))?;
+    if need_bits % 8 != 0 || need_bits / 8 != end - start {
+        return Err(err(format!(
+            "{dtype} shape {dims:?} needs {need_bits} bits but data_offsets span {} bytes",
+            end - start
+        )));
+    }
+    Ok(())
+}
+
+fn gds_dtype(d: StDtype) -> Option<DType> {
+    match d {
+        StDtype::F32 => Some(DType::F32),
+        StDtype::F16 => Some(DType::F16),
+        StDtype::BF16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+fn source_tensor(t: RawTensor, name: String, transform: Transform) -> Result<SourceTensor> {
+    let dtype = gds_dtype(t.st_dtype).ok_or_else(|| SafetensorsError::UnsupportedDtype {
+        path: t.file.path.clone(),
+        tensor: t.name.clone(),
+        dtype: t.st_dtype.to_string(),
+    })?;
+    // Recomputed from dtype and shape; parse_file already checked it matches the offsets.
+    let nbytes = dtype.tensor_bytes(&t.shape);
+    if nbytes != Some(t.nbytes) {
+        return Err(SafetensorsError::Tensor {
+            path: t.file.path.clone(),
+            tensor: t.name,
+            reason: "size does not match dtype and shape".into(),
+        });
+    }
+    Ok(SourceTensor {
+        name,
+        source_name: t.name,
+        dtype,
+        shape: t.shape,
+        file: t.file,
+        offset: t.offset,
+        nbytes: t.nbytes,
+        transform,
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// Side files
+
+fn read_text_opt(path: &Path) -> Result<Option<String>> {
+    match std::fs::read(path) {
+        Ok(bytes) => String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| SafetensorsError::Config {
+                path: path.to_owned(),
+                reason: "not UTF-8".into(),
+            }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(SafetensorsError::Io {
+            path: path.to_owned(),
+            source: e,
+        }),
+    }
+}
+
+fn read_json_object(path: &Path) -> Result<Option<Map<String, Value>>> {
+    let Some(text) = read_text_opt(path)? else {
+        return Ok(None);
+    };
+    parse_json_object(path, &text).map(Some)
+}
+
+fn parse_json_object(path: &Path, text: &str) -> Result<Map<String, Value>> {
+    serde_json::from_str(text).map_err(|e| SafetensorsError::Config {
+        path: path.to_owned(),
+        reason: format!("not a JSON object: {e}"),
+    })
+}
+
+/// `config.json`, with typed getters whose errors name the file and key.
+struct Config<'a> {
+    path: &'a Path,
+    map: &'a Map<String, Value>,
+}
+
+impl Config<'_> {
+    fn err(&self, reason: String) -> SafetensorsError {
+        SafetensorsError::Config {
+            path: self.path.to_owned(),
+            reason,
+        }
+    }
+
+    /// The value, treating JSON `null` as absent.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn u64_opt(&self, key: &str) -> Result<Option<u64>> {
+        self.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .ok_or_else(|| self.err(format!("{key} = {v} is not a non-negative integer")))
+            })
+            .transpose()
+    }
+
+    fn u64_req(&self, key: &str) -> Result<u64> {
+        self.u64_opt(key)?
+            .ok_or_else(|| self.err(format!("{key} is missing")))
+    }
+
+    fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
+        self.get(key)
+            .map(|v| {
+                v.as_f64()
+                    .filter(|x| x.is_finite())
+                    .ok_or_else(|| self.err(format!("{key} = {v} is not a number")))
+            })
+            .transpose()
+    }
+
+    fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
+        self.get(key)
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| self.err(format!("{key} = {v} is not a boolean")))
+            })
+            .transpose()
+    }
+
+    /// A token id that may also be a list of ids (`eos_token_id` often is).
+    fn ids_opt(&self, key: &str) -> Result<Option<Vec<u64>>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let bad = || self.err(format!("{key} = {v} is not a token id or a list of them"));
+        let ids = match v {
+            Value::Array(a) => a
+                .iter()
+                .map(|x| x.as_u64().ok_or_else(bad))
+                .collect::<Result<Vec<_>>>()?,
+            other => vec![other.as_u64().ok_or_else(bad)?],
+        };
+        Ok((!ids.is_empty()).then_some(ids))
+    }
+}
+
+/// BOS/EOS ids from config.json, else generation_config.json, plus `add_bos_token` from
+/// tokenizer_config.json. See the module docs for EOS lists.
+fn token_ids(cfg: &Config, dir: &Path, tok: &mut TokenizerFiles, md: &mut Metadata) -> Result<()> {
+    let gen_path = dir.join("generation_config.json");
+    let gen_map = tok
+        .generation_config_json
+        .as_deref()
+        .map(|t| parse_json_object(&gen_path, t))
+        .transpose()?;
+    let gen = gen_map.as_ref().map(|map| Config {
+        path: &gen_path,
+        map,
+    });
+    let pick = |key: &str| -> Result<Option<Vec<u64>>> {
+        match cfg.ids_opt(key)? {
+            Some(ids) => Ok(Some(ids)),
+            None => gen.as_ref().map_or(Ok(None), |g| g.ids_opt(key)),
+        }
+    };
+    if let Some(bos) = pick("bos_token_id")? {
+        md.insert("tokenizer.bos_token_id".into(), MetaValue::U64(bos[0]));
+    }
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc = tok
+        .tokenizer_config_json
+        .as_deref()
+        .map(|t| parse_json_object(&tc_path, t))
+        .transpose()?;
+    if let Some(add_bos) = tc.as_ref().and_then(|m| m.get("add_bos_token")) {
+        if let Some(b) = add_bos.as_bool() {
+            md.insert("tokenizer.add_bos".into(), MetaValue::Bool(b));
+        }
+    }
+    if let Some(eos) = pick("eos_token_id")? {
+        md.insert("tokenizer.eos_token_id".into(), MetaValue::U64(eos[0]));
+        if eos.len() > 1 && !tc.as_ref().is_some_and(|m| m.contains_key("eos_token_ids")) {
+            let list = serde_json::to_string(&eos).expect("a list of integers serializes");
+            tok.tokenizer_config_json = Some(match (&tok.tokenizer_config_json, &tc) {
+                (Some(text), Some(map)) => {
+                    let body = text.trim_end();
+                    // parse_json_object succeeded, so the text ends with the object's `}`.
+                    let head = &body[..body.len() - 1];
+                    let sep = if map.is_empty() { "" } else { "," };
+                    format!(
+                        "{}{sep}\n  \"eos_token_ids\": {list}\n}}\n",
+                        head.trim_end()
+                    )
+                }
+                _ => format!("{{\n  \"eos_token_ids\": {list}\n}}\n"),
+            });
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Architectures
+
+#[derive(Deserialize)]
+struct FamilySpec {
+    hf_architectures: Vec<String>,
+    hf_model_types: Vec<String>,
+    tensors: BTreeMap<String, String>,
+    ignored_tensors: Vec<String>,
+    rope_permuted: Vec<String>,
+    required_tensors: RequiredTensors,
+}
+
+#[derive(Deserialize)]
+struct RequiredTensors {
+    global: Vec<String>,
+    block: Vec<String>,
+}
+
+fn llama_spec() -> &'static FamilySpec {
+    static SPEC: OnceLock<FamilySpec> = OnceLock::new();
+    SPEC.get_or_init(|| {
+        serde_json::from_str(include_str!("../../../formats/llama.json"))
+            .expect("formats/llama.json is valid (checked by a unit test)")
+    })
+}
+
+/// Matches `name` against a pattern with at most one `{N}`; returns the block number (or
+/// `None` inside `Some` for patterns without `{N}`).
+fn match_pattern(pattern: &str, name: &str) -> Option<Option<u64>> {
+    match pattern.split_once("{N}") {
+        None => (pattern == name).then_some(None),
+        Some((pre, post)) => {
+            let mid = name.strip_prefix(pre)?.strip_suffix(post)?;
+            if mid.is_empty()
+                || !mid.bytes().all(|b| b.is_ascii_digit())
+                || (mid.len() > 1 && mid.starts_with('0'))
+            {
+                return None;
+            }
+            mid.parse().ok().map(Some)
+        }
+    }
+}
+
+fn fill(pattern: &str, n: Option<u64>) -> String {
+    match n {
+        Some(n) => pattern.replace("{N}", &n.to_string()),
+        None => pattern.to_owned(),
+    }
+}
+
+/// Sort key documented in the module docs.
+fn order_key(name: &str) -> (u8, u64, String) {
+    let parts: Vec<&str> = name.split('.').collect();
+    let layer = parts[..parts.len().saturating_sub(1)]
+        .iter()
+        .find(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|p| p.parse::<u64>().ok());
+    match layer {
+        Some(n) => (1, n, name.to_owned()),
+        None if name.contains("embd") || name.contains("embed") => (0, 0, name.to_owned()),
+        None => (2, 0, name.to_owned()),
+    }
+}
+
+fn sort_tensors(tensors: &mut [SourceTensor]) {
+    tensors.sort_by_cached_key(|t| order_key(&t.name));
+}
+
+fn keep_original(raw: Vec<RawTensor>) -> Result<Vec<SourceTensor>> {
+    let mut out = raw
+        .into_iter()
+        .map(|t| {
+            let name = t.name.clone();
+            source_tensor(t, name, Transform::None)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    sort_tensors(&mut out);
+    Ok(out)
+}
+
+fn no_config(
+    input: &Path,
+    raw: Vec<RawTensor>,
+    tokenizer: TokenizerFiles,
+    mut warnings: Vec<String>,
+) -> Result<Source> {
+    let spec = llama_spec();
+    let looks_llama = raw.iter().any(|t| {
+        spec.tensors
+            .keys()
+            .any(|p| match_pattern(p, &t.name).is_some())
+    });
+    warnings.push(if looks_llama {
+        format!(
+            "{}: no config.json: the tensor names look llama-family, but the attention head \
+             counts cannot be inferred from tensor shapes, so tensors keep their original \
+             names and gdsrun cannot run the result; convert the Hugging Face model \
+             directory (with its config.json) instead",
+            input.display()
+        )
+    } else {
+        format!(
+            "{}: no config.json: architecture unknown, not supported by gdsrun; tensors are \
+             grouped by layer index",
+            input.display()
+        )
+    });
+    let mut metadata = Metadata::new();
+    metadata.insert(
+        "general.architecture".into(),
+        MetaValue::Str("unknown".into()),
+    );
+    Ok(Source {
+        arch: "unknown".into(),
+        runnable: false,
+        metadata,
+        tensors: keep_original(raw)?,
+        tokenizer,
+        warnings,
+    })
+}
+
+/// The llama hyperparameters the tensor mapping needs.
+struct Hparams {
+    n_layers: u64,
+    n_heads: u64,
+    n_kv_heads: u64,
+    head_dim: u64,
+    vocab: u64,
+    /// `tie_word_embeddings` as config.json says (absent: false, as in `LlamaConfig`).
+    tie_in_config: bool,
+}
+
+fn llama_hparams(
+    cfg: &Config,
+    raw: &[RawTensor],
+    md: &mut Metadata,
+    warnings: &mut Vec<String>,
+    runnable: &mut bool,
+) -> Result<Hparams> {
+    let n_embd = cfg.u64_req("hidden_size")?;
+    let n_layers = cfg.u64_req("num_hidden_layers")?;
+    let n_heads = cfg.u64_req("num_attention_heads")?;
+    let n_kv_heads = cfg.u64_opt("num_key_value_heads")?.unwrap_or(n_heads);
+    let n_ff = cfg.u64_req("intermediate_size")?;
+    if n_embd == 0 || n_layers == 0 || n_heads == 0 || n_kv_heads == 0 || n_ff == 0 {
+        return Err(cfg.err(
+            "hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads and \
+             intermediate_size must all be positive"
+                .into(),
+        ));
+    }
+    if n_heads % n_kv_heads != 0 {
+        return Err(cfg.err(format!(
+            "num_attention_heads ({n_heads}) is not a multiple of num_key_value_heads \
+             ({n_kv_heads})"
+        )));
+    }
+    let head_dim = match cfg.u64_opt("head_dim")? {
+        Some(0) => return Err(cfg.err("head_dim must be positive".into())),
+        Some(d) => d,
+        None if n_embd % n_heads == 0 => n_embd / n_heads,
+        None => {
+            return Err(cfg.err(format!(
+                "no head_dim, and hidden_size ({n_embd}) is not a multiple of \
+                 num_attention_heads ({n_heads})"
+            )))
+        }
+    };
+    let embed_rows = raw
+        .iter()
+        .find(|t| t.name == "model.embed_tokens.weight")
+        .and_then(|t| t.shape.first().copied());
+    let vocab = match (cfg.u64_opt("vocab_size")?, embed_rows) {
+        (Some(v), _) => v,
+        (None, Some(rows)) => rows,
+        (None, None) => return Err(cfg.err("vocab_size is missing".into())),
+    };
+    let ctx = match cfg.u64_opt("max_position_embeddings")? {
+        Some(c) => c,
+        None => {
+            warnings.push(format!(
+                "{}: no max_position_embeddings; using 2048 (the transformers default)",
+                cfg.path.display()
+            ));
+            2048
+        }
+    };
+    let rope_theta = cfg.f64_opt("rope_theta")?.unwrap_or(10000.0);
+    let eps = cfg.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
+    let tie_in_config = cfg.bool_opt("tie_word_embeddings")?.unwrap_or(false);
+    let has_lm_head = raw.iter().any(|t| t.name == "lm_head.weight");
+
+    let u = |v: u64| MetaValue::U64(v);
+    md.insert("model.n_layers".into(), u(n_layers));
+    md.insert("model.n_embd".into(), u(n_embd));
+    md.insert("model.n_heads".into(), u(n_heads));
+    md.insert("model.n_kv_heads".into(), u(n_kv_heads));
+    md.insert("model.n_ff".into(), u(n_ff));
+    md.insert("model.vocab_size".into(), u(vocab));
+    md.insert("model.context_length".into(), u(ctx));
+    md.insert("model.head_dim".into(), u(head_dim));
+    md.insert("model.rope_theta".into(), MetaValue::F64(rope_theta));
+    md.insert("model.rms_norm_eps".into(), MetaValue::F64(eps));
+    md.insert(
+        "model.tie_embeddings".into(),
+        MetaValue::Bool(tie_in_config || !has_lm_head),
+    );
+    rope_scaling(cfg, md, warnings, runnable)?;
+    Ok(Hparams {
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        vocab,
+        tie_in_config,
+    })
+}
+
+/// `rope_scaling`: `llama3` and `linear` are runnable; `default`/null mean none; any other
+/// type is recorded, with a warning, and makes the model not runnable.
+fn rope_scaling(
+    cfg: &Config,
+    md: &mut Metadata,
+    warnings: &mut Vec<String>,
+    runnable: &mut bool,
+) -> Result<()> {
+    let Some(v) = cfg.get("rope_scaling") else {
+        return Ok(());
+    };
+    let map = v
+        .as_object()
+        .ok_or_else(|| cfg.err(format!("rope_scaling = {v} is not an object")))?;
+    let sub = Config {
+        path: cfg.path,
+        map,
+    };
+    let kind = ["rope_type", "type"]
+        .iter()
+        .find_map(|k| map.get(*k).and_then(Value::as_str))
+        .ok_or_else(|| cfg.err("rope_scaling has no rope_type".into()))?;
+    let factor = |md: &mut Metadata| -> Result<()> {
+        let f = sub
+            .f64_opt("factor")?
+            .ok_or_else(|| cfg.err(format!("rope_scaling {kind} has no factor")))?;
+        md.insert("model.rope_scaling.factor".into(), MetaValue::F64(f));
+        Ok(())
+    };
+    match kind {
+        "default" => return Ok(()),
+        "linear" => factor(md)?,
+        "llama3" => {
+            factor(md)?;
+            let lo = sub.f64_opt("low_freq_factor")?.unwrap_or(1.0);
+            let hi = sub.f64_opt("high_freq_factor")?.unwrap_or(4.0);
+            let orig = sub
+                .u64_opt("original_max_position_embeddings")?
+                .ok_or_else(|| {
+                    cfg.err("rope_scaling llama3 has no original_max_position_embeddings".into())
+                })?;
+            md.insert(
+                "model.rope_scaling.low_freq_factor".into(),
+                MetaValue::F64(lo),
+            );
+            md.insert(
+                "model.rope_scaling.high_freq_factor".into(),
+                MetaValue::F64(hi),
+            );
+            md.insert(
+                "model.rope_scaling.original_context_length".into(),
+                MetaValue::U64(orig),
+            );
+        }
+        other => {
+            if let Some(f) = sub.f64_opt("factor")? {
+                md.insert("model.rope_scaling.factor".into(), MetaValue::F64(f));
+            }
+            warnings.push(format!(
+                "{}: rope_scaling type {other} is not supported by gdsrun; the model is \
+                 converted but cannot be run",
+                cfg.path.display()
+            ));
+            *runnable = false;
+        }
+    }
+    md.insert(
+        "model.rope_scaling.type".into(),
+        MetaValue::Str(kind.to_owned()),
+    );
+    Ok(())
+}
+
+fn map_llama(
+    input: &Path,
+    raw: Vec<RawTensor>,
+    hp: &Hparams,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<SourceTensor>> {
+    let spec = llama_spec();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut ignored = BTreeSet::new();
+    let mut unmapped = Vec::new();
+    for t in raw {
+        if spec
+            .ignored_tensors
+            .iter()
+            .any(|p| match_pattern(p, &t.name).is_some())
+        {
+            ignored.insert(t.name);
+            continue;
+        }
+        if t.name == "lm_head.weight" && hp.tie_in_config {
+            warnings.push(format!(
+                "{}: lm_head.weight dropped: tie_word_embeddings is true, so the output \
+                 projection is the token embedding",
+                t.file.path.display()
+            ));
+            continue;
+        }
+        let canonical = spec
+            .tensors
+            .iter()
+            .find_map(|(hf, canon)| match_pattern(hf, &t.name).map(|n| fill(canon, n)));
+        let Some(canonical) = canonical else {
+            unmapped.push(t.name.clone());
+            let name = t.name.clone();
+            out.push(source_tensor(t, name, Transform::None)?);
+            continue;
+        };
+        let mut transform = Transform::None;
+        if let Some(pat) = spec
+            .rope_permuted
+            .iter()
+            .find(|p| match_pattern(p, &canonical).is_some())
+        {
+            let (n_head, key) = if pat.contains("attn_k") {
+                (hp.n_kv_heads, "num_key_value_heads")
+            } else {
+                (hp.n_heads, "num_attention_heads")
+            };
+            let want = n_head * hp.head_dim;
+            let rows = t.shape.first().copied().unwrap_or(0);
+            let shape_ok = match t.shape.len() {
+                1 => pat.ends_with(".bias"),
+                2 => true,
+                _ => false,
+            };
+            if !shape_ok || rows != want || rows.checked_rem(2 * n_head) != Some(0) {
+                return Err(SafetensorsError::Tensor {
+                    path: t.file.path.clone(),
+                    tensor: t.name.clone(),
+                    reason: format!(
+                        "shape {:?} does not fit config.json: expected {want} rows \
+                         ({key} {n_head} × head_dim {}), an even number per head",
+                        t.shape, hp.head_dim
+                    ),
+                });
+            }
+            transform = Transform::PermuteRope { n_head };
+        }
+        if canonical == "token_embd.weight" && t.shape.first() != Some(&hp.vocab) {
+            return Err(SafetensorsError::Tensor {
+                path: t.file.path.clone(),
+                tensor: t.name.clone(),
+                reason: format!(
+                    "shape {:?} does not match config.json's vocab_size {}",
+                    t.shape, hp.vocab
+                ),
+            });
+        }
+        out.push(source_tensor(t, canonical, transform)?);
+    }
+    if !ignored.is_empty() {
+        warnings.push(format!(
+            "ignored {} tensor(s) not needed by gdsrun: {}",
+            ignored.len(),
+            ignored.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if !unmapped.is_empty() {
+        warnings.push(format!(
+            "{} tensor(s) have no canonical llama name and keep their original names: {}",
+            unmapped.len(),
+            unmapped.join(", ")
+        ));
+    }
+    let present: BTreeSet<&str> = out.iter().map(|t| t.name.as_str()).collect();
+    let required = spec
+        .required_tensors
+        .global
+        .iter()
+        .map(|p| (p, None))
+        .chain((0..hp.n_layers).flat_map(|n| {
+            spec.required_tensors
+                .block
+                .iter()
+                .map(move |p| (p, Some(n)))
+        }));
+    for (pattern, n) in required {
+        let canonical = fill(pattern, n);
+        if !present.contains(canonical.as_str()) {
+            let source_name = spec
+                .tensors
+                .iter()
+                .find(|(_, c)| *c == pattern)
+                .map(|(hf, _)| fill(hf, n))
+                .unwrap_or_else(|| canonical.clone());
+            return Err(SafetensorsError::MissingTensor {
+                path: input.to_owned(),
+                tensor: canonical,
+                source_name,
+            });
+        }
+    }
+    sort_tensors(&mut out);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The numpy formula, written with explicit indices: out[h, i, j] = in[h, j, i] for a
+    /// (n_head, 2, half) → (n_head, half, 2) swap of the row index.
+    fn numpy_permute(rows: &[u32], n_head: usize) -> Vec<u32> {
+        let half = rows.len() / n_head / 2;
+        // reshape(n_head, 2, half) then swapaxes(1, 2) then reshape back
+        let mut out = Vec::new();
+        for h in 0..n_head {
+            for i in 0..half {
+                for j in 0..2 {
+                    out.push(rows[(h * 2 + j) * half + i]);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn permute_matches_convert_hf_to_gguf() {
+        // 8 rows, 2 heads of 4 rows, 3 bytes per row; row r is filled with byte r.
+        let rows = 8;
+        let bytes: Vec<u8> = (0..rows as u8).flat_map(|r| [r; 3]).collect();
+        let out = permute_rope_rows(&bytes, rows, 3, 2);
+        let order: Vec<u8> = out.chunks(3).map(|c| c[0]).collect();
+        // numpy: np.arange(8).reshape(2, 2, 2, 1).swapaxes(1, 2).reshape(8)
+        //        == [0, 2, 1, 3, 4, 6, 5, 7]
+        assert_eq!(order, [0, 2, 1, 3, 4, 6, 5, 7]);
+        assert!(out.chunks(3).all(|c| c[0] == c[1] && c[1] == c[2]));
+
+        // 24 rows, 3 heads (half = 4): np.arange(24).reshape(3,2,4).swapaxes(1,2).reshape(24)
+        let ids: Vec<u32> = (0..24).collect();
+        let bytes: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let out = permute_rope_rows(&bytes, 24, 4, 3);
+        let got: Vec<u32> = out
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 16, 20, 17, 21, 18, 22, 19,
+                23
+            ]
+        );
+        assert_eq!(got, numpy_permute(&ids, 3));
+    }
+
+    #[test]
+    fn permute_one_head_and_bias_rows() {
+        // a bias: one 2-byte element per row, one head of 4 rows
+        let bytes = [0u8, 0, 1, 1, 2, 2, 3, 3];
+        assert_eq!(permute_rope_rows(&bytes, 4, 2, 1), [0, 0, 2, 2, 1, 1, 3, 3]);
+        assert!(permute_rope_rows(&[], 0, 16, 4).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "multiple of 2")]
+    fn permute_rejects_odd_heads() {
+        permute_rope_rows(&[0; 6], 6, 1, 2);
+    }
+
+    #[test]
+    fn spec_and_patterns() {
+        let spec = llama_spec();
+        assert!(spec
+            .hf_architectures
+            .iter()
+            .any(|a| a == "LlamaForCausalLM"));
+        assert_eq!(
+            match_pattern(
+                "model.layers.{N}.mlp.up_proj.weight",
+                "model.layers.12.mlp.up_proj.weight"
+            ),
+            Some(Some(12))
+        );
+        assert_eq!(
+            match_pattern(
+                "model.layers.{N}.mlp.up_proj.weight",
+                "model.layers.01.mlp.up_proj.weight"
+            ),
+            None
+        );
+        assert_eq!(
+            match_pattern("model.norm.weight", "model.norm.weight"),
+            Some(None)
+        );
+        assert_eq!(
+            fill("blk.{N}.attn_q.weight", Some(3)),
+            "blk.3.attn_q.weight"
+        );
+    }
+
+    #[test]
+    fn order_puts_embedding_first_then_layers_then_head() {
+        let mut names = vec![
+            "output.weight",
+            "blk.10.attn_q.weight",
+            "blk.2.ffn_up.weight",
+            "token_embd.weight",
+            "blk.2.attn_k.weight",
+            "output_norm.weight",
+        ];
+        names.sort_by_key(|n| order_key(n));
+        assert_eq!(
+            names,
+            [
+                "token_embd.weight",
+                "blk.2.attn_k.weight",
+                "blk.2.ffn_up.weight",
+                "blk.10.attn_q.weight",
+                "output.weight",
+                "output_norm.weight"
+            ]
+        );
+    }
+
+    #[test]
+    fn dtype_bits_cover_safetensors_names() {
+        assert_eq!(dtype_bits("BF16"), Some(16));
+        assert_eq!(dtype_bits("F4"), Some(4));
+        assert_eq!(dtype_bits("I64"), Some(64));
+        assert_eq!(dtype_bits("Q4"), None);
+    }
 }

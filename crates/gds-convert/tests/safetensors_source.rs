@@ -1,0 +1,764 @@
+//! The safetensors reader against the generated fixtures (`fixtures/make_fixtures.py`) and
+//! against checkpoints built on the fly from them: single file, shards, HF directory, and
+//! the ways such inputs break.
+
+use gds_convert::safetensors::{permute_rope_rows, read_safetensors, SafetensorsError};
+use gds_convert::source::{MetaValue, Source, SourceTensor, Transform};
+use gds_format::DType;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn hf_dir() -> PathBuf {
+    fixtures().join("tiny-llama-hf")
+}
+
+/// One tensor as stored: dtype, shape, bytes.
+#[derive(Clone, Debug, PartialEq)]
+struct Stored {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+/// All tensors of the fixture's shards, read with the safetensors crate alone.
+fn fixture_tensors() -> BTreeMap<String, Stored> {
+    let mut out = BTreeMap::new();
+    for shard in [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ] {
+        let buf = fs::read(hf_dir().join(shard)).unwrap();
+        let st = SafeTensors::deserialize(&buf).unwrap();
+        for (name, view) in st.tensors() {
+            out.insert(
+                name,
+                Stored {
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    bytes: view.data().to_vec(),
+                },
+            );
+        }
+    }
+    out
+}
+
+fn write_st(path: &Path, tensors: &BTreeMap<String, Stored>) {
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                TensorView::new(t.dtype, t.shape.clone(), &t.bytes).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+fn config() -> serde_json::Map<String, serde_json::Value> {
+    serde_json::from_str(&fs::read_to_string(hf_dir().join("config.json")).unwrap()).unwrap()
+}
+
+/// A temporary HF directory: `config` as config.json, `tensors` as one model.safetensors.
+fn temp_hf(
+    config: &serde_json::Map<String, serde_json::Value>,
+    tensors: &BTreeMap<String, Stored>,
+) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_string_pretty(config).unwrap(),
+    )
+    .unwrap();
+    write_st(&dir.path().join("model.safetensors"), tensors);
+    dir
+}
+
+/// A copy of the whole fixture directory.
+fn copy_fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for e in fs::read_dir(hf_dir()).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+fn tensor<'a>(s: &'a Source, name: &str) -> &'a SourceTensor {
+    s.tensors
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no tensor {name}"))
+}
+
+fn u64_meta(s: &Source, key: &str) -> u64 {
+    match s.metadata.get(key) {
+        Some(MetaValue::U64(v)) => *v,
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+fn err_text(r: Result<Source, SafetensorsError>) -> (SafetensorsError, String) {
+    let e = r.expect_err("expected an error");
+    let text = e.to_string();
+    (e, text)
+}
+
+const LAYER_TENSORS: [&str; 9] = [
+    "attn_k.weight",
+    "attn_norm.weight",
+    "attn_output.weight",
+    "attn_q.weight",
+    "attn_v.weight",
+    "ffn_down.weight",
+    "ffn_gate.weight",
+    "ffn_norm.weight",
+    "ffn_up.weight",
+];
+
+/// Everything the fixture's HF directory must read as.
+fn check_tiny_llama(s: &Source) {
+    assert_eq!(s.arch, "llama");
+    assert!(s.runnable);
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    for (k, v) in [
+        ("model.n_layers", 2),
+        ("model.n_embd", 64),
+        ("model.n_heads", 4),
+        ("model.n_kv_heads", 2),
+        ("model.n_ff", 256),
+        ("model.vocab_size", 320),
+        ("model.context_length", 256),
+        ("model.head_dim", 16),
+        ("tokenizer.bos_token_id", 1),
+        ("tokenizer.eos_token_id", 2),
+    ] {
+        assert_eq!(u64_meta(s, k), v, "{k}");
+    }
+    assert_eq!(
+        s.metadata["model.rms_norm_eps"],
+        MetaValue::F64(1e-5),
+        "eps"
+    );
+    assert_eq!(s.metadata["model.rope_theta"], MetaValue::F64(10000.0));
+    assert_eq!(s.metadata["model.tie_embeddings"], MetaValue::Bool(false));
+    assert_eq!(s.metadata["tokenizer.add_bos"], MetaValue::Bool(false));
+    assert_eq!(
+        s.metadata["general.architecture"],
+        MetaValue::Str("llama".into())
+    );
+    assert_eq!(
+        s.metadata["general.source_architecture"],
+        MetaValue::Str("LlamaForCausalLM".into())
+    );
+
+    // order: embedding, layer 0, layer 1, then the head, by name within each
+    let mut expected = vec!["token_embd.weight".to_owned()];
+    for n in 0..2 {
+        expected.extend(LAYER_TENSORS.iter().map(|t| format!("blk.{n}.{t}")));
+    }
+    expected.extend(["output.weight".to_owned(), "output_norm.weight".to_owned()]);
+    let names: Vec<&str> = s.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, expected);
+
+    let stored = fixture_tensors();
+    for t in &s.tensors {
+        let st = &stored[&t.source_name];
+        assert_eq!(t.bytes(), &st.bytes[..], "{}", t.name);
+        assert_eq!(
+            t.shape,
+            st.shape.iter().map(|&d| d as u64).collect::<Vec<_>>()
+        );
+        let want = match st.dtype {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+            Dtype::BF16 => DType::BF16,
+            d => panic!("{d}"),
+        };
+        assert_eq!(t.dtype, want, "{}", t.name);
+        let permuted = match t.name.rsplit('.').nth(1) {
+            Some("attn_q") => Some(4),
+            Some("attn_k") => Some(2),
+            _ => None,
+        };
+        match permuted {
+            Some(n_head) => assert_eq!(t.transform, Transform::PermuteRope { n_head }),
+            None => assert_eq!(t.transform, Transform::None, "{}", t.name),
+        }
+    }
+    assert_eq!(
+        tensor(s, "blk.1.attn_q.weight").source_name,
+        "model.layers.1.self_attn.q_proj.weight"
+    );
+    assert_eq!(tensor(s, "blk.0.attn_q.weight").dtype, DType::BF16);
+    assert_eq!(tensor(s, "blk.0.attn_k.weight").dtype, DType::F16);
+    assert_eq!(tensor(s, "blk.0.ffn_down.weight").dtype, DType::F32);
+    assert_eq!(tensor(s, "output.weight").shape, [320, 64]);
+
+    let tok = &s.tokenizer;
+    assert!(tok
+        .tokenizer_json
+        .as_deref()
+        .unwrap()
+        .contains("<|im_start|>"));
+    assert!(tok
+        .tokenizer_config_json
+        .as_deref()
+        .unwrap()
+        .contains("chat_template"));
+    assert!(tok.generation_config_json.is_some());
+}
+
+#[test]
+fn hf_directory() {
+    check_tiny_llama(&read_safetensors(&hf_dir()).unwrap());
+}
+
+#[test]
+fn sharded_through_index_json() {
+    let s = read_safetensors(&hf_dir().join("model.safetensors.index.json")).unwrap();
+    check_tiny_llama(&s);
+    let files: std::collections::BTreeSet<_> =
+        s.tensors.iter().map(|t| t.file.path.clone()).collect();
+    assert_eq!(files.len(), 2, "both shards mapped");
+    assert!(tensor(&s, "token_embd.weight")
+        .file
+        .path
+        .ends_with("model-00001-of-00002.safetensors"));
+    assert!(tensor(&s, "output.weight")
+        .file
+        .path
+        .ends_with("model-00002-of-00002.safetensors"));
+}
+
+#[test]
+fn single_file_with_config_beside_it() {
+    let dir = temp_hf(&config(), &fixture_tensors());
+    for tok in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        fs::copy(hf_dir().join(tok), dir.path().join(tok)).unwrap();
+    }
+    check_tiny_llama(&read_safetensors(dir.path()).unwrap());
+    check_tiny_llama(&read_safetensors(&dir.path().join("model.safetensors")).unwrap());
+}
+
+/// The canonical Q/K layout is what llama.cpp's converter writes: permuting the HF tensor
+/// reproduces the GGUF fixture's bytes (same dtype in both: BF16 for blk.0.attn_q, F16 for
+/// blk.0.attn_k).
+#[test]
+fn permuted_qk_match_the_gguf_fixture() {
+    let hf = read_safetensors(&hf_dir()).unwrap();
+    let gguf = gds_convert::gguf::read_gguf(&fixtures().join("tiny-llama.gguf")).unwrap();
+    for name in [
+        "blk.0.attn_q.weight",
+        "blk.0.attn_k.weight",
+        "blk.1.attn_v.weight",
+        "blk.1.attn_output.weight",
+        "output.weight",
+        "output_norm.weight",
+    ] {
+        let h = tensor(&hf, name);
+        let g = tensor(&gguf, name);
+        assert_eq!(h.dtype, g.dtype, "{name}");
+        assert_eq!(h.shape, g.shape, "{name}");
+        let bytes = match h.transform {
+            Transform::PermuteRope { n_head } => {
+                let rows = h.shape[0] as usize;
+                permute_rope_rows(h.bytes(), rows, h.nbytes as usize / rows, n_head as usize)
+            }
+            Transform::None => h.bytes().to_vec(),
+        };
+        assert_eq!(bytes, g.bytes(), "{name}");
+        if matches!(h.transform, Transform::PermuteRope { .. }) {
+            assert_ne!(h.bytes(), g.bytes(), "{name}: permutation is not a no-op");
+        }
+    }
+}
+
+#[test]
+fn missing_shard_is_named() {
+    let dir = copy_fixture();
+    fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(matches!(e, SafetensorsError::MissingShard { .. }), "{e:?}");
+    assert!(text.contains("model-00002-of-00002.safetensors"), "{text}");
+    assert!(text.contains("model.safetensors.index.json"), "{text}");
+    assert!(
+        text.contains("lm_head.weight"),
+        "names a tensor it holds: {text}"
+    );
+}
+
+#[test]
+fn index_naming_the_wrong_shard() {
+    let dir = copy_fixture();
+    let path = dir.path().join("model.safetensors.index.json");
+    let text = fs::read_to_string(&path).unwrap().replacen(
+        "\"lm_head.weight\": \"model-00002-of-00002.safetensors\"",
+        "\"lm_head.weight\": \"model-00001-of-00002.safetensors\"",
+        1,
+    );
+    fs::write(&path, text).unwrap();
+    let (_, text) = err_text(read_safetensors(&path));
+    assert!(text.contains("lm_head.weight"), "{text}");
+    assert!(text.contains("model-00001-of-00002.safetensors"), "{text}");
+}
+
+#[test]
+fn index_with_path_in_shard_name() {
+    let dir = copy_fixture();
+    let path = dir.path().join("model.safetensors.index.json");
+    let text = fs::read_to_string(&path).unwrap().replacen(
+        "\"lm_head.weight\": \"model-00002-of-00002.safetensors\"",
+        "\"lm_head.weight\": \"../model-00002-of-00002.safetensors\"",
+        1,
+    );
+    fs::write(&path, text).unwrap();
+    let (e, text) = err_text(read_safetensors(&path));
+    assert!(matches!(e, SafetensorsError::Index { .. }), "{e:?}");
+    assert!(text.contains("not a plain file name"), "{text}");
+}
+
+#[test]
+fn truncated_file() {
+    let dir = copy_fixture();
+    let shard = dir.path().join("model-00001-of-00002.safetensors");
+    let bytes = fs::read(&shard).unwrap();
+    fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(matches!(e, SafetensorsError::Tensor { .. }), "{e:?}");
+    assert!(text.contains("model-00001-of-00002.safetensors"), "{text}");
+    assert!(text.contains("truncated"), "{text}");
+    // the last tensor in the data section is the one cut short
+    assert!(
+        text.contains("model.layers.0.self_attn.v_proj.weight"),
+        "{text}"
+    );
+
+    // cut inside the header
+    fs::write(&shard, &bytes[..200]).unwrap();
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(matches!(e, SafetensorsError::Header { .. }), "{e:?}");
+    assert!(text.contains("runs past the end"), "{text}");
+
+    // shorter than the header length itself
+    fs::write(&shard, &bytes[..5]).unwrap();
+    let (_, text) = err_text(read_safetensors(dir.path()));
+    assert!(text.contains("too short"), "{text}");
+
+    // trailing garbage after the data
+    let mut long = bytes.clone();
+    long.extend_from_slice(&[0; 16]);
+    fs::write(&shard, &long).unwrap();
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(matches!(e, SafetensorsError::Header { .. }), "{e:?}");
+    assert!(text.contains("model-00001-of-00002.safetensors"), "{text}");
+}
+
+#[test]
+fn header_length_garbage() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    for (bytes, want) in [
+        (
+            [u64::MAX.to_le_bytes().to_vec(), b"{}".to_vec()].concat(),
+            "exceeds",
+        ),
+        (
+            [1000u64.to_le_bytes().to_vec(), b"{}".to_vec()].concat(),
+            "runs past the end",
+        ),
+        (
+            [4u64.to_le_bytes().to_vec(), b"\xff\xfe{}".to_vec()].concat(),
+            "not UTF-8",
+        ),
+        (
+            [4u64.to_le_bytes().to_vec(), b"[1,]".to_vec()].concat(),
+            "not a JSON object",
+        ),
+        (Vec::new(), "too short"),
+    ] {
+        fs::write(&file, &bytes).unwrap();
+        let (e, text) = err_text(read_safetensors(&file));
+        assert!(matches!(e, SafetensorsError::Header { .. }), "{e:?}");
+        assert!(text.contains(want), "{text}");
+        assert!(text.contains("model.safetensors"), "{text}");
+    }
+}
+
+/// Header entries that lie about their tensor: the error names the tensor.
+#[test]
+fn inconsistent_header_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("x.safetensors");
+    for (entry, want) in [
+        (
+            r#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}}"#,
+            "needs 192 bits",
+        ),
+        (
+            r#"{"w":{"dtype":"Q4","shape":[4],"data_offsets":[0,16]}}"#,
+            "unknown dtype",
+        ),
+        (
+            r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}}"#,
+            "end before they start",
+        ),
+        (
+            r#"{"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}}"#,
+            "not a non-negative integer",
+        ),
+        (
+            r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}}"#,
+            "overflow",
+        ),
+        (
+            r#"{"w":{"shape":[4],"data_offsets":[0,16]}}"#,
+            "no \"dtype\"",
+        ),
+    ] {
+        let mut h = entry.as_bytes().to_vec();
+        h.resize(h.len().div_ceil(8) * 8, b' ');
+        let bytes = [(h.len() as u64).to_le_bytes().to_vec(), h, vec![0; 16]].concat();
+        fs::write(&file, &bytes).unwrap();
+        let (e, text) = err_text(read_safetensors(&file));
+        assert!(matches!(e, SafetensorsError::Tensor { .. }), "{e:?}");
+        assert!(text.contains("\"w\"") && text.contains(want), "{text}");
+    }
+    // overlapping offsets: each entry is fine alone; the crate's validation catches it
+    let h = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
+    let bytes = [
+        (h.len() as u64).to_le_bytes().to_vec(),
+        h.as_bytes().to_vec(),
+        vec![0; 12],
+    ]
+    .concat();
+    fs::write(&file, &bytes).unwrap();
+    let (_, text) = err_text(read_safetensors(&file));
+    assert!(text.contains("x.safetensors"), "{text}");
+}
+
+#[test]
+fn bad_dtype_names_the_tensor_unless_ignored() {
+    let mut tensors = fixture_tensors();
+    // an inv_freq buffer in F64 is dropped, so its dtype does not matter
+    tensors.insert(
+        "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+        Stored {
+            dtype: Dtype::F64,
+            shape: vec![8],
+            bytes: vec![0; 64],
+        },
+    );
+    let dir = temp_hf(&config(), &tensors);
+    let s = read_safetensors(dir.path()).unwrap();
+    assert!(s
+        .tensors
+        .iter()
+        .all(|t| !t.source_name.contains("inv_freq")));
+    assert!(
+        s.warnings.iter().any(|w| w.contains("inv_freq")),
+        "{:?}",
+        s.warnings
+    );
+
+    let mut bad = fixture_tensors();
+    let down = "model.layers.1.mlp.down_proj.weight";
+    let st = bad[down].clone();
+    bad.insert(
+        down.into(),
+        Stored {
+            dtype: Dtype::I64,
+            shape: st.shape.clone(),
+            bytes: vec![0; st.shape.iter().product::<usize>() * 8],
+        },
+    );
+    let dir = temp_hf(&config(), &bad);
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(
+        matches!(e, SafetensorsError::UnsupportedDtype { .. }),
+        "{e:?}"
+    );
+    assert!(text.contains(down) && text.contains("I64"), "{text}");
+    assert!(text.contains("model.safetensors"), "{text}");
+}
+
+#[test]
+fn unknown_architecture_keeps_names() {
+    let mut cfg = serde_json::Map::new();
+    cfg.insert(
+        "architectures".into(),
+        serde_json::json!(["GPT2LMHeadModel"]),
+    );
+    cfg.insert("model_type".into(), serde_json::json!("gpt2"));
+    let f32s = |n: usize| Stored {
+        dtype: Dtype::F32,
+        shape: vec![n],
+        bytes: vec![0; n * 4],
+    };
+    let tensors: BTreeMap<String, Stored> = [
+        "transformer.h.10.ln_1.weight",
+        "transformer.h.2.mlp.c_fc.weight",
+        "transformer.h.2.attn.c_attn.weight",
+        "transformer.ln_f.weight",
+        "transformer.wte.weight",
+    ]
+    .iter()
+    .map(|n| (n.to_string(), f32s(4)))
+    .collect();
+    let dir = temp_hf(&cfg, &tensors);
+    let s = read_safetensors(dir.path()).unwrap();
+    assert!(!s.runnable);
+    assert_eq!(s.arch, "gpt2");
+    assert!(
+        s.warnings.iter().any(|w| w.contains(
+            "architecture GPT2LMHeadModel is not supported by gdsrun; tensors are grouped by layer index"
+        )),
+        "{:?}",
+        s.warnings
+    );
+    let names: Vec<&str> = s.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "transformer.h.2.attn.c_attn.weight",
+            "transformer.h.2.mlp.c_fc.weight",
+            "transformer.h.10.ln_1.weight",
+            "transformer.ln_f.weight",
+            "transformer.wte.weight",
+        ]
+    );
+    assert!(s
+        .tensors
+        .iter()
+        .all(|t| t.name == t.source_name && t.transform == Transform::None));
+    assert_eq!(
+        s.metadata["general.source_architecture"],
+        MetaValue::Str("GPT2LMHeadModel".into())
+    );
+}
+
+#[test]
+fn bare_file_without_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("weights.safetensors");
+    write_st(&file, &fixture_tensors());
+    let s = read_safetensors(&file).unwrap();
+    assert!(!s.runnable);
+    assert_eq!(s.arch, "unknown");
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("no config.json") && w.contains("llama-family")),
+        "{:?}",
+        s.warnings
+    );
+    assert!(s.tensors.iter().all(|t| t.name == t.source_name));
+    assert_eq!(s.tensors.len(), 21);
+    assert_eq!(s.tensors[0].name, "model.embed_tokens.weight");
+}
+
+#[test]
+fn tied_embeddings() {
+    // no lm_head.weight: tied even though config.json says false
+    let mut tensors = fixture_tensors();
+    tensors.remove("lm_head.weight");
+    let dir = temp_hf(&config(), &tensors);
+    let s = read_safetensors(dir.path()).unwrap();
+    assert!(s.runnable);
+    assert_eq!(s.metadata["model.tie_embeddings"], MetaValue::Bool(true));
+    assert!(s.tensors.iter().all(|t| t.name != "output.weight"));
+    assert_eq!(s.tensors.len(), 20);
+
+    // tie_word_embeddings true with a lm_head.weight present: dropped, with a warning
+    let mut cfg = config();
+    cfg.insert("tie_word_embeddings".into(), serde_json::json!(true));
+    let dir = temp_hf(&cfg, &fixture_tensors());
+    let s = read_safetensors(dir.path()).unwrap();
+    assert_eq!(s.metadata["model.tie_embeddings"], MetaValue::Bool(true));
+    assert!(s.tensors.iter().all(|t| t.name != "output.weight"));
+    assert!(s
+        .warnings
+        .iter()
+        .any(|w| w.contains("lm_head.weight dropped")));
+
+    // untied
+    let s = read_safetensors(&hf_dir()).unwrap();
+    assert_eq!(s.metadata["model.tie_embeddings"], MetaValue::Bool(false));
+    assert_eq!(tensor(&s, "output.weight").source_name, "lm_head.weight");
+}
+
+#[test]
+fn config_defaults_eos_list_and_rope_scaling() {
+    let dir = copy_fixture();
+    let mut cfg = config();
+    cfg.remove("num_key_value_heads");
+    cfg.remove("head_dim");
+    cfg.remove("rope_theta");
+    cfg.insert("eos_token_id".into(), serde_json::json!([2, 0]));
+    cfg.insert(
+        "rope_scaling".into(),
+        serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 128}),
+    );
+    // with 4 KV heads the K and V projections have 64 rows, like Q: reuse Q's data
+    let mut tensors = fixture_tensors();
+    for n in 0..2 {
+        let q = tensors[&format!("model.layers.{n}.self_attn.q_proj.weight")].clone();
+        tensors.insert(
+            format!("model.layers.{n}.self_attn.k_proj.weight"),
+            q.clone(),
+        );
+        tensors.insert(format!("model.layers.{n}.self_attn.v_proj.weight"), q);
+    }
+    for f in fs::read_dir(dir.path()).unwrap() {
+        let p = f.unwrap().path();
+        if p.extension().is_some_and(|e| e == "safetensors")
+            || p.ends_with("model.safetensors.index.json")
+        {
+            fs::remove_file(p).unwrap();
+        }
+    }
+    fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_string(&cfg).unwrap(),
+    )
+    .unwrap();
+    write_st(&dir.path().join("model.safetensors"), &tensors);
+
+    let s = read_safetensors(dir.path()).unwrap();
+    assert!(s.runnable, "{:?}", s.warnings);
+    assert_eq!(u64_meta(&s, "model.n_kv_heads"), 4);
+    assert_eq!(u64_meta(&s, "model.head_dim"), 16);
+    assert_eq!(s.metadata["model.rope_theta"], MetaValue::F64(10000.0));
+    assert_eq!(
+        tensor(&s, "blk.0.attn_k.weight").transform,
+        Transform::PermuteRope { n_head: 4 }
+    );
+    assert_eq!(u64_meta(&s, "tokenizer.eos_token_id"), 2);
+    let tc: serde_json::Value =
+        serde_json::from_str(s.tokenizer.tokenizer_config_json.as_deref().unwrap()).unwrap();
+    assert_eq!(tc["eos_token_ids"], serde_json::json!([2, 0]));
+    assert!(tc["chat_template"].as_str().unwrap().contains("im_start"));
+    assert_eq!(
+        s.metadata["model.rope_scaling.type"],
+        MetaValue::Str("llama3".into())
+    );
+    assert_eq!(s.metadata["model.rope_scaling.factor"], MetaValue::F64(8.0));
+    assert_eq!(
+        u64_meta(&s, "model.rope_scaling.original_context_length"),
+        128
+    );
+
+    // an unsupported scaling type converts, but not runnable
+    cfg.insert(
+        "rope_scaling".into(),
+        serde_json::json!({"type": "yarn", "factor": 4.0}),
+    );
+    fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_string(&cfg).unwrap(),
+    )
+    .unwrap();
+    let s = read_safetensors(dir.path()).unwrap();
+    assert!(!s.runnable);
+    assert!(s.warnings.iter().any(|w| w.contains("yarn")));
+}
+
+#[test]
+fn config_that_does_not_fit_the_tensors() {
+    let mut cfg = config();
+    cfg.insert("num_attention_heads".into(), serde_json::json!(8));
+    cfg.insert("head_dim".into(), serde_json::json!(16));
+    let dir = temp_hf(&cfg, &fixture_tensors());
+    let (_, text) = err_text(read_safetensors(dir.path()));
+    assert!(
+        text.contains("model.layers.0.self_attn.q_proj.weight"),
+        "{text}"
+    );
+    assert!(text.contains("num_attention_heads 8"), "{text}");
+
+    let mut cfg = config();
+    cfg.insert("num_attention_heads".into(), serde_json::json!(0));
+    let dir = temp_hf(&cfg, &fixture_tensors());
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(matches!(e, SafetensorsError::Config { .. }), "{e:?}");
+    assert!(text.contains("config.json"), "{text}");
+
+    let mut cfg = config();
+    cfg.insert("hidden_size".into(), serde_json::json!("sixty-four"));
+    let dir = temp_hf(&cfg, &fixture_tensors());
+    let (_, text) = err_text(read_safetensors(dir.path()));
+    assert!(text.contains("hidden_size"), "{text}");
+
+    let dir = temp_hf(&config(), &fixture_tensors());
+    fs::write(dir.path().join("config.json"), "{not json").unwrap();
+    let (_, text) = err_text(read_safetensors(dir.path()));
+    assert!(text.contains("config.json"), "{text}");
+}
+
+#[test]
+fn missing_required_tensor() {
+    let mut tensors = fixture_tensors();
+    tensors.remove("model.layers.1.mlp.up_proj.weight");
+    let dir = temp_hf(&config(), &tensors);
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(matches!(e, SafetensorsError::MissingTensor { .. }), "{e:?}");
+    assert!(
+        text.contains("blk.1.ffn_up.weight") && text.contains("model.layers.1.mlp.up_proj.weight"),
+        "{text}"
+    );
+}
+
+#[test]
+fn duplicate_tensor_across_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = fixture_tensors();
+    write_st(&dir.path().join("a.safetensors"), &tensors);
+    let one: BTreeMap<String, Stored> = tensors
+        .into_iter()
+        .filter(|(n, _)| n == "model.norm.weight")
+        .collect();
+    write_st(&dir.path().join("b.safetensors"), &one);
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(
+        matches!(e, SafetensorsError::DuplicateTensor { .. }),
+        "{e:?}"
+    );
+    assert!(
+        text.contains("model.norm.weight")
+            && text.contains("a.safetensors")
+            && text.contains("b.safetensors"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unsupported_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (e, _) = err_text(read_safetensors(dir.path()));
+    assert!(
+        matches!(e, SafetensorsError::UnsupportedInput { .. }),
+        "{e:?}"
+    );
+    let (e, _) = err_text(read_safetensors(&dir.path().join("nothing.safetensors")));
+    assert!(matches!(e, SafetensorsError::Io { .. }), "{e:?}");
+    let txt = dir.path().join("weights.bin");
+    fs::write(&txt, b"0123456789").unwrap();
+    let (e, _) = err_text(read_safetensors(&txt));
+    assert!(
+        matches!(e, SafetensorsError::UnsupportedInput { .. }),
+        "{e:?}"
+    );
+}
