@@ -1,14 +1,32 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! GdsLLM CPU inference runtime.
+//!
+//! The flow: a [`Plan`] is built once from user settings and the model's manifest (every
+//! decision made there), a [`Model`] is loaded by it (layers made resident through a
+//! `gds-io` backend, weights located zero-copy), and an [`Engine`] runs prompts through it
+//! with a preallocated [`RunState`] and [`KvCache`], a [`Sampler`], and [`Metrics`].
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod error;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub mod chat;
+pub mod config;
+pub mod engine;
+pub mod kv;
+pub mod metrics;
+pub mod model;
+pub mod ops;
+pub mod perplexity;
+pub mod plan;
+pub mod rope;
+pub mod sampler;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Config, RopeScaling};
+pub use engine::{Engine, GenerateOutput, StopReason};
+pub use error::{Result, RuntimeError};
+pub use kv::{KvCache, KvDtype};
+pub use metrics::{EnergyMeter, Metrics};
+pub use model::{Batch, Model, RunState};
+pub use plan::{Plan, PlanOptions};
+pub use sampler::{Sampler, SamplerConfig};
+pub use tokenizer::TextTokenizer;

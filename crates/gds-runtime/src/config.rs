@@ -1,0 +1,230 @@
+//! Hyperparameters of a llama-family model, read once from the manifest.
+
+use crate::error::{Result, RuntimeError};
+use gds_format::Manifest;
+use serde::Serialize;
+
+/// Architectures (`general.architecture`) this runtime runs.
+pub const SUPPORTED_ARCHS: &[&str] = &["llama"];
+
+/// How RoPE frequencies are stretched for long contexts.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor` (ggml `freq_scale = 1/factor`).
+    Linear {
+        /// Stretch factor.
+        factor: f64,
+    },
+    /// Llama 3.1 style: per-frequency divisors, computed as `convert_hf_to_gguf.py` computes
+    /// `rope_freqs.weight`.
+    Llama3 {
+        /// Stretch factor for the low frequencies.
+        factor: f64,
+        /// Wavelength threshold factor below which frequencies are fully stretched.
+        low_freq_factor: f64,
+        /// Wavelength threshold factor above which frequencies are kept.
+        high_freq_factor: f64,
+        /// Context length the base model was trained with.
+        original_context_length: f64,
+    },
+}
+
+/// Model hyperparameters (llama family).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Config {
+    /// `general.architecture`.
+    pub arch: String,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Residual stream width.
+    pub n_embd: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (GQA when fewer than `n_heads`).
+    pub n_kv_heads: usize,
+    /// Feed-forward hidden width.
+    pub n_ff: usize,
+    /// Vocabulary size (rows of the embedding and of the output head).
+    pub vocab_size: usize,
+    /// Context length the model was trained for.
+    pub context_length: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// RoPE base frequency.
+    pub rope_theta: f64,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// True when the output head reuses the token embedding.
+    pub tie_embeddings: bool,
+    /// Beginning-of-sequence token, if the vocabulary has one.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence token, if the vocabulary has one.
+    pub eos_token_id: Option<u32>,
+    /// True when tokenization prepends BOS (as llama.cpp does for this model).
+    pub add_bos: bool,
+}
+
+impl Config {
+    /// Width of all query heads together.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Width of all key (or value) heads together: one KV cache row.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Reads and checks the hyperparameters. Errors name the missing or bad key.
+    pub fn from_manifest(m: &Manifest<'_>) -> Result<Config> {
+        let bad = |why: String| RuntimeError::Manifest {
+            dir: String::new(),
+            why,
+        };
+        let arch = m
+            .get_str("general.architecture")
+            .map_err(|e| bad(e.to_string()))?
+            .to_string();
+        if !SUPPORTED_ARCHS.contains(&arch.as_str()) {
+            return Err(RuntimeError::UnsupportedArch { arch });
+        }
+        let u = |k: &str| -> Result<usize> {
+            let v = m.get_u64(k).map_err(|e| bad(e.to_string()))?;
+            usize::try_from(v).map_err(|_| bad(format!("{k} = {v} is too large")))
+        };
+        let f = |k: &str| m.get_f64(k).map_err(|e| bad(e.to_string()));
+        let opt_u32 = |k: &str| -> Result<Option<u32>> {
+            match m.get(k) {
+                None => Ok(None),
+                Some(_) => {
+                    let v = m.get_u64(k).map_err(|e| bad(e.to_string()))?;
+                    Ok(Some(
+                        u32::try_from(v).map_err(|_| bad(format!("{k} = {v} is too large")))?,
+                    ))
+                }
+            }
+        };
+        let rope_scaling =
+            match m.get("model.rope_scaling.type") {
+                None => RopeScaling::None,
+                Some(_) => match m
+                    .get_str("model.rope_scaling.type")
+                    .map_err(|e| bad(e.to_string()))?
+                {
+                    "none" => RopeScaling::None,
+                    "linear" => RopeScaling::Linear {
+                        factor: f("model.rope_scaling.factor")?,
+                    },
+                    "llama3" => RopeScaling::Llama3 {
+                        factor: f("model.rope_scaling.factor")?,
+                        low_freq_factor: f("model.rope_scaling.low_freq_factor")?,
+                        high_freq_factor: f("model.rope_scaling.high_freq_factor")?,
+                        original_context_length: f("model.rope_scaling.original_context_length")?,
+                    },
+                    other => return Err(bad(format!(
+                        "model.rope_scaling.type {other:?} is not supported (none, linear, llama3)"
+                    ))),
+                },
+            };
+        let cfg = Config {
+            arch,
+            n_layers: u("model.n_layers")?,
+            n_embd: u("model.n_embd")?,
+            n_heads: u("model.n_heads")?,
+            n_kv_heads: u("model.n_kv_heads")?,
+            n_ff: u("model.n_ff")?,
+            vocab_size: u("model.vocab_size")?,
+            context_length: u("model.context_length")?,
+            head_dim: u("model.head_dim")?,
+            rope_theta: f("model.rope_theta")?,
+            rope_scaling,
+            rms_norm_eps: f("model.rms_norm_eps")? as f32,
+            tie_embeddings: m
+                .get_bool("model.tie_embeddings")
+                .map_err(|e| bad(e.to_string()))?,
+            bos_token_id: opt_u32("tokenizer.bos_token_id")?,
+            eos_token_id: opt_u32("tokenizer.eos_token_id")?,
+            add_bos: match m.get("tokenizer.add_bos") {
+                None => false,
+                Some(_) => m
+                    .get_bool("tokenizer.add_bos")
+                    .map_err(|e| bad(e.to_string()))?,
+            },
+        };
+        cfg.check().map_err(bad)?;
+        Ok(cfg)
+    }
+
+    /// Checks the relations the forward pass relies on.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let dims = [
+            ("model.n_layers", self.n_layers),
+            ("model.n_embd", self.n_embd),
+            ("model.n_heads", self.n_heads),
+            ("model.n_kv_heads", self.n_kv_heads),
+            ("model.n_ff", self.n_ff),
+            ("model.vocab_size", self.vocab_size),
+            ("model.context_length", self.context_length),
+            ("model.head_dim", self.head_dim),
+        ];
+        for (k, v) in dims {
+            if v == 0 || v > 1 << 24 {
+                return Err(format!("{k} = {v} is out of range"));
+            }
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err(format!(
+                "model.n_heads {} is not a multiple of model.n_kv_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "model.head_dim {} must be even for RoPE",
+                self.head_dim
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!(
+                "model.rope_theta {} must be positive",
+                self.rope_theta
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(format!(
+                "model.rms_norm_eps {} must be non-negative",
+                self.rms_norm_eps
+            ));
+        }
+        match self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => {
+                if !(factor.is_finite() && factor > 0.0) {
+                    return Err(format!(
+                        "model.rope_scaling.factor {factor} must be positive"
+                    ));
+                }
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_context_length,
+            } => {
+                if !(factor > 0.0
+                    && original_context_length > 0.0
+                    && high_freq_factor > low_freq_factor
+                    && low_freq_factor > 0.0)
+                {
+                    return Err("model.rope_scaling: llama3 needs factor > 0, original_context_length > 0 and high_freq_factor > low_freq_factor > 0".into());
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,372 @@
+//! The run loop: prompt in, tokens out, following a [`Plan`]. Owns the model, tokenizer,
+//! preallocated state, KV cache (kept between chat turns: only the new suffix of a
+//! conversation is evaluated) and sampler.
+
+use crate::chat::Message;
+use crate::error::{Result, RuntimeError};
+use crate::kv::KvCache;
+use crate::metrics::{EnergyMeter, Metrics};
+use crate::model::{Batch, Model, RunState};
+use crate::plan::{Mode, Plan};
+use crate::sampler::Sampler;
+use crate::tokenizer::TextTokenizer;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    Eos,
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// A stop string appeared.
+    StopString,
+    /// The context window is full.
+    ContextFull,
+    /// The energy budget is spent.
+    EnergyLimit,
+    /// The user interrupted (Ctrl-C).
+    Interrupted,
+}
+
+impl StopReason {
+    /// The snake_case name used in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Eos => "eos",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::StopString => "stop_string",
+            StopReason::ContextFull => "context_full",
+            StopReason::EnergyLimit => "energy_limit",
+            StopReason::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerateOutput {
+    /// Generated text (stop string excluded).
+    pub text: String,
+    /// Generated token ids (end-of-generation token excluded).
+    pub tokens: Vec<u32>,
+    /// Why it ended.
+    pub stop_reason: StopReason,
+    /// Timings and counters.
+    pub metrics: Metrics,
+}
+
+/// A loaded model ready to generate.
+pub struct Engine {
+    plan: Plan,
+    model: Model,
+    tokenizer: TextTokenizer,
+    state: RunState,
+    kv: KvCache,
+    batch: Batch,
+    sampler: Sampler,
+    /// Tokens whose K/V are in the cache, in order (sequence 0).
+    cached: Vec<u32>,
+    messages: Vec<Message>,
+    energy: EnergyMeter,
+    load_ms: f64,
+    interrupt: Arc<AtomicBool>,
+}
+
+impl Engine {
+    /// Loads the model and tokenizer the plan names and allocates all run buffers.
+    pub fn load(plan: Plan) -> Result<Engine> {
+        let t0 = Instant::now();
+        let model = Model::load(&plan.model_dir, plan.ctx, plan.threads)?;
+        let tokenizer = TextTokenizer::load(&plan.model_dir, &model.config)?;
+        let c = &model.config;
+        let state = RunState::new(c, plan.batch, 1, plan.ctx, plan.threads);
+        let kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, plan.ctx, c.kv_dim());
+        let sampler = Sampler::new(plan.sampler.clone(), c.vocab_size);
+        let mut messages = Vec::new();
+        if let Some(s) = &plan.system {
+            messages.push(Message::new("system", s));
+        }
+        Ok(Engine {
+            batch: Batch::with_capacity(plan.batch),
+            cached: Vec::with_capacity(plan.ctx),
+            energy: EnergyMeter::open(),
+            load_ms: t0.elapsed().as_secs_f64() * 1000.0,
+            interrupt: Arc::new(AtomicBool::new(false)),
+            plan,
+            model,
+            tokenizer,
+            state,
+            kv,
+            sampler,
+            messages,
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// Time the load took, ms.
+    pub fn load_ms(&self) -> f64 {
+        self.load_ms
+    }
+
+    /// A flag that, once set, makes the current generation stop with
+    /// [`StopReason::Interrupted`] (set it from a signal handler). Cleared at the start of
+    /// each generation.
+    pub fn interrupt_flag(&self) -> Arc<AtomicBool> {
+        self.interrupt.clone()
+    }
+
+    /// Generates from `prompt` per the plan's mode: a chat turn (the conversation so far is
+    /// kept) or a raw completion. `on_text` receives text as it is generated.
+    pub fn generate(
+        &mut self,
+        prompt: &str,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateOutput> {
+        match self.plan.mode {
+            Mode::Chat => self.chat_turn(prompt, on_text),
+            Mode::Raw => {
+                let t0 = Instant::now();
+                let tokens = self.tokenizer.encode(prompt, true)?;
+                self.generate_tokens(&tokens, t0, on_text)
+            }
+        }
+    }
+
+    /// One chat turn: appends the user message, renders the whole conversation, evaluates
+    /// what the cache does not hold yet, generates, and records the reply.
+    pub fn chat_turn(
+        &mut self,
+        user: &str,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateOutput> {
+        let t0 = Instant::now();
+        self.messages.push(Message::new("user", user));
+        let tokens = self
+            .tokenizer
+            .render_chat(&self.messages)
+            .and_then(|r| self.tokenizer.encode_chat(&r));
+        let out = tokens.and_then(|t| self.generate_tokens(&t, t0, on_text));
+        match &out {
+            Ok(o) => self.messages.push(Message::new("assistant", &o.text)),
+            Err(_) => {
+                self.messages.pop();
+            }
+        }
+        out
+    }
+
+    /// Forgets the conversation (the system prompt stays).
+    pub fn reset_chat(&mut self) {
+        self.messages
+            .truncate(usize::from(self.plan.system.is_some()));
+        self.cached.clear();
+    }
+
+    fn check_interrupt(&self) -> bool {
+        self.interrupt.load(Ordering::Relaxed)
+    }
+
+    /// Generates after `prompt` (already tokenized). Reuses the longest prefix the KV cache
+    /// already holds.
+    pub fn generate_tokens(
+        &mut self,
+        prompt: &[u32],
+        t0: Instant,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateOutput> {
+        let ctx = self.plan.ctx;
+        if prompt.is_empty() {
+            return Err(RuntimeError::Plan("the prompt is empty".into()));
+        }
+        if prompt.len() >= ctx {
+            return Err(RuntimeError::PromptTooLong {
+                prompt: prompt.len(),
+                ctx,
+                model_ctx: self.plan.model_ctx,
+            });
+        }
+        self.interrupt.store(false, Ordering::Relaxed);
+        let vocab = self.model.config.vocab_size;
+        let mut m = Metrics {
+            load_ms: self.load_ms,
+            prompt_tokens: prompt.len(),
+            energy_source: self.energy.source().to_string(),
+            ..Default::default()
+        };
+        let energy0 = self.energy.joules();
+
+        // prompt: evaluate what the cache does not hold (at least the last token, for logits)
+        let mut common = self
+            .cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        common = common.min(prompt.len() - 1);
+        self.cached.truncate(common);
+        self.sampler.reset();
+        for &t in prompt {
+            self.sampler.accept(t);
+        }
+        let t_prompt = Instant::now();
+        let mut interrupted = false;
+        for chunk in prompt[common..].chunks(self.plan.batch) {
+            if self.check_interrupt() {
+                interrupted = true;
+                break;
+            }
+            self.batch.clear();
+            let is_last = self.cached.len() + chunk.len() == prompt.len();
+            for (i, &t) in chunk.iter().enumerate() {
+                self.batch
+                    .push(t, self.cached.len() + i, 0, is_last && i + 1 == chunk.len());
+            }
+            self.model
+                .forward(&mut self.state, &mut self.kv, &self.batch)?;
+            self.cached.extend_from_slice(chunk);
+        }
+        m.prompt_tokens_evaluated = self.cached.len() - common;
+        m.prompt_ms = t_prompt.elapsed().as_secs_f64() * 1000.0;
+
+        let limits = self.plan.limits.clone();
+        let max_stop = limits.stop.iter().map(String::len).max().unwrap_or(0);
+        let mut text = String::new();
+        let mut emitted = 0usize;
+        let mut generated = Vec::new();
+        let mut stream = self.tokenizer.stream();
+        let mut decode_ms = 0.0;
+        let mut stop = if interrupted {
+            Some(StopReason::Interrupted)
+        } else {
+            None
+        };
+        while stop.is_none() {
+            let tok = self.sampler.sample(self.state.logits_mut(0, vocab));
+            if generated.is_empty() {
+                m.time_to_first_token_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            }
+            if self.tokenizer.is_eog(tok) {
+                stop = Some(StopReason::Eos);
+                break;
+            }
+            generated.push(tok);
+            self.sampler.accept(tok);
+            if let Some(piece) = stream.push(tok)? {
+                text.push_str(&piece);
+                // a stop string may straddle pieces: search the tail that could hold one
+                let from = text.len().saturating_sub(piece.len() + max_stop);
+                let from = (0..=from)
+                    .rev()
+                    .find(|&i| text.is_char_boundary(i))
+                    .unwrap_or(0);
+                if let Some((at, _)) = limits
+                    .stop
+                    .iter()
+                    .filter_map(|s| text[from..].find(s.as_str()).map(|i| (from + i, s)))
+                    .min()
+                {
+                    text.truncate(at);
+                    stop = Some(StopReason::StopString);
+                }
+                let safe = if stop.is_some() {
+                    text.len()
+                } else {
+                    text.len() - held_back(&text, &limits.stop)
+                };
+                if safe > emitted {
+                    on_text(&text[emitted..safe]);
+                    emitted = safe;
+                }
+                if stop.is_some() {
+                    break;
+                }
+            }
+            if limits.max_tokens.is_some_and(|n| generated.len() >= n) {
+                stop = Some(StopReason::MaxTokens);
+            } else if self.cached.len() >= ctx {
+                stop = Some(StopReason::ContextFull);
+            } else if limits.max_joules.is_some_and(|max| {
+                self.energy
+                    .joules()
+                    .zip(energy0)
+                    .is_some_and(|(j, j0)| j - j0 >= max)
+            }) {
+                stop = Some(StopReason::EnergyLimit);
+            } else if self.check_interrupt() {
+                stop = Some(StopReason::Interrupted);
+            } else {
+                let t = Instant::now();
+                self.batch.clear();
+                self.batch.push(tok, self.cached.len(), 0, true);
+                self.model
+                    .forward(&mut self.state, &mut self.kv, &self.batch)?;
+                self.cached.push(tok);
+                decode_ms += t.elapsed().as_secs_f64() * 1000.0;
+            }
+        }
+        if stop != Some(StopReason::StopString) {
+            text.push_str(&stream.flush()?);
+        }
+        if text.len() > emitted {
+            on_text(&text[emitted..]);
+        }
+        m.generated_tokens = generated.len();
+        m.decode_ms = decode_ms;
+        m.energy_joules = self.energy.joules().zip(energy0).map(|(j, j0)| j - j0);
+        m.bytes_read = self.model.io_stats().bytes_read;
+        m.finish();
+        Ok(GenerateOutput {
+            text,
+            tokens: generated,
+            stop_reason: stop.unwrap_or(StopReason::Eos),
+            metrics: m,
+        })
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of a stop string: text
+/// that must not be shown yet because a stop string may be completing.
+fn held_back(text: &str, stops: &[String]) -> usize {
+    let mut hold = 0;
+    for s in stops {
+        for (i, _) in s.char_indices().skip(1) {
+            if i > hold && text.ends_with(&s[..i]) {
+                hold = i;
+            }
+        }
+    }
+    hold
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_back;
+
+    #[test]
+    fn holds_back_partial_stop_strings() {
+        let stops = vec!["</end>".to_string(), "Q:".to_string()];
+        assert_eq!(held_back("hello </e", &stops), 3);
+        assert_eq!(held_back("hello Q", &stops), 1);
+        assert_eq!(held_back("hello", &stops), 0);
+        assert_eq!(held_back("x", &[]), 0);
+    }
+}

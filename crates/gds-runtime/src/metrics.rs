@@ -1,0 +1,257 @@
+//! What a run reports: timings, throughput, memory, bytes of weights touched, and energy
+//! from Linux RAPL counters when the machine exposes them.
+
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Metrics of one generation (one prompt, or one chat turn).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Metrics {
+    /// Time to load the model (open, map, locate weights, build tokenizer), ms.
+    pub load_ms: f64,
+    /// Tokens in the prompt (the whole rendered conversation for chat turns).
+    pub prompt_tokens: usize,
+    /// Tokens actually run through the model for the prompt (fewer than `prompt_tokens` when
+    /// the KV cache already held a prefix, as in later chat turns).
+    pub prompt_tokens_evaluated: usize,
+    /// Time spent evaluating the prompt, ms.
+    pub prompt_ms: f64,
+    /// `prompt_tokens_evaluated / prompt_ms`, per second.
+    pub prompt_tokens_per_sec: f64,
+    /// Tokens generated (not counting the end-of-generation token).
+    pub generated_tokens: usize,
+    /// Time spent in single-token decode steps, ms.
+    pub decode_ms: f64,
+    /// Decode steps per second (each step runs one generated token through the model).
+    pub tokens_per_sec: f64,
+    /// From the start of the request (tokenizing included) to the first sampled token, ms.
+    pub time_to_first_token_ms: f64,
+    /// Peak resident set size of the process (VmHWM), when /proc is readable.
+    pub peak_rss_bytes: Option<u64>,
+    /// Bytes of weights touched (for `mmap`: the layer files made resident).
+    pub bytes_read: u64,
+    /// Energy used during prompt evaluation and generation, joules (package RAPL domains).
+    pub energy_joules: Option<f64>,
+    /// `energy_joules` over the prompt + decode time.
+    pub watts_avg: Option<f64>,
+    /// `generated_tokens / energy_joules`.
+    pub tokens_per_joule: Option<f64>,
+    /// Where the energy numbers come from, or why there are none.
+    pub energy_source: String,
+}
+
+impl Metrics {
+    /// Fills the derived rates from the raw counts and times.
+    pub fn finish(&mut self) {
+        let rate = |n: usize, ms: f64| {
+            if ms > 0.0 {
+                n as f64 * 1000.0 / ms
+            } else {
+                0.0
+            }
+        };
+        self.prompt_tokens_per_sec = rate(self.prompt_tokens_evaluated, self.prompt_ms);
+        self.tokens_per_sec = rate(self.generated_tokens.saturating_sub(1), self.decode_ms);
+        let secs = (self.prompt_ms + self.decode_ms) / 1000.0;
+        self.watts_avg = self.energy_joules.filter(|_| secs > 0.0).map(|j| j / secs);
+        self.tokens_per_joule = self
+            .energy_joules
+            .filter(|&j| j > 0.0)
+            .map(|j| self.generated_tokens as f64 / j);
+        self.peak_rss_bytes = peak_rss_bytes();
+    }
+
+    /// One line for humans (stderr).
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "load {:.0} ms | prompt {} tok ({} evaluated) {:.0} ms, {:.1} tok/s | gen {} tok, {:.1} tok/s | ttft {:.0} ms",
+            self.load_ms, self.prompt_tokens, self.prompt_tokens_evaluated, self.prompt_ms, self.prompt_tokens_per_sec, self.generated_tokens, self.tokens_per_sec, self.time_to_first_token_ms
+        );
+        if let Some(rss) = self.peak_rss_bytes {
+            s += &format!(" | rss {:.0} MiB", rss as f64 / (1 << 20) as f64);
+        }
+        match self.energy_joules {
+            Some(j) => {
+                s += &format!(
+                    " | {:.1} J, {:.1} W, {:.2} tok/J",
+                    j,
+                    self.watts_avg.unwrap_or(0.0),
+                    self.tokens_per_joule.unwrap_or(0.0)
+                )
+            }
+            None => s += " | energy n/a",
+        }
+        s
+    }
+}
+
+/// Peak resident set size (`VmHWM` of /proc/self/status), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+struct Domain {
+    energy: PathBuf,
+    max_range_uj: u64,
+    last_uj: u64,
+    total_uj: u128,
+}
+
+/// Cumulative energy of the CPU packages from `/sys/class/powercap/intel-rapl:N` (also
+/// present on AMD), handling counter wraparound. Sample it at least once per wrap period
+/// (minutes at full load) to stay exact.
+pub struct EnergyMeter {
+    domains: Vec<Domain>,
+    source: String,
+}
+
+impl EnergyMeter {
+    /// Finds readable package domains under `/sys/class/powercap`.
+    pub fn open() -> EnergyMeter {
+        Self::open_at(Path::new("/sys/class/powercap"))
+    }
+
+    /// Like [`EnergyMeter::open`] with another sysfs root (for tests).
+    pub fn open_at(root: &Path) -> EnergyMeter {
+        let entries = match std::fs::read_dir(root) {
+            Ok(e) => e,
+            Err(e) => {
+                return EnergyMeter {
+                    domains: Vec::new(),
+                    source: format!("unavailable: {}: {e}", root.display()),
+                }
+            }
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| {
+                n.strip_prefix("intel-rapl:")
+                    .is_some_and(|rest| !rest.contains(':'))
+            })
+            .collect();
+        names.sort();
+        let mut domains = Vec::new();
+        let mut why = String::new();
+        for n in &names {
+            let dir = root.join(n);
+            let energy = dir.join("energy_uj");
+            match read_u64(&energy) {
+                Ok(v) => domains.push(Domain {
+                    max_range_uj: read_u64(&dir.join("max_energy_range_uj")).unwrap_or(u64::MAX),
+                    energy,
+                    last_uj: v,
+                    total_uj: 0,
+                }),
+                Err(e) => why = format!("unavailable: {}: {e}", energy.display()),
+            }
+        }
+        let source = if !domains.is_empty() {
+            format!(
+                "rapl:{}",
+                names
+                    .iter()
+                    .filter(|n| domains.iter().any(|d| d.energy.starts_with(root.join(n))))
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        } else if !why.is_empty() {
+            why
+        } else {
+            format!(
+                "unavailable: no intel-rapl package domain under {}",
+                root.display()
+            )
+        };
+        EnergyMeter { domains, source }
+    }
+
+    /// True when at least one domain is readable.
+    pub fn available(&self) -> bool {
+        !self.domains.is_empty()
+    }
+
+    /// Where the numbers come from, or why there are none.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Joules used since [`EnergyMeter::open`], or `None` when unavailable.
+    pub fn joules(&mut self) -> Option<f64> {
+        if self.domains.is_empty() {
+            return None;
+        }
+        for d in &mut self.domains {
+            if let Ok(v) = read_u64(&d.energy) {
+                let delta = if v >= d.last_uj {
+                    v - d.last_uj
+                } else {
+                    d.max_range_uj.saturating_sub(d.last_uj) + v
+                };
+                d.total_uj += delta as u128;
+                d.last_uj = v;
+            }
+        }
+        Some(self.domains.iter().map(|d| d.total_uj as f64).sum::<f64>() / 1e6)
+    }
+}
+
+fn read_u64(p: &Path) -> std::io::Result<u64> {
+    std::fs::read_to_string(p)?
+        .trim()
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rapl_counters_accumulate_across_wraparound() {
+        let root = tempfile::tempdir().unwrap();
+        let pkg = root.path().join("intel-rapl:0");
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::create_dir_all(root.path().join("intel-rapl:0:0")).unwrap(); // subzone: ignored
+        std::fs::write(pkg.join("max_energy_range_uj"), "1000000\n").unwrap();
+        std::fs::write(pkg.join("energy_uj"), "900000\n").unwrap();
+        let mut m = EnergyMeter::open_at(root.path());
+        assert!(m.available());
+        assert_eq!(m.source(), "rapl:intel-rapl:0");
+        assert_eq!(m.joules(), Some(0.0));
+        std::fs::write(pkg.join("energy_uj"), "950000\n").unwrap();
+        assert!((m.joules().unwrap() - 0.05).abs() < 1e-9);
+        std::fs::write(pkg.join("energy_uj"), "100000\n").unwrap(); // wrapped
+        assert!((m.joules().unwrap() - 0.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn missing_rapl_says_why() {
+        let root = tempfile::tempdir().unwrap();
+        let mut m = EnergyMeter::open_at(&root.path().join("nope"));
+        assert!(!m.available());
+        assert!(m.source().starts_with("unavailable"), "{}", m.source());
+        assert_eq!(m.joules(), None);
+    }
+
+    #[test]
+    fn derived_rates() {
+        let mut m = Metrics {
+            prompt_tokens_evaluated: 10,
+            prompt_ms: 100.0,
+            generated_tokens: 11,
+            decode_ms: 500.0,
+            energy_joules: Some(6.0),
+            ..Default::default()
+        };
+        m.finish();
+        assert_eq!(m.prompt_tokens_per_sec, 100.0);
+        assert_eq!(m.tokens_per_sec, 20.0);
+        assert_eq!(m.watts_avg, Some(10.0));
+        assert!((m.tokens_per_joule.unwrap() - 11.0 / 6.0).abs() < 1e-12);
+        assert!(m.peak_rss_bytes.unwrap() > 0);
+    }
+}

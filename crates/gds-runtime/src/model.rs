@@ -1,0 +1,438 @@
+//! The llama-family model: load (map the layers, locate the weights) and the forward pass.
+//!
+//! `forward` reads top to bottom like llama2.c's, but over a batch of tokens so a prompt is
+//! processed with one matrix product per weight. Each token of a batch carries its own
+//! position and sequence id, so several independent sequences can share one pass.
+
+use crate::config::Config;
+use crate::error::{Result, RuntimeError};
+use crate::kv::{KvCache, KvData, KvElem};
+use crate::ops;
+use crate::rope::RopeTable;
+use crate::weights::{TensorRef, Weights};
+use gds_io::{IoStats, LayerBytes, LayerSource, MmapBackend};
+use rayon::prelude::*;
+use std::path::Path;
+
+/// A batch of tokens to run through the model. Reused between calls: clearing keeps the
+/// capacity, so the token loop does not allocate.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    tokens: Vec<u32>,
+    positions: Vec<usize>,
+    seqs: Vec<usize>,
+    outputs: Vec<bool>,
+}
+
+impl Batch {
+    /// An empty batch with room for `n` tokens.
+    pub fn with_capacity(n: usize) -> Batch {
+        Batch {
+            tokens: Vec::with_capacity(n),
+            positions: Vec::with_capacity(n),
+            seqs: Vec::with_capacity(n),
+            outputs: Vec::with_capacity(n),
+        }
+    }
+
+    /// Removes every token.
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.positions.clear();
+        self.seqs.clear();
+        self.outputs.clear();
+    }
+
+    /// Adds `token` at position `pos` of sequence `seq`; `output` asks for its logits.
+    pub fn push(&mut self, token: u32, pos: usize, seq: usize, output: bool) {
+        self.tokens.push(token);
+        self.positions.push(pos);
+        self.seqs.push(seq);
+        self.outputs.push(output);
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when the batch has no token.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Number of tokens whose logits are wanted.
+    pub fn n_outputs(&self) -> usize {
+        self.outputs.iter().filter(|&&o| o).count()
+    }
+}
+
+/// Activation buffers for batches of up to `max_batch` tokens, allocated once.
+pub struct RunState {
+    max_batch: usize,
+    max_outputs: usize,
+    /// residual stream `[max_batch, n_embd]`
+    x: Vec<f32>,
+    /// normed input of a sub-layer `[max_batch, n_embd]`
+    xb: Vec<f32>,
+    /// queries `[max_batch, n_heads * head_dim]`
+    q: Vec<f32>,
+    /// keys of the batch `[max_batch, kv_dim]`
+    k: Vec<f32>,
+    /// values of the batch `[max_batch, kv_dim]`
+    v: Vec<f32>,
+    /// attention output `[max_batch, n_heads * head_dim]`
+    att: Vec<f32>,
+    /// output of attn_output / ffn_down `[max_batch, n_embd]`
+    proj: Vec<f32>,
+    /// `[max_batch, n_ff]`
+    gate: Vec<f32>,
+    /// `[max_batch, n_ff]`
+    up: Vec<f32>,
+    /// attention scores, one row of `ctx` per parallel task `[n_tasks, ctx]`
+    scores: Vec<f32>,
+    n_tasks: usize,
+    /// final-normed hidden states of the output tokens `[max_outputs, n_embd]`
+    out_x: Vec<f32>,
+    /// logits of the output tokens, in batch order `[max_outputs, vocab_size]`
+    logits: Vec<f32>,
+    n_out: usize,
+}
+
+impl RunState {
+    /// Buffers for `cfg`, batches of up to `max_batch` tokens of which up to `max_outputs`
+    /// want logits, a context of `ctx`, and `threads` worker threads.
+    pub fn new(
+        cfg: &Config,
+        max_batch: usize,
+        max_outputs: usize,
+        ctx: usize,
+        threads: usize,
+    ) -> RunState {
+        let b = max_batch.max(1);
+        let n_tasks = (threads * 4).max(1);
+        RunState {
+            max_batch: b,
+            max_outputs: max_outputs.max(1),
+            x: vec![0.0; b * cfg.n_embd],
+            xb: vec![0.0; b * cfg.n_embd],
+            q: vec![0.0; b * cfg.q_dim()],
+            k: vec![0.0; b * cfg.kv_dim()],
+            v: vec![0.0; b * cfg.kv_dim()],
+            att: vec![0.0; b * cfg.q_dim()],
+            proj: vec![0.0; b * cfg.n_embd],
+            gate: vec![0.0; b * cfg.n_ff],
+            up: vec![0.0; b * cfg.n_ff],
+            scores: vec![0.0; n_tasks * ctx],
+            n_tasks,
+            out_x: vec![0.0; max_outputs.max(1) * cfg.n_embd],
+            logits: vec![0.0; max_outputs.max(1) * cfg.vocab_size],
+            n_out: 0,
+        }
+    }
+
+    /// Largest batch accepted.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Most output tokens per batch.
+    pub fn max_outputs(&self) -> usize {
+        self.max_outputs
+    }
+
+    /// Logits of the `i`-th output token of the last batch (in batch order).
+    pub fn logits(&self, i: usize, vocab: usize) -> &[f32] {
+        &self.logits[i * vocab..(i + 1) * vocab]
+    }
+
+    /// Mutable logits of the `i`-th output token (samplers edit them in place).
+    pub fn logits_mut(&mut self, i: usize, vocab: usize) -> &mut [f32] {
+        &mut self.logits[i * vocab..(i + 1) * vocab]
+    }
+
+    /// Number of output rows the last batch produced.
+    pub fn n_outputs(&self) -> usize {
+        self.n_out
+    }
+}
+
+/// A loaded model: configuration, resident layers, weight locations, RoPE table, and the
+/// thread pool the plan asked for.
+pub struct Model {
+    /// Hyperparameters.
+    pub config: Config,
+    /// Weight locations.
+    pub weights: Weights,
+    layers: Vec<LayerBytes>,
+    source: Box<dyn LayerSource>,
+    rope: RopeTable,
+    pool: rayon::ThreadPool,
+    ctx: usize,
+}
+
+impl Model {
+    /// Opens the model directory with the `mmap` backend, makes every layer resident,
+    /// and prepares RoPE angles for `ctx` positions and a pool of `threads` threads.
+    pub fn load(dir: &Path, ctx: usize, threads: usize) -> Result<Model> {
+        let manifest_bytes = gds_io::read_manifest(dir)?;
+        let m = crate::plan::parse_manifest(dir, &manifest_bytes)?;
+        let config = Config::from_manifest(&m).map_err(|e| crate::plan::with_dir(e, dir))?;
+        let source = MmapBackend::open(dir, &m)?;
+        // Residency policy of the mmap plan: every layer resident for the whole run.
+        let mut layers = Vec::with_capacity(source.n_layers());
+        for l in 0..source.n_layers() {
+            source.prefetch(l);
+            layers.push(source.acquire(l)?);
+        }
+        let weights =
+            Weights::load(&config, &m, &layers).map_err(|e| crate::plan::with_dir(e, dir))?;
+        let rope = RopeTable::new(config.head_dim, ctx, config.rope_theta, config.rope_scaling);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("gds-worker-{i}"))
+            .build()
+            .map_err(|e| RuntimeError::Threads(e.to_string()))?;
+        Ok(Model {
+            config,
+            weights,
+            layers,
+            source: Box::new(source),
+            rope,
+            pool,
+            ctx,
+        })
+    }
+
+    /// Context length the model was prepared for.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Number of threads in the pool.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// The I/O backend's counters.
+    pub fn io_stats(&self) -> IoStats {
+        self.source.stats()
+    }
+
+    /// Name of the I/O backend.
+    pub fn io_name(&self) -> &'static str {
+        self.source.name()
+    }
+
+    /// Total bytes of the weight matrices, by dtype name, for plan summaries.
+    pub fn weight_bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.len() as u64).sum()
+    }
+
+    /// Runs `batch` through the model, writing K/V of every token into `kv` and the logits
+    /// of the tokens marked as outputs into `state` (read them with [`RunState::logits`]).
+    /// Returns the number of output rows.
+    pub fn forward(&self, state: &mut RunState, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
+        self.check_batch(state, kv, batch)?;
+        self.pool.install(|| self.forward_inner(state, kv, batch))
+    }
+
+    fn check_batch(&self, state: &RunState, kv: &KvCache, batch: &Batch) -> Result<()> {
+        let bad = |why: String| Err(RuntimeError::Plan(format!("invalid batch: {why}")));
+        if batch.len() > state.max_batch {
+            return bad(format!(
+                "{} tokens, at most {}",
+                batch.len(),
+                state.max_batch
+            ));
+        }
+        if batch.n_outputs() > state.max_outputs {
+            return bad(format!(
+                "{} outputs, at most {}",
+                batch.n_outputs(),
+                state.max_outputs
+            ));
+        }
+        if kv.n_layers() != self.config.n_layers
+            || kv.ctx() > self.ctx
+            || state.scores.len() < state.n_tasks * kv.ctx()
+        {
+            return bad("KV cache or run state was made for another model or context".into());
+        }
+        for i in 0..batch.len() {
+            if batch.tokens[i] as usize >= self.config.vocab_size {
+                return bad(format!(
+                    "token id {} is outside the vocabulary ({})",
+                    batch.tokens[i], self.config.vocab_size
+                ));
+            }
+            if batch.positions[i] >= kv.ctx() {
+                return bad(format!(
+                    "position {} is outside the context ({})",
+                    batch.positions[i],
+                    kv.ctx()
+                ));
+            }
+            if batch.seqs[i] >= kv.n_seqs() {
+                return bad(format!(
+                    "sequence {} does not exist ({} in the cache)",
+                    batch.seqs[i],
+                    kv.n_seqs()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, out: &mut [f32], x: &[f32], w: &TensorRef, n: usize) -> Result<()> {
+        gds_kernels::matmul(&w.view(&self.layers), x, n, out)?;
+        Ok(())
+    }
+
+    fn forward_inner(&self, s: &mut RunState, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
+        let c = &self.config;
+        let n = batch.len();
+        let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let eps = c.rms_norm_eps;
+
+        // token embeddings, one row dequantized per token
+        let emb = &self.weights.token_embd;
+        let (emb_bytes, row) = (emb.view(&self.layers).data, emb.row_bytes());
+        for (t, &tok) in batch.tokens.iter().enumerate() {
+            let r = tok as usize * row;
+            gds_kernels::dequantize(
+                emb.dtype,
+                &emb_bytes[r..r + row],
+                &mut s.x[t * d..(t + 1) * d],
+            )?;
+        }
+
+        for (l, w) in self.weights.blocks.iter().enumerate() {
+            // attention
+            ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.attn_norm, eps);
+            self.matmul(&mut s.q[..n * qd], &s.xb[..n * d], &w.wq, n)?;
+            self.matmul(&mut s.k[..n * kvd], &s.xb[..n * d], &w.wk, n)?;
+            self.matmul(&mut s.v[..n * kvd], &s.xb[..n * d], &w.wv, n)?;
+            if let Some(b) = &w.bq {
+                ops::add_bias_rows(&mut s.q[..n * qd], b);
+            }
+            if let Some(b) = &w.bk {
+                ops::add_bias_rows(&mut s.k[..n * kvd], b);
+            }
+            if let Some(b) = &w.bv {
+                ops::add_bias_rows(&mut s.v[..n * kvd], b);
+            }
+            for (t, &pos) in batch.positions.iter().enumerate() {
+                self.rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos);
+                self.rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos);
+            }
+            let (layer_len, kv_ctx) = (kv.layer_len(), kv.ctx());
+            let range = l * layer_len..(l + 1) * layer_len;
+            match (&mut kv.k, &mut kv.v) {
+                (KvData::F32(k), KvData::F32(v)) => {
+                    self.attention(s, &mut k[range.clone()], &mut v[range], batch, kv_ctx)
+                }
+                (KvData::F16(k), KvData::F16(v)) => {
+                    self.attention(s, &mut k[range.clone()], &mut v[range], batch, kv_ctx)
+                }
+                _ => unreachable!("K and V share one dtype"),
+            }
+            self.matmul(&mut s.proj[..n * d], &s.att[..n * qd], &w.wo, n)?;
+            ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);
+
+            // feed-forward
+            ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.ffn_norm, eps);
+            self.matmul(&mut s.gate[..n * ff], &s.xb[..n * d], &w.w_gate, n)?;
+            self.matmul(&mut s.up[..n * ff], &s.xb[..n * d], &w.w_up, n)?;
+            ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
+            self.matmul(&mut s.proj[..n * d], &s.gate[..n * ff], &w.w_down, n)?;
+            ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);
+        }
+
+        // final norm and output head, only for the tokens that want logits
+        let mut j = 0;
+        for t in 0..n {
+            if batch.outputs[t] {
+                ops::rmsnorm(
+                    &mut s.out_x[j * d..(j + 1) * d],
+                    &s.x[t * d..(t + 1) * d],
+                    &self.weights.output_norm,
+                    eps,
+                );
+                j += 1;
+            }
+        }
+        if j > 0 {
+            self.matmul(
+                &mut s.logits[..j * c.vocab_size],
+                &s.out_x[..j * d],
+                &self.weights.output,
+                j,
+            )?;
+        }
+        s.n_out = j;
+        Ok(j)
+    }
+
+    /// Stores the batch's K/V rows in the cache, then computes causal attention for every
+    /// (token, head), split over the pool in contiguous runs.
+    fn attention<T: KvElem>(
+        &self,
+        s: &mut RunState,
+        kc: &mut [T],
+        vc: &mut [T],
+        batch: &Batch,
+        ctx: usize,
+    ) {
+        let c = &self.config;
+        let (hd, qd, kvd, nh) = (c.head_dim, c.q_dim(), c.kv_dim(), c.n_heads);
+        let group = c.n_heads / c.n_kv_heads;
+        let n = batch.len();
+        for t in 0..n {
+            let at = (batch.seqs[t] * ctx + batch.positions[t]) * kvd;
+            for (dst, &src) in kc[at..at + kvd]
+                .iter_mut()
+                .zip(&s.k[t * kvd..(t + 1) * kvd])
+            {
+                *dst = T::from_f32(src);
+            }
+            for (dst, &src) in vc[at..at + kvd]
+                .iter_mut()
+                .zip(&s.v[t * kvd..(t + 1) * kvd])
+            {
+                *dst = T::from_f32(src);
+            }
+        }
+        let (kc, vc) = (&*kc, &*vc);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let units = n * nh;
+        let per = units.div_ceil(s.n_tasks);
+        let q = &s.q;
+        s.att[..n * qd]
+            .par_chunks_mut(per * hd)
+            .zip(s.scores.par_chunks_mut(ctx))
+            .enumerate()
+            .for_each(|(ci, (out, scores))| {
+                for (k, o) in out.chunks_exact_mut(hd).enumerate() {
+                    let u = ci * per + k;
+                    let (t, h) = (u / nh, u % nh);
+                    let (pos, base) = (
+                        batch.positions[t],
+                        batch.seqs[t] * ctx * kvd + (h / group) * hd,
+                    );
+                    let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                    let sc = &mut scores[..=pos];
+                    for (j, sj) in sc.iter_mut().enumerate() {
+                        let at = base + j * kvd;
+                        *sj = ops::dot(qh, &kc[at..at + hd]) * scale;
+                    }
+                    ops::softmax(sc);
+                    o.fill(0.0);
+                    for (j, &p) in sc.iter().enumerate() {
+                        let at = base + j * kvd;
+                        ops::axpy(o, p, &vc[at..at + hd]);
+                    }
+                }
+            });
+    }
+}

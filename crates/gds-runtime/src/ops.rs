@@ -1,0 +1,135 @@
+//! Small element-wise helpers of the forward pass. Output buffer first, as in llama2.c.
+
+use crate::kv::KvElem;
+
+/// `out = x / sqrt(mean(x^2) + eps) * w`, one row (`w.len()` wide).
+pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
+        *o = xi * scale * wi;
+    }
+}
+
+/// [`rmsnorm`] for each row of `x`.
+pub fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
+    for (o, xr) in out.chunks_exact_mut(w.len()).zip(x.chunks_exact(w.len())) {
+        rmsnorm(o, xr, w, eps);
+    }
+}
+
+/// In-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `acc += x` element-wise.
+pub fn add_assign(acc: &mut [f32], x: &[f32]) {
+    for (a, &b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+}
+
+/// Adds `bias` to each row of `x`.
+pub fn add_bias_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_assign(row, bias);
+    }
+}
+
+/// SwiGLU: `gate = silu(gate) * up`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Dot product of an f32 vector with a cache row, 8 lanes so the compiler vectorizes it.
+#[inline]
+pub fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, ar) = a.split_at(a.len() / 8 * 8);
+    let (bc, br) = b.split_at(ac.len().min(b.len()));
+    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i].to_f32();
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y.to_f32();
+    }
+    s
+}
+
+/// `out += a * v`.
+#[inline]
+pub fn axpy<T: KvElem>(out: &mut [f32], a: f32, v: &[T]) {
+    for (o, &x) in out.iter_mut().zip(v) {
+        *o += a * x.to_f32();
+    }
+}
+
+/// Index of the largest value (the first one on ties); 0 for an empty slice.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rmsnorm_normalizes() {
+        let mut out = [0.0; 4];
+        rmsnorm(
+            &mut out,
+            &[1.0, -1.0, 1.0, -1.0],
+            &[1.0, 2.0, 3.0, 4.0],
+            0.0,
+        );
+        assert_eq!(out, [1.0, -2.0, 3.0, -4.0]);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_orders() {
+        let mut x = [1.0, 2.0, 3.0, 10.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[3] > 0.99 && x[0] < x[1] && x[1] < x[2]);
+        let mut big = [1000.0f32, 1000.0];
+        softmax(&mut big);
+        assert_eq!(big, [0.5, 0.5], "no overflow");
+    }
+
+    #[test]
+    fn dot_handles_tails() {
+        let a: Vec<f32> = (0..19).map(|i| i as f32).collect();
+        let want: f32 = a.iter().map(|x| x * x).sum();
+        assert_eq!(dot(&a, &a), want);
+    }
+
+    #[test]
+    fn swiglu_matches_formula() {
+        let mut g = [0.0, 1.0, -2.0];
+        swiglu(&mut g, &[3.0, 2.0, 1.0]);
+        assert_eq!(g[0], 0.0);
+        assert!((g[1] - 2.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
+        assert!((g[2] - (-2.0 / (1.0 + 2.0f32.exp()))).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,224 @@
+//! Perplexity exactly as llama.cpp's `llama-perplexity` computes it: tokenize the whole
+//! text (with BOS when the model adds one), cut it into `n_chunk = n_tokens / ctx`
+//! non-overlapping chunks of `ctx` tokens, replace each chunk's first token by BOS (when
+//! the model adds one), evaluate every chunk from an empty cache, and score only the second
+//! half: the logits at positions `ctx/2 .. ctx-2` predicting the next token.
+//! PPL = exp(mean negative log-likelihood).
+
+use crate::error::{Result, RuntimeError};
+use crate::kv::{KvCache, KvDtype};
+use crate::model::{Batch, Model, RunState};
+use serde::Serialize;
+
+/// How a token stream is cut into chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ChunkPlan {
+    /// Tokens per chunk (the context).
+    pub ctx: usize,
+    /// Number of chunks evaluated.
+    pub n_chunks: usize,
+    /// First scored position of a chunk (`ctx / 2`).
+    pub first: usize,
+    /// Tokens scored per chunk (`ctx - first - 1`).
+    pub scored_per_chunk: usize,
+}
+
+impl ChunkPlan {
+    /// The plan for `n_tokens` tokens with context `ctx`; llama.cpp refuses fewer than
+    /// `2 * ctx` tokens, and so does this.
+    pub fn new(n_tokens: usize, ctx: usize) -> Result<ChunkPlan> {
+        if ctx < 4 {
+            return Err(RuntimeError::Perplexity(format!(
+                "--ctx {ctx} is too small for perplexity (at least 4)"
+            )));
+        }
+        if n_tokens < 2 * ctx {
+            return Err(RuntimeError::Perplexity(format!("the text tokenizes to {n_tokens} tokens; perplexity with --ctx {ctx} needs at least {}", 2 * ctx)));
+        }
+        let first = ctx / 2;
+        Ok(ChunkPlan {
+            ctx,
+            n_chunks: n_tokens / ctx,
+            first,
+            scored_per_chunk: ctx - first - 1,
+        })
+    }
+
+    /// Total scored tokens.
+    pub fn scored(&self) -> usize {
+        self.n_chunks * self.scored_per_chunk
+    }
+}
+
+/// Result of a perplexity run.
+#[derive(Clone, Debug, Serialize)]
+pub struct PerplexityResult {
+    /// Final perplexity.
+    pub ppl: f64,
+    /// Tokens in the tokenized text.
+    pub tokens: usize,
+    /// Tokens scored.
+    pub scored: usize,
+    /// Chunk geometry.
+    pub chunks: ChunkPlan,
+    /// Running perplexity after each chunk (what llama.cpp prints as `[i]ppl`).
+    pub running: Vec<f64>,
+    /// Standard error of the perplexity estimate (llama.cpp's `+/-`).
+    pub ppl_stderr: f64,
+}
+
+/// `log(sum(exp(x)))`, stable.
+pub fn log_sum_exp(x: &[f32]) -> f64 {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln()
+}
+
+/// Evaluates `tokens` from position 0 of an empty sequence, teacher-forced, in batches of
+/// `batch`, calling `f(position, logits)` for every position in `want`.
+pub fn eval_positions(
+    model: &Model,
+    state: &mut RunState,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    want: std::ops::Range<usize>,
+    batch: usize,
+    f: &mut dyn FnMut(usize, &[f32]),
+) -> Result<()> {
+    let vocab = model.config.vocab_size;
+    let mut b = Batch::with_capacity(batch);
+    for (ci, chunk) in tokens.chunks(batch.max(1)).enumerate() {
+        b.clear();
+        let start = ci * batch;
+        for (i, &t) in chunk.iter().enumerate() {
+            b.push(t, start + i, 0, want.contains(&(start + i)));
+        }
+        model.forward(state, kv, &b)?;
+        let mut j = 0;
+        for i in 0..chunk.len() {
+            if want.contains(&(start + i)) {
+                f(start + i, state.logits(j, vocab));
+                j += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Settings of a perplexity run.
+#[derive(Clone, Copy, Debug)]
+pub struct PerplexityOptions {
+    /// Tokens per chunk.
+    pub ctx: usize,
+    /// Tokens per forward pass.
+    pub batch: usize,
+    /// Replaces each chunk's first token (llama.cpp does this when the model adds BOS).
+    pub bos: Option<u32>,
+    /// KV cache element type.
+    pub kv_dtype: KvDtype,
+}
+
+/// Runs llama-perplexity's algorithm over `tokens` (already tokenized, BOS included when
+/// the model adds one). `on_chunk` receives (chunk index, running ppl).
+pub fn perplexity(
+    model: &Model,
+    tokens: &[u32],
+    opts: PerplexityOptions,
+    on_chunk: &mut dyn FnMut(usize, f64),
+) -> Result<PerplexityResult> {
+    let PerplexityOptions {
+        ctx,
+        batch,
+        bos,
+        kv_dtype,
+    } = opts;
+    let plan = ChunkPlan::new(tokens.len(), ctx)?;
+    if ctx > model.ctx() {
+        return Err(RuntimeError::Perplexity(format!(
+            "--ctx {ctx} is larger than the context the model was loaded for ({})",
+            model.ctx()
+        )));
+    }
+    let batch = batch.clamp(1, ctx);
+    let c = &model.config;
+    let mut state = RunState::new(c, batch, batch, ctx, model.threads());
+    let mut kv = KvCache::new(kv_dtype, c.n_layers, 1, ctx, c.kv_dim());
+    let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
+    let mut running = Vec::with_capacity(plan.n_chunks);
+    let mut chunk_tokens = vec![0u32; ctx];
+    for i in 0..plan.n_chunks {
+        chunk_tokens.copy_from_slice(&tokens[i * ctx..(i + 1) * ctx]);
+        if let Some(b) = bos {
+            chunk_tokens[0] = b;
+        }
+        // the original tokens are the targets (the BOS replacement only affects the input)
+        let targets = &tokens[i * ctx..(i + 1) * ctx];
+        eval_positions(
+            model,
+            &mut state,
+            &mut kv,
+            &chunk_tokens,
+            plan.first..ctx - 1,
+            batch,
+            &mut |pos, logits| {
+                let target = targets[pos + 1] as usize;
+                let v = log_sum_exp(logits) - logits[target] as f64;
+                nll += v;
+                nll2 += v * v;
+            },
+        )?;
+        count += plan.scored_per_chunk;
+        running.push((nll / count as f64).exp());
+        on_chunk(i, (nll / count as f64).exp());
+    }
+    let mean = nll / count as f64;
+    let ppl = mean.exp();
+    let var = nll2 / count as f64 - mean * mean;
+    let ppl_stderr = if var > 0.0 && count > 1 {
+        (var / (count - 1) as f64).sqrt() * ppl
+    } else {
+        0.0
+    };
+    Ok(PerplexityResult {
+        ppl,
+        tokens: tokens.len(),
+        scored: plan.scored(),
+        chunks: plan,
+        running,
+        ppl_stderr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunking_matches_llama_perplexity() {
+        // 1000 tokens, ctx 128: 7 chunks; positions 64..126 scored, 63 per chunk
+        let p = ChunkPlan::new(1000, 128).unwrap();
+        assert_eq!(
+            p,
+            ChunkPlan {
+                ctx: 128,
+                n_chunks: 7,
+                first: 64,
+                scored_per_chunk: 63
+            }
+        );
+        assert_eq!(p.scored(), 441);
+        // odd context: first = ctx/2 rounded down
+        let p = ChunkPlan::new(22, 11).unwrap();
+        assert_eq!((p.n_chunks, p.first, p.scored_per_chunk), (2, 5, 5));
+        assert!(ChunkPlan::new(255, 128)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 256"));
+        assert!(ChunkPlan::new(256, 128).is_ok());
+    }
+
+    #[test]
+    fn log_sum_exp_is_stable() {
+        assert!((log_sum_exp(&[0.0, 0.0]) - 2f64.ln()).abs() < 1e-12);
+        assert!((log_sum_exp(&[1000.0, 1000.0]) - (1000.0 + 2f64.ln())).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,320 @@
+//! The run plan: every decision (backend, I/O mode, threads, context, batch, sampler,
+//! limits, mode) made once from the user's settings and the model's manifest, then frozen.
+//! It serializes to JSON (`gdsrun --plan`) so a run can be inspected and reproduced.
+
+use crate::config::Config;
+use crate::error::{Result, RuntimeError};
+use crate::kv::{KvCache, KvDtype};
+use crate::sampler::SamplerConfig;
+use gds_format::Manifest;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Default upper bound of the context when the user does not choose one.
+pub const DEFAULT_MAX_CTX: usize = 4096;
+/// Default number of prompt tokens per forward pass.
+pub const DEFAULT_BATCH: usize = 256;
+
+/// What the user asked for; `None` means "choose for me".
+#[derive(Clone, Debug, Default)]
+pub struct PlanOptions {
+    /// Model directory.
+    pub model_dir: PathBuf,
+    /// Context length.
+    pub ctx: Option<usize>,
+    /// Worker threads.
+    pub threads: Option<usize>,
+    /// Prompt tokens per forward pass.
+    pub batch: Option<usize>,
+    /// KV cache element type.
+    pub kv_dtype: Option<KvDtype>,
+    /// Sampling temperature.
+    pub temp: Option<f32>,
+    /// Top-k.
+    pub top_k: Option<usize>,
+    /// Top-p.
+    pub top_p: Option<f32>,
+    /// Min-p.
+    pub min_p: Option<f32>,
+    /// Repeat penalty.
+    pub repeat_penalty: Option<f32>,
+    /// Repeat penalty window.
+    pub repeat_last_n: Option<usize>,
+    /// Random seed.
+    pub seed: Option<u64>,
+    /// Most tokens to generate per reply.
+    pub max_tokens: Option<usize>,
+    /// Strings that end generation.
+    pub stop: Vec<String>,
+    /// Energy budget per reply, joules.
+    pub max_joules: Option<f64>,
+    /// Raw completion instead of the chat template.
+    pub raw: bool,
+    /// System prompt for chat mode.
+    pub system: Option<String>,
+}
+
+/// Per-dtype totals of the weights.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DtypeSummary {
+    /// Number of tensors.
+    pub tensors: usize,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// When generation stops, besides end-of-generation tokens.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Limits {
+    /// Most tokens per reply (`None`: until the context is full).
+    pub max_tokens: Option<usize>,
+    /// Strings that end a reply (not included in the output).
+    pub stop: Vec<String>,
+    /// Energy budget per reply, joules (`None`: no budget).
+    pub max_joules: Option<f64>,
+}
+
+/// How prompts are turned into tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Rendered through the model's chat template, turn by turn.
+    Chat,
+    /// Tokenized as is (plain completion).
+    Raw,
+}
+
+/// The frozen decisions of a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// Model directory.
+    pub model_dir: PathBuf,
+    /// `general.name`, when the manifest has one.
+    pub model_name: Option<String>,
+    /// Architecture (`general.architecture`).
+    pub arch: String,
+    /// Compute backend.
+    pub backend: String,
+    /// Worker threads.
+    pub threads: usize,
+    /// I/O backend.
+    pub io: String,
+    /// Weight bytes and tensor counts by dtype.
+    pub weight_dtypes: BTreeMap<String, DtypeSummary>,
+    /// Context length of this run.
+    pub ctx: usize,
+    /// Context length the model was trained for.
+    pub model_ctx: usize,
+    /// Prompt tokens per forward pass.
+    pub batch: usize,
+    /// KV cache element type.
+    pub kv_dtype: KvDtype,
+    /// KV cache size, bytes.
+    pub kv_bytes: usize,
+    /// Sampler settings (the seed is fixed here even when the user gave none).
+    pub sampler: SamplerConfig,
+    /// Stop conditions.
+    pub limits: Limits,
+    /// Chat or raw.
+    pub mode: Mode,
+    /// System prompt (chat mode).
+    pub system: Option<String>,
+    /// Model hyperparameters.
+    pub model: Config,
+}
+
+/// Parses and validates a manifest held in memory; errors name the directory.
+pub fn parse_manifest<'a>(dir: &Path, bytes: &'a [u8]) -> Result<Manifest<'a>> {
+    let (m, errs) = gds_format::validate::validate_manifest(bytes);
+    let bad = |why: String| RuntimeError::Manifest {
+        dir: dir.display().to_string(),
+        why,
+    };
+    match m {
+        Some(m) if errs.is_empty() => Ok(m),
+        _ => Err(bad(errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; "))),
+    }
+}
+
+/// Puts `dir` into a manifest error that was made without it.
+pub fn with_dir(e: RuntimeError, dir: &Path) -> RuntimeError {
+    match e {
+        RuntimeError::Manifest { dir: d, why } if d.is_empty() => RuntimeError::Manifest {
+            dir: dir.display().to_string(),
+            why,
+        },
+        e => e,
+    }
+}
+
+/// Physical cores this process may run on: distinct (package, core) pairs of the CPUs in
+/// its affinity mask, from /sys; falls back to the logical CPU count.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut cores = std::collections::BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir("/sys/devices/system/cpu") else {
+        return logical;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str().and_then(|n| n.strip_prefix("cpu")) else {
+            continue;
+        };
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let topo = e.path().join("topology");
+        let read = |f: &str| {
+            std::fs::read_to_string(topo.join(f))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
+        if let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) {
+            cores.insert((pkg, core));
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
+}
+
+impl Plan {
+    /// Reads the model's manifest and turns `opts` into a plan, rejecting invalid values
+    /// with a message naming the flag.
+    pub fn build(opts: &PlanOptions) -> Result<Plan> {
+        let dir = &opts.model_dir;
+        if !dir.is_dir() {
+            return Err(RuntimeError::Plan(format!(
+                "{}: not a model directory (convert one with `gdsconv convert`)",
+                dir.display()
+            )));
+        }
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = parse_manifest(dir, &bytes)?;
+        let model = Config::from_manifest(&m).map_err(|e| with_dir(e, dir))?;
+        let mut weight_dtypes: BTreeMap<String, DtypeSummary> = BTreeMap::new();
+        for t in m.tensors() {
+            let e = weight_dtypes.entry(t.dtype.name().to_string()).or_default();
+            e.tensors += 1;
+            e.bytes += t.nbytes;
+        }
+        let plan_err = |s: String| Err(RuntimeError::Plan(s));
+        let ctx = match opts.ctx {
+            Some(0) => return plan_err("--ctx must be at least 1".into()),
+            Some(c) if c > model.context_length => {
+                return plan_err(format!(
+                    "--ctx {c} exceeds the model's context length {}",
+                    model.context_length
+                ));
+            }
+            Some(c) => c,
+            None => model.context_length.min(DEFAULT_MAX_CTX),
+        };
+        let threads = match opts.threads {
+            Some(0) => return plan_err("--threads must be at least 1".into()),
+            Some(t) if t > 1024 => return plan_err(format!("--threads {t} is too many")),
+            Some(t) => t,
+            None => physical_cores(),
+        };
+        let batch = match opts.batch {
+            Some(0) => return plan_err("--batch must be at least 1".into()),
+            Some(b) => b.min(ctx),
+            None => DEFAULT_BATCH.min(ctx),
+        };
+        if opts.max_tokens == Some(0) {
+            return plan_err("--max-tokens must be at least 1".into());
+        }
+        if let Some(j) = opts.max_joules {
+            if !(j.is_finite() && j > 0.0) {
+                return plan_err(format!("--max-joules {j} must be a positive number"));
+            }
+        }
+        if opts.stop.iter().any(String::is_empty) {
+            return plan_err("--stop strings must not be empty".into());
+        }
+        let d = SamplerConfig::default();
+        let sampler = SamplerConfig {
+            temp: opts.temp.unwrap_or(d.temp),
+            top_k: opts.top_k.unwrap_or(d.top_k),
+            top_p: opts.top_p.unwrap_or(d.top_p),
+            min_p: opts.min_p.unwrap_or(d.min_p),
+            repeat_penalty: opts.repeat_penalty.unwrap_or(d.repeat_penalty),
+            repeat_last_n: opts.repeat_last_n.unwrap_or(d.repeat_last_n),
+            seed: opts.seed.unwrap_or_else(time_seed),
+        };
+        sampler.check().map_err(RuntimeError::Plan)?;
+        let has_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .is_some_and(|v| v.get("chat_template").is_some_and(|t| !t.is_null()));
+        let mode = if opts.raw || !has_template {
+            Mode::Raw
+        } else {
+            Mode::Chat
+        };
+        let kv_dtype = opts.kv_dtype.unwrap_or_default();
+        Ok(Plan {
+            model_dir: dir.clone(),
+            model_name: m.get_str("general.name").ok().map(str::to_string),
+            arch: model.arch.clone(),
+            backend: "cpu".into(),
+            threads,
+            io: "mmap".into(),
+            weight_dtypes,
+            ctx,
+            model_ctx: model.context_length,
+            batch,
+            kv_dtype,
+            kv_bytes: KvCache::bytes(kv_dtype, model.n_layers, 1, ctx, model.kv_dim()),
+            sampler,
+            limits: Limits {
+                max_tokens: opts.max_tokens,
+                stop: opts.stop.clone(),
+                max_joules: opts.max_joules,
+            },
+            mode,
+            system: opts.system.clone(),
+            model,
+        })
+    }
+
+    /// The plan as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("{{\"error\": {:?}}}", e.to_string()))
+    }
+}
+
+fn time_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn physical_cores_is_at_least_one() {
+        let n = physical_cores();
+        assert!(n >= 1 && n <= std::thread::available_parallelism().unwrap().get());
+    }
+
+    #[test]
+    fn missing_dir_is_a_clear_error() {
+        let e = Plan::build(&PlanOptions {
+            model_dir: "/nonexistent/model".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/model"), "{e}");
+    }
+}

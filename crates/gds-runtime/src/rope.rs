@@ -1,0 +1,206 @@
+//! Rotary position embeddings, ggml "normal" mode (rope type 0, what llama.cpp uses for the
+//! llama architecture): each head is rotated in adjacent pairs `(x[2i], x[2i+1])`. GGUF
+//! Q/K weights are stored permuted for exactly this layout, so no reordering is needed.
+//!
+//! All angles are computed once, at load, for every position of the context.
+
+use crate::config::RopeScaling;
+
+/// Per-pair frequency divisors for Llama 3.1 rope scaling, as `convert_hf_to_gguf.py`
+/// writes them into `rope_freqs.weight` and llama.cpp divides the angle by them.
+pub fn llama3_freq_factors(
+    head_dim: usize,
+    theta: f64,
+    factor: f64,
+    low: f64,
+    high: f64,
+    original_ctx: f64,
+) -> Vec<f64> {
+    let low_wavelen = original_ctx / low;
+    let high_wavelen = original_ctx / high;
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (original_ctx / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+/// Precomputed `cos`/`sin` of every (position, pair) angle.
+pub struct RopeTable {
+    half: usize,
+    /// `[ctx, head_dim / 2]`
+    cos: Vec<f32>,
+    /// `[ctx, head_dim / 2]`
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Angles for positions `0..ctx` of heads `head_dim` wide.
+    pub fn new(head_dim: usize, ctx: usize, theta: f64, scaling: RopeScaling) -> RopeTable {
+        let half = head_dim / 2;
+        let (freq_scale, factors) = match scaling {
+            RopeScaling::None => (1.0, vec![1.0; half]),
+            RopeScaling::Linear { factor } => (1.0 / factor, vec![1.0; half]),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_context_length,
+            } => (
+                1.0,
+                llama3_freq_factors(
+                    head_dim,
+                    theta,
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_context_length,
+                ),
+            ),
+        };
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| freq_scale * theta.powf(-((2 * i) as f64) / head_dim as f64) / factors[i])
+            .collect();
+        let mut cos = Vec::with_capacity(ctx * half);
+        let mut sin = Vec::with_capacity(ctx * half);
+        for pos in 0..ctx {
+            for f in &inv_freq {
+                let a = pos as f64 * f;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        RopeTable { half, cos, sin }
+    }
+
+    /// Number of positions covered.
+    pub fn ctx(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+
+    /// Rotates every head of `x` (`n_heads` heads of `head_dim`, back to back) to position
+    /// `pos`. `pos` must be below [`RopeTable::ctx`].
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let base = pos * self.half;
+        let cos = &self.cos[base..base + self.half];
+        let sin = &self.sin[base..base + self.half];
+        for head in x.chunks_exact_mut(2 * self.half) {
+            for ((pair, c), s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+                let (x0, x1) = (pair[0], pair[1]);
+                pair[0] = x0 * c - x1 * s;
+                pair[1] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The textbook formula: pair `i` of each head, viewed as the complex number
+    /// `x[2i] + j x[2i+1]`, is multiplied by `exp(j * pos * theta^(-2i/d) / scale)`.
+    fn naive(x: &[f32], head_dim: usize, pos: usize, theta: f64, scale: f64) -> Vec<f32> {
+        let mut out = x.to_vec();
+        for h in 0..x.len() / head_dim {
+            for i in 0..head_dim / 2 {
+                let angle = pos as f64 / scale / theta.powf(2.0 * i as f64 / head_dim as f64);
+                let (re, im) = (
+                    x[h * head_dim + 2 * i] as f64,
+                    x[h * head_dim + 2 * i + 1] as f64,
+                );
+                out[h * head_dim + 2 * i] = (re * angle.cos() - im * angle.sin()) as f32;
+                out[h * head_dim + 2 * i + 1] = (re * angle.sin() + im * angle.cos()) as f32;
+            }
+        }
+        out
+    }
+
+    fn input(n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 37 % 19) as f32 - 9.0) / 7.0).collect()
+    }
+
+    #[test]
+    fn matches_naive_formula() {
+        let (hd, heads, ctx) = (64, 3, 300);
+        let t = RopeTable::new(hd, ctx, 100000.0, RopeScaling::None);
+        for pos in [0, 1, 7, 299] {
+            let mut x = input(hd * heads);
+            let want = naive(&x, hd, pos, 100000.0, 1.0);
+            t.apply(&mut x, pos);
+            for (a, b) in x.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "pos {pos}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn position_zero_is_identity_and_norm_is_kept() {
+        let t = RopeTable::new(8, 10, 10000.0, RopeScaling::None);
+        let x0 = input(16);
+        let mut x = x0.clone();
+        t.apply(&mut x, 0);
+        assert_eq!(x, x0);
+        t.apply(&mut x, 9);
+        let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+        assert!((n(&x) - n(&x0)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn linear_scaling_divides_positions() {
+        let t = RopeTable::new(16, 50, 10000.0, RopeScaling::Linear { factor: 4.0 });
+        let mut x = input(16);
+        let want = naive(&x, 16, 40, 10000.0, 4.0);
+        t.apply(&mut x, 40);
+        for (a, b) in x.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn llama3_factors_follow_the_reference_rule() {
+        // Llama 3.1 8B: theta 500000, factor 8, low 1, high 4, original context 8192.
+        let f = llama3_freq_factors(128, 500000.0, 8.0, 1.0, 4.0, 8192.0);
+        assert_eq!(f.len(), 64);
+        assert_eq!(f[0], 1.0, "highest frequency kept");
+        assert_eq!(f[63], 8.0, "lowest frequency fully stretched");
+        // wavelength of pair i is 2*pi*theta^(2i/d); pairs between 2048 and 8192 are smoothed
+        for (i, &v) in f.iter().enumerate() {
+            let wl = 2.0 * std::f64::consts::PI * 500000f64.powf(2.0 * i as f64 / 128.0);
+            if wl < 2048.0 {
+                assert_eq!(v, 1.0);
+            } else if wl > 8192.0 {
+                assert_eq!(v, 8.0);
+            } else {
+                assert!(v > 1.0 && v < 8.0, "pair {i}: {v}");
+            }
+        }
+        let t = RopeTable::new(
+            128,
+            4,
+            500000.0,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_context_length: 8192.0,
+            },
+        );
+        let mut x = input(128);
+        let x0 = x.clone();
+        t.apply(&mut x, 3);
+        // lowest pair: angle 3 * theta^(-126/128) / 8
+        let a = 3.0 * 500000f64.powf(-126.0 / 128.0) / 8.0;
+        let want = x0[126] as f64 * a.cos() - x0[127] as f64 * a.sin();
+        assert!((x[126] as f64 - want).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,381 @@
+//! Token sampling: repeat penalty, then top-k, top-p, min-p and temperature, in llama.cpp's
+//! default order. Temperature 0 is greedy. A seeded xoshiro256** makes runs reproducible.
+
+use serde::{Deserialize, Serialize};
+
+/// Sampler settings, as recorded in the plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SamplerConfig {
+    /// Temperature; 0 picks the most likely token (greedy).
+    pub temp: f32,
+    /// Keep the `top_k` most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p`; 1 disables.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 disables.
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recent tokens by this; 1 disables.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repeat penalty looks at.
+    pub repeat_last_n: usize,
+    /// Seed of the random generator.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temp: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Checks every value's range; the error names the flag.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.temp.is_finite() && self.temp >= 0.0) {
+            return Err(format!("--temp {} must be a number >= 0", self.temp));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("--top-p {} must be in (0, 1]", self.top_p));
+        }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(format!("--min-p {} must be in [0, 1]", self.min_p));
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return Err(format!(
+                "--repeat-penalty {} must be > 0",
+                self.repeat_penalty
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// xoshiro256** seeded through splitmix64: small, fast, and the same on every platform.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Rng {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let r = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        r
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A candidate token: id, logit, and (after softmax) probability.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    /// Token id.
+    pub id: u32,
+    /// Logit (after penalties and temperature).
+    pub logit: f32,
+    /// Probability among the surviving candidates.
+    pub p: f32,
+}
+
+/// Samples tokens from logits. Buffers are sized for the vocabulary once.
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Rng,
+    cands: Vec<Candidate>,
+    recent: Vec<u32>,
+    recent_at: usize,
+}
+
+impl Sampler {
+    /// A sampler for a vocabulary of `vocab` tokens.
+    pub fn new(cfg: SamplerConfig, vocab: usize) -> Sampler {
+        Sampler {
+            rng: Rng::new(cfg.seed),
+            recent: Vec::with_capacity(cfg.repeat_last_n),
+            recent_at: 0,
+            cfg,
+            cands: Vec::with_capacity(vocab),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Records a token that is now part of the context (prompt or generated), for the
+    /// repeat penalty.
+    pub fn accept(&mut self, token: u32) {
+        let n = self.cfg.repeat_last_n;
+        if n == 0 {
+            return;
+        }
+        if self.recent.len() < n {
+            self.recent.push(token);
+        } else {
+            self.recent[self.recent_at] = token;
+            self.recent_at = (self.recent_at + 1) % n;
+        }
+    }
+
+    /// Forgets the recent tokens.
+    pub fn reset(&mut self) {
+        self.recent.clear();
+        self.recent_at = 0;
+    }
+
+    /// Applies the repeat penalty to `logits`, once per distinct recent token.
+    pub fn apply_penalty(&self, logits: &mut [f32]) {
+        let p = self.cfg.repeat_penalty;
+        if p == 1.0 {
+            return;
+        }
+        for (i, &tok) in self.recent.iter().enumerate() {
+            if self.recent[..i].contains(&tok) {
+                continue;
+            }
+            if let Some(l) = logits.get_mut(tok as usize) {
+                *l = if *l > 0.0 { *l / p } else { *l * p };
+            }
+        }
+    }
+
+    /// Picks the next token. `logits` is modified (penalties).
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_penalty(logits);
+        if self.cfg.temp <= 0.0 {
+            return crate::ops::argmax(logits) as u32;
+        }
+        self.filter(logits);
+        let r = self.rng.next_f64() as f32;
+        let mut acc = 0.0;
+        for c in &self.cands {
+            acc += c.p;
+            if r < acc {
+                return c.id;
+            }
+        }
+        self.cands.last().map_or(0, |c| c.id)
+    }
+
+    /// Runs top-k, top-p, min-p and temperature over `logits` (penalties not included) and
+    /// returns the surviving candidates, most likely first, with probabilities summing to 1.
+    pub fn filter(&mut self, logits: &[f32]) -> &[Candidate] {
+        self.cands.clear();
+        self.cands
+            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l,
+                p: 0.0,
+            }));
+        let desc = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit);
+        let k = self.cfg.top_k;
+        if k > 0 && k < self.cands.len() {
+            self.cands.select_nth_unstable_by(k - 1, desc);
+            self.cands.truncate(k);
+        }
+        self.cands.sort_unstable_by(desc);
+        if self.cfg.top_p < 1.0 {
+            softmax(&mut self.cands);
+            let mut cum = 0.0;
+            let mut keep = self.cands.len();
+            for (i, c) in self.cands.iter().enumerate() {
+                cum += c.p;
+                if cum >= self.cfg.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            self.cands.truncate(keep);
+        }
+        if self.cfg.min_p > 0.0 {
+            if let Some(max) = self.cands.first().map(|c| c.logit) {
+                let min_logit = max + self.cfg.min_p.ln();
+                let keep = self
+                    .cands
+                    .iter()
+                    .take_while(|c| c.logit >= min_logit)
+                    .count()
+                    .max(1);
+                self.cands.truncate(keep);
+            }
+        }
+        let t = self.cfg.temp;
+        if t > 0.0 {
+            for c in &mut self.cands {
+                c.logit /= t;
+            }
+        }
+        softmax(&mut self.cands);
+        &self.cands
+    }
+}
+
+fn softmax(c: &mut [Candidate]) {
+    let max = c.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for x in c.iter_mut() {
+        x.p = (x.logit - max).exp();
+        sum += x.p;
+    }
+    for x in c.iter_mut() {
+        x.p /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(temp: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplerConfig {
+        SamplerConfig {
+            temp,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 42,
+        }
+    }
+
+    /// Logits whose softmax is exactly `probs`.
+    fn logits_of(probs: &[f32]) -> Vec<f32> {
+        probs.iter().map(|p| p.ln()).collect()
+    }
+
+    #[test]
+    fn greedy_picks_argmax() {
+        let mut s = Sampler::new(cfg(0.0, 40, 0.95, 0.05), 5);
+        for _ in 0..10 {
+            assert_eq!(s.sample(&mut [0.1, 3.0, -2.0, 2.9, 0.0]), 1);
+        }
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_different_seed_differs() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 7919) % 13) as f32 * 0.3).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(
+                SamplerConfig {
+                    seed,
+                    ..cfg(1.0, 0, 1.0, 0.0)
+                },
+                100,
+            );
+            (0..64)
+                .map(|_| s.sample(&mut logits.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+        assert!(
+            run(7).iter().any(|&t| t != run(7)[0]),
+            "temperature 1 must not be greedy"
+        );
+    }
+
+    #[test]
+    fn top_k_keeps_k_best() {
+        let mut s = Sampler::new(cfg(5.0, 2, 1.0, 0.0), 4);
+        let l = logits_of(&[0.1, 0.4, 0.3, 0.2]);
+        let ids: Vec<u32> = s.filter(&l).iter().map(|c| c.id).collect();
+        assert_eq!(ids, [1, 2]);
+        for _ in 0..200 {
+            assert!(matches!(s.sample(&mut l.clone()), 1 | 2));
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_smallest_set_reaching_p() {
+        let mut s = Sampler::new(cfg(1.0, 0, 0.7, 0.0), 4);
+        let c = s.filter(&logits_of(&[0.15, 0.5, 0.05, 0.3]));
+        let ids: Vec<u32> = c.iter().map(|c| c.id).collect();
+        assert_eq!(ids, [1, 3], "0.5 < 0.7 <= 0.5 + 0.3");
+        assert!((c[0].p - 0.625).abs() < 1e-6, "renormalized: 0.5 / 0.8");
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        let mut s = Sampler::new(cfg(1.0, 0, 1.0, 0.2), 4);
+        // threshold 0.2 * 0.5 = 0.1: 0.05 goes
+        let ids: Vec<u32> = s
+            .filter(&logits_of(&[0.15, 0.5, 0.05, 0.3]))
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(ids, [1, 3, 0]);
+    }
+
+    #[test]
+    fn temperature_sharpens() {
+        let l = logits_of(&[0.6, 0.4]);
+        let mut cold = Sampler::new(cfg(0.5, 0, 1.0, 0.0), 2);
+        let p = cold.filter(&l)[0].p;
+        assert!((p - 0.36 / 0.52).abs() < 1e-5, "p^2 renormalized, got {p}");
+    }
+
+    #[test]
+    fn repeat_penalty_applies_once_per_distinct_token() {
+        let mut s = Sampler::new(
+            SamplerConfig {
+                repeat_penalty: 2.0,
+                repeat_last_n: 3,
+                ..cfg(0.0, 0, 1.0, 0.0)
+            },
+            4,
+        );
+        for t in [0, 0, 1, 2] {
+            s.accept(t); // window of 3 keeps 0, 1, 2
+        }
+        let mut l = vec![4.0, -1.0, 3.0, 3.5];
+        s.apply_penalty(&mut l);
+        assert_eq!(l, [2.0, -2.0, 1.5, 3.5]);
+        assert_eq!(s.sample(&mut [4.0, -1.0, 3.0, 3.5]), 3);
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        assert!(cfg(-1.0, 0, 1.0, 0.0).check().is_err());
+        assert!(cfg(1.0, 0, 0.0, 0.0)
+            .check()
+            .unwrap_err()
+            .contains("--top-p"));
+        assert!(cfg(1.0, 0, 1.5, 0.0).check().is_err());
+        assert!(cfg(1.0, 0, 1.0, 2.0).check().is_err());
+        assert!(cfg(0.8, 40, 0.95, 0.05).check().is_ok());
+    }
+}

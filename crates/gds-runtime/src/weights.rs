@@ -1,0 +1,254 @@
+//! Where every weight of the model lives: byte ranges inside the resident layer files,
+//! checked once at load so the forward pass can slice without failing.
+
+use crate::config::Config;
+use crate::error::{Result, RuntimeError};
+use gds_format::{DType, Manifest, TensorInfo};
+use gds_io::LayerBytes;
+use gds_kernels::WeightView;
+use std::collections::HashMap;
+
+/// A weight matrix: a byte range of one layer file, in its on-disk dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorRef {
+    /// Index of the layer in the manifest (and in the resident layer list).
+    pub layer: usize,
+    /// Byte offset inside the layer file.
+    pub offset: usize,
+    /// Byte length.
+    pub nbytes: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Rows (output features).
+    pub rows: usize,
+    /// Columns (input features).
+    pub cols: usize,
+}
+
+impl TensorRef {
+    /// The matrix as a kernel view over the resident layers.
+    #[inline]
+    pub fn view<'a>(&self, layers: &'a [LayerBytes]) -> WeightView<'a> {
+        WeightView {
+            dtype: self.dtype,
+            data: &layers[self.layer][self.offset..self.offset + self.nbytes],
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.nbytes / self.rows
+    }
+}
+
+/// Weights of one transformer block.
+pub struct BlockWeights {
+    /// `[n_embd]`
+    pub attn_norm: Vec<f32>,
+    /// `[n_heads * head_dim, n_embd]`
+    pub wq: TensorRef,
+    /// `[n_kv_heads * head_dim, n_embd]`
+    pub wk: TensorRef,
+    /// `[n_kv_heads * head_dim, n_embd]`
+    pub wv: TensorRef,
+    /// `[n_heads * head_dim]` (qwen2)
+    pub bq: Option<Vec<f32>>,
+    /// `[n_kv_heads * head_dim]` (qwen2)
+    pub bk: Option<Vec<f32>>,
+    /// `[n_kv_heads * head_dim]` (qwen2)
+    pub bv: Option<Vec<f32>>,
+    /// `[n_embd, n_heads * head_dim]`
+    pub wo: TensorRef,
+    /// `[n_embd]`
+    pub ffn_norm: Vec<f32>,
+    /// `[n_ff, n_embd]`
+    pub w_gate: TensorRef,
+    /// `[n_ff, n_embd]`
+    pub w_up: TensorRef,
+    /// `[n_embd, n_ff]`
+    pub w_down: TensorRef,
+}
+
+/// All weights of a llama-family model.
+pub struct Weights {
+    /// `[vocab_size, n_embd]`
+    pub token_embd: TensorRef,
+    /// The transformer blocks.
+    pub blocks: Vec<BlockWeights>,
+    /// `[n_embd]`
+    pub output_norm: Vec<f32>,
+    /// `[vocab_size, n_embd]`; the token embedding when tied.
+    pub output: TensorRef,
+}
+
+struct Finder<'m, 'l> {
+    by_name: HashMap<&'m str, TensorInfo<'m>>,
+    layers: &'l [LayerBytes],
+}
+
+impl Finder<'_, '_> {
+    fn info(&self, name: &str) -> Result<&TensorInfo<'_>> {
+        self.by_name.get(name).ok_or_else(|| RuntimeError::Tensor {
+            name: name.into(),
+            why: "missing from the manifest".into(),
+        })
+    }
+
+    fn bytes(&self, t: &TensorInfo<'_>) -> Result<TensorRef> {
+        let bad = |why: String| RuntimeError::Tensor {
+            name: t.name.into(),
+            why,
+        };
+        let layer = self
+            .layers
+            .get(t.layer)
+            .ok_or_else(|| bad(format!("layer {} does not exist", t.layer)))?;
+        let want = t
+            .dtype
+            .tensor_bytes(t.dims())
+            .ok_or_else(|| bad(format!("shape {:?} does not fit {}", t.dims(), t.dtype)))?;
+        if want != t.nbytes {
+            return Err(bad(format!(
+                "{} bytes recorded, {want} expected for {:?} {}",
+                t.nbytes,
+                t.dims(),
+                t.dtype
+            )));
+        }
+        let end = t
+            .offset
+            .checked_add(t.nbytes)
+            .filter(|&e| e <= layer.len() as u64);
+        if end.is_none() {
+            return Err(bad(format!(
+                "bytes {}..+{} lie outside its {}-byte layer file",
+                t.offset,
+                t.nbytes,
+                layer.len()
+            )));
+        }
+        let (rows, cols) = match t.dims() {
+            [n] => (1, *n as usize),
+            [r, c] => (*r as usize, *c as usize),
+            d => return Err(bad(format!("expected 1 or 2 dimensions, found {d:?}"))),
+        };
+        Ok(TensorRef {
+            layer: t.layer,
+            offset: t.offset as usize,
+            nbytes: t.nbytes as usize,
+            dtype: t.dtype,
+            rows,
+            cols,
+        })
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<TensorRef> {
+        let t = self.info(name)?;
+        if t.dims() != [rows as u64, cols as u64] {
+            return Err(RuntimeError::Tensor {
+                name: name.into(),
+                why: format!("shape {:?}, expected [{rows}, {cols}]", t.dims()),
+            });
+        }
+        self.bytes(t)
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let t = self.info(name)?;
+        if t.dims() != [n as u64] {
+            return Err(RuntimeError::Tensor {
+                name: name.into(),
+                why: format!("shape {:?}, expected [{n}]", t.dims()),
+            });
+        }
+        let r = self.bytes(t)?;
+        let mut out = vec![0.0; n];
+        gds_kernels::dequantize(
+            r.dtype,
+            &self.layers[r.layer][r.offset..r.offset + r.nbytes],
+            &mut out,
+        )?;
+        Ok(out)
+    }
+
+    fn opt_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        if self.by_name.contains_key(name) {
+            self.vector(name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl Weights {
+    /// Locates and checks every tensor. Norms and biases (small vectors) are dequantized to
+    /// f32; matrices stay where they are, in their on-disk dtype.
+    pub fn load(cfg: &Config, m: &Manifest<'_>, layers: &[LayerBytes]) -> Result<Weights> {
+        let f = Finder {
+            by_name: m.tensors().map(|t| (t.name, t)).collect(),
+            layers,
+        };
+        if f.by_name.len() != m.n_tensors() {
+            return Err(RuntimeError::Manifest {
+                dir: String::new(),
+                why: "unreadable or duplicate tensor records".into(),
+            });
+        }
+        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let token_embd = f.matrix("token_embd.weight", cfg.vocab_size, d)?;
+        let output = if f.by_name.contains_key("output.weight") {
+            f.matrix("output.weight", cfg.vocab_size, d)?
+        } else if cfg.tie_embeddings {
+            token_embd
+        } else {
+            return Err(RuntimeError::Tensor {
+                name: "output.weight".into(),
+                why: "missing and model.tie_embeddings is false".into(),
+            });
+        };
+        let mut blocks = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            blocks.push(BlockWeights {
+                attn_norm: f.vector(&n("attn_norm.weight"), d)?,
+                wq: f.matrix(&n("attn_q.weight"), q, d)?,
+                wk: f.matrix(&n("attn_k.weight"), kv, d)?,
+                wv: f.matrix(&n("attn_v.weight"), kv, d)?,
+                bq: f.opt_vector(&n("attn_q.bias"), q)?,
+                bk: f.opt_vector(&n("attn_k.bias"), kv)?,
+                bv: f.opt_vector(&n("attn_v.bias"), kv)?,
+                wo: f.matrix(&n("attn_output.weight"), d, q)?,
+                ffn_norm: f.vector(&n("ffn_norm.weight"), d)?,
+                w_gate: f.matrix(&n("ffn_gate.weight"), ff, d)?,
+                w_up: f.matrix(&n("ffn_up.weight"), ff, d)?,
+                w_down: f.matrix(&n("ffn_down.weight"), d, ff)?,
+            });
+        }
+        Ok(Weights {
+            token_embd,
+            output_norm: f.vector("output_norm.weight", d)?,
+            output,
+            blocks,
+        })
+    }
+
+    /// Every matrix, for summaries and kernel checks.
+    pub fn matrices(&self) -> impl Iterator<Item = (&'static str, &TensorRef)> {
+        let blocks = self.blocks.iter().flat_map(|b| {
+            [
+                ("attn_q", &b.wq),
+                ("attn_k", &b.wk),
+                ("attn_v", &b.wv),
+                ("attn_output", &b.wo),
+                ("ffn_gate", &b.w_gate),
+                ("ffn_up", &b.w_up),
+                ("ffn_down", &b.w_down),
+            ]
+        });
+        [("token_embd", &self.token_embd), ("output", &self.output)]
+            .into_iter()
+            .chain(blocks)
+    }
+}
