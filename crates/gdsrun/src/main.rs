@@ -1,3 +1,70 @@
+//! `gdsrun`: run a GdsLLM model directory on the CPU.
+//!
+//! `gdsrun MODEL_DIR [--prompt TEXT]` generates (or chats interactively without `--prompt`);
+//! `gdsrun perplexity` and `gdsrun bench` measure quality and speed. Exit codes: 0 ok,
+//! 1 runtime error, 2 usage error.
+
+mod bench;
+mod cli;
+mod perplexity;
+mod run;
+
+use clap::Parser;
+use cli::{Cli, Command};
+use gds_runtime::RuntimeError;
+
+/// Subcommand names; anything else in first position means `run`.
+const SUBCOMMANDS: &[&str] = &["run", "perplexity", "bench", "help"];
+
+/// Inserts `run` when the first argument is not a subcommand or a top-level flag, so that
+/// `gdsrun MODEL_DIR ...` means `gdsrun run MODEL_DIR ...`.
+fn with_default_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let first = args.get(1).and_then(|a| a.to_str()).map(str::to_string);
+    match first.as_deref() {
+        Some(a) if SUBCOMMANDS.contains(&a) || matches!(a, "-h" | "--help" | "-V" | "--version") => {}
+        None => {}
+        Some(_) => args.insert(1, "run".into()),
+    }
+    args
+}
+
 fn main() {
-    println!("Hello, world!");
+    let cli = Cli::parse_from(with_default_subcommand(std::env::args_os().collect()));
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("gdsrun: error: {e:#}");
+        let usage = matches!(e.downcast_ref::<RuntimeError>(), Some(RuntimeError::Plan(_)));
+        std::process::exit(if usage { 2 } else { 1 });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        with_default_subcommand(v.iter().map(Into::into).collect()).into_iter().map(|s| s.into_string().unwrap()).collect()
+    }
+
+    #[test]
+    fn model_dir_first_means_run() {
+        assert_eq!(args(&["gdsrun", "m.gds", "--prompt", "hi"]), ["gdsrun", "run", "m.gds", "--prompt", "hi"]);
+        assert_eq!(args(&["gdsrun", "run", "m.gds"]), ["gdsrun", "run", "m.gds"]);
+        assert_eq!(args(&["gdsrun", "bench", "m.gds"]), ["gdsrun", "bench", "m.gds"]);
+        assert_eq!(args(&["gdsrun", "--help"]), ["gdsrun", "--help"]);
+        assert_eq!(args(&["gdsrun"]), ["gdsrun"]);
+    }
+
+    #[test]
+    fn cli_parses_run_flags() {
+        let cli = Cli::try_parse_from(args(&["gdsrun", "m", "--prompt", "p", "--stop", "a", "--stop", "b", "--temp", "0", "--json"])).unwrap();
+        let Command::Run(r) = cli.command else { panic!("expected run") };
+        assert_eq!(r.stop, ["a", "b"]);
+        assert_eq!(r.temp, Some(0.0));
+        assert!(r.json);
+    }
 }

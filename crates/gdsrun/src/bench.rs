@@ -1,0 +1,128 @@
+//! `gdsrun bench`: llama-bench's pp (prompt processing) and tg (text generation) tests.
+
+use crate::cli::BenchArgs;
+use crate::run::common_options;
+use anyhow::{bail, Result};
+use gds_runtime::sampler::Rng;
+use gds_runtime::{Batch, KvCache, Model, Plan, PlanOptions, RunState};
+use serde::Serialize;
+use std::time::Instant;
+
+/// One test's result, with llama-bench's field names.
+#[derive(Serialize, Debug)]
+struct BenchResult {
+    model: String,
+    model_filename: String,
+    n_threads: usize,
+    n_batch: usize,
+    type_k: String,
+    n_prompt: usize,
+    n_gen: usize,
+    avg_ns: u64,
+    stddev_ns: u64,
+    avg_ts: f64,
+    stddev_ts: f64,
+    samples_ns: Vec<u64>,
+    samples_ts: Vec<f64>,
+}
+
+fn mean_std(x: &[f64]) -> (f64, f64) {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = if x.len() > 1 { x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// Evaluates `n` random tokens from position 0 in batches (pp).
+fn prompt_pass(model: &Model, st: &mut RunState, kv: &mut KvCache, b: &mut Batch, rng: &mut Rng, n: usize, batch: usize) -> Result<()> {
+    let vocab = model.config.vocab_size as u64;
+    let mut pos = 0;
+    while pos < n {
+        b.clear();
+        let m = batch.min(n - pos);
+        for i in 0..m {
+            b.push((rng.next_u64() % vocab) as u32, pos + i, 0, pos + i + 1 == n);
+        }
+        model.forward(st, kv, b)?;
+        pos += m;
+    }
+    Ok(())
+}
+
+/// Evaluates `n` random tokens one at a time from position 0 (tg).
+fn gen_pass(model: &Model, st: &mut RunState, kv: &mut KvCache, b: &mut Batch, rng: &mut Rng, n: usize) -> Result<()> {
+    let vocab = model.config.vocab_size as u64;
+    for pos in 0..n {
+        b.clear();
+        b.push((rng.next_u64() % vocab) as u32, pos, 0, true);
+        model.forward(st, kv, b)?;
+    }
+    Ok(())
+}
+
+/// Runs the command.
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.repetitions == 0 {
+        return Err(gds_runtime::RuntimeError::Plan("-r must be at least 1".into()).into());
+    }
+    if a.n_prompt == 0 && a.n_gen == 0 {
+        bail!("nothing to run: -p and -n are both 0");
+    }
+    let ctx = a.n_prompt.max(a.n_gen).max(1);
+    let plan = Plan::build(&PlanOptions { ctx: Some(ctx), raw: true, batch: a.common.batch.or(Some(512)), ..common_options(&a.common) })?;
+    let model = Model::load(&plan.model_dir, plan.ctx, plan.threads)?;
+    let c = &model.config;
+    let mut st = RunState::new(c, plan.batch, 1, plan.ctx, plan.threads);
+    let mut kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, plan.ctx, c.kv_dim());
+    let mut b = Batch::with_capacity(plan.batch);
+    let mut rng = Rng::new(1234);
+    let name = plan.model_name.clone().unwrap_or_else(|| plan.model_dir.display().to_string());
+    let mut results = Vec::new();
+    for (n_prompt, n_gen) in [(a.n_prompt, 0), (0, a.n_gen)] {
+        if n_prompt == 0 && n_gen == 0 {
+            continue;
+        }
+        let pass = |st: &mut RunState, kv: &mut KvCache, b: &mut Batch, rng: &mut Rng| {
+            if n_prompt > 0 { prompt_pass(&model, st, kv, b, rng, n_prompt, plan.batch) } else { gen_pass(&model, st, kv, b, rng, n_gen) }
+        };
+        // warm-up: page the weights in, spin the threads up
+        pass(&mut st, &mut kv, &mut b, &mut rng)?;
+        let mut ns = Vec::with_capacity(a.repetitions);
+        for _ in 0..a.repetitions {
+            let t = Instant::now();
+            pass(&mut st, &mut kv, &mut b, &mut rng)?;
+            ns.push(t.elapsed().as_nanos() as u64);
+        }
+        let n = (n_prompt + n_gen) as f64;
+        let ts: Vec<f64> = ns.iter().map(|&t| n * 1e9 / t as f64).collect();
+        let (avg_ns, std_ns) = mean_std(&ns.iter().map(|&t| t as f64).collect::<Vec<_>>());
+        let (avg_ts, stddev_ts) = mean_std(&ts);
+        results.push(BenchResult {
+            model: name.clone(),
+            model_filename: plan.model_dir.display().to_string(),
+            n_threads: plan.threads,
+            n_batch: plan.batch,
+            type_k: format!("{:?}", plan.kv_dtype).to_lowercase(),
+            n_prompt,
+            n_gen,
+            avg_ns: avg_ns as u64,
+            stddev_ns: std_ns as u64,
+            avg_ts,
+            stddev_ts,
+            samples_ns: ns,
+            samples_ts: ts,
+        });
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        let size: u64 = plan.weight_dtypes.values().map(|d| d.bytes).sum();
+        println!("| model | size | backend | threads | test | t/s |");
+        println!("| --- | ---: | --- | ---: | ---: | ---: |");
+        for r in &results {
+            let test = if r.n_prompt > 0 { format!("pp{}", r.n_prompt) } else { format!("tg{}", r.n_gen) };
+            println!("| {} | {:.2} MiB | cpu | {} | {test} | {:.2} ± {:.2} |", r.model, size as f64 / (1 << 20) as f64, r.n_threads, r.avg_ts, r.stddev_ts);
+        }
+    }
+    Ok(())
+}

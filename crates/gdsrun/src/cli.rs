@@ -1,0 +1,130 @@
+//! Flags, parsed by clap into raw arguments; `gds_runtime::Plan` validates them.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Run GdsLLM models on the CPU.
+#[derive(Parser, Debug)]
+#[command(name = "gdsrun", version, about, long_about = None, after_help = "`gdsrun MODEL_DIR ...` is short for `gdsrun run MODEL_DIR ...`.")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate from a prompt, or chat interactively (the default command).
+    Run(RunArgs),
+    /// Perplexity of a text file, computed like llama.cpp's llama-perplexity.
+    Perplexity(PerplexityArgs),
+    /// Prompt-processing and generation speed, like llama-bench.
+    Bench(BenchArgs),
+}
+
+/// Settings shared by every subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Model directory (made by `gdsconv convert`).
+    pub model_dir: PathBuf,
+    /// Worker threads (default: physical cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Prompt tokens per forward pass.
+    #[arg(long, short = 'b')]
+    pub batch: Option<usize>,
+    /// KV cache type: f32 or f16.
+    #[arg(long, value_parser = ["f32", "f16"])]
+    pub kv_type: Option<String>,
+}
+
+/// `gdsrun run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Prompt; without it, chat interactively (one message per line of stdin).
+    #[arg(long, short = 'p')]
+    pub prompt: Option<String>,
+    /// System prompt (chat mode).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Plain completion: do not apply the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Temperature (0 = greedy) [default: 0.8].
+    #[arg(long)]
+    pub temp: Option<f32>,
+    /// Top-k, 0 disables [default: 40].
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Top-p, 1 disables [default: 0.95].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Min-p, 0 disables [default: 0.05].
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repeat penalty, 1 disables [default: 1.0].
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// Tokens the repeat penalty looks back over [default: 64].
+    #[arg(long)]
+    pub repeat_last_n: Option<usize>,
+    /// Random seed (default: from the clock; recorded in the plan).
+    #[arg(long, short = 's')]
+    pub seed: Option<u64>,
+    /// Most tokens per reply (default: until the context is full).
+    #[arg(long, short = 'n')]
+    pub max_tokens: Option<usize>,
+    /// Stop when this string appears (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Stop a reply after this many joules (needs RAPL counters).
+    #[arg(long)]
+    pub max_joules: Option<f64>,
+    /// Context length (default: min(model's, 4096)).
+    #[arg(long, short = 'c')]
+    pub ctx: Option<usize>,
+    /// Print one JSON object per reply instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the run plan as JSON and exit.
+    #[arg(long)]
+    pub plan: bool,
+}
+
+/// `gdsrun perplexity`.
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Text file to score.
+    #[arg(long, short = 'f')]
+    pub file: PathBuf,
+    /// Tokens per chunk.
+    #[arg(long, short = 'c', default_value_t = 512)]
+    pub ctx: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `gdsrun bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Prompt tokens of the pp test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens of the tg test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub repetitions: usize,
+    /// Print llama-bench style JSON.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,48 @@
+//! `gdsrun perplexity`: llama-perplexity's algorithm over a text file.
+
+use crate::cli::PerplexityArgs;
+use crate::run::common_options;
+use anyhow::{Context, Result};
+use gds_runtime::perplexity::{perplexity, PerplexityOptions};
+use gds_runtime::{Model, Plan, PlanOptions, RuntimeError, TextTokenizer};
+use std::io::Write;
+use std::time::Instant;
+
+/// Runs the command.
+pub fn run(a: PerplexityArgs) -> Result<()> {
+    let plan = Plan::build(&PlanOptions { ctx: Some(a.ctx), raw: true, ..common_options(&a.common) })?;
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let t0 = Instant::now();
+    let model = Model::load(&plan.model_dir, plan.ctx, plan.threads)?;
+    let tok = TextTokenizer::load(&plan.model_dir, &model.config)?;
+    let tokens = tok.encode(&text, true)?;
+    let opts = PerplexityOptions { ctx: plan.ctx, batch: plan.batch.max(plan.ctx.min(512)), bos: tok.bos().filter(|_| tok.add_bos()), kv_dtype: plan.kv_dtype };
+    if !a.json {
+        eprintln!("perplexity: {} tokens, ctx {}, {} threads", tokens.len(), plan.ctx, plan.threads);
+    }
+    let json = a.json;
+    let r = perplexity(&model, &tokens, opts, &mut |i, ppl| {
+        if !json {
+            eprint!("[{}]{ppl:.4},", i + 1);
+            let _ = std::io::stderr().flush();
+        }
+    })
+    .map_err(|e| match e {
+        RuntimeError::Perplexity(m) => anyhow::anyhow!("{}: {m}", a.file.display()),
+        e => e.into(),
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "ppl": r.ppl, "ppl_stderr": r.ppl_stderr, "tokens": r.tokens, "scored": r.scored, "chunks": r.chunks.n_chunks,
+                "ctx": plan.ctx, "running": r.running, "seconds": secs, "model": plan.model_dir, "file": a.file,
+            })
+        );
+    } else {
+        eprintln!();
+        println!("Final estimate: PPL = {:.4} +/- {:.5} ({} chunks of {}, {} tokens scored, {secs:.1} s)", r.ppl, r.ppl_stderr, r.chunks.n_chunks, plan.ctx, r.scored);
+    }
+    Ok(())
+}

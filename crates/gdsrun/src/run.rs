@@ -1,0 +1,153 @@
+//! `gdsrun run`: one prompt, or an interactive chat that keeps the KV cache between turns.
+
+use crate::cli::{CommonArgs, RunArgs};
+use anyhow::{Context, Result};
+use gds_runtime::engine::GenerateOutput;
+use gds_runtime::{Engine, KvDtype, Plan, PlanOptions, RuntimeError};
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Plan options from the flags every subcommand shares.
+pub fn common_options(c: &CommonArgs) -> PlanOptions {
+    PlanOptions {
+        model_dir: c.model_dir.clone(),
+        threads: c.threads,
+        batch: c.batch,
+        kv_dtype: c.kv_type.as_deref().and_then(KvDtype::parse),
+        ..Default::default()
+    }
+}
+
+fn plan_options(a: &RunArgs) -> PlanOptions {
+    PlanOptions {
+        ctx: a.ctx,
+        temp: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+        seed: a.seed,
+        max_tokens: a.max_tokens,
+        stop: a.stop.clone(),
+        max_joules: a.max_joules,
+        raw: a.raw,
+        system: a.system.clone(),
+        ..common_options(&a.common)
+    }
+}
+
+/// Ctrl-C: during generation it stops the reply (metrics are still reported); otherwise,
+/// or when pressed twice, it exits.
+fn install_ctrlc(interrupt: Arc<AtomicBool>, generating: Arc<AtomicBool>) {
+    let r = ctrlc::set_handler(move || {
+        if generating.load(Ordering::SeqCst) && !interrupt.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        std::process::exit(130);
+    });
+    if let Err(e) = r {
+        eprintln!("gdsrun: warning: Ctrl-C handler not installed: {e}");
+    }
+}
+
+/// The JSON object printed by `--json`.
+fn json_result(out: &GenerateOutput, plan: &Plan) -> serde_json::Value {
+    serde_json::json!({
+        "text": out.text,
+        "tokens": out.tokens,
+        "stop_reason": out.stop_reason,
+        "plan": plan,
+        "metrics": out.metrics,
+    })
+}
+
+/// Writes generated text to stdout as it comes; a closed pipe stops generation quietly.
+struct Printer {
+    broken: Arc<AtomicBool>,
+    interrupt: Arc<AtomicBool>,
+}
+
+impl Printer {
+    fn print(&self, s: &str) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if out.write_all(s.as_bytes()).and_then(|_| out.flush()).is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+            self.interrupt.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Runs the command.
+pub fn run(a: RunArgs) -> Result<()> {
+    let plan = Plan::build(&plan_options(&a))?;
+    if a.plan {
+        println!("{}", plan.to_json());
+        return Ok(());
+    }
+    let mut engine = Engine::load(plan).with_context(|| format!("loading {}", a.common.model_dir.display()))?;
+    let generating = Arc::new(AtomicBool::new(false));
+    let interrupt = engine.interrupt_flag();
+    install_ctrlc(interrupt.clone(), generating.clone());
+    let printer = Printer { broken: Arc::new(AtomicBool::new(false)), interrupt: interrupt.clone() };
+
+    let turn = |engine: &mut Engine, prompt: &str| -> Result<()> {
+        generating.store(true, Ordering::SeqCst);
+        let out = if a.json { engine.generate(prompt, &mut |_| {}) } else { engine.generate(prompt, &mut |s| printer.print(s)) };
+        generating.store(false, Ordering::SeqCst);
+        let out = out?;
+        if printer.broken.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if a.json {
+            println!("{}", json_result(&out, engine.plan()));
+        } else {
+            printer.print("\n");
+            eprintln!("[{}] {}", out.stop_reason.as_str(), out.metrics.summary());
+        }
+        Ok(())
+    };
+
+    match &a.prompt {
+        Some(p) => turn(&mut engine, p),
+        None => {
+            let stdin = std::io::stdin();
+            let interactive = stdin.is_terminal();
+            if interactive {
+                eprintln!("gdsrun: {} mode; one message per line, /reset to forget, Ctrl-D to quit", if engine.plan().mode == gds_runtime::plan::Mode::Chat { "chat" } else { "raw completion" });
+            }
+            let mut lines = stdin.lock();
+            loop {
+                if interactive {
+                    eprint!("> ");
+                }
+                let mut line = String::new();
+                if lines.read_line(&mut line).context("reading stdin")? == 0 {
+                    return Ok(());
+                }
+                let msg = line.trim_end_matches(['\n', '\r']);
+                if msg.trim().is_empty() {
+                    continue;
+                }
+                if msg.trim() == "/reset" {
+                    engine.reset_chat();
+                    continue;
+                }
+                match turn(&mut engine, msg) {
+                    // a turn that does not fit is reported; the chat goes on
+                    Err(e) if matches!(e.downcast_ref::<RuntimeError>(), Some(RuntimeError::PromptTooLong { .. })) => {
+                        eprintln!("gdsrun: error: {e:#} (/reset to start over)")
+                    }
+                    r => r?,
+                }
+                if printer.broken.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
