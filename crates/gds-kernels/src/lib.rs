@@ -6,16 +6,32 @@
 //!   ggml/gguf-py.
 //! - [`matmul`]: `y[t, r] = sum_k W[r, k] * x[t, k]` for a weight in its on-disk dtype.
 //!
+//! Also [`matmul_many`] (several weights sharing one input, e.g. Q/K/V or gate/up, in one
+//! parallel region with the input quantized once) and `*_with` variants that pin the
+//! instruction set ([`Isa`]); the plain functions use [`Isa::best`], detected once.
+//!
 //! Large inputs are split across the current rayon pool; the caller sizes the pool.
+//!
+//! Matmul numerics: for quantized weights the input rows are quantized to 8 bits per 32
+//! (Q4_0..Q8_0) or 256 (K-quants) elements, as ggml does, so results differ from an f32
+//! product of the dequantized weights by that rounding (relative error around 1e-2 of
+//! `sum |w * x|` at worst, typically much less). Float weights use f32 FMA.
 
+pub mod act;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
 pub mod blocks;
 mod dequant;
+mod matmul;
 mod quant;
+pub mod scalar;
 
 use blocks::*;
 use dequant::{dequant_blocks, Dequant};
 use gds_format::DType;
 use rayon::prelude::*;
+
+pub use matmul::{matmul_many_with, Isa};
 
 pub use quant::{
     quantize_block_q4_0, quantize_block_q4_1, quantize_block_q5_0, quantize_block_q5_1,
@@ -231,34 +247,41 @@ pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>, KernelError> {
 }
 
 /// `y[t * w.rows + r] = sum_k W[r, k] * x[t * w.cols + k]` for `t in 0..n_tokens`.
+///
+/// Supported weight dtypes: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+/// (dedicated kernels) and Q2_K, Q3_K, Q8_1, Q8_K (dequantize each row, then f32). Output
+/// rows are split across the current rayon pool; with several tokens each weight row is
+/// used for up to four tokens at a time.
 pub fn matmul(
     w: &WeightView<'_>,
     x: &[f32],
     n_tokens: usize,
     y: &mut [f32],
 ) -> Result<(), KernelError> {
-    w.validate()?;
-    if x.len() != n_tokens * w.cols || y.len() != n_tokens * w.rows {
-        return Err(KernelError::Shape(format!(
-            "matmul {}x{} with {n_tokens} tokens: x has {} (want {}), y has {} (want {})",
-            w.rows,
-            w.cols,
-            x.len(),
-            n_tokens * w.cols,
-            y.len(),
-            n_tokens * w.rows
-        )));
-    }
-    let rb = w.row_bytes();
-    let mut row = vec![0f32; w.cols];
-    for r in 0..w.rows {
-        dequantize(w.dtype, &w.data[r * rb..(r + 1) * rb], &mut row)?;
-        for t in 0..n_tokens {
-            let xt = &x[t * w.cols..(t + 1) * w.cols];
-            y[t * w.rows + r] = row.iter().zip(xt).map(|(a, b)| a * b).sum();
-        }
-    }
-    Ok(())
+    matmul_with(Isa::best(), w, x, n_tokens, y)
+}
+
+/// [`matmul`] on a chosen instruction set (errors if the CPU lacks it).
+pub fn matmul_with(
+    isa: Isa,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    matmul_many_with(isa, std::slice::from_ref(w), x, n_tokens, &mut [y])
+}
+
+/// Several [`matmul`]s with the same input: `ys[i] = ws[i] · x`. All weights must have the
+/// same `cols`; dtypes may differ. The input is quantized once per activation format and all
+/// output rows share one parallel region, which saves a fork/join per weight in decode.
+pub fn matmul_many(
+    ws: &[WeightView<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    matmul_many_with(Isa::best(), ws, x, n_tokens, ys)
 }
 
 #[cfg(test)]

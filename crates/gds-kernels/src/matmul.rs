@@ -1,0 +1,338 @@
+//! Matrix products: activation quantization, run-time kernel choice, threading and tiling.
+
+use crate::act::{quantize_act_q8_scalar, quantize_act_q8k_scalar, ActQ8, ActQ8K};
+#[cfg(target_arch = "x86_64")]
+use crate::avx2::{self, Avx2};
+use crate::blocks::{QK, QK_K};
+use crate::{dequantize, scalar, KernelError, WeightView};
+use gds_format::DType;
+use rayon::prelude::*;
+use std::sync::OnceLock;
+use zerocopy::IntoBytes;
+
+/// An instruction set the kernels can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable scalar reference kernels.
+    Scalar,
+    /// AVX2 + FMA + F16C (x86-64).
+    Avx2,
+}
+
+impl Isa {
+    /// The best instruction set this CPU has, detected once and cached.
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            if Isa::Avx2.available() {
+                Isa::Avx2
+            } else {
+                Isa::Scalar
+            }
+        })
+    }
+
+    /// Whether this CPU can run `self`.
+    pub fn available(self) -> bool {
+        Backend::new(self).is_some()
+    }
+
+    /// Lower-case name (`scalar`, `avx2`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+        }
+    }
+}
+
+/// A checked [`Isa`]: holds the proof that the CPU has its features.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Backend {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2),
+}
+
+impl Backend {
+    pub(crate) fn new(isa: Isa) -> Option<Backend> {
+        match isa {
+            Isa::Scalar => Some(Backend::Scalar),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Avx2::detect().map(Backend::Avx2),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 => None,
+        }
+    }
+}
+
+/// What a weight dtype wants its activations as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ActKind {
+    /// Plain f32 (float weights, and the dequantize-then-dot fallback).
+    F32,
+    /// 32-blocks ([`ActQ8`]).
+    Q8,
+    /// 256-blocks ([`ActQ8K`]).
+    Q8K,
+}
+
+fn act_kind(dtype: DType) -> Result<ActKind, KernelError> {
+    use DType::*;
+    Ok(match dtype {
+        F32 | F16 | BF16 | Q2K | Q3K | Q8_1 | Q8K => ActKind::F32,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => ActKind::Q8,
+        Q4K | Q5K | Q6K => ActKind::Q8K,
+        _ => {
+            return Err(KernelError::Unsupported {
+                op: "matmul",
+                dtype,
+            })
+        }
+    })
+}
+
+/// Quantizes `x` (`n` rows of `cols`) for 32-blocks; parallel over rows when there are many.
+fn quantize_q8(be: Backend, x: &[f32], cols: usize) -> Vec<ActQ8> {
+    let mut out = vec![ActQ8::default(); x.len() / QK];
+    let per_row = cols / QK;
+    let run = |x: &[f32], o: &mut [ActQ8]| match be {
+        Backend::Scalar => quantize_act_q8_scalar(x, o),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2(t) => avx2::quantize_act_q8(t, x, o),
+    };
+    if x.len() >= 1 << 16 {
+        x.par_chunks(cols)
+            .zip(out.par_chunks_mut(per_row))
+            .for_each(|(x, o)| run(x, o));
+    } else {
+        run(x, &mut out);
+    }
+    out
+}
+
+/// Quantizes `x` for 256-blocks.
+fn quantize_q8k(be: Backend, x: &[f32], cols: usize) -> Vec<ActQ8K> {
+    let mut out = vec![ActQ8K::default(); x.len() / QK_K];
+    let per_row = cols / QK_K;
+    let run = |x: &[f32], o: &mut [ActQ8K]| match be {
+        Backend::Scalar => quantize_act_q8k_scalar(x, o),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2(t) => avx2::quantize_act_q8k(t, x, o),
+    };
+    if x.len() >= 1 << 16 {
+        x.par_chunks(cols)
+            .zip(out.par_chunks_mut(per_row))
+            .for_each(|(x, o)| run(x, o));
+    } else {
+        run(x, &mut out);
+    }
+    out
+}
+
+/// Per-token activation rows in the format a kernel wants.
+enum ActRows<'a> {
+    F32(Vec<&'a [f32]>),
+    Q8(Vec<&'a [ActQ8]>),
+    Q8K(Vec<&'a [ActQ8K]>),
+}
+
+/// The activations of one matmul input, quantized at most once per format.
+struct Acts<'x> {
+    x: &'x [f32],
+    cols: usize,
+    q8: Option<Vec<ActQ8>>,
+    q8k: Option<Vec<ActQ8K>>,
+}
+
+impl<'x> Acts<'x> {
+    fn new(be: Backend, x: &'x [f32], cols: usize, kinds: &[ActKind]) -> Self {
+        let q8 = kinds
+            .contains(&ActKind::Q8)
+            .then(|| quantize_q8(be, x, cols));
+        let q8k = kinds
+            .contains(&ActKind::Q8K)
+            .then(|| quantize_q8k(be, x, cols));
+        Acts { x, cols, q8, q8k }
+    }
+
+    fn rows(&self, kind: ActKind) -> ActRows<'_> {
+        match kind {
+            ActKind::F32 => ActRows::F32(self.x.chunks_exact(self.cols).collect()),
+            ActKind::Q8 => {
+                let q = self.q8.as_deref().expect("quantized for Q8");
+                ActRows::Q8(q.chunks_exact(self.cols / QK).collect())
+            }
+            ActKind::Q8K => {
+                let q = self.q8k.as_deref().expect("quantized for Q8K");
+                ActRows::Q8K(q.chunks_exact(self.cols / QK_K).collect())
+            }
+        }
+    }
+}
+
+/// Computes `out[r * nt + t]` for the consecutive weight rows in `w` (`rb` bytes each).
+fn run_rows(be: Backend, dtype: DType, w: &[u8], rb: usize, acts: &ActRows<'_>, out: &mut [f32]) {
+    macro_rules! go {
+        ($f:ident, $a:expr) => {
+            match be {
+                Backend::Scalar => scalar::$f(w, rb, $a, out),
+                #[cfg(target_arch = "x86_64")]
+                Backend::Avx2(t) => avx2::$f(t, w, rb, $a, out),
+            }
+        };
+    }
+    use DType::*;
+    match (dtype, acts) {
+        (Q4_0, ActRows::Q8(a)) => go!(rows_q4_0, a),
+        (Q4_1, ActRows::Q8(a)) => go!(rows_q4_1, a),
+        (Q5_0, ActRows::Q8(a)) => go!(rows_q5_0, a),
+        (Q5_1, ActRows::Q8(a)) => go!(rows_q5_1, a),
+        (Q8_0, ActRows::Q8(a)) => go!(rows_q8_0, a),
+        (Q4K, ActRows::Q8K(a)) => go!(rows_q4_k, a),
+        (Q5K, ActRows::Q8K(a)) => go!(rows_q5_k, a),
+        (Q6K, ActRows::Q8K(a)) => go!(rows_q6_k, a),
+        (F32, ActRows::F32(a)) => go!(rows_f32, a),
+        (F16, ActRows::F32(a)) => go!(rows_f16, a),
+        (BF16, ActRows::F32(a)) => go!(rows_bf16, a),
+        (_, ActRows::F32(a)) => {
+            // Types without a dedicated kernel: dequantize each row, then the f32 kernel.
+            let nt = a.len();
+            let cols = a.first().map_or(0, |x| x.len());
+            let mut row = vec![0f32; cols];
+            for (wr, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(nt)) {
+                dequantize(dtype, wr, &mut row).expect("validated row");
+                let bytes = row.as_bytes();
+                match be {
+                    Backend::Scalar => scalar::rows_f32(bytes, bytes.len(), a, o),
+                    #[cfg(target_arch = "x86_64")]
+                    Backend::Avx2(t) => avx2::rows_f32(t, bytes, bytes.len(), a, o),
+                }
+            }
+        }
+        _ => unreachable!("activation kind chosen by act_kind"),
+    }
+}
+
+/// Rows per rayon task: enough tasks to balance the pool, each big enough to be worth it.
+fn rows_per_task(rows: usize, cols: usize, n_tokens: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let min_rows = (1 << 16) / (cols * n_tokens).max(1);
+    let balanced = rows.div_ceil(threads * 3);
+    min_rows
+        .max(balanced)
+        .clamp(1, rows.max(1))
+        .next_multiple_of(4)
+}
+
+fn check(
+    w: &WeightView<'_>,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &[f32],
+) -> Result<(), KernelError> {
+    w.validate()?;
+    if w.cols != cols {
+        return Err(KernelError::Shape(format!(
+            "weights of one matmul_many call must share their column count ({} vs {cols})",
+            w.cols
+        )));
+    }
+    if x.len() != n_tokens * w.cols || y.len() != n_tokens * w.rows {
+        return Err(KernelError::Shape(format!(
+            "matmul {}x{} with {n_tokens} tokens: x has {} (want {}), y has {} (want {})",
+            w.rows,
+            w.cols,
+            x.len(),
+            n_tokens * w.cols,
+            y.len(),
+            n_tokens * w.rows
+        )));
+    }
+    Ok(())
+}
+
+/// [`crate::matmul_many`] on a chosen instruction set.
+pub fn matmul_many_with(
+    isa: Isa,
+    ws: &[WeightView<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    let be = Backend::new(isa).ok_or_else(|| {
+        KernelError::Shape(format!("{} is not available on this CPU", isa.name()))
+    })?;
+    if ws.len() != ys.len() {
+        return Err(KernelError::Shape(format!(
+            "{} weights but {} outputs",
+            ws.len(),
+            ys.len()
+        )));
+    }
+    let Some(first) = ws.first() else {
+        return Ok(());
+    };
+    let cols = first.cols;
+    let mut kinds = Vec::with_capacity(ws.len());
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        check(w, cols, x, n_tokens, y)?;
+        kinds.push(act_kind(w.dtype)?);
+    }
+    if n_tokens == 0 || cols == 0 {
+        ys.iter_mut().for_each(|y| y.fill(0.0));
+        return Ok(());
+    }
+    let acts = Acts::new(be, x, cols, &kinds);
+    let rows: Vec<ActRows<'_>> = kinds.iter().map(|&k| acts.rows(k)).collect();
+
+    // With one token the output is already row-major by weight row; otherwise compute
+    // `yt[r * n_tokens + t]` so tasks own contiguous slices, then transpose.
+    let mut transposed: Vec<Vec<f32>> = if n_tokens == 1 {
+        Vec::new()
+    } else {
+        ws.iter().map(|w| vec![0f32; w.rows * n_tokens]).collect()
+    };
+    {
+        let outs: Vec<&mut [f32]> = if n_tokens == 1 {
+            ys.iter_mut().map(|y| &mut **y).collect()
+        } else {
+            transposed.iter_mut().map(|v| v.as_mut_slice()).collect()
+        };
+        let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+        for (wi, out) in outs.into_iter().enumerate() {
+            let w = &ws[wi];
+            let rpt = rows_per_task(w.rows, cols, n_tokens);
+            for (ci, chunk) in out.chunks_mut(rpt * n_tokens).enumerate() {
+                tasks.push((wi, ci * rpt, chunk));
+            }
+        }
+        let run = |(wi, r0, out): (usize, usize, &mut [f32])| {
+            let w = &ws[wi];
+            let rb = w.row_bytes();
+            let nrows = out.len() / n_tokens;
+            run_rows(
+                be,
+                w.dtype,
+                &w.data[r0 * rb..(r0 + nrows) * rb],
+                rb,
+                &rows[wi],
+                out,
+            );
+        };
+        if tasks.len() == 1 {
+            tasks.into_iter().for_each(run);
+        } else {
+            tasks.into_par_iter().for_each(run);
+        }
+    }
+    for ((w, y), yt) in ws.iter().zip(ys.iter_mut()).zip(&transposed) {
+        for (t, yrow) in y.chunks_exact_mut(w.rows).enumerate() {
+            for (r, v) in yrow.iter_mut().enumerate() {
+                *v = yt[r * n_tokens + t];
+            }
+        }
+    }
+    Ok(())
+}

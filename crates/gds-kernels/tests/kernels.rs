@@ -1,0 +1,347 @@
+//! Matmul kernels: SIMD against scalar twins, and matmul against dequantize + f32 product.
+
+use gds_format::DType;
+use gds_kernels::act::{quantize_act_q8_scalar, quantize_act_q8k_scalar, ActQ8, ActQ8K};
+use gds_kernels::{
+    dequantize, matmul, matmul_many, matmul_with, quantize, Isa, KernelError, WeightView,
+};
+
+/// Deterministic xorshift generator, so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+const ALL: [DType; 15] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q8_1,
+    DType::Q8K,
+];
+
+fn f16b(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_le_bytes()
+}
+
+/// A valid `rows x cols` weight of `dtype`: quantized from random floats where we have a
+/// quantizer, else random quant bytes with small finite scales.
+fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
+    if let Ok(q) = quantize(dtype, &rng.vec(rows * cols, 0.5)) {
+        if dtype != DType::Q8K {
+            return q;
+        }
+    }
+    let ts = dtype.type_size();
+    let mut data = rng.bytes(rows * cols / dtype.block_size() * ts);
+    for b in data.chunks_exact_mut(ts) {
+        let s1 = f16b(rng.f() * 0.01);
+        let s2 = f16b(rng.f() * 0.01);
+        match dtype {
+            DType::Q2K => {
+                b[80..82].copy_from_slice(&s1);
+                b[82..84].copy_from_slice(&s2);
+            }
+            DType::Q3K | DType::Q6K => b[ts - 2..].copy_from_slice(&s1),
+            DType::Q4K | DType::Q5K | DType::Q8_1 => {
+                b[0..2].copy_from_slice(&s1);
+                b[2..4].copy_from_slice(&s2);
+            }
+            DType::Q8K => b[0..4].copy_from_slice(&(rng.f() * 0.01).to_le_bytes()),
+            _ => unreachable!("{dtype}"),
+        }
+    }
+    data
+}
+
+/// Dequantize + plain f32 product, in f64 for a clean reference.
+/// Returns (product, allowed error against it, sum of |w * x| per output).
+fn reference(w: &WeightView<'_>, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut wf = vec![0f32; w.rows * w.cols];
+    dequantize(w.dtype, w.data, &mut wf).unwrap();
+    let mut y = vec![0f32; n * w.rows];
+    let mut mag = vec![0f32; n * w.rows];
+    let mut abs = vec![0f32; n * w.rows];
+    for t in 0..n {
+        let xt = &x[t * w.cols..(t + 1) * w.cols];
+        for r in 0..w.rows {
+            let wr = &wf[r * w.cols..(r + 1) * w.cols];
+            y[t * w.rows + r] = wr
+                .iter()
+                .zip(xt)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>() as f32;
+            // Worst-case error of 8-bit activation quantization: |w| * (block amax / 254).
+            let bs = if matches!(w.dtype, DType::Q4K | DType::Q5K | DType::Q6K) {
+                256
+            } else {
+                32
+            };
+            let quantized = !matches!(
+                w.dtype,
+                DType::F32
+                    | DType::F16
+                    | DType::BF16
+                    | DType::Q2K
+                    | DType::Q3K
+                    | DType::Q8_1
+                    | DType::Q8K
+            );
+            let mut m = 0f32;
+            let mut total = 0f32;
+            for (wb, xb) in wr.chunks(bs).zip(xt.chunks(bs)) {
+                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let sw: f32 = wb.iter().map(|v| v.abs()).sum();
+                let sa: f32 = wb.iter().zip(xb).map(|(a, b)| (a * b).abs()).sum();
+                total += sa;
+                m += 1e-5 * sa
+                    + if quantized {
+                        sw * amax / 254.0 * 1.001
+                    } else {
+                        0.0
+                    };
+            }
+            mag[t * w.rows + r] = m + 1e-6;
+            abs[t * w.rows + r] = total;
+        }
+    }
+    (y, mag, abs)
+}
+
+#[test]
+fn matmul_matches_dequantized_f32_product() {
+    let mut rng = Rng(0x9E3779B97F4A7C15);
+    for dtype in ALL {
+        for (rows, cols, n) in [(13, 512, 1), (40, 768, 3), (8, 256, 6), (37, 512, 9)] {
+            let data = weight(&mut rng, dtype, rows, cols);
+            let w = WeightView {
+                dtype,
+                data: &data,
+                rows,
+                cols,
+            };
+            let x = rng.vec(n * cols, 2.0);
+            let (want, tol, _) = reference(&w, &x, n);
+            for isa in [Isa::Scalar, Isa::Avx2]
+                .into_iter()
+                .filter(|i| i.available())
+            {
+                let mut y = vec![f32::NAN; n * rows];
+                matmul_with(isa, &w, &x, n, &mut y).unwrap();
+                for (i, ((g, e), t)) in y.iter().zip(&want).zip(&tol).enumerate() {
+                    assert!(
+                        (g - e).abs() <= *t,
+                        "{dtype} {isa:?} {rows}x{cols} n={n} [{i}]: {g} vs {e} (tol {t})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_agrees_with_scalar() {
+    if !Isa::Avx2.available() {
+        eprintln!("AVX2 not available; nothing to compare");
+        return;
+    }
+    let mut rng = Rng(7);
+    for dtype in ALL {
+        for n in [1, 2, 3, 4, 5, 11] {
+            let (rows, cols) = (24, 1024 + if dtype.block_size() == 1 { 13 } else { 0 });
+            let data = weight(&mut rng, dtype, rows, cols);
+            let w = WeightView {
+                dtype,
+                data: &data,
+                rows,
+                cols,
+            };
+            let x = rng.vec(n * cols, 3.0);
+            let mut ys = vec![0f32; n * rows];
+            let mut yv = vec![0f32; n * rows];
+            matmul_with(Isa::Scalar, &w, &x, n, &mut ys).unwrap();
+            matmul_with(Isa::Avx2, &w, &x, n, &mut yv).unwrap();
+            let (_, _, abs) = reference(&w, &x, n);
+            for (i, (a, b)) in ys.iter().zip(&yv).enumerate() {
+                // Same integer sums (and bit-identical activation quants), different float
+                // summation order: agree to 1e-5 of the summed term magnitudes.
+                let t = 1e-5 * abs[i] + 1e-6;
+                assert!(
+                    (a - b).abs() <= t,
+                    "{dtype} n={n} [{i}]: scalar {a} vs avx2 {b} (tol {t})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn multi_token_tiles_equal_single_token_runs() {
+    // A token's result must not depend on which tile of four it landed in.
+    let mut rng = Rng(99);
+    for dtype in ALL {
+        let (rows, cols, n) = (20, 512, 7);
+        let data = weight(&mut rng, dtype, rows, cols);
+        let w = WeightView {
+            dtype,
+            data: &data,
+            rows,
+            cols,
+        };
+        let x = rng.vec(n * cols, 1.0);
+        let mut all = vec![0f32; n * rows];
+        matmul(&w, &x, n, &mut all).unwrap();
+        for t in 0..n {
+            let mut one = vec![0f32; rows];
+            matmul(&w, &x[t * cols..(t + 1) * cols], 1, &mut one).unwrap();
+            assert_eq!(
+                &all[t * rows..(t + 1) * rows],
+                &one[..],
+                "{dtype} token {t}"
+            );
+        }
+    }
+}
+
+#[test]
+fn activation_quantizers_are_bit_identical() {
+    let mut rng = Rng(5);
+    let mut x = rng.vec(256 * 6, 10.0);
+    x[..256].fill(0.0); // zero block
+    x[256..512]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = (i as f32 - 128.0) * 0.5); // ties
+    let mut s8 = vec![ActQ8::default(); x.len() / 32];
+    quantize_act_q8_scalar(&x, &mut s8);
+    let mut sk = vec![ActQ8K::default(); x.len() / 256];
+    quantize_act_q8k_scalar(&x, &mut sk);
+    for (b, xs) in s8.iter().zip(x.chunks(32)) {
+        for (q, v) in b.qs.iter().zip(xs) {
+            assert!((*q as f32 * b.d - v).abs() <= b.d * 0.5 + 1e-6);
+        }
+    }
+    for b in &sk {
+        for j in 0..16 {
+            assert_eq!(
+                b.bsums[j] as i32,
+                b.qs[16 * j..16 * j + 16]
+                    .iter()
+                    .map(|&q| q as i32)
+                    .sum::<i32>()
+            );
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = gds_kernels::avx2::Avx2::detect() {
+        let mut v8 = vec![ActQ8::default(); s8.len()];
+        gds_kernels::avx2::quantize_act_q8(t, &x, &mut v8);
+        assert_eq!(s8, v8);
+        let mut vk = vec![ActQ8K::default(); sk.len()];
+        gds_kernels::avx2::quantize_act_q8k(t, &x, &mut vk);
+        assert_eq!(sk, vk);
+    }
+}
+
+#[test]
+fn matmul_many_equals_separate_matmuls() {
+    let mut rng = Rng(11);
+    let cols = 512;
+    for n in [1, 5] {
+        let specs = [
+            (DType::Q4_1, 64),
+            (DType::Q8_0, 16),
+            (DType::Q6K, 24),
+            (DType::F16, 8),
+        ];
+        let datas: Vec<Vec<u8>> = specs
+            .iter()
+            .map(|&(d, r)| weight(&mut rng, d, r, cols))
+            .collect();
+        let ws: Vec<WeightView<'_>> = specs
+            .iter()
+            .zip(&datas)
+            .map(|(&(dtype, rows), data)| WeightView {
+                dtype,
+                data,
+                rows,
+                cols,
+            })
+            .collect();
+        let x = rng.vec(n * cols, 1.0);
+        let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; n * w.rows]).collect();
+        let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+        matmul_many(&ws, &x, n, &mut refs).unwrap();
+        for (w, got) in ws.iter().zip(&outs) {
+            let mut want = vec![0f32; n * w.rows];
+            matmul(w, &x, n, &mut want).unwrap();
+            assert_eq!(got, &want, "{}", w.dtype);
+        }
+    }
+}
+
+#[test]
+fn matmul_rejects_bad_shapes() {
+    let data = vec![0u8; 4 * 18];
+    let w = WeightView {
+        dtype: DType::Q4_0,
+        data: &data,
+        rows: 4,
+        cols: 32,
+    };
+    let mut y = vec![0f32; 4];
+    assert!(matches!(
+        matmul(&w, &[0f32; 31], 1, &mut y),
+        Err(KernelError::Shape(_))
+    ));
+    assert!(matches!(
+        matmul(&w, &[0f32; 32], 1, &mut y[..3]),
+        Err(KernelError::Shape(_))
+    ));
+    let short = WeightView {
+        data: &data[..70],
+        ..w
+    };
+    assert!(matches!(
+        matmul(&short, &[0f32; 32], 1, &mut y),
+        Err(KernelError::Shape(_))
+    ));
+    let i32w = WeightView {
+        dtype: DType::I32,
+        data: &[0u8; 16],
+        rows: 1,
+        cols: 4,
+    };
+    assert!(matches!(
+        matmul(&i32w, &[0f32; 4], 1, &mut y[..1]),
+        Err(KernelError::Unsupported { op: "matmul", .. })
+    ));
+    // Zero tokens is a no-op.
+    matmul(&w, &[], 0, &mut []).unwrap();
+}
