@@ -166,7 +166,7 @@ pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions) -> DType {
         return DType::F32; // norms, biases
     }
     let cols = *t.shape.last().unwrap_or(&0);
-    if target.is_quantized() && cols % target.block_size() as u64 != 0 {
+    if target.is_quantized() && !cols.is_multiple_of(target.block_size() as u64) {
         return if t.dtype.is_float() {
             t.dtype
         } else {
@@ -186,7 +186,7 @@ fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, Convert
     if let Transform::PermuteRope { n_head } = t.transform {
         let rows = t.shape[0] as usize;
         let row_bytes = t.nbytes as usize / rows.max(1);
-        if n_head == 0 || rows % (2 * n_head as usize) != 0 {
+        if n_head == 0 || !rows.is_multiple_of(2 * n_head as usize) {
             return Err(ConvertError::BadTensor {
                 path: t.file.path.clone(),
                 tensor: t.source_name.clone(),
@@ -355,12 +355,7 @@ pub fn convert(
                 .map(|t| {
                     let d = output_dtype(t, opts);
                     if let QuantTarget::To(q) = opts.quant {
-                        if q.is_quantized()
-                            && t.shape.len() >= 2
-                            && d != q
-                            && !(t.dtype.is_quantized() && !opts.requantize)
-                            && t.dtype.is_float()
-                        {
+                        if q.is_quantized() && t.shape.len() >= 2 && d != q && t.dtype.is_float() {
                             skipped_quant += 1;
                         }
                     }

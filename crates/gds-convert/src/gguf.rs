@@ -334,6 +334,18 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
                 })?,
             ),
         );
+        if a == "qwen2" {
+            // llama.cpp writes qwen2 Q/K unpermuted and rotates them NEOX-style; canonical
+            // GdsLLM layout is the permuted one (SPEC.md §6), so permute like an HF input.
+            for t in &mut tensors {
+                let heads = match t.name.rsplit_once('.').map(|(stem, _)| stem) {
+                    Some(stem) if stem.ends_with(".attn_q") => n_heads,
+                    Some(stem) if stem.ends_with(".attn_k") => n_kv,
+                    _ => continue,
+                };
+                t.transform = Transform::PermuteRope { n_head: heads };
+            }
+        }
         let tied = !tensors.iter().any(|t| t.name == "output.weight");
         metadata.insert("model.tie_embeddings".into(), MetaValue::Bool(tied));
         match key("rope.scaling.type").and_then(Value::as_str) {

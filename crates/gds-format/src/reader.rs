@@ -160,7 +160,7 @@ fn section<'a, T>(
             "entry_size {stride} is smaller than {min_entry}"
         )));
     }
-    if offset % 8 != 0 {
+    if !offset.is_multiple_of(8) {
         return Err(bad(format!("offset {offset} is not a multiple of 8")));
     }
     if offset < header_size as u64 && count > 0 {

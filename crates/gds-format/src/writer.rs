@@ -203,7 +203,7 @@ impl ManifestBuilder {
     /// then fills in the checksum.
     pub fn finish(&self) -> Vec<u8> {
         fn pad8(v: &mut Vec<u8>) {
-            while v.len() % 8 != 0 {
+            while !v.len().is_multiple_of(8) {
                 v.push(0);
             }
         }

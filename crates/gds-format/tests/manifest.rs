@@ -9,26 +9,58 @@ use proptest::prelude::*;
 use zerocopy::FromBytes;
 
 fn spec(name: &str, dtype: DType, shape: &[u64]) -> TensorSpec {
-    TensorSpec { name: name.into(), dtype, shape: shape.to_vec() }
+    TensorSpec {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+    }
 }
 
 fn layer(name: &str, file: &str, kind: u32, index: u32, tensors: Vec<TensorSpec>) -> LayerRecord {
     let layout = layout(&tensors).unwrap();
-    LayerRecord { name: name.into(), file: file.into(), kind, index, tensors, layout, content_hash: [7; 32] }
+    LayerRecord {
+        name: name.into(),
+        file: file.into(),
+        kind,
+        index,
+        tensors,
+        layout,
+        content_hash: [7; 32],
+    }
 }
 
 fn sample() -> Vec<u8> {
     let mut b = ManifestBuilder::new();
-    b.kv_str("general.architecture", "llama").kv_u64("model.n_layers", 1).kv_i64("x.neg", -5).kv_f64("model.rope_theta", 10000.0).kv_bool("model.tie_embeddings", true);
-    b.add_layer(&layer("embed", "layers/embed.bin", layer_kind::EMBED, 0, vec![spec("token_embd.weight", DType::Q8_0, &[10, 64])]));
+    b.kv_str("general.architecture", "llama")
+        .kv_u64("model.n_layers", 1)
+        .kv_i64("x.neg", -5)
+        .kv_f64("model.rope_theta", 10000.0)
+        .kv_bool("model.tie_embeddings", true);
+    b.add_layer(&layer(
+        "embed",
+        "layers/embed.bin",
+        layer_kind::EMBED,
+        0,
+        vec![spec("token_embd.weight", DType::Q8_0, &[10, 64])],
+    ));
     b.add_layer(&layer(
         "blk.0",
         "layers/blk.0000.bin",
         layer_kind::BLOCK,
         0,
-        vec![spec("blk.0.attn_norm.weight", DType::F32, &[64]), spec("blk.0.attn_q.weight", DType::Q4K, &[64, 256]), spec("blk.0.ffn_up.weight", DType::BF16, &[3, 64])],
+        vec![
+            spec("blk.0.attn_norm.weight", DType::F32, &[64]),
+            spec("blk.0.attn_q.weight", DType::Q4K, &[64, 256]),
+            spec("blk.0.ffn_up.weight", DType::BF16, &[3, 64]),
+        ],
     ));
-    b.add_layer(&layer("head", "layers/head.bin", layer_kind::HEAD, 0, vec![spec("output_norm.weight", DType::F32, &[64])]));
+    b.add_layer(&layer(
+        "head",
+        "layers/head.bin",
+        layer_kind::HEAD,
+        0,
+        vec![spec("output_norm.weight", DType::F32, &[64])],
+    ));
     b.finish()
 }
 
@@ -62,12 +94,19 @@ fn errors_after(f: impl FnOnce(&mut Vec<u8>)) -> Vec<String> {
     let mut b = sample();
     f(&mut b);
     reseal(&mut b);
-    validate_manifest(&b).1.iter().map(|e| e.to_string()).collect()
+    validate_manifest(&b)
+        .1
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
 }
 
 fn assert_error(f: impl FnOnce(&mut Vec<u8>), needle: &str) {
     let errs = errors_after(f);
-    assert!(errs.iter().any(|e| e.contains(needle)), "expected an error containing {needle:?}, got {errs:?}");
+    assert!(
+        errs.iter().any(|e| e.contains(needle)),
+        "expected an error containing {needle:?}, got {errs:?}"
+    );
 }
 
 #[test]
@@ -82,17 +121,35 @@ fn round_trip() {
     assert_eq!(m.get("x.neg"), Some(Value::I64(-5)));
     assert_eq!(m.get_f64("model.rope_theta").unwrap(), 10000.0);
     assert!(m.get_bool("model.tie_embeddings").unwrap());
-    assert!(m.get_u64("absent").unwrap_err().to_string().contains("\"absent\""));
-    assert!(m.get_u64("general.architecture").unwrap_err().to_string().contains("expected an unsigned integer"));
+    assert!(m
+        .get_u64("absent")
+        .unwrap_err()
+        .to_string()
+        .contains("\"absent\""));
+    assert!(m
+        .get_u64("general.architecture")
+        .unwrap_err()
+        .to_string()
+        .contains("expected an unsigned integer"));
     assert_eq!(m.n_layers(), 3);
     let q = m.find_tensor("blk.0.attn_q.weight").unwrap();
-    assert_eq!((q.dtype, q.dims(), q.layer, q.offset % 4096), (DType::Q4K, &[64u64, 256][..], 1, 0));
+    assert_eq!(
+        (q.dtype, q.dims(), q.layer, q.offset % 4096),
+        (DType::Q4K, &[64u64, 256][..], 1, 0)
+    );
     assert_eq!(q.nbytes, 64 * 144);
     let l = m.layer(1).unwrap();
-    assert_eq!((l.name, l.file, l.tensors.clone()), ("blk.0", "layers/blk.0000.bin", 1..4));
+    assert_eq!(
+        (l.name, l.file, l.tensors.clone()),
+        ("blk.0", "layers/blk.0000.bin", 1..4)
+    );
     assert_eq!(l.file_size % 4096, 0);
     // tensors back to back, each aligned
-    let offs: Vec<u64> = l.tensors.clone().map(|i| m.tensor(i).unwrap().offset).collect();
+    let offs: Vec<u64> = l
+        .tensors
+        .clone()
+        .map(|i| m.tensor(i).unwrap().offset)
+        .collect();
     assert_eq!(offs, vec![0, 4096, 4096 + 12288]);
 }
 
@@ -103,19 +160,31 @@ fn deterministic() {
 
 #[test]
 fn rejects_short_magic_version_size() {
-    assert!(matches!(Manifest::parse(&[0u8; 10]), Err(FormatError::TooShort(10))));
+    assert!(matches!(
+        Manifest::parse(&[0u8; 10]),
+        Err(FormatError::TooShort(10))
+    ));
     let mut b = sample();
     b[0] = b'X';
     assert!(matches!(Manifest::parse(&b), Err(FormatError::BadMagic(_))));
     let mut b = sample();
     b[8] = 2;
-    assert!(matches!(Manifest::parse(&b), Err(FormatError::UnsupportedVersion { major: 2, .. })));
+    assert!(matches!(
+        Manifest::parse(&b),
+        Err(FormatError::UnsupportedVersion { major: 2, .. })
+    ));
     let mut b = sample();
     b.push(0);
-    assert!(matches!(Manifest::parse(&b), Err(FormatError::SizeMismatch { .. })));
+    assert!(matches!(
+        Manifest::parse(&b),
+        Err(FormatError::SizeMismatch { .. })
+    ));
     let mut b = sample();
     put_u32(&mut b, 12, 64);
-    assert!(matches!(Manifest::parse(&b), Err(FormatError::BadHeaderSize(64))));
+    assert!(matches!(
+        Manifest::parse(&b),
+        Err(FormatError::BadHeaderSize(64))
+    ));
     let mut b = sample();
     put_u64(&mut b, 16, 1 << 40);
     assert!(matches!(Manifest::parse(&b), Err(FormatError::TooLarge(_))));
@@ -141,24 +210,55 @@ fn rejects_checksum_mismatch() {
 
 #[test]
 fn rejects_bad_sections() {
-    assert_error(|b| put_u64(b, 64 + 16, 1 << 30), "layer table is out of bounds");
+    assert_error(
+        |b| put_u64(b, 64 + 16, 1 << 30),
+        "layer table is out of bounds",
+    );
     assert_error(|b| put_u64(b, 64 + 32, 8), "overlaps the header");
     assert_error(|b| put_u64(b, 64 + 32, 129), "multiple of 8");
     assert_error(|b| put_u32(b, 64 + 32 + 12, 10), "entry_size 10");
     assert_error(|b| put_u32(b, 64 + 48 + 12, 2), "entry_size must be 1");
-    assert_error(|b| put_u32(b, 64 + 8, u32::MAX), "key/value table is out of bounds");
+    assert_error(
+        |b| put_u32(b, 64 + 8, u32::MAX),
+        "key/value table is out of bounds",
+    );
 }
 
 #[test]
 fn rejects_bad_strings_and_kv() {
     let kv0 = |b: &[u8]| header(b).kv.offset.get() as usize;
-    assert_error(|b| { let at = kv0(b); put_u32(b, at, 1 << 30) }, "string reference out of bounds");
+    assert_error(
+        |b| {
+            let at = kv0(b);
+            put_u32(b, at, 1 << 30)
+        },
+        "string reference out of bounds",
+    );
     // bool entry (5th) with value 2
-    assert_error(|b| { let at = kv0(b) + 4 * 24 + 16; put_u64(b, at, 2) }, "is not 0 or 1");
+    assert_error(
+        |b| {
+            let at = kv0(b) + 4 * 24 + 16;
+            put_u64(b, at, 2)
+        },
+        "is not 0 or 1",
+    );
     // duplicate key: point entry 1's key at entry 0's key
-    assert_error(|b| { let at = kv0(b); let k: [u8; 8] = b[at..at + 8].try_into().unwrap(); b[at + 24..at + 32].copy_from_slice(&k) }, "duplicate key");
+    assert_error(
+        |b| {
+            let at = kv0(b);
+            let k: [u8; 8] = b[at..at + 8].try_into().unwrap();
+            b[at + 24..at + 32].copy_from_slice(&k)
+        },
+        "duplicate key",
+    );
     // invalid UTF-8 in the string table
-    assert_error(|b| { let at = header(b).strings.offset.get() as usize; b[at] = 0xff }, "not UTF-8");
+    assert_error(
+        |b| {
+            let at = header(b).strings.offset.get() as usize;
+            b[at] = 0xff
+        },
+        "not UTF-8",
+    );
 }
 
 #[test]
@@ -175,29 +275,139 @@ fn unknown_kv_types_are_ignored() {
 
 #[test]
 fn rejects_bad_layers() {
-    assert_error(|b| { let at = layer_pos(b, 1) + 16; put_u32(b, at, 9) }, "unknown layer kind 9");
-    assert_error(|b| { let at = layer_pos(b, 1) + 32; put_u64(b, at, 4097) }, "not a multiple of 4096");
-    assert_error(|b| { let at = layer_pos(b, 1) + 24; put_u32(b, at, 2) }, "first_tensor 2 should be 1");
-    assert_error(|b| { let at = layer_pos(b, 2) + 28; put_u32(b, at, 50) }, "runs past the");
+    assert_error(
+        |b| {
+            let at = layer_pos(b, 1) + 16;
+            put_u32(b, at, 9)
+        },
+        "unknown layer kind 9",
+    );
+    assert_error(
+        |b| {
+            let at = layer_pos(b, 1) + 32;
+            put_u64(b, at, 4097)
+        },
+        "not a multiple of 4096",
+    );
+    assert_error(
+        |b| {
+            let at = layer_pos(b, 1) + 24;
+            put_u32(b, at, 2)
+        },
+        "first_tensor 2 should be 1",
+    );
+    assert_error(
+        |b| {
+            let at = layer_pos(b, 2) + 28;
+            put_u32(b, at, 50)
+        },
+        "runs past the",
+    );
     // second layer points at the first layer's file
-    assert_error(|b| { let (a, c) = (layer_pos(b, 0) + 8, layer_pos(b, 1) + 8); let f: [u8; 8] = b[a..a + 8].try_into().unwrap(); b[c..c + 8].copy_from_slice(&f) }, "used by another layer");
-    assert_error(|b| { let at = layer_pos(b, 2) + 16; put_u32(b, at, layer_kind::BLOCK) }, "block number 0 appears twice");
+    assert_error(
+        |b| {
+            let (a, c) = (layer_pos(b, 0) + 8, layer_pos(b, 1) + 8);
+            let f: [u8; 8] = b[a..a + 8].try_into().unwrap();
+            b[c..c + 8].copy_from_slice(&f)
+        },
+        "used by another layer",
+    );
+    assert_error(
+        |b| {
+            let at = layer_pos(b, 2) + 16;
+            put_u32(b, at, layer_kind::BLOCK)
+        },
+        "block number 0 appears twice",
+    );
 }
 
 #[test]
 fn rejects_bad_tensors() {
-    assert_error(|b| { let at = tensor_pos(b, 1) + 8; put_u32(b, at, 4) }, "unknown dtype id 4");
-    assert_error(|b| { let at = tensor_pos(b, 1) + 12; put_u32(b, at, 5) }, "n_dims 5");
-    assert_error(|b| { let at = tensor_pos(b, 1) + 12; put_u32(b, at, 0) }, "n_dims 0");
-    assert_error(|b| { let at = tensor_pos(b, 1) + 16 + 16; put_u64(b, at, 3) }, "unused shape entries");
-    assert_error(|b| { let at = tensor_pos(b, 1) + 16; put_u64(b, at, 0) }, "zero dimension");
-    assert_error(|b| { let at = tensor_pos(b, 2) + 24; put_u64(b, at, 100) }, "whole number of q4_k blocks");
-    assert_error(|b| { let at = tensor_pos(b, 2) + 64; put_u64(b, at, 1) }, "nbytes 1 but q4_k");
-    assert_error(|b| { let at = tensor_pos(b, 2) + 56; put_u64(b, at, 4100) }, "not 4096-aligned");
-    assert_error(|b| { let at = tensor_pos(b, 2) + 56; put_u64(b, at, 1 << 20) }, "run past the layer file");
-    assert_error(|b| { let at = tensor_pos(b, 3) + 56; put_u64(b, at, 4096) }, "overlaps the previous tensor");
-    assert_error(|b| { let at = tensor_pos(b, 1) + 48; put_u32(b, at, 0) }, "does not name the layer");
-    assert_error(|b| { let (a, c) = (tensor_pos(b, 0), tensor_pos(b, 1)); let n: [u8; 8] = b[a..a + 8].try_into().unwrap(); b[c..c + 8].copy_from_slice(&n) }, "name appears twice");
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 1) + 8;
+            put_u32(b, at, 4)
+        },
+        "unknown dtype id 4",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 1) + 12;
+            put_u32(b, at, 5)
+        },
+        "n_dims 5",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 1) + 12;
+            put_u32(b, at, 0)
+        },
+        "n_dims 0",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 1) + 16 + 16;
+            put_u64(b, at, 3)
+        },
+        "unused shape entries",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 1) + 16;
+            put_u64(b, at, 0)
+        },
+        "zero dimension",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 2) + 24;
+            put_u64(b, at, 100)
+        },
+        "whole number of q4_k blocks",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 2) + 64;
+            put_u64(b, at, 1)
+        },
+        "nbytes 1 but q4_k",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 2) + 56;
+            put_u64(b, at, 4100)
+        },
+        "not 4096-aligned",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 2) + 56;
+            put_u64(b, at, 1 << 20)
+        },
+        "run past the layer file",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 3) + 56;
+            put_u64(b, at, 4096)
+        },
+        "overlaps the previous tensor",
+    );
+    assert_error(
+        |b| {
+            let at = tensor_pos(b, 1) + 48;
+            put_u32(b, at, 0)
+        },
+        "does not name the layer",
+    );
+    assert_error(
+        |b| {
+            let (a, c) = (tensor_pos(b, 0), tensor_pos(b, 1));
+            let n: [u8; 8] = b[a..a + 8].try_into().unwrap();
+            b[c..c + 8].copy_from_slice(&n)
+        },
+        "name appears twice",
+    );
 }
 
 #[test]
@@ -206,10 +416,14 @@ fn layer_file_length_and_hash() {
     let m = Manifest::parse(&b).unwrap();
     let l = m.layer(2).unwrap();
     let short = vec![0u8; 10];
-    assert!(validate_layer_file(&l, &short, true)[0].to_string().contains("is 10 bytes"));
+    assert!(validate_layer_file(&l, &short, true)[0]
+        .to_string()
+        .contains("is 10 bytes"));
     let data = vec![0u8; l.file_size as usize];
     // content_hash in sample() is [7; 32], so a hash check fails and a quick check passes
-    assert!(validate_layer_file(&l, &data, true)[0].to_string().contains("content hash"));
+    assert!(validate_layer_file(&l, &data, true)[0]
+        .to_string()
+        .contains("content hash"));
     assert!(validate_layer_file(&l, &data, false).is_empty());
 }
 

@@ -135,9 +135,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 force,
                 tokenizer,
             };
-            let s = convert(&input, &out_dir, &opts, &bar).map_err(|e| {
+            let s = convert(&input, &out_dir, &opts, &bar).inspect_err(|_e| {
                 bar.finish();
-                e
             })?;
             for w in &s.warnings {
                 eprintln!("warning: {w}");
