@@ -12,7 +12,13 @@ fn convert(input: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
 }
 
 fn assert_ok(o: &std::process::Output) {
-    assert!(o.status.success(), "exit {:?}\nstdout: {}\nstderr: {}", o.status.code(), stdout(o), stderr(o));
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    );
 }
 
 fn validate_json(dir: &Path, quick: bool) -> (i32, serde_json::Value) {
@@ -21,13 +27,19 @@ fn validate_json(dir: &Path, quick: bool) -> (i32, serde_json::Value) {
         args.push("--quick");
     }
     let o = run("gdsconv", &args);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
     (o.status.code().unwrap(), v)
 }
 
 /// Names of leftover temporary directories beside `out`.
 fn leftovers(parent: &Path) -> Vec<String> {
-    std::fs::read_dir(parent).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp-") || n.contains(".old-")).collect()
+    std::fs::read_dir(parent)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-") || n.contains(".old-"))
+        .collect()
 }
 
 #[test]
@@ -36,7 +48,11 @@ fn smollm2_converts_validates_and_keeps_every_byte() {
     let out = tmp.path().join("smollm2.gds");
     let o = convert(&smollm_gguf(), &out, &[]);
     assert_ok(&o);
-    assert!(stdout(&o).contains("272 tensors in 32 layer files"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("272 tensors in 32 layer files"),
+        "{}",
+        stdout(&o)
+    );
 
     let (code, v) = validate_json(&out, false);
     assert_eq!(code, 0, "{v}");
@@ -44,7 +60,9 @@ fn smollm2_converts_validates_and_keeps_every_byte() {
     assert_eq!(v["errors"].as_array().unwrap().len(), 0);
 
     // every tensor byte for byte, against hashes made by gguf-py (scripts/gen_tensor_hashes.py)
-    let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("smollm2/tensors.json")).unwrap()).unwrap();
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("smollm2/tensors.json")).unwrap())
+            .unwrap();
     let golden = golden["tensors"].as_object().unwrap();
     let mbytes = std::fs::read(out.join(MANIFEST_FILE)).unwrap();
     let m = Manifest::parse(&mbytes).unwrap();
@@ -52,16 +70,33 @@ fn smollm2_converts_validates_and_keeps_every_byte() {
     let mut files = std::collections::HashMap::new();
     for t in m.tensors() {
         let g = &golden[t.name];
-        assert_eq!(t.dtype.id() as u64, g["ggml_type"].as_u64().unwrap(), "{}", t.name);
-        let shape: Vec<u64> = g["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        assert_eq!(
+            t.dtype.id() as u64,
+            g["ggml_type"].as_u64().unwrap(),
+            "{}",
+            t.name
+        );
+        let shape: Vec<u64> = g["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
         assert_eq!(t.dims(), shape.as_slice(), "{}", t.name);
         assert_eq!(t.nbytes, g["nbytes"].as_u64().unwrap(), "{}", t.name);
         assert_eq!(t.offset % 4096, 0);
         let l = m.layer(t.layer).unwrap();
-        let data = files.entry(l.file).or_insert_with(|| std::fs::read(out.join(l.file)).unwrap());
+        let data = files
+            .entry(l.file)
+            .or_insert_with(|| std::fs::read(out.join(l.file)).unwrap());
         assert_eq!(data.len() % 4096, 0);
         let bytes = &data[t.offset as usize..(t.offset + t.nbytes) as usize];
-        assert_eq!(hex(&Sha256::digest(bytes)), g["sha256"].as_str().unwrap(), "bytes of {}", t.name);
+        assert_eq!(
+            hex(&Sha256::digest(bytes)),
+            g["sha256"].as_str().unwrap(),
+            "bytes of {}",
+            t.name
+        );
     }
     assert_eq!(m.get_u64("model.n_layers").unwrap(), 30);
     assert_eq!(m.get_u64("model.n_kv_heads").unwrap(), 3);
@@ -77,25 +112,53 @@ fn smollm2_converts_validates_and_keeps_every_byte() {
     assert_eq!(i["metadata"]["model.n_embd"], 576);
     let o = run("gdsconv", &["inspect", out.to_str().unwrap()]);
     assert_ok(&o);
-    assert!(stdout(&o).contains("blk.29") && stdout(&o).contains("q4_1:7"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("blk.29") && stdout(&o).contains("q4_1:7"),
+        "{}",
+        stdout(&o)
+    );
 
     // a tokenizer that loads, with the chat template
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
-    assert!(cfg["chat_template"].as_str().unwrap().contains("<|im_start|>"));
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    assert!(cfg["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
 
     // deterministic: a second conversion is byte-identical
     let out2 = tmp.path().join("again.gds");
     assert_ok(&convert(&smollm_gguf(), &out2, &[]));
-    for name in [MANIFEST_FILE, "tokenizer.json", "tokenizer_config.json", "layers/embed.bin", "layers/blk.0007.bin", "layers/head.bin"] {
-        assert_eq!(std::fs::read(out.join(name)).unwrap(), std::fs::read(out2.join(name)).unwrap(), "{name} differs between runs");
+    for name in [
+        MANIFEST_FILE,
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "layers/embed.bin",
+        "layers/blk.0007.bin",
+        "layers/head.bin",
+    ] {
+        assert_eq!(
+            std::fs::read(out.join(name)).unwrap(),
+            std::fs::read(out2.join(name)).unwrap(),
+            "{name} differs between runs"
+        );
     }
 
     // an existing output is refused, then replaced with --force
     let o = convert(&smollm_gguf(), &out2, &[]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("already exists") && stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("already exists") && stderr(&o).contains("--force"),
+        "{}",
+        stderr(&o)
+    );
     assert_ok(&convert(&smollm_gguf(), &out2, &["--force"]));
-    assert!(leftovers(tmp.path()).is_empty(), "{:?}", leftovers(tmp.path()));
+    assert!(
+        leftovers(tmp.path()).is_empty(),
+        "{:?}",
+        leftovers(tmp.path())
+    );
     // --force never replaces something that is not a model directory
     let precious = tmp.path().join("precious");
     std::fs::create_dir(&precious).unwrap();
@@ -121,14 +184,23 @@ fn validate_catches_corruption() {
     std::fs::write(&f, &data).unwrap();
     let (code, v) = validate_json(&out, false);
     assert_eq!(code, 1);
-    assert!(v["errors"][0].as_str().unwrap().contains("blk.0003.bin") && v["errors"][0].as_str().unwrap().contains("content hash"), "{v}");
+    assert!(
+        v["errors"][0].as_str().unwrap().contains("blk.0003.bin")
+            && v["errors"][0].as_str().unwrap().contains("content hash"),
+        "{v}"
+    );
     let (code, _) = validate_json(&out, true);
     assert_eq!(code, 0, "--quick skips hashing");
     // truncate a file
     std::fs::write(&f, &data[..4096]).unwrap();
     let (code, v) = validate_json(&out, true);
     assert_eq!(code, 1);
-    assert!(v["errors"].to_string().contains("4096 bytes, the manifest says"), "{v}");
+    assert!(
+        v["errors"]
+            .to_string()
+            .contains("4096 bytes, the manifest says"),
+        "{v}"
+    );
     // a broken manifest checksum
     let mpath = out.join(MANIFEST_FILE);
     let mut mb = std::fs::read(&mpath).unwrap();
@@ -143,7 +215,10 @@ fn validate_catches_corruption() {
     let (_, v) = validate_json(&out, true);
     assert!(v["errors"].to_string().contains("tokenizer.json"), "{v}");
     // usage / I/O errors exit 2
-    let o = run("gdsconv", &["validate", tmp.path().join("nope").to_str().unwrap()]);
+    let o = run(
+        "gdsconv",
+        &["validate", tmp.path().join("nope").to_str().unwrap()],
+    );
     assert_eq!(o.status.code(), Some(2));
     let o = run("gdsconv", &["validate"]);
     assert_eq!(o.status.code(), Some(2));
@@ -154,10 +229,23 @@ fn bad_gguf_inputs_fail_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
     let src = std::fs::read(smollm_gguf()).unwrap();
     let mut cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("magic.gguf", [b"GGUX".as_slice(), &src[4..4096]].concat(), "not a GGUF"),
-        ("version.gguf", [b"GGUF".as_slice(), &9u32.to_le_bytes(), &src[8..4096]].concat(), "unsupported GGUF version 9"),
-        ("header-cut.gguf", src[..2000].to_vec(), "truncated"),
-        ("data-cut.gguf", src[..src.len() / 2].to_vec(), "out of bounds"),
+        (
+            "magic.gguf",
+            [b"GGUX".as_slice(), &src[4..4096]].concat(),
+            "not a GGUF",
+        ),
+        (
+            "version.gguf",
+            [b"GGUF".as_slice(), &9u32.to_le_bytes(), &src[8..4096]].concat(),
+            "unsupported GGUF version 9",
+        ),
+        ("header-cut.gguf", src[..2000].to_vec(), "exceed the file size"),
+        ("vocab-cut.gguf", src[..500_000].to_vec(), "truncated"),
+        (
+            "data-cut.gguf",
+            src[..src.len() / 2].to_vec(),
+            "out of bounds",
+        ),
         ("empty.gguf", vec![], "too short"),
     ];
     // an unknown dtype id in the first tensor info (token_embd.weight, 2 dims)
@@ -172,14 +260,37 @@ fn bad_gguf_inputs_fail_cleanly() {
         let o = convert(&input, &out, &[]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{name}: {err}");
-        assert!(err.contains(name) && err.contains(needle), "{name}: expected {needle:?} in {err:?}");
+        assert!(
+            err.contains(name) && err.contains(needle),
+            "{name}: expected {needle:?} in {err:?}"
+        );
         assert!(!err.contains("panicked"), "{name}: {err}");
         assert!(!out.exists(), "{name}: left an output directory");
     }
-    assert!(leftovers(tmp.path()).is_empty(), "{:?}", leftovers(tmp.path()));
-    let o = run("gdsconv", &["convert", "/nonexistent.gguf", tmp.path().join("x").to_str().unwrap()]);
+    assert!(
+        leftovers(tmp.path()).is_empty(),
+        "{:?}",
+        leftovers(tmp.path())
+    );
+    let o = run(
+        "gdsconv",
+        &[
+            "convert",
+            "/nonexistent.gguf",
+            tmp.path().join("x").to_str().unwrap(),
+        ],
+    );
     assert!(stderr(&o).contains("/nonexistent.gguf") && o.status.code() == Some(1));
-    let o = run("gdsconv", &["convert", smollm_gguf().to_str().unwrap(), tmp.path().join("x").to_str().unwrap(), "--quant", "q9"]);
+    let o = run(
+        "gdsconv",
+        &[
+            "convert",
+            smollm_gguf().to_str().unwrap(),
+            tmp.path().join("x").to_str().unwrap(),
+            "--quant",
+            "q9",
+        ],
+    );
     assert!(stderr(&o).contains("unknown --quant") && !o.status.success());
 }
 
@@ -193,7 +304,14 @@ fn interrupted_conversion_leaves_nothing_that_looks_valid() {
     let out = tmp.path().join("killed.gds");
     // a slow conversion (requantize everything) killed early
     let mut child = std::process::Command::new(bin("gdsconv"))
-        .args(["convert", smollm_gguf().to_str().unwrap(), out.to_str().unwrap(), "--quant", "q8_0", "--requantize"])
+        .args([
+            "convert",
+            smollm_gguf().to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--quant",
+            "q8_0",
+            "--requantize",
+        ])
         .stderr(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .spawn()
