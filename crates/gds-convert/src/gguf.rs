@@ -238,6 +238,13 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
                 "shape {shape:?} is not a whole number of {dtype} blocks"
             ))
         })?;
+        if t.offset % model.alignment() != 0 {
+            return Err(tbad(format!(
+                "data offset {} is not a multiple of the file's alignment {}",
+                t.offset,
+                model.alignment()
+            )));
+        }
         let offset = data_offset
             .checked_add(t.offset)
             .ok_or_else(|| tbad("offset overflows".into()))?;

@@ -5,7 +5,7 @@ use std::fmt;
 
 /// A tensor element type. The discriminant is the ggml type id, which is also the value
 /// stored in [`crate::raw::TensorEntry::dtype`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
 pub enum DType {
     /// IEEE-754 binary32.

@@ -1,0 +1,252 @@
+//! `gdsconv` on the committed fixtures (made by gguf-py and safetensors in
+//! fixtures/make_fixtures.py) and on SmolLM2 dequantized into a Hugging Face directory
+//! (scripts/smollm_to_hf.py).
+
+use gds_format::{DType, Manifest, MANIFEST_FILE};
+use gds_tests::*;
+use std::path::{Path, PathBuf};
+
+fn convert(input: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["convert", input.to_str().unwrap(), out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    run("gdsconv", &args)
+}
+
+fn ok(o: &std::process::Output) {
+    assert!(
+        o.status.success(),
+        "exit {:?}\n{}\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    );
+}
+
+fn valid(dir: &Path) {
+    let o = run("gdsconv", &["validate", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{} {}", stdout(&o), stderr(&o));
+}
+
+/// Every tensor of a converted directory, dequantized to f32, by name.
+fn tensors_f32(dir: &Path) -> std::collections::BTreeMap<String, (DType, Vec<u64>, Vec<f32>)> {
+    let mb = std::fs::read(dir.join(MANIFEST_FILE)).unwrap();
+    let m = Manifest::parse(&mb).unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for t in m.tensors() {
+        let l = m.layer(t.layer).unwrap();
+        let data = std::fs::read(dir.join(l.file)).unwrap();
+        let bytes = &data[t.offset as usize..(t.offset + t.nbytes) as usize];
+        let mut f = vec![0f32; t.n_elements() as usize];
+        gds_kernels::dequantize(t.dtype, bytes, &mut f)
+            .unwrap_or_else(|e| panic!("{}: {e}", t.name));
+        out.insert(t.name.to_string(), (t.dtype, t.dims().to_vec(), f));
+    }
+    out
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn tiny_gguf_and_hf_describe_the_same_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = tmp.path().join("g.gds");
+    let h = tmp.path().join("h.gds");
+    ok(&convert(&fixture("tiny-llama.gguf"), &g, &[]));
+    ok(&convert(&fixture("tiny-llama-hf"), &h, &[]));
+    valid(&g);
+    valid(&h);
+    let (tg, th) = (tensors_f32(&g), tensors_f32(&h));
+    assert_eq!(tg.keys().collect::<Vec<_>>(), th.keys().collect::<Vec<_>>());
+    let dtypes: std::collections::BTreeSet<DType> = tg.values().map(|v| v.0).collect();
+    for d in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        assert!(dtypes.contains(&d), "fixture lacks {d}");
+    }
+    // Tolerance: the GGUF's own quantization error (the HF side holds the unquantized
+    // values in HF Q/K order, except for K-quants, whose exact dequantized values it holds).
+    // A wrong Q/K permutation gives differences of the order of the weights themselves.
+    for (name, (dt, shape, a)) in &tg {
+        let (_, hshape, b) = &th[name];
+        assert_eq!(shape, hshape, "{name}");
+        let tol = match dt {
+            DType::Q4_0 | DType::Q4_1 => 0.15,
+            DType::Q5_0 | DType::Q5_1 => 0.08,
+            DType::Q8_0 => 0.01,
+            _ => 0.005,
+        };
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+        let d = max_abs_diff(a, b);
+        assert!(
+            d <= scale * tol,
+            "{name} ({dt}): max diff {d} (scale {scale})"
+        );
+    }
+    // the HF directory kept its tokenizer and chat template
+    let cfg = std::fs::read_to_string(h.join("tokenizer_config.json")).unwrap();
+    assert!(cfg.contains("chat_template"));
+    assert!(h.join("generation_config.json").exists());
+    // tied variant: no output.weight, tie flag set
+    let t = tmp.path().join("t.gds");
+    ok(&convert(&fixture("tiny-llama-tied.gguf"), &t, &[]));
+    valid(&t);
+    let mb = std::fs::read(t.join(MANIFEST_FILE)).unwrap();
+    let m = Manifest::parse(&mb).unwrap();
+    assert!(m.get_bool("model.tie_embeddings").unwrap());
+    assert!(m.find_tensor("output.weight").is_none());
+}
+
+#[test]
+fn quantization_options() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tensors_f32(&{
+        let d = tmp.path().join("f32.gds");
+        ok(&convert(&fixture("tiny-llama-hf"), &d, &["--quant", "f32"]));
+        valid(&d);
+        d
+    });
+    for (q, dt, tol) in [
+        ("f16", DType::F16, 1e-3f32),
+        ("bf16", DType::BF16, 1e-2),
+        ("q8_0", DType::Q8_0, 1e-2),
+        ("q4_1", DType::Q4_1, 0.1),
+        ("q4_0", DType::Q4_0, 0.15),
+    ] {
+        let d = tmp.path().join(format!("{q}.gds"));
+        ok(&convert(&fixture("tiny-llama-hf"), &d, &["--quant", q]));
+        valid(&d);
+        for (name, (dtype, shape, v)) in tensors_f32(&d) {
+            let (_, _, b) = &base[&name];
+            if shape.len() == 1 {
+                assert_eq!(dtype, DType::F32, "{name}: 1-D tensors stay f32");
+            } else {
+                assert_eq!(dtype, dt, "{name}");
+            }
+            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+            assert!(
+                max_abs_diff(&v, b) <= scale * tol,
+                "{q} {name}: {}",
+                max_abs_diff(&v, b) / scale
+            );
+        }
+    }
+    // already-quantized GGUF tensors pass through unless --requantize
+    let keep = tmp.path().join("keep.gds");
+    ok(&convert(
+        &fixture("tiny-llama.gguf"),
+        &keep,
+        &["--quant", "q8_0"],
+    ));
+    let k = tensors_f32(&keep);
+    assert!(k.values().any(|v| v.0 == DType::Q4K), "Q4_K passes through");
+    let req = tmp.path().join("req.gds");
+    ok(&convert(
+        &fixture("tiny-llama.gguf"),
+        &req,
+        &["--quant", "q8_0", "--requantize"],
+    ));
+    valid(&req);
+    assert!(tensors_f32(&req)
+        .values()
+        .all(|v| v.0 == DType::Q8_0 || v.1.len() == 1));
+}
+
+#[test]
+fn bad_fixture_files_fail_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let expect = [
+        ("bad_magic.gguf", "not a GGUF"),
+        ("bad_version.gguf", "unsupported GGUF version 99"),
+        ("unknown_dtype.gguf", "type id 99"),
+        ("removed_dtype.gguf", "type id 4"),
+        ("tensor_oob.gguf", "out of bounds"),
+        ("misaligned_offset.gguf", "alignment"),
+        ("huge_tensor_count.gguf", "exceed the file size"),
+        ("huge_string.gguf", "truncated"),
+        ("shape_overflow.gguf", "overflows"),
+        ("truncated.gguf", "out of bounds"),
+        ("truncated_header.gguf", "truncated"),
+        ("empty.gguf", "too short"),
+    ];
+    for (name, needle) in expect {
+        let out = tmp.path().join(format!("{name}.gds"));
+        let o = convert(&fixture(&format!("bad/{name}")), &out, &[]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert!(
+            err.contains(name) && err.contains(needle),
+            "{name}: want {needle:?} in {err}"
+        );
+        assert!(!err.contains("panicked") && !out.exists(), "{name}");
+    }
+    // safetensors: a missing shard is named
+    let hf = tmp.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors.index.json",
+        "model-00001-of-00002.safetensors",
+    ] {
+        std::fs::copy(fixture("tiny-llama-hf").join(f), hf.join(f)).unwrap();
+    }
+    let o = convert(&hf, &tmp.path().join("x.gds"), &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("model-00002-of-00002.safetensors"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// SmolLM2 dequantized by gguf-py into an HF directory (cached in .cache/).
+fn smollm_hf() -> PathBuf {
+    let dir = root().join(".cache/smollm2-hf-f16");
+    let st = std::process::Command::new("python3")
+        .arg(root().join("scripts/smollm_to_hf.py"))
+        .arg(&dir)
+        .args(["--dtype", "f16", "--gguf"])
+        .arg(smollm_gguf())
+        .status()
+        .expect("python3");
+    assert!(
+        st.success(),
+        "scripts/smollm_to_hf.py failed (needs: pip install gguf numpy safetensors tokenizers)"
+    );
+    dir
+}
+
+#[test]
+fn smollm2_from_safetensors_matches_the_gguf() {
+    let tmp = tempfile::tempdir().unwrap();
+    let h = tmp.path().join("hf.gds");
+    ok(&convert(&smollm_hf(), &h, &[]));
+    valid(&h);
+    let g = tmp.path().join("gguf.gds");
+    ok(&convert(&smollm_gguf(), &g, &[]));
+    let (tg, th) = (tensors_f32(&g), tensors_f32(&h));
+    assert_eq!(tg.len(), th.len());
+    for (name, (_, shape, a)) in &tg {
+        let (dt, hshape, b) = &th[name];
+        assert_eq!(shape, hshape, "{name}");
+        assert!(*dt == DType::F16 || *dt == DType::F32, "{name}: {dt}");
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+        assert!(
+            max_abs_diff(a, b) <= scale * 2e-3,
+            "{name}: Q/K permutation or dtype wrong: {}",
+            max_abs_diff(a, b) / scale
+        );
+    }
+}
