@@ -109,28 +109,29 @@ impl Config {
                 }
             }
         };
-        let rope_scaling =
-            match m.get("model.rope_scaling.type") {
-                None => RopeScaling::None,
-                Some(_) => match m
-                    .get_str("model.rope_scaling.type")
-                    .map_err(|e| bad(e.to_string()))?
-                {
-                    "none" => RopeScaling::None,
-                    "linear" => RopeScaling::Linear {
-                        factor: f("model.rope_scaling.factor")?,
-                    },
-                    "llama3" => RopeScaling::Llama3 {
-                        factor: f("model.rope_scaling.factor")?,
-                        low_freq_factor: f("model.rope_scaling.low_freq_factor")?,
-                        high_freq_factor: f("model.rope_scaling.high_freq_factor")?,
-                        original_context_length: f("model.rope_scaling.original_context_length")?,
-                    },
-                    other => return Err(bad(format!(
-                        "model.rope_scaling.type {other:?} is not supported (none, linear, llama3)"
-                    ))),
+        let rope_scaling = match m.get("model.rope_scaling.type") {
+            None => RopeScaling::None,
+            Some(_) => match m
+                .get_str("model.rope_scaling.type")
+                .map_err(|e| bad(e.to_string()))?
+            {
+                "none" => RopeScaling::None,
+                "linear" => RopeScaling::Linear {
+                    factor: f("model.rope_scaling.factor")?,
                 },
-            };
+                "llama3" => RopeScaling::Llama3 {
+                    factor: f("model.rope_scaling.factor")?,
+                    low_freq_factor: f("model.rope_scaling.low_freq_factor")?,
+                    high_freq_factor: f("model.rope_scaling.high_freq_factor")?,
+                    original_context_length: f("model.rope_scaling.original_context_length")?,
+                },
+                other => {
+                    return Err(bad(format!(
+                        "model.rope_scaling.type {other:?} is not supported (none, linear, llama3)"
+                    )))
+                }
+            },
+        };
         let cfg = Config {
             arch,
             n_layers: u("model.n_layers")?,

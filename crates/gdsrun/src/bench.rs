@@ -29,19 +29,36 @@ struct BenchResult {
 fn mean_std(x: &[f64]) -> (f64, f64) {
     let n = x.len() as f64;
     let mean = x.iter().sum::<f64>() / n;
-    let var = if x.len() > 1 { x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    let var = if x.len() > 1 {
+        x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
     (mean, var.sqrt())
 }
 
 /// Evaluates `n` random tokens from position 0 in batches (pp).
-fn prompt_pass(model: &Model, st: &mut RunState, kv: &mut KvCache, b: &mut Batch, rng: &mut Rng, n: usize, batch: usize) -> Result<()> {
+fn prompt_pass(
+    model: &Model,
+    st: &mut RunState,
+    kv: &mut KvCache,
+    b: &mut Batch,
+    rng: &mut Rng,
+    n: usize,
+    batch: usize,
+) -> Result<()> {
     let vocab = model.config.vocab_size as u64;
     let mut pos = 0;
     while pos < n {
         b.clear();
         let m = batch.min(n - pos);
         for i in 0..m {
-            b.push((rng.next_u64() % vocab) as u32, pos + i, 0, pos + i + 1 == n);
+            b.push(
+                (rng.next_u64() % vocab) as u32,
+                pos + i,
+                0,
+                pos + i + 1 == n,
+            );
         }
         model.forward(st, kv, b)?;
         pos += m;
@@ -50,7 +67,14 @@ fn prompt_pass(model: &Model, st: &mut RunState, kv: &mut KvCache, b: &mut Batch
 }
 
 /// Evaluates `n` random tokens one at a time from position 0 (tg).
-fn gen_pass(model: &Model, st: &mut RunState, kv: &mut KvCache, b: &mut Batch, rng: &mut Rng, n: usize) -> Result<()> {
+fn gen_pass(
+    model: &Model,
+    st: &mut RunState,
+    kv: &mut KvCache,
+    b: &mut Batch,
+    rng: &mut Rng,
+    n: usize,
+) -> Result<()> {
     let vocab = model.config.vocab_size as u64;
     for pos in 0..n {
         b.clear();
@@ -69,21 +93,33 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("nothing to run: -p and -n are both 0");
     }
     let ctx = a.n_prompt.max(a.n_gen).max(1);
-    let plan = Plan::build(&PlanOptions { ctx: Some(ctx), raw: true, batch: a.common.batch.or(Some(512)), ..common_options(&a.common) })?;
+    let plan = Plan::build(&PlanOptions {
+        ctx: Some(ctx),
+        raw: true,
+        batch: a.common.batch.or(Some(512)),
+        ..common_options(&a.common)
+    })?;
     let model = Model::load(&plan.model_dir, plan.ctx, plan.threads)?;
     let c = &model.config;
     let mut st = RunState::new(c, plan.batch, 1, plan.ctx, plan.threads);
     let mut kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, plan.ctx, c.kv_dim());
     let mut b = Batch::with_capacity(plan.batch);
     let mut rng = Rng::new(1234);
-    let name = plan.model_name.clone().unwrap_or_else(|| plan.model_dir.display().to_string());
+    let name = plan
+        .model_name
+        .clone()
+        .unwrap_or_else(|| plan.model_dir.display().to_string());
     let mut results = Vec::new();
     for (n_prompt, n_gen) in [(a.n_prompt, 0), (0, a.n_gen)] {
         if n_prompt == 0 && n_gen == 0 {
             continue;
         }
         let pass = |st: &mut RunState, kv: &mut KvCache, b: &mut Batch, rng: &mut Rng| {
-            if n_prompt > 0 { prompt_pass(&model, st, kv, b, rng, n_prompt, plan.batch) } else { gen_pass(&model, st, kv, b, rng, n_gen) }
+            if n_prompt > 0 {
+                prompt_pass(&model, st, kv, b, rng, n_prompt, plan.batch)
+            } else {
+                gen_pass(&model, st, kv, b, rng, n_gen)
+            }
         };
         // warm-up: page the weights in, spin the threads up
         pass(&mut st, &mut kv, &mut b, &mut rng)?;
@@ -120,8 +156,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("| model | size | backend | threads | test | t/s |");
         println!("| --- | ---: | --- | ---: | ---: | ---: |");
         for r in &results {
-            let test = if r.n_prompt > 0 { format!("pp{}", r.n_prompt) } else { format!("tg{}", r.n_gen) };
-            println!("| {} | {:.2} MiB | cpu | {} | {test} | {:.2} ± {:.2} |", r.model, size as f64 / (1 << 20) as f64, r.n_threads, r.avg_ts, r.stddev_ts);
+            let test = if r.n_prompt > 0 {
+                format!("pp{}", r.n_prompt)
+            } else {
+                format!("tg{}", r.n_gen)
+            };
+            println!(
+                "| {} | {:.2} MiB | cpu | {} | {test} | {:.2} ± {:.2} |",
+                r.model,
+                size as f64 / (1 << 20) as f64,
+                r.n_threads,
+                r.avg_ts,
+                r.stddev_ts
+            );
         }
     }
     Ok(())

@@ -21,7 +21,8 @@ const SUBCOMMANDS: &[&str] = &["run", "perplexity", "bench", "help"];
 fn with_default_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let first = args.get(1).and_then(|a| a.to_str()).map(str::to_string);
     match first.as_deref() {
-        Some(a) if SUBCOMMANDS.contains(&a) || matches!(a, "-h" | "--help" | "-V" | "--version") => {}
+        Some(a)
+            if SUBCOMMANDS.contains(&a) || matches!(a, "-h" | "--help" | "-V" | "--version") => {}
         None => {}
         Some(_) => args.insert(1, "run".into()),
     }
@@ -37,7 +38,10 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("gdsrun: error: {e:#}");
-        let usage = matches!(e.downcast_ref::<RuntimeError>(), Some(RuntimeError::Plan(_)));
+        let usage = matches!(
+            e.downcast_ref::<RuntimeError>(),
+            Some(RuntimeError::Plan(_))
+        );
         std::process::exit(if usage { 2 } else { 1 });
     }
 }
@@ -47,22 +51,39 @@ mod tests {
     use super::*;
 
     fn args(v: &[&str]) -> Vec<String> {
-        with_default_subcommand(v.iter().map(Into::into).collect()).into_iter().map(|s| s.into_string().unwrap()).collect()
+        with_default_subcommand(v.iter().map(Into::into).collect())
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
     }
 
     #[test]
     fn model_dir_first_means_run() {
-        assert_eq!(args(&["gdsrun", "m.gds", "--prompt", "hi"]), ["gdsrun", "run", "m.gds", "--prompt", "hi"]);
-        assert_eq!(args(&["gdsrun", "run", "m.gds"]), ["gdsrun", "run", "m.gds"]);
-        assert_eq!(args(&["gdsrun", "bench", "m.gds"]), ["gdsrun", "bench", "m.gds"]);
+        assert_eq!(
+            args(&["gdsrun", "m.gds", "--prompt", "hi"]),
+            ["gdsrun", "run", "m.gds", "--prompt", "hi"]
+        );
+        assert_eq!(
+            args(&["gdsrun", "run", "m.gds"]),
+            ["gdsrun", "run", "m.gds"]
+        );
+        assert_eq!(
+            args(&["gdsrun", "bench", "m.gds"]),
+            ["gdsrun", "bench", "m.gds"]
+        );
         assert_eq!(args(&["gdsrun", "--help"]), ["gdsrun", "--help"]);
         assert_eq!(args(&["gdsrun"]), ["gdsrun"]);
     }
 
     #[test]
     fn cli_parses_run_flags() {
-        let cli = Cli::try_parse_from(args(&["gdsrun", "m", "--prompt", "p", "--stop", "a", "--stop", "b", "--temp", "0", "--json"])).unwrap();
-        let Command::Run(r) = cli.command else { panic!("expected run") };
+        let cli = Cli::try_parse_from(args(&[
+            "gdsrun", "m", "--prompt", "p", "--stop", "a", "--stop", "b", "--temp", "0", "--json",
+        ]))
+        .unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!("expected run")
+        };
         assert_eq!(r.stop, ["a", "b"]);
         assert_eq!(r.temp, Some(0.0));
         assert!(r.json);

@@ -10,15 +10,30 @@ use std::time::Instant;
 
 /// Runs the command.
 pub fn run(a: PerplexityArgs) -> Result<()> {
-    let plan = Plan::build(&PlanOptions { ctx: Some(a.ctx), raw: true, ..common_options(&a.common) })?;
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let plan = Plan::build(&PlanOptions {
+        ctx: Some(a.ctx),
+        raw: true,
+        ..common_options(&a.common)
+    })?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
     let t0 = Instant::now();
     let model = Model::load(&plan.model_dir, plan.ctx, plan.threads)?;
     let tok = TextTokenizer::load(&plan.model_dir, &model.config)?;
     let tokens = tok.encode(&text, true)?;
-    let opts = PerplexityOptions { ctx: plan.ctx, batch: plan.batch.max(plan.ctx.min(512)), bos: tok.bos().filter(|_| tok.add_bos()), kv_dtype: plan.kv_dtype };
+    let opts = PerplexityOptions {
+        ctx: plan.ctx,
+        batch: plan.batch.max(plan.ctx.min(512)),
+        bos: tok.bos().filter(|_| tok.add_bos()),
+        kv_dtype: plan.kv_dtype,
+    };
     if !a.json {
-        eprintln!("perplexity: {} tokens, ctx {}, {} threads", tokens.len(), plan.ctx, plan.threads);
+        eprintln!(
+            "perplexity: {} tokens, ctx {}, {} threads",
+            tokens.len(),
+            plan.ctx,
+            plan.threads
+        );
     }
     let json = a.json;
     let r = perplexity(&model, &tokens, opts, &mut |i, ppl| {

@@ -75,7 +75,11 @@ impl Printer {
             return;
         }
         let mut out = std::io::stdout().lock();
-        if out.write_all(s.as_bytes()).and_then(|_| out.flush()).is_err() {
+        if out
+            .write_all(s.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
             self.broken.store(true, Ordering::Relaxed);
             self.interrupt.store(true, Ordering::Relaxed);
         }
@@ -89,15 +93,23 @@ pub fn run(a: RunArgs) -> Result<()> {
         println!("{}", plan.to_json());
         return Ok(());
     }
-    let mut engine = Engine::load(plan).with_context(|| format!("loading {}", a.common.model_dir.display()))?;
+    let mut engine =
+        Engine::load(plan).with_context(|| format!("loading {}", a.common.model_dir.display()))?;
     let generating = Arc::new(AtomicBool::new(false));
     let interrupt = engine.interrupt_flag();
     install_ctrlc(interrupt.clone(), generating.clone());
-    let printer = Printer { broken: Arc::new(AtomicBool::new(false)), interrupt: interrupt.clone() };
+    let printer = Printer {
+        broken: Arc::new(AtomicBool::new(false)),
+        interrupt: interrupt.clone(),
+    };
 
     let turn = |engine: &mut Engine, prompt: &str| -> Result<()> {
         generating.store(true, Ordering::SeqCst);
-        let out = if a.json { engine.generate(prompt, &mut |_| {}) } else { engine.generate(prompt, &mut |s| printer.print(s)) };
+        let out = if a.json {
+            engine.generate(prompt, &mut |_| {})
+        } else {
+            engine.generate(prompt, &mut |s| printer.print(s))
+        };
         generating.store(false, Ordering::SeqCst);
         let out = out?;
         if printer.broken.load(Ordering::Relaxed) {
@@ -118,7 +130,14 @@ pub fn run(a: RunArgs) -> Result<()> {
             let stdin = std::io::stdin();
             let interactive = stdin.is_terminal();
             if interactive {
-                eprintln!("gdsrun: {} mode; one message per line, /reset to forget, Ctrl-D to quit", if engine.plan().mode == gds_runtime::plan::Mode::Chat { "chat" } else { "raw completion" });
+                eprintln!(
+                    "gdsrun: {} mode; one message per line, /reset to forget, Ctrl-D to quit",
+                    if engine.plan().mode == gds_runtime::plan::Mode::Chat {
+                        "chat"
+                    } else {
+                        "raw completion"
+                    }
+                );
             }
             let mut lines = stdin.lock();
             loop {
@@ -139,7 +158,12 @@ pub fn run(a: RunArgs) -> Result<()> {
                 }
                 match turn(&mut engine, msg) {
                     // a turn that does not fit is reported; the chat goes on
-                    Err(e) if matches!(e.downcast_ref::<RuntimeError>(), Some(RuntimeError::PromptTooLong { .. })) => {
+                    Err(e)
+                        if matches!(
+                            e.downcast_ref::<RuntimeError>(),
+                            Some(RuntimeError::PromptTooLong { .. })
+                        ) =>
+                    {
                         eprintln!("gdsrun: error: {e:#} (/reset to start over)")
                     }
                     r => r?,

@@ -1,0 +1,202 @@
+//! Correctness against fixtures/reference: teacher-forced logits of transformers (float32,
+//! dequantized GGUF weights) over the SmolLM2 GGUF, converted here into a temporary
+//! GdsLLM directory.
+//!
+//! Thresholds. The matmul kernels quantize activations to 8 bits for integer dot products,
+//! as llama.cpp does; llama.cpp itself agrees with this reference on top-1 for 96.9% of
+//! positions with mean KL 0.014 (fixtures/reference/llamacpp_vs_transformers.json, the
+//! longer wiki-like text). So we require what llama.cpp achieves: top-1 >= 96% and mean
+//! KL < 0.01 (measured here: 96.7% and 0.002 over 304 positions), perplexity within 1% of
+//! transformers', and for the first 8 rows in full: same top-1, KL < 0.02 and no
+//! log-probability of a token with p > 1e-4 off by more than 0.75 (llama.cpp's worst on the
+//! true token: 0.75). Measured values are printed so drift shows.
+
+use gds_runtime::perplexity::{eval_positions, log_sum_exp};
+use gds_runtime::{KvCache, KvDtype, Model, RunState};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// SmolLM2 converted once per test binary into a temporary directory.
+fn smollm2() -> &'static Path {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let gguf = root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(
+            gguf.exists(),
+            "{} is missing: run scripts/fetch-model.sh first (CI does)",
+            gguf.display()
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("smollm2.gds");
+        gds_convert::convert(
+            &gguf,
+            &out,
+            &gds_convert::ConvertOptions::default(),
+            &gds_convert::NoProgress,
+        )
+        .expect("convert SmolLM2");
+        (tmp, out)
+    })
+    .1
+}
+
+fn json(rel: &str) -> serde_json::Value {
+    let p = root().join("fixtures/reference").join(rel);
+    serde_json::from_str(
+        &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// All logits rows of a teacher-forced pass over `tokens`.
+fn logits(model: &Model, tokens: &[u32], batch: usize) -> Vec<Vec<f32>> {
+    let c = &model.config;
+    let mut st = RunState::new(c, batch, batch, model.ctx(), model.threads());
+    let mut kv = KvCache::new(KvDtype::F32, c.n_layers, 1, model.ctx(), c.kv_dim());
+    let mut rows = vec![Vec::new(); tokens.len()];
+    eval_positions(
+        model,
+        &mut st,
+        &mut kv,
+        tokens,
+        0..tokens.len(),
+        batch,
+        &mut |p, l| rows[p] = l.to_vec(),
+    )
+    .unwrap();
+    rows
+}
+
+#[test]
+fn teacher_forced_logits_match_transformers() {
+    let tokens = ids(&json("tokens.json")["ids"]);
+    let refs = json("ref_logits_top20.json");
+    let model = Model::load(smollm2(), 512, 2).unwrap();
+    let rows = logits(&model, &tokens, 128);
+    let (top_ids, top_logits, ref_lse) = (
+        refs["top_ids"].as_array().unwrap(),
+        refs["top_logits"].as_array().unwrap(),
+        floats(&refs["lse"]),
+    );
+    let (mut agree, mut kl_sum, mut kl_max, mut nll) = (0usize, 0.0f64, 0.0f64, 0.0f64);
+    for (i, row) in rows.iter().enumerate() {
+        let (rid, rlog) = (ids(&top_ids[i]), floats(&top_logits[i]));
+        let lse = log_sum_exp(row);
+        agree += usize::from(gds_runtime::ops::argmax(row) as u32 == rid[0]);
+        // KL(ref || ours) over the top-20 support plus one bucket for the rest
+        let (mut kl, mut p_in, mut q_in) = (0.0, 0.0, 0.0);
+        for (&id, &l) in rid.iter().zip(&rlog) {
+            let p = (l - ref_lse[i]).exp();
+            let q = (row[id as usize] as f64 - lse).exp();
+            kl += p * (p / q).ln();
+            p_in += p;
+            q_in += q;
+        }
+        let (p_out, q_out) = ((1.0 - p_in).max(1e-12), (1.0 - q_in).max(1e-12));
+        kl += p_out * (p_out / q_out).ln();
+        kl_sum += kl;
+        kl_max = kl_max.max(kl);
+        if i + 1 < tokens.len() {
+            nll += lse - row[tokens[i + 1] as usize] as f64;
+        }
+    }
+    let n = rows.len() as f64;
+    let (top1, kl_mean) = (agree as f64 / n, kl_sum / n);
+    let ppl = (nll / (n - 1.0)).exp();
+    let ref_ppl = refs["ppl"].as_f64().unwrap();
+    eprintln!("top-1 agreement {top1:.4} ({agree}/{n}), mean KL {kl_mean:.5}, max KL {kl_max:.4}, ppl {ppl:.4} vs transformers {ref_ppl:.4}");
+    assert!(top1 >= 0.96, "top-1 agreement {top1}");
+    assert!(kl_mean < 0.01, "mean KL {kl_mean}");
+    assert!((ppl / ref_ppl - 1.0).abs() < 0.01, "ppl {ppl} vs {ref_ppl}");
+}
+
+#[test]
+fn first_rows_match_transformers_in_full() {
+    let tokens = ids(&json("tokens.json")["ids"]);
+    let bytes = std::fs::read(root().join("fixtures/reference/ref_logits_first8.f32.bin")).unwrap();
+    let vocab = 49152;
+    let reference: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(reference.len(), 8 * vocab);
+    let model = Model::load(smollm2(), 64, 2).unwrap();
+    let rows = logits(&model, &tokens[..8], 8);
+    let (mut worst, mut worst_kl, mut top1) = (0.0f64, 0.0f64, 0usize);
+    for (i, row) in rows.iter().enumerate() {
+        let r = &reference[i * vocab..(i + 1) * vocab];
+        let (lse, rlse) = (log_sum_exp(row), log_sum_exp(r));
+        // compare log-probabilities of every token the reference gives p > 1e-4
+        let mut max_diff = 0.0f64;
+        for (a, b) in row.iter().zip(r) {
+            let (la, lb) = (*a as f64 - lse, *b as f64 - rlse);
+            if lb > -9.2 {
+                max_diff = max_diff.max((la - lb).abs());
+            }
+        }
+        let mean_abs: f64 = row
+            .iter()
+            .zip(r)
+            .map(|(a, b)| ((*a as f64 - lse) - (*b as f64 - rlse)).abs())
+            .sum::<f64>()
+            / vocab as f64;
+        let (am, rm) = (gds_runtime::ops::argmax(row), gds_runtime::ops::argmax(r));
+        let kl: f64 = row
+            .iter()
+            .zip(r)
+            .map(|(a, b)| {
+                let (la, lb) = (*a as f64 - lse, *b as f64 - rlse);
+                lb.exp() * (lb - la)
+            })
+            .sum();
+        eprintln!("row {i}: KL {kl:.5}, max |dlogprob| (p>1e-4) {max_diff:.4}, mean |dlogprob| {mean_abs:.4}, top-1 {am} vs {rm}");
+        worst = worst.max(max_diff);
+        worst_kl = worst_kl.max(kl);
+        top1 += usize::from(am == rm);
+    }
+    assert_eq!(top1, 8, "top-1 must agree on every one of the first rows");
+    assert!(worst_kl < 0.02, "worst row KL {worst_kl}");
+    assert!(worst < 0.75, "max |dlogprob| {worst}");
+}
+
+#[test]
+fn batched_prefill_equals_token_by_token_decode() {
+    let tokens = ids(&json("tokens.json")["ids"]);
+    let model = Model::load(smollm2(), 64, 2).unwrap();
+    let batched = logits(&model, &tokens[..24], 24);
+    let single = logits(&model, &tokens[..24], 1);
+    for (i, (a, b)) in batched.iter().zip(&single).enumerate() {
+        let d = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            d < 1e-2,
+            "position {i}: batched and single-token logits differ by {d}"
+        );
+    }
+}
