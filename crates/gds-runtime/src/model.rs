@@ -310,9 +310,9 @@ impl Model {
         for (l, w) in self.weights.blocks.iter().enumerate() {
             // attention
             ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.attn_norm, eps);
-            self.matmul(&mut s.q[..n * qd], &s.xb[..n * d], &w.wq, n)?;
-            self.matmul(&mut s.k[..n * kvd], &s.xb[..n * d], &w.wk, n)?;
-            self.matmul(&mut s.v[..n * kvd], &s.xb[..n * d], &w.wv, n)?;
+            // one call for Q, K and V: the input is quantized once, one parallel region
+            let qkv = [w.wq.view(&self.layers), w.wk.view(&self.layers), w.wv.view(&self.layers)];
+            gds_kernels::matmul_many(&qkv, &s.xb[..n * d], n, &mut [&mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.v[..n * kvd]])?;
             if let Some(b) = &w.bq {
                 ops::add_bias_rows(&mut s.q[..n * qd], b);
             }
@@ -342,8 +342,8 @@ impl Model {
 
             // feed-forward
             ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.ffn_norm, eps);
-            self.matmul(&mut s.gate[..n * ff], &s.xb[..n * d], &w.w_gate, n)?;
-            self.matmul(&mut s.up[..n * ff], &s.xb[..n * d], &w.w_up, n)?;
+            let gate_up = [w.w_gate.view(&self.layers), w.w_up.view(&self.layers)];
+            gds_kernels::matmul_many(&gate_up, &s.xb[..n * d], n, &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]])?;
             ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
             self.matmul(&mut s.proj[..n * d], &s.gate[..n * ff], &w.w_down, n)?;
             ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);
