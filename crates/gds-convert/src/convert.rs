@@ -508,7 +508,7 @@ pub fn convert(
     progress.finish();
 
     // Check what we wrote before anyone can see it.
-    let report = crate::validate::validate_dir(&tmp.path, crate::validate::Depth::Quick);
+    let report = crate::validate::validate_dir(&tmp.path, crate::validate::Depth::Structure);
     if !report.errors.is_empty() {
         return Err(ConvertError::Internal(format!(
             "the written model is invalid: {}",

@@ -196,8 +196,14 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         .to_str()
         .ok_or_else(|| bad("path is not valid UTF-8".into()))?;
     let model = {
-        let mut container = gguf_rs::get_gguf_container_array_size(path_str, u64::MAX)
-            .map_err(|e| bad(format!("{e:#}")))?;
+        // gguf-rs reads field by field; buffer it (unbuffered, the header's ~100k small reads
+        // were most of the conversion time). The prescan checked the little-endian magic.
+        let _ = path_str;
+        let mut f = std::fs::File::open(path).map_err(io(path))?;
+        std::io::Read::read_exact(&mut f, &mut [0u8; 4]).map_err(io(path))?;
+        let reader = std::io::BufReader::with_capacity(1 << 20, f);
+        let mut container =
+            gguf_rs::GGUFContainer::new(gguf_rs::ByteOrder::LE, Box::new(reader), u64::MAX);
         container.decode().map_err(|e| bad(format!("{e:#}")))?
     };
     let meta = model.metadata();
