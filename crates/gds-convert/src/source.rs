@@ -90,7 +90,10 @@ impl MappedFile {
         // SAFETY: the mapping is a read-only, file-backed map. MADV_DONTNEED only drops our
         // copies of the pages; a later access re-reads them from the unchanged file, so no
         // Rust reference can observe different bytes.
-        let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        };
     }
 }
 
