@@ -1,7 +1,7 @@
 # GdsLLM tasks. Install just with `pip install rust-just` if it is missing.
 
 # the main job on a real model: fetch, convert, validate, inspect, generate
-demo prompt="What is the capital of France? Answer in one sentence.":
+demo prompt="Give me three tips for staying healthy.":
     ./scripts/demo.sh "{{prompt}}"
 
 # the whole test suite (what CI runs)

@@ -3,7 +3,7 @@
 # the GdsLLM format, validate and inspect it, then generate an answer with gdsrun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PROMPT="${1:-What is the capital of France? Answer in one sentence.}"
+PROMPT="${1:-Give me three tips for staying healthy.}"
 GGUF=$(./scripts/fetch-model.sh)
 cargo build --release -q -p gdsconv -p gdsrun
 OUT=.cache/smollm2.gds
