@@ -311,8 +311,17 @@ impl Model {
             // attention
             ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.attn_norm, eps);
             // one call for Q, K and V: the input is quantized once, one parallel region
-            let qkv = [w.wq.view(&self.layers), w.wk.view(&self.layers), w.wv.view(&self.layers)];
-            gds_kernels::matmul_many(&qkv, &s.xb[..n * d], n, &mut [&mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.v[..n * kvd]])?;
+            let qkv = [
+                w.wq.view(&self.layers),
+                w.wk.view(&self.layers),
+                w.wv.view(&self.layers),
+            ];
+            gds_kernels::matmul_many(
+                &qkv,
+                &s.xb[..n * d],
+                n,
+                &mut [&mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.v[..n * kvd]],
+            )?;
             if let Some(b) = &w.bq {
                 ops::add_bias_rows(&mut s.q[..n * qd], b);
             }
@@ -343,7 +352,12 @@ impl Model {
             // feed-forward
             ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.ffn_norm, eps);
             let gate_up = [w.w_gate.view(&self.layers), w.w_up.view(&self.layers)];
-            gds_kernels::matmul_many(&gate_up, &s.xb[..n * d], n, &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]])?;
+            gds_kernels::matmul_many(
+                &gate_up,
+                &s.xb[..n * d],
+                n,
+                &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]],
+            )?;
             ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
             self.matmul(&mut s.proj[..n * d], &s.gate[..n * ff], &w.w_down, n)?;
             ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);

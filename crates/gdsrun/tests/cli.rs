@@ -1,0 +1,490 @@
+//! End-to-end tests of the `gdsrun` binary on the real SmolLM2 model, converted once per
+//! test run into a temporary directory (the GGUF comes from scripts/fetch-model.sh).
+
+use serde_json::Value;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// SmolLM2 converted once per test binary.
+fn model() -> &'static str {
+    static DIR: OnceLock<(tempfile::TempDir, String)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let gguf = root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(
+            gguf.exists(),
+            "{} is missing: run scripts/fetch-model.sh first (CI does)",
+            gguf.display()
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("smollm2.gds");
+        gds_convert::convert(
+            &gguf,
+            &out,
+            &gds_convert::ConvertOptions::default(),
+            &gds_convert::NoProgress,
+        )
+        .expect("convert SmolLM2");
+        let s = out.to_str().unwrap().to_string();
+        (tmp, s)
+    })
+    .1
+}
+
+fn gdsrun(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn gdsrun")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let o = gdsrun(args);
+    assert!(
+        o.status.success(),
+        "gdsrun {args:?} failed: {}",
+        text(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&o.stdout)))
+}
+
+const QUESTION: &str = "What is the capital of France?";
+
+#[test]
+fn greedy_generation_is_deterministic_and_non_empty() {
+    let args = [
+        model(),
+        "--prompt",
+        QUESTION,
+        "--temp",
+        "0",
+        "--max-tokens",
+        "16",
+        "--json",
+    ];
+    let (a, b) = (ok_json(&args), ok_json(&args));
+    assert!(!a["text"].as_str().unwrap().trim().is_empty(), "{a}");
+    assert_eq!(a["text"], b["text"]);
+    assert_eq!(a["tokens"], b["tokens"]);
+    assert!(a["tokens"].as_array().unwrap().len() <= 16);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let args = |seed| {
+        vec![
+            model().to_string(),
+            "--prompt".into(),
+            "Tell me a story.".into(),
+            "--temp".into(),
+            "1.0".into(),
+            "--seed".into(),
+            seed,
+            "--max-tokens".into(),
+            "12".into(),
+            "--json".into(),
+        ]
+    };
+    let run = |s: &str| {
+        ok_json(
+            &args(s.into())
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(run("7")["tokens"], run("7")["tokens"]);
+    assert_eq!(run("7")["plan"]["sampler"]["seed"], 7);
+}
+
+#[test]
+fn json_output_has_every_field() {
+    let j = ok_json(&[
+        model(),
+        "--prompt",
+        QUESTION,
+        "--temp",
+        "0",
+        "--max-tokens",
+        "4",
+        "--json",
+    ]);
+    for k in ["text", "tokens", "stop_reason", "plan", "metrics"] {
+        assert!(j.get(k).is_some(), "missing {k}: {j}");
+    }
+    let m = &j["metrics"];
+    for k in [
+        "load_ms",
+        "prompt_tokens",
+        "prompt_ms",
+        "prompt_tokens_per_sec",
+        "generated_tokens",
+        "decode_ms",
+        "tokens_per_sec",
+        "time_to_first_token_ms",
+        "peak_rss_bytes",
+        "bytes_read",
+        "energy_joules",
+        "watts_avg",
+        "tokens_per_joule",
+        "energy_source",
+    ] {
+        assert!(m.get(k).is_some(), "metrics.{k} missing: {m}");
+    }
+    assert!(m["prompt_tokens"].as_u64().unwrap() > 5);
+    assert!(m["peak_rss_bytes"].as_u64().unwrap() > 50 << 20);
+    assert!(
+        m["bytes_read"].as_u64().unwrap() > 90 << 20,
+        "all layers are touched"
+    );
+    assert!(m["energy_source"].is_string());
+    assert_eq!(j["stop_reason"], "max_tokens");
+    assert_eq!(m["generated_tokens"], 4);
+}
+
+#[test]
+fn plan_json_records_decisions() {
+    let p = ok_json(&[
+        model(),
+        "--plan",
+        "--ctx",
+        "256",
+        "--threads",
+        "1",
+        "--temp",
+        "0.5",
+        "--seed",
+        "3",
+        "--stop",
+        "END",
+        "--raw",
+    ]);
+    assert_eq!(p["arch"], "llama");
+    assert_eq!(p["backend"], "cpu");
+    assert_eq!(p["io"], "mmap");
+    assert_eq!(p["ctx"], 256);
+    assert_eq!(p["threads"], 1);
+    assert_eq!(p["mode"], "raw");
+    assert_eq!(p["sampler"]["seed"], 3);
+    assert_eq!(p["limits"]["stop"][0], "END");
+    assert!(p["weight_dtypes"]["q4_1"]["tensors"].as_u64().unwrap() > 0);
+    let d = ok_json(&[model(), "--plan"]);
+    assert_eq!(d["ctx"], 4096, "default: min(model context 8192, 4096)");
+    assert_eq!(d["mode"], "chat");
+}
+
+#[test]
+fn stop_string_ends_generation_and_is_not_printed() {
+    let j = ok_json(&[
+        model(),
+        "--raw",
+        "--prompt",
+        "The capital of France is",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "20",
+        "--stop",
+        "Paris",
+        "--json",
+    ]);
+    assert_eq!(j["stop_reason"], "stop_string", "{j}");
+    assert!(!j["text"].as_str().unwrap().contains("Paris"));
+}
+
+#[test]
+fn context_full_stops_generation() {
+    let j = ok_json(&[
+        model(),
+        "--raw",
+        "--prompt",
+        "One, two, three,",
+        "--temp",
+        "0",
+        "--ctx",
+        "16",
+        "--json",
+    ]);
+    assert_eq!(j["stop_reason"], "context_full", "{j}");
+    let m = &j["metrics"];
+    assert!(m["prompt_tokens"].as_u64().unwrap() + m["generated_tokens"].as_u64().unwrap() >= 16);
+}
+
+#[test]
+fn streamed_text_equals_json_text_with_multibyte_characters() {
+    // SmolLM2 answers this one with "L'Étoile, ...": É is split over byte-level tokens
+    let args = [
+        model(),
+        "--prompt",
+        QUESTION,
+        "--temp",
+        "0",
+        "--max-tokens",
+        "24",
+    ];
+    let o = gdsrun(&args);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let streamed = String::from_utf8(o.stdout).expect("streamed output is valid UTF-8");
+    let j = ok_json(&[&args[..], &["--json"]].concat());
+    assert_eq!(streamed, format!("{}\n", j["text"].as_str().unwrap()));
+    assert!(
+        text(&o.stderr).contains("tok/s"),
+        "metrics line on stderr: {}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn chat_from_piped_stdin_keeps_the_kv_cache() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args([model(), "--temp", "0", "--max-tokens", "8", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Hi!\nWhat is 2+2?\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let turns: Vec<Value> = text(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(turns.len(), 2);
+    let (m1, m2) = (&turns[0]["metrics"], &turns[1]["metrics"]);
+    assert!(
+        m2["prompt_tokens"].as_u64() > m1["prompt_tokens"].as_u64(),
+        "the second turn sees the whole conversation"
+    );
+    assert!(
+        m2["prompt_tokens_evaluated"].as_u64().unwrap() < m2["prompt_tokens"].as_u64().unwrap() / 2,
+        "the first turn came from the cache: {m2}"
+    );
+}
+
+#[test]
+fn ctrl_c_interrupts_and_still_reports() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args([
+            model(),
+            "--raw",
+            "--prompt",
+            "Once upon a time",
+            "--temp",
+            "0",
+            "--ctx",
+            "2048",
+            "--stop",
+            "NEVER-APPEARS-123",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // wait for the first generated bytes, then press Ctrl-C
+    let mut first = [0u8; 1];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("[interrupted]") || err.contains("[context_full]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn perplexity_matches_llama_cpp() {
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("fixtures/reference/perplexity.json")).unwrap(),
+    )
+    .unwrap();
+    let run = reference["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ctx"] == 128)
+        .expect("ctx 128 run");
+    let file = root().join("fixtures/reference/wiki-like.txt");
+    let j = ok_json(&[
+        "perplexity",
+        model(),
+        "--file",
+        file.to_str().unwrap(),
+        "--ctx",
+        "128",
+        "--json",
+    ]);
+    let (ours, theirs) = (j["ppl"].as_f64().unwrap(), run["ppl"].as_f64().unwrap());
+    eprintln!("ppl ctx 128: gdsrun {ours:.4}, llama.cpp {theirs:.4}");
+    assert_eq!(j["tokens"], reference["n_tokens"]);
+    assert_eq!(j["chunks"], run["chunks"]);
+    assert_eq!(j["scored"], run["scored_tokens"]);
+    assert!(
+        (ours / theirs - 1.0).abs() < 0.01,
+        "ppl {ours} vs llama.cpp {theirs}"
+    );
+}
+
+#[test]
+fn bench_json_uses_llama_bench_fields() {
+    let j = ok_json(&["bench", model(), "-p", "16", "-n", "4", "-r", "2", "--json"]);
+    let rows = j.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(
+        (rows[0]["n_prompt"].as_u64(), rows[0]["n_gen"].as_u64()),
+        (Some(16), Some(0))
+    );
+    assert_eq!(
+        (rows[1]["n_prompt"].as_u64(), rows[1]["n_gen"].as_u64()),
+        (Some(0), Some(4))
+    );
+    for r in rows {
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+        assert!(r["stddev_ts"].as_f64().is_some());
+        assert!(r["model"].is_string() && r["n_threads"].as_u64().unwrap() >= 1);
+        assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+    }
+}
+
+fn fails(args: &[&str], code: i32, needle: &str) {
+    let o = gdsrun(args);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "gdsrun {args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "gdsrun {args:?}: expected {needle:?} in: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn errors_are_clear_and_exit_non_zero() {
+    fails(
+        &["/nonexistent/model.gds", "--prompt", "hi"],
+        2,
+        "not a model directory",
+    );
+    fails(&[model(), "--prompt", "hi", "--top-p", "1.5"], 2, "--top-p");
+    fails(&[model(), "--prompt", "hi", "--ctx", "0"], 2, "--ctx");
+    fails(
+        &[model(), "--prompt", "hi", "--ctx", "100000"],
+        2,
+        "context length",
+    );
+    fails(
+        &[model(), "--prompt", "hi", "--threads", "0"],
+        2,
+        "--threads",
+    );
+    fails(
+        &[model(), "--prompt", "hi", "--no-such-flag"],
+        2,
+        "--no-such-flag",
+    );
+    let long = "word ".repeat(100);
+    fails(
+        &[model(), "--raw", "--prompt", &long, "--ctx", "32"],
+        1,
+        "context holds 32",
+    );
+    let empty = tempfile::tempdir().unwrap();
+    fails(
+        &[empty.path().to_str().unwrap(), "--prompt", "hi"],
+        1,
+        "manifest.gdsm",
+    );
+    fails(
+        &[
+            "perplexity",
+            model(),
+            "--file",
+            "/nonexistent.txt",
+            "--ctx",
+            "128",
+        ],
+        1,
+        "/nonexistent.txt",
+    );
+}
+
+#[test]
+fn unsupported_architecture_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = gds_format::ManifestBuilder::new();
+    b.kv_str("general.architecture", "mamba");
+    std::fs::write(dir.path().join(gds_format::MANIFEST_FILE), b.finish()).unwrap();
+    fails(
+        &[dir.path().to_str().unwrap(), "--prompt", "hi"],
+        1,
+        "unsupported architecture \"mamba\"",
+    );
+}
+
+#[test]
+fn corrupt_layer_file_is_named() {
+    let src = Path::new(model());
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("m.gds");
+    copy_dir(src, &dst);
+    let layer = std::fs::read_dir(dst.join("layers"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&layer)
+        .unwrap();
+    f.set_len(4096).unwrap();
+    let name = layer.file_name().unwrap().to_str().unwrap().to_string();
+    fails(
+        &[dst.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "1"],
+        1,
+        &name,
+    );
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+}
