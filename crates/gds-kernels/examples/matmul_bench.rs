@@ -1,11 +1,15 @@
 //! Times matmul at SmolLM2-135M shapes (Q4_1 projections, Q8_0 tied output head).
 //!
-//! `cargo run --release -p gds-kernels --example matmul_bench [-- --isa scalar|avx2] [--tokens N]`
+//! `cargo run --release -p gds-kernels --example matmul_bench [-- --isa scalar|avx2|avxvnni] [--tokens N]`
 //!
 //! Prints, per shape, the time of one call, GFLOP/s (2 * rows * cols * tokens / time) and
 //! the weight bytes streamed per second, then the matmul-only decode estimate for the whole
 //! model (30 layers of q, k, v, o, gate, up, down plus the output head). Uses the global rayon
 //! pool (RAYON_NUM_THREADS sets its size).
+//!
+//! `--model` instead allocates a whole SmolLM2-135M worth of random weights (96 MB, so
+//! caches behave as in real decode) and times the per-token matmul sequence, calling from
+//! inside the rayon pool as a runtime would.
 
 use gds_format::DType;
 use gds_kernels::{matmul_many_with, matmul_with, quantize, Isa, WeightView};
@@ -60,6 +64,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mut isa = Isa::best();
     let mut tokens = vec![1usize, 64];
+    let mut run_model = false;
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -67,6 +72,7 @@ fn main() {
                 isa = match args.get(i + 1).map(String::as_str) {
                     Some("scalar") => Isa::Scalar,
                     Some("avx2") => Isa::Avx2,
+                    Some("avxvnni") => Isa::AvxVnni,
                     other => panic!("unknown isa {other:?}"),
                 };
                 i += 1;
@@ -75,12 +81,17 @@ fn main() {
                 tokens = vec![args[i + 1].parse().expect("--tokens N")];
                 i += 1;
             }
+            "--model" => run_model = true,
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
         i += 1;
     }
     assert!(isa.available(), "{} not available", isa.name());
+    if run_model {
+        model(isa);
+        return;
+    }
     println!(
         "isa {}  threads {}",
         isa.name(),
@@ -206,4 +217,110 @@ fn main() {
             if n > 1 { " (head for every token)" } else { "" }
         );
     }
+}
+
+/// Random but valid blocks: random quant bytes, small finite f16 scales.
+fn random_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let ts = dtype.type_size();
+    let n = rows * cols / dtype.block_size();
+    let mut s = seed | 1;
+    let mut data: Vec<u8> = (0..n * ts)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect();
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    let min = half::f16::from_f32(-0.05).to_le_bytes();
+    for b in data.chunks_exact_mut(ts) {
+        b[0..2].copy_from_slice(&scale);
+        if dtype == DType::Q4_1 {
+            b[2..4].copy_from_slice(&min);
+        }
+    }
+    data
+}
+
+fn v(data: &[u8], rows: usize, cols: usize) -> WeightView<'_> {
+    WeightView {
+        dtype: DType::Q4_1,
+        data,
+        rows,
+        cols,
+    }
+}
+
+/// Per-token matmul sequence of SmolLM2-135M decode on separately allocated weights.
+fn model(isa: Isa) {
+    const LAYERS: usize = 30;
+    let (h, kv, ff, vocab) = (576, 192, 1536, 49152);
+    let q4 = DType::Q4_1;
+    let layers: Vec<[Vec<u8>; 7]> = (0..LAYERS as u64)
+        .map(|l| {
+            [
+                random_weight(q4, h, h, 7 * l + 1),
+                random_weight(q4, kv, h, 7 * l + 2),
+                random_weight(q4, kv, h, 7 * l + 3),
+                random_weight(q4, h, h, 7 * l + 4),
+                random_weight(q4, ff, h, 7 * l + 5),
+                random_weight(q4, ff, h, 7 * l + 6),
+                random_weight(q4, h, ff, 7 * l + 7),
+            ]
+        })
+        .collect();
+    let head = random_weight(DType::Q8_0, vocab, h, 999);
+    let bytes: usize = layers.iter().flatten().map(Vec::len).sum::<usize>() + head.len();
+    println!(
+        "isa {}  threads {}  weights {:.1} MB",
+        isa.name(),
+        rayon::current_num_threads(),
+        bytes as f64 / 1e6
+    );
+    let x = values(h, 3);
+    let mut y = vec![0f32; ff * 2 + h * 2 + kv * 2];
+    let mut logits = vec![0f32; vocab];
+    let mut step = |with_head: bool| {
+        for l in &layers {
+            let (q, rest) = y.split_at_mut(h);
+            let (k, rest) = rest.split_at_mut(kv);
+            let (vv, rest) = rest.split_at_mut(kv);
+            let ws = [v(&l[0], h, h), v(&l[1], kv, h), v(&l[2], kv, h)];
+            matmul_many_with(isa, &ws, &x, 1, &mut [q, k, vv]).unwrap();
+            let (o, rest) = rest.split_at_mut(h);
+            matmul_with(isa, &v(&l[3], h, h), &x, 1, o).unwrap();
+            let (g, rest) = rest.split_at_mut(ff);
+            let (u, _) = rest.split_at_mut(ff);
+            let ws = [v(&l[4], ff, h), v(&l[5], ff, h)];
+            matmul_many_with(isa, &ws, &x, 1, &mut [g, u]).unwrap();
+            let mut d = vec![0f32; h];
+            matmul_with(isa, &v(&l[6], h, ff), &y[..ff], 1, &mut d).unwrap();
+        }
+        if with_head {
+            let w = WeightView {
+                dtype: DType::Q8_0,
+                data: &head,
+                rows: vocab,
+                cols: h,
+            };
+            matmul_with(isa, &w, &x, 1, &mut logits).unwrap();
+        }
+    };
+    rayon::scope(|_| {
+        for with_head in [false, true] {
+            let (t, cpu) = time(Duration::from_secs(2), || step(with_head));
+            println!(
+                "decode matmuls{}: {:.0} us/token wall ({:.0} tok/s), {:.0} us CPU",
+                if with_head {
+                    " + head"
+                } else {
+                    " (layers only)"
+                },
+                t.as_secs_f64() * 1e6,
+                1.0 / t.as_secs_f64(),
+                cpu.as_secs_f64() * 1e6
+            );
+        }
+    });
 }

@@ -7,26 +7,44 @@
 
 use crate::blocks::{QK, QK_K};
 
-/// 32 activations as `d * qs`, with `s = d * sum(qs)`.
+/// Two consecutive 32-blocks of activations (blocks `2p` and `2p + 1` of a row), each as
+/// `d * q`, stored interleaved by half-block so that one 256-bit register pairs with the
+/// nibbles of two Q4/Q5 weight blocks: `lo` holds elements 0..16 of both blocks, `hi`
+/// elements 16..32. A row with an odd number of blocks ends with a zero second block.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[repr(C)]
 pub struct ActQ8 {
-    /// Quants, `round_ties_even(x / d)`, in -127..=127.
-    pub qs: [i8; QK],
-    /// Scale, `max |x| / 127`.
-    pub d: f32,
-    /// `d * sum(qs)`.
-    pub s: f32,
+    /// Elements 0..16 of block `2p`, then elements 0..16 of block `2p + 1`.
+    pub lo: [i8; QK],
+    /// Elements 16..32 of block `2p`, then elements 16..32 of block `2p + 1`.
+    pub hi: [i8; QK],
+    /// `[d0, s0, d1, s1]`: scale `max |x| / 127` and `d * sum(q)` of each block.
+    pub ds: [f32; 4],
 }
 
 impl Default for ActQ8 {
     fn default() -> Self {
         ActQ8 {
-            qs: [0; QK],
-            d: 0.0,
-            s: 0.0,
+            lo: [0; QK],
+            hi: [0; QK],
+            ds: [0.0; 4],
         }
     }
+}
+
+impl ActQ8 {
+    /// Block `h` (0 or 1) of the pair: its 32 quants in element order, `d` and `s`.
+    pub fn block(&self, h: usize) -> ([i8; QK], f32, f32) {
+        let mut q = [0i8; QK];
+        q[..16].copy_from_slice(&self.lo[16 * h..16 * h + 16]);
+        q[16..].copy_from_slice(&self.hi[16 * h..16 * h + 16]);
+        (q, self.ds[2 * h], self.ds[2 * h + 1])
+    }
+}
+
+/// Pairs needed for a row of `cols` elements.
+pub fn q8_pairs(cols: usize) -> usize {
+    (cols / QK).div_ceil(2)
 }
 
 /// 256 activations as `d * qs`, with the sums of each 16 quants.
@@ -58,22 +76,32 @@ pub(crate) fn inv_scale(amax: f32) -> (f32, f32) {
     (d, if d == 0.0 { 0.0 } else { 1.0 / d })
 }
 
-/// Reference activation quantizer for 32-blocks. `x.len() == 32 * out.len()`.
+/// Reference activation quantizer for 32-blocks: one row `x` (a whole number of blocks)
+/// into `out` (`q8_pairs(x.len())` pairs).
 pub fn quantize_act_q8_scalar(x: &[f32], out: &mut [ActQ8]) {
-    for (xb, o) in x.chunks_exact(QK).zip(out.iter_mut()) {
+    assert_eq!(out.len(), q8_pairs(x.len()));
+    out.fill(ActQ8::default());
+    for (i, xb) in x.chunks_exact(QK).enumerate() {
+        let (o, h) = (&mut out[i / 2], i % 2);
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let (d, id) = inv_scale(amax);
         let mut sum = 0i32;
-        for (q, &v) in o.qs.iter_mut().zip(xb) {
-            *q = (v * id).round_ties_even() as i8;
-            sum += *q as i32;
+        for (j, &v) in xb.iter().enumerate() {
+            let q = (v * id).round_ties_even() as i8;
+            sum += q as i32;
+            if j < 16 {
+                o.lo[16 * h + j] = q;
+            } else {
+                o.hi[16 * h + j - 16] = q;
+            }
         }
-        o.d = d;
-        o.s = d * sum as f32;
+        o.ds[2 * h] = d;
+        o.ds[2 * h + 1] = d * sum as f32;
     }
 }
 
-/// Reference activation quantizer for 256-blocks. `x.len() == 256 * out.len()`.
+/// Reference activation quantizer for 256-blocks. `x.len() == 256 * out.len()`; rows
+/// may be concatenated.
 pub fn quantize_act_q8k_scalar(x: &[f32], out: &mut [ActQ8K]) {
     for (xb, o) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));

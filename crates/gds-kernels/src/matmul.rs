@@ -1,9 +1,9 @@
 //! Matrix products: activation quantization, run-time kernel choice, threading and tiling.
 
-use crate::act::{quantize_act_q8_scalar, quantize_act_q8k_scalar, ActQ8, ActQ8K};
+use crate::act::{q8_pairs, quantize_act_q8_scalar, quantize_act_q8k_scalar, ActQ8, ActQ8K};
 #[cfg(target_arch = "x86_64")]
 use crate::avx2::{self, Avx2};
-use crate::blocks::{QK, QK_K};
+use crate::blocks::QK_K;
 use crate::{dequantize, scalar, KernelError, WeightView};
 use gds_format::DType;
 use rayon::prelude::*;
@@ -17,6 +17,8 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C (x86-64).
     Avx2,
+    /// AVX2 + FMA + F16C with AVX-VNNI dot products for Q4_0..Q8_0 (x86-64).
+    AvxVnni,
 }
 
 impl Isa {
@@ -24,11 +26,10 @@ impl Isa {
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
-            if Isa::Avx2.available() {
-                Isa::Avx2
-            } else {
-                Isa::Scalar
-            }
+            [Isa::AvxVnni, Isa::Avx2]
+                .into_iter()
+                .find(|i| i.available())
+                .unwrap_or(Isa::Scalar)
         })
     }
 
@@ -42,6 +43,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
         }
     }
 }
@@ -60,8 +62,10 @@ impl Backend {
             Isa::Scalar => Some(Backend::Scalar),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Avx2::detect().map(Backend::Avx2),
+            #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => Avx2::detect_vnni().map(Backend::Avx2),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 => None,
+            Isa::Avx2 | Isa::AvxVnni => None,
         }
     }
 }
@@ -92,10 +96,11 @@ fn act_kind(dtype: DType) -> Result<ActKind, KernelError> {
     })
 }
 
-/// Quantizes `x` (`n` rows of `cols`) for 32-blocks; parallel over rows when there are many.
+/// Quantizes `x` (rows of `cols`) for 32-blocks, `q8_pairs(cols)` pairs per row; parallel
+/// over rows when there are many.
 fn quantize_q8(be: Backend, x: &[f32], cols: usize) -> Vec<ActQ8> {
-    let mut out = vec![ActQ8::default(); x.len() / QK];
-    let per_row = cols / QK;
+    let per_row = q8_pairs(cols);
+    let mut out = vec![ActQ8::default(); x.len() / cols * per_row];
     let run = |x: &[f32], o: &mut [ActQ8]| match be {
         Backend::Scalar => quantize_act_q8_scalar(x, o),
         #[cfg(target_arch = "x86_64")]
@@ -106,7 +111,9 @@ fn quantize_q8(be: Backend, x: &[f32], cols: usize) -> Vec<ActQ8> {
             .zip(out.par_chunks_mut(per_row))
             .for_each(|(x, o)| run(x, o));
     } else {
-        run(x, &mut out);
+        x.chunks(cols)
+            .zip(out.chunks_mut(per_row))
+            .for_each(|(x, o)| run(x, o));
     }
     out
 }
@@ -161,7 +168,7 @@ impl<'x> Acts<'x> {
             ActKind::F32 => ActRows::F32(self.x.chunks_exact(self.cols).collect()),
             ActKind::Q8 => {
                 let q = self.q8.as_deref().expect("quantized for Q8");
-                ActRows::Q8(q.chunks_exact(self.cols / QK).collect())
+                ActRows::Q8(q.chunks_exact(q8_pairs(self.cols)).collect())
             }
             ActKind::Q8K => {
                 let q = self.q8k.as_deref().expect("quantized for Q8K");

@@ -53,52 +53,63 @@ fn fives(qs: &[u8; 16], qh: [u8; 4]) -> [u8; QK] {
     u
 }
 
+/// Pairs every weight block with its activation block: (block, quants, d, s).
+#[inline(always)]
+fn act_blocks<'a, B>(
+    w: &'a [B],
+    a: &'a [ActQ8],
+) -> impl Iterator<Item = (&'a B, [i8; QK], f32, f32)> {
+    w.iter().enumerate().map(move |(i, b)| {
+        let (q, d, s) = a[i / 2].block(i % 2);
+        (b, q, d, s)
+    })
+}
+
 fn dot_q4_0(w: &[BlockQ4_0], a: &[ActQ8]) -> f32 {
     let mut acc = 0.0f32;
-    for (b, x) in w.iter().zip(a) {
-        let d = b.d();
-        let i = idot32(&nibbles(&b.qs), &x.qs);
-        acc += d * (x.d * i as f32 - 8.0 * x.s);
+    for (b, q, d, s) in act_blocks(w, a) {
+        let i = idot32(&nibbles(&b.qs), &q);
+        acc += b.d() * (d * i as f32 - 8.0 * s);
     }
     acc
 }
 
 fn dot_q4_1(w: &[BlockQ4_1], a: &[ActQ8]) -> f32 {
     let mut acc = 0.0f32;
-    for (b, x) in w.iter().zip(a) {
-        let i = idot32(&nibbles(&b.qs), &x.qs);
-        acc += b.d() * x.d * i as f32 + b.m() * x.s;
+    for (b, q, d, s) in act_blocks(w, a) {
+        let i = idot32(&nibbles(&b.qs), &q);
+        acc += b.d() * d * i as f32 + b.m() * s;
     }
     acc
 }
 
 fn dot_q5_0(w: &[BlockQ5_0], a: &[ActQ8]) -> f32 {
     let mut acc = 0.0f32;
-    for (b, x) in w.iter().zip(a) {
-        let i = idot32(&fives(&b.qs, b.qh), &x.qs);
-        acc += b.d() * (x.d * i as f32 - 16.0 * x.s);
+    for (b, q, d, s) in act_blocks(w, a) {
+        let i = idot32(&fives(&b.qs, b.qh), &q);
+        acc += b.d() * (d * i as f32 - 16.0 * s);
     }
     acc
 }
 
 fn dot_q5_1(w: &[BlockQ5_1], a: &[ActQ8]) -> f32 {
     let mut acc = 0.0f32;
-    for (b, x) in w.iter().zip(a) {
-        let i = idot32(&fives(&b.qs, b.qh), &x.qs);
-        acc += b.d() * x.d * i as f32 + b.m() * x.s;
+    for (b, q, d, s) in act_blocks(w, a) {
+        let i = idot32(&fives(&b.qs, b.qh), &q);
+        acc += b.d() * d * i as f32 + b.m() * s;
     }
     acc
 }
 
 fn dot_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
     let mut acc = 0.0f32;
-    for (b, x) in w.iter().zip(a) {
+    for (b, q, d, _) in act_blocks(w, a) {
         let i: i32 =
             b.qs.iter()
-                .zip(&x.qs)
+                .zip(&q)
                 .map(|(&p, &q)| p as i32 * q as i32)
                 .sum();
-        acc += b.d() * x.d * i as f32;
+        acc += b.d() * d * i as f32;
     }
     acc
 }

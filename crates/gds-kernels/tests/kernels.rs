@@ -1,7 +1,7 @@
 //! Matmul kernels: SIMD against scalar twins, and matmul against dequantize + f32 product.
 
 use gds_format::DType;
-use gds_kernels::act::{quantize_act_q8_scalar, quantize_act_q8k_scalar, ActQ8, ActQ8K};
+use gds_kernels::act::{q8_pairs, quantize_act_q8_scalar, quantize_act_q8k_scalar, ActQ8, ActQ8K};
 use gds_kernels::{
     dequantize, matmul, matmul_many, matmul_with, quantize, Isa, KernelError, WeightView,
 };
@@ -139,6 +139,12 @@ fn matmul_matches_dequantized_f32_product() {
     let mut rng = Rng(0x9E3779B97F4A7C15);
     for dtype in ALL {
         for (rows, cols, n) in [(13, 512, 1), (40, 768, 3), (8, 256, 6), (37, 512, 9)] {
+            // Odd block counts for the 32-block types (a half-empty last activation pair).
+            let cols = if dtype.block_size() == 256 {
+                cols
+            } else {
+                cols + 32
+            };
             let data = weight(&mut rng, dtype, rows, cols);
             let w = WeightView {
                 dtype,
@@ -174,7 +180,12 @@ fn simd_agrees_with_scalar() {
     let mut rng = Rng(7);
     for dtype in ALL {
         for n in [1, 2, 3, 4, 5, 11] {
-            let (rows, cols) = (24, 1024 + if dtype.block_size() == 1 { 13 } else { 0 });
+            let extra = match dtype.block_size() {
+                1 => 13,
+                32 => 32,
+                _ => 0,
+            };
+            let (rows, cols) = (24, 1024 + extra);
             let data = weight(&mut rng, dtype, rows, cols);
             let w = WeightView {
                 dtype,
@@ -206,7 +217,8 @@ fn multi_token_tiles_equal_single_token_runs() {
     // A token's result must not depend on which tile of four it landed in.
     let mut rng = Rng(99);
     for dtype in ALL {
-        let (rows, cols, n) = (20, 512, 7);
+        let (rows, n) = (20, 7);
+        let cols = if dtype.block_size() == 256 { 512 } else { 544 };
         let data = weight(&mut rng, dtype, rows, cols);
         let w = WeightView {
             dtype,
@@ -238,13 +250,32 @@ fn activation_quantizers_are_bit_identical() {
         .iter_mut()
         .enumerate()
         .for_each(|(i, v)| *v = (i as f32 - 128.0) * 0.5); // ties
-    let mut s8 = vec![ActQ8::default(); x.len() / 32];
-    quantize_act_q8_scalar(&x, &mut s8);
+                                                           // 48 blocks as rows of 13 blocks (odd, so the last pair of a row is half empty) + rest.
+    let rows: Vec<&[f32]> = vec![&x[..416], &x[416..832], &x[832..1248], &x[1248..]];
+    let quant_rows = |f: &dyn Fn(&[f32], &mut [ActQ8])| -> Vec<ActQ8> {
+        rows.iter()
+            .flat_map(|r| {
+                let mut o = vec![ActQ8::default(); q8_pairs(r.len())];
+                f(r, &mut o);
+                o
+            })
+            .collect()
+    };
+    let s8 = quant_rows(&quantize_act_q8_scalar);
     let mut sk = vec![ActQ8K::default(); x.len() / 256];
     quantize_act_q8k_scalar(&x, &mut sk);
-    for (b, xs) in s8.iter().zip(x.chunks(32)) {
-        for (q, v) in b.qs.iter().zip(xs) {
-            assert!((*q as f32 * b.d - v).abs() <= b.d * 0.5 + 1e-6);
+    let mut pairs = s8.iter();
+    for r in &rows {
+        let row_pairs: Vec<&ActQ8> = pairs.by_ref().take(q8_pairs(r.len())).collect();
+        for (i, xs) in r.chunks(32).enumerate() {
+            let (q, d, s) = row_pairs[i / 2].block(i % 2);
+            for (q, v) in q.iter().zip(xs) {
+                assert!((*q as f32 * d - v).abs() <= d * 0.5 + 1e-6);
+            }
+            assert_eq!(s, d * q.iter().map(|&v| v as i32).sum::<i32>() as f32);
+        }
+        if (r.len() / 32) % 2 == 1 {
+            assert_eq!(row_pairs.last().unwrap().block(1), ([0; 32], 0.0, 0.0));
         }
     }
     for b in &sk {
@@ -260,8 +291,7 @@ fn activation_quantizers_are_bit_identical() {
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(t) = gds_kernels::avx2::Avx2::detect() {
-        let mut v8 = vec![ActQ8::default(); s8.len()];
-        gds_kernels::avx2::quantize_act_q8(t, &x, &mut v8);
+        let v8 = quant_rows(&|x, o| gds_kernels::avx2::quantize_act_q8(t, x, o));
         assert_eq!(s8, v8);
         let mut vk = vec![ActQ8K::default(); sk.len()];
         gds_kernels::avx2::quantize_act_q8k(t, &x, &mut vk);
