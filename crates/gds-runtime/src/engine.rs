@@ -333,6 +333,7 @@ impl Engine {
         m.decode_ms = decode_ms;
         m.energy_joules = self.energy.joules().zip(energy0).map(|(j, j0)| j - j0);
         m.bytes_read = self.model.io_stats().bytes_read;
+        m.kv_cache_bytes = self.plan.kv_bytes;
         m.finish();
         Ok(GenerateOutput {
             text,

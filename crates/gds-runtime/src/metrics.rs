@@ -30,6 +30,8 @@ pub struct Metrics {
     pub peak_rss_bytes: Option<u64>,
     /// Bytes of weights touched (for `mmap`: the layer files made resident).
     pub bytes_read: u64,
+    /// Bytes allocated for the KV cache (pages are only resident once written).
+    pub kv_cache_bytes: usize,
     /// Energy used during prompt evaluation and generation, joules (package RAPL domains).
     pub energy_joules: Option<f64>,
     /// `energy_joules` over the prompt + decode time.

@@ -169,6 +169,8 @@ pub struct Model {
     rope: RopeTable,
     pool: rayon::ThreadPool,
     ctx: usize,
+    /// AVX2+FMA attention, decided once at load.
+    simd: bool,
 }
 
 impl Model {
@@ -201,6 +203,7 @@ impl Model {
             rope,
             pool,
             ctx,
+            simd: ops::simd_available(),
         })
     }
 
@@ -422,6 +425,7 @@ impl Model {
         let units = n * nh;
         let per = units.div_ceil(s.n_tasks);
         let q = &s.q;
+        let simd = self.simd;
         s.att[..n * qd]
             .par_chunks_mut(per * hd)
             .zip(s.scores.par_chunks_mut(ctx))
@@ -435,17 +439,16 @@ impl Model {
                         batch.seqs[t] * ctx * kvd + (h / group) * hd,
                     );
                     let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    let sc = &mut scores[..=pos];
-                    for (j, sj) in sc.iter_mut().enumerate() {
-                        let at = base + j * kvd;
-                        *sj = ops::dot(qh, &kc[at..at + hd]) * scale;
-                    }
-                    ops::softmax(sc);
-                    o.fill(0.0);
-                    for (j, &p) in sc.iter().enumerate() {
-                        let at = base + j * kvd;
-                        ops::axpy(o, p, &vc[at..at + hd]);
-                    }
+                    let head = ops::Head {
+                        q: qh,
+                        k: kc,
+                        v: vc,
+                        base,
+                        stride: kvd,
+                        n_keys: pos + 1,
+                        scale,
+                    };
+                    ops::attend(simd, &head, scores, o);
                 }
             });
     }

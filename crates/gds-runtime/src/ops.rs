@@ -79,6 +79,73 @@ pub fn axpy<T: KvElem>(out: &mut [f32], a: f32, v: &[T]) {
     }
 }
 
+/// One attention head of one query token over a KV cache region.
+pub struct Head<'a, T> {
+    /// The query head `[head_dim]`.
+    pub q: &'a [f32],
+    /// Key cache (one layer, all sequences).
+    pub k: &'a [T],
+    /// Value cache (one layer, all sequences).
+    pub v: &'a [T],
+    /// Index of this head's first element at position 0.
+    pub base: usize,
+    /// Elements between consecutive positions.
+    pub stride: usize,
+    /// Keys attended: positions `0..n_keys`.
+    pub n_keys: usize,
+    /// `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+/// Scores, softmax, weighted sum of values: `out = softmax(q·K^T * scale) V`.
+/// `scores` needs room for `n_keys` values.
+#[inline(always)]
+fn attend_generic<T: KvElem>(h: &Head<'_, T>, scores: &mut [f32], out: &mut [f32]) {
+    let hd = h.q.len();
+    let sc = &mut scores[..h.n_keys];
+    for (j, sj) in sc.iter_mut().enumerate() {
+        let at = h.base + j * h.stride;
+        *sj = dot(h.q, &h.k[at..at + hd]) * h.scale;
+    }
+    softmax(sc);
+    out.fill(0.0);
+    for (j, &p) in sc.iter().enumerate() {
+        let at = h.base + j * h.stride;
+        axpy(out, p, &h.v[at..at + hd]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn attend_avx2<T: KvElem>(h: &Head<'_, T>, scores: &mut [f32], out: &mut [f32]) {
+    attend_generic(h, scores, out)
+}
+
+/// True when the CPU can run the AVX2 attention.
+pub fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`Head`] attention; `simd` (from [`simd_available`]) picks the AVX2 build of the same code.
+#[inline]
+pub fn attend<T: KvElem>(simd: bool, h: &Head<'_, T>, scores: &mut [f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only true when `simd_available()` found AVX2 and FMA on this CPU.
+        unsafe { attend_avx2(h, scores, out) };
+        return;
+    }
+    let _ = simd;
+    attend_generic(h, scores, out)
+}
+
 /// Index of the largest value (the first one on ties); 0 for an empty slice.
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
