@@ -330,3 +330,37 @@ fn interrupted_conversion_leaves_nothing_that_looks_valid() {
         assert!(!out.exists(), "a killed conversion left {}", out.display());
     }
 }
+
+#[test]
+fn unknown_architecture_converts_with_a_warning() {
+    let gemma = root().join(".cache/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        gemma.exists(),
+        "{} is missing: run scripts/fetch-gemma.sh",
+        gemma.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("gemma.gds");
+    let o = convert(&gemma, &out, &[]);
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("\"gemma3\" is not supported by gdsrun"),
+        "{}",
+        stderr(&o)
+    );
+    let (code, v) = validate_json(&out, true);
+    assert_eq!(code, 0, "{v}");
+    assert!(v["warnings"].to_string().contains("gemma3"), "{v}");
+    let mb = std::fs::read(out.join(MANIFEST_FILE)).unwrap();
+    let m = Manifest::parse(&mb).unwrap();
+    assert_eq!(m.get_str("general.architecture").unwrap(), "gemma3");
+    // grouped by layer index: 18 blocks plus embedding and head
+    let blocks = m
+        .layers()
+        .filter(|l| l.kind == gds_format::layer_kind::BLOCK)
+        .count();
+    assert_eq!(blocks as u64, m.get_u64("gguf.gemma3.block_count").unwrap());
+    assert!(m.tensors().all(|t| !t.name.starts_with("blk.")
+        || m.layer(t.layer).unwrap().name
+            == t.name.split('.').take(2).collect::<Vec<_>>().join(".")));
+}

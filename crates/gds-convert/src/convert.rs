@@ -318,12 +318,16 @@ pub fn convert(
             },
         })?,
     };
-    if let Err(e) = tokenizers::Tokenizer::from_str(&tokenizer_json) {
-        let path = opts.tokenizer.clone().unwrap_or_else(|| input.into());
-        return Err(ConvertError::BadInput {
-            path,
-            msg: format!("tokenizer.json does not load: {e}"),
-        });
+    // A tokenizer built by the tokenizers library itself (GGUF export) needs no re-load.
+    let prebuilt = opts.tokenizer.is_none() && source.tokenizer.built;
+    if !prebuilt {
+        if let Err(e) = tokenizers::Tokenizer::from_str(&tokenizer_json) {
+            let path = opts.tokenizer.clone().unwrap_or_else(|| input.into());
+            return Err(ConvertError::BadInput {
+                path,
+                msg: format!("tokenizer.json does not load: {e}"),
+            });
+        }
     }
 
     // group into layers, deterministic order

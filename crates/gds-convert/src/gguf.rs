@@ -9,7 +9,6 @@ use crate::source::{
 };
 use gds_format::DType;
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -400,13 +399,12 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     }
 
     let tokenizer = if meta.contains_key("tokenizer.ggml.model") {
-        let meta_map: BTreeMap<String, Value> =
-            meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        match crate::tokenizer::tokenizer_from_gguf(&meta_map) {
+        match crate::tokenizer::tokenizer_from_gguf(meta) {
             Ok(export) => TokenizerFiles {
                 tokenizer_json: Some(export.tokenizer_json),
                 tokenizer_config_json: Some(export.tokenizer_config_json),
                 generation_config_json: None,
+                built: true,
             },
             // Deferred: fatal only if the user does not supply a tokenizer.json instead.
             Err(e) => {

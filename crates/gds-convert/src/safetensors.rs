@@ -186,6 +186,7 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         tokenizer_json: read_text_opt(&dir.join("tokenizer.json"))?,
         tokenizer_config_json: read_text_opt(&dir.join("tokenizer_config.json"))?,
         generation_config_json: read_text_opt(&dir.join("generation_config.json"))?,
+        built: false,
     };
     if tokenizer.tokenizer_json.is_none() {
         warnings.push(format!(

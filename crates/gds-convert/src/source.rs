@@ -106,6 +106,9 @@ pub struct TokenizerFiles {
     pub tokenizer_config_json: Option<String>,
     /// Contents of `generation_config.json`, when the input has one.
     pub generation_config_json: Option<String>,
+    /// True when `tokenizer_json` was built by the `tokenizers` library itself (GGUF
+    /// export), so the converter need not load it again to check it.
+    pub built: bool,
 }
 
 /// A whole model as read from its input.
