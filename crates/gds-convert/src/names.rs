@@ -58,7 +58,7 @@ pub fn canonical_family(arch: &str) -> Option<&'static str> {
 }
 
 /// Matches `name` against a pattern with one `{N}` placeholder, returning N.
-pub fn match_pattern(pattern: &str, name: &str) -> Option<Option<u32>> {
+pub fn match_pattern(pattern: &str, name: &str) -> Option<Option<u64>> {
     match pattern.split_once("{N}") {
         None => (pattern == name).then_some(None),
         Some((pre, post)) => {

@@ -46,13 +46,12 @@ use crate::source::{
 use gds_format::DType;
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype as StDtype, SafeTensorError, SafeTensors};
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Why a safetensors input could not be read. Every message names the file, and the tensor
@@ -840,47 +839,8 @@ fn token_ids(cfg: &Config, dir: &Path, tok: &mut TokenizerFiles, md: &mut Metada
 // ------------------------------------------------------------------------------------------
 // Architectures
 
-#[derive(Deserialize)]
-struct FamilySpec {
-    hf_architectures: Vec<String>,
-    hf_model_types: Vec<String>,
-    tensors: BTreeMap<String, String>,
-    ignored_tensors: Vec<String>,
-    rope_permuted: Vec<String>,
-    required_tensors: RequiredTensors,
-}
-
-#[derive(Deserialize)]
-struct RequiredTensors {
-    global: Vec<String>,
-    block: Vec<String>,
-}
-
-fn llama_spec() -> &'static FamilySpec {
-    static SPEC: OnceLock<FamilySpec> = OnceLock::new();
-    SPEC.get_or_init(|| {
-        serde_json::from_str(include_str!("../../../formats/llama.json"))
-            .expect("formats/llama.json is valid (checked by a unit test)")
-    })
-}
-
-/// Matches `name` against a pattern with at most one `{N}`; returns the block number (or
-/// `None` inside `Some` for patterns without `{N}`).
-fn match_pattern(pattern: &str, name: &str) -> Option<Option<u64>> {
-    match pattern.split_once("{N}") {
-        None => (pattern == name).then_some(None),
-        Some((pre, post)) => {
-            let mid = name.strip_prefix(pre)?.strip_suffix(post)?;
-            if mid.is_empty()
-                || !mid.bytes().all(|b| b.is_ascii_digit())
-                || (mid.len() > 1 && mid.starts_with('0'))
-            {
-                return None;
-            }
-            mid.parse().ok().map(Some)
-        }
-    }
-}
+// The llama family's name map and pattern matcher are shared with the GGUF side.
+use crate::names::{llama as llama_spec, match_pattern};
 
 fn fill(pattern: &str, n: Option<u64>) -> String {
     match n {
