@@ -18,8 +18,11 @@ pub struct ActQ8 {
     pub lo: [i8; QK],
     /// Elements 16..32 of block `2p`, then elements 16..32 of block `2p + 1`.
     pub hi: [i8; QK],
-    /// `[d0, s0, d1, s1]`: scale `max |x| / 127` and `d * sum(q)` of each block.
-    pub ds: [f32; 4],
+    /// `[d0; 4]` then `[d1; 4]`: each block's scale `max |x| / 127`, spread to lie under the
+    /// i32 lanes of a paired dot product.
+    pub d8: [f32; 8],
+    /// `[0, s0, 0, s1]`: each block's `d * sum(q)`, in the lanes of the weight offsets.
+    pub s4: [f32; 4],
 }
 
 impl Default for ActQ8 {
@@ -27,7 +30,8 @@ impl Default for ActQ8 {
         ActQ8 {
             lo: [0; QK],
             hi: [0; QK],
-            ds: [0.0; 4],
+            d8: [0.0; 8],
+            s4: [0.0; 4],
         }
     }
 }
@@ -38,7 +42,7 @@ impl ActQ8 {
         let mut q = [0i8; QK];
         q[..16].copy_from_slice(&self.lo[16 * h..16 * h + 16]);
         q[16..].copy_from_slice(&self.hi[16 * h..16 * h + 16]);
-        (q, self.ds[2 * h], self.ds[2 * h + 1])
+        (q, self.d8[4 * h], self.s4[2 * h + 1])
     }
 }
 
@@ -95,8 +99,8 @@ pub fn quantize_act_q8_scalar(x: &[f32], out: &mut [ActQ8]) {
                 o.hi[16 * h + j - 16] = q;
             }
         }
-        o.ds[2 * h] = d;
-        o.ds[2 * h + 1] = d * sum as f32;
+        o.d8[4 * h..4 * h + 4].fill(d);
+        o.s4[2 * h + 1] = d * sum as f32;
     }
 }
 

@@ -229,7 +229,8 @@ fn fifth_pair(qh0: [u8; 4], qh1: [u8; 4]) -> (__m256i, __m256i) {
 }
 
 /// Weight side of a block pair: unsigned (or absolute, for Q8_0) quants for `lo` and `hi`,
-/// the sign sources for Q8_0, and `[x0, y0, x1, y1]` to multiply with the activation `ds`.
+/// the sign sources for Q8_0, and `[x0, y0, x1, y1]`: the scales `x` go with the activation
+/// `d8`, the offset coefficients `y` with the activation `s4`.
 struct Unpacked {
     lo: __m256i,
     hi: __m256i,
@@ -354,14 +355,18 @@ macro_rules! q32_family {
                         macro_rules! pair {
                             ($p:expr, $u:expr) => {{
                                 let (p, u) = ($p, $u);
+                                // [x0 x4, x1 x4]: the weight scales under the i32 lanes.
+                                let d8 = _mm256_permutevar8x32_ps(
+                                    _mm256_castps128_ps256(u.scale),
+                                    spread,
+                                );
                                 for t in 0..N {
                                     let x = &a[t][p];
-                                    let prod = _mm_mul_ps(u.scale, ld_f32x4(&x.ds));
-                                    accm[t] = _mm_add_ps(accm[t], prod);
-                                    let s = _mm256_permutevar8x32_ps(
-                                        _mm256_castps128_ps256(prod),
-                                        spread,
-                                    );
+                                    if $mcoef != 0.0 {
+                                        // Lanes 1 and 3: y0 * s0, y1 * s1 (x.s4 is 0 elsewhere).
+                                        accm[t] = _mm_fmadd_ps(u.scale, ld_f32x4(&x.s4), accm[t]);
+                                    }
+                                    let s = _mm256_mul_ps(d8, ld_f32x8(&x.d8));
                                     let (mut xl, mut xh) = (ld_i8x32(&x.lo), ld_i8x32(&x.hi));
                                     if $signed {
                                         xl = _mm256_sign_epi8(xl, u.sign_lo);
@@ -727,7 +732,9 @@ macro_rules! rows_driver {
                 let a = &acts[t0..t0 + n];
                 for (r, (row, o)) in w.chunks_exact(rb).zip(out.chunks_exact_mut(nt)).enumerate() {
                     if t0 == 0 {
-                        prefetch_ahead(w, (r + 1) * rb + PREFETCH_BYTES, rb);
+                        if PREFETCH_BYTES > 1 << 30 {
+                            prefetch_ahead(w, (r + 1) * rb + PREFETCH_BYTES, rb);
+                        }
                     }
                     let b = cast::<$blk>(row).expect("weight rows are whole blocks");
                     let o = &mut o[t0..t0 + n];
@@ -885,7 +892,8 @@ fn quantize_act_q8_impl(x: &[f32], out: &mut [ActQ8]) {
         };
         st_i8x32(&mut o.lo, _mm256_permute2x128_si256::<0x20>(p0, p1));
         st_i8x32(&mut o.hi, _mm256_permute2x128_si256::<0x31>(p0, p1));
-        o.ds = [d0, s0, d1, s1];
+        o.d8 = [d0, d0, d0, d0, d1, d1, d1, d1];
+        o.s4 = [0.0, s0, 0.0, s1];
     }
 }
 
