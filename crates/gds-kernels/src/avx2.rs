@@ -1,11 +1,14 @@
-//! AVX2 + FMA + F16C kernels (x86-64), chosen at run time. Each function here has a scalar
-//! twin in `scalar.rs` / `act.rs` with the same signature minus the [`Avx2`] token.
+//! AVX2 + FMA + F16C kernels (x86-64), chosen at run time, with an AVX-VNNI flavour of the
+//! Q4_0..Q8_0 kernels. Each public function has a scalar twin in `scalar.rs` / `act.rs` with
+//! the same signature minus the [`Avx2`] token.
 //!
-//! Quantized dot products follow the idea of ggml's AVX2 kernels: unpack the weight quants of
-//! a block to 32 unsigned bytes, multiply them with the signed 8-bit activation quants with
-//! `_mm256_maddubs_epi16`, widen with `_mm256_madd_epi16`, and fold the block's scales in
-//! with one FMA. A weight block is unpacked once and used for up to four tokens, so prefill
-//! reads each weight row once per four tokens.
+//! Quantized dot products follow the idea of ggml's AVX2 kernels: unpack weight quants to
+//! unsigned bytes, multiply them with the signed 8-bit activation quants
+//! (`_mm256_maddubs_epi16` + `_mm256_madd_epi16`, or one `vpdpbusd` with AVX-VNNI), and fold
+//! the block scales in with one FMA. The 32-block types work on two blocks per register
+//! (see [`ActQ8`]); K-quants on a 256-block with its sub-block scales applied in integers.
+//! A weight block is unpacked once and used for up to four tokens, so prefill reads each
+//! weight row once per four tokens, and rows are software-prefetched a few KiB ahead.
 
 use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;

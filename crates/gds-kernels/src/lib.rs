@@ -12,10 +12,13 @@
 //!
 //! Large inputs are split across the current rayon pool; the caller sizes the pool.
 //!
-//! Matmul numerics: for quantized weights the input rows are quantized to 8 bits per 32
-//! (Q4_0..Q8_0) or 256 (K-quants) elements, as ggml does, so results differ from an f32
-//! product of the dequantized weights by that rounding (relative error around 1e-2 of
-//! `sum |w * x|` at worst, typically much less). Float weights use f32 FMA.
+//! Matmul numerics: for Q4_0..Q8_0 and Q4_K..Q6_K weights the input rows are quantized to
+//! 8 bits (scale `max |x| / 127` per 32 or 256 elements), as ggml does, so each output may
+//! differ from the f32 product of the dequantized weights by at most
+//! `sum_k |w_k| * max|x in k's block| / 254` (plus f32 rounding); typical errors are far
+//! smaller. Float weights (and Q2_K/Q3_K/Q8_1/Q8_K, dequantized per row) use f32 FMA.
+//! SIMD and scalar kernels compute the same integer sums and differ only in float summation
+//! order (tested to agree within 1e-5 of `sum |w * x|`).
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
