@@ -294,52 +294,59 @@ pub fn matmul_many_with(
     let acts = Acts::new(be, x, cols, &kinds);
     let rows: Vec<ActRows<'_>> = kinds.iter().map(|&k| acts.rows(k)).collect();
 
-    // With one token the output is already row-major by weight row; otherwise compute
-    // `yt[r * n_tokens + t]` so tasks own contiguous slices, then transpose.
-    let mut transposed: Vec<Vec<f32>> = if n_tokens == 1 {
-        Vec::new()
-    } else {
-        ws.iter().map(|w| vec![0f32; w.rows * n_tokens]).collect()
-    };
-    {
-        let outs: Vec<&mut [f32]> = if n_tokens == 1 {
-            ys.iter_mut().map(|y| &mut **y).collect()
-        } else {
-            transposed.iter_mut().map(|v| v.as_mut_slice()).collect()
-        };
-        let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
-        for (wi, out) in outs.into_iter().enumerate() {
-            let w = &ws[wi];
-            let rpt = rows_per_task(w.rows, cols, n_tokens);
-            for (ci, chunk) in out.chunks_mut(rpt * n_tokens).enumerate() {
-                tasks.push((wi, ci * rpt, chunk));
-            }
+    // A task owns rows r0..r0 + nrows of one weight: the matching piece of every token's
+    // output row. Kernels write `[row][token]`; with one token that is the output itself,
+    // otherwise a task-local buffer is scattered to the token rows afterwards.
+    struct Task<'y> {
+        wi: usize,
+        r0: usize,
+        nrows: usize,
+        dst: Vec<&'y mut [f32]>,
+    }
+    let mut tasks: Vec<Task<'_>> = Vec::new();
+    for (wi, y) in ys.iter_mut().enumerate() {
+        let w = &ws[wi];
+        if w.rows == 0 {
+            continue;
         }
-        let run = |(wi, r0, out): (usize, usize, &mut [f32])| {
-            let w = &ws[wi];
-            let rb = w.row_bytes();
-            let nrows = out.len() / n_tokens;
-            run_rows(
-                be,
-                w.dtype,
-                &w.data[r0 * rb..(r0 + nrows) * rb],
-                rb,
-                &rows[wi],
-                out,
-            );
-        };
-        if tasks.len() == 1 {
-            tasks.into_iter().for_each(run);
-        } else {
-            tasks.into_par_iter().for_each(run);
+        let rpt = rows_per_task(w.rows, cols, n_tokens);
+        let first = tasks.len();
+        for c in 0..w.rows.div_ceil(rpt) {
+            let nrows = rpt.min(w.rows - c * rpt);
+            tasks.push(Task {
+                wi,
+                r0: c * rpt,
+                nrows,
+                dst: Vec::with_capacity(n_tokens),
+            });
+        }
+        for token_row in y.chunks_mut(w.rows) {
+            for (c, piece) in token_row.chunks_mut(rpt).enumerate() {
+                tasks[first + c].dst.push(piece);
+            }
         }
     }
-    for ((w, y), yt) in ws.iter().zip(ys.iter_mut()).zip(&transposed) {
-        for (t, yrow) in y.chunks_exact_mut(w.rows).enumerate() {
-            for (r, v) in yrow.iter_mut().enumerate() {
-                *v = yt[r * n_tokens + t];
+    let run = |task: Task<'_>| {
+        let w = &ws[task.wi];
+        let rb = w.row_bytes();
+        let wrows = &w.data[task.r0 * rb..(task.r0 + task.nrows) * rb];
+        let mut dst = task.dst;
+        if let [only] = dst.as_mut_slice() {
+            run_rows(be, w.dtype, wrows, rb, &rows[task.wi], only);
+        } else {
+            let mut local = vec![0f32; task.nrows * n_tokens];
+            run_rows(be, w.dtype, wrows, rb, &rows[task.wi], &mut local);
+            for (t, d) in dst.iter_mut().enumerate() {
+                for (r, v) in d.iter_mut().enumerate() {
+                    *v = local[r * n_tokens + t];
+                }
             }
         }
+    };
+    if tasks.len() == 1 {
+        tasks.into_iter().for_each(run);
+    } else {
+        tasks.into_par_iter().for_each(run);
     }
     Ok(())
 }

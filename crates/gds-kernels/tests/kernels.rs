@@ -372,6 +372,12 @@ fn matmul_rejects_bad_shapes() {
         matmul(&i32w, &[0f32; 4], 1, &mut y[..1]),
         Err(KernelError::Unsupported { op: "matmul", .. })
     ));
-    // Zero tokens is a no-op.
+    // Zero tokens or zero rows are no-ops.
     matmul(&w, &[], 0, &mut []).unwrap();
+    let empty = WeightView {
+        data: &[],
+        rows: 0,
+        ..w
+    };
+    matmul(&empty, &[0f32; 64], 2, &mut []).unwrap();
 }
