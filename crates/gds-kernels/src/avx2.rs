@@ -343,28 +343,27 @@ macro_rules! q32_family {
             use super::*;
 
             macro_rules! kernel {
-                ($name:ident, $blk:ty, $unpack:ident, $signed:expr, $mcoef:expr) => {
+                ($name:ident, $rows:ident, $blk:ty, $unpack:ident, $signed:expr, $mcoef:expr) => {
+                    /// `a[p][t]`: pair `p` of token `t` (tokens interleaved per pair, so the
+                    /// loop walks both slices in step with no bounds checks).
                     #[inline]
                     #[target_feature(enable = $feat)]
-                    fn $name<const N: usize>(w: &[$blk], a: [&[ActQ8]; N]) -> [f32; N] {
-                        let np = w.len().div_ceil(2);
-                        for x in &a {
-                            assert!(x.len() >= np);
-                        }
-                        let a = a.map(|x| &x[..np]);
+                    fn $name<const N: usize>(w: &[$blk], a: &[[ActQ8; N]]) -> [f32; N] {
+                        let full = w.len() / 2;
+                        assert!(a.len() >= w.len().div_ceil(2));
                         let mut acc = [_mm256_setzero_ps(); N];
                         let mut accm = [_mm_setzero_ps(); N];
                         let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
                         macro_rules! pair {
-                            ($p:expr, $u:expr) => {{
-                                let (p, u) = ($p, $u);
+                            ($x:expr, $u:expr) => {{
+                                let (xs, u): (&[ActQ8; N], Unpacked) = ($x, $u);
                                 // [x0 x4, x1 x4]: the weight scales under the i32 lanes.
                                 let d8 = _mm256_permutevar8x32_ps(
                                     _mm256_castps128_ps256(u.scale),
                                     spread,
                                 );
                                 for t in 0..N {
-                                    let x = &a[t][p];
+                                    let x = &xs[t];
                                     if $mcoef != 0.0 {
                                         // Lanes 1 and 3: y0 * s0, y1 * s1 (x.s4 is 0 elsewhere).
                                         accm[t] = _mm_fmadd_ps(u.scale, ld_f32x4(&x.s4), accm[t]);
@@ -380,14 +379,12 @@ macro_rules! q32_family {
                                 }
                             }};
                         }
-                        let pairs = w.chunks_exact(2);
-                        let tail = pairs.remainder();
-                        for (p, b) in pairs.enumerate() {
-                            pair!(p, $unpack(&b[0], &b[1]));
+                        for (b, xs) in w.chunks_exact(2).zip(a) {
+                            pair!(xs, $unpack(&b[0], &b[1]));
                         }
-                        if let [last] = tail {
+                        if let Some(last) = w.get(2 * full) {
                             let zero: $blk = zerocopy::FromZeros::new_zeroed();
-                            pair!(np - 1, $unpack(last, &zero));
+                            pair!(&a[full], $unpack(last, &zero));
                         }
                         let mut out = [0f32; N];
                         for t in 0..N {
@@ -399,50 +396,55 @@ macro_rules! q32_family {
                         }
                         out
                     }
+
+                    /// Rows of this type for tiles of up to four tokens: each tile's
+                    /// activations are interleaved once, then every row of the task runs.
+                    #[target_feature(enable = $feat)]
+                    pub(super) fn $rows(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+                        #[inline]
+                        #[target_feature(enable = $feat)]
+                        fn tile<const N: usize>(
+                            w: &[u8],
+                            rb: usize,
+                            a: [&[ActQ8]; N],
+                            out: &mut [f32],
+                            nt: usize,
+                            t0: usize,
+                        ) {
+                            let np = a[0].len();
+                            let xs: Vec<[ActQ8; N]> =
+                                (0..np).map(|p| std::array::from_fn(|t| a[t][p])).collect();
+                            for (r, (row, o)) in
+                                w.chunks_exact(rb).zip(out.chunks_exact_mut(nt)).enumerate()
+                            {
+                                if t0 == 0 {
+                                    prefetch_ahead(w, (r + 1) * rb + PREFETCH_BYTES, rb);
+                                }
+                                let b = cast::<$blk>(row).expect("weight rows are whole blocks");
+                                o[t0..t0 + N].copy_from_slice(&$name::<N>(b, &xs));
+                            }
+                        }
+                        let nt = acts.len();
+                        let mut t0 = 0;
+                        while t0 < nt {
+                            let a = &acts[t0..];
+                            match a.len() {
+                                1 => tile::<1>(w, rb, [a[0]], out, nt, t0),
+                                2 => tile::<2>(w, rb, [a[0], a[1]], out, nt, t0),
+                                3 => tile::<3>(w, rb, [a[0], a[1], a[2]], out, nt, t0),
+                                _ => tile::<4>(w, rb, [a[0], a[1], a[2], a[3]], out, nt, t0),
+                            }
+                            t0 += a.len().min(4);
+                        }
+                    }
                 };
             }
 
-            kernel!(dot_q4_0, BlockQ4_0, unpack_q4_0, false, -8.0);
-            kernel!(dot_q4_1, BlockQ4_1, unpack_q4_1, false, 1.0);
-            kernel!(dot_q5_0, BlockQ5_0, unpack_q5_0, false, -16.0);
-            kernel!(dot_q5_1, BlockQ5_1, unpack_q5_1, false, 1.0);
-            kernel!(dot_q8_0, BlockQ8_0, unpack_q8_0, true, 0.0);
-
-            rows_driver!(
-                #[target_feature(enable = $feat)]
-                rows_q4_0,
-                dot_q4_0,
-                BlockQ4_0,
-                ActQ8
-            );
-            rows_driver!(
-                #[target_feature(enable = $feat)]
-                rows_q4_1,
-                dot_q4_1,
-                BlockQ4_1,
-                ActQ8
-            );
-            rows_driver!(
-                #[target_feature(enable = $feat)]
-                rows_q5_0,
-                dot_q5_0,
-                BlockQ5_0,
-                ActQ8
-            );
-            rows_driver!(
-                #[target_feature(enable = $feat)]
-                rows_q5_1,
-                dot_q5_1,
-                BlockQ5_1,
-                ActQ8
-            );
-            rows_driver!(
-                #[target_feature(enable = $feat)]
-                rows_q8_0,
-                dot_q8_0,
-                BlockQ8_0,
-                ActQ8
-            );
+            kernel!(dot_q4_0, rows_q4_0, BlockQ4_0, unpack_q4_0, false, -8.0);
+            kernel!(dot_q4_1, rows_q4_1, BlockQ4_1, unpack_q4_1, false, 1.0);
+            kernel!(dot_q5_0, rows_q5_0, BlockQ5_0, unpack_q5_0, false, -16.0);
+            kernel!(dot_q5_1, rows_q5_1, BlockQ5_1, unpack_q5_1, false, 1.0);
+            kernel!(dot_q8_0, rows_q8_0, BlockQ8_0, unpack_q8_0, true, 0.0);
         }
     };
 }
