@@ -283,6 +283,22 @@ fn put_meta(b: &mut ManifestBuilder, k: &str, v: &MetaValue) {
     };
 }
 
+/// Writes `n` zero bytes of alignment padding, hashing them with the layer's content.
+fn write_padding(
+    w: &mut impl Write,
+    hasher: &mut blake3::Hasher,
+    mut n: u64,
+) -> std::io::Result<()> {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    while n > 0 {
+        let k = n.min(4096) as usize;
+        w.write_all(&ZEROS[..k])?;
+        hasher.update(&ZEROS[..k]);
+        n -= k as u64;
+    }
+    Ok(())
+}
+
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ConvertError> {
     let mut f = std::fs::File::create(path).map_err(io(path))?;
     f.write_all(bytes).map_err(io(path))?;
@@ -453,15 +469,8 @@ pub fn convert(
         let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
         let mut hasher = blake3::Hasher::new();
         let mut pos = 0u64;
-        let zeros = [0u8; 4096];
         for ((t, d), &(offset, nbytes)) in ts.iter().zip(&lay.placements) {
-            let mut pad = offset - pos;
-            while pad > 0 {
-                let n = pad.min(4096) as usize;
-                w.write_all(&zeros[..n]).map_err(io(&path))?;
-                hasher.update(&zeros[..n]);
-                pad -= n as u64;
-            }
+            write_padding(&mut w, &mut hasher, offset - pos).map_err(io(&path))?;
             let bytes = produce(t, *d)?;
             if bytes.len() as u64 != nbytes {
                 return Err(ConvertError::Internal(format!(
@@ -476,13 +485,7 @@ pub fn convert(
             tensor_bytes += nbytes;
             progress.advance(nbytes);
         }
-        let mut pad = lay.file_size - pos;
-        while pad > 0 {
-            let n = pad.min(4096) as usize;
-            w.write_all(&zeros[..n]).map_err(io(&path))?;
-            hasher.update(&zeros[..n]);
-            pad -= n as u64;
-        }
+        write_padding(&mut w, &mut hasher, lay.file_size - pos).map_err(io(&path))?;
         let f = w.into_inner().map_err(|e| io(&path)(e.into_error()))?;
         for (t, _) in ts {
             t.file.release(t.offset, t.nbytes);
