@@ -149,4 +149,22 @@ impl KvCache {
     pub fn n_layers(&self) -> usize {
         self.n_layers
     }
+
+    /// Checks that position `pos` of sequence `seq` has room in the cache; the error says why
+    /// not. The forward pass calls it for every token of a batch before touching the cache.
+    pub fn check_slot(&self, seq: usize, pos: usize) -> std::result::Result<(), String> {
+        if pos >= self.ctx {
+            return Err(format!(
+                "position {pos} is outside the context ({})",
+                self.ctx
+            ));
+        }
+        if seq >= self.n_seqs {
+            return Err(format!(
+                "sequence {seq} does not exist ({} in the cache)",
+                self.n_seqs
+            ));
+        }
+        Ok(())
+    }
 }

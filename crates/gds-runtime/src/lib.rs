@@ -5,6 +5,7 @@
 //! `gds-io` backend, weights located zero-copy), and an [`Engine`] runs prompts through it
 //! with a preallocated [`RunState`] and [`KvCache`], a [`Sampler`], and [`Metrics`].
 
+mod attention;
 mod error;
 
 pub mod chat;

@@ -6,22 +6,21 @@
 
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
-use crate::kv::{KvCache, KvData, KvElem};
+use crate::kv::KvCache;
 use crate::ops;
 use crate::rope::RopeTable;
 use crate::weights::{TensorRef, Weights};
 use gds_io::{IoStats, LayerBytes, LayerSource, MmapBackend};
-use rayon::prelude::*;
 use std::path::Path;
 
 /// A batch of tokens to run through the model. Reused between calls: clearing keeps the
 /// capacity, so the token loop does not allocate.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
-    tokens: Vec<u32>,
-    positions: Vec<usize>,
-    seqs: Vec<usize>,
-    outputs: Vec<bool>,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) positions: Vec<usize>,
+    pub(crate) seqs: Vec<usize>,
+    pub(crate) outputs: Vec<bool>,
 }
 
 impl Batch {
@@ -76,13 +75,13 @@ pub struct RunState {
     /// normed input of a sub-layer `[max_batch, n_embd]`
     xb: Vec<f32>,
     /// queries `[max_batch, n_heads * head_dim]`
-    q: Vec<f32>,
+    pub(crate) q: Vec<f32>,
     /// keys of the batch `[max_batch, kv_dim]`
-    k: Vec<f32>,
+    pub(crate) k: Vec<f32>,
     /// values of the batch `[max_batch, kv_dim]`
-    v: Vec<f32>,
+    pub(crate) v: Vec<f32>,
     /// attention output `[max_batch, n_heads * head_dim]`
-    att: Vec<f32>,
+    pub(crate) att: Vec<f32>,
     /// output of attn_output / ffn_down `[max_batch, n_embd]`
     proj: Vec<f32>,
     /// `[max_batch, n_ff]`
@@ -90,8 +89,8 @@ pub struct RunState {
     /// `[max_batch, n_ff]`
     up: Vec<f32>,
     /// attention scores, one row of `ctx` per parallel task `[n_tasks, ctx]`
-    scores: Vec<f32>,
-    n_tasks: usize,
+    pub(crate) scores: Vec<f32>,
+    pub(crate) n_tasks: usize,
     /// final-normed hidden states of the output tokens `[max_outputs, n_embd]`
     out_x: Vec<f32>,
     /// logits of the output tokens, in batch order `[max_outputs, vocab_size]`
@@ -269,19 +268,8 @@ impl Model {
                     batch.tokens[i], self.config.vocab_size
                 ));
             }
-            if batch.positions[i] >= kv.ctx() {
-                return bad(format!(
-                    "position {} is outside the context ({})",
-                    batch.positions[i],
-                    kv.ctx()
-                ));
-            }
-            if batch.seqs[i] >= kv.n_seqs() {
-                return bad(format!(
-                    "sequence {} does not exist ({} in the cache)",
-                    batch.seqs[i],
-                    kv.n_seqs()
-                ));
+            if let Err(why) = kv.check_slot(batch.seqs[i], batch.positions[i]) {
+                return bad(why);
             }
         }
         Ok(())
@@ -338,17 +326,7 @@ impl Model {
                 self.rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos);
                 self.rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos);
             }
-            let (layer_len, kv_ctx) = (kv.layer_len(), kv.ctx());
-            let range = l * layer_len..(l + 1) * layer_len;
-            match (&mut kv.k, &mut kv.v) {
-                (KvData::F32(k), KvData::F32(v)) => {
-                    self.attention(s, &mut k[range.clone()], &mut v[range], batch, kv_ctx)
-                }
-                (KvData::F16(k), KvData::F16(v)) => {
-                    self.attention(s, &mut k[range.clone()], &mut v[range], batch, kv_ctx)
-                }
-                _ => unreachable!("K and V share one dtype"),
-            }
+            crate::attention::layer(c, self.simd, s, kv, l, batch);
             self.matmul(&mut s.proj[..n * d], &s.att[..n * qd], &w.wo, n)?;
             ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);
 
@@ -389,67 +367,5 @@ impl Model {
         }
         s.n_out = j;
         Ok(j)
-    }
-
-    /// Stores the batch's K/V rows in the cache, then computes causal attention for every
-    /// (token, head), split over the pool in contiguous runs.
-    fn attention<T: KvElem>(
-        &self,
-        s: &mut RunState,
-        kc: &mut [T],
-        vc: &mut [T],
-        batch: &Batch,
-        ctx: usize,
-    ) {
-        let c = &self.config;
-        let (hd, qd, kvd, nh) = (c.head_dim, c.q_dim(), c.kv_dim(), c.n_heads);
-        let group = c.n_heads / c.n_kv_heads;
-        let n = batch.len();
-        for t in 0..n {
-            let at = (batch.seqs[t] * ctx + batch.positions[t]) * kvd;
-            for (dst, &src) in kc[at..at + kvd]
-                .iter_mut()
-                .zip(&s.k[t * kvd..(t + 1) * kvd])
-            {
-                *dst = T::from_f32(src);
-            }
-            for (dst, &src) in vc[at..at + kvd]
-                .iter_mut()
-                .zip(&s.v[t * kvd..(t + 1) * kvd])
-            {
-                *dst = T::from_f32(src);
-            }
-        }
-        let (kc, vc) = (&*kc, &*vc);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let units = n * nh;
-        let per = units.div_ceil(s.n_tasks);
-        let q = &s.q;
-        let simd = self.simd;
-        s.att[..n * qd]
-            .par_chunks_mut(per * hd)
-            .zip(s.scores.par_chunks_mut(ctx))
-            .enumerate()
-            .for_each(|(ci, (out, scores))| {
-                for (k, o) in out.chunks_exact_mut(hd).enumerate() {
-                    let u = ci * per + k;
-                    let (t, h) = (u / nh, u % nh);
-                    let (pos, base) = (
-                        batch.positions[t],
-                        batch.seqs[t] * ctx * kvd + (h / group) * hd,
-                    );
-                    let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    let head = ops::Head {
-                        q: qh,
-                        k: kc,
-                        v: vc,
-                        base,
-                        stride: kvd,
-                        n_keys: pos + 1,
-                        scale,
-                    };
-                    ops::attend(simd, &head, scores, o);
-                }
-            });
     }
 }

@@ -21,6 +21,8 @@ pub enum Command {
     Perplexity(PerplexityArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench(BenchArgs),
+    /// OpenAI-compatible HTTP server (completions, chat, streaming).
+    Serve(gds_serve::ServeArgs),
 }
 
 /// Settings shared by every subcommand.

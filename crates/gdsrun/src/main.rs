@@ -14,7 +14,7 @@ use cli::{Cli, Command};
 use gds_runtime::RuntimeError;
 
 /// Subcommand names; anything else in first position means `run`.
-const SUBCOMMANDS: &[&str] = &["run", "perplexity", "bench", "help"];
+const SUBCOMMANDS: &[&str] = &["run", "perplexity", "bench", "serve", "help"];
 
 /// Inserts `run` when the first argument is not a subcommand or a top-level flag, so that
 /// `gdsrun MODEL_DIR ...` means `gdsrun run MODEL_DIR ...`.
@@ -35,6 +35,7 @@ fn main() {
         Command::Run(a) => run::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => gds_serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("gdsrun: error: {e:#}");
