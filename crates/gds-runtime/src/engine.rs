@@ -81,7 +81,7 @@ impl Engine {
     /// Loads the model and tokenizer the plan names and allocates all run buffers.
     pub fn load(plan: Plan) -> Result<Engine> {
         let t0 = Instant::now();
-        let model = Model::load(&plan.model_dir, plan.ctx, plan.threads)?;
+        let model = Model::open(&plan)?;
         let tokenizer = TextTokenizer::load(&plan.model_dir, &model.config)?;
         let c = &model.config;
         let state = RunState::new(c, plan.batch, 1, plan.ctx, plan.threads);

@@ -6,6 +6,7 @@
 //! with a preallocated [`RunState`] and [`KvCache`], a [`Sampler`], and [`Metrics`].
 
 mod attention;
+pub mod backend;
 mod error;
 
 pub mod chat;

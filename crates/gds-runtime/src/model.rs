@@ -173,6 +173,11 @@ pub struct Model {
 }
 
 impl Model {
+    /// Loads the model the way `plan` says (I/O backend, residency, context, threads).
+    pub fn open(plan: &crate::plan::Plan) -> Result<Model> {
+        Model::load(&plan.model_dir, plan.ctx, plan.threads)
+    }
+
     /// Opens the model directory with the `mmap` backend, makes every layer resident,
     /// and prepares RoPE angles for `ctx` positions and a pool of `threads` threads.
     pub fn load(dir: &Path, ctx: usize, threads: usize) -> Result<Model> {

@@ -53,6 +53,8 @@ pub struct PlanOptions {
     pub raw: bool,
     /// System prompt for chat mode.
     pub system: Option<String>,
+    /// Compute backend: `auto`, `cpu` or `cuda` (`None` = `auto`).
+    pub backend: Option<String>,
 }
 
 /// Per-dtype totals of the weights.
@@ -96,6 +98,8 @@ pub struct Plan {
     pub arch: String,
     /// Compute backend.
     pub backend: String,
+    /// Why that backend.
+    pub backend_reason: String,
     /// Worker threads.
     pub threads: usize,
     /// I/O backend.
@@ -260,11 +264,13 @@ impl Plan {
             Mode::Chat
         };
         let kv_dtype = opts.kv_dtype.unwrap_or_default();
+        let backend = crate::backend::choose(opts.backend.as_deref())?;
         Ok(Plan {
             model_dir: dir.clone(),
             model_name: m.get_str("general.name").ok().map(str::to_string),
             arch: model.arch.clone(),
-            backend: "cpu".into(),
+            backend: backend.name.into(),
+            backend_reason: backend.reason,
             threads,
             io: "mmap".into(),
             weight_dtypes,

@@ -99,7 +99,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         batch: a.common.batch.or(Some(512)),
         ..common_options(&a.common)
     })?;
-    let model = Model::load(&plan.model_dir, plan.ctx, plan.threads)?;
+    let model = Model::open(&plan)?;
     let c = &model.config;
     let mut st = RunState::new(c, plan.batch, 1, plan.ctx, plan.threads);
     let mut kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, plan.ctx, c.kv_dim());

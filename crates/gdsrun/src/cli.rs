@@ -39,6 +39,9 @@ pub struct CommonArgs {
     /// KV cache type: f32 or f16.
     #[arg(long, value_parser = ["f32", "f16"])]
     pub kv_type: Option<String>,
+    /// Compute backend: auto, cpu or cuda.
+    #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
+    pub backend: Option<String>,
 }
 
 /// `gdsrun run`.

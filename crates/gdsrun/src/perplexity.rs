@@ -18,7 +18,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
     let t0 = Instant::now();
-    let model = Model::load(&plan.model_dir, plan.ctx, plan.threads)?;
+    let model = Model::open(&plan)?;
     let tok = TextTokenizer::load(&plan.model_dir, &model.config)?;
     let tokens = tok.encode(&text, true)?;
     let opts = PerplexityOptions {

@@ -15,6 +15,7 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
         threads: c.threads,
         batch: c.batch,
         kv_dtype: c.kv_type.as_deref().and_then(KvDtype::parse),
+        backend: c.backend.clone(),
         ..Default::default()
     }
 }
