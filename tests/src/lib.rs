@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -51,4 +52,24 @@ pub fn stdout(o: &Output) -> String {
 /// stderr as a string.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// SmolLM2 converted once per test binary (default options) into a temporary directory that
+/// lives until the process exits. Every test that needs the real model shares it.
+pub fn smollm_converted() -> &'static Path {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let gguf = smollm_gguf();
+        let tmp = tempfile::tempdir().expect("temporary directory");
+        let out = tmp.path().join("smollm2.gds");
+        gds_convert::convert(
+            &gguf,
+            &out,
+            &gds_convert::ConvertOptions::default(),
+            &gds_convert::NoProgress,
+        )
+        .expect("convert SmolLM2");
+        (tmp, out)
+    })
+    .1
 }

@@ -23,8 +23,7 @@ pub fn choose(requested: Option<&str>) -> Result<BackendChoice> {
         }),
         "auto" => Ok(BackendChoice {
             name: "cpu",
-            reason: "auto: this build has no GPU backend (built without the `cuda` feature)"
-                .into(),
+            reason: "auto: this build has no GPU backend (built without the `cuda` feature)".into(),
         }),
         "cuda" => Err(RuntimeError::Plan(
             "--backend cuda: this gdsrun was built without CUDA support \

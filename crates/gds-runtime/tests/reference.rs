@@ -17,37 +17,13 @@
 use gds_runtime::perplexity::{eval_positions, log_sum_exp};
 use gds_runtime::{KvCache, KvDtype, Model, RunState};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    gds_tests::root()
 }
 
-/// SmolLM2 converted once per test binary into a temporary directory.
 fn smollm2() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let gguf = root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-        assert!(
-            gguf.exists(),
-            "{} is missing: run scripts/fetch-model.sh first (CI does)",
-            gguf.display()
-        );
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("smollm2.gds");
-        gds_convert::convert(
-            &gguf,
-            &out,
-            &gds_convert::ConvertOptions::default(),
-            &gds_convert::NoProgress,
-        )
-        .expect("convert SmolLM2");
-        (tmp, out)
-    })
-    .1
+    gds_tests::smollm_converted()
 }
 
 fn json(rel: &str) -> serde_json::Value {

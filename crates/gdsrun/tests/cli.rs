@@ -5,38 +5,16 @@ use serde_json::Value;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    gds_tests::root()
 }
 
 /// SmolLM2 converted once per test binary.
 fn model() -> &'static str {
-    static DIR: OnceLock<(tempfile::TempDir, String)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let gguf = root().join(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-        assert!(
-            gguf.exists(),
-            "{} is missing: run scripts/fetch-model.sh first (CI does)",
-            gguf.display()
-        );
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("smollm2.gds");
-        gds_convert::convert(
-            &gguf,
-            &out,
-            &gds_convert::ConvertOptions::default(),
-            &gds_convert::NoProgress,
-        )
-        .expect("convert SmolLM2");
-        let s = out.to_str().unwrap().to_string();
-        (tmp, s)
-    })
-    .1
+    gds_tests::smollm_converted()
+        .to_str()
+        .expect("temporary path is UTF-8")
 }
 
 fn gdsrun(args: &[&str]) -> Output {
