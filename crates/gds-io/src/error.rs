@@ -49,4 +49,40 @@ pub enum IoError {
         /// Number of layers.
         n_layers: usize,
     },
+    /// A span asked of a layer lies outside its file.
+    #[error("{}: bytes {offset}..+{len} lie outside the {size}-byte file", path.display())]
+    OutOfRange {
+        /// The layer file.
+        path: PathBuf,
+        /// First byte asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// File size.
+        size: u64,
+    },
+    /// A span larger than the streaming buffers (a planning error).
+    #[error("{}: a {len}-byte read does not fit the {buffer}-byte streaming buffers", path.display())]
+    SpanTooLarge {
+        /// The layer file.
+        path: PathBuf,
+        /// Bytes asked for.
+        len: u64,
+        /// Buffer capacity.
+        buffer: usize,
+    },
+    /// Allocation of an I/O buffer failed.
+    #[error("could not allocate a {bytes}-byte aligned I/O buffer")]
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// Every streaming buffer is held by the caller (a planning error).
+    #[error("all {slots} streaming buffers of {slot_size} bytes are in use")]
+    PoolExhausted {
+        /// Number of buffers.
+        slots: usize,
+        /// Bytes each.
+        slot_size: usize,
+    },
 }

@@ -1,42 +1,107 @@
 //! GdsLLM I/O backends.
 //!
-//! One interface for every way of getting weights off the disk: "make layer L resident in a
-//! buffer the backend owns; tell me when; release". The model code only ever sees the bytes
-//! of a [`LayerBytes`] handle; it never knows whether they came from a memory map, an
-//! `O_DIRECT` read into an aligned pool or (later) a GPUDirect transfer.
+//! One interface for every way of getting weights off the disk: "make (part of) layer L
+//! resident in a buffer the backend owns; tell me when; release". The model code only ever
+//! sees the bytes of a [`LayerBytes`] handle; it never knows whether they came from a memory
+//! map, an `O_DIRECT` read into an aligned pool or (later) a GPUDirect transfer.
 //!
-//! Today there is one backend, [`MmapBackend`]: every layer file is mapped whole, so
-//! acquiring a layer is free and zero-copy. Backends that own a limited pool of buffers
-//! (`direct`, `gds`) will implement the same [`LayerSource`] trait: `acquire` blocks until
-//! the layer is resident, dropping the handle releases the buffer back to the pool, and
-//! `prefetch` lets the runtime start a read early.
+//! - [`MmapBackend`]: every layer file mapped whole; acquiring is free and zero-copy.
+//! - [`DirectBackend`]: layer files read with `O_DIRECT` (the page cache never holds the
+//!   weights) into 4 KiB-aligned buffers: some layers read once and kept resident, the rest
+//!   streamed through a fixed pool of buffers by a background I/O thread that reads ahead
+//!   of the compute.
+//!
+//! `acquire` blocks until the bytes are resident, dropping the last handle releases the
+//! buffer back to its pool, and `prefetch` lets the runtime start a read early.
 
+mod aligned;
+mod direct;
 mod error;
 mod mmap;
 
+pub use aligned::{align_down, align_up, AlignedBuf, ALIGN};
+pub use direct::{probe_direct, DirectBackend, DirectOptions, DirectSupport};
 pub use error::IoError;
 pub use mmap::{read_manifest, MmapBackend};
 
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 
-/// The bytes of one resident layer, owned by a backend. The layer stays resident while any
-/// clone of the handle is alive; dropping the last one releases it.
+/// A byte range of one layer file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Span {
+    /// Index of the layer in the manifest's layer table.
+    pub layer: usize,
+    /// First byte, inside the layer file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// The bytes of one resident layer (or of a span of it), owned by a backend. They stay
+/// resident while any clone of the handle is alive; dropping the last one releases them.
 #[derive(Clone)]
 pub struct LayerBytes {
     index: usize,
+    file_offset: u64,
+    range: Range<usize>,
     buf: Arc<dyn Resident>,
 }
 
 impl LayerBytes {
-    /// Wraps a backend buffer. For backend implementations.
+    /// Wraps a backend buffer holding a whole layer file. For backend implementations.
     pub fn new(index: usize, buf: Arc<dyn Resident>) -> LayerBytes {
-        LayerBytes { index, buf }
+        let len = buf.bytes().len();
+        LayerBytes {
+            index,
+            file_offset: 0,
+            range: 0..len,
+            buf,
+        }
+    }
+
+    /// Wraps a backend buffer of which `range` holds the layer file's bytes starting at
+    /// `file_offset`. For backend implementations; panics if `range` is outside the buffer.
+    pub fn new_span(
+        index: usize,
+        file_offset: u64,
+        range: Range<usize>,
+        buf: Arc<dyn Resident>,
+    ) -> LayerBytes {
+        assert!(range.start <= range.end && range.end <= buf.bytes().len());
+        LayerBytes {
+            index,
+            file_offset,
+            range,
+            buf,
+        }
     }
 
     /// Index of the layer in the manifest's layer table.
     pub fn index(&self) -> usize {
         self.index
+    }
+
+    /// Offset in the layer file of the first byte of this handle (0 for a whole layer).
+    pub fn file_offset(&self) -> u64 {
+        self.file_offset
+    }
+
+    /// The bytes of `span`'s file range if this handle holds all of them.
+    pub fn slice(&self, offset: u64, len: u64) -> Option<&[u8]> {
+        let start = usize::try_from(offset.checked_sub(self.file_offset)?).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        self.get(start..end)
+    }
+
+    /// The backend buffer behind this handle.
+    pub(crate) fn buf(&self) -> Arc<dyn Resident> {
+        self.buf.clone()
+    }
+
+    /// True when this handle holds all of `span` (same layer, range covered).
+    pub fn covers(&self, span: &Span) -> bool {
+        span.layer == self.index && self.slice(span.offset, span.len).is_some()
     }
 }
 
@@ -44,7 +109,7 @@ impl Deref for LayerBytes {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        self.buf.bytes()
+        &self.buf.bytes()[self.range.clone()]
     }
 }
 
@@ -52,45 +117,95 @@ impl std::fmt::Debug for LayerBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LayerBytes")
             .field("index", &self.index)
+            .field("file_offset", &self.file_offset)
             .field("len", &self.len())
             .finish()
     }
 }
 
-/// A buffer holding one layer's file contents. Implemented by each backend's buffer type;
-/// its `Drop` is the release.
+/// A buffer holding layer bytes. Implemented by each backend's buffer type; its `Drop` is
+/// the release.
 pub trait Resident: Send + Sync {
-    /// The layer file's bytes (exactly the manifest's `file_size`).
+    /// The buffer's bytes.
     fn bytes(&self) -> &[u8];
 }
 
 /// Counters a backend keeps, for the run's metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IoStats {
-    /// Bytes of layer data made resident (for `mmap`: the sizes of the layer files acquired at
-    /// least once, i.e. the weight bytes the run touched).
+    /// Bytes of layer data made resident (for `mmap`: the sizes of the layer files acquired
+    /// at least once, i.e. the weight bytes the run touched; for `direct`: bytes read).
     pub bytes_read: u64,
     /// Number of `acquire` calls.
     pub acquires: u64,
+    /// Number of reads issued to the disk.
+    pub reads: u64,
+    /// Nanoseconds spent inside reads (I/O thread and callers together).
+    pub read_ns: u64,
+    /// Nanoseconds callers spent blocked in `acquire`/`read_at` waiting for bytes.
+    pub wait_ns: u64,
+}
+
+impl IoStats {
+    /// Counter differences `self - earlier` (for per-phase metrics).
+    pub fn since(&self, earlier: &IoStats) -> IoStats {
+        IoStats {
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            acquires: self.acquires.saturating_sub(earlier.acquires),
+            reads: self.reads.saturating_sub(earlier.reads),
+            read_ns: self.read_ns.saturating_sub(earlier.read_ns),
+            wait_ns: self.wait_ns.saturating_sub(earlier.wait_ns),
+        }
+    }
 }
 
 /// A source of resident layers.
 pub trait LayerSource: Send + Sync {
-    /// Short name of the backend (`mmap`), as recorded in the run plan.
+    /// Short name of the backend (`mmap`, `direct`, `buffered`), as recorded in the plan.
     fn name(&self) -> &'static str;
 
     /// Number of layers in the model.
     fn n_layers(&self) -> usize;
 
+    /// Size of each layer file.
+    fn layer_size(&self, layer: usize) -> u64;
+
     /// Makes layer `layer` resident and returns a handle to its bytes; blocks until they are
     /// available. The bytes are released when the last handle is dropped.
-    fn acquire(&self, layer: usize) -> Result<LayerBytes, IoError>;
+    fn acquire(&self, layer: usize) -> Result<LayerBytes, IoError> {
+        let len = self.layer_size(layer);
+        self.acquire_span(Span {
+            layer,
+            offset: 0,
+            len,
+        })
+    }
 
-    /// Hints that `layer` will be acquired soon. Never fails; backends may ignore it.
-    fn prefetch(&self, layer: usize) {
-        let _ = layer;
+    /// Makes the bytes of `span` resident; the handle's bytes are exactly the span's.
+    fn acquire_span(&self, span: Span) -> Result<LayerBytes, IoError>;
+
+    /// Hints that `span` will be acquired soon. Never fails; backends may ignore it.
+    fn prefetch(&self, span: Span) {
+        let _ = span;
+    }
+
+    /// Copies the bytes at `offset` of layer `layer` into `out` (small reads, such as the
+    /// rows of an embedding table, without making the whole layer resident).
+    fn read_at(&self, layer: usize, offset: u64, out: &mut [u8]) -> Result<(), IoError> {
+        let h = self.acquire_span(Span {
+            layer,
+            offset,
+            len: out.len() as u64,
+        })?;
+        out.copy_from_slice(&h);
+        Ok(())
     }
 
     /// Counters so far.
     fn stats(&self) -> IoStats;
+
+    /// Warnings about how the backend had to run (e.g. `O_DIRECT` unsupported).
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

@@ -1,7 +1,7 @@
 //! The `mmap` backend: every layer file mapped whole, read-only. Acquiring a layer hands out
 //! the mapping itself (zero-copy); the kernel pages the bytes in on first touch.
 
-use crate::{IoError, IoStats, LayerBytes, LayerSource, Resident};
+use crate::{IoError, IoStats, LayerBytes, LayerSource, Resident, Span};
 use gds_format::Manifest;
 use memmap2::{Advice, Mmap};
 use std::fs::File;
@@ -31,38 +31,19 @@ impl MmapBackend {
     /// when a file is missing, unreadable, or its length differs from the manifest's record.
     pub fn open(dir: &Path, manifest: &Manifest<'_>) -> Result<MmapBackend, IoError> {
         let mut layers = Vec::with_capacity(manifest.n_layers());
-        for i in 0..manifest.n_layers() {
-            let info = manifest.layer(i).map_err(|source| IoError::Manifest {
-                path: dir.join(gds_format::MANIFEST_FILE),
-                source,
-            })?;
-            if !gds_format::validate::is_safe_relative_path(info.file) {
-                return Err(IoError::BadPath {
-                    layer: i,
-                    file: info.file.to_string(),
-                });
-            }
-            let path = dir.join(info.file);
-            let file_err = |source| IoError::File {
+        for (path, size) in layer_paths(dir, manifest)? {
+            let file = File::open(&path).map_err(|source| IoError::File {
                 path: path.clone(),
                 source,
-            };
-            let file = File::open(&path).map_err(file_err)?;
-            let actual = file.metadata().map_err(file_err)?.len();
-            if actual != info.file_size {
-                return Err(IoError::LengthMismatch {
-                    path,
-                    expected: info.file_size,
-                    actual,
-                });
-            }
-            let map = if actual == 0 {
+            })?;
+            let map = if size == 0 {
                 None
             } else {
                 // SAFETY: the mapping is read-only and private to this process. Like every
                 // mmap-based loader we rely on nobody truncating or rewriting the model files
                 // while they are mapped; the length was just checked against the manifest.
-                let map = unsafe { Mmap::map(&file) }.map_err(file_err)?;
+                let map =
+                    unsafe { Mmap::map(&file) }.map_err(|source| IoError::File { path, source })?;
                 Some(map)
             };
             layers.push(Arc::new(Mapped(map)));
@@ -76,6 +57,44 @@ impl MmapBackend {
     }
 }
 
+/// The path and size of every layer file named by `manifest`, relative to `dir`. Fails,
+/// naming the file, when a path is unsafe, a file is missing or unreadable, or its length
+/// differs from the manifest's record.
+pub(crate) fn layer_paths(
+    dir: &Path,
+    manifest: &Manifest<'_>,
+) -> Result<Vec<(PathBuf, u64)>, IoError> {
+    let mut out = Vec::with_capacity(manifest.n_layers());
+    for i in 0..manifest.n_layers() {
+        let info = manifest.layer(i).map_err(|source| IoError::Manifest {
+            path: dir.join(gds_format::MANIFEST_FILE),
+            source,
+        })?;
+        if !gds_format::validate::is_safe_relative_path(info.file) {
+            return Err(IoError::BadPath {
+                layer: i,
+                file: info.file.to_string(),
+            });
+        }
+        let path = dir.join(info.file);
+        let actual = std::fs::metadata(&path)
+            .map_err(|source| IoError::File {
+                path: path.clone(),
+                source,
+            })?
+            .len();
+        if actual != info.file_size {
+            return Err(IoError::LengthMismatch {
+                path,
+                expected: info.file_size,
+                actual,
+            });
+        }
+        out.push((path, actual));
+    }
+    Ok(out)
+}
+
 impl LayerSource for MmapBackend {
     fn name(&self) -> &'static str {
         "mmap"
@@ -85,23 +104,41 @@ impl LayerSource for MmapBackend {
         self.layers.len()
     }
 
-    fn acquire(&self, layer: usize) -> Result<LayerBytes, IoError> {
-        let buf = self.layers.get(layer).ok_or(IoError::NoSuchLayer {
-            layer,
-            n_layers: self.layers.len(),
-        })?;
-        self.acquires.fetch_add(1, Ordering::Relaxed);
-        if !self.touched[layer].swap(true, Ordering::Relaxed) {
-            self.bytes_read
-                .fetch_add(buf.bytes().len() as u64, Ordering::Relaxed);
-        }
-        Ok(LayerBytes::new(layer, buf.clone()))
+    fn layer_size(&self, layer: usize) -> u64 {
+        self.layers.get(layer).map_or(0, |l| l.bytes().len() as u64)
     }
 
-    fn prefetch(&self, layer: usize) {
-        if let Some(Mapped(Some(map))) = self.layers.get(layer).map(|a| &**a) {
+    fn acquire_span(&self, span: Span) -> Result<LayerBytes, IoError> {
+        let buf = self.layers.get(span.layer).ok_or(IoError::NoSuchLayer {
+            layer: span.layer,
+            n_layers: self.layers.len(),
+        })?;
+        let size = buf.bytes().len() as u64;
+        if span.offset.checked_add(span.len).is_none_or(|e| e > size) {
+            return Err(IoError::OutOfRange {
+                path: PathBuf::from(format!("layer {}", span.layer)),
+                offset: span.offset,
+                len: span.len,
+                size,
+            });
+        }
+        self.acquires.fetch_add(1, Ordering::Relaxed);
+        if !self.touched[span.layer].swap(true, Ordering::Relaxed) {
+            self.bytes_read.fetch_add(size, Ordering::Relaxed);
+        }
+        let (a, b) = (span.offset as usize, (span.offset + span.len) as usize);
+        Ok(LayerBytes::new_span(
+            span.layer,
+            span.offset,
+            a..b,
+            buf.clone(),
+        ))
+    }
+
+    fn prefetch(&self, span: Span) {
+        if let Some(Mapped(Some(map))) = self.layers.get(span.layer).map(|a| &**a) {
             // A hint only: failure changes nothing but speed.
-            let _ = map.advise(Advice::WillNeed);
+            let _ = map.advise_range(Advice::WillNeed, span.offset as usize, span.len as usize);
         }
     }
 
@@ -109,6 +146,7 @@ impl LayerSource for MmapBackend {
         IoStats {
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             acquires: self.acquires.load(Ordering::Relaxed),
+            ..IoStats::default()
         }
     }
 }
@@ -161,13 +199,18 @@ mod tests {
         assert_eq!(&l[..], &data[..]);
         assert_eq!(l.index(), 0);
         let again = b.acquire(0).unwrap();
-        b.prefetch(0);
+        b.prefetch(Span {
+            layer: 0,
+            offset: 0,
+            len: 4096,
+        });
         assert_eq!(again.len(), 4096);
         assert_eq!(
             b.stats(),
             IoStats {
                 bytes_read: 4096,
-                acquires: 2
+                acquires: 2,
+                ..IoStats::default()
             }
         );
         assert!(matches!(

@@ -1,0 +1,714 @@
+//! The `direct` backend: layer files read with `O_DIRECT` into 4 KiB-aligned buffers, so the
+//! weights never pass through (or stay in) the page cache.
+//!
+//! Layers the plan keeps resident are read once at open into buffers of their own. The rest
+//! stream through a fixed pool of equal buffers: the runtime calls [`LayerSource::prefetch`]
+//! for the spans it will need next, a background I/O thread reads them into free buffers,
+//! and [`LayerSource::acquire_span`] hands out the filled buffer (or reads on the caller's
+//! thread when nothing was prefetched). Dropping the handle returns the buffer to the pool.
+//!
+//! On filesystems without `O_DIRECT` (tmpfs, some FUSE and network filesystems) the backend
+//! reads through the page cache and drops the pages it read right away
+//! (`POSIX_FADV_DONTNEED`), so the memory budget still holds; it says so in a warning.
+
+use crate::aligned::{align_down, align_up, AlignedBuf, ALIGN};
+use crate::{IoError, IoStats, LayerBytes, LayerSource, Resident, Span};
+use gds_format::Manifest;
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// How the `direct` backend is laid out; decided by the run plan.
+#[derive(Clone, Debug, Default)]
+pub struct DirectOptions {
+    /// Per layer: read once at open and keep (`true`) or stream through the pool (`false`).
+    /// Missing entries mean "stream".
+    pub resident: Vec<bool>,
+    /// Number of streaming buffers (0 when every layer is resident).
+    pub slots: usize,
+    /// Bytes of each streaming buffer (rounded up to 4 KiB); the largest span that can be
+    /// acquired from a streamed layer.
+    pub slot_size: usize,
+    /// Read through the page cache (dropping pages after each read) even where `O_DIRECT`
+    /// works. For tests and comparisons.
+    pub force_buffered: bool,
+}
+
+/// Whether a file can be read with `O_DIRECT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DirectSupport {
+    /// `O_DIRECT` open and aligned read work.
+    Direct,
+    /// It does not; the reason (e.g. the filesystem refuses `O_DIRECT`).
+    Buffered(String),
+}
+
+/// Opens `path` with `O_DIRECT` and reads its first block, to learn whether the filesystem
+/// supports direct I/O.
+pub fn probe_direct(path: &Path) -> DirectSupport {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) => return DirectSupport::Buffered(format!("open with O_DIRECT failed: {e}")),
+    };
+    let Some(mut buf) = AlignedBuf::new(ALIGN) else {
+        return DirectSupport::Buffered("could not allocate an aligned buffer".into());
+    };
+    match file.read_at(buf.as_mut_slice(), 0) {
+        Ok(_) => DirectSupport::Direct,
+        Err(e) => DirectSupport::Buffered(format!("O_DIRECT read failed: {e}")),
+    }
+}
+
+/// Drops the page-cache pages of a byte range of `file` (a hint; failures are ignored).
+pub(crate) fn drop_cached(file: &File, offset: u64, len: u64) {
+    // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
+}
+
+struct LayerFile {
+    path: PathBuf,
+    file: File,
+    size: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    bytes_read: AtomicU64,
+    acquires: AtomicU64,
+    reads: AtomicU64,
+    read_ns: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+struct Loaded {
+    buf: AlignedBuf,
+    range: Range<usize>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Streaming buffers nobody uses.
+    free: Vec<AlignedBuf>,
+    /// Prefetch requests not started yet, in order.
+    queue: VecDeque<Span>,
+    /// The span the I/O thread is reading.
+    loading: Option<Span>,
+    /// Prefetched spans nobody has acquired yet (or their read error).
+    ready: VecDeque<(Span, Result<Loaded, IoError>)>,
+    shutdown: bool,
+}
+
+struct Shared {
+    files: Vec<LayerFile>,
+    buffered: bool,
+    counters: Counters,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State inconsistent in a way that
+        // matters more than stopping; keep going with the inner value.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the 4 KiB-aligned extent around `span` into `buf`; returns where the span's
+    /// bytes lie in it.
+    fn read_span(&self, span: Span, buf: &mut AlignedBuf) -> Result<Range<usize>, IoError> {
+        let f = &self.files[span.layer];
+        let start = align_down(span.offset);
+        let end = align_up(span.offset + span.len).min(align_up(f.size));
+        let need = (span.offset + span.len - start) as usize;
+        let want = (end - start) as usize;
+        if want > buf.capacity() {
+            return Err(IoError::SpanTooLarge {
+                path: f.path.clone(),
+                len: span.len,
+                buffer: buf.capacity(),
+            });
+        }
+        let t0 = Instant::now();
+        let dst = &mut buf.as_mut_slice()[..want];
+        let mut got = 0;
+        while got < need {
+            match f.file.read_at(&mut dst[got..], start + got as u64) {
+                Ok(0) => {
+                    return Err(IoError::File {
+                        path: f.path.clone(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!("file ends before byte {}", span.offset + span.len),
+                        ),
+                    })
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(IoError::File {
+                        path: f.path.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        if self.buffered {
+            drop_cached(&f.file, start, got as u64);
+        }
+        let c = &self.counters;
+        c.read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        c.bytes_read.fetch_add(got as u64, Ordering::Relaxed);
+        c.reads.fetch_add(1, Ordering::Relaxed);
+        let off = (span.offset - start) as usize;
+        Ok(off..off + span.len as usize)
+    }
+
+    fn io_thread(self: Arc<Shared>) {
+        let mut st = self.lock();
+        loop {
+            if st.shutdown {
+                return;
+            }
+            if st.queue.is_empty() || st.free.is_empty() {
+                st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let (Some(span), Some(mut buf)) = (st.queue.pop_front(), st.free.pop()) else {
+                continue;
+            };
+            st.loading = Some(span);
+            drop(st);
+            let r = self.read_span(span, &mut buf);
+            st = self.lock();
+            st.loading = None;
+            match r {
+                Ok(range) => st.ready.push_back((span, Ok(Loaded { buf, range }))),
+                Err(e) => {
+                    st.free.push(buf);
+                    st.ready.push_back((span, Err(e)));
+                }
+            }
+            self.cv.notify_all();
+        }
+    }
+}
+
+/// A streaming buffer lent to the runtime; dropping it gives it back to the pool.
+struct PoolBuf {
+    buf: Option<AlignedBuf>,
+    shared: Arc<Shared>,
+}
+
+impl Resident for PoolBuf {
+    fn bytes(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], AlignedBuf::as_slice)
+    }
+}
+
+impl Drop for PoolBuf {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.shared.lock().free.push(buf);
+            self.shared.cv.notify_all();
+        }
+    }
+}
+
+/// A layer read once and kept.
+struct Owned(AlignedBuf, usize);
+
+impl Resident for Owned {
+    fn bytes(&self) -> &[u8] {
+        &self.0.as_slice()[..self.1]
+    }
+}
+
+/// Reads layer files with `O_DIRECT`: resident layers once, streamed layers through a pool.
+pub struct DirectBackend {
+    shared: Arc<Shared>,
+    resident: Vec<Option<LayerBytes>>,
+    slots: usize,
+    slot_size: usize,
+    thread: Option<JoinHandle<()>>,
+    warnings: Vec<String>,
+}
+
+impl DirectBackend {
+    /// Opens every layer file named by `manifest` (checking lengths, naming the file on
+    /// failure), reads the resident layers and allocates the streaming pool.
+    pub fn open(
+        dir: &Path,
+        manifest: &Manifest<'_>,
+        opts: &DirectOptions,
+    ) -> Result<DirectBackend, IoError> {
+        let paths = crate::mmap::layer_paths(dir, manifest)?;
+        let mut warnings = Vec::new();
+        let buffered = if opts.force_buffered {
+            true
+        } else {
+            match paths.first().map(|(p, _)| probe_direct(p)) {
+                Some(DirectSupport::Buffered(why)) => {
+                    warnings.push(format!(
+                        "{}: {why}; reading through the page cache and dropping the pages after each read",
+                        dir.display()
+                    ));
+                    true
+                }
+                _ => false,
+            }
+        };
+        let mut files = Vec::with_capacity(paths.len());
+        for (path, size) in paths {
+            let mut o = OpenOptions::new();
+            o.read(true);
+            if !buffered {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            let file = o.open(&path).map_err(|source| IoError::File {
+                path: path.clone(),
+                source,
+            })?;
+            files.push(LayerFile { path, file, size });
+        }
+        let slot_size = usize::try_from(align_up(opts.slot_size as u64)).unwrap_or(usize::MAX);
+        let mut state = State::default();
+        for _ in 0..opts.slots {
+            state
+                .free
+                .push(AlignedBuf::new(slot_size).ok_or(IoError::OutOfMemory {
+                    bytes: slot_size as u64,
+                })?);
+        }
+        let shared = Arc::new(Shared {
+            files,
+            buffered,
+            counters: Counters::default(),
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+        });
+        let mut resident = Vec::with_capacity(shared.files.len());
+        for (i, f) in shared.files.iter().enumerate() {
+            if !opts.resident.get(i).copied().unwrap_or(false) {
+                resident.push(None);
+                continue;
+            }
+            let len =
+                usize::try_from(f.size).map_err(|_| IoError::OutOfMemory { bytes: f.size })?;
+            let mut buf = AlignedBuf::new(len).ok_or(IoError::OutOfMemory { bytes: f.size })?;
+            let span = Span {
+                layer: i,
+                offset: 0,
+                len: f.size,
+            };
+            shared.read_span(span, &mut buf)?;
+            resident.push(Some(LayerBytes::new(i, Arc::new(Owned(buf, len)))));
+        }
+        let thread = if opts.slots > 0 {
+            let s = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("gds-io".into())
+                    .spawn(move || s.io_thread())
+                    .map_err(|source| IoError::File {
+                        path: dir.to_path_buf(),
+                        source,
+                    })?,
+            )
+        } else {
+            None
+        };
+        Ok(DirectBackend {
+            shared,
+            resident,
+            slots: opts.slots,
+            slot_size,
+            thread,
+            warnings,
+        })
+    }
+
+    /// True when reads go through the page cache (no `O_DIRECT`).
+    pub fn is_buffered(&self) -> bool {
+        self.shared.buffered
+    }
+
+    /// True when layer `layer` was read at open and stays resident.
+    pub fn is_resident(&self, layer: usize) -> bool {
+        self.resident.get(layer).is_some_and(Option::is_some)
+    }
+
+    fn check(&self, span: &Span) -> Result<(), IoError> {
+        let f = self
+            .shared
+            .files
+            .get(span.layer)
+            .ok_or(IoError::NoSuchLayer {
+                layer: span.layer,
+                n_layers: self.shared.files.len(),
+            })?;
+        if span.offset.checked_add(span.len).is_none_or(|e| e > f.size) {
+            return Err(IoError::OutOfRange {
+                path: f.path.clone(),
+                offset: span.offset,
+                len: span.len,
+                size: f.size,
+            });
+        }
+        Ok(())
+    }
+
+    fn handle(&self, span: Span, l: Loaded) -> LayerBytes {
+        LayerBytes::new_span(
+            span.layer,
+            span.offset,
+            l.range,
+            Arc::new(PoolBuf {
+                buf: Some(l.buf),
+                shared: self.shared.clone(),
+            }),
+        )
+    }
+
+    fn acquire_streamed(&self, span: Span) -> Result<LayerBytes, IoError> {
+        let sh = &self.shared;
+        let t0 = Instant::now();
+        let waited = |r| {
+            sh.counters
+                .wait_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            r
+        };
+        let mut st = sh.lock();
+        let mut blocked = false;
+        loop {
+            if let Some(i) = st.ready.iter().position(|(s, _)| *s == span) {
+                let (_, r) = st.ready.remove(i).expect("index from position");
+                drop(st);
+                let r = r.map(|l| self.handle(span, l));
+                return if blocked { waited(r) } else { r };
+            }
+            if st.loading == Some(span) {
+                blocked = true;
+                st = sh.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            st.queue.retain(|s| *s != span);
+            if let Some(mut buf) = st.free.pop() {
+                drop(st);
+                let r = sh.read_span(span, &mut buf);
+                let r = match r {
+                    Ok(range) => Ok(self.handle(span, Loaded { buf, range })),
+                    Err(e) => {
+                        sh.lock().free.push(buf);
+                        sh.cv.notify_all();
+                        Err(e)
+                    }
+                };
+                return waited(r);
+            }
+            // Every buffer is taken: recycle a prefetched span nobody asked for (oldest
+            // first), or wait for the I/O thread, or fail if the caller holds them all.
+            if let Some((_, stale)) = st.ready.pop_front() {
+                if let Ok(l) = stale {
+                    st.free.push(l.buf);
+                }
+                continue;
+            }
+            if st.loading.is_some() {
+                blocked = true;
+                st = sh.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            return Err(IoError::PoolExhausted {
+                slots: self.slots,
+                slot_size: self.slot_size,
+            });
+        }
+    }
+}
+
+impl Drop for DirectBackend {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl LayerSource for DirectBackend {
+    fn name(&self) -> &'static str {
+        if self.shared.buffered {
+            "buffered"
+        } else {
+            "direct"
+        }
+    }
+
+    fn n_layers(&self) -> usize {
+        self.shared.files.len()
+    }
+
+    fn layer_size(&self, layer: usize) -> u64 {
+        self.shared.files.get(layer).map_or(0, |f| f.size)
+    }
+
+    fn acquire_span(&self, span: Span) -> Result<LayerBytes, IoError> {
+        self.check(&span)?;
+        self.shared
+            .counters
+            .acquires
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(Some(r)) = self.resident.get(span.layer) {
+            let (a, b) = (span.offset as usize, (span.offset + span.len) as usize);
+            return Ok(LayerBytes::new_span(span.layer, span.offset, a..b, r.buf()));
+        }
+        self.acquire_streamed(span)
+    }
+
+    fn prefetch(&self, span: Span) {
+        if self.check(&span).is_err() || self.is_resident(span.layer) || self.slots == 0 {
+            return;
+        }
+        let mut st = self.shared.lock();
+        let known = st.loading == Some(span)
+            || st.queue.contains(&span)
+            || st.ready.iter().any(|(s, _)| *s == span);
+        if known || st.queue.len() >= self.slots {
+            return;
+        }
+        st.queue.push_back(span);
+        drop(st);
+        self.shared.cv.notify_all();
+    }
+
+    fn read_at(&self, layer: usize, offset: u64, out: &mut [u8]) -> Result<(), IoError> {
+        let span = Span {
+            layer,
+            offset,
+            len: out.len() as u64,
+        };
+        self.check(&span)?;
+        if let Some(Some(r)) = self.resident.get(layer) {
+            out.copy_from_slice(&r[offset as usize..offset as usize + out.len()]);
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let extent = align_up(offset + span.len) - align_down(offset) + ALIGN as u64;
+        let mut buf =
+            AlignedBuf::new(extent as usize).ok_or(IoError::OutOfMemory { bytes: extent })?;
+        let range = self.shared.read_span(span, &mut buf)?;
+        out.copy_from_slice(&buf.as_slice()[range]);
+        self.shared
+            .counters
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn stats(&self) -> IoStats {
+        let c = &self.shared.counters;
+        IoStats {
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
+            acquires: c.acquires.load(Ordering::Relaxed),
+            reads: c.reads.load(Ordering::Relaxed),
+            read_ns: c.read_ns.load(Ordering::Relaxed),
+            wait_ns: c.wait_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gds_format::{DType, LayerRecord, ManifestBuilder, TensorSpec};
+
+    /// A model directory with `n` layer files of `blocks` 4 KiB blocks each; byte `i` of
+    /// layer `l` is `(i * 7 + l * 13) % 251`.
+    fn model_dir(n: usize, blocks: usize) -> (tempfile::TempDir, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = ManifestBuilder::new();
+        b.kv_str("general.architecture", "llama");
+        for l in 0..n {
+            let file = format!("l{l}.bin");
+            let data: Vec<u8> = (0..blocks * ALIGN)
+                .map(|i| ((i * 7 + l * 13) % 251) as u8)
+                .collect();
+            std::fs::write(dir.path().join(&file), &data).unwrap();
+            let spec = TensorSpec {
+                name: format!("t{l}"),
+                dtype: DType::F32,
+                shape: vec![(blocks * ALIGN / 4) as u64],
+            };
+            let layout = gds_format::layout(std::slice::from_ref(&spec)).unwrap();
+            b.add_layer(&LayerRecord {
+                name: format!("l{l}"),
+                file,
+                kind: gds_format::layer_kind::BLOCK,
+                index: l as u32,
+                tensors: vec![spec],
+                layout,
+                content_hash: [0; 32],
+            });
+        }
+        (dir, b.finish())
+    }
+
+    fn expect(l: usize, range: Range<usize>) -> Vec<u8> {
+        range.map(|i| ((i * 7 + l * 13) % 251) as u8).collect()
+    }
+
+    fn span(layer: usize, offset: u64, len: u64) -> Span {
+        Span { layer, offset, len }
+    }
+
+    fn open(dir: &Path, m: &[u8], opts: DirectOptions) -> DirectBackend {
+        DirectBackend::open(dir, &Manifest::parse(m).unwrap(), &opts).unwrap()
+    }
+
+    #[test]
+    fn resident_and_streamed_layers_read_the_file_bytes() {
+        let (dir, m) = model_dir(3, 3);
+        for force_buffered in [false, true] {
+            let b = open(
+                dir.path(),
+                &m,
+                DirectOptions {
+                    resident: vec![true, false, false],
+                    slots: 2,
+                    slot_size: 3 * ALIGN,
+                    force_buffered,
+                },
+            );
+            assert!(b.is_resident(0) && !b.is_resident(1));
+            let after_open = b.stats().bytes_read;
+            assert_eq!(after_open, 3 * ALIGN as u64, "layer 0 read once at open");
+            for l in 0..3 {
+                let h = b.acquire(l).unwrap();
+                assert_eq!(&h[..], &expect(l, 0..3 * ALIGN)[..], "layer {l}");
+            }
+            // an unaligned span of a streamed layer: exactly its bytes
+            let h = b.acquire_span(span(2, 5000, 3000)).unwrap();
+            assert_eq!(h.file_offset(), 5000);
+            assert_eq!(&h[..], &expect(2, 5000..8000)[..]);
+            assert_eq!(h.slice(6000, 10).unwrap(), &expect(2, 6000..6010)[..]);
+            assert!(h.slice(4000, 10).is_none());
+            let mut row = [0u8; 100];
+            b.read_at(1, 12000, &mut row).unwrap();
+            assert_eq!(&row[..], &expect(1, 12000..12100)[..]);
+            assert!(b.stats().reads >= 4);
+        }
+    }
+
+    #[test]
+    fn prefetched_spans_are_read_once_by_the_io_thread() {
+        let (dir, m) = model_dir(4, 2);
+        let b = open(
+            dir.path(),
+            &m,
+            DirectOptions {
+                resident: vec![],
+                slots: 3,
+                slot_size: 2 * ALIGN,
+                force_buffered: false,
+            },
+        );
+        for round in 0..3 {
+            for l in 0..4 {
+                // prefetch the next two, then take this one: the pattern of the runtime
+                b.prefetch(span((l + 1) % 4, 0, 2 * ALIGN as u64));
+                b.prefetch(span((l + 2) % 4, 0, 2 * ALIGN as u64));
+                let h = b.acquire(l).unwrap();
+                assert_eq!(
+                    &h[..],
+                    &expect(l, 0..2 * ALIGN)[..],
+                    "round {round} layer {l}"
+                );
+            }
+        }
+        let s = b.stats();
+        assert_eq!(s.acquires, 12);
+        // every acquire was served by one read (prefetched or not), plus at most the
+        // two still-pending prefetches at the end
+        assert!((12..=14).contains(&s.reads), "{s:?}");
+        assert_eq!(s.bytes_read, s.reads * 2 * ALIGN as u64);
+    }
+
+    #[test]
+    fn holding_every_buffer_is_an_error_not_a_hang() {
+        let (dir, m) = model_dir(3, 1);
+        let b = open(
+            dir.path(),
+            &m,
+            DirectOptions {
+                resident: vec![],
+                slots: 2,
+                slot_size: ALIGN,
+                force_buffered: false,
+            },
+        );
+        let _a = b.acquire(0).unwrap();
+        let _b = b.acquire(1).unwrap();
+        assert!(matches!(
+            b.acquire(2),
+            Err(IoError::PoolExhausted { slots: 2, .. })
+        ));
+        drop(_a);
+        assert_eq!(&b.acquire(2).unwrap()[..], &expect(2, 0..ALIGN)[..]);
+    }
+
+    #[test]
+    fn bad_spans_name_the_file() {
+        let (dir, m) = model_dir(1, 1);
+        let b = open(
+            dir.path(),
+            &m,
+            DirectOptions {
+                resident: vec![],
+                slots: 1,
+                slot_size: ALIGN,
+                force_buffered: false,
+            },
+        );
+        let e = b.acquire_span(span(0, 4000, 200)).unwrap_err();
+        assert!(e.to_string().contains("l0.bin"), "{e}");
+        // a span that is inside the file but does not fit a buffer once aligned
+        let (dir2, m2) = model_dir(1, 3);
+        let b2 = open(
+            dir2.path(),
+            &m2,
+            DirectOptions {
+                resident: vec![],
+                slots: 1,
+                slot_size: ALIGN,
+                force_buffered: false,
+            },
+        );
+        assert!(matches!(b2.acquire(0), Err(IoError::SpanTooLarge { .. })));
+        assert!(matches!(b.acquire(3), Err(IoError::NoSuchLayer { .. })));
+    }
+}
