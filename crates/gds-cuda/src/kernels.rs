@@ -1,0 +1,112 @@
+//! The CUDA kernel sources, embedded in the binary and compiled at run time by NVRTC.
+//!
+//! Each file of `kernels/` is a program body; [`PRELUDE`] (`kernels/common.cuh`) is
+//! prepended to it. The same text compiles as C++ against `kernels/emu.h` in the tests, so
+//! the arithmetic the GPU runs is checked on the CPU against `gds-kernels`.
+
+use gds_format::DType;
+
+/// Types, f16 decoding, warp/block reductions shared by every kernel file.
+pub const PRELUDE: &str = include_str!("../kernels/common.cuh");
+
+/// `(file name, body)` of every kernel file, in the order they are concatenated.
+pub const FILES: &[(&str, &str)] = &[
+    ("quant.cu", include_str!("../kernels/quant.cu")),
+    ("ops.cu", include_str!("../kernels/ops.cu")),
+];
+
+/// Rows per block of the `matvec_*` kernels (blockDim = 32 × this); `MATVEC_ROWS` in
+/// common.cuh.
+pub const MATVEC_ROWS: u32 = 4;
+/// Threads per block of the row-wise kernels; `BLOCK_THREADS` in common.cuh.
+pub const BLOCK_THREADS: u32 = 256;
+
+/// Every kernel entry point the executor loads.
+pub const KERNEL_NAMES: &[&str] = &[
+    "matvec_q4_0",
+    "matvec_q4_1",
+    "matvec_q8_0",
+    "matvec_q4_k",
+    "matvec_q6_k",
+    "matvec_f16",
+    "matvec_f32",
+    "dequant_q4_0",
+    "dequant_q4_1",
+    "dequant_q8_0",
+    "dequant_q4_k",
+    "dequant_q6_k",
+    "dequant_f16",
+    "dequant_f32",
+    "rmsnorm",
+    "rope",
+    "attention",
+    "swiglu",
+    "add_inplace",
+];
+
+/// One file as a complete program: prelude + body.
+pub fn file_program(body: &str) -> String {
+    format!("{PRELUDE}\n{body}")
+}
+
+/// The whole kernel library as one program (one NVRTC compile, one module load).
+pub fn program() -> String {
+    let mut s = String::from(PRELUDE);
+    for (name, body) in FILES {
+        s.push_str(&format!("\n// ---- {name} ----\n"));
+        s.push_str(body);
+    }
+    s
+}
+
+/// Weight dtypes with a GPU matvec/dequant kernel, and the kernels' name suffix.
+pub fn kernel_suffix(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Q4_0 => "q4_0",
+        DType::Q4_1 => "q4_1",
+        DType::Q8_0 => "q8_0",
+        DType::Q4K => "q4_k",
+        DType::Q6K => "q6_k",
+        DType::F16 => "f16",
+        DType::F32 => "f32",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_named_kernel_is_defined_once_in_the_program() {
+        let p = program();
+        for name in KERNEL_NAMES {
+            let direct = p.matches(&format!("void {name}(")).count();
+            // matvec_/dequant_ kernels come from the BLOCK_KERNELS/FLOAT_KERNELS macros.
+            let via_macro = name
+                .split_once('_')
+                .map(|(kind, t)| {
+                    ["matvec", "dequant"].contains(&kind)
+                        && (p.contains(&format!("BLOCK_KERNELS({t},"))
+                            || p.contains(&format!("FLOAT_KERNELS({t},")))
+                })
+                .unwrap_or(false);
+            assert!(
+                direct == 1 || (direct == 0 && via_macro),
+                "{name}: {direct} definitions"
+            );
+        }
+        assert!(p.contains(&format!("#define MATVEC_ROWS {MATVEC_ROWS} ")));
+        assert!(p.contains(&format!("#define BLOCK_THREADS {BLOCK_THREADS} ")));
+    }
+
+    #[test]
+    fn every_kernel_dtype_has_its_kernels() {
+        for d in gds_format::ALL_DTYPES {
+            if let Some(s) = kernel_suffix(d) {
+                assert!(KERNEL_NAMES.contains(&format!("matvec_{s}").as_str()));
+                assert!(KERNEL_NAMES.contains(&format!("dequant_{s}").as_str()));
+            }
+        }
+    }
+}

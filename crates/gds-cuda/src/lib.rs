@@ -1,0 +1,55 @@
+//! GdsLLM's GPU backend: CUDA and GPUDirect Storage.
+//!
+//! - [`probe()`] says what this machine has (driver, devices, NVRTC, cuBLAS, cuFile,
+//!   nvidia-fs) and which path `--backend cuda` would take, without panicking when a
+//!   library is missing and without creating a CUDA context.
+//! - [`kernels`] holds the CUDA C++ kernel sources (dequantizing matvecs over the on-disk
+//!   block formats, RMSNorm, RoPE, attention, SwiGLU), compiled at run time by NVRTC. The
+//!   same sources run on the CPU in tests through `kernels/emu.h`.
+//! - With the `cuda` feature: [`nvrtc`] (compile to PTX) and [`executor`] (VRAM pool, cuFile
+//!   or pinned bounce-buffer loading, decode forward pass on two streams).
+//!
+//! Without the `cuda` feature the crate builds with no CUDA dependency at all and
+//! [`probe()`] reports "built without the `cuda` feature" (the ripgrep pattern: optional
+//! features compile to a stub that says so).
+
+pub mod kernels;
+pub mod plan;
+pub mod probe;
+
+#[cfg(feature = "cuda")]
+pub mod executor;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
+
+pub use probe::{probe, DeviceInfo, GpuPath, GpuReport, LibStatus};
+
+/// Errors of the GPU backend.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The backend cannot run here (library, device or feature missing).
+    #[error("CUDA backend unavailable: {0}")]
+    Unavailable(String),
+    /// NVRTC rejected a kernel program; the compiler log is included.
+    #[error("NVRTC failed to compile {program}: {log}")]
+    Compile {
+        /// Which program.
+        program: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// A CUDA driver, cuBLAS or cuFile call failed.
+    #[error("{0}")]
+    Cuda(String),
+    /// Reading a layer file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The model cannot run on the GPU as given (unsupported dtype, budget too small, ...).
+    #[error("{0}")]
+    Model(String),
+}

@@ -1,0 +1,345 @@
+//! What the GPU executor will hold in VRAM, decided before any CUDA call: the model's
+//! layout (from the manifest; no weights are read) and the VRAM plan for a budget. Pure
+//! Rust, so it builds and is tested without the `cuda` feature.
+//!
+//! Policy: the embedding and head layers are always resident (every token needs them);
+//! then the KV cache and scratch buffers; if the blocks do not all fit, two streaming slots
+//! (each the size of the largest block) are reserved and blocks are resident in execution
+//! order while the budget lasts. The rest are read into the slots for every token.
+
+use crate::kernels::kernel_suffix;
+use crate::GpuError;
+use gds_format::{layer_kind, DType, Manifest};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Tokens per forward call the scratch buffers are sized for (prefill chunk).
+pub const MAX_BATCH: usize = 512;
+
+/// Hyperparameters of a llama-family model, from the manifest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shape {
+    /// Transformer blocks.
+    pub n_layers: usize,
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Feed-forward width.
+    pub n_ff: usize,
+    /// Vocabulary size (rows of the output head).
+    pub vocab: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// RoPE base.
+    pub rope_theta: f64,
+}
+
+/// A tensor as a byte range of its layer file (and so of the layer's device buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMeta {
+    /// Index of the layer holding it.
+    pub layer: usize,
+    /// Offset in the layer file.
+    pub offset: usize,
+    /// Byte length.
+    pub nbytes: usize,
+    /// On-disk dtype.
+    pub dtype: DType,
+    /// Rows (product of all but the last dimension).
+    pub rows: usize,
+    /// Columns (last dimension).
+    pub cols: usize,
+}
+
+/// One layer file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerMeta {
+    /// Absolute path of the data file.
+    pub path: PathBuf,
+    /// Its length (a multiple of 4096).
+    pub size: usize,
+}
+
+/// The model as the executor needs it.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// Hyperparameters.
+    pub shape: Shape,
+    /// Every layer file, in manifest order.
+    pub layers: Vec<LayerMeta>,
+    /// Tensors by canonical name.
+    pub tensors: HashMap<String, TensorMeta>,
+    /// Layer index of the embedding.
+    pub embed: usize,
+    /// Layer index of the head.
+    pub head: usize,
+    /// Layer index of each block, in block order.
+    pub blocks: Vec<usize>,
+    /// The output projection (`output.weight`, or `token_embd.weight` when tied).
+    pub output: TensorMeta,
+}
+
+fn model_err(msg: impl Into<String>) -> GpuError {
+    GpuError::Model(msg.into())
+}
+
+fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
+    let u = |k: &str| {
+        m.get_u64(k)
+            .map(|v| v as usize)
+            .map_err(|e| model_err(e.to_string()))
+    };
+    let f = |k: &str| m.get_f64(k).map_err(|e| model_err(e.to_string()));
+    let arch = m.get_str("general.architecture").unwrap_or("?");
+    if arch != "llama" {
+        return Err(model_err(format!(
+            "the GPU executor runs the llama family, not {arch}"
+        )));
+    }
+    Ok(Shape {
+        n_layers: u("model.n_layers")?,
+        n_embd: u("model.n_embd")?,
+        n_heads: u("model.n_heads")?,
+        n_kv_heads: u("model.n_kv_heads")?,
+        head_dim: u("model.head_dim")?,
+        n_ff: u("model.n_ff")?,
+        vocab: u("model.vocab_size")?,
+        eps: f("model.rms_norm_eps")? as f32,
+        rope_theta: f("model.rope_theta")?,
+    })
+}
+
+impl Layout {
+    /// Reads `dir/manifest.gdsm` (metadata only) and checks that every tensor has a GPU
+    /// kernel: matrices in Q4_0/Q4_1/Q8_0/Q4_K/Q6_K/F16/F32, norms and biases in F32.
+    pub fn read(dir: &Path) -> Result<Layout, GpuError> {
+        let mpath = dir.join("manifest.gdsm");
+        let bytes = std::fs::read(&mpath).map_err(|source| GpuError::Io {
+            path: mpath.display().to_string(),
+            source,
+        })?;
+        let m = Manifest::parse(&bytes).map_err(|e| model_err(e.to_string()))?;
+        let shape = read_shape(&m)?;
+        let mut layers = Vec::new();
+        let (mut embed, mut head, mut blocks) = (None, None, vec![None; shape.n_layers]);
+        for l in m.layers() {
+            match l.kind {
+                layer_kind::EMBED => embed = Some(l.index),
+                layer_kind::HEAD => head = Some(l.index),
+                layer_kind::BLOCK => {
+                    let b = l.block as usize;
+                    *blocks
+                        .get_mut(b)
+                        .ok_or_else(|| model_err(format!("block {b} out of range")))? =
+                        Some(l.index);
+                }
+                k => return Err(model_err(format!("unknown layer kind {k}"))),
+            }
+            layers.push(LayerMeta {
+                path: dir.join(l.file),
+                size: l.file_size as usize,
+            });
+        }
+        let embed = embed.ok_or_else(|| model_err("no embedding layer"))?;
+        let head = head.ok_or_else(|| model_err("no head layer"))?;
+        let blocks: Vec<usize> = blocks
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| b.ok_or_else(|| model_err(format!("block {i} missing"))))
+            .collect::<Result<_, _>>()?;
+        let mut tensors = HashMap::new();
+        for t in m.tensors() {
+            let cols = *t.dims().last().unwrap_or(&1) as usize;
+            let rows = (t.n_elements() as usize) / cols.max(1);
+            let meta = TensorMeta {
+                layer: t.layer,
+                offset: t.offset as usize,
+                nbytes: t.nbytes as usize,
+                dtype: t.dtype,
+                rows,
+                cols,
+            };
+            let is_matrix = t.n_dims >= 2;
+            if is_matrix && kernel_suffix(t.dtype).is_none() {
+                return Err(model_err(format!(
+                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q8_0 Q4_K Q6_K F16 F32)",
+                    t.name, t.dtype
+                )));
+            }
+            if !is_matrix && t.dtype != DType::F32 {
+                return Err(model_err(format!(
+                    "{}: expected F32, found {}",
+                    t.name, t.dtype
+                )));
+            }
+            tensors.insert(t.name.to_string(), meta);
+        }
+        let output = *tensors
+            .get("output.weight")
+            .or_else(|| tensors.get("token_embd.weight"))
+            .ok_or_else(|| model_err("no output.weight or token_embd.weight"))?;
+        Ok(Layout {
+            shape,
+            layers,
+            tensors,
+            embed,
+            head,
+            blocks,
+            output,
+        })
+    }
+
+    /// Elements of the largest weight matrix (the size of the cuBLAS dequantization tile).
+    pub fn max_weight_elements(&self) -> usize {
+        self.tensors
+            .values()
+            .map(|t| t.rows * t.cols)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Bytes of VRAM besides weights: KV cache (f32) and scratch, for `ctx` positions.
+    pub fn overhead_bytes(&self, ctx: usize) -> usize {
+        let s = &self.shape;
+        let kv_dim = s.n_kv_heads * s.head_dim;
+        let kv = 2 * s.n_layers * ctx * kv_dim;
+        let batch = MAX_BATCH.min(ctx).max(1);
+        let widest = s.n_embd.max(s.n_ff).max(s.n_heads * s.head_dim);
+        let scratch = batch * (s.n_embd + widest + 2 * s.n_heads * s.head_dim)
+            + batch * 2 * kv_dim
+            + batch * 2 * s.n_ff
+            + batch * s.n_heads * ctx
+            + s.vocab
+            + self.max_weight_elements()
+            + 2 * ctx * (s.head_dim / 2);
+        (kv + scratch) * 4
+    }
+
+    /// The VRAM plan for `budget` bytes and `ctx` positions.
+    pub fn plan(&self, ctx: usize, budget: usize) -> Result<VramPlan, GpuError> {
+        let sizes: Vec<usize> = self.layers.iter().map(|l| l.size).collect();
+        plan_vram(
+            &sizes,
+            self.embed,
+            self.head,
+            &self.blocks,
+            self.overhead_bytes(ctx),
+            budget,
+        )
+    }
+}
+
+/// Where every layer lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VramPlan {
+    /// Per layer (manifest order): resident in VRAM for the whole run.
+    pub resident: Vec<bool>,
+    /// Bytes of each of the two streaming slots; 0 when every block is resident.
+    pub slot_bytes: usize,
+    /// Bytes of resident weights.
+    pub resident_bytes: u64,
+    /// Bytes read from storage for every token (the streamed blocks).
+    pub streamed_bytes_per_token: u64,
+    /// The smallest budget that runs at all (everything streamed but embedding and head).
+    pub min_budget: usize,
+    /// The budget at which every layer is resident.
+    pub all_resident_budget: usize,
+}
+
+/// Plans VRAM for layers of `sizes` bytes (see the module docs for the policy).
+pub fn plan_vram(
+    sizes: &[usize],
+    embed: usize,
+    head: usize,
+    blocks: &[usize],
+    overhead: usize,
+    budget: usize,
+) -> Result<VramPlan, GpuError> {
+    let fixed = sizes[embed] + sizes[head] + overhead;
+    let max_block = blocks.iter().map(|&b| sizes[b]).max().unwrap_or(0);
+    let all_blocks: usize = blocks.iter().map(|&b| sizes[b]).sum();
+    let all_resident_budget = fixed + all_blocks;
+    let min_budget = (fixed + 2 * max_block).min(all_resident_budget);
+    if budget < min_budget {
+        return Err(model_err(format!(
+            "VRAM budget {} MiB is too small: embedding + head + KV cache + scratch + two \
+             streaming slots need {} MiB (everything resident: {} MiB)",
+            budget >> 20,
+            min_budget.div_ceil(1 << 20),
+            all_resident_budget.div_ceil(1 << 20)
+        )));
+    }
+    let streaming = budget < all_resident_budget;
+    let slot_bytes = if streaming { max_block } else { 0 };
+    let mut left = budget - fixed - 2 * slot_bytes;
+    let mut resident = vec![false; sizes.len()];
+    resident[embed] = true;
+    resident[head] = true;
+    for &b in blocks {
+        if sizes[b] > left {
+            break;
+        }
+        left -= sizes[b];
+        resident[b] = true;
+    }
+    let sum = |want: bool| {
+        blocks
+            .iter()
+            .filter(|&&b| resident[b] == want)
+            .map(|&b| sizes[b] as u64)
+            .sum::<u64>()
+    };
+    Ok(VramPlan {
+        resident_bytes: sum(true) + (sizes[embed] + sizes[head]) as u64,
+        streamed_bytes_per_token: sum(false),
+        resident,
+        slot_bytes,
+        min_budget,
+        all_resident_budget,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // embed 100, blocks 10 each (4 of them), head 50; overhead 40.
+    const SIZES: [usize; 6] = [100, 10, 10, 10, 10, 50];
+    const BLOCKS: [usize; 4] = [1, 2, 3, 4];
+
+    #[test]
+    fn a_large_budget_keeps_everything_resident_without_slots() {
+        let p = plan_vram(&SIZES, 0, 5, &BLOCKS, 40, 1000).unwrap();
+        assert!(p.resident.iter().all(|&r| r));
+        assert_eq!(p.slot_bytes, 0);
+        assert_eq!(p.streamed_bytes_per_token, 0);
+        assert_eq!(p.all_resident_budget, 230);
+        assert_eq!(p.resident_bytes, 190);
+        // Exactly the all-resident budget needs no slots either.
+        let p = plan_vram(&SIZES, 0, 5, &BLOCKS, 40, 230).unwrap();
+        assert_eq!(p.slot_bytes, 0);
+    }
+
+    #[test]
+    fn a_middle_budget_keeps_leading_blocks_and_streams_the_rest_through_two_slots() {
+        // fixed 190 + two slots 20 = 210: 15 bytes left, one block resident.
+        let p = plan_vram(&SIZES, 0, 5, &BLOCKS, 40, 225).unwrap();
+        assert_eq!(p.resident, vec![true, true, false, false, false, true]);
+        assert_eq!(p.slot_bytes, 10);
+        assert_eq!(p.streamed_bytes_per_token, 30);
+        assert_eq!(p.min_budget, 210);
+    }
+
+    #[test]
+    fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
+        let e = plan_vram(&SIZES, 0, 5, &BLOCKS, 40, 209)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("too small"), "{e}");
+    }
+}

@@ -1,0 +1,53 @@
+// The kernels of crates/gds-cuda/kernels compiled as C++ on the CPU (kernels/emu.h), with
+// one C entry point per kernel launching it the way the executor does (same grid and
+// block shapes). Built into a shared library by tests/emu.rs.
+#include "emu.h"
+#include "common.cuh"
+#include "quant.cu"
+#include "ops.cu"
+
+static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
+
+#define MATVEC_ENTRY(NAME)                                                                  \
+    extern "C" void run_matvec_##NAME(const u8* w, const float* x, float* y, int rows,      \
+                                      int cols, int ntok) {                                 \
+        emu_launch(matvec_##NAME, dim3(cdiv(rows, MATVEC_ROWS)), dim3(WARP, MATVEC_ROWS), w, \
+                   x, y, rows, cols, ntok);                                                 \
+    }                                                                                       \
+    extern "C" void run_dequant_##NAME(const u8* src, float* dst, int nblocks) {            \
+        emu_launch(dequant_##NAME, dim3(cdiv(nblocks, BLOCK_THREADS)), dim3(BLOCK_THREADS), \
+                   src, dst, nblocks);                                                      \
+    }
+
+MATVEC_ENTRY(q4_0)
+MATVEC_ENTRY(q4_1)
+MATVEC_ENTRY(q8_0)
+MATVEC_ENTRY(q4_k)
+MATVEC_ENTRY(q6_k)
+MATVEC_ENTRY(f16)
+MATVEC_ENTRY(f32)
+
+extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, int ntok,
+                            float eps) {
+    emu_launch(rmsnorm, dim3(ntok), dim3(BLOCK_THREADS), x, w, out, n, eps);
+}
+
+extern "C" void run_rope(float* x, const float* c, const float* s, int n_heads, int head_dim,
+                         int pos0, int ntok) {
+    emu_launch(rope, dim3(ntok), dim3(BLOCK_THREADS), x, c, s, n_heads, head_dim, pos0);
+}
+
+extern "C" void run_attention(const float* q, const float* k, const float* v, float* att,
+                              float* out, int n_heads, int n_kv_heads, int head_dim, int pos0,
+                              int ntok, int n_ctx, float scale) {
+    emu_launch(attention, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, k, v, att, out, n_heads,
+               n_kv_heads, head_dim, pos0, n_ctx, scale);
+}
+
+extern "C" void run_swiglu(float* gate, const float* up, int n) {
+    emu_launch(swiglu, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up, n);
+}
+
+extern "C" void run_add_inplace(float* y, const float* x, int n) {
+    emu_launch(add_inplace, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), y, x, n);
+}
