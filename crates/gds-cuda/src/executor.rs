@@ -10,11 +10,13 @@
 //! - blocks are resident in execution order while the VRAM budget lasts, after the KV cache,
 //!   the scratch buffers and — if any block is left over — two streaming slots, each the size
 //!   of the largest block;
-//! - a streamed block is read into a slot by a scoped I/O thread (cuFile: `cuFileRead`
-//!   straight into the slot; bounce: `pread` into pinned host memory, then an asynchronous
-//!   copy on the copy stream), while the compute stream runs the previous block from the
-//!   other slot. Events order the two: the compute stream waits for `loaded[slot]`, and a
-//!   slot is refilled only after `computed[slot]` has completed.
+//! - a streamed block is read into a slot right after the kernels of the block before it
+//!   are enqueued, so the read overlaps that block's compute on the GPU (cuFile:
+//!   `cuFileRead` straight into the slot, which lives on the copy stream; bounce: `pread`
+//!   into pinned host memory, then an asynchronous copy on the copy stream). Events order
+//!   the two streams: the compute stream waits for `loaded[slot]`, and a slot is refilled
+//!   only after `computed[slot]` (its previous block) has completed. The reads are issued
+//!   from the calling thread; there is no separate I/O thread.
 //!
 //! Decode (one token) uses the dequantizing matvec kernels; prefill of more than
 //! [`GEMM_MIN_TOKENS`] tokens dequantizes each weight into an f32 tile and calls cuBLAS SGEMM.
@@ -72,7 +74,7 @@ pub struct ExecOptions {
 pub struct LoadStats {
     /// Bytes read from layer files into VRAM.
     pub bytes: u64,
-    /// Wall time of those reads (I/O thread), in seconds.
+    /// Wall time of those reads (host side, including waits for a free slot), in seconds.
     pub seconds: f64,
 }
 
@@ -159,10 +161,17 @@ fn cdiv(a: usize, b: u32) -> u32 {
 }
 
 impl Gpu {
-    fn open(device: usize) -> Result<Gpu, GpuError> {
+    fn open(device: usize, load: LoadPath) -> Result<Gpu, GpuError> {
+        // Probe first: cudarc panics when it calls into a library that is not there.
         let report = probe();
         if let Some(why) = report.unusable_reason() {
             return Err(GpuError::Unavailable(why.to_string()));
+        }
+        if load == LoadPath::Gds && report.path != GpuPath::Gds {
+            return Err(GpuError::Unavailable(format!(
+                "--io gds needs GPUDirect Storage: {}",
+                report.reason
+            )));
         }
         let ctx = CudaContext::new(device).map_err(cuda("creating the CUDA context"))?;
         let (maj, min) = ctx
@@ -429,7 +438,7 @@ impl GpuModel {
     /// Opens `dir` (a GdsLLM model directory) on the GPU: compiles the kernels, plans VRAM
     /// within `opts.vram_budget`, and loads the resident layers.
     pub fn open(dir: &Path, opts: &ExecOptions) -> Result<GpuModel, GpuError> {
-        let gpu = Gpu::open(opts.device)?;
+        let gpu = Gpu::open(opts.device, opts.load)?;
         let layout = Layout::read(dir)?;
         let plan = layout.plan(opts.ctx, opts.vram_budget as usize)?;
         let Layout {
@@ -486,7 +495,9 @@ impl GpuModel {
         let mut slots = Vec::new();
         if plan.slot_bytes > 0 {
             for _ in 0..2 {
-                slots.push(alloc_u8(plan.slot_bytes)?);
+                // On the copy stream: cuFile's blocking read synchronises only that stream.
+                let slot = gpu.copy.alloc_zeros::<u8>(plan.slot_bytes);
+                slots.push(slot.map_err(cuda("allocating VRAM"))?);
             }
         }
         // cuFile reads fastest into buffers registered once (cuFileBufRegister).
