@@ -1,9 +1,11 @@
 //! Attention of one layer over the KV cache: store the batch's keys and values, then causal
 //! attention for every (token, head) of the batch.
 //!
-//! Kept apart from the forward pass so the cache's layout (today one contiguous run of
-//! positions per sequence) can change without touching the model code: the model hands over
-//! the batch's Q/K/V rows in [`RunState`] and gets the attention output back in it.
+//! Kept apart from the forward pass so the cache's layout can change without touching the
+//! model code: the model hands over the batch's Q/K/V rows in [`RunState`] and gets the
+//! attention output back in it. The cache is paged (see [`crate::kv`]): a sequence whose
+//! keys all sit in one block (always the case for a contiguous cache) takes the contiguous
+//! kernel; a longer paged sequence walks its block table.
 
 use crate::config::Config;
 use crate::kv::{KvCache, KvData, KvElem};
@@ -21,29 +23,27 @@ pub(crate) fn layer(
     l: usize,
     batch: &Batch,
 ) {
-    let (layer_len, kv_ctx) = (kv.layer_len(), kv.ctx());
-    let range = l * layer_len..(l + 1) * layer_len;
+    let geo = Geometry {
+        tables: &kv.tables,
+        block: kv.block_size(),
+        layer_base: l * kv.layer_len(),
+        ctx: kv.ctx(),
+    };
     match (&mut kv.k, &mut kv.v) {
-        (KvData::F32(k), KvData::F32(v)) => attend(
-            c,
-            simd,
-            s,
-            &mut k[range.clone()],
-            &mut v[range],
-            batch,
-            kv_ctx,
-        ),
-        (KvData::F16(k), KvData::F16(v)) => attend(
-            c,
-            simd,
-            s,
-            &mut k[range.clone()],
-            &mut v[range],
-            batch,
-            kv_ctx,
-        ),
+        (KvData::F32(k), KvData::F32(v)) => attend(c, simd, s, k, v, batch, &geo),
+        (KvData::F16(k), KvData::F16(v)) => attend(c, simd, s, k, v, batch, &geo),
         _ => unreachable!("K and V share one dtype"),
     }
+}
+
+/// Where a sequence's positions live.
+struct Geometry<'a> {
+    tables: &'a [Vec<u32>],
+    block: usize,
+    /// First element of this layer.
+    layer_base: usize,
+    /// Most positions per sequence.
+    ctx: usize,
 }
 
 /// Stores the batch's K/V rows in the cache, then computes causal attention for every
@@ -55,13 +55,15 @@ fn attend<T: KvElem>(
     kc: &mut [T],
     vc: &mut [T],
     batch: &Batch,
-    ctx: usize,
+    geo: &Geometry<'_>,
 ) {
     let (hd, qd, kvd, nh) = (c.head_dim, c.q_dim(), c.kv_dim(), c.n_heads);
     let group = c.n_heads / c.n_kv_heads;
     let n = batch.len();
     for t in 0..n {
-        let at = (batch.seqs[t] * ctx + batch.positions[t]) * kvd;
+        let (seq, pos) = (batch.seqs[t], batch.positions[t]);
+        let at = geo.layer_base
+            + (geo.tables[seq][pos / geo.block] as usize * geo.block + pos % geo.block) * kvd;
         for (dst, &src) in kc[at..at + kvd]
             .iter_mut()
             .zip(&s.k[t * kvd..(t + 1) * kvd])
@@ -80,6 +82,8 @@ fn attend<T: KvElem>(
     let units = n * nh;
     let per = units.div_ceil(s.n_tasks);
     let q = &s.q;
+    let block = geo.block;
+    let ctx = geo.ctx;
     s.att[..n * qd]
         .par_chunks_mut(per * hd)
         .zip(s.scores.par_chunks_mut(ctx))
@@ -88,21 +92,96 @@ fn attend<T: KvElem>(
             for (k, o) in out.chunks_exact_mut(hd).enumerate() {
                 let u = ci * per + k;
                 let (t, h) = (u / nh, u % nh);
-                let (pos, base) = (
-                    batch.positions[t],
-                    batch.seqs[t] * ctx * kvd + (h / group) * hd,
-                );
+                let pos = batch.positions[t];
+                let table = &geo.tables[batch.seqs[t]];
+                let head_off = (h / group) * hd;
                 let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                let head = ops::Head {
-                    q: qh,
-                    k: kc,
-                    v: vc,
-                    base,
-                    stride: kvd,
-                    n_keys: pos + 1,
-                    scale,
-                };
-                ops::attend(simd, &head, scores, o);
+                if pos < block {
+                    // every key in the first block: the contiguous kernel
+                    let head = ops::Head {
+                        q: qh,
+                        k: kc,
+                        v: vc,
+                        base: geo.layer_base + table[0] as usize * block * kvd + head_off,
+                        stride: kvd,
+                        n_keys: pos + 1,
+                        scale,
+                    };
+                    ops::attend(simd, &head, scores, o);
+                } else {
+                    let head = Paged {
+                        q: qh,
+                        k: kc,
+                        v: vc,
+                        table,
+                        block,
+                        layer_base: geo.layer_base,
+                        head_off,
+                        stride: kvd,
+                        n_keys: pos + 1,
+                        scale,
+                    };
+                    paged_attend(simd, &head, scores, o);
+                }
             }
         });
+}
+
+/// One attention head of one query token over a sequence spread across blocks.
+struct Paged<'a, T> {
+    q: &'a [f32],
+    k: &'a [T],
+    v: &'a [T],
+    table: &'a [u32],
+    block: usize,
+    layer_base: usize,
+    head_off: usize,
+    stride: usize,
+    n_keys: usize,
+    scale: f32,
+}
+
+impl<T> Paged<'_, T> {
+    /// Element index of key/value row `j` of this head.
+    #[inline(always)]
+    fn at(&self, j: usize) -> usize {
+        self.layer_base
+            + (self.table[j / self.block] as usize * self.block + j % self.block) * self.stride
+            + self.head_off
+    }
+}
+
+#[inline(always)]
+fn paged_generic<T: KvElem>(h: &Paged<'_, T>, scores: &mut [f32], out: &mut [f32]) {
+    let hd = h.q.len();
+    let sc = &mut scores[..h.n_keys];
+    for (j, sj) in sc.iter_mut().enumerate() {
+        let at = h.at(j);
+        *sj = ops::dot(h.q, &h.k[at..at + hd]) * h.scale;
+    }
+    ops::softmax(sc);
+    out.fill(0.0);
+    for (j, &p) in sc.iter().enumerate() {
+        let at = h.at(j);
+        ops::axpy(out, p, &h.v[at..at + hd]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn paged_avx2<T: KvElem>(h: &Paged<'_, T>, scores: &mut [f32], out: &mut [f32]) {
+    paged_generic(h, scores, out)
+}
+
+/// [`Paged`] attention; `simd` (from [`ops::simd_available`]) picks the AVX2 build.
+#[inline]
+fn paged_attend<T: KvElem>(simd: bool, h: &Paged<'_, T>, scores: &mut [f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only true when `simd_available()` found AVX2 and FMA on this CPU.
+        unsafe { paged_avx2(h, scores, out) };
+        return;
+    }
+    let _ = simd;
+    paged_generic(h, scores, out)
 }

@@ -346,7 +346,7 @@ impl Engine {
 
 /// Length of the longest suffix of `text` that is a proper prefix of a stop string: text
 /// that must not be shown yet because a stop string may be completing.
-fn held_back(text: &str, stops: &[String]) -> usize {
+pub fn held_back(text: &str, stops: &[String]) -> usize {
     let mut hold = 0;
     for s in stops {
         for (i, _) in s.char_indices().skip(1) {

@@ -1,6 +1,14 @@
-//! The key/value cache: preallocated for the whole context, one slot per (layer, sequence,
-//! position). Sequences are independent, so a server can batch several of them through one
-//! forward pass.
+//! The key/value cache: one preallocated pool of fixed-size blocks of positions, and per
+//! sequence a block table mapping its positions to blocks. Sequences are independent, so a
+//! server can batch several of them through one forward pass.
+//!
+//! Two ways to make one:
+//! - [`KvCache::new`]: every sequence owns one block as long as the context (the classic
+//!   contiguous layout `[n_layers][n_seqs][ctx][kv_dim]`), nothing to manage.
+//! - [`KvCache::paged`]: a pool of `n_blocks` blocks of `block` positions; the caller
+//!   allocates blocks ([`KvCache::alloc`], O(1) from a free list), appends them to a
+//!   sequence's table ([`KvCache::push_block`]) and releases them. Blocks are reference
+//!   counted so sequences sharing a prompt prefix can share its blocks.
 
 use half::f16;
 use serde::{Deserialize, Serialize};
@@ -82,15 +90,25 @@ impl KvData {
 
 /// KV cache for `n_seqs` sequences of up to `ctx` positions each.
 ///
-/// Layout of each of K and V: `[n_layers][n_seqs][ctx][kv_dim]`.
+/// Layout of each of K and V: `[n_layers][n_blocks][block][kv_dim]`; position `p` of
+/// sequence `s` lives in block `tables[s][p / block]` at row `p % block`.
 pub struct KvCache {
     dtype: KvDtype,
     n_layers: usize,
     n_seqs: usize,
     ctx: usize,
     kv_dim: usize,
+    /// Positions per block.
+    block: usize,
+    n_blocks: usize,
     pub(crate) k: KvData,
     pub(crate) v: KvData,
+    /// Block table of every sequence.
+    pub(crate) tables: Vec<Vec<u32>>,
+    /// Reference count of every block (0: free).
+    refs: Vec<u32>,
+    /// Free blocks (a stack: O(1) allocation and release).
+    free: Vec<u32>,
 }
 
 impl KvCache {
@@ -109,9 +127,132 @@ impl KvCache {
             n_seqs,
             ctx,
             kv_dim,
+            block: ctx.max(1),
+            n_blocks: n_seqs,
             k: KvData::new(dtype, n),
             v: KvData::new(dtype, n),
+            tables: (0..n_seqs as u32).map(|s| vec![s]).collect(),
+            refs: vec![1; n_seqs],
+            free: Vec::new(),
         }
+    }
+
+    /// A paged cache: a pool of `n_blocks` blocks of `block` positions shared by `n_seqs`
+    /// sequences of up to `ctx` positions each. Every block starts free and every table
+    /// empty.
+    pub fn paged(
+        dtype: KvDtype,
+        n_layers: usize,
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        block: usize,
+        n_blocks: usize,
+    ) -> KvCache {
+        let block = block.max(1);
+        let n = n_layers * n_blocks * block * kv_dim;
+        KvCache {
+            dtype,
+            n_layers,
+            n_seqs,
+            ctx,
+            kv_dim,
+            block,
+            n_blocks,
+            k: KvData::new(dtype, n),
+            v: KvData::new(dtype, n),
+            tables: vec![Vec::new(); n_seqs],
+            refs: vec![0; n_blocks],
+            free: (0..n_blocks as u32).rev().collect(),
+        }
+    }
+
+    /// Bytes taken by K and V of a paged cache of `n_blocks` blocks of `block` positions.
+    pub fn paged_bytes(
+        dtype: KvDtype,
+        n_layers: usize,
+        kv_dim: usize,
+        block: usize,
+        n_blocks: usize,
+    ) -> usize {
+        2 * n_layers * n_blocks * block * kv_dim * dtype.size()
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.block
+    }
+
+    /// Blocks in the pool.
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// Blocks not referenced by anything.
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Takes a free block (reference count 1), or `None` when the pool is exhausted. O(1).
+    pub fn alloc(&mut self) -> Option<u32> {
+        let b = self.free.pop()?;
+        self.refs[b as usize] = 1;
+        Some(b)
+    }
+
+    /// Adds a reference to block `b` (another sequence or an index shares it).
+    pub fn retain(&mut self, b: u32) {
+        if let Some(r) = self.refs.get_mut(b as usize) {
+            debug_assert!(*r > 0, "retain of free block {b}");
+            *r += 1;
+        }
+    }
+
+    /// Drops a reference to block `b`; the last one returns it to the pool. O(1).
+    pub fn release(&mut self, b: u32) {
+        if let Some(r) = self.refs.get_mut(b as usize) {
+            debug_assert!(*r > 0, "release of free block {b}");
+            if *r > 0 {
+                *r -= 1;
+                if *r == 0 {
+                    self.free.push(b);
+                }
+            }
+        }
+    }
+
+    /// References held on block `b`.
+    pub fn refcount(&self, b: u32) -> u32 {
+        self.refs.get(b as usize).copied().unwrap_or(0)
+    }
+
+    /// Block table of sequence `seq` (empty for an unknown sequence).
+    pub fn table(&self, seq: usize) -> &[u32] {
+        self.tables.get(seq).map_or(&[], Vec::as_slice)
+    }
+
+    /// Appends block `b` to the table of `seq`, handing it the caller's reference.
+    pub fn push_block(&mut self, seq: usize, b: u32) {
+        if let Some(t) = self.tables.get_mut(seq) {
+            t.push(b);
+        }
+    }
+
+    /// Releases every block of `seq` and empties its table.
+    pub fn release_seq(&mut self, seq: usize) {
+        if let Some(t) = self.tables.get_mut(seq) {
+            let blocks = std::mem::take(t);
+            for b in blocks {
+                self.release(b);
+            }
+        }
+    }
+
+    /// Offset of position `pos` of sequence `seq` within one layer, in elements (the slot
+    /// must have passed [`KvCache::check_slot`]).
+    #[inline]
+    pub fn offset(&self, seq: usize, pos: usize) -> usize {
+        (self.tables[seq][pos / self.block] as usize * self.block + pos % self.block) * self.kv_dim
     }
 
     /// Bytes taken by K and V together.
@@ -140,9 +281,9 @@ impl KvCache {
         self.n_seqs
     }
 
-    /// Elements of one layer (all sequences).
+    /// Elements of one layer (all blocks).
     pub(crate) fn layer_len(&self) -> usize {
-        self.n_seqs * self.ctx * self.kv_dim
+        self.n_blocks * self.block * self.kv_dim
     }
 
     /// Number of layers.
@@ -165,6 +306,57 @@ impl KvCache {
                 self.n_seqs
             ));
         }
+        if pos / self.block >= self.tables[seq].len() {
+            return Err(format!(
+                "position {pos} of sequence {seq} has no block ({} allocated of {} positions)",
+                self.tables[seq].len(),
+                self.block
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_cache_maps_like_the_old_layout() {
+        let kv = KvCache::new(KvDtype::F32, 2, 3, 10, 4);
+        assert_eq!(kv.offset(0, 0), 0);
+        assert_eq!(kv.offset(1, 0), 10 * 4);
+        assert_eq!(kv.offset(2, 7), (2 * 10 + 7) * 4);
+        assert_eq!(kv.layer_len(), 3 * 10 * 4);
+        assert!(kv.check_slot(2, 9).is_ok());
+        assert!(kv.check_slot(2, 10).is_err());
+        assert!(kv.check_slot(3, 0).is_err());
+    }
+
+    #[test]
+    fn paged_blocks_allocate_share_and_free() {
+        let mut kv = KvCache::paged(KvDtype::F16, 1, 2, 64, 8, 16, 3);
+        assert_eq!(kv.free_blocks(), 3);
+        assert!(kv.check_slot(0, 0).is_err(), "no block yet");
+        let a = kv.alloc().unwrap();
+        let b = kv.alloc().unwrap();
+        kv.push_block(0, a);
+        kv.push_block(0, b);
+        assert!(kv.check_slot(0, 31).is_ok());
+        assert!(kv.check_slot(0, 32).is_err());
+        assert_eq!(kv.offset(0, 17), (b as usize * 16 + 1) * 8);
+        // sequence 1 shares block `a`
+        kv.retain(a);
+        kv.push_block(1, a);
+        assert_eq!(kv.refcount(a), 2);
+        let c = kv.alloc().unwrap();
+        kv.push_block(1, c);
+        assert_eq!(kv.alloc(), None, "pool exhausted");
+        kv.release_seq(0);
+        assert_eq!(kv.free_blocks(), 1, "only b is free: a is still shared");
+        assert_eq!(kv.refcount(a), 1);
+        kv.release_seq(1);
+        assert_eq!(kv.free_blocks(), 3);
+        assert!(kv.table(1).is_empty());
     }
 }

@@ -1,0 +1,738 @@
+//! The OpenAI-compatible HTTP API: request parsing and validation, the handlers, and the
+//! response and server-sent-event formats.
+
+use crate::scheduler::{Done, Event, Finish, Request};
+use crate::ServerState;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream, StreamExt};
+use gds_runtime::chat::Message;
+use gds_runtime::SamplerConfig;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+/// An error answered in OpenAI's format.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400 with `invalid_request_error`.
+    pub fn bad(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    fn param(mut self, p: &'static str) -> ApiError {
+        self.param = Some(p);
+        self
+    }
+
+    fn status(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": Value::Null,
+        }});
+        let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS
+            || self.status == StatusCode::SERVICE_UNAVAILABLE
+        {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+/// `stop`: one string or a list.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `prompt`: a string, a list of one string, or token ids.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+/// Message content: a string or a list of parts (`{"type": "text", "text": ...}`).
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize, Debug)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+/// The fields both endpoints share; unknown fields are ignored like OpenAI's SDKs expect.
+#[derive(Deserialize, Debug, Default)]
+struct Common {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    top_k: Option<i64>,
+    #[serde(default)]
+    min_p: Option<f64>,
+    #[serde(default)]
+    repeat_penalty: Option<f64>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    #[serde(default)]
+    seed: Option<i64>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    n: Option<i64>,
+    #[serde(default)]
+    ignore_eos: Option<bool>,
+}
+
+#[derive(Deserialize, Debug)]
+struct CompletionBody {
+    prompt: Prompt,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Deserialize, Debug)]
+struct ChatBody {
+    messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+/// A validated generation job.
+struct Job {
+    prompt: Vec<u32>,
+    sampler: SamplerConfig,
+    max_tokens: usize,
+    stop: Vec<String>,
+    stream: bool,
+    ignore_eos: bool,
+    model: String,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Checks the API key when the server has one.
+fn authorize(st: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &st.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::status(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid or missing API key (send `Authorization: Bearer <key>`)",
+        ))
+    }
+}
+
+/// Validates the shared fields and builds the job around `prompt`.
+fn job(st: &ServerState, c: Common, prompt: Vec<u32>, default_max: usize) -> Result<Job, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::bad("the prompt is empty").param("prompt"));
+    }
+    let ctx = st.ctx;
+    if prompt.len() >= ctx {
+        return Err(ApiError::bad(format!(
+            "the prompt is {} tokens; this server's context is {ctx} (prompt + completion)",
+            prompt.len()
+        ))
+        .param("prompt"));
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= st.vocab) {
+        return Err(ApiError::bad(format!("token id {bad} is outside the vocabulary ({})", st.vocab)).param("prompt"));
+    }
+    if c.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("only n = 1 is supported").param("n"));
+    }
+    let room = ctx - prompt.len();
+    let max_tokens = match c.max_tokens.or(c.max_completion_tokens) {
+        Some(n) if n < 1 => {
+            return Err(ApiError::bad(format!("max_tokens {n} must be at least 1")).param("max_tokens"))
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(room),
+        None => default_max.min(room),
+    };
+    let d = &st.default_sampler;
+    let temp = c.temperature.map_or(d.temp, |t| t as f32);
+    if !(temp.is_finite() && (0.0..=100.0).contains(&temp)) {
+        return Err(ApiError::bad("temperature must be a number >= 0").param("temperature"));
+    }
+    let top_k = match c.top_k {
+        Some(k) if k < 0 => return Err(ApiError::bad("top_k must be >= 0").param("top_k")),
+        Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+        None => d.top_k,
+    };
+    let sampler = SamplerConfig {
+        temp,
+        top_k,
+        top_p: c.top_p.map_or(d.top_p, |p| p as f32),
+        min_p: c.min_p.map_or(d.min_p, |p| p as f32),
+        repeat_penalty: c.repeat_penalty.map_or(d.repeat_penalty, |p| p as f32),
+        repeat_last_n: d.repeat_last_n,
+        seed: c.seed.map_or_else(random_seed, |s| s as u64),
+    };
+    sampler.check().map_err(|e| {
+        // the message names the CLI flag; say the field instead
+        ApiError::bad(e.trim_start_matches("--").replace('-', "_"))
+    })?;
+    let stop = match c.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stop.len() > 16 {
+        return Err(ApiError::bad("at most 16 stop strings").param("stop"));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad("stop strings must not be empty").param("stop"));
+    }
+    Ok(Job {
+        prompt,
+        sampler,
+        max_tokens,
+        stop,
+        stream: c.stream.unwrap_or(false),
+        ignore_eos: c.ignore_eos.unwrap_or(false),
+        model: c.model.unwrap_or_else(|| st.model_name.clone()),
+    })
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Hands `job` to the engine, or refuses it when the queue is full.
+fn submit(st: &ServerState, job: &Job) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    let m = &st.metrics;
+    if m.queue_depth.load(Ordering::Relaxed) >= st.queue_limit as i64 {
+        m.rejected_busy.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "server_busy",
+            format!("the queue is full ({} waiting); retry later", st.queue_limit),
+        ));
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let req = Request {
+        prompt: job.prompt.clone(),
+        sampler: job.sampler.clone(),
+        max_tokens: job.max_tokens,
+        ignore_eos: job.ignore_eos,
+        tx,
+        received: Instant::now(),
+    };
+    m.queue_depth_add(1);
+    if st.engine.send(req).is_err() {
+        m.queue_depth_sub(1);
+        return Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_unavailable",
+            "the engine has stopped",
+        ));
+    }
+    m.requests.fetch_add(1, Ordering::Relaxed);
+    Ok(rx)
+}
+
+/// What generation hands to the response writers.
+enum Piece {
+    Text(String),
+    End(End),
+    Error(String),
+}
+
+struct End {
+    finish: &'static str,
+    completion_tokens: usize,
+    done: Option<Done>,
+}
+
+/// Turns the engine's token events into text: UTF-8 held back until whole, stop strings
+/// searched across pieces and held back while they may be completing. Dropping it drops the
+/// receiver, which cancels the request in the engine.
+struct Gen {
+    rx: mpsc::UnboundedReceiver<Event>,
+    st: Arc<ServerState>,
+    ids: Vec<u32>,
+    prefix: String,
+    prefix_index: usize,
+    text: String,
+    emitted: usize,
+    stop: Vec<String>,
+    max_stop: usize,
+    generated: usize,
+    ended: bool,
+}
+
+impl Gen {
+    fn new(st: Arc<ServerState>, rx: mpsc::UnboundedReceiver<Event>, stop: Vec<String>) -> Gen {
+        Gen {
+            rx,
+            st,
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
+            text: String::new(),
+            emitted: 0,
+            max_stop: stop.iter().map(String::len).max().unwrap_or(0),
+            stop,
+            generated: 0,
+            ended: false,
+        }
+    }
+
+    /// Appends `piece`; true when a stop string ended the text.
+    fn push_text(&mut self, piece: &str) -> bool {
+        self.text.push_str(piece);
+        let from = self.text.len().saturating_sub(piece.len() + self.max_stop);
+        let from = (0..=from)
+            .rev()
+            .find(|&i| self.text.is_char_boundary(i))
+            .unwrap_or(0);
+        if let Some(at) = self
+            .stop
+            .iter()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
+            .min()
+        {
+            self.text.truncate(at);
+            return true;
+        }
+        false
+    }
+
+    /// Text that can be shown now.
+    fn take_safe(&mut self, all: bool) -> Option<String> {
+        let safe = if all {
+            self.text.len()
+        } else {
+            self.text.len() - gds_runtime::engine::held_back(&self.text, &self.stop)
+        };
+        (safe > self.emitted).then(|| {
+            let s = self.text[self.emitted..safe].to_string();
+            self.emitted = safe;
+            s
+        })
+    }
+
+    fn decode_step(&mut self, id: u32) -> Result<Option<String>, String> {
+        tokenizers::step_decode_stream(
+            self.st.tokenizer.inner(),
+            vec![id],
+            true,
+            &mut self.ids,
+            &mut self.prefix,
+            &mut self.prefix_index,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    fn flush(&mut self) -> String {
+        let all = self
+            .st
+            .tokenizer
+            .inner()
+            .decode(&self.ids, true)
+            .unwrap_or_default();
+        all.strip_prefix(self.prefix.as_str())
+            .unwrap_or("")
+            .to_string()
+    }
+
+    /// The next piece, or `None` once the end was reported.
+    async fn next(&mut self) -> Option<Piece> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            let ev = self.rx.recv().await;
+            match ev {
+                Some(Event::Token(id)) => {
+                    self.generated += 1;
+                    let piece = match self.decode_step(id) {
+                        Ok(p) => p,
+                        Err(e) => return Some(self.fail(e)),
+                    };
+                    if let Some(p) = piece {
+                        if self.push_text(&p) {
+                            // a stop string: end here; dropping the receiver cancels the rest
+                            self.rx.close();
+                            return Some(self.end("stop", None));
+                        }
+                        if let Some(s) = self.take_safe(false) {
+                            return Some(Piece::Text(s));
+                        }
+                    }
+                }
+                Some(Event::Done(d)) => {
+                    let rest = self.flush();
+                    let stopped = self.push_text(&rest);
+                    let finish = if stopped || d.finish == Finish::Eos {
+                        "stop"
+                    } else {
+                        "length"
+                    };
+                    return Some(self.end(finish, Some(d)));
+                }
+                Some(Event::Error(e)) => return Some(self.fail(e)),
+                None => return Some(self.fail("the engine dropped the request".into())),
+            }
+        }
+    }
+
+    fn fail(&mut self, e: String) -> Piece {
+        self.ended = true;
+        Piece::Error(e)
+    }
+
+    fn end(&mut self, finish: &'static str, done: Option<Done>) -> Piece {
+        self.ended = true;
+        Piece::End(End {
+            finish,
+            completion_tokens: self.generated,
+            done,
+        })
+    }
+
+    /// Whatever text is still held back when the end comes.
+    fn rest(&mut self) -> Option<String> {
+        self.take_safe(true)
+    }
+}
+
+/// llama.cpp-style timings.
+fn timings(end: &End, prompt_tokens: usize) -> Value {
+    let (pn, pms, dms, cached) = end.done.as_ref().map_or((prompt_tokens, 0.0, 0.0, 0), |d| {
+        (d.prompt_tokens - d.cached_tokens, d.prompt_ms, d.decode_ms, d.cached_tokens)
+    });
+    let n = end.completion_tokens;
+    let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+    let tps = |ms: f64, n: usize| if ms > 0.0 { n as f64 * 1000.0 / ms } else { 0.0 };
+    // decode time covers the tokens after the first (the first comes from the prompt pass)
+    let dn = n.saturating_sub(1);
+    json!({
+        "cache_n": cached,
+        "prompt_n": pn,
+        "prompt_ms": pms,
+        "prompt_per_token_ms": per(pms, pn),
+        "prompt_per_second": tps(pms, pn),
+        "predicted_n": n,
+        "predicted_ms": dms,
+        "predicted_per_token_ms": per(dms, dn),
+        "predicted_per_second": tps(dms, dn),
+        "queue_ms": end.done.as_ref().map_or(0.0, |d| d.queue_ms),
+    })
+}
+
+fn usage(prompt_tokens: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+/// Runs `job` and answers in the format of `kind`, streamed or whole.
+async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response, ApiError> {
+    let rx = submit(&st, &job)?;
+    let id = format!(
+        "{}-{:016x}",
+        if kind == Kind::Chat { "chatcmpl" } else { "cmpl" },
+        random_seed()
+    );
+    let created = now_secs();
+    let n_prompt = job.prompt.len();
+    let mut gen = Gen::new(st.clone(), rx, job.stop.clone());
+    let model = job.model.clone();
+    if !job.stream {
+        let mut text = String::new();
+        let end = loop {
+            match gen.next().await {
+                Some(Piece::Text(t)) => text.push_str(&t),
+                Some(Piece::End(e)) => break e,
+                Some(Piece::Error(e)) => {
+                    return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e))
+                }
+                None => unreachable!("the end is always reported"),
+            }
+        };
+        if let Some(r) = gen.rest() {
+            text.push_str(&r);
+        }
+        let choice = match kind {
+            Kind::Completion => json!({"text": text, "index": 0, "logprobs": null, "finish_reason": end.finish}),
+            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": end.finish}),
+        };
+        let body = json!({
+            "id": id,
+            "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": usage(n_prompt, end.completion_tokens),
+            "timings": timings(&end, n_prompt),
+        });
+        return Ok(Json(body).into_response());
+    }
+
+    let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let chunk = move |choice: Value, extra: Option<(Value, Value)>| {
+        let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+        if let Some((u, t)) = extra {
+            v["usage"] = u;
+            v["timings"] = t;
+        }
+        SseEvent::default().data(v.to_string())
+    };
+    let text_choice = move |text: String| match kind {
+        Kind::Completion => json!({"text": text, "index": 0, "logprobs": null, "finish_reason": null}),
+        Kind::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null}),
+    };
+    let first = (kind == Kind::Chat).then(|| {
+        chunk(
+            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
+            None,
+        )
+    });
+    let chunk2 = chunk.clone();
+    let body = stream::unfold(Some(gen), move |g| {
+        let chunk = chunk2.clone();
+        async move {
+            let mut g = g?;
+            match g.next().await {
+                Some(Piece::Text(t)) => Some((vec![chunk(text_choice(t), None)], Some(g))),
+                Some(Piece::End(e)) => {
+                    let mut out = Vec::new();
+                    if let Some(r) = g.rest() {
+                        out.push(chunk(text_choice(r), None));
+                    }
+                    let fin = match kind {
+                        Kind::Completion => json!({"text": "", "index": 0, "logprobs": null, "finish_reason": e.finish}),
+                        Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": e.finish}),
+                    };
+                    out.push(chunk(fin, Some((usage(n_prompt, e.completion_tokens), timings(&e, n_prompt)))));
+                    out.push(SseEvent::default().data("[DONE]"));
+                    Some((out, None))
+                }
+                Some(Piece::Error(e)) => {
+                    let err = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
+                    Some((vec![SseEvent::default().data(err.to_string())], None))
+                }
+                None => None,
+            }
+        }
+    })
+    .flat_map(stream::iter);
+    let all = stream::iter(first).chain(body).map(Ok::<_, Infallible>);
+    Ok(sse(all))
+}
+
+fn sse<S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static>(s: S) -> Response {
+    Sse::new(s).into_response()
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(st): State<Arc<ServerState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = async {
+        authorize(&st, &headers)?;
+        let b: CompletionBody = parse(&body)?;
+        let prompt = match b.prompt {
+            Prompt::Tokens(t) => t,
+            Prompt::Text(s) => encode(&st, &s)?,
+            Prompt::Texts(v) if v.len() == 1 => encode(&st, &v[0])?,
+            Prompt::Texts(_) => {
+                return Err(ApiError::bad("exactly one prompt per request is supported").param("prompt"))
+            }
+        };
+        let j = job(&st, b.common, prompt, 16)?;
+        respond(st.clone(), j, Kind::Completion).await
+    }
+    .await;
+    finish(&st, r)
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(st): State<Arc<ServerState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = async {
+        authorize(&st, &headers)?;
+        let b: ChatBody = parse(&body)?;
+        if b.messages.is_empty() {
+            return Err(ApiError::bad("messages must not be empty").param("messages"));
+        }
+        let mut msgs = Vec::with_capacity(b.messages.len());
+        for m in &b.messages {
+            if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "developer" | "tool") {
+                return Err(ApiError::bad(format!("unknown role {:?}", m.role)).param("messages"));
+            }
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(s)) => s.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut s = String::new();
+                    for p in parts {
+                        if p.kind != "text" {
+                            return Err(ApiError::bad(format!("content parts of type {:?} are not supported", p.kind)).param("messages"));
+                        }
+                        s.push_str(p.text.as_deref().unwrap_or(""));
+                    }
+                    s
+                }
+            };
+            let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+            msgs.push(Message::new(role, &content));
+        }
+        let tok = &st.tokenizer;
+        let rendered = tok
+            .render_chat(&msgs)
+            .map_err(|e| ApiError::bad(format!("chat template: {e}")).param("messages"))?;
+        let prompt = tok
+            .encode_chat(&rendered)
+            .map_err(|e| ApiError::bad(format!("tokenizer: {e}")))?;
+        let j = job(&st, b.common, prompt, usize::MAX)?;
+        respond(st.clone(), j, Kind::Chat).await
+    }
+    .await;
+    finish(&st, r)
+}
+
+fn encode(st: &ServerState, s: &str) -> Result<Vec<u32>, ApiError> {
+    st.tokenizer
+        .encode(s, true)
+        .map_err(|e| ApiError::bad(format!("tokenizer: {e}")).param("prompt"))
+}
+
+fn finish(st: &ServerState, r: Result<Response, ApiError>) -> Response {
+    match r {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status == StatusCode::BAD_REQUEST {
+                st.metrics.rejected_bad.fetch_add(1, Ordering::Relaxed);
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(st): State<Arc<ServerState>>) -> Response {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": st.model_name, "object": "model", "created": st.created, "owned_by": "gdsllm", "meta": {"n_ctx": st.ctx, "n_vocab": st.vocab}}],
+    }))
+    .into_response()
+}
+
+/// `GET /health`.
+pub async fn health() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(st): State<Arc<ServerState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Anything else: 404 in OpenAI's format.
+pub async fn not_found() -> Response {
+    ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint").into_response()
+}

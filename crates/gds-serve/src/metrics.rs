@@ -1,0 +1,123 @@
+//! Server counters and gauges, rendered as Prometheus text at `GET /metrics`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Everything `/metrics` reports. Counters only grow; gauges are set by the engine.
+#[derive(Default)]
+pub struct ServerMetrics {
+    /// HTTP generation requests accepted (completions and chat).
+    pub requests: AtomicU64,
+    /// Requests refused: bad input (400).
+    pub rejected_bad: AtomicU64,
+    /// Requests refused: queue full (429).
+    pub rejected_busy: AtomicU64,
+    /// Requests that ended normally.
+    pub finished: AtomicU64,
+    /// Requests that failed in the engine.
+    pub failed: AtomicU64,
+    /// Requests dropped because the client went away (or stopped reading at a stop string).
+    pub cancelled: AtomicU64,
+    /// Preemptions (a running request sent back to the queue for lack of KV blocks).
+    pub preemptions: AtomicU64,
+    /// Requests waiting for admission.
+    pub queue_depth: AtomicI64,
+    /// Requests admitted (prefilling or decoding).
+    pub running: AtomicU64,
+    /// Prompt tokens evaluated.
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens served from the prefix cache.
+    pub prompt_tokens_cached: AtomicU64,
+    /// Tokens generated.
+    pub generated: AtomicU64,
+    /// Forward passes.
+    pub steps: AtomicU64,
+    /// Sequences decoded in the last step.
+    pub last_batch: AtomicU64,
+    /// KV blocks in the pool.
+    pub kv_blocks_total: AtomicU64,
+    /// KV blocks free.
+    pub kv_blocks_free: AtomicU64,
+    /// KV blocks indexed by the prefix tree.
+    pub kv_blocks_prefix: AtomicU64,
+    timing: Mutex<Timing>,
+}
+
+#[derive(Default)]
+struct Timing {
+    /// Seconds of steps that evaluated prompt tokens / decoded tokens, apportioned by
+    /// token count.
+    prompt_s: f64,
+    decode_s: f64,
+    /// Exponential moving averages of throughput, tokens/s.
+    prompt_tps: f64,
+    decode_tps: f64,
+}
+
+impl ServerMetrics {
+    /// Adds `n` to the queue depth.
+    pub fn queue_depth_add(&self, n: usize) {
+        self.queue_depth.fetch_add(n as i64, Ordering::Relaxed);
+    }
+
+    /// Takes `n` from the queue depth.
+    pub fn queue_depth_sub(&self, n: usize) {
+        self.queue_depth.fetch_sub(n as i64, Ordering::Relaxed);
+    }
+
+    /// Records one forward pass of `prompt` prompt tokens and `decode` decode tokens that
+    /// took `secs`.
+    pub fn record_step(&self, prompt: usize, decode: usize, secs: f64) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens
+            .fetch_add(prompt as u64, Ordering::Relaxed);
+        self.last_batch.store(decode as u64, Ordering::Relaxed);
+        let total = (prompt + decode).max(1) as f64;
+        let mut t = self.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let (ps, ds) = (secs * prompt as f64 / total, secs * decode as f64 / total);
+        t.prompt_s += ps;
+        t.decode_s += ds;
+        let ema = |old: f64, new: f64| if old == 0.0 { new } else { 0.8 * old + 0.2 * new };
+        if prompt > 0 && secs > 0.0 {
+            t.prompt_tps = ema(t.prompt_tps, prompt as f64 / secs);
+        }
+        if decode > 0 && secs > 0.0 {
+            t.decode_tps = ema(t.decode_tps, decode as f64 / secs);
+        }
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let t = self.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut o = String::new();
+        let mut put = |name: &str, kind: &str, help: &str, v: String| {
+            let _ = writeln!(o, "# HELP gds_{name} {help}\n# TYPE gds_{name} {kind}\ngds_{name} {v}");
+        };
+        put("requests_total", "counter", "Generation requests accepted.", g(&self.requests).to_string());
+        put("requests_rejected_total", "counter", "Requests refused as invalid (400).", g(&self.rejected_bad).to_string());
+        put("requests_busy_total", "counter", "Requests refused because the queue was full (429).", g(&self.rejected_busy).to_string());
+        put("requests_finished_total", "counter", "Requests that ended normally.", g(&self.finished).to_string());
+        put("requests_failed_total", "counter", "Requests that failed in the engine.", g(&self.failed).to_string());
+        put("requests_cancelled_total", "counter", "Requests dropped because the client went away.", g(&self.cancelled).to_string());
+        put("preemptions_total", "counter", "Running requests requeued for lack of KV blocks.", g(&self.preemptions).to_string());
+        put("queue_depth", "gauge", "Requests waiting for admission.", self.queue_depth.load(Ordering::Relaxed).max(0).to_string());
+        put("requests_running", "gauge", "Requests prefilling or decoding.", g(&self.running).to_string());
+        put("batch_size", "gauge", "Sequences decoded in the last step.", g(&self.last_batch).to_string());
+        put("steps_total", "counter", "Batched forward passes.", g(&self.steps).to_string());
+        put("prompt_tokens_total", "counter", "Prompt tokens evaluated.", g(&self.prompt_tokens).to_string());
+        put("prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.", g(&self.prompt_tokens_cached).to_string());
+        put("generated_tokens_total", "counter", "Tokens generated.", g(&self.generated).to_string());
+        put("prompt_seconds_total", "counter", "Forward time spent on prompt tokens.", format!("{:.6}", t.prompt_s));
+        put("decode_seconds_total", "counter", "Forward time spent on decode tokens.", format!("{:.6}", t.decode_s));
+        put("prompt_tokens_per_second", "gauge", "Recent prompt throughput.", format!("{:.3}", t.prompt_tps));
+        put("decode_tokens_per_second", "gauge", "Recent aggregate decode throughput.", format!("{:.3}", t.decode_tps));
+        let (total, free) = (g(&self.kv_blocks_total), g(&self.kv_blocks_free));
+        put("kv_blocks_total", "gauge", "KV blocks in the pool.", total.to_string());
+        put("kv_blocks_free", "gauge", "KV blocks free.", free.to_string());
+        put("kv_blocks_used", "gauge", "KV blocks in use.", total.saturating_sub(free).to_string());
+        put("kv_blocks_prefix", "gauge", "KV blocks indexed by the prefix cache.", g(&self.kv_blocks_prefix).to_string());
+        o
+    }
+}

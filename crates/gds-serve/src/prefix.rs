@@ -1,0 +1,215 @@
+//! Prefix sharing: a radix tree over token ids whose edges are whole KV blocks.
+//!
+//! Every node stands for one full block of prompt tokens, reached from the root by the
+//! blocks before it, and holds one reference on the KV block that stores their keys and
+//! values. A new request walks the tree with its prompt and starts with the blocks it
+//! finds (retained, never written again: only full blocks are indexed), so a repeated
+//! system prompt is prefilled once. Blocks that only the tree still references are evicted
+//! least recently used first, leaves before their parents, when the pool runs dry.
+
+use gds_runtime::KvCache;
+use std::collections::HashMap;
+
+struct Node {
+    block: u32,
+    parent: usize,
+    /// The tokens of this block (the key in the parent's children).
+    key: Vec<u32>,
+    children: HashMap<Vec<u32>, usize>,
+    last_used: u64,
+}
+
+/// The tree. Node 0 is the root (no block).
+pub struct PrefixCache {
+    block: usize,
+    nodes: Vec<Option<Node>>,
+    free_ids: Vec<usize>,
+    clock: u64,
+    len: usize,
+}
+
+impl PrefixCache {
+    /// An empty tree for blocks of `block` positions.
+    pub fn new(block: usize) -> PrefixCache {
+        let root = Node {
+            block: u32::MAX,
+            parent: 0,
+            key: Vec::new(),
+            children: HashMap::new(),
+            last_used: 0,
+        };
+        PrefixCache {
+            block: block.max(1),
+            nodes: vec![Some(root)],
+            free_ids: Vec::new(),
+            clock: 0,
+            len: 0,
+        }
+    }
+
+    /// Number of blocks indexed.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn node(&self, id: usize) -> &Node {
+        self.nodes[id].as_ref().expect("live node")
+    }
+
+    fn node_mut(&mut self, id: usize) -> &mut Node {
+        self.nodes[id].as_mut().expect("live node")
+    }
+
+    /// The blocks holding the longest indexed prefix of `tokens`, at most `max_blocks` of
+    /// them, in order. The caller retains the ones it keeps.
+    pub fn lookup(&mut self, tokens: &[u32], max_blocks: usize) -> Vec<u32> {
+        self.clock += 1;
+        let now = self.clock;
+        let mut at = 0;
+        let mut out = Vec::new();
+        for chunk in tokens.chunks_exact(self.block).take(max_blocks) {
+            let Some(&next) = self.node(at).children.get(chunk) else {
+                break;
+            };
+            let n = self.node_mut(next);
+            n.last_used = now;
+            out.push(n.block);
+            at = next;
+        }
+        out
+    }
+
+    /// Indexes the full blocks of `tokens`, stored in `blocks` (the table of the sequence
+    /// that computed them; only `tokens.len() / block` of them are used). Blocks already
+    /// indexed under the same tokens are kept; new nodes retain their block.
+    pub fn insert(&mut self, tokens: &[u32], blocks: &[u32], kv: &mut KvCache) {
+        self.clock += 1;
+        let now = self.clock;
+        let mut at = 0;
+        for (chunk, &b) in tokens.chunks_exact(self.block).zip(blocks) {
+            let next = match self.node(at).children.get(chunk) {
+                Some(&next) => next,
+                None => {
+                    kv.retain(b);
+                    let node = Node {
+                        block: b,
+                        parent: at,
+                        key: chunk.to_vec(),
+                        children: HashMap::new(),
+                        last_used: now,
+                    };
+                    let id = match self.free_ids.pop() {
+                        Some(id) => {
+                            self.nodes[id] = Some(node);
+                            id
+                        }
+                        None => {
+                            self.nodes.push(Some(node));
+                            self.nodes.len() - 1
+                        }
+                    };
+                    self.node_mut(at).children.insert(chunk.to_vec(), id);
+                    self.len += 1;
+                    id
+                }
+            };
+            self.node_mut(next).last_used = now;
+            at = next;
+        }
+    }
+
+    /// Evicts up to `want` blocks that nothing but the tree references (leaves, least
+    /// recently used first), returning them to the pool. Returns how many were freed.
+    pub fn evict(&mut self, kv: &mut KvCache, want: usize) -> usize {
+        let mut freed = 0;
+        while freed < want {
+            let victim = self
+                .nodes
+                .iter()
+                .enumerate()
+                .skip(1)
+                .filter_map(|(id, n)| n.as_ref().map(|n| (id, n)))
+                .filter(|(_, n)| n.children.is_empty() && kv.refcount(n.block) == 1)
+                .min_by_key(|(_, n)| n.last_used)
+                .map(|(id, _)| id);
+            let Some(id) = victim else { break };
+            let node = self.nodes[id].take().expect("live node");
+            self.node_mut(node.parent).children.remove(&node.key);
+            self.free_ids.push(id);
+            self.len -= 1;
+            kv.release(node.block);
+            freed += 1;
+        }
+        freed
+    }
+
+    /// Blocks that [`PrefixCache::evict`] could free now.
+    pub fn evictable(&self, kv: &KvCache) -> usize {
+        // a node is evictable once its whole subtree is referenced by the tree alone
+        fn walk(t: &PrefixCache, kv: &KvCache, id: usize) -> (usize, bool) {
+            let n = t.node(id);
+            let mut count = 0;
+            let mut all = true;
+            for &c in n.children.values() {
+                let (k, a) = walk(t, kv, c);
+                count += k;
+                all &= a;
+            }
+            if id != 0 && all && kv.refcount(n.block) == 1 {
+                (count + 1, true)
+            } else {
+                (count, false)
+            }
+        }
+        walk(self, kv, 0).0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gds_runtime::KvDtype;
+
+    #[test]
+    fn shares_full_blocks_and_evicts_only_unreferenced_leaves() {
+        let mut kv = KvCache::paged(KvDtype::F32, 1, 2, 64, 4, 4, 8);
+        let mut t = PrefixCache::new(4);
+        let prompt: Vec<u32> = (0..10).collect();
+        // sequence 0 computed 3 blocks (10 tokens: two full blocks, one partial)
+        for _ in 0..3 {
+            let b = kv.alloc().unwrap();
+            kv.push_block(0, b);
+        }
+        let table = kv.table(0).to_vec();
+        t.insert(&prompt, &table, &mut kv);
+        assert_eq!(t.len(), 2, "only the full blocks are indexed");
+        assert_eq!(kv.refcount(table[0]), 2);
+        assert_eq!(kv.refcount(table[2]), 1);
+
+        // the same first 9 tokens, then something else: two blocks shared
+        let mut other: Vec<u32> = (0..9).collect();
+        other.push(99);
+        assert_eq!(t.lookup(&other, 8), table[..2].to_vec());
+        assert_eq!(t.lookup(&other, 1), table[..1].to_vec());
+        // a different first block: nothing
+        assert!(t.lookup(&[7, 1, 2, 3, 4], 8).is_empty());
+
+        // while sequence 0 holds them, nothing can be evicted
+        assert_eq!(t.evictable(&kv), 0);
+        assert_eq!(t.evict(&mut kv, 8), 0);
+        kv.release_seq(0);
+        assert_eq!(t.evictable(&kv), 2);
+        let free = kv.free_blocks();
+        assert_eq!(t.evict(&mut kv, 1), 1);
+        assert_eq!(kv.free_blocks(), free + 1);
+        assert_eq!(t.lookup(&prompt, 8), table[..1].to_vec(), "the leaf went first");
+        assert_eq!(t.evict(&mut kv, 8), 1);
+        assert!(t.is_empty());
+        assert_eq!(kv.free_blocks(), 8);
+    }
+}

@@ -1,0 +1,532 @@
+//! The engine thread: owns the model, run state and paged KV cache, and advances every
+//! admitted request together, one batched forward pass per step (continuous batching).
+//!
+//! A request moves through explicit states: queued (in `waiting`), prefilling (its prompt
+//! is being evaluated, in chunks sharing the step's token budget), decoding (one token per
+//! step), then finished, failed or cancelled. New requests join between steps, first in,
+//! first out: the head of the queue is admitted before anything behind it, so nothing
+//! starves. When the KV pool runs dry, blocks only the prefix tree holds are evicted first,
+//! then the newest running request is preempted: its blocks are released and it goes back
+//! to the front of the queue to be recomputed later (its sampler state kept), rather than
+//! failing.
+
+use crate::metrics::ServerMetrics;
+use crate::prefix::PrefixCache;
+use gds_runtime::{Batch, KvCache, Model, RunState, Sampler, SamplerConfig};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// What the engine tells a request's handler.
+#[derive(Debug)]
+pub enum Event {
+    /// A generated token (never an end-of-generation token).
+    Token(u32),
+    /// Generation ended.
+    Done(Done),
+    /// Generation failed.
+    Error(String),
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token.
+    Eos,
+    /// `max_tokens` or the context reached.
+    Length,
+}
+
+/// Counters of a finished request.
+#[derive(Clone, Debug)]
+pub struct Done {
+    /// Why it ended.
+    pub finish: Finish,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+    /// Tokens generated.
+    pub generated: usize,
+    /// Admission to first token, ms.
+    pub prompt_ms: f64,
+    /// First token to the end, ms.
+    pub decode_ms: f64,
+    /// Time spent queued, ms.
+    pub queue_ms: f64,
+}
+
+/// A request handed to the engine.
+pub struct Request {
+    /// Prompt tokens (not empty, shorter than the context).
+    pub prompt: Vec<u32>,
+    /// Sampler settings (seed included).
+    pub sampler: SamplerConfig,
+    /// Most tokens to generate (at least 1).
+    pub max_tokens: usize,
+    /// Never stop at end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Where events go; dropping the receiver cancels the request.
+    pub tx: mpsc::UnboundedSender<Event>,
+    /// When the server received it.
+    pub received: Instant,
+}
+
+/// Engine settings.
+pub struct EngineConfig {
+    /// Most sequences decoding together.
+    pub max_batch: usize,
+    /// Most tokens per forward pass (prompt chunks + decode tokens).
+    pub step_tokens: usize,
+    /// Positions per sequence.
+    pub ctx: usize,
+}
+
+/// A request admitted or waiting.
+struct Seq {
+    req: Request,
+    /// Prompt, then generated tokens (the last one not yet in the cache while decoding).
+    tokens: Vec<u32>,
+    n_prompt: usize,
+    /// Tokens whose K/V are in the cache.
+    n_cached: usize,
+    generated: usize,
+    sampler: Sampler,
+    /// Slot in the KV cache while running.
+    slot: usize,
+    cached_tokens: usize,
+    /// Whether its prompt blocks were offered to the prefix tree.
+    indexed: bool,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
+    queue_ms: f64,
+}
+
+impl Seq {
+    fn decoding(&self) -> bool {
+        self.n_cached + 1 == self.tokens.len() && self.generated > 0
+    }
+}
+
+/// The engine: the model and everything a step needs.
+pub struct Engine {
+    model: Model,
+    state: RunState,
+    kv: KvCache,
+    batch: Batch,
+    prefix: PrefixCache,
+    cfg: EngineConfig,
+    eog: Vec<u32>,
+    metrics: Arc<ServerMetrics>,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    free_slots: Vec<usize>,
+    /// For each output row of the step: index into `running`.
+    out_rows: Vec<usize>,
+    /// Tokens each running sequence feeds this step (by index into `running`).
+    fed: Vec<usize>,
+}
+
+impl Engine {
+    /// An engine over `model` and `kv` (a paged cache with `cfg.max_batch` sequences).
+    pub fn new(
+        model: Model,
+        kv: KvCache,
+        cfg: EngineConfig,
+        threads: usize,
+        eog: Vec<u32>,
+        metrics: Arc<ServerMetrics>,
+    ) -> Engine {
+        let state = RunState::new(
+            &model.config,
+            cfg.step_tokens,
+            cfg.max_batch,
+            cfg.ctx,
+            threads,
+        );
+        metrics
+            .kv_blocks_free
+            .store(kv.free_blocks() as u64, Ordering::Relaxed);
+        Engine {
+            model,
+            state,
+            batch: Batch::with_capacity(cfg.step_tokens),
+            prefix: PrefixCache::new(kv.block_size()),
+            free_slots: (0..cfg.max_batch).rev().collect(),
+            kv,
+            cfg,
+            eog,
+            metrics,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            out_rows: Vec::new(),
+            fed: Vec::new(),
+        }
+    }
+
+    /// Runs until every sender of `rx` is gone and no work is left.
+    pub fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>) {
+        let mut open = true;
+        loop {
+            // take new requests; block only when there is nothing to do
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match rx.blocking_recv() {
+                    Some(r) => self.enqueue(r),
+                    None => return,
+                }
+            }
+            while open {
+                match rx.try_recv() {
+                    Ok(r) => self.enqueue(r),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if !open && self.running.is_empty() && self.waiting.is_empty() {
+                return;
+            }
+            self.step();
+        }
+    }
+
+    fn enqueue(&mut self, req: Request) {
+        let vocab = self.model.config.vocab_size;
+        let mut sampler = Sampler::new(req.sampler.clone(), vocab);
+        for &t in &req.prompt {
+            sampler.accept(t);
+        }
+        self.waiting.push_back(Seq {
+            tokens: req.prompt.clone(),
+            n_prompt: req.prompt.len(),
+            n_cached: 0,
+            generated: 0,
+            sampler,
+            slot: usize::MAX,
+            cached_tokens: 0,
+            indexed: false,
+            admitted: None,
+            first_token: None,
+            queue_ms: 0.0,
+            req,
+        });
+    }
+
+    /// Blocks a sequence needs to hold positions `0..n`.
+    fn blocks_for(&self, n: usize) -> usize {
+        n.div_ceil(self.kv.block_size())
+    }
+
+    /// Takes a free block, evicting from the prefix tree when the pool is dry.
+    fn alloc(&mut self) -> Option<u32> {
+        if let Some(b) = self.kv.alloc() {
+            return Some(b);
+        }
+        if self.prefix.evict(&mut self.kv, 1) > 0 {
+            return self.kv.alloc();
+        }
+        None
+    }
+
+    /// Releases everything `seq` holds in the cache and its slot.
+    fn release(&mut self, seq: &mut Seq) {
+        self.kv.release_seq(seq.slot);
+        if seq.slot != usize::MAX {
+            self.free_slots.push(seq.slot);
+        }
+        seq.slot = usize::MAX;
+        seq.n_cached = 0;
+    }
+
+    /// Sends `ev`; false when the client is gone.
+    fn send(seq: &Seq, ev: Event) -> bool {
+        seq.req.tx.send(ev).is_ok()
+    }
+
+    fn finish(&mut self, mut seq: Seq, finish: Finish) {
+        self.index(&seq, seq.n_cached);
+        let now = Instant::now();
+        let first = seq.first_token.unwrap_or(now);
+        let done = Done {
+            finish,
+            prompt_tokens: seq.n_prompt,
+            cached_tokens: seq.cached_tokens,
+            generated: seq.generated,
+            prompt_ms: seq
+                .admitted
+                .map_or(0.0, |a| (first - a).as_secs_f64() * 1000.0),
+            decode_ms: (now - first).as_secs_f64() * 1000.0,
+            queue_ms: seq.queue_ms,
+        };
+        let _ = Self::send(&seq, Event::Done(done));
+        self.release(&mut seq);
+        self.metrics.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Offers the full blocks of `seq`'s first `n` tokens to the prefix tree.
+    fn index(&mut self, seq: &Seq, n: usize) {
+        if seq.slot == usize::MAX {
+            return;
+        }
+        let n = n.min(seq.n_cached);
+        let table = self.kv.table(seq.slot).to_vec();
+        self.prefix.insert(&seq.tokens[..n], &table, &mut self.kv);
+    }
+
+    /// Drops requests whose client went away, wherever they are.
+    fn reap_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.req.tx.is_closed());
+        let mut gone = before - self.waiting.len();
+        self.metrics.queue_depth_sub(gone);
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].req.tx.is_closed() {
+                let mut s = self.running.remove(i);
+                self.release(&mut s);
+                gone += 1;
+            } else {
+                i += 1;
+            }
+        }
+        self.metrics
+            .cancelled
+            .fetch_add(gone as u64, Ordering::Relaxed);
+    }
+
+    /// Admits waiting requests, oldest first, while a slot and enough blocks for the whole
+    /// prompt are there.
+    fn admit(&mut self) {
+        let block = self.kv.block_size();
+        while self.running.len() < self.cfg.max_batch {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let len = front.tokens.len();
+            let max_shared = (len - 1) / block;
+            let shared = self.prefix.lookup(&front.tokens, max_shared);
+            let need = self.blocks_for(len + 1) - shared.len();
+            let available = self.kv.free_blocks() + self.prefix.evictable(&self.kv);
+            // a request alone in the engine always gets in (it may be preempted later)
+            if need > available && !self.running.is_empty() {
+                break;
+            }
+            let Some(slot) = self.free_slots.pop() else {
+                break;
+            };
+            let mut seq = self.waiting.pop_front().expect("front exists");
+            seq.slot = slot;
+            for &b in &shared {
+                self.kv.retain(b);
+                self.kv.push_block(slot, b);
+            }
+            seq.n_cached = shared.len() * block;
+            if seq.admitted.is_none() {
+                let now = Instant::now();
+                seq.admitted = Some(now);
+                seq.queue_ms = (now - seq.req.received).as_secs_f64() * 1000.0;
+                seq.cached_tokens = seq.n_cached.min(seq.n_prompt);
+                self.metrics
+                    .prompt_tokens_cached
+                    .fetch_add(seq.cached_tokens as u64, Ordering::Relaxed);
+            }
+            self.metrics.queue_depth_sub(1);
+            self.running.push(seq);
+        }
+    }
+
+    /// Preempts the newest running sequence: back to the front of the queue.
+    fn preempt_newest(&mut self) -> bool {
+        let Some(mut s) = self.running.pop() else {
+            return false;
+        };
+        self.release(&mut s);
+        self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.metrics.queue_depth_add(1);
+        self.waiting.push_front(s);
+        true
+    }
+
+    /// Makes sure sequence `i` has blocks for positions `0..n`; false when the pool is dry.
+    fn reserve(&mut self, i: usize, n: usize) -> bool {
+        let need = self.blocks_for(n);
+        while self.kv.table(self.running[i].slot).len() < need {
+            match self.alloc() {
+                Some(b) => self.kv.push_block(self.running[i].slot, b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// One step: reap, admit, build the batch, forward, sample.
+    fn step(&mut self) {
+        self.reap_cancelled();
+        self.admit();
+        if self.running.is_empty() {
+            self.publish();
+            return;
+        }
+        self.batch.clear();
+        self.out_rows.clear();
+        self.fed.clear();
+        self.fed.resize(self.running.len(), 0);
+        let mut budget = self.cfg.step_tokens;
+
+        // decoding sequences first, oldest first: one token each
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            if !self.running[i].decoding() {
+                i += 1;
+                continue;
+            }
+            let pos = self.running[i].n_cached;
+            let mut ok = self.reserve(i, pos + 1);
+            while !ok {
+                // preempt from the newest end; if that is this sequence, it is gone
+                let last = self.running.len() - 1;
+                self.preempt_newest();
+                if last == i {
+                    break;
+                }
+                ok = self.reserve(i, pos + 1);
+            }
+            if !ok {
+                break;
+            }
+            let s = &self.running[i];
+            self.batch.push(s.tokens[pos], pos, s.slot, true);
+            self.out_rows.push(i);
+            self.fed[i] += 1;
+            budget -= 1;
+            i += 1;
+        }
+        let n_decode = self.batch.len();
+
+        // then prompt chunks, oldest first, in what is left of the budget
+        for i in 0..self.running.len() {
+            if budget == 0 {
+                break;
+            }
+            if self.running[i].decoding() {
+                continue;
+            }
+            let (from, len) = (self.running[i].n_cached, self.running[i].tokens.len());
+            let mut take = (len - from).min(budget);
+            if !self.reserve(i, from + take) {
+                // the pool is dry: use what was reserved
+                let have = self.kv.table(self.running[i].slot).len() * self.kv.block_size();
+                take = have.saturating_sub(from).min(take);
+                if take == 0 {
+                    if self.batch.is_empty() && i + 1 < self.running.len() {
+                        // nothing can move: free room by preempting the newest
+                        self.preempt_newest();
+                    }
+                    break;
+                }
+            }
+            let s = &self.running[i];
+            for p in from..from + take {
+                let last = p + 1 == len;
+                self.batch.push(s.tokens[p], p, s.slot, last);
+                if last {
+                    self.out_rows.push(i);
+                }
+            }
+            self.fed[i] += take;
+            budget -= take;
+        }
+        let n_prompt = self.batch.len() - n_decode;
+        if self.batch.is_empty() {
+            self.publish();
+            return;
+        }
+
+        let t0 = Instant::now();
+        let result = self
+            .model
+            .forward(&mut self.state, &mut self.kv, &self.batch);
+        let dt = t0.elapsed().as_secs_f64();
+        self.metrics.record_step(n_prompt, n_decode, dt);
+        if let Err(e) = result {
+            // nothing to salvage in this batch: fail every running request
+            let msg = format!("forward pass failed: {e}");
+            for mut s in std::mem::take(&mut self.running) {
+                let _ = Self::send(&s, Event::Error(msg.clone()));
+                self.release(&mut s);
+                self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+            }
+            self.publish();
+            return;
+        }
+        // the K/V of every token of the batch are now in the cache
+        for (s, &n) in self.running.iter_mut().zip(&self.fed) {
+            s.n_cached += n;
+        }
+
+        // sample every sequence that got logits
+        let vocab = self.model.config.vocab_size;
+        let now = Instant::now();
+        let mut done: Vec<(usize, Finish)> = Vec::new();
+        for (row, &i) in self.out_rows.iter().enumerate() {
+            let s = &mut self.running[i];
+            let logits = self.state.logits_mut(row, vocab);
+            if s.req.ignore_eos {
+                for &e in &self.eog {
+                    if let Some(l) = logits.get_mut(e as usize) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            let tok = s.sampler.sample(logits);
+            if s.first_token.is_none() {
+                s.first_token = Some(now);
+            }
+            if self.eog.contains(&tok) {
+                done.push((i, Finish::Eos));
+                continue;
+            }
+            s.sampler.accept(tok);
+            s.tokens.push(tok);
+            s.generated += 1;
+            self.metrics.generated.fetch_add(1, Ordering::Relaxed);
+            if !Self::send(s, Event::Token(tok)) {
+                continue; // reaped next step
+            }
+            if s.generated >= s.req.max_tokens || s.tokens.len() >= self.cfg.ctx {
+                done.push((i, Finish::Length));
+            }
+        }
+        // index prompts that just finished prefilling, so followers can share them
+        for k in 0..self.running.len() {
+            let s = &self.running[k];
+            if !s.indexed && s.n_cached >= s.n_prompt {
+                let (n, slot) = (s.n_prompt, s.slot);
+                let table = self.kv.table(slot).to_vec();
+                let toks = s.tokens[..n].to_vec();
+                self.prefix.insert(&toks, &table, &mut self.kv);
+                self.running[k].indexed = true;
+            }
+        }
+        // remove finished ones, highest index first so indices stay valid
+        done.sort_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, f) in done {
+            let s = self.running.remove(i);
+            self.finish(s, f);
+        }
+        self.publish();
+    }
+
+    /// Updates the gauges.
+    fn publish(&self) {
+        let m = &self.metrics;
+        m.running.store(self.running.len() as u64, Ordering::Relaxed);
+        m.kv_blocks_free
+            .store(self.kv.free_blocks() as u64, Ordering::Relaxed);
+        m.kv_blocks_total
+            .store(self.kv.n_blocks() as u64, Ordering::Relaxed);
+        m.kv_blocks_prefix
+            .store(self.prefix.len() as u64, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,250 @@
+//! End-to-end: the built `gdsrun serve` on the real SmolLM2, driven by the official `openai`
+//! Python client (scripts/serve_openai_check.py), by raw HTTP for the error paths, and by a
+//! small bounded load test (scripts/serve_load.py) at concurrency 1, 4 and 16.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    let model = gds_tests::smollm_converted();
+    let mut child = Command::new(gds_tests::bin("gdsrun"))
+        .arg("serve")
+        .arg(model)
+        .args(["--port", "0", "--threads", "2", "--ctx", "1024", "--kv-budget", "64"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn gdsrun serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .filter(|a| a.contains(':'))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let s = Server { child, addr };
+    let t0 = Instant::now();
+    while http(&s.addr, "GET", "/health", None).0 != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "server never became healthy");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s
+}
+
+/// A minimal HTTP/1.1 client: (status, body).
+fn http(addr: &str, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let body = body.unwrap_or(b"");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
+    (status, body)
+}
+
+fn python(script: &str, args: &[&str]) -> Value {
+    let path = gds_tests::root().join("scripts").join(script);
+    let out = Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("`openai` is missing"),
+        "the Python package `openai` is needed: pip install openai (scripts/test.sh installs it)"
+    );
+    assert!(out.status.success(), "{script} failed:\n{stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{script} printed no JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout))
+    })
+}
+
+#[test]
+fn openai_client_end_to_end() {
+    let s = start(&[]);
+    let r = python("serve_openai_check.py", &[&format!("http://{}/v1", s.addr)]);
+    eprintln!("{r:#}");
+
+    assert_eq!(r["models"][0], "smollm2");
+    let c = &r["completion"];
+    assert!(!c["text"].as_str().unwrap().is_empty());
+    assert_eq!(c["usage"]["completion_tokens"], 8);
+    assert_eq!(c["finish"], "length");
+    assert!(c["usage"]["prompt_tokens"].as_u64().unwrap() >= 5);
+
+    let chat = &r["chat"];
+    assert_eq!(chat["role"], "assistant");
+    assert!(!chat["text"].as_str().unwrap().is_empty());
+    // the chat template wraps the messages: many more prompt tokens than the words
+    assert!(chat["usage"]["prompt_tokens"].as_u64().unwrap() > 15);
+    // streaming gives the same greedy text, in several chunks
+    assert_eq!(r["chat_stream"]["text"], chat["text"]);
+    assert_eq!(r["chat_stream"]["finish"], chat["finish"]);
+    assert!(r["chat_stream"]["chunks"].as_u64().unwrap() > 1);
+    assert_eq!(r["completion_stream"]["text"], c["text"]);
+
+    // the stop string cuts the greedy text just before it
+    let full = r["stop"]["full"].as_str().unwrap();
+    let at = full.find(" 7").expect("greedy counting reaches 7");
+    assert_eq!(r["stop"]["text"].as_str().unwrap(), &full[..at]);
+    assert_eq!(r["stop"]["finish"], "stop");
+
+    // same seed, same text; another seed, another text
+    assert_eq!(r["seed"]["a"], r["seed"]["b"]);
+    assert_ne!(r["seed"]["a"], r["seed"]["c"]);
+
+    // the cancelled stream was dropped by the engine and its blocks freed (only the prefix
+    // cache may still hold some)
+    let k = &r["cancel"];
+    assert!(k["cancelled_after"].as_f64().unwrap() > k["cancelled_before"].as_f64().unwrap());
+    assert_eq!(k["running"], 0.0);
+    assert_eq!(k["kv_used"], k["kv_prefix"]);
+    assert!(k["generated_total"].as_f64().unwrap() < 1000.0, "the cancelled request went on");
+
+    let b = &r["bad_request"];
+    assert_eq!(b["status"], 400);
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_never_crash() {
+    let s = start(&["--queue-limit", "1", "--max-batch", "1"]);
+    let bodies: &[&[u8]] = &[
+        b"",
+        b"not json",
+        b"{}",
+        b"{\"prompt\": 5}",
+        b"{\"prompt\": \"\"}",
+        b"{\"prompt\": \"hi\", \"max_tokens\": 0}",
+        b"{\"prompt\": \"hi\", \"temperature\": -1}",
+        b"{\"prompt\": \"hi\", \"top_p\": 7}",
+        b"{\"prompt\": \"hi\", \"top_k\": -2}",
+        b"{\"prompt\": \"hi\", \"stop\": [\"\"]}",
+        b"{\"prompt\": \"hi\", \"n\": 3}",
+        b"{\"prompt\": [4000000000]}",
+        b"{\"prompt\": [1, 2, 99999999]}",
+        b"{\"prompt\": \"hi\", \"seed\": \"x\"}",
+        b"{\"prompt\": \"hi\", \"max_tokens\": 1e400}",
+    ];
+    for body in bodies {
+        let (status, text) = http(&s.addr, "POST", "/v1/completions", Some(body));
+        assert_eq!(status, 400, "{}: {text}", String::from_utf8_lossy(body));
+        let v: Value = serde_json::from_str(&text).expect("JSON error body");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{text}");
+        assert!(v["error"]["message"].as_str().unwrap().len() > 3);
+    }
+    let long = format!("{{\"prompt\": \"{}\"}}", "hello ".repeat(2000));
+    let (status, text) = http(&s.addr, "POST", "/v1/completions", Some(long.as_bytes()));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("context"), "{text}");
+    let chats: &[&[u8]] = &[
+        b"{\"messages\": []}",
+        b"{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+    ];
+    for body in chats {
+        let (status, text) = http(&s.addr, "POST", "/v1/chat/completions", Some(body));
+        assert_eq!(status, 400, "{}: {text}", String::from_utf8_lossy(body));
+    }
+    assert_eq!(http(&s.addr, "GET", "/nope", None).0, 404);
+
+    // overload: one running, one queued, the rest refused with 429 and Retry-After
+    let addr = s.addr.clone();
+    let slow = b"{\"prompt\": \"Tell me a story\", \"max_tokens\": 200, \"ignore_eos\": true}";
+    let hold: Vec<_> = (0..2)
+        .map(|_| {
+            let a = addr.clone();
+            let h = std::thread::spawn(move || http(&a, "POST", "/v1/completions", Some(slow)).0);
+            // one at a time: the first is admitted before the second queues
+            std::thread::sleep(Duration::from_millis(400));
+            h
+        })
+        .collect();
+    let mut raw = TcpStream::connect(&s.addr).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        slow.len()
+    );
+    raw.write_all(head.as_bytes()).unwrap();
+    raw.write_all(slow).unwrap();
+    let mut resp = String::new();
+    let _ = raw.read_to_string(&mut resp);
+    assert!(resp.starts_with("HTTP/1.1 429"), "{resp}");
+    assert!(resp.to_ascii_lowercase().contains("retry-after: 1"), "{resp}");
+    for h in hold {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    // still alive and serving
+    let (status, text) = http(&s.addr, "POST", "/v1/completions", Some(b"{\"prompt\": \"hi\", \"max_tokens\": 2}"));
+    assert_eq!(status, 200, "{text}");
+    let (_, m) = http(&s.addr, "GET", "/metrics", None);
+    assert!(m.contains("gds_requests_busy_total 1"), "{m}");
+    assert!(m.contains("gds_kv_blocks_free"), "{m}");
+}
+
+#[test]
+fn load_throughput_rises_with_concurrency() {
+    let s = start(&["--max-batch", "16"]);
+    let r = python(
+        "serve_load.py",
+        &[
+            "--url",
+            &format!("http://{}", s.addr),
+            "--concurrency",
+            "1,4,16",
+            "--requests-per-level",
+            "16",
+            "--max-tokens",
+            "24",
+            "--time-limit",
+            "240",
+        ],
+    );
+    eprintln!("{r:#}");
+    let levels = r["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 3);
+    let mut last = 0.0;
+    for l in levels {
+        assert_eq!(l["failed"], 0, "{l}");
+        assert_eq!(l["ok"], l["requests"], "{l}");
+        assert_eq!(l["completion_tokens"], 24 * l["ok"].as_u64().unwrap(), "{l}");
+        let tps = l["decode_tps"].as_f64().unwrap();
+        assert!(tps > last, "aggregate throughput did not rise: {tps} after {last}");
+        last = tps;
+    }
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""`just bench-serve`: gdsrun serve vs llama.cpp's llama-server on the same SmolLM2 GGUF,
+same threads, same load (scripts/serve_load.py, loopback only), one server at a time.
+Prints aggregate decode t/s and latency percentiles side by side per concurrency, and the
+ratio at the highest concurrency (target: >= 1.0x).
+
+Usage: scripts/bench-serve.py [-t THREADS] [-c 1,4,16] [-n REQUESTS] [--max-tokens 64]
+Needs: scripts/fetch-model.sh, scripts/build-llama-cpp.sh (run automatically)."""
+import argparse, json, os, socket, subprocess, sys, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.chdir(ROOT)
+ap = argparse.ArgumentParser()
+ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
+ap.add_argument("-c", "--concurrency", default="1,4,16")
+ap.add_argument("-n", "--requests", type=int, default=32, help="requests per concurrency level")
+ap.add_argument("--max-tokens", type=int, default=64)
+ap.add_argument("--ctx", type=int, default=512, help="context per request")
+ap.add_argument("--time-limit", type=float, default=600)
+a = ap.parse_args()
+max_c = max(int(x) for x in a.concurrency.split(","))
+
+gguf = subprocess.check_output(["./scripts/fetch-model.sh"], text=True).strip()
+subprocess.check_call(["./scripts/build-llama-cpp.sh"])
+subprocess.check_call(["cargo", "build", "--release", "-q", "-p", "gdsconv", "-p", "gdsrun"])
+out = ".cache/smollm2.gds"
+if not os.path.exists(os.path.join(out, "manifest.gdsm")):
+    subprocess.check_call(["target/release/gdsconv", "convert", gguf, out, "--force"])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url, proc, timeout=120):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            sys.exit(f"server exited with {proc.returncode}")
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                return
+        except Exception:
+            pass
+        time.sleep(0.3)
+    sys.exit(f"{url} never became healthy")
+
+
+def measure(name, cmd, port):
+    url = f"http://127.0.0.1:{port}"
+    log = open(f"/tmp/bench-serve-{name}.log", "w")
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(url, p)
+        res = subprocess.check_output([sys.executable, "scripts/serve_load.py", "--url", url,
+                                       "--concurrency", a.concurrency,
+                                       "--requests-per-level", str(a.requests),
+                                       "--max-tokens", str(a.max_tokens),
+                                       "--time-limit", str(a.time_limit)], text=True)
+        return json.loads(res)
+    finally:
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+port = free_port()
+ours = measure("gdsrun", ["target/release/gdsrun", "serve", out, "--port", str(port),
+                          "--threads", str(a.threads), "--ctx", str(a.ctx),
+                          "--max-batch", str(max_c)], port)
+port = free_port()
+theirs = measure("llama", [".cache/llama.cpp/bin/llama-server", "-m", gguf, "--host", "127.0.0.1",
+                           "--port", str(port), "-t", str(a.threads), "-np", str(max_c),
+                           "-c", str(a.ctx * max_c), "--cont-batching", "--no-webui"], port)
+
+print(f"SmolLM2-135M-Instruct Q4_1, threads={a.threads}, {a.requests} requests per level, "
+      f"{a.max_tokens} tokens each (ignore_eos), loopback")
+print(f"{'conc':>4} | {'gdsrun t/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'fail':>4} | "
+      f"{'llama t/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'fail':>4} | ratio")
+fmt = lambda v: f"{v:8.0f}" if v is not None else f"{'-':>8}"
+ratio = None
+for o, t in zip(ours["levels"], theirs["levels"]):
+    ratio = o["decode_tps"] / t["decode_tps"] if t["decode_tps"] else float("nan")
+    lo, lt = o["latency_ms"], t["latency_ms"]
+    print(f"{o['concurrency']:>4} | {o['decode_tps']:>10.1f} {fmt(lo['p50'])} {fmt(lo['p90'])} {fmt(lo['p99'])} {o['failed']:>4} | "
+          f"{t['decode_tps']:>10.1f} {fmt(lt['p50'])} {fmt(lt['p90'])} {fmt(lt['p99'])} {t['failed']:>4} | {ratio:.2f}x")
+ok = ratio is not None and ratio >= 1.0
+print(f"aggregate throughput at concurrency {max_c}: {ratio:.2f}x llama-server (target >= 1.0x) "
+      f"{'ok' if ok else 'MISSED'}")

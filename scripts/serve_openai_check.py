@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""End-to-end check of `gdsrun serve` with the official `openai` client.
+
+Usage: serve_openai_check.py BASE_URL   (e.g. http://127.0.0.1:8080/v1)
+
+Runs completions, chat, streaming (both), a stop string, the same seed twice, and a
+stream cancelled after a few chunks; prints one JSON object with what it saw. The Rust test
+(crates/gds-serve/tests/openai.rs) asserts on it.
+"""
+import json
+import sys
+import time
+import urllib.request
+
+try:
+    import openai
+except ImportError:
+    sys.exit("python package `openai` is missing: pip install openai (scripts/test.sh does)")
+
+base = sys.argv[1]
+client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+out = {}
+
+models = client.models.list()
+out["models"] = [m.id for m in models.data]
+model = out["models"][0]
+
+r = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+out["completion"] = {"text": r.choices[0].text, "finish": r.choices[0].finish_reason,
+                     "usage": r.usage.model_dump()}
+
+r = client.chat.completions.create(model=model, max_tokens=12, temperature=0,
+                                   messages=[{"role": "system", "content": "You are terse."},
+                                             {"role": "user", "content": "Say hello."}])
+out["chat"] = {"text": r.choices[0].message.content, "role": r.choices[0].message.role,
+               "finish": r.choices[0].finish_reason, "usage": r.usage.model_dump()}
+
+# streaming chat: chunks concatenate to the non-streamed answer (greedy)
+pieces, finish = [], None
+for ch in client.chat.completions.create(model=model, max_tokens=12, temperature=0, stream=True,
+                                         messages=[{"role": "system", "content": "You are terse."},
+                                                   {"role": "user", "content": "Say hello."}]):
+    if ch.choices:
+        if ch.choices[0].delta.content:
+            pieces.append(ch.choices[0].delta.content)
+        if ch.choices[0].finish_reason:
+            finish = ch.choices[0].finish_reason
+out["chat_stream"] = {"text": "".join(pieces), "chunks": len(pieces), "finish": finish}
+
+pieces = []
+for ch in client.completions.create(model=model, prompt="The capital of France is", max_tokens=8,
+                                    temperature=0, stream=True):
+    pieces.append(ch.choices[0].text)
+out["completion_stream"] = {"text": "".join(pieces), "chunks": len(pieces)}
+
+# a stop string: take the greedy text and stop at a word from its middle
+full = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0)
+r = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=[" 7"])
+out["stop"] = {"full": full.choices[0].text, "text": r.choices[0].text, "finish": r.choices[0].finish_reason}
+
+# the same seed twice (sampling, not greedy), and another seed
+def sample(seed):
+    return client.completions.create(model=model, prompt="Once upon a time", max_tokens=24,
+                                     temperature=1.0, top_p=0.95, seed=seed).choices[0].text
+out["seed"] = {"a": sample(1234), "b": sample(1234), "c": sample(99)}
+
+# a cancelled stream: read a few chunks, close it, and watch the server's counters
+def metric(name):
+    text = urllib.request.urlopen(base.rsplit("/v1", 1)[0] + "/metrics").read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+before = metric("gds_requests_cancelled_total")
+s = client.completions.create(model=model, prompt="Write a long story about a dragon.", max_tokens=2000,
+                              temperature=0.7, stream=True, extra_body={"ignore_eos": True})
+got = 0
+for ch in s:
+    got += 1
+    if got >= 3:
+        break
+s.close()
+deadline = time.time() + 30
+while time.time() < deadline:
+    if metric("gds_requests_running") == 0 and metric("gds_requests_cancelled_total") > before:
+        break
+    time.sleep(0.2)
+out["cancel"] = {"chunks": got, "cancelled_before": before,
+                 "cancelled_after": metric("gds_requests_cancelled_total"),
+                 "running": metric("gds_requests_running"),
+                 "kv_used": metric("gds_kv_blocks_used"),
+                 "kv_prefix": metric("gds_kv_blocks_prefix"),
+                 "generated_total": metric("gds_generated_tokens_total")}
+
+# errors come back in OpenAI's format
+try:
+    client.completions.create(model=model, prompt="x", max_tokens=-3)
+    out["bad_request"] = None
+except openai.BadRequestError as e:
+    out["bad_request"] = {"status": e.status_code, "body": e.body}
+
+print(json.dumps(out))
