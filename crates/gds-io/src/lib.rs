@@ -18,6 +18,7 @@ mod aligned;
 mod direct;
 mod error;
 mod mmap;
+pub mod pagecache;
 
 pub use aligned::{align_down, align_up, AlignedBuf, ALIGN};
 pub use direct::{probe_direct, DirectBackend, DirectOptions, DirectSupport};

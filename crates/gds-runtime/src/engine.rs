@@ -254,6 +254,8 @@ impl Engine {
         let mut generated = Vec::new();
         let mut stream = self.tokenizer.stream();
         let mut decode_ms = 0.0;
+        let mut decode_steps = 0usize;
+        let io0 = self.model.io_stats();
         let mut stop = if interrupted {
             Some(StopReason::Interrupted)
         } else {
@@ -321,6 +323,7 @@ impl Engine {
                     .forward(&mut self.state, &mut self.kv, &self.batch)?;
                 self.cached.push(tok);
                 decode_ms += t.elapsed().as_secs_f64() * 1000.0;
+                decode_steps += 1;
             }
         }
         if stop != Some(StopReason::StopString) {
@@ -332,7 +335,11 @@ impl Engine {
         m.generated_tokens = generated.len();
         m.decode_ms = decode_ms;
         m.energy_joules = self.energy.joules().zip(energy0).map(|(j, j0)| j - j0);
-        m.bytes_read = self.model.io_stats().bytes_read;
+        let io = self.model.io_stats();
+        m.bytes_read = io.bytes_read;
+        m.set_decode_io(&io.since(&io0), decode_steps);
+        m.io_mode = self.plan.io.clone();
+        m.weights_held_bytes = self.plan.io_plan.held_bytes;
         m.kv_cache_bytes = self.plan.kv_bytes;
         m.finish();
         Ok(GenerateOutput {

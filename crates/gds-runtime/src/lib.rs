@@ -12,6 +12,7 @@ mod error;
 pub mod chat;
 pub mod config;
 pub mod engine;
+pub mod ioplan;
 pub mod kv;
 pub mod metrics;
 pub mod model;

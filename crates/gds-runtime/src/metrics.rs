@@ -32,6 +32,19 @@ pub struct Metrics {
     pub bytes_read: u64,
     /// Bytes allocated for the KV cache (pages are only resident once written).
     pub kv_cache_bytes: usize,
+    /// I/O backend of the run (`mmap`, `direct`, `buffered`).
+    pub io_mode: String,
+    /// Weight bytes the plan keeps in memory (resident layers plus streaming buffers).
+    pub weights_held_bytes: u64,
+    /// Bytes read from disk per decode step (0 when nothing streams).
+    pub bytes_read_per_token: f64,
+    /// Time the compute waited for weights during decode, ms.
+    pub io_wait_ms: f64,
+    /// Share of the decode-time disk reads hidden behind compute: `1 - io_wait / read time`
+    /// (`None` when nothing was read).
+    pub io_overlap: Option<f64>,
+    /// Bytes read during decode over the time spent reading them, bytes/s.
+    pub read_bandwidth_bytes_per_sec: Option<f64>,
     /// Energy used during prompt evaluation and generation, joules (package RAPL domains).
     pub energy_joules: Option<f64>,
     /// `energy_joules` over the prompt + decode time.
@@ -43,6 +56,20 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Fills the streaming metrics from the I/O counters of the decode phase (`steps`
+    /// forward passes).
+    pub fn set_decode_io(&mut self, io: &gds_io::IoStats, steps: usize) {
+        if steps > 0 {
+            self.bytes_read_per_token = io.bytes_read as f64 / steps as f64;
+        }
+        self.io_wait_ms = io.wait_ns as f64 / 1e6;
+        if io.read_ns > 0 {
+            self.io_overlap = Some((1.0 - io.wait_ns as f64 / io.read_ns as f64).clamp(0.0, 1.0));
+            self.read_bandwidth_bytes_per_sec =
+                Some(io.bytes_read as f64 * 1e9 / io.read_ns as f64);
+        }
+    }
+
     /// Fills the derived rates from the raw counts and times.
     pub fn finish(&mut self) {
         let rate = |n: usize, ms: f64| {
@@ -71,6 +98,15 @@ impl Metrics {
         );
         if let Some(rss) = self.peak_rss_bytes {
             s += &format!(" | rss {:.0} MiB", rss as f64 / (1 << 20) as f64);
+        }
+        if self.bytes_read_per_token > 0.0 {
+            s += &format!(
+                " | io {} {:.1} MiB/tok, {:.0} MB/s, wait {:.0} ms",
+                self.io_mode,
+                self.bytes_read_per_token / (1 << 20) as f64,
+                self.read_bandwidth_bytes_per_sec.unwrap_or(0.0) / 1e6,
+                self.io_wait_ms
+            );
         }
         match self.energy_joules {
             Some(j) => {

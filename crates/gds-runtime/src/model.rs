@@ -6,11 +6,12 @@
 
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
+use crate::ioplan::IoPlan;
 use crate::kv::KvCache;
 use crate::ops;
 use crate::rope::RopeTable;
 use crate::weights::{TensorRef, Weights};
-use gds_io::{IoStats, LayerBytes, LayerSource, MmapBackend};
+use gds_io::{DirectBackend, DirectOptions, IoStats, LayerBytes, LayerSource, MmapBackend, Span};
 use std::path::Path;
 
 /// A batch of tokens to run through the model. Reused between calls: clearing keeps the
@@ -96,6 +97,10 @@ pub struct RunState {
     /// logits of the output tokens, in batch order `[max_outputs, vocab_size]`
     logits: Vec<f32>,
     n_out: usize,
+    /// one embedding row read from disk (streaming plans)
+    emb_row: Vec<u8>,
+    /// logits of one streamed head chunk for several output tokens
+    head_tmp: Vec<f32>,
 }
 
 impl RunState {
@@ -127,6 +132,8 @@ impl RunState {
             out_x: vec![0.0; max_outputs.max(1) * cfg.n_embd],
             logits: vec![0.0; max_outputs.max(1) * cfg.vocab_size],
             n_out: 0,
+            emb_row: Vec::new(),
+            head_tmp: Vec::new(),
         }
     }
 
@@ -156,15 +163,17 @@ impl RunState {
     }
 }
 
-/// A loaded model: configuration, resident layers, weight locations, RoPE table, and the
-/// thread pool the plan asked for.
+/// A loaded model: configuration, the I/O backend with the layers it keeps resident,
+/// weight locations, RoPE table, and the thread pool the plan asked for.
 pub struct Model {
     /// Hyperparameters.
     pub config: Config,
     /// Weight locations.
     pub weights: Weights,
-    layers: Vec<LayerBytes>,
+    /// Handles of the resident layers (`None`: streamed or read on demand).
+    resident: Vec<Option<LayerBytes>>,
     source: Box<dyn LayerSource>,
+    io: IoPlan,
     rope: RopeTable,
     pool: rayon::ThreadPool,
     ctx: usize,
@@ -175,24 +184,45 @@ pub struct Model {
 impl Model {
     /// Loads the model the way `plan` says (I/O backend, residency, context, threads).
     pub fn open(plan: &crate::plan::Plan) -> Result<Model> {
-        Model::load(&plan.model_dir, plan.ctx, plan.threads)
+        Model::with_io(&plan.model_dir, &plan.io_plan, plan.ctx, plan.threads)
     }
 
-    /// Opens the model directory with the `mmap` backend, makes every layer resident,
-    /// and prepares RoPE angles for `ctx` positions and a pool of `threads` threads.
+    /// Opens the model directory with the `mmap` backend (every layer resident) and
+    /// prepares RoPE angles for `ctx` positions and a pool of `threads` threads.
     pub fn load(dir: &Path, ctx: usize, threads: usize) -> Result<Model> {
         let manifest_bytes = gds_io::read_manifest(dir)?;
         let m = crate::plan::parse_manifest(dir, &manifest_bytes)?;
+        let io = crate::ioplan::plan_io(dir, &m, "mmap", None, || {
+            gds_io::DirectSupport::Buffered("not used by mmap".into())
+        })?;
+        Model::with_io(dir, &io, ctx, threads)
+    }
+
+    /// Opens the model directory with the I/O backend and residency of `io`.
+    pub fn with_io(dir: &Path, io: &IoPlan, ctx: usize, threads: usize) -> Result<Model> {
+        let manifest_bytes = gds_io::read_manifest(dir)?;
+        let m = crate::plan::parse_manifest(dir, &manifest_bytes)?;
         let config = Config::from_manifest(&m).map_err(|e| crate::plan::with_dir(e, dir))?;
-        let source = MmapBackend::open(dir, &m)?;
-        // Residency policy of the mmap plan: every layer resident for the whole run.
-        let mut layers = Vec::with_capacity(source.n_layers());
-        for l in 0..source.n_layers() {
-            source.prefetch(l);
-            layers.push(source.acquire(l)?);
+        let source: Box<dyn LayerSource> = match io.mode.as_str() {
+            "mmap" => Box::new(MmapBackend::open(dir, &m)?),
+            mode => {
+                let opts = DirectOptions {
+                    resident: (0..m.n_layers()).map(|l| io.is_resident(l)).collect(),
+                    slots: io.slots,
+                    slot_size: io.slot_bytes as usize,
+                    force_buffered: mode == "buffered",
+                };
+                Box::new(DirectBackend::open(dir, &m, &opts)?)
+            }
+        };
+        let mut resident = vec![None; source.n_layers()];
+        for &l in &io.resident_layers {
+            if let Some(r) = resident.get_mut(l) {
+                *r = Some(source.acquire(l)?);
+            }
         }
         let weights =
-            Weights::load(&config, &m, &layers).map_err(|e| crate::plan::with_dir(e, dir))?;
+            Weights::load(&config, &m, &*source).map_err(|e| crate::plan::with_dir(e, dir))?;
         let rope = RopeTable::new(config.head_dim, ctx, config.rope_theta, config.rope_scaling);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.max(1))
@@ -202,13 +232,24 @@ impl Model {
         Ok(Model {
             config,
             weights,
-            layers,
-            source: Box::new(source),
+            resident,
+            source,
+            io: io.clone(),
             rope,
             pool,
             ctx,
             simd: ops::simd_available(),
         })
+    }
+
+    /// The I/O plan the model was opened with.
+    pub fn io_plan(&self) -> &IoPlan {
+        &self.io
+    }
+
+    /// Warnings from the I/O backend (e.g. `O_DIRECT` unsupported).
+    pub fn io_warnings(&self) -> Vec<String> {
+        self.source.warnings()
     }
 
     /// Context length the model was prepared for.
@@ -231,9 +272,9 @@ impl Model {
         self.source.name()
     }
 
-    /// Total bytes of the weight matrices, by dtype name, for plan summaries.
+    /// Total bytes of the layer files.
     pub fn weight_bytes(&self) -> u64 {
-        self.layers.iter().map(|l| l.len() as u64).sum()
+        self.io.weight_bytes
     }
 
     /// Runs `batch` through the model, writing K/V of every token into `kv` and the logits
@@ -280,8 +321,89 @@ impl Model {
         Ok(())
     }
 
-    fn matmul(&self, out: &mut [f32], x: &[f32], w: &TensorRef, n: usize) -> Result<()> {
-        gds_kernels::matmul(&w.view(&self.layers), x, n, out)?;
+    /// Number of spans streamed by a forward pass (blocks, then head chunks if `head`).
+    fn n_stream_items(&self, head: bool) -> usize {
+        let h = &self.io.head;
+        self.io.streamed_layers.len()
+            + if head && h.chunk_rows > 0 {
+                h.rows.div_ceil(h.chunk_rows)
+            } else {
+                0
+            }
+    }
+
+    /// The `i`-th span streamed by a forward pass: the streamed blocks in order, then the
+    /// output head's row chunks when the pass has outputs. Indexes past the end continue into
+    /// the next pass (assumed to want outputs, as decode steps do).
+    fn stream_item(&self, i: usize, head: bool) -> Option<Span> {
+        let n = self.n_stream_items(head);
+        let (i, _head) = if i < n {
+            (i, head)
+        } else {
+            let next = self.n_stream_items(true);
+            if next == 0 {
+                return None;
+            }
+            ((i - n) % next, true)
+        };
+        let blocks = &self.io.streamed_layers;
+        if let Some(&layer) = blocks.get(i) {
+            return Some(Span {
+                layer,
+                offset: 0,
+                len: self.source.layer_size(layer),
+            });
+        }
+        let (r0, rows) = self.head_chunk(i - blocks.len());
+        let h = &self.io.head;
+        Some(Span {
+            layer: h.layer,
+            offset: h.offset + r0 as u64 * h.row_bytes,
+            len: rows as u64 * h.row_bytes,
+        })
+    }
+
+    /// First row and row count of head chunk `c`.
+    fn head_chunk(&self, c: usize) -> (usize, usize) {
+        let h = &self.io.head;
+        let r0 = c * h.chunk_rows;
+        (r0, h.chunk_rows.min(h.rows - r0))
+    }
+
+    /// Bytes of layer `layer` for stream position `i` (resident: the kept handle; streamed:
+    /// hint the next span to the I/O thread, then wait for this one).
+    fn layer_bytes(&self, layer: usize, i: &mut usize, head: bool) -> Result<LayerBytes> {
+        if let Some(Some(h)) = self.resident.get(layer) {
+            return Ok(h.clone());
+        }
+        self.stream(i, head)
+    }
+
+    fn stream(&self, i: &mut usize, head: bool) -> Result<LayerBytes> {
+        let span = self
+            .stream_item(*i, head)
+            .ok_or_else(|| RuntimeError::Tensor {
+                name: format!("stream item {i}"),
+                why: "internal: not in the streaming plan".into(),
+            })?;
+        for d in 1..self.io.slots {
+            if let Some(next) = self.stream_item(*i + d, head) {
+                self.source.prefetch(next);
+            }
+        }
+        *i += 1;
+        Ok(self.source.acquire_span(span)?)
+    }
+
+    fn matmul(
+        &self,
+        out: &mut [f32],
+        x: &[f32],
+        w: &TensorRef,
+        bytes: &LayerBytes,
+        n: usize,
+    ) -> Result<()> {
+        gds_kernels::matmul(&w.view(bytes)?, x, n, out)?;
         Ok(())
     }
 
@@ -291,27 +413,46 @@ impl Model {
         let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let eps = c.rms_norm_eps;
 
+        let with_head = batch.n_outputs() > 0;
+        // stream position: the first streamed span is hinted now, so its read overlaps the
+        // embedding and any resident blocks before it
+        let mut si = 0usize;
+        if let Some(first) = self.stream_item(0, with_head) {
+            self.source.prefetch(first);
+        }
+
         // token embeddings, one row dequantized per token
         let emb = &self.weights.token_embd;
-        let (emb_bytes, row) = (emb.view(&self.layers).data, emb.row_bytes());
-        for (t, &tok) in batch.tokens.iter().enumerate() {
-            let r = tok as usize * row;
-            gds_kernels::dequantize(
-                emb.dtype,
-                &emb_bytes[r..r + row],
-                &mut s.x[t * d..(t + 1) * d],
-            )?;
+        let row = emb.row_bytes();
+        match self.resident.get(emb.layer) {
+            Some(Some(h)) => {
+                let emb_bytes = emb.view(h)?.data;
+                for (t, &tok) in batch.tokens.iter().enumerate() {
+                    let r = tok as usize * row;
+                    gds_kernels::dequantize(
+                        emb.dtype,
+                        &emb_bytes[r..r + row],
+                        &mut s.x[t * d..(t + 1) * d],
+                    )?;
+                }
+            }
+            _ => {
+                // not resident: read just the rows of this batch's tokens
+                s.emb_row.resize(row, 0);
+                for (t, &tok) in batch.tokens.iter().enumerate() {
+                    let at = (emb.offset + tok as usize * row) as u64;
+                    self.source.read_at(emb.layer, at, &mut s.emb_row)?;
+                    gds_kernels::dequantize(emb.dtype, &s.emb_row, &mut s.x[t * d..(t + 1) * d])?;
+                }
+            }
         }
 
         for (l, w) in self.weights.blocks.iter().enumerate() {
+            let bytes = self.layer_bytes(w.wq.layer, &mut si, with_head)?;
             // attention
             ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.attn_norm, eps);
             // one call for Q, K and V: the input is quantized once, one parallel region
-            let qkv = [
-                w.wq.view(&self.layers),
-                w.wk.view(&self.layers),
-                w.wv.view(&self.layers),
-            ];
+            let qkv = [w.wq.view(&bytes)?, w.wk.view(&bytes)?, w.wv.view(&bytes)?];
             gds_kernels::matmul_many(
                 &qkv,
                 &s.xb[..n * d],
@@ -332,12 +473,12 @@ impl Model {
                 self.rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos);
             }
             crate::attention::layer(c, self.simd, s, kv, l, batch);
-            self.matmul(&mut s.proj[..n * d], &s.att[..n * qd], &w.wo, n)?;
+            self.matmul(&mut s.proj[..n * d], &s.att[..n * qd], &w.wo, &bytes, n)?;
             ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);
 
             // feed-forward
             ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.ffn_norm, eps);
-            let gate_up = [w.w_gate.view(&self.layers), w.w_up.view(&self.layers)];
+            let gate_up = [w.w_gate.view(&bytes)?, w.w_up.view(&bytes)?];
             gds_kernels::matmul_many(
                 &gate_up,
                 &s.xb[..n * d],
@@ -345,7 +486,13 @@ impl Model {
                 &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]],
             )?;
             ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
-            self.matmul(&mut s.proj[..n * d], &s.gate[..n * ff], &w.w_down, n)?;
+            self.matmul(
+                &mut s.proj[..n * d],
+                &s.gate[..n * ff],
+                &w.w_down,
+                &bytes,
+                n,
+            )?;
             ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);
         }
 
@@ -363,12 +510,44 @@ impl Model {
             }
         }
         if j > 0 {
-            self.matmul(
-                &mut s.logits[..j * c.vocab_size],
-                &s.out_x[..j * d],
-                &self.weights.output,
-                j,
-            )?;
+            let out = &self.weights.output;
+            let vocab = c.vocab_size;
+            match self.resident.get(out.layer) {
+                Some(Some(h)) => {
+                    self.matmul(&mut s.logits[..j * vocab], &s.out_x[..j * d], out, h, j)?;
+                }
+                _ => {
+                    // streamed in row chunks: each chunk's logits land in their columns
+                    let mut r0 = 0;
+                    while r0 < out.rows {
+                        let (start, rows) = self.head_chunk(r0 / self.io.head.chunk_rows.max(1));
+                        debug_assert_eq!(start, r0);
+                        let bytes = self.stream(&mut si, true)?;
+                        let view = out.rows_view(&bytes, r0, rows)?;
+                        if j == 1 {
+                            gds_kernels::matmul(
+                                &view,
+                                &s.out_x[..d],
+                                1,
+                                &mut s.logits[r0..r0 + rows],
+                            )?;
+                        } else {
+                            s.head_tmp.resize(j * rows, 0.0);
+                            gds_kernels::matmul(
+                                &view,
+                                &s.out_x[..j * d],
+                                j,
+                                &mut s.head_tmp[..j * rows],
+                            )?;
+                            for t in 0..j {
+                                s.logits[t * vocab + r0..t * vocab + r0 + rows]
+                                    .copy_from_slice(&s.head_tmp[t * rows..(t + 1) * rows]);
+                            }
+                        }
+                        r0 += rows;
+                    }
+                }
+            }
         }
         s.n_out = j;
         Ok(j)

@@ -55,6 +55,10 @@ pub struct PlanOptions {
     pub system: Option<String>,
     /// Compute backend: `auto`, `cpu` or `cuda` (`None` = `auto`).
     pub backend: Option<String>,
+    /// I/O backend: `auto`, `mmap` or `direct` (`None` = `auto`).
+    pub io: Option<String>,
+    /// Bytes of weights allowed in memory, streaming buffers included (`None`: unbounded).
+    pub mem_budget: Option<u64>,
 }
 
 /// Per-dtype totals of the weights.
@@ -102,8 +106,10 @@ pub struct Plan {
     pub backend_reason: String,
     /// Worker threads.
     pub threads: usize,
-    /// I/O backend.
+    /// I/O backend (`mmap`, `direct` or `buffered`).
     pub io: String,
+    /// Residency and streaming decisions.
+    pub io_plan: crate::ioplan::IoPlan,
     /// Weight bytes and tensor counts by dtype.
     pub weight_dtypes: BTreeMap<String, DtypeSummary>,
     /// Context length of this run.
@@ -265,6 +271,16 @@ impl Plan {
         };
         let kv_dtype = opts.kv_dtype.unwrap_or_default();
         let backend = crate::backend::choose(opts.backend.as_deref())?;
+        let io_plan = crate::ioplan::plan_io(
+            dir,
+            &m,
+            opts.io.as_deref().unwrap_or("auto"),
+            opts.mem_budget,
+            || match m.layer(0) {
+                Ok(l) => gds_io::probe_direct(&dir.join(l.file)),
+                Err(e) => gds_io::DirectSupport::Buffered(e.to_string()),
+            },
+        )?;
         Ok(Plan {
             model_dir: dir.clone(),
             model_name: m.get_str("general.name").ok().map(str::to_string),
@@ -272,7 +288,8 @@ impl Plan {
             backend: backend.name.into(),
             backend_reason: backend.reason,
             threads,
-            io: "mmap".into(),
+            io: io_plan.mode.clone(),
+            io_plan,
             weight_dtypes,
             ctx,
             model_ctx: model.context_length,

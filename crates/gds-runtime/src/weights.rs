@@ -4,7 +4,7 @@
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
 use gds_format::{DType, Manifest, TensorInfo};
-use gds_io::LayerBytes;
+use gds_io::{LayerBytes, LayerSource};
 use gds_kernels::WeightView;
 use std::collections::HashMap;
 
@@ -26,15 +26,38 @@ pub struct TensorRef {
 }
 
 impl TensorRef {
-    /// The matrix as a kernel view over the resident layers.
+    /// The matrix as a kernel view over the resident bytes of its layer (`bytes` must hold
+    /// this tensor's range of layer `self.layer`).
     #[inline]
-    pub fn view<'a>(&self, layers: &'a [LayerBytes]) -> WeightView<'a> {
-        WeightView {
+    pub fn view<'a>(&self, bytes: &'a LayerBytes) -> Result<WeightView<'a>> {
+        self.rows_view(bytes, 0, self.rows)
+    }
+
+    /// Rows `r0..r0 + rows` of the matrix as a kernel view; `bytes` must hold them.
+    pub fn rows_view<'a>(
+        &self,
+        bytes: &'a LayerBytes,
+        r0: usize,
+        rows: usize,
+    ) -> Result<WeightView<'a>> {
+        let rb = self.row_bytes();
+        let data = (bytes.index() == self.layer && r0 + rows <= self.rows)
+            .then(|| bytes.slice((self.offset + r0 * rb) as u64, (rows * rb) as u64))
+            .flatten()
+            .ok_or_else(|| RuntimeError::Tensor {
+                name: format!("layer {} @{}", self.layer, self.offset),
+                why: format!(
+                    "internal: rows {r0}..{} are not in the bytes of layer {} handed to the kernel",
+                    r0 + rows,
+                    bytes.index()
+                ),
+            })?;
+        Ok(WeightView {
             dtype: self.dtype,
-            data: &layers[self.layer][self.offset..self.offset + self.nbytes],
-            rows: self.rows,
+            data,
+            rows,
             cols: self.cols,
-        }
+        })
     }
 
     /// Bytes of one row.
@@ -83,9 +106,9 @@ pub struct Weights {
     pub output: TensorRef,
 }
 
-struct Finder<'m, 'l> {
+struct Finder<'m, 's> {
     by_name: HashMap<&'m str, TensorInfo<'m>>,
-    layers: &'l [LayerBytes],
+    source: &'s dyn LayerSource,
 }
 
 impl Finder<'_, '_> {
@@ -101,10 +124,10 @@ impl Finder<'_, '_> {
             name: t.name.into(),
             why,
         };
-        let layer = self
-            .layers
-            .get(t.layer)
-            .ok_or_else(|| bad(format!("layer {} does not exist", t.layer)))?;
+        if t.layer >= self.source.n_layers() {
+            return Err(bad(format!("layer {} does not exist", t.layer)));
+        }
+        let layer_len = self.source.layer_size(t.layer);
         let want = t
             .dtype
             .tensor_bytes(t.dims())
@@ -117,16 +140,11 @@ impl Finder<'_, '_> {
                 t.dtype
             )));
         }
-        let end = t
-            .offset
-            .checked_add(t.nbytes)
-            .filter(|&e| e <= layer.len() as u64);
+        let end = t.offset.checked_add(t.nbytes).filter(|&e| e <= layer_len);
         if end.is_none() {
             return Err(bad(format!(
                 "bytes {}..+{} lie outside its {}-byte layer file",
-                t.offset,
-                t.nbytes,
-                layer.len()
+                t.offset, t.nbytes, layer_len
             )));
         }
         let (rows, cols) = match t.dims() {
@@ -164,12 +182,10 @@ impl Finder<'_, '_> {
             });
         }
         let r = self.bytes(t)?;
+        let mut raw = vec![0u8; r.nbytes];
+        self.source.read_at(r.layer, r.offset as u64, &mut raw)?;
         let mut out = vec![0.0; n];
-        gds_kernels::dequantize(
-            r.dtype,
-            &self.layers[r.layer][r.offset..r.offset + r.nbytes],
-            &mut out,
-        )?;
+        gds_kernels::dequantize(r.dtype, &raw, &mut out)?;
         Ok(out)
     }
 
@@ -183,12 +199,13 @@ impl Finder<'_, '_> {
 }
 
 impl Weights {
-    /// Locates and checks every tensor. Norms and biases (small vectors) are dequantized to
-    /// f32; matrices stay where they are, in their on-disk dtype.
-    pub fn load(cfg: &Config, m: &Manifest<'_>, layers: &[LayerBytes]) -> Result<Weights> {
+    /// Locates and checks every tensor against the layer files of `source`. Norms and
+    /// biases (small vectors) are read and dequantized to f32; matrices stay where they are,
+    /// in their on-disk dtype.
+    pub fn load(cfg: &Config, m: &Manifest<'_>, source: &dyn LayerSource) -> Result<Weights> {
         let f = Finder {
             by_name: m.tensors().map(|t| (t.name, t)).collect(),
-            layers,
+            source,
         };
         if f.by_name.len() != m.n_tensors() {
             return Err(RuntimeError::Manifest {

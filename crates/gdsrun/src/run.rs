@@ -16,6 +16,8 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
         batch: c.batch,
         kv_dtype: c.kv_type.as_deref().and_then(KvDtype::parse),
         backend: c.backend.clone(),
+        io: c.io.clone(),
+        mem_budget: c.mem_budget,
         ..Default::default()
     }
 }

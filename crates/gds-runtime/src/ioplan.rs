@@ -1,0 +1,340 @@
+//! The I/O part of the run plan: which backend reads the weights, which layers stay
+//! resident, which stream every token, and in what buffers — all decided before the run.
+//!
+//! `--mem-budget` bounds the bytes of weights held in memory, streaming buffers included.
+//! With `--io auto` a model that fits (or no budget) is memory-mapped; otherwise the
+//! `direct` backend streams. Streaming keeps two buffers (double buffering: the I/O thread
+//! fills one while the compute uses the other), each as large as the largest block layer;
+//! what the budget leaves after them holds layers resident, chosen to keep the most bytes
+//! off the per-token stream. The output head, when it is not resident, streams in row
+//! chunks that fit a buffer; the embedding table is never streamed, only the rows of the
+//! batch's tokens are read.
+
+use crate::error::{Result, RuntimeError};
+use gds_format::Manifest;
+use gds_io::{align_up, DirectSupport};
+use serde::Serialize;
+use std::path::Path;
+
+/// Extra bytes per streaming buffer so an unaligned span still fits once its ends are
+/// rounded out to 4 KiB.
+const SLOT_SLACK: u64 = 2 * gds_io::ALIGN as u64;
+/// Streaming buffers: one being computed on, one being filled.
+pub const STREAM_SLOTS: usize = 2;
+
+/// The output head's matrix and how it is read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeadPlan {
+    /// Layer file holding it.
+    pub layer: usize,
+    /// Byte offset of the matrix in that file.
+    pub offset: u64,
+    /// Rows (vocabulary size).
+    pub rows: usize,
+    /// Bytes per row.
+    pub row_bytes: u64,
+    /// Streamed in chunks of this many rows (0 when resident).
+    pub chunk_rows: usize,
+}
+
+/// How the weights get into memory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IoPlan {
+    /// `mmap`, `direct`, or `buffered` (direct requested where `O_DIRECT` does not work).
+    pub mode: String,
+    /// Why this mode.
+    pub reason: String,
+    /// The memory budget for weights, bytes (`None`: unbounded).
+    pub budget_bytes: Option<u64>,
+    /// Bytes of all layer files.
+    pub weight_bytes: u64,
+    /// Layers read once and kept (all of them for `mmap`).
+    pub resident_layers: Vec<usize>,
+    /// Block layers read again for every forward pass.
+    pub streamed_layers: Vec<usize>,
+    /// The output head.
+    pub head: HeadPlan,
+    /// Layer holding the token embeddings (rows read on demand when not resident).
+    pub embd_layer: usize,
+    /// Streaming buffers.
+    pub slots: usize,
+    /// Bytes of each streaming buffer.
+    pub slot_bytes: u64,
+    /// Resident bytes plus streaming buffers: what the budget bounds.
+    pub held_bytes: u64,
+    /// Bytes read from disk per decoded token (0 when everything is resident).
+    pub streamed_bytes_per_token: u64,
+    /// The smallest budget that can stream this model.
+    pub min_budget_bytes: u64,
+}
+
+impl IoPlan {
+    /// True when `layer` stays resident.
+    pub fn is_resident(&self, layer: usize) -> bool {
+        self.resident_layers.contains(&layer)
+    }
+}
+
+/// Parses a size such as `200MB`, `1.5GiB`, `512k` or `1048576` (bytes). Decimal units
+/// (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB; or K, M, G, T)
+/// powers of 1024.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (examples: 200MB, 1.5GiB, 4096)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        u => {
+            return Err(format!(
+                "{s:?}: unknown unit {u:?} (use B, kB, MB, GB, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    let v = x * mult;
+    if !v.is_finite() || v < 1.0 || v > u64::MAX as f64 {
+        return Err(format!("{s:?} is not a usable size"));
+    }
+    Ok(v as u64)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+}
+
+struct Layers {
+    sizes: Vec<u64>,
+    names: Vec<String>,
+    blocks: Vec<usize>,
+    head: HeadPlan,
+    head_bytes: u64,
+    embd_layer: usize,
+    embd_row_bytes: u64,
+}
+
+fn layers_of(m: &Manifest<'_>) -> Result<Layers> {
+    let bad = |why: String| RuntimeError::Plan(format!("cannot plan I/O: {why}"));
+    let mut sizes = Vec::new();
+    let mut names = Vec::new();
+    for i in 0..m.n_layers() {
+        let l = m.layer(i).map_err(|e| bad(e.to_string()))?;
+        sizes.push(l.file_size);
+        names.push(l.file.to_string());
+    }
+    let mut blocks: Vec<usize> = m
+        .tensors()
+        .filter(|t| t.name.starts_with("blk."))
+        .map(|t| t.layer)
+        .collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    let embd = m
+        .find_tensor("token_embd.weight")
+        .ok_or_else(|| bad("token_embd.weight is missing".into()))?;
+    let out = m
+        .find_tensor("output.weight")
+        .unwrap_or_else(|| embd.clone());
+    let (rows, cols) = match out.dims() {
+        [r, c] => (*r as usize, *c),
+        d => return Err(bad(format!("{} has shape {d:?}", out.name))),
+    };
+    let row_bytes = out
+        .dtype
+        .tensor_bytes(&[1, cols])
+        .ok_or_else(|| bad(format!("{} rows do not fit {}", out.name, out.dtype)))?;
+    let embd_row_bytes = match embd.dims() {
+        [_, c] => embd.dtype.tensor_bytes(&[1, *c]).unwrap_or(0),
+        _ => 0,
+    };
+    Ok(Layers {
+        sizes,
+        names,
+        blocks,
+        head: HeadPlan {
+            layer: out.layer,
+            offset: out.offset,
+            rows,
+            row_bytes,
+            chunk_rows: 0,
+        },
+        head_bytes: out.nbytes,
+        embd_layer: embd.layer,
+        embd_row_bytes,
+    })
+}
+
+/// Decides the I/O plan. `io` is `auto`, `mmap` or `direct`; `budget` bounds resident
+/// weight bytes; `direct` says whether the model's filesystem supports `O_DIRECT`.
+pub fn plan_io(
+    dir: &Path,
+    m: &Manifest<'_>,
+    io: &str,
+    budget: Option<u64>,
+    direct: impl FnOnce() -> DirectSupport,
+) -> Result<IoPlan> {
+    let plan_err = |s: String| Err(RuntimeError::Plan(s));
+    let l = layers_of(m)?;
+    let weight_bytes: u64 = l.sizes.iter().sum();
+    let all: Vec<usize> = (0..l.sizes.len()).collect();
+    // streaming buffers: the largest block layer (or one head row, if larger)
+    let largest = l.blocks.iter().map(|&b| l.sizes[b]).max().unwrap_or(0);
+    let (largest_name, largest) = match l.blocks.iter().max_by_key(|&&b| l.sizes[b]) {
+        Some(&b) if largest >= l.head.row_bytes => (l.names[b].clone(), largest),
+        _ => (
+            "one row of the output head".into(),
+            align_up(l.head.row_bytes),
+        ),
+    };
+    let slot_bytes = largest + SLOT_SLACK;
+    let min_budget = STREAM_SLOTS as u64 * slot_bytes;
+    let mut p = IoPlan {
+        mode: "mmap".into(),
+        reason: String::new(),
+        budget_bytes: budget,
+        weight_bytes,
+        resident_layers: all.clone(),
+        streamed_layers: vec![],
+        head: l.head.clone(),
+        embd_layer: l.embd_layer,
+        slots: 0,
+        slot_bytes: 0,
+        held_bytes: weight_bytes,
+        streamed_bytes_per_token: 0,
+        min_budget_bytes: min_budget,
+    };
+    let fits = budget.is_none_or(|b| b >= weight_bytes);
+    match io {
+        "mmap" => {
+            if !fits {
+                return plan_err(format!(
+                    "--io mmap maps the whole model ({}), more than --mem-budget {}; use --io direct (or auto) to stream layers",
+                    mib(weight_bytes),
+                    mib(budget.unwrap_or(0))
+                ));
+            }
+            p.reason = "requested with --io mmap".into();
+            return Ok(p);
+        }
+        "auto" if fits => {
+            p.reason = match budget {
+                None => "auto: no --mem-budget, the whole model is mapped".into(),
+                Some(b) => format!(
+                    "auto: the model ({}) fits --mem-budget {}, mapped whole",
+                    mib(weight_bytes),
+                    mib(b)
+                ),
+            };
+            return Ok(p);
+        }
+        "auto" | "direct" => {}
+        other => return plan_err(format!("--io {other}: expected auto, mmap or direct")),
+    }
+    // direct (requested, or auto with a budget smaller than the model)
+    p.mode = "direct".into();
+    p.reason = if io == "auto" {
+        format!(
+            "auto: the model ({}) is larger than --mem-budget {}, layers stream with O_DIRECT",
+            mib(weight_bytes),
+            mib(budget.unwrap_or(0))
+        )
+    } else {
+        "requested with --io direct".into()
+    };
+    if let DirectSupport::Buffered(why) = direct() {
+        p.mode = "buffered".into();
+        p.reason += &format!(
+            "; {}: {why}, so reads go through the page cache and their pages are dropped after each read",
+            dir.display()
+        );
+    }
+    if fits {
+        // every layer read once, nothing streams
+        return Ok(p);
+    }
+    let b = budget.unwrap_or(weight_bytes);
+    if b < min_budget {
+        return plan_err(format!(
+            "--mem-budget {} is below the minimum working set for streaming: {} = {} streaming buffers of {} (the largest layer, {largest_name}, plus alignment slack). The KV cache and activations are not part of the budget.",
+            mib(b),
+            mib(min_budget),
+            STREAM_SLOTS,
+            mib(slot_bytes)
+        ));
+    }
+    let room = b - min_budget;
+    // Fill the room with resident layers, most bytes kept off the stream: blocks in order,
+    // with or without the head layer (whichever keeps more).
+    let pack = |with_head: bool| -> (Vec<usize>, u64) {
+        let mut left = room;
+        let mut res = vec![];
+        if with_head {
+            if l.sizes[l.head.layer] > left {
+                return (vec![], 0);
+            }
+            left -= l.sizes[l.head.layer];
+            res.push(l.head.layer);
+        }
+        for &blk in &l.blocks {
+            if l.sizes[blk] <= left && !res.contains(&blk) {
+                left -= l.sizes[blk];
+                res.push(blk);
+            }
+        }
+        (res, room - left)
+    };
+    let (a, b_) = (pack(true), pack(false));
+    let (mut resident, kept) = if a.1 > b_.1 { a } else { b_ };
+    resident.sort_unstable();
+    p.streamed_layers = l
+        .blocks
+        .iter()
+        .copied()
+        .filter(|x| !resident.contains(x))
+        .collect();
+    let head_resident = resident.contains(&l.head.layer);
+    if !head_resident {
+        p.head.chunk_rows = ((largest / l.head.row_bytes) as usize).clamp(1, l.head.rows);
+    }
+    let embd_resident = resident.contains(&l.embd_layer);
+    p.streamed_bytes_per_token = p.streamed_layers.iter().map(|&x| l.sizes[x]).sum::<u64>()
+        + if head_resident { 0 } else { l.head_bytes }
+        + if embd_resident {
+            0
+        } else {
+            align_up(l.embd_row_bytes)
+        };
+    p.resident_layers = resident;
+    p.slots = STREAM_SLOTS;
+    p.slot_bytes = slot_bytes;
+    p.held_bytes = kept + min_budget;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_decimal_and_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("200MB"), Ok(200_000_000));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size(" 2 KiB "), Ok(2048));
+        for bad in ["", "MB", "-5MB", "1.2.3GB", "10 parsecs", "0"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Layer streaming: the `direct` backend at budgets below the model's size gives exactly
+//! the logits of the memory-mapped model (same kernels over the same bytes; only where the
+//! bytes come from differs), and its plans respect the budget.
+
+use gds_io::DirectSupport;
+use gds_runtime::ioplan::{plan_io, IoPlan};
+use gds_runtime::perplexity::eval_positions;
+use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
+use std::path::Path;
+
+fn smollm2() -> &'static Path {
+    gds_tests::smollm_converted()
+}
+
+fn io_plan(io: &str, budget: Option<u64>, buffered: bool) -> IoPlan {
+    let dir = smollm2();
+    let bytes = gds_io::read_manifest(dir).unwrap();
+    let m = gds_format::Manifest::parse(&bytes).unwrap();
+    plan_io(dir, &m, io, budget, || {
+        if buffered {
+            DirectSupport::Buffered("forced by the test".into())
+        } else {
+            gds_io::probe_direct(&dir.join("layers/blk.0000.bin"))
+        }
+    })
+    .unwrap()
+}
+
+/// Logits of a prompt (all positions, in batches of `batch`), then of `decode` greedy
+/// single-token steps.
+fn run(model: &Model, prompt: &[u32], batch: usize, decode: usize) -> Vec<Vec<f32>> {
+    let c = &model.config;
+    let mut st = RunState::new(c, batch, batch, model.ctx(), model.threads());
+    let mut kv = KvCache::new(KvDtype::F32, c.n_layers, 1, model.ctx(), c.kv_dim());
+    let mut rows = vec![Vec::new(); prompt.len()];
+    eval_positions(
+        model,
+        &mut st,
+        &mut kv,
+        prompt,
+        0..prompt.len(),
+        batch,
+        &mut |p, l| rows[p] = l.to_vec(),
+    )
+    .unwrap();
+    let mut b = Batch::with_capacity(1);
+    let mut next = argmax(rows.last().unwrap());
+    for i in 0..decode {
+        b.clear();
+        b.push(next, prompt.len() + i, 0, true);
+        model.forward(&mut st, &mut kv, &b).unwrap();
+        let l = st.logits(0, c.vocab_size).to_vec();
+        next = argmax(&l);
+        rows.push(l);
+    }
+    rows
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+const PROMPT: [u32; 12] = [1, 504, 3458, 282, 4649, 314, 253, 1343, 28, 476, 5248, 30];
+
+#[test]
+fn streamed_logits_equal_mapped_logits_at_every_budget() {
+    let mapped = Model::load(smollm2(), 64, 2).unwrap();
+    let want = run(&mapped, &PROMPT, 5, 6);
+    let weights = mapped.weight_bytes();
+    let min = io_plan("direct", Some(weights / 4), false).min_budget_bytes;
+    for (budget, buffered) in [
+        (None, false),
+        (Some(weights / 2), false),
+        (Some(weights / 4), false),
+        (Some(min), false),
+        (Some(weights / 4), true),
+    ] {
+        let io = io_plan("direct", budget, buffered);
+        assert!(io.held_bytes <= budget.unwrap_or(u64::MAX), "{io:?}");
+        if budget.is_some_and(|b| b < weights) {
+            assert!(!io.streamed_layers.is_empty() && io.streamed_bytes_per_token > 0);
+        }
+        let model = Model::with_io(smollm2(), &io, 64, 2).unwrap();
+        let got = run(&model, &PROMPT, 5, 6);
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g == w,
+                "budget {budget:?} buffered {buffered}: logits of row {i} differ from mmap"
+            );
+        }
+        let s = model.io_stats();
+        if budget.is_some_and(|b| b < weights) {
+            // 9 forward passes (3 prompt batches, 6 decode steps), each streaming the blocks
+            let per_pass: u64 = io.streamed_layers.len() as u64 * 2_224_128;
+            assert!(s.bytes_read >= 9 * per_pass, "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn the_minimum_budget_is_two_buffers_and_smaller_budgets_are_refused() {
+    let io = io_plan("direct", Some(40 << 20), false);
+    assert_eq!(io.slots, 2);
+    assert_eq!(io.min_budget_bytes, 2 * io.slot_bytes);
+    // the largest block layer of SmolLM2 is 2.2 MB; the 30 MB embedding/head streams in
+    // chunks that fit a buffer
+    assert!(io.slot_bytes >= 2_224_128 && io.slot_bytes < 2_300_000);
+    assert!(
+        io.head.chunk_rows > 0 && io.head.chunk_rows as u64 * io.head.row_bytes <= io.slot_bytes
+    );
+    let dir = smollm2();
+    let bytes = gds_io::read_manifest(dir).unwrap();
+    let m = gds_format::Manifest::parse(&bytes).unwrap();
+    let e = plan_io(dir, &m, "direct", Some(io.min_budget_bytes - 1), || {
+        DirectSupport::Direct
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("minimum working set") && e.contains("4.3 MiB"),
+        "{e}"
+    );
+    let e = plan_io(dir, &m, "mmap", Some(50 << 20), || DirectSupport::Direct)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--io mmap maps the whole model"), "{e}");
+    // auto: no budget maps, a small budget streams
+    let auto = plan_io(dir, &m, "auto", None, || DirectSupport::Direct).unwrap();
+    assert_eq!(auto.mode, "mmap");
+    let auto = plan_io(dir, &m, "auto", Some(30 << 20), || DirectSupport::Direct).unwrap();
+    assert_eq!(auto.mode, "direct");
+    let auto = plan_io(dir, &m, "auto", Some(30 << 20), || {
+        DirectSupport::Buffered("tmpfs".into())
+    })
+    .unwrap();
+    assert_eq!(auto.mode, "buffered");
+    assert!(auto.reason.contains("tmpfs"), "{}", auto.reason);
+}
