@@ -8,6 +8,13 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The tests here each start a server and the load test measures throughput: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A running server, killed on drop.
 struct Server {
     child: Child,
@@ -97,6 +104,7 @@ fn python(script: &str, args: &[&str]) -> Value {
 
 #[test]
 fn openai_client_end_to_end() {
+    let _one = serial();
     let s = start(&[]);
     let r = python("serve_openai_check.py", &[&format!("http://{}/v1", s.addr)]);
     eprintln!("{r:#}");
@@ -143,6 +151,7 @@ fn openai_client_end_to_end() {
 
 #[test]
 fn bad_requests_get_openai_errors_and_never_crash() {
+    let _one = serial();
     let s = start(&["--queue-limit", "1", "--max-batch", "1"]);
     let bodies: &[&[u8]] = &[
         b"",
@@ -219,6 +228,7 @@ fn bad_requests_get_openai_errors_and_never_crash() {
 
 #[test]
 fn load_throughput_rises_with_concurrency() {
+    let _one = serial();
     let s = start(&["--max-batch", "16"]);
     let r = python(
         "serve_load.py",
