@@ -78,7 +78,9 @@ inline float __uint_as_float(unsigned u) {
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
-// kernel<<<grid, block>>>(args...), synchronously.
+// kernel<<<grid, block>>>(args...), synchronously. One OS thread per thread of a block; the
+// same threads run every block in turn, with a barrier between blocks (so a block's
+// __shared__ storage is free again before the next one starts).
 template <typename... P, typename... A>
 void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     std::lock_guard<std::mutex> one_launch(emu::launch_lock);
@@ -86,19 +88,20 @@ void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     blockDim = block;
     unsigned nt = block.x * block.y * block.z;
     emu::block_barrier.n = nt;
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++) {
-                std::vector<std::thread> threads;
-                threads.reserve(nt);
-                for (unsigned tz = 0; tz < block.z; tz++)
-                    for (unsigned ty = 0; ty < block.y; ty++)
-                        for (unsigned tx = 0; tx < block.x; tx++)
-                            threads.emplace_back([=] {
+    std::vector<std::thread> threads;
+    threads.reserve(nt);
+    for (unsigned tz = 0; tz < block.z; tz++)
+        for (unsigned ty = 0; ty < block.y; ty++)
+            for (unsigned tx = 0; tx < block.x; tx++)
+                threads.emplace_back([=] {
+                    threadIdx = dim3(tx, ty, tz);
+                    for (unsigned bz = 0; bz < grid.z; bz++)
+                        for (unsigned by = 0; by < grid.y; by++)
+                            for (unsigned bx = 0; bx < grid.x; bx++) {
                                 blockIdx = dim3(bx, by, bz);
-                                threadIdx = dim3(tx, ty, tz);
                                 kernel(args...);
-                            });
-                for (auto& t : threads) t.join();
-            }
+                                __syncthreads();
+                            }
+                });
+    for (auto& t : threads) t.join();
 }

@@ -13,6 +13,7 @@
 //! [`probe()`] reports "built without the `cuda` feature" (the ripgrep pattern: optional
 //! features compile to a stub that says so).
 
+pub mod forward;
 pub mod kernels;
 pub mod plan;
 pub mod probe;

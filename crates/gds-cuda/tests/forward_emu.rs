@@ -1,0 +1,697 @@
+//! The whole GPU forward pass (`gds_cuda::forward`, the code the CUDA executor launches) run
+//! on the CPU: every kernel is the .cu source compiled as C++ with kernels/emu.h, and buffers
+//! are host memory. The model is a small synthetic llama (2 blocks, grouped KV heads, q/k/v
+//! biases in one block) whose weights mix every GPU dtype (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16,
+//! F32), with a tied Q8_0 embedding. The logits are compared with an independent f64 forward
+//! pass over the weights dequantized by gds-kernels. A 9-token prefill takes the GEMM path
+//! (dequantized tile, cuBLAS's column-major SGEMM semantics emulated here), then one decode
+//! step the matvec path. (The real SmolLM2 is too slow for the one-OS-thread-per-CUDA-thread
+//! emulation.)
+
+mod common;
+
+use common::sym;
+use gds_cuda::forward::{Device, Pass, Scratch, GEMM_MIN_TOKENS};
+use gds_cuda::plan::{LayerMeta, Layout, Shape, TensorMeta};
+use gds_cuda::GpuError;
+use gds_format::DType;
+use std::collections::HashMap;
+
+/// [`Device`] over host memory, calling the emulated kernels.
+struct Emu {
+    gemms: usize,
+}
+
+fn p<T>(a: u64) -> *mut T {
+    a as usize as *mut T
+}
+
+#[allow(clippy::too_many_arguments)]
+impl Device for Emu {
+    fn matvec(
+        &mut self,
+        suffix: &str,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: i32,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*const u8, *const f32, *mut f32, i32, i32, i32)>(
+            &format!("run_matvec_{suffix}"),
+        );
+        // SAFETY: addresses are host buffers sized by the forward pass's contract.
+        unsafe { f(p(w), p(x), p(y), rows, cols, ntok) };
+        Ok(())
+    }
+    fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
+        let f =
+            sym::<unsafe extern "C" fn(*const u8, *mut f32, i32)>(&format!("run_dequant_{suffix}"));
+        // SAFETY: as above.
+        unsafe { f(p(src), p(dst), nblocks) };
+        Ok(())
+    }
+    fn rmsnorm(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        n: i32,
+        ntok: i32,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*const f32, *const f32, *mut f32, i32, i32, f32)>(
+            "run_rmsnorm",
+        );
+        // SAFETY: as above.
+        unsafe { f(p(x), p(w), p(out), n, ntok, eps) };
+        Ok(())
+    }
+    fn rope(
+        &mut self,
+        x: u64,
+        cos: u64,
+        sin: u64,
+        n_heads: i32,
+        head_dim: i32,
+        pos0: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, *const f32, i32, i32, i32, i32)>(
+            "run_rope",
+        );
+        // SAFETY: as above.
+        unsafe { f(p(x), p(cos), p(sin), n_heads, head_dim, pos0, ntok) };
+        Ok(())
+    }
+    fn attention(
+        &mut self,
+        q: u64,
+        k: u64,
+        v: u64,
+        att: u64,
+        out: u64,
+        n_heads: i32,
+        n_kv_heads: i32,
+        head_dim: i32,
+        pos0: i32,
+        ntok: i32,
+        n_ctx: i32,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        type F = unsafe extern "C" fn(
+            *const f32,
+            *const f32,
+            *const f32,
+            *mut f32,
+            *mut f32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            f32,
+        );
+        let f = sym::<F>("run_attention");
+        // SAFETY: as above.
+        unsafe {
+            f(
+                p(q),
+                p(k),
+                p(v),
+                p(att),
+                p(out),
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                pos0,
+                ntok,
+                n_ctx,
+                scale,
+            )
+        };
+        Ok(())
+    }
+    fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32)>("run_swiglu");
+        // SAFETY: as above.
+        unsafe { f(p(gate), p(up), n) };
+        Ok(())
+    }
+    fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32)>("run_add_inplace");
+        // SAFETY: as above.
+        unsafe { f(p(y), p(x), n) };
+        Ok(())
+    }
+    fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
+        // SAFETY: distinct host buffers of at least `bytes` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(p::<u8>(src), p::<u8>(dst), bytes) };
+        Ok(())
+    }
+    fn gemm(&mut self, a: u64, b: u64, c: u64, m: i32, n: i32, k: i32) -> Result<bool, GpuError> {
+        // cuBLAS column-major semantics: C[i + j*m] = sum_l A[l + i*k] * B[l + j*k].
+        let (m, n, k) = (m as usize, n as usize, k as usize);
+        // SAFETY: A holds k*m floats, B k*n, C m*n (the forward pass's contract).
+        let (a, b, c) = unsafe {
+            (
+                std::slice::from_raw_parts(p::<f32>(a), k * m),
+                std::slice::from_raw_parts(p::<f32>(b), k * n),
+                std::slice::from_raw_parts_mut(p::<f32>(c), m * n),
+            )
+        };
+        for j in 0..n {
+            for i in 0..m {
+                c[i + j * m] = a[i * k..][..k]
+                    .iter()
+                    .zip(&b[j * k..][..k])
+                    .map(|(x, y)| x * y)
+                    .sum();
+            }
+        }
+        self.gemms += 1;
+        Ok(true)
+    }
+}
+
+/// A zeroed f32 host buffer and its address.
+fn buf(store: &mut Vec<Vec<f32>>, n: usize) -> u64 {
+    store.push(vec![0f32; n.max(1)]);
+    store.last().unwrap().as_ptr() as u64
+}
+
+fn rope_tables(head_dim: usize, ctx: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let (mut c, mut s) = (Vec::new(), Vec::new());
+    for pos in 0..ctx {
+        for i in 0..half {
+            let a = pos as f64 * theta.powf(-((2 * i) as f64) / head_dim as f64);
+            c.push(a.cos() as f32);
+            s.push(a.sin() as f32);
+        }
+    }
+    (c, s)
+}
+
+/// Logits at every position of `tokens`, from an f64 llama forward pass over weights
+/// dequantized by gds-kernels (layer by layer, to keep memory low).
+fn reference(layout: &Layout, files: &[Vec<u8>], tokens: &[u32]) -> Vec<Vec<f32>> {
+    let sh = &layout.shape;
+    let deq = |t: &TensorMeta| {
+        let bytes = &files[t.layer][t.offset..t.offset + t.nbytes];
+        let mut out = vec![0f32; t.rows * t.cols];
+        gds_kernels::dequantize(t.dtype, bytes, &mut out).unwrap();
+        out.into_iter().map(f64::from).collect::<Vec<f64>>()
+    };
+    let get = |name: &str| layout.tensors[name];
+    let matvec = |w: &[f64], rows: usize, x: &[f64]| -> Vec<f64> {
+        (0..rows)
+            .map(|r| {
+                w[r * x.len()..][..x.len()]
+                    .iter()
+                    .zip(x)
+                    .map(|(a, b)| a * b)
+                    .sum()
+            })
+            .collect()
+    };
+    let norm = |x: &[f64], w: &[f64]| -> Vec<f64> {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let r = 1.0 / (ms + sh.eps as f64).sqrt();
+        x.iter().zip(w).map(|(a, b)| a * r * b).collect()
+    };
+    let rope = |x: &mut [f64], pos: usize| {
+        let hd = sh.head_dim;
+        for head in x.chunks_exact_mut(hd) {
+            for i in 0..hd / 2 {
+                let a = pos as f64 * sh.rope_theta.powf(-((2 * i) as f64) / hd as f64);
+                let (c, s) = (a.cos(), a.sin());
+                let (u, v) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = u * c - v * s;
+                head[2 * i + 1] = u * s + v * c;
+            }
+        }
+    };
+    let emb = get("token_embd.weight");
+    let row_bytes = emb.nbytes / emb.rows;
+    let mut xs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| {
+            let bytes = &files[emb.layer][emb.offset + t as usize * row_bytes..][..row_bytes];
+            let mut out = vec![0f32; emb.cols];
+            gds_kernels::dequantize(emb.dtype, bytes, &mut out).unwrap();
+            out.into_iter().map(f64::from).collect()
+        })
+        .collect();
+    let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);
+    for b in 0..sh.n_layers {
+        let t = |n: &str| get(&format!("blk.{b}.{n}"));
+        let (an, wq, wk, wv, wo) = (
+            deq(&t("attn_norm.weight")),
+            deq(&t("attn_q.weight")),
+            deq(&t("attn_k.weight")),
+            deq(&t("attn_v.weight")),
+            deq(&t("attn_output.weight")),
+        );
+        let (fnw, wg, wu, wd) = (
+            deq(&t("ffn_norm.weight")),
+            deq(&t("ffn_gate.weight")),
+            deq(&t("ffn_up.weight")),
+            deq(&t("ffn_down.weight")),
+        );
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        for (pos, x) in xs.iter_mut().enumerate() {
+            let xb = norm(x, &an);
+            let mut q = matvec(&wq, nh * hd, &xb);
+            let mut k = matvec(&wk, nkv * hd, &xb);
+            let mut v = matvec(&wv, nkv * hd, &xb);
+            for (out, name) in [
+                (&mut q, "attn_q.bias"),
+                (&mut k, "attn_k.bias"),
+                (&mut v, "attn_v.bias"),
+            ] {
+                if let Some(bt) = layout.tensors.get(&format!("blk.{b}.{name}")) {
+                    out.iter_mut().zip(deq(bt)).for_each(|(o, b)| *o += b);
+                }
+            }
+            rope(&mut q, pos);
+            rope(&mut k, pos);
+            ks.push(k);
+            vs.push(v);
+            let mut attn = vec![0f64; nh * hd];
+            for h in 0..nh {
+                let kvh = h / (nh / nkv);
+                let qh = &q[h * hd..][..hd];
+                let sc: Vec<f64> = (0..=pos)
+                    .map(|p| {
+                        qh.iter()
+                            .zip(&ks[p][kvh * hd..][..hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    attn[h * hd + d] = (0..=pos).map(|p| e[p] / sum * vs[p][kvh * hd + d]).sum();
+                }
+            }
+            let o = matvec(&wo, sh.n_embd, &attn);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let xb = norm(x, &fnw);
+            let g = matvec(&wg, sh.n_ff, &xb);
+            let u = matvec(&wu, sh.n_ff, &xb);
+            let hmid: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let d = matvec(&wd, sh.n_embd, &hmid);
+            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        }
+    }
+    let on = deq(&get("output_norm.weight"));
+    let wout = deq(&layout.output);
+    xs.iter()
+        .map(|x| {
+            matvec(&wout, sh.vocab, &norm(x, &on))
+                .into_iter()
+                .map(|v| v as f32)
+                .collect()
+        })
+        .collect()
+}
+
+fn check(what: &str, got: &[f32], want: &[f32]) {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 2e-3 * scale + 1e-3,
+        "{what}: worst logit error {worst} (max |logit| {scale})"
+    );
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0
+    };
+    assert_eq!(argmax(got), argmax(want), "{what}: top-1 token differs");
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Layer buffers and the tensor table of a synthetic model.
+#[derive(Default)]
+struct Model {
+    files: Vec<Vec<u8>>,
+    tensors: HashMap<String, TensorMeta>,
+    seed: u64,
+}
+
+impl Model {
+    fn layer(&mut self) -> usize {
+        self.files.push(Vec::new());
+        self.files.len() - 1
+    }
+
+    /// A `rows × cols` tensor of `dtype` with values of about `scale` (norms: `1 ± scale`).
+    #[allow(clippy::too_many_arguments)]
+    fn tensor(
+        &mut self,
+        layer: usize,
+        name: &str,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        scale: f32,
+        around_one: bool,
+    ) {
+        self.seed += 1;
+        let vals: Vec<f32> = values(rows * cols, self.seed)
+            .iter()
+            .map(|v| {
+                if around_one {
+                    1.0 + v * scale
+                } else {
+                    v * scale
+                }
+            })
+            .collect();
+        let bytes = match gds_kernels::quantize(dtype, &vals) {
+            Ok(b) => b,
+            Err(_) => {
+                // Q4_K / Q6_K have no quantizer: random blocks with small scales.
+                let size = dtype.type_size();
+                let mut b: Vec<u8> =
+                    values(rows * cols / dtype.block_size() * size, self.seed + 999)
+                        .iter()
+                        .map(|v| ((v + 1.0) * 127.9) as u8)
+                        .collect();
+                let d = half::f16::from_f32(scale / 64.0).to_le_bytes();
+                for blk in b.chunks_exact_mut(size) {
+                    match dtype {
+                        DType::Q4K => {
+                            blk[0..2].copy_from_slice(&d);
+                            blk[2..4].copy_from_slice(&d);
+                        }
+                        DType::Q6K => blk[208..210]
+                            .copy_from_slice(&half::f16::from_f32(scale / 2000.0).to_le_bytes()),
+                        other => panic!("no generator for {other}"),
+                    }
+                }
+                b
+            }
+        };
+        let file = &mut self.files[layer];
+        let offset = file.len().next_multiple_of(256);
+        file.resize(offset, 0);
+        file.extend_from_slice(&bytes);
+        let meta = TensorMeta {
+            layer,
+            offset,
+            nbytes: bytes.len(),
+            dtype,
+            rows,
+            cols,
+        };
+        self.tensors.insert(name.to_string(), meta);
+    }
+}
+
+#[test]
+fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
+    let sh = Shape {
+        n_layers: 2,
+        n_embd: 256,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        n_ff: 512,
+        vocab: 300,
+        eps: 1e-5,
+        rope_theta: 10000.0,
+    };
+    let (q_dim, kv_dim) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
+    let mut m = Model::default();
+    let embed = m.layer();
+    m.tensor(
+        embed,
+        "token_embd.weight",
+        DType::Q8_0,
+        sh.vocab,
+        sh.n_embd,
+        1.0,
+        false,
+    );
+    let mixes = [
+        [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::F16,
+            DType::Q4K,
+            DType::Q6K,
+            DType::Q4_0,
+        ],
+        [
+            DType::Q6K,
+            DType::Q4K,
+            DType::F32,
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::F16,
+            DType::Q4K,
+        ],
+    ];
+    let mut blocks = Vec::new();
+    for (b, mix) in mixes.iter().enumerate() {
+        let l = m.layer();
+        blocks.push(l);
+        let t = |n: &str| format!("blk.{b}.{n}");
+        m.tensor(
+            l,
+            &t("attn_norm.weight"),
+            DType::F32,
+            1,
+            sh.n_embd,
+            0.2,
+            true,
+        );
+        m.tensor(
+            l,
+            &t("attn_q.weight"),
+            mix[0],
+            q_dim,
+            sh.n_embd,
+            0.15,
+            false,
+        );
+        m.tensor(
+            l,
+            &t("attn_k.weight"),
+            mix[1],
+            kv_dim,
+            sh.n_embd,
+            0.15,
+            false,
+        );
+        m.tensor(
+            l,
+            &t("attn_v.weight"),
+            mix[2],
+            kv_dim,
+            sh.n_embd,
+            0.15,
+            false,
+        );
+        m.tensor(
+            l,
+            &t("attn_output.weight"),
+            mix[3],
+            sh.n_embd,
+            q_dim,
+            0.1,
+            false,
+        );
+        m.tensor(
+            l,
+            &t("ffn_norm.weight"),
+            DType::F32,
+            1,
+            sh.n_embd,
+            0.2,
+            true,
+        );
+        m.tensor(
+            l,
+            &t("ffn_gate.weight"),
+            mix[4],
+            sh.n_ff,
+            sh.n_embd,
+            0.1,
+            false,
+        );
+        m.tensor(
+            l,
+            &t("ffn_up.weight"),
+            mix[5],
+            sh.n_ff,
+            sh.n_embd,
+            0.1,
+            false,
+        );
+        m.tensor(
+            l,
+            &t("ffn_down.weight"),
+            mix[6],
+            sh.n_embd,
+            sh.n_ff,
+            0.1,
+            false,
+        );
+        if b == 1 {
+            m.tensor(l, &t("attn_q.bias"), DType::F32, 1, q_dim, 0.3, false);
+            m.tensor(l, &t("attn_k.bias"), DType::F32, 1, kv_dim, 0.3, false);
+            m.tensor(l, &t("attn_v.bias"), DType::F32, 1, kv_dim, 0.3, false);
+        }
+    }
+    let head = m.layer();
+    m.tensor(
+        head,
+        "output_norm.weight",
+        DType::F32,
+        1,
+        sh.n_embd,
+        0.2,
+        true,
+    );
+    let output = m.tensors["token_embd.weight"]; // tied
+    let layout = Layout {
+        shape: sh.clone(),
+        layers: m
+            .files
+            .iter()
+            .map(|f| LayerMeta {
+                path: "synthetic".into(),
+                size: f.len(),
+            })
+            .collect(),
+        tensors: m.tensors.clone(),
+        embed,
+        head,
+        blocks,
+        output,
+    };
+    let files = m.files;
+    // Layer bytes in 8-byte-aligned memory (the kernels read f32 norms and biases in place).
+    let aligned: Vec<Vec<u64>> = files
+        .iter()
+        .map(|f| {
+            let mut v = vec![0u64; f.len().div_ceil(8)];
+            // SAFETY: v has at least f.len() bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(f.as_ptr(), v.as_mut_ptr() as *mut u8, f.len())
+            };
+            v
+        })
+        .collect();
+    let base: Vec<u64> = aligned.iter().map(|v| v.as_ptr() as u64).collect();
+
+    let tokens: Vec<u32> = vec![1, 50, 299, 7, 123, 0, 88, 250, 31, 200];
+    let prefill = GEMM_MIN_TOKENS + 1;
+    assert_eq!(tokens.len(), prefill + 1);
+    let ctx = 16;
+    let widest = sh.n_embd.max(sh.n_ff).max(q_dim);
+    let mut store = Vec::new();
+    let mt = prefill;
+    let kv: Vec<(u64, u64)> = (0..sh.n_layers)
+        .map(|_| (buf(&mut store, ctx * kv_dim), buf(&mut store, ctx * kv_dim)))
+        .collect();
+    let s = Scratch {
+        x: buf(&mut store, mt * sh.n_embd),
+        xb: buf(&mut store, mt * widest),
+        q: buf(&mut store, mt * q_dim),
+        k: buf(&mut store, mt * kv_dim),
+        v: buf(&mut store, mt * kv_dim),
+        attn: buf(&mut store, mt * q_dim),
+        att: buf(&mut store, mt * sh.n_heads * ctx),
+        gate: buf(&mut store, mt * sh.n_ff),
+        up: buf(&mut store, mt * sh.n_ff),
+        logits: buf(&mut store, sh.vocab),
+        tile: buf(&mut store, layout.max_weight_elements()),
+    };
+    let (cos, sin) = rope_tables(sh.head_dim, ctx, sh.rope_theta);
+    let pass = Pass {
+        layout: &layout,
+        layer_base: &base,
+        s,
+        kv: &kv,
+        rope: (cos.as_ptr() as u64, sin.as_ptr() as u64),
+        ctx,
+    };
+    let mut dev = Emu { gemms: 0 };
+    let logits = |s: &Scratch| {
+        // SAFETY: s.logits holds vocab floats, written by the head above.
+        unsafe { std::slice::from_raw_parts(p::<f32>(s.logits), sh.vocab) }.to_vec()
+    };
+
+    let want = reference(&layout, &files, &tokens);
+
+    pass.embed(&mut dev, &tokens[..prefill]).unwrap();
+    for b in 0..sh.n_layers {
+        pass.block(&mut dev, b, prefill, 0).unwrap();
+    }
+    pass.head(&mut dev, prefill).unwrap();
+    assert_eq!(
+        dev.gemms,
+        7 * sh.n_layers,
+        "prefill must take the GEMM path"
+    );
+    check(
+        "prefill (GEMM path), last position",
+        &logits(&s),
+        &want[prefill - 1],
+    );
+
+    pass.embed(&mut dev, &tokens[prefill..]).unwrap();
+    for b in 0..sh.n_layers {
+        pass.block(&mut dev, b, 1, prefill).unwrap();
+    }
+    pass.head(&mut dev, 1).unwrap();
+    assert_eq!(
+        dev.gemms,
+        7 * sh.n_layers,
+        "decode must use the matvec kernels"
+    );
+    check("decode (matvec path)", &logits(&s), &want[prefill]);
+
+    // A layer that is not in VRAM is an error, not a read of address 0.
+    let mut missing = base.clone();
+    missing[layout.blocks[1]] = 0;
+    let pass = Pass {
+        layer_base: &missing,
+        ..pass
+    };
+    let e = pass.block(&mut dev, 1, 1, prefill).unwrap_err().to_string();
+    assert!(e.contains("not in VRAM"), "{e}");
+}
