@@ -94,19 +94,21 @@ fn run(
     for frac in [0.0, 0.25, 0.5, 0.75, 1.0] {
         let budget = min + ((all - min) as f64 * frac) as usize;
         let mut m = GpuModel::open(dir, &opts(best_path, budget))?;
-        let mut logits = m.forward(&[1], 0)?;
+        let mut logits = vec![0f32; m.layout().shape.vocab];
+        m.forward(&mut logits, &[1], 0)?;
         let t0 = Instant::now();
         let (load0_bytes, load0_s) = (m.stats.bytes, m.stats.seconds);
-        for pos in 1..=tokens.min(ctx - 1) {
+        let steps = tokens.min(ctx - 1);
+        for pos in 1..=steps {
             let tok = logits
                 .iter()
                 .enumerate()
                 .max_by(|a, b| a.1.total_cmp(b.1))
                 .map(|(i, _)| i as u32)
                 .unwrap_or(0);
-            logits = m.forward(&[tok], pos)?;
+            m.forward(&mut logits, &[tok], pos)?;
         }
-        let tps = tokens as f64 / t0.elapsed().as_secs_f64();
+        let tps = steps as f64 / t0.elapsed().as_secs_f64();
         let streamed = m.plan.streamed_bytes_per_token;
         let stream_bw =
             (m.stats.bytes - load0_bytes) as f64 / (m.stats.seconds - load0_s).max(1e-9);

@@ -118,6 +118,12 @@ pub struct GpuModel {
     kv: Vec<(u64, u64)>,
     rope: (u64, u64),
     scratch: Scratch,
+    /// Device address of each layer's bytes during a pass (0 = not in VRAM now).
+    base: Vec<u64>,
+    /// Device addresses of the two streaming slots.
+    slot_addr: Vec<u64>,
+    /// Layer indices of the streamed blocks, in execution order.
+    streamed: Vec<usize>,
     max_tokens: usize,
     ctx_len: usize,
     /// Bytes and time of every layer read so far (initial loads included).
@@ -244,7 +250,9 @@ impl Device for CudaDevice<'_> {
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(nblocks, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
-        launch!(self.0, &format!("dequant_{suffix}"), c, src, dst, nblocks)
+        let name = kernels::kernel_name("dequant", suffix)
+            .ok_or_else(|| model_err(format!("no dequant kernel for {suffix}")))?;
+        launch!(self.0, name, c, src, dst, nblocks)
     }
     fn rmsnorm(
         &mut self,
@@ -559,7 +567,21 @@ impl GpuModel {
             stats.bytes += layers[i].size as u64;
             layers[i].resident = Some(buf);
         }
+        let base = layers
+            .iter()
+            .map(|l| l.resident.as_ref().map_or(0, |b| addr(b, st)))
+            .collect();
+        let slot_addr = slots.iter().map(|s| addr(s, &gpu.copy)).collect();
+        let streamed = layout
+            .blocks
+            .iter()
+            .copied()
+            .filter(|&li| layers[li].resident.is_none())
+            .collect();
         Ok(GpuModel {
+            base,
+            slot_addr,
+            streamed,
             gpu,
             layout,
             layers,
@@ -592,8 +614,14 @@ impl GpuModel {
     }
 
     /// Runs `tokens` at positions `pos0..` (at most 512 at once: longer prompts go in
-    /// chunks) and returns the logits of the last one.
-    pub fn forward(&mut self, tokens: &[u32], pos0: usize) -> Result<Vec<f32>, GpuError> {
+    /// chunks) and writes the logits of the last one into `logits` (vocab floats). Nothing
+    /// is allocated on the host.
+    pub fn forward(
+        &mut self,
+        logits: &mut [f32],
+        tokens: &[u32],
+        pos0: usize,
+    ) -> Result<(), GpuError> {
         let ntok = tokens.len();
         if ntok == 0 || ntok > self.max_tokens || pos0 + ntok > self.ctx_len {
             return Err(model_err(format!(
@@ -601,26 +629,17 @@ impl GpuModel {
                 self.max_tokens, self.ctx_len
             )));
         }
+        if logits.len() != self.layout.shape.vocab {
+            return Err(model_err("logits buffer is not vocab-sized"));
+        }
         let st = self.gpu.compute.clone();
-        let mut base: Vec<u64> = self
-            .layers
-            .iter()
-            .map(|l| l.resident.as_ref().map_or(0, |b| addr(b, &st)))
-            .collect();
-        let slot_addr: Vec<u64> = self.slots.iter().map(|s| addr(s, &self.gpu.copy)).collect();
-        let blocks = self.layout.blocks.clone();
-        let streamed: Vec<usize> = blocks
-            .iter()
-            .copied()
-            .filter(|&li| self.layers[li].resident.is_none())
-            .collect();
-        if let Some(&first) = streamed.first() {
+        if let Some(&first) = self.streamed.first() {
             self.load_slot(first, 0)?;
         }
+        self.pass().embed(&mut CudaDevice(&self.gpu), tokens)?;
         let mut next = 0;
-        let pass_embed = self.pass(&base);
-        pass_embed.embed(&mut CudaDevice(&self.gpu), tokens)?;
-        for (b, &li) in blocks.iter().enumerate() {
+        for b in 0..self.layout.blocks.len() {
+            let li = self.layout.blocks[b];
             let slot = self.layers[li].resident.is_none().then(|| {
                 next += 1;
                 (next - 1) % 2
@@ -629,39 +648,35 @@ impl GpuModel {
                 if let Some(ev) = &self.loaded[slot] {
                     st.wait(ev).map_err(cuda("waiting for a layer"))?;
                 }
-                base[li] = slot_addr[slot];
+                self.base[li] = self.slot_addr[slot];
             }
-            self.pass(&base)
-                .block(&mut CudaDevice(&self.gpu), b, ntok, pos0)?;
+            let ran = self.pass().block(&mut CudaDevice(&self.gpu), b, ntok, pos0);
             if let Some(slot) = slot {
-                base[li] = 0;
+                self.base[li] = 0;
+                ran?;
                 self.computed[slot] = Some(st.record_event(None).map_err(cuda("event"))?);
                 // Read the next streamed block into the other slot while this one computes.
-                if let Some(&nl) = streamed.get(next) {
+                if let Some(&nl) = self.streamed.get(next) {
                     self.load_slot(nl, 1 - slot)?;
                 }
+            } else {
+                ran?;
             }
         }
-        self.pass(&base).head(&mut CudaDevice(&self.gpu), ntok)?;
-        let mut logits = vec![0f32; self.layout.shape.vocab];
+        self.pass().head(&mut CudaDevice(&self.gpu), ntok)?;
         // SAFETY: `logits` holds vocab floats, the scratch logits buffer as many; the
         // stream is synchronized before `logits` is read.
         unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(
-                &mut logits,
-                self.scratch.logits,
-                st.cu_stream(),
-            )
+            cudarc::driver::result::memcpy_dtoh_async(logits, self.scratch.logits, st.cu_stream())
         }
         .map_err(cuda("copying logits"))?;
-        st.synchronize().map_err(cuda("forward"))?;
-        Ok(logits)
+        st.synchronize().map_err(cuda("forward"))
     }
 
-    fn pass<'a>(&'a self, base: &'a [u64]) -> Pass<'a> {
+    fn pass(&self) -> Pass<'_> {
         Pass {
             layout: &self.layout,
-            layer_base: base,
+            layer_base: &self.base,
             s: self.scratch,
             kv: &self.kv,
             rope: self.rope,

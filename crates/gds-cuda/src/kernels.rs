@@ -44,6 +44,15 @@ pub const KERNEL_NAMES: &[&str] = &[
     "add_inplace",
 ];
 
+/// The entry point `{kind}_{suffix}` (e.g. `matvec` + `q4_0`), found without allocating.
+pub fn kernel_name(kind: &str, suffix: &str) -> Option<&'static str> {
+    KERNEL_NAMES.iter().copied().find(|n| {
+        n.strip_prefix(kind)
+            .and_then(|r| r.strip_prefix('_'))
+            .is_some_and(|r| r == suffix)
+    })
+}
+
 /// One file as a complete program: prelude + body.
 pub fn file_program(body: &str) -> String {
     format!("{PRELUDE}\n{body}")
@@ -98,6 +107,13 @@ mod tests {
         }
         assert!(p.contains(&format!("#define MATVEC_ROWS {MATVEC_ROWS} ")));
         assert!(p.contains(&format!("#define BLOCK_THREADS {BLOCK_THREADS} ")));
+    }
+
+    #[test]
+    fn kernel_names_are_found_by_kind_and_suffix() {
+        assert_eq!(kernel_name("matvec", "q4_k"), Some("matvec_q4_k"));
+        assert_eq!(kernel_name("dequant", "f16"), Some("dequant_f16"));
+        assert_eq!(kernel_name("matvec", "q5_0"), None);
     }
 
     #[test]
