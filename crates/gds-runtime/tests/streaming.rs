@@ -106,7 +106,7 @@ fn streamed_logits_equal_mapped_logits_at_every_budget() {
 
 #[test]
 fn the_minimum_budget_is_two_buffers_and_smaller_budgets_are_refused() {
-    let io = io_plan("direct", Some(40 << 20), false);
+    let io = io_plan("direct", Some(24 << 20), false);
     assert_eq!(io.slots, 2);
     assert_eq!(io.min_budget_bytes, 2 * io.slot_bytes);
     // the largest block layer of SmolLM2 is 2.2 MB; the 30 MB embedding/head streams in
