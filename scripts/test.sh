@@ -21,7 +21,8 @@ echo "== cargo build --release"
 cargo build --workspace --release
 echo "== cargo test --release"
 cargo test --workspace --release
-echo "== GPU backend (--features cuda): clippy, release build, kernels on the CPU and through NVRTC"
+# (the kernels' CPU-emulation tests need no feature and already ran above)
+echo "== GPU backend (--features cuda): clippy, release build, probe tests, kernels through NVRTC"
 cargo clippy -p gds-cuda -p gds-runtime -p gdsrun --all-targets --release --features cuda -- -D warnings
 cargo build --release -p gdsrun --features cuda
-LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release -p gds-cuda --features cuda
+LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release -p gds-cuda --features cuda --lib --test nvrtc
