@@ -3,7 +3,10 @@
 fn main() {
     let report = gds_cuda::probe();
     if std::env::args().any(|a| a == "--json") {
-        println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serializable")
+        );
     } else {
         print!("{report}");
     }
