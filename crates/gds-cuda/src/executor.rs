@@ -24,7 +24,7 @@
 
 use crate::forward::{Device, Pass, Scratch};
 use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS};
-use crate::plan::{Layout, VramPlan, MAX_BATCH};
+use crate::plan::{schedule, Layout, Step, VramPlan, MAX_BATCH};
 use crate::{nvrtc, probe, GpuError, GpuPath};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::CudaBlas;
@@ -122,8 +122,8 @@ pub struct GpuModel {
     base: Vec<u64>,
     /// Device addresses of the two streaming slots.
     slot_addr: Vec<u64>,
-    /// Layer indices of the streamed blocks, in execution order.
-    streamed: Vec<usize>,
+    /// The per-token order of block computes and slot reads (`plan::schedule`).
+    steps: Vec<Step>,
     max_tokens: usize,
     ctx_len: usize,
     /// Bytes and time of every layer read so far (initial loads included).
@@ -572,16 +572,11 @@ impl GpuModel {
             .map(|l| l.resident.as_ref().map_or(0, |b| addr(b, st)))
             .collect();
         let slot_addr = slots.iter().map(|s| addr(s, &gpu.copy)).collect();
-        let streamed = layout
-            .blocks
-            .iter()
-            .copied()
-            .filter(|&li| layers[li].resident.is_none())
-            .collect();
+        let steps = schedule(&layout.blocks, &plan.resident);
         Ok(GpuModel {
             base,
             slot_addr,
-            streamed,
+            steps,
             gpu,
             layout,
             layers,
@@ -633,34 +628,30 @@ impl GpuModel {
             return Err(model_err("logits buffer is not vocab-sized"));
         }
         let st = self.gpu.compute.clone();
-        if let Some(&first) = self.streamed.first() {
-            self.load_slot(first, 0)?;
-        }
         self.pass().embed(&mut CudaDevice(&self.gpu), tokens)?;
-        let mut next = 0;
-        for b in 0..self.layout.blocks.len() {
-            let li = self.layout.blocks[b];
-            let slot = self.layers[li].resident.is_none().then(|| {
-                next += 1;
-                (next - 1) % 2
-            });
-            if let Some(slot) = slot {
-                if let Some(ev) = &self.loaded[slot] {
-                    st.wait(ev).map_err(cuda("waiting for a layer"))?;
+        for i in 0..self.steps.len() {
+            match self.steps[i] {
+                Step::Load { layer, slot } => self.load_slot(layer, slot)?,
+                Step::Compute { block, slot: None } => {
+                    self.pass()
+                        .block(&mut CudaDevice(&self.gpu), block, ntok, pos0)?
                 }
-                self.base[li] = self.slot_addr[slot];
-            }
-            let ran = self.pass().block(&mut CudaDevice(&self.gpu), b, ntok, pos0);
-            if let Some(slot) = slot {
-                self.base[li] = 0;
-                ran?;
-                self.computed[slot] = Some(st.record_event(None).map_err(cuda("event"))?);
-                // Read the next streamed block into the other slot while this one computes.
-                if let Some(&nl) = self.streamed.get(next) {
-                    self.load_slot(nl, 1 - slot)?;
+                Step::Compute {
+                    block,
+                    slot: Some(slot),
+                } => {
+                    if let Some(ev) = &self.loaded[slot] {
+                        st.wait(ev).map_err(cuda("waiting for a layer"))?;
+                    }
+                    let li = self.layout.blocks[block];
+                    self.base[li] = self.slot_addr[slot];
+                    let ran = self
+                        .pass()
+                        .block(&mut CudaDevice(&self.gpu), block, ntok, pos0);
+                    self.base[li] = 0;
+                    ran?;
+                    self.computed[slot] = Some(st.record_event(None).map_err(cuda("event"))?);
                 }
-            } else {
-                ran?;
             }
         }
         self.pass().head(&mut CudaDevice(&self.gpu), ntok)?;

@@ -304,6 +304,62 @@ pub fn plan_vram(
     })
 }
 
+/// One step of a token's pass over the blocks, in the order the executor issues them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Read layer `layer` into streaming slot `slot`, once the slot's previous block has
+    /// finished computing (host waits on `computed[slot]`); marks `loaded[slot]`.
+    Load {
+        /// Layer index (manifest order).
+        layer: usize,
+        /// Slot 0 or 1.
+        slot: usize,
+    },
+    /// Run block `block`: from its resident buffer (`slot` = None), or from `slot` after the
+    /// compute stream has waited on `loaded[slot]`; then records `computed[slot]`.
+    Compute {
+        /// Block number.
+        block: usize,
+        /// Streaming slot it is read from, if not resident.
+        slot: Option<usize>,
+    },
+}
+
+/// The per-token schedule for `blocks` (layer index per block) given which layers are
+/// resident: the first streamed block is read before the pass, and each streamed block's
+/// successor is read into the other slot right after it is enqueued, so reads overlap
+/// compute and the two slots alternate.
+pub fn schedule(blocks: &[usize], resident: &[bool]) -> Vec<Step> {
+    let streamed: Vec<usize> = blocks.iter().copied().filter(|&l| !resident[l]).collect();
+    let mut steps = Vec::new();
+    if let Some(&first) = streamed.first() {
+        steps.push(Step::Load {
+            layer: first,
+            slot: 0,
+        });
+    }
+    let mut next = 0;
+    for (block, &layer) in blocks.iter().enumerate() {
+        if resident[layer] {
+            steps.push(Step::Compute { block, slot: None });
+            continue;
+        }
+        let slot = next % 2;
+        next += 1;
+        steps.push(Step::Compute {
+            block,
+            slot: Some(slot),
+        });
+        if let Some(&nl) = streamed.get(next) {
+            steps.push(Step::Load {
+                layer: nl,
+                slot: 1 - slot,
+            });
+        }
+    }
+    steps
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,6 +389,79 @@ mod tests {
         assert_eq!(p.slot_bytes, 10);
         assert_eq!(p.streamed_bytes_per_token, 30);
         assert_eq!(p.min_budget, 210);
+    }
+
+    /// Replays a schedule and checks it: blocks in order, each computed once from the slot
+    /// holding its layer, no slot overwritten before its block was computed, reads overlap
+    /// (a block's successor is loaded before the block after it is computed).
+    fn replay(blocks: &[usize], resident: &[bool]) -> usize {
+        let steps = schedule(blocks, resident);
+        let mut slot_holds: [Option<(usize, bool)>; 2] = [None, None]; // (layer, computed)
+        let mut computed = Vec::new();
+        let mut loads = 0;
+        for step in &steps {
+            match *step {
+                Step::Load { layer, slot } => {
+                    assert!(!resident[layer], "resident layer {layer} loaded");
+                    if let Some((old, done)) = slot_holds[slot] {
+                        assert!(done, "slot {slot} overwritten before layer {old} computed");
+                    }
+                    slot_holds[slot] = Some((layer, false));
+                    loads += 1;
+                }
+                Step::Compute { block, slot } => {
+                    assert_eq!(block, computed.len(), "blocks out of order");
+                    let layer = blocks[block];
+                    match slot {
+                        None => assert!(resident[layer]),
+                        Some(s) => {
+                            assert_eq!(slot_holds[s], Some((layer, false)), "block {block}");
+                            slot_holds[s] = Some((layer, true));
+                        }
+                    }
+                    computed.push(block);
+                }
+            }
+        }
+        assert_eq!(computed.len(), blocks.len());
+        loads
+    }
+
+    #[test]
+    fn the_streaming_schedule_alternates_slots_and_never_overwrites_a_slot_in_use() {
+        let blocks: Vec<usize> = (1..=6).collect();
+        // All resident: no loads. None resident: one load per block. Mixed: the streamed ones.
+        assert_eq!(replay(&blocks, &[true; 8]), 0);
+        assert_eq!(
+            replay(
+                &blocks,
+                &[true, false, false, false, false, false, false, true]
+            ),
+            6
+        );
+        let mixed = [true, true, true, false, false, false, false, true];
+        assert_eq!(replay(&blocks, &mixed), 4);
+        let steps = schedule(&blocks, &mixed);
+        // The first streamed block is read before the pass starts.
+        assert_eq!(steps[0], Step::Load { layer: 3, slot: 0 });
+        // Block 3 (layer 4, slot 1) is read while block 2 (slot 0) computes.
+        let i = steps
+            .iter()
+            .position(|s| {
+                *s == Step::Compute {
+                    block: 2,
+                    slot: Some(0),
+                }
+            })
+            .unwrap();
+        assert_eq!(steps[i + 1], Step::Load { layer: 4, slot: 1 });
+        assert_eq!(
+            steps.last(),
+            Some(&Step::Compute {
+                block: 5,
+                slot: Some(1)
+            })
+        );
     }
 
     #[test]
