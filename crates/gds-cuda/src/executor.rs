@@ -449,6 +449,12 @@ impl GpuModel {
     /// within `opts.vram_budget`, and loads the resident layers.
     pub fn open(dir: &Path, opts: &ExecOptions) -> Result<GpuModel, GpuError> {
         let layout = Layout::read(dir)?;
+        if layout.shape.rope_scaling != "none" && opts.rope.is_none() {
+            return Err(model_err(format!(
+                "RoPE scaling `{}`: pass the runtime's tables in ExecOptions::rope",
+                layout.shape.rope_scaling
+            )));
+        }
         let plan = layout.plan(opts.ctx, opts.vram_budget as usize)?;
         let gpu = Gpu::open(opts.device, opts.load)?;
         let (s, ctx) = (&layout.shape, opts.ctx);

@@ -37,6 +37,9 @@ pub struct Shape {
     pub eps: f32,
     /// RoPE base.
     pub rope_theta: f64,
+    /// `model.rope_scaling.type` (`none`, `linear`, `llama3`): scaled tables must come from
+    /// the runtime.
+    pub rope_scaling: String,
 }
 
 /// A tensor as a byte range of its layer file (and so of the layer's device buffer).
@@ -111,6 +114,10 @@ fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
         vocab: u("model.vocab_size")?,
         eps: f("model.rms_norm_eps")? as f32,
         rope_theta: f("model.rope_theta")?,
+        rope_scaling: m
+            .get_str("model.rope_scaling.type")
+            .unwrap_or("none")
+            .to_string(),
     })
 }
 

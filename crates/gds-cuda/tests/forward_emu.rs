@@ -450,6 +450,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         vocab: 300,
         eps: 1e-5,
         rope_theta: 10000.0,
+        rope_scaling: "none".into(),
     };
     let (q_dim, kv_dim) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
     let mut m = Model::default();
