@@ -73,3 +73,16 @@ pub fn smollm_converted() -> &'static Path {
     })
     .1
 }
+
+/// Copies a directory tree (a converted model) to `dst`.
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).expect("create directory");
+    for e in std::fs::read_dir(src).expect("read directory") {
+        let e = e.expect("directory entry");
+        if e.file_type().expect("file type").is_dir() {
+            copy_dir(&e.path(), &dst.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), dst.join(e.file_name())).expect("copy file");
+        }
+    }
+}

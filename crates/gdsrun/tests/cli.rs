@@ -435,7 +435,7 @@ fn corrupt_layer_file_is_named() {
     let src = Path::new(model());
     let dir = tempfile::tempdir().unwrap();
     let dst = dir.path().join("m.gds");
-    copy_dir(src, &dst);
+    gds_tests::copy_dir(src, &dst);
     let layer = std::fs::read_dir(dst.join("layers"))
         .unwrap()
         .next()
@@ -453,16 +453,4 @@ fn corrupt_layer_file_is_named() {
         1,
         &name,
     );
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-        }
-    }
 }

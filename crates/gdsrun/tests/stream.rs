@@ -1,0 +1,152 @@
+//! `gdsrun --io direct --mem-budget`: streaming runs give the tokens of the mapped model,
+//! keep the weights out of the page cache, stay within budget + KV cache + 64 MiB of RSS,
+//! and refuse budgets too small to stream with the minimum that would work.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn model() -> &'static Path {
+    gds_tests::smollm_converted()
+}
+
+fn gdsrun(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn gdsrun")
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let o = gdsrun(args);
+    assert!(
+        o.status.success(),
+        "gdsrun {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("one JSON object")
+}
+
+fn layer_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir.join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+fn cached(dir: &Path) -> (usize, usize) {
+    layer_files(dir).iter().fold((0, 0), |(r, t), p| {
+        let (a, b) = gds_io::pagecache::cached_pages(p).unwrap();
+        (r + a, t + b)
+    })
+}
+
+#[test]
+fn direct_streaming_matches_mmap_and_leaves_no_weights_in_the_page_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("m.gds");
+    gds_tests::copy_dir(model(), &copy);
+    for f in layer_files(&copy) {
+        gds_io::pagecache::evict(&f).unwrap();
+    }
+    let (before, total) = cached(&copy);
+    let weights: u64 = layer_files(&copy)
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    let quarter = (weights / 4).to_string();
+    let common = [
+        "--prompt",
+        "Name three colors.",
+        "--temp",
+        "0",
+        "-n",
+        "12",
+        "--ctx",
+        "256",
+        "--json",
+    ];
+    let mut args = vec![model().to_str().unwrap(), "--io", "mmap"];
+    args.extend(common);
+    let mapped = ok_json(&args);
+    let mut args = vec![
+        copy.to_str().unwrap(),
+        "--io",
+        "direct",
+        "--mem-budget",
+        &quarter,
+    ];
+    args.extend(common);
+    let streamed = ok_json(&args);
+
+    assert_eq!(streamed["tokens"], mapped["tokens"]);
+    assert_eq!(streamed["text"], mapped["text"]);
+    let m = &streamed["metrics"];
+    let io = &streamed["plan"]["io_plan"];
+    // the plan streams: some blocks and the 30 MB tied embedding/head are not resident
+    assert_eq!(streamed["plan"]["io"], "direct", "{io}");
+    assert!(io["held_bytes"].as_u64().unwrap() <= weights / 4, "{io}");
+    assert!(
+        !io["streamed_layers"].as_array().unwrap().is_empty(),
+        "{io}"
+    );
+    let per_token = m["bytes_read_per_token"].as_f64().unwrap();
+    assert!(per_token > 30e6, "{m}");
+    assert!(
+        m["read_bandwidth_bytes_per_sec"].as_f64().unwrap() > 0.0,
+        "{m}"
+    );
+    assert!(m["io_overlap"].is_number(), "{m}");
+    // RSS within budget + KV cache + 64 MiB
+    let rss = m["peak_rss_bytes"].as_u64().unwrap();
+    let bound =
+        io["held_bytes"].as_u64().unwrap() + m["kv_cache_bytes"].as_u64().unwrap() + (64 << 20);
+    assert!(rss <= bound, "peak RSS {rss} > {bound}");
+    eprintln!(
+        "streamed: peak RSS {:.1} MiB, bound {:.1} MiB, {:.1} MB/token",
+        rss as f64 / 1048576.0,
+        bound as f64 / 1048576.0,
+        per_token / 1e6
+    );
+
+    // O_DIRECT reads leave nothing in the page cache (checked where eviction works, i.e.
+    // the test directory is on a disk filesystem, not tmpfs)
+    let (after, _) = cached(&copy);
+    if before == 0 {
+        assert_eq!(
+            after, 0,
+            "{after} of {total} layer-file pages cached after a direct run"
+        );
+    } else {
+        eprintln!("note: page cache could not be dropped here ({before} of {total} pages stay); the no-page-cache check is skipped");
+        assert_ne!(streamed["plan"]["io"], "direct");
+    }
+}
+
+#[test]
+fn budgets_that_cannot_work_are_refused_with_the_minimum() {
+    let m = model().to_str().unwrap();
+    let o = gdsrun(&[m, "--prompt", "hi", "--io", "direct", "--mem-budget", "1MB"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("minimum working set") && e.contains("4.3 MiB"),
+        "{e}"
+    );
+    let o = gdsrun(&[m, "--prompt", "hi", "--io", "mmap", "--mem-budget", "10MB"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--io direct"));
+    let o = gdsrun(&[m, "--prompt", "hi", "--mem-budget", "12 parsecs"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown unit"));
+    // --plan shows the decision without running
+    let p = ok_json(&[m, "--plan", "--mem-budget", "30MB"]);
+    assert_eq!(p["io"], "direct");
+    assert!(p["io_plan"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("larger than --mem-budget"));
+}
