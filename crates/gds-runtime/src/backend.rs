@@ -27,8 +27,10 @@ enum Gpu {
     #[cfg_attr(feature = "cuda", allow(dead_code))]
     NotBuilt,
     /// Built with it, but the backend cannot run here: why.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Unusable(String),
     /// A usable GPU: a one-line description (device, path).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Usable(String),
 }
 

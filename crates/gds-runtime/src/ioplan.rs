@@ -145,7 +145,7 @@ fn layers_of(m: &Manifest<'_>) -> Result<Layers> {
         .ok_or_else(|| bad("token_embd.weight is missing".into()))?;
     let out = m
         .find_tensor("output.weight")
-        .unwrap_or_else(|| embd.clone());
+        .unwrap_or(embd);
     let (rows, cols) = match out.dims() {
         [r, c] => (*r as usize, *c),
         d => return Err(bad(format!("{} has shape {d:?}", out.name))),
