@@ -142,12 +142,21 @@ struct Paged<'a, T> {
 }
 
 impl<T> Paged<'_, T> {
-    /// Element index of key/value row `j` of this head.
+    /// Calls `f(j, at)` for every key `j` in order, `at` being the element index of its
+    /// row in this head: one block at a time, so no division per key.
     #[inline(always)]
-    fn at(&self, j: usize) -> usize {
-        self.layer_base
-            + (self.table[j / self.block] as usize * self.block + j % self.block) * self.stride
-            + self.head_off
+    fn for_each_key(&self, mut f: impl FnMut(usize, usize)) {
+        let row = self.block * self.stride;
+        for (bi, &b) in self.table.iter().enumerate() {
+            let first = bi * self.block;
+            if first >= self.n_keys {
+                break;
+            }
+            let base = self.layer_base + b as usize * row + self.head_off;
+            for (i, j) in (first..self.n_keys.min(first + self.block)).enumerate() {
+                f(j, base + i * self.stride);
+            }
+        }
     }
 }
 
@@ -155,16 +164,10 @@ impl<T> Paged<'_, T> {
 fn paged_generic<T: KvElem>(h: &Paged<'_, T>, scores: &mut [f32], out: &mut [f32]) {
     let hd = h.q.len();
     let sc = &mut scores[..h.n_keys];
-    for (j, sj) in sc.iter_mut().enumerate() {
-        let at = h.at(j);
-        *sj = ops::dot(h.q, &h.k[at..at + hd]) * h.scale;
-    }
+    h.for_each_key(|j, at| sc[j] = ops::dot(h.q, &h.k[at..at + hd]) * h.scale);
     ops::softmax(sc);
     out.fill(0.0);
-    for (j, &p) in sc.iter().enumerate() {
-        let at = h.at(j);
-        ops::axpy(out, p, &h.v[at..at + hd]);
-    }
+    h.for_each_key(|j, at| ops::axpy(out, sc[j], &h.v[at..at + hd]));
 }
 
 #[cfg(target_arch = "x86_64")]

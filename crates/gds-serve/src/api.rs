@@ -214,7 +214,11 @@ fn job(st: &ServerState, c: Common, prompt: Vec<u32>, default_max: usize) -> Res
         .param("prompt"));
     }
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= st.vocab) {
-        return Err(ApiError::bad(format!("token id {bad} is outside the vocabulary ({})", st.vocab)).param("prompt"));
+        return Err(ApiError::bad(format!(
+            "token id {bad} is outside the vocabulary ({})",
+            st.vocab
+        ))
+        .param("prompt"));
     }
     if c.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("only n = 1 is supported").param("n"));
@@ -222,7 +226,9 @@ fn job(st: &ServerState, c: Common, prompt: Vec<u32>, default_max: usize) -> Res
     let room = ctx - prompt.len();
     let max_tokens = match c.max_tokens.or(c.max_completion_tokens) {
         Some(n) if n < 1 => {
-            return Err(ApiError::bad(format!("max_tokens {n} must be at least 1")).param("max_tokens"))
+            return Err(
+                ApiError::bad(format!("max_tokens {n} must be at least 1")).param("max_tokens")
+            )
         }
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(room),
         None => default_max.min(room),
@@ -291,7 +297,10 @@ fn submit(st: &ServerState, job: &Job) -> Result<mpsc::UnboundedReceiver<Event>,
         return Err(ApiError::status(
             StatusCode::TOO_MANY_REQUESTS,
             "server_busy",
-            format!("the queue is full ({} waiting); retry later", st.queue_limit),
+            format!(
+                "the queue is full ({} waiting); retry later",
+                st.queue_limit
+            ),
         ));
     }
     let (tx, rx) = mpsc::unbounded_channel();
@@ -485,11 +494,22 @@ impl Gen {
 /// llama.cpp-style timings.
 fn timings(end: &End, prompt_tokens: usize) -> Value {
     let (pn, pms, dms, cached) = end.done.as_ref().map_or((prompt_tokens, 0.0, 0.0, 0), |d| {
-        (d.prompt_tokens - d.cached_tokens, d.prompt_ms, d.decode_ms, d.cached_tokens)
+        (
+            d.prompt_tokens - d.cached_tokens,
+            d.prompt_ms,
+            d.decode_ms,
+            d.cached_tokens,
+        )
     });
     let n = end.completion_tokens;
     let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
-    let tps = |ms: f64, n: usize| if ms > 0.0 { n as f64 * 1000.0 / ms } else { 0.0 };
+    let tps = |ms: f64, n: usize| {
+        if ms > 0.0 {
+            n as f64 * 1000.0 / ms
+        } else {
+            0.0
+        }
+    };
     // decode time covers the tokens after the first (the first comes from the prompt pass)
     let dn = n.saturating_sub(1);
     json!({
@@ -525,7 +545,11 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
     let rx = submit(&st, &job)?;
     let id = format!(
         "{}-{:016x}",
-        if kind == Kind::Chat { "chatcmpl" } else { "cmpl" },
+        if kind == Kind::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        },
         random_seed()
     );
     let created = now_secs();
@@ -539,7 +563,11 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
                 Some(Piece::Text(t)) => text.push_str(&t),
                 Some(Piece::End(e)) => break e,
                 Some(Piece::Error(e)) => {
-                    return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e))
+                    return Err(ApiError::status(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        e,
+                    ))
                 }
                 None => unreachable!("the end is always reported"),
             }
@@ -548,8 +576,12 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
             text.push_str(&r);
         }
         let choice = match kind {
-            Kind::Completion => json!({"text": text, "index": 0, "logprobs": null, "finish_reason": end.finish}),
-            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": end.finish}),
+            Kind::Completion => {
+                json!({"text": text, "index": 0, "logprobs": null, "finish_reason": end.finish})
+            }
+            Kind::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": end.finish})
+            }
         };
         let body = json!({
             "id": id,
@@ -563,7 +595,11 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
         return Ok(Json(body).into_response());
     }
 
-    let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let object = if kind == Kind::Chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
     let chunk = move |choice: Value, extra: Option<(Value, Value)>| {
         let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
         if let Some((u, t)) = extra {
@@ -573,8 +609,12 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
         SseEvent::default().data(v.to_string())
     };
     let text_choice = move |text: String| match kind {
-        Kind::Completion => json!({"text": text, "index": 0, "logprobs": null, "finish_reason": null}),
-        Kind::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null}),
+        Kind::Completion => {
+            json!({"text": text, "index": 0, "logprobs": null, "finish_reason": null})
+        }
+        Kind::Chat => {
+            json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+        }
     };
     let first = (kind == Kind::Chat).then(|| {
         chunk(
@@ -633,7 +673,9 @@ pub async fn completions(
             Prompt::Text(s) => encode(&st, &s)?,
             Prompt::Texts(v) if v.len() == 1 => encode(&st, &v[0])?,
             Prompt::Texts(_) => {
-                return Err(ApiError::bad("exactly one prompt per request is supported").param("prompt"))
+                return Err(
+                    ApiError::bad("exactly one prompt per request is supported").param("prompt")
+                )
             }
         };
         let j = job(&st, b.common, prompt, 16)?;
@@ -644,11 +686,7 @@ pub async fn completions(
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat(
-    State(st): State<Arc<ServerState>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         authorize(&st, &headers)?;
         let b: ChatBody = parse(&body)?;
@@ -657,7 +695,10 @@ pub async fn chat(
         }
         let mut msgs = Vec::with_capacity(b.messages.len());
         for m in &b.messages {
-            if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "developer" | "tool") {
+            if !matches!(
+                m.role.as_str(),
+                "system" | "user" | "assistant" | "developer" | "tool"
+            ) {
                 return Err(ApiError::bad(format!("unknown role {:?}", m.role)).param("messages"));
             }
             let content = match &m.content {
@@ -667,14 +708,22 @@ pub async fn chat(
                     let mut s = String::new();
                     for p in parts {
                         if p.kind != "text" {
-                            return Err(ApiError::bad(format!("content parts of type {:?} are not supported", p.kind)).param("messages"));
+                            return Err(ApiError::bad(format!(
+                                "content parts of type {:?} are not supported",
+                                p.kind
+                            ))
+                            .param("messages"));
                         }
                         s.push_str(p.text.as_deref().unwrap_or(""));
                     }
                     s
                 }
             };
-            let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+            let role = if m.role == "developer" {
+                "system"
+            } else {
+                m.role.as_str()
+            };
             msgs.push(Message::new(role, &content));
         }
         let tok = &st.tokenizer;
@@ -734,5 +783,10 @@ pub async fn metrics(State(st): State<Arc<ServerState>>) -> Response {
 
 /// Anything else: 404 in OpenAI's format.
 pub async fn not_found() -> Response {
-    ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint").into_response()
+    ApiError::status(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint",
+    )
+    .into_response()
 }

@@ -54,8 +54,8 @@ pub struct ServeArgs {
     /// Positions per KV block.
     #[arg(long, default_value_t = 16)]
     pub kv_block: usize,
-    /// KV cache element type: f32 or f16.
-    #[arg(long, default_value = "f16")]
+    /// KV cache element type: f32 or f16 (half the memory, a little slower to read).
+    #[arg(long, default_value = "f32")]
     pub kv_dtype: String,
     /// Require `Authorization: Bearer KEY`.
     #[arg(long)]
@@ -83,7 +83,10 @@ pub struct ServerState {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let bad = |m: String| Err(anyhow::anyhow!(m));
     if args.max_batch == 0 || args.max_batch > 1024 {
-        return bad(format!("--max-batch {} must be in 1..=1024", args.max_batch));
+        return bad(format!(
+            "--max-batch {} must be in 1..=1024",
+            args.max_batch
+        ));
     }
     if args.kv_block == 0 || args.kv_block > 4096 {
         return bad(format!("--kv-block {} must be in 1..=4096", args.kv_block));
@@ -171,7 +174,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.max_batch,
         n_blocks,
         args.kv_block,
-        n_blocks * block_bytes >> 20,
+        (n_blocks * block_bytes) >> 20,
         args.kv_dtype
     );
     rt.block_on(async move {

@@ -78,7 +78,13 @@ impl ServerMetrics {
         let (ps, ds) = (secs * prompt as f64 / total, secs * decode as f64 / total);
         t.prompt_s += ps;
         t.decode_s += ds;
-        let ema = |old: f64, new: f64| if old == 0.0 { new } else { 0.8 * old + 0.2 * new };
+        let ema = |old: f64, new: f64| {
+            if old == 0.0 {
+                new
+            } else {
+                0.8 * old + 0.2 * new
+            }
+        };
         if prompt > 0 && secs > 0.0 {
             t.prompt_tps = ema(t.prompt_tps, prompt as f64 / secs);
         }
@@ -93,31 +99,144 @@ impl ServerMetrics {
         let t = self.timing.lock().unwrap_or_else(|e| e.into_inner());
         let mut o = String::new();
         let mut put = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = writeln!(o, "# HELP gds_{name} {help}\n# TYPE gds_{name} {kind}\ngds_{name} {v}");
+            let _ = writeln!(
+                o,
+                "# HELP gds_{name} {help}\n# TYPE gds_{name} {kind}\ngds_{name} {v}"
+            );
         };
-        put("requests_total", "counter", "Generation requests accepted.", g(&self.requests).to_string());
-        put("requests_rejected_total", "counter", "Requests refused as invalid (400).", g(&self.rejected_bad).to_string());
-        put("requests_busy_total", "counter", "Requests refused because the queue was full (429).", g(&self.rejected_busy).to_string());
-        put("requests_finished_total", "counter", "Requests that ended normally.", g(&self.finished).to_string());
-        put("requests_failed_total", "counter", "Requests that failed in the engine.", g(&self.failed).to_string());
-        put("requests_cancelled_total", "counter", "Requests dropped because the client went away.", g(&self.cancelled).to_string());
-        put("preemptions_total", "counter", "Running requests requeued for lack of KV blocks.", g(&self.preemptions).to_string());
-        put("queue_depth", "gauge", "Requests waiting for admission.", self.queue_depth.load(Ordering::Relaxed).max(0).to_string());
-        put("requests_running", "gauge", "Requests prefilling or decoding.", g(&self.running).to_string());
-        put("batch_size", "gauge", "Sequences decoded in the last step.", g(&self.last_batch).to_string());
-        put("steps_total", "counter", "Batched forward passes.", g(&self.steps).to_string());
-        put("prompt_tokens_total", "counter", "Prompt tokens evaluated.", g(&self.prompt_tokens).to_string());
-        put("prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.", g(&self.prompt_tokens_cached).to_string());
-        put("generated_tokens_total", "counter", "Tokens generated.", g(&self.generated).to_string());
-        put("prompt_seconds_total", "counter", "Forward time spent on prompt tokens.", format!("{:.6}", t.prompt_s));
-        put("decode_seconds_total", "counter", "Forward time spent on decode tokens.", format!("{:.6}", t.decode_s));
-        put("prompt_tokens_per_second", "gauge", "Recent prompt throughput.", format!("{:.3}", t.prompt_tps));
-        put("decode_tokens_per_second", "gauge", "Recent aggregate decode throughput.", format!("{:.3}", t.decode_tps));
+        put(
+            "requests_total",
+            "counter",
+            "Generation requests accepted.",
+            g(&self.requests).to_string(),
+        );
+        put(
+            "requests_rejected_total",
+            "counter",
+            "Requests refused as invalid (400).",
+            g(&self.rejected_bad).to_string(),
+        );
+        put(
+            "requests_busy_total",
+            "counter",
+            "Requests refused because the queue was full (429).",
+            g(&self.rejected_busy).to_string(),
+        );
+        put(
+            "requests_finished_total",
+            "counter",
+            "Requests that ended normally.",
+            g(&self.finished).to_string(),
+        );
+        put(
+            "requests_failed_total",
+            "counter",
+            "Requests that failed in the engine.",
+            g(&self.failed).to_string(),
+        );
+        put(
+            "requests_cancelled_total",
+            "counter",
+            "Requests dropped because the client went away.",
+            g(&self.cancelled).to_string(),
+        );
+        put(
+            "preemptions_total",
+            "counter",
+            "Running requests requeued for lack of KV blocks.",
+            g(&self.preemptions).to_string(),
+        );
+        put(
+            "queue_depth",
+            "gauge",
+            "Requests waiting for admission.",
+            self.queue_depth.load(Ordering::Relaxed).max(0).to_string(),
+        );
+        put(
+            "requests_running",
+            "gauge",
+            "Requests prefilling or decoding.",
+            g(&self.running).to_string(),
+        );
+        put(
+            "batch_size",
+            "gauge",
+            "Sequences decoded in the last step.",
+            g(&self.last_batch).to_string(),
+        );
+        put(
+            "steps_total",
+            "counter",
+            "Batched forward passes.",
+            g(&self.steps).to_string(),
+        );
+        put(
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens evaluated.",
+            g(&self.prompt_tokens).to_string(),
+        );
+        put(
+            "prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens served from the prefix cache.",
+            g(&self.prompt_tokens_cached).to_string(),
+        );
+        put(
+            "generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            g(&self.generated).to_string(),
+        );
+        put(
+            "prompt_seconds_total",
+            "counter",
+            "Forward time spent on prompt tokens.",
+            format!("{:.6}", t.prompt_s),
+        );
+        put(
+            "decode_seconds_total",
+            "counter",
+            "Forward time spent on decode tokens.",
+            format!("{:.6}", t.decode_s),
+        );
+        put(
+            "prompt_tokens_per_second",
+            "gauge",
+            "Recent prompt throughput.",
+            format!("{:.3}", t.prompt_tps),
+        );
+        put(
+            "decode_tokens_per_second",
+            "gauge",
+            "Recent aggregate decode throughput.",
+            format!("{:.3}", t.decode_tps),
+        );
         let (total, free) = (g(&self.kv_blocks_total), g(&self.kv_blocks_free));
-        put("kv_blocks_total", "gauge", "KV blocks in the pool.", total.to_string());
-        put("kv_blocks_free", "gauge", "KV blocks free.", free.to_string());
-        put("kv_blocks_used", "gauge", "KV blocks in use.", total.saturating_sub(free).to_string());
-        put("kv_blocks_prefix", "gauge", "KV blocks indexed by the prefix cache.", g(&self.kv_blocks_prefix).to_string());
+        put(
+            "kv_blocks_total",
+            "gauge",
+            "KV blocks in the pool.",
+            total.to_string(),
+        );
+        put(
+            "kv_blocks_free",
+            "gauge",
+            "KV blocks free.",
+            free.to_string(),
+        );
+        put(
+            "kv_blocks_used",
+            "gauge",
+            "KV blocks in use.",
+            total.saturating_sub(free).to_string(),
+        );
+        put(
+            "kv_blocks_prefix",
+            "gauge",
+            "KV blocks indexed by the prefix cache.",
+            g(&self.kv_blocks_prefix).to_string(),
+        );
         o
     }
 }

@@ -207,7 +207,11 @@ mod tests {
         let free = kv.free_blocks();
         assert_eq!(t.evict(&mut kv, 1), 1);
         assert_eq!(kv.free_blocks(), free + 1);
-        assert_eq!(t.lookup(&prompt, 8), table[..1].to_vec(), "the leaf went first");
+        assert_eq!(
+            t.lookup(&prompt, 8),
+            table[..1].to_vec(),
+            "the leaf went first"
+        );
         assert_eq!(t.evict(&mut kv, 8), 1);
         assert!(t.is_empty());
         assert_eq!(kv.free_blocks(), 8);

@@ -521,7 +521,8 @@ impl Engine {
     /// Updates the gauges.
     fn publish(&self) {
         let m = &self.metrics;
-        m.running.store(self.running.len() as u64, Ordering::Relaxed);
+        m.running
+            .store(self.running.len() as u64, Ordering::Relaxed);
         m.kv_blocks_free
             .store(self.kv.free_blocks() as u64, Ordering::Relaxed);
         m.kv_blocks_total

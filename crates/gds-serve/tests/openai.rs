@@ -30,11 +30,18 @@ impl Drop for Server {
 
 fn start(extra: &[&str]) -> Server {
     let model = gds_tests::smollm_converted();
+    // defaults for the flags `extra` does not set
+    let defaults: Vec<&str> = [["--ctx", "1024"], ["--kv-budget", "64"]]
+        .into_iter()
+        .filter(|[flag, _]| !extra.contains(flag))
+        .flatten()
+        .collect();
     let mut child = Command::new(gds_tests::bin("gdsrun"))
         .arg("serve")
         .arg(model)
-        .args(["--port", "0", "--threads", "2", "--ctx", "1024", "--kv-budget", "64"])
+        .args(["--port", "0", "--threads", "2"])
         .args(extra)
+        .args(defaults)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -53,7 +60,10 @@ fn start(extra: &[&str]) -> Server {
     let s = Server { child, addr };
     let t0 = Instant::now();
     while http(&s.addr, "GET", "/health", None).0 != 200 {
-        assert!(t0.elapsed() < Duration::from_secs(60), "server never became healthy");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "server never became healthy"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     s
@@ -98,7 +108,10 @@ fn python(script: &str, args: &[&str]) -> Value {
     );
     assert!(out.status.success(), "{script} failed:\n{stderr}");
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{script} printed no JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout))
+        panic!(
+            "{script} printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
     })
 }
 
@@ -143,7 +156,10 @@ fn openai_client_end_to_end() {
     assert!(k["cancelled_after"].as_f64().unwrap() > k["cancelled_before"].as_f64().unwrap());
     assert_eq!(k["running"], 0.0);
     assert_eq!(k["kv_used"], k["kv_prefix"]);
-    assert!(k["generated_total"].as_f64().unwrap() < 1000.0, "the cancelled request went on");
+    assert!(
+        k["generated_total"].as_f64().unwrap() < 1000.0,
+        "the cancelled request went on"
+    );
 
     let b = &r["bad_request"];
     assert_eq!(b["status"], 400);
@@ -214,12 +230,20 @@ fn bad_requests_get_openai_errors_and_never_crash() {
     let mut resp = String::new();
     let _ = raw.read_to_string(&mut resp);
     assert!(resp.starts_with("HTTP/1.1 429"), "{resp}");
-    assert!(resp.to_ascii_lowercase().contains("retry-after: 1"), "{resp}");
+    assert!(
+        resp.to_ascii_lowercase().contains("retry-after: 1"),
+        "{resp}"
+    );
     for h in hold {
         assert_eq!(h.join().unwrap(), 200);
     }
     // still alive and serving
-    let (status, text) = http(&s.addr, "POST", "/v1/completions", Some(b"{\"prompt\": \"hi\", \"max_tokens\": 2}"));
+    let (status, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(b"{\"prompt\": \"hi\", \"max_tokens\": 2}"),
+    );
     assert_eq!(status, 200, "{text}");
     let (_, m) = http(&s.addr, "GET", "/metrics", None);
     assert!(m.contains("gds_requests_busy_total 1"), "{m}");
@@ -252,9 +276,66 @@ fn load_throughput_rises_with_concurrency() {
     for l in levels {
         assert_eq!(l["failed"], 0, "{l}");
         assert_eq!(l["ok"], l["requests"], "{l}");
-        assert_eq!(l["completion_tokens"], 24 * l["ok"].as_u64().unwrap(), "{l}");
+        assert_eq!(
+            l["completion_tokens"],
+            24 * l["ok"].as_u64().unwrap(),
+            "{l}"
+        );
         let tps = l["decode_tps"].as_f64().unwrap();
-        assert!(tps > last, "aggregate throughput did not rise: {tps} after {last}");
+        assert!(
+            tps > last,
+            "aggregate throughput did not rise: {tps} after {last}"
+        );
         last = tps;
     }
+}
+
+#[test]
+fn preemption_when_the_kv_pool_is_full_loses_nothing() {
+    let _one = serial();
+    // 12 MiB of f32 KV holds 17 blocks of 16 positions: one full context of 256, while four
+    // requests of ~170 positions each need ~44 blocks together
+    let s = start(&["--ctx", "256", "--kv-budget", "12", "--max-batch", "4"]);
+    let body = |i: usize| {
+        format!(
+            "{{\"prompt\": \"Story number {i}: once upon a time\", \"max_tokens\": 150, \"temperature\": 0, \"ignore_eos\": true}}"
+        )
+    };
+    let text = |r: &(u16, String)| -> String {
+        assert_eq!(r.0, 200, "{}", r.1);
+        let v: Value = serde_json::from_str(&r.1).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 150, "{v}");
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    // alone, one after the other
+    let solo: Vec<String> = (0..4)
+        .map(|i| {
+            text(&http(
+                &s.addr,
+                "POST",
+                "/v1/completions",
+                Some(body(i).as_bytes()),
+            ))
+        })
+        .collect();
+    // together: the pool runs dry, requests are preempted and recomputed, same greedy text
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let (a, b) = (s.addr.clone(), body(i));
+            std::thread::spawn(move || http(&a, "POST", "/v1/completions", Some(b.as_bytes())))
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(text(&h.join().unwrap()), solo[i], "request {i}");
+    }
+    let (_, m) = http(&s.addr, "GET", "/metrics", None);
+    let metric = |name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{m}"))
+    };
+    assert!(metric("gds_preemptions_total") > 0.0, "{m}");
+    assert_eq!(metric("gds_requests_failed_total"), 0.0);
+    assert_eq!(metric("gds_requests_finished_total"), 8.0);
 }

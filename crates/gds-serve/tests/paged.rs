@@ -16,7 +16,10 @@ fn model() -> (Plan, Model) {
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -26,7 +29,9 @@ fn paged_attention_matches_contiguous() {
     let vocab = c.vocab_size;
     let prompts: [Vec<u32>; 2] = [
         (0..45).map(|i| 100 + i * 7).collect(),
-        (0..45).map(|i| if i < 32 { 100 + i * 7 } else { 900 + i }).collect(),
+        (0..45)
+            .map(|i| if i < 32 { 100 + i * 7 } else { 900 + i })
+            .collect(),
     ];
 
     // reference: one contiguous sequence at a time
@@ -60,7 +65,11 @@ fn paged_attention_matches_contiguous() {
     }
     m.forward(&mut st, &mut kv, &b).unwrap();
     let got0 = st.logits(0, vocab).to_vec();
-    assert!(max_diff(&got0, &want[0]) < 1e-3, "{}", max_diff(&got0, &want[0]));
+    assert!(
+        max_diff(&got0, &want[0]) < 1e-3,
+        "{}",
+        max_diff(&got0, &want[0])
+    );
 
     // sequence 1 shares the two full blocks and computes the rest; sequence 0 decodes one
     // more token in the same batch
@@ -77,7 +86,11 @@ fn paged_attention_matches_contiguous() {
     }
     m.forward(&mut st, &mut kv, &b).unwrap();
     let got1 = st.logits(1, vocab).to_vec();
-    assert!(max_diff(&got1, &want[1]) < 1e-3, "{}", max_diff(&got1, &want[1]));
+    assert!(
+        max_diff(&got1, &want[1]) < 1e-3,
+        "{}",
+        max_diff(&got1, &want[1])
+    );
 
     // and sequence 0's extra token matches a contiguous run of prompt + that token
     let mut kvc = KvCache::new(KvDtype::F32, c.n_layers, 1, plan.ctx, c.kv_dim());
