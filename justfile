@@ -26,6 +26,11 @@ fuzz seconds="60":
 bench *args:
     ./scripts/bench.py {{args}}
 
+# layer streaming: O_DIRECT bandwidth, bytes/token, decode t/s vs the bandwidth bound at
+# several --mem-budget values, and mmap (ours and llama.cpp's) under the same memory cgroup
+bench-stream *args:
+    ./scripts/bench-stream.py {{args}}
+
 # gdsrun serve vs llama-server: aggregate t/s and latency percentiles at concurrency 1, 4, 16
 bench-serve *args:
     ./scripts/bench-serve.py {{args}}

@@ -21,7 +21,10 @@ mod mmap;
 pub mod pagecache;
 
 pub use aligned::{align_down, align_up, AlignedBuf, ALIGN};
-pub use direct::{probe_direct, DirectBackend, DirectOptions, DirectSupport};
+pub use direct::{
+    filesystem_name, measure_read, probe_direct, DirectBackend, DirectOptions, DirectSupport,
+    ReadBench,
+};
 pub use error::IoError;
 pub use mmap::{read_manifest, MmapBackend};
 

@@ -24,6 +24,13 @@ struct BenchResult {
     stddev_ts: f64,
     samples_ns: Vec<u64>,
     samples_ts: Vec<f64>,
+    /// GdsLLM additions: the I/O mode, the weight bytes held in memory, and what the timed
+    /// repetitions read from disk.
+    io: String,
+    weights_held_bytes: u64,
+    bytes_read_per_token: f64,
+    read_bandwidth_bytes_per_sec: Option<f64>,
+    io_wait_ms: f64,
 }
 
 fn mean_std(x: &[f64]) -> (f64, f64) {
@@ -124,11 +131,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         // warm-up: page the weights in, spin the threads up
         pass(&mut st, &mut kv, &mut b, &mut rng)?;
         let mut ns = Vec::with_capacity(a.repetitions);
+        let io0 = model.io_stats();
         for _ in 0..a.repetitions {
             let t = Instant::now();
             pass(&mut st, &mut kv, &mut b, &mut rng)?;
             ns.push(t.elapsed().as_nanos() as u64);
         }
+        let io = model.io_stats().since(&io0);
         let n = (n_prompt + n_gen) as f64;
         let ts: Vec<f64> = ns.iter().map(|&t| n * 1e9 / t as f64).collect();
         let (avg_ns, std_ns) = mean_std(&ns.iter().map(|&t| t as f64).collect::<Vec<_>>());
@@ -147,6 +156,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             stddev_ts,
             samples_ns: ns,
             samples_ts: ts,
+            io: plan.io.clone(),
+            weights_held_bytes: plan.io_plan.held_bytes,
+            bytes_read_per_token: io.bytes_read as f64 / (n * a.repetitions as f64),
+            read_bandwidth_bytes_per_sec: (io.read_ns > 0)
+                .then(|| io.bytes_read as f64 * 1e9 / io.read_ns as f64),
+            io_wait_ms: io.wait_ns as f64 / 1e6,
         });
     }
     if a.json {

@@ -23,6 +23,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// OpenAI-compatible HTTP server (completions, chat, streaming).
     Serve(gds_serve::ServeArgs),
+    /// What this machine offers (CPU, memory, disk, GPU) and what a run would choose.
+    Doctor(DoctorArgs),
 }
 
 /// Settings shared by every subcommand.
@@ -141,6 +143,25 @@ pub struct BenchArgs {
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,
     /// Print llama-bench style JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `gdsrun doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Model directory to check (filesystem, O_DIRECT, read bandwidth, plan).
+    pub model_dir: Option<PathBuf>,
+    /// Plan with this memory budget (e.g. 200MB).
+    #[arg(long, value_parser = parse_size)]
+    pub mem_budget: Option<u64>,
+    /// Plan with this I/O mode.
+    #[arg(long, value_parser = ["auto", "mmap", "direct"])]
+    pub io: Option<String>,
+    /// Plan with this backend.
+    #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
+    pub backend: Option<String>,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }

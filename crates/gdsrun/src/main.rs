@@ -6,6 +6,7 @@
 
 mod bench;
 mod cli;
+mod doctor;
 mod perplexity;
 mod run;
 
@@ -14,7 +15,7 @@ use cli::{Cli, Command};
 use gds_runtime::RuntimeError;
 
 /// Subcommand names; anything else in first position means `run`.
-const SUBCOMMANDS: &[&str] = &["run", "perplexity", "bench", "serve", "help"];
+const SUBCOMMANDS: &[&str] = &["run", "perplexity", "bench", "serve", "doctor", "help"];
 
 /// Inserts `run` when the first argument is not a subcommand or a top-level flag, so that
 /// `gdsrun MODEL_DIR ...` means `gdsrun run MODEL_DIR ...`.
@@ -36,6 +37,7 @@ fn main() {
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => gds_serve::run(a),
+        Command::Doctor(a) => doctor::run(a),
     };
     if let Err(e) = result {
         eprintln!("gdsrun: error: {e:#}");

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""`just bench-stream`: layer streaming on SmolLM2 (converted), in one run.
+
+Reports the disk's O_DIRECT read bandwidth (gdsrun doctor, 2 MiB reads over the model's layer
+files), then for several --mem-budget values (all resident, half, a quarter, the minimum):
+the bytes streamed per token, the bound they imply (bandwidth / bytes per token), the
+decode t/s achieved (gdsrun bench -p 0 -n N --io direct) and its ratio to the bound
+(target at the minimum budget: >= 0.8).
+
+For comparison, plain mmap with the same memory: gdsrun --io mmap and llama.cpp's
+llama-bench (which memory-maps the GGUF) run inside a memory cgroup limited to the peak RSS
+the direct run needed at that budget, so the kernel must evict and re-read weight pages.
+Skipped, with the reason, where no memory cgroup can be created.
+
+Usage: scripts/bench-stream.py [-n 32] [-r 2] [-t THREADS]"""
+import argparse, json, os, subprocess, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.chdir(ROOT)
+ap = argparse.ArgumentParser()
+ap.add_argument("-n", type=int, default=32)
+ap.add_argument("-r", type=int, default=2)
+ap.add_argument("-t", type=int, default=os.cpu_count())
+a = ap.parse_args()
+
+gguf = subprocess.check_output(["./scripts/fetch-model.sh"], text=True).strip()
+subprocess.check_call(["cargo", "build", "--release", "-q", "-p", "gdsconv", "-p", "gdsrun"])
+model = ".cache/smollm2.gds"
+if not os.path.exists(os.path.join(model, "manifest.gdsm")):
+    subprocess.check_call(["target/release/gdsconv", "convert", gguf, model, "--force"])
+GDSRUN = "target/release/gdsrun"
+MiB = 1 << 20
+
+
+def run_json(cmd, cgroup=None):
+    if cgroup:
+        cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[-12:])}: exit {p.returncode}: {p.stderr.strip()[-300:]}")
+    return json.loads(p.stdout)
+
+
+def direct_bandwidth():
+    d = run_json([GDSRUN, "doctor", model, "--json"])
+    return d, d["model"]["read_bandwidth_direct"]["bytes_per_sec"]
+
+
+doctor, bw = direct_bandwidth()
+weights = run_json([GDSRUN, model, "--plan", "--io", "direct"])["io_plan"]["weight_bytes"]
+minimum = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget", str(weights // 4)])["io_plan"]["min_budget_bytes"]
+
+print(f"SmolLM2-135M-Instruct Q4_1 converted ({weights / MiB:.1f} MiB of layer files), threads={a.t}, tg{a.n}, best of -r {a.r}")
+print(f"disk: {doctor['model']['filesystem']}, O_DIRECT read bandwidth {bw / 1e6:.0f} MB/s (2 MiB reads, 256 MB sustained, gdsrun doctor)")
+print("each row's bound uses the mean of that bandwidth measured right before and right after its run")
+print()
+hdr = f"{'budget':<14}{'held MiB':>9}{'MB/token':>10}{'disk MB/s':>10}{'bound t/s':>10}{'gdsrun t/s':>11}{'vs bound':>9}{'peak RSS':>10}"
+print(hdr)
+rows = []
+for label, budget in (("all resident", weights), ("half", weights // 2), ("quarter", weights // 4), ("minimum", minimum)):
+    plan = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget", str(budget)])["io_plan"]
+    cmd = [GDSRUN, "bench", model, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "--io", "direct", "--mem-budget", str(budget), "--json"]
+    # a fresh process per budget (through a python shim that reports its peak RSS)
+    bw_before = direct_bandwidth()[1]
+    res = subprocess.run(["python3", "-c", "import resource,subprocess,sys;p=subprocess.run(sys.argv[1:],capture_output=True,text=True);sys.stderr.write(p.stderr);print(p.stdout);print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss*1024)"] + cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"{label}: failed: {res.stderr[-300:]}")
+        continue
+    body, rss = res.stdout.rsplit("\n", 2)[0], int(res.stdout.strip().rsplit("\n", 1)[1])
+    r = json.loads(body)[0]
+    bw = (bw_before + direct_bandwidth()[1]) / 2
+    per_tok = plan["streamed_bytes_per_token"]
+    bound = bw / per_tok if per_tok else float("inf")
+    ratio = r["avg_ts"] / bound if per_tok else float("nan")
+    rows.append(dict(label=label, budget=budget, held=plan["held_bytes"], per_tok=per_tok, bound=bound, ts=r["avg_ts"], ratio=ratio, rss=rss, measured_per_tok=r["bytes_read_per_token"], run_bw=r["read_bandwidth_bytes_per_sec"]))
+    print(f"{label:<14}{plan['held_bytes'] / MiB:>9.1f}{per_tok / 1e6:>10.1f}{bw / 1e6:>10.0f}{(bound if per_tok else 0):>10.1f}{r['avg_ts']:>11.1f}{(ratio if per_tok else 0):>9.2f}{rss / MiB:>9.0f}M")
+
+ok = True
+mrow = next((r for r in rows if r["label"] == "minimum"), None)
+if mrow:
+    ok = mrow["ratio"] >= 0.8
+    print(f"\nminimum budget ({mrow['budget'] / MiB:.1f} MiB): {mrow['ratio']:.2f} of the bandwidth bound (target >= 0.80): {'met' if ok else 'NOT met'}")
+    if mrow["run_bw"]:
+        print(f"  (read bandwidth inside the run: {mrow['run_bw'] / 1e6:.0f} MB/s; measured bytes/token {mrow['measured_per_tok'] / 1e6:.1f} MB)")
+
+# plain mmap under the same memory, in a memory cgroup
+def make_cgroup():
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError as e:
+        return None, str(e)
+    for l in lines:
+        _, ctrl, path = l.split(":", 2)
+        if "memory" in ctrl.split(","):
+            base = f"/sys/fs/cgroup/memory{path}"
+            limit_file = "memory.limit_in_bytes"
+            break
+    else:
+        base, limit_file = "/sys/fs/cgroup" + next((l.split(":", 2)[2] for l in lines if l.startswith("0::")), "/"), "memory.max"
+    cg = os.path.join(base, f"gdsbench-{os.getpid()}")
+    try:
+        os.mkdir(cg)
+        return (cg, limit_file), None
+    except OSError as e:
+        return None, f"cannot create a memory cgroup under {base}: {e}"
+
+cg, why = make_cgroup()
+print()
+if not cg:
+    print(f"mmap under memory pressure: skipped ({why})")
+else:
+    path, limit_file = cg
+    print("mmap under the same memory (cgroup limit = the direct run's peak RSS at that budget):")
+    print(f"{'budget':<14}{'limit MiB':>10}{'gdsrun direct':>15}{'gdsrun mmap':>13}{'llama.cpp mmap':>16}")
+    llama = ".cache/llama.cpp/bin/llama-bench"
+    try:
+        for r in rows:
+            if r["label"] == "all resident":
+                continue
+            limit = int(r["rss"])
+            with open(os.path.join(path, limit_file), "w") as f:
+                f.write(str(limit))
+            # start cold, so the pages faulted in are charged to the limited cgroup
+            for fpath in [gguf] + [os.path.join(model, "layers", x) for x in os.listdir(os.path.join(model, "layers"))]:
+                fd = os.open(fpath, os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+            def ts(cmd, field="avg_ts"):
+                try:
+                    out = run_json(cmd, cgroup=path)
+                    out = out if isinstance(out, list) else [out]
+                    return f"{[x for x in out if x['n_gen']][0][field]:.1f}"
+                except Exception as e:
+                    return "failed" if "exit -9" not in str(e) and "exit 137" not in str(e) else "OOM-killed"
+            mm = ts([GDSRUN, "bench", model, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "--io", "mmap", "--json"])
+            lc = ts([llama, "-m", gguf, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "-o", "json"]) if os.path.exists(llama) else "not built"
+            print(f"{r['label']:<14}{limit / MiB:>10.0f}{r['ts']:>15.1f}{mm:>13}{lc:>16}")
+    finally:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+sys.exit(0 if ok else 1)
