@@ -82,36 +82,12 @@ enum Stop {
     Many(Vec<String>),
 }
 
-/// `prompt`: a string, a list of one string, or token ids.
-#[derive(Deserialize, Debug)]
-#[serde(untagged)]
-enum Prompt {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-}
-
-/// Message content: a string or a list of parts (`{"type": "text", "text": ...}`).
-#[derive(Deserialize, Debug)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize, Debug)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-}
-
 #[derive(Deserialize, Debug)]
 struct ChatMessage {
     role: String,
+    /// A string or a list of parts (`{"type": "text", "text": ...}`).
     #[serde(default)]
-    content: Option<Content>,
+    content: Option<Value>,
 }
 
 /// The fields both endpoints share; unknown fields are ignored like OpenAI's SDKs expect.
@@ -145,18 +121,19 @@ struct Common {
     ignore_eos: Option<bool>,
 }
 
+// The bodies are read in two passes (the endpoint's own fields, then `Common`) rather than
+// with `#[serde(flatten)]`: flattening buffers numbers, which breaks when another crate in the
+// build turns on serde_json's `arbitrary_precision`.
+
+/// `prompt`: a string, a list of one string, or token ids.
 #[derive(Deserialize, Debug)]
 struct CompletionBody {
-    prompt: Prompt,
-    #[serde(flatten)]
-    common: Common,
+    prompt: Value,
 }
 
 #[derive(Deserialize, Debug)]
 struct ChatBody {
     messages: Vec<ChatMessage>,
-    #[serde(flatten)]
-    common: Common,
 }
 
 /// A validated generation job.
@@ -569,7 +546,14 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
                         e,
                     ))
                 }
-                None => unreachable!("the end is always reported"),
+                // only after an end or an error, both handled above
+                None => {
+                    return Err(ApiError::status(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        "generation ended without a result",
+                    ))
+                }
             }
         };
         if let Some(r) = gen.rest() {
@@ -668,17 +652,23 @@ pub async fn completions(
     let r = async {
         authorize(&st, &headers)?;
         let b: CompletionBody = parse(&body)?;
-        let prompt = match b.prompt {
-            Prompt::Tokens(t) => t,
-            Prompt::Text(s) => encode(&st, &s)?,
-            Prompt::Texts(v) if v.len() == 1 => encode(&st, &v[0])?,
-            Prompt::Texts(_) => {
-                return Err(
-                    ApiError::bad("exactly one prompt per request is supported").param("prompt")
-                )
+        let common: Common = parse(&body)?;
+        let one = "prompt must be a string, a list of one string, or a list of token ids";
+        let prompt = match &b.prompt {
+            Value::String(s) => encode(&st, s)?,
+            Value::Array(v) if v.len() == 1 && v[0].is_string() => {
+                encode(&st, v[0].as_str().unwrap_or(""))?
             }
+            Value::Array(v) if v.iter().all(Value::is_number) => v
+                .iter()
+                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| {
+                    ApiError::bad("token ids must be integers in the vocabulary").param("prompt")
+                })?,
+            _ => return Err(ApiError::bad(one).param("prompt")),
         };
-        let j = job(&st, b.common, prompt, 16)?;
+        let j = job(&st, common, prompt, 16)?;
         respond(st.clone(), j, Kind::Completion).await
     }
     .await;
@@ -690,6 +680,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
     let r = async {
         authorize(&st, &headers)?;
         let b: ChatBody = parse(&body)?;
+        let common: Common = parse(&body)?;
         if b.messages.is_empty() {
             return Err(ApiError::bad("messages must not be empty").param("messages"));
         }
@@ -701,23 +692,32 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
             ) {
                 return Err(ApiError::bad(format!("unknown role {:?}", m.role)).param("messages"));
             }
+            let bad_content = || {
+                ApiError::bad("message content must be a string or a list of text parts")
+                    .param("messages")
+            };
             let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(s)) => s.clone(),
-                Some(Content::Parts(parts)) => {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
                     let mut s = String::new();
                     for p in parts {
-                        if p.kind != "text" {
+                        let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                        if kind != "text" {
                             return Err(ApiError::bad(format!(
-                                "content parts of type {:?} are not supported",
-                                p.kind
+                                "content parts of type {kind:?} are not supported"
                             ))
                             .param("messages"));
                         }
-                        s.push_str(p.text.as_deref().unwrap_or(""));
+                        s.push_str(
+                            p.get("text")
+                                .and_then(Value::as_str)
+                                .ok_or_else(bad_content)?,
+                        );
                     }
                     s
                 }
+                Some(_) => return Err(bad_content()),
             };
             let role = if m.role == "developer" {
                 "system"
@@ -733,7 +733,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
         let prompt = tok
             .encode_chat(&rendered)
             .map_err(|e| ApiError::bad(format!("tokenizer: {e}")))?;
-        let j = job(&st, b.common, prompt, usize::MAX)?;
+        let j = job(&st, common, prompt, usize::MAX)?;
         respond(st.clone(), j, Kind::Chat).await
     }
     .await;
