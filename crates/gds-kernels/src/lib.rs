@@ -287,6 +287,17 @@ pub fn matmul_many(
     matmul_many_with(Isa::best(), ws, x, n_tokens, ys)
 }
 
+/// [`matmul_many`] keeping the activations in f32 (weights dequantized row by row): the
+/// arithmetic of a float reference, for checking against one. Slower than [`matmul_many`].
+pub fn matmul_many_f32_act(
+    ws: &[WeightView<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    matmul::matmul_many_f32_act(Isa::best(), ws, x, n_tokens, ys)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +312,41 @@ mod tests {
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
             })
             .collect()
+    }
+
+    #[test]
+    fn f32_activations_match_the_float_product_of_the_dequantized_weights() {
+        let (rows, cols, n) = (12, 512, 3);
+        let x = lcg_values(n * cols, 7);
+        for dtype in [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::F16] {
+            let w = quantize(dtype, &lcg_values(rows * cols, 11)).unwrap();
+            let mut deq = vec![0f32; rows * cols];
+            dequantize(dtype, &w, &mut deq).unwrap();
+            let view = WeightView {
+                dtype,
+                data: &w,
+                rows,
+                cols,
+            };
+            let mut exact = vec![0f32; n * rows];
+            let mut q8 = vec![0f32; n * rows];
+            matmul_many_f32_act(&[view], &x, n, &mut [&mut exact]).unwrap();
+            matmul(&view, &x, n, &mut q8).unwrap();
+            let (mut err_exact, mut err_q8) = (0f64, 0f64);
+            for t in 0..n {
+                for r in 0..rows {
+                    let want: f64 = (0..cols)
+                        .map(|k| deq[r * cols + k] as f64 * x[t * cols + k] as f64)
+                        .sum();
+                    err_exact = err_exact.max((exact[t * rows + r] as f64 - want).abs());
+                    err_q8 = err_q8.max((q8[t * rows + r] as f64 - want).abs());
+                }
+            }
+            assert!(err_exact < 1e-3, "{dtype}: f32 path off by {err_exact}");
+            if dtype != DType::F16 {
+                assert!(err_exact < err_q8, "{dtype}: {err_exact} vs q8 {err_q8}");
+            }
+        }
     }
 
     #[test]

@@ -268,6 +268,30 @@ pub fn matmul_many_with(
     n_tokens: usize,
     ys: &mut [&mut [f32]],
 ) -> Result<(), KernelError> {
+    matmul_many_impl(isa, false, ws, x, n_tokens, ys)
+}
+
+/// [`crate::matmul_many`] with f32 activations for every weight type: quantized weights
+/// are dequantized row by row and multiplied in f32, as a float reference implementation
+/// does. Slower; no 8-bit rounding of the activations.
+pub fn matmul_many_f32_act(
+    isa: Isa,
+    ws: &[WeightView<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    matmul_many_impl(isa, true, ws, x, n_tokens, ys)
+}
+
+fn matmul_many_impl(
+    isa: Isa,
+    f32_act: bool,
+    ws: &[WeightView<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
     let be = Backend::new(isa).ok_or_else(|| {
         KernelError::Shape(format!("{} is not available on this CPU", isa.name()))
     })?;
@@ -285,7 +309,8 @@ pub fn matmul_many_with(
     let mut kinds = Vec::with_capacity(ws.len());
     for (w, y) in ws.iter().zip(ys.iter()) {
         check(w, cols, x, n_tokens, y)?;
-        kinds.push(act_kind(w.dtype)?);
+        let kind = act_kind(w.dtype)?;
+        kinds.push(if f32_act { ActKind::F32 } else { kind });
     }
     if n_tokens == 0 || cols == 0 {
         ys.iter_mut().for_each(|y| y.fill(0.0));

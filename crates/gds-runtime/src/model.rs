@@ -179,12 +179,23 @@ pub struct Model {
     ctx: usize,
     /// AVX2+FMA attention, decided once at load.
     simd: bool,
+    /// Keep activations in f32 (weights dequantized row by row) instead of quantizing them
+    /// to 8 bits for integer dot products.
+    f32_act: bool,
 }
 
 impl Model {
     /// Loads the model the way `plan` says (I/O backend, residency, context, threads).
     pub fn open(plan: &crate::plan::Plan) -> Result<Model> {
-        Model::with_io(&plan.model_dir, &plan.io_plan, plan.ctx, plan.threads)
+        let mut m = Model::with_io(&plan.model_dir, &plan.io_plan, plan.ctx, plan.threads)?;
+        m.set_f32_activations(plan.activations == "f32");
+        Ok(m)
+    }
+
+    /// Keeps activations in f32 for every matrix product (`--activations f32`): the
+    /// arithmetic of a float reference, slower than the default 8-bit activations.
+    pub fn set_f32_activations(&mut self, on: bool) {
+        self.f32_act = on;
     }
 
     /// Opens the model directory with the `mmap` backend (every layer resident) and
@@ -239,6 +250,7 @@ impl Model {
             pool,
             ctx,
             simd: ops::simd_available(),
+            f32_act: false,
         })
     }
 
@@ -403,7 +415,22 @@ impl Model {
         bytes: &LayerBytes,
         n: usize,
     ) -> Result<()> {
-        gds_kernels::matmul(&w.view(bytes)?, x, n, out)?;
+        self.matmul_many(&[w.view(bytes)?], x, n, &mut [out])
+    }
+
+    /// One or more products with the same input, with the plan's activation precision.
+    fn matmul_many(
+        &self,
+        ws: &[gds_kernels::WeightView<'_>],
+        x: &[f32],
+        n: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<()> {
+        if self.f32_act {
+            gds_kernels::matmul_many_f32_act(ws, x, n, ys)?;
+        } else {
+            gds_kernels::matmul_many(ws, x, n, ys)?;
+        }
         Ok(())
     }
 
@@ -453,7 +480,7 @@ impl Model {
             ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.attn_norm, eps);
             // one call for Q, K and V: the input is quantized once, one parallel region
             let qkv = [w.wq.view(&bytes)?, w.wk.view(&bytes)?, w.wv.view(&bytes)?];
-            gds_kernels::matmul_many(
+            self.matmul_many(
                 &qkv,
                 &s.xb[..n * d],
                 n,
@@ -479,7 +506,7 @@ impl Model {
             // feed-forward
             ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.ffn_norm, eps);
             let gate_up = [w.w_gate.view(&bytes)?, w.w_up.view(&bytes)?];
-            gds_kernels::matmul_many(
+            self.matmul_many(
                 &gate_up,
                 &s.xb[..n * d],
                 n,
@@ -525,19 +552,19 @@ impl Model {
                         let bytes = self.stream(&mut si, true)?;
                         let view = out.rows_view(&bytes, r0, rows)?;
                         if j == 1 {
-                            gds_kernels::matmul(
-                                &view,
+                            self.matmul_many(
+                                &[view],
                                 &s.out_x[..d],
                                 1,
-                                &mut s.logits[r0..r0 + rows],
+                                &mut [&mut s.logits[r0..r0 + rows]],
                             )?;
                         } else {
                             s.head_tmp.resize(j * rows, 0.0);
-                            gds_kernels::matmul(
-                                &view,
+                            self.matmul_many(
+                                &[view],
                                 &s.out_x[..j * d],
                                 j,
-                                &mut s.head_tmp[..j * rows],
+                                &mut [&mut s.head_tmp[..j * rows]],
                             )?;
                             for t in 0..j {
                                 s.logits[t * vocab + r0..t * vocab + r0 + rows]

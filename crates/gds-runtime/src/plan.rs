@@ -59,6 +59,8 @@ pub struct PlanOptions {
     pub io: Option<String>,
     /// Bytes of weights allowed in memory, streaming buffers included (`None`: unbounded).
     pub mem_budget: Option<u64>,
+    /// Activation precision of the matrix products: `q8` (default) or `f32`.
+    pub activations: Option<String>,
 }
 
 /// Per-dtype totals of the weights.
@@ -110,6 +112,8 @@ pub struct Plan {
     pub io: String,
     /// Residency and streaming decisions.
     pub io_plan: crate::ioplan::IoPlan,
+    /// Activations of the matrix products: `q8` (8-bit, integer dot products) or `f32`.
+    pub activations: String,
     /// Weight bytes and tensor counts by dtype.
     pub weight_dtypes: BTreeMap<String, DtypeSummary>,
     /// Context length of this run.
@@ -271,6 +275,10 @@ impl Plan {
         };
         let kv_dtype = opts.kv_dtype.unwrap_or_default();
         let backend = crate::backend::choose(opts.backend.as_deref())?;
+        let activations = match opts.activations.as_deref().unwrap_or("q8") {
+            a @ ("q8" | "f32") => a.to_string(),
+            other => return plan_err(format!("--activations {other}: expected q8 or f32")),
+        };
         let io_plan = crate::ioplan::plan_io(
             dir,
             &m,
@@ -290,6 +298,7 @@ impl Plan {
             threads,
             io: io_plan.mode.clone(),
             io_plan,
+            activations,
             weight_dtypes,
             ctx,
             model_ctx: model.context_length,

@@ -150,3 +150,46 @@ fn budgets_that_cannot_work_are_refused_with_the_minimum() {
         .unwrap()
         .contains("larger than --mem-budget"));
 }
+
+#[test]
+fn doctor_reports_the_disk_and_the_plan() {
+    let m = model().to_str().unwrap();
+    let d = ok_json(&["doctor", m, "--mem-budget", "24MB", "--json"]);
+    assert!(d["cpu"]["physical_cores"].as_u64().unwrap() >= 1, "{d}");
+    assert!(d["memory"]["total_bytes"].as_u64().unwrap() > 0, "{d}");
+    assert!(
+        d["gpu"]["path"].is_string() || d["gpu"]["path"].is_object(),
+        "{d}"
+    );
+    let model = &d["model"];
+    assert!(model["filesystem"].is_string(), "{model}");
+    let buffered = &model["read_bandwidth_buffered_cold"];
+    assert!(buffered["bytes"].as_u64().unwrap() > 90 << 20, "{model}");
+    if model["o_direct"] == true {
+        assert!(
+            model["read_bandwidth_direct"]["bytes_per_sec"]
+                .as_f64()
+                .unwrap()
+                > 0.0
+        );
+    }
+    assert_eq!(
+        model["plan"]["io"],
+        if model["o_direct"] == true {
+            "direct"
+        } else {
+            "buffered"
+        }
+    );
+    assert!(
+        model["plan"]["streamed_layers"].as_u64().unwrap() > 0,
+        "{model}"
+    );
+    // and in words
+    let o = gdsrun(&["doctor", m]);
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    for needle in ["CPU", "Memory", "GPU", "O_DIRECT", "Plan", "io mmap"] {
+        assert!(text.contains(needle), "{needle} missing:\n{text}");
+    }
+}
