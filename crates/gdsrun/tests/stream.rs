@@ -4,18 +4,14 @@
 
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 fn model() -> &'static Path {
     gds_tests::smollm_converted()
 }
 
 fn gdsrun(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gdsrun"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn gdsrun")
+    gds_tests::run("gdsrun", args)
 }
 
 fn ok_json(args: &[&str]) -> Value {
