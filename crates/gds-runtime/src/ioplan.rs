@@ -143,9 +143,7 @@ fn layers_of(m: &Manifest<'_>) -> Result<Layers> {
     let embd = m
         .find_tensor("token_embd.weight")
         .ok_or_else(|| bad("token_embd.weight is missing".into()))?;
-    let out = m
-        .find_tensor("output.weight")
-        .unwrap_or(embd);
+    let out = m.find_tensor("output.weight").unwrap_or(embd);
     let (rows, cols) = match out.dims() {
         [r, c] => (*r as usize, *c),
         d => return Err(bad(format!("{} has shape {d:?}", out.name))),
