@@ -16,7 +16,7 @@ ap.add_argument("-c", "--concurrency", default="1,4,16")
 ap.add_argument("-n", "--requests", type=int, default=32, help="requests per concurrency level")
 ap.add_argument("--max-tokens", type=int, default=64)
 ap.add_argument("--ctx", type=int, default=512, help="context per request")
-ap.add_argument("--time-limit", type=float, default=600)
+ap.add_argument("--time-limit", type=float, default=300, help="seconds per server")
 a = ap.parse_args()
 max_c = max(int(x) for x in a.concurrency.split(","))
 
@@ -83,11 +83,17 @@ print(f"{'conc':>4} | {'gdsrun t/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>
       f"{'llama t/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'fail':>4} | ratio")
 fmt = lambda v: f"{v:8.0f}" if v is not None else f"{'-':>8}"
 ratio = None
-for o, t in zip(ours["levels"], theirs["levels"]):
+missing = {"decode_tps": 0.0, "failed": "-", "latency_ms": {"p50": None, "p90": None, "p99": None}}
+for c in [int(x) for x in a.concurrency.split(",")]:
+    o = next((l for l in ours["levels"] if l["concurrency"] == c), missing)
+    t = next((l for l in theirs["levels"] if l["concurrency"] == c), missing)
     ratio = o["decode_tps"] / t["decode_tps"] if t["decode_tps"] else float("nan")
     lo, lt = o["latency_ms"], t["latency_ms"]
-    print(f"{o['concurrency']:>4} | {o['decode_tps']:>10.1f} {fmt(lo['p50'])} {fmt(lo['p90'])} {fmt(lo['p99'])} {o['failed']:>4} | "
+    print(f"{c:>4} | {o['decode_tps']:>10.1f} {fmt(lo['p50'])} {fmt(lo['p90'])} {fmt(lo['p99'])} {o['failed']:>4} | "
           f"{t['decode_tps']:>10.1f} {fmt(lt['p50'])} {fmt(lt['p90'])} {fmt(lt['p99'])} {t['failed']:>4} | {ratio:.2f}x")
+for name, r in (("gdsrun", ours), ("llama-server", theirs)):
+    if r.get("time_limit_reached"):
+        print(f"{name}: time limit reached, levels without numbers were not run")
 ok = ratio is not None and ratio >= 1.0
 print(f"aggregate throughput at concurrency {max_c}: {ratio:.2f}x llama-server (target >= 1.0x) "
       f"{'ok' if ok else 'MISSED'}")
