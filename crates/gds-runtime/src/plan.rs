@@ -279,6 +279,12 @@ impl Plan {
             a @ ("q8" | "f32") => a.to_string(),
             other => return plan_err(format!("--activations {other}: expected q8 or f32")),
         };
+        if opts.io.as_deref() == Some("gds") {
+            return plan_err(format!(
+                "--io gds: GPUDirect Storage reads layers into GPU memory and needs --backend cuda (this plan's backend is {}: {})",
+                backend.name, backend.reason
+            ));
+        }
         let io_plan = crate::ioplan::plan_io(
             dir,
             &m,

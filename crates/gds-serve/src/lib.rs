@@ -57,6 +57,13 @@ pub struct ServeArgs {
     /// KV cache element type: f32 or f16 (half the memory, a little slower to read).
     #[arg(long, default_value = "f32")]
     pub kv_dtype: String,
+    /// How weights are read: auto, mmap or direct (O_DIRECT, layers streamed within
+    /// --mem-budget; one pass over the weights serves the whole batch).
+    #[arg(long, value_parser = ["auto", "mmap", "direct"])]
+    pub io: Option<String>,
+    /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB).
+    #[arg(long, value_parser = gds_runtime::ioplan::parse_size)]
+    pub mem_budget: Option<u64>,
     /// Require `Authorization: Bearer KEY`.
     #[arg(long)]
     pub api_key: Option<String>,
@@ -102,6 +109,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         threads: args.threads,
         batch: Some(args.step_tokens.max(args.max_batch)),
         kv_dtype: Some(kv_dtype),
+        io: args.io.clone(),
+        mem_budget: args.mem_budget,
         raw: true,
         ..Default::default()
     })?;

@@ -339,3 +339,35 @@ fn preemption_when_the_kv_pool_is_full_loses_nothing() {
     assert_eq!(metric("gds_requests_failed_total"), 0.0);
     assert_eq!(metric("gds_requests_finished_total"), 8.0);
 }
+
+#[test]
+fn streamed_layers_serve_a_batch_with_the_mapped_models_text() {
+    let _one = serial();
+    let body = |i: usize| {
+        format!(
+            "{{\"prompt\": \"List {i} fruits:\", \"max_tokens\": 12, \"temperature\": 0, \"ignore_eos\": true}}"
+        )
+    };
+    let texts = |s: &Server| -> Vec<String> {
+        let handles: Vec<_> = (0..3)
+            .map(|i| {
+                let (a, b) = (s.addr.clone(), body(i));
+                std::thread::spawn(move || http(&a, "POST", "/v1/completions", Some(b.as_bytes())))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (code, text) = h.join().unwrap();
+                assert_eq!(code, 200, "{text}");
+                let v: Value = serde_json::from_str(&text).unwrap();
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let mapped = texts(&start(&["--io", "mmap"]));
+    // a quarter of SmolLM2's 92 MiB: blocks and the output head stream with O_DIRECT, one
+    // pass over the weights per step for all three sequences
+    let streamed = texts(&start(&["--io", "direct", "--mem-budget", "24MB"]));
+    assert_eq!(streamed, mapped);
+}

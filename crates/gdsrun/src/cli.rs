@@ -44,9 +44,9 @@ pub struct CommonArgs {
     /// Compute backend: auto, cpu or cuda.
     #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
     pub backend: Option<String>,
-    /// How weights are read: auto, mmap (map the whole model) or direct (O_DIRECT reads,
-    /// layers streamed within --mem-budget).
-    #[arg(long, value_parser = ["auto", "mmap", "direct"])]
+    /// How weights are read: auto, mmap (map the whole model), direct (O_DIRECT reads,
+    /// layers streamed within --mem-budget) or gds (GPUDirect Storage, --backend cuda).
+    #[arg(long, value_parser = ["auto", "mmap", "direct", "gds"])]
     pub io: Option<String>,
     /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB, 1.5GiB).
     #[arg(long, value_parser = parse_size)]

@@ -138,6 +138,9 @@ fn budgets_that_cannot_work_are_refused_with_the_minimum() {
     let o = gdsrun(&[m, "--prompt", "hi", "--mem-budget", "12 parsecs"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown unit"));
+    let o = gdsrun(&[m, "--prompt", "hi", "--io", "gds"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs --backend cuda"));
     // --plan shows the decision without running
     let p = ok_json(&[m, "--plan", "--mem-budget", "30MB"]);
     assert_eq!(p["io"], "direct");
