@@ -86,3 +86,22 @@ pub fn copy_dir(src: &Path, dst: &Path) {
         }
     }
 }
+
+/// SmolLM2 dequantized by gguf-py into a Hugging Face directory of F16 safetensors (cached in
+/// `.cache/smollm2-hf-f16`; `scripts/smollm_to_hf.py` makes it, needing the Python packages
+/// gguf, numpy, safetensors and tokenizers that the test command installs).
+pub fn smollm_hf_f16() -> PathBuf {
+    let dir = root().join(".cache/smollm2-hf-f16");
+    let st = Command::new("python3")
+        .arg(root().join("scripts/smollm_to_hf.py"))
+        .arg(&dir)
+        .args(["--dtype", "f16", "--gguf"])
+        .arg(smollm_gguf())
+        .status()
+        .expect("python3");
+    assert!(
+        st.success(),
+        "scripts/smollm_to_hf.py failed (needs: pip install gguf numpy safetensors tokenizers)"
+    );
+    dir
+}

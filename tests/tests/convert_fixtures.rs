@@ -211,21 +211,8 @@ fn bad_fixture_files_fail_cleanly() {
     );
 }
 
-/// SmolLM2 dequantized by gguf-py into an HF directory (cached in .cache/).
 fn smollm_hf() -> PathBuf {
-    let dir = root().join(".cache/smollm2-hf-f16");
-    let st = std::process::Command::new("python3")
-        .arg(root().join("scripts/smollm_to_hf.py"))
-        .arg(&dir)
-        .args(["--dtype", "f16", "--gguf"])
-        .arg(smollm_gguf())
-        .status()
-        .expect("python3");
-    assert!(
-        st.success(),
-        "scripts/smollm_to_hf.py failed (needs: pip install gguf numpy safetensors tokenizers)"
-    );
-    dir
+    gds_tests::smollm_hf_f16()
 }
 
 #[test]

@@ -180,6 +180,33 @@ fn f32_activations_agree_with_transformers_on_top1_for_99_percent() {
     );
 }
 
+/// The safetensors path: SmolLM2 dequantized to an F16 Hugging Face directory, converted,
+/// run with f32 activations, agrees with transformers (whose float32 weights are the same
+/// dequantized values, before the F16 rounding).
+#[test]
+fn safetensors_f16_conversion_agrees_with_transformers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("hf.gds");
+    gds_convert::convert(
+        &gds_tests::smollm_hf_f16(),
+        &out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .expect("convert the HF directory");
+    let mut model = Model::load(&out, 512, 2).unwrap();
+    model.set_f32_activations(true);
+    let a = agreement(&model);
+    assert!(a.top1 >= 0.99, "top-1 agreement {}", a.top1);
+    assert!(a.kl_mean < 1e-3, "mean KL {}", a.kl_mean);
+    assert!(
+        (a.ppl / a.ref_ppl - 1.0).abs() < 0.002,
+        "ppl {} vs {}",
+        a.ppl,
+        a.ref_ppl
+    );
+}
+
 #[test]
 fn first_rows_match_transformers_in_full() {
     let tokens = ids(&json("tokens.json")["ids"]);
