@@ -187,9 +187,8 @@ pub fn plan_io(
     let weight_bytes: u64 = l.sizes.iter().sum();
     let all: Vec<usize> = (0..l.sizes.len()).collect();
     // streaming buffers: the largest block layer (or one head row, if larger)
-    let largest = l.blocks.iter().map(|&b| l.sizes[b]).max().unwrap_or(0);
     let (largest_name, largest) = match l.blocks.iter().max_by_key(|&&b| l.sizes[b]) {
-        Some(&b) if largest >= l.head.row_bytes => (l.names[b].clone(), largest),
+        Some(&b) if l.sizes[b] >= l.head.row_bytes => (l.names[b].clone(), l.sizes[b]),
         _ => (
             "one row of the output head".into(),
             align_up(l.head.row_bytes),

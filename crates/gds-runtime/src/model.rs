@@ -349,14 +349,14 @@ impl Model {
     /// the next pass (assumed to want outputs, as decode steps do).
     fn stream_item(&self, i: usize, head: bool) -> Option<Span> {
         let n = self.n_stream_items(head);
-        let (i, _head) = if i < n {
-            (i, head)
+        let i = if i < n {
+            i
         } else {
             let next = self.n_stream_items(true);
             if next == 0 {
                 return None;
             }
-            ((i - n) % next, true)
+            (i - n) % next
         };
         let blocks = &self.io.streamed_layers;
         if let Some(&layer) = blocks.get(i) {
@@ -545,10 +545,8 @@ impl Model {
                 }
                 _ => {
                     // streamed in row chunks: each chunk's logits land in their columns
-                    let mut r0 = 0;
-                    while r0 < out.rows {
-                        let (start, rows) = self.head_chunk(r0 / self.io.head.chunk_rows.max(1));
-                        debug_assert_eq!(start, r0);
+                    for c in 0..out.rows.div_ceil(self.io.head.chunk_rows.max(1)) {
+                        let (r0, rows) = self.head_chunk(c);
                         let bytes = self.stream(&mut si, true)?;
                         let view = out.rows_view(&bytes, r0, rows)?;
                         if j == 1 {
@@ -571,7 +569,6 @@ impl Model {
                                     .copy_from_slice(&s.head_tmp[t * rows..(t + 1) * rows]);
                             }
                         }
-                        r0 += rows;
                     }
                 }
             }
