@@ -293,6 +293,8 @@ pub struct DirectBackend {
     slot_size: usize,
     thread: Option<JoinHandle<()>>,
     warnings: Vec<String>,
+    /// Buffer of `read_at`, reused between calls.
+    scratch: Mutex<Option<AlignedBuf>>,
 }
 
 impl DirectBackend {
@@ -386,6 +388,7 @@ impl DirectBackend {
             slot_size,
             thread,
             warnings,
+            scratch: Mutex::new(None),
         })
     }
 
@@ -558,9 +561,18 @@ impl LayerSource for DirectBackend {
         }
         let t0 = Instant::now();
         let extent = align_up(offset + span.len) - align_down(offset) + ALIGN as u64;
-        let mut buf =
-            AlignedBuf::new(extent as usize).ok_or(IoError::OutOfMemory { bytes: extent })?;
-        let range = self.shared.read_span(span, &mut buf)?;
+        // one small buffer kept for these reads (embedding rows, every token), grown on need
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if scratch
+            .as_ref()
+            .is_none_or(|b| (b.capacity() as u64) < extent)
+        {
+            *scratch = Some(
+                AlignedBuf::new(extent as usize).ok_or(IoError::OutOfMemory { bytes: extent })?,
+            );
+        }
+        let buf = scratch.as_mut().expect("allocated above");
+        let range = self.shared.read_span(span, buf)?;
         out.copy_from_slice(&buf.as_slice()[range]);
         self.shared
             .counters
