@@ -609,6 +609,11 @@ impl GpuModel {
         }
     }
 
+    /// Most tokens one [`forward`](GpuModel::forward) call takes.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
     /// The model's layout (shape, layers, tensors).
     pub fn layout(&self) -> &Layout {
         &self.layout

@@ -1,15 +1,15 @@
 //! Choosing the compute backend: `--backend auto|cpu|cuda`.
 //!
-//! `auto` takes the CPU unless a usable GPU backend is compiled in and present; `cuda` is
-//! refused at planning time, with the reason, when it cannot run. With the `cuda` feature
-//! the GPU is probed through `gds_cuda::probe()` (no panic when libcuda, libnvrtc or
-//! libcufile is missing: the reason names what is).
+//! `cuda` is refused at planning time, with the reason, when it cannot run. With the
+//! `cuda` feature the GPU is probed through `gds_cuda::probe()` (no panic when libcuda,
+//! libnvrtc or libcufile is missing: the reason names what is).
 //!
-//! The CUDA executor (crates/gds-cuda) is not yet wired into the engine, so even on a
-//! machine with a usable GPU `--backend cuda` is refused, saying so, and `auto` keeps the
-//! CPU.
+//! `auto` keeps the CPU even when a usable GPU is found: the CUDA executor has not yet run
+//! on real hardware (the project's machines have no GPU), so it is used only when asked
+//! for with `--backend cuda`. The reason says so.
 
 use crate::error::{Result, RuntimeError};
+use crate::gpuplan::GpuOffer;
 
 /// The decision: the backend's name and why it was chosen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +18,8 @@ pub struct BackendChoice {
     pub name: &'static str,
     /// One line: why this backend (and not another).
     pub reason: String,
+    /// For `cuda`: the device the plan is made for (`direct` is filled in by the plan).
+    pub gpu: Option<GpuOffer>,
 }
 
 /// What the GPU side offers, as far as the choice is concerned.
@@ -29,9 +31,9 @@ enum Gpu {
     /// Built with it, but the backend cannot run here: why.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Unusable(String),
-    /// A usable GPU: a one-line description (device, path).
+    /// A usable GPU.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    Usable(String),
+    Usable(GpuOffer),
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -42,16 +44,18 @@ fn gpu() -> Gpu {
 #[cfg(feature = "cuda")]
 fn gpu() -> Gpu {
     let report = gds_cuda::probe();
-    match report.unusable_reason() {
-        Some(why) => Gpu::Unusable(why.to_string()),
-        None => {
-            let dev = report
-                .devices
-                .first()
-                .map(|d| d.name.clone())
-                .unwrap_or_default();
-            Gpu::Usable(format!("{dev}, {} path", report.path.name()))
-        }
+    match (report.unusable_reason(), report.devices.first()) {
+        (Some(why), _) => Gpu::Unusable(why.to_string()),
+        (None, None) => Gpu::Unusable("no CUDA device".into()),
+        (None, Some(d)) => Gpu::Usable(GpuOffer {
+            device: d.name.clone(),
+            vram_bytes: d.vram_bytes,
+            gds: match report.path {
+                gds_cuda::GpuPath::Gds => Ok(()),
+                _ => Err(report.reason.clone()),
+            },
+            direct: true,
+        }),
     }
 }
 
@@ -61,8 +65,9 @@ pub fn choose(requested: Option<&str>) -> Result<BackendChoice> {
         "cpu" => Ok(BackendChoice {
             name: "cpu",
             reason: "requested with --backend cpu".into(),
+            gpu: None,
         }),
-        name @ ("auto" | "cuda") => decide(name, &gpu()),
+        name @ ("auto" | "cuda") => decide(name, gpu()),
         other => Err(RuntimeError::Plan(format!(
             "--backend {other}: expected auto, cpu or cuda"
         ))),
@@ -70,11 +75,12 @@ pub fn choose(requested: Option<&str>) -> Result<BackendChoice> {
 }
 
 /// `auto` or `cuda` against what the GPU side offers.
-fn decide(requested: &str, gpu: &Gpu) -> Result<BackendChoice> {
+fn decide(requested: &str, gpu: Gpu) -> Result<BackendChoice> {
     let cpu = |reason: String| {
         Ok(BackendChoice {
             name: "cpu",
             reason,
+            gpu: None,
         })
     };
     match (requested, gpu) {
@@ -82,8 +88,10 @@ fn decide(requested: &str, gpu: &Gpu) -> Result<BackendChoice> {
             cpu("auto: this build has no GPU backend (built without the `cuda` feature)".into())
         }
         ("auto", Gpu::Unusable(why)) => cpu(format!("auto: no usable GPU ({why})")),
-        ("auto", Gpu::Usable(gpu)) => cpu(format!(
-            "auto: GPU found ({gpu}) but the CUDA executor is not yet wired into the engine"
+        ("auto", Gpu::Usable(g)) => cpu(format!(
+            "auto: GPU found ({}) but the CUDA executor has not been validated on real \
+             hardware yet; pass --backend cuda to use it",
+            g.device
         )),
         (_, Gpu::NotBuilt) => Err(RuntimeError::Plan(
             "--backend cuda: this gdsrun was built without CUDA support \
@@ -93,10 +101,11 @@ fn decide(requested: &str, gpu: &Gpu) -> Result<BackendChoice> {
         (_, Gpu::Unusable(why)) => Err(RuntimeError::Plan(format!(
             "--backend cuda: the CUDA backend cannot run here: {why}"
         ))),
-        (_, Gpu::Usable(gpu)) => Err(RuntimeError::Plan(format!(
-            "--backend cuda: GPU found ({gpu}) but the CUDA executor is not yet wired into \
-             gdsrun's engine; use --backend cpu"
-        ))),
+        (_, Gpu::Usable(g)) => Ok(BackendChoice {
+            name: "cuda",
+            reason: format!("requested with --backend cuda: {}", g.device),
+            gpu: Some(g),
+        }),
     }
 }
 
@@ -114,22 +123,30 @@ mod tests {
 
     #[test]
     fn cuda_is_refused_with_what_is_missing_and_auto_falls_back_with_the_reason() {
-        let e = decide("cuda", &Gpu::NotBuilt).unwrap_err().to_string();
+        let e = decide("cuda", Gpu::NotBuilt).unwrap_err().to_string();
         assert!(e.contains("without CUDA support"), "{e}");
         let missing = Gpu::Unusable("CUDA driver: libcuda.so not found".into());
-        let e = decide("cuda", &missing).unwrap_err().to_string();
+        let e = decide("cuda", missing.clone()).unwrap_err().to_string();
         assert!(e.contains("libcuda.so not found"), "{e}");
-        let auto = decide("auto", &missing).unwrap();
+        let auto = decide("auto", missing).unwrap();
         assert_eq!(auto.name, "cpu");
         assert!(
             auto.reason.contains("libcuda.so not found"),
             "{}",
             auto.reason
         );
-        let usable = Gpu::Usable("Test GPU, gds path".into());
-        let e = decide("cuda", &usable).unwrap_err().to_string();
-        assert!(e.contains("not yet wired"), "{e}");
-        assert_eq!(decide("auto", &usable).unwrap().name, "cpu");
+        let usable = Gpu::Usable(GpuOffer {
+            device: "Test GPU".into(),
+            vram_bytes: 1 << 30,
+            gds: Ok(()),
+            direct: true,
+        });
+        let cuda = decide("cuda", usable.clone()).unwrap();
+        assert_eq!(cuda.name, "cuda");
+        assert_eq!(cuda.gpu.as_ref().map(|g| g.vram_bytes), Some(1 << 30));
+        let auto = decide("auto", usable).unwrap();
+        assert_eq!(auto.name, "cpu");
+        assert!(auto.reason.contains("--backend cuda"), "{}", auto.reason);
     }
 
     #[test]

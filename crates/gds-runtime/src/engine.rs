@@ -3,10 +3,10 @@
 //! conversation is evaluated) and sampler.
 
 use crate::chat::Message;
+use crate::config::Config;
 use crate::error::{Result, RuntimeError};
-use crate::kv::KvCache;
+use crate::exec::{eval_last, Executor};
 use crate::metrics::{EnergyMeter, Metrics};
-use crate::model::{Batch, Model, RunState};
 use crate::plan::{Mode, Plan};
 use crate::sampler::Sampler;
 use crate::tokenizer::TextTokenizer;
@@ -63,11 +63,8 @@ pub struct GenerateOutput {
 /// A loaded model ready to generate.
 pub struct Engine {
     plan: Plan,
-    model: Model,
+    exec: Box<dyn Executor>,
     tokenizer: TextTokenizer,
-    state: RunState,
-    kv: KvCache,
-    batch: Batch,
     sampler: Sampler,
     /// Tokens whose K/V are in the cache, in order (sequence 0).
     cached: Vec<u32>,
@@ -78,30 +75,25 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Loads the model and tokenizer the plan names and allocates all run buffers.
+    /// Loads the model on the plan's backend and the tokenizer, and allocates all run
+    /// buffers.
     pub fn load(plan: Plan) -> Result<Engine> {
         let t0 = Instant::now();
-        let model = Model::open(&plan)?;
-        let tokenizer = TextTokenizer::load(&plan.model_dir, &model.config)?;
-        let c = &model.config;
-        let state = RunState::new(c, plan.batch, 1, plan.ctx, plan.threads);
-        let kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, plan.ctx, c.kv_dim());
-        let sampler = Sampler::new(plan.sampler.clone(), c.vocab_size);
+        let exec = crate::exec::open(&plan, plan.batch, 1)?;
+        let tokenizer = TextTokenizer::load(&plan.model_dir, exec.config())?;
+        let sampler = Sampler::new(plan.sampler.clone(), exec.config().vocab_size);
         let mut messages = Vec::new();
         if let Some(s) = &plan.system {
             messages.push(Message::new("system", s));
         }
         Ok(Engine {
-            batch: Batch::with_capacity(plan.batch),
             cached: Vec::with_capacity(plan.ctx),
             energy: EnergyMeter::open(),
             load_ms: t0.elapsed().as_secs_f64() * 1000.0,
             interrupt: Arc::new(AtomicBool::new(false)),
             plan,
-            model,
+            exec,
             tokenizer,
-            state,
-            kv,
             sampler,
             messages,
         })
@@ -112,9 +104,14 @@ impl Engine {
         &self.plan
     }
 
-    /// The model.
-    pub fn model(&self) -> &Model {
-        &self.model
+    /// The model's hyperparameters.
+    pub fn config(&self) -> &Config {
+        self.exec.config()
+    }
+
+    /// The backend running the forward passes (`cpu`, `cuda`).
+    pub fn backend(&self) -> &'static str {
+        self.exec.backend()
     }
 
     /// The tokenizer.
@@ -205,7 +202,6 @@ impl Engine {
             });
         }
         self.interrupt.store(false, Ordering::Relaxed);
-        let vocab = self.model.config.vocab_size;
         let mut m = Metrics {
             load_ms: self.load_ms,
             prompt_tokens: prompt.len(),
@@ -234,14 +230,10 @@ impl Engine {
                 interrupted = true;
                 break;
             }
-            self.batch.clear();
-            let is_last = self.cached.len() + chunk.len() == prompt.len();
-            for (i, &t) in chunk.iter().enumerate() {
-                self.batch
-                    .push(t, self.cached.len() + i, 0, is_last && i + 1 == chunk.len());
-            }
-            self.model
-                .forward(&mut self.state, &mut self.kv, &self.batch)?;
+            // Logits are wanted for the prompt's last token only.
+            let last = prompt.len() - 1;
+            self.exec
+                .eval(chunk, self.cached.len(), last..last + 1, &mut |_, _| {})?;
             self.cached.extend_from_slice(chunk);
         }
         m.prompt_tokens_evaluated = self.cached.len() - common;
@@ -255,14 +247,14 @@ impl Engine {
         let mut stream = self.tokenizer.stream();
         let mut decode_ms = 0.0;
         let mut decode_steps = 0usize;
-        let io0 = self.model.io_stats();
+        let io0 = self.exec.io_stats();
         let mut stop = if interrupted {
             Some(StopReason::Interrupted)
         } else {
             None
         };
         while stop.is_none() {
-            let tok = self.sampler.sample(self.state.logits_mut(0, vocab));
+            let tok = self.sampler.sample(self.exec.last_logits_mut());
             if generated.is_empty() {
                 m.time_to_first_token_ms = t0.elapsed().as_secs_f64() * 1000.0;
             }
@@ -317,10 +309,7 @@ impl Engine {
                 stop = Some(StopReason::Interrupted);
             } else {
                 let t = Instant::now();
-                self.batch.clear();
-                self.batch.push(tok, self.cached.len(), 0, true);
-                self.model
-                    .forward(&mut self.state, &mut self.kv, &self.batch)?;
+                eval_last(&mut *self.exec, &[tok], self.cached.len())?;
                 self.cached.push(tok);
                 decode_ms += t.elapsed().as_secs_f64() * 1000.0;
                 decode_steps += 1;
@@ -335,11 +324,11 @@ impl Engine {
         m.generated_tokens = generated.len();
         m.decode_ms = decode_ms;
         m.energy_joules = self.energy.joules().zip(energy0).map(|(j, j0)| j - j0);
-        let io = self.model.io_stats();
+        let io = self.exec.io_stats();
         m.bytes_read = io.bytes_read;
         m.set_decode_io(&io.since(&io0), decode_steps);
         m.io_mode = self.plan.io.clone();
-        m.weights_held_bytes = self.plan.io_plan.held_bytes;
+        m.weights_held_bytes = self.plan.weights_held_bytes();
         m.kv_cache_bytes = self.plan.kv_bytes;
         m.finish();
         Ok(GenerateOutput {

@@ -12,6 +12,10 @@ mod error;
 pub mod chat;
 pub mod config;
 pub mod engine;
+pub mod exec;
+#[cfg(feature = "cuda")]
+pub mod gpu;
+pub mod gpuplan;
 pub mod ioplan;
 pub mod kv;
 pub mod metrics;
@@ -27,6 +31,7 @@ pub mod weights;
 pub use config::{Config, RopeScaling};
 pub use engine::{Engine, GenerateOutput, StopReason};
 pub use error::{Result, RuntimeError};
+pub use exec::{CpuExecutor, Executor};
 pub use kv::{KvCache, KvDtype};
 pub use metrics::{EnergyMeter, Metrics};
 pub use model::{Batch, Model, RunState};

@@ -6,7 +6,8 @@
 //! PPL = exp(mean negative log-likelihood).
 
 use crate::error::{Result, RuntimeError};
-use crate::kv::{KvCache, KvDtype};
+use crate::exec::Executor;
+use crate::kv::KvCache;
 use crate::model::{Batch, Model, RunState};
 use serde::Serialize;
 
@@ -109,39 +110,21 @@ pub fn eval_positions(
 pub struct PerplexityOptions {
     /// Tokens per chunk.
     pub ctx: usize,
-    /// Tokens per forward pass.
-    pub batch: usize,
     /// Replaces each chunk's first token (llama.cpp does this when the model adds BOS).
     pub bos: Option<u32>,
-    /// KV cache element type.
-    pub kv_dtype: KvDtype,
 }
 
 /// Runs llama-perplexity's algorithm over `tokens` (already tokenized, BOS included when
-/// the model adds one). `on_chunk` receives (chunk index, running ppl).
+/// the model adds one) on the executor, whose context must hold `opts.ctx` positions.
+/// `on_chunk` receives (chunk index, running ppl).
 pub fn perplexity(
-    model: &Model,
+    ex: &mut dyn Executor,
     tokens: &[u32],
     opts: PerplexityOptions,
     on_chunk: &mut dyn FnMut(usize, f64),
 ) -> Result<PerplexityResult> {
-    let PerplexityOptions {
-        ctx,
-        batch,
-        bos,
-        kv_dtype,
-    } = opts;
+    let PerplexityOptions { ctx, bos } = opts;
     let plan = ChunkPlan::new(tokens.len(), ctx)?;
-    if ctx > model.ctx() {
-        return Err(RuntimeError::Perplexity(format!(
-            "--ctx {ctx} is larger than the context the model was loaded for ({})",
-            model.ctx()
-        )));
-    }
-    let batch = batch.clamp(1, ctx);
-    let c = &model.config;
-    let mut state = RunState::new(c, batch, batch, ctx, model.threads());
-    let mut kv = KvCache::new(kv_dtype, c.n_layers, 1, ctx, c.kv_dim());
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut running = Vec::with_capacity(plan.n_chunks);
     let mut chunk_tokens = vec![0u32; ctx];
@@ -152,20 +135,12 @@ pub fn perplexity(
         }
         // the original tokens are the targets (the BOS replacement only affects the input)
         let targets = &tokens[i * ctx..(i + 1) * ctx];
-        eval_positions(
-            model,
-            &mut state,
-            &mut kv,
-            &chunk_tokens,
-            plan.first..ctx - 1,
-            batch,
-            &mut |pos, logits| {
-                let target = targets[pos + 1] as usize;
-                let v = log_sum_exp(logits) - logits[target] as f64;
-                nll += v;
-                nll2 += v * v;
-            },
-        )?;
+        ex.eval(&chunk_tokens, 0, plan.first..ctx - 1, &mut |pos, logits| {
+            let target = targets[pos + 1] as usize;
+            let v = log_sum_exp(logits) - logits[target] as f64;
+            nll += v;
+            nll2 += v * v;
+        })?;
         count += plan.scored_per_chunk;
         running.push((nll / count as f64).exp());
         on_chunk(i, (nll / count as f64).exp());

@@ -59,6 +59,8 @@ pub struct PlanOptions {
     pub io: Option<String>,
     /// Bytes of weights allowed in memory, streaming buffers included (`None`: unbounded).
     pub mem_budget: Option<u64>,
+    /// Bytes of VRAM the CUDA backend may use (`None`: 90 % of the device).
+    pub vram_budget: Option<u64>,
     /// Activation precision of the matrix products: `q8` (default) or `f32`.
     pub activations: Option<String>,
 }
@@ -110,8 +112,10 @@ pub struct Plan {
     pub threads: usize,
     /// I/O backend (`mmap`, `direct` or `buffered`).
     pub io: String,
-    /// Residency and streaming decisions.
+    /// Residency and streaming decisions in host memory (CPU backend).
     pub io_plan: crate::ioplan::IoPlan,
+    /// The CUDA backend's load path and VRAM residency (`None` on the CPU backend).
+    pub gpu: Option<crate::gpuplan::GpuPlan>,
     /// Activations of the matrix products: `q8` (8-bit, integer dot products) or `f32`.
     pub activations: String,
     /// Weight bytes and tensor counts by dtype.
@@ -279,22 +283,41 @@ impl Plan {
             a @ ("q8" | "f32") => a.to_string(),
             other => return plan_err(format!("--activations {other}: expected q8 or f32")),
         };
-        if opts.io.as_deref() == Some("gds") {
-            return plan_err(format!(
-                "--io gds: GPUDirect Storage reads layers into GPU memory and needs --backend cuda (this plan's backend is {}: {})",
-                backend.name, backend.reason
-            ));
-        }
-        let io_plan = crate::ioplan::plan_io(
-            dir,
-            &m,
-            opts.io.as_deref().unwrap_or("auto"),
-            opts.mem_budget,
-            || match m.layer(0) {
-                Ok(l) => gds_io::probe_direct(&dir.join(l.file)),
-                Err(e) => gds_io::DirectSupport::Buffered(e.to_string()),
-            },
-        )?;
+        let probe = || match m.layer(0) {
+            Ok(l) => gds_io::probe_direct(&dir.join(l.file)),
+            Err(e) => gds_io::DirectSupport::Buffered(e.to_string()),
+        };
+        let io_req = opts.io.as_deref().unwrap_or("auto");
+        let (io_plan, gpu) = match backend.gpu.clone() {
+            None => {
+                if io_req == "gds" {
+                    return plan_err(format!(
+                        "--io gds: GPUDirect Storage reads layers into GPU memory and needs --backend cuda (this plan's backend is {}: {})",
+                        backend.name, backend.reason
+                    ));
+                }
+                if opts.vram_budget.is_some() {
+                    return plan_err(format!(
+                        "--vram-budget applies to --backend cuda (this plan's backend is {}: {})",
+                        backend.name, backend.reason
+                    ));
+                }
+                let io = crate::ioplan::plan_io(dir, &m, io_req, opts.mem_budget, probe)?;
+                (io, None)
+            }
+            Some(mut offer) => {
+                if opts.mem_budget.is_some() {
+                    return plan_err(
+                        "--mem-budget bounds host memory for the CPU backend; with --backend cuda use --vram-budget".into(),
+                    );
+                }
+                offer.direct = matches!(probe(), gds_io::DirectSupport::Direct);
+                let g = crate::gpuplan::plan_gpu(dir, ctx, io_req, opts.vram_budget, &offer)?;
+                // The host keeps no weights: the I/O plan records the file sizes only.
+                let io = crate::ioplan::plan_io(dir, &m, "mmap", None, probe)?;
+                (io, Some(g))
+            }
+        };
         Ok(Plan {
             model_dir: dir.clone(),
             model_name: m.get_str("general.name").ok().map(str::to_string),
@@ -302,8 +325,12 @@ impl Plan {
             backend: backend.name.into(),
             backend_reason: backend.reason,
             threads,
-            io: io_plan.mode.clone(),
+            io: match &gpu {
+                Some(g) => g.load.clone(),
+                None => io_plan.mode.clone(),
+            },
             io_plan,
+            gpu,
             activations,
             weight_dtypes,
             ctx,
@@ -321,6 +348,15 @@ impl Plan {
             system: opts.system.clone(),
             model,
         })
+    }
+
+    /// Bytes of weights the run holds: in VRAM on the CUDA backend, in host memory on the
+    /// CPU.
+    pub fn weights_held_bytes(&self) -> u64 {
+        match &self.gpu {
+            Some(g) => g.weights_held_bytes(),
+            None => self.io_plan.held_bytes,
+        }
     }
 
     /// The plan as pretty JSON.

@@ -82,6 +82,11 @@ impl RopeTable {
         RopeTable { half, cos, sin }
     }
 
+    /// The `cos` and `sin` tables, `[ctx][head_dim / 2]` each (what the GPU kernels read).
+    pub fn into_tables(self) -> (Vec<f32>, Vec<f32>) {
+        (self.cos, self.sin)
+    }
+
     /// Number of positions covered.
     pub fn ctx(&self) -> usize {
         self.cos.len() / self.half.max(1)

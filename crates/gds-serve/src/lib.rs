@@ -111,6 +111,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         kv_dtype: Some(kv_dtype),
         io: args.io.clone(),
         mem_budget: args.mem_budget,
+        // The server's batched scheduler and paged KV cache run on the CPU backend.
+        backend: Some("cpu".into()),
         raw: true,
         ..Default::default()
     })?;

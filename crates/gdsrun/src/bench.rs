@@ -3,8 +3,9 @@
 use crate::cli::BenchArgs;
 use crate::run::common_options;
 use anyhow::{bail, Result};
+use gds_runtime::exec::{eval_last, Executor};
 use gds_runtime::sampler::Rng;
-use gds_runtime::{Batch, KvCache, Model, Plan, PlanOptions, RunState};
+use gds_runtime::{Plan, PlanOptions};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -24,8 +25,9 @@ struct BenchResult {
     stddev_ts: f64,
     samples_ns: Vec<u64>,
     samples_ts: Vec<f64>,
-    /// GdsLLM additions: the I/O mode, the weight bytes held in memory, and what the timed
+    /// GdsLLM additions: the compute backend, the I/O mode, the weight bytes held in memory, and what the timed
     /// repetitions read from disk.
+    backend: String,
     io: String,
     weights_held_bytes: u64,
     bytes_read_per_token: f64,
@@ -44,49 +46,20 @@ fn mean_std(x: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Evaluates `n` random tokens from position 0 in batches (pp).
-fn prompt_pass(
-    model: &Model,
-    st: &mut RunState,
-    kv: &mut KvCache,
-    b: &mut Batch,
-    rng: &mut Rng,
-    n: usize,
-    batch: usize,
-) -> Result<()> {
-    let vocab = model.config.vocab_size as u64;
-    let mut pos = 0;
-    while pos < n {
-        b.clear();
-        let m = batch.min(n - pos);
-        for i in 0..m {
-            b.push(
-                (rng.next_u64() % vocab) as u32,
-                pos + i,
-                0,
-                pos + i + 1 == n,
-            );
-        }
-        model.forward(st, kv, b)?;
-        pos += m;
-    }
+/// Evaluates `n` random tokens from position 0 (pp: one `eval`, split into passes of the
+/// plan's batch by the executor).
+fn prompt_pass(ex: &mut dyn Executor, rng: &mut Rng, n: usize) -> Result<()> {
+    let vocab = ex.config().vocab_size as u64;
+    let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
+    eval_last(ex, &tokens, 0)?;
     Ok(())
 }
 
 /// Evaluates `n` random tokens one at a time from position 0 (tg).
-fn gen_pass(
-    model: &Model,
-    st: &mut RunState,
-    kv: &mut KvCache,
-    b: &mut Batch,
-    rng: &mut Rng,
-    n: usize,
-) -> Result<()> {
-    let vocab = model.config.vocab_size as u64;
+fn gen_pass(ex: &mut dyn Executor, rng: &mut Rng, n: usize) -> Result<()> {
+    let vocab = ex.config().vocab_size as u64;
     for pos in 0..n {
-        b.clear();
-        b.push((rng.next_u64() % vocab) as u32, pos, 0, true);
-        model.forward(st, kv, b)?;
+        eval_last(ex, &[(rng.next_u64() % vocab) as u32], pos)?;
     }
     Ok(())
 }
@@ -106,11 +79,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         batch: a.common.batch.or(Some(512)),
         ..common_options(&a.common)
     })?;
-    let model = Model::open(&plan)?;
-    let c = &model.config;
-    let mut st = RunState::new(c, plan.batch, 1, plan.ctx, plan.threads);
-    let mut kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, plan.ctx, c.kv_dim());
-    let mut b = Batch::with_capacity(plan.batch);
+    let mut exec = gds_runtime::exec::open(&plan, plan.batch, 1)?;
+    let ex = &mut *exec;
     let mut rng = Rng::new(1234);
     let name = plan
         .model_name
@@ -121,23 +91,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if n_prompt == 0 && n_gen == 0 {
             continue;
         }
-        let pass = |st: &mut RunState, kv: &mut KvCache, b: &mut Batch, rng: &mut Rng| {
+        let pass = |ex: &mut dyn Executor, rng: &mut Rng| {
             if n_prompt > 0 {
-                prompt_pass(&model, st, kv, b, rng, n_prompt, plan.batch)
+                prompt_pass(ex, rng, n_prompt)
             } else {
-                gen_pass(&model, st, kv, b, rng, n_gen)
+                gen_pass(ex, rng, n_gen)
             }
         };
         // warm-up: page the weights in, spin the threads up
-        pass(&mut st, &mut kv, &mut b, &mut rng)?;
+        pass(ex, &mut rng)?;
         let mut ns = Vec::with_capacity(a.repetitions);
-        let io0 = model.io_stats();
+        let io0 = ex.io_stats();
         for _ in 0..a.repetitions {
             let t = Instant::now();
-            pass(&mut st, &mut kv, &mut b, &mut rng)?;
+            pass(ex, &mut rng)?;
             ns.push(t.elapsed().as_nanos() as u64);
         }
-        let io = model.io_stats().since(&io0);
+        let io = ex.io_stats().since(&io0);
         let n = (n_prompt + n_gen) as f64;
         let ts: Vec<f64> = ns.iter().map(|&t| n * 1e9 / t as f64).collect();
         let (avg_ns, std_ns) = mean_std(&ns.iter().map(|&t| t as f64).collect::<Vec<_>>());
@@ -156,8 +126,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             stddev_ts,
             samples_ns: ns,
             samples_ts: ts,
+            backend: ex.backend().to_string(),
             io: plan.io.clone(),
-            weights_held_bytes: plan.io_plan.held_bytes,
+            weights_held_bytes: plan.weights_held_bytes(),
             bytes_read_per_token: io.bytes_read as f64 / (n * a.repetitions as f64),
             read_bandwidth_bytes_per_sec: (io.read_ns > 0)
                 .then(|| io.bytes_read as f64 * 1e9 / io.read_ns as f64),
@@ -177,9 +148,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 format!("tg{}", r.n_gen)
             };
             println!(
-                "| {} | {:.2} MiB | cpu | {} | {test} | {:.2} ± {:.2} |",
+                "| {} | {:.2} MiB | {} | {} | {test} | {:.2} ± {:.2} |",
                 r.model,
                 size as f64 / (1 << 20) as f64,
+                r.backend,
                 r.n_threads,
                 r.avg_ts,
                 r.stddev_ts

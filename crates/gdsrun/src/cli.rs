@@ -51,6 +51,10 @@ pub struct CommonArgs {
     /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB, 1.5GiB).
     #[arg(long, value_parser = parse_size)]
     pub mem_budget: Option<u64>,
+    /// Most bytes of VRAM the CUDA backend uses (weights, KV cache, scratch, streaming
+    /// slots; default 90 % of the device). Layers that do not fit stream every token.
+    #[arg(long, value_parser = parse_size)]
+    pub vram_budget: Option<u64>,
     /// Activations of the matrix products: q8 (8-bit integer dot products, fast) or f32
     /// (weights dequantized row by row: a float reference's arithmetic, slower).
     #[arg(long, value_parser = ["q8", "f32"])]

@@ -4,7 +4,7 @@ use crate::cli::PerplexityArgs;
 use crate::run::common_options;
 use anyhow::{Context, Result};
 use gds_runtime::perplexity::{perplexity, PerplexityOptions};
-use gds_runtime::{Model, Plan, PlanOptions, RuntimeError, TextTokenizer};
+use gds_runtime::{Plan, PlanOptions, RuntimeError, TextTokenizer};
 use std::io::Write;
 use std::time::Instant;
 
@@ -18,25 +18,26 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
     let t0 = Instant::now();
-    let model = Model::open(&plan)?;
-    let tok = TextTokenizer::load(&plan.model_dir, &model.config)?;
+    // Every scored position wants logits: passes of up to 512 tokens, all of them outputs.
+    let batch = plan.batch.max(plan.ctx.min(512));
+    let mut exec = gds_runtime::exec::open(&plan, batch, batch)?;
+    let tok = TextTokenizer::load(&plan.model_dir, exec.config())?;
     let tokens = tok.encode(&text, true)?;
     let opts = PerplexityOptions {
         ctx: plan.ctx,
-        batch: plan.batch.max(plan.ctx.min(512)),
         bos: tok.bos().filter(|_| tok.add_bos()),
-        kv_dtype: plan.kv_dtype,
     };
     if !a.json {
         eprintln!(
-            "perplexity: {} tokens, ctx {}, {} threads",
+            "perplexity: {} tokens, ctx {}, backend {}, {} threads",
             tokens.len(),
             plan.ctx,
+            exec.backend(),
             plan.threads
         );
     }
     let json = a.json;
-    let r = perplexity(&model, &tokens, opts, &mut |i, ppl| {
+    let r = perplexity(&mut *exec, &tokens, opts, &mut |i, ppl| {
         if !json {
             eprint!("[{}]{ppl:.4},", i + 1);
             let _ = std::io::stderr().flush();

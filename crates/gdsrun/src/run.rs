@@ -18,6 +18,7 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
         backend: c.backend.clone(),
         io: c.io.clone(),
         mem_budget: c.mem_budget,
+        vram_budget: c.vram_budget,
         activations: c.activations.clone(),
         ..Default::default()
     }

@@ -1,0 +1,113 @@
+//! The CUDA executor (feature `cuda`): `gds_cuda::executor::GpuModel` behind
+//! [`Executor`], following the plan's [`GpuPlan`](crate::gpuplan::GpuPlan). Its KV cache
+//! and activations live in VRAM; logits come back to the host for the sampler.
+//!
+//! **Not yet run on a GPU**: the development machines have none. It compiles in CI under
+//! `--features cuda`; the forward pass it launches is tested on the CPU with the same
+//! kernels (crates/gds-cuda/tests/forward_emu.rs).
+
+use crate::config::Config;
+use crate::error::{Result, RuntimeError};
+use crate::exec::Executor;
+use crate::plan::Plan;
+use crate::rope::RopeTable;
+use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
+use gds_io::IoStats;
+use std::ops::Range;
+
+/// [`Executor`] on the GPU.
+pub struct GpuExecutor {
+    model: GpuModel,
+    config: Config,
+    logits: Vec<f32>,
+    max_tokens: usize,
+}
+
+fn gpu_err(e: gds_cuda::GpuError) -> RuntimeError {
+    RuntimeError::Plan(format!("CUDA backend: {e}"))
+}
+
+impl GpuExecutor {
+    /// Opens the plan's model on the GPU the plan was made for.
+    pub fn open(plan: &Plan) -> Result<GpuExecutor> {
+        let g = plan.gpu.as_ref().ok_or_else(|| {
+            RuntimeError::Plan("the plan has no GPU section (backend is not cuda)".into())
+        })?;
+        let c = &plan.model;
+        let rope = RopeTable::new(c.head_dim, plan.ctx, c.rope_theta, c.rope_scaling);
+        let load = match g.load.as_str() {
+            "gds" => LoadPath::Gds,
+            _ => LoadPath::Bounce {
+                direct: g.bounce_direct(),
+            },
+        };
+        let opts = ExecOptions {
+            device: 0,
+            load,
+            vram_budget: g.vram_budget_bytes,
+            ctx: plan.ctx,
+            rope: Some(rope.into_tables()),
+        };
+        let model = GpuModel::open(&plan.model_dir, &opts).map_err(gpu_err)?;
+        Ok(GpuExecutor {
+            logits: vec![0.0; c.vocab_size],
+            max_tokens: model.max_tokens(),
+            config: c.clone(),
+            model,
+        })
+    }
+}
+
+impl Executor for GpuExecutor {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The GPU pass returns the last token's logits only: positions before `want` go in
+    /// passes of up to 512 tokens, wanted positions one at a time.
+    fn eval(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        want: Range<usize>,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        let end = pos0 + tokens.len();
+        let first_wanted = want.start.clamp(pos0, end);
+        let mut pos = pos0;
+        while pos < end {
+            let n = if pos < first_wanted {
+                (first_wanted - pos).min(self.max_tokens)
+            } else {
+                1
+            };
+            let chunk = &tokens[pos - pos0..pos - pos0 + n];
+            self.model
+                .forward(&mut self.logits, chunk, pos)
+                .map_err(gpu_err)?;
+            let last = pos + n - 1;
+            if want.contains(&last) {
+                on_logits(last, &self.logits);
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn last_logits_mut(&mut self) -> &mut [f32] {
+        &mut self.logits
+    }
+
+    fn io_stats(&self) -> IoStats {
+        let s = self.model.stats;
+        IoStats {
+            bytes_read: s.bytes,
+            read_ns: (s.seconds * 1e9) as u64,
+            ..Default::default()
+        }
+    }
+}

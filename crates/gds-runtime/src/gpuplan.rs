@@ -1,0 +1,143 @@
+//! The GPU half of the plan (`--backend cuda`): how layer bytes reach VRAM and which
+//! layers stay there, decided once from the model's layout, the I/O request, the VRAM
+//! budget and what the probe found. Pure: it reads the manifest, never the GPU, so it is
+//! tested on machines without one.
+//!
+//! Policy (`gds_cuda::plan`): embedding, head, KV cache and scratch always resident; blocks
+//! resident in order while the budget lasts; the rest streamed every token through two
+//! slots of the largest block, the next block's read overlapping the current block's
+//! compute.
+
+use crate::error::{Result, RuntimeError};
+use gds_cuda::plan::Layout;
+use serde::Serialize;
+use std::path::Path;
+
+/// Share of the device's memory the default VRAM budget takes (the rest is left to the
+/// CUDA context, cuBLAS's workspace and other processes).
+pub const DEFAULT_VRAM_SHARE: f64 = 0.9;
+
+/// What the machine offers the GPU plan (from `gds_cuda::probe()` and `gds_io`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuOffer {
+    /// Device name.
+    pub device: String,
+    /// Device memory, bytes.
+    pub vram_bytes: u64,
+    /// `Ok`: GPUDirect Storage works here; `Err`: why not.
+    pub gds: std::result::Result<(), String>,
+    /// Whether the layer files' filesystem supports `O_DIRECT`.
+    pub direct: bool,
+}
+
+/// How layer bytes reach VRAM, and where every layer lives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GpuPlan {
+    /// The device.
+    pub device: String,
+    /// `gds` (cuFile straight into VRAM), `bounce-direct` (O_DIRECT into pinned host
+    /// memory, then async copies) or `bounce-buffered` (page-cache reads, then copies).
+    pub load: String,
+    /// Why that load path.
+    pub load_reason: String,
+    /// VRAM the executor may use, bytes.
+    pub vram_budget_bytes: u64,
+    /// Layers (manifest order) resident in VRAM for the whole run.
+    pub resident_layers: Vec<usize>,
+    /// Layers read from storage for every token.
+    pub streamed_layers: Vec<usize>,
+    /// Bytes of each of the two streaming slots (0: nothing streamed).
+    pub slot_bytes: u64,
+    /// Bytes of resident weights.
+    pub resident_bytes: u64,
+    /// Bytes read from storage per token.
+    pub streamed_bytes_per_token: u64,
+    /// Smallest budget that runs.
+    pub min_budget_bytes: u64,
+    /// Budget at which every layer is resident.
+    pub all_resident_budget_bytes: u64,
+}
+
+impl GpuPlan {
+    /// VRAM held for weights: resident layers plus the streaming slots.
+    pub fn weights_held_bytes(&self) -> u64 {
+        self.resident_bytes + 2 * self.slot_bytes
+    }
+
+    /// Whether the layer files are opened with `O_DIRECT` on the bounce path.
+    pub fn bounce_direct(&self) -> bool {
+        self.load == "bounce-direct"
+    }
+}
+
+/// Plans the GPU side for the model in `dir` with `ctx` positions: `io` is the user's
+/// `--io` (`auto`, `gds`, `direct`, `mmap`), `vram_budget` the user's `--vram-budget`
+/// (`None`: [`DEFAULT_VRAM_SHARE`] of the device).
+pub fn plan_gpu(
+    dir: &Path,
+    ctx: usize,
+    io: &str,
+    vram_budget: Option<u64>,
+    offer: &GpuOffer,
+) -> Result<GpuPlan> {
+    let err = |s: String| Err(RuntimeError::Plan(s));
+    let bounce = |direct: bool, why: String| {
+        let load = if direct {
+            "bounce-direct"
+        } else {
+            "bounce-buffered"
+        };
+        (load.to_string(), why)
+    };
+    let (load, load_reason) = match (io, &offer.gds) {
+        ("gds", Ok(())) => ("gds".to_string(), "requested with --io gds".to_string()),
+        ("gds", Err(why)) => return err(format!("--io gds: GPUDirect Storage is not usable here: {why} (use --io direct for pinned bounce buffers)")),
+        ("auto", Ok(())) => ("gds".into(), "auto: GPUDirect Storage is usable".into()),
+        ("auto", Err(why)) => bounce(
+            offer.direct,
+            format!(
+                "auto: no GPUDirect Storage ({why}); {} into pinned host buffers, then async copies",
+                if offer.direct { "O_DIRECT reads" } else { "page-cache reads (the filesystem refuses O_DIRECT)" }
+            ),
+        ),
+        ("direct", _) if !offer.direct => {
+            return err("--io direct: the layer files' filesystem does not support O_DIRECT (use --io mmap)".into())
+        }
+        ("direct", _) => bounce(true, "requested with --io direct: O_DIRECT into pinned host buffers, then async copies".into()),
+        ("mmap", _) => bounce(false, "requested with --io mmap: page-cache reads into pinned host buffers, then async copies".into()),
+        (other, _) => return err(format!("--io {other}: expected auto, mmap, direct or gds")),
+    };
+    let budget = match vram_budget {
+        Some(0) => return err("--vram-budget must be positive".into()),
+        Some(b) if b > offer.vram_bytes => {
+            return err(format!(
+                "--vram-budget {} MiB is more than {} has ({} MiB)",
+                b >> 20,
+                offer.device,
+                offer.vram_bytes >> 20
+            ))
+        }
+        Some(b) => b,
+        None => (offer.vram_bytes as f64 * DEFAULT_VRAM_SHARE) as u64,
+    };
+    let layout =
+        Layout::read(dir).map_err(|e| RuntimeError::Plan(format!("{}: {e}", dir.display())))?;
+    let p = layout
+        .plan(ctx, budget as usize)
+        .map_err(|e| RuntimeError::Plan(format!("--vram-budget: {e}")))?;
+    let (resident, streamed): (Vec<usize>, Vec<usize>) =
+        (0..p.resident.len()).partition(|&l| p.resident[l]);
+    Ok(GpuPlan {
+        device: offer.device.clone(),
+        load,
+        load_reason,
+        vram_budget_bytes: budget,
+        resident_layers: resident,
+        streamed_layers: streamed,
+        slot_bytes: p.slot_bytes as u64,
+        resident_bytes: p.resident_bytes,
+        streamed_bytes_per_token: p.streamed_bytes_per_token,
+        min_budget_bytes: p.min_budget as u64,
+        all_resident_budget_bytes: p.all_resident_budget as u64,
+    })
+}

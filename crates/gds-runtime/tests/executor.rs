@@ -1,0 +1,178 @@
+//! The executor seam and the GPU half of the plan, on a machine without a GPU.
+//!
+//! - The CPU executor splits long inputs into passes itself and reports exactly the
+//!   positions asked for, with the logits of one whole-prompt pass.
+//! - The VRAM plan for `--backend cuda` (load path, residency, streaming slots, refusals)
+//!   is made from the manifest alone, so it is checked here on the real SmolLM2 layout.
+
+use gds_runtime::exec::{eval_last, CpuExecutor, Executor};
+use gds_runtime::gpuplan::{plan_gpu, GpuOffer, GpuPlan};
+use gds_runtime::{Model, Plan, PlanOptions};
+use std::path::Path;
+
+fn smollm2() -> &'static Path {
+    gds_tests::smollm_converted()
+}
+
+fn plan(ctx: usize) -> Plan {
+    Plan::build(&PlanOptions {
+        model_dir: smollm2().to_path_buf(),
+        ctx: Some(ctx),
+        threads: Some(2),
+        backend: Some("cpu".into()),
+        raw: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn cpu(plan: &Plan, batch: usize, outputs: usize) -> CpuExecutor {
+    CpuExecutor::new(Model::open(plan).unwrap(), plan, batch, outputs)
+}
+
+#[test]
+fn the_cpu_executor_splits_passes_and_reports_exactly_the_wanted_positions() {
+    let p = plan(128);
+    let tokens: Vec<u32> = (0..70).map(|i| 100 + 37 * i).collect();
+    // One pass of all 70 tokens, every position an output.
+    let mut whole = cpu(&p, 70, 70);
+    let mut want_all = vec![Vec::new(); 70];
+    whole
+        .eval(&tokens, 0, 0..70, &mut |pos, l| want_all[pos] = l.to_vec())
+        .unwrap();
+    // Passes of 16 tokens, only positions 20..45 wanted.
+    let mut split = cpu(&p, 16, 16);
+    let mut seen = Vec::new();
+    split
+        .eval(&tokens, 0, 20..45, &mut |pos, l| {
+            assert_eq!(l, &want_all[pos][..], "position {pos}");
+            seen.push(pos);
+        })
+        .unwrap();
+    assert_eq!(seen, (20..45).collect::<Vec<_>>());
+    // The last reported logits are what the sampler gets.
+    assert_eq!(split.last_logits_mut(), &want_all[44][..]);
+    // Continuing the sequence: position 70 after the first 70, in two calls.
+    let mut a = cpu(&p, 16, 1);
+    eval_last(&mut a, &tokens, 0).unwrap();
+    assert_eq!(a.last_logits_mut(), &want_all[69][..]);
+    eval_last(&mut a, &[5], 70).unwrap();
+    let mut b = cpu(&p, 71, 1);
+    let mut t71 = tokens.clone();
+    t71.push(5);
+    eval_last(&mut b, &t71, 0).unwrap();
+    assert_eq!(a.last_logits_mut(), b.last_logits_mut());
+    assert_eq!(a.backend(), "cpu");
+}
+
+fn offer(gds: bool, direct: bool) -> GpuOffer {
+    GpuOffer {
+        device: "Test GPU".into(),
+        vram_bytes: 8 << 30,
+        gds: if gds {
+            Ok(())
+        } else {
+            Err("libcufile not found".into())
+        },
+        direct,
+    }
+}
+
+fn gpu(io: &str, budget: Option<u64>, o: &GpuOffer) -> Result<GpuPlan, String> {
+    plan_gpu(smollm2(), 512, io, budget, o).map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_vram_plan_keeps_everything_resident_when_it_fits_and_streams_the_tail_when_not() {
+    let o = offer(true, true);
+    let all = gpu("auto", None, &o).unwrap();
+    assert_eq!(all.load, "gds");
+    assert_eq!(all.vram_budget_bytes, (8u64 << 30) * 9 / 10);
+    assert!(all.streamed_layers.is_empty());
+    assert_eq!(all.slot_bytes, 0);
+    assert_eq!(all.streamed_bytes_per_token, 0);
+    let n_layers = all.resident_layers.len();
+    let file_bytes: u64 = std::fs::read_dir(smollm2().join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert_eq!(all.resident_bytes, file_bytes);
+
+    // Halfway between the minimum and everything resident.
+    let mid = (all.min_budget_bytes + all.all_resident_budget_bytes) / 2;
+    let half = gpu("auto", Some(mid), &o).unwrap();
+    assert!(!half.streamed_layers.is_empty() && half.resident_layers.len() > 2);
+    assert_eq!(
+        half.resident_layers.len() + half.streamed_layers.len(),
+        n_layers
+    );
+    // Leading blocks stay; the streamed ones are the tail (the head is the last layer).
+    let first_streamed = half.streamed_layers[0];
+    assert!(half
+        .resident_layers
+        .iter()
+        .all(|&l| l < first_streamed || l == n_layers - 1));
+    assert!(half.slot_bytes > 0);
+    assert!(
+        half.weights_held_bytes() + (all.all_resident_budget_bytes - all.resident_bytes) <= mid
+    );
+    assert_eq!(
+        half.resident_bytes + half.streamed_bytes_per_token,
+        all.resident_bytes
+    );
+
+    // The minimum: every block streamed.
+    let min = gpu("auto", Some(all.min_budget_bytes), &o).unwrap();
+    assert_eq!(min.resident_layers.len(), 2, "{:?}", min.resident_layers);
+    let e = gpu("auto", Some(all.min_budget_bytes - 1), &o).unwrap_err();
+    assert!(
+        e.contains("--vram-budget") && e.contains("too small"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_load_path_follows_io_and_what_the_machine_offers() {
+    let (gds, bounce, buffered) = (offer(true, true), offer(false, true), offer(false, false));
+    assert_eq!(gpu("auto", None, &bounce).unwrap().load, "bounce-direct");
+    let b = gpu("auto", None, &buffered).unwrap();
+    assert_eq!(b.load, "bounce-buffered");
+    assert!(
+        b.load_reason.contains("libcufile not found"),
+        "{}",
+        b.load_reason
+    );
+    assert_eq!(gpu("direct", None, &gds).unwrap().load, "bounce-direct");
+    assert_eq!(gpu("mmap", None, &gds).unwrap().load, "bounce-buffered");
+    let e = gpu("gds", None, &bounce).unwrap_err();
+    assert!(
+        e.contains("--io gds") && e.contains("libcufile not found"),
+        "{e}"
+    );
+    let e = gpu("direct", None, &buffered).unwrap_err();
+    assert!(e.contains("O_DIRECT"), "{e}");
+    let e = gpu("auto", Some(9 << 30), &gds).unwrap_err();
+    assert!(e.contains("more than Test GPU has"), "{e}");
+    let e = gpu("auto", Some(0), &gds).unwrap_err();
+    assert!(e.contains("positive"), "{e}");
+}
+
+#[test]
+fn gpu_flags_on_the_cpu_backend_are_refused_with_the_reason() {
+    let build = |vram: Option<u64>, io: Option<&str>| {
+        Plan::build(&PlanOptions {
+            model_dir: smollm2().to_path_buf(),
+            backend: Some("cpu".into()),
+            vram_budget: vram,
+            io: io.map(str::to_string),
+            ..Default::default()
+        })
+        .map(|p| p.gpu.is_none())
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(build(None, None), Ok(true));
+    let e = build(Some(1 << 30), None).unwrap_err();
+    assert!(e.contains("--vram-budget applies to --backend cuda"), "{e}");
+    let e = build(None, Some("gds")).unwrap_err();
+    assert!(e.contains("--io gds") && e.contains("--backend cpu"), "{e}");
+}
