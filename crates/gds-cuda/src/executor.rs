@@ -10,12 +10,16 @@
 //! Memory follows [`crate::plan`]: embedding and head resident, blocks resident in order
 //! while the budget lasts, the rest streamed through two slots:
 //! - a streamed block is read into a slot right after the kernels of the block before it
-//!   are enqueued, so the read overlaps that block's compute on the GPU (cuFile:
-//!   `cuFileRead` straight into the slot, which lives on the copy stream; bounce: `pread`
-//!   into pinned host memory, then an asynchronous copy on the copy stream). Events order
-//!   the two streams: the compute stream waits for `loaded[slot]`, and a slot is refilled
-//!   only after `computed[slot]` (its previous block) has completed. The reads are issued
-//!   from the calling thread; there is no separate I/O thread.
+//!   are enqueued, so the read overlaps that block's compute on the GPU. Events order the
+//!   two streams: the compute stream waits for `loaded[slot]`, and a slot is refilled only
+//!   after `computed[slot]` (its previous block) has completed.
+//! - GDS: `cuFileReadAsync` straight into the slot, enqueued on the copy stream (registered
+//!   with `cuFileStreamRegister`); no host copy of any weight.
+//! - Bounce: the bytes come through `gds-io`'s [`LayerSource`] (an O_DIRECT
+//!   [`DirectBackend`] with its read-ahead thread, or its buffered fallback that drops the
+//!   pages after each read), are copied into the slot's pinned host buffer, and go to VRAM
+//!   by an asynchronous copy on the copy stream. After each load the next streamed layer is
+//!   handed to the backend's read-ahead, so the disk works while the GPU computes.
 //!
 //! Decode (one token) uses the dequantizing matvec kernels; prefill of at least
 //! [`GEMM_MIN_TOKENS`](crate::forward::GEMM_MIN_TOKENS) tokens dequantizes each weight into an f32 tile and calls cuBLAS
@@ -30,9 +34,10 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::CudaBlas;
 use cudarc::cufile::{Cufile, FileHandle};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PinnedHostSlice, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
+use gds_io::{DirectBackend, DirectOptions, LayerSource, Span};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -92,14 +97,29 @@ struct Gpu {
     blas: CudaBlas,
 }
 
+/// The parameters of one `cuFileReadAsync`: cuFile reads them when the read executes on
+/// the stream, not when it is enqueued, so they live in a box per slot until the slot's
+/// next use (which waits for the block computed from it, hence for the read).
+#[derive(Default)]
+struct AsyncRead {
+    size: usize,
+    file_offset: i64,
+    buf_offset: i64,
+    bytes_read: isize,
+    /// The layer being read (for the check after it completed), if any.
+    layer: Option<usize>,
+}
+
 enum Loader {
     Gds {
         driver: Arc<Cufile>,
         files: Vec<FileHandle>,
+        pending: [Box<AsyncRead>; 2],
     },
     Bounce {
-        direct: bool,
-        pinned: PinnedHostSlice<u8>,
+        source: Box<dyn LayerSource>,
+        /// One pinned host buffer per slot (the largest layer each).
+        pinned: [PinnedHostSlice<u8>; 2],
     },
 }
 
@@ -124,6 +144,9 @@ pub struct GpuModel {
     slot_addr: Vec<u64>,
     /// The per-token order of block computes and slot reads (`plan::schedule`).
     steps: Vec<Step>,
+    /// For each step, the layer of the next load after it (wrapping to the next token's
+    /// first): what to read ahead.
+    next_load: Vec<Option<usize>>,
     max_tokens: usize,
     ctx_len: usize,
     /// Bytes and time of every layer read so far (initial loads included).
@@ -383,63 +406,126 @@ fn open_layer_file(path: &Path, direct: bool) -> Result<File, GpuError> {
 }
 
 impl Loader {
-    /// Reads layer `i` (whole file, `size` bytes) into `dst`. GDS: blocking cuFileRead into
-    /// device memory. Bounce: pread into pinned memory, async copy on `copy`, and the event
-    /// that marks the copy done.
+    /// Reads layer `i` (whole file) into `dst` through pinned buffer / pending read `slot`.
+    /// `sync`: complete before returning (initial loads); otherwise the read is enqueued on
+    /// the copy stream and the returned event marks it done.
     fn load(
         &mut self,
         gpu: &Gpu,
         layer: &Layer,
         i: usize,
         dst: &mut CudaSlice<u8>,
+        slot: usize,
+        sync: bool,
     ) -> Result<Option<CudaEvent>, GpuError> {
-        let io_err = |source| GpuError::Io {
-            path: layer.path.display().to_string(),
-            source,
+        let short = |n: isize| {
+            GpuError::Cuda(format!(
+                "reading {}: got {n} bytes, expected {}",
+                layer.path.display(),
+                layer.size
+            ))
         };
         match self {
-            Loader::Gds { files, .. } => {
+            Loader::Gds { files, pending, .. } if sync => {
                 let mut view = dst.slice_mut(..layer.size);
                 let n = files[i]
                     .sync_read(0, &mut view)
                     .map_err(cuda("cuFileRead"))?;
+                pending[slot].layer = None;
                 if n != layer.size as isize {
-                    return Err(GpuError::Cuda(format!(
-                        "cuFileRead of {} returned {n}, expected {}",
-                        layer.path.display(),
-                        layer.size
-                    )));
+                    return Err(short(n));
                 }
                 Ok(None)
             }
-            Loader::Bounce { direct, pinned } => {
-                use std::os::unix::fs::FileExt;
-                // The previous copy out of the pinned buffer must be finished before reuse.
-                gpu.copy.synchronize().map_err(cuda("copy stream"))?;
-                let file = open_layer_file(&layer.path, *direct)?;
-                let host = pinned.as_mut_slice().map_err(cuda("pinned buffer"))?;
-                let buf = &mut host[..layer.size];
-                let mut done = 0;
-                while done < buf.len() {
-                    match file.read_at(&mut buf[done..], done as u64) {
-                        Ok(0) => {
-                            return Err(io_err(std::io::Error::new(
-                                std::io::ErrorKind::UnexpectedEof,
-                                "layer file shorter than the manifest says",
-                            )))
-                        }
-                        Ok(n) => done += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(io_err(e)),
-                    }
+            Loader::Gds { files, pending, .. } => {
+                let p = &mut *pending[slot];
+                *p = AsyncRead {
+                    size: layer.size,
+                    layer: Some(i),
+                    ..AsyncRead::default()
+                };
+                let (ptr, _) = dst.device_ptr_mut(&gpu.copy);
+                // SAFETY: the destination is a live device slot of at least `size` bytes
+                // (plan: slots hold the largest streamed layer); the parameters live in
+                // `pending[slot]`, a box that is neither moved nor rewritten until this
+                // slot's next load, which first waits for the block computed from this read
+                // (`computed[slot]`), hence for the read itself.
+                unsafe {
+                    cudarc::cufile::result::read_async(
+                        files[i].cu(),
+                        ptr as *mut std::ffi::c_void,
+                        &p.size,
+                        &p.file_offset,
+                        &p.buf_offset,
+                        &mut p.bytes_read,
+                        gpu.copy.cu_stream() as _,
+                    )
                 }
+                .map_err(cuda("cuFileReadAsync"))?;
+                Ok(Some(gpu.copy.record_event(None).map_err(cuda("event"))?))
+            }
+            Loader::Bounce { source, pinned } => {
+                let bytes = source.acquire(i).map_err(|e| GpuError::Io {
+                    path: layer.path.display().to_string(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+                if bytes.len() != layer.size {
+                    return Err(short(bytes.len() as isize));
+                }
+                let host = pinned[slot].as_mut_slice().map_err(cuda("pinned buffer"))?;
+                let buf = &mut host[..layer.size];
+                buf.copy_from_slice(&bytes);
+                drop(bytes);
                 let mut view = dst.slice_mut(..layer.size);
                 gpu.copy
                     .memcpy_htod(&*buf, &mut view)
                     .map_err(cuda("host-to-device copy"))?;
                 let ev = gpu.copy.record_event(None).map_err(cuda("event"))?;
+                if sync {
+                    ev.synchronize().map_err(cuda("loading a layer"))?;
+                    return Ok(None);
+                }
                 Ok(Some(ev))
             }
+        }
+    }
+
+    /// Starts reading layer `i` ahead (bounce: the gds-io backend's read-ahead thread).
+    fn prefetch(&self, i: usize, size: usize) {
+        if let Loader::Bounce { source, .. } = self {
+            source.prefetch(Span {
+                layer: i,
+                offset: 0,
+                len: size as u64,
+            });
+        }
+    }
+
+    /// After the copy stream passed slot `slot`'s read: checks the byte count cuFile
+    /// reported (GDS reads are asynchronous; their result arrives with the stream).
+    fn check(&mut self, slot: usize, layers: &[Layer]) -> Result<(), GpuError> {
+        if let Loader::Gds { pending, .. } = self {
+            let p = &mut *pending[slot];
+            if let Some(i) = p.layer.take() {
+                if p.bytes_read != p.size as isize {
+                    return Err(GpuError::Cuda(format!(
+                        "cuFileReadAsync of {}: {} bytes read, expected {}",
+                        layers[i].path.display(),
+                        p.bytes_read,
+                        p.size
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes and time of the reads, where the loader counts them itself (bounce: the
+    /// gds-io backend's counters).
+    fn io_stats(&self) -> Option<gds_io::IoStats> {
+        match self {
+            Loader::Bounce { source, .. } => Some(source.stats()),
+            Loader::Gds { .. } => None,
         }
     }
 }
@@ -483,14 +569,54 @@ impl GpuModel {
                         driver.register(f).map_err(cuda("cuFileHandleRegister"))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                Loader::Gds { driver, files }
+                // Flags 0x7: size, file offset and buffer offset are known when each read
+                // is enqueued.
+                driver
+                    .stream_register(&gpu.copy, 0x7)
+                    .map_err(cuda("cuFileStreamRegister"))?;
+                Loader::Gds {
+                    driver,
+                    files,
+                    pending: Default::default(),
+                }
             }
-            LoadPath::Bounce { direct } => Loader::Bounce {
-                direct,
-                // SAFETY: the buffer is only read by copies issued after it is filled.
-                pinned: unsafe { gpu.ctx.alloc_pinned::<u8>(max_layer) }
-                    .map_err(cuda("allocating pinned host memory"))?,
-            },
+            LoadPath::Bounce { direct } => {
+                let io_err = |e: gds_io::IoError| GpuError::Io {
+                    path: dir.display().to_string(),
+                    source: std::io::Error::other(e.to_string()),
+                };
+                let bytes = gds_io::read_manifest(dir).map_err(io_err)?;
+                let manifest = gds_format::Manifest::parse(&bytes)
+                    .map_err(|e| model_err(format!("{}: {e}", dir.display())))?;
+                // Nothing resident on the host: every layer passes through two buffers of
+                // the largest layer (plus alignment slack), one being read ahead.
+                let source = DirectBackend::open(
+                    dir,
+                    &manifest,
+                    &DirectOptions {
+                        resident: vec![false; layers.len()],
+                        slots: 2,
+                        slot_size: gds_io::align_up(max_layer as u64) as usize + 2 * gds_io::ALIGN,
+                        force_buffered: !direct,
+                    },
+                )
+                .map_err(io_err)?;
+                let mut pinned = Vec::new();
+                for _ in 0..2 {
+                    // SAFETY: the buffers are read only by copies issued after they are
+                    // filled.
+                    let p = unsafe { gpu.ctx.alloc_pinned::<u8>(max_layer.max(1)) }
+                        .map_err(cuda("allocating pinned host memory"))?;
+                    pinned.push(p);
+                }
+                let pinned: [PinnedHostSlice<u8>; 2] = pinned
+                    .try_into()
+                    .map_err(|_| model_err("two pinned buffers"))?;
+                Loader::Bounce {
+                    source: Box::new(source),
+                    pinned,
+                }
+            }
         };
         // Device buffers. Slots live on the copy stream: cuFile's blocking read synchronises
         // only that stream, so it overlaps the compute stream's work.
@@ -566,9 +692,7 @@ impl GpuModel {
         gpu.ctx.synchronize().map_err(cuda("allocations"))?;
         for (i, mut buf) in resident {
             let t0 = Instant::now();
-            if let Some(ev) = loader.load(&gpu, &layers[i], i, &mut buf)? {
-                ev.synchronize().map_err(cuda("loading a layer"))?;
-            }
+            loader.load(&gpu, &layers[i], i, &mut buf, 0, true)?;
             stats.seconds += t0.elapsed().as_secs_f64();
             stats.bytes += layers[i].size as u64;
             layers[i].resident = Some(buf);
@@ -579,7 +703,9 @@ impl GpuModel {
             .collect();
         let slot_addr = slots.iter().map(|s| addr(s, &gpu.copy)).collect();
         let steps = schedule(&layout.blocks, &plan.resident);
+        let next_load = crate::plan::next_loads(&steps);
         Ok(GpuModel {
+            next_load,
             base,
             slot_addr,
             steps,
@@ -642,7 +768,7 @@ impl GpuModel {
         self.pass().embed(&mut CudaDevice(&self.gpu), tokens)?;
         for i in 0..self.steps.len() {
             match self.steps[i] {
-                Step::Load { layer, slot } => self.load_slot(layer, slot)?,
+                Step::Load { layer, slot } => self.load_slot(layer, slot, self.next_load[i])?,
                 Step::Compute { block, slot: None } => {
                     self.pass()
                         .block(&mut CudaDevice(&self.gpu), block, ntok, pos0)?
@@ -672,7 +798,12 @@ impl GpuModel {
             cudarc::driver::result::memcpy_dtoh_async(logits, self.scratch.logits, st.cu_stream())
         }
         .map_err(cuda("copying logits"))?;
-        st.synchronize().map_err(cuda("forward"))
+        st.synchronize().map_err(cuda("forward"))?;
+        self.gpu.copy.synchronize().map_err(cuda("copy stream"))?;
+        for slot in 0..2 {
+            self.loader.check(slot, &self.layers)?;
+        }
+        Ok(())
     }
 
     fn pass(&self) -> Pass<'_> {
@@ -686,19 +817,39 @@ impl GpuModel {
         }
     }
 
-    /// Reads layer `li` into streaming slot `slot`, once the slot's last user has finished.
-    fn load_slot(&mut self, li: usize, slot: usize) -> Result<(), GpuError> {
+    /// Reads layer `li` into streaming slot `slot`, once the slot's last user has finished,
+    /// then starts reading `next` (the layer the following load will want) ahead.
+    fn load_slot(&mut self, li: usize, slot: usize, next: Option<usize>) -> Result<(), GpuError> {
         if let Some(ev) = &self.computed[slot] {
             ev.synchronize().map_err(cuda("waiting for a slot"))?;
         }
+        self.loader.check(slot, &self.layers)?;
         let t0 = Instant::now();
-        let ev = self
-            .loader
-            .load(&self.gpu, &self.layers[li], li, &mut self.slots[slot])?;
+        let ev = self.loader.load(
+            &self.gpu,
+            &self.layers[li],
+            li,
+            &mut self.slots[slot],
+            slot,
+            false,
+        )?;
+        if let Some(n) = next {
+            self.loader.prefetch(n, self.layers[n].size);
+        }
         self.stats.seconds += t0.elapsed().as_secs_f64();
         self.stats.bytes += self.layers[li].size as u64;
         self.loaded[slot] = ev;
         Ok(())
+    }
+
+    /// Bytes read from layer files and the time spent reading: the gds-io backend's
+    /// counters on the bounce path, the executor's own on the GDS path.
+    pub fn io_stats(&self) -> gds_io::IoStats {
+        self.loader.io_stats().unwrap_or(gds_io::IoStats {
+            bytes_read: self.stats.bytes,
+            read_ns: (self.stats.seconds * 1e9) as u64,
+            ..Default::default()
+        })
     }
 }
 

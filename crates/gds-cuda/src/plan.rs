@@ -367,6 +367,28 @@ pub fn schedule(blocks: &[usize], resident: &[bool]) -> Vec<Step> {
     steps
 }
 
+/// For each step of `steps`, the layer of the first load after it, wrapping around to the
+/// start (the next token's pass): the layer to read ahead once that step is issued.
+pub fn next_loads(steps: &[Step]) -> Vec<Option<usize>> {
+    let loads: Vec<(usize, usize)> = steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Step::Load { layer, .. } => Some((i, *layer)),
+            Step::Compute { .. } => None,
+        })
+        .collect();
+    (0..steps.len())
+        .map(|i| {
+            loads
+                .iter()
+                .find(|&&(j, _)| j > i)
+                .or(loads.first())
+                .map(|&(_, l)| l)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,6 +491,33 @@ mod tests {
                 slot: Some(1)
             })
         );
+    }
+
+    #[test]
+    fn read_ahead_names_the_next_load_and_wraps_to_the_next_token() {
+        let blocks: Vec<usize> = (1..=4).collect();
+        let resident = [true, true, false, false, false, true];
+        let steps = schedule(&blocks, &resident);
+        let next = next_loads(&steps);
+        for (i, s) in steps.iter().enumerate() {
+            let want = steps[i + 1..]
+                .iter()
+                .chain(&steps[..=i])
+                .find_map(|s| match s {
+                    Step::Load { layer, .. } => Some(*layer),
+                    Step::Compute { .. } => None,
+                });
+            assert_eq!(next[i], want, "step {i}: {s:?}");
+        }
+        // After the last streamed layer's load comes the first of the next token.
+        let last_load = steps
+            .iter()
+            .rposition(|s| matches!(s, Step::Load { .. }))
+            .unwrap();
+        assert_eq!(next[last_load], Some(2));
+        assert!(next_loads(&schedule(&blocks, &[true; 6]))
+            .iter()
+            .all(Option::is_none));
     }
 
     #[test]

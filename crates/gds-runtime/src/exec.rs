@@ -50,6 +50,35 @@ pub fn eval_last(ex: &mut dyn Executor, tokens: &[u32], pos0: usize) -> Result<(
     ex.eval(tokens, pos0, end.saturating_sub(1)..end, &mut |_, _| {})
 }
 
+/// How a backend whose pass returns only the last token's logits (the GPU executor) covers
+/// `n` tokens at `pos0..` with logits at every position of `want`: `(start, len)` passes,
+/// positions before the first wanted one in passes of up to `max_tokens`, each wanted
+/// position on its own.
+pub fn last_logit_passes(
+    pos0: usize,
+    n: usize,
+    want: &Range<usize>,
+    max_tokens: usize,
+) -> Vec<(usize, usize)> {
+    let end = pos0 + n;
+    let first_wanted = want.start.clamp(pos0, end);
+    let mut passes = Vec::new();
+    let mut pos = pos0;
+    while pos < end {
+        let len = if pos < first_wanted {
+            (first_wanted - pos).min(max_tokens.max(1))
+        } else if want.contains(&pos) {
+            1
+        } else {
+            // past the wanted range: the rest in big passes
+            (end - pos).min(max_tokens.max(1))
+        };
+        passes.push((pos, len));
+        pos += len;
+    }
+    passes
+}
+
 /// The CPU executor: the model, a run state for `batch` tokens, and a contiguous KV cache.
 pub struct CpuExecutor {
     model: Model,
@@ -146,5 +175,39 @@ pub fn open(plan: &Plan, batch: usize, outputs: usize) -> Result<Box<dyn Executo
         other => Err(RuntimeError::Plan(format!(
             "backend {other} is not available in this build"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_logit_passes;
+
+    #[test]
+    fn last_logit_passes_cover_every_token_once_and_end_on_each_wanted_position() {
+        for (pos0, n, want, max) in [
+            (0, 10, 9..10, 4),
+            (0, 10, 3..7, 4),
+            (5, 20, 0..100, 8),
+            (0, 600, 512..599, 512),
+            (3, 7, 50..60, 2),
+            (0, 1, 0..1, 512),
+        ] {
+            let passes = last_logit_passes(pos0, n, &want, max);
+            let mut pos = pos0;
+            for &(start, len) in &passes {
+                assert_eq!(start, pos, "{passes:?}");
+                assert!(len >= 1 && len <= max, "{passes:?}");
+                pos += len;
+            }
+            assert_eq!(pos, pos0 + n);
+            // every wanted position inside the input ends a pass of its own
+            for p in want.clone().filter(|p| (pos0..pos0 + n).contains(p)) {
+                assert!(passes.contains(&(p, 1)), "{p} in {passes:?}");
+            }
+        }
+        assert_eq!(
+            last_logit_passes(0, 10, &(9..10), 4),
+            vec![(0, 4), (4, 4), (8, 1), (9, 1)]
+        );
     }
 }

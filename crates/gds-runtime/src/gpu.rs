@@ -8,7 +8,7 @@
 
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
-use crate::exec::Executor;
+use crate::exec::{last_logit_passes, Executor};
 use crate::plan::Plan;
 use crate::rope::RopeTable;
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
@@ -67,8 +67,7 @@ impl Executor for GpuExecutor {
         &self.config
     }
 
-    /// The GPU pass returns the last token's logits only: positions before `want` go in
-    /// passes of up to 512 tokens, wanted positions one at a time.
+    /// The GPU pass returns the last token's logits only: see [`last_logit_passes`].
     fn eval(
         &mut self,
         tokens: &[u32],
@@ -76,15 +75,7 @@ impl Executor for GpuExecutor {
         want: Range<usize>,
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        let end = pos0 + tokens.len();
-        let first_wanted = want.start.clamp(pos0, end);
-        let mut pos = pos0;
-        while pos < end {
-            let n = if pos < first_wanted {
-                (first_wanted - pos).min(self.max_tokens)
-            } else {
-                1
-            };
+        for (pos, n) in last_logit_passes(pos0, tokens.len(), &want, self.max_tokens) {
             let chunk = &tokens[pos - pos0..pos - pos0 + n];
             self.model
                 .forward(&mut self.logits, chunk, pos)
@@ -93,7 +84,6 @@ impl Executor for GpuExecutor {
             if want.contains(&last) {
                 on_logits(last, &self.logits);
             }
-            pos += n;
         }
         Ok(())
     }
@@ -103,11 +93,6 @@ impl Executor for GpuExecutor {
     }
 
     fn io_stats(&self) -> IoStats {
-        let s = self.model.stats;
-        IoStats {
-            bytes_read: s.bytes,
-            read_ns: (s.seconds * 1e9) as u64,
-            ..Default::default()
-        }
+        self.model.io_stats()
     }
 }
