@@ -163,8 +163,12 @@ pub struct DoctorArgs {
     /// Plan with this memory budget (e.g. 200MB).
     #[arg(long, value_parser = parse_size)]
     pub mem_budget: Option<u64>,
+    /// Plan the GPU side with this VRAM budget (e.g. 2GiB). Without a usable GPU, shows
+    /// what `--backend cuda` would keep resident and stream on a device of that size.
+    #[arg(long, value_parser = parse_size)]
+    pub vram_budget: Option<u64>,
     /// Plan with this I/O mode.
-    #[arg(long, value_parser = ["auto", "mmap", "direct"])]
+    #[arg(long, value_parser = ["auto", "mmap", "direct", "gds"])]
     pub io: Option<String>,
     /// Plan with this backend.
     #[arg(long, value_parser = ["auto", "cpu", "cuda"])]

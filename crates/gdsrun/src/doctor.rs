@@ -5,6 +5,7 @@
 
 use crate::cli::DoctorArgs;
 use anyhow::Result;
+use gds_runtime::gpuplan::{plan_gpu, GpuOffer, GpuPlan};
 use gds_runtime::{Plan, PlanOptions};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -112,25 +113,70 @@ fn model_report(a: &DoctorArgs, dir: &std::path::Path) -> Value {
         json!(null)
     };
     let bw_buffered = measure(false);
-    let plan = Plan::build(&PlanOptions {
+    let opts = PlanOptions {
         model_dir: dir.to_path_buf(),
         mem_budget: a.mem_budget,
         io: a.io.clone(),
         backend: a.backend.clone(),
         ..Default::default()
-    });
-    let plan = match plan {
-        Ok(p) => json!({
-            "backend": p.backend, "backend_reason": p.backend_reason,
-            "io": p.io, "io_reason": p.io_plan.reason,
-            "weight_bytes": p.io_plan.weight_bytes,
-            "held_bytes": p.io_plan.held_bytes,
-            "resident_layers": p.io_plan.resident_layers.len(),
-            "streamed_layers": p.io_plan.streamed_layers.len(),
-            "streamed_bytes_per_token": p.io_plan.streamed_bytes_per_token,
-            "min_budget_bytes": p.io_plan.min_budget_bytes,
-            "kv_cache_bytes": p.kv_bytes,
+    };
+    // The VRAM budget goes into the plan only where the plan runs on the GPU.
+    let plan = Plan::build(&opts).and_then(|p| match (&p.gpu, a.vram_budget) {
+        (Some(_), Some(v)) => Plan::build(&PlanOptions {
+            vram_budget: Some(v),
+            ..opts.clone()
         }),
+        _ => Ok(p),
+    });
+    let gpu_json = |g: &GpuPlan, preview: bool| {
+        json!({
+            "preview": preview, "device": g.device, "load": g.load, "load_reason": g.load_reason,
+            "vram_budget_bytes": g.vram_budget_bytes,
+            "resident_layers": g.resident_layers.len(), "streamed_layers": g.streamed_layers.len(),
+            "weights_held_bytes": g.weights_held_bytes(),
+            "streamed_bytes_per_token": g.streamed_bytes_per_token,
+            "min_budget_bytes": g.min_budget_bytes,
+            "all_resident_budget_bytes": g.all_resident_budget_bytes,
+        })
+    };
+    let plan = match plan {
+        Ok(p) => {
+            let gpu = match (&p.gpu, a.vram_budget) {
+                (Some(g), _) => gpu_json(g, false),
+                // No GPU in this plan: what a device with that much memory would do.
+                (None, Some(v)) => {
+                    let offer = GpuOffer {
+                        device: format!("a {} MiB device (no usable GPU here)", v >> 20),
+                        vram_bytes: v,
+                        gds: Err("not probed in a preview".into()),
+                        direct: direct_ok,
+                    };
+                    match plan_gpu(
+                        dir,
+                        p.ctx,
+                        a.io.as_deref().unwrap_or("auto"),
+                        Some(v),
+                        &offer,
+                    ) {
+                        Ok(g) => gpu_json(&g, true),
+                        Err(e) => json!({"error": e.to_string()}),
+                    }
+                }
+                (None, None) => json!(null),
+            };
+            json!({
+                "backend": p.backend, "backend_reason": p.backend_reason,
+                "io": p.io, "io_reason": p.io_plan.reason,
+                "weight_bytes": p.io_plan.weight_bytes,
+                "held_bytes": p.io_plan.held_bytes,
+                "resident_layers": p.io_plan.resident_layers.len(),
+                "streamed_layers": p.io_plan.streamed_layers.len(),
+                "streamed_bytes_per_token": p.io_plan.streamed_bytes_per_token,
+                "min_budget_bytes": p.io_plan.min_budget_bytes,
+                "kv_cache_bytes": p.kv_bytes,
+                "gpu": gpu,
+            })
+        }
         Err(e) => json!({"error": e.to_string()}),
     };
     json!({
@@ -157,6 +203,39 @@ fn mbps(v: &Value) -> String {
             .and_then(Value::as_str)
             .map_or("not measured".into(), |e| format!("failed: {e}")),
     }
+}
+
+/// The GPU half of the plan (or its preview) as text.
+fn print_gpu_plan(g: &Value) {
+    if g.is_null() {
+        return;
+    }
+    if let Some(e) = g.get("error").and_then(Value::as_str) {
+        println!("VRAM    cannot plan: {e}");
+        return;
+    }
+    let mib = |k: &str| g[k].as_f64().unwrap_or(0.0) / (1u64 << 20) as f64;
+    println!(
+        "VRAM    {}{}: budget {:.1} MiB, load {} ({})",
+        if g["preview"] == true {
+            "preview for "
+        } else {
+            ""
+        },
+        g["device"].as_str().unwrap_or(""),
+        mib("vram_budget_bytes"),
+        g["load"].as_str().unwrap_or(""),
+        g["load_reason"].as_str().unwrap_or("")
+    );
+    println!(
+        "        weights held {:.1} MiB ({} resident layers, {} streamed: {:.1} MiB/token); runs from {:.1} MiB, everything resident at {:.1} MiB",
+        mib("weights_held_bytes"),
+        g["resident_layers"],
+        g["streamed_layers"],
+        mib("streamed_bytes_per_token"),
+        mib("min_budget_bytes"),
+        mib("all_resident_budget_bytes")
+    );
 }
 
 /// Runs the command.
@@ -236,6 +315,7 @@ pub fn run(a: DoctorArgs) -> Result<()> {
                 mib("min_budget_bytes"),
                 mib("kv_cache_bytes")
             );
+            print_gpu_plan(&p["gpu"]);
         }
     }
     Ok(())

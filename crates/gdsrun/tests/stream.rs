@@ -192,3 +192,51 @@ fn doctor_reports_the_disk_and_the_plan() {
         assert!(text.contains(needle), "{needle} missing:\n{text}");
     }
 }
+
+#[test]
+fn vram_budgets_are_previewed_by_doctor_and_refused_on_the_cpu_backend() {
+    let m = model().to_str().unwrap();
+    // Without a usable GPU, doctor previews what --backend cuda would do on a device of
+    // that size: between "runs at all" and "everything resident", blocks are streamed.
+    let d = ok_json(&["doctor", m, "--vram-budget", "100GiB", "--json"]);
+    let g = &d["model"]["plan"]["gpu"];
+    let (min, all) = (
+        g["min_budget_bytes"].as_u64().unwrap(),
+        g["all_resident_budget_bytes"].as_u64().unwrap(),
+    );
+    assert!(min < all, "{g}");
+    assert_eq!(g["streamed_layers"], 0, "{g}");
+    let mid = ((min + all) / 2).to_string();
+    let d = ok_json(&["doctor", m, "--vram-budget", &mid, "--json"]);
+    let g = &d["model"]["plan"]["gpu"];
+    if d["gpu"]["path"] == "none" || d["gpu"]["built_with_cuda"] == false {
+        assert_eq!(g["preview"], true, "{g}");
+    }
+    let (res, str_) = (
+        g["resident_layers"].as_u64().unwrap(),
+        g["streamed_layers"].as_u64().unwrap(),
+    );
+    assert!(res > 2 && str_ > 0, "{g}");
+    assert!(g["weights_held_bytes"].as_u64().unwrap() < mid.parse::<u64>().unwrap());
+    let low = (min - 1).to_string();
+    let d = ok_json(&["doctor", m, "--vram-budget", &low, "--json"]);
+    let e = d["model"]["plan"]["gpu"]["error"].as_str().unwrap();
+    assert!(e.contains("too small"), "{e}");
+    // `run` on the CPU backend refuses a VRAM budget instead of ignoring it.
+    let o = gdsrun(&[
+        "run",
+        m,
+        "-p",
+        "hi",
+        "--backend",
+        "cpu",
+        "--vram-budget",
+        "1GiB",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--vram-budget applies to --backend cuda"),
+        "{err}"
+    );
+}
