@@ -1,9 +1,10 @@
 //! GdsLLM CPU inference runtime.
 //!
 //! The flow: a [`Plan`] is built once from user settings and the model's manifest (every
-//! decision made there), a [`Model`] is loaded by it (layers made resident through a
-//! `gds-io` backend, weights located zero-copy), and an [`Engine`] runs prompts through it
-//! with a preallocated [`RunState`] and [`KvCache`], a [`Sampler`], and [`Metrics`].
+//! decision made there, the GPU plan included), an [`Executor`] is opened by it — the CPU
+//! [`Model`] (layers made resident through a `gds-io` backend, weights located zero-copy)
+//! with a preallocated [`RunState`] and [`KvCache`], or the CUDA executor under the `cuda`
+//! feature — and an [`Engine`] runs prompts through it with a [`Sampler`] and [`Metrics`].
 
 mod attention;
 pub mod backend;
