@@ -3,11 +3,13 @@
 
 Usage: serve_openai_check.py BASE_URL   (e.g. http://127.0.0.1:8080/v1)
 
-Runs completions, chat, streaming (both), a stop string, the same seed twice, and a
-stream cancelled after a few chunks; prints one JSON object with what it saw. The Rust test
+Runs completions, chat, streaming (both), a stop string (counted as finished, not
+cancelled), the same seed twice, a stream cancelled after a few chunks, and a non-streamed
+request whose client hangs up; prints one JSON object with what it saw. The Rust test
 (crates/gds-serve/tests/openai.rs) asserts on it.
 """
 import json
+import socket
 import sys
 import time
 import urllib.request
@@ -53,10 +55,30 @@ for ch in client.completions.create(model=model, prompt="The capital of France i
     pieces.append(ch.choices[0].text)
 out["completion_stream"] = {"text": "".join(pieces), "chunks": len(pieces)}
 
-# a stop string: take the greedy text and stop at a word from its middle
+def metric(name):
+    text = urllib.request.urlopen(base.rsplit("/v1", 1)[0] + "/metrics").read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+def wait_until(cond, seconds=30):
+    deadline = time.time() + seconds
+    while time.time() < deadline and not cond():
+        time.sleep(0.1)
+
+CANCELLED, FINISHED, RUNNING = ("gds_requests_cancelled_total", "gds_requests_finished_total",
+                                "gds_requests_running")
+
+# a stop string: take the greedy text and stop at a word from its middle. The engine learns
+# of the end when the front end closes the request: finished, not cancelled.
 full = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0)
+wait_until(lambda: metric(RUNNING) == 0)
+c0, f0 = metric(CANCELLED), metric(FINISHED)
 r = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=[" 7"])
-out["stop"] = {"full": full.choices[0].text, "text": r.choices[0].text, "finish": r.choices[0].finish_reason}
+wait_until(lambda: metric(RUNNING) == 0 and metric(FINISHED) > f0)
+out["stop"] = {"full": full.choices[0].text, "text": r.choices[0].text, "finish": r.choices[0].finish_reason,
+               "cancelled_delta": metric(CANCELLED) - c0, "finished_delta": metric(FINISHED) - f0}
 
 # the same seed twice (sampling, not greedy), and another seed
 def sample(seed):
@@ -65,12 +87,6 @@ def sample(seed):
 out["seed"] = {"a": sample(1234), "b": sample(1234), "c": sample(99)}
 
 # a cancelled stream: read a few chunks, close it, and watch the server's counters
-def metric(name):
-    text = urllib.request.urlopen(base.rsplit("/v1", 1)[0] + "/metrics").read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
 before = metric("gds_requests_cancelled_total")
 s = client.completions.create(model=model, prompt="Write a long story about a dragon.", max_tokens=2000,
                               temperature=0.7, stream=True, extra_body={"ignore_eos": True})
@@ -91,6 +107,24 @@ out["cancel"] = {"chunks": got, "cancelled_before": before,
                  "kv_used": metric("gds_kv_blocks_used"),
                  "kv_prefix": metric("gds_kv_blocks_prefix"),
                  "generated_total": metric("gds_generated_tokens_total")}
+
+# a non-streamed request whose client hangs up while it runs: the engine drops it
+host, port = base.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+before = metric(CANCELLED)
+body = json.dumps({"model": model, "prompt": "Write a long story about a castle.", "max_tokens": 2000,
+                   "temperature": 0.7, "ignore_eos": True}).encode()
+sock = socket.create_connection((host, int(port)))
+sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+wait_until(lambda: metric(RUNNING) == 1, 10)
+running_before_hangup = metric(RUNNING)
+generated_at_hangup = metric("gds_generated_tokens_total")
+sock.close()
+wait_until(lambda: metric(RUNNING) == 0 and metric(CANCELLED) > before)
+out["hangup"] = {"running_before": running_before_hangup,
+                 "cancelled_delta": metric(CANCELLED) - before,
+                 "running": metric(RUNNING),
+                 "generated_after_hangup": metric("gds_generated_tokens_total") - generated_at_hangup}
 
 # errors come back in OpenAI's format
 try:

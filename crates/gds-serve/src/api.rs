@@ -15,7 +15,7 @@ use gds_runtime::SamplerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
@@ -267,7 +267,11 @@ fn random_seed() -> u64 {
 }
 
 /// Hands `job` to the engine, or refuses it when the queue is full.
-fn submit(st: &ServerState, job: &Job) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+/// The receiver of a submitted request's events, and the flag that marks it ended by the
+/// front end (see [`Request::ended_by_front`]).
+type Submitted = (mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>);
+
+fn submit(st: &ServerState, job: &Job) -> Result<Submitted, ApiError> {
     let m = &st.metrics;
     if m.queue_depth.load(Ordering::Relaxed) >= st.queue_limit as i64 {
         m.rejected_busy.fetch_add(1, Ordering::Relaxed);
@@ -281,7 +285,9 @@ fn submit(st: &ServerState, job: &Job) -> Result<mpsc::UnboundedReceiver<Event>,
         ));
     }
     let (tx, rx) = mpsc::unbounded_channel();
+    let ended = Arc::new(AtomicBool::new(false));
     let req = Request {
+        ended_by_front: ended.clone(),
         prompt: job.prompt.clone(),
         sampler: job.sampler.clone(),
         max_tokens: job.max_tokens,
@@ -299,7 +305,7 @@ fn submit(st: &ServerState, job: &Job) -> Result<mpsc::UnboundedReceiver<Event>,
         ));
     }
     m.requests.fetch_add(1, Ordering::Relaxed);
-    Ok(rx)
+    Ok((rx, ended))
 }
 
 /// What generation hands to the response writers.
@@ -320,6 +326,7 @@ struct End {
 /// receiver, which cancels the request in the engine.
 struct Gen {
     rx: mpsc::UnboundedReceiver<Event>,
+    ended_by_front: Arc<AtomicBool>,
     st: Arc<ServerState>,
     ids: Vec<u32>,
     prefix: String,
@@ -333,9 +340,10 @@ struct Gen {
 }
 
 impl Gen {
-    fn new(st: Arc<ServerState>, rx: mpsc::UnboundedReceiver<Event>, stop: Vec<String>) -> Gen {
+    fn new(st: Arc<ServerState>, (rx, ended_by_front): Submitted, stop: Vec<String>) -> Gen {
         Gen {
             rx,
+            ended_by_front,
             st,
             ids: Vec::new(),
             prefix: String::new(),
@@ -423,7 +431,9 @@ impl Gen {
                     };
                     if let Some(p) = piece {
                         if self.push_text(&p) {
-                            // a stop string: end here; dropping the receiver cancels the rest
+                            // a stop string: end here; closing the receiver ends the request
+                            // in the engine, counted as finished
+                            self.ended_by_front.store(true, Ordering::Relaxed);
                             self.rx.close();
                             return Some(self.end("stop", None));
                         }
@@ -519,7 +529,7 @@ enum Kind {
 
 /// Runs `job` and answers in the format of `kind`, streamed or whole.
 async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response, ApiError> {
-    let rx = submit(&st, &job)?;
+    let submitted = submit(&st, &job)?;
     let id = format!(
         "{}-{:016x}",
         if kind == Kind::Chat {
@@ -531,7 +541,7 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
     );
     let created = now_secs();
     let n_prompt = job.prompt.len();
-    let mut gen = Gen::new(st.clone(), rx, job.stop.clone());
+    let mut gen = Gen::new(st.clone(), submitted, job.stop.clone());
     let model = job.model.clone();
     if !job.stream {
         let mut text = String::new();

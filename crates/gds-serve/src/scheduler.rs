@@ -14,7 +14,7 @@ use crate::metrics::ServerMetrics;
 use crate::prefix::PrefixCache;
 use gds_runtime::{Batch, KvCache, Model, RunState, Sampler, SamplerConfig};
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -70,6 +70,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Where events go; dropping the receiver cancels the request.
     pub tx: mpsc::UnboundedSender<Event>,
+    /// Set by the front end when it ends the request itself (a stop string matched) before
+    /// dropping the receiver: counted as finished, not cancelled.
+    pub ended_by_front: Arc<AtomicBool>,
     /// When the server received it.
     pub received: Instant,
 }
@@ -274,25 +277,40 @@ impl Engine {
         self.prefix.insert(&seq.tokens[..n], &table, &mut self.kv);
     }
 
-    /// Drops requests whose client went away, wherever they are.
+    /// Drops requests whose receiver is gone, wherever they are: cancelled when the client
+    /// went away, finished when the front end ended them (stop string).
     fn reap_cancelled(&mut self) {
+        let (mut cancelled, mut ended) = (0u64, 0u64);
+        let mut count = |s: &Seq| {
+            if s.req.ended_by_front.load(Ordering::Relaxed) {
+                ended += 1;
+            } else {
+                cancelled += 1;
+            }
+        };
         let before = self.waiting.len();
-        self.waiting.retain(|s| !s.req.tx.is_closed());
-        let mut gone = before - self.waiting.len();
-        self.metrics.queue_depth_sub(gone);
+        self.waiting.retain(|s| {
+            let gone = s.req.tx.is_closed();
+            if gone {
+                count(s);
+            }
+            !gone
+        });
+        self.metrics.queue_depth_sub(before - self.waiting.len());
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].req.tx.is_closed() {
                 let mut s = self.running.remove(i);
+                count(&s);
                 self.release(&mut s);
-                gone += 1;
             } else {
                 i += 1;
             }
         }
         self.metrics
             .cancelled
-            .fetch_add(gone as u64, Ordering::Relaxed);
+            .fetch_add(cancelled, Ordering::Relaxed);
+        self.metrics.finished.fetch_add(ended, Ordering::Relaxed);
     }
 
     /// Admits waiting requests, oldest first, while a slot and enough blocks for the whole

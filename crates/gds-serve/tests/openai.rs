@@ -145,6 +145,9 @@ fn openai_client_end_to_end() {
     let at = full.find(" 7").expect("greedy counting reaches 7");
     assert_eq!(r["stop"]["text"].as_str().unwrap(), &full[..at]);
     assert_eq!(r["stop"]["finish"], "stop");
+    // ... and the engine counts it as finished, not as a cancellation
+    assert_eq!(r["stop"]["cancelled_delta"], 0.0, "{}", r["stop"]);
+    assert_eq!(r["stop"]["finished_delta"], 1.0, "{}", r["stop"]);
 
     // same seed, same text; another seed, another text
     assert_eq!(r["seed"]["a"], r["seed"]["b"]);
@@ -159,6 +162,16 @@ fn openai_client_end_to_end() {
     assert!(
         k["generated_total"].as_f64().unwrap() < 1000.0,
         "the cancelled request went on"
+    );
+
+    // a non-streamed request whose client hangs up is dropped too, long before its 2000 tokens
+    let h = &r["hangup"];
+    assert_eq!(h["running_before"], 1.0, "{h}");
+    assert_eq!(h["cancelled_delta"], 1.0, "{h}");
+    assert_eq!(h["running"], 0.0, "{h}");
+    assert!(
+        h["generated_after_hangup"].as_f64().unwrap() < 1000.0,
+        "the hung-up request went on: {h}"
     );
 
     let b = &r["bad_request"];
