@@ -279,10 +279,24 @@ impl Plan {
         };
         let kv_dtype = opts.kv_dtype.unwrap_or_default();
         let backend = crate::backend::choose(opts.backend.as_deref())?;
-        let activations = match opts.activations.as_deref().unwrap_or("q8") {
-            a @ ("q8" | "f32") => a.to_string(),
-            other => return plan_err(format!("--activations {other}: expected q8 or f32")),
+        let activations = match opts.activations.as_deref() {
+            Some(a @ ("q8" | "f32")) => a.to_string(),
+            Some(other) => return plan_err(format!("--activations {other}: expected q8 or f32")),
+            None if backend.name == "cuda" => "f32".into(),
+            None => "q8".into(),
         };
+        if backend.name == "cuda" {
+            // The GPU kernels read weights in their block formats and keep activations and
+            // the KV cache in f32.
+            if activations != "f32" {
+                return plan_err(
+                    "--activations q8: the CUDA backend keeps activations in f32".into(),
+                );
+            }
+            if kv_dtype != KvDtype::F32 {
+                return plan_err("--kv-type f16: the CUDA backend's KV cache is f32".into());
+            }
+        }
         let probe = || match m.layer(0) {
             Ok(l) => gds_io::probe_direct(&dir.join(l.file)),
             Err(e) => gds_io::DirectSupport::Buffered(e.to_string()),
