@@ -6,8 +6,11 @@
 //! - [`kernels`] holds the CUDA C++ kernel sources (dequantizing matvecs over the on-disk
 //!   block formats, RMSNorm, RoPE, attention, SwiGLU), compiled at run time by NVRTC. The
 //!   same sources run on the CPU in tests through `kernels/emu.h`.
-//! - With the `cuda` feature: [`nvrtc`] (compile to PTX) and [`executor`] (VRAM pool, cuFile
-//!   or pinned bounce-buffer loading, decode forward pass on two streams).
+//! - [`stream`]: the executor's logic (VRAM layout per the plan, resident loads, the
+//!   per-token streaming schedule with read-ahead) over a [`stream::Vram`] device; tested on
+//!   the CPU over an emulated one.
+//! - With the `cuda` feature: [`nvrtc`] (compile to PTX) and [`executor`] (the CUDA `Vram`:
+//!   device buffers, cuFile or pinned bounce-buffer loading, two streams and events).
 //!
 //! Without the `cuda` feature the crate builds with no CUDA dependency at all and
 //! [`probe()`] reports "built without the `cuda` feature" (the ripgrep pattern: optional
@@ -17,6 +20,7 @@ pub mod forward;
 pub mod kernels;
 pub mod plan;
 pub mod probe;
+pub mod stream;
 
 #[cfg(feature = "cuda")]
 pub mod executor;

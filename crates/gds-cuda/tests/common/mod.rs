@@ -3,6 +3,8 @@
 //! points.
 #![allow(dead_code)]
 
+use gds_cuda::forward::Device;
+use gds_cuda::GpuError;
 use libloading::{Library, Symbol};
 use std::path::PathBuf;
 use std::process::Command;
@@ -55,4 +57,164 @@ pub fn lib() -> &'static Library {
 pub fn sym<T>(name: &str) -> Symbol<'static, T> {
     // SAFETY: every caller names a function of launch.cpp with the matching signature.
     unsafe { lib().get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// [`Device`] over host memory, calling the emulated kernels.
+pub struct Emu {
+    /// GEMM calls so far.
+    pub gemms: usize,
+}
+
+pub fn p<T>(a: u64) -> *mut T {
+    a as usize as *mut T
+}
+
+#[allow(clippy::too_many_arguments)]
+impl Device for Emu {
+    fn matvec(
+        &mut self,
+        suffix: &str,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: i32,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*const u8, *const f32, *mut f32, i32, i32, i32)>(
+            &format!("run_matvec_{suffix}"),
+        );
+        // SAFETY: addresses are host buffers sized by the forward pass's contract.
+        unsafe { f(p(w), p(x), p(y), rows, cols, ntok) };
+        Ok(())
+    }
+    fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
+        let f =
+            sym::<unsafe extern "C" fn(*const u8, *mut f32, i32)>(&format!("run_dequant_{suffix}"));
+        // SAFETY: as above.
+        unsafe { f(p(src), p(dst), nblocks) };
+        Ok(())
+    }
+    fn rmsnorm(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        n: i32,
+        ntok: i32,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*const f32, *const f32, *mut f32, i32, i32, f32)>(
+            "run_rmsnorm",
+        );
+        // SAFETY: as above.
+        unsafe { f(p(x), p(w), p(out), n, ntok, eps) };
+        Ok(())
+    }
+    fn rope(
+        &mut self,
+        x: u64,
+        cos: u64,
+        sin: u64,
+        n_heads: i32,
+        head_dim: i32,
+        pos0: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, *const f32, i32, i32, i32, i32)>(
+            "run_rope",
+        );
+        // SAFETY: as above.
+        unsafe { f(p(x), p(cos), p(sin), n_heads, head_dim, pos0, ntok) };
+        Ok(())
+    }
+    fn attention(
+        &mut self,
+        q: u64,
+        k: u64,
+        v: u64,
+        att: u64,
+        out: u64,
+        n_heads: i32,
+        n_kv_heads: i32,
+        head_dim: i32,
+        pos0: i32,
+        ntok: i32,
+        n_ctx: i32,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        type F = unsafe extern "C" fn(
+            *const f32,
+            *const f32,
+            *const f32,
+            *mut f32,
+            *mut f32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            f32,
+        );
+        let f = sym::<F>("run_attention");
+        // SAFETY: as above.
+        unsafe {
+            f(
+                p(q),
+                p(k),
+                p(v),
+                p(att),
+                p(out),
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                pos0,
+                ntok,
+                n_ctx,
+                scale,
+            )
+        };
+        Ok(())
+    }
+    fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32)>("run_swiglu");
+        // SAFETY: as above.
+        unsafe { f(p(gate), p(up), n) };
+        Ok(())
+    }
+    fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32)>("run_add_inplace");
+        // SAFETY: as above.
+        unsafe { f(p(y), p(x), n) };
+        Ok(())
+    }
+    fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
+        // SAFETY: distinct host buffers of at least `bytes` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(p::<u8>(src), p::<u8>(dst), bytes) };
+        Ok(())
+    }
+    fn gemm(&mut self, a: u64, b: u64, c: u64, m: i32, n: i32, k: i32) -> Result<bool, GpuError> {
+        // cuBLAS column-major semantics: C[i + j*m] = sum_l A[l + i*k] * B[l + j*k].
+        let (m, n, k) = (m as usize, n as usize, k as usize);
+        // SAFETY: A holds k*m floats, B k*n, C m*n (the forward pass's contract).
+        let (a, b, c) = unsafe {
+            (
+                std::slice::from_raw_parts(p::<f32>(a), k * m),
+                std::slice::from_raw_parts(p::<f32>(b), k * n),
+                std::slice::from_raw_parts_mut(p::<f32>(c), m * n),
+            )
+        };
+        for j in 0..n {
+            for i in 0..m {
+                c[i + j * m] = a[i * k..][..k]
+                    .iter()
+                    .zip(&b[j * k..][..k])
+                    .map(|(x, y)| x * y)
+                    .sum();
+            }
+        }
+        self.gemms += 1;
+        Ok(true)
+    }
 }

@@ -1,0 +1,342 @@
+//! The executor's logic, independent of CUDA: VRAM laid out as the plan says (resident
+//! layers, two streaming slots, KV cache, scratch), resident layers loaded once, and each
+//! call's pass over the blocks following [`schedule`]: loads into slots ordered against
+//! the blocks computed from them, the next streamed layer read ahead, the forward pass of
+//! [`crate::forward`] launched on the device.
+//!
+//! It is written against [`Vram`]: the CUDA executor (`crate::executor`, feature `cuda`)
+//! implements it with device buffers, cuFile or pinned bounce buffers, two streams and
+//! events; the tests implement it with host memory and the kernels compiled as C++, and
+//! check the event protocol (a slot is refilled only after the block computed from it, a
+//! block computes only after its load) while comparing logits with the CPU runtime.
+
+use crate::forward::{Device, Pass, Scratch};
+use crate::plan::{next_loads, schedule, Layout, Step, VramPlan, MAX_BATCH};
+use crate::GpuError;
+use std::path::Path;
+use std::time::Instant;
+
+/// What a buffer is for (the CUDA side places slots on the copy stream and registers
+/// slots and layers with cuFile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufKind {
+    /// A layer kept resident for the whole run.
+    Layer,
+    /// One of the two streaming slots.
+    Slot,
+    /// KV cache, activations, tables (f32).
+    Scratch,
+}
+
+/// A device as the executor sees it: kernels, memory, layer loads and the ordering
+/// between loads and compute.
+pub trait Vram {
+    /// The kernels ([`crate::forward::Device`]).
+    fn kernels(&mut self) -> &mut dyn Device;
+    /// A zeroed buffer of `bytes` bytes that lives as long as `self`; its address.
+    fn alloc(&mut self, bytes: usize, kind: BufKind) -> Result<u64, GpuError>;
+    /// Copies `src` into the buffer at `dst` (blocking).
+    fn upload(&mut self, dst: u64, src: &[f32]) -> Result<(), GpuError>;
+    /// Every allocation is made: what must finish before the first load does.
+    fn ready(&mut self) -> Result<(), GpuError>;
+    /// Reads layer `layer` (whole file, `size` bytes) into the buffer at `dst`, through
+    /// staging `slot` (0 or 1). `sync`: complete on return. Otherwise enqueued; the compute
+    /// side waits for it with [`Vram::wait_loaded`].
+    fn load(
+        &mut self,
+        layer: usize,
+        size: usize,
+        dst: u64,
+        slot: usize,
+        sync: bool,
+    ) -> Result<(), GpuError>;
+    /// Starts reading `layer` ahead, where the device can.
+    fn prefetch(&mut self, layer: usize, size: usize);
+    /// The compute side waits for slot `slot`'s last load.
+    fn wait_loaded(&mut self, slot: usize) -> Result<(), GpuError>;
+    /// Marks the block computed from slot `slot` (enqueued after it).
+    fn mark_computed(&mut self, slot: usize) -> Result<(), GpuError>;
+    /// The host waits until the block last computed from slot `slot` has finished, so the
+    /// slot may be refilled, and checks the slot's previous load.
+    fn wait_computed(&mut self, slot: usize) -> Result<(), GpuError>;
+    /// Waits for all work, then copies `out.len()` floats from `src` to `out` and checks
+    /// every pending load.
+    fn finish(&mut self, out: &mut [f32], src: u64) -> Result<(), GpuError>;
+    /// Bytes read from layer files and nanoseconds spent reading, where the device keeps
+    /// its own count (`None`: the executor's wall-clock count is used).
+    fn io_stats(&self) -> Option<gds_io::IoStats>;
+}
+
+/// What the caller decides (from the plan).
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    /// VRAM the executor may use, in bytes (weights, KV cache, scratch, slots).
+    pub vram_budget: u64,
+    /// Context length (KV cache positions).
+    pub ctx: usize,
+    /// RoPE tables `[ctx][head_dim / 2]` (cos, sin) from the runtime's `RopeTable`; `None`
+    /// computes plain `theta^(-2i/d)` tables (no scaling).
+    pub rope: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// Bytes and time spent moving layers into VRAM.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadStats {
+    /// Bytes read from layer files into VRAM.
+    pub bytes: u64,
+    /// Wall time of those reads (host side, including waits for a free slot), in seconds.
+    pub seconds: f64,
+}
+
+/// A model laid out on a [`Vram`]: resident layers, streaming slots, KV cache, scratch.
+pub struct Streamer<V: Vram> {
+    vram: V,
+    layout: Layout,
+    sizes: Vec<usize>,
+    kv: Vec<(u64, u64)>,
+    rope: (u64, u64),
+    scratch: Scratch,
+    /// Address of each layer's bytes during a pass (0 = not in VRAM now).
+    base: Vec<u64>,
+    /// Addresses of the two streaming slots.
+    slot_addr: Vec<u64>,
+    /// The per-token order of block computes and slot reads.
+    steps: Vec<Step>,
+    /// For each step, the layer of the next load after it (wrapping to the next token's
+    /// first): what to read ahead.
+    next_load: Vec<Option<usize>>,
+    max_tokens: usize,
+    ctx_len: usize,
+    /// Bytes and time of every layer read so far (initial loads included).
+    pub stats: LoadStats,
+    /// Where every layer lives (resident bytes, bytes streamed per token).
+    pub plan: VramPlan,
+}
+
+fn model_err(msg: impl Into<String>) -> GpuError {
+    GpuError::Model(msg.into())
+}
+
+/// Plain RoPE tables `[ctx][head_dim / 2]`, as the CPU `RopeTable` builds them unscaled.
+pub fn rope_tables(head_dim: usize, ctx: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let mut cos = Vec::with_capacity(ctx * half);
+    let mut sin = Vec::with_capacity(ctx * half);
+    for pos in 0..ctx {
+        for i in 0..half {
+            let a = pos as f64 * theta.powf(-((2 * i) as f64) / head_dim as f64);
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
+impl<V: Vram> Streamer<V> {
+    /// Lays the model in `dir` out on `vram` within `opts.vram_budget` and loads the
+    /// resident layers.
+    pub fn with_vram(dir: &Path, opts: &StreamOptions, vram: V) -> Result<Streamer<V>, GpuError> {
+        let layout = Layout::read(dir)?;
+        Streamer::with_layout(layout, opts, vram)
+    }
+
+    /// As [`Streamer::with_vram`], for a layout already read.
+    pub fn with_layout(
+        layout: Layout,
+        opts: &StreamOptions,
+        mut vram: V,
+    ) -> Result<Streamer<V>, GpuError> {
+        if layout.shape.rope_scaling != "none" && opts.rope.is_none() {
+            return Err(model_err(format!(
+                "RoPE scaling `{}`: pass the runtime's tables in the options' rope",
+                layout.shape.rope_scaling
+            )));
+        }
+        let plan = layout.plan(opts.ctx, opts.vram_budget as usize)?;
+        let (s, ctx) = (&layout.shape, opts.ctx);
+        let (q_dim, kv_dim) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+        let max_tokens = MAX_BATCH.min(ctx).max(1);
+        let widest = s.n_embd.max(s.n_ff).max(q_dim);
+        let sizes: Vec<usize> = layout.layers.iter().map(|l| l.size).collect();
+
+        let mut slot_addr = Vec::new();
+        if plan.slot_bytes > 0 {
+            for _ in 0..2 {
+                slot_addr.push(vram.alloc(plan.slot_bytes, BufKind::Slot)?);
+            }
+        }
+        let mut f32_buf = |n: usize| vram.alloc(n.max(1) * 4, BufKind::Scratch);
+        let mut kv = Vec::new();
+        for _ in 0..s.n_layers {
+            kv.push((f32_buf(ctx * kv_dim)?, f32_buf(ctx * kv_dim)?));
+        }
+        let scratch = Scratch {
+            x: f32_buf(max_tokens * s.n_embd)?,
+            xb: f32_buf(max_tokens * widest)?,
+            q: f32_buf(max_tokens * q_dim)?,
+            k: f32_buf(max_tokens * kv_dim)?,
+            v: f32_buf(max_tokens * kv_dim)?,
+            attn: f32_buf(max_tokens * q_dim)?,
+            att: f32_buf(max_tokens * s.n_heads * ctx)?,
+            gate: f32_buf(max_tokens * s.n_ff)?,
+            up: f32_buf(max_tokens * s.n_ff)?,
+            logits: f32_buf(s.vocab)?,
+            tile: f32_buf(layout.max_weight_elements())?,
+        };
+        let (cos, sin) = match &opts.rope {
+            Some(t) => t.clone(),
+            None => rope_tables(s.head_dim, ctx, s.rope_theta),
+        };
+        let half = s.head_dim / 2;
+        if cos.len() < ctx * half || sin.len() < ctx * half {
+            return Err(model_err("RoPE tables shorter than the context"));
+        }
+        let rope = (
+            vram.alloc(cos.len() * 4, BufKind::Scratch)?,
+            vram.alloc(sin.len() * 4, BufKind::Scratch)?,
+        );
+        vram.upload(rope.0, &cos)?;
+        vram.upload(rope.1, &sin)?;
+        let mut base = vec![0u64; sizes.len()];
+        for (i, &size) in sizes.iter().enumerate() {
+            if plan.resident[i] {
+                base[i] = vram.alloc(size, BufKind::Layer)?;
+            }
+        }
+        vram.ready()?;
+        let mut stats = LoadStats::default();
+        for (i, &size) in sizes.iter().enumerate() {
+            if plan.resident[i] {
+                let t0 = Instant::now();
+                vram.load(i, size, base[i], 0, true)?;
+                stats.seconds += t0.elapsed().as_secs_f64();
+                stats.bytes += size as u64;
+            }
+        }
+        let steps = schedule(&layout.blocks, &plan.resident);
+        let next_load = next_loads(&steps);
+        Ok(Streamer {
+            vram,
+            sizes,
+            kv,
+            rope,
+            scratch,
+            base,
+            slot_addr,
+            steps,
+            next_load,
+            max_tokens,
+            ctx_len: ctx,
+            stats,
+            plan,
+            layout,
+        })
+    }
+
+    /// The device.
+    pub fn vram(&self) -> &V {
+        &self.vram
+    }
+
+    /// Most tokens one [`forward`](Streamer::forward) call takes.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// The model's layout (shape, layers, tensors).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Bytes read from layer files and the time spent reading: the device's counters
+    /// where it keeps them, the executor's own otherwise.
+    pub fn io_stats(&self) -> gds_io::IoStats {
+        self.vram.io_stats().unwrap_or(gds_io::IoStats {
+            bytes_read: self.stats.bytes,
+            read_ns: (self.stats.seconds * 1e9) as u64,
+            ..Default::default()
+        })
+    }
+
+    /// Runs `tokens` at positions `pos0..` (at most [`max_tokens`](Streamer::max_tokens)
+    /// at once) and writes the logits of the last one into `logits` (vocab floats).
+    pub fn forward(
+        &mut self,
+        logits: &mut [f32],
+        tokens: &[u32],
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        let ntok = tokens.len();
+        if ntok == 0 || ntok > self.max_tokens || pos0 + ntok > self.ctx_len {
+            return Err(model_err(format!(
+                "{ntok} tokens at position {pos0}: batch limit {}, context {}",
+                self.max_tokens, self.ctx_len
+            )));
+        }
+        if logits.len() != self.layout.shape.vocab {
+            return Err(model_err("logits buffer is not vocab-sized"));
+        }
+        {
+            let (pass, dev) = self.parts();
+            pass.embed(dev, tokens)?;
+        }
+        for i in 0..self.steps.len() {
+            match self.steps[i] {
+                Step::Load { layer, slot } => self.load_slot(layer, slot, self.next_load[i])?,
+                Step::Compute { block, slot } => {
+                    let li = self.layout.blocks[block];
+                    if let Some(slot) = slot {
+                        self.vram.wait_loaded(slot)?;
+                        self.base[li] = self.slot_addr[slot];
+                    }
+                    let ran = {
+                        let (pass, dev) = self.parts();
+                        pass.block(dev, block, ntok, pos0)
+                    };
+                    if let Some(slot) = slot {
+                        self.base[li] = 0;
+                        ran?;
+                        self.vram.mark_computed(slot)?;
+                    } else {
+                        ran?;
+                    }
+                }
+            }
+        }
+        {
+            let (pass, dev) = self.parts();
+            pass.head(dev, ntok)?;
+        }
+        self.vram.finish(logits, self.scratch.logits)
+    }
+
+    /// The pass's view of the model and the device's kernels (disjoint borrows).
+    fn parts(&mut self) -> (Pass<'_>, &mut dyn Device) {
+        (
+            Pass {
+                layout: &self.layout,
+                layer_base: &self.base,
+                s: self.scratch,
+                kv: &self.kv,
+                rope: self.rope,
+                ctx: self.ctx_len,
+            },
+            self.vram.kernels(),
+        )
+    }
+
+    /// Reads layer `li` into streaming slot `slot`, once the slot's last user has finished,
+    /// then starts reading `next` (the layer the following load will want) ahead.
+    fn load_slot(&mut self, li: usize, slot: usize, next: Option<usize>) -> Result<(), GpuError> {
+        self.vram.wait_computed(slot)?;
+        let t0 = Instant::now();
+        self.vram
+            .load(li, self.sizes[li], self.slot_addr[slot], slot, false)?;
+        if let Some(n) = next {
+            self.vram.prefetch(n, self.sizes[n]);
+        }
+        self.stats.seconds += t0.elapsed().as_secs_f64();
+        self.stats.bytes += self.sizes[li] as u64;
+        Ok(())
+    }
+}

@@ -1,0 +1,386 @@
+//! The GPU executor's logic (`gds_cuda::stream::Streamer`: VRAM layout, residency, the
+//! per-token streaming schedule, read-ahead, layer loads through gds-io) run on the CPU over
+//! an emulated [`Vram`]: host buffers, the kernels compiled as C++ (kernels/emu.h), layers
+//! read through gds-io's `DirectBackend` as the bounce path reads them.
+//!
+//! The emulated device also enforces the ordering the CUDA events provide: a load into a
+//! slot lands only when the compute side waits for it, a slot may be refilled only after
+//! the host waited for the block computed from it, and a block computes from a slot only
+//! after waiting for its load. Breaking any of these fails the test.
+//!
+//! The model is a real GdsLLM directory converted from the tiny llama fixture (2 blocks,
+//! grouped KV heads), all matrices Q8_0 or Q4_0. Its logits must be identical at every VRAM
+//! budget (all resident, some streamed, everything streamed) and agree with the CPU runtime
+//! (f32 activations) on the same files.
+
+mod common;
+
+use common::Emu;
+use gds_cuda::forward::Device;
+use gds_cuda::stream::{BufKind, StreamOptions, Streamer, Vram};
+use gds_cuda::GpuError;
+use gds_format::DType;
+use gds_io::{DirectBackend, DirectOptions, LayerSource};
+use std::path::{Path, PathBuf};
+
+/// Where a streaming slot is in the load → compute → refill cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    /// Never used.
+    Empty,
+    /// A load was enqueued; its bytes land when the compute side waits (`pending`).
+    Loading,
+    /// The compute side waited: the bytes are there.
+    Loaded,
+    /// A block was computed from it; the host has not waited yet.
+    Computed,
+    /// The host waited for that block: the slot may be refilled.
+    Free,
+}
+
+struct EmuVram {
+    dev: Emu,
+    /// Storage of every buffer (u64 words: 8-byte aligned), never moved once made.
+    bufs: Vec<Vec<u64>>,
+    source: DirectBackend,
+    slots: [SlotState; 2],
+    /// A load waiting for `wait_loaded`: (layer bytes, destination).
+    pending: [Option<(Vec<u8>, u64)>; 2],
+    /// Loads issued (layer, sync) and read-ahead requests, in order.
+    loads: Vec<(usize, bool)>,
+    prefetches: Vec<usize>,
+}
+
+impl EmuVram {
+    fn new(dir: &Path) -> EmuVram {
+        let bytes = gds_io::read_manifest(dir).unwrap();
+        let m = gds_format::Manifest::parse(&bytes).unwrap();
+        let biggest = (0..m.n_layers())
+            .map(|l| m.layer(l).unwrap().file_size)
+            .max()
+            .unwrap();
+        let source = DirectBackend::open(
+            dir,
+            &m,
+            &DirectOptions {
+                resident: vec![false; m.n_layers()],
+                slots: 2,
+                slot_size: gds_io::align_up(biggest) as usize + 2 * gds_io::ALIGN,
+                force_buffered: false,
+            },
+        )
+        .unwrap();
+        EmuVram {
+            dev: Emu { gemms: 0 },
+            bufs: Vec::new(),
+            source,
+            slots: [SlotState::Empty; 2],
+            pending: [None, None],
+            loads: Vec::new(),
+            prefetches: Vec::new(),
+        }
+    }
+
+    fn write(dst: u64, bytes: &[u8]) {
+        // SAFETY: `dst` is the start of one of `bufs`, allocated with at least the layer's
+        // size (the executor loads whole layers into buffers sized for them).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as usize as *mut u8, bytes.len())
+        };
+    }
+}
+
+impl Vram for EmuVram {
+    fn kernels(&mut self) -> &mut dyn Device {
+        &mut self.dev
+    }
+    fn alloc(&mut self, bytes: usize, _kind: BufKind) -> Result<u64, GpuError> {
+        self.bufs.push(vec![0u64; bytes.div_ceil(8).max(1)]);
+        Ok(self.bufs.last().unwrap().as_ptr() as u64)
+    }
+    fn upload(&mut self, dst: u64, src: &[f32]) -> Result<(), GpuError> {
+        let bytes: Vec<u8> = src.iter().flat_map(|v| v.to_le_bytes()).collect();
+        EmuVram::write(dst, &bytes);
+        Ok(())
+    }
+    fn ready(&mut self) -> Result<(), GpuError> {
+        Ok(())
+    }
+    fn load(
+        &mut self,
+        layer: usize,
+        size: usize,
+        dst: u64,
+        slot: usize,
+        sync: bool,
+    ) -> Result<(), GpuError> {
+        let h = self.source.acquire(layer).expect("reading a layer");
+        assert_eq!(h.len(), size, "layer {layer} size");
+        self.loads.push((layer, sync));
+        if sync {
+            EmuVram::write(dst, &h);
+            return Ok(());
+        }
+        assert!(
+            matches!(self.slots[slot], SlotState::Empty | SlotState::Free),
+            "slot {slot} refilled in state {:?} (its block not waited for)",
+            self.slots[slot]
+        );
+        self.pending[slot] = Some((h.to_vec(), dst));
+        self.slots[slot] = SlotState::Loading;
+        Ok(())
+    }
+    fn prefetch(&mut self, layer: usize, size: usize) {
+        self.prefetches.push(layer);
+        self.source.prefetch(gds_io::Span {
+            layer,
+            offset: 0,
+            len: size as u64,
+        });
+    }
+    fn wait_loaded(&mut self, slot: usize) -> Result<(), GpuError> {
+        assert_eq!(self.slots[slot], SlotState::Loading, "slot {slot}");
+        let (bytes, dst) = self.pending[slot].take().unwrap();
+        EmuVram::write(dst, &bytes);
+        self.slots[slot] = SlotState::Loaded;
+        Ok(())
+    }
+    fn mark_computed(&mut self, slot: usize) -> Result<(), GpuError> {
+        assert_eq!(
+            self.slots[slot],
+            SlotState::Loaded,
+            "computed before its load"
+        );
+        self.slots[slot] = SlotState::Computed;
+        Ok(())
+    }
+    fn wait_computed(&mut self, slot: usize) -> Result<(), GpuError> {
+        if self.slots[slot] == SlotState::Computed {
+            self.slots[slot] = SlotState::Free;
+        }
+        Ok(())
+    }
+    fn finish(&mut self, out: &mut [f32], src: u64) -> Result<(), GpuError> {
+        assert!(
+            self.pending.iter().all(Option::is_none),
+            "a load was never waited for"
+        );
+        // SAFETY: `src` is the logits buffer, vocab floats, as `out`.
+        let logits = unsafe { std::slice::from_raw_parts(src as usize as *const f32, out.len()) };
+        out.copy_from_slice(logits);
+        Ok(())
+    }
+    fn io_stats(&self) -> Option<gds_io::IoStats> {
+        Some(self.source.stats())
+    }
+}
+
+/// A 4-block llama: the tiny llama fixture (Hugging Face directory, 2 blocks) with its
+/// blocks repeated, converted with every matrix in `dtype`. (Two blocks cannot stream:
+/// two slots cost as much as keeping both.)
+fn model(dtype: DType) -> (tempfile::TempDir, PathBuf) {
+    use safetensors::SafeTensors;
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny-llama-hf");
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tmp.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(src.join(f), hf.join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    config["num_hidden_layers"] = 4.into();
+    std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
+    let shards: Vec<Vec<u8>> = ["model-00001-of-00002", "model-00002-of-00002"]
+        .iter()
+        .map(|n| std::fs::read(src.join(format!("{n}.safetensors"))).unwrap())
+        .collect();
+    let mut tensors = Vec::new();
+    for bytes in &shards {
+        for (name, view) in SafeTensors::deserialize(bytes).unwrap().tensors() {
+            if let Some(rest) = name.strip_prefix("model.layers.") {
+                let (i, tail) = rest.split_once('.').unwrap();
+                let i: usize = i.parse().unwrap();
+                tensors.push((format!("model.layers.{}.{tail}", i + 2), view.clone()));
+            }
+            tensors.push((name, view));
+        }
+    }
+    safetensors::serialize_to_file(tensors, None, &hf.join("model.safetensors")).unwrap();
+    let out = tmp.path().join("deep.gds");
+    gds_convert::convert(
+        &hf,
+        &out,
+        &gds_convert::ConvertOptions {
+            quant: gds_convert::QuantTarget::To(dtype),
+            requantize: true,
+            ..Default::default()
+        },
+        &gds_convert::NoProgress,
+    )
+    .unwrap();
+    (tmp, out)
+}
+
+/// The VRAM plan's bounds for the model: (runs at all, everything resident).
+fn bounds(dir: &Path) -> (u64, u64) {
+    let p = gds_cuda::plan::Layout::read(dir)
+        .unwrap()
+        .plan(CTX, usize::MAX >> 1)
+        .unwrap();
+    (p.min_budget as u64, p.all_resident_budget as u64)
+}
+
+const CTX: usize = 64;
+
+/// Logits of the last token of each chunk, the chunks evaluated one after another (one
+/// forward call each), on the executor.
+fn run_streamer(dir: &Path, budget: u64, chunks: &[&[u32]]) -> (Vec<Vec<f32>>, EmuVramReport) {
+    let opts = StreamOptions {
+        vram_budget: budget,
+        ctx: CTX,
+        rope: None,
+    };
+    let mut s = Streamer::with_vram(dir, &opts, EmuVram::new(dir)).unwrap();
+    let vocab = s.layout().shape.vocab;
+    let mut logits = vec![0f32; vocab];
+    let mut rows = Vec::new();
+    let mut pos = 0;
+    for c in chunks {
+        s.forward(&mut logits, c, pos).unwrap();
+        rows.push(logits.clone());
+        pos += c.len();
+    }
+    let v = s.vram();
+    let report = EmuVramReport {
+        streamed: s.plan.resident.iter().filter(|r| !**r).count(),
+        loads: v.loads.clone(),
+        prefetches: v.prefetches.len(),
+        bytes_read: s.io_stats().bytes_read,
+    };
+    (rows, report)
+}
+
+struct EmuVramReport {
+    streamed: usize,
+    loads: Vec<(usize, bool)>,
+    prefetches: usize,
+    bytes_read: u64,
+}
+
+/// The same on the CPU runtime (f32 activations, the mmap backend).
+fn run_cpu(dir: &Path, chunks: &[&[u32]]) -> Vec<Vec<f32>> {
+    use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
+    let mut m = Model::load(dir, CTX, 1).unwrap();
+    m.set_f32_activations(true);
+    let c = &m.config;
+    let mut st = RunState::new(c, CTX, 1, CTX, 1);
+    let mut kv = KvCache::new(KvDtype::F32, c.n_layers, 1, CTX, c.kv_dim());
+    let mut b = Batch::with_capacity(CTX);
+    let (mut rows, mut pos) = (Vec::new(), 0);
+    for chunk in chunks {
+        b.clear();
+        for (i, &t) in chunk.iter().enumerate() {
+            b.push(t, pos + i, 0, i + 1 == chunk.len());
+        }
+        m.forward(&mut st, &mut kv, &b).unwrap();
+        rows.push(st.logits(0, c.vocab_size).to_vec());
+        pos += chunk.len();
+    }
+    rows
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn the_executor_on_an_emulated_device_streams_layers_and_matches_the_cpu_runtime() {
+    // A 9-token prompt, then 8 more tokens. (The emulation runs every CUDA thread as an OS
+    // thread, so each call costs seconds: chunks of 8+ tokens take the GEMM path, leaving
+    // only the head a matvec; decode steps are tested in forward_emu.rs.) All-resident and
+    // middle budgets run the prompt; the minimum runs both chunks, so its slots are reused
+    // across calls.
+    let prompt: Vec<u32> = vec![1, 17, 42, 99, 180, 7, 250, 3, 64];
+    let more: Vec<u32> = vec![5, 77, 123, 200, 9, 310, 44, 2];
+    let chunks: [&[u32]; 2] = [&prompt, &more];
+    let (_tmp, dir) = model(DType::Q8_0);
+    let (min_budget, all_budget) = bounds(&dir);
+    assert!(min_budget < all_budget);
+    let mid_budget = min_budget + (all_budget - min_budget) / 2;
+    let (all, all_r) = run_streamer(&dir, all_budget, &chunks[..1]);
+    let (mid, mid_r) = run_streamer(&dir, mid_budget, &chunks[..1]);
+    let (min, min_r) = run_streamer(&dir, min_budget, &chunks);
+    assert_eq!(all_r.streamed, 0);
+    assert_eq!(min_r.streamed, 4, "every block streamed at the minimum");
+    assert!(
+        mid_r.streamed > 0 && mid_r.streamed < 4,
+        "{} streamed at the middle budget",
+        mid_r.streamed
+    );
+    // All resident: every layer loaded once, synchronously, nothing read ahead.
+    assert!(all_r.loads.iter().all(|&(_, sync)| sync));
+    assert_eq!(all_r.prefetches, 0);
+    // Streaming: each streamed block is read once per forward call, each read followed by
+    // a read-ahead request, in block order.
+    for (r, calls) in [(&mid_r, 1), (&min_r, 2)] {
+        let streamed: Vec<usize> = r
+            .loads
+            .iter()
+            .filter(|&&(_, sync)| !sync)
+            .map(|&(l, _)| l)
+            .collect();
+        assert_eq!(streamed.len(), r.streamed * calls);
+        assert!(
+            streamed
+                .windows(2)
+                .all(|w| w[0] < w[1] || w[1] == streamed[0]),
+            "streamed loads out of order: {streamed:?}"
+        );
+        assert_eq!(r.prefetches, streamed.len());
+        assert!(r.bytes_read > all_r.bytes_read, "streaming reads more");
+    }
+    // Same kernels over the same bytes: identical logits whatever the budget.
+    assert_eq!(all[0], mid[0], "middle budget");
+    assert_eq!(all[0], min[0], "minimum budget");
+
+    // The CPU runtime on the same files: same argmax, logits within float noise.
+    let cpu = run_cpu(&dir, &chunks);
+    assert_eq!(cpu.len(), min.len());
+    for (i, (g, c)) in min.iter().zip(&cpu).enumerate() {
+        let scale = c.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+        let diff = g.iter().zip(c).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            diff <= 1e-3 * scale,
+            "chunk {i}: max diff {diff} (scale {scale})"
+        );
+        assert_eq!(argmax(g), argmax(c), "chunk {i}");
+    }
+}
+
+#[test]
+fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
+    let (_tmp, dir) = model(DType::Q8_0);
+    let (min_budget, _) = bounds(&dir);
+    let opts = StreamOptions {
+        vram_budget: min_budget - 1,
+        ctx: CTX,
+        rope: None,
+    };
+    let vram = EmuVram::new(&dir);
+    let e = Streamer::with_vram(&dir, &opts, vram)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("too small"), "{e}");
+}
