@@ -127,25 +127,18 @@ impl Executor for CpuExecutor {
         want: Range<usize>,
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        let vocab = self.model.config.vocab_size;
-        let step = self.state.max_batch().max(1);
-        for (ci, chunk) in tokens.chunks(step).enumerate() {
-            let start = pos0 + ci * step;
-            self.batch.clear();
-            for (i, &t) in chunk.iter().enumerate() {
-                self.batch
-                    .push(t, start + i, 0, want.contains(&(start + i)));
-            }
-            let n_out = self
-                .model
-                .forward(&mut self.state, &mut self.kv, &self.batch)?;
-            let wanted = (start..start + chunk.len()).filter(|p| want.contains(p));
-            for (j, p) in wanted.enumerate() {
-                on_logits(p, self.state.logits(j, vocab));
-            }
-            if n_out > 0 {
-                self.last = n_out - 1;
-            }
+        let last = crate::perplexity::eval_positions(
+            &self.model,
+            &mut self.state,
+            &mut self.kv,
+            &mut self.batch,
+            tokens,
+            pos0,
+            want,
+            on_logits,
+        )?;
+        if let Some(l) = last {
+            self.last = l;
         }
         Ok(())
     }

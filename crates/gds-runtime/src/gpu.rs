@@ -20,7 +20,6 @@ pub struct GpuExecutor {
     model: GpuModel,
     config: Config,
     logits: Vec<f32>,
-    max_tokens: usize,
 }
 
 fn gpu_err(e: gds_cuda::GpuError) -> RuntimeError {
@@ -51,7 +50,6 @@ impl GpuExecutor {
         let model = GpuModel::open(&plan.model_dir, &opts).map_err(gpu_err)?;
         Ok(GpuExecutor {
             logits: vec![0.0; c.vocab_size],
-            max_tokens: model.max_tokens(),
             config: c.clone(),
             model,
         })
@@ -75,7 +73,8 @@ impl Executor for GpuExecutor {
         want: Range<usize>,
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        for (pos, n) in last_logit_passes(pos0, tokens.len(), &want, self.max_tokens) {
+        let max_tokens = self.model.max_tokens();
+        for (pos, n) in last_logit_passes(pos0, tokens.len(), &want, max_tokens) {
             let chunk = &tokens[pos - pos0..pos - pos0 + n];
             self.model
                 .forward(&mut self.logits, chunk, pos)

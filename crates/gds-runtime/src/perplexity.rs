@@ -74,35 +74,40 @@ pub fn log_sum_exp(x: &[f32]) -> f64 {
     max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln()
 }
 
-/// Evaluates `tokens` from position 0 of an empty sequence, teacher-forced, in batches of
-/// `batch`, calling `f(position, logits)` for every position in `want`.
+/// Evaluates `tokens` at positions `pos0..` of sequence 0, teacher-forced, in passes of
+/// `state.max_batch()` tokens built in `batch`, calling `f(position, logits)` for every
+/// position in `want`. Returns the logits row (in `state`) of the last position reported
+/// by the last pass that reported any.
+#[allow(clippy::too_many_arguments)]
 pub fn eval_positions(
     model: &Model,
     state: &mut RunState,
     kv: &mut KvCache,
+    batch: &mut Batch,
     tokens: &[u32],
+    pos0: usize,
     want: std::ops::Range<usize>,
-    batch: usize,
     f: &mut dyn FnMut(usize, &[f32]),
-) -> Result<()> {
+) -> Result<Option<usize>> {
     let vocab = model.config.vocab_size;
-    let mut b = Batch::with_capacity(batch);
-    for (ci, chunk) in tokens.chunks(batch.max(1)).enumerate() {
-        b.clear();
-        let start = ci * batch;
+    let step = state.max_batch().max(1);
+    let mut last = None;
+    for (ci, chunk) in tokens.chunks(step).enumerate() {
+        batch.clear();
+        let start = pos0 + ci * step;
         for (i, &t) in chunk.iter().enumerate() {
-            b.push(t, start + i, 0, want.contains(&(start + i)));
+            batch.push(t, start + i, 0, want.contains(&(start + i)));
         }
-        model.forward(state, kv, &b)?;
-        let mut j = 0;
-        for i in 0..chunk.len() {
-            if want.contains(&(start + i)) {
-                f(start + i, state.logits(j, vocab));
-                j += 1;
-            }
+        let n_out = model.forward(state, kv, batch)?;
+        let wanted = (start..start + chunk.len()).filter(|p| want.contains(p));
+        for (j, p) in wanted.enumerate() {
+            f(p, state.logits(j, vocab));
+        }
+        if n_out > 0 {
+            last = Some(n_out - 1);
         }
     }
-    Ok(())
+    Ok(last)
 }
 
 /// Settings of a perplexity run.

@@ -15,7 +15,7 @@
 //! true token: 0.75). Measured values are printed so drift shows.
 
 use gds_runtime::perplexity::{eval_positions, log_sum_exp};
-use gds_runtime::{KvCache, KvDtype, Model, RunState};
+use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -64,9 +64,10 @@ fn logits_kv(model: &Model, tokens: &[u32], batch: usize, kv_dtype: KvDtype) -> 
         model,
         &mut st,
         &mut kv,
+        &mut Batch::with_capacity(batch),
         tokens,
+        0,
         0..tokens.len(),
-        batch,
         &mut |p, l| rows[p] = l.to_vec(),
     )
     .unwrap();

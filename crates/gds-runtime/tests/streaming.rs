@@ -33,17 +33,18 @@ fn run(model: &Model, prompt: &[u32], batch: usize, decode: usize) -> Vec<Vec<f3
     let mut st = RunState::new(c, batch, batch, model.ctx(), model.threads());
     let mut kv = KvCache::new(KvDtype::F32, c.n_layers, 1, model.ctx(), c.kv_dim());
     let mut rows = vec![Vec::new(); prompt.len()];
+    let mut b = Batch::with_capacity(batch);
     eval_positions(
         model,
         &mut st,
         &mut kv,
+        &mut b,
         prompt,
+        0,
         0..prompt.len(),
-        batch,
         &mut |p, l| rows[p] = l.to_vec(),
     )
     .unwrap();
-    let mut b = Batch::with_capacity(1);
     let mut next = argmax(rows.last().unwrap());
     for i in 0..decode {
         b.clear();
