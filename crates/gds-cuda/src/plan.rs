@@ -122,8 +122,7 @@ fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
 }
 
 impl Layout {
-    /// Reads `dir/manifest.gdsm` (metadata only) and checks that every tensor has a GPU
-    /// kernel: matrices in Q4_0/Q4_1/Q8_0/Q4_K/Q6_K/F16/F32, norms and biases in F32.
+    /// Reads `dir/manifest.gdsm` (metadata only): see [`Layout::from_manifest`].
     pub fn read(dir: &Path) -> Result<Layout, GpuError> {
         let mpath = dir.join("manifest.gdsm");
         let bytes = std::fs::read(&mpath).map_err(|source| GpuError::Io {
@@ -131,7 +130,14 @@ impl Layout {
             source,
         })?;
         let m = Manifest::parse(&bytes).map_err(|e| model_err(e.to_string()))?;
-        let shape = read_shape(&m)?;
+        Layout::from_manifest(dir, &m)
+    }
+
+    /// The layout of the model in `dir` whose manifest is `m`, checking that every tensor
+    /// has a GPU kernel: matrices in Q4_0/Q4_1/Q8_0/Q4_K/Q6_K/F16/F32, norms and biases in
+    /// F32.
+    pub fn from_manifest(dir: &Path, m: &Manifest<'_>) -> Result<Layout, GpuError> {
+        let shape = read_shape(m)?;
         let mut layers = Vec::new();
         let (mut embed, mut head, mut blocks) = (None, None, vec![None; shape.n_layers]);
         for l in m.layers() {

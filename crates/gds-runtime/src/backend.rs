@@ -18,7 +18,7 @@ pub struct BackendChoice {
     pub name: &'static str,
     /// One line: why this backend (and not another).
     pub reason: String,
-    /// For `cuda`: the device the plan is made for (`direct` is filled in by the plan).
+    /// For `cuda`: the device the plan is made for.
     pub gpu: Option<GpuOffer>,
 }
 
@@ -54,7 +54,6 @@ fn gpu() -> Gpu {
                 gds_cuda::GpuPath::Gds => Ok(()),
                 _ => Err(report.reason.clone()),
             },
-            direct: true,
         }),
     }
 }
@@ -139,7 +138,6 @@ mod tests {
             device: "Test GPU".into(),
             vram_bytes: 1 << 30,
             gds: Ok(()),
-            direct: true,
         });
         let cuda = decide("cuda", usable.clone()).unwrap();
         assert_eq!(cuda.name, "cuda");

@@ -9,6 +9,7 @@
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
 use crate::exec::{last_logit_passes, Executor};
+use crate::gpuplan::GpuLoad;
 use crate::plan::Plan;
 use crate::rope::RopeTable;
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
@@ -34,11 +35,10 @@ impl GpuExecutor {
         })?;
         let c = &plan.model;
         let rope = RopeTable::new(c.head_dim, plan.ctx, c.rope_theta, c.rope_scaling);
-        let load = match g.load.as_str() {
-            "gds" => LoadPath::Gds,
-            _ => LoadPath::Bounce {
-                direct: g.bounce_direct(),
-            },
+        let load = match g.load {
+            GpuLoad::Gds => LoadPath::Gds,
+            GpuLoad::BounceDirect => LoadPath::Bounce { direct: true },
+            GpuLoad::BounceBuffered => LoadPath::Bounce { direct: false },
         };
         let opts = ExecOptions {
             device: 0,

@@ -10,6 +10,7 @@
 
 use crate::error::{Result, RuntimeError};
 use gds_cuda::plan::Layout;
+use gds_format::Manifest;
 use serde::Serialize;
 use std::path::Path;
 
@@ -17,7 +18,7 @@ use std::path::Path;
 /// CUDA context, cuBLAS's workspace and other processes).
 pub const DEFAULT_VRAM_SHARE: f64 = 0.9;
 
-/// What the machine offers the GPU plan (from `gds_cuda::probe()` and `gds_io`).
+/// What the device offers the GPU plan (from `gds_cuda::probe()`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuOffer {
     /// Device name.
@@ -26,8 +27,29 @@ pub struct GpuOffer {
     pub vram_bytes: u64,
     /// `Ok`: GPUDirect Storage works here; `Err`: why not.
     pub gds: std::result::Result<(), String>,
-    /// Whether the layer files' filesystem supports `O_DIRECT`.
-    pub direct: bool,
+}
+
+/// How layer bytes reach VRAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuLoad {
+    /// cuFile straight into VRAM.
+    Gds,
+    /// O_DIRECT reads into pinned host memory, then async copies.
+    BounceDirect,
+    /// Page-cache reads into pinned host memory, then async copies.
+    BounceBuffered,
+}
+
+impl GpuLoad {
+    /// The name in plans and metrics: `gds`, `bounce-direct`, `bounce-buffered`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuLoad::Gds => "gds",
+            GpuLoad::BounceDirect => "bounce-direct",
+            GpuLoad::BounceBuffered => "bounce-buffered",
+        }
+    }
 }
 
 /// How layer bytes reach VRAM, and where every layer lives.
@@ -35,9 +57,8 @@ pub struct GpuOffer {
 pub struct GpuPlan {
     /// The device.
     pub device: String,
-    /// `gds` (cuFile straight into VRAM), `bounce-direct` (O_DIRECT into pinned host
-    /// memory, then async copies) or `bounce-buffered` (page-cache reads, then copies).
-    pub load: String,
+    /// The load path.
+    pub load: GpuLoad,
     /// Why that load path.
     pub load_reason: String,
     /// VRAM the executor may use, bytes.
@@ -63,44 +84,42 @@ impl GpuPlan {
     pub fn weights_held_bytes(&self) -> u64 {
         self.resident_bytes + 2 * self.slot_bytes
     }
-
-    /// Whether the layer files are opened with `O_DIRECT` on the bounce path.
-    pub fn bounce_direct(&self) -> bool {
-        self.load == "bounce-direct"
-    }
 }
 
-/// Plans the GPU side for the model in `dir` with `ctx` positions: `io` is the user's
-/// `--io` (`auto`, `gds`, `direct`, `mmap`), `vram_budget` the user's `--vram-budget`
-/// (`None`: [`DEFAULT_VRAM_SHARE`] of the device).
+/// Plans the GPU side for the model in `dir` (manifest `m`) with `ctx` positions: `io` is
+/// the user's `--io` (`auto`, `gds`, `direct`, `mmap`), `vram_budget` the user's
+/// `--vram-budget` (`None`: [`DEFAULT_VRAM_SHARE`] of the device), `direct` whether the
+/// layer files' filesystem supports `O_DIRECT`.
 pub fn plan_gpu(
     dir: &Path,
+    m: &Manifest<'_>,
     ctx: usize,
     io: &str,
     vram_budget: Option<u64>,
     offer: &GpuOffer,
+    direct: bool,
 ) -> Result<GpuPlan> {
     let err = |s: String| Err(RuntimeError::Plan(s));
     let bounce = |direct: bool, why: String| {
         let load = if direct {
-            "bounce-direct"
+            GpuLoad::BounceDirect
         } else {
-            "bounce-buffered"
+            GpuLoad::BounceBuffered
         };
-        (load.to_string(), why)
+        (load, why)
     };
     let (load, load_reason) = match (io, &offer.gds) {
-        ("gds", Ok(())) => ("gds".to_string(), "requested with --io gds".to_string()),
+        ("gds", Ok(())) => (GpuLoad::Gds, "requested with --io gds".to_string()),
         ("gds", Err(why)) => return err(format!("--io gds: GPUDirect Storage is not usable here: {why} (use --io direct for pinned bounce buffers)")),
-        ("auto", Ok(())) => ("gds".into(), "auto: GPUDirect Storage is usable".into()),
+        ("auto", Ok(())) => (GpuLoad::Gds, "auto: GPUDirect Storage is usable".into()),
         ("auto", Err(why)) => bounce(
-            offer.direct,
+            direct,
             format!(
                 "auto: no GPUDirect Storage ({why}); {} into pinned host buffers, then async copies",
-                if offer.direct { "O_DIRECT reads" } else { "page-cache reads (the filesystem refuses O_DIRECT)" }
+                if direct { "O_DIRECT reads" } else { "page-cache reads (the filesystem refuses O_DIRECT)" }
             ),
         ),
-        ("direct", _) if !offer.direct => {
+        ("direct", _) if !direct => {
             return err("--io direct: the layer files' filesystem does not support O_DIRECT (use --io mmap)".into())
         }
         ("direct", _) => bounce(true, "requested with --io direct: O_DIRECT into pinned host buffers, then async copies".into()),
@@ -120,8 +139,8 @@ pub fn plan_gpu(
         Some(b) => b,
         None => (offer.vram_bytes as f64 * DEFAULT_VRAM_SHARE) as u64,
     };
-    let layout =
-        Layout::read(dir).map_err(|e| RuntimeError::Plan(format!("{}: {e}", dir.display())))?;
+    let layout = Layout::from_manifest(dir, m)
+        .map_err(|e| RuntimeError::Plan(format!("{}: {e}", dir.display())))?;
     let p = layout
         .plan(ctx, budget as usize)
         .map_err(|e| RuntimeError::Plan(format!("--vram-budget: {e}")))?;

@@ -319,14 +319,22 @@ impl Plan {
                 let io = crate::ioplan::plan_io(dir, &m, io_req, opts.mem_budget, probe)?;
                 (io, None)
             }
-            Some(mut offer) => {
+            Some(offer) => {
                 if opts.mem_budget.is_some() {
                     return plan_err(
                         "--mem-budget bounds host memory for the CPU backend; with --backend cuda use --vram-budget".into(),
                     );
                 }
-                offer.direct = matches!(probe(), gds_io::DirectSupport::Direct);
-                let g = crate::gpuplan::plan_gpu(dir, ctx, io_req, opts.vram_budget, &offer)?;
+                let direct = matches!(probe(), gds_io::DirectSupport::Direct);
+                let g = crate::gpuplan::plan_gpu(
+                    dir,
+                    &m,
+                    ctx,
+                    io_req,
+                    opts.vram_budget,
+                    &offer,
+                    direct,
+                )?;
                 // The host keeps no weights: the I/O plan records the file sizes only.
                 let io = crate::ioplan::plan_io(dir, &m, "mmap", None, probe)?;
                 (io, Some(g))
@@ -340,7 +348,7 @@ impl Plan {
             backend_reason: backend.reason,
             threads,
             io: match &gpu {
-                Some(g) => g.load.clone(),
+                Some(g) => g.load.name().to_string(),
                 None => io_plan.mode.clone(),
             },
             io_plan,

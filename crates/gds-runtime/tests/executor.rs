@@ -6,7 +6,7 @@
 //!   is made from the manifest alone, so it is checked here on the real SmolLM2 layout.
 
 use gds_runtime::exec::{eval_last, CpuExecutor, Executor};
-use gds_runtime::gpuplan::{plan_gpu, GpuOffer, GpuPlan};
+use gds_runtime::gpuplan::{plan_gpu, GpuLoad, GpuOffer, GpuPlan};
 use gds_runtime::{Model, Plan, PlanOptions};
 use std::path::Path;
 
@@ -65,8 +65,9 @@ fn the_cpu_executor_splits_passes_and_reports_exactly_the_wanted_positions() {
     assert_eq!(a.backend(), "cpu");
 }
 
-fn offer(gds: bool, direct: bool) -> GpuOffer {
-    GpuOffer {
+/// A device offer, and whether the layer files' filesystem supports O_DIRECT.
+fn offer(gds: bool, direct: bool) -> (GpuOffer, bool) {
+    let o = GpuOffer {
         device: "Test GPU".into(),
         vram_bytes: 8 << 30,
         gds: if gds {
@@ -74,19 +75,21 @@ fn offer(gds: bool, direct: bool) -> GpuOffer {
         } else {
             Err("libcufile not found".into())
         },
-        direct,
-    }
+    };
+    (o, direct)
 }
 
-fn gpu(io: &str, budget: Option<u64>, o: &GpuOffer) -> Result<GpuPlan, String> {
-    plan_gpu(smollm2(), 512, io, budget, o).map_err(|e| e.to_string())
+fn gpu(io: &str, budget: Option<u64>, (o, direct): &(GpuOffer, bool)) -> Result<GpuPlan, String> {
+    let bytes = gds_io::read_manifest(smollm2()).unwrap();
+    let m = gds_format::Manifest::parse(&bytes).unwrap();
+    plan_gpu(smollm2(), &m, 512, io, budget, o, *direct).map_err(|e| e.to_string())
 }
 
 #[test]
 fn the_vram_plan_keeps_everything_resident_when_it_fits_and_streams_the_tail_when_not() {
     let o = offer(true, true);
     let all = gpu("auto", None, &o).unwrap();
-    assert_eq!(all.load, "gds");
+    assert_eq!(all.load, GpuLoad::Gds);
     assert_eq!(all.vram_budget_bytes, (8u64 << 30) * 9 / 10);
     assert!(all.streamed_layers.is_empty());
     assert_eq!(all.slot_bytes, 0);
@@ -134,16 +137,25 @@ fn the_vram_plan_keeps_everything_resident_when_it_fits_and_streams_the_tail_whe
 #[test]
 fn the_load_path_follows_io_and_what_the_machine_offers() {
     let (gds, bounce, buffered) = (offer(true, true), offer(false, true), offer(false, false));
-    assert_eq!(gpu("auto", None, &bounce).unwrap().load, "bounce-direct");
+    assert_eq!(
+        gpu("auto", None, &bounce).unwrap().load,
+        GpuLoad::BounceDirect
+    );
     let b = gpu("auto", None, &buffered).unwrap();
-    assert_eq!(b.load, "bounce-buffered");
+    assert_eq!(b.load, GpuLoad::BounceBuffered);
     assert!(
         b.load_reason.contains("libcufile not found"),
         "{}",
         b.load_reason
     );
-    assert_eq!(gpu("direct", None, &gds).unwrap().load, "bounce-direct");
-    assert_eq!(gpu("mmap", None, &gds).unwrap().load, "bounce-buffered");
+    assert_eq!(
+        gpu("direct", None, &gds).unwrap().load,
+        GpuLoad::BounceDirect
+    );
+    assert_eq!(
+        gpu("mmap", None, &gds).unwrap().load,
+        GpuLoad::BounceBuffered
+    );
     let e = gpu("gds", None, &bounce).unwrap_err();
     assert!(
         e.contains("--io gds") && e.contains("libcufile not found"),

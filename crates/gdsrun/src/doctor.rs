@@ -149,15 +149,14 @@ fn model_report(a: &DoctorArgs, dir: &std::path::Path) -> Value {
                         device: format!("a {} MiB device (no usable GPU here)", v >> 20),
                         vram_bytes: v,
                         gds: Err("not probed in a preview".into()),
-                        direct: direct_ok,
                     };
-                    match plan_gpu(
-                        dir,
-                        p.ctx,
-                        a.io.as_deref().unwrap_or("auto"),
-                        Some(v),
-                        &offer,
-                    ) {
+                    let preview = || {
+                        let bytes = gds_io::read_manifest(dir)?;
+                        let m = gds_runtime::plan::parse_manifest(dir, &bytes)?;
+                        let io = a.io.as_deref().unwrap_or("auto");
+                        plan_gpu(dir, &m, p.ctx, io, Some(v), &offer, direct_ok)
+                    };
+                    match preview() {
                         Ok(g) => gpu_json(&g, true),
                         Err(e) => json!({"error": e.to_string()}),
                     }
