@@ -30,7 +30,7 @@
 
 use crate::forward::Device;
 use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS};
-use crate::plan::Layout;
+use crate::plan::{LayerMeta, Layout};
 use crate::stream::{BufKind, StreamOptions, Streamer, Vram};
 use crate::{nvrtc, probe, GpuError, GpuPath};
 use cudarc::cublas::sys::cublasOperation_t;
@@ -40,6 +40,7 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
     PinnedHostSlice, PushKernelArg,
 };
+use gds_format::Manifest;
 use gds_io::{DirectBackend, DirectOptions, LayerSource, Span};
 use std::collections::HashMap;
 use std::fs::File;
@@ -332,6 +333,14 @@ impl Device for Gpu {
     }
 }
 
+/// A gds-io error reading `path`.
+fn io_err(path: &Path, e: gds_io::IoError) -> GpuError {
+    GpuError::Io {
+        path: path.display().to_string(),
+        source: std::io::Error::other(e.to_string()),
+    }
+}
+
 fn open_layer_file(path: &Path, direct: bool) -> Result<File, GpuError> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut o = std::fs::OpenOptions::new();
@@ -346,21 +355,23 @@ fn open_layer_file(path: &Path, direct: bool) -> Result<File, GpuError> {
 }
 
 impl Loader {
-    /// Opens the layer files for `load` (paths and sizes in manifest order).
+    /// Opens the layer files of the model in `dir` (manifest `manifest`, layers `layers`
+    /// in manifest order) for `load`.
     fn open(
         gpu: &Gpu,
         dir: &Path,
-        layers: &[(PathBuf, usize)],
+        manifest: &Manifest<'_>,
+        layers: &[LayerMeta],
         load: LoadPath,
     ) -> Result<Loader, GpuError> {
-        let max_layer = layers.iter().map(|l| l.1).max().unwrap_or(0);
+        let max_layer = layers.iter().map(|l| l.size).max().unwrap_or(0);
         match load {
             LoadPath::Gds => {
                 let driver = Cufile::new().map_err(cuda("cuFileDriverOpen"))?;
                 let files = layers
                     .iter()
-                    .map(|(path, _)| {
-                        let f = open_layer_file(path, true)?;
+                    .map(|l| {
+                        let f = open_layer_file(&l.path, true)?;
                         driver.register(f).map_err(cuda("cuFileHandleRegister"))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
@@ -376,18 +387,11 @@ impl Loader {
                 })
             }
             LoadPath::Bounce { direct } => {
-                let io_err = |e: gds_io::IoError| GpuError::Io {
-                    path: dir.display().to_string(),
-                    source: std::io::Error::other(e.to_string()),
-                };
-                let bytes = gds_io::read_manifest(dir).map_err(io_err)?;
-                let manifest = gds_format::Manifest::parse(&bytes)
-                    .map_err(|e| model_err(format!("{}: {e}", dir.display())))?;
                 // Nothing resident on the host: every layer passes through two buffers of
                 // the largest layer (plus alignment slack), one being read ahead.
                 let source = DirectBackend::open(
                     dir,
-                    &manifest,
+                    manifest,
                     &DirectOptions {
                         resident: vec![false; layers.len()],
                         slots: 2,
@@ -395,7 +399,7 @@ impl Loader {
                         force_buffered: !direct,
                     },
                 )
-                .map_err(io_err)?;
+                .map_err(|e| io_err(dir, e))?;
                 let mut pinned = Vec::new();
                 for _ in 0..2 {
                     // SAFETY: the buffers are read only by copies issued after they are
@@ -475,10 +479,7 @@ impl Loader {
                 Ok(Some(gpu.copy.record_event(None).map_err(cuda("event"))?))
             }
             Loader::Bounce { source, pinned } => {
-                let bytes = source.acquire(i).map_err(|e| GpuError::Io {
-                    path: path.display().to_string(),
-                    source: std::io::Error::other(e.to_string()),
-                })?;
+                let bytes = source.acquire(i).map_err(|e| io_err(path, e))?;
                 if bytes.len() != size {
                     return Err(short(bytes.len() as isize));
                 }
@@ -543,15 +544,15 @@ pub struct CudaVram {
     computed: [Option<CudaEvent>; 2],
 }
 
-impl CudaVram {
-    fn buf(&mut self, dst: u64) -> Result<&mut CudaSlice<u8>, GpuError> {
-        self.bufs
-            .iter_mut()
-            .find(|(a, _)| *a == dst)
-            .map(|(_, b)| b)
-            .ok_or_else(|| model_err(format!("no device buffer at {dst:#x}")))
-    }
+/// The buffer of `bufs` that starts at device address `dst`.
+fn find_buf(bufs: &mut [(u64, CudaSlice<u8>)], dst: u64) -> Result<&mut CudaSlice<u8>, GpuError> {
+    bufs.iter_mut()
+        .find(|(a, _)| *a == dst)
+        .map(|(_, b)| b)
+        .ok_or_else(|| model_err(format!("no device buffer at {dst:#x}")))
+}
 
+impl CudaVram {
     /// The path layers take into VRAM.
     pub fn path(&self) -> GpuPath {
         match self.loader {
@@ -588,7 +589,7 @@ impl Vram for CudaVram {
 
     fn upload(&mut self, dst: u64, src: &[f32]) -> Result<(), GpuError> {
         let stream = self.gpu.compute.clone();
-        let buf = self.buf(dst)?;
+        let buf = find_buf(&mut self.bufs, dst)?;
         if buf.len() < src.len() * 4 {
             return Err(model_err("upload larger than its buffer"));
         }
@@ -615,17 +616,11 @@ impl Vram for CudaVram {
         let path = self
             .paths
             .get(layer)
-            .cloned()
             .ok_or_else(|| model_err(format!("no layer {layer}")))?;
-        let buf = self
-            .bufs
-            .iter_mut()
-            .find(|(a, _)| *a == dst)
-            .map(|(_, b)| b)
-            .ok_or_else(|| model_err(format!("no device buffer at {dst:#x}")))?;
+        let buf = find_buf(&mut self.bufs, dst)?;
         let ev = self
             .loader
-            .load(&self.gpu, &path, layer, size, buf, slot, sync)?;
+            .load(&self.gpu, path, layer, size, buf, slot, sync)?;
         if !sync {
             self.loaded[slot] = ev;
         }
@@ -695,18 +690,16 @@ impl Streamer<CudaVram> {
     /// Opens `dir` (a GdsLLM model directory) on the GPU: compiles the kernels, plans VRAM
     /// within `opts.vram_budget`, and loads the resident layers.
     pub fn open(dir: &Path, opts: &ExecOptions) -> Result<GpuModel, GpuError> {
-        let layout = Layout::read(dir)?;
+        let bytes = gds_io::read_manifest(dir).map_err(|e| io_err(dir, e))?;
+        let manifest =
+            Manifest::parse(&bytes).map_err(|e| model_err(format!("{}: {e}", dir.display())))?;
+        let layout = Layout::from_manifest(dir, &manifest)?;
         let gpu = Gpu::open(opts.device, opts.load)?;
-        let layers: Vec<(PathBuf, usize)> = layout
-            .layers
-            .iter()
-            .map(|l| (l.path.clone(), l.size))
-            .collect();
-        let loader = Loader::open(&gpu, dir, &layers, opts.load)?;
+        let loader = Loader::open(&gpu, dir, &manifest, &layout.layers, opts.load)?;
         let vram = CudaVram {
             gpu,
             loader,
-            paths: layers.into_iter().map(|l| l.0).collect(),
+            paths: layout.layers.iter().map(|l| l.path.clone()).collect(),
             bufs: Vec::new(),
             loaded: [None, None],
             computed: [None, None],

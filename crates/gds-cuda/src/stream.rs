@@ -92,7 +92,6 @@ pub struct LoadStats {
 pub struct Streamer<V: Vram> {
     vram: V,
     layout: Layout,
-    sizes: Vec<usize>,
     kv: Vec<(u64, u64)>,
     rope: (u64, u64),
     scratch: Scratch,
@@ -157,7 +156,6 @@ impl<V: Vram> Streamer<V> {
         let (q_dim, kv_dim) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
         let max_tokens = MAX_BATCH.min(ctx).max(1);
         let widest = s.n_embd.max(s.n_ff).max(q_dim);
-        let sizes: Vec<usize> = layout.layers.iter().map(|l| l.size).collect();
 
         let mut slot_addr = Vec::new();
         if plan.slot_bytes > 0 {
@@ -197,27 +195,26 @@ impl<V: Vram> Streamer<V> {
         );
         vram.upload(rope.0, &cos)?;
         vram.upload(rope.1, &sin)?;
-        let mut base = vec![0u64; sizes.len()];
-        for (i, &size) in sizes.iter().enumerate() {
+        let mut base = vec![0u64; layout.layers.len()];
+        for (i, l) in layout.layers.iter().enumerate() {
             if plan.resident[i] {
-                base[i] = vram.alloc(size, BufKind::Layer)?;
+                base[i] = vram.alloc(l.size, BufKind::Layer)?;
             }
         }
         vram.ready()?;
         let mut stats = LoadStats::default();
-        for (i, &size) in sizes.iter().enumerate() {
+        for (i, l) in layout.layers.iter().enumerate() {
             if plan.resident[i] {
                 let t0 = Instant::now();
-                vram.load(i, size, base[i], 0, true)?;
+                vram.load(i, l.size, base[i], 0, true)?;
                 stats.seconds += t0.elapsed().as_secs_f64();
-                stats.bytes += size as u64;
+                stats.bytes += l.size as u64;
             }
         }
         let steps = schedule(&layout.blocks, &plan.resident);
         let next_load = next_loads(&steps);
         Ok(Streamer {
             vram,
-            sizes,
             kv,
             rope,
             scratch,
@@ -329,14 +326,15 @@ impl<V: Vram> Streamer<V> {
     /// then starts reading `next` (the layer the following load will want) ahead.
     fn load_slot(&mut self, li: usize, slot: usize, next: Option<usize>) -> Result<(), GpuError> {
         self.vram.wait_computed(slot)?;
+        let size = self.layout.layers[li].size;
         let t0 = Instant::now();
         self.vram
-            .load(li, self.sizes[li], self.slot_addr[slot], slot, false)?;
+            .load(li, size, self.slot_addr[slot], slot, false)?;
         if let Some(n) = next {
-            self.vram.prefetch(n, self.sizes[n]);
+            self.vram.prefetch(n, self.layout.layers[n].size);
         }
         self.stats.seconds += t0.elapsed().as_secs_f64();
-        self.stats.bytes += self.sizes[li] as u64;
+        self.stats.bytes += size as u64;
         Ok(())
     }
 }
