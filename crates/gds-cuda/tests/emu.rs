@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::sym;
+use common::{sym, AttnFn};
 use gds_format::DType;
 
 type MatvecFn = unsafe extern "C" fn(*const u8, *const f32, *mut f32, i32, i32, i32);
@@ -247,20 +247,6 @@ fn attention_is_causal_softmax_over_the_cache_with_grouped_kv_heads() {
     let mut att = vec![0f32; ntok * n_heads * n_ctx];
     let mut out = vec![f32::NAN; ntok * n_heads * hd];
     let scale = 1.0 / (hd as f32).sqrt();
-    type AttnFn = unsafe extern "C" fn(
-        *const f32,
-        *const f32,
-        *const f32,
-        *mut f32,
-        *mut f32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        f32,
-    );
     let f = sym::<AttnFn>("run_attention");
     // SAFETY: buffer sizes as allocated above for these dimensions.
     unsafe {

@@ -13,6 +13,7 @@ mod common;
 use common::{p, Emu};
 use gds_cuda::forward::{Pass, Scratch, GEMM_MIN_TOKENS};
 use gds_cuda::plan::{LayerMeta, Layout, Shape, TensorMeta};
+use gds_cuda::stream::rope_tables;
 use gds_format::DType;
 use std::collections::HashMap;
 
@@ -20,19 +21,6 @@ use std::collections::HashMap;
 fn buf(store: &mut Vec<Vec<f32>>, n: usize) -> u64 {
     store.push(vec![0f32; n.max(1)]);
     store.last().unwrap().as_ptr() as u64
-}
-
-fn rope_tables(head_dim: usize, ctx: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
-    let half = head_dim / 2;
-    let (mut c, mut s) = (Vec::new(), Vec::new());
-    for pos in 0..ctx {
-        for i in 0..half {
-            let a = pos as f64 * theta.powf(-((2 * i) as f64) / head_dim as f64);
-            c.push(a.cos() as f32);
-            s.push(a.sin() as f32);
-        }
-    }
-    (c, s)
 }
 
 /// Logits at every position of `tokens`, from an f64 llama forward pass over weights

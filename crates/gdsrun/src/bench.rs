@@ -25,8 +25,8 @@ struct BenchResult {
     stddev_ts: f64,
     samples_ns: Vec<u64>,
     samples_ts: Vec<f64>,
-    /// GdsLLM additions: the compute backend, the I/O mode, the weight bytes held in memory, and what the timed
-    /// repetitions read from disk.
+    /// GdsLLM additions: the compute backend, the I/O mode, the weight bytes held in memory,
+    /// and what the timed repetitions read from disk.
     backend: String,
     io: String,
     weights_held_bytes: u64,

@@ -54,6 +54,23 @@ pub fn lib() -> &'static Library {
     })
 }
 
+/// `run_attention` of tests/emu/launch.cpp: q, k, v, att (scratch), out, n_heads,
+/// n_kv_heads, head_dim, pos0, ntok, n_ctx, scale.
+pub type AttnFn = unsafe extern "C" fn(
+    *const f32,
+    *const f32,
+    *const f32,
+    *mut f32,
+    *mut f32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    f32,
+);
+
 pub fn sym<T>(name: &str) -> Symbol<'static, T> {
     // SAFETY: every caller names a function of launch.cpp with the matching signature.
     unsafe { lib().get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -143,21 +160,7 @@ impl Device for Emu {
         n_ctx: i32,
         scale: f32,
     ) -> Result<(), GpuError> {
-        type F = unsafe extern "C" fn(
-            *const f32,
-            *const f32,
-            *const f32,
-            *mut f32,
-            *mut f32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            f32,
-        );
-        let f = sym::<F>("run_attention");
+        let f = sym::<AttnFn>("run_attention");
         // SAFETY: as above.
         unsafe {
             f(
