@@ -6,7 +6,7 @@ use crate::error::{io, ConvertError};
 use crate::names::{group_of, Group};
 use crate::source::{MetaValue, Source, SourceTensor, Transform};
 use gds_format::{
-    layer_kind, layout, DType, LayerRecord, ManifestBuilder, TensorSpec, MANIFEST_FILE,
+    file_role, layer_kind, layout, DType, LayerRecord, ManifestBuilder, TensorSpec, MANIFEST_FILE,
 };
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -503,15 +503,37 @@ pub fn convert(
         });
     }
 
+    // Every other file of the directory is hashed in the manifest too (format 1.1).
+    let aux = [
+        (
+            "tokenizer.json",
+            file_role::TOKENIZER,
+            Some(tokenizer_json.as_str()),
+        ),
+        (
+            "tokenizer_config.json",
+            file_role::TOKENIZER_CONFIG,
+            source.tokenizer.tokenizer_config_json.as_deref(),
+        ),
+        (
+            "generation_config.json",
+            file_role::GENERATION_CONFIG,
+            source.tokenizer.generation_config_json.as_deref(),
+        ),
+    ];
+    for (name, role, text) in aux {
+        if let Some(text) = text {
+            write_file(&tmp.path.join(name), text.as_bytes())?;
+            builder.add_file(
+                name,
+                role,
+                text.len() as u64,
+                *blake3::hash(text.as_bytes()).as_bytes(),
+            );
+        }
+    }
     let manifest = builder.finish();
     write_file(&tmp.path.join(MANIFEST_FILE), &manifest)?;
-    write_file(&tmp.path.join("tokenizer.json"), tokenizer_json.as_bytes())?;
-    if let Some(c) = &source.tokenizer.tokenizer_config_json {
-        write_file(&tmp.path.join("tokenizer_config.json"), c.as_bytes())?;
-    }
-    if let Some(c) = &source.tokenizer.generation_config_json {
-        write_file(&tmp.path.join("generation_config.json"), c.as_bytes())?;
-    }
     progress.finish();
 
     // Check what we wrote before anyone can see it.

@@ -1,49 +1,7 @@
 //! Architecture name maps (from `formats/*.json`) and the grouping of tensors into layers.
 
-use serde::Deserialize;
-use std::collections::BTreeMap;
-use std::sync::OnceLock;
 
-/// The machine-readable description of an architecture family (`formats/llama.json`).
-#[derive(Debug, Deserialize)]
-pub struct FamilySpec {
-    /// Canonical family name.
-    pub family: String,
-    /// GGUF `general.architecture` values of this family.
-    pub gguf_architectures: Vec<String>,
-    /// HF `architectures[0]` values of this family.
-    pub hf_architectures: Vec<String>,
-    /// HF `model_type` values of this family.
-    pub hf_model_types: Vec<String>,
-    /// HF tensor name → canonical name, `{N}` standing for the block number.
-    pub tensors: BTreeMap<String, String>,
-    /// Input tensors dropped on conversion.
-    pub ignored_tensors: Vec<String>,
-    /// Canonical tensors whose rows are permuted from HF's RoPE layout.
-    pub rope_permuted: Vec<String>,
-    /// Tensors a converted model must have.
-    pub required_tensors: RequiredTensors,
-    /// Metadata keys a converted model must have, with their types.
-    pub required_metadata: BTreeMap<String, String>,
-}
-
-/// Required tensors, global and per block.
-#[derive(Debug, Deserialize)]
-pub struct RequiredTensors {
-    /// Outside the blocks.
-    pub global: Vec<String>,
-    /// In every block, `{N}` standing for the block number.
-    pub block: Vec<String>,
-}
-
-/// The llama family spec, parsed once from the file embedded at build time.
-pub fn llama() -> &'static FamilySpec {
-    static SPEC: OnceLock<FamilySpec> = OnceLock::new();
-    SPEC.get_or_init(|| {
-        serde_json::from_str(include_str!("../../../formats/llama.json"))
-            .expect("formats/llama.json is valid (checked by a unit test)")
-    })
-}
+pub use gds_format::arch::{llama, FamilySpec, RequiredTensors};
 
 /// The canonical family of a GGUF or HF architecture name, if `gdsrun` can run it.
 pub fn canonical_family(arch: &str) -> Option<&'static str> {

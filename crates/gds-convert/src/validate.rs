@@ -1,10 +1,13 @@
 //! `gdsconv validate`: every rule SPEC.md says a reader MUST check, over a model directory.
-//! Structural rules come from `gds_format::validate`; this adds the file system, content
-//! hashes, the architecture's required tensors and metadata, and the tokenizer.
+//! Structural rules come from `gds_format::validate`, the architecture's rules from
+//! `gds_format::arch` (the same checks `gdsrun` runs at every open, so the two agree on what
+//! is a usable model); this adds the file system (files present, of the recorded length, no
+//! links, content hashes) and what `gdsrun` will load: the tokenizer and the chat template.
 
-use crate::names::llama;
+use gds_format::arch::check_model;
 use gds_format::validate::{validate_layer_file, validate_manifest};
-use gds_format::{layer_kind, raw::MAX_MANIFEST_BYTES, Manifest, Value, MANIFEST_FILE};
+use gds_format::{file_role, Manifest, MANIFEST_FILE};
+use gds_io::IoError;
 use serde::Serialize;
 use std::path::Path;
 use std::str::FromStr;
@@ -15,35 +18,36 @@ pub enum Depth {
     /// Everything except content hashes and loading the tokenizer (the converter's
     /// self-check, which has already loaded the tokenizer it writes).
     Structure,
-    /// Everything except content hashes.
+    /// Everything except the content hashes of the layer files.
     Quick,
-    /// Everything, hashing every data file.
+    /// Everything, hashing every file.
     Full,
 }
+
+/// Largest `tokenizer.json` / `tokenizer_config.json` read (bounded before reading).
+pub const MAX_AUX_BYTES: u64 = 256 << 20;
 
 /// The outcome: `valid` is true exactly when `errors` is empty.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
     /// True when no error was found.
     pub valid: bool,
+    /// True when the model is valid and of an architecture `gdsrun` runs: exactly the
+    /// models `gdsrun` opens.
+    pub runnable: bool,
+    /// Format version of the manifest (`1.1`).
+    pub version: String,
+    /// `general.architecture`.
+    pub architecture: String,
     /// Rules broken.
     pub errors: Vec<String>,
     /// Things worth knowing that do not make the directory invalid.
     pub warnings: Vec<String>,
 }
 
-/// Reads the manifest of `dir` with the size cap applied before reading.
+/// Reads the manifest of `dir` (no link followed, the size cap applied before reading).
 pub fn read_manifest(dir: &Path) -> Result<Vec<u8>, String> {
-    let path = dir.join(MANIFEST_FILE);
-    let meta = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if meta.len() > MAX_MANIFEST_BYTES {
-        return Err(format!(
-            "{}: {} bytes exceeds the 64 MiB manifest limit",
-            path.display(),
-            meta.len()
-        ));
-    }
-    std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+    gds_io::read_manifest(dir).map_err(|e| e.to_string())
 }
 
 /// Validates the directory `dir`.
@@ -63,40 +67,59 @@ pub fn validate_dir(dir: &Path, depth: Depth) -> Report {
     let Some(m) = m else {
         return r;
     };
+    let (major, minor) = m.version();
+    r.version = format!("{major}.{minor}");
+    let mut known = false;
     if r.errors.is_empty() {
+        let check = check_model(&m);
+        r.architecture = check.arch.clone();
+        known = check.known;
+        r.errors
+            .extend(check.errors.iter().map(|e| format!("{}: {e}", mpath.display())));
+        if !check.known && !check.arch.is_empty() {
+            r.warnings.push(format!(
+                "architecture {:?} is not one gdsrun can run; its required tensors and hyperparameters are not checked",
+                check.arch
+            ));
+        }
         check_layer_files(dir, &m, depth, &mut r);
-        check_architecture(&m, &mut r);
+        check_model_files(dir, &m, depth, &mut r);
     }
-    if depth != Depth::Structure {
+    if !m.has_file_table() {
+        r.warnings.push(format!(
+            "{}: format {major}.{minor} hashes only the layer files; tokenizer.json and tokenizer_config.json are not covered (convert again to get a 1.1 manifest)",
+            mpath.display()
+        ));
+    }
+    if depth != Depth::Structure && r.errors.is_empty() {
         check_tokenizer(dir, &m, &mut r);
     }
     r.valid = r.errors.is_empty();
+    r.runnable = r.valid && known;
     r
 }
 
 fn check_layer_files(dir: &Path, m: &Manifest<'_>, depth: Depth, r: &mut Report) {
     for l in m.layers() {
         let path = dir.join(l.file);
-        let file = match std::fs::File::open(&path) {
+        let file = match gds_io::open_in_dir(dir, l.file, 0) {
             Ok(f) => f,
             Err(e) => {
-                r.errors.push(format!("{}: {e}", path.display()));
+                r.errors.push(e.to_string());
                 continue;
             }
         };
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        if depth != Depth::Full || len != l.file_size {
-            if len != l.file_size {
-                r.errors.push(format!(
-                    "{}: {} bytes, the manifest says {}",
-                    path.display(),
-                    len,
-                    l.file_size
-                ));
-            }
+        if len != l.file_size {
+            r.errors.push(format!(
+                "{}: {} bytes, the manifest says {}",
+                path.display(),
+                len,
+                l.file_size
+            ));
             continue;
         }
-        if len == 0 {
+        if depth != Depth::Full || len == 0 {
             continue;
         }
         // SAFETY: read-only mapping of a file we only read; it is dropped before returning.
@@ -111,113 +134,67 @@ fn check_layer_files(dir: &Path, m: &Manifest<'_>, depth: Depth, r: &mut Report)
     }
 }
 
-fn check_architecture(m: &Manifest<'_>, r: &mut Report) {
-    let arch = match m.get_str("general.architecture") {
-        Ok(a) => a,
-        Err(e) => {
-            r.errors.push(e.to_string());
-            return;
-        }
-    };
-    if arch != "llama" {
-        r.warnings.push(format!(
-            "architecture {arch:?} is not one gdsrun can run; its required tensors are not checked"
-        ));
-        return;
-    }
-    let spec = llama();
-    for (key, ty) in &spec.required_metadata {
-        let ok = match (ty.as_str(), m.get(key)) {
-            ("u64", Some(Value::U64(_)))
-            | ("f64", Some(Value::F64(_)))
-            | ("bool", Some(Value::Bool(_)))
-            | ("string", Some(Value::Str(_))) => true,
-            (_, None) => {
-                r.errors.push(format!(
-                    "metadata key {key:?} required by architecture llama is missing"
-                ));
-                continue;
+/// The file table (1.1): each listed file present, a regular file inside the directory, of
+/// the recorded length and, when hashing, of the recorded hash.
+fn check_model_files(dir: &Path, m: &Manifest<'_>, depth: Depth, r: &mut Report) {
+    for f in m.files() {
+        let path = dir.join(f.path);
+        if depth == Depth::Full {
+            // Reads and hashes the file (bounded by its recorded size).
+            match gds_io::read_model_file(dir, m, f.path, u64::MAX) {
+                Ok(_) => {}
+                Err(e) => r.errors.push(e.to_string()),
             }
-            _ => false,
-        };
-        if !ok {
-            r.errors
-                .push(format!("metadata key {key:?} must be of type {ty}"));
+            continue;
         }
-    }
-    let Ok(n_layers) = m.get_u64("model.n_layers") else {
-        return;
-    };
-    let mut required: Vec<String> = spec.required_tensors.global.clone();
-    if m.get_bool("model.tie_embeddings") == Ok(false) {
-        required.push("output.weight".into());
-    }
-    for n in 0..n_layers {
-        required.extend(
-            spec.required_tensors
-                .block
-                .iter()
-                .map(|p| p.replace("{N}", &n.to_string())),
-        );
-    }
-    let present: std::collections::HashMap<&str, gds_format::TensorInfo<'_>> =
-        m.tensors().map(|t| (t.name, t)).collect();
-    for name in &required {
-        if !present.contains_key(name.as_str()) {
-            r.errors.push(format!(
-                "tensor {name:?} required by architecture llama is missing"
-            ));
-        }
-    }
-    let blocks = m.layers().filter(|l| l.kind == layer_kind::BLOCK).count() as u64;
-    if blocks != n_layers {
-        r.errors.push(format!(
-            "model.n_layers is {n_layers} but the layer table has {blocks} blocks"
-        ));
-    }
-    // Shapes the runtime relies on.
-    let g = |k: &str| m.get_u64(k).unwrap_or(0);
-    let (embd, heads, kv, hd, ff, vocab) = (
-        g("model.n_embd"),
-        g("model.n_heads"),
-        g("model.n_kv_heads"),
-        g("model.head_dim"),
-        g("model.n_ff"),
-        g("model.vocab_size"),
-    );
-    let mut expect = vec![
-        ("token_embd.weight".to_string(), vec![vocab, embd]),
-        ("output_norm.weight".to_string(), vec![embd]),
-    ];
-    for n in 0..n_layers {
-        let b = |s: &str| format!("blk.{n}.{s}");
-        expect.push((b("attn_q.weight"), vec![heads * hd, embd]));
-        expect.push((b("attn_k.weight"), vec![kv * hd, embd]));
-        expect.push((b("attn_v.weight"), vec![kv * hd, embd]));
-        expect.push((b("attn_output.weight"), vec![embd, heads * hd]));
-        expect.push((b("ffn_gate.weight"), vec![ff, embd]));
-        expect.push((b("ffn_up.weight"), vec![ff, embd]));
-        expect.push((b("ffn_down.weight"), vec![embd, ff]));
-        expect.push((b("attn_norm.weight"), vec![embd]));
-        expect.push((b("ffn_norm.weight"), vec![embd]));
-    }
-    for (name, shape) in expect {
-        if let Some(t) = present.get(name.as_str()) {
-            if t.dims() != shape.as_slice() {
-                r.errors.push(format!(
-                    "tensor {name:?} has shape {:?}, the hyperparameters require {shape:?}",
-                    t.dims()
-                ));
+        match gds_io::open_in_dir(dir, f.path, 0) {
+            Err(e) => r.errors.push(e.to_string()),
+            Ok(file) => {
+                let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+                if len != f.size {
+                    r.errors.push(format!(
+                        "{}: {len} bytes, the manifest says {}",
+                        path.display(),
+                        f.size
+                    ));
+                }
             }
         }
     }
 }
 
+fn read_aux(dir: &Path, m: &Manifest<'_>, name: &str, r: &mut Report) -> Option<Vec<u8>> {
+    match gds_io::read_model_file(dir, m, name, MAX_AUX_BYTES) {
+        Ok(f) => f.map(|f| f.bytes),
+        Err(e @ IoError::Integrity { .. }) => {
+            r.errors.push(e.to_string());
+            None
+        }
+        Err(e) => {
+            r.errors.push(e.to_string());
+            None
+        }
+    }
+}
+
+/// What `gdsrun` loads besides the weights: `tokenizer.json` (REQUIRED, must load with the
+/// tokenizers library and fit the vocabulary) and `tokenizer_config.json` (optional; when
+/// present, a UTF-8 JSON object whose chat template compiles).
 fn check_tokenizer(dir: &Path, m: &Manifest<'_>, r: &mut Report) {
     let path = dir.join("tokenizer.json");
-    match std::fs::read_to_string(&path) {
-        Err(e) => r.errors.push(format!("{}: {e}", path.display())),
-        Ok(s) => match tokenizers::Tokenizer::from_str(&s) {
+    match read_aux(dir, m, "tokenizer.json", r) {
+        None => {
+            if !r.errors.iter().any(|e| e.contains("tokenizer.json")) {
+                r.errors.push(format!(
+                    "{}: missing (a model directory REQUIRES a tokenizer)",
+                    path.display()
+                ));
+            }
+        }
+        Some(bytes) => match std::str::from_utf8(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|s| tokenizers::Tokenizer::from_str(s).map_err(|e| e.to_string()))
+        {
             Err(e) => r.errors.push(format!(
                 "{}: does not load with the tokenizers library: {e}",
                 path.display()
@@ -236,9 +213,75 @@ fn check_tokenizer(dir: &Path, m: &Manifest<'_>, r: &mut Report) {
         },
     }
     let cfg = dir.join("tokenizer_config.json");
-    if let Ok(s) = std::fs::read_to_string(&cfg) {
-        if serde_json::from_str::<serde_json::Value>(&s).is_err() {
-            r.errors.push(format!("{}: not valid JSON", cfg.display()));
+    let Some(bytes) = read_aux(dir, m, "tokenizer_config.json", r) else {
+        return;
+    };
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            r.errors
+                .push(format!("{}: not valid UTF-8 ({e})", cfg.display()));
+            return;
         }
+    };
+    let v: serde_json::Value = match serde_json::from_str(text) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        Ok(_) => {
+            r.errors
+                .push(format!("{}: not a JSON object", cfg.display()));
+            return;
+        }
+        Err(e) => {
+            r.errors
+                .push(format!("{}: not valid JSON: {e}", cfg.display()));
+            return;
+        }
+    };
+    for (name, src) in chat_templates(&v) {
+        if let Err(e) = compile_template(&src) {
+            r.errors.push(format!(
+                "{}: chat template {name:?} does not compile: {e}",
+                cfg.display()
+            ));
+        }
+    }
+}
+
+/// The chat templates of a `tokenizer_config.json`: a string, or a list of
+/// `{name, template}`.
+fn chat_templates(v: &serde_json::Value) -> Vec<(String, String)> {
+    match v.get("chat_template") {
+        Some(serde_json::Value::String(s)) => vec![("default".into(), s.clone())],
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t.get("name")?.as_str()?.to_string(),
+                    t.get("template")?.as_str()?.to_string(),
+                ))
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Compiles a chat template with the syntax settings `gdsrun` renders it with (Hugging
+/// Face's: `trim_blocks`, `lstrip_blocks`).
+fn compile_template(src: &str) -> Result<(), String> {
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.add_template_owned("chat", src.to_string())
+        .map_err(|e| format!("{e:#}"))
+}
+
+/// Role name for messages.
+pub fn role_name(role: u32) -> &'static str {
+    match role {
+        file_role::TOKENIZER => "tokenizer",
+        file_role::TOKENIZER_CONFIG => "tokenizer config",
+        file_role::GENERATION_CONFIG => "generation config",
+        file_role::DOC => "documentation",
+        _ => "other",
     }
 }

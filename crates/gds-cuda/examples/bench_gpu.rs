@@ -50,6 +50,7 @@ fn run(
         vram_budget: budget as u64,
         ctx,
         rope: None,
+        verify: true,
     };
 
     println!(

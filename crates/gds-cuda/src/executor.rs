@@ -76,6 +76,9 @@ pub struct ExecOptions {
     /// RoPE tables `[ctx][head_dim / 2]` (cos, sin) from the runtime's `RopeTable`; `None`
     /// computes plain `theta^(-2i/d)` tables (no scaling).
     pub rope: Option<(Vec<f32>, Vec<f32>)>,
+    /// Check every layer file's content hash before its bytes reach the device (on the
+    /// host, once per file identity; see `gds_io::verify`). `false` with `--no-verify`.
+    pub verify: bool,
 }
 
 /// The compiled kernels and the streams they run on.
@@ -341,17 +344,10 @@ fn io_err(path: &Path, e: gds_io::IoError) -> GpuError {
     }
 }
 
-fn open_layer_file(path: &Path, direct: bool) -> Result<File, GpuError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut o = std::fs::OpenOptions::new();
-    o.read(true);
-    if direct {
-        o.custom_flags(libc::O_DIRECT);
-    }
-    o.open(path).map_err(|source| GpuError::Io {
-        path: path.display().to_string(),
-        source,
-    })
+/// Opens a layer file inside the model directory (no link followed) with `O_DIRECT`.
+fn open_layer_file(dir: &Path, path: &Path) -> Result<File, GpuError> {
+    let rel = path.strip_prefix(dir).unwrap_or(path).to_string_lossy();
+    gds_io::open_in_dir(dir, &rel, libc::O_DIRECT).map_err(|e| io_err(dir, e))
 }
 
 impl Loader {
@@ -363,15 +359,24 @@ impl Loader {
         manifest: &Manifest<'_>,
         layers: &[LayerMeta],
         load: LoadPath,
+        verify: bool,
     ) -> Result<Loader, GpuError> {
         let max_layer = layers.iter().map(|l| l.size).max().unwrap_or(0);
+        let verifier = Arc::new(gds_io::Verifier::new(if verify {
+            gds_io::VerifyMode::Hash
+        } else {
+            gds_io::VerifyMode::Off
+        }));
         match load {
             LoadPath::Gds => {
+                // cuFile reads go straight to VRAM: check the files on the host first.
+                gds_io::verify::verify_layer_files(dir, manifest, &verifier)
+                    .map_err(|e| io_err(dir, e))?;
                 let driver = Cufile::new().map_err(cuda("cuFileDriverOpen"))?;
                 let files = layers
                     .iter()
                     .map(|l| {
-                        let f = open_layer_file(&l.path, true)?;
+                        let f = open_layer_file(dir, &l.path)?;
                         driver.register(f).map_err(cuda("cuFileHandleRegister"))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
@@ -397,6 +402,7 @@ impl Loader {
                         slots: 2,
                         slot_size: gds_io::align_up(max_layer as u64) as usize + 2 * gds_io::ALIGN,
                         force_buffered: !direct,
+                        verifier: Some(verifier),
                     },
                 )
                 .map_err(|e| io_err(dir, e))?;
@@ -695,7 +701,7 @@ impl Streamer<CudaVram> {
             Manifest::parse(&bytes).map_err(|e| model_err(format!("{}: {e}", dir.display())))?;
         let layout = Layout::from_manifest(dir, &manifest)?;
         let gpu = Gpu::open(opts.device, opts.load)?;
-        let loader = Loader::open(&gpu, dir, &manifest, &layout.layers, opts.load)?;
+        let loader = Loader::open(&gpu, dir, &manifest, &layout.layers, opts.load, opts.verify)?;
         let vram = CudaVram {
             gpu,
             loader,

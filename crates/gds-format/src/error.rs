@@ -17,9 +17,36 @@ pub enum FormatError {
         /// Minor version found.
         minor: u16,
     },
-    /// `header_size` smaller than this version's header.
-    #[error("header_size {0} is smaller than 128")]
-    BadHeaderSize(u32),
+    /// `header_size` smaller than the header this version defines.
+    #[error("header_size {size} is smaller than the {min} bytes of a version 1.{minor} header")]
+    HeaderTooSmall {
+        /// Declared header size.
+        size: u32,
+        /// Smallest header of that minor version.
+        min: u32,
+        /// Minor version of the file.
+        minor: u16,
+    },
+    /// `header_size` runs past the end of the manifest.
+    #[error("header_size {size} runs past the end of the {len}-byte manifest")]
+    HeaderPastEnd {
+        /// Declared header size.
+        size: u32,
+        /// Manifest length.
+        len: u64,
+    },
+    /// A file-table entry (1.1) breaks a rule.
+    #[error("file {path:?}: {why}")]
+    BadFile {
+        /// Path (or index if the path is unreadable).
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The manifest's bytes outside the header and the tables are not all zero, or tables
+    /// overlap.
+    #[error("manifest layout: {0}")]
+    Layout(String),
     /// `manifest_size` differs from the actual length, or exceeds the cap.
     #[error("manifest_size field says {declared} bytes but the file has {actual}")]
     SizeMismatch {

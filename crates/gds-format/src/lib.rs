@@ -5,6 +5,7 @@
 //! views ([`Manifest`]), checks every rule of the spec ([`validate`]), and builds manifests
 //! ([`ManifestBuilder`]). It does no file I/O, so a third party can use it alone.
 
+pub mod arch;
 mod dtype;
 mod error;
 pub mod raw;
@@ -15,5 +16,6 @@ pub mod writer;
 pub use dtype::{DType, ALL_DTYPES};
 pub use error::FormatError;
 pub use raw::{layer_kind, ALIGNMENT, MANIFEST_FILE, MAX_DIMS};
-pub use reader::{LayerInfo, Manifest, TensorInfo, Value};
+pub use raw::file_role;
+pub use reader::{FileInfo, LayerInfo, Manifest, TensorInfo, Value};
 pub use writer::{align_up, layout, LayerLayout, LayerRecord, ManifestBuilder, TensorSpec};

@@ -12,7 +12,9 @@ pub const MAGIC: [u8; 8] = *b"GDSLLM\x00\x01";
 /// The major version this crate reads and writes. A reader rejects any other major.
 pub const VERSION_MAJOR: u16 = 1;
 /// The minor version this crate writes. Readers accept any minor of their major.
-pub const VERSION_MINOR: u16 = 0;
+/// 1.1 added the file table ([`HeaderExt::files`], [`FileEntry`]): every file of the model
+/// directory hashed, not only the layer files.
+pub const VERSION_MINOR: u16 = 1;
 /// File name of the manifest inside a model directory.
 pub const MANIFEST_FILE: &str = "manifest.gdsm";
 /// Alignment of every tensor offset and of every data file length.
@@ -94,6 +96,47 @@ pub struct Header {
     pub tensors: Section,
     /// The string table (raw UTF-8 bytes).
     pub strings: Section,
+}
+
+/// Header fields added in 1.1, right after the 1.0 header (offset 128). 16 bytes.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct HeaderExt {
+    /// The file table ([`FileEntry`]).
+    pub files: Section,
+}
+
+/// Size of the header a 1.1 writer writes: the 1.0 header and [`HeaderExt`].
+pub const HEADER_SIZE_1_1: usize = size_of::<Header>() + size_of::<HeaderExt>();
+
+/// Roles of [`FileEntry::role`].
+pub mod file_role {
+    /// `tokenizer.json`.
+    pub const TOKENIZER: u32 = 1;
+    /// `tokenizer_config.json` (special tokens and the chat template).
+    pub const TOKENIZER_CONFIG: u32 = 2;
+    /// `generation_config.json`.
+    pub const GENERATION_CONFIG: u32 = 3;
+    /// Documentation (README, LICENSE, model card): never read by a runtime.
+    pub const DOC: u32 = 4;
+    /// Any other file the model ships.
+    pub const OTHER: u32 = 5;
+}
+
+/// One file of the model directory that is not a layer data file (1.1). 56 bytes.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct FileEntry {
+    /// Path relative to the model directory, under the same rules as layer files.
+    pub path: StrRef,
+    /// One of [`file_role`].
+    pub role: U32,
+    /// Zero.
+    pub reserved: U32,
+    /// Exact length of the file.
+    pub size: U64,
+    /// BLAKE3 of the whole file.
+    pub content_hash: [u8; 32],
 }
 
 /// Offset of [`Header::checksum`] inside the header.
@@ -187,3 +230,5 @@ const _: () = assert!(size_of::<Header>() == 128);
 const _: () = assert!(size_of::<KvEntry>() == 24);
 const _: () = assert!(size_of::<LayerEntry>() == 72);
 const _: () = assert!(size_of::<TensorEntry>() == 72);
+const _: () = assert!(size_of::<HeaderExt>() == 16);
+const _: () = assert!(size_of::<FileEntry>() == 56);

@@ -88,6 +88,22 @@ pub struct Manifest<'a> {
     kv: Table<'a, KvEntry>,
     layers: Table<'a, LayerEntry>,
     tensors: Table<'a, TensorEntry>,
+    files: Table<'a, FileEntry>,
+}
+
+/// A file-table entry (1.1) with its path resolved.
+#[derive(Clone, Copy, Debug)]
+pub struct FileInfo<'a> {
+    /// Index in the file table.
+    pub index: usize,
+    /// Path relative to the model directory.
+    pub path: &'a str,
+    /// One of [`file_role`].
+    pub role: u32,
+    /// Exact file length.
+    pub size: u64,
+    /// BLAKE3 of the file.
+    pub content_hash: [u8; 32],
 }
 
 /// A tensor entry with its strings resolved.
@@ -201,8 +217,17 @@ impl<'a> Manifest<'a> {
             return Err(FormatError::UnsupportedVersion { major, minor });
         }
         let header_size = header.header_size.get();
-        if (header_size as usize) < size_of::<Header>() {
-            return Err(FormatError::BadHeaderSize(header_size));
+        let min_header = if minor >= 1 {
+            HEADER_SIZE_1_1
+        } else {
+            size_of::<Header>()
+        };
+        if (header_size as usize) < min_header {
+            return Err(FormatError::HeaderTooSmall {
+                size: header_size,
+                min: min_header as u32,
+                minor,
+            });
         }
         let declared = header.manifest_size.get();
         if declared > MAX_MANIFEST_BYTES {
@@ -215,7 +240,10 @@ impl<'a> Manifest<'a> {
             });
         }
         if header_size as usize > bytes.len() {
-            return Err(FormatError::BadHeaderSize(header_size));
+            return Err(FormatError::HeaderPastEnd {
+                size: header_size,
+                len: bytes.len() as u64,
+            });
         }
         let hs = header_size as usize;
         if header.strings.entry_size.get() != 1 {
@@ -225,7 +253,21 @@ impl<'a> Manifest<'a> {
             });
         }
         let strings_t: Table<'a, u8> = section(bytes, &header.strings, "string", 1, hs)?;
+        let files = if minor >= 1 {
+            // header_size >= HEADER_SIZE_1_1 was checked above, and it lies inside `bytes`.
+            let (ext, _) = HeaderExt::ref_from_prefix(&bytes[size_of::<Header>()..])
+                .map_err(|_| FormatError::TooShort(bytes.len()))?;
+            section(bytes, &ext.files, "file", size_of::<FileEntry>(), hs)?
+        } else {
+            Table {
+                bytes: &[],
+                stride: size_of::<FileEntry>(),
+                len: 0,
+                _t: std::marker::PhantomData,
+            }
+        };
         Ok(Manifest {
+            files,
             bytes,
             header,
             strings: strings_t.bytes,
@@ -277,6 +319,53 @@ impl<'a> Manifest<'a> {
     /// The raw tensor table.
     pub fn tensor_table(&self) -> Table<'a, TensorEntry> {
         self.tensors
+    }
+
+    /// The raw file table (empty before 1.1).
+    pub fn file_table(&self) -> Table<'a, FileEntry> {
+        self.files
+    }
+
+    /// True when the manifest has a file table (version 1.1 and later): every file of the
+    /// directory a reader uses is hashed.
+    pub fn has_file_table(&self) -> bool {
+        self.version().1 >= 1
+    }
+
+    /// The string table's bytes.
+    pub fn string_bytes(&self) -> &'a [u8] {
+        self.strings
+    }
+
+    /// Number of entries in the file table.
+    pub fn n_files(&self) -> usize {
+        self.files.len()
+    }
+
+    /// File-table entry `i` with its path resolved.
+    pub fn file(&self, i: usize) -> Result<FileInfo<'a>, FormatError> {
+        let e = self.files.get(i).ok_or(FormatError::BadFile {
+            path: format!("#{i}"),
+            why: "no such file entry".into(),
+        })?;
+        let path = self.string_or(&e.path, || format!("path of file entry #{i}"))?;
+        Ok(FileInfo {
+            index: i,
+            path,
+            role: e.role.get(),
+            size: e.size.get(),
+            content_hash: e.content_hash,
+        })
+    }
+
+    /// All file entries; stops at the first unreadable one (validation reports it).
+    pub fn files(&self) -> impl Iterator<Item = FileInfo<'a>> + '_ {
+        (0..self.files.len()).map_while(move |i| self.file(i).ok())
+    }
+
+    /// The file entry for `path`, if the manifest lists it.
+    pub fn find_file(&self, path: &str) -> Option<FileInfo<'a>> {
+        self.files().find(|f| f.path == path)
     }
 
     /// Resolves a string reference.

@@ -99,6 +99,7 @@ pub struct ManifestBuilder {
     kv: Vec<KvEntry>,
     layers: Vec<LayerEntry>,
     tensors: Vec<TensorEntry>,
+    files: Vec<FileEntry>,
 }
 
 impl ManifestBuilder {
@@ -199,6 +200,21 @@ impl ManifestBuilder {
         self
     }
 
+    /// Records a file of the model directory that is not a layer data file (tokenizer,
+    /// chat template, documentation), with its length and BLAKE3. Files are written to the
+    /// table sorted by path, whatever the order of the calls.
+    pub fn add_file(&mut self, path: &str, role: u32, size: u64, content_hash: [u8; 32]) -> &mut Self {
+        let path = self.intern(path);
+        self.files.push(FileEntry {
+            path,
+            role: role.into(),
+            reserved: 0.into(),
+            size: size.into(),
+            content_hash,
+        });
+        self
+    }
+
     /// Serializes: header, key/values, layers, tensors, strings, each table 8-byte aligned,
     /// then fills in the checksum.
     pub fn finish(&self) -> Vec<u8> {
@@ -207,7 +223,7 @@ impl ManifestBuilder {
                 v.push(0);
             }
         }
-        let mut out = vec![0u8; size_of::<Header>()];
+        let mut out = vec![0u8; HEADER_SIZE_1_1];
         let put = |out: &mut Vec<u8>, bytes: &[u8], count: usize, entry_size: usize| {
             pad8(out);
             let s = Section {
@@ -236,13 +252,25 @@ impl ManifestBuilder {
             self.tensors.len(),
             size_of::<TensorEntry>(),
         );
+        let mut files = self.files.clone();
+        let path_of = |f: &FileEntry| {
+            let (o, l) = (f.path.offset.get() as usize, f.path.len.get() as usize);
+            self.strings[o..o + l].to_vec()
+        };
+        files.sort_by_key(path_of);
+        let file_table = put(
+            &mut out,
+            files.as_bytes(),
+            files.len(),
+            size_of::<FileEntry>(),
+        );
         let strings = put(&mut out, &self.strings, self.strings.len(), 1);
         pad8(&mut out);
         let header = Header {
             magic: MAGIC,
             version_major: VERSION_MAJOR.into(),
             version_minor: VERSION_MINOR.into(),
-            header_size: (size_of::<Header>() as u32).into(),
+            header_size: (HEADER_SIZE_1_1 as u32).into(),
             manifest_size: (out.len() as u64).into(),
             flags: 0.into(),
             checksum: [0; 32],
@@ -252,6 +280,12 @@ impl ManifestBuilder {
             strings,
         };
         out[..size_of::<Header>()].copy_from_slice(header.as_bytes());
+        out[size_of::<Header>()..HEADER_SIZE_1_1].copy_from_slice(
+            HeaderExt {
+                files: file_table,
+            }
+            .as_bytes(),
+        );
         let sum = crate::reader::checksum(&out);
         out[CHECKSUM_OFFSET..CHECKSUM_OFFSET + 32].copy_from_slice(&sum);
         out

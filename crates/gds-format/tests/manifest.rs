@@ -3,7 +3,7 @@
 
 use gds_format::raw::{Header, LayerEntry, TensorEntry, CHECKSUM_OFFSET};
 use gds_format::reader::checksum;
-use gds_format::validate::{is_safe_relative_path, validate_layer_file, validate_manifest};
+use gds_format::validate::{self, is_safe_relative_path, validate_layer_file, validate_manifest};
 use gds_format::*;
 use proptest::prelude::*;
 use zerocopy::FromBytes;
@@ -61,6 +61,7 @@ fn sample() -> Vec<u8> {
         0,
         vec![spec("output_norm.weight", DType::F32, &[64])],
     ));
+    b.add_file("tokenizer.json", file_role::TOKENIZER, 10, [3; 32]);
     b.finish()
 }
 
@@ -115,7 +116,7 @@ fn round_trip() {
     let (m, errs) = validate_manifest(&b);
     assert!(errs.is_empty(), "{errs:?}");
     let m = m.unwrap();
-    assert_eq!(m.version(), (1, 0));
+    assert_eq!(m.version(), (1, 1));
     assert_eq!(m.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(m.get_u64("model.n_layers").unwrap(), 1);
     assert_eq!(m.get("x.neg"), Some(Value::I64(-5)));
@@ -183,7 +184,18 @@ fn rejects_short_magic_version_size() {
     put_u32(&mut b, 12, 64);
     assert!(matches!(
         Manifest::parse(&b),
-        Err(FormatError::BadHeaderSize(64))
+        Err(FormatError::HeaderTooSmall { size: 64, .. })
+    ));
+    // A 1.1 manifest's header holds the file table's section: 144 bytes at least.
+    let mut b = sample();
+    put_u32(&mut b, 12, 128);
+    assert!(matches!(
+        Manifest::parse(&b),
+        Err(FormatError::HeaderTooSmall {
+            size: 128,
+            min: 144,
+            minor: 1
+        })
     ));
     let mut b = sample();
     put_u64(&mut b, 16, 1 << 40);
@@ -310,14 +322,14 @@ fn rejects_bad_layers() {
             let f: [u8; 8] = b[a..a + 8].try_into().unwrap();
             b[c..c + 8].copy_from_slice(&f)
         },
-        "used by another layer",
+        "is also used by layer",
     );
     assert_error(
         |b| {
             let at = layer_pos(b, 2) + 16;
             put_u32(b, at, layer_kind::BLOCK)
         },
-        "block number 0 appears twice",
+        "block number 0 where 1 was expected",
     );
 }
 
@@ -475,4 +487,254 @@ proptest! {
         let last = l.placements.last().unwrap();
         prop_assert!(last.0 + last.1 <= l.file_size);
     }
+}
+
+// ---- Format 1.1 and the rules the independent reader asked the spec to settle ----
+
+fn file_pos(bytes: &[u8], i: usize) -> usize {
+    let ext = gds_format::raw::HeaderExt::ref_from_prefix(&bytes[128..]).unwrap().0;
+    ext.files.offset.get() as usize + i * size_of::<gds_format::raw::FileEntry>()
+}
+
+fn with_files() -> Vec<u8> {
+    let mut b = ManifestBuilder::new();
+    b.kv_str("general.architecture", "llama");
+    b.add_layer(&layer(
+        "embed",
+        "layers/embed.bin",
+        layer_kind::EMBED,
+        0,
+        vec![spec("token_embd.weight", DType::F32, &[4, 64])],
+    ));
+    b.add_layer(&layer(
+        "blk.0",
+        "layers/blk.0000.bin",
+        layer_kind::BLOCK,
+        0,
+        vec![spec("blk.0.attn_norm.weight", DType::F32, &[64])],
+    ));
+    b.add_layer(&layer(
+        "blk.1",
+        "layers/blk.0001.bin",
+        layer_kind::BLOCK,
+        1,
+        vec![spec("blk.1.attn_norm.weight", DType::F32, &[64])],
+    ));
+    b.add_layer(&layer(
+        "head",
+        "layers/head.bin",
+        layer_kind::HEAD,
+        0,
+        vec![spec("output_norm.weight", DType::F32, &[64])],
+    ));
+    b.add_file("tokenizer_config.json", file_role::TOKENIZER_CONFIG, 2, [1; 32]);
+    b.add_file("tokenizer.json", file_role::TOKENIZER, 10, [2; 32]);
+    b.finish()
+}
+
+fn errors_of(bytes: &[u8]) -> Vec<String> {
+    validate_manifest(bytes)
+        .1
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
+}
+
+/// Edits a valid 1.1 manifest, re-seals it and expects an error containing `needle`.
+fn assert_error_11(f: impl FnOnce(&mut Vec<u8>), needle: &str) {
+    let mut b = with_files();
+    assert!(errors_of(&b).is_empty(), "{:?}", errors_of(&b));
+    f(&mut b);
+    reseal(&mut b);
+    let errs = errors_of(&b);
+    assert!(
+        errs.iter().any(|e| e.contains(needle)),
+        "expected {needle:?} in {errs:?}"
+    );
+}
+
+/// Replaces the first occurrence of `from` in the string table with `to` (same length).
+fn rename(b: &mut [u8], from: &str, to: &str) {
+    assert_eq!(from.len(), to.len());
+    let s = header(b).strings.offset.get() as usize;
+    let at = b[s..]
+        .windows(from.len())
+        .position(|w| w == from.as_bytes())
+        .unwrap();
+    b[s + at..s + at + to.len()].copy_from_slice(to.as_bytes());
+}
+
+#[test]
+fn file_table_round_trips_sorted_by_path() {
+    let b = with_files();
+    let m = Manifest::parse(&b).unwrap();
+    assert_eq!(m.version(), (1, 1));
+    assert!(m.has_file_table());
+    let files: Vec<_> = m.files().map(|f| (f.path, f.role, f.size)).collect();
+    assert_eq!(
+        files,
+        [
+            ("tokenizer.json", file_role::TOKENIZER, 10),
+            ("tokenizer_config.json", file_role::TOKENIZER_CONFIG, 2)
+        ]
+    );
+    assert_eq!(m.find_file("tokenizer.json").unwrap().content_hash, [2; 32]);
+}
+
+#[test]
+fn tokenizer_must_be_listed_in_a_1_1_manifest() {
+    let mut b = ManifestBuilder::new();
+    b.kv_str("general.architecture", "llama");
+    let errs = errors_of(&b.finish());
+    assert!(errs.iter().any(|e| e.contains("tokenizer.json") && e.contains("REQUIRED")), "{errs:?}");
+}
+
+#[test]
+fn file_roles_and_fixed_paths_agree() {
+    assert_error_11(
+        |b| {
+            let p = file_pos(b, 0) + 8;
+            put_u32(b, p, file_role::DOC);
+        },
+        "role 4 and path disagree",
+    );
+    assert_error_11(
+        |b| {
+            let p = file_pos(b, 0) + 12;
+            put_u32(b, p, 9);
+        },
+        "reserved field is 9",
+    );
+}
+
+fn at_layer(i: usize, field: usize, v: u32) -> impl FnOnce(&mut Vec<u8>) {
+    move |b: &mut Vec<u8>| {
+        let p = layer_pos(b, i) + field;
+        put_u32(b, p, v);
+    }
+}
+
+#[test]
+fn layer_identity_is_tied_together() {
+    // blk.1 with index 1000.
+    assert_error_11(at_layer(2, 20, 1000), "block number 1000 where 1 was expected");
+    // two blocks' indices swapped.
+    assert_error_11(
+        |b| {
+            at_layer(1, 20, 1)(b);
+            at_layer(2, 20, 0)(b);
+        },
+        "blocks are numbered 0, 1, 2",
+    );
+    // the head named otherwise
+    assert_error_11(|b| rename(b, "head", "hexd"), "a head layer must be named \"head\"");
+    // a block's tensor stored in another block's file
+    assert_error_11(
+        |b| rename(b, "blk.1.attn_norm", "blk.0.attn_nor0"),
+        "stored in block 1, but its name says block 0",
+    );
+    // a block tensor stored in the head
+    assert_error_11(
+        |b| rename(b, "output_norm.weight", "blk.7.rm_nm.weight"),
+        "its name says block 7, but it is stored outside the blocks",
+    );
+}
+
+#[test]
+fn layer_names_and_order_are_checked() {
+    // "blk.1" is first interned as a tensor-name prefix; the layer name is the bare string
+    // after its tensor: rename the layer's file instead to reach a block's name check.
+    assert_error_11(at_layer(0, 16, layer_kind::HEAD), "a head layer must be named");
+    assert_error_11(at_layer(1, 16, layer_kind::EMBED), "the embedding must be the first layer");
+    assert_error_11(at_layer(3, 20, 3), "index 3 must be 0 for the head");
+    // a block whose name does not match its number
+    assert_error_11(
+        |b| {
+            // layer 2's name reference points at "blk.1"; point it at layer 1's name
+            let (from, to) = (layer_pos(b, 1), layer_pos(b, 2));
+            let name = b[from..from + 8].to_vec();
+            b[to..to + 8].copy_from_slice(&name);
+        },
+        "block 1 must be named \"blk.1\"",
+    );
+}
+
+#[test]
+fn paths_never_leave_or_alias_the_directory() {
+    // two layer files differing only in case
+    let mut b = with_files();
+    rename(&mut b, "layers/blk.0001.bin", "layers/BLK.0000.bin");
+    reseal(&mut b);
+    let errs = errors_of(&b);
+    assert!(errs.iter().any(|e| e.contains("paths must differ by more than case")), "{errs:?}");
+    // a drive letter, a hidden component
+    assert_error_11(|b| rename(b, "layers/head.bin", "layers/C:ad.bin"), "has the character ':'");
+    assert_error_11(|b| rename(b, "layers/head.bin", "layers/.ead.bin"), "starting with '.'");
+    // a layer file that is one of the model's own files, or a directory of another file
+    for (file, needle) in [
+        ("tokenizer.json", "reserved for the model's own files"),
+        ("Manifest.GDSM", "reserved for the model's own files"),
+        ("layers", "is a directory of the file of"),
+    ] {
+        let mut m = ManifestBuilder::new();
+        m.kv_str("general.architecture", "llama");
+        m.add_layer(&layer("embed", "layers/embed.bin", layer_kind::EMBED, 0, vec![spec("token_embd.weight", DType::F32, &[4, 64])]));
+        m.add_layer(&layer("head", file, layer_kind::HEAD, 0, vec![spec("output_norm.weight", DType::F32, &[64])]));
+        m.add_file("tokenizer.json", file_role::TOKENIZER, 1, [0; 32]);
+        let errs = errors_of(&m.finish());
+        assert!(errs.iter().any(|e| e.contains(needle)), "{file}: {errs:?}");
+    }
+    for bad in ["../x", "/abs", "a\\b", "C:x", "a//b", "a/./b", ""] {
+        assert!(validate::check_path(bad).is_err(), "{bad:?}");
+    }
+    assert!(validate::check_path("layers/blk.0000.bin").is_ok());
+}
+
+fn put_at(f: fn(&[u8]) -> usize, add: usize, v: u32) -> impl FnOnce(&mut Vec<u8>) {
+    move |b: &mut Vec<u8>| {
+        let p = f(b) + add;
+        put_u32(b, p, v);
+    }
+}
+
+#[test]
+fn reserved_fields_must_be_zero() {
+    assert_error_11(
+        put_at(|b| header(b).kv.offset.get() as usize, 12, 1),
+        "reserved field is 1",
+    );
+    assert_error_11(put_at(|b| tensor_pos(b, 0), 52, 5), "reserved field is 5");
+    assert_error_11(at_layer(0, 20, 2), "index 2 must be 0 for the embedding");
+}
+
+#[test]
+fn bytes_outside_the_tables_must_be_zero_and_tables_must_not_overlap() {
+    // Bytes after the last table: grow the file by 8, the last one non-zero.
+    let mut b = with_files();
+    let n = b.len() + 8;
+    b.resize(n, 0);
+    put_u64(&mut b, 16, n as u64);
+    reseal(&mut b);
+    assert!(errors_of(&b).is_empty(), "zero padding is fine: {:?}", errors_of(&b));
+    b[n - 1] = 1;
+    reseal(&mut b);
+    let errs = errors_of(&b);
+    assert!(errs.iter().any(|e| e.contains(&format!("byte {}, after the last table, is not zero", n - 1))), "{errs:?}");
+    // The layer table moved onto the key/value table.
+    assert_error_11(
+        |b| {
+            let kv = header(b).kv.offset.get();
+            put_u64(b, 80, kv);
+        },
+        "overlaps",
+    );
+}
+
+#[test]
+fn header_size_past_the_end_is_named_as_such() {
+    let mut b = with_files();
+    put_u32(&mut b, 12, 1 << 30);
+    let e = Manifest::parse(&b).err().unwrap().to_string();
+    assert!(e.contains("runs past the end"), "{e}");
+    assert!(!e.contains("smaller"), "{e}");
 }

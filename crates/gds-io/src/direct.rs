@@ -12,6 +12,7 @@
 //! (`POSIX_FADV_DONTNEED`), so the memory budget still holds; it says so in a warning.
 
 use crate::aligned::{align_down, align_up, AlignedBuf, ALIGN};
+use crate::verify::{Verifier, VerifyMode};
 use crate::{IoError, IoStats, LayerBytes, LayerSource, Resident, Span};
 use gds_format::Manifest;
 use std::collections::VecDeque;
@@ -20,7 +21,7 @@ use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -39,6 +40,10 @@ pub struct DirectOptions {
     /// Read through the page cache (dropping pages after each read) even where `O_DIRECT`
     /// works. For tests and comparisons.
     pub force_buffered: bool,
+    /// Checks each layer file's content hash the first time it is read (`None`: a
+    /// [`Verifier`] hashing with the per-user cache; pass one with [`VerifyMode::Off`] to
+    /// trust the files).
+    pub verifier: Option<Arc<Verifier>>,
 }
 
 /// Whether a file can be read with `O_DIRECT`.
@@ -147,6 +152,11 @@ struct LayerFile {
     path: PathBuf,
     file: File,
     size: u64,
+    /// BLAKE3 of the file according to the manifest.
+    hash: [u8; 32],
+    /// Set once the file's bytes were hashed (or the cache vouched for them): until then
+    /// no read of it is handed out unverified.
+    verified: AtomicBool,
 }
 
 #[derive(Default)]
@@ -179,6 +189,7 @@ struct State {
 struct Shared {
     files: Vec<LayerFile>,
     buffered: bool,
+    verifier: Arc<Verifier>,
     counters: Counters,
     state: Mutex<State>,
     cv: Condvar,
@@ -222,7 +233,53 @@ impl Shared {
         c.bytes_read.fetch_add(got as u64, Ordering::Relaxed);
         c.reads.fetch_add(1, Ordering::Relaxed);
         let off = (span.offset - start) as usize;
-        Ok(off..off + span.len as usize)
+        let range = off..off + span.len as usize;
+        if !f.verified.load(Ordering::Acquire) {
+            if span.offset == 0 && span.len == f.size {
+                // The first whole read of the file: hash the bytes just read.
+                self.verifier
+                    .check_bytes(&f.path, &buf.as_slice()[range.clone()], &f.hash)?;
+                self.verifier.record(&f.file, &f.hash);
+                f.verified.store(true, Ordering::Release);
+            } else {
+                self.verify_whole(f)?;
+            }
+        }
+        Ok(range)
+    }
+
+    /// Hashes a whole layer file through a bounded aligned buffer (for files first used in
+    /// pieces: embedding rows, head chunks) and marks it verified.
+    fn verify_whole(&self, f: &LayerFile) -> Result<(), IoError> {
+        const CHUNK: usize = 4 << 20;
+        let t0 = Instant::now();
+        let io = |source| IoError::File {
+            path: f.path.clone(),
+            source,
+        };
+        let mut buf = AlignedBuf::new(CHUNK).ok_or(IoError::OutOfMemory {
+            bytes: CHUNK as u64,
+        })?;
+        let mut h = blake3::Hasher::new();
+        let mut off = 0u64;
+        while off < f.size {
+            let need = (f.size - off).min(CHUNK as u64) as usize;
+            let want = align_up(need as u64) as usize;
+            let got =
+                read_extent(&f.file, &mut buf.as_mut_slice()[..want], off, need).map_err(io)?;
+            if self.buffered {
+                drop_cached(&f.file, off, got as u64);
+            }
+            h.update(&buf.as_slice()[..need]);
+            off += need as u64;
+        }
+        self.verifier.count_hashed(f.size, t0);
+        if *h.finalize().as_bytes() != f.hash {
+            return Err(crate::verify::mismatch(&f.path));
+        }
+        self.verifier.record(&f.file, &f.hash);
+        f.verified.store(true, Ordering::Release);
+        Ok(())
     }
 
     fn io_thread(self: Arc<Shared>) {
@@ -305,12 +362,12 @@ impl DirectBackend {
         manifest: &Manifest<'_>,
         opts: &DirectOptions,
     ) -> Result<DirectBackend, IoError> {
-        let paths = crate::mmap::layer_paths(dir, manifest)?;
         let mut warnings = Vec::new();
+        let first = manifest.layer(0).ok().map(|l| dir.join(l.file));
         let buffered = if opts.force_buffered {
             true
         } else {
-            match paths.first().map(|(p, _)| probe_direct(p)) {
+            match first.as_deref().map(probe_direct) {
                 Some(DirectSupport::Buffered(why)) => {
                     warnings.push(format!(
                         "{}: {why}; reading through the page cache and dropping the pages after each read",
@@ -321,19 +378,21 @@ impl DirectBackend {
                 _ => false,
             }
         };
-        let mut files = Vec::with_capacity(paths.len());
-        for (path, size) in paths {
-            let mut o = OpenOptions::new();
-            o.read(true);
-            if !buffered {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            let file = o.open(&path).map_err(|source| IoError::File {
-                path: path.clone(),
-                source,
-            })?;
-            files.push(LayerFile { path, file, size });
-        }
+        let verifier = opts
+            .verifier
+            .clone()
+            .unwrap_or_else(|| Arc::new(Verifier::new(VerifyMode::Hash)));
+        let flags = if buffered { 0 } else { libc::O_DIRECT };
+        let files: Vec<LayerFile> = crate::mmap::layer_files(dir, manifest, flags)?
+            .into_iter()
+            .map(|l| LayerFile {
+                verified: AtomicBool::new(verifier.is_verified(&l.file, &l.hash)),
+                path: l.path,
+                file: l.file,
+                size: l.size,
+                hash: l.hash,
+            })
+            .collect();
         let slot_size = usize::try_from(align_up(opts.slot_size as u64)).unwrap_or(usize::MAX);
         let mut state = State::default();
         for _ in 0..opts.slots {
@@ -346,6 +405,7 @@ impl DirectBackend {
         let shared = Arc::new(Shared {
             files,
             buffered,
+            verifier,
             counters: Counters::default(),
             state: Mutex::new(state),
             cv: Condvar::new(),
@@ -733,7 +793,7 @@ mod tests {
                 index: l as u32,
                 tensors: vec![spec],
                 layout,
-                content_hash: [0; 32],
+                content_hash: *blake3::hash(&data).as_bytes(),
             });
         }
         (dir, b.finish())
@@ -763,6 +823,7 @@ mod tests {
                     slots: 2,
                     slot_size: 3 * ALIGN,
                     force_buffered,
+                    verifier: None,
                 },
             );
             assert!(b.is_resident(0) && !b.is_resident(1));
@@ -796,6 +857,7 @@ mod tests {
                 slots: 3,
                 slot_size: 2 * ALIGN,
                 force_buffered: false,
+                verifier: None,
             },
         );
         for round in 0..3 {
@@ -832,6 +894,7 @@ mod tests {
                     slots: 2,
                     slot_size: 300 * ALIGN,
                     force_buffered,
+                    verifier: None,
                 },
             );
             for l in 0..2 {
@@ -862,6 +925,7 @@ mod tests {
                 slots: 2,
                 slot_size: ALIGN,
                 force_buffered: false,
+                verifier: None,
             },
         );
         let _a = b.acquire(0).unwrap();
@@ -885,6 +949,7 @@ mod tests {
                 slots: 1,
                 slot_size: ALIGN,
                 force_buffered: false,
+                verifier: None,
             },
         );
         let e = b.acquire_span(span(0, 4000, 200)).unwrap_err();
@@ -899,6 +964,7 @@ mod tests {
                 slots: 1,
                 slot_size: ALIGN,
                 force_buffered: false,
+                verifier: None,
             },
         );
         assert!(matches!(b2.acquire(0), Err(IoError::SpanTooLarge { .. })));

@@ -12,6 +12,22 @@ pub enum IoError {
         #[source]
         source: std::io::Error,
     },
+    /// A file's bytes differ from what the manifest recorded (corrupt or modified).
+    #[error("{}: {why}", path.display())]
+    Integrity {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        why: String,
+    },
+    /// A path inside the model directory is a link, not a regular file, or too large.
+    #[error("{}: {why}", path.display())]
+    Unsafe {
+        /// The path.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
     /// The manifest could not be parsed.
     #[error("{}: {source}", path.display())]
     Manifest {

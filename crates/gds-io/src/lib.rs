@@ -19,6 +19,7 @@ mod direct;
 mod error;
 mod mmap;
 pub mod pagecache;
+pub mod verify;
 
 pub use aligned::{align_down, align_up, AlignedBuf, ALIGN};
 pub use direct::{
@@ -27,6 +28,7 @@ pub use direct::{
 };
 pub use error::IoError;
 pub use mmap::{read_manifest, MmapBackend};
+pub use verify::{open_in_dir, read_model_file, Verifier, VerifyMode, VerifyStats};
 
 use std::ops::{Deref, Range};
 use std::sync::Arc;

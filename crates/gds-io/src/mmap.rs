@@ -1,6 +1,7 @@
 //! The `mmap` backend: every layer file mapped whole, read-only. Acquiring a layer hands out
 //! the mapping itself (zero-copy); the kernel pages the bytes in on first touch.
 
+use crate::verify::{open_in_dir, Verifier, VerifyMode};
 use crate::{IoError, IoStats, LayerBytes, LayerSource, Resident, Span};
 use gds_format::Manifest;
 use memmap2::{Advice, Mmap};
@@ -27,25 +28,44 @@ pub struct MmapBackend {
 }
 
 impl MmapBackend {
-    /// Maps every layer file named by `manifest`, relative to `dir`. Fails, naming the file,
-    /// when a file is missing, unreadable, or its length differs from the manifest's record.
+    /// Maps every layer file named by `manifest`, relative to `dir`, and checks each one's
+    /// content hash (unless the per-user cache says that very file was checked). Fails,
+    /// naming the file, when a file is missing, unreadable, a link, of another length than
+    /// the manifest records, or its bytes hash differently.
     pub fn open(dir: &Path, manifest: &Manifest<'_>) -> Result<MmapBackend, IoError> {
+        MmapBackend::open_with(dir, manifest, &Verifier::new(VerifyMode::Hash))
+    }
+
+    /// [`MmapBackend::open`] with the caller's verifier (`--no-verify`, metrics).
+    pub fn open_with(
+        dir: &Path,
+        manifest: &Manifest<'_>,
+        verifier: &Verifier,
+    ) -> Result<MmapBackend, IoError> {
         let mut layers = Vec::with_capacity(manifest.n_layers());
-        for (path, size) in layer_paths(dir, manifest)? {
-            let file = File::open(&path).map_err(|source| IoError::File {
-                path: path.clone(),
-                source,
-            })?;
+        for lf in layer_files(dir, manifest, 0)? {
+            let LayerFile {
+                path,
+                file,
+                size,
+                hash,
+            } = lf;
             let map = if size == 0 {
                 None
             } else {
                 // SAFETY: the mapping is read-only and private to this process. Like every
                 // mmap-based loader we rely on nobody truncating or rewriting the model files
                 // while they are mapped; the length was just checked against the manifest.
-                let map =
-                    unsafe { Mmap::map(&file) }.map_err(|source| IoError::File { path, source })?;
+                let map = unsafe { Mmap::map(&file) }.map_err(|source| IoError::File {
+                    path: path.clone(),
+                    source,
+                })?;
                 Some(map)
             };
+            if !verifier.is_verified(&file, &hash) {
+                verifier.check_bytes(&path, map.as_deref().unwrap_or(&[]), &hash)?;
+                verifier.record(&file, &hash);
+            }
             layers.push(Arc::new(Mapped(map)));
         }
         Ok(MmapBackend {
@@ -57,13 +77,27 @@ impl MmapBackend {
     }
 }
 
-/// The path and size of every layer file named by `manifest`, relative to `dir`. Fails,
-/// naming the file, when a path is unsafe, a file is missing or unreadable, or its length
-/// differs from the manifest's record.
-pub(crate) fn layer_paths(
+/// A layer file of the model directory, opened.
+pub(crate) struct LayerFile {
+    /// Its path, for messages.
+    pub path: PathBuf,
+    /// The open file.
+    pub file: File,
+    /// Its length (equal to the manifest's record).
+    pub size: u64,
+    /// Its BLAKE3 according to the manifest.
+    pub hash: [u8; 32],
+}
+
+/// Opens every layer file named by `manifest` inside `dir` (never following a link, see
+/// [`open_in_dir`]) with `flags` added to the open. Fails, naming the file, when a path is
+/// unsafe, a file is missing or unreadable, or its length differs from the manifest's
+/// record.
+pub(crate) fn layer_files(
     dir: &Path,
     manifest: &Manifest<'_>,
-) -> Result<Vec<(PathBuf, u64)>, IoError> {
+    flags: i32,
+) -> Result<Vec<LayerFile>, IoError> {
     let mut out = Vec::with_capacity(manifest.n_layers());
     for i in 0..manifest.n_layers() {
         let info = manifest.layer(i).map_err(|source| IoError::Manifest {
@@ -77,7 +111,9 @@ pub(crate) fn layer_paths(
             });
         }
         let path = dir.join(info.file);
-        let actual = std::fs::metadata(&path)
+        let file = open_in_dir(dir, info.file, flags)?;
+        let actual = file
+            .metadata()
             .map_err(|source| IoError::File {
                 path: path.clone(),
                 source,
@@ -90,7 +126,12 @@ pub(crate) fn layer_paths(
                 actual,
             });
         }
-        out.push((path, actual));
+        out.push(LayerFile {
+            path,
+            file,
+            size: actual,
+            hash: info.content_hash,
+        });
     }
     Ok(out)
 }
@@ -153,9 +194,33 @@ impl LayerSource for MmapBackend {
 
 /// Reads `manifest.gdsm` of a model directory into memory (it is small; the layer files are
 /// what gets mapped).
+///
+/// The file is opened without following a link, and its size is checked against the
+/// format's 64 MiB cap before anything is read.
 pub fn read_manifest(dir: &Path) -> Result<Vec<u8>, IoError> {
+    use std::io::Read;
     let path: PathBuf = dir.join(gds_format::MANIFEST_FILE);
-    std::fs::read(&path).map_err(|source| IoError::File { path, source })
+    let file = open_in_dir(dir, gds_format::MANIFEST_FILE, 0)?;
+    let cap = gds_format::raw::MAX_MANIFEST_BYTES;
+    let len = file
+        .metadata()
+        .map_err(|source| IoError::File {
+            path: path.clone(),
+            source,
+        })?
+        .len();
+    if len > cap {
+        return Err(IoError::Manifest {
+            path,
+            source: gds_format::FormatError::TooLarge(len),
+        });
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    (&file)
+        .take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| IoError::File { path, source })?;
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -183,7 +248,7 @@ mod tests {
             index: 0,
             tensors: vec![spec],
             layout,
-            content_hash: [0; 32],
+            content_hash: *blake3::hash(data).as_bytes(),
         });
         (dir, b.finish())
     }

@@ -7,30 +7,7 @@ use serde::Serialize;
 /// Architectures (`general.architecture`) this runtime runs.
 pub const SUPPORTED_ARCHS: &[&str] = &["llama"];
 
-/// How RoPE frequencies are stretched for long contexts.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum RopeScaling {
-    /// Plain RoPE.
-    None,
-    /// Positions divided by `factor` (ggml `freq_scale = 1/factor`).
-    Linear {
-        /// Stretch factor.
-        factor: f64,
-    },
-    /// Llama 3.1 style: per-frequency divisors, computed as `convert_hf_to_gguf.py` computes
-    /// `rope_freqs.weight`.
-    Llama3 {
-        /// Stretch factor for the low frequencies.
-        factor: f64,
-        /// Wavelength threshold factor below which frequencies are fully stretched.
-        low_freq_factor: f64,
-        /// Wavelength threshold factor above which frequencies are kept.
-        high_freq_factor: f64,
-        /// Context length the base model was trained with.
-        original_context_length: f64,
-    },
-}
+pub use gds_format::arch::RopeScaling;
 
 /// Model hyperparameters (llama family).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -80,7 +57,8 @@ impl Config {
         self.n_kv_heads * self.head_dim
     }
 
-    /// Reads and checks the hyperparameters. Errors name the missing or bad key.
+    /// Reads and checks the hyperparameters (the format's typed [`gds_format::arch::Hparams`],
+    /// every value range-checked there). Errors name the missing or bad key.
     pub fn from_manifest(m: &Manifest<'_>) -> Result<Config> {
         let bad = |why: String| RuntimeError::Manifest {
             dir: String::new(),
@@ -93,69 +71,32 @@ impl Config {
         if !SUPPORTED_ARCHS.contains(&arch.as_str()) {
             return Err(RuntimeError::UnsupportedArch { arch });
         }
-        let u = |k: &str| -> Result<usize> {
-            let v = m.get_u64(k).map_err(|e| bad(e.to_string()))?;
-            usize::try_from(v).map_err(|_| bad(format!("{k} = {v} is too large")))
-        };
-        let f = |k: &str| m.get_f64(k).map_err(|e| bad(e.to_string()));
-        let opt_u32 = |k: &str| -> Result<Option<u32>> {
-            match m.get(k) {
-                None => Ok(None),
-                Some(_) => {
-                    let v = m.get_u64(k).map_err(|e| bad(e.to_string()))?;
-                    Ok(Some(
-                        u32::try_from(v).map_err(|_| bad(format!("{k} = {v} is too large")))?,
-                    ))
-                }
-            }
-        };
-        let rope_scaling = match m.get("model.rope_scaling.type") {
-            None => RopeScaling::None,
-            Some(_) => match m
-                .get_str("model.rope_scaling.type")
-                .map_err(|e| bad(e.to_string()))?
-            {
-                "none" => RopeScaling::None,
-                "linear" => RopeScaling::Linear {
-                    factor: f("model.rope_scaling.factor")?,
-                },
-                "llama3" => RopeScaling::Llama3 {
-                    factor: f("model.rope_scaling.factor")?,
-                    low_freq_factor: f("model.rope_scaling.low_freq_factor")?,
-                    high_freq_factor: f("model.rope_scaling.high_freq_factor")?,
-                    original_context_length: f("model.rope_scaling.original_context_length")?,
-                },
-                other => {
-                    return Err(bad(format!(
-                        "model.rope_scaling.type {other:?} is not supported (none, linear, llama3)"
-                    )))
-                }
-            },
-        };
+        let h = gds_format::arch::llama_hparams(m, &arch).map_err(|errs| {
+            bad(errs
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "))
+        })?;
+        // Every dimension was checked to be at most 2^24: the casts cannot truncate.
+        let u = |v: u64| v as usize;
         let cfg = Config {
             arch,
-            n_layers: u("model.n_layers")?,
-            n_embd: u("model.n_embd")?,
-            n_heads: u("model.n_heads")?,
-            n_kv_heads: u("model.n_kv_heads")?,
-            n_ff: u("model.n_ff")?,
-            vocab_size: u("model.vocab_size")?,
-            context_length: u("model.context_length")?,
-            head_dim: u("model.head_dim")?,
-            rope_theta: f("model.rope_theta")?,
-            rope_scaling,
-            rms_norm_eps: f("model.rms_norm_eps")? as f32,
-            tie_embeddings: m
-                .get_bool("model.tie_embeddings")
-                .map_err(|e| bad(e.to_string()))?,
-            bos_token_id: opt_u32("tokenizer.bos_token_id")?,
-            eos_token_id: opt_u32("tokenizer.eos_token_id")?,
-            add_bos: match m.get("tokenizer.add_bos") {
-                None => false,
-                Some(_) => m
-                    .get_bool("tokenizer.add_bos")
-                    .map_err(|e| bad(e.to_string()))?,
-            },
+            n_layers: u(h.n_layers),
+            n_embd: u(h.n_embd),
+            n_heads: u(h.n_heads),
+            n_kv_heads: u(h.n_kv_heads),
+            n_ff: u(h.n_ff),
+            vocab_size: u(h.vocab_size),
+            context_length: u(h.context_length),
+            head_dim: u(h.head_dim),
+            rope_theta: h.rope_theta,
+            rope_scaling: h.rope_scaling,
+            rms_norm_eps: h.rms_norm_eps as f32,
+            tie_embeddings: h.tie_embeddings,
+            bos_token_id: h.bos_token_id,
+            eos_token_id: h.eos_token_id,
+            add_bos: h.add_bos,
         };
         cfg.check().map_err(bad)?;
         Ok(cfg)

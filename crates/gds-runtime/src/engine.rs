@@ -328,6 +328,7 @@ impl Engine {
         m.bytes_read = io.bytes_read;
         m.set_decode_io(&io.since(&io0), decode_steps);
         m.io_mode = self.plan.io.clone();
+        m.set_verify(self.plan.io_plan.verify, &self.exec.verify_stats());
         m.weights_held_bytes = self.plan.weights_held_bytes();
         m.kv_cache_bytes = self.plan.kv_bytes;
         m.finish();

@@ -41,6 +41,12 @@ pub trait Executor: Send {
 
     /// Counters of the bytes read from layer files.
     fn io_stats(&self) -> IoStats;
+
+    /// What checking the layer files' content hashes cost (zero where the backend does not
+    /// hash on the host).
+    fn verify_stats(&self) -> gds_io::VerifyStats {
+        gds_io::VerifyStats::default()
+    }
 }
 
 /// Evaluates `tokens` at `pos0..` and leaves the last token's logits for
@@ -150,6 +156,10 @@ impl Executor for CpuExecutor {
 
     fn io_stats(&self) -> IoStats {
         self.model.io_stats()
+    }
+
+    fn verify_stats(&self) -> gds_io::VerifyStats {
+        self.model.verify_stats()
     }
 }
 

@@ -46,6 +46,7 @@ impl GpuExecutor {
             vram_budget: g.vram_budget_bytes,
             ctx: plan.ctx,
             rope: Some(rope.into_tables()),
+            verify: plan.io_plan.verify,
         };
         let model = GpuModel::open(&plan.model_dir, &opts).map_err(gpu_err)?;
         Ok(GpuExecutor {

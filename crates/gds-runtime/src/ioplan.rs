@@ -66,6 +66,9 @@ pub struct IoPlan {
     pub streamed_bytes_per_token: u64,
     /// The smallest budget that can stream this model.
     pub min_budget_bytes: u64,
+    /// Layer files are hashed (BLAKE3) before first use, unless a per-user cache records
+    /// the very same file as verified; `false` with `--no-verify`.
+    pub verify: bool,
 }
 
 impl IoPlan {
@@ -210,6 +213,7 @@ pub fn plan_io(
         held_bytes: weight_bytes,
         streamed_bytes_per_token: 0,
         min_budget_bytes: min_budget,
+        verify: true,
     };
     let fits = budget.is_none_or(|b| b >= weight_bytes);
     match io {

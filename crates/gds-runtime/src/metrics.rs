@@ -53,6 +53,16 @@ pub struct Metrics {
     pub tokens_per_joule: Option<f64>,
     /// Where the energy numbers come from, or why there are none.
     pub energy_source: String,
+    /// `blake3` when layer files were checked against the manifest's hashes before use,
+    /// `off` with `--no-verify`.
+    pub verify: String,
+    /// Bytes of layer files hashed by this process so far (0 when the per-user cache
+    /// vouched for every file).
+    pub verified_bytes: u64,
+    /// Time spent hashing them, ms (part of `load_ms` for files hashed at open).
+    pub verify_ms: f64,
+    /// Layer files the cache vouched for (unchanged since they were last verified).
+    pub verify_cached_files: u64,
 }
 
 impl Metrics {
@@ -68,6 +78,14 @@ impl Metrics {
             self.read_bandwidth_bytes_per_sec =
                 Some(io.bytes_read as f64 * 1e9 / io.read_ns as f64);
         }
+    }
+
+    /// Fills the verification fields from the verifier's counters.
+    pub fn set_verify(&mut self, on: bool, v: &gds_io::VerifyStats) {
+        self.verify = if on { "blake3" } else { "off" }.into();
+        self.verified_bytes = v.bytes_hashed;
+        self.verify_ms = v.hash_ns as f64 / 1e6;
+        self.verify_cached_files = v.files_cached;
     }
 
     /// Fills the derived rates from the raw counts and times.

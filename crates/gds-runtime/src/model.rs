@@ -11,7 +11,11 @@ use crate::kv::KvCache;
 use crate::ops;
 use crate::rope::RopeTable;
 use crate::weights::{TensorRef, Weights};
-use gds_io::{DirectBackend, DirectOptions, IoStats, LayerBytes, LayerSource, MmapBackend, Span};
+use gds_io::{
+    DirectBackend, DirectOptions, IoStats, LayerBytes, LayerSource, MmapBackend, Span, Verifier,
+    VerifyMode, VerifyStats,
+};
+use std::sync::Arc;
 use std::path::Path;
 
 /// A batch of tokens to run through the model. Reused between calls: clearing keeps the
@@ -173,6 +177,8 @@ pub struct Model {
     /// Handles of the resident layers (`None`: streamed or read on demand).
     resident: Vec<Option<LayerBytes>>,
     source: Box<dyn LayerSource>,
+    /// Checks layer files before their bytes are used; kept for its counters.
+    verifier: Arc<Verifier>,
     io: IoPlan,
     rope: RopeTable,
     pool: rayon::ThreadPool,
@@ -214,14 +220,20 @@ impl Model {
         let manifest_bytes = gds_io::read_manifest(dir)?;
         let m = crate::plan::parse_manifest(dir, &manifest_bytes)?;
         let config = Config::from_manifest(&m).map_err(|e| crate::plan::with_dir(e, dir))?;
+        let verifier = Arc::new(Verifier::new(if io.verify {
+            VerifyMode::Hash
+        } else {
+            VerifyMode::Off
+        }));
         let source: Box<dyn LayerSource> = match io.mode.as_str() {
-            "mmap" => Box::new(MmapBackend::open(dir, &m)?),
+            "mmap" => Box::new(MmapBackend::open_with(dir, &m, &verifier)?),
             mode => {
                 let opts = DirectOptions {
                     resident: (0..m.n_layers()).map(|l| io.is_resident(l)).collect(),
                     slots: io.slots,
                     slot_size: io.slot_bytes as usize,
                     force_buffered: mode == "buffered",
+                    verifier: Some(verifier.clone()),
                 };
                 Box::new(DirectBackend::open(dir, &m, &opts)?)
             }
@@ -245,6 +257,7 @@ impl Model {
             weights,
             resident,
             source,
+            verifier,
             io: io.clone(),
             rope,
             pool,
@@ -277,6 +290,11 @@ impl Model {
     /// The I/O backend's counters.
     pub fn io_stats(&self) -> IoStats {
         self.source.stats()
+    }
+
+    /// What checking the layer files' hashes has cost so far.
+    pub fn verify_stats(&self) -> VerifyStats {
+        self.verifier.stats()
     }
 
     /// Name of the I/O backend.

@@ -63,6 +63,8 @@ pub struct PlanOptions {
     pub vram_budget: Option<u64>,
     /// Activation precision of the matrix products: `q8` (default) or `f32`.
     pub activations: Option<String>,
+    /// Trust the layer files instead of checking their content hashes (`--no-verify`).
+    pub no_verify: bool,
 }
 
 /// Per-dtype totals of the weights.
@@ -142,9 +144,14 @@ pub struct Plan {
     pub model: Config,
 }
 
-/// Parses and validates a manifest held in memory; errors name the directory.
+/// Parses and validates a manifest held in memory, with every structural rule and every
+/// rule of its architecture (`gds_format::arch::check_model`, the checks `gdsconv validate`
+/// makes): a model `gdsconv validate` rejects is never opened. Errors name the directory.
 pub fn parse_manifest<'a>(dir: &Path, bytes: &'a [u8]) -> Result<Manifest<'a>> {
-    let (m, errs) = gds_format::validate::validate_manifest(bytes);
+    let (m, mut errs) = gds_format::validate::validate_manifest(bytes);
+    if let (Some(m), true) = (&m, errs.is_empty()) {
+        errs.extend(gds_format::arch::check_model(m).errors);
+    }
     let bad = |why: String| RuntimeError::Manifest {
         dir: dir.display().to_string(),
         why,
@@ -156,6 +163,25 @@ pub fn parse_manifest<'a>(dir: &Path, bytes: &'a [u8]) -> Result<Manifest<'a>> {
             .map(|e| e.to_string())
             .collect::<Vec<_>>()
             .join("; "))),
+    }
+}
+
+/// Reads `tokenizer_config.json` as the model lists it: checked against the manifest's hash
+/// (format 1.1), absent when the manifest does not list it, and an error (never a silent
+/// fallback) when it is unreadable, not UTF-8 or not a JSON object.
+pub fn tokenizer_config(dir: &Path, m: &Manifest<'_>) -> Result<Option<serde_json::Value>> {
+    let name = "tokenizer_config.json";
+    let path = dir.join(name);
+    let Some(f) = gds_io::read_model_file(dir, m, name, crate::tokenizer::MAX_TOKENIZER_BYTES)?
+    else {
+        return Ok(None);
+    };
+    let bad = |why: String| RuntimeError::Tokenizer(format!("{}: {why}", path.display()));
+    let text = std::str::from_utf8(&f.bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
+    match serde_json::from_str(text) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(Some(v)),
+        Ok(_) => Err(bad("not a JSON object".into())),
+        Err(e) => Err(bad(format!("not valid JSON: {e}"))),
     }
 }
 
@@ -268,9 +294,7 @@ impl Plan {
             seed: opts.seed.unwrap_or_else(time_seed),
         };
         sampler.check().map_err(RuntimeError::Plan)?;
-        let has_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
-            .ok()
-            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        let has_template = tokenizer_config(dir, &m)?
             .is_some_and(|v| v.get("chat_template").is_some_and(|t| !t.is_null()));
         let mode = if opts.raw || !has_template {
             Mode::Raw
@@ -316,7 +340,8 @@ impl Plan {
                         backend.name, backend.reason
                     ));
                 }
-                let io = crate::ioplan::plan_io(dir, &m, io_req, opts.mem_budget, probe)?;
+                let mut io = crate::ioplan::plan_io(dir, &m, io_req, opts.mem_budget, probe)?;
+                io.verify = !opts.no_verify;
                 (io, None)
             }
             Some(offer) => {
@@ -336,7 +361,8 @@ impl Plan {
                     direct,
                 )?;
                 // The host keeps no weights: the I/O plan records the file sizes only.
-                let io = crate::ioplan::plan_io(dir, &m, "mmap", None, probe)?;
+                let mut io = crate::ioplan::plan_io(dir, &m, "mmap", None, probe)?;
+                io.verify = !opts.no_verify;
                 (io, Some(g))
             }
         };

@@ -43,24 +43,23 @@ fn token_text(v: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
+/// Largest `tokenizer.json` / `tokenizer_config.json` read (bounded before reading).
+pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
 impl TextTokenizer {
-    /// Loads `tokenizer.json` (required) and `tokenizer_config.json` (optional) from `dir`.
+    /// Loads `tokenizer.json` (required) and `tokenizer_config.json` (optional) from `dir`,
+    /// each checked against the manifest's length and hash (format 1.1; a file the manifest
+    /// does not list is not part of the model). A `tokenizer_config.json` that cannot be
+    /// read, is not UTF-8 or not JSON is an error, never a silent switch to raw mode.
     pub fn load(dir: &Path, cfg: &Config) -> Result<TextTokenizer> {
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = crate::plan::parse_manifest(dir, &bytes)?;
         let path = dir.join("tokenizer.json");
-        if !path.exists() {
-            return Err(RuntimeError::Tokenizer(format!(
-                "{} is missing",
-                path.display()
-            )));
-        }
-        let inner = tokenizers::Tokenizer::from_file(&path)
+        let tok = gds_io::read_model_file(dir, &m, "tokenizer.json", MAX_TOKENIZER_BYTES)?
+            .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&tok.bytes)
             .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
-        let cfg_path = dir.join("tokenizer_config.json");
-        let tc: serde_json::Value = match std::fs::read_to_string(&cfg_path) {
-            Ok(s) => serde_json::from_str(&s)
-                .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", cfg_path.display())))?,
-            Err(_) => serde_json::Value::Null,
-        };
+        let tc = crate::plan::tokenizer_config(dir, &m)?.unwrap_or(serde_json::Value::Null);
         let template_src = match tc.get("chat_template") {
             Some(serde_json::Value::String(s)) => Some(s.clone()),
             Some(serde_json::Value::Array(a)) => a

@@ -59,6 +59,10 @@ pub struct CommonArgs {
     /// (weights dequantized row by row: a float reference's arithmetic, slower).
     #[arg(long, value_parser = ["q8", "f32"])]
     pub activations: Option<String>,
+    /// Trust the layer files: skip checking their BLAKE3 content hashes against the
+    /// manifest before first use (the plan and the metrics say so).
+    #[arg(long)]
+    pub no_verify: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {

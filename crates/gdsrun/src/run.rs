@@ -20,6 +20,7 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
         mem_budget: c.mem_budget,
         vram_budget: c.vram_budget,
         activations: c.activations.clone(),
+        no_verify: c.no_verify,
         ..Default::default()
     }
 }
