@@ -210,7 +210,9 @@ fn validate_catches_corruption() {
     let (code, v) = validate_json(&out, true);
     assert_eq!(code, 1);
     assert!(v["errors"].to_string().contains("checksum"), "{v}");
-    // a tokenizer that does not load
+    mb[n - 3] ^= 1;
+    std::fs::write(&mpath, &mb).unwrap();
+    // a tokenizer that does not load (and no longer matches the manifest's record)
     std::fs::write(out.join("tokenizer.json"), "{}").unwrap();
     let (_, v) = validate_json(&out, true);
     assert!(v["errors"].to_string().contains("tokenizer.json"), "{v}");

@@ -91,45 +91,73 @@ fn model_err(msg: impl Into<String>) -> GpuError {
     GpuError::Model(msg.into())
 }
 
+/// The hyperparameters, read through the format's one typed, range-checked reader
+/// (`gds_format::arch`): every dimension is at most 2^24, so the conversions cannot truncate.
 fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
-    let u = |k: &str| {
-        m.get_u64(k)
-            .map(|v| v as usize)
-            .map_err(|e| model_err(e.to_string()))
-    };
-    let f = |k: &str| m.get_f64(k).map_err(|e| model_err(e.to_string()));
     let arch = m.get_str("general.architecture").unwrap_or("?");
     if arch != "llama" {
         return Err(model_err(format!(
             "the GPU executor runs the llama family, not {arch}"
         )));
     }
+    let h = gds_format::arch::llama_hparams(m, arch).map_err(|errs| {
+        model_err(
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
+    let u = |v: u64| usize::try_from(v).map_err(|_| model_err(format!("{v} is too large")));
     Ok(Shape {
-        n_layers: u("model.n_layers")?,
-        n_embd: u("model.n_embd")?,
-        n_heads: u("model.n_heads")?,
-        n_kv_heads: u("model.n_kv_heads")?,
-        head_dim: u("model.head_dim")?,
-        n_ff: u("model.n_ff")?,
-        vocab: u("model.vocab_size")?,
-        eps: f("model.rms_norm_eps")? as f32,
-        rope_theta: f("model.rope_theta")?,
-        rope_scaling: m
-            .get_str("model.rope_scaling.type")
-            .unwrap_or("none")
-            .to_string(),
+        n_layers: u(h.n_layers)?,
+        n_embd: u(h.n_embd)?,
+        n_heads: u(h.n_heads)?,
+        n_kv_heads: u(h.n_kv_heads)?,
+        head_dim: u(h.head_dim)?,
+        n_ff: u(h.n_ff)?,
+        vocab: u(h.vocab_size)?,
+        eps: h.rms_norm_eps as f32,
+        rope_theta: h.rope_theta,
+        rope_scaling: match h.rope_scaling {
+            gds_format::arch::RopeScaling::None => "none",
+            gds_format::arch::RopeScaling::Linear { .. } => "linear",
+            gds_format::arch::RopeScaling::Llama3 { .. } => "llama3",
+        }
+        .to_string(),
     })
+}
+
+fn size(v: u64, what: &str) -> Result<usize, GpuError> {
+    usize::try_from(v).map_err(|_| model_err(format!("{what} {v} does not fit in memory")))
 }
 
 impl Layout {
     /// Reads `dir/manifest.gdsm` (metadata only): see [`Layout::from_manifest`].
     pub fn read(dir: &Path) -> Result<Layout, GpuError> {
         let mpath = dir.join("manifest.gdsm");
-        let bytes = std::fs::read(&mpath).map_err(|source| GpuError::Io {
+        let bytes = gds_io::read_manifest(dir).map_err(|e| GpuError::Io {
             path: mpath.display().to_string(),
-            source,
+            source: std::io::Error::other(e.to_string()),
         })?;
-        let m = Manifest::parse(&bytes).map_err(|e| model_err(e.to_string()))?;
+        // Every structural and architecture rule, as at every open of the CPU runtime.
+        let (m, mut errs) = gds_format::validate::validate_manifest(&bytes);
+        if let (Some(m), true) = (&m, errs.is_empty()) {
+            errs.extend(gds_format::arch::check_model(m).errors);
+        }
+        let m = match m {
+            Some(m) if errs.is_empty() => m,
+            _ => {
+                return Err(model_err(format!(
+                    "{}: {}",
+                    mpath.display(),
+                    errs.iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )))
+            }
+        };
         Layout::from_manifest(dir, &m)
     }
 
@@ -138,6 +166,14 @@ impl Layout {
     /// F32.
     pub fn from_manifest(dir: &Path, m: &Manifest<'_>) -> Result<Layout, GpuError> {
         let shape = read_shape(m)?;
+        let n_blocks = m.layers().filter(|l| l.kind == layer_kind::BLOCK).count();
+        if n_blocks != shape.n_layers {
+            // Compared before anything is sized by model.n_layers.
+            return Err(model_err(format!(
+                "model.n_layers is {} but the layer table has {n_blocks} blocks",
+                shape.n_layers
+            )));
+        }
         let mut layers = Vec::new();
         let (mut embed, mut head, mut blocks) = (None, None, vec![None; shape.n_layers]);
         for l in m.layers() {
@@ -155,7 +191,7 @@ impl Layout {
             }
             layers.push(LayerMeta {
                 path: dir.join(l.file),
-                size: l.file_size as usize,
+                size: size(l.file_size, "layer file size")?,
             });
         }
         let embed = embed.ok_or_else(|| model_err("no embedding layer"))?;
@@ -167,12 +203,12 @@ impl Layout {
             .collect::<Result<_, _>>()?;
         let mut tensors = HashMap::new();
         for t in m.tensors() {
-            let cols = *t.dims().last().unwrap_or(&1) as usize;
-            let rows = (t.n_elements() as usize) / cols.max(1);
+            let cols = size(*t.dims().last().unwrap_or(&1), "tensor width")?;
+            let rows = size(t.n_elements(), "tensor elements")? / cols.max(1);
             let meta = TensorMeta {
                 layer: t.layer,
-                offset: t.offset as usize,
-                nbytes: t.nbytes as usize,
+                offset: size(t.offset, "tensor offset")?,
+                nbytes: size(t.nbytes, "tensor size")?,
                 dtype: t.dtype,
                 rows,
                 cols,
@@ -414,6 +450,49 @@ mod tests {
         // Exactly the all-resident budget needs no slots either.
         let p = plan_vram(&SIZES, 0, 5, &BLOCKS, 40, 230).unwrap();
         assert_eq!(p.slot_bytes, 0);
+    }
+
+    #[test]
+    fn gpu_layout_refuses_hostile_hyperparameters_before_allocating() {
+        use gds_format::{layout, LayerRecord, ManifestBuilder, TensorSpec};
+        let manifest = |n_layers: u64| {
+            let mut b = ManifestBuilder::new();
+            b.kv_str("general.architecture", "llama");
+            for k in ["n_embd", "n_heads", "n_kv_heads", "n_ff", "vocab_size", "context_length", "head_dim"] {
+                b.kv_u64(&format!("model.{k}"), 2);
+            }
+            b.kv_u64("model.n_layers", n_layers)
+                .kv_f64("model.rope_theta", 1e4)
+                .kv_f64("model.rms_norm_eps", 1e-5)
+                .kv_bool("model.tie_embeddings", true);
+            let t = vec![TensorSpec {
+                name: "blk.0.attn_norm.weight".into(),
+                dtype: DType::F32,
+                shape: vec![2],
+            }];
+            b.add_layer(&LayerRecord {
+                name: "blk.0".into(),
+                file: "b.bin".into(),
+                kind: layer_kind::BLOCK,
+                index: 0,
+                layout: layout(&t).unwrap(),
+                tensors: t,
+                content_hash: [0; 32],
+            });
+            b.finish()
+        };
+        // 2^40 blocks: a range error, not an allocation of 2^40 entries.
+        let bytes = manifest(1 << 40);
+        let e = Layout::from_manifest(Path::new("/x"), &Manifest::parse(&bytes).unwrap())
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("model.n_layers"), "{e}");
+        // A count that is in range but disagrees with the table is refused before sizing.
+        let bytes = manifest(5000);
+        let e = Layout::from_manifest(Path::new("/x"), &Manifest::parse(&bytes).unwrap())
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("1 blocks"), "{e}");
     }
 
     #[test]
