@@ -147,7 +147,7 @@ fn smollm2_converts_validates_and_keeps_every_byte() {
 
     // an existing output is refused, then replaced with --force
     let o = convert(&smollm_gguf(), &out2, &[]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2), "a usage error");
     assert!(
         stderr(&o).contains("already exists") && stderr(&o).contains("--force"),
         "{}",
@@ -164,7 +164,7 @@ fn smollm2_converts_validates_and_keeps_every_byte() {
     std::fs::create_dir(&precious).unwrap();
     std::fs::write(precious.join("notes.txt"), "keep me").unwrap();
     let o = convert(&smollm_gguf(), &precious, &["--force"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2), "a usage error");
     assert!(precious.join("notes.txt").exists());
 }
 
@@ -286,7 +286,8 @@ fn bad_gguf_inputs_fail_cleanly() {
             tmp.path().join("x").to_str().unwrap(),
         ],
     );
-    assert!(stderr(&o).contains("/nonexistent.gguf") && o.status.code() == Some(1));
+    // an I/O error
+    assert!(stderr(&o).contains("/nonexistent.gguf") && o.status.code() == Some(2));
     let o = run(
         "gdsconv",
         &[

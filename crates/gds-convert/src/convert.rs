@@ -3,13 +3,16 @@
 //! manifest and tokenizer, check the result, and rename it into place.
 
 use crate::error::{io, ConvertError};
+use crate::limits::{read_text, ReadTextError, MAX_TOKENIZER_BYTES};
 use crate::names::{group_of, Group};
 use crate::source::{MetaValue, Source, SourceTensor, Transform};
+use gds_format::raw::MAX_MANIFEST_BYTES;
 use gds_format::{
     file_role, layer_kind, layout, DType, LayerRecord, ManifestBuilder, TensorSpec, MANIFEST_FILE,
 };
 use rayon::prelude::*;
 use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -220,57 +223,96 @@ fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, Convert
     Ok(Cow::Owned(gds_kernels::quantize(out, &f).map_err(kerr)?))
 }
 
-/// Removes the temporary directory unless the conversion committed it.
-struct TempDir {
-    path: PathBuf,
-    keep: bool,
+/// What is at OUT_DIR before the conversion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Existing {
+    /// Nothing: the output is created.
+    Nothing,
+    /// A model directory that `--force` may replace.
+    Model,
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
-}
+/// Files a model directory may hold besides the layer files its manifest names.
+const MODEL_FILES: [&str; 4] = [
+    MANIFEST_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+];
 
-fn sibling(out_dir: &Path, tag: &str) -> Result<PathBuf, ConvertError> {
-    let name = out_dir.file_name().ok_or_else(|| ConvertError::BadInput {
-        path: out_dir.into(),
-        msg: "output path has no directory name".into(),
-    })?;
-    let parent = match out_dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    Ok(parent.join(format!(
-        ".{}.{tag}-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    )))
-}
-
-fn check_output(out_dir: &Path, force: bool) -> Result<(), ConvertError> {
-    match std::fs::symlink_metadata(out_dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io(out_dir)(e)),
-        Ok(_) if !force => Err(ConvertError::OutputExists(out_dir.into())),
-        Ok(m) => {
-            let empty = m.is_dir()
-                && std::fs::read_dir(out_dir)
-                    .map(|mut d| d.next().is_none())
-                    .unwrap_or(false);
-            if m.is_dir() && (empty || out_dir.join(MANIFEST_FILE).is_file()) {
-                Ok(())
-            } else {
-                Err(ConvertError::BadInput {
-                    path: out_dir.into(),
-                    msg: "refusing to replace it with --force: it is not a GdsLLM model directory"
-                        .into(),
-                })
+/// Entries of the existing `out_dir` that are not part of its model (relative paths,
+/// sorted): anything but [`MODEL_FILES`], `layers/`, and the layer files the manifest names.
+/// When the manifest cannot be read, no layer file counts as the model's.
+fn foreign_entries(out_dir: &Path) -> Result<Vec<String>, ConvertError> {
+    let manifest = crate::validate::read_manifest(out_dir).ok();
+    let layer_files: HashSet<&str> = manifest
+        .as_deref()
+        .and_then(|b| gds_format::Manifest::parse(b).ok())
+        .map(|m| m.layers().map(|l| l.file).collect())
+        .unwrap_or_default();
+    let mut foreign = Vec::new();
+    let walk = |dir: &Path, prefix: &str, foreign: &mut Vec<String>| -> Result<(), ConvertError> {
+        for e in std::fs::read_dir(dir).map_err(io(dir))? {
+            let e = e.map_err(io(dir))?;
+            let ty = e.file_type().map_err(io(e.path()))?;
+            let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
+            let known = ty.is_file()
+                && (layer_files.contains(rel.as_str())
+                    || (prefix.is_empty() && MODEL_FILES.contains(&rel.as_str())));
+            if !known && !(prefix.is_empty() && rel == "layers" && ty.is_dir()) {
+                foreign.push(if ty.is_dir() { format!("{rel}/") } else { rel });
             }
         }
+        Ok(())
+    };
+    walk(out_dir, "", &mut foreign)?;
+    let layers = out_dir.join("layers");
+    if std::fs::symlink_metadata(&layers).is_ok_and(|m| m.is_dir()) {
+        walk(&layers, "layers/", &mut foreign)?;
     }
+    foreign.sort();
+    Ok(foreign)
+}
+
+/// Decides whether the conversion may write `out_dir`: it must not exist, or, with
+/// `force`, be a directory holding nothing but a model, and not hold the input.
+fn check_output(input: &Path, out_dir: &Path, force: bool) -> Result<Existing, ConvertError> {
+    let refuse = |reason: String| ConvertError::ReplaceRefused {
+        path: out_dir.into(),
+        reason,
+    };
+    let meta = match std::fs::symlink_metadata(out_dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Existing::Nothing),
+        Err(e) => return Err(io(out_dir)(e)),
+        Ok(_) if !force => return Err(ConvertError::OutputExists(out_dir.into())),
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        return Err(refuse(format!(
+            "it is {}, not a model directory",
+            if meta.is_symlink() {
+                "a symbolic link"
+            } else {
+                "a file"
+            }
+        )));
+    }
+    let real_out = std::fs::canonicalize(out_dir).map_err(io(out_dir))?;
+    let real_in = std::fs::canonicalize(input).map_err(io(input))?;
+    if real_in.starts_with(&real_out) {
+        return Err(refuse(format!(
+            "the input {} is inside it",
+            input.display()
+        )));
+    }
+    let foreign = foreign_entries(out_dir)?;
+    if !foreign.is_empty() {
+        return Err(refuse(format!(
+            "it holds files that are not part of a GdsLLM model: {} (move them away, or choose another OUT_DIR)",
+            crate::check::list(foreign.into_iter())
+        )));
+    }
+    Ok(Existing::Model)
 }
 
 fn put_meta(b: &mut ManifestBuilder, k: &str, v: &MetaValue) {
@@ -314,18 +356,48 @@ pub fn convert(
     progress: &dyn Progress,
 ) -> Result<ConvertSummary, ConvertError> {
     let t0 = Instant::now();
-    check_output(out_dir, opts.force)?;
+    if out_dir.file_name().is_none() {
+        return Err(ConvertError::BadOutput {
+            path: out_dir.into(),
+            msg: "the output path has no directory name".into(),
+        });
+    }
+    check_output(input, out_dir, opts.force)?;
+    let parent = crate::staging::parent_of(out_dir);
+    // Killed conversions' leftovers go first, whatever becomes of this one.
+    let stale = crate::staging::remove_stale(&parent);
     let source = open_source(input)?;
+    crate::check::check_source(&source, input)?;
     let mut warnings: Vec<String> = source
         .warnings
         .iter()
         .filter(|w| opts.tokenizer.is_none() || !w.starts_with("tokenizer"))
         .cloned()
         .collect();
+    warnings.extend(stale.iter().map(|d| {
+        format!(
+            "removed {}, left behind by a conversion that was killed",
+            d.display()
+        )
+    }));
 
     // tokenizer first: a conversion that cannot produce one fails before writing anything
     let tokenizer_json = match &opts.tokenizer {
-        Some(p) => std::fs::read_to_string(p).map_err(io(p))?,
+        Some(p) => match read_text(p, MAX_TOKENIZER_BYTES) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                return Err(io(p)(std::io::Error::from(
+                    std::io::ErrorKind::NotFound,
+                )))
+            }
+            Err(ReadTextError::Io(e)) => return Err(io(p)(e)),
+            Err(e) => {
+                return Err(ConvertError::BadInput {
+                    path: p.clone(),
+                    msg: e.describe(MAX_TOKENIZER_BYTES),
+                })
+            }
+        },
         None => source.tokenizer.tokenizer_json.clone().ok_or_else(|| ConvertError::BadInput {
             path: input.into(),
             msg: {
@@ -347,15 +419,11 @@ pub fn convert(
     }
 
     // group into layers, deterministic order
-    let mut groups: Vec<(Group, Vec<&SourceTensor>)> = Vec::new();
+    let mut by_group: BTreeMap<Group, Vec<&SourceTensor>> = BTreeMap::new();
     for t in &source.tensors {
-        let g = group_of(&t.name);
-        match groups.iter_mut().find(|(h, _)| *h == g) {
-            Some((_, v)) => v.push(t),
-            None => groups.push((g, vec![t])),
-        }
+        by_group.entry(group_of(&t.name)).or_default().push(t);
     }
-    groups.sort_by_key(|(g, _)| *g);
+    let mut groups: Vec<(Group, Vec<&SourceTensor>)> = by_group.into_iter().collect();
     for (_, ts) in &mut groups {
         ts.sort_by(|a, b| a.name.cmp(&b.name));
         if let Some(w) = ts.windows(2).find(|w| w[0].name == w[1].name) {
@@ -397,12 +465,10 @@ pub fn convert(
         .map(|(t, d)| d.tensor_bytes(&t.shape).unwrap_or(0))
         .sum();
 
-    let tmp = TempDir {
-        path: sibling(out_dir, "tmp")?,
-        keep: false,
-    };
-    let _ = std::fs::remove_dir_all(&tmp.path);
-    std::fs::create_dir_all(tmp.path.join("layers")).map_err(io(&tmp.path))?;
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let staging = crate::staging::Staging::create(out_dir, &parent)?;
+    let tmp = staging.model();
+    std::fs::create_dir(tmp.join("layers")).map_err(io(&tmp))?;
     progress.start(total);
 
     let mut builder = ManifestBuilder::new();
@@ -464,7 +530,7 @@ pub fn convert(
             path: input.into(),
             msg,
         })?;
-        let path = tmp.path.join(&file);
+        let path = tmp.join(&file);
         let f = std::fs::File::create(&path).map_err(io(&path))?;
         let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
         let mut hasher = blake3::Hasher::new();
@@ -473,11 +539,14 @@ pub fn convert(
             write_padding(&mut w, &mut hasher, offset - pos).map_err(io(&path))?;
             let bytes = produce(t, *d)?;
             if bytes.len() as u64 != nbytes {
-                return Err(ConvertError::Internal(format!(
-                    "tensor {:?}: produced {} bytes, expected {nbytes}",
-                    t.name,
-                    bytes.len()
-                )));
+                return Err(ConvertError::Internal {
+                    input: input.into(),
+                    msg: format!(
+                        "tensor {:?}: produced {} bytes, expected {nbytes}",
+                        t.name,
+                        bytes.len()
+                    ),
+                });
             }
             w.write_all(&bytes).map_err(io(&path))?;
             hasher.update(&bytes);
@@ -523,7 +592,7 @@ pub fn convert(
     ];
     for (name, role, text) in aux {
         if let Some(text) = text {
-            write_file(&tmp.path.join(name), text.as_bytes())?;
+            write_file(&tmp.join(name), text.as_bytes())?;
             builder.add_file(
                 name,
                 role,
@@ -533,43 +602,31 @@ pub fn convert(
         }
     }
     let manifest = builder.finish();
-    write_file(&tmp.path.join(MANIFEST_FILE), &manifest)?;
+    if manifest.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(ConvertError::BadInput {
+            path: input.into(),
+            msg: format!(
+                "its metadata and tensor table take {} bytes in a manifest, more than the {MAX_MANIFEST_BYTES} a manifest may hold",
+                manifest.len()
+            ),
+        });
+    }
+    write_file(&tmp.join(MANIFEST_FILE), &manifest)?;
     progress.finish();
 
-    // Check what we wrote before anyone can see it.
-    let report = crate::validate::validate_dir(&tmp.path, crate::validate::Depth::Structure);
+    // Check what we wrote before anyone can see it. The input was checked before writing,
+    // so a failure here is the converter's own bug.
+    let report = crate::validate::validate_dir(&tmp, crate::validate::Depth::Structure);
     if !report.errors.is_empty() {
-        return Err(ConvertError::Internal(format!(
-            "the written model is invalid: {}",
-            report.errors.join("; ")
-        )));
+        return Err(ConvertError::Internal {
+            input: input.into(),
+            msg: format!("the written model is invalid: {}", report.errors.join("; ")),
+        });
     }
 
-    // commit
-    check_output(out_dir, opts.force)?;
-    let old = if out_dir.exists() {
-        let old = sibling(out_dir, "old")?;
-        std::fs::rename(out_dir, &old).map_err(io(out_dir))?;
-        Some(old)
-    } else {
-        None
-    };
-    if let Err(e) = std::fs::rename(&tmp.path, out_dir) {
-        if let Some(old) = &old {
-            let _ = std::fs::rename(old, out_dir);
-        }
-        return Err(io(out_dir)(e));
-    }
-    let mut tmp = tmp;
-    tmp.keep = true;
-    if let Some(old) = old {
-        let _ = std::fs::remove_dir_all(old);
-    }
-    if let Some(parent) = out_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        if let Ok(d) = std::fs::File::open(parent) {
-            let _ = d.sync_all();
-        }
-    }
+    // commit: OUT_DIR may have changed while we worked
+    let now = check_output(input, out_dir, opts.force)?;
+    staging.commit(out_dir, now == Existing::Model)?;
     Ok(ConvertSummary {
         arch: source.arch.clone(),
         runnable: source.runnable,

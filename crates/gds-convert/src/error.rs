@@ -3,6 +3,9 @@ use thiserror::Error;
 
 /// Everything that can stop a conversion, validation or inspection. Each message names the
 /// file (and the tensor, where there is one).
+///
+/// The `Display` text is the whole message, OS error included: print it alone, not
+/// followed by its [`source`](std::error::Error::source) chain, or the OS error appears twice.
 #[derive(Debug, Error)]
 pub enum ConvertError {
     /// An I/O operation on `path` failed.
@@ -35,6 +38,23 @@ pub enum ConvertError {
     /// The output directory exists and `--force` was not given.
     #[error("{0}: output directory already exists (use --force to replace it)")]
     OutputExists(PathBuf),
+    /// The output path cannot be used at all (it has no directory name).
+    #[error("{path}: {msg}")]
+    BadOutput {
+        /// The output path as given.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// `--force` was given but replacing the output directory would destroy something that
+    /// is not a GdsLLM model (the input itself, or other files).
+    #[error("{path}: refusing to replace it with --force: {reason}")]
+    ReplaceRefused {
+        /// The output directory.
+        path: PathBuf,
+        /// Why, listing what would be lost.
+        reason: String,
+    },
     /// A safetensors input could not be read.
     #[error(transparent)]
     Safetensors(#[from] crate::safetensors::SafetensorsError),
@@ -48,8 +68,45 @@ pub enum ConvertError {
         source: gds_kernels::KernelError,
     },
     /// The written model breaks the format (a bug, caught before the rename).
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error converting {input}: {msg}")]
+    Internal {
+        /// The input being converted.
+        input: PathBuf,
+        /// What is wrong with the output.
+        msg: String,
+    },
+}
+
+/// What kind of failure a [`ConvertError`] is; `gdsconv` maps it to its exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The input is not a model we can convert (exit 1).
+    Input,
+    /// A bug: the converter produced something invalid (exit 1, "failed conversion").
+    Internal,
+    /// The command line asks for something that cannot or must not be done: the output
+    /// exists, `--force` would destroy other files, the output path is unusable (exit 2).
+    Usage,
+    /// The operating system refused an operation (exit 2).
+    Io,
+}
+
+impl ConvertError {
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ConvertError::Io { .. } => ErrorKind::Io,
+            ConvertError::Safetensors(e) if e.is_io() => ErrorKind::Io,
+            ConvertError::BadInput { .. }
+            | ConvertError::BadTensor { .. }
+            | ConvertError::Safetensors(_)
+            | ConvertError::Kernel { .. } => ErrorKind::Input,
+            ConvertError::OutputExists(_)
+            | ConvertError::BadOutput { .. }
+            | ConvertError::ReplaceRefused { .. } => ErrorKind::Usage,
+            ConvertError::Internal { .. } => ErrorKind::Internal,
+        }
+    }
 }
 
 /// Shorthand for an I/O error on a path.

@@ -3,6 +3,7 @@
 //! memory-mapped file before anything reads it.
 
 use crate::error::{io, ConvertError};
+use crate::limits::MAX_GGUF_ARRAY_ELEMENTS;
 use crate::names::{canonical_family, group_of};
 use crate::source::{
     MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles, Transform,
@@ -14,13 +15,17 @@ use std::sync::Arc;
 
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 
-/// Walks the GGUF header (key/values and tensor infos) checking every length against the file
-/// size, so that `gguf-rs` (which allocates by the lengths it reads, and panics on a few
-/// type ids) only ever sees a well-formed header.
+/// Walks the GGUF header (key/values and tensor infos) checking every count and length
+/// against the file size, the array elements against [`MAX_GGUF_ARRAY_ELEMENTS`], and every
+/// key for duplicates, so that `gguf-rs` (which allocates by the lengths it reads, keeps the
+/// last of two equal keys, and panics on a few type ids) only ever sees a well-formed header
+/// whose decoding takes bounded memory.
 fn prescan(bytes: &[u8]) -> Result<(), String> {
     struct Cur<'a> {
         b: &'a [u8],
         pos: usize,
+        /// Array elements seen so far.
+        elements: u64,
     }
     impl Cur<'_> {
         fn take(&mut self, n: u64, what: &str) -> Result<&[u8], String> {
@@ -75,23 +80,32 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
                     }
                     let et = self.u32(&format!("array type of {key:?}"))?;
                     let n = self.u64(&format!("array length of {key:?}"))?;
-                    match scalar(et) {
+                    // first what the file can hold, then what we accept to decode
+                    let scalar_size = scalar(et);
+                    match scalar_size {
                         Some(sz) => {
                             let total = n.checked_mul(sz).ok_or_else(|| {
                                 format!("key {key:?}: array length {n} overflows")
                             })?;
                             self.take(total, &format!("array {key:?}"))?;
                         }
-                        None => {
-                            // each element takes at least 8 bytes (a string length)
-                            if n > (self.b.len() - self.pos) as u64 / 8 {
-                                return Err(format!(
-                                    "key {key:?}: array length {n} exceeds the file"
-                                ));
-                            }
-                            for _ in 0..n {
-                                self.value(et, key, depth + 1)?;
-                            }
+                        // each element takes at least 8 bytes (a string length)
+                        None if n > (self.b.len() - self.pos) as u64 / 8 => {
+                            return Err(format!(
+                                "key {key:?}: array length {n} exceeds the file"
+                            ));
+                        }
+                        None => {}
+                    }
+                    self.elements = self.elements.saturating_add(n);
+                    if self.elements > MAX_GGUF_ARRAY_ELEMENTS {
+                        return Err(format!(
+                            "key {key:?}: array of {n} elements: the metadata arrays would hold more than the {MAX_GGUF_ARRAY_ELEMENTS} elements GdsLLM accepts"
+                        ));
+                    }
+                    if scalar_size.is_none() {
+                        for _ in 0..n {
+                            self.value(et, key, depth + 1)?;
                         }
                     }
                 }
@@ -104,7 +118,11 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
             Ok(())
         }
     }
-    let mut c = Cur { b: bytes, pos: 0 };
+    let mut c = Cur {
+        b: bytes,
+        pos: 0,
+        elements: 0,
+    };
     let magic = c.take(4, "magic")?;
     if magic != GGUF_MAGIC {
         return Err(format!(
@@ -124,10 +142,15 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
             "header counts ({n_kv} key/values, {n_tensors} tensors) exceed the file size"
         ));
     }
+    let mut keys = std::collections::HashSet::new();
     for i in 0..n_kv {
         let key = c.string(&format!("key #{i}"))?;
+        if keys.contains(&key) {
+            return Err(format!("metadata key {key:?} appears twice"));
+        }
         let t = c.u32(&format!("type of {key:?}"))?;
         c.value(t, &key, 0)?;
+        keys.insert(key);
     }
     for i in 0..n_tensors {
         let name = c.string(&format!("name of tensor #{i}"))?;
@@ -221,6 +244,7 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     let family = canonical_family(&gguf_arch);
     let runnable = family.is_some();
     let mut warnings = Vec::new();
+    let mut hparam_origin = std::collections::BTreeMap::new();
 
     let mut tensors = Vec::with_capacity(model.tensors().len());
     for t in model.tensors() {
@@ -301,19 +325,34 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
             )));
         }
         let n_kv = num_u64(key("attention.head_count_kv")).unwrap_or(n_heads);
+        // The embedding's rows, when the file states no size: a vocabulary padded for the
+        // matmuls has more rows than tokens, and the rows are what the model computes.
         let vocab = num_u64(key("vocab_size"))
-            .or_else(|| {
-                meta.get("tokenizer.ggml.tokens")
-                    .and_then(Value::as_array)
-                    .map(|a| a.len() as u64)
-            })
             .or_else(|| {
                 tensors
                     .iter()
                     .find(|t| t.name == "token_embd.weight")
                     .map(|t| t.shape[0])
             })
+            .or_else(|| {
+                meta.get("tokenizer.ggml.tokens")
+                    .and_then(Value::as_array)
+                    .map(|a| a.len() as u64)
+            })
             .ok_or_else(|| bad("cannot determine the vocabulary size".into()))?;
+        for (canon, k) in [
+            ("model.n_layers", "block_count"),
+            ("model.n_embd", "embedding_length"),
+            ("model.n_heads", "attention.head_count"),
+            ("model.n_kv_heads", "attention.head_count_kv"),
+            ("model.n_ff", "feed_forward_length"),
+            ("model.vocab_size", "vocab_size"),
+            ("model.head_dim", "attention.key_length"),
+        ] {
+            if key(k).is_some() {
+                hparam_origin.insert(canon.to_string(), format!("{a}.{k}"));
+            }
+        }
         let head_dim = num_u64(key("attention.key_length")).unwrap_or(n_embd / n_heads);
         metadata.insert(
             "model.n_layers".into(),
@@ -428,6 +467,7 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         arch: family.map(str::to_string).unwrap_or(gguf_arch),
         runnable,
         metadata,
+        hparam_origin,
         tensors,
         tokenizer,
         warnings,

@@ -5,18 +5,21 @@
 //! shapes, bytes still in the memory-mapped input. [`convert::convert`] streams it out layer
 //! by layer into a temporary directory and renames it into place.
 
+mod check;
 pub mod convert;
 mod error;
 pub mod gguf;
 pub mod inspect;
+mod limits;
 pub mod names;
 pub mod safetensors;
 pub mod source;
+mod staging;
 pub mod tokenizer;
 pub mod validate;
 
 pub use convert::{
     convert, open_source, ConvertOptions, ConvertSummary, NoProgress, Progress, QuantTarget,
 };
-pub use error::ConvertError;
+pub use error::{ConvertError, ErrorKind};
 pub use validate::{validate_dir, Depth, Report};

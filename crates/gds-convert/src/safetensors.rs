@@ -40,14 +40,19 @@
 //! then tensors with a layer index (the first all-digit dotted component) by layer, then
 //! everything else; by name within each group.
 
+use crate::limits::{
+    read_text, ReadTextError, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, MAX_TOKENIZER_BYTES,
+};
 use crate::source::{
     MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles, Transform,
 };
 use gds_format::DType;
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype as StDtype, SafeTensorError, SafeTensors};
+use serde::de::{Deserializer as _, Error as _, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -152,6 +157,14 @@ pub enum SafetensorsError {
     },
 }
 
+impl SafetensorsError {
+    /// True when the operating system refused an operation (as opposed to the input being
+    /// malformed).
+    pub fn is_io(&self) -> bool {
+        matches!(self, SafetensorsError::Io { .. })
+    }
+}
+
 type Result<T> = std::result::Result<T, SafetensorsError>;
 
 /// Reads a safetensors input (file, `model.safetensors.index.json`, or Hugging Face model
@@ -182,9 +195,12 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
     let config_path = dir.join("config.json");
     let config = read_json_object(&config_path)?;
     let mut tokenizer = TokenizerFiles {
-        tokenizer_json: read_text_opt(&dir.join("tokenizer.json"))?,
-        tokenizer_config_json: read_text_opt(&dir.join("tokenizer_config.json"))?,
-        generation_config_json: read_text_opt(&dir.join("generation_config.json"))?,
+        tokenizer_json: read_text_opt(&dir.join("tokenizer.json"), MAX_TOKENIZER_BYTES)?,
+        tokenizer_config_json: read_text_opt(&dir.join("tokenizer_config.json"), MAX_CONFIG_BYTES)?,
+        generation_config_json: read_text_opt(
+            &dir.join("generation_config.json"),
+            MAX_CONFIG_BYTES,
+        )?,
         built: false,
     };
     if tokenizer.tokenizer_json.is_none() {
@@ -243,6 +259,7 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
             arch,
             runnable: false,
             metadata,
+            hparam_origin: BTreeMap::new(),
             tensors,
             tokenizer,
             warnings,
@@ -256,10 +273,24 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         MetaValue::Str("llama".into()),
     );
     let tensors = map_llama(input, raw, &hp, &mut warnings)?;
+    let hparam_origin = [
+        ("model.n_layers", "num_hidden_layers"),
+        ("model.n_embd", "hidden_size"),
+        ("model.n_heads", "num_attention_heads"),
+        ("model.n_kv_heads", "num_key_value_heads"),
+        ("model.n_ff", "intermediate_size"),
+        ("model.vocab_size", "vocab_size"),
+        ("model.head_dim", "head_dim"),
+    ]
+    .into_iter()
+    .filter(|(_, k)| cfg.get(k).is_some())
+    .map(|(canon, k)| (canon.into(), format!("{k} in {}", config_path.display())))
+    .collect();
     Ok(Source {
         arch: "llama".into(),
         runnable,
         metadata,
+        hparam_origin,
         tensors,
         tokenizer,
         warnings,
@@ -393,7 +424,14 @@ fn located_index(index_path: &Path, dir: &Path) -> Result<Located> {
         path: index_path.to_owned(),
         reason,
     };
-    let text = std::fs::read_to_string(index_path).map_err(io_err(index_path))?;
+    let text = match read_text(index_path, MAX_INDEX_BYTES) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err(io_err(index_path)(io::Error::from(io::ErrorKind::NotFound)));
+        }
+        Err(ReadTextError::Io(e)) => return Err(io_err(index_path)(e)),
+        Err(e) => return Err(bad(e.describe(MAX_INDEX_BYTES))),
+    };
     let json: Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
     let map = json
@@ -542,15 +580,18 @@ fn parse_file(path: &Path) -> Result<Vec<RawTensor>> {
     let data_len = file_len - data_start;
     let text = std::str::from_utf8(&map[8..data_start as usize])
         .map_err(|e| header_err(format!("header is not UTF-8: {e}")))?;
-    let header: Map<String, Value> = serde_json::from_str(text)
-        .map_err(|e| header_err(format!("header is not a JSON object: {e}")))?;
-
-    // Our own pass first, for messages that name the tensor.
-    for (name, entry) in &header {
-        if name == "__metadata__" {
-            continue;
-        }
-        check_entry(path, name, entry, data_len)?;
+    // Our own pass first, for messages that name the tensor and to refuse duplicate keys.
+    let mut check = HeaderCheck {
+        path,
+        data_len,
+        failure: None,
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    if let Err(e) = de.deserialize_map(&mut check).and_then(|()| de.end()) {
+        return Err(check
+            .failure
+            .take()
+            .unwrap_or_else(|| header_err(format!("header is not a JSON object: {e}"))));
     }
     // Then the safetensors crate's validation (contiguous offsets covering the data).
     let (_, meta) = SafeTensors::read_metadata(&map[..]).map_err(|e| match e {
@@ -584,6 +625,48 @@ fn parse_file(path: &Path) -> Result<Vec<RawTensor>> {
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+/// Walks the header object entry by entry, so that a duplicate key is seen (a JSON map keeps
+/// only the last of two entries of one name, and which tensor the file meant is then a guess)
+/// and only one entry at a time is held as a `serde_json::Value`.
+struct HeaderCheck<'a> {
+    path: &'a Path,
+    data_len: u64,
+    /// The error to report when deserialization stopped on purpose.
+    failure: Option<SafetensorsError>,
+}
+
+impl<'de> Visitor<'de> for &mut HeaderCheck<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                self.failure = Some(SafetensorsError::Header {
+                    path: self.path.to_owned(),
+                    reason: format!("key {key:?} appears twice"),
+                });
+                return Err(A::Error::custom("duplicate key"));
+            }
+            if key == "__metadata__" {
+                // checked by the safetensors crate (a map of strings)
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let entry: Value = map.next_value()?;
+            if let Err(e) = check_entry(self.path, &key, &entry, self.data_len) {
+                self.failure = Some(e);
+                return Err(A::Error::custom("bad entry"));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn check_entry(path: &Path, name: &str, entry: &Value, data_len: u64) -> Result<()> {
@@ -682,24 +765,22 @@ fn source_tensor(t: RawTensor, name: String, transform: Transform) -> Result<Sou
 // ------------------------------------------------------------------------------------------
 // Side files
 
-fn read_text_opt(path: &Path) -> Result<Option<String>> {
-    match std::fs::read(path) {
-        Ok(bytes) => String::from_utf8(bytes)
-            .map(Some)
-            .map_err(|_| SafetensorsError::Config {
-                path: path.to_owned(),
-                reason: "not UTF-8".into(),
-            }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(SafetensorsError::Io {
+/// A side file's text (at most `cap` bytes), or `None` when it does not exist.
+fn read_text_opt(path: &Path, cap: u64) -> Result<Option<String>> {
+    read_text(path, cap).map_err(|e| match e {
+        ReadTextError::Io(source) => SafetensorsError::Io {
             path: path.to_owned(),
-            source: e,
-        }),
-    }
+            source,
+        },
+        e => SafetensorsError::Config {
+            path: path.to_owned(),
+            reason: e.describe(cap),
+        },
+    })
 }
 
 fn read_json_object(path: &Path) -> Result<Option<Map<String, Value>>> {
-    let Some(text) = read_text_opt(path)? else {
+    let Some(text) = read_text_opt(path, MAX_CONFIG_BYTES)? else {
         return Ok(None);
     };
     parse_json_object(path, &text).map(Some)
@@ -915,6 +996,7 @@ fn no_config(
         arch: "unknown".into(),
         runnable: false,
         metadata,
+        hparam_origin: BTreeMap::new(),
         tensors: keep_original(raw)?,
         tokenizer,
         warnings,

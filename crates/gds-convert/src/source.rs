@@ -120,6 +120,9 @@ pub struct Source {
     pub runnable: bool,
     /// Metadata for the manifest.
     pub metadata: Metadata,
+    /// Where the input states each `model.*` hyperparameter (`model.n_layers` →
+    /// `llama.block_count`), for error messages; keys the reader derived are absent.
+    pub hparam_origin: BTreeMap<String, String>,
     /// Tensors in a deterministic order.
     pub tensors: Vec<SourceTensor>,
     /// Tokenizer files.

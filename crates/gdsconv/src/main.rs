@@ -1,11 +1,17 @@
 //! `gdsconv`: convert, validate and inspect GdsLLM model directories.
 //!
-//! Exit codes: 0 success (valid), 1 invalid model or failed conversion, 2 usage or I/O error.
+//! Exit codes:
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success; `validate`: the directory is valid |
+//! | 1 | the input is not a model that can be converted (malformed, inconsistent, unsupported), or the conversion failed; `validate`: the directory is invalid |
+//! | 2 | usage error (bad flag or value, OUT_DIR exists without `--force`, `--force` refused because OUT_DIR holds the input or other files) or an I/O error (a missing file, permissions, a full disk) |
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gds_convert::{
-    convert, inspect::inspect, validate_dir, ConvertOptions, Depth, Progress, QuantTarget,
+    convert, inspect::inspect, validate_dir, ConvertError, ConvertOptions, Depth, ErrorKind,
+    Progress, QuantTarget,
 };
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -32,7 +38,7 @@ enum Cmd {
         out_dir: PathBuf,
         /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1. Norms and other 1-D tensors stay f32.
         #[arg(long, default_value = "keep")]
-        quant: String,
+        quant: QuantTarget,
         /// Also convert tensors that are already block-quantized (dequantize, then quantize).
         #[arg(long)]
         requantize: bool,
@@ -97,7 +103,46 @@ fn human(bytes: u64) -> String {
     indicatif::HumanBytes(bytes).to_string()
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// Why gdsconv stops early. The message is printed once, as is: every error it comes from
+/// already names the file and includes the OS error.
+enum Failure {
+    /// Exit 1: the input or the model directory is invalid, or the conversion failed.
+    Invalid(String),
+    /// Exit 2: a usage or I/O error.
+    Usage(String),
+    /// Exit 0 silently: stdout was closed (e.g. `| head`).
+    BrokenPipe,
+}
+
+impl From<ConvertError> for Failure {
+    fn from(e: ConvertError) -> Self {
+        match e.kind() {
+            ErrorKind::Input | ErrorKind::Internal => Failure::Invalid(e.to_string()),
+            ErrorKind::Usage | ErrorKind::Io => Failure::Usage(e.to_string()),
+        }
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Failure::BrokenPipe
+        } else {
+            Failure::Usage(format!("writing the output: {e}"))
+        }
+    }
+}
+
+impl From<serde_json::Error> for Failure {
+    fn from(e: serde_json::Error) -> Self {
+        match e.io_error_kind() {
+            Some(k) => std::io::Error::from(k).into(),
+            None => Failure::Usage(format!("writing JSON: {e}")),
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.cmd {
         Cmd::Convert {
             input,
@@ -109,15 +154,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             threads,
             json,
         } => {
-            let quant: QuantTarget = quant
-                .parse()
-                .map_err(|e: String| anyhow::anyhow!(e))
-                .context("bad --quant")?;
             if let Some(n) = threads {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n.max(1))
                     .build_global()
-                    .context("configuring threads")?;
+                    .map_err(|e| Failure::Usage(format!("--threads {n}: {e}")))?;
             }
             let bar = if std::io::stderr().is_terminal() && !json {
                 let b = indicatif::ProgressBar::new(0);
@@ -165,7 +206,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Validate { dir, quick, json } => {
             if !dir.is_dir() {
-                anyhow::bail!("{}: not a directory", dir.display());
+                return Err(Failure::Usage(format!("{}: not a directory", dir.display())));
             }
             let r = validate_dir(&dir, if quick { Depth::Quick } else { Depth::Full });
             if json {
@@ -198,7 +239,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Cmd::Inspect { dir, json, tensors } => {
-            let i = inspect(&dir).map_err(|e| anyhow::anyhow!(e))?;
+            let i = inspect(&dir).map_err(Failure::Usage)?;
             let mut out = std::io::stdout().lock();
             if json {
                 let mut v = serde_json::to_value(&i)?;
@@ -281,24 +322,16 @@ fn main() -> ExitCode {
             };
         }
     };
-    let is_convert = matches!(cli.cmd, Cmd::Convert { .. });
     match run(cli) {
         Ok(code) => code,
-        Err(e) => {
-            // A closed stdout (e.g. `| head`) is not an error worth reporting.
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            }) {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("gdsconv: error: {e:#}");
-            // conversion failures are "the input is bad" (1); validate/inspect I/O problems are 2
-            if is_convert {
-                ExitCode::from(1)
-            } else {
-                ExitCode::from(2)
-            }
+        Err(Failure::BrokenPipe) => ExitCode::SUCCESS,
+        Err(Failure::Invalid(msg)) => {
+            eprintln!("gdsconv: error: {msg}");
+            ExitCode::from(1)
+        }
+        Err(Failure::Usage(msg)) => {
+            eprintln!("gdsconv: error: {msg}");
+            ExitCode::from(2)
         }
     }
 }

@@ -1,0 +1,302 @@
+//! The directory a conversion writes into, beside OUT_DIR, and how it becomes OUT_DIR.
+//!
+//! `PARENT/.NAME.tmp-PID` (or `.NAME.tmp-PID-K` when that name is taken) holds
+//!
+//! * `.gdsconv.lock`, locked with `flock` for as long as the converter runs. The kernel
+//!   drops the lock when the process dies however it dies (SIGKILL, OOM killer), so a
+//!   staging directory whose lock can be taken has no owner any more — PID reuse cannot
+//!   make a dead owner look alive;
+//! * `model/`, the output being written.
+//!
+//! The commit renames `model/` onto OUT_DIR — when `--force` replaces an existing model,
+//! by atomically exchanging the two (Linux `renameat2(RENAME_EXCHANGE)`), so that OUT_DIR
+//! is at every instant either the old model or the new one — and then removes the
+//! staging directory. Every conversion first removes the staging directories in its parent
+//! whose lock it can take ([`remove_stale`]): those of killed conversions.
+
+use crate::error::{io, ConvertError};
+use rustix::fs::{flock, FlockOperation};
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// The lock file inside a staging directory.
+const LOCK_FILE: &str = ".gdsconv.lock";
+/// The output inside a staging directory.
+const MODEL_DIR: &str = "model";
+
+/// A staging directory this process owns (its lock held) until it is dropped, which
+/// removes it.
+pub(crate) struct Staging {
+    dir: PathBuf,
+    /// Held for the lifetime of the value: the lock is the proof of ownership.
+    _lock: File,
+}
+
+/// The directory OUT_DIR lives in.
+pub(crate) fn parent_of(out_dir: &Path) -> PathBuf {
+    match out_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// True for names this module gives staging directories: `.NAME.tmp-PID` or
+/// `.NAME.tmp-PID-K`, NAME non-empty, PID and K decimal.
+fn is_staging_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix('.') else {
+        return false;
+    };
+    let Some((stem, tail)) = rest.rsplit_once(".tmp-") else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    !stem.is_empty()
+        && match tail.split_once('-') {
+            None => digits(tail),
+            Some((pid, k)) => digits(pid) && digits(k),
+        }
+}
+
+/// Whether `file` is still the file at `path` (same device and inode).
+fn is_same_file(file: &File, path: &Path) -> bool {
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Removes every staging directory in `parent` whose owner is gone, returning the paths
+/// removed. Only directories with a staging name are looked at; one without a lock file is
+/// removed only when empty (its owner, between creating it and its lock, then retries).
+/// Errors are not fatal: a directory that cannot be examined or removed is left alone.
+pub(crate) fn remove_stale(parent: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return removed;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_str().is_some_and(is_staging_name) {
+            continue;
+        }
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue; // a symlink or a file with our name pattern is not ours
+        }
+        let dir = entry.path();
+        let lock = match File::open(dir.join(LOCK_FILE)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if std::fs::remove_dir(&dir).is_ok() {
+                    removed.push(dir);
+                }
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if flock(&lock, FlockOperation::NonBlockingLockExclusive).is_ok()
+            && std::fs::remove_dir_all(&dir).is_ok()
+        {
+            removed.push(dir);
+        }
+    }
+    removed
+}
+
+impl Staging {
+    /// Creates and locks a new staging directory for `out_dir` in `parent` (which must
+    /// exist).
+    pub(crate) fn create(out_dir: &Path, parent: &Path) -> Result<Staging, ConvertError> {
+        let name = out_dir
+            .file_name()
+            .ok_or_else(|| ConvertError::BadOutput {
+                path: out_dir.into(),
+                msg: "the output path has no directory name".into(),
+            })?
+            .to_string_lossy()
+            .into_owned();
+        let pid = std::process::id();
+        let mut k = 0u32;
+        // Each retry follows a cleaner removing the directory we just made (it had no lock
+        // yet) or another process taking the name; a few are plenty.
+        for _ in 0..64 {
+            let dir = parent.join(if k == 0 {
+                format!(".{name}.tmp-{pid}")
+            } else {
+                format!(".{name}.tmp-{pid}-{k}")
+            });
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    k += 1;
+                    continue;
+                }
+                Err(e) => return Err(io(&dir)(e)),
+            }
+            let lock_path = dir.join(LOCK_FILE);
+            let lock = match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&lock_path)
+            {
+                Ok(f) => f,
+                // removed by a cleaner, or it put a file there: start again
+                Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::AlreadyExists) => {
+                    continue
+                }
+                Err(e) => return Err(io(&lock_path)(e)),
+            };
+            flock(&lock, FlockOperation::LockExclusive)
+                .map_err(|e| io(&lock_path)(e.into()))?;
+            // A cleaner may have locked the file between our open and our flock, and
+            // removed the directory: then the lock we hold is on a deleted file.
+            if !is_same_file(&lock, &lock_path) {
+                continue;
+            }
+            let staging = Staging { dir, _lock: lock };
+            std::fs::create_dir(staging.model()).map_err(io(staging.model()))?;
+            return Ok(staging);
+        }
+        Err(io(parent)(std::io::Error::other(
+            "could not create a temporary directory for the conversion",
+        )))
+    }
+
+    /// Where the output is written.
+    pub(crate) fn model(&self) -> PathBuf {
+        self.dir.join(MODEL_DIR)
+    }
+
+    /// Moves the written model to `out_dir`, replacing the model there when `replace`, and
+    /// removes the staging directory (with the old model, if any).
+    pub(crate) fn commit(self, out_dir: &Path, replace: bool) -> Result<(), ConvertError> {
+        let model = self.model();
+        if replace {
+            exchange_or_replace(&model, out_dir, &self.dir)?;
+        } else {
+            rename_noreplace(&model, out_dir)?;
+        }
+        if let Ok(d) = File::open(parent_of(out_dir)) {
+            let _ = d.sync_all();
+        }
+        Ok(()) // dropping self removes the staging directory
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Puts `model` at `out_dir`, which must not exist (an entry created there meanwhile is an
+/// [`ConvertError::OutputExists`], not replaced).
+fn rename_noreplace(model: &Path, out_dir: &Path) -> Result<(), ConvertError> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::{renameat_with, RenameFlags, CWD};
+        match renameat_with(CWD, model, CWD, out_dir, RenameFlags::NOREPLACE) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::EXIST) => {
+                return Err(ConvertError::OutputExists(out_dir.into()))
+            }
+            // file systems without renameat2 flags: the plain rename below
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) => {}
+            Err(e) => return Err(io(out_dir)(e.into())),
+        }
+    }
+    std::fs::rename(model, out_dir).map_err(io(out_dir))
+}
+
+/// Swaps `model` and the existing `out_dir` in one step; where the file system cannot,
+/// moves `out_dir` into `staging` and `model` into its place (a crash in between leaves
+/// no OUT_DIR, and the old model in the staging directory until the next conversion).
+fn exchange_or_replace(model: &Path, out_dir: &Path, staging: &Path) -> Result<(), ConvertError> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::{renameat_with, RenameFlags, CWD};
+        match renameat_with(CWD, model, CWD, out_dir, RenameFlags::EXCHANGE) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) => {}
+            Err(e) => return Err(io(out_dir)(e.into())),
+        }
+    }
+    let old = staging.join("old");
+    std::fs::rename(out_dir, &old).map_err(io(out_dir))?;
+    if let Err(e) = std::fs::rename(model, out_dir) {
+        let _ = std::fs::rename(&old, out_dir);
+        return Err(io(out_dir)(e));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_names() {
+        for ok in [".m.gds.tmp-123", ".m.tmp-1-2", ".a.tmp-b.tmp-9"] {
+            assert!(is_staging_name(ok), "{ok}");
+        }
+        for no in [
+            "m.tmp-123",
+            "..tmp-1",
+            ".m.tmp-",
+            ".m.tmp-12a",
+            ".m.tmp-1-",
+            ".m.tmp-1-2-3",
+            ".m.old-1",
+            ".m.tmp-x",
+        ] {
+            assert!(!is_staging_name(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn a_held_lock_protects_a_staging_directory_and_a_released_one_does_not() {
+        let parent = tempfile::tempdir().unwrap();
+        let out = parent.path().join("m.gds");
+        let live = Staging::create(&out, parent.path()).unwrap();
+        std::fs::write(live.model().join("x"), b"x").unwrap();
+        // a dead converter's directory: its lock file exists but nobody holds it
+        let dead = parent.path().join(".other.tmp-4000000000");
+        std::fs::create_dir_all(dead.join(MODEL_DIR)).unwrap();
+        std::fs::write(dead.join(LOCK_FILE), b"").unwrap();
+        // not ours: no lock file and not empty, or not our name
+        let foreign = parent.path().join(".x.tmp-1");
+        std::fs::create_dir_all(foreign.join("data")).unwrap();
+        let user = parent.path().join("notes.tmp-1");
+        std::fs::create_dir(&user).unwrap();
+
+        let removed = remove_stale(parent.path());
+        assert_eq!(removed, vec![dead.clone()]);
+        assert!(!dead.exists());
+        assert!(live.model().join("x").exists());
+        assert!(foreign.exists() && user.exists());
+
+        live.commit(&out, false).unwrap();
+        assert!(out.join("x").exists());
+        let mut left: Vec<_> = std::fs::read_dir(parent.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".x.tmp-1", "m.gds", "notes.tmp-1"]);
+    }
+
+    #[test]
+    fn replacing_swaps_the_directories_and_drops_the_old_one() {
+        let parent = tempfile::tempdir().unwrap();
+        let out = parent.path().join("m.gds");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("old"), b"old").unwrap();
+        let s = Staging::create(&out, parent.path()).unwrap();
+        std::fs::write(s.model().join("new"), b"new").unwrap();
+        s.commit(&out, true).unwrap();
+        assert!(out.join("new").exists() && !out.join("old").exists());
+        assert_eq!(std::fs::read_dir(parent.path()).unwrap().count(), 1);
+    }
+}

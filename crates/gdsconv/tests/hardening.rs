@@ -1,0 +1,447 @@
+//! Regression tests for the converter defects of issue 15 ("Hardening"), each named after
+//! its defect: hostile sizes in GGUF and safetensors inputs (run under a memory cap, so an
+//! allocation sized by a hostile field fails the test instead of exhausting the machine),
+//! staging directories of killed conversions, `--force`, exit codes and messages.
+
+use gds_tests::{fixture, smollm_gguf};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+const GDSCONV: &str = env!("CARGO_BIN_EXE_gdsconv");
+
+/// Address-space cap for converter runs on hostile input: ample for a real conversion of
+/// SmolLM2 (which needs under 300 MiB), far below what any hostile count asks for.
+const CAP_KIB: u64 = 1 << 20;
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn gdsconv(args: &[&OsStr]) -> Output {
+    Command::new(GDSCONV).args(args).output().expect("run gdsconv")
+}
+
+/// `gdsconv convert INPUT OUT --threads 1 EXTRA...` with the address space capped at
+/// [`CAP_KIB`] (one worker and two malloc arenas, so the cap does not depend on the
+/// machine's core count).
+fn convert_capped(input: &Path, out: &Path, extra: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {CAP_KIB} && exec \"$0\" \"$@\""))
+        .arg(GDSCONV)
+        .arg("convert")
+        .arg(input)
+        .arg(out)
+        .args(["--threads", "1"])
+        .args(extra)
+        .env("MALLOC_ARENA_MAX", "2")
+        .output()
+        .expect("run gdsconv under sh")
+}
+
+fn convert(input: &Path, out: &Path, extra: &[&str]) -> Output {
+    Command::new(GDSCONV)
+        .arg("convert")
+        .arg(input)
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("run gdsconv")
+}
+
+/// Exit 1, a message naming `file` and containing `needle`, no panic, no abort, no output.
+fn assert_input_error(o: &Output, file: &Path, needle: &str, out: &Path) {
+    let err = stderr(o);
+    let name = file.file_name().unwrap().to_string_lossy();
+    assert_eq!(o.status.code(), Some(1), "{name}: exit {:?}: {err}", o.status);
+    assert!(
+        err.contains(name.as_ref()) && err.contains(needle),
+        "{name}: want {needle:?} in {err:?}"
+    );
+    assert!(!err.contains("panicked") && !err.contains("memory allocation"), "{err}");
+    assert!(!out.exists(), "{name}: left {}", out.display());
+}
+
+/// Entries of `dir` whose names start with '.' (staging directories are hidden).
+fn hidden_entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    v.sort();
+    v
+}
+
+// ------------------------------------------------------------------------------------------
+// Hand-made GGUF files
+
+fn gguf_header(n_tensors: u64, n_kv: u64) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(n_tensors.to_le_bytes());
+    b.extend(n_kv.to_le_bytes());
+    b
+}
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+/// A key holding a string value.
+fn kv_str(b: &mut Vec<u8>, k: &str, v: &str) {
+    put_str(b, k);
+    b.extend(8u32.to_le_bytes());
+    put_str(b, v);
+}
+
+/// A key holding an array header (element type, length) with no elements after it.
+fn kv_array_head(b: &mut Vec<u8>, k: &str, elem_type: u32, len: u64) {
+    put_str(b, k);
+    b.extend(9u32.to_le_bytes());
+    b.extend(elem_type.to_le_bytes());
+    b.extend(len.to_le_bytes());
+}
+
+/// The real model with `llama.block_count` (a u32) set to `n`.
+fn smollm_with_block_count(n: u32) -> Vec<u8> {
+    let mut b = std::fs::read(smollm_gguf()).unwrap();
+    let key = b"llama.block_count";
+    let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert_eq!(b[at..at + 4], 4u32.to_le_bytes(), "block_count is a u32");
+    b[at + 4..at + 8].copy_from_slice(&n.to_le_bytes());
+    b
+}
+
+#[test]
+fn gguf_block_count_of_2_pow_32_minus_1_is_refused_without_unbounded_allocation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("blocks.gguf");
+    std::fs::write(&input, smollm_with_block_count(u32::MAX)).unwrap();
+    let out = tmp.path().join("out");
+    let o = convert_capped(&input, &out, &[]);
+    assert_input_error(&o, &input, "llama.block_count", &out);
+    assert!(stderr(&o).contains("4294967295"), "{}", stderr(&o));
+    assert_eq!(hidden_entries(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn gguf_block_count_mismatch_is_an_input_error_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("31-blocks.gguf");
+    std::fs::write(&input, smollm_with_block_count(31)).unwrap();
+    let out = tmp.path().join("out");
+    let o = convert(&input, &out, &[]);
+    assert_input_error(&o, &input, "is 31, but the tensors form 30 blocks", &out);
+    assert!(!stderr(&o).contains("internal error"), "{}", stderr(&o));
+}
+
+#[test]
+fn gguf_hostile_counts_and_lengths_are_refused_under_a_memory_cap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = Vec::new();
+    cases.push((
+        "tensor-count.gguf",
+        [gguf_header(1 << 40, 0), vec![0; 64]].concat(),
+        "exceed the file size",
+    ));
+    cases.push((
+        "kv-count.gguf",
+        [gguf_header(0, u64::MAX), vec![0; 64]].concat(),
+        "exceed the file size",
+    ));
+    let mut b = gguf_header(0, 1);
+    b.extend((1u64 << 60).to_le_bytes()); // key length
+    b.extend(b"general.architecture");
+    cases.push(("key-length.gguf", b, "truncated"));
+    let mut b = gguf_header(0, 1);
+    put_str(&mut b, "general.name");
+    b.extend(8u32.to_le_bytes());
+    b.extend((u64::MAX - 3).to_le_bytes()); // string value length
+    cases.push(("string-length.gguf", b, "truncated"));
+    let mut b = gguf_header(0, 2);
+    kv_str(&mut b, "general.architecture", "llama");
+    kv_array_head(&mut b, "tokenizer.ggml.tokens", 8, 1 << 62);
+    cases.push(("token-array.gguf", b, "exceeds the file"));
+    let mut b = gguf_header(0, 1);
+    kv_array_head(&mut b, "tokenizer.ggml.scores", 6, 1 << 40);
+    cases.push(("score-array.gguf", b, "truncated"));
+    let mut b = gguf_header(0, 1);
+    kv_array_head(&mut b, "tokenizer.ggml.token_type", 5, u64::MAX / 2);
+    cases.push(("type-array.gguf", b, "overflows"));
+    let mut b = gguf_header(0, 1);
+    kv_array_head(&mut b, "x.nested", 9, 1 << 40);
+    cases.push(("nested-array.gguf", b, "exceeds the file"));
+    // 17 Mi one-byte elements: small on disk, 32 bytes each once decoded
+    let n = (1u64 << 24) + 1;
+    let mut b = gguf_header(0, 1);
+    kv_array_head(&mut b, "x.bytes", 0, n);
+    b.resize(b.len() + n as usize, 0);
+    cases.push(("many-elements.gguf", b, "elements GdsLLM accepts"));
+    let mut b = gguf_header(0, 2);
+    kv_str(&mut b, "general.architecture", "llama");
+    kv_str(&mut b, "general.architecture", "gemma3");
+    cases.push(("duplicate-key.gguf", b, "\"general.architecture\" appears twice"));
+    for (name, bytes, needle) in cases {
+        let input = tmp.path().join(name);
+        std::fs::write(&input, &bytes).unwrap();
+        let out = tmp.path().join(format!("{name}.gds"));
+        assert_input_error(&convert_capped(&input, &out, &[]), &input, needle, &out);
+    }
+    assert_eq!(hidden_entries(tmp.path()), Vec::<String>::new());
+}
+
+// ------------------------------------------------------------------------------------------
+// Hostile safetensors
+
+fn safetensors_bytes(header: &str, data: usize) -> Vec<u8> {
+    let mut h = header.as_bytes().to_vec();
+    h.resize(h.len().div_ceil(8) * 8, b' ');
+    [(h.len() as u64).to_le_bytes().to_vec(), h, vec![0; data]].concat()
+}
+
+#[test]
+fn safetensors_duplicate_header_key_is_rejected_naming_file_and_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("dup.safetensors");
+    let h = r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+    std::fs::write(&input, safetensors_bytes(h, 16)).unwrap();
+    let out = tmp.path().join("out");
+    assert_input_error(
+        &convert(&input, &out, &[]),
+        &input,
+        "key \"w\" appears twice",
+        &out,
+    );
+}
+
+#[test]
+fn safetensors_hostile_lengths_are_refused_under_a_memory_cap() {
+    let tmp = tempfile::tempdir().unwrap();
+    // header length 2^60
+    let input = tmp.path().join("header.safetensors");
+    let mut b = (1u64 << 60).to_le_bytes().to_vec();
+    b.extend(b"{}      ");
+    std::fs::write(&input, b).unwrap();
+    let out = tmp.path().join("out");
+    assert_input_error(&convert_capped(&input, &out, &[]), &input, "exceeds", &out);
+
+    // side files of 4 GiB (sparse): refused by size, never read
+    let hf = tmp.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for f in std::fs::read_dir(fixture("tiny-llama-hf")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), hf.join(f.file_name())).unwrap();
+    }
+    for name in ["model.safetensors.index.json", "config.json", "tokenizer.json"] {
+        let file = hf.join(name);
+        let keep = std::fs::read(&file).unwrap();
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(4 << 30)
+            .unwrap();
+        let o = convert_capped(&hf, &out, &[]);
+        assert_input_error(&o, &file, "more than the", &out);
+        std::fs::write(&file, keep).unwrap();
+    }
+    // the same directory converts once the files are back
+    let o = convert_capped(&hf, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+// ------------------------------------------------------------------------------------------
+// Exit codes and messages
+
+#[test]
+fn quant_q9_is_a_usage_error_with_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = convert(&smollm_gguf(), &out, &["--quant", "q9"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("\"q9\""), "{}", stderr(&o));
+    assert!(!out.exists());
+}
+
+#[test]
+fn os_errors_are_printed_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing.gguf");
+    let o = convert(&missing, &tmp.path().join("out"), &[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "an I/O error: {err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert!(err.contains("missing.gguf"), "{err}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Staging directories of killed conversions
+
+/// Polls `parent` until the staging directory of the conversion `child` writes to `name`
+/// holds at least one layer file, and returns it. Panics if the child exits first.
+fn staging_dir_mid_way(parent: &Path, name: &str, child: &mut Child) -> PathBuf {
+    let prefix = format!(".{name}.tmp-");
+    for _ in 0..60_000 {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the conversion to {name} ended ({status}) before it could be interrupted");
+        }
+        let found = std::fs::read_dir(parent).unwrap().flatten().find(|e| {
+            e.file_name().to_string_lossy().starts_with(&prefix)
+                && ["model/layers", "layers"].iter().any(|l| {
+                    std::fs::read_dir(e.path().join(l)).is_ok_and(|mut d| d.next().is_some())
+                })
+        });
+        if let Some(e) = found {
+            return e.path();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    panic!("no staging directory for {name} appeared");
+}
+
+fn spawn_convert(out: &Path) -> Child {
+    Command::new(GDSCONV)
+        .arg("convert")
+        .arg(smollm_gguf())
+        .arg(out)
+        // slow enough to be caught mid-way: every tensor is dequantized and requantized
+        .args(["--quant", "q8_0", "--requantize", "--threads", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig}");
+}
+
+#[test]
+fn killed_conversions_staging_dirs_are_removed_by_the_next_convert_but_live_ones_are_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = tmp.path();
+
+    // a live converter, stopped while it writes (it keeps holding its lock)
+    let live_out = parent.join("live.gds");
+    let mut live = spawn_convert(&live_out);
+    let live_dir = staging_dir_mid_way(parent, "live.gds", &mut live);
+    signal(&live, "-STOP");
+
+    // a converter SIGKILLed mid-way
+    let mut killed = spawn_convert(&parent.join("killed.gds"));
+    let killed_dir = staging_dir_mid_way(parent, "killed.gds", &mut killed);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert!(killed_dir.exists());
+
+    // the next conversion into the same parent removes the dead one's directory only
+    let next = convert(&smollm_gguf(), &parent.join("next.gds"), &[]);
+    assert!(next.status.success(), "{}", stderr(&next));
+    assert!(!killed_dir.exists(), "{} was left behind", killed_dir.display());
+    assert!(
+        stderr(&next).contains("left behind by a conversion that was killed"),
+        "{}",
+        stderr(&next)
+    );
+    assert!(live_dir.exists(), "the live converter's directory was removed");
+
+    signal(&live, "-CONT");
+    assert!(live.wait().unwrap().success());
+    let o = gdsconv(&[OsStr::new("validate"), live_out.as_os_str()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(hidden_entries(parent), Vec::<String>::new());
+}
+
+// ------------------------------------------------------------------------------------------
+// --force
+
+/// A converted SmolLM2 directory at `dir`.
+fn model_dir(dir: &Path) {
+    let o = convert(&smollm_gguf(), dir, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type().unwrap().is_dir() {
+            v.extend(listing(&e.path()).into_iter().map(|n| format!("{name}/{n}")));
+        }
+        v.push(name);
+    }
+    v.sort();
+    v
+}
+
+#[test]
+fn force_refuses_when_input_is_inside_out_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let x = tmp.path().join("x");
+    model_dir(&x);
+    let input = x.join("my.gguf");
+    std::fs::copy(smollm_gguf(), &input).unwrap();
+    std::fs::write(x.join("notes.txt"), "mine").unwrap();
+    let before = listing(&x);
+    // also through a symlink to the input and a path with `..` in it
+    let link = tmp.path().join("link.gguf");
+    std::os::unix::fs::symlink(&input, &link).unwrap();
+    let dotted = x.join("layers/../my.gguf");
+    for given in [&input, &link, &dotted] {
+        let o = convert(given, &x, &["--force"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("refusing to replace") && err.contains("is inside it"),
+            "{err}"
+        );
+        assert_eq!(listing(&x), before, "something in OUT_DIR changed");
+    }
+}
+
+#[test]
+fn force_refuses_and_lists_files_that_are_not_part_of_the_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let x = tmp.path().join("x");
+    model_dir(&x);
+    std::fs::write(x.join("notes.txt"), "mine").unwrap();
+    std::fs::write(x.join("layers/extra.bin"), "mine").unwrap();
+    std::fs::create_dir(x.join("data")).unwrap();
+    let before = listing(&x);
+    let o = convert(&smollm_gguf(), &x, &["--force"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("not part of a GdsLLM model: data/, layers/extra.bin, notes.txt"),
+        "{err}"
+    );
+    assert_eq!(listing(&x), before);
+}
+
+#[test]
+fn force_still_replaces_a_model_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let x = tmp.path().join("x");
+    // a model of another quantization, with its tokenizer files
+    let o = convert(&smollm_gguf(), &x, &["--quant", "q8_0", "--requantize"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = convert(&smollm_gguf(), &x, &["--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let fresh = tmp.path().join("fresh");
+    model_dir(&fresh);
+    assert_eq!(listing(&x), listing(&fresh));
+    for f in ["manifest.gdsm", "layers/blk.0000.bin"] {
+        assert_eq!(
+            std::fs::read(x.join(f)).unwrap(),
+            std::fs::read(fresh.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert_eq!(hidden_entries(tmp.path()), Vec::<String>::new());
+}
