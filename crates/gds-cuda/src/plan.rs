@@ -125,9 +125,9 @@ impl Layout {
     /// Reads `dir/manifest.gdsm` (metadata only): see [`Layout::from_manifest`].
     pub fn read(dir: &Path) -> Result<Layout, GpuError> {
         let mpath = dir.join("manifest.gdsm");
-        let bytes = std::fs::read(&mpath).map_err(|source| GpuError::Io {
+        let bytes = std::fs::read(&mpath).map_err(|error| GpuError::Io {
             path: mpath.display().to_string(),
-            source,
+            error,
         })?;
         let m = Manifest::parse(&bytes).map_err(|e| model_err(e.to_string()))?;
         Layout::from_manifest(dir, &m)

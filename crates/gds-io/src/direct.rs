@@ -208,9 +208,9 @@ impl Shared {
         }
         let t0 = Instant::now();
         let got = read_extent(&f.file, &mut buf.as_mut_slice()[..want], start, need).map_err(
-            |source| IoError::File {
+            |error| IoError::File {
                 path: f.path.clone(),
-                source,
+                error,
             },
         )?;
         if self.buffered {
@@ -328,9 +328,9 @@ impl DirectBackend {
             if !buffered {
                 o.custom_flags(libc::O_DIRECT);
             }
-            let file = o.open(&path).map_err(|source| IoError::File {
+            let file = o.open(&path).map_err(|error| IoError::File {
                 path: path.clone(),
-                source,
+                error,
             })?;
             files.push(LayerFile { path, file, size });
         }
@@ -373,9 +373,9 @@ impl DirectBackend {
                 std::thread::Builder::new()
                     .name("gds-io".into())
                     .spawn(move || s.io_thread())
-                    .map_err(|source| IoError::File {
+                    .map_err(|error| IoError::File {
                         path: dir.to_path_buf(),
-                        source,
+                        error,
                     })?,
             )
         } else {
@@ -660,7 +660,7 @@ pub fn measure_read(
 ) -> Result<ReadBench, IoError> {
     let file_err = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| IoError::File { path, source }
+        move |error| IoError::File { path, error }
     };
     let mut buf = AlignedBuf::new(block).ok_or(IoError::OutOfMemory {
         bytes: block as u64,

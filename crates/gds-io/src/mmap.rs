@@ -32,9 +32,9 @@ impl MmapBackend {
     pub fn open(dir: &Path, manifest: &Manifest<'_>) -> Result<MmapBackend, IoError> {
         let mut layers = Vec::with_capacity(manifest.n_layers());
         for (path, size) in layer_paths(dir, manifest)? {
-            let file = File::open(&path).map_err(|source| IoError::File {
+            let file = File::open(&path).map_err(|error| IoError::File {
                 path: path.clone(),
-                source,
+                error,
             })?;
             let map = if size == 0 {
                 None
@@ -43,7 +43,7 @@ impl MmapBackend {
                 // mmap-based loader we rely on nobody truncating or rewriting the model files
                 // while they are mapped; the length was just checked against the manifest.
                 let map =
-                    unsafe { Mmap::map(&file) }.map_err(|source| IoError::File { path, source })?;
+                    unsafe { Mmap::map(&file) }.map_err(|error| IoError::File { path, error })?;
                 Some(map)
             };
             layers.push(Arc::new(Mapped(map)));
@@ -66,9 +66,9 @@ pub(crate) fn layer_paths(
 ) -> Result<Vec<(PathBuf, u64)>, IoError> {
     let mut out = Vec::with_capacity(manifest.n_layers());
     for i in 0..manifest.n_layers() {
-        let info = manifest.layer(i).map_err(|source| IoError::Manifest {
+        let info = manifest.layer(i).map_err(|error| IoError::Manifest {
             path: dir.join(gds_format::MANIFEST_FILE),
-            source,
+            error,
         })?;
         if !gds_format::validate::is_safe_relative_path(info.file) {
             return Err(IoError::BadPath {
@@ -78,9 +78,9 @@ pub(crate) fn layer_paths(
         }
         let path = dir.join(info.file);
         let actual = std::fs::metadata(&path)
-            .map_err(|source| IoError::File {
+            .map_err(|error| IoError::File {
                 path: path.clone(),
-                source,
+                error,
             })?
             .len();
         if actual != info.file_size {
@@ -155,7 +155,7 @@ impl LayerSource for MmapBackend {
 /// what gets mapped).
 pub fn read_manifest(dir: &Path) -> Result<Vec<u8>, IoError> {
     let path: PathBuf = dir.join(gds_format::MANIFEST_FILE);
-    std::fs::read(&path).map_err(|source| IoError::File { path, source })
+    std::fs::read(&path).map_err(|error| IoError::File { path, error })
 }
 
 #[cfg(test)]
