@@ -336,13 +336,7 @@ impl Device for Gpu {
     }
 }
 
-/// A gds-io error reading `path`.
-fn io_err(path: &Path, e: gds_io::IoError) -> GpuError {
-    GpuError::Io {
-        path: path.display().to_string(),
-        source: std::io::Error::other(e.to_string()),
-    }
-}
+
 
 /// Opens a layer file inside the model directory (no link followed) with `O_DIRECT`.
 fn open_layer_file(dir: &Path, path: &Path) -> Result<File, GpuError> {
@@ -405,7 +399,7 @@ impl Loader {
                         verifier: Some(verifier),
                     },
                 )
-                .map_err(|e| io_err(dir, e))?;
+                .map_err(GpuError::Layer)?;
                 let mut pinned = Vec::new();
                 for _ in 0..2 {
                     // SAFETY: the buffers are read only by copies issued after they are
@@ -485,7 +479,7 @@ impl Loader {
                 Ok(Some(gpu.copy.record_event(None).map_err(cuda("event"))?))
             }
             Loader::Bounce { source, pinned } => {
-                let bytes = source.acquire(i).map_err(|e| io_err(path, e))?;
+                let bytes = source.acquire(i).map_err(GpuError::Layer)?;
                 if bytes.len() != size {
                     return Err(short(bytes.len() as isize));
                 }
@@ -696,7 +690,7 @@ impl Streamer<CudaVram> {
     /// Opens `dir` (a GdsLLM model directory) on the GPU: compiles the kernels, plans VRAM
     /// within `opts.vram_budget`, and loads the resident layers.
     pub fn open(dir: &Path, opts: &ExecOptions) -> Result<GpuModel, GpuError> {
-        let bytes = gds_io::read_manifest(dir).map_err(|e| io_err(dir, e))?;
+        let bytes = gds_io::read_manifest(dir).map_err(GpuError::Layer)?;
         let manifest =
             Manifest::parse(&bytes).map_err(|e| model_err(format!("{}: {e}", dir.display())))?;
         let layout = Layout::from_manifest(dir, &manifest)?;

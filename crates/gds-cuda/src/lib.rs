@@ -47,13 +47,17 @@ pub enum GpuError {
     #[error("{0}")]
     Cuda(String),
     /// Reading a layer file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: String,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, not chained as a source, so it is printed once).
+        error: std::io::Error,
     },
+    /// Opening the model directory or reading a layer through gds-io failed (the error
+    /// names the file).
+    #[error(transparent)]
+    Layer(gds_io::IoError),
     /// The model cannot run on the GPU as given (unsupported dtype, budget too small, ...).
     #[error("{0}")]
     Model(String),

@@ -138,7 +138,7 @@ impl Layout {
         let mpath = dir.join("manifest.gdsm");
         let bytes = gds_io::read_manifest(dir).map_err(|e| GpuError::Io {
             path: mpath.display().to_string(),
-            source: std::io::Error::other(e.to_string()),
+            error: std::io::Error::other(e.to_string()),
         })?;
         // Every structural and architecture rule, as at every open of the CPU runtime.
         let (m, mut errs) = gds_format::validate::validate_manifest(&bytes);

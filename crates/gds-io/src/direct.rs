@@ -219,9 +219,9 @@ impl Shared {
         }
         let t0 = Instant::now();
         let got = read_extent(&f.file, &mut buf.as_mut_slice()[..want], start, need).map_err(
-            |source| IoError::File {
+            |error| IoError::File {
                 path: f.path.clone(),
-                source,
+                error,
             },
         )?;
         if self.buffered {
@@ -253,9 +253,9 @@ impl Shared {
     fn verify_whole(&self, f: &LayerFile) -> Result<(), IoError> {
         const CHUNK: usize = 4 << 20;
         let t0 = Instant::now();
-        let io = |source| IoError::File {
+        let io = |error| IoError::File {
             path: f.path.clone(),
-            source,
+            error,
         };
         let mut buf = AlignedBuf::new(CHUNK).ok_or(IoError::OutOfMemory {
             bytes: CHUNK as u64,
@@ -433,9 +433,9 @@ impl DirectBackend {
                 std::thread::Builder::new()
                     .name("gds-io".into())
                     .spawn(move || s.io_thread())
-                    .map_err(|source| IoError::File {
+                    .map_err(|error| IoError::File {
                         path: dir.to_path_buf(),
-                        source,
+                        error,
                     })?,
             )
         } else {
@@ -720,7 +720,7 @@ pub fn measure_read(
 ) -> Result<ReadBench, IoError> {
     let file_err = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| IoError::File { path, source }
+        move |error| IoError::File { path, error }
     };
     let mut buf = AlignedBuf::new(block).ok_or(IoError::OutOfMemory {
         bytes: block as u64,

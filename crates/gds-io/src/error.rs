@@ -1,16 +1,18 @@
 use std::path::PathBuf;
 
 /// Errors from opening a model directory or making a layer resident.
+///
+/// A message includes its cause; no variant also returns it from `source()`, so a report
+/// that prints the chain (`{:#}`) says it once.
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
     /// A file could not be opened, inspected or mapped.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     File {
         /// The file.
         path: PathBuf,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A file's bytes differ from what the manifest recorded (corrupt or modified).
     #[error("{}: {why}", path.display())]
@@ -29,13 +31,12 @@ pub enum IoError {
         why: String,
     },
     /// The manifest could not be parsed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Manifest {
         /// The manifest file.
         path: PathBuf,
         /// What is wrong with it.
-        #[source]
-        source: gds_format::FormatError,
+        error: gds_format::FormatError,
     },
     /// A layer file's length differs from the manifest's record (truncated or replaced).
     #[error("{}: file is {actual} bytes but the manifest says {expected} (truncated or from another conversion?)", path.display())]

@@ -56,9 +56,9 @@ impl MmapBackend {
                 // SAFETY: the mapping is read-only and private to this process. Like every
                 // mmap-based loader we rely on nobody truncating or rewriting the model files
                 // while they are mapped; the length was just checked against the manifest.
-                let map = unsafe { Mmap::map(&file) }.map_err(|source| IoError::File {
+                let map = unsafe { Mmap::map(&file) }.map_err(|error| IoError::File {
                     path: path.clone(),
-                    source,
+                    error,
                 })?;
                 Some(map)
             };
@@ -100,9 +100,9 @@ pub(crate) fn layer_files(
 ) -> Result<Vec<LayerFile>, IoError> {
     let mut out = Vec::with_capacity(manifest.n_layers());
     for i in 0..manifest.n_layers() {
-        let info = manifest.layer(i).map_err(|source| IoError::Manifest {
+        let info = manifest.layer(i).map_err(|error| IoError::Manifest {
             path: dir.join(gds_format::MANIFEST_FILE),
-            source,
+            error,
         })?;
         if !gds_format::validate::is_safe_relative_path(info.file) {
             return Err(IoError::BadPath {
@@ -114,9 +114,9 @@ pub(crate) fn layer_files(
         let file = open_in_dir(dir, info.file, flags)?;
         let actual = file
             .metadata()
-            .map_err(|source| IoError::File {
+            .map_err(|error| IoError::File {
                 path: path.clone(),
-                source,
+                error,
             })?
             .len();
         if actual != info.file_size {
@@ -204,22 +204,22 @@ pub fn read_manifest(dir: &Path) -> Result<Vec<u8>, IoError> {
     let cap = gds_format::raw::MAX_MANIFEST_BYTES;
     let len = file
         .metadata()
-        .map_err(|source| IoError::File {
+        .map_err(|error| IoError::File {
             path: path.clone(),
-            source,
+            error,
         })?
         .len();
     if len > cap {
         return Err(IoError::Manifest {
             path,
-            source: gds_format::FormatError::TooLarge(len),
+            error: gds_format::FormatError::TooLarge(len),
         });
     }
     let mut bytes = Vec::with_capacity(len as usize);
     (&file)
         .take(cap + 1)
         .read_to_end(&mut bytes)
-        .map_err(|source| IoError::File { path, source })?;
+        .map_err(|error| IoError::File { path, error })?;
     Ok(bytes)
 }
 

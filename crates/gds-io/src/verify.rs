@@ -28,9 +28,9 @@ use std::time::Instant;
 /// file. The directory `dir` itself may be reached through links.
 pub fn open_in_dir(dir: &Path, rel: &str, flags: i32) -> Result<File, IoError> {
     let path = dir.join(rel);
-    let err = |source: std::io::Error| IoError::File {
+    let err = |error: std::io::Error| IoError::File {
         path: path.clone(),
-        source,
+        error,
     };
     if let Err(why) = gds_format::validate::check_path(rel) {
         return Err(IoError::Unsafe {
@@ -38,9 +38,9 @@ pub fn open_in_dir(dir: &Path, rel: &str, flags: i32) -> Result<File, IoError> {
             why: format!("the manifest path {rel:?} {why}"),
         });
     }
-    let mut cur = File::open(dir).map_err(|source| IoError::File {
+    let mut cur = File::open(dir).map_err(|error| IoError::File {
         path: dir.to_path_buf(),
-        source,
+        error,
     })?;
     let parts: Vec<&str> = rel.split('/').collect();
     for (i, part) in parts.iter().enumerate() {
@@ -108,8 +108,8 @@ pub fn read_model_file(
     };
     let file = match open_in_dir(dir, rel, 0) {
         Ok(f) => f,
-        Err(IoError::File { source, .. })
-            if entry.is_none() && source.kind() == std::io::ErrorKind::NotFound =>
+        Err(IoError::File { error, .. })
+            if entry.is_none() && error.kind() == std::io::ErrorKind::NotFound =>
         {
             return Ok(None)
         }
@@ -117,9 +117,9 @@ pub fn read_model_file(
     };
     let len = file
         .metadata()
-        .map_err(|source| IoError::File {
+        .map_err(|error| IoError::File {
             path: path.clone(),
-            source,
+            error,
         })?
         .len();
     let limit = entry.map_or(max_bytes, |e| e.size.min(max_bytes));
@@ -139,9 +139,9 @@ pub fn read_model_file(
     (&file)
         .take(limit + 1)
         .read_to_end(&mut bytes)
-        .map_err(|source| IoError::File {
+        .map_err(|error| IoError::File {
             path: path.clone(),
-            source,
+            error,
         })?;
     if let Some(e) = entry {
         if bytes.len() as u64 != e.size {
@@ -316,9 +316,9 @@ impl Verifier {
         let mut buf = vec![0u8; 1 << 20];
         let mut off = 0u64;
         loop {
-            let n = read_at(file, &mut buf, off).map_err(|source| IoError::File {
+            let n = read_at(file, &mut buf, off).map_err(|error| IoError::File {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
             if n == 0 {
                 break;

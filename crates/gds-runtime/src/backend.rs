@@ -67,7 +67,7 @@ pub fn choose(requested: Option<&str>) -> Result<BackendChoice> {
             gpu: None,
         }),
         name @ ("auto" | "cuda") => decide(name, gpu()),
-        other => Err(RuntimeError::Plan(format!(
+        other => Err(RuntimeError::Usage(format!(
             "--backend {other}: expected auto, cpu or cuda"
         ))),
     }
@@ -92,12 +92,12 @@ fn decide(requested: &str, gpu: Gpu) -> Result<BackendChoice> {
              hardware yet; pass --backend cuda to use it",
             g.device
         )),
-        (_, Gpu::NotBuilt) => Err(RuntimeError::Plan(
+        (_, Gpu::NotBuilt) => Err(RuntimeError::Backend(
             "--backend cuda: this gdsrun was built without CUDA support \
              (rebuild with `cargo build --release --features cuda`)"
                 .into(),
         )),
-        (_, Gpu::Unusable(why)) => Err(RuntimeError::Plan(format!(
+        (_, Gpu::Unusable(why)) => Err(RuntimeError::Backend(format!(
             "--backend cuda: the CUDA backend cannot run here: {why}"
         ))),
         (_, Gpu::Usable(g)) => Ok(BackendChoice {

@@ -192,7 +192,7 @@ impl Engine {
     ) -> Result<GenerateOutput> {
         let ctx = self.plan.ctx;
         if prompt.is_empty() {
-            return Err(RuntimeError::Plan("the prompt is empty".into()));
+            return Err(RuntimeError::Usage("the prompt is empty".into()));
         }
         if prompt.len() >= ctx {
             return Err(RuntimeError::PromptTooLong {

@@ -1,7 +1,30 @@
+//! Errors of the runtime, each with the exit code `gdsrun` reports for it.
+//!
+//! Every message carries its cause in its own text and no variant also returns that cause
+//! from `source()`, so a report that prints the whole chain (`{:#}`) says each thing once.
+
+use std::path::PathBuf;
+
+/// Exit codes of `gdsrun` (README, "Exit codes").
+pub mod exit {
+    /// Success; also when the reader of stdout went away (`gdsrun ... | head -1`).
+    pub const OK: i32 = 0;
+    /// The model directory is invalid, incomplete or unreadable, or cannot run here.
+    pub const MODEL: i32 = 1;
+    /// Usage: a flag value is invalid, a path given on the command line cannot be read, or
+    /// the input does not fit (prompt longer than the context, text too short).
+    pub const USAGE: i32 = 2;
+    /// The CUDA backend cannot run or a CUDA call failed (`--backend cpu` avoids it).
+    pub const BACKEND: i32 = 3;
+    /// An internal error: a bug in gdsrun.
+    pub const INTERNAL: i32 = 4;
+}
+
 /// Errors from loading a model or running it.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    /// The model directory could not be opened or read.
+    /// A file of the model directory could not be opened, read or mapped, or does not match
+    /// the manifest.
     #[error(transparent)]
     Io(#[from] gds_io::IoError),
     /// The manifest is malformed or lacks a required key.
@@ -12,6 +35,13 @@ pub enum RuntimeError {
         /// What is wrong.
         why: String,
     },
+    /// The model directory's content fails an integrity check (hash or size mismatch).
+    #[error("{0}")]
+    Integrity(String),
+    /// The model directory cannot be used (not a directory, or a model this backend cannot
+    /// run).
+    #[error("{0}")]
+    Model(String),
     /// The model's architecture is not one this runtime can run.
     #[error("unsupported architecture {arch:?} (gdsrun runs the llama family: llama, mistral, qwen2, smollm)")]
     UnsupportedArch {
@@ -26,18 +56,26 @@ pub enum RuntimeError {
         /// What is wrong.
         why: String,
     },
-    /// A kernel refused its input.
+    /// A kernel refused its input (the kernel's message is included, not chained).
     #[error("kernel: {0}")]
-    Kernel(#[from] gds_kernels::KernelError),
+    Kernel(gds_kernels::KernelError),
     /// The tokenizer or chat template failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     /// The chat template failed to render.
     #[error("chat template: {0}")]
     Template(String),
-    /// A run setting is invalid (bad flag value).
+    /// A run setting is invalid (a bad flag value, or one this model or machine refuses).
     #[error("{0}")]
-    Plan(String),
+    Usage(String),
+    /// A file named on the command line (or stdin, stdout) could not be read or written.
+    #[error("{name}: {error}")]
+    File {
+        /// The path, or `stdin` / `stdout`.
+        name: String,
+        /// The OS error.
+        error: std::io::Error,
+    },
     /// The prompt does not fit in the context window.
     #[error("prompt is {prompt} tokens but the context holds {ctx} (use --ctx to raise it, up to the model's {model_ctx})")]
     PromptTooLong {
@@ -54,6 +92,55 @@ pub enum RuntimeError {
     /// Could not create the thread pool.
     #[error("thread pool: {0}")]
     Threads(String),
+    /// The GPU backend is unavailable or a CUDA, cuBLAS or cuFile call failed.
+    #[error("{0}")]
+    Backend(String),
+    /// A broken internal invariant (a bug).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<gds_kernels::KernelError> for RuntimeError {
+    fn from(e: gds_kernels::KernelError) -> Self {
+        RuntimeError::Kernel(e)
+    }
+}
+
+impl RuntimeError {
+    /// An error reading or writing a file named on the command line.
+    pub fn file(path: impl Into<PathBuf>, error: std::io::Error) -> RuntimeError {
+        RuntimeError::File {
+            name: path.into().display().to_string(),
+            error,
+        }
+    }
+
+    /// The process exit code for this error (see [`exit`]).
+    pub fn exit_code(&self) -> i32 {
+        use gds_io::IoError as Io;
+        use RuntimeError as E;
+        match self {
+            E::Io(Io::SpanTooLarge { .. } | Io::PoolExhausted { .. }) => exit::INTERNAL,
+            E::Io(Io::OutOfMemory { .. }) => exit::USAGE,
+            E::Io(_)
+            | E::Manifest { .. }
+            | E::Integrity(_)
+            | E::Model(_)
+            | E::UnsupportedArch { .. }
+            | E::Tensor { .. }
+            | E::Tokenizer(_)
+            | E::Template(_) => exit::MODEL,
+            E::Kernel(gds_kernels::KernelError::Unsupported { .. }) => exit::MODEL,
+            E::Kernel(_) => exit::INTERNAL,
+            E::Usage(_)
+            | E::File { .. }
+            | E::PromptTooLong { .. }
+            | E::Perplexity(_)
+            | E::Threads(_) => exit::USAGE,
+            E::Backend(_) => exit::BACKEND,
+            E::Internal(_) => exit::INTERNAL,
+        }
+    }
 }
 
 /// Result alias.

@@ -175,7 +175,7 @@ pub fn open(plan: &Plan, batch: usize, outputs: usize) -> Result<Box<dyn Executo
         ))),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Box::new(crate::gpu::GpuExecutor::open(plan)?)),
-        other => Err(RuntimeError::Plan(format!(
+        other => Err(RuntimeError::Internal(format!(
             "backend {other} is not available in this build"
         ))),
     }

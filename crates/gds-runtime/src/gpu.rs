@@ -23,15 +23,26 @@ pub struct GpuExecutor {
     logits: Vec<f32>,
 }
 
+/// A layer file that cannot be read and a model the GPU kernels cannot run are the model's
+/// errors, as on the CPU; the rest are the backend's.
 fn gpu_err(e: gds_cuda::GpuError) -> RuntimeError {
-    RuntimeError::Plan(format!("CUDA backend: {e}"))
+    use gds_cuda::GpuError as G;
+    match e {
+        G::Io { path, error } => RuntimeError::Io(gds_io::IoError::File {
+            path: path.into(),
+            error,
+        }),
+        G::Layer(e) => RuntimeError::Io(e),
+        G::Model(m) => RuntimeError::Model(format!("CUDA backend: {m}")),
+        e => RuntimeError::Backend(format!("CUDA backend: {e}")),
+    }
 }
 
 impl GpuExecutor {
     /// Opens the plan's model on the GPU the plan was made for.
     pub fn open(plan: &Plan) -> Result<GpuExecutor> {
         let g = plan.gpu.as_ref().ok_or_else(|| {
-            RuntimeError::Plan("the plan has no GPU section (backend is not cuda)".into())
+            RuntimeError::Internal("the plan has no GPU section (backend is not cuda)".into())
         })?;
         let c = &plan.model;
         let rope = RopeTable::new(c.head_dim, plan.ctx, c.rope_theta, c.rope_scaling);

@@ -99,7 +99,7 @@ pub fn plan_gpu(
     offer: &GpuOffer,
     direct: bool,
 ) -> Result<GpuPlan> {
-    let err = |s: String| Err(RuntimeError::Plan(s));
+    let err = |s: String| Err(RuntimeError::Usage(s));
     let bounce = |direct: bool, why: String| {
         let load = if direct {
             GpuLoad::BounceDirect
@@ -110,7 +110,7 @@ pub fn plan_gpu(
     };
     let (load, load_reason) = match (io, &offer.gds) {
         ("gds", Ok(())) => (GpuLoad::Gds, "requested with --io gds".to_string()),
-        ("gds", Err(why)) => return err(format!("--io gds: GPUDirect Storage is not usable here: {why} (use --io direct for pinned bounce buffers)")),
+        ("gds", Err(why)) => return Err(RuntimeError::Backend(format!("--io gds: GPUDirect Storage is not usable here: {why} (use --io direct for pinned bounce buffers)"))),
         ("auto", Ok(())) => (GpuLoad::Gds, "auto: GPUDirect Storage is usable".into()),
         ("auto", Err(why)) => bounce(
             direct,
@@ -140,10 +140,10 @@ pub fn plan_gpu(
         None => (offer.vram_bytes as f64 * DEFAULT_VRAM_SHARE) as u64,
     };
     let layout = Layout::from_manifest(dir, m)
-        .map_err(|e| RuntimeError::Plan(format!("{}: {e}", dir.display())))?;
+        .map_err(|e| RuntimeError::Model(format!("{}: {e}", dir.display())))?;
     let p = layout
         .plan(ctx, budget as usize)
-        .map_err(|e| RuntimeError::Plan(format!("--vram-budget: {e}")))?;
+        .map_err(|e| RuntimeError::Usage(format!("--vram-budget: {e}")))?;
     let (resident, streamed): (Vec<usize>, Vec<usize>) =
         (0..p.resident.len()).partition(|&l| p.resident[l]);
     Ok(GpuPlan {

@@ -128,7 +128,7 @@ struct Layers {
 }
 
 fn layers_of(m: &Manifest<'_>) -> Result<Layers> {
-    let bad = |why: String| RuntimeError::Plan(format!("cannot plan I/O: {why}"));
+    let bad = |why: String| RuntimeError::Model(format!("cannot plan I/O: {why}"));
     let mut sizes = Vec::new();
     let mut names = Vec::new();
     for i in 0..m.n_layers() {
@@ -185,7 +185,7 @@ pub fn plan_io(
     budget: Option<u64>,
     direct: impl FnOnce() -> DirectSupport,
 ) -> Result<IoPlan> {
-    let plan_err = |s: String| Err(RuntimeError::Plan(s));
+    let plan_err = |s: String| Err(RuntimeError::Usage(s));
     let l = layers_of(m)?;
     let weight_bytes: u64 = l.sizes.iter().sum();
     let all: Vec<usize> = (0..l.sizes.len()).collect();

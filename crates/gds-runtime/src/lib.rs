@@ -8,7 +8,7 @@
 
 mod attention;
 pub mod backend;
-mod error;
+pub mod error;
 
 pub mod chat;
 pub mod config;

@@ -316,7 +316,7 @@ impl Model {
     }
 
     fn check_batch(&self, state: &RunState, kv: &KvCache, batch: &Batch) -> Result<()> {
-        let bad = |why: String| Err(RuntimeError::Plan(format!("invalid batch: {why}")));
+        let bad = |why: String| Err(RuntimeError::Internal(format!("invalid batch: {why}")));
         if batch.len() > state.max_batch {
             return bad(format!(
                 "{} tokens, at most {}",

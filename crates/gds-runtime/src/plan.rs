@@ -234,11 +234,15 @@ impl Plan {
     /// with a message naming the flag.
     pub fn build(opts: &PlanOptions) -> Result<Plan> {
         let dir = &opts.model_dir;
-        if !dir.is_dir() {
-            return Err(RuntimeError::Plan(format!(
-                "{}: not a model directory (convert one with `gdsconv convert`)",
-                dir.display()
-            )));
+        match std::fs::metadata(dir) {
+            Err(e) => return Err(RuntimeError::file(dir, e)),
+            Ok(m) if !m.is_dir() => {
+                return Err(RuntimeError::Usage(format!(
+                    "{}: not a model directory (convert one with `gdsconv convert`)",
+                    dir.display()
+                )))
+            }
+            Ok(_) => {}
         }
         let bytes = gds_io::read_manifest(dir)?;
         let m = parse_manifest(dir, &bytes)?;
@@ -249,7 +253,7 @@ impl Plan {
             e.tensors += 1;
             e.bytes += t.nbytes;
         }
-        let plan_err = |s: String| Err(RuntimeError::Plan(s));
+        let plan_err = |s: String| Err(RuntimeError::Usage(s));
         let ctx = match opts.ctx {
             Some(0) => return plan_err("--ctx must be at least 1".into()),
             Some(c) if c > model.context_length => {
@@ -293,7 +297,7 @@ impl Plan {
             repeat_last_n: opts.repeat_last_n.unwrap_or(d.repeat_last_n),
             seed: opts.seed.unwrap_or_else(time_seed),
         };
-        sampler.check().map_err(RuntimeError::Plan)?;
+        sampler.check().map_err(RuntimeError::Usage)?;
         let has_template = tokenizer_config(dir, &m)?
             .is_some_and(|v| v.get("chat_template").is_some_and(|t| !t.is_null()));
         let mode = if opts.raw || !has_template {

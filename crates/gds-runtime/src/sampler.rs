@@ -124,7 +124,8 @@ impl Sampler {
     pub fn new(cfg: SamplerConfig, vocab: usize) -> Sampler {
         Sampler {
             rng: Rng::new(cfg.seed),
-            recent: Vec::with_capacity(cfg.repeat_last_n),
+            // grows with the tokens seen: --repeat-last-n is the user's, not an allocation size
+            recent: Vec::new(),
             recent_at: 0,
             cfg,
             cands: Vec::with_capacity(vocab),

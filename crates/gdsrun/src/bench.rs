@@ -2,12 +2,17 @@
 
 use crate::cli::BenchArgs;
 use crate::run::common_options;
-use anyhow::{bail, Result};
+use crate::out::outln;
+use anyhow::Result;
 use gds_runtime::exec::{eval_last, Executor};
 use gds_runtime::sampler::Rng;
-use gds_runtime::{Plan, PlanOptions};
+use gds_runtime::{Plan, PlanOptions, RuntimeError};
 use serde::Serialize;
 use std::time::Instant;
+
+/// Most repetitions of a test (`-r`): every one is timed and kept, and more than this is a
+/// typo, not a benchmark.
+const MAX_REPETITIONS: usize = 10_000;
 
 /// One test's result, with llama-bench's field names.
 #[derive(Serialize, Debug)]
@@ -66,11 +71,15 @@ fn gen_pass(ex: &mut dyn Executor, rng: &mut Rng, n: usize) -> Result<()> {
 
 /// Runs the command.
 pub fn run(a: BenchArgs) -> Result<()> {
-    if a.repetitions == 0 {
-        return Err(gds_runtime::RuntimeError::Plan("-r must be at least 1".into()).into());
+    if !(1..=MAX_REPETITIONS).contains(&a.repetitions) {
+        return Err(RuntimeError::Usage(format!(
+            "-r {} must be in 1..={MAX_REPETITIONS}",
+            a.repetitions
+        ))
+        .into());
     }
     if a.n_prompt == 0 && a.n_gen == 0 {
-        bail!("nothing to run: -p and -n are both 0");
+        return Err(RuntimeError::Usage("nothing to run: -p and -n are both 0".into()).into());
     }
     let ctx = a.n_prompt.max(a.n_gen).max(1);
     let plan = Plan::build(&PlanOptions {
@@ -136,18 +145,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
         });
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        outln!("{}", serde_json::to_string_pretty(&results)?)?;
     } else {
         let size: u64 = plan.weight_dtypes.values().map(|d| d.bytes).sum();
-        println!("| model | size | backend | threads | test | t/s |");
-        println!("| --- | ---: | --- | ---: | ---: | ---: |");
+        outln!("| model | size | backend | threads | test | t/s |")?;
+        outln!("| --- | ---: | --- | ---: | ---: | ---: |")?;
         for r in &results {
             let test = if r.n_prompt > 0 {
                 format!("pp{}", r.n_prompt)
             } else {
                 format!("tg{}", r.n_gen)
             };
-            println!(
+            outln!(
                 "| {} | {:.2} MiB | {} | {} | {test} | {:.2} ± {:.2} |",
                 r.model,
                 size as f64 / (1 << 20) as f64,
@@ -155,7 +164,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 r.n_threads,
                 r.avg_ts,
                 r.stddev_ts
-            );
+            )?;
         }
     }
     Ok(())

@@ -151,7 +151,7 @@ pub struct BenchArgs {
     /// Generated tokens of the tg test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
-    /// Repetitions of each test.
+    /// Repetitions of each test (1 to 10000).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,
     /// Print llama-bench style JSON.

@@ -4,6 +4,7 @@
 //! cuFile, nvidia-fs), and the plan's backend and I/O decisions with their reasons.
 
 use crate::cli::DoctorArgs;
+use crate::out::outln;
 use anyhow::Result;
 use gds_runtime::gpuplan::{plan_gpu, GpuOffer, GpuPlan};
 use gds_runtime::{Plan, PlanOptions};
@@ -205,16 +206,15 @@ fn mbps(v: &Value) -> String {
 }
 
 /// The GPU half of the plan (or its preview) as text.
-fn print_gpu_plan(g: &Value) {
+fn print_gpu_plan(g: &Value) -> Result<()> {
     if g.is_null() {
-        return;
+        return Ok(());
     }
     if let Some(e) = g.get("error").and_then(Value::as_str) {
-        println!("VRAM    cannot plan: {e}");
-        return;
+        return outln!("VRAM    cannot plan: {e}");
     }
     let mib = |k: &str| g[k].as_f64().unwrap_or(0.0) / (1u64 << 20) as f64;
-    println!(
+    outln!(
         "VRAM    {}{}: budget {:.1} MiB, load {} ({})",
         if g["preview"] == true {
             "preview for "
@@ -225,8 +225,8 @@ fn print_gpu_plan(g: &Value) {
         mib("vram_budget_bytes"),
         g["load"].as_str().unwrap_or(""),
         g["load_reason"].as_str().unwrap_or("")
-    );
-    println!(
+    )?;
+    outln!(
         "        weights held {:.1} MiB ({} resident layers, {} streamed: {:.1} MiB/token); runs from {:.1} MiB, everything resident at {:.1} MiB",
         mib("weights_held_bytes"),
         g["resident_layers"],
@@ -234,7 +234,7 @@ fn print_gpu_plan(g: &Value) {
         mib("streamed_bytes_per_token"),
         mib("min_budget_bytes"),
         mib("all_resident_budget_bytes")
-    );
+    )
 }
 
 /// Runs the command.
@@ -244,67 +244,66 @@ pub fn run(a: DoctorArgs) -> Result<()> {
     let model = a.model_dir.as_deref().map(|d| model_report(&a, d));
     if a.json {
         let v = json!({"cpu": cpu, "memory": meminfo(), "gpu": gpu, "model": model});
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
+        return outln!("{}", serde_json::to_string_pretty(&v)?);
     }
-    println!("CPU     {}", cpu.model.as_deref().unwrap_or("unknown"));
-    println!(
+    outln!("CPU     {}", cpu.model.as_deref().unwrap_or("unknown"))?;
+    outln!(
         "        {} physical cores, {} logical; features: {}; kernels: {}",
         cpu.physical_cores,
         cpu.logical_cores,
         cpu.features.join(" "),
         cpu.simd_kernels
-    );
+    )?;
     let mem = meminfo();
     let gib = |v: &Value| {
         v.as_f64().map_or("?".into(), |b| {
             format!("{:.1} GiB", b / (1u64 << 30) as f64)
         })
     };
-    println!(
+    outln!(
         "Memory  {} total, {} available",
         gib(&mem["total_bytes"]),
         gib(&mem["available_bytes"])
-    );
-    println!("GPU");
+    )?;
+    outln!("GPU")?;
     for l in gpu.lines() {
-        println!("        {l}");
+        outln!("        {l}")?;
     }
     if let Some(m) = model {
-        println!("Model   {}", m["dir"].as_str().unwrap_or(""));
-        println!(
+        outln!("Model   {}", m["dir"].as_str().unwrap_or(""))?;
+        outln!(
             "        filesystem: {}",
             m["filesystem"].as_str().unwrap_or("unknown")
-        );
-        println!(
+        )?;
+        outln!(
             "        O_DIRECT: {} ({})",
             if m["o_direct"] == true { "yes" } else { "no" },
             m["o_direct_detail"].as_str().unwrap_or("")
-        );
-        println!(
+        )?;
+        outln!(
             "        read, O_DIRECT:        {}",
             mbps(&m["read_bandwidth_direct"])
-        );
-        println!(
+        )?;
+        outln!(
             "        read, buffered (cold): {}",
             mbps(&m["read_bandwidth_buffered_cold"])
-        );
+        )?;
         let p = &m["plan"];
         if let Some(e) = p.get("error").and_then(Value::as_str) {
-            println!("Plan    cannot run: {e}");
+            outln!("Plan    cannot run: {e}")?;
         } else {
-            println!(
+            outln!(
                 "Plan    backend {}: {}",
                 p["backend"].as_str().unwrap_or(""),
                 p["backend_reason"].as_str().unwrap_or("")
-            );
-            println!(
+            )?;
+            outln!(
                 "        io {}: {}",
                 p["io"].as_str().unwrap_or(""),
                 p["io_reason"].as_str().unwrap_or("")
-            );
+            )?;
             let mib = |k: &str| p[k].as_f64().unwrap_or(0.0) / (1u64 << 20) as f64;
-            println!(
+            outln!(
                 "        weights {:.1} MiB, held {:.1} MiB ({} resident layers, {} streamed: {:.1} MiB/token); streaming needs at least {:.1} MiB; KV cache {:.1} MiB",
                 mib("weight_bytes"),
                 mib("held_bytes"),
@@ -313,8 +312,8 @@ pub fn run(a: DoctorArgs) -> Result<()> {
                 mib("streamed_bytes_per_token"),
                 mib("min_budget_bytes"),
                 mib("kv_cache_bytes")
-            );
-            print_gpu_plan(&p["gpu"]);
+            )?;
+            print_gpu_plan(&p["gpu"])?;
         }
     }
     Ok(())

@@ -1,17 +1,22 @@
 //! `gdsrun`: run a GdsLLM model directory on the CPU.
 //!
 //! `gdsrun MODEL_DIR [--prompt TEXT]` generates (or chats interactively without `--prompt`);
-//! `gdsrun perplexity` and `gdsrun bench` measure quality and speed. Exit codes: 0 ok,
-//! 1 runtime error, 2 usage error.
+//! `gdsrun perplexity` and `gdsrun bench` measure quality and speed. Exit codes
+//! ([`gds_runtime::error::exit`]): 0 ok (also when stdout's reader goes away), 1 the model
+//! is invalid, 2 usage (a flag, a path, an input that does not fit), 3 the CUDA backend
+//! failed, 4 internal error.
 
 mod bench;
 mod cli;
 mod doctor;
+mod out;
 mod perplexity;
 mod run;
 
 use clap::Parser;
 use cli::{Cli, Command};
+use gds_runtime::error::exit;
+use out::errln;
 use gds_runtime::RuntimeError;
 
 /// Subcommand names; anything else in first position means `run`.
@@ -40,12 +45,23 @@ fn main() {
         Command::Doctor(a) => doctor::run(a),
     };
     if let Err(e) = result {
-        eprintln!("gdsrun: error: {e:#}");
-        let usage = matches!(
-            e.downcast_ref::<RuntimeError>(),
-            Some(RuntimeError::Plan(_))
-        );
-        std::process::exit(if usage { 2 } else { 1 });
+        std::process::exit(report(&e));
+    }
+}
+
+/// Prints `e` (unless it is a closed stdout, which is no failure) and returns the exit code:
+/// that of the first [`RuntimeError`] in its chain, else 2 for an OS error, else 1.
+fn report(e: &anyhow::Error) -> i32 {
+    if e.chain().any(|c| c.is::<out::Closed>()) {
+        return exit::OK;
+    }
+    errln!("gdsrun: error: {e:#}");
+    if let Some(r) = e.chain().find_map(|c| c.downcast_ref::<RuntimeError>()) {
+        r.exit_code()
+    } else if e.chain().any(|c| c.is::<std::io::Error>()) {
+        exit::USAGE
+    } else {
+        exit::MODEL
     }
 }
 

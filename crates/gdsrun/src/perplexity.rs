@@ -2,10 +2,10 @@
 
 use crate::cli::PerplexityArgs;
 use crate::run::common_options;
-use anyhow::{Context, Result};
+use crate::out::{err, errln, outln};
+use anyhow::Result;
 use gds_runtime::perplexity::{perplexity, PerplexityOptions};
 use gds_runtime::{Plan, PlanOptions, RuntimeError, TextTokenizer};
-use std::io::Write;
 use std::time::Instant;
 
 /// Runs the command.
@@ -15,8 +15,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         raw: true,
         ..common_options(&a.common)
     })?;
-    let text = std::fs::read_to_string(&a.file)
-        .with_context(|| format!("reading {}", a.file.display()))?;
+    let text = std::fs::read_to_string(&a.file).map_err(|e| RuntimeError::file(&a.file, e))?;
     let t0 = Instant::now();
     // Every scored position wants logits: passes of up to 512 tokens, all of them outputs.
     let batch = plan.batch.max(plan.ctx.min(512));
@@ -28,7 +27,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         bos: tok.bos().filter(|_| tok.add_bos()),
     };
     if !a.json {
-        eprintln!(
+        errln!(
             "perplexity: {} tokens, ctx {}, backend {}, {} threads",
             tokens.len(),
             plan.ctx,
@@ -39,26 +38,25 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let json = a.json;
     let r = perplexity(&mut *exec, &tokens, opts, &mut |i, ppl| {
         if !json {
-            eprint!("[{}]{ppl:.4},", i + 1);
-            let _ = std::io::stderr().flush();
+            err!("[{}]{ppl:.4},", i + 1);
         }
     })
     .map_err(|e| match e {
-        RuntimeError::Perplexity(m) => anyhow::anyhow!("{}: {m}", a.file.display()),
-        e => e.into(),
+        RuntimeError::Perplexity(m) => RuntimeError::Perplexity(format!("{}: {m}", a.file.display())),
+        e => e,
     })?;
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "ppl": r.ppl, "ppl_stderr": r.ppl_stderr, "tokens": r.tokens, "scored": r.scored, "chunks": r.chunks.n_chunks,
                 "ctx": plan.ctx, "running": r.running, "seconds": secs, "model": plan.model_dir, "file": a.file,
             })
-        );
+        )?;
     } else {
-        eprintln!();
-        println!("Final estimate: PPL = {:.4} +/- {:.5} ({} chunks of {}, {} tokens scored, {secs:.1} s)", r.ppl, r.ppl_stderr, r.chunks.n_chunks, plan.ctx, r.scored);
+        errln!();
+        outln!("Final estimate: PPL = {:.4} +/- {:.5} ({} chunks of {}, {} tokens scored, {secs:.1} s)", r.ppl, r.ppl_stderr, r.chunks.n_chunks, plan.ctx, r.scored)?;
     }
     Ok(())
 }

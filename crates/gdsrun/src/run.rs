@@ -4,6 +4,8 @@ use crate::cli::{CommonArgs, RunArgs};
 use anyhow::{Context, Result};
 use gds_runtime::engine::GenerateOutput;
 use gds_runtime::{Engine, KvDtype, Plan, PlanOptions, RuntimeError};
+use crate::out::{self, err, errln, outln};
+use std::cell::RefCell;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,7 +56,7 @@ fn install_ctrlc(interrupt: Arc<AtomicBool>, generating: Arc<AtomicBool>) {
         std::process::exit(130);
     });
     if let Err(e) = r {
-        eprintln!("gdsrun: warning: Ctrl-C handler not installed: {e}");
+        errln!("gdsrun: warning: Ctrl-C handler not installed: {e}");
     }
 }
 
@@ -69,25 +71,30 @@ fn json_result(out: &GenerateOutput, plan: &Plan) -> serde_json::Value {
     })
 }
 
-/// Writes generated text to stdout as it comes; a closed pipe stops generation quietly.
+/// Writes generated text to stdout as it comes. A failed write (a closed pipe) interrupts
+/// the generation; [`Printer::check`] then ends the command with the error.
 struct Printer {
-    broken: Arc<AtomicBool>,
+    failed: RefCell<Option<std::io::Error>>,
     interrupt: Arc<AtomicBool>,
 }
 
 impl Printer {
     fn print(&self, s: &str) {
-        if self.broken.load(Ordering::Relaxed) {
+        if self.failed.borrow().is_some() {
             return;
         }
         let mut out = std::io::stdout().lock();
-        if out
-            .write_all(s.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err()
-        {
-            self.broken.store(true, Ordering::Relaxed);
+        if let Err(e) = out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
+            *self.failed.borrow_mut() = Some(e);
             self.interrupt.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The write error, if a write failed ([`out::Closed`] for a closed pipe).
+    fn check(&self) -> Result<()> {
+        match self.failed.borrow_mut().take() {
+            Some(e) => Err(out::stdout_error(e)),
+            None => Ok(()),
         }
     }
 }
@@ -96,8 +103,7 @@ impl Printer {
 pub fn run(a: RunArgs) -> Result<()> {
     let plan = Plan::build(&plan_options(&a))?;
     if a.plan {
-        println!("{}", plan.to_json());
-        return Ok(());
+        return outln!("{}", plan.to_json());
     }
     let mut engine =
         Engine::load(plan).with_context(|| format!("loading {}", a.common.model_dir.display()))?;
@@ -105,7 +111,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let interrupt = engine.interrupt_flag();
     install_ctrlc(interrupt.clone(), generating.clone());
     let printer = Printer {
-        broken: Arc::new(AtomicBool::new(false)),
+        failed: RefCell::new(None),
         interrupt: interrupt.clone(),
     };
 
@@ -117,15 +123,14 @@ pub fn run(a: RunArgs) -> Result<()> {
             engine.generate(prompt, &mut |s| printer.print(s))
         };
         generating.store(false, Ordering::SeqCst);
+        printer.check()?;
         let out = out?;
-        if printer.broken.load(Ordering::Relaxed) {
-            return Ok(());
-        }
         if a.json {
-            println!("{}", json_result(&out, engine.plan()));
+            outln!("{}", json_result(&out, engine.plan()))?;
         } else {
             printer.print("\n");
-            eprintln!("[{}] {}", out.stop_reason.as_str(), out.metrics.summary());
+            printer.check()?;
+            errln!("[{}] {}", out.stop_reason.as_str(), out.metrics.summary());
         }
         Ok(())
     };
@@ -136,7 +141,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             let stdin = std::io::stdin();
             let interactive = stdin.is_terminal();
             if interactive {
-                eprintln!(
+                errln!(
                     "gdsrun: {} mode; one message per line, /reset to forget, Ctrl-D to quit",
                     if engine.plan().mode == gds_runtime::plan::Mode::Chat {
                         "chat"
@@ -148,10 +153,14 @@ pub fn run(a: RunArgs) -> Result<()> {
             let mut lines = stdin.lock();
             loop {
                 if interactive {
-                    eprint!("> ");
+                    err!("> ");
                 }
                 let mut line = String::new();
-                if lines.read_line(&mut line).context("reading stdin")? == 0 {
+                if lines
+                    .read_line(&mut line)
+                    .map_err(|e| RuntimeError::file("stdin", e))?
+                    == 0
+                {
                     return Ok(());
                 }
                 let msg = line.trim_end_matches(['\n', '\r']);
@@ -170,12 +179,9 @@ pub fn run(a: RunArgs) -> Result<()> {
                             Some(RuntimeError::PromptTooLong { .. })
                         ) =>
                     {
-                        eprintln!("gdsrun: error: {e:#} (/reset to start over)")
+                        errln!("gdsrun: error: {e:#} (/reset to start over)")
                     }
                     r => r?,
-                }
-                if printer.broken.load(Ordering::Relaxed) {
-                    return Ok(());
                 }
             }
         }

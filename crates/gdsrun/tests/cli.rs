@@ -372,8 +372,10 @@ fn errors_are_clear_and_exit_non_zero() {
     fails(
         &["/nonexistent/model.gds", "--prompt", "hi"],
         2,
-        "not a model directory",
+        "/nonexistent/model.gds: No such file or directory",
     );
+    let manifest = format!("{}/{}", model(), gds_format::MANIFEST_FILE);
+    fails(&[&manifest, "--prompt", "hi"], 2, "not a model directory");
     fails(&[model(), "--prompt", "hi", "--top-p", "1.5"], 2, "--top-p");
     fails(&[model(), "--prompt", "hi", "--ctx", "0"], 2, "--ctx");
     fails(
@@ -394,7 +396,7 @@ fn errors_are_clear_and_exit_non_zero() {
     let long = "word ".repeat(100);
     fails(
         &[model(), "--raw", "--prompt", &long, "--ctx", "32"],
-        1,
+        2,
         "context holds 32",
     );
     let empty = tempfile::tempdir().unwrap();
@@ -412,7 +414,7 @@ fn errors_are_clear_and_exit_non_zero() {
             "--ctx",
             "128",
         ],
-        1,
+        2,
         "/nonexistent.txt",
     );
 }
