@@ -51,6 +51,9 @@ pub struct PlanOptions {
     pub max_joules: Option<f64>,
     /// Raw completion instead of the chat template.
     pub raw: bool,
+    /// Raw mode: special-token texts in the prompt (`<|im_end|>`) become their tokens
+    /// instead of plain text.
+    pub parse_special: bool,
     /// System prompt for chat mode.
     pub system: Option<String>,
     /// Compute backend: `auto`, `cpu` or `cuda` (`None` = `auto`).
@@ -136,6 +139,9 @@ pub struct Plan {
     pub limits: Limits,
     /// Chat or raw.
     pub mode: Mode,
+    /// Raw mode: special-token texts in the prompt become their tokens (otherwise every
+    /// prompt and message is plain text; only the chat template writes special tokens).
+    pub parse_special: bool,
     /// System prompt (chat mode).
     pub system: Option<String>,
     /// Model hyperparameters.
@@ -267,7 +273,9 @@ impl Plan {
             repeat_last_n: opts.repeat_last_n.unwrap_or(d.repeat_last_n),
             seed: opts.seed.unwrap_or_else(time_seed),
         };
-        sampler.check().map_err(RuntimeError::Plan)?;
+        sampler
+            .check()
+            .map_err(|e| RuntimeError::Plan(e.to_string()))?;
         let has_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
             .ok()
             .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
@@ -277,6 +285,12 @@ impl Plan {
         } else {
             Mode::Chat
         };
+        if opts.parse_special && mode == Mode::Chat {
+            return plan_err(
+                "--parse-special applies to raw prompts (add --raw); chat messages are always plain text"
+                    .into(),
+            );
+        }
         let kv_dtype = opts.kv_dtype.unwrap_or_default();
         let backend = crate::backend::choose(opts.backend.as_deref())?;
         let activations = match opts.activations.as_deref() {
@@ -367,6 +381,7 @@ impl Plan {
                 max_joules: opts.max_joules,
             },
             mode,
+            parse_special: opts.parse_special,
             system: opts.system.clone(),
             model,
         })
