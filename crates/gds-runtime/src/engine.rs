@@ -142,11 +142,9 @@ impl Engine {
             Mode::Chat => self.chat_turn(prompt, on_text),
             Mode::Raw => {
                 let t0 = Instant::now();
-                let tokens = self.tokenizer.encode_prompt(
-                    prompt,
-                    self.plan.parse_special,
-                    self.plan.ctx,
-                )?;
+                let tokens =
+                    self.tokenizer
+                        .encode_prompt(prompt, self.plan.parse_special, self.plan.ctx)?;
                 self.generate_tokens(&tokens, t0, on_text)
             }
         }

@@ -56,7 +56,13 @@ impl BadSetting {
 
 impl std::fmt::Display for BadSetting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} must be {}", self.flag(), self.value, self.expected)
+        write!(
+            f,
+            "{} {} must be {}",
+            self.flag(),
+            self.value,
+            self.expected
+        )
     }
 }
 

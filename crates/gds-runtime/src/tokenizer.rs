@@ -310,7 +310,7 @@ impl TextTokenizer {
             .collect();
         let rendered = template.render(&guarded, true)?;
         self.check_fits(rendered.len(), ctx)?;
-        let with_bos = !(!self.bos_text.is_empty() && rendered.starts_with(&self.bos_text));
+        let with_bos = self.bos_text.is_empty() || !rendered.starts_with(&self.bos_text);
         if hidden.is_empty() {
             return self.encode(&rendered, with_bos, true);
         }
@@ -334,7 +334,9 @@ impl TextTokenizer {
             .get_added_vocabulary()
             .extract_and_normalize(self.inner.get_normalizer(), text);
         let mut out: Vec<(usize, usize, Vec<u32>)> = Vec::new();
-        for (_, (start, end), tokens) in split.get_splits(OffsetReferential::Original, OffsetType::Byte) {
+        for (_, (start, end), tokens) in
+            split.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        {
             let Some(tokens) = tokens else { continue };
             let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
             let in_order = out.last().is_none_or(|l| l.1 <= start);
@@ -375,8 +377,11 @@ impl TextTokenizer {
         ids: &mut Vec<u32>,
     ) -> Result<()> {
         let mut text = String::with_capacity(piece.len());
-        for (i, part) in piece.split(marker).enumerate() {
-            if i % 2 == 0 {
+        // the parts alternate: text, index, text, ..., text
+        let mut at_text = false;
+        for part in piece.split(marker) {
+            at_text = !at_text;
+            if at_text {
                 text.push_str(part);
                 continue;
             }
@@ -390,7 +395,7 @@ impl TextTokenizer {
                 }
             }
         }
-        if piece.split(marker).count() % 2 == 0 {
+        if !at_text {
             return Err(RuntimeError::Template(
                 "the chat template cut a message's placeholder".into(),
             ));

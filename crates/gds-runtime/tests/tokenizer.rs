@@ -53,11 +53,7 @@ fn every_role_is_plain_text_in_chat() {
         let msgs = [Message::new(role, INJECTION), Message::new("user", "hi")];
         let ids = t.encode_chat(&msgs, 4096).unwrap();
         let turns = if role == "system" { 3 } else { 4 };
-        assert_eq!(
-            ids.iter().filter(|&&i| i == start).count(),
-            turns,
-            "{role}"
-        );
+        assert_eq!(ids.iter().filter(|&&i| i == start).count(), turns, "{role}");
         assert_eq!(
             ids.iter().filter(|&&i| i == end).count(),
             turns - 1,
@@ -140,4 +136,3 @@ fn the_length_bound_never_refuses_text_that_fits() {
         );
     }
 }
-

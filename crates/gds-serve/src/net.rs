@@ -174,7 +174,9 @@ pub async fn read_body(State(st): State<Arc<ServerState>>, req: Request, next: N
 }
 
 fn too_large(st: &ServerState, declared: Option<u64>) -> Response {
-    st.metrics.rejected_too_large.fetch_add(1, Ordering::Relaxed);
+    st.metrics
+        .rejected_too_large
+        .fetch_add(1, Ordering::Relaxed);
     let size = declared.map_or_else(|| "the request body".into(), |n| format!("{n} bytes"));
     let e = ApiError::status(
         StatusCode::PAYLOAD_TOO_LARGE,

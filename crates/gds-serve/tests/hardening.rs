@@ -30,7 +30,8 @@ fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while t0.elapsed() < limit {
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
         match s.read(&mut buf) {
             Ok(0) => return (got, true),
             Ok(n) => got.extend_from_slice(&buf[..n]),
@@ -110,13 +111,17 @@ fn slow_loris_and_idle_clients_are_cut_off_within_the_header_timeout() {
             break;
         }
         let mut probe = [0u8; 1];
-        c.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
         if matches!(c.read(&mut probe), Ok(0)) {
             cut = true;
             break;
         }
     }
-    assert!(cut, "a client dribbling its header for 10 s was never cut off");
+    assert!(
+        cut,
+        "a client dribbling its header for 10 s was never cut off"
+    );
     // a client that connects and sends nothing
     let mut idle = TcpStream::connect(&s.addr).unwrap();
     assert!(read_until_closed(&mut idle, Duration::from_secs(10)).1);
@@ -193,7 +198,10 @@ fn connection_limit_holds() {
         if status == 200 {
             break m;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "slots never came back");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "slots never came back"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(metric(&m, "gds_connections_refused_total") >= 3.0, "{m}");
