@@ -30,6 +30,7 @@ impl Message {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -55,9 +56,15 @@ impl ChatTemplate {
             .map_err(|e| RuntimeError::Template(format!("{e:#}")))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
         })
+    }
+
+    /// The template's source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders a conversation.

@@ -142,7 +142,9 @@ impl Engine {
             Mode::Chat => self.chat_turn(prompt, on_text),
             Mode::Raw => {
                 let t0 = Instant::now();
-                let tokens = self.tokenizer.encode(prompt, true)?;
+                let tokens =
+                    self.tokenizer
+                        .encode_prompt(prompt, self.plan.parse_special, self.plan.ctx)?;
                 self.generate_tokens(&tokens, t0, on_text)
             }
         }
@@ -157,10 +159,7 @@ impl Engine {
     ) -> Result<GenerateOutput> {
         let t0 = Instant::now();
         self.messages.push(Message::new("user", user));
-        let tokens = self
-            .tokenizer
-            .render_chat(&self.messages)
-            .and_then(|r| self.tokenizer.encode_chat(&r));
+        let tokens = self.tokenizer.encode_chat(&self.messages, self.plan.ctx);
         let out = tokens.and_then(|t| self.generate_tokens(&t, t0, on_text));
         match &out {
             Ok(o) => self.messages.push(Message::new("assistant", &o.text)),

@@ -86,6 +86,19 @@ pub enum RuntimeError {
         /// Context length the model was trained for.
         model_ctx: usize,
     },
+    /// The prompt's text is longer than any prompt the context can hold, so it was not
+    /// tokenized.
+    #[error("prompt is {bytes} bytes of text but the context holds {ctx} tokens of at most {per_token} bytes each ({limit} bytes; use --ctx to raise it)")]
+    TextTooLong {
+        /// Bytes of text (the rendered chat for chat prompts).
+        bytes: usize,
+        /// Most bytes a prompt of the context's length can cover.
+        limit: usize,
+        /// Context length in tokens.
+        ctx: usize,
+        /// Most bytes one token covers in this vocabulary.
+        per_token: usize,
+    },
     /// Input for perplexity is too short.
     #[error("{0}")]
     Perplexity(String),
@@ -135,6 +148,7 @@ impl RuntimeError {
             E::Usage(_)
             | E::File { .. }
             | E::PromptTooLong { .. }
+            | E::TextTooLong { .. }
             | E::Perplexity(_)
             | E::Threads(_) => exit::USAGE,
             E::Backend(_) => exit::BACKEND,

@@ -51,6 +51,9 @@ pub struct PlanOptions {
     pub max_joules: Option<f64>,
     /// Raw completion instead of the chat template.
     pub raw: bool,
+    /// Raw mode: special-token texts in the prompt (`<|im_end|>`) become their tokens
+    /// instead of plain text.
+    pub parse_special: bool,
     /// System prompt for chat mode.
     pub system: Option<String>,
     /// Compute backend: `auto`, `cpu` or `cuda` (`None` = `auto`).
@@ -138,6 +141,9 @@ pub struct Plan {
     pub limits: Limits,
     /// Chat or raw.
     pub mode: Mode,
+    /// Raw mode: special-token texts in the prompt become their tokens (otherwise every
+    /// prompt and message is plain text; only the chat template writes special tokens).
+    pub parse_special: bool,
     /// System prompt (chat mode).
     pub system: Option<String>,
     /// Model hyperparameters.
@@ -297,7 +303,9 @@ impl Plan {
             repeat_last_n: opts.repeat_last_n.unwrap_or(d.repeat_last_n),
             seed: opts.seed.unwrap_or_else(time_seed),
         };
-        sampler.check().map_err(RuntimeError::Usage)?;
+        sampler
+            .check()
+            .map_err(|e| RuntimeError::Usage(e.to_string()))?;
         let has_template = tokenizer_config(dir, &m)?
             .is_some_and(|v| v.get("chat_template").is_some_and(|t| !t.is_null()));
         let mode = if opts.raw || !has_template {
@@ -305,6 +313,12 @@ impl Plan {
         } else {
             Mode::Chat
         };
+        if opts.parse_special && mode == Mode::Chat {
+            return plan_err(
+                "--parse-special applies to raw prompts (add --raw); chat messages are always plain text"
+                    .into(),
+            );
+        }
         let kv_dtype = opts.kv_dtype.unwrap_or_default();
         let backend = crate::backend::choose(opts.backend.as_deref())?;
         let activations = match opts.activations.as_deref() {
@@ -397,6 +411,7 @@ impl Plan {
                 max_joules: opts.max_joules,
             },
             mode,
+            parse_special: opts.parse_special,
             system: opts.system.clone(),
             model,
         })

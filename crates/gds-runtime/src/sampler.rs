@@ -36,23 +36,57 @@ impl Default for SamplerConfig {
     }
 }
 
+/// A sampler setting out of its range.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BadSetting {
+    /// The setting, as [`SamplerConfig`] spells it (`top_p`).
+    pub field: &'static str,
+    /// The value given.
+    pub value: f32,
+    /// What it must be, e.g. `in (0, 1]`.
+    pub expected: &'static str,
+}
+
+impl BadSetting {
+    /// The command-line flag that sets it (`--top-p`).
+    pub fn flag(&self) -> String {
+        format!("--{}", self.field.replace('_', "-"))
+    }
+}
+
+impl std::fmt::Display for BadSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} must be {}",
+            self.flag(),
+            self.value,
+            self.expected
+        )
+    }
+}
+
 impl SamplerConfig {
-    /// Checks every value's range; the error names the flag.
-    pub fn check(&self) -> Result<(), String> {
+    /// Checks every value's range; the error names the setting.
+    pub fn check(&self) -> Result<(), BadSetting> {
+        let bad = |field, value, expected| {
+            Err(BadSetting {
+                field,
+                value,
+                expected,
+            })
+        };
         if !(self.temp.is_finite() && self.temp >= 0.0) {
-            return Err(format!("--temp {} must be a number >= 0", self.temp));
+            return bad("temp", self.temp, "a number >= 0");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("--top-p {} must be in (0, 1]", self.top_p));
+            return bad("top_p", self.top_p, "in (0, 1]");
         }
         if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
-            return Err(format!("--min-p {} must be in [0, 1]", self.min_p));
+            return bad("min_p", self.min_p, "in [0, 1]");
         }
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            return Err(format!(
-                "--repeat-penalty {} must be > 0",
-                self.repeat_penalty
-            ));
+            return bad("repeat_penalty", self.repeat_penalty, "> 0");
         }
         Ok(())
     }
@@ -371,10 +405,9 @@ mod tests {
     #[test]
     fn bad_values_are_rejected() {
         assert!(cfg(-1.0, 0, 1.0, 0.0).check().is_err());
-        assert!(cfg(1.0, 0, 0.0, 0.0)
-            .check()
-            .unwrap_err()
-            .contains("--top-p"));
+        let e = cfg(1.0, 0, -1.0, 0.0).check().unwrap_err();
+        assert_eq!((e.field, e.value), ("top_p", -1.0));
+        assert_eq!(e.to_string(), "--top-p -1 must be in (0, 1]");
         assert!(cfg(1.0, 0, 1.5, 0.0).check().is_err());
         assert!(cfg(1.0, 0, 1.0, 2.0).check().is_err());
         assert!(cfg(0.8, 40, 0.95, 0.05).check().is_ok());

@@ -21,8 +21,20 @@ pub const END_OF_GENERATION: &[&str] = &[
 ];
 
 /// Tokenizer, chat template and special tokens of a model directory.
+///
+/// Text is plain text: special-token texts in it (`<|im_end|>`) are tokenized like any
+/// other characters, unless a raw prompt asks for them to be parsed. Only the chat template
+/// writes special tokens: message contents stay plain text inside the rendered chat, so a
+/// message cannot forge turns or system prompts.
 pub struct TextTokenizer {
+    /// Parses special-token texts into their tokens.
     inner: tokenizers::Tokenizer,
+    /// The same vocabulary with special-token texts read as plain text.
+    literal: tokenizers::Tokenizer,
+    /// Ids of the special added tokens, sorted.
+    special: Vec<u32>,
+    /// Most bytes of text one token covers (an upper bound).
+    max_token_bytes: usize,
     bos: Option<u32>,
     add_bos: bool,
     eog: Vec<u32>,
@@ -45,6 +57,44 @@ fn token_text(v: Option<&serde_json::Value>) -> Option<String> {
 
 /// Largest `tokenizer.json` / `tokenizer_config.json` read (bounded before reading).
 pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
+/// An upper bound on the bytes of text one token of `t` covers: the longest decoded token,
+/// plus one for a decoder that drops a leading space. (Decoding the whole vocabulary takes
+/// ~70 ms of one core for SmolLM2's 49 152 tokens, hence in parallel.)
+fn max_token_bytes(t: &tokenizers::Tokenizer) -> usize {
+    use rayon::prelude::*;
+    let n = u32::try_from(t.get_vocab_size(true)).unwrap_or(u32::MAX);
+    (0..n)
+        .into_par_iter()
+        .map(|id| t.decode(&[id], false).map_or(0, |s| s.len()))
+        .max()
+        .unwrap_or(0)
+        + 1
+}
+
+/// The private-use characters a placeholder marker may be.
+const MARKER_RANGES: [std::ops::RangeInclusive<u32>; 3] =
+    [0xE000..=0xF8FF, 0xF_0000..=0xF_FFFD, 0x10_0000..=0x10_FFFD];
+
+/// A private-use character that none of `texts` contains (one pass over them).
+fn free_marker<'a>(texts: impl Iterator<Item = &'a str>) -> Option<char> {
+    let offsets = [0usize, 0x1900, 0x1900 + 0xFFFE];
+    let mut used = vec![false; 0x1900 + 2 * 0xFFFE];
+    for c in texts.flat_map(str::chars) {
+        let c = c as u32;
+        for (r, off) in MARKER_RANGES.iter().zip(offsets) {
+            if r.contains(&c) {
+                used[off + (c - r.start()) as usize] = true;
+            }
+        }
+    }
+    MARKER_RANGES
+        .iter()
+        .zip(offsets)
+        .flat_map(|(r, off)| r.clone().enumerate().map(move |(i, c)| (off + i, c)))
+        .find(|&(i, _)| !used[i])
+        .and_then(|(_, c)| char::from_u32(c))
+}
 
 impl TextTokenizer {
     /// Loads `tokenizer.json` (required) and `tokenizer_config.json` (optional) from `dir`,
@@ -109,7 +159,20 @@ impl TextTokenizer {
         let template = template
             .map(|src| ChatTemplate::new(src, &bos_text, &eos_text))
             .transpose()?;
+        let mut special: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        special.sort_unstable();
+        let mut literal = inner.clone();
+        // (the library's name: special tokens are "encoded" like text instead of split out)
+        literal.set_encode_special_tokens(true);
         Ok(TextTokenizer {
+            max_token_bytes: max_token_bytes(&inner),
+            literal,
+            special,
             inner,
             bos,
             add_bos: add_bos.unwrap_or(cfg.add_bos) && bos.is_some(),
@@ -119,19 +182,54 @@ impl TextTokenizer {
         })
     }
 
-    /// Tokenizes `text`; special-token texts in it become their tokens. Prepends BOS when
-    /// `with_bos` and the model adds one (as llama.cpp does) and the text does not already
-    /// start with it.
-    pub fn encode(&self, text: &str, with_bos: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, false).map_err(tok_err)?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
+    /// Tokenizes `text`. Special-token texts in it become their tokens only when
+    /// `parse_special`; otherwise they are plain text. Prepends BOS when `with_bos` and the
+    /// model adds one (as llama.cpp does) and the text does not already start with it.
+    pub fn encode(&self, text: &str, with_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let t = if parse_special {
+            &self.inner
+        } else {
+            &self.literal
+        };
+        let enc = t.encode(text, false).map_err(tok_err)?;
+        Ok(self.with_bos(enc.get_ids().to_vec(), with_bos))
+    }
+
+    fn with_bos(&self, mut ids: Vec<u32>, with_bos: bool) -> Vec<u32> {
         if let Some(bos) = self.bos.filter(|_| with_bos && self.add_bos) {
-            if enc.get_ids().first() != Some(&bos) {
-                ids.push(bos);
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
             }
         }
-        ids.extend_from_slice(enc.get_ids());
-        Ok(ids)
+        ids
+    }
+
+    /// Most bytes of text one token covers: text longer than `ctx` times this cannot fit in
+    /// `ctx` tokens.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
+    }
+
+    /// Errs when `bytes` of text cannot fit in `ctx` tokens, before anything is tokenized.
+    pub fn check_fits(&self, bytes: usize, ctx: usize) -> Result<()> {
+        let limit = ctx.saturating_mul(self.max_token_bytes);
+        if bytes > limit {
+            return Err(RuntimeError::TextTooLong {
+                bytes,
+                limit,
+                ctx,
+                per_token: self.max_token_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Tokenizes a raw prompt for a context of `ctx` tokens: with BOS when the model adds
+    /// one, special-token texts parsed only when `parse_special`. Text too long to fit is
+    /// refused before tokenizing ([`RuntimeError::TextTooLong`]).
+    pub fn encode_prompt(&self, text: &str, parse_special: bool, ctx: usize) -> Result<Vec<u32>> {
+        self.check_fits(text.len(), ctx)?;
+        self.encode(text, true, parse_special)
     }
 
     /// Decodes `ids` to text, dropping special tokens.
@@ -164,22 +262,148 @@ impl TextTokenizer {
         self.template.is_some()
     }
 
+    fn template(&self) -> Result<&ChatTemplate> {
+        self.template.as_ref().ok_or_else(|| {
+            RuntimeError::Template(
+                "the model has no chat template in tokenizer_config.json (use --raw)".into(),
+            )
+        })
+    }
+
     /// Renders `messages` with the chat template (a generation prompt added), or errors when
     /// the model has none.
     pub fn render_chat(&self, messages: &[Message]) -> Result<String> {
-        match &self.template {
-            Some(t) => t.render(messages, true),
-            None => Err(RuntimeError::Template(
-                "the model has no chat template in tokenizer_config.json (use --raw)".into(),
-            )),
-        }
+        self.template()?.render(messages, true)
     }
 
-    /// Tokenizes a rendered chat prompt: BOS is added only when the template did not write
-    /// it itself.
-    pub fn encode_chat(&self, rendered: &str) -> Result<Vec<u32>> {
-        let starts_with_bos = !self.bos_text.is_empty() && rendered.starts_with(&self.bos_text);
-        self.encode(rendered, !starts_with_bos)
+    /// Renders `messages` with the chat template (a generation prompt added) and tokenizes
+    /// the result for a context of `ctx` tokens. The template's own special tokens are
+    /// tokens; message contents are plain text, special-token texts in them included. BOS
+    /// is added only when the template did not write it itself. Text too long to fit is
+    /// refused before tokenizing ([`RuntimeError::TextTooLong`]).
+    ///
+    /// How: special-token texts in contents are replaced by placeholders (a private-use
+    /// character around an index) before rendering, so every special token left in the
+    /// rendered text is the template's. Without any such text this is exactly the
+    /// tokenization of the rendered chat. Otherwise the rendered text is split at the
+    /// template's special tokens and the pieces between them, placeholders restored, are
+    /// tokenized as plain text (as the library itself tokenizes the pieces between special
+    /// tokens). Roles are not guarded: callers pass fixed role names.
+    pub fn encode_chat(&self, messages: &[Message], ctx: usize) -> Result<Vec<u32>> {
+        let template = self.template()?;
+        self.check_fits(messages.iter().map(|m| m.content.len()).sum(), ctx)?;
+        let texts = messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .chain([template.source()]);
+        let marker = free_marker(texts).ok_or_else(|| {
+            RuntimeError::Template("the messages use every private-use character".into())
+        })?;
+        let mut hidden = Vec::new();
+        let guarded: Vec<Message> = messages
+            .iter()
+            .map(|m| Message {
+                role: m.role.clone(),
+                content: self.hide_specials(&m.content, marker, &mut hidden),
+            })
+            .collect();
+        let rendered = template.render(&guarded, true)?;
+        self.check_fits(rendered.len(), ctx)?;
+        let with_bos = self.bos_text.is_empty() || !rendered.starts_with(&self.bos_text);
+        if hidden.is_empty() {
+            return self.encode(&rendered, with_bos, true);
+        }
+        let mut ids = Vec::new();
+        let mut pos = 0;
+        for (start, end, tokens) in self.special_matches(&rendered) {
+            self.encode_plain(&rendered[pos..start], marker, &hidden, &mut ids)?;
+            ids.extend(tokens);
+            pos = end;
+        }
+        self.encode_plain(&rendered[pos..], marker, &hidden, &mut ids)?;
+        Ok(self.with_bos(ids, with_bos))
+    }
+
+    /// Where special tokens are in `text`, as the tokenizer's added vocabulary finds them:
+    /// (start, end, token ids), in order, not overlapping.
+    fn special_matches(&self, text: &str) -> Vec<(usize, usize, Vec<u32>)> {
+        use tokenizers::{OffsetReferential, OffsetType};
+        let split = self
+            .inner
+            .get_added_vocabulary()
+            .extract_and_normalize(self.inner.get_normalizer(), text);
+        let mut out: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+        for (_, (start, end), tokens) in
+            split.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        {
+            let Some(tokens) = tokens else { continue };
+            let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+            let in_order = out.last().is_none_or(|l| l.1 <= start);
+            if in_order
+                && text.get(start..end).is_some()
+                && ids.iter().all(|id| self.special.binary_search(id).is_ok())
+            {
+                out.push((start, end, ids));
+            }
+        }
+        out
+    }
+
+    /// `content` with each special-token text replaced by `marker`, its index in `hidden`,
+    /// `marker`; the texts are pushed to `hidden`.
+    fn hide_specials(&self, content: &str, marker: char, hidden: &mut Vec<String>) -> String {
+        let mut out = String::with_capacity(content.len());
+        let mut pos = 0;
+        for (start, end, _) in self.special_matches(content) {
+            out.push_str(&content[pos..start]);
+            out.push(marker);
+            out.push_str(&hidden.len().to_string());
+            out.push(marker);
+            hidden.push(content[start..end].to_string());
+            pos = end;
+        }
+        out.push_str(&content[pos..]);
+        out
+    }
+
+    /// Tokenizes `piece` (no template special tokens in it) as plain text, its placeholders
+    /// restored first, appending to `ids`.
+    fn encode_plain(
+        &self,
+        piece: &str,
+        marker: char,
+        hidden: &[String],
+        ids: &mut Vec<u32>,
+    ) -> Result<()> {
+        let mut text = String::with_capacity(piece.len());
+        // the parts alternate: text, index, text, ..., text
+        let mut at_text = false;
+        for part in piece.split(marker) {
+            at_text = !at_text;
+            if at_text {
+                text.push_str(part);
+                continue;
+            }
+            let original = part.parse::<usize>().ok().and_then(|k| hidden.get(k));
+            match original {
+                Some(o) => text.push_str(o),
+                None => {
+                    return Err(RuntimeError::Template(
+                        "the chat template altered a message's placeholder".into(),
+                    ))
+                }
+            }
+        }
+        if !at_text {
+            return Err(RuntimeError::Template(
+                "the chat template cut a message's placeholder".into(),
+            ));
+        }
+        if !text.is_empty() {
+            let enc = self.literal.encode(text, false).map_err(tok_err)?;
+            ids.extend_from_slice(enc.get_ids());
+        }
+        Ok(())
     }
 
     /// A fresh streaming decoder.

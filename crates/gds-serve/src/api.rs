@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use gds_runtime::chat::Message;
-use gds_runtime::SamplerConfig;
+use gds_runtime::{RuntimeError, SamplerConfig};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -27,6 +27,7 @@ pub struct ApiError {
     kind: &'static str,
     message: String,
     param: Option<&'static str>,
+    code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -37,20 +38,34 @@ impl ApiError {
             kind: "invalid_request_error",
             message: message.into(),
             param: None,
+            code: None,
         }
     }
 
-    fn param(mut self, p: &'static str) -> ApiError {
+    /// Names the request field at fault.
+    pub(crate) fn param(mut self, p: &'static str) -> ApiError {
         self.param = Some(p);
         self
     }
 
-    fn status(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    /// Sets the machine-readable `code`.
+    pub(crate) fn code(mut self, c: &'static str) -> ApiError {
+        self.code = Some(c);
+        self
+    }
+
+    /// An error with its own status and type.
+    pub(crate) fn status(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             kind,
             message: message.into(),
             param: None,
+            code: None,
         }
     }
 }
@@ -61,7 +76,7 @@ impl IntoResponse for ApiError {
             "message": self.message,
             "type": self.kind,
             "param": self.param,
-            "code": Value::Null,
+            "code": self.code,
         }});
         let mut r = (self.status, Json(body)).into_response();
         if self.status == StatusCode::TOO_MANY_REQUESTS
@@ -125,10 +140,13 @@ struct Common {
 // with `#[serde(flatten)]`: flattening buffers numbers, which breaks when another crate in the
 // build turns on serde_json's `arbitrary_precision`.
 
-/// `prompt`: a string, a list of one string, or token ids.
+/// `prompt`: a string, a list of one string, or token ids. `parse_special`: special-token
+/// texts in a string prompt become their tokens (default: plain text).
 #[derive(Deserialize, Debug)]
 struct CompletionBody {
     prompt: Value,
+    #[serde(default)]
+    parse_special: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -230,8 +248,12 @@ fn job(st: &ServerState, c: Common, prompt: Vec<u32>, default_max: usize) -> Res
         seed: c.seed.map_or_else(random_seed, |s| s as u64),
     };
     sampler.check().map_err(|e| {
-        // the message names the CLI flag; say the field instead
-        ApiError::bad(e.trim_start_matches("--").replace('-', "_"))
+        // the request's name of the setting, not the command line's
+        let param = match e.field {
+            "temp" => "temperature",
+            f => f,
+        };
+        ApiError::bad(format!("{param} {} must be {}", e.value, e.expected)).param(param)
     })?;
     let stop = match c.stop {
         None => Vec::new(),
@@ -664,10 +686,14 @@ pub async fn completions(
         let b: CompletionBody = parse(&body)?;
         let common: Common = parse(&body)?;
         let one = "prompt must be a string, a list of one string, or a list of token ids";
-        let prompt = match &b.prompt {
-            Value::String(s) => encode(&st, s)?,
-            Value::Array(v) if v.len() == 1 && v[0].is_string() => {
-                encode(&st, v[0].as_str().unwrap_or(""))?
+        let special = b.parse_special.unwrap_or(false);
+        let prompt = match b.prompt {
+            Value::String(s) => encode(&st, s, special).await?,
+            Value::Array(mut v) if v.len() == 1 && v[0].is_string() => {
+                let Some(Value::String(s)) = v.pop() else {
+                    return Err(ApiError::bad(one).param("prompt"));
+                };
+                encode(&st, s, special).await?
             }
             Value::Array(v) if v.iter().all(Value::is_number) => v
                 .iter()
@@ -736,13 +762,8 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
             };
             msgs.push(Message::new(role, &content));
         }
-        let tok = &st.tokenizer;
-        let rendered = tok
-            .render_chat(&msgs)
-            .map_err(|e| ApiError::bad(format!("chat template: {e}")).param("messages"))?;
-        let prompt = tok
-            .encode_chat(&rendered)
-            .map_err(|e| ApiError::bad(format!("tokenizer: {e}")))?;
+        let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
+        let prompt = tokenize(move || tok.encode_chat(&msgs, ctx), "messages").await?;
         let j = job(&st, common, prompt, usize::MAX)?;
         respond(st.clone(), j, Kind::Chat).await
     }
@@ -750,10 +771,41 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
     finish(&st, r)
 }
 
-fn encode(st: &ServerState, s: &str) -> Result<Vec<u32>, ApiError> {
-    st.tokenizer
-        .encode(s, true)
-        .map_err(|e| ApiError::bad(format!("tokenizer: {e}")).param("prompt"))
+async fn encode(st: &ServerState, text: String, special: bool) -> Result<Vec<u32>, ApiError> {
+    let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
+    tokenize(move || tok.encode_prompt(&text, special, ctx), "prompt").await
+}
+
+/// Runs a tokenization on the blocking pool (not on the few async threads that answer every
+/// connection); errors name `param`.
+async fn tokenize(
+    f: impl FnOnce() -> gds_runtime::Result<Vec<u32>> + Send + 'static,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let r = tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("tokenization failed: {e}"),
+        )
+    })?;
+    r.map_err(|e| {
+        let message = match e {
+            RuntimeError::TextTooLong {
+                bytes,
+                limit,
+                ctx,
+                per_token,
+            } => format!(
+                "the {param} {} {bytes} bytes of text; this server's context of {ctx} tokens holds at most {limit} bytes ({per_token} per token), so {} not tokenized",
+                if param == "messages" { "are" } else { "is" },
+                if param == "messages" { "they were" } else { "it was" },
+            ),
+            RuntimeError::Template(e) => format!("chat template: {e}"),
+            e => e.to_string(),
+        };
+        ApiError::bad(message).param(param)
+    })
 }
 
 fn finish(st: &ServerState, r: Result<Response, ApiError>) -> Response {

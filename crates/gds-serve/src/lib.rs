@@ -6,21 +6,39 @@
 //! every admitted request in one batched forward pass per step. A handler that goes away
 //! (client disconnect, stop string) drops its receiver, which cancels the request and frees
 //! its KV blocks at the next step.
+//!
+//! Clients are held to limits ([`net`]): a connection limit, a header read timeout that is
+//! also the keep-alive idle timeout, a body read timeout, a body size limit checked against
+//! Content-Length before the body is read, and prompts too long for the context are refused
+//! before they are tokenized (tokenization runs off the async threads).
 
 mod api;
 pub mod metrics;
+pub mod net;
 pub mod prefix;
 pub mod scheduler;
 
 use anyhow::Context;
 use clap::Args;
-use gds_runtime::{KvCache, KvDtype, Model, Plan, PlanOptions, SamplerConfig, TextTokenizer};
+use gds_runtime::{
+    KvCache, KvDtype, Model, Plan, PlanOptions, RuntimeError, SamplerConfig, TextTokenizer,
+};
 use metrics::ServerMetrics;
+use net::NetLimits;
 use scheduler::{Engine, EngineConfig, Request};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// Seconds, as a positive decimal number (`10`, `0.5`).
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= 86_400.0 => Ok(Duration::from_secs_f64(x)),
+        _ => Err(format!("{s:?} is not a number of seconds in (0, 86400]")),
+    }
+}
 
 /// `gdsrun serve` flags.
 #[derive(Args, Debug)]
@@ -70,6 +88,23 @@ pub struct ServeArgs {
     /// Model name reported by /v1/models (default: the directory's name).
     #[arg(long)]
     pub alias: Option<String>,
+    /// Trust the layer files: skip checking their BLAKE3 content hashes before first use.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Most open connections; more are answered 503 (Retry-After: 1) and closed.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a complete request head, counted from connecting or,
+    /// on a kept-alive connection, from the previous response (so also the idle timeout).
+    #[arg(long, default_value = "10", value_parser = parse_secs)]
+    pub header_timeout: Duration,
+    /// Seconds a client has to send a request body (408 after).
+    #[arg(long, default_value = "30", value_parser = parse_secs)]
+    pub body_timeout: Duration,
+    /// Largest request body (e.g. 4MiB); a larger Content-Length gets 413 before the body
+    /// is read.
+    #[arg(long, default_value = "4MiB", value_parser = gds_runtime::ioplan::parse_size)]
+    pub max_body: u64,
 }
 
 /// What the handlers share.
@@ -84,11 +119,27 @@ pub struct ServerState {
     queue_limit: usize,
     api_key: Option<String>,
     created: u64,
+    limits: NetLimits,
+}
+
+/// Physical memory, bytes (`MemTotal` of /proc/meminfo), when known.
+fn total_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    kb.checked_mul(1024)
 }
 
 /// Runs the server until it is stopped (Ctrl-C).
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let bad = |m: String| Err(anyhow::anyhow!(m));
+    // flag errors are usage errors (exit 2)
+    let bad = |m: String| Err(RuntimeError::Usage(m).into());
     if args.max_batch == 0 || args.max_batch > 1024 {
         return bad(format!(
             "--max-batch {} must be in 1..=1024",
@@ -101,8 +152,44 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.queue_limit == 0 {
         return bad("--queue-limit must be at least 1".into());
     }
-    let kv_dtype = KvDtype::parse(&args.kv_dtype)
-        .with_context(|| format!("--kv-dtype {:?}: expected f32 or f16", args.kv_dtype))?;
+    if args.max_connections == 0 || args.max_connections > 1 << 20 {
+        return bad(format!(
+            "--max-connections {} must be in 1..={}",
+            args.max_connections,
+            1 << 20
+        ));
+    }
+    let Ok(max_body) = usize::try_from(args.max_body) else {
+        return bad(format!("--max-body {} is too large", args.max_body));
+    };
+    let limits = NetLimits {
+        max_connections: args.max_connections,
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
+        max_body,
+    };
+    let Some(kv_dtype) = KvDtype::parse(&args.kv_dtype) else {
+        return bad(format!(
+            "--kv-dtype {:?}: expected f32 or f16",
+            args.kv_dtype
+        ));
+    };
+    // a budget over the machine's memory (or over usize) could only end in an abort
+    let memory = total_memory();
+    let Some(kv_bytes) = args
+        .kv_budget
+        .checked_mul(1 << 20)
+        .filter(|&b| memory.is_none_or(|m| b as u64 <= m))
+    else {
+        return bad(format!(
+            "--kv-budget {} MiB is more than {}",
+            args.kv_budget,
+            memory.map_or("this machine can address".into(), |m| format!(
+                "this machine's memory ({} MiB)",
+                m >> 20
+            ))
+        ));
+    };
     let plan = Plan::build(&PlanOptions {
         model_dir: args.model_dir.clone(),
         ctx: args.ctx,
@@ -114,13 +201,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // The server's batched scheduler and paged KV cache run on the CPU backend.
         backend: Some("cpu".into()),
         raw: true,
+        no_verify: args.no_verify,
         ..Default::default()
     })?;
     let model = Model::open(&plan)?;
     let tokenizer = Arc::new(TextTokenizer::load(&plan.model_dir, &model.config)?);
     let c = &model.config;
     let block_bytes = KvCache::paged_bytes(kv_dtype, c.n_layers, c.kv_dim(), args.kv_block, 1);
-    let n_blocks = args.kv_budget * (1 << 20) / block_bytes;
+    let n_blocks = kv_bytes / block_bytes;
+    if n_blocks > u32::MAX as usize {
+        return bad(format!(
+            "--kv-budget {} MiB makes more than {} blocks (raise --kv-block)",
+            args.kv_budget,
+            u32::MAX
+        ));
+    }
     let per_seq = plan.ctx.div_ceil(args.kv_block);
     if n_blocks < per_seq {
         return bad(format!(
@@ -170,6 +265,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        limits,
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -196,12 +292,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("gdsrun serve: {summary}");
         println!("gdsrun serve: listening on http://{addr}");
         let _ = std::io::stdout().flush();
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-            .context("serving")
+        let metrics = state.metrics.clone();
+        net::serve(listener, router(state), limits, metrics, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await;
+        anyhow::Ok(())
     })?;
     drop(rt);
     let _ = engine_thread.join();
@@ -218,5 +314,9 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            net::read_body,
+        ))
         .with_state(state)
 }

@@ -13,6 +13,17 @@ pub struct ServerMetrics {
     pub rejected_bad: AtomicU64,
     /// Requests refused: queue full (429).
     pub rejected_busy: AtomicU64,
+    /// Requests refused: body larger than the limit (413).
+    pub rejected_too_large: AtomicU64,
+    /// Requests whose body did not arrive in time (408).
+    pub body_timeouts: AtomicU64,
+    /// Open HTTP connections.
+    pub connections_open: AtomicU64,
+    /// Connections refused because the connection limit was reached (503).
+    pub connections_refused: AtomicU64,
+    /// Connections closed because a request head did not arrive in time (header or idle
+    /// timeout).
+    pub header_timeouts: AtomicU64,
     /// Requests that ended normally.
     pub finished: AtomicU64,
     /// Requests that failed in the engine.
@@ -121,6 +132,36 @@ impl ServerMetrics {
             "counter",
             "Requests refused because the queue was full (429).",
             g(&self.rejected_busy).to_string(),
+        );
+        put(
+            "requests_too_large_total",
+            "counter",
+            "Requests refused because the body exceeded the limit (413).",
+            g(&self.rejected_too_large).to_string(),
+        );
+        put(
+            "requests_body_timeout_total",
+            "counter",
+            "Requests whose body did not arrive in time (408).",
+            g(&self.body_timeouts).to_string(),
+        );
+        put(
+            "connections_open",
+            "gauge",
+            "Open HTTP connections.",
+            g(&self.connections_open).to_string(),
+        );
+        put(
+            "connections_refused_total",
+            "counter",
+            "Connections refused at the connection limit (503).",
+            g(&self.connections_refused).to_string(),
+        );
+        put(
+            "connections_timed_out_total",
+            "counter",
+            "Connections closed because no complete request head arrived in time.",
+            g(&self.header_timeouts).to_string(),
         );
         put(
             "requests_finished_total",

@@ -3,96 +3,13 @@
 //! small bounded load test (scripts/serve_load.py) at concurrency 1, 4 and 16.
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-/// The tests here each start a server and the load test measures throughput: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A running server, killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(extra: &[&str]) -> Server {
-    let model = gds_tests::smollm_converted();
-    // defaults for the flags `extra` does not set
-    let defaults: Vec<&str> = [["--ctx", "1024"], ["--kv-budget", "64"]]
-        .into_iter()
-        .filter(|[flag, _]| !extra.contains(flag))
-        .flatten()
-        .collect();
-    let mut child = Command::new(gds_tests::bin("gdsrun"))
-        .arg("serve")
-        .arg(model)
-        .args(["--port", "0", "--threads", "2"])
-        .args(extra)
-        .args(defaults)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn gdsrun serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read the listening line");
-    let addr = line
-        .trim()
-        .rsplit("http://")
-        .next()
-        .filter(|a| a.contains(':'))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    let s = Server { child, addr };
-    let t0 = Instant::now();
-    while http(&s.addr, "GET", "/health", None).0 != 200 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "server never became healthy"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    s
-}
-
-/// A minimal HTTP/1.1 client: (status, body).
-fn http(addr: &str, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return (0, String::new());
-    };
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let body = body.unwrap_or(b"");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    let mut resp = Vec::new();
-    let _ = s.read_to_end(&mut resp);
-    let resp = String::from_utf8_lossy(&resp).into_owned();
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
-    (status, body)
-}
+mod common;
+use common::{http, serial, start, Server};
 
 fn python(script: &str, args: &[&str]) -> Value {
     let path = gds_tests::root().join("scripts").join(script);

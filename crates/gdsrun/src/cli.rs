@@ -83,6 +83,10 @@ pub struct RunArgs {
     /// Plain completion: do not apply the chat template.
     #[arg(long)]
     pub raw: bool,
+    /// With --raw: special-token texts in the prompt (e.g. `<|im_end|>`) become their
+    /// tokens. Without it every prompt is plain text; chat messages always are.
+    #[arg(long)]
+    pub parse_special: bool,
     /// Temperature (0 = greedy) [default: 0.8].
     #[arg(long)]
     pub temp: Option<f32>,

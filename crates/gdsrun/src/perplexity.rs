@@ -21,7 +21,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let batch = plan.batch.max(plan.ctx.min(512));
     let mut exec = gds_runtime::exec::open(&plan, batch, batch)?;
     let tok = TextTokenizer::load(&plan.model_dir, exec.config())?;
-    let tokens = tok.encode(&text, true)?;
+    let tokens = tok.encode(&text, true, false)?;
     let opts = PerplexityOptions {
         ctx: plan.ctx,
         bos: tok.bos().filter(|_| tok.add_bos()),

@@ -41,6 +41,7 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
         stop: a.stop.clone(),
         max_joules: a.max_joules,
         raw: a.raw,
+        parse_special: a.parse_special,
         system: a.system.clone(),
         ..common_options(&a.common)
     }
@@ -176,7 +177,10 @@ pub fn run(a: RunArgs) -> Result<()> {
                     Err(e)
                         if matches!(
                             e.downcast_ref::<RuntimeError>(),
-                            Some(RuntimeError::PromptTooLong { .. })
+                            Some(
+                                RuntimeError::PromptTooLong { .. }
+                                    | RuntimeError::TextTooLong { .. }
+                            )
                         ) =>
                     {
                         errln!("gdsrun: error: {e:#} (/reset to start over)")
