@@ -333,8 +333,6 @@ impl Device for Gpu {
     }
 }
 
-
-
 fn open_layer_file(path: &Path, direct: bool) -> Result<File, GpuError> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut o = std::fs::OpenOptions::new();
