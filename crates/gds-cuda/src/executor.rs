@@ -336,12 +336,10 @@ impl Device for Gpu {
     }
 }
 
-
-
 /// Opens a layer file inside the model directory (no link followed) with `O_DIRECT`.
 fn open_layer_file(dir: &Path, path: &Path) -> Result<File, GpuError> {
     let rel = path.strip_prefix(dir).unwrap_or(path).to_string_lossy();
-    gds_io::open_in_dir(dir, &rel, libc::O_DIRECT).map_err(|e| io_err(dir, e))
+    gds_io::open_in_dir(dir, &rel, libc::O_DIRECT).map_err(GpuError::Layer)
 }
 
 impl Loader {
@@ -365,7 +363,7 @@ impl Loader {
             LoadPath::Gds => {
                 // cuFile reads go straight to VRAM: check the files on the host first.
                 gds_io::verify::verify_layer_files(dir, manifest, &verifier)
-                    .map_err(|e| io_err(dir, e))?;
+                    .map_err(GpuError::Layer)?;
                 let driver = Cufile::new().map_err(cuda("cuFileDriverOpen"))?;
                 let files = layers
                     .iter()

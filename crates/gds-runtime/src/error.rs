@@ -159,3 +159,49 @@ impl RuntimeError {
 
 /// Result alias.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    #[test]
+    fn os_error_is_in_the_message_once_and_not_chained_again() {
+        let os = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let errs = [
+            RuntimeError::from(gds_io::IoError::File {
+                path: "m/manifest.gdsm".into(),
+                error: os(),
+            }),
+            RuntimeError::file("text.txt", os()),
+        ];
+        for e in errs {
+            // a report prints the message, then each source's (as anyhow's `{:#}` does)
+            let mut report = e.to_string();
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                report += &format!(": {c}");
+                cause = c.source();
+            }
+            assert_eq!(report.matches(&os().to_string()).count(), 1, "{report}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_documented_table() {
+        let cases = [
+            (
+                RuntimeError::Integrity("layers/blk.0000.bin: hash".into()),
+                1,
+            ),
+            (RuntimeError::Model("not runnable".into()), 1),
+            (RuntimeError::Usage("--ctx".into()), 2),
+            (RuntimeError::file("x", std::io::Error::other("denied")), 2),
+            (RuntimeError::Backend("CUDA".into()), 3),
+            (RuntimeError::Internal("bug".into()), 4),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.exit_code(), code, "{e}");
+        }
+    }
+}

@@ -1,8 +1,8 @@
 //! `gdsrun bench`: llama-bench's pp (prompt processing) and tg (text generation) tests.
 
 use crate::cli::BenchArgs;
-use crate::run::common_options;
 use crate::out::outln;
+use crate::run::common_options;
 use anyhow::Result;
 use gds_runtime::exec::{eval_last, Executor};
 use gds_runtime::sampler::Rng;

@@ -16,8 +16,8 @@ mod run;
 use clap::Parser;
 use cli::{Cli, Command};
 use gds_runtime::error::exit;
-use out::errln;
 use gds_runtime::RuntimeError;
+use out::errln;
 
 /// Subcommand names; anything else in first position means `run`.
 const SUBCOMMANDS: &[&str] = &["run", "perplexity", "bench", "serve", "doctor", "help"];

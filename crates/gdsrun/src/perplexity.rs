@@ -1,8 +1,8 @@
 //! `gdsrun perplexity`: llama-perplexity's algorithm over a text file.
 
 use crate::cli::PerplexityArgs;
-use crate::run::common_options;
 use crate::out::{err, errln, outln};
+use crate::run::common_options;
 use anyhow::Result;
 use gds_runtime::perplexity::{perplexity, PerplexityOptions};
 use gds_runtime::{Plan, PlanOptions, RuntimeError, TextTokenizer};
@@ -42,7 +42,9 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         }
     })
     .map_err(|e| match e {
-        RuntimeError::Perplexity(m) => RuntimeError::Perplexity(format!("{}: {m}", a.file.display())),
+        RuntimeError::Perplexity(m) => {
+            RuntimeError::Perplexity(format!("{}: {m}", a.file.display()))
+        }
         e => e,
     })?;
     let secs = t0.elapsed().as_secs_f64();

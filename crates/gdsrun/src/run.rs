@@ -1,10 +1,10 @@
 //! `gdsrun run`: one prompt, or an interactive chat that keeps the KV cache between turns.
 
 use crate::cli::{CommonArgs, RunArgs};
+use crate::out::{self, err, errln, outln};
 use anyhow::{Context, Result};
 use gds_runtime::engine::GenerateOutput;
 use gds_runtime::{Engine, KvDtype, Plan, PlanOptions, RuntimeError};
-use crate::out::{self, err, errln, outln};
 use std::cell::RefCell;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};

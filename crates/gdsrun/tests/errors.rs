@@ -61,7 +61,11 @@ fn with_closed_stdout(args: &[&str], stdin: Option<&str>, stderr_too: bool) -> O
 fn closed_stdout_pipe_ends_every_command_quietly_with_exit_0() {
     let dir = tempfile::tempdir().unwrap();
     let txt = dir.path().join("text.txt");
-    std::fs::write(&txt, "The quick brown fox jumps over the lazy dog. ".repeat(20)).unwrap();
+    std::fs::write(
+        &txt,
+        "The quick brown fox jumps over the lazy dog. ".repeat(20),
+    )
+    .unwrap();
     let txt = txt.to_str().unwrap();
     let m = model();
     let run = [m, "--prompt", "hi", "--max-tokens", "4", "--temp", "0"];
@@ -69,13 +73,22 @@ fn closed_stdout_pipe_ends_every_command_quietly_with_exit_0() {
         (vec![m, "--plan"], None),
         (run.to_vec(), None),
         ([&run[..], &["--json"]].concat(), None),
-        (vec![m, "--max-tokens", "4", "--temp", "0"], Some("hi\nhello\n")),
+        (
+            vec![m, "--max-tokens", "4", "--temp", "0"],
+            Some("hi\nhello\n"),
+        ),
         (vec!["bench", m, "-p", "8", "-n", "2", "-r", "1"], None),
-        (vec!["bench", m, "-p", "8", "-n", "2", "-r", "1", "--json"], None),
+        (
+            vec!["bench", m, "-p", "8", "-n", "2", "-r", "1", "--json"],
+            None,
+        ),
         (vec!["doctor"], None),
         (vec!["doctor", m, "--json"], None),
         (vec!["perplexity", m, "-f", txt, "--ctx", "32"], None),
-        (vec!["perplexity", m, "-f", txt, "--ctx", "32", "--json"], None),
+        (
+            vec!["perplexity", m, "-f", txt, "--ctx", "32", "--json"],
+            None,
+        ),
     ];
     for (args, stdin) in cases {
         let o = with_closed_stdout(&args, stdin, false);
@@ -90,7 +103,15 @@ fn closed_stdout_pipe_ends_every_command_quietly_with_exit_0() {
 fn closed_stdout_and_stderr_pipe_exits_0_instead_of_panicking() {
     // `gdsrun ... 2>&1 | head -1`: the metrics line on stderr fails too.
     for args in [
-        &[model(), "--prompt", "hi", "--max-tokens", "4", "--temp", "0"][..],
+        &[
+            model(),
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "4",
+            "--temp",
+            "0",
+        ][..],
         &["perplexity", model(), "-f", "/nonexistent.txt"],
     ] {
         let o = with_closed_stdout(args, None, true);
