@@ -139,7 +139,10 @@ fn truncated_layer_count_is_refused_by_validate_and_gdsrun() {
         assert_eq!(code, 1, "{v}");
         assert!(v["errors"].to_string().contains("30 blocks"), "{v}");
         let home = tempfile::tempdir().unwrap();
-        assert_refused(&gdsrun(&dir, home.path(), &[]), &["model.n_layers", "30 blocks"]);
+        assert_refused(
+            &gdsrun(&dir, home.path(), &[]),
+            &["model.n_layers", "30 blocks"],
+        );
     }
 }
 
@@ -151,7 +154,10 @@ fn gdsrun_never_computes_with_a_flipped_byte() {
     assert!(clean.status.success(), "{}", stderr(&clean));
     let j: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
     assert_eq!(j["metrics"]["verify"], "blake3", "{j}");
-    assert!(j["metrics"]["verified_bytes"].as_u64().unwrap() > 90 << 20, "{j}");
+    assert!(
+        j["metrics"]["verified_bytes"].as_u64().unwrap() > 90 << 20,
+        "{j}"
+    );
     // The same files again: the per-user cache vouches for all 32, nothing is hashed.
     let again = gdsrun(&dir, home.path(), &[]);
     let j2: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
@@ -176,7 +182,11 @@ fn gdsrun_never_computes_with_a_flipped_byte() {
             assert_refused(&gdsrun(&dir, home.path(), io), &[file, "content hash"]);
         }
         let o = gdsrun(&dir, home.path(), &["--no-verify"]);
-        assert!(o.status.success(), "--no-verify trusts the files: {}", stderr(&o));
+        assert!(
+            o.status.success(),
+            "--no-verify trusts the files: {}",
+            stderr(&o)
+        );
         let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(j["metrics"]["verify"], "off");
     }
@@ -198,7 +208,10 @@ fn every_file_of_the_directory_is_covered() {
         flip(&dir.join("tokenizer_config.json"), at);
         let (code, v) = validate(&dir, true);
         assert_eq!(code, 1, "flip at {at}: {v}");
-        assert!(v["errors"].to_string().contains("tokenizer_config.json"), "{v}");
+        assert!(
+            v["errors"].to_string().contains("tokenizer_config.json"),
+            "{v}"
+        );
         if k % 5 == 0 {
             let home = tempfile::tempdir().unwrap();
             assert_refused(&gdsrun(&dir, home.path(), &[]), &["tokenizer_config.json"]);
@@ -214,7 +227,10 @@ fn every_file_of_the_directory_is_covered() {
     assert_eq!(code, 1, "{v}");
     assert!(v["errors"].to_string().contains("not valid UTF-8"), "{v}");
     let home = tempfile::tempdir().unwrap();
-    assert_refused(&gdsrun(&dir, home.path(), &[]), &["tokenizer_config.json", "UTF-8"]);
+    assert_refused(
+        &gdsrun(&dir, home.path(), &[]),
+        &["tokenizer_config.json", "UTF-8"],
+    );
     // A forged template that does not compile is caught by validate before gdsrun runs it.
     let (_t, dir) = copy_model();
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
@@ -240,7 +256,10 @@ fn links_inside_the_model_directory_are_refused() {
     assert_eq!(code, 1, "{v}");
     assert!(v["errors"].to_string().contains("symbolic link"), "{v}");
     let home = tempfile::tempdir().unwrap();
-    assert_refused(&gdsrun(&dir, home.path(), &[]), &["head.bin", "symbolic link"]);
+    assert_refused(
+        &gdsrun(&dir, home.path(), &[]),
+        &["head.bin", "symbolic link"],
+    );
 }
 
 /// `gdsconv validate` says "runnable" exactly for the models `gdsrun` opens.
@@ -249,17 +268,25 @@ fn validate_and_gdsrun_agree_on_what_is_usable() {
     type Edit = fn(&Path);
     let cases: Vec<(&str, Edit)> = vec![
         ("intact", |_| {}),
-        ("rms_norm_eps NaN", |d| set_kv(d, "model.rms_norm_eps", f64::NAN.to_bits())),
-        ("rope_theta -1", |d| set_kv(d, "model.rope_theta", (-1f64).to_bits())),
+        ("rms_norm_eps NaN", |d| {
+            set_kv(d, "model.rms_norm_eps", f64::NAN.to_bits())
+        }),
+        ("rope_theta -1", |d| {
+            set_kv(d, "model.rope_theta", (-1f64).to_bits())
+        }),
         ("context_length 0", |d| set_kv(d, "model.context_length", 0)),
-        ("bos id 10^9", |d| set_kv(d, "tokenizer.bos_token_id", 1_000_000_000)),
+        ("bos id 10^9", |d| {
+            set_kv(d, "tokenizer.bos_token_id", 1_000_000_000)
+        }),
         ("n_kv_heads 7", |d| set_kv(d, "model.n_kv_heads", 7)),
         ("truncated layer", |d| {
             let f = d.join("layers/blk.0002.bin");
             let b = std::fs::read(&f).unwrap();
             std::fs::write(&f, &b[..4096]).unwrap();
         }),
-        ("missing tokenizer", |d| std::fs::remove_file(d.join("tokenizer.json")).unwrap()),
+        ("missing tokenizer", |d| {
+            std::fs::remove_file(d.join("tokenizer.json")).unwrap()
+        }),
         ("architecture renamed", |d| {
             let p = d.join(MANIFEST_FILE);
             let mut b = std::fs::read(&p).unwrap();

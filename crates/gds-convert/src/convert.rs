@@ -259,7 +259,8 @@ fn foreign_entries(out_dir: &Path) -> Result<Vec<String>, ConvertError> {
             let known = ty.is_file()
                 && (layer_files.contains(rel.as_str())
                     || (prefix.is_empty() && MODEL_FILES.contains(&rel.as_str())));
-            if !known && !(prefix.is_empty() && rel == "layers" && ty.is_dir()) {
+            let layers_dir = prefix.is_empty() && rel == "layers" && ty.is_dir();
+            if !(known || layers_dir) {
                 foreign.push(if ty.is_dir() { format!("{rel}/") } else { rel });
             }
         }

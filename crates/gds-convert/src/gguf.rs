@@ -91,9 +91,7 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
                         }
                         // each element takes at least 8 bytes (a string length)
                         None if n > (self.b.len() - self.pos) as u64 / 8 => {
-                            return Err(format!(
-                                "key {key:?}: array length {n} exceeds the file"
-                            ));
+                            return Err(format!("key {key:?}: array length {n} exceeds the file"));
                         }
                         None => {}
                     }

@@ -1,6 +1,5 @@
 //! Architecture name maps (from `formats/*.json`) and the grouping of tensors into layers.
 
-
 pub use gds_format::arch::{llama, FamilySpec, RequiredTensors};
 
 /// The canonical family of a GGUF or HF architecture name, if `gdsrun` can run it.

@@ -74,8 +74,12 @@ pub fn validate_dir(dir: &Path, depth: Depth) -> Report {
         let check = check_model(&m);
         r.architecture = check.arch.clone();
         known = check.known;
-        r.errors
-            .extend(check.errors.iter().map(|e| format!("{}: {e}", mpath.display())));
+        r.errors.extend(
+            check
+                .errors
+                .iter()
+                .map(|e| format!("{}: {e}", mpath.display())),
+        );
         if !check.known && !check.arch.is_empty() {
             r.warnings.push(format!(
                 "architecture {:?} is not one gdsrun can run; its required tensors and hyperparameters are not checked",

@@ -458,7 +458,15 @@ mod tests {
         let manifest = |n_layers: u64| {
             let mut b = ManifestBuilder::new();
             b.kv_str("general.architecture", "llama");
-            for k in ["n_embd", "n_heads", "n_kv_heads", "n_ff", "vocab_size", "context_length", "head_dim"] {
+            for k in [
+                "n_embd",
+                "n_heads",
+                "n_kv_heads",
+                "n_ff",
+                "vocab_size",
+                "context_length",
+                "head_dim",
+            ] {
                 b.kv_u64(&format!("model.{k}"), 2);
             }
             b.kv_u64("model.n_layers", n_layers)

@@ -177,12 +177,11 @@ pub fn check_model(m: &Manifest<'_>) -> ModelCheck {
             String::new()
         }
     };
-    if !arch.is_empty()
-        && !(arch.len() <= 64
-            && arch
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
-    {
+    let well_formed = arch.len() <= 64
+        && arch
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !arch.is_empty() && !well_formed {
         errors.push(key_err(
             "general.architecture",
             format!("{arch:?} is not a name of at most 64 lowercase letters, digits and '_'"),
@@ -359,7 +358,10 @@ pub fn llama_hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<Format
         None => false,
         Some(Value::Bool(b)) => b,
         Some(v) => {
-            errs.push(key_err("tokenizer.add_bos", format!("must be a bool, found {v}")));
+            errs.push(key_err(
+                "tokenizer.add_bos",
+                format!("must be a bool, found {v}"),
+            ));
             false
         }
     };
@@ -471,7 +473,10 @@ fn check_llama_tensors(m: &Manifest<'_>, h: &Hparams, errs: &mut Vec<FormatError
         } else if !WEIGHT_DTYPES.contains(&t.dtype) {
             errs.push(FormatError::BadTensor {
                 name,
-                why: format!("dtype {} is not a weight type the kernels compute with", t.dtype),
+                why: format!(
+                    "dtype {} is not a weight type the kernels compute with",
+                    t.dtype
+                ),
             });
         }
     }

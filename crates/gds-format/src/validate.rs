@@ -5,10 +5,10 @@
 //! corruption tests).
 
 use crate::error::FormatError;
+use crate::raw::file_role;
 use crate::raw::*;
 use crate::reader::Manifest;
 use std::collections::{HashMap, HashSet};
-use crate::raw::file_role;
 use zerocopy::FromBytes;
 
 /// Checks the manifest alone: header, checksum, table layout, and every record's rules.
@@ -120,7 +120,10 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
                     )));
                 }
                 if l.block != 0 {
-                    errs.push(bad(format!("index {} must be 0 for the embedding", l.block)));
+                    errs.push(bad(format!(
+                        "index {} must be 0 for the embedding",
+                        l.block
+                    )));
                 }
             }
             layer_kind::HEAD => {
@@ -145,10 +148,7 @@ pub fn validate_manifest(bytes: &[u8]) -> (Option<Manifest<'_>>, Vec<FormatError
                 next_block = u64::from(l.block) + 1;
                 let want = format!("blk.{}", l.block);
                 if l.name != want {
-                    errs.push(bad(format!(
-                        "block {} must be named {want:?}",
-                        l.block
-                    )));
+                    errs.push(bad(format!("block {} must be named {want:?}", l.block)));
                 }
             }
             k => errs.push(bad(format!("unknown layer kind {k}"))),
@@ -391,10 +391,26 @@ fn check_layout(m: &Manifest<'_>, errs: &mut Vec<FormatError>) {
     let h = m.header();
     let bytes = m.bytes();
     let mut sections: Vec<(&str, u64, u64)> = vec![
-        ("key/value", h.kv.offset.get(), u64::from(h.kv.count.get()) * u64::from(h.kv.entry_size.get())),
-        ("layer", h.layers.offset.get(), u64::from(h.layers.count.get()) * u64::from(h.layers.entry_size.get())),
-        ("tensor", h.tensors.offset.get(), u64::from(h.tensors.count.get()) * u64::from(h.tensors.entry_size.get())),
-        ("string", h.strings.offset.get(), u64::from(h.strings.count.get())),
+        (
+            "key/value",
+            h.kv.offset.get(),
+            u64::from(h.kv.count.get()) * u64::from(h.kv.entry_size.get()),
+        ),
+        (
+            "layer",
+            h.layers.offset.get(),
+            u64::from(h.layers.count.get()) * u64::from(h.layers.entry_size.get()),
+        ),
+        (
+            "tensor",
+            h.tensors.offset.get(),
+            u64::from(h.tensors.count.get()) * u64::from(h.tensors.entry_size.get()),
+        ),
+        (
+            "string",
+            h.strings.offset.get(),
+            u64::from(h.strings.count.get()),
+        ),
     ];
     if m.has_file_table() {
         if let Ok((ext, _)) = HeaderExt::ref_from_prefix(&bytes[size_of::<Header>()..]) {

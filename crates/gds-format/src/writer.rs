@@ -203,7 +203,13 @@ impl ManifestBuilder {
     /// Records a file of the model directory that is not a layer data file (tokenizer,
     /// chat template, documentation), with its length and BLAKE3. Files are written to the
     /// table sorted by path, whatever the order of the calls.
-    pub fn add_file(&mut self, path: &str, role: u32, size: u64, content_hash: [u8; 32]) -> &mut Self {
+    pub fn add_file(
+        &mut self,
+        path: &str,
+        role: u32,
+        size: u64,
+        content_hash: [u8; 32],
+    ) -> &mut Self {
         let path = self.intern(path);
         self.files.push(FileEntry {
             path,
@@ -280,12 +286,8 @@ impl ManifestBuilder {
             strings,
         };
         out[..size_of::<Header>()].copy_from_slice(header.as_bytes());
-        out[size_of::<Header>()..HEADER_SIZE_1_1].copy_from_slice(
-            HeaderExt {
-                files: file_table,
-            }
-            .as_bytes(),
-        );
+        out[size_of::<Header>()..HEADER_SIZE_1_1]
+            .copy_from_slice(HeaderExt { files: file_table }.as_bytes());
         let sum = crate::reader::checksum(&out);
         out[CHECKSUM_OFFSET..CHECKSUM_OFFSET + 32].copy_from_slice(&sum);
         out

@@ -492,7 +492,9 @@ proptest! {
 // ---- Format 1.1 and the rules the independent reader asked the spec to settle ----
 
 fn file_pos(bytes: &[u8], i: usize) -> usize {
-    let ext = gds_format::raw::HeaderExt::ref_from_prefix(&bytes[128..]).unwrap().0;
+    let ext = gds_format::raw::HeaderExt::ref_from_prefix(&bytes[128..])
+        .unwrap()
+        .0;
     ext.files.offset.get() as usize + i * size_of::<gds_format::raw::FileEntry>()
 }
 
@@ -527,7 +529,12 @@ fn with_files() -> Vec<u8> {
         0,
         vec![spec("output_norm.weight", DType::F32, &[64])],
     ));
-    b.add_file("tokenizer_config.json", file_role::TOKENIZER_CONFIG, 2, [1; 32]);
+    b.add_file(
+        "tokenizer_config.json",
+        file_role::TOKENIZER_CONFIG,
+        2,
+        [1; 32],
+    );
     b.add_file("tokenizer.json", file_role::TOKENIZER, 10, [2; 32]);
     b.finish()
 }
@@ -586,7 +593,11 @@ fn tokenizer_must_be_listed_in_a_1_1_manifest() {
     let mut b = ManifestBuilder::new();
     b.kv_str("general.architecture", "llama");
     let errs = errors_of(&b.finish());
-    assert!(errs.iter().any(|e| e.contains("tokenizer.json") && e.contains("REQUIRED")), "{errs:?}");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("tokenizer.json") && e.contains("REQUIRED")),
+        "{errs:?}"
+    );
 }
 
 #[test]
@@ -617,7 +628,10 @@ fn at_layer(i: usize, field: usize, v: u32) -> impl FnOnce(&mut Vec<u8>) {
 #[test]
 fn layer_identity_is_tied_together() {
     // blk.1 with index 1000.
-    assert_error_11(at_layer(2, 20, 1000), "block number 1000 where 1 was expected");
+    assert_error_11(
+        at_layer(2, 20, 1000),
+        "block number 1000 where 1 was expected",
+    );
     // two blocks' indices swapped.
     assert_error_11(
         |b| {
@@ -627,7 +641,10 @@ fn layer_identity_is_tied_together() {
         "blocks are numbered 0, 1, 2",
     );
     // the head named otherwise
-    assert_error_11(|b| rename(b, "head", "hexd"), "a head layer must be named \"head\"");
+    assert_error_11(
+        |b| rename(b, "head", "hexd"),
+        "a head layer must be named \"head\"",
+    );
     // a block's tensor stored in another block's file
     assert_error_11(
         |b| rename(b, "blk.1.attn_norm", "blk.0.attn_nor0"),
@@ -644,8 +661,14 @@ fn layer_identity_is_tied_together() {
 fn layer_names_and_order_are_checked() {
     // "blk.1" is first interned as a tensor-name prefix; the layer name is the bare string
     // after its tensor: rename the layer's file instead to reach a block's name check.
-    assert_error_11(at_layer(0, 16, layer_kind::HEAD), "a head layer must be named");
-    assert_error_11(at_layer(1, 16, layer_kind::EMBED), "the embedding must be the first layer");
+    assert_error_11(
+        at_layer(0, 16, layer_kind::HEAD),
+        "a head layer must be named",
+    );
+    assert_error_11(
+        at_layer(1, 16, layer_kind::EMBED),
+        "the embedding must be the first layer",
+    );
     assert_error_11(at_layer(3, 20, 3), "index 3 must be 0 for the head");
     // a block whose name does not match its number
     assert_error_11(
@@ -666,10 +689,20 @@ fn paths_never_leave_or_alias_the_directory() {
     rename(&mut b, "layers/blk.0001.bin", "layers/BLK.0000.bin");
     reseal(&mut b);
     let errs = errors_of(&b);
-    assert!(errs.iter().any(|e| e.contains("paths must differ by more than case")), "{errs:?}");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("paths must differ by more than case")),
+        "{errs:?}"
+    );
     // a drive letter, a hidden component
-    assert_error_11(|b| rename(b, "layers/head.bin", "layers/C:ad.bin"), "has the character ':'");
-    assert_error_11(|b| rename(b, "layers/head.bin", "layers/.ead.bin"), "starting with '.'");
+    assert_error_11(
+        |b| rename(b, "layers/head.bin", "layers/C:ad.bin"),
+        "has the character ':'",
+    );
+    assert_error_11(
+        |b| rename(b, "layers/head.bin", "layers/.ead.bin"),
+        "starting with '.'",
+    );
     // a layer file that is one of the model's own files, or a directory of another file
     for (file, needle) in [
         ("tokenizer.json", "reserved for the model's own files"),
@@ -678,8 +711,20 @@ fn paths_never_leave_or_alias_the_directory() {
     ] {
         let mut m = ManifestBuilder::new();
         m.kv_str("general.architecture", "llama");
-        m.add_layer(&layer("embed", "layers/embed.bin", layer_kind::EMBED, 0, vec![spec("token_embd.weight", DType::F32, &[4, 64])]));
-        m.add_layer(&layer("head", file, layer_kind::HEAD, 0, vec![spec("output_norm.weight", DType::F32, &[64])]));
+        m.add_layer(&layer(
+            "embed",
+            "layers/embed.bin",
+            layer_kind::EMBED,
+            0,
+            vec![spec("token_embd.weight", DType::F32, &[4, 64])],
+        ));
+        m.add_layer(&layer(
+            "head",
+            file,
+            layer_kind::HEAD,
+            0,
+            vec![spec("output_norm.weight", DType::F32, &[64])],
+        ));
         m.add_file("tokenizer.json", file_role::TOKENIZER, 1, [0; 32]);
         let errs = errors_of(&m.finish());
         assert!(errs.iter().any(|e| e.contains(needle)), "{file}: {errs:?}");
@@ -715,11 +760,21 @@ fn bytes_outside_the_tables_must_be_zero_and_tables_must_not_overlap() {
     b.resize(n, 0);
     put_u64(&mut b, 16, n as u64);
     reseal(&mut b);
-    assert!(errors_of(&b).is_empty(), "zero padding is fine: {:?}", errors_of(&b));
+    assert!(
+        errors_of(&b).is_empty(),
+        "zero padding is fine: {:?}",
+        errors_of(&b)
+    );
     b[n - 1] = 1;
     reseal(&mut b);
     let errs = errors_of(&b);
-    assert!(errs.iter().any(|e| e.contains(&format!("byte {}, after the last table, is not zero", n - 1))), "{errs:?}");
+    assert!(
+        errs.iter().any(|e| e.contains(&format!(
+            "byte {}, after the last table, is not zero",
+            n - 1
+        ))),
+        "{errs:?}"
+    );
     // The layer table moved onto the key/value table.
     assert_error_11(
         |b| {

@@ -65,8 +65,7 @@ pub fn open_in_dir(dir: &Path, rel: &str, flags: i32) -> Result<File, IoError> {
             if is_link {
                 return Err(IoError::Unsafe {
                     path: dir.join(parts[..=i].join("/")),
-                    why: "is a symbolic link: a model directory must hold its files itself"
-                        .into(),
+                    why: "is a symbolic link: a model directory must hold its files itself".into(),
                 });
             }
             return Err(err(e));
@@ -208,7 +207,11 @@ pub struct Verifier {
 /// The directory GdsLLM keeps per-user state in: `$GDSLLM_HOME`, else
 /// `$XDG_CACHE_HOME/gdsllm`, else `$HOME/.cache/gdsllm`.
 pub fn gdsllm_home() -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     env("GDSLLM_HOME")
         .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("gdsllm")))
         .or_else(|| env("HOME").map(|p| p.join(".cache").join("gdsllm")))
@@ -298,7 +301,12 @@ impl Verifier {
     }
 
     /// Hashes `bytes` (the whole of `path`) and compares with `expected`.
-    pub fn check_bytes(&self, path: &Path, bytes: &[u8], expected: &[u8; 32]) -> Result<(), IoError> {
+    pub fn check_bytes(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        expected: &[u8; 32],
+    ) -> Result<(), IoError> {
         let t0 = Instant::now();
         let got = hash_bytes(bytes);
         self.count(bytes.len() as u64, t0);
@@ -350,7 +358,11 @@ impl Verifier {
 /// Checks every layer file of `m` that `verifier` does not already vouch for, reading each
 /// through a bounded buffer: for load paths that never put the bytes in host memory
 /// (GPUDirect Storage), so nothing unverified reaches the device.
-pub fn verify_layer_files(dir: &Path, m: &Manifest<'_>, verifier: &Verifier) -> Result<(), IoError> {
+pub fn verify_layer_files(
+    dir: &Path,
+    m: &Manifest<'_>,
+    verifier: &Verifier,
+) -> Result<(), IoError> {
     for l in crate::mmap::layer_files(dir, m, 0)? {
         if !verifier.is_verified(&l.file, &l.hash) {
             verifier.check_file(&l.path, &l.file, &l.hash)?;
@@ -432,7 +444,12 @@ mod tests {
         std::fs::write(&p, d).unwrap();
     }
 
-    fn direct(dir: &Path, m: &[u8], v: Arc<Verifier>, resident: Vec<bool>) -> Result<DirectBackend, IoError> {
+    fn direct(
+        dir: &Path,
+        m: &[u8],
+        v: Arc<Verifier>,
+        resident: Vec<bool>,
+    ) -> Result<DirectBackend, IoError> {
         DirectBackend::open(
             dir,
             &Manifest::parse(m).unwrap(),
@@ -464,15 +481,23 @@ mod tests {
         flip(dir.path(), "layers/l1.bin", 5000);
         flip(dir.path(), "layers/l2.bin", 7000);
         let b = direct(dir.path(), &m, uncached(), vec![true, false, false]).unwrap();
-        let whole = b.acquire(1).err().expect("streamed layer must fail");
-        assert!(matches!(whole, IoError::Integrity { .. }) && whole.to_string().contains("l1.bin"), "{whole}");
+        let whole = b.acquire(1).expect_err("streamed layer must fail");
+        assert!(
+            matches!(whole, IoError::Integrity { .. }) && whole.to_string().contains("l1.bin"),
+            "{whole}"
+        );
         let mut row = [0u8; 16];
-        let piece = b.read_at(2, 0, &mut row).err().expect("a piece of a corrupt file must fail");
+        let piece = b
+            .read_at(2, 0, &mut row)
+            .expect_err("a piece of a corrupt file must fail");
         assert!(piece.to_string().contains("l2.bin"), "{piece}");
         let span = b
-            .acquire_span(Span { layer: 2, offset: 4096, len: 4096 })
-            .err()
-            .expect("a span of a corrupt file must fail");
+            .acquire_span(Span {
+                layer: 2,
+                offset: 4096,
+                len: 4096,
+            })
+            .expect_err("a span of a corrupt file must fail");
         assert!(matches!(span, IoError::Integrity { .. }), "{span}");
         // The mmap backend checks at open.
         let e = MmapBackend::open_with(dir.path(), &Manifest::parse(&m).unwrap(), &uncached())
@@ -490,22 +515,34 @@ mod tests {
     fn intact_files_are_hashed_once_then_cached_by_identity() {
         let (dir, m) = model_dir(3);
         let cache = tempfile::tempdir().unwrap();
-        let v = || Arc::new(Verifier::with_cache(VerifyMode::Hash, Some(cache.path().into())));
+        let v = || {
+            Arc::new(Verifier::with_cache(
+                VerifyMode::Hash,
+                Some(cache.path().into()),
+            ))
+        };
         let first = v();
         let b = direct(dir.path(), &m, first.clone(), vec![true, false, false]).unwrap();
         b.acquire(1).unwrap();
         let mut row = [0u8; 16];
         b.read_at(2, 64, &mut row).unwrap();
-        assert_eq!(row[0], ((64 * 3 + 2) % 253) as u8);
+        assert_eq!(row[0], 194, "byte 64 of layer 2: (64 * 3 + 2) % 253");
         let s = first.stats();
-        assert_eq!((s.files_hashed, s.bytes_hashed, s.files_cached), (3, 3 * LAYER as u64, 0));
+        assert_eq!(
+            (s.files_hashed, s.bytes_hashed, s.files_cached),
+            (3, 3 * LAYER as u64, 0)
+        );
         drop(b);
         let second = v();
         let b = direct(dir.path(), &m, second.clone(), vec![true, false, false]).unwrap();
         b.acquire(1).unwrap();
         b.read_at(2, 64, &mut row).unwrap();
         let s = second.stats();
-        assert_eq!((s.files_hashed, s.files_cached), (0, 3), "later opens are free");
+        assert_eq!(
+            (s.files_hashed, s.files_cached),
+            (0, 3),
+            "later opens are free"
+        );
         drop(b);
         // Rewriting a file (even with the same bytes) changes its identity: hashed again.
         flip(dir.path(), "layers/l1.bin", 9);
@@ -533,18 +570,27 @@ mod tests {
         std::fs::remove_file(dir.path().join("layers/l0.bin")).unwrap();
         std::os::unix::fs::symlink(&target, dir.path().join("layers/l0.bin")).unwrap();
         let man = Manifest::parse(&m).unwrap();
-        let e = MmapBackend::open_with(dir.path(), &man, &uncached()).err().expect("link");
-        assert!(matches!(e, IoError::Unsafe { .. }) && e.to_string().contains("symbolic link"), "{e}");
+        let e = MmapBackend::open_with(dir.path(), &man, &uncached())
+            .err()
+            .expect("link");
+        assert!(
+            matches!(e, IoError::Unsafe { .. }) && e.to_string().contains("symbolic link"),
+            "{e}"
+        );
         // A linked directory component is refused too.
         std::fs::remove_dir_all(dir.path().join("layers")).unwrap();
         std::fs::create_dir(outside.path().join("layers")).unwrap();
         std::fs::rename(&target, outside.path().join("layers/l0.bin")).unwrap();
-        std::os::unix::fs::symlink(outside.path().join("layers"), dir.path().join("layers")).unwrap();
-        let e = open_in_dir(dir.path(), "layers/l0.bin", 0).err().expect("dir link");
+        std::os::unix::fs::symlink(outside.path().join("layers"), dir.path().join("layers"))
+            .unwrap();
+        let e = open_in_dir(dir.path(), "layers/l0.bin", 0).expect_err("dir link");
         assert!(matches!(e, IoError::Unsafe { .. }), "{e}");
         // Paths the format forbids never reach the file system.
         for bad in ["../x.bin", "/etc/passwd", "C:head.bin", "a//b"] {
-            assert!(matches!(open_in_dir(dir.path(), bad, 0), Err(IoError::Unsafe { .. })), "{bad}");
+            assert!(
+                matches!(open_in_dir(dir.path(), bad, 0), Err(IoError::Unsafe { .. })),
+                "{bad}"
+            );
         }
     }
 
@@ -555,13 +601,24 @@ mod tests {
         std::fs::write(dir.path().join("tokenizer.json"), tok).unwrap();
         std::fs::write(dir.path().join("tokenizer_config.json"), b"{}").unwrap();
         let mut b = ManifestBuilder::new();
-        b.add_file("tokenizer.json", gds_format::file_role::TOKENIZER, tok.len() as u64, *blake3::hash(tok).as_bytes());
+        b.add_file(
+            "tokenizer.json",
+            gds_format::file_role::TOKENIZER,
+            tok.len() as u64,
+            *blake3::hash(tok).as_bytes(),
+        );
         let bytes = b.finish();
         let m = Manifest::parse(&bytes).unwrap();
-        let f = read_model_file(dir.path(), &m, "tokenizer.json", 1 << 20).unwrap().unwrap();
+        let f = read_model_file(dir.path(), &m, "tokenizer.json", 1 << 20)
+            .unwrap()
+            .unwrap();
         assert!(f.verified && f.bytes == tok);
         // Not listed in a 1.1 manifest: not part of the model, reads as absent.
-        assert!(read_model_file(dir.path(), &m, "tokenizer_config.json", 1 << 20).unwrap().is_none());
+        assert!(
+            read_model_file(dir.path(), &m, "tokenizer_config.json", 1 << 20)
+                .unwrap()
+                .is_none()
+        );
         std::fs::write(dir.path().join("tokenizer.json"), br#"{"x":2}"#).unwrap();
         let e = read_model_file(dir.path(), &m, "tokenizer.json", 1 << 20).unwrap_err();
         assert!(matches!(e, IoError::Integrity { .. }), "{e}");

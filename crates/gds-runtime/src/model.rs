@@ -15,8 +15,8 @@ use gds_io::{
     DirectBackend, DirectOptions, IoStats, LayerBytes, LayerSource, MmapBackend, Span, Verifier,
     VerifyMode, VerifyStats,
 };
-use std::sync::Arc;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A batch of tokens to run through the model. Reused between calls: clearing keeps the
 /// capacity, so the token loop does not allocate.

@@ -424,7 +424,12 @@ fn unsupported_architecture_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut b = gds_format::ManifestBuilder::new();
     b.kv_str("general.architecture", "mamba");
-    b.add_file("tokenizer.json", gds_format::file_role::TOKENIZER, 2, [0; 32]);
+    b.add_file(
+        "tokenizer.json",
+        gds_format::file_role::TOKENIZER,
+        2,
+        [0; 32],
+    );
     std::fs::write(dir.path().join(gds_format::MANIFEST_FILE), b.finish()).unwrap();
     fails(
         &[dir.path().to_str().unwrap(), "--prompt", "hi"],
