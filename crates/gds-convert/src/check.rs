@@ -44,7 +44,9 @@ pub fn check_source(source: &Source, input: &Path) -> Result<(), ConvertError> {
             _ => None,
         })
         .collect();
-    let contiguous = blocks.last().is_none_or(|&l| l as usize + 1 == blocks.len());
+    let contiguous = blocks
+        .last()
+        .is_none_or(|&l| l as usize + 1 == blocks.len());
     if blocks.len() as u64 != n_layers || !contiguous {
         let found = match (blocks.first(), blocks.last()) {
             (Some(a), Some(b)) if contiguous => format!("{} blocks (blk.{a} to blk.{b})", b + 1),
@@ -78,7 +80,9 @@ pub fn check_source(source: &Source, input: &Path) -> Result<(), ConvertError> {
         .iter()
         .cloned()
         .chain((!tied).then(|| "output.weight".to_string()))
-        .chain((0..n_layers).flat_map(|n| spec.required_tensors.block.iter().map(move |p| fill(p, n))));
+        .chain(
+            (0..n_layers).flat_map(|n| spec.required_tensors.block.iter().map(move |p| fill(p, n))),
+        );
     for name in required {
         if !by_name.contains_key(name.as_str()) {
             return Err(bad(format!(

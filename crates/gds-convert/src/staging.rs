@@ -148,8 +148,7 @@ impl Staging {
                 }
                 Err(e) => return Err(io(&lock_path)(e)),
             };
-            flock(&lock, FlockOperation::LockExclusive)
-                .map_err(|e| io(&lock_path)(e.into()))?;
+            flock(&lock, FlockOperation::LockExclusive).map_err(|e| io(&lock_path)(e.into()))?;
             // A cleaner may have locked the file between our open and our flock, and
             // removed the directory: then the lock we hold is on a deleted file.
             if !is_same_file(&lock, &lock_path) {

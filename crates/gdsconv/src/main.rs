@@ -206,7 +206,10 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Cmd::Validate { dir, quick, json } => {
             if !dir.is_dir() {
-                return Err(Failure::Usage(format!("{}: not a directory", dir.display())));
+                return Err(Failure::Usage(format!(
+                    "{}: not a directory",
+                    dir.display()
+                )));
             }
             let r = validate_dir(&dir, if quick { Depth::Quick } else { Depth::Full });
             if json {

@@ -19,7 +19,10 @@ fn stderr(o: &Output) -> String {
 }
 
 fn gdsconv(args: &[&OsStr]) -> Output {
-    Command::new(GDSCONV).args(args).output().expect("run gdsconv")
+    Command::new(GDSCONV)
+        .args(args)
+        .output()
+        .expect("run gdsconv")
 }
 
 /// `gdsconv convert INPUT OUT --threads 1 EXTRA...` with the address space capped at
@@ -54,12 +57,20 @@ fn convert(input: &Path, out: &Path, extra: &[&str]) -> Output {
 fn assert_input_error(o: &Output, file: &Path, needle: &str, out: &Path) {
     let err = stderr(o);
     let name = file.file_name().unwrap().to_string_lossy();
-    assert_eq!(o.status.code(), Some(1), "{name}: exit {:?}: {err}", o.status);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{name}: exit {:?}: {err}",
+        o.status
+    );
     assert!(
         err.contains(name.as_ref()) && err.contains(needle),
         "{name}: want {needle:?} in {err:?}"
     );
-    assert!(!err.contains("panicked") && !err.contains("memory allocation"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("memory allocation"),
+        "{err}"
+    );
     assert!(!out.exists(), "{name}: left {}", out.display());
 }
 
@@ -183,7 +194,11 @@ fn gguf_hostile_counts_and_lengths_are_refused_under_a_memory_cap() {
     let mut b = gguf_header(0, 2);
     kv_str(&mut b, "general.architecture", "llama");
     kv_str(&mut b, "general.architecture", "gemma3");
-    cases.push(("duplicate-key.gguf", b, "\"general.architecture\" appears twice"));
+    cases.push((
+        "duplicate-key.gguf",
+        b,
+        "\"general.architecture\" appears twice",
+    ));
     for (name, bytes, needle) in cases {
         let input = tmp.path().join(name);
         std::fs::write(&input, &bytes).unwrap();
@@ -235,7 +250,11 @@ fn safetensors_hostile_lengths_are_refused_under_a_memory_cap() {
         let f = f.unwrap();
         std::fs::copy(f.path(), hf.join(f.file_name())).unwrap();
     }
-    for name in ["model.safetensors.index.json", "config.json", "tokenizer.json"] {
+    for name in [
+        "model.safetensors.index.json",
+        "config.json",
+        "tokenizer.json",
+    ] {
         let file = hf.join(name);
         let keep = std::fs::read(&file).unwrap();
         std::fs::File::create(&file)
@@ -342,13 +361,20 @@ fn killed_conversions_staging_dirs_are_removed_by_the_next_convert_but_live_ones
     // the next conversion into the same parent removes the dead one's directory only
     let next = convert(&smollm_gguf(), &parent.join("next.gds"), &[]);
     assert!(next.status.success(), "{}", stderr(&next));
-    assert!(!killed_dir.exists(), "{} was left behind", killed_dir.display());
+    assert!(
+        !killed_dir.exists(),
+        "{} was left behind",
+        killed_dir.display()
+    );
     assert!(
         stderr(&next).contains("left behind by a conversion that was killed"),
         "{}",
         stderr(&next)
     );
-    assert!(live_dir.exists(), "the live converter's directory was removed");
+    assert!(
+        live_dir.exists(),
+        "the live converter's directory was removed"
+    );
 
     signal(&live, "-CONT");
     assert!(live.wait().unwrap().success());
@@ -372,7 +398,11 @@ fn listing(dir: &Path) -> Vec<String> {
         let e = e.unwrap();
         let name = e.file_name().to_string_lossy().into_owned();
         if e.file_type().unwrap().is_dir() {
-            v.extend(listing(&e.path()).into_iter().map(|n| format!("{name}/{n}")));
+            v.extend(
+                listing(&e.path())
+                    .into_iter()
+                    .map(|n| format!("{name}/{n}")),
+            );
         }
         v.push(name);
     }
