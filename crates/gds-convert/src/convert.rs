@@ -256,11 +256,14 @@ fn foreign_entries(out_dir: &Path) -> Result<Vec<String>, ConvertError> {
             let e = e.map_err(io(dir))?;
             let ty = e.file_type().map_err(io(e.path()))?;
             let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
-            let known = ty.is_file()
-                && (layer_files.contains(rel.as_str())
-                    || (prefix.is_empty() && MODEL_FILES.contains(&rel.as_str())));
-            let layers_dir = prefix.is_empty() && rel == "layers" && ty.is_dir();
-            if !(known || layers_dir) {
+            let known = if ty.is_dir() {
+                prefix.is_empty() && rel == "layers"
+            } else {
+                ty.is_file()
+                    && (layer_files.contains(rel.as_str())
+                        || (prefix.is_empty() && MODEL_FILES.contains(&rel.as_str())))
+            };
+            if !known {
                 foreign.push(if ty.is_dir() { format!("{rel}/") } else { rel });
             }
         }
@@ -350,6 +353,14 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ConvertError> {
 
 /// Converts `input` into a GdsLLM directory at `out_dir`. On any error nothing is left at
 /// `out_dir` (an existing directory replaced with `force` stays as it was).
+///
+/// With `force`, an existing `out_dir` is replaced only when it holds nothing but a model
+/// (`manifest.gdsm`, the layer files it names, `tokenizer.json`, `tokenizer_config.json`,
+/// `generation_config.json`, `layers/`) and does not
+/// hold the input; otherwise [`ConvertError::ReplaceRefused`] lists what would be lost.
+/// The output is written in a locked staging directory beside `out_dir` (see
+/// `staging.rs`); staging directories of killed conversions in the same parent are removed
+/// first, each with a warning.
 pub fn convert(
     input: &Path,
     out_dir: &Path,

@@ -474,7 +474,7 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
 
 #[cfg(test)]
 mod tests {
-    use super::prescan;
+    use super::{prescan, MAX_GGUF_ARRAY_ELEMENTS};
 
     fn header(version: u32, n_t: u64, n_kv: u64) -> Vec<u8> {
         let mut b = b"GGUF".to_vec();
@@ -507,5 +507,54 @@ mod tests {
         b.extend(40u32.to_le_bytes());
         b.extend(0u64.to_le_bytes());
         assert!(prescan(&b).unwrap_err().contains("type id 40"));
+    }
+
+    fn kv_array(b: &mut Vec<u8>, key: &str, elem_type: u32, len: u64) {
+        b.extend((key.len() as u64).to_le_bytes());
+        b.extend(key.as_bytes());
+        b.extend(9u32.to_le_bytes());
+        b.extend(elem_type.to_le_bytes());
+        b.extend(len.to_le_bytes());
+    }
+
+    /// Regression (issue 15): gguf-rs keeps the last of two equal keys; llama.cpp refuses.
+    #[test]
+    fn prescan_refuses_duplicate_keys() {
+        let with_keys = |keys: &[&str]| {
+            let mut b = header(3, 0, keys.len() as u64);
+            for k in keys {
+                b.extend((k.len() as u64).to_le_bytes());
+                b.extend(k.as_bytes());
+                b.extend(4u32.to_le_bytes()); // u32
+                b.extend(7u32.to_le_bytes());
+            }
+            b
+        };
+        assert!(prescan(&with_keys(&["k.ey", "k.ex"])).is_ok());
+        let e = prescan(&with_keys(&["k.ey", "k.ex", "k.ey"])).unwrap_err();
+        assert!(e.contains("\"k.ey\" appears twice"), "{e}");
+    }
+
+    /// Regression (issue 15): gguf-rs decodes every array element into a 32-byte JSON
+    /// value, so the elements are capped however few bytes each takes on disk; the file
+    /// bound is checked first.
+    #[test]
+    fn prescan_caps_array_elements_after_the_file_bound() {
+        let n = MAX_GGUF_ARRAY_ELEMENTS / 2 + 1;
+        let mut b = header(3, 0, 2);
+        kv_array(&mut b, "a", 0, n);
+        b.resize(b.len() + n as usize, 0);
+        kv_array(&mut b, "b", 0, n);
+        assert!(prescan(&b).unwrap_err().contains("truncated"));
+        b.resize(b.len() + n as usize, 0);
+        let e = prescan(&b).unwrap_err();
+        assert!(
+            e.contains("\"b\"") && e.contains("elements GdsLLM accepts"),
+            "{e}"
+        );
+        // strings: at least 8 bytes each, whatever the cap
+        let mut b = header(3, 0, 1);
+        kv_array(&mut b, "s", 8, 1 << 61);
+        assert!(prescan(&b).unwrap_err().contains("exceeds the file"));
     }
 }

@@ -762,3 +762,74 @@ fn unsupported_inputs() {
         "{e:?}"
     );
 }
+
+/// Regression (issue 15): serde_json keeps the last of two equal keys, so a header naming a
+/// tensor twice was read as whichever came last. Every duplicate key is refused, naming the
+/// file and the key, at the top level and inside an entry.
+#[test]
+fn duplicate_header_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dup.safetensors");
+    for (h, want) in [
+        (
+            r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            "key \"w\" appears twice",
+        ),
+        (
+            r#"{"__metadata__":{},"__metadata__":{},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            "key \"__metadata__\" appears twice",
+        ),
+        (
+            r#"{"w":{"dtype":"F16","dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            "duplicate field `dtype`",
+        ),
+    ] {
+        let mut h = h.as_bytes().to_vec();
+        h.resize(h.len().div_ceil(8) * 8, b' ');
+        let bytes = [(h.len() as u64).to_le_bytes().to_vec(), h, vec![0; 8]].concat();
+        fs::write(&file, &bytes).unwrap();
+        let (e, text) = err_text(read_safetensors(&file));
+        assert!(matches!(e, SafetensorsError::Header { .. }), "{e:?}");
+        assert!(
+            text.contains("dup.safetensors") && text.contains(want),
+            "{text}"
+        );
+    }
+}
+
+/// Regression (issue 15): a layer count or size in config.json that the tensors contradict
+/// was only noticed by the self-check after writing ("internal error: the written model is
+/// invalid", no input named). It is an input error, found before anything is written.
+#[test]
+fn convert_refuses_a_config_the_tensors_contradict_before_writing() {
+    let out_parent = tempfile::tempdir().unwrap();
+    let out = out_parent.path().join("out");
+    for (key, value, want) in [
+        (
+            "num_hidden_layers",
+            1,
+            "model.n_layers (num_hidden_layers in ",
+        ),
+        ("intermediate_size", 128, "does not fit the hyperparameters"),
+    ] {
+        let mut cfg = config();
+        cfg.insert(key.into(), serde_json::json!(value));
+        let dir = temp_hf(&cfg, &fixture_tensors());
+        let e = gds_convert::convert(
+            dir.path(),
+            &out,
+            &gds_convert::ConvertOptions::default(),
+            &gds_convert::NoProgress,
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert_eq!(e.kind(), gds_convert::ErrorKind::Input, "{text}");
+        assert!(text.contains(want), "{text}");
+        assert!(
+            text.contains(&format!("{key} in ")) && text.contains(&format!("{value}")),
+            "{text}"
+        );
+        assert!(!text.contains("internal error"), "{text}");
+        assert_eq!(fs::read_dir(out_parent.path()).unwrap().count(), 0);
+    }
+}
