@@ -1,0 +1,320 @@
+//! Fuzz entry points: one function per fuzz target, called both by the cargo-fuzz targets in
+//! `fuzz/` (nightly, libFuzzer) and by this crate's `tests/replay.rs` (stable, in the normal
+//! test suite), so the fuzzed code and the replayed code cannot drift apart.
+//!
+//! Each function takes arbitrary bytes and drives the real readers through their public entry
+//! points (the ones `gdsconv` and `gdsrun` call), writing the bytes to files in a scratch
+//! directory where the reader takes a path. A function panics only when a reader panics or
+//! breaks a promise it makes to its callers (a tensor it accepted lies outside its file, a
+//! `tokenizer.json` it built does not load): both are findings.
+//!
+//! | target        | input                                                             |
+//! |---------------|-------------------------------------------------------------------|
+//! | `manifest`    | `manifest.gdsm` bytes                                             |
+//! | `gguf`        | a `.gguf` file                                                    |
+//! | `safetensors` | files of a Hugging Face directory, joined by [`FILE_SEP`]         |
+//! | `tokenizer`   | a mode byte, then tokenizer files or GGUF tokenizer metadata JSON |
+
+use gds_runtime::chat::Message;
+use gds_runtime::tokenizer::TextTokenizer;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+
+/// The targets, which are also the directory names under `fuzz/seeds/`, `fuzz/regressions/`
+/// and `fuzz/corpus/`.
+pub const TARGETS: &[&str] = &["manifest", "gguf", "safetensors", "tokenizer"];
+
+/// Separates the files of a multi-file input (`safetensors`, `tokenizer`).
+pub const FILE_SEP: &[u8] = b"\n%%%%\n";
+
+/// Runs target `name` on `data`; `false` when there is no such target.
+pub fn run(name: &str, data: &[u8]) -> bool {
+    match name {
+        "manifest" => manifest(data),
+        "gguf" => gguf(data),
+        "safetensors" => safetensors(data),
+        "tokenizer" => tokenizer(data),
+        _ => return false,
+    }
+    true
+}
+
+/// Splits a multi-file input at [`FILE_SEP`].
+pub fn split_files(data: &[u8]) -> Vec<&[u8]> {
+    let mut parts = Vec::new();
+    let mut rest = data;
+    while let Some(i) = rest.windows(FILE_SEP.len()).position(|w| w == FILE_SEP) {
+        parts.push(&rest[..i]);
+        rest = &rest[i + FILE_SEP.len()..];
+    }
+    parts.push(rest);
+    parts
+}
+
+/// A fresh scratch directory, in `/dev/shm` when there is one (fuzzing writes a file per run).
+fn scratch() -> tempfile::TempDir {
+    let b = tempfile::Builder::new().prefix("gds-fuzz-").clone();
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = b.tempdir_in(shm) {
+            return d;
+        }
+    }
+    b.tempdir().expect("a scratch directory")
+}
+
+fn put(dir: &Path, name: &str, bytes: &[u8]) {
+    std::fs::write(dir.join(name), bytes).expect("write a scratch file");
+}
+
+/// The manifest reader and validator, every accessor, and what the runtime reads from a
+/// manifest it accepted (the model config, then the GPU layout, as `Plan::build` does).
+pub fn manifest(data: &[u8]) {
+    let (m, errs) = gds_format::validate::validate_manifest(data);
+    for e in &errs {
+        let _ = e.to_string();
+    }
+    let Some(m) = m else { return };
+    let _ = (m.bytes().len(), m.header(), m.version(), m.verify_checksum());
+    let (kv, layers, tensors) = (m.kv_table(), m.layer_table(), m.tensor_table());
+    let _ = (kv.is_empty(), kv.get(kv.len()), kv.iter().count());
+    let _ = (layers.is_empty(), layers.get(layers.len()), layers.iter().count());
+    let _ = (tensors.is_empty(), tensors.get(tensors.len()), tensors.iter().count());
+    for i in 0..=kv.len() {
+        if let Ok((k, _)) = m.kv(i) {
+            let _ = (m.get(k), m.get_u64(k), m.get_f64(k), m.get_str(k), m.get_bool(k));
+        }
+    }
+    for i in 0..=m.n_layers() {
+        if let Ok(l) = m.layer(i) {
+            let _ = (l.name, l.file, l.kind, l.block, l.file_size);
+        }
+    }
+    for i in 0..=m.n_tensors() {
+        if let Ok(t) = m.tensor(i) {
+            let _ = (t.dims(), m.find_tensor(t.name).map(|f| f.layer));
+        }
+    }
+    let _ = (m.kvs().count(), m.layers().count(), m.tensors().count());
+    let _ = m.get("general.architecture");
+
+    let dir = Path::new("model.gds");
+    if let Ok(m) = gds_runtime::plan::parse_manifest(dir, data) {
+        for l in m.layers() {
+            for j in l.tensors {
+                let _ = m.tensor(j).map(|t| t.n_elements());
+            }
+        }
+        if let Ok(cfg) = gds_runtime::Config::from_manifest(&m) {
+            let _ = (cfg.q_dim(), cfg.kv_dim());
+            let _ = gds_cuda::plan::Layout::from_manifest(dir, &m);
+        }
+    }
+}
+
+/// `gdsconv convert`'s GGUF reader on `data` as a `.gguf` file (header pre-scan, gguf-rs
+/// decode, tensor bounds checks, hyperparameters, the embedded tokenizer's export).
+pub fn gguf(data: &[u8]) {
+    let dir = scratch();
+    let path = dir.path().join("model.gguf");
+    put(dir.path(), "model.gguf", data);
+    match gds_convert::open_source(&path) {
+        Ok(src) => check_source(&src),
+        Err(e) => drop(e.to_string()),
+    }
+}
+
+/// `gdsconv convert`'s safetensors reader on a Hugging Face directory made of the parts of
+/// `data` (split at [`FILE_SEP`]): 0 the first shard, 1 `config.json`,
+/// 2 `model.safetensors.index.json`, 3 the second shard, 4 `tokenizer_config.json`,
+/// 5 `generation_config.json`. Empty or absent parts are absent files. With neither an index
+/// nor a second shard the first is `model.safetensors`; otherwise the shards are
+/// `model-00001-of-00002.safetensors` and `model-00002-of-00002.safetensors`.
+pub fn safetensors(data: &[u8]) {
+    let parts = split_files(data);
+    let part = |i: usize| parts.get(i).copied().filter(|p| !p.is_empty());
+    let dir = scratch();
+    let d = dir.path();
+    if part(2).is_none() && part(3).is_none() {
+        put(d, "model.safetensors", parts[0]);
+    } else {
+        put(d, "model-00001-of-00002.safetensors", parts[0]);
+        if let Some(p) = part(3) {
+            put(d, "model-00002-of-00002.safetensors", p);
+        }
+    }
+    for (i, name) in [
+        (1, "config.json"),
+        (2, "model.safetensors.index.json"),
+        (4, "tokenizer_config.json"),
+        (5, "generation_config.json"),
+    ] {
+        if let Some(p) = part(i) {
+            put(d, name, p);
+        }
+    }
+    match gds_convert::open_source(d) {
+        Ok(src) => check_source(&src),
+        Err(e) => drop(e.to_string()),
+    }
+}
+
+/// The tokenizer loaders. The first byte picks what the rest is:
+///
+/// * even: `gdsrun`'s loader ([`TextTokenizer::load`]) on a directory holding part 0 of the
+///   rest (split at [`FILE_SEP`]) as `tokenizer_config.json` (absent when empty) and part 1
+///   as `tokenizer.json` (a small built-in one when absent or empty); bit 1 gives the model
+///   config BOS/EOS ids, bit 2 sets its `add_bos`. A tokenizer that loads renders the chat
+///   template (minijinja) and encodes, decodes and stream-decodes.
+/// * odd: the GGUF vocabulary exporter ([`gds_convert::tokenizer::tokenizer_from_gguf`]) on
+///   the rest as a JSON object of GGUF metadata; an export must load (see [`check_export`]).
+pub fn tokenizer(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode & 1 == 1 {
+        let Ok(meta) = serde_json::from_slice::<BTreeMap<String, Value>>(rest) else {
+            return;
+        };
+        match gds_convert::tokenizer::tokenizer_from_gguf(&meta) {
+            Ok(export) => check_export(&export.tokenizer_json, &export.tokenizer_config_json),
+            Err(e) => drop(e.to_string()),
+        }
+        return;
+    }
+    let parts = split_files(rest);
+    let dir = scratch();
+    if let Some(cfg) = parts.first().filter(|p| !p.is_empty()) {
+        put(dir.path(), "tokenizer_config.json", cfg);
+    }
+    let json = parts
+        .get(1)
+        .copied()
+        .filter(|p| !p.is_empty())
+        .unwrap_or(TINY_TOKENIZER_JSON.as_bytes());
+    put(dir.path(), "tokenizer.json", json);
+    if let Ok(t) = TextTokenizer::load(dir.path(), &model_config(mode)) {
+        exercise(&t);
+    }
+}
+
+/// What the converter promises about a model it read: every tensor's bytes lie inside its
+/// file and match its dtype and shape, and a tokenizer it built itself loads.
+fn check_source(src: &gds_convert::source::Source) {
+    for t in &src.tensors {
+        let n = t.bytes().len() as u64;
+        assert_eq!(n, t.nbytes, "{}: slice length differs from nbytes", t.name);
+        assert_eq!(
+            t.dtype.tensor_bytes(&t.shape),
+            Some(t.nbytes),
+            "{}: nbytes does not match dtype {} and shape {:?}",
+            t.name,
+            t.dtype,
+            t.shape
+        );
+    }
+    let tok = &src.tokenizer;
+    if tok.built {
+        let json = tok.tokenizer_json.as_deref().expect("a built tokenizer.json");
+        let cfg = tok.tokenizer_config_json.as_deref().unwrap_or("{}");
+        check_export(json, cfg);
+    }
+    let _ = src.metadata.len();
+}
+
+/// A `tokenizer.json` the converter built is written without being loaded again, so it must
+/// load; the pair must also be what `gdsrun` can read.
+pub fn check_export(tokenizer_json: &str, tokenizer_config_json: &str) {
+    let t = tokenizers::Tokenizer::from_str(tokenizer_json)
+        .unwrap_or_else(|e| panic!("the exported tokenizer.json does not load: {e}"));
+    let _ = t.encode("Hello, world! <|im_start|> 123", true);
+    let _: Value = serde_json::from_str(tokenizer_config_json)
+        .unwrap_or_else(|e| panic!("the exported tokenizer_config.json is not JSON: {e}"));
+    let dir = scratch();
+    put(dir.path(), "tokenizer.json", tokenizer_json.as_bytes());
+    put(
+        dir.path(),
+        "tokenizer_config.json",
+        tokenizer_config_json.as_bytes(),
+    );
+    if let Ok(t) = TextTokenizer::load(dir.path(), &model_config(0)) {
+        exercise(&t);
+    }
+}
+
+/// Everything `gdsrun` does with a loaded tokenizer, on a fixed conversation.
+fn exercise(t: &TextTokenizer) {
+    let msgs = [
+        Message::new("system", "Be brief."),
+        Message::new("user", "Hi <|im_start|> there"),
+        Message::new("assistant", "Hello!"),
+        Message::new("user", "Bye \u{e9}\u{1f600}"),
+    ];
+    if t.has_chat_template() {
+        if let Ok(s) = t.render_chat(&msgs) {
+            let _ = t.encode_chat(&s);
+        }
+    }
+    if let Ok(ids) = t.encode("Hello world <|im_end|> \u{e9}\u{1f600}", true) {
+        let _ = t.decode(&ids);
+        let mut s = t.stream();
+        for &id in &ids {
+            let _ = s.push(id);
+            let _ = t.is_eog(id);
+        }
+        let _ = s.flush();
+    }
+    let _ = (t.eog_ids(), t.bos(), t.add_bos(), t.inner().get_vocab_size(true));
+}
+
+/// A SmolLM2-like model config; `mode` bit 1 sets BOS/EOS ids, bit 2 `add_bos`.
+fn model_config(mode: u8) -> gds_runtime::Config {
+    let ids = mode & 2 != 0;
+    gds_runtime::Config {
+        arch: "llama".into(),
+        n_layers: 1,
+        n_embd: 8,
+        n_heads: 2,
+        n_kv_heads: 1,
+        n_ff: 16,
+        vocab_size: 16,
+        context_length: 64,
+        head_dim: 4,
+        rope_theta: 10000.0,
+        rope_scaling: gds_runtime::RopeScaling::None,
+        rms_norm_eps: 1e-5,
+        tie_embeddings: true,
+        bos_token_id: ids.then_some(1),
+        eos_token_id: ids.then_some(2),
+        add_bos: mode & 4 != 0,
+    }
+}
+
+/// A byte-level BPE `tokenizer.json` with SmolLM2's special tokens and a few merges, for
+/// `tokenizer` inputs that bring only a `tokenizer_config.json`.
+pub const TINY_TOKENIZER_JSON: &str = r#"{
+  "version": "1.0",
+  "truncation": null,
+  "padding": null,
+  "added_tokens": [
+    {"id": 0, "content": "<|endoftext|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 1, "content": "<|im_start|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 2, "content": "<|im_end|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+  ],
+  "normalizer": null,
+  "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+  "post_processor": null,
+  "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+  "model": {
+    "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+    "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+    "vocab": {
+      "<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2,
+      "H": 3, "e": 4, "l": 5, "o": 6, "Ġ": 7, "w": 8, "r": 9, "d": 10, "i": 11,
+      "He": 12, "ll": 13, "Hell": 14, "Hello": 15, "Ã": 16, "©": 17, "ð": 18, "Ł": 19, "ĺ": 20, "Ģ": 21
+    },
+    "merges": [["H", "e"], ["l", "l"], ["He", "ll"], ["Hell", "o"]]
+  }
+}"#;

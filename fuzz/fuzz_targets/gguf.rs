@@ -1,0 +1,7 @@
+//! Fuzz target `gguf`: [`gds_fuzz::gguf`] (see its docs for the input format). Run with
+//! `just fuzz gguf SECONDS`; the committed seeds are replayed on stable by
+//! `cargo test --release -p gds-fuzz`.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| gds_fuzz::gguf(data));
