@@ -269,12 +269,14 @@ def main():
         version, kvs, tensors = read_gguf(head)
         seeds["gguf"][f"{stem}-prefix-256k"] = head[:256 << 10]
         for n in (64, 512):
-            small = shrink_vocab(kvs, n)
-            tok_metas[f"{stem}-{n}"] = small
-            seeds["gguf"][f"{stem}-header-v{n}"] = write_gguf(
-                small, [(a, d, t) for a, d, t, _ in tensors], with_data=False, version=version)
-            mini = set_kv(small, next(k for k, _, _ in small if k.endswith(".block_count")), 1)
-            seeds["gguf"][f"{stem}-mini-v{n}"] = write_gguf(mini, mini_tensors(tensors), version=version)
+            tok_metas[f"{stem}-{n}"] = shrink_vocab(kvs, n)
+        # a 64-token vocabulary keeps the tokenizer export (which every successful read runs)
+        # cheap; the tokenizer target covers the exporter with bigger ones
+        small = tok_metas[f"{stem}-64"]
+        seeds["gguf"][f"{stem}-header"] = write_gguf(
+            small, [(a, d, t) for a, d, t, _ in tensors], with_data=False, version=version)
+        mini = set_kv(small, next(k for k, _, _ in small if k.endswith(".block_count")), 1)
+        seeds["gguf"][f"{stem}-mini"] = write_gguf(mini, mini_tensors(tensors), version=version)
     tok_metas["tiny-llama"] = read_gguf(FIX / "tiny-llama.gguf")[1]
 
     # tokenizer, odd mode: GGUF tokenizer metadata as JSON

@@ -4,4 +4,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| gds_fuzz::manifest(data));
+#[global_allocator]
+static ALLOC: gds_fuzz::CappedAlloc = gds_fuzz::CappedAlloc::new(gds_fuzz::MEMORY_CAP);
+
+fuzz_target!(init: gds_fuzz::init_fuzzing(), |data: &[u8]| gds_fuzz::manifest(data));

@@ -14,13 +14,23 @@
 //! | `gguf`        | a `.gguf` file                                                    |
 //! | `safetensors` | files of a Hugging Face directory, joined by [`FILE_SEP`]         |
 //! | `tokenizer`   | a mode byte, then tokenizer files or GGUF tokenizer metadata JSON |
+//!
+//! The fuzz targets and the replay test also share [`CappedAlloc`], so an allocation sized by
+//! a hostile length fails the run instead of exhausting the machine, and the fuzz targets call
+//! [`init_fuzzing`].
 
+use gds_format::raw::CHECKSUM_OFFSET;
+use gds_format::reader::Value as MetaValue;
 use gds_runtime::chat::Message;
 use gds_runtime::tokenizer::TextTokenizer;
 use serde_json::Value;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The targets, which are also the directory names under `fuzz/seeds/`, `fuzz/regressions/`
 /// and `fuzz/corpus/`.
@@ -28,6 +38,129 @@ pub const TARGETS: &[&str] = &["manifest", "gguf", "safetensors", "tokenizer"];
 
 /// Separates the files of a multi-file input (`safetensors`, `tokenizer`).
 pub const FILE_SEP: &[u8] = b"\n%%%%\n";
+
+/// Most bytes a fuzz or replay process may hold at once through the Rust allocator. The inputs
+/// are at most a few tens of KiB; the readers' fixed buffers (gguf's 1 MiB read buffer) and a
+/// built tokenizer fit many times over, while anything sized by a hostile length does not.
+pub const MEMORY_CAP: usize = 256 << 20;
+
+/// A global allocator: [`System`], refusing any allocation that would take the bytes held at
+/// once past a cap. A refused allocation is reported on stderr (with the input being run, see
+/// [`set_current_input`]) and returns null, which makes Rust abort: a crash for libFuzzer, a
+/// failed test for the replay.
+pub struct CappedAlloc {
+    cap: usize,
+    live: AtomicUsize,
+}
+
+thread_local! {
+    static CURRENT: Cell<&'static str> = const { Cell::new("") };
+}
+
+/// Names the input this thread is running, for [`CappedAlloc`]'s refusal message.
+pub fn set_current_input(name: &'static str) {
+    CURRENT.with(|c| c.set(name));
+}
+
+impl CappedAlloc {
+    /// An allocator holding at most `cap` bytes at once.
+    pub const fn new(cap: usize) -> CappedAlloc {
+        CappedAlloc {
+            cap,
+            live: AtomicUsize::new(0),
+        }
+    }
+
+    fn reserve(&self, n: usize) -> bool {
+        let mut live = self.live.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = live.checked_add(n).filter(|&t| t <= self.cap) else {
+                let input = CURRENT.try_with(Cell::get).unwrap_or("");
+                // straight to stderr, without allocating: the process aborts right after
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "gds-fuzz: refused an allocation of {n} bytes ({live} held, cap {}){}{input}",
+                    self.cap,
+                    if input.is_empty() { "" } else { " running " },
+                );
+                return false;
+            };
+            match self
+                .live
+                .compare_exchange_weak(live, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(now) => live = now,
+            }
+        }
+    }
+
+    fn release(&self, n: usize) {
+        self.live.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's layout, pointer and size
+// unchanged; the counter only decides whether to forward (returning null, which callers must
+// handle, when it does not).
+unsafe impl GlobalAlloc for CappedAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !self.reserve(layout.size()) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller's layout, forwarded.
+        let p = unsafe { System.alloc(layout) };
+        if p.is_null() {
+            self.release(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !self.reserve(layout.size()) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller's layout, forwarded.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if p.is_null() {
+            self.release(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` with `layout` (every allocation is forwarded).
+        unsafe { System.dealloc(ptr, layout) };
+        self.release(layout.size());
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old = layout.size();
+        if new_size > old && !self.reserve(new_size - old) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: `ptr` came from `System` with `layout`; `new_size` is the caller's.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if p.is_null() {
+            if new_size > old {
+                self.release(new_size - old);
+            }
+        } else if new_size < old {
+            self.release(old - new_size);
+        }
+        p
+    }
+}
+
+/// For the fuzz targets: libfuzzer-sys makes every panic abort, even one the code under test
+/// catches on purpose (the runtime turns the `tokenizers` crate's panics into errors). This
+/// hook prints the panic with a backtrace and lets it unwind; a panic nobody catches reaches
+/// libfuzzer-sys's own `catch_unwind`, which aborts: still a crash.
+pub fn init_fuzzing() {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("{info}\n{}", std::backtrace::Backtrace::force_capture());
+    }));
+}
 
 /// Runs target `name` on `data`; `false` when there is no such target.
 pub fn run(name: &str, data: &[u8]) -> bool {
@@ -71,7 +204,22 @@ fn put(dir: &Path, name: &str, bytes: &[u8]) {
 
 /// The manifest reader and validator, every accessor, and what the runtime reads from a
 /// manifest it accepted (the model config, then the GPU layout, as `Plan::build` does).
+/// Inputs whose checksum does not match are also run with the checksum recomputed, so that
+/// mutations reach past the checksum test.
 pub fn manifest(data: &[u8]) {
+    manifest_once(data);
+    let (a, b) = (CHECKSUM_OFFSET, CHECKSUM_OFFSET + 32);
+    if data.len() >= b {
+        let sum = gds_format::reader::checksum(data);
+        if data[a..b] != sum {
+            let mut fixed = data.to_vec();
+            fixed[a..b].copy_from_slice(&sum);
+            manifest_once(&fixed);
+        }
+    }
+}
+
+fn manifest_once(data: &[u8]) {
     let (m, errs) = gds_format::validate::validate_manifest(data);
     for e in &errs {
         let _ = e.to_string();
@@ -83,8 +231,22 @@ pub fn manifest(data: &[u8]) {
     let _ = (layers.is_empty(), layers.get(layers.len()), layers.iter().count());
     let _ = (tensors.is_empty(), tensors.get(tensors.len()), tensors.iter().count());
     for i in 0..=kv.len() {
-        if let Ok((k, _)) = m.kv(i) {
-            let _ = (m.get(k), m.get_u64(k), m.get_f64(k), m.get_str(k), m.get_bool(k));
+        if let Ok((_, v)) = m.kv(i) {
+            let _ = v.to_string();
+        }
+    }
+    // every typed getter on one key of each value type (the getters scan the table)
+    let mut seen = [false; 5];
+    for (k, v) in m.kvs() {
+        let t = match v {
+            MetaValue::U64(_) => 0,
+            MetaValue::I64(_) => 1,
+            MetaValue::F64(_) => 2,
+            MetaValue::Bool(_) => 3,
+            MetaValue::Str(_) => 4,
+        };
+        if !std::mem::replace(&mut seen[t], true) {
+            let _ = (m.get_u64(k), m.get_f64(k), m.get_str(k), m.get_bool(k));
         }
     }
     for i in 0..=m.n_layers() {
@@ -201,7 +363,8 @@ pub fn tokenizer(data: &[u8]) {
 }
 
 /// What the converter promises about a model it read: every tensor's bytes lie inside its
-/// file and match its dtype and shape, and a tokenizer it built itself loads.
+/// file and match its dtype and shape. (That a tokenizer it built loads is checked by the
+/// `tokenizer` target, on the same exporter: here it would triple the cost of every run.)
 fn check_source(src: &gds_convert::source::Source) {
     for t in &src.tensors {
         let n = t.bytes().len() as u64;
@@ -215,18 +378,12 @@ fn check_source(src: &gds_convert::source::Source) {
             t.shape
         );
     }
-    let tok = &src.tokenizer;
-    if tok.built {
-        let json = tok.tokenizer_json.as_deref().expect("a built tokenizer.json");
-        let cfg = tok.tokenizer_config_json.as_deref().unwrap_or("{}");
-        check_export(json, cfg);
-    }
-    let _ = src.metadata.len();
+    let _ = (src.metadata.len(), src.warnings.len());
 }
 
 /// A `tokenizer.json` the converter built is written without being loaded again, so it must
 /// load; the pair must also be what `gdsrun` can read.
-pub fn check_export(tokenizer_json: &str, tokenizer_config_json: &str) {
+fn check_export(tokenizer_json: &str, tokenizer_config_json: &str) {
     let t = tokenizers::Tokenizer::from_str(tokenizer_json)
         .unwrap_or_else(|e| panic!("the exported tokenizer.json does not load: {e}"));
     let _ = t.encode("Hello, world! <|im_start|> 123", true);
