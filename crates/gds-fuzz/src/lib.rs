@@ -72,27 +72,22 @@ impl CappedAlloc {
     }
 
     fn reserve(&self, n: usize) -> bool {
-        let mut live = self.live.load(Ordering::Relaxed);
-        loop {
-            let Some(next) = live.checked_add(n).filter(|&t| t <= self.cap) else {
-                let input = CURRENT.try_with(Cell::get).unwrap_or("");
-                // straight to stderr, without allocating: the process aborts right after
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "gds-fuzz: refused an allocation of {n} bytes ({live} held, cap {}){}{input}",
-                    self.cap,
-                    if input.is_empty() { "" } else { " running " },
-                );
-                return false;
-            };
-            match self
-                .live
-                .compare_exchange_weak(live, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return true,
-                Err(now) => live = now,
-            }
+        // `n` is at most isize::MAX (a Layout's size), so with the cap far below that the sum
+        // cannot wrap.
+        let held = self.live.fetch_add(n, Ordering::Relaxed);
+        if held + n <= self.cap {
+            return true;
         }
+        self.live.fetch_sub(n, Ordering::Relaxed);
+        let input = CURRENT.try_with(Cell::get).unwrap_or("");
+        // straight to stderr, without allocating: the process aborts right after
+        let _ = writeln!(
+            std::io::stderr(),
+            "gds-fuzz: refused an allocation of {n} bytes ({held} held, cap {}){}{input}",
+            self.cap,
+            if input.is_empty() { "" } else { " running " },
+        );
+        false
     }
 
     fn release(&self, n: usize) {
@@ -256,9 +251,14 @@ fn manifest_once(data: &[u8]) {
     }
     for i in 0..=m.n_tensors() {
         if let Ok(t) = m.tensor(i) {
-            let _ = (t.dims(), m.find_tensor(t.name).map(|f| f.layer));
+            let _ = t.dims();
         }
     }
+    // (find_tensor scans the table: once for a present name, once for an absent one)
+    if let Ok(t) = m.tensor(m.n_tensors().saturating_sub(1)) {
+        let _ = m.find_tensor(t.name);
+    }
+    let _ = m.find_tensor("no such tensor");
     let _ = (m.kvs().count(), m.layers().count(), m.tensors().count());
     let _ = m.get("general.architecture");
 
