@@ -220,11 +220,24 @@ fn manifest_once(data: &[u8]) {
         let _ = e.to_string();
     }
     let Some(m) = m else { return };
-    let _ = (m.bytes().len(), m.header(), m.version(), m.verify_checksum());
+    let _ = (
+        m.bytes().len(),
+        m.header(),
+        m.version(),
+        m.verify_checksum(),
+    );
     let (kv, layers, tensors) = (m.kv_table(), m.layer_table(), m.tensor_table());
     let _ = (kv.is_empty(), kv.get(kv.len()), kv.iter().count());
-    let _ = (layers.is_empty(), layers.get(layers.len()), layers.iter().count());
-    let _ = (tensors.is_empty(), tensors.get(tensors.len()), tensors.iter().count());
+    let _ = (
+        layers.is_empty(),
+        layers.get(layers.len()),
+        layers.iter().count(),
+    );
+    let _ = (
+        tensors.is_empty(),
+        tensors.get(tensors.len()),
+        tensors.iter().count(),
+    );
     for i in 0..=kv.len() {
         if let Ok((_, v)) = m.kv(i) {
             let _ = v.to_string();
@@ -423,7 +436,12 @@ fn exercise(t: &TextTokenizer) {
         }
         let _ = s.flush();
     }
-    let _ = (t.eog_ids(), t.bos(), t.add_bos(), t.inner().get_vocab_size(true));
+    let _ = (
+        t.eog_ids(),
+        t.bos(),
+        t.add_bos(),
+        t.inner().get_vocab_size(true),
+    );
 }
 
 /// A SmolLM2-like model config; `mode` bit 1 sets BOS/EOS ids, bit 2 `add_bos`.
