@@ -7,4 +7,6 @@ use libfuzzer_sys::fuzz_target;
 #[global_allocator]
 static ALLOC: gds_fuzz::CappedAlloc = gds_fuzz::CappedAlloc::new(gds_fuzz::MEMORY_CAP);
 
-fuzz_target!(init: gds_fuzz::init_fuzzing(), |data: &[u8]| gds_fuzz::manifest(data));
+fuzz_target!(init: gds_fuzz::init_fuzzing(), |data: &[u8]| {
+    gds_fuzz::manifest(data);
+});

@@ -157,16 +157,16 @@ pub fn init_fuzzing() {
     }));
 }
 
-/// Runs target `name` on `data`; `false` when there is no such target.
-pub fn run(name: &str, data: &[u8]) -> bool {
-    match name {
+/// Runs target `name` on `data`: whether the input was accepted (see each target), or `None`
+/// when there is no such target.
+pub fn run(name: &str, data: &[u8]) -> Option<bool> {
+    Some(match name {
         "manifest" => manifest(data),
         "gguf" => gguf(data),
         "safetensors" => safetensors(data),
         "tokenizer" => tokenizer(data),
-        _ => return false,
-    }
-    true
+        _ => return None,
+    })
 }
 
 /// Splits a multi-file input at [`FILE_SEP`].
@@ -200,26 +200,27 @@ fn put(dir: &Path, name: &str, bytes: &[u8]) {
 /// The manifest reader and validator, every accessor, and what the runtime reads from a
 /// manifest it accepted (the model config, then the GPU layout, as `Plan::build` does).
 /// Inputs whose checksum does not match are also run with the checksum recomputed, so that
-/// mutations reach past the checksum test.
-pub fn manifest(data: &[u8]) {
-    manifest_once(data);
+/// mutations reach past the checksum test. Accepted: the runtime built its model config.
+pub fn manifest(data: &[u8]) -> bool {
+    let mut ok = manifest_once(data);
     let (a, b) = (CHECKSUM_OFFSET, CHECKSUM_OFFSET + 32);
     if data.len() >= b {
         let sum = gds_format::reader::checksum(data);
         if data[a..b] != sum {
             let mut fixed = data.to_vec();
             fixed[a..b].copy_from_slice(&sum);
-            manifest_once(&fixed);
+            ok |= manifest_once(&fixed);
         }
     }
+    ok
 }
 
-fn manifest_once(data: &[u8]) {
+fn manifest_once(data: &[u8]) -> bool {
     let (m, errs) = gds_format::validate::validate_manifest(data);
     for e in &errs {
         let _ = e.to_string();
     }
-    let Some(m) = m else { return };
+    let Some(m) = m else { return false };
     let _ = (
         m.bytes().len(),
         m.header(),
@@ -285,19 +286,32 @@ fn manifest_once(data: &[u8]) {
         if let Ok(cfg) = gds_runtime::Config::from_manifest(&m) {
             let _ = (cfg.q_dim(), cfg.kv_dim());
             let _ = gds_cuda::plan::Layout::from_manifest(dir, &m);
+            return true;
         }
     }
+    false
 }
 
 /// `gdsconv convert`'s GGUF reader on `data` as a `.gguf` file (header pre-scan, gguf-rs
 /// decode, tensor bounds checks, hyperparameters, the embedded tokenizer's export).
-pub fn gguf(data: &[u8]) {
+/// Accepted: the reader returned a model.
+pub fn gguf(data: &[u8]) -> bool {
     let dir = scratch();
     let path = dir.path().join("model.gguf");
     put(dir.path(), "model.gguf", data);
-    match gds_convert::open_source(&path) {
-        Ok(src) => check_source(&src),
-        Err(e) => drop(e.to_string()),
+    read_source(&path)
+}
+
+fn read_source(input: &Path) -> bool {
+    match gds_convert::open_source(input) {
+        Ok(src) => {
+            check_source(&src);
+            true
+        }
+        Err(e) => {
+            let _ = e.to_string();
+            false
+        }
     }
 }
 
@@ -306,8 +320,9 @@ pub fn gguf(data: &[u8]) {
 /// 2 `model.safetensors.index.json`, 3 the second shard, 4 `tokenizer_config.json`,
 /// 5 `generation_config.json`. Empty or absent parts are absent files. With neither an index
 /// nor a second shard the first is `model.safetensors`; otherwise the shards are
-/// `model-00001-of-00002.safetensors` and `model-00002-of-00002.safetensors`.
-pub fn safetensors(data: &[u8]) {
+/// `model-00001-of-00002.safetensors` and `model-00002-of-00002.safetensors`. Accepted: the
+/// reader returned a model.
+pub fn safetensors(data: &[u8]) -> bool {
     let parts = split_files(data);
     let part = |i: usize| parts.get(i).copied().filter(|p| !p.is_empty());
     let dir = scratch();
@@ -330,49 +345,87 @@ pub fn safetensors(data: &[u8]) {
             put(d, name, p);
         }
     }
-    match gds_convert::open_source(d) {
-        Ok(src) => check_source(&src),
-        Err(e) => drop(e.to_string()),
-    }
+    read_source(d)
 }
 
 /// The tokenizer loaders. The first byte picks what the rest is:
 ///
-/// * even: `gdsrun`'s loader ([`TextTokenizer::load`]) on a directory holding part 0 of the
-///   rest (split at [`FILE_SEP`]) as `tokenizer_config.json` (absent when empty) and part 1
-///   as `tokenizer.json` (a small built-in one when absent or empty); bit 1 gives the model
+/// * even: `gdsrun`'s loader ([`TextTokenizer::load`]) on a model directory holding part 0 of
+///   the rest (split at [`FILE_SEP`]) as `tokenizer_config.json` (absent when empty) and part
+///   1 as `tokenizer.json` (a small built-in one when absent or empty), both listed in its
+///   manifest; bit 1 gives the model
 ///   config BOS/EOS ids, bit 2 sets its `add_bos`. A tokenizer that loads renders the chat
 ///   template (minijinja) and encodes, decodes and stream-decodes.
 /// * odd: the GGUF vocabulary exporter ([`gds_convert::tokenizer::tokenizer_from_gguf`]) on
 ///   the rest as a JSON object of GGUF metadata; an export must load (see [`check_export`]).
-pub fn tokenizer(data: &[u8]) {
+///
+/// Accepted: the loader returned a tokenizer, or the exporter an export.
+pub fn tokenizer(data: &[u8]) -> bool {
     let Some((&mode, rest)) = data.split_first() else {
-        return;
+        return false;
     };
     if mode & 1 == 1 {
         let Ok(meta) = serde_json::from_slice::<BTreeMap<String, Value>>(rest) else {
-            return;
+            return false;
         };
-        match gds_convert::tokenizer::tokenizer_from_gguf(&meta) {
-            Ok(export) => check_export(&export.tokenizer_json, &export.tokenizer_config_json),
-            Err(e) => drop(e.to_string()),
-        }
-        return;
+        return match gds_convert::tokenizer::tokenizer_from_gguf(&meta) {
+            Ok(export) => {
+                check_export(&export.tokenizer_json, &export.tokenizer_config_json);
+                true
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        };
     }
     let parts = split_files(rest);
-    let dir = scratch();
-    if let Some(cfg) = parts.first().filter(|p| !p.is_empty()) {
-        put(dir.path(), "tokenizer_config.json", cfg);
-    }
     let json = parts
         .get(1)
         .copied()
         .filter(|p| !p.is_empty())
         .unwrap_or(TINY_TOKENIZER_JSON.as_bytes());
-    put(dir.path(), "tokenizer.json", json);
-    if let Ok(t) = TextTokenizer::load(dir.path(), &model_config(mode)) {
-        exercise(&t);
+    let cfg = parts.first().copied().filter(|p| !p.is_empty());
+    let dir = tokenizer_dir(json, cfg);
+    match TextTokenizer::load(dir.path(), &model_config(mode)) {
+        Ok(t) => {
+            exercise(&t);
+            true
+        }
+        Err(_) => false,
     }
+}
+
+/// A model directory holding `tokenizer.json` and, when given, `tokenizer_config.json`, with a
+/// manifest listing them (length and BLAKE3, as `gdsconv convert` writes it): the runtime
+/// reads only files the manifest lists and checks them first. (The architecture is one the
+/// runtime does not run, so that the manifest needs no hyperparameters or layers.)
+fn tokenizer_dir(tokenizer_json: &[u8], tokenizer_config_json: Option<&[u8]>) -> tempfile::TempDir {
+    use gds_format::file_role;
+    let dir = scratch();
+    let mut b = gds_format::ManifestBuilder::new();
+    b.kv_str("general.architecture", "gemma3");
+    let files = [
+        ("tokenizer.json", file_role::TOKENIZER, Some(tokenizer_json)),
+        (
+            "tokenizer_config.json",
+            file_role::TOKENIZER_CONFIG,
+            tokenizer_config_json,
+        ),
+    ];
+    for (name, role, bytes) in files {
+        if let Some(bytes) = bytes {
+            put(dir.path(), name, bytes);
+            b.add_file(
+                name,
+                role,
+                bytes.len() as u64,
+                *blake3::hash(bytes).as_bytes(),
+            );
+        }
+    }
+    put(dir.path(), gds_format::MANIFEST_FILE, &b.finish());
+    dir
 }
 
 /// What the converter promises about a model it read: every tensor's bytes lie inside its
@@ -402,12 +455,9 @@ fn check_export(tokenizer_json: &str, tokenizer_config_json: &str) {
     let _ = t.encode("Hello, world! <|im_start|> 123", true);
     let _: Value = serde_json::from_str(tokenizer_config_json)
         .unwrap_or_else(|e| panic!("the exported tokenizer_config.json is not JSON: {e}"));
-    let dir = scratch();
-    put(dir.path(), "tokenizer.json", tokenizer_json.as_bytes());
-    put(
-        dir.path(),
-        "tokenizer_config.json",
-        tokenizer_config_json.as_bytes(),
+    let dir = tokenizer_dir(
+        tokenizer_json.as_bytes(),
+        Some(tokenizer_config_json.as_bytes()),
     );
     if let Ok(t) = TextTokenizer::load(dir.path(), &model_config(0)) {
         exercise(&t);

@@ -291,8 +291,9 @@ mod tests {
             "decoder":{"type":"ByteLevel", A "add_prefix_space":true},
             "model":{"type":"BPE","vocab":{"a":0},"merges":[]}}"#;
         std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        // (an architecture gdsrun does not run needs no hyperparameters in the manifest)
         let mut b = gds_format::ManifestBuilder::new();
-        b.kv_str("general.architecture", "llama").add_file(
+        b.kv_str("general.architecture", "gemma3").add_file(
             "tokenizer.json",
             gds_format::file_role::TOKENIZER,
             json.len() as u64,
