@@ -18,9 +18,18 @@ lint:
 bench-convert runs="3":
     ./scripts/bench-convert.sh {{runs}}
 
-# fuzz the manifest reader (needs nightly and cargo-fuzz)
-fuzz seconds="60":
-    cd fuzz && cargo +nightly fuzz run manifest -- -max_total_time={{seconds}}
+# fuzz one target for SECONDS: manifest, gguf, safetensors or tokenizer (needs nightly and
+# cargo-fuzz; extra arguments go to libFuzzer, e.g. -runs=10000000)
+fuzz target="manifest" seconds="60" *args:
+    ./scripts/fuzz.sh {{target}} {{seconds}} {{args}}
+
+# regenerate the fuzz corpora from the real models (fuzz/corpus/; --curated: fuzz/seeds/)
+fuzz-seeds *args:
+    ./scripts/fuzz-seeds.py {{args}}
+
+# replay the committed fuzz seeds and regression inputs on stable, under the memory cap
+fuzz-replay:
+    cargo test --release -p gds-fuzz --test replay
 
 # gdsrun vs llama.cpp llama-bench on SmolLM2 (pp/tg t/s and ratios, peak RSS)
 bench *args:

@@ -21,6 +21,20 @@ echo "== cargo build --release"
 cargo build --workspace --release
 echo "== cargo test --release"
 cargo test --workspace --release
+# (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
+if [ "${FUZZ_SECONDS:-20}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&1; then
+  echo "== short fuzz run of each target (${FUZZ_SECONDS:-20} s each; FUZZ_SECONDS=0 skips)"
+  for t in manifest gguf safetensors tokenizer; do
+    log=$(mktemp)
+    if ! ./scripts/fuzz.sh "$t" "${FUZZ_SECONDS:-20}" >"$log" 2>&1; then
+      tail -n 60 "$log"
+      echo "fuzz target $t failed: the input is in fuzz/artifacts/$t/" >&2
+      exit 1
+    fi
+    grep -E "^#[0-9]+ +DONE" "$log"
+    rm -f "$log"
+  done
+fi
 # (the kernels' CPU-emulation tests need no feature and already ran above)
 echo "== GPU backend (--features cuda): clippy, release build, probe tests, kernels through NVRTC"
 cargo clippy -p gds-cuda -p gds-runtime -p gdsrun --all-targets --release --features cuda -- -D warnings

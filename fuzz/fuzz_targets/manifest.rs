@@ -1,16 +1,12 @@
-//! Fuzz target: the manifest reader and validator must never panic, whatever the bytes.
-//! Run with `cargo +nightly fuzz run manifest` from the repository root (see README).
+//! Fuzz target `manifest`: [`gds_fuzz::manifest`] (see its docs for the input format). Run with
+//! `just fuzz manifest SECONDS`; the committed seeds are replayed on stable by
+//! `cargo test --release -p gds-fuzz`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    if let (Some(m), _) = gds_format::validate::validate_manifest(data) {
-        for i in 0..m.n_layers() {
-            let _ = m.layer(i);
-        }
-        for i in 0..m.n_tensors() {
-            let _ = m.tensor(i);
-        }
-        let _ = m.kvs().count();
-    }
+#[global_allocator]
+static ALLOC: gds_fuzz::CappedAlloc = gds_fuzz::CappedAlloc::new(gds_fuzz::MEMORY_CAP);
+
+fuzz_target!(init: gds_fuzz::init_fuzzing(), |data: &[u8]| {
+    gds_fuzz::manifest(data);
 });

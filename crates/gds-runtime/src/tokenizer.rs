@@ -42,8 +42,27 @@ pub struct TextTokenizer {
     bos_text: String,
 }
 
-fn tok_err(e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Tokenizer(e.to_string())
+/// Calls into the `tokenizers` crate, turning a panic into an error. The crate panics on some
+/// malformed `tokenizer.json` files instead of returning an error (a syntax error inside the
+/// `"decoder"` object hits an `expect`; huggingface/tokenizers#2151 lists panics at encode
+/// and decode time too), and a model's tokenizer is input like any other.
+fn guarded<T, E: std::fmt::Display>(
+    what: &str,
+    f: impl FnOnce() -> std::result::Result<T, E>,
+) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(|e| RuntimeError::Tokenizer(format!("{what}: {e}"))),
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(RuntimeError::Tokenizer(format!(
+                "{what}: the tokenizers library panicked ({msg}); the tokenizer is malformed"
+            )))
+        }
+    }
 }
 
 /// A special-token entry of tokenizer_config.json: a string or `{"content": ...}`.
@@ -107,8 +126,9 @@ impl TextTokenizer {
         let path = dir.join("tokenizer.json");
         let tok = gds_io::read_model_file(dir, &m, "tokenizer.json", MAX_TOKENIZER_BYTES)?
             .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&tok.bytes)
-            .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner = guarded(&path.display().to_string(), || {
+            tokenizers::Tokenizer::from_bytes(&tok.bytes)
+        })?;
         let tc = crate::plan::tokenizer_config(dir, &m)?.unwrap_or(serde_json::Value::Null);
         let template_src = match tc.get("chat_template") {
             Some(serde_json::Value::String(s)) => Some(s.clone()),
@@ -169,8 +189,11 @@ impl TextTokenizer {
         let mut literal = inner.clone();
         // (the library's name: special tokens are "encoded" like text instead of split out)
         literal.set_encode_special_tokens(true);
+        let max_token_bytes = guarded("decode", || {
+            Ok::<_, std::convert::Infallible>(max_token_bytes(&inner))
+        })?;
         Ok(TextTokenizer {
-            max_token_bytes: max_token_bytes(&inner),
+            max_token_bytes,
             literal,
             special,
             inner,
@@ -191,7 +214,7 @@ impl TextTokenizer {
         } else {
             &self.literal
         };
-        let enc = t.encode(text, false).map_err(tok_err)?;
+        let enc = guarded("encode", || t.encode(text, false))?;
         Ok(self.with_bos(enc.get_ids().to_vec(), with_bos))
     }
 
@@ -234,7 +257,7 @@ impl TextTokenizer {
 
     /// Decodes `ids` to text, dropping special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, true).map_err(tok_err)
+        guarded("decode", || self.inner.decode(ids, true))
     }
 
     /// True when `id` ends generation (EOS or an end-of-turn special token).
@@ -400,7 +423,7 @@ impl TextTokenizer {
             ));
         }
         if !text.is_empty() {
-            let enc = self.literal.encode(text, false).map_err(tok_err)?;
+            let enc = guarded("encode", || self.literal.encode(text, false))?;
             ids.extend_from_slice(enc.get_ids());
         }
         Ok(())
@@ -434,20 +457,21 @@ pub struct TextStream<'t> {
 impl TextStream<'_> {
     /// Adds a token; returns the text it completes, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
-        tokenizers::step_decode_stream(
-            &self.tok.inner,
-            vec![id],
-            true,
-            &mut self.ids,
-            &mut self.prefix,
-            &mut self.prefix_index,
-        )
-        .map_err(tok_err)
+        guarded("decode", || {
+            tokenizers::step_decode_stream(
+                &self.tok.inner,
+                vec![id],
+                true,
+                &mut self.ids,
+                &mut self.prefix,
+                &mut self.prefix_index,
+            )
+        })
     }
 
     /// Text still held back (an incomplete character at the end), decoded lossily.
     pub fn flush(&mut self) -> Result<String> {
-        let all = self.tok.inner.decode(&self.ids, true).map_err(tok_err)?;
+        let all = guarded("decode", || self.tok.inner.decode(&self.ids, true))?;
         self.ids.clear();
         let rest = all
             .strip_prefix(self.prefix.as_str())
@@ -456,5 +480,60 @@ impl TextStream<'_> {
         self.prefix.clear();
         self.prefix_index = 0;
         Ok(rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config {
+            arch: "llama".into(),
+            n_layers: 1,
+            n_embd: 8,
+            n_heads: 2,
+            n_kv_heads: 1,
+            n_ff: 16,
+            vocab_size: 16,
+            context_length: 64,
+            head_dim: 4,
+            rope_theta: 10000.0,
+            rope_scaling: crate::RopeScaling::None,
+            rms_norm_eps: 1e-5,
+            tie_embeddings: true,
+            bos_token_id: None,
+            eos_token_id: None,
+            add_bos: false,
+        }
+    }
+
+    /// Found by the `tokenizer` fuzz target: a syntax error inside `"decoder"` makes
+    /// `tokenizers` 0.22 panic (`expect("Helper")`) instead of returning an error.
+    #[test]
+    fn load_reports_a_malformed_decoder_instead_of_panicking() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,"pre_tokenizer":null,"post_processor":null,
+            "decoder":{"type":"ByteLevel", A "add_prefix_space":true},
+            "model":{"type":"BPE","vocab":{"a":0},"merges":[]}}"#;
+        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        // (an architecture gdsrun does not run needs no hyperparameters in the manifest)
+        let mut b = gds_format::ManifestBuilder::new();
+        b.kv_str("general.architecture", "gemma3").add_file(
+            "tokenizer.json",
+            gds_format::file_role::TOKENIZER,
+            json.len() as u64,
+            gds_io::verify::hash_bytes(json.as_bytes()),
+        );
+        std::fs::write(dir.path().join(gds_format::MANIFEST_FILE), b.finish()).unwrap();
+        let err = TextTokenizer::load(dir.path(), &config())
+            .err()
+            .expect("a malformed tokenizer.json is an error");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("tokenizer.json") && msg.contains("malformed"),
+            "{msg}"
+        );
     }
 }

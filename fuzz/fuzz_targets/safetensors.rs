@@ -1,0 +1,12 @@
+//! Fuzz target `safetensors`: [`gds_fuzz::safetensors`] (see its docs for the input format). Run with
+//! `just fuzz safetensors SECONDS`; the committed seeds are replayed on stable by
+//! `cargo test --release -p gds-fuzz`.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+#[global_allocator]
+static ALLOC: gds_fuzz::CappedAlloc = gds_fuzz::CappedAlloc::new(gds_fuzz::MEMORY_CAP);
+
+fuzz_target!(init: gds_fuzz::init_fuzzing(), |data: &[u8]| {
+    gds_fuzz::safetensors(data);
+});
