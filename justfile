@@ -18,6 +18,11 @@ lint:
 bench-convert runs="3":
     ./scripts/bench-convert.sh {{runs}}
 
+# distribution: `gdsconv pack` vs `cp -r`, `gdsconv pull` vs `skopeo copy` from a local
+# registry (needs docker-registry and skopeo), median of RUNS
+bench-dist runs="5":
+    ./scripts/bench-dist.sh {{runs}}
+
 # fuzz one target for SECONDS: manifest, gguf, safetensors or tokenizer (needs nightly and
 # cargo-fuzz; extra arguments go to libFuzzer, e.g. -runs=10000000)
 fuzz target="manifest" seconds="60" *args:

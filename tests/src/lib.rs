@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests in `tests/e2e/`: paths of the built binaries, the
 //! fixtures, and the real model (fetched into `.cache/` by `scripts/fetch-model.sh`).
 
+pub mod registry;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

@@ -1,0 +1,1151 @@
+//! Distribution end to end (issue 11): the real SmolLM2, converted, packed as a CNCF ModelPack
+//! OCI artifact, pushed to and pulled from a real registry (Debian's `docker-registry`, the
+//! CNCF reference implementation, started per test by `gds_tests::registry`), with skopeo as
+//! an independent client in both directions. Every test has its own registry, its own
+//! `GDSLLM_HOME` store and an empty `DOCKER_CONFIG`, so tests never share state.
+//!
+//! Needs docker-registry and skopeo (`apt-get install -y docker-registry skopeo`, which
+//! scripts/test.sh does) and python3 with gguf-py for the second model (scripts/perturb_gguf.py)
+//! and the hostile packages (scripts/hostile_oci.py).
+
+use gds_tests::registry::{Registry, PASSWORD, USER};
+use gds_tests::*;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const PROMPT: &str = "What is the capital of France?";
+const MAX_TOKENS: &str = "12";
+const WEIGHT_MT: &str = "application/vnd.cncf.model.weight.v1.raw";
+const WEIGHT_CONFIG_MT: &str = "application/vnd.cncf.model.weight.config.v1.raw";
+const FILEPATH: &str = "org.cncf.model.filepath";
+
+/// A private client environment: `GDSLLM_HOME` and `DOCKER_CONFIG` in a temporary directory.
+struct Env {
+    tmp: tempfile::TempDir,
+    docker_config: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let tmp = tempfile::tempdir().unwrap();
+        let docker_config = tmp.path().join("docker-config");
+        std::fs::create_dir_all(&docker_config).unwrap();
+        std::fs::create_dir_all(tmp.path().join("home")).unwrap();
+        Env { tmp, docker_config }
+    }
+
+    /// A scratch path inside this environment's temporary directory.
+    fn path(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    fn home(&self) -> PathBuf {
+        self.path("home")
+    }
+
+    fn store(&self) -> PathBuf {
+        self.home().join("store")
+    }
+
+    fn command(&self, name: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(bin(name));
+        c.args(args)
+            .env("GDSLLM_HOME", self.home())
+            .env("DOCKER_CONFIG", &self.docker_config)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, name: &str, args: &[&str]) -> Output {
+        self.command(name, args).output().expect("spawn")
+    }
+
+    /// Runs `gdsconv ARGS --json`, asserts success, and parses stdout.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let o = self.run("gdsconv", &a);
+        ok(&o, &format!("gdsconv {}", a.join(" ")));
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!(
+                "gdsconv {}: stdout is not JSON ({e}): {}",
+                a.join(" "),
+                stdout(&o)
+            )
+        })
+    }
+
+    fn push(&self, src: &Path, reference: &str) -> Value {
+        self.json(&["push", s(src), reference, "--plain-http"])
+    }
+
+    fn pull(&self, reference: &str, out: &Path) -> Value {
+        self.json(&["pull", reference, s(out), "--plain-http"])
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    );
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no integer {key:?} in {v}"))
+}
+
+fn st<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no string {key:?} in {v}"))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256_file(p: &Path) -> String {
+    sha256_hex(&std::fs::read(p).unwrap())
+}
+
+/// Regular files under `dir`, by path relative to it ('/'-separated); panics on anything
+/// else (a symlink, a device) in a model directory.
+fn walk(dir: &Path) -> BTreeMap<String, PathBuf> {
+    walk_inner(dir, true)
+}
+
+/// Regular files under `dir`, skipping symlinks and other non-files.
+fn walk_files(dir: &Path) -> BTreeMap<String, PathBuf> {
+    walk_inner(dir, false)
+}
+
+fn walk_inner(dir: &Path, strict: bool) -> BTreeMap<String, PathBuf> {
+    fn go(base: &Path, d: &Path, strict: bool, out: &mut BTreeMap<String, PathBuf>) {
+        for e in std::fs::read_dir(d).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                go(base, &e.path(), strict, out);
+            } else if t.is_file() {
+                let rel = e
+                    .path()
+                    .strip_prefix(base)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                out.insert(rel, e.path());
+            } else {
+                assert!(!strict, "{} is not a regular file", e.path().display());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    go(dir, dir, strict, &mut out);
+    out
+}
+
+/// Asserts two directory trees hold the same files with the same bytes.
+fn assert_same_tree(a: &Path, b: &Path) {
+    let (fa, fb) = (walk(a), walk(b));
+    assert_eq!(
+        fa.keys().collect::<Vec<_>>(),
+        fb.keys().collect::<Vec<_>>(),
+        "{} and {} hold different files",
+        a.display(),
+        b.display()
+    );
+    for (rel, pa) in &fa {
+        let (x, y) = (std::fs::read(pa).unwrap(), std::fs::read(&fb[rel]).unwrap());
+        assert!(
+            x == y,
+            "{rel} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+}
+
+fn total_bytes(dir: &Path) -> u64 {
+    walk(dir)
+        .values()
+        .map(|p| p.metadata().unwrap().len())
+        .sum()
+}
+
+fn validate(dir: &Path) {
+    let o = run("gdsconv", &["validate", s(dir)]);
+    ok(&o, &format!("gdsconv validate {}", dir.display()));
+}
+
+/// Entries of a directory (names), sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Greedy text of `gdsrun MODEL` (a directory, an OCI reference, or a .gguf).
+fn generate(env: &Env, model: &str, extra: &[&str]) -> Output {
+    let mut a = vec![
+        model,
+        "-p",
+        PROMPT,
+        "--temp",
+        "0",
+        "--max-tokens",
+        MAX_TOKENS,
+    ];
+    a.extend_from_slice(extra);
+    env.run("gdsrun", &a)
+}
+
+/// The greedy text on the converted directory, computed once.
+fn reference_text() -> &'static str {
+    static T: OnceLock<String> = OnceLock::new();
+    T.get_or_init(|| {
+        let env = Env::new();
+        let o = generate(&env, s(smollm_converted()), &[]);
+        ok(&o, "gdsrun on the converted directory");
+        let t = stdout(&o);
+        assert!(!t.trim().is_empty(), "gdsrun printed no text");
+        t
+    })
+}
+
+/// `gdsconv pack DIR --layout OUT` into `env`, returning the layout path.
+fn pack_layout(env: &Env, dir: &Path, name: &str, tag: &str) -> PathBuf {
+    let out = env.path(name);
+    let v = env.json(&["pack", s(dir), "--layout", s(&out), "--tag", tag]);
+    assert_eq!(st(&v, "tag"), tag);
+    out
+}
+
+/// The image manifest of an OCI layout (the one index.json names).
+fn layout_manifest(layout: &Path) -> (String, Value) {
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let d = index["manifests"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let m = serde_json::from_slice(&std::fs::read(blob_path(layout, &d)).unwrap()).unwrap();
+    (d, m)
+}
+
+fn blob_path(layout: &Path, digest: &str) -> PathBuf {
+    layout
+        .join("blobs/sha256")
+        .join(digest.strip_prefix("sha256:").unwrap())
+}
+
+/// Digests of the layers and the config of an image manifest.
+fn manifest_blobs(m: &Value) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    out.insert(m["config"]["digest"].as_str().unwrap().to_string());
+    out
+}
+
+/// Files in the store named by a sha256 digest (64 hex digits), anywhere under `store`.
+fn store_blobs(store: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    if !store.exists() {
+        return out;
+    }
+    for p in walk_files(store).into_values() {
+        let name = p.file_name().unwrap().to_str().unwrap();
+        if name.len() == 64 && name.bytes().all(|c| c.is_ascii_hexdigit()) {
+            out.insert(name.to_string(), p);
+        }
+    }
+    out
+}
+
+/// Every file of the store named by a digest holds bytes that hash to that name.
+fn assert_store_consistent(store: &Path) {
+    for (hex, p) in store_blobs(store) {
+        assert_eq!(
+            sha256_file(&p),
+            hex,
+            "{} in the store does not hash to its name",
+            p.display()
+        );
+    }
+}
+
+/// Spawns a command and SIGKILLs it once `ready()` holds and at least `min` has passed;
+/// panics if it finished on its own first (the rate limit did not hold it back).
+fn kill_midway(mut c: Command, min: Duration, mut ready: impl FnMut() -> bool, what: &str) {
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("{what} ended ({status}) before it could be interrupted: {err}");
+        }
+        if t0.elapsed() >= min && ready() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{what}: nothing transferred within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    fn go(d: &Path) -> u64 {
+        let Ok(rd) = std::fs::read_dir(d) else {
+            return 0;
+        };
+        rd.flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => go(&e.path()),
+                Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+                Err(_) => 0,
+            })
+            .sum()
+    }
+    go(dir)
+}
+
+fn skopeo(args: &[&str]) {
+    let o = Command::new("skopeo")
+        .arg("--insecure-policy")
+        .args(args)
+        .output()
+        .expect("skopeo");
+    ok(&o, &format!("skopeo {}", args.join(" ")));
+}
+
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn the_registry_harness_serves_and_checks_credentials() {
+    use gds_tests::registry::http_get_status_as;
+    let open = Registry::start();
+    assert_eq!(http_get_status_as(open.port(), "/v2/", None), Some(200));
+    let closed = Registry::start_with_auth();
+    assert!(closed.requires_auth());
+    assert_eq!(http_get_status_as(closed.port(), "/v2/", None), Some(401));
+    assert_eq!(
+        http_get_status_as(closed.port(), "/v2/", Some((USER, "wrong"))),
+        Some(401)
+    );
+    assert_eq!(
+        http_get_status_as(closed.port(), "/v2/", Some((USER, PASSWORD))),
+        Some(200)
+    );
+    let port = open.port();
+    drop(open);
+    assert_eq!(
+        http_get_status_as(port, "/v2/", None),
+        None,
+        "not stopped on drop"
+    );
+}
+
+#[test]
+fn round_trip_push_pull_gives_identical_files_and_the_same_text() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let model = smollm_converted();
+    let r = reg.reference("smollm2", "latest");
+
+    let pushed = env.push(model, &r);
+    let n_files = walk(model).len() as u64;
+    let blobs = u(&pushed, "blobs");
+    assert!(
+        blobs >= n_files,
+        "push counted {blobs} blobs for {n_files} files: {pushed}"
+    );
+    assert_eq!(u(&pushed, "uploaded_blobs"), blobs, "{pushed}");
+    assert_eq!(u(&pushed, "skipped_blobs"), 0, "{pushed}");
+    assert!(
+        u(&pushed, "uploaded_bytes") >= total_bytes(model),
+        "{pushed}"
+    );
+    let digest = st(&pushed, "manifest_digest").to_string();
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{digest}"
+    );
+
+    let out = env.path("pulled/smollm2");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let pulled = env.pull(&r, &out);
+    assert_eq!(st(&pulled, "manifest_digest"), digest, "{pulled}");
+    assert_eq!(u(&pulled, "blobs"), blobs, "{pulled}");
+    assert_eq!(u(&pulled, "downloaded_blobs"), blobs, "{pulled}");
+    assert_eq!(u(&pulled, "reused_blobs"), 0, "{pulled}");
+    assert_eq!(
+        Path::new(st(&pulled, "output")).canonicalize().unwrap(),
+        out.canonicalize().unwrap()
+    );
+
+    assert_same_tree(model, &out);
+    validate(&out);
+    // Nothing but the model in the parent: the staging directory is gone.
+    assert_eq!(entries(out.parent().unwrap()), vec!["smollm2".to_string()]);
+    // The files are hard links of the store's blobs.
+    let store = store_blobs(&env.store());
+    for (rel, p) in walk(&out) {
+        let hex = sha256_file(&p);
+        let b = store.get(&hex).unwrap_or_else(|| {
+            panic!(
+                "{rel} (sha256:{hex}) is not in the store {}",
+                env.store().display()
+            )
+        });
+        let (m1, m2) = (p.metadata().unwrap(), b.metadata().unwrap());
+        assert_eq!(
+            (m1.dev(), m1.ino()),
+            (m2.dev(), m2.ino()),
+            "{rel} is not a hard link of {}",
+            b.display()
+        );
+    }
+    assert_store_consistent(&env.store());
+
+    let o = generate(&env, s(&out), &[]);
+    ok(&o, "gdsrun on the pulled directory");
+    assert_eq!(
+        stdout(&o),
+        reference_text(),
+        "greedy text differs after the round trip"
+    );
+
+    // A second pull of the same reference elsewhere downloads nothing.
+    let again = env.pull(&r, &env.path("pulled/again"));
+    assert_eq!(u(&again, "downloaded_blobs"), 0, "{again}");
+    assert_eq!(u(&again, "downloaded_bytes"), 0, "{again}");
+    assert_same_tree(model, &env.path("pulled/again"));
+
+    // Pulling over an existing directory is refused without --force.
+    let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "pull over an existing directory: {}",
+        stderr(&o)
+    );
+    let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http", "--force"]);
+    ok(&o, "pull --force");
+    assert_same_tree(model, &out);
+}
+
+#[test]
+fn pack_is_deterministic_follows_modelpack_and_layout_equals_tar() {
+    let env = Env::new();
+    let model = smollm_converted();
+    // A copy at another path, written later (other mtimes): must pack to the same bytes.
+    let copy = env.path("copy/smollm2.gds");
+    copy_dir(model, &copy);
+
+    let (t1, t2, t3) = (env.path("a.tar"), env.path("b.tar"), env.path("c.tar"));
+    let v = env.json(&["pack", s(model), "-o", s(&t1)]);
+    assert_eq!(st(&v, "tag"), "latest", "{v}");
+    assert!(u(&v, "blobs") >= walk(model).len() as u64, "{v}");
+    assert!(u(&v, "bytes") >= total_bytes(model), "{v}");
+    env.json(&["pack", s(model), "-o", s(&t2)]);
+    env.json(&["pack", s(&copy), "-o", s(&t3)]);
+    let b1 = std::fs::read(&t1).unwrap();
+    assert!(b1 == std::fs::read(&t2).unwrap(), "two packs differ");
+    assert!(
+        b1 == std::fs::read(&t3).unwrap(),
+        "a copy of the model packs differently"
+    );
+
+    // The layout directory holds exactly the tar's files.
+    let layout = pack_layout(&env, model, "layout", "latest");
+    let x = env.path("extracted");
+    std::fs::create_dir_all(&x).unwrap();
+    let o = Command::new("tar")
+        .args(["-xf", s(&t1), "-C", s(&x)])
+        .output()
+        .unwrap();
+    ok(&o, "tar -xf");
+    assert_same_tree(&layout, &x);
+
+    // OCI image layout + ModelPack.
+    let ol: Value =
+        serde_json::from_slice(&std::fs::read(layout.join("oci-layout")).unwrap()).unwrap();
+    assert_eq!(ol["imageLayoutVersion"], "1.0.0");
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let d = &index["manifests"][0];
+    assert_eq!(
+        d["annotations"]["org.opencontainers.image.ref.name"], "latest",
+        "{index}"
+    );
+    let (mdigest, m) = layout_manifest(&layout);
+    assert_eq!(st(&v, "manifest_digest"), mdigest);
+    assert_eq!(m["schemaVersion"], 2);
+    assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    assert_eq!(
+        m["artifactType"],
+        "application/vnd.cncf.model.manifest.v1+json"
+    );
+    assert_eq!(
+        m["config"]["mediaType"],
+        "application/vnd.cncf.model.config.v1+json"
+    );
+    // Every blob is named by its sha256 and has the declared size.
+    for (name, p) in walk(&layout.join("blobs/sha256")) {
+        assert_eq!(
+            sha256_file(&p),
+            name,
+            "blob {name} does not hash to its name"
+        );
+    }
+    let files = walk(model);
+    let mut seen = BTreeSet::new();
+    for l in m["layers"].as_array().unwrap() {
+        let path = l["annotations"][FILEPATH]
+            .as_str()
+            .expect("filepath annotation");
+        assert!(seen.insert(path.to_string()), "{path} twice");
+        let f = files
+            .get(path)
+            .unwrap_or_else(|| panic!("layer for {path}, not a file of the model"));
+        let bytes = std::fs::read(f).unwrap();
+        assert_eq!(
+            l["digest"],
+            format!("sha256:{}", sha256_hex(&bytes)),
+            "{path}"
+        );
+        assert_eq!(l["size"], bytes.len() as u64, "{path}");
+        assert_eq!(
+            l["annotations"]["io.gdsllm.blake3"],
+            blake3::hash(&bytes).to_hex().as_str(),
+            "{path}"
+        );
+        let want = if path.ends_with(".json") || path == "manifest.gdsm" {
+            WEIGHT_CONFIG_MT
+        } else {
+            WEIGHT_MT
+        };
+        assert_eq!(l["mediaType"], want, "{path}");
+    }
+    assert_eq!(
+        seen,
+        files.keys().cloned().collect::<BTreeSet<_>>(),
+        "one layer per file"
+    );
+
+    // A model directory that does not validate is refused.
+    let bad = env.path("bad/smollm2.gds");
+    copy_dir(model, &bad);
+    let victim = walk(&bad)
+        .into_iter()
+        .find(|(rel, _)| rel.starts_with("layers/"))
+        .expect("a layer file")
+        .1;
+    let mut b = std::fs::read(&victim).unwrap();
+    b[100] ^= 0x40;
+    std::fs::write(&victim, b).unwrap();
+    let o = env.run("gdsconv", &["pack", s(&bad), "-o", s(&env.path("bad.tar"))]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "pack of a corrupted model: {}",
+        stderr(&o)
+    );
+    assert!(
+        !env.path("bad.tar").exists(),
+        "pack left a tar of a corrupted model"
+    );
+}
+
+#[test]
+fn skopeo_reads_and_writes_our_artifacts() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let model = smollm_converted();
+
+    // skopeo pushes our tar; we pull it.
+    let tar = env.path("model.tar");
+    env.json(&["pack", s(model), "-o", s(&tar), "--tag", "v1"]);
+    skopeo(&[
+        "copy",
+        "--dest-tls-verify=false",
+        &format!("oci-archive:{}:v1", tar.display()),
+        &format!("docker://{}", reg.reference("from-skopeo", "v1")),
+    ]);
+    let out = env.path("from-skopeo");
+    env.pull(&reg.reference("from-skopeo", "v1"), &out);
+    validate(&out);
+    assert_same_tree(model, &out);
+
+    // We push; skopeo pulls into an OCI layout: the same blobs, byte for byte.
+    env.push(model, &reg.reference("ours", "v1"));
+    let sk = env.path("skopeo-layout");
+    skopeo(&[
+        "copy",
+        "--src-tls-verify=false",
+        &format!("docker://{}", reg.reference("ours", "v1")),
+        &format!("oci:{}:v1", sk.display()),
+    ]);
+    let ours = pack_layout(&env, model, "our-layout", "v1");
+    let (a, b) = (
+        walk(&ours.join("blobs/sha256")),
+        walk(&sk.join("blobs/sha256")),
+    );
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "skopeo's copy holds other blobs than our pack"
+    );
+    for (name, p) in &a {
+        assert!(
+            std::fs::read(p).unwrap() == std::fs::read(&b[name]).unwrap(),
+            "blob {name} differs"
+        );
+    }
+}
+
+#[test]
+fn interrupted_pull_and_push_resume() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let model = smollm_converted();
+    let total = total_bytes(model);
+    let r = reg.reference("smollm2", "latest");
+    env.push(model, &r);
+
+    // Pull at 20 MB/s, SIGKILLed once some megabytes are in the store.
+    let out = env.path("pull/smollm2");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let store = env.store();
+    kill_midway(
+        env.command(
+            "gdsconv",
+            &[
+                "pull",
+                &r,
+                s(&out),
+                "--plain-http",
+                "--limit-rate",
+                "20000000",
+            ],
+        ),
+        Duration::from_millis(1500),
+        || dir_bytes(&store) > 8_000_000,
+        "rate-limited pull",
+    );
+    assert!(!out.exists(), "a killed pull left {}", out.display());
+    let v = env.pull(&r, &out);
+    let got = u(&v, "downloaded_bytes");
+    assert!(
+        got < total,
+        "the resumed pull downloaded {got} bytes of {total}: nothing was kept: {v}"
+    );
+    assert_same_tree(model, &out);
+    validate(&out);
+    assert_store_consistent(&env.store());
+    assert_eq!(
+        entries(out.parent().unwrap()),
+        vec!["smollm2".to_string()],
+        "a staging directory of the killed pull remains beside the output"
+    );
+
+    // Push at 20 MB/s to a fresh repository of a fresh registry, SIGKILLed midway.
+    let reg2 = Registry::start();
+    let r2 = reg2.reference("smollm2", "latest");
+    kill_midway(
+        env.command(
+            "gdsconv",
+            &[
+                "push",
+                s(model),
+                &r2,
+                "--plain-http",
+                "--limit-rate",
+                "20000000",
+            ],
+        ),
+        Duration::from_millis(1500),
+        || reg2.blob_digests().len() >= 2,
+        "rate-limited push",
+    );
+    let v = env.push(model, &r2);
+    assert!(
+        u(&v, "skipped_blobs") > 0,
+        "the re-run uploaded everything: {v}"
+    );
+    assert!(
+        u(&v, "uploaded_blobs") > 0,
+        "the killed push had finished: {v}"
+    );
+    assert_eq!(
+        u(&v, "uploaded_blobs") + u(&v, "skipped_blobs"),
+        u(&v, "blobs"),
+        "{v}"
+    );
+    let out2 = env.path("pull2");
+    env.pull(&r2, &out2);
+    assert_same_tree(model, &out2);
+}
+
+#[test]
+fn retag_uploads_nothing_and_models_sharing_layers_share_blobs() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let a = smollm_converted();
+    let pa = env.push(a, &reg.reference("smollm2", "v1"));
+    let v = env.push(a, &reg.reference("smollm2", "v2"));
+    assert_eq!(u(&v, "uploaded_blobs"), 0, "re-tag: {v}");
+    assert_eq!(u(&v, "skipped_blobs"), u(&v, "blobs"), "re-tag: {v}");
+    assert_eq!(st(&v, "manifest_digest"), st(&pa, "manifest_digest"));
+
+    // Model B: the same GGUF with output_norm.weight scaled.
+    let gguf_b = env.path("b.gguf");
+    let o = Command::new("python3")
+        .arg(root().join("scripts/perturb_gguf.py"))
+        .arg(smollm_gguf())
+        .arg(&gguf_b)
+        .output()
+        .unwrap();
+    ok(
+        &o,
+        "scripts/perturb_gguf.py (needs pip install gguf==0.19.0 numpy)",
+    );
+    let b = env.path("b.gds");
+    ok(
+        &run("gdsconv", &["convert", s(&gguf_b), s(&b)]),
+        "convert B",
+    );
+    std::fs::remove_file(&gguf_b).unwrap();
+    let (fa, fb) = (walk(a), walk(&b));
+    let differing: Vec<&String> = fa
+        .keys()
+        .filter(|k| std::fs::read(&fa[*k]).unwrap() != std::fs::read(&fb[*k]).unwrap())
+        .collect();
+    assert_eq!(fa.keys().collect::<Vec<_>>(), fb.keys().collect::<Vec<_>>());
+    assert_eq!(
+        differing.len(),
+        2,
+        "B should differ in one layer file and manifest.gdsm: {differing:?}"
+    );
+    assert!(
+        differing.iter().any(|f| *f == "manifest.gdsm"),
+        "{differing:?}"
+    );
+
+    let (_, ma) = layout_manifest(&pack_layout(&env, a, "la", "v1"));
+    let (_, mb) = layout_manifest(&pack_layout(&env, &b, "lb", "v1"));
+    let (ba, bb) = (manifest_blobs(&ma), manifest_blobs(&mb));
+    let new: BTreeSet<_> = bb.difference(&ba).cloned().collect();
+    assert_eq!(
+        new.len(),
+        3,
+        "B's new blobs should be the changed layer, manifest.gdsm and the config: {new:?}"
+    );
+    let pb = env.push(&b, &reg.reference("smollm2-b", "v1"));
+    assert_eq!(
+        u(&pb, "uploaded_blobs"),
+        3,
+        "B uploads only its 3 new blobs: {pb}"
+    );
+    assert_eq!(u(&pb, "skipped_blobs"), u(&pb, "blobs") - 3, "{pb}");
+
+    // Both pulled into one store: shared blobs are stored (and linked) once.
+    let (oa, ob) = (env.path("pa"), env.path("pb"));
+    let va = env.pull(&reg.reference("smollm2", "v1"), &oa);
+    let vb = env.pull(&reg.reference("smollm2-b", "v1"), &ob);
+    assert_eq!(u(&va, "reused_blobs"), 0, "{va}");
+    assert_eq!(u(&vb, "downloaded_blobs"), 3, "{vb}");
+    assert_eq!(u(&vb, "reused_blobs"), u(&vb, "blobs") - 3, "{vb}");
+    assert_same_tree(a, &oa);
+    assert_same_tree(&b, &ob);
+    validate(&ob);
+    for rel in fa.keys() {
+        let (m1, m2) = (
+            oa.join(rel).metadata().unwrap(),
+            ob.join(rel).metadata().unwrap(),
+        );
+        if differing.contains(&rel) {
+            assert_ne!(m1.ino(), m2.ino(), "{rel} differs but shares an inode");
+        } else {
+            assert_eq!(
+                (m1.dev(), m1.ino()),
+                (m2.dev(), m2.ino()),
+                "{rel} is stored twice"
+            );
+        }
+    }
+    let union: BTreeSet<String> = ba
+        .union(&bb)
+        .map(|d| d.strip_prefix("sha256:").unwrap().to_string())
+        .collect();
+    let stored = store_blobs(&env.store());
+    for d in &union {
+        let p = stored
+            .get(d)
+            .unwrap_or_else(|| panic!("sha256:{d} not in the store"));
+        assert!(p.metadata().unwrap().nlink() >= 1);
+    }
+    let layer_bytes: u64 = stored
+        .iter()
+        .filter(|(h, _)| union.contains(*h))
+        .map(|(_, p)| p.metadata().unwrap().len())
+        .sum();
+    let a_bytes = total_bytes(a);
+    assert!(
+        layer_bytes < a_bytes + a_bytes / 5,
+        "the store holds {layer_bytes} bytes of blobs for two models of {a_bytes} bytes that share all but one layer"
+    );
+    assert_store_consistent(&env.store());
+}
+
+#[test]
+fn a_tampered_blob_in_the_registry_is_refused() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let model = smollm_converted();
+    let r = reg.reference("smollm2", "latest");
+    env.push(model, &r);
+    let (_, m) = layout_manifest(&pack_layout(&env, model, "layout", "latest"));
+    let layer = m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mediaType"] == WEIGHT_MT)
+        .unwrap();
+    let digest = layer["digest"].as_str().unwrap();
+    let hex = digest.strip_prefix("sha256:").unwrap();
+    let data = reg.blob_data_path(digest);
+    let mut b = std::fs::read(&data).unwrap();
+    let at = b.len() / 2;
+    b[at] ^= 0x01;
+    std::fs::write(&data, b).unwrap();
+
+    let parent = env.path("parent");
+    std::fs::create_dir_all(&parent).unwrap();
+    let out = parent.join("smollm2");
+    let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "pull of a tampered blob: {err}");
+    assert!(
+        err.contains(hex),
+        "the error does not name the blob {digest}: {err}"
+    );
+    assert!(!out.exists(), "a failed pull left {}", out.display());
+    assert_eq!(
+        entries(&parent),
+        Vec::<String>::new(),
+        "a failed pull left files beside OUT_DIR"
+    );
+    assert_store_consistent(&env.store());
+    assert!(
+        !store_blobs(&env.store()).contains_key(hex),
+        "the tampered blob is in the store under its digest"
+    );
+}
+
+#[test]
+fn hostile_packages_are_refused() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let genuine = pack_layout(&env, smollm_converted(), "genuine", "latest");
+    let escape = env.path("escape-target");
+    let mut failures = Vec::new();
+    for case in [
+        "abs-path",
+        "dotdot",
+        "dup-path",
+        "case-dup",
+        "tar-layer",
+        "symlink",
+        "big-manifest",
+        "big-config",
+        "size-lie",
+    ] {
+        let layout = env.path(&format!("hostile-{case}"));
+        let o = Command::new("python3")
+            .arg(root().join("scripts/hostile_oci.py"))
+            .args([
+                s(&genuine),
+                s(&layout),
+                case,
+                "--tag",
+                case,
+                "--target",
+                s(&escape),
+            ])
+            .output()
+            .unwrap();
+        ok(&o, &format!("scripts/hostile_oci.py {case}"));
+        let info: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let r = reg.reference("hostile", case);
+        skopeo(&[
+            "copy",
+            "--dest-tls-verify=false",
+            &format!("oci:{}:{case}", layout.display()),
+            &format!("docker://{r}"),
+        ]);
+        std::fs::remove_dir_all(&layout).unwrap();
+
+        let parent = env.path(&format!("pull-{case}"));
+        std::fs::create_dir_all(&parent).unwrap();
+        let out = parent.join("model");
+        let t0 = Instant::now();
+        let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http"]);
+        let err = stderr(&o);
+        let secs = t0.elapsed().as_secs_f64();
+        // What the error must name.
+        let filepath = info["filepath"].as_str().unwrap();
+        let digest = info["digest"].as_str().unwrap();
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        let names: Vec<&str> = match case {
+            "big-manifest" => vec!["manifest"],
+            "big-config" => vec!["config"],
+            _ => vec![filepath, hex],
+        };
+        let mut problems = Vec::new();
+        if o.status.code() != Some(1) {
+            problems.push(format!("exit {:?}, expected 1", o.status.code()));
+        }
+        if !names.iter().any(|n| err.contains(n)) {
+            problems.push(format!("the error names none of {names:?}"));
+        }
+        if out.exists() {
+            problems.push(format!("{} exists", out.display()));
+        }
+        if !entries(&parent).is_empty() {
+            problems.push(format!("left beside OUT_DIR: {:?}", entries(&parent)));
+        }
+        if escape.exists() || std::fs::symlink_metadata(&escape).is_ok() {
+            problems.push(format!("wrote {}", escape.display()));
+            let _ = std::fs::remove_file(&escape);
+        }
+        if Path::new("/etc/x").exists() {
+            problems.push("/etc/x exists".into());
+        }
+        if secs > 60.0 {
+            problems.push(format!("took {secs:.0} s"));
+        }
+        if !problems.is_empty() {
+            failures.push(format!(
+                "{case}: {}\n    stdout: {}\n    stderr: {}",
+                problems.join("; "),
+                stdout(&o).trim(),
+                err.trim()
+            ));
+        }
+    }
+    assert_store_consistent(&env.store());
+    assert!(
+        failures.is_empty(),
+        "hostile packages not refused as they should be:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn credentials_come_from_the_docker_config() {
+    let reg = Registry::start_with_auth();
+    let env = Env::new(); // empty DOCKER_CONFIG
+    let model = smollm_converted();
+    let r = reg.reference("private/smollm2", "latest");
+
+    let expect_401 = |o: &Output, what: &str| {
+        let err = stderr(o);
+        assert_eq!(o.status.code(), Some(3), "{what}: {err}");
+        assert!(
+            err.contains(&reg.host()) && err.contains("401"),
+            "{what}: the error does not name {} and 401: {err}",
+            reg.host()
+        );
+    };
+    let o = env.run("gdsconv", &["push", s(model), &r, "--plain-http"]);
+    expect_401(&o, "push without credentials");
+
+    reg.write_docker_config(&env.docker_config, USER, "wrong-password");
+    let o = env.run("gdsconv", &["push", s(model), &r, "--plain-http"]);
+    expect_401(&o, "push with a wrong password");
+
+    reg.write_docker_config(&env.docker_config, USER, PASSWORD);
+    let v = env.push(model, &r);
+    assert_eq!(u(&v, "uploaded_blobs"), u(&v, "blobs"), "{v}");
+    let out = env.path("pulled");
+    env.pull(&r, &out);
+    assert_same_tree(model, &out);
+
+    std::fs::remove_file(env.docker_config.join("config.json")).unwrap();
+    let o = env.run(
+        "gdsconv",
+        &["pull", &r, s(&env.path("no-creds")), "--plain-http"],
+    );
+    expect_401(&o, "pull without credentials");
+    assert!(!env.path("no-creds").exists());
+}
+
+#[test]
+fn registry_errors_exit_3() {
+    let env = Env::new();
+    // Nothing listens there.
+    let port = gds_tests::registry::free_port();
+    let r = format!("127.0.0.1:{port}/smollm2:latest");
+    let o = env.run(
+        "gdsconv",
+        &["pull", &r, s(&env.path("out")), "--plain-http"],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "pull from nowhere: {}",
+        stderr(&o)
+    );
+    assert!(!env.path("out").exists());
+    // A tag the registry does not have.
+    let reg = Registry::start();
+    let o = env.run(
+        "gdsconv",
+        &[
+            "pull",
+            &reg.reference("nothing", "here"),
+            s(&env.path("out")),
+            "--plain-http",
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "pull of a missing tag: {}",
+        stderr(&o)
+    );
+    assert!(!env.path("out").exists());
+}
+
+#[test]
+fn gdsrun_pulls_a_reference_on_first_use_and_gc_removes_it() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let model = smollm_converted();
+    let r = reg.reference("smollm2", "latest");
+    let pushed = env.push(model, &r);
+
+    let o = generate(&env, &r, &["--plain-http"]);
+    ok(&o, "gdsrun REF");
+    assert_eq!(stdout(&o), reference_text(), "gdsrun REF prints other text");
+
+    let list = env.json(&["list"]);
+    let items = list
+        .as_array()
+        .unwrap_or_else(|| panic!("list --json: {list}"));
+    let item = items
+        .iter()
+        .find(|i| i["reference"].as_str().is_some_and(|x| x.contains(&r)))
+        .unwrap_or_else(|| panic!("{r} not in gdsconv list: {list}"));
+    assert_eq!(item["digest"], pushed["manifest_digest"], "{item}");
+    assert!(u(item, "bytes") >= total_bytes(model), "{item}");
+    let path = PathBuf::from(st(item, "path"));
+    assert_same_tree(model, &path);
+
+    // A second run uses the store: same text, and the model's files are the same inodes.
+    let ino = path.join("manifest.gdsm").metadata().unwrap().ino();
+    let o = generate(&env, &r, &["--plain-http"]);
+    ok(&o, "gdsrun REF, second time");
+    assert_eq!(stdout(&o), reference_text());
+    assert_eq!(path.join("manifest.gdsm").metadata().unwrap().ino(), ino);
+
+    let before = store_blobs(&env.store()).len();
+    assert!(before >= walk(model).len());
+    ok(&env.run("gdsconv", &["rm", &r]), "gdsconv rm");
+    let list = env.json(&["list"]);
+    assert!(
+        !list.to_string().contains(&r),
+        "{r} still listed after rm: {list}"
+    );
+    let gc = env.json(&["gc"]);
+    assert!(u(&gc, "removed_models") >= 1, "{gc}");
+    assert!(u(&gc, "removed_blobs") >= walk(model).len() as u64, "{gc}");
+    assert!(u(&gc, "removed_bytes") >= total_bytes(model), "{gc}");
+    let left = store_blobs(&env.store());
+    assert!(left.is_empty(), "blobs left after rm + gc: {left:?}");
+    assert!(
+        dir_bytes(&env.store()) < 1 << 20,
+        "the store still holds {} bytes",
+        dir_bytes(&env.store())
+    );
+    let gc = env.json(&["gc"]);
+    assert_eq!(u(&gc, "removed_blobs"), 0, "second gc: {gc}");
+}
+
+#[test]
+fn gdsrun_converts_a_gguf_on_first_use_only() {
+    let env = Env::new();
+    let gguf = smollm_gguf();
+    let manifests = || -> Vec<(PathBuf, u64, i64, i64)> {
+        walk_files(&env.home())
+            .into_values()
+            .filter(|p| p.file_name().unwrap() == "manifest.gdsm")
+            .map(|p| {
+                let m = p.metadata().unwrap();
+                (p, m.ino(), m.mtime(), m.mtime_nsec())
+            })
+            .collect()
+    };
+    let o = generate(&env, s(&gguf), &[]);
+    ok(&o, "gdsrun MODEL.gguf");
+    assert_eq!(
+        stdout(&o),
+        reference_text(),
+        "gdsrun on the GGUF prints other text"
+    );
+    let first = manifests();
+    assert_eq!(
+        first.len(),
+        1,
+        "expected one converted model under GDSLLM_HOME {}: {first:?}",
+        env.home().display()
+    );
+    validate(first[0].0.parent().unwrap());
+
+    let o = generate(&env, s(&gguf), &[]);
+    ok(&o, "gdsrun MODEL.gguf, second time");
+    assert_eq!(stdout(&o), reference_text());
+    assert_eq!(manifests(), first, "the second run converted again");
+}
