@@ -346,13 +346,15 @@ pub fn block_number(name: &str) -> Option<u64> {
 
 /// Every path the manifest names, compared as a case-insensitive file system would:
 /// no two may be equal, and none may be a directory of another.
+/// Also used on pull (`gds-dist`) for the paths a registry artifact names.
 #[derive(Default)]
-struct PathSet {
+pub struct PathSet {
     seen: HashMap<String, String>,
 }
 
 impl PathSet {
-    fn insert(&mut self, path: &str, owner: &str, errs: &mut Vec<FormatError>) {
+    /// Adds `path`, owned by `owner` (named in the error); pushes an error when it collides.
+    pub fn insert(&mut self, path: &str, owner: &str, errs: &mut Vec<FormatError>) {
         let key = path.to_ascii_lowercase();
         if let Some(other) = self.seen.get(&key) {
             errs.push(FormatError::Layout(format!(

@@ -138,18 +138,40 @@ fn bad_requests_get_openai_errors_and_never_crash() {
     }
     assert_eq!(http(&s.addr, "GET", "/nope", None).0, 404);
 
-    // overload: one running, one queued, the rest refused with 429 and Retry-After
+    // overload: one running, one queued, the rest refused with 429 and Retry-After.
+    // The held requests are long (800 tokens) and the test waits for the server's own
+    // gauges to show one running and one queued, so it does not depend on timing.
     let addr = s.addr.clone();
-    let slow = b"{\"prompt\": \"Tell me a story\", \"max_tokens\": 200, \"ignore_eos\": true}";
-    let hold: Vec<_> = (0..2)
-        .map(|_| {
-            let a = addr.clone();
-            let h = std::thread::spawn(move || http(&a, "POST", "/v1/completions", Some(slow)).0);
-            // one at a time: the first is admitted before the second queues
-            std::thread::sleep(Duration::from_millis(400));
-            h
-        })
-        .collect();
+    let slow = b"{\"prompt\": \"Tell me a story\", \"max_tokens\": 800, \"ignore_eos\": true}";
+    let gauge = |m: &str, name: &str| -> Option<u64> {
+        m.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l[name.len()..].trim().parse().ok())
+    };
+    let wait_for = |running: u64, queued: u64| {
+        let t0 = std::time::Instant::now();
+        loop {
+            let (_, m) = http(&addr, "GET", "/metrics", None);
+            if gauge(&m, "gds_requests_running") == Some(running)
+                && gauge(&m, "gds_queue_depth") == Some(queued)
+            {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "server never reached running={running} queued={queued}: {m}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut hold = Vec::new();
+    for queued in 0..2u64 {
+        let a = addr.clone();
+        hold.push(std::thread::spawn(move || {
+            http(&a, "POST", "/v1/completions", Some(slow)).0
+        }));
+        wait_for(1, queued);
+    }
     let mut raw = TcpStream::connect(&s.addr).unwrap();
     let head = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -7,6 +7,11 @@
 //! | 0 | success; `validate`: the directory is valid |
 //! | 1 | the input is not a model that can be converted (malformed, inconsistent, unsupported), or the conversion failed; `validate`: the directory is invalid |
 //! | 2 | usage error (bad flag or value, OUT_DIR exists without `--force`, `--force` refused because OUT_DIR holds the input or other files) or an I/O error (a missing file, permissions, a full disk) |
+//! | 3 | `push`, `pull`: the registry or the network failed (unreachable, authentication refused, an HTTP error status) |
+//!
+//! `pack`, `pull`: exit 1 also for a package that is invalid, hostile or tampered with.
+
+mod dist;
 
 use clap::{Parser, Subcommand};
 use gds_convert::{
@@ -77,9 +82,21 @@ enum Cmd {
         #[arg(long)]
         tensors: bool,
     },
+    /// Package a model directory as a CNCF ModelPack OCI artifact: an OCI image-layout tar (-o) or directory (--layout).
+    Pack(dist::PackArgs),
+    /// Upload a model directory, OCI layout directory or layout tar to a registry (skips blobs it has).
+    Push(dist::PushArgs),
+    /// Download a model from a registry into OUT_DIR (resumable, verified, atomic).
+    Pull(dist::PullArgs),
+    /// List the models in the local store ($GDSLLM_HOME/store).
+    List(dist::ListArgs),
+    /// Forget a model reference in the local store (its bytes go at the next gc).
+    Rm(dist::RmArgs),
+    /// Remove from the local store what no reference uses.
+    Gc(dist::ListArgs),
 }
 
-struct Bar(Option<indicatif::ProgressBar>);
+pub(crate) struct Bar(Option<indicatif::ProgressBar>);
 
 impl Progress for Bar {
     fn start(&self, total: u64) {
@@ -99,17 +116,19 @@ impl Progress for Bar {
     }
 }
 
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     indicatif::HumanBytes(bytes).to_string()
 }
 
 /// Why gdsconv stops early. The message is printed once, as is: every error it comes from
 /// already names the file and includes the OS error.
-enum Failure {
+pub(crate) enum Failure {
     /// Exit 1: the input or the model directory is invalid, or the conversion failed.
     Invalid(String),
     /// Exit 2: a usage or I/O error.
     Usage(String),
+    /// Exit 3: the registry or the network failed.
+    Registry(String),
     /// Exit 0 silently: stdout was closed (e.g. `| head`).
     BrokenPipe,
 }
@@ -119,6 +138,16 @@ impl From<ConvertError> for Failure {
         match e.kind() {
             ErrorKind::Input | ErrorKind::Internal => Failure::Invalid(e.to_string()),
             ErrorKind::Usage | ErrorKind::Io => Failure::Usage(e.to_string()),
+        }
+    }
+}
+
+impl From<gds_dist::DistError> for Failure {
+    fn from(e: gds_dist::DistError) -> Self {
+        match e.kind {
+            gds_dist::Kind::Invalid => Failure::Invalid(e.msg),
+            gds_dist::Kind::Usage => Failure::Usage(e.msg),
+            gds_dist::Kind::Registry => Failure::Registry(e.msg),
         }
     }
 }
@@ -310,6 +339,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Pack(a) => dist::pack(a),
+        Cmd::Push(a) => dist::push(a),
+        Cmd::Pull(a) => dist::pull(a),
+        Cmd::List(a) => dist::list(a),
+        Cmd::Rm(a) => dist::rm(a),
+        Cmd::Gc(a) => dist::gc(a),
     }
 }
 
@@ -335,6 +370,10 @@ fn main() -> ExitCode {
         Err(Failure::Usage(msg)) => {
             eprintln!("gdsconv: error: {msg}");
             ExitCode::from(2)
+        }
+        Err(Failure::Registry(msg)) => {
+            eprintln!("gdsconv: error: {msg}");
+            ExitCode::from(3)
         }
     }
 }

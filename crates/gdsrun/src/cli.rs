@@ -5,11 +5,14 @@ use std::path::PathBuf;
 
 /// Run GdsLLM models on the CPU.
 #[derive(Parser, Debug)]
-#[command(name = "gdsrun", version, about, long_about = None, after_help = "`gdsrun MODEL_DIR ...` is short for `gdsrun run MODEL_DIR ...`.")]
+#[command(name = "gdsrun", version, about, long_about = None, after_help = "`gdsrun MODEL ...` is short for `gdsrun run MODEL ...`. MODEL is a model directory, a registry reference (REGISTRY/REPO:TAG, pulled into $GDSLLM_HOME/store on first use) or a .gguf file (converted there on first use).")]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// When MODEL is a registry reference: talk plain HTTP to the registry (a local one).
+    #[arg(long, global = true)]
+    pub plain_http: bool,
 }
 
 /// Subcommands.
@@ -30,7 +33,9 @@ pub enum Command {
 /// Settings shared by every subcommand.
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// Model directory (made by `gdsconv convert`).
+    /// The model: a directory (made by `gdsconv convert` or `gdsconv pull`), a registry
+    /// reference (REGISTRY/REPO:TAG or @sha256:…, pulled into the store on first use), or a
+    /// .gguf file (converted into the store on first use).
     pub model_dir: PathBuf,
     /// Worker threads (default: physical cores).
     #[arg(long, short = 't')]

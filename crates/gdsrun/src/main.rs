@@ -4,7 +4,10 @@
 //! `gdsrun perplexity` and `gdsrun bench` measure quality and speed. Exit codes
 //! ([`gds_runtime::error::exit`]): 0 ok (also when stdout's reader goes away), 1 the model
 //! is invalid, 2 usage (a flag, a path, an input that does not fit), 3 the CUDA backend
-//! failed, 4 internal error.
+//! failed, 4 internal error, 5 the registry or network failed while pulling MODEL.
+//!
+//! MODEL may also be a registry reference or a `.gguf` file: [`gds_dist::resolve`] pulls or
+//! converts it into the local store on first use.
 
 mod bench;
 mod cli;
@@ -35,8 +38,48 @@ fn with_default_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::O
     args
 }
 
+/// Exit code for a registry or network failure while pulling MODEL.
+const EXIT_REGISTRY: i32 = 5;
+
+/// Replaces a registry reference or a `.gguf` path by the store directory it resolves to.
+fn resolve(p: &mut std::path::PathBuf, plain_http: bool) {
+    let Some(spec) = p.to_str().map(str::to_string) else {
+        return;
+    };
+    let opts = gds_dist::resolve::ResolveOptions {
+        remote: gds_dist::registry::RemoteOptions {
+            plain_http,
+            ..Default::default()
+        },
+        quiet: false,
+    };
+    match gds_dist::resolve::resolve_model(&spec, &opts) {
+        Ok(dir) => *p = dir,
+        Err(e) => {
+            errln!("gdsrun: error: {e}");
+            std::process::exit(match e.kind {
+                gds_dist::Kind::Invalid => exit::MODEL,
+                gds_dist::Kind::Usage => exit::USAGE,
+                gds_dist::Kind::Registry => EXIT_REGISTRY,
+            });
+        }
+    }
+}
+
 fn main() {
-    let cli = Cli::parse_from(with_default_subcommand(std::env::args_os().collect()));
+    let mut cli = Cli::parse_from(with_default_subcommand(std::env::args_os().collect()));
+    let ph = cli.plain_http;
+    match &mut cli.command {
+        Command::Run(a) => resolve(&mut a.common.model_dir, ph),
+        Command::Perplexity(a) => resolve(&mut a.common.model_dir, ph),
+        Command::Bench(a) => resolve(&mut a.common.model_dir, ph),
+        Command::Serve(a) => resolve(&mut a.model_dir, ph),
+        Command::Doctor(a) => {
+            if let Some(d) = a.model_dir.as_mut() {
+                resolve(d, ph)
+            }
+        }
+    }
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Perplexity(a) => perplexity::run(a),

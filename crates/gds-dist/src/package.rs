@@ -1,0 +1,524 @@
+//! A model directory as a ModelPack artifact, and the rules an artifact must follow.
+//!
+//! [`package_dir`] refuses a directory that does not validate, hashes every file once
+//! (sha256 for OCI, BLAKE3 compared with the manifest's record), and builds the config and
+//! image manifest as canonical JSON: no timestamps, files in a fixed order (`manifest.gdsm`,
+//! the layer files in manifest order, then the file table in its order), so the same
+//! directory always gives the same manifest digest and an unchanged file the same blob in
+//! every model that ships it.
+//!
+//! [`parse_manifest`] is the other direction: every rule an artifact from a registry or an
+//! OCI layout must follow before anything is downloaded or written.
+
+use crate::error::{DistError, Result};
+use crate::json::canonical;
+use crate::*;
+use gds_format::validate::{check_path, PathSet};
+use gds_format::{file_role, Manifest, MANIFEST_FILE};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where a blob's bytes are.
+#[derive(Clone, Debug)]
+pub enum BlobSource {
+    /// Held in memory (config, image manifest).
+    Memory(Arc<Vec<u8>>),
+    /// `size` bytes of `path` from `offset` (a model file, a layout blob, a tar member).
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Where the blob starts in it.
+        offset: u64,
+    },
+}
+
+/// One blob of an artifact.
+#[derive(Clone, Debug)]
+pub struct BlobRef {
+    /// `sha256:<hex>`.
+    pub digest: String,
+    /// Length in bytes.
+    pub size: u64,
+    /// OCI media type.
+    pub media_type: String,
+    /// `org.cncf.model.filepath` (layers only).
+    pub path: Option<String>,
+    /// BLAKE3 recorded by the model manifest (layers only).
+    pub blake3: Option<[u8; 32]>,
+    /// Its bytes.
+    pub source: BlobSource,
+}
+
+/// An artifact: the image manifest, its config and its layers.
+#[derive(Clone, Debug)]
+pub struct Artifact {
+    /// The image manifest, exactly as pushed (its sha256 is the digest).
+    pub manifest: Vec<u8>,
+    /// `sha256:<hex>` of `manifest`.
+    pub manifest_digest: String,
+    /// The config blob.
+    pub config: BlobRef,
+    /// The layers, one per file.
+    pub layers: Vec<BlobRef>,
+}
+
+impl Artifact {
+    /// Config then layers.
+    pub fn blobs(&self) -> impl Iterator<Item = &BlobRef> {
+        std::iter::once(&self.config).chain(self.layers.iter())
+    }
+
+    /// Bytes of every blob.
+    pub fn total_bytes(&self) -> u64 {
+        self.blobs().map(|b| b.size).sum()
+    }
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(bytes)))
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The hex part of a `sha256:<64 lowercase hex>` digest, or an error.
+pub fn digest_hex(digest: &str) -> Result<&str> {
+    match digest.strip_prefix("sha256:") {
+        Some(h) if h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) => {
+            Ok(h)
+        }
+        _ => Err(DistError::invalid(format!(
+            "digest {digest:?} is not sha256:<64 lowercase hex digits>"
+        ))),
+    }
+}
+
+fn parse_blake3(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A file of the model directory to ship.
+struct ShipFile {
+    path: String,
+    media_type: &'static str,
+    size: u64,
+    blake3: [u8; 32],
+}
+
+/// Reads `path` once, in 4 MiB pieces: (sha256, BLAKE3, length).
+pub fn hash_file(path: &Path, file: &mut std::fs::File) -> Result<(String, [u8; 32], u64)> {
+    let mut sha = Sha256::new();
+    let mut b3 = blake3::Hasher::new();
+    let mut buf = vec![0u8; 4 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = file.read(&mut buf).map_err(|e| DistError::io(path, e))?;
+        if k == 0 {
+            break;
+        }
+        sha.update(&buf[..k]);
+        b3.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((
+        format!("sha256:{}", hex(&sha.finalize())),
+        *b3.finalize().as_bytes(),
+        n,
+    ))
+}
+
+/// "135M", "1.2B": ModelPack's `paramSize`.
+fn param_size(n: u64) -> String {
+    let f = n as f64;
+    if f >= 1e9 {
+        format!("{:.1}B", f / 1e9)
+    } else if f >= 1e6 {
+        format!("{:.0}M", f / 1e6)
+    } else {
+        format!("{:.0}K", f / 1e3)
+    }
+}
+
+/// Packages the model directory `dir`: validates it, hashes every file (calling `progress`
+/// with bytes hashed), and builds the artifact. Refuses an invalid directory and any file
+/// over [`MAX_BLOB_BYTES`].
+pub fn package_dir(dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifact> {
+    let report = gds_convert::validate_dir(dir, gds_convert::Depth::Quick);
+    if !report.valid {
+        return Err(DistError::invalid(format!(
+            "{} does not validate, refusing to package it:\n  {}",
+            dir.display(),
+            report.errors.join("\n  ")
+        )));
+    }
+    let bytes = gds_io::read_manifest(dir).map_err(|e| DistError::invalid(e.to_string()))?;
+    let m = Manifest::parse(&bytes).map_err(|e| DistError::invalid(e.to_string()))?;
+    if !m.has_file_table() {
+        return Err(DistError::invalid(format!(
+            "{}: format 1.0 manifests do not hash the tokenizer; convert the model again to get a 1.1 manifest before packaging it",
+            dir.display()
+        )));
+    }
+    let mut files = vec![ShipFile {
+        path: MANIFEST_FILE.into(),
+        media_type: WEIGHT_CONFIG_MEDIA_TYPE,
+        size: bytes.len() as u64,
+        blake3: *blake3::hash(&bytes).as_bytes(),
+    }];
+    for l in m.layers() {
+        files.push(ShipFile {
+            path: l.file.into(),
+            media_type: WEIGHT_MEDIA_TYPE,
+            size: l.file_size,
+            blake3: l.content_hash,
+        });
+    }
+    for f in m.files() {
+        files.push(ShipFile {
+            path: f.path.into(),
+            media_type: if f.role == file_role::DOC {
+                DOC_MEDIA_TYPE
+            } else {
+                WEIGHT_CONFIG_MEDIA_TYPE
+            },
+            size: f.size,
+            blake3: f.content_hash,
+        });
+    }
+    if let Some(f) = files.iter().find(|f| f.size > MAX_BLOB_BYTES) {
+        return Err(DistError::invalid(format!(
+            "{}: {} bytes, over the {MAX_BLOB_BYTES}-byte limit registries such as GHCR and Harbor put on one blob (splitting a file is not supported)",
+            dir.join(&f.path).display(),
+            f.size
+        )));
+    }
+    // one read of every file, in parallel: sha256 for OCI, BLAKE3 against the manifest
+    let digests: Vec<String> = files
+        .par_iter()
+        .map(|f| {
+            let path = dir.join(&f.path);
+            let mut file = gds_io::open_in_dir(dir, &f.path, 0)
+                .map_err(|e| DistError::invalid(e.to_string()))?;
+            let (sha, b3, n) = hash_file(&path, &mut file)?;
+            progress(n);
+            if n != f.size {
+                return Err(DistError::invalid(format!(
+                    "{}: {n} bytes, the manifest says {}",
+                    path.display(),
+                    f.size
+                )));
+            }
+            if b3 != f.blake3 {
+                return Err(DistError::invalid(format!(
+                    "{}: content hash does not match the manifest (the file changed after conversion)",
+                    path.display()
+                )));
+            }
+            Ok(sha)
+        })
+        .collect::<Result<_>>()?;
+
+    let arch = m.get_str("general.architecture").unwrap_or("unknown");
+    let name = m
+        .get_str("general.name")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| dir.file_name().and_then(|s| s.to_str()))
+        .unwrap_or("model");
+    let mut params = 0u64;
+    let mut by_dtype: std::collections::BTreeMap<&str, u64> = Default::default();
+    for t in m.tensors() {
+        params = params.saturating_add(t.n_elements());
+        *by_dtype.entry(t.dtype.name()).or_default() += t.nbytes;
+    }
+    let dominant = by_dtype
+        .iter()
+        .max_by_key(|(_, b)| **b)
+        .map(|(d, _)| *d)
+        .unwrap_or("f32");
+    let quantized = gds_format::DType::from_name(dominant).is_some_and(|d| d.is_quantized());
+    let (major, minor) = m.version();
+    let mut model_config = json!({
+        "architecture": arch,
+        "format": format!("gdsllm-{major}.{minor}"),
+        "paramSize": param_size(params),
+    });
+    if quantized {
+        model_config["quantization"] = json!(dominant);
+    } else {
+        model_config["precision"] = json!(dominant);
+    }
+    let config = canonical(&json!({
+        "descriptor": { "name": name, "family": arch },
+        "config": model_config,
+        "modelfs": { "type": "layers", "diffIds": digests },
+    }));
+    let config = BlobRef {
+        digest: sha256_digest(&config),
+        size: config.len() as u64,
+        media_type: CONFIG_MEDIA_TYPE.into(),
+        path: None,
+        blake3: None,
+        source: BlobSource::Memory(Arc::new(config)),
+    };
+    let layers: Vec<BlobRef> = files
+        .iter()
+        .zip(digests)
+        .map(|(f, digest)| BlobRef {
+            digest,
+            size: f.size,
+            media_type: f.media_type.into(),
+            path: Some(f.path.clone()),
+            blake3: Some(f.blake3),
+            source: BlobSource::File {
+                path: dir.join(&f.path),
+                offset: 0,
+            },
+        })
+        .collect();
+    let manifest = manifest_json(&config, &layers, name, major, minor);
+    Ok(Artifact {
+        manifest_digest: sha256_digest(&manifest),
+        manifest,
+        config,
+        layers,
+    })
+}
+
+fn manifest_json(
+    config: &BlobRef,
+    layers: &[BlobRef],
+    name: &str,
+    major: u16,
+    minor: u16,
+) -> Vec<u8> {
+    let layer = |b: &BlobRef| {
+        json!({
+            "mediaType": b.media_type,
+            "digest": b.digest,
+            "size": b.size,
+            "annotations": {
+                FILEPATH_ANNOTATION: b.path,
+                BLAKE3_ANNOTATION: b.blake3.map(|h| hex(&h)),
+            },
+        })
+    };
+    canonical(&json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "artifactType": ARTIFACT_TYPE,
+        "config": { "mediaType": config.media_type, "digest": config.digest, "size": config.size },
+        "layers": layers.iter().map(layer).collect::<Vec<Value>>(),
+        "annotations": {
+            "org.opencontainers.image.title": name,
+            "io.gdsllm.format.version": format!("{major}.{minor}"),
+        },
+    }))
+}
+
+/// A layer of a parsed image manifest.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    /// `sha256:<hex>`.
+    pub digest: String,
+    /// Declared size.
+    pub size: u64,
+    /// Media type (one of ModelPack's raw types).
+    pub media_type: String,
+    /// Safe relative path.
+    pub path: String,
+    /// BLAKE3 the package declares.
+    pub blake3: [u8; 32],
+}
+
+/// A parsed, checked image manifest.
+#[derive(Clone, Debug)]
+pub struct ParsedManifest {
+    /// Config digest.
+    pub config_digest: String,
+    /// Config size.
+    pub config_size: u64,
+    /// The layers.
+    pub layers: Vec<Layer>,
+}
+
+/// Checks an image manifest from a registry or a layout against every rule a GdsLLM package
+/// follows, before anything is downloaded: media types, digests, sizes, counts, and paths
+/// (portable, relative, no `..`, unique even ignoring case, no file inside another, regular
+/// files only). `what` names the manifest in errors.
+pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<ParsedManifest> {
+    let bad = |why: String| DistError::invalid(format!("{what}: {why}"));
+    if bytes.len() > MAX_MANIFEST_BYTES {
+        return Err(bad(format!(
+            "the image manifest is {} bytes, over the {MAX_MANIFEST_BYTES}-byte limit",
+            bytes.len()
+        )));
+    }
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| bad(format!("the image manifest is not JSON: {e}")))?;
+    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    if s(&v, "mediaType").as_deref() != Some(MANIFEST_MEDIA_TYPE) {
+        return Err(bad(format!(
+            "mediaType is {:?}, expected {MANIFEST_MEDIA_TYPE}",
+            s(&v, "mediaType")
+        )));
+    }
+    let config = v.get("config").ok_or_else(|| bad("no config".into()))?;
+    let config_mt = s(config, "mediaType");
+    if config_mt.as_deref() != Some(CONFIG_MEDIA_TYPE) {
+        return Err(bad(format!(
+            "the config's mediaType is {config_mt:?}: not a ModelPack model ({CONFIG_MEDIA_TYPE})"
+        )));
+    }
+    if let Some(at) = s(&v, "artifactType") {
+        if at != ARTIFACT_TYPE {
+            return Err(bad(format!(
+                "artifactType is {at:?}, expected {ARTIFACT_TYPE}"
+            )));
+        }
+    }
+    let config_digest =
+        s(config, "digest").ok_or_else(|| bad("the config has no digest".into()))?;
+    digest_hex(&config_digest).map_err(|e| bad(e.msg))?;
+    let config_size = config
+        .get("size")
+        .and_then(Value::as_u64)
+        .unwrap_or(u64::MAX);
+    if config_size > MAX_CONFIG_BYTES {
+        return Err(bad(format!(
+            "the config blob {config_digest} declares {config_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit"
+        )));
+    }
+    let layers = v
+        .get("layers")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("no layers".into()))?;
+    if layers.len() > MAX_LAYERS {
+        return Err(bad(format!(
+            "{} layers, over the limit of {MAX_LAYERS}",
+            layers.len()
+        )));
+    }
+    let mut paths = PathSet::default();
+    let mut out = Vec::with_capacity(layers.len());
+    for (i, l) in layers.iter().enumerate() {
+        let digest = s(l, "digest").ok_or_else(|| bad(format!("layer {i} has no digest")))?;
+        digest_hex(&digest).map_err(|e| bad(format!("layer {i}: {}", e.msg)))?;
+        let lb = |why: String| bad(format!("layer {i} ({digest}): {why}"));
+        let media_type = s(l, "mediaType").unwrap_or_default();
+        if ![WEIGHT_MEDIA_TYPE, WEIGHT_CONFIG_MEDIA_TYPE, DOC_MEDIA_TYPE]
+            .contains(&media_type.as_str())
+        {
+            return Err(lb(format!(
+                "mediaType {media_type:?} is not one of ModelPack's raw file types (archives are not accepted)"
+            )));
+        }
+        let size = l
+            .get("size")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| lb("no size".into()))?;
+        if size > MAX_BLOB_BYTES {
+            return Err(lb(format!(
+                "declares {size} bytes, over the {MAX_BLOB_BYTES}-byte limit of one blob"
+            )));
+        }
+        let ann = l.get("annotations");
+        let a = |k: &str| ann.and_then(|a| a.get(k)).and_then(Value::as_str);
+        let path = a(FILEPATH_ANNOTATION)
+            .ok_or_else(|| lb(format!("no {FILEPATH_ANNOTATION} annotation")))?;
+        check_path(path).map_err(|why| lb(format!("file path {path:?} {why}")))?;
+        let mut errs = Vec::new();
+        paths.insert(path, &format!("layer {i}"), &mut errs);
+        if let Some(e) = errs.first() {
+            return Err(lb(e.to_string()));
+        }
+        if let Some(meta) = a(FILE_METADATA_ANNOTATION) {
+            let meta: Value = serde_json::from_str(meta)
+                .map_err(|e| lb(format!("{FILE_METADATA_ANNOTATION} is not JSON: {e}")))?;
+            let flag = meta.get("typeflag");
+            let regular = match flag {
+                None => true,
+                Some(Value::Number(n)) => n.as_u64() == Some(0) || n.as_u64() == Some(48),
+                Some(Value::String(s)) => s.is_empty() || s == "0",
+                _ => false,
+            };
+            if !regular {
+                return Err(lb(format!(
+                    "{path:?} is not a regular file ({FILE_METADATA_ANNOTATION} typeflag {}): links and devices are refused",
+                    flag.map(|f| f.to_string()).unwrap_or_default()
+                )));
+            }
+        }
+        let blake3 = a(BLAKE3_ANNOTATION)
+            .and_then(parse_blake3)
+            .ok_or_else(|| lb(format!("no valid {BLAKE3_ANNOTATION} annotation")))?;
+        out.push(Layer {
+            digest,
+            size,
+            media_type,
+            path: path.to_string(),
+            blake3,
+        });
+    }
+    if !out.iter().any(|l| l.path == MANIFEST_FILE) {
+        return Err(bad(format!(
+            "no layer holds {MANIFEST_FILE}: not a GdsLLM model"
+        )));
+    }
+    Ok(ParsedManifest {
+        config_digest,
+        config_size,
+        layers: out,
+    })
+}
+
+/// The artifact described by a (checked) image manifest, its blobs found by `locate`.
+pub fn artifact_from_manifest(
+    manifest: Vec<u8>,
+    what: &str,
+    locate: &dyn Fn(&str, u64) -> Result<BlobSource>,
+) -> Result<Artifact> {
+    let p = parse_manifest(&manifest, what)?;
+    let config = BlobRef {
+        source: locate(&p.config_digest, p.config_size)?,
+        digest: p.config_digest,
+        size: p.config_size,
+        media_type: CONFIG_MEDIA_TYPE.into(),
+        path: None,
+        blake3: None,
+    };
+    let layers = p
+        .layers
+        .into_iter()
+        .map(|l| {
+            Ok(BlobRef {
+                source: locate(&l.digest, l.size)?,
+                digest: l.digest,
+                size: l.size,
+                media_type: l.media_type,
+                path: Some(l.path),
+                blake3: Some(l.blake3),
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Artifact {
+        manifest_digest: sha256_digest(&manifest),
+        manifest,
+        config,
+        layers,
+    })
+}

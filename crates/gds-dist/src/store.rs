@@ -1,0 +1,309 @@
+//! The local content-addressed store, `$GDSLLM_HOME/store` (default
+//! `~/.cache/gdsllm/store`):
+//!
+//! ```text
+//! blobs/sha256/<hex>        each distinct blob once, read-only (0444)
+//! partial/<hex>.partial     a download in progress (locked while written; resumed with Range)
+//! models/<manifest hex>/    a model: its files hard-linked to blobs/ (no extra space)
+//! refs/<escaped reference>  {"reference", "digest", "source"}: what `gdsrun REF` opens
+//! ```
+//!
+//! Two models that share a file share its blob: the bytes are on disk once. `gc` removes
+//! the models no reference names, then every blob nothing else links to (link count 1), so
+//! a directory pulled elsewhere with hard links keeps its blobs alive.
+
+use crate::error::{DistError, Result};
+use crate::package::digest_hex;
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The store.
+#[derive(Clone, Debug)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// What a reference points to.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RefEntry {
+    /// As the user wrote it (`registry/repo:tag`, `/abs/model.gguf`).
+    pub reference: String,
+    /// The model's id: the manifest digest for a pulled model, `gguf:<key>` for a converted one.
+    pub digest: String,
+    /// `oci` or `gguf`.
+    pub source: String,
+}
+
+/// One line of `gdsconv list`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Listed {
+    /// The reference.
+    pub reference: String,
+    /// The model id.
+    pub digest: String,
+    /// Bytes of its files.
+    pub bytes: u64,
+    /// Its directory.
+    pub path: PathBuf,
+}
+
+/// What `gc` removed.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GcSummary {
+    /// Model views no reference named.
+    pub removed_models: u64,
+    /// Blobs nothing linked to.
+    pub removed_blobs: u64,
+    /// Their bytes.
+    pub removed_bytes: u64,
+}
+
+fn escape(reference: &str) -> String {
+    let mut s = String::new();
+    for b in reference.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_' {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+impl Store {
+    /// The store under `$GDSLLM_HOME` (or the user's cache directory), created if missing.
+    pub fn open_default() -> Result<Store> {
+        let home = gds_io::verify::gdsllm_home().ok_or_else(|| {
+            DistError::usage("no store directory: set GDSLLM_HOME (or HOME / XDG_CACHE_HOME)")
+        })?;
+        Store::open(&home.join("store"))
+    }
+
+    /// The store at `root`, created if missing.
+    pub fn open(root: &Path) -> Result<Store> {
+        for d in ["blobs/sha256", "partial", "models", "refs"] {
+            let p = root.join(d);
+            fs::create_dir_all(&p).map_err(|e| DistError::io(&p, e))?;
+        }
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// Its root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the blob `digest` lives.
+    pub fn blob_path(&self, digest: &str) -> Result<PathBuf> {
+        Ok(self.root.join("blobs/sha256").join(digest_hex(digest)?))
+    }
+
+    /// True when the store holds `digest` with `size` bytes.
+    pub fn has_blob(&self, digest: &str, size: u64) -> bool {
+        self.blob_path(digest)
+            .ok()
+            .and_then(|p| fs::symlink_metadata(p).ok())
+            .is_some_and(|m| m.is_file() && m.len() == size)
+    }
+
+    /// Where a download of `digest` in progress is written.
+    pub fn partial_path(&self, digest: &str) -> Result<PathBuf> {
+        Ok(self
+            .root
+            .join("partial")
+            .join(format!("{}.partial", digest_hex(digest)?)))
+    }
+
+    /// Moves a verified file into the store as `digest` (read-only). When the store already
+    /// holds it, `file` is removed instead. Returns the blob's path.
+    pub fn commit_blob(&self, file: &Path, digest: &str) -> Result<PathBuf> {
+        let dst = self.blob_path(digest)?;
+        let _ = fs::set_permissions(file, fs::Permissions::from_mode(0o444));
+        if dst.exists() {
+            let _ = fs::remove_file(file);
+        } else {
+            fs::rename(file, &dst).map_err(|e| DistError::io(&dst, e))?;
+        }
+        Ok(dst)
+    }
+
+    /// Puts the existing file `path` into the store (hashing it) and replaces it with a
+    /// hard link to the stored blob, so that identical files share their bytes.
+    pub fn ingest(&self, path: &Path) -> Result<String> {
+        let mut f = fs::File::open(path).map_err(|e| DistError::io(path, e))?;
+        let (digest, _, _) = crate::package::hash_file(path, &mut f)?;
+        drop(f);
+        let dst = self.blob_path(&digest)?;
+        if dst.exists() {
+            let tmp = path.with_extension("ingest-tmp");
+            fs::hard_link(&dst, &tmp).map_err(|e| DistError::io(&tmp, e))?;
+            fs::rename(&tmp, path).map_err(|e| DistError::io(path, e))?;
+        } else {
+            fs::hard_link(path, &dst).map_err(|e| DistError::io(&dst, e))?;
+            let _ = fs::set_permissions(&dst, fs::Permissions::from_mode(0o444));
+        }
+        Ok(digest)
+    }
+
+    /// The directory of the model `id` (a manifest digest or `gguf:<key>`).
+    pub fn model_dir(&self, id: &str) -> PathBuf {
+        let name = match id.strip_prefix("sha256:") {
+            Some(h) => h.to_string(),
+            None => escape(id),
+        };
+        self.root.join("models").join(name)
+    }
+
+    fn ref_path(&self, reference: &str) -> PathBuf {
+        self.root.join("refs").join(escape(reference))
+    }
+
+    /// What `reference` points to, if the store knows it and its model is present.
+    pub fn get_ref(&self, reference: &str) -> Option<RefEntry> {
+        let bytes = fs::read(self.ref_path(reference)).ok()?;
+        let e: RefEntry = serde_json::from_slice(&bytes).ok()?;
+        self.model_dir(&e.digest).is_dir().then_some(e)
+    }
+
+    /// Records `reference` → `digest` (atomically).
+    pub fn set_ref(&self, reference: &str, digest: &str, source: &str) -> Result<()> {
+        let p = self.ref_path(reference);
+        let tmp = p.with_extension(format!("tmp-{}", std::process::id()));
+        let e = RefEntry {
+            reference: reference.into(),
+            digest: digest.into(),
+            source: source.into(),
+        };
+        fs::write(&tmp, serde_json::to_vec(&e).unwrap_or_default())
+            .map_err(|e| DistError::io(&tmp, e))?;
+        fs::rename(&tmp, &p).map_err(|e| DistError::io(&p, e))
+    }
+
+    /// Every reference, sorted.
+    pub fn refs(&self) -> Vec<RefEntry> {
+        let mut v: Vec<RefEntry> = fs::read_dir(self.root.join("refs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|d| fs::read(d.path()).ok())
+            .filter_map(|b| serde_json::from_slice(&b).ok())
+            .collect();
+        v.sort_by(|a: &RefEntry, b| a.reference.cmp(&b.reference));
+        v
+    }
+
+    /// `gdsconv list`.
+    pub fn list(&self) -> Vec<Listed> {
+        self.refs()
+            .into_iter()
+            .map(|e| {
+                let path = self.model_dir(&e.digest);
+                Listed {
+                    bytes: dir_bytes(&path),
+                    reference: e.reference,
+                    digest: e.digest,
+                    path,
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets `reference` (its bytes go at the next `gc`). False when it was unknown.
+    pub fn remove_ref(&self, reference: &str) -> Result<bool> {
+        let p = self.ref_path(reference);
+        match fs::remove_file(&p) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(DistError::io(&p, e)),
+        }
+    }
+
+    /// Removes the models no reference names, the blobs nothing links to, and abandoned
+    /// partial downloads (those no process holds locked).
+    pub fn gc(&self) -> Result<GcSummary> {
+        let mut s = GcSummary::default();
+        let live: std::collections::HashSet<PathBuf> = self
+            .refs()
+            .iter()
+            .map(|e| self.model_dir(&e.digest))
+            .collect();
+        for d in fs::read_dir(self.root.join("models"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let p = d.path();
+            if !live.contains(&p) {
+                fs::remove_dir_all(&p).map_err(|e| DistError::io(&p, e))?;
+                s.removed_models += 1;
+            }
+        }
+        for d in fs::read_dir(self.root.join("blobs/sha256"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let p = d.path();
+            if let Ok(m) = fs::symlink_metadata(&p) {
+                if m.nlink() <= 1 {
+                    fs::remove_file(&p).map_err(|e| DistError::io(&p, e))?;
+                    s.removed_blobs += 1;
+                    s.removed_bytes += m.len();
+                }
+            }
+        }
+        for d in fs::read_dir(self.root.join("partial"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let p = d.path();
+            if let Ok(f) = fs::OpenOptions::new().write(true).open(&p) {
+                if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                    .is_ok()
+                {
+                    let _ = fs::remove_file(&p);
+                }
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// Bytes of the regular files under `dir` (not following links).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let mut n = 0;
+    for d in fs::read_dir(dir).into_iter().flatten().flatten() {
+        match d.file_type() {
+            Ok(t) if t.is_dir() => n += dir_bytes(&d.path()),
+            Ok(t) if t.is_file() => n += d.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => {}
+        }
+    }
+    n
+}
+
+/// Hard-links `src` to `dst` (creating `dst`'s parents), copying when the two are on
+/// different file systems.
+pub fn link_or_copy(src: &Path, dst: &Path) -> Result<()> {
+    if let Some(p) = dst.parent() {
+        fs::create_dir_all(p).map_err(|e| DistError::io(p, e))?;
+    }
+    match fs::hard_link(src, dst) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EXDEV) | Some(libc::EPERM) | Some(libc::EMLINK)
+            ) =>
+        {
+            fs::copy(src, dst).map_err(|e| DistError::io(dst, e))?;
+            Ok(())
+        }
+        Err(e) => Err(DistError::io(dst, e)),
+    }
+}

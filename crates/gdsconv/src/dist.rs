@@ -1,0 +1,311 @@
+//! `gdsconv pack | push | pull | list | rm | gc`: distribution through OCI registries
+//! (`gds-dist`).
+
+use crate::{human, Failure};
+use clap::Args;
+use gds_dist::layout::{read_layout, write_layout_dir, write_tar};
+use gds_dist::package::package_dir;
+use gds_dist::registry::{Remote, RemoteOptions};
+use gds_dist::store::Store;
+use gds_dist::Artifact;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// `gdsconv pack`.
+#[derive(Args)]
+pub struct PackArgs {
+    /// The model directory (must validate).
+    dir: PathBuf,
+    /// Write an OCI image-layout tar (`skopeo copy oci-archive:FILE:TAG …` reads it).
+    #[arg(
+        short = 'o',
+        long,
+        conflicts_with = "layout",
+        required_unless_present = "layout"
+    )]
+    output: Option<PathBuf>,
+    /// Write an OCI image-layout directory instead (must not exist).
+    #[arg(long)]
+    layout: Option<PathBuf>,
+    /// The tag recorded in index.json (org.opencontainers.image.ref.name).
+    #[arg(long, default_value = "latest")]
+    tag: String,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Registry flags shared by push and pull.
+#[derive(Args)]
+pub struct RegistryFlags {
+    /// Talk plain HTTP to the registry (a local registry without TLS).
+    #[arg(long)]
+    plain_http: bool,
+    /// Cap the transfer rate, in bytes per second.
+    #[arg(long)]
+    limit_rate: Option<u64>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `gdsconv push`.
+#[derive(Args)]
+pub struct PushArgs {
+    /// A model directory, an OCI image-layout directory, or an OCI image-layout tar.
+    src: PathBuf,
+    /// Where to: REGISTRY/REPOSITORY:TAG.
+    reference: String,
+    #[command(flatten)]
+    flags: RegistryFlags,
+}
+
+/// `gdsconv pull`.
+#[derive(Args)]
+pub struct PullArgs {
+    /// What: REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:DIGEST.
+    reference: String,
+    /// The model directory to create (appears atomically, only once verified).
+    out_dir: PathBuf,
+    /// Replace OUT_DIR if it exists.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    flags: RegistryFlags,
+}
+
+/// `gdsconv list` and `gdsconv gc`.
+#[derive(Args)]
+pub struct ListArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `gdsconv rm`.
+#[derive(Args)]
+pub struct RmArgs {
+    /// The reference to forget, as `gdsconv list` shows it.
+    reference: String,
+}
+
+fn bar(total: u64, quiet: bool) -> Option<indicatif::ProgressBar> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(total);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(b)
+}
+
+fn progress_fn(b: &Option<indicatif::ProgressBar>) -> Arc<dyn Fn(u64) + Send + Sync> {
+    let b = b.clone();
+    Arc::new(move |n| {
+        if let Some(b) = &b {
+            b.inc(n);
+        }
+    })
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    gds_dist::store::dir_bytes(dir)
+}
+
+pub fn pack(a: PackArgs) -> Result<ExitCode, Failure> {
+    let t0 = Instant::now();
+    let b = bar(dir_size(&a.dir) * 2, a.json);
+    let p = progress_fn(&b);
+    let art = package_dir(&a.dir, &|n| p(n))?;
+    let (out, n) = match (&a.output, &a.layout) {
+        (Some(o), _) => (o.clone(), write_tar(&art, o, &a.tag, &|n| p(n))?),
+        (None, Some(l)) => (l.clone(), write_layout_dir(&art, l, &a.tag, &|n| p(n))?),
+        (None, None) => {
+            return Err(Failure::Usage(
+                "pack needs -o FILE.tar or --layout DIR".into(),
+            ))
+        }
+    };
+    if let Some(b) = b {
+        b.finish_and_clear();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "manifest_digest": art.manifest_digest, "blobs": art.layers.len() + 1,
+                "bytes": n, "output": out, "tag": a.tag, "seconds": secs,
+            })
+        );
+    } else {
+        println!(
+            "packed {} -> {} ({}, {} blobs, {} in {:.2} s): {}",
+            a.dir.display(),
+            out.display(),
+            a.tag,
+            art.layers.len() + 1,
+            human(n),
+            secs,
+            art.manifest_digest
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn remote(
+    reference: &str,
+    f: &RegistryFlags,
+    b: &Option<indicatif::ProgressBar>,
+) -> Result<Remote, Failure> {
+    Ok(Remote::new(
+        reference,
+        RemoteOptions {
+            plain_http: f.plain_http,
+            limit_rate: f.limit_rate,
+            progress: Some(progress_fn(b)),
+        },
+    )?)
+}
+
+/// The artifact in `src`: a model directory (packaged in memory), a layout directory or a tar.
+fn source(src: &Path, tag: Option<&str>) -> Result<Artifact, Failure> {
+    if src.join(gds_format::MANIFEST_FILE).exists() {
+        return Ok(package_dir(src, &|_| {})?);
+    }
+    if !src.exists() {
+        return Err(Failure::Usage(format!(
+            "{}: no such file or directory",
+            src.display()
+        )));
+    }
+    // a layout: the tag named by the reference, else the only manifest
+    match read_layout(src, tag) {
+        Ok(a) => Ok(a),
+        Err(e) if tag.is_some() && e.kind == gds_dist::Kind::Usage => Ok(read_layout(src, None)?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn push(a: PushArgs) -> Result<ExitCode, Failure> {
+    let t0 = Instant::now();
+    let tag = a
+        .reference
+        .rsplit_once(':')
+        .map(|(_, t)| t)
+        .filter(|t| !t.contains('/'));
+    let art = source(&a.src, tag)?;
+    let b = bar(art.total_bytes(), a.flags.json);
+    let r = remote(&a.reference, &a.flags, &b)?;
+    let s = r.push(&art);
+    if let Some(b) = b {
+        b.finish_and_clear();
+    }
+    let s = s?;
+    let secs = t0.elapsed().as_secs_f64();
+    if a.flags.json {
+        let mut v = serde_json::to_value(&s)?;
+        v["seconds"] = secs.into();
+        println!("{v}");
+    } else {
+        println!(
+            "pushed {} -> {}: {} blobs ({} uploaded, {} already there), {} in {:.2} s; pull {}@{}",
+            a.src.display(),
+            s.reference,
+            s.blobs,
+            s.uploaded_blobs,
+            s.skipped_blobs,
+            human(s.uploaded_bytes),
+            secs,
+            s.reference.split([':', '@']).next().unwrap_or(&s.reference),
+            s.manifest_digest
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn pull(a: PullArgs) -> Result<ExitCode, Failure> {
+    let t0 = Instant::now();
+    let store = Store::open_default()?;
+    let b = bar(0, a.flags.json);
+    let r = remote(&a.reference, &a.flags, &b)?;
+    let s = r.pull(&store, &a.out_dir, a.force);
+    if let Some(b) = b {
+        b.finish_and_clear();
+    }
+    let s = s?;
+    let secs = t0.elapsed().as_secs_f64();
+    if a.flags.json {
+        let mut v = serde_json::to_value(&s)?;
+        v["seconds"] = secs.into();
+        println!("{v}");
+    } else {
+        println!(
+            "pulled {} -> {}: {} blobs ({} downloaded, {} from the store), {} in {:.2} s; {}",
+            s.reference,
+            a.out_dir.display(),
+            s.blobs,
+            s.downloaded_blobs,
+            s.reused_blobs,
+            human(s.downloaded_bytes),
+            secs,
+            s.manifest_digest
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn list(a: ListArgs) -> Result<ExitCode, Failure> {
+    let store = Store::open_default()?;
+    let l = store.list();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&l)?);
+    } else if l.is_empty() {
+        println!("no models in {}", store.root().display());
+    } else {
+        for m in &l {
+            println!("{:<50} {:>10}  {}", m.reference, human(m.bytes), m.digest);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn rm(a: RmArgs) -> Result<ExitCode, Failure> {
+    let store = Store::open_default()?;
+    if store.remove_ref(&a.reference)? {
+        println!(
+            "removed {} (run `gdsconv gc` to free its space)",
+            a.reference
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Err(Failure::Usage(format!(
+            "{}: no such reference in {} (see `gdsconv list`)",
+            a.reference,
+            store.root().display()
+        )))
+    }
+}
+
+pub fn gc(a: ListArgs) -> Result<ExitCode, Failure> {
+    let store = Store::open_default()?;
+    let s = store.gc()?;
+    if a.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        println!(
+            "removed {} models and {} blobs ({})",
+            s.removed_models,
+            s.removed_blobs,
+            human(s.removed_bytes)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
