@@ -411,6 +411,7 @@ impl Remote {
             s.downloaded_blobs += 1;
             s.downloaded_bytes += p.config_size;
         }
+        let mut fetched = Vec::new();
         for l in &unique {
             if store.has_blob(&l.digest, l.size) {
                 s.reused_blobs += 1;
@@ -423,6 +424,19 @@ impl Remote {
             s.downloaded_blobs += 1;
             s.downloaded_bytes += got;
             s.resumed_bytes += resumed;
+            fetched.push(l.digest.clone());
+        }
+        // one flush for every blob downloaded (not one fsync each), then into the store
+        if !fetched.is_empty() {
+            let root =
+                std::fs::File::open(store.root()).map_err(|e| DistError::io(store.root(), e))?;
+            rustix::fs::syncfs(&root).map_err(|e| DistError::io(store.root(), e.into()))?;
+        }
+        for d in &fetched {
+            let part = store.partial_path(d)?;
+            if part.exists() {
+                store.commit_blob(&part, d)?;
+            }
         }
         // assemble beside OUT_DIR, check, rename into place
         let dir = staged.path().to_path_buf();
@@ -617,7 +631,6 @@ impl Remote {
                 )));
             }
         }
-        f.sync_all().map_err(|e| DistError::io(&part, e))?;
         let got = format!("sha256:{}", hex(&sha.finalize()));
         if got != l.digest {
             let _ = std::fs::remove_file(&part);
@@ -631,17 +644,18 @@ impl Remote {
                 "the content does not match the BLAKE3 the package declares ({BLAKE3_ANNOTATION}); nothing was kept"
             )));
         }
+        // the caller flushes every download with one syncfs, then moves them into the store
         drop(f);
-        store.commit_blob(&part, &l.digest)?;
         Ok((fetched, resumed))
     }
 }
 
-/// The assembled directory must be exactly the model its manifest describes: it validates,
-/// and every file the model manifest hashes is the layer whose BLAKE3 annotation says so.
+/// The assembled directory must be exactly the model its manifest describes: its structure
+/// and architecture validate (the tokenizer is checked when a runtime first loads it, as for
+/// any model), and every file the model manifest hashes is the layer whose BLAKE3 annotation says so.
 /// (The blobs' BLAKE3 was checked as they were downloaded, so no file is read again.)
 fn check_assembled(dir: &Path, layers: &[Layer], what: &str) -> Result<()> {
-    let report = gds_convert::validate_dir(dir, gds_convert::Depth::Quick);
+    let report = gds_convert::validate_dir(dir, gds_convert::Depth::Structure);
     if !report.valid {
         return Err(DistError::invalid(format!(
             "{what}: the pulled model does not validate:\n  {}",

@@ -224,11 +224,22 @@ pub fn push(a: PushArgs) -> Result<ExitCode, Failure> {
             s.skipped_blobs,
             human(s.uploaded_bytes),
             secs,
-            s.reference.split([':', '@']).next().unwrap_or(&s.reference),
+            repository(&s.reference),
             s.manifest_digest
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `registry/repo` of `registry/repo:tag` or `registry/repo@digest`.
+fn repository(reference: &str) -> &str {
+    if let Some(i) = reference.find('@') {
+        return &reference[..i];
+    }
+    match reference.rfind(':') {
+        Some(i) if i > reference.rfind('/').unwrap_or(0) => &reference[..i],
+        _ => reference,
+    }
 }
 
 pub fn pull(a: PullArgs) -> Result<ExitCode, Failure> {
