@@ -42,8 +42,10 @@ pub struct RemoteOptions {
     pub plain_http: bool,
     /// Cap the transfer rate (bytes per second).
     pub limit_rate: Option<u64>,
-    /// Called with bytes transferred.
+    /// Called with bytes transferred (or found already there).
     pub progress: Option<Arc<dyn Fn(u64) + Send + Sync>>,
+    /// Called once a pull knows how many bytes the model has.
+    pub on_total: Option<Arc<dyn Fn(u64) + Send + Sync>>,
 }
 
 /// `gdsconv push --json`.
@@ -352,6 +354,14 @@ impl Remote {
         };
         let out = out.as_path();
         let staged = Staged::new(out, force)?;
+        if let Some(t) = &self.opts.on_total {
+            let mut seen = std::collections::HashSet::new();
+            t(p.layers
+                .iter()
+                .filter(|l| seen.insert(&l.digest))
+                .map(|l| l.size)
+                .sum());
+        }
         // the config: small, capped, checked against the layers
         let config_cached = store.has_blob(&p.config_digest, p.config_size);
         let config = self

@@ -171,6 +171,9 @@ fn remote(
             plain_http: f.plain_http,
             limit_rate: f.limit_rate,
             progress: Some(progress_fn(b)),
+            on_total: b
+                .clone()
+                .map(|b| -> Arc<dyn Fn(u64) + Send + Sync> { Arc::new(move |n| b.set_length(n)) }),
         },
     )?)
 }
