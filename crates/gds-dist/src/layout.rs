@@ -95,32 +95,6 @@ fn remove_any(p: &Path) {
     }
 }
 
-/// Copies a blob's bytes to `out`, checking its length.
-pub fn copy_blob(b: &BlobRef, out: &mut dyn Write) -> Result<u64> {
-    match &b.source {
-        BlobSource::Memory(v) => {
-            out.write_all(v)
-                .map_err(|e| DistError::usage(format!("writing {}: {e}", b.digest)))?;
-            Ok(v.len() as u64)
-        }
-        BlobSource::File { path, offset } => {
-            let mut f = File::open(path).map_err(|e| DistError::io(path, e))?;
-            f.seek(SeekFrom::Start(*offset))
-                .map_err(|e| DistError::io(path, e))?;
-            let n = std::io::copy(&mut f.take(b.size), out).map_err(|e| DistError::io(path, e))?;
-            if n != b.size {
-                return Err(DistError::invalid(format!(
-                    "{}: blob {} is {n} bytes, {} expected (the file changed while packing)",
-                    path.display(),
-                    b.digest,
-                    b.size
-                )));
-            }
-            Ok(n)
-        }
-    }
-}
-
 fn index_json(a: &Artifact, tag: &str) -> Vec<u8> {
     json::canonical(&json!({
         "schemaVersion": 2,
@@ -155,89 +129,110 @@ fn unique_blobs(a: &Artifact) -> Vec<BlobRef> {
         .collect()
 }
 
-/// Writes the artifact as an OCI image-layout tar at `out`, tagged `tag`; returns the bytes written.
-pub fn write_tar(a: &Artifact, out: &Path, tag: &str, progress: &dyn Fn(u64)) -> Result<u64> {
-    let staged = Staged::new(out, true)?;
-    let file = File::create(staged.path()).map_err(|e| DistError::io(staged.path(), e))?;
-    let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(1 << 20, file));
-    let io = |e: std::io::Error| DistError::io(out, e);
-    let header = |size: u64, dir: bool| {
-        let mut h = tar::Header::new_ustar();
-        h.set_size(size);
-        h.set_mtime(0);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mode(if dir { 0o755 } else { 0o644 });
-        h.set_entry_type(if dir {
-            tar::EntryType::Directory
-        } else {
-            tar::EntryType::Regular
-        });
-        h
+/// Copies `len` bytes of `src` from `offset` to the end of `out` in the kernel
+/// (`copy_file_range`: no trip through user space), falling back to read/write where the
+/// kernel cannot.
+fn copy_range(src: &File, offset: u64, len: u64, out: &mut File, what: &Path) -> Result<()> {
+    let short = || {
+        DistError::invalid(format!(
+            "{}: shorter than expected (the file changed while packing)",
+            what.display()
+        ))
     };
-    tar.append_data(
-        &mut header(OCI_LAYOUT.len() as u64, false),
-        "oci-layout",
-        OCI_LAYOUT,
-    )
-    .map_err(io)?;
+    let mut off_in = offset;
+    let mut left = len;
+    while left > 0 {
+        let step = left.min(1 << 30) as usize;
+        match rustix::fs::copy_file_range(src, Some(&mut off_in), &*out, None, step) {
+            Ok(0) => return Err(short()),
+            Ok(n) => left -= n as u64,
+            Err(
+                rustix::io::Errno::XDEV
+                | rustix::io::Errno::INVAL
+                | rustix::io::Errno::NOSYS
+                | rustix::io::Errno::OPNOTSUPP,
+            ) => {
+                let mut f = src.try_clone().map_err(|e| DistError::io(what, e))?;
+                f.seek(SeekFrom::Start(off_in))
+                    .map_err(|e| DistError::io(what, e))?;
+                let n =
+                    std::io::copy(&mut f.take(left), out).map_err(|e| DistError::io(what, e))?;
+                if n != left {
+                    return Err(short());
+                }
+                left = 0;
+            }
+            Err(e) => return Err(DistError::io(what, e.into())),
+        }
+    }
+    Ok(())
+}
+
+/// Appends one blob's bytes to `out`.
+fn append_blob(b: &BlobRef, out: &mut File, what: &Path) -> Result<()> {
+    match &b.source {
+        BlobSource::Memory(v) => out.write_all(v).map_err(|e| DistError::io(what, e)),
+        BlobSource::File { path, offset } => {
+            let f = File::open(path).map_err(|e| DistError::io(path, e))?;
+            copy_range(&f, *offset, b.size, out, path)
+        }
+    }
+}
+
+/// A ustar header from `tar`, deterministic: mtime 0, uid/gid 0, mode 0644 (0755 for
+/// directories).
+fn tar_header(name: &str, size: u64, dir: bool, out: &Path) -> Result<tar::Header> {
+    let mut h = tar::Header::new_ustar();
+    h.set_path(name).map_err(|e| DistError::io(out, e))?;
+    h.set_size(size);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mode(if dir { 0o755 } else { 0o644 });
+    h.set_entry_type(if dir {
+        tar::EntryType::Directory
+    } else {
+        tar::EntryType::Regular
+    });
+    h.set_cksum();
+    Ok(h)
+}
+
+/// Writes the artifact as an OCI image-layout tar at `out`, tagged `tag`; returns the bytes
+/// written. Headers come from `tar`; each member's data is copied in the kernel.
+pub fn write_tar(a: &Artifact, out: &Path, tag: &str, progress: &dyn Fn(u64)) -> Result<u64> {
+    const ZEROS: [u8; 1024] = [0; 1024];
+    let staged = Staged::new(out, true)?;
+    let mut file = File::create(staged.path()).map_err(|e| DistError::io(staged.path(), e))?;
+    let io = |e: std::io::Error| DistError::io(out, e);
+    let pad = |n: u64| ((512 - n % 512) % 512) as usize;
     let index = index_json(a, tag);
-    tar.append_data(
-        &mut header(index.len() as u64, false),
-        "index.json",
-        &index[..],
-    )
-    .map_err(io)?;
-    for d in ["blobs/", "blobs/sha256/"] {
-        tar.append_data(&mut header(0, true), d, std::io::empty())
+    let small: [(&str, &[u8], bool); 4] = [
+        ("oci-layout", OCI_LAYOUT, false),
+        ("index.json", &index, false),
+        ("blobs/", &[], true),
+        ("blobs/sha256/", &[], true),
+    ];
+    for (name, bytes, dir) in small {
+        let h = tar_header(name, bytes.len() as u64, dir, out)?;
+        file.write_all(h.as_bytes()).map_err(io)?;
+        file.write_all(bytes).map_err(io)?;
+        file.write_all(&ZEROS[..pad(bytes.len() as u64)])
             .map_err(io)?;
     }
     for b in unique_blobs(a) {
         let name = format!("blobs/sha256/{}", digest_hex(&b.digest)?);
-        let mut h = header(b.size, false);
-        h.set_path(&name).map_err(io)?;
-        h.set_cksum();
-        tar.append(&h, Reader::new(&b)?).map_err(io)?;
+        let h = tar_header(&name, b.size, false, out)?;
+        file.write_all(h.as_bytes()).map_err(io)?;
+        append_blob(&b, &mut file, out)?;
+        file.write_all(&ZEROS[..pad(b.size)]).map_err(io)?;
         progress(b.size);
     }
-    let mut w = tar.into_inner().map_err(io)?;
-    w.flush().map_err(io)?;
-    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    file.write_all(&ZEROS).map_err(io)?;
     file.sync_all().map_err(io)?;
     let n = file.metadata().map_err(io)?.len();
     staged.commit()?;
     Ok(n)
-}
-
-/// A blob's bytes as a reader, of exactly its size (for tar entries).
-struct Reader(Box<dyn Read>);
-
-impl Reader {
-    fn new(b: &BlobRef) -> Result<Reader> {
-        Ok(Reader(match &b.source {
-            BlobSource::Memory(v) => Box::new(std::io::Cursor::new(v.as_ref().clone())),
-            BlobSource::File { path, offset } => {
-                let mut f = File::open(path).map_err(|e| DistError::io(path, e))?;
-                f.seek(SeekFrom::Start(*offset))
-                    .map_err(|e| DistError::io(path, e))?;
-                let len = f.metadata().map_err(|e| DistError::io(path, e))?.len();
-                if len < offset + b.size {
-                    return Err(DistError::invalid(format!(
-                        "{}: shorter than blob {} (the file changed while packing)",
-                        path.display(),
-                        b.digest
-                    )));
-                }
-                Box::new(f.take(b.size))
-            }
-        }))
-    }
-}
-
-impl Read for Reader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0.read(buf)
-    }
 }
 
 /// Writes the artifact as an OCI image-layout directory at `out`.
@@ -259,7 +254,8 @@ pub fn write_layout_dir(
     for b in unique_blobs(a) {
         let p = blobs.join(digest_hex(&b.digest)?);
         let mut f = File::create(&p).map_err(|e| DistError::io(&p, e))?;
-        total += copy_blob(&b, &mut f)?;
+        append_blob(&b, &mut f, &p)?;
+        total += b.size;
         f.sync_all().map_err(|e| DistError::io(&p, e))?;
         progress(b.size);
     }

@@ -14,7 +14,7 @@ use crate::error::{DistError, Result};
 use crate::json::canonical;
 use crate::*;
 use gds_format::validate::{check_path, PathSet};
-use gds_format::{file_role, Manifest, MANIFEST_FILE};
+use gds_format::{file_role, MANIFEST_FILE};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -157,16 +157,19 @@ fn param_size(n: u64) -> String {
 /// with bytes hashed), and builds the artifact. Refuses an invalid directory and any file
 /// over [`MAX_BLOB_BYTES`].
 pub fn package_dir(dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifact> {
-    let report = gds_convert::validate_dir(dir, gds_convert::Depth::Quick);
-    if !report.valid {
-        return Err(DistError::invalid(format!(
-            "{} does not validate, refusing to package it:\n  {}",
-            dir.display(),
-            report.errors.join("\n  ")
-        )));
-    }
     let bytes = gds_io::read_manifest(dir).map_err(|e| DistError::invalid(e.to_string()))?;
-    let m = Manifest::parse(&bytes).map_err(|e| DistError::invalid(e.to_string()))?;
+    let (m, errs) = gds_format::validate::validate_manifest(&bytes);
+    let m = match m {
+        Some(m) if errs.is_empty() => m,
+        _ => {
+            let errs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+            return Err(DistError::invalid(format!(
+                "{}: the manifest does not validate, refusing to package it:\n  {}",
+                dir.join(MANIFEST_FILE).display(),
+                errs.join("\n  ")
+            )));
+        }
+    };
     if !m.has_file_table() {
         return Err(DistError::invalid(format!(
             "{}: format 1.0 manifests do not hash the tokenizer; convert the model again to get a 1.1 manifest before packaging it",
@@ -207,7 +210,8 @@ pub fn package_dir(dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifa
         )));
     }
     // one read of every file, in parallel: sha256 for OCI, BLAKE3 against the manifest
-    let digests: Vec<String> = files
+    let hash_all = || -> Result<Vec<String>> {
+        files
         .par_iter()
         .map(|f| {
             let path = dir.join(&f.path);
@@ -230,7 +234,22 @@ pub fn package_dir(dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifa
             }
             Ok(sha)
         })
-        .collect::<Result<_>>()?;
+        .collect::<Result<_>>()
+    };
+    // the whole validation (files, architecture, tokenizer, chat template) runs beside the
+    // hashing: the tokenizer's parse costs about as much as hashing a small model
+    let (report, digests) = rayon::join(
+        || gds_convert::validate_dir(dir, gds_convert::Depth::Quick),
+        hash_all,
+    );
+    if !report.valid {
+        return Err(DistError::invalid(format!(
+            "{} does not validate, refusing to package it:\n  {}",
+            dir.display(),
+            report.errors.join("\n  ")
+        )));
+    }
+    let digests = digests?;
 
     let arch = m.get_str("general.architecture").unwrap_or("unknown");
     let name = m
