@@ -22,6 +22,10 @@ Cases:
   big-manifest    the image manifest is padded past 2 MiB with an annotation
   big-config      the model config blob is padded past 1 MiB
   size-lie        a weight layer declares 1 TB while its blob is the genuine few MB
+  size-over       a weight layer declares twice its real size (under any size cap)
+  size-under      a weight layer declares 4096 bytes less than its real size
+  blake3-lie      a weight layer's io.gdsllm.blake3 annotation is another file's hash
+                  (its sha256 digest is genuine)
 """
 
 import argparse
@@ -46,6 +50,9 @@ CASES = [
     "big-manifest",
     "big-config",
     "size-lie",
+    "size-over",
+    "size-under",
+    "blake3-lie",
 ]
 
 
@@ -145,6 +152,12 @@ def main():
         cd["size"] = len(data)
     elif a.case == "size-lie":
         w0["size"] = 10**12
+    elif a.case == "size-over":
+        w0["size"] = 2 * w0["size"]
+    elif a.case == "size-under":
+        w0["size"] = w0["size"] - 4096
+    elif a.case == "blake3-lie":
+        w0["annotations"]["io.gdsllm.blake3"] = w1["annotations"]["io.gdsllm.blake3"]
 
     data = json.dumps(manifest, separators=(",", ":")).encode()
     md = put_blob(a.out, data)

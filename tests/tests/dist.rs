@@ -456,6 +456,12 @@ fn round_trip_push_pull_gives_identical_files_and_the_same_text() {
         "greedy text differs after the round trip"
     );
 
+    // By digest: the same model.
+    let by_digest = format!("{}/smollm2@{digest}", reg.host());
+    let v = env.pull(&by_digest, &env.path("pulled/by-digest"));
+    assert_eq!(st(&v, "manifest_digest"), digest, "{v}");
+    assert_same_tree(model, &env.path("pulled/by-digest"));
+
     // A second pull of the same reference elsewhere downloads nothing.
     let again = env.pull(&r, &env.path("pulled/again"));
     assert_eq!(u(&again, "downloaded_blobs"), 0, "{again}");
@@ -473,6 +479,53 @@ fn round_trip_push_pull_gives_identical_files_and_the_same_text() {
     let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http", "--force"]);
     ok(&o, "pull --force");
     assert_same_tree(model, &out);
+}
+
+#[test]
+fn concurrent_pulls_into_one_store_agree() {
+    // Several pulls of one model into one empty store at once (two pods on a node, or
+    // `gdsrun REF` started twice): each must succeed, and the store must hold every blob once.
+    // A few rounds, each with a fresh store, since a race shows only in some interleavings.
+    let reg = Registry::start();
+    let env = Env::new();
+    let model = smollm_converted();
+    let r = reg.reference("smollm2", "latest");
+    env.push(model, &r);
+    for round in 0..3 {
+        let home = env.path(&format!("home{round}"));
+        std::fs::create_dir_all(env.path(&format!("round{round}"))).unwrap();
+        let outs: Vec<PathBuf> = (0..4)
+            .map(|i| env.path(&format!("round{round}/out{i}")))
+            .collect();
+        let children: Vec<_> = outs
+            .iter()
+            .map(|o| {
+                env.command("gdsconv", &["pull", &r, s(o), "--plain-http"])
+                    .env("GDSLLM_HOME", &home)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let results: Vec<Output> = children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        for (res, o) in results.iter().zip(&outs) {
+            ok(
+                res,
+                &format!("round {round}: concurrent pull into {}", o.display()),
+            );
+            assert_same_tree(model, o);
+        }
+        assert_store_consistent(&home.join("store"));
+        let ino = |p: &Path| p.join("manifest.gdsm").metadata().unwrap().ino();
+        assert!(
+            outs.iter().all(|o| ino(o) == ino(&outs[0])),
+            "round {round}: concurrent pulls stored manifest.gdsm more than once"
+        );
+    }
 }
 
 #[test]
@@ -618,8 +671,19 @@ fn skopeo_reads_and_writes_our_artifacts() {
     validate(&out);
     assert_same_tree(model, &out);
 
-    // We push; skopeo pulls into an OCI layout: the same blobs, byte for byte.
-    env.push(model, &reg.reference("ours", "v1"));
+    // We push the directory, the tar and a layout directory: one manifest digest.
+    let from_dir = env.push(model, &reg.reference("ours", "v1"));
+    let from_tar = env.push(&tar, &reg.reference("ours-tar", "v1"));
+    let ours = pack_layout(&env, model, "our-layout", "v1");
+    let from_layout = env.push(&ours, &reg.reference("ours-layout", "v1"));
+    for v in [&from_tar, &from_layout] {
+        assert_eq!(v["manifest_digest"], from_dir["manifest_digest"], "{v}");
+    }
+    let out = env.path("from-tar");
+    env.pull(&reg.reference("ours-tar", "v1"), &out);
+    assert_same_tree(model, &out);
+
+    // skopeo pulls what we pushed into an OCI layout: the same blobs, byte for byte.
     let sk = env.path("skopeo-layout");
     skopeo(&[
         "copy",
@@ -627,7 +691,6 @@ fn skopeo_reads_and_writes_our_artifacts() {
         &format!("docker://{}", reg.reference("ours", "v1")),
         &format!("oci:{}:v1", sk.display()),
     ]);
-    let ours = pack_layout(&env, model, "our-layout", "v1");
     let (a, b) = (
         walk(&ours.join("blobs/sha256")),
         walk(&sk.join("blobs/sha256")),
@@ -782,7 +845,10 @@ fn retag_uploads_nothing_and_models_sharing_layers_share_blobs() {
         3,
         "B's new blobs should be the changed layer, manifest.gdsm and the config: {new:?}"
     );
-    let pb = env.push(&b, &reg.reference("smollm2-b", "v1"));
+    // Same repository, another tag: a registry answers "has this blob" per repository (a
+    // blob of another repository needs a cross-repository mount), so the shared layers are
+    // found only here.
+    let pb = env.push(&b, &reg.reference("smollm2", "b"));
     assert_eq!(
         u(&pb, "uploaded_blobs"),
         3,
@@ -793,7 +859,7 @@ fn retag_uploads_nothing_and_models_sharing_layers_share_blobs() {
     // Both pulled into one store: shared blobs are stored (and linked) once.
     let (oa, ob) = (env.path("pa"), env.path("pb"));
     let va = env.pull(&reg.reference("smollm2", "v1"), &oa);
-    let vb = env.pull(&reg.reference("smollm2-b", "v1"), &ob);
+    let vb = env.pull(&reg.reference("smollm2", "b"), &ob);
     assert_eq!(u(&va, "reused_blobs"), 0, "{va}");
     assert_eq!(u(&vb, "downloaded_blobs"), 3, "{vb}");
     assert_eq!(u(&vb, "reused_blobs"), u(&vb, "blobs") - 3, "{vb}");
@@ -901,6 +967,9 @@ fn hostile_packages_are_refused() {
         "big-manifest",
         "big-config",
         "size-lie",
+        "size-over",
+        "size-under",
+        "blake3-lie",
     ] {
         let layout = env.path(&format!("hostile-{case}"));
         let o = Command::new("python3")
@@ -963,9 +1032,25 @@ fn hostile_packages_are_refused() {
         if Path::new("/etc/x").exists() {
             problems.push("/etc/x exists".into());
         }
+        if case == "dotdot" {
+            // gdsrun resolving the reference refuses it the same way.
+            let g = generate(&env, &r, &["--plain-http"]);
+            if g.status.code() != Some(1) {
+                problems.push(format!(
+                    "gdsrun REF: exit {:?}, expected 1: {}",
+                    g.status.code(),
+                    stderr(&g).trim()
+                ));
+            }
+        }
         if secs > 60.0 {
             problems.push(format!("took {secs:.0} s"));
         }
+        eprintln!(
+            "{case}: exit {:?} in {secs:.1} s: {}",
+            o.status.code(),
+            err.trim()
+        );
         if !problems.is_empty() {
             failures.push(format!(
                 "{case}: {}\n    stdout: {}\n    stderr: {}",
@@ -1039,6 +1124,19 @@ fn registry_errors_exit_3() {
         stderr(&o)
     );
     assert!(!env.path("out").exists());
+    // gdsrun with a reference: its own code for registry errors, 5 (its 3 means CUDA).
+    let o = generate(&env, &r, &["--plain-http"]);
+    assert_eq!(
+        o.status.code(),
+        Some(5),
+        "gdsrun REF from nowhere: {}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        stderr(&o)
+    );
     // A tag the registry does not have.
     let reg = Registry::start();
     let o = env.run(
@@ -1084,8 +1182,10 @@ fn gdsrun_pulls_a_reference_on_first_use_and_gc_removes_it() {
     let path = PathBuf::from(st(item, "path"));
     assert_same_tree(model, &path);
 
-    // A second run uses the store: same text, and the model's files are the same inodes.
+    // A second run uses the store, with the registry gone: same text, and the model's files
+    // are the same inodes.
     let ino = path.join("manifest.gdsm").metadata().unwrap().ino();
+    drop(reg);
     let o = generate(&env, &r, &["--plain-http"]);
     ok(&o, "gdsrun REF, second time");
     assert_eq!(stdout(&o), reference_text());
