@@ -491,7 +491,7 @@ fn concurrent_pulls_into_one_store_agree() {
     let model = smollm_converted();
     let r = reg.reference("smollm2", "latest");
     env.push(model, &r);
-    for round in 0..3 {
+    for round in 0..5 {
         let home = env.path(&format!("home{round}"));
         std::fs::create_dir_all(env.path(&format!("round{round}"))).unwrap();
         let outs: Vec<PathBuf> = (0..4)
