@@ -44,6 +44,13 @@ impl Staged {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
+        if !parent.is_dir() {
+            return Err(DistError::usage(format!(
+                "{}: the directory {} does not exist",
+                target.display(),
+                parent.display()
+            )));
+        }
         let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
         if tmp.symlink_metadata().is_ok() {
             remove_any(&tmp);

@@ -331,6 +331,7 @@ impl Remote {
         out: Option<&Path>,
         force: bool,
     ) -> Result<PullSummary> {
+        let _lock = store.lock(false)?;
         let (_, digest, p) = self.manifest().await?;
         let what = format!("{} ({digest})", self.reference.whole());
         let out = match out {
@@ -492,7 +493,9 @@ impl Remote {
                 self.reference.whole()
             )));
         }
-        let tmp = store.partial_path(digest)?;
+        let tmp = store
+            .partial_path(digest)?
+            .with_extension(format!("tmp-{}", std::process::id()));
         std::fs::write(&tmp, &v).map_err(|e| DistError::io(&tmp, e))?;
         store.commit_blob(&tmp, digest)?;
         Ok(v)

@@ -39,6 +39,7 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
     if let Some(e) = store.get_ref(spec) {
         return Ok(store.model_dir(&e.digest));
     }
+    let _lock = store.lock(false)?;
     let remote = Remote::new(spec, opts.remote.clone())?;
     if !opts.quiet {
         eprintln!("pulling {spec} into {} ...", store.root().display());
@@ -81,6 +82,7 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
             return Ok(store.model_dir(&id));
         }
     }
+    let _lock = store.lock(false)?;
     let out = store.model_dir(&id);
     if !opts.quiet {
         eprintln!(

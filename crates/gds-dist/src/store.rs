@@ -125,10 +125,37 @@ impl Store {
         let _ = fs::set_permissions(file, fs::Permissions::from_mode(0o444));
         if dst.exists() {
             let _ = fs::remove_file(file);
-        } else {
-            fs::rename(file, &dst).map_err(|e| DistError::io(&dst, e))?;
+            return Ok(dst);
         }
-        Ok(dst)
+        match fs::rename(file, &dst) {
+            Ok(()) => Ok(dst),
+            // another pull of the same blob moved the same verified file in first
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && dst.exists() => Ok(dst),
+            Err(e) => Err(DistError::usage(format!(
+                "moving {} to {}: {e}",
+                file.display(),
+                dst.display()
+            ))),
+        }
+    }
+
+    /// Held by every pull and conversion into the store (shared) and by `gc` (exclusive),
+    /// so that `gc` never removes a blob between its arrival and its first link.
+    pub fn lock(&self, exclusive: bool) -> Result<fs::File> {
+        let p = self.root.join(".lock");
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(|e| DistError::io(&p, e))?;
+        let op = if exclusive {
+            rustix::fs::FlockOperation::LockExclusive
+        } else {
+            rustix::fs::FlockOperation::LockShared
+        };
+        rustix::fs::flock(&f, op).map_err(|e| DistError::io(&p, e.into()))?;
+        Ok(f)
     }
 
     /// Puts the existing file `path` into the store (hashing it) and replaces it with a
@@ -225,6 +252,7 @@ impl Store {
     /// Removes the models no reference names, the blobs nothing links to, and abandoned
     /// partial downloads (those no process holds locked).
     pub fn gc(&self) -> Result<GcSummary> {
+        let _lock = self.lock(true)?;
         let mut s = GcSummary::default();
         let live: std::collections::HashSet<PathBuf> = self
             .refs()
