@@ -845,6 +845,19 @@ fn retag_uploads_nothing_and_models_sharing_layers_share_blobs() {
         3,
         "B's new blobs should be the changed layer, manifest.gdsm and the config: {new:?}"
     );
+    // Another repository, with --mount-from the base model's repository: only B's 3 new
+    // blobs are uploaded, the rest are mounted (a registry answers "has this blob" per
+    // repository, so without the mount all would be).
+    let pc = env.json(&[
+        "push",
+        s(&b),
+        &reg.reference("finetune", "v1"),
+        "--plain-http",
+        "--mount-from",
+        "smollm2",
+    ]);
+    assert_eq!(u(&pc, "uploaded_blobs"), 3, "--mount-from: {pc}");
+    assert_eq!(u(&pc, "mounted_blobs"), u(&pc, "blobs") - 3, "{pc}");
     // Same repository, another tag: a registry answers "has this blob" per repository (a
     // blob of another repository needs a cross-repository mount), so the shared layers are
     // found only here.
@@ -855,6 +868,7 @@ fn retag_uploads_nothing_and_models_sharing_layers_share_blobs() {
         "B uploads only its 3 new blobs: {pb}"
     );
     assert_eq!(u(&pb, "skipped_blobs"), u(&pb, "blobs") - 3, "{pb}");
+    assert_eq!(st(&pc, "manifest_digest"), st(&pb, "manifest_digest"));
 
     // Both pulled into one store: shared blobs are stored (and linked) once.
     let (oa, ob) = (env.path("pa"), env.path("pb"));

@@ -46,6 +46,10 @@ pub struct RemoteOptions {
     pub progress: Option<Arc<dyn Fn(u64) + Send + Sync>>,
     /// Called once a pull knows how many bytes the model has.
     pub on_total: Option<Arc<dyn Fn(u64) + Send + Sync>>,
+    /// Push: repositories of the same registry to mount missing blobs from (a registry
+    /// answers "already there" per repository; a cross-repository mount shares the bytes
+    /// without uploading them).
+    pub mount_from: Vec<String>,
 }
 
 /// `gdsconv push --json`.
@@ -61,6 +65,8 @@ pub struct PushSummary {
     pub uploaded_blobs: usize,
     /// Blobs the registry already had.
     pub skipped_blobs: usize,
+    /// Blobs mounted from another repository of the registry (`--mount-from`).
+    pub mounted_blobs: usize,
     /// Bytes uploaded.
     pub uploaded_bytes: u64,
 }
@@ -256,8 +262,17 @@ impl Remote {
             blobs: blobs.len(),
             uploaded_blobs: 0,
             skipped_blobs: 0,
+            mounted_blobs: 0,
             uploaded_bytes: 0,
         };
+        let sources: Vec<Reference> = self
+            .opts
+            .mount_from
+            .iter()
+            .map(|repo| {
+                Reference::with_tag(r.registry().to_string(), repo.clone(), "latest".into())
+            })
+            .collect();
         for b in blobs {
             let what = format!("checking blob {}", b.digest);
             if self
@@ -265,6 +280,22 @@ impl Remote {
                 .await?
             {
                 s.skipped_blobs += 1;
+                if let Some(p) = &self.opts.progress {
+                    p(b.size);
+                }
+                continue;
+            }
+            let mut mounted = false;
+            for src in &sources {
+                if self.client.mount_blob(r, src, &b.digest).await.is_ok()
+                    && self.client.blob_exists(r, &b.digest).await.unwrap_or(false)
+                {
+                    mounted = true;
+                    break;
+                }
+            }
+            if mounted {
+                s.mounted_blobs += 1;
                 if let Some(p) = &self.opts.progress {
                     p(b.size);
                 }

@@ -59,6 +59,10 @@ pub struct PushArgs {
     src: PathBuf,
     /// Where to: REGISTRY/REPOSITORY:TAG.
     reference: String,
+    /// Mount blobs the registry holds in this repository (same registry, repeatable)
+    /// instead of uploading them: a fine-tune pushed beside its base model uploads only what differs.
+    #[arg(long, value_name = "REPOSITORY")]
+    mount_from: Vec<String>,
     #[command(flatten)]
     flags: RegistryFlags,
 }
@@ -164,6 +168,7 @@ fn remote(
     reference: &str,
     f: &RegistryFlags,
     b: &Option<indicatif::ProgressBar>,
+    mount_from: &[String],
 ) -> Result<Remote, Failure> {
     Ok(Remote::new(
         reference,
@@ -171,6 +176,7 @@ fn remote(
             plain_http: f.plain_http,
             limit_rate: f.limit_rate,
             progress: Some(progress_fn(b)),
+            mount_from: mount_from.to_vec(),
             on_total: b
                 .clone()
                 .map(|b| -> Arc<dyn Fn(u64) + Send + Sync> { Arc::new(move |n| b.set_length(n)) }),
@@ -206,7 +212,7 @@ pub fn push(a: PushArgs) -> Result<ExitCode, Failure> {
         .filter(|t| !t.contains('/'));
     let art = source(&a.src, tag)?;
     let b = bar(art.total_bytes(), a.flags.json);
-    let r = remote(&a.reference, &a.flags, &b)?;
+    let r = remote(&a.reference, &a.flags, &b, &a.mount_from)?;
     let s = r.push(&art);
     if let Some(b) = b {
         b.finish_and_clear();
@@ -219,12 +225,13 @@ pub fn push(a: PushArgs) -> Result<ExitCode, Failure> {
         println!("{v}");
     } else {
         println!(
-            "pushed {} -> {}: {} blobs ({} uploaded, {} already there), {} in {:.2} s; pull {}@{}",
+            "pushed {} -> {}: {} blobs ({} uploaded, {} already there, {} mounted), {} in {:.2} s; pull {}@{}",
             a.src.display(),
             s.reference,
             s.blobs,
             s.uploaded_blobs,
             s.skipped_blobs,
+            s.mounted_blobs,
             human(s.uploaded_bytes),
             secs,
             repository(&s.reference),
@@ -249,7 +256,7 @@ pub fn pull(a: PullArgs) -> Result<ExitCode, Failure> {
     let t0 = Instant::now();
     let store = Store::open_default()?;
     let b = bar(0, a.flags.json);
-    let r = remote(&a.reference, &a.flags, &b)?;
+    let r = remote(&a.reference, &a.flags, &b, &[])?;
     let s = r.pull(&store, &a.out_dir, a.force);
     if let Some(b) = b {
         b.finish_and_clear();
