@@ -44,6 +44,9 @@ pub const WEIGHT_CONFIG_MEDIA_TYPE: &str = "application/vnd.cncf.model.weight.co
 pub const DOC_MEDIA_TYPE: &str = "application/vnd.cncf.model.doc.v1.raw";
 /// The path of a layer's file inside the model directory.
 pub const FILEPATH_ANNOTATION: &str = "org.cncf.model.filepath";
+/// The file name ORAS (`oras pull`) and CRI-O's OCI artifact volumes give a layer; we set it
+/// to the same path (pull reads only `org.cncf.model.filepath`).
+pub const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
 /// ModelPack's per-file metadata (we never write it; on pull only regular files are accepted).
 pub const FILE_METADATA_ANNOTATION: &str = "org.cncf.model.file.metadata+json";
 /// The file's BLAKE3 as our manifest records it (hex), the second check after sha256.

@@ -332,6 +332,8 @@ fn manifest_json(
             "size": b.size,
             "annotations": {
                 FILEPATH_ANNOTATION: b.path,
+                // what ORAS and CRI-O's artifact volumes name a layer's file by
+                TITLE_ANNOTATION: b.path,
                 BLAKE3_ANNOTATION: b.blake3.map(|h| hex(&h)),
             },
         })
