@@ -32,7 +32,7 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
     }
     if !looks_like_reference(spec) {
         return Err(DistError::usage(format!(
-            "{spec}: no such model directory or .gguf file, and not a registry reference (REGISTRY/REPOSITORY:TAG or @sha256:…)"
+            "{spec}: No such file or directory (MODEL is a model directory, a .gguf file, or a registry reference REGISTRY/REPOSITORY:TAG or @sha256:…)"
         )));
     }
     let store = Store::open_default()?;
