@@ -454,6 +454,7 @@ impl Remote {
             s.downloaded_bytes += p.config_size;
         }
         let mut fetched = Vec::new();
+        let mut flushes = Vec::new();
         for l in &unique {
             if store.has_blob(&l.digest, l.size) {
                 s.reused_blobs += 1;
@@ -462,17 +463,22 @@ impl Remote {
                 }
                 continue;
             }
-            let (got, resumed) = self.fetch_blob(store, l, &what).await?;
+            let (got, resumed, file) = self.fetch_blob(store, l, &what).await?;
             s.downloaded_blobs += 1;
             s.downloaded_bytes += got;
             s.resumed_bytes += resumed;
+            // each blob is flushed to disk on a thread while the next one downloads
+            let part = store.partial_path(&l.digest)?;
+            flushes.push(std::thread::spawn(move || {
+                file.map_or(Ok(()), |f| f.sync_data())
+                    .map_err(|e| DistError::io(&part, e))
+            }));
             fetched.push(l.digest.clone());
         }
-        // one flush for every blob downloaded (not one fsync each), then into the store
-        if !fetched.is_empty() {
-            let root =
-                std::fs::File::open(store.root()).map_err(|e| DistError::io(store.root(), e))?;
-            rustix::fs::syncfs(&root).map_err(|e| DistError::io(store.root(), e.into()))?;
+        // every download is on disk before it enters the store
+        for h in flushes {
+            h.join()
+                .map_err(|_| DistError::usage("a flush thread panicked"))??;
         }
         for d in &fetched {
             let part = store.partial_path(d)?;
@@ -532,9 +538,15 @@ impl Remote {
         Ok(v)
     }
 
-    /// Downloads one layer blob into the store, resuming a partial download: (bytes
-    /// fetched now, bytes resumed).
-    async fn fetch_blob(&self, store: &Store, l: &Layer, what: &str) -> Result<(u64, u64)> {
+    /// Downloads one layer blob into the store's partial file, verified, resuming a partial
+    /// download: (bytes fetched now, bytes resumed, the file to flush; `None` when another
+    /// pull already stored the blob).
+    async fn fetch_blob(
+        &self,
+        store: &Store,
+        l: &Layer,
+        what: &str,
+    ) -> Result<(u64, u64, Option<std::fs::File>)> {
         let part = store.partial_path(&l.digest)?;
         let mut f = std::fs::OpenOptions::new()
             .read(true)
@@ -548,7 +560,7 @@ impl Remote {
             .map_err(|e| DistError::io(&part, e.into()))?;
         if store.has_blob(&l.digest, l.size) {
             let _ = std::fs::remove_file(&part);
-            return Ok((0, 0));
+            return Ok((0, 0, None));
         }
         let bad = |why: String| {
             DistError::invalid(format!("{what}: blob {} ({}): {why}", l.digest, l.path))
@@ -688,9 +700,8 @@ impl Remote {
                 "the content does not match the BLAKE3 the package declares ({BLAKE3_ANNOTATION}); nothing was kept"
             )));
         }
-        // the caller flushes every download with one syncfs, then moves them into the store
-        drop(f);
-        Ok((fetched, resumed))
+        // the caller flushes it (beside the next download), then moves it into the store
+        Ok((fetched, resumed, Some(f)))
     }
 }
 
