@@ -19,9 +19,9 @@ GGUF=$(./scripts/fetch-model.sh)
 cargo build --release -q -p gdsconv
 BIN=$PWD/target/release/gdsconv
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gds-bench-dist.XXXXXX")
-REG_PID=
+. scripts/local-registry.sh
 cleanup() {
-  [ -n "$REG_PID" ] && kill "$REG_PID" 2>/dev/null && wait "$REG_PID" 2>/dev/null
+  stop_registry
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -35,34 +35,9 @@ fi
 BYTES=$(du -sb --apparent-size "$MODEL" | cut -f1)
 FILES=$(find "$MODEL" -type f | wc -l)
 
-# A throwaway registry on a free port.
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cat > "$WORK/registry.yml" <<EOF
-version: 0.1
-log:
-  level: error
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: $WORK/registry
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:$PORT
-EOF
-docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
-REG_PID=$!
-python3 - "$PORT" <<'PY'
-import sys, time, urllib.request
-for _ in range(200):
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/v2/", timeout=1); sys.exit(0)
-    except Exception:
-        time.sleep(0.05)
-sys.exit("docker-registry did not start")
-PY
-REF=127.0.0.1:$PORT/smollm2:bench
+# A throwaway registry on a free port (scripts/local-registry.sh).
+start_registry "$WORK"
+REF=$REG_ADDR/smollm2:bench
 "$BIN" push "$MODEL" "$REF" --plain-http >/dev/null
 
 now() { date +%s.%N; }

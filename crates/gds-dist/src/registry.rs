@@ -18,9 +18,7 @@
 
 use crate::error::{DistError, Result};
 use crate::layout::Staged;
-use crate::package::{
-    digest_hex, hex, parse_manifest, sha256_digest, Artifact, BlobRef, BlobSource, Layer,
-};
+use crate::package::{hex, parse_manifest, sha256_digest, Artifact, BlobRef, BlobSource, Layer};
 use crate::store::{link_or_copy, Store};
 use crate::*;
 use futures_util::StreamExt;
@@ -180,6 +178,20 @@ impl Remote {
     /// The reference as parsed.
     pub fn reference(&self) -> String {
         self.reference.whole()
+    }
+
+    /// Its tag, if it names one.
+    pub fn tag(&self) -> Option<&str> {
+        self.reference.tag()
+    }
+
+    /// `registry/repository`, without tag or digest.
+    pub fn repository(&self) -> String {
+        format!(
+            "{}/{}",
+            self.reference.registry(),
+            self.reference.repository()
+        )
     }
 
     fn err(&self, what: &str, e: OciDistributionError) -> DistError {
@@ -822,9 +834,4 @@ fn blob_stream(
         }
     })
     .boxed()
-}
-
-/// Checks that a digest string is well formed (used by callers before talking to a registry).
-pub fn check_digest(d: &str) -> Result<()> {
-    digest_hex(d).map(|_| ())
 }

@@ -205,14 +205,12 @@ fn source(src: &Path, tag: Option<&str>) -> Result<Artifact, Failure> {
 
 pub fn push(a: PushArgs) -> Result<ExitCode, Failure> {
     let t0 = Instant::now();
-    let tag = a
-        .reference
-        .rsplit_once(':')
-        .map(|(_, t)| t)
-        .filter(|t| !t.contains('/'));
-    let art = source(&a.src, tag)?;
-    let b = bar(art.total_bytes(), a.flags.json);
+    let b = bar(0, a.flags.json);
     let r = remote(&a.reference, &a.flags, &b, &a.mount_from)?;
+    let art = source(&a.src, r.tag())?;
+    if let Some(b) = &b {
+        b.set_length(art.total_bytes());
+    }
     let s = r.push(&art);
     if let Some(b) = b {
         b.finish_and_clear();
@@ -220,9 +218,7 @@ pub fn push(a: PushArgs) -> Result<ExitCode, Failure> {
     let s = s?;
     let secs = t0.elapsed().as_secs_f64();
     if a.flags.json {
-        let mut v = serde_json::to_value(&s)?;
-        v["seconds"] = secs.into();
-        println!("{v}");
+        print_json(serde_json::to_value(&s)?, secs)?;
     } else {
         println!(
             "pushed {} -> {}: {} blobs ({} uploaded, {} already there, {} mounted), {} in {:.2} s; pull {}@{}",
@@ -234,22 +230,18 @@ pub fn push(a: PushArgs) -> Result<ExitCode, Failure> {
             s.mounted_blobs,
             human(s.uploaded_bytes),
             secs,
-            repository(&s.reference),
+            r.repository(),
             s.manifest_digest
         );
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `registry/repo` of `registry/repo:tag` or `registry/repo@digest`.
-fn repository(reference: &str) -> &str {
-    if let Some(i) = reference.find('@') {
-        return &reference[..i];
-    }
-    match reference.rfind(':') {
-        Some(i) if i > reference.rfind('/').unwrap_or(0) => &reference[..i],
-        _ => reference,
-    }
+/// A summary as one JSON line, with the elapsed seconds.
+fn print_json(mut v: serde_json::Value, secs: f64) -> Result<(), Failure> {
+    v["seconds"] = secs.into();
+    println!("{v}");
+    Ok(())
 }
 
 pub fn pull(a: PullArgs) -> Result<ExitCode, Failure> {
@@ -264,9 +256,7 @@ pub fn pull(a: PullArgs) -> Result<ExitCode, Failure> {
     let s = s?;
     let secs = t0.elapsed().as_secs_f64();
     if a.flags.json {
-        let mut v = serde_json::to_value(&s)?;
-        v["seconds"] = secs.into();
-        println!("{v}");
+        print_json(serde_json::to_value(&s)?, secs)?;
     } else {
         println!(
             "pulled {} -> {}: {} blobs ({} downloaded, {} from the store), {} in {:.2} s; {}",
