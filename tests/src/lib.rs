@@ -41,6 +41,35 @@ pub fn smollm_gguf() -> PathBuf {
     p
 }
 
+/// The real Gemma 3 270M Q4_K_M GGUF (scripts/fetch-gemma.sh).
+pub fn gemma_gguf() -> PathBuf {
+    let p = root().join(".cache/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-gemma.sh (the test command in README.md does)",
+        p.display()
+    );
+    p
+}
+
+/// Gemma 3 270M converted once per test binary.
+pub fn gemma_converted() -> &'static Path {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let tmp = tempfile::tempdir().expect("temporary directory");
+        let out = tmp.path().join("gemma3.gds");
+        gds_convert::convert(
+            &gemma_gguf(),
+            &out,
+            &gds_convert::ConvertOptions::default(),
+            &gds_convert::NoProgress,
+        )
+        .expect("convert Gemma 3");
+        (tmp, out)
+    })
+    .1
+}
+
 /// A fixture file or directory under `fixtures/`.
 pub fn fixture(rel: &str) -> PathBuf {
     root().join("fixtures").join(rel)

@@ -334,36 +334,73 @@ fn interrupted_conversion_leaves_nothing_that_looks_valid() {
     }
 }
 
+/// Gemma 3 is a known family (formats/gemma3.json): its hyperparameters, the keys llama.cpp
+/// hard-codes for it and its block tensors are checked, and it validates as runnable.
 #[test]
-fn unknown_architecture_converts_with_a_warning() {
-    let gemma = root().join(".cache/models/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        gemma.exists(),
-        "{} is missing: run scripts/fetch-gemma.sh",
-        gemma.display()
-    );
+fn gemma3_converts_to_a_runnable_model() {
+    let gemma = gemma_gguf();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("gemma.gds");
     let o = convert(&gemma, &out, &[]);
     assert_ok(&o);
+    assert!(!stderr(&o).contains("not supported"), "{}", stderr(&o));
+    let (code, v) = validate_json(&out, false);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["runnable"], true, "{v}");
+    let mb = std::fs::read(out.join(MANIFEST_FILE)).unwrap();
+    let m = Manifest::parse(&mb).unwrap();
+    assert_eq!(m.get_str("general.architecture").unwrap(), "gemma3");
+    let h = gds_format::arch::hparams(&m, "gemma3").unwrap();
+    assert_eq!((h.n_layers, h.n_embd, h.head_dim), (18, 640, 256));
+    assert_eq!((h.n_heads, h.n_kv_heads, h.n_ff), (4, 1, 2048));
+    assert_eq!(h.sliding_window, Some(512));
+    assert_eq!(h.sliding_window_pattern, 6);
+    assert_eq!(h.rope_theta_local, Some(10000.0));
+    assert_eq!(h.rope_theta, 1_000_000.0);
+    assert_eq!(h.query_pre_attn_scalar, Some(256.0));
+    assert_eq!(h.rope_style, gds_format::arch::RopeStyle::Neox);
+    assert!(h.tie_embeddings && h.add_bos);
+    // layers 5, 11, 17 attend globally
+    let global: Vec<u64> = (0..18).filter(|&l| !h.is_window_layer(l)).collect();
+    assert_eq!(global, [5, 11, 17]);
+}
+
+/// An architecture without a description converts, grouped by layer index, with a warning
+/// that gdsrun cannot run it; validate agrees (valid, not runnable).
+#[test]
+fn unknown_architecture_converts_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    // tiny-llama.gguf with its general.architecture value renamed (same length)
+    let mut b = std::fs::read(fixture("tiny-llama.gguf")).unwrap();
+    let key = b"general.architecture";
+    let at = b
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("architecture key")
+        + key.len();
+    // value type (u32 8 = string), length (u64 5), then the name
+    assert_eq!(&b[at + 12..at + 17], b"llama");
+    b[at + 12..at + 17].copy_from_slice(b"mamba");
+    let input = tmp.path().join("mamba.gguf");
+    std::fs::write(&input, &b).unwrap();
+    let out = tmp.path().join("mamba.gds");
+    let o = convert(&input, &out, &[]);
+    assert_ok(&o);
     assert!(
-        stderr(&o).contains("\"gemma3\" is not supported by gdsrun"),
+        stderr(&o).contains("\"mamba\" is not supported by gdsrun"),
         "{}",
         stderr(&o)
     );
     let (code, v) = validate_json(&out, true);
     assert_eq!(code, 0, "{v}");
-    assert!(v["warnings"].to_string().contains("gemma3"), "{v}");
+    assert_eq!(v["runnable"], false, "{v}");
+    assert!(v["warnings"].to_string().contains("mamba"), "{v}");
     let mb = std::fs::read(out.join(MANIFEST_FILE)).unwrap();
     let m = Manifest::parse(&mb).unwrap();
-    assert_eq!(m.get_str("general.architecture").unwrap(), "gemma3");
-    // grouped by layer index: 18 blocks plus embedding and head
+    assert_eq!(m.get_str("general.architecture").unwrap(), "mamba");
     let blocks = m
         .layers()
         .filter(|l| l.kind == gds_format::layer_kind::BLOCK)
         .count();
-    assert_eq!(blocks as u64, m.get_u64("gguf.gemma3.block_count").unwrap());
-    assert!(m.tensors().all(|t| !t.name.starts_with("blk.")
-        || m.layer(t.layer).unwrap().name
-            == t.name.split('.').take(2).collect::<Vec<_>>().join(".")));
+    assert_eq!(blocks as u64, m.get_u64("gguf.llama.block_count").unwrap());
 }

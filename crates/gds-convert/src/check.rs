@@ -8,8 +8,9 @@
 //! states (a layer count of 2^32 - 1 is refused before anything is built from it).
 
 use crate::error::ConvertError;
-use crate::names::{group_of, llama, Group};
+use crate::names::{group_of, Group};
 use crate::source::{MetaValue, Source, SourceTensor};
+use gds_format::arch::family;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
@@ -68,7 +69,12 @@ pub fn check_source(source: &Source, input: &Path) -> Result<(), ConvertError> {
         .iter()
         .map(|t| (t.name.as_str(), t))
         .collect();
-    let spec = llama();
+    let spec = family(&source.arch).ok_or_else(|| {
+        bad(format!(
+            "internal: architecture {} has no description in formats/",
+            source.arch
+        ))
+    })?;
     let tied = matches!(
         source.metadata.get("model.tie_embeddings"),
         Some(MetaValue::Bool(true))
@@ -86,42 +92,39 @@ pub fn check_source(source: &Source, input: &Path) -> Result<(), ConvertError> {
     for name in required {
         if !by_name.contains_key(name.as_str()) {
             return Err(bad(format!(
-                "tensor {name:?}, required by the llama architecture, is missing"
+                "tensor {name:?}, required by the {} architecture, is missing",
+                spec.family
             )));
         }
     }
 
-    // Shapes the runtime relies on. A product that overflows fits no tensor.
+    // Shapes the runtime relies on (the description's table). A product that overflows
+    // fits no tensor.
     let embd = u("model.n_embd")?;
     let heads = u("model.n_heads")?;
     let kv = u("model.n_kv_heads")?;
     let hd = u("model.head_dim")?;
     let ff = u("model.n_ff")?;
     let vocab = u("model.vocab_size")?;
-    let q = heads.checked_mul(hd);
-    let k = kv.checked_mul(hd);
-    let (e, f) = (Some(embd), Some(ff));
-    let mut expect: Vec<(String, Vec<Option<u64>>)> = vec![
-        ("token_embd.weight".into(), vec![Some(vocab), e]),
-        ("output.weight".into(), vec![Some(vocab), e]),
-        ("output_norm.weight".into(), vec![e]),
-    ];
-    for n in 0..n_layers {
-        let b = |s: &str| format!("blk.{n}.{s}");
-        expect.extend([
-            (b("attn_q.weight"), vec![q, e]),
-            (b("attn_k.weight"), vec![k, e]),
-            (b("attn_v.weight"), vec![k, e]),
-            (b("attn_q.bias"), vec![q]),
-            (b("attn_k.bias"), vec![k]),
-            (b("attn_v.bias"), vec![k]),
-            (b("attn_output.weight"), vec![e, q]),
-            (b("ffn_gate.weight"), vec![f, e]),
-            (b("ffn_up.weight"), vec![f, e]),
-            (b("ffn_down.weight"), vec![e, f]),
-            (b("attn_norm.weight"), vec![e]),
-            (b("ffn_norm.weight"), vec![e]),
-        ]);
+    let sym = |s: &str| match s {
+        "d" => Some(embd),
+        "q" => heads.checked_mul(hd),
+        "kv" => kv.checked_mul(hd),
+        "ff" => Some(ff),
+        "V" => Some(vocab),
+        "hd" => Some(hd),
+        _ => None,
+    };
+    let mut expect: Vec<(String, Vec<Option<u64>>)> = Vec::new();
+    for (pattern, dims) in &spec.shapes {
+        let dims: Vec<Option<u64>> = dims.iter().map(|d| sym(d)).collect();
+        if pattern.contains("{N}") {
+            for n in 0..n_layers {
+                expect.push((fill(pattern, n), dims.clone()));
+            }
+        } else {
+            expect.push((pattern.clone(), dims));
+        }
     }
     for (name, want) in expect {
         let Some(t) = by_name.get(name.as_str()) else {

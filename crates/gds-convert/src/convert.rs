@@ -155,6 +155,9 @@ pub fn open_source(input: &Path) -> Result<Source, ConvertError> {
 
 /// The dtype a tensor is written as under `opts`.
 pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions) -> DType {
+    if t.transform == Transform::NormOffset {
+        return DType::F32;
+    }
     let target = match opts.quant {
         QuantTarget::Keep => return t.dtype,
         QuantTarget::To(d) => d,
@@ -201,6 +204,17 @@ fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, Convert
             rows,
             row_bytes,
             n_head as usize,
+        ));
+    }
+    if t.transform == Transform::NormOffset {
+        let n: usize = t.shape.iter().product::<u64>() as usize;
+        let mut f = vec![0f32; n];
+        gds_kernels::dequantize(t.dtype, &bytes, &mut f).map_err(kerr)?;
+        for v in &mut f {
+            *v += 1.0;
+        }
+        return Ok(Cow::Owned(
+            gds_kernels::quantize(DType::F32, &f).map_err(kerr)?,
         ));
     }
     if out == t.dtype {

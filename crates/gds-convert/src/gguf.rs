@@ -187,6 +187,16 @@ fn json_to_meta(v: &Value) -> Option<MetaValue> {
     }
 }
 
+/// `v` as the type the family description declares for `key` (an integer where an f64 is
+/// declared becomes that f64; anything else is kept and left to the checks).
+pub(crate) fn as_declared(spec: &crate::names::FamilySpec, key: &str, v: MetaValue) -> MetaValue {
+    match (spec.required_metadata.get(key).map(String::as_str), v) {
+        (Some("f64"), MetaValue::U64(u)) => MetaValue::F64(u as f64),
+        (Some("f64"), MetaValue::I64(i)) => MetaValue::F64(i as f64),
+        (_, v) => v,
+    }
+}
+
 fn num_u64(v: Option<&Value>) -> Option<u64> {
     let v = v?;
     v.as_u64().or_else(|| {
@@ -383,6 +393,37 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
                 })?,
             ),
         );
+        // Family-specific keys: from the GGUF where it has them, else the values llama.cpp
+        // hard-codes for the architecture (formats/<family>.json).
+        let spec = crate::names::family(fam)
+            .ok_or_else(|| bad(format!("internal: no description of family {fam}")))?;
+        for (canon, suffix) in &spec.gguf_keys {
+            if let Some(v) = key(suffix).and_then(json_to_meta) {
+                hparam_origin.insert(canon.clone(), format!("{a}.{suffix}"));
+                metadata.insert(canon.clone(), as_declared(spec, canon, v));
+            }
+        }
+        for (canon, v) in &spec.gguf_defaults {
+            if !metadata.contains_key(canon) {
+                if let Some(v) = json_to_meta(v) {
+                    metadata.insert(canon.clone(), as_declared(spec, canon, v));
+                }
+            }
+        }
+        if fam == "gemma3" {
+            // llama.cpp (llama-model.cpp, LLM_ARCH_GEMMA3): queries are scaled by
+            // 1/sqrt(n_embd / n_head) for the 27B model (62 layers), else 1/sqrt(head_dim).
+            let n_layers = need_u64("block_count")?;
+            let scalar = if n_layers == 62 {
+                n_embd / n_heads
+            } else {
+                head_dim
+            };
+            metadata.insert(
+                "model.query_pre_attn_scalar".into(),
+                MetaValue::F64(scalar as f64),
+            );
+        }
         if a == "qwen2" {
             // llama.cpp writes qwen2 Q/K unpermuted and rotates them NEOX-style; canonical
             // GdsLLM layout is the permuted one (SPEC.md §6), so permute like an HF input.

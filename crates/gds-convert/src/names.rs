@@ -1,17 +1,10 @@
 //! Architecture name maps (from `formats/*.json`) and the grouping of tensors into layers.
 
-pub use gds_format::arch::{llama, FamilySpec, RequiredTensors};
+pub use gds_format::arch::{family, llama, FamilySpec, RequiredTensors};
 
 /// The canonical family of a GGUF or HF architecture name, if `gdsrun` can run it.
 pub fn canonical_family(arch: &str) -> Option<&'static str> {
-    let l = llama();
-    let hit = l
-        .gguf_architectures
-        .iter()
-        .chain(&l.hf_architectures)
-        .chain(&l.hf_model_types)
-        .any(|a| a == arch);
-    hit.then_some("llama")
+    gds_format::arch::family_of(arch).map(|f| f.family.as_str())
 }
 
 /// Matches `name` against a pattern with one `{N}` placeholder, returning N.
@@ -78,7 +71,8 @@ mod tests {
         assert_eq!(l.family, "llama");
         assert_eq!(canonical_family("qwen2"), Some("llama"));
         assert_eq!(canonical_family("LlamaForCausalLM"), Some("llama"));
-        assert_eq!(canonical_family("gemma3"), None);
+        assert_eq!(canonical_family("gemma3"), Some("gemma3"));
+        assert_eq!(canonical_family("mamba"), None);
         assert_eq!(
             match_pattern(
                 "model.layers.{N}.mlp.up_proj.weight",

@@ -230,13 +230,10 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         .get("model_type")
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let spec = llama_spec();
-    let is_llama = hf_arch
-        .as_ref()
-        .is_some_and(|a| spec.hf_architectures.contains(a))
-        || model_type
-            .as_ref()
-            .is_some_and(|m| spec.hf_model_types.contains(m));
+    let spec = hf_arch
+        .as_deref()
+        .and_then(gds_format::arch::family_of)
+        .or_else(|| model_type.as_deref().and_then(gds_format::arch::family_of));
     let source_arch = hf_arch
         .clone()
         .or_else(|| model_type.clone())
@@ -246,7 +243,7 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         MetaValue::Str(source_arch.clone()),
     );
 
-    if !is_llama {
+    let Some(spec) = spec else {
         let arch = model_type
             .or(hf_arch)
             .unwrap_or_else(|| "unknown".to_owned());
@@ -264,15 +261,16 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
             tokenizer,
             warnings,
         });
-    }
+    };
 
     let mut runnable = true;
     let hp = llama_hparams(&cfg, &raw, &mut metadata, &mut warnings, &mut runnable)?;
+    family_hparams(&cfg, spec, &mut metadata)?;
     metadata.insert(
         "general.architecture".into(),
-        MetaValue::Str("llama".into()),
+        MetaValue::Str(spec.family.clone()),
     );
-    let tensors = map_llama(input, raw, &hp, &mut warnings)?;
+    let tensors = map_llama(input, raw, &hp, spec, &mut warnings)?;
     let hparam_origin = [
         ("model.n_layers", "num_hidden_layers"),
         ("model.n_embd", "hidden_size"),
@@ -287,7 +285,7 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
     .map(|(canon, k)| (canon.into(), format!("{k} in {}", config_path.display())))
     .collect();
     Ok(Source {
-        arch: "llama".into(),
+        arch: spec.family.clone(),
         runnable,
         metadata,
         hparam_origin,
@@ -921,7 +919,7 @@ fn token_ids(cfg: &Config, dir: &Path, tok: &mut TokenizerFiles, md: &mut Metada
 // Architectures
 
 // The llama family's name map and pattern matcher are shared with the GGUF side.
-use crate::names::{llama as llama_spec, match_pattern};
+use crate::names::{llama as llama_spec, match_pattern, FamilySpec};
 
 fn fill(pattern: &str, n: Option<u64>) -> String {
     match n {
@@ -1173,13 +1171,81 @@ fn rope_scaling(
     Ok(())
 }
 
+/// The family-specific keys of `spec` (`hf_keys`, else `hf_defaults`). Gemma 3's window
+/// pattern comes from `layer_types` when the config lists them (transformers ≥ 4.53), else
+/// from `sliding_window_pattern`.
+fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<()> {
+    for (canon, key) in &spec.hf_keys {
+        let v = match canon.as_str() {
+            "model.sliding_window_pattern" if cfg.get("layer_types").is_some() => {
+                Some(MetaValue::U64(window_pattern(cfg)?))
+            }
+            _ => match cfg.get(key) {
+                Some(Value::Bool(b)) => Some(MetaValue::Bool(*b)),
+                Some(Value::Number(_)) => match cfg.u64_opt(key) {
+                    Ok(Some(u)) => Some(MetaValue::U64(u)),
+                    _ => cfg.f64_opt(key)?.map(MetaValue::F64),
+                },
+                Some(v) => return Err(cfg.err(format!("{key} = {v} is not a number"))),
+                None => None,
+            },
+        };
+        let v = v.or_else(|| spec.hf_defaults.get(canon).and_then(meta_of_json));
+        if let Some(v) = v {
+            md.insert(canon.clone(), crate::gguf::as_declared(spec, canon, v));
+        }
+    }
+    for (canon, v) in &spec.hf_defaults {
+        if !md.contains_key(canon) {
+            if let Some(v) = meta_of_json(v) {
+                md.insert(canon.clone(), crate::gguf::as_declared(spec, canon, v));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn meta_of_json(v: &Value) -> Option<MetaValue> {
+    match v {
+        Value::Bool(b) => Some(MetaValue::Bool(*b)),
+        Value::Number(n) => n
+            .as_u64()
+            .map(MetaValue::U64)
+            .or_else(|| n.as_f64().map(MetaValue::F64)),
+        Value::String(s) => Some(MetaValue::Str(s.clone())),
+        _ => None,
+    }
+}
+
+/// The period `p` of `layer_types`: layer `i` is `full_attention` exactly when
+/// `(i + 1) % p == 0` (0: every layer is `sliding_attention`).
+fn window_pattern(cfg: &Config) -> Result<u64> {
+    let types: Vec<&str> = cfg
+        .get("layer_types")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let full = |i: usize| types[i] == "full_attention";
+    let p = (0..types.len()).find(|&i| full(i)).map_or(0, |i| i + 1);
+    let fits = (0..types.len()).all(|i| {
+        let want_full = p != 0 && (i + 1) % p == 0;
+        full(i) == want_full && (want_full || types[i] == "sliding_attention")
+    });
+    if !fits {
+        return Err(cfg.err(format!(
+            "layer_types {types:?} is not a repeating pattern of sliding_attention layers              with every p-th layer full_attention"
+        )));
+    }
+    Ok(p as u64)
+}
+
 fn map_llama(
     input: &Path,
     raw: Vec<RawTensor>,
     hp: &Hparams,
+    spec: &FamilySpec,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<SourceTensor>> {
-    let spec = llama_spec();
     let mut out = Vec::with_capacity(raw.len());
     let mut ignored = BTreeSet::new();
     let mut unmapped = Vec::new();
@@ -1241,6 +1307,9 @@ fn map_llama(
             }
             transform = Transform::PermuteRope { n_head };
         }
+        if FamilySpec::matches(&spec.hf_norm_offset, &canonical) {
+            transform = Transform::NormOffset;
+        }
         if canonical == "token_embd.weight" && t.shape.first() != Some(&hp.vocab) {
             return Err(SafetensorsError::Tensor {
                 path: t.file.path.clone(),
@@ -1262,8 +1331,9 @@ fn map_llama(
     }
     if !unmapped.is_empty() {
         warnings.push(format!(
-            "{} tensor(s) have no canonical llama name and keep their original names: {}",
+            "{} tensor(s) have no canonical {} name and keep their original names: {}",
             unmapped.len(),
+            spec.family,
             unmapped.join(", ")
         ));
     }

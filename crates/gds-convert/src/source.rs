@@ -39,6 +39,9 @@ pub enum Transform {
         /// Heads in this projection.
         n_head: u64,
     },
+    /// A Hugging Face Gemma norm weight, used there as `x̂·(1 + w)`: written as `1 + w` in
+    /// F32 (the canonical `x̂·w`, as llama.cpp's converter writes it).
+    NormOffset,
 }
 
 /// A tensor as a reader found it.

@@ -100,7 +100,7 @@ fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
             "the GPU executor runs the llama family, not {arch}"
         )));
     }
-    let h = gds_format::arch::llama_hparams(m, arch).map_err(|errs| {
+    let h = gds_format::arch::hparams(m, arch).map_err(|errs| {
         model_err(
             errs.iter()
                 .map(|e| e.to_string())

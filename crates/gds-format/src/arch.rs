@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
-/// The machine-readable description of an architecture family (`formats/llama.json`).
+/// The machine-readable description of an architecture family (`formats/<family>.json`).
 #[derive(Debug, Deserialize)]
 pub struct FamilySpec {
-    /// Canonical family name.
+    /// Canonical family name (the manifest's `general.architecture`).
     pub family: String,
     /// GGUF `general.architecture` values of this family.
     pub gguf_architectures: Vec<String>,
@@ -24,20 +24,50 @@ pub struct FamilySpec {
     pub hf_architectures: Vec<String>,
     /// HF `model_type` values of this family.
     pub hf_model_types: Vec<String>,
+    /// How RoPE pairs the dimensions of a head.
+    #[serde(default)]
+    pub rope: RopeStyle,
     /// HF tensor name → canonical name, `{N}` standing for the block number.
     pub tensors: BTreeMap<String, String>,
     /// Input tensors dropped on conversion.
     pub ignored_tensors: Vec<String>,
     /// Canonical tensors whose rows are permuted from HF's RoPE layout.
     pub rope_permuted: Vec<String>,
+    /// Canonical norm tensors that a Hugging Face checkpoint stores as `w - 1` (used as
+    /// `x̂·(1 + w)`): the converter adds 1 so that every norm is used as `x̂·w`.
+    #[serde(default)]
+    pub hf_norm_offset: Vec<String>,
     /// Tensors a converted model must have.
     pub required_tensors: RequiredTensors,
+    /// Tensors a model of this family may have (`output.weight` is required when the
+    /// embeddings are not tied).
+    #[serde(default)]
+    pub optional_tensors: RequiredTensors,
+    /// Expected shape of every tensor, as symbols: `d` = n_embd, `q` = n_heads·head_dim,
+    /// `kv` = n_kv_heads·head_dim, `ff` = n_ff, `V` = vocab_size, `hd` = head_dim.
+    #[serde(default)]
+    pub shapes: BTreeMap<String, Vec<String>>,
     /// Metadata keys a converted model must have, with their types.
     pub required_metadata: BTreeMap<String, String>,
+    /// Family-specific manifest keys read from GGUF keys `<arch>.<suffix>`.
+    #[serde(default)]
+    pub gguf_keys: BTreeMap<String, String>,
+    /// Values of family-specific keys that GGUF does not carry (llama.cpp hard-codes them).
+    #[serde(default)]
+    pub gguf_defaults: BTreeMap<String, serde_json::Value>,
+    /// Family-specific manifest keys read from `config.json` keys.
+    #[serde(default)]
+    pub hf_keys: BTreeMap<String, String>,
+    /// Values used when `config.json` does not have a key (transformers' config defaults).
+    #[serde(default)]
+    pub hf_defaults: BTreeMap<String, serde_json::Value>,
+    /// A chat template for models of this family whose files carry none.
+    #[serde(default)]
+    pub chat_template: Option<String>,
 }
 
-/// Required tensors, global and per block.
-#[derive(Debug, Deserialize)]
+/// Tensors by scope.
+#[derive(Debug, Default, Deserialize)]
 pub struct RequiredTensors {
     /// Outside the blocks.
     pub global: Vec<String>,
@@ -45,18 +75,73 @@ pub struct RequiredTensors {
     pub block: Vec<String>,
 }
 
-/// The llama family description, parsed once from the file embedded at build time.
-pub fn llama() -> &'static FamilySpec {
-    static SPEC: OnceLock<FamilySpec> = OnceLock::new();
-    SPEC.get_or_init(|| {
-        serde_json::from_str(include_str!("../../../formats/llama.json"))
-            .expect("formats/llama.json is valid (checked by a unit test)")
+/// How RoPE pairs the dimensions of a head (ggml's rope modes).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RopeStyle {
+    /// Adjacent pairs `(x[2i], x[2i+1])` (ggml mode 0; llama's Q/K rows are permuted for it).
+    #[default]
+    Norm,
+    /// Halves `(x[i], x[i + head_dim/2])` (ggml NEOX mode; HF's `rotate_half`).
+    Neox,
+}
+
+const DESCRIPTIONS: &[&str] = &[
+    include_str!("../../../formats/llama.json"),
+    include_str!("../../../formats/gemma3.json"),
+];
+
+/// Every architecture description of `formats/`, parsed once from the files embedded at
+/// build time.
+pub fn families() -> &'static [FamilySpec] {
+    static SPECS: OnceLock<Vec<FamilySpec>> = OnceLock::new();
+    SPECS.get_or_init(|| {
+        DESCRIPTIONS
+            .iter()
+            .map(|s| serde_json::from_str(s).expect("formats/*.json are valid (unit-tested)"))
+            .collect()
     })
+}
+
+/// The description of family `name` (a manifest's `general.architecture`).
+pub fn family(name: &str) -> Option<&'static FamilySpec> {
+    families().iter().find(|f| f.family == name)
+}
+
+/// The family an input's architecture name belongs to: a GGUF `general.architecture`, an
+/// HF `architectures[0]` or `model_type`.
+pub fn family_of(input_arch: &str) -> Option<&'static FamilySpec> {
+    families().iter().find(|f| {
+        f.gguf_architectures
+            .iter()
+            .chain(&f.hf_architectures)
+            .chain(&f.hf_model_types)
+            .any(|a| a == input_arch)
+    })
+}
+
+/// The llama family description.
+pub fn llama() -> &'static FamilySpec {
+    family("llama").expect("formats/llama.json is embedded")
+}
+
+impl FamilySpec {
+    /// True when `canonical` (a name with its block number, e.g. `blk.3.attn_norm.weight`)
+    /// matches one of `patterns`.
+    pub fn matches(patterns: &[String], canonical: &str) -> bool {
+        patterns.iter().any(|p| match p.split_once("{N}") {
+            None => p == canonical,
+            Some((pre, post)) => canonical
+                .strip_prefix(pre)
+                .and_then(|r| r.strip_suffix(post))
+                .is_some_and(|mid| !mid.is_empty() && mid.bytes().all(|b| b.is_ascii_digit())),
+        })
+    }
 }
 
 /// Architectures (`general.architecture`) whose models the format can check and `gdsrun`
 /// can run.
-pub const KNOWN_ARCHS: &[&str] = &["llama"];
+pub const KNOWN_ARCHS: &[&str] = &["llama", "gemma3"];
 
 /// Largest value accepted for a dimension or count hyperparameter (2^24).
 pub const MAX_DIM: u64 = 1 << 24;
@@ -141,6 +226,44 @@ pub struct Hparams {
     pub eos_token_id: Option<u32>,
     /// Whether a BOS token is prepended.
     pub add_bos: bool,
+    /// How RoPE pairs the dimensions of a head (from the family description).
+    pub rope_style: RopeStyle,
+    /// Sliding-window attention: a query at position p sees keys at positions above
+    /// p − window (`model.sliding_window`, 1 … 2^24).
+    pub sliding_window: Option<u64>,
+    /// With a window: layer `il` attends globally when `(il + 1) % pattern == 0`, else
+    /// through the window; 0 puts every layer in the window (`model.sliding_window_pattern`).
+    pub sliding_window_pattern: u64,
+    /// RoPE base of the window layers (`model.rope_theta_local`; default `rope_theta`).
+    pub rope_theta_local: Option<f64>,
+    /// Queries are scaled by 1/√this (`model.query_pre_attn_scalar`; default `head_dim`).
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Attention scores are capped as `c·tanh(s/c)` (`model.attn_logit_softcap`).
+    pub attn_softcap: Option<f64>,
+    /// Output logits are capped as `c·tanh(l/c)` (`model.final_logit_softcap`).
+    pub final_softcap: Option<f64>,
+}
+
+impl Hparams {
+    /// True when block `il` attends through the sliding window.
+    pub fn is_window_layer(&self, il: u64) -> bool {
+        self.sliding_window.is_some()
+            && (self.sliding_window_pattern == 0 || (il + 1) % self.sliding_window_pattern != 0)
+    }
+
+    /// The value of shape symbol `sym` of the family descriptions (`None`: unknown symbol
+    /// or overflow).
+    pub fn dim(&self, sym: &str) -> Option<u64> {
+        match sym {
+            "d" => Some(self.n_embd),
+            "q" => self.n_heads.checked_mul(self.head_dim),
+            "kv" => self.n_kv_heads.checked_mul(self.head_dim),
+            "ff" => Some(self.n_ff),
+            "V" => Some(self.vocab_size),
+            "hd" => Some(self.head_dim),
+            _ => None,
+        }
+    }
 }
 
 /// The outcome of [`check_model`].
@@ -201,14 +324,14 @@ pub fn check_model(m: &Manifest<'_>) -> ModelCheck {
         }
     }
     let known = KNOWN_ARCHS.contains(&arch.as_str());
-    let mut hparams = None;
+    let mut checked = None;
     if known {
-        match llama_hparams(m, &arch) {
+        match hparams(m, &arch) {
             Ok(h) => {
                 let before = errors.len();
-                check_llama_tensors(m, &h, &mut errors);
+                check_tensors(m, &h, &mut errors);
                 if errors.len() == before {
-                    hparams = Some(h);
+                    checked = Some(h);
                 }
             }
             Err(e) => errors.extend(e),
@@ -218,15 +341,24 @@ pub fn check_model(m: &Manifest<'_>) -> ModelCheck {
         arch,
         known,
         errors,
-        hparams,
+        hparams: checked,
     }
 }
 
-/// Reads and range-checks the hyperparameters of a llama-family manifest; errors name the
-/// key.
-pub fn llama_hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>> {
+/// Reads and range-checks the hyperparameters of a manifest of a known family (`arch`, its
+/// `general.architecture`); errors name the key.
+pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>> {
+    let Some(spec) = family(arch) else {
+        return Err(vec![key_err(
+            "general.architecture",
+            format!(
+                "{arch:?} is not an architecture of formats/ ({})",
+                KNOWN_ARCHS.join(", ")
+            ),
+        )]);
+    };
     let mut errs = Vec::new();
-    for (key, ty) in &llama().required_metadata {
+    for (key, ty) in &spec.required_metadata {
         let ok = matches!(
             (ty.as_str(), m.get(key)),
             ("u64", Some(Value::U64(_)))
@@ -365,6 +497,46 @@ pub fn llama_hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<Format
             false
         }
     };
+    // Optional family-specific values: absent is fine, present must be in range.
+    let opt_dim = |k: &str, errs: &mut Vec<FormatError>| -> Option<u64> {
+        match m.get(k) {
+            None => None,
+            Some(Value::U64(v)) if (1..=MAX_DIM).contains(&v) => Some(v),
+            Some(v) => {
+                errs.push(key_err(
+                    k,
+                    format!("{v} is not an integer in 1..={MAX_DIM}"),
+                ));
+                None
+            }
+        }
+    };
+    let sliding_window = opt_dim("model.sliding_window", &mut errs);
+    let sliding_window_pattern = match m.get("model.sliding_window_pattern") {
+        None => 0,
+        Some(Value::U64(v)) if v <= MAX_DIM => v,
+        Some(v) => {
+            errs.push(key_err(
+                "model.sliding_window_pattern",
+                format!("{v} is not an integer in 0..={MAX_DIM}"),
+            ));
+            0
+        }
+    };
+    let opt_pos = |k: &str, errs: &mut Vec<FormatError>| -> Option<f64> {
+        match m.get(k) {
+            None => None,
+            Some(Value::F64(v)) if v.is_finite() && v > 0.0 => Some(v),
+            Some(v) => {
+                errs.push(key_err(k, format!("{v} must be a positive number")));
+                None
+            }
+        }
+    };
+    let rope_theta_local = opt_pos("model.rope_theta_local", &mut errs);
+    let query_pre_attn_scalar = opt_pos("model.query_pre_attn_scalar", &mut errs);
+    let attn_softcap = opt_pos("model.attn_logit_softcap", &mut errs);
+    let final_softcap = opt_pos("model.final_logit_softcap", &mut errs);
     if !errs.is_empty() {
         return Err(errs);
     }
@@ -385,47 +557,40 @@ pub fn llama_hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<Format
         bos_token_id,
         eos_token_id,
         add_bos,
+        rope_style: spec.rope,
+        sliding_window,
+        sliding_window_pattern,
+        rope_theta_local,
+        query_pre_attn_scalar,
+        attn_softcap,
+        final_softcap,
     })
 }
 
-/// The shape every tensor of a llama-family model must have (SPEC.md §6), by canonical
-/// name, for block `n` (`None`: the tensors outside the blocks).
-pub fn llama_shapes(h: &Hparams, n: Option<u64>) -> Vec<(String, Vec<u64>)> {
-    let (d, q, kv, ff, v) = (
-        h.n_embd,
-        h.n_heads * h.head_dim,
-        h.n_kv_heads * h.head_dim,
-        h.n_ff,
-        h.vocab_size,
-    );
-    match n {
-        None => vec![
-            ("token_embd.weight".into(), vec![v, d]),
-            ("output_norm.weight".into(), vec![d]),
-            ("output.weight".into(), vec![v, d]),
-        ],
-        Some(n) => {
-            let b = |s: &str| format!("blk.{n}.{s}");
-            vec![
-                (b("attn_norm.weight"), vec![d]),
-                (b("attn_q.weight"), vec![q, d]),
-                (b("attn_k.weight"), vec![kv, d]),
-                (b("attn_v.weight"), vec![kv, d]),
-                (b("attn_q.bias"), vec![q]),
-                (b("attn_k.bias"), vec![kv]),
-                (b("attn_v.bias"), vec![kv]),
-                (b("attn_output.weight"), vec![d, q]),
-                (b("ffn_norm.weight"), vec![d]),
-                (b("ffn_gate.weight"), vec![ff, d]),
-                (b("ffn_up.weight"), vec![ff, d]),
-                (b("ffn_down.weight"), vec![d, ff]),
-            ]
-        }
-    }
+/// The shape every tensor of a model of family `h.arch` must have (SPEC.md §6, the
+/// `shapes` of its description), by canonical name, for block `n` (`None`: the tensors
+/// outside the blocks). A dimension that overflows is `None`.
+pub fn shapes(h: &Hparams, n: Option<u64>) -> Vec<(String, Vec<Option<u64>>)> {
+    let Some(spec) = family(&h.arch) else {
+        return Vec::new();
+    };
+    spec.shapes
+        .iter()
+        .filter(|(name, _)| name.contains("{N}") == n.is_some())
+        .map(|(name, dims)| {
+            let name = match n {
+                Some(n) => name.replace("{N}", &n.to_string()),
+                None => name.clone(),
+            };
+            (name, dims.iter().map(|d| h.dim(d)).collect())
+        })
+        .collect()
 }
 
-fn check_llama_tensors(m: &Manifest<'_>, h: &Hparams, errs: &mut Vec<FormatError>) {
-    let spec = llama();
+fn check_tensors(m: &Manifest<'_>, h: &Hparams, errs: &mut Vec<FormatError>) {
+    let Some(spec) = family(&h.arch) else {
+        return;
+    };
     let blocks = m.layers().filter(|l| l.kind == layer_kind::BLOCK).count() as u64;
     if blocks != h.n_layers {
         errs.push(key_err(
@@ -457,12 +622,12 @@ fn check_llama_tensors(m: &Manifest<'_>, h: &Hparams, errs: &mut Vec<FormatError
     }
     let expected = std::iter::once(None)
         .chain((0..n).map(Some))
-        .flat_map(|b| llama_shapes(h, b));
+        .flat_map(|b| shapes(h, b));
     for (name, shape) in expected {
         let Some(t) = present.get(name.as_str()) else {
             continue;
         };
-        if t.dims() != shape.as_slice() {
+        if !t.dims().iter().copied().map(Some).eq(shape.iter().copied()) {
             errs.push(FormatError::BadTensor {
                 name,
                 why: format!(
@@ -487,7 +652,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn llama_description_parses() {
+    fn descriptions_parse_and_are_consistent() {
+        for f in families() {
+            // every required or optional tensor has a shape, and every shape symbol is known
+            for name in f
+                .required_tensors
+                .global
+                .iter()
+                .chain(&f.required_tensors.block)
+                .chain(&f.optional_tensors.global)
+                .chain(&f.optional_tensors.block)
+            {
+                assert!(
+                    f.shapes.contains_key(name),
+                    "{}: {name} has no shape",
+                    f.family
+                );
+            }
+            for dims in f.shapes.values() {
+                for d in dims {
+                    assert!(
+                        ["d", "q", "kv", "ff", "V", "hd"].contains(&d.as_str()),
+                        "{d}"
+                    );
+                }
+            }
+            // every HF map target is a tensor with a shape
+            for canon in f.tensors.values() {
+                assert!(f.shapes.contains_key(canon), "{}: {canon}", f.family);
+            }
+            assert!(KNOWN_ARCHS.contains(&f.family.as_str()));
+            assert!(family_of(&f.gguf_architectures[0]).is_some());
+        }
+        assert_eq!(family_of("qwen2").unwrap().family, "llama");
+        assert_eq!(family_of("gemma3_text").unwrap().family, "gemma3");
+        assert_eq!(family("gemma3").unwrap().rope, RopeStyle::Neox);
+        assert!(FamilySpec::matches(
+            &family("gemma3").unwrap().hf_norm_offset,
+            "blk.12.post_ffw_norm.weight"
+        ));
+        assert!(!FamilySpec::matches(
+            &family("gemma3").unwrap().hf_norm_offset,
+            "blk.12.ffn_up.weight"
+        ));
         let l = llama();
         assert_eq!(l.family, "llama");
         assert!(l.required_metadata.contains_key("model.n_layers"));

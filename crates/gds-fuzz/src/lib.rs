@@ -404,7 +404,7 @@ fn tokenizer_dir(tokenizer_json: &[u8], tokenizer_config_json: Option<&[u8]>) ->
     use gds_format::file_role;
     let dir = scratch();
     let mut b = gds_format::ManifestBuilder::new();
-    b.kv_str("general.architecture", "gemma3");
+    b.kv_str("general.architecture", "mamba");
     let files = [
         ("tokenizer.json", file_role::TOKENIZER, Some(tokenizer_json)),
         (
@@ -520,6 +520,13 @@ fn model_config(mode: u8) -> gds_runtime::Config {
         bos_token_id: ids.then_some(1),
         eos_token_id: ids.then_some(2),
         add_bos: mode & 4 != 0,
+        rope_style: gds_runtime::config::RopeStyle::Norm,
+        sliding_window: None,
+        sliding_window_pattern: 0,
+        rope_theta_local: None,
+        attn_scale: 0.5,
+        attn_softcap: None,
+        final_softcap: None,
     }
 }
 

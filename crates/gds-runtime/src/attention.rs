@@ -13,8 +13,21 @@ use crate::model::{Batch, RunState};
 use crate::ops;
 use rayon::prelude::*;
 
+/// What differs between the attention of two layers: the query scale, the sliding window
+/// (a query at position p sees keys at positions above p − window) and the score cap.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Query scale.
+    pub scale: f32,
+    /// Sliding window, in positions.
+    pub window: Option<usize>,
+    /// Score cap `c·tanh(s/c)`.
+    pub softcap: Option<f32>,
+}
+
 /// Runs attention of layer `l` for `batch`: writes the batch's K/V rows (`s.k`, `s.v`) into
 /// the cache and the attention output into `s.att`. `simd` selects the AVX2 kernels.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer(
     c: &Config,
     simd: bool,
@@ -22,6 +35,7 @@ pub(crate) fn layer(
     kv: &mut KvCache,
     l: usize,
     batch: &Batch,
+    p: &AttnParams,
 ) {
     let geo = Geometry {
         tables: &kv.tables,
@@ -30,8 +44,8 @@ pub(crate) fn layer(
         ctx: kv.ctx(),
     };
     match (&mut kv.k, &mut kv.v) {
-        (KvData::F32(k), KvData::F32(v)) => attend(c, simd, s, k, v, batch, &geo),
-        (KvData::F16(k), KvData::F16(v)) => attend(c, simd, s, k, v, batch, &geo),
+        (KvData::F32(k), KvData::F32(v)) => attend(c, simd, s, k, v, batch, &geo, p),
+        (KvData::F16(k), KvData::F16(v)) => attend(c, simd, s, k, v, batch, &geo, p),
         _ => unreachable!("K and V share one dtype"),
     }
 }
@@ -48,6 +62,7 @@ struct Geometry<'a> {
 
 /// Stores the batch's K/V rows in the cache, then computes causal attention for every
 /// (token, head), split over the pool in contiguous runs.
+#[allow(clippy::too_many_arguments)]
 fn attend<T: KvElem>(
     c: &Config,
     simd: bool,
@@ -56,6 +71,7 @@ fn attend<T: KvElem>(
     vc: &mut [T],
     batch: &Batch,
     geo: &Geometry<'_>,
+    p: &AttnParams,
 ) {
     let (hd, qd, kvd, nh) = (c.head_dim, c.q_dim(), c.kv_dim(), c.n_heads);
     let group = c.n_heads / c.n_kv_heads;
@@ -78,7 +94,7 @@ fn attend<T: KvElem>(
         }
     }
     let (kc, vc) = (&*kc, &*vc);
-    let scale = 1.0 / (hd as f32).sqrt();
+    let (scale, softcap, window) = (p.scale, p.softcap, p.window);
     let units = n * nh;
     let per = units.div_ceil(s.n_tasks);
     let q = &s.q;
@@ -96,16 +112,22 @@ fn attend<T: KvElem>(
                 let table = &geo.tables[batch.seqs[t]];
                 let head_off = (h / group) * hd;
                 let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                // keys first..=pos: all of them, or the window's
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 if pos < block {
                     // every key in the first block: the contiguous kernel
                     let head = ops::Head {
                         q: qh,
                         k: kc,
                         v: vc,
-                        base: geo.layer_base + table[0] as usize * block * kvd + head_off,
+                        base: geo.layer_base
+                            + table[0] as usize * block * kvd
+                            + first * kvd
+                            + head_off,
                         stride: kvd,
-                        n_keys: pos + 1,
+                        n_keys: pos + 1 - first,
                         scale,
+                        softcap,
                     };
                     ops::attend(simd, &head, scores, o);
                 } else {
@@ -118,8 +140,10 @@ fn attend<T: KvElem>(
                         layer_base: geo.layer_base,
                         head_off,
                         stride: kvd,
+                        first,
                         n_keys: pos + 1,
                         scale,
+                        softcap,
                     };
                     paged_attend(simd, &head, scores, o);
                 }
@@ -137,24 +161,29 @@ struct Paged<'a, T> {
     layer_base: usize,
     head_off: usize,
     stride: usize,
+    /// Keys attended: positions `first..n_keys`.
+    first: usize,
     n_keys: usize,
     scale: f32,
+    softcap: Option<f32>,
 }
 
 impl<T> Paged<'_, T> {
-    /// Calls `f(j, at)` for every key `j` in order, `at` being the element index of its
-    /// row in this head: one block at a time, so no division per key.
+    /// Calls `f(j, at)` for every key `j - first` in order, `at` being the element index
+    /// of its row in this head: one block at a time, so no division per key.
     #[inline(always)]
     fn for_each_key(&self, mut f: impl FnMut(usize, usize)) {
         let row = self.block * self.stride;
-        for (bi, &b) in self.table.iter().enumerate() {
-            let first = bi * self.block;
-            if first >= self.n_keys {
+        let skip = self.first / self.block;
+        for (bi, &b) in self.table.iter().enumerate().skip(skip) {
+            let start = bi * self.block;
+            if start >= self.n_keys {
                 break;
             }
             let base = self.layer_base + b as usize * row + self.head_off;
-            for (i, j) in (first..self.n_keys.min(first + self.block)).enumerate() {
-                f(j, base + i * self.stride);
+            let from = start.max(self.first);
+            for j in from..self.n_keys.min(start + self.block) {
+                f(j - self.first, base + (j - start) * self.stride);
             }
         }
     }
@@ -163,8 +192,11 @@ impl<T> Paged<'_, T> {
 #[inline(always)]
 fn paged_generic<T: KvElem>(h: &Paged<'_, T>, scores: &mut [f32], out: &mut [f32]) {
     let hd = h.q.len();
-    let sc = &mut scores[..h.n_keys];
+    let sc = &mut scores[..h.n_keys - h.first];
     h.for_each_key(|j, at| sc[j] = ops::dot(h.q, &h.k[at..at + hd]) * h.scale);
+    if let Some(c) = h.softcap {
+        ops::softcap(sc, c);
+    }
     ops::softmax(sc);
     out.fill(0.0);
     h.for_each_key(|j, at| ops::axpy(out, sc[j], &h.v[at..at + hd]));

@@ -1,15 +1,16 @@
-//! Hyperparameters of a llama-family model, read once from the manifest.
+//! Hyperparameters of a model of a known family, read once from the manifest.
 
 use crate::error::{Result, RuntimeError};
 use gds_format::Manifest;
 use serde::Serialize;
 
-/// Architectures (`general.architecture`) this runtime runs.
-pub const SUPPORTED_ARCHS: &[&str] = &["llama"];
+/// Architectures (`general.architecture`) this runtime runs: every family of `formats/`,
+/// each with its graph in [`crate::graph`].
+pub const SUPPORTED_ARCHS: &[&str] = gds_format::arch::KNOWN_ARCHS;
 
-pub use gds_format::arch::RopeScaling;
+pub use gds_format::arch::{RopeScaling, RopeStyle};
 
-/// Model hyperparameters (llama family).
+/// Model hyperparameters.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Config {
     /// `general.architecture`.
@@ -44,6 +45,20 @@ pub struct Config {
     pub eos_token_id: Option<u32>,
     /// True when tokenization prepends BOS (as llama.cpp does for this model).
     pub add_bos: bool,
+    /// How RoPE pairs the dimensions of a head.
+    pub rope_style: RopeStyle,
+    /// Sliding-window size of the window layers.
+    pub sliding_window: Option<usize>,
+    /// Window layer pattern (see [`gds_format::arch::Hparams::sliding_window_pattern`]).
+    pub sliding_window_pattern: usize,
+    /// RoPE base of the window layers.
+    pub rope_theta_local: Option<f64>,
+    /// Query scale `1/√query_pre_attn_scalar` (default `1/√head_dim`).
+    pub attn_scale: f32,
+    /// Attention score cap `c·tanh(s/c)`.
+    pub attn_softcap: Option<f32>,
+    /// Output logit cap `c·tanh(l/c)`.
+    pub final_softcap: Option<f32>,
 }
 
 impl Config {
@@ -55,6 +70,21 @@ impl Config {
     /// Width of all key (or value) heads together: one KV cache row.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// Sliding window of block `l`, if it attends through one.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        let w = self.sliding_window?;
+        let p = self.sliding_window_pattern;
+        (p == 0 || !(l + 1).is_multiple_of(p)).then_some(w)
+    }
+
+    /// RoPE base of block `l`.
+    pub fn rope_theta_of(&self, l: usize) -> f64 {
+        match (self.window(l), self.rope_theta_local) {
+            (Some(_), Some(t)) => t,
+            _ => self.rope_theta,
+        }
     }
 
     /// Reads and checks the hyperparameters (the format's typed [`gds_format::arch::Hparams`],
@@ -71,7 +101,7 @@ impl Config {
         if !SUPPORTED_ARCHS.contains(&arch.as_str()) {
             return Err(RuntimeError::UnsupportedArch { arch });
         }
-        let h = gds_format::arch::llama_hparams(m, &arch).map_err(|errs| {
+        let h = gds_format::arch::hparams(m, &arch).map_err(|errs| {
             bad(errs
                 .iter()
                 .map(|e| e.to_string())
@@ -97,6 +127,13 @@ impl Config {
             bos_token_id: h.bos_token_id,
             eos_token_id: h.eos_token_id,
             add_bos: h.add_bos,
+            rope_style: h.rope_style,
+            sliding_window: h.sliding_window.map(u),
+            sliding_window_pattern: u(h.sliding_window_pattern),
+            rope_theta_local: h.rope_theta_local,
+            attn_scale: (1.0 / h.query_pre_attn_scalar.unwrap_or(h.head_dim as f64).sqrt()) as f32,
+            attn_softcap: h.attn_softcap.map(|c| c as f32),
+            final_softcap: h.final_softcap.map(|c| c as f32),
         };
         cfg.check().map_err(bad)?;
         Ok(cfg)

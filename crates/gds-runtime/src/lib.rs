@@ -17,6 +17,7 @@ pub mod exec;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod gpuplan;
+pub mod graph;
 pub mod ioplan;
 pub mod kv;
 pub mod metrics;

@@ -1,11 +1,15 @@
-//! The llama-family model: load (map the layers, locate the weights) and the forward pass.
+//! The CPU model: load (map the layers, locate the weights), the forward pass around the
+//! architecture's graph, and the CPU implementation of the graph's [`Ops`].
 //!
-//! `forward` reads top to bottom like llama2.c's, but over a batch of tokens so a prompt is
-//! processed with one matrix product per weight. Each token of a batch carries its own
-//! position and sequence id, so several independent sequences can share one pass.
+//! `forward` embeds the batch, runs [`graph::block`] for each block once its bytes are
+//! resident (or streamed in), then the final norm and the output head. It works over a batch
+//! of tokens so a prompt is processed with one matrix product per weight; each token carries
+//! its own position and sequence id, so several independent sequences can share one pass.
 
-use crate::config::Config;
+use crate::attention::AttnParams;
+use crate::config::{Config, RopeStyle};
 use crate::error::{Result, RuntimeError};
+use crate::graph::{self, Arch, Buf, Glu, Ops};
 use crate::ioplan::IoPlan;
 use crate::kv::KvCache;
 use crate::ops;
@@ -180,7 +184,10 @@ pub struct Model {
     /// Checks layer files before their bytes are used; kept for its counters.
     verifier: Arc<Verifier>,
     io: IoPlan,
-    rope: RopeTable,
+    /// The architecture's graph.
+    arch: Arch,
+    /// RoPE tables: `[0]` for global layers, `[1]` (when present) for window layers.
+    ropes: Vec<RopeTable>,
     pool: rayon::ThreadPool,
     ctx: usize,
     /// AVX2+FMA attention, decided once at load.
@@ -246,7 +253,26 @@ impl Model {
         }
         let weights =
             Weights::load(&config, &m, &*source).map_err(|e| crate::plan::with_dir(e, dir))?;
-        let rope = RopeTable::new(config.head_dim, ctx, config.rope_theta, config.rope_scaling);
+        let arch = Arch::of(&config)?;
+        let neox = config.rope_style == RopeStyle::Neox;
+        let mut ropes =
+            vec![
+                RopeTable::new(config.head_dim, ctx, config.rope_theta, config.rope_scaling)
+                    .neox(neox),
+            ];
+        if let (Some(_), Some(theta)) = (config.sliding_window, config.rope_theta_local) {
+            // window layers rotate with their own base and no long-context scaling (as
+            // llama.cpp's rope_freq_base_train_swa / freq_scale_train_swa)
+            ropes.push(
+                RopeTable::new(
+                    config.head_dim,
+                    ctx,
+                    theta,
+                    crate::config::RopeScaling::None,
+                )
+                .neox(neox),
+            );
+        }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.max(1))
             .thread_name(|i| format!("gds-worker-{i}"))
@@ -259,7 +285,8 @@ impl Model {
             source,
             verifier,
             io: io.clone(),
-            rope,
+            arch,
+            ropes,
             pool,
             ctx,
             simd: ops::simd_available(),
@@ -455,7 +482,7 @@ impl Model {
     fn forward_inner(&self, s: &mut RunState, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
         let c = &self.config;
         let n = batch.len();
-        let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let d = c.n_embd;
         let eps = c.rms_norm_eps;
 
         let with_head = batch.n_outputs() > 0;
@@ -492,53 +519,20 @@ impl Model {
             }
         }
 
+        if let Some(a) = self.arch.embed_scale(c) {
+            ops::scale(&mut s.x[..n * d], a);
+        }
+
         for (l, w) in self.weights.blocks.iter().enumerate() {
             let bytes = self.layer_bytes(w.wq.layer, &mut si, with_head)?;
-            // attention
-            ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.attn_norm, eps);
-            // one call for Q, K and V: the input is quantized once, one parallel region
-            let qkv = [w.wq.view(&bytes)?, w.wk.view(&bytes)?, w.wv.view(&bytes)?];
-            self.matmul_many(
-                &qkv,
-                &s.xb[..n * d],
-                n,
-                &mut [&mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.v[..n * kvd]],
-            )?;
-            if let Some(b) = &w.bq {
-                ops::add_bias_rows(&mut s.q[..n * qd], b);
-            }
-            if let Some(b) = &w.bk {
-                ops::add_bias_rows(&mut s.k[..n * kvd], b);
-            }
-            if let Some(b) = &w.bv {
-                ops::add_bias_rows(&mut s.v[..n * kvd], b);
-            }
-            for (t, &pos) in batch.positions.iter().enumerate() {
-                self.rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos);
-                self.rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos);
-            }
-            crate::attention::layer(c, self.simd, s, kv, l, batch);
-            self.matmul(&mut s.proj[..n * d], &s.att[..n * qd], &w.wo, &bytes, n)?;
-            ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);
-
-            // feed-forward
-            ops::rmsnorm_rows(&mut s.xb[..n * d], &s.x[..n * d], &w.ffn_norm, eps);
-            let gate_up = [w.w_gate.view(&bytes)?, w.w_up.view(&bytes)?];
-            self.matmul_many(
-                &gate_up,
-                &s.xb[..n * d],
-                n,
-                &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]],
-            )?;
-            ops::swiglu(&mut s.gate[..n * ff], &s.up[..n * ff]);
-            self.matmul(
-                &mut s.proj[..n * d],
-                &s.gate[..n * ff],
-                &w.w_down,
-                &bytes,
-                n,
-            )?;
-            ops::add_assign(&mut s.x[..n * d], &s.proj[..n * d]);
+            let mut o = CpuOps {
+                m: self,
+                s: &mut *s,
+                kv: &mut *kv,
+                batch,
+                bytes: &bytes,
+            };
+            graph::block(self.arch, &mut o, l, w)?;
         }
 
         // final norm and output head, only for the tokens that want logits
@@ -591,7 +585,175 @@ impl Model {
                 }
             }
         }
+        if let (Some(cap), true) = (c.final_softcap, j > 0) {
+            ops::softcap(&mut s.logits[..j * c.vocab_size], cap);
+        }
         s.n_out = j;
         Ok(j)
+    }
+
+    /// Attention parameters of block `l`.
+    fn attn_params(&self, l: usize) -> AttnParams {
+        let c = &self.config;
+        AttnParams {
+            scale: c.attn_scale,
+            window: c.window(l),
+            softcap: c.attn_softcap,
+        }
+    }
+
+    /// RoPE table of block `l`.
+    fn rope_of(&self, l: usize) -> &RopeTable {
+        match (self.config.window(l), self.ropes.get(1)) {
+            (Some(_), Some(local)) => local,
+            _ => &self.ropes[0],
+        }
+    }
+}
+
+/// The CPU backend of the graph's [`Ops`] for one block of one batch: buffers are the rows
+/// of [`RunState`], matrices are [`TensorRef`]s into the block's resident `bytes`, vectors
+/// are f32 loaded at open.
+struct CpuOps<'a> {
+    m: &'a Model,
+    s: &'a mut RunState,
+    kv: &'a mut KvCache,
+    batch: &'a Batch,
+    bytes: &'a LayerBytes,
+}
+
+impl CpuOps<'_> {
+    /// Width of one token's row of `b`.
+    fn width(&self, b: Buf) -> usize {
+        let c = &self.m.config;
+        match b {
+            Buf::X | Buf::Xb | Buf::Proj => c.n_embd,
+            Buf::Q | Buf::Att => c.q_dim(),
+            Buf::K | Buf::V => c.kv_dim(),
+            Buf::Gate | Buf::Up => c.n_ff,
+        }
+    }
+
+    fn field(s: &mut RunState, b: Buf) -> &mut Vec<f32> {
+        match b {
+            Buf::X => &mut s.x,
+            Buf::Xb => &mut s.xb,
+            Buf::Q => &mut s.q,
+            Buf::K => &mut s.k,
+            Buf::V => &mut s.v,
+            Buf::Att => &mut s.att,
+            Buf::Proj => &mut s.proj,
+            Buf::Gate => &mut s.gate,
+            Buf::Up => &mut s.up,
+        }
+    }
+
+    /// The batch's rows of `b`, moved out of the run state (put back with [`Self::put`]) so
+    /// that several buffers can be borrowed at once; moving a `Vec` copies no data.
+    fn take(&mut self, b: Buf) -> Vec<f32> {
+        std::mem::take(Self::field(self.s, b))
+    }
+
+    fn put(&mut self, b: Buf, v: Vec<f32>) {
+        *Self::field(self.s, b) = v;
+    }
+
+    fn rows(&self, b: Buf) -> usize {
+        self.batch.len() * self.width(b)
+    }
+}
+
+impl Ops for CpuOps<'_> {
+    type Mat = TensorRef;
+    type Vec = Vec<f32>;
+
+    fn rms_norm(&mut self, out: Buf, x: Buf, w: &Vec<f32>) -> Result<()> {
+        let (len, eps) = (self.rows(x), self.m.config.rms_norm_eps);
+        if out == x {
+            ops::rmsnorm_rows_inplace(&mut Self::field(self.s, x)[..len], w, eps);
+        } else {
+            let mut o = self.take(out);
+            ops::rmsnorm_rows(&mut o[..len], &Self::field(self.s, x)[..len], w, eps);
+            self.put(out, o);
+        }
+        Ok(())
+    }
+
+    fn head_norm(&mut self, buf: Buf, w: &Vec<f32>) -> Result<()> {
+        let (len, eps) = (self.rows(buf), self.m.config.rms_norm_eps);
+        ops::rmsnorm_rows_inplace(&mut Self::field(self.s, buf)[..len], w, eps);
+        Ok(())
+    }
+
+    fn matmul(&mut self, x: Buf, outs: &[(Buf, &TensorRef)]) -> Result<()> {
+        let n = self.batch.len();
+        let views = outs
+            .iter()
+            .map(|(_, w)| w.view(self.bytes))
+            .collect::<Result<Vec<_>>>()?;
+        let mut taken: Vec<(Buf, Vec<f32>)> =
+            outs.iter().map(|&(b, _)| (b, self.take(b))).collect();
+        let lens: Vec<usize> = outs.iter().map(|&(b, _)| self.rows(b)).collect();
+        let xlen = self.rows(x);
+        let xin = &Self::field(self.s, x)[..xlen];
+        let mut ys: Vec<&mut [f32]> = taken
+            .iter_mut()
+            .zip(&lens)
+            .map(|((_, v), &len)| &mut v[..len])
+            .collect();
+        let r = self.m.matmul_many(&views, xin, n, &mut ys);
+        drop(ys);
+        for (b, v) in taken {
+            self.put(b, v);
+        }
+        r
+    }
+
+    fn add_bias(&mut self, buf: Buf, b: &Vec<f32>) -> Result<()> {
+        let len = self.rows(buf);
+        ops::add_bias_rows(&mut Self::field(self.s, buf)[..len], b);
+        Ok(())
+    }
+
+    fn rope(&mut self, layer: usize) -> Result<()> {
+        let (qd, kvd) = (self.width(Buf::Q), self.width(Buf::K));
+        let rope = self.m.rope_of(layer);
+        for (t, &pos) in self.batch.positions.iter().enumerate() {
+            rope.apply(&mut self.s.q[t * qd..(t + 1) * qd], pos);
+            rope.apply(&mut self.s.k[t * kvd..(t + 1) * kvd], pos);
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, layer: usize) -> Result<()> {
+        let p = self.m.attn_params(layer);
+        crate::attention::layer(
+            &self.m.config,
+            self.m.simd,
+            self.s,
+            self.kv,
+            layer,
+            self.batch,
+            &p,
+        );
+        Ok(())
+    }
+
+    fn glu(&mut self, act: Glu) -> Result<()> {
+        let len = self.rows(Buf::Gate);
+        let (g, u) = (&mut self.s.gate[..len], &self.s.up[..len]);
+        match act {
+            Glu::Silu => ops::swiglu(g, u),
+            Glu::GeluTanh => ops::geglu(g, u),
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, y: Buf, x: Buf) -> Result<()> {
+        let len = self.rows(y);
+        let xv = self.take(x);
+        ops::add_assign(&mut Self::field(self.s, y)[..len], &xv[..len]);
+        self.put(x, xv);
+        Ok(())
     }
 }

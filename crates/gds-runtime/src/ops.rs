@@ -18,6 +18,47 @@ pub fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     }
 }
 
+/// [`rmsnorm`] in place, for each row of `x` (`w.len()` wide): per-head norms and
+/// post-norms of a sub-layer's output.
+pub fn rmsnorm_rows_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        let ss: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let scale = (1.0 / (ss / row.len() as f64 + eps as f64).sqrt()) as f32;
+        for (v, &wi) in row.iter_mut().zip(w) {
+            *v = *v * scale * wi;
+        }
+    }
+}
+
+/// `x *= a` element-wise.
+pub fn scale(x: &mut [f32], a: f32) {
+    for v in x {
+        *v *= a;
+    }
+}
+
+/// Soft cap `c·tanh(v/c)` of every value (Gemma 2's attention and logit caps).
+pub fn softcap(x: &mut [f32], c: f32) {
+    let inv = 1.0 / c;
+    for v in x {
+        *v = c * (*v * inv).tanh();
+    }
+}
+
+/// The tanh approximation of GELU, as ggml's `gelu` and PyTorch's `gelu(approximate="tanh")`.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
+
+/// GeGLU: `gate = gelu_tanh(gate) * up`.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
 /// In-place softmax.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -93,8 +134,10 @@ pub struct Head<'a, T> {
     pub stride: usize,
     /// Keys attended: positions `0..n_keys`.
     pub n_keys: usize,
-    /// `1 / sqrt(head_dim)`.
+    /// Query scale (`1 / sqrt(head_dim)` unless the architecture says otherwise).
     pub scale: f32,
+    /// Score cap `c·tanh(s/c)` (Gemma 2), applied after scaling.
+    pub softcap: Option<f32>,
 }
 
 /// Scores, softmax, weighted sum of values: `out = softmax(q·K^T * scale) V`.
@@ -106,6 +149,9 @@ fn attend_generic<T: KvElem>(h: &Head<'_, T>, scores: &mut [f32], out: &mut [f32
     for (j, sj) in sc.iter_mut().enumerate() {
         let at = h.base + j * h.stride;
         *sj = dot(h.q, &h.k[at..at + hd]) * h.scale;
+    }
+    if let Some(c) = h.softcap {
+        softcap(sc, c);
     }
     softmax(sc);
     out.fill(0.0);

@@ -141,6 +141,9 @@ pub struct Plan {
     pub limits: Limits,
     /// Chat or raw.
     pub mode: Mode,
+    /// Where the chat template comes from: `tokenizer_config.json`, or the family's default
+    /// in `formats/<arch>.json` when the model's files carry none; `None`: no template.
+    pub chat_template: Option<String>,
     /// Raw mode: special-token texts in the prompt become their tokens (otherwise every
     /// prompt and message is plain text; only the chat template writes special tokens).
     pub parse_special: bool,
@@ -306,9 +309,16 @@ impl Plan {
         sampler
             .check()
             .map_err(|e| RuntimeError::Usage(e.to_string()))?;
-        let has_template = tokenizer_config(dir, &m)?
+        let own_template = tokenizer_config(dir, &m)?
             .is_some_and(|v| v.get("chat_template").is_some_and(|t| !t.is_null()));
-        let mode = if opts.raw || !has_template {
+        let chat_template = if own_template {
+            Some("tokenizer_config.json".to_string())
+        } else {
+            gds_format::arch::family(&model.arch)
+                .filter(|f| f.chat_template.is_some())
+                .map(|f| format!("formats/{}.json (the model's files carry none)", f.family))
+        };
+        let mode = if opts.raw || chat_template.is_none() {
             Mode::Raw
         } else {
             Mode::Chat
@@ -414,6 +424,7 @@ impl Plan {
             parse_special: opts.parse_special,
             system: opts.system.clone(),
             model,
+            chat_template,
         })
     }
 

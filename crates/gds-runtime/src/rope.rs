@@ -1,6 +1,7 @@
-//! Rotary position embeddings, ggml "normal" mode (rope type 0, what llama.cpp uses for the
-//! llama architecture): each head is rotated in adjacent pairs `(x[2i], x[2i+1])`. GGUF
-//! Q/K weights are stored permuted for exactly this layout, so no reordering is needed.
+//! Rotary position embeddings in ggml's two pairings: "normal" mode (rope type 0, what
+//! llama.cpp uses for the llama architecture) rotates adjacent pairs `(x[2i], x[2i+1])`, and
+//! GGUF Q/K weights of llama are stored permuted for exactly this layout; NEOX mode (Gemma,
+//! Qwen, Phi) rotates the halves `(x[i], x[i + head_dim/2])`, HF's `rotate_half`.
 //!
 //! All angles are computed once, at load, for every position of the context.
 
@@ -37,6 +38,7 @@ pub fn llama3_freq_factors(
 /// Precomputed `cos`/`sin` of every (position, pair) angle.
 pub struct RopeTable {
     half: usize,
+    neox: bool,
     /// `[ctx, head_dim / 2]`
     cos: Vec<f32>,
     /// `[ctx, head_dim / 2]`
@@ -79,7 +81,18 @@ impl RopeTable {
                 sin.push(a.sin() as f32);
             }
         }
-        RopeTable { half, cos, sin }
+        RopeTable {
+            half,
+            neox: false,
+            cos,
+            sin,
+        }
+    }
+
+    /// The same table, rotating heads in NEOX halves instead of adjacent pairs.
+    pub fn neox(mut self, on: bool) -> RopeTable {
+        self.neox = on;
+        self
     }
 
     /// The `cos` and `sin` tables, `[ctx][head_dim / 2]` each (what the GPU kernels read).
@@ -98,6 +111,17 @@ impl RopeTable {
         let base = pos * self.half;
         let cos = &self.cos[base..base + self.half];
         let sin = &self.sin[base..base + self.half];
+        if self.neox {
+            for head in x.chunks_exact_mut(2 * self.half) {
+                let (lo, hi) = head.split_at_mut(self.half);
+                for (((a, b), c), s) in lo.iter_mut().zip(hi).zip(cos).zip(sin) {
+                    let (x0, x1) = (*a, *b);
+                    *a = x0 * c - x1 * s;
+                    *b = x0 * s + x1 * c;
+                }
+            }
+            return;
+        }
         for head in x.chunks_exact_mut(2 * self.half) {
             for ((pair, c), s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
                 let (x0, x1) = (pair[0], pair[1]);
@@ -146,6 +170,31 @@ mod tests {
                 assert!((a - b).abs() < 1e-5, "pos {pos}: {a} vs {b}");
             }
         }
+    }
+
+    /// NEOX rotates (x[i], x[i + d/2]); the same vector with its halves interleaved into
+    /// adjacent pairs, rotated in normal mode, gives the same values (HF's `rotate_half` vs
+    /// the GGUF-permuted layout of llama).
+    #[test]
+    fn neox_is_normal_mode_on_interleaved_halves() {
+        let (hd, heads, pos) = (16, 3, 7);
+        let norm = RopeTable::new(hd, 16, 10000.0, RopeScaling::None);
+        let neox = RopeTable::new(hd, 16, 10000.0, RopeScaling::None).neox(true);
+        let x = input(hd * heads);
+        let interleave = |v: &[f32]| -> Vec<f32> {
+            v.chunks(hd)
+                .flat_map(|h| (0..hd / 2).flat_map(move |i| [h[i], h[i + hd / 2]]))
+                .collect()
+        };
+        let mut a = x.clone();
+        neox.apply(&mut a, pos);
+        let mut b = interleave(&x);
+        norm.apply(&mut b, pos);
+        let a = interleave(&a);
+        for (u, v) in a.iter().zip(&b) {
+            assert!((u - v).abs() < 1e-6, "{u} vs {v}");
+        }
+        assert_ne!(a, interleave(&x), "it rotated");
     }
 
     #[test]

@@ -137,7 +137,9 @@ impl TextTokenizer {
                 .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                 .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
             _ => None,
-        };
+        }
+        // a model whose files carry no template (Gemma 3 GGUFs) gets its family's
+        .or_else(|| gds_format::arch::family(&cfg.arch).and_then(|f| f.chat_template.clone()));
         Self::build(
             inner,
             cfg,
@@ -505,6 +507,13 @@ mod tests {
             bos_token_id: None,
             eos_token_id: None,
             add_bos: false,
+            rope_style: crate::config::RopeStyle::Norm,
+            sliding_window: None,
+            sliding_window_pattern: 0,
+            rope_theta_local: None,
+            attn_scale: 0.5,
+            attn_softcap: None,
+            final_softcap: None,
         }
     }
 
@@ -520,7 +529,7 @@ mod tests {
         std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
         // (an architecture gdsrun does not run needs no hyperparameters in the manifest)
         let mut b = gds_format::ManifestBuilder::new();
-        b.kv_str("general.architecture", "gemma3").add_file(
+        b.kv_str("general.architecture", "mamba").add_file(
             "tokenizer.json",
             gds_format::file_role::TOKENIZER,
             json.len() as u64,

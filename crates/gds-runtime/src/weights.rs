@@ -3,6 +3,7 @@
 
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
+use crate::graph::{Block, WeightSource};
 use gds_format::{DType, Manifest, TensorInfo};
 use gds_io::{LayerBytes, LayerSource};
 use gds_kernels::WeightView;
@@ -66,35 +67,11 @@ impl TensorRef {
     }
 }
 
-/// Weights of one transformer block.
-pub struct BlockWeights {
-    /// `[n_embd]`
-    pub attn_norm: Vec<f32>,
-    /// `[n_heads * head_dim, n_embd]`
-    pub wq: TensorRef,
-    /// `[n_kv_heads * head_dim, n_embd]`
-    pub wk: TensorRef,
-    /// `[n_kv_heads * head_dim, n_embd]`
-    pub wv: TensorRef,
-    /// `[n_heads * head_dim]` (qwen2)
-    pub bq: Option<Vec<f32>>,
-    /// `[n_kv_heads * head_dim]` (qwen2)
-    pub bk: Option<Vec<f32>>,
-    /// `[n_kv_heads * head_dim]` (qwen2)
-    pub bv: Option<Vec<f32>>,
-    /// `[n_embd, n_heads * head_dim]`
-    pub wo: TensorRef,
-    /// `[n_embd]`
-    pub ffn_norm: Vec<f32>,
-    /// `[n_ff, n_embd]`
-    pub w_gate: TensorRef,
-    /// `[n_ff, n_embd]`
-    pub w_up: TensorRef,
-    /// `[n_embd, n_ff]`
-    pub w_down: TensorRef,
-}
+/// Weights of one transformer block: matrices in place in the layer files, vectors (norms,
+/// biases) read and dequantized to f32 at load.
+pub type BlockWeights = Block<TensorRef, Vec<f32>>;
 
-/// All weights of a llama-family model.
+/// All weights of a model.
 pub struct Weights {
     /// `[vocab_size, n_embd]`
     pub token_embd: TensorRef,
@@ -188,10 +165,16 @@ impl Finder<'_, '_> {
         gds_kernels::dequantize(r.dtype, &raw, &mut out)?;
         Ok(out)
     }
+}
 
-    fn opt_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+impl WeightSource<TensorRef, Vec<f32>> for Finder<'_, '_> {
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<TensorRef> {
+        Finder::matrix(self, name, rows, cols)
+    }
+
+    fn vector(&mut self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
         if self.by_name.contains_key(name) {
-            self.vector(name, n).map(Some)
+            Finder::vector(self, name, n).map(Some)
         } else {
             Ok(None)
         }
@@ -213,7 +196,7 @@ impl Weights {
                 why: "unreadable or duplicate tensor records".into(),
             });
         }
-        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let d = cfg.n_embd;
         let token_embd = f.matrix("token_embd.weight", cfg.vocab_size, d)?;
         let output = if f.by_name.contains_key("output.weight") {
             f.matrix("output.weight", cfg.vocab_size, d)?
@@ -225,23 +208,10 @@ impl Weights {
                 why: "missing and model.tie_embeddings is false".into(),
             });
         };
+        let mut f = f;
         let mut blocks = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            blocks.push(BlockWeights {
-                attn_norm: f.vector(&n("attn_norm.weight"), d)?,
-                wq: f.matrix(&n("attn_q.weight"), q, d)?,
-                wk: f.matrix(&n("attn_k.weight"), kv, d)?,
-                wv: f.matrix(&n("attn_v.weight"), kv, d)?,
-                bq: f.opt_vector(&n("attn_q.bias"), q)?,
-                bk: f.opt_vector(&n("attn_k.bias"), kv)?,
-                bv: f.opt_vector(&n("attn_v.bias"), kv)?,
-                wo: f.matrix(&n("attn_output.weight"), d, q)?,
-                ffn_norm: f.vector(&n("ffn_norm.weight"), d)?,
-                w_gate: f.matrix(&n("ffn_gate.weight"), ff, d)?,
-                w_up: f.matrix(&n("ffn_up.weight"), ff, d)?,
-                w_down: f.matrix(&n("ffn_down.weight"), d, ff)?,
-            });
+        for l in 0..cfg.n_layers {
+            blocks.push(Block::load(cfg, l, &mut f)?);
         }
         Ok(Weights {
             token_embd,
@@ -253,17 +223,7 @@ impl Weights {
 
     /// Every matrix, for summaries and kernel checks.
     pub fn matrices(&self) -> impl Iterator<Item = (&'static str, &TensorRef)> {
-        let blocks = self.blocks.iter().flat_map(|b| {
-            [
-                ("attn_q", &b.wq),
-                ("attn_k", &b.wk),
-                ("attn_v", &b.wv),
-                ("attn_output", &b.wo),
-                ("ffn_gate", &b.w_gate),
-                ("ffn_up", &b.w_up),
-                ("ffn_down", &b.w_down),
-            ]
-        });
+        let blocks = self.blocks.iter().flat_map(|b| b.matrices());
         [("token_embd", &self.token_embd), ("output", &self.output)]
             .into_iter()
             .chain(blocks)
