@@ -1067,7 +1067,14 @@ fn llama_hparams(
             2048
         }
     };
-    let rope_theta = cfg.f64_opt("rope_theta")?.unwrap_or(10000.0);
+    let (global_rope, _) = rope_parameters(cfg);
+    let rope_theta = match cfg.f64_opt("rope_theta")? {
+        Some(t) => t,
+        None => match global_rope {
+            Some(sub) => sub.f64_opt("rope_theta")?.unwrap_or(10000.0),
+            None => 10000.0,
+        },
+    };
     let eps = cfg.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
     let tie_in_config = cfg.bool_opt("tie_word_embeddings")?.unwrap_or(false);
     let has_lm_head = raw.iter().any(|t| t.name == "lm_head.weight");
@@ -1106,12 +1113,17 @@ fn rope_scaling(
     warnings: &mut Vec<String>,
     runnable: &mut bool,
 ) -> Result<()> {
-    let Some(v) = cfg.get("rope_scaling") else {
-        return Ok(());
+    let (map, from_params) = match cfg.get("rope_scaling") {
+        Some(v) => (
+            v.as_object()
+                .ok_or_else(|| cfg.err(format!("rope_scaling = {v} is not an object")))?,
+            false,
+        ),
+        None => match rope_parameters(cfg).0 {
+            Some(sub) => (sub.map, true),
+            None => return Ok(()),
+        },
     };
-    let map = v
-        .as_object()
-        .ok_or_else(|| cfg.err(format!("rope_scaling = {v} is not an object")))?;
     let sub = Config {
         path: cfg.path,
         map,
@@ -1119,6 +1131,7 @@ fn rope_scaling(
     let kind = ["rope_type", "type"]
         .iter()
         .find_map(|k| map.get(*k).and_then(Value::as_str))
+        .or(from_params.then_some("default"))
         .ok_or_else(|| cfg.err("rope_scaling has no rope_type".into()))?;
     let factor = |md: &mut Metadata| -> Result<()> {
         let f = sub
@@ -1171,6 +1184,25 @@ fn rope_scaling(
     Ok(())
 }
 
+/// transformers ≥ 5 writes RoPE settings as `rope_parameters`: one object (`rope_type`,
+/// `rope_theta`, scaling fields) or, for models with two kinds of layers, one object per
+/// layer type. Returns the settings of the global (full-attention) layers and of the
+/// sliding-window layers.
+fn rope_parameters<'a>(cfg: &Config<'a>) -> (Option<Config<'a>>, Option<Config<'a>>) {
+    let Some(map) = cfg.map.get("rope_parameters").and_then(Value::as_object) else {
+        return (None, None);
+    };
+    let sub = |m: &'a Map<String, Value>| Config {
+        path: cfg.path,
+        map: m,
+    };
+    let per_type = |k: &str| map.get(k).and_then(Value::as_object).map(sub);
+    match (per_type("full_attention"), per_type("sliding_attention")) {
+        (None, None) => (Some(sub(map)), None),
+        (g, l) => (g, l),
+    }
+}
+
 /// The family-specific keys of `spec` (`hf_keys`, else `hf_defaults`). Gemma 3's window
 /// pattern comes from `layer_types` when the config lists them (transformers ≥ 4.53), else
 /// from `sliding_window_pattern`.
@@ -1180,6 +1212,10 @@ fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<
             "model.sliding_window_pattern" if cfg.get("layer_types").is_some() => {
                 Some(MetaValue::U64(window_pattern(cfg)?))
             }
+            "model.rope_theta_local" if cfg.get(key).is_none() => match rope_parameters(cfg).1 {
+                Some(sub) => sub.f64_opt("rope_theta")?.map(MetaValue::F64),
+                None => None,
+            },
             _ => match cfg.get(key) {
                 Some(Value::Bool(b)) => Some(MetaValue::Bool(*b)),
                 Some(Value::Number(_)) => match cfg.u64_opt(key) {

@@ -82,11 +82,16 @@ struct Agreement {
     ref_ppl: f64,
 }
 
-/// Teacher-forced logits of `model` against the transformers reference.
+/// Teacher-forced logits of `model` against the transformers reference for SmolLM2.
 fn agreement(model: &Model) -> Agreement {
     let tokens = ids(&json("tokens.json")["ids"]);
-    let refs = json("ref_logits_top20.json");
-    let rows = logits(model, &tokens, 128);
+    agreement_with(model, &tokens, &json("ref_logits_top20.json"))
+}
+
+/// Teacher-forced logits of `model` over `tokens` against a reference's top-k rows
+/// (`top_ids`, `top_logits`, `lse`, `ppl`).
+fn agreement_with(model: &Model, tokens: &[u32], refs: &serde_json::Value) -> Agreement {
+    let rows = logits(model, tokens, 128);
     let (top_ids, top_logits, ref_lse) = (
         refs["top_ids"].as_array().unwrap(),
         refs["top_logits"].as_array().unwrap(),
@@ -134,6 +139,7 @@ fn agreement(model: &Model) -> Agreement {
     let (top1, kl_mean) = (agree as f64 / n, kl_sum / n);
     let ppl = (nll / (n - 1.0)).exp();
     let ref_ppl = refs["ppl"].as_f64().unwrap();
+    assert_eq!(rows.len(), top_ids.len(), "one reference row per position");
     let top1_tie = agree_or_tie as f64 / n;
     eprintln!("top-1 agreement {top1:.4} ({agree}/{n}), counting near ties {top1_tie:.4}, mean KL {kl_mean:.5}, max KL {kl_max:.4}, ppl {ppl:.4} vs transformers {ref_ppl:.4}");
     Agreement {
@@ -300,4 +306,70 @@ fn f16_kv_cache_stays_close_to_f32() {
     // measured: 97.4% and 0.003, the same order as the 8-bit activation error against
     // transformers; f16 is llama.cpp's default cache type
     assert!(top1 >= 0.95 && kl < 0.01, "top-1 {top1}, KL {kl}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 weights) against transformers
+// (fixtures/reference/gemma3/, made by scripts/reference/ref_logits_gemma3.py)
+
+fn gemma3() -> &'static Path {
+    gds_tests::gemma_converted()
+}
+
+/// f32 activations: the reference's own arithmetic on the same dequantized weights.
+#[test]
+fn gemma3_f32_activations_agree_with_transformers() {
+    let mut model = Model::load(gemma3(), 512, 2).unwrap();
+    model.set_f32_activations(true);
+    let tokens = ids(&json("gemma3/tokens.json")["ids"]);
+    assert_eq!(tokens[0], 2, "the reference starts with Gemma's BOS");
+    let a = agreement_with(&model, &tokens, &json("gemma3/ref_logits_top20.json"));
+    assert!(a.top1 >= 0.99, "top-1 agreement {}", a.top1);
+    assert!(a.kl_mean < 1e-4, "mean KL {}", a.kl_mean);
+    assert!(
+        (a.ppl / a.ref_ppl - 1.0).abs() < 0.002,
+        "ppl {} vs {}",
+        a.ppl,
+        a.ref_ppl
+    );
+}
+
+/// The default 8-bit activations (llama.cpp's arithmetic) stay close to the reference.
+#[test]
+fn gemma3_q8_activations_stay_close_to_transformers() {
+    let model = Model::load(gemma3(), 512, 2).unwrap();
+    let tokens = ids(&json("gemma3/tokens.json")["ids"]);
+    let a = agreement_with(&model, &tokens, &json("gemma3/ref_logits_top20.json"));
+    assert!(a.top1 >= 0.95, "top-1 agreement {}", a.top1);
+    assert!(a.top1_tie >= 0.99, "counting near ties {}", a.top1_tie);
+    assert!(a.kl_mean < 0.01, "mean KL {}", a.kl_mean);
+    assert!(
+        (a.ppl / a.ref_ppl - 1.0).abs() < 0.01,
+        "ppl {} vs {}",
+        a.ppl,
+        a.ref_ppl
+    );
+}
+
+/// 1 100 positions: past position 512 the 15 window layers drop keys (window 512), which
+/// changes the logits by up to 50 (fixtures/reference/gemma3/ref_long_swa.json); agreeing
+/// there means the window, its RoPE base and the global layers are right.
+#[test]
+fn gemma3_sliding_window_matches_transformers_past_the_window() {
+    let mut model = Model::load(gemma3(), 1152, 2).unwrap();
+    model.set_f32_activations(true);
+    let refs = json("gemma3/ref_long_swa.json");
+    let wiki = ids(&json("gemma3/wiki_tokens.json"));
+    let n = refs["n_positions"].as_u64().unwrap() as usize;
+    let tokens: Vec<u32> = std::iter::once(2)
+        .chain(wiki[..n - 1].iter().copied())
+        .collect();
+    let a = agreement_with(&model, &tokens, &refs);
+    assert!(a.top1 >= 0.99, "top-1 agreement {}", a.top1);
+    assert!(
+        (a.ppl / a.ref_ppl - 1.0).abs() < 0.002,
+        "ppl {} vs {}",
+        a.ppl,
+        a.ref_ppl
+    );
 }
