@@ -484,3 +484,96 @@ fn chat_prompt_injection_is_plain_text() {
         "--parse-special applies to raw prompts",
     );
 }
+
+// ------------------------------------------------------------------------------------------
+// Gemma 3 270M (a second architecture through the same CLI)
+
+fn gemma3() -> &'static str {
+    gds_tests::gemma_converted()
+        .to_str()
+        .expect("temporary path is UTF-8")
+}
+
+/// llama-perplexity on the same GGUF and text at two context sizes
+/// (fixtures/reference/gemma3/perplexity.json): BOS replaces each chunk's first token, as
+/// llama.cpp does for a model that adds BOS.
+#[test]
+fn gemma3_perplexity_matches_llama_cpp_at_two_context_sizes() {
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("fixtures/reference/gemma3/perplexity.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let file = root().join("fixtures/reference/wiki-like.txt");
+    for ctx in [128, 512] {
+        let run = reference["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["ctx"] == ctx)
+            .expect("reference run");
+        let j = ok_json(&[
+            "perplexity",
+            gemma3(),
+            "--file",
+            file.to_str().unwrap(),
+            "--ctx",
+            &ctx.to_string(),
+            "--json",
+        ]);
+        let (ours, theirs) = (j["ppl"].as_f64().unwrap(), run["ppl"].as_f64().unwrap());
+        eprintln!("gemma3 ppl ctx {ctx}: gdsrun {ours:.4}, llama.cpp {theirs:.4}");
+        assert_eq!(
+            j["tokens"],
+            reference["n_tokens"]["as_llama_perplexity_uses_it"]
+        );
+        assert_eq!(j["chunks"], run["chunks"]);
+        assert_eq!(j["scored"], run["scored_tokens"]);
+        assert!(
+            (ours / theirs - 1.0).abs() < 0.01,
+            "ctx {ctx}: ppl {ours} vs llama.cpp {theirs}"
+        );
+    }
+}
+
+/// The chat template comes from formats/gemma3.json (the GGUF carries none), starts with
+/// `<bos>` itself (no second BOS), and `<end_of_turn>` ends generation.
+#[test]
+fn gemma3_chat_uses_the_family_template_without_a_double_bos() {
+    let plan = ok_json(&[gemma3(), "--plan", "-p", "hi"]);
+    assert_eq!(plan["mode"], "chat", "{plan}");
+    assert!(
+        plan["chat_template"]
+            .as_str()
+            .unwrap()
+            .starts_with("formats/gemma3.json"),
+        "{plan}"
+    );
+    let j = ok_json(&[
+        gemma3(),
+        "-p",
+        "What is the capital of France?",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "8",
+        "--json",
+    ]);
+    // <bos> <start_of_turn> user \n What is the capital of France ? <end_of_turn> \n
+    // <start_of_turn> model \n: 16 tokens, one BOS
+    assert_eq!(j["metrics"]["prompt_tokens"], 16, "{j}");
+    let raw = ok_json(&[
+        gemma3(),
+        "--raw",
+        "--parse-special",
+        "-p",
+        "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "8",
+        "--json",
+    ]);
+    assert_eq!(raw["metrics"]["prompt_tokens"], 16, "{raw}");
+    assert_eq!(raw["tokens"], j["tokens"], "the template renders that exact text");
+}
