@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 mod common;
-use common::{http, serial, start, Server};
+use common::{http, serial, start, start_model, Server};
 
 fn python(script: &str, args: &[&str]) -> Value {
     let path = gds_tests::root().join("scripts").join(script);
@@ -324,4 +324,42 @@ fn streamed_layers_serve_a_batch_with_the_mapped_models_text() {
     // pass over the weights per step for all three sequences
     let streamed = texts(&start(&["--io", "direct", "--mem-budget", "24MB"]));
     assert_eq!(streamed, mapped);
+}
+
+/// Gemma 3 through the server and the official client: the completion and the chat answer
+/// (family chat template, `<end_of_turn>` in the stop set) are the `gdsrun` CLI's own
+/// greedy tokens, streamed or not.
+#[test]
+fn gemma3_through_the_openai_client() {
+    let _one = serial();
+    let model = gds_tests::gemma_converted();
+    let cli = |args: &[&str]| -> Value {
+        let o = Command::new(gds_tests::bin("gdsrun"))
+            .arg(model)
+            .args(args)
+            .args(["--temp", "0", "--max-tokens", "8", "--json"])
+            .output()
+            .expect("gdsrun runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (prompt, question) = ("The capital of France is", "What is the capital of France?");
+    let raw = cli(&["--raw", "-p", prompt]);
+    let chat = cli(&["-p", question]);
+    let s = start_model(model, &["--ctx", "512"]);
+    let r = python(
+        "serve_arch_check.py",
+        &[&format!("http://{}/v1", s.addr), prompt, question],
+    );
+    eprintln!("{r:#}");
+    assert_eq!(r["model"], "gemma3");
+    assert_eq!(r["completion"]["text"], raw["text"]);
+    assert_eq!(
+        r["completion"]["usage"]["prompt_tokens"],
+        raw["metrics"]["prompt_tokens"]
+    );
+    assert_eq!(r["chat"]["text"], chat["text"]);
+    assert_eq!(r["chat"]["usage"]["prompt_tokens"], 16);
+    assert_eq!(r["chat_stream"], r["chat"]["text"]);
+    assert!(!r["chat"]["text"].as_str().unwrap().contains("<end_of_turn>"));
 }

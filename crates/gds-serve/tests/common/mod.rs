@@ -32,7 +32,11 @@ impl Drop for Server {
 /// Starts `gdsrun serve` on SmolLM2 on a free port of 127.0.0.1 with `extra` flags
 /// (`--ctx 1024 --kv-budget 64` unless given) and waits until it is healthy.
 pub fn start(extra: &[&str]) -> Server {
-    let model = gds_tests::smollm_converted();
+    start_model(gds_tests::smollm_converted(), extra)
+}
+
+/// Starts `gdsrun serve` on the model directory `model` (see [`start`]).
+pub fn start_model(model: &std::path::Path, extra: &[&str]) -> Server {
     // defaults for the flags `extra` does not set
     let defaults: Vec<&str> = [["--ctx", "1024"], ["--kv-budget", "64"]]
         .into_iter()
