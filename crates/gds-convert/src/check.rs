@@ -113,6 +113,7 @@ pub fn check_source(source: &Source, input: &Path) -> Result<(), ConvertError> {
         "ff" => Some(ff),
         "V" => Some(vocab),
         "hd" => Some(hd),
+        "hd2" => Some(hd / 2),
         _ => None,
     };
     let mut expect: Vec<(String, Vec<Option<u64>>)> = Vec::new();

@@ -1208,6 +1208,10 @@ fn rope_parameters<'a>(cfg: &Config<'a>) -> (Option<Config<'a>>, Option<Config<'
 /// from `sliding_window_pattern`.
 fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<()> {
     for (canon, key) in &spec.hf_keys {
+        // Qwen2 configs carry a sliding_window that only applies with use_sliding_window
+        if canon == "model.sliding_window" && cfg.bool_opt("use_sliding_window")? == Some(false) {
+            continue;
+        }
         let v = match canon.as_str() {
             "model.sliding_window_pattern" if cfg.get("layer_types").is_some() => {
                 Some(MetaValue::U64(window_pattern(cfg)?))

@@ -44,7 +44,8 @@ pub struct FamilySpec {
     #[serde(default)]
     pub optional_tensors: RequiredTensors,
     /// Expected shape of every tensor, as symbols: `d` = n_embd, `q` = n_heads·head_dim,
-    /// `kv` = n_kv_heads·head_dim, `ff` = n_ff, `V` = vocab_size, `hd` = head_dim.
+    /// `kv` = n_kv_heads·head_dim, `ff` = n_ff, `V` = vocab_size, `hd` = head_dim,
+    /// `hd2` = head_dim/2.
     #[serde(default)]
     pub shapes: BTreeMap<String, Vec<String>>,
     /// Metadata keys a converted model must have, with their types.
@@ -261,6 +262,7 @@ impl Hparams {
             "ff" => Some(self.n_ff),
             "V" => Some(self.vocab_size),
             "hd" => Some(self.head_dim),
+            "hd2" => Some(self.head_dim / 2),
             _ => None,
         }
     }

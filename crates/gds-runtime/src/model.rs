@@ -255,11 +255,11 @@ impl Model {
             Weights::load(&config, &m, &*source).map_err(|e| crate::plan::with_dir(e, dir))?;
         let arch = Arch::of(&config)?;
         let neox = config.rope_style == RopeStyle::Neox;
-        let mut ropes =
-            vec![
-                RopeTable::new(config.head_dim, ctx, config.rope_theta, config.rope_scaling)
-                    .neox(neox),
-            ];
+        let global = match &weights.rope_freqs {
+            Some(div) => RopeTable::with_divisors(config.head_dim, ctx, config.rope_theta, div),
+            None => RopeTable::new(config.head_dim, ctx, config.rope_theta, config.rope_scaling),
+        };
+        let mut ropes = vec![global.neox(neox)];
         if let (Some(_), Some(theta)) = (config.sliding_window, config.rope_theta_local) {
             // window layers rotate with their own base and no long-context scaling (as
             // llama.cpp's rope_freq_base_train_swa / freq_scale_train_swa)

@@ -72,10 +72,24 @@ impl RopeTable {
         let inv_freq: Vec<f64> = (0..half)
             .map(|i| freq_scale * theta.powf(-((2 * i) as f64) / head_dim as f64) / factors[i])
             .collect();
+        Self::from_inv_freq(half, ctx, &inv_freq)
+    }
+
+    /// Angles with each pair's frequency divided by `divisors[i]` (a GGUF's
+    /// `rope_freqs.weight`, llama.cpp's form of Llama 3.1 scaling), `head_dim / 2` of them.
+    pub fn with_divisors(head_dim: usize, ctx: usize, theta: f64, divisors: &[f32]) -> RopeTable {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| theta.powf(-((2 * i) as f64) / head_dim as f64) / divisors[i] as f64)
+            .collect();
+        Self::from_inv_freq(half, ctx, &inv_freq)
+    }
+
+    fn from_inv_freq(half: usize, ctx: usize, inv_freq: &[f64]) -> RopeTable {
         let mut cos = Vec::with_capacity(ctx * half);
         let mut sin = Vec::with_capacity(ctx * half);
         for pos in 0..ctx {
-            for f in &inv_freq {
+            for f in inv_freq {
                 let a = pos as f64 * f;
                 cos.push(a.cos() as f32);
                 sin.push(a.sin() as f32);

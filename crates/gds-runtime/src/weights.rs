@@ -81,6 +81,9 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// `[vocab_size, n_embd]`; the token embedding when tied.
     pub output: TensorRef,
+    /// `[head_dim / 2]` per-pair divisors of the RoPE frequencies (`rope_freqs.weight`, how
+    /// llama.cpp's GGUFs carry Llama 3.1 scaling).
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 struct Finder<'m, 's> {
@@ -213,11 +216,13 @@ impl Weights {
         for l in 0..cfg.n_layers {
             blocks.push(Block::load(cfg, l, &mut f)?);
         }
+        let rope_freqs = WeightSource::vector(&mut f, "rope_freqs.weight", cfg.head_dim / 2)?;
         Ok(Weights {
             token_embd,
             output_norm: f.vector("output_norm.weight", d)?,
             output,
             blocks,
+            rope_freqs,
         })
     }
 

@@ -361,5 +361,8 @@ fn gemma3_through_the_openai_client() {
     assert_eq!(r["chat"]["text"], chat["text"]);
     assert_eq!(r["chat"]["usage"]["prompt_tokens"], 16);
     assert_eq!(r["chat_stream"], r["chat"]["text"]);
-    assert!(!r["chat"]["text"].as_str().unwrap().contains("<end_of_turn>"));
+    assert!(!r["chat"]["text"]
+        .as_str()
+        .unwrap()
+        .contains("<end_of_turn>"));
 }

@@ -500,8 +500,7 @@ fn gemma3() -> &'static str {
 #[test]
 fn gemma3_perplexity_matches_llama_cpp_at_two_context_sizes() {
     let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("fixtures/reference/gemma3/perplexity.json"))
-            .unwrap(),
+        &std::fs::read_to_string(root().join("fixtures/reference/gemma3/perplexity.json")).unwrap(),
     )
     .unwrap();
     let file = root().join("fixtures/reference/wiki-like.txt");
@@ -575,5 +574,8 @@ fn gemma3_chat_uses_the_family_template_without_a_double_bos() {
         "--json",
     ]);
     assert_eq!(raw["metrics"]["prompt_tokens"], 16, "{raw}");
-    assert_eq!(raw["tokens"], j["tokens"], "the template renders that exact text");
+    assert_eq!(
+        raw["tokens"], j["tokens"],
+        "the template renders that exact text"
+    );
 }

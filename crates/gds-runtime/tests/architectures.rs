@@ -1,0 +1,158 @@
+//! Every architecture family against transformers on tiny random-weight models that
+//! transformers itself made (fixtures/tiny-<arch>-hf, fixtures/make_arch_fixtures.py; see
+//! fixtures/ARCH_FIXTURES.md), converted from the Hugging Face directory and from the GGUF
+//! that llama.cpp's own `convert_hf_to_gguf.py` wrote. Weights are F32 and activations f32,
+//! so the arithmetic is transformers' float32 eager pass: logits must agree to ~1e-4, and
+//! every greedy token must be the same (golden margins are at least 0.5).
+
+use gds_runtime::perplexity::eval_positions;
+use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
+use std::path::Path;
+
+fn fixture(rel: &str) -> std::path::PathBuf {
+    gds_tests::fixture(rel)
+}
+
+fn convert(input: &Path, out: &Path) {
+    gds_convert::convert(
+        input,
+        out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .unwrap_or_else(|e| panic!("convert {}: {e}", input.display()));
+}
+
+/// Logits of every position of `tokens`, one batch.
+fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut model = Model::load(dir, 64, 1).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    model.set_f32_activations(true);
+    let c = &model.config;
+    let n = tokens.len();
+    let mut st = RunState::new(c, n, n, model.ctx(), model.threads());
+    let mut kv = KvCache::new(KvDtype::F32, c.n_layers, 1, model.ctx(), c.kv_dim());
+    let mut rows = vec![Vec::new(); n];
+    eval_positions(
+        &model,
+        &mut st,
+        &mut kv,
+        &mut Batch::with_capacity(n),
+        tokens,
+        0,
+        0..n,
+        &mut |p, l| rows[p] = l.to_vec(),
+    )
+    .unwrap();
+    rows
+}
+
+/// Converts `input` and compares its logits with `tiny-<arch>-hf/golden.json`.
+fn check(arch: &str, input: &Path) {
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture(&format!("tiny-{arch}-hf/golden.json"))).unwrap(),
+    )
+    .unwrap();
+    let tokens: Vec<u32> = golden["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.gds");
+    convert(input, &out);
+    let rows = logits(&out, &tokens);
+    let mut worst = 0.0f64;
+    for (i, row) in rows.iter().enumerate() {
+        let want: Vec<f64> = golden["logits"][i]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(row.len(), want.len(), "{arch}: vocabulary");
+        for (a, b) in row.iter().zip(&want) {
+            worst = worst.max((*a as f64 - b).abs());
+        }
+        assert_eq!(
+            gds_runtime::ops::argmax(row) as u64,
+            golden["argmax"][i].as_u64().unwrap(),
+            "{arch} from {}: greedy token at position {i}",
+            input.display()
+        );
+    }
+    eprintln!(
+        "{arch} from {}: max |logit diff| {worst:.2e}",
+        input.display()
+    );
+    // golden logits are rounded to 6 significant digits (|logit| < 100)
+    assert!(worst < 2e-3, "{arch}: max |logit diff| {worst}");
+}
+
+macro_rules! hf_and_gguf {
+    ($($name:ident: $arch:literal, gguf: $gguf:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            check($arch, &fixture(concat!("tiny-", $arch, "-hf")));
+            if $gguf {
+                check($arch, &fixture(concat!("tiny-", $arch, ".gguf")));
+            }
+        }
+    )*};
+}
+
+hf_and_gguf! {
+    llama3_matches_transformers: "llama3", gguf: true;
+    llama31_rope_scaling_matches_transformers: "llama31", gguf: true;
+    qwen2_biases_match_transformers: "qwen2", gguf: true;
+    gemma3_matches_transformers: "gemma3", gguf: false;
+    mistral_sliding_window_matches_transformers: "mistral", gguf: false;
+}
+
+/// Two GGUFs mean something else than their Hugging Face source, because llama.cpp's
+/// converter drops a field: Mistral's `sliding_window` (llama.cpp runs it as plain llama)
+/// and Gemma 3's `query_pre_attn_scalar` (llama.cpp derives it from the model size; the
+/// fixture's 24 differs from its head_dim 16 on purpose). They convert, validate as
+/// runnable, keep what the GGUF does say (Gemma 3's window and both RoPE bases), and run.
+#[test]
+fn ggufs_that_drop_a_hf_field_run_as_llama_cpp_reads_them() {
+    for arch in ["mistral", "gemma3"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m.gds");
+        convert(&fixture(&format!("tiny-{arch}.gguf")), &out);
+        let bytes = std::fs::read(out.join(gds_format::MANIFEST_FILE)).unwrap();
+        let m = gds_format::Manifest::parse(&bytes).unwrap();
+        let check = gds_format::arch::check_model(&m);
+        assert!(check.known && check.errors.is_empty(), "{:?}", check.errors);
+        let h = check.hparams.unwrap();
+        if arch == "gemma3" {
+            assert_eq!(h.sliding_window, Some(4));
+            assert_eq!(
+                (h.rope_theta, h.rope_theta_local),
+                (100000.0, Some(10000.0))
+            );
+            assert_eq!(h.query_pre_attn_scalar, Some(16.0));
+        } else {
+            assert_eq!(h.sliding_window, None);
+        }
+        let rows = logits(&out, &[1, 90, 289, 279]);
+        assert!(rows.iter().flatten().all(|v| v.is_finite()));
+    }
+}
+
+/// Architectures that have a description but no graph yet are converted, and `gdsrun` says it cannot
+/// run them rather than guessing.
+#[test]
+fn architectures_without_a_graph_are_refused_by_name() {
+    for arch in ["qwen3", "phi3", "gemma2"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("m.gds");
+        convert(&fixture(&format!("tiny-{arch}.gguf")), &out);
+        let err = Model::load(&out, 64, 1).err().expect("refused");
+        assert!(
+            err.to_string()
+                .contains(&format!("unsupported architecture \"{arch}\"")),
+            "{arch}: {err}"
+        );
+    }
+}
