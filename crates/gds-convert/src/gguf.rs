@@ -410,11 +410,17 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
                 }
             }
         }
-        if fam == "gemma3" {
-            // llama.cpp (llama-model.cpp, LLM_ARCH_GEMMA3): queries are scaled by
-            // 1/sqrt(n_embd / n_head) for the 27B model (62 layers), else 1/sqrt(head_dim).
+        let big = match fam {
+            "gemma3" => Some(62),
+            "gemma2" => Some(46),
+            _ => None,
+        };
+        if let Some(big) = big {
+            // llama.cpp (llama-model.cpp, LLM_ARCH_GEMMA2/3): queries are scaled by
+            // 1/sqrt(n_embd / n_head) for the 27B models (46 / 62 layers), else
+            // 1/sqrt(head_dim); GGUF has no key for it.
             let n_layers = need_u64("block_count")?;
-            let scalar = if n_layers == 62 {
+            let scalar = if n_layers == big {
                 n_embd / n_heads
             } else {
                 head_dim

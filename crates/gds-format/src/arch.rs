@@ -90,6 +90,8 @@ pub enum RopeStyle {
 const DESCRIPTIONS: &[&str] = &[
     include_str!("../../../formats/llama.json"),
     include_str!("../../../formats/gemma3.json"),
+    include_str!("../../../formats/gemma2.json"),
+    include_str!("../../../formats/qwen3.json"),
 ];
 
 /// Every architecture description of `formats/`, parsed once from the files embedded at
@@ -142,7 +144,7 @@ impl FamilySpec {
 
 /// Architectures (`general.architecture`) whose models the format can check and `gdsrun`
 /// can run.
-pub const KNOWN_ARCHS: &[&str] = &["llama", "gemma3"];
+pub const KNOWN_ARCHS: &[&str] = &["llama", "gemma3", "gemma2", "qwen3"];
 
 /// Largest value accepted for a dimension or count hyperparameter (2^24).
 pub const MAX_DIM: u64 = 1 << 24;
@@ -249,7 +251,8 @@ impl Hparams {
     /// True when block `il` attends through the sliding window.
     pub fn is_window_layer(&self, il: u64) -> bool {
         self.sliding_window.is_some()
-            && (self.sliding_window_pattern == 0 || (il + 1) % self.sliding_window_pattern != 0)
+            && (self.sliding_window_pattern == 0
+                || !(il + 1).is_multiple_of(self.sliding_window_pattern))
     }
 
     /// The value of shape symbol `sym` of the family descriptions (`None`: unknown symbol

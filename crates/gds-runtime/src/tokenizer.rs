@@ -29,8 +29,10 @@ pub const END_OF_GENERATION: &[&str] = &[
 pub struct TextTokenizer {
     /// Parses special-token texts into their tokens.
     inner: tokenizers::Tokenizer,
-    /// The same vocabulary with special-token texts read as plain text.
-    literal: tokenizers::Tokenizer,
+    /// The same vocabulary with special-token texts read as plain text, made on first need:
+    /// a second copy of a 262k-token vocabulary costs over 100 MB, and text without any
+    /// special-token text encodes the same either way.
+    literal: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// Ids of the special added tokens, sorted.
     special: Vec<u32>,
     /// Most bytes of text one token covers (an upper bound).
@@ -188,15 +190,12 @@ impl TextTokenizer {
             .map(|(id, _)| id)
             .collect();
         special.sort_unstable();
-        let mut literal = inner.clone();
-        // (the library's name: special tokens are "encoded" like text instead of split out)
-        literal.set_encode_special_tokens(true);
         let max_token_bytes = guarded("decode", || {
             Ok::<_, std::convert::Infallible>(max_token_bytes(&inner))
         })?;
         Ok(TextTokenizer {
             max_token_bytes,
-            literal,
+            literal: std::sync::OnceLock::new(),
             special,
             inner,
             bos,
@@ -211,13 +210,36 @@ impl TextTokenizer {
     /// `parse_special`; otherwise they are plain text. Prepends BOS when `with_bos` and the
     /// model adds one (as llama.cpp does) and the text does not already start with it.
     pub fn encode(&self, text: &str, with_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
-        let t = if parse_special {
-            &self.inner
+        let ids = if parse_special {
+            guarded("encode", || self.inner.encode(text, false))?
+                .get_ids()
+                .to_vec()
         } else {
-            &self.literal
+            self.encode_literal(text)?
         };
-        let enc = guarded("encode", || t.encode(text, false))?;
-        Ok(self.with_bos(enc.get_ids().to_vec(), with_bos))
+        Ok(self.with_bos(ids, with_bos))
+    }
+
+    /// Tokenizes `text` with special-token texts read as plain text. Parsing them gives the
+    /// same ids as not parsing them unless a special token appears; only then is the literal
+    /// tokenizer made (once) and used.
+    fn encode_literal(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = guarded("encode", || self.inner.encode(text, false))?;
+        if !enc
+            .get_ids()
+            .iter()
+            .any(|id| self.special.binary_search(id).is_ok())
+        {
+            return Ok(enc.get_ids().to_vec());
+        }
+        let literal = self.literal.get_or_init(|| {
+            let mut t = self.inner.clone();
+            // (the library's name: special tokens are "encoded" like text, not split out)
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let enc = guarded("encode", || literal.encode(text, false))?;
+        Ok(enc.get_ids().to_vec())
     }
 
     fn with_bos(&self, mut ids: Vec<u32>, with_bos: bool) -> Vec<u32> {
@@ -425,8 +447,7 @@ impl TextTokenizer {
             ));
         }
         if !text.is_empty() {
-            let enc = guarded("encode", || self.literal.encode(text, false))?;
-            ids.extend_from_slice(enc.get_ids());
+            ids.extend_from_slice(&self.encode_literal(&text)?);
         }
         Ok(())
     }

@@ -11,8 +11,10 @@
 //! Adding an architecture: a description in `formats/<arch>.json` (names, keys, shapes), a
 //! graph file here, a [`Arch`] variant, and only the ops it adds.
 
+mod gemma2;
 mod gemma3;
 mod llama;
+mod qwen3;
 
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
@@ -115,6 +117,18 @@ impl<M, V> Block<M, V> {
         let arch = Arch::of(c)?;
         let (q_norm, k_norm, post_attn_norm, post_ffw_norm) = match arch {
             Arch::Llama => (None, None, None, None),
+            Arch::Qwen3 => (
+                Some(need(n("attn_q_norm.weight"), hd)?),
+                Some(need(n("attn_k_norm.weight"), hd)?),
+                None,
+                None,
+            ),
+            Arch::Gemma2 => (
+                None,
+                None,
+                Some(need(n("post_attention_norm.weight"), d)?),
+                Some(need(n("post_ffw_norm.weight"), d)?),
+            ),
             Arch::Gemma3 => (
                 Some(need(n("attn_q_norm.weight"), hd)?),
                 Some(need(n("attn_k_norm.weight"), hd)?),
@@ -190,6 +204,10 @@ pub enum Arch {
     Llama,
     /// Gemma 3 text (`formats/gemma3.json`).
     Gemma3,
+    /// Gemma 2 (`formats/gemma2.json`).
+    Gemma2,
+    /// Qwen 3 dense (`formats/qwen3.json`).
+    Qwen3,
 }
 
 impl Arch {
@@ -198,6 +216,8 @@ impl Arch {
         match c.arch.as_str() {
             "llama" => Ok(Arch::Llama),
             "gemma3" => Ok(Arch::Gemma3),
+            "gemma2" => Ok(Arch::Gemma2),
+            "qwen3" => Ok(Arch::Qwen3),
             a => Err(RuntimeError::UnsupportedArch { arch: a.into() }),
         }
     }
@@ -205,8 +225,8 @@ impl Arch {
     /// Factor applied to the token embeddings (Gemma: √n_embd).
     pub fn embed_scale(self, c: &Config) -> Option<f32> {
         match self {
-            Arch::Llama => None,
-            Arch::Gemma3 => Some((c.n_embd as f32).sqrt()),
+            Arch::Llama | Arch::Qwen3 => None,
+            Arch::Gemma3 | Arch::Gemma2 => Some((c.n_embd as f32).sqrt()),
         }
     }
 }
@@ -216,6 +236,8 @@ pub fn block<O: Ops>(arch: Arch, o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>)
     match arch {
         Arch::Llama => llama::block(o, l, w),
         Arch::Gemma3 => gemma3::block(o, l, w),
+        Arch::Gemma2 => gemma2::block(o, l, w),
+        Arch::Qwen3 => qwen3::block(o, l, w),
     }
 }
 
