@@ -579,3 +579,37 @@ fn gemma3_chat_uses_the_family_template_without_a_double_bos() {
         "the template renders that exact text"
     );
 }
+
+/// Greedy decoding with f32 activations is transformers' own `generate` on the same weights
+/// (fixtures/reference/gemma3/greedy.json), up to the first near tie (step 11: the
+/// reference's top two are 0.014 apart).
+#[test]
+fn gemma3_greedy_f32_generation_matches_transformers() {
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("fixtures/reference/gemma3/greedy.json")).unwrap(),
+    )
+    .unwrap();
+    let t = &reference["transformers_greedy"];
+    let margins = t["step_top2_ids_and_logit_margin"].as_array().unwrap();
+    let sure = margins
+        .iter()
+        .take_while(|m| m[2].as_f64().unwrap() > 0.05)
+        .count();
+    assert!(sure >= 10, "the reference has {sure} clear steps");
+    let j = ok_json(&[
+        gemma3(),
+        "--raw",
+        "-p",
+        t["prompt"].as_str().unwrap(),
+        "--temp",
+        "0",
+        "--activations",
+        "f32",
+        "--max-tokens",
+        &sure.to_string(),
+        "--json",
+    ]);
+    let want: Vec<&Value> = t["generated_ids"].as_array().unwrap()[..sure].iter().collect();
+    let got: Vec<&Value> = j["tokens"].as_array().unwrap().iter().collect();
+    assert_eq!(got, want, "{}", j["text"]);
+}
