@@ -134,6 +134,10 @@ fn ggufs_that_drop_a_hf_field_run_as_llama_cpp_reads_them() {
                 (100000.0, Some(10000.0))
             );
             assert_eq!(h.query_pre_attn_scalar, Some(16.0));
+        } else if arch == "gemma2" {
+            assert_eq!((h.sliding_window, h.sliding_window_pattern), (Some(4), 2));
+            assert_eq!((h.attn_softcap, h.final_softcap), (Some(3.0), Some(30.0)));
+            assert_eq!(h.query_pre_attn_scalar, Some(16.0));
         } else {
             assert_eq!(h.sliding_window, None);
         }
