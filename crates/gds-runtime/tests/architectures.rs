@@ -3,7 +3,7 @@
 //! fixtures/ARCH_FIXTURES.md), converted from the Hugging Face directory and from the GGUF
 //! that llama.cpp's own `convert_hf_to_gguf.py` wrote. Weights are F32 and activations f32,
 //! so the arithmetic is transformers' float32 eager pass: logits must agree to ~1e-4, and
-//! every greedy token must be the same (golden margins are at least 0.5).
+//! every greedy token must be the same (golden margins are at least 0.19). Measured: at most 7.7e-5.
 
 use gds_runtime::perplexity::eval_positions;
 use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
@@ -48,8 +48,13 @@ fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 /// Converts `input` and compares its logits with `tiny-<arch>-hf/golden.json`.
 fn check(arch: &str, input: &Path) {
+    check_with(arch, input, "golden.json")
+}
+
+/// Converts `input` and compares its logits with `tiny-<arch>-hf/<golden>`.
+fn check_with(arch: &str, input: &Path, golden: &str) {
     let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture(&format!("tiny-{arch}-hf/golden.json"))).unwrap(),
+        &std::fs::read_to_string(fixture(&format!("tiny-{arch}-hf/{golden}"))).unwrap(),
     )
     .unwrap();
     let tokens: Vec<u32> = golden["tokens"]
@@ -86,7 +91,7 @@ fn check(arch: &str, input: &Path) {
         input.display()
     );
     // golden logits are rounded to 6 significant digits (|logit| < 100)
-    assert!(worst < 2e-3, "{arch}: max |logit diff| {worst}");
+    assert!(worst < 5e-4, "{arch}: max |logit diff| {worst}");
 }
 
 macro_rules! hf_and_gguf {
@@ -115,7 +120,8 @@ hf_and_gguf! {
 /// converter drops a field: Mistral's `sliding_window` (llama.cpp runs it as plain llama)
 /// and Gemma 2 and 3's `query_pre_attn_scalar` (llama.cpp derives it from the model size;
 /// the fixtures' 24 differs from their head_dim 16 on purpose). They convert, validate as
-/// runnable, keep what the GGUF does say (Gemma 3's window and both RoPE bases), and run.
+/// runnable, keep what the GGUF does say (Gemma 3's window and both RoPE bases), and
+/// compute what llama.cpp computes from them.
 #[test]
 fn ggufs_that_drop_a_hf_field_run_as_llama_cpp_reads_them() {
     for arch in ["mistral", "gemma3", "gemma2"] {
@@ -141,8 +147,13 @@ fn ggufs_that_drop_a_hf_field_run_as_llama_cpp_reads_them() {
         } else {
             assert_eq!(h.sliding_window, None);
         }
-        let rows = logits(&out, &[1, 90, 289, 279]);
-        assert!(rows.iter().flatten().all(|v| v.is_finite()));
+        // transformers on the same weights with only that field changed
+        // (golden_gguf.json, fixtures/ARCH_FIXTURES.md)
+        check_with(
+            arch,
+            &fixture(&format!("tiny-{arch}.gguf")),
+            "golden_gguf.json",
+        );
     }
 }
 

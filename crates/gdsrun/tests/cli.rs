@@ -609,7 +609,9 @@ fn gemma3_greedy_f32_generation_matches_transformers() {
         &sure.to_string(),
         "--json",
     ]);
-    let want: Vec<&Value> = t["generated_ids"].as_array().unwrap()[..sure].iter().collect();
+    let want: Vec<&Value> = t["generated_ids"].as_array().unwrap()[..sure]
+        .iter()
+        .collect();
     let got: Vec<&Value> = j["tokens"].as_array().unwrap().iter().collect();
     assert_eq!(got, want, "{}", j["text"]);
 }
