@@ -44,6 +44,19 @@ pub struct TextTokenizer {
     bos_text: String,
 }
 
+/// Gives the heap pages freed after parsing `tokenizer.json` back to the OS. Parsing a large
+/// vocabulary (Gemma's 262k tokens and 515k merges) leaves some hundred MB of small freed
+/// blocks that glibc keeps mapped, which would count in the process's memory for its whole
+/// life; elsewhere this is a no-op.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of the allocator's heaps to the kernel;
+    // it takes no pointers and touches no allocated block.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Calls into the `tokenizers` crate, turning a panic into an error. The crate panics on some
 /// malformed `tokenizer.json` files instead of returning an error (a syntax error inside the
 /// `"decoder"` object hits an `expect`; huggingface/tokenizers#2151 lists panics at encode
@@ -131,6 +144,8 @@ impl TextTokenizer {
         let inner = guarded(&path.display().to_string(), || {
             tokenizers::Tokenizer::from_bytes(&tok.bytes)
         })?;
+        drop(tok);
+        release_freed_heap();
         let tc = crate::plan::tokenizer_config(dir, &m)?.unwrap_or(serde_json::Value::Null);
         let template_src = match tc.get("chat_template") {
             Some(serde_json::Value::String(s)) => Some(s.clone()),
