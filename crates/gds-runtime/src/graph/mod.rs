@@ -272,6 +272,47 @@ pub fn ffn<O: Ops>(o: &mut O, w: &Block<O::Mat, O::Vec>, act: Glu) -> Result<()>
     o.matmul(Buf::Gate, &[(Buf::Proj, &w.w_down)])
 }
 
+/// A pre-norm block (llama and its descendants): `x += attn(norm(x))`, `x += ffn(norm(x))`.
+pub fn pre_norm_block<O: Ops>(
+    o: &mut O,
+    l: usize,
+    w: &Block<O::Mat, O::Vec>,
+    act: Glu,
+) -> Result<()> {
+    o.rms_norm(Buf::Xb, Buf::X, &w.attn_norm)?;
+    attention(o, l, w)?;
+    o.add(Buf::X, Buf::Proj)?;
+    o.rms_norm(Buf::Xb, Buf::X, &w.ffn_norm)?;
+    ffn(o, w, act)?;
+    o.add(Buf::X, Buf::Proj)
+}
+
+/// A sandwich-norm block (Gemma 2 and 3): each sub-layer's output is normed again before the
+/// residual add.
+pub fn sandwich_block<O: Ops>(
+    o: &mut O,
+    l: usize,
+    w: &Block<O::Mat, O::Vec>,
+    act: Glu,
+) -> Result<()> {
+    o.rms_norm(Buf::Xb, Buf::X, &w.attn_norm)?;
+    attention(o, l, w)?;
+    o.rms_norm(
+        Buf::Proj,
+        Buf::Proj,
+        role(&w.post_attn_norm, "post_attention_norm")?,
+    )?;
+    o.add(Buf::X, Buf::Proj)?;
+    o.rms_norm(Buf::Xb, Buf::X, &w.ffn_norm)?;
+    ffn(o, w, act)?;
+    o.rms_norm(
+        Buf::Proj,
+        Buf::Proj,
+        role(&w.post_ffw_norm, "post_ffw_norm")?,
+    )?;
+    o.add(Buf::X, Buf::Proj)
+}
+
 /// A required optional role (checked at load, so absent only through a loader bug).
 fn role<'a, V>(v: &'a Option<V>, what: &str) -> Result<&'a V> {
     v.as_ref()

@@ -6,17 +6,12 @@
 //! x += ffn_down(silu(ffn_gate(h)) · ffn_up(h)),  h = rmsnorm(x) · ffn_norm
 //! ```
 
-use super::{attention, ffn, role, Block, Buf, Glu, Ops};
+use super::{pre_norm_block, role, Block, Glu, Ops};
 use crate::error::Result;
 
 pub(super) fn block<O: Ops>(o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>) -> Result<()> {
     // the shared attention applies the per-head norms; qwen3 must have them
     role(&w.q_norm, "attn_q_norm")?;
     role(&w.k_norm, "attn_k_norm")?;
-    o.rms_norm(Buf::Xb, Buf::X, &w.attn_norm)?;
-    attention(o, l, w)?;
-    o.add(Buf::X, Buf::Proj)?;
-    o.rms_norm(Buf::Xb, Buf::X, &w.ffn_norm)?;
-    ffn(o, w, Glu::Silu)?;
-    o.add(Buf::X, Buf::Proj)
+    pre_norm_block(o, l, w, Glu::Silu)
 }
