@@ -611,6 +611,9 @@ impl Model {
     }
 }
 
+/// Elements of the gated activation per parallel task.
+const GLU_CHUNK: usize = 8192;
+
 /// The CPU backend of the graph's [`Ops`] for one block of one batch: buffers are the rows
 /// of [`RunState`], matrices are [`TensorRef`]s into the block's resident `bytes`, vectors
 /// are f32 loaded at open.
@@ -740,12 +743,17 @@ impl Ops for CpuOps<'_> {
     }
 
     fn glu(&mut self, act: Glu) -> Result<()> {
+        use rayon::prelude::*;
         let len = self.rows(Buf::Gate);
         let (g, u) = (&mut self.s.gate[..len], &self.s.up[..len]);
-        match act {
-            Glu::Silu => ops::swiglu(g, u),
-            Glu::GeluTanh => ops::geglu(g, u),
-        }
+        let f = match act {
+            Glu::Silu => ops::swiglu,
+            Glu::GeluTanh => ops::geglu,
+        };
+        // a prompt's rows are spread over the pool (the tanh of GeGLU is not free)
+        g.par_chunks_mut(GLU_CHUNK)
+            .zip(u.par_chunks(GLU_CHUNK))
+            .for_each(|(g, u)| f(g, u));
         Ok(())
     }
 
