@@ -677,7 +677,7 @@ mod tests {
             for dims in f.shapes.values() {
                 for d in dims {
                     assert!(
-                        ["d", "q", "kv", "ff", "V", "hd"].contains(&d.as_str()),
+                        ["d", "q", "kv", "ff", "V", "hd", "hd2"].contains(&d.as_str()),
                         "{d}"
                     );
                 }

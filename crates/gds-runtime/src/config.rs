@@ -79,14 +79,6 @@ impl Config {
         (p == 0 || !(l + 1).is_multiple_of(p)).then_some(w)
     }
 
-    /// RoPE base of block `l`.
-    pub fn rope_theta_of(&self, l: usize) -> f64 {
-        match (self.window(l), self.rope_theta_local) {
-            (Some(_), Some(t)) => t,
-            _ => self.rope_theta,
-        }
-    }
-
     /// Reads and checks the hyperparameters (the format's typed [`gds_format::arch::Hparams`],
     /// every value range-checked there). Errors name the missing or bad key.
     pub fn from_manifest(m: &Manifest<'_>) -> Result<Config> {
