@@ -170,7 +170,8 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-fn json_to_meta(v: &Value) -> Option<MetaValue> {
+/// A JSON scalar as a manifest value (arrays and objects: `None`).
+pub(crate) fn json_to_meta(v: &Value) -> Option<MetaValue> {
     match v {
         Value::Bool(b) => Some(MetaValue::Bool(*b)),
         Value::String(s) => Some(MetaValue::Str(s.clone())),

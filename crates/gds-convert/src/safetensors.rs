@@ -1230,31 +1230,18 @@ fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<
                 None => None,
             },
         };
-        let v = v.or_else(|| spec.hf_defaults.get(canon).and_then(meta_of_json));
         if let Some(v) = v {
             md.insert(canon.clone(), crate::gguf::as_declared(spec, canon, v));
         }
     }
     for (canon, v) in &spec.hf_defaults {
         if !md.contains_key(canon) {
-            if let Some(v) = meta_of_json(v) {
+            if let Some(v) = crate::gguf::json_to_meta(v) {
                 md.insert(canon.clone(), crate::gguf::as_declared(spec, canon, v));
             }
         }
     }
     Ok(())
-}
-
-fn meta_of_json(v: &Value) -> Option<MetaValue> {
-    match v {
-        Value::Bool(b) => Some(MetaValue::Bool(*b)),
-        Value::Number(n) => n
-            .as_u64()
-            .map(MetaValue::U64)
-            .or_else(|| n.as_f64().map(MetaValue::F64)),
-        Value::String(s) => Some(MetaValue::Str(s.clone())),
-        _ => None,
-    }
 }
 
 /// The period `p` of `layer_types`: layer `i` is `full_attention` exactly when
