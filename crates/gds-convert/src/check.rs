@@ -10,7 +10,7 @@
 use crate::error::ConvertError;
 use crate::names::{group_of, Group};
 use crate::source::{MetaValue, Source, SourceTensor};
-use gds_format::arch::family;
+use gds_format::arch::{family, shape_symbol};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
@@ -106,16 +106,7 @@ pub fn check_source(source: &Source, input: &Path) -> Result<(), ConvertError> {
     let hd = u("model.head_dim")?;
     let ff = u("model.n_ff")?;
     let vocab = u("model.vocab_size")?;
-    let sym = |s: &str| match s {
-        "d" => Some(embd),
-        "q" => heads.checked_mul(hd),
-        "kv" => kv.checked_mul(hd),
-        "ff" => Some(ff),
-        "V" => Some(vocab),
-        "hd" => Some(hd),
-        "hd2" => Some(hd / 2),
-        _ => None,
-    };
+    let sym = |s: &str| shape_symbol(s, |key| u(key).ok());
     let mut expect: Vec<(String, Vec<Option<u64>>)> = Vec::new();
     for (pattern, dims) in &spec.shapes {
         let dims: Vec<Option<u64>> = dims.iter().map(|d| sym(d)).collect();

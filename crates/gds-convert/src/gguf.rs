@@ -399,6 +399,10 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         let spec = crate::names::family(fam)
             .ok_or_else(|| bad(format!("internal: no description of family {fam}")))?;
         for (canon, suffix) in &spec.gguf_keys {
+            // a window of 0 is llama.cpp's "no window" (Phi-3 GGUFs write it)
+            if canon == "model.sliding_window" && num_u64(key(suffix)) == Some(0) {
+                continue;
+            }
             if let Some(v) = key(suffix).and_then(json_to_meta) {
                 hparam_origin.insert(canon.clone(), format!("{a}.{suffix}"));
                 metadata.insert(canon.clone(), as_declared(spec, canon, v));
@@ -443,6 +447,17 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
                 t.transform = Transform::PermuteRope { n_head: heads };
             }
         }
+        crate::source::split_fused(&mut tensors, spec, |sym| {
+            gds_format::arch::shape_symbol(sym, |key| match metadata.get(key) {
+                Some(MetaValue::U64(v)) => Some(*v),
+                _ => None,
+            })
+        })
+        .map_err(|e| ConvertError::BadTensor {
+            path: e.path,
+            tensor: e.tensor,
+            msg: e.reason,
+        })?;
         let tied = !tensors.iter().any(|t| t.name == "output.weight");
         metadata.insert("model.tie_embeddings".into(), MetaValue::Bool(tied));
         match key("rope.scaling.type").and_then(Value::as_str) {

@@ -263,14 +263,16 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         });
     };
 
-    let mut runnable = true;
-    let hp = llama_hparams(&cfg, &raw, &mut metadata, &mut warnings, &mut runnable)?;
+    let hp = llama_hparams(&cfg, &raw, &mut metadata, &mut warnings)?;
     family_hparams(&cfg, spec, &mut metadata)?;
     metadata.insert(
         "general.architecture".into(),
         MetaValue::Str(spec.family.clone()),
     );
-    let tensors = map_llama(input, raw, &hp, spec, &mut warnings)?;
+    let mut tensors = map_llama(input, raw, &hp, spec, &mut warnings)?;
+    if let Some(lr) = &hp.longrope {
+        longrope_tensors(&cfg, spec, &metadata, lr, &mut tensors)?;
+    }
     let hparam_origin = [
         ("model.n_layers", "num_hidden_layers"),
         ("model.n_embd", "hidden_size"),
@@ -286,13 +288,61 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
     .collect();
     Ok(Source {
         arch: spec.family.clone(),
-        runnable,
+        runnable: true,
         metadata,
         hparam_origin,
         tensors,
         tokenizer,
         warnings,
     })
+}
+
+/// LongRoPE's factors as the tensors llama.cpp's converter writes
+/// (`rope_factors_long.weight`, `rope_factors_short.weight`, `rope_dims / 2` each), for a
+/// family whose description has them.
+fn longrope_tensors(
+    cfg: &Config,
+    spec: &FamilySpec,
+    md: &Metadata,
+    lr: &LongRope,
+    tensors: &mut Vec<SourceTensor>,
+) -> Result<()> {
+    let names = ["rope_factors_long.weight", "rope_factors_short.weight"];
+    if !names
+        .iter()
+        .all(|n| spec.optional_tensors.global.iter().any(|g| g == n))
+    {
+        return Err(cfg.err(format!(
+            "rope scaling type longrope is supported for Phi-3 models only, not {}",
+            spec.family
+        )));
+    }
+    let dims = match (md.get("model.rope_dims"), md.get("model.head_dim")) {
+        (Some(MetaValue::U64(d)), _) | (None, Some(MetaValue::U64(d))) => *d,
+        _ => 0,
+    };
+    for (name, (key, values)) in names
+        .iter()
+        .zip([("long_factor", &lr.long), ("short_factor", &lr.short)])
+    {
+        if values.len() as u64 != dims / 2 {
+            return Err(cfg.err(format!(
+                "rope {key} has {} values; the {dims} rotated dimensions need {}",
+                values.len(),
+                dims / 2
+            )));
+        }
+        let t = SourceTensor::f32_vector(
+            name,
+            format!("rope_parameters.{key}"),
+            cfg.path.to_path_buf(),
+            values,
+        )
+        .map_err(|e| cfg.err(format!("cannot hold rope {key}: {e}")))?;
+        tensors.push(t);
+    }
+    sort_tensors(tensors);
+    Ok(())
 }
 
 /// Reorders the rows of a Hugging Face Q or K projection (weight or bias) from the "rotate
@@ -1007,9 +1057,18 @@ struct Hparams {
     n_heads: u64,
     n_kv_heads: u64,
     head_dim: u64,
+    n_ff: u64,
     vocab: u64,
     /// `tie_word_embeddings` as config.json says (absent: false, as in `LlamaConfig`).
     tie_in_config: bool,
+    /// LongRoPE factors (`rope_type` longrope), written as llama.cpp's tensors.
+    longrope: Option<LongRope>,
+}
+
+/// LongRoPE's per-pair frequency divisors from config.json (Phi-3.5, Phi-4-mini).
+struct LongRope {
+    long: Vec<f32>,
+    short: Vec<f32>,
 }
 
 fn llama_hparams(
@@ -1017,7 +1076,6 @@ fn llama_hparams(
     raw: &[RawTensor],
     md: &mut Metadata,
     warnings: &mut Vec<String>,
-    runnable: &mut bool,
 ) -> Result<Hparams> {
     let n_embd = cfg.u64_req("hidden_size")?;
     let n_layers = cfg.u64_req("num_hidden_layers")?;
@@ -1094,25 +1152,25 @@ fn llama_hparams(
         "model.tie_embeddings".into(),
         MetaValue::Bool(tie_in_config || !has_lm_head),
     );
-    rope_scaling(cfg, md, warnings, runnable)?;
+    let longrope = rope_scaling(cfg, md)?;
     Ok(Hparams {
         n_layers,
         n_heads,
         n_kv_heads,
         head_dim,
+        n_ff,
         vocab,
         tie_in_config,
+        longrope,
     })
 }
 
-/// `rope_scaling`: `llama3` and `linear` are runnable; `default`/null mean none; any other
-/// type is recorded, with a warning, and makes the model not runnable.
-fn rope_scaling(
-    cfg: &Config,
-    md: &mut Metadata,
-    warnings: &mut Vec<String>,
-    runnable: &mut bool,
-) -> Result<()> {
+/// `rope_scaling` (or transformers 5's `rope_parameters`): `default`/null mean none;
+/// `linear` and `llama3` become `model.rope_scaling.*`; `longrope` (Phi-3.5, Phi-4-mini)
+/// becomes `model.rope_scaling.attn_factor` and `original_context_length` plus the factors,
+/// returned for the caller to write as tensors. Any other type is an error: the model could
+/// not be run, and its config would not validate.
+fn rope_scaling(cfg: &Config, md: &mut Metadata) -> Result<Option<LongRope>> {
     let (map, from_params) = match cfg.get("rope_scaling") {
         Some(v) => (
             v.as_object()
@@ -1121,7 +1179,7 @@ fn rope_scaling(
         ),
         None => match rope_parameters(cfg).0 {
             Some(sub) => (sub.map, true),
-            None => return Ok(()),
+            None => return Ok(None),
         },
     };
     let sub = Config {
@@ -1141,7 +1199,7 @@ fn rope_scaling(
         Ok(())
     };
     match kind {
-        "default" => return Ok(()),
+        "default" => return Ok(None),
         "linear" => factor(md)?,
         "llama3" => {
             factor(md)?;
@@ -1165,23 +1223,68 @@ fn rope_scaling(
                 MetaValue::U64(orig),
             );
         }
+        "longrope" | "su" => return longrope(cfg, &sub, md).map(Some),
         other => {
-            if let Some(f) = sub.f64_opt("factor")? {
-                md.insert("model.rope_scaling.factor".into(), MetaValue::F64(f));
-            }
-            warnings.push(format!(
-                "{}: rope_scaling type {other} is not supported by gdsrun; the model is \
-                 converted but cannot be run",
-                cfg.path.display()
-            ));
-            *runnable = false;
+            return Err(cfg.err(format!(
+                "rope scaling type {other:?} is not supported (gdsrun runs default, linear, \
+                 llama3 and, for Phi-3, longrope): the model could not be run"
+            )))
         }
     }
     md.insert(
         "model.rope_scaling.type".into(),
         MetaValue::Str(kind.to_owned()),
     );
-    Ok(())
+    Ok(None)
+}
+
+/// LongRoPE as transformers computes it (`_compute_longrope_parameters`): the attention
+/// factor is `attention_factor` when given, else √(1 + ln s / ln orig) with
+/// s = max_position_embeddings / orig (1 when s ≤ 1), as llama.cpp's converter writes
+/// `rope.scaling.attn_factor`.
+fn longrope(cfg: &Config, sub: &Config, md: &mut Metadata) -> Result<LongRope> {
+    let list = |k: &str| -> Result<Vec<f32>> {
+        let bad = || cfg.err(format!("rope {k} must be a list of positive numbers"));
+        let a = sub.get(k).and_then(Value::as_array).ok_or_else(bad)?;
+        a.iter()
+            .map(|v| match v.as_f64() {
+                Some(f) if f.is_finite() && f > 0.0 => Ok(f as f32),
+                _ => Err(bad()),
+            })
+            .collect()
+    };
+    let (long, short) = (list("long_factor")?, list("short_factor")?);
+    let key = "original_max_position_embeddings";
+    let orig = match sub.u64_opt(key)? {
+        Some(o) => o,
+        None => cfg
+            .u64_opt(key)?
+            .ok_or_else(|| cfg.err(format!("longrope needs {key}")))?,
+    };
+    if orig < 2 {
+        return Err(cfg.err(format!("{key} {orig} is too small")));
+    }
+    let max_pos = cfg.u64_opt("max_position_embeddings")?.unwrap_or(orig);
+    let attn = match sub.f64_opt("attention_factor")? {
+        Some(a) => a,
+        None => {
+            let s = max_pos as f64 / orig as f64;
+            if s <= 1.0 {
+                1.0
+            } else {
+                (1.0 + s.ln() / (orig as f64).ln()).sqrt()
+            }
+        }
+    };
+    md.insert(
+        "model.rope_scaling.attn_factor".into(),
+        MetaValue::F64(attn),
+    );
+    md.insert(
+        "model.rope_scaling.original_context_length".into(),
+        MetaValue::U64(orig),
+    );
+    Ok(LongRope { long, short })
 }
 
 /// transformers ≥ 5 writes RoPE settings as `rope_parameters`: one object (`rope_type`,
@@ -1220,6 +1323,30 @@ fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<
                 Some(sub) => sub.f64_opt("rope_theta")?.map(MetaValue::F64),
                 None => None,
             },
+            // Phi-3: RoPE on the first partial_rotary_factor × head_dim dimensions
+            // (transformers ≥ 5 puts the factor into rope_parameters)
+            "model.rope_dims" => {
+                let factor = match cfg.f64_opt(key)? {
+                    Some(f) => Some(f),
+                    None => match rope_parameters(cfg).0 {
+                        Some(sub) => sub.f64_opt(key)?,
+                        None => None,
+                    },
+                };
+                match (factor, md.get("model.head_dim")) {
+                    (Some(f), Some(MetaValue::U64(hd))) => {
+                        let dims = (*hd as f64 * f).round();
+                        if !(f > 0.0 && f <= 1.0) || dims < 2.0 || dims % 2.0 != 0.0 {
+                            return Err(cfg.err(format!(
+                                "{key} = {f} does not give an even number of rotated \
+                                 dimensions of head_dim {hd}"
+                            )));
+                        }
+                        Some(MetaValue::U64(dims as u64))
+                    }
+                    _ => None,
+                }
+            }
             _ => match cfg.get(key) {
                 Some(Value::Bool(b)) => Some(MetaValue::Bool(*b)),
                 Some(Value::Number(_)) => match cfg.u64_opt(key) {
@@ -1364,6 +1491,17 @@ fn map_llama(
             unmapped.join(", ")
         ));
     }
+    crate::source::split_fused(&mut out, spec, |sym| match sym {
+        "q" => hp.n_heads.checked_mul(hp.head_dim),
+        "kv" => hp.n_kv_heads.checked_mul(hp.head_dim),
+        "ff" => Some(hp.n_ff),
+        _ => None,
+    })
+    .map_err(|e| SafetensorsError::Tensor {
+        path: e.path,
+        tensor: e.tensor,
+        reason: e.reason,
+    })?;
     let present: BTreeSet<&str> = out.iter().map(|t| t.name.as_str()).collect();
     let required = spec
         .required_tensors

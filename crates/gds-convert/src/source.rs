@@ -100,6 +100,44 @@ impl MappedFile {
     }
 }
 
+impl MappedFile {
+    /// Bytes a reader computed (e.g. LongRoPE factors listed in `config.json`), held in an
+    /// anonymous mapping so that they are a [`SourceTensor`] like any other; `path` names
+    /// where they came from, for messages.
+    pub fn from_bytes(path: PathBuf, bytes: &[u8]) -> std::io::Result<MappedFile> {
+        let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1))?;
+        map[..bytes.len()].copy_from_slice(bytes);
+        Ok(MappedFile {
+            path,
+            map: map.make_read_only()?,
+        })
+    }
+}
+
+impl SourceTensor {
+    /// A 1-D F32 tensor of `values` that a reader computed, named `name` (`source_name` says
+    /// where in the input the values are).
+    pub fn f32_vector(
+        name: &str,
+        source_name: String,
+        path: PathBuf,
+        values: &[f32],
+    ) -> std::io::Result<SourceTensor> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let file = Arc::new(MappedFile::from_bytes(path, &bytes)?);
+        Ok(SourceTensor {
+            name: name.to_string(),
+            source_name,
+            dtype: DType::F32,
+            shape: vec![values.len() as u64],
+            file,
+            offset: 0,
+            nbytes: bytes.len() as u64,
+            transform: Transform::None,
+        })
+    }
+}
+
 /// Tokenizer material that goes into the output directory.
 #[derive(Clone, Debug, Default)]
 pub struct TokenizerFiles {
@@ -132,4 +170,93 @@ pub struct Source {
     pub tokenizer: TokenizerFiles,
     /// Warnings for the user (unknown architecture, ignored tensors, ...).
     pub warnings: Vec<String>,
+}
+
+/// A fused tensor that cannot be split as its family describes.
+#[derive(Debug)]
+pub struct SplitError {
+    /// The input file.
+    pub path: PathBuf,
+    /// The tensor's name in the input.
+    pub tensor: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Splits the family's fused tensors (`FamilySpec::fused`, e.g. Phi-3's `attn_qkv`) by rows
+/// into their parts, each as many rows as `dim` gives for its shape symbol. Rows of every
+/// dtype are whole blocks, so each part is a byte range of the same mapped input: nothing is
+/// copied. The parts replace the fused tensor at its place in `tensors`.
+pub fn split_fused(
+    tensors: &mut Vec<SourceTensor>,
+    spec: &gds_format::arch::FamilySpec,
+    dim: impl Fn(&str) -> Option<u64>,
+) -> Result<(), SplitError> {
+    if spec.fused.is_empty() {
+        return Ok(());
+    }
+    let mut out = Vec::with_capacity(tensors.len() + tensors.len() / 2);
+    for t in tensors.drain(..) {
+        let Some((n, parts)) = spec.fused.iter().find_map(|(pattern, parts)| {
+            crate::names::match_pattern(pattern, &t.name).map(|n| (n, parts))
+        }) else {
+            out.push(t);
+            continue;
+        };
+        let err = |reason: String| SplitError {
+            path: t.file.path.clone(),
+            tensor: t.source_name.clone(),
+            reason,
+        };
+        let rows: Vec<u64> = parts.iter().map(|(_, sym)| dim(sym).unwrap_or(0)).collect();
+        let total = rows.iter().try_fold(0u64, |a, &r| a.checked_add(r));
+        let [fused_rows, cols] = t.shape[..] else {
+            return Err(err(format!(
+                "shape {:?} is not a matrix: it cannot be split into {}",
+                t.shape,
+                parts
+                    .iter()
+                    .map(|p| p.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        if total != Some(fused_rows) || rows.contains(&0) {
+            return Err(err(format!(
+                "{fused_rows} rows, but the hyperparameters give {} = {} rows",
+                parts
+                    .iter()
+                    .zip(&rows)
+                    .map(|((_, sym), r)| format!("{sym} {r}"))
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+                total.map_or("(overflow)".to_string(), |t| t.to_string())
+            )));
+        }
+        let mut offset = t.offset;
+        for ((part, _), &r) in parts.iter().zip(&rows) {
+            // whole rows of a valid tensor: cannot fail once the total matched
+            let nbytes = t
+                .dtype
+                .tensor_bytes(&[r, cols])
+                .ok_or_else(|| err(format!("{r} rows of {cols} {} do not fit", t.dtype)))?;
+            let name = match n {
+                Some(n) => part.replace("{N}", &n.to_string()),
+                None => part.clone(),
+            };
+            out.push(SourceTensor {
+                source_name: format!("{} (its {name} rows)", t.source_name),
+                name,
+                dtype: t.dtype,
+                shape: vec![r, cols],
+                file: t.file.clone(),
+                offset,
+                nbytes,
+                transform: t.transform.clone(),
+            });
+            offset += nbytes;
+        }
+    }
+    *tensors = out;
+    Ok(())
 }

@@ -662,7 +662,8 @@ fn config_defaults_eos_list_and_rope_scaling() {
         128
     );
 
-    // an unsupported scaling type converts, but not runnable
+    // an unsupported scaling type is refused by name: the model could not be run, and the
+    // written manifest would not validate (it was an "internal error" after writing)
     cfg.insert(
         "rope_scaling".into(),
         serde_json::json!({"type": "yarn", "factor": 4.0}),
@@ -672,9 +673,12 @@ fn config_defaults_eos_list_and_rope_scaling() {
         serde_json::to_string(&cfg).unwrap(),
     )
     .unwrap();
-    let s = read_safetensors(dir.path()).unwrap();
-    assert!(!s.runnable);
-    assert!(s.warnings.iter().any(|w| w.contains("yarn")));
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(matches!(e, SafetensorsError::Config { .. }), "{e:?}");
+    assert!(
+        text.contains("config.json") && text.contains("\"yarn\" is not supported"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -45,7 +45,7 @@ pub struct FamilySpec {
     pub optional_tensors: RequiredTensors,
     /// Expected shape of every tensor, as symbols: `d` = n_embd, `q` = n_heads·head_dim,
     /// `kv` = n_kv_heads·head_dim, `ff` = n_ff, `V` = vocab_size, `hd` = head_dim,
-    /// `hd2` = head_dim/2.
+    /// `hd2` = head_dim/2, `rd2` = rope_dims/2.
     #[serde(default)]
     pub shapes: BTreeMap<String, Vec<String>>,
     /// Metadata keys a converted model must have, with their types.
@@ -65,6 +65,12 @@ pub struct FamilySpec {
     /// A chat template for models of this family whose files carry none.
     #[serde(default)]
     pub chat_template: Option<String>,
+    /// Fused input tensors (canonical name, `{N}` for the block) that the converter splits
+    /// by rows into the listed canonical tensors, in order, each as many rows as its shape
+    /// symbol (Phi-3's `attn_qkv` → `attn_q`, `attn_k`, `attn_v`). A converted model has
+    /// only the parts.
+    #[serde(default)]
+    pub fused: BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// Tensors by scope.
@@ -92,6 +98,7 @@ const DESCRIPTIONS: &[&str] = &[
     include_str!("../../../formats/gemma3.json"),
     include_str!("../../../formats/gemma2.json"),
     include_str!("../../../formats/qwen3.json"),
+    include_str!("../../../formats/phi3.json"),
 ];
 
 /// Every architecture description of `formats/`, parsed once from the files embedded at
@@ -144,7 +151,7 @@ impl FamilySpec {
 
 /// Architectures (`general.architecture`) whose models the format can check and `gdsrun`
 /// can run.
-pub const KNOWN_ARCHS: &[&str] = &["llama", "gemma3", "gemma2", "qwen3"];
+pub const KNOWN_ARCHS: &[&str] = &["llama", "gemma3", "gemma2", "qwen3", "phi3"];
 
 /// Largest value accepted for a dimension or count hyperparameter (2^24).
 pub const MAX_DIM: u64 = 1 << 24;
@@ -219,6 +226,14 @@ pub struct Hparams {
     pub rope_theta: f64,
     /// RoPE scaling.
     pub rope_scaling: RopeScaling,
+    /// Leading dimensions of each head that RoPE rotates (`model.rope_dims`, even, at most
+    /// `head_dim`; default `head_dim`). The rest pass unrotated (Phi-3's partial rotary).
+    pub rope_dims: u64,
+    /// LongRoPE (Phi-3): `cos`/`sin` are multiplied by this (`model.rope_scaling.attn_factor`).
+    pub rope_attn_factor: Option<f64>,
+    /// Context the RoPE factors were trained for: above it LongRoPE uses its long factors
+    /// (`model.rope_scaling.original_context_length`).
+    pub rope_original_context: Option<u64>,
     /// RMSNorm epsilon (finite, in (0, 1)).
     pub rms_norm_eps: f64,
     /// True when the output head is the token embedding.
@@ -258,16 +273,36 @@ impl Hparams {
     /// The value of shape symbol `sym` of the family descriptions (`None`: unknown symbol
     /// or overflow).
     pub fn dim(&self, sym: &str) -> Option<u64> {
-        match sym {
-            "d" => Some(self.n_embd),
-            "q" => self.n_heads.checked_mul(self.head_dim),
-            "kv" => self.n_kv_heads.checked_mul(self.head_dim),
-            "ff" => Some(self.n_ff),
-            "V" => Some(self.vocab_size),
-            "hd" => Some(self.head_dim),
-            "hd2" => Some(self.head_dim / 2),
+        shape_symbol(sym, |key| match key {
+            "model.n_embd" => Some(self.n_embd),
+            "model.n_heads" => Some(self.n_heads),
+            "model.n_kv_heads" => Some(self.n_kv_heads),
+            "model.n_ff" => Some(self.n_ff),
+            "model.vocab_size" => Some(self.vocab_size),
+            "model.head_dim" => Some(self.head_dim),
+            "model.rope_dims" => Some(self.rope_dims),
             _ => None,
-        }
+        })
+    }
+}
+
+/// The value of shape symbol `sym` of the family descriptions (`d` = n_embd,
+/// `q` = n_heads·head_dim, `kv` = n_kv_heads·head_dim, `ff` = n_ff, `V` = vocab_size,
+/// `hd` = head_dim, `hd2` = head_dim/2, `rd2` = rope_dims/2) from the `model.*` values that
+/// `get` gives by key — the converter's metadata before a manifest exists, or [`Hparams`].
+/// `None`: unknown symbol, missing value, or overflow.
+pub fn shape_symbol(sym: &str, get: impl Fn(&str) -> Option<u64>) -> Option<u64> {
+    let hd = || get("model.head_dim");
+    match sym {
+        "d" => get("model.n_embd"),
+        "q" => get("model.n_heads")?.checked_mul(hd()?),
+        "kv" => get("model.n_kv_heads")?.checked_mul(hd()?),
+        "ff" => get("model.n_ff"),
+        "V" => get("model.vocab_size"),
+        "hd" => hd(),
+        "hd2" => Some(hd()? / 2),
+        "rd2" => Some(get("model.rope_dims").or_else(hd)? / 2),
+        _ => None,
     }
 }
 
@@ -542,6 +577,31 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
     let query_pre_attn_scalar = opt_pos("model.query_pre_attn_scalar", &mut errs);
     let attn_softcap = opt_pos("model.attn_logit_softcap", &mut errs);
     let final_softcap = opt_pos("model.final_logit_softcap", &mut errs);
+    let rope_dims = match m.get("model.rope_dims") {
+        None => head_dim,
+        Some(Value::U64(v)) if (2..=head_dim).contains(&v) && v % 2 == 0 => v,
+        Some(v) => {
+            errs.push(key_err(
+                "model.rope_dims",
+                format!("{v} is not an even number in 2..=model.head_dim ({head_dim})"),
+            ));
+            head_dim
+        }
+    };
+    let rope_attn_factor = opt_pos("model.rope_scaling.attn_factor", &mut errs);
+    let rope_original_context = match m.get("model.rope_scaling.original_context_length") {
+        None => None,
+        Some(Value::U64(v)) if (1..=MAX_DIM).contains(&v) => Some(v),
+        // llama3 scaling stores it as a float (positive() above checks it)
+        Some(Value::F64(v)) if (1.0..=MAX_DIM as f64).contains(&v) => Some(v as u64),
+        Some(v) => {
+            errs.push(key_err(
+                "model.rope_scaling.original_context_length",
+                format!("{v} is not a context length in 1..={MAX_DIM}"),
+            ));
+            None
+        }
+    };
     if !errs.is_empty() {
         return Err(errs);
     }
@@ -557,6 +617,9 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
         head_dim,
         rope_theta,
         rope_scaling,
+        rope_dims,
+        rope_attn_factor,
+        rope_original_context,
         rms_norm_eps,
         tie_embeddings: m.get_bool("model.tie_embeddings").unwrap_or(false),
         bos_token_id,
@@ -677,14 +740,24 @@ mod tests {
             for dims in f.shapes.values() {
                 for d in dims {
                     assert!(
-                        ["d", "q", "kv", "ff", "V", "hd", "hd2"].contains(&d.as_str()),
+                        ["d", "q", "kv", "ff", "V", "hd", "hd2", "rd2"].contains(&d.as_str()),
                         "{d}"
                     );
                 }
             }
-            // every HF map target is a tensor with a shape
+            // every HF map target is a tensor with a shape, or a fused one split into such
             for canon in f.tensors.values() {
-                assert!(f.shapes.contains_key(canon), "{}: {canon}", f.family);
+                assert!(
+                    f.shapes.contains_key(canon) || f.fused.contains_key(canon),
+                    "{}: {canon}",
+                    f.family
+                );
+            }
+            for parts in f.fused.values() {
+                for (part, sym) in parts {
+                    assert!(f.shapes.contains_key(part), "{}: {part}", f.family);
+                    assert!(["q", "kv", "ff"].contains(&sym.as_str()), "{sym}");
+                }
             }
             assert!(KNOWN_ARCHS.contains(&f.family.as_str()));
             assert!(family_of(&f.gguf_architectures[0]).is_some());

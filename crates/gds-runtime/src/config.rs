@@ -35,6 +35,12 @@ pub struct Config {
     pub rope_theta: f64,
     /// RoPE scaling.
     pub rope_scaling: RopeScaling,
+    /// Leading dimensions of each head that RoPE rotates (`head_dim` unless partial).
+    pub rope_dims: usize,
+    /// LongRoPE: `cos`/`sin` multiplied by this.
+    pub rope_attn_factor: Option<f64>,
+    /// LongRoPE: above this context the long factors apply.
+    pub rope_original_context: Option<usize>,
     /// RMSNorm epsilon.
     pub rms_norm_eps: f32,
     /// True when the output head reuses the token embedding.
@@ -114,6 +120,9 @@ impl Config {
             head_dim: u(h.head_dim),
             rope_theta: h.rope_theta,
             rope_scaling: h.rope_scaling,
+            rope_dims: u(h.rope_dims),
+            rope_attn_factor: h.rope_attn_factor,
+            rope_original_context: h.rope_original_context.map(u),
             rms_norm_eps: h.rms_norm_eps as f32,
             tie_embeddings: h.tie_embeddings,
             bos_token_id: h.bos_token_id,
@@ -164,6 +173,13 @@ impl Config {
             return Err(format!(
                 "model.rope_theta {} must be positive",
                 self.rope_theta
+            ));
+        }
+        if self.rope_dims < 2 || self.rope_dims > self.head_dim || !self.rope_dims.is_multiple_of(2)
+        {
+            return Err(format!(
+                "model.rope_dims {} must be even and in 2..=model.head_dim {}",
+                self.rope_dims, self.head_dim
             ));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {

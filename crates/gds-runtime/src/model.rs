@@ -254,25 +254,7 @@ impl Model {
         let weights =
             Weights::load(&config, &m, &*source).map_err(|e| crate::plan::with_dir(e, dir))?;
         let arch = Arch::of(&config)?;
-        let neox = config.rope_style == RopeStyle::Neox;
-        let global = match &weights.rope_freqs {
-            Some(div) => RopeTable::with_divisors(config.head_dim, ctx, config.rope_theta, div),
-            None => RopeTable::new(config.head_dim, ctx, config.rope_theta, config.rope_scaling),
-        };
-        let mut ropes = vec![global.neox(neox)];
-        if let (Some(_), Some(theta)) = (config.sliding_window, config.rope_theta_local) {
-            // window layers rotate with their own base and no long-context scaling (as
-            // llama.cpp's rope_freq_base_train_swa / freq_scale_train_swa)
-            ropes.push(
-                RopeTable::new(
-                    config.head_dim,
-                    ctx,
-                    theta,
-                    crate::config::RopeScaling::None,
-                )
-                .neox(neox),
-            );
-        }
+        let ropes = rope_tables(&config, &weights, ctx);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.max(1))
             .thread_name(|i| format!("gds-worker-{i}"))
@@ -609,6 +591,40 @@ impl Model {
             _ => &self.ropes[0],
         }
     }
+}
+
+/// RoPE tables: the global layers' (with `rope_freqs` divisors, or LongRoPE's long or short
+/// factors and attention factor, as llama.cpp picks them by the context), then, for models
+/// whose window layers have their own base, the window layers' (no long-context scaling,
+/// as llama.cpp's `rope_freq_base_train_swa` / `freq_scale_train_swa`).
+fn rope_tables(config: &Config, weights: &Weights, ctx: usize) -> Vec<RopeTable> {
+    let neox = config.rope_style == RopeStyle::Neox;
+    let (rot, theta) = (config.rope_dims, config.rope_theta);
+    let longrope =
+        weights
+            .rope_factors
+            .as_ref()
+            .map(|(long, short)| match config.rope_original_context {
+                Some(orig) if ctx > orig => long,
+                _ => short,
+            });
+    let global = match (&weights.rope_freqs, longrope) {
+        (Some(div), _) | (None, Some(div)) => RopeTable::with_divisors(rot, ctx, theta, div),
+        (None, None) => RopeTable::new(rot, ctx, theta, config.rope_scaling),
+    };
+    let global = match config.rope_attn_factor {
+        Some(f) if longrope.is_some() => global.scaled(f as f32),
+        _ => global,
+    };
+    let mut ropes = vec![global.partial(config.head_dim).neox(neox)];
+    if let (Some(_), Some(theta)) = (config.sliding_window, config.rope_theta_local) {
+        ropes.push(
+            RopeTable::new(rot, ctx, theta, crate::config::RopeScaling::None)
+                .partial(config.head_dim)
+                .neox(neox),
+        );
+    }
+    ropes
 }
 
 /// Elements of the gated activation per parallel task.

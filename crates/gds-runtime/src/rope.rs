@@ -37,7 +37,11 @@ pub fn llama3_freq_factors(
 
 /// Precomputed `cos`/`sin` of every (position, pair) angle.
 pub struct RopeTable {
+    /// Pairs rotated per head: `rope_dims / 2`.
     half: usize,
+    /// Width of one head: dimensions from `2 · half` to `stride` pass unrotated (partial
+    /// rotary, Phi-3).
+    stride: usize,
     neox: bool,
     /// `[ctx, head_dim / 2]`
     cos: Vec<f32>,
@@ -46,7 +50,8 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    /// Angles for positions `0..ctx` of heads `head_dim` wide.
+    /// Angles for positions `0..ctx` of heads `head_dim` wide (all rotated; see
+    /// [`RopeTable::partial`]).
     pub fn new(head_dim: usize, ctx: usize, theta: f64, scaling: RopeScaling) -> RopeTable {
         let half = head_dim / 2;
         let (freq_scale, factors) = match scaling {
@@ -97,10 +102,28 @@ impl RopeTable {
         }
         RopeTable {
             half,
+            stride: 2 * half,
             neox: false,
             cos,
             sin,
         }
+    }
+
+    /// The same table for heads `head_dim` wide of which only the first dimensions the table
+    /// was built for are rotated (partial rotary: build with `rope_dims`, then this).
+    pub fn partial(mut self, head_dim: usize) -> RopeTable {
+        debug_assert!(head_dim >= 2 * self.half);
+        self.stride = head_dim;
+        self
+    }
+
+    /// The same table with `cos` and `sin` multiplied by `factor` (LongRoPE's attention
+    /// factor, as llama.cpp's `attn_factor` and transformers' `attention_scaling`).
+    pub fn scaled(mut self, factor: f32) -> RopeTable {
+        for v in self.cos.iter_mut().chain(self.sin.iter_mut()) {
+            *v *= factor;
+        }
+        self
     }
 
     /// The same table, rotating heads in NEOX halves instead of adjacent pairs.
@@ -125,9 +148,10 @@ impl RopeTable {
         let base = pos * self.half;
         let cos = &self.cos[base..base + self.half];
         let sin = &self.sin[base..base + self.half];
+        let rot = 2 * self.half;
         if self.neox {
-            for head in x.chunks_exact_mut(2 * self.half) {
-                let (lo, hi) = head.split_at_mut(self.half);
+            for head in x.chunks_exact_mut(self.stride) {
+                let (lo, hi) = head[..rot].split_at_mut(self.half);
                 for (((a, b), c), s) in lo.iter_mut().zip(hi).zip(cos).zip(sin) {
                     let (x0, x1) = (*a, *b);
                     *a = x0 * c - x1 * s;
@@ -136,8 +160,8 @@ impl RopeTable {
             }
             return;
         }
-        for head in x.chunks_exact_mut(2 * self.half) {
-            for ((pair, c), s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+        for head in x.chunks_exact_mut(self.stride) {
+            for ((pair, c), s) in head[..rot].chunks_exact_mut(2).zip(cos).zip(sin) {
                 let (x0, x1) = (pair[0], pair[1]);
                 pair[0] = x0 * c - x1 * s;
                 pair[1] = x0 * s + x1 * c;

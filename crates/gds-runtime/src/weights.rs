@@ -84,6 +84,10 @@ pub struct Weights {
     /// `[head_dim / 2]` per-pair divisors of the RoPE frequencies (`rope_freqs.weight`, how
     /// llama.cpp's GGUFs carry Llama 3.1 scaling).
     pub rope_freqs: Option<Vec<f32>>,
+    /// LongRoPE (Phi-3): `[rope_dims / 2]` divisors for contexts above
+    /// `model.rope_scaling.original_context_length` (`rope_factors_long.weight`) and up to
+    /// it (`rope_factors_short.weight`).
+    pub rope_factors: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 struct Finder<'m, 's> {
@@ -216,13 +220,28 @@ impl Weights {
         for l in 0..cfg.n_layers {
             blocks.push(Block::load(cfg, l, &mut f)?);
         }
-        let rope_freqs = WeightSource::vector(&mut f, "rope_freqs.weight", cfg.head_dim / 2)?;
+        let pairs = cfg.rope_dims / 2;
+        let rope_freqs = WeightSource::vector(&mut f, "rope_freqs.weight", pairs)?;
+        let rope_factors = match (
+            WeightSource::vector(&mut f, "rope_factors_long.weight", pairs)?,
+            WeightSource::vector(&mut f, "rope_factors_short.weight", pairs)?,
+        ) {
+            (Some(long), Some(short)) => Some((long, short)),
+            (None, None) => None,
+            _ => {
+                return Err(RuntimeError::Tensor {
+                    name: "rope_factors_long.weight".into(),
+                    why: "LongRoPE needs both rope_factors_long and rope_factors_short".into(),
+                })
+            }
+        };
         Ok(Weights {
             token_embd,
             output_norm: f.vector("output_norm.weight", d)?,
             output,
             blocks,
             rope_freqs,
+            rope_factors,
         })
     }
 

@@ -23,9 +23,11 @@ fn convert(input: &Path, out: &Path) {
     .unwrap_or_else(|e| panic!("convert {}: {e}", input.display()));
 }
 
-/// Logits of every position of `tokens`, one batch.
+/// Logits of every position of `tokens`, one batch, with a context of 64 (the fixtures'
+/// max_position_embeddings) or the next power of two that holds them.
 fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let mut model = Model::load(dir, 64, 1).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let ctx = tokens.len().next_power_of_two().max(64);
+    let mut model = Model::load(dir, ctx, 1).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     model.set_f32_activations(true);
     let c = &model.config;
     let n = tokens.len();
@@ -114,6 +116,20 @@ hf_and_gguf! {
     mistral_sliding_window_matches_transformers: "mistral", gguf: false;
     qwen3_matches_transformers: "qwen3", gguf: true;
     gemma2_softcaps_match_transformers: "gemma2", gguf: false;
+    phi3_fused_partial_rotary_matches_transformers: "phi3", gguf: true;
+    phi35_longrope_matches_transformers: "phi35", gguf: true;
+}
+
+/// LongRoPE beyond the original context: transformers switches to the long factors for a
+/// sequence longer than original_max_position_embeddings (64), gdsrun (as llama.cpp) when its
+/// context exceeds it. 80 tokens at context 128 must match transformers' long-factor logits
+/// (golden_long.json, scripts/reference/longrope_golden.py; min margin 0.024), from both
+/// sources.
+#[test]
+fn phi35_longrope_long_factors_match_transformers() {
+    for input in ["tiny-phi35-hf", "tiny-phi35.gguf"] {
+        check_with("phi35", &fixture(input), "golden_long.json");
+    }
 }
 
 /// Three GGUFs mean something else than their Hugging Face source, because llama.cpp's
@@ -157,18 +173,27 @@ fn ggufs_that_drop_a_hf_field_run_as_llama_cpp_reads_them() {
     }
 }
 
-/// An architecture without a description (Phi-3, for now) is converted, and `gdsrun` says
-/// it cannot run it rather than guessing.
+/// An architecture without a description (Phi-2: the Phi-3 fixture renamed, key prefix
+/// included) is converted, and `gdsrun` says it cannot run it rather than guessing.
 #[test]
 fn architectures_without_a_graph_are_refused_by_name() {
-    let arch = "phi3";
     let tmp = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(fixture("tiny-phi3.gguf")).unwrap();
+    let (from, to) = (b"phi3", b"phi2");
+    let mut renamed = bytes.clone();
+    for i in 0..bytes.len() - from.len() {
+        if &bytes[i..i + from.len()] == from {
+            renamed[i..i + to.len()].copy_from_slice(to);
+        }
+    }
+    let input = tmp.path().join("tiny-phi2.gguf");
+    std::fs::write(&input, renamed).unwrap();
     let out = tmp.path().join("m.gds");
-    convert(&fixture(&format!("tiny-{arch}.gguf")), &out);
+    convert(&input, &out);
     let err = Model::load(&out, 64, 1).err().expect("refused");
     assert!(
         err.to_string()
-            .contains(&format!("unsupported architecture \"{arch}\"")),
-        "{arch}: {err}"
+            .contains("unsupported architecture \"phi2\""),
+        "{err}"
     );
 }

@@ -346,7 +346,9 @@ fn gemma3_through_the_openai_client() {
 #[test]
 fn every_architecture_through_the_openai_client() {
     let _one = serial();
-    for arch in ["llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"] {
+    for arch in [
+        "llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "phi35",
+    ] {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join(format!("{arch}.gds"));
         gds_convert::convert(

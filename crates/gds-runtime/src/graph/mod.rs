@@ -14,6 +14,7 @@
 mod gemma2;
 mod gemma3;
 mod llama;
+mod phi3;
 mod qwen3;
 
 use crate::config::Config;
@@ -116,7 +117,7 @@ impl<M, V> Block<M, V> {
         let ffn_norm = need(n("ffn_norm.weight"), d)?;
         let arch = Arch::of(c)?;
         let (q_norm, k_norm, post_attn_norm, post_ffw_norm) = match arch {
-            Arch::Llama => (None, None, None, None),
+            Arch::Llama | Arch::Phi3 => (None, None, None, None),
             Arch::Qwen3 => (
                 Some(need(n("attn_q_norm.weight"), hd)?),
                 Some(need(n("attn_k_norm.weight"), hd)?),
@@ -208,6 +209,8 @@ pub enum Arch {
     Gemma2,
     /// Qwen 3 dense (`formats/qwen3.json`).
     Qwen3,
+    /// Phi-3, Phi-3.5, Phi-4-mini (`formats/phi3.json`).
+    Phi3,
 }
 
 impl Arch {
@@ -218,6 +221,7 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "gemma2" => Ok(Arch::Gemma2),
             "qwen3" => Ok(Arch::Qwen3),
+            "phi3" => Ok(Arch::Phi3),
             a => Err(RuntimeError::UnsupportedArch { arch: a.into() }),
         }
     }
@@ -225,7 +229,7 @@ impl Arch {
     /// Factor applied to the token embeddings (Gemma: √n_embd).
     pub fn embed_scale(self, c: &Config) -> Option<f32> {
         match self {
-            Arch::Llama | Arch::Qwen3 => None,
+            Arch::Llama | Arch::Qwen3 | Arch::Phi3 => None,
             Arch::Gemma3 | Arch::Gemma2 => Some((c.n_embd as f32).sqrt()),
         }
     }
@@ -238,6 +242,7 @@ pub fn block<O: Ops>(arch: Arch, o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>)
         Arch::Gemma3 => gemma3::block(o, l, w),
         Arch::Gemma2 => gemma2::block(o, l, w),
         Arch::Qwen3 => qwen3::block(o, l, w),
+        Arch::Phi3 => phi3::block(o, l, w),
     }
 }
 
