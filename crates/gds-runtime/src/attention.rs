@@ -37,13 +37,15 @@ pub(crate) fn layer(
     batch: &Batch,
     p: &AttnParams,
 ) {
+    let ctx = kv.ctx();
+    let (layer_base, block, tables, k, v) = kv.layer_mut(l);
     let geo = Geometry {
-        tables: &kv.tables,
-        block: kv.block_size(),
-        layer_base: l * kv.layer_len(),
-        ctx: kv.ctx(),
+        tables,
+        block,
+        layer_base,
+        ctx,
     };
-    match (&mut kv.k, &mut kv.v) {
+    match (k, v) {
         (KvData::F32(k), KvData::F32(v)) => attend(c, simd, s, k, v, batch, &geo, p),
         (KvData::F16(k), KvData::F16(v)) => attend(c, simd, s, k, v, batch, &geo, p),
         _ => unreachable!("K and V share one dtype"),
@@ -58,6 +60,16 @@ struct Geometry<'a> {
     layer_base: usize,
     /// Most positions per sequence.
     ctx: usize,
+}
+
+impl Geometry<'_> {
+    /// The block holding block-index `bi` of sequence `seq` (tables shorter than the
+    /// sequence are rings, indexed modulo their length).
+    #[inline]
+    fn slot(&self, seq: usize, bi: usize) -> u32 {
+        let t = &self.tables[seq];
+        t[bi % t.len()]
+    }
 }
 
 /// Stores the batch's K/V rows in the cache, then computes causal attention for every
@@ -79,7 +91,7 @@ fn attend<T: KvElem>(
     for t in 0..n {
         let (seq, pos) = (batch.seqs[t], batch.positions[t]);
         let at = geo.layer_base
-            + (geo.tables[seq][pos / geo.block] as usize * geo.block + pos % geo.block) * kvd;
+            + (geo.slot(seq, pos / geo.block) as usize * geo.block + pos % geo.block) * kvd;
         for (dst, &src) in kc[at..at + kvd]
             .iter_mut()
             .zip(&s.k[t * kvd..(t + 1) * kvd])
@@ -174,12 +186,12 @@ impl<T> Paged<'_, T> {
     #[inline(always)]
     fn for_each_key(&self, mut f: impl FnMut(usize, usize)) {
         let row = self.block * self.stride;
-        let skip = self.first / self.block;
-        for (bi, &b) in self.table.iter().enumerate().skip(skip) {
+        // a table shorter than the sequence is a window ring: block index bi is in
+        // table[bi % len] (the keys before `first` it overwrote are never read)
+        let len = self.table.len();
+        for bi in self.first / self.block..self.n_keys.div_ceil(self.block) {
             let start = bi * self.block;
-            if start >= self.n_keys {
-                break;
-            }
+            let b = self.table[bi % len];
             let base = self.layer_base + b as usize * row + self.head_off;
             let from = start.max(self.first);
             for j in from..self.n_keys.min(start + self.block) {

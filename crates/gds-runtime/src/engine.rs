@@ -217,6 +217,10 @@ impl Engine {
             .take_while(|(a, b)| a == b)
             .count();
         common = common.min(prompt.len() - 1);
+        if !self.exec.can_truncate(self.cached.len(), common) {
+            // the window layers' ring no longer holds what position `common` sees
+            common = 0;
+        }
         self.cached.truncate(common);
         self.sampler.reset();
         for &t in prompt {

@@ -42,6 +42,14 @@ pub trait Executor: Send {
     /// Counters of the bytes read from layer files.
     fn io_stats(&self) -> IoStats;
 
+    /// Whether the sequence, holding `len` positions, can be cut back to its first `keep`
+    /// and continued from there (false when a sliding-window ring has overwritten keys that
+    /// position `keep` needs: evaluate again from 0).
+    fn can_truncate(&self, len: usize, keep: usize) -> bool {
+        let _ = (len, keep);
+        true
+    }
+
     /// What checking the layer files' content hashes cost (zero where the backend does not
     /// hash on the host).
     fn verify_stats(&self) -> gds_io::VerifyStats {
@@ -101,7 +109,15 @@ impl CpuExecutor {
     pub fn new(model: Model, plan: &Plan, batch: usize, outputs: usize) -> CpuExecutor {
         let c = &model.config;
         let state = RunState::new(c, batch, outputs, model.ctx(), model.threads());
-        let kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, model.ctx(), c.kv_dim());
+        let windows: Vec<Option<usize>> = (0..c.n_layers).map(|l| c.window(l)).collect();
+        let kv = KvCache::with_window_ring(
+            plan.kv_dtype,
+            1,
+            model.ctx(),
+            c.kv_dim(),
+            &windows,
+            batch.max(1),
+        );
         CpuExecutor {
             batch: Batch::with_capacity(batch),
             model,
@@ -120,6 +136,10 @@ impl CpuExecutor {
 impl Executor for CpuExecutor {
     fn backend(&self) -> &'static str {
         "cpu"
+    }
+
+    fn can_truncate(&self, len: usize, keep: usize) -> bool {
+        self.kv.can_truncate(len, keep)
     }
 
     fn config(&self) -> &Config {

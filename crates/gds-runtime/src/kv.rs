@@ -9,6 +9,9 @@
 //!   allocates blocks ([`KvCache::alloc`], O(1) from a free list), appends them to a
 //!   sequence's table ([`KvCache::push_block`]) and releases them. Blocks are reference
 //!   counted so sequences sharing a prompt prefix can share its blocks.
+//! - [`KvCache::with_window_ring`]: the contiguous cache, except that sliding-window layers
+//!   keep a ring of blocks per sequence, holding the window plus one pass of positions
+//!   instead of the whole context (Gemma 3: 5 layers of 6 at window 512).
 
 use half::f16;
 use serde::{Deserialize, Serialize};
@@ -109,7 +112,51 @@ pub struct KvCache {
     refs: Vec<u32>,
     /// Free blocks (a stack: O(1) allocation and release).
     free: Vec<u32>,
+    /// Where each layer's rows are.
+    layers: Vec<LayerGeo>,
+    /// The window layers' rings, when the cache has them.
+    ring: Option<Ring>,
 }
+
+/// Where one layer's rows live: from element `base`, in blocks of `block` positions, through
+/// the shared tables or (window layers) the ring tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LayerGeo {
+    base: usize,
+    block: usize,
+    ring: bool,
+}
+
+/// The rings of the window layers: sequence `s` owns ring blocks `s·len .. (s+1)·len`, and
+/// its position `p` lives in ring block `(p / block) % len` at row `p % block`. A ring holds
+/// `window + slack − 1` positions plus a block, so a pass of up to `slack` new positions never
+/// overwrites a key that one of its queries still sees.
+#[derive(Clone, Debug)]
+struct Ring {
+    /// Positions per ring block.
+    block: usize,
+    /// Ring blocks per sequence.
+    len: usize,
+    /// Longest window of a ring layer.
+    window: usize,
+    /// Most positions one pass adds to one sequence.
+    slack: usize,
+    /// `tables[s]`: the ring blocks of sequence `s`.
+    tables: Vec<Vec<u32>>,
+}
+
+/// The ring geometry `(block, blocks per sequence)` for windows of up to `window` positions
+/// and passes of up to `slack` positions in a context of `ctx`, or `None` when a ring would
+/// not be smaller than the context.
+fn ring_geometry(ctx: usize, window: usize, slack: usize) -> Option<(usize, usize)> {
+    let block = RING_BLOCK.min(window.next_power_of_two()).min(ctx.max(1));
+    let len = (window + slack.max(1) - 1).div_ceil(block) + 1;
+    (len * block < ctx).then_some((block, len))
+}
+
+/// Most positions per ring block (fewer for a window below it): small enough that a ring
+/// wastes little past the window, large enough that attention walks few blocks.
+const RING_BLOCK: usize = 64;
 
 impl KvCache {
     /// Allocates (zeroed) room for every position of every sequence.
@@ -134,7 +181,144 @@ impl KvCache {
             tables: (0..n_seqs as u32).map(|s| vec![s]).collect(),
             refs: vec![1; n_seqs],
             free: Vec::new(),
+            layers: uniform(n_layers, n_seqs * ctx * kv_dim, ctx.max(1)),
+            ring: None,
         }
+    }
+
+    /// A contiguous cache whose window layers (`windows[l]` = `Some(window)`) keep a ring per
+    /// sequence instead of the whole context, for passes of up to `slack` positions per
+    /// sequence. Falls back to [`KvCache::new`] when no layer has a window or a ring would
+    /// not be smaller.
+    pub fn with_window_ring(
+        dtype: KvDtype,
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        windows: &[Option<usize>],
+        slack: usize,
+    ) -> KvCache {
+        let n_layers = windows.len();
+        let window = windows.iter().flatten().copied().max().unwrap_or(0);
+        let Some((rb, len)) = (window > 0)
+            .then(|| ring_geometry(ctx, window, slack))
+            .flatten()
+        else {
+            return KvCache::new(dtype, n_layers, n_seqs, ctx, kv_dim);
+        };
+        let (full_len, ring_len) = (n_seqs * ctx * kv_dim, n_seqs * len * rb * kv_dim);
+        let mut base = 0;
+        let layers: Vec<LayerGeo> = windows
+            .iter()
+            .map(|w| {
+                let g = match w {
+                    Some(_) => LayerGeo {
+                        base,
+                        block: rb,
+                        ring: true,
+                    },
+                    None => LayerGeo {
+                        base,
+                        block: ctx.max(1),
+                        ring: false,
+                    },
+                };
+                base += if g.ring { ring_len } else { full_len };
+                g
+            })
+            .collect();
+        KvCache {
+            dtype,
+            n_layers,
+            n_seqs,
+            ctx,
+            kv_dim,
+            block: ctx.max(1),
+            n_blocks: n_seqs,
+            k: KvData::new(dtype, base),
+            v: KvData::new(dtype, base),
+            tables: (0..n_seqs as u32).map(|s| vec![s]).collect(),
+            refs: vec![1; n_seqs],
+            free: Vec::new(),
+            layers,
+            ring: Some(Ring {
+                block: rb,
+                len,
+                window,
+                slack,
+                tables: (0..n_seqs)
+                    .map(|s| (s * len..(s + 1) * len).map(|b| b as u32).collect())
+                    .collect(),
+            }),
+        }
+    }
+
+    /// Bytes of [`KvCache::with_window_ring`] for one sequence (what `--plan` reports).
+    pub fn window_ring_bytes(
+        dtype: KvDtype,
+        ctx: usize,
+        kv_dim: usize,
+        windows: &[Option<usize>],
+        slack: usize,
+    ) -> usize {
+        let window = windows.iter().flatten().copied().max().unwrap_or(0);
+        let ring = (window > 0)
+            .then(|| ring_geometry(ctx, window, slack))
+            .flatten();
+        let rows: usize = windows
+            .iter()
+            .map(|w| match (w, ring) {
+                (Some(_), Some((rb, len))) => rb * len,
+                _ => ctx,
+            })
+            .sum();
+        2 * rows * kv_dim * dtype.size()
+    }
+
+    /// Positions each window layer of [`KvCache::with_window_ring`] keeps (`None`: no ring).
+    pub fn window_ring_positions(
+        ctx: usize,
+        windows: &[Option<usize>],
+        slack: usize,
+    ) -> Option<usize> {
+        let window = windows.iter().flatten().copied().max().unwrap_or(0);
+        (window > 0)
+            .then(|| ring_geometry(ctx, window, slack))
+            .flatten()
+            .map(|(rb, len)| rb * len)
+    }
+
+    /// With window rings: the most positions one pass may add to a sequence.
+    pub fn ring_slack(&self) -> Option<usize> {
+        self.ring.as_ref().map(|r| r.slack)
+    }
+
+    /// Elements of K (or V) in all layers.
+    #[cfg(test)]
+    fn k_len(&self) -> usize {
+        match &self.k {
+            KvData::F32(k) => k.len(),
+            KvData::F16(k) => k.len(),
+        }
+    }
+
+    /// Positions each window layer keeps per sequence (`None`: no ring).
+    pub fn ring_positions(&self) -> Option<usize> {
+        self.ring.as_ref().map(|r| r.block * r.len)
+    }
+
+    /// Whether a sequence holding `len` positions can be cut back to its first `keep` and
+    /// continued: always, except when the window layers' ring has already overwritten keys
+    /// that position `keep` sees (the caller then evaluates the sequence again from 0).
+    pub fn can_truncate(&self, len: usize, keep: usize) -> bool {
+        let Some(r) = &self.ring else {
+            return true;
+        };
+        if keep >= len || len == 0 {
+            return true;
+        }
+        let oldest = (keep + 1).saturating_sub(r.window);
+        (len - 1) / r.block < oldest / r.block + r.len
     }
 
     /// A paged cache: a pool of `n_blocks` blocks of `block` positions shared by `n_seqs`
@@ -164,6 +348,8 @@ impl KvCache {
             tables: vec![Vec::new(); n_seqs],
             refs: vec![0; n_blocks],
             free: (0..n_blocks as u32).rev().collect(),
+            layers: uniform(n_layers, n_blocks * block * kv_dim, block),
+            ring: None,
         }
     }
 
@@ -281,9 +467,19 @@ impl KvCache {
         self.n_seqs
     }
 
-    /// Elements of one layer (all blocks).
-    pub(crate) fn layer_len(&self) -> usize {
-        self.n_blocks * self.block * self.kv_dim
+    /// Layer `l`'s rows: its first element, positions per block, the block tables (shared,
+    /// or the ring's for a window layer, indexed modulo their length), and K and V to write.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn layer_mut(
+        &mut self,
+        l: usize,
+    ) -> (usize, usize, &[Vec<u32>], &mut KvData, &mut KvData) {
+        let g = self.layers[l];
+        let tables = match (&self.ring, g.ring) {
+            (Some(r), true) => &r.tables,
+            _ => &self.tables,
+        };
+        (g.base, g.block, tables, &mut self.k, &mut self.v)
     }
 
     /// Number of layers.
@@ -317,6 +513,17 @@ impl KvCache {
     }
 }
 
+/// `n_layers` layers of `layer_len` elements each, in blocks of `block` positions.
+fn uniform(n_layers: usize, layer_len: usize, block: usize) -> Vec<LayerGeo> {
+    (0..n_layers)
+        .map(|l| LayerGeo {
+            base: l * layer_len,
+            block,
+            ring: false,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,10 +534,50 @@ mod tests {
         assert_eq!(kv.offset(0, 0), 0);
         assert_eq!(kv.offset(1, 0), 10 * 4);
         assert_eq!(kv.offset(2, 7), (2 * 10 + 7) * 4);
-        assert_eq!(kv.layer_len(), 3 * 10 * 4);
+        let mut kv = kv;
+        assert_eq!(kv.layer_mut(1).0, 3 * 10 * 4);
         assert!(kv.check_slot(2, 9).is_ok());
         assert!(kv.check_slot(2, 10).is_err());
         assert!(kv.check_slot(3, 0).is_err());
+    }
+
+    #[test]
+    fn window_layers_keep_a_ring_of_the_window_plus_one_pass() {
+        // layers 0, 1 windowed (4 positions), layer 2 global; passes of up to 3 positions
+        let windows = [Some(4), Some(4), None];
+        let kv = KvCache::with_window_ring(KvDtype::F32, 2, 64, 8, &windows, 3);
+        // blocks of 4 positions, (4 + 3 - 1) / 4 rounded up + 1 = 3 blocks: 12 positions
+        assert_eq!(kv.ring_positions(), Some(12));
+        assert_eq!(
+            KvCache::window_ring_positions(64, &windows, 3),
+            Some(12),
+            "the plan's figure is the cache's"
+        );
+        let bytes = 2 * (12 + 12 + 64) * 2 * 8 * 4; // K and V, 2 sequences
+        assert_eq!(kv.k_len() * 4 * 2, bytes);
+        assert_eq!(
+            KvCache::window_ring_bytes(KvDtype::F32, 64, 8, &windows, 3) * 2,
+            bytes
+        );
+        // cutting back: position `keep` sees keep-3..=keep; the ring holds the last 3 blocks
+        assert!(kv.can_truncate(40, 39));
+        assert!(
+            kv.can_truncate(40, 37),
+            "keys 34..36 are in blocks 8 and 9 of 8..=9"
+        );
+        assert!(
+            !kv.can_truncate(40, 30),
+            "block 6 was overwritten by block 9"
+        );
+        assert!(kv.can_truncate(40, 40) && kv.can_truncate(0, 0));
+        // a ring would not be smaller than the context: the plain cache
+        let plain = KvCache::with_window_ring(KvDtype::F32, 1, 16, 8, &windows, 16);
+        assert_eq!(plain.ring_positions(), None);
+        assert!(plain.can_truncate(16, 0));
+        assert_eq!(
+            KvCache::window_ring_bytes(KvDtype::F32, 16, 8, &windows, 16),
+            KvCache::bytes(KvDtype::F32, 3, 1, 16, 8)
+        );
     }
 
     #[test]

@@ -346,6 +346,14 @@ impl Model {
         {
             return bad("KV cache or run state was made for another model or context".into());
         }
+        if let Some(slack) = kv.ring_slack() {
+            if batch.len() > slack {
+                return bad(format!(
+                    "a pass of {} positions is longer than the sliding-window ring allows ({slack})",
+                    batch.len()
+                ));
+            }
+        }
         for i in 0..batch.len() {
             if batch.tokens[i] as usize >= self.config.vocab_size {
                 return bad(format!(

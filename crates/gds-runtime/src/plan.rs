@@ -135,6 +135,12 @@ pub struct Plan {
     pub kv_dtype: KvDtype,
     /// KV cache size, bytes.
     pub kv_bytes: usize,
+    /// What the KV cache would take with every layer at the full context: more than
+    /// `kv_bytes` when sliding-window layers keep a ring (CPU backend).
+    pub kv_full_context_bytes: usize,
+    /// Positions each sliding-window layer keeps (the window, one pass and a block of
+    /// slack); `None`: every layer keeps the whole context.
+    pub kv_window_ring_positions: Option<usize>,
     /// Sampler settings (the seed is fixed here even when the user gave none).
     pub sampler: SamplerConfig,
     /// Stop conditions.
@@ -394,6 +400,18 @@ impl Plan {
                 (io, Some(g))
             }
         };
+        // The CPU executor's cache (exec::CpuExecutor::new): window layers keep a ring
+        let kv_full_context_bytes =
+            KvCache::bytes(kv_dtype, model.n_layers, 1, ctx, model.kv_dim());
+        let (kv_bytes, kv_window_ring_positions) = if gpu.is_none() {
+            let windows: Vec<Option<usize>> =
+                (0..model.n_layers).map(|l| model.window(l)).collect();
+            let kv = KvCache::window_ring_bytes(kv_dtype, ctx, model.kv_dim(), &windows, batch);
+            let ring = KvCache::window_ring_positions(ctx, &windows, batch);
+            (kv, ring)
+        } else {
+            (kv_full_context_bytes, None)
+        };
         Ok(Plan {
             model_dir: dir.clone(),
             model_name: m.get_str("general.name").ok().map(str::to_string),
@@ -413,7 +431,9 @@ impl Plan {
             model_ctx: model.context_length,
             batch,
             kv_dtype,
-            kv_bytes: KvCache::bytes(kv_dtype, model.n_layers, 1, ctx, model.kv_dim()),
+            kv_bytes,
+            kv_full_context_bytes,
+            kv_window_ring_positions,
             sampler,
             limits: Limits {
                 max_tokens: opts.max_tokens,
