@@ -1,7 +1,7 @@
 //! The OpenAI-compatible HTTP API: request parsing and validation, the handlers, and the
 //! response and server-sent-event formats.
 
-use crate::scheduler::{Done, Event, Finish, Request};
+use crate::scheduler::{Done, Event, Finish, Request, TokenLogprobs};
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -134,6 +134,71 @@ struct Common {
     n: Option<i64>,
     #[serde(default)]
     ignore_eos: Option<bool>,
+    /// Chat: a bool; completions: how many top alternatives (an integer).
+    #[serde(default)]
+    logprobs: Option<Value>,
+    /// Chat: how many top alternatives per token.
+    #[serde(default)]
+    top_logprobs: Option<i64>,
+    #[serde(default)]
+    echo: Option<bool>,
+}
+
+/// Most alternatives per token a request may ask for (OpenAI's limit for chat).
+const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// The log-probabilities a request asks for: `None`, or `Some(k)` top alternatives per
+/// token. Chat: `logprobs: true` and `top_logprobs: k`; completions: `logprobs: k`.
+fn logprobs_request(c: &Common, kind: Kind) -> Result<Option<usize>, ApiError> {
+    let range = |k: i64, param: &'static str| {
+        if (0..=MAX_TOP_LOGPROBS).contains(&k) {
+            Ok(k as usize)
+        } else {
+            Err(ApiError::bad(format!(
+                "{param} {k} must be an integer in 0..={MAX_TOP_LOGPROBS}"
+            ))
+            .param(param))
+        }
+    };
+    if c.echo == Some(true) {
+        return Err(ApiError::bad(
+            "echo (prompt log-probabilities) is not supported yet; ask for logprobs of the \
+             generated tokens instead",
+        )
+        .param("echo"));
+    }
+    match kind {
+        Kind::Chat => {
+            let on = match &c.logprobs {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) => true,
+                Some(v) => {
+                    return Err(
+                        ApiError::bad(format!("logprobs {v} must be a boolean")).param("logprobs")
+                    )
+                }
+            };
+            match (on, c.top_logprobs) {
+                (false, Some(_)) => {
+                    Err(ApiError::bad("top_logprobs needs logprobs: true").param("top_logprobs"))
+                }
+                (false, None) => Ok(None),
+                (true, k) => Ok(Some(range(k.unwrap_or(0), "top_logprobs")?)),
+            }
+        }
+        Kind::Completion => match &c.logprobs {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) => match n.as_i64() {
+                Some(k) => Ok(Some(range(k, "logprobs")?)),
+                None => {
+                    Err(ApiError::bad(format!("logprobs {n} must be an integer")).param("logprobs"))
+                }
+            },
+            Some(v) => {
+                Err(ApiError::bad(format!("logprobs {v} must be an integer")).param("logprobs"))
+            }
+        },
+    }
 }
 
 // The bodies are read in two passes (the endpoint's own fields, then `Common`) rather than
@@ -163,6 +228,8 @@ struct Job {
     stream: bool,
     ignore_eos: bool,
     model: String,
+    /// Top alternatives per token when log-probabilities were asked for.
+    logprobs: Option<usize>,
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -196,7 +263,14 @@ fn authorize(st: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// Validates the shared fields and builds the job around `prompt`.
-fn job(st: &ServerState, c: Common, prompt: Vec<u32>, default_max: usize) -> Result<Job, ApiError> {
+fn job(
+    st: &ServerState,
+    c: Common,
+    prompt: Vec<u32>,
+    default_max: usize,
+    kind: Kind,
+) -> Result<Job, ApiError> {
+    let logprobs = logprobs_request(&c, kind)?;
     if prompt.is_empty() {
         return Err(ApiError::bad("the prompt is empty").param("prompt"));
     }
@@ -274,6 +348,7 @@ fn job(st: &ServerState, c: Common, prompt: Vec<u32>, default_max: usize) -> Res
         stream: c.stream.unwrap_or(false),
         ignore_eos: c.ignore_eos.unwrap_or(false),
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
+        logprobs,
     })
 }
 
@@ -314,6 +389,7 @@ fn submit(st: &ServerState, job: &Job) -> Result<Submitted, ApiError> {
         sampler: job.sampler.clone(),
         max_tokens: job.max_tokens,
         ignore_eos: job.ignore_eos,
+        logprobs: job.logprobs,
         tx,
         received: Instant::now(),
     };
@@ -359,10 +435,21 @@ struct Gen {
     max_stop: usize,
     generated: usize,
     ended: bool,
+    /// Log-probabilities of the tokens so far, and how many were handed out.
+    lps: Vec<(u32, TokenLogprobs)>,
+    lps_taken: usize,
+    want_logprobs: bool,
+    /// Characters of the tokens handed out (completions' `text_offset`).
+    lp_chars: usize,
 }
 
 impl Gen {
-    fn new(st: Arc<ServerState>, (rx, ended_by_front): Submitted, stop: Vec<String>) -> Gen {
+    fn new(
+        st: Arc<ServerState>,
+        (rx, ended_by_front): Submitted,
+        stop: Vec<String>,
+        want_logprobs: bool,
+    ) -> Gen {
         Gen {
             rx,
             ended_by_front,
@@ -376,6 +463,61 @@ impl Gen {
             stop,
             generated: 0,
             ended: false,
+            lps: Vec::new(),
+            lps_taken: 0,
+            want_logprobs,
+            lp_chars: 0,
+        }
+    }
+
+    /// Whether log-probabilities were asked for and some are not handed out yet.
+    fn has_pending_logprobs(&self) -> bool {
+        self.want_logprobs && self.lps_taken < self.lps.len()
+    }
+
+    /// The `logprobs` field of a choice for the tokens not handed out yet: OpenAI's chat
+    /// form (`content`: token, logprob, bytes, top_logprobs) or completions form (`tokens`,
+    /// `token_logprobs`, `top_logprobs`, `text_offset`); `null` when none were asked for.
+    fn take_logprobs(&mut self, kind: Kind) -> Value {
+        if !self.want_logprobs {
+            return Value::Null;
+        }
+        let from = self.lps_taken;
+        self.lps_taken = self.lps.len();
+        let tok = self.st.tokenizer.inner();
+        let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+        let lps = &self.lps[from..];
+        match kind {
+            Kind::Chat => {
+                let entry = |id: u32, lp: f32| {
+                    let t = text(id);
+                    json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+                };
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|(id, l)| {
+                        let mut e = entry(*id, l.logprob);
+                        e["top_logprobs"] = l.top.iter().map(|&(i, p)| entry(i, p)).collect();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Completion => {
+                let (mut tokens, mut lp, mut top, mut offsets) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for (id, l) in lps {
+                    let t = text(*id);
+                    offsets.push(self.lp_chars);
+                    self.lp_chars += t.chars().count();
+                    tokens.push(t);
+                    lp.push(l.logprob);
+                    let alts: serde_json::Map<String, Value> =
+                        l.top.iter().map(|&(i, p)| (text(i), json!(p))).collect();
+                    top.push(alts);
+                }
+                json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offsets})
+            }
         }
     }
 
@@ -445,8 +587,11 @@ impl Gen {
         loop {
             let ev = self.rx.recv().await;
             match ev {
-                Some(Event::Token(id)) => {
+                Some(Event::Token(id, lp)) => {
                     self.generated += 1;
+                    if let Some(lp) = lp {
+                        self.lps.push((id, lp));
+                    }
                     let piece = match self.decode_step(id) {
                         Ok(p) => p,
                         Err(e) => return Some(self.fail(e)),
@@ -563,7 +708,12 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
     );
     let created = now_secs();
     let n_prompt = job.prompt.len();
-    let mut gen = Gen::new(st.clone(), submitted, job.stop.clone());
+    let mut gen = Gen::new(
+        st.clone(),
+        submitted,
+        job.stop.clone(),
+        job.logprobs.is_some(),
+    );
     let model = job.model.clone();
     if !job.stream {
         let mut text = String::new();
@@ -591,12 +741,13 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
         if let Some(r) = gen.rest() {
             text.push_str(&r);
         }
+        let logprobs = gen.take_logprobs(kind);
         let choice = match kind {
             Kind::Completion => {
-                json!({"text": text, "index": 0, "logprobs": null, "finish_reason": end.finish})
+                json!({"text": text, "index": 0, "logprobs": logprobs, "finish_reason": end.finish})
             }
             Kind::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": end.finish})
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": end.finish})
             }
         };
         let body = json!({
@@ -624,12 +775,12 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
         }
         SseEvent::default().data(v.to_string())
     };
-    let text_choice = move |text: String| match kind {
+    let text_choice = move |text: String, logprobs: Value| match kind {
         Kind::Completion => {
-            json!({"text": text, "index": 0, "logprobs": null, "finish_reason": null})
+            json!({"text": text, "index": 0, "logprobs": logprobs, "finish_reason": null})
         }
         Kind::Chat => {
-            json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null})
+            json!({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
         }
     };
     let first = (kind == Kind::Chat).then(|| {
@@ -644,11 +795,17 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
         async move {
             let mut g = g?;
             match g.next().await {
-                Some(Piece::Text(t)) => Some((vec![chunk(text_choice(t), None)], Some(g))),
+                Some(Piece::Text(t)) => {
+                    let lp = g.take_logprobs(kind);
+                    Some((vec![chunk(text_choice(t, lp), None)], Some(g)))
+                }
                 Some(Piece::End(e)) => {
                     let mut out = Vec::new();
-                    if let Some(r) = g.rest() {
-                        out.push(chunk(text_choice(r), None));
+                    let rest = g.rest();
+                    if rest.is_some() || g.has_pending_logprobs() {
+                        // held-back text, and the log-probabilities of tokens that added none
+                        let lp = g.take_logprobs(kind);
+                        out.push(chunk(text_choice(rest.unwrap_or_default(), lp), None));
                     }
                     let fin = match kind {
                         Kind::Completion => json!({"text": "", "index": 0, "logprobs": null, "finish_reason": e.finish}),
@@ -704,7 +861,7 @@ pub async fn completions(
                 })?,
             _ => return Err(ApiError::bad(one).param("prompt")),
         };
-        let j = job(&st, common, prompt, 16)?;
+        let j = job(&st, common, prompt, 16, Kind::Completion)?;
         respond(st.clone(), j, Kind::Completion).await
     }
     .await;
@@ -764,7 +921,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
         }
         let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
         let prompt = tokenize(move || tok.encode_chat(&msgs, ctx), "messages").await?;
-        let j = job(&st, common, prompt, usize::MAX)?;
+        let j = job(&st, common, prompt, usize::MAX, Kind::Chat)?;
         respond(st.clone(), j, Kind::Chat).await
     }
     .await;

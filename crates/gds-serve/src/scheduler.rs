@@ -19,11 +19,48 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
+/// Log-probabilities of one generated token: of the token itself and of the `k` most
+/// likely tokens at its position, from the model's logits at temperature 1, before any
+/// sampling transform (penalties, top-k/p, masks).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// ln p(token).
+    pub logprob: f32,
+    /// The most likely tokens and their ln p, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// Of token `tok` in `logits`, with the `k` most likely.
+    pub fn of(logits: &[f32], tok: u32, k: usize) -> TokenLogprobs {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+        if k > 0 {
+            for (i, &l) in logits.iter().enumerate() {
+                if top.len() == k && l <= top[k - 1].1 {
+                    continue;
+                }
+                let at = top.partition_point(|&(_, x)| x >= l);
+                top.insert(at, (i as u32, l));
+                top.truncate(k);
+            }
+        }
+        TokenLogprobs {
+            logprob: logits
+                .get(tok as usize)
+                .map_or(f32::NEG_INFINITY, |&l| l - lse),
+            top: top.into_iter().map(|(i, l)| (i, l - lse)).collect(),
+        }
+    }
+}
+
 /// What the engine tells a request's handler.
 #[derive(Debug)]
 pub enum Event {
-    /// A generated token (never an end-of-generation token).
-    Token(u32),
+    /// A generated token (never an end-of-generation token), with its log-probabilities
+    /// when the request asked for them.
+    Token(u32, Option<TokenLogprobs>),
     /// Generation ended.
     Done(Done),
     /// Generation failed.
@@ -68,6 +105,8 @@ pub struct Request {
     pub max_tokens: usize,
     /// Never stop at end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Report each token's log-probability and this many top alternatives (`None`: none).
+    pub logprobs: Option<usize>,
     /// Where events go; dropping the receiver cancels the request.
     pub tx: mpsc::UnboundedSender<Event>,
     /// Set by the front end when it ends the request itself (a stop string matched) before
@@ -490,6 +529,8 @@ impl Engine {
         for (row, &i) in self.out_rows.iter().enumerate() {
             let s = &mut self.running[i];
             let logits = self.state.logits_mut(row, vocab);
+            // log-probabilities come from the logits as the model gave them
+            let raw = s.req.logprobs.map(|k| (k, logits.to_vec()));
             if s.req.ignore_eos {
                 for &e in &self.eog {
                     if let Some(l) = logits.get_mut(e as usize) {
@@ -509,7 +550,8 @@ impl Engine {
             s.tokens.push(tok);
             s.generated += 1;
             self.metrics.generated.fetch_add(1, Ordering::Relaxed);
-            if !Self::send(s, Event::Token(tok)) {
+            let lp = raw.map(|(k, l)| TokenLogprobs::of(&l, tok, k));
+            if !Self::send(s, Event::Token(tok, lp)) {
                 continue; // reaped next step
             }
             if s.generated >= s.req.max_tokens || s.tokens.len() >= self.cfg.ctx {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 mod common;
 use common::{http, serial, start, start_model, Server};
+use gds_serve::scheduler::TokenLogprobs;
 
 fn python(script: &str, args: &[&str]) -> Value {
     let path = gds_tests::root().join("scripts").join(script);
@@ -397,4 +398,145 @@ fn same_as_cli(model: &std::path::Path, extra: &[&str]) -> Value {
     );
     assert_eq!(r["chat_stream"], r["chat"]["text"]);
     r
+}
+
+/// The log-probabilities of the greedy continuation of `tokens` (`steps` tokens, or up to
+/// `<|im_end|>`), computed by the model directly (no server): each token with its top 3.
+fn greedy_logprobs(tokens: &[u32], steps: usize) -> Vec<(u32, TokenLogprobs)> {
+    use gds_runtime::perplexity::eval_positions;
+    use gds_runtime::{Batch, KvCache, Model, Plan, PlanOptions, RunState};
+    let plan = Plan::build(&PlanOptions {
+        model_dir: gds_tests::smollm_converted().to_path_buf(),
+        ctx: Some(1024),
+        threads: Some(2),
+        backend: Some("cpu".into()),
+        raw: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let model = Model::open(&plan).unwrap();
+    let c = &model.config;
+    let mut seq = tokens.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let n = seq.len();
+        let mut st = RunState::new(c, n, 1, model.ctx(), model.threads());
+        let mut kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, model.ctx(), c.kv_dim());
+        let mut last = Vec::new();
+        eval_positions(
+            &model,
+            &mut st,
+            &mut kv,
+            &mut Batch::with_capacity(n),
+            &seq,
+            0,
+            n - 1..n,
+            &mut |_, l| last = l.to_vec(),
+        )
+        .unwrap();
+        let best = TokenLogprobs::of(&last, 0, 1).top[0].0;
+        if best == 0 || best == 2 {
+            break; // <|endoftext|>, <|im_end|>: the server stops without reporting them
+        }
+        out.push((best, TokenLogprobs::of(&last, best, 3)));
+        seq.push(best);
+    }
+    out
+}
+
+/// `logprobs` through the official client: every number is the model's own log-softmax at
+/// temperature 1 (computed here without the server, within 2e-3: the server batches
+/// differently), the chosen token is the top alternative under greedy decoding, streamed
+/// chunks carry the same entries as the whole answer, and bad requests are refused by name.
+#[test]
+fn logprobs_are_the_models_log_softmax() {
+    let _one = serial();
+    let s = start(&[]);
+    let plan_dir = gds_tests::smollm_converted();
+    let bytes = std::fs::read(plan_dir.join(gds_format::MANIFEST_FILE)).unwrap();
+    let m = gds_format::Manifest::parse(&bytes).unwrap();
+    let cfg = gds_runtime::Config::from_manifest(&m).unwrap();
+    let tok = gds_runtime::tokenizer::TextTokenizer::load(plan_dir, &cfg).unwrap();
+    let ids = tok.encode("The capital of France is", true, false).unwrap();
+    let question = "What is the capital of France?";
+    let r = python(
+        "serve_logprobs_check.py",
+        &[
+            &format!("http://{}/v1", s.addr),
+            &serde_json::to_string(&ids).unwrap(),
+            question,
+        ],
+    );
+    eprintln!("{r:#}");
+    let close = |a: &Value, b: f32, what: &str| {
+        let a = a.as_f64().unwrap() as f32;
+        assert!(
+            a <= 0.0 && (a - b).abs() < 2e-3,
+            "{what}: served {a}, model {b}"
+        );
+    };
+    // completion of the token ids
+    let want = greedy_logprobs(&ids, 8);
+    let c = &r["completion"];
+    let n = c["tokens"].as_array().unwrap().len();
+    assert_eq!(n, want.len(), "{c}");
+    let mut text = String::new();
+    for (i, (id, TokenLogprobs { logprob: lp, top })) in want.iter().enumerate() {
+        let piece = tok.decode(&[*id]).unwrap();
+        assert_eq!(c["tokens"][i], piece.as_str(), "token {i}");
+        close(
+            &c["token_logprobs"][i],
+            *lp,
+            &format!("completion token {i}"),
+        );
+        let alts = c["top_logprobs"][i].as_object().unwrap();
+        for (t, p) in top {
+            close(&alts[&tok.decode(&[*t]).unwrap()], *p, "completion top");
+        }
+        assert_eq!(c["text_offset"][i], text.chars().count(), "offset {i}");
+        text.push_str(&piece);
+    }
+    assert_eq!(c["text"], text.as_str());
+    // chat: the same numbers for the chat template's tokens
+    let chat_ids = tok
+        .encode_chat(&[gds_runtime::chat::Message::new("user", question)], 1024)
+        .unwrap();
+    let want = greedy_logprobs(&chat_ids, 8);
+    let got = r["chat"]["logprobs"].as_array().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, (id, TokenLogprobs { logprob: lp, top }))) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g["token"],
+            tok.decode(&[*id]).unwrap().as_str(),
+            "chat token {i}"
+        );
+        close(&g["logprob"], *lp, &format!("chat token {i}"));
+        assert_eq!(
+            g["top"][0][0], g["token"],
+            "greedy: the token is the top alternative"
+        );
+        assert_eq!(g["top"][0][1], g["logprob"]);
+        for (j, (t, p)) in top.iter().enumerate() {
+            assert_eq!(g["top"][j][0], tok.decode(&[*t]).unwrap().as_str());
+            close(&g["top"][j][1], *p, "chat top");
+        }
+        let bytes: Vec<u8> = g["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        assert_eq!(bytes, g["token"].as_str().unwrap().as_bytes());
+    }
+    assert_eq!(r["chat_stream"]["text"], r["chat"]["text"]);
+    assert_eq!(r["chat_stream"]["logprobs"], r["chat"]["logprobs"]);
+    for name in ["top_logprobs_21", "no_logprobs_top", "echo"] {
+        assert_eq!(
+            r["refused"][name]["status"], 400,
+            "{name}: {}",
+            r["refused"]
+        );
+    }
+    assert_eq!(r["refused"]["top_logprobs_21"]["param"], "top_logprobs");
+    assert_eq!(r["refused"]["echo"]["param"], "echo");
 }

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Log-probabilities through `gdsrun serve` with the official `openai` client.
+
+Usage: serve_logprobs_check.py BASE_URL PROMPT_TOKEN_IDS_JSON CHAT_MESSAGE
+
+Greedy (temperature 0), 8 tokens each: a completion of the given token ids with
+`logprobs=3`, a chat answer with `logprobs=True, top_logprobs=3`, the same chat streamed
+(the chunks' logprobs reassembled by concatenation), and two requests the server must refuse
+(`top_logprobs` 21, `echo`). Prints one JSON object; the Rust test
+(crates/gds-serve/tests/openai.rs) checks the numbers against the model evaluated directly.
+"""
+import json
+import sys
+
+try:
+    import openai
+except ImportError:
+    sys.exit("python package `openai` is missing: pip install openai (scripts/test.sh does)")
+
+base, ids, message = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+model = client.models.list().data[0].id
+out = {}
+
+r = client.completions.create(model=model, prompt=ids, max_tokens=8, temperature=0, logprobs=3)
+lp = r.choices[0].logprobs
+out["completion"] = {"text": r.choices[0].text, "tokens": lp.tokens,
+                     "token_logprobs": lp.token_logprobs, "top_logprobs": lp.top_logprobs,
+                     "text_offset": lp.text_offset}
+
+msgs = [{"role": "user", "content": message}]
+
+
+def entries(content):
+    return [{"token": c.token, "logprob": c.logprob, "bytes": c.bytes,
+             "top": [[t.token, t.logprob] for t in c.top_logprobs]} for c in content]
+
+
+r = client.chat.completions.create(model=model, max_tokens=8, temperature=0, messages=msgs,
+                                   logprobs=True, top_logprobs=3)
+out["chat"] = {"text": r.choices[0].message.content,
+               "logprobs": entries(r.choices[0].logprobs.content)}
+
+text, streamed = "", []
+for chunk in client.chat.completions.create(model=model, max_tokens=8, temperature=0,
+                                            messages=msgs, stream=True, logprobs=True,
+                                            top_logprobs=3):
+    if not chunk.choices:
+        continue
+    c = chunk.choices[0]
+    text += c.delta.content or ""
+    if c.logprobs and c.logprobs.content:
+        streamed += entries(c.logprobs.content)
+out["chat_stream"] = {"text": text, "logprobs": streamed}
+
+refused = {}
+for name, kw in [("top_logprobs_21", dict(logprobs=True, top_logprobs=21)),
+                 ("no_logprobs_top", dict(top_logprobs=2))]:
+    try:
+        client.chat.completions.create(model=model, max_tokens=1, messages=msgs, **kw)
+        refused[name] = None
+    except openai.BadRequestError as e:
+        refused[name] = {"status": e.status_code, "param": e.body.get("param") if isinstance(e.body, dict) else None}
+try:
+    client.completions.create(model=model, prompt=ids, max_tokens=1, echo=True, logprobs=1)
+    refused["echo"] = None
+except openai.BadRequestError as e:
+    refused["echo"] = {"status": e.status_code, "param": e.body.get("param") if isinstance(e.body, dict) else None}
+out["refused"] = refused
+print(json.dumps(out))
