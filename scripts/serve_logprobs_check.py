@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Log-probabilities through `gdsrun serve` with the official `openai` client.
 
-Usage: serve_logprobs_check.py BASE_URL PROMPT_TOKEN_IDS_JSON CHAT_MESSAGE
+Usage: serve_logprobs_check.py BASE_URL PROMPT_TOKEN_IDS_JSON SECOND_PROMPT_IDS_JSON CHAT_MESSAGE
 
 Greedy (temperature 0), 8 tokens each: a completion of the given token ids with
 `logprobs=3`, a chat answer with `logprobs=True, top_logprobs=3`, the same chat streamed
-(the chunks' logprobs reassembled by concatenation), and two requests the server must refuse
-(`top_logprobs` 21, `echo`). Prints one JSON object; the Rust test
+(the chunks' logprobs reassembled by concatenation); what evaluation harnesses send: both
+prompts as one batch of token-id lists with `echo`, `max_tokens=0`, `logprobs=2` (scores
+only), and the first with `echo`, `max_tokens=1`; and requests the server must refuse
+(`top_logprobs` 21, `top_logprobs` without `logprobs`, `echo` with `stream`). Prints one JSON object; the Rust test
 (crates/gds-serve/tests/openai.rs) checks the numbers against the model evaluated directly.
 """
 import json
@@ -17,7 +19,7 @@ try:
 except ImportError:
     sys.exit("python package `openai` is missing: pip install openai (scripts/test.sh does)")
 
-base, ids, message = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+base, ids, ids2, message = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
 model = client.models.list().data[0].id
 out = {}
@@ -53,6 +55,20 @@ for chunk in client.chat.completions.create(model=model, max_tokens=8, temperatu
         streamed += entries(c.logprobs.content)
 out["chat_stream"] = {"text": text, "logprobs": streamed}
 
+def scored(r):
+    return [{"index": c.index, "text": c.text, "finish": c.finish_reason,
+             "tokens": c.logprobs.tokens, "token_logprobs": c.logprobs.token_logprobs,
+             "top_logprobs": c.logprobs.top_logprobs} for c in r.choices]
+
+
+r = client.completions.create(model=model, prompt=[ids, ids2], max_tokens=0, echo=True,
+                              logprobs=2, temperature=0)
+out["echo"] = scored(r)
+out["echo_usage"] = r.usage.model_dump()
+r = client.completions.create(model=model, prompt=[ids], max_tokens=1, echo=True, logprobs=2,
+                              temperature=0)
+out["echo_one"] = scored(r)
+
 refused = {}
 for name, kw in [("top_logprobs_21", dict(logprobs=True, top_logprobs=21)),
                  ("no_logprobs_top", dict(top_logprobs=2))]:
@@ -62,7 +78,8 @@ for name, kw in [("top_logprobs_21", dict(logprobs=True, top_logprobs=21)),
     except openai.BadRequestError as e:
         refused[name] = {"status": e.status_code, "param": e.body.get("param") if isinstance(e.body, dict) else None}
 try:
-    client.completions.create(model=model, prompt=ids, max_tokens=1, echo=True, logprobs=1)
+    client.completions.create(model=model, prompt=ids, max_tokens=1, echo=True, logprobs=1,
+                              stream=True)
     refused["echo"] = None
 except openai.BadRequestError as e:
     refused["echo"] = {"status": e.status_code, "param": e.body.get("param") if isinstance(e.body, dict) else None}

@@ -90,7 +90,7 @@ impl IntoResponse for ApiError {
 }
 
 /// `stop`: one string or a list.
-#[derive(Deserialize, Debug)]
+#[derive(Clone, Deserialize, Debug)]
 #[serde(untagged)]
 enum Stop {
     One(String),
@@ -106,7 +106,7 @@ struct ChatMessage {
 }
 
 /// The fields both endpoints share; unknown fields are ignored like OpenAI's SDKs expect.
-#[derive(Deserialize, Debug, Default)]
+#[derive(Deserialize, Debug, Default, Clone)]
 struct Common {
     #[serde(default)]
     model: Option<String>,
@@ -144,6 +144,9 @@ struct Common {
     echo: Option<bool>,
 }
 
+/// Most prompts in one completions request.
+const MAX_PROMPTS: usize = 64;
+
 /// Most alternatives per token a request may ask for (OpenAI's limit for chat).
 const MAX_TOP_LOGPROBS: i64 = 20;
 
@@ -160,12 +163,13 @@ fn logprobs_request(c: &Common, kind: Kind) -> Result<Option<usize>, ApiError> {
             .param(param))
         }
     };
-    if c.echo == Some(true) {
-        return Err(ApiError::bad(
-            "echo (prompt log-probabilities) is not supported yet; ask for logprobs of the \
-             generated tokens instead",
-        )
-        .param("echo"));
+    if c.echo == Some(true) && kind == Kind::Chat {
+        return Err(ApiError::bad("echo applies to /v1/completions").param("echo"));
+    }
+    if c.echo == Some(true) && c.stream == Some(true) {
+        return Err(
+            ApiError::bad("echo with stream is not supported; ask without stream").param("echo"),
+        );
     }
     match kind {
         Kind::Chat => {
@@ -230,6 +234,8 @@ struct Job {
     model: String,
     /// Top alternatives per token when log-probabilities were asked for.
     logprobs: Option<usize>,
+    /// Completions: the prompt is part of the answer (text, and log-probabilities).
+    echo: bool,
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -271,6 +277,7 @@ fn job(
     kind: Kind,
 ) -> Result<Job, ApiError> {
     let logprobs = logprobs_request(&c, kind)?;
+    let echo = c.echo == Some(true);
     if prompt.is_empty() {
         return Err(ApiError::bad("the prompt is empty").param("prompt"));
     }
@@ -294,10 +301,13 @@ fn job(
     }
     let room = ctx - prompt.len();
     let max_tokens = match c.max_tokens.or(c.max_completion_tokens) {
+        // with echo, 0 scores the prompt and generates nothing (what evaluators send)
+        Some(0) if echo => 0,
         Some(n) if n < 1 => {
-            return Err(
-                ApiError::bad(format!("max_tokens {n} must be at least 1")).param("max_tokens")
-            )
+            return Err(ApiError::bad(format!(
+                "max_tokens {n} must be at least 1 (0 only with echo)"
+            ))
+            .param("max_tokens"))
         }
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(room),
         None => default_max.min(room),
@@ -349,6 +359,7 @@ fn job(
         ignore_eos: c.ignore_eos.unwrap_or(false),
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
         logprobs,
+        echo,
     })
 }
 
@@ -390,6 +401,7 @@ fn submit(st: &ServerState, job: &Job) -> Result<Submitted, ApiError> {
         max_tokens: job.max_tokens,
         ignore_eos: job.ignore_eos,
         logprobs: job.logprobs,
+        echo: job.echo,
         tx,
         received: Instant::now(),
     };
@@ -439,6 +451,10 @@ struct Gen {
     lps: Vec<(u32, TokenLogprobs)>,
     lps_taken: usize,
     want_logprobs: bool,
+    /// With echo: the prompt tokens' log-probabilities (from the second token on).
+    prompt_lps: Vec<TokenLogprobs>,
+    /// With echo: the prompt, listed before the first generated token's entry.
+    echo_prompt: Option<Vec<u32>>,
     /// Characters of the tokens handed out (completions' `text_offset`).
     lp_chars: usize,
 }
@@ -467,6 +483,8 @@ impl Gen {
             lps_taken: 0,
             want_logprobs,
             lp_chars: 0,
+            prompt_lps: Vec::new(),
+            echo_prompt: None,
         }
     }
 
@@ -506,15 +524,25 @@ impl Gen {
             Kind::Completion => {
                 let (mut tokens, mut lp, mut top, mut offsets) =
                     (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                for (id, l) in lps {
+                let alts = |l: &TokenLogprobs| -> Value {
+                    let m: serde_json::Map<String, Value> =
+                        l.top.iter().map(|&(i, p)| (text(i), json!(p))).collect();
+                    Value::Object(m)
+                };
+                // echo: the prompt's tokens first, the first without a log-probability
+                let prompt = self.echo_prompt.take().unwrap_or_default();
+                let prompt_lps = std::iter::once(None).chain(self.prompt_lps.iter().map(Some));
+                let entries = prompt
+                    .iter()
+                    .zip(prompt_lps)
+                    .chain(lps.iter().map(|(id, l)| (id, Some(l))));
+                for (id, l) in entries {
                     let t = text(*id);
                     offsets.push(self.lp_chars);
                     self.lp_chars += t.chars().count();
                     tokens.push(t);
-                    lp.push(l.logprob);
-                    let alts: serde_json::Map<String, Value> =
-                        l.top.iter().map(|&(i, p)| (text(i), json!(p))).collect();
-                    top.push(alts);
+                    lp.push(l.map_or(Value::Null, |l| json!(l.logprob)));
+                    top.push(l.map_or(Value::Null, alts));
                 }
                 json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offsets})
             }
@@ -587,6 +615,7 @@ impl Gen {
         loop {
             let ev = self.rx.recv().await;
             match ev {
+                Some(Event::PromptLogprobs(lp)) => self.prompt_lps.push(lp),
                 Some(Event::Token(id, lp)) => {
                     self.generated += 1;
                     if let Some(lp) = lp {
@@ -694,9 +723,75 @@ enum Kind {
     Chat,
 }
 
-/// Runs `job` and answers in the format of `kind`, streamed or whole.
-async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response, ApiError> {
-    let submitted = submit(&st, &job)?;
+/// Runs `job` (not streamed) to its end: the choice at `index`, and how it ended.
+async fn complete(
+    st: &Arc<ServerState>,
+    job: &Job,
+    kind: Kind,
+    index: usize,
+) -> Result<(Value, End), ApiError> {
+    let submitted = submit(st, job)?;
+    let mut gen = Gen::new(
+        st.clone(),
+        submitted,
+        job.stop.clone(),
+        job.logprobs.is_some(),
+    );
+    if job.echo {
+        gen.echo_prompt = Some(job.prompt.clone());
+    }
+    let mut text = String::new();
+    let end = loop {
+        match gen.next().await {
+            Some(Piece::Text(t)) => text.push_str(&t),
+            Some(Piece::End(e)) => break e,
+            Some(Piece::Error(e)) => {
+                return Err(ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    e,
+                ))
+            }
+            // only after an end or an error, both handled above
+            None => {
+                return Err(ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "generation ended without a result",
+                ))
+            }
+        }
+    };
+    if let Some(r) = gen.rest() {
+        text.push_str(&r);
+    }
+    let logprobs = gen.take_logprobs(kind);
+    if job.echo {
+        let prompt = st
+            .tokenizer
+            .inner()
+            .decode(&job.prompt, false)
+            .unwrap_or_default();
+        text.insert_str(0, &prompt);
+    }
+    let choice = match kind {
+        Kind::Completion => {
+            json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": end.finish})
+        }
+        Kind::Chat => {
+            json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": end.finish})
+        }
+    };
+    Ok((choice, end))
+}
+
+/// Runs `jobs` (several: the prompts of one completions request, admitted together, one
+/// choice each; streamed: exactly one) and answers in the format of `kind`.
+async fn respond(
+    st: Arc<ServerState>,
+    mut jobs: Vec<Job>,
+    kind: Kind,
+) -> Result<Response, ApiError> {
     let id = format!(
         "{}-{:016x}",
         if kind == Kind::Chat {
@@ -707,60 +802,38 @@ async fn respond(st: Arc<ServerState>, job: Job, kind: Kind) -> Result<Response,
         random_seed()
     );
     let created = now_secs();
+    if !jobs.first().is_some_and(|j| j.stream) {
+        let model = jobs.first().map(|j| j.model.clone()).unwrap_or_default();
+        let runs = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| complete(&st, j, kind, i));
+        let results = futures_util::future::try_join_all(runs).await?;
+        let n_prompt: usize = jobs.iter().map(|j| j.prompt.len()).sum();
+        let n_completion: usize = results.iter().map(|(_, e)| e.completion_tokens).sum();
+        let mut body = json!({
+            "id": id,
+            "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+            "created": created,
+            "model": model,
+            "choices": results.iter().map(|(c, _)| c.clone()).collect::<Vec<_>>(),
+            "usage": usage(n_prompt, n_completion),
+        });
+        if let [(_, end)] = &results[..] {
+            body["timings"] = timings(end, n_prompt);
+        }
+        return Ok(Json(body).into_response());
+    }
+    let job = jobs.remove(0);
+    let submitted = submit(&st, &job)?;
     let n_prompt = job.prompt.len();
-    let mut gen = Gen::new(
+    let gen = Gen::new(
         st.clone(),
         submitted,
         job.stop.clone(),
         job.logprobs.is_some(),
     );
     let model = job.model.clone();
-    if !job.stream {
-        let mut text = String::new();
-        let end = loop {
-            match gen.next().await {
-                Some(Piece::Text(t)) => text.push_str(&t),
-                Some(Piece::End(e)) => break e,
-                Some(Piece::Error(e)) => {
-                    return Err(ApiError::status(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        e,
-                    ))
-                }
-                // only after an end or an error, both handled above
-                None => {
-                    return Err(ApiError::status(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        "generation ended without a result",
-                    ))
-                }
-            }
-        };
-        if let Some(r) = gen.rest() {
-            text.push_str(&r);
-        }
-        let logprobs = gen.take_logprobs(kind);
-        let choice = match kind {
-            Kind::Completion => {
-                json!({"text": text, "index": 0, "logprobs": logprobs, "finish_reason": end.finish})
-            }
-            Kind::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": end.finish})
-            }
-        };
-        let body = json!({
-            "id": id,
-            "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": usage(n_prompt, end.completion_tokens),
-            "timings": timings(&end, n_prompt),
-        });
-        return Ok(Json(body).into_response());
-    }
 
     let object = if kind == Kind::Chat {
         "chat.completion.chunk"
@@ -842,27 +915,49 @@ pub async fn completions(
         authorize(&st, &headers)?;
         let b: CompletionBody = parse(&body)?;
         let common: Common = parse(&body)?;
-        let one = "prompt must be a string, a list of one string, or a list of token ids";
+        let one = "prompt must be a string, a list of token ids, or a list of either";
         let special = b.parse_special.unwrap_or(false);
-        let prompt = match b.prompt {
-            Value::String(s) => encode(&st, s, special).await?,
-            Value::Array(mut v) if v.len() == 1 && v[0].is_string() => {
-                let Some(Value::String(s)) = v.pop() else {
-                    return Err(ApiError::bad(one).param("prompt"));
-                };
-                encode(&st, s, special).await?
-            }
-            Value::Array(v) if v.iter().all(Value::is_number) => v
-                .iter()
+        let ids = |v: &[Value]| {
+            v.iter()
                 .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
                 .collect::<Option<Vec<u32>>>()
                 .ok_or_else(|| {
                     ApiError::bad("token ids must be integers in the vocabulary").param("prompt")
-                })?,
-            _ => return Err(ApiError::bad(one).param("prompt")),
+                })
         };
-        let j = job(&st, common, prompt, 16, Kind::Completion)?;
-        respond(st.clone(), j, Kind::Completion).await
+        let mut prompts = Vec::new();
+        match b.prompt {
+            Value::String(s) => prompts.push(encode(&st, s, special).await?),
+            Value::Array(v) if !v.is_empty() && v.iter().all(Value::is_number) => {
+                prompts.push(ids(&v)?)
+            }
+            // a batch: strings, or token-id lists (what evaluation harnesses send)
+            Value::Array(v) if !v.is_empty() && v.len() <= MAX_PROMPTS => {
+                for p in v {
+                    match p {
+                        Value::String(s) => prompts.push(encode(&st, s, special).await?),
+                        Value::Array(t) => prompts.push(ids(&t)?),
+                        _ => return Err(ApiError::bad(one).param("prompt")),
+                    }
+                }
+            }
+            Value::Array(v) if v.len() > MAX_PROMPTS => {
+                return Err(ApiError::bad(format!(
+                    "{} prompts in one request; at most {MAX_PROMPTS}",
+                    v.len()
+                ))
+                .param("prompt"))
+            }
+            _ => return Err(ApiError::bad(one).param("prompt")),
+        }
+        if prompts.len() > 1 && common.stream == Some(true) {
+            return Err(ApiError::bad("stream takes one prompt per request").param("stream"));
+        }
+        let jobs = prompts
+            .into_iter()
+            .map(|p| job(&st, common.clone(), p, 16, Kind::Completion))
+            .collect::<Result<Vec<_>, _>>()?;
+        respond(st.clone(), jobs, Kind::Completion).await
     }
     .await;
     finish(&st, r)
@@ -922,7 +1017,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
         let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
         let prompt = tokenize(move || tok.encode_chat(&msgs, ctx), "messages").await?;
         let j = job(&st, common, prompt, usize::MAX, Kind::Chat)?;
-        respond(st.clone(), j, Kind::Chat).await
+        respond(st.clone(), vec![j], Kind::Chat).await
     }
     .await;
     finish(&st, r)

@@ -61,6 +61,9 @@ pub enum Event {
     /// A generated token (never an end-of-generation token), with its log-probabilities
     /// when the request asked for them.
     Token(u32, Option<TokenLogprobs>),
+    /// With [`Request::echo`]: the log-probabilities of the next prompt token (from the
+    /// second on, in order), computed from the logits of the position before it.
+    PromptLogprobs(TokenLogprobs),
     /// Generation ended.
     Done(Done),
     /// Generation failed.
@@ -101,12 +104,16 @@ pub struct Request {
     pub prompt: Vec<u32>,
     /// Sampler settings (seed included).
     pub sampler: SamplerConfig,
-    /// Most tokens to generate (at least 1).
+    /// Most tokens to generate (0 only with `echo`: score the prompt, generate nothing).
     pub max_tokens: usize,
     /// Never stop at end-of-generation tokens.
     pub ignore_eos: bool,
     /// Report each token's log-probability and this many top alternatives (`None`: none).
     pub logprobs: Option<usize>,
+    /// Score the prompt too: every prompt token from the second gets a
+    /// [`Event::PromptLogprobs`] (with `logprobs` alternatives). Such a prompt is computed
+    /// in full (no prefix sharing), a few dozen positions per step.
+    pub echo: bool,
     /// Where events go; dropping the receiver cancels the request.
     pub tx: mpsc::UnboundedSender<Event>,
     /// Set by the front end when it ends the request itself (a stop string matched) before
@@ -126,6 +133,12 @@ pub struct EngineConfig {
     pub ctx: usize,
 }
 
+/// Output rows of a step: one per decoding sequence, and for scored (echo) prompts one per
+/// position, so at least 64.
+fn max_outputs(cfg: &EngineConfig) -> usize {
+    cfg.max_batch.max(64).min(cfg.step_tokens.max(1))
+}
+
 /// A request admitted or waiting.
 struct Seq {
     req: Request,
@@ -141,6 +154,8 @@ struct Seq {
     cached_tokens: usize,
     /// Whether its prompt blocks were offered to the prefix tree.
     indexed: bool,
+    /// With echo: prompt tokens whose log-probabilities were sent (the first has none).
+    scored: usize,
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     queue_ms: f64,
@@ -165,8 +180,9 @@ pub struct Engine {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     free_slots: Vec<usize>,
-    /// For each output row of the step: index into `running`.
-    out_rows: Vec<usize>,
+    /// For each output row of the step: index into `running`, and the prompt token the
+    /// row scores (echo) or `None` for a row to sample from.
+    out_rows: Vec<(usize, Option<usize>)>,
     /// Tokens each running sequence feeds this step (by index into `running`).
     fed: Vec<usize>,
 }
@@ -184,7 +200,7 @@ impl Engine {
         let state = RunState::new(
             &model.config,
             cfg.step_tokens,
-            cfg.max_batch,
+            max_outputs(&cfg),
             cfg.ctx,
             threads,
         );
@@ -248,6 +264,7 @@ impl Engine {
             slot: usize::MAX,
             cached_tokens: 0,
             indexed: false,
+            scored: 1,
             admitted: None,
             first_token: None,
             queue_ms: 0.0,
@@ -362,7 +379,12 @@ impl Engine {
             };
             let len = front.tokens.len();
             let max_shared = (len - 1) / block;
-            let shared = self.prefix.lookup(&front.tokens, max_shared);
+            // a scored prompt needs the logits of every position: nothing shared
+            let shared = if front.req.echo {
+                Vec::new()
+            } else {
+                self.prefix.lookup(&front.tokens, max_shared)
+            };
             let need = self.blocks_for(len + 1) - shared.len();
             let available = self.kv.free_blocks() + self.prefix.evictable(&self.kv);
             // a request alone in the engine always gets in (it may be preempted later)
@@ -454,7 +476,7 @@ impl Engine {
             }
             let s = &self.running[i];
             self.batch.push(s.tokens[pos], pos, s.slot, true);
-            self.out_rows.push(i);
+            self.out_rows.push((i, None));
             self.fed[i] += 1;
             budget -= 1;
             i += 1;
@@ -471,6 +493,14 @@ impl Engine {
             }
             let (from, len) = (self.running[i].n_cached, self.running[i].tokens.len());
             let mut take = (len - from).min(budget);
+            if self.running[i].req.echo {
+                // every position is an output row: as many as the step has left
+                let rows = max_outputs(&self.cfg) - self.out_rows.len();
+                take = take.min(rows);
+                if take == 0 {
+                    continue;
+                }
+            }
             if !self.reserve(i, from + take) {
                 // the pool is dry: use what was reserved
                 let have = self.kv.table(self.running[i].slot).len() * self.kv.block_size();
@@ -486,9 +516,14 @@ impl Engine {
             let s = &self.running[i];
             for p in from..from + take {
                 let last = p + 1 == len;
-                self.batch.push(s.tokens[p], p, s.slot, last);
-                if last {
-                    self.out_rows.push(i);
+                let score =
+                    (s.req.echo && p + 1 < s.n_prompt && p + 1 >= s.scored).then_some(p + 1);
+                self.batch
+                    .push(s.tokens[p], p, s.slot, last || score.is_some());
+                if score.is_some() {
+                    self.out_rows.push((i, score));
+                } else if last {
+                    self.out_rows.push((i, None));
                 }
             }
             self.fed[i] += take;
@@ -526,9 +561,24 @@ impl Engine {
         let vocab = self.model.config.vocab_size;
         let now = Instant::now();
         let mut done: Vec<(usize, Finish)> = Vec::new();
-        for (row, &i) in self.out_rows.iter().enumerate() {
+        for (row, &(i, score)) in self.out_rows.iter().enumerate() {
             let s = &mut self.running[i];
             let logits = self.state.logits_mut(row, vocab);
+            if let Some(j) = score {
+                let k = s.req.logprobs.unwrap_or(0);
+                let lp = TokenLogprobs::of(logits, s.tokens[j], k);
+                s.scored = j + 1;
+                let _ = Self::send(s, Event::PromptLogprobs(lp));
+                continue;
+            }
+            if s.req.max_tokens == 0 {
+                // scoring only (echo with max_tokens 0): nothing to generate
+                if s.first_token.is_none() {
+                    s.first_token = Some(now);
+                }
+                done.push((i, Finish::Length));
+                continue;
+            }
             // log-probabilities come from the logits as the model gave them
             let raw = s.req.logprobs.map(|k| (k, logits.to_vec()));
             if s.req.ignore_eos {
