@@ -275,8 +275,10 @@ fn compile_template(src: &str) -> Result<(), String> {
     let mut env = minijinja::Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
+    // as gdsrun does: minijinja's debug-info renderer can panic (see gds-runtime's chat.rs)
+    env.set_debug(false);
     env.add_template_owned("chat", src.to_string())
-        .map_err(|e| format!("{e:#}"))
+        .map_err(|e| e.to_string())
 }
 
 /// Role name for messages.

@@ -149,11 +149,13 @@ unsafe impl GlobalAlloc for CappedAlloc {
 
 /// For the fuzz targets: libfuzzer-sys makes every panic abort, even one the code under test
 /// catches on purpose (the runtime turns the `tokenizers` crate's panics into errors). This
-/// hook prints the panic with a backtrace and lets it unwind; a panic nobody catches reaches
-/// libfuzzer-sys's own `catch_unwind`, which aborts: still a crash.
+/// hook prints the panic (with a backtrace when `RUST_BACKTRACE` asks for one: a campaign
+/// catches thousands of panics on purpose, and a trace each fills the disk) and lets it
+/// unwind; a panic nobody catches reaches libfuzzer-sys's own `catch_unwind`, which aborts:
+/// still a crash. Replay the crashing input with `RUST_BACKTRACE=1` for its trace.
 pub fn init_fuzzing() {
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("{info}\n{}", std::backtrace::Backtrace::force_capture());
+        eprintln!("{info}\n{}", std::backtrace::Backtrace::capture());
     }));
 }
 

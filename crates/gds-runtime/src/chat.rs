@@ -41,6 +41,11 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        // No debug info on errors: minijinja 2.24's renderer of it (`{e:#}`) subtracts span
+        // columns unchecked and panics on spans a template can produce (fuzz regression
+        // `fuzz/regressions/tokenizer/crash-91be…`). `{e}` still names the kind, the detail
+        // and the template line.
+        env.set_debug(false);
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<Value, Error> {
@@ -53,7 +58,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| strftime(&fmt, now_unix()));
         env.set_unknown_method_callback(pycompat);
         env.add_template_owned("chat", source.to_string())
-            .map_err(|e| RuntimeError::Template(format!("{e:#}")))?;
+            .map_err(|e| RuntimeError::Template(e.to_string()))?;
         Ok(ChatTemplate {
             env,
             source: source.to_string(),
@@ -79,7 +84,7 @@ impl ChatTemplate {
             bos_token => self.bos_token,
             eos_token => self.eos_token,
         })
-        .map_err(|e| RuntimeError::Template(format!("{e:#}")))
+        .map_err(|e| RuntimeError::Template(e.to_string()))
     }
 }
 
@@ -261,6 +266,28 @@ mod tests {
             )
             .unwrap();
         assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n");
+    }
+
+    /// Fuzz regression (`fuzz/regressions/tokenizer/template-error-debug-info-panics-minijinja`):
+    /// `for` with no loop variable compiles, fails at render with a span whose end column is
+    /// before its start, and minijinja's debug-info renderer subtracted them (a panic with
+    /// overflow checks, a wrapped length without). The error must come back as a message.
+    #[test]
+    fn render_error_with_a_backwards_span_is_a_message() {
+        let t =
+            ChatTemplate::new("{% for in messages %}{{ 1 }}{% endfor %}", "<s>", "</s>").unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.render(&[Message::new("user", "hi")], false)
+        }));
+        let msg = r
+            .expect("rendering must not panic")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("chat:1"), "{msg}");
+        assert!(
+            !msg.contains("Referenced variables"),
+            "debug info rendered: {msg}"
+        );
     }
 
     #[test]
