@@ -2,7 +2,10 @@
 """`just bench-serve`: gdsrun serve vs llama.cpp's llama-server on the same SmolLM2 GGUF,
 same threads, same load (scripts/serve_load.py, loopback only), one server at a time.
 Prints aggregate decode t/s and latency percentiles side by side per concurrency, and the
-ratio at the highest concurrency (target: >= 1.0x).
+ratio at the highest concurrency (target: >= 1.0x). Then gdsrun again at the highest
+concurrency with every request under a JSON schema (structured outputs), against the same
+load without one (target: >= 0.9x). The schema asks for more JSON than --max-tokens
+allows, so constrained replies are as long as the others.
 
 Usage: scripts/bench-serve.py [-t THREADS] [-c 1,4,16] [-n REQUESTS] [--max-tokens 64]
 Needs: scripts/fetch-model.sh, scripts/build-llama-cpp.sh (run automatically)."""
@@ -48,17 +51,17 @@ def wait_healthy(url, proc, timeout=120):
     sys.exit(f"{url} never became healthy")
 
 
-def measure(name, cmd, port):
+def measure(name, cmd, port, concurrency=None, extra=()):
     url = f"http://127.0.0.1:{port}"
     log = open(f"/tmp/bench-serve-{name}.log", "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_healthy(url, p)
         res = subprocess.check_output([sys.executable, "scripts/serve_load.py", "--url", url,
-                                       "--concurrency", a.concurrency,
+                                       "--concurrency", concurrency or a.concurrency,
                                        "--requests-per-level", str(a.requests),
                                        "--max-tokens", str(a.max_tokens),
-                                       "--time-limit", str(a.time_limit)], text=True)
+                                       "--time-limit", str(a.time_limit), *extra], text=True)
         return json.loads(res)
     finally:
         p.terminate()
@@ -72,6 +75,16 @@ port = free_port()
 ours = measure("gdsrun", ["target/release/gdsrun", "serve", out, "--port", str(port),
                           "--threads", str(a.threads), "--ctx", str(a.ctx),
                           "--max-batch", str(max_c)], port)
+POEM = {"type": "json_schema", "json_schema": {"name": "poem", "schema": {
+    "type": "object",
+    "properties": {"title": {"type": "string", "maxLength": 40},
+                   "lines": {"type": "array", "items": {"type": "string"}, "minItems": 64}},
+    "required": ["title", "lines"], "additionalProperties": False}}}
+port = free_port()
+constrained = measure("gdsrun-json", ["target/release/gdsrun", "serve", out, "--port", str(port),
+                                      "--threads", str(a.threads), "--ctx", str(a.ctx),
+                                      "--max-batch", str(max_c)], port, str(max_c),
+                      ["--response-format", json.dumps(POEM)])
 port = free_port()
 theirs = measure("llama", [".cache/llama.cpp/bin/llama-server", "-m", gguf, "--host", "127.0.0.1",
                            "--port", str(port), "-t", str(a.threads), "-np", str(max_c),
@@ -97,3 +110,9 @@ for name, r in (("gdsrun", ours), ("llama-server", theirs)):
 ok = ratio is not None and ratio >= 1.0
 print(f"aggregate throughput at concurrency {max_c}: {ratio:.2f}x llama-server (target >= 1.0x) "
       f"{'ok' if ok else 'MISSED'}")
+plain = next((l for l in ours["levels"] if l["concurrency"] == max_c), missing)
+js = next((l for l in constrained["levels"] if l["concurrency"] == max_c), missing)
+jr = js["decode_tps"] / plain["decode_tps"] if plain["decode_tps"] else float("nan")
+print(f"structured outputs (JSON schema) at concurrency {max_c}: {js['decode_tps']:.1f} t/s, "
+      f"{js['failed']} failed, {jr:.2f}x the same load without a schema (target >= 0.9x) "
+      f"{'ok' if jr >= 0.9 and js['failed'] == 0 else 'MISSED'}")

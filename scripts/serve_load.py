@@ -4,7 +4,8 @@
 For each concurrency level, sends --requests-per-level completion requests, at most
 `concurrency` in flight, each asking for exactly --max-tokens tokens (ignore_eos) with a
 distinct prompt, and reports aggregate decode throughput (completion tokens / wall time)
-and latency percentiles. Prints one JSON object. Refuses non-loopback URLs.
+and latency percentiles. With --response-format, every request carries it (structured
+outputs: constrained decoding). Prints one JSON object. Refuses non-loopback URLs.
 """
 import argparse
 import json
@@ -28,12 +29,14 @@ def percentile(xs, p):
     return xs[k]
 
 
-def one(url, i, max_tokens, model, deadline):
+def one(url, i, max_tokens, model, deadline, response_format=None):
     body = {"prompt": f"Write a short poem about {TOPICS[i % len(TOPICS)]} (number {i}).",
             "max_tokens": max_tokens, "temperature": 0.7, "seed": i, "ignore_eos": True,
             "stream": False}
     if model:
         body["model"] = model
+    if response_format:
+        body["response_format"] = response_format
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -49,10 +52,11 @@ def one(url, i, max_tokens, model, deadline):
         return {"ok": False, "error": repr(e), "latency": time.perf_counter() - t0}
 
 
-def level(url, conc, n, max_tokens, model, deadline):
+def level(url, conc, n, max_tokens, model, deadline, response_format=None):
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=conc) as ex:
-        res = list(ex.map(lambda i: one(url, i, max_tokens, model, deadline), range(n)))
+        res = list(ex.map(lambda i: one(url, i, max_tokens, model, deadline, response_format),
+                          range(n)))
     wall = time.perf_counter() - t0
     ok = [r for r in res if r["ok"]]
     lat = [r["latency"] * 1000 for r in ok]
@@ -73,6 +77,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--model", default=None)
     ap.add_argument("--time-limit", type=float, default=300, help="seconds for the whole run")
+    ap.add_argument("--response-format", type=json.loads, default=None,
+                    help="a response_format object (JSON) every request carries")
     a = ap.parse_args()
     host = urlparse(a.url).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -84,7 +90,7 @@ def main():
             out["time_limit_reached"] = True  # the levels not run are left out
             break
         out["levels"].append(level(a.url.rstrip("/"), c, max(c, a.requests_per_level),
-                                   a.max_tokens, a.model, deadline))
+                                   a.max_tokens, a.model, deadline, a.response_format))
     print(json.dumps(out))
 
 

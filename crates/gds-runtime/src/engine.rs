@@ -4,6 +4,7 @@
 
 use crate::chat::Message;
 use crate::config::Config;
+use crate::constraint::{Constraint, GrammarCompiler};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{eval_last, Executor};
 use crate::metrics::{EnergyMeter, Metrics};
@@ -31,6 +32,8 @@ pub enum StopReason {
     EnergyLimit,
     /// The user interrupted (Ctrl-C).
     Interrupted,
+    /// The output is a complete sentence of the plan's grammar and nothing may follow.
+    Grammar,
 }
 
 impl StopReason {
@@ -43,6 +46,7 @@ impl StopReason {
             StopReason::ContextFull => "context_full",
             StopReason::EnergyLimit => "energy_limit",
             StopReason::Interrupted => "interrupted",
+            StopReason::Grammar => "grammar",
         }
     }
 }
@@ -72,6 +76,8 @@ pub struct Engine {
     energy: EnergyMeter,
     load_ms: f64,
     interrupt: Arc<AtomicBool>,
+    /// With a grammar in the plan: its compiler (each reply starts a fresh constraint).
+    grammar: Option<GrammarCompiler>,
 }
 
 impl Engine {
@@ -82,6 +88,16 @@ impl Engine {
         let exec = crate::exec::open(&plan, plan.batch, 1)?;
         let tokenizer = TextTokenizer::load(&plan.model_dir, exec.config())?;
         let sampler = Sampler::new(plan.sampler.clone(), exec.config().vocab_size);
+        let grammar = match &plan.grammar {
+            Some(g) => {
+                let c =
+                    GrammarCompiler::load(&plan.model_dir, &tokenizer, exec.config().vocab_size)?;
+                // a grammar that does not compile fails here, before any prompt
+                c.compile(g)?;
+                Some(c)
+            }
+            None => None,
+        };
         let mut messages = Vec::new();
         if let Some(s) = &plan.system {
             messages.push(Message::new("system", s));
@@ -96,6 +112,7 @@ impl Engine {
             tokenizer,
             sampler,
             messages,
+            grammar,
         })
     }
 
@@ -256,14 +273,25 @@ impl Engine {
         } else {
             None
         };
+        let mut constraint: Option<Constraint> = match (&self.grammar, &self.plan.grammar) {
+            (Some(c), Some(g)) => Some(c.compile(g)?),
+            _ => None,
+        };
         while stop.is_none() {
-            let tok = self.sampler.sample(self.exec.last_logits_mut());
+            let logits = self.exec.last_logits_mut();
+            if let Some(c) = constraint.as_mut() {
+                c.mask(logits)?;
+            }
+            let tok = self.sampler.sample(logits);
             if generated.is_empty() {
                 m.time_to_first_token_ms = t0.elapsed().as_secs_f64() * 1000.0;
             }
             if self.tokenizer.is_eog(tok) {
                 stop = Some(StopReason::Eos);
                 break;
+            }
+            if let Some(c) = constraint.as_mut() {
+                c.accept(tok)?;
             }
             generated.push(tok);
             self.sampler.accept(tok);
@@ -297,7 +325,9 @@ impl Engine {
                     break;
                 }
             }
-            if limits.max_tokens.is_some_and(|n| generated.len() >= n) {
+            if constraint.as_ref().is_some_and(Constraint::is_finished) {
+                stop = Some(StopReason::Grammar);
+            } else if limits.max_tokens.is_some_and(|n| generated.len() >= n) {
                 stop = Some(StopReason::MaxTokens);
             } else if self.cached.len() >= ctx {
                 stop = Some(StopReason::ContextFull);

@@ -65,6 +65,10 @@ pub enum RuntimeError {
     /// The chat template failed to render.
     #[error("chat template: {0}")]
     Template(String),
+    /// A grammar, JSON schema or regular expression for constrained decoding does not
+    /// compile, or the model's vocabulary cannot be used for it.
+    #[error("constrained decoding: {0}")]
+    Grammar(String),
     /// A run setting is invalid (a bad flag value, or one this model or machine refuses).
     #[error("{0}")]
     Usage(String),
@@ -146,6 +150,7 @@ impl RuntimeError {
             E::Kernel(gds_kernels::KernelError::Unsupported { .. }) => exit::MODEL,
             E::Kernel(_) => exit::INTERNAL,
             E::Usage(_)
+            | E::Grammar(_)
             | E::File { .. }
             | E::PromptTooLong { .. }
             | E::TextTooLong { .. }

@@ -12,6 +12,7 @@ pub mod error;
 
 pub mod chat;
 pub mod config;
+pub mod constraint;
 pub mod engine;
 pub mod exec;
 #[cfg(feature = "cuda")]
@@ -31,6 +32,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Config, RopeScaling};
+pub use constraint::{Constraint, Grammar, GrammarCompiler, Mask};
 pub use engine::{Engine, GenerateOutput, StopReason};
 pub use error::{Result, RuntimeError};
 pub use exec::{CpuExecutor, Executor};

@@ -68,6 +68,8 @@ pub struct PlanOptions {
     pub activations: Option<String>,
     /// Trust the layer files instead of checking their content hashes (`--no-verify`).
     pub no_verify: bool,
+    /// The grammar every reply follows (`--json-schema`, `--grammar`, `--regex`).
+    pub grammar: Option<crate::constraint::Grammar>,
 }
 
 /// Per-dtype totals of the weights.
@@ -145,6 +147,8 @@ pub struct Plan {
     pub sampler: SamplerConfig,
     /// Stop conditions.
     pub limits: Limits,
+    /// The grammar every reply follows (constrained decoding), if any.
+    pub grammar: Option<crate::constraint::Grammar>,
     /// Chat or raw.
     pub mode: Mode,
     /// Where the chat template comes from: `tokenizer_config.json`, or the family's default
@@ -440,6 +444,7 @@ impl Plan {
                 stop: opts.stop.clone(),
                 max_joules: opts.max_joules,
             },
+            grammar: opts.grammar.clone(),
             mode,
             parse_special: opts.parse_special,
             system: opts.system.clone(),

@@ -48,7 +48,7 @@ pub struct TextTokenizer {
 /// vocabulary (Gemma's 262k tokens and 515k merges) leaves some hundred MB of small freed
 /// blocks that glibc keeps mapped, which would count in the process's memory for its whole
 /// life; elsewhere this is a no-op.
-fn release_freed_heap() {
+pub(crate) fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory of the allocator's heaps to the kernel;
     // it takes no pointers and touches no allocated block.
@@ -61,7 +61,7 @@ fn release_freed_heap() {
 /// malformed `tokenizer.json` files instead of returning an error (a syntax error inside the
 /// `"decoder"` object hits an `expect`; huggingface/tokenizers#2151 lists panics at encode
 /// and decode time too), and a model's tokenizer is input like any other.
-fn guarded<T, E: std::fmt::Display>(
+pub(crate) fn guarded<T, E: std::fmt::Display>(
     what: &str,
     f: impl FnOnce() -> std::result::Result<T, E>,
 ) -> Result<T> {

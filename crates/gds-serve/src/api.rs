@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use gds_runtime::chat::Message;
-use gds_runtime::{RuntimeError, SamplerConfig};
+use gds_runtime::{Constraint, Grammar, RuntimeError, SamplerConfig};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -70,14 +70,21 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({"error": {
+impl ApiError {
+    /// The body: `{"error": {"message", "type", "param", "code"}}`.
+    fn body(&self) -> Value {
+        json!({"error": {
             "message": self.message,
             "type": self.kind,
             "param": self.param,
             "code": self.code,
-        }});
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body();
         let mut r = (self.status, Json(body)).into_response();
         if self.status == StatusCode::TOO_MANY_REQUESTS
             || self.status == StatusCode::SERVICE_UNAVAILABLE
@@ -142,6 +149,18 @@ struct Common {
     top_logprobs: Option<i64>,
     #[serde(default)]
     echo: Option<bool>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}`.
+    #[serde(default)]
+    response_format: Option<Value>,
+    /// Extension (as llama-server's): a JSON schema the output must follow.
+    #[serde(default)]
+    json_schema: Option<Value>,
+    /// Extension: a grammar in llguidance's Lark syntax the output must follow.
+    #[serde(default)]
+    grammar: Option<String>,
+    /// Extension: a regular expression the whole output must match.
+    #[serde(default)]
+    regex: Option<String>,
 }
 
 /// Most prompts in one completions request.
@@ -205,6 +224,67 @@ fn logprobs_request(c: &Common, kind: Kind) -> Result<Option<usize>, ApiError> {
     }
 }
 
+/// The grammar a request holds its output to, and the field that gave it (for errors).
+fn grammar_request(c: &Common) -> Result<Option<(Grammar, &'static str)>, ApiError> {
+    let mut found = Vec::new();
+    if let Some(rf) = &c.response_format {
+        let bad = |m: String| ApiError::bad(m).param("response_format");
+        let kind = rf
+            .get("type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("response_format needs a \"type\"".into()))?;
+        match kind {
+            "text" => {}
+            "json_object" => found.push((
+                Grammar::JsonSchema(json!({"type": "object"})),
+                "response_format",
+            )),
+            "json_schema" => {
+                let spec = rf.get("json_schema").ok_or_else(|| {
+                    bad("response_format of type json_schema needs a \"json_schema\" object".into())
+                })?;
+                let schema = match spec.get("schema") {
+                    // no schema: any JSON object (as OpenAI answers)
+                    None | Some(Value::Null) => json!({"type": "object"}),
+                    Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+                    Some(other) => {
+                        return Err(bad(format!(
+                            "json_schema.schema must be a JSON schema (an object), not {other}"
+                        )))
+                    }
+                };
+                found.push((Grammar::JsonSchema(schema), "response_format"));
+            }
+            other => {
+                return Err(bad(format!(
+                    "response_format type {other:?} is not one of text, json_object, json_schema"
+                )))
+            }
+        }
+    }
+    if let Some(s) = &c.json_schema {
+        found.push((Grammar::JsonSchema(s.clone()), "json_schema"));
+    }
+    if let Some(g) = &c.grammar {
+        found.push((Grammar::Lark(g.clone()), "grammar"));
+    }
+    if let Some(r) = &c.regex {
+        found.push((Grammar::Regex(r.clone()), "regex"));
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|(_, p)| *p).collect();
+        return Err(ApiError::bad(format!(
+            "give one of response_format (json), json_schema, grammar, regex; this request has {}",
+            names.join(", ")
+        ))
+        .param(found[1].1));
+    }
+    if c.echo == Some(true) && !found.is_empty() {
+        return Err(ApiError::bad("echo scores the prompt; it takes no grammar").param("echo"));
+    }
+    Ok(found.pop())
+}
+
 // The bodies are read in two passes (the endpoint's own fields, then `Common`) rather than
 // with `#[serde(flatten)]`: flattening buffers numbers, which breaks when another crate in the
 // build turns on serde_json's `arbitrary_precision`.
@@ -236,6 +316,8 @@ struct Job {
     logprobs: Option<usize>,
     /// Completions: the prompt is part of the answer (text, and log-probabilities).
     echo: bool,
+    /// The grammar the output follows, and the request field that gave it.
+    grammar: Option<(Grammar, &'static str)>,
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -277,6 +359,7 @@ fn job(
     kind: Kind,
 ) -> Result<Job, ApiError> {
     let logprobs = logprobs_request(&c, kind)?;
+    let grammar = grammar_request(&c)?;
     let echo = c.echo == Some(true);
     if prompt.is_empty() {
         return Err(ApiError::bad("the prompt is empty").param("prompt"));
@@ -360,7 +443,37 @@ fn job(
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
         logprobs,
         echo,
+        grammar,
     })
+}
+
+/// Compiles `job`'s grammar (off the async threads: a large schema takes a while, and the
+/// first one indexes the vocabulary). A grammar that does not compile is a 400 naming the
+/// field and the problem.
+async fn constrain(st: &Arc<ServerState>, job: &Job) -> Result<Option<Constraint>, ApiError> {
+    let Some((grammar, param)) = job.grammar.clone() else {
+        return Ok(None);
+    };
+    let st2 = st.clone();
+    let t0 = Instant::now();
+    let compiled = tokio::task::spawn_blocking(move || {
+        let compiler = st2.grammar_compiler().map_err(|e| {
+            format!("this model's vocabulary cannot be used for constrained decoding: {e}")
+        })?;
+        compiler.compile(&grammar).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| {
+        ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("compiling the grammar failed: {e}"),
+        )
+    })?;
+    st.metrics.record_grammar(t0.elapsed());
+    compiled
+        .map(Some)
+        .map_err(|e| ApiError::bad(e).param(param))
 }
 
 fn random_seed() -> u64 {
@@ -379,7 +492,11 @@ fn random_seed() -> u64 {
 /// front end (see [`Request::ended_by_front`]).
 type Submitted = (mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>);
 
-fn submit(st: &ServerState, job: &Job) -> Result<Submitted, ApiError> {
+fn submit(
+    st: &ServerState,
+    job: &Job,
+    constraint: Option<Constraint>,
+) -> Result<Submitted, ApiError> {
     let m = &st.metrics;
     if m.queue_depth.load(Ordering::Relaxed) >= st.queue_limit as i64 {
         m.rejected_busy.fetch_add(1, Ordering::Relaxed);
@@ -402,6 +519,7 @@ fn submit(st: &ServerState, job: &Job) -> Result<Submitted, ApiError> {
         ignore_eos: job.ignore_eos,
         logprobs: job.logprobs,
         echo: job.echo,
+        constraint,
         tx,
         received: Instant::now(),
     };
@@ -422,7 +540,7 @@ fn submit(st: &ServerState, job: &Job) -> Result<Submitted, ApiError> {
 enum Piece {
     Text(String),
     End(End),
-    Error(String),
+    Error(ApiError),
 }
 
 struct End {
@@ -649,6 +767,11 @@ impl Gen {
                     return Some(self.end(finish, Some(d)));
                 }
                 Some(Event::Error(e)) => return Some(self.fail(e)),
+                Some(Event::GrammarError(e)) => {
+                    // the request's grammar went past the grammar engine's limits
+                    self.ended = true;
+                    return Some(Piece::Error(ApiError::bad(e).code("grammar_error")));
+                }
                 None => return Some(self.fail("the engine dropped the request".into())),
             }
         }
@@ -656,7 +779,11 @@ impl Gen {
 
     fn fail(&mut self, e: String) -> Piece {
         self.ended = true;
-        Piece::Error(e)
+        Piece::Error(ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e,
+        ))
     }
 
     fn end(&mut self, finish: &'static str, done: Option<Done>) -> Piece {
@@ -730,7 +857,8 @@ async fn complete(
     kind: Kind,
     index: usize,
 ) -> Result<(Value, End), ApiError> {
-    let submitted = submit(st, job)?;
+    let constraint = constrain(st, job).await?;
+    let submitted = submit(st, job, constraint)?;
     let mut gen = Gen::new(
         st.clone(),
         submitted,
@@ -746,11 +874,10 @@ async fn complete(
             Some(Piece::Text(t)) => text.push_str(&t),
             Some(Piece::End(e)) => break e,
             Some(Piece::Error(e)) => {
-                return Err(ApiError::status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    e,
-                ))
+                return Err(match (&job.grammar, e.status) {
+                    (Some((_, param)), StatusCode::BAD_REQUEST) => e.param(param),
+                    _ => e,
+                })
             }
             // only after an end or an error, both handled above
             None => {
@@ -825,7 +952,8 @@ async fn respond(
         return Ok(Json(body).into_response());
     }
     let job = jobs.remove(0);
-    let submitted = submit(&st, &job)?;
+    let constraint = constrain(&st, &job).await?;
+    let submitted = submit(&st, &job, constraint)?;
     let n_prompt = job.prompt.len();
     let gen = Gen::new(
         st.clone(),
@@ -889,8 +1017,7 @@ async fn respond(
                     Some((out, None))
                 }
                 Some(Piece::Error(e)) => {
-                    let err = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
-                    Some((vec![SseEvent::default().data(err.to_string())], None))
+                    Some((vec![SseEvent::default().data(e.body().to_string())], None))
                 }
                 None => None,
             }

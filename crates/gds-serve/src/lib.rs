@@ -21,7 +21,8 @@ pub mod scheduler;
 use anyhow::Context;
 use clap::Args;
 use gds_runtime::{
-    KvCache, KvDtype, Model, Plan, PlanOptions, RuntimeError, SamplerConfig, TextTokenizer,
+    GrammarCompiler, KvCache, KvDtype, Model, Plan, PlanOptions, RuntimeError, SamplerConfig,
+    TextTokenizer,
 };
 use metrics::ServerMetrics;
 use net::NetLimits;
@@ -120,6 +121,24 @@ pub struct ServerState {
     api_key: Option<String>,
     created: u64,
     limits: NetLimits,
+    /// The model directory (for the grammar compiler's vocabulary).
+    model_dir: std::path::PathBuf,
+    /// Compiles request grammars; built on the first constrained request.
+    grammar: std::sync::OnceLock<Result<Arc<GrammarCompiler>, String>>,
+}
+
+impl ServerState {
+    /// The grammar compiler, built on first use (indexing the vocabulary takes from tens of
+    /// milliseconds to a second): an error when this model's tokenizer cannot be indexed.
+    fn grammar_compiler(&self) -> Result<Arc<GrammarCompiler>, String> {
+        self.grammar
+            .get_or_init(|| {
+                GrammarCompiler::load(&self.model_dir, &self.tokenizer, self.vocab)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+    }
 }
 
 /// Physical memory, bytes (`MemTotal` of /proc/meminfo), when known.
@@ -266,7 +285,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         limits,
+        model_dir: plan.model_dir.clone(),
+        grammar: std::sync::OnceLock::new(),
     });
+    // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
+    // take a few seconds), so the first request with a grammar seldom waits for it
+    {
+        let st = state.clone();
+        let _ = std::thread::Builder::new()
+            .name("gds-grammar".into())
+            .spawn(move || {
+                if let Err(e) = st.grammar_compiler() {
+                    eprintln!("gdsrun serve: constrained decoding unavailable: {e}");
+                }
+            });
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("gds-http")

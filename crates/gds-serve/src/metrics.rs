@@ -52,6 +52,17 @@ pub struct ServerMetrics {
     pub kv_blocks_free: AtomicU64,
     /// KV blocks indexed by the prefix tree.
     pub kv_blocks_prefix: AtomicU64,
+    /// Grammar masks computed (one per constrained token).
+    pub masks: AtomicU64,
+    /// Nanoseconds the helper thread spent computing masks (overlapped with forward passes).
+    pub mask_ns: AtomicU64,
+    /// Nanoseconds steps waited for masks after their forward pass was done (the cost
+    /// constrained decoding adds to a step).
+    pub mask_wait_ns: AtomicU64,
+    /// Grammars compiled, and nanoseconds spent compiling them.
+    pub grammars: AtomicU64,
+    /// Nanoseconds spent compiling grammars (including building the vocabulary index once).
+    pub grammar_ns: AtomicU64,
     timing: Mutex<Timing>,
 }
 
@@ -75,6 +86,23 @@ impl ServerMetrics {
     /// Takes `n` from the queue depth.
     pub fn queue_depth_sub(&self, n: usize) {
         self.queue_depth.fetch_sub(n as i64, Ordering::Relaxed);
+    }
+
+    /// Records `n` grammar masks computed in `busy`, and the step's `wait` for them after
+    /// its forward pass.
+    pub fn record_masks(&self, n: usize, busy: std::time::Duration, wait: std::time::Duration) {
+        self.masks.fetch_add(n as u64, Ordering::Relaxed);
+        self.mask_ns
+            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+        self.mask_wait_ns
+            .fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Records one grammar compiled in `took`.
+    pub fn record_grammar(&self, took: std::time::Duration) {
+        self.grammars.fetch_add(1, Ordering::Relaxed);
+        self.grammar_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Records one forward pass of `prompt` prompt tokens and `decode` decode tokens that
@@ -180,6 +208,37 @@ impl ServerMetrics {
             "counter",
             "Requests dropped because the client went away.",
             g(&self.cancelled).to_string(),
+        );
+        let secs = |a: &AtomicU64| format!("{:.6}", g(a) as f64 / 1e9);
+        put(
+            "constrained_tokens_total",
+            "counter",
+            "Tokens sampled under a grammar (JSON schema, Lark grammar, regex): masks computed.",
+            g(&self.masks).to_string(),
+        );
+        put(
+            "constraint_mask_seconds_total",
+            "counter",
+            "Seconds spent computing grammar masks (overlapped with the forward pass).",
+            secs(&self.mask_ns),
+        );
+        put(
+            "constraint_wait_seconds_total",
+            "counter",
+            "Seconds steps waited for grammar masks after their forward pass (the added cost).",
+            secs(&self.mask_wait_ns),
+        );
+        put(
+            "grammars_compiled_total",
+            "counter",
+            "Grammars compiled for requests.",
+            g(&self.grammars).to_string(),
+        );
+        put(
+            "grammar_compile_seconds_total",
+            "counter",
+            "Seconds spent compiling grammars (the first includes indexing the vocabulary).",
+            secs(&self.grammar_ns),
         );
         put(
             "preemptions_total",

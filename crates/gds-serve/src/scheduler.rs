@@ -12,7 +12,7 @@
 
 use crate::metrics::ServerMetrics;
 use crate::prefix::PrefixCache;
-use gds_runtime::{Batch, KvCache, Model, RunState, Sampler, SamplerConfig};
+use gds_runtime::{Batch, Constraint, KvCache, Mask, Model, RunState, Sampler, SamplerConfig};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -68,6 +68,9 @@ pub enum Event {
     Done(Done),
     /// Generation failed.
     Error(String),
+    /// The request's grammar failed mid-generation (it went past the grammar engine's
+    /// limits): the request's fault, not the server's.
+    GrammarError(String),
 }
 
 /// Why generation ended.
@@ -114,6 +117,11 @@ pub struct Request {
     /// [`Event::PromptLogprobs`] (with `logprobs` alternatives). Such a prompt is computed
     /// in full (no prefix sharing), a few dozen positions per step.
     pub echo: bool,
+    /// The grammar the output must follow (compiled, nothing accepted yet). Its mask is
+    /// computed while the step's forward pass runs; generation ends when the grammar is
+    /// complete, and end-of-generation tokens are allowed only where it may end
+    /// (`ignore_eos` does not apply).
+    pub constraint: Option<Constraint>,
     /// Where events go; dropping the receiver cancels the request.
     pub tx: mpsc::UnboundedSender<Event>,
     /// Set by the front end when it ends the request itself (a stop string matched) before
@@ -535,10 +543,60 @@ impl Engine {
             return;
         }
 
+        // grammar masks of the rows that sample: they depend only on the tokens accepted so
+        // far, so a helper thread computes them while the forward pass runs
+        let constrained: Vec<usize> = self
+            .out_rows
+            .iter()
+            .filter(|&&(i, score)| {
+                let r = &self.running[i].req;
+                score.is_none() && r.constraint.is_some() && r.max_tokens > 0
+            })
+            .map(|&(i, _)| i)
+            .collect();
+        let mut masks: Vec<Option<gds_runtime::Result<Mask>>> =
+            (0..self.running.len()).map(|_| None).collect();
         let t0 = Instant::now();
-        let result = self
-            .model
-            .forward(&mut self.state, &mut self.kv, &self.batch);
+        let result = if constrained.is_empty() {
+            self.model
+                .forward(&mut self.state, &mut self.kv, &self.batch)
+        } else {
+            let running = &mut self.running;
+            let (model, state, kv, batch) =
+                (&self.model, &mut self.state, &mut self.kv, &self.batch);
+            let metrics = &self.metrics;
+            std::thread::scope(|scope| {
+                let helper = scope.spawn(|| {
+                    let t = Instant::now();
+                    let m: Vec<_> = constrained
+                        .iter()
+                        .map(|&i| {
+                            let c = running[i].req.constraint.as_mut();
+                            (i, c.map(Constraint::compute_mask))
+                        })
+                        .collect();
+                    (m, t.elapsed())
+                });
+                let r = model.forward(state, kv, batch);
+                let waited = Instant::now();
+                match helper.join() {
+                    Ok((m, busy)) => {
+                        metrics.record_masks(m.len(), busy, waited.elapsed());
+                        for (i, mask) in m {
+                            masks[i] = mask;
+                        }
+                    }
+                    Err(_) => {
+                        for &i in &constrained {
+                            masks[i] = Some(Err(gds_runtime::RuntimeError::Internal(
+                                "the grammar mask computation panicked".into(),
+                            )));
+                        }
+                    }
+                }
+                r
+            })
+        };
         let dt = t0.elapsed().as_secs_f64();
         self.metrics.record_step(n_prompt, n_decode, dt);
         if let Err(e) = result {
@@ -561,6 +619,7 @@ impl Engine {
         let vocab = self.model.config.vocab_size;
         let now = Instant::now();
         let mut done: Vec<(usize, Finish)> = Vec::new();
+        let mut failed: Vec<(usize, String)> = Vec::new();
         for (row, &(i, score)) in self.out_rows.iter().enumerate() {
             let s = &mut self.running[i];
             let logits = self.state.logits_mut(row, vocab);
@@ -581,7 +640,18 @@ impl Engine {
             }
             // log-probabilities come from the logits as the model gave them
             let raw = s.req.logprobs.map(|k| (k, logits.to_vec()));
-            if s.req.ignore_eos {
+            if s.req.constraint.is_some() {
+                let applied = match masks[i].take() {
+                    Some(m) => m.and_then(|m| m.apply(logits)),
+                    None => Err(gds_runtime::RuntimeError::Internal(
+                        "no grammar mask was computed".into(),
+                    )),
+                };
+                if let Err(e) = applied {
+                    failed.push((i, e.to_string()));
+                    continue;
+                }
+            } else if s.req.ignore_eos {
                 for &e in &self.eog {
                     if let Some(l) = logits.get_mut(e as usize) {
                         *l = f32::NEG_INFINITY;
@@ -596,6 +666,12 @@ impl Engine {
                 done.push((i, Finish::Eos));
                 continue;
             }
+            if let Some(c) = s.req.constraint.as_mut() {
+                if let Err(e) = c.accept(tok) {
+                    failed.push((i, e.to_string()));
+                    continue;
+                }
+            }
             s.sampler.accept(tok);
             s.tokens.push(tok);
             s.generated += 1;
@@ -604,7 +680,14 @@ impl Engine {
             if !Self::send(s, Event::Token(tok, lp)) {
                 continue; // reaped next step
             }
-            if s.generated >= s.req.max_tokens || s.tokens.len() >= self.cfg.ctx {
+            if s.req
+                .constraint
+                .as_ref()
+                .is_some_and(Constraint::is_finished)
+            {
+                // the grammar is complete: nothing may follow
+                done.push((i, Finish::Eos));
+            } else if s.generated >= s.req.max_tokens || s.tokens.len() >= self.cfg.ctx {
                 done.push((i, Finish::Length));
             }
         }
@@ -620,10 +703,22 @@ impl Engine {
             }
         }
         // remove finished ones, highest index first so indices stay valid
-        done.sort_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, f) in done {
-            let s = self.running.remove(i);
-            self.finish(s, f);
+        let mut ended: Vec<(usize, Result<Finish, String>)> = done
+            .into_iter()
+            .map(|(i, f)| (i, Ok(f)))
+            .chain(failed.into_iter().map(|(i, e)| (i, Err(e))))
+            .collect();
+        ended.sort_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, f) in ended {
+            let mut s = self.running.remove(i);
+            match f {
+                Ok(f) => self.finish(s, f),
+                Err(e) => {
+                    let _ = Self::send(&s, Event::GrammarError(e));
+                    self.release(&mut s);
+                    self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         self.publish();
     }

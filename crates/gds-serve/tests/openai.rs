@@ -619,3 +619,85 @@ fn logprobs_are_the_models_log_softmax() {
     assert_eq!(r["refused"]["top_logprobs_21"]["param"], "top_logprobs");
     assert_eq!(r["refused"]["echo"]["param"], "echo");
 }
+
+/// Structured outputs (scripts/serve_structured_check.py): the client's `parse` with a
+/// pydantic model, 24 sampled replies (temperature 1, 8 at a time) each valid against a
+/// nested schema per the `jsonschema` package, a streamed one, `json_object`, the regex and
+/// Lark extensions, and refusals naming the field; `/metrics` counts the masks.
+#[test]
+fn structured_outputs_always_follow_the_schema() {
+    let _one = serial();
+    let s = start(&[]);
+    let r = python(
+        "serve_structured_check.py",
+        &[&format!("http://{}/v1", s.addr)],
+    );
+    eprintln!("{r:#}");
+    let p = &r["parse"]["parsed"];
+    assert_eq!(r["parse"]["finish_reason"], "stop", "{r:#}");
+    assert!(
+        p["name"].is_string() && p["age"].is_i64() && p["city"].is_string(),
+        "{p}"
+    );
+    let samples = r["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 24);
+    for smp in samples {
+        // a reply cut by max_tokens cannot be whole JSON; the schema bounds every string and
+        // array, so 200 tokens are plenty and every reply must end by itself
+        assert_eq!(smp["finish_reason"], "stop", "{smp}");
+        assert_eq!(smp["valid"], true, "{smp}");
+    }
+    let distinct: std::collections::HashSet<&str> = samples
+        .iter()
+        .map(|s| s["content"].as_str().unwrap())
+        .collect();
+    assert!(distinct.len() > 12, "the seeds sample different replies");
+    assert_eq!(r["stream"]["valid"], true, "{}", r["stream"]);
+    assert_eq!(r["stream"]["finish_reason"], "stop");
+    let o = &r["json_object"];
+    if o["finish_reason"] == "stop" {
+        assert_eq!(o["is_object"], true, "{o}");
+    } else {
+        // an object may go on for ever; what there is starts one
+        assert!(o["content"].as_str().unwrap().starts_with('{'), "{o}");
+    }
+    assert_eq!(r["regex"]["matches"], true, "{}", r["regex"]);
+    assert_eq!(r["regex"]["finish_reason"], "stop");
+    let lark = r["lark"]["text"].as_str().unwrap();
+    assert!(
+        [
+            "The answer is yes.",
+            "The answer is no.",
+            "The answer is maybe."
+        ]
+        .contains(&lark),
+        "{lark}"
+    );
+    for (name, param, needle) in [
+        ("bad_schema", "response_format", "strnig"),
+        ("bad_regex", "regex", "unclosed"),
+        ("two_grammars", "regex", "one of"),
+        ("unknown_type", "response_format", "xml"),
+        ("regex_bomb", "regex", "too many"),
+    ] {
+        let e = &r["refusals"][name];
+        assert_eq!(e["status"], 400, "{name}: {e}");
+        assert_eq!(e["param"], param, "{name}: {e}");
+        assert!(
+            e["message"].as_str().unwrap().contains(needle),
+            "{name}: {e}"
+        );
+    }
+    let (_, metrics) = http(&s.addr, "GET", "/metrics", None);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("gds_{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    // at least one mask per generated token of the constrained replies
+    assert!(value("constrained_tokens_total") > 24.0 * 10.0);
+    assert!(value("constraint_mask_seconds_total") > 0.0);
+    assert!(value("grammars_compiled_total") >= 28.0);
+}

@@ -119,6 +119,16 @@ pub struct RunArgs {
     /// Stop when this string appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Hold every reply to this JSON schema (a file; `{"type": "object"}` for any object):
+    /// constrained decoding, so the reply always parses and validates.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["grammar", "regex"])]
+    pub json_schema: Option<PathBuf>,
+    /// Hold every reply to this grammar (a file in llguidance's Lark syntax).
+    #[arg(long, value_name = "FILE", conflicts_with = "regex")]
+    pub grammar: Option<PathBuf>,
+    /// Hold every reply to this regular expression (the whole reply matches it).
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
     /// Stop a reply after this many joules (needs RAPL counters).
     #[arg(long)]
     pub max_joules: Option<f64>,

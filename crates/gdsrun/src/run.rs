@@ -4,7 +4,7 @@ use crate::cli::{CommonArgs, RunArgs};
 use crate::out::{self, err, errln, outln};
 use anyhow::{Context, Result};
 use gds_runtime::engine::GenerateOutput;
-use gds_runtime::{Engine, KvDtype, Plan, PlanOptions, RuntimeError};
+use gds_runtime::{Engine, Grammar, KvDtype, Plan, PlanOptions, RuntimeError};
 use std::cell::RefCell;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +45,24 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
         system: a.system.clone(),
         ..common_options(&a.common)
     }
+}
+
+/// The grammar of `--json-schema FILE`, `--grammar FILE` or `--regex RX`. Unreadable files
+/// and a schema file that is not JSON are usage errors naming the file; whether the
+/// grammar compiles is checked when the model is loaded.
+fn grammar_option(a: &RunArgs) -> Result<Option<Grammar>, RuntimeError> {
+    let read =
+        |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| RuntimeError::file(p, e));
+    if let Some(p) = &a.json_schema {
+        let schema = serde_json::from_str(&read(p)?).map_err(|e| {
+            RuntimeError::Usage(format!("--json-schema {}: not JSON: {e}", p.display()))
+        })?;
+        return Ok(Some(Grammar::JsonSchema(schema)));
+    }
+    if let Some(p) = &a.grammar {
+        return Ok(Some(Grammar::Lark(read(p)?)));
+    }
+    Ok(a.regex.clone().map(Grammar::Regex))
 }
 
 /// Ctrl-C: during generation it stops the reply (metrics are still reported); otherwise,
@@ -102,7 +120,10 @@ impl Printer {
 
 /// Runs the command.
 pub fn run(a: RunArgs) -> Result<()> {
-    let plan = Plan::build(&plan_options(&a))?;
+    let plan = Plan::build(&PlanOptions {
+        grammar: grammar_option(&a)?,
+        ..plan_options(&a)
+    })?;
     if a.plan {
         return outln!("{}", plan.to_json());
     }

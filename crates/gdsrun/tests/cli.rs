@@ -615,3 +615,98 @@ fn gemma3_greedy_f32_generation_matches_transformers() {
     let got: Vec<&Value> = j["tokens"].as_array().unwrap().iter().collect();
     assert_eq!(got, want, "{}", j["text"]);
 }
+
+/// `--json-schema`, `--regex`, `--grammar`: every reply follows the grammar and ends when it
+/// is complete (stop reason `grammar`, or end of generation where it may end); the plan
+/// records it; a grammar that does not compile or a file that is not there is a usage
+/// error (exit 2) naming the problem, before any prompt.
+#[test]
+fn replies_follow_the_grammar_given_on_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("person.json");
+    std::fs::write(
+        &schema,
+        r#"{"type":"object","properties":{"name":{"type":"string","maxLength":16},"age":{"type":"integer","minimum":0,"maximum":120}},"required":["name","age"],"additionalProperties":false}"#,
+    )
+    .unwrap();
+    let schema = schema.to_str().unwrap();
+    for seed in ["1", "2", "3"] {
+        let r = ok_json(&[
+            model(),
+            "--prompt",
+            "Describe Alice, 30, as JSON.",
+            "--json-schema",
+            schema,
+            "--temp",
+            "1",
+            "--seed",
+            seed,
+            "--max-tokens",
+            "80",
+            "--json",
+        ]);
+        let v: Value = serde_json::from_str(r["text"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {r}"));
+        let o = v.as_object().unwrap();
+        assert_eq!(o.len(), 2, "{v}");
+        assert!(o["name"].as_str().unwrap().chars().count() <= 16, "{v}");
+        assert!((0..=120).contains(&o["age"].as_i64().unwrap()), "{v}");
+        assert!(
+            ["grammar", "eos"].contains(&r["stop_reason"].as_str().unwrap()),
+            "{r}"
+        );
+        assert_eq!(r["plan"]["grammar"]["kind"], "json_schema", "{}", r["plan"]);
+    }
+    let r = ok_json(&[
+        model(),
+        "--prompt",
+        QUESTION,
+        "--regex",
+        "(Paris|London|Rome) is [a-z ]{3,30}\\.",
+        "--temp",
+        "0",
+        "--json",
+    ]);
+    let t = r["text"].as_str().unwrap();
+    let (city, rest) = t.split_once(" is ").unwrap_or_else(|| panic!("{t:?}"));
+    assert!(["Paris", "London", "Rome"].contains(&city), "{t:?}");
+    assert!(rest.ends_with('.') && rest.len() >= 4, "{t:?}");
+    let lark = dir.path().join("yn.lark");
+    std::fs::write(&lark, "start: (\"yes\" | \"no\") \".\"\n").unwrap();
+    let r = ok_json(&[
+        model(),
+        "--prompt",
+        "Is Paris in France?",
+        "--grammar",
+        lark.to_str().unwrap(),
+        "--temp",
+        "0",
+        "--json",
+    ]);
+    assert!(
+        ["yes.", "no."].contains(&r["text"].as_str().unwrap()),
+        "{r}"
+    );
+    assert_eq!(r["stop_reason"], "grammar");
+
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"type": "strnig"}"#).unwrap();
+    let missing = dir.path().join("missing.json");
+    for (args, needle) in [
+        (vec!["--json-schema", bad.to_str().unwrap()], "strnig"),
+        (
+            vec!["--json-schema", missing.to_str().unwrap()],
+            "missing.json",
+        ),
+        (vec!["--json-schema", lark.to_str().unwrap()], "not JSON"),
+        (vec!["--regex", "(unclosed"], "unclosed"),
+    ] {
+        let o = gdsrun(&[&[model(), "--prompt", "hi"][..], &args].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains(needle),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! Constrained decoding: the output is held to a JSON schema, a Lark grammar or a regular
+//! expression, token by token. The grammar engine is [llguidance] (the one llama.cpp and
+//! mistral.rs use): a [`GrammarCompiler`] builds a token trie from the model's
+//! `tokenizer.json` once, compiles each request's [`Grammar`] into a [`Constraint`], and
+//! before every sampled token the constraint computes which tokens keep the output a prefix
+//! of a sentence of the grammar; every other token's logit becomes −∞. End-of-generation
+//! tokens are allowed exactly where the grammar may end, and a grammar that can only end
+//! stops generation by itself ([`Constraint::is_finished`]).
+//!
+//! [llguidance]: https://github.com/guidance-ai/llguidance
+
+use crate::error::{Result, RuntimeError};
+use crate::tokenizer::{guarded, TextTokenizer, MAX_TOKENIZER_BYTES};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What the output must match.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "kind", content = "source", rename_all = "snake_case")]
+pub enum Grammar {
+    /// A JSON document valid against this JSON schema (`{"type": "object"}`: any object).
+    /// Unless the schema says otherwise (llguidance's `x-guidance` options), the JSON is
+    /// compact: no whitespace between tokens, which keeps small models from filling the
+    /// output with newlines.
+    JsonSchema(Value),
+    /// A grammar in llguidance's Lark syntax (`start: ...`).
+    Lark(String),
+    /// A regular expression the whole output must match.
+    Regex(String),
+}
+
+impl Grammar {
+    fn top_level(&self) -> TopLevelGrammar {
+        match self {
+            Grammar::JsonSchema(schema) => {
+                let mut schema = schema.clone();
+                if let Some(obj) = schema.as_object_mut() {
+                    obj.entry("x-guidance")
+                        .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Grammar::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        }
+    }
+
+    /// What kind of grammar this is, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Grammar::JsonSchema(_) => "JSON schema",
+            Grammar::Lark(_) => "Lark grammar",
+            Grammar::Regex(_) => "regular expression",
+        }
+    }
+}
+
+/// The model's vocabulary as llguidance sees it: each token's bytes, in a trie. Text
+/// llguidance needs tokenized (forced continuations) is tokenized greedily on the trie, not
+/// by the model's tokenizer: it is never fed to the model as a prompt, and a second copy of a
+/// 262k-token tokenizer would cost more memory than the trie itself.
+struct Vocab {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for Vocab {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.greedy_tokenize(s)
+    }
+}
+
+/// The parts of `tokenizer.json` token bytes are made from (the merges, most of the file,
+/// are skipped while parsing).
+#[derive(serde::Deserialize)]
+struct TokenizerParts {
+    #[serde(default)]
+    decoder: Value,
+    #[serde(default)]
+    added_tokens: Value,
+    model: ModelParts,
+}
+
+#[derive(serde::Deserialize)]
+struct ModelParts {
+    #[serde(default)]
+    vocab: Value,
+}
+
+/// Compiles grammars against one model's vocabulary. Building it reads and indexes the
+/// vocabulary (tens of milliseconds for 50k tokens, about a second for 262k), so a server
+/// builds it once, on the first constrained request.
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+}
+
+impl GrammarCompiler {
+    /// For the model in `dir` (its `tokenizer.json`, checked against the manifest), whose
+    /// logits have `vocab_size` entries and whose end-of-generation tokens `tokenizer`
+    /// knows.
+    pub fn load(dir: &Path, tokenizer: &TextTokenizer, vocab_size: usize) -> Result<Self> {
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = crate::plan::parse_manifest(dir, &bytes)?;
+        let path = dir.join("tokenizer.json");
+        let file = gds_io::read_model_file(dir, &m, "tokenizer.json", MAX_TOKENIZER_BYTES)?
+            .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;
+        let parts: TokenizerParts = serde_json::from_slice(&file.bytes)
+            .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
+        drop(file);
+        let json = serde_json::json!({
+            "decoder": parts.decoder,
+            "added_tokens": parts.added_tokens,
+            "model": {"vocab": parts.model.vocab},
+        });
+        let what = format!("{} (token bytes for constrained decoding)", path.display());
+        let token_bytes = guarded(&what, || llguidance::token_bytes_from_tokenizer_json(&json))?;
+        drop(json);
+        let compiler = Self::new(token_bytes, tokenizer, vocab_size);
+        crate::tokenizer::release_freed_heap();
+        compiler
+    }
+
+    /// From each token's bytes (special tokens prefixed with [`TokTrie::SPECIAL_TOKEN_MARKER`],
+    /// which grammars cannot produce as text).
+    pub fn new(
+        mut token_bytes: Vec<Vec<u8>>,
+        tokenizer: &TextTokenizer,
+        vocab_size: usize,
+    ) -> Result<Self> {
+        if token_bytes.len() > vocab_size {
+            return Err(RuntimeError::Grammar(format!(
+                "the tokenizer has {} tokens, more than the model's {vocab_size} logits",
+                token_bytes.len()
+            )));
+        }
+        // ids the tokenizer does not define (padding rows of the embedding) can never be
+        // produced: a special placeholder each
+        token_bytes.resize(vocab_size, Vec::new());
+        for (id, b) in token_bytes.iter_mut().enumerate() {
+            if b.is_empty() {
+                *b = format!("\u{ff}<[{id}]>").into_bytes();
+                b[0] = TokTrie::SPECIAL_TOKEN_MARKER;
+            }
+        }
+        let eog = tokenizer.eog_ids();
+        let info = TokRxInfo::new(vocab_size as u32, eog.first().copied().unwrap_or(0));
+        let mut trie = TokTrie::from(&info, &token_bytes);
+        if eog.len() > 1 {
+            trie = trie.with_eos_tokens(eog);
+        }
+        let env: TokEnv = Arc::new(Vocab { trie });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| RuntimeError::Grammar(format!("indexing the vocabulary: {e}")))?;
+        factory.quiet();
+        Ok(GrammarCompiler { factory })
+    }
+
+    /// Compiles `grammar` into a fresh constraint (nothing generated yet). The error says
+    /// what in the grammar is wrong.
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+        let parser = self
+            .factory
+            .create_parser(grammar.top_level())
+            .map_err(|e| {
+                RuntimeError::Grammar(format!("{} does not compile: {e}", grammar.kind()))
+            })?;
+        let mut matcher = Matcher::new(Ok(parser));
+        // the first mask too: some grammars build their lexer lazily and only then hit
+        // llguidance's limits (`(x{1000}){1000}`), which is the request's fault
+        let first = matcher.compute_mask();
+        if let Some(e) = matcher.get_error().or(first.err().map(|e| e.to_string())) {
+            return Err(RuntimeError::Grammar(format!(
+                "{} does not compile: {}",
+                grammar.kind(),
+                brief(&e)
+            )));
+        }
+        Ok(Constraint { matcher })
+    }
+}
+
+/// The tokens a grammar allows at one position.
+pub struct Mask(SimpleVob);
+
+impl Mask {
+    /// Sets every logit the mask does not allow to −∞. An error when no token with a finite
+    /// logit is left (nothing can be sampled).
+    pub fn apply(&self, logits: &mut [f32]) -> Result<()> {
+        let mut any = false;
+        for (id, l) in logits.iter_mut().enumerate() {
+            if self.0.is_allowed(id as TokenId) {
+                any |= *l > f32::NEG_INFINITY;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        if any {
+            Ok(())
+        } else {
+            Err(RuntimeError::Grammar(
+                "the grammar allows no token here".into(),
+            ))
+        }
+    }
+}
+
+/// llguidance's error without the parser state dump it appends (`\n<state>...`).
+fn brief(e: &str) -> &str {
+    e.split("\n<state>").next().unwrap_or(e).trim_end()
+}
+
+/// One sequence's grammar state: which tokens may come next.
+pub struct Constraint {
+    matcher: Matcher,
+}
+
+impl Constraint {
+    /// Which tokens the grammar allows next (end-of-generation tokens where it may end).
+    /// Depends only on the tokens accepted so far, so it can be computed while the forward
+    /// pass that produces the logits runs. An error means the grammar allows nothing more
+    /// (llguidance's limits were hit): generation must end.
+    pub fn compute_mask(&mut self) -> Result<Mask> {
+        self.matcher
+            .compute_mask_or_eos()
+            .map(Mask)
+            .map_err(|e| RuntimeError::Grammar(brief(&e.to_string()).to_string()))
+    }
+
+    /// [`Constraint::compute_mask`] applied to `logits` at once.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        self.compute_mask()?.apply(logits)
+    }
+
+    /// Records the token that was sampled (one the mask allowed).
+    pub fn accept(&mut self, token: u32) -> Result<()> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| RuntimeError::Grammar(brief(&e.to_string()).to_string()))
+    }
+
+    /// Whether the grammar is complete and nothing may follow: generation ends here, as at
+    /// an end-of-generation token.
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
