@@ -1307,6 +1307,19 @@ fn rope_parameters<'a>(cfg: &Config<'a>) -> (Option<Config<'a>>, Option<Config<'
 }
 
 /// The family-specific keys of `spec` (`hf_keys`, else `hf_defaults`). Gemma 3's window
+/// `key` of config.json, else `sub_key` of transformers 5's `rope_parameters` (of its
+/// sliding-window part when `local`).
+fn rope_f64(cfg: &Config, key: &str, local: bool, sub_key: &str) -> Result<Option<f64>> {
+    if let Some(v) = cfg.f64_opt(key)? {
+        return Ok(Some(v));
+    }
+    let (global, sliding) = rope_parameters(cfg);
+    match if local { sliding } else { global } {
+        Some(sub) => sub.f64_opt(sub_key),
+        None => Ok(None),
+    }
+}
+
 /// pattern comes from `layer_types` when the config lists them (transformers ≥ 4.53), else
 /// from `sliding_window_pattern`.
 fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<()> {
@@ -1319,21 +1332,11 @@ fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<
             "model.sliding_window_pattern" if cfg.get("layer_types").is_some() => {
                 Some(MetaValue::U64(window_pattern(cfg)?))
             }
-            "model.rope_theta_local" if cfg.get(key).is_none() => match rope_parameters(cfg).1 {
-                Some(sub) => sub.f64_opt("rope_theta")?.map(MetaValue::F64),
-                None => None,
-            },
+            "model.rope_theta_local" => rope_f64(cfg, key, true, "rope_theta")?.map(MetaValue::F64),
             // Phi-3: RoPE on the first partial_rotary_factor × head_dim dimensions
             // (transformers ≥ 5 puts the factor into rope_parameters)
             "model.rope_dims" => {
-                let factor = match cfg.f64_opt(key)? {
-                    Some(f) => Some(f),
-                    None => match rope_parameters(cfg).0 {
-                        Some(sub) => sub.f64_opt(key)?,
-                        None => None,
-                    },
-                };
-                match (factor, md.get("model.head_dim")) {
+                match (rope_f64(cfg, key, false, key)?, md.get("model.head_dim")) {
                     (Some(f), Some(MetaValue::U64(hd))) => {
                         let dims = (*hd as f64 * f).round();
                         if !(f > 0.0 && f <= 1.0) || dims < 2.0 || dims % 2.0 != 0.0 {

@@ -154,6 +154,15 @@ fn ring_geometry(ctx: usize, window: usize, slack: usize) -> Option<(usize, usiz
     (len * block < ctx).then_some((block, len))
 }
 
+/// The ring geometry for layers with `windows` (the largest window decides), or `None` when
+/// no layer has a window or a ring would not be smaller than the context.
+fn windows_ring(ctx: usize, windows: &[Option<usize>], slack: usize) -> Option<(usize, usize)> {
+    let window = windows.iter().flatten().copied().max().unwrap_or(0);
+    (window > 0)
+        .then(|| ring_geometry(ctx, window, slack))
+        .flatten()
+}
+
 /// Most positions per ring block (fewer for a window below it): small enough that a ring
 /// wastes little past the window, large enough that attention walks few blocks.
 const RING_BLOCK: usize = 64;
@@ -167,10 +176,33 @@ impl KvCache {
         ctx: usize,
         kv_dim: usize,
     ) -> KvCache {
-        let n = n_layers * n_seqs * ctx * kv_dim;
+        let layer_len = n_seqs * ctx * kv_dim;
+        let layers = uniform(n_layers, layer_len, ctx.max(1));
+        Self::contiguous(
+            dtype,
+            n_seqs,
+            ctx,
+            kv_dim,
+            layers,
+            n_layers * layer_len,
+            None,
+        )
+    }
+
+    /// One block of the whole context per sequence, the layers laid out as `layers` say in
+    /// `n` elements of K (and of V), with the window rings `ring` if any.
+    fn contiguous(
+        dtype: KvDtype,
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        layers: Vec<LayerGeo>,
+        n: usize,
+        ring: Option<Ring>,
+    ) -> KvCache {
         KvCache {
             dtype,
-            n_layers,
+            n_layers: layers.len(),
             n_seqs,
             ctx,
             kv_dim,
@@ -181,8 +213,8 @@ impl KvCache {
             tables: (0..n_seqs as u32).map(|s| vec![s]).collect(),
             refs: vec![1; n_seqs],
             free: Vec::new(),
-            layers: uniform(n_layers, n_seqs * ctx * kv_dim, ctx.max(1)),
-            ring: None,
+            layers,
+            ring,
         }
     }
 
@@ -200,10 +232,7 @@ impl KvCache {
     ) -> KvCache {
         let n_layers = windows.len();
         let window = windows.iter().flatten().copied().max().unwrap_or(0);
-        let Some((rb, len)) = (window > 0)
-            .then(|| ring_geometry(ctx, window, slack))
-            .flatten()
-        else {
+        let Some((rb, len)) = windows_ring(ctx, windows, slack) else {
             return KvCache::new(dtype, n_layers, n_seqs, ctx, kv_dim);
         };
         let (full_len, ring_len) = (n_seqs * ctx * kv_dim, n_seqs * len * rb * kv_dim);
@@ -227,30 +256,16 @@ impl KvCache {
                 g
             })
             .collect();
-        KvCache {
-            dtype,
-            n_layers,
-            n_seqs,
-            ctx,
-            kv_dim,
-            block: ctx.max(1),
-            n_blocks: n_seqs,
-            k: KvData::new(dtype, base),
-            v: KvData::new(dtype, base),
-            tables: (0..n_seqs as u32).map(|s| vec![s]).collect(),
-            refs: vec![1; n_seqs],
-            free: Vec::new(),
-            layers,
-            ring: Some(Ring {
-                block: rb,
-                len,
-                window,
-                slack,
-                tables: (0..n_seqs)
-                    .map(|s| (s * len..(s + 1) * len).map(|b| b as u32).collect())
-                    .collect(),
-            }),
-        }
+        let ring = Ring {
+            block: rb,
+            len,
+            window,
+            slack,
+            tables: (0..n_seqs)
+                .map(|s| (s * len..(s + 1) * len).map(|b| b as u32).collect())
+                .collect(),
+        };
+        Self::contiguous(dtype, n_seqs, ctx, kv_dim, layers, base, Some(ring))
     }
 
     /// Bytes of [`KvCache::with_window_ring`] for one sequence (what `--plan` reports).
@@ -261,10 +276,7 @@ impl KvCache {
         windows: &[Option<usize>],
         slack: usize,
     ) -> usize {
-        let window = windows.iter().flatten().copied().max().unwrap_or(0);
-        let ring = (window > 0)
-            .then(|| ring_geometry(ctx, window, slack))
-            .flatten();
+        let ring = windows_ring(ctx, windows, slack);
         let rows: usize = windows
             .iter()
             .map(|w| match (w, ring) {
@@ -281,11 +293,7 @@ impl KvCache {
         windows: &[Option<usize>],
         slack: usize,
     ) -> Option<usize> {
-        let window = windows.iter().flatten().copied().max().unwrap_or(0);
-        (window > 0)
-            .then(|| ring_geometry(ctx, window, slack))
-            .flatten()
-            .map(|(rb, len)| rb * len)
+        windows_ring(ctx, windows, slack).map(|(rb, len)| rb * len)
     }
 
     /// With window rings: the most positions one pass may add to a sequence.

@@ -403,53 +403,9 @@ fn same_as_cli(model: &std::path::Path, extra: &[&str]) -> Value {
     r
 }
 
-/// The log-probabilities of the greedy continuation of `tokens` (`steps` tokens, or up to
-/// `<|im_end|>`), computed by the model directly (no server): each token with its top 3.
-fn greedy_logprobs(tokens: &[u32], steps: usize) -> Vec<(u32, TokenLogprobs)> {
-    use gds_runtime::perplexity::eval_positions;
-    use gds_runtime::{Batch, KvCache, Model, Plan, PlanOptions, RunState};
-    let plan = Plan::build(&PlanOptions {
-        model_dir: gds_tests::smollm_converted().to_path_buf(),
-        ctx: Some(1024),
-        threads: Some(2),
-        backend: Some("cpu".into()),
-        raw: true,
-        ..Default::default()
-    })
-    .unwrap();
-    let model = Model::open(&plan).unwrap();
-    let c = &model.config;
-    let mut seq = tokens.to_vec();
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        let n = seq.len();
-        let mut st = RunState::new(c, n, 1, model.ctx(), model.threads());
-        let mut kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, model.ctx(), c.kv_dim());
-        let mut last = Vec::new();
-        eval_positions(
-            &model,
-            &mut st,
-            &mut kv,
-            &mut Batch::with_capacity(n),
-            &seq,
-            0,
-            n - 1..n,
-            &mut |_, l| last = l.to_vec(),
-        )
-        .unwrap();
-        let best = TokenLogprobs::of(&last, 0, 1).top[0].0;
-        if best == 0 || best == 2 {
-            break; // <|endoftext|>, <|im_end|>: the server stops without reporting them
-        }
-        out.push((best, TokenLogprobs::of(&last, best, 3)));
-        seq.push(best);
-    }
-    out
-}
-
-/// The log-probabilities of every prompt token from the second on, from the model directly
-/// (top 2 alternatives).
-fn prompt_logprobs(tokens: &[u32]) -> Vec<TokenLogprobs> {
+/// The logits at `positions` of `tokens` (one pass from position 0), from SmolLM2 evaluated
+/// directly, without the server: `(position, logits)` in order.
+fn model_logits(tokens: &[u32], positions: std::ops::Range<usize>) -> Vec<(usize, Vec<f32>)> {
     use gds_runtime::perplexity::eval_positions;
     use gds_runtime::{Batch, KvCache, Model, Plan, PlanOptions, RunState};
     let plan = Plan::build(&PlanOptions {
@@ -464,7 +420,7 @@ fn prompt_logprobs(tokens: &[u32]) -> Vec<TokenLogprobs> {
     let model = Model::open(&plan).unwrap();
     let c = &model.config;
     let n = tokens.len();
-    let mut st = RunState::new(c, n, n, model.ctx(), model.threads());
+    let mut st = RunState::new(c, n, positions.len(), model.ctx(), model.threads());
     let mut kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, model.ctx(), c.kv_dim());
     let mut out = Vec::new();
     eval_positions(
@@ -474,11 +430,38 @@ fn prompt_logprobs(tokens: &[u32]) -> Vec<TokenLogprobs> {
         &mut Batch::with_capacity(n),
         tokens,
         0,
-        0..n - 1,
-        &mut |p, l| out.push(TokenLogprobs::of(l, tokens[p + 1], 2)),
+        positions,
+        &mut |p, l| out.push((p, l.to_vec())),
     )
     .unwrap();
     out
+}
+
+/// The log-probabilities of the greedy continuation of `tokens` (`steps` tokens, or up to
+/// `<|im_end|>`), computed by the model directly (no server): each token with its top 3.
+fn greedy_logprobs(tokens: &[u32], steps: usize) -> Vec<(u32, TokenLogprobs)> {
+    let mut seq = tokens.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let n = seq.len();
+        let (_, last) = model_logits(&seq, n - 1..n).pop().unwrap();
+        let best = TokenLogprobs::of(&last, 0, 1).top[0].0;
+        if best == 0 || best == 2 {
+            break; // <|endoftext|>, <|im_end|>: the server stops without reporting them
+        }
+        out.push((best, TokenLogprobs::of(&last, best, 3)));
+        seq.push(best);
+    }
+    out
+}
+
+/// The log-probabilities of every prompt token from the second on, from the model directly
+/// (top 2 alternatives).
+fn prompt_logprobs(tokens: &[u32]) -> Vec<TokenLogprobs> {
+    model_logits(tokens, 0..tokens.len() - 1)
+        .into_iter()
+        .map(|(p, l)| TokenLogprobs::of(&l, tokens[p + 1], 2))
+        .collect()
 }
 
 /// `logprobs` through the official client: every number is the model's own log-softmax at
