@@ -166,6 +166,9 @@ struct Common {
 /// Most prompts in one completions request.
 const MAX_PROMPTS: usize = 64;
 
+/// Most choices per prompt (`n`).
+const MAX_N: usize = 16;
+
 /// Most alternatives per token a request may ask for (OpenAI's limit for chat).
 const MAX_TOP_LOGPROBS: i64 = 20;
 
@@ -318,6 +321,37 @@ struct Job {
     echo: bool,
     /// The grammar the output follows, and the request field that gave it.
     grammar: Option<(Grammar, &'static str)>,
+    /// Choices asked for this prompt (`n`); [`expand`] makes one job per choice.
+    n: usize,
+    /// Which of the `n` choices this job is (0 for the first).
+    copy: usize,
+    /// Shared by the `n` choices of one prompt: the engine prefills the prompt once and the
+    /// others start from its cached blocks.
+    group: Option<u64>,
+}
+
+/// One job per choice: `n` copies of each job, the `i`-th sampling with seed + `i` (so
+/// the choices differ, and the same request gives the same choices).
+fn expand(jobs: Vec<Job>) -> Vec<Job> {
+    let mut out = Vec::new();
+    for j in jobs {
+        let group = (j.n > 1).then(random_seed);
+        for copy in 0..j.n {
+            let mut sampler = j.sampler.clone();
+            sampler.seed = sampler.seed.wrapping_add(copy as u64);
+            out.push(Job {
+                prompt: j.prompt.clone(),
+                sampler,
+                stop: j.stop.clone(),
+                model: j.model.clone(),
+                grammar: j.grammar.clone(),
+                copy,
+                group,
+                ..j
+            });
+        }
+    }
+    out
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -379,8 +413,16 @@ fn job(
         ))
         .param("prompt"));
     }
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("only n = 1 is supported").param("n"));
+    let n = match c.n {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::bad(format!("n {n} must be in 1..={MAX_N}")).param("n")),
+    };
+    if n > 1 && c.stream == Some(true) {
+        return Err(ApiError::bad("stream takes n = 1").param("n"));
+    }
+    if n > 1 && echo {
+        return Err(ApiError::bad("echo takes n = 1").param("n"));
     }
     let room = ctx - prompt.len();
     let max_tokens = match c.max_tokens.or(c.max_completion_tokens) {
@@ -444,6 +486,9 @@ fn job(
         logprobs,
         echo,
         grammar,
+        n,
+        copy: 0,
+        group: None,
     })
 }
 
@@ -520,6 +565,7 @@ fn submit(
         logprobs: job.logprobs,
         echo: job.echo,
         constraint,
+        group: job.group,
         tx,
         received: Instant::now(),
     };
@@ -836,11 +882,12 @@ fn timings(end: &End, prompt_tokens: usize) -> Value {
     })
 }
 
-fn usage(prompt_tokens: usize, completion: usize) -> Value {
+fn usage(prompt_tokens: usize, completion: usize, cached: usize) -> Value {
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -912,13 +959,11 @@ async fn complete(
     Ok((choice, end))
 }
 
-/// Runs `jobs` (several: the prompts of one completions request, admitted together, one
-/// choice each; streamed: exactly one) and answers in the format of `kind`.
-async fn respond(
-    st: Arc<ServerState>,
-    mut jobs: Vec<Job>,
-    kind: Kind,
-) -> Result<Response, ApiError> {
+/// Runs `jobs` (several: the prompts of one completions request and `n` choices of each,
+/// admitted together, one choice each in that order; streamed: exactly one) and answers in
+/// the format of `kind`.
+async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Response, ApiError> {
+    let mut jobs = expand(jobs);
     let id = format!(
         "{}-{:016x}",
         if kind == Kind::Chat {
@@ -936,15 +981,26 @@ async fn respond(
             .enumerate()
             .map(|(i, j)| complete(&st, j, kind, i));
         let results = futures_util::future::try_join_all(runs).await?;
-        let n_prompt: usize = jobs.iter().map(|j| j.prompt.len()).sum();
+        // a prompt counts once, however many choices it has
+        let n_prompt: usize = jobs
+            .iter()
+            .filter(|j| j.copy == 0)
+            .map(|j| j.prompt.len())
+            .sum();
         let n_completion: usize = results.iter().map(|(_, e)| e.completion_tokens).sum();
+        let cached: usize = jobs
+            .iter()
+            .zip(&results)
+            .filter(|(j, _)| j.copy == 0)
+            .map(|(_, (_, e))| e.done.as_ref().map_or(0, |d| d.cached_tokens))
+            .sum();
         let mut body = json!({
             "id": id,
             "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
             "created": created,
             "model": model,
             "choices": results.iter().map(|(c, _)| c.clone()).collect::<Vec<_>>(),
-            "usage": usage(n_prompt, n_completion),
+            "usage": usage(n_prompt, n_completion, cached),
         });
         if let [(_, end)] = &results[..] {
             body["timings"] = timings(end, n_prompt);
@@ -1012,7 +1068,7 @@ async fn respond(
                         Kind::Completion => json!({"text": "", "index": 0, "logprobs": null, "finish_reason": e.finish}),
                         Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": e.finish}),
                     };
-                    out.push(chunk(fin, Some((usage(n_prompt, e.completion_tokens), timings(&e, n_prompt)))));
+                    out.push(chunk(fin, Some((usage(n_prompt, e.completion_tokens, e.done.as_ref().map_or(0, |d| d.cached_tokens)), timings(&e, n_prompt)))));
                     out.push(SseEvent::default().data("[DONE]"));
                     Some((out, None))
                 }

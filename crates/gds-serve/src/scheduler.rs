@@ -122,6 +122,10 @@ pub struct Request {
     /// complete, and end-of-generation tokens are allowed only where it may end
     /// (`ignore_eos` does not apply).
     pub constraint: Option<Constraint>,
+    /// The choices of one prompt (`n` > 1) share a group: while one of them prefills the
+    /// prompt, the others wait in the queue, then start from its cached blocks instead of
+    /// computing the same prompt again.
+    pub group: Option<u64>,
     /// Where events go; dropping the receiver cancels the request.
     pub tx: mpsc::UnboundedSender<Event>,
     /// Set by the front end when it ends the request itself (a stop string matched) before
@@ -385,6 +389,15 @@ impl Engine {
             let Some(front) = self.waiting.front() else {
                 break;
             };
+            if let Some(g) = front.req.group {
+                let sibling_prefilling = self
+                    .running
+                    .iter()
+                    .any(|s| s.req.group == Some(g) && !s.indexed);
+                if sibling_prefilling {
+                    break;
+                }
+            }
             let len = front.tokens.len();
             let max_shared = (len - 1) / block;
             // a scored prompt needs the logits of every position: nothing shared

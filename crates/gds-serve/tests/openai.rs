@@ -111,7 +111,9 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         b"{\"prompt\": \"hi\", \"top_p\": 7}",
         b"{\"prompt\": \"hi\", \"top_k\": -2}",
         b"{\"prompt\": \"hi\", \"stop\": [\"\"]}",
-        b"{\"prompt\": \"hi\", \"n\": 3}",
+        b"{\"prompt\": \"hi\", \"n\": 17}",
+        b"{\"prompt\": \"hi\", \"n\": 0}",
+        b"{\"prompt\": \"hi\", \"n\": 2, \"stream\": true}",
         b"{\"prompt\": [4000000000]}",
         b"{\"prompt\": [1, 2, 99999999]}",
         b"{\"prompt\": \"hi\", \"seed\": \"x\"}",
@@ -683,4 +685,54 @@ fn structured_outputs_always_follow_the_schema() {
     assert!(value("constrained_tokens_total") > 24.0 * 10.0);
     assert!(value("constraint_mask_seconds_total") > 0.0);
     assert!(value("grammars_compiled_total") >= 28.0);
+}
+
+/// `n` choices of one prompt: `index` 0..n in order, different texts (seed + i each), the
+/// same choices again for the same seed, the prompt counted once in `usage`, and the
+/// prompt prefilled once: the other choices start from its cached blocks (`/metrics`).
+#[test]
+fn n_choices_share_the_prompt() {
+    let _one = serial();
+    let s = start(&[]);
+    let cached = |addr: &str| -> u64 {
+        let (_, m) = http(addr, "GET", "/metrics", None);
+        m.lines()
+            .find_map(|l| l.strip_prefix("gds_prompt_tokens_cached_total "))
+            .and_then(|v| v.parse().ok())
+            .expect("gds_prompt_tokens_cached_total in /metrics")
+    };
+    let body = br#"{"messages": [{"role": "user", "content": "Write one sentence about the sea, please, in your own words."}], "n": 4, "max_tokens": 12, "temperature": 1.0, "seed": 42}"#;
+    let before = cached(&s.addr);
+    let (status, text) = http(&s.addr, "POST", "/v1/chat/completions", Some(body));
+    assert_eq!(status, 200, "{text}");
+    let a: Value = serde_json::from_str(&text).unwrap();
+    let choices = a["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4, "{a}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "{a}");
+        assert!(!c["message"]["content"].as_str().unwrap().is_empty(), "{a}");
+    }
+    let texts: std::collections::HashSet<&str> = choices
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap())
+        .collect();
+    assert!(texts.len() >= 2, "the choices sample differently: {a}");
+    let prompt_tokens = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens > 32, "{a}");
+    let completion: u64 = 4 * 12;
+    assert!(a["usage"]["completion_tokens"].as_u64().unwrap() <= completion);
+    // three choices start from the first one's full prompt blocks (16 positions each)
+    let shared = cached(&s.addr) - before;
+    assert!(
+        shared >= 3 * (prompt_tokens / 16 * 16 - 16),
+        "{shared} prompt tokens came from the cache"
+    );
+    let (_, again) = http(&s.addr, "POST", "/v1/chat/completions", Some(body));
+    let b: Value = serde_json::from_str(&again).unwrap();
+    for i in 0..4 {
+        assert_eq!(
+            a["choices"][i]["message"]["content"], b["choices"][i]["message"]["content"],
+            "same seed, same choice {i}"
+        );
+    }
 }
