@@ -11,10 +11,17 @@ use serde::Serialize;
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Message {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant's tool calls, in OpenAI's form (`[{"id", "type": "function",
+    /// "function": {"name", "arguments"}}]`), which tool-aware templates render.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -23,6 +30,8 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -56,6 +65,7 @@ impl ChatTemplate {
             },
         );
         env.add_function("strftime_now", |fmt: String| strftime(&fmt, now_unix()));
+        env.add_filter("tojson", tojson);
         env.set_unknown_method_callback(pycompat);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| RuntimeError::Template(e.to_string()))?;
@@ -74,6 +84,23 @@ impl ChatTemplate {
 
     /// Renders a conversation.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// Whether the template renders a `tools` variable (function definitions), as the
+    /// tool-calling templates of Qwen, Llama 3.1+, Mistral and Hermes do.
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// Renders a conversation, with `tools` (OpenAI's list of
+    /// `{"type": "function", "function": {...}}`) in the template's `tools` variable.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .get_template("chat")
@@ -83,8 +110,122 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
+            tools => tools,
         })
         .map_err(|e| RuntimeError::Template(e.to_string()))
+    }
+}
+
+/// `tojson` as Hugging Face defines it for chat templates (Python's `json.dumps` with
+/// `ensure_ascii=False`): `", "` and `": "` between items (`",\n"` and indentation with
+/// `indent`), keys in their order (`sort_keys` sorts), text as it is. minijinja's own
+/// filter writes compact, HTML-escaped JSON, which is not what the models were trained on
+/// (function definitions in tool-calling prompts are rendered with it).
+fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let bad = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, e.to_string());
+    let mut v = serde_json::to_value(&value).map_err(bad)?;
+    if sort_keys == Some(true) {
+        v.sort_all_objects();
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(
+        &mut out,
+        PyJson {
+            indent: indent.map(|n| vec![b' '; n]),
+            level: 0,
+            filled: Vec::new(),
+        },
+    );
+    serde::Serialize::serialize(&v, &mut ser).map_err(bad)?;
+    Ok(Value::from_safe_string(String::from_utf8(out).map_err(
+        |e| Error::new(ErrorKind::InvalidOperation, e.to_string()),
+    )?))
+}
+
+/// Python's `json.dumps` layout: `", "` / `": "`, or with an indent one item per line.
+struct PyJson {
+    indent: Option<Vec<u8>>,
+    level: usize,
+    /// Per open container: whether it has an item yet (an empty one closes on its line).
+    filled: Vec<bool>,
+}
+
+impl PyJson {
+    fn newline<W: ?Sized + std::io::Write>(&self, w: &mut W) -> std::io::Result<()> {
+        if let Some(unit) = &self.indent {
+            w.write_all(b"\n")?;
+            for _ in 0..self.level {
+                w.write_all(unit)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn separator<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if let Some(f) = self.filled.last_mut() {
+            *f = true;
+        }
+        if !first {
+            w.write_all(if self.indent.is_some() { b"," } else { b", " })?;
+        }
+        self.newline(w)
+    }
+
+    fn open<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.level += 1;
+        self.filled.push(false);
+        w.write_all(b)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.filled.pop() == Some(true) {
+            self.newline(w)?;
+        }
+        w.write_all(b)
+    }
+}
+
+impl serde_json::ser::Formatter for PyJson {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"[")
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.separator(w, first)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"{")
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.separator(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
     }
 }
 

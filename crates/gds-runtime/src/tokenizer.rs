@@ -352,11 +352,37 @@ impl TextTokenizer {
     /// tokenized as plain text (as the library itself tokenizes the pieces between special
     /// tokens). Roles are not guarded: callers pass fixed role names.
     pub fn encode_chat(&self, messages: &[Message], ctx: usize) -> Result<Vec<u32>> {
+        self.encode_chat_with_tools(messages, None, ctx)
+    }
+
+    /// [`TextTokenizer::encode_chat`] with function definitions for the template's `tools`
+    /// variable. Special-token texts in the tools and in messages' tool calls are plain
+    /// text, as in contents.
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        ctx: usize,
+    ) -> Result<Vec<u32>> {
         let template = self.template()?;
-        self.check_fits(messages.iter().map(|m| m.content.len()).sum(), ctx)?;
+        let json_len = |v: Option<&serde_json::Value>| v.map_or(0, |v| v.to_string().len());
+        self.check_fits(
+            messages
+                .iter()
+                .map(|m| m.content.len() + json_len(m.tool_calls.as_ref()))
+                .sum::<usize>()
+                + json_len(tools),
+            ctx,
+        )?;
+        let json_texts: Vec<String> = messages
+            .iter()
+            .filter_map(|m| m.tool_calls.as_ref().map(|v| v.to_string()))
+            .chain(tools.map(|v| v.to_string()))
+            .collect();
         let texts = messages
             .iter()
             .map(|m| m.content.as_str())
+            .chain(json_texts.iter().map(String::as_str))
             .chain([template.source()]);
         let marker = free_marker(texts).ok_or_else(|| {
             RuntimeError::Template("the messages use every private-use character".into())
@@ -367,9 +393,18 @@ impl TextTokenizer {
             .map(|m| Message {
                 role: m.role.clone(),
                 content: self.hide_specials(&m.content, marker, &mut hidden),
+                tool_calls: m
+                    .tool_calls
+                    .as_ref()
+                    .map(|v| self.hide_specials_json(v, marker, &mut hidden)),
+                tool_call_id: m
+                    .tool_call_id
+                    .as_ref()
+                    .map(|id| self.hide_specials(id, marker, &mut hidden)),
             })
             .collect();
-        let rendered = template.render(&guarded, true)?;
+        let tools = tools.map(|v| self.hide_specials_json(v, marker, &mut hidden));
+        let rendered = template.render_with_tools(&guarded, true, tools.as_ref())?;
         self.check_fits(rendered.len(), ctx)?;
         let with_bos = self.bos_text.is_empty() || !rendered.starts_with(&self.bos_text);
         if hidden.is_empty() {
@@ -409,6 +444,45 @@ impl TextTokenizer {
             }
         }
         out
+    }
+
+    /// [`TextTokenizer::hide_specials`] on every string (keys included) of a JSON value.
+    fn hide_specials_json(
+        &self,
+        v: &serde_json::Value,
+        marker: char,
+        hidden: &mut Vec<String>,
+    ) -> serde_json::Value {
+        use serde_json::Value as J;
+        match v {
+            J::String(s) => J::String(self.hide_specials(s, marker, hidden)),
+            J::Array(a) => J::Array(
+                a.iter()
+                    .map(|x| self.hide_specials_json(x, marker, hidden))
+                    .collect(),
+            ),
+            J::Object(o) => J::Object(
+                o.iter()
+                    .map(|(k, x)| {
+                        (
+                            self.hide_specials(k, marker, hidden),
+                            self.hide_specials_json(x, marker, hidden),
+                        )
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    /// Whether the chat template takes function definitions (`tools`).
+    pub fn chat_takes_tools(&self) -> bool {
+        self.template.as_ref().is_some_and(|t| t.takes_tools())
+    }
+
+    /// The chat template's source, when the model has one.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.template.as_ref().map(|t| t.source())
     }
 
     /// `content` with each special-token text replaced by `marker`, its index in `hidden`,

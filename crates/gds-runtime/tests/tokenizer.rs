@@ -136,3 +136,58 @@ fn the_length_bound_never_refuses_text_that_fits() {
         );
     }
 }
+
+/// A tool-calling conversation (function definitions, an assistant turn with two calls, two
+/// tool results) rendered with Qwen2.5-Instruct's template exactly as transformers'
+/// `apply_chat_template(tools=...)` renders it (`fixtures/templates/qwen2.5-tools.golden.json`,
+/// made by scripts/reference/tool_template_golden.py): Python's `tojson` layout, key order
+/// kept, non-ASCII text as is.
+#[test]
+fn tool_conversation_renders_like_transformers() {
+    use gds_runtime::chat::ChatTemplate;
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(gds_tests::fixture("templates/qwen2.5-tools.golden.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let src =
+        std::fs::read_to_string(gds_tests::fixture("templates/qwen2.5-instruct.jinja")).unwrap();
+    let t = ChatTemplate::new(&src, "", "<|im_end|>").unwrap();
+    assert!(t.takes_tools());
+    let msgs: Vec<Message> = golden["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let mut msg = Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
+            msg.tool_calls = m.get("tool_calls").cloned();
+            msg.tool_call_id = m
+                .get("tool_call_id")
+                .and_then(|v| v.as_str())
+                .map(Into::into);
+            msg
+        })
+        .collect();
+    let out = t
+        .render_with_tools(&msgs, true, Some(&golden["tools"]))
+        .unwrap();
+    assert_eq!(out, golden["rendered"].as_str().unwrap());
+}
+
+/// `tojson(indent=N)` as Python's `json.dumps(indent=N)` lays it out (Llama 3.1's template
+/// renders function definitions so).
+#[test]
+fn tojson_with_indent_is_pythons_layout() {
+    use gds_runtime::chat::ChatTemplate;
+    let t = ChatTemplate::new(
+        "{{ {'a': [1, 2], 'b': {}, 'c': 'x<y'} | tojson(indent=2) }}|{{ [] | tojson }}",
+        "",
+        "",
+    )
+    .unwrap();
+    let out = t.render(&[Message::new("user", "")], false).unwrap();
+    assert_eq!(
+        out,
+        "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": {},\n  \"c\": \"x<y\"\n}|[]"
+    );
+}

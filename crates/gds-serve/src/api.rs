@@ -2,6 +2,7 @@
 //! response and server-sent-event formats.
 
 use crate::scheduler::{Done, Event, Finish, Request, TokenLogprobs};
+use crate::tools::Tools;
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -110,6 +111,12 @@ struct ChatMessage {
     /// A string or a list of parts (`{"type": "text", "text": ...}`).
     #[serde(default)]
     content: Option<Value>,
+    /// An assistant's calls (`[{"id", "type": "function", "function": {"name", "arguments"}}]`).
+    #[serde(default)]
+    tool_calls: Option<Value>,
+    /// A tool result: the call it answers.
+    #[serde(default)]
+    tool_call_id: Option<String>,
 }
 
 /// The fields both endpoints share; unknown fields are ignored like OpenAI's SDKs expect.
@@ -304,6 +311,35 @@ struct CompletionBody {
 #[derive(Deserialize, Debug)]
 struct ChatBody {
     messages: Vec<ChatMessage>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+}
+
+/// An assistant message's `tool_calls` as templates expect them: a list, each call's
+/// `arguments` an object (OpenAI sends a JSON string; Hugging Face templates apply `tojson`).
+fn template_tool_calls(v: &Value) -> Result<Value, ApiError> {
+    let bad = || {
+        ApiError::bad("tool_calls must be a list of {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}")
+            .param("messages")
+    };
+    let mut calls = v.as_array().ok_or_else(bad)?.clone();
+    for c in &mut calls {
+        let f = c.get_mut("function").ok_or_else(bad)?;
+        if !f.get("name").is_some_and(Value::is_string) {
+            return Err(bad());
+        }
+        if let Some(Value::String(a)) = f.get("arguments") {
+            let parsed = serde_json::from_str::<Value>(a).map_err(|e| {
+                ApiError::bad(format!("tool call arguments are not JSON: {e}")).param("messages")
+            })?;
+            f["arguments"] = parsed;
+        }
+    }
+    Ok(Value::Array(calls))
 }
 
 /// A validated generation job.
@@ -321,6 +357,8 @@ struct Job {
     echo: bool,
     /// The grammar the output follows, and the request field that gave it.
     grammar: Option<(Grammar, &'static str)>,
+    /// Chat with tools: how replies are parsed for calls.
+    tools: Option<Arc<Tools>>,
     /// Choices asked for this prompt (`n`); [`expand`] makes one job per choice.
     n: usize,
     /// Which of the `n` choices this job is (0 for the first).
@@ -345,6 +383,7 @@ fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 stop: j.stop.clone(),
                 model: j.model.clone(),
                 grammar: j.grammar.clone(),
+                tools: j.tools.clone(),
                 copy,
                 group,
                 ..j
@@ -486,6 +525,7 @@ fn job(
         logprobs,
         echo,
         grammar,
+        tools: None,
         n,
         copy: 0,
         group: None,
@@ -521,7 +561,7 @@ async fn constrain(st: &Arc<ServerState>, job: &Job) -> Result<Option<Constraint
         .map_err(|e| ApiError::bad(e).param(param))
 }
 
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
@@ -952,9 +992,19 @@ async fn complete(
         Kind::Completion => {
             json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": end.finish})
         }
-        Kind::Chat => {
-            json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": end.finish})
-        }
+        Kind::Chat => match job
+            .tools
+            .as_deref()
+            .filter(|t| t.parses())
+            .map(|t| t.parse(&text))
+        {
+            Some((content, calls)) if !calls.is_empty() => {
+                json!({"index": index, "message": {"role": "assistant", "content": content, "tool_calls": calls}, "logprobs": logprobs, "finish_reason": "tool_calls"})
+            }
+            _ => {
+                json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": end.finish})
+            }
+        },
     };
     Ok((choice, end))
 }
@@ -1047,26 +1097,59 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         )
     });
     let chunk2 = chunk.clone();
-    let body = stream::unfold(Some(gen), move |g| {
+    // with tools, a reply may be calls: it is held back whole and sent at the end, as calls
+    // (each one delta with its id, name and arguments) or as text
+    let tools = job
+        .tools
+        .clone()
+        .filter(|t| t.parses() && kind == Kind::Chat);
+    let body = stream::unfold(Some((gen, String::new())), move |g| {
         let chunk = chunk2.clone();
+        let tools = tools.clone();
         async move {
-            let mut g = g?;
+            let (mut g, mut held) = g?;
             match g.next().await {
+                Some(Piece::Text(t)) if tools.is_some() => {
+                    held.push_str(&t);
+                    Some((Vec::new(), Some((g, held))))
+                }
                 Some(Piece::Text(t)) => {
                     let lp = g.take_logprobs(kind);
-                    Some((vec![chunk(text_choice(t, lp), None)], Some(g)))
+                    Some((vec![chunk(text_choice(t, lp), None)], Some((g, held))))
                 }
                 Some(Piece::End(e)) => {
                     let mut out = Vec::new();
                     let rest = g.rest();
-                    if rest.is_some() || g.has_pending_logprobs() {
+                    let mut finish = e.finish;
+                    if let Some(tools) = &tools {
+                        held.push_str(&rest.unwrap_or_default());
+                        let lp = g.take_logprobs(kind);
+                        let (content, calls) = tools.parse(&held);
+                        if calls.is_empty() {
+                            out.push(chunk(text_choice(held, lp), None));
+                        } else {
+                            finish = "tool_calls";
+                            let deltas: Vec<Value> = calls
+                                .into_iter()
+                                .enumerate()
+                                .map(|(i, mut c)| {
+                                    c["index"] = json!(i);
+                                    c
+                                })
+                                .collect();
+                            out.push(chunk(
+                                json!({"index": 0, "delta": {"content": content, "tool_calls": deltas}, "logprobs": lp, "finish_reason": null}),
+                                None,
+                            ));
+                        }
+                    } else if rest.is_some() || g.has_pending_logprobs() {
                         // held-back text, and the log-probabilities of tokens that added none
                         let lp = g.take_logprobs(kind);
                         out.push(chunk(text_choice(rest.unwrap_or_default(), lp), None));
                     }
                     let fin = match kind {
-                        Kind::Completion => json!({"text": "", "index": 0, "logprobs": null, "finish_reason": e.finish}),
-                        Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": e.finish}),
+                        Kind::Completion => json!({"text": "", "index": 0, "logprobs": null, "finish_reason": finish}),
+                        Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}),
                     };
                     out.push(chunk(fin, Some((usage(n_prompt, e.completion_tokens, e.done.as_ref().map_or(0, |d| d.cached_tokens)), timings(&e, n_prompt)))));
                     out.push(SseEvent::default().data("[DONE]"));
@@ -1195,11 +1278,40 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
             } else {
                 m.role.as_str()
             };
-            msgs.push(Message::new(role, &content));
+            let mut msg = Message::new(role, &content);
+            if let Some(calls) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+                msg.tool_calls = Some(template_tool_calls(calls)?);
+            }
+            msg.tool_call_id = m.tool_call_id.clone();
+            msgs.push(msg);
         }
+        let tools = Tools::from_request(
+            b.tools.as_ref(),
+            b.tool_choice.as_ref(),
+            b.parallel_tool_calls,
+            st.tokenizer.chat_template_source(),
+        )?
+        .map(Arc::new);
         let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
-        let prompt = tokenize(move || tok.encode_chat(&msgs, ctx), "messages").await?;
-        let j = job(&st, common, prompt, usize::MAX, Kind::Chat)?;
+        let list = tools.as_ref().map(|t| t.list.clone());
+        let prompt = tokenize(
+            move || tok.encode_chat_with_tools(&msgs, list.as_ref(), ctx),
+            "messages",
+        )
+        .await?;
+        let mut j = job(&st, common, prompt, usize::MAX, Kind::Chat)?;
+        if let Some(t) = &tools {
+            if let Some(g) = t.grammar()? {
+                if let Some((_, other)) = &j.grammar {
+                    return Err(ApiError::bad(format!(
+                        "tool_choice asks for a call; it cannot be combined with {other}"
+                    ))
+                    .param("tool_choice"));
+                }
+                j.grammar = Some((g, "tool_choice"));
+            }
+        }
+        j.tools = tools;
         respond(st.clone(), vec![j], Kind::Chat).await
     }
     .await;

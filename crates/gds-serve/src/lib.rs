@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod net;
 pub mod prefix;
 pub mod scheduler;
+pub mod tools;
 
 use anyhow::Context;
 use clap::Args;

@@ -1,0 +1,101 @@
+//! Tool calling end to end: SmolLM2's weights served with Qwen2.5-Instruct's chat template
+//! (`fixtures/templates/qwen2.5-instruct.jinja`, Hermes `<tool_call>` syntax), driven by the
+//! official `openai` client (scripts/serve_tools_check.py): a required call whose arguments
+//! follow the function's schema, the round trip through a `role: tool` result, a named
+//! function streamed and reassembled by the client, `auto`, parallel calls; and a model whose
+//! template takes no tools refusing them by name.
+
+use serde_json::Value;
+use std::process::Command;
+
+mod common;
+use common::{http, serial, start, start_model};
+
+/// SmolLM2 (F16 safetensors) with Qwen2.5-Instruct's template, converted into `dir`.
+fn smollm_with_qwen_template(dir: &std::path::Path) -> std::path::PathBuf {
+    let hf = dir.join("hf");
+    gds_tests::copy_dir(&gds_tests::smollm_hf_f16(), &hf);
+    let cfg_path = hf.join("tokenizer_config.json");
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["chat_template"] = Value::String(
+        std::fs::read_to_string(gds_tests::fixture("templates/qwen2.5-instruct.jinja")).unwrap(),
+    );
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let out = dir.join("smollm2-qwen-template.gds");
+    gds_convert::convert(
+        &hf,
+        &out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .expect("convert");
+    out
+}
+
+#[test]
+fn tool_calls_round_trip_through_the_openai_client() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = smollm_with_qwen_template(tmp.path());
+    let s = start_model(&model, &[]);
+    let out = Command::new("python3")
+        .arg(gds_tests::root().join("scripts/serve_tools_check.py"))
+        .arg(format!("http://{}/v1", s.addr))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "serve_tools_check.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    eprintln!("{r:#}");
+    let valid_calls = |v: &Value, names: &[&str]| {
+        let calls = v["calls"].as_array().unwrap();
+        assert!(!calls.is_empty(), "no calls: {v}");
+        for c in calls {
+            assert_eq!(c["valid"], true, "{c}");
+            assert!(names.contains(&c["name"].as_str().unwrap()), "{c}");
+            assert!(c["id"].as_str().unwrap().starts_with("call_"), "{c}");
+        }
+        calls.len()
+    };
+    let req = &r["required"];
+    assert_eq!(req["finish_reason"], "tool_calls", "{req}");
+    assert_eq!(valid_calls(req, &["get_weather", "get_time"]), 1, "{req}");
+    assert!(req["content"].is_null(), "{req}");
+    // after the tool's result, with tool_choice none: text, no calls
+    let a = &r["answer"];
+    assert!(a["calls"].as_array().unwrap().is_empty(), "{a}");
+    assert!(!a["content"].as_str().unwrap().is_empty(), "{a}");
+    assert_ne!(a["finish_reason"], "tool_calls");
+    let st = &r["streamed"];
+    assert_eq!(st["finish_reason"], "tool_calls", "{st}");
+    assert_eq!(valid_calls(st, &["get_time"]), 1);
+    let auto = &r["auto"];
+    if auto["calls"].as_array().unwrap().is_empty() {
+        assert!(auto["content"].is_string(), "{auto}");
+    } else {
+        valid_calls(auto, &["get_weather", "get_time"]);
+    }
+    valid_calls(&r["parallel"], &["get_weather", "get_time"]);
+    assert_eq!(r["unknown_function"]["status"], 400);
+    assert_eq!(r["unknown_function"]["param"], "tool_choice");
+    drop(s);
+
+    // SmolLM2's own template takes no tools: refused, naming the field and why
+    let s = start(&[]);
+    let body = br#"{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}"#;
+    let (status, text) = http(&s.addr, "POST", "/v1/chat/completions", Some(body));
+    assert_eq!(status, 400, "{text}");
+    let e: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(e["error"]["param"], "tools", "{text}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not take tools"),
+        "{text}"
+    );
+}
