@@ -9,7 +9,7 @@ use crate::error::{Result, RuntimeError};
 use crate::exec::{eval_last, Executor};
 use crate::metrics::{EnergyMeter, Metrics};
 use crate::plan::{Mode, Plan};
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, TokenLogprobs};
 use crate::tokenizer::TextTokenizer;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,6 +60,10 @@ pub struct GenerateOutput {
     pub tokens: Vec<u32>,
     /// Why it ended.
     pub stop_reason: StopReason,
+    /// With the plan's `logprobs`: per generated token, its log-probability and the most
+    /// likely alternatives (the model's log-softmax at temperature 1, before sampling).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprobs>>,
     /// Timings and counters.
     pub metrics: Metrics,
 }
@@ -273,12 +277,14 @@ impl Engine {
         } else {
             None
         };
+        let mut logprobs: Option<Vec<TokenLogprobs>> = self.plan.logprobs.map(|_| Vec::new());
         let mut constraint: Option<Constraint> = match (&self.grammar, &self.plan.grammar) {
             (Some(c), Some(g)) => Some(c.compile(g)?),
             _ => None,
         };
         while stop.is_none() {
             let logits = self.exec.last_logits_mut();
+            let raw = self.plan.logprobs.map(|k| (k, logits.to_vec()));
             if let Some(c) = constraint.as_mut() {
                 c.mask(logits)?;
             }
@@ -292,6 +298,9 @@ impl Engine {
             }
             if let Some(c) = constraint.as_mut() {
                 c.accept(tok)?;
+            }
+            if let (Some(lps), Some((k, raw))) = (logprobs.as_mut(), raw) {
+                lps.push(TokenLogprobs::of(&raw, tok, k));
             }
             generated.push(tok);
             self.sampler.accept(tok);
@@ -369,6 +378,7 @@ impl Engine {
             text,
             tokens: generated,
             stop_reason: stop.unwrap_or(StopReason::Eos),
+            logprobs,
             metrics: m,
         })
     }

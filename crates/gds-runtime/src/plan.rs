@@ -70,6 +70,8 @@ pub struct PlanOptions {
     pub no_verify: bool,
     /// The grammar every reply follows (`--json-schema`, `--grammar`, `--regex`).
     pub grammar: Option<crate::constraint::Grammar>,
+    /// Report each generated token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 /// Per-dtype totals of the weights.
@@ -149,6 +151,8 @@ pub struct Plan {
     pub limits: Limits,
     /// The grammar every reply follows (constrained decoding), if any.
     pub grammar: Option<crate::constraint::Grammar>,
+    /// Log-probabilities reported per generated token: this many alternatives.
+    pub logprobs: Option<usize>,
     /// Chat or raw.
     pub mode: Mode,
     /// Where the chat template comes from: `tokenizer_config.json`, or the family's default
@@ -445,6 +449,7 @@ impl Plan {
                 max_joules: opts.max_joules,
             },
             grammar: opts.grammar.clone(),
+            logprobs: opts.logprobs,
             mode,
             parse_special: opts.parse_special,
             system: opts.system.clone(),

@@ -291,6 +291,42 @@ fn softmax(c: &mut [Candidate]) {
     }
 }
 
+/// Log-probabilities of one generated token: of the token itself and of the `k` most
+/// likely tokens at its position, from the model's logits at temperature 1, before any
+/// sampling transform (penalties, top-k/p, masks).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TokenLogprobs {
+    /// ln p(token).
+    pub logprob: f32,
+    /// The most likely tokens and their ln p, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// Of token `tok` in `logits`, with the `k` most likely.
+    pub fn of(logits: &[f32], tok: u32, k: usize) -> TokenLogprobs {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+        if k > 0 {
+            for (i, &l) in logits.iter().enumerate() {
+                if top.len() == k && l <= top[k - 1].1 {
+                    continue;
+                }
+                let at = top.partition_point(|&(_, x)| x >= l);
+                top.insert(at, (i as u32, l));
+                top.truncate(k);
+            }
+        }
+        TokenLogprobs {
+            logprob: logits
+                .get(tok as usize)
+                .map_or(f32::NEG_INFINITY, |&l| l - lse),
+            top: top.into_iter().map(|(i, l)| (i, l - lse)).collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -119,6 +119,10 @@ pub struct RunArgs {
     /// Stop when this string appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// With --json: each generated token's log-probability and this many most likely
+    /// alternatives (0..=20), from the model's logits at temperature 1 before sampling.
+    #[arg(long, value_name = "N", requires = "json", value_parser = clap::value_parser!(u8).range(0..=20))]
+    pub logprobs: Option<u8>,
     /// Hold every reply to this JSON schema (a file; `{"type": "object"}` for any object):
     /// constrained decoding, so the reply always parses and validates.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["grammar", "regex"])]

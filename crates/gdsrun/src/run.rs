@@ -85,6 +85,7 @@ fn json_result(out: &GenerateOutput, plan: &Plan) -> serde_json::Value {
         "text": out.text,
         "tokens": out.tokens,
         "stop_reason": out.stop_reason,
+        "logprobs": out.logprobs,
         "plan": plan,
         "metrics": out.metrics,
     })
@@ -122,6 +123,7 @@ impl Printer {
 pub fn run(a: RunArgs) -> Result<()> {
     let plan = Plan::build(&PlanOptions {
         grammar: grammar_option(&a)?,
+        logprobs: a.logprobs.map(usize::from),
         ..plan_options(&a)
     })?;
     if a.plan {

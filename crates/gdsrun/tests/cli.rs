@@ -710,3 +710,36 @@ fn replies_follow_the_grammar_given_on_the_command_line() {
         );
     }
 }
+
+/// `--logprobs N` with `--json`: one entry per generated token, the token's own
+/// log-probability and N alternatives, most likely first; under greedy decoding the token
+/// is the most likely one. Without `--json` it is a usage error.
+#[test]
+fn logprobs_come_with_each_generated_token() {
+    let r = ok_json(&[
+        model(),
+        "--prompt",
+        QUESTION,
+        "--temp",
+        "0",
+        "--max-tokens",
+        "6",
+        "--json",
+        "--logprobs",
+        "3",
+    ]);
+    let tokens = r["tokens"].as_array().unwrap();
+    let lps = r["logprobs"].as_array().unwrap();
+    assert_eq!(tokens.len(), lps.len(), "{r}");
+    for (t, lp) in tokens.iter().zip(lps) {
+        let top = lp["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{lp}");
+        let p = lp["logprob"].as_f64().unwrap();
+        assert!(p <= 0.0, "{lp}");
+        assert_eq!(&top[0][0], t, "greedy picks the most likely: {lp}");
+        assert!((top[0][1].as_f64().unwrap() - p).abs() < 1e-6, "{lp}");
+        assert!(top[1][1].as_f64().unwrap() <= p, "{lp}");
+    }
+    let o = gdsrun(&[model(), "--prompt", "hi", "--logprobs", "2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+}
