@@ -11,7 +11,8 @@ reply a call whose arguments follow the function's schema (constrained decoding)
 - required: a call of one of two tools, arguments valid against its schema (`jsonschema`);
 - the round trip: that call, a `role: tool` result, then `tool_choice="none"`: a text answer;
 - a named function, streamed: the client reassembles `delta.tool_calls`;
-- `auto`: a valid reply either way (text, or calls that parse);
+- `auto`: a valid reply either way (text, or calls that parse); streamed, text still comes
+  chunk by chunk and equals the whole reply;
 - refusals: a tool_choice naming an unknown function.
 Prints one JSON object; crates/gds-serve/tests/tools.rs asserts on it.
 """
@@ -102,6 +103,18 @@ r = client.chat.completions.create(model=model, messages=[{"role": "user", "cont
                                    tools=TOOLS, temperature=0, max_tokens=40)
 m = r.choices[0].message
 out["auto"] = {"finish_reason": r.choices[0].finish_reason, "content": m.content, "calls": checked(m.tool_calls)}
+
+# the same, streamed: plain text streams chunk by chunk even with tools, and is the same text
+stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello! Who are you?"}],
+                                        tools=TOOLS, temperature=0, max_tokens=40, stream=True)
+text, pieces, finish = "", 0, None
+for chunk in stream:
+    if chunk.choices and chunk.choices[0].delta.content:
+        text += chunk.choices[0].delta.content
+        pieces += 1
+    if chunk.choices:
+        finish = chunk.choices[0].finish_reason or finish
+out["auto_streamed"] = {"content": text, "pieces": pieces, "finish_reason": finish}
 
 # parallel calls allowed (the default): every call that came back whole is valid
 r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Weather and time in Oslo?"}],

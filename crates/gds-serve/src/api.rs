@@ -1097,25 +1097,38 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         )
     });
     let chunk2 = chunk.clone();
-    // with tools, a reply may be calls: it is held back whole and sent at the end, as calls
-    // (each one delta with its id, name and arguments) or as text
+    // with tools, text streams as usual until a call may be starting (see
+    // `Tools::stream_cut`); from there the reply is held and sent at the end, as calls (each
+    // one delta with its id, name and arguments) or as text
     let tools = job
         .tools
         .clone()
         .filter(|t| t.parses() && kind == Kind::Chat);
-    let body = stream::unfold(Some((gen, String::new())), move |g| {
+    let body = stream::unfold(Some((gen, String::new(), false, false)), move |g| {
         let chunk = chunk2.clone();
         let tools = tools.clone();
         async move {
-            let (mut g, mut held) = g?;
+            let (mut g, mut held, mut plain, mut calling) = g?;
             match g.next().await {
                 Some(Piece::Text(t)) if tools.is_some() => {
                     held.push_str(&t);
-                    Some((Vec::new(), Some((g, held))))
+                    let mut out = Vec::new();
+                    if !calling {
+                        let (n, starts) = tools.as_deref().map_or((held.len(), false), |tl| {
+                            tl.stream_cut(&held, &mut plain)
+                        });
+                        calling = starts;
+                        if n > 0 {
+                            let text: String = held.drain(..n).collect();
+                            let lp = g.take_logprobs(kind);
+                            out.push(chunk(text_choice(text, lp), None));
+                        }
+                    }
+                    Some((out, Some((g, held, plain, calling))))
                 }
                 Some(Piece::Text(t)) => {
                     let lp = g.take_logprobs(kind);
-                    Some((vec![chunk(text_choice(t, lp), None)], Some((g, held))))
+                    Some((vec![chunk(text_choice(t, lp), None)], Some((g, held, plain, calling))))
                 }
                 Some(Piece::End(e)) => {
                     let mut out = Vec::new();
@@ -1124,9 +1137,15 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                     if let Some(tools) = &tools {
                         held.push_str(&rest.unwrap_or_default());
                         let lp = g.take_logprobs(kind);
-                        let (content, calls) = tools.parse(&held);
+                        let (content, calls) = if calling {
+                            tools.parse(&held)
+                        } else {
+                            (None, Vec::new())
+                        };
                         if calls.is_empty() {
-                            out.push(chunk(text_choice(held, lp), None));
+                            if !held.is_empty() || !lp.is_null() {
+                                out.push(chunk(text_choice(held, lp), None));
+                            }
                         } else {
                             finish = "tool_calls";
                             let deltas: Vec<Value> = calls

@@ -254,6 +254,49 @@ impl Tools {
         ))))
     }
 
+    /// For streaming: of `held` (the reply's text not sent yet), how many bytes are surely
+    /// content, and whether a call may start right after them (then the rest of the reply
+    /// is held to the end). Hermes: text up to `<tool_call>`, a partial tag at the end held
+    /// back; Llama 3 and Mistral, whose calls are the whole reply: held while the reply may
+    /// still start a call, all text once it cannot (`plain` remembers that).
+    pub fn stream_cut(&self, held: &str, plain: &mut bool) -> (usize, bool) {
+        match self.syntax {
+            Syntax::Hermes => {
+                const TAG: &str = "<tool_call>";
+                if let Some(at) = held.find(TAG) {
+                    return (at, true);
+                }
+                let keep = (1..TAG.len())
+                    .rev()
+                    .find(|&n| {
+                        n <= held.len()
+                            && held.is_char_boundary(held.len() - n)
+                            && TAG.starts_with(&held[held.len() - n..])
+                    })
+                    .unwrap_or(0);
+                (held.len() - keep, false)
+            }
+            Syntax::Llama3 | Syntax::Mistral => {
+                if *plain {
+                    return (held.len(), false);
+                }
+                let starts: &[&str] = match self.syntax {
+                    Syntax::Llama3 => &["{", "<|python_tag|>"],
+                    _ => &["[TOOL_CALLS]", "["],
+                };
+                let t = held.trim_start();
+                if t.is_empty() || starts.iter().any(|s| s.starts_with(t)) {
+                    (0, false)
+                } else if starts.iter().any(|s| t.starts_with(s)) {
+                    (0, true)
+                } else {
+                    *plain = true;
+                    (held.len(), false)
+                }
+            }
+        }
+    }
+
     /// The calls in a reply, in OpenAI's form, and the text around them (`None` when there
     /// is none). No calls: the whole reply is content.
     pub fn parse(&self, text: &str) -> (Option<String>, Vec<Value>) {
@@ -377,6 +420,24 @@ mod tests {
         );
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1]["function"]["arguments"], "{\"city\":\"Bergen\"}");
+    }
+
+    #[test]
+    fn streams_text_until_a_call_may_start() {
+        let h = tools("{{ tools }} <tool_call>", json!("auto"));
+        let mut plain = false;
+        assert_eq!(h.stream_cut("Let me see", &mut plain), (10, false));
+        assert_eq!(h.stream_cut("ok <tool", &mut plain), (3, false));
+        assert_eq!(h.stream_cut("ok <tool_call>\n{", &mut plain), (3, true));
+        assert_eq!(h.stream_cut("a < b", &mut plain), (5, false));
+        let l = tools("{{ tools }} ipython", json!("auto"));
+        let mut plain = false;
+        assert_eq!(l.stream_cut("  ", &mut plain), (0, false));
+        assert_eq!(l.stream_cut(" {\"na", &mut plain), (0, true));
+        assert_eq!(l.stream_cut("<|pyth", &mut plain), (0, false));
+        assert_eq!(l.stream_cut("Hello", &mut plain), (5, false));
+        assert!(plain);
+        assert_eq!(l.stream_cut("{ later", &mut plain), (7, false));
     }
 
     #[test]

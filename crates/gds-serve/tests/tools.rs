@@ -79,6 +79,14 @@ fn tool_calls_round_trip_through_the_openai_client() {
     } else {
         valid_calls(auto, &["get_weather", "get_time"]);
     }
+    if auto["calls"].as_array().unwrap().is_empty() {
+        let st = &r["auto_streamed"];
+        assert_eq!(st["content"], auto["content"], "{st}");
+        assert!(
+            st["pieces"].as_u64().unwrap() > 3,
+            "text streams with tools too: {st}"
+        );
+    }
     valid_calls(&r["parallel"], &["get_weather", "get_time"]);
     assert_eq!(r["unknown_function"]["status"], 400);
     assert_eq!(r["unknown_function"]["param"], "tool_choice");
