@@ -365,20 +365,18 @@ impl TextTokenizer {
         ctx: usize,
     ) -> Result<Vec<u32>> {
         let template = self.template()?;
-        let json_len = |v: Option<&serde_json::Value>| v.map_or(0, |v| v.to_string().len());
-        self.check_fits(
-            messages
-                .iter()
-                .map(|m| m.content.len() + json_len(m.tool_calls.as_ref()))
-                .sum::<usize>()
-                + json_len(tools),
-            ctx,
-        )?;
+        // the tool calls and tools as text: their length counts, and the marker must not
+        // occur in them
         let json_texts: Vec<String> = messages
             .iter()
             .filter_map(|m| m.tool_calls.as_ref().map(|v| v.to_string()))
             .chain(tools.map(|v| v.to_string()))
             .collect();
+        self.check_fits(
+            messages.iter().map(|m| m.content.len()).sum::<usize>()
+                + json_texts.iter().map(String::len).sum::<usize>(),
+            ctx,
+        )?;
         let texts = messages
             .iter()
             .map(|m| m.content.as_str())
@@ -475,14 +473,9 @@ impl TextTokenizer {
         }
     }
 
-    /// Whether the chat template takes function definitions (`tools`).
-    pub fn chat_takes_tools(&self) -> bool {
-        self.template.as_ref().is_some_and(|t| t.takes_tools())
-    }
-
-    /// The chat template's source, when the model has one.
-    pub fn chat_template_source(&self) -> Option<&str> {
-        self.template.as_ref().map(|t| t.source())
+    /// The chat template, when the model has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
     }
 
     /// `content` with each special-token text replaced by `marker`, its index in `hidden`,

@@ -1109,14 +1109,12 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         let tools = tools.clone();
         async move {
             let (mut g, mut held, mut plain, mut calling) = g?;
-            match g.next().await {
-                Some(Piece::Text(t)) if tools.is_some() => {
+            match (g.next().await, tools.as_deref()) {
+                (Some(Piece::Text(t)), Some(tl)) => {
                     held.push_str(&t);
                     let mut out = Vec::new();
                     if !calling {
-                        let (n, starts) = tools.as_deref().map_or((held.len(), false), |tl| {
-                            tl.stream_cut(&held, &mut plain)
-                        });
+                        let (n, starts) = tl.stream_cut(&held, &mut plain);
                         calling = starts;
                         if n > 0 {
                             let text: String = held.drain(..n).collect();
@@ -1126,16 +1124,17 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                     }
                     Some((out, Some((g, held, plain, calling))))
                 }
-                Some(Piece::Text(t)) => {
+                (Some(Piece::Text(t)), None) => {
                     let lp = g.take_logprobs(kind);
                     Some((vec![chunk(text_choice(t, lp), None)], Some((g, held, plain, calling))))
                 }
-                Some(Piece::End(e)) => {
+                (Some(Piece::End(e)), _) => {
                     let mut out = Vec::new();
                     let rest = g.rest();
                     let mut finish = e.finish;
                     if let Some(tools) = &tools {
                         held.push_str(&rest.unwrap_or_default());
+                        let pending = g.has_pending_logprobs();
                         let lp = g.take_logprobs(kind);
                         let (content, calls) = if calling {
                             tools.parse(&held)
@@ -1143,7 +1142,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                             (None, Vec::new())
                         };
                         if calls.is_empty() {
-                            if !held.is_empty() || !lp.is_null() {
+                            if !held.is_empty() || pending {
                                 out.push(chunk(text_choice(held, lp), None));
                             }
                         } else {
@@ -1174,10 +1173,10 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                     out.push(SseEvent::default().data("[DONE]"));
                     Some((out, None))
                 }
-                Some(Piece::Error(e)) => {
+                (Some(Piece::Error(e)), _) => {
                     Some((vec![SseEvent::default().data(e.body().to_string())], None))
                 }
-                None => None,
+                (None, _) => None,
             }
         }
     })
@@ -1308,7 +1307,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: 
             b.tools.as_ref(),
             b.tool_choice.as_ref(),
             b.parallel_tool_calls,
-            st.tokenizer.chat_template_source(),
+            st.tokenizer.chat_template(),
         )?
         .map(Arc::new);
         let (tok, ctx) = (st.tokenizer.clone(), st.ctx);

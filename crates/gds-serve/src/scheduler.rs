@@ -533,8 +533,8 @@ impl Engine {
             })
             .map(|&(i, _)| i)
             .collect();
-        let mut masks: Vec<Option<gds_runtime::Result<Mask>>> =
-            (0..self.running.len()).map(|_| None).collect();
+        // by index into `running`; left empty in steps without constrained rows
+        let mut masks: Vec<Option<gds_runtime::Result<Mask>>> = Vec::new();
         let t0 = Instant::now();
         let result = if constrained.is_empty() {
             self.model
@@ -544,6 +544,7 @@ impl Engine {
             let (model, state, kv, batch) =
                 (&self.model, &mut self.state, &mut self.kv, &self.batch);
             let metrics = &self.metrics;
+            masks.resize_with(running.len(), || None);
             std::thread::scope(|scope| {
                 let helper = scope.spawn(|| {
                     let t = Instant::now();
@@ -620,7 +621,7 @@ impl Engine {
             // log-probabilities come from the logits as the model gave them
             let raw = s.req.logprobs.map(|k| (k, logits.to_vec()));
             if s.req.constraint.is_some() {
-                let applied = match masks[i].take() {
+                let applied = match masks.get_mut(i).and_then(Option::take) {
                     Some(m) => m.and_then(|m| m.apply(logits)),
                     None => Err(gds_runtime::RuntimeError::Internal(
                         "no grammar mask was computed".into(),

@@ -10,6 +10,7 @@
 //! by `;`), Mistral (`[TOOL_CALLS]` then a JSON array of `{"name", "arguments"}`).
 
 use crate::api::ApiError;
+use gds_runtime::chat::ChatTemplate;
 use gds_runtime::Grammar;
 use serde_json::{json, Value};
 
@@ -86,7 +87,7 @@ impl Tools {
         tools: Option<&Value>,
         tool_choice: Option<&Value>,
         parallel: Option<bool>,
-        template: Option<&str>,
+        template: Option<&ChatTemplate>,
     ) -> Result<Option<Tools>, ApiError> {
         let list = match tools {
             None | Some(Value::Null) => None,
@@ -180,13 +181,13 @@ impl Tools {
                 "tools",
             )
         })?;
-        if !template.contains("tools") {
+        if !template.takes_tools() {
             return Err(bad(
                 "this model's chat template does not take tools (it never renders a `tools` variable)",
                 "tools",
             ));
         }
-        let syntax = Syntax::of_template(template).ok_or_else(|| {
+        let syntax = Syntax::of_template(template.source()).ok_or_else(|| {
             bad(
                 "this model's chat template takes tools, but in a tool-call syntax gdsrun does not parse (it knows Hermes/Qwen <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])",
                 "tools",
@@ -376,10 +377,14 @@ fn call_of(text: &str, key: &str) -> Option<Value> {
 mod tests {
     use super::*;
 
-    fn tools(template: &str, choice: Value) -> Tools {
+    fn template(src: &str) -> ChatTemplate {
+        ChatTemplate::new(src, "", "").unwrap()
+    }
+
+    fn tools(src: &str, choice: Value) -> Tools {
         let list = json!([{"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
-        Tools::from_request(Some(&list), Some(&choice), None, Some(template))
+        Tools::from_request(Some(&list), Some(&choice), None, Some(&template(src)))
             .unwrap()
             .unwrap()
     }
@@ -444,7 +449,7 @@ mod tests {
     fn requests_are_checked_against_the_template() {
         let list = json!([{"type": "function", "function": {"name": "f"}}]);
         let err = |t: Option<&str>, choice: Value| {
-            Tools::from_request(Some(&list), Some(&choice), None, t)
+            Tools::from_request(Some(&list), Some(&choice), None, t.map(template).as_ref())
                 .err()
                 .map(|e| format!("{e:?}"))
                 .unwrap_or_default()
