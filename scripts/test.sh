@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
-echo "== Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema)"
-python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai jsonschema 2>&1 | grep -v "running pip as the 'root' user" || true
+echo "== Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema, lm-eval)"
+python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai jsonschema "lm-eval[api]==0.4.13" 2>&1 | grep -v "running pip as the 'root' user" || true
 echo "== NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU needed)"
 python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
 GDS_NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"

@@ -38,6 +38,7 @@ pub struct TextTokenizer {
     /// Most bytes of text one token covers (an upper bound).
     max_token_bytes: usize,
     bos: Option<u32>,
+    eos: Option<u32>,
     add_bos: bool,
     eog: Vec<u32>,
     template: Option<ChatTemplate>,
@@ -214,6 +215,7 @@ impl TextTokenizer {
             special,
             inner,
             bos,
+            eos,
             add_bos: add_bos.unwrap_or(cfg.add_bos) && bos.is_some(),
             eog,
             template,
@@ -317,6 +319,11 @@ impl TextTokenizer {
     /// The BOS token id, if any.
     pub fn bos(&self) -> Option<u32> {
         self.bos
+    }
+
+    /// The EOS token id, if any (one of [`Self::eog_ids`]).
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
     }
 
     /// True when the model ships a chat template.

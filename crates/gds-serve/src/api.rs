@@ -73,7 +73,7 @@ impl ApiError {
 
 impl ApiError {
     /// The body: `{"error": {"message", "type", "param", "code"}}`.
-    fn body(&self) -> Value {
+    pub(crate) fn body(&self) -> Value {
         json!({"error": {
             "message": self.message,
             "type": self.kind,
@@ -100,74 +100,74 @@ impl IntoResponse for ApiError {
 /// `stop`: one string or a list.
 #[derive(Clone, Deserialize, Debug)]
 #[serde(untagged)]
-enum Stop {
+pub(crate) enum Stop {
     One(String),
     Many(Vec<String>),
 }
 
 #[derive(Deserialize, Debug)]
-struct ChatMessage {
-    role: String,
+pub(crate) struct ChatMessage {
+    pub(crate) role: String,
     /// A string or a list of parts (`{"type": "text", "text": ...}`).
     #[serde(default)]
-    content: Option<Value>,
+    pub(crate) content: Option<Value>,
     /// An assistant's calls (`[{"id", "type": "function", "function": {"name", "arguments"}}]`).
     #[serde(default)]
-    tool_calls: Option<Value>,
+    pub(crate) tool_calls: Option<Value>,
     /// A tool result: the call it answers.
     #[serde(default)]
-    tool_call_id: Option<String>,
+    pub(crate) tool_call_id: Option<String>,
 }
 
 /// The fields both endpoints share; unknown fields are ignored like OpenAI's SDKs expect.
 #[derive(Deserialize, Debug, Default, Clone)]
-struct Common {
+pub(crate) struct Common {
     #[serde(default)]
-    model: Option<String>,
+    pub(crate) model: Option<String>,
     #[serde(default)]
-    max_tokens: Option<i64>,
+    pub(crate) max_tokens: Option<i64>,
     #[serde(default)]
-    max_completion_tokens: Option<i64>,
+    pub(crate) max_completion_tokens: Option<i64>,
     #[serde(default)]
-    temperature: Option<f64>,
+    pub(crate) temperature: Option<f64>,
     #[serde(default)]
-    top_p: Option<f64>,
+    pub(crate) top_p: Option<f64>,
     #[serde(default)]
-    top_k: Option<i64>,
+    pub(crate) top_k: Option<i64>,
     #[serde(default)]
-    min_p: Option<f64>,
+    pub(crate) min_p: Option<f64>,
     #[serde(default)]
-    repeat_penalty: Option<f64>,
+    pub(crate) repeat_penalty: Option<f64>,
     #[serde(default)]
-    stop: Option<Stop>,
+    pub(crate) stop: Option<Stop>,
     #[serde(default)]
-    seed: Option<i64>,
+    pub(crate) seed: Option<i64>,
     #[serde(default)]
-    stream: Option<bool>,
+    pub(crate) stream: Option<bool>,
     #[serde(default)]
-    n: Option<i64>,
+    pub(crate) n: Option<i64>,
     #[serde(default)]
-    ignore_eos: Option<bool>,
+    pub(crate) ignore_eos: Option<bool>,
     /// Chat: a bool; completions: how many top alternatives (an integer).
     #[serde(default)]
-    logprobs: Option<Value>,
+    pub(crate) logprobs: Option<Value>,
     /// Chat: how many top alternatives per token.
     #[serde(default)]
-    top_logprobs: Option<i64>,
+    pub(crate) top_logprobs: Option<i64>,
     #[serde(default)]
-    echo: Option<bool>,
+    pub(crate) echo: Option<bool>,
     /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}`.
     #[serde(default)]
-    response_format: Option<Value>,
+    pub(crate) response_format: Option<Value>,
     /// Extension (as llama-server's): a JSON schema the output must follow.
     #[serde(default)]
-    json_schema: Option<Value>,
+    pub(crate) json_schema: Option<Value>,
     /// Extension: a grammar in llguidance's Lark syntax the output must follow.
     #[serde(default)]
-    grammar: Option<String>,
+    pub(crate) grammar: Option<String>,
     /// Extension: a regular expression the whole output must match.
     #[serde(default)]
-    regex: Option<String>,
+    pub(crate) regex: Option<String>,
 }
 
 /// Most prompts in one completions request.
@@ -309,14 +309,14 @@ struct CompletionBody {
 }
 
 #[derive(Deserialize, Debug)]
-struct ChatBody {
-    messages: Vec<ChatMessage>,
+pub(crate) struct ChatBody {
+    pub(crate) messages: Vec<ChatMessage>,
     #[serde(default)]
-    tools: Option<Value>,
+    pub(crate) tools: Option<Value>,
     #[serde(default)]
-    tool_choice: Option<Value>,
+    pub(crate) tool_choice: Option<Value>,
     #[serde(default)]
-    parallel_tool_calls: Option<bool>,
+    pub(crate) parallel_tool_calls: Option<bool>,
 }
 
 /// An assistant message's `tool_calls` as templates expect them: a list, each call's
@@ -343,29 +343,29 @@ fn template_tool_calls(v: &Value) -> Result<Value, ApiError> {
 }
 
 /// A validated generation job.
-struct Job {
-    prompt: Vec<u32>,
-    sampler: SamplerConfig,
-    max_tokens: usize,
-    stop: Vec<String>,
-    stream: bool,
-    ignore_eos: bool,
-    model: String,
+pub(crate) struct Job {
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) sampler: SamplerConfig,
+    pub(crate) max_tokens: usize,
+    pub(crate) stop: Vec<String>,
+    pub(crate) stream: bool,
+    pub(crate) ignore_eos: bool,
+    pub(crate) model: String,
     /// Top alternatives per token when log-probabilities were asked for.
-    logprobs: Option<usize>,
+    pub(crate) logprobs: Option<usize>,
     /// Completions: the prompt is part of the answer (text, and log-probabilities).
-    echo: bool,
+    pub(crate) echo: bool,
     /// The grammar the output follows, and the request field that gave it.
-    grammar: Option<(Grammar, &'static str)>,
+    pub(crate) grammar: Option<(Grammar, &'static str)>,
     /// Chat with tools: how replies are parsed for calls.
-    tools: Option<Arc<Tools>>,
+    pub(crate) tools: Option<Arc<Tools>>,
     /// Choices asked for this prompt (`n`); [`expand`] makes one job per choice.
-    n: usize,
+    pub(crate) n: usize,
     /// Which of the `n` choices this job is (0 for the first).
-    copy: usize,
+    pub(crate) copy: usize,
     /// Shared by the `n` choices of one prompt: the engine prefills the prompt once and the
     /// others start from its cached blocks.
-    group: Option<u64>,
+    pub(crate) group: Option<u64>,
 }
 
 /// One job per choice: `n` copies of each job, the `i`-th sampling with seed + `i` (so
@@ -393,18 +393,18 @@ fn expand(jobs: Vec<Job>) -> Vec<Job> {
     out
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// Checks the API key when the server has one.
-fn authorize(st: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn authorize(st: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &st.api_key else {
         return Ok(());
     };
@@ -535,7 +535,10 @@ fn job(
 /// Compiles `job`'s grammar (off the async threads: a large schema takes a while, and the
 /// first one indexes the vocabulary). A grammar that does not compile is a 400 naming the
 /// field and the problem.
-async fn constrain(st: &Arc<ServerState>, job: &Job) -> Result<Option<Constraint>, ApiError> {
+pub(crate) async fn constrain(
+    st: &Arc<ServerState>,
+    job: &Job,
+) -> Result<Option<Constraint>, ApiError> {
     let Some((grammar, param)) = job.grammar.clone() else {
         return Ok(None);
     };
@@ -575,9 +578,9 @@ pub(crate) fn random_seed() -> u64 {
 /// Hands `job` to the engine, or refuses it when the queue is full.
 /// The receiver of a submitted request's events, and the flag that marks it ended by the
 /// front end (see [`Request::ended_by_front`]).
-type Submitted = (mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>);
+pub(crate) type Submitted = (mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>);
 
-fn submit(
+pub(crate) fn submit(
     st: &ServerState,
     job: &Job,
     constraint: Option<Constraint>,
@@ -623,22 +626,22 @@ fn submit(
 }
 
 /// What generation hands to the response writers.
-enum Piece {
+pub(crate) enum Piece {
     Text(String),
     End(End),
     Error(ApiError),
 }
 
-struct End {
-    finish: &'static str,
-    completion_tokens: usize,
-    done: Option<Done>,
+pub(crate) struct End {
+    pub(crate) finish: &'static str,
+    pub(crate) completion_tokens: usize,
+    pub(crate) done: Option<Done>,
 }
 
 /// Turns the engine's token events into text: UTF-8 held back until whole, stop strings
 /// searched across pieces and held back while they may be completing. Dropping it drops the
 /// receiver, which cancels the request in the engine.
-struct Gen {
+pub(crate) struct Gen {
     rx: mpsc::UnboundedReceiver<Event>,
     ended_by_front: Arc<AtomicBool>,
     st: Arc<ServerState>,
@@ -664,7 +667,7 @@ struct Gen {
 }
 
 impl Gen {
-    fn new(
+    pub(crate) fn new(
         st: Arc<ServerState>,
         (rx, ended_by_front): Submitted,
         stop: Vec<String>,
@@ -700,7 +703,7 @@ impl Gen {
     /// The `logprobs` field of a choice for the tokens not handed out yet: OpenAI's chat
     /// form (`content`: token, logprob, bytes, top_logprobs) or completions form (`tokens`,
     /// `token_logprobs`, `top_logprobs`, `text_offset`); `null` when none were asked for.
-    fn take_logprobs(&mut self, kind: Kind) -> Value {
+    pub(crate) fn take_logprobs(&mut self, kind: Kind) -> Value {
         if !self.want_logprobs {
             return Value::Null;
         }
@@ -812,7 +815,7 @@ impl Gen {
     }
 
     /// The next piece, or `None` once the end was reported.
-    async fn next(&mut self) -> Option<Piece> {
+    pub(crate) async fn next(&mut self) -> Option<Piece> {
         if self.ended {
             return None;
         }
@@ -882,7 +885,7 @@ impl Gen {
     }
 
     /// Whatever text is still held back when the end comes.
-    fn rest(&mut self) -> Option<String> {
+    pub(crate) fn rest(&mut self) -> Option<String> {
         self.take_safe(true)
     }
 }
@@ -922,7 +925,7 @@ fn timings(end: &End, prompt_tokens: usize) -> Value {
     })
 }
 
-fn usage(prompt_tokens: usize, completion: usize, cached: usize) -> Value {
+pub(crate) fn usage(prompt_tokens: usize, completion: usize, cached: usize) -> Value {
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
@@ -932,13 +935,13 @@ fn usage(prompt_tokens: usize, completion: usize, cached: usize) -> Value {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Completion,
     Chat,
 }
 
 /// Runs `job` (not streamed) to its end: the choice at `index`, and how it ended.
-async fn complete(
+pub(crate) async fn complete(
     st: &Arc<ServerState>,
     job: &Job,
     kind: Kind,
@@ -1185,7 +1188,9 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     Ok(sse(all))
 }
 
-fn sse<S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static>(s: S) -> Response {
+pub(crate) fn sse<S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static>(
+    s: S,
+) -> Response {
     Sse::new(s).into_response()
 }
 
@@ -1247,93 +1252,112 @@ pub async fn completions(
     finish(&st, r)
 }
 
+/// The request's messages as the chat template takes them: contents as text (a string or
+/// text parts), `developer` as `system`, assistants' tool calls with their arguments parsed.
+pub(crate) fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
+    let mut msgs = Vec::with_capacity(messages.len());
+    for m in messages {
+        if !matches!(
+            m.role.as_str(),
+            "system" | "user" | "assistant" | "developer" | "tool"
+        ) {
+            return Err(ApiError::bad(format!("unknown role {:?}", m.role)).param("messages"));
+        }
+        let bad_content = || {
+            ApiError::bad("message content must be a string or a list of text parts")
+                .param("messages")
+        };
+        let content = match &m.content {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut s = String::new();
+                for p in parts {
+                    let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                    if kind != "text" {
+                        return Err(ApiError::bad(format!(
+                            "content parts of type {kind:?} are not supported"
+                        ))
+                        .param("messages"));
+                    }
+                    s.push_str(
+                        p.get("text")
+                            .and_then(Value::as_str)
+                            .ok_or_else(bad_content)?,
+                    );
+                }
+                s
+            }
+            Some(_) => return Err(bad_content()),
+        };
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
+        let mut msg = Message::new(role, &content);
+        if let Some(calls) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+            msg.tool_calls = Some(template_tool_calls(calls)?);
+        }
+        msg.tool_call_id = m.tool_call_id.clone();
+        msgs.push(msg);
+    }
+    Ok(msgs)
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         authorize(&st, &headers)?;
         let b: ChatBody = parse(&body)?;
         let common: Common = parse(&body)?;
-        if b.messages.is_empty() {
-            return Err(ApiError::bad("messages must not be empty").param("messages"));
-        }
-        let mut msgs = Vec::with_capacity(b.messages.len());
-        for m in &b.messages {
-            if !matches!(
-                m.role.as_str(),
-                "system" | "user" | "assistant" | "developer" | "tool"
-            ) {
-                return Err(ApiError::bad(format!("unknown role {:?}", m.role)).param("messages"));
-            }
-            let bad_content = || {
-                ApiError::bad("message content must be a string or a list of text parts")
-                    .param("messages")
-            };
-            let content = match &m.content {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => {
-                    let mut s = String::new();
-                    for p in parts {
-                        let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
-                        if kind != "text" {
-                            return Err(ApiError::bad(format!(
-                                "content parts of type {kind:?} are not supported"
-                            ))
-                            .param("messages"));
-                        }
-                        s.push_str(
-                            p.get("text")
-                                .and_then(Value::as_str)
-                                .ok_or_else(bad_content)?,
-                        );
-                    }
-                    s
-                }
-                Some(_) => return Err(bad_content()),
-            };
-            let role = if m.role == "developer" {
-                "system"
-            } else {
-                m.role.as_str()
-            };
-            let mut msg = Message::new(role, &content);
-            if let Some(calls) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
-                msg.tool_calls = Some(template_tool_calls(calls)?);
-            }
-            msg.tool_call_id = m.tool_call_id.clone();
-            msgs.push(msg);
-        }
-        let tools = Tools::from_request(
-            b.tools.as_ref(),
-            b.tool_choice.as_ref(),
-            b.parallel_tool_calls,
-            st.tokenizer.chat_template(),
-        )?
-        .map(Arc::new);
-        let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
-        let list = tools.as_ref().map(|t| t.list.clone());
-        let prompt = tokenize(
-            move || tok.encode_chat_with_tools(&msgs, list.as_ref(), ctx),
-            "messages",
-        )
-        .await?;
-        let mut j = job(&st, common, prompt, usize::MAX, Kind::Chat)?;
-        if let Some(t) = &tools {
-            if let Some(g) = t.grammar()? {
-                if let Some((_, other)) = &j.grammar {
-                    return Err(ApiError::bad(format!(
-                        "tool_choice asks for a call; it cannot be combined with {other}"
-                    ))
-                    .param("tool_choice"));
-                }
-                j.grammar = Some((g, "tool_choice"));
-            }
-        }
-        j.tools = tools;
+        let j = chat_job(&st, b, common).await?;
         respond(st.clone(), vec![j], Kind::Chat).await
     }
     .await;
     finish(&st, r)
+}
+
+/// The job of a chat request: messages (and tools) rendered by the model's chat template
+/// and tokenized, the shared fields checked, a call's grammar when `tool_choice` asks for
+/// one. (`/v1/responses` builds its requests into the same form.)
+pub(crate) async fn chat_job(
+    st: &Arc<ServerState>,
+    b: ChatBody,
+    common: Common,
+) -> Result<Job, ApiError> {
+    if b.messages.is_empty() {
+        return Err(ApiError::bad("messages must not be empty").param("messages"));
+    }
+    let msgs = chat_messages(&b.messages)?;
+    let tools = Tools::from_request(
+        b.tools.as_ref(),
+        b.tool_choice.as_ref(),
+        b.parallel_tool_calls,
+        st.tokenizer.chat_template(),
+    )?
+    .map(Arc::new);
+    let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
+    let list = tools.as_ref().map(|t| t.list.clone());
+    let prompt = tokenize(
+        move || tok.encode_chat_with_tools(&msgs, list.as_ref(), ctx),
+        "messages",
+    )
+    .await?;
+    let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
+    if let Some(t) = &tools {
+        if let Some(g) = t.grammar()? {
+            if let Some((_, other)) = &j.grammar {
+                return Err(ApiError::bad(format!(
+                    "tool_choice asks for a call; it cannot be combined with {other}"
+                ))
+                .param("tool_choice"));
+            }
+            j.grammar = Some((g, "tool_choice"));
+        }
+    }
+    j.tools = tools;
+    Ok(j)
 }
 
 async fn encode(st: &ServerState, text: String, special: bool) -> Result<Vec<u32>, ApiError> {
@@ -1343,7 +1367,7 @@ async fn encode(st: &ServerState, text: String, special: bool) -> Result<Vec<u32
 
 /// Runs a tokenization on the blocking pool (not on the few async threads that answer every
 /// connection); errors name `param`.
-async fn tokenize(
+pub(crate) async fn tokenize(
     f: impl FnOnce() -> gds_runtime::Result<Vec<u32>> + Send + 'static,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
@@ -1373,7 +1397,7 @@ async fn tokenize(
     })
 }
 
-fn finish(st: &ServerState, r: Result<Response, ApiError>) -> Response {
+pub(crate) fn finish(st: &ServerState, r: Result<Response, ApiError>) -> Response {
     match r {
         Ok(r) => r,
         Err(e) => {

@@ -16,7 +16,9 @@ mod api;
 pub mod metrics;
 pub mod net;
 pub mod prefix;
+mod responses;
 pub mod scheduler;
+mod tokenize;
 pub mod tools;
 
 use anyhow::Context;
@@ -93,6 +95,11 @@ pub struct ServeArgs {
     /// Trust the layer files: skip checking their BLAKE3 content hashes before first use.
     #[arg(long)]
     pub no_verify: bool,
+    /// Activations of the matrix products: q8 (8-bit integer dot products, fast) or f32
+    /// (weights dequantized row by row: a float reference's arithmetic, for evaluations
+    /// compared with one).
+    #[arg(long, value_parser = ["q8", "f32"])]
+    pub activations: Option<String>,
     /// Most open connections; more are answered 503 (Retry-After: 1) and closed.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,
@@ -222,6 +229,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         backend: Some("cpu".into()),
         raw: true,
         no_verify: args.no_verify,
+        activations: args.activations.clone(),
         ..Default::default()
     })?;
     let model = Model::open(&plan)?;
@@ -344,7 +352,11 @@ fn router(state: Arc<ServerState>) -> axum::Router {
     axum::Router::new()
         .route("/v1/completions", post(api::completions))
         .route("/v1/chat/completions", post(api::chat))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/models", get(api::models))
+        .route("/tokenize", post(tokenize::tokenize_handler))
+        .route("/detokenize", post(tokenize::detokenize_handler))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)

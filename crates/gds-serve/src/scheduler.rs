@@ -643,6 +643,13 @@ impl Engine {
                 s.first_token = Some(now);
             }
             if self.eog.contains(&tok) {
+                // the end-of-generation token is part of the completion, as in OpenAI's API:
+                // counted, and listed with its log-probability (evaluators read the entry
+                // after the prompt's as the generated one); it adds no text
+                s.generated += 1;
+                self.metrics.generated.fetch_add(1, Ordering::Relaxed);
+                let lp = raw.map(|(k, l)| TokenLogprobs::of(&l, tok, k));
+                let _ = Self::send(s, Event::Token(tok, lp));
                 done.push((i, Finish::Eos));
                 continue;
             }

@@ -107,3 +107,123 @@ fn tool_calls_round_trip_through_the_openai_client() {
         "{text}"
     );
 }
+
+/// `/v1/responses` through the official client (scripts/serve_responses_check.py): text
+/// equal to the chat endpoint's for the same conversation, the output limit, the streamed
+/// event sequence, `responses.parse` with a pydantic model, function calls and their
+/// round trip as input items, a named call streamed, and refusals naming the field.
+#[test]
+fn responses_api_through_the_openai_client() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = smollm_with_qwen_template(tmp.path());
+    let s = start_model(&model, &[]);
+    let out = Command::new("python3")
+        .arg(gds_tests::root().join("scripts/serve_responses_check.py"))
+        .arg(format!("http://{}/v1", s.addr))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "serve_responses_check.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    eprintln!("{r:#}");
+    // the same job as chat: the same text and token counts
+    let t = &r["text"];
+    assert_eq!(t["object"], "response");
+    assert_eq!(t["status"], "completed");
+    assert!(t["id"].as_str().unwrap().starts_with("resp_"), "{t}");
+    assert_eq!(t["items"], serde_json::json!(["message"]));
+    assert_eq!(t["role"], "assistant");
+    assert!(!t["text"].as_str().unwrap().is_empty(), "{t}");
+    assert_eq!(t["text"], t["chat_text"], "{t}");
+    assert_eq!(t["usage"]["input_tokens"], t["chat_usage"]["prompt_tokens"]);
+    assert_eq!(
+        t["usage"]["output_tokens"],
+        t["chat_usage"]["completion_tokens"]
+    );
+    assert_eq!(
+        t["usage"]["total_tokens"].as_u64(),
+        Some(
+            t["usage"]["input_tokens"].as_u64().unwrap()
+                + t["usage"]["output_tokens"].as_u64().unwrap()
+        )
+    );
+    let l = &r["limited"];
+    assert_eq!(l["status"], "incomplete", "{l}");
+    assert_eq!(l["reason"], "max_output_tokens");
+    assert_eq!(l["output_tokens"], 5);
+    // streamed: the event sequence, deltas adding up to the final text
+    let st = &r["streamed"];
+    let kinds: Vec<&str> = st["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds[..2],
+        ["response.created", "response.in_progress"],
+        "{st}"
+    );
+    assert_eq!(kinds.last(), Some(&"response.completed"), "{st}");
+    for k in [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.output_item.done",
+    ] {
+        assert!(kinds.contains(&k), "{k} missing: {st}");
+    }
+    assert!(st["deltas"].as_u64().unwrap() > 1, "{st}");
+    assert_eq!(st["joined"], st["final_text"], "{st}");
+    assert_eq!(r["parsed"]["ok"], true, "{}", r["parsed"]);
+    // calls: arguments follow the schema; the round trip ends in a text answer
+    let c = &r["call"];
+    assert_eq!(c["valid"], true, "{c}");
+    let items = c["items"].as_array().unwrap();
+    assert!(
+        !items.is_empty() && items.iter().all(|i| i == "function_call"),
+        "{c}"
+    );
+    for (name, id) in c["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(c["call_ids"].as_array().unwrap())
+    {
+        assert_eq!(name, "get_weather");
+        assert!(id.as_str().unwrap().starts_with("call_"), "{c}");
+    }
+    let a = &r["answer"];
+    assert_eq!(a["items"], serde_json::json!(["message"]), "{a}");
+    assert!(!a["text"].as_str().unwrap().is_empty(), "{a}");
+    assert!(
+        a["input_tokens"].as_u64() > a["question_tokens"].as_u64(),
+        "the calls and results are part of the prompt: {a}"
+    );
+    let sc = &r["streamed_call"];
+    assert_eq!(sc["name"], "get_weather", "{sc}");
+    assert_eq!(sc["arguments"], sc["item_arguments"], "{sc}");
+    let args: Value = serde_json::from_str(sc["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args["city"].is_string() && args["unit"].is_string(),
+        "{args}"
+    );
+    assert!(sc["kinds"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("response.function_call_arguments.done")));
+    for (name, param) in [
+        ("previous_response_id", "previous_response_id"),
+        ("image", "input"),
+        ("web_search", "tools"),
+        ("bad_input", "input"),
+    ] {
+        let e = &r["refused"][name];
+        assert_eq!(e["status"], 400, "{name}: {e}");
+        assert_eq!(e["param"], param, "{name}: {e}");
+    }
+}

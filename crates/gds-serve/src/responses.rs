@@ -1,0 +1,583 @@
+//! `POST /v1/responses`: OpenAI's Responses API, served by the chat path.
+//!
+//! A request is rewritten into the chat form (`instructions` and `input` items become
+//! messages, `function_call` / `function_call_output` items become an assistant's tool calls
+//! and tool results, flat function tools become chat tools, `text.format` becomes
+//! `response_format`) and runs as one chat job: the same template, tool parsing, grammar
+//! and scheduler. The reply is a `response` object whose `output` holds a `message` item
+//! and/or `function_call` items; streamed, the Responses event sequence
+//! (`response.created` … `response.output_text.delta` … `response.completed`).
+//!
+//! Nothing is stored: `store` is accepted and ignored (answered `false`), and
+//! `previous_response_id` is refused — send the conversation as `input` items instead.
+
+use crate::api::{
+    authorize, chat_job, complete, constrain, finish, now_secs, parse, random_seed, sse, submit,
+    ApiError, ChatBody, ChatMessage, Common, End, Gen, Job, Kind, Piece,
+};
+use crate::ServerState;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+/// The Responses API's own fields (the sampling fields it shares with chat are read as
+/// [`Common`]).
+#[derive(Deserialize, Debug)]
+struct ResponsesBody {
+    input: Value,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+    /// `{"format": {"type": "text" | "json_object" | "json_schema", "schema", ...}}`.
+    #[serde(default)]
+    text: Option<Value>,
+    #[serde(default)]
+    max_output_tokens: Option<i64>,
+    #[serde(default)]
+    previous_response_id: Option<Value>,
+}
+
+fn bad(message: impl Into<String>, param: &'static str) -> ApiError {
+    ApiError::bad(message).param(param)
+}
+
+/// The text of a message item's `content`: a string, or parts of type `input_text`,
+/// `output_text` or `text`.
+fn content_text(content: Option<&Value>) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut s = String::new();
+            for p in parts {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                if !matches!(kind, "input_text" | "output_text" | "text") {
+                    return Err(bad(
+                        format!("content parts of type {kind:?} are not supported (text only)"),
+                        "input",
+                    ));
+                }
+                s.push_str(
+                    p.get("text")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad("a text part needs a \"text\" string", "input"))?,
+                );
+            }
+            Ok(s)
+        }
+        Some(_) => Err(bad(
+            "content must be a string or a list of text parts",
+            "input",
+        )),
+    }
+}
+
+fn message(role: &str, content: String) -> ChatMessage {
+    ChatMessage {
+        role: role.to_string(),
+        content: Some(Value::String(content)),
+        tool_calls: None,
+        tool_call_id: None,
+    }
+}
+
+/// `instructions` and `input` as chat messages. Consecutive `function_call` items become one
+/// assistant message with several calls (parallel calls), as chat templates expect.
+fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out = Vec::new();
+    if let Some(i) = instructions {
+        out.push(message("system", i));
+    }
+    let items = match input {
+        Value::String(s) => {
+            out.push(message("user", s.clone()));
+            return Ok(out);
+        }
+        Value::Array(items) => items,
+        _ => return Err(bad("input must be a string or a list of items", "input")),
+    };
+    for item in items {
+        let kind = item.get("type").and_then(Value::as_str);
+        let field = |name: &str| {
+            item.get(name)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    bad(
+                        format!("a {} item needs a \"{name}\" string", kind.unwrap_or("")),
+                        "input",
+                    )
+                })
+        };
+        match kind {
+            None | Some("message") => {
+                let role = item
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad("a message item needs a \"role\"", "input"))?;
+                if !matches!(role, "user" | "system" | "developer" | "assistant") {
+                    return Err(bad(format!("unknown role {role:?}"), "input"));
+                }
+                out.push(message(role, content_text(item.get("content"))?));
+            }
+            Some("function_call") => {
+                let call = json!({
+                    "id": field("call_id")?,
+                    "type": "function",
+                    "function": {"name": field("name")?, "arguments": field("arguments")?},
+                });
+                match out.last_mut() {
+                    Some(ChatMessage {
+                        role,
+                        tool_calls: Some(Value::Array(calls)),
+                        ..
+                    }) if role == "assistant" => calls.push(call),
+                    _ => out.push(ChatMessage {
+                        role: "assistant".into(),
+                        content: None,
+                        tool_calls: Some(json!([call])),
+                        tool_call_id: None,
+                    }),
+                }
+            }
+            Some("function_call_output") => {
+                let output = match item.get("output") {
+                    Some(Value::String(s)) => s.clone(),
+                    o => content_text(o)?,
+                };
+                out.push(ChatMessage {
+                    role: "tool".into(),
+                    content: Some(Value::String(output)),
+                    tool_calls: None,
+                    tool_call_id: Some(field("call_id")?),
+                });
+            }
+            Some(other) => {
+                return Err(bad(
+                    format!(
+                        "input items of type {other:?} are not supported (message, function_call, function_call_output)"
+                    ),
+                    "input",
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Flat function tools (`{"type": "function", "name", "description", "parameters"}`) in
+/// chat's nested form.
+fn chat_tools(tools: &Value) -> Result<Value, ApiError> {
+    let list = tools
+        .as_array()
+        .ok_or_else(|| bad("tools must be a list of function tools", "tools"))?;
+    let mut out = Vec::new();
+    for t in list {
+        let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind != "function" {
+            return Err(bad(
+                format!("tools of type {kind:?} are not supported (function tools only)"),
+                "tools",
+            ));
+        }
+        let mut f = serde_json::Map::new();
+        for key in ["name", "description", "parameters", "strict"] {
+            if let Some(v) = t.get(key) {
+                f.insert(key.into(), v.clone());
+            }
+        }
+        out.push(json!({"type": "function", "function": f}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// `tool_choice`: the strings as they are, `{"type": "function", "name"}` in chat's form.
+fn chat_tool_choice(choice: &Value) -> Value {
+    match choice.get("name") {
+        Some(name) if choice.get("type").and_then(Value::as_str) == Some("function") => {
+            json!({"type": "function", "function": {"name": name}})
+        }
+        _ => choice.clone(),
+    }
+}
+
+/// `text.format` as chat's `response_format`.
+fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
+    let Some(f) = text.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match f.get("type").and_then(Value::as_str) {
+        Some("json_schema") => Ok(Some(json!({
+            "type": "json_schema",
+            "json_schema": {
+                "name": f.get("name"),
+                "schema": f.get("schema"),
+                "strict": f.get("strict"),
+            },
+        }))),
+        Some("text" | "json_object") => Ok(Some(f.clone())),
+        _ => Err(bad(
+            "text.format must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}",
+            "text",
+        )),
+    }
+}
+
+/// The request rewritten as a chat job, and the fields echoed back in the response.
+async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<(Job, Value), ApiError> {
+    let r: ResponsesBody = parse(body)?;
+    let mut common: Common = parse(body)?;
+    if r.previous_response_id
+        .as_ref()
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(bad(
+            "this server stores no responses: send the conversation as input items",
+            "previous_response_id",
+        ));
+    }
+    // the chat fields the Responses API names differently or does not have
+    common.max_tokens = r.max_output_tokens;
+    common.max_completion_tokens = None;
+    common.n = None;
+    common.echo = None;
+    common.logprobs = None;
+    common.top_logprobs = None;
+    common.response_format = match &r.text {
+        Some(t) => response_format(t)?,
+        None => None,
+    };
+    let echoed = json!({
+        "instructions": r.instructions,
+        "max_output_tokens": r.max_output_tokens,
+        "temperature": common.temperature,
+        "top_p": common.top_p,
+        "tools": r.tools.clone().unwrap_or(json!([])),
+        "tool_choice": r.tool_choice.clone().unwrap_or(json!("auto")),
+        "parallel_tool_calls": r.parallel_tool_calls.unwrap_or(true),
+        "text": r.text.clone().unwrap_or(json!({"format": {"type": "text"}})),
+    });
+    let chat = ChatBody {
+        messages: messages(r.instructions, &r.input)?,
+        tools: r.tools.as_ref().map(chat_tools).transpose()?,
+        tool_choice: r.tool_choice.as_ref().map(chat_tool_choice),
+        parallel_tool_calls: r.parallel_tool_calls,
+    };
+    if chat.messages.is_empty() {
+        return Err(bad("input must not be empty", "input"));
+    }
+    let job = chat_job(st, chat, common).await?;
+    Ok((job, echoed))
+}
+
+/// A `response` object around `output`.
+fn response_object(
+    id: &str,
+    created: u64,
+    (model, input): (&str, usize),
+    echoed: &Value,
+    status: &str,
+    output: Vec<Value>,
+    end: Option<&End>,
+) -> Value {
+    let mut r = json!({
+        "id": id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": null,
+        "incomplete_details": null,
+        "model": model,
+        "output": output,
+        "store": false,
+        "metadata": {},
+        "usage": null,
+    });
+    if let Value::Object(e) = echoed {
+        for (k, v) in e {
+            r[k] = v.clone();
+        }
+    }
+    if let Some(end) = end {
+        if end.finish == "length" {
+            r["status"] = json!("incomplete");
+            r["incomplete_details"] = json!({"reason": "max_output_tokens"});
+        }
+        let cached = end.done.as_ref().map_or(0, |d| d.cached_tokens);
+        r["usage"] = json!({
+            "input_tokens": input,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": end.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input + end.completion_tokens,
+        });
+    }
+    r
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    json!({
+        "type": "message",
+        "id": id,
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    })
+}
+
+/// A chat tool call (`{"id", "function": {"name", "arguments"}}`) as a `function_call` item.
+fn call_item(call: &Value) -> Value {
+    let call_id = call.get("id").and_then(Value::as_str).unwrap_or_default();
+    json!({
+        "type": "function_call",
+        "id": format!("fc_{}", call_id.trim_start_matches("call_")),
+        "call_id": call_id,
+        "name": call.pointer("/function/name"),
+        "arguments": call.pointer("/function/arguments"),
+        "status": "completed",
+    })
+}
+
+/// `POST /v1/responses`.
+pub async fn responses(
+    State(st): State<Arc<ServerState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = async {
+        authorize(&st, &headers)?;
+        let (job, echoed) = responses_job(&st, &body).await?;
+        let id = format!("resp_{:016x}", random_seed());
+        let msg_id = format!("msg_{:016x}", random_seed());
+        let created = now_secs();
+        if job.stream {
+            return stream_response(st.clone(), job, echoed, id, msg_id, created).await;
+        }
+        let (choice, end) = complete(&st, &job, Kind::Chat, 0).await?;
+        let m = &choice["message"];
+        let mut output = Vec::new();
+        if let Some(text) = m["content"].as_str().filter(|t| !t.is_empty()) {
+            output.push(message_item(&msg_id, text, "completed"));
+        }
+        for c in m["tool_calls"].as_array().into_iter().flatten() {
+            output.push(call_item(c));
+        }
+        if output.is_empty() {
+            output.push(message_item(&msg_id, "", "completed"));
+        }
+        let r = response_object(
+            &id,
+            created,
+            (&job.model, job.prompt.len()),
+            &echoed,
+            "completed",
+            output,
+            Some(&end),
+        );
+        Ok(Json(r).into_response())
+    }
+    .await;
+    finish(&st, r)
+}
+
+/// Numbers the events of one streamed response (`sequence_number`) and names them.
+struct Events {
+    seq: u64,
+}
+
+impl Events {
+    fn event(&mut self, kind: &str, mut data: Value) -> SseEvent {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        SseEvent::default().event(kind).data(data.to_string())
+    }
+}
+
+/// The streamed form: text deltas as they come; with tools the reply is held until the end
+/// (a call may be starting) and then sent as a message item or as function-call items.
+async fn stream_response(
+    st: Arc<ServerState>,
+    job: Job,
+    echoed: Value,
+    id: String,
+    msg_id: String,
+    created: u64,
+) -> Result<Response, ApiError> {
+    let constraint = constrain(&st, &job).await?;
+    let submitted = submit(&st, &job, constraint)?;
+    let gen = Gen::new(st.clone(), submitted, job.stop.clone(), false);
+    let tools = job.tools.clone().filter(|t| t.parses());
+    let mut ev = Events { seq: 0 };
+    let who = (job.model.clone(), job.prompt.len());
+    let shell = response_object(
+        &id,
+        created,
+        (&who.0, who.1),
+        &echoed,
+        "in_progress",
+        vec![],
+        None,
+    );
+    let first = vec![
+        ev.event("response.created", json!({ "response": shell.clone() })),
+        ev.event("response.in_progress", json!({ "response": shell })),
+    ];
+    // state: the generator, the text so far, whether the message item was opened
+    let body = stream::unfold(
+        Some((gen, String::new(), false, ev)),
+        move |state| {
+            let (who, echoed, id, msg_id, tools) = (
+                who.clone(),
+                echoed.clone(),
+                id.clone(),
+                msg_id.clone(),
+                tools.clone(),
+            );
+            async move {
+                let (mut g, mut text, mut opened, mut ev) = state?;
+                let open = |ev: &mut Events| {
+                    vec![
+                        ev.event(
+                            "response.output_item.added",
+                            json!({"output_index": 0, "item": {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}}),
+                        ),
+                        ev.event(
+                            "response.content_part.added",
+                            json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+                        ),
+                    ]
+                };
+                match g.next().await {
+                    Some(Piece::Text(t)) => {
+                        text.push_str(&t);
+                        let mut out = Vec::new();
+                        if tools.is_none() {
+                            if !opened {
+                                out.extend(open(&mut ev));
+                                opened = true;
+                            }
+                            out.push(ev.event(
+                                "response.output_text.delta",
+                                json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": t, "logprobs": []}),
+                            ));
+                        }
+                        Some((out, Some((g, text, opened, ev))))
+                    }
+                    Some(Piece::End(end)) => {
+                        let mut out = Vec::new();
+                        if let Some(rest) = g.rest() {
+                            text.push_str(&rest);
+                            if tools.is_none() {
+                                if !opened {
+                                    out.extend(open(&mut ev));
+                                    opened = true;
+                                }
+                                out.push(ev.event(
+                                    "response.output_text.delta",
+                                    json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": rest, "logprobs": []}),
+                                ));
+                            }
+                        }
+                        let (content, calls) = match tools.as_deref() {
+                            Some(t) => t.parse(&text),
+                            None => (Some(text.clone()), Vec::new()),
+                        };
+                        let content = content.unwrap_or_default();
+                        let mut items = Vec::new();
+                        if !content.is_empty() || calls.is_empty() {
+                            if !opened {
+                                out.extend(open(&mut ev));
+                                if !content.is_empty() {
+                                    out.push(ev.event(
+                                        "response.output_text.delta",
+                                        json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": content, "logprobs": []}),
+                                    ));
+                                }
+                            }
+                            let item = message_item(&msg_id, &content, "completed");
+                            out.push(ev.event(
+                                "response.output_text.done",
+                                json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "text": content, "logprobs": []}),
+                            ));
+                            out.push(ev.event(
+                                "response.content_part.done",
+                                json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "part": item["content"][0]}),
+                            ));
+                            out.push(ev.event(
+                                "response.output_item.done",
+                                json!({"output_index": 0, "item": item}),
+                            ));
+                            items.push(item);
+                        }
+                        for c in &calls {
+                            let item = call_item(c);
+                            let index = items.len();
+                            let mut added = item.clone();
+                            added["arguments"] = json!("");
+                            added["status"] = json!("in_progress");
+                            out.push(ev.event(
+                                "response.output_item.added",
+                                json!({"output_index": index, "item": added}),
+                            ));
+                            out.push(ev.event(
+                                "response.function_call_arguments.delta",
+                                json!({"item_id": item["id"], "output_index": index, "delta": item["arguments"]}),
+                            ));
+                            out.push(ev.event(
+                                "response.function_call_arguments.done",
+                                json!({"item_id": item["id"], "output_index": index, "arguments": item["arguments"]}),
+                            ));
+                            out.push(ev.event(
+                                "response.output_item.done",
+                                json!({"output_index": index, "item": item}),
+                            ));
+                            items.push(item);
+                        }
+                        let r = response_object(
+                            &id,
+                            created,
+                            (&who.0, who.1),
+                            &echoed,
+                            "completed",
+                            items,
+                            Some(&end),
+                        );
+                        let kind = if r["status"] == "incomplete" {
+                            "response.incomplete"
+                        } else {
+                            "response.completed"
+                        };
+                        out.push(ev.event(kind, json!({ "response": r })));
+                        Some((out, None))
+                    }
+                    Some(Piece::Error(e)) => {
+                        let body = e.body();
+                        let out = vec![ev.event(
+                            "error",
+                            json!({"code": body["error"]["code"], "message": body["error"]["message"], "param": body["error"]["param"]}),
+                        )];
+                        Some((out, None))
+                    }
+                    None => None,
+                }
+            }
+        },
+    )
+    .flat_map(stream::iter);
+    let all = stream::iter(first).chain(body).map(Ok::<_, Infallible>);
+    Ok(sse(all))
+}

@@ -1,0 +1,158 @@
+//! lm-evaluation-harness as an evaluator: its `local-completions` model runs the local tasks
+//! of `fixtures/lm-eval` (40 multiple-choice questions scored by log-likelihood through
+//! `/v1/completions` with `echo` and `logprobs`, batched as lists of token-id lists; 16
+//! greedy generations) against `gdsrun serve`, and the results are compared with lm-eval's
+//! `hf` backend (transformers, float32) on the same weights
+//! (`fixtures/lm-eval/hf-smollm2-f32.json`, by `scripts/reference/lm_eval_golden.py`).
+//! The harness tokenizes with the server's own tokenizer (`/tokenizer_info`, `/tokenize`),
+//! which these tests also check directly.
+
+use serde_json::Value;
+use std::process::Command;
+
+mod common;
+use common::{http, serial, start_model};
+
+/// SmolLM2 from the F16 Hugging Face directory the reference ran on, converted into `dir`.
+fn smollm_f16(dir: &std::path::Path) -> std::path::PathBuf {
+    let out = dir.join("smollm2-f16.gds");
+    gds_convert::convert(
+        &gds_tests::smollm_hf_f16(),
+        &out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .expect("convert");
+    out
+}
+
+fn post(addr: &str, path: &str, body: Value) -> (u16, Value) {
+    let (status, text) = http(addr, "POST", path, Some(body.to_string().as_bytes()));
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[test]
+fn lm_eval_scores_like_the_transformers_backend() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = smollm_f16(tmp.path());
+    // float activations: the reference's arithmetic (F16 weights are multiplied in f32
+    // either way; named so that the comparison does not hang on that default)
+    let s = start_model(&model, &["--activations", "f32"]);
+    let out = Command::new("python3")
+        .arg(gds_tests::root().join("scripts/lm_eval_check.py"))
+        .arg(format!("http://{}/v1", s.addr))
+        .arg(gds_tests::fixture("lm-eval/hf-smollm2-f32.json"))
+        .current_dir(gds_tests::root())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "lm_eval_check.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    eprintln!("{r:#}");
+    assert_eq!(r["n_mc"], 40);
+    assert_eq!(r["n_loglik"], 160);
+    assert_eq!(r["n_gen"], 16);
+    // The same F16 weights in float32 on both sides; only the order of the sums differs
+    // (blocked SIMD dot products here, BLAS there): measured 4e-4 at most over 160
+    // log-likelihoods of 1-4 tokens each. 0.01 leaves room for other CPUs' code paths and
+    // is still far below the gaps that decide an item (a tenth or more).
+    let max = r["loglik_max_abs_diff"].as_f64().unwrap();
+    assert!(max < 0.01, "per-item log-likelihoods differ by up to {max}");
+    // hence the same answers, and accuracy within a question (2.5 points)
+    let differs = r["choice_differs"].as_array().unwrap();
+    assert!(differs.len() <= 1, "chosen answers differ: {differs:?}");
+    for (ours, theirs) in [
+        ("acc", "ref_acc"),
+        ("acc_norm", "ref_acc_norm"),
+        ("exact_match", "ref_exact_match"),
+    ] {
+        let (a, b) = (r[ours].as_f64().unwrap(), r[theirs].as_f64().unwrap());
+        assert!((a - b).abs() <= 0.026, "{ours} {a} vs {b}");
+    }
+    // greedy generations: the same text, at most one near-tie apart
+    let gen = r["gen_differs"].as_array().unwrap();
+    assert!(gen.len() <= 1, "generations differ: {gen:?}");
+}
+
+#[test]
+fn the_tokenizer_is_served() {
+    let _one = serial();
+    let s = common::start(&[]);
+    let tok =
+        tokenizers::Tokenizer::from_file(gds_tests::smollm_converted().join("tokenizer.json"))
+            .unwrap();
+    let (st, info) = http(&s.addr, "GET", "/tokenizer_info", None);
+    assert_eq!(st, 200, "{info}");
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["eos_token"], "<|im_end|>");
+    assert_eq!(info["eos_token_id"], 2);
+    assert_eq!(info["model_max_length"], 1024);
+    assert!(info["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
+
+    // text: the tokenizer's ids; special-token texts parsed unless asked not to
+    let text = "Hello <|im_end|> world 12345";
+    let (st, r) = post(
+        &s.addr,
+        "/tokenize",
+        serde_json::json!({"prompt": text, "return_token_strs": true}),
+    );
+    assert_eq!(st, 200, "{r}");
+    let want: Vec<u32> = tok.encode(text, false).unwrap().get_ids().to_vec();
+    let ids: Vec<u32> = serde_json::from_value(r["tokens"].clone()).unwrap();
+    assert_eq!(ids, want);
+    assert!(ids.contains(&2));
+    assert_eq!(r["count"], want.len());
+    assert_eq!(r["token_strs"][0], "Hello");
+    let (_, lit) = post(
+        &s.addr,
+        "/tokenize",
+        serde_json::json!({"content": text, "parse_special": false}),
+    );
+    let lit: Vec<u32> = serde_json::from_value(lit["tokens"].clone()).unwrap();
+    assert!(!lit.contains(&2) && lit.len() > ids.len(), "{lit:?}");
+
+    // back to text, special tokens kept
+    let (st, d) = post(&s.addr, "/detokenize", serde_json::json!({ "tokens": ids }));
+    assert_eq!(st, 200);
+    assert_eq!(d["prompt"], tok.decode(&ids, false).unwrap().as_str());
+    assert!(d["prompt"].as_str().unwrap().contains("<|im_end|>"));
+
+    // a chat: the same ids the chat endpoint would run
+    let (st, c) = post(
+        &s.addr,
+        "/tokenize",
+        serde_json::json!({"messages": [{"role": "user", "content": "hi <|im_end|>"}]}),
+    );
+    assert_eq!(st, 200, "{c}");
+    let chat: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
+    assert_eq!(chat.first(), Some(&1), "<|im_start|> opens the chat");
+    // the message's special-token text stays text: two <|im_end|> (system and user turns)
+    assert_eq!(chat.iter().filter(|&&t| t == 2).count(), 2, "{chat:?}");
+
+    // bad input: 400 naming the field
+    for (path, body, param) in [
+        (
+            "/detokenize",
+            serde_json::json!({"tokens": [49152]}),
+            "tokens",
+        ),
+        ("/detokenize", serde_json::json!({"tokens": [-1]}), "tokens"),
+        ("/tokenize", serde_json::json!({}), "prompt"),
+        (
+            "/tokenize",
+            serde_json::json!({"prompt": "a", "messages": []}),
+            "messages",
+        ),
+    ] {
+        let (st, e) = post(&s.addr, path, body.clone());
+        assert_eq!(st, 400, "{path} {body}: {e}");
+        assert_eq!(e["error"]["param"], param, "{e}");
+    }
+}
