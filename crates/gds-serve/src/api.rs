@@ -828,6 +828,11 @@ impl Gen {
                     if let Some(lp) = lp {
                         self.lps.push((id, lp));
                     }
+                    if self.st.tokenizer.is_eog(id) {
+                        // the token that ends the reply: counted and scored, never text
+                        // (whether or not the vocabulary marks it special)
+                        continue;
+                    }
                     let piece = match self.decode_step(id) {
                         Ok(p) => p,
                         Err(e) => return Some(self.fail(e)),
