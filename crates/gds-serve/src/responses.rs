@@ -407,6 +407,36 @@ impl Events {
     }
 }
 
+/// Opens the message item: `response.output_item.added`, `response.content_part.added`.
+fn open_message(ev: &mut Events, msg_id: &str, out: &mut Vec<SseEvent>) {
+    out.push(ev.event(
+        "response.output_item.added",
+        json!({"output_index": 0, "item": {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}}),
+    ));
+    out.push(ev.event(
+        "response.content_part.added",
+        json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+    ));
+}
+
+/// A `response.output_text.delta`, opening the message item first when it is not yet.
+fn text_delta(
+    ev: &mut Events,
+    opened: &mut bool,
+    msg_id: &str,
+    delta: &str,
+    out: &mut Vec<SseEvent>,
+) {
+    if !*opened {
+        open_message(ev, msg_id, out);
+        *opened = true;
+    }
+    out.push(ev.event(
+        "response.output_text.delta",
+        json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": delta, "logprobs": []}),
+    ));
+}
+
 /// The streamed form: text deltas as they come; with tools the reply is held until the end
 /// (a call may be starting) and then sent as a message item or as function-call items.
 async fn stream_response(
@@ -449,31 +479,12 @@ async fn stream_response(
             );
             async move {
                 let (mut g, mut text, mut opened, mut ev) = state?;
-                let open = |ev: &mut Events| {
-                    vec![
-                        ev.event(
-                            "response.output_item.added",
-                            json!({"output_index": 0, "item": {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}}),
-                        ),
-                        ev.event(
-                            "response.content_part.added",
-                            json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
-                        ),
-                    ]
-                };
                 match g.next().await {
                     Some(Piece::Text(t)) => {
                         text.push_str(&t);
                         let mut out = Vec::new();
                         if tools.is_none() {
-                            if !opened {
-                                out.extend(open(&mut ev));
-                                opened = true;
-                            }
-                            out.push(ev.event(
-                                "response.output_text.delta",
-                                json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": t, "logprobs": []}),
-                            ));
+                            text_delta(&mut ev, &mut opened, &msg_id, &t, &mut out);
                         }
                         Some((out, Some((g, text, opened, ev))))
                     }
@@ -482,14 +493,7 @@ async fn stream_response(
                         if let Some(rest) = g.rest() {
                             text.push_str(&rest);
                             if tools.is_none() {
-                                if !opened {
-                                    out.extend(open(&mut ev));
-                                    opened = true;
-                                }
-                                out.push(ev.event(
-                                    "response.output_text.delta",
-                                    json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": rest, "logprobs": []}),
-                                ));
+                                text_delta(&mut ev, &mut opened, &msg_id, &rest, &mut out);
                             }
                         }
                         let (content, calls) = match tools.as_deref() {
@@ -500,12 +504,10 @@ async fn stream_response(
                         let mut items = Vec::new();
                         if !content.is_empty() || calls.is_empty() {
                             if !opened {
-                                out.extend(open(&mut ev));
+                                // held (tools) or empty: one delta with all of it, if any
+                                open_message(&mut ev, &msg_id, &mut out);
                                 if !content.is_empty() {
-                                    out.push(ev.event(
-                                        "response.output_text.delta",
-                                        json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": content, "logprobs": []}),
-                                    ));
+                                    text_delta(&mut ev, &mut true, &msg_id, &content, &mut out);
                                 }
                             }
                             let item = message_item(&msg_id, &content, "completed");
