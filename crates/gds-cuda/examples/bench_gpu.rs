@@ -6,6 +6,7 @@
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
 use gds_cuda::plan::Layout;
 use gds_cuda::{probe, GpuPath};
+use gds_runtime::cuda_graph::CudaGraph;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -49,8 +50,17 @@ fn run(
         load,
         vram_budget: budget as u64,
         ctx,
-        rope: None,
+        rope: Vec::new(),
         verify: true,
+    };
+    // The model's graph and RoPE tables (gds-runtime's, as `gdsrun --backend cuda` opens it).
+    let open = |opts: ExecOptions| -> Result<GpuModel, Box<dyn std::error::Error>> {
+        let (graph, rope) = CudaGraph::open(dir, ctx)?;
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = gds_format::Manifest::parse(&bytes)?;
+        let layout = Layout::from_manifest(dir, &m)?;
+        let opts = ExecOptions { rope, ..opts };
+        Ok(GpuModel::open(dir, &m, layout, &opts, Box::new(graph))?)
     };
 
     println!(
@@ -73,7 +83,7 @@ fn run(
     let mut best_bw: f64 = 0.0;
     let mut best_path = LoadPath::Bounce { direct: true };
     for (name, load) in &loads {
-        let m = GpuModel::open(dir, &opts(*load, all))?;
+        let m = open(opts(*load, all))?;
         let bw = m.stats.bytes as f64 / m.stats.seconds.max(1e-9);
         println!(
             "{name:30} {:8.2} GB/s  ({} bytes in {:.3} s)",
@@ -94,7 +104,7 @@ fn run(
     );
     for frac in [0.0, 0.25, 0.5, 0.75, 1.0] {
         let budget = min + ((all - min) as f64 * frac) as usize;
-        let mut m = GpuModel::open(dir, &opts(best_path, budget))?;
+        let mut m = open(opts(best_path, budget))?;
         let mut logits = vec![0f32; m.layout().shape.vocab];
         m.forward(&mut logits, &[1], 0)?;
         let t0 = Instant::now();

@@ -1,19 +1,23 @@
 // CPU emulation of the CUDA subset the kernels use, so that the same .cu sources compile as
-// C++ and run in tests (crates/gds-cuda/tests/emu.rs). Not for speed: a launch runs the
-// blocks one after another, and every thread of a block as its own OS thread, so that
-// __syncthreads() and warp shuffles are real barriers between concurrently running threads.
+// C++ and run in tests (crates/gds-cuda/tests/emu.rs). Not for speed, but not wasteful: a
+// launch runs the blocks one after another, and the threads of a block as cooperative
+// fibers (ucontext) on the calling OS thread. __syncthreads() switches to the next fiber
+// of the block; when every fiber has reached it, the first one resumes. So a barrier is a
+// real barrier (no thread passes it before all have reached it, and what was written
+// before it is read after it), and the kernels' barrier discipline is what makes them run
+// at all: a thread that skips a barrier the others reach desynchronises the block.
 //
 // Emulated: __global__/__device__/__forceinline__, __shared__ (a static local: one copy,
-// which is right because only one block runs at a time), threadIdx/blockIdx (thread-local)
-// and blockDim/gridDim, __syncthreads, __shfl_xor_sync on float (a block-wide exchange:
-// every thread of the block must reach it, which the kernels guarantee), __uint_as_float,
-// rsqrtf, expf/fmaxf (from <cmath>).
+// which is right because only one block runs at a time), threadIdx/blockIdx (set at each
+// switch) and blockDim/gridDim, __syncthreads, __shfl_xor_sync on float (a block-wide
+// exchange: every thread of the block must reach it, which the kernels guarantee),
+// __uint_as_float, rsqrtf, expf/fmaxf/tanhf (from <cmath>).
 #pragma once
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
-#include <thread>
+#include <ucontext.h>
 #include <vector>
 
 #define __global__
@@ -26,31 +30,31 @@ struct dim3 {
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-static thread_local dim3 threadIdx(0, 0, 0);
-static thread_local dim3 blockIdx(0, 0, 0);
+static dim3 threadIdx(0, 0, 0);
+static dim3 blockIdx(0, 0, 0);
 static dim3 blockDim;
 static dim3 gridDim;
 
 namespace emu {
-// A reusable barrier for the threads of one block (C++11: no std::barrier needed).
-struct Barrier {
-    std::mutex m;
-    std::condition_variable cv;
-    unsigned n = 0, count = 0, generation = 0;
-    void wait() {
-        std::unique_lock<std::mutex> lock(m);
-        unsigned gen = generation;
-        if (++count == n) {
-            count = 0;
-            generation++;
-            cv.notify_all();
-        } else {
-            cv.wait(lock, [&] { return gen != generation; });
-        }
-    }
+// One fiber per thread of a block, with its own stack (kept across launches).
+struct Fiber {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    dim3 idx;
+    bool done;
 };
-static Barrier block_barrier;
-// One launch at a time per process: blockDim, the barrier and the shuffle slots are global
+const size_t FIBER_STACK = 64 * 1024;
+static ucontext_t scheduler;
+static std::vector<Fiber> fibers;
+static unsigned current;
+// The kernel call of the running launch, for every fiber of the block.
+static std::function<void()> body;
+static void fiber_main() {
+    body();
+    fibers[current].done = true;
+    // returning resumes the scheduler (uc_link)
+}
+// One launch at a time per process: the fibers, blockDim and the shuffle slots are global
 // (tests call kernels from several threads).
 static std::mutex launch_lock;
 static float shuffle_slots[1024];
@@ -59,7 +63,8 @@ inline unsigned linear_tid() {
 }
 }  // namespace emu
 
-inline void __syncthreads() { emu::block_barrier.wait(); }
+// The running fiber waits here until every fiber of the block has arrived.
+inline void __syncthreads() { swapcontext(&emu::fibers[emu::current].ctx, &emu::scheduler); }
 
 inline float __shfl_xor_sync(unsigned /*mask*/, float v, int lane_mask) {
     unsigned t = emu::linear_tid();
@@ -78,30 +83,41 @@ inline float __uint_as_float(unsigned u) {
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
-// kernel<<<grid, block>>>(args...), synchronously. One OS thread per thread of a block; the
-// same threads run every block in turn, with a barrier between blocks (so a block's
-// __shared__ storage is free again before the next one starts).
+// kernel<<<grid, block>>>(args...), synchronously: for each block, one fiber per thread,
+// run in rounds from barrier to barrier (fiber 0 .. n-1 each up to its next barrier, or to
+// its end) until all have returned.
 template <typename... P, typename... A>
 void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
     std::lock_guard<std::mutex> one_launch(emu::launch_lock);
     gridDim = grid;
     blockDim = block;
     unsigned nt = block.x * block.y * block.z;
-    emu::block_barrier.n = nt;
-    std::vector<std::thread> threads;
-    threads.reserve(nt);
-    for (unsigned tz = 0; tz < block.z; tz++)
-        for (unsigned ty = 0; ty < block.y; ty++)
-            for (unsigned tx = 0; tx < block.x; tx++)
-                threads.emplace_back([=] {
-                    threadIdx = dim3(tx, ty, tz);
-                    for (unsigned bz = 0; bz < grid.z; bz++)
-                        for (unsigned by = 0; by < grid.y; by++)
-                            for (unsigned bx = 0; bx < grid.x; bx++) {
-                                blockIdx = dim3(bx, by, bz);
-                                kernel(args...);
-                                __syncthreads();
-                            }
-                });
-    for (auto& t : threads) t.join();
+    if (emu::fibers.size() < nt) emu::fibers.resize(nt);
+    emu::body = [=] { kernel(args...); };
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                blockIdx = dim3(bx, by, bz);
+                for (unsigned i = 0; i < nt; i++) {
+                    emu::Fiber& f = emu::fibers[i];
+                    f.stack.resize(emu::FIBER_STACK);
+                    f.idx = dim3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
+                    f.done = false;
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = f.stack.data();
+                    f.ctx.uc_stack.ss_size = f.stack.size();
+                    f.ctx.uc_link = &emu::scheduler;
+                    makecontext(&f.ctx, emu::fiber_main, 0);
+                }
+                for (bool running = true; running;) {
+                    running = false;
+                    for (unsigned i = 0; i < nt; i++) {
+                        if (emu::fibers[i].done) continue;
+                        emu::current = i;
+                        threadIdx = emu::fibers[i].idx;
+                        swapcontext(&emu::scheduler, &emu::fibers[i].ctx);
+                        running = running || !emu::fibers[i].done;
+                    }
+                }
+            }
 }

@@ -1,9 +1,11 @@
-// The rest of the llama forward pass on f32 activations, row by row. The CPU backend's
-// formulas (crates/gds-runtime: ops.rs, rope.rs, attention.rs) are the reference.
+// The graph's ops (crates/gds-runtime/src/graph) on f32 activations, row by row. The CPU
+// backend's formulas (crates/gds-runtime: ops.rs, rope.rs, attention.rs) are the reference.
 
-// out[t, i] = x[t, i] * w[i] / sqrt(mean_i(x[t, i]^2) + eps). Grid ntok, block BLOCK_THREADS.
-extern "C" __global__ void rmsnorm(const float* __restrict__ x, const float* __restrict__ w,
-                                   float* __restrict__ out, int n, float eps) {
+// out[t, i] = x[t, i] * w[i] / sqrt(mean_i(x[t, i]^2) + eps). Grid: one block per row (a
+// token's row, or one head of it for the per-head Q/K norms), BLOCK_THREADS. `out` may be
+// `x`: each thread reads and then writes only its own elements, the sum in between.
+extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w, float* out,
+                                   int n, float eps) {
     __shared__ float scratch[32];
     const float* xr = x + (unsigned long long)blockIdx.x * n;
     float* yr = out + (unsigned long long)blockIdx.x * n;
@@ -14,56 +16,63 @@ extern "C" __global__ void rmsnorm(const float* __restrict__ x, const float* __r
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 
-// Rotary embedding of adjacent pairs (ggml "normal" mode: Q/K rows are stored permuted),
-// in place on x[t, head, head_dim] for token t at position pos0 + t. cos/sin tables are
-// [position][head_dim / 2], computed once on the host exactly as the CPU RopeTable does.
-// Grid ntok, block BLOCK_THREADS.
+// Rotary embedding, in place on x[t, head, head_dim] for token t at position pos0 + t, of
+// the first 2 * half dimensions of each head (partial rotary: the rest pass unchanged).
+// neox = 0: ggml's "normal" mode, adjacent pairs (2i, 2i+1) (llama's Q/K rows are stored
+// permuted for it); neox = 1: the halves (i, i + half) (Gemma, Qwen, Phi; HF's rotate_half).
+// cos/sin tables are [position][half], computed once on the host exactly as the CPU
+// RopeTable does (scaling, LongRoPE factors included). Grid ntok, block BLOCK_THREADS.
 extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ cos_t,
                                 const float* __restrict__ sin_t, int n_heads, int head_dim,
-                                int pos0) {
-    int half = head_dim / 2;
+                                int half, int neox, int pos0) {
     int t = blockIdx.x;
     const float* c = cos_t + (unsigned long long)(pos0 + t) * half;
     const float* s = sin_t + (unsigned long long)(pos0 + t) * half;
     float* xt = x + (unsigned long long)t * n_heads * head_dim;
     for (int p = threadIdx.x; p < n_heads * half; p += blockDim.x) {
         int h = p / half, i = p % half;
-        float* pair = xt + h * head_dim + 2 * i;
-        float x0 = pair[0], x1 = pair[1];
-        pair[0] = x0 * c[i] - x1 * s[i];
-        pair[1] = x0 * s[i] + x1 * c[i];
+        float* a = xt + h * head_dim + (neox ? i : 2 * i);
+        float* b = neox ? a + half : a + 1;
+        float x0 = *a, x1 = *b;
+        *a = x0 * c[i] - x1 * s[i];
+        *b = x0 * s[i] + x1 * c[i];
     }
 }
 
 // Causal attention of ntok queries (positions pos0 .. pos0+ntok-1) against an f32 KV cache
 // laid out [position][n_kv_heads * head_dim], already holding every position up to the
 // query's own. q, out: [t][n_heads * head_dim]. att: scratch of [ntok * n_heads][n_ctx].
-// Grouped-query: head h reads kv head h / (n_heads / n_kv_heads).
+// Grouped-query: head h reads kv head h / (n_heads / n_kv_heads). Scores are q·k * scale,
+// then softcap * tanh(s / softcap) where softcap > 0 (Gemma 2); window > 0: a query at
+// position p sees only keys above p - window (sliding-window layers).
 // Grid (n_heads, ntok), block BLOCK_THREADS.
 extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ k,
                                      const float* __restrict__ v, float* __restrict__ att,
                                      float* __restrict__ out, int n_heads, int n_kv_heads,
-                                     int head_dim, int pos0, int n_ctx, float scale) {
+                                     int head_dim, int pos0, int n_ctx, float scale,
+                                     int window, float softcap) {
     __shared__ float scratch[32];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_heads / n_kv_heads);
     int kv_stride = n_kv_heads * head_dim;
     int n_pos = pos0 + t + 1;
+    int first = (window > 0 && n_pos > window) ? n_pos - window : 0;
     const float* qh = q + ((unsigned long long)t * n_heads + h) * head_dim;
     float* a = att + ((unsigned long long)t * n_heads + h) * n_ctx;
 
     float mx = -3.402823466e38f;
-    for (int p = threadIdx.x; p < n_pos; p += blockDim.x) {
+    for (int p = first + threadIdx.x; p < n_pos; p += blockDim.x) {
         const float* kp = k + (unsigned long long)p * kv_stride + kvh * head_dim;
         float s = 0.0f;
         for (int d = 0; d < head_dim; d++) s += qh[d] * kp[d];
         s *= scale;
+        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         a[p] = s;
         mx = fmaxf(mx, s);
     }
     mx = block_max(mx, scratch);
     float sum = 0.0f;
-    for (int p = threadIdx.x; p < n_pos; p += blockDim.x) {
+    for (int p = first + threadIdx.x; p < n_pos; p += blockDim.x) {
         float e = expf(a[p] - mx);
         a[p] = e;
         sum += e;
@@ -75,7 +84,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         const float* vp = v + kvh * head_dim + d;
         float acc = 0.0f;
-        for (int p = 0; p < n_pos; p++) acc += a[p] * vp[(unsigned long long)p * kv_stride];
+        for (int p = first; p < n_pos; p++) acc += a[p] * vp[(unsigned long long)p * kv_stride];
         oh[d] = acc * inv;
     }
 }
@@ -87,6 +96,34 @@ extern "C" __global__ void swiglu(float* __restrict__ gate, const float* __restr
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+// gate[i] = gelu_tanh(gate[i]) * up[i] (GeGLU, Gemma). Grid ceil(n / BLOCK_THREADS).
+extern "C" __global__ void geglu(float* __restrict__ gate, const float* __restrict__ up, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + tanhf(0.7978846f * g * (1.0f + 0.044715f * g * g))) * up[i];
+    }
+}
+
+// y[t, i] += b[i] for ntok rows of n (biases). Grid ceil(ntok * n / BLOCK_THREADS).
+extern "C" __global__ void add_rows(float* __restrict__ y, const float* __restrict__ b, int n,
+                                    int ntok) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (long long)n * ntok) y[i] += b[i % n];
+}
+
+// x[i] *= s (Gemma's embedding scale). Grid ceil(n / BLOCK_THREADS).
+extern "C" __global__ void scale_inplace(float* __restrict__ x, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+// x[i] = cap * tanh(x[i] / cap) (Gemma 2's final logit cap). Grid ceil(n / BLOCK_THREADS).
+extern "C" __global__ void softcap_inplace(float* __restrict__ x, float cap, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 // y[i] += x[i] (residual connections). Grid ceil(n / BLOCK_THREADS).

@@ -51,6 +51,35 @@ __device__ __forceinline__ void deq_q4_1(const u8* b, float* y) {
     }
 }
 
+// Q5_0: d f16, qh u32 (bit j: the fifth bit of value j), qs[16];
+// x[j] = ((qs[j] & 15) | bit j << 4) - 16) d, x[j+16] = ((qs[j] >> 4) | bit j+16 << 4) - 16) d.
+#define Q5_0_QK 32
+#define Q5_0_BYTES 22
+__device__ __forceinline__ void q5_0_pair(const u8* b, int j, int* lo, int* hi) {
+    u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
+    u8 q = b[6 + j];
+    *lo = (int)((q & 15) | (((qh >> j) & 1) << 4)) - 16;
+    *hi = (int)((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+}
+__device__ __forceinline__ float dot_q5_0(const u8* b, const float* x) {
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        int lo, hi;
+        q5_0_pair(b, j, &lo, &hi);
+        s += (float)lo * x[j] + (float)hi * x[j + 16];
+    }
+    return ld_f16(b) * s;
+}
+__device__ __forceinline__ void deq_q5_0(const u8* b, float* y) {
+    float d = ld_f16(b);
+    for (int j = 0; j < 16; j++) {
+        int lo, hi;
+        q5_0_pair(b, j, &lo, &hi);
+        y[j] = (float)lo * d;
+        y[j + 16] = (float)hi * d;
+    }
+}
+
 // Q8_0: d f16, qs[32] i8; x = q d.
 #define Q8_0_QK 32
 #define Q8_0_BYTES 34
@@ -185,6 +214,7 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
 
 BLOCK_KERNELS(q4_0, Q4_0_QK, Q4_0_BYTES, dot_q4_0, deq_q4_0)
 BLOCK_KERNELS(q4_1, Q4_1_QK, Q4_1_BYTES, dot_q4_1, deq_q4_1)
+BLOCK_KERNELS(q5_0, Q5_0_QK, Q5_0_BYTES, dot_q5_0, deq_q5_0)
 BLOCK_KERNELS(q8_0, Q8_0_QK, Q8_0_BYTES, dot_q8_0, deq_q8_0)
 BLOCK_KERNELS(q4_k, Q4_K_QK, Q4_K_BYTES, dot_q4_k, deq_q4_k)
 BLOCK_KERNELS(q6_k, Q6_K_QK, Q6_K_BYTES, dot_q6_k, deq_q6_k)

@@ -1,6 +1,7 @@
 //! The GPU executor: layer files into VRAM (cuFile, or pinned bounce buffers), weights used
-//! in place in their on-disk block formats, and the llama forward pass ([`crate::forward`])
-//! launched on two streams. The executor's logic (layout, residency, the per-token
+//! in place in their on-disk block formats, and the model's graph (a
+//! [`BlockGraph`](crate::forward::BlockGraph) over [`crate::forward`]'s kernels) launched on
+//! two streams. The executor's logic (layout, residency, the per-token
 //! schedule, read-ahead) is [`crate::stream::Streamer`]; this module is its CUDA
 //! [`Vram`]: device buffers, loads, streams and events.
 //!
@@ -73,9 +74,10 @@ pub struct ExecOptions {
     pub vram_budget: u64,
     /// Context length (KV cache positions).
     pub ctx: usize,
-    /// RoPE tables `[ctx][head_dim / 2]` (cos, sin) from the runtime's `RopeTable`; `None`
-    /// computes plain `theta^(-2i/d)` tables (no scaling).
-    pub rope: Option<(Vec<f32>, Vec<f32>)>,
+    /// RoPE tables `[ctx][rope_dims / 2]` (cos, sin) from the runtime's `RopeTable`s (the
+    /// global layers', then the window layers' where they differ); empty computes one plain
+    /// `theta^(-2i/d)` table (no scaling).
+    pub rope: Vec<(Vec<f32>, Vec<f32>)>,
     /// Check every layer file's content hash before its bytes reach the device (on the
     /// host, once per file identity; see `gds_io::verify`). `false` with `--no-verify`.
     pub verify: bool,
@@ -255,11 +257,14 @@ impl Device for Gpu {
         sin: u64,
         n_heads: i32,
         head_dim: i32,
+        half: i32,
+        neox: bool,
         pos0: i32,
         ntok: i32,
     ) -> Result<(), GpuError> {
         let c = cfg((ntok as u32, 1), (BLOCK_THREADS, 1));
-        launch!(self, "rope", c, x, cos, sin, n_heads, head_dim, pos0)
+        let neox = neox as i32;
+        launch!(self, "rope", c, x, cos, sin, n_heads, head_dim, half, neox, pos0)
     }
     fn attention(
         &mut self,
@@ -275,6 +280,8 @@ impl Device for Gpu {
         ntok: i32,
         n_ctx: i32,
         scale: f32,
+        window: i32,
+        softcap: f32,
     ) -> Result<(), GpuError> {
         let c = cfg((n_heads as u32, ntok as u32), (BLOCK_THREADS, 1));
         launch!(
@@ -291,12 +298,30 @@ impl Device for Gpu {
             head_dim,
             pos0,
             n_ctx,
-            scale
+            scale,
+            window,
+            softcap
         )
     }
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
         launch!(self, "swiglu", c, gate, up, n)
+    }
+    fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
+        launch!(self, "geglu", c, gate, up, n)
+    }
+    fn add_rows(&mut self, y: u64, b: u64, n: i32, ntok: i32) -> Result<(), GpuError> {
+        let c = cfg((cdiv(n * ntok, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
+        launch!(self, "add_rows", c, y, b, n, ntok)
+    }
+    fn scale(&mut self, x: u64, s: f32, n: i32) -> Result<(), GpuError> {
+        let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
+        launch!(self, "scale_inplace", c, x, s, n)
+    }
+    fn softcap(&mut self, x: u64, cap: f32, n: i32) -> Result<(), GpuError> {
+        let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
+        launch!(self, "softcap_inplace", c, x, cap, n)
     }
     fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
@@ -685,15 +710,18 @@ impl Drop for CudaVram {
 pub type GpuModel = Streamer<CudaVram>;
 
 impl Streamer<CudaVram> {
-    /// Opens `dir` (a GdsLLM model directory) on the GPU: compiles the kernels, plans VRAM
-    /// within `opts.vram_budget`, and loads the resident layers.
-    pub fn open(dir: &Path, opts: &ExecOptions) -> Result<GpuModel, GpuError> {
-        let bytes = gds_io::read_manifest(dir).map_err(GpuError::Layer)?;
-        let manifest =
-            Manifest::parse(&bytes).map_err(|e| model_err(format!("{}: {e}", dir.display())))?;
-        let layout = Layout::from_manifest(dir, &manifest)?;
+    /// Opens `dir` (a GdsLLM model directory, its manifest `manifest` read and checked by
+    /// the caller, laid out as `layout`) on the GPU: compiles the kernels, plans VRAM within
+    /// `opts.vram_budget`, and loads the resident layers; `graph` is what each block runs.
+    pub fn open(
+        dir: &Path,
+        manifest: &Manifest<'_>,
+        layout: Layout,
+        opts: &ExecOptions,
+        graph: Box<dyn crate::forward::BlockGraph>,
+    ) -> Result<GpuModel, GpuError> {
         let gpu = Gpu::open(opts.device, opts.load)?;
-        let loader = Loader::open(&gpu, dir, &manifest, &layout.layers, opts.load, opts.verify)?;
+        let loader = Loader::open(&gpu, dir, manifest, &layout.layers, opts.load, opts.verify)?;
         let vram = CudaVram {
             gpu,
             loader,
@@ -707,7 +735,7 @@ impl Streamer<CudaVram> {
             ctx: opts.ctx,
             rope: opts.rope.clone(),
         };
-        Streamer::with_layout(layout, &stream_opts, vram)
+        Streamer::with_layout(layout, &stream_opts, vram, graph)
     }
 
     /// The path this model loads layers by.

@@ -1,7 +1,13 @@
-//! The llama forward pass as a sequence of kernel launches, written once against
-//! [`Device`]: the CUDA executor implements it with real launches, and the tests implement
-//! it with the same kernels compiled as C++ (kernels/emu.h), so the whole pass — tensor
-//! offsets, strides, grouped KV heads, RoPE positions, residuals — runs on the CPU in CI.
+//! The GPU side of the forward pass, written once against [`Device`]: the CUDA executor
+//! implements it with real launches, and the tests implement it with the same kernels
+//! compiled as C++ (kernels/emu.h), so the whole pass — tensor offsets, strides, grouped KV
+//! heads, RoPE positions, residuals — runs on the CPU in CI.
+//!
+//! What a block computes is not written here: the model's graph (`gds_runtime::graph`, one
+//! file per architecture over the `Ops` trait) is handed to the executor as a
+//! [`BlockGraph`], and runs each block over [`Pass`]'s buffers and the [`Device`]'s kernels.
+//! This module has what every architecture shares: the embedding lookup, the matrix
+//! products ([`Pass::linear`]) and the output head.
 //!
 //! Buffers are plain addresses (`u64`): device pointers on the GPU, host pointers in
 //! emulation. Every address is the start of a buffer the caller owns and sized as the
@@ -32,7 +38,7 @@ pub trait Device {
     ) -> Result<(), GpuError>;
     /// `dequant_{suffix}`: `nblocks` blocks at `src` into f32 at `dst`.
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError>;
-    /// `rmsnorm` of `ntok` rows of `n`.
+    /// `rmsnorm` of `ntok` rows of `n` (`out` may be `x`).
     fn rmsnorm(
         &mut self,
         x: u64,
@@ -42,7 +48,8 @@ pub trait Device {
         ntok: i32,
         eps: f32,
     ) -> Result<(), GpuError>;
-    /// `rope` in place on `ntok` rows of `n_heads × head_dim`.
+    /// `rope` in place on `ntok` rows of `n_heads × head_dim`: the first `2·half`
+    /// dimensions of each head, adjacent pairs or (`neox`) halves; tables `[pos][half]`.
     fn rope(
         &mut self,
         x: u64,
@@ -50,10 +57,13 @@ pub trait Device {
         sin: u64,
         n_heads: i32,
         head_dim: i32,
+        half: i32,
+        neox: bool,
         pos0: i32,
         ntok: i32,
     ) -> Result<(), GpuError>;
-    /// `attention` of `ntok` queries at `pos0..` over the cache.
+    /// `attention` of `ntok` queries at `pos0..` over the cache; `window` 0 and `softcap`
+    /// 0 for none.
     fn attention(
         &mut self,
         q: u64,
@@ -68,9 +78,19 @@ pub trait Device {
         ntok: i32,
         n_ctx: i32,
         scale: f32,
+        window: i32,
+        softcap: f32,
     ) -> Result<(), GpuError>;
     /// `swiglu`: `gate = silu(gate) * up` over `n` floats.
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
+    /// `geglu`: `gate = gelu_tanh(gate) * up` over `n` floats.
+    fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
+    /// `add_rows`: `y[t, i] += b[i]` for `ntok` rows of `n`.
+    fn add_rows(&mut self, y: u64, b: u64, n: i32, ntok: i32) -> Result<(), GpuError>;
+    /// `scale_inplace`: `x *= s` over `n` floats.
+    fn scale(&mut self, x: u64, s: f32, n: i32) -> Result<(), GpuError>;
+    /// `softcap_inplace`: `x = cap·tanh(x / cap)` over `n` floats.
+    fn softcap(&mut self, x: u64, cap: f32, n: i32) -> Result<(), GpuError>;
     /// `add_inplace`: `y += x` over `n` floats.
     fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError>;
     /// Copies `bytes` bytes (same device).
@@ -81,15 +101,18 @@ pub trait Device {
 }
 
 /// Activation and scratch buffers (f32), sized for `max_tokens` tokens and `ctx` positions:
-/// `x` `max_tokens × n_embd`; `xb` `max_tokens × max(n_embd, n_ff, q_dim)`; `q`, `attn`
-/// `max_tokens × q_dim`; `k`, `v` `max_tokens × kv_dim`; `att` `max_tokens × n_heads × ctx`;
-/// `gate`, `up` `max_tokens × n_ff`; `logits` `vocab`; `tile` the largest weight's elements.
+/// `x`, `proj` `max_tokens × n_embd`; `xb` `max_tokens × max(n_embd, n_ff, q_dim)`; `q`,
+/// `attn` `max_tokens × q_dim`; `k`, `v` `max_tokens × kv_dim`; `att`
+/// `max_tokens × n_heads × ctx`; `gate`, `up` `max_tokens × n_ff`; `logits` `vocab`; `tile`
+/// the largest weight's elements.
 #[derive(Clone, Copy, Debug)]
 pub struct Scratch {
     /// Residual stream.
     pub x: u64,
-    /// Normed input / projection output.
+    /// A sub-layer's normed input (and the final norm's output).
     pub xb: u64,
+    /// A sub-layer's output projection.
+    pub proj: u64,
     /// Queries.
     pub q: u64,
     /// New keys.
@@ -100,7 +123,7 @@ pub struct Scratch {
     pub attn: u64,
     /// Attention scores.
     pub att: u64,
-    /// FFN gate (then SwiGLU output).
+    /// FFN gate (then the gated activation).
     pub gate: u64,
     /// FFN up.
     pub up: u64,
@@ -121,16 +144,38 @@ pub struct Pass<'a> {
     pub s: Scratch,
     /// Per block: key and value caches, `ctx × kv_dim` f32 each.
     pub kv: &'a [(u64, u64)],
-    /// RoPE tables `ctx × head_dim/2` (cos, sin).
-    pub rope: (u64, u64),
+    /// RoPE tables `ctx × rope_dims/2` (cos, sin): which one a block uses is the graph's
+    /// (e.g. Gemma 3's window layers have their own base).
+    pub ropes: &'a [(u64, u64)],
     /// KV cache positions.
     pub ctx: usize,
 }
 
-const F32: u64 = 4;
+/// Bytes of an f32 activation.
+pub const F32: u64 = 4;
+
+/// What the executor runs on the device besides the shared embedding lookup and output
+/// head: the model's graph (implemented by `gds_runtime`'s CUDA ops over the architecture's
+/// graph file), called once per block and token batch, with the block's weights in VRAM.
+pub trait BlockGraph: Send {
+    /// Block `b` on the `ntok` tokens at positions `pos0..` held in `pass.s.x`.
+    fn block(
+        &self,
+        pass: &Pass<'_>,
+        dev: &mut dyn Device,
+        b: usize,
+        ntok: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError>;
+    /// Factor applied to the token embeddings (Gemma: √n_embd).
+    fn embed_scale(&self) -> Option<f32>;
+    /// Output logit cap `c·tanh(l/c)` (Gemma 2).
+    fn final_softcap(&self) -> Option<f32>;
+}
 
 impl Pass<'_> {
-    fn tensor(&self, name: &str) -> Result<TensorMeta, GpuError> {
+    /// The tensor `name` of the layout.
+    pub fn tensor(&self, name: &str) -> Result<TensorMeta, GpuError> {
         self.layout
             .tensors
             .get(name)
@@ -138,15 +183,17 @@ impl Pass<'_> {
             .ok_or_else(|| GpuError::Model(format!("missing tensor {name}")))
     }
 
-    fn addr(&self, t: &TensorMeta) -> Result<u64, GpuError> {
+    /// Where `t`'s bytes are now.
+    pub fn addr(&self, t: &TensorMeta) -> Result<u64, GpuError> {
         match self.layer_base.get(t.layer) {
             Some(&b) if b != 0 => Ok(b + t.offset as u64),
             _ => Err(GpuError::Model(format!("layer {} is not in VRAM", t.layer))),
         }
     }
 
-    /// `y = W · x` for `ntok` rows of x.
-    fn linear(
+    /// `y = W · x` for `ntok` rows of x: the dequantizing matvec kernels, or (prefill of
+    /// [`GEMM_MIN_TOKENS`] or more) a dequantized tile and the device's GEMM.
+    pub fn linear(
         &self,
         dev: &mut dyn Device,
         t: &TensorMeta,
@@ -168,8 +215,13 @@ impl Pass<'_> {
         dev.matvec(suffix, w, x, y, rows, cols, ntok as i32)
     }
 
-    /// Embedding rows of `tokens` into `s.x`.
-    pub fn embed(&self, dev: &mut dyn Device, tokens: &[u32]) -> Result<(), GpuError> {
+    /// Embedding rows of `tokens` into `s.x`, multiplied by `scale` where given.
+    pub fn embed(
+        &self,
+        dev: &mut dyn Device,
+        tokens: &[u32],
+        scale: Option<f32>,
+    ) -> Result<(), GpuError> {
         let t = self.tensor("token_embd.weight")?;
         let suffix = kernel_suffix(t.dtype)
             .ok_or_else(|| GpuError::Model(format!("no GPU kernel for {} embeddings", t.dtype)))?;
@@ -190,98 +242,20 @@ impl Pass<'_> {
                 nblocks,
             )?;
         }
+        if let Some(a) = scale {
+            dev.scale(self.s.x, a, (tokens.len() as u64 * n) as i32)?;
+        }
         Ok(())
     }
 
-    /// Transformer block `b` on `ntok` tokens at positions `pos0..`.
-    pub fn block(
+    /// Final norm and output head for the last of `ntok` tokens, into `s.logits`, capped
+    /// by `softcap` where given.
+    pub fn head(
         &self,
         dev: &mut dyn Device,
-        b: usize,
         ntok: usize,
-        pos0: usize,
+        softcap: Option<f32>,
     ) -> Result<(), GpuError> {
-        let sh = &self.layout.shape;
-        let t = |name: &str| self.tensor(&format!("blk.{b}.{name}"));
-        let (n, ff) = (sh.n_embd, sh.n_ff);
-        let (q_dim, kv_dim) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
-        let s = self.s;
-        let nt = ntok as i32;
-
-        dev.rmsnorm(
-            s.x,
-            self.addr(&t("attn_norm.weight")?)?,
-            s.xb,
-            n as i32,
-            nt,
-            sh.eps,
-        )?;
-        self.linear(dev, &t("attn_q.weight")?, s.xb, s.q, ntok)?;
-        self.linear(dev, &t("attn_k.weight")?, s.xb, s.k, ntok)?;
-        self.linear(dev, &t("attn_v.weight")?, s.xb, s.v, ntok)?;
-        for (bias, out, dim) in [
-            ("attn_q.bias", s.q, q_dim),
-            ("attn_k.bias", s.k, kv_dim),
-            ("attn_v.bias", s.v, kv_dim),
-        ] {
-            if let Ok(bt) = t(bias) {
-                let ba = self.addr(&bt)?;
-                for i in 0..ntok as u64 {
-                    dev.add(out + i * dim as u64 * F32, ba, dim as i32)?;
-                }
-            }
-        }
-        let (hd, p0) = (sh.head_dim as i32, pos0 as i32);
-        dev.rope(s.q, self.rope.0, self.rope.1, sh.n_heads as i32, hd, p0, nt)?;
-        dev.rope(
-            s.k,
-            self.rope.0,
-            self.rope.1,
-            sh.n_kv_heads as i32,
-            hd,
-            p0,
-            nt,
-        )?;
-        let (kc, vc) = self.kv[b];
-        let at = (pos0 * kv_dim) as u64 * F32;
-        let bytes = ntok * kv_dim * F32 as usize;
-        dev.copy(kc + at, s.k, bytes)?;
-        dev.copy(vc + at, s.v, bytes)?;
-        let scale = 1.0 / (sh.head_dim as f32).sqrt();
-        dev.attention(
-            s.q,
-            kc,
-            vc,
-            s.att,
-            s.attn,
-            sh.n_heads as i32,
-            sh.n_kv_heads as i32,
-            hd,
-            p0,
-            nt,
-            self.ctx as i32,
-            scale,
-        )?;
-        self.linear(dev, &t("attn_output.weight")?, s.attn, s.xb, ntok)?;
-        dev.add(s.x, s.xb, (ntok * n) as i32)?;
-
-        dev.rmsnorm(
-            s.x,
-            self.addr(&t("ffn_norm.weight")?)?,
-            s.xb,
-            n as i32,
-            nt,
-            sh.eps,
-        )?;
-        self.linear(dev, &t("ffn_gate.weight")?, s.xb, s.gate, ntok)?;
-        self.linear(dev, &t("ffn_up.weight")?, s.xb, s.up, ntok)?;
-        dev.swiglu(s.gate, s.up, (ntok * ff) as i32)?;
-        self.linear(dev, &t("ffn_down.weight")?, s.gate, s.xb, ntok)?;
-        dev.add(s.x, s.xb, (ntok * n) as i32)
-    }
-
-    /// Final norm and output head for the last of `ntok` tokens, into `s.logits`.
-    pub fn head(&self, dev: &mut dyn Device, ntok: usize) -> Result<(), GpuError> {
         let n = self.layout.shape.n_embd as u64;
         let norm = self.tensor("output_norm.weight")?;
         let last = self.s.x + (ntok as u64 - 1) * n * F32;
@@ -293,6 +267,10 @@ impl Pass<'_> {
             1,
             self.layout.shape.eps,
         )?;
-        self.linear(dev, &self.layout.output, self.s.xb, self.s.logits, 1)
+        self.linear(dev, &self.layout.output, self.s.xb, self.s.logits, 1)?;
+        match softcap {
+            Some(c) => dev.softcap(self.s.logits, c, self.layout.shape.vocab as i32),
+            None => Ok(()),
+        }
     }
 }

@@ -25,6 +25,7 @@ pub const BLOCK_THREADS: u32 = 256;
 pub const KERNEL_NAMES: &[&str] = &[
     "matvec_q4_0",
     "matvec_q4_1",
+    "matvec_q5_0",
     "matvec_q8_0",
     "matvec_q4_k",
     "matvec_q6_k",
@@ -32,6 +33,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "matvec_f32",
     "dequant_q4_0",
     "dequant_q4_1",
+    "dequant_q5_0",
     "dequant_q8_0",
     "dequant_q4_k",
     "dequant_q6_k",
@@ -41,6 +43,10 @@ pub const KERNEL_NAMES: &[&str] = &[
     "rope",
     "attention",
     "swiglu",
+    "geglu",
+    "add_rows",
+    "scale_inplace",
+    "softcap_inplace",
     "add_inplace",
 ];
 
@@ -73,6 +79,7 @@ pub fn kernel_suffix(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::Q4_0 => "q4_0",
         DType::Q4_1 => "q4_1",
+        DType::Q5_0 => "q5_0",
         DType::Q8_0 => "q8_0",
         DType::Q4K => "q4_k",
         DType::Q6K => "q6_k",
@@ -113,7 +120,7 @@ mod tests {
     fn kernel_names_are_found_by_kind_and_suffix() {
         assert_eq!(kernel_name("matvec", "q4_k"), Some("matvec_q4_k"));
         assert_eq!(kernel_name("dequant", "f16"), Some("dequant_f16"));
-        assert_eq!(kernel_name("matvec", "q5_0"), None);
+        assert_eq!(kernel_name("matvec", "q5_1"), None);
     }
 
     #[test]

@@ -4,8 +4,13 @@
 //!   nvidia-fs) and which path `--backend cuda` would take, without panicking when a
 //!   library is missing and without creating a CUDA context.
 //! - [`kernels`] holds the CUDA C++ kernel sources (dequantizing matvecs over the on-disk
-//!   block formats, RMSNorm, RoPE, attention, SwiGLU), compiled at run time by NVRTC. The
-//!   same sources run on the CPU in tests through `kernels/emu.h`.
+//!   block formats, RMSNorm, RoPE, attention with windows and caps, SwiGLU, GeGLU, …),
+//!   compiled at run time by NVRTC. The same sources run on the CPU in tests through
+//!   `kernels/emu.h`.
+//! - [`forward`]: the kernels as a [`forward::Device`], the pass's buffers
+//!   ([`forward::Pass`]: embedding lookup, matrix products, output head) and the
+//!   [`forward::BlockGraph`] the executor runs for each block — the model's graph, which
+//!   `gds_runtime::cuda_graph` implements over the same architecture files as the CPU.
 //! - [`stream`]: the executor's logic (VRAM layout per the plan, resident loads, the
 //!   per-token streaming schedule with read-ahead) over a [`stream::Vram`] device; tested on
 //!   the CPU over an emulated one.

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 /// Tokens per forward call the scratch buffers are sized for (prefill chunk).
 pub const MAX_BATCH: usize = 512;
 
-/// Hyperparameters of a llama-family model, from the manifest.
+/// The hyperparameters the executor sizes its buffers and shared kernels by, from the
+/// manifest (what differs between architectures is the graph's: `forward::BlockGraph`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shape {
     /// Transformer blocks.
@@ -37,6 +38,10 @@ pub struct Shape {
     pub eps: f32,
     /// RoPE base.
     pub rope_theta: f64,
+    /// Leading dimensions of each head that RoPE rotates (`head_dim` unless partial).
+    pub rope_dims: usize,
+    /// RoPE rotates the halves of a head (NEOX) rather than adjacent pairs.
+    pub rope_neox: bool,
     /// `model.rope_scaling.type` (`none`, `linear`, `llama3`): scaled tables must come from
     /// the runtime.
     pub rope_scaling: String,
@@ -95,11 +100,6 @@ fn model_err(msg: impl Into<String>) -> GpuError {
 /// (`gds_format::arch`): every dimension is at most 2^24, so the conversions cannot truncate.
 fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
     let arch = m.get_str("general.architecture").unwrap_or("?");
-    if arch != "llama" {
-        return Err(model_err(format!(
-            "the GPU executor runs the llama family, not {arch}"
-        )));
-    }
     let h = gds_format::arch::hparams(m, arch).map_err(|errs| {
         model_err(
             errs.iter()
@@ -119,6 +119,8 @@ fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
         vocab: u(h.vocab_size)?,
         eps: h.rms_norm_eps as f32,
         rope_theta: h.rope_theta,
+        rope_dims: u(h.rope_dims)?,
+        rope_neox: h.rope_style == gds_format::arch::RopeStyle::Neox,
         rope_scaling: match h.rope_scaling {
             gds_format::arch::RopeScaling::None => "none",
             gds_format::arch::RopeScaling::Linear { .. } => "linear",
@@ -162,7 +164,7 @@ impl Layout {
     }
 
     /// The layout of the model in `dir` whose manifest is `m`, checking that every tensor
-    /// has a GPU kernel: matrices in Q4_0/Q4_1/Q8_0/Q4_K/Q6_K/F16/F32, norms and biases in
+    /// has a GPU kernel: matrices in Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K/F16/F32, norms and biases in
     /// F32.
     pub fn from_manifest(dir: &Path, m: &Manifest<'_>) -> Result<Layout, GpuError> {
         let shape = read_shape(m)?;
@@ -216,7 +218,7 @@ impl Layout {
             let is_matrix = t.n_dims >= 2;
             if is_matrix && kernel_suffix(t.dtype).is_none() {
                 return Err(model_err(format!(
-                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q8_0 Q4_K Q6_K F16 F32)",
+                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K F16 F32)",
                     t.name, t.dtype
                 )));
             }
@@ -259,13 +261,15 @@ impl Layout {
         let kv = 2 * s.n_layers * ctx * kv_dim;
         let batch = MAX_BATCH.min(ctx).max(1);
         let widest = s.n_embd.max(s.n_ff).max(s.n_heads * s.head_dim);
-        let scratch = batch * (s.n_embd + widest + 2 * s.n_heads * s.head_dim)
+        // x, proj, xb, q, attn; k, v; gate, up; scores; logits; the GEMM tile; two RoPE
+        // tables (global and window layers), cos and sin
+        let scratch = batch * (2 * s.n_embd + widest + 2 * s.n_heads * s.head_dim)
             + batch * 2 * kv_dim
             + batch * 2 * s.n_ff
             + batch * s.n_heads * ctx
             + s.vocab
             + self.max_weight_elements()
-            + 2 * ctx * (s.head_dim / 2);
+            + 4 * ctx * (s.rope_dims / 2);
         (kv + scratch) * 4
     }
 

@@ -1,8 +1,8 @@
 //! The executor's logic, independent of CUDA: VRAM laid out as the plan says (resident
 //! layers, two streaming slots, KV cache, scratch), resident layers loaded once, and each
 //! call's pass over the blocks following [`schedule`]: loads into slots ordered against
-//! the blocks computed from them, the next streamed layer read ahead, the forward pass of
-//! [`crate::forward`] launched on the device.
+//! the blocks computed from them, the next streamed layer read ahead, the model's
+//! [`BlockGraph`] run on the device for each block.
 //!
 //! It is written against [`Vram`]: the CUDA executor (`crate::executor`, feature `cuda`)
 //! implements it with device buffers, cuFile or pinned bounce buffers, two streams and
@@ -10,7 +10,7 @@
 //! check the event protocol (a slot is refilled only after the block computed from it, a
 //! block computes only after its load) while comparing logits with the CPU runtime.
 
-use crate::forward::{Device, Pass, Scratch};
+use crate::forward::{BlockGraph, Device, Pass, Scratch};
 use crate::plan::{next_loads, schedule, Layout, Step, VramPlan, MAX_BATCH};
 use crate::GpuError;
 use std::path::Path;
@@ -74,9 +74,10 @@ pub struct StreamOptions {
     pub vram_budget: u64,
     /// Context length (KV cache positions).
     pub ctx: usize,
-    /// RoPE tables `[ctx][head_dim / 2]` (cos, sin) from the runtime's `RopeTable`; `None`
-    /// computes plain `theta^(-2i/d)` tables (no scaling).
-    pub rope: Option<(Vec<f32>, Vec<f32>)>,
+    /// RoPE tables `[ctx][rope_dims / 2]` (cos, sin) from the runtime's `RopeTable`s (the
+    /// global layers', then the window layers' where they differ); empty computes one plain
+    /// `theta^(-2i/d)` table (no scaling).
+    pub rope: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
 /// Bytes and time spent moving layers into VRAM.
@@ -93,8 +94,10 @@ pub struct Streamer<V: Vram> {
     vram: V,
     layout: Layout,
     kv: Vec<(u64, u64)>,
-    rope: (u64, u64),
+    ropes: Vec<(u64, u64)>,
     scratch: Scratch,
+    /// What each block computes.
+    graph: Box<dyn BlockGraph>,
     /// Address of each layer's bytes during a pass (0 = not in VRAM now).
     base: Vec<u64>,
     /// Addresses of the two streaming slots.
@@ -116,9 +119,9 @@ fn model_err(msg: impl Into<String>) -> GpuError {
     GpuError::Model(msg.into())
 }
 
-/// Plain RoPE tables `[ctx][head_dim / 2]`, as the CPU `RopeTable` builds them unscaled.
-pub fn rope_tables(head_dim: usize, ctx: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
-    let half = head_dim / 2;
+/// Plain RoPE tables `[ctx][rope_dims / 2]`, as the CPU `RopeTable` builds them unscaled.
+pub fn rope_tables(rope_dims: usize, ctx: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let (half, head_dim) = (rope_dims / 2, rope_dims);
     let mut cos = Vec::with_capacity(ctx * half);
     let mut sin = Vec::with_capacity(ctx * half);
     for pos in 0..ctx {
@@ -133,10 +136,15 @@ pub fn rope_tables(head_dim: usize, ctx: usize, theta: f64) -> (Vec<f32>, Vec<f3
 
 impl<V: Vram> Streamer<V> {
     /// Lays the model in `dir` out on `vram` within `opts.vram_budget` and loads the
-    /// resident layers.
-    pub fn with_vram(dir: &Path, opts: &StreamOptions, vram: V) -> Result<Streamer<V>, GpuError> {
+    /// resident layers; `graph` is what each block runs.
+    pub fn with_vram(
+        dir: &Path,
+        opts: &StreamOptions,
+        vram: V,
+        graph: Box<dyn BlockGraph>,
+    ) -> Result<Streamer<V>, GpuError> {
         let layout = Layout::read(dir)?;
-        Streamer::with_layout(layout, opts, vram)
+        Streamer::with_layout(layout, opts, vram, graph)
     }
 
     /// As [`Streamer::with_vram`], for a layout already read.
@@ -144,8 +152,9 @@ impl<V: Vram> Streamer<V> {
         layout: Layout,
         opts: &StreamOptions,
         mut vram: V,
+        graph: Box<dyn BlockGraph>,
     ) -> Result<Streamer<V>, GpuError> {
-        if layout.shape.rope_scaling != "none" && opts.rope.is_none() {
+        if layout.shape.rope_scaling != "none" && opts.rope.is_empty() {
             return Err(model_err(format!(
                 "RoPE scaling `{}`: pass the runtime's tables in the options' rope",
                 layout.shape.rope_scaling
@@ -171,6 +180,7 @@ impl<V: Vram> Streamer<V> {
         let scratch = Scratch {
             x: f32_buf(max_tokens * s.n_embd)?,
             xb: f32_buf(max_tokens * widest)?,
+            proj: f32_buf(max_tokens * s.n_embd)?,
             q: f32_buf(max_tokens * q_dim)?,
             k: f32_buf(max_tokens * kv_dim)?,
             v: f32_buf(max_tokens * kv_dim)?,
@@ -181,20 +191,24 @@ impl<V: Vram> Streamer<V> {
             logits: f32_buf(s.vocab)?,
             tile: f32_buf(layout.max_weight_elements())?,
         };
-        let (cos, sin) = match &opts.rope {
-            Some(t) => t.clone(),
-            None => rope_tables(s.head_dim, ctx, s.rope_theta),
+        let tables = match opts.rope.is_empty() {
+            true => vec![rope_tables(s.rope_dims, ctx, s.rope_theta)],
+            false => opts.rope.clone(),
         };
-        let half = s.head_dim / 2;
-        if cos.len() < ctx * half || sin.len() < ctx * half {
-            return Err(model_err("RoPE tables shorter than the context"));
+        let half = s.rope_dims / 2;
+        let mut ropes = Vec::new();
+        for (cos, sin) in &tables {
+            if cos.len() < ctx * half || sin.len() < ctx * half {
+                return Err(model_err("RoPE tables shorter than the context"));
+            }
+            let t = (
+                vram.alloc(cos.len() * 4, BufKind::Scratch)?,
+                vram.alloc(sin.len() * 4, BufKind::Scratch)?,
+            );
+            vram.upload(t.0, cos)?;
+            vram.upload(t.1, sin)?;
+            ropes.push(t);
         }
-        let rope = (
-            vram.alloc(cos.len() * 4, BufKind::Scratch)?,
-            vram.alloc(sin.len() * 4, BufKind::Scratch)?,
-        );
-        vram.upload(rope.0, &cos)?;
-        vram.upload(rope.1, &sin)?;
         let mut base = vec![0u64; layout.layers.len()];
         for (i, l) in layout.layers.iter().enumerate() {
             if plan.resident[i] {
@@ -216,8 +230,9 @@ impl<V: Vram> Streamer<V> {
         Ok(Streamer {
             vram,
             kv,
-            rope,
+            ropes,
             scratch,
+            graph,
             base,
             slot_addr,
             steps,
@@ -274,8 +289,9 @@ impl<V: Vram> Streamer<V> {
             return Err(model_err("logits buffer is not vocab-sized"));
         }
         {
-            let (pass, dev) = self.parts();
-            pass.embed(dev, tokens)?;
+            let scale = self.graph.embed_scale();
+            let (pass, dev, _) = self.parts();
+            pass.embed(dev, tokens, scale)?;
         }
         for i in 0..self.steps.len() {
             match self.steps[i] {
@@ -287,8 +303,8 @@ impl<V: Vram> Streamer<V> {
                         self.base[li] = self.slot_addr[slot];
                     }
                     let ran = {
-                        let (pass, dev) = self.parts();
-                        pass.block(dev, block, ntok, pos0)
+                        let (pass, dev, graph) = self.parts();
+                        graph.block(&pass, dev, block, ntok, pos0)
                     };
                     if let Some(slot) = slot {
                         self.base[li] = 0;
@@ -301,24 +317,26 @@ impl<V: Vram> Streamer<V> {
             }
         }
         {
-            let (pass, dev) = self.parts();
-            pass.head(dev, ntok)?;
+            let cap = self.graph.final_softcap();
+            let (pass, dev, _) = self.parts();
+            pass.head(dev, ntok, cap)?;
         }
         self.vram.finish(logits, self.scratch.logits)
     }
 
-    /// The pass's view of the model and the device's kernels (disjoint borrows).
-    fn parts(&mut self) -> (Pass<'_>, &mut dyn Device) {
+    /// The pass's view of the model, the device's kernels and the graph (disjoint borrows).
+    fn parts(&mut self) -> (Pass<'_>, &mut dyn Device, &dyn BlockGraph) {
         (
             Pass {
                 layout: &self.layout,
                 layer_base: &self.base,
                 s: self.scratch,
                 kv: &self.kv,
-                rope: self.rope,
+                ropes: &self.ropes,
                 ctx: self.ctx_len,
             },
             self.vram.kernels(),
+            &*self.graph,
         )
     }
 

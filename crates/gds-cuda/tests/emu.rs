@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{sym, AttnFn};
+use common::{sym, AttnFn, PairFn, RopeFn, ScaleFn};
 use gds_format::DType;
 
 type MatvecFn = unsafe extern "C" fn(*const u8, *const f32, *mut f32, i32, i32, i32);
@@ -64,6 +64,7 @@ fn dequant_ref(dtype: DType, w: &[u8], n: usize) -> Vec<f32> {
 const MATVEC_DTYPES: &[(DType, &str)] = &[
     (DType::Q4_0, "q4_0"),
     (DType::Q4_1, "q4_1"),
+    (DType::Q5_0, "q5_0"),
     (DType::Q8_0, "q8_0"),
     (DType::Q4K, "q4_k"),
     (DType::Q6K, "q6_k"),
@@ -186,112 +187,133 @@ fn rmsnorm_matches_the_cpu_formula() {
     }
 }
 
+/// The rope kernel against the CPU runtime's `RopeTable` (the reference the CPU backend
+/// runs), from the tables that table hands the GPU: adjacent pairs (llama), NEOX halves
+/// (Gemma, Qwen) and partial rotary (Phi-3: 24 of 64 dimensions), at each token's position.
 #[test]
-fn rope_rotates_adjacent_pairs_by_the_table_at_each_tokens_position() {
+fn rope_matches_the_cpu_rope_table_in_every_pairing() {
+    use gds_runtime::rope::RopeTable;
+    use gds_runtime::RopeScaling;
     let (n_heads, hd, pos0, ntok, ctx) = (3usize, 64usize, 5usize, 2usize, 16usize);
-    let half = hd / 2;
-    let (mut cos, mut sin) = (Vec::new(), Vec::new());
-    for pos in 0..ctx {
-        for i in 0..half {
-            let a = pos as f64 * 10000f64.powf(-((2 * i) as f64) / hd as f64);
-            cos.push(a.cos() as f32);
-            sin.push(a.sin() as f32);
-        }
-    }
-    let x0 = values(ntok * n_heads * hd, 21);
-    let mut x = x0.clone();
-    let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, *const f32, i32, i32, i32, i32)>(
-        "run_rope",
-    );
-    // SAFETY: x holds ntok * n_heads * hd f32; the tables cover positions < ctx.
-    unsafe {
-        f(
-            x.as_mut_ptr(),
-            cos.as_ptr(),
-            sin.as_ptr(),
-            n_heads as i32,
-            hd as i32,
-            pos0 as i32,
-            ntok as i32,
-        )
-    };
-    for t in 0..ntok {
-        let pos = pos0 + t;
-        for h in 0..n_heads {
-            for i in 0..half {
-                let at = (t * n_heads + h) * hd + 2 * i;
-                let a = pos as f64 * 10000f64.powf(-((2 * i) as f64) / hd as f64);
-                let (c, s) = (a.cos(), a.sin());
-                let (u, v) = (x0[at] as f64, x0[at + 1] as f64);
-                let (e0, e1) = (u * c - v * s, u * s + v * c);
-                assert!((x[at] as f64 - e0).abs() < 1e-5, "t {t} h {h} i {i}");
-                assert!((x[at + 1] as f64 - e1).abs() < 1e-5, "t {t} h {h} i {i}");
+    let f = sym::<RopeFn>("run_rope");
+    for (rot, neox) in [(64usize, false), (64, true), (24, true), (24, false)] {
+        let table = || {
+            RopeTable::new(rot, ctx, 10000.0, RopeScaling::None)
+                .partial(hd)
+                .neox(neox)
+        };
+        let (cos, sin) = table().into_tables();
+        let x0 = values(ntok * n_heads * hd, 21 + rot as u64);
+        let mut x = x0.clone();
+        // SAFETY: x holds ntok * n_heads * hd f32; the tables cover positions < ctx.
+        unsafe {
+            f(
+                x.as_mut_ptr(),
+                cos.as_ptr(),
+                sin.as_ptr(),
+                n_heads as i32,
+                hd as i32,
+                (rot / 2) as i32,
+                neox as i32,
+                pos0 as i32,
+                ntok as i32,
+            )
+        };
+        let cpu = table();
+        for t in 0..ntok {
+            let mut want = x0[t * n_heads * hd..][..n_heads * hd].to_vec();
+            cpu.apply(&mut want, pos0 + t);
+            let got = &x[t * n_heads * hd..][..n_heads * hd];
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() < 1e-6,
+                    "rot {rot} neox {neox} t {t} at {i}: {g} vs {w}"
+                );
             }
         }
     }
 }
 
+/// Causal softmax attention over the cache, grouped KV heads; with a window only the last
+/// `window` positions are read (the earlier ones are NaN here), and scores are capped as
+/// `cap·tanh(s/cap)` after the scale (Gemma 2).
 #[test]
-fn attention_is_causal_softmax_over_the_cache_with_grouped_kv_heads() {
+fn attention_is_causal_softmax_over_the_cache_with_grouped_kv_heads_window_and_cap() {
     let (n_heads, n_kv, hd, pos0, ntok, n_ctx) =
         (4usize, 2usize, 16usize, 300usize, 3usize, 512usize);
     let kvs = n_kv * hd;
-    // Cache holds positions 0 .. pos0+ntok; positions beyond must never be read (NaN).
-    let mut k = values(n_ctx * kvs, 31);
-    let mut v = values(n_ctx * kvs, 32);
-    for p in pos0 + ntok..n_ctx {
-        k[p * kvs..][..kvs].fill(f32::NAN);
-        v[p * kvs..][..kvs].fill(f32::NAN);
-    }
-    let q = values(ntok * n_heads * hd, 33);
-    let mut att = vec![0f32; ntok * n_heads * n_ctx];
-    let mut out = vec![f32::NAN; ntok * n_heads * hd];
-    let scale = 1.0 / (hd as f32).sqrt();
-    let f = sym::<AttnFn>("run_attention");
-    // SAFETY: buffer sizes as allocated above for these dimensions.
-    unsafe {
-        f(
-            q.as_ptr(),
-            k.as_ptr(),
-            v.as_ptr(),
-            att.as_mut_ptr(),
-            out.as_mut_ptr(),
-            n_heads as i32,
-            n_kv as i32,
-            hd as i32,
-            pos0 as i32,
-            ntok as i32,
-            n_ctx as i32,
-            scale,
-        )
-    };
-    for t in 0..ntok {
-        let n_pos = pos0 + t + 1;
-        for h in 0..n_heads {
-            let kvh = h / (n_heads / n_kv);
-            let qh = &q[(t * n_heads + h) * hd..][..hd];
-            let scores: Vec<f64> = (0..n_pos)
-                .map(|p| {
-                    let kp = &k[p * kvs + kvh * hd..][..hd];
-                    qh.iter()
-                        .zip(kp)
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        * scale as f64
-                })
-                .collect();
-            let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
-            let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            for d in 0..hd {
-                let want: f64 = (0..n_pos)
-                    .map(|p| e[p] / sum * v[p * kvs + kvh * hd + d] as f64)
-                    .sum();
-                let got = out[(t * n_heads + h) * hd + d] as f64;
-                assert!(
-                    (got - want).abs() < 1e-5,
-                    "t {t} h {h} d {d}: {got} vs {want}"
-                );
+    for (window, cap) in [(0usize, 0f32), (7, 0.0), (0, 0.5), (40, 0.7)] {
+        // Cache holds positions 0 .. pos0+ntok; positions beyond (and before the first
+        // query's window) must never be read (NaN).
+        let mut k = values(n_ctx * kvs, 31);
+        let mut v = values(n_ctx * kvs, 32);
+        let unread_below = if window > 0 { pos0 + 1 - window } else { 0 };
+        for p in (pos0 + ntok..n_ctx).chain(0..unread_below) {
+            k[p * kvs..][..kvs].fill(f32::NAN);
+            v[p * kvs..][..kvs].fill(f32::NAN);
+        }
+        let q = values(ntok * n_heads * hd, 33)
+            .iter()
+            .map(|x| x * 3.0)
+            .collect::<Vec<_>>();
+        let mut att = vec![0f32; ntok * n_heads * n_ctx];
+        let mut out = vec![f32::NAN; ntok * n_heads * hd];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let f = sym::<AttnFn>("run_attention");
+        // SAFETY: buffer sizes as allocated above for these dimensions.
+        unsafe {
+            f(
+                q.as_ptr(),
+                k.as_ptr(),
+                v.as_ptr(),
+                att.as_mut_ptr(),
+                out.as_mut_ptr(),
+                n_heads as i32,
+                n_kv as i32,
+                hd as i32,
+                pos0 as i32,
+                ntok as i32,
+                n_ctx as i32,
+                scale,
+                window as i32,
+                cap,
+            )
+        };
+        for t in 0..ntok {
+            let n_pos = pos0 + t + 1;
+            let first = if window > 0 { n_pos - window } else { 0 };
+            for h in 0..n_heads {
+                let kvh = h / (n_heads / n_kv);
+                let qh = &q[(t * n_heads + h) * hd..][..hd];
+                let scores: Vec<f64> = (first..n_pos)
+                    .map(|p| {
+                        let kp = &k[p * kvs + kvh * hd..][..hd];
+                        let s = qh
+                            .iter()
+                            .zip(kp)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            * scale as f64;
+                        if cap > 0.0 {
+                            cap as f64 * (s / cap as f64).tanh()
+                        } else {
+                            s
+                        }
+                    })
+                    .collect();
+                let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    let want: f64 = (first..n_pos)
+                        .map(|p| e[p - first] / sum * v[p * kvs + kvh * hd + d] as f64)
+                        .sum();
+                    let got = out[(t * n_heads + h) * hd + d] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "window {window} cap {cap} t {t} h {h} d {d}: {got} vs {want}"
+                    );
+                }
             }
         }
     }
@@ -303,7 +325,7 @@ fn swiglu_and_residual_add_are_elementwise() {
     let g0 = values(n, 41).iter().map(|v| v * 6.0).collect::<Vec<_>>();
     let up = values(n, 42);
     let mut g = g0.clone();
-    let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32)>("run_swiglu");
+    let f = sym::<PairFn>("run_swiglu");
     // SAFETY: both buffers hold n f32.
     unsafe { f(g.as_mut_ptr(), up.as_ptr(), n as i32) };
     for i in 0..n {
@@ -316,10 +338,55 @@ fn swiglu_and_residual_add_are_elementwise() {
         );
     }
     let mut y = g0.clone();
-    let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32)>("run_add_inplace");
+    let f = sym::<PairFn>("run_add_inplace");
     // SAFETY: both buffers hold n f32.
     unsafe { f(y.as_mut_ptr(), up.as_ptr(), n as i32) };
     for i in 0..n {
         assert_eq!(y[i], g0[i] + up[i], "add {i}");
     }
+}
+
+/// GeGLU, the bias add over rows, the embedding scale and the logit cap against the CPU
+/// runtime's formulas (`gds_runtime::ops`).
+#[test]
+fn geglu_bias_rows_scale_and_softcap_match_the_cpu_ops() {
+    use gds_runtime::ops;
+    let n = 1000usize; // not a multiple of the block size
+    let g0 = values(n, 51).iter().map(|v| v * 6.0).collect::<Vec<_>>();
+    let up = values(n, 52);
+    let close = |what: &str, got: &[f32], want: &[f32]| {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{what} {i}: {g} vs {w}"
+            );
+        }
+    };
+    let (mut g, mut want) = (g0.clone(), g0.clone());
+    // SAFETY: both buffers hold n f32.
+    unsafe { sym::<PairFn>("run_geglu")(g.as_mut_ptr(), up.as_ptr(), n as i32) };
+    ops::geglu(&mut want, &up);
+    close("geglu", &g, &want);
+
+    let (width, rows) = (40usize, 25usize);
+    let bias = values(width, 53);
+    let (mut y, mut want) = (g0.clone(), g0.clone());
+    let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32, i32)>("run_add_rows");
+    // SAFETY: y holds width * rows f32, bias width.
+    unsafe { f(y.as_mut_ptr(), bias.as_ptr(), width as i32, rows as i32) };
+    ops::add_bias_rows(&mut want, &bias);
+    close("add_rows", &y, &want);
+
+    let (mut x, mut want) = (g0.clone(), g0.clone());
+    // SAFETY: x holds n f32.
+    unsafe { sym::<ScaleFn>("run_scale_inplace")(x.as_mut_ptr(), 5.5, n as i32) };
+    ops::scale(&mut want, 5.5);
+    close("scale", &x, &want);
+
+    let (mut x, mut want) = (g0.clone(), g0);
+    // SAFETY: x holds n f32.
+    unsafe { sym::<ScaleFn>("run_softcap_inplace")(x.as_mut_ptr(), 2.5, n as i32) };
+    ops::softcap(&mut want, 2.5);
+    close("softcap", &x, &want);
+    assert!(x.iter().all(|v| v.abs() <= 2.5));
 }

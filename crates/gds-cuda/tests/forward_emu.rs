@@ -1,20 +1,26 @@
-//! The whole GPU forward pass (`gds_cuda::forward`, the code the CUDA executor launches) run
-//! on the CPU: every kernel is the .cu source compiled as C++ with kernels/emu.h, and buffers
-//! are host memory. The model is a small synthetic llama (2 blocks, grouped KV heads, q/k/v
-//! biases in one block) whose weights mix every GPU dtype (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16,
-//! F32), with a tied Q8_0 embedding. The logits are compared with an independent f64 forward
-//! pass over the weights dequantized by gds-kernels. A 9-token prefill takes the GEMM path
-//! (dequantized tile, cuBLAS's column-major SGEMM semantics emulated here), then one decode
-//! step the matvec path. (The real SmolLM2 is too slow for the one-OS-thread-per-CUDA-thread
-//! emulation.)
+//! The whole GPU forward pass (`gds_cuda::forward` and the model's graph over it,
+//! `gds_runtime::cuda_graph`: the code the CUDA executor launches) run on the CPU: every
+//! kernel is the .cu source compiled as C++ with kernels/emu.h, and buffers are host memory.
+//! The model is a small synthetic llama (2 blocks, grouped KV heads, q/k/v biases in one
+//! block) whose weights mix every GPU dtype (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F16,
+//! F32), with a
+//! tied Q8_0 embedding. The logits are compared with an f64 reference: the same graph
+//! (`gds_runtime::graph::block`) over an f64 implementation of its `Ops`, on weights
+//! dequantized by gds-kernels — so the reference shares the graph, not the kernels. A
+//! 9-token prefill takes the GEMM path (dequantized tile, cuBLAS's column-major SGEMM
+//! semantics emulated here), then one decode step the matvec path. (The real SmolLM2 is too
+//! slow for the one-OS-thread-per-CUDA-thread emulation.)
 
 mod common;
 
 use common::{p, Emu};
-use gds_cuda::forward::{Pass, Scratch, GEMM_MIN_TOKENS};
+use gds_cuda::forward::{BlockGraph, Pass, Scratch, GEMM_MIN_TOKENS};
 use gds_cuda::plan::{LayerMeta, Layout, Shape, TensorMeta};
 use gds_cuda::stream::rope_tables;
 use gds_format::DType;
+use gds_runtime::cuda_graph::CudaGraph;
+use gds_runtime::graph::{self, Buf, Glu, Ops};
+use gds_runtime::Config;
 use std::collections::HashMap;
 
 /// A zeroed f32 host buffer and its address.
@@ -23,135 +29,255 @@ fn buf(store: &mut Vec<Vec<f32>>, n: usize) -> u64 {
     store.last().unwrap().as_ptr() as u64
 }
 
-/// Logits at every position of `tokens`, from an f64 llama forward pass over weights
-/// dequantized by gds-kernels (layer by layer, to keep memory low).
-fn reference(layout: &Layout, files: &[Vec<u8>], tokens: &[u32]) -> Vec<Vec<f32>> {
-    let sh = &layout.shape;
-    let deq = |t: &TensorMeta| {
-        let bytes = &files[t.layer][t.offset..t.offset + t.nbytes];
+/// One row per token.
+type Rows = Vec<Vec<f64>>;
+
+/// The graph's [`Ops`] in f64, one token at a time, over weights dequantized by
+/// gds-kernels: the test reference of every backend's ops.
+struct F64Ops<'a> {
+    c: &'a Config,
+    files: &'a [Vec<u8>],
+    /// Rows of each buffer for the tokens of the batch.
+    bufs: HashMap<Buf, Vec<Vec<f64>>>,
+    /// Positions of the batch.
+    pos: Vec<usize>,
+    /// Per block: keys and values of every position so far.
+    kv: &'a mut [(Rows, Rows)],
+}
+
+impl F64Ops<'_> {
+    fn deq(&self, t: &TensorMeta) -> Vec<f64> {
+        let bytes = &self.files[t.layer][t.offset..t.offset + t.nbytes];
         let mut out = vec![0f32; t.rows * t.cols];
         gds_kernels::dequantize(t.dtype, bytes, &mut out).unwrap();
-        out.into_iter().map(f64::from).collect::<Vec<f64>>()
-    };
-    let get = |name: &str| layout.tensors[name];
-    let matvec = |w: &[f64], rows: usize, x: &[f64]| -> Vec<f64> {
-        (0..rows)
-            .map(|r| {
-                w[r * x.len()..][..x.len()]
-                    .iter()
-                    .zip(x)
-                    .map(|(a, b)| a * b)
-                    .sum()
-            })
-            .collect()
-    };
-    let norm = |x: &[f64], w: &[f64]| -> Vec<f64> {
+        out.into_iter().map(f64::from).collect()
+    }
+
+    fn rows(&mut self, b: Buf) -> &mut Vec<Vec<f64>> {
+        let n = self.pos.len();
+        self.bufs.entry(b).or_insert_with(|| vec![Vec::new(); n])
+    }
+
+    fn norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
         let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-        let r = 1.0 / (ms + sh.eps as f64).sqrt();
-        x.iter().zip(w).map(|(a, b)| a * r * b).collect()
-    };
-    let rope = |x: &mut [f64], pos: usize| {
-        let hd = sh.head_dim;
-        for head in x.chunks_exact_mut(hd) {
-            for i in 0..hd / 2 {
-                let a = pos as f64 * sh.rope_theta.powf(-((2 * i) as f64) / hd as f64);
-                let (c, s) = (a.cos(), a.sin());
-                let (u, v) = (head[2 * i], head[2 * i + 1]);
-                head[2 * i] = u * c - v * s;
-                head[2 * i + 1] = u * s + v * c;
-            }
+        let r = 1.0 / (ms + eps).sqrt();
+        x.iter()
+            .zip(w.iter().cycle())
+            .map(|(a, b)| a * r * b)
+            .collect()
+    }
+}
+
+impl Ops for F64Ops<'_> {
+    type Mat = TensorMeta;
+    type Vec = TensorMeta;
+
+    fn rms_norm(&mut self, out: Buf, x: Buf, w: &TensorMeta) -> gds_runtime::Result<()> {
+        let (w, eps) = (self.deq(w), self.c.rms_norm_eps as f64);
+        let ys: Vec<Vec<f64>> = self
+            .rows(x)
+            .iter()
+            .map(|r| Self::norm(r, &w, eps))
+            .collect();
+        *self.rows(out) = ys;
+        Ok(())
+    }
+
+    fn head_norm(&mut self, buf: Buf, w: &TensorMeta) -> gds_runtime::Result<()> {
+        let (w, eps, hd) = (self.deq(w), self.c.rms_norm_eps as f64, self.c.head_dim);
+        for r in self.rows(buf).iter_mut() {
+            *r = r.chunks(hd).flat_map(|h| Self::norm(h, &w, eps)).collect();
         }
-    };
-    let emb = get("token_embd.weight");
-    let row_bytes = emb.nbytes / emb.rows;
-    let mut xs: Vec<Vec<f64>> = tokens
-        .iter()
-        .map(|&t| {
-            let bytes = &files[emb.layer][emb.offset + t as usize * row_bytes..][..row_bytes];
-            let mut out = vec![0f32; emb.cols];
-            gds_kernels::dequantize(emb.dtype, bytes, &mut out).unwrap();
-            out.into_iter().map(f64::from).collect()
-        })
-        .collect();
-    let (nh, nkv, hd) = (sh.n_heads, sh.n_kv_heads, sh.head_dim);
-    for b in 0..sh.n_layers {
-        let t = |n: &str| get(&format!("blk.{b}.{n}"));
-        let (an, wq, wk, wv, wo) = (
-            deq(&t("attn_norm.weight")),
-            deq(&t("attn_q.weight")),
-            deq(&t("attn_k.weight")),
-            deq(&t("attn_v.weight")),
-            deq(&t("attn_output.weight")),
-        );
-        let (fnw, wg, wu, wd) = (
-            deq(&t("ffn_norm.weight")),
-            deq(&t("ffn_gate.weight")),
-            deq(&t("ffn_up.weight")),
-            deq(&t("ffn_down.weight")),
-        );
-        let (mut ks, mut vs) = (Vec::new(), Vec::new());
-        for (pos, x) in xs.iter_mut().enumerate() {
-            let xb = norm(x, &an);
-            let mut q = matvec(&wq, nh * hd, &xb);
-            let mut k = matvec(&wk, nkv * hd, &xb);
-            let mut v = matvec(&wv, nkv * hd, &xb);
-            for (out, name) in [
-                (&mut q, "attn_q.bias"),
-                (&mut k, "attn_k.bias"),
-                (&mut v, "attn_v.bias"),
-            ] {
-                if let Some(bt) = layout.tensors.get(&format!("blk.{b}.{name}")) {
-                    out.iter_mut().zip(deq(bt)).for_each(|(o, b)| *o += b);
+        Ok(())
+    }
+
+    fn matmul(&mut self, x: Buf, outs: &[(Buf, &TensorMeta)]) -> gds_runtime::Result<()> {
+        for &(b, t) in outs {
+            let w = self.deq(t);
+            let ys: Vec<Vec<f64>> = self
+                .rows(x)
+                .iter()
+                .map(|x| {
+                    (0..t.rows)
+                        .map(|r| {
+                            w[r * t.cols..][..t.cols]
+                                .iter()
+                                .zip(x)
+                                .map(|(a, b)| a * b)
+                                .sum()
+                        })
+                        .collect()
+                })
+                .collect();
+            *self.rows(b) = ys;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&mut self, buf: Buf, b: &TensorMeta) -> gds_runtime::Result<()> {
+        let b = self.deq(b);
+        for r in self.rows(buf).iter_mut() {
+            r.iter_mut().zip(&b).for_each(|(x, b)| *x += b);
+        }
+        Ok(())
+    }
+
+    fn rope(&mut self, _layer: usize) -> gds_runtime::Result<()> {
+        let (hd, theta) = (self.c.head_dim, self.c.rope_theta);
+        let pos = self.pos.clone();
+        for b in [Buf::Q, Buf::K] {
+            for (r, &p) in self.rows(b).iter_mut().zip(&pos) {
+                for head in r.chunks_exact_mut(hd) {
+                    for i in 0..hd / 2 {
+                        let a = p as f64 * theta.powf(-((2 * i) as f64) / hd as f64);
+                        let (c, s) = (a.cos(), a.sin());
+                        let (u, v) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = u * c - v * s;
+                        head[2 * i + 1] = u * s + v * c;
+                    }
                 }
             }
-            rope(&mut q, pos);
-            rope(&mut k, pos);
-            ks.push(k);
-            vs.push(v);
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, layer: usize) -> gds_runtime::Result<()> {
+        let (nh, nkv, hd) = (self.c.n_heads, self.c.n_kv_heads, self.c.head_dim);
+        let scale = self.c.attn_scale as f64;
+        let (ks, vs) = (self.rows(Buf::K).clone(), self.rows(Buf::V).clone());
+        let qs = self.rows(Buf::Q).clone();
+        let mut outs = Vec::new();
+        for (t, q) in qs.iter().enumerate() {
+            let (kc, vc) = &mut self.kv[layer];
+            kc.push(ks[t].clone());
+            vc.push(vs[t].clone());
+            let n_pos = kc.len();
             let mut attn = vec![0f64; nh * hd];
             for h in 0..nh {
                 let kvh = h / (nh / nkv);
                 let qh = &q[h * hd..][..hd];
-                let sc: Vec<f64> = (0..=pos)
+                let sc: Vec<f64> = (0..n_pos)
                     .map(|p| {
                         qh.iter()
-                            .zip(&ks[p][kvh * hd..][..hd])
+                            .zip(&kc[p][kvh * hd..][..hd])
                             .map(|(a, b)| a * b)
                             .sum::<f64>()
-                            / (hd as f64).sqrt()
+                            * scale
                     })
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
                 let sum: f64 = e.iter().sum();
                 for d in 0..hd {
-                    attn[h * hd + d] = (0..=pos).map(|p| e[p] / sum * vs[p][kvh * hd + d]).sum();
+                    attn[h * hd + d] = (0..n_pos).map(|p| e[p] / sum * vc[p][kvh * hd + d]).sum();
                 }
             }
-            let o = matvec(&wo, sh.n_embd, &attn);
-            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-            let xb = norm(x, &fnw);
-            let g = matvec(&wg, sh.n_ff, &xb);
-            let u = matvec(&wu, sh.n_ff, &xb);
-            let hmid: Vec<f64> = g
-                .iter()
-                .zip(&u)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            let d = matvec(&wd, sh.n_embd, &hmid);
-            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+            outs.push(attn);
         }
+        *self.rows(Buf::Att) = outs;
+        Ok(())
     }
-    let on = deq(&get("output_norm.weight"));
-    let wout = deq(&layout.output);
-    xs.iter()
-        .map(|x| {
-            matvec(&wout, sh.vocab, &norm(x, &on))
-                .into_iter()
-                .map(|v| v as f32)
-                .collect()
-        })
-        .collect()
+
+    fn glu(&mut self, act: Glu) -> gds_runtime::Result<()> {
+        assert_eq!(act, Glu::Silu, "the synthetic model is a llama");
+        let up = self.rows(Buf::Up).clone();
+        for (g, u) in self.rows(Buf::Gate).iter_mut().zip(&up) {
+            g.iter_mut()
+                .zip(u)
+                .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, y: Buf, x: Buf) -> gds_runtime::Result<()> {
+        let xs = self.rows(x).clone();
+        for (y, x) in self.rows(y).iter_mut().zip(&xs) {
+            y.iter_mut().zip(x).for_each(|(a, b)| *a += b);
+        }
+        Ok(())
+    }
+}
+
+/// Logits at every position of `tokens` (one token per pass), from the graph over
+/// [`F64Ops`].
+fn reference(
+    layout: &Layout,
+    files: &[Vec<u8>],
+    c: &Config,
+    g: &CudaGraph,
+    tokens: &[u32],
+) -> Vec<Vec<f32>> {
+    let emb = layout.tensors["token_embd.weight"];
+    let row_bytes = emb.nbytes / emb.rows;
+    let mut kv = vec![(Vec::new(), Vec::new()); c.n_layers];
+    let mut out = Vec::new();
+    for (pos, &tok) in tokens.iter().enumerate() {
+        let bytes = &files[emb.layer][emb.offset + tok as usize * row_bytes..][..row_bytes];
+        let mut x = vec![0f32; emb.cols];
+        gds_kernels::dequantize(emb.dtype, bytes, &mut x).unwrap();
+        let mut o = F64Ops {
+            c,
+            files,
+            bufs: HashMap::new(),
+            pos: vec![pos],
+            kv: &mut kv,
+        };
+        *o.rows(Buf::X) = vec![x.into_iter().map(f64::from).collect()];
+        for (l, w) in g.blocks().iter().enumerate() {
+            graph::block(g.arch(), &mut o, l, w).unwrap();
+        }
+        let x = o.rows(Buf::X)[0].clone();
+        let xn = F64Ops::norm(
+            &x,
+            &o.deq(&layout.tensors["output_norm.weight"]),
+            c.rms_norm_eps as f64,
+        );
+        let w = o.deq(&layout.output);
+        out.push(
+            (0..layout.output.rows)
+                .map(|r| {
+                    w[r * xn.len()..][..xn.len()]
+                        .iter()
+                        .zip(&xn)
+                        .map(|(a, b)| a * b)
+                        .sum::<f64>() as f32
+                })
+                .collect(),
+        );
+    }
+    out
+}
+
+/// The hyperparameters of the synthetic llama, as `Config::from_manifest` would read them.
+fn config(sh: &Shape) -> Config {
+    Config {
+        arch: "llama".into(),
+        n_layers: sh.n_layers,
+        n_embd: sh.n_embd,
+        n_heads: sh.n_heads,
+        n_kv_heads: sh.n_kv_heads,
+        n_ff: sh.n_ff,
+        vocab_size: sh.vocab,
+        context_length: 16,
+        head_dim: sh.head_dim,
+        rope_theta: sh.rope_theta,
+        rope_scaling: gds_runtime::RopeScaling::None,
+        rope_dims: sh.head_dim,
+        rope_attn_factor: None,
+        rope_original_context: None,
+        rms_norm_eps: sh.eps,
+        tie_embeddings: true,
+        bos_token_id: None,
+        eos_token_id: None,
+        add_bos: false,
+        rope_style: gds_runtime::config::RopeStyle::Norm,
+        sliding_window: None,
+        sliding_window_pattern: 0,
+        rope_theta_local: None,
+        attn_scale: 1.0 / (sh.head_dim as f32).sqrt(),
+        attn_softcap: None,
+        final_softcap: None,
+    }
 }
 
 fn check(what: &str, got: &[f32], want: &[f32]) {
@@ -278,6 +404,8 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         vocab: 300,
         eps: 1e-5,
         rope_theta: 10000.0,
+        rope_dims: 64,
+        rope_neox: false,
         rope_scaling: "none".into(),
     };
     let (q_dim, kv_dim) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
@@ -300,7 +428,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
             DType::F16,
             DType::Q4K,
             DType::Q6K,
-            DType::Q4_0,
+            DType::Q5_0,
         ],
         [
             DType::Q6K,
@@ -459,6 +587,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
     let s = Scratch {
         x: buf(&mut store, mt * sh.n_embd),
         xb: buf(&mut store, mt * widest),
+        proj: buf(&mut store, mt * sh.n_embd),
         q: buf(&mut store, mt * q_dim),
         k: buf(&mut store, mt * kv_dim),
         v: buf(&mut store, mt * kv_dim),
@@ -470,27 +599,30 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         tile: buf(&mut store, layout.max_weight_elements()),
     };
     let (cos, sin) = rope_tables(sh.head_dim, ctx, sh.rope_theta);
+    let ropes = [(cos.as_ptr() as u64, sin.as_ptr() as u64)];
     let pass = Pass {
         layout: &layout,
         layer_base: &base,
         s,
         kv: &kv,
-        rope: (cos.as_ptr() as u64, sin.as_ptr() as u64),
+        ropes: &ropes,
         ctx,
     };
+    let c = config(&sh);
+    let g = CudaGraph::new(&c, &layout, 1).unwrap();
     let mut dev = Emu { gemms: 0 };
     let logits = |s: &Scratch| {
         // SAFETY: s.logits holds vocab floats, written by the head above.
         unsafe { std::slice::from_raw_parts(p::<f32>(s.logits), sh.vocab) }.to_vec()
     };
 
-    let want = reference(&layout, &files, &tokens);
+    let want = reference(&layout, &files, &c, &g, &tokens);
 
-    pass.embed(&mut dev, &tokens[..prefill]).unwrap();
+    pass.embed(&mut dev, &tokens[..prefill], None).unwrap();
     for b in 0..sh.n_layers {
-        pass.block(&mut dev, b, prefill, 0).unwrap();
+        g.block(&pass, &mut dev, b, prefill, 0).unwrap();
     }
-    pass.head(&mut dev, prefill).unwrap();
+    pass.head(&mut dev, prefill, None).unwrap();
     assert_eq!(
         dev.gemms,
         7 * sh.n_layers,
@@ -502,11 +634,11 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         &want[prefill - 1],
     );
 
-    pass.embed(&mut dev, &tokens[prefill..]).unwrap();
+    pass.embed(&mut dev, &tokens[prefill..], None).unwrap();
     for b in 0..sh.n_layers {
-        pass.block(&mut dev, b, 1, prefill).unwrap();
+        g.block(&pass, &mut dev, b, 1, prefill).unwrap();
     }
-    pass.head(&mut dev, 1).unwrap();
+    pass.head(&mut dev, 1, None).unwrap();
     assert_eq!(
         dev.gemms,
         7 * sh.n_layers,
@@ -521,6 +653,9 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         layer_base: &missing,
         ..pass
     };
-    let e = pass.block(&mut dev, 1, 1, prefill).unwrap_err().to_string();
+    let e = g
+        .block(&pass, &mut dev, 1, 1, prefill)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("not in VRAM"), "{e}");
 }

@@ -2,16 +2,19 @@
 //! [`Executor`], following the plan's [`GpuPlan`](crate::gpuplan::GpuPlan). Its KV cache
 //! and activations live in VRAM; logits come back to the host for the sampler.
 //!
+//! Each block runs the architecture's graph ([`crate::cuda_graph::CudaGraph`]: the same
+//! `graph/<arch>.rs` as the CPU, over the CUDA kernels).
+//!
 //! **Not yet run on a GPU**: the development machines have none. It compiles in CI under
-//! `--features cuda`; the forward pass it launches is tested on the CPU with the same
-//! kernels (crates/gds-cuda/tests/forward_emu.rs).
+//! `--features cuda`; the pass it launches is tested on the CPU with the same kernels
+//! (crates/gds-cuda/tests: forward_emu.rs, executor_emu.rs, arch_emu.rs).
 
 use crate::config::Config;
+use crate::cuda_graph::{rope_tables, CudaGraph};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{last_logit_passes, Executor};
 use crate::gpuplan::GpuLoad;
 use crate::plan::Plan;
-use crate::rope::RopeTable;
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
 use gds_io::IoStats;
 use std::ops::Range;
@@ -45,7 +48,12 @@ impl GpuExecutor {
             RuntimeError::Internal("the plan has no GPU section (backend is not cuda)".into())
         })?;
         let c = &plan.model;
-        let rope = RopeTable::new(c.head_dim, plan.ctx, c.rope_theta, c.rope_scaling);
+        let dir = &plan.model_dir;
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = crate::plan::parse_manifest(dir, &bytes)?;
+        let layout = gds_cuda::plan::Layout::from_manifest(dir, &m).map_err(gpu_err)?;
+        let rope = rope_tables(dir, &m, c, plan.ctx)?;
+        let graph = CudaGraph::new(c, &layout, rope.len())?;
         let load = match g.load {
             GpuLoad::Gds => LoadPath::Gds,
             GpuLoad::BounceDirect => LoadPath::Bounce { direct: true },
@@ -56,10 +64,10 @@ impl GpuExecutor {
             load,
             vram_budget: g.vram_budget_bytes,
             ctx: plan.ctx,
-            rope: Some(rope.into_tables()),
+            rope,
             verify: plan.io_plan.verify,
         };
-        let model = GpuModel::open(&plan.model_dir, &opts).map_err(gpu_err)?;
+        let model = GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_err)?;
         Ok(GpuExecutor {
             logits: vec![0.0; c.vocab_size],
             config: c.clone(),

@@ -13,6 +13,7 @@ pub mod error;
 pub mod chat;
 pub mod config;
 pub mod constraint;
+pub mod cuda_graph;
 pub mod engine;
 pub mod exec;
 #[cfg(feature = "cuda")]

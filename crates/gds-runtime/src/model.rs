@@ -594,10 +594,16 @@ impl Model {
 
     /// RoPE table of block `l`.
     fn rope_of(&self, l: usize) -> &RopeTable {
-        match (self.config.window(l), self.ropes.get(1)) {
-            (Some(_), Some(local)) => local,
-            _ => &self.ropes[0],
-        }
+        &self.ropes[rope_table_index(&self.config, l, self.ropes.len())]
+    }
+}
+
+/// Which of the [`rope_tables`] (`n_tables` of them) block `l` uses: the window layers'
+/// where the model has one, else the global.
+pub(crate) fn rope_table_index(c: &Config, l: usize, n_tables: usize) -> usize {
+    match c.window(l) {
+        Some(_) if n_tables > 1 => 1,
+        _ => 0,
     }
 }
 
@@ -605,7 +611,7 @@ impl Model {
 /// factors and attention factor, as llama.cpp picks them by the context), then, for models
 /// whose window layers have their own base, the window layers' (no long-context scaling,
 /// as llama.cpp's `rope_freq_base_train_swa` / `freq_scale_train_swa`).
-fn rope_tables(config: &Config, weights: &Weights, ctx: usize) -> Vec<RopeTable> {
+pub(crate) fn rope_tables(config: &Config, weights: &Weights, ctx: usize) -> Vec<RopeTable> {
     let neox = config.rope_style == RopeStyle::Neox;
     let (rot, theta) = (config.rope_dims, config.rope_theta);
     let longrope =

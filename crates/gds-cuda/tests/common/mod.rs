@@ -55,7 +55,7 @@ pub fn lib() -> &'static Library {
 }
 
 /// `run_attention` of tests/emu/launch.cpp: q, k, v, att (scratch), out, n_heads,
-/// n_kv_heads, head_dim, pos0, ntok, n_ctx, scale.
+/// n_kv_heads, head_dim, pos0, ntok, n_ctx, scale, window, softcap.
 pub type AttnFn = unsafe extern "C" fn(
     *const f32,
     *const f32,
@@ -69,7 +69,19 @@ pub type AttnFn = unsafe extern "C" fn(
     i32,
     i32,
     f32,
+    i32,
+    f32,
 );
+
+/// `run_rope`: x, cos, sin, n_heads, head_dim, half, neox, pos0, ntok.
+pub type RopeFn =
+    unsafe extern "C" fn(*mut f32, *const f32, *const f32, i32, i32, i32, i32, i32, i32);
+
+/// `run_swiglu`, `run_geglu`, `run_add_inplace`: y, x, n.
+pub type PairFn = unsafe extern "C" fn(*mut f32, *const f32, i32);
+
+/// `run_scale_inplace`, `run_softcap_inplace`: x, factor, n.
+pub type ScaleFn = unsafe extern "C" fn(*mut f32, f32, i32);
 
 pub fn sym<T>(name: &str) -> Symbol<'static, T> {
     // SAFETY: every caller names a function of launch.cpp with the matching signature.
@@ -135,14 +147,27 @@ impl Device for Emu {
         sin: u64,
         n_heads: i32,
         head_dim: i32,
+        half: i32,
+        neox: bool,
         pos0: i32,
         ntok: i32,
     ) -> Result<(), GpuError> {
-        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, *const f32, i32, i32, i32, i32)>(
-            "run_rope",
-        );
+        let f = sym::<RopeFn>("run_rope");
+        let neox = neox as i32;
         // SAFETY: as above.
-        unsafe { f(p(x), p(cos), p(sin), n_heads, head_dim, pos0, ntok) };
+        unsafe {
+            f(
+                p(x),
+                p(cos),
+                p(sin),
+                n_heads,
+                head_dim,
+                half,
+                neox,
+                pos0,
+                ntok,
+            )
+        };
         Ok(())
     }
     fn attention(
@@ -159,6 +184,8 @@ impl Device for Emu {
         ntok: i32,
         n_ctx: i32,
         scale: f32,
+        window: i32,
+        softcap: f32,
     ) -> Result<(), GpuError> {
         let f = sym::<AttnFn>("run_attention");
         // SAFETY: as above.
@@ -176,20 +203,41 @@ impl Device for Emu {
                 ntok,
                 n_ctx,
                 scale,
+                window,
+                softcap,
             )
         };
         Ok(())
     }
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
-        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32)>("run_swiglu");
         // SAFETY: as above.
-        unsafe { f(p(gate), p(up), n) };
+        unsafe { sym::<PairFn>("run_swiglu")(p(gate), p(up), n) };
+        Ok(())
+    }
+    fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        // SAFETY: as above.
+        unsafe { sym::<PairFn>("run_geglu")(p(gate), p(up), n) };
+        Ok(())
+    }
+    fn add_rows(&mut self, y: u64, b: u64, n: i32, ntok: i32) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32, i32)>("run_add_rows");
+        // SAFETY: as above.
+        unsafe { f(p(y), p(b), n, ntok) };
+        Ok(())
+    }
+    fn scale(&mut self, x: u64, s: f32, n: i32) -> Result<(), GpuError> {
+        // SAFETY: as above.
+        unsafe { sym::<ScaleFn>("run_scale_inplace")(p(x), s, n) };
+        Ok(())
+    }
+    fn softcap(&mut self, x: u64, cap: f32, n: i32) -> Result<(), GpuError> {
+        // SAFETY: as above.
+        unsafe { sym::<ScaleFn>("run_softcap_inplace")(p(x), cap, n) };
         Ok(())
     }
     fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError> {
-        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32)>("run_add_inplace");
         // SAFETY: as above.
-        unsafe { f(p(y), p(x), n) };
+        unsafe { sym::<PairFn>("run_add_inplace")(p(y), p(x), n) };
         Ok(())
     }
     fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {

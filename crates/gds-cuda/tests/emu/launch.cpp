@@ -21,6 +21,7 @@ static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
 
 MATVEC_ENTRY(q4_0)
 MATVEC_ENTRY(q4_1)
+MATVEC_ENTRY(q5_0)
 MATVEC_ENTRY(q8_0)
 MATVEC_ENTRY(q4_k)
 MATVEC_ENTRY(q6_k)
@@ -33,15 +34,16 @@ extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, i
 }
 
 extern "C" void run_rope(float* x, const float* c, const float* s, int n_heads, int head_dim,
-                         int pos0, int ntok) {
-    emu_launch(rope, dim3(ntok), dim3(BLOCK_THREADS), x, c, s, n_heads, head_dim, pos0);
+                         int half, int neox, int pos0, int ntok) {
+    emu_launch(rope, dim3(ntok), dim3(BLOCK_THREADS), x, c, s, n_heads, head_dim, half, neox,
+               pos0);
 }
 
 extern "C" void run_attention(const float* q, const float* k, const float* v, float* att,
                               float* out, int n_heads, int n_kv_heads, int head_dim, int pos0,
-                              int ntok, int n_ctx, float scale) {
+                              int ntok, int n_ctx, float scale, int window, float softcap) {
     emu_launch(attention, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, k, v, att, out, n_heads,
-               n_kv_heads, head_dim, pos0, n_ctx, scale);
+               n_kv_heads, head_dim, pos0, n_ctx, scale, window, softcap);
 }
 
 extern "C" void run_swiglu(float* gate, const float* up, int n) {
@@ -50,4 +52,20 @@ extern "C" void run_swiglu(float* gate, const float* up, int n) {
 
 extern "C" void run_add_inplace(float* y, const float* x, int n) {
     emu_launch(add_inplace, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), y, x, n);
+}
+
+extern "C" void run_geglu(float* gate, const float* up, int n) {
+    emu_launch(geglu, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up, n);
+}
+
+extern "C" void run_add_rows(float* y, const float* b, int n, int ntok) {
+    emu_launch(add_rows, dim3(cdiv(n * ntok, BLOCK_THREADS)), dim3(BLOCK_THREADS), y, b, n, ntok);
+}
+
+extern "C" void run_scale_inplace(float* x, float s, int n) {
+    emu_launch(scale_inplace, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), x, s, n);
+}
+
+extern "C" void run_softcap_inplace(float* x, float cap, int n) {
+    emu_launch(softcap_inplace, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), x, cap, n);
 }

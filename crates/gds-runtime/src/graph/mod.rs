@@ -2,9 +2,9 @@
 //! block from shared helpers ([`attention`], [`ffn`]) over a typed ops interface ([`Ops`]).
 //!
 //! The graph never sees bytes, files or threads: a backend implements [`Ops`] over its own
-//! buffers and weight handles (the CPU's in [`crate::model`]; the test reference and, next,
-//! CUDA implement the same trait), and the executor calls [`block`] for each block once that
-//! block's weights are resident. So an architecture is written once for every backend, the
+//! buffers and weight handles (the CPU's in [`crate::model`], the CUDA kernels' in
+//! [`crate::cuda_graph`], and an f64 test reference in crates/gds-cuda/tests/forward_emu.rs),
+//! and the executor calls [`block`] for each block once that block's weights are resident. So an architecture is written once for every backend, the
 //! way llama.cpp's `src/models/<arch>.cpp` sit on `llm_graph_context`'s helpers, but with the
 //! backend strictly below the graph.
 //!
@@ -22,7 +22,7 @@ use crate::error::{Result, RuntimeError};
 
 /// The activation buffers a graph names. Widths per token: `X`, `Xb`, `Proj`: n_embd; `Q`,
 /// `Att`: n_heads·head_dim; `K`, `V`: n_kv_heads·head_dim; `Gate`, `Up`: n_ff.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Buf {
     /// The residual stream.
     X,

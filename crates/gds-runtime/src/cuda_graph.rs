@@ -1,0 +1,330 @@
+//! The graph on the CUDA backend: [`Ops`] over `gds_cuda::forward`'s kernels, so the GPU
+//! executor runs the same architecture files (`graph/<arch>.rs`) as the CPU.
+//!
+//! [`CudaGraph`] is what the executor (`gds_cuda::stream::Streamer`) calls for each block
+//! (`gds_cuda::forward::BlockGraph`): the block's weights are [`TensorMeta`]s of the
+//! layout, resolved once at open through [`Block::load`] (so the tensor names and shapes
+//! are the graph's, checked once, not looked up per token), and the buffers are the
+//! executor's [`Scratch`](gds_cuda::forward::Scratch) addresses. What differs by layer —
+//! RoPE table, window, scale, cap — is read from [`Config`] as the CPU backend reads it.
+//!
+//! Not behind the `cuda` feature: it only issues calls to a [`Device`], so the tests run it
+//! on the kernels compiled as C++ (crates/gds-cuda/tests).
+
+use crate::config::Config;
+use crate::error::{Result, RuntimeError};
+use crate::graph::{self, Arch, Block, Buf, Glu, Ops, WeightSource};
+use crate::model::rope_table_index;
+use gds_cuda::forward::{BlockGraph, Device, Pass, F32};
+use gds_cuda::plan::{Layout, TensorMeta};
+use gds_cuda::GpuError;
+use gds_format::DType;
+use std::path::Path;
+
+/// RoPE tables as the GPU reads them: `(cos, sin)`, `[ctx][rope_dims / 2]` each.
+pub type RopeTables = Vec<(Vec<f32>, Vec<f32>)>;
+
+/// A model's graph over the CUDA kernels (see the module docs).
+pub struct CudaGraph {
+    arch: Arch,
+    config: Config,
+    blocks: Vec<Block<TensorMeta, TensorMeta>>,
+    /// Index of each block's RoPE table in the pass's tables.
+    rope_of: Vec<usize>,
+}
+
+/// Block weights found in the layout's tensor table.
+struct LayoutSource<'a>(&'a Layout);
+
+impl WeightSource<TensorMeta, TensorMeta> for LayoutSource<'_> {
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<TensorMeta> {
+        let t = *self
+            .0
+            .tensors
+            .get(name)
+            .ok_or_else(|| RuntimeError::Tensor {
+                name: name.into(),
+                why: "missing from the manifest".into(),
+            })?;
+        if (t.rows, t.cols) != (rows, cols) {
+            return Err(RuntimeError::Tensor {
+                name: name.into(),
+                why: format!("shape [{}, {}], expected [{rows}, {cols}]", t.rows, t.cols),
+            });
+        }
+        Ok(t)
+    }
+
+    fn vector(&mut self, name: &str, n: usize) -> Result<Option<TensorMeta>> {
+        let Some(&t) = self.0.tensors.get(name) else {
+            return Ok(None);
+        };
+        if t.rows * t.cols != n {
+            return Err(RuntimeError::Tensor {
+                name: name.into(),
+                why: format!("{} elements, expected {n}", t.rows * t.cols),
+            });
+        }
+        if t.dtype != DType::F32 {
+            return Err(RuntimeError::Tensor {
+                name: name.into(),
+                why: format!("{}: the CUDA kernels read norms and biases as F32", t.dtype),
+            });
+        }
+        Ok(Some(t))
+    }
+}
+
+impl CudaGraph {
+    /// The graph of the model with hyperparameters `config` laid out as `layout`, whose
+    /// pass has `n_tables` RoPE tables (as [`rope_tables`] makes them).
+    pub fn new(config: &Config, layout: &Layout, n_tables: usize) -> Result<CudaGraph> {
+        let arch = Arch::of(config)?;
+        let mut src = LayoutSource(layout);
+        let blocks = (0..config.n_layers)
+            .map(|l| Block::load(config, l, &mut src))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CudaGraph {
+            arch,
+            config: config.clone(),
+            blocks,
+            rope_of: (0..config.n_layers)
+                .map(|l| rope_table_index(config, l, n_tables))
+                .collect(),
+        })
+    }
+
+    /// The architecture whose graph runs.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// Each block's weights, as the graph sees them (tests drive a reference with them).
+    pub fn blocks(&self) -> &[Block<TensorMeta, TensorMeta>] {
+        &self.blocks
+    }
+
+    /// The graph and RoPE tables of the model in `dir` for `ctx` positions, the manifest
+    /// read and checked as at every open (for callers that hold no manifest, e.g. tests).
+    pub fn open(dir: &Path, ctx: usize) -> Result<(CudaGraph, RopeTables)> {
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = crate::plan::parse_manifest(dir, &bytes)?;
+        let config = Config::from_manifest(&m).map_err(|e| crate::plan::with_dir(e, dir))?;
+        let layout = Layout::from_manifest(dir, &m)
+            .map_err(|e| RuntimeError::Model(format!("CUDA backend: {e}")))?;
+        let tables = rope_tables(dir, &m, &config, ctx)?;
+        Ok((CudaGraph::new(&config, &layout, tables.len())?, tables))
+    }
+}
+
+/// The model's RoPE tables for `ctx` positions, exactly as the CPU backend builds them
+/// (scaling, `rope_freqs` divisors, LongRoPE factors, the window layers' own base).
+pub fn rope_tables(
+    dir: &Path,
+    m: &gds_format::Manifest<'_>,
+    config: &Config,
+    ctx: usize,
+) -> Result<RopeTables> {
+    // The factor tensors are small f32 vectors: mapped, read once.
+    let source =
+        gds_io::MmapBackend::open_with(dir, m, &gds_io::Verifier::new(gds_io::VerifyMode::Off))?;
+    let weights = crate::weights::Weights::load(config, m, &source)
+        .map_err(|e| crate::plan::with_dir(e, dir))?;
+    Ok(crate::model::rope_tables(config, &weights, ctx)
+        .into_iter()
+        .map(|t| t.into_tables())
+        .collect())
+}
+
+impl BlockGraph for CudaGraph {
+    fn block(
+        &self,
+        pass: &Pass<'_>,
+        dev: &mut dyn Device,
+        b: usize,
+        ntok: usize,
+        pos0: usize,
+    ) -> std::result::Result<(), GpuError> {
+        let w = self
+            .blocks
+            .get(b)
+            .ok_or_else(|| GpuError::Model(format!("block {b} out of range")))?;
+        let mut o = CudaOps {
+            g: self,
+            pass,
+            dev,
+            ntok,
+            pos0,
+            failed: None,
+        };
+        graph::block(self.arch, &mut o, b, w).map_err(|e| {
+            o.failed
+                .take()
+                .unwrap_or_else(|| GpuError::Model(e.to_string()))
+        })
+    }
+
+    fn embed_scale(&self) -> Option<f32> {
+        self.arch.embed_scale(&self.config)
+    }
+
+    fn final_softcap(&self) -> Option<f32> {
+        self.config.final_softcap
+    }
+}
+
+/// [`Ops`] for one block of one batch on a [`Device`].
+struct CudaOps<'a, 'p> {
+    g: &'a CudaGraph,
+    pass: &'a Pass<'p>,
+    dev: &'a mut dyn Device,
+    ntok: usize,
+    pos0: usize,
+    /// The device error that stopped the block (returned as is, not as text).
+    failed: Option<GpuError>,
+}
+
+impl CudaOps<'_, '_> {
+    /// Address and per-token width of `b`.
+    fn buf(&self, b: Buf) -> (u64, usize) {
+        let (c, s) = (&self.g.config, &self.pass.s);
+        match b {
+            Buf::X => (s.x, c.n_embd),
+            Buf::Xb => (s.xb, c.n_embd),
+            Buf::Proj => (s.proj, c.n_embd),
+            Buf::Q => (s.q, c.q_dim()),
+            Buf::Att => (s.attn, c.q_dim()),
+            Buf::K => (s.k, c.kv_dim()),
+            Buf::V => (s.v, c.kv_dim()),
+            Buf::Gate => (s.gate, c.n_ff),
+            Buf::Up => (s.up, c.n_ff),
+        }
+    }
+
+    /// A device call's result as the graph's: the error kept for [`BlockGraph::block`].
+    fn run(&mut self, r: std::result::Result<(), GpuError>) -> Result<()> {
+        r.map_err(|e| {
+            let msg = e.to_string();
+            self.failed = Some(e);
+            RuntimeError::Backend(msg)
+        })
+    }
+
+    fn addr(&mut self, t: &TensorMeta) -> Result<u64> {
+        let r = self.pass.addr(t);
+        let a = r.as_ref().copied().unwrap_or(0);
+        self.run(r.map(|_| ()))?;
+        Ok(a)
+    }
+}
+
+impl Ops for CudaOps<'_, '_> {
+    type Mat = TensorMeta;
+    type Vec = TensorMeta;
+
+    fn rms_norm(&mut self, out: Buf, x: Buf, w: &TensorMeta) -> Result<()> {
+        let ((xa, n), (oa, _)) = (self.buf(x), self.buf(out));
+        let wa = self.addr(w)?;
+        let eps = self.g.config.rms_norm_eps;
+        let r = self
+            .dev
+            .rmsnorm(xa, wa, oa, n as i32, self.ntok as i32, eps);
+        self.run(r)
+    }
+
+    fn head_norm(&mut self, buf: Buf, w: &TensorMeta) -> Result<()> {
+        let (a, width) = self.buf(buf);
+        let hd = self.g.config.head_dim;
+        let wa = self.addr(w)?;
+        let rows = (self.ntok * width / hd) as i32;
+        let eps = self.g.config.rms_norm_eps;
+        let r = self.dev.rmsnorm(a, wa, a, hd as i32, rows, eps);
+        self.run(r)
+    }
+
+    fn matmul(&mut self, x: Buf, outs: &[(Buf, &TensorMeta)]) -> Result<()> {
+        let (xa, _) = self.buf(x);
+        for &(b, w) in outs {
+            let (ya, _) = self.buf(b);
+            let r = self.pass.linear(self.dev, w, xa, ya, self.ntok);
+            self.run(r)?;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&mut self, buf: Buf, b: &TensorMeta) -> Result<()> {
+        let (a, n) = self.buf(buf);
+        let ba = self.addr(b)?;
+        let r = self.dev.add_rows(a, ba, n as i32, self.ntok as i32);
+        self.run(r)
+    }
+
+    fn rope(&mut self, layer: usize) -> Result<()> {
+        let c = &self.g.config;
+        let (cos, sin) = *self
+            .pass
+            .ropes
+            .get(self.g.rope_of[layer])
+            .ok_or_else(|| RuntimeError::Internal("RoPE table missing".into()))?;
+        let (hd, half, neox) = (
+            c.head_dim as i32,
+            (c.rope_dims / 2) as i32,
+            c.rope_style == crate::config::RopeStyle::Neox,
+        );
+        let (p0, nt) = (self.pos0 as i32, self.ntok as i32);
+        for (buf, heads) in [(Buf::Q, c.n_heads), (Buf::K, c.n_kv_heads)] {
+            let (a, _) = self.buf(buf);
+            let r = self
+                .dev
+                .rope(a, cos, sin, heads as i32, hd, half, neox, p0, nt);
+            self.run(r)?;
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, layer: usize) -> Result<()> {
+        let c = &self.g.config;
+        let (q, k, v, att, out) = (
+            self.pass.s.q,
+            self.pass.s.k,
+            self.pass.s.v,
+            self.pass.s.att,
+            self.pass.s.attn,
+        );
+        let (kc, vc) = self.pass.kv[layer];
+        let kv_dim = c.kv_dim();
+        let at = (self.pos0 * kv_dim) as u64 * F32;
+        let bytes = self.ntok * kv_dim * F32 as usize;
+        let window = c.window(layer).map_or(0, |w| w as i32);
+        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        let (scale, cap) = (c.attn_scale, c.attn_softcap.unwrap_or(0.0));
+        let (p0, nt, ctx) = (self.pos0 as i32, self.ntok as i32, self.pass.ctx as i32);
+        let r = self.dev.copy(kc + at, k, bytes);
+        self.run(r)?;
+        let r = self.dev.copy(vc + at, v, bytes);
+        self.run(r)?;
+        let r = self.dev.attention(
+            q, kc, vc, att, out, nh, nkv, hd, p0, nt, ctx, scale, window, cap,
+        );
+        self.run(r)
+    }
+
+    fn glu(&mut self, act: Glu) -> Result<()> {
+        let (g, u, n) = (
+            self.pass.s.gate,
+            self.pass.s.up,
+            (self.ntok * self.g.config.n_ff) as i32,
+        );
+        let r = match act {
+            Glu::Silu => self.dev.swiglu(g, u, n),
+            Glu::GeluTanh => self.dev.geglu(g, u, n),
+        };
+        self.run(r)
+    }
+
+    fn add(&mut self, y: Buf, x: Buf) -> Result<()> {
+        let ((ya, n), (xa, _)) = (self.buf(y), self.buf(x));
+        let r = self.dev.add(ya, xa, (self.ntok * n) as i32);
+        self.run(r)
+    }
+}
