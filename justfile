@@ -45,6 +45,10 @@ bench *args:
 bench-stream *args:
     ./scripts/bench-stream.py {{args}}
 
+# speculative decoding (--draft ngram) with/without, in memory and streamed at the minimum budget
+bench-spec *args:
+    ./scripts/bench-spec.py {{args}}
+
 # gdsrun serve vs llama-server: aggregate t/s and latency percentiles at concurrency 1, 4, 16
 bench-serve *args:
     ./scripts/bench-serve.py {{args}}

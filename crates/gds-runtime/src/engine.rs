@@ -12,6 +12,7 @@ use crate::plan::{Mode, Plan};
 use crate::sampler::{Sampler, TokenLogprobs};
 use crate::tokenizer::TextTokenizer;
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -76,6 +77,9 @@ pub struct Engine {
     sampler: Sampler,
     /// Tokens whose K/V are in the cache, in order (sequence 0).
     cached: Vec<u32>,
+    /// Positions the cache has been written up to: past `cached` when a speculative pass
+    /// wrote guesses that were not accepted (what a window ring may have overwritten).
+    written: usize,
     messages: Vec<Message>,
     energy: EnergyMeter,
     load_ms: f64,
@@ -89,7 +93,9 @@ impl Engine {
     /// buffers.
     pub fn load(plan: Plan) -> Result<Engine> {
         let t0 = Instant::now();
-        let exec = crate::exec::open(&plan, plan.batch, 1)?;
+        // a speculative pass wants logits at the sampled token and at every guess
+        let outputs = 1 + plan.draft.as_ref().map_or(0, |d| d.max_tokens);
+        let exec = crate::exec::open(&plan, plan.batch, outputs)?;
         let tokenizer = TextTokenizer::load(&plan.model_dir, exec.config())?;
         let sampler = Sampler::new(plan.sampler.clone(), exec.config().vocab_size);
         let grammar = match &plan.grammar {
@@ -108,6 +114,7 @@ impl Engine {
         }
         Ok(Engine {
             cached: Vec::with_capacity(plan.ctx),
+            written: 0,
             energy: EnergyMeter::open(),
             load_ms: t0.elapsed().as_secs_f64() * 1000.0,
             interrupt: Arc::new(AtomicBool::new(false)),
@@ -196,6 +203,7 @@ impl Engine {
         self.messages
             .truncate(usize::from(self.plan.system.is_some()));
         self.cached.clear();
+        self.written = 0;
     }
 
     fn check_interrupt(&self) -> bool {
@@ -238,11 +246,15 @@ impl Engine {
             .take_while(|(a, b)| a == b)
             .count();
         common = common.min(prompt.len() - 1);
-        if !self.exec.can_truncate(self.cached.len(), common) {
+        let written = self.written.max(self.cached.len());
+        if !self.exec.can_truncate(written, common) {
             // the window layers' ring no longer holds what position `common` sees
             common = 0;
         }
         self.cached.truncate(common);
+        if common == 0 {
+            self.written = 0;
+        }
         self.sampler.reset();
         for &t in prompt {
             self.sampler.accept(t);
@@ -282,6 +294,14 @@ impl Engine {
             (Some(c), Some(g)) => Some(c.compile(g)?),
             _ => None,
         };
+        // Speculative decoding (crate::draft): the guesses of the last pass not checked yet,
+        // each with the logits after it, and what the draft looks the next guesses up in.
+        let draft = self.plan.draft.clone();
+        let mut pending: VecDeque<(u32, Vec<f32>)> = VecDeque::new();
+        let mut history: Vec<u32> = match &draft {
+            Some(_) => prompt.to_vec(),
+            None => Vec::new(),
+        };
         while stop.is_none() {
             let logits = self.exec.last_logits_mut();
             let raw = self.plan.logprobs.map(|k| (k, logits.to_vec()));
@@ -303,6 +323,9 @@ impl Engine {
                 lps.push(TokenLogprobs::of(&raw, tok, k));
             }
             generated.push(tok);
+            if draft.is_some() {
+                history.push(tok);
+            }
             self.sampler.accept(tok);
             if let Some(piece) = stream.push(tok)? {
                 text.push_str(&piece);
@@ -351,7 +374,49 @@ impl Engine {
                 stop = Some(StopReason::Interrupted);
             } else {
                 let t = Instant::now();
-                eval_last(&mut *self.exec, &[tok], self.cached.len())?;
+                let pos = self.cached.len();
+                match pending.pop_front() {
+                    Some((guess, logits)) if guess == tok => {
+                        // the pass that checked the guess computed the logits after it
+                        self.exec.last_logits_mut().copy_from_slice(&logits);
+                        m.draft_accepted += 1;
+                    }
+                    _ => {
+                        // a wrong guess: its positions (and the ones after) are overwritten
+                        // by this pass before anything attends to them
+                        pending.clear();
+                        let guesses = match &draft {
+                            Some(d) => crate::draft::ngram(
+                                &history,
+                                d.ngram_max,
+                                d.ngram_min,
+                                d.max_tokens.min(ctx.saturating_sub(pos + 1)),
+                            ),
+                            None => Vec::new(),
+                        };
+                        if guesses.is_empty() {
+                            eval_last(&mut *self.exec, &[tok], pos)?;
+                        } else {
+                            let mut toks = Vec::with_capacity(1 + guesses.len());
+                            toks.push(tok);
+                            toks.extend_from_slice(&guesses);
+                            let mut rows = Vec::with_capacity(toks.len());
+                            self.exec
+                                .eval(&toks, pos, pos..pos + toks.len(), &mut |_, l| {
+                                    rows.push(l.to_vec())
+                                })?;
+                            self.written = self.written.max(pos + toks.len());
+                            let mut rows = rows.into_iter();
+                            let first = rows.next().ok_or_else(|| {
+                                RuntimeError::Internal("a pass returned no logits".into())
+                            })?;
+                            self.exec.last_logits_mut().copy_from_slice(&first);
+                            m.draft_tokens += guesses.len();
+                            pending = guesses.into_iter().zip(rows).collect();
+                        }
+                        m.decode_passes += 1;
+                    }
+                }
                 self.cached.push(tok);
                 decode_ms += t.elapsed().as_secs_f64() * 1000.0;
                 decode_steps += 1;
@@ -365,6 +430,7 @@ impl Engine {
         }
         m.generated_tokens = generated.len();
         m.decode_ms = decode_ms;
+        m.decode_tokens = decode_steps;
         m.energy_joules = self.energy.joules().zip(energy0).map(|(j, j0)| j - j0);
         let io = self.exec.io_stats();
         m.bytes_read = io.bytes_read;

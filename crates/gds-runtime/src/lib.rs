@@ -14,6 +14,7 @@ pub mod chat;
 pub mod config;
 pub mod constraint;
 pub mod cuda_graph;
+pub mod draft;
 pub mod engine;
 pub mod exec;
 #[cfg(feature = "cuda")]

@@ -63,11 +63,24 @@ pub struct Metrics {
     pub verify_ms: f64,
     /// Layer files the cache vouched for (unchanged since they were last verified).
     pub verify_cached_files: u64,
+    /// Forward passes during decode (one per token without a draft).
+    pub decode_passes: usize,
+    /// Tokens decoded (their keys and values added to the cache) during decode.
+    pub decode_tokens: usize,
+    /// Tokens a draft guessed (speculative decoding).
+    pub draft_tokens: usize,
+    /// Guesses equal to the token sampled at their position: tokens decoded without a pass
+    /// of their own.
+    pub draft_accepted: usize,
+    /// `draft_accepted / draft_tokens` (`None` without guesses).
+    pub draft_acceptance: Option<f64>,
+    /// `decode_tokens / decode_passes`: tokens per read of the weights (1 without a draft).
+    pub tokens_per_pass: Option<f64>,
 }
 
 impl Metrics {
     /// Fills the streaming metrics from the I/O counters of the decode phase (`steps`
-    /// forward passes).
+    /// tokens decoded).
     pub fn set_decode_io(&mut self, io: &gds_io::IoStats, steps: usize) {
         if steps > 0 {
             self.bytes_read_per_token = io.bytes_read as f64 / steps as f64;
@@ -106,6 +119,10 @@ impl Metrics {
             .filter(|&j| j > 0.0)
             .map(|j| self.generated_tokens as f64 / j);
         self.peak_rss_bytes = peak_rss_bytes();
+        self.draft_acceptance =
+            (self.draft_tokens > 0).then(|| self.draft_accepted as f64 / self.draft_tokens as f64);
+        self.tokens_per_pass =
+            (self.decode_passes > 0).then(|| self.decode_tokens as f64 / self.decode_passes as f64);
     }
 
     /// One line for humans (stderr).
@@ -116,6 +133,14 @@ impl Metrics {
         );
         if let Some(rss) = self.peak_rss_bytes {
             s += &format!(" | rss {:.0} MiB", rss as f64 / (1 << 20) as f64);
+        }
+        if self.draft_tokens > 0 {
+            s += &format!(
+                " | draft {}/{} accepted, {:.2} tok/pass",
+                self.draft_accepted,
+                self.draft_tokens,
+                self.tokens_per_pass.unwrap_or(1.0)
+            );
         }
         if self.bytes_read_per_token > 0.0 {
             s += &format!(

@@ -72,7 +72,14 @@ pub struct PlanOptions {
     pub grammar: Option<crate::constraint::Grammar>,
     /// Report each generated token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Speculative decoding's draft: `none` (default) or `ngram` (prompt lookup).
+    pub draft: Option<String>,
+    /// Most tokens the draft guesses per pass (default [`DEFAULT_DRAFT_MAX`]).
+    pub draft_max: Option<usize>,
 }
+
+/// Tokens a draft guesses per pass unless `--draft-max` says otherwise.
+pub const DEFAULT_DRAFT_MAX: usize = 10;
 
 /// Per-dtype totals of the weights.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -153,6 +160,8 @@ pub struct Plan {
     pub grammar: Option<crate::constraint::Grammar>,
     /// Log-probabilities reported per generated token: this many alternatives.
     pub logprobs: Option<usize>,
+    /// Speculative decoding (`None`: one token per pass).
+    pub draft: Option<crate::draft::DraftPlan>,
     /// Chat or raw.
     pub mode: Mode,
     /// Where the chat template comes from: `tokenizer_config.json`, or the family's default
@@ -408,6 +417,39 @@ impl Plan {
                 (io, Some(g))
             }
         };
+        let draft = match opts.draft.as_deref() {
+            None | Some("none") => {
+                if opts.draft_max.is_some() {
+                    return plan_err("--draft-max needs --draft ngram".into());
+                }
+                None
+            }
+            Some("ngram") => {
+                let max = opts.draft_max.unwrap_or(DEFAULT_DRAFT_MAX);
+                // a pass holds the sampled token and the guesses; the window ring's slack
+                // is one pass, so a rejected guess never overwrites a key still in a window
+                if max == 0 || max + 1 > batch {
+                    return plan_err(format!(
+                        "--draft-max {max} must be between 1 and --batch - 1 ({})",
+                        batch.saturating_sub(1)
+                    ));
+                }
+                if gpu.is_some() {
+                    return plan_err(
+                        "--draft needs the CPU backend: the CUDA executor returns one \
+                         position's logits per pass, so checking guesses would not save a pass"
+                            .into(),
+                    );
+                }
+                Some(crate::draft::DraftPlan {
+                    kind: "ngram".into(),
+                    max_tokens: max,
+                    ngram_max: crate::draft::NGRAM_MAX,
+                    ngram_min: crate::draft::NGRAM_MIN,
+                })
+            }
+            Some(other) => return plan_err(format!("--draft {other}: expected none or ngram")),
+        };
         // The CPU executor's cache (exec::CpuExecutor::new): window layers keep a ring
         let kv_full_context_bytes =
             KvCache::bytes(kv_dtype, model.n_layers, 1, ctx, model.kv_dim());
@@ -450,6 +492,7 @@ impl Plan {
             },
             grammar: opts.grammar.clone(),
             logprobs: opts.logprobs,
+            draft,
             mode,
             parse_special: opts.parse_special,
             system: opts.system.clone(),

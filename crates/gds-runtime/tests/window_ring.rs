@@ -107,3 +107,56 @@ fn continuing_after_a_cut_within_the_ring_matches() {
         assert!(worst < 1e-4, "position {}: {worst}", 38 + i);
     }
 }
+
+/// Speculative decoding's rollback: a pass over a token and wrong guesses writes their keys
+/// past the accepted length; continuing from the accepted length must give the logits of a
+/// run that never saw the guesses — with the window rings too, where the rejected positions
+/// take ring slots (the ring's slack is one pass, and a pass holds the token and at most
+/// `batch - 1` guesses). Passes of 4 (token + 3 guesses) at every position, one guess
+/// accepted each time, on the tiny Gemma 3 (window 4) and Mistral fixtures and llama.
+#[test]
+fn rejected_guesses_leave_no_trace_in_the_logits() {
+    let tokens: Vec<u32> = (0..40).map(|i| (11 * i + 5) % 311 + 3).collect();
+    for arch in ["gemma3", "mistral", "llama3"] {
+        let (_tmp, dir) = converted(arch);
+        let batch = 4;
+        let (want, _) = logits(&dir, &tokens, batch);
+        let p = plan(&dir, batch);
+        let mut e = CpuExecutor::new(Model::open(&p).unwrap(), &p, batch, batch);
+        let mut got: Vec<Vec<f32>> = vec![Vec::new(); tokens.len()];
+        e.eval(&tokens[..1], 0, 0..1, &mut |pos, l| got[pos] = l.to_vec())
+            .unwrap();
+        let mut pos = 1;
+        while pos < tokens.len() {
+            // the true next token, one right guess, then two wrong ones
+            let mut pass = vec![tokens[pos]];
+            if pos + 1 < tokens.len() {
+                pass.push(tokens[pos + 1]);
+            }
+            pass.extend([(tokens[pos] + 1) % 300 + 3, 7]);
+            let mut rows = Vec::new();
+            e.eval(&pass, pos, pos..pos + pass.len(), &mut |_, l| {
+                rows.push(l.to_vec())
+            })
+            .unwrap();
+            let accepted = if pos + 1 < tokens.len() { 2 } else { 1 };
+            for (i, row) in rows.into_iter().take(accepted).enumerate() {
+                got[pos + i] = row;
+            }
+            pos += accepted;
+        }
+        let mut worst = 0f32;
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.len(), b.len(), "{arch}: position {i}");
+            for (x, y) in a.iter().zip(b) {
+                worst = worst.max((x - y).abs());
+            }
+            assert_eq!(
+                gds_runtime::ops::argmax(a),
+                gds_runtime::ops::argmax(b),
+                "{arch}: position {i}"
+            );
+        }
+        assert!(worst < 1e-4, "{arch}: max |logit diff| {worst}");
+    }
+}

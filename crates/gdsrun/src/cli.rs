@@ -133,6 +133,14 @@ pub struct RunArgs {
     /// Hold every reply to this regular expression (the whole reply matches it).
     #[arg(long, value_name = "REGEX")]
     pub regex: Option<String>,
+    /// Speculative decoding: `ngram` guesses the next tokens from earlier text (prompt
+    /// lookup) and checks them all in one pass over the weights; the output is the same as
+    /// without it (CPU backend).
+    #[arg(long, value_name = "DRAFT", value_parser = ["none", "ngram"])]
+    pub draft: Option<String>,
+    /// Most tokens guessed per pass [default: 10].
+    #[arg(long, value_name = "K")]
+    pub draft_max: Option<usize>,
     /// Stop a reply after this many joules (needs RAPL counters).
     #[arg(long)]
     pub max_joules: Option<f64>,

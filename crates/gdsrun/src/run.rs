@@ -43,6 +43,8 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
         raw: a.raw,
         parse_special: a.parse_special,
         system: a.system.clone(),
+        draft: a.draft.clone(),
+        draft_max: a.draft_max,
         ..common_options(&a.common)
     }
 }

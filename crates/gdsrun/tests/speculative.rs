@@ -1,0 +1,202 @@
+//! Speculative decoding (`--draft ngram`): the output is the one the model gives without
+//! it — greedy and seeded sampling, in memory and streamed, with Gemma 3's window ring —
+//! while a repetitive task takes fewer passes over the weights, and so reads fewer bytes per
+//! generated token when the layers stream.
+
+use serde_json::Value;
+use std::path::Path;
+
+/// A task whose answer quotes its prompt: what prompt lookup guesses well.
+const REWRITE: &str = "Rewrite the following paragraph, keeping every sentence: The library \
+    opens at nine in the morning and closes at six in the evening. Visitors may borrow up to \
+    five books at a time. Books are due back after three weeks, and late returns cost ten \
+    cents per day.";
+
+fn run_json(model: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![model.to_str().unwrap(), "--prompt", REWRITE, "--json"];
+    args.extend_from_slice(extra);
+    let o = gds_tests::run("gdsrun", &args);
+    assert!(
+        o.status.success(),
+        "gdsrun {args:?} failed: {}",
+        gds_tests::stderr(&o)
+    );
+    serde_json::from_slice(&o.stdout).expect("one JSON object")
+}
+
+fn tokens(v: &Value) -> Vec<u64> {
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+/// Runs with and without `--draft ngram` on the same settings; returns both outputs after
+/// checking they agree token for token.
+fn same_with_and_without(model: &Path, settings: &[&str], what: &str) -> (Value, Value) {
+    let plain = run_json(model, settings);
+    let mut spec_args = settings.to_vec();
+    spec_args.extend_from_slice(&["--draft", "ngram"]);
+    let spec = run_json(model, &spec_args);
+    assert_eq!(tokens(&plain), tokens(&spec), "{what}: tokens differ");
+    assert_eq!(plain["text"], spec["text"], "{what}: text differs");
+    let (pm, sm) = (&plain["metrics"], &spec["metrics"]);
+    assert_eq!(pm["draft_tokens"], 0, "{what}");
+    assert_eq!(pm["decode_passes"], pm["decode_tokens"], "{what}");
+    assert_eq!(sm["decode_tokens"], pm["decode_tokens"], "{what}");
+    (plain, spec)
+}
+
+#[test]
+fn greedy_and_sampled_output_is_unchanged_and_takes_fewer_passes() {
+    let model = gds_tests::smollm_converted();
+    let (_, spec) = same_with_and_without(model, &["--temp", "0", "-n", "64"], "greedy");
+    let m = &spec["metrics"];
+    let (passes, decoded) = (
+        m["decode_passes"].as_u64().unwrap(),
+        m["decode_tokens"].as_u64().unwrap(),
+    );
+    let (drafted, accepted) = (
+        m["draft_tokens"].as_u64().unwrap(),
+        m["draft_accepted"].as_u64().unwrap(),
+    );
+    eprintln!("greedy: {decoded} tokens in {passes} passes, {accepted}/{drafted} guesses");
+    // every decoded token either had its own pass or was an accepted guess
+    assert_eq!(passes + accepted, decoded);
+    assert!(accepted <= drafted);
+    assert!(
+        passes * 2 <= decoded,
+        "a rewrite should need at most half the passes: {passes} for {decoded}"
+    );
+    let tpp = m["tokens_per_pass"].as_f64().unwrap();
+    assert!((tpp - decoded as f64 / passes as f64).abs() < 1e-9);
+    let acc = m["draft_acceptance"].as_f64().unwrap();
+    assert!((acc - accepted as f64 / drafted as f64).abs() < 1e-9);
+
+    // seeded sampling: every token is still drawn from the model's own distribution at its
+    // position, with the same random draws
+    let (_, spec) = same_with_and_without(
+        model,
+        &["--temp", "0.8", "--top-k", "40", "--seed", "7", "-n", "48"],
+        "sampled",
+    );
+    assert!(spec["metrics"]["draft_accepted"].as_u64().unwrap() > 0);
+
+    // the plan records the draft
+    let o = gds_tests::run(
+        "gdsrun",
+        &[
+            model.to_str().unwrap(),
+            "--draft",
+            "ngram",
+            "--draft-max",
+            "6",
+            "--plan",
+        ],
+    );
+    assert!(o.status.success(), "{}", gds_tests::stderr(&o));
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(plan["draft"]["kind"], "ngram");
+    assert_eq!(plan["draft"]["max_tokens"], 6);
+}
+
+#[test]
+fn streamed_speculation_reads_fewer_bytes_per_token_for_the_same_text() {
+    let model = gds_tests::smollm_converted();
+    let (plain, spec) = same_with_and_without(
+        model,
+        &[
+            "--temp",
+            "0",
+            "-n",
+            "48",
+            "--io",
+            "direct",
+            "--mem-budget",
+            "25MB",
+        ],
+        "streamed",
+    );
+    let per_token = |v: &Value| v["metrics"]["bytes_read_per_token"].as_f64().unwrap();
+    let (p, s) = (per_token(&plain), per_token(&spec));
+    eprintln!(
+        "streamed: {:.1} MB/token without a draft, {:.1} MB/token with",
+        p / 1e6,
+        s / 1e6
+    );
+    assert!(p > 0.0, "nothing streamed");
+    assert!(s * 2.0 < p, "{s} bytes/token with the draft, {p} without");
+}
+
+#[test]
+fn window_layers_keep_their_keys_through_rejected_guesses() {
+    // Gemma 3: 15 of 18 layers keep a ring of their 512-position window plus one pass; a
+    // 700-token prompt makes the ring wrap before generation starts, so rejected guesses
+    // overwrite slots that older positions used.
+    let model = gds_tests::gemma_converted();
+    let long = REWRITE.repeat(12);
+    let args = [
+        "--temp", "0", "-n", "40", "--raw", "--ctx", "1024", "--batch", "64",
+    ];
+    let run = |draft: bool| {
+        let mut a = vec![model.to_str().unwrap(), "--prompt", &long, "--json"];
+        a.extend_from_slice(&args);
+        if draft {
+            a.extend_from_slice(&["--draft", "ngram"]);
+        }
+        let o = gds_tests::run("gdsrun", &a);
+        assert!(o.status.success(), "{}", gds_tests::stderr(&o));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let (plain, spec) = (run(false), run(true));
+    assert!(plain["metrics"]["prompt_tokens"].as_u64().unwrap() > 600);
+    assert_eq!(tokens(&plain), tokens(&spec));
+    let m = &spec["metrics"];
+    assert!(m["draft_tokens"].as_u64().unwrap() > m["draft_accepted"].as_u64().unwrap());
+    assert!(m["draft_accepted"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bad_draft_settings_are_usage_errors() {
+    let model = gds_tests::smollm_converted();
+    let m = model.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec![m, "--draft-max", "4", "--prompt", "x"],
+            "--draft-max needs",
+        ),
+        (
+            vec![m, "--draft", "ngram", "--draft-max", "0", "--prompt", "x"],
+            "--draft-max 0",
+        ),
+        (
+            vec![
+                m,
+                "--draft",
+                "ngram",
+                "--draft-max",
+                "64",
+                "--batch",
+                "16",
+                "--prompt",
+                "x",
+            ],
+            "--draft-max 64",
+        ),
+    ] {
+        let o = gds_tests::run("gdsrun", &args);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            gds_tests::stderr(&o)
+        );
+        assert!(
+            gds_tests::stderr(&o).contains(says),
+            "{}",
+            gds_tests::stderr(&o)
+        );
+    }
+}

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""`just bench-spec`: speculative decoding (`--draft ngram`) on SmolLM2 (converted), in one run.
+
+For two tasks — a repetitive one (rewrite a given paragraph: the answer quotes the prompt)
+and free generation — and two memory settings — every layer in memory (mmap) and streamed at
+the minimum --mem-budget (--io direct) — runs greedy generation without and with the draft
+and prints decode tokens/s, forward passes, tokens per pass, accepted guesses and bytes read
+per generated token, the ratio of t/s with/without, and whether the text is identical.
+Streamed rows also print the read-bandwidth bound of plain decode (disk bandwidth measured
+by `gdsrun doctor` / bytes read per token without the draft).
+
+Goal (issue 16): on the repetitive task, streamed at the minimum budget, >= 2x the t/s of
+plain streamed decode and above the bandwidth bound, identical greedy text; on free
+generation no slower than without the draft.
+
+Usage: scripts/bench-spec.py [-n 96] [-r 2] [-t THREADS] [--model DIR]"""
+import argparse, json, os, subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.chdir(ROOT)
+ap = argparse.ArgumentParser()
+ap.add_argument("-n", type=int, default=96)
+ap.add_argument("-r", type=int, default=2)
+ap.add_argument("-t", type=int, default=os.cpu_count())
+ap.add_argument("--model", default=None)
+a = ap.parse_args()
+
+subprocess.check_call(["cargo", "build", "--release", "-q", "-p", "gdsconv", "-p", "gdsrun"])
+model = a.model
+if model is None:
+    gguf = subprocess.check_output(["./scripts/fetch-model.sh"], text=True).strip()
+    model = ".cache/smollm2.gds"
+    if not os.path.exists(os.path.join(model, "manifest.gdsm")):
+        subprocess.check_call(["target/release/gdsconv", "convert", gguf, model, "--force"])
+GDSRUN = "target/release/gdsrun"
+
+REWRITE = ("Rewrite the following paragraph, keeping every sentence: The library opens at nine "
+           "in the morning and closes at six in the evening. Visitors may borrow up to five "
+           "books at a time. Books are due back after three weeks, and late returns cost ten "
+           "cents per day. The reading room on the second floor is quiet and has free wireless "
+           "internet.")
+FREE = "Write a short story about a robot who learns to paint."
+
+
+def run_json(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()[-300:]}")
+    return json.loads(p.stdout)
+
+
+weights = run_json([GDSRUN, model, "--plan", "--io", "direct"])["io_plan"]["weight_bytes"]
+minimum = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget",
+                    str(weights // 4)])["io_plan"]["min_budget_bytes"]
+bw = run_json([GDSRUN, "doctor", model, "--json"])["model"]["read_bandwidth_direct"]["bytes_per_sec"]
+print(f"model {model}, threads={a.t}, greedy, -n {a.n}, best of -r {a.r}; "
+      f"O_DIRECT read bandwidth {bw / 1e6:.0f} MB/s (gdsrun doctor)")
+print()
+print(f"{'task':<8}{'memory':<22}{'draft':<7}{'t/s':>8}{'passes':>8}{'tok/pass':>9}"
+      f"{'accepted':>10}{'MB/token':>10}{'ratio':>7}  same text")
+for task, prompt in (("rewrite", REWRITE), ("free", FREE)):
+    for label, extra in (("in memory (mmap)", ["--io", "mmap"]),
+                         (f"streamed {minimum / 2**20:.0f} MiB", ["--io", "direct", "--mem-budget", str(minimum)])):
+        base = None
+        for draft in ("none", "ngram"):
+            best = None
+            for _ in range(a.r):
+                out = run_json([GDSRUN, model, "--prompt", prompt, "--temp", "0", "-n", str(a.n),
+                                "-t", str(a.t), "--json", "--draft", draft] + extra)
+                if best is None or out["metrics"]["tokens_per_sec"] > best["metrics"]["tokens_per_sec"]:
+                    best = out
+            m = best["metrics"]
+            if base is None:
+                base = best
+            ratio = m["tokens_per_sec"] / max(base["metrics"]["tokens_per_sec"], 1e-9)
+            same = "yes" if best["tokens"] == base["tokens"] else "NO"
+            acc = f"{m['draft_accepted']}/{m['draft_tokens']}" if m["draft_tokens"] else "-"
+            print(f"{task:<8}{label:<22}{draft:<7}{m['tokens_per_sec']:>8.1f}{m['decode_passes']:>8}"
+                  f"{m['tokens_per_pass'] or 1:>9.2f}{acc:>10}{m['bytes_read_per_token'] / 1e6:>10.1f}"
+                  f"{ratio:>6.2f}x  {same}")
+        bpt = base["metrics"]["bytes_read_per_token"]
+        if bpt > 0:
+            print(f"{'':<8}{'':<22}bound of plain streamed decode: {bw / bpt:.1f} t/s")
