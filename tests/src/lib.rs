@@ -136,3 +136,64 @@ pub fn smollm_hf_f16() -> PathBuf {
     );
     dir
 }
+
+/// What transformers computed for a tiny fixture (`fixtures/tiny-<arch>-hf/<file>`, e.g.
+/// `golden.json`; fixtures/make_arch_fixtures.py): the prompt's tokens, the float32 logits at
+/// every position, and the greedy token there.
+pub struct Golden {
+    /// The prompt.
+    pub tokens: Vec<u32>,
+    /// Logits per position (rounded to 6 significant digits).
+    pub logits: Vec<Vec<f64>>,
+    /// Greedy token per position.
+    pub argmax: Vec<u64>,
+}
+
+/// Reads the golden file `file` of the tiny fixture `arch`.
+pub fn golden(arch: &str, file: &str) -> Golden {
+    let path = fixture(&format!("tiny-{arch}-hf/{file}"));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("golden file")).expect("golden JSON");
+    let nums = |v: &serde_json::Value| -> Vec<f64> {
+        v.as_array()
+            .expect("an array")
+            .iter()
+            .map(|x| x.as_f64().expect("a number"))
+            .collect()
+    };
+    Golden {
+        tokens: nums(&v["tokens"]).into_iter().map(|t| t as u32).collect(),
+        logits: v["logits"]
+            .as_array()
+            .expect("logits")
+            .iter()
+            .map(nums)
+            .collect(),
+        argmax: nums(&v["argmax"]).into_iter().map(|t| t as u64).collect(),
+    }
+}
+
+impl Golden {
+    /// Compares `rows`, the logits at positions `first..`, with the golden ones: panics
+    /// naming `what` and the position where the vocabulary or the greedy token differs;
+    /// returns the largest absolute logit difference.
+    pub fn max_diff(&self, rows: &[Vec<f32>], first: usize, what: &str) -> f64 {
+        let mut worst = 0f64;
+        for (i, row) in rows.iter().enumerate() {
+            let pos = first + i;
+            let want = &self.logits[pos];
+            assert_eq!(row.len(), want.len(), "{what}: vocabulary");
+            for (a, b) in row.iter().zip(want) {
+                worst = worst.max((*a as f64 - b).abs());
+            }
+            let best = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                .unwrap_or(0);
+            assert_eq!(
+                best as u64, self.argmax[pos],
+                "{what}: greedy token at position {pos}"
+            );
+        }
+        worst
+    }
+}

@@ -55,43 +55,14 @@ fn check(arch: &str, input: &Path) {
 
 /// Converts `input` and compares its logits with `tiny-<arch>-hf/<golden>`.
 fn check_with(arch: &str, input: &Path, golden: &str) {
-    let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture(&format!("tiny-{arch}-hf/{golden}"))).unwrap(),
-    )
-    .unwrap();
-    let tokens: Vec<u32> = golden["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect();
+    let golden = gds_tests::golden(arch, golden);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("m.gds");
     convert(input, &out);
-    let rows = logits(&out, &tokens);
-    let mut worst = 0.0f64;
-    for (i, row) in rows.iter().enumerate() {
-        let want: Vec<f64> = golden["logits"][i]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
-        assert_eq!(row.len(), want.len(), "{arch}: vocabulary");
-        for (a, b) in row.iter().zip(&want) {
-            worst = worst.max((*a as f64 - b).abs());
-        }
-        assert_eq!(
-            gds_runtime::ops::argmax(row) as u64,
-            golden["argmax"][i].as_u64().unwrap(),
-            "{arch} from {}: greedy token at position {i}",
-            input.display()
-        );
-    }
-    eprintln!(
-        "{arch} from {}: max |logit diff| {worst:.2e}",
-        input.display()
-    );
+    let rows = logits(&out, &golden.tokens);
+    let what = format!("{arch} from {}", input.display());
+    let worst = golden.max_diff(&rows, 0, &what);
+    eprintln!("{what}: max |logit diff| {worst:.2e}");
     // golden logits are rounded to 6 significant digits (|logit| < 100)
     assert!(worst < 5e-4, "{arch}: max |logit diff| {worst}");
 }

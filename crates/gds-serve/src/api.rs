@@ -148,6 +148,12 @@ pub(crate) struct Common {
     pub(crate) n: Option<i64>,
     #[serde(default)]
     pub(crate) ignore_eos: Option<bool>,
+    /// Speculative decoding: `"ngram"` (prompt lookup) or `"none"` (a GdsLLM extension).
+    #[serde(default)]
+    pub(crate) draft: Option<String>,
+    /// Most tokens guessed per step (1..=32, default 10).
+    #[serde(default)]
+    pub(crate) draft_max: Option<i64>,
     /// Chat: a bool; completions: how many top alternatives (an integer).
     #[serde(default)]
     pub(crate) logprobs: Option<Value>,
@@ -350,6 +356,8 @@ pub(crate) struct Job {
     pub(crate) stop: Vec<String>,
     pub(crate) stream: bool,
     pub(crate) ignore_eos: bool,
+    /// Speculative decoding's guesses per step (0: off).
+    pub(crate) draft_max: usize,
     pub(crate) model: String,
     /// Top alternatives per token when log-probabilities were asked for.
     pub(crate) logprobs: Option<usize>,
@@ -514,6 +522,27 @@ fn job(
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::bad("stop strings must not be empty").param("stop"));
     }
+    let draft_max = match (c.draft.as_deref(), c.draft_max) {
+        (None | Some("none"), None) => 0,
+        (None | Some("none"), Some(_)) => {
+            return Err(ApiError::bad("draft_max needs \"draft\": \"ngram\"").param("draft_max"))
+        }
+        (Some("ngram"), k) => match k.unwrap_or(gds_runtime::plan::DEFAULT_DRAFT_MAX as i64) {
+            k @ 1..=32 => k as usize,
+            k => {
+                return Err(
+                    ApiError::bad(format!("draft_max {k} must be between 1 and 32"))
+                        .param("draft_max"),
+                )
+            }
+        },
+        (Some(other), _) => {
+            return Err(
+                ApiError::bad(format!("draft {other:?}: expected \"ngram\" or \"none\""))
+                    .param("draft"),
+            )
+        }
+    };
     Ok(Job {
         prompt,
         sampler,
@@ -521,6 +550,7 @@ fn job(
         stop,
         stream: c.stream.unwrap_or(false),
         ignore_eos: c.ignore_eos.unwrap_or(false),
+        draft_max,
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
         logprobs,
         echo,
@@ -605,6 +635,7 @@ pub(crate) fn submit(
         sampler: job.sampler.clone(),
         max_tokens: job.max_tokens,
         ignore_eos: job.ignore_eos,
+        draft_max: job.draft_max,
         logprobs: job.logprobs,
         echo: job.echo,
         constraint,

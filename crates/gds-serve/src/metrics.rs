@@ -42,6 +42,10 @@ pub struct ServerMetrics {
     pub prompt_tokens_cached: AtomicU64,
     /// Tokens generated.
     pub generated: AtomicU64,
+    /// Tokens the draft guessed (speculative decoding, `draft: "ngram"` requests).
+    pub draft_tokens: AtomicU64,
+    /// Guesses equal to the token sampled at their position.
+    pub draft_accepted: AtomicU64,
     /// Forward passes.
     pub steps: AtomicU64,
     /// Sequences decoded in the last step.
@@ -287,6 +291,18 @@ impl ServerMetrics {
             "counter",
             "Tokens generated.",
             g(&self.generated).to_string(),
+        );
+        put(
+            "draft_tokens_total",
+            "counter",
+            "Tokens guessed by speculative decoding's draft.",
+            g(&self.draft_tokens).to_string(),
+        );
+        put(
+            "draft_accepted_total",
+            "counter",
+            "Guesses equal to the token sampled at their position (decoded without a pass of their own).",
+            g(&self.draft_accepted).to_string(),
         );
         put(
             "prompt_seconds_total",

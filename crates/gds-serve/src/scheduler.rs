@@ -77,6 +77,10 @@ pub struct Request {
     pub max_tokens: usize,
     /// Never stop at end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Speculative decoding: most tokens the prompt-lookup draft (`gds_runtime::draft`)
+    /// guesses per step, checked in the same forward pass; 0 = off. The output is unchanged
+    /// (every token is sampled from the logits at its position).
+    pub draft_max: usize,
     /// Report each token's log-probability and this many top alternatives (`None`: none).
     pub logprobs: Option<usize>,
     /// Score the prompt too: every prompt token from the second gets a
@@ -137,6 +141,8 @@ struct Seq {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     queue_ms: f64,
+    /// This step's guesses (fed after its last token, with logits at each).
+    guesses: Vec<u32>,
 }
 
 impl Seq {
@@ -246,6 +252,7 @@ impl Engine {
             admitted: None,
             first_token: None,
             queue_ms: 0.0,
+            guesses: Vec::new(),
             req,
         });
     }
@@ -461,11 +468,45 @@ impl Engine {
             if !ok {
                 break;
             }
+            // speculative decoding: guesses ride along in the same pass, each with logits,
+            // where budget, output rows, context and KV blocks allow (never at another
+            // sequence's expense)
+            let s = &self.running[i];
+            let rows_left =
+                max_outputs(&self.cfg).saturating_sub(self.out_rows.len() + self.running.len() - i);
+            let k = s
+                .req
+                .draft_max
+                .min(budget - 1)
+                .min(rows_left)
+                .min(self.cfg.ctx.saturating_sub(pos + 1))
+                .min(s.req.max_tokens.saturating_sub(s.generated + 1));
+            let mut guesses = if k > 0 && s.req.constraint.is_none() {
+                gds_runtime::draft::ngram(
+                    &s.tokens,
+                    gds_runtime::draft::NGRAM_MAX,
+                    gds_runtime::draft::NGRAM_MIN,
+                    k,
+                )
+            } else {
+                Vec::new()
+            };
+            if !guesses.is_empty() && !self.reserve(i, pos + 1 + guesses.len()) {
+                guesses.clear();
+            }
             let s = &self.running[i];
             self.batch.push(s.tokens[pos], pos, s.slot, true);
             self.out_rows.push((i, None));
-            self.fed[i] += 1;
-            budget -= 1;
+            for (j, &g) in guesses.iter().enumerate() {
+                self.batch.push(g, pos + 1 + j, s.slot, true);
+                self.out_rows.push((i, None));
+            }
+            self.fed[i] += 1 + guesses.len();
+            budget -= 1 + guesses.len();
+            self.metrics
+                .draft_tokens
+                .fetch_add(guesses.len() as u64, Ordering::Relaxed);
+            self.running[i].guesses = guesses;
             i += 1;
         }
         let n_decode = self.batch.len();
@@ -591,8 +632,9 @@ impl Engine {
             return;
         }
         // the K/V of every token of the batch are now in the cache
+        // (a sequence's guesses count once the token sampled before each equals it)
         for (s, &n) in self.running.iter_mut().zip(&self.fed) {
-            s.n_cached += n;
+            s.n_cached += n - s.guesses.len();
         }
 
         // sample every sequence that got logits
@@ -600,8 +642,22 @@ impl Engine {
         let now = Instant::now();
         let mut done: Vec<(usize, Finish)> = Vec::new();
         let mut failed: Vec<(usize, String)> = Vec::new();
+        // with guesses, a sequence has a row per fed token: row r samples the token after
+        // it, and row r + 1 counts only if that token was guess r
+        let mut row_no = vec![0usize; self.running.len()];
+        let mut chain_ended = vec![false; self.running.len()];
         for (row, &(i, score)) in self.out_rows.iter().enumerate() {
             let s = &mut self.running[i];
+            let r = row_no[i];
+            row_no[i] += 1;
+            let spec = score.is_none() && !s.guesses.is_empty();
+            if spec {
+                if chain_ended[i] {
+                    continue;
+                }
+                // ended unless the sampled token turns out to be the guess
+                chain_ended[i] = true;
+            }
             let logits = self.state.logits_mut(row, vocab);
             if let Some(j) = score {
                 let k = s.req.logprobs.unwrap_or(0);
@@ -676,7 +732,16 @@ impl Engine {
                 done.push((i, Finish::Eos));
             } else if s.generated >= s.req.max_tokens || s.tokens.len() >= self.cfg.ctx {
                 done.push((i, Finish::Length));
+            } else if spec && s.guesses.get(r) == Some(&tok) {
+                // the guess was right: its K/V are in the cache, and the next row holds
+                // the logits after it
+                s.n_cached += 1;
+                chain_ended[i] = false;
+                self.metrics.draft_accepted.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        for s in &mut self.running {
+            s.guesses.clear();
         }
         // index prompts that just finished prefilling, so followers can share them
         for k in 0..self.running.len() {

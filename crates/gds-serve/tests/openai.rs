@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 mod common;
-use common::{http, serial, start, start_model, Server};
+use common::{http, metric, serial, start, start_model, Server};
 use gds_serve::scheduler::TokenLogprobs;
 
 fn python(script: &str, args: &[&str]) -> Value {
@@ -734,5 +734,63 @@ fn n_choices_share_the_prompt() {
             a["choices"][i]["message"]["content"], b["choices"][i]["message"]["content"],
             "same seed, same choice {i}"
         );
+    }
+}
+
+/// Speculative decoding per request (`"draft": "ngram"`, a GdsLLM extension): the greedy
+/// completion is the same text as without it — alone and in a batch with other requests,
+/// one of them seeded sampling —, the guesses and accepted guesses are counted in
+/// `/metrics`, and bad settings are 400s naming the field.
+#[test]
+fn ngram_speculation_per_request_keeps_the_text() {
+    let _one = serial();
+    let s = start(&[]);
+    let prompt = "Rewrite the following paragraph, keeping every sentence: The library opens \
+        at nine in the morning and closes at six in the evening. Visitors may borrow up to \
+        five books at a time. Books are due back after three weeks.";
+    let body = |extra: &str, temp: f64, seed: u64| {
+        format!(
+            r#"{{"prompt": {}, "max_tokens": 48, "temperature": {temp}, "seed": {seed}{extra}}}"#,
+            serde_json::to_string(prompt).unwrap()
+        )
+    };
+    let complete = |b: String| -> String {
+        let (code, resp) = http(&s.addr, "POST", "/v1/completions", Some(b.as_bytes()));
+        assert_eq!(code, 200, "{resp}");
+        let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let spec = r#", "draft": "ngram", "draft_max": 8"#;
+    let plain_greedy = complete(body("", 0.0, 1));
+    let plain_sampled = complete(body("", 0.9, 5));
+    let (_, m0) = http(&s.addr, "GET", "/metrics", None);
+    // the two speculative requests and a plain one at once: batched in the same steps
+    let texts: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = [body(spec, 0.0, 1), body(spec, 0.9, 5), body("", 0.0, 1)]
+            .into_iter()
+            .map(|b| sc.spawn(move || complete(b)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(texts[0], plain_greedy, "greedy with the draft");
+    assert_eq!(texts[1], plain_sampled, "seeded sampling with the draft");
+    assert_eq!(texts[2], plain_greedy, "the plain request beside them");
+    let (_, m1) = http(&s.addr, "GET", "/metrics", None);
+    let d = |name: &str| metric(&m1, name) - metric(&m0, name);
+    let (drafted, accepted) = (d("gds_draft_tokens_total"), d("gds_draft_accepted_total"));
+    eprintln!("{accepted}/{drafted} guesses accepted");
+    assert!(
+        accepted > 0.0 && accepted <= drafted,
+        "{accepted}/{drafted}"
+    );
+    for (extra, field) in [
+        (r#", "draft": "medusa""#, "draft"),
+        (r#", "draft": "ngram", "draft_max": 0"#, "draft_max"),
+        (r#", "draft_max": 4"#, "draft_max"),
+    ] {
+        let b = body(extra, 0.0, 1);
+        let (code, resp) = http(&s.addr, "POST", "/v1/completions", Some(b.as_bytes()));
+        assert_eq!(code, 400, "{extra}: {resp}");
+        assert!(resp.contains(field), "{extra}: {resp}");
     }
 }
