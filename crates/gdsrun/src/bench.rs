@@ -1,4 +1,5 @@
-//! `gdsrun bench`: llama-bench's pp (prompt processing) and tg (text generation) tests.
+//! `gdsrun bench`: llama-bench's pp (prompt processing) and tg (text generation) tests, at
+//! depths (`-d`: that many tokens already in the KV cache), each flag a comma list.
 
 use crate::cli::BenchArgs;
 use crate::out::outln;
@@ -24,6 +25,7 @@ struct BenchResult {
     type_k: String,
     n_prompt: usize,
     n_gen: usize,
+    n_depth: usize,
     avg_ns: u64,
     stddev_ns: u64,
     avg_ts: f64,
@@ -51,19 +53,19 @@ fn mean_std(x: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Evaluates `n` random tokens from position 0 (pp: one `eval`, split into passes of the
-/// plan's batch by the executor).
-fn prompt_pass(ex: &mut dyn Executor, rng: &mut Rng, n: usize) -> Result<()> {
+/// Evaluates `n` random tokens from position `pos0` (pp: one `eval`, split into passes of
+/// the plan's batch by the executor; also the untimed fill of a depth).
+fn prompt_pass(ex: &mut dyn Executor, rng: &mut Rng, n: usize, pos0: usize) -> Result<()> {
     let vocab = ex.config().vocab_size as u64;
     let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
-    eval_last(ex, &tokens, 0)?;
+    eval_last(ex, &tokens, pos0)?;
     Ok(())
 }
 
-/// Evaluates `n` random tokens one at a time from position 0 (tg).
-fn gen_pass(ex: &mut dyn Executor, rng: &mut Rng, n: usize) -> Result<()> {
+/// Evaluates `n` random tokens one at a time from position `pos0` (tg).
+fn gen_pass(ex: &mut dyn Executor, rng: &mut Rng, n: usize, pos0: usize) -> Result<()> {
     let vocab = ex.config().vocab_size as u64;
-    for pos in 0..n {
+    for pos in pos0..pos0 + n {
         eval_last(ex, &[(rng.next_u64() % vocab) as u32], pos)?;
     }
     Ok(())
@@ -78,10 +80,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ))
         .into());
     }
-    if a.n_prompt == 0 && a.n_gen == 0 {
-        return Err(RuntimeError::Usage("nothing to run: -p and -n are both 0".into()).into());
+    // llama-bench's order: each depth, its pp tests, then its tg tests
+    let tests: Vec<(usize, usize, usize)> = a
+        .n_depth
+        .iter()
+        .flat_map(|&d| {
+            let pp = a
+                .n_prompt
+                .iter()
+                .filter(|&&p| p > 0)
+                .map(move |&p| (p, 0, d));
+            let tg = a.n_gen.iter().filter(|&&n| n > 0).map(move |&n| (0, n, d));
+            pp.chain(tg)
+        })
+        .collect();
+    if tests.is_empty() {
+        return Err(RuntimeError::Usage("nothing to run: -p and -n are all 0".into()).into());
     }
-    let ctx = a.n_prompt.max(a.n_gen).max(1);
+    let ctx = tests.iter().map(|&(p, n, d)| d + p + n).max().unwrap_or(1);
     let plan = Plan::build(&PlanOptions {
         ctx: Some(ctx),
         raw: true,
@@ -96,15 +112,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| plan.model_dir.display().to_string());
     let mut results = Vec::new();
-    for (n_prompt, n_gen) in [(a.n_prompt, 0), (0, a.n_gen)] {
-        if n_prompt == 0 && n_gen == 0 {
-            continue;
+    let mut filled = None;
+    for &(n_prompt, n_gen, depth) in &tests {
+        if filled != Some(depth) {
+            // the cache below the depth: written once, never touched by the tests above it
+            if depth > 0 {
+                prompt_pass(ex, &mut rng, depth, 0)?;
+            }
+            filled = Some(depth);
         }
         let pass = |ex: &mut dyn Executor, rng: &mut Rng| {
             if n_prompt > 0 {
-                prompt_pass(ex, rng, n_prompt)
+                prompt_pass(ex, rng, n_prompt, depth)
             } else {
-                gen_pass(ex, rng, n_gen)
+                gen_pass(ex, rng, n_gen, depth)
             }
         };
         // warm-up: page the weights in, spin the threads up
@@ -129,6 +150,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             type_k: format!("{:?}", plan.kv_dtype).to_lowercase(),
             n_prompt,
             n_gen,
+            n_depth: depth,
             avg_ns: avg_ns as u64,
             stddev_ns: std_ns as u64,
             avg_ts,
@@ -151,11 +173,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         outln!("| model | size | backend | threads | test | t/s |")?;
         outln!("| --- | ---: | --- | ---: | ---: | ---: |")?;
         for r in &results {
-            let test = if r.n_prompt > 0 {
+            let mut test = if r.n_prompt > 0 {
                 format!("pp{}", r.n_prompt)
             } else {
                 format!("tg{}", r.n_gen)
             };
+            if r.n_depth > 0 {
+                test += &format!(" @ d{}", r.n_depth);
+            }
             outln!(
                 "| {} | {:.2} MiB | {} | {} | {test} | {:.2} ± {:.2} |",
                 r.model,

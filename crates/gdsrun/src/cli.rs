@@ -176,12 +176,31 @@ pub struct PerplexityArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Prompt tokens of the pp test (0 skips it).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
-    pub n_prompt: usize,
-    /// Generated tokens of the tg test (0 skips it).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
-    pub n_gen: usize,
+    /// Prompt tokens of the pp tests, a comma list (0 skips them).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generated tokens of the tg tests, a comma list (0 skips them).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<usize>,
+    /// Depths, a comma list: each test runs after this many tokens already in the KV cache
+    /// (llama-bench's `-d`; the fill is not timed).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub n_depth: Vec<usize>,
     /// Repetitions of each test (1 to 10000).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,

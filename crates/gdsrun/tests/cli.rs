@@ -356,6 +356,64 @@ fn bench_json_uses_llama_bench_fields() {
     }
 }
 
+/// Comma lists and depths, as llama-bench takes them (`-p 16,8 -n 4 -d 0,32`): every
+/// depth's pp tests then its tg tests, each row naming its `n_depth` (llama-bench's field).
+#[test]
+fn bench_runs_every_test_at_every_depth_in_llama_bench_order() {
+    let j = ok_json(&[
+        "bench",
+        model(),
+        "-p",
+        "16,8",
+        "-n",
+        "4",
+        "-d",
+        "0,32",
+        "-r",
+        "1",
+        "--json",
+    ]);
+    let got: Vec<(u64, u64, u64)> = j
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+            (
+                r["n_prompt"].as_u64().unwrap(),
+                r["n_gen"].as_u64().unwrap(),
+                r["n_depth"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (16, 0, 0),
+            (8, 0, 0),
+            (0, 4, 0),
+            (16, 0, 32),
+            (8, 0, 32),
+            (0, 4, 32)
+        ]
+    );
+    // the text table names the depth as llama-bench does
+    let o = gdsrun(&[
+        "bench",
+        model(),
+        "-p",
+        "8",
+        "-n",
+        "0",
+        "-d",
+        "16",
+        "-r",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("pp8 @ d16"), "{}", text(&o.stdout));
+}
+
 fn fails(args: &[&str], code: i32, needle: &str) {
     let o = gdsrun(args);
     let err = text(&o.stderr);
