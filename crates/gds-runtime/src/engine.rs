@@ -302,6 +302,14 @@ impl Engine {
             Some(_) => prompt.to_vec(),
             None => Vec::new(),
         };
+        // With every weight in memory a guess costs compute (its row of every matrix and of
+        // the output head), so the guesses per pass adapt to how the last ones fared (none
+        // right: half as many; all right: twice as many, up to the plan's maximum; else one
+        // more than were right). When layers stream, the pass is paid in reads whatever
+        // it holds: always the maximum.
+        let adapt = self.plan.io_plan.streamed_bytes_per_token == 0;
+        let mut draft_len = draft.as_ref().map_or(0, |d| d.max_tokens);
+        let (mut last_guessed, mut last_right) = (0usize, 0usize);
         while stop.is_none() {
             let logits = self.exec.last_logits_mut();
             let raw = self.plan.logprobs.map(|k| (k, logits.to_vec()));
@@ -380,20 +388,31 @@ impl Engine {
                         // the pass that checked the guess computed the logits after it
                         self.exec.last_logits_mut().copy_from_slice(&logits);
                         m.draft_accepted += 1;
+                        last_right += 1;
                     }
                     _ => {
                         // a wrong guess: its positions (and the ones after) are overwritten
                         // by this pass before anything attends to them
                         pending.clear();
+                        if let (Some(d), true) = (&draft, adapt && last_guessed > 0) {
+                            draft_len = if last_right == 0 {
+                                (draft_len / 2).max(1)
+                            } else if last_right == last_guessed {
+                                (draft_len * 2).min(d.max_tokens)
+                            } else {
+                                last_right + 1
+                            };
+                        }
                         let guesses = match &draft {
                             Some(d) => crate::draft::ngram(
                                 &history,
                                 d.ngram_max,
                                 d.ngram_min,
-                                d.max_tokens.min(ctx.saturating_sub(pos + 1)),
+                                draft_len.min(ctx.saturating_sub(pos + 1)),
                             ),
                             None => Vec::new(),
                         };
+                        (last_guessed, last_right) = (guesses.len(), 0);
                         if guesses.is_empty() {
                             eval_last(&mut *self.exec, &[tok], pos)?;
                         } else {
