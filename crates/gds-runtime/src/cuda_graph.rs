@@ -210,11 +210,12 @@ impl CudaOps<'_, '_> {
         })
     }
 
+    /// Where `t` is in VRAM now (an error naming the layer when it is not).
     fn addr(&mut self, t: &TensorMeta) -> Result<u64> {
-        let r = self.pass.addr(t);
-        let a = r.as_ref().copied().unwrap_or(0);
-        self.run(r.map(|_| ()))?;
-        Ok(a)
+        match self.pass.addr(t) {
+            Ok(a) => Ok(a),
+            Err(e) => self.run(Err(e)).map(|()| 0),
+        }
     }
 }
 
