@@ -7,7 +7,7 @@
 //!
 //! **Not yet run on a GPU**: the development machines have none. It compiles in CI under
 //! `--features cuda`; the pass it launches is tested on the CPU with the same kernels
-//! (crates/gds-cuda/tests: forward_emu.rs, executor_emu.rs, arch_emu.rs).
+//! (crates/gds-cuda/tests: forward_emu.rs, and executor_emu.rs for every architecture).
 
 use crate::config::Config;
 use crate::cuda_graph::{rope_tables, CudaGraph};
