@@ -12,6 +12,11 @@
 //! - [`KvCache::with_window_ring`]: the contiguous cache, except that sliding-window layers
 //!   keep a ring of blocks per sequence, holding the window plus one pass of positions
 //!   instead of the whole context (Gemma 3: 5 layers of 6 at window 512).
+//! - [`KvCache::paged_windowed`]: the paged cache, except that sliding-window layers draw
+//!   their blocks from a second, smaller pool with its own table per sequence; the blocks a
+//!   sequence's next queries can no longer see are released as it advances
+//!   ([`KvCache::drop_window_behind`]), so a window layer holds about the window per
+//!   sequence, not its whole context.
 
 use half::f16;
 use serde::{Deserialize, Serialize};
@@ -52,6 +57,8 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn from_f32(x: f32) -> Self;
     /// Converts to f32.
     fn to_f32(self) -> f32;
+    /// `src` as f32: itself, or converted into `tmp` (at least as long).
+    fn row<'a>(src: &'a [Self], tmp: &'a mut [f32]) -> &'a [f32];
 }
 
 impl KvElem for f32 {
@@ -63,6 +70,10 @@ impl KvElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    #[inline(always)]
+    fn row<'a>(src: &'a [Self], _tmp: &'a mut [f32]) -> &'a [f32] {
+        src
+    }
 }
 
 impl KvElem for f16 {
@@ -73,6 +84,12 @@ impl KvElem for f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn row<'a>(src: &'a [Self], tmp: &'a mut [f32]) -> &'a [f32] {
+        let t = &mut tmp[..src.len()];
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, t);
+        t
     }
 }
 
@@ -106,16 +123,97 @@ pub struct KvCache {
     n_blocks: usize,
     pub(crate) k: KvData,
     pub(crate) v: KvData,
-    /// Block table of every sequence.
-    pub(crate) tables: Vec<Vec<u32>>,
-    /// Reference count of every block (0: free).
-    refs: Vec<u32>,
-    /// Free blocks (a stack: O(1) allocation and release).
-    free: Vec<u32>,
+    /// The blocks of the layers without a window (all layers when there is no window pool).
+    pool: Pool,
     /// Where each layer's rows are.
     layers: Vec<LayerGeo>,
     /// The window layers' rings, when the cache has them.
     ring: Option<Ring>,
+    /// The window layers' own pool (paged caches with window layers).
+    window: Option<WindowPool>,
+}
+
+/// Table entry of a window-pool block that was released (no query will read it again).
+pub const NO_BLOCK: u32 = u32::MAX;
+
+/// Blocks with reference counts, and a block table per sequence.
+#[derive(Clone, Debug)]
+struct Pool {
+    /// Block table of every sequence.
+    tables: Vec<Vec<u32>>,
+    /// Reference count of every block (0: free).
+    refs: Vec<u32>,
+    /// Free blocks (a stack: O(1) allocation and release).
+    free: Vec<u32>,
+}
+
+impl Pool {
+    /// `n_blocks` free blocks, `n_seqs` empty tables.
+    fn empty(n_seqs: usize, n_blocks: usize) -> Pool {
+        Pool {
+            tables: vec![Vec::new(); n_seqs],
+            refs: vec![0; n_blocks],
+            free: (0..n_blocks as u32).rev().collect(),
+        }
+    }
+
+    fn alloc(&mut self) -> Option<u32> {
+        let b = self.free.pop()?;
+        self.refs[b as usize] = 1;
+        Some(b)
+    }
+
+    fn retain(&mut self, b: u32) {
+        if let Some(r) = self.refs.get_mut(b as usize) {
+            debug_assert!(*r > 0, "retain of free block {b}");
+            *r += 1;
+        }
+    }
+
+    fn release(&mut self, b: u32) {
+        if let Some(r) = self.refs.get_mut(b as usize) {
+            debug_assert!(*r > 0, "release of free block {b}");
+            if *r > 0 {
+                *r -= 1;
+                if *r == 0 {
+                    self.free.push(b);
+                }
+            }
+        }
+    }
+
+    fn refcount(&self, b: u32) -> u32 {
+        self.refs.get(b as usize).copied().unwrap_or(0)
+    }
+
+    fn table(&self, seq: usize) -> &[u32] {
+        self.tables.get(seq).map_or(&[], Vec::as_slice)
+    }
+
+    fn push(&mut self, seq: usize, b: u32) {
+        if let Some(t) = self.tables.get_mut(seq) {
+            t.push(b);
+        }
+    }
+
+    fn release_seq(&mut self, seq: usize) {
+        if let Some(t) = self.tables.get_mut(seq) {
+            for b in std::mem::take(t) {
+                if b != NO_BLOCK {
+                    self.release(b);
+                }
+            }
+        }
+    }
+}
+
+/// The window layers' pool of a paged cache: same block size as the main pool, entries
+/// [`NO_BLOCK`] where a block was released behind the window.
+#[derive(Clone, Debug)]
+struct WindowPool {
+    pool: Pool,
+    /// Longest window of a window layer.
+    window: usize,
 }
 
 /// Where one layer's rows live: from element `base`, in blocks of `block` positions, through
@@ -210,11 +308,14 @@ impl KvCache {
             n_blocks: n_seqs,
             k: KvData::new(dtype, n),
             v: KvData::new(dtype, n),
-            tables: (0..n_seqs as u32).map(|s| vec![s]).collect(),
-            refs: vec![1; n_seqs],
-            free: Vec::new(),
+            pool: Pool {
+                tables: (0..n_seqs as u32).map(|s| vec![s]).collect(),
+                refs: vec![1; n_seqs],
+                free: Vec::new(),
+            },
             layers,
             ring,
+            window: None,
         }
     }
 
@@ -353,12 +454,174 @@ impl KvCache {
             n_blocks,
             k: KvData::new(dtype, n),
             v: KvData::new(dtype, n),
-            tables: vec![Vec::new(); n_seqs],
-            refs: vec![0; n_blocks],
-            free: (0..n_blocks as u32).rev().collect(),
+            pool: Pool::empty(n_seqs, n_blocks),
             layers: uniform(n_layers, n_blocks * block * kv_dim, block),
             ring: None,
+            window: None,
         }
+    }
+
+    /// A paged cache whose window layers (`windows[l]` = `Some(window)`) take their blocks
+    /// from a pool of their own of `n_window_blocks` blocks, and the other layers from the
+    /// main pool of `n_blocks`. Both pools have blocks of `block` positions; a sequence's
+    /// window table has an entry per main-table entry ([`KvCache::push_window`]), released
+    /// behind the window by [`KvCache::drop_window_behind`]. Without window layers, the
+    /// plain [`KvCache::paged`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_windowed(
+        dtype: KvDtype,
+        windows: &[Option<usize>],
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        block: usize,
+        n_blocks: usize,
+        n_window_blocks: usize,
+    ) -> KvCache {
+        let n_layers = windows.len();
+        let Some(window) = windows.iter().flatten().copied().max() else {
+            return KvCache::paged(dtype, n_layers, n_seqs, ctx, kv_dim, block, n_blocks);
+        };
+        let block = block.max(1);
+        let (full_len, win_len) = (n_blocks * block * kv_dim, n_window_blocks * block * kv_dim);
+        let mut base = 0;
+        let layers: Vec<LayerGeo> = windows
+            .iter()
+            .map(|w| {
+                let g = LayerGeo {
+                    base,
+                    block,
+                    ring: w.is_some(),
+                };
+                base += if g.ring { win_len } else { full_len };
+                g
+            })
+            .collect();
+        KvCache {
+            dtype,
+            n_layers,
+            n_seqs,
+            ctx,
+            kv_dim,
+            block,
+            n_blocks,
+            k: KvData::new(dtype, base),
+            v: KvData::new(dtype, base),
+            pool: Pool::empty(n_seqs, n_blocks),
+            layers,
+            ring: None,
+            window: Some(WindowPool {
+                pool: Pool::empty(n_seqs, n_window_blocks),
+                window,
+            }),
+        }
+    }
+
+    /// Window-pool blocks one sequence of [`KvCache::paged_windowed`] holds at most, with
+    /// passes of up to `step` positions, or `None` when no layer has a window or that is not
+    /// fewer blocks than the context `ctx` takes: the window behind the first new position,
+    /// the pass, a block of rounding each side, and one more because a sequence keeps its
+    /// window behind a block boundary (where a follower can share its prefix, see
+    /// [`KvCache::drop_window_behind`]).
+    pub fn window_blocks_per_seq(
+        ctx: usize,
+        windows: &[Option<usize>],
+        block: usize,
+        step: usize,
+    ) -> Option<usize> {
+        let window = windows.iter().flatten().copied().max()?;
+        let block = block.max(1);
+        let n = (window - 1 + step.max(1)).div_ceil(block) + 3;
+        (n < ctx.div_ceil(block)).then_some(n)
+    }
+
+    /// The longest window of the window pool's layers (`None`: no window pool).
+    pub fn pool_window(&self) -> Option<usize> {
+        self.window.as_ref().map(|w| w.window)
+    }
+
+    /// Blocks in the window pool (0 without one).
+    pub fn window_n_blocks(&self) -> usize {
+        self.window.as_ref().map_or(0, |w| w.pool.refs.len())
+    }
+
+    /// Free blocks of the window pool (0 without one).
+    pub fn window_free_blocks(&self) -> usize {
+        self.window.as_ref().map_or(0, |w| w.pool.free.len())
+    }
+
+    /// Takes a free window-pool block, or `None` when that pool is exhausted or absent.
+    pub fn alloc_window(&mut self) -> Option<u32> {
+        self.window.as_mut()?.pool.alloc()
+    }
+
+    /// Adds a reference to window-pool block `b`.
+    pub fn retain_window(&mut self, b: u32) {
+        if let Some(w) = &mut self.window {
+            w.pool.retain(b);
+        }
+    }
+
+    /// Drops a reference to window-pool block `b`.
+    pub fn release_window(&mut self, b: u32) {
+        if let Some(w) = &mut self.window {
+            w.pool.release(b);
+        }
+    }
+
+    /// References held on window-pool block `b`.
+    pub fn window_refcount(&self, b: u32) -> u32 {
+        self.window.as_ref().map_or(0, |w| w.pool.refcount(b))
+    }
+
+    /// Window table of `seq`: one entry per main-table entry, [`NO_BLOCK`] where released
+    /// (empty without a window pool).
+    pub fn window_table(&self, seq: usize) -> &[u32] {
+        self.window.as_ref().map_or(&[], |w| w.pool.table(seq))
+    }
+
+    /// Appends window-pool block `b` (or [`NO_BLOCK`], for a block behind the window) to the
+    /// window table of `seq`, handing it the caller's reference.
+    pub fn push_window(&mut self, seq: usize, b: u32) {
+        if let Some(w) = &mut self.window {
+            w.pool.push(seq, b);
+        }
+    }
+
+    /// The first block index a query at position `pos` or later still reads in the window
+    /// layers (0 without a window pool).
+    pub fn window_first_block(&self, pos: usize) -> usize {
+        self.window
+            .as_ref()
+            .map_or(0, |w| (pos + 1).saturating_sub(w.window) / self.block)
+    }
+
+    /// Releases the window-pool blocks of `seq` that no query at position `next` or later
+    /// sees. Returns how many were released.
+    pub fn drop_window_behind(&mut self, seq: usize, next: usize) -> usize {
+        let first = self.window_first_block(next);
+        let Some(t) = self
+            .window
+            .as_mut()
+            .and_then(|w| w.pool.tables.get_mut(seq))
+        else {
+            return 0;
+        };
+        let mut dropped = Vec::new();
+        // released from the newest down: everything below the first entry found released
+        // was released before
+        let end = first.min(t.len());
+        for e in t[..end].iter_mut().rev() {
+            if *e == NO_BLOCK {
+                break;
+            }
+            dropped.push(std::mem::replace(e, NO_BLOCK));
+        }
+        let w = self.window.as_mut().expect("checked above");
+        for &b in &dropped {
+            w.pool.release(b);
+        }
+        dropped.len()
     }
 
     /// Bytes taken by K and V of a paged cache of `n_blocks` blocks of `block` positions.
@@ -384,69 +647,53 @@ impl KvCache {
 
     /// Blocks not referenced by anything.
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.pool.free.len()
     }
 
     /// Takes a free block (reference count 1), or `None` when the pool is exhausted. O(1).
     pub fn alloc(&mut self) -> Option<u32> {
-        let b = self.free.pop()?;
-        self.refs[b as usize] = 1;
-        Some(b)
+        self.pool.alloc()
     }
 
     /// Adds a reference to block `b` (another sequence or an index shares it).
     pub fn retain(&mut self, b: u32) {
-        if let Some(r) = self.refs.get_mut(b as usize) {
-            debug_assert!(*r > 0, "retain of free block {b}");
-            *r += 1;
-        }
+        self.pool.retain(b)
     }
 
     /// Drops a reference to block `b`; the last one returns it to the pool. O(1).
     pub fn release(&mut self, b: u32) {
-        if let Some(r) = self.refs.get_mut(b as usize) {
-            debug_assert!(*r > 0, "release of free block {b}");
-            if *r > 0 {
-                *r -= 1;
-                if *r == 0 {
-                    self.free.push(b);
-                }
-            }
-        }
+        self.pool.release(b)
     }
 
     /// References held on block `b`.
     pub fn refcount(&self, b: u32) -> u32 {
-        self.refs.get(b as usize).copied().unwrap_or(0)
+        self.pool.refcount(b)
     }
 
     /// Block table of sequence `seq` (empty for an unknown sequence).
     pub fn table(&self, seq: usize) -> &[u32] {
-        self.tables.get(seq).map_or(&[], Vec::as_slice)
+        self.pool.table(seq)
     }
 
     /// Appends block `b` to the table of `seq`, handing it the caller's reference.
     pub fn push_block(&mut self, seq: usize, b: u32) {
-        if let Some(t) = self.tables.get_mut(seq) {
-            t.push(b);
-        }
+        self.pool.push(seq, b)
     }
 
-    /// Releases every block of `seq` and empties its table.
+    /// Releases every block of `seq` (in both pools) and empties its tables.
     pub fn release_seq(&mut self, seq: usize) {
-        if let Some(t) = self.tables.get_mut(seq) {
-            let blocks = std::mem::take(t);
-            for b in blocks {
-                self.release(b);
-            }
+        self.pool.release_seq(seq);
+        if let Some(w) = &mut self.window {
+            w.pool.release_seq(seq);
         }
     }
 
-    /// Offset of position `pos` of sequence `seq` within one layer, in elements (the slot
-    /// must have passed [`KvCache::check_slot`]).
+    /// Offset of position `pos` of sequence `seq` within one layer without a window, in
+    /// elements (the slot must have passed [`KvCache::check_slot`]).
     #[inline]
     pub fn offset(&self, seq: usize, pos: usize) -> usize {
-        (self.tables[seq][pos / self.block] as usize * self.block + pos % self.block) * self.kv_dim
+        (self.pool.tables[seq][pos / self.block] as usize * self.block + pos % self.block)
+            * self.kv_dim
     }
 
     /// Bytes taken by K and V together.
@@ -483,9 +730,10 @@ impl KvCache {
         l: usize,
     ) -> (usize, usize, &[Vec<u32>], &mut KvData, &mut KvData) {
         let g = self.layers[l];
-        let tables = match (&self.ring, g.ring) {
-            (Some(r), true) => &r.tables,
-            _ => &self.tables,
+        let tables = match (&self.ring, &self.window, g.ring) {
+            (Some(r), _, true) => &r.tables,
+            (_, Some(w), true) => &w.pool.tables,
+            _ => &self.pool.tables,
         };
         (g.base, g.block, tables, &mut self.k, &mut self.v)
     }
@@ -510,12 +758,24 @@ impl KvCache {
                 self.n_seqs
             ));
         }
-        if pos / self.block >= self.tables[seq].len() {
+        let bi = pos / self.block;
+        if bi >= self.pool.tables[seq].len() {
             return Err(format!(
                 "position {pos} of sequence {seq} has no block ({} allocated of {} positions)",
-                self.tables[seq].len(),
+                self.pool.tables[seq].len(),
                 self.block
             ));
+        }
+        if let Some(w) = &self.window {
+            // the window layers read blocks first..=bi: each must be held
+            let t = &w.pool.tables[seq];
+            let first = self.window_first_block(pos);
+            if t.len() <= bi || t[first..=bi].contains(&NO_BLOCK) {
+                return Err(format!(
+                    "position {pos} of sequence {seq} lacks window blocks {first}..={bi} ({} entries)",
+                    t.len()
+                ));
+            }
         }
         Ok(())
     }
@@ -613,5 +873,70 @@ mod tests {
         kv.release_seq(1);
         assert_eq!(kv.free_blocks(), 3);
         assert!(kv.table(1).is_empty());
+    }
+
+    #[test]
+    fn window_layers_draw_from_their_own_pool_and_release_behind_the_window() {
+        // layers 0 and 2 windowed (6 positions), layer 1 global; blocks of 4
+        let windows = [Some(6), None, Some(6)];
+        // passes of up to 4: (6 - 1 + 4) / 4 rounded up + 3 = 6 blocks per sequence
+        assert_eq!(KvCache::window_blocks_per_seq(64, &windows, 4, 4), Some(6));
+        assert_eq!(
+            KvCache::window_blocks_per_seq(16, &windows, 4, 4),
+            None,
+            "not fewer blocks than the context's"
+        );
+        assert_eq!(
+            KvCache::window_blocks_per_seq(64, &[None, None], 4, 4),
+            None
+        );
+        let mut kv = KvCache::paged_windowed(KvDtype::F32, &windows, 2, 64, 8, 4, 16, 5);
+        assert_eq!(
+            kv.k_len(),
+            (16 + 2 * 5) * 4 * 8,
+            "one global layer, two windowed"
+        );
+        assert_eq!((kv.window_n_blocks(), kv.pool_window()), (5, Some(6)));
+        for _ in 0..3 {
+            let (b, w) = (kv.alloc().unwrap(), kv.alloc_window().unwrap());
+            kv.push_block(0, b);
+            kv.push_window(0, w);
+        }
+        assert!(kv.check_slot(0, 11).is_ok());
+        assert!(kv.check_slot(0, 12).is_err(), "no block 3");
+        // next position 11 sees 6..=11: blocks 1 and 2; block 0 goes
+        let w0 = kv.window_table(0)[0];
+        assert_eq!(kv.drop_window_behind(0, 11), 1);
+        assert_eq!(kv.window_table(0)[0], NO_BLOCK);
+        assert_eq!(kv.window_refcount(w0), 0);
+        assert_eq!(kv.window_free_blocks(), 3);
+        assert_eq!(kv.drop_window_behind(0, 11), 0, "nothing more to release");
+        assert!(kv.check_slot(0, 11).is_ok());
+        assert!(
+            kv.check_slot(0, 4).is_err(),
+            "position 4 would read the released block 0"
+        );
+        // the main pool keeps every block
+        assert_eq!(kv.table(0).len(), 3);
+        assert_eq!(kv.free_blocks(), 13);
+        // sequence 1 shares the main blocks and the window blocks still held
+        let (main, win) = (kv.table(0).to_vec(), kv.window_table(0).to_vec());
+        for (&b, &w) in main.iter().zip(&win) {
+            kv.retain(b);
+            kv.push_block(1, b);
+            if w != NO_BLOCK {
+                kv.retain_window(w);
+            }
+            kv.push_window(1, w);
+        }
+        assert_eq!(kv.window_refcount(win[2]), 2);
+        kv.release_seq(0);
+        assert_eq!(kv.window_refcount(win[2]), 1);
+        kv.release_seq(1);
+        assert_eq!((kv.free_blocks(), kv.window_free_blocks()), (16, 5));
+        // without window layers: the plain paged cache
+        let plain = KvCache::paged_windowed(KvDtype::F32, &[None, None], 1, 64, 8, 4, 16, 5);
+        assert_eq!((plain.pool_window(), plain.window_n_blocks()), (None, 0));
+        assert_eq!(plain.k_len(), 2 * 16 * 4 * 8);
     }
 }

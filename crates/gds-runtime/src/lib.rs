@@ -38,7 +38,7 @@ pub use constraint::{Constraint, Grammar, GrammarCompiler, Mask};
 pub use engine::{Engine, GenerateOutput, StopReason};
 pub use error::{Result, RuntimeError};
 pub use exec::{CpuExecutor, Executor};
-pub use kv::{KvCache, KvDtype};
+pub use kv::{KvCache, KvDtype, NO_BLOCK};
 pub use metrics::{EnergyMeter, Metrics};
 pub use model::{Batch, Model, RunState};
 pub use plan::{Plan, PlanOptions};

@@ -13,6 +13,7 @@
 //! before they are tokenized (tokenization runs off the async threads).
 
 mod api;
+pub mod kvpool;
 pub mod metrics;
 pub mod net;
 pub mod prefix;
@@ -235,30 +236,29 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let model = Model::open(&plan)?;
     let tokenizer = Arc::new(TextTokenizer::load(&plan.model_dir, &model.config)?);
     let c = &model.config;
-    let block_bytes = KvCache::paged_bytes(kv_dtype, c.n_layers, c.kv_dim(), args.kv_block, 1);
-    let n_blocks = kv_bytes / block_bytes;
-    if n_blocks > u32::MAX as usize {
-        return bad(format!(
-            "--kv-budget {} MiB makes more than {} blocks (raise --kv-block)",
-            args.kv_budget,
-            u32::MAX
-        ));
-    }
-    let per_seq = plan.ctx.div_ceil(args.kv_block);
-    if n_blocks < per_seq {
-        return bad(format!(
-            "--kv-budget {} MiB holds {n_blocks} blocks of {} positions; one full context of {} needs {per_seq} (raise --kv-budget or lower --ctx)",
-            args.kv_budget, args.kv_block, plan.ctx
-        ));
-    }
-    let kv = KvCache::paged(
+    let pool = kvpool::KvPool::size(&kvpool::KvPoolArgs {
+        dtype: kv_dtype,
+        windows: (0..c.n_layers).map(|l| c.window(l)).collect(),
+        kv_dim: c.kv_dim(),
+        block: args.kv_block,
+        ctx: plan.ctx,
+        max_batch: args.max_batch,
+        step: plan.batch,
+        budget: kv_bytes,
+    });
+    let pool = match pool {
+        Ok(p) => p,
+        Err(e) => return bad(format!("--kv-budget {} MiB {e}", args.kv_budget)),
+    };
+    let kv = KvCache::paged_windowed(
         kv_dtype,
-        c.n_layers,
+        &pool.windows,
         args.max_batch,
         plan.ctx,
         c.kv_dim(),
         args.kv_block,
-        n_blocks,
+        pool.n_blocks,
+        pool.n_window_blocks,
     );
     let metrics = Arc::new(ServerMetrics::default());
     let model_name = args.alias.clone().unwrap_or_else(|| {
@@ -316,14 +316,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let summary = format!(
-        "model {} | ctx {} | threads {} | max batch {} | KV {} blocks x {} positions ({} MiB, {})",
+        "model {} | ctx {} | threads {} | max batch {} | KV {} ({})",
         state.model_name,
         plan.ctx,
         plan.threads,
         args.max_batch,
-        n_blocks,
-        args.kv_block,
-        (n_blocks * block_bytes) >> 20,
+        pool.describe(args.kv_block),
         args.kv_dtype
     );
     rt.block_on(async move {

@@ -56,6 +56,10 @@ pub struct ServerMetrics {
     pub kv_blocks_free: AtomicU64,
     /// KV blocks indexed by the prefix tree.
     pub kv_blocks_prefix: AtomicU64,
+    /// Blocks of the sliding-window layers' own pool (0: none).
+    pub kv_window_blocks_total: AtomicU64,
+    /// Of those, free.
+    pub kv_window_blocks_free: AtomicU64,
     /// Grammar masks computed (one per constrained token).
     pub masks: AtomicU64,
     /// Nanoseconds the helper thread spent computing masks (overlapped with forward passes).
@@ -352,6 +356,18 @@ impl ServerMetrics {
             "gauge",
             "KV blocks indexed by the prefix cache.",
             g(&self.kv_blocks_prefix).to_string(),
+        );
+        put(
+            "kv_window_blocks_total",
+            "gauge",
+            "KV blocks of the sliding-window layers' own pool (0: the model has none).",
+            g(&self.kv_window_blocks_total).to_string(),
+        );
+        put(
+            "kv_window_blocks_free",
+            "gauge",
+            "Free blocks of the sliding-window layers' pool.",
+            g(&self.kv_window_blocks_free).to_string(),
         );
         o
     }

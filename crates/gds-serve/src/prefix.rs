@@ -6,12 +6,21 @@
 //! finds (retained, never written again: only full blocks are indexed), so a repeated
 //! system prompt is prefilled once. Blocks that only the tree still references are evicted
 //! least recently used first, leaves before their parents, when the pool runs dry.
+//!
+//! With a window pool (sliding-window layers in blocks of their own, released behind the
+//! window) a node also holds the window-layer block of its positions while the sequence
+//! that indexed it still had it. A match is then usable only up to a length whose window
+//! (the blocks the next query reads) is all held: a window layer's keys depend on every
+//! earlier position, so they cannot be recomputed for part of a prefix. Window blocks that
+//! only the tree holds are released first when the window pool runs dry.
 
-use gds_runtime::KvCache;
+use gds_runtime::{KvCache, NO_BLOCK};
 use std::collections::HashMap;
 
 struct Node {
     block: u32,
+    /// The window-pool block of the same positions ([`NO_BLOCK`]: not held).
+    window: u32,
     parent: usize,
     /// The tokens of this block (the key in the parent's children).
     key: Vec<u32>,
@@ -33,6 +42,7 @@ impl PrefixCache {
     pub fn new(block: usize) -> PrefixCache {
         let root = Node {
             block: u32::MAX,
+            window: NO_BLOCK,
             parent: 0,
             key: Vec::new(),
             children: HashMap::new(),
@@ -66,8 +76,9 @@ impl PrefixCache {
     }
 
     /// The blocks holding the longest indexed prefix of `tokens`, at most `max_blocks` of
-    /// them, in order. The caller retains the ones it keeps.
-    pub fn lookup(&mut self, tokens: &[u32], max_blocks: usize) -> Vec<u32> {
+    /// them, in order: (main block, window block or [`NO_BLOCK`]). The caller retains the
+    /// ones it keeps.
+    pub fn lookup(&mut self, tokens: &[u32], max_blocks: usize) -> Vec<(u32, u32)> {
         self.clock += 1;
         let now = self.clock;
         let mut at = 0;
@@ -78,26 +89,39 @@ impl PrefixCache {
             };
             let n = self.node_mut(next);
             n.last_used = now;
-            out.push(n.block);
+            out.push((n.block, n.window));
             at = next;
         }
         out
     }
 
     /// Indexes the full blocks of `tokens`, stored in `blocks` (the table of the sequence
-    /// that computed them; only `tokens.len() / block` of them are used). Blocks already
-    /// indexed under the same tokens are kept; new nodes retain their block.
-    pub fn insert(&mut self, tokens: &[u32], blocks: &[u32], kv: &mut KvCache) {
+    /// that computed them; only `tokens.len() / block` of them are used) and, with a window
+    /// pool, `windows` (its window table). Blocks already indexed under the same tokens are
+    /// kept (a node without its window block takes the caller's); new nodes retain theirs.
+    pub fn insert(&mut self, tokens: &[u32], blocks: &[u32], windows: &[u32], kv: &mut KvCache) {
         self.clock += 1;
         let now = self.clock;
         let mut at = 0;
-        for (chunk, &b) in tokens.chunks_exact(self.block).zip(blocks) {
+        for (i, (chunk, &b)) in tokens.chunks_exact(self.block).zip(blocks).enumerate() {
+            let w = windows.get(i).copied().unwrap_or(NO_BLOCK);
             let next = match self.node(at).children.get(chunk) {
-                Some(&next) => next,
+                Some(&next) => {
+                    let n = self.node_mut(next);
+                    if n.window == NO_BLOCK && w != NO_BLOCK {
+                        n.window = w;
+                        kv.retain_window(w);
+                    }
+                    next
+                }
                 None => {
                     kv.retain(b);
+                    if w != NO_BLOCK {
+                        kv.retain_window(w);
+                    }
                     let node = Node {
                         block: b,
+                        window: w,
                         parent: at,
                         key: chunk.to_vec(),
                         children: HashMap::new(),
@@ -143,6 +167,40 @@ impl PrefixCache {
             self.free_ids.push(id);
             self.len -= 1;
             kv.release(node.block);
+            if node.window != NO_BLOCK {
+                kv.release_window(node.window);
+            }
+            freed += 1;
+        }
+        freed
+    }
+
+    /// Window-pool blocks that [`PrefixCache::evict_window`] could release now.
+    pub fn evictable_window(&self, kv: &KvCache) -> usize {
+        self.nodes
+            .iter()
+            .flatten()
+            .filter(|n| n.window != NO_BLOCK && kv.window_refcount(n.window) == 1)
+            .count()
+    }
+
+    /// Releases up to `want` window-pool blocks that nothing but the tree references, least
+    /// recently used first (the nodes stay, their matches get shorter). Returns how many.
+    pub fn evict_window(&mut self, kv: &mut KvCache, want: usize) -> usize {
+        let mut held: Vec<(u64, usize)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(id, n)| n.as_ref().map(|n| (id, n)))
+            .filter(|(_, n)| n.window != NO_BLOCK && kv.window_refcount(n.window) == 1)
+            .map(|(id, n)| (n.last_used, id))
+            .collect();
+        held.sort_unstable();
+        let mut freed = 0;
+        for (_, id) in held.into_iter().take(want) {
+            let n = self.node_mut(id);
+            let w = std::mem::replace(&mut n.window, NO_BLOCK);
+            kv.release_window(w);
             freed += 1;
         }
         freed
@@ -186,7 +244,7 @@ mod tests {
             kv.push_block(0, b);
         }
         let table = kv.table(0).to_vec();
-        t.insert(&prompt, &table, &mut kv);
+        t.insert(&prompt, &table, &[], &mut kv);
         assert_eq!(t.len(), 2, "only the full blocks are indexed");
         assert_eq!(kv.refcount(table[0]), 2);
         assert_eq!(kv.refcount(table[2]), 1);
@@ -194,8 +252,9 @@ mod tests {
         // the same first 9 tokens, then something else: two blocks shared
         let mut other: Vec<u32> = (0..9).collect();
         other.push(99);
-        assert_eq!(t.lookup(&other, 8), table[..2].to_vec());
-        assert_eq!(t.lookup(&other, 1), table[..1].to_vec());
+        let main = |v: Vec<(u32, u32)>| v.into_iter().map(|(b, _)| b).collect::<Vec<_>>();
+        assert_eq!(main(t.lookup(&other, 8)), table[..2].to_vec());
+        assert_eq!(main(t.lookup(&other, 1)), table[..1].to_vec());
         // a different first block: nothing
         assert!(t.lookup(&[7, 1, 2, 3, 4], 8).is_empty());
 
@@ -208,12 +267,59 @@ mod tests {
         assert_eq!(t.evict(&mut kv, 1), 1);
         assert_eq!(kv.free_blocks(), free + 1);
         assert_eq!(
-            t.lookup(&prompt, 8),
+            main(t.lookup(&prompt, 8)),
             table[..1].to_vec(),
             "the leaf went first"
         );
         assert_eq!(t.evict(&mut kv, 8), 1);
         assert!(t.is_empty());
         assert_eq!(kv.free_blocks(), 8);
+    }
+
+    #[test]
+    fn window_blocks_ride_along_and_are_released_first() {
+        // layer 0 windowed (window 4), layer 1 global; blocks of 2
+        let mut kv = KvCache::paged_windowed(KvDtype::F32, &[Some(4), None], 1, 64, 4, 2, 8, 8);
+        let mut t = PrefixCache::new(2);
+        let prompt: Vec<u32> = (0..6).collect();
+        for i in 0..3 {
+            let (b, w) = (kv.alloc().unwrap(), kv.alloc_window().unwrap());
+            kv.push_block(0, b);
+            // block 0 was already released behind the window
+            kv.push_window(0, if i == 0 { NO_BLOCK } else { w });
+            if i == 0 {
+                kv.release_window(w);
+            }
+        }
+        let (main, win) = (kv.table(0).to_vec(), kv.window_table(0).to_vec());
+        t.insert(&prompt, &main, &win, &mut kv);
+        assert_eq!(
+            t.lookup(&prompt, 8),
+            vec![(main[0], NO_BLOCK), (main[1], win[1]), (main[2], win[2])]
+        );
+        assert_eq!(kv.window_refcount(win[1]), 2);
+        // while the sequence holds them, nothing to release; then both window blocks
+        assert_eq!(t.evictable_window(&kv), 0);
+        kv.release_seq(0);
+        assert_eq!(t.evictable_window(&kv), 2);
+        assert_eq!(t.evict_window(&mut kv, 1), 1);
+        assert_eq!(kv.window_free_blocks(), 7);
+        assert_eq!(t.len(), 3, "the nodes stay; only their window blocks go");
+        // a later sequence that holds the block gives it back to the node
+        let w = kv.alloc_window().unwrap();
+        let mut again = win.clone();
+        let missing = if t.lookup(&prompt, 8)[1].1 == NO_BLOCK {
+            1
+        } else {
+            2
+        };
+        again[missing] = w;
+        t.insert(&prompt, &main, &again, &mut kv);
+        assert_eq!(t.lookup(&prompt, 8)[missing].1, w);
+        assert_eq!(kv.window_refcount(w), 2);
+        // evicting the nodes releases their window blocks too
+        kv.release_window(w);
+        assert_eq!(t.evict(&mut kv, 8), 3);
+        assert_eq!((kv.free_blocks(), kv.window_free_blocks()), (8, 8));
     }
 }

@@ -12,7 +12,9 @@
 
 use crate::metrics::ServerMetrics;
 use crate::prefix::PrefixCache;
-use gds_runtime::{Batch, Constraint, KvCache, Mask, Model, RunState, Sampler, SamplerConfig};
+use gds_runtime::{
+    Batch, Constraint, KvCache, Mask, Model, RunState, Sampler, SamplerConfig, NO_BLOCK,
+};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -188,10 +190,7 @@ impl Engine {
             cfg.ctx,
             threads,
         );
-        metrics
-            .kv_blocks_free
-            .store(kv.free_blocks() as u64, Ordering::Relaxed);
-        Engine {
+        let engine = Engine {
             model,
             state,
             batch: Batch::with_capacity(cfg.step_tokens),
@@ -205,7 +204,9 @@ impl Engine {
             running: Vec::new(),
             out_rows: Vec::new(),
             fed: Vec::new(),
-        }
+        };
+        engine.publish();
+        engine
     }
 
     /// Runs until every sender of `rx` is gone and no work is left.
@@ -262,15 +263,29 @@ impl Engine {
         n.div_ceil(self.kv.block_size())
     }
 
-    /// Takes a free block, evicting from the prefix tree when the pool is dry.
-    fn alloc(&mut self) -> Option<u32> {
-        if let Some(b) = self.kv.alloc() {
-            return Some(b);
+    /// Takes a free block, evicting from the prefix tree when the pool is dry; with a
+    /// window pool, also a window-pool block (the pair, or nothing).
+    fn alloc(&mut self) -> Option<(u32, u32)> {
+        let b = match self.kv.alloc() {
+            Some(b) => b,
+            None if self.prefix.evict(&mut self.kv, 1) > 0 => self.kv.alloc()?,
+            None => return None,
+        };
+        if self.kv.pool_window().is_none() {
+            return Some((b, NO_BLOCK));
         }
-        if self.prefix.evict(&mut self.kv, 1) > 0 {
-            return self.kv.alloc();
+        let w = match self.kv.alloc_window() {
+            Some(w) => Some(w),
+            None if self.prefix.evict_window(&mut self.kv, 1) > 0 => self.kv.alloc_window(),
+            None => None,
+        };
+        match w {
+            Some(w) => Some((b, w)),
+            None => {
+                self.kv.release(b);
+                None
+            }
         }
-        None
     }
 
     /// Releases everything `seq` holds in the cache and its slot.
@@ -315,7 +330,9 @@ impl Engine {
         }
         let n = n.min(seq.n_cached);
         let table = self.kv.table(seq.slot).to_vec();
-        self.prefix.insert(&seq.tokens[..n], &table, &mut self.kv);
+        let windows = self.kv.window_table(seq.slot).to_vec();
+        self.prefix
+            .insert(&seq.tokens[..n], &table, &windows, &mut self.kv);
     }
 
     /// Drops requests whose receiver is gone, wherever they are: cancelled when the client
@@ -374,15 +391,31 @@ impl Engine {
             let len = front.tokens.len();
             let max_shared = (len - 1) / block;
             // a scored prompt needs the logits of every position: nothing shared
-            let shared = if front.req.echo {
+            let mut shared = if front.req.echo {
                 Vec::new()
             } else {
                 self.prefix.lookup(&front.tokens, max_shared)
             };
+            // with a window pool, only a prefix whose window blocks are all held
+            while !shared.is_empty() {
+                let first = self.kv.window_first_block(shared.len() * block);
+                let held = self.kv.pool_window().is_none()
+                    || shared[first..].iter().all(|&(_, w)| w != NO_BLOCK);
+                if held {
+                    break;
+                }
+                shared.pop();
+            }
             let need = self.blocks_for(len + 1) - shared.len();
             let available = self.kv.free_blocks() + self.prefix.evictable(&self.kv);
+            // the window pool: a sequence holds about its window there, never more
+            let fits_window = self.kv.pool_window().is_none_or(|w| {
+                let hold = (w - 1).div_ceil(block) + 3 + self.cfg.step_tokens.div_ceil(block);
+                need.min(hold)
+                    <= self.kv.window_free_blocks() + self.prefix.evictable_window(&self.kv)
+            });
             // a request alone in the engine always gets in (it may be preempted later)
-            if need > available && !self.running.is_empty() {
+            if (need > available || !fits_window) && !self.running.is_empty() {
                 break;
             }
             let Some(slot) = self.free_slots.pop() else {
@@ -390,9 +423,18 @@ impl Engine {
             };
             let mut seq = self.waiting.pop_front().expect("front exists");
             seq.slot = slot;
-            for &b in &shared {
+            let first = self.kv.window_first_block(shared.len() * block);
+            for (i, &(b, w)) in shared.iter().enumerate() {
                 self.kv.retain(b);
                 self.kv.push_block(slot, b);
+                if self.kv.pool_window().is_some() {
+                    // blocks behind the window are not needed (nor, maybe, held)
+                    let w = if i < first { NO_BLOCK } else { w };
+                    if w != NO_BLOCK {
+                        self.kv.retain_window(w);
+                    }
+                    self.kv.push_window(slot, w);
+                }
             }
             seq.n_cached = shared.len() * block;
             if seq.admitted.is_none() {
@@ -424,9 +466,15 @@ impl Engine {
     /// Makes sure sequence `i` has blocks for positions `0..n`; false when the pool is dry.
     fn reserve(&mut self, i: usize, n: usize) -> bool {
         let need = self.blocks_for(n);
-        while self.kv.table(self.running[i].slot).len() < need {
+        let slot = self.running[i].slot;
+        while self.kv.table(slot).len() < need {
             match self.alloc() {
-                Some(b) => self.kv.push_block(self.running[i].slot, b),
+                Some((b, w)) => {
+                    self.kv.push_block(slot, b);
+                    if w != NO_BLOCK {
+                        self.kv.push_window(slot, w);
+                    }
+                }
                 None => return false,
             }
         }
@@ -740,8 +788,18 @@ impl Engine {
                 self.metrics.draft_accepted.fetch_add(1, Ordering::Relaxed);
             }
         }
+        let block = self.kv.block_size();
         for s in &mut self.running {
             s.guesses.clear();
+            // window layers: release the blocks no later query sees, keeping the window
+            // behind the last block boundary (and, until the prompt is indexed, behind the
+            // boundary a follower with the same prompt shares up to), so the prefix tree
+            // gets the window blocks a match needs
+            let mut keep = s.n_cached / block * block;
+            if !s.indexed {
+                keep = keep.min(s.n_prompt.saturating_sub(1) / block * block);
+            }
+            self.kv.drop_window_behind(s.slot, keep);
         }
         // index prompts that just finished prefilling, so followers can share them
         for k in 0..self.running.len() {
@@ -749,8 +807,9 @@ impl Engine {
             if !s.indexed && s.n_cached >= s.n_prompt {
                 let (n, slot) = (s.n_prompt, s.slot);
                 let table = self.kv.table(slot).to_vec();
+                let windows = self.kv.window_table(slot).to_vec();
                 let toks = s.tokens[..n].to_vec();
-                self.prefix.insert(&toks, &table, &mut self.kv);
+                self.prefix.insert(&toks, &table, &windows, &mut self.kv);
                 self.running[k].indexed = true;
             }
         }
@@ -786,5 +845,9 @@ impl Engine {
             .store(self.kv.n_blocks() as u64, Ordering::Relaxed);
         m.kv_blocks_prefix
             .store(self.prefix.len() as u64, Ordering::Relaxed);
+        m.kv_window_blocks_total
+            .store(self.kv.window_n_blocks() as u64, Ordering::Relaxed);
+        m.kv_window_blocks_free
+            .store(self.kv.window_free_blocks() as u64, Ordering::Relaxed);
     }
 }

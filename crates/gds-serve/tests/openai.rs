@@ -364,8 +364,26 @@ fn every_architecture_through_the_openai_client() {
         // the model's own context, as the CLI takes by default (Phi-3.5's LongRoPE picks its
         // factors by the context: 128 > 64 takes the long ones)
         let ctx = if arch == "phi35" { "128" } else { "64" };
-        let r = same_as_cli(&dir, &["--ctx", ctx, "--kv-budget", "1"]);
+        // blocks of 2 and short steps: the window layers (Gemma 2 and 3, Mistral: window 4)
+        // get a pool of their own, released behind the window, and the streamed chat shares
+        // the plain chat's prompt blocks, window blocks included
+        let flags = ["--kv-block", "2", "--step-tokens", "8"];
+        let r = same_as_cli(
+            &dir,
+            &[&["--ctx", ctx, "--kv-budget", "1"][..], &flags].concat(),
+        );
         assert_eq!(r["model"], arch);
+        let m = r["metrics"].as_str().unwrap();
+        let windowed = matches!(arch, "gemma2" | "gemma3" | "mistral");
+        assert_eq!(
+            metric(m, "gds_kv_window_blocks_total") > 0.0,
+            windowed,
+            "{arch}: {m}"
+        );
+        assert!(
+            metric(m, "gds_prompt_tokens_cached_total") > 0.0,
+            "{arch}: {m}"
+        );
     }
 }
 
@@ -402,6 +420,9 @@ fn same_as_cli(model: &std::path::Path, extra: &[&str]) -> Value {
         chat["metrics"]["prompt_tokens"]
     );
     assert_eq!(r["chat_stream"], r["chat"]["text"]);
+    let (_, metrics) = http(&s.addr, "GET", "/metrics", None);
+    let mut r = r;
+    r["metrics"] = metrics.into();
     r
 }
 
@@ -793,4 +814,52 @@ fn ngram_speculation_per_request_keeps_the_text() {
         assert_eq!(code, 400, "{extra}: {resp}");
         assert!(resp.contains(field), "{extra}: {resp}");
     }
+}
+
+/// The real Gemma 3 270M with a prompt longer than its 512-position window: the window
+/// layers' blocks come from their own pool and are released behind the window, yet the
+/// greedy completion is the CLI's (whose cache is the window ring), the second time too,
+/// when the prompt's blocks (window blocks included) come from the prefix cache.
+#[test]
+fn gemma3_prompt_longer_than_the_window_through_the_window_pool() {
+    let _one = serial();
+    let model = gds_tests::gemma_converted();
+    let wiki = std::fs::read_to_string(gds_tests::root().join("fixtures/reference/wiki-like.txt"))
+        .unwrap();
+    let mut cut = 3000;
+    while !wiki.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let prompt = &wiki[..cut];
+    let o = Command::new(gds_tests::bin("gdsrun"))
+        .arg(model)
+        .args(["--raw", "-p", prompt, "--ctx", "1024", "--temp", "0"])
+        .args(["--max-tokens", "8", "--json"])
+        .output()
+        .expect("gdsrun runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cli: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let n_prompt = cli["metrics"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        n_prompt > 600,
+        "{n_prompt} prompt tokens: longer than the window"
+    );
+    let s = start_model(model, &["--ctx", "1024", "--kv-budget", "400"]);
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+    let body = serde_json::to_vec(&body).unwrap();
+    for round in 0..2 {
+        let (status, r) = http(&s.addr, "POST", "/v1/completions", Some(&body));
+        assert_eq!(status, 200, "{r}");
+        let r: Value = serde_json::from_str(&r).unwrap();
+        assert_eq!(r["choices"][0]["text"], cli["text"], "round {round}");
+        assert_eq!(r["usage"]["prompt_tokens"], n_prompt);
+        let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        if round == 1 {
+            assert!(cached > 512, "{cached} prompt tokens from the prefix cache");
+        }
+    }
+    let (_, m) = http(&s.addr, "GET", "/metrics", None);
+    assert!(metric(&m, "gds_kv_window_blocks_total") > 0.0, "{m}");
 }

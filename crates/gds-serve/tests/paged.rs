@@ -1,7 +1,7 @@
 //! The paged KV cache gives the same logits as the contiguous one, on the real SmolLM2:
 //! prompts spread over scattered blocks, several sequences in one batch, a shared prefix.
 
-use gds_runtime::{Batch, KvCache, KvDtype, Model, Plan, PlanOptions, RunState};
+use gds_runtime::{Batch, KvCache, KvDtype, Model, Plan, PlanOptions, RunState, NO_BLOCK};
 
 fn model() -> (Plan, Model) {
     let plan = Plan::build(&PlanOptions {
@@ -107,4 +107,153 @@ fn paged_attention_matches_contiguous() {
     b.clear();
     b.push(5, 80, 1, true);
     assert!(m.forward(&mut st, &mut kv, &b).is_err());
+}
+
+/// The server's cache for sliding-window layers (`KvCache::paged_windowed`): window layers
+/// draw blocks of their own, released behind the window as the sequence advances, and a
+/// second sequence shares the first one's prefix (main blocks and the window blocks still
+/// held). The logits at every position must be those of the whole contiguous cache, on the
+/// tiny transformers-made Gemma 3 (window 4 on 5 of 6 layers) and Mistral (every layer).
+#[test]
+fn window_pool_releases_behind_the_window_and_keeps_the_logits() {
+    for arch in ["gemma3", "mistral"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(format!("{arch}.gds"));
+        gds_convert::convert(
+            &gds_tests::fixture(&format!("tiny-{arch}-hf")),
+            &dir,
+            &gds_convert::ConvertOptions::default(),
+            &gds_convert::NoProgress,
+        )
+        .unwrap();
+        let plan = Plan::build(&PlanOptions {
+            model_dir: dir.clone(),
+            ctx: Some(64),
+            threads: Some(1),
+            backend: Some("cpu".into()),
+            activations: Some("f32".into()),
+            raw: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let m = Model::open(&plan).unwrap();
+        let c = &m.config;
+        let vocab = c.vocab_size;
+        let windows: Vec<Option<usize>> = (0..c.n_layers).map(|l| c.window(l)).collect();
+        let window = windows.iter().flatten().max().copied().unwrap();
+        let seqs: [Vec<u32>; 2] = [
+            (0..40).map(|i| (7 * i + 3) % 300 + 3).collect(),
+            (0..40)
+                .map(|i| {
+                    if i < 20 {
+                        (7 * i + 3) % 300 + 3
+                    } else {
+                        11 * i % 290 + 5
+                    }
+                })
+                .collect(),
+        ];
+        // reference: every position of each sequence through the whole contiguous cache
+        let want: Vec<Vec<Vec<f32>>> = seqs
+            .iter()
+            .map(|toks| {
+                let mut kv = KvCache::new(KvDtype::F32, c.n_layers, 1, 64, c.kv_dim());
+                let mut st = RunState::new(c, 64, 64, 64, 1);
+                let mut b = Batch::with_capacity(64);
+                for (i, &t) in toks.iter().enumerate() {
+                    b.push(t, i, 0, true);
+                }
+                m.forward(&mut st, &mut kv, &b).unwrap();
+                (0..toks.len())
+                    .map(|r| st.logits(r, vocab).to_vec())
+                    .collect()
+            })
+            .collect();
+
+        // blocks of 2 positions, passes of up to 3: (4 - 1 + 3) / 2 + 1 = 4 window blocks
+        // per sequence
+        let (block, step) = (2, 3);
+        let per_seq = KvCache::window_blocks_per_seq(64, &windows, block, step).unwrap();
+        let mut kv = KvCache::paged_windowed(
+            KvDtype::F32,
+            &windows,
+            2,
+            64,
+            c.kv_dim(),
+            block,
+            64,
+            2 * per_seq,
+        );
+        let mut st = RunState::new(c, 2 * step, 2 * step, 64, 1);
+        let mut b = Batch::with_capacity(2 * step);
+        let mut done = [0usize; 2];
+        let mut worst = 0f32;
+        let mut held_most = 0;
+        // sequence 0 alone up to position 20, then sequence 1 joins, sharing its first 10
+        // blocks; from there both advance in every pass
+        while done[0] < 40 || done[1] < 40 {
+            if done[0] >= 20 && done[1] == 0 {
+                let first = kv.window_first_block(20);
+                let (main, win) = (
+                    kv.table(0)[..10].to_vec(),
+                    kv.window_table(0)[..10].to_vec(),
+                );
+                for (i, (&mb, &wb)) in main.iter().zip(&win).enumerate() {
+                    kv.retain(mb);
+                    kv.push_block(1, mb);
+                    if i >= first {
+                        assert_ne!(wb, NO_BLOCK, "{arch}: window block {i} still held");
+                        kv.retain_window(wb);
+                        kv.push_window(1, wb);
+                    } else {
+                        kv.push_window(1, NO_BLOCK);
+                    }
+                }
+                done[1] = 20;
+            }
+            let which: &[usize] = if done[1] == 0 { &[0] } else { &[0, 1] };
+            b.clear();
+            let mut rows = Vec::new();
+            for &s in which {
+                // sequence 0 pauses at 20 until sequence 1 has joined
+                let end = if done[1] == 0 { 20 } else { 40 };
+                let to = (done[s] + step).min(end);
+                while kv.table(s).len() * block < to {
+                    let (mb, wb) = (kv.alloc().unwrap(), kv.alloc_window().unwrap());
+                    kv.push_block(s, mb);
+                    kv.push_window(s, wb);
+                }
+                for (p, &t) in seqs[s].iter().enumerate().take(to).skip(done[s]) {
+                    b.push(t, p, s, true);
+                    rows.push((s, p));
+                }
+                done[s] = to;
+            }
+            if b.is_empty() {
+                continue;
+            }
+            m.forward(&mut st, &mut kv, &b).unwrap();
+            for (r, &(s, p)) in rows.iter().enumerate() {
+                worst = worst.max(max_diff(st.logits(r, vocab), &want[s][p]));
+            }
+            held_most = held_most.max(kv.window_n_blocks() - kv.window_free_blocks());
+            for (s, &next) in done.iter().enumerate() {
+                kv.drop_window_behind(s, next);
+            }
+        }
+        assert!(worst < 1e-4, "{arch}: max |logit diff| {worst}");
+        // each sequence held at most its share of the window pool, not its 20 blocks
+        assert!(
+            held_most <= 2 * per_seq,
+            "{arch}: {held_most} window blocks held"
+        );
+        assert!(window < 40);
+        // a position whose window blocks were released is refused, not read
+        b.clear();
+        b.push(1, 10, 0, true);
+        assert!(m.forward(&mut st, &mut kv, &b).is_err(), "{arch}");
+        kv.release_seq(0);
+        kv.release_seq(1);
+        assert_eq!(kv.window_free_blocks(), kv.window_n_blocks());
+    }
 }
