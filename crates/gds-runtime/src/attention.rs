@@ -1,11 +1,12 @@
 //! Attention of one layer over the KV cache: store the batch's keys and values, then causal
-//! attention for every (token, head) of the batch.
+//! attention for every (token, KV head) of the batch: the query heads sharing a KV head
+//! (grouped-query attention) are scored in one pass over its keys and summed in one pass
+//! over its values, so each cached row is read once per group, not once per query head.
 //!
 //! Kept apart from the forward pass so the cache's layout can change without touching the
 //! model code: the model hands over the batch's Q/K/V rows in [`RunState`] and gets the
-//! attention output back in it. The cache is paged (see [`crate::kv`]): a sequence whose
-//! keys all sit in one block (always the case for a contiguous cache) takes the contiguous
-//! kernel; a longer paged sequence walks its block table.
+//! attention output back in it. The cache is paged (see [`crate::kv`]): attention walks a
+//! sequence's block table (one block for a contiguous cache; a ring for window layers).
 
 use crate::config::Config;
 use crate::kv::{KvCache, KvData, KvElem};
@@ -85,7 +86,7 @@ fn attend<T: KvElem>(
     geo: &Geometry<'_>,
     p: &AttnParams,
 ) {
-    let (hd, qd, kvd, nh) = (c.head_dim, c.q_dim(), c.kv_dim(), c.n_heads);
+    let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
     let group = c.n_heads / c.n_kv_heads;
     let n = batch.len();
     for t in 0..n {
@@ -107,65 +108,128 @@ fn attend<T: KvElem>(
     }
     let (kc, vc) = (&*kc, &*vc);
     let (scale, softcap, window) = (p.scale, p.softcap, p.window);
-    let units = n * nh;
-    let per = units.div_ceil(s.n_tasks);
+    // one unit per (token, KV head): its `group` query heads in one pass over the keys and
+    // one over the values, so each K/V row is read once for the group, not once per head
+    let n_kv = c.n_kv_heads;
+    let units = n * n_kv;
     let q = &s.q;
     let block = geo.block;
-    let ctx = geo.ctx;
-    s.att[..n * qd]
-        .par_chunks_mut(per * hd)
-        .zip(s.scores.par_chunks_mut(ctx))
-        .enumerate()
-        .for_each(|(ci, (out, scores))| {
-            for (k, o) in out.chunks_exact_mut(hd).enumerate() {
-                let u = ci * per + k;
-                let (t, h) = (u / nh, u % nh);
-                let pos = batch.positions[t];
-                let table = &geo.tables[batch.seqs[t]];
-                let head_off = (h / group) * hd;
-                let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                // keys first..=pos: all of them, or the window's
-                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                if pos < block {
-                    // every key in the first block: the contiguous kernel
-                    let head = ops::Head {
-                        q: qh,
-                        k: kc,
-                        v: vc,
-                        base: geo.layer_base
-                            + table[0] as usize * block * kvd
-                            + first * kvd
-                            + head_off,
-                        stride: kvd,
-                        n_keys: pos + 1 - first,
-                        scale,
-                        softcap,
-                    };
-                    ops::attend(simd, &head, scores, o);
-                } else {
-                    let head = Paged {
-                        q: qh,
-                        k: kc,
-                        v: vc,
-                        table,
-                        block,
-                        layer_base: geo.layer_base,
-                        head_off,
-                        stride: kvd,
-                        first,
-                        n_keys: pos + 1,
-                        scale,
-                        softcap,
-                    };
-                    paged_attend(simd, &head, scores, o);
+    let scratch = scratch_len(c, geo.ctx);
+    let unit = |u: usize, piece: Option<(usize, usize)>| {
+        let (t, g) = (u / n_kv, u % n_kv);
+        let pos = batch.positions[t];
+        let qs = t * qd + g * group * hd;
+        // keys first..=pos: all of them, or the window's
+        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        // a piece of them: the `c`-th of `of`
+        let (first, n_keys) = match piece {
+            None => (first, pos + 1),
+            Some((c, of)) => {
+                let len = pos + 1 - first;
+                (first + len * c / of, first + len * (c + 1) / of)
+            }
+        };
+        Group {
+            q: &q[qs..qs + group * hd],
+            hd,
+            k: kc,
+            v: vc,
+            table: &geo.tables[batch.seqs[t]],
+            block,
+            layer_base: geo.layer_base,
+            head_off: g * hd,
+            stride: kvd,
+            first,
+            n_keys,
+            scale,
+            softcap,
+        }
+    };
+    // few units (decode: one token, a few KV heads) and long contexts: each unit's keys are
+    // split into pieces on several threads, merged after (flash-decoding)
+    let longest = (0..n).map(|t| batch.positions[t] + 1).max().unwrap_or(0);
+    let pieces = if units >= s.n_tasks {
+        1
+    } else {
+        s.n_tasks.div_ceil(units).min(longest / MIN_PIECE_KEYS)
+    };
+    if pieces <= 1 {
+        let per = units.div_ceil(s.n_tasks);
+        s.att[..n * qd]
+            .par_chunks_mut(per * group * hd)
+            .zip(s.scores.par_chunks_mut(scratch))
+            .enumerate()
+            .for_each(|(ci, (out, scratch))| {
+                for (k, o) in out.chunks_exact_mut(group * hd).enumerate() {
+                    grouped_attend(simd, &unit(ci * per + k, None), scratch, o, None);
                 }
+            });
+        return;
+    }
+    // each piece: its unnormalized output per head, then (max, sum) per head
+    let slot = group * (hd + 2);
+    let items = units * pieces;
+    let per = items.div_ceil(s.n_tasks);
+    if s.part.len() < items * slot {
+        s.part.resize(items * slot, 0.0);
+    }
+    s.part[..items * slot]
+        .par_chunks_mut(per * slot)
+        .zip(s.scores.par_chunks_mut(scratch))
+        .enumerate()
+        .for_each(|(ci, (part, scratch))| {
+            for (k, sl) in part.chunks_exact_mut(slot).enumerate() {
+                let it = ci * per + k;
+                let h = unit(it / pieces, Some((it % pieces, pieces)));
+                let (o, stats) = sl.split_at_mut(group * hd);
+                grouped_attend(simd, &h, scratch, o, Some(stats));
             }
         });
+    for u in 0..units {
+        let (t, g) = (u / n_kv, u % n_kv);
+        let parts = &s.part[u * pieces * slot..(u + 1) * pieces * slot];
+        for i in 0..group {
+            let stat = |c: usize| {
+                let at = c * slot + group * hd + 2 * i;
+                (parts[at], parts[at + 1])
+            };
+            let m = (0..pieces)
+                .map(|c| stat(c).0)
+                .fold(f32::NEG_INFINITY, f32::max);
+            let o = &mut s.att[t * qd + (g * group + i) * hd..][..hd];
+            o.fill(0.0);
+            let mut sum = 0.0;
+            for c in 0..pieces {
+                let (mc, lc) = stat(c);
+                if lc == 0.0 {
+                    continue; // an empty piece
+                }
+                let w = (mc - m).exp();
+                sum += w * lc;
+                ops::axpy(o, w, &parts[c * slot + i * hd..][..hd]);
+            }
+            let inv = 1.0 / sum;
+            for x in o.iter_mut() {
+                *x *= inv;
+            }
+        }
+    }
 }
 
-/// One attention head of one query token over a sequence spread across blocks.
-struct Paged<'a, T> {
+/// Fewest keys per piece when a unit's keys are split across threads.
+const MIN_PIECE_KEYS: usize = 128;
+
+/// Scratch one attention task needs: the scores of a KV head's query heads over the whole
+/// context, and one K/V row converted to f32.
+pub(crate) fn scratch_len(c: &Config, ctx: usize) -> usize {
+    (c.n_heads / c.n_kv_heads.max(1)) * ctx + c.head_dim
+}
+
+/// The query heads sharing one KV head (`q.len() / hd` of them), of one query token, over a
+/// sequence spread across blocks (one block: the contiguous cache).
+struct Group<'a, T> {
     q: &'a [f32],
+    hd: usize,
     k: &'a [T],
     v: &'a [T],
     table: &'a [u32],
@@ -180,9 +244,9 @@ struct Paged<'a, T> {
     softcap: Option<f32>,
 }
 
-impl<T> Paged<'_, T> {
+impl<T> Group<'_, T> {
     /// Calls `f(j, at)` for every key `j - first` in order, `at` being the element index
-    /// of its row in this head: one block at a time, so no division per key.
+    /// of its row in this KV head: one block at a time, so no division per key.
     #[inline(always)]
     fn for_each_key(&self, mut f: impl FnMut(usize, usize)) {
         let row = self.block * self.stride;
@@ -201,34 +265,94 @@ impl<T> Paged<'_, T> {
     }
 }
 
+/// Scores of every query head of the group (`scratch` holds `group` rows of `n` keys, then
+/// one converted K/V row), softmax per head, then the weighted sum of values per head. With
+/// `stats` (a piece of the keys, merged later): the sum is left unnormalized and each
+/// head's (max score, sum of exponentials) goes to `stats[2i..2i + 2]`.
 #[inline(always)]
-fn paged_generic<T: KvElem>(h: &Paged<'_, T>, scores: &mut [f32], out: &mut [f32]) {
-    let hd = h.q.len();
-    let sc = &mut scores[..h.n_keys - h.first];
-    h.for_each_key(|j, at| sc[j] = ops::dot(h.q, &h.k[at..at + hd]) * h.scale);
-    if let Some(c) = h.softcap {
-        ops::softcap(sc, c);
-    }
-    ops::softmax(sc);
+fn grouped_generic<T: KvElem>(
+    h: &Group<'_, T>,
+    scratch: &mut [f32],
+    out: &mut [f32],
+    stats: Option<&mut [f32]>,
+) {
+    let hd = h.hd;
+    let n = h.n_keys - h.first;
     out.fill(0.0);
-    h.for_each_key(|j, at| ops::axpy(out, sc[j], &h.v[at..at + hd]));
+    if n == 0 {
+        if let Some(st) = stats {
+            for ml in st.chunks_exact_mut(2) {
+                ml.copy_from_slice(&[f32::NEG_INFINITY, 0.0]);
+            }
+        }
+        return;
+    }
+    let (sc, rest) = scratch.split_at_mut(h.q.len() / hd * n);
+    let tmp = &mut rest[..hd];
+    h.for_each_key(|j, at| {
+        let kr = T::row(&h.k[at..at + hd], tmp);
+        for (i, qi) in h.q.chunks_exact(hd).enumerate() {
+            sc[i * n + j] = ops::dot(qi, kr) * h.scale;
+        }
+    });
+    match stats {
+        None => {
+            for row in sc.chunks_exact_mut(n) {
+                if let Some(c) = h.softcap {
+                    ops::softcap(row, c);
+                }
+                ops::softmax(row);
+            }
+        }
+        Some(st) => {
+            for (row, ml) in sc.chunks_exact_mut(n).zip(st.chunks_exact_mut(2)) {
+                if let Some(c) = h.softcap {
+                    ops::softcap(row, c);
+                }
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut l = 0.0;
+                for x in row.iter_mut() {
+                    *x = (*x - m).exp();
+                    l += *x;
+                }
+                ml.copy_from_slice(&[m, l]);
+            }
+        }
+    }
+    h.for_each_key(|j, at| {
+        let vr = T::row(&h.v[at..at + hd], tmp);
+        for (i, o) in out.chunks_exact_mut(hd).enumerate() {
+            ops::axpy(o, sc[i * n + j], vr);
+        }
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn paged_avx2<T: KvElem>(h: &Paged<'_, T>, scores: &mut [f32], out: &mut [f32]) {
-    paged_generic(h, scores, out)
+fn grouped_avx2<T: KvElem>(
+    h: &Group<'_, T>,
+    scratch: &mut [f32],
+    out: &mut [f32],
+    stats: Option<&mut [f32]>,
+) {
+    grouped_generic(h, scratch, out, stats)
 }
 
-/// [`Paged`] attention; `simd` (from [`ops::simd_available`]) picks the AVX2 build.
+/// [`Group`] attention; `simd` (from [`ops::simd_available`]) picks the AVX2 build.
 #[inline]
-fn paged_attend<T: KvElem>(simd: bool, h: &Paged<'_, T>, scores: &mut [f32], out: &mut [f32]) {
+fn grouped_attend<T: KvElem>(
+    simd: bool,
+    h: &Group<'_, T>,
+    scratch: &mut [f32],
+    out: &mut [f32],
+    stats: Option<&mut [f32]>,
+) {
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` is only true when `simd_available()` found AVX2 and FMA on this CPU.
-        unsafe { paged_avx2(h, scores, out) };
+        unsafe { grouped_avx2(h, scratch, out, stats) };
         return;
     }
     let _ = simd;
-    paged_generic(h, scores, out)
+    grouped_generic(h, scratch, out, stats)
 }

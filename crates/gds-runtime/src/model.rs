@@ -97,8 +97,11 @@ pub struct RunState {
     gate: Vec<f32>,
     /// `[max_batch, n_ff]`
     up: Vec<f32>,
-    /// attention scores, one row of `ctx` per parallel task `[n_tasks, ctx]`
+    /// attention scratch per parallel task (`attention::scratch_len`: the scores of a KV
+    /// head's query heads and one converted K/V row) `[n_tasks, scratch_len]`
     pub(crate) scores: Vec<f32>,
+    /// partial attention outputs of key pieces split across threads (grown on demand)
+    pub(crate) part: Vec<f32>,
     pub(crate) n_tasks: usize,
     /// final-normed hidden states of the output tokens `[max_outputs, n_embd]`
     out_x: Vec<f32>,
@@ -135,7 +138,8 @@ impl RunState {
             proj: vec![0.0; b * cfg.n_embd],
             gate: vec![0.0; b * cfg.n_ff],
             up: vec![0.0; b * cfg.n_ff],
-            scores: vec![0.0; n_tasks * ctx],
+            scores: vec![0.0; n_tasks * crate::attention::scratch_len(cfg, ctx)],
+            part: Vec::new(),
             n_tasks,
             out_x: vec![0.0; max_outputs.max(1) * cfg.n_embd],
             logits: vec![0.0; max_outputs.max(1) * cfg.vocab_size],
@@ -342,7 +346,8 @@ impl Model {
         }
         if kv.n_layers() != self.config.n_layers
             || kv.ctx() > self.ctx
-            || state.scores.len() < state.n_tasks * kv.ctx()
+            || state.scores.len()
+                < state.n_tasks * crate::attention::scratch_len(&self.config, kv.ctx())
         {
             return bad("KV cache or run state was made for another model or context".into());
         }

@@ -1,0 +1,72 @@
+//! Attention at depth: a decode step (one token, few KV heads) splits each KV head's keys
+//! into pieces on several threads and merges them (flash-decoding), while a prompt pass runs
+//! one unit per (token, KV head). Both must give the logits of the other path: the last
+//! position of a long sequence is computed once inside one prompt pass and once as a decode
+//! step after the rest, on the real SmolLM2 (9 query heads on 3 KV heads: grouped) and the
+//! real Gemma 3 270M (one KV head, window 512 on 15 layers: the pieces cover the window
+//! only), with f32 and f16 caches.
+
+use gds_runtime::{Batch, KvCache, KvDtype, Model, Plan, PlanOptions, RunState};
+use std::path::Path;
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Logits of the last of `tokens`: (one pass over all of them, a decode step after the
+/// others).
+fn both_ways(m: &Model, ctx: usize, tokens: &[u32], dtype: KvDtype) -> (Vec<f32>, Vec<f32>) {
+    let c = &m.config;
+    let n = tokens.len();
+    let vocab = c.vocab_size;
+    let run = |split: usize| {
+        let mut kv = KvCache::new(dtype, c.n_layers, 1, ctx, c.kv_dim());
+        let mut st = RunState::new(c, n, 1, ctx, 2);
+        let mut b = Batch::with_capacity(n);
+        for (i, &t) in tokens[..split].iter().enumerate() {
+            b.push(t, i, 0, i + 1 == n);
+        }
+        m.forward(&mut st, &mut kv, &b).unwrap();
+        if split < n {
+            b.clear();
+            b.push(tokens[n - 1], n - 1, 0, true);
+            m.forward(&mut st, &mut kv, &b).unwrap();
+        }
+        st.logits(0, vocab).to_vec()
+    };
+    (run(n), run(n - 1))
+}
+
+fn check(dir: &Path, n: usize) {
+    let plan = Plan::build(&PlanOptions {
+        model_dir: dir.to_path_buf(),
+        ctx: Some(2048),
+        threads: Some(2),
+        activations: Some("f32".into()),
+        raw: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let m = Model::open(&plan).unwrap();
+    let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 11) % 5000 + 100).collect();
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let (one, split) = both_ways(&m, plan.ctx, &tokens, dtype);
+        let d = max_diff(&one, &split);
+        let argmax = |l: &[f32]| gds_runtime::ops::argmax(l);
+        assert!(d < 2e-3, "{dir:?} {dtype:?}: max |logit diff| {d}");
+        assert_eq!(argmax(&one), argmax(&split), "{dir:?} {dtype:?}");
+    }
+}
+
+#[test]
+fn a_split_decode_step_matches_the_prompt_pass_smollm2() {
+    check(gds_tests::smollm_converted(), 900);
+}
+
+#[test]
+fn a_split_decode_step_matches_the_prompt_pass_gemma3_window() {
+    check(gds_tests::gemma_converted(), 1100);
+}
