@@ -108,27 +108,32 @@ fn attend<T: KvElem>(
     }
     let (kc, vc) = (&*kc, &*vc);
     let (scale, softcap, window) = (p.scale, p.softcap, p.window);
-    // one unit per (token, KV head): its `group` query heads in one pass over the keys and
-    // one over the values, so each K/V row is read once for the group, not once per head
+    // One unit per (token, KV head): its `group` query heads in one pass over the keys and
+    // one over the values, so each K/V row is read once for the group, not once per head.
+    // A unit's keys are cut into pieces of PIECE keys, each piece's (max, sum, unnormalized
+    // output) merged in order: the same arithmetic whether the pieces run one after the
+    // other (many units) or on several threads (a decode step: few units, long context),
+    // so a position's result never depends on what else is in the batch.
     let n_kv = c.n_kv_heads;
     let units = n * n_kv;
     let q = &s.q;
     let block = geo.block;
     let scratch = scratch_len(c, geo.ctx);
-    let unit = |u: usize, piece: Option<(usize, usize)>| {
-        let (t, g) = (u / n_kv, u % n_kv);
+    let slot = group * (hd + 2);
+    // keys first..=pos of token t: all of them, or the window's
+    let keys = |t: usize| {
         let pos = batch.positions[t];
+        (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
+    };
+    let pieces_of = |t: usize| {
+        let (first, end) = keys(t);
+        (end - first).div_ceil(PIECE)
+    };
+    let piece = |u: usize, c: usize| {
+        let (t, g) = (u / n_kv, u % n_kv);
         let qs = t * qd + g * group * hd;
-        // keys first..=pos: all of them, or the window's
-        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        // a piece of them: the `c`-th of `of`
-        let (first, n_keys) = match piece {
-            None => (first, pos + 1),
-            Some((c, of)) => {
-                let len = pos + 1 - first;
-                (first + len * c / of, first + len * (c + 1) / of)
-            }
-        };
+        let (first, end) = keys(t);
+        let from = (first + c * PIECE).min(end);
         Group {
             q: &q[qs..qs + group * hd],
             hd,
@@ -139,36 +144,37 @@ fn attend<T: KvElem>(
             layer_base: geo.layer_base,
             head_off: g * hd,
             stride: kvd,
-            first,
-            n_keys,
+            first: from,
+            n_keys: (from + PIECE).min(end),
             scale,
             softcap,
         }
     };
-    // few units (decode: one token, a few KV heads) and long contexts: each unit's keys are
-    // split into pieces on several threads, merged after (flash-decoding)
-    let longest = (0..n).map(|t| batch.positions[t] + 1).max().unwrap_or(0);
-    let pieces = if units >= s.n_tasks {
-        1
-    } else {
-        s.n_tasks.div_ceil(units).min(longest / MIN_PIECE_KEYS)
-    };
-    if pieces <= 1 {
+    let most = (0..n).map(pieces_of).max().unwrap_or(0);
+    if units >= s.n_tasks || most <= 1 {
+        // each unit on one thread, its pieces one after the other
         let per = units.div_ceil(s.n_tasks);
         s.att[..n * qd]
             .par_chunks_mut(per * group * hd)
             .zip(s.scores.par_chunks_mut(scratch))
             .enumerate()
             .for_each(|(ci, (out, scratch))| {
+                let (scratch, parts) = scratch.split_at_mut(scratch.len() - most * slot);
                 for (k, o) in out.chunks_exact_mut(group * hd).enumerate() {
-                    grouped_attend(simd, &unit(ci * per + k, None), scratch, o, None);
+                    let u = ci * per + k;
+                    let np = pieces_of(u / n_kv);
+                    for (c, sl) in parts.chunks_exact_mut(slot).take(np).enumerate() {
+                        let (po, stats) = sl.split_at_mut(group * hd);
+                        grouped_attend(simd, &piece(u, c), scratch, po, stats);
+                    }
+                    merge(&parts[..np * slot], group, hd, o);
                 }
             });
         return;
     }
-    // each piece: its unnormalized output per head, then (max, sum) per head
-    let slot = group * (hd + 2);
-    let items = units * pieces;
+    // few units, long contexts: every (unit, piece) on its own, merged after
+    // (flash-decoding); pieces past a shorter unit's end are empty
+    let items = units * most;
     let per = items.div_ceil(s.n_tasks);
     if s.part.len() < items * slot {
         s.part.resize(items * slot, 0.0);
@@ -180,49 +186,59 @@ fn attend<T: KvElem>(
         .for_each(|(ci, (part, scratch))| {
             for (k, sl) in part.chunks_exact_mut(slot).enumerate() {
                 let it = ci * per + k;
-                let h = unit(it / pieces, Some((it % pieces, pieces)));
-                let (o, stats) = sl.split_at_mut(group * hd);
-                grouped_attend(simd, &h, scratch, o, Some(stats));
+                let (po, stats) = sl.split_at_mut(group * hd);
+                grouped_attend(simd, &piece(it / most, it % most), scratch, po, stats);
             }
         });
     for u in 0..units {
         let (t, g) = (u / n_kv, u % n_kv);
-        let parts = &s.part[u * pieces * slot..(u + 1) * pieces * slot];
-        for i in 0..group {
-            let stat = |c: usize| {
-                let at = c * slot + group * hd + 2 * i;
-                (parts[at], parts[at + 1])
-            };
-            let m = (0..pieces)
-                .map(|c| stat(c).0)
-                .fold(f32::NEG_INFINITY, f32::max);
-            let o = &mut s.att[t * qd + (g * group + i) * hd..][..hd];
-            o.fill(0.0);
-            let mut sum = 0.0;
-            for c in 0..pieces {
-                let (mc, lc) = stat(c);
-                if lc == 0.0 {
-                    continue; // an empty piece
-                }
-                let w = (mc - m).exp();
-                sum += w * lc;
-                ops::axpy(o, w, &parts[c * slot + i * hd..][..hd]);
+        let np = pieces_of(t);
+        let parts = &s.part[u * most * slot..][..np * slot];
+        merge(
+            parts,
+            group,
+            hd,
+            &mut s.att[t * qd + g * group * hd..][..group * hd],
+        );
+    }
+}
+
+/// Keys per piece of a unit's keys (see [`attend`]).
+const PIECE: usize = 256;
+
+/// Merges the pieces of one unit, in order: each `slot` holds the unnormalized output of
+/// every query head of the group, then each head's (max score, sum of exponentials).
+fn merge(parts: &[f32], group: usize, hd: usize, out: &mut [f32]) {
+    let slot = group * (hd + 2);
+    for (i, o) in out.chunks_exact_mut(hd).enumerate() {
+        o.fill(0.0);
+        let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
+        for sl in parts.chunks_exact(slot) {
+            let (mc, lc) = (sl[group * hd + 2 * i], sl[group * hd + 2 * i + 1]);
+            if lc == 0.0 {
+                continue; // an empty piece
             }
-            let inv = 1.0 / sum;
+            let mn = m.max(mc);
+            let (a, b) = ((m - mn).exp(), (mc - mn).exp());
             for x in o.iter_mut() {
-                *x *= inv;
+                *x *= a;
             }
+            ops::axpy(o, b, &sl[i * hd..(i + 1) * hd]);
+            l = l * a + lc * b;
+            m = mn;
+        }
+        let inv = 1.0 / l;
+        for x in o.iter_mut() {
+            *x *= inv;
         }
     }
 }
 
-/// Fewest keys per piece when a unit's keys are split across threads.
-const MIN_PIECE_KEYS: usize = 128;
-
 /// Scratch one attention task needs: the scores of a KV head's query heads over the whole
-/// context, and one K/V row converted to f32.
+/// context, one K/V row converted to f32, and the pieces of one unit.
 pub(crate) fn scratch_len(c: &Config, ctx: usize) -> usize {
-    (c.n_heads / c.n_kv_heads.max(1)) * ctx + c.head_dim
+    let group = c.n_heads / c.n_kv_heads.max(1);
+    group * ctx + c.head_dim + ctx.div_ceil(PIECE) * group * (c.head_dim + 2)
 }
 
 /// The query heads sharing one KV head (`q.len() / hd` of them), of one query token, over a
@@ -265,25 +281,23 @@ impl<T> Group<'_, T> {
     }
 }
 
-/// Scores of every query head of the group (`scratch` holds `group` rows of `n` keys, then
-/// one converted K/V row), softmax per head, then the weighted sum of values per head. With
-/// `stats` (a piece of the keys, merged later): the sum is left unnormalized and each
-/// head's (max score, sum of exponentials) goes to `stats[2i..2i + 2]`.
+/// One piece of keys for every query head of the group (`scratch` holds `group` rows of `n`
+/// keys, then one converted K/V row): scores, their exponentials against the piece's max,
+/// and the unnormalized weighted sum of values into `out`; each head's (max score, sum of
+/// exponentials) goes to `stats[2i..2i + 2]` for [`merge`].
 #[inline(always)]
 fn grouped_generic<T: KvElem>(
     h: &Group<'_, T>,
     scratch: &mut [f32],
     out: &mut [f32],
-    stats: Option<&mut [f32]>,
+    stats: &mut [f32],
 ) {
     let hd = h.hd;
     let n = h.n_keys - h.first;
     out.fill(0.0);
     if n == 0 {
-        if let Some(st) = stats {
-            for ml in st.chunks_exact_mut(2) {
-                ml.copy_from_slice(&[f32::NEG_INFINITY, 0.0]);
-            }
+        for ml in stats.chunks_exact_mut(2) {
+            ml.copy_from_slice(&[f32::NEG_INFINITY, 0.0]);
         }
         return;
     }
@@ -295,29 +309,17 @@ fn grouped_generic<T: KvElem>(
             sc[i * n + j] = ops::dot(qi, kr) * h.scale;
         }
     });
-    match stats {
-        None => {
-            for row in sc.chunks_exact_mut(n) {
-                if let Some(c) = h.softcap {
-                    ops::softcap(row, c);
-                }
-                ops::softmax(row);
-            }
+    for (row, ml) in sc.chunks_exact_mut(n).zip(stats.chunks_exact_mut(2)) {
+        if let Some(c) = h.softcap {
+            ops::softcap(row, c);
         }
-        Some(st) => {
-            for (row, ml) in sc.chunks_exact_mut(n).zip(st.chunks_exact_mut(2)) {
-                if let Some(c) = h.softcap {
-                    ops::softcap(row, c);
-                }
-                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut l = 0.0;
-                for x in row.iter_mut() {
-                    *x = (*x - m).exp();
-                    l += *x;
-                }
-                ml.copy_from_slice(&[m, l]);
-            }
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut l = 0.0;
+        for x in row.iter_mut() {
+            *x = (*x - m).exp();
+            l += *x;
         }
+        ml.copy_from_slice(&[m, l]);
     }
     h.for_each_key(|j, at| {
         let vr = T::row(&h.v[at..at + hd], tmp);
@@ -333,7 +335,7 @@ fn grouped_avx2<T: KvElem>(
     h: &Group<'_, T>,
     scratch: &mut [f32],
     out: &mut [f32],
-    stats: Option<&mut [f32]>,
+    stats: &mut [f32],
 ) {
     grouped_generic(h, scratch, out, stats)
 }
@@ -345,7 +347,7 @@ fn grouped_attend<T: KvElem>(
     h: &Group<'_, T>,
     scratch: &mut [f32],
     out: &mut [f32],
-    stats: Option<&mut [f32]>,
+    stats: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if simd {

@@ -1,6 +1,8 @@
-//! Attention at depth: a decode step (one token, few KV heads) splits each KV head's keys
-//! into pieces on several threads and merges them (flash-decoding), while a prompt pass runs
-//! one unit per (token, KV head). Both must give the logits of the other path: the last
+//! Attention at depth: a decode step (one token, few KV heads) runs each KV head's pieces of
+//! keys on several threads and merges them (flash-decoding), while a prompt pass runs each
+//! (token, KV head) unit's pieces one after the other. The arithmetic is the same, so the
+//! logits must be bit-equal (batch invariance: speculative verification and server batches
+//! give a position what a lone decode step gives it): the last
 //! position of a long sequence is computed once inside one prompt pass and once as a decode
 //! step after the rest, on the real SmolLM2 (9 query heads on 3 KV heads: grouped) and the
 //! real Gemma 3 270M (one KV head, window 512 on 15 layers: the pieces cover the window
@@ -53,11 +55,10 @@ fn check(dir: &Path, n: usize) {
     let m = Model::open(&plan).unwrap();
     let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 11) % 5000 + 100).collect();
     for dtype in [KvDtype::F32, KvDtype::F16] {
+        // (900 and 1100 keys: 4 and 5 pieces of 256; the window layers' 512 keys: 2)
         let (one, split) = both_ways(&m, plan.ctx, &tokens, dtype);
         let d = max_diff(&one, &split);
-        let argmax = |l: &[f32]| gds_runtime::ops::argmax(l);
-        assert!(d < 2e-3, "{dir:?} {dtype:?}: max |logit diff| {d}");
-        assert_eq!(argmax(&one), argmax(&split), "{dir:?} {dtype:?}");
+        assert_eq!(d, 0.0, "{dir:?} {dtype:?}: max |logit diff| {d}");
     }
 }
 
