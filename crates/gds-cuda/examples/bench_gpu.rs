@@ -43,7 +43,7 @@ fn run(
     path: GpuPath,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let layout = Layout::read(dir)?;
-    let plan = layout.plan(ctx, usize::MAX)?;
+    let plan = layout.plan(ctx, gds_cuda::plan::MAX_BATCH, usize::MAX)?;
     let (min, all) = (plan.min_budget, plan.all_resident_budget);
     let opts = |load, budget: usize| ExecOptions {
         device: 0,

@@ -40,16 +40,17 @@ extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__
 }
 
 // Causal attention of ntok queries (positions pos0 .. pos0+ntok-1) against an f32 KV cache
-// laid out [position][n_kv_heads * head_dim], already holding every position up to the
-// query's own. q, out: [t][n_heads * head_dim]. att: scratch of [ntok * n_heads][n_ctx].
-// Grouped-query: head h reads kv head h / (n_heads / n_kv_heads). Scores are q·k * scale,
-// then softcap * tanh(s / softcap) where softcap > 0 (Gemma 2); window > 0: a query at
-// position p sees only keys above p - window (sliding-window layers).
+// of `rows` rows of [n_kv_heads * head_dim], position p at row p % rows (rows = n_ctx, or
+// a sliding-window layer's ring), already holding every position the queries see.
+// q, out: [t][n_heads * head_dim]. att: scratch of [ntok * n_heads][n_ctx], indexed by
+// position. Grouped-query: head h reads kv head h / (n_heads / n_kv_heads). Scores are
+// q·k * scale, then softcap * tanh(s / softcap) where softcap > 0 (Gemma 2); window > 0: a
+// query at position p sees only keys above p - window (sliding-window layers).
 // Grid (n_heads, ntok), block BLOCK_THREADS.
 extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ k,
                                      const float* __restrict__ v, float* __restrict__ att,
                                      float* __restrict__ out, int n_heads, int n_kv_heads,
-                                     int head_dim, int pos0, int n_ctx, float scale,
+                                     int head_dim, int pos0, int n_ctx, int rows, float scale,
                                      int window, float softcap) {
     __shared__ float scratch[32];
     int h = blockIdx.x, t = blockIdx.y;
@@ -62,7 +63,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
 
     float mx = -3.402823466e38f;
     for (int p = first + threadIdx.x; p < n_pos; p += blockDim.x) {
-        const float* kp = k + (unsigned long long)p * kv_stride + kvh * head_dim;
+        const float* kp = k + (unsigned long long)(p % rows) * kv_stride + kvh * head_dim;
         float s = 0.0f;
         for (int d = 0; d < head_dim; d++) s += qh[d] * kp[d];
         s *= scale;
@@ -84,7 +85,8 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         const float* vp = v + kvh * head_dim + d;
         float acc = 0.0f;
-        for (int p = first; p < n_pos; p++) acc += a[p] * vp[(unsigned long long)p * kv_stride];
+        for (int p = first; p < n_pos; p++)
+            acc += a[p] * vp[(unsigned long long)(p % rows) * kv_stride];
         oh[d] = acc * inv;
     }
 }

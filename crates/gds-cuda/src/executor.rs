@@ -279,6 +279,7 @@ impl Device for Gpu {
         pos0: i32,
         ntok: i32,
         n_ctx: i32,
+        rows: i32,
         scale: f32,
         window: i32,
         softcap: f32,
@@ -298,6 +299,7 @@ impl Device for Gpu {
             head_dim,
             pos0,
             n_ctx,
+            rows,
             scale,
             window,
             softcap
@@ -734,6 +736,7 @@ impl Streamer<CudaVram> {
             vram_budget: opts.vram_budget,
             ctx: opts.ctx,
             rope: opts.rope.clone(),
+            max_batch: crate::plan::MAX_BATCH,
         };
         Streamer::with_layout(layout, &stream_opts, vram, graph)
     }

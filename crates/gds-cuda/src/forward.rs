@@ -62,8 +62,9 @@ pub trait Device {
         pos0: i32,
         ntok: i32,
     ) -> Result<(), GpuError>;
-    /// `attention` of `ntok` queries at `pos0..` over the cache; `window` 0 and `softcap`
-    /// 0 for none.
+    /// `attention` of `ntok` queries at `pos0..` over the cache of `rows` rows (position p
+    /// at row p % rows); `att` holds `n_ctx` scores per query head; `window` 0 and
+    /// `softcap` 0 for none.
     fn attention(
         &mut self,
         q: u64,
@@ -77,6 +78,7 @@ pub trait Device {
         pos0: i32,
         ntok: i32,
         n_ctx: i32,
+        rows: i32,
         scale: f32,
         window: i32,
         softcap: f32,
@@ -142,8 +144,11 @@ pub struct Pass<'a> {
     pub layer_base: &'a [u64],
     /// Scratch buffers.
     pub s: Scratch,
-    /// Per block: key and value caches, `ctx × kv_dim` f32 each.
+    /// Per block: key and value caches, `kv_rows[b] × kv_dim` f32 each; position p is at
+    /// row `p % kv_rows[b]` (a sliding-window block's ring; `kv_rows[b] == ctx` otherwise).
     pub kv: &'a [(u64, u64)],
+    /// Per block: rows of its key and value caches.
+    pub kv_rows: &'a [usize],
     /// RoPE tables `ctx × rope_dims/2` (cos, sin): which one a block uses is the graph's
     /// (e.g. Gemma 3's window layers have their own base).
     pub ropes: &'a [(u64, u64)],

@@ -45,6 +45,9 @@ pub struct Shape {
     /// `model.rope_scaling.type` (`none`, `linear`, `llama3`): scaled tables must come from
     /// the runtime.
     pub rope_scaling: String,
+    /// Per block: the sliding window (a query at position p sees keys above p − window),
+    /// 0 for a block that attends to the whole context.
+    pub windows: Vec<usize>,
 }
 
 /// A tensor as a byte range of its layer file (and so of the layer's device buffer).
@@ -127,6 +130,12 @@ fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
             gds_format::arch::RopeScaling::Llama3 { .. } => "llama3",
         }
         .to_string(),
+        windows: (0..h.n_layers)
+            .map(|il| match h.sliding_window {
+                Some(w) if h.is_window_layer(il) => u(w),
+                _ => Ok(0),
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 
@@ -254,12 +263,40 @@ impl Layout {
             .unwrap_or(0)
     }
 
-    /// Bytes of VRAM besides weights: KV cache (f32) and scratch, for `ctx` positions.
-    pub fn overhead_bytes(&self, ctx: usize) -> usize {
+    /// Positions one forward call takes for `ctx` positions when the executor allows
+    /// `max_batch` (at least 1, at most `ctx`).
+    pub fn batch(ctx: usize, max_batch: usize) -> usize {
+        max_batch.min(ctx).max(1)
+    }
+
+    /// Rows of block `b`'s key (and value) cache for `ctx` positions and passes of up to
+    /// `batch` positions: `ctx`, or for a sliding-window block a ring of
+    /// `window + batch − 1` rows (position p at row p mod rows) when that is fewer. A pass
+    /// writes its new keys before its queries read, and the earliest key its first query
+    /// sees is `window − 1` positions before it, so the rows a pass touches never alias.
+    pub fn kv_rows(&self, ctx: usize, batch: usize, b: usize) -> usize {
+        match self.shape.windows.get(b) {
+            Some(&w) if w > 0 => ctx.min(w.saturating_add(batch.max(1) - 1)),
+            _ => ctx,
+        }
+    }
+
+    /// Bytes of the KV cache (f32 keys and values of every block) for `ctx` positions,
+    /// window blocks keeping their rings ([`Layout::kv_rows`]).
+    pub fn kv_bytes(&self, ctx: usize, batch: usize) -> usize {
+        let kv_dim = self.shape.n_kv_heads * self.shape.head_dim;
+        let rows: usize = (0..self.shape.n_layers)
+            .map(|b| self.kv_rows(ctx, batch, b))
+            .sum();
+        2 * rows * kv_dim * 4
+    }
+
+    /// Bytes of VRAM besides weights: KV cache (f32) and scratch, for `ctx` positions and
+    /// passes of up to `batch` positions.
+    pub fn overhead_bytes(&self, ctx: usize, batch: usize) -> usize {
         let s = &self.shape;
         let kv_dim = s.n_kv_heads * s.head_dim;
-        let kv = 2 * s.n_layers * ctx * kv_dim;
-        let batch = MAX_BATCH.min(ctx).max(1);
+        let batch = batch.min(ctx).max(1);
         let widest = s.n_embd.max(s.n_ff).max(s.n_heads * s.head_dim);
         // x, proj, xb, q, attn; k, v; gate, up; scores; logits; the GEMM tile; two RoPE
         // tables (global and window layers), cos and sin
@@ -270,18 +307,18 @@ impl Layout {
             + s.vocab
             + self.max_weight_elements()
             + 4 * ctx * (s.rope_dims / 2);
-        (kv + scratch) * 4
+        self.kv_bytes(ctx, batch) + scratch * 4
     }
 
-    /// The VRAM plan for `budget` bytes and `ctx` positions.
-    pub fn plan(&self, ctx: usize, budget: usize) -> Result<VramPlan, GpuError> {
+    /// The VRAM plan for `budget` bytes, `ctx` positions and passes of up to `batch`.
+    pub fn plan(&self, ctx: usize, batch: usize, budget: usize) -> Result<VramPlan, GpuError> {
         let sizes: Vec<usize> = self.layers.iter().map(|l| l.size).collect();
         plan_vram(
             &sizes,
             self.embed,
             self.head,
             &self.blocks,
-            self.overhead_bytes(ctx),
+            self.overhead_bytes(ctx, batch),
             budget,
         )
     }

@@ -11,7 +11,7 @@
 //! block computes only after its load) while comparing logits with the CPU runtime.
 
 use crate::forward::{BlockGraph, Device, Pass, Scratch};
-use crate::plan::{next_loads, schedule, Layout, Step, VramPlan, MAX_BATCH};
+use crate::plan::{next_loads, schedule, Layout, Step, VramPlan};
 use crate::GpuError;
 use std::path::Path;
 use std::time::Instant;
@@ -78,6 +78,9 @@ pub struct StreamOptions {
     /// global layers', then the window layers' where they differ); empty computes one plain
     /// `theta^(-2i/d)` table (no scaling).
     pub rope: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Most positions one forward call takes ([`MAX_BATCH`](crate::plan::MAX_BATCH) unless a caller wants
+    /// smaller passes); sliding-window blocks keep `window + max_batch − 1` cache rows.
+    pub max_batch: usize,
 }
 
 /// Bytes and time spent moving layers into VRAM.
@@ -94,6 +97,8 @@ pub struct Streamer<V: Vram> {
     vram: V,
     layout: Layout,
     kv: Vec<(u64, u64)>,
+    /// Rows of each block's KV cache (`ctx`, or a window block's ring).
+    kv_rows: Vec<usize>,
     ropes: Vec<(u64, u64)>,
     scratch: Scratch,
     /// What each block computes.
@@ -160,10 +165,10 @@ impl<V: Vram> Streamer<V> {
                 layout.shape.rope_scaling
             )));
         }
-        let plan = layout.plan(opts.ctx, opts.vram_budget as usize)?;
         let (s, ctx) = (&layout.shape, opts.ctx);
+        let max_tokens = Layout::batch(ctx, opts.max_batch);
+        let plan = layout.plan(ctx, max_tokens, opts.vram_budget as usize)?;
         let (q_dim, kv_dim) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
-        let max_tokens = MAX_BATCH.min(ctx).max(1);
         let widest = s.n_embd.max(s.n_ff).max(q_dim);
 
         let mut slot_addr = Vec::new();
@@ -173,9 +178,12 @@ impl<V: Vram> Streamer<V> {
             }
         }
         let mut f32_buf = |n: usize| vram.alloc(n.max(1) * 4, BufKind::Scratch);
+        let kv_rows: Vec<usize> = (0..s.n_layers)
+            .map(|b| layout.kv_rows(ctx, max_tokens, b))
+            .collect();
         let mut kv = Vec::new();
-        for _ in 0..s.n_layers {
-            kv.push((f32_buf(ctx * kv_dim)?, f32_buf(ctx * kv_dim)?));
+        for &rows in &kv_rows {
+            kv.push((f32_buf(rows * kv_dim)?, f32_buf(rows * kv_dim)?));
         }
         let scratch = Scratch {
             x: f32_buf(max_tokens * s.n_embd)?,
@@ -230,6 +238,7 @@ impl<V: Vram> Streamer<V> {
         Ok(Streamer {
             vram,
             kv,
+            kv_rows,
             ropes,
             scratch,
             graph,
@@ -332,6 +341,7 @@ impl<V: Vram> Streamer<V> {
                 layer_base: &self.base,
                 s: self.scratch,
                 kv: &self.kv,
+                kv_rows: &self.kv_rows,
                 ropes: &self.ropes,
                 ctx: self.ctx_len,
             },

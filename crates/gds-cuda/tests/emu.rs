@@ -236,13 +236,22 @@ fn rope_matches_the_cpu_rope_table_in_every_pairing() {
 
 /// Causal softmax attention over the cache, grouped KV heads; with a window only the last
 /// `window` positions are read (the earlier ones are NaN here), and scores are capped as
-/// `cap·tanh(s/cap)` after the scale (Gemma 2).
+/// `cap·tanh(s/cap)` after the scale (Gemma 2). A window layer's cache may be a ring of
+/// `rows` rows (position p at row p % rows), as small as `window + ntok − 1`.
 #[test]
 fn attention_is_causal_softmax_over_the_cache_with_grouped_kv_heads_window_and_cap() {
     let (n_heads, n_kv, hd, pos0, ntok, n_ctx) =
         (4usize, 2usize, 16usize, 300usize, 3usize, 512usize);
     let kvs = n_kv * hd;
-    for (window, cap) in [(0usize, 0f32), (7, 0.0), (0, 0.5), (40, 0.7)] {
+    for (window, cap, rows) in [
+        (0usize, 0f32, n_ctx),
+        (7, 0.0, n_ctx),
+        (0, 0.5, n_ctx),
+        (40, 0.7, n_ctx),
+        (7, 0.0, 7 + ntok - 1),
+        (40, 0.7, 40 + ntok - 1),
+        (40, 0.0, 64),
+    ] {
         // Cache holds positions 0 .. pos0+ntok; positions beyond (and before the first
         // query's window) must never be read (NaN).
         let mut k = values(n_ctx * kvs, 31);
@@ -256,16 +265,31 @@ fn attention_is_causal_softmax_over_the_cache_with_grouped_kv_heads_window_and_c
             .iter()
             .map(|x| x * 3.0)
             .collect::<Vec<_>>();
+        // the cache as the kernel sees it: row r holds the latest position p ≡ r (mod rows)
+        // written so far (with rows == n_ctx, the positions themselves)
+        let ring = |c: &[f32]| {
+            let mut r = vec![f32::NAN; rows * kvs];
+            for p in (pos0 + ntok).saturating_sub(rows)..pos0 + ntok {
+                r[p % rows * kvs..][..kvs].copy_from_slice(&c[p * kvs..][..kvs]);
+            }
+            r
+        };
+        let (kr, vr) = if rows == n_ctx {
+            (k.clone(), v.clone())
+        } else {
+            (ring(&k), ring(&v))
+        };
         let mut att = vec![0f32; ntok * n_heads * n_ctx];
         let mut out = vec![f32::NAN; ntok * n_heads * hd];
         let scale = 1.0 / (hd as f32).sqrt();
         let f = sym::<AttnFn>("run_attention");
-        // SAFETY: buffer sizes as allocated above for these dimensions.
+        // SAFETY: buffer sizes as allocated above for these dimensions (the caches hold
+        // `rows` rows).
         unsafe {
             f(
                 q.as_ptr(),
-                k.as_ptr(),
-                v.as_ptr(),
+                kr.as_ptr(),
+                vr.as_ptr(),
                 att.as_mut_ptr(),
                 out.as_mut_ptr(),
                 n_heads as i32,
@@ -274,6 +298,7 @@ fn attention_is_causal_softmax_over_the_cache_with_grouped_kv_heads_window_and_c
                 pos0 as i32,
                 ntok as i32,
                 n_ctx as i32,
+                rows as i32,
                 scale,
                 window as i32,
                 cap,
@@ -311,7 +336,7 @@ fn attention_is_causal_softmax_over_the_cache_with_grouped_kv_heads_window_and_c
                     let got = out[(t * n_heads + h) * hd + d] as f64;
                     assert!(
                         (got - want).abs() < 1e-5,
-                        "window {window} cap {cap} t {t} h {h} d {d}: {got} vs {want}"
+                        "window {window} cap {cap} rows {rows} t {t} h {h} d {d}: {got} vs {want}"
                     );
                 }
             }

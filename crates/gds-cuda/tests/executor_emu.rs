@@ -17,6 +17,7 @@ mod common;
 
 use common::Emu;
 use gds_cuda::forward::Device;
+use gds_cuda::plan::MAX_BATCH;
 use gds_cuda::stream::{BufKind, StreamOptions, Streamer, Vram};
 use gds_cuda::GpuError;
 use gds_format::DType;
@@ -232,7 +233,7 @@ fn model(dtype: DType) -> (tempfile::TempDir, PathBuf) {
 fn bounds(dir: &Path) -> (u64, u64) {
     let p = gds_cuda::plan::Layout::read(dir)
         .unwrap()
-        .plan(CTX, usize::MAX >> 1)
+        .plan(CTX, MAX_BATCH, usize::MAX >> 1)
         .unwrap();
     (p.min_budget as u64, p.all_resident_budget as u64)
 }
@@ -242,22 +243,25 @@ const CTX: usize = 64;
 /// Logits of the last token of each chunk, the chunks evaluated one after another (one
 /// forward call each), on the executor.
 fn run_streamer(dir: &Path, budget: u64, chunks: &[&[u32]]) -> (Vec<Vec<f32>>, EmuVramReport) {
-    run_streamer_ctx(dir, budget, chunks, CTX)
+    run_streamer_ctx(dir, budget, chunks, CTX, MAX_BATCH)
 }
 
-/// [`run_streamer`] with a context of `ctx` positions; the graph and RoPE tables are the
-/// runtime's for the model (`gds_runtime::cuda_graph`, as `gdsrun --backend cuda` opens it).
+/// [`run_streamer`] with a context of `ctx` positions and passes of at most `max_batch`
+/// (which sizes the window blocks' rings); the graph and RoPE tables are the runtime's for
+/// the model (`gds_runtime::cuda_graph`, as `gdsrun --backend cuda` opens it).
 fn run_streamer_ctx(
     dir: &Path,
     budget: u64,
     chunks: &[&[u32]],
     ctx: usize,
+    max_batch: usize,
 ) -> (Vec<Vec<f32>>, EmuVramReport) {
     let (graph, rope) = CudaGraph::open(dir, ctx).unwrap();
     let opts = StreamOptions {
         vram_budget: budget,
         ctx,
         rope,
+        max_batch,
     };
     let mut s = Streamer::with_vram(dir, &opts, EmuVram::new(dir), Box::new(graph)).unwrap();
     let vocab = s.layout().shape.vocab;
@@ -391,6 +395,7 @@ fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
         vram_budget: min_budget - 1,
         ctx: CTX,
         rope,
+        max_batch: MAX_BATCH,
     };
     let vram = EmuVram::new(&dir);
     let e = Streamer::with_vram(&dir, &opts, vram, Box::new(graph))
@@ -405,7 +410,9 @@ fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
 /// fixtures/make_arch_fixtures.py) converted from the Hugging Face directory and from the
 /// GGUF llama.cpp's converter wrote, F32 weights. The 12-token golden prompt runs as an
 /// 8-token prefill (GEMM path) and four decode steps (matvec path) at the smallest VRAM
-/// budget (Gemma 3's six blocks streamed through the slots); the logits after each call must match transformers'
+/// budget (Gemma 3's six blocks streamed through the slots), passes of at most 8 positions,
+/// so the window blocks (window 4) keep rings of 11 rows that the last step wraps; the
+/// logits after each call must match transformers'
 /// float32 logits at that position (golden.json; golden_gguf.json for the GGUFs that drop a
 /// field, see crates/gds-runtime/tests/architectures.rs) and give the same greedy token.
 #[test]
@@ -447,10 +454,10 @@ fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
         // The context the CPU check runs at (LongRoPE picks its factors by it).
         let ctx = 64;
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
-        let min_budget = layout.plan(ctx, usize::MAX >> 1).unwrap().min_budget as u64;
+        let min_budget = layout.plan(ctx, 8, usize::MAX >> 1).unwrap().min_budget as u64;
         let mut chunks: Vec<&[u32]> = vec![&tokens[..8]];
         chunks.extend(tokens[8..].chunks(1));
-        let (rows, report) = run_streamer_ctx(&dir, min_budget, &chunks, ctx);
+        let (rows, report) = run_streamer_ctx(&dir, min_budget, &chunks, ctx, 8);
         // (two blocks cost as much as the two slots: they stay resident)
         if layout.blocks.len() > 2 {
             assert!(report.streamed > 0, "{input}: nothing streamed");
@@ -462,4 +469,59 @@ fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
         worst_all = worst_all.max(worst);
     }
     eprintln!("all architectures: max |logit diff| {worst_all:.2e}");
+}
+
+/// Sliding-window blocks keep a ring of `window + max_batch − 1` rows: 40 positions in
+/// passes of 1 to 3 through rings of 6 rows (window 4) wrap six times, and the logits after
+/// every pass equal the CPU runtime's, which keeps the whole context (tiny Gemma 2, Gemma 3
+/// and Mistral: alternate, five-in-six and all blocks windowed). The plan counts the rings.
+#[test]
+fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
+    for input in ["tiny-gemma2-hf", "tiny-gemma3-hf", "tiny-mistral-hf"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("m.gds");
+        gds_convert::convert(
+            &gds_tests::fixture(input),
+            &dir,
+            &gds_convert::ConvertOptions::default(),
+            &gds_convert::NoProgress,
+        )
+        .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+        let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
+        let windowed = layout.shape.windows.iter().filter(|&&w| w > 0).count();
+        assert!(windowed > 0, "{input}: no window block");
+        for (b, &w) in layout.shape.windows.iter().enumerate() {
+            let want = if w > 0 { w + 2 } else { CTX };
+            assert_eq!(layout.kv_rows(CTX, 3, b), want, "{input} block {b}");
+        }
+        let kv_dim = layout.shape.n_kv_heads * layout.shape.head_dim;
+        let saved = windowed * (CTX - (4 + 2)) * kv_dim * 2 * 4;
+        assert_eq!(
+            layout.kv_bytes(CTX, 3),
+            layout.kv_bytes(CTX, CTX) - saved,
+            "{input}"
+        );
+        let tokens: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 97).collect();
+        let mut chunks: Vec<&[u32]> = Vec::new();
+        let mut rest = &tokens[..];
+        for n in [3usize, 1, 2].iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (c, r) = rest.split_at((*n).min(rest.len()));
+            chunks.push(c);
+            rest = r;
+        }
+        let budget = layout
+            .plan(CTX, 3, usize::MAX >> 1)
+            .unwrap()
+            .all_resident_budget as u64;
+        let (gpu, _) = run_streamer_ctx(&dir, budget, &chunks, CTX, 3);
+        let cpu = run_cpu(&dir, &chunks);
+        for (i, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
+            let diff = g.iter().zip(c).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(diff < 1e-4, "{input} pass {i}: max |logit diff| {diff}");
+            assert_eq!(argmax(g), argmax(c), "{input} pass {i}");
+        }
+    }
 }

@@ -407,6 +407,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         rope_dims: 64,
         rope_neox: false,
         rope_scaling: "none".into(),
+        windows: vec![0; 2],
     };
     let (q_dim, kv_dim) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
     let mut m = Model::default();
@@ -605,6 +606,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         layer_base: &base,
         s,
         kv: &kv,
+        kv_rows: &[ctx; 2],
         ropes: &ropes,
         ctx,
     };

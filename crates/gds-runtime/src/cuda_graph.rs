@@ -292,20 +292,41 @@ impl Ops for CudaOps<'_, '_> {
             self.pass.s.att,
             self.pass.s.attn,
         );
-        let (kc, vc) = self.pass.kv[layer];
+        let ((kc, vc), rows) = (self.pass.kv[layer], self.pass.kv_rows[layer]);
         let kv_dim = c.kv_dim();
-        let at = (self.pos0 * kv_dim) as u64 * F32;
-        let bytes = self.ntok * kv_dim * F32 as usize;
         let window = c.window(layer).map_or(0, |w| w as i32);
         let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let (scale, cap) = (c.attn_scale, c.attn_softcap.unwrap_or(0.0));
         let (p0, nt, ctx) = (self.pos0 as i32, self.ntok as i32, self.pass.ctx as i32);
-        let r = self.dev.copy(kc + at, k, bytes);
-        self.run(r)?;
-        let r = self.dev.copy(vc + at, v, bytes);
-        self.run(r)?;
+        // the new rows go to positions pos0.. modulo the cache's rows: one piece, or two
+        // where a window block's ring wraps
+        let row_bytes = kv_dim * F32 as usize;
+        let (mut done, mut at) = (0, self.pos0 % rows);
+        while done < self.ntok {
+            let n = (self.ntok - done).min(rows - at);
+            let (dst, src) = ((at * row_bytes) as u64, (done * row_bytes) as u64);
+            let r = self.dev.copy(kc + dst, k + src, n * row_bytes);
+            self.run(r)?;
+            let r = self.dev.copy(vc + dst, v + src, n * row_bytes);
+            self.run(r)?;
+            (done, at) = (done + n, 0);
+        }
         let r = self.dev.attention(
-            q, kc, vc, att, out, nh, nkv, hd, p0, nt, ctx, scale, window, cap,
+            q,
+            kc,
+            vc,
+            att,
+            out,
+            nh,
+            nkv,
+            hd,
+            p0,
+            nt,
+            ctx,
+            rows as i32,
+            scale,
+            window,
+            cap,
         );
         self.run(r)
     }

@@ -77,6 +77,10 @@ pub struct GpuPlan {
     pub min_budget_bytes: u64,
     /// Budget at which every layer is resident.
     pub all_resident_budget_bytes: u64,
+    /// Bytes of the KV cache in VRAM (f32; sliding-window blocks keep a ring).
+    pub kv_bytes: u64,
+    /// Rows each sliding-window block's ring holds (`None`: no block keeps a ring).
+    pub kv_window_ring_positions: Option<usize>,
 }
 
 impl GpuPlan {
@@ -141,8 +145,9 @@ pub fn plan_gpu(
     };
     let layout = Layout::from_manifest(dir, m)
         .map_err(|e| RuntimeError::Model(format!("{}: {e}", dir.display())))?;
+    let batch = gds_cuda::plan::MAX_BATCH;
     let p = layout
-        .plan(ctx, budget as usize)
+        .plan(ctx, batch, budget as usize)
         .map_err(|e| RuntimeError::Usage(format!("--vram-budget: {e}")))?;
     let (resident, streamed): (Vec<usize>, Vec<usize>) =
         (0..p.resident.len()).partition(|&l| p.resident[l]);
@@ -158,5 +163,9 @@ pub fn plan_gpu(
         streamed_bytes_per_token: p.streamed_bytes_per_token,
         min_budget_bytes: p.min_budget as u64,
         all_resident_budget_bytes: p.all_resident_budget as u64,
+        kv_bytes: layout.kv_bytes(ctx, batch) as u64,
+        kv_window_ring_positions: (0..layout.shape.n_layers)
+            .map(|b| layout.kv_rows(ctx, batch, b))
+            .find(|&rows| rows < ctx),
     })
 }

@@ -147,10 +147,10 @@ pub struct Plan {
     /// KV cache size, bytes.
     pub kv_bytes: usize,
     /// What the KV cache would take with every layer at the full context: more than
-    /// `kv_bytes` when sliding-window layers keep a ring (CPU backend).
+    /// `kv_bytes` where sliding-window layers keep a ring.
     pub kv_full_context_bytes: usize,
-    /// Positions each sliding-window layer keeps (the window, one pass and a block of
-    /// slack); `None`: every layer keeps the whole context.
+    /// Positions each sliding-window layer keeps (CPU: the window, one pass and a block of
+    /// slack; CUDA: the window and one pass); `None`: every layer keeps the whole context.
     pub kv_window_ring_positions: Option<usize>,
     /// Sampler settings (the seed is fixed here even when the user gave none).
     pub sampler: SamplerConfig,
@@ -450,17 +450,19 @@ impl Plan {
             }
             Some(other) => return plan_err(format!("--draft {other}: expected none or ngram")),
         };
-        // The CPU executor's cache (exec::CpuExecutor::new): window layers keep a ring
+        // Both executors' caches keep a ring for window layers (exec::CpuExecutor::new,
+        // the GPU layout's kv_rows)
         let kv_full_context_bytes =
             KvCache::bytes(kv_dtype, model.n_layers, 1, ctx, model.kv_dim());
-        let (kv_bytes, kv_window_ring_positions) = if gpu.is_none() {
-            let windows: Vec<Option<usize>> =
-                (0..model.n_layers).map(|l| model.window(l)).collect();
-            let kv = KvCache::window_ring_bytes(kv_dtype, ctx, model.kv_dim(), &windows, batch);
-            let ring = KvCache::window_ring_positions(ctx, &windows, batch);
-            (kv, ring)
-        } else {
-            (kv_full_context_bytes, None)
+        let (kv_bytes, kv_window_ring_positions) = match &gpu {
+            None => {
+                let windows: Vec<Option<usize>> =
+                    (0..model.n_layers).map(|l| model.window(l)).collect();
+                let kv = KvCache::window_ring_bytes(kv_dtype, ctx, model.kv_dim(), &windows, batch);
+                let ring = KvCache::window_ring_positions(ctx, &windows, batch);
+                (kv, ring)
+            }
+            Some(g) => (g.kv_bytes as usize, g.kv_window_ring_positions),
         };
         Ok(Plan {
             model_dir: dir.clone(),

@@ -55,13 +55,14 @@ pub fn lib() -> &'static Library {
 }
 
 /// `run_attention` of tests/emu/launch.cpp: q, k, v, att (scratch), out, n_heads,
-/// n_kv_heads, head_dim, pos0, ntok, n_ctx, scale, window, softcap.
+/// n_kv_heads, head_dim, pos0, ntok, n_ctx, rows, scale, window, softcap.
 pub type AttnFn = unsafe extern "C" fn(
     *const f32,
     *const f32,
     *const f32,
     *mut f32,
     *mut f32,
+    i32,
     i32,
     i32,
     i32,
@@ -183,6 +184,7 @@ impl Device for Emu {
         pos0: i32,
         ntok: i32,
         n_ctx: i32,
+        rows: i32,
         scale: f32,
         window: i32,
         softcap: f32,
@@ -202,6 +204,7 @@ impl Device for Emu {
                 pos0,
                 ntok,
                 n_ctx,
+                rows,
                 scale,
                 window,
                 softcap,

@@ -41,9 +41,10 @@ extern "C" void run_rope(float* x, const float* c, const float* s, int n_heads, 
 
 extern "C" void run_attention(const float* q, const float* k, const float* v, float* att,
                               float* out, int n_heads, int n_kv_heads, int head_dim, int pos0,
-                              int ntok, int n_ctx, float scale, int window, float softcap) {
+                              int ntok, int n_ctx, int rows, float scale, int window,
+                              float softcap) {
     emu_launch(attention, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, k, v, att, out, n_heads,
-               n_kv_heads, head_dim, pos0, n_ctx, scale, window, softcap);
+               n_kv_heads, head_dim, pos0, n_ctx, rows, scale, window, softcap);
 }
 
 extern "C" void run_swiglu(float* gate, const float* up, int n) {
