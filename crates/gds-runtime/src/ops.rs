@@ -73,6 +73,60 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// `e^x` to within 2 ulp for `x` in [−87, 88] (clamped there: below, the result is
+/// ~1.6e−38 rather than a smaller number or 0). Cephes' `expf` polynomial, written
+/// without calls and branches so that a loop over it vectorizes, and without fused
+/// multiply-adds, so the scalar build and the AVX2 build of the same loop agree bit for bit.
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    // round(x·log2 e) by adding 1.5·2^23: the integer lands in the low mantissa bits
+    const MAGIC: f32 = 12_582_912.0;
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in two, so that x − n·ln 2 keeps its low bits
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_2e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ];
+    let x = x.clamp(-87.0, 88.0);
+    let k = x * LOG2E + MAGIC;
+    let n = k - MAGIC;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let mut y = P[0];
+    for &p in &P[1..] {
+        y = y * r + p;
+    }
+    let y = y * (r * r) + r + 1.0;
+    // 2^n: n + 127 in the exponent field (n is in the low bits of k's representation)
+    y * f32::from_bits(k.to_bits().wrapping_add(127) << 23)
+}
+
+/// `x[i] = e^(x[i] − m)` with [`exp_fast`], returning the sum of the results (eight lane
+/// sums added in order, the same in every build).
+#[inline(always)]
+pub fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let e = exp_fast(c[i] - m);
+            c[i] = e;
+            acc[i] += e;
+        }
+    }
+    for (i, v) in chunks.into_remainder().iter_mut().enumerate() {
+        let e = exp_fast(*v - m);
+        *v = e;
+        acc[i] += e;
+    }
+    acc.iter().sum()
+}
+
 /// `acc += x` element-wise.
 pub fn add_assign(acc: &mut [f32], x: &[f32]) {
     for (a, &b) in acc.iter_mut().zip(x) {
@@ -167,16 +221,9 @@ fn attend_avx2<T: KvElem>(h: &Head<'_, T>, scores: &mut [f32], out: &mut [f32]) 
     attend_generic(h, scores, out)
 }
 
-/// True when the CPU can run the AVX2 attention.
+/// True when the CPU can run the AVX2 attention (AVX2, FMA, F16C).
 pub fn simd_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::attention::kernels::simd_available()
 }
 
 /// [`Head`] attention; `simd` (from [`simd_available`]) picks the AVX2 build of the same code.
@@ -228,6 +275,41 @@ mod tests {
         let mut big = [1000.0f32, 1000.0];
         softmax(&mut big);
         assert_eq!(big, [0.5, 0.5], "no overflow");
+    }
+
+    #[test]
+    fn exp_fast_is_within_two_ulp_of_exp() {
+        let mut worst = 0f64;
+        for i in 0..=200_000 {
+            let x = -87.0 + 175.0 * i as f32 / 200_000.0;
+            let (got, want) = (exp_fast(x) as f64, (x as f64).exp());
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 2.5e-7, "relative error {worst}");
+        assert_eq!(exp_fast(0.0), 1.0);
+        assert!(exp_fast(-1e30) > 0.0 && exp_fast(-1e30) < 2e-38);
+        assert!(exp_fast(f32::NEG_INFINITY) < 2e-38);
+    }
+
+    #[test]
+    fn exp_sub_sum_matches_exp_and_is_the_same_in_every_build() {
+        let x0: Vec<f32> = (0..77).map(|i| ((i * 37) % 101) as f32 * -0.21).collect();
+        let mut x = x0.clone();
+        let l = exp_sub_sum(&mut x, 0.5);
+        let want: f64 = x0.iter().map(|&v| ((v - 0.5) as f64).exp()).sum();
+        assert!(((l as f64) - want).abs() < 1e-6 * want, "{l} vs {want}");
+        #[cfg(target_arch = "x86_64")]
+        if simd_available() {
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2(x: &mut [f32]) -> f32 {
+                exp_sub_sum(x, 0.5)
+            }
+            let mut y = x0.clone();
+            // SAFETY: simd_available() found AVX2 and FMA.
+            let ly = unsafe { avx2(&mut y) };
+            assert_eq!(ly.to_bits(), l.to_bits());
+            assert_eq!(x, y, "the AVX2 build differs");
+        }
     }
 
     #[test]

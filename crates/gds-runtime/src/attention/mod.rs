@@ -8,10 +8,15 @@
 //! attention output back in it. The cache is paged (see [`crate::kv`]): attention walks a
 //! sequence's block table (one block for a contiguous cache; a ring for window layers).
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub mod kernels;
+
 use crate::config::Config;
-use crate::kv::{KvCache, KvData, KvElem};
+use crate::kv::{KvCache, KvData};
 use crate::model::{Batch, RunState};
 use crate::ops;
+use kernels::Lanes;
 use rayon::prelude::*;
 
 /// What differs between the attention of two layers: the query scale, the sliding window
@@ -27,7 +32,8 @@ pub struct AttnParams {
 }
 
 /// Runs attention of layer `l` for `batch`: writes the batch's K/V rows (`s.k`, `s.v`) into
-/// the cache and the attention output into `s.att`. `simd` selects the AVX2 kernels.
+/// the cache and the attention output into `s.att`. `simd` (from
+/// [`kernels::simd_available`]) selects the AVX2 kernels.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn layer(
     c: &Config,
@@ -76,7 +82,7 @@ impl Geometry<'_> {
 /// Stores the batch's K/V rows in the cache, then computes causal attention for every
 /// (token, head), split over the pool in contiguous runs.
 #[allow(clippy::too_many_arguments)]
-fn attend<T: KvElem>(
+fn attend<T: Lanes>(
     c: &Config,
     simd: bool,
     s: &mut RunState,
@@ -235,10 +241,10 @@ fn merge(parts: &[f32], group: usize, hd: usize, out: &mut [f32]) {
 }
 
 /// Scratch one attention task needs: the scores of a KV head's query heads over the whole
-/// context, one K/V row converted to f32, and the pieces of one unit.
+/// context, and the pieces of one unit.
 pub(crate) fn scratch_len(c: &Config, ctx: usize) -> usize {
     let group = c.n_heads / c.n_kv_heads.max(1);
-    group * ctx + c.head_dim + ctx.div_ceil(PIECE) * group * (c.head_dim + 2)
+    group * ctx + ctx.div_ceil(PIECE) * group * (c.head_dim + 2)
 }
 
 /// The query heads sharing one KV head (`q.len() / hd` of them), of one query token, over a
@@ -281,12 +287,13 @@ impl<T> Group<'_, T> {
     }
 }
 
-/// One piece of keys for every query head of the group (`scratch` holds `group` rows of `n`
-/// keys, then one converted K/V row): scores, their exponentials against the piece's max,
-/// and the unnormalized weighted sum of values into `out`; each head's (max score, sum of
-/// exponentials) goes to `stats[2i..2i + 2]` for [`merge`].
-#[inline(always)]
-fn grouped_generic<T: KvElem>(
+/// One piece of keys (at most [`PIECE`]) for every query head of the group (`scratch`
+/// holds `group` rows of `n` keys): scores, their exponentials against the piece's max, and
+/// the unnormalized weighted sum of values into `out`; each head's (max score, sum of
+/// exponentials) goes to `stats[2i..2i + 2]` for [`merge`]. The arithmetic is
+/// [`kernels`]'s, the same on every path (`simd` picks their AVX2 build).
+fn grouped_attend<T: Lanes>(
+    simd: bool,
     h: &Group<'_, T>,
     scratch: &mut [f32],
     out: &mut [f32],
@@ -301,60 +308,22 @@ fn grouped_generic<T: KvElem>(
         }
         return;
     }
-    let (sc, rest) = scratch.split_at_mut(h.q.len() / hd * n);
-    let tmp = &mut rest[..hd];
-    h.for_each_key(|j, at| {
-        let kr = T::row(&h.k[at..at + hd], tmp);
-        for (i, qi) in h.q.chunks_exact(hd).enumerate() {
-            sc[i * n + j] = ops::dot(qi, kr) * h.scale;
-        }
-    });
+    let mut rows = [0usize; PIECE];
+    h.for_each_key(|j, at| rows[j] = at);
+    let rows = &rows[..n];
+    let sc = &mut scratch[..h.q.len() / hd * n];
+    for (qi, row) in h.q.chunks_exact(hd).zip(sc.chunks_exact_mut(n)) {
+        kernels::scores(simd, qi, h.k, rows, h.scale, row);
+    }
     for (row, ml) in sc.chunks_exact_mut(n).zip(stats.chunks_exact_mut(2)) {
         if let Some(c) = h.softcap {
             ops::softcap(row, c);
         }
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut l = 0.0;
-        for x in row.iter_mut() {
-            *x = (*x - m).exp();
-            l += *x;
-        }
+        let l = kernels::exp_sum(simd, row, m);
         ml.copy_from_slice(&[m, l]);
     }
-    h.for_each_key(|j, at| {
-        let vr = T::row(&h.v[at..at + hd], tmp);
-        for (i, o) in out.chunks_exact_mut(hd).enumerate() {
-            ops::axpy(o, sc[i * n + j], vr);
-        }
-    });
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn grouped_avx2<T: KvElem>(
-    h: &Group<'_, T>,
-    scratch: &mut [f32],
-    out: &mut [f32],
-    stats: &mut [f32],
-) {
-    grouped_generic(h, scratch, out, stats)
-}
-
-/// [`Group`] attention; `simd` (from [`ops::simd_available`]) picks the AVX2 build.
-#[inline]
-fn grouped_attend<T: KvElem>(
-    simd: bool,
-    h: &Group<'_, T>,
-    scratch: &mut [f32],
-    out: &mut [f32],
-    stats: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` is only true when `simd_available()` found AVX2 and FMA on this CPU.
-        unsafe { grouped_avx2(h, scratch, out, stats) };
-        return;
+    for (p, o) in sc.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
+        kernels::weighted_sum(simd, p, h.v, rows, o);
     }
-    let _ = simd;
-    grouped_generic(h, scratch, out, stats)
 }
