@@ -21,12 +21,11 @@
 use half::f16;
 use serde::{Deserialize, Serialize};
 
-/// Element type of the KV cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Element type of the KV cache (the plan picks F16 on the CPU, F32 on the GPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvDtype {
     /// 4 bytes per element, exact.
-    #[default]
     F32,
     /// 2 bytes per element: half the memory, rounding like llama.cpp's default f16 cache.
     F16,

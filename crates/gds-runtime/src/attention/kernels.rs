@@ -1,7 +1,8 @@
-//! The two inner loops of attention over one piece of keys, for one query head: scores
-//! (`q · k` for every key) and the weighted sum of values. Each has a plain scalar
-//! definition here and an AVX2 build in [`super::avx2`] that computes the same numbers bit
-//! for bit (tested below), so a machine gives the same result whichever path a pass takes.
+//! The inner loops of attention over one piece of keys, for the query heads that share a KV
+//! head: scores (`q · k` for every key), the softmax's max and exponentials, and the
+//! weighted sum of values. Each has a plain scalar definition here and an AVX2 build in
+//! [`super::avx2`] that computes the same numbers bit for bit (tested below), so a machine
+//! gives the same result whichever path a pass takes.
 //!
 //! The arithmetic, fixed so that both builds can follow it exactly:
 //! - a score is eight lane sums, lane `l` accumulating `q[d]·k[d]` for `d ≡ l (mod 8)` in
@@ -9,8 +10,10 @@
 //!   `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`, then multiplied by the scale;
 //! - an output element accumulates `p_j·v_j[d]` in order of the keys `j`, fused.
 //!
-//! Keys are rows of a KV cache layer: `rows[j]` is the index of key `j`'s first element
-//! in `cache` (rows need not be contiguous: paged caches and rings).
+//! - exponentials are [`crate::ops::exp_fast`], summed in eight lanes added in order.
+//!
+//! Keys are rows of a KV cache layer ([`Keys`]): `rows[j]` is the index of key `j`'s first
+//! element in the cache (rows need not be contiguous: paged caches and rings).
 
 use crate::kv::KvElem;
 
@@ -63,84 +66,139 @@ pub fn simd_available() -> bool {
     }
 }
 
-/// `out[j] = (q · cache[rows[j]..][..hd]) · scale` for every key, `hd = q.len()`.
-/// `simd` (from [`simd_available`]) picks the AVX2 build where the head width allows it.
-///
-/// # Panics
-/// When a row runs past the end of `cache`, or `out` is shorter than `rows`.
+/// The keys of one piece: `rows[j]` is the index of key `j`'s first element in a cache
+/// layer. The end of the furthest row is computed once, so each kernel checks its cache in
+/// constant time.
+pub struct Keys<'a> {
+    rows: &'a [usize],
+    hd: usize,
+    /// One past the last element any row reaches.
+    end: usize,
+}
+
+impl<'a> Keys<'a> {
+    /// Keys of `hd` elements at `rows`.
+    pub fn new(rows: &'a [usize], hd: usize) -> Keys<'a> {
+        let end = rows
+            .iter()
+            .map(|&r| r.saturating_add(hd))
+            .max()
+            .unwrap_or(0);
+        Keys { rows, hd, end }
+    }
+
+    /// The rows, once checked to lie inside a cache of `len` elements, `hd` each.
+    ///
+    /// # Panics
+    /// When a row runs past the end of the cache, or the keys are `hd` wide no more.
+    fn rows_in(&self, len: usize, hd: usize) -> &'a [usize] {
+        assert!(
+            self.end <= len,
+            "attention row ends at {}, past the cache's {len}",
+            self.end
+        );
+        assert_eq!(hd, self.hd, "keys of another width");
+        self.rows
+    }
+}
+
+/// Scores of a group of query heads (`q`: `g` rows of `hd`) against every key:
+/// `out[i·n + j] = (q_i · key_j) · scale`, `n = keys.len()`. `simd` (from
+/// [`simd_available`]) picks the AVX2 build where the head width is a multiple of 8.
 pub fn scores<T: Lanes>(
     simd: bool,
     q: &[f32],
+    hd: usize,
     cache: &[T],
-    rows: &[usize],
+    keys: &Keys<'_>,
     scale: f32,
     out: &mut [f32],
 ) {
-    let hd = q.len();
-    check(cache.len(), rows, hd);
-    let out = &mut out[..rows.len()];
+    let rows = keys.rows_in(cache.len(), hd);
+    let n = rows.len();
+    let out = &mut out[..q.len() / hd * n];
     #[cfg(target_arch = "x86_64")]
-    if simd && hd.is_multiple_of(LANES) {
+    if simd && hd.is_multiple_of(LANES) && n > 0 {
         // SAFETY: `simd` is only true where simd_available() found AVX2, FMA and F16C; every
-        // row lies inside `cache` (checked above) and `hd` is a multiple of 8.
-        unsafe { super::avx2::scores(q, cache, rows, scale, out) };
+        // row's hd elements lie inside `cache` (Keys::new) and hd is a multiple of 8; `out`
+        // holds n scores per query row.
+        unsafe { super::avx2::scores(q, hd, cache, rows, scale, out) };
         return;
     }
     let _ = simd;
-    for (o, &at) in out.iter_mut().zip(rows) {
-        *o = score(q, &cache[at..at + hd]) * scale;
-    }
-}
-
-/// `out[d] += Σ_j p[j] · cache[rows[j] + d]` in order of `j`, `hd = out.len()`.
-///
-/// # Panics
-/// When a row runs past the end of `cache`, or `p` is shorter than `rows`.
-pub fn weighted_sum<T: Lanes>(simd: bool, p: &[f32], cache: &[T], rows: &[usize], out: &mut [f32]) {
-    let hd = out.len();
-    check(cache.len(), rows, hd);
-    let p = &p[..rows.len()];
-    #[cfg(target_arch = "x86_64")]
-    if simd && hd.is_multiple_of(LANES) {
-        // SAFETY: as in `scores`.
-        unsafe { super::avx2::weighted_sum(p, cache, rows, out) };
-        return;
-    }
-    let _ = simd;
-    for (&pj, &at) in p.iter().zip(rows) {
-        for (o, v) in out.iter_mut().zip(&cache[at..at + hd]) {
-            *o = pj.mul_add(v.to_f32(), *o);
+    for (qi, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n.max(1))) {
+        for (o, &at) in o.iter_mut().zip(rows) {
+            *o = score(qi, &cache[at..at + hd]) * scale;
         }
     }
 }
 
-/// `x[i] = e^(x[i] − m)` and their sum, by [`crate::ops::exp_sub_sum`] (the AVX2 build of
-/// the same loop where `simd`: the same numbers).
+/// Weighted sums of values for a group of query heads (`p`: `g` rows of `n` weights):
+/// `out[i·hd + d] += Σ_j p[i·n + j] · value_j[d]`, in order of `j`.
+pub fn weighted_sum<T: Lanes>(
+    simd: bool,
+    p: &[f32],
+    cache: &[T],
+    keys: &Keys<'_>,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let rows = keys.rows_in(cache.len(), hd);
+    let n = rows.len();
+    if n == 0 {
+        return;
+    }
+    let p = &p[..out.len() / hd * n];
+    #[cfg(target_arch = "x86_64")]
+    if simd && hd.is_multiple_of(LANES) {
+        // SAFETY: as in `scores`; `p` holds n weights per output row.
+        unsafe { super::avx2::weighted_sum(p, cache, rows, hd, out) };
+        return;
+    }
+    let _ = simd;
+    for (pi, o) in p.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
+        for (&pj, &at) in pi.iter().zip(rows) {
+            for (o, v) in o.iter_mut().zip(&cache[at..at + hd]) {
+                *o = pj.mul_add(v.to_f32(), *o);
+            }
+        }
+    }
+}
+
+/// `x[i] = e^(x[i] − m)` by [`crate::ops::exp_fast`], returning their sum (eight lane sums,
+/// element `i` in lane `i mod 8`, added in lane order); the AVX2 build where `simd` computes
+/// the same numbers.
 pub fn exp_sum(simd: bool, x: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if simd {
-        #[target_feature(enable = "avx2")]
-        fn vectorized(x: &mut [f32], m: f32) -> f32 {
-            crate::ops::exp_sub_sum(x, m)
-        }
-        // SAFETY: `simd` is only true where simd_available() found AVX2.
-        return unsafe { vectorized(x, m) };
+        // SAFETY: `simd` is only true where simd_available() found AVX2 and FMA.
+        return unsafe { super::avx2::exp_sum(x, m) };
     }
     let _ = simd;
-    crate::ops::exp_sub_sum(x, m)
+    let mut acc = [0.0f32; LANES];
+    for (i, v) in x.iter_mut().enumerate() {
+        let e = crate::ops::exp_fast(*v - m);
+        *v = e;
+        acc[i % LANES] += e;
+    }
+    lane_sum(&acc)
 }
 
-/// Every row `rows[j]..rows[j] + hd` inside a cache of `len` elements.
-fn check(len: usize, rows: &[usize], hd: usize) {
-    let end = rows
-        .iter()
-        .map(|&r| r.saturating_add(hd))
-        .max()
-        .unwrap_or(0);
-    assert!(
-        end <= len,
-        "attention row ends at {end}, past the cache's {len}"
-    );
+/// `((((((a0 + a1) + a2) + a3) + a4) + a5) + a6) + a7`.
+#[inline(always)]
+pub fn lane_sum(a: &[f32; LANES]) -> f32 {
+    a[1..].iter().fold(a[0], |s, &v| s + v)
+}
+
+/// The largest value (−∞ for none; NaNs are skipped).
+pub fn max(simd: bool, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only true where simd_available() found AVX2.
+        return unsafe { super::avx2::max(x) };
+    }
+    let _ = simd;
+    x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// One score without the scale: eight fused lane sums added as a fixed tree (module docs).
@@ -186,30 +244,48 @@ mod tests {
     }
 
     fn check_both<T: Lanes>(cache: &[T], hd: usize, n: usize, stride: usize) {
-        let q = values(hd, 7 + hd as u64);
         let r = rows(n, hd, stride);
-        let (mut s0, mut s1) = (vec![0f32; n], vec![0f32; n]);
-        scores(false, &q, cache, &r, 0.125, &mut s0);
-        scores(true, &q, cache, &r, 0.125, &mut s1);
-        for (j, &at) in r.iter().enumerate() {
-            let want: f64 = q
-                .iter()
-                .zip(&cache[at..at + hd])
-                .map(|(a, b)| *a as f64 * b.to_f32() as f64)
-                .sum::<f64>()
-                * 0.125;
-            assert!((s0[j] as f64 - want).abs() < 1e-5, "hd {hd} key {j}");
-        }
-        let p = values(n, 9);
-        let (mut o0, mut o1) = (vec![0.5f32; hd], vec![0.5f32; hd]);
-        weighted_sum(false, &p, cache, &r, &mut o0);
-        weighted_sum(true, &p, cache, &r, &mut o1);
-        if simd_available() {
-            assert_eq!(s0, s1, "scores, hd {hd} n {n}: the AVX2 build differs");
-            assert_eq!(
-                o0, o1,
-                "weighted sum, hd {hd} n {n}: the AVX2 build differs"
-            );
+        let keys = Keys::new(&r, hd);
+        for g in [1usize, 2, 3, 4] {
+            let q = values(g * hd, 7 + hd as u64 + g as u64);
+            let (mut s0, mut s1) = (vec![0f32; g * n], vec![0f32; g * n]);
+            scores(false, &q, hd, cache, &keys, 0.125, &mut s0);
+            scores(true, &q, hd, cache, &keys, 0.125, &mut s1);
+            for i in 0..g {
+                for (j, &at) in r.iter().enumerate() {
+                    let want: f64 = q[i * hd..(i + 1) * hd]
+                        .iter()
+                        .zip(&cache[at..at + hd])
+                        .map(|(a, b)| *a as f64 * b.to_f32() as f64)
+                        .sum::<f64>()
+                        * 0.125;
+                    assert!(
+                        (s0[i * n + j] as f64 - want).abs() < 1e-5,
+                        "hd {hd} key {j}"
+                    );
+                }
+            }
+            let p = values(g * n, 9);
+            let (mut o0, mut o1) = (vec![0.5f32; g * hd], vec![0.5f32; g * hd]);
+            weighted_sum(false, &p, cache, &keys, hd, &mut o0);
+            weighted_sum(true, &p, cache, &keys, hd, &mut o1);
+            for i in 0..g {
+                for d in 0..hd {
+                    let want: f64 = 0.5
+                        + r.iter()
+                            .enumerate()
+                            .map(|(j, &at)| p[i * n + j] as f64 * cache[at + d].to_f32() as f64)
+                            .sum::<f64>();
+                    assert!((o0[i * hd + d] as f64 - want).abs() < 1e-4, "hd {hd} d {d}");
+                }
+            }
+            if simd_available() {
+                assert_eq!(
+                    s0, s1,
+                    "scores, g {g} hd {hd} n {n}: the AVX2 build differs"
+                );
+                assert_eq!(o0, o1, "sums, g {g} hd {hd} n {n}: the AVX2 build differs");
+            }
         }
     }
 
@@ -217,7 +293,7 @@ mod tests {
     fn the_avx2_kernels_compute_the_scalar_definition_bit_for_bit() {
         for hd in [8usize, 64, 96, 128, 256] {
             let stride = 3 * hd;
-            for n in [1usize, 7, 8, 9, 31, 256] {
+            for n in [1usize, 3, 7, 8, 9, 31, 256] {
                 let len = (n + n / 5 * 3 + 1) * stride;
                 let c32 = values(len, hd as u64 * 31 + n as u64);
                 check_both(&c32, hd, n, stride);
@@ -228,10 +304,38 @@ mod tests {
     }
 
     #[test]
+    fn softmax_helpers_agree_across_builds() {
+        for n in [0usize, 1, 5, 8, 13, 256] {
+            let x0: Vec<f32> = values(n, n as u64 + 3).iter().map(|v| v * 30.0).collect();
+            let (mut a, mut b) = (x0.clone(), x0.clone());
+            let m = max(false, &x0);
+            assert_eq!(m, max(true, &x0));
+            let (la, lb) = (exp_sum(false, &mut a, m), exp_sum(true, &mut b, m));
+            let want: f64 = x0.iter().map(|&v| ((v - m) as f64).exp()).sum();
+            assert!(
+                (la as f64 - want).abs() <= 1e-6 * want.max(1.0),
+                "{la} vs {want}"
+            );
+            if simd_available() {
+                assert_eq!(la.to_bits(), lb.to_bits(), "n {n}");
+                assert_eq!(a, b, "n {n}");
+            }
+        }
+    }
+
+    #[test]
     #[should_panic(expected = "past the cache")]
     fn a_row_past_the_cache_is_refused() {
-        let cache = vec![0f32; 64];
-        let mut out = [0f32; 1];
-        scores(true, &[0.0; 16], &cache, &[50], 1.0, &mut out);
+        let keys = Keys::new(&[0, 50], 16);
+        let mut out = [0f32; 2];
+        scores(true, &[0.0; 16], 16, &[0f32; 64], &keys, 1.0, &mut out);
+    }
+
+    #[test]
+    #[should_panic(expected = "past the cache")]
+    fn a_value_row_past_the_cache_is_refused() {
+        let keys = Keys::new(&[40], 16);
+        let mut out = [0f32; 16];
+        weighted_sum(true, &[1.0], &[0f32; 48], &keys, 16, &mut out);
     }
 }

@@ -310,20 +310,16 @@ fn grouped_attend<T: Lanes>(
     }
     let mut rows = [0usize; PIECE];
     h.for_each_key(|j, at| rows[j] = at);
-    let rows = &rows[..n];
+    let keys = kernels::Keys::new(&rows[..n], hd);
     let sc = &mut scratch[..h.q.len() / hd * n];
-    for (qi, row) in h.q.chunks_exact(hd).zip(sc.chunks_exact_mut(n)) {
-        kernels::scores(simd, qi, h.k, rows, h.scale, row);
-    }
+    kernels::scores(simd, h.q, hd, h.k, &keys, h.scale, sc);
     for (row, ml) in sc.chunks_exact_mut(n).zip(stats.chunks_exact_mut(2)) {
         if let Some(c) = h.softcap {
             ops::softcap(row, c);
         }
-        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m = kernels::max(simd, row);
         let l = kernels::exp_sum(simd, row, m);
         ml.copy_from_slice(&[m, l]);
     }
-    for (p, o) in sc.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
-        kernels::weighted_sum(simd, p, h.v, rows, o);
-    }
+    kernels::weighted_sum(simd, sc, h.v, &keys, hd, out);
 }
