@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 
 /// Default upper bound of the context when the user does not choose one.
 pub const DEFAULT_MAX_CTX: usize = 4096;
+/// How far past its trained context a benchmark may run a model
+/// ([`PlanOptions::ctx_past_training`]), as a multiple of that context.
+pub const CTX_PAST_TRAINING_MAX: usize = 4;
 /// Default number of prompt tokens per forward pass.
 pub const DEFAULT_BATCH: usize = 256;
 
@@ -23,8 +26,9 @@ pub struct PlanOptions {
     pub model_dir: PathBuf,
     /// Context length.
     pub ctx: Option<usize>,
-    /// Accept a context longer than the model was trained for (positions past it are out
-    /// of distribution): for speed measurements at depth, as llama-bench allows.
+    /// Accept a context longer than the model was trained for, up to
+    /// [`CTX_PAST_TRAINING_MAX`] times it (positions past it are out of distribution): for
+    /// speed measurements at depth, as llama-bench allows.
     pub ctx_past_training: bool,
     /// Worker threads.
     pub threads: Option<usize>,
@@ -294,6 +298,12 @@ impl Plan {
             Some(c) if c > model.context_length && !opts.ctx_past_training => {
                 return plan_err(format!(
                     "--ctx {c} exceeds the model's context length {}",
+                    model.context_length
+                ));
+            }
+            Some(c) if c / CTX_PAST_TRAINING_MAX > model.context_length => {
+                return plan_err(format!(
+                    "--ctx {c} exceeds {CTX_PAST_TRAINING_MAX}x the model's context length {}",
                     model.context_length
                 ));
             }

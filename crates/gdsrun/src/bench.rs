@@ -97,7 +97,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if tests.is_empty() {
         return Err(RuntimeError::Usage("nothing to run: -p and -n are all 0".into()).into());
     }
-    let ctx = tests.iter().map(|&(p, n, d)| d + p + n).max().unwrap_or(1);
+    let ctx = tests
+        .iter()
+        .map(|&(p, n, d)| d.saturating_add(p).saturating_add(n))
+        .max()
+        .unwrap_or(1);
     // llama-bench runs past the trained context too (a speed test, not a quality one)
     let plan = Plan::build(&PlanOptions {
         ctx: Some(ctx),
