@@ -365,6 +365,188 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ConvertError> {
     f.sync_all().map_err(io(path))
 }
 
+/// The tokenizer files of the output, and warnings found while making them.
+struct TokenizerOut {
+    json: String,
+    config: Option<String>,
+    generation: Option<String>,
+    warnings: Vec<String>,
+}
+
+/// Makes the output's tokenizer files: the user's `tokenizer.json` (`--tokenizer`) or the
+/// input's (a GGUF's exported now, from `pending`), checked to load unless the
+/// `tokenizers` library built it itself; `why` holds the reader's warnings about the
+/// tokenizer, for the error when there is none.
+fn tokenizer_files(
+    input: &Path,
+    user: Option<&Path>,
+    given: crate::source::TokenizerFiles,
+    pending: Option<crate::source::PendingTokenizer>,
+    mut why: Vec<String>,
+) -> Result<TokenizerOut, ConvertError> {
+    let (files, warnings) = match pending {
+        Some(p) => p.run(),
+        None => (given, Vec::new()),
+    };
+    why.extend(
+        warnings
+            .iter()
+            .filter(|w| w.starts_with("tokenizer"))
+            .cloned(),
+    );
+    let json = match user {
+        Some(p) => match read_text(p, MAX_TOKENIZER_BYTES) {
+            Ok(Some(t)) => t,
+            Ok(None) => return Err(io(p)(std::io::Error::from(std::io::ErrorKind::NotFound))),
+            Err(ReadTextError::Io(e)) => return Err(io(p)(e)),
+            Err(e) => {
+                return Err(ConvertError::BadInput {
+                    path: p.into(),
+                    msg: e.describe(MAX_TOKENIZER_BYTES),
+                })
+            }
+        },
+        None => files.tokenizer_json.ok_or_else(|| ConvertError::BadInput {
+            path: input.into(),
+            msg: format!(
+                "the input carries no usable tokenizer{}; pass --tokenizer path/to/tokenizer.json",
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", why.join("; "))
+                }
+            ),
+        })?,
+    };
+    // A tokenizer built by the tokenizers library itself (GGUF export) needs no re-load.
+    if user.is_some() || !files.built {
+        if let Err(e) = tokenizers::Tokenizer::from_str(&json) {
+            return Err(ConvertError::BadInput {
+                path: user.map_or_else(|| input.into(), Path::to_path_buf),
+                msg: format!("tokenizer.json does not load: {e}"),
+            });
+        }
+    }
+    Ok(TokenizerOut {
+        json,
+        config: files.tokenizer_config_json,
+        generation: files.generation_config_json,
+        warnings,
+    })
+}
+
+/// Bytes written (and hashed) at a time; see [`write_layers`].
+const WRITE_PIECE: usize = 8 << 20;
+
+/// Writes every layer file of `plans` into the staging directory `tmp` and records it in
+/// `builder`; returns the tensor bytes and the file bytes written. Each file is hashed as it
+/// is written and the input pages of its tensors are released after it; the files are
+/// flushed to disk together at the end (one wait for the device instead of one per layer).
+fn write_layers(
+    plans: &[(Group, Vec<(&SourceTensor, DType)>)],
+    tmp: &Path,
+    input: &Path,
+    builder: &mut ManifestBuilder,
+    progress: &dyn Progress,
+) -> Result<(u64, u64), ConvertError> {
+    let mut tensor_bytes = 0u64;
+    let mut file_bytes = 0u64;
+    let mut written = Vec::with_capacity(plans.len());
+    for (g, ts) in plans {
+        let (name, file, kind, index) = match g {
+            Group::Embed => (
+                "embed".to_string(),
+                "layers/embed.bin".to_string(),
+                layer_kind::EMBED,
+                0,
+            ),
+            Group::Block(n) => (
+                format!("blk.{n}"),
+                format!("layers/blk.{n:04}.bin"),
+                layer_kind::BLOCK,
+                *n,
+            ),
+            Group::Head => (
+                "head".to_string(),
+                "layers/head.bin".to_string(),
+                layer_kind::HEAD,
+                0,
+            ),
+        };
+        let specs: Vec<TensorSpec> = ts
+            .iter()
+            .map(|(t, d)| TensorSpec {
+                name: t.name.clone(),
+                dtype: *d,
+                shape: t.shape.clone(),
+            })
+            .collect();
+        let lay = layout(&specs).map_err(|msg| ConvertError::BadInput {
+            path: input.into(),
+            msg,
+        })?;
+        let path = tmp.join(&file);
+        let f = std::fs::File::create(&path).map_err(io(&path))?;
+        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+        let mut hasher = blake3::Hasher::new();
+        let mut pos = 0u64;
+        for ((t, d), &(offset, nbytes)) in ts.iter().zip(&lay.placements) {
+            write_padding(&mut w, &mut hasher, offset - pos).map_err(io(&path))?;
+            let bytes = produce(t, *d)?;
+            if bytes.len() as u64 != nbytes {
+                return Err(ConvertError::Internal {
+                    input: input.into(),
+                    msg: format!(
+                        "tensor {:?}: produced {} bytes, expected {nbytes}",
+                        t.name,
+                        bytes.len()
+                    ),
+                });
+            }
+            // in pieces, each piece's whole input pages released once written, so a large
+            // tensor (a 262k-token embedding) never stays resident whole
+            let mut done = 0usize;
+            let mut released = t.offset;
+            for piece in bytes.chunks(WRITE_PIECE) {
+                w.write_all(piece).map_err(io(&path))?;
+                hasher.update(piece);
+                done += piece.len();
+                if let Cow::Borrowed(_) = bytes {
+                    let end = (t.offset + done as u64) / 4096 * 4096;
+                    if end > released {
+                        t.file.release(released, end - released);
+                        released = end;
+                    }
+                }
+            }
+            pos = offset + nbytes;
+            tensor_bytes += nbytes;
+            progress.advance(nbytes);
+        }
+        write_padding(&mut w, &mut hasher, lay.file_size - pos).map_err(io(&path))?;
+        let f = w.into_inner().map_err(|e| io(&path)(e.into_error()))?;
+        for (t, _) in ts {
+            t.file.release(t.offset, t.nbytes);
+        }
+        written.push((f, path));
+        file_bytes += lay.file_size;
+        builder.add_layer(&LayerRecord {
+            name,
+            file,
+            kind,
+            index,
+            tensors: specs,
+            layout: lay,
+            content_hash: *hasher.finalize().as_bytes(),
+        });
+    }
+
+    for (f, path) in written {
+        f.sync_all().map_err(io(&path))?;
+    }
+    Ok((tensor_bytes, file_bytes))
+}
+
 /// Converts `input` into a GdsLLM directory at `out_dir`. On any error nothing is left at
 /// `out_dir` (an existing directory replaced with `force` stays as it was).
 ///
@@ -392,12 +574,13 @@ pub fn convert(
     let parent = crate::staging::parent_of(out_dir);
     // Killed conversions' leftovers go first, whatever becomes of this one.
     let stale = crate::staging::remove_stale(&parent);
-    let source = open_source(input)?;
+    let mut source = open_source(input)?;
     crate::check::check_source(&source, input)?;
+    let keep = |w: &String| opts.tokenizer.is_none() || !w.starts_with("tokenizer");
     let mut warnings: Vec<String> = source
         .warnings
         .iter()
-        .filter(|w| opts.tokenizer.is_none() || !w.starts_with("tokenizer"))
+        .filter(|w| keep(w))
         .cloned()
         .collect();
     warnings.extend(stale.iter().map(|d| {
@@ -406,43 +589,21 @@ pub fn convert(
             d.display()
         )
     }));
-
-    // tokenizer first: a conversion that cannot produce one fails before writing anything
-    let tokenizer_json = match &opts.tokenizer {
-        Some(p) => match read_text(p, MAX_TOKENIZER_BYTES) {
-            Ok(Some(t)) => t,
-            Ok(None) => {
-                return Err(io(p)(std::io::Error::from(
-                    std::io::ErrorKind::NotFound,
-                )))
-            }
-            Err(ReadTextError::Io(e)) => return Err(io(p)(e)),
-            Err(e) => {
-                return Err(ConvertError::BadInput {
-                    path: p.clone(),
-                    msg: e.describe(MAX_TOKENIZER_BYTES),
-                })
-            }
-        },
-        None => source.tokenizer.tokenizer_json.clone().ok_or_else(|| ConvertError::BadInput {
-            path: input.into(),
-            msg: {
-                let why: Vec<&str> = source.warnings.iter().filter(|w| w.starts_with("tokenizer")).map(String::as_str).collect();
-                format!("the input carries no usable tokenizer{}; pass --tokenizer path/to/tokenizer.json", if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) })
-            },
-        })?,
+    // The tokenizer files are made on a thread of their own while the layers are written
+    // (a GGUF's 262k-token vocabulary takes as long to export as its weights to write); a
+    // conversion that cannot produce a tokenizer fails at the end, its staging removed.
+    let tokenizer_job = {
+        let given = std::mem::take(&mut source.tokenizer);
+        let pending = source.pending_tokenizer.take();
+        let why: Vec<String> = source
+            .warnings
+            .iter()
+            .filter(|w| w.starts_with("tokenizer"))
+            .cloned()
+            .collect();
+        let user = opts.tokenizer.clone();
+        move || tokenizer_files(input, user.as_deref(), given, pending, why)
     };
-    // A tokenizer built by the tokenizers library itself (GGUF export) needs no re-load.
-    let prebuilt = opts.tokenizer.is_none() && source.tokenizer.built;
-    if !prebuilt {
-        if let Err(e) = tokenizers::Tokenizer::from_str(&tokenizer_json) {
-            let path = opts.tokenizer.clone().unwrap_or_else(|| input.into());
-            return Err(ConvertError::BadInput {
-                path,
-                msg: format!("tokenizer.json does not load: {e}"),
-            });
-        }
-    }
 
     // group into layers, deterministic order
     let mut by_group: BTreeMap<Group, Vec<&SourceTensor>> = BTreeMap::new();
@@ -520,100 +681,35 @@ pub fn convert(
         put_meta(&mut builder, k, v);
     }
 
-    let mut tensor_bytes = 0u64;
-    let mut file_bytes = 0u64;
+    let (written, tok) = std::thread::scope(|sc| {
+        let tok = sc.spawn(tokenizer_job);
+        let written = write_layers(&plans, &tmp, input, &mut builder, progress);
+        (written, tok.join())
+    });
+    let (tensor_bytes, file_bytes) = written?;
+    let tok = match tok {
+        Ok(t) => t?,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
+    warnings.extend(tok.warnings.into_iter().filter(|w| keep(w)));
     let n_tensors: usize = plans.iter().map(|(_, v)| v.len()).sum();
-    for (g, ts) in &plans {
-        let (name, file, kind, index) = match g {
-            Group::Embed => (
-                "embed".to_string(),
-                "layers/embed.bin".to_string(),
-                layer_kind::EMBED,
-                0,
-            ),
-            Group::Block(n) => (
-                format!("blk.{n}"),
-                format!("layers/blk.{n:04}.bin"),
-                layer_kind::BLOCK,
-                *n,
-            ),
-            Group::Head => (
-                "head".to_string(),
-                "layers/head.bin".to_string(),
-                layer_kind::HEAD,
-                0,
-            ),
-        };
-        let specs: Vec<TensorSpec> = ts
-            .iter()
-            .map(|(t, d)| TensorSpec {
-                name: t.name.clone(),
-                dtype: *d,
-                shape: t.shape.clone(),
-            })
-            .collect();
-        let lay = layout(&specs).map_err(|msg| ConvertError::BadInput {
-            path: input.into(),
-            msg,
-        })?;
-        let path = tmp.join(&file);
-        let f = std::fs::File::create(&path).map_err(io(&path))?;
-        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
-        let mut hasher = blake3::Hasher::new();
-        let mut pos = 0u64;
-        for ((t, d), &(offset, nbytes)) in ts.iter().zip(&lay.placements) {
-            write_padding(&mut w, &mut hasher, offset - pos).map_err(io(&path))?;
-            let bytes = produce(t, *d)?;
-            if bytes.len() as u64 != nbytes {
-                return Err(ConvertError::Internal {
-                    input: input.into(),
-                    msg: format!(
-                        "tensor {:?}: produced {} bytes, expected {nbytes}",
-                        t.name,
-                        bytes.len()
-                    ),
-                });
-            }
-            w.write_all(&bytes).map_err(io(&path))?;
-            hasher.update(&bytes);
-            pos = offset + nbytes;
-            tensor_bytes += nbytes;
-            progress.advance(nbytes);
-        }
-        write_padding(&mut w, &mut hasher, lay.file_size - pos).map_err(io(&path))?;
-        let f = w.into_inner().map_err(|e| io(&path)(e.into_error()))?;
-        for (t, _) in ts {
-            t.file.release(t.offset, t.nbytes);
-        }
-        f.sync_all().map_err(io(&path))?;
-        file_bytes += lay.file_size;
-        builder.add_layer(&LayerRecord {
-            name,
-            file,
-            kind,
-            index,
-            tensors: specs,
-            layout: lay,
-            content_hash: *hasher.finalize().as_bytes(),
-        });
-    }
 
     // Every other file of the directory is hashed in the manifest too (format 1.1).
     let aux = [
         (
             "tokenizer.json",
             file_role::TOKENIZER,
-            Some(tokenizer_json.as_str()),
+            Some(tok.json.as_str()),
         ),
         (
             "tokenizer_config.json",
             file_role::TOKENIZER_CONFIG,
-            source.tokenizer.tokenizer_config_json.as_deref(),
+            tok.config.as_deref(),
         ),
         (
             "generation_config.json",
             file_role::GENERATION_CONFIG,
-            source.tokenizer.generation_config_json.as_deref(),
+            tok.generation.as_deref(),
         ),
     ];
     for (name, role, text) in aux {

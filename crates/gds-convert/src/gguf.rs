@@ -6,7 +6,8 @@ use crate::error::{io, ConvertError};
 use crate::limits::MAX_GGUF_ARRAY_ELEMENTS;
 use crate::names::{canonical_family, group_of};
 use crate::source::{
-    MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles, Transform,
+    MappedFile, MetaValue, Metadata, PendingTokenizer, Source, SourceTensor, TokenizerFiles,
+    Transform,
 };
 use gds_format::DType;
 use serde_json::Value;
@@ -498,31 +499,38 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         metadata.insert("tokenizer.add_bos".into(), MetaValue::Bool(v));
     }
 
-    let tokenizer = if meta.contains_key("tokenizer.ggml.model") {
-        match crate::tokenizer::tokenizer_from_gguf(meta) {
-            Ok(export) => TokenizerFiles {
-                tokenizer_json: Some(export.tokenizer_json),
-                tokenizer_config_json: Some(export.tokenizer_config_json),
-                generation_config_json: None,
-                built: true,
-            },
-            // Deferred: fatal only if the user does not supply a tokenizer.json instead.
-            Err(e) => {
-                warnings.push(format!(
-                    "tokenizer: the embedded vocabulary cannot be exported: {e}"
-                ));
-                TokenizerFiles::default()
-            }
-        }
-    } else {
+    let has_tokenizer = meta.contains_key("tokenizer.ggml.model");
+    if !has_tokenizer {
         warnings.push("the GGUF has no embedded tokenizer (tokenizer.ggml.model)".into());
-        TokenizerFiles::default()
-    };
+    }
 
     tensors.sort_by(|a, b| {
         group_of(&a.name)
             .cmp(&group_of(&b.name))
             .then_with(|| a.name.cmp(&b.name))
+    });
+    // the export runs later (convert: beside the weights), on the decoded metadata
+    let pending_tokenizer = has_tokenizer.then(|| {
+        PendingTokenizer::new(move || {
+            match crate::tokenizer::tokenizer_from_gguf(model.metadata()) {
+                Ok(export) => (
+                    TokenizerFiles {
+                        tokenizer_json: Some(export.tokenizer_json),
+                        tokenizer_config_json: Some(export.tokenizer_config_json),
+                        generation_config_json: None,
+                        built: true,
+                    },
+                    Vec::new(),
+                ),
+                // Deferred: fatal only if the user does not supply a tokenizer.json instead.
+                Err(e) => (
+                    TokenizerFiles::default(),
+                    vec![format!(
+                        "tokenizer: the embedded vocabulary cannot be exported: {e}"
+                    )],
+                ),
+            }
+        })
     });
     Ok(Source {
         arch: family.map(str::to_string).unwrap_or(gguf_arch),
@@ -530,7 +538,8 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         metadata,
         hparam_origin,
         tensors,
-        tokenizer,
+        tokenizer: TokenizerFiles::default(),
+        pending_tokenizer,
         warnings,
     })
 }

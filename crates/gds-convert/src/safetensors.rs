@@ -259,6 +259,7 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
             hparam_origin: BTreeMap::new(),
             tensors,
             tokenizer,
+            pending_tokenizer: None,
             warnings,
         });
     };
@@ -293,6 +294,7 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         hparam_origin,
         tensors,
         tokenizer,
+        pending_tokenizer: None,
         warnings,
     })
 }
@@ -1047,6 +1049,7 @@ fn no_config(
         hparam_origin: BTreeMap::new(),
         tensors: keep_original(raw)?,
         tokenizer,
+        pending_tokenizer: None,
         warnings,
     })
 }

@@ -152,6 +152,29 @@ pub struct TokenizerFiles {
     pub built: bool,
 }
 
+/// Tokenizer work not done yet: building `tokenizer.json` from a GGUF's embedded vocabulary
+/// (262k tokens for Gemma 3) takes about as long as writing the weights, so
+/// [`crate::convert`] runs it on a thread beside them. Gives the files and any warnings.
+pub struct PendingTokenizer(Box<dyn FnOnce() -> (TokenizerFiles, Vec<String>) + Send>);
+
+impl PendingTokenizer {
+    /// Work that `run` will do.
+    pub fn new(f: impl FnOnce() -> (TokenizerFiles, Vec<String>) + Send + 'static) -> Self {
+        PendingTokenizer(Box::new(f))
+    }
+
+    /// Does the work.
+    pub fn run(self) -> (TokenizerFiles, Vec<String>) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for PendingTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingTokenizer")
+    }
+}
+
 /// A whole model as read from its input.
 #[derive(Debug)]
 pub struct Source {
@@ -166,10 +189,23 @@ pub struct Source {
     pub hparam_origin: BTreeMap<String, String>,
     /// Tensors in a deterministic order.
     pub tensors: Vec<SourceTensor>,
-    /// Tokenizer files.
+    /// Tokenizer files (empty until `pending_tokenizer` has run, where it is set).
     pub tokenizer: TokenizerFiles,
+    /// Tokenizer files still to be built ([`Source::finish_tokenizer`]).
+    pub pending_tokenizer: Option<PendingTokenizer>,
     /// Warnings for the user (unknown architecture, ignored tensors, ...).
     pub warnings: Vec<String>,
+}
+
+impl Source {
+    /// Builds the tokenizer files now, if that was left for later.
+    pub fn finish_tokenizer(&mut self) {
+        if let Some(p) = self.pending_tokenizer.take() {
+            let (files, warnings) = p.run();
+            self.tokenizer = files;
+            self.warnings.extend(warnings);
+        }
+    }
 }
 
 /// A fused tensor that cannot be split as its family describes.

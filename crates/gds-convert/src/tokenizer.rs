@@ -43,7 +43,7 @@ use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::decoders::DecoderWrapper;
-use tokenizers::models::bpe::{Vocab as BpeVocab, BPE};
+use tokenizers::models::bpe::BPE;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -219,7 +219,9 @@ struct Vocab {
     tokens: Vec<String>,
     scores: Vec<f64>,
     attrs: Vec<u8>,
-    ids: HashMap<String, u32>,
+    /// Token text to id (a fast fixed-seed hash: the export looks up every split of every
+    /// token; nothing depends on this map's order).
+    ids: HashMap<String, u32, foldhash::fast::FixedState>,
 }
 
 impl Vocab {
@@ -291,7 +293,7 @@ impl Vocab {
                 };
             }
         }
-        let mut ids = HashMap::with_capacity(n);
+        let mut ids = HashMap::with_capacity_and_hasher(n, foldhash::fast::FixedState::default());
         for (i, t) in tokens.iter().enumerate() {
             if let Some(prev) = ids.insert(t.clone(), i as u32) {
                 return Err(TokenizerError::InvalidVocab(format!(
@@ -572,9 +574,9 @@ fn added_tokens(
     Ok(out)
 }
 
-fn spm_model(vocab: &Vocab, unk: Option<u32>) -> Result<BPE, TokenizerError> {
-    // Every split of every entry into two entries is a merge; llama.cpp prefers the merge
-    // whose result has the highest score.
+/// SentencePiece merges: every split of every entry into two entries is a merge; llama.cpp
+/// prefers the merge whose result has the highest score. As (left, right) ids, by rank.
+fn spm_merges(vocab: &Vocab) -> Vec<(u32, u32)> {
     let mut merges: Vec<(f64, u32, u32, u32)> = Vec::new();
     for (id, text) in vocab.tokens.iter().enumerate() {
         for (k, _) in text.char_indices().skip(1) {
@@ -584,33 +586,19 @@ fn spm_model(vocab: &Vocab, unk: Option<u32>) -> Result<BPE, TokenizerError> {
         }
     }
     merges.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
-    let merges = merges
-        .into_iter()
-        .map(|(_, _, a, b)| {
-            (
-                vocab.tokens[a as usize].clone(),
-                vocab.tokens[b as usize].clone(),
-            )
-        })
-        .collect();
-    let vocab_map: BpeVocab = vocab.ids.iter().map(|(t, &i)| (t.clone(), i)).collect();
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab_map, merges)
-        .byte_fallback(true);
-    if let Some(u) = unk {
-        builder = builder.unk_token(vocab.tokens[u as usize].clone());
-    }
-    builder.build().map_err(build_err)
+    merges.into_iter().map(|(_, _, a, b)| (a, b)).collect()
 }
 
-fn bpe_model(
+/// The GGUF's merges (`"a b"`, split as llama.cpp splits them), each part and the joined
+/// result checked to be in the vocabulary. As (left, right) ids, in rank order.
+fn bpe_merges(
     meta: &BTreeMap<String, Value>,
     vocab: &Vocab,
-    ignore_merges: bool,
-) -> Result<BPE, TokenizerError> {
+) -> Result<Vec<(u32, u32)>, TokenizerError> {
     let raw = opt_array(meta, KEY_MERGES)?
         .ok_or_else(|| TokenizerError::MissingKey(KEY_MERGES.into()))?;
     let mut merges = Vec::with_capacity(raw.len());
+    let mut joined = String::new();
     for (index, v) in raw.iter().enumerate() {
         let s = v
             .as_str()
@@ -632,25 +620,126 @@ fn bpe_model(
         if b.is_empty() {
             return Err(bad("the second token is empty".into()));
         }
-        for part in [a, b, &format!("{a}{b}")] {
-            if !vocab.ids.contains_key(part) {
-                return Err(bad(format!("{part:?} is not in the vocabulary")));
-            }
-        }
-        merges.push((a.to_owned(), b.to_owned()));
-    }
-    BPE::builder()
-        .vocab_and_merges(
+        joined.clear();
+        joined.push_str(a);
+        joined.push_str(b);
+        let id = |part: &str| {
             vocab
                 .ids
-                .iter()
-                .map(|(t, &i)| (t.clone(), i))
-                .collect::<BpeVocab>(),
-            merges,
-        )
-        .ignore_merges(ignore_merges)
-        .build()
-        .map_err(build_err)
+                .get(part)
+                .copied()
+                .ok_or_else(|| bad(format!("{part:?} is not in the vocabulary")))
+        };
+        let (ia, ib) = (id(a)?, id(b)?);
+        id(&joined)?;
+        merges.push((ia, ib));
+    }
+    Ok(merges)
+}
+
+/// The `model` object of `tokenizer.json` for a BPE over `vocab` with `merges` (ids, in rank
+/// order), written directly — what the `tokenizers` library writes for the same model
+/// (vocabulary by id, merges as pairs; checked against it in tests/tokenizer_golden.rs),
+/// without building the library's maps first, which took most of a 262k-token export.
+fn bpe_model_json(
+    vocab: &Vocab,
+    merges: &[(u32, u32)],
+    unk: Option<u32>,
+    byte_fallback: bool,
+    ignore_merges: bool,
+) -> Result<String, TokenizerError> {
+    use std::fmt::Write;
+    let text = |id: u32| vocab.tokens[id as usize].as_str();
+    let esc = |s: &str| serde_json::to_string(s).map_err(build_err);
+    let mut by_id: Vec<(u32, &str)> = vocab.ids.iter().map(|(t, &i)| (i, t.as_str())).collect();
+    by_id.sort_unstable();
+    let mut out = String::with_capacity(32 * (by_id.len() + merges.len()));
+    let unk = match unk {
+        Some(u) => esc(text(u))?,
+        None => "null".into(),
+    };
+    let _ = write!(
+        out,
+        r#"{{"type":"BPE","dropout":null,"unk_token":{unk},"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":{byte_fallback},"ignore_merges":{ignore_merges},"vocab":{{"#
+    );
+    for (k, (id, t)) in by_id.iter().enumerate() {
+        if k > 0 {
+            out.push(',');
+        }
+        out.push_str(&esc(t)?);
+        let _ = write!(out, ":{id}");
+    }
+    out.push_str(r#"},"merges":["#);
+    for (k, &(a, b)) in merges.iter().enumerate() {
+        if k > 0 {
+            out.push(',');
+        }
+        out.push('[');
+        out.push_str(&esc(text(a))?);
+        out.push(',');
+        out.push_str(&esc(text(b))?);
+        out.push(']');
+    }
+    out.push_str("]}");
+    Ok(out)
+}
+
+/// `tokenizer.json`: the library's serialization of `tokenizer` (normalizer, pre-tokenizer,
+/// post-processor, decoder; a placeholder model and no added tokens), with `model` and
+/// `added_tokens` written here (the added tokens as the library lists them: by id, each
+/// with the id its text has in the vocabulary, the first of equal texts kept).
+fn tokenizer_json(
+    tokenizer: &Tokenizer,
+    model: &str,
+    added: &[AddedToken],
+    vocab: &Vocab,
+) -> Result<String, TokenizerError> {
+    let base: serde_json::Map<String, Value> =
+        serde_json::from_str(&tokenizer.to_string(false).map_err(build_err)?).map_err(build_err)?;
+    let mut seen = std::collections::HashSet::new();
+    let mut entries: Vec<(u32, &AddedToken)> = Vec::new();
+    for t in added {
+        if !t.content.is_empty() && seen.insert(t.content.as_str()) {
+            let id = *vocab.ids.get(&t.content).ok_or_else(|| {
+                TokenizerError::InvalidVocab(format!(
+                    "added token {:?} is not in the vocabulary",
+                    t.content
+                ))
+            })?;
+            entries.push((id, t));
+        }
+    }
+    entries.sort_by_key(|e| e.0);
+    let added: Vec<Value> = entries
+        .iter()
+        .map(|(id, t)| {
+            json!({
+                "id": id,
+                "content": t.content,
+                "single_word": t.single_word,
+                "lstrip": t.lstrip,
+                "rstrip": t.rstrip,
+                "normalized": t.normalized,
+                "special": t.special,
+            })
+        })
+        .collect();
+    let mut out = String::with_capacity(model.len() + 4096);
+    out.push('{');
+    for (k, (key, v)) in base.iter().enumerate() {
+        if k > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::to_string(key).map_err(build_err)?);
+        out.push(':');
+        match key.as_str() {
+            "model" => out.push_str(model),
+            "added_tokens" => out.push_str(&serde_json::to_string(&added).map_err(build_err)?),
+            _ => out.push_str(&serde_json::to_string(v).map_err(build_err)?),
+        }
+    }
+    out.push('}');
+    Ok(out)
 }
 
 fn post_processor(
@@ -765,7 +854,7 @@ pub fn tokenizer_from_gguf(
 
     let mut tokenizer = match &pre_spec {
         None => {
-            let mut t = Tokenizer::new(spm_model(&vocab, ids.unk)?);
+            let mut t = Tokenizer::new(BPE::default());
             let mut norms: Vec<NormalizerWrapper> = Vec::new();
             if add_space_prefix {
                 norms.push(Prepend::new(SPM_SPACE.into()).into());
@@ -784,7 +873,7 @@ pub fn tokenizer_from_gguf(
             t
         }
         Some(spec) => {
-            let mut t = Tokenizer::new(bpe_model(meta, &vocab, spec.ignore_merges)?);
+            let mut t = Tokenizer::new(BPE::default());
             let mut pres: Vec<PreTokenizerWrapper> = Vec::new();
             for re in spec.regexes {
                 pres.push(
@@ -806,8 +895,18 @@ pub fn tokenizer_from_gguf(
     if let Some(pp) = post_processor(&vocab, &ids, add_bos, add_eos)? {
         tokenizer.with_post_processor(Some(pp));
     }
-    tokenizer.add_tokens(&added_tokens(meta, &vocab, &attrs)?);
-    let tokenizer_json = tokenizer.to_string(false).map_err(build_err)?;
+    let model = match &pre_spec {
+        None => bpe_model_json(&vocab, &spm_merges(&vocab), ids.unk, true, false)?,
+        Some(spec) => bpe_model_json(
+            &vocab,
+            &bpe_merges(meta, &vocab)?,
+            None,
+            false,
+            spec.ignore_merges,
+        )?,
+    };
+    let added = added_tokens(meta, &vocab, &attrs)?;
+    let tokenizer_json = tokenizer_json(&tokenizer, &model, &added, &vocab)?;
 
     let mut config = serde_json::Map::new();
     config.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));

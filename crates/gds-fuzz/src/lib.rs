@@ -306,7 +306,9 @@ pub fn gguf(data: &[u8]) -> bool {
 
 fn read_source(input: &Path) -> bool {
     match gds_convert::open_source(input) {
-        Ok(src) => {
+        Ok(mut src) => {
+            // the GGUF tokenizer export runs on the same hostile metadata
+            src.finish_tokenizer();
             check_source(&src);
             true
         }
