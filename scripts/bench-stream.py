@@ -34,10 +34,10 @@ GDSRUN = "target/release/gdsrun"
 MiB = 1 << 20
 
 
-def run_json(cmd, cgroup=None):
+def run_json(cmd, cgroup=None, timeout=None):
     if cgroup:
         cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[-12:])}: exit {p.returncode}: {p.stderr.strip()[-300:]}")
     return json.loads(p.stdout)
@@ -150,9 +150,12 @@ else:
                 os.close(fd)
             def ts(cmd, field="avg_ts"):
                 try:
-                    out = run_json(cmd, cgroup=path)
+                    # a reader that thrashes the page cache can take hours: give up after 3 min
+                    out = run_json(cmd, cgroup=path, timeout=180)
                     out = out if isinstance(out, list) else [out]
                     return f"{[x for x in out if x['n_gen']][0][field]:.1f}"
+                except subprocess.TimeoutExpired:
+                    return "> 180 s"
                 except Exception as e:
                     return "failed" if "exit -9" not in str(e) and "exit 137" not in str(e) else "OOM-killed"
             mm = ts([GDSRUN, "bench", model, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "--io", "mmap", "--json"])
