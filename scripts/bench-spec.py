@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""`just bench-spec`: speculative decoding (`--draft ngram`) on SmolLM2 (converted), in one run.
+"""`just bench-spec`: speculative decoding on SmolLM2 and Gemma 3 270M (converted), in one run.
 
-For two tasks — a repetitive one (rewrite a given paragraph: the answer quotes the prompt)
-and free generation — and two memory settings — every layer in memory (mmap) and streamed at
-the minimum --mem-budget (--io direct) — runs greedy generation without and with the draft
-and prints decode tokens/s, forward passes, tokens per pass, accepted guesses and bytes read
-per generated token, the ratio of t/s with/without, and whether the text is identical.
-Streamed rows also print the read-bandwidth bound of plain decode (disk bandwidth measured
-by `gdsrun doctor` / bytes read per token without the draft).
+Drafts: `ngram` (prompt lookup) on every model, and `--draft-model`: SmolLM2 Q4_1, in memory,
+guessing for SmolLM2 at F16 (the same GGUF dequantized into a Hugging Face directory by
+scripts/smollm_to_hf.py, 2.7x the bytes per token). For two tasks — a repetitive one (rewrite a
+given paragraph: the answer quotes the prompt) and free generation — and two memory settings —
+every layer in memory (mmap) and streamed at the minimum --mem-budget (--io direct) — runs
+greedy generation without and with each draft and prints decode tokens/s, forward passes,
+tokens per pass, accepted guesses and bytes read per generated token, the ratio of t/s
+with/without, and whether the text is identical. Streamed rows also print the read-bandwidth
+bound of plain decode (disk bandwidth measured by `gdsrun doctor` / bytes read per token
+without a draft).
 
 Goal (issue 16): on the repetitive task, streamed at the minimum budget, >= 2x the t/s of
 plain streamed decode and above the bandwidth bound, identical greedy text; on free
@@ -26,13 +29,28 @@ ap.add_argument("--model", default=None)
 a = ap.parse_args()
 
 subprocess.check_call(["cargo", "build", "--release", "-q", "-p", "gdsconv", "-p", "gdsrun"])
-model = a.model
-if model is None:
-    gguf = subprocess.check_output(["./scripts/fetch-model.sh"], text=True).strip()
-    model = ".cache/smollm2.gds"
-    if not os.path.exists(os.path.join(model, "manifest.gdsm")):
-        subprocess.check_call(["target/release/gdsconv", "convert", gguf, model, "--force"])
 GDSRUN = "target/release/gdsrun"
+
+
+def converted(fetch, out):
+    src = subprocess.check_output(fetch, text=True).strip() if isinstance(fetch, list) else fetch
+    if not os.path.exists(os.path.join(out, "manifest.gdsm")):
+        subprocess.check_call(["target/release/gdsconv", "convert", src, out, "--force"])
+    return out
+
+
+if a.model:
+    MODELS = [(a.model, [])]
+else:
+    smollm = converted(["./scripts/fetch-model.sh"], ".cache/smollm2.gds")
+    hf = ".cache/smollm2-hf-f16"
+    subprocess.check_call(["python3", "scripts/smollm_to_hf.py", hf, "--dtype", "f16", "--gguf",
+                           subprocess.check_output(["./scripts/fetch-model.sh"], text=True).strip()])
+    MODELS = [
+        (smollm, []),
+        (converted(hf, ".cache/smollm2-f16.gds"), [("model", smollm)]),
+        (converted(["./scripts/fetch-gemma.sh"], ".cache/gemma3.gds"), []),
+    ]
 
 REWRITE = ("Rewrite the following paragraph, keeping every sentence: The library opens at nine "
            "in the morning and closes at six in the evening. Visitors may borrow up to five "
@@ -49,35 +67,41 @@ def run_json(cmd):
     return json.loads(p.stdout)
 
 
-weights = run_json([GDSRUN, model, "--plan", "--io", "direct"])["io_plan"]["weight_bytes"]
-minimum = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget",
-                    str(weights // 4)])["io_plan"]["min_budget_bytes"]
-bw = run_json([GDSRUN, "doctor", model, "--json"])["model"]["read_bandwidth_direct"]["bytes_per_sec"]
-print(f"model {model}, threads={a.t}, greedy, -n {a.n}, best of -r {a.r}; "
-      f"O_DIRECT read bandwidth {bw / 1e6:.0f} MB/s (gdsrun doctor)")
-print()
-print(f"{'task':<8}{'memory':<22}{'draft':<7}{'t/s':>8}{'passes':>8}{'tok/pass':>9}"
-      f"{'accepted':>10}{'MB/token':>10}{'ratio':>7}  same text")
-for task, prompt in (("rewrite", REWRITE), ("free", FREE)):
-    for label, extra in (("in memory (mmap)", ["--io", "mmap"]),
-                         (f"streamed {minimum / 2**20:.0f} MiB", ["--io", "direct", "--mem-budget", str(minimum)])):
-        base = None
-        for draft in ("none", "ngram"):
-            best = None
-            for _ in range(a.r):
-                out = run_json([GDSRUN, model, "--prompt", prompt, "--temp", "0", "-n", str(a.n),
-                                "-t", str(a.t), "--json", "--draft", draft] + extra)
-                if best is None or out["metrics"]["tokens_per_sec"] > best["metrics"]["tokens_per_sec"]:
-                    best = out
-            m = best["metrics"]
-            if base is None:
-                base = best
-            ratio = m["tokens_per_sec"] / max(base["metrics"]["tokens_per_sec"], 1e-9)
-            same = "yes" if best["tokens"] == base["tokens"] else "NO"
-            acc = f"{m['draft_accepted']}/{m['draft_tokens']}" if m["draft_tokens"] else "-"
-            print(f"{task:<8}{label:<22}{draft:<7}{m['tokens_per_sec']:>8.1f}{m['decode_passes']:>8}"
-                  f"{m['tokens_per_pass'] or 1:>9.2f}{acc:>10}{m['bytes_read_per_token'] / 1e6:>10.1f}"
-                  f"{ratio:>6.2f}x  {same}")
-        bpt = base["metrics"]["bytes_read_per_token"]
-        if bpt > 0:
-            print(f"{'':<8}{'':<22}bound of plain streamed decode: {bw / bpt:.1f} t/s")
+for model, extra_drafts in MODELS:
+    weights = run_json([GDSRUN, model, "--plan", "--io", "direct"])["io_plan"]["weight_bytes"]
+    minimum = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget",
+                        str(weights // 4)])["io_plan"]["min_budget_bytes"]
+    bw = run_json([GDSRUN, "doctor", model, "--json"])["model"]["read_bandwidth_direct"]["bytes_per_sec"]
+    print(f"model {model} ({weights / 2**20:.0f} MiB of layers), threads={a.t}, greedy, -n {a.n}, "
+          f"best of -r {a.r}; O_DIRECT read bandwidth {bw / 1e6:.0f} MB/s (gdsrun doctor)")
+    for kind, d in extra_drafts:
+        print(f"  draft '{kind}': {d}, in memory")
+    print()
+    print(f"{'task':<8}{'memory':<22}{'draft':<7}{'t/s':>8}{'passes':>8}{'tok/pass':>9}"
+          f"{'accepted':>10}{'MB/token':>10}{'ratio':>7}  same text")
+    drafts = [("none", []), ("ngram", ["--draft", "ngram"])] + \
+        [(kind, ["--draft-model", d]) for kind, d in extra_drafts]
+    for task, prompt in (("rewrite", REWRITE), ("free", FREE)):
+        for label, extra in (("in memory (mmap)", ["--io", "mmap"]),
+                             (f"streamed {minimum / 2**20:.0f} MiB", ["--io", "direct", "--mem-budget", str(minimum)])):
+            base = None
+            for draft, flags in drafts:
+                best = None
+                for _ in range(a.r):
+                    out = run_json([GDSRUN, model, "--prompt", prompt, "--temp", "0", "-n", str(a.n),
+                                    "-t", str(a.t), "--json"] + flags + extra)
+                    if best is None or out["metrics"]["tokens_per_sec"] > best["metrics"]["tokens_per_sec"]:
+                        best = out
+                m = best["metrics"]
+                if base is None:
+                    base = best
+                ratio = m["tokens_per_sec"] / max(base["metrics"]["tokens_per_sec"], 1e-9)
+                same = "yes" if best["tokens"] == base["tokens"] else "NO"
+                acc = f"{m['draft_accepted']}/{m['draft_tokens']}" if m["draft_tokens"] else "-"
+                print(f"{task:<8}{label:<22}{draft:<7}{m['tokens_per_sec']:>8.1f}{m['decode_passes']:>8}"
+                      f"{m['tokens_per_pass'] or 1:>9.2f}{acc:>10}{m['bytes_read_per_token'] / 1e6:>10.1f}"
+                      f"{ratio:>6.2f}x  {same}")
+            bpt = base["metrics"]["bytes_read_per_token"]
+            if bpt > 0:
+                print(f"{'':<8}{'':<22}bound of plain streamed decode: {bw / bpt:.1f} t/s")
+    print()

@@ -44,9 +44,15 @@ def gds_bench(out):
 
 
 ok = True
-# issue 12's bars at depth 0 (SmolLM2 and Gemma 3); issue 14's at depth: pp and decode 1.2x
-targets = {"pp": 0.8, "tg": 1.0}
-deep_target = 1.2
+# the bars: issue 12's at depth 0 (pp128 0.8x, tg128 1.0x, SmolLM2 and Gemma 3); issue 14's
+# prompt of 2048 tokens 1.2x and decode at depth 2048 and 8192 1.2x. A prompt at depth has
+# no bar: its ratio is printed for information.
+def target_of(kind, depth):
+    if kind == "tg":
+        return 1.0 if depth == 0 else 1.2
+    if depth:
+        return None
+    return 1.2 if a.p >= 2048 else 0.8
 for label, fetch, out in MODELS:
     gguf = subprocess.check_output([fetch], text=True).strip()
     if not os.path.exists(os.path.join(out, "manifest.gdsm")):
@@ -65,9 +71,10 @@ for label, fetch, out in MODELS:
         name = (f"pp{a.p}" if kind == "pp" else f"tg{a.n}") + (f" @ d{depth}" if depth else "")
         o, t = ours[key], theirs[key]
         r = o[0] / t[0]
-        target = targets[kind] if depth == 0 else deep_target
-        ok &= r >= target
-        print(f"{name:<16}{o[0]:>10.1f} ± {o[1]:<5.1f}{t[0]:>12.1f} ± {t[1]:<5.1f}{r:>6.2f}x  >= {target}x {'ok' if r >= target else 'MISSED'}")
+        target = target_of(kind, depth)
+        verdict = "(no bar)" if target is None else f">= {target}x {'ok' if r >= target else 'MISSED'}"
+        ok &= target is None or r >= target
+        print(f"{name:<16}{o[0]:>10.1f} ± {o[1]:<5.1f}{t[0]:>12.1f} ± {t[1]:<5.1f}{r:>6.2f}x  {verdict}")
 
     # memory while generating
     j = json.loads(subprocess.check_output(["target/release/gdsrun", out, "--prompt", "Write a long story about a lighthouse.", "--max-tokens", str(a.n), "--temp", "0", "--threads", str(a.t), "--json"], text=True))

@@ -14,14 +14,22 @@
 //! [`ngram`]: prompt-lookup decoding — the continuation of the latest earlier occurrence of
 //! the last few tokens (strong where the reply quotes its context: rewriting, summarising,
 //! code edits, RAG answers).
+//!
+//! [`ModelDraft`]: a second, smaller or more quantized model with the same vocabulary,
+//! held in memory, guesses greedily; the target model (streamed, say) checks its guesses.
 
+use crate::error::{Result, RuntimeError};
+use crate::exec::{eval_last, Executor};
 use serde::Serialize;
+use std::path::PathBuf;
 
 /// What the plan says about speculative decoding.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DraftPlan {
-    /// The draft: `ngram` (prompt lookup).
+    /// The draft: `ngram` (prompt lookup) or `model` (a second model's greedy guesses).
     pub kind: String,
+    /// The draft model's directory (`model`).
+    pub model_dir: Option<PathBuf>,
     /// Most tokens guessed per pass (the pass evaluates one more).
     pub max_tokens: usize,
     /// Longest suffix looked up.
@@ -55,6 +63,103 @@ pub fn ngram(history: &[u32], n_max: usize, n_min: usize, max: usize) -> Vec<u32
         }
     }
     Vec::new()
+}
+
+/// A draft model: its own executor (CPU, in memory) and KV cache, kept in step with the
+/// target's sequence lazily — each [`propose`](ModelDraft::propose) evaluates what the
+/// sequence gained since the last one (the accepted tokens) and then guesses one token at
+/// a time. Positions it guessed past what was accepted are overwritten by the next
+/// evaluation, as in the target's cache.
+pub struct ModelDraft {
+    exec: Box<dyn Executor>,
+    /// Tokens at positions `0..` of the draft's cache.
+    done: Vec<u32>,
+    ctx: usize,
+}
+
+impl ModelDraft {
+    /// Wraps the draft model's executor (context `ctx`).
+    pub fn new(exec: Box<dyn Executor>, ctx: usize) -> ModelDraft {
+        ModelDraft {
+            exec,
+            done: Vec::new(),
+            ctx,
+        }
+    }
+
+    /// Up to `k` greedy guesses of the tokens after `seq` (the target's whole sequence so
+    /// far, its last token sampled but not yet evaluated by the target).
+    pub fn propose(&mut self, seq: &[u32], k: usize) -> Result<Vec<u32>> {
+        if seq.is_empty() || k == 0 {
+            return Ok(Vec::new());
+        }
+        let mut common = self
+            .done
+            .iter()
+            .zip(seq)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // the last token is evaluated again when nothing is new: its logits are wanted
+        common = common.min(seq.len() - 1);
+        if !self.exec.can_truncate(self.done.len(), common) {
+            common = 0;
+        }
+        self.done.truncate(common);
+        eval_last(&mut *self.exec, &seq[common..], common)?;
+        self.done.extend_from_slice(&seq[common..]);
+        let mut out = Vec::with_capacity(k);
+        loop {
+            let t = crate::ops::argmax(self.exec.last_logits_mut()) as u32;
+            out.push(t);
+            if out.len() == k || self.done.len() + 1 >= self.ctx {
+                return Ok(out);
+            }
+            eval_last(&mut *self.exec, &[t], self.done.len())?;
+            self.done.push(t);
+        }
+    }
+}
+
+/// Checks that a draft model speaks the target's vocabulary: the same `tokenizer.json`
+/// (by the manifests' hashes), or failing that the same token-to-id map.
+pub fn check_same_vocabulary(target: &std::path::Path, draft: &std::path::Path) -> Result<()> {
+    let hash_of = |dir: &std::path::Path| -> Result<Option<[u8; 32]>> {
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = crate::plan::parse_manifest(dir, &bytes)?;
+        Ok(m.find_file("tokenizer.json").map(|f| f.content_hash))
+    };
+    if let (Some(a), Some(b)) = (hash_of(target)?, hash_of(draft)?) {
+        if a == b {
+            return Ok(());
+        }
+    }
+    let vocab = |dir: &std::path::Path| -> Result<std::collections::HashMap<String, u32>> {
+        let path = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&path)
+            .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let t = crate::tokenizer::parse_tokenizer(&bytes)
+            .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(t.get_vocab(true))
+    };
+    let (a, b) = (vocab(target)?, vocab(draft)?);
+    if a == b {
+        return Ok(());
+    }
+    let mut diff: Vec<&String> = a
+        .iter()
+        .filter(|(t, id)| b.get(*t) != Some(id))
+        .map(|(t, _)| t)
+        .chain(b.keys().filter(|t| !a.contains_key(*t)))
+        .collect();
+    diff.sort();
+    Err(RuntimeError::Usage(format!(
+        "--draft-model {}: its vocabulary differs from the model's ({} of {} vs {} tokens differ, e.g. {:?}); a draft must use the same tokenizer",
+        draft.display(),
+        diff.len(),
+        b.len(),
+        a.len(),
+        diff.first().map(|s| s.as_str()).unwrap_or("")
+    )))
 }
 
 #[cfg(test)]

@@ -86,6 +86,8 @@ pub struct Engine {
     interrupt: Arc<AtomicBool>,
     /// With a grammar in the plan: its compiler (each reply starts a fresh constraint).
     grammar: Option<GrammarCompiler>,
+    /// The draft model of `--draft-model`, with its own cache.
+    draft_model: Option<crate::draft::ModelDraft>,
 }
 
 impl Engine {
@@ -96,6 +98,23 @@ impl Engine {
         // a speculative pass wants logits at the sampled token and at every guess
         let outputs = 1 + plan.draft.as_ref().map_or(0, |d| d.max_tokens);
         let exec = crate::exec::open(&plan, plan.batch, outputs)?;
+        let draft_model = match plan.draft.as_ref().and_then(|d| d.model_dir.as_ref()) {
+            Some(dir) => {
+                let sub = Plan::draft_model_plan(
+                    &crate::plan::PlanOptions {
+                        no_verify: !plan.io_plan.verify,
+                        ..Default::default()
+                    },
+                    dir,
+                    plan.ctx,
+                    plan.threads,
+                    plan.batch,
+                )?;
+                let ex = crate::exec::open(&sub, sub.batch, 1)?;
+                Some(crate::draft::ModelDraft::new(ex, plan.ctx))
+            }
+            None => None,
+        };
         let tokenizer = TextTokenizer::load(&plan.model_dir, exec.config())?;
         let sampler = Sampler::new(plan.sampler.clone(), exec.config().vocab_size);
         let grammar = match &plan.grammar {
@@ -123,6 +142,7 @@ impl Engine {
             tokenizer,
             sampler,
             messages,
+            draft_model,
             grammar,
         })
     }
@@ -403,14 +423,19 @@ impl Engine {
                                 last_right + 1
                             };
                         }
-                        let guesses = match &draft {
-                            Some(d) => crate::draft::ngram(
-                                &history,
-                                d.ngram_max,
-                                d.ngram_min,
-                                draft_len.min(ctx.saturating_sub(pos + 1)),
-                            ),
-                            None => Vec::new(),
+                        let room = draft_len.min(ctx.saturating_sub(pos + 1));
+                        let guesses = match (&draft, self.draft_model.as_mut()) {
+                            (Some(_), Some(dm)) => {
+                                // the target's sequence: its cache, then the sampled token
+                                self.cached.push(tok);
+                                let g = dm.propose(&self.cached, room);
+                                self.cached.pop();
+                                g?
+                            }
+                            (Some(d), None) => {
+                                crate::draft::ngram(&history, d.ngram_max, d.ngram_min, room)
+                            }
+                            (None, _) => Vec::new(),
                         };
                         (last_guessed, last_right) = (guesses.len(), 0);
                         if guesses.is_empty() {

@@ -79,8 +79,11 @@ pub struct PlanOptions {
     pub grammar: Option<crate::constraint::Grammar>,
     /// Report each generated token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
-    /// Speculative decoding's draft: `none` (default) or `ngram` (prompt lookup).
+    /// Speculative decoding's draft: `none` (default), `ngram` (prompt lookup) or `model`
+    /// (a second model, [`PlanOptions::draft_model`]).
     pub draft: Option<String>,
+    /// The draft model's directory (implies `draft: model`).
+    pub draft_model: Option<PathBuf>,
     /// Most tokens the draft guesses per pass (default [`DEFAULT_DRAFT_MAX`]).
     pub draft_max: Option<usize>,
 }
@@ -269,6 +272,35 @@ pub fn physical_cores() -> usize {
 }
 
 impl Plan {
+    /// The plan of a draft model in `dir` for a target planned with `ctx`, `threads`,
+    /// `batch`: the CPU backend, every weight in memory, raw text.
+    pub fn draft_model_plan(
+        opts: &PlanOptions,
+        dir: &Path,
+        ctx: usize,
+        threads: usize,
+        batch: usize,
+    ) -> Result<Plan> {
+        Plan::build(&PlanOptions {
+            model_dir: dir.to_path_buf(),
+            ctx: Some(ctx),
+            ctx_past_training: opts.ctx_past_training,
+            threads: Some(threads),
+            batch: Some(batch),
+            kv_dtype: opts.kv_dtype,
+            backend: Some("cpu".into()),
+            io: Some("mmap".into()),
+            activations: opts.activations.clone(),
+            no_verify: opts.no_verify,
+            raw: true,
+            ..PlanOptions::default()
+        })
+        .map_err(|e| match e {
+            RuntimeError::Usage(m) => RuntimeError::Usage(format!("--draft-model: {m}")),
+            other => other,
+        })
+    }
+
     /// Reads the model's manifest and turns `opts` into a plan, rejecting invalid values
     /// with a message naming the flag.
     pub fn build(opts: &PlanOptions) -> Result<Plan> {
@@ -435,14 +467,25 @@ impl Plan {
                 (io, Some(g))
             }
         };
-        let draft = match opts.draft.as_deref() {
-            None | Some("none") => {
+        let kind = match (opts.draft.as_deref(), &opts.draft_model) {
+            (None, Some(_)) => Some("model"),
+            (None | Some("none"), None) => None,
+            (Some("none"), Some(_)) => {
+                return plan_err("--draft none and --draft-model contradict each other".into())
+            }
+            (Some(k @ ("ngram" | "model")), _) => Some(k),
+            (Some(other), _) => {
+                return plan_err(format!("--draft {other}: expected none, ngram or model"))
+            }
+        };
+        let draft = match kind {
+            None => {
                 if opts.draft_max.is_some() {
-                    return plan_err("--draft-max needs --draft ngram".into());
+                    return plan_err("--draft-max needs --draft ngram or --draft-model".into());
                 }
                 None
             }
-            Some("ngram") => {
+            Some(kind) => {
                 let max = opts.draft_max.unwrap_or(DEFAULT_DRAFT_MAX);
                 // a pass holds the sampled token and the guesses; the window ring's slack
                 // is one pass, so a rejected guess never overwrites a key still in a window
@@ -459,14 +502,31 @@ impl Plan {
                             .into(),
                     );
                 }
+                if opts.draft.as_deref() == Some("ngram") && opts.draft_model.is_some() {
+                    return plan_err(
+                        "--draft-model goes with --draft model (or alone), not ngram".into(),
+                    );
+                }
+                let model_dir = match (kind, &opts.draft_model) {
+                    ("model", None) => {
+                        return plan_err("--draft model needs --draft-model DIR".into())
+                    }
+                    ("model", Some(d)) => {
+                        // the draft must exist, run, and share the vocabulary
+                        let sub = Self::draft_model_plan(opts, d, ctx, threads, batch)?;
+                        crate::draft::check_same_vocabulary(dir, &sub.model_dir)?;
+                        Some(sub.model_dir)
+                    }
+                    _ => None,
+                };
                 Some(crate::draft::DraftPlan {
-                    kind: "ngram".into(),
+                    kind: kind.into(),
+                    model_dir,
                     max_tokens: max,
                     ngram_max: crate::draft::NGRAM_MAX,
                     ngram_min: crate::draft::NGRAM_MIN,
                 })
             }
-            Some(other) => return plan_err(format!("--draft {other}: expected none or ngram")),
         };
         // Both executors' caches keep a ring for window layers (exec::CpuExecutor::new,
         // the GPU layout's kv_rows)

@@ -135,10 +135,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "REGEX")]
     pub regex: Option<String>,
     /// Speculative decoding: `ngram` guesses the next tokens from earlier text (prompt
-    /// lookup) and checks them all in one pass over the weights; the output is the same as
-    /// without it (CPU backend).
-    #[arg(long, value_name = "DRAFT", value_parser = ["none", "ngram"])]
+    /// lookup), `model` asks a second model (--draft-model), and the guesses are checked all
+    /// in one pass over the weights; the output is the same as without it (CPU backend).
+    #[arg(long, value_name = "DRAFT", value_parser = ["none", "ngram", "model"])]
     pub draft: Option<String>,
+    /// A smaller (or more quantized) model with the same vocabulary that guesses the next
+    /// tokens, held in memory (implies --draft model).
+    #[arg(long, value_name = "DIR")]
+    pub draft_model: Option<PathBuf>,
     /// Most tokens guessed per pass [default: 10].
     #[arg(long, value_name = "K")]
     pub draft_max: Option<usize>,

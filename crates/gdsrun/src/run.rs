@@ -44,6 +44,7 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
         parse_special: a.parse_special,
         system: a.system.clone(),
         draft: a.draft.clone(),
+        draft_model: a.draft_model.clone(),
         draft_max: a.draft_max,
         ..common_options(&a.common)
     }

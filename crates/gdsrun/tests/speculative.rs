@@ -1,7 +1,7 @@
-//! Speculative decoding (`--draft ngram`): the output is the one the model gives without
-//! it — greedy and seeded sampling, in memory and streamed, with Gemma 3's window ring —
-//! while a repetitive task takes fewer passes over the weights, and so reads fewer bytes per
-//! generated token when the layers stream.
+//! Speculative decoding (`--draft ngram`, `--draft-model DIR`): the output is the one the
+//! model gives without it — greedy and seeded sampling, in memory and streamed, with Gemma
+//! 3's window ring — while a repetitive task takes fewer passes over the weights, and so
+//! reads fewer bytes per generated token when the layers stream.
 
 use serde_json::Value;
 use std::path::Path;
@@ -198,5 +198,92 @@ fn bad_draft_settings_are_usage_errors() {
             "{}",
             gds_tests::stderr(&o)
         );
+    }
+}
+
+/// A draft model: SmolLM2 Q4_1 (in memory) guesses for SmolLM2 at F16 (the same GGUF
+/// dequantized into a Hugging Face directory, 2.7x the bytes per token), streamed at a
+/// small budget. The text is the F16 model's own, most guesses are right, and the passes
+/// (so the bytes read per token) shrink; a draft with another vocabulary is refused.
+#[test]
+fn a_draft_model_leaves_the_output_unchanged_and_must_share_the_vocabulary() {
+    let draft = gds_tests::smollm_converted();
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("f16.gds");
+    let o = gds_tests::run(
+        "gdsconv",
+        &[
+            "convert",
+            gds_tests::smollm_hf_f16().to_str().unwrap(),
+            target.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", gds_tests::stderr(&o));
+    let settings = [
+        "--temp",
+        "0",
+        "-n",
+        "40",
+        "--io",
+        "direct",
+        "--mem-budget",
+        "40MB",
+    ];
+    let plain = run_json(&target, &settings);
+    let mut with = settings.to_vec();
+    with.extend_from_slice(&["--draft-model", draft.to_str().unwrap()]);
+    let spec = run_json(&target, &with);
+    assert_eq!(
+        tokens(&plain),
+        tokens(&spec),
+        "tokens differ with the draft model"
+    );
+    assert_eq!(plain["text"], spec["text"]);
+    let m = &spec["metrics"];
+    let (passes, decoded) = (
+        m["decode_passes"].as_u64().unwrap(),
+        m["decode_tokens"].as_u64().unwrap(),
+    );
+    let (drafted, accepted) = (
+        m["draft_tokens"].as_u64().unwrap(),
+        m["draft_accepted"].as_u64().unwrap(),
+    );
+    eprintln!("draft model: {decoded} tokens in {passes} passes, {accepted}/{drafted} guesses");
+    assert_eq!(passes + accepted, decoded);
+    assert!(accepted * 2 > drafted, "{accepted}/{drafted} guesses right");
+    assert!(
+        passes * 2 <= decoded,
+        "{passes} passes for {decoded} tokens"
+    );
+    let per_token = |v: &Value| v["metrics"]["bytes_read_per_token"].as_f64().unwrap();
+    assert!(per_token(&spec) * 2.0 < per_token(&plain));
+    assert_eq!(spec["plan"]["draft"]["kind"], "model");
+
+    let t = target.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec![
+                t,
+                "--draft-model",
+                gds_tests::gemma_converted().to_str().unwrap(),
+                "-p",
+                "x",
+            ],
+            "vocabulary differs",
+        ),
+        (
+            vec![t, "--draft", "model", "-p", "x"],
+            "needs --draft-model",
+        ),
+        (
+            vec![t, "--draft-model", "/nonexistent/draft", "-p", "x"],
+            "/nonexistent/draft",
+        ),
+    ] {
+        let o = gds_tests::run("gdsrun", &args);
+        let err = gds_tests::stderr(&o);
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
     }
 }
