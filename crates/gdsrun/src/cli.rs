@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Generate from a prompt, or chat interactively (the default command).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Perplexity of a text file, computed like llama.cpp's llama-perplexity.
     Perplexity(PerplexityArgs),
     /// Prompt-processing and generation speed, like llama-bench.

@@ -81,7 +81,7 @@ fn main() {
         }
     }
     let result = match cli.command {
-        Command::Run(a) => run::run(a),
+        Command::Run(a) => run::run(*a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => gds_serve::run(a),
