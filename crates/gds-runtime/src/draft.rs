@@ -65,6 +65,73 @@ pub fn ngram(history: &[u32], n_max: usize, n_min: usize, max: usize) -> Vec<u32
     Vec::new()
 }
 
+/// Whether guessing pays, measured as the run goes: with every weight in memory a guess
+/// costs compute (its row of every matrix and of the output head, and a draft model's own
+/// pass), so guessing pays only if the tokens a guessing pass yields per millisecond beat a
+/// plain pass's one token per its milliseconds. Both are kept as moving averages; while
+/// guessing does not pay, one pass in [`Gate::PROBE_EVERY`] guesses anyway (and while it
+/// does, one is plain) so that both stay measured as the text changes.
+#[derive(Debug, Default)]
+pub struct Gate {
+    plain_ms: Option<f64>,
+    /// Tokens per millisecond of guessing passes.
+    spec_rate: Option<f64>,
+    /// Duration of the last guessing pass, until its guesses are settled.
+    unsettled: Option<f64>,
+    /// Guessing passes seen (the first, which also warms a draft model up, is not counted).
+    guessed: usize,
+    /// Plain passes measured.
+    plain: usize,
+    passes: usize,
+}
+
+impl Gate {
+    /// One pass in this many goes against the current decision, to keep measuring.
+    pub const PROBE_EVERY: usize = 32;
+    /// Guessing must beat plain passes by this factor: a tie costs the guesses' overheads
+    /// (a draft model catching up, logits copied per guess).
+    pub const MARGIN: f64 = 1.15;
+    const ALPHA: f64 = 0.3;
+
+    fn ema(v: &mut Option<f64>, x: f64) {
+        *v = Some(v.map_or(x, |v| v + Self::ALPHA * (x - v)));
+    }
+
+    /// Whether the next pass should carry guesses.
+    pub fn guess(&mut self) -> bool {
+        self.passes += 1;
+        let probe = self.passes.is_multiple_of(Self::PROBE_EVERY);
+        match (self.plain_ms, self.spec_rate) {
+            // decided on a few of each, not on one slow pass
+            (Some(p), Some(r)) if self.plain >= 2 && self.guessed >= 4 => {
+                (r * p > Self::MARGIN) != probe
+            }
+            // two plain passes early on, to have both measures
+            _ => self.plain >= 2 || !matches!(self.passes, 2 | 3),
+        }
+    }
+
+    /// A pass took `ms`; `guessed`: it carried guesses.
+    pub fn passed(&mut self, guessed: bool, ms: f64) {
+        if guessed {
+            self.unsettled = Some(ms);
+        } else {
+            self.plain += 1;
+            Self::ema(&mut self.plain_ms, ms);
+        }
+    }
+
+    /// The guesses of the last guessing pass are settled: `right` of them were taken.
+    pub fn settled(&mut self, right: usize) {
+        if let Some(ms) = self.unsettled.take() {
+            self.guessed += 1;
+            if self.guessed > 1 {
+                Self::ema(&mut self.spec_rate, (1 + right) as f64 / ms.max(1e-6));
+            }
+        }
+    }
+}
+
 /// A draft model: its own executor (CPU, in memory) and KV cache, kept in step with the
 /// target's sequence lazily — each [`propose`](ModelDraft::propose) evaluates what the
 /// sequence gained since the last one (the accepted tokens) and then guesses one token at
@@ -165,6 +232,40 @@ pub fn check_same_vocabulary(target: &std::path::Path, draft: &std::path::Path) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gate_guesses_while_it_pays_and_probes_while_it_does_not() {
+        // plain passes 10 ms; guessing passes 12 ms yielding 3 tokens: pays
+        let mut g = Gate::default();
+        let mut plain = 0;
+        for _ in 0..64 {
+            if g.guess() {
+                g.passed(true, 12.0);
+                g.settled(2);
+            } else {
+                plain += 1;
+                g.passed(false, 10.0);
+            }
+        }
+        assert!((1..=4).contains(&plain), "{plain} plain passes of 64");
+        // guessing passes 12 ms yielding 1 token: does not pay
+        let mut g = Gate::default();
+        let mut guessing = 0;
+        for _ in 0..64 {
+            if g.guess() {
+                guessing += 1;
+                g.passed(true, 12.0);
+                g.settled(0);
+            } else {
+                g.passed(false, 10.0);
+            }
+        }
+        // four to measure, then the probes
+        assert!(
+            (2..=7).contains(&guessing),
+            "{guessing} guessing passes of 64"
+        );
+    }
 
     #[test]
     fn the_latest_match_of_the_longest_suffix_is_continued() {

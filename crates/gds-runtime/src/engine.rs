@@ -326,8 +326,10 @@ impl Engine {
         // the output head), so the guesses per pass adapt to how the last ones fared (none
         // right: half as many; all right: twice as many, up to the plan's maximum; else one
         // more than were right). When layers stream, the pass is paid in reads whatever
-        // it holds: always the maximum.
+        // it holds: always guess, the maximum.
         let adapt = self.plan.io_plan.streamed_bytes_per_token == 0;
+        // ... and whether to guess at all is measured (crate::draft::Gate)
+        let mut gate = crate::draft::Gate::default();
         let mut draft_len = draft.as_ref().map_or(0, |d| d.max_tokens);
         let (mut last_guessed, mut last_right) = (0usize, 0usize);
         while stop.is_none() {
@@ -414,6 +416,9 @@ impl Engine {
                         // a wrong guess: its positions (and the ones after) are overwritten
                         // by this pass before anything attends to them
                         pending.clear();
+                        if last_guessed > 0 {
+                            gate.settled(last_right);
+                        }
                         if let (Some(d), true) = (&draft, adapt && last_guessed > 0) {
                             draft_len = if last_right == 0 {
                                 (draft_len / 2).max(1)
@@ -424,7 +429,12 @@ impl Engine {
                             };
                         }
                         let room = draft_len.min(ctx.saturating_sub(pos + 1));
+                        let guessing = draft.is_some() && (!adapt || gate.guess());
+                        if draft.is_some() && !guessing {
+                            m.draft_off_passes += 1;
+                        }
                         let guesses = match (&draft, self.draft_model.as_mut()) {
+                            _ if !guessing => Vec::new(),
                             (Some(_), Some(dm)) => {
                                 // the target's sequence: its cache, then the sampled token
                                 self.cached.push(tok);
@@ -459,6 +469,9 @@ impl Engine {
                             pending = guesses.into_iter().zip(rows).collect();
                         }
                         m.decode_passes += 1;
+                        if draft.is_some() {
+                            gate.passed(last_guessed > 0, t.elapsed().as_secs_f64() * 1000.0);
+                        }
                     }
                 }
                 self.cached.push(tok);

@@ -69,6 +69,8 @@ pub struct Metrics {
     pub decode_tokens: usize,
     /// Tokens a draft guessed (speculative decoding).
     pub draft_tokens: usize,
+    /// Decode passes the draft sat out because guessing did not pay (in memory, measured).
+    pub draft_off_passes: usize,
     /// Guesses equal to the token sampled at their position: tokens decoded without a pass
     /// of their own.
     pub draft_accepted: usize,

@@ -66,9 +66,10 @@ fn greedy_and_sampled_output_is_unchanged_and_takes_fewer_passes() {
     // every decoded token either had its own pass or was an accepted guess
     assert_eq!(passes + accepted, decoded);
     assert!(accepted <= drafted);
+    // (in memory the first passes also measure whether guessing pays: two go without)
     assert!(
-        passes * 2 <= decoded,
-        "a rewrite should need at most half the passes: {passes} for {decoded}"
+        passes * 3 <= decoded * 2,
+        "a rewrite should need at most two thirds of the passes: {passes} for {decoded}"
     );
     let tpp = m["tokens_per_pass"].as_f64().unwrap();
     assert!((tpp - decoded as f64 / passes as f64).abs() < 1e-9);
