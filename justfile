@@ -14,7 +14,7 @@ fmt:
 lint:
     cargo clippy --workspace --all-targets --release -- -D warnings
 
-# conversion throughput next to a plain copy of the same bytes
+# conversion throughput (SmolLM2, Gemma 3) next to a plain copy of the same bytes, and peak RSS
 bench-convert runs="3":
     ./scripts/bench-convert.sh {{runs}}
 
@@ -36,16 +36,17 @@ fuzz-seeds *args:
 fuzz-replay:
     cargo test --release -p gds-fuzz --test replay
 
-# gdsrun vs llama.cpp llama-bench on SmolLM2 (pp/tg t/s and ratios, peak RSS)
+# gdsrun vs llama.cpp llama-bench on SmolLM2 and Gemma 3 (pp/tg t/s and ratios at depths 0, 2048, 8192, peak RSS)
 bench *args:
     ./scripts/bench.py {{args}}
 
-# layer streaming: O_DIRECT bandwidth, bytes/token, decode t/s vs the bandwidth bound at
+# layer streaming: O_DIRECT bandwidth (fio), bytes/token, decode t/s vs the bandwidth bound at
 # several --mem-budget values, and mmap (ours and llama.cpp's) under the same memory cgroup
 bench-stream *args:
     ./scripts/bench-stream.py {{args}}
 
-# speculative decoding (--draft ngram) with/without, in memory and streamed at the minimum budget
+# speculative decoding (--draft ngram, --draft-model) with/without, in memory and streamed at the
+# minimum budget, on SmolLM2 Q4_1, SmolLM2 F16 (drafted by Q4_1) and Gemma 3
 bench-spec *args:
     ./scripts/bench-spec.py {{args}}
 

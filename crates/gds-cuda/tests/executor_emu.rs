@@ -405,6 +405,20 @@ fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
     assert!(e.contains("too small"), "{e}");
 }
 
+/// `fixtures/<input>` converted into a temporary directory (kept while the guard lives).
+fn converted_fixture(input: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m.gds");
+    gds_convert::convert(
+        &gds_tests::fixture(input),
+        &dir,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+    (tmp, dir)
+}
+
 /// Every architecture through the executor on the emulated device, against transformers:
 /// the tiny random-weight models of fixtures/tiny-<arch>-hf (made by transformers itself,
 /// fixtures/make_arch_fixtures.py) converted from the Hugging Face directory and from the
@@ -442,15 +456,7 @@ fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
         let golden = gds_tests::golden(arch, golden);
         let tokens = &golden.tokens;
         assert_eq!(tokens.len(), 12, "{arch}: golden prompt length");
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("m.gds");
-        gds_convert::convert(
-            &gds_tests::fixture(input),
-            &dir,
-            &gds_convert::ConvertOptions::default(),
-            &gds_convert::NoProgress,
-        )
-        .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+        let (_tmp, dir) = converted_fixture(input);
         // The context the CPU check runs at (LongRoPE picks its factors by it).
         let ctx = 64;
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
@@ -478,15 +484,7 @@ fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
 #[test]
 fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
     for input in ["tiny-gemma2-hf", "tiny-gemma3-hf", "tiny-mistral-hf"] {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("m.gds");
-        gds_convert::convert(
-            &gds_tests::fixture(input),
-            &dir,
-            &gds_convert::ConvertOptions::default(),
-            &gds_convert::NoProgress,
-        )
-        .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+        let (_tmp, dir) = converted_fixture(input);
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
         let windowed = layout.shape.windows.iter().filter(|&&w| w > 0).count();
         assert!(windowed > 0, "{input}: no window block");

@@ -61,25 +61,31 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp_fast(-x))
 }
 
-/// GeGLU: `gate = gelu_tanh(gate) * up` (the AVX2 build of the same loop where available:
-/// the same numbers, eight at a time).
+/// GeGLU: `gate = gelu_tanh(gate) * up`.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    gated(gate, up, gelu_tanh)
+}
+
+/// `gate[i] = f(gate[i]) * up[i]`, in the AVX2 build of the same loop where the CPU has it
+/// (the same numbers, eight at a time: `f` has no calls or branches).
+#[inline(always)]
+fn gated<F: Fn(f32) -> f32>(gate: &mut [f32], up: &[f32], f: F) {
     #[inline(always)]
-    fn body(gate: &mut [f32], up: &[f32]) {
+    fn body<F: Fn(f32) -> f32>(gate: &mut [f32], up: &[f32], f: &F) {
         for (g, &u) in gate.iter_mut().zip(up) {
-            *g = gelu_tanh(*g) * u;
+            *g = f(*g) * u;
         }
     }
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
         #[target_feature(enable = "avx2")]
-        fn vectorized(gate: &mut [f32], up: &[f32]) {
-            body(gate, up)
+        fn vectorized<F: Fn(f32) -> f32>(gate: &mut [f32], up: &[f32], f: &F) {
+            body(gate, up, f)
         }
         // SAFETY: simd_available() found AVX2 on this CPU.
-        return unsafe { vectorized(gate, up) };
+        return unsafe { vectorized(gate, up, &f) };
     }
-    body(gate, up)
+    body(gate, up, &f)
 }
 
 /// In-place softmax.
@@ -145,24 +151,9 @@ pub fn add_bias_rows(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// SwiGLU: `gate = silu(gate) * up` (vectorized as [`geglu`]).
+/// SwiGLU: `gate = silu(gate) * up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    #[inline(always)]
-    fn body(gate: &mut [f32], up: &[f32]) {
-        for (g, &u) in gate.iter_mut().zip(up) {
-            *g = silu(*g) * u;
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd_available() {
-        #[target_feature(enable = "avx2")]
-        fn vectorized(gate: &mut [f32], up: &[f32]) {
-            body(gate, up)
-        }
-        // SAFETY: simd_available() found AVX2 on this CPU.
-        return unsafe { vectorized(gate, up) };
-    }
-    body(gate, up)
+    gated(gate, up, silu)
 }
 
 /// Dot product of an f32 vector with a cache row, 8 lanes so the compiler vectorizes it.

@@ -33,6 +33,18 @@ fn tokens(v: &Value) -> Vec<u64> {
         .collect()
 }
 
+/// (decode passes, decoded tokens, guesses, accepted guesses) of a run's metrics, checked to
+/// add up: every decoded token had its own pass or was an accepted guess.
+fn pass_counts(m: &Value, what: &str) -> (u64, u64, u64, u64) {
+    let n = |k: &str| m[k].as_u64().unwrap();
+    let (passes, decoded) = (n("decode_passes"), n("decode_tokens"));
+    let (drafted, accepted) = (n("draft_tokens"), n("draft_accepted"));
+    eprintln!("{what}: {decoded} tokens in {passes} passes, {accepted}/{drafted} guesses");
+    assert_eq!(passes + accepted, decoded, "{what}");
+    assert!(accepted <= drafted, "{what}");
+    (passes, decoded, drafted, accepted)
+}
+
 /// Runs with and without `--draft ngram` on the same settings; returns both outputs after
 /// checking they agree token for token.
 fn same_with_and_without(model: &Path, settings: &[&str], what: &str) -> (Value, Value) {
@@ -54,18 +66,7 @@ fn greedy_and_sampled_output_is_unchanged_and_takes_fewer_passes() {
     let model = gds_tests::smollm_converted();
     let (_, spec) = same_with_and_without(model, &["--temp", "0", "-n", "64"], "greedy");
     let m = &spec["metrics"];
-    let (passes, decoded) = (
-        m["decode_passes"].as_u64().unwrap(),
-        m["decode_tokens"].as_u64().unwrap(),
-    );
-    let (drafted, accepted) = (
-        m["draft_tokens"].as_u64().unwrap(),
-        m["draft_accepted"].as_u64().unwrap(),
-    );
-    eprintln!("greedy: {decoded} tokens in {passes} passes, {accepted}/{drafted} guesses");
-    // every decoded token either had its own pass or was an accepted guess
-    assert_eq!(passes + accepted, decoded);
-    assert!(accepted <= drafted);
+    let (passes, decoded, drafted, accepted) = pass_counts(m, "greedy");
     // (in memory the first passes also measure whether guessing pays: two go without)
     assert!(
         passes * 3 <= decoded * 2,
@@ -241,16 +242,7 @@ fn a_draft_model_leaves_the_output_unchanged_and_must_share_the_vocabulary() {
     );
     assert_eq!(plain["text"], spec["text"]);
     let m = &spec["metrics"];
-    let (passes, decoded) = (
-        m["decode_passes"].as_u64().unwrap(),
-        m["decode_tokens"].as_u64().unwrap(),
-    );
-    let (drafted, accepted) = (
-        m["draft_tokens"].as_u64().unwrap(),
-        m["draft_accepted"].as_u64().unwrap(),
-    );
-    eprintln!("draft model: {decoded} tokens in {passes} passes, {accepted}/{drafted} guesses");
-    assert_eq!(passes + accepted, decoded);
+    let (passes, decoded, drafted, accepted) = pass_counts(m, "draft model");
     assert!(accepted * 2 > drafted, "{accepted}/{drafted} guesses right");
     assert!(
         passes * 2 <= decoded,
