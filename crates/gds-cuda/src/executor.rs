@@ -680,10 +680,13 @@ impl Vram for CudaVram {
 
     fn finish(&mut self, out: &mut [f32], src: u64) -> Result<(), GpuError> {
         let st = &self.gpu.compute;
-        // SAFETY: `out` holds as many floats as the buffer at `src` (the logits, vocab
-        // floats); the stream is synchronized before `out` is read.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src, st.cu_stream()) }
-            .map_err(cuda("copying logits"))?;
+        if !out.is_empty() {
+            // SAFETY: the buffer at `src` (the logit rows) holds at least `out.len()` floats
+            // (Streamer::forward checks the rows against its size); the stream is
+            // synchronized before `out` is read.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src, st.cu_stream()) }
+                .map_err(cuda("copying logits"))?;
+        }
         st.synchronize().map_err(cuda("forward"))?;
         self.gpu.copy.synchronize().map_err(cuda("copy stream"))?;
         for slot in 0..2 {

@@ -105,7 +105,8 @@ pub trait Device {
 /// Activation and scratch buffers (f32), sized for `max_tokens` tokens and `ctx` positions:
 /// `x`, `proj` `max_tokens × n_embd`; `xb` `max_tokens × max(n_embd, n_ff, q_dim)`; `q`,
 /// `attn` `max_tokens × q_dim`; `k`, `v` `max_tokens × kv_dim`; `att`
-/// `max_tokens × n_heads × ctx`; `gate`, `up` `max_tokens × n_ff`; `logits` `vocab`; `tile`
+/// `max_tokens × n_heads × ctx`; `gate`, `up` `max_tokens × n_ff`; `logits`
+/// `logit_rows × vocab`; `tile`
 /// the largest weight's elements.
 #[derive(Clone, Copy, Debug)]
 pub struct Scratch {
@@ -129,7 +130,7 @@ pub struct Scratch {
     pub gate: u64,
     /// FFN up.
     pub up: u64,
-    /// Logits of the last token.
+    /// Logits of the pass's last positions ([`Layout::logit_rows`] rows of `vocab`).
     pub logits: u64,
     /// Dequantized weight tile for GEMM prefill.
     pub tile: u64,
@@ -253,28 +254,35 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// Final norm and output head for the last of `ntok` tokens, into `s.logits`, capped
-    /// by `softcap` where given.
+    /// Final norm and output head for the last `rows` of `ntok` tokens (at most
+    /// [`Layout::logit_rows`] of the pass), into `s.logits` (`rows × vocab`, in position
+    /// order), capped by `softcap` where given.
     pub fn head(
         &self,
         dev: &mut dyn Device,
         ntok: usize,
+        rows: usize,
         softcap: Option<f32>,
     ) -> Result<(), GpuError> {
+        if rows == 0 || rows > ntok {
+            return Err(GpuError::Model(format!(
+                "logits of {rows} positions of a pass of {ntok}"
+            )));
+        }
         let n = self.layout.shape.n_embd as u64;
         let norm = self.tensor("output_norm.weight")?;
-        let last = self.s.x + (ntok as u64 - 1) * n * F32;
+        let first = self.s.x + (ntok - rows) as u64 * n * F32;
         dev.rmsnorm(
-            last,
+            first,
             self.addr(&norm)?,
             self.s.xb,
             n as i32,
-            1,
+            rows as i32,
             self.layout.shape.eps,
         )?;
-        self.linear(dev, &self.layout.output, self.s.xb, self.s.logits, 1)?;
+        self.linear(dev, &self.layout.output, self.s.xb, self.s.logits, rows)?;
         match softcap {
-            Some(c) => dev.softcap(self.s.logits, c, self.layout.shape.vocab as i32),
+            Some(c) => dev.softcap(self.s.logits, c, (rows * self.layout.shape.vocab) as i32),
             None => Ok(()),
         }
     }

@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 /// Tokens per forward call the scratch buffers are sized for (prefill chunk).
 pub const MAX_BATCH: usize = 512;
 
+/// Most positions of one forward call that get logits ([`Layout::logit_rows`]): the sampled
+/// token and up to 15 guesses of a speculative pass.
+pub const MAX_LOGIT_ROWS: usize = 16;
+
 /// The hyperparameters the executor sizes its buffers and shared kernels by, from the
 /// manifest (what differs between architectures is the graph's: `forward::BlockGraph`).
 #[derive(Clone, Debug, PartialEq)]
@@ -263,6 +267,13 @@ impl Layout {
             .unwrap_or(0)
     }
 
+    /// Positions whose logits one forward call can return for passes of up to `batch`
+    /// positions: the last [`MAX_LOGIT_ROWS`] at most (speculative decoding checks the
+    /// sampled token and its guesses in one pass, with logits at each).
+    pub fn logit_rows(batch: usize) -> usize {
+        batch.clamp(1, MAX_LOGIT_ROWS)
+    }
+
     /// Positions one forward call takes for `ctx` positions when the executor allows
     /// `max_batch` (at least 1, at most `ctx`).
     pub fn batch(ctx: usize, max_batch: usize) -> usize {
@@ -298,13 +309,13 @@ impl Layout {
         let kv_dim = s.n_kv_heads * s.head_dim;
         let batch = batch.min(ctx).max(1);
         let widest = s.n_embd.max(s.n_ff).max(s.n_heads * s.head_dim);
-        // x, proj, xb, q, attn; k, v; gate, up; scores; logits; the GEMM tile; two RoPE
+        // x, proj, xb, q, attn; k, v; gate, up; scores; logit rows; the GEMM tile; two RoPE
         // tables (global and window layers), cos and sin
         let scratch = batch * (2 * s.n_embd + widest + 2 * s.n_heads * s.head_dim)
             + batch * 2 * kv_dim
             + batch * 2 * s.n_ff
             + batch * s.n_heads * ctx
-            + s.vocab
+            + Self::logit_rows(batch) * s.vocab
             + self.max_weight_elements()
             + 4 * ctx * (s.rope_dims / 2);
         self.kv_bytes(ctx, batch) + scratch * 4

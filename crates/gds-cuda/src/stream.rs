@@ -196,7 +196,7 @@ impl<V: Vram> Streamer<V> {
             att: f32_buf(max_tokens * s.n_heads * ctx)?,
             gate: f32_buf(max_tokens * s.n_ff)?,
             up: f32_buf(max_tokens * s.n_ff)?,
-            logits: f32_buf(s.vocab)?,
+            logits: f32_buf(Layout::logit_rows(max_tokens) * s.vocab)?,
             tile: f32_buf(layout.max_weight_elements())?,
         };
         let tables = match opts.rope.is_empty() {
@@ -279,8 +279,34 @@ impl<V: Vram> Streamer<V> {
         })
     }
 
+    /// Positions whose logits one [`forward`](Streamer::forward) call can return (the
+    /// last of its tokens).
+    pub fn logit_rows(&self) -> usize {
+        Layout::logit_rows(self.max_tokens)
+    }
+
+    /// Whether the sequence, holding `len` positions, can be cut back to its first `keep`
+    /// and continued: every window block's ring must still hold the keys position `keep`
+    /// sees (the oldest, `keep + 1 − window`, is overwritten once `len − 1` reaches a
+    /// ring's length past it).
+    pub fn can_truncate(&self, len: usize, keep: usize) -> bool {
+        if keep >= len {
+            return true;
+        }
+        self.layout
+            .shape
+            .windows
+            .iter()
+            .zip(&self.kv_rows)
+            .all(|(&w, &rows)| {
+                w == 0 || rows >= self.ctx_len || len - 1 < (keep + 1).saturating_sub(w) + rows
+            })
+    }
+
     /// Runs `tokens` at positions `pos0..` (at most [`max_tokens`](Streamer::max_tokens)
-    /// at once) and writes the logits of the last one into `logits` (vocab floats).
+    /// at once) and writes the logits of its last `logits.len() / vocab` positions into
+    /// `logits`, in order: up to [`logit_rows`](Streamer::logit_rows), and none (an empty
+    /// `logits`) skips the output head.
     pub fn forward(
         &mut self,
         logits: &mut [f32],
@@ -294,8 +320,14 @@ impl<V: Vram> Streamer<V> {
                 self.max_tokens, self.ctx_len
             )));
         }
-        if logits.len() != self.layout.shape.vocab {
-            return Err(model_err("logits buffer is not vocab-sized"));
+        let vocab = self.layout.shape.vocab;
+        let rows = logits.len() / vocab;
+        if !logits.len().is_multiple_of(vocab) || rows > ntok.min(self.logit_rows()) {
+            return Err(model_err(format!(
+                "a logits buffer of {} floats for a pass of {ntok} positions: want up to {} rows of {vocab}",
+                logits.len(),
+                ntok.min(self.logit_rows())
+            )));
         }
         {
             let scale = self.graph.embed_scale();
@@ -325,10 +357,10 @@ impl<V: Vram> Streamer<V> {
                 }
             }
         }
-        {
+        if rows > 0 {
             let cap = self.graph.final_softcap();
             let (pass, dev, _) = self.parts();
-            pass.head(dev, ntok, cap)?;
+            pass.head(dev, ntok, rows, cap)?;
         }
         self.vram.finish(logits, self.scratch.logits)
     }

@@ -523,3 +523,119 @@ fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
         }
     }
 }
+
+/// Speculative decoding on the executor: a pass evaluates the sampled token and up to three
+/// guesses and returns logits at each of them (the head over the pass's last rows). The
+/// guesses are the plain run's next tokens with one made wrong by turns (the first, the
+/// second, …, none), so passes accept all, some or none of them; the positions a rejected
+/// guess wrote are overwritten by the next pass. The tokens must be the plain greedy run's,
+/// every logit row equal to the plain run's at that position, in fewer passes — at the
+/// smallest VRAM budget (blocks stream) and passes of at most 8, so Gemma 3's window blocks
+/// keep rings of 11 rows that wrap. The rings also bound how far the sequence can be cut
+/// back (`can_truncate`).
+#[test]
+fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
+    for input in ["tiny-llama3-hf", "tiny-gemma3-hf", "tiny-qwen3.gguf"] {
+        let (_tmp, dir) = converted_fixture(input);
+        let max_batch = 8;
+        let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
+        let budget = layout
+            .plan(CTX, max_batch, usize::MAX >> 1)
+            .unwrap()
+            .min_budget as u64;
+        let open = || {
+            let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+            let opts = StreamOptions {
+                vram_budget: budget,
+                ctx: CTX,
+                rope,
+                max_batch,
+            };
+            Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
+        };
+        let prompt: Vec<u32> = (0..6u32).map(|i| (i * 37 + 11) % 97).collect();
+        let n = 40;
+
+        let mut s = open();
+        let vocab = s.layout().shape.vocab;
+        let mut l = vec![0f32; vocab];
+        s.forward(&mut l, &prompt, 0).unwrap();
+        let (mut plain, mut plain_logits) = (Vec::new(), Vec::new());
+        let mut pos = prompt.len();
+        loop {
+            let t = argmax(&l);
+            plain.push(t);
+            plain_logits.push(l.clone());
+            if plain.len() == n {
+                break;
+            }
+            s.forward(&mut l, &[t], pos).unwrap();
+            pos += 1;
+        }
+
+        let mut s = open();
+        assert_eq!(s.logit_rows(), max_batch);
+        let k = 3;
+        let mut rows = vec![0f32; (k + 1) * vocab];
+        s.forward(&mut l, &prompt, 0).unwrap();
+        let (mut out, mut passes, mut rejected, mut wrong_at) = (Vec::new(), 0, 0, 0);
+        let mut pos = prompt.len();
+        loop {
+            let t = argmax(&l);
+            out.push(t);
+            if out.len() == n {
+                break;
+            }
+            let i0 = out.len();
+            let mut guesses = plain[i0..(i0 + k).min(n)].to_vec();
+            wrong_at = (wrong_at + 1) % (k + 2);
+            if let Some(g) = guesses.get_mut(wrong_at) {
+                *g = (*g + 1) % vocab as u32;
+            }
+            let mut toks = vec![t];
+            toks.extend_from_slice(&guesses);
+            let r = toks.len();
+            s.forward(&mut rows[..r * vocab], &toks, pos).unwrap();
+            passes += 1;
+            let mut j = 0;
+            loop {
+                let row = &rows[j * vocab..(j + 1) * vocab];
+                let want = &plain_logits[(i0 + j).min(n - 1)];
+                if i0 + j < n {
+                    let diff = row
+                        .iter()
+                        .zip(want)
+                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(
+                        diff < 1e-4,
+                        "{input}: row {j} at {}: |diff| {diff}",
+                        pos + j
+                    );
+                }
+                if j < guesses.len() && argmax(row) == guesses[j] {
+                    out.push(guesses[j]);
+                    j += 1;
+                } else {
+                    rejected += guesses.len() - j;
+                    l.copy_from_slice(row);
+                    break;
+                }
+            }
+            pos += j + 1;
+            if out.len() == n {
+                break;
+            }
+        }
+        assert_eq!(out, plain, "{input}: speculative tokens differ");
+        assert!(
+            passes < n / 2 && rejected > 0,
+            "{input}: {passes} passes, {rejected} rejected"
+        );
+        // what the window rings still hold
+        let windowed = layout.shape.windows.iter().any(|&w| w > 0);
+        assert!(s.can_truncate(pos, pos - 3));
+        assert_eq!(s.can_truncate(pos, pos - 20), !windowed, "{input}");
+        let e = s.forward(&mut rows[..2 * vocab], &[1], pos).unwrap_err();
+        assert!(e.to_string().contains("logits buffer"), "{e}");
+    }
+}

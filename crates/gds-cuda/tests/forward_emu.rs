@@ -596,7 +596,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         att: buf(&mut store, mt * sh.n_heads * ctx),
         gate: buf(&mut store, mt * sh.n_ff),
         up: buf(&mut store, mt * sh.n_ff),
-        logits: buf(&mut store, sh.vocab),
+        logits: buf(&mut store, 3 * sh.vocab),
         tile: buf(&mut store, layout.max_weight_elements()),
     };
     let (cos, sin) = rope_tables(sh.head_dim, ctx, sh.rope_theta);
@@ -613,9 +613,10 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
     let c = config(&sh);
     let g = CudaGraph::new(&c, &layout, 1).unwrap();
     let mut dev = Emu { gemms: 0 };
-    let logits = |s: &Scratch| {
-        // SAFETY: s.logits holds vocab floats, written by the head above.
-        unsafe { std::slice::from_raw_parts(p::<f32>(s.logits), sh.vocab) }.to_vec()
+    let logits = |s: &Scratch, row: usize| {
+        // SAFETY: s.logits holds 3 rows of vocab floats, written by the head above.
+        let rows = unsafe { std::slice::from_raw_parts(p::<f32>(s.logits), 3 * sh.vocab) };
+        rows[row * sh.vocab..(row + 1) * sh.vocab].to_vec()
     };
 
     let want = reference(&layout, &files, &c, &g, &tokens);
@@ -624,7 +625,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
     for b in 0..sh.n_layers {
         g.block(&pass, &mut dev, b, prefill, 0).unwrap();
     }
-    pass.head(&mut dev, prefill, None).unwrap();
+    pass.head(&mut dev, prefill, 1, None).unwrap();
     assert_eq!(
         dev.gemms,
         7 * sh.n_layers,
@@ -632,21 +633,31 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
     );
     check(
         "prefill (GEMM path), last position",
-        &logits(&s),
+        &logits(&s, 0),
         &want[prefill - 1],
     );
+    // the head over the last three positions: their logits in order (speculative passes)
+    pass.head(&mut dev, prefill, 3, None).unwrap();
+    for r in 0..3 {
+        check(
+            &format!("prefill, head row {r} of 3"),
+            &logits(&s, r),
+            &want[prefill - 3 + r],
+        );
+    }
+    assert!(pass.head(&mut dev, prefill, prefill + 1, None).is_err());
 
     pass.embed(&mut dev, &tokens[prefill..], None).unwrap();
     for b in 0..sh.n_layers {
         g.block(&pass, &mut dev, b, 1, prefill).unwrap();
     }
-    pass.head(&mut dev, 1, None).unwrap();
+    pass.head(&mut dev, 1, 1, None).unwrap();
     assert_eq!(
         dev.gemms,
         7 * sh.n_layers,
         "decode must use the matvec kernels"
     );
-    check("decode (matvec path)", &logits(&s), &want[prefill]);
+    check("decode (matvec path)", &logits(&s, 0), &want[prefill]);
 
     // A layer that is not in VRAM is an error, not a read of address 0.
     let mut missing = base.clone();

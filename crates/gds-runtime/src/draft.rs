@@ -15,6 +15,9 @@
 //! the last few tokens (strong where the reply quotes its context: rewriting, summarising,
 //! code edits, RAG answers).
 //!
+//! [`self_draft`]: self-speculation — the model's own first blocks and output head guess
+//! (an early exit); in a streamed plan those stay resident, so guessing reads nothing.
+//!
 //! [`ModelDraft`]: a second, smaller or more quantized model with the same vocabulary,
 //! held in memory, guesses greedily; the target model (streamed, say) checks its guesses.
 
@@ -26,10 +29,13 @@ use std::path::PathBuf;
 /// What the plan says about speculative decoding.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DraftPlan {
-    /// The draft: `ngram` (prompt lookup) or `model` (a second model's greedy guesses).
+    /// The draft: `ngram` (prompt lookup), `layers` (the model's first blocks and its
+    /// output head: self-speculation) or `model` (a second model's greedy guesses).
     pub kind: String,
     /// The draft model's directory (`model`).
     pub model_dir: Option<PathBuf>,
+    /// Blocks the self-speculation draft runs (`layers`).
+    pub layers: Option<usize>,
     /// Most tokens guessed per pass (the pass evaluates one more).
     pub max_tokens: usize,
     /// Longest suffix looked up.
@@ -185,6 +191,29 @@ impl ModelDraft {
             self.done.push(t);
         }
     }
+}
+
+/// Self-speculation (`--draft layers:N`): up to `k` greedy guesses after `token` (sampled,
+/// at `pos`, not yet evaluated) from the model's first `blocks` blocks and its output head
+/// — no second model and no cache of its own: the early exit writes those blocks' K/V at
+/// `pos..pos + k` in the model's cache, where the checking pass (which evaluates the token
+/// and the guesses through every block) overwrites them. `ctx` bounds the positions.
+pub fn self_draft(
+    exec: &mut dyn Executor,
+    token: u32,
+    pos: usize,
+    k: usize,
+    blocks: usize,
+    ctx: usize,
+) -> Result<Vec<u32>> {
+    let mut out = Vec::with_capacity(k);
+    let mut t = token;
+    while out.len() < k && pos + out.len() + 1 < ctx {
+        exec.eval_exit(t, pos + out.len(), blocks)?;
+        t = crate::ops::argmax(exec.last_logits_mut()) as u32;
+        out.push(t);
+    }
+    Ok(out)
 }
 
 /// Checks that a draft model speaks the target's vocabulary: the same `tokenizer.json`

@@ -326,8 +326,10 @@ impl Engine {
         // the output head), so the guesses per pass adapt to how the last ones fared (none
         // right: half as many; all right: twice as many, up to the plan's maximum; else one
         // more than were right). When layers stream, the pass is paid in reads whatever
-        // it holds: always guess, the maximum.
-        let adapt = self.plan.io_plan.streamed_bytes_per_token == 0;
+        // it holds: always guess, the maximum — unless the guesses themselves cost compute
+        // of the model's own (self-speculation runs its first blocks per guess).
+        let adapt = self.plan.io_plan.streamed_bytes_per_token == 0
+            || draft.as_ref().is_some_and(|d| d.layers.is_some());
         // ... and whether to guess at all is measured (crate::draft::Gate)
         let mut gate = crate::draft::Gate::default();
         let mut draft_len = draft.as_ref().map_or(0, |d| d.max_tokens);
@@ -442,9 +444,19 @@ impl Engine {
                                 self.cached.pop();
                                 g?
                             }
-                            (Some(d), None) => {
-                                crate::draft::ngram(&history, d.ngram_max, d.ngram_min, room)
-                            }
+                            (Some(d), None) => match d.layers {
+                                Some(blocks) => crate::draft::self_draft(
+                                    &mut *self.exec,
+                                    tok,
+                                    pos,
+                                    room,
+                                    blocks,
+                                    ctx,
+                                )?,
+                                None => {
+                                    crate::draft::ngram(&history, d.ngram_max, d.ngram_min, room)
+                                }
+                            },
                             (None, _) => Vec::new(),
                         };
                         (last_guessed, last_right) = (guesses.len(), 0);

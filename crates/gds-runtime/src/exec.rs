@@ -55,6 +55,19 @@ pub trait Executor: Send {
     fn verify_stats(&self) -> gds_io::VerifyStats {
         gds_io::VerifyStats::default()
     }
+
+    /// Evaluates `token` at `pos` through the first `blocks` blocks and the output head
+    /// only (self-speculation's draft), leaving its logits for
+    /// [`last_logits_mut`](Executor::last_logits_mut). The K/V it writes for those blocks
+    /// are what a full pass writes there for the same token, and a full pass over the
+    /// position overwrites them in any case.
+    fn eval_exit(&mut self, token: u32, pos: usize, blocks: usize) -> Result<()> {
+        let _ = (token, pos, blocks);
+        Err(RuntimeError::Usage(format!(
+            "--draft layers:N: the {} backend has no early exit",
+            self.backend()
+        )))
+    }
 }
 
 /// Evaluates `tokens` at `pos0..` and leaves the last token's logits for
@@ -64,30 +77,41 @@ pub fn eval_last(ex: &mut dyn Executor, tokens: &[u32], pos0: usize) -> Result<(
     ex.eval(tokens, pos0, end.saturating_sub(1)..end, &mut |_, _| {})
 }
 
-/// How a backend whose pass returns only the last token's logits (the GPU executor) covers
-/// `n` tokens at `pos0..` with logits at every position of `want`: `(start, len)` passes,
-/// positions before the first wanted one in passes of up to `max_tokens`, each wanted
-/// position on its own.
-pub fn last_logit_passes(
+/// How a backend whose pass returns logits only for its last positions (the GPU executor:
+/// up to `max_rows` of them) covers `n` tokens at `pos0..` with logits at every position
+/// of `want`: `(start, len, rows)` passes, the last `rows` positions of each getting
+/// logits. Positions before the first wanted one go in passes of up to `max_tokens`, the
+/// last of which also takes the first wanted positions where they fit; wanted positions go
+/// `max_rows` at a time; positions after them in passes without logits.
+pub fn logit_passes(
     pos0: usize,
     n: usize,
     want: &Range<usize>,
     max_tokens: usize,
-) -> Vec<(usize, usize)> {
+    max_rows: usize,
+) -> Vec<(usize, usize, usize)> {
+    let (max_tokens, max_rows) = (max_tokens.max(1), max_rows.clamp(1, max_tokens.max(1)));
     let end = pos0 + n;
-    let first_wanted = want.start.clamp(pos0, end);
+    let want_end = want.end.clamp(pos0, end);
+    let first = want.start.clamp(pos0, want_end);
     let mut passes = Vec::new();
     let mut pos = pos0;
     while pos < end {
-        let len = if pos < first_wanted {
-            (first_wanted - pos).min(max_tokens.max(1))
-        } else if want.contains(&pos) {
-            1
+        let (len, rows) = if pos < first {
+            let gap = first - pos;
+            if gap >= max_tokens {
+                (max_tokens, 0)
+            } else {
+                let r = (want_end - first).min(max_rows).min(max_tokens - gap);
+                (gap + r, r)
+            }
+        } else if pos < want_end {
+            let r = (want_end - pos).min(max_rows);
+            (r, r)
         } else {
-            // past the wanted range: the rest in big passes
-            (end - pos).min(max_tokens.max(1))
+            ((end - pos).min(max_tokens), 0)
         };
-        passes.push((pos, len));
+        passes.push((pos, len, rows));
         pos += len;
     }
     passes
@@ -181,6 +205,15 @@ impl Executor for CpuExecutor {
     fn verify_stats(&self) -> gds_io::VerifyStats {
         self.model.verify_stats()
     }
+
+    fn eval_exit(&mut self, token: u32, pos: usize, blocks: usize) -> Result<()> {
+        self.batch.clear();
+        self.batch.push(token, pos, 0, true);
+        self.model
+            .forward_exit(&mut self.state, &mut self.kv, &self.batch, blocks)?;
+        self.last = 0;
+        Ok(())
+    }
 }
 
 /// Opens the executor of the plan's backend for passes of up to `batch` tokens, of which
@@ -203,34 +236,49 @@ pub fn open(plan: &Plan, batch: usize, outputs: usize) -> Result<Box<dyn Executo
 
 #[cfg(test)]
 mod tests {
-    use super::last_logit_passes;
+    use super::logit_passes;
 
     #[test]
-    fn last_logit_passes_cover_every_token_once_and_end_on_each_wanted_position() {
-        for (pos0, n, want, max) in [
-            (0, 10, 9..10, 4),
-            (0, 10, 3..7, 4),
-            (5, 20, 0..100, 8),
-            (0, 600, 512..599, 512),
-            (3, 7, 50..60, 2),
-            (0, 1, 0..1, 512),
+    fn logit_passes_cover_every_token_once_and_every_wanted_position_at_a_pass_end() {
+        for (pos0, n, want, max, rows) in [
+            (0, 10, 9..10, 4, 1),
+            (0, 10, 3..7, 4, 1),
+            (0, 10, 3..7, 4, 16),
+            (5, 20, 0..100, 8, 3),
+            (0, 600, 512..599, 512, 16),
+            (3, 7, 50..60, 2, 2),
+            (0, 1, 0..1, 512, 16),
+            (10, 11, 10..21, 512, 16),
+            (0, 40, 5..5, 8, 4),
         ] {
-            let passes = last_logit_passes(pos0, n, &want, max);
+            let passes = logit_passes(pos0, n, &want, max, rows);
             let mut pos = pos0;
-            for &(start, len) in &passes {
+            let mut got = Vec::new();
+            for &(start, len, r) in &passes {
                 assert_eq!(start, pos, "{passes:?}");
-                assert!(len >= 1 && len <= max, "{passes:?}");
+                assert!(
+                    len >= 1 && len <= max && r <= len && r <= rows,
+                    "{passes:?}"
+                );
+                got.extend(start + len - r..start + len);
                 pos += len;
             }
             assert_eq!(pos, pos0 + n);
-            // every wanted position inside the input ends a pass of its own
-            for p in want.clone().filter(|p| (pos0..pos0 + n).contains(p)) {
-                assert!(passes.contains(&(p, 1)), "{p} in {passes:?}");
-            }
+            // exactly the wanted positions inside the input get logits, in order
+            let wanted: Vec<usize> = want
+                .clone()
+                .filter(|p| (pos0..pos0 + n).contains(p))
+                .collect();
+            assert_eq!(got, wanted, "{passes:?}");
         }
+        // one logit row per pass: the wanted positions each end a pass
         assert_eq!(
-            last_logit_passes(0, 10, &(9..10), 4),
-            vec![(0, 4), (4, 4), (8, 1), (9, 1)]
+            logit_passes(0, 10, &(9..10), 4, 1),
+            vec![(0, 4, 0), (4, 4, 0), (8, 2, 1)]
         );
+        // a speculative pass: the sampled token and its guesses, all in one
+        assert_eq!(logit_passes(10, 11, &(10..21), 512, 16), vec![(10, 11, 11)]);
+        // a prompt chunk: one pass, logits for its last position
+        assert_eq!(logit_passes(0, 7, &(6..7), 512, 16), vec![(0, 7, 1)]);
     }
 }

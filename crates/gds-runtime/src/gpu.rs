@@ -12,7 +12,7 @@
 use crate::config::Config;
 use crate::cuda_graph::{rope_tables, CudaGraph};
 use crate::error::{Result, RuntimeError};
-use crate::exec::{last_logit_passes, Executor};
+use crate::exec::{logit_passes, Executor};
 use crate::gpuplan::GpuLoad;
 use crate::plan::Plan;
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
@@ -23,7 +23,10 @@ use std::ops::Range;
 pub struct GpuExecutor {
     model: GpuModel,
     config: Config,
+    /// The last position's logits reported.
     logits: Vec<f32>,
+    /// A pass's logit rows.
+    rows: Vec<f32>,
 }
 
 /// A layer file that cannot be read and a model the GPU kernels cannot run are the model's
@@ -70,6 +73,7 @@ impl GpuExecutor {
         let model = GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_err)?;
         Ok(GpuExecutor {
             logits: vec![0.0; c.vocab_size],
+            rows: vec![0.0; model.logit_rows() * c.vocab_size],
             config: c.clone(),
             model,
         })
@@ -85,7 +89,8 @@ impl Executor for GpuExecutor {
         &self.config
     }
 
-    /// The GPU pass returns the last token's logits only: see [`last_logit_passes`].
+    /// A GPU pass returns logits for its last positions only (up to its logit rows):
+    /// the passes follow [`logit_passes`].
     fn eval(
         &mut self,
         tokens: &[u32],
@@ -93,18 +98,24 @@ impl Executor for GpuExecutor {
         want: Range<usize>,
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        let max_tokens = self.model.max_tokens();
-        for (pos, n) in last_logit_passes(pos0, tokens.len(), &want, max_tokens) {
+        let vocab = self.config.vocab_size;
+        let (max_tokens, max_rows) = (self.model.max_tokens(), self.model.logit_rows());
+        for (pos, n, rows) in logit_passes(pos0, tokens.len(), &want, max_tokens, max_rows) {
             let chunk = &tokens[pos - pos0..pos - pos0 + n];
-            self.model
-                .forward(&mut self.logits, chunk, pos)
-                .map_err(gpu_err)?;
-            let last = pos + n - 1;
-            if want.contains(&last) {
-                on_logits(last, &self.logits);
+            let out = &mut self.rows[..rows * vocab];
+            self.model.forward(out, chunk, pos).map_err(gpu_err)?;
+            for (i, row) in out.chunks_exact(vocab).enumerate() {
+                on_logits(pos + n - rows + i, row);
+            }
+            if let Some(last) = out.chunks_exact(vocab).last() {
+                self.logits.copy_from_slice(last);
             }
         }
         Ok(())
+    }
+
+    fn can_truncate(&self, len: usize, keep: usize) -> bool {
+        self.model.can_truncate(len, keep)
     }
 
     fn last_logits_mut(&mut self) -> &mut [f32] {

@@ -185,6 +185,20 @@ pub fn plan_io(
     budget: Option<u64>,
     direct: impl FnOnce() -> DirectSupport,
 ) -> Result<IoPlan> {
+    plan_io_keeping(dir, m, io, budget, 0, direct)
+}
+
+/// [`plan_io`], with the output head and the first `keep_blocks` blocks resident whatever
+/// else streams (self-speculation drafts with them: `--draft layers:N`); a budget that
+/// cannot hold them beside the streaming buffers is refused with the one that can.
+pub fn plan_io_keeping(
+    dir: &Path,
+    m: &Manifest<'_>,
+    io: &str,
+    budget: Option<u64>,
+    keep_blocks: usize,
+    direct: impl FnOnce() -> DirectSupport,
+) -> Result<IoPlan> {
     let plan_err = |s: String| Err(RuntimeError::Usage(s));
     let l = layers_of(m)?;
     let weight_bytes: u64 = l.sizes.iter().sum();
@@ -275,12 +289,33 @@ pub fn plan_io(
         ));
     }
     let room = b - min_budget;
+    // what must stay: the head layer and the first `keep_blocks` blocks
+    let mut kept_first: Vec<usize> = Vec::new();
+    if keep_blocks > 0 {
+        kept_first.push(l.head.layer);
+        for &blk in l.blocks.iter().take(keep_blocks) {
+            if !kept_first.contains(&blk) {
+                kept_first.push(blk);
+            }
+        }
+    }
+    let must: u64 = kept_first.iter().map(|&x| l.sizes[x]).sum();
+    if must > room {
+        return plan_err(format!(
+            "--mem-budget {}: the draft's {keep_blocks} blocks and the output head stay in memory ({}) beside {} streaming buffers of {}; the smallest budget for this draft is {}",
+            mib(b),
+            mib(must),
+            STREAM_SLOTS,
+            mib(slot_bytes),
+            mib(min_budget + must)
+        ));
+    }
     // Fill the room with resident layers, most bytes kept off the stream: blocks in order,
     // with or without the head layer (whichever keeps more).
     let pack = |with_head: bool| -> (Vec<usize>, u64) {
-        let mut left = room;
-        let mut res = vec![];
-        if with_head {
+        let mut left = room - must;
+        let mut res = kept_first.clone();
+        if with_head && !res.contains(&l.head.layer) {
             if l.sizes[l.head.layer] > left {
                 return (vec![], 0);
             }
@@ -296,7 +331,7 @@ pub fn plan_io(
         (res, room - left)
     };
     let (a, b_) = (pack(true), pack(false));
-    let (mut resident, kept) = if a.1 > b_.1 { a } else { b_ };
+    let (mut resident, kept) = if a.1 > b_.1 || keep_blocks > 0 { a } else { b_ };
     resident.sort_unstable();
     p.streamed_layers = l
         .blocks

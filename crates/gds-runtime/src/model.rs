@@ -325,7 +325,39 @@ impl Model {
     /// Returns the number of output rows.
     pub fn forward(&self, state: &mut RunState, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
         self.check_batch(state, kv, batch)?;
-        self.pool.install(|| self.forward_inner(state, kv, batch))
+        let all = self.config.n_layers;
+        self.pool
+            .install(|| self.forward_inner(state, kv, batch, all))
+    }
+
+    /// [`forward`](Model::forward) through the first `blocks` blocks only, then the final
+    /// norm and the output head (an early exit: self-speculation's draft). Writes K/V of
+    /// those blocks only; the layers it uses must be resident (the I/O plan keeps them with
+    /// `plan_io_keeping`), so it reads nothing and leaves the streaming order alone.
+    pub fn forward_exit(
+        &self,
+        state: &mut RunState,
+        kv: &mut KvCache,
+        batch: &Batch,
+        blocks: usize,
+    ) -> Result<usize> {
+        self.check_batch(state, kv, batch)?;
+        let w = &self.weights;
+        let needed = w.blocks.iter().take(blocks).map(|b| b.wq.layer);
+        let resident = |l: usize| matches!(self.resident.get(l), Some(Some(_)));
+        if blocks == 0 || blocks > self.config.n_layers {
+            return Err(RuntimeError::Internal(format!(
+                "an early exit after {blocks} of {} blocks",
+                self.config.n_layers
+            )));
+        }
+        if let Some(l) = needed.chain([w.output.layer]).find(|&l| !resident(l)) {
+            return Err(RuntimeError::Internal(format!(
+                "an early exit after {blocks} blocks needs layer {l} resident (the I/O plan streams it)"
+            )));
+        }
+        self.pool
+            .install(|| self.forward_inner(state, kv, batch, blocks))
     }
 
     fn check_batch(&self, state: &RunState, kv: &KvCache, batch: &Batch) -> Result<()> {
@@ -474,7 +506,14 @@ impl Model {
         Ok(())
     }
 
-    fn forward_inner(&self, s: &mut RunState, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
+    /// The pass through blocks `0..blocks` (all of them, or an early exit's resident few).
+    fn forward_inner(
+        &self,
+        s: &mut RunState,
+        kv: &mut KvCache,
+        batch: &Batch,
+        blocks: usize,
+    ) -> Result<usize> {
         let c = &self.config;
         let n = batch.len();
         let d = c.n_embd;
@@ -484,8 +523,10 @@ impl Model {
         // stream position: the first streamed span is hinted now, so its read overlaps the
         // embedding and any resident blocks before it
         let mut si = 0usize;
-        if let Some(first) = self.stream_item(0, with_head) {
-            self.source.prefetch(first);
+        if blocks == c.n_layers {
+            if let Some(first) = self.stream_item(0, with_head) {
+                self.source.prefetch(first);
+            }
         }
 
         // token embeddings, one row dequantized per token
@@ -518,7 +559,7 @@ impl Model {
             ops::scale(&mut s.x[..n * d], a);
         }
 
-        for (l, w) in self.weights.blocks.iter().enumerate() {
+        for (l, w) in self.weights.blocks.iter().enumerate().take(blocks) {
             let bytes = self.layer_bytes(w.wq.layer, &mut si, with_head)?;
             let mut o = CpuOps {
                 m: self,

@@ -79,8 +79,9 @@ pub struct PlanOptions {
     pub grammar: Option<crate::constraint::Grammar>,
     /// Report each generated token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
-    /// Speculative decoding's draft: `none` (default), `ngram` (prompt lookup) or `model`
-    /// (a second model, [`PlanOptions::draft_model`]).
+    /// Speculative decoding's draft: `none` (default), `ngram` (prompt lookup), `layers:N`
+    /// (the model's first N blocks and its output head) or `model` (a second model,
+    /// [`PlanOptions::draft_model`]).
     pub draft: Option<String>,
     /// The draft model's directory (implies `draft: model`).
     pub draft_model: Option<PathBuf>,
@@ -427,6 +428,25 @@ impl Plan {
             Err(e) => gds_io::DirectSupport::Buffered(e.to_string()),
         };
         let io_req = opts.io.as_deref().unwrap_or("auto");
+        // `--draft layers:N`: self-speculation with the first N blocks and the output head
+        let draft_layers = match opts.draft.as_deref().and_then(|d| d.strip_prefix("layers:")) {
+            None => None,
+            Some(n) => match n.parse::<usize>() {
+                Ok(n) if n >= 1 && n < model.n_layers => Some(n),
+                _ => {
+                    return plan_err(format!(
+                        "--draft layers:{n}: expected a number of blocks from 1 to {} (the model has {})",
+                        model.n_layers.saturating_sub(1),
+                        model.n_layers
+                    ))
+                }
+            },
+        };
+        if draft_layers.is_some() && backend.gpu.is_some() {
+            return plan_err(
+                "--draft layers:N runs on the CPU backend (the CUDA executor has no early exit yet); use --draft ngram or --draft-model with --backend cuda".into(),
+            );
+        }
         let (io_plan, gpu) = match backend.gpu.clone() {
             None => {
                 if io_req == "gds" {
@@ -441,7 +461,14 @@ impl Plan {
                         backend.name, backend.reason
                     ));
                 }
-                let mut io = crate::ioplan::plan_io(dir, &m, io_req, opts.mem_budget, probe)?;
+                let mut io = crate::ioplan::plan_io_keeping(
+                    dir,
+                    &m,
+                    io_req,
+                    opts.mem_budget,
+                    draft_layers.unwrap_or(0),
+                    probe,
+                )?;
                 io.verify = !opts.no_verify;
                 (io, None)
             }
@@ -474,8 +501,16 @@ impl Plan {
                 return plan_err("--draft none and --draft-model contradict each other".into())
             }
             (Some(k @ ("ngram" | "model")), _) => Some(k),
+            (Some(_), None) if draft_layers.is_some() => Some("layers"),
+            (Some(_), Some(_)) if draft_layers.is_some() => {
+                return plan_err(
+                    "--draft-model goes with --draft model (or alone), not layers:N".into(),
+                )
+            }
             (Some(other), _) => {
-                return plan_err(format!("--draft {other}: expected none, ngram or model"))
+                return plan_err(format!(
+                    "--draft {other}: expected none, ngram, layers:N or model"
+                ))
             }
         };
         let draft = match kind {
@@ -495,12 +530,14 @@ impl Plan {
                         batch.saturating_sub(1)
                     ));
                 }
-                if gpu.is_some() {
-                    return plan_err(
-                        "--draft needs the CPU backend: the CUDA executor returns one \
-                         position's logits per pass, so checking guesses would not save a pass"
-                            .into(),
-                    );
+                // the CUDA executor returns logits for the last few positions of a pass
+                let rows = gds_cuda::plan::MAX_LOGIT_ROWS;
+                if gpu.is_some() && max + 1 > rows {
+                    return plan_err(format!(
+                        "--draft-max {max}: the CUDA executor returns logits for at most {rows} \
+                         positions of a pass, so at most {} guesses",
+                        rows - 1
+                    ));
                 }
                 if opts.draft.as_deref() == Some("ngram") && opts.draft_model.is_some() {
                     return plan_err(
@@ -522,6 +559,7 @@ impl Plan {
                 Some(crate::draft::DraftPlan {
                     kind: kind.into(),
                     model_dir,
+                    layers: draft_layers,
                     max_tokens: max,
                     ngram_max: crate::draft::NGRAM_MAX,
                     ngram_min: crate::draft::NGRAM_MIN,

@@ -1,12 +1,13 @@
 //! Speculative decoding keeps the sampled output itself, not only its distribution: every
 //! token is drawn from the model's logits at its position with the same random draws, so for
-//! each seed the text with `--draft ngram` is the text without it. Checked over 24 seeds of
-//! temperature-1 sampling on the real SmolLM2 (a prompt the reply tends to quote, so that
-//! guesses are both accepted and rejected), and the draft must have been used.
+//! each seed the text with `--draft ngram` (or `layers:N`) is the text without it. Checked
+//! over 24 seeds of temperature-1 sampling on the real SmolLM2 (a prompt the reply tends to
+//! quote, so that guesses are both accepted and rejected), 8 of them with self-speculation
+//! too, and the draft must have been used.
 
 use gds_runtime::{Engine, Plan, PlanOptions};
 
-fn engine(seed: u64, draft: bool) -> Engine {
+fn engine(seed: u64, draft: Option<&str>) -> Engine {
     let plan = Plan::build(&PlanOptions {
         model_dir: gds_tests::smollm_converted().to_path_buf(),
         ctx: Some(256),
@@ -18,8 +19,8 @@ fn engine(seed: u64, draft: bool) -> Engine {
         seed: Some(seed),
         max_tokens: Some(24),
         raw: true,
-        draft: draft.then(|| "ngram".to_string()),
-        draft_max: draft.then_some(6),
+        draft: draft.map(str::to_string),
+        draft_max: draft.map(|_| 6),
         ..Default::default()
     })
     .unwrap();
@@ -29,16 +30,20 @@ fn engine(seed: u64, draft: bool) -> Engine {
 #[test]
 fn every_seed_samples_the_same_tokens_with_and_without_the_draft() {
     let prompt = "The cat sat on the mat. The cat sat on the mat. The cat sat on the";
-    let (mut drafted, mut accepted) = (0, 0);
-    for seed in 0..24 {
-        let plain = engine(seed, false).generate(prompt, &mut |_| {}).unwrap();
-        let spec = engine(seed, true).generate(prompt, &mut |_| {}).unwrap();
-        assert_eq!(plain.tokens, spec.tokens, "seed {seed}");
-        assert_eq!(plain.text, spec.text, "seed {seed}");
-        drafted += spec.metrics.draft_tokens;
-        accepted += spec.metrics.draft_accepted;
+    for (draft, seeds) in [("ngram", 24), ("layers:29", 8)] {
+        let (mut drafted, mut accepted) = (0, 0);
+        for seed in 0..seeds {
+            let plain = engine(seed, None).generate(prompt, &mut |_| {}).unwrap();
+            let spec = engine(seed, Some(draft))
+                .generate(prompt, &mut |_| {})
+                .unwrap();
+            assert_eq!(plain.tokens, spec.tokens, "{draft}, seed {seed}");
+            assert_eq!(plain.text, spec.text, "{draft}, seed {seed}");
+            drafted += spec.metrics.draft_tokens;
+            accepted += spec.metrics.draft_accepted;
+        }
+        eprintln!("{draft}: {accepted}/{drafted} guesses accepted over {seeds} seeds");
+        assert!(accepted > 0, "{draft}: no guess was ever accepted");
+        assert!(accepted < drafted, "{draft}: no guess was ever rejected");
     }
-    eprintln!("{accepted}/{drafted} guesses accepted over 24 seeds");
-    assert!(accepted > 0, "no guess was ever accepted");
-    assert!(accepted < drafted, "no guess was ever rejected");
 }

@@ -135,9 +135,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "REGEX")]
     pub regex: Option<String>,
     /// Speculative decoding: `ngram` guesses the next tokens from earlier text (prompt
-    /// lookup), `model` asks a second model (--draft-model), and the guesses are checked all
-    /// in one pass over the weights; the output is the same as without it (CPU backend).
-    #[arg(long, value_name = "DRAFT", value_parser = ["none", "ngram", "model"])]
+    /// lookup), `layers:N` from the model's own first N blocks and output head (kept in
+    /// memory when layers stream; CPU backend), `model` asks a second model (--draft-model);
+    /// the guesses are checked all in one pass over the weights, and the output is the same
+    /// as without them.
+    #[arg(long, value_name = "DRAFT", value_parser = parse_draft)]
     pub draft: Option<String>,
     /// A smaller (or more quantized) model with the same vocabulary that guesses the next
     /// tokens, held in memory (implies --draft model).
@@ -235,4 +237,18 @@ pub struct DoctorArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--draft`: none, ngram, model or layers:N (N checked against the model by the plan).
+fn parse_draft(s: &str) -> Result<String, String> {
+    match s {
+        "none" | "ngram" | "model" => Ok(s.to_string()),
+        _ if s
+            .strip_prefix("layers:")
+            .is_some_and(|n| n.parse::<usize>().is_ok()) =>
+        {
+            Ok(s.to_string())
+        }
+        _ => Err("expected none, ngram, layers:N (a number of blocks) or model".into()),
+    }
 }

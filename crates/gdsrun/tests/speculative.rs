@@ -1,4 +1,5 @@
-//! Speculative decoding (`--draft ngram`, `--draft-model DIR`): the output is the one the
+//! Speculative decoding (`--draft ngram`, `--draft layers:N`, `--draft-model DIR`): the
+//! output is the one the
 //! model gives without it — greedy and seeded sampling, in memory and streamed, with Gemma
 //! 3's window ring — while a repetitive task takes fewer passes over the weights, and so
 //! reads fewer bytes per generated token when the layers stream.
@@ -142,22 +143,95 @@ fn window_layers_keep_their_keys_through_rejected_guesses() {
     let args = [
         "--temp", "0", "-n", "40", "--raw", "--ctx", "1024", "--batch", "64",
     ];
-    let run = |draft: bool| {
+    let run = |draft: &[&str]| {
         let mut a = vec![model.to_str().unwrap(), "--prompt", &long, "--json"];
         a.extend_from_slice(&args);
-        if draft {
-            a.extend_from_slice(&["--draft", "ngram"]);
-        }
+        a.extend_from_slice(draft);
         let o = gds_tests::run("gdsrun", &a);
         assert!(o.status.success(), "{}", gds_tests::stderr(&o));
         serde_json::from_slice::<Value>(&o.stdout).unwrap()
     };
-    let (plain, spec) = (run(false), run(true));
+    let (plain, spec) = (run(&[]), run(&["--draft", "ngram"]));
     assert!(plain["metrics"]["prompt_tokens"].as_u64().unwrap() > 600);
     assert_eq!(tokens(&plain), tokens(&spec));
     let m = &spec["metrics"];
     assert!(m["draft_tokens"].as_u64().unwrap() > m["draft_accepted"].as_u64().unwrap());
     assert!(m["draft_accepted"].as_u64().unwrap() > 0);
+    // self-speculation writes the first blocks' keys (window layers among them) at the
+    // guessed positions before the checking pass rewrites them
+    let spec = run(&["--draft", "layers:12", "--draft-max", "4"]);
+    assert_eq!(tokens(&plain), tokens(&spec), "layers:12");
+    assert!(spec["metrics"]["draft_tokens"].as_u64().unwrap() > 0);
+}
+
+/// Self-speculation (`--draft layers:N`): the model's first N blocks and its output head
+/// guess, the whole model checks. Same tokens as without, in memory and streamed at the
+/// smallest budget that keeps the draft's layers resident (the plan keeps them; a smaller
+/// budget is refused with that minimum). Layers 29 of 30 guess well enough that passes
+/// accept some guesses and reject others.
+#[test]
+fn self_speculation_leaves_the_output_unchanged() {
+    let model = gds_tests::smollm_converted();
+    let m = model.to_str().unwrap();
+    let greedy = ["--temp", "0", "-n", "48", "--raw"];
+    let plain = run_json(model, &greedy);
+    let mut with = greedy.to_vec();
+    with.extend_from_slice(&["--draft", "layers:29", "--draft-max", "3"]);
+    let spec = run_json(model, &with);
+    assert_eq!(tokens(&plain), tokens(&spec), "in memory: tokens differ");
+    let (_, _, drafted, accepted) = pass_counts(&spec["metrics"], "layers:29 in memory");
+    assert!(drafted > accepted && accepted > 0, "{accepted}/{drafted}");
+    assert_eq!(spec["plan"]["draft"]["kind"], "layers");
+    assert_eq!(spec["plan"]["draft"]["layers"], 29);
+
+    // streamed: the smallest budget for the draft, from the refusal of a smaller one
+    let o = gds_tests::run(
+        "gdsrun",
+        &[
+            m,
+            "--plan",
+            "--io",
+            "direct",
+            "--mem-budget",
+            "5MB",
+            "--draft",
+            "layers:12",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", gds_tests::stderr(&o));
+    let err = gds_tests::stderr(&o);
+    let min_mib: f64 = err
+        .split("smallest budget for this draft is ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum in {err}"));
+    let budget = format!("{}KiB", (min_mib * 1024.0).ceil() as u64 + 1);
+    let streamed = ["--io", "direct", "--mem-budget", &budget];
+    let mut plain_args = greedy.to_vec();
+    plain_args.extend_from_slice(&streamed);
+    let plain_s = run_json(model, &plain_args);
+    let mut spec_args = plain_args.clone();
+    spec_args.extend_from_slice(&["--draft", "layers:12"]);
+    let spec_s = run_json(model, &spec_args);
+    assert_eq!(tokens(&plain), tokens(&plain_s), "streamed: tokens differ");
+    assert_eq!(
+        tokens(&plain_s),
+        tokens(&spec_s),
+        "streamed draft: tokens differ"
+    );
+    let io = &spec_s["plan"]["io_plan"];
+    let resident: Vec<u64> = io["resident_layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(io["streamed_bytes_per_token"].as_u64().unwrap() > 0);
+    assert!(resident.contains(&io["head"]["layer"].as_u64().unwrap()));
+    assert!(resident.len() > 12, "{resident:?}");
+    assert!(spec_s["metrics"]["draft_tokens"].as_u64().unwrap() > 0);
+    pass_counts(&spec_s["metrics"], "layers:12 streamed");
 }
 
 #[test]
@@ -187,6 +261,15 @@ fn bad_draft_settings_are_usage_errors() {
             ],
             "--draft-max 64",
         ),
+        (
+            vec![m, "--draft", "layers:0", "--prompt", "x"],
+            "--draft layers:0: expected a number of blocks from 1 to 29",
+        ),
+        (
+            vec![m, "--draft", "layers:30", "--prompt", "x"],
+            "(the model has 30)",
+        ),
+        (vec![m, "--draft", "layers:x", "--prompt", "x"], "layers:N"),
     ] {
         let o = gds_tests::run("gdsrun", &args);
         assert_eq!(
