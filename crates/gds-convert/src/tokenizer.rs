@@ -580,7 +580,11 @@ fn spm_merges(vocab: &Vocab) -> Vec<(u32, u32)> {
     let mut merges: Vec<(f64, u32, u32, u32)> = Vec::new();
     for (id, text) in vocab.tokens.iter().enumerate() {
         for (k, _) in text.char_indices().skip(1) {
-            if let (Some(&a), Some(&b)) = (vocab.ids.get(&text[..k]), vocab.ids.get(&text[k..])) {
+            // the right part is looked up only where the left one is a token
+            let Some(&a) = vocab.ids.get(&text[..k]) else {
+                continue;
+            };
+            if let Some(&b) = vocab.ids.get(&text[k..]) {
                 merges.push((vocab.scores[id], id as u32, a, b));
             }
         }

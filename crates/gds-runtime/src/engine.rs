@@ -332,7 +332,12 @@ impl Engine {
             || draft.as_ref().is_some_and(|d| d.layers.is_some());
         // ... and whether to guess at all is measured (crate::draft::Gate)
         let mut gate = crate::draft::Gate::default();
-        let mut draft_len = draft.as_ref().map_or(0, |d| d.max_tokens);
+        // (self-speculation starts from one guess: each costs N blocks and the output head,
+        // and an early exit of a model not trained for it is rarely right)
+        let mut draft_len = draft.as_ref().map_or(0, |d| match d.layers {
+            Some(_) => 1,
+            None => d.max_tokens,
+        });
         let (mut last_guessed, mut last_right) = (0usize, 0usize);
         while stop.is_none() {
             let logits = self.exec.last_logits_mut();
