@@ -73,6 +73,7 @@ fn main() {
                     Some("scalar") => Isa::Scalar,
                     Some("avx2") => Isa::Avx2,
                     Some("avxvnni") => Isa::AvxVnni,
+                    Some("avx512vnni") => Isa::Avx512Vnni,
                     other => panic!("unknown isa {other:?}"),
                 };
                 i += 1;
@@ -109,6 +110,8 @@ fn main() {
         (DType::Q8_0, 576, 576, ""),
         (DType::Q8_0, 1536, 576, ""),
         (DType::Q8_0, 576, 1536, ""),
+        (DType::Q5_0, 640, 640, "gemma q/o"),
+        (DType::Q5_0, 2048, 640, "gemma gate/up"),
         (DType::Q8_0, 49152, 576, "output head"),
         (DType::Q4_1, 49152, 576, ""),
     ];

@@ -19,6 +19,7 @@ use std::arch::x86_64::*;
 #[derive(Clone, Copy, Debug)]
 pub struct Avx2 {
     vnni: bool,
+    avx512: bool,
 }
 
 impl Avx2 {
@@ -27,7 +28,10 @@ impl Avx2 {
         (is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c"))
-        .then_some(Avx2 { vnni: false })
+        .then_some(Avx2 {
+            vnni: false,
+            avx512: false,
+        })
     }
 
     /// Like [`Avx2::detect`], also requiring AVX-VNNI: the Q4_0..Q8_0 kernels then use the
@@ -35,7 +39,27 @@ impl Avx2 {
     pub fn detect_vnni() -> Option<Avx2> {
         Avx2::detect()
             .filter(|_| is_x86_feature_detected!("avxvnni"))
-            .map(|_| Avx2 { vnni: true })
+            .map(|_| Avx2 {
+                vnni: true,
+                avx512: false,
+            })
+    }
+
+    /// Like [`Avx2::detect`], also requiring AVX-512 F, VL, BW and VNNI: the Q4_0..Q8_0
+    /// kernels then use the EVEX `vpdpbusd` on 256-bit vectors and, with 32 vector
+    /// registers, multiply two weight rows per load of the activations.
+    pub fn detect_avx512() -> Option<Avx2> {
+        Avx2::detect()
+            .filter(|_| {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            })
+            .map(|_| Avx2 {
+                vnni: true,
+                avx512: true,
+            })
     }
 
     /// Whether this token enables the AVX-VNNI kernels.
@@ -234,6 +258,7 @@ fn fifth_pair(qh0: [u8; 4], qh1: [u8; 4]) -> (__m256i, __m256i) {
 /// Weight side of a block pair: unsigned (or absolute, for Q8_0) quants for `lo` and `hi`,
 /// the sign sources for Q8_0, and `[x0, y0, x1, y1]`: the scales `x` go with the activation
 /// `d8`, the offset coefficients `y` with the activation `s4`.
+#[derive(Clone, Copy)]
 struct Unpacked {
     lo: __m256i,
     hi: __m256i,
@@ -336,69 +361,100 @@ fn unpack_q8_0(b0: &BlockQ8_0, b1: &BlockQ8_0) -> Unpacked {
 
 /// Generates the 32-block kernels for one feature set. `$dot(u_lo, a_lo, u_hi, a_hi)` sums
 /// `u * a` over both halves into 8 i32 lanes (4 per block); `$mterm` turns the summed
-/// `[_, y0 * s0, _, y1 * s1]` lanes into the offset term.
+/// `[_, y0 * s0, _, y1 * s1]` lanes into the offset term. `$rows_at_once` weight rows share
+/// each load of a tile's activations (2 where AVX-512VL gives the 32 vector registers that
+/// two rows' accumulators for four tokens need); a row's arithmetic is the same either way.
 macro_rules! q32_family {
-    ($module:ident, $feat:literal, $dot:ident) => {
+    ($module:ident, $feat:literal, $dot:ident, $rows_at_once:literal) => {
         mod $module {
             use super::*;
 
             macro_rules! kernel {
                 ($name:ident, $rows:ident, $blk:ty, $unpack:ident, $signed:expr, $mcoef:expr) => {
-                    /// `a[p][t]`: pair `p` of token `t` (tokens interleaved per pair, so the
-                    /// loop walks both slices in step with no bounds checks).
+                    /// Rows `w` against `a[p][t]`: pair `p` of token `t` (tokens interleaved
+                    /// per pair, so the loop walks the slices in step with no bounds checks).
                     #[inline]
                     #[target_feature(enable = $feat)]
-                    fn $name<const N: usize>(w: &[$blk], a: &[[ActQ8; N]]) -> [f32; N] {
-                        let full = w.len() / 2;
-                        assert!(a.len() >= w.len().div_ceil(2));
-                        let mut acc = [_mm256_setzero_ps(); N];
-                        let mut accm = [_mm_setzero_ps(); N];
+                    fn $name<const R: usize, const N: usize>(
+                        w: [&[$blk]; R],
+                        a: &[[ActQ8; N]],
+                    ) -> [[f32; N]; R] {
+                        let n = w[0].len();
+                        let full = n / 2;
+                        assert!(a.len() >= n.div_ceil(2) && w.iter().all(|r| r.len() == n));
+                        let mut acc = [[_mm256_setzero_ps(); N]; R];
+                        let mut accm = [[_mm_setzero_ps(); N]; R];
                         let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
                         macro_rules! pair {
                             ($x:expr, $u:expr) => {{
-                                let (xs, u): (&[ActQ8; N], Unpacked) = ($x, $u);
+                                let (xs, us): (&[ActQ8; N], [Unpacked; R]) = ($x, $u);
                                 // [x0 x4, x1 x4]: the weight scales under the i32 lanes.
-                                let d8 = _mm256_permutevar8x32_ps(
-                                    _mm256_castps128_ps256(u.scale),
-                                    spread,
-                                );
+                                // (loops over R, not array::from_fn: its closure is not
+                                // always inlined into this target-feature function)
+                                let mut d8 = [_mm256_setzero_ps(); R];
+                                for r in 0..R {
+                                    d8[r] = _mm256_permutevar8x32_ps(
+                                        _mm256_castps128_ps256(us[r].scale),
+                                        spread,
+                                    );
+                                }
                                 for t in 0..N {
                                     let x = &xs[t];
-                                    if $mcoef != 0.0 {
-                                        // Lanes 1 and 3: y0 * s0, y1 * s1 (x.s4 is 0 elsewhere).
-                                        accm[t] = _mm_fmadd_ps(u.scale, ld_f32x4(&x.s4), accm[t]);
+                                    let (xd8, xl0, xh0) =
+                                        (ld_f32x8(&x.d8), ld_i8x32(&x.lo), ld_i8x32(&x.hi));
+                                    for r in 0..R {
+                                        let u = &us[r];
+                                        if $mcoef != 0.0 {
+                                            // Lanes 1 and 3: y0 * s0, y1 * s1 (x.s4 is 0
+                                            // elsewhere).
+                                            accm[r][t] =
+                                                _mm_fmadd_ps(u.scale, ld_f32x4(&x.s4), accm[r][t]);
+                                        }
+                                        let s = _mm256_mul_ps(d8[r], xd8);
+                                        let (mut xl, mut xh) = (xl0, xh0);
+                                        if $signed {
+                                            xl = _mm256_sign_epi8(xl, u.sign_lo);
+                                            xh = _mm256_sign_epi8(xh, u.sign_hi);
+                                        }
+                                        let i = $dot::<$signed>(u.lo, xl, u.hi, xh);
+                                        acc[r][t] =
+                                            _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(i), acc[r][t]);
                                     }
-                                    let s = _mm256_mul_ps(d8, ld_f32x8(&x.d8));
-                                    let (mut xl, mut xh) = (ld_i8x32(&x.lo), ld_i8x32(&x.hi));
-                                    if $signed {
-                                        xl = _mm256_sign_epi8(xl, u.sign_lo);
-                                        xh = _mm256_sign_epi8(xh, u.sign_hi);
-                                    }
-                                    let i = $dot::<$signed>(u.lo, xl, u.hi, xh);
-                                    acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(i), acc[t]);
                                 }
                             }};
                         }
-                        for (b, xs) in w.chunks_exact(2).zip(a) {
-                            pair!(xs, $unpack(&b[0], &b[1]));
+                        for (p, xs) in a.iter().enumerate().take(full) {
+                            let mut us = [$unpack(&w[0][2 * p], &w[0][2 * p + 1]); R];
+                            for r in 1..R {
+                                us[r] = $unpack(&w[r][2 * p], &w[r][2 * p + 1]);
+                            }
+                            pair!(xs, us);
                         }
-                        if let Some(last) = w.get(2 * full) {
+                        if n % 2 == 1 {
                             let zero: $blk = zerocopy::FromZeros::new_zeroed();
-                            pair!(&a[full], $unpack(last, &zero));
+                            let mut us = [$unpack(&w[0][n - 1], &zero); R];
+                            for r in 1..R {
+                                us[r] = $unpack(&w[r][n - 1], &zero);
+                            }
+                            pair!(&a[full], us);
                         }
-                        let mut out = [0f32; N];
-                        for t in 0..N {
-                            let m = _mm_add_ss(
-                                _mm_movehdup_ps(accm[t]),
-                                _mm_movehl_ps(accm[t], _mm_movehdup_ps(accm[t])),
-                            );
-                            out[t] = hsum_ps(acc[t]) + $mcoef * _mm_cvtss_f32(m);
+                        let mut out = [[0f32; N]; R];
+                        for r in 0..R {
+                            for t in 0..N {
+                                let m = accm[r][t];
+                                let m = _mm_add_ss(
+                                    _mm_movehdup_ps(m),
+                                    _mm_movehl_ps(m, _mm_movehdup_ps(m)),
+                                );
+                                out[r][t] = hsum_ps(acc[r][t]) + $mcoef * _mm_cvtss_f32(m);
+                            }
                         }
                         out
                     }
 
                     /// Rows of this type for tiles of up to four tokens: each tile's
-                    /// activations are interleaved once, then every row of the task runs.
+                    /// activations are interleaved once, then every row of the task runs,
+                    /// `$rows_at_once` at a time.
                     #[target_feature(enable = $feat)]
                     pub(super) fn $rows(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
                         #[inline]
@@ -411,17 +467,34 @@ macro_rules! q32_family {
                             nt: usize,
                             t0: usize,
                         ) {
+                            const R: usize = $rows_at_once;
                             let np = a[0].len();
                             let xs: Vec<[ActQ8; N]> =
                                 (0..np).map(|p| std::array::from_fn(|t| a[t][p])).collect();
-                            for (r, (row, o)) in
-                                w.chunks_exact(rb).zip(out.chunks_exact_mut(nt)).enumerate()
-                            {
+                            fn block(row: &[u8]) -> &[$blk] {
+                                cast::<$blk>(row).expect("weight rows are whole blocks")
+                            }
+                            let nrows = w.len() / rb;
+                            let mut r = 0;
+                            while r < nrows {
                                 if t0 == 0 {
-                                    prefetch_ahead(w, (r + 1) * rb + PREFETCH_BYTES, rb);
+                                    prefetch_ahead(w, (r + R) * rb + PREFETCH_BYTES, R * rb);
                                 }
-                                let b = cast::<$blk>(row).expect("weight rows are whole blocks");
-                                o[t0..t0 + N].copy_from_slice(&$name::<N>(b, &xs));
+                                if r + R <= nrows {
+                                    let rs: [&[$blk]; R] = std::array::from_fn(|i| {
+                                        block(&w[(r + i) * rb..(r + i + 1) * rb])
+                                    });
+                                    let res = $name::<R, N>(rs, &xs);
+                                    for (i, v) in res.iter().enumerate() {
+                                        let o = (r + i) * nt + t0;
+                                        out[o..o + N].copy_from_slice(v);
+                                    }
+                                    r += R;
+                                } else {
+                                    let res = $name::<1, N>([block(&w[r * rb..(r + 1) * rb])], &xs);
+                                    out[r * nt + t0..r * nt + t0 + N].copy_from_slice(&res[0]);
+                                    r += 1;
+                                }
                             }
                         }
                         let nt = acts.len();
@@ -472,6 +545,15 @@ fn dot_vnni<const WIDE: bool>(ul: __m256i, al: __m256i, uh: __m256i, ah: __m256i
         uh,
         ah,
     )
+}
+
+/// Two `vpdpbusd` in their AVX-512 (EVEX) encoding on 256-bit vectors: the arithmetic of
+/// [`dot_vnni`], on CPUs with AVX512-VNNI (with or without AVX-VNNI), and free to use the
+/// upper 16 vector registers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+fn dot_vnni512<const WIDE: bool>(ul: __m256i, al: __m256i, uh: __m256i, ah: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ul, al), uh, ah)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -756,8 +838,14 @@ macro_rules! rows_driver {
     };
 }
 
-q32_family!(plain, "avx2,fma,f16c", dot_maddubs);
-q32_family!(vnni, "avx2,fma,f16c,avxvnni", dot_vnni);
+q32_family!(plain, "avx2,fma,f16c", dot_maddubs, 1);
+q32_family!(vnni, "avx2,fma,f16c,avxvnni", dot_vnni, 1);
+q32_family!(
+    vnni512,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+    dot_vnni512,
+    2
+);
 
 mod other {
     use super::*;
@@ -807,9 +895,13 @@ mod other {
 
 macro_rules! public_rows {
     ($name:ident, $act:ty, q32) => {
-        #[doc = concat!("AVX2 twin of `scalar::", stringify!($name), "` (AVX-VNNI when the token has it).")]
+        #[doc = concat!("AVX2 twin of `scalar::", stringify!($name), "` (AVX-VNNI or AVX512-VNNI when the token has it).")]
         pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
-            if t.vnni {
+            if t.avx512 {
+                // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
+                // AVX-512 F, VL, BW and VNNI were detected.
+                unsafe { vnni512::$name(w, rb, acts, out) }
+            } else if t.vnni {
                 // SAFETY: a token with `vnni` exists only when AVX2, FMA, F16C and AVX-VNNI
                 // were detected.
                 unsafe { vnni::$name(w, rb, acts, out) }

@@ -19,15 +19,29 @@ pub enum Isa {
     Avx2,
     /// AVX2 + FMA + F16C with AVX-VNNI dot products for Q4_0..Q8_0 (x86-64).
     AvxVnni,
+    /// AVX2 + FMA + F16C with AVX-512 (F, VL, BW, VNNI) for Q4_0..Q8_0: EVEX dot products
+    /// and two weight rows per activation load (x86-64).
+    Avx512Vnni,
 }
 
 impl Isa {
-    /// The best instruction set this CPU has, detected once and cached.
+    /// Every instruction set, widest first.
+    pub const ALL: [Isa; 4] = [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2, Isa::Scalar];
+
+    /// The best instruction set this CPU has, detected once and cached. The environment
+    /// variable `GDS_ISA` (`scalar`, `avx2`, `avxvnni`, `avx512vnni`) caps it, for
+    /// comparing kernels on one machine; a name this CPU cannot run is ignored.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
-            [Isa::AvxVnni, Isa::Avx2]
-                .into_iter()
+            let cap = std::env::var("GDS_ISA").ok();
+            let from = Isa::ALL
+                .iter()
+                .position(|i| cap.as_deref() == Some(i.name()))
+                .unwrap_or(0);
+            Isa::ALL[from..]
+                .iter()
+                .copied()
                 .find(|i| i.available())
                 .unwrap_or(Isa::Scalar)
         })
@@ -44,6 +58,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
+            Isa::Avx512Vnni => "avx512vnni",
         }
     }
 }
@@ -64,8 +79,10 @@ impl Backend {
             Isa::Avx2 => Avx2::detect().map(Backend::Avx2),
             #[cfg(target_arch = "x86_64")]
             Isa::AvxVnni => Avx2::detect_vnni().map(Backend::Avx2),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => Avx2::detect_avx512().map(Backend::Avx2),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::AvxVnni => None,
+            Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => None,
         }
     }
 }

@@ -173,10 +173,15 @@ fn matmul_matches_dequantized_f32_product() {
 
 #[test]
 fn simd_agrees_with_scalar() {
-    if !Isa::Avx2.available() {
+    let simd: Vec<Isa> = [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    if simd.is_empty() {
         eprintln!("AVX2 not available; nothing to compare");
         return;
     }
+    eprintln!("comparing {:?} with the scalar kernels", simd);
     let mut rng = Rng(7);
     for dtype in ALL {
         for n in [1, 2, 3, 4, 5, 11] {
@@ -185,7 +190,8 @@ fn simd_agrees_with_scalar() {
                 32 => 32,
                 _ => 0,
             };
-            let (rows, cols) = (24, 1024 + extra);
+            // an odd row count: the two-row tiles end on a single row
+            let (rows, cols) = (25, 1024 + extra);
             let data = weight(&mut rng, dtype, rows, cols);
             let w = WeightView {
                 dtype,
@@ -195,18 +201,30 @@ fn simd_agrees_with_scalar() {
             };
             let x = rng.vec(n * cols, 3.0);
             let mut ys = vec![0f32; n * rows];
-            let mut yv = vec![0f32; n * rows];
             matmul_with(Isa::Scalar, &w, &x, n, &mut ys).unwrap();
-            matmul_with(Isa::Avx2, &w, &x, n, &mut yv).unwrap();
             let (_, _, abs) = reference(&w, &x, n);
-            for (i, (a, b)) in ys.iter().zip(&yv).enumerate() {
-                // Same integer sums (and bit-identical activation quants), different float
-                // summation order: agree to 1e-5 of the summed term magnitudes.
-                let t = 1e-5 * abs[i] + 1e-6;
-                assert!(
-                    (a - b).abs() <= t,
-                    "{dtype} n={n} [{i}]: scalar {a} vs avx2 {b} (tol {t})"
-                );
+            let mut vnni: Option<Vec<f32>> = None;
+            for &isa in &simd {
+                let mut yv = vec![0f32; n * rows];
+                matmul_with(isa, &w, &x, n, &mut yv).unwrap();
+                for (i, (a, b)) in ys.iter().zip(&yv).enumerate() {
+                    // Same integer sums (and bit-identical activation quants), different
+                    // float summation order: agree to 1e-5 of the summed term magnitudes.
+                    let t = 1e-5 * abs[i] + 1e-6;
+                    assert!(
+                        (a - b).abs() <= t,
+                        "{dtype} n={n} [{i}]: scalar {a} vs {} {b} (tol {t})",
+                        isa.name()
+                    );
+                }
+                // the VNNI kernels in either encoding, one row or two at a time: the same
+                // arithmetic, bit for bit
+                if matches!(isa, Isa::AvxVnni | Isa::Avx512Vnni) {
+                    match &vnni {
+                        None => vnni = Some(yv),
+                        Some(v) => assert!(v == &yv, "{dtype} n={n}: {} differs", isa.name()),
+                    }
+                }
             }
         }
     }
