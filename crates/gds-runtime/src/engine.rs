@@ -332,11 +332,13 @@ impl Engine {
             || draft.as_ref().is_some_and(|d| d.layers.is_some());
         // ... and whether to guess at all is measured (crate::draft::Gate)
         let mut gate = crate::draft::Gate::default();
-        // (self-speculation starts from one guess: each costs N blocks and the output head,
-        // and an early exit of a model not trained for it is rarely right)
-        let mut draft_len = draft.as_ref().map_or(0, |d| match d.layers {
-            Some(_) => 1,
-            None => d.max_tokens,
+        // Where guesses cost compute they start few and double while all are right:
+        // self-speculation from one (each costs N blocks and the output head, and an early
+        // exit of a model not trained for it is rarely right), other drafts from four.
+        let mut draft_len = draft.as_ref().map_or(0, |d| match (d.layers, adapt) {
+            (Some(_), _) => 1,
+            (None, true) => d.max_tokens.min(4),
+            (None, false) => d.max_tokens,
         });
         let (mut last_guessed, mut last_right) = (0usize, 0usize);
         while stop.is_none() {
