@@ -847,6 +847,33 @@ q32_family!(
     2
 );
 
+/// The K-quant rows compiled for AVX-512 VL/BW as well: the same arithmetic, with 32 vector
+/// registers (Gemma 3 270M prompt processing ~900 -> ~1000 t/s with Q4_K's).
+mod kquant512 {
+    use super::*;
+    rows_driver!(
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+        rows_q4_k,
+        dot_q4_k,
+        BlockQ4K,
+        ActQ8K
+    );
+    rows_driver!(
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+        rows_q5_k,
+        dot_q5_k,
+        BlockQ5K,
+        ActQ8K
+    );
+    rows_driver!(
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+        rows_q6_k,
+        dot_q6_k,
+        BlockQ6K,
+        ActQ8K
+    );
+}
+
 mod other {
     use super::*;
     rows_driver!(
@@ -911,6 +938,19 @@ macro_rules! public_rows {
             }
         }
     };
+    ($name:ident, $act:ty, kquant) => {
+        #[doc = concat!("AVX2 twin of `scalar::", stringify!($name), "` (built for AVX-512 too).")]
+        pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
+            if t.avx512 {
+                // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
+                // AVX-512 F, VL, BW and VNNI were detected.
+                unsafe { kquant512::$name(w, rb, acts, out) }
+            } else {
+                // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
+                unsafe { other::$name(w, rb, acts, out) }
+            }
+        }
+    };
     ($name:ident, $act:ty) => {
         #[doc = concat!("AVX2 twin of `scalar::", stringify!($name), "`.")]
         pub fn $name(_: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
@@ -925,9 +965,9 @@ public_rows!(rows_q4_1, ActQ8, q32);
 public_rows!(rows_q5_0, ActQ8, q32);
 public_rows!(rows_q5_1, ActQ8, q32);
 public_rows!(rows_q8_0, ActQ8, q32);
-public_rows!(rows_q4_k, ActQ8K);
-public_rows!(rows_q5_k, ActQ8K);
-public_rows!(rows_q6_k, ActQ8K);
+public_rows!(rows_q4_k, ActQ8K, kquant);
+public_rows!(rows_q5_k, ActQ8K, kquant);
+public_rows!(rows_q6_k, ActQ8K, kquant);
 public_rows!(rows_f32, f32);
 public_rows!(rows_f16, f32);
 public_rows!(rows_bf16, f32);
