@@ -22,18 +22,22 @@
 //! held in memory, guesses greedily; the target model (streamed, say) checks its guesses.
 
 use crate::error::{Result, RuntimeError};
-use crate::exec::{eval_last, Executor};
+use crate::exec::{eval_last, reusable_prefix, Executor};
 use serde::Serialize;
 use std::path::PathBuf;
 
 /// What the plan says about speculative decoding.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DraftPlan {
     /// The draft: `ngram` (prompt lookup), `layers` (the model's first blocks and its
     /// output head: self-speculation) or `model` (a second model's greedy guesses).
     pub kind: String,
     /// The draft model's directory (`model`).
     pub model_dir: Option<PathBuf>,
+    /// The draft model's own plan (`model`), made with the target's options when the
+    /// target was planned (the engine opens it as it is).
+    #[serde(skip)]
+    pub model_plan: Option<Box<crate::plan::Plan>>,
     /// Blocks the self-speculation draft runs (`layers`).
     pub layers: Option<usize>,
     /// Most tokens guessed per pass (the pass evaluates one more).
@@ -166,17 +170,8 @@ impl ModelDraft {
         if seq.is_empty() || k == 0 {
             return Ok(Vec::new());
         }
-        let mut common = self
-            .done
-            .iter()
-            .zip(seq)
-            .take_while(|(a, b)| a == b)
-            .count();
-        // the last token is evaluated again when nothing is new: its logits are wanted
-        common = common.min(seq.len() - 1);
-        if !self.exec.can_truncate(self.done.len(), common) {
-            common = 0;
-        }
+        // (the last token is evaluated again when nothing is new: its logits are wanted)
+        let common = reusable_prefix(&*self.exec, &self.done, self.done.len(), seq);
         self.done.truncate(common);
         eval_last(&mut *self.exec, &seq[common..], common)?;
         self.done.extend_from_slice(&seq[common..]);

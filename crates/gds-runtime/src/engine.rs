@@ -6,7 +6,7 @@ use crate::chat::Message;
 use crate::config::Config;
 use crate::constraint::{Constraint, GrammarCompiler};
 use crate::error::{Result, RuntimeError};
-use crate::exec::{eval_last, Executor};
+use crate::exec::{eval_last, reusable_prefix, Executor};
 use crate::metrics::{EnergyMeter, Metrics};
 use crate::plan::{Mode, Plan};
 use crate::sampler::{Sampler, TokenLogprobs};
@@ -98,19 +98,9 @@ impl Engine {
         // a speculative pass wants logits at the sampled token and at every guess
         let outputs = 1 + plan.draft.as_ref().map_or(0, |d| d.max_tokens);
         let exec = crate::exec::open(&plan, plan.batch, outputs)?;
-        let draft_model = match plan.draft.as_ref().and_then(|d| d.model_dir.as_ref()) {
-            Some(dir) => {
-                let sub = Plan::draft_model_plan(
-                    &crate::plan::PlanOptions {
-                        no_verify: !plan.io_plan.verify,
-                        ..Default::default()
-                    },
-                    dir,
-                    plan.ctx,
-                    plan.threads,
-                    plan.batch,
-                )?;
-                let ex = crate::exec::open(&sub, sub.batch, 1)?;
+        let draft_model = match plan.draft.as_ref().and_then(|d| d.model_plan.as_deref()) {
+            Some(sub) => {
+                let ex = crate::exec::open(sub, sub.batch, 1)?;
                 Some(crate::draft::ModelDraft::new(ex, plan.ctx))
             }
             None => None,
@@ -259,18 +249,8 @@ impl Engine {
         let energy0 = self.energy.joules();
 
         // prompt: evaluate what the cache does not hold (at least the last token, for logits)
-        let mut common = self
-            .cached
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        common = common.min(prompt.len() - 1);
         let written = self.written.max(self.cached.len());
-        if !self.exec.can_truncate(written, common) {
-            // the window layers' ring no longer holds what position `common` sees
-            common = 0;
-        }
+        let common = reusable_prefix(&*self.exec, &self.cached, written, prompt);
         self.cached.truncate(common);
         if common == 0 {
             self.written = 0;

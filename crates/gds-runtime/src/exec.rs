@@ -70,6 +70,24 @@ pub trait Executor: Send {
     }
 }
 
+/// How many leading tokens of `seq` a sequence can keep in its cache, which holds the K/V
+/// of `cached` and has been written up to position `written`: their common prefix, less
+/// `seq`'s last token (evaluated again for its logits), and none where a sliding-window
+/// ring no longer holds the keys the first new position sees.
+pub fn reusable_prefix(ex: &dyn Executor, cached: &[u32], written: usize, seq: &[u32]) -> usize {
+    let common = cached
+        .iter()
+        .zip(seq)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(seq.len().saturating_sub(1));
+    if ex.can_truncate(written, common) {
+        common
+    } else {
+        0
+    }
+}
+
 /// Evaluates `tokens` at `pos0..` and leaves the last token's logits for
 /// [`Executor::last_logits_mut`].
 pub fn eval_last(ex: &mut dyn Executor, tokens: &[u32], pos0: usize) -> Result<()> {

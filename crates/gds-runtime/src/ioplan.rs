@@ -331,7 +331,8 @@ pub fn plan_io_keeping(
         (res, room - left)
     };
     let (a, b_) = (pack(true), pack(false));
-    let (mut resident, kept) = if a.1 > b_.1 || keep_blocks > 0 { a } else { b_ };
+    // (with blocks to keep, the head is among them and both packs are the same)
+    let (mut resident, kept) = if a.1 > b_.1 { a } else { b_ };
     resident.sort_unstable();
     p.streamed_layers = l
         .blocks

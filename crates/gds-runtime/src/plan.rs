@@ -544,7 +544,7 @@ impl Plan {
                         "--draft-model goes with --draft model (or alone), not ngram".into(),
                     );
                 }
-                let model_dir = match (kind, &opts.draft_model) {
+                let model_plan = match (kind, &opts.draft_model) {
                     ("model", None) => {
                         return plan_err("--draft model needs --draft-model DIR".into())
                     }
@@ -552,13 +552,14 @@ impl Plan {
                         // the draft must exist, run, and share the vocabulary
                         let sub = Self::draft_model_plan(opts, d, ctx, threads, batch)?;
                         crate::draft::check_same_vocabulary(dir, &sub.model_dir)?;
-                        Some(sub.model_dir)
+                        Some(Box::new(sub))
                     }
                     _ => None,
                 };
                 Some(crate::draft::DraftPlan {
                     kind: kind.into(),
-                    model_dir,
+                    model_dir: model_plan.as_ref().map(|p| p.model_dir.clone()),
+                    model_plan,
                     layers: draft_layers,
                     max_tokens: max,
                     ngram_max: crate::draft::NGRAM_MAX,
