@@ -23,7 +23,10 @@ for GGUF in "$SMOL" "$GEMMA"; do
     t0=$(now); dd if="$GGUF" of="$WORK/copy.gguf" bs=8M conv=fsync status=none; t1=$(now)
     rm -f "$WORK/copy.gguf"
     t=$(echo "$t1 - $t0" | bc -l); best_copy=$(echo "if ($t < $best_copy) $t else $best_copy" | bc -l)
-    t0=$(now); "$BIN" convert "$GGUF" "$WORK/out.gds" --force > /dev/null; t1=$(now)
+    # a new output directory, as dd writes a new file (the previous one removed outside
+    # the timing for both: replacing with --force adds the removal of the old model)
+    rm -rf "$WORK/out.gds"
+    t0=$(now); "$BIN" convert "$GGUF" "$WORK/out.gds" > /dev/null; t1=$(now)
     t=$(echo "$t1 - $t0" | bc -l); best_conv=$(echo "if ($t < $best_conv) $t else $best_conv" | bc -l)
   done
   rm -rf "$WORK/out2.gds"

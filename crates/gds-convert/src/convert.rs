@@ -508,8 +508,11 @@ fn write_layers(
             let mut done = 0usize;
             let mut released = t.offset;
             for piece in bytes.chunks(WRITE_PIECE) {
-                w.write_all(piece).map_err(io(&path))?;
+                if let Cow::Borrowed(_) = bytes {
+                    t.file.populate(t.offset + done as u64, piece.len() as u64);
+                }
                 hasher.update(piece);
+                w.write_all(piece).map_err(io(&path))?;
                 done += piece.len();
                 if let Cow::Borrowed(_) = bytes {
                     let end = (t.offset + done as u64) / 4096 * 4096;

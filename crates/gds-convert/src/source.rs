@@ -101,6 +101,20 @@ impl MappedFile {
 }
 
 impl MappedFile {
+    /// Maps `len` bytes at `offset` in (`MADV_POPULATE_READ`; ignored where the kernel lacks
+    /// it) before they are read whole: one call instead of a page fault per few pages, and
+    /// a `write(2)` from the mapping then copies without faulting in the middle (a fault
+    /// there makes the kernel zero the new page cache pages and retry the copy).
+    pub fn populate(&self, offset: u64, len: u64) {
+        let start = (offset / 4096 * 4096) as usize;
+        let end = ((offset + len) as usize).min(self.map.len());
+        if end > start {
+            let _ = self
+                .map
+                .advise_range(memmap2::Advice::PopulateRead, start, end - start);
+        }
+    }
+
     /// Bytes a reader computed (e.g. LongRoPE factors listed in `config.json`), held in an
     /// anonymous mapping so that they are a [`SourceTensor`] like any other; `path` names
     /// where they came from, for messages.

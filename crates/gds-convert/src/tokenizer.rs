@@ -485,19 +485,27 @@ const FIM_TEXTS: [&[&str]; 6] = [
 /// Applies llama.cpp's text-based attribute overrides and returns the adjusted attributes.
 fn adjust_attrs(vocab: &Vocab, ids: &mut SpecialIds) -> Vec<u8> {
     let mut attrs = vocab.attrs.clone();
-    // llama.cpp walks its std::map token_to_id, i.e. tokens in byte order.
-    let sorted: BTreeMap<&str, u32> = vocab.ids.iter().map(|(t, &i)| (t.as_str(), i)).collect();
     let id_of = |t: &str| vocab.ids.get(t).copied();
-    for (&text, &id) in &sorted {
-        if ids.eot.is_none() && EOT_TEXTS.contains(&text) {
-            ids.eot = Some(id);
-        }
-        if ids.eom.is_none() && text == "<|eom_id|>" {
-            ids.eom = Some(id);
-        }
-        for (slot, texts) in FIM_TEXTS.iter().enumerate() {
-            if ids.fim[slot].is_none() && texts.contains(&text) {
-                ids.fim[slot] = Some(id);
+    // llama.cpp walks its std::map token_to_id, i.e. tokens in byte order, and takes the
+    // first token whose text is one of the candidates: the candidate present in the
+    // vocabulary that comes first in byte order (looked up, not a sort of the vocabulary).
+    let first = |texts: &[&str]| {
+        texts
+            .iter()
+            .filter_map(|&t| Some((t, id_of(t)?)))
+            .min_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()))
+            .map(|(_, id)| id)
+    };
+    if ids.eot.is_none() {
+        ids.eot = first(EOT_TEXTS);
+    }
+    if ids.eom.is_none() {
+        ids.eom = id_of("<|eom_id|>");
+    }
+    for (slot, texts) in FIM_TEXTS.iter().enumerate() {
+        if ids.fim[slot].is_none() {
+            ids.fim[slot] = first(texts);
+            if let Some(id) = ids.fim[slot] {
                 attrs[id as usize] |= ATTR_CONTROL;
             }
         }
@@ -589,7 +597,15 @@ fn spm_merges(vocab: &Vocab) -> Vec<(u32, u32)> {
             }
         }
     }
-    merges.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+    // rank: score descending, then the entry's id, then the left part's id: one unique u128
+    // key per merge, so an unstable sort gives the same order
+    let key = |&(score, id, a, _): &(f64, u32, u32, u32)| {
+        let bits = score.to_bits();
+        // total order of f64 as an unsigned integer (total_cmp's), then reversed
+        let ord = if bits >> 63 == 1 { !bits } else { bits | 1 << 63 };
+        (u128::from(!ord) << 64) | (u128::from(id) << 32) | u128::from(a)
+    };
+    merges.sort_unstable_by_key(key);
     merges.into_iter().map(|(_, _, a, b)| (a, b)).collect()
 }
 
@@ -652,40 +668,43 @@ fn bpe_model_json(
     byte_fallback: bool,
     ignore_merges: bool,
 ) -> Result<String, TokenizerError> {
-    use std::fmt::Write;
+    use std::io::Write;
     let text = |id: u32| vocab.tokens[id as usize].as_str();
-    let esc = |s: &str| serde_json::to_string(s).map_err(build_err);
-    let mut by_id: Vec<(u32, &str)> = vocab.ids.iter().map(|(t, &i)| (i, t.as_str())).collect();
-    by_id.sort_unstable();
-    let mut out = String::with_capacity(32 * (by_id.len() + merges.len()));
-    let unk = match unk {
-        Some(u) => esc(text(u))?,
-        None => "null".into(),
-    };
+    // escaped straight into the output: no string per token
+    let esc = |out: &mut Vec<u8>, s: &str| serde_json::to_writer(out, s).map_err(build_err);
+    let mut out: Vec<u8> = Vec::with_capacity(16 * vocab.len() + 24 * merges.len() + 256);
+    out.extend_from_slice(br#"{"type":"BPE","dropout":null,"unk_token":"#);
+    match unk {
+        Some(u) => esc(&mut out, text(u))?,
+        None => out.extend_from_slice(b"null"),
+    }
     let _ = write!(
         out,
-        r#"{{"type":"BPE","dropout":null,"unk_token":{unk},"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":{byte_fallback},"ignore_merges":{ignore_merges},"vocab":{{"#
+        r#","continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":{byte_fallback},"ignore_merges":{ignore_merges},"vocab":{{"#
     );
-    for (k, (id, t)) in by_id.iter().enumerate() {
-        if k > 0 {
-            out.push(',');
+    // by id: `tokens` is indexed by id, and every text has one id (checked at load)
+    let mut num = itoa::Buffer::new();
+    for (id, t) in vocab.tokens.iter().enumerate() {
+        if id > 0 {
+            out.push(b',');
         }
-        out.push_str(&esc(t)?);
-        let _ = write!(out, ":{id}");
+        esc(&mut out, t)?;
+        out.push(b':');
+        out.extend_from_slice(num.format(id).as_bytes());
     }
-    out.push_str(r#"},"merges":["#);
+    out.extend_from_slice(br#"},"merges":["#);
     for (k, &(a, b)) in merges.iter().enumerate() {
         if k > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        out.push('[');
-        out.push_str(&esc(text(a))?);
-        out.push(',');
-        out.push_str(&esc(text(b))?);
-        out.push(']');
+        out.push(b'[');
+        esc(&mut out, text(a))?;
+        out.push(b',');
+        esc(&mut out, text(b))?;
+        out.push(b']');
     }
-    out.push_str("]}");
-    Ok(out)
+    out.extend_from_slice(b"]}");
+    String::from_utf8(out).map_err(build_err)
 }
 
 /// `tokenizer.json`: the library's serialization of `tokenizer` (normalizer, pre-tokenizer,
