@@ -365,6 +365,50 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ConvertError> {
     f.sync_all().map_err(io(path))
 }
 
+/// A file of the output besides the layers, written and being written back.
+struct AuxFile {
+    name: &'static str,
+    role: u32,
+    len: u64,
+    hash: [u8; 32],
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+/// Writes the tokenizer files into the staging directory `tmp` (written back without waiting;
+/// the caller syncs them) and returns them with the warnings met while making them.
+fn write_aux(tmp: &Path, tok: TokenizerOut) -> Result<(Vec<String>, Vec<AuxFile>), ConvertError> {
+    let mut out = Vec::new();
+    for (name, role, text) in [
+        ("tokenizer.json", file_role::TOKENIZER, Some(tok.json)),
+        (
+            "tokenizer_config.json",
+            file_role::TOKENIZER_CONFIG,
+            tok.config,
+        ),
+        (
+            "generation_config.json",
+            file_role::GENERATION_CONFIG,
+            tok.generation,
+        ),
+    ] {
+        let Some(text) = text else { continue };
+        let path = tmp.join(name);
+        let mut file = std::fs::File::create(&path).map_err(io(&path))?;
+        file.write_all(text.as_bytes()).map_err(io(&path))?;
+        start_writeback(&file);
+        out.push(AuxFile {
+            name,
+            role,
+            len: text.len() as u64,
+            hash: *blake3::hash(text.as_bytes()).as_bytes(),
+            path,
+            file,
+        });
+    }
+    Ok((tok.warnings, out))
+}
+
 /// The tokenizer files of the output, and warnings found while making them.
 struct TokenizerOut {
     json: String,
@@ -438,6 +482,22 @@ fn tokenizer_files(
 /// Bytes written (and hashed) at a time; see [`write_layers`].
 const WRITE_PIECE: usize = 8 << 20;
 
+/// Starts writing `f`'s dirty pages to the device without waiting (Linux
+/// `sync_file_range(SYNC_FILE_RANGE_WRITE)`), so that the device works while the next files
+/// are made and the final `fsync` waits only for the tail. Best effort: elsewhere, or on
+/// error, the final `fsync` does all of it.
+fn start_writeback(f: &std::fs::File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the descriptor belongs to `f`, open for the duration of the call; the call
+        // reads and writes no memory of ours.
+        let _ = unsafe { libc::sync_file_range(f.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = f;
+}
+
 /// Writes every layer file of `plans` into the staging directory `tmp` and records it in
 /// `builder`; returns the tensor bytes and the file bytes written. Each file is hashed as it
 /// is written and the input pages of its tensors are released after it; the files are
@@ -487,7 +547,9 @@ fn write_layers(
         })?;
         let path = tmp.join(&file);
         let f = std::fs::File::create(&path).map_err(io(&path))?;
-        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+        // small: norms and padding are gathered, every larger piece goes straight from the
+        // source mapping to write(2) (a BufWriter copies what is smaller than its capacity)
+        let mut w = std::io::BufWriter::with_capacity(64 << 10, f);
         let mut hasher = blake3::Hasher::new();
         let mut pos = 0u64;
         for ((t, d), &(offset, nbytes)) in ts.iter().zip(&lay.placements) {
@@ -528,6 +590,7 @@ fn write_layers(
         }
         write_padding(&mut w, &mut hasher, lay.file_size - pos).map_err(io(&path))?;
         let f = w.into_inner().map_err(|e| io(&path)(e.into_error()))?;
+        start_writeback(&f);
         for (t, _) in ts {
             t.file.release(t.offset, t.nbytes);
         }
@@ -684,47 +747,25 @@ pub fn convert(
         put_meta(&mut builder, k, v);
     }
 
+    // the tokenizer thread writes its files too (written back while the layers are made)
+    let aux_job = || tokenizer_job().and_then(|t| write_aux(&tmp, t));
     let (written, tok) = std::thread::scope(|sc| {
-        let tok = sc.spawn(tokenizer_job);
+        let tok = sc.spawn(aux_job);
         let written = write_layers(&plans, &tmp, input, &mut builder, progress);
         (written, tok.join())
     });
     let (tensor_bytes, file_bytes) = written?;
-    let tok = match tok {
+    let (tok_warnings, aux) = match tok {
         Ok(t) => t?,
         Err(panic) => std::panic::resume_unwind(panic),
     };
-    warnings.extend(tok.warnings.into_iter().filter(|w| keep(w)));
+    warnings.extend(tok_warnings.into_iter().filter(|w| keep(w)));
     let n_tensors: usize = plans.iter().map(|(_, v)| v.len()).sum();
 
     // Every other file of the directory is hashed in the manifest too (format 1.1).
-    let aux = [
-        (
-            "tokenizer.json",
-            file_role::TOKENIZER,
-            Some(tok.json.as_str()),
-        ),
-        (
-            "tokenizer_config.json",
-            file_role::TOKENIZER_CONFIG,
-            tok.config.as_deref(),
-        ),
-        (
-            "generation_config.json",
-            file_role::GENERATION_CONFIG,
-            tok.generation.as_deref(),
-        ),
-    ];
-    for (name, role, text) in aux {
-        if let Some(text) = text {
-            write_file(&tmp.join(name), text.as_bytes())?;
-            builder.add_file(
-                name,
-                role,
-                text.len() as u64,
-                *blake3::hash(text.as_bytes()).as_bytes(),
-            );
-        }
+    for a in aux {
+        a.file.sync_all().map_err(io(&a.path))?;
+        builder.add_file(a.name, a.role, a.len, a.hash);
     }
     let manifest = builder.finish();
     if manifest.len() as u64 > MAX_MANIFEST_BYTES {

@@ -21,7 +21,127 @@ const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 /// key for duplicates, so that `gguf-rs` (which allocates by the lengths it reads, keeps the
 /// last of two equal keys, and panics on a few type ids) only ever sees a well-formed header
 /// whose decoding takes bounded memory.
-fn prescan(bytes: &[u8]) -> Result<(), String> {
+/// What a prescan read is, for its error message: written only when one is needed (a
+/// 262k-token vocabulary is 262k reads).
+struct Described<'a>(&'static str, &'a str);
+
+impl std::fmt::Display for Described<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:?}", self.0, self.1)
+    }
+}
+
+/// A vocabulary array of the header (`tokenizer.ggml.tokens`, `scores`, `token_type`,
+/// `merges`, of the element type llama.cpp reads), found by the prescan: gguf-rs would
+/// decode each of its elements into a JSON value (numbers as strings, with serde_json's
+/// `arbitrary_precision`, which it enables), so it is hidden from gguf-rs and read in place
+/// by the tokenizer export instead.
+#[derive(Clone, Copy, Debug)]
+struct VocabArray {
+    /// Which key: 0 tokens, 1 scores, 2 token_type, 3 merges.
+    which: usize,
+    /// Byte position of the value's type field (the array's element type and length follow).
+    value_at: usize,
+    /// Byte position just past the array.
+    end: usize,
+    count: u64,
+}
+
+/// The keys of [`VocabArray`] and the element type llama.cpp reads each as.
+const VOCAB_ARRAYS: [(&str, u32); 4] = [
+    ("tokenizer.ggml.tokens", 8),
+    ("tokenizer.ggml.scores", 6),
+    ("tokenizer.ggml.token_type", 5),
+    ("tokenizer.ggml.merges", 8),
+];
+
+/// Reads the header for gguf-rs (from after the magic) with every [`VocabArray`] replaced by
+/// a string value of the same byte length (type, length, spaces): gguf-rs's byte count, and
+/// so its data offset, stay those of the file.
+struct HidingReader {
+    file: Arc<MappedFile>,
+    pos: usize,
+    hidden: Vec<VocabArray>,
+}
+
+impl std::io::Read for HidingReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let pos = self.pos;
+        let b: &[u8] = &self.file.map;
+        if out.is_empty() || pos >= b.len() {
+            return Ok(0);
+        }
+        let n = if let Some(h) = self
+            .hidden
+            .iter()
+            .find(|h| h.value_at <= pos && pos < h.end)
+        {
+            let len = h.end - h.value_at;
+            let mut head = [0u8; 12];
+            head[..4].copy_from_slice(&8u32.to_le_bytes());
+            head[4..].copy_from_slice(&(len as u64 - 12).to_le_bytes());
+            let n = out.len().min(h.end - pos);
+            for (k, o) in (pos - h.value_at..).zip(&mut out[..n]) {
+                *o = head.get(k).copied().unwrap_or(b' ');
+            }
+            n
+        } else {
+            let next = self
+                .hidden
+                .iter()
+                .map(|h| h.value_at)
+                .filter(|&at| at > pos)
+                .min()
+                .unwrap_or(b.len());
+            let n = out.len().min(next - pos);
+            out[..n].copy_from_slice(&b[pos..pos + n]);
+            n
+        };
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// The hidden arrays' contents, borrowed from the file (`b`, which the prescan checked).
+fn vocab_arrays<'a>(
+    b: &'a [u8],
+    hidden: &[VocabArray],
+) -> Result<crate::tokenizer::VocabArrays<'a>, String> {
+    let mut out = crate::tokenizer::VocabArrays::default();
+    for h in hidden {
+        let key = VOCAB_ARRAYS[h.which].0;
+        let bad = || format!("{key}: the array cannot be read back");
+        let data = b.get(h.value_at + 16..h.end).ok_or_else(bad)?;
+        let count = usize::try_from(h.count).map_err(|_| bad())?;
+        let strings = |mut d: &'a [u8]| -> Result<Vec<&'a str>, String> {
+            let mut v = Vec::with_capacity(count);
+            for _ in 0..count {
+                let (len, rest) = d.split_first_chunk::<8>().ok_or_else(bad)?;
+                let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| bad())?;
+                let (s, rest) = rest.split_at_checked(len).ok_or_else(bad)?;
+                v.push(std::str::from_utf8(s).map_err(|_| bad())?);
+                d = rest;
+            }
+            Ok(v)
+        };
+        let words = |d: &[u8]| -> Result<Vec<[u8; 4]>, String> {
+            let (words, rest) = d.as_chunks::<4>();
+            if words.len() != count || !rest.is_empty() {
+                return Err(bad());
+            }
+            Ok(words.to_vec())
+        };
+        match h.which {
+            0 => out.tokens = Some(strings(data)?),
+            1 => out.scores = Some(words(data)?.into_iter().map(f32::from_le_bytes).collect()),
+            2 => out.token_type = Some(words(data)?.into_iter().map(i32::from_le_bytes).collect()),
+            _ => out.merges = Some(strings(data)?),
+        }
+    }
+    Ok(out)
+}
+
+fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
     struct Cur<'a> {
         b: &'a [u8],
         pos: usize,
@@ -29,7 +149,7 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
         elements: u64,
     }
     impl Cur<'_> {
-        fn take(&mut self, n: u64, what: &str) -> Result<&[u8], String> {
+        fn take(&mut self, n: u64, what: &dyn std::fmt::Display) -> Result<&[u8], String> {
             let end = (self.pos as u64)
                 .checked_add(n)
                 .filter(|&e| e <= self.b.len() as u64);
@@ -46,20 +166,20 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
                 )),
             }
         }
-        fn u32(&mut self, what: &str) -> Result<u32, String> {
+        fn u32(&mut self, what: &dyn std::fmt::Display) -> Result<u32, String> {
             Ok(u32::from_le_bytes(
                 self.take(4, what)?.try_into().unwrap_or_default(),
             ))
         }
-        fn u64(&mut self, what: &str) -> Result<u64, String> {
+        fn u64(&mut self, what: &dyn std::fmt::Display) -> Result<u64, String> {
             Ok(u64::from_le_bytes(
                 self.take(8, what)?.try_into().unwrap_or_default(),
             ))
         }
-        fn string(&mut self, what: &str) -> Result<String, String> {
+        fn string(&mut self, what: &dyn std::fmt::Display) -> Result<&str, String> {
             let n = self.u64(what)?;
             let s = self.take(n, what)?;
-            String::from_utf8(s.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
+            std::str::from_utf8(s).map_err(|_| format!("{what} is not UTF-8"))
         }
         fn value(&mut self, t: u32, key: &str, depth: u32) -> Result<(), String> {
             let scalar = |t: u32| -> Option<u64> {
@@ -73,14 +193,14 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
             };
             match t {
                 8 => {
-                    self.string(&format!("value of {key:?}"))?;
+                    self.string(&Described("value of", key))?;
                 }
                 9 => {
                     if depth > 2 {
                         return Err(format!("key {key:?}: arrays nested too deep"));
                     }
-                    let et = self.u32(&format!("array type of {key:?}"))?;
-                    let n = self.u64(&format!("array length of {key:?}"))?;
+                    let et = self.u32(&Described("array type of", key))?;
+                    let n = self.u64(&Described("array length of", key))?;
                     // first what the file can hold, then what we accept to decode
                     let scalar_size = scalar(et);
                     match scalar_size {
@@ -88,7 +208,7 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
                             let total = n.checked_mul(sz).ok_or_else(|| {
                                 format!("key {key:?}: array length {n} overflows")
                             })?;
-                            self.take(total, &format!("array {key:?}"))?;
+                            self.take(total, &Described("array", key))?;
                         }
                         // each element takes at least 8 bytes (a string length)
                         None if n > (self.b.len() - self.pos) as u64 / 8 => {
@@ -111,7 +231,7 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
                 t => {
                     let sz =
                         scalar(t).ok_or_else(|| format!("key {key:?}: unknown value type {t}"))?;
-                    self.take(sz, &format!("value of {key:?}"))?;
+                    self.take(sz, &Described("value of", key))?;
                 }
             }
             Ok(())
@@ -122,53 +242,70 @@ fn prescan(bytes: &[u8]) -> Result<(), String> {
         pos: 0,
         elements: 0,
     };
-    let magic = c.take(4, "magic")?;
+    let magic = c.take(4, &"magic")?;
     if magic != GGUF_MAGIC {
         return Err(format!(
             "not a GGUF file (magic {magic:02x?}, expected \"GGUF\")"
         ));
     }
-    let version = c.u32("version")?;
+    let version = c.u32(&"version")?;
     if version != 2 && version != 3 {
         return Err(format!(
             "unsupported GGUF version {version} (supported: 2, 3)"
         ));
     }
-    let n_tensors = c.u64("tensor count")?;
-    let n_kv = c.u64("key/value count")?;
+    let n_tensors = c.u64(&"tensor count")?;
+    let n_kv = c.u64(&"key/value count")?;
     if n_kv > bytes.len() as u64 / 12 || n_tensors > bytes.len() as u64 / 24 {
         return Err(format!(
             "header counts ({n_kv} key/values, {n_tensors} tensors) exceed the file size"
         ));
     }
     let mut keys = std::collections::HashSet::new();
+    let mut vocab = Vec::new();
     for i in 0..n_kv {
-        let key = c.string(&format!("key #{i}"))?;
+        let key = c.string(&format_args!("key #{i}"))?.to_owned();
         if keys.contains(&key) {
             return Err(format!("metadata key {key:?} appears twice"));
         }
-        let t = c.u32(&format!("type of {key:?}"))?;
+        let value_at = c.pos;
+        let t = c.u32(&Described("type of", &key))?;
         c.value(t, &key, 0)?;
+        // an array value: type 9, element type, length (all read above)
+        let head = bytes.get(value_at..value_at + 16).unwrap_or_default();
+        let word = |at: usize| head.get(at..at + 4).unwrap_or_default();
+        if let Some(which) = VOCAB_ARRAYS
+            .iter()
+            .position(|&(k, et)| k == key && t == 9 && word(4) == et.to_le_bytes())
+        {
+            let count = head.get(8..16).and_then(|l| l.try_into().ok());
+            vocab.push(VocabArray {
+                which,
+                value_at,
+                end: c.pos,
+                count: u64::from_le_bytes(count.unwrap_or_default()),
+            });
+        }
         keys.insert(key);
     }
     for i in 0..n_tensors {
-        let name = c.string(&format!("name of tensor #{i}"))?;
-        let nd = c.u32(&format!("dimensions of {name:?}"))?;
+        let name = c.string(&format_args!("name of tensor #{i}"))?.to_owned();
+        let nd = c.u32(&Described("dimensions of", &name))?;
         if nd == 0 || nd > 4 {
             return Err(format!("tensor {name:?}: {nd} dimensions (1 to 4 allowed)"));
         }
         for _ in 0..nd {
-            c.u64(&format!("shape of {name:?}"))?;
+            c.u64(&Described("shape of", &name))?;
         }
-        let t = c.u32(&format!("type of {name:?}"))?;
+        let t = c.u32(&Described("type of", &name))?;
         if DType::from_id(t).is_none() {
             return Err(format!(
                 "tensor {name:?}: ggml type id {t} is not supported by GdsLLM format v1"
             ));
         }
-        c.u64(&format!("offset of {name:?}"))?;
+        c.u64(&Described("offset of", &name))?;
     }
-    Ok(())
+    Ok(vocab)
 }
 
 /// A JSON scalar as a manifest value (arrays and objects: `None`).
@@ -223,27 +360,27 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     // truncating the file could fault; that is the documented contract of converting from mmap
     // (same as llama.cpp and safetensors' loaders).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
-    prescan(&map).map_err(&bad)?;
-    let path_str = path
-        .to_str()
-        .ok_or_else(|| bad("path is not valid UTF-8".into()))?;
+    let hidden = prescan(&map).map_err(&bad)?;
+    let file = Arc::new(MappedFile {
+        path: path.to_path_buf(),
+        map,
+    });
     let model = {
-        // gguf-rs reads field by field; buffer it (unbuffered, the header's ~100k small reads
-        // were most of the conversion time). The prescan checked the little-endian magic.
-        let _ = path_str;
-        let mut f = std::fs::File::open(path).map_err(io(path))?;
-        std::io::Read::read_exact(&mut f, &mut [0u8; 4]).map_err(io(path))?;
-        let reader = std::io::BufReader::with_capacity(1 << 20, f);
+        // gguf-rs reads field by field from the mapping, after the magic (the prescan checked
+        // it, little-endian), the vocabulary arrays hidden (see `VocabArray`); buffered, as
+        // its ~100k small reads were once most of the conversion time.
+        let reader = HidingReader {
+            file: file.clone(),
+            pos: 4,
+            hidden: hidden.clone(),
+        };
+        let reader = std::io::BufReader::with_capacity(1 << 20, reader);
         let mut container =
             gguf_rs::GGUFContainer::new(gguf_rs::ByteOrder::LE, Box::new(reader), u64::MAX);
         container.decode().map_err(|e| bad(format!("{e:#}")))?
     };
     let meta = model.metadata();
     let data_offset = model.data_offset();
-    let file = Arc::new(MappedFile {
-        path: path.to_path_buf(),
-        map,
-    });
     let file_len = file.map.len() as u64;
 
     let gguf_arch = meta
@@ -345,9 +482,16 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
                     .map(|t| t.shape[0])
             })
             .or_else(|| {
-                meta.get("tokenizer.ggml.tokens")
-                    .and_then(Value::as_array)
-                    .map(|a| a.len() as u64)
+                // hidden from gguf-rs (see `VocabArray`) or, of another type, decoded by it
+                hidden
+                    .iter()
+                    .find(|h| h.which == 0)
+                    .map(|h| h.count)
+                    .or_else(|| {
+                        meta.get("tokenizer.ggml.tokens")
+                            .and_then(Value::as_array)
+                            .map(|a| a.len() as u64)
+                    })
             })
             .ok_or_else(|| bad("cannot determine the vocabulary size".into()))?;
         for (canon, k) in [
@@ -510,9 +654,13 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
             .then_with(|| a.name.cmp(&b.name))
     });
     // the export runs later (convert: beside the weights), on the decoded metadata
+    let vocab_file = file.clone();
     let pending_tokenizer = has_tokenizer.then(|| {
         PendingTokenizer::new(move || {
-            match crate::tokenizer::tokenizer_from_gguf(model.metadata()) {
+            let export = vocab_arrays(&vocab_file.map, &hidden)
+                .map_err(crate::tokenizer::TokenizerError::InvalidVocab)
+                .and_then(|a| crate::tokenizer::tokenizer_from_gguf_with(model.metadata(), a));
+            match export {
                 Ok(export) => (
                     TokenizerFiles {
                         tokenizer_json: Some(export.tokenizer_json),

@@ -214,51 +214,109 @@ fn str_array<'a>(key: &str, a: &'a [Value]) -> Result<Vec<&'a str>, TokenizerErr
         .collect()
 }
 
-/// Loaded vocabulary with llama.cpp's token attributes.
-struct Vocab {
-    tokens: Vec<String>,
+/// The vocabulary arrays of a GGUF read in place from the file (by `gguf::read_gguf`), to be
+/// used instead of the metadata map's keys of the same names (which then hold placeholders):
+/// decoding them into JSON values first took most of a 262k-token export. `None`: read that
+/// key from the map.
+#[derive(Debug, Default)]
+pub struct VocabArrays<'a> {
+    /// `tokenizer.ggml.tokens`.
+    pub tokens: Option<Vec<&'a str>>,
+    /// `tokenizer.ggml.scores`.
+    pub scores: Option<Vec<f32>>,
+    /// `tokenizer.ggml.token_type`.
+    pub token_type: Option<Vec<i32>>,
+    /// `tokenizer.ggml.merges`.
+    pub merges: Option<Vec<&'a str>>,
+}
+
+/// The token texts, from `pre` or the map (checked: present, not empty, 32-bit ids).
+fn token_texts<'a>(
+    meta: &'a BTreeMap<String, Value>,
+    pre: Option<Vec<&'a str>>,
+) -> Result<Vec<&'a str>, TokenizerError> {
+    let texts = match pre {
+        Some(t) => t,
+        None => {
+            let raw = opt_array(meta, KEY_TOKENS)?
+                .ok_or_else(|| TokenizerError::MissingKey(KEY_TOKENS.into()))?;
+            str_array(KEY_TOKENS, raw)?
+        }
+    };
+    if texts.is_empty() {
+        return Err(TokenizerError::InvalidVocab(format!(
+            "`{KEY_TOKENS}` is empty"
+        )));
+    }
+    if u32::try_from(texts.len()).is_err() {
+        return Err(TokenizerError::InvalidVocab(format!(
+            "{} tokens do not fit 32-bit ids",
+            texts.len()
+        )));
+    }
+    Ok(texts)
+}
+
+/// llama.cpp renames empty tokens so that every entry stays addressable: the new names of
+/// the empty entries of `texts`, in order.
+fn empty_token_names(texts: &[&str]) -> Vec<String> {
+    texts
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.is_empty())
+        .map(|(i, _)| format!("[EMPTY_{i}]"))
+        .collect()
+}
+
+/// Loaded vocabulary with llama.cpp's token attributes; the texts are borrowed from the
+/// metadata (or the file) and from the names of empty tokens.
+struct Vocab<'a> {
+    tokens: Vec<&'a str>,
     scores: Vec<f64>,
     attrs: Vec<u8>,
     /// Token text to id (a fast fixed-seed hash: the export looks up every split of every
     /// token; nothing depends on this map's order).
-    ids: HashMap<String, u32, foldhash::fast::FixedState>,
+    ids: HashMap<&'a str, u32, foldhash::fast::FixedState>,
 }
 
-impl Vocab {
-    fn load(meta: &BTreeMap<String, Value>) -> Result<Self, TokenizerError> {
-        let raw = opt_array(meta, KEY_TOKENS)?
-            .ok_or_else(|| TokenizerError::MissingKey(KEY_TOKENS.into()))?;
-        if raw.is_empty() {
-            return Err(TokenizerError::InvalidVocab(format!(
-                "`{KEY_TOKENS}` is empty"
-            )));
-        }
-        if u32::try_from(raw.len()).is_err() {
-            return Err(TokenizerError::InvalidVocab(format!(
-                "{} tokens do not fit 32-bit ids",
-                raw.len()
-            )));
-        }
-        let n = raw.len();
-        let mut tokens = Vec::with_capacity(n);
-        for (i, s) in str_array(KEY_TOKENS, raw)?.into_iter().enumerate() {
-            // llama.cpp renames empty tokens so that every entry stays addressable.
-            tokens.push(if s.is_empty() {
-                format!("[EMPTY_{i}]")
-            } else {
-                s.to_owned()
-            });
-        }
-        let scores = match opt_array(meta, KEY_SCORES)? {
-            None => vec![0.0; n],
-            Some(a) => {
-                if a.len() < n {
-                    return Err(TokenizerError::InvalidVocab(format!(
-                        "`{KEY_SCORES}` has {} entries for {n} tokens",
-                        a.len()
-                    )));
-                }
-                a[..n]
+impl<'a> Vocab<'a> {
+    fn load(
+        meta: &'a BTreeMap<String, Value>,
+        texts: &[&'a str],
+        empty_names: &'a [String],
+        pre: (Option<Vec<f32>>, Option<Vec<i32>>),
+    ) -> Result<Self, TokenizerError> {
+        let n = texts.len();
+        let mut names = empty_names.iter();
+        let tokens: Vec<&'a str> = texts
+            .iter()
+            .map(|&t| match t {
+                "" => names.next().map_or("", String::as_str),
+                t => t,
+            })
+            .collect();
+        let short_scores = |have: usize| {
+            TokenizerError::InvalidVocab(format!(
+                "`{KEY_SCORES}` has {have} entries for {n} tokens"
+            ))
+        };
+        let scores = match pre.0 {
+            Some(a) if a.len() < n => return Err(short_scores(a.len())),
+            // a non-finite score is the lowest, as gguf-rs's null below
+            Some(a) => a[..n]
+                .iter()
+                .map(|&x| {
+                    if x.is_finite() {
+                        f64::from(x)
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                })
+                .collect(),
+            None => match opt_array(meta, KEY_SCORES)? {
+                None => vec![0.0; n],
+                Some(a) if a.len() < n => return Err(short_scores(a.len())),
+                Some(a) => a[..n]
                     .iter()
                     .enumerate()
                     .map(|(i, v)| match v {
@@ -269,22 +327,34 @@ impl Vocab {
                         Value::Null => Ok(f64::NEG_INFINITY),
                         _ => Err(item_err(KEY_SCORES, i, "a number", v)),
                     })
-                    .collect::<Result<Vec<_>, _>>()?
-            }
+                    .collect::<Result<Vec<_>, _>>()?,
+            },
+        };
+        let short_types = |have: usize| {
+            TokenizerError::InvalidVocab(format!("`{KEY_TYPES}` has {have} entries for {n} tokens"))
+        };
+        let types: Option<Vec<i64>> = match pre.1 {
+            Some(a) if a.len() < n => return Err(short_types(a.len())),
+            Some(a) => Some(a[..n].iter().map(|&t| i64::from(t)).collect()),
+            None => match opt_array(meta, KEY_TYPES)? {
+                None => None,
+                Some(a) if a.len() < n => return Err(short_types(a.len())),
+                Some(a) => Some(
+                    a[..n]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| {
+                            v.as_i64()
+                                .ok_or_else(|| item_err(KEY_TYPES, i, "an integer", v))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+            },
         };
         let mut attrs = vec![ATTR_NORMAL; n];
-        if let Some(a) = opt_array(meta, KEY_TYPES)? {
-            if a.len() < n {
-                return Err(TokenizerError::InvalidVocab(format!(
-                    "`{KEY_TYPES}` has {} entries for {n} tokens",
-                    a.len()
-                )));
-            }
-            for (i, v) in a[..n].iter().enumerate() {
-                let t = v
-                    .as_i64()
-                    .ok_or_else(|| item_err(KEY_TYPES, i, "an integer", v))?;
-                attrs[i] = match t {
+        if let Some(a) = types {
+            for (attr, &t) in attrs.iter_mut().zip(&a) {
+                *attr = match t {
                     TYPE_UNKNOWN => ATTR_UNKNOWN,
                     TYPE_CONTROL => ATTR_CONTROL,
                     TYPE_USER_DEFINED => ATTR_USER_DEFINED,
@@ -294,8 +364,8 @@ impl Vocab {
             }
         }
         let mut ids = HashMap::with_capacity_and_hasher(n, foldhash::fast::FixedState::default());
-        for (i, t) in tokens.iter().enumerate() {
-            if let Some(prev) = ids.insert(t.clone(), i as u32) {
+        for (i, &t) in tokens.iter().enumerate() {
+            if let Some(prev) = ids.insert(t, i as u32) {
                 return Err(TokenizerError::InvalidVocab(format!(
                     "token {t:?} appears twice (ids {prev} and {i})"
                 )));
@@ -564,16 +634,16 @@ fn added_tokens(
     let phi3 = !mask_lstrip && (name.contains("phi-3") || name.contains("phi3"));
     let modern_bert = !mask_lstrip && !phi3 && name.contains("modern-bert");
     let mut out = Vec::new();
-    for (i, text) in vocab.tokens.iter().enumerate() {
+    for (i, &text) in vocab.tokens.iter().enumerate() {
         let attr = attrs[i];
         if attr & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) == 0 {
             continue;
         }
         let lstrip = (mask_lstrip && text == "<mask>") || (modern_bert && text == "[MASK]");
-        let rstrip = phi3 && !["<unk>", "<s>", "<|endoftext|>"].contains(&text.as_str());
+        let rstrip = phi3 && !["<unk>", "<s>", "<|endoftext|>"].contains(&text);
         let special = attr & (ATTR_CONTROL | ATTR_UNKNOWN) != 0;
         out.push(
-            AddedToken::from(text.clone(), special)
+            AddedToken::from(text, special)
                 .normalized(false)
                 .lstrip(lstrip)
                 .rstrip(rstrip),
@@ -602,7 +672,11 @@ fn spm_merges(vocab: &Vocab) -> Vec<(u32, u32)> {
     let key = |&(score, id, a, _): &(f64, u32, u32, u32)| {
         let bits = score.to_bits();
         // total order of f64 as an unsigned integer (total_cmp's), then reversed
-        let ord = if bits >> 63 == 1 { !bits } else { bits | 1 << 63 };
+        let ord = if bits >> 63 == 1 {
+            !bits
+        } else {
+            bits | 1 << 63
+        };
         (u128::from(!ord) << 64) | (u128::from(id) << 32) | u128::from(a)
     };
     merges.sort_unstable_by_key(key);
@@ -613,16 +687,20 @@ fn spm_merges(vocab: &Vocab) -> Vec<(u32, u32)> {
 /// result checked to be in the vocabulary. As (left, right) ids, in rank order.
 fn bpe_merges(
     meta: &BTreeMap<String, Value>,
+    pre: Option<Vec<&str>>,
     vocab: &Vocab,
 ) -> Result<Vec<(u32, u32)>, TokenizerError> {
-    let raw = opt_array(meta, KEY_MERGES)?
-        .ok_or_else(|| TokenizerError::MissingKey(KEY_MERGES.into()))?;
+    let raw = match pre {
+        Some(m) => m,
+        None => str_array(
+            KEY_MERGES,
+            opt_array(meta, KEY_MERGES)?
+                .ok_or_else(|| TokenizerError::MissingKey(KEY_MERGES.into()))?,
+        )?,
+    };
     let mut merges = Vec::with_capacity(raw.len());
     let mut joined = String::new();
-    for (index, v) in raw.iter().enumerate() {
-        let s = v
-            .as_str()
-            .ok_or_else(|| item_err(KEY_MERGES, index, "a string", v))?;
+    for (index, &s) in raw.iter().enumerate() {
         let bad = |reason: String| TokenizerError::MalformedMerge {
             index,
             merge: s.to_owned(),
@@ -669,7 +747,7 @@ fn bpe_model_json(
     ignore_merges: bool,
 ) -> Result<String, TokenizerError> {
     use std::io::Write;
-    let text = |id: u32| vocab.tokens[id as usize].as_str();
+    let text = |id: u32| vocab.tokens[id as usize];
     // escaped straight into the output: no string per token
     let esc = |out: &mut Vec<u8>, s: &str| serde_json::to_writer(out, s).map_err(build_err);
     let mut out: Vec<u8> = Vec::with_capacity(16 * vocab.len() + 24 * merges.len() + 256);
@@ -682,13 +760,17 @@ fn bpe_model_json(
         out,
         r#","continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":{byte_fallback},"ignore_merges":{ignore_merges},"vocab":{{"#
     );
-    // by id: `tokens` is indexed by id, and every text has one id (checked at load)
+    // by id: `tokens` is indexed by id, and every text has one id (checked at load); where
+    // each escaped text lies in `out` is kept, for the merges to copy it from there
     let mut num = itoa::Buffer::new();
+    let mut at = Vec::with_capacity(vocab.len());
     for (id, t) in vocab.tokens.iter().enumerate() {
         if id > 0 {
             out.push(b',');
         }
+        let start = out.len();
         esc(&mut out, t)?;
+        at.push(start..out.len());
         out.push(b':');
         out.extend_from_slice(num.format(id).as_bytes());
     }
@@ -698,9 +780,9 @@ fn bpe_model_json(
             out.push(b',');
         }
         out.push(b'[');
-        esc(&mut out, text(a))?;
+        out.extend_from_within(at[a as usize].clone());
         out.push(b',');
-        esc(&mut out, text(b))?;
+        out.extend_from_within(at[b as usize].clone());
         out.push(b']');
     }
     out.extend_from_slice(b"]}");
@@ -723,7 +805,7 @@ fn tokenizer_json(
     let mut entries: Vec<(u32, &AddedToken)> = Vec::new();
     for t in added {
         if !t.content.is_empty() && seen.insert(t.content.as_str()) {
-            let id = *vocab.ids.get(&t.content).ok_or_else(|| {
+            let id = *vocab.ids.get(t.content.as_str()).ok_or_else(|| {
                 TokenizerError::InvalidVocab(format!(
                     "added token {:?} is not in the vocabulary",
                     t.content
@@ -787,7 +869,7 @@ fn post_processor(
             SpecialToken::new(
                 "bos".into(),
                 vec![id],
-                vec![vocab.tokens[id as usize].clone()],
+                vec![vocab.tokens[id as usize].to_string()],
             )
             .map_err(build_err)?,
         );
@@ -802,7 +884,7 @@ fn post_processor(
             SpecialToken::new(
                 "eos".into(),
                 vec![id],
-                vec![vocab.tokens[id as usize].clone()],
+                vec![vocab.tokens[id as usize].to_string()],
             )
             .map_err(build_err)?,
         );
@@ -839,6 +921,15 @@ fn post_processor(
 pub fn tokenizer_from_gguf(
     meta: &BTreeMap<String, Value>,
 ) -> Result<TokenizerExport, TokenizerError> {
+    tokenizer_from_gguf_with(meta, VocabArrays::default())
+}
+
+/// [`tokenizer_from_gguf`] with the vocabulary arrays that `arrays` holds taken from there
+/// instead of from `meta`.
+pub fn tokenizer_from_gguf_with(
+    meta: &BTreeMap<String, Value>,
+    arrays: VocabArrays<'_>,
+) -> Result<TokenizerExport, TokenizerError> {
     let model =
         opt_str(meta, KEY_MODEL)?.ok_or_else(|| TokenizerError::MissingKey(KEY_MODEL.into()))?;
     let kind = match model {
@@ -865,7 +956,14 @@ pub fn tokenizer_from_gguf(
             })?)
         }
     };
-    let vocab = Vocab::load(meta)?;
+    let texts = token_texts(meta, arrays.tokens)?;
+    let empty_names = empty_token_names(&texts);
+    let vocab = Vocab::load(
+        meta,
+        &texts,
+        &empty_names,
+        (arrays.scores, arrays.token_type),
+    )?;
     let mut ids = SpecialIds::load(meta, kind, vocab.len())?;
     let attrs = adjust_attrs(&vocab, &mut ids);
 
@@ -922,7 +1020,7 @@ pub fn tokenizer_from_gguf(
         None => bpe_model_json(&vocab, &spm_merges(&vocab), ids.unk, true, false)?,
         Some(spec) => bpe_model_json(
             &vocab,
-            &bpe_merges(meta, &vocab)?,
+            &bpe_merges(meta, arrays.merges, &vocab)?,
             None,
             false,
             spec.ignore_merges,

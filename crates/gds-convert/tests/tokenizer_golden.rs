@@ -69,6 +69,25 @@ fn check_model(name: &str) {
         ours == again,
         "{name}: tokenizer.json differs from the library's serialization"
     );
+    // The converter reads the vocabulary arrays in place (hidden from gguf-rs, which would
+    // decode them into JSON values): it must export exactly what the decoded metadata gives.
+    let mut source = gds_convert::gguf::read_gguf(&gguf).expect("read GGUF for conversion");
+    let (files, warnings) = source
+        .pending_tokenizer
+        .take()
+        .expect("the GGUF has a tokenizer")
+        .run();
+    assert!(warnings.is_empty(), "{name}: {warnings:?}");
+    assert!(
+        files.tokenizer_json.as_deref() == Some(export.tokenizer_json.as_str()),
+        "{name}: the converter's tokenizer.json (arrays read in place) differs from the export of the decoded metadata"
+    );
+    assert_eq!(
+        files.tokenizer_config_json.as_deref(),
+        Some(export.tokenizer_config_json.as_str()),
+        "{name}: tokenizer_config.json"
+    );
+
     let mut tok_plain = tok.clone();
     tok_plain.set_encode_special_tokens(true);
 
