@@ -239,6 +239,27 @@ fn run_rows(be: Backend, dtype: DType, w: &[u8], rb: usize, acts: &ActRows<'_>, 
 }
 
 /// Rows per rayon task: enough tasks to balance the pool, each big enough to be worth it.
+/// `local[r * n_tokens + t]` (what a kernel writes: row-major, a row's tokens together) into
+/// `dst[t][r]`, in 16 × 16 blocks: read row by row down one token, the stride of
+/// `n_tokens` floats (often a power of two) falls into a few cache sets, and a task's few
+/// hundred rows evicted each other before the next token came to use them again.
+fn scatter(local: &[f32], n_tokens: usize, dst: &mut [&mut [f32]]) {
+    const B: usize = 16;
+    let nrows = dst.first().map_or(0, |d| d.len());
+    for t0 in (0..n_tokens).step_by(B) {
+        let t1 = (t0 + B).min(n_tokens);
+        for r0 in (0..nrows).step_by(B) {
+            let r1 = (r0 + B).min(nrows);
+            for (t, d) in dst[t0..t1].iter_mut().enumerate() {
+                let col = local[r0 * n_tokens + t0 + t..].iter().step_by(n_tokens);
+                for (v, &x) in d[r0..r1].iter_mut().zip(col) {
+                    *v = x;
+                }
+            }
+        }
+    }
+}
+
 fn rows_per_task(rows: usize, cols: usize, n_tokens: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let min_rows = (1 << 16) / (cols * n_tokens).max(1);
@@ -378,11 +399,7 @@ fn matmul_many_impl(
         } else {
             let mut local = vec![0f32; task.nrows * n_tokens];
             run_rows(be, w.dtype, wrows, rb, &rows[task.wi], &mut local);
-            for (t, d) in dst.iter_mut().enumerate() {
-                for (r, v) in d.iter_mut().enumerate() {
-                    *v = local[r * n_tokens + t];
-                }
-            }
+            scatter(&local, n_tokens, &mut dst);
         }
     };
     if tasks.len() == 1 {

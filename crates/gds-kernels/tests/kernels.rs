@@ -354,6 +354,37 @@ fn matmul_many_equals_separate_matmuls() {
     }
 }
 
+/// Many tokens at once (kernels write each task's rows token by token, then the rows are
+/// scattered to the token-major output in blocks) give every token what it gets alone.
+#[test]
+fn matmul_of_many_tokens_equals_one_token_at_a_time() {
+    let mut rng = Rng(12);
+    let cols = 256;
+    for (dtype, rows) in [(DType::Q8_0, 300), (DType::Q4_1, 72), (DType::F16, 45)] {
+        let data = weight(&mut rng, dtype, rows, cols);
+        let w = WeightView {
+            dtype,
+            data: &data,
+            rows,
+            cols,
+        };
+        for n in [5, 37] {
+            let x = rng.vec(n * cols, 1.0);
+            let mut got = vec![0f32; n * rows];
+            matmul(&w, &x, n, &mut got).unwrap();
+            for t in 0..n {
+                let mut want = vec![0f32; rows];
+                matmul(&w, &x[t * cols..(t + 1) * cols], 1, &mut want).unwrap();
+                assert_eq!(
+                    &got[t * rows..(t + 1) * rows],
+                    &want[..],
+                    "{dtype} token {t} of {n}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_rejects_bad_shapes() {
     let data = vec![0u8; 4 * 18];
