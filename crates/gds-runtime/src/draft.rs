@@ -81,8 +81,15 @@ pub fn ngram(history: &[u32], n_max: usize, n_min: usize, max: usize) -> Vec<u32
 /// plain pass's one token per its milliseconds. Both are kept as moving averages; while
 /// guessing does not pay, one pass in [`Gate::PROBE_EVERY`] guesses anyway (and while it
 /// does, one is plain) so that both stay measured as the text changes.
+///
+/// `GDS_DRAFT_GATE=off` in the environment turns the measurement off ([`Gate::from_env`]):
+/// every pass guesses, as when layers stream. The wall clock decides otherwise, so a loaded
+/// machine changes how many passes a text takes (never the text); tests and benchmarks that
+/// count passes set it.
 #[derive(Debug, Default)]
 pub struct Gate {
+    /// Always guess (`GDS_DRAFT_GATE=off`).
+    off: bool,
     plain_ms: Option<f64>,
     /// Tokens per millisecond of guessing passes.
     spec_rate: Option<f64>,
@@ -107,8 +114,19 @@ impl Gate {
         *v = Some(v.map_or(x, |v| v + Self::ALPHA * (x - v)));
     }
 
+    /// A gate as the environment asks: measuring, or off (`GDS_DRAFT_GATE=off`).
+    pub fn from_env() -> Gate {
+        Gate {
+            off: std::env::var_os("GDS_DRAFT_GATE").is_some_and(|v| v == "off"),
+            ..Gate::default()
+        }
+    }
+
     /// Whether the next pass should carry guesses.
     pub fn guess(&mut self) -> bool {
+        if self.off {
+            return true;
+        }
         self.passes += 1;
         let probe = self.passes.is_multiple_of(Self::PROBE_EVERY);
         match (self.plain_ms, self.spec_rate) {
