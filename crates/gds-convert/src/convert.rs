@@ -569,14 +569,15 @@ fn write_layers(
             // tensor (a 262k-token embedding) never stays resident whole
             let mut done = 0usize;
             let mut released = t.offset;
+            let mapped = matches!(bytes, Cow::Borrowed(_));
             for piece in bytes.chunks(WRITE_PIECE) {
-                if let Cow::Borrowed(_) = bytes {
+                if mapped {
                     t.file.populate(t.offset + done as u64, piece.len() as u64);
                 }
                 hasher.update(piece);
                 w.write_all(piece).map_err(io(&path))?;
                 done += piece.len();
-                if let Cow::Borrowed(_) = bytes {
+                if mapped {
                     let end = (t.offset + done as u64) / 4096 * 4096;
                     if end > released {
                         t.file.release(released, end - released);

@@ -16,11 +16,6 @@ use std::sync::Arc;
 
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 
-/// Walks the GGUF header (key/values and tensor infos) checking every count and length
-/// against the file size, the array elements against [`MAX_GGUF_ARRAY_ELEMENTS`], and every
-/// key for duplicates, so that `gguf-rs` (which allocates by the lengths it reads, keeps the
-/// last of two equal keys, and panics on a few type ids) only ever sees a well-formed header
-/// whose decoding takes bounded memory.
 /// What a prescan read is, for its error message: written only when one is needed (a
 /// 262k-token vocabulary is 262k reads).
 struct Described<'a>(&'static str, &'a str);
@@ -141,6 +136,12 @@ fn vocab_arrays<'a>(
     Ok(out)
 }
 
+/// Walks the GGUF header (key/values and tensor infos) checking every count and length
+/// against the file size, the array elements against [`MAX_GGUF_ARRAY_ELEMENTS`], and every
+/// key for duplicates, so that `gguf-rs` (which allocates by the lengths it reads, keeps the
+/// last of two equal keys, and panics on a few type ids) only ever sees a well-formed header
+/// whose decoding takes bounded memory.
+/// Returns where the vocabulary arrays lie ([`VocabArray`]).
 fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
     struct Cur<'a> {
         b: &'a [u8],
@@ -181,7 +182,8 @@ fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
             let s = self.take(n, what)?;
             std::str::from_utf8(s).map_err(|_| format!("{what} is not UTF-8"))
         }
-        fn value(&mut self, t: u32, key: &str, depth: u32) -> Result<(), String> {
+        /// Skips a value of type `t`; for an array, returns its element type and length.
+        fn value(&mut self, t: u32, key: &str, depth: u32) -> Result<Option<(u32, u64)>, String> {
             let scalar = |t: u32| -> Option<u64> {
                 Some(match t {
                     0 | 1 | 7 => 1,
@@ -227,6 +229,7 @@ fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
                             self.value(et, key, depth + 1)?;
                         }
                     }
+                    return Ok(Some((et, n)));
                 }
                 t => {
                     let sz =
@@ -234,7 +237,7 @@ fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
                     self.take(sz, &Described("value of", key))?;
                 }
             }
-            Ok(())
+            Ok(None)
         }
     }
     let mut c = Cur {
@@ -270,21 +273,15 @@ fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
         }
         let value_at = c.pos;
         let t = c.u32(&Described("type of", &key))?;
-        c.value(t, &key, 0)?;
-        // an array value: type 9, element type, length (all read above)
-        let head = bytes.get(value_at..value_at + 16).unwrap_or_default();
-        let word = |at: usize| head.get(at..at + 4).unwrap_or_default();
-        if let Some(which) = VOCAB_ARRAYS
-            .iter()
-            .position(|&(k, et)| k == key && t == 9 && word(4) == et.to_le_bytes())
-        {
-            let count = head.get(8..16).and_then(|l| l.try_into().ok());
-            vocab.push(VocabArray {
-                which,
-                value_at,
-                end: c.pos,
-                count: u64::from_le_bytes(count.unwrap_or_default()),
-            });
+        if let Some((et, count)) = c.value(t, &key, 0)? {
+            if let Some(which) = VOCAB_ARRAYS.iter().position(|&(k, e)| k == key && e == et) {
+                vocab.push(VocabArray {
+                    which,
+                    value_at,
+                    end: c.pos,
+                    count,
+                });
+            }
         }
         keys.insert(key);
     }
@@ -653,7 +650,8 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
             .cmp(&group_of(&b.name))
             .then_with(|| a.name.cmp(&b.name))
     });
-    // the export runs later (convert: beside the weights), on the decoded metadata
+    // the export runs later (convert: beside the weights), on the decoded metadata and the
+    // vocabulary arrays read in place
     let vocab_file = file.clone();
     let pending_tokenizer = has_tokenizer.then(|| {
         PendingTokenizer::new(move || {

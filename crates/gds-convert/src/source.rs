@@ -85,17 +85,15 @@ impl MappedFile {
     /// Tells the kernel we are done with `len` bytes at `offset`, so converted layers do not
     /// accumulate in our resident set (peak memory stays near one layer, not the model).
     pub fn release(&self, offset: u64, len: u64) {
-        let start = (offset / 4096 * 4096) as usize;
-        let end = ((offset + len) as usize).min(self.map.len());
-        if end <= start {
+        let Some((start, n)) = self.pages(offset, len) else {
             return;
-        }
+        };
         // SAFETY: the mapping is a read-only, file-backed map. MADV_DONTNEED only drops our
         // copies of the pages; a later access re-reads them from the unchanged file, so no
         // Rust reference can observe different bytes.
         let _ = unsafe {
             self.map
-                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, n)
         };
     }
 }
@@ -106,13 +104,19 @@ impl MappedFile {
     /// a `write(2)` from the mapping then copies without faulting in the middle (a fault
     /// there makes the kernel zero the new page cache pages and retry the copy).
     pub fn populate(&self, offset: u64, len: u64) {
-        let start = (offset / 4096 * 4096) as usize;
-        let end = ((offset + len) as usize).min(self.map.len());
-        if end > start {
+        if let Some((start, n)) = self.pages(offset, len) {
             let _ = self
                 .map
-                .advise_range(memmap2::Advice::PopulateRead, start, end - start);
+                .advise_range(memmap2::Advice::PopulateRead, start, n);
         }
+    }
+
+    /// The pages under `len` bytes at `offset` (from the page holding `offset`, up to the
+    /// end of the mapping), as (start, length); `None` when empty.
+    fn pages(&self, offset: u64, len: u64) -> Option<(usize, usize)> {
+        let start = (offset / 4096 * 4096) as usize;
+        let end = ((offset + len) as usize).min(self.map.len());
+        (end > start).then(|| (start, end - start))
     }
 
     /// Bytes a reader computed (e.g. LongRoPE factors listed in `config.json`), held in an
