@@ -2,8 +2,8 @@
 //! that the dot products with quantized weights run in integers.
 //!
 //! These are in-memory formats only (never written to disk), so they keep the scale as f32
-//! and precompute what the dot products need: the scaled sum of each 32-block for the
-//! offset terms of Q4_0/Q4_1/Q5_0/Q5_1, the per-16 sums for the K-quants.
+//! and precompute what the dot products need: the sum of each 32-block for the offset terms
+//! of Q4_0/Q4_1/Q5_0/Q5_1 (scaled, and as an integer), the per-16 sums for the K-quants.
 
 use crate::blocks::{QK, QK_K};
 
@@ -23,6 +23,10 @@ pub struct ActQ8 {
     pub d8: [f32; 8],
     /// `[0, s0, 0, s1]`: each block's `d * sum(q)`, in the lanes of the weight offsets.
     pub s4: [f32; 4],
+    /// `[-sum0, 0, 0, 0, -sum1, 0, 0, 0]`: each block's negated `sum(q)` under the first
+    /// i32 lane of its half, where a constant weight offset (Q4_0's -8, Q5_0's -16) joins
+    /// the integer dot product.
+    pub nsum: [i32; 8],
 }
 
 impl Default for ActQ8 {
@@ -32,6 +36,7 @@ impl Default for ActQ8 {
             hi: [0; QK],
             d8: [0.0; 8],
             s4: [0.0; 4],
+            nsum: [0; 8],
         }
     }
 }
@@ -101,6 +106,7 @@ pub fn quantize_act_q8_scalar(x: &[f32], out: &mut [ActQ8]) {
         }
         o.d8[4 * h..4 * h + 4].fill(d);
         o.s4[2 * h + 1] = d * sum as f32;
+        o.nsum[4 * h] = -sum;
     }
 }
 

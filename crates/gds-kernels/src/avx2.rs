@@ -7,8 +7,12 @@
 //! (`_mm256_maddubs_epi16` + `_mm256_madd_epi16`, or one `vpdpbusd` with AVX-VNNI), and fold
 //! the block scales in with one FMA. The 32-block types work on two blocks per register
 //! (see [`ActQ8`]); K-quants on a 256-block with its sub-block scales applied in integers.
-//! A weight block is unpacked once and used for up to four tokens, so prefill reads each
-//! weight row once per four tokens, and rows are software-prefetched a few KiB ahead.
+//! A weight block is unpacked once and used for up to four tokens, and rows are
+//! software-prefetched a few KiB ahead. Prompt batches (two or more whole tiles of four
+//! tokens) of the types whose unpacking costs more than a load (Q4_0..Q5_1 and the
+//! K-quants) unpack a chunk of rows once into an L1-sized buffer and run every tile against
+//! it, through the same arithmetic. Q4_0's and Q5_0's constant weight offsets start the
+//! integer dot products (at `-2^b * sum(q)`) instead of taking a float term of their own.
 
 use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;
@@ -105,6 +109,13 @@ fn ld_i8x32(p: &[i8]) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn ld_i16x16(p: &[i16; 16]) -> __m256i {
+    // SAFETY: `p` is 32 readable bytes; no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ld_i32x8(p: &[i32; 8]) -> __m256i {
     // SAFETY: `p` is 32 readable bytes; no alignment requirement.
     unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
 }
@@ -370,7 +381,85 @@ macro_rules! q32_family {
             use super::*;
 
             macro_rules! kernel {
-                ($name:ident, $rows:ident, $blk:ty, $unpack:ident, $signed:expr, $mcoef:expr) => {
+                (
+                                                    $name:ident,
+                                                    $cached:ident,
+                                                    $rows:ident,
+                                                    $blk:ty,
+                                                    $unpack:ident,
+                                                    $signed:expr,
+                                                    $mcoef:expr,
+                                                    $bias:literal,
+                                                    $cache:expr
+                                                ) => {
+                    /// One pair of blocks of `R` rows against `N` tokens, into the running
+                    /// sums: the only arithmetic of this type, shared by the kernel that
+                    /// unpacks as it goes and the one that reads unpacked rows back.
+                    macro_rules! pair {
+                        ($acc:ident, $accm:ident, $x:expr, $u:expr) => {{
+                            let (xs, us): (&[ActQ8; N], &[Unpacked; R]) = ($x, $u);
+                            // [x0 x4, x1 x4]: the weight scales under the i32 lanes.
+                            // (loops over R, not array::from_fn: its closure is not
+                            // always inlined into this target-feature function)
+                            let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+                            let mut d8 = [_mm256_setzero_ps(); R];
+                            for r in 0..R {
+                                d8[r] = _mm256_permutevar8x32_ps(
+                                    _mm256_castps128_ps256(us[r].scale),
+                                    spread,
+                                );
+                            }
+                            for t in 0..N {
+                                let x = &xs[t];
+                                let (xd8, xl0, xh0) =
+                                    (ld_f32x8(&x.d8), ld_i8x32(&x.lo), ld_i8x32(&x.hi));
+                                // A constant weight offset -2^b, in integers: the dot
+                                // products start from -2^b * sum(q) (0 without one).
+                                let init = if $bias > 0 {
+                                    _mm256_slli_epi32::<$bias>(ld_i32x8(&x.nsum))
+                                } else {
+                                    _mm256_setzero_si256()
+                                };
+                                for r in 0..R {
+                                    let u = &us[r];
+                                    if $mcoef != 0.0 {
+                                        // Lanes 1 and 3: y0 * s0, y1 * s1 (x.s4 is 0
+                                        // elsewhere).
+                                        $accm[r][t] =
+                                            _mm_fmadd_ps(u.scale, ld_f32x4(&x.s4), $accm[r][t]);
+                                    }
+                                    let s = _mm256_mul_ps(d8[r], xd8);
+                                    let (mut xl, mut xh) = (xl0, xh0);
+                                    if $signed {
+                                        xl = _mm256_sign_epi8(xl, u.sign_lo);
+                                        xh = _mm256_sign_epi8(xh, u.sign_hi);
+                                    }
+                                    let i = $dot::<$signed>(init, u.lo, xl, u.hi, xh);
+                                    $acc[r][t] =
+                                        _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(i), $acc[r][t]);
+                                }
+                            }
+                        }};
+                    }
+
+                    /// The running sums' final reduction.
+                    macro_rules! finish {
+                        ($acc:ident, $accm:ident) => {{
+                            let mut out = [[0f32; N]; R];
+                            for r in 0..R {
+                                for t in 0..N {
+                                    let m = $accm[r][t];
+                                    let m = _mm_add_ss(
+                                        _mm_movehdup_ps(m),
+                                        _mm_movehl_ps(m, _mm_movehdup_ps(m)),
+                                    );
+                                    out[r][t] = hsum_ps($acc[r][t]) + $mcoef * _mm_cvtss_f32(m);
+                                }
+                            }
+                            out
+                        }};
+                    }
+
                     /// Rows `w` against `a[p][t]`: pair `p` of token `t` (tokens interleaved
                     /// per pair, so the loop walks the slices in step with no bounds checks).
                     #[inline]
@@ -384,51 +473,12 @@ macro_rules! q32_family {
                         assert!(a.len() >= n.div_ceil(2) && w.iter().all(|r| r.len() == n));
                         let mut acc = [[_mm256_setzero_ps(); N]; R];
                         let mut accm = [[_mm_setzero_ps(); N]; R];
-                        let spread = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
-                        macro_rules! pair {
-                            ($x:expr, $u:expr) => {{
-                                let (xs, us): (&[ActQ8; N], [Unpacked; R]) = ($x, $u);
-                                // [x0 x4, x1 x4]: the weight scales under the i32 lanes.
-                                // (loops over R, not array::from_fn: its closure is not
-                                // always inlined into this target-feature function)
-                                let mut d8 = [_mm256_setzero_ps(); R];
-                                for r in 0..R {
-                                    d8[r] = _mm256_permutevar8x32_ps(
-                                        _mm256_castps128_ps256(us[r].scale),
-                                        spread,
-                                    );
-                                }
-                                for t in 0..N {
-                                    let x = &xs[t];
-                                    let (xd8, xl0, xh0) =
-                                        (ld_f32x8(&x.d8), ld_i8x32(&x.lo), ld_i8x32(&x.hi));
-                                    for r in 0..R {
-                                        let u = &us[r];
-                                        if $mcoef != 0.0 {
-                                            // Lanes 1 and 3: y0 * s0, y1 * s1 (x.s4 is 0
-                                            // elsewhere).
-                                            accm[r][t] =
-                                                _mm_fmadd_ps(u.scale, ld_f32x4(&x.s4), accm[r][t]);
-                                        }
-                                        let s = _mm256_mul_ps(d8[r], xd8);
-                                        let (mut xl, mut xh) = (xl0, xh0);
-                                        if $signed {
-                                            xl = _mm256_sign_epi8(xl, u.sign_lo);
-                                            xh = _mm256_sign_epi8(xh, u.sign_hi);
-                                        }
-                                        let i = $dot::<$signed>(u.lo, xl, u.hi, xh);
-                                        acc[r][t] =
-                                            _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(i), acc[r][t]);
-                                    }
-                                }
-                            }};
-                        }
                         for (p, xs) in a.iter().enumerate().take(full) {
                             let mut us = [$unpack(&w[0][2 * p], &w[0][2 * p + 1]); R];
                             for r in 1..R {
                                 us[r] = $unpack(&w[r][2 * p], &w[r][2 * p + 1]);
                             }
-                            pair!(xs, us);
+                            pair!(acc, accm, xs, &us);
                         }
                         if n % 2 == 1 {
                             let zero: $blk = zerocopy::FromZeros::new_zeroed();
@@ -436,27 +486,40 @@ macro_rules! q32_family {
                             for r in 1..R {
                                 us[r] = $unpack(&w[r][n - 1], &zero);
                             }
-                            pair!(&a[full], us);
+                            pair!(acc, accm, &a[full], &us);
                         }
-                        let mut out = [[0f32; N]; R];
-                        for r in 0..R {
-                            for t in 0..N {
-                                let m = accm[r][t];
-                                let m = _mm_add_ss(
-                                    _mm_movehdup_ps(m),
-                                    _mm_movehl_ps(m, _mm_movehdup_ps(m)),
-                                );
-                                out[r][t] = hsum_ps(acc[r][t]) + $mcoef * _mm_cvtss_f32(m);
-                            }
+                        finish!(acc, accm)
+                    }
+
+                    /// The kernel above on rows unpacked beforehand (`u[p]`: pair `p` of the
+                    /// `R` rows, as it unpacks them): the same arithmetic, bit for bit.
+                    #[inline]
+                    #[target_feature(enable = $feat)]
+                    fn $cached<const R: usize, const N: usize>(
+                        u: &[[Unpacked; R]],
+                        a: &[[ActQ8; N]],
+                    ) -> [[f32; N]; R] {
+                        assert!(a.len() >= u.len());
+                        let mut acc = [[_mm256_setzero_ps(); N]; R];
+                        let mut accm = [[_mm_setzero_ps(); N]; R];
+                        for (us, xs) in u.iter().zip(a) {
+                            pair!(acc, accm, xs, us);
                         }
-                        out
+                        finish!(acc, accm)
                     }
 
                     /// Rows of this type for tiles of up to four tokens: each tile's
                     /// activations are interleaved once, then every row of the task runs,
-                    /// `$rows_at_once` at a time.
+                    /// `$rows_at_once` at a time. With several full tiles (prompt batches)
+                    /// and a type whose unpacking costs more than loading it back, rows are
+                    /// unpacked once per chunk of rows that stays in L1 and every tile of
+                    /// four tokens runs against the unpacked chunk.
                     #[target_feature(enable = $feat)]
                     pub(super) fn $rows(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+                        const R: usize = $rows_at_once;
+                        fn block(row: &[u8]) -> &[$blk] {
+                            cast::<$blk>(row).expect("weight rows are whole blocks")
+                        }
                         #[inline]
                         #[target_feature(enable = $feat)]
                         fn tile<const N: usize>(
@@ -467,13 +530,9 @@ macro_rules! q32_family {
                             nt: usize,
                             t0: usize,
                         ) {
-                            const R: usize = $rows_at_once;
                             let np = a[0].len();
                             let xs: Vec<[ActQ8; N]> =
                                 (0..np).map(|p| std::array::from_fn(|t| a[t][p])).collect();
-                            fn block(row: &[u8]) -> &[$blk] {
-                                cast::<$blk>(row).expect("weight rows are whole blocks")
-                            }
                             let nrows = w.len() / rb;
                             let mut r = 0;
                             while r < nrows {
@@ -499,6 +558,10 @@ macro_rules! q32_family {
                         }
                         let nt = acts.len();
                         let mut t0 = 0;
+                        if $cache && nt >= 8 {
+                            t0 = nt / 4 * 4;
+                            cached_tiles(w, rb, &acts[..t0], out, nt);
+                        }
                         while t0 < nt {
                             let a = &acts[t0..];
                             match a.len() {
@@ -509,15 +572,136 @@ macro_rules! q32_family {
                             }
                             t0 += a.len().min(4);
                         }
+
+                        /// The first `acts.len()` (a multiple of 4) tokens of the `nt` in
+                        /// `out`, through chunks of unpacked rows.
+                        #[inline]
+                        #[target_feature(enable = $feat)]
+                        fn cached_tiles(
+                            w: &[u8],
+                            rb: usize,
+                            acts: &[&[ActQ8]],
+                            out: &mut [f32],
+                            nt: usize,
+                        ) {
+                            let np = acts[0].len();
+                            let tiles = acts.len() / 4;
+                            let mut xs: Vec<[ActQ8; 4]> = Vec::with_capacity(tiles * np);
+                            for k in 0..tiles {
+                                for p in 0..np {
+                                    xs.push(std::array::from_fn(|t| acts[4 * k + t][p]));
+                                }
+                            }
+                            let nrows = w.len() / rb;
+                            let per_group = np * std::mem::size_of::<[Unpacked; R]>();
+                            let groups_per_chunk = (UNPACKED_CHUNK_BYTES / per_group).max(1);
+                            let zero: $blk = zerocopy::FromZeros::new_zeroed();
+                            let mut cache: Vec<[Unpacked; R]> =
+                                Vec::with_capacity(groups_per_chunk * np);
+                            let groups = nrows / R;
+                            let mut g0 = 0;
+                            while g0 < groups {
+                                let g1 = (g0 + groups_per_chunk).min(groups);
+                                cache.clear();
+                                for g in g0..g1 {
+                                    let rows: [&[$blk]; R] = std::array::from_fn(|i| {
+                                        let r = g * R + i;
+                                        block(&w[r * rb..(r + 1) * rb])
+                                    });
+                                    for p in 0..np {
+                                        let (b0, b1) = (2 * p, 2 * p + 1);
+                                        let mut us = [$unpack(
+                                            &rows[0][b0],
+                                            rows[0].get(b1).unwrap_or(&zero),
+                                        ); R];
+                                        for (u, row) in us.iter_mut().zip(rows).skip(1) {
+                                            *u = $unpack(&row[b0], row.get(b1).unwrap_or(&zero));
+                                        }
+                                        cache.push(us);
+                                    }
+                                }
+                                for k in 0..tiles {
+                                    let x = &xs[k * np..(k + 1) * np];
+                                    for (j, u) in cache.chunks_exact(np).enumerate() {
+                                        let res = $cached::<R, 4>(u, x);
+                                        for (i, v) in res.iter().enumerate() {
+                                            let o = ((g0 + j) * R + i) * nt + 4 * k;
+                                            out[o..o + 4].copy_from_slice(v);
+                                        }
+                                    }
+                                }
+                                g0 = g1;
+                            }
+                            // Rows past the last whole group of R: one at a time, as the
+                            // uncached tiles end.
+                            for r in groups * R..nrows {
+                                let row = block(&w[r * rb..(r + 1) * rb]);
+                                for k in 0..tiles {
+                                    let res = $name::<1, 4>([row], &xs[k * np..(k + 1) * np]);
+                                    out[r * nt + 4 * k..r * nt + 4 * k + 4]
+                                        .copy_from_slice(&res[0]);
+                                }
+                            }
+                        }
                     }
                 };
             }
 
-            kernel!(dot_q4_0, rows_q4_0, BlockQ4_0, unpack_q4_0, false, -8.0);
-            kernel!(dot_q4_1, rows_q4_1, BlockQ4_1, unpack_q4_1, false, 1.0);
-            kernel!(dot_q5_0, rows_q5_0, BlockQ5_0, unpack_q5_0, false, -16.0);
-            kernel!(dot_q5_1, rows_q5_1, BlockQ5_1, unpack_q5_1, false, 1.0);
-            kernel!(dot_q8_0, rows_q8_0, BlockQ8_0, unpack_q8_0, true, 0.0);
+            kernel!(
+                dot_q4_0,
+                dot_q4_0_u,
+                rows_q4_0,
+                BlockQ4_0,
+                unpack_q4_0,
+                false,
+                0.0,
+                3,
+                true
+            );
+            kernel!(
+                dot_q4_1,
+                dot_q4_1_u,
+                rows_q4_1,
+                BlockQ4_1,
+                unpack_q4_1,
+                false,
+                1.0,
+                0,
+                true
+            );
+            kernel!(
+                dot_q5_0,
+                dot_q5_0_u,
+                rows_q5_0,
+                BlockQ5_0,
+                unpack_q5_0,
+                false,
+                0.0,
+                4,
+                true
+            );
+            kernel!(
+                dot_q5_1,
+                dot_q5_1_u,
+                rows_q5_1,
+                BlockQ5_1,
+                unpack_q5_1,
+                false,
+                1.0,
+                0,
+                true
+            );
+            kernel!(
+                dot_q8_0,
+                dot_q8_0_u,
+                rows_q8_0,
+                BlockQ8_0,
+                unpack_q8_0,
+                true,
+                0.0,
+                0,
+                false
+            );
         }
     };
 }
@@ -526,25 +710,34 @@ macro_rules! q32_family {
 /// up to 2 * 128 * 127 would overflow i16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_maddubs<const WIDE: bool>(ul: __m256i, al: __m256i, uh: __m256i, ah: __m256i) -> __m256i {
+fn dot_maddubs<const WIDE: bool>(
+    init: __m256i,
+    ul: __m256i,
+    al: __m256i,
+    uh: __m256i,
+    ah: __m256i,
+) -> __m256i {
     let ones = _mm256_set1_epi16(1);
     let (pl, ph) = (_mm256_maddubs_epi16(ul, al), _mm256_maddubs_epi16(uh, ah));
-    if WIDE {
+    let sum = if WIDE {
         _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones))
     } else {
         _mm256_madd_epi16(_mm256_add_epi16(pl, ph), ones)
-    }
+    };
+    _mm256_add_epi32(init, sum)
 }
 
 /// Two `vpdpbusd` (AVX-VNNI): no intermediate i16, so no overflow case.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-fn dot_vnni<const WIDE: bool>(ul: __m256i, al: __m256i, uh: __m256i, ah: __m256i) -> __m256i {
-    _mm256_dpbusd_avx_epi32(
-        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ul, al),
-        uh,
-        ah,
-    )
+fn dot_vnni<const WIDE: bool>(
+    init: __m256i,
+    ul: __m256i,
+    al: __m256i,
+    uh: __m256i,
+    ah: __m256i,
+) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(init, ul, al), uh, ah)
 }
 
 /// Two `vpdpbusd` in their AVX-512 (EVEX) encoding on 256-bit vectors: the arithmetic of
@@ -552,179 +745,278 @@ fn dot_vnni<const WIDE: bool>(ul: __m256i, al: __m256i, uh: __m256i, ah: __m256i
 /// upper 16 vector registers.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn dot_vnni512<const WIDE: bool>(ul: __m256i, al: __m256i, uh: __m256i, ah: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ul, al), uh, ah)
+fn dot_vnni512<const WIDE: bool>(
+    init: __m256i,
+    ul: __m256i,
+    al: __m256i,
+    uh: __m256i,
+    ah: __m256i,
+) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(init, ul, al), uh, ah)
 }
 
 // ---------------------------------------------------------------------------------------
-// K-quants against ActQ8K.
+// K-quants against ActQ8K. A block is unpacked (quants to unsigned bytes per 32 elements,
+// scales decoded) and then multiplied with up to four tokens; prompt batches unpack a chunk
+// of rows once and run every tile of tokens against it (the same arithmetic either way).
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q4_k<const N: usize>(w: &[BlockQ4K], a: [&[ActQ8K]; N]) -> [f32; N] {
-    dot_q45_k::<N, false>(
-        w.iter().map(|b| (b.d, b.dmin, &b.scales, &b.qs, None)),
-        w.len(),
-        a,
-    )
+/// A Q4_K or Q5_K block unpacked: quants of sub-block `j` (32 elements) in `q[j]`, their
+/// 6-bit scales in `sc`, the mins under the activations' 16-element sums in `mins`.
+#[derive(Clone, Copy)]
+struct UnpackedQ45K {
+    q: [__m256i; 8],
+    mins: __m256i,
+    sc: [i16; 8],
+    d: f32,
+    dmin: f32,
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q5_k<const N: usize>(w: &[BlockQ5K], a: [&[ActQ8K]; N]) -> [f32; N] {
-    dot_q45_k::<N, true>(
-        w.iter()
-            .map(|b| (b.d, b.dmin, &b.scales, &b.qs, Some(&b.qh))),
-        w.len(),
-        a,
-    )
-}
-
-/// Shared body of Q4_K and Q5_K: (d, dmin, packed scales, low nibbles, fifth bits).
-#[allow(clippy::type_complexity)]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q45_k<'a, const N: usize, const FIVE: bool>(
-    w: impl Iterator<
-        Item = (
-            [u8; 2],
-            [u8; 2],
-            &'a [u8; 12],
-            &'a [u8; 128],
-            Option<&'a [u8; 32]>,
-        ),
-    >,
-    nb: usize,
-    a: [&[ActQ8K]; N],
-) -> [f32; N] {
-    for x in &a {
-        assert!(x.len() >= nb);
-    }
+fn unpack_q45_k<const FIVE: bool>(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; 12],
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+) -> UnpackedQ45K {
     let m4 = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
     let two = _mm256_set1_epi8(2);
-    let mut acc = [_mm256_setzero_ps(); N];
-    for (i, (d, dmin, scales, qs, qh)) in w.enumerate() {
-        let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
-        let mut sc = [0i16; 8];
-        let mut mn = [0i16; 8];
-        for j in 0..8 {
-            let (s, m) = scale_min_k4(j, scales);
-            sc[j] = s as i16;
-            mn[j] = m as i16;
-        }
-        let mins = _mm256_setr_epi16(
-            mn[0], mn[0], mn[1], mn[1], mn[2], mn[2], mn[3], mn[3], mn[4], mn[4], mn[5], mn[5],
-            mn[6], mn[6], mn[7], mn[7],
-        );
-        let mut isum = [_mm256_setzero_si256(); N];
-        let mut hbits = match qh {
-            Some(h) if FIVE => ld_u8x32(h),
-            _ => _mm256_setzero_si256(),
-        };
-        for k in 0..4 {
-            let q = ld_u8x32(&qs[32 * k..]);
-            let mut lo = _mm256_and_si256(q, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            if FIVE {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(hbits, one)));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(hbits, two)));
-                hbits = _mm256_srli_epi16::<2>(hbits);
-            }
-            let slo = _mm256_set1_epi16(sc[2 * k]);
-            let shi = _mm256_set1_epi16(sc[2 * k + 1]);
-            for t in 0..N {
-                let x = &a[t][i];
-                let plo = _mm256_maddubs_epi16(lo, ld_i8x32(&x.qs[64 * k..]));
-                let phi = _mm256_maddubs_epi16(hi, ld_i8x32(&x.qs[64 * k + 32..]));
-                let p = _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
-                isum[t] = _mm256_add_epi32(isum[t], p);
-            }
-        }
-        for t in 0..N {
-            let x = &a[t][i];
-            let msum = _mm256_madd_epi16(ld_i16x16(&x.bsums), mins);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-            acc[t] = _mm256_fmadd_ps(
-                _mm256_set1_ps(-dmin * x.d),
-                _mm256_cvtepi32_ps(msum),
-                acc[t],
-            );
-        }
+    let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
+    let mut sc = [0i16; 8];
+    let mut mn = [0i16; 8];
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, scales);
+        sc[j] = s as i16;
+        mn[j] = m as i16;
     }
-    let mut out = [0f32; N];
-    for t in 0..N {
-        out[t] = hsum_ps(acc[t]);
+    let mins = _mm256_setr_epi16(
+        mn[0], mn[0], mn[1], mn[1], mn[2], mn[2], mn[3], mn[3], mn[4], mn[4], mn[5], mn[5], mn[6],
+        mn[6], mn[7], mn[7],
+    );
+    let mut hbits = match qh {
+        Some(h) if FIVE => ld_u8x32(h),
+        _ => _mm256_setzero_si256(),
+    };
+    let mut q = [_mm256_setzero_si256(); 8];
+    for k in 0..4 {
+        let v = ld_u8x32(&qs[32 * k..]);
+        let mut lo = _mm256_and_si256(v, m4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+        if FIVE {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(hbits, one)));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(hbits, two)));
+            hbits = _mm256_srli_epi16::<2>(hbits);
+        }
+        q[2 * k] = lo;
+        q[2 * k + 1] = hi;
     }
-    out
+    UnpackedQ45K {
+        q,
+        mins,
+        sc,
+        d,
+        dmin,
+    }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q6_k<const N: usize>(w: &[BlockQ6K], a: [&[ActQ8K]; N]) -> [f32; N] {
-    for x in &a {
-        assert!(x.len() >= w.len());
+fn unpack_q4_k(b: &BlockQ4K) -> UnpackedQ45K {
+    unpack_q45_k::<false>(b.d, b.dmin, &b.scales, &b.qs, None)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_q5_k(b: &BlockQ5K) -> UnpackedQ45K {
+    unpack_q45_k::<true>(b.d, b.dmin, &b.scales, &b.qs, Some(&b.qh))
+}
+
+/// One unpacked Q4_K/Q5_K block against block `i` of `N` tokens, into `acc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn step_q45_k<const N: usize>(
+    u: &UnpackedQ45K,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    acc: &mut [__m256; N],
+) {
+    let mut isum = [_mm256_setzero_si256(); N];
+    for k in 0..4 {
+        let slo = _mm256_set1_epi16(u.sc[2 * k]);
+        let shi = _mm256_set1_epi16(u.sc[2 * k + 1]);
+        for t in 0..N {
+            let x = &a[t][i];
+            let plo = _mm256_maddubs_epi16(u.q[2 * k], ld_i8x32(&x.qs[64 * k..]));
+            let phi = _mm256_maddubs_epi16(u.q[2 * k + 1], ld_i8x32(&x.qs[64 * k + 32..]));
+            let p = _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
+            isum[t] = _mm256_add_epi32(isum[t], p);
+        }
     }
+    for t in 0..N {
+        let x = &a[t][i];
+        let msum = _mm256_madd_epi16(ld_i16x16(&x.bsums), u.mins);
+        acc[t] = _mm256_fmadd_ps(
+            _mm256_set1_ps(u.d * x.d),
+            _mm256_cvtepi32_ps(isum[t]),
+            acc[t],
+        );
+        acc[t] = _mm256_fmadd_ps(
+            _mm256_set1_ps(-u.dmin * x.d),
+            _mm256_cvtepi32_ps(msum),
+            acc[t],
+        );
+    }
+}
+
+/// A Q6_K block unpacked: quants (0..63) of 32 elements in `q[4h + c]`, the two sub-block
+/// scales under each in `sv`, all sixteen scales widened in `sc16`.
+#[derive(Clone, Copy)]
+struct UnpackedQ6K {
+    q: [__m256i; 8],
+    sv: [__m256i; 8],
+    sc16: __m256i,
+    d: f32,
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_q6_k(b: &BlockQ6K) -> UnpackedQ6K {
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(3);
     let m30 = _mm256_set1_epi8(0x30);
-    let mut acc = [_mm256_setzero_ps(); N];
-    for (i, b) in w.iter().enumerate() {
-        let d = f16x1(b.d);
+    let mut q = [_mm256_setzero_si256(); 8];
+    let mut sv = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        let ql0 = ld_u8x32(&b.ql[64 * h..]);
+        let ql1 = ld_u8x32(&b.ql[64 * h + 32..]);
+        let qh = ld_u8x32(&b.qh[32 * h..]);
+        q[4 * h] = _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+        );
+        q[4 * h + 1] = _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
+        );
+        q[4 * h + 2] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(qh, m30),
+        );
+        q[4 * h + 3] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        );
+        for c in 0..4 {
+            let s = 8 * h + 2 * c;
+            sv[4 * h + c] = _mm256_set_m128i(
+                _mm_set1_epi16(b.scales[s + 1] as i16),
+                _mm_set1_epi16(b.scales[s] as i16),
+            );
+        }
+    }
+    UnpackedQ6K {
+        q,
+        sv,
         // The i8 scales, sign-extended to 16 i16 lanes.
-        let sc16 = _mm256_cvtepi8_epi16(ld_u8x16(&b.scales.map(|s| s as u8)));
-        let mut isum = [_mm256_setzero_si256(); N];
-        for t in 0..N {
-            // The -32 offset: -32 * sum_s sc[s] * bsum[s].
-            let off = _mm256_madd_epi16(ld_i16x16(&a[t][i].bsums), sc16);
-            isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
-        }
-        for h in 0..2 {
-            let ql0 = ld_u8x32(&b.ql[64 * h..]);
-            let ql1 = ld_u8x32(&b.ql[64 * h + 32..]);
-            let qh = ld_u8x32(&b.qh[32 * h..]);
-            let c = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                    _mm256_and_si256(qh, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-                ),
-            ];
-            for (cq, &q) in c.iter().enumerate() {
-                let s = 8 * h + 2 * cq;
-                let sv = _mm256_set_m128i(
-                    _mm_set1_epi16(b.scales[s + 1] as i16),
-                    _mm_set1_epi16(b.scales[s] as i16),
-                );
-                for t in 0..N {
-                    let x = &a[t][i];
-                    let p = _mm256_maddubs_epi16(q, ld_i8x32(&x.qs[128 * h + 32 * cq..]));
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sv));
-                }
-            }
-        }
+        sc16: _mm256_cvtepi8_epi16(ld_u8x16(&b.scales.map(|s| s as u8))),
+        d: f16x1(b.d),
+    }
+}
+
+/// One unpacked Q6_K block against block `i` of `N` tokens, into `acc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn step_q6_k<const N: usize>(u: &UnpackedQ6K, a: &[&[ActQ8K]; N], i: usize, acc: &mut [__m256; N]) {
+    let mut isum = [_mm256_setzero_si256(); N];
+    for t in 0..N {
+        // The -32 offset: -32 * sum_s sc[s] * bsum[s].
+        let off = _mm256_madd_epi16(ld_i16x16(&a[t][i].bsums), u.sc16);
+        isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
+    }
+    for j in 0..8 {
         for t in 0..N {
             let x = &a[t][i];
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            let p = _mm256_maddubs_epi16(u.q[j], ld_i8x32(&x.qs[32 * j..]));
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, u.sv[j]));
         }
     }
-    let mut out = [0f32; N];
     for t in 0..N {
-        out[t] = hsum_ps(acc[t]);
+        let x = &a[t][i];
+        acc[t] = _mm256_fmadd_ps(
+            _mm256_set1_ps(u.d * x.d),
+            _mm256_cvtepi32_ps(isum[t]),
+            acc[t],
+        );
     }
-    out
 }
+
+/// Generates a K-quant dot (`$name`: unpacking block by block) and its twin on unpacked
+/// blocks (`$cached`).
+macro_rules! kquant_dot {
+    ($name:ident, $cached:ident, $blk:ty, $unp:ty, $unpack:ident, $step:ident) => {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N]) -> [f32; N] {
+            for x in &a {
+                assert!(x.len() >= w.len());
+            }
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (i, b) in w.iter().enumerate() {
+                let u = $unpack(b);
+                $step(&u, &a, i, &mut acc);
+            }
+            let mut out = [0f32; N];
+            for t in 0..N {
+                out[t] = hsum_ps(acc[t]);
+            }
+            out
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $cached<const N: usize>(u: &[$unp], a: [&[ActQ8K]; N]) -> [f32; N] {
+            for x in &a {
+                assert!(x.len() >= u.len());
+            }
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (i, u) in u.iter().enumerate() {
+                $step(u, &a, i, &mut acc);
+            }
+            let mut out = [0f32; N];
+            for t in 0..N {
+                out[t] = hsum_ps(acc[t]);
+            }
+            out
+        }
+    };
+}
+
+kquant_dot!(
+    dot_q4_k,
+    dot_q4_k_u,
+    BlockQ4K,
+    UnpackedQ45K,
+    unpack_q4_k,
+    step_q45_k
+);
+kquant_dot!(
+    dot_q5_k,
+    dot_q5_k_u,
+    BlockQ5K,
+    UnpackedQ45K,
+    unpack_q5_k,
+    step_q45_k
+);
+kquant_dot!(
+    dot_q6_k,
+    dot_q6_k_u,
+    BlockQ6K,
+    UnpackedQ6K,
+    unpack_q6_k,
+    step_q6_k
+);
 
 // ---------------------------------------------------------------------------------------
 // Float weights against f32 activations.
@@ -797,6 +1089,10 @@ float_dot!(dot_bf16, [u8; 2], ld_bf16x8, |b| half::bf16::from_le_bytes(
 /// hardware streamer sped the single-thread SmolLM2 layer sequence up by about a third.
 const PREFETCH_BYTES: usize = 4096;
 
+/// Bytes of unpacked weight rows a prompt batch's Q4/Q5 kernels keep for all their token
+/// tiles: most of a 32 KiB L1 data cache, leaving room for a tile's activations.
+const UNPACKED_CHUNK_BYTES: usize = 24 << 10;
+
 /// Prefetches `len` bytes of `w` from `start` into L1 (nothing past the end of `w`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -810,10 +1106,21 @@ fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
 
 macro_rules! rows_driver {
     (#[$attr:meta] $name:ident, $dot:ident, $blk:ty, $act:ty) => {
+        rows_driver!(
+            #[$attr]
+            $name,
+            $dot,
+            $blk,
+            $act,
+            |_w, _rb, _acts, _out, _nt| 0
+        );
+    };
+    (#[$attr:meta] $name:ident, $dot:ident, $blk:ty, $act:ty, $cached_tiles:expr) => {
         #[$attr]
         pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
             let nt = acts.len();
-            let mut t0 = 0;
+            // Tokens the cached path took (whole tiles of four), then the rest tile by tile.
+            let mut t0 = $cached_tiles(w, rb, acts, &mut *out, nt);
             while t0 < nt {
                 let n = (nt - t0).min(4);
                 let a = &acts[t0..t0 + n];
@@ -838,6 +1145,53 @@ macro_rules! rows_driver {
     };
 }
 
+/// A K-quant row driver: with two or more whole tiles of four tokens (prompt batches), rows
+/// are unpacked once per chunk that stays in L1 and every tile runs against the chunk.
+macro_rules! kquant_driver {
+    ($feat:literal, $name:ident, $dot:ident, $cached:ident, $blk:ty, $unp:ty, $unpack:ident) => {
+        rows_driver!(
+            #[target_feature(enable = $feat)]
+            $name,
+            $dot,
+            $blk,
+            ActQ8K,
+            // (a closure inherits the driver's target features)
+            |w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32], nt: usize| {
+                if nt < 8 {
+                    return 0;
+                }
+                let tiles = nt / 4;
+                let nb = rb / std::mem::size_of::<$blk>();
+                let chunk = (UNPACKED_CHUNK_BYTES / (nb * std::mem::size_of::<$unp>())).max(1);
+                let mut cache: Vec<$unp> = Vec::with_capacity(chunk * nb);
+                let nrows = w.len() / rb;
+                for r0 in (0..nrows).step_by(chunk) {
+                    let r1 = (r0 + chunk).min(nrows);
+                    cache.clear();
+                    for row in w[r0 * rb..r1 * rb].chunks_exact(rb) {
+                        for b in cast::<$blk>(row).expect("weight rows are whole blocks") {
+                            cache.push($unpack(b));
+                        }
+                    }
+                    for k in 0..tiles {
+                        let a = [
+                            acts[4 * k],
+                            acts[4 * k + 1],
+                            acts[4 * k + 2],
+                            acts[4 * k + 3],
+                        ];
+                        for (j, u) in cache.chunks_exact(nb).enumerate() {
+                            let o = (r0 + j) * nt + 4 * k;
+                            out[o..o + 4].copy_from_slice(&$cached::<4>(u, a));
+                        }
+                    }
+                }
+                tiles * 4
+            }
+        );
+    };
+}
+
 q32_family!(plain, "avx2,fma,f16c", dot_maddubs, 1);
 q32_family!(vnni, "avx2,fma,f16c,avxvnni", dot_vnni, 1);
 q32_family!(
@@ -851,51 +1205,63 @@ q32_family!(
 /// registers (Gemma 3 270M prompt processing ~900 -> ~1000 t/s with Q4_K's).
 mod kquant512 {
     use super::*;
-    rows_driver!(
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    kquant_driver!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
         rows_q4_k,
         dot_q4_k,
+        dot_q4_k_u,
         BlockQ4K,
-        ActQ8K
+        UnpackedQ45K,
+        unpack_q4_k
     );
-    rows_driver!(
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    kquant_driver!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
         rows_q5_k,
         dot_q5_k,
+        dot_q5_k_u,
         BlockQ5K,
-        ActQ8K
+        UnpackedQ45K,
+        unpack_q5_k
     );
-    rows_driver!(
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+    kquant_driver!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
         rows_q6_k,
         dot_q6_k,
+        dot_q6_k_u,
         BlockQ6K,
-        ActQ8K
+        UnpackedQ6K,
+        unpack_q6_k
     );
 }
 
 mod other {
     use super::*;
-    rows_driver!(
-        #[target_feature(enable = "avx2,fma,f16c")]
+    kquant_driver!(
+        "avx2,fma,f16c",
         rows_q4_k,
         dot_q4_k,
+        dot_q4_k_u,
         BlockQ4K,
-        ActQ8K
+        UnpackedQ45K,
+        unpack_q4_k
     );
-    rows_driver!(
-        #[target_feature(enable = "avx2,fma,f16c")]
+    kquant_driver!(
+        "avx2,fma,f16c",
         rows_q5_k,
         dot_q5_k,
+        dot_q5_k_u,
         BlockQ5K,
-        ActQ8K
+        UnpackedQ45K,
+        unpack_q5_k
     );
-    rows_driver!(
-        #[target_feature(enable = "avx2,fma,f16c")]
+    kquant_driver!(
+        "avx2,fma,f16c",
         rows_q6_k,
         dot_q6_k,
+        dot_q6_k_u,
         BlockQ6K,
-        ActQ8K
+        UnpackedQ6K,
+        unpack_q6_k
     );
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -1004,17 +1370,17 @@ fn absmax(x: &[f32]) -> f32 {
     hmax_ps(m)
 }
 
-/// Quantizes one 32-block: (32 quants in element order, d, d * sum).
+/// Quantizes one 32-block: (32 quants in element order, d, sum of the quants).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn quant_block(xb: &[f32]) -> (__m256i, f32, f32) {
+fn quant_block(xb: &[f32]) -> (__m256i, f32, i32) {
     let (d, id) = inv_scale(absmax(&xb[..QK]));
     let (p, q) = quant32(xb, id);
     let sum = hsum_epi32(_mm256_add_epi32(
         _mm256_add_epi32(q[0], q[1]),
         _mm256_add_epi32(q[2], q[3]),
     ));
-    (p, d, d * sum as f32)
+    (p, d, sum)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1025,12 +1391,13 @@ fn quantize_act_q8_impl(x: &[f32], out: &mut [ActQ8]) {
         let (p1, d1, s1) = if xp.len() == 2 * QK {
             quant_block(&xp[QK..])
         } else {
-            (_mm256_setzero_si256(), 0.0, 0.0)
+            (_mm256_setzero_si256(), 0.0, 0)
         };
         st_i8x32(&mut o.lo, _mm256_permute2x128_si256::<0x20>(p0, p1));
         st_i8x32(&mut o.hi, _mm256_permute2x128_si256::<0x31>(p0, p1));
         o.d8 = [d0, d0, d0, d0, d1, d1, d1, d1];
-        o.s4 = [0.0, s0, 0.0, s1];
+        o.s4 = [0.0, d0 * s0 as f32, 0.0, d1 * s1 as f32];
+        o.nsum = [-s0, 0, 0, 0, -s1, 0, 0, 0];
     }
 }
 

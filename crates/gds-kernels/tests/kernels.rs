@@ -232,14 +232,21 @@ fn simd_agrees_with_scalar() {
 
 #[test]
 fn multi_token_tiles_equal_single_token_runs() {
-    // A token's result must not depend on which tile of four it landed in, nor on where in
-    // the 16 x 16 blocks that scatter a task's rows to the token-major output (300 rows:
-    // several tasks, none a multiple of 16; 37 tokens).
+    // A token's result must not depend on which tile of four it landed in, nor on whether
+    // its tile ran against rows unpacked as they go (fewer than eight tokens, and the last
+    // partial tile) or unpacked once for all tiles (9 tokens; an odd row count ends the
+    // two-row groups on a single row), nor on where in the 16 x 16 blocks that scatter a
+    // task's rows to the token-major output (300 rows: several tasks, none a multiple of
+    // 16; 37 tokens).
     let mut rng = Rng(99);
     for (dtype, (rows, n)) in ALL
         .into_iter()
-        .map(|d| (d, (20, 7)))
-        .chain([(DType::Q8_0, (300, 37)), (DType::Q4_1, (72, 37))])
+        .flat_map(|d| [(d, (20, 7)), (d, (21, 9))])
+        .chain([
+            (DType::Q8_0, (300, 37)),
+            (DType::Q4_1, (72, 37)),
+            (DType::Q5_0, (300, 37)),
+        ])
     {
         let cols = if dtype.block_size() == 256 { 512 } else { 544 };
         let data = weight(&mut rng, dtype, rows, cols);
