@@ -576,6 +576,9 @@ fn write_layers(
                 }
                 hasher.update(piece);
                 w.write_all(piece).map_err(io(&path))?;
+                // the device starts on each piece as it is written (submitting a whole
+                // large file at its end blocked this thread for tens of milliseconds)
+                start_writeback(w.get_ref());
                 done += piece.len();
                 if mapped {
                     let end = (t.offset + done as u64) / 4096 * 4096;

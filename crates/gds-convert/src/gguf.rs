@@ -76,9 +76,12 @@ impl std::io::Read for HidingReader {
             head[..4].copy_from_slice(&8u32.to_le_bytes());
             head[4..].copy_from_slice(&(len as u64 - 12).to_le_bytes());
             let n = out.len().min(h.end - pos);
-            for (k, o) in (pos - h.value_at..).zip(&mut out[..n]) {
-                *o = head.get(k).copied().unwrap_or(b' ');
-            }
+            let at = pos - h.value_at;
+            // the type and length where they fall in this read, spaces after them
+            let from_head = head.get(at..).unwrap_or_default();
+            let k = from_head.len().min(n);
+            out[..k].copy_from_slice(&from_head[..k]);
+            out[k..n].fill(b' ');
             n
         } else {
             let next = self
@@ -110,11 +113,14 @@ fn vocab_arrays<'a>(
         let count = usize::try_from(h.count).map_err(|_| bad())?;
         let strings = |mut d: &'a [u8]| -> Result<Vec<&'a str>, String> {
             let mut v = Vec::with_capacity(count);
-            for _ in 0..count {
+            for i in 0..count {
                 let (len, rest) = d.split_first_chunk::<8>().ok_or_else(bad)?;
                 let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| bad())?;
                 let (s, rest) = rest.split_at_checked(len).ok_or_else(bad)?;
-                v.push(std::str::from_utf8(s).map_err(|_| bad())?);
+                v.push(
+                    std::str::from_utf8(s)
+                        .map_err(|e| format!("{key}: element {i} is not UTF-8 ({e})"))?,
+                );
                 d = rest;
             }
             Ok(v)
@@ -225,8 +231,19 @@ fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
                         ));
                     }
                     if scalar_size.is_none() {
-                        for _ in 0..n {
-                            self.value(et, key, depth + 1)?;
+                        if depth == 0 && et == 8 && VOCAB_ARRAYS.contains(&(key, 8)) {
+                            // a vocabulary array: hidden from gguf-rs and read in place by
+                            // the tokenizer export, which checks each text's UTF-8 itself
+                            // (262k texts for Gemma 3: not twice on the conversion's
+                            // serial path)
+                            for _ in 0..n {
+                                let len = self.u64(&Described("string length in", key))?;
+                                self.take(len, &Described("string in", key))?;
+                            }
+                        } else {
+                            for _ in 0..n {
+                                self.value(et, key, depth + 1)?;
+                            }
                         }
                     }
                     return Ok(Some((et, n)));

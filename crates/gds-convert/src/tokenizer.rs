@@ -653,34 +653,52 @@ fn added_tokens(
 }
 
 /// SentencePiece merges: every split of every entry into two entries is a merge; llama.cpp
-/// prefers the merge whose result has the highest score. As (left, right) ids, by rank.
+/// prefers the merge whose result has the highest score. As (left, right) ids, by rank:
+/// score descending, then the entry's id, then the left part's id. The entries are put in
+/// that order first (one sort of the vocabulary, not of the merges), then their splits are
+/// looked up in parallel, chunk by chunk, each entry's merges ordered by left id.
 fn spm_merges(vocab: &Vocab) -> Vec<(u32, u32)> {
-    let mut merges: Vec<(f64, u32, u32, u32)> = Vec::new();
-    for (id, text) in vocab.tokens.iter().enumerate() {
-        for (k, _) in text.char_indices().skip(1) {
-            // the right part is looked up only where the left one is a token
-            let Some(&a) = vocab.ids.get(&text[..k]) else {
-                continue;
-            };
-            if let Some(&b) = vocab.ids.get(&text[k..]) {
-                merges.push((vocab.scores[id], id as u32, a, b));
-            }
-        }
-    }
-    // rank: score descending, then the entry's id, then the left part's id: one unique u128
-    // key per merge, so an unstable sort gives the same order
-    let key = |&(score, id, a, _): &(f64, u32, u32, u32)| {
+    use rayon::prelude::*;
+    // total order of f64 as an unsigned integer (total_cmp's), reversed: descending scores
+    let desc = |score: f64| {
         let bits = score.to_bits();
-        // total order of f64 as an unsigned integer (total_cmp's), then reversed
-        let ord = if bits >> 63 == 1 {
+        !(if bits >> 63 == 1 {
             !bits
         } else {
             bits | 1 << 63
-        };
-        (u128::from(!ord) << 64) | (u128::from(id) << 32) | u128::from(a)
+        })
     };
-    merges.sort_unstable_by_key(key);
-    merges.into_iter().map(|(_, _, a, b)| (a, b)).collect()
+    let mut order: Vec<(u64, u32)> = vocab
+        .scores
+        .iter()
+        .enumerate()
+        .map(|(id, &s)| (desc(s), id as u32))
+        .collect();
+    // (key, id) pairs are unique, so an unstable sort gives the same order every time
+    order.par_sort_unstable();
+    let chunks: Vec<Vec<(u32, u32)>> = order
+        .par_chunks(4096)
+        .map(|chunk| {
+            let mut out = Vec::with_capacity(2 * chunk.len());
+            for &(_, id) in chunk {
+                let text = vocab.tokens[id as usize];
+                let first = out.len();
+                for (k, _) in text.char_indices().skip(1) {
+                    // the right part is looked up only where the left one is a token
+                    let Some(&a) = vocab.ids.get(&text[..k]) else {
+                        continue;
+                    };
+                    if let Some(&b) = vocab.ids.get(&text[k..]) {
+                        out.push((a, b));
+                    }
+                }
+                // different splits have different left parts, so left ids are unique here
+                out[first..].sort_unstable();
+            }
+            out
+        })
+        .collect();
+    chunks.concat()
 }
 
 /// The GGUF's merges (`"a b"`, split as llama.cpp splits them), each part and the joined
@@ -740,21 +758,20 @@ fn bpe_merges(
 /// (vocabulary by id, merges as pairs; checked against it in tests/tokenizer_golden.rs),
 /// without building the library's maps first, which took most of a 262k-token export.
 fn bpe_model_json(
+    out: &mut String,
     vocab: &Vocab,
     merges: &[(u32, u32)],
     unk: Option<u32>,
     byte_fallback: bool,
     ignore_merges: bool,
-) -> Result<String, TokenizerError> {
-    use std::io::Write;
+) {
+    use std::fmt::Write;
     let text = |id: u32| vocab.tokens[id as usize];
-    // escaped straight into the output: no string per token
-    let esc = |out: &mut Vec<u8>, s: &str| serde_json::to_writer(out, s).map_err(build_err);
-    let mut out: Vec<u8> = Vec::with_capacity(16 * vocab.len() + 24 * merges.len() + 256);
-    out.extend_from_slice(br#"{"type":"BPE","dropout":null,"unk_token":"#);
+    out.reserve(16 * vocab.len() + 24 * merges.len() + 256);
+    out.push_str(r#"{"type":"BPE","dropout":null,"unk_token":"#);
     match unk {
-        Some(u) => esc(&mut out, text(u))?,
-        None => out.extend_from_slice(b"null"),
+        Some(u) => json_str(out, text(u)),
+        None => out.push_str("null"),
     }
     let _ = write!(
         out,
@@ -766,27 +783,61 @@ fn bpe_model_json(
     let mut at = Vec::with_capacity(vocab.len());
     for (id, t) in vocab.tokens.iter().enumerate() {
         if id > 0 {
-            out.push(b',');
+            out.push(',');
         }
         let start = out.len();
-        esc(&mut out, t)?;
+        json_str(out, t);
         at.push(start..out.len());
-        out.push(b':');
-        out.extend_from_slice(num.format(id).as_bytes());
+        out.push(':');
+        out.push_str(num.format(id));
     }
-    out.extend_from_slice(br#"},"merges":["#);
+    out.push_str(r#"},"merges":["#);
     for (k, &(a, b)) in merges.iter().enumerate() {
         if k > 0 {
-            out.push(b',');
+            out.push(',');
         }
-        out.push(b'[');
+        out.push('[');
         out.extend_from_within(at[a as usize].clone());
-        out.push(b',');
+        out.push(',');
         out.extend_from_within(at[b as usize].clone());
-        out.push(b']');
+        out.push(']');
     }
-    out.extend_from_slice(b"]}");
-    String::from_utf8(out).map_err(build_err)
+    out.push_str("]}");
+}
+
+/// Appends `s` to `out` as a JSON string, escaped as `serde_json` escapes it (`"`, `\\`,
+/// the short forms `\b \f \n \r \t`, other control characters as `\u00XX`; everything
+/// else as is), so that the export reads like the library's own serialization. Pieces of
+/// `str` only: the output never needs its UTF-8 checked again.
+fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    let mut plain = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let esc: &str = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        // every byte matched above is ASCII, so `i` is a char boundary
+        out.push_str(&s[plain..i]);
+        if esc.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.push_str("\\u00");
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 0xF)] as char);
+        } else {
+            out.push_str(esc);
+        }
+        plain = i + 1;
+    }
+    out.push_str(&s[plain..]);
+    out.push('"');
 }
 
 /// `tokenizer.json`: the library's serialization of `tokenizer` (normalizer, pre-tokenizer,
@@ -795,7 +846,7 @@ fn bpe_model_json(
 /// with the id its text has in the vocabulary, the first of equal texts kept).
 fn tokenizer_json(
     tokenizer: &Tokenizer,
-    model: &str,
+    model: impl FnOnce(&mut String),
     added: &[AddedToken],
     vocab: &Vocab,
 ) -> Result<String, TokenizerError> {
@@ -829,7 +880,8 @@ fn tokenizer_json(
             })
         })
         .collect();
-    let mut out = String::with_capacity(model.len() + 4096);
+    let mut out = String::new();
+    let mut model = Some(model);
     out.push('{');
     for (k, (key, v)) in base.iter().enumerate() {
         if k > 0 {
@@ -838,7 +890,11 @@ fn tokenizer_json(
         out.push_str(&serde_json::to_string(key).map_err(build_err)?);
         out.push(':');
         match key.as_str() {
-            "model" => out.push_str(model),
+            "model" => {
+                if let Some(m) = model.take() {
+                    m(&mut out)
+                }
+            }
             "added_tokens" => out.push_str(&serde_json::to_string(&added).map_err(build_err)?),
             _ => out.push_str(&serde_json::to_string(v).map_err(build_err)?),
         }
@@ -1016,18 +1072,20 @@ pub fn tokenizer_from_gguf_with(
     if let Some(pp) = post_processor(&vocab, &ids, add_bos, add_eos)? {
         tokenizer.with_post_processor(Some(pp));
     }
-    let model = match &pre_spec {
-        None => bpe_model_json(&vocab, &spm_merges(&vocab), ids.unk, true, false)?,
-        Some(spec) => bpe_model_json(
-            &vocab,
-            &bpe_merges(meta, arrays.merges, &vocab)?,
+    let (merges, unk, byte_fallback, ignore_merges) = match &pre_spec {
+        None => (spm_merges(&vocab), ids.unk, true, false),
+        Some(spec) => (
+            bpe_merges(meta, arrays.merges, &vocab)?,
             None,
             false,
             spec.ignore_merges,
-        )?,
+        ),
     };
     let added = added_tokens(meta, &vocab, &attrs)?;
-    let tokenizer_json = tokenizer_json(&tokenizer, &model, &added, &vocab)?;
+    // the model (most of the file) is written straight into the output
+    let model =
+        |out: &mut String| bpe_model_json(out, &vocab, &merges, unk, byte_fallback, ignore_merges);
+    let tokenizer_json = tokenizer_json(&tokenizer, model, &added, &vocab)?;
 
     let mut config = serde_json::Map::new();
     config.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
@@ -1462,6 +1520,29 @@ mod tests {
             .expect("encode")
             .get_ids()
             .to_vec()
+    }
+
+    #[test]
+    fn json_str_escapes_like_serde_json() {
+        let mut texts: Vec<String> = (0u8..0x80).map(|b| format!("a{}b", b as char)).collect();
+        texts.extend(
+            [
+                "",
+                "\"",
+                "\\",
+                "\u{7f}",
+                "▁the",
+                "日本語",
+                "🦀\n\t",
+                "\\\"\u{1}x",
+            ]
+            .map(String::from),
+        );
+        for t in &texts {
+            let mut ours = String::new();
+            json_str(&mut ours, t);
+            assert_eq!(ours, serde_json::to_string(t).unwrap(), "{t:?}");
+        }
     }
 
     #[test]

@@ -380,18 +380,20 @@ macro_rules! q32_family {
         mod $module {
             use super::*;
 
+            // (skipped by rustfmt, which indents this pattern further on every run)
+            #[rustfmt::skip]
             macro_rules! kernel {
                 (
-                                                    $name:ident,
-                                                    $cached:ident,
-                                                    $rows:ident,
-                                                    $blk:ty,
-                                                    $unpack:ident,
-                                                    $signed:expr,
-                                                    $mcoef:expr,
-                                                    $bias:literal,
-                                                    $cache:expr
-                                                ) => {
+                    $name:ident,
+                    $cached:ident,
+                    $rows:ident,
+                    $blk:ty,
+                    $unpack:ident,
+                    $signed:expr,
+                    $mcoef:expr,
+                    $bias:literal,
+                    $cache:expr
+                ) => {
                     /// One pair of blocks of `R` rows against `N` tokens, into the running
                     /// sums: the only arithmetic of this type, shared by the kernel that
                     /// unpacks as it goes and the one that reads unpacked rows back.
