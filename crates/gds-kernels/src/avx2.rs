@@ -436,7 +436,7 @@ macro_rules! q32_family {
                                         xl = _mm256_sign_epi8(xl, u.sign_lo);
                                         xh = _mm256_sign_epi8(xh, u.sign_hi);
                                     }
-                                    let i = $dot::<$signed>(init, u.lo, xl, u.hi, xh);
+                                    let i = $dot::<$signed>(init, [u.lo, u.hi], [xl, xh]);
                                     $acc[r][t] =
                                         _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(i), $acc[r][t]);
                                 }
@@ -712,13 +712,8 @@ macro_rules! q32_family {
 /// up to 2 * 128 * 127 would overflow i16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_maddubs<const WIDE: bool>(
-    init: __m256i,
-    ul: __m256i,
-    al: __m256i,
-    uh: __m256i,
-    ah: __m256i,
-) -> __m256i {
+fn dot_maddubs<const WIDE: bool>(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
+    let ([ul, uh], [al, ah]) = (u, a);
     let ones = _mm256_set1_epi16(1);
     let (pl, ph) = (_mm256_maddubs_epi16(ul, al), _mm256_maddubs_epi16(uh, ah));
     let sum = if WIDE {
@@ -732,13 +727,8 @@ fn dot_maddubs<const WIDE: bool>(
 /// Two `vpdpbusd` (AVX-VNNI): no intermediate i16, so no overflow case.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-fn dot_vnni<const WIDE: bool>(
-    init: __m256i,
-    ul: __m256i,
-    al: __m256i,
-    uh: __m256i,
-    ah: __m256i,
-) -> __m256i {
+fn dot_vnni<const WIDE: bool>(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
+    let ([ul, uh], [al, ah]) = (u, a);
     _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(init, ul, al), uh, ah)
 }
 
@@ -747,13 +737,8 @@ fn dot_vnni<const WIDE: bool>(
 /// upper 16 vector registers.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn dot_vnni512<const WIDE: bool>(
-    init: __m256i,
-    ul: __m256i,
-    al: __m256i,
-    uh: __m256i,
-    ah: __m256i,
-) -> __m256i {
+fn dot_vnni512<const WIDE: bool>(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
+    let ([ul, uh], [al, ah]) = (u, a);
     _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(init, ul, al), uh, ah)
 }
 
@@ -954,6 +939,17 @@ fn step_q6_k<const N: usize>(u: &UnpackedQ6K, a: &[&[ActQ8K]; N], i: usize, acc:
     }
 }
 
+/// Horizontal sums of `N` accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsums<const N: usize>(acc: &[__m256; N]) -> [f32; N] {
+    let mut out = [0f32; N];
+    for t in 0..N {
+        out[t] = hsum_ps(acc[t]);
+    }
+    out
+}
+
 /// Generates a K-quant dot (`$name`: unpacking block by block) and its twin on unpacked
 /// blocks (`$cached`).
 macro_rules! kquant_dot {
@@ -961,36 +957,23 @@ macro_rules! kquant_dot {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $name<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N]) -> [f32; N] {
-            for x in &a {
-                assert!(x.len() >= w.len());
-            }
+            assert!(a.iter().all(|x| x.len() >= w.len()));
             let mut acc = [_mm256_setzero_ps(); N];
             for (i, b) in w.iter().enumerate() {
-                let u = $unpack(b);
-                $step(&u, &a, i, &mut acc);
+                $step(&$unpack(b), &a, i, &mut acc);
             }
-            let mut out = [0f32; N];
-            for t in 0..N {
-                out[t] = hsum_ps(acc[t]);
-            }
-            out
+            hsums(&acc)
         }
 
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $cached<const N: usize>(u: &[$unp], a: [&[ActQ8K]; N]) -> [f32; N] {
-            for x in &a {
-                assert!(x.len() >= u.len());
-            }
+            assert!(a.iter().all(|x| x.len() >= u.len()));
             let mut acc = [_mm256_setzero_ps(); N];
             for (i, u) in u.iter().enumerate() {
                 $step(u, &a, i, &mut acc);
             }
-            let mut out = [0f32; N];
-            for t in 0..N {
-                out[t] = hsum_ps(acc[t]);
-            }
-            out
+            hsums(&acc)
         }
     };
 }
