@@ -52,22 +52,41 @@ pub fn gemma_gguf() -> PathBuf {
     p
 }
 
+/// This test binary's directory for the real models it converts:
+/// `target/test-models/<binary>/`, emptied on its first use in each run. (A temporary
+/// directory held in a static is never dropped, so each run used to leave every binary's
+/// converted models in the system temporary directory: ~3.4 GB a run.)
+fn models_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("path of the test binary");
+        let name = exe.file_stem().expect("test binary name").to_owned();
+        let dir = root().join("target/test-models").join(name);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).expect("remove the previous run's models");
+        }
+        std::fs::create_dir_all(&dir).expect("create the test models directory");
+        dir
+    })
+}
+
+/// `gguf` converted (default options) into `name` under [`models_dir`].
+fn convert_once(gguf: &Path, name: &str) -> PathBuf {
+    let out = models_dir().join(name);
+    gds_convert::convert(
+        gguf,
+        &out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .unwrap_or_else(|e| panic!("convert {}: {e}", gguf.display()));
+    out
+}
+
 /// Gemma 3 270M converted once per test binary.
 pub fn gemma_converted() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let tmp = tempfile::tempdir().expect("temporary directory");
-        let out = tmp.path().join("gemma3.gds");
-        gds_convert::convert(
-            &gemma_gguf(),
-            &out,
-            &gds_convert::ConvertOptions::default(),
-            &gds_convert::NoProgress,
-        )
-        .expect("convert Gemma 3");
-        (tmp, out)
-    })
-    .1
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| convert_once(&gemma_gguf(), "gemma3.gds"))
 }
 
 /// A fixture file or directory under `fixtures/`.
@@ -85,24 +104,11 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// SmolLM2 converted once per test binary (default options) into a temporary directory that
-/// lives until the process exits. Every test that needs the real model shares it.
+/// SmolLM2 converted once per test binary (default options). Every test that needs the real
+/// model shares it.
 pub fn smollm_converted() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let gguf = smollm_gguf();
-        let tmp = tempfile::tempdir().expect("temporary directory");
-        let out = tmp.path().join("smollm2.gds");
-        gds_convert::convert(
-            &gguf,
-            &out,
-            &gds_convert::ConvertOptions::default(),
-            &gds_convert::NoProgress,
-        )
-        .expect("convert SmolLM2");
-        (tmp, out)
-    })
-    .1
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| convert_once(&smollm_gguf(), "smollm2.gds"))
 }
 
 /// Copies a directory tree (a converted model) to `dst`.
