@@ -183,9 +183,13 @@ fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
                 self.take(8, what)?.try_into().unwrap_or_default(),
             ))
         }
-        fn string(&mut self, what: &dyn std::fmt::Display) -> Result<&str, String> {
+        /// A string's bytes (its u64 length, then that many bytes), not checked for UTF-8.
+        fn bytes(&mut self, what: &dyn std::fmt::Display) -> Result<&[u8], String> {
             let n = self.u64(what)?;
-            let s = self.take(n, what)?;
+            self.take(n, what)
+        }
+        fn string(&mut self, what: &dyn std::fmt::Display) -> Result<&str, String> {
+            let s = self.bytes(what)?;
             std::str::from_utf8(s).map_err(|_| format!("{what} is not UTF-8"))
         }
         /// Skips a value of type `t`; for an array, returns its element type and length.
@@ -237,8 +241,7 @@ fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
                             // (262k texts for Gemma 3: not twice on the conversion's
                             // serial path)
                             for _ in 0..n {
-                                let len = self.u64(&Described("string length in", key))?;
-                                self.take(len, &Described("string in", key))?;
+                                self.bytes(&Described("value of", key))?;
                             }
                         } else {
                             for _ in 0..n {

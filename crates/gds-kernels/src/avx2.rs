@@ -560,7 +560,7 @@ macro_rules! q32_family {
                         }
                         let nt = acts.len();
                         let mut t0 = 0;
-                        if $cache && nt >= 8 {
+                        if $cache && nt >= UNPACKED_MIN_TOKENS {
                             t0 = nt / 4 * 4;
                             cached_tiles(w, rb, &acts[..t0], out, nt);
                         }
@@ -1074,9 +1074,13 @@ float_dot!(dot_bf16, [u8; 2], ld_bf16x8, |b| half::bf16::from_le_bytes(
 /// hardware streamer sped the single-thread SmolLM2 layer sequence up by about a third.
 const PREFETCH_BYTES: usize = 4096;
 
-/// Bytes of unpacked weight rows a prompt batch's Q4/Q5 kernels keep for all their token
-/// tiles: most of a 32 KiB L1 data cache, leaving room for a tile's activations.
+/// Bytes of unpacked weight rows a prompt batch's Q4_0..Q5_1 and K-quant kernels keep for
+/// all their token tiles: most of a 32 KiB L1 data cache, leaving room for a tile's
+/// activations.
 const UNPACKED_CHUNK_BYTES: usize = 24 << 10;
+
+/// Tokens from which those kernels unpack rows once for all tiles (two whole tiles of four).
+const UNPACKED_MIN_TOKENS: usize = 8;
 
 /// Prefetches `len` bytes of `w` from `start` into L1 (nothing past the end of `w`).
 #[inline]
@@ -1142,7 +1146,7 @@ macro_rules! kquant_driver {
             ActQ8K,
             // (a closure inherits the driver's target features)
             |w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32], nt: usize| {
-                if nt < 8 {
+                if nt < UNPACKED_MIN_TOKENS {
                     return 0;
                 }
                 let tiles = nt / 4;
