@@ -55,18 +55,19 @@ __device__ __forceinline__ void deq_q4_1(const u8* b, float* y) {
 // x[j] = ((qs[j] & 15) | bit j << 4) - 16) d, x[j+16] = ((qs[j] >> 4) | bit j+16 << 4) - 16) d.
 #define Q5_0_QK 32
 #define Q5_0_BYTES 22
-__device__ __forceinline__ void q5_0_pair(const u8* b, int j, int* lo, int* hi) {
-    u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
-    u8 q = b[6 + j];
-    *lo = (int)((q & 15) | (((qh >> j) & 1) << 4)) - 16;
-    *hi = (int)((q >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+// The 5-bit values j and j+16 (0..31) from the high bits at `qh` and the nibbles at `qs`.
+__device__ __forceinline__ void q5_pair(const u8* qh4, const u8* qs, int j, int* lo, int* hi) {
+    u32 qh = (u32)qh4[0] | ((u32)qh4[1] << 8) | ((u32)qh4[2] << 16) | ((u32)qh4[3] << 24);
+    u8 q = qs[j];
+    *lo = (int)((q & 15) | (((qh >> j) & 1) << 4));
+    *hi = (int)((q >> 4) | (((qh >> (j + 16)) & 1) << 4));
 }
 __device__ __forceinline__ float dot_q5_0(const u8* b, const float* x) {
     float s = 0.0f;
     for (int j = 0; j < 16; j++) {
         int lo, hi;
-        q5_0_pair(b, j, &lo, &hi);
-        s += (float)lo * x[j] + (float)hi * x[j + 16];
+        q5_pair(b + 2, b + 6, j, &lo, &hi);
+        s += (float)(lo - 16) * x[j] + (float)(hi - 16) * x[j + 16];
     }
     return ld_f16(b) * s;
 }
@@ -74,9 +75,32 @@ __device__ __forceinline__ void deq_q5_0(const u8* b, float* y) {
     float d = ld_f16(b);
     for (int j = 0; j < 16; j++) {
         int lo, hi;
-        q5_0_pair(b, j, &lo, &hi);
-        y[j] = (float)lo * d;
-        y[j + 16] = (float)hi * d;
+        q5_pair(b + 2, b + 6, j, &lo, &hi);
+        y[j] = (float)(lo - 16) * d;
+        y[j + 16] = (float)(hi - 16) * d;
+    }
+}
+
+// Q5_1: d f16, m f16, qh u32, qs[16]; x = q d + m with q the 5-bit value as in Q5_0.
+#define Q5_1_QK 32
+#define Q5_1_BYTES 24
+__device__ __forceinline__ float dot_q5_1(const u8* b, const float* x) {
+    float s = 0.0f, sx = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        int lo, hi;
+        q5_pair(b + 4, b + 8, j, &lo, &hi);
+        s += (float)lo * x[j] + (float)hi * x[j + 16];
+        sx += x[j] + x[j + 16];
+    }
+    return ld_f16(b) * s + ld_f16(b + 2) * sx;
+}
+__device__ __forceinline__ void deq_q5_1(const u8* b, float* y) {
+    float d = ld_f16(b), m = ld_f16(b + 2);
+    for (int j = 0; j < 16; j++) {
+        int lo, hi;
+        q5_pair(b + 4, b + 8, j, &lo, &hi);
+        y[j] = (float)lo * d + m;
+        y[j + 16] = (float)hi * d + m;
     }
 }
 
@@ -132,6 +156,51 @@ __device__ __forceinline__ void deq_q4_k(const u8* b, float* y) {
             u8 q = qs[32 * c + l];
             y[64 * c + l] = d * sc0 * (float)(q & 15) - dmin * m0;
             y[64 * c + 32 + l] = d * sc1 * (float)(q >> 4) - dmin * m1;
+        }
+    }
+}
+
+// Q5_K: d f16, dmin f16, scales[12], qh[32], qs[128]; 8 groups of 32 as in Q4_K, the fifth
+// bit of value l of group g in qh[l] bit g.
+#define Q5_K_QK 256
+#define Q5_K_BYTES 176
+__device__ __forceinline__ float dot_q5_k(const u8* b, const float* x) {
+    float d = ld_f16(b), dmin = ld_f16(b + 2);
+    const u8* scales = b + 4;
+    const u8* qh = b + 16;
+    const u8* qs = b + 48;
+    float s = 0.0f;
+    for (int c = 0; c < 4; c++) {
+        float sc0, m0, sc1, m1;
+        scale_min_k4(2 * c, scales, &sc0, &m0);
+        scale_min_k4(2 * c + 1, scales, &sc1, &m1);
+        float lo = 0.0f, hi = 0.0f, xlo = 0.0f, xhi = 0.0f;
+        const float* xc = x + 64 * c;
+        for (int l = 0; l < 32; l++) {
+            u8 q = qs[32 * c + l], h = qh[l];
+            lo += (float)((q & 15) | (((h >> (2 * c)) & 1) << 4)) * xc[l];
+            hi += (float)((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)) * xc[l + 32];
+            xlo += xc[l];
+            xhi += xc[l + 32];
+        }
+        s += d * (sc0 * lo + sc1 * hi) - dmin * (m0 * xlo + m1 * xhi);
+    }
+    return s;
+}
+__device__ __forceinline__ void deq_q5_k(const u8* b, float* y) {
+    float d = ld_f16(b), dmin = ld_f16(b + 2);
+    const u8* scales = b + 4;
+    const u8* qh = b + 16;
+    const u8* qs = b + 48;
+    for (int c = 0; c < 4; c++) {
+        float sc0, m0, sc1, m1;
+        scale_min_k4(2 * c, scales, &sc0, &m0);
+        scale_min_k4(2 * c + 1, scales, &sc1, &m1);
+        for (int l = 0; l < 32; l++) {
+            u8 q = qs[32 * c + l], h = qh[l];
+            y[64 * c + l] = d * sc0 * (float)((q & 15) | (((h >> (2 * c)) & 1) << 4)) - dmin * m0;
+            y[64 * c + 32 + l] =
+                d * sc1 * (float)((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)) - dmin * m1;
         }
     }
 }
@@ -215,8 +284,10 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
 BLOCK_KERNELS(q4_0, Q4_0_QK, Q4_0_BYTES, dot_q4_0, deq_q4_0)
 BLOCK_KERNELS(q4_1, Q4_1_QK, Q4_1_BYTES, dot_q4_1, deq_q4_1)
 BLOCK_KERNELS(q5_0, Q5_0_QK, Q5_0_BYTES, dot_q5_0, deq_q5_0)
+BLOCK_KERNELS(q5_1, Q5_1_QK, Q5_1_BYTES, dot_q5_1, deq_q5_1)
 BLOCK_KERNELS(q8_0, Q8_0_QK, Q8_0_BYTES, dot_q8_0, deq_q8_0)
 BLOCK_KERNELS(q4_k, Q4_K_QK, Q4_K_BYTES, dot_q4_k, deq_q4_k)
+BLOCK_KERNELS(q5_k, Q5_K_QK, Q5_K_BYTES, dot_q5_k, deq_q5_k)
 BLOCK_KERNELS(q6_k, Q6_K_QK, Q6_K_BYTES, dot_q6_k, deq_q6_k)
 
 // ---- float weights: lanes stride over elements, so a warp reads 32 neighbours at once ----
@@ -249,5 +320,11 @@ __device__ __forceinline__ float ld_f32(const u8* p) {
         if (i < n) dst[i] = LOAD(src + (unsigned long long)i * WIDTH);                      \
     }
 
+// bfloat16 is the top half of a binary32: exact by a shift.
+__device__ __forceinline__ float ld_bf16(const u8* p) {
+    return __uint_as_float((u32)ld_u16(p) << 16);
+}
+
 FLOAT_KERNELS(f16, 2, ld_f16)
+FLOAT_KERNELS(bf16, 2, ld_bf16)
 FLOAT_KERNELS(f32, 4, ld_f32)

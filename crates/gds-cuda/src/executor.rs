@@ -19,8 +19,8 @@
 //! - GDS: `cuFileReadAsync` straight into the slot, enqueued on the copy stream (registered
 //!   with `cuFileStreamRegister`); no host copy of any weight.
 //! - Bounce: the bytes come through `gds-io`'s [`LayerSource`] (an O_DIRECT
-//!   [`DirectBackend`] with its read-ahead thread, or its buffered fallback that drops the
-//!   pages after each read), are copied into the slot's pinned host buffer, and go to VRAM
+//!   [`DirectBackend`] with its read-ahead thread, or, for `--io mmap`, page-cache reads
+//!   that leave the pages cached: host RAM is the tier between VRAM and storage), are copied into the slot's pinned host buffer, and go to VRAM
 //!   by an asynchronous copy on the copy stream. After each load the next streamed layer is
 //!   handed to the backend's read-ahead, so the disk works while the GPU computes.
 //!
@@ -46,6 +46,7 @@ use gds_io::{DirectBackend, DirectOptions, LayerSource, Span};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub use crate::stream::LoadStats;
@@ -150,7 +151,9 @@ impl Gpu {
         if let Some(why) = report.unusable_reason() {
             return Err(GpuError::Unavailable(why.to_string()));
         }
-        if load == LoadPath::Gds && report.path != GpuPath::Gds {
+        // Without nvidia-fs cuFile still runs, in its compatibility mode (libcufile bounces
+        // through host memory itself); the plan says so. Without libcufile it cannot.
+        if load == LoadPath::Gds && report.path != GpuPath::Gds && !report.cufile.present {
             return Err(GpuError::Unavailable(format!(
                 "--io gds needs GPUDirect Storage: {}",
                 report.reason
@@ -395,8 +398,17 @@ impl Loader {
                 let files = layers
                     .iter()
                     .map(|l| {
-                        let f = open_layer_file(dir, &l.path)?;
-                        driver.register(f).map_err(cuda("cuFileHandleRegister"))
+                        let f = crate::reopen_for_cufile(&open_layer_file(dir, &l.path)?, &l.path)?;
+                        driver.register(f).map_err(|e| {
+                            GpuError::Cuda(format!(
+                                "cuFileHandleRegister of {}: {e:?} (cuFile could not take the \
+                                 file; its log says why. On a VM whose disk has no udev data, \
+                                 cuFile cannot classify the filesystem: /run/udev/data/\
+                                 b<major>:<minor> needs E:ID_FS_USAGE=filesystem. \
+                                 --io direct reads without cuFile)",
+                                l.path.display()
+                            ))
+                        })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 // Flags 0x7: size, file offset and buffer offset are known when each read
@@ -404,6 +416,8 @@ impl Loader {
                 driver
                     .stream_register(&gpu.copy, 0x7)
                     .map_err(cuda("cuFileStreamRegister"))?;
+                // Counted from here on: the model's drop closes the driver with the last user.
+                CUFILE_USERS.fetch_add(1, Ordering::SeqCst);
                 Ok(Loader::Gds {
                     driver,
                     files,
@@ -421,6 +435,9 @@ impl Loader {
                         slots: 2,
                         slot_size: gds_io::align_up(max_layer as u64) as usize + 2 * gds_io::ALIGN,
                         force_buffered: !direct,
+                        // `--io mmap`: the page cache is the RAM tier, streamed layers
+                        // come from memory after their first read.
+                        keep_cached: !direct,
                         verifier: Some(verifier),
                     },
                 )
@@ -565,6 +582,8 @@ pub struct CudaVram {
     paths: Vec<PathBuf>,
     /// Every buffer, by device address (loads look their destination up here).
     bufs: Vec<(u64, CudaSlice<u8>)>,
+    /// Indices into `bufs` of the buffers registered with cuFile (`--io gds`).
+    registered: Vec<usize>,
     loaded: [Option<CudaEvent>; 2],
     computed: [Option<CudaEvent>; 2],
 }
@@ -606,6 +625,7 @@ impl Vram for CudaVram {
             driver
                 .buf_register(&buf)
                 .map_err(cuda("cuFileBufRegister"))?;
+            self.registered.push(self.bufs.len());
         }
         let a = addr(&buf, stream);
         self.bufs.push((a, buf));
@@ -708,8 +728,29 @@ impl Drop for CudaVram {
         // Buffers are freed after this; nothing may still be using them. An error here has
         // nowhere to go.
         let _ = self.gpu.ctx.synchronize();
+        if let Loader::Gds { driver, files, .. } = &mut self.loader {
+            // Left to itself, libcufile tears down at process exit, after the CUDA context is
+            // gone: on an H200 (compatibility mode) compute-sanitizer reported two failed
+            // cuMemFree_v2 and a cuStreamSynchronize on a destroyed context, and one run in
+            // six segfaulted inside libcuda at exit. Undo every registration and close the
+            // driver here, while the context, the copy stream and the buffers are alive.
+            for &i in &self.registered {
+                let _ = driver.buf_deregister(&self.bufs[i].1);
+            }
+            let _ = driver.stream_deregister(&self.gpu.copy);
+            // cudarc's FileHandle deregisters in its Drop and panics if that fails: a failed
+            // deregistration must not turn the model's drop into a panic.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| files.clear()));
+            if CUFILE_USERS.fetch_sub(1, Ordering::SeqCst) == 1 {
+                let _ = cudarc::cufile::result::driver_close();
+            }
+        }
     }
 }
+
+/// GDS loaders alive in this process: the last one dropped closes the cuFile driver (which
+/// is process-wide; a later `--io gds` model opens it again).
+static CUFILE_USERS: AtomicUsize = AtomicUsize::new(0);
 
 /// A model loaded for the GPU.
 pub type GpuModel = Streamer<CudaVram>;
@@ -732,6 +773,7 @@ impl Streamer<CudaVram> {
             loader,
             paths: layout.layers.iter().map(|l| l.path.clone()).collect(),
             bufs: Vec::new(),
+            registered: Vec::new(),
             loaded: [None, None],
             computed: [None, None],
         };

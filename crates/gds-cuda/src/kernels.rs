@@ -26,18 +26,24 @@ pub const KERNEL_NAMES: &[&str] = &[
     "matvec_q4_0",
     "matvec_q4_1",
     "matvec_q5_0",
+    "matvec_q5_1",
     "matvec_q8_0",
     "matvec_q4_k",
+    "matvec_q5_k",
     "matvec_q6_k",
     "matvec_f16",
+    "matvec_bf16",
     "matvec_f32",
     "dequant_q4_0",
     "dequant_q4_1",
     "dequant_q5_0",
+    "dequant_q5_1",
     "dequant_q8_0",
     "dequant_q4_k",
+    "dequant_q5_k",
     "dequant_q6_k",
     "dequant_f16",
+    "dequant_bf16",
     "dequant_f32",
     "rmsnorm",
     "rope",
@@ -80,10 +86,13 @@ pub fn kernel_suffix(dtype: DType) -> Option<&'static str> {
         DType::Q4_0 => "q4_0",
         DType::Q4_1 => "q4_1",
         DType::Q5_0 => "q5_0",
+        DType::Q5_1 => "q5_1",
         DType::Q8_0 => "q8_0",
         DType::Q4K => "q4_k",
+        DType::Q5K => "q5_k",
         DType::Q6K => "q6_k",
         DType::F16 => "f16",
+        DType::BF16 => "bf16",
         DType::F32 => "f32",
         _ => return None,
     })
@@ -120,7 +129,7 @@ mod tests {
     fn kernel_names_are_found_by_kind_and_suffix() {
         assert_eq!(kernel_name("matvec", "q4_k"), Some("matvec_q4_k"));
         assert_eq!(kernel_name("dequant", "f16"), Some("dequant_f16"));
-        assert_eq!(kernel_name("matvec", "q5_1"), None);
+        assert_eq!(kernel_name("matvec", "q3_k"), None);
     }
 
     #[test]

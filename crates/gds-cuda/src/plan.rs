@@ -177,7 +177,7 @@ impl Layout {
     }
 
     /// The layout of the model in `dir` whose manifest is `m`, checking that every tensor
-    /// has a GPU kernel: matrices in Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K/F16/F32, norms and biases in
+    /// has a GPU kernel: matrices in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16/F32, norms and biases in
     /// F32.
     pub fn from_manifest(dir: &Path, m: &Manifest<'_>) -> Result<Layout, GpuError> {
         let shape = read_shape(m)?;
@@ -231,7 +231,7 @@ impl Layout {
             let is_matrix = t.n_dims >= 2;
             if is_matrix && kernel_suffix(t.dtype).is_none() {
                 return Err(model_err(format!(
-                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K F16 F32)",
+                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K F16 BF16 F32)",
                     t.name, t.dtype
                 )));
             }

@@ -44,7 +44,7 @@ fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let dmin = half::f16::from_f32(0.003).to_le_bytes();
     for b in w.chunks_exact_mut(size) {
         match dtype {
-            DType::Q4K => {
+            DType::Q4K | DType::Q5K => {
                 b[0..2].copy_from_slice(&d);
                 b[2..4].copy_from_slice(&dmin);
             }
@@ -65,10 +65,13 @@ const MATVEC_DTYPES: &[(DType, &str)] = &[
     (DType::Q4_0, "q4_0"),
     (DType::Q4_1, "q4_1"),
     (DType::Q5_0, "q5_0"),
+    (DType::Q5_1, "q5_1"),
     (DType::Q8_0, "q8_0"),
     (DType::Q4K, "q4_k"),
+    (DType::Q5K, "q5_k"),
     (DType::Q6K, "q6_k"),
     (DType::F16, "f16"),
+    (DType::BF16, "bf16"),
     (DType::F32, "f32"),
 ];
 

@@ -69,6 +69,7 @@ impl EmuVram {
                 slots: 2,
                 slot_size: gds_io::align_up(biggest) as usize + 2 * gds_io::ALIGN,
                 force_buffered: false,
+                keep_cached: false,
                 verifier: None,
             },
         )

@@ -354,7 +354,7 @@ impl Model {
         let bytes = match gds_kernels::quantize(dtype, &vals) {
             Ok(b) => b,
             Err(_) => {
-                // Q4_K / Q6_K have no quantizer: random blocks with small scales.
+                // Q4_K / Q5_K / Q6_K have no quantizer: random blocks with small scales.
                 let size = dtype.type_size();
                 let mut b: Vec<u8> =
                     values(rows * cols / dtype.block_size() * size, self.seed + 999)
@@ -364,7 +364,7 @@ impl Model {
                 let d = half::f16::from_f32(scale / 64.0).to_le_bytes();
                 for blk in b.chunks_exact_mut(size) {
                     match dtype {
-                        DType::Q4K => {
+                        DType::Q4K | DType::Q5K => {
                             blk[0..2].copy_from_slice(&d);
                             blk[2..4].copy_from_slice(&d);
                         }
@@ -433,12 +433,12 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         ],
         [
             DType::Q6K,
-            DType::Q4K,
+            DType::Q5K,
             DType::F32,
-            DType::Q4_1,
+            DType::Q5_1,
             DType::Q8_0,
             DType::F16,
-            DType::Q4K,
+            DType::BF16,
         ],
     ];
     let mut blocks = Vec::new();

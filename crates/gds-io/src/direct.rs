@@ -40,6 +40,10 @@ pub struct DirectOptions {
     /// Read through the page cache (dropping pages after each read) even where `O_DIRECT`
     /// works. For tests and comparisons.
     pub force_buffered: bool,
+    /// Buffered reads leave the pages in the page cache instead of dropping them: for the
+    /// GPU's `--io mmap`, where host RAM is the tier between VRAM and storage and a layer
+    /// streamed every token should come from memory after its first read.
+    pub keep_cached: bool,
     /// Checks each layer file's content hash the first time it is read (`None`: a
     /// [`Verifier`] hashing with the per-user cache; pass one with [`VerifyMode::Off`] to
     /// trust the files).
@@ -189,6 +193,8 @@ struct State {
 struct Shared {
     files: Vec<LayerFile>,
     buffered: bool,
+    /// Buffered reads drop the pages they read (`buffered` and not `keep_cached`).
+    drop_pages: bool,
     verifier: Arc<Verifier>,
     counters: Counters,
     state: Mutex<State>,
@@ -224,7 +230,7 @@ impl Shared {
                 error,
             },
         )?;
-        if self.buffered {
+        if self.drop_pages {
             drop_cached(&f.file, start, got as u64);
         }
         let c = &self.counters;
@@ -267,7 +273,7 @@ impl Shared {
             let want = align_up(need as u64) as usize;
             let got =
                 read_extent(&f.file, &mut buf.as_mut_slice()[..want], off, need).map_err(io)?;
-            if self.buffered {
+            if self.drop_pages {
                 drop_cached(&f.file, off, got as u64);
             }
             h.update(&buf.as_slice()[..need]);
@@ -405,6 +411,7 @@ impl DirectBackend {
         let shared = Arc::new(Shared {
             files,
             buffered,
+            drop_pages: buffered && !opts.keep_cached,
             verifier,
             counters: Counters::default(),
             state: Mutex::new(state),
@@ -823,6 +830,7 @@ mod tests {
                     slots: 2,
                     slot_size: 3 * ALIGN,
                     force_buffered,
+                    keep_cached: false,
                     verifier: None,
                 },
             );
@@ -857,6 +865,7 @@ mod tests {
                 slots: 3,
                 slot_size: 2 * ALIGN,
                 force_buffered: false,
+                keep_cached: false,
                 verifier: None,
             },
         );
@@ -894,6 +903,7 @@ mod tests {
                     slots: 2,
                     slot_size: 300 * ALIGN,
                     force_buffered,
+                    keep_cached: false,
                     verifier: None,
                 },
             );
@@ -915,6 +925,36 @@ mod tests {
     }
 
     #[test]
+    fn buffered_reads_drop_their_pages_unless_asked_to_keep_them() {
+        // The GPU's `--io mmap` keeps streamed layers in the page cache (the RAM tier); the
+        // CPU's buffered fallback drops them so the memory budget holds.
+        let (dir, m) = model_dir(2, 64);
+        let file = dir.path().join("l1.bin");
+        for keep_cached in [false, true] {
+            crate::pagecache::evict(&file).unwrap();
+            let b = open(
+                dir.path(),
+                &m,
+                DirectOptions {
+                    resident: vec![true, false],
+                    slots: 2,
+                    slot_size: 64 * ALIGN,
+                    force_buffered: true,
+                    keep_cached,
+                    verifier: None,
+                },
+            );
+            assert_eq!(&b.acquire(1).unwrap()[..], &expect(1, 0..64 * ALIGN)[..]);
+            let (cached, total) = crate::pagecache::cached_pages(&file).unwrap();
+            if keep_cached {
+                assert_eq!(cached, total, "keep_cached leaves every page read cached");
+            } else {
+                assert_eq!(cached, 0, "buffered reads drop their pages");
+            }
+        }
+    }
+
+    #[test]
     fn holding_every_buffer_is_an_error_not_a_hang() {
         let (dir, m) = model_dir(3, 1);
         let b = open(
@@ -925,6 +965,7 @@ mod tests {
                 slots: 2,
                 slot_size: ALIGN,
                 force_buffered: false,
+                keep_cached: false,
                 verifier: None,
             },
         );
@@ -949,6 +990,7 @@ mod tests {
                 slots: 1,
                 slot_size: ALIGN,
                 force_buffered: false,
+                keep_cached: false,
                 verifier: None,
             },
         );
@@ -964,6 +1006,7 @@ mod tests {
                 slots: 1,
                 slot_size: ALIGN,
                 force_buffered: false,
+                keep_cached: false,
                 verifier: None,
             },
         );

@@ -458,6 +458,7 @@ mod tests {
                 slots: 2,
                 slot_size: LAYER,
                 force_buffered: false,
+                keep_cached: false,
                 verifier: Some(v),
             },
         )

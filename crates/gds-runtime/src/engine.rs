@@ -121,10 +121,18 @@ impl Engine {
         if let Some(s) = &plan.system {
             messages.push(Message::new("system", s));
         }
+        let mut energy = EnergyMeter::open();
+        if plan.gpu.is_some() {
+            // The GPU's own counter (NVML) joins the CPU packages' when the CUDA backend runs.
+            match gds_cuda::nvml::GpuEnergy::open(0) {
+                Ok(mut g) => energy.add_counter(&g.source(), Box::new(move || g.millijoules())),
+                Err(e) => energy.note_missing(&format!("GPU energy unavailable: {e}")),
+            }
+        }
         Ok(Engine {
             cached: Vec::with_capacity(plan.ctx),
             written: 0,
-            energy: EnergyMeter::open(),
+            energy,
             load_ms: t0.elapsed().as_secs_f64() * 1000.0,
             interrupt: Arc::new(AtomicBool::new(false)),
             plan,

@@ -27,6 +27,10 @@ pub struct GpuOffer {
     pub vram_bytes: u64,
     /// `Ok`: GPUDirect Storage works here; `Err`: why not.
     pub gds: std::result::Result<(), String>,
+    /// libcufile is present but the nvidia-fs module is not: cuFile can still run, in its
+    /// compatibility mode (libcufile reads through its own host buffers), when `--io gds`
+    /// asks for it explicitly. `auto` never picks that: it is a bounce through RAM too.
+    pub cufile_compat: bool,
 }
 
 /// How layer bytes reach VRAM.
@@ -114,6 +118,10 @@ pub fn plan_gpu(
     };
     let (load, load_reason) = match (io, &offer.gds) {
         ("gds", Ok(())) => (GpuLoad::Gds, "requested with --io gds".to_string()),
+        ("gds", Err(_)) if offer.cufile_compat => (
+            GpuLoad::Gds,
+            "requested with --io gds; nvidia-fs is not loaded, so cuFile runs in compatibility mode: libcufile reads through its own host buffers, the weights do pass through RAM".to_string(),
+        ),
         ("gds", Err(why)) => return Err(RuntimeError::Backend(format!("--io gds: GPUDirect Storage is not usable here: {why} (use --io direct for pinned bounce buffers)"))),
         ("auto", Ok(())) => (GpuLoad::Gds, "auto: GPUDirect Storage is usable".into()),
         ("auto", Err(why)) => bounce(
@@ -127,7 +135,7 @@ pub fn plan_gpu(
             return err("--io direct: the layer files' filesystem does not support O_DIRECT (use --io mmap)".into())
         }
         ("direct", _) => bounce(true, "requested with --io direct: O_DIRECT into pinned host buffers, then async copies".into()),
-        ("mmap", _) => bounce(false, "requested with --io mmap: page-cache reads into pinned host buffers, then async copies".into()),
+        ("mmap", _) => bounce(false, "requested with --io mmap: page-cache reads (the pages stay cached: host RAM holds streamed layers after their first read) into pinned host buffers, then async copies".into()),
         (other, _) => return err(format!("--io {other}: expected auto, mmap, direct or gds")),
     };
     let budget = match vram_budget {

@@ -188,7 +188,15 @@ struct Domain {
 /// (minutes at full load) to stay exact.
 pub struct EnergyMeter {
     domains: Vec<Domain>,
+    counters: Vec<Counter>,
     source: String,
+}
+
+/// A cumulative counter outside sysfs (NVML's, for the GPU the CUDA backend runs on).
+struct Counter {
+    read: Box<dyn FnMut() -> Option<u64> + Send>,
+    first_mj: u64,
+    last_mj: u64,
 }
 
 impl EnergyMeter {
@@ -204,6 +212,7 @@ impl EnergyMeter {
             Err(e) => {
                 return EnergyMeter {
                     domains: Vec::new(),
+                    counters: Vec::new(),
                     source: format!("unavailable: {}: {e}", root.display()),
                 }
             }
@@ -249,12 +258,40 @@ impl EnergyMeter {
                 root.display()
             )
         };
-        EnergyMeter { domains, source }
+        EnergyMeter {
+            domains,
+            counters: Vec::new(),
+            source,
+        }
     }
 
-    /// True when at least one domain is readable.
+    /// Adds a device's cumulative millijoule counter (the GPU's, from NVML, when the CUDA
+    /// backend runs): its energy from now on joins the CPU packages', and `source` names it
+    /// (`rapl:…+nvml:gpu0`, or `nvml:gpu0` alone where RAPL is unreadable).
+    pub fn add_counter(&mut self, source: &str, mut read: Box<dyn FnMut() -> Option<u64> + Send>) {
+        let Some(first_mj) = read() else {
+            return;
+        };
+        self.source = if self.domains.is_empty() && self.counters.is_empty() {
+            source.to_string()
+        } else {
+            format!("{}+{source}", self.source)
+        };
+        self.counters.push(Counter {
+            read,
+            first_mj,
+            last_mj: first_mj,
+        });
+    }
+
+    /// Adds why a counter that should be there is not (the metrics' source says it).
+    pub fn note_missing(&mut self, why: &str) {
+        self.source = format!("{}; {why}", self.source);
+    }
+
+    /// True when at least one domain or counter is readable.
     pub fn available(&self) -> bool {
-        !self.domains.is_empty()
+        !self.domains.is_empty() || !self.counters.is_empty()
     }
 
     /// Where the numbers come from, or why there are none.
@@ -264,9 +301,15 @@ impl EnergyMeter {
 
     /// Joules used since [`EnergyMeter::open`], or `None` when unavailable.
     pub fn joules(&mut self) -> Option<f64> {
-        if self.domains.is_empty() {
+        if !self.available() {
             return None;
         }
+        for c in &mut self.counters {
+            if let Some(v) = (c.read)() {
+                c.last_mj = c.last_mj.max(v);
+            }
+        }
+        let counted_mj: u64 = self.counters.iter().map(|c| c.last_mj - c.first_mj).sum();
         for d in &mut self.domains {
             if let Ok(v) = read_u64(&d.energy) {
                 let delta = if v >= d.last_uj {
@@ -278,7 +321,10 @@ impl EnergyMeter {
                 d.last_uj = v;
             }
         }
-        Some(self.domains.iter().map(|d| d.total_uj as f64).sum::<f64>() / 1e6)
+        Some(
+            self.domains.iter().map(|d| d.total_uj as f64).sum::<f64>() / 1e6
+                + counted_mj as f64 / 1e3,
+        )
     }
 }
 
@@ -318,6 +364,37 @@ mod tests {
         assert!(!m.available());
         assert!(m.source().starts_with("unavailable"), "{}", m.source());
         assert_eq!(m.joules(), None);
+    }
+
+    #[test]
+    fn a_gpu_counter_joins_the_meter_and_names_itself() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        let root = tempfile::tempdir().unwrap();
+        let mut m = EnergyMeter::open_at(&root.path().join("nope"));
+        let mj = Arc::new(AtomicU64::new(1_000_000));
+        let c = mj.clone();
+        m.add_counter(
+            "nvml:gpu0",
+            Box::new(move || Some(c.load(Ordering::SeqCst))),
+        );
+        assert!(m.available());
+        assert_eq!(m.source(), "nvml:gpu0");
+        assert_eq!(m.joules(), Some(0.0));
+        mj.store(1_002_500, Ordering::SeqCst);
+        assert_eq!(m.joules(), Some(2.5));
+        // a counter that cannot be read at all is not added
+        m.add_counter("nvml:gpu1", Box::new(|| None));
+        assert_eq!(m.source(), "nvml:gpu0");
+        // with RAPL present the sources are joined
+        let pkg = root.path().join("intel-rapl:0");
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::write(pkg.join("energy_uj"), "5000000\n").unwrap();
+        let mut both = EnergyMeter::open_at(root.path());
+        both.add_counter("nvml:gpu0", Box::new(|| Some(7)));
+        assert_eq!(both.source(), "rapl:intel-rapl:0+nvml:gpu0");
+        std::fs::write(pkg.join("energy_uj"), "6000000\n").unwrap();
+        assert_eq!(both.joules(), Some(1.0));
     }
 
     #[test]

@@ -244,6 +244,7 @@ impl Model {
                     slots: io.slots,
                     slot_size: io.slot_bytes as usize,
                     force_buffered: mode == "buffered",
+                    keep_cached: false,
                     verifier: Some(verifier.clone()),
                 };
                 Box::new(DirectBackend::open(dir, &m, &opts)?)

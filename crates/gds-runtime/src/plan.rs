@@ -304,7 +304,40 @@ impl Plan {
 
     /// Reads the model's manifest and turns `opts` into a plan, rejecting invalid values
     /// with a message naming the flag.
+    ///
+    /// `--backend auto` takes a usable GPU, and falls back to the CPU, saying why, when this
+    /// run cannot go there (a weight type without a GPU kernel, a model larger than the
+    /// device even streamed, a CPU-only option such as `--activations q8`).
     pub fn build(opts: &PlanOptions) -> Result<Plan> {
+        Self::build_for(opts, crate::backend::choose(opts.backend.as_deref())?)
+    }
+
+    /// [`Plan::build`] with `--backend` already resolved to `backend` (by
+    /// `backend::choose`, or by a caller that describes a device of its own).
+    pub fn build_for(opts: &PlanOptions, backend: crate::backend::BackendChoice) -> Result<Plan> {
+        let auto = matches!(opts.backend.as_deref(), None | Some("auto"));
+        if !(auto && backend.name == "cuda") {
+            return Self::build_on(opts, backend);
+        }
+        let device = backend
+            .gpu
+            .as_ref()
+            .map(|g| g.device.clone())
+            .unwrap_or_default();
+        match Self::build_on(opts, backend) {
+            Ok(p) => Ok(p),
+            Err(gpu_err) => Self::build_on(
+                opts,
+                crate::backend::BackendChoice::cpu(format!(
+                    "auto: GPU found ({device}) but this run cannot use it: {gpu_err}"
+                )),
+            )
+            // where the CPU cannot run it either, the GPU's reason is the one to show
+            .map_err(|_| gpu_err),
+        }
+    }
+
+    fn build_on(opts: &PlanOptions, backend: crate::backend::BackendChoice) -> Result<Plan> {
         let dir = &opts.model_dir;
         match std::fs::metadata(dir) {
             Err(e) => return Err(RuntimeError::file(dir, e)),
@@ -398,7 +431,6 @@ impl Plan {
                     .into(),
             );
         }
-        let backend = crate::backend::choose(opts.backend.as_deref())?;
         // f16 halves the cache and what a decode step reads; its perplexity is within 0.001 %
         // of f32's (README); the GPU kernels keep f32
         let kv_dtype = opts.kv_dtype.unwrap_or(match backend.name {

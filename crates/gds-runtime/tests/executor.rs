@@ -75,6 +75,7 @@ fn offer(gds: bool, direct: bool) -> (GpuOffer, bool) {
         } else {
             Err("libcufile not found".into())
         },
+        cufile_compat: false,
     };
     (o, direct)
 }
@@ -161,6 +162,27 @@ fn the_load_path_follows_io_and_what_the_machine_offers() {
         e.contains("--io gds") && e.contains("libcufile not found"),
         "{e}"
     );
+    // libcufile without nvidia-fs: `--io gds` runs cuFile's compatibility mode and the plan
+    // says the bytes pass through RAM; `auto` still bounces through our own pinned buffers.
+    let compat = (
+        GpuOffer {
+            gds: Err("libcufile present but /proc/driver/nvidia-fs absent".into()),
+            cufile_compat: true,
+            ..bounce.0.clone()
+        },
+        true,
+    );
+    let c = gpu("gds", None, &compat).unwrap();
+    assert_eq!(c.load, GpuLoad::Gds);
+    assert!(
+        c.load_reason.contains("compatibility mode") && c.load_reason.contains("RAM"),
+        "{}",
+        c.load_reason
+    );
+    assert_eq!(
+        gpu("auto", None, &compat).unwrap().load,
+        GpuLoad::BounceDirect
+    );
     let e = gpu("direct", None, &buffered).unwrap_err();
     assert!(e.contains("O_DIRECT"), "{e}");
     let e = gpu("auto", Some(9 << 30), &gds).unwrap_err();
@@ -187,4 +209,55 @@ fn gpu_flags_on_the_cpu_backend_are_refused_with_the_reason() {
     assert!(e.contains("--vram-budget applies to --backend cuda"), "{e}");
     let e = build(None, Some("gds")).unwrap_err();
     assert!(e.contains("--io gds") && e.contains("--backend cpu"), "{e}");
+}
+
+#[test]
+fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
+    use gds_runtime::backend::BackendChoice;
+    let gpu_choice = || BackendChoice {
+        name: "cuda",
+        reason: "auto: usable GPU found (Test GPU)".into(),
+        gpu: Some(offer(false, true).0),
+    };
+    let build = |activations: Option<&str>, vram: Option<u64>| {
+        Plan::build_for(
+            &PlanOptions {
+                model_dir: smollm2().to_path_buf(),
+                activations: activations.map(str::to_string),
+                vram_budget: vram,
+                ..Default::default()
+            },
+            gpu_choice(),
+        )
+        .map_err(|e| e.to_string())
+    };
+    let p = build(None, None).unwrap();
+    assert_eq!(p.backend, "cuda");
+    assert!(p.gpu.is_some());
+    // a CPU-only option: the CPU runs it, and the plan says why the GPU did not
+    let p = build(Some("q8"), None).unwrap();
+    assert_eq!(p.backend, "cpu");
+    assert!(
+        p.backend_reason.contains("Test GPU") && p.backend_reason.contains("--activations q8"),
+        "{}",
+        p.backend_reason
+    );
+    // a GPU-only option the GPU cannot honour: the GPU's reason, not a CPU fallback
+    let e = build(None, Some(1)).unwrap_err();
+    assert!(
+        e.contains("--vram-budget") && e.contains("too small"),
+        "{e}"
+    );
+    // --backend cuda never falls back
+    let e = Plan::build_for(
+        &PlanOptions {
+            model_dir: smollm2().to_path_buf(),
+            backend: Some("cuda".into()),
+            activations: Some("q8".into()),
+            ..Default::default()
+        },
+        gpu_choice(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("--activations q8"), "{e}");
 }

@@ -148,7 +148,7 @@ pub struct RunArgs {
     /// Most tokens guessed per pass [default: 10].
     #[arg(long, value_name = "K")]
     pub draft_max: Option<usize>,
-    /// Stop a reply after this many joules (needs RAPL counters).
+    /// Stop a reply after this many joules (needs RAPL counters, or NVML's with --backend cuda).
     #[arg(long)]
     pub max_joules: Option<f64>,
     /// Context length (default: min(model's, 4096)).

@@ -150,6 +150,7 @@ fn model_report(a: &DoctorArgs, dir: &std::path::Path) -> Value {
                         device: format!("a {} MiB device (no usable GPU here)", v >> 20),
                         vram_bytes: v,
                         gds: Err("not probed in a preview".into()),
+                        cufile_compat: false,
                     };
                     let preview = || {
                         let bytes = gds_io::read_manifest(dir)?;

@@ -22,10 +22,13 @@ static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
 MATVEC_ENTRY(q4_0)
 MATVEC_ENTRY(q4_1)
 MATVEC_ENTRY(q5_0)
+MATVEC_ENTRY(q5_1)
 MATVEC_ENTRY(q8_0)
 MATVEC_ENTRY(q4_k)
+MATVEC_ENTRY(q5_k)
 MATVEC_ENTRY(q6_k)
 MATVEC_ENTRY(f16)
+MATVEC_ENTRY(bf16)
 MATVEC_ENTRY(f32)
 
 extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, int ntok,

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-bringup.sh needs on a GPU machine that has no Rust toolchain, in parts
+# that each fit one device transfer (64 MiB with the working tree):
+#   .gpu/p1: the binaries built with --features cuda (xz), the tiny architecture fixtures
+#            converted, SmolLM2's manifest, tokenizer, embedding and first blocks
+#   .gpu/p2: SmolLM2's other layer files
+# On the GPU machine p1 is copied into one folder and p2 into its smollm2/layers/.
+# FIRST (default 6) is how many blocks go with p1; the rest must fit p2.
+# With GEMMA=1 also the converted Gemma 3 270M (.cache/gemma3.gds, scripts/fetch-gemma.sh),
+# as one xz tarball cut in 55 MB pieces .gpu/g1/part.01, .gpu/g2/part.02, ... (one per
+# transfer); on the GPU machine: cat part.* | xz -dc | tar -x.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=${CUDA_TARGET_DIR:-target-cuda}
+CARGO_TARGET_DIR=$T cargo build --release -q -p gdsrun -p gds-cuda \
+  --features gdsrun/cuda,gds-cuda/cuda --bins --examples
+cargo build --release -q -p gdsconv
+SMOL=.cache/smollm2.gds
+if [ ! -f "$SMOL/manifest.gdsm" ]; then
+  GGUF=$(./scripts/fetch-model.sh)
+  target/release/gdsconv convert "$GGUF" "$SMOL" --force >/dev/null
+fi
+rm -rf .gpu
+mkdir -p .gpu/bin .gpu/p1/tiny .gpu/p1/smollm2/layers .gpu/p2
+strip --strip-debug -o .gpu/bin/gdsrun "$T/release/gdsrun"
+strip --strip-debug -o .gpu/bin/bench_gpu "$T/release/examples/bench_gpu"
+tar -cJf .gpu/p1/bins.tar.xz -C .gpu bin
+rm -rf .gpu/bin
+for f in fixtures/tiny-*.gguf; do
+  n=$(basename "$f" .gguf)
+  target/release/gdsconv convert "$f" ".gpu/p1/tiny/${n#tiny-}" --force >/dev/null
+done
+cp "$SMOL"/manifest.gdsm "$SMOL"/tokenizer*.json .gpu/p1/smollm2/
+cp "$SMOL"/layers/embed.bin .gpu/p1/smollm2/layers/
+blocks=("$SMOL"/layers/blk.*.bin)
+first=${FIRST:-6}
+cp "${blocks[@]:0:$first}" .gpu/p1/smollm2/layers/
+cp "${blocks[@]:$first}" .gpu/p2/
+ls "$SMOL"/layers | grep -v -E '^(embed|blk\.[0-9]+)\.bin$' | while read -r f; do cp "$SMOL/layers/$f" .gpu/p2/; done
+du -sb .gpu/p1 .gpu/p2
+if [ "${GEMMA:-0}" = 1 ]; then
+  [ -f .cache/gemma3.gds/manifest.gdsm ] || { echo "GEMMA=1 needs .cache/gemma3.gds" >&2; exit 2; }
+  tar -cf - -C .cache gemma3.gds | xz -T2 -3 | split -b 55000000 -d -a 2 --numeric-suffixes=1 - .gpu/part.
+  for f in .gpu/part.*; do n=${f##*.}; mkdir -p ".gpu/g$((10#$n))"; mv "$f" ".gpu/g$((10#$n))/"; done
+  du -sb .gpu/g*
+fi
