@@ -3,7 +3,8 @@
 # cuFile (GPUDirect Storage) vs pinned bounce buffers, and greedy decode t/s at several VRAM
 # budgets against the bound (read bandwidth / bytes streamed per token).
 # Needs an NVIDIA GPU with its driver (and libnvrtc, libcublas; libcufile + nvidia-fs for the
-# GDS row). Without one it says so and exits 2. It has never run on real hardware yet.
+# GDS row). Without one it says so and exits 2. Figures from an H200: README, "What has run on
+# hardware".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so' && [ ! -e /proc/driver/nvidia/version ]; then
@@ -16,9 +17,7 @@ if [ ! -f "$MODEL/manifest.gdsm" ]; then
   cargo build --release -q -p gdsconv
   target/release/gdsconv convert "$GGUF" "$MODEL" --force >/dev/null
 fi
-# NVRTC from PyPI when the toolkit is not installed.
-if python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null; then
-  NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"
-  export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+# CUDA's libraries where cudarc looks for them (pip wheels or the toolkit, CUDA 12 or 13).
+# shellcheck source=scripts/cuda-libs.sh
+. ./scripts/cuda-libs.sh
 cargo run --release -q -p gds-cuda --features cuda --example bench_gpu -- "$MODEL" "${2:-64}" "${3:-512}"

@@ -32,33 +32,10 @@ run() { # run SECONDS LABEL CMD...: output to the log, one status line to the su
   return $rc
 }
 
-# --- libraries: cudarc (built for CUDA 12.8 names) looks for libcublas.so, libnvrtc.so and
-# libcufile.so; the machine has CUDA 13's versioned files (pip wheels, the toolkit). Link them
-# under the plain names and put their folders on the path (NVRTC loads its builtins from there).
-DIRS=$(python3 - <<'EOF' 2>/dev/null
-import glob, os
-out = set()
-try:
-    import nvidia
-    for p in nvidia.__path__:
-        for f in glob.glob(os.path.join(p, "**", "lib*.so*"), recursive=True):
-            out.add(os.path.dirname(f))
-except Exception:
-    pass
-print(":".join(sorted(out)))
-EOF
-)
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
-  [ -d "$d" ] && DIRS="$DIRS:$d"
-done
-LINKS=/tmp/culibs
-mkdir -p "$LINKS"
-for lib in cublas cublasLt nvrtc cufile; do
-  f=$(for d in ${DIRS//:/ }; do ls "$d"/lib$lib.so* 2>/dev/null; done | sort -V | tail -1)
-  [ -n "$f" ] && ln -sf "$f" "$LINKS/lib$lib.so"
-  say "lib$lib.so -> ${f:-NOT FOUND}"
-done
-export LD_LIBRARY_PATH="$LINKS:$DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# --- libraries where cudarc looks for them (CUDA 13's versioned files linked under plain names)
+# shellcheck source=scripts/cuda-libs.sh
+. "$(dirname "$0")/cuda-libs.sh" >/tmp/gdsllm-culibs.txt
+tee -a "$SUM" </tmp/gdsllm-culibs.txt
 # cuFile: compatibility mode allowed (where nvidia-fs is absent), logs with the results.
 mkdir -p "$CUFILE_LOGS"
 cat >/tmp/cufile.json <<EOF
@@ -71,7 +48,9 @@ export CUFILE_ENV_PATH_JSON=/tmp/cufile.json
 # fail even in compatibility mode. Give the model's block device the two properties cuFile
 # reads (root only; says so).
 DEV=$(stat -c '%d' "$MODEL" 2>/dev/null) && MAJMIN="$((DEV >> 8)):$((DEV & 255))"
-if [ -n "${MAJMIN:-}" ] && [ ! -e "/run/udev/data/b$MAJMIN" ] && mkdir -p /run/udev/data 2>/dev/null; then
+# Only on a machine with the NVIDIA driver and libcufile: nowhere else does anything read it.
+if [ -e /proc/driver/nvidia/version ] && [ -e "$CUDA_LINKS/libcufile.so" ] && [ -n "${MAJMIN:-}" ] &&
+  [ ! -e "/run/udev/data/b$MAJMIN" ] && mkdir -p /run/udev/data 2>/dev/null; then
   FSTYPE=$(df --output=fstype "$MODEL" | tail -1)
   printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$FSTYPE" >"/run/udev/data/b$MAJMIN"
   say "udev data for block device $MAJMIN was missing: wrote ID_FS_USAGE=filesystem, ID_FS_TYPE=$FSTYPE"
