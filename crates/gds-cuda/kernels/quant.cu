@@ -120,55 +120,24 @@ __device__ __forceinline__ void deq_q8_0(const u8* b, float* y) {
 }
 
 // Q4_K: d f16, dmin f16, scales[12], qs[128]; 8 groups of 32, x = d sc q - dmin m.
+// Q5_K: d f16, dmin f16, scales[12], qh[32], qs[128]; the same with a fifth bit: that of value
+// l of group g is qh[l] bit g. One body for both: `qh` is null for Q4_K.
 #define Q4_K_QK 256
 #define Q4_K_BYTES 144
-__device__ __forceinline__ float dot_q4_k(const u8* b, const float* x) {
-    float d = ld_f16(b), dmin = ld_f16(b + 2);
-    const u8* scales = b + 4;
-    const u8* qs = b + 16;
-    float s = 0.0f;
-    for (int c = 0; c < 4; c++) {
-        float sc0, m0, sc1, m1;
-        scale_min_k4(2 * c, scales, &sc0, &m0);
-        scale_min_k4(2 * c + 1, scales, &sc1, &m1);
-        float lo = 0.0f, hi = 0.0f, xlo = 0.0f, xhi = 0.0f;
-        const float* xc = x + 64 * c;
-        for (int l = 0; l < 32; l++) {
-            u8 q = qs[32 * c + l];
-            lo += (float)(q & 15) * xc[l];
-            hi += (float)(q >> 4) * xc[l + 32];
-            xlo += xc[l];
-            xhi += xc[l + 32];
-        }
-        s += d * (sc0 * lo + sc1 * hi) - dmin * (m0 * xlo + m1 * xhi);
-    }
-    return s;
-}
-__device__ __forceinline__ void deq_q4_k(const u8* b, float* y) {
-    float d = ld_f16(b), dmin = ld_f16(b + 2);
-    const u8* scales = b + 4;
-    const u8* qs = b + 16;
-    for (int c = 0; c < 4; c++) {
-        float sc0, m0, sc1, m1;
-        scale_min_k4(2 * c, scales, &sc0, &m0);
-        scale_min_k4(2 * c + 1, scales, &sc1, &m1);
-        for (int l = 0; l < 32; l++) {
-            u8 q = qs[32 * c + l];
-            y[64 * c + l] = d * sc0 * (float)(q & 15) - dmin * m0;
-            y[64 * c + 32 + l] = d * sc1 * (float)(q >> 4) - dmin * m1;
-        }
-    }
-}
-
-// Q5_K: d f16, dmin f16, scales[12], qh[32], qs[128]; 8 groups of 32 as in Q4_K, the fifth
-// bit of value l of group g in qh[l] bit g.
 #define Q5_K_QK 256
 #define Q5_K_BYTES 176
-__device__ __forceinline__ float dot_q5_k(const u8* b, const float* x) {
+// The values l of groups 2c (low nibbles) and 2c + 1 (high nibbles) of a Q4_K/Q5_K block.
+__device__ __forceinline__ void q45_k_pair(const u8* qs, const u8* qh, int c, int l, float* lo,
+                                           float* hi) {
+    u8 q = qs[32 * c + l];
+    int h = qh ? qh[l] : 0;
+    *lo = (float)((q & 15) | (((h >> (2 * c)) & 1) << 4));
+    *hi = (float)((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4));
+}
+__device__ __forceinline__ float dot_q45_k(const u8* b, const u8* qh, const u8* qs,
+                                           const float* x) {
     float d = ld_f16(b), dmin = ld_f16(b + 2);
     const u8* scales = b + 4;
-    const u8* qh = b + 16;
-    const u8* qs = b + 48;
     float s = 0.0f;
     for (int c = 0; c < 4; c++) {
         float sc0, m0, sc1, m1;
@@ -177,9 +146,10 @@ __device__ __forceinline__ float dot_q5_k(const u8* b, const float* x) {
         float lo = 0.0f, hi = 0.0f, xlo = 0.0f, xhi = 0.0f;
         const float* xc = x + 64 * c;
         for (int l = 0; l < 32; l++) {
-            u8 q = qs[32 * c + l], h = qh[l];
-            lo += (float)((q & 15) | (((h >> (2 * c)) & 1) << 4)) * xc[l];
-            hi += (float)((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)) * xc[l + 32];
+            float ql, qh5;
+            q45_k_pair(qs, qh, c, l, &ql, &qh5);
+            lo += ql * xc[l];
+            hi += qh5 * xc[l + 32];
             xlo += xc[l];
             xhi += xc[l + 32];
         }
@@ -187,23 +157,29 @@ __device__ __forceinline__ float dot_q5_k(const u8* b, const float* x) {
     }
     return s;
 }
-__device__ __forceinline__ void deq_q5_k(const u8* b, float* y) {
+__device__ __forceinline__ void deq_q45_k(const u8* b, const u8* qh, const u8* qs, float* y) {
     float d = ld_f16(b), dmin = ld_f16(b + 2);
     const u8* scales = b + 4;
-    const u8* qh = b + 16;
-    const u8* qs = b + 48;
     for (int c = 0; c < 4; c++) {
         float sc0, m0, sc1, m1;
         scale_min_k4(2 * c, scales, &sc0, &m0);
         scale_min_k4(2 * c + 1, scales, &sc1, &m1);
         for (int l = 0; l < 32; l++) {
-            u8 q = qs[32 * c + l], h = qh[l];
-            y[64 * c + l] = d * sc0 * (float)((q & 15) | (((h >> (2 * c)) & 1) << 4)) - dmin * m0;
-            y[64 * c + 32 + l] =
-                d * sc1 * (float)((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)) - dmin * m1;
+            float ql, qh5;
+            q45_k_pair(qs, qh, c, l, &ql, &qh5);
+            y[64 * c + l] = d * sc0 * ql - dmin * m0;
+            y[64 * c + 32 + l] = d * sc1 * qh5 - dmin * m1;
         }
     }
 }
+__device__ __forceinline__ float dot_q4_k(const u8* b, const float* x) {
+    return dot_q45_k(b, nullptr, b + 16, x);
+}
+__device__ __forceinline__ void deq_q4_k(const u8* b, float* y) { deq_q45_k(b, nullptr, b + 16, y); }
+__device__ __forceinline__ float dot_q5_k(const u8* b, const float* x) {
+    return dot_q45_k(b, b + 16, b + 48, x);
+}
+__device__ __forceinline__ void deq_q5_k(const u8* b, float* y) { deq_q45_k(b, b + 16, b + 48, y); }
 
 // Q6_K: ql[128], qh[64], scales[16] i8, d f16; 16 groups of 16, x = d sc (q - 32).
 #define Q6_K_QK 256
