@@ -1,5 +1,5 @@
 //! What a run reports: timings, throughput, memory, bytes of weights touched, and energy
-//! from Linux RAPL counters when the machine exposes them.
+//! from Linux RAPL counters when the machine exposes them (and NVML's for the GPU).
 
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -45,7 +45,8 @@ pub struct Metrics {
     pub io_overlap: Option<f64>,
     /// Bytes read during decode over the time spent reading them, bytes/s.
     pub read_bandwidth_bytes_per_sec: Option<f64>,
-    /// Energy used during prompt evaluation and generation, joules (package RAPL domains).
+    /// Energy used during prompt evaluation and generation, joules (package RAPL domains, plus
+    /// the GPU's NVML counter with the CUDA backend).
     pub energy_joules: Option<f64>,
     /// `energy_joules` over the prompt + decode time.
     pub watts_avg: Option<f64>,
