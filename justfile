@@ -58,3 +58,9 @@ bench-serve *args:
 # read-bandwidth bound (needs an NVIDIA GPU; exits non-zero without one)
 bench-gpu *args:
     ./scripts/bench-gpu.sh {{args}}
+
+# GPU bring-up: build with --features cuda here and pack binaries and models for a GPU machine
+# without Rust (GEMMA=1, LLAMA=1 add Gemma 3 and the llama.cpp anchor); there, run
+# scripts/gpu-bringup.sh (README, "What has run on hardware")
+gpu-pack:
+    ./scripts/gpu-pack.sh
