@@ -80,6 +80,12 @@ else
   say "O_DIRECT refused on the model's filesystem: $(tail -1 /tmp/dd.txt)"
 fi
 
+# budget LABEL all|half|min: the --vram-budget, in bytes, from the CUDA plan greedy() saved
+budget() {
+  python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];lo,hi=g['min_budget_bytes'],g['all_resident_budget_bytes'];print({'all':hi,'half':(lo+hi)//2,'min':lo}[sys.argv[2]])" \
+    "$OUT/json/$1-plan.json" "$2"
+}
+
 # greedy TOKENS on MODEL with PROMPT: CPU f32 reference vs CUDA at budgets x paths
 greedy() { # greedy LABEL DIR N PROMPT BUDGETS PATHS
   local label=$1 dir=$2 n=$3 prompt=$4 budgets=$5 paths=$6
@@ -90,13 +96,7 @@ greedy() { # greedy LABEL DIR N PROMPT BUDGETS PATHS
   for b in $budgets; do
     for io in $paths; do
       local v
-      v=$(python3 - "$OUT/json/$label-plan.json" "$b" <<'EOF'
-import json, sys
-g = json.load(open(sys.argv[1]))["gpu"]
-lo, hi = g["min_budget_bytes"], g["all_resident_budget_bytes"]
-print({"all": hi, "half": (lo + hi) // 2, "min": lo}[sys.argv[2]])
-EOF
-)
+      v=$(budget "$label" "$b")
       local f="$OUT/json/$label-cuda-$b-$io.json"
       echo "### $label cuda budget=$b ($v) io=$io" >>"$LOG"
       timeout 120 "$G" run "$dir" --raw -p "$prompt" -n "$n" --temp 0 --backend cuda --vram-budget "$v" \
@@ -149,7 +149,7 @@ if [ -n "$CS" ]; then
   for tool in memcheck racecheck; do
     run 60 "sanitizer-$tool-tiny" "$CS" --tool "$tool" --error-exitcode 9 \
       "$G" run "$TS" --raw -p "Hello" -n 4 --temp 0 --backend cuda --io direct \
-      --vram-budget "$(python3 -c "import json;print(json.load(open('$OUT/json/tiny-$(basename "$TS")-plan.json'))['gpu']['min_budget_bytes'])")"
+      --vram-budget "$(budget "tiny-$(basename "$TS")" min)"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | tail -1 | tee -a "$SUM"
   done
 fi
@@ -170,7 +170,7 @@ model_checks() { # model_checks LABEL DIR
   }
   ppl cpu-f32 --backend cpu --activations f32 --kv-type f32
   for b in all half min; do
-    v=$(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];lo,hi=g['min_budget_bytes'],g['all_resident_budget_bytes'];print({'all':hi,'half':(lo+hi)//2,'min':lo}[sys.argv[2]])" "$OUT/json/$label-plan.json" "$b")
+    v=$(budget "$label" "$b")
     for io in gds direct mmap; do ppl "cuda-$b-$io" --backend cuda --vram-budget "$v" --io "$io"; done
   done
 }
@@ -222,7 +222,7 @@ except Exception as e:
     print("--max-joules run:", e, q.stderr[-300:])
 EOF
 say "== compute-sanitizer on SmolLM2 streamed at the minimum budget"
-MIN=$(python3 -c "import json;print(json.load(open('$OUT/json/smollm2-plan.json'))['gpu']['min_budget_bytes'])")
+MIN=$(budget smollm2 min)
 for tool in memcheck racecheck; do
   run 100 "sanitizer-$tool-smollm2" "$CS" --tool "$tool" --error-exitcode 9 \
     "$G" run "$MODEL" --raw -p "Hello" -n 2 --temp 0 --backend cuda --io direct --vram-budget "$MIN"
