@@ -17,12 +17,14 @@
 //!   two streams: the compute stream waits for `loaded[slot]`, and a slot is refilled only
 //!   after `computed[slot]` (its previous block) has completed.
 //! - GDS: `cuFileReadAsync` straight into the slot, enqueued on the copy stream (registered
-//!   with `cuFileStreamRegister`); no host copy of any weight.
+//!   with `cuFileStreamRegister`); no host copy of any weight where nvidia-fs is loaded
+//!   (without it libcufile's compatibility mode copies through its own host buffers).
 //! - Bounce: the bytes come through `gds-io`'s [`LayerSource`] (an O_DIRECT
 //!   [`DirectBackend`] with its read-ahead thread, or, for `--io mmap`, page-cache reads
-//!   that leave the pages cached: host RAM is the tier between VRAM and storage), are copied into the slot's pinned host buffer, and go to VRAM
-//!   by an asynchronous copy on the copy stream. After each load the next streamed layer is
-//!   handed to the backend's read-ahead, so the disk works while the GPU computes.
+//!   that leave the pages cached: host RAM is the tier between VRAM and storage), are
+//!   copied into the slot's pinned host buffer, and go to VRAM by an asynchronous copy on
+//!   the copy stream. After each load the next streamed layer is handed to the backend's
+//!   read-ahead, so the disk works while the GPU computes.
 //!
 //! Decode (one token) uses the dequantizing matvec kernels; prefill of at least
 //! [`GEMM_MIN_TOKENS`](crate::forward::GEMM_MIN_TOKENS) tokens dequantizes each weight into an f32 tile and calls cuBLAS
