@@ -733,9 +733,10 @@ impl Drop for CudaVram {
         if let Loader::Gds { driver, files, .. } = &mut self.loader {
             // Left to itself, libcufile tears down at process exit, after the CUDA context is
             // gone: on an H200 (compatibility mode) compute-sanitizer reported two failed
-            // cuMemFree_v2 and a cuStreamSynchronize on a destroyed context, and one run in
-            // six segfaulted inside libcuda at exit. Undo every registration and close the
-            // driver here, while the context, the copy stream and the buffers are alive.
+            // cuMemFree_v2 and a cuStreamSynchronize on a destroyed context, and one run
+            // segfaulted inside libcuda at exit (six later ones did not). Undo every
+            // registration and close the driver here, while the context, the copy stream and
+            // the buffers are alive.
             for &i in &self.registered {
                 let _ = driver.buf_deregister(&self.bufs[i].1);
             }
