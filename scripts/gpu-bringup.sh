@@ -11,8 +11,8 @@
 #          against gdsrun bench on MODEL_DIR (the same model);
 #   smollm: the machine, then SmolLM2 (below); full: quick, then SmolLM2: greedy tokens and perplexity at all-resident, half and minimum
 #          --vram-budget for each load path against --backend cpu --activations f32;
-#          compute-sanitizer memcheck and racecheck on a short streamed run; load bandwidth and
-#          decode t/s at five budgets (bench_gpu); gdsrun bench; NVML energy and --max-joules.
+#          compute-sanitizer memcheck and racecheck on a short streamed run (--io direct and gds);
+#          load bandwidth and decode t/s at five budgets (bench_gpu); gdsrun bench; NVML energy and --max-joules.
 # Every step has a timeout and the script goes on after a failure: what failed is in the log.
 set -u
 BIN=$(realpath "$1") MODEL=$(realpath "$2") TINY=$(realpath "$3") STAGE=${4:-full}
@@ -221,12 +221,14 @@ try:
 except Exception as e:
     print("--max-joules run:", e, q.stderr[-300:])
 EOF
-say "== compute-sanitizer on SmolLM2 streamed at the minimum budget"
+say "== compute-sanitizer on SmolLM2 streamed at the minimum budget (direct, and gds: cuFile's teardown)"
 MIN=$(budget smollm2 min)
-for tool in memcheck racecheck; do
-  run 100 "sanitizer-$tool-smollm2" "$CS" --tool "$tool" --error-exitcode 9 \
-    "$G" run "$MODEL" --raw -p "Hello" -n 2 --temp 0 --backend cuda --io direct --vram-budget "$MIN"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | tail -1 | tee -a "$SUM"
+for io in direct gds; do
+  for tool in memcheck racecheck; do
+    run 100 "sanitizer-$tool-smollm2-$io" "$CS" --tool "$tool" --error-exitcode 9 \
+      "$G" run "$MODEL" --raw -p "Hello" -n 2 --temp 0 --backend cuda --io "$io" --vram-budget "$MIN"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | tail -1 | tee -a "$SUM"
+  done
 done
 
 say "== done $(date -u +%FT%TZ)"
