@@ -25,10 +25,11 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
-echo "== cargo build --release"
-cargo build --workspace --release
-echo "== cargo test --release"
-cargo test --workspace --release
+echo "== cargo test (tier 1 and tier 2, profile ci: release code without LTO)"
+# Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
+# Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
+# Python packages or NVRTC: --include-ignored runs both tiers in one pass over one build.
+cargo test --workspace --profile ci -- --include-ignored
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every
@@ -47,7 +48,7 @@ if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&
   done
 fi
 # (the kernels' CPU-emulation tests need no feature and already ran above)
-echo "== GPU backend (--features cuda): clippy, release build, probe tests, kernels through NVRTC"
+echo "== GPU backend (--features cuda): clippy, probe tests, kernels through NVRTC (scripts/gpu-pack.sh builds the binary)"
 cargo clippy -p gds-cuda -p gds-runtime -p gdsrun --all-targets --release --features cuda -- -D warnings
-cargo build --release -p gdsrun --features cuda
-LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release -p gds-cuda --features cuda --lib --test nvrtc
+LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  cargo test --profile ci -p gds-cuda --features cuda --lib --test nvrtc -- --include-ignored

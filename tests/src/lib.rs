@@ -52,27 +52,84 @@ pub fn gemma_gguf() -> PathBuf {
     p
 }
 
-/// This test binary's directory for the real models it converts:
-/// `target/test-models/<binary>/`, emptied on its first use in each run. (A temporary
-/// directory held in a static is never dropped, so each run used to leave every binary's
-/// converted models in the system temporary directory: ~3.4 GB a run.)
+/// Where the real models converted by the tests live: `target/test-models/<key>/`, shared
+/// by every test binary of the run and kept across runs while the key holds. The key hashes
+/// the sources of the converter (`gds-convert`, `gds-format`) and `Cargo.lock`, so a changed
+/// converter converts again; directories of other keys are removed when a new key is first
+/// used. (Each test binary used to convert SmolLM2 and Gemma 3 for itself: ~20 and ~8
+/// conversions a run.)
 fn models_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("path of the test binary");
-        let name = exe.file_stem().expect("test binary name").to_owned();
-        let dir = root().join("target/test-models").join(name);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).expect("remove the previous run's models");
+        let base = root().join("target/test-models");
+        let dir = base.join(format!("{:016x}", converter_key()));
+        if !dir.exists() {
+            std::fs::create_dir_all(&base).expect("create target/test-models");
+            let _lock = lock(&base);
+            if let Ok(entries) = std::fs::read_dir(&base) {
+                for e in entries.flatten() {
+                    let p = e.path();
+                    if p.is_dir() && p != dir {
+                        let _ = std::fs::remove_dir_all(&p);
+                    }
+                }
+            }
+            std::fs::create_dir_all(&dir).expect("create the test models directory");
         }
-        std::fs::create_dir_all(&dir).expect("create the test models directory");
         dir
     })
 }
 
-/// `gguf` converted (default options) into `name` under [`models_dir`].
+/// FNV-1a over the converter's sources (paths and contents, in path order) and Cargo.lock.
+fn converter_key() -> u64 {
+    fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("read source directory").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    let mut all = vec![root().join("Cargo.lock")];
+    for c in ["gds-convert", "gds-format"] {
+        files(&root().join("crates").join(c).join("src"), &mut all);
+    }
+    all.sort();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for p in &all {
+        let bytes = std::fs::read(p).expect("read a converter source file");
+        for b in p.to_string_lossy().bytes().chain(bytes) {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// An exclusive `flock` on `dir/.lock`, held until the returned file is dropped: test
+/// binaries run at the same time (e.g. by nextest) convert one after another.
+fn lock(dir: &Path) -> std::fs::File {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".lock"))
+        .expect("open the test models lock");
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .expect("lock the test models directory");
+    f
+}
+
+/// `gguf` converted (default options) into `name` under [`models_dir`], once for all test
+/// binaries (the converter renames a finished model into place, so an existing directory is
+/// complete).
 fn convert_once(gguf: &Path, name: &str) -> PathBuf {
     let out = models_dir().join(name);
+    let _lock = lock(models_dir());
+    if out.join("manifest.gdsm").is_file() {
+        return out;
+    }
     gds_convert::convert(
         gguf,
         &out,
@@ -83,7 +140,7 @@ fn convert_once(gguf: &Path, name: &str) -> PathBuf {
     out
 }
 
-/// Gemma 3 270M converted once per test binary.
+/// Gemma 3 270M, converted once (see [`models_dir`]).
 pub fn gemma_converted() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| convert_once(&gemma_gguf(), "gemma3.gds"))
@@ -104,8 +161,8 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// SmolLM2 converted once per test binary (default options). Every test that needs the real
-/// model shares it.
+/// SmolLM2, converted once (default options; see [`models_dir`]). Every test that needs the
+/// real model shares it: copy it ([`copy_dir`]) before changing anything.
 pub fn smollm_converted() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| convert_once(&smollm_gguf(), "smollm2.gds"))

@@ -8,8 +8,7 @@
 use serde_json::Value;
 use std::process::Command;
 
-mod common;
-use common::{http, serial, start, start_model};
+use crate::common::{http, serial, start, start_model};
 
 /// SmolLM2 (F16 safetensors) with Qwen2.5-Instruct's template, converted into `dir`.
 fn smollm_with_qwen_template(dir: &std::path::Path) -> std::path::PathBuf {

@@ -3,9 +3,8 @@
 //! launched with the executor's grid/block shapes, and compared with `gds-kernels` (weights)
 //! and f64 references of the CPU backend's formulas (norm, RoPE, attention, SwiGLU).
 
-mod common;
 
-use common::{sym, AttnFn, PairFn, RopeFn, ScaleFn};
+use crate::common::{sym, AttnFn, PairFn, RopeFn, ScaleFn};
 use gds_format::DType;
 
 type MatvecFn = unsafe extern "C" fn(*const u8, *const f32, *mut f32, i32, i32, i32);

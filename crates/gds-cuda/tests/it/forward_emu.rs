@@ -11,9 +11,8 @@
 //! semantics emulated here), then one decode step the matvec path. (The real SmolLM2 is too
 //! slow for the one-OS-thread-per-CUDA-thread emulation.)
 
-mod common;
 
-use common::{p, Emu};
+use crate::common::{p, Emu};
 use gds_cuda::forward::{BlockGraph, Pass, Scratch, GEMM_MIN_TOKENS};
 use gds_cuda::plan::{LayerMeta, Layout, Shape, TensorMeta};
 use gds_cuda::stream::rope_tables;

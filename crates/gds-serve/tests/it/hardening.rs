@@ -3,8 +3,7 @@
 //! for the context are refused before they are tokenized (defect 7), and flag and parameter
 //! errors are clean (defect 8). Raw HTTP to 127.0.0.1; every loop is bounded.
 
-mod common;
-use common::{http, metric, serial, start};
+use crate::common::{http, metric, serial, start};
 use serde_json::{json, Value};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;

@@ -10,8 +10,8 @@
 use serde_json::Value;
 use std::process::Command;
 
-mod common;
-use common::{http, serial, start_model};
+use crate::common;
+use crate::common::{http, serial, start_model};
 
 /// SmolLM2 from the F16 Hugging Face directory the reference ran on, converted into `dir`.
 fn smollm_f16(dir: &std::path::Path) -> std::path::PathBuf {

@@ -8,8 +8,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-mod common;
-use common::{http, metric, serial, start, start_model, Server};
+use crate::common::{http, metric, serial, start, start_model, Server};
 use gds_serve::scheduler::TokenLogprobs;
 
 fn python(script: &str, args: &[&str]) -> Value {

@@ -13,9 +13,8 @@
 //! budget (all resident, some streamed, everything streamed) and agree with the CPU runtime
 //! (f32 activations) on the same files.
 
-mod common;
 
-use common::Emu;
+use crate::common::Emu;
 use gds_cuda::forward::Device;
 use gds_cuda::plan::MAX_BATCH;
 use gds_cuda::stream::{BufKind, StreamOptions, Streamer, Vram};

@@ -1,0 +1,10 @@
+//! gds-serve: the integration tests, one test binary (each file a module; one link
+//! instead of one per file).
+
+mod common;
+
+mod hardening;
+mod lm_eval;
+mod openai;
+mod paged;
+mod tools;

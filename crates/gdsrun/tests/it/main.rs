@@ -1,0 +1,7 @@
+//! gdsrun: the integration tests, one test binary (each file a module; one link
+//! instead of one per file).
+
+mod cli;
+mod errors;
+mod speculative;
+mod stream;
