@@ -5,10 +5,12 @@
 //! schedule, read-ahead) is [`crate::stream::Streamer`]; this module is its CUDA
 //! [`Vram`]: device buffers, loads, streams and events.
 //!
-//! **Never run on a GPU yet** (the development machine has none): it compiles under
-//! `--features cuda`; the streamer it plugs into runs on the CPU in tests over an emulated
-//! `Vram` with the same kernels (tests/executor_emu.rs), and the kernels compile through
-//! NVRTC (tests/nvrtc.rs), but nothing here has executed on real hardware. See the README.
+//! Run on an NVIDIA H200 on 2026-11-26 (`scripts/gpu-bringup.sh`: the CPU f32 reference's
+//! greedy tokens and perplexity at every VRAM budget and load path; see
+//! docs/hardware-log.md). The development machine has no GPU: CI compiles this module
+//! under `--features cuda`, runs the streamer it plugs into on the CPU over an emulated
+//! `Vram` with the same kernels (tests/executor_emu.rs), and compiles the kernels through
+//! NVRTC (tests/nvrtc.rs); this module's own CUDA calls run only on GPU hardware.
 //!
 //! Memory follows [`crate::plan`]: embedding and head resident, blocks resident in order
 //! while the budget lasts, the rest streamed through two slots:
