@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`just bench-serve`: gdsrun serve vs llama.cpp's llama-server on the same SmolLM2 GGUF,
-same threads, same load (scripts/serve_load.py, loopback only), one server at a time.
+same threads, same load (tests/py/serve_load.py, loopback only), one server at a time.
 Prints aggregate decode t/s and latency percentiles side by side per concurrency, and the
 ratio at the highest concurrency (target: >= 1.0x). Then gdsrun again at the highest
 concurrency with every request under a JSON schema (structured outputs), against the same
@@ -57,7 +57,7 @@ def measure(name, cmd, port, concurrency=None, extra=()):
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_healthy(url, p)
-        res = subprocess.check_output([sys.executable, "scripts/serve_load.py", "--url", url,
+        res = subprocess.check_output([sys.executable, "tests/py/serve_load.py", "--url", url,
                                        "--concurrency", concurrency or a.concurrency,
                                        "--requests-per-level", str(a.requests),
                                        "--max-tokens", str(a.max_tokens),

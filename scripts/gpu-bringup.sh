@@ -164,8 +164,8 @@ model_checks() { # model_checks LABEL DIR
   local label=$1 dir=$2
   say "== $label: CUDA vs CPU f32, 64 greedy tokens"
   greedy "$label" "$dir" 64 "The history of the printing press" "all half min" "gds direct mmap"
-  say "== $label perplexity (README.md, first 12000 bytes, ctx 512)"
-  head -c 12000 "$(dirname "$0")/../README.md" >/tmp/ppl.txt
+  say "== $label perplexity (fixtures/reference/wiki-like.txt, first 12000 bytes, ctx 512)"
+  head -c 12000 "$(dirname "$0")/../fixtures/reference/wiki-like.txt" >/tmp/ppl.txt
   ppl() { # ppl LABEL ARGS...
     local l=$1; shift
     timeout 300 "$G" perplexity "$dir" -f /tmp/ppl.txt -c 512 --json "$@" >"$OUT/json/ppl-$label-$l.json" 2>>"$LOG"

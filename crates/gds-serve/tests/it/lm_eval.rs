@@ -40,7 +40,7 @@ fn lm_eval_scores_like_the_transformers_backend() {
     // either way; named so that the comparison does not hang on that default)
     let s = start_model(&model, &["--activations", "f32"]);
     let out = Command::new("python3")
-        .arg(gds_tests::root().join("scripts/lm_eval_check.py"))
+        .arg(gds_tests::root().join("tests/py/lm_eval_check.py"))
         .arg(format!("http://{}/v1", s.addr))
         .arg(gds_tests::fixture("lm-eval/hf-smollm2-f32.json"))
         .current_dir(gds_tests::root())

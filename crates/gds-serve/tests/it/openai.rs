@@ -1,6 +1,6 @@
 //! End-to-end: the built `gdsrun serve` on the real SmolLM2, driven by the official `openai`
-//! Python client (scripts/serve_openai_check.py), by raw HTTP for the error paths, and by a
-//! small bounded load test (scripts/serve_load.py) at concurrency 1, 4 and 16.
+//! Python client (tests/py/serve_openai_check.py), by raw HTTP for the error paths, and by a
+//! small bounded load test (tests/py/serve_load.py) at concurrency 1, 4 and 16.
 
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -12,7 +12,7 @@ use crate::common::{http, metric, serial, start, start_model, Server};
 use gds_serve::scheduler::TokenLogprobs;
 
 fn python(script: &str, args: &[&str]) -> Value {
-    let path = gds_tests::root().join("scripts").join(script);
+    let path = gds_tests::root().join("tests/py").join(script);
     let out = Command::new("python3")
         .arg(&path)
         .args(args)
@@ -386,7 +386,7 @@ fn every_architecture_through_the_openai_client() {
     }
 }
 
-/// Starts the server on `model`, runs scripts/serve_arch_check.py against it and checks
+/// Starts the server on `model`, runs tests/py/serve_arch_check.py against it and checks
 /// that its greedy completion and chat answer (streamed or not) are the CLI's.
 fn same_as_cli(model: &std::path::Path, extra: &[&str]) -> Value {
     let cli = |args: &[&str]| -> Value {
@@ -625,7 +625,7 @@ fn logprobs_are_the_models_log_softmax() {
     assert_eq!(r["refused"]["echo"]["param"], "echo");
 }
 
-/// Structured outputs (scripts/serve_structured_check.py): the client's `parse` with a
+/// Structured outputs (tests/py/serve_structured_check.py): the client's `parse` with a
 /// pydantic model, 24 sampled replies (temperature 1, 8 at a time) each valid against a
 /// nested schema per the `jsonschema` package, a streamed one, `json_object`, the regex and
 /// Lark extensions, and refusals naming the field; `/metrics` counts the masks.

@@ -1,6 +1,6 @@
 //! Tool calling end to end: SmolLM2's weights served with Qwen2.5-Instruct's chat template
 //! (`fixtures/templates/qwen2.5-instruct.jinja`, Hermes `<tool_call>` syntax), driven by the
-//! official `openai` client (scripts/serve_tools_check.py): a required call whose arguments
+//! official `openai` client (tests/py/serve_tools_check.py): a required call whose arguments
 //! follow the function's schema, the round trip through a `role: tool` result, a named
 //! function streamed and reassembled by the client, `auto`, parallel calls; and a model whose
 //! template takes no tools refusing them by name.
@@ -39,7 +39,7 @@ fn tool_calls_round_trip_through_the_openai_client() {
     let model = smollm_with_qwen_template(tmp.path());
     let s = start_model(&model, &[]);
     let out = Command::new("python3")
-        .arg(gds_tests::root().join("scripts/serve_tools_check.py"))
+        .arg(gds_tests::root().join("tests/py/serve_tools_check.py"))
         .arg(format!("http://{}/v1", s.addr))
         .output()
         .expect("python3 runs");
@@ -107,7 +107,7 @@ fn tool_calls_round_trip_through_the_openai_client() {
     );
 }
 
-/// `/v1/responses` through the official client (scripts/serve_responses_check.py): text
+/// `/v1/responses` through the official client (tests/py/serve_responses_check.py): text
 /// equal to the chat endpoint's for the same conversation, the output limit, the streamed
 /// event sequence, `responses.parse` with a pydantic model, function calls and their
 /// round trip as input items, a named call streamed, and refusals naming the field.
@@ -118,7 +118,7 @@ fn responses_api_through_the_openai_client() {
     let model = smollm_with_qwen_template(tmp.path());
     let s = start_model(&model, &[]);
     let out = Command::new("python3")
-        .arg(gds_tests::root().join("scripts/serve_responses_check.py"))
+        .arg(gds_tests::root().join("tests/py/serve_responses_check.py"))
         .arg(format!("http://{}/v1", s.addr))
         .output()
         .expect("python3 runs");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """lm-evaluation-harness (PyPI lm-eval) against `gdsrun serve`, compared with a reference.
 
-    python3 scripts/lm_eval_check.py BASE_URL GOLDEN.json [--out DIR] [--save FILE]
+    python3 tests/py/lm_eval_check.py BASE_URL GOLDEN.json [--out DIR] [--save FILE]
         [--model-args K=V,...]
 
 Runs the local tasks of fixtures/lm-eval (gds_mc: 40 multiple-choice questions, 160
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASKS = "gds_mc,gds_gen"
 
 
