@@ -1,7 +1,20 @@
 #!/usr/bin/env python3
-"""Writes a hostile OCI image layout for the distribution tests (tests/tests/dist.rs).
+"""Writes a hostile OCI image layout, or serves a hostile registry, for the distribution
+tests (tests/tests/dist.rs).
 
     hostile_oci.py SRC_LAYOUT OUT_DIR CASE [--tag TAG] [--target PATH]
+    hostile_oci.py serve MODE [--size BYTES] [--interval SECONDS]
+
+`serve` listens on 127.0.0.1 (a free port), prints {"port": N} on stdout and answers every
+GET /v2/ with 200 (no authentication) and every other request as MODE says, until killed:
+  huge-error     404 with a chunked text body of --size bytes (default 3 GiB), sent as fast
+                 as the client reads, full of terminal escapes and control characters
+  huge-manifest  200 with a manifest body of --size bytes (default 3 GiB) and no length
+                 (chunked)
+  trickle        200 with Content-Length 4096, then one byte every --interval seconds
+                 (default 1)
+  stall          reads the request and never answers
+  stall-body     200 with Content-Length 4096 and 16 bytes of it, then nothing
 
 SRC_LAYOUT is a genuine layout (`gdsconv pack DIR --layout SRC_LAYOUT`). OUT_DIR receives a
 copy (blobs hard-linked where possible) whose image manifest is edited as an attacker would,
@@ -84,7 +97,97 @@ def copy_layout(src, out):
             shutil.copyfile(s, d)
 
 
+SERVE_MODES = ["huge-error", "huge-manifest", "trickle", "stall", "stall-body"]
+
+
+def serve(argv):
+    import http.server
+    import socketserver
+    import time
+
+    ap = argparse.ArgumentParser(prog="hostile_oci.py serve")
+    ap.add_argument("mode", choices=SERVE_MODES)
+    ap.add_argument("--size", type=int, default=3 << 30)
+    ap.add_argument("--interval", type=float, default=1.0)
+    a = ap.parse_args(argv)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def chunked(self, piece, total):
+            sent = 0
+            while sent < total:
+                n = min(len(piece), total - sent)
+                self.wfile.write(b"%x\r\n" % n + piece[:n] + b"\r\n")
+                sent += n
+            self.wfile.write(b"0\r\n\r\n")
+
+        def do_HEAD(self):
+            self.do_GET()
+
+        def do_GET(self):
+            try:
+                self.answer()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def answer(self):
+            if self.path.rstrip("/") == "/v2":
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            if a.mode == "stall":
+                time.sleep(3600)
+                return
+            if a.mode == "huge-error":
+                self.send_response(404)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                line = b"\x1b[31mNOT FOUND\x1b[0m \x07\x08\r" + b"E" * 100 + b"\n"
+                self.chunked(line * ((1 << 20) // len(line)), a.size)
+                return
+            if a.mode == "huge-manifest":
+                self.send_response(200)
+                self.send_header("Content-Type", MANIFEST_MT)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                head = b'{"schemaVersion":2, '
+                self.wfile.write(b"%x\r\n" % len(head) + head + b"\r\n")
+                self.chunked(b" " * (1 << 20), a.size)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", MANIFEST_MT)
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            if a.mode == "stall-body":
+                self.wfile.write(b'{"schemaVersion"')
+                self.wfile.flush()
+                time.sleep(3600)
+                return
+            for _ in range(4096):  # trickle
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(a.interval)
+
+    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+        daemon_threads = True
+
+    srv = Server(("127.0.0.1", 0), Handler)
+    print(json.dumps({"port": srv.server_address[1]}), flush=True)
+    srv.serve_forever()
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        serve(sys.argv[2:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("src")
     ap.add_argument("out")

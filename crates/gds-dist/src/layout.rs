@@ -3,7 +3,7 @@
 //! back as an [`Artifact`] for `push`.
 //!
 //! Output appears atomically: it is written under a temporary name beside the target
-//! (`.NAME.tmp-PID`) and renamed into place; a failure removes it.
+//! (`.NAME.tmp-PID-N`) and renamed into place; a failure removes it.
 
 use crate::error::{DistError, Result};
 use crate::package::{
@@ -27,7 +27,7 @@ pub struct Staged {
 }
 
 impl Staged {
-    /// Reserves `PARENT/.NAME.tmp-PID` for `target`; refuses when `target` exists and
+    /// Reserves `PARENT/.NAME.tmp-PID-N` (unique per process and thread) for `target`; refuses when `target` exists and
     /// `replace` is false.
     pub fn new(target: &Path, replace: bool) -> Result<Staged> {
         let name = target
@@ -51,7 +51,7 @@ impl Staged {
                 parent.display()
             )));
         }
-        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        let tmp = parent.join(format!(".{name}.tmp-{}", crate::store::unique_suffix()));
         if tmp.symlink_metadata().is_ok() {
             remove_any(&tmp);
         }
@@ -71,7 +71,10 @@ impl Staged {
     pub fn commit(mut self) -> Result<()> {
         if self.target.is_dir() && self.tmp.is_dir() {
             // exchange, then remove the old one: the target is never missing
-            let old = self.tmp.with_extension("old");
+            // a name of its own (`.NAME.old-PID-N`), never shared with another process
+            let old = self
+                .tmp
+                .with_extension(format!("old-{}", crate::store::unique_suffix()));
             std::fs::rename(&self.target, &old).map_err(|e| DistError::io(&self.target, e))?;
             if let Err(e) = std::fs::rename(&self.tmp, &self.target) {
                 let _ = std::fs::rename(&old, &self.target);

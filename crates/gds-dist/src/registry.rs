@@ -12,6 +12,13 @@
 //!   directory is assembled from hard links beside its final name, checked against the
 //!   model manifest, and renamed into place: it appears whole or not at all.
 //!
+//! * limits: a pull reads bodies through its own `reqwest` client (`oci-client` reads
+//!   manifests and error bodies whole), each capped — the manifest at
+//!   [`crate::MAX_MANIFEST_BYTES`], the config and blobs at their declared sizes, error
+//!   bodies at [`MAX_ERROR_BODY`] of which an [`excerpt`] is printed — and every request,
+//!   push or pull, is paced ([`Limits::min_rate`] over [`Limits::window`]); the whole push
+//!   or pull has a deadline ([`Limits::timeout`]).
+//!
 //! Credentials come from the Docker config (`$DOCKER_CONFIG/config.json` or
 //! `~/.docker/config.json`: `auths` and credential helpers); registries that answer with a
 //! bearer-token challenge are handled by `oci-client`.
@@ -33,9 +40,46 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Default `--min-rate`: bytes per second a transfer must average over each window.
+pub const DEFAULT_MIN_RATE: u64 = 1024;
+/// Default `--min-rate-window`.
+pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(30);
+/// Default `--timeout`: the whole push or pull.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(12 * 3600);
+/// The most of a registry's error body that is read (enough for an OCI error envelope);
+/// the rest is never downloaded.
+pub const MAX_ERROR_BODY: usize = 64 << 10;
+/// The most of a registry's error text that is printed.
+pub const EXCERPT_BYTES: usize = 512;
+
+/// Limits on a registry's transfers, so that a registry that stalls, trickles or answers
+/// without end cannot keep a pull or push alive for ever.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Each request must move at least `min_rate × window` bytes in every full `window`
+    /// it lasts (waiting for the response included); 0 turns the check off.
+    pub min_rate: u64,
+    /// The window `min_rate` is averaged over.
+    pub window: Duration,
+    /// The whole push or pull must finish within this; `None`: no deadline.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            min_rate: DEFAULT_MIN_RATE,
+            window: DEFAULT_RATE_WINDOW,
+            timeout: Some(DEFAULT_TIMEOUT),
+        }
+    }
+}
+
 /// How to reach the registry.
 #[derive(Clone, Default)]
 pub struct RemoteOptions {
+    /// Minimum rate and overall deadline.
+    pub limits: Limits,
     /// Speak plain HTTP (a local registry).
     pub plain_http: bool,
     /// Cap the transfer rate (bytes per second).
@@ -93,6 +137,9 @@ pub struct PullSummary {
 /// A registry repository, ready to talk to.
 pub struct Remote {
     client: Client,
+    /// Pulls go through this client directly (`oci-client` reads whole bodies into memory,
+    /// error bodies included): every body read is capped and paced.
+    http: reqwest::Client,
     reference: Reference,
     auth: RegistryAuth,
     opts: RemoteOptions,
@@ -166,8 +213,14 @@ impl Remote {
             .enable_all()
             .build()
             .map_err(|e| DistError::usage(format!("cannot start the I/O runtime: {e}")))?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .user_agent(concat!("gdsllm/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| DistError::usage(format!("cannot set up the HTTP client: {e}")))?;
         Ok(Remote {
             client: Client::new(config),
+            http,
             reference: parsed,
             auth,
             opts,
@@ -201,10 +254,10 @@ impl Remote {
                 "401 Unauthorized: the credentials are missing or wrong (docker login / $DOCKER_CONFIG/config.json)".to_string()
             }
             OciDistributionError::AuthenticationFailure(m) => {
-                format!("authentication failed (401): {m}")
+                format!("authentication failed (401): {}", excerpt(m.as_bytes()))
             }
             OciDistributionError::ServerError { code, message, .. } => {
-                format!("HTTP {code}: {message}")
+                format!("HTTP {code}: {}", excerpt(message.as_bytes()))
             }
             OciDistributionError::RegistryError { envelope, .. } => {
                 let codes: Vec<String> = envelope
@@ -212,7 +265,7 @@ impl Remote {
                     .iter()
                     .map(|x| format!("{:?}: {}", x.code, x.message))
                     .collect();
-                codes.join("; ")
+                excerpt(codes.join("; ").as_bytes())
             }
             OciDistributionError::RequestError(r) => {
                 let mut s = r.to_string();
@@ -223,19 +276,206 @@ impl Remote {
                 }
                 s
             }
-            other => other.to_string(),
+            other => excerpt(other.to_string().as_bytes()),
         };
         DistError::registry(format!("registry {registry}: {what}: {detail}"))
     }
 
-    async fn retry<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T>
+    /// `fut` under the overall deadline (`--timeout`).
+    async fn deadline<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let Some(d) = self.opts.limits.timeout else {
+            return fut.await;
+        };
+        match tokio::time::timeout(d, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(DistError::registry(format!(
+                "registry {}: {what} {}: not finished after the --timeout of {} s (gave up; a pull resumes its partial downloads when run again)",
+                self.reference.resolve_registry(),
+                self.reference.whole(),
+                d.as_secs_f64()
+            ))),
+        }
+    }
+
+    fn pace(&self, what: &str) -> Pace {
+        Pace::new(
+            &self.opts.limits,
+            self.opts.limit_rate,
+            format!("registry {}: {what}", self.reference.resolve_registry()),
+        )
+    }
+
+    /// `registry/v2/repository/…` for this reference.
+    fn url(&self, kind: &str, what: &str) -> String {
+        let r = &self.reference;
+        let scheme = if self.opts.plain_http {
+            "http"
+        } else {
+            "https"
+        };
+        format!(
+            "{scheme}://{}/v2/{}/{kind}/{what}{}",
+            r.resolve_registry(),
+            r.repository(),
+            r.namespace()
+                .map(|ns| format!("?ns={ns}"))
+                .unwrap_or_default()
+        )
+    }
+
+    /// How pulls authenticate: a bearer token from the registry's challenge, else the
+    /// Basic credentials, else nothing (the registry's 401 then says so).
+    async fn pull_auth(&self) -> Result<PullAuth> {
+        let r = &self.reference;
+        let mut pace = self.pace("authenticating");
+        let token = pace
+            .wait(
+                self.client.auth(r, &self.auth, RegistryOperation::Pull),
+                None,
+            )
+            .await?;
+        Ok(match (token, &self.auth) {
+            (Ok(Some(t)), _) => PullAuth::Bearer(t),
+            (_, RegistryAuth::Basic(u, p)) => PullAuth::Basic(u.clone(), p.clone()),
+            _ => PullAuth::None,
+        })
+    }
+
+    /// Sends `GET url` (paced) and checks the status: a 2xx response, or an error whose
+    /// message holds at most an excerpt of the body (of which at most [`MAX_ERROR_BODY`]
+    /// bytes are read).
+    async fn get(
+        &self,
+        auth: &PullAuth,
+        url: &str,
+        accept: Option<&str>,
+        range: Option<(u64, u64)>,
+        what: &str,
+        pace: &mut Pace,
+    ) -> std::result::Result<reqwest::Response, Fail> {
+        let registry = self.reference.resolve_registry();
+        let mut req = self.http.get(url);
+        if let Some(a) = accept {
+            req = req.header(http::header::ACCEPT, a);
+        }
+        if let Some((from, to)) = range {
+            req = req.header(http::header::RANGE, format!("bytes={from}-{to}"));
+        }
+        req = match auth {
+            PullAuth::Bearer(t) => req.bearer_auth(t),
+            PullAuth::Basic(u, p) => req.basic_auth(u, Some(p)),
+            PullAuth::None => req,
+        };
+        let resp = match pace.wait(req.send(), None).await.map_err(Fail::Stop)? {
+            Ok(r) => r,
+            Err(e) => {
+                let msg = format!("registry {registry}: {what}: {}", reqwest_detail(&e));
+                return Err(if e.is_builder() {
+                    Fail::Stop(DistError::registry(msg))
+                } else {
+                    Fail::Retry(DistError::registry(msg))
+                });
+            }
+        };
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let code = status.as_u16();
+        let total = resp.content_length();
+        let (body, cut) = read_capped(resp, MAX_ERROR_BODY, pace)
+            .await
+            .map_err(Fail::Stop)?;
+        let detail = if code == 401 {
+            "401 Unauthorized: the credentials are missing or wrong (docker login / $DOCKER_CONFIG/config.json)".to_string()
+        } else {
+            let text = envelope_text(&body).unwrap_or_else(|| excerpt(&body));
+            let more = match (cut, total) {
+                (false, _) => String::new(),
+                (true, Some(t)) => format!(" [the body has {t} bytes; {MAX_ERROR_BODY} read]"),
+                (true, None) => format!(
+                    " [the body is longer than {MAX_ERROR_BODY} bytes; the rest was not read]"
+                ),
+            };
+            format!("HTTP {code}: {text}{more}")
+        };
+        let e = DistError::registry(format!("registry {registry}: {what}: {detail} ({url})"));
+        Err(if code == 429 || code >= 500 {
+            Fail::Retry(e)
+        } else {
+            Fail::Stop(e)
+        })
+    }
+
+    /// A small body (the manifest, the config), read whole but never past `cap` bytes.
+    async fn get_small(
+        &self,
+        auth: &PullAuth,
+        url: &str,
+        accept: Option<&str>,
+        cap: u64,
+        what: &str,
+    ) -> std::result::Result<Vec<u8>, Fail> {
+        let mut pace = self.pace(what);
+        let resp = self.get(auth, url, accept, None, what, &mut pace).await?;
+        let too_big = || {
+            Fail::Stop(DistError::invalid(format!(
+                "{}: {what}: the registry serves more than the {cap} bytes allowed here; stopped reading ({url})",
+                self.reference.whole()
+            )))
+        };
+        if resp.content_length().is_some_and(|n| n > cap) {
+            return Err(too_big());
+        }
+        match read_capped(resp, cap as usize, &mut pace).await {
+            Ok((_, true)) => Err(too_big()),
+            Ok((v, false)) => Ok(v),
+            Err(e) if e.kind == crate::Kind::Registry && !pace.failed => Err(Fail::Retry(e)),
+            Err(e) => Err(Fail::Stop(e)),
+        }
+    }
+
+    /// Retries `f` on transient failures (connection errors, 429, 5xx) with back-off.
+    async fn retrying<T, F, Fut>(&self, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, Fail>>,
+    {
+        let mut delay = Duration::from_millis(500);
+        for attempt in 1.. {
+            match f().await {
+                Ok(v) => return Ok(v),
+                Err(Fail::Retry(e)) if attempt < 4 => {
+                    eprintln!("{e} (retrying in {:.1} s)", delay.as_secs_f64());
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(Fail::Retry(e)) | Err(Fail::Stop(e)) => return Err(e),
+            }
+        }
+        unreachable!()
+    }
+
+    /// Retries an `oci-client` call on transient failures with back-off; each attempt is
+    /// paced (`--min-rate`), counting the bytes `sent` reports (an upload) if given.
+    async fn retry<T, F, Fut>(
+        &self,
+        what: &str,
+        sent: Option<&std::sync::atomic::AtomicU64>,
+        mut f: F,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, OciDistributionError>>,
     {
         let mut delay = Duration::from_millis(500);
         for attempt in 1.. {
-            match f().await {
+            let mut pace = self.pace(what);
+            match pace.wait(f(), sent).await? {
                 Ok(v) => return Ok(v),
                 Err(e) if attempt < 4 && transient(&e) => {
                     eprintln!(
@@ -254,14 +494,18 @@ impl Remote {
 
     /// Pushes the artifact: blobs first (those the registry lacks), then the manifest.
     pub fn push(&self, a: &Artifact) -> Result<PushSummary> {
-        self.rt.block_on(self.push_async(a))
+        self.rt
+            .block_on(self.deadline("pushing to", self.push_async(a)))
     }
 
     async fn push_async(&self, a: &Artifact) -> Result<PushSummary> {
         let r = &self.reference;
-        self.client
-            .auth(r, &self.auth, RegistryOperation::Push)
-            .await
+        self.pace("authenticating for push")
+            .wait(
+                self.client.auth(r, &self.auth, RegistryOperation::Push),
+                None,
+            )
+            .await?
             .map_err(|e| self.err("authenticating for push", e))?;
         let mut seen = std::collections::HashSet::new();
         let blobs: Vec<&BlobRef> = a
@@ -288,7 +532,7 @@ impl Remote {
         for b in blobs {
             let what = format!("checking blob {}", b.digest);
             if self
-                .retry(&what, || self.client.blob_exists(r, &b.digest))
+                .retry(&what, None, || self.client.blob_exists(r, &b.digest))
                 .await?
             {
                 s.skipped_blobs += 1;
@@ -299,8 +543,15 @@ impl Remote {
             }
             let mut mounted = false;
             for src in &sources {
-                if self.client.mount_blob(r, src, &b.digest).await.is_ok()
-                    && self.client.blob_exists(r, &b.digest).await.unwrap_or(false)
+                let mut pace = self.pace(&format!("mounting blob {}", b.digest));
+                let mount = pace
+                    .wait(self.client.mount_blob(r, src, &b.digest), None)
+                    .await?;
+                if mount.is_ok()
+                    && pace
+                        .wait(self.client.blob_exists(r, &b.digest), None)
+                        .await?
+                        .unwrap_or(false)
                 {
                     mounted = true;
                     break;
@@ -314,8 +565,14 @@ impl Remote {
                 continue;
             }
             let what = format!("uploading blob {} ({} bytes)", b.digest, b.size);
-            self.retry(&what, || {
-                let stream = blob_stream(b, self.opts.limit_rate, self.opts.progress.clone());
+            let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            self.retry(&what, Some(&sent), || {
+                let stream = blob_stream(
+                    b,
+                    self.opts.limit_rate,
+                    self.opts.progress.clone(),
+                    sent.clone(),
+                );
                 self.client
                     .push_blob_stream(r, stream, &b.digest, Some(b.size))
             })
@@ -324,7 +581,7 @@ impl Remote {
             s.uploaded_bytes += b.size;
         }
         let what = "uploading the manifest";
-        self.retry(what, || {
+        self.retry(what, None, || {
             self.client.push_manifest_raw(
                 r,
                 a.manifest.clone(),
@@ -336,12 +593,25 @@ impl Remote {
     }
 
     /// Fetches and checks the image manifest: (bytes, digest, parsed).
-    async fn manifest(&self) -> Result<(Vec<u8>, String, crate::package::ParsedManifest)> {
+    async fn manifest(
+        &self,
+        auth: &PullAuth,
+    ) -> Result<(Vec<u8>, String, crate::package::ParsedManifest)> {
         let r = &self.reference;
-        let (bytes, _) = self
-            .retry("fetching the manifest", || {
-                self.client
-                    .pull_manifest_raw(r, &self.auth, &[MANIFEST_MEDIA_TYPE])
+        let url = self.url(
+            "manifests",
+            r.digest().unwrap_or_else(|| r.tag().unwrap_or("latest")),
+        );
+        let cap = crate::MAX_MANIFEST_BYTES as u64;
+        let bytes = self
+            .retrying(|| {
+                self.get_small(
+                    auth,
+                    &url,
+                    Some(MANIFEST_MEDIA_TYPE),
+                    cap,
+                    "fetching the manifest",
+                )
             })
             .await?;
         let digest = sha256_digest(&bytes);
@@ -354,18 +624,20 @@ impl Remote {
             }
         }
         let parsed = parse_manifest(&bytes, &format!("{} ({digest})", r.whole()))?;
-        Ok((bytes.to_vec(), digest, parsed))
+        Ok((bytes, digest, parsed))
     }
 
     /// Pulls into `out` (which must not exist unless `force`), through `store`.
     pub fn pull(&self, store: &Store, out: &Path, force: bool) -> Result<PullSummary> {
-        self.rt.block_on(self.pull_async(store, Some(out), force))
+        self.rt
+            .block_on(self.deadline("pulling", self.pull_async(store, Some(out), force)))
     }
 
     /// Pulls into the store's own directory for this model (`models/<manifest hex>`),
     /// unless it is there already.
     pub fn pull_into_store(&self, store: &Store) -> Result<PullSummary> {
-        self.rt.block_on(self.pull_async(store, None, true))
+        self.rt
+            .block_on(self.deadline("pulling", self.pull_async(store, None, true)))
     }
 
     async fn pull_async(
@@ -375,8 +647,14 @@ impl Remote {
         force: bool,
     ) -> Result<PullSummary> {
         let _lock = store.lock(false)?;
-        let (_, digest, p) = self.manifest().await?;
+        let auth = self.pull_auth().await?;
+        let (_, digest, p) = self.manifest(&auth).await?;
         let what = format!("{} ({digest})", self.reference.whole());
+        // into the store: one pull per model, a concurrent one waits and then finds it there
+        let _entry = match out {
+            Some(_) => None,
+            None => Some(store.lock_entry(&digest)?),
+        };
         let out = match out {
             Some(o) => o.to_path_buf(),
             None => {
@@ -409,7 +687,7 @@ impl Remote {
         // the config: small, capped, checked against the layers
         let config_cached = store.has_blob(&p.config_digest, p.config_size);
         let config = self
-            .fetch_small(store, &p.config_digest, p.config_size)
+            .fetch_small(&auth, store, &p.config_digest, p.config_size)
             .await?;
         let cfg: serde_json::Value = serde_json::from_slice(&config).map_err(|e| {
             DistError::invalid(format!(
@@ -475,7 +753,7 @@ impl Remote {
                 }
                 continue;
             }
-            let (got, resumed, file) = self.fetch_blob(store, l, &what).await?;
+            let (got, resumed, file) = self.fetch_blob(&auth, store, l, &what).await?;
             s.downloaded_blobs += 1;
             s.downloaded_bytes += got;
             s.resumed_bytes += resumed;
@@ -510,32 +788,22 @@ impl Remote {
     }
 
     /// A small blob (the config), from the store or the registry, with its size capped.
-    async fn fetch_small(&self, store: &Store, digest: &str, size: u64) -> Result<Vec<u8>> {
+    async fn fetch_small(
+        &self,
+        auth: &PullAuth,
+        store: &Store,
+        digest: &str,
+        size: u64,
+    ) -> Result<Vec<u8>> {
         let path = store.blob_path(digest)?;
         if store.has_blob(digest, size) {
             return std::fs::read(&path).map_err(|e| DistError::io(&path, e));
         }
-        let mut stream = self
-            .retry(&format!("fetching config blob {digest}"), || {
-                self.client.pull_blob_stream(&self.reference, digest)
-            })
+        let url = self.url("blobs", digest);
+        let what = format!("fetching config blob {digest} ({size} bytes declared)");
+        let v = self
+            .retrying(|| self.get_small(auth, &url, None, size, &what))
             .await?;
-        let mut v = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                DistError::invalid(format!(
-                    "{}: config blob {digest}: {e}",
-                    self.reference.whole()
-                ))
-            })?;
-            v.extend_from_slice(&chunk);
-            if v.len() as u64 > size {
-                return Err(DistError::invalid(format!(
-                    "{}: config blob {digest} is longer than the {size} bytes declared",
-                    self.reference.whole()
-                )));
-            }
-        }
         if sha256_digest(&v) != digest || v.len() as u64 != size {
             return Err(DistError::invalid(format!(
                 "{}: config blob {digest} does not match its digest",
@@ -544,7 +812,7 @@ impl Remote {
         }
         let tmp = store
             .partial_path(digest)?
-            .with_extension(format!("tmp-{}", std::process::id()));
+            .with_extension(format!("tmp-{}", crate::store::unique_suffix()));
         std::fs::write(&tmp, &v).map_err(|e| DistError::io(&tmp, e))?;
         store.commit_blob(&tmp, digest)?;
         Ok(v)
@@ -555,6 +823,7 @@ impl Remote {
     /// pull already stored the blob).
     async fn fetch_blob(
         &self,
+        auth: &PullAuth,
         store: &Store,
         l: &Layer,
         what: &str,
@@ -605,36 +874,27 @@ impl Remote {
         let resumed = have;
         let mut fetched = 0u64;
         let mut attempts = 0;
+        let url = self.url("blobs", &l.digest);
+        let fetching = format!("fetching blob {} ({} bytes)", l.digest, l.size);
         while have < l.size {
             attempts += 1;
             let r = &self.reference;
-            let layer = oci_client::client::LayerDescriptor {
-                digest: &l.digest,
-                urls: &None,
-            };
-            let res = if have == 0 {
-                self.client
-                    .pull_blob_stream(r, &layer)
-                    .await
-                    .map(|s| (s, true))
-            } else {
-                match self
-                    .client
-                    .pull_blob_stream_partial(r, &layer, have, Some(l.size - have))
-                    .await
-                {
-                    Ok(oci_client::client::BlobResponse::Partial(s)) => Ok((s, false)),
-                    Ok(oci_client::client::BlobResponse::Full(s)) => Ok((s, true)),
-                    Err(e) => Err(e),
+            let mut pace = self.pace(&fetching);
+            let range = (have > 0).then(|| (have, l.size - 1));
+            let (mut resp, full) = match self
+                .get(auth, &url, None, range, &fetching, &mut pace)
+                .await
+            {
+                Ok(resp) => {
+                    let full = resp.status() != http::StatusCode::PARTIAL_CONTENT;
+                    (resp, full)
                 }
-            };
-            let (mut stream, full) = match res {
-                Ok(x) => x,
-                Err(e) if attempts < 4 && transient(&e) => {
+                Err(Fail::Retry(e)) if attempts < 4 => {
+                    eprintln!("{e} (retrying)");
                     tokio::time::sleep(Duration::from_millis(500 << attempts)).await;
                     continue;
                 }
-                Err(e) => return Err(self.err(&format!("fetching blob {}", l.digest), e)),
+                Err(Fail::Retry(e)) | Err(Fail::Stop(e)) => return Err(e),
             };
             if full && have > 0 {
                 // the registry ignored the range: start again
@@ -648,12 +908,19 @@ impl Remote {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
             let limiter = Limiter::new(self.opts.limit_rate);
             let mut failed = None;
-            while let Some(chunk) = stream.next().await {
-                let chunk = match chunk {
-                    Ok(c) => c,
-                    Err(e) => {
-                        failed = Some(e);
+            loop {
+                // paced: a registry that stalls or trickles fails here (the partial file
+                // is kept for the next pull to resume)
+                let chunk = match pace.wait(resp.chunk(), None).await {
+                    Ok(Ok(Some(c))) => c,
+                    Ok(Ok(None)) => break,
+                    Ok(Err(e)) => {
+                        failed = Some(reqwest_detail(&e));
                         break;
+                    }
+                    Err(e) => {
+                        w.flush().map_err(|e| DistError::io(&part, e))?;
+                        return Err(e);
                     }
                 };
                 if have + chunk.len() as u64 > l.size {
@@ -672,6 +939,7 @@ impl Remote {
                 if let Some(cb) = &self.opts.progress {
                     cb(chunk.len() as u64);
                 }
+                pace.add(chunk.len() as u64)?;
                 limiter.wait(fetched).await;
             }
             w.flush().map_err(|e| DistError::io(&part, e))?;
@@ -763,6 +1031,201 @@ fn check_assembled(dir: &Path, layers: &[Layer], what: &str) -> Result<()> {
     Ok(())
 }
 
+/// How a pull's own requests authenticate.
+enum PullAuth {
+    None,
+    Bearer(String),
+    Basic(String, String),
+}
+
+/// A failed request: worth retrying (connection error, 429, 5xx) or not.
+enum Fail {
+    Retry(DistError),
+    Stop(DistError),
+}
+
+/// The `--min-rate` check of one request: every full window it lasts must move at least
+/// `min_rate × window` bytes; a registry that stalls (sends nothing) or trickles fails at
+/// the end of the first window that falls short.
+struct Pace {
+    min_rate: u64,
+    window: Duration,
+    start: Instant,
+    bytes: u64,
+    what: String,
+    /// The check failed (the error is not worth a retry).
+    failed: bool,
+}
+
+impl Pace {
+    fn new(l: &Limits, limit_rate: Option<u64>, what: String) -> Pace {
+        // a --limit-rate under the minimum would fail every transfer
+        let min_rate = match limit_rate.filter(|&r| r > 0) {
+            Some(r) => l.min_rate.min(r / 2),
+            None => l.min_rate,
+        };
+        Pace {
+            min_rate: if l.window.is_zero() { 0 } else { min_rate },
+            window: l.window,
+            start: Instant::now(),
+            bytes: 0,
+            what,
+            failed: false,
+        }
+    }
+
+    /// The end of a window: enough bytes, or the error.
+    fn check(&mut self) -> Result<()> {
+        let need = (self.min_rate as f64 * self.window.as_secs_f64()).ceil() as u64;
+        if self.bytes < need {
+            self.failed = true;
+            return Err(DistError::registry(format!(
+                "{}: {} bytes in {} s, under the minimum of {} bytes/s (--min-rate, averaged over --min-rate-window {} s): the registry stalls or trickles; gave up",
+                self.what,
+                self.bytes,
+                self.window.as_secs_f64(),
+                self.min_rate,
+                self.window.as_secs_f64()
+            )));
+        }
+        self.start = Instant::now();
+        self.bytes = 0;
+        Ok(())
+    }
+
+    /// Counts `n` bytes received.
+    fn add(&mut self, n: u64) -> Result<()> {
+        if self.min_rate == 0 {
+            return Ok(());
+        }
+        self.bytes += n;
+        if self.start.elapsed() >= self.window {
+            self.check()?;
+        }
+        Ok(())
+    }
+
+    /// Awaits `fut`, checking the rate at the end of every window that passes meanwhile;
+    /// `sent` counts bytes moved inside `fut` (an upload).
+    async fn wait<F: std::future::Future>(
+        &mut self,
+        fut: F,
+        sent: Option<&std::sync::atomic::AtomicU64>,
+    ) -> Result<F::Output> {
+        if self.min_rate == 0 {
+            return Ok(fut.await);
+        }
+        let count = || sent.map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed));
+        let mut last = count();
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            let end = tokio::time::Instant::from_std(self.start + self.window);
+            match tokio::time::timeout_at(end, &mut fut).await {
+                Ok(v) => {
+                    self.bytes += count() - last;
+                    return Ok(v);
+                }
+                Err(_) => {
+                    let now = count();
+                    self.bytes += now - last;
+                    last = now;
+                    self.check()?;
+                }
+            }
+        }
+    }
+}
+
+/// Reads `resp`'s body, but never more than `cap` bytes: (the bytes, whether there was more).
+async fn read_capped(
+    mut resp: reqwest::Response,
+    cap: usize,
+    pace: &mut Pace,
+) -> Result<(Vec<u8>, bool)> {
+    let mut v = Vec::new();
+    loop {
+        match pace.wait(resp.chunk(), None).await? {
+            Ok(Some(c)) => {
+                pace.add(c.len() as u64)?;
+                let room = cap - v.len();
+                if c.len() > room {
+                    v.extend_from_slice(&c[..room]);
+                    return Ok((v, true));
+                }
+                v.extend_from_slice(&c);
+            }
+            Ok(None) => return Ok((v, false)),
+            Err(e) => {
+                return Err(DistError::registry(format!(
+                    "{}: {}",
+                    pace.what,
+                    reqwest_detail(&e)
+                )))
+            }
+        }
+    }
+}
+
+/// A reqwest error with its causes, as an excerpt.
+fn reqwest_detail(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(x) = src {
+        s.push_str(&format!(": {x}"));
+        src = x.source();
+    }
+    excerpt(s.as_bytes())
+}
+
+/// The errors of an OCI error envelope (`{"errors": [{"code", "message"}]}`), if `body` is one.
+fn envelope_text(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let errs = v.get("errors")?.as_array()?;
+    let parts: Vec<String> = errs
+        .iter()
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.get("code").and_then(|c| c.as_str()).unwrap_or("?"),
+                e.get("message").and_then(|c| c.as_str()).unwrap_or("")
+            )
+        })
+        .collect();
+    (!parts.is_empty()).then(|| excerpt(parts.join("; ").as_bytes()))
+}
+
+/// At most [`EXCERPT_BYTES`] of a registry's text, fit for a terminal: control and
+/// bidirectional-override characters and runs of white space become one space, and a
+/// longer text says how long it was.
+pub fn excerpt(bytes: &[u8]) -> String {
+    let head = &bytes[..bytes.len().min(EXCERPT_BYTES)];
+    let mut s = String::new();
+    let mut space = true;
+    for c in String::from_utf8_lossy(head).chars() {
+        let odd = c.is_whitespace()
+            || c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if odd {
+            if !space {
+                s.push(' ');
+            }
+            space = true;
+        } else {
+            s.push(c);
+            space = false;
+        }
+    }
+    let s = s.trim_end().to_string();
+    if bytes.len() > EXCERPT_BYTES {
+        format!(
+            "{s}… [{} bytes; the first {EXCERPT_BYTES} shown]",
+            bytes.len()
+        )
+    } else {
+        s
+    }
+}
+
 /// Paces a transfer to a byte rate.
 struct Limiter {
     rate: Option<u64>,
@@ -792,6 +1255,7 @@ fn blob_stream(
     b: &BlobRef,
     limit: Option<u64>,
     progress: Option<Arc<dyn Fn(u64) + Send + Sync>>,
+    counter: Arc<std::sync::atomic::AtomicU64>,
 ) -> futures_util::stream::BoxStream<'static, std::result::Result<bytes::Bytes, OciDistributionError>>
 {
     let source = b.source.clone();
@@ -799,6 +1263,7 @@ fn blob_stream(
     let state = (source, None::<std::fs::File>, 0u64, Limiter::new(limit));
     futures_util::stream::unfold(state, move |(source, mut file, sent, lim)| {
         let progress = progress.clone();
+        let sent_now = counter.clone();
         async move {
             if sent >= size {
                 return None;
@@ -826,6 +1291,7 @@ fn blob_stream(
                 }),
             };
             let n = piece as u64;
+            sent_now.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
             if let Some(p) = &progress {
                 p(n);
             }
@@ -834,4 +1300,96 @@ fn blob_stream(
         }
     })
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn limits(min_rate: u64, window_ms: u64) -> Limits {
+        Limits {
+            min_rate,
+            window: Duration::from_millis(window_ms),
+            timeout: None,
+        }
+    }
+
+    #[test]
+    fn excerpts_are_short_and_printable() {
+        let line = b"\x1b[31mNOT FOUND\x1b[0m \x07\x08\r\xe2\x80\xae EEEE\n".repeat(100_000);
+        let e = excerpt(&line);
+        assert!(e.len() < EXCERPT_BYTES + 64, "{} bytes", e.len());
+        assert!(e.contains("NOT FOUND") && e.contains(&format!("{} bytes", line.len())));
+        assert!(
+            !e.chars().any(|c| c.is_control() || c == '\u{202e}'),
+            "{e:?}"
+        );
+        assert_eq!(excerpt(b"  short\r\n text "), "short text");
+    }
+
+    #[test]
+    fn bodies_are_read_up_to_their_cap_only() {
+        let body = vec![b'x'; 4 << 20];
+        let resp: reqwest::Response = http::Response::new(body).into();
+        let mut pace = Pace::new(&limits(1, 60_000), None, "test".into());
+        let (v, cut) = rt()
+            .block_on(read_capped(resp, MAX_ERROR_BODY, &mut pace))
+            .unwrap();
+        assert_eq!((v.len(), cut), (MAX_ERROR_BODY, true));
+        let resp: reqwest::Response = http::Response::new(vec![b'y'; 100]).into();
+        let (v, cut) = rt().block_on(read_capped(resp, 100, &mut pace)).unwrap();
+        assert_eq!((v.len(), cut), (100, false));
+    }
+
+    #[test]
+    fn a_stall_or_a_trickle_fails_at_the_end_of_a_window() {
+        // nothing at all
+        let mut pace = Pace::new(&limits(1000, 200), None, "registry r: x".into());
+        let e = rt()
+            .block_on(pace.wait(std::future::pending::<()>(), None))
+            .unwrap_err();
+        assert_eq!(e.kind, Kind::Registry);
+        assert!(
+            e.msg.contains("registry r: x") && e.msg.contains("--min-rate"),
+            "{e}"
+        );
+        // a trickle: a byte every 50 ms is far under 1000 bytes/s
+        let mut pace = Pace::new(&limits(1000, 200), None, "registry r: y".into());
+        let e = rt().block_on(async {
+            loop {
+                let tick = tokio::time::sleep(Duration::from_millis(50));
+                if let Err(e) = pace.wait(tick, None).await {
+                    return e;
+                }
+                if let Err(e) = pace.add(1) {
+                    return e;
+                }
+            }
+        });
+        assert!(e.msg.contains("--min-rate"), "{e}");
+        // an upload that moves enough passes; --limit-rate lowers the minimum
+        let sent = std::sync::atomic::AtomicU64::new(0);
+        let mut pace = Pace::new(&limits(1000, 100), None, "u".into());
+        rt().block_on(pace.wait(
+            async {
+                for _ in 0..6 {
+                    sent.fetch_add(500, std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(&sent),
+        ))
+        .unwrap();
+        assert_eq!(
+            Pace::new(&limits(1000, 100), Some(100), "l".into()).min_rate,
+            50
+        );
+    }
 }

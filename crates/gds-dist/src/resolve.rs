@@ -83,6 +83,13 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
         }
     }
     let _lock = store.lock(false)?;
+    // one conversion per model: a concurrent first use waits here, then finds it done
+    let _entry = store.lock_entry(&id)?;
+    if let Some(e) = store.get_ref(&reference) {
+        if e.digest == id {
+            return Ok(store.model_dir(&id));
+        }
+    }
     let out = store.model_dir(&id);
     if !opts.quiet {
         eprintln!(
@@ -107,22 +114,9 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
         }
     })?;
     // share identical files with every other model in the store
-    for f in walk(&out) {
+    for f in crate::store::walk_files(&out) {
         store.ingest(&f)?;
     }
     store.set_ref(&reference, &id, "gguf")?;
     Ok(out)
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    for d in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        match d.file_type() {
-            Ok(t) if t.is_dir() => v.extend(walk(&d.path())),
-            Ok(t) if t.is_file() => v.push(d.path()),
-            _ => {}
-        }
-    }
-    v.sort();
-    v
 }

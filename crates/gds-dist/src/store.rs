@@ -72,6 +72,19 @@ fn escape(reference: &str) -> String {
     s
 }
 
+/// A name part no other process or thread uses at the same time: `PID-N`.
+pub(crate) fn unique_suffix() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+/// The suffix of the temporary hard links [`Store::ingest`] renames over a model's file.
+pub const INGEST_TMP_SUFFIX: &str = ".ingest-tmp";
+
 impl Store {
     /// The store under `$GDSLLM_HOME` (or the user's cache directory), created if missing.
     pub fn open_default() -> Result<Store> {
@@ -158,21 +171,74 @@ impl Store {
         Ok(f)
     }
 
+    /// Takes the exclusive lock of one store entry (a model id): the pull or conversion of
+    /// that model happens once, while every other process wanting it waits here and then
+    /// finds it done. Callers hold [`Store::lock`] (shared) first, so `gc`, which removes
+    /// unlocked lock files under the exclusive store lock, never removes one in use; a lock
+    /// file replaced anyway is detected (its inode changed) and locked again.
+    pub fn lock_entry(&self, id: &str) -> Result<fs::File> {
+        let name = match id.strip_prefix("sha256:") {
+            Some(h) => h.to_string(),
+            None => escape(id),
+        };
+        let p = self.root.join("partial").join(format!("{name}.lock"));
+        loop {
+            let f = fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&p)
+                .map_err(|e| DistError::io(&p, e))?;
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+                .map_err(|e| DistError::io(&p, e.into()))?;
+            let held = f.metadata().map_err(|e| DistError::io(&p, e))?;
+            match fs::metadata(&p) {
+                Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => return Ok(f),
+                _ => continue,
+            }
+        }
+    }
+
     /// Puts the existing file `path` into the store (hashing it) and replaces it with a
     /// hard link to the stored blob, so that identical files share their bytes.
+    ///
+    /// Safe against other processes ingesting the same bytes at the same time: the
+    /// temporary link has a name of its own (`.NAME.PID-N.ingest-tmp`, removed on failure;
+    /// `gc` removes those a killed process left), and a blob that appears between the
+    /// check and the link is used instead of ours.
     pub fn ingest(&self, path: &Path) -> Result<String> {
         let mut f = fs::File::open(path).map_err(|e| DistError::io(path, e))?;
         let (digest, _, _) = crate::package::hash_file(path, &mut f)?;
         drop(f);
         let dst = self.blob_path(&digest)?;
-        if dst.exists() {
-            let tmp = path.with_extension("ingest-tmp");
-            fs::hard_link(&dst, &tmp).map_err(|e| DistError::io(&tmp, e))?;
-            fs::rename(&tmp, path).map_err(|e| DistError::io(path, e))?;
-        } else {
-            fs::hard_link(path, &dst).map_err(|e| DistError::io(&dst, e))?;
-            let _ = fs::set_permissions(&dst, fs::Permissions::from_mode(0o444));
+        if !dst.exists() {
+            match fs::hard_link(path, &dst) {
+                Ok(()) => {
+                    let _ = fs::set_permissions(&dst, fs::Permissions::from_mode(0o444));
+                    return Ok(digest);
+                }
+                // another process stored the same bytes first: link to its blob below
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(DistError::io(&dst, e)),
+            }
         }
+        let same = |a: &fs::Metadata, b: &fs::Metadata| a.ino() == b.ino() && a.dev() == b.dev();
+        if let (Ok(a), Ok(b)) = (fs::metadata(path), fs::metadata(&dst)) {
+            if same(&a, &b) {
+                // already the blob (a rename between two links of one file does nothing)
+                return Ok(digest);
+            }
+        }
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = path.with_file_name(format!(".{name}.{}{INGEST_TMP_SUFFIX}", unique_suffix()));
+        fs::hard_link(&dst, &tmp).map_err(|e| DistError::io(&tmp, e))?;
+        fs::rename(&tmp, path).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            DistError::io(path, e)
+        })?;
         Ok(digest)
     }
 
@@ -199,7 +265,7 @@ impl Store {
     /// Records `reference` → `digest` (atomically).
     pub fn set_ref(&self, reference: &str, digest: &str, source: &str) -> Result<()> {
         let p = self.ref_path(reference);
-        let tmp = p.with_extension(format!("tmp-{}", std::process::id()));
+        let tmp = p.with_extension(format!("tmp-{}", unique_suffix()));
         let e = RefEntry {
             reference: reference.into(),
             digest: digest.into(),
@@ -268,6 +334,14 @@ impl Store {
             if !live.contains(&p) {
                 fs::remove_dir_all(&p).map_err(|e| DistError::io(&p, e))?;
                 s.removed_models += 1;
+            } else {
+                // temporary links of an ingest that was killed (none runs now: every
+                // ingest holds the store lock that gc holds exclusively)
+                for f in walk_files(&p) {
+                    if f.to_string_lossy().ends_with(INGEST_TMP_SUFFIX) {
+                        fs::remove_file(&f).map_err(|e| DistError::io(&f, e))?;
+                    }
+                }
             }
         }
         for d in fs::read_dir(self.root.join("blobs/sha256"))
@@ -300,6 +374,20 @@ impl Store {
         }
         Ok(s)
     }
+}
+
+/// The regular files under `dir` (not following links), sorted.
+pub fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for d in fs::read_dir(dir).into_iter().flatten().flatten() {
+        match d.file_type() {
+            Ok(t) if t.is_dir() => v.extend(walk_files(&d.path())),
+            Ok(t) if t.is_file() => v.push(d.path()),
+            _ => {}
+        }
+    }
+    v.sort();
+    v
 }
 
 /// Bytes of the regular files under `dir` (not following links).

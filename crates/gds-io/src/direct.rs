@@ -16,9 +16,9 @@ use crate::verify::{Verifier, VerifyMode};
 use crate::{IoError, IoStats, LayerBytes, LayerSource, Resident, Span};
 use gds_format::Manifest;
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -62,11 +62,8 @@ pub enum DirectSupport {
 /// Opens `path` with `O_DIRECT` and reads its first block, to learn whether the filesystem
 /// supports direct I/O.
 pub fn probe_direct(path: &Path) -> DirectSupport {
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-    {
+    // a FIFO in place of the file must not block the probe (the open that follows names it)
+    let file = match crate::verify::open_regular(path, libc::O_DIRECT) {
         Ok(f) => f,
         Err(e) => return DirectSupport::Buffered(format!("open with O_DIRECT failed: {e}")),
     };
@@ -739,12 +736,7 @@ pub fn measure_read(
         if total >= max_bytes {
             break;
         }
-        let mut o = OpenOptions::new();
-        o.read(true);
-        if direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        let f = o.open(path).map_err(file_err(path))?;
+        let f = crate::verify::open_regular(path, if direct { libc::O_DIRECT } else { 0 })?;
         if !direct {
             drop_cached(&f, 0, 0);
         }

@@ -28,7 +28,7 @@ pub use direct::{
 };
 pub use error::IoError;
 pub use mmap::{read_manifest, MmapBackend};
-pub use verify::{open_in_dir, read_model_file, Verifier, VerifyMode, VerifyStats};
+pub use verify::{open_in_dir, open_regular, read_model_file, Verifier, VerifyMode, VerifyStats};
 
 use std::ops::{Deref, Range};
 use std::sync::Arc;

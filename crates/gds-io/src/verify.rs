@@ -26,6 +26,10 @@ use std::time::Instant;
 /// one with `O_NOFOLLOW`: a symbolic link inside the model directory is an error, so a model
 /// directory can never make a reader open a file outside it. The result must be a regular
 /// file. The directory `dir` itself may be reached through links.
+///
+/// The final component is opened with `O_NONBLOCK` (cleared again once it is known to be a
+/// regular file): a FIFO or device in place of a model file is refused at once instead of
+/// blocking the open for ever.
 pub fn open_in_dir(dir: &Path, rel: &str, flags: i32) -> Result<File, IoError> {
     let path = dir.join(rel);
     let err = |error: std::io::Error| IoError::File {
@@ -45,7 +49,11 @@ pub fn open_in_dir(dir: &Path, rel: &str, flags: i32) -> Result<File, IoError> {
     let parts: Vec<&str> = rel.split('/').collect();
     for (i, part) in parts.iter().enumerate() {
         let last = i + 1 == parts.len();
-        let mode = if last { flags } else { libc::O_DIRECTORY };
+        let mode = if last {
+            flags | libc::O_NONBLOCK
+        } else {
+            libc::O_DIRECTORY
+        };
         let name = CString::new(*part).map_err(|e| err(std::io::Error::other(e)))?;
         // SAFETY: `cur` is an open directory descriptor for the duration of the call and
         // `name` a NUL-terminated string; openat does not retain either.
@@ -73,14 +81,75 @@ pub fn open_in_dir(dir: &Path, rel: &str, flags: i32) -> Result<File, IoError> {
         // SAFETY: `fd` was just returned by openat, is valid and owned by nobody else.
         cur = unsafe { File::from_raw_fd(fd) };
     }
-    let meta = cur.metadata().map_err(err)?;
-    if !meta.file_type().is_file() {
+    require_regular(cur, &path)
+}
+
+/// Opens `path` (outside a model directory's manifest: a file named on the command line, a
+/// probe of the file system) for reading with `flags` added, like [`open_in_dir`]: a final
+/// symbolic link is not followed, and a FIFO, socket or device is refused at once instead of
+/// blocking the open.
+pub fn open_regular(path: &Path, flags: i32) -> Result<File, IoError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | flags)
+        .open(path)
+        .map_err(|error| {
+            if error.raw_os_error() == Some(libc::ELOOP) {
+                IoError::Unsafe {
+                    path: path.to_path_buf(),
+                    why: "is a symbolic link: a model directory must hold its files itself".into(),
+                }
+            } else {
+                IoError::File {
+                    path: path.to_path_buf(),
+                    error,
+                }
+            }
+        })?;
+    require_regular(file, path)
+}
+
+/// `file` (opened with `O_NONBLOCK`) if it is a regular file, with `O_NONBLOCK` cleared;
+/// an [`IoError::Unsafe`] naming `path` otherwise.
+fn require_regular(file: File, path: &Path) -> Result<File, IoError> {
+    let err = |error: std::io::Error| IoError::File {
+        path: path.to_path_buf(),
+        error,
+    };
+    let meta = file.metadata().map_err(err)?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "a special file"
+        };
         return Err(IoError::Unsafe {
-            path,
-            why: "is not a regular file".into(),
+            path: path.to_path_buf(),
+            why: format!("is {what}, not a regular file"),
         });
     }
-    Ok(cur)
+    // SAFETY: `file` is an open descriptor owned by this function; F_GETFL/F_SETFL only read
+    // and set its status flags.
+    let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    let rc = if fl < 0 {
+        fl
+    } else {
+        // SAFETY: as above.
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) }
+    };
+    if rc < 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    Ok(file)
 }
 
 /// Reads a whole file of the model directory that the manifest names in its file table
@@ -593,6 +662,96 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// Runs `f` on a thread and fails the test when it has not returned within a minute:
+    /// an open that blocks on a FIFO fails instead of hanging the test binary.
+    fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{what}: blocked (a FIFO opened without O_NONBLOCK?)"))
+    }
+
+    fn mkfifo(p: &Path) {
+        let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(
+            unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
+            0,
+            "{}",
+            p.display()
+        );
+    }
+
+    #[test]
+    fn fifos_in_place_of_model_files_are_refused_without_blocking() {
+        let (tmp, m) = model_dir(2);
+        let dir = tmp.path().to_path_buf();
+        std::fs::write(dir.join(gds_format::MANIFEST_FILE), &m).unwrap();
+        for rel in [
+            "layers/l0.bin",
+            gds_format::MANIFEST_FILE,
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            let p = dir.join(rel);
+            let _ = std::fs::remove_file(&p);
+            mkfifo(&p);
+            let d = dir.clone();
+            let e = within(rel, move || open_in_dir(&d, rel, 0).map(|_| ()))
+                .expect_err("a FIFO opened");
+            assert!(
+                matches!(e, IoError::Unsafe { .. })
+                    && e.to_string().contains(rel)
+                    && e.to_string().contains("FIFO"),
+                "{rel}: {e}"
+            );
+            let p2 = p.clone();
+            let e = within(rel, move || open_regular(&p2, 0).map(|_| ())).expect_err("FIFO");
+            assert!(e.to_string().contains("FIFO"), "{e}");
+            let pp = p.clone();
+            let probe = within(rel, move || crate::probe_direct(&pp));
+            assert!(matches!(probe, crate::DirectSupport::Buffered(_)), "{rel}");
+        }
+        // the manifest reader and the backends go through the same open
+        let d = dir.clone();
+        let e = within("manifest", move || crate::read_manifest(&d).map(|_| ())).unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        let (d, mm) = (dir.clone(), m.clone());
+        let e = within("mmap", move || {
+            MmapBackend::open_with(&d, &Manifest::parse(&mm).unwrap(), &uncached()).map(|_| ())
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("layers/l0.bin"), "{e}");
+        let (d, mm) = (dir.clone(), m.clone());
+        let e = within("direct", move || {
+            direct(&d, &mm, uncached(), vec![false, false]).map(|_| ())
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("layers/l0.bin"), "{e}");
+        let mut b = ManifestBuilder::new();
+        b.add_file(
+            "tokenizer.json",
+            gds_format::file_role::TOKENIZER,
+            2,
+            [0; 32],
+        );
+        let fm = b.finish();
+        let d = dir.clone();
+        let e = within("read_model_file", move || {
+            read_model_file(
+                &d,
+                &Manifest::parse(&fm).unwrap(),
+                "tokenizer.json",
+                1 << 20,
+            )
+            .map(|_| ())
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("tokenizer.json"), "{e}");
     }
 
     #[test]

@@ -244,9 +244,17 @@ pub fn check_same_vocabulary(target: &std::path::Path, draft: &std::path::Path) 
     }
     let vocab = |dir: &std::path::Path| -> Result<std::collections::HashMap<String, u32>> {
         let path = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&path)
-            .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
-        let t = crate::tokenizer::parse_tokenizer(&bytes)
+        // through the model-file reader: no link, FIFO or device, length and hash checked
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = crate::plan::parse_manifest(dir, &bytes)?;
+        let tok = gds_io::read_model_file(
+            dir,
+            &m,
+            "tokenizer.json",
+            crate::tokenizer::MAX_TOKENIZER_BYTES,
+        )?
+        .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;
+        let t = crate::tokenizer::parse_tokenizer(&tok.bytes)
             .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
         Ok(t.get_vocab(true))
     };

@@ -47,6 +47,17 @@ pub struct RegistryFlags {
     /// Cap the transfer rate, in bytes per second.
     #[arg(long)]
     limit_rate: Option<u64>,
+    /// Give up (exit 3) when a request moves fewer than this many bytes per second,
+    /// averaged over --min-rate-window: a registry that stalls or trickles. 0: no minimum.
+    #[arg(long, value_name = "BYTES_PER_S", default_value_t = gds_dist::registry::DEFAULT_MIN_RATE)]
+    min_rate: u64,
+    /// The window --min-rate is averaged over (e.g. 30, 30s, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    min_rate_window: std::time::Duration,
+    /// Give up (exit 3) when the whole push or pull has not finished after this long
+    /// (e.g. 90s, 30m, 12h); 0: no deadline. A pull run again resumes its partial downloads.
+    #[arg(long, value_name = "DURATION", default_value = "12h", value_parser = parse_duration)]
+    timeout: std::time::Duration,
     /// Print a JSON summary.
     #[arg(long)]
     json: bool,
@@ -164,6 +175,26 @@ pub fn pack(a: PackArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `90`, `90s`, `500ms`, `30m`, `12h`: a duration (plain numbers are seconds).
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 30, 30s, 500ms, 5m, 12h)"))?;
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("{s:?}: the unit must be ms, s, m or h")),
+    };
+    std::time::Duration::try_from_secs_f64(n * scale).map_err(|e| format!("{s:?}: {e}"))
+}
+
 fn remote(
     reference: &str,
     f: &RegistryFlags,
@@ -173,6 +204,11 @@ fn remote(
     Ok(Remote::new(
         reference,
         RemoteOptions {
+            limits: gds_dist::registry::Limits {
+                min_rate: f.min_rate,
+                window: f.min_rate_window,
+                timeout: (!f.timeout.is_zero()).then_some(f.timeout),
+            },
             plain_http: f.plain_http,
             limit_rate: f.limit_rate,
             progress: Some(progress_fn(b)),

@@ -1263,3 +1263,133 @@ fn gdsrun_converts_a_gguf_on_first_use_only() {
     assert_eq!(stdout(&o), reference_text());
     assert_eq!(manifests(), first, "the second run converted again");
 }
+
+/// A hostile registry stand-in, `scripts/hostile_oci.py serve MODE`, on 127.0.0.1; killed
+/// on drop.
+struct Hostile {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Hostile {
+    fn start(mode: &str, flags: &[&str]) -> Hostile {
+        let mut child = Command::new("python3")
+            .arg(root().join("scripts/hostile_oci.py"))
+            .args(["serve", mode])
+            .args(flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 scripts/hostile_oci.py serve");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("hostile_oci.py serve {mode}: {e}: {line:?}"));
+        Hostile {
+            child,
+            port: v["port"].as_u64().unwrap() as u16,
+        }
+    }
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn hostile_registries_fail_the_pull_with_a_short_error() {
+    // A registry answering with a 3 GiB error body or a 3 GiB manifest, one that trickles,
+    // and one that stalls: each pull fails with one short error that names the registry and
+    // the limit exceeded, under a 2 GiB address-space cap (reading a body whole aborts), and
+    // a regression that waits for ever is killed by output_within and fails the test.
+    let env = Env::new();
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [&'a str], i32, &'a [&'a str]);
+    let cases: &[Case] = &[
+        (
+            "huge-error",
+            &[],
+            &[],
+            3,
+            &["HTTP 404", "NOT FOUND", "65536 read"],
+        ),
+        ("huge-manifest", &[], &[], 1, &["manifest", "2097152 bytes"]),
+        (
+            "trickle",
+            &["--interval", "1"],
+            &["--min-rate", "100", "--min-rate-window", "2s"],
+            3,
+            &["--min-rate", "100 bytes/s"],
+        ),
+        (
+            "trickle",
+            &["--interval", "0.2"],
+            &["--min-rate", "0", "--timeout", "3s"],
+            3,
+            &["--timeout of 3 s"],
+        ),
+        (
+            "stall",
+            &[],
+            &["--min-rate-window", "2s"],
+            3,
+            &["--min-rate", "0 bytes in 2 s"],
+        ),
+        (
+            "stall-body",
+            &[],
+            &["--min-rate-window", "2s"],
+            3,
+            &["--min-rate"],
+        ),
+        (
+            "stall",
+            &[],
+            &["--min-rate", "0", "--timeout", "2"],
+            3,
+            &["--timeout of 2 s"],
+        ),
+    ];
+    for (i, (mode, server, flags, code, words)) in cases.iter().enumerate() {
+        let srv = Hostile::start(mode, server);
+        let host = format!("127.0.0.1:{}", srv.port);
+        let r = format!("{host}/hostile/model:latest");
+        let out = env.path(&format!("out{i}"));
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg("ulimit -v 2097152 && exec \"$0\" \"$@\"")
+            .arg(bin("gdsconv"))
+            .args(["pull", &r, s(&out), "--plain-http"])
+            .args(*flags)
+            .env("GDSLLM_HOME", env.home())
+            .env("DOCKER_CONFIG", &env.docker_config);
+        let what = format!("gdsconv pull from a registry that does {mode} {flags:?}");
+        let o = output_within(c, Duration::from_secs(120), &what);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(*code), "{what}: {err}");
+        assert!(
+            err.len() < 2048,
+            "{what}: {} bytes on stderr: {}",
+            err.len(),
+            &err[..err.len().min(4096)]
+        );
+        assert!(
+            err.contains(&host),
+            "{what}: the error does not name {host}: {err}"
+        );
+        for w in *words {
+            assert!(err.contains(w), "{what}: expected {w:?} in: {err}");
+        }
+        assert!(
+            !err.chars().any(|c| c.is_control() && c != '\n'),
+            "{what}: control characters reach the terminal: {err:?}"
+        );
+        assert!(!out.exists(), "{what}: {} was created", out.display());
+    }
+}

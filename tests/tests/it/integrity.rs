@@ -318,3 +318,47 @@ fn validate_and_gdsrun_agree_on_what_is_usable() {
         }
     }
 }
+
+#[test]
+fn a_fifo_in_place_of_a_model_file_is_refused_at_once() {
+    let limit = std::time::Duration::from_secs(60);
+    let first_layer = {
+        let b = std::fs::read(smollm_converted().join(MANIFEST_FILE)).unwrap();
+        let m = Manifest::parse(&b).unwrap();
+        m.layer(0).unwrap().file.to_string()
+    };
+    for rel in [
+        first_layer.as_str(),
+        MANIFEST_FILE,
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        let (_t, dir) = copy_model();
+        let p = dir.join(rel);
+        std::fs::remove_file(&p).unwrap();
+        let o = Command::new("mkfifo").arg(&p).output().unwrap();
+        assert!(o.status.success(), "mkfifo {}: {}", p.display(), stderr(&o));
+        let mut c = Command::new(bin("gdsconv"));
+        c.args(["validate", dir.to_str().unwrap(), "--json"]);
+        let o = output_within(c, limit, &format!("gdsconv validate with a FIFO {rel}"));
+        let all = format!("{}{}", stdout(&o), stderr(&o));
+        assert_eq!(o.status.code(), Some(1), "validate, FIFO {rel}: {all}");
+        assert!(
+            all.contains(rel) && all.contains("FIFO"),
+            "validate, FIFO {rel}: {all}"
+        );
+        let home = tempfile::tempdir().unwrap();
+        let mut c = Command::new(bin("gdsrun"));
+        c.args([
+            "run",
+            dir.to_str().unwrap(),
+            "-p",
+            "Hi",
+            "--max-tokens",
+            "1",
+        ])
+        .env("GDSLLM_HOME", home.path());
+        let o = output_within(c, limit, &format!("gdsrun with a FIFO {rel}"));
+        assert_refused(&o, &[rel, "FIFO"]);
+    }
+}

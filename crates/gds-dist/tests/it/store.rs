@@ -58,3 +58,165 @@ fn ingest_shares_identical_files_and_gc_keeps_what_is_linked() {
     );
     assert_eq!(std::fs::read(a.join("own.bin")).unwrap(), b"one");
 }
+
+/// Every path under `dir` (files and directories, links not followed), relative.
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for d in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = d.path();
+        v.push(p.strip_prefix(dir).unwrap().display().to_string());
+        if d.file_type().unwrap().is_dir() {
+            v.extend(
+                entries(&p)
+                    .into_iter()
+                    .map(|e| format!("{}/{e}", d.file_name().to_string_lossy())),
+            );
+        }
+    }
+    v.sort();
+    v
+}
+
+/// Leftovers of a store operation: temporary links, staging and `.old` directories.
+fn leftovers(store: &std::path::Path) -> Vec<String> {
+    entries(&store.join("models"))
+        .into_iter()
+        .chain(entries(&store.join("blobs")))
+        .filter(|e| {
+            e.ends_with(".ingest-tmp")
+                || e.contains(".tmp-")
+                || e.contains(".old")
+                || e.split('/').any(|c| c.starts_with('.'))
+        })
+        .collect()
+}
+
+#[test]
+fn concurrent_first_uses_convert_and_pull_once_and_gc_cleans_up() {
+    use gds_dist::registry::{Remote, RemoteOptions};
+    use gds_dist::resolve::{resolve_model, ResolveOptions};
+    // GDSLLM_HOME is the process's: this is the only test in this binary that sets it.
+    let t = tempfile::tempdir().unwrap();
+    std::env::set_var("GDSLLM_HOME", t.path());
+    let store_dir = t.path().join("store");
+    let models = || {
+        std::fs::read_dir(store_dir.join("models"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let first_uses = |spec: &str, opts: &ResolveOptions| -> Vec<std::path::PathBuf> {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| sc.spawn(|| resolve_model(spec, opts)))
+                .collect();
+            hs.into_iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    h.join()
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("first use {i} of {spec}: {e}"))
+                })
+                .collect()
+        })
+    };
+
+    // `gdsrun MODEL.gguf` four times at once: one conversion, every file one blob
+    let gguf = gds_tests::smollm_gguf();
+    let quiet = ResolveOptions {
+        quiet: true,
+        ..Default::default()
+    };
+    let dirs = first_uses(gguf.to_str().unwrap(), &quiet);
+    assert!(dirs.iter().all(|d| d == &dirs[0]), "{dirs:?}");
+    assert_eq!(models(), 1, "{:?}", entries(&store_dir.join("models")));
+    assert_eq!(leftovers(&store_dir), Vec::<String>::new());
+    for f in gds_dist::store::walk_files(&dirs[0]) {
+        assert!(
+            std::fs::metadata(&f).unwrap().nlink() >= 2,
+            "{} is not linked to a blob",
+            f.display()
+        );
+    }
+
+    // `gdsrun REF` four times at once: one pull, no `.old` directory left
+    let reg = gds_tests::registry::Registry::start();
+    let r = reg.reference("smollm2", "latest");
+    let plain = RemoteOptions {
+        plain_http: true,
+        ..Default::default()
+    };
+    let art = gds_dist::package::package_dir(&dirs[0], &|_| {}).unwrap();
+    Remote::new(&r, plain.clone()).unwrap().push(&art).unwrap();
+    let opts = ResolveOptions {
+        remote: plain,
+        quiet: true,
+    };
+    let pulled = first_uses(&r, &opts);
+    assert!(pulled.iter().all(|d| d == &pulled[0]), "{pulled:?}");
+    assert_eq!(models(), 2, "{:?}", entries(&store_dir.join("models")));
+    assert_eq!(leftovers(&store_dir), Vec::<String>::new());
+
+    // what a killed ingest leaves (a temporary link) goes at the next gc; what is used stays
+    let store = Store::open(&store_dir).unwrap();
+    let stale = dirs[0].join(".tokenizer.json.999999-0.ingest-tmp");
+    std::fs::hard_link(dirs[0].join("tokenizer.json"), &stale).unwrap();
+    let s = store.gc().unwrap();
+    // (the pulled config blob, which no model file links to, may go)
+    assert_eq!(s.removed_models, 0);
+    assert!(!stale.exists(), "gc left {}", stale.display());
+    assert_eq!(leftovers(&store_dir), Vec::<String>::new());
+    assert_eq!(
+        entries(&store_dir.join("partial")),
+        Vec::<String>::new(),
+        "unlocked lock files and partial downloads go at gc"
+    );
+    assert_eq!(models(), 2);
+}
+
+#[test]
+fn concurrent_ingests_of_the_same_bytes_all_succeed() {
+    // eight models with the same files, ingested at once: every ingest succeeds, each
+    // distinct file is one blob, and no temporary link is left
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let dirs: Vec<_> = (0..8)
+        .map(|i| {
+            let d = store.model_dir(&format!("gguf:m{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            for f in 0..20u8 {
+                std::fs::write(d.join(format!("f{f}.bin")), vec![f; 3000]).unwrap();
+            }
+            d
+        })
+        .collect();
+    std::thread::scope(|sc| {
+        for d in &dirs {
+            let store = &store;
+            sc.spawn(move || {
+                for f in 0..20 {
+                    store
+                        .ingest(&d.join(format!("f{f}.bin")))
+                        .unwrap_or_else(|e| panic!("ingest f{f}.bin: {e}"));
+                }
+            });
+        }
+    });
+    assert_eq!(
+        std::fs::read_dir(t.path().join("store/blobs/sha256"))
+            .unwrap()
+            .count(),
+        20
+    );
+    for d in &dirs {
+        assert_eq!(entries(d).len(), 20, "{:?}", entries(d));
+        for f in 0..20 {
+            assert_eq!(
+                std::fs::metadata(d.join(format!("f{f}.bin")))
+                    .unwrap()
+                    .nlink(),
+                9,
+                "f{f}.bin is not shared"
+            );
+        }
+    }
+}
