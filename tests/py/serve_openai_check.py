@@ -3,9 +3,9 @@
 
 Usage: serve_openai_check.py BASE_URL   (e.g. http://127.0.0.1:8080/v1)
 
-Runs completions, chat, streaming (both), a stop string (counted as finished, not
-cancelled), the same seed twice, a stream cancelled after a few chunks, and a non-streamed
-request whose client hangs up; prints one JSON object with what it saw. The Rust test
+Runs completions, chat, streaming (both, with and without stream_options.include_usage), a
+stop string (counted as finished, not cancelled), the same seed twice, a stream cancelled
+after a few chunks, and a non-streamed request whose client hangs up; prints one JSON object with what it saw. The Rust test
 (crates/gds-serve/tests/openai.rs) asserts on it.
 """
 import json
@@ -37,23 +37,48 @@ r = client.chat.completions.create(model=model, max_tokens=12, temperature=0,
 out["chat"] = {"text": r.choices[0].message.content, "role": r.choices[0].message.role,
                "finish": r.choices[0].finish_reason, "usage": r.usage.model_dump()}
 
-# streaming chat: chunks concatenate to the non-streamed answer (greedy)
-pieces, finish = [], None
+# streaming chat: chunks concatenate to the non-streamed answer (greedy); without
+# stream_options no chunk has `usage`
+pieces, finish, with_usage = [], None, 0
 for ch in client.chat.completions.create(model=model, max_tokens=12, temperature=0, stream=True,
                                          messages=[{"role": "system", "content": "You are terse."},
                                                    {"role": "user", "content": "Say hello."}]):
+    with_usage += "usage" in ch.model_fields_set
     if ch.choices:
         if ch.choices[0].delta.content:
             pieces.append(ch.choices[0].delta.content)
         if ch.choices[0].finish_reason:
             finish = ch.choices[0].finish_reason
-out["chat_stream"] = {"text": "".join(pieces), "chunks": len(pieces), "finish": finish}
+out["chat_stream"] = {"text": "".join(pieces), "chunks": len(pieces), "finish": finish,
+                      "chunks_with_usage": with_usage}
 
-pieces = []
+pieces, with_usage = [], 0
 for ch in client.completions.create(model=model, prompt="The capital of France is", max_tokens=8,
                                     temperature=0, stream=True):
+    with_usage += "usage" in ch.model_fields_set
     pieces.append(ch.choices[0].text)
-out["completion_stream"] = {"text": "".join(pieces), "chunks": len(pieces)}
+out["completion_stream"] = {"text": "".join(pieces), "chunks": len(pieces),
+                            "chunks_with_usage": with_usage}
+
+# stream_options.include_usage (as OpenAI): every chunk has `usage: null` but one more, the
+# last, with no choices and the usage
+def usage_stream(chunks):
+    chunks = list(chunks)
+    last = chunks[-1]
+    return {"text": "".join((c.choices[0].delta.content or "") if hasattr(c.choices[0], "delta")
+                            else c.choices[0].text for c in chunks if c.choices),
+            "last_choices": len(last.choices),
+            "usage": last.usage.model_dump() if last.usage else None,
+            "others_usage_null": all("usage" in c.model_fields_set and c.usage is None
+                                     for c in chunks[:-1]),
+            "chunks_with_usage": sum(c.usage is not None for c in chunks)}
+out["chat_stream_usage"] = usage_stream(client.chat.completions.create(
+    model=model, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True},
+    messages=[{"role": "system", "content": "You are terse."},
+              {"role": "user", "content": "Say hello."}]))
+out["completion_stream_usage"] = usage_stream(client.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True,
+    stream_options={"include_usage": True}))
 
 def metric(name):
     text = urllib.request.urlopen(base.rsplit("/v1", 1)[0] + "/metrics").read().decode()

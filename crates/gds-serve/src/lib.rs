@@ -7,10 +7,13 @@
 //! (client disconnect, stop string) drops its receiver, which cancels the request and frees
 //! its KV blocks at the next step.
 //!
-//! Clients are held to limits ([`net`]): a connection limit, a header read timeout that is
-//! also the keep-alive idle timeout, a body read timeout, a body size limit checked against
-//! Content-Length before the body is read, and prompts too long for the context are refused
-//! before they are tokenized (tokenization runs off the async threads).
+//! Clients are held to limits ([`net`]): a connection limit (over all clients and per client
+//! address), a header read timeout that is also the keep-alive idle timeout, a body read
+//! timeout, a body size limit checked against Content-Length before the body is read, and
+//! prompts too long for the context are refused before they are tokenized (tokenization runs
+//! off the async threads). Middleware ([`net`]) answers CORS preflights, checks the API key on
+//! every path but `/health` (and `/metrics` with `--metrics-public`), and gives every error,
+//! axum's own rejections included, OpenAI's JSON error shape.
 
 mod api;
 pub mod kvpool;
@@ -88,9 +91,17 @@ pub struct ServeArgs {
     /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB).
     #[arg(long, value_parser = gds_runtime::ioplan::parse_size)]
     pub mem_budget: Option<u64>,
-    /// Require `Authorization: Bearer KEY`.
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health (and /metrics with
+    /// --metrics-public).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Serve /metrics without the API key (for a Prometheus scraper).
+    #[arg(long)]
+    pub metrics_public: bool,
+    /// Allow browser pages from this origin (e.g. `http://localhost:3000`; `*`: any) to call
+    /// the server (CORS); repeatable. Default: no CORS headers.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
     /// Model name reported by /v1/models (default: the directory's name).
     #[arg(long)]
     pub alias: Option<String>,
@@ -105,6 +116,11 @@ pub struct ServeArgs {
     /// Most open connections; more are answered 503 (Retry-After: 1) and closed.
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,
+    /// Most open connections from one client address (default: a quarter of
+    /// --max-connections); more are answered 503 and closed, so one client cannot take every
+    /// slot. Behind a reverse proxy every client has the proxy's address: raise it.
+    #[arg(long)]
+    pub max_client_connections: Option<usize>,
     /// Seconds a client has to send a complete request head, counted from connecting or,
     /// on a kept-alive connection, from the previous response (so also the idle timeout).
     #[arg(long, default_value = "10", value_parser = parse_secs)]
@@ -129,6 +145,10 @@ pub struct ServerState {
     vocab: usize,
     queue_limit: usize,
     api_key: Option<String>,
+    /// /metrics answers without the API key.
+    metrics_public: bool,
+    /// Origins allowed by CORS (`*`: any); empty: CORS off.
+    cors_origins: Vec<String>,
     created: u64,
     limits: NetLimits,
     /// The model directory (for the grammar compiler's vocabulary).
@@ -188,11 +208,38 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             1 << 20
         ));
     }
+    let max_client_connections = args
+        .max_client_connections
+        .unwrap_or((args.max_connections / 4).max(1));
+    if max_client_connections == 0 || max_client_connections > args.max_connections {
+        return bad(format!(
+            "--max-client-connections {max_client_connections} must be in 1..={} (--max-connections)",
+            args.max_connections
+        ));
+    }
+    let mut cors_origins = Vec::new();
+    for o in &args.cors_origins {
+        let o = o.trim().trim_end_matches('/');
+        let host = o
+            .strip_prefix("http://")
+            .or_else(|| o.strip_prefix("https://"));
+        let valid = o == "*"
+            || host.is_some_and(|h| {
+                !h.is_empty() && !h.contains('/') && h.bytes().all(|b| b.is_ascii_graphic())
+            });
+        if !valid {
+            return bad(format!(
+                "--cors-origin {o:?}: expected `*` or an origin such as https://example.com"
+            ));
+        }
+        cors_origins.push(o.to_string());
+    }
     let Ok(max_body) = usize::try_from(args.max_body) else {
         return bad(format!("--max-body {} is too large", args.max_body));
     };
     let limits = NetLimits {
         max_connections: args.max_connections,
+        max_client_connections,
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         max_body,
@@ -291,6 +338,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         vocab,
         queue_limit: args.queue_limit,
         api_key: args.api_key.clone(),
+        metrics_public: args.metrics_public,
+        cors_origins,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -345,23 +394,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The routes.
+/// The routes: the OpenAI endpoints both under `/v1` and without it (as llama-server and
+/// vLLM serve them), inside the middleware (outermost first): CORS, OpenAI-shaped errors, the
+/// API key, the request body.
 fn router(state: Arc<ServerState>) -> axum::Router {
+    use axum::middleware::from_fn_with_state;
     use axum::routing::{get, post};
-    axum::Router::new()
-        .route("/v1/completions", post(api::completions))
-        .route("/v1/chat/completions", post(api::chat))
-        .route("/v1/responses", post(responses::responses))
-        .route("/v1/models", get(api::models))
-        .route("/tokenize", post(tokenize::tokenize_handler))
+    let mut r = axum::Router::new();
+    for prefix in ["/v1", ""] {
+        r = r
+            .route(&format!("{prefix}/completions"), post(api::completions))
+            .route(&format!("{prefix}/chat/completions"), post(api::chat))
+            .route(&format!("{prefix}/responses"), post(responses::responses))
+            .route(&format!("{prefix}/models"), get(api::models));
+    }
+    r.route("/tokenize", post(tokenize::tokenize_handler))
         .route("/detokenize", post(tokenize::detokenize_handler))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            net::read_body,
-        ))
+        // `read_body` enforces --max-body; axum's own 2 MiB default would cut it short
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(from_fn_with_state(state.clone(), net::read_body))
+        .layer(from_fn_with_state(state.clone(), net::require_key))
+        .layer(axum::middleware::from_fn(net::json_errors))
+        .layer(from_fn_with_state(state.clone(), net::cors))
         .with_state(state)
 }

@@ -21,6 +21,8 @@ pub struct ServerMetrics {
     pub connections_open: AtomicU64,
     /// Connections refused because the connection limit was reached (503).
     pub connections_refused: AtomicU64,
+    /// Of those, refused because the client's address held its share of the connections.
+    pub connections_refused_client: AtomicU64,
     /// Connections closed because a request head did not arrive in time (header or idle
     /// timeout).
     pub header_timeouts: AtomicU64,
@@ -190,8 +192,14 @@ impl ServerMetrics {
         put(
             "connections_refused_total",
             "counter",
-            "Connections refused at the connection limit (503).",
+            "Connections refused at the connection limit or the per-client limit (503).",
             g(&self.connections_refused).to_string(),
+        );
+        put(
+            "connections_refused_client_total",
+            "counter",
+            "Connections refused because their address held --max-client-connections (503).",
+            g(&self.connections_refused_client).to_string(),
         );
         put(
             "connections_timed_out_total",

@@ -1,6 +1,11 @@
-//! The connection layer: the accept loop with its connection limit, hyper's HTTP/1.1 with a
-//! header read timeout (which is also the keep-alive idle timeout), and the request-body
-//! middleware (size limit checked before reading, read timeout).
+//! The connection layer: the accept loop with its connection limits (all clients, and each
+//! client address), hyper's HTTP/1.1 with a header read timeout (which is also the keep-alive
+//! idle timeout), and the request-body middleware (size limit checked before reading, read
+//! timeout).
+//!
+//! A connection over a limit is not served by hyper: a small task reads its request line
+//! (briefly), answers `GET /health` with 200 and anything else with 503, and closes it. So
+//! health probes are answered even while slow or idle clients hold every slot.
 
 use crate::api::ApiError;
 use crate::metrics::ServerMetrics;
@@ -13,9 +18,11 @@ use axum::response::{IntoResponse, Response};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
@@ -25,6 +32,8 @@ use tokio::sync::{watch, Semaphore};
 pub struct NetLimits {
     /// Most open connections; more are answered 503 and closed.
     pub max_connections: usize,
+    /// Most open connections from one client address; more are answered 503 and closed.
+    pub max_client_connections: usize,
     /// Time to send a complete request head, from connecting or from the end of the
     /// previous response (so also the keep-alive idle timeout).
     pub header_timeout: Duration,
@@ -32,6 +41,53 @@ pub struct NetLimits {
     pub body_timeout: Duration,
     /// Largest request body, bytes.
     pub max_body: usize,
+}
+
+/// Open connections per client address.
+#[derive(Default)]
+struct Clients(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection counted against its address; uncounted on drop.
+struct ClientSlot {
+    clients: Arc<Clients>,
+    ip: IpAddr,
+}
+
+impl Clients {
+    /// Counts a connection from `ip`, unless that address already holds `cap`.
+    fn take(self: &Arc<Self>, ip: IpAddr, cap: usize) -> Option<ClientSlot> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(ip).or_insert(0);
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut map = self.clients.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Why a connection is refused.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Refusal {
+    /// Every connection slot is taken.
+    Full,
+    /// The client's address holds its share.
+    Client,
 }
 
 /// Serves `app` on `listener` until `shutdown` completes, then waits for the open
@@ -44,12 +100,13 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let clients = Arc::new(Clients::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok(s) => s,
                 Err(_) => {
                     // out of file descriptors and the like: wait instead of spinning
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -58,16 +115,27 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        // an IPv4 client on an IPv6 socket is the same client as on an IPv4 one
+        let ip = peer.ip().to_canonical();
+        let Some(client) = clients.take(ip, limits.max_client_connections) else {
             metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(refuse(stream));
+            metrics
+                .connections_refused_client
+                .fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(refuse(stream, Refusal::Client));
+            continue;
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(client);
+            metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(refuse(stream, Refusal::Full));
             continue;
         };
         let _ = stream.set_nodelay(true);
         metrics.connections_open.fetch_add(1, Ordering::Relaxed);
         let (app, metrics, mut stop_rx) = (app.clone(), metrics.clone(), stop_rx.clone());
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, client);
             let mut builder = http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
@@ -96,15 +164,52 @@ pub async fn serve(
     let _ = slots.acquire_many(limits.max_connections as u32).await;
 }
 
-/// Answers a connection over the limit with 503 and closes it, within a second.
-async fn refuse(stream: TcpStream) {
-    const BODY: &str = r#"{"error":{"message":"too many open connections; retry later","type":"server_busy","param":null,"code":"too_many_connections"}}"#;
-    let response = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{BODY}",
-        BODY.len()
-    );
+/// Whether a request line asks for the health check.
+fn is_health(head: &[u8]) -> bool {
+    head.starts_with(b"GET /health ") || head.starts_with(b"GET /health?")
+}
+
+/// Answers a connection over a limit and closes it, within about a second: a health check
+/// (`GET /health`, seen in the request line read for at most half a second) gets 200, since
+/// the server is up; anything else 503 with Retry-After.
+async fn refuse(stream: TcpStream, why: Refusal) {
+    const HEALTH: &str = r#"{"status":"ok"}"#;
+    let busy = match why {
+        Refusal::Full => {
+            r#"{"error":{"message":"too many open connections; retry later","type":"server_busy","param":null,"code":"too_many_connections"}}"#
+        }
+        Refusal::Client => {
+            r#"{"error":{"message":"too many open connections from this address (--max-client-connections); retry later","type":"server_busy","param":null,"code":"too_many_connections"}}"#
+        }
+    };
     let (read, write) = stream.into_split();
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+    let mut head = Vec::new();
+    let mut sink = [0u8; 1024];
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while !head.contains(&b'\n') && head.len() < 1024 {
+            read.readable().await?;
+            match read.try_read(&mut sink) {
+                Ok(0) => break,
+                Ok(n) => head.extend_from_slice(&sink[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })
+    .await;
+    let response = if is_health(&head) {
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{HEALTH}",
+            HEALTH.len()
+        )
+    } else {
+        format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{busy}",
+            busy.len()
+        )
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
         let mut out = response.as_bytes();
         while !out.is_empty() {
             write.writable().await?;
@@ -117,7 +222,6 @@ async fn refuse(stream: TcpStream) {
         // dropping the write half sends FIN; then read what the client sent, so that
         // closing does not reset the connection before it has read the answer
         drop(write);
-        let mut sink = [0u8; 4096];
         loop {
             read.readable().await?;
             match read.try_read(&mut sink) {
@@ -196,4 +300,153 @@ fn closing(e: ApiError) -> Response {
     r.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
+}
+
+/// Middleware: the API key (`--api-key`) on every path but `/health`, and `/metrics` with
+/// `--metrics-public`. (CORS preflights are answered before this, without a key.)
+pub async fn require_key(State(st): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let public = path == "/health" || (st.metrics_public && path == "/metrics");
+    if !public {
+        if let Err(e) = crate::api::authorize(&st, req.headers()) {
+            return e.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Middleware: every error answered in OpenAI's JSON shape, including those axum writes
+/// itself (405 for a method a path does not take, a rejected extractor's plain text).
+pub async fn json_errors(req: Request, next: Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let r = next.run(req).await;
+    let status = r.status();
+    let is_json = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return r;
+    }
+    let (parts, body) = r.into_parts();
+    let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_string();
+    let message = if status == StatusCode::METHOD_NOT_ALLOWED {
+        format!("{path} does not take {method}")
+    } else if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_string()
+    } else {
+        text
+    };
+    let kind = if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
+    let mut out = ApiError::status(status, kind, message).into_response();
+    for name in [header::ALLOW, header::CONNECTION, header::RETRY_AFTER] {
+        if let Some(v) = parts.headers.get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
+}
+
+/// Middleware: CORS (`--cors-origin`). A preflight (`OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method`) from an allowed origin is answered 204 with the origin
+/// echoed, the methods, the headers it asked for (else `authorization, content-type`) and a
+/// max age; other responses to an allowed origin carry `Access-Control-Allow-Origin`. With
+/// no origin configured no CORS header is sent. `OPTIONS` is answered 204 with `Allow` either
+/// way, and needs no API key.
+pub async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
+    let on = !st.cors_origins.is_empty();
+    let allowed = req
+        .headers()
+        .get(header::ORIGIN)
+        .filter(|o| {
+            st.cors_origins
+                .iter()
+                .any(|a| a == "*" || a.as_bytes() == o.as_bytes())
+        })
+        .cloned();
+    if req.method() == axum::http::Method::OPTIONS {
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        let h = r.headers_mut();
+        h.insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, POST, OPTIONS"),
+        );
+        if on {
+            h.insert(
+                header::VARY,
+                HeaderValue::from_static(
+                    "origin, access-control-request-method, access-control-request-headers",
+                ),
+            );
+        }
+        let preflight = req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+        if let (Some(origin), true) = (allowed, preflight) {
+            let asked = req
+                .headers()
+                .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+                .cloned()
+                .unwrap_or_else(|| HeaderValue::from_static("authorization, content-type"));
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static("GET, POST, OPTIONS"),
+            );
+            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+            h.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static("7200"),
+            );
+        }
+        return r;
+    }
+    let mut r = next.run(req).await;
+    if on {
+        let h = r.headers_mut();
+        h.append(header::VARY, HeaderValue::from_static("origin"));
+        if let Some(origin) = allowed {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_holds_at_most_its_cap_and_gets_slots_back() {
+        let clients = Arc::new(Clients::default());
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let held: Vec<ClientSlot> = (0..3).map(|_| clients.take(a, 3).unwrap()).collect();
+        assert!(clients.take(a, 3).is_none());
+        // another address is not affected
+        let other = clients.take(b, 3).unwrap();
+        drop(held);
+        assert!(clients.take(a, 3).is_some());
+        drop(other);
+        assert!(clients.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn health_request_lines() {
+        assert!(is_health(b"GET /health HTTP/1.1\r\n"));
+        assert!(is_health(b"GET /health?x=1 HTTP/1.1\r\n"));
+        assert!(!is_health(b"GET /healthz HTTP/1.1\r\n"));
+        assert!(!is_health(b"POST /health HTTP/1.1\r\n"));
+        assert!(!is_health(b"GET /v1/models HTTP/1.1\r\n"));
+        assert!(!is_health(b""));
+    }
 }

@@ -12,13 +12,12 @@
 //! `previous_response_id` is refused — send the conversation as `input` items instead.
 
 use crate::api::{
-    authorize, chat_job, complete, constrain, finish, now_secs, parse, random_seed, sse, submit,
-    ApiError, ChatBody, ChatMessage, Common, End, Gen, Job, Kind, Piece,
+    chat_job, complete, constrain, finish, now_secs, parse, random_seed, sse, submit, ApiError,
+    ChatBody, ChatMessage, Common, End, Gen, Job, Kind, Piece,
 };
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -352,13 +351,8 @@ fn call_item(call: &Value) -> Value {
 }
 
 /// `POST /v1/responses`.
-pub async fn responses(
-    State(st): State<Arc<ServerState>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+pub async fn responses(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
-        authorize(&st, &headers)?;
         let (job, echoed) = responses_job(&st, &body).await?;
         let id = format!("resp_{:016x}", random_seed());
         let msg_id = format!("msg_{:016x}", random_seed());

@@ -1,7 +1,9 @@
 //! Issue 15 ("Hardening"), the server's part: message contents are plain text (defect 2),
 //! clients are held to timeouts, a connection limit and a body size limit, prompts too long
 //! for the context are refused before they are tokenized (defect 7), and flag and parameter
-//! errors are clean (defect 8). Raw HTTP to 127.0.0.1; every loop is bounded.
+//! errors are clean (defect 8). Issue 33's HTTP surface: the API key on every endpoint but
+//! /health, CORS, the paths without `/v1`, `--max-body` as the real limit with JSON errors,
+//! and a per-client connection limit. Raw HTTP to 127.0.0.1; every loop is bounded.
 
 use crate::common::{http, metric, serial, start};
 use serde_json::{json, Value};
@@ -51,6 +53,35 @@ fn parse_response(raw: &[u8]) -> (u16, Value) {
         .unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map_or("", |x| x.1);
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// A request with extra headers: (status, the response head in lower case, the JSON body or
+/// null).
+fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let (status, v) = parse_response(&raw);
+    let text = String::from_utf8_lossy(&raw);
+    let head = text.split_once("\r\n\r\n").map_or(&*text, |x| x.0);
+    (status, head.to_ascii_lowercase(), v)
 }
 
 #[test]
@@ -179,7 +210,14 @@ fn held_connection(addr: &str) -> TcpStream {
 #[test]
 fn connection_limit_holds() {
     let _one = serial();
-    let s = start(&["--max-connections", "4", "--header-timeout", "60"]);
+    let s = start(&[
+        "--max-connections",
+        "4",
+        "--max-client-connections",
+        "4",
+        "--header-timeout",
+        "60",
+    ]);
     let held: Vec<TcpStream> = (0..4).map(|_| held_connection(&s.addr)).collect();
     // every slot is held: the next connection is answered 503 and closed at once
     for _ in 0..3 {
@@ -190,6 +228,9 @@ fn connection_limit_holds() {
         assert_eq!(status, 503, "{}", String::from_utf8_lossy(&got));
         assert_eq!(v["error"]["code"], "too_many_connections", "{v}");
     }
+    // ... but a health check is still answered (issue 33: a slow loris kept it at 503)
+    let (status, body) = http(&s.addr, "GET", "/health", None);
+    assert_eq!(status, 200, "{body}");
     drop(held);
     let t0 = Instant::now();
     let m = loop {
@@ -320,5 +361,283 @@ fn kv_budget_too_large_is_a_usage_error() {
         assert_eq!(o.status.code(), Some(2), "{budget}: {err}");
         assert!(err.contains(&format!("--kv-budget {budget} MiB")), "{err}");
         assert!(!err.contains("panicked") && o.stdout.is_empty(), "{err}");
+    }
+}
+
+/// Issue 33, item 4: with `--api-key` only `/health` answers without the key (`/metrics` too
+/// with `--metrics-public`); the check runs before any handler, for every path. Item 6,
+/// default off: no CORS header, and `OPTIONS` is a 204, not a 405.
+#[test]
+fn api_key_guards_every_endpoint_but_health() {
+    let _one = serial();
+    let key = [("Authorization", "Bearer sesame")];
+    let wrong = [("Authorization", "Bearer nope")];
+    let json_ct = ("Content-Type", "application/json");
+    let completion = br#"{"prompt": "hi", "max_tokens": 1}"#;
+    let s = start(&["--api-key", "sesame"]);
+    let guarded: &[(&str, &str, &[u8])] = &[
+        ("GET", "/v1/models", b""),
+        ("GET", "/models", b""),
+        ("GET", "/metrics", b""),
+        ("GET", "/tokenizer_info", b""),
+        ("POST", "/tokenize", br#"{"prompt": "hi"}"#),
+        ("POST", "/detokenize", br#"{"tokens": [1]}"#),
+        ("POST", "/v1/completions", completion),
+        ("POST", "/v1/chat/completions", b"{}"),
+        ("POST", "/v1/responses", b"{}"),
+    ];
+    for &(method, path, body) in guarded {
+        for h in [&[][..], &wrong[..]] {
+            let (status, _, v) = request(&s.addr, method, path, h, body);
+            assert_eq!(status, 401, "{method} {path} {h:?}: {v}");
+            assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+        }
+    }
+    assert_eq!(request(&s.addr, "GET", "/health", &[], b"").0, 200);
+    for path in ["/v1/models", "/metrics", "/tokenizer_info"] {
+        assert_eq!(request(&s.addr, "GET", path, &key, b"").0, 200, "{path}");
+    }
+    let (status, _, v) = request(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        &[key[0], json_ct],
+        completion,
+    );
+    assert_eq!(status, 200, "{v}");
+    // CORS is off: no CORS headers even for an Origin, and OPTIONS is answered (204, Allow)
+    let origin = ("Origin", "http://app.example");
+    let (status, head, _) = request(&s.addr, "GET", "/health", &[origin], b"");
+    assert_eq!(status, 200);
+    assert!(!head.contains("access-control-"), "{head}");
+    let (status, head, _) = request(
+        &s.addr,
+        "OPTIONS",
+        "/v1/chat/completions",
+        &[origin, ("Access-Control-Request-Method", "POST")],
+        b"",
+    );
+    assert_eq!(status, 204, "{head}");
+    assert!(head.contains("\r\nallow: get, post, options"), "{head}");
+    assert!(!head.contains("access-control-"), "{head}");
+    drop(s);
+
+    let s = start(&["--api-key", "sesame", "--metrics-public"]);
+    let (status, _, _) = request(&s.addr, "GET", "/metrics", &[], b"");
+    assert_eq!(status, 200);
+    assert_eq!(request(&s.addr, "GET", "/v1/models", &[], b"").0, 401);
+}
+
+/// Issue 33, items 5 and 6: the OpenAI paths answer without `/v1` too, and with
+/// `--cors-origin` a browser's preflight (without the API key) gets the origin echoed with
+/// the methods, headers and a max age, and responses to that origin carry it (errors too).
+#[test]
+fn cors_preflight_and_paths_without_v1() {
+    let _one = serial();
+    let s = start(&[
+        "--api-key",
+        "sesame",
+        "--cors-origin",
+        "http://app.example",
+        "--cors-origin",
+        "https://other.example/",
+    ]);
+    let key = ("Authorization", "Bearer sesame");
+    let json_ct = ("Content-Type", "application/json");
+    let app = ("Origin", "http://app.example");
+    for (origin, path) in [
+        ("http://app.example", "/v1/chat/completions"),
+        ("https://other.example", "/chat/completions"),
+    ] {
+        let (status, head, _) = request(
+            &s.addr,
+            "OPTIONS",
+            path,
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                (
+                    "Access-Control-Request-Headers",
+                    "authorization, content-type",
+                ),
+            ],
+            b"",
+        );
+        assert_eq!(status, 204, "{head}");
+        for want in [
+            format!("\r\naccess-control-allow-origin: {origin}"),
+            "\r\naccess-control-allow-methods: get, post, options".into(),
+            "\r\naccess-control-allow-headers: authorization, content-type".into(),
+            "\r\naccess-control-max-age: ".into(),
+            "\r\nvary: origin".into(),
+        ] {
+            assert!(
+                head.contains(&want),
+                "{origin} {path}: no {want:?} in\n{head}"
+            );
+        }
+    }
+    // an origin not allowed gets no CORS headers
+    let (status, head, _) = request(
+        &s.addr,
+        "OPTIONS",
+        "/v1/chat/completions",
+        &[
+            ("Origin", "http://evil.example"),
+            ("Access-Control-Request-Method", "POST"),
+        ],
+        b"",
+    );
+    assert_eq!(status, 204);
+    assert!(!head.contains("access-control-allow"), "{head}");
+    // the actual requests: the allowed origin is echoed, on a 401 too
+    let (status, head, _) = request(&s.addr, "GET", "/v1/models", &[app], b"");
+    assert_eq!(status, 401);
+    assert!(
+        head.contains("\r\naccess-control-allow-origin: http://app.example"),
+        "{head}"
+    );
+    let (status, head, v) = request(&s.addr, "GET", "/models", &[app, key], b"");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["data"][0]["id"], "smollm2", "{v}");
+    assert!(
+        head.contains("\r\naccess-control-allow-origin: http://app.example"),
+        "{head}"
+    );
+    assert!(head.contains("\r\nvary: origin"), "{head}");
+    // every OpenAI path without /v1
+    let chat = br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}"#;
+    let (status, _, v) = request(&s.addr, "POST", "/chat/completions", &[key, json_ct], chat);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion", "{v}");
+    let completion = br#"{"prompt": "hi", "max_tokens": 1}"#;
+    let (status, _, v) = request(&s.addr, "POST", "/completions", &[key, json_ct], completion);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion", "{v}");
+    let resp = br#"{"input": "hi", "max_output_tokens": 1}"#;
+    let (status, _, v) = request(&s.addr, "POST", "/responses", &[key, json_ct], resp);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "response", "{v}");
+}
+
+/// Issue 33, item 15: `--max-body` is the limit (axum's own 2 MiB default no longer cuts a
+/// body short with a plain-text 413), and axum's own errors (405) are OpenAI-shaped JSON.
+#[test]
+fn max_body_is_the_limit_and_every_error_is_json() {
+    let _one = serial();
+    let s = start(&["--max-body", "3MiB"]);
+    // 2.5 MiB: under --max-body (over axum's default): read, and the prompt refused as too
+    // long for the context, by the handler
+    let big = json!({"prompt": "x".repeat(5 << 19), "max_tokens": 1});
+    let (status, v) = post(&s.addr, "/v1/completions", &big);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "prompt", "{v}");
+    // 3.5 MiB: over it, 413 in OpenAI's shape
+    let bigger = json!({"prompt": "x".repeat(7 << 19), "max_tokens": 1});
+    let (status, v) = post(&s.addr, "/v1/completions", &bigger);
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+    // a method a path does not take: 405, with Allow, as JSON
+    for (method, path) in [("GET", "/v1/completions"), ("POST", "/v1/models")] {
+        let (status, head, v) = request(&s.addr, method, path, &[], b"");
+        assert_eq!(status, 405, "{method} {path}: {head}");
+        assert!(head.contains("\r\nallow: "), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(path),
+            "{v}"
+        );
+    }
+}
+
+/// Issue 33, item 15: one client address holds at most `--max-client-connections`; more
+/// from it are answered 503 and closed, while `/health` is answered even then (and at the
+/// global limit, see `connection_limit_holds`).
+#[test]
+fn one_client_cannot_take_every_connection() {
+    let _one = serial();
+    let s = start(&[
+        "--max-connections",
+        "8",
+        "--max-client-connections",
+        "2",
+        "--header-timeout",
+        "60",
+    ]);
+    let held: Vec<TcpStream> = (0..2).map(|_| held_connection(&s.addr)).collect();
+    for _ in 0..3 {
+        let mut extra = TcpStream::connect(&s.addr).unwrap();
+        extra
+            .write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let (got, closed) = read_until_closed(&mut extra, Duration::from_secs(10));
+        assert!(closed);
+        let (status, v) = parse_response(&got);
+        assert_eq!(status, 503, "{}", String::from_utf8_lossy(&got));
+        assert_eq!(v["error"]["code"], "too_many_connections", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--max-client-connections"),
+            "{v}"
+        );
+    }
+    // health checks are answered though every slot of this address is taken
+    for _ in 0..3 {
+        let (status, body) = http(&s.addr, "GET", "/health", None);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body, r#"{"status":"ok"}"#);
+    }
+    drop(held);
+    let t0 = Instant::now();
+    let m = loop {
+        let (status, m) = http(&s.addr, "GET", "/metrics", None);
+        if status == 200 {
+            break m;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "slots never came back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        metric(&m, "gds_connections_refused_client_total") >= 3.0,
+        "{m}"
+    );
+}
+
+#[test]
+fn bad_connection_flags_are_usage_errors() {
+    let model = gds_tests::smollm_converted();
+    for (flags, text) in [
+        (
+            &["--max-connections", "4", "--max-client-connections", "5"][..],
+            "--max-client-connections 5",
+        ),
+        (
+            &["--max-client-connections", "0"][..],
+            "--max-client-connections 0",
+        ),
+        (&["--cors-origin", "app.example"][..], "--cors-origin"),
+        (
+            &["--cors-origin", "http://a.example/path"][..],
+            "--cors-origin",
+        ),
+    ] {
+        let o = std::process::Command::new(gds_tests::bin("gdsrun"))
+            .arg("serve")
+            .arg(model)
+            .args(["--port", "0"])
+            .args(flags)
+            .output()
+            .expect("spawn gdsrun serve");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(err.contains(text), "{flags:?}: {err}");
+        assert!(o.stdout.is_empty(), "{err}");
     }
 }

@@ -56,6 +56,25 @@ fn openai_client_end_to_end() {
     assert_eq!(r["chat_stream"]["finish"], chat["finish"]);
     assert!(r["chat_stream"]["chunks"].as_u64().unwrap() > 1);
     assert_eq!(r["completion_stream"]["text"], c["text"]);
+    // without stream_options no chunk carries `usage`
+    assert_eq!(
+        r["chat_stream"]["chunks_with_usage"], 0,
+        "{}",
+        r["chat_stream"]
+    );
+    assert_eq!(r["completion_stream"]["chunks_with_usage"], 0);
+    // with stream_options.include_usage: `usage: null` on every chunk but one more, the last,
+    // with no choices and the same usage as the answer not streamed
+    for (streamed, whole) in [("chat_stream_usage", chat), ("completion_stream_usage", c)] {
+        let u = &r[streamed];
+        assert_eq!(u["text"], whole["text"], "{streamed}: {u}");
+        assert_eq!(u["last_choices"], 0, "{streamed}: {u}");
+        assert_eq!(u["chunks_with_usage"], 1, "{streamed}: {u}");
+        assert_eq!(u["others_usage_null"], true, "{streamed}: {u}");
+        for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+            assert_eq!(u["usage"][k], whole["usage"][k], "{streamed} {k}: {u}");
+        }
+    }
 
     // the stop string cuts the greedy text just before it
     let full = r["stop"]["full"].as_str().unwrap();
