@@ -353,7 +353,7 @@ impl Engine {
             if draft.is_some() {
                 history.push(tok);
             }
-            self.sampler.accept(tok);
+            self.sampler.accept_generated(tok);
             if let Some(piece) = stream.push(tok)? {
                 text.push_str(&piece);
                 // a stop string may straddle pieces: search the tail that could hold one

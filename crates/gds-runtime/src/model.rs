@@ -69,6 +69,16 @@ impl Batch {
         self.tokens.is_empty()
     }
 
+    /// Entry `k`: token, position, sequence, and whether its logits are wanted.
+    pub fn get(&self, k: usize) -> Option<(u32, usize, usize, bool)> {
+        Some((
+            *self.tokens.get(k)?,
+            *self.positions.get(k)?,
+            *self.seqs.get(k)?,
+            *self.outputs.get(k)?,
+        ))
+    }
+
     /// Number of tokens whose logits are wanted.
     pub fn n_outputs(&self) -> usize {
         self.outputs.iter().filter(|&&o| o).count()

@@ -48,6 +48,10 @@ pub struct PlanOptions {
     pub repeat_penalty: Option<f32>,
     /// Repeat penalty window.
     pub repeat_last_n: Option<usize>,
+    /// OpenAI's frequency penalty (over the generated tokens).
+    pub frequency_penalty: Option<f32>,
+    /// OpenAI's presence penalty (over the generated tokens).
+    pub presence_penalty: Option<f32>,
     /// Random seed.
     pub seed: Option<u64>,
     /// Most tokens to generate per reply.
@@ -407,6 +411,9 @@ impl Plan {
             repeat_penalty: opts.repeat_penalty.unwrap_or(d.repeat_penalty),
             repeat_last_n: opts.repeat_last_n.unwrap_or(d.repeat_last_n),
             seed: opts.seed.unwrap_or_else(time_seed),
+            frequency_penalty: opts.frequency_penalty.unwrap_or(d.frequency_penalty),
+            presence_penalty: opts.presence_penalty.unwrap_or(d.presence_penalty),
+            logit_bias: Vec::new(),
         };
         sampler
             .check()

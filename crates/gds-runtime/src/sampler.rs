@@ -1,5 +1,6 @@
-//! Token sampling: repeat penalty, then top-k, top-p, min-p and temperature, in llama.cpp's
-//! default order. Temperature 0 is greedy. A seeded xoshiro256** makes runs reproducible.
+//! Token sampling: repeat penalty, frequency and presence penalties and logit bias, then
+//! top-k, top-p, min-p and temperature, in llama.cpp's default order. Temperature 0 is
+//! greedy. A seeded xoshiro256** makes runs reproducible.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +21,22 @@ pub struct SamplerConfig {
     pub repeat_last_n: usize,
     /// Seed of the random generator.
     pub seed: u64,
+    /// OpenAI's `frequency_penalty`: subtracted from a token's logit once per time it was
+    /// generated (prompt tokens do not count); 0 disables.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frequency_penalty: f32,
+    /// OpenAI's `presence_penalty`: subtracted from the logit of every token generated at
+    /// least once; 0 disables.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub presence_penalty: f32,
+    /// OpenAI's `logit_bias`: added to these tokens' logits before sampling (greedy
+    /// included); ids outside the vocabulary are ignored here (the server refuses them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+fn is_zero(x: &f32) -> bool {
+    *x == 0.0
 }
 
 impl Default for SamplerConfig {
@@ -32,6 +49,9 @@ impl Default for SamplerConfig {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -87,6 +107,19 @@ impl SamplerConfig {
         }
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
             return bad("repeat_penalty", self.repeat_penalty, "> 0");
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", self.frequency_penalty, "in [-2, 2]");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", self.presence_penalty, "in [-2, 2]");
+        }
+        if let Some(&(_, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return bad("logit_bias", b, "in [-100, 100]");
         }
         Ok(())
     }
@@ -151,6 +184,8 @@ pub struct Sampler {
     cands: Vec<Candidate>,
     recent: Vec<u32>,
     recent_at: usize,
+    /// How often each generated token was generated (frequency and presence penalties).
+    counts: std::collections::HashMap<u32, u32>,
 }
 
 impl Sampler {
@@ -161,6 +196,7 @@ impl Sampler {
             // grows with the tokens seen: --repeat-last-n is the user's, not an allocation size
             recent: Vec::new(),
             recent_at: 0,
+            counts: std::collections::HashMap::new(),
             cfg,
             cands: Vec::with_capacity(vocab),
         }
@@ -186,24 +222,48 @@ impl Sampler {
         }
     }
 
-    /// Forgets the recent tokens.
+    /// Records a token the model generated: part of the context (as [`Sampler::accept`])
+    /// and counted for the frequency and presence penalties.
+    pub fn accept_generated(&mut self, token: u32) {
+        self.accept(token);
+        if self.cfg.frequency_penalty != 0.0 || self.cfg.presence_penalty != 0.0 {
+            *self.counts.entry(token).or_insert(0) += 1;
+        }
+    }
+
+    /// Forgets the recent and generated tokens.
     pub fn reset(&mut self) {
         self.recent.clear();
         self.recent_at = 0;
+        self.counts.clear();
     }
 
-    /// Applies the repeat penalty to `logits`, once per distinct recent token.
+    /// Applies the repeat penalty (once per distinct recent token), then the frequency and
+    /// presence penalties (`logit -= count * frequency + (count > 0) * presence`, over the
+    /// generated tokens), then the logit bias. A token at -inf (masked) stays there.
     pub fn apply_penalty(&self, logits: &mut [f32]) {
         let p = self.cfg.repeat_penalty;
-        if p == 1.0 {
-            return;
-        }
-        for (i, &tok) in self.recent.iter().enumerate() {
-            if self.recent[..i].contains(&tok) {
-                continue;
+        if p != 1.0 {
+            for (i, &tok) in self.recent.iter().enumerate() {
+                if self.recent[..i].contains(&tok) {
+                    continue;
+                }
+                if let Some(l) = logits.get_mut(tok as usize) {
+                    *l = if *l > 0.0 { *l / p } else { *l * p };
+                }
             }
+        }
+        let (fp, pp) = (self.cfg.frequency_penalty, self.cfg.presence_penalty);
+        if fp != 0.0 || pp != 0.0 {
+            for (&tok, &n) in &self.counts {
+                if let Some(l) = logits.get_mut(tok as usize) {
+                    *l -= n as f32 * fp + pp;
+                }
+            }
+        }
+        for &(tok, b) in &self.cfg.logit_bias {
             if let Some(l) = logits.get_mut(tok as usize) {
-                *l = if *l > 0.0 { *l / p } else { *l * p };
+                *l += b;
             }
         }
     }
@@ -340,6 +400,7 @@ mod tests {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 42,
+            ..SamplerConfig::default()
         }
     }
 
@@ -436,6 +497,98 @@ mod tests {
         s.apply_penalty(&mut l);
         assert_eq!(l, [2.0, -2.0, 1.5, 3.5]);
         assert_eq!(s.sample(&mut [4.0, -1.0, 3.0, 3.5]), 3);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_count_generated_tokens_only() {
+        let mut s = Sampler::new(
+            SamplerConfig {
+                frequency_penalty: 0.5,
+                presence_penalty: 1.5,
+                ..cfg(0.0, 0, 1.0, 0.0)
+            },
+            4,
+        );
+        // the prompt does not count
+        for t in [0, 0, 0, 3] {
+            s.accept(t);
+        }
+        let mut l = vec![1.0; 4];
+        s.apply_penalty(&mut l);
+        assert_eq!(l, [1.0; 4]);
+        for t in [1, 1, 2] {
+            s.accept_generated(t);
+        }
+        let mut l = vec![1.0; 4];
+        s.apply_penalty(&mut l);
+        // 1: twice (2 * 0.5 + 1.5), 2: once (0.5 + 1.5)
+        assert_eq!(l, [1.0, -1.5, -1.0, 1.0]);
+        // greedy sees them: 1 was the best before the penalties
+        assert_eq!(s.sample(&mut [0.0, 3.0, 0.5, 0.9]), 3);
+        s.reset();
+        assert_eq!(s.sample(&mut [0.0, 3.0, 0.5, 0.9]), 1);
+    }
+
+    #[test]
+    fn logit_bias_moves_greedy_and_keeps_masked_tokens_out() {
+        let mut s = Sampler::new(
+            SamplerConfig {
+                logit_bias: vec![(1, -100.0), (2, 2.5), (9, 50.0)],
+                ..cfg(0.0, 0, 1.0, 0.0)
+            },
+            4,
+        );
+        // 1 would win, 2 wins once biased; an id outside the logits is skipped
+        assert_eq!(s.sample(&mut [0.0, 3.0, 1.0, 0.5]), 2);
+        // a masked token stays masked, whatever its bias
+        let mut s = Sampler::new(
+            SamplerConfig {
+                logit_bias: vec![(0, 100.0)],
+                ..cfg(0.0, 0, 1.0, 0.0)
+            },
+            4,
+        );
+        assert_eq!(s.sample(&mut [f32::NEG_INFINITY, 3.0, 1.0, 0.5]), 1);
+        assert_eq!(s.sample(&mut [0.0, 3.0, 1.0, 0.5]), 0);
+        // and with temperature: +100 takes all the mass
+        let mut s = Sampler::new(
+            SamplerConfig {
+                logit_bias: vec![(3, 100.0)],
+                ..cfg(1.0, 0, 1.0, 0.0)
+            },
+            4,
+        );
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut [0.0, 3.0, 1.0, 0.5]), 3);
+        }
+    }
+
+    #[test]
+    fn penalty_and_bias_ranges_are_checked() {
+        let with = |f: &dyn Fn(&mut SamplerConfig)| {
+            let mut c = cfg(0.8, 40, 0.95, 0.05);
+            f(&mut c);
+            c.check()
+        };
+        assert!(with(&|c| c.frequency_penalty = 2.0).is_ok());
+        assert!(with(&|c| c.presence_penalty = -2.0).is_ok());
+        let e = with(&|c| c.frequency_penalty = 2.5).unwrap_err();
+        assert_eq!((e.field, e.value), ("frequency_penalty", 2.5));
+        assert_eq!(e.flag(), "--frequency-penalty");
+        assert!(with(&|c| c.presence_penalty = -3.0).is_err());
+        assert!(with(&|c| c.presence_penalty = f32::NAN).is_err());
+        assert!(with(&|c| c.logit_bias = vec![(0, 100.0), (1, -100.0)]).is_ok());
+        let e = with(&|c| c.logit_bias = vec![(0, 1.0), (1, -101.0)]).unwrap_err();
+        assert_eq!((e.field, e.value), ("logit_bias", -101.0));
+    }
+
+    #[test]
+    fn plans_without_the_new_settings_still_load() {
+        let mut v = serde_json::to_value(SamplerConfig::default()).unwrap();
+        assert!(v.get("logit_bias").is_none(), "{v}");
+        v.as_object_mut().unwrap().remove("frequency_penalty");
+        let c: SamplerConfig = serde_json::from_value(v).unwrap();
+        assert_eq!(c, SamplerConfig::default());
     }
 
     #[test]

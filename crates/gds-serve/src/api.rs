@@ -138,6 +138,15 @@ pub(crate) struct Common {
     pub(crate) min_p: Option<f64>,
     #[serde(default)]
     pub(crate) repeat_penalty: Option<f64>,
+    /// `logit -= count * frequency_penalty` over the generated tokens (-2..=2).
+    #[serde(default)]
+    pub(crate) frequency_penalty: Option<f64>,
+    /// `logit -= presence_penalty` for every token generated at least once (-2..=2).
+    #[serde(default)]
+    pub(crate) presence_penalty: Option<f64>,
+    /// `{"<token id>": bias}`, bias in -100..=100, added to the logits before sampling.
+    #[serde(default)]
+    pub(crate) logit_bias: Option<Value>,
     #[serde(default)]
     pub(crate) stop: Option<Stop>,
     #[serde(default)]
@@ -436,6 +445,33 @@ pub(crate) fn authorize(st: &ServerState, headers: &HeaderMap) -> Result<(), Api
     }
 }
 
+/// `logit_bias`: an object mapping token ids (as strings) to numbers in -100..=100.
+fn logit_bias_request(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| Err(ApiError::bad(m).param("logit_bias"));
+    let map = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return bad("logit_bias must be an object of token ids to numbers".into()),
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, b) in map {
+        let Some(id) = k.parse::<u32>().ok().filter(|&id| (id as usize) < vocab) else {
+            return bad(format!(
+                "logit_bias key {k:?} is not a token id in this vocabulary (0..{vocab})"
+            ));
+        };
+        match b.as_f64() {
+            Some(b) if (-100.0..=100.0).contains(&b) => out.push((id, b as f32)),
+            _ => {
+                return bad(format!(
+                    "logit_bias[{k:?}] {b} must be a number in -100..=100"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Validates the shared fields and builds the job around `prompt`.
 fn job(
     st: &ServerState,
@@ -499,6 +535,7 @@ fn job(
         Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
         None => d.top_k,
     };
+    let logit_bias = logit_bias_request(c.logit_bias.as_ref(), st.vocab)?;
     let sampler = SamplerConfig {
         temp,
         top_k,
@@ -507,6 +544,11 @@ fn job(
         repeat_penalty: c.repeat_penalty.map_or(d.repeat_penalty, |p| p as f32),
         repeat_last_n: d.repeat_last_n,
         seed: c.seed.map_or_else(random_seed, |s| s as u64),
+        frequency_penalty: c
+            .frequency_penalty
+            .map_or(d.frequency_penalty, |p| p as f32),
+        presence_penalty: c.presence_penalty.map_or(d.presence_penalty, |p| p as f32),
+        logit_bias,
     };
     sampler.check().map_err(|e| {
         // the request's name of the setting, not the command line's

@@ -253,6 +253,8 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<(Job, Valu
     common.max_completion_tokens = None;
     common.n = None;
     common.echo = None;
+    // OpenAI's Responses API has no logit_bias
+    common.logit_bias = None;
     common.logprobs = None;
     common.top_logprobs = None;
     common.response_format = match &r.text {

@@ -123,6 +123,14 @@ fn max_outputs(cfg: &EngineConfig) -> usize {
     cfg.max_batch.max(64).min(cfg.step_tokens.max(1))
 }
 
+/// Why a request failed in a step.
+enum Fault {
+    /// Its grammar went past the grammar engine's limits.
+    Grammar(String),
+    /// The forward pass of its own tokens failed.
+    Engine(String),
+}
+
 /// A request admitted or waiting.
 struct Seq {
     req: Request,
@@ -150,6 +158,18 @@ struct Seq {
 impl Seq {
     fn decoding(&self) -> bool {
         self.n_cached + 1 == self.tokens.len() && self.generated > 0
+    }
+
+    /// With echo: the prompt token whose log-probability the logits at position `p`
+    /// give, if not sent yet.
+    fn scores(&self, p: usize) -> Option<usize> {
+        (self.req.echo && p + 1 < self.n_prompt && p + 1 >= self.scored).then_some(p + 1)
+    }
+
+    /// Whether position `p`, fed while prefilling, takes an output row: the last one (to
+    /// sample from) or a scored one.
+    fn out_row(&self, p: usize) -> bool {
+        p + 1 == self.tokens.len() || self.scores(p).is_some()
     }
 }
 
@@ -494,10 +514,11 @@ impl Engine {
         self.fed.clear();
         self.fed.resize(self.running.len(), 0);
         let mut budget = self.cfg.step_tokens;
+        let max_out = max_outputs(&self.cfg);
 
         // decoding sequences first, oldest first: one token each
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && budget > 0 && self.out_rows.len() < max_out {
             if !self.running[i].decoding() {
                 i += 1;
                 continue;
@@ -520,8 +541,7 @@ impl Engine {
             // where budget, output rows, context and KV blocks allow (never at another
             // sequence's expense)
             let s = &self.running[i];
-            let rows_left =
-                max_outputs(&self.cfg).saturating_sub(self.out_rows.len() + self.running.len() - i);
+            let rows_left = max_out.saturating_sub(self.out_rows.len() + self.running.len() - i);
             let k = s
                 .req
                 .draft_max
@@ -568,14 +588,22 @@ impl Engine {
                 continue;
             }
             let (from, len) = (self.running[i].n_cached, self.running[i].tokens.len());
-            let mut take = (len - from).min(budget);
-            if self.running[i].req.echo {
-                // every position is an output row: as many as the step has left
-                let rows = max_outputs(&self.cfg) - self.out_rows.len();
-                take = take.min(rows);
-                if take == 0 {
-                    continue;
+            // the chunk ends before the first position that would need an output row when
+            // none is left: a scored (echo) position, or the last one (whose logits give
+            // the first token), whoever came before took the step's rows
+            let mut rows_left = max_out.saturating_sub(self.out_rows.len());
+            let mut take = 0;
+            while take < (len - from).min(budget) {
+                if self.running[i].out_row(from + take) {
+                    if rows_left == 0 {
+                        break;
+                    }
+                    rows_left -= 1;
                 }
+                take += 1;
+            }
+            if take == 0 {
+                continue;
             }
             if !self.reserve(i, from + take) {
                 // the pool is dry: use what was reserved
@@ -591,15 +619,10 @@ impl Engine {
             }
             let s = &self.running[i];
             for p in from..from + take {
-                let last = p + 1 == len;
-                let score =
-                    (s.req.echo && p + 1 < s.n_prompt && p + 1 >= s.scored).then_some(p + 1);
-                self.batch
-                    .push(s.tokens[p], p, s.slot, last || score.is_some());
-                if score.is_some() {
-                    self.out_rows.push((i, score));
-                } else if last {
-                    self.out_rows.push((i, None));
+                let out = s.out_row(p);
+                self.batch.push(s.tokens[p], p, s.slot, out);
+                if out {
+                    self.out_rows.push((i, s.scores(p)));
                 }
             }
             self.fed[i] += take;
@@ -668,16 +691,21 @@ impl Engine {
         };
         let dt = t0.elapsed().as_secs_f64();
         self.metrics.record_step(n_prompt, n_decode, dt);
-        if let Err(e) = result {
-            // nothing to salvage in this batch: fail every running request
-            let msg = format!("forward pass failed: {e}");
-            for mut s in std::mem::take(&mut self.running) {
-                let _ = Self::send(&s, Event::Error(msg.clone()));
-                self.release(&mut s);
-                self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        // when the pass failed, each sequence's part runs alone: only those whose own part
+        // fails are failed (a request never fails for another's fault), and the logits of
+        // the others' rows are kept here
+        let mut solo: Option<Vec<f32>> = None;
+        let mut broken = vec![false; self.running.len()];
+        let mut failed: Vec<(usize, Fault)> = Vec::new();
+        if result.is_err() {
+            let (logits, bad) = self.forward_each();
+            for (i, e) in bad {
+                broken[i] = true;
+                self.fed[i] = 0;
+                self.running[i].guesses.clear();
+                failed.push((i, Fault::Engine(e)));
             }
-            self.publish();
-            return;
+            solo = Some(logits);
         }
         // the K/V of every token of the batch are now in the cache
         // (a sequence's guesses count once the token sampled before each equals it)
@@ -689,12 +717,14 @@ impl Engine {
         let vocab = self.model.config.vocab_size;
         let now = Instant::now();
         let mut done: Vec<(usize, Finish)> = Vec::new();
-        let mut failed: Vec<(usize, String)> = Vec::new();
         // with guesses, a sequence has a row per fed token: row r samples the token after
         // it, and row r + 1 counts only if that token was guess r
         let mut row_no = vec![0usize; self.running.len()];
         let mut chain_ended = vec![false; self.running.len()];
         for (row, &(i, score)) in self.out_rows.iter().enumerate() {
+            if broken[i] {
+                continue;
+            }
             let s = &mut self.running[i];
             let r = row_no[i];
             row_no[i] += 1;
@@ -706,7 +736,10 @@ impl Engine {
                 // ended unless the sampled token turns out to be the guess
                 chain_ended[i] = true;
             }
-            let logits = self.state.logits_mut(row, vocab);
+            let logits = match solo.as_mut() {
+                Some(l) => &mut l[row * vocab..(row + 1) * vocab],
+                None => self.state.logits_mut(row, vocab),
+            };
             if let Some(j) = score {
                 let k = s.req.logprobs.unwrap_or(0);
                 let lp = TokenLogprobs::of(logits, s.tokens[j], k);
@@ -732,7 +765,7 @@ impl Engine {
                     )),
                 };
                 if let Err(e) = applied {
-                    failed.push((i, e.to_string()));
+                    failed.push((i, Fault::Grammar(e.to_string())));
                     continue;
                 }
             } else if s.req.ignore_eos {
@@ -759,11 +792,11 @@ impl Engine {
             }
             if let Some(c) = s.req.constraint.as_mut() {
                 if let Err(e) = c.accept(tok) {
-                    failed.push((i, e.to_string()));
+                    failed.push((i, Fault::Grammar(e.to_string())));
                     continue;
                 }
             }
-            s.sampler.accept(tok);
+            s.sampler.accept_generated(tok);
             s.tokens.push(tok);
             s.generated += 1;
             self.metrics.generated.fetch_add(1, Ordering::Relaxed);
@@ -814,7 +847,7 @@ impl Engine {
             }
         }
         // remove finished ones, highest index first so indices stay valid
-        let mut ended: Vec<(usize, Result<Finish, String>)> = done
+        let mut ended: Vec<(usize, Result<Finish, Fault>)> = done
             .into_iter()
             .map(|(i, f)| (i, Ok(f)))
             .chain(failed.into_iter().map(|(i, e)| (i, Err(e))))
@@ -825,13 +858,53 @@ impl Engine {
             match f {
                 Ok(f) => self.finish(s, f),
                 Err(e) => {
-                    let _ = Self::send(&s, Event::GrammarError(e));
+                    let ev = match e {
+                        Fault::Grammar(e) => Event::GrammarError(e),
+                        Fault::Engine(e) => Event::Error(e),
+                    };
+                    let _ = Self::send(&s, ev);
                     self.release(&mut s);
                     self.metrics.failed.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
         self.publish();
+    }
+
+    /// After a failed forward pass: runs each sequence's part of the step's batch alone.
+    /// Returns the logits of every output row, in `out_rows` order (zero for the rows of a
+    /// sequence whose part failed), and the sequences whose part failed, with the error.
+    fn forward_each(&mut self) -> (Vec<f32>, Vec<(usize, String)>) {
+        let vocab = self.model.config.vocab_size;
+        let mut logits = vec![0.0f32; self.out_rows.len() * vocab];
+        let mut failed = Vec::new();
+        let mut part = Batch::with_capacity(self.batch.len());
+        for i in 0..self.running.len() {
+            if self.fed[i] == 0 {
+                continue;
+            }
+            let slot = self.running[i].slot;
+            part.clear();
+            for k in 0..self.batch.len() {
+                if let Some((t, p, s, out)) = self.batch.get(k) {
+                    if s == slot {
+                        part.push(t, p, s, out);
+                    }
+                }
+            }
+            match self.model.forward(&mut self.state, &mut self.kv, &part) {
+                Ok(_) => {
+                    let rows = self.out_rows.iter().enumerate();
+                    let mine = rows.filter(|&(_, &(j, _))| j == i).map(|(r, _)| r);
+                    for (n, r) in mine.enumerate() {
+                        logits[r * vocab..(r + 1) * vocab]
+                            .copy_from_slice(self.state.logits(n, vocab));
+                    }
+                }
+                Err(e) => failed.push((i, format!("forward pass failed: {e}"))),
+            }
+        }
+        (logits, failed)
     }
 
     /// Updates the gauges.

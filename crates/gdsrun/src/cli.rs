@@ -111,6 +111,12 @@ pub struct RunArgs {
     /// Tokens the repeat penalty looks back over [default: 64].
     #[arg(long)]
     pub repeat_last_n: Option<usize>,
+    /// Subtracted from a token's logit per time the reply generated it, -2..=2 [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Subtracted from the logit of every token the reply generated, -2..=2 [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
     /// Random seed (default: from the clock; recorded in the plan).
     #[arg(long, short = 's')]
     pub seed: Option<u64>,

@@ -36,6 +36,8 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
         min_p: a.min_p,
         repeat_penalty: a.repeat_penalty,
         repeat_last_n: a.repeat_last_n,
+        frequency_penalty: a.frequency_penalty,
+        presence_penalty: a.presence_penalty,
         seed: a.seed,
         max_tokens: a.max_tokens,
         stop: a.stop.clone(),

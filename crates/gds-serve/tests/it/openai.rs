@@ -881,3 +881,183 @@ fn gemma3_prompt_longer_than_the_window_through_the_window_pool() {
     let (_, m) = http(&s.addr, "GET", "/metrics", None);
     assert!(metric(&m, "gds_kv_window_blocks_total") > 0.0, "{m}");
 }
+
+/// Issue 33, item 9: an `echo` scoring request (as lm-eval sends: token ids, `echo`,
+/// `logprobs`, `max_tokens` 0) of 600 tokens takes every output row of the steps it
+/// prefills in; requests arriving meanwhile were batched beside it past the 64 output
+/// rows, and the failed pass answered both with a 500. Every request must succeed.
+#[test]
+fn echo_scoring_beside_concurrent_requests_succeeds() {
+    let _one = serial();
+    let s = start(&[]);
+    let ids: Vec<u32> = (0..600).map(|i| 200 + (i * 37) % 5000).collect();
+    let echo = serde_json::json!({
+        "prompt": [ids], "echo": true, "logprobs": 1, "max_tokens": 0, "temperature": 0,
+    })
+    .to_string();
+    let normal = |k: usize| {
+        serde_json::json!({"prompt": format!("Count to {k}:"), "max_tokens": 3}).to_string()
+    };
+    let post = |b: &str| http(&s.addr, "POST", "/v1/completions", Some(b.as_bytes()));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (echoed, others) = std::thread::scope(|sc| {
+        let e = sc.spawn(|| {
+            let r = post(&echo);
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            r
+        });
+        // short requests one after another while the echo prompt prefills (a step of 64
+        // positions at a time), each admitted beside it; two at once as well
+        let mut others = Vec::new();
+        let mut k = 0;
+        while k < 3 || (!done.load(std::sync::atomic::Ordering::Relaxed) && k < 40) {
+            let (a, b) = std::thread::scope(|s2| {
+                let a = s2.spawn(|| post(&normal(k)));
+                let b = post(&normal(k + 100));
+                (a.join().unwrap(), b)
+            });
+            others.push(a);
+            others.push(b);
+            k += 1;
+        }
+        (e.join().unwrap(), others)
+    });
+    assert_eq!(echoed.0, 200, "{}", echoed.1);
+    let v: Value = serde_json::from_str(&echoed.1).unwrap();
+    let lps = &v["choices"][0]["logprobs"]["token_logprobs"];
+    assert_eq!(lps.as_array().map(Vec::len), Some(600), "{v}");
+    for (status, body) in others {
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+/// Issue 33, items 1 and 2: `logit_bias`, `frequency_penalty` and `presence_penalty` on
+/// both endpoints, greedy and under a grammar, and their range errors.
+#[test]
+fn logit_bias_and_openai_penalties_steer_sampling() {
+    let _one = serial();
+    let s = start(&[]);
+    let call = |path: &str, body: Value| -> Value {
+        let (code, resp) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
+        assert_eq!(code, 200, "{body}: {resp}");
+        serde_json::from_str(&resp).unwrap()
+    };
+    let complete = |extra: Value| -> String {
+        let mut b = serde_json::json!({
+            "prompt": "My favourite fruits are apples, apples and apples. I eat apples",
+            "max_tokens": 24, "temperature": 0,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let v = call("/v1/completions", b);
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let ids = |text: &str| -> Vec<u64> {
+        let v = call(
+            "/tokenize",
+            serde_json::json!({"prompt": text, "add_special_tokens": false}),
+        );
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    let most_repeated = |ids: &[u64]| -> usize {
+        ids.iter()
+            .map(|t| ids.iter().filter(|&u| u == t).count())
+            .max()
+            .unwrap_or(0)
+    };
+    let base = complete(serde_json::json!({}));
+    let base_ids = ids(&base);
+    eprintln!("greedy: {base:?} {base_ids:?}");
+    assert!(
+        most_repeated(&base_ids) >= 3,
+        "the greedy text repeats itself: {base:?}"
+    );
+    // the penalties are no-ops at 0 and change the greedy text when high
+    let zero = complete(serde_json::json!({"presence_penalty": 0, "frequency_penalty": 0}));
+    assert_eq!(zero, base);
+    let present = complete(serde_json::json!({"presence_penalty": 2.0}));
+    eprintln!("presence_penalty 2: {present:?}");
+    assert_ne!(present, base);
+    let frequent = complete(serde_json::json!({"frequency_penalty": 2.0, "presence_penalty": 2.0}));
+    let frequent_ids = ids(&frequent);
+    eprintln!("both 2: {frequent:?} {frequent_ids:?}");
+    assert!(
+        most_repeated(&frequent_ids) < most_repeated(&base_ids),
+        "{frequent:?} vs {base:?}"
+    );
+    // -100 on the first greedy token: it never appears
+    let first = base_ids[0];
+    let banned = complete(serde_json::json!({"logit_bias": {first.to_string(): -100}}));
+    eprintln!("without {first}: {banned:?}");
+    assert!(!ids(&banned).contains(&first), "{banned:?}");
+    // +100 on a token: nothing else comes out, on both endpoints
+    let apple = ids(" banana");
+    assert_eq!(apple.len(), 1, "{apple:?}");
+    let forced = complete(serde_json::json!({"logit_bias": {apple[0].to_string(): 100}}));
+    assert_eq!(forced, " banana".repeat(24));
+    let chat = call(
+        "/v1/chat/completions",
+        serde_json::json!({
+            "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 5, "temperature": 0.7, "seed": 3,
+            "logit_bias": {apple[0].to_string(): 100},
+        }),
+    );
+    assert_eq!(
+        chat["choices"][0]["message"]["content"],
+        " banana".repeat(5),
+        "{chat}"
+    );
+    // under a grammar: masked tokens stay masked, allowed ones are biased
+    let seven = ids("7");
+    assert_eq!(seven.len(), 1, "{seven:?}");
+    let digits = complete(serde_json::json!({
+        "regex": "[0-9]{1,6}", "max_tokens": 8,
+        "logit_bias": {apple[0].to_string(): 100, seven[0].to_string(): 50},
+    }));
+    assert!(
+        !digits.is_empty() && digits.chars().all(|c| c == '7'),
+        "{digits:?}"
+    );
+    // range and type errors: 400 naming the field
+    for (extra, field) in [
+        (serde_json::json!({"logit_bias": {"abc": 1}}), "logit_bias"),
+        (
+            serde_json::json!({"logit_bias": {"99999999": 1}}),
+            "logit_bias",
+        ),
+        (serde_json::json!({"logit_bias": {"-1": 1}}), "logit_bias"),
+        (serde_json::json!({"logit_bias": {"5": 101}}), "logit_bias"),
+        (serde_json::json!({"logit_bias": {"5": "x"}}), "logit_bias"),
+        (serde_json::json!({"logit_bias": [5]}), "logit_bias"),
+        (
+            serde_json::json!({"frequency_penalty": 2.5}),
+            "frequency_penalty",
+        ),
+        (
+            serde_json::json!({"presence_penalty": -3}),
+            "presence_penalty",
+        ),
+    ] {
+        for path in ["/v1/completions", "/v1/chat/completions"] {
+            let mut b = serde_json::json!({
+                "prompt": "hi", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2,
+            });
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            let (code, resp) = http(&s.addr, "POST", path, Some(b.to_string().as_bytes()));
+            assert_eq!(code, 400, "{path} {extra}: {resp}");
+            let v: Value = serde_json::from_str(&resp).unwrap();
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{resp}");
+            assert_eq!(v["error"]["param"], field, "{resp}");
+        }
+    }
+}

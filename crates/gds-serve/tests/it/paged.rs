@@ -257,3 +257,133 @@ fn window_pool_releases_behind_the_window_and_keeps_the_logits() {
         assert_eq!(kv.window_free_blocks(), kv.window_n_blocks());
     }
 }
+
+/// Runs the server's engine (`gds_serve::scheduler`) in process on SmolLM2 with the
+/// server's default batch shape (16 sequences, 256 tokens and so 64 output rows per step),
+/// hands it `reqs` at once (prompt, echo, max_tokens) and returns each request's events.
+fn run_engine(reqs: &[(Vec<u32>, bool, usize)]) -> Vec<Vec<gds_serve::scheduler::Event>> {
+    use gds_serve::scheduler::{Engine, EngineConfig, Request};
+    let plan = Plan::build(&PlanOptions {
+        model_dir: gds_tests::smollm_converted().to_path_buf(),
+        ctx: Some(512),
+        threads: Some(2),
+        batch: Some(256),
+        backend: Some("cpu".into()),
+        raw: true,
+        ..Default::default()
+    })
+    .expect("plan");
+    let m = Model::open(&plan).expect("model");
+    let c = &m.config;
+    let kv = KvCache::paged(KvDtype::F32, c.n_layers, 16, plan.ctx, c.kv_dim(), 16, 64);
+    let cfg = EngineConfig {
+        max_batch: 16,
+        step_tokens: 256,
+        ctx: plan.ctx,
+    };
+    let metrics = std::sync::Arc::new(gds_serve::metrics::ServerMetrics::default());
+    let engine = Engine::new(m, kv, cfg, 2, Vec::new(), metrics);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut outs = Vec::new();
+    for (prompt, echo, max_tokens) in reqs {
+        let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(Request {
+            prompt: prompt.clone(),
+            sampler: gds_runtime::sampler::SamplerConfig {
+                temp: 0.0,
+                ..Default::default()
+            },
+            max_tokens: *max_tokens,
+            ignore_eos: false,
+            draft_max: 0,
+            logprobs: echo.then_some(1),
+            echo: *echo,
+            constraint: None,
+            group: None,
+            tx: etx,
+            ended_by_front: Default::default(),
+            received: std::time::Instant::now(),
+        })
+        .unwrap();
+        outs.push(erx);
+    }
+    drop(tx);
+    // every request is queued before the engine starts: they are admitted together
+    engine.run(rx);
+    outs.into_iter()
+        .map(|mut rx| {
+            let mut evs = Vec::new();
+            while let Ok(e) = rx.try_recv() {
+                evs.push(e);
+            }
+            evs
+        })
+        .collect()
+}
+
+/// Issue 33, item 9: an echo prompt of 200+ tokens takes every output row of a step it
+/// prefills in; a prompt beside it must not add its last token's row on top (that made a
+/// batch of 65 outputs, and the failed pass failed both requests with a 500).
+#[test]
+fn echo_prompt_beside_other_requests_never_overflows_the_output_rows() {
+    use gds_serve::scheduler::{Event, Finish};
+    let echo: Vec<u32> = (0..230).map(|i| 200 + (i * 37) % 5000).collect();
+    let reqs = [
+        (echo.clone(), true, 0),
+        ((0..10).map(|i| 300 + i).collect(), false, 4),
+        (echo.clone(), true, 2),
+        ((0..70).map(|i| 1000 + i).collect(), false, 3),
+    ];
+    let outs = run_engine(&reqs);
+    for (k, (evs, (prompt, is_echo, max_tokens))) in outs.iter().zip(&reqs).enumerate() {
+        let errors: Vec<_> = evs
+            .iter()
+            .filter(|e| matches!(e, Event::Error(_) | Event::GrammarError(_)))
+            .collect();
+        assert!(errors.is_empty(), "request {k}: {errors:?}");
+        let scored = evs
+            .iter()
+            .filter(|e| matches!(e, Event::PromptLogprobs(_)))
+            .count();
+        let tokens = evs.iter().filter(|e| matches!(e, Event::Token(..))).count();
+        assert_eq!(scored, if *is_echo { prompt.len() - 1 } else { 0 }, "{k}");
+        assert_eq!(tokens, *max_tokens, "request {k}");
+        match evs.last() {
+            Some(Event::Done(d)) => assert_eq!(d.finish, Finish::Length, "{k}"),
+            e => panic!("request {k} ended with {e:?}"),
+        }
+    }
+}
+
+/// A forward pass that fails because of one request's tokens fails that request only: the
+/// others in the same batch get their answer (before, every running request got the
+/// error, an "internal error" text included).
+#[test]
+fn a_failing_forward_pass_fails_only_the_request_at_fault() {
+    use gds_serve::scheduler::{Event, Finish};
+    // a token outside the vocabulary (the HTTP front end refuses it; the engine must not
+    // make others pay for it)
+    let reqs = [
+        ((0..12).map(|i| 300 + i).collect(), false, 3),
+        (vec![300, 301, 4_000_000, 302], false, 3),
+        ((0..40).map(|i| 700 + i).collect(), true, 2),
+    ];
+    let outs = run_engine(&reqs);
+    assert!(
+        matches!(outs[1].last(), Some(Event::Error(e)) if e.contains("vocabulary")),
+        "{:?}",
+        outs[1]
+    );
+    for k in [0, 2] {
+        let tokens = outs[k]
+            .iter()
+            .filter(|e| matches!(e, Event::Token(..)))
+            .count();
+        assert_eq!(tokens, reqs[k].2, "request {k}: {:?}", outs[k].last());
+        assert!(
+            matches!(outs[k].last(), Some(Event::Done(d)) if d.finish == Finish::Length),
+            "request {k}: {:?}",
+            outs[k].last()
+        );
+    }
+}

@@ -228,3 +228,40 @@ fn huge_repeat_last_n_is_not_allocated_up_front() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(o.status.code(), Some(0), "{err}");
 }
+
+#[test]
+fn frequency_and_presence_penalties_change_the_greedy_reply_and_are_range_checked() {
+    let m = model();
+    let reply = |extra: &[&str]| {
+        let mut args = vec![
+            m,
+            "--raw",
+            "--prompt",
+            "My favourite fruits are apples, apples and apples. I eat apples",
+            "--max-tokens",
+            "24",
+            "--temp",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let o = gdsrun(&args);
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let plain = reply(&[]);
+    assert_eq!(
+        reply(&["--frequency-penalty", "0", "--presence-penalty", "0"]),
+        plain
+    );
+    let penalized = reply(&["--frequency-penalty", "2", "--presence-penalty", "-0.5"]);
+    assert_ne!(penalized, plain);
+    for (flag, v) in [("--frequency-penalty", "3"), ("--presence-penalty", "-2.5")] {
+        let o = gdsrun(&[m, "-p", "hi", flag, v]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!("{flag} {v} must be in [-2, 2]")),
+            "{err}"
+        );
+    }
+}
