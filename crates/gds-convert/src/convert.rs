@@ -418,8 +418,8 @@ struct TokenizerOut {
 }
 
 /// Makes the output's tokenizer files: the user's `tokenizer.json` (`--tokenizer`) or the
-/// input's (a GGUF's exported now, from `pending`), checked to load unless the
-/// `tokenizers` library built it itself; `why` holds the reader's warnings about the
+/// input's (a GGUF's exported now, from `pending`), checked to load and to have no token id
+/// past `vocab` (the embedding's rows), and its chat templates checked; `why` holds the reader's warnings about the
 /// tokenizer, for the error when there is none.
 fn tokenizer_files(
     input: &Path,
@@ -427,6 +427,7 @@ fn tokenizer_files(
     given: crate::source::TokenizerFiles,
     pending: Option<crate::source::PendingTokenizer>,
     mut why: Vec<String>,
+    vocab: Option<u64>,
 ) -> Result<TokenizerOut, ConvertError> {
     let (files, warnings) = match pending {
         Some(p) => p.run(),
@@ -462,14 +463,38 @@ fn tokenizer_files(
             ),
         })?,
     };
-    // A tokenizer built by the tokenizers library itself (GGUF export) needs no re-load.
-    if user.is_some() || !files.built {
-        if let Err(e) = tokenizers::Tokenizer::from_str(&json) {
-            return Err(ConvertError::BadInput {
-                path: user.map_or_else(|| input.into(), Path::to_path_buf),
-                msg: format!("tokenizer.json does not load: {e}"),
-            });
+    // Loaded to check it (a GGUF export is built by the tokenizers library, but its token ids
+    // still have to fit the embedding): an id past the model's vocabulary would be looked up
+    // past the embedding's rows at run time.
+    let tok_path = || -> PathBuf {
+        match user {
+            Some(p) => p.to_path_buf(),
+            None if input.is_dir() => input.join("tokenizer.json"),
+            None => input.to_path_buf(),
         }
+    };
+    match tokenizers::Tokenizer::from_str(&json) {
+        Err(e) => {
+            return Err(ConvertError::BadInput {
+                path: tok_path(),
+                msg: format!("tokenizer.json does not load: {e}"),
+            })
+        }
+        Ok(t) => {
+            let end = crate::validate::token_ids_end(&t);
+            if let Some(v) = vocab.filter(|&v| end > v) {
+                return Err(ConvertError::BadInput {
+                    path: tok_path(),
+                    msg: format!(
+                        "the tokenizer has token ids up to {} but the model's vocabulary (the embedding's rows) has {v}: every id must have an embedding row",
+                        end - 1
+                    ),
+                });
+            }
+        }
+    }
+    if let Some(cfg) = &files.tokenizer_config_json {
+        check_chat_templates(input, cfg)?;
     }
     Ok(TokenizerOut {
         json,
@@ -477,6 +502,69 @@ fn tokenizer_files(
         generation: files.generation_config_json,
         warnings,
     })
+}
+
+/// The hyperparameters the manifest will carry, through the same checks `validate` and
+/// `gdsrun` run (`gds_format::arch::hparams`), before anything is written: a value of the
+/// wrong type or out of range is the input's error, named with the key it came from
+/// (`hidden_size in …/config.json`), not the self-check's after writing.
+fn check_hparams(source: &Source, input: &Path) -> Result<(), ConvertError> {
+    if !source.runnable {
+        return Ok(());
+    }
+    let mut b = ManifestBuilder::new();
+    for (k, v) in &source.metadata {
+        put_meta(&mut b, k, v);
+    }
+    let bytes = b.finish();
+    let Ok(m) = gds_format::Manifest::parse(&bytes) else {
+        // what the manifest rules refuse is reported by the self-check, naming the rule
+        return Ok(());
+    };
+    let Err(errs) = gds_format::arch::hparams(&m, &source.arch) else {
+        return Ok(());
+    };
+    let msgs: Vec<String> = errs
+        .iter()
+        .map(|e| match e {
+            gds_format::FormatError::MissingKey { key, why } => {
+                match source.hparam_origin.get(key) {
+                    Some(o) => format!("{key} ({o}): {why}"),
+                    None => format!("{key}: {why}"),
+                }
+            }
+            e => e.to_string(),
+        })
+        .collect();
+    Err(ConvertError::BadInput {
+        path: input.to_path_buf(),
+        msg: format!("bad hyperparameters: {}", msgs.join("; ")),
+    })
+}
+
+/// The chat templates of the output's `tokenizer_config.json` are code from the model file:
+/// each must pass [`gds_format::chat_template::check`] (compiles within its bounds, renders
+/// a sample conversation within its fuel and output limits), or the conversion fails naming
+/// the input's `tokenizer_config.json` (a directory) or GGUF key `tokenizer.chat_template`.
+/// A config that is not JSON is left to the self-check's message.
+fn check_chat_templates(input: &Path, config: &str) -> Result<(), ConvertError> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(config) else {
+        return Ok(());
+    };
+    let (path, key) = if input.is_dir() {
+        (input.join("tokenizer_config.json"), "")
+    } else {
+        (input.to_path_buf(), "tokenizer.chat_template: ")
+    };
+    let bad = |msg: String| ConvertError::BadInput {
+        path: path.clone(),
+        msg: format!("{key}{msg}"),
+    };
+    for (name, src) in crate::validate::chat_templates(&v).map_err(bad)? {
+        gds_format::chat_template::check(&src)
+            .map_err(|e| bad(format!("chat template {name:?} is refused: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Bytes written (and hashed) at a time; see [`write_layers`].
@@ -646,6 +734,7 @@ pub fn convert(
     let stale = crate::staging::remove_stale(&parent);
     let mut source = open_source(input)?;
     crate::check::check_source(&source, input)?;
+    check_hparams(&source, input)?;
     let keep = |w: &String| opts.tokenizer.is_none() || !w.starts_with("tokenizer");
     let mut warnings: Vec<String> = source
         .warnings
@@ -672,7 +761,11 @@ pub fn convert(
             .cloned()
             .collect();
         let user = opts.tokenizer.clone();
-        move || tokenizer_files(input, user.as_deref(), given, pending, why)
+        let vocab = match source.metadata.get("model.vocab_size") {
+            Some(MetaValue::U64(v)) => Some(*v),
+            _ => None,
+        };
+        move || tokenizer_files(input, user.as_deref(), given, pending, why, vocab)
     };
 
     // group into layers, deterministic order

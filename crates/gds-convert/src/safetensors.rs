@@ -282,8 +282,12 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         ("model.n_ff", "intermediate_size"),
         ("model.vocab_size", "vocab_size"),
         ("model.head_dim", "head_dim"),
+        ("model.context_length", "max_position_embeddings"),
+        ("model.rope_theta", "rope_theta"),
+        ("model.rms_norm_eps", "rms_norm_eps"),
     ]
     .into_iter()
+    .chain(spec.hf_keys.iter().map(|(c, k)| (c.as_str(), k.as_str())))
     .filter(|(_, k)| cfg.get(k).is_some())
     .map(|(canon, k)| (canon.into(), format!("{k} in {}", config_path.display())))
     .collect();
@@ -1352,6 +1356,12 @@ fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<
                     }
                     _ => None,
                 }
+            }
+            // a key the family declares an unsigned integer (a count, a size) must be one in
+            // config.json: a negative or fractional number is the input's error, named here,
+            // not the self-check's after writing
+            _ if spec.required_metadata.get(canon).map(String::as_str) == Some("u64") => {
+                cfg.u64_opt(key)?.map(MetaValue::U64)
             }
             _ => match cfg.get(key) {
                 Some(Value::Bool(b)) => Some(MetaValue::Bool(*b)),

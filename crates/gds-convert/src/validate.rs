@@ -5,6 +5,7 @@
 //! links, content hashes) and what `gdsrun` will load: the tokenizer and the chat template.
 
 use gds_format::arch::check_model;
+use gds_format::chat_template;
 use gds_format::validate::{validate_layer_file, validate_manifest};
 use gds_format::{file_role, Manifest, MANIFEST_FILE};
 use gds_io::IoError;
@@ -95,8 +96,13 @@ pub fn validate_dir(dir: &Path, depth: Depth) -> Report {
             mpath.display()
         ));
     }
-    if depth != Depth::Structure && r.errors.is_empty() {
-        check_tokenizer(dir, &m, &mut r);
+    if r.errors.is_empty() {
+        if depth != Depth::Structure {
+            check_tokenizer(dir, &m, &mut r);
+        }
+        // the chat template is code from the model file: checked at every depth (the
+        // converter's self-check and `pull` included)
+        check_tokenizer_config(dir, &m, &mut r);
     }
     r.valid = r.errors.is_empty();
     r.runnable = r.valid && known;
@@ -205,17 +211,32 @@ fn check_tokenizer(dir: &Path, m: &Manifest<'_>, r: &mut Report) {
             )),
             Ok(t) => {
                 if let Ok(v) = m.get_u64("model.vocab_size") {
-                    let n = t.get_vocab_size(true) as u64;
+                    let n = token_ids_end(&t);
                     if n > v {
                         r.errors.push(format!(
-                            "{}: {n} tokens but the model's vocabulary has {v}",
-                            path.display()
+                            "{}: token ids up to {} but the model's vocabulary has {v}",
+                            path.display(),
+                            n - 1
                         ));
                     }
                 }
             }
         },
     }
+}
+
+/// One past the largest token id `t` can produce (its vocabulary and added tokens): what
+/// the model's vocabulary, the embedding's rows, must cover.
+pub fn token_ids_end(t: &tokenizers::Tokenizer) -> u64 {
+    t.get_vocab(true)
+        .values()
+        .max()
+        .map_or(0, |&id| u64::from(id) + 1)
+}
+
+/// `tokenizer_config.json` (optional): when present, a UTF-8 JSON object whose chat template
+/// (a string, or a list of `{name, template}` objects) passes [`chat_template::check`].
+fn check_tokenizer_config(dir: &Path, m: &Manifest<'_>, r: &mut Report) {
     let cfg = dir.join("tokenizer_config.json");
     let Some(bytes) = read_aux(dir, m, "tokenizer_config.json", r) else {
         return;
@@ -241,10 +262,17 @@ fn check_tokenizer(dir: &Path, m: &Manifest<'_>, r: &mut Report) {
             return;
         }
     };
-    for (name, src) in chat_templates(&v) {
-        if let Err(e) = compile_template(&src) {
+    let templates = match chat_templates(&v) {
+        Ok(t) => t,
+        Err(e) => {
+            r.errors.push(format!("{}: {e}", cfg.display()));
+            return;
+        }
+    };
+    for (name, src) in templates {
+        if let Err(e) = chat_template::check(&src) {
             r.errors.push(format!(
-                "{}: chat template {name:?} does not compile: {e}",
+                "{}: chat template {name:?} is refused: {e}",
                 cfg.display()
             ));
         }
@@ -252,33 +280,56 @@ fn check_tokenizer(dir: &Path, m: &Manifest<'_>, r: &mut Report) {
 }
 
 /// The chat templates of a `tokenizer_config.json`: a string, or a list of
-/// `{name, template}`.
-fn chat_templates(v: &serde_json::Value) -> Vec<(String, String)> {
+/// `{name, template}` (both strings) with one named `default` (the one `gdsrun` renders);
+/// `null` or no key is none. Anything else is an error: `gdsrun` refuses it. (The converter
+/// applies the same rule, so that it never writes what `validate` rejects.)
+pub fn chat_templates(v: &serde_json::Value) -> Result<Vec<(String, String)>, String> {
     match v.get("chat_template") {
-        Some(serde_json::Value::String(s)) => vec![("default".into(), s.clone())],
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .filter_map(|t| {
-                Some((
-                    t.get("name")?.as_str()?.to_string(),
-                    t.get("template")?.as_str()?.to_string(),
-                ))
-            })
-            .collect(),
-        _ => Vec::new(),
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::String(s)) => Ok(vec![("default".into(), s.clone())]),
+        Some(serde_json::Value::Array(a)) => {
+            let list = named_templates(a)?;
+            if !list.iter().any(|(n, _)| n == "default") {
+                return Err(
+                    "chat_template lists no template named \"default\" (the one gdsrun renders)"
+                        .into(),
+                );
+            }
+            Ok(list)
+        }
+        Some(other) => Err(format!(
+            "chat_template is {}, not a string or a list of {{name, template}}",
+            json_kind(other)
+        )),
     }
 }
 
-/// Compiles a chat template with the syntax settings `gdsrun` renders it with (Hugging
-/// Face's: `trim_blocks`, `lstrip_blocks`).
-fn compile_template(src: &str) -> Result<(), String> {
-    let mut env = minijinja::Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
-    // as gdsrun does: minijinja's debug-info renderer can panic (see gds-runtime's chat.rs)
-    env.set_debug(false);
-    env.add_template_owned("chat", src.to_string())
-        .map_err(|e| e.to_string())
+fn named_templates(a: &[serde_json::Value]) -> Result<Vec<(String, String)>, String> {
+    a.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            match (
+                t.get("name").and_then(|n| n.as_str()),
+                t.get("template").and_then(|n| n.as_str()),
+            ) {
+                (Some(n), Some(t)) => Ok((n.to_string(), t.to_string())),
+                _ => Err(format!(
+                    "chat_template[{i}] is not an object with string \"name\" and \"template\""
+                )),
+            }
+        })
+        .collect()
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 /// Role name for messages.
@@ -289,5 +340,110 @@ pub fn role_name(role: u32) -> &'static str {
         file_role::GENERATION_CONFIG => "generation config",
         file_role::DOC => "documentation",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model directory (an architecture gdsrun does not run: no layers needed) with a
+    /// one-token `tokenizer.json` and `config` as `tokenizer_config.json`, both hashed in the
+    /// manifest as convert writes them.
+    fn dir_with_config(config: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}"#;
+        let mut b = gds_format::ManifestBuilder::new();
+        b.kv_str("general.architecture", "mamba");
+        for (name, role, bytes) in [
+            ("tokenizer.json", file_role::TOKENIZER, tokenizer),
+            ("tokenizer_config.json", file_role::TOKENIZER_CONFIG, config),
+        ] {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+            b.add_file(
+                name,
+                role,
+                bytes.len() as u64,
+                *blake3::hash(bytes.as_bytes()).as_bytes(),
+            );
+        }
+        std::fs::write(dir.path().join(MANIFEST_FILE), b.finish()).unwrap();
+        dir
+    }
+
+    /// Regression (issue 33): hostile templates (a 20 000-term `+` chain overflowed the
+    /// stack: validate, pack and pull aborted, exit 134; deep nesting; a render that never
+    /// ends) are reported invalid at every depth, `Structure` included: the converter's
+    /// self-check and `pull` (which kept such a model) run that one.
+    #[test]
+    fn hostile_chat_templates_are_invalid_at_every_depth() {
+        for (template, want) in [
+            (format!("{{{{ 1{} }}}}", " + 1".repeat(20_000)), "operators"),
+            (
+                format!("{{{{ {}1{} }}}}", "(".repeat(10_000), ")".repeat(10_000)),
+                "nested",
+            ),
+            (
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                    .to_string(),
+                "instructions",
+            ),
+            ("{% if %}".to_string(), "syntax error"),
+        ] {
+            let cfg = serde_json::json!({ "chat_template": template }).to_string();
+            let dir = dir_with_config(&cfg);
+            for depth in [Depth::Structure, Depth::Quick, Depth::Full] {
+                let r = validate_dir(dir.path(), depth);
+                assert!(!r.valid && !r.runnable, "{want}: {depth:?}");
+                assert!(
+                    r.errors
+                        .iter()
+                        .any(|e| e.contains("tokenizer_config.json") && e.contains(want)),
+                    "{want}: {:?}",
+                    r.errors
+                );
+            }
+        }
+    }
+
+    /// Regression (issue 33): a `chat_template` that is neither a string nor a list of
+    /// `{name, template}` validated as valid and runnable, though gdsrun refuses it.
+    #[test]
+    fn chat_templates_of_the_wrong_type_are_invalid() {
+        for (v, want) in [
+            (serde_json::json!(7), "is a number"),
+            (serde_json::json!({"default": "x"}), "is an object"),
+            (serde_json::json!([{"name": "default"}]), "chat_template[0]"),
+            (
+                serde_json::json!([{"name": 1, "template": "x"}]),
+                "chat_template[0]",
+            ),
+            (serde_json::json!(["x"]), "chat_template[0]"),
+            (serde_json::json!([]), "no template named"),
+            (
+                serde_json::json!([{"name": "tool_use", "template": "x"}]),
+                "no template named",
+            ),
+        ] {
+            let cfg = serde_json::json!({ "chat_template": v }).to_string();
+            let r = validate_dir(dir_with_config(&cfg).path(), Depth::Quick);
+            assert!(!r.valid, "{v}");
+            assert!(
+                r.errors
+                    .iter()
+                    .any(|e| e.contains("tokenizer_config.json") && e.contains(want)),
+                "{v}: {:?}",
+                r.errors
+            );
+        }
+        for v in [
+            serde_json::json!(null),
+            serde_json::json!("{{ messages }}"),
+            serde_json::json!([{"name": "default", "template": "{{ messages }}"}]),
+        ] {
+            let cfg = serde_json::json!({ "chat_template": v }).to_string();
+            let r = validate_dir(dir_with_config(&cfg).path(), Depth::Quick);
+            assert!(r.valid, "{v}: {:?}", r.errors);
+        }
     }
 }

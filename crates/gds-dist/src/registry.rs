@@ -985,9 +985,11 @@ impl Remote {
     }
 }
 
-/// The assembled directory must be exactly the model its manifest describes: its structure
-/// and architecture validate (the tokenizer is checked when a runtime first loads it, as for
-/// any model), and every file the model manifest hashes is the layer whose BLAKE3 annotation says so.
+/// The assembled directory must be exactly the model its manifest describes: its structure,
+/// architecture and chat template (code from the model file, under
+/// `gds_format::chat_template`'s bounds) validate (the tokenizer is checked when a runtime
+/// first loads it, as for any model), so that a refused model is never committed; and every
+/// file the model manifest hashes is the layer whose BLAKE3 annotation says so.
 /// (The blobs' BLAKE3 was checked as they were downloaded, so no file is read again.)
 fn check_assembled(dir: &Path, layers: &[Layer], what: &str) -> Result<()> {
     let report = gds_convert::validate_dir(dir, gds_convert::Depth::Structure);

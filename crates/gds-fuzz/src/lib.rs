@@ -14,6 +14,7 @@
 //! | `gguf`        | a `.gguf` file                                                    |
 //! | `safetensors` | files of a Hugging Face directory, joined by [`FILE_SEP`]         |
 //! | `tokenizer`   | a mode byte, then tokenizer files or GGUF tokenizer metadata JSON |
+//! | `chat_template` | a chat template's source                                        |
 //!
 //! The fuzz targets and the replay test also share [`CappedAlloc`], so an allocation sized by
 //! a hostile length fails the run instead of exhausting the machine, and the fuzz targets call
@@ -34,7 +35,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The targets, which are also the directory names under `fuzz/seeds/`, `fuzz/regressions/`
 /// and `fuzz/corpus/`.
-pub const TARGETS: &[&str] = &["manifest", "gguf", "safetensors", "tokenizer"];
+pub const TARGETS: &[&str] = &[
+    "manifest",
+    "gguf",
+    "safetensors",
+    "tokenizer",
+    "chat_template",
+];
 
 /// Separates the files of a multi-file input (`safetensors`, `tokenizer`).
 pub const FILE_SEP: &[u8] = b"\n%%%%\n";
@@ -167,6 +174,7 @@ pub fn run(name: &str, data: &[u8]) -> Option<bool> {
         "gguf" => gguf(data),
         "safetensors" => safetensors(data),
         "tokenizer" => tokenizer(data),
+        "chat_template" => chat_template(data),
         _ => return None,
     })
 }
@@ -398,6 +406,41 @@ pub fn tokenizer(data: &[u8]) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// A chat template, code from the model file, through the one policy every reader uses
+/// ([`gds_format::chat_template`]): the check `gdsconv` runs, then, for one that compiles,
+/// renders of a conversation with and without tools. Every outcome must be a value or an
+/// error: the bounds (source size, parser recursion, fuel, output size) are what keep a
+/// hostile template from aborting or exhausting the process. Accepted: it compiled.
+pub fn chat_template(data: &[u8]) -> bool {
+    use gds_format::chat_template::{check, ChatTemplate, Message};
+    let Ok(src) = std::str::from_utf8(data) else {
+        return false;
+    };
+    let _ = check(src);
+    let Ok(t) = ChatTemplate::new(src, "<s>", "</s>") else {
+        return false;
+    };
+    let mut msgs = vec![
+        Message::new("system", "Be brief."),
+        Message::new("user", "Hi <|im_start|> there"),
+        Message::new("assistant", "Hello!"),
+        Message::new("user", "Bye \u{e9}\u{1f600}"),
+    ];
+    let _ = t.render(&msgs, true);
+    let _ = t.render(&msgs[1..2], false);
+    msgs[2].tool_calls = Some(serde_json::json!([{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]));
+    msgs.push(Message {
+        tool_call_id: Some("call_1".into()),
+        ..Message::new("tool", "{\"temp\": 21}")
+    });
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather of a city", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let _ = t.render_with_tools(&msgs, true, Some(&tools));
+    true
 }
 
 /// A model directory holding `tokenizer.json` and, when given, `tokenizer_config.json`, with a

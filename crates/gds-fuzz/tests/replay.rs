@@ -83,6 +83,11 @@ fn replay_tokenizer() {
     replay("tokenizer");
 }
 
+#[test]
+fn replay_chat_template() {
+    replay("chat_template");
+}
+
 /// The cap is real: a request past it fails (without the capped allocator this succeeds on
 /// any machine with overcommit), and a small one still succeeds.
 #[test]

@@ -105,7 +105,7 @@ impl Engine {
             }
             None => None,
         };
-        let tokenizer = TextTokenizer::load(&plan.model_dir, exec.config())?;
+        let tokenizer = TextTokenizer::load_for_model(&plan.model_dir, exec.config())?;
         let sampler = Sampler::new(plan.sampler.clone(), exec.config().vocab_size);
         let grammar = match &plan.grammar {
             Some(g) => {

@@ -264,16 +264,28 @@ impl TextTokenizer {
         drop(tok);
         release_freed_heap();
         let tc = crate::plan::tokenizer_config(dir, &m)?.unwrap_or(serde_json::Value::Null);
-        let template_src = match tc.get("chat_template") {
+        let own = match tc.get("chat_template") {
             Some(serde_json::Value::String(s)) => Some(s.clone()),
             Some(serde_json::Value::Array(a)) => a
                 .iter()
                 .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                 .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
             _ => None,
+        };
+        // The template is code from the model file: refused here, naming the file, when it
+        // breaks the bounds of `gds_format::chat_template` or runs into its render limits on a
+        // sample conversation (a model converted before those bounds existed).
+        if let Some(src) = &own {
+            gds_format::chat_template::check(src).map_err(|e| {
+                RuntimeError::Template(format!(
+                    "{}: the chat template is refused: {e}",
+                    dir.join("tokenizer_config.json").display()
+                ))
+            })?;
         }
-        // a model whose files carry no template (Gemma 3 GGUFs) gets its family's
-        .or_else(|| gds_format::arch::family(&cfg.arch).and_then(|f| f.chat_template.clone()));
+        let template_src = own
+            // a model whose files carry no template (Gemma 3 GGUFs) gets its family's
+            .or_else(|| gds_format::arch::family(&cfg.arch).and_then(|f| f.chat_template.clone()));
         Self::build(
             inner,
             cfg,
@@ -282,6 +294,32 @@ impl TextTokenizer {
             token_text(tc.get("eos_token")),
             tc.get("add_bos_token").and_then(|v| v.as_bool()),
         )
+    }
+
+    /// [`TextTokenizer::load`] for running the model of `cfg`: refused when the tokenizer can
+    /// produce a token id past the model's vocabulary (the embedding's rows), which
+    /// generation would look up out of range.
+    pub fn load_for_model(dir: &Path, cfg: &Config) -> Result<TextTokenizer> {
+        let t = Self::load(dir, cfg)?;
+        let end = t.ids_end();
+        if end > cfg.vocab_size as u64 {
+            return Err(RuntimeError::Tokenizer(format!(
+                "{}: token ids up to {} but the model's vocabulary (the embedding's rows) has {}; convert the model again (gdsconv refuses such a tokenizer)",
+                dir.join("tokenizer.json").display(),
+                end - 1,
+                cfg.vocab_size
+            )));
+        }
+        Ok(t)
+    }
+
+    /// One past the largest token id this tokenizer can produce (vocabulary and added tokens).
+    pub fn ids_end(&self) -> u64 {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&id| u64::from(id) + 1)
     }
 
     /// Assembles a tokenizer from parts (for tests and for callers with their own files).
@@ -773,5 +811,92 @@ mod tests {
             msg.contains("tokenizer.json") && msg.contains("malformed"),
             "{msg}"
         );
+    }
+
+    /// A model directory with `tokenizer.json` (a vocabulary of `n` tokens, ids 0..n) and,
+    /// when given, `tokenizer_config.json`, listed in the manifest as convert writes them.
+    fn model_dir(n: usize, config: Option<&str>) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let vocab: serde_json::Map<String, serde_json::Value> = (0..n)
+            .map(|i| (format!("t{i}"), serde_json::json!(i)))
+            .collect();
+        let json = serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [], "normalizer": null, "pre_tokenizer": null,
+            "post_processor": null, "decoder": null,
+            "model": {"type": "BPE", "vocab": vocab, "merges": []}})
+        .to_string();
+        let mut b = gds_format::ManifestBuilder::new();
+        b.kv_str("general.architecture", "mamba");
+        for (name, role, bytes) in [
+            (
+                "tokenizer.json",
+                gds_format::file_role::TOKENIZER,
+                Some(json.as_str()),
+            ),
+            (
+                "tokenizer_config.json",
+                gds_format::file_role::TOKENIZER_CONFIG,
+                config,
+            ),
+        ] {
+            if let Some(bytes) = bytes {
+                std::fs::write(dir.path().join(name), bytes).unwrap();
+                b.add_file(
+                    name,
+                    role,
+                    bytes.len() as u64,
+                    gds_io::verify::hash_bytes(bytes.as_bytes()),
+                );
+            }
+        }
+        std::fs::write(dir.path().join(gds_format::MANIFEST_FILE), b.finish()).unwrap();
+        dir
+    }
+
+    /// Regression (issue 33): a tokenizer with ids past the model's vocabulary loaded, and
+    /// generating such an id crashed (exit 4). Loading it for the model is an error naming
+    /// tokenizer.json.
+    #[test]
+    fn a_tokenizer_with_ids_past_the_vocabulary_is_refused_for_the_model() {
+        let dir = model_dir(20, None);
+        let err = TextTokenizer::load_for_model(dir.path(), &config())
+            .err()
+            .expect("20 ids for a vocabulary of 16");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("tokenizer.json") && msg.contains("up to 19") && msg.contains("16"),
+            "{msg}"
+        );
+        let dir = model_dir(16, None);
+        TextTokenizer::load_for_model(dir.path(), &config()).unwrap();
+    }
+
+    /// Regression (issue 33): hostile chat templates in a model file (a 20 000-term `+` chain
+    /// overflowed the stack, an endless loop ran for ever) are refused at load, naming
+    /// tokenizer_config.json.
+    #[test]
+    fn hostile_chat_templates_are_refused_at_load() {
+        for (template, want) in [
+            (format!("{{{{ 1{} }}}}", " + 1".repeat(20_000)), "operators"),
+            (
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                    .to_string(),
+                "instructions",
+            ),
+        ] {
+            let cfg = serde_json::json!({ "chat_template": template }).to_string();
+            let dir = model_dir(16, Some(&cfg));
+            let msg = TextTokenizer::load(dir.path(), &config())
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(
+                msg.contains("tokenizer_config.json") && msg.contains(want),
+                "{msg}"
+            );
+        }
+        let cfg = serde_json::json!({ "chat_template": "{{ messages[0].content }}" }).to_string();
+        let t = TextTokenizer::load(model_dir(16, Some(&cfg)).path(), &config()).unwrap();
+        assert!(t.has_chat_template());
     }
 }

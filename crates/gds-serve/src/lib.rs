@@ -282,7 +282,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         ..Default::default()
     })?;
     let model = Model::open(&plan)?;
-    let tokenizer = Arc::new(TextTokenizer::load(&plan.model_dir, &model.config)?);
+    let tokenizer = Arc::new(TextTokenizer::load_for_model(
+        &plan.model_dir,
+        &model.config,
+    )?);
     let c = &model.config;
     let pool = kvpool::KvPool::size(&kvpool::KvPoolArgs {
         dtype: kv_dtype,

@@ -475,3 +475,73 @@ fn force_still_replaces_a_model_directory() {
     }
     assert_eq!(hidden_entries(tmp.path()), Vec::<String>::new());
 }
+
+// ------------------------------------------------------------------------------------------
+// chat templates: code from the model file (issue 33)
+
+/// A model directory (an architecture gdsrun does not run, so no layers are needed) whose
+/// `tokenizer_config.json` is `config`, listed and hashed in the manifest as convert writes it.
+fn dir_with_tokenizer_config(dir: &Path, config: &str) {
+    use gds_format::file_role;
+    let tokenizer = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{"type":"BPE","vocab":{"a":0},"merges":[]}}"#;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut b = gds_format::ManifestBuilder::new();
+    b.kv_str("general.architecture", "mamba");
+    for (name, role, bytes) in [
+        ("tokenizer.json", file_role::TOKENIZER, tokenizer),
+        ("tokenizer_config.json", file_role::TOKENIZER_CONFIG, config),
+    ] {
+        std::fs::write(dir.join(name), bytes).unwrap();
+        b.add_file(
+            name,
+            role,
+            bytes.len() as u64,
+            *blake3::hash(bytes.as_bytes()).as_bytes(),
+        );
+    }
+    std::fs::write(dir.join(gds_format::MANIFEST_FILE), b.finish()).unwrap();
+}
+
+/// `gdsconv validate` on hostile chat templates: a 20 000-term `+` chain (a stack overflow,
+/// exit 134, before), a loop that never ends (ran for ever), and `chat_template`s of the
+/// wrong type (valid and runnable before, though gdsrun refuses them): exit 1 naming
+/// tokenizer_config.json and the reason.
+#[test]
+fn validate_refuses_hostile_or_mistyped_chat_templates_naming_tokenizer_config_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            serde_json::json!({ "chat_template": format!("{{{{ 1{} }}}}", " + 1".repeat(20_000)) }),
+            "operators",
+        ),
+        (
+            serde_json::json!({ "chat_template": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}" }),
+            "instructions",
+        ),
+        (serde_json::json!({ "chat_template": 7 }), "not a string"),
+        (
+            serde_json::json!({ "chat_template": [{ "name": "default" }] }),
+            "chat_template[0]",
+        ),
+    ];
+    for (i, (config, needle)) in cases.iter().enumerate() {
+        let dir = tmp.path().join(format!("m{i}"));
+        dir_with_tokenizer_config(&dir, &config.to_string());
+        let o = gdsconv(&[
+            OsStr::new("validate"),
+            OsStr::new("--quick"),
+            dir.as_os_str(),
+        ]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(1), "{needle}: {out}{}", stderr(&o));
+        assert!(
+            out.contains("tokenizer_config.json") && out.contains(needle),
+            "{needle}: {out}"
+        );
+    }
+    // the same directory with a plain template is valid
+    let dir = tmp.path().join("ok");
+    dir_with_tokenizer_config(&dir, r#"{"chat_template": "{{ messages[0].content }}"}"#);
+    let o = gdsconv(&[OsStr::new("validate"), dir.as_os_str()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+}

@@ -20,7 +20,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     // Every scored position wants logits: passes of up to 512 tokens, all of them outputs.
     let batch = plan.batch.max(plan.ctx.min(512));
     let mut exec = gds_runtime::exec::open(&plan, batch, batch)?;
-    let tok = TextTokenizer::load(&plan.model_dir, exec.config())?;
+    let tok = TextTokenizer::load_for_model(&plan.model_dir, exec.config())?;
     let tokens = tok.encode(&text, true, false)?;
     let opts = PerplexityOptions {
         ctx: plan.ctx,

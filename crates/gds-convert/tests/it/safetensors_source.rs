@@ -838,3 +838,118 @@ fn convert_refuses_a_config_the_tensors_contradict_before_writing() {
         assert_eq!(fs::read_dir(out_parent.path()).unwrap().count(), 0);
     }
 }
+
+/// `gds_convert::convert` of a copy of the fixture with `edit` applied to its files; the
+/// output's parent stays empty on error.
+fn convert_edited(
+    edit: impl FnOnce(&Path),
+) -> (
+    Result<gds_convert::ConvertSummary, gds_convert::ConvertError>,
+    tempfile::TempDir,
+) {
+    let dir = copy_fixture();
+    edit(dir.path());
+    let out_parent = tempfile::tempdir().unwrap();
+    let r = gds_convert::convert(
+        dir.path(),
+        &out_parent.path().join("out"),
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    );
+    (r, out_parent)
+}
+
+fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
+    f(&mut v);
+    fs::write(path, v.to_string()).unwrap();
+}
+
+/// Regression (issue 33): a chat template that does not compile was written with exit 0 (only
+/// `validate` rejected it), and a hostile one (a 20 000-term `+` chain overflowed the stack;
+/// a loop that never ends) was written too. Convert fails naming tokenizer_config.json and
+/// leaves nothing; `{% break %}`/`{% continue %}` (jinja2's loopcontrols) convert.
+#[test]
+fn convert_refuses_chat_templates_that_do_not_compile_or_exhaust_the_limits() {
+    for (template, want) in [
+        ("{% if %}".to_string(), "syntax error"),
+        (format!("{{{{ 1{} }}}}", " + 1".repeat(20_000)), "operators"),
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                .into(),
+            "instructions",
+        ),
+    ] {
+        let (r, out_parent) = convert_edited(|d| {
+            edit_json(&d.join("tokenizer_config.json"), |v| {
+                v["chat_template"] = serde_json::Value::String(template.clone())
+            })
+        });
+        let e = r.err().expect("refused");
+        let text = e.to_string();
+        assert_eq!(e.kind(), gds_convert::ErrorKind::Input, "{text}");
+        assert!(
+            text.contains("tokenizer_config.json") && text.contains(want),
+            "{text}"
+        );
+        assert_eq!(fs::read_dir(out_parent.path()).unwrap().count(), 0);
+    }
+    let (r, _out) = convert_edited(|d| {
+        edit_json(&d.join("tokenizer_config.json"), |v| {
+            v["chat_template"] = "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}".into()
+        })
+    });
+    r.expect("break/continue convert");
+}
+
+/// Regression (issue 33): a tokenizer with more token ids than the embedding has rows was
+/// converted (exit 0) and `gdsrun` crashed on the first such id. Convert refuses it.
+#[test]
+fn convert_refuses_a_tokenizer_with_ids_past_the_embedding() {
+    let (r, out_parent) = convert_edited(|d| {
+        edit_json(&d.join("tokenizer.json"), |v| {
+            v["added_tokens"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({
+                    "id": 320, "content": "<|extra|>", "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true
+                }))
+        })
+    });
+    let e = r.err().expect("refused");
+    let text = e.to_string();
+    assert_eq!(e.kind(), gds_convert::ErrorKind::Input, "{text}");
+    assert!(
+        text.contains("tokenizer.json") && text.contains("320") && text.contains("vocabulary"),
+        "{text}"
+    );
+    assert_eq!(fs::read_dir(out_parent.path()).unwrap().count(), 0);
+}
+
+/// Regression (issue 33): a config.json hyperparameter of the wrong type or sign was
+/// reported as "internal error … the written model is invalid" naming a temporary manifest.
+/// It is an input error naming config.json and the key.
+#[test]
+fn config_values_of_the_wrong_type_name_config_json_and_the_key() {
+    for (key, value) in [
+        ("num_hidden_layers", serde_json::json!(-3)),
+        ("hidden_size", serde_json::json!("abc")),
+        ("num_attention_heads", serde_json::json!(2.5)),
+        ("rms_norm_eps", serde_json::json!("small")),
+        ("sliding_window", serde_json::json!(-3)),
+        ("max_position_embeddings", serde_json::json!(0)),
+    ] {
+        let (r, out_parent) =
+            convert_edited(|d| edit_json(&d.join("config.json"), |v| v[key] = value.clone()));
+        let e = r.err().expect("refused");
+        let text = e.to_string();
+        assert_eq!(e.kind(), gds_convert::ErrorKind::Input, "{key}: {text}");
+        assert!(
+            text.contains("config.json") && text.contains(key) && !text.contains("internal"),
+            "{key}: {text}"
+        );
+        assert_eq!(fs::read_dir(out_parent.path()).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,1021 @@
+//! Chat templates: the Jinja template shipped in `tokenizer_config.json` (or GGUF's
+//! `tokenizer.chat_template`), rendered with minijinja the way Hugging Face's
+//! `apply_chat_template` renders it (`trim_blocks`, `lstrip_blocks`, `messages`,
+//! `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`, `strftime_now`,
+//! `{% break %}`/`{% continue %}` as with jinja2's `loopcontrols`, and the common Python
+//! string/dict methods).
+//!
+//! A chat template is code that comes with the model file, so this module is the one place
+//! that compiles and renders one, for the converter, `gdsconv validate`/`pull` and the
+//! runtime alike, under one policy:
+//!
+//! * before minijinja's parser sees it, the source is at most [`MAX_SOURCE_BYTES`] and a
+//!   cheap scan bounds what the parser and code generator would recurse on (minijinja's
+//!   parser guards only some of its recursion: a chain of 20 000 `+` or `|filter`, `- - -`
+//!   or `elif` chains overflow the stack): at most [`MAX_TAG_OPERATORS`] operators in one
+//!   tag, brackets nested at most [`MAX_NESTING`] deep, at most [`MAX_ELIFS`] `elif`s;
+//! * compiling and rendering run on their own thread with a [`STACK_BYTES`] stack (whatever
+//!   recursion is left, e.g. printing a deeply nested value a template built, has room);
+//! * a render gets [`RENDER_FUEL`] instructions plus [`RENDER_FUEL_PER_MESSAGE`] per message
+//!   (minijinja's `fuel`), and at most [`MAX_OUTPUT_BYTES`] of output;
+//! * [`check`] compiles a template and renders a sample conversation under those limits, so
+//!   that one that exhausts them whatever it is given is refused when a model is converted,
+//!   validated, pulled or loaded.
+//!
+//! Not bounded: the size of one value a single instruction builds (minijinja caps string
+//! repetition at 100 MB, but `~` and `+` of two strings are unbounded, so a template that
+//! doubles a string in a loop grows it faster than fuel runs out).
+
+use minijinja::value::{Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, State};
+use serde::Serialize;
+
+/// Largest template source compiled (the largest real templates are a few tens of KiB).
+pub const MAX_SOURCE_BYTES: usize = 1 << 20;
+/// Most operators (`+ - * / % ~ | . < > = !`, `not and or is in if else`, opening brackets)
+/// in one `{{ ... }}` or `{% ... %}` tag: each may add a level to the expression tree, which
+/// minijinja's code generator walks recursively.
+pub const MAX_TAG_OPERATORS: usize = 1000;
+/// Deepest nesting of brackets in one tag.
+pub const MAX_NESTING: usize = 64;
+/// Most `elif`s in a template (minijinja parses each as nested in the one before).
+pub const MAX_ELIFS: usize = 1000;
+/// Stack of the thread that compiles or renders a template (reserved, touched only as used).
+pub const STACK_BYTES: usize = 256 << 20;
+/// Instructions one render may execute, besides [`RENDER_FUEL_PER_MESSAGE`] per message (a
+/// real template takes tens to a few hundred per message).
+pub const RENDER_FUEL: u64 = 2_000_000;
+/// Instructions one render may execute per message.
+pub const RENDER_FUEL_PER_MESSAGE: u64 = 5_000;
+/// Largest rendered prompt.
+pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
+/// Largest string the filters and methods this module defines (or replaces: `indent`,
+/// `replace`, `tojson`) build; a width or count from the template cannot make one allocate
+/// more.
+pub const MAX_VALUE_BYTES: usize = 16 << 20;
+
+/// Why a template was refused, or failed to render.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TemplateError {
+    message: String,
+    /// The template ran into a limit of this module (fuel, output size) rather than failing
+    /// on its own terms (a syntax error, `raise_exception`, an undefined method).
+    pub limit: bool,
+}
+
+impl TemplateError {
+    fn new(message: impl Into<String>) -> TemplateError {
+        TemplateError {
+            message: message.into(),
+            limit: false,
+        }
+    }
+
+    fn limit(message: impl Into<String>) -> TemplateError {
+        TemplateError {
+            message: message.into(),
+            limit: true,
+        }
+    }
+}
+
+impl std::fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for TemplateError {}
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+    /// An assistant's tool calls, in OpenAI's form (`[{"id", "type": "function",
+    /// "function": {"name", "arguments"}}]`), which tool-aware templates render.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message from `role`.
+    pub fn new(role: &str, content: &str) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+/// Runs `f` on a thread of its own with a [`STACK_BYTES`] stack; a panic in it is an error.
+fn on_big_stack<T: Send>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, TemplateError> + Send,
+) -> Result<T, TemplateError> {
+    std::thread::scope(|s| {
+        let h = std::thread::Builder::new()
+            .name("chat-template".into())
+            .stack_size(STACK_BYTES)
+            .spawn_scoped(s, f)
+            .map_err(|e| TemplateError::new(format!("cannot start a thread to {what}: {e}")))?;
+        h.join().unwrap_or_else(|_| {
+            Err(TemplateError::new(format!(
+                "the template panicked ({what})"
+            )))
+        })
+    })
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token`/`eos_token` are the strings the template sees.
+    pub fn new(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<ChatTemplate, TemplateError> {
+        prescan(source)?;
+        let env = on_big_stack("compile it", || {
+            let mut env = Environment::new();
+            env.set_trim_blocks(true);
+            env.set_lstrip_blocks(true);
+            // No debug info on errors: minijinja 2.24's renderer of it (`{e:#}`) subtracts span
+            // columns unchecked and panics on spans a template can produce (fuzz regression
+            // `fuzz/regressions/tokenizer/crash-91be…`). `{e}` still names the kind, the detail
+            // and the template line.
+            env.set_debug(false);
+            env.add_function(
+                "raise_exception",
+                |msg: String| -> std::result::Result<Value, Error> {
+                    Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("template raised: {msg}"),
+                    ))
+                },
+            );
+            env.add_function("strftime_now", |fmt: String| strftime(&fmt, now_unix()));
+            env.add_filter("tojson", tojson);
+            env.add_filter("indent", indent);
+            env.add_filter("replace", |s: String, from: String, to: String| {
+                capped_replace(&s, &from, &to).map(Value::from)
+            });
+            env.set_unknown_method_callback(pycompat);
+            env.add_template_owned("chat", source.to_string())
+                .map_err(|e| TemplateError::new(e.to_string()))?;
+            Ok(env)
+        })?;
+        Ok(ChatTemplate {
+            env,
+            source: source.to_string(),
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
+    }
+
+    /// The template's source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders a conversation.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// Whether the template renders a `tools` variable (function definitions), as the
+    /// tool-calling templates of Qwen, Llama 3.1+, Mistral and Hermes do.
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// Renders a conversation, with `tools` (OpenAI's list of
+    /// `{"type": "function", "function": {...}}`) in the template's `tools` variable, under
+    /// the limits of this module (fuel, output size, its own stack).
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, TemplateError> {
+        let fuel = RENDER_FUEL
+            .saturating_add(RENDER_FUEL_PER_MESSAGE.saturating_mul(messages.len() as u64));
+        on_big_stack("render it", || {
+            let mut env = self.env.clone();
+            env.set_fuel(Some(fuel));
+            let tmpl = env
+                .get_template("chat")
+                .map_err(|e| TemplateError::new(e.to_string()))?;
+            let mut out = CappedOutput {
+                buf: Vec::new(),
+                over: false,
+            };
+            let r = tmpl.render_captured_to(
+                minijinja::context! {
+                    messages => messages,
+                    add_generation_prompt => add_generation_prompt,
+                    bos_token => self.bos_token,
+                    eos_token => self.eos_token,
+                    tools => tools,
+                },
+                &mut out,
+            );
+            if out.over {
+                return Err(TemplateError::limit(format!(
+                    "the template's output exceeds {MAX_OUTPUT_BYTES} bytes"
+                )));
+            }
+            match r {
+                Ok(_) => String::from_utf8(out.buf)
+                    .map_err(|e| TemplateError::new(format!("output is not UTF-8: {e}"))),
+                Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(TemplateError::limit(format!(
+                    "the template ran more than {fuel} instructions ({e})"
+                ))),
+                Err(e) => Err(TemplateError::new(e.to_string())),
+            }
+        })
+    }
+}
+
+/// Output that refuses to grow past [`MAX_OUTPUT_BYTES`].
+struct CappedOutput {
+    buf: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > MAX_OUTPUT_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("output too large"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Compiles `source` and renders a sample conversation with it: refused when it does not
+/// compile, breaks a bound of [`prescan`], or runs into a render limit (fuel, output size) on
+/// a four-message conversation. Other render errors are not refusals (a template may
+/// `raise_exception` on roles it does not take).
+pub fn check(source: &str) -> Result<(), TemplateError> {
+    let t = ChatTemplate::new(source, "<s>", "</s>")?;
+    let msgs = [
+        Message::new("system", "You are a helpful assistant."),
+        Message::new("user", "Hello!"),
+        Message::new("assistant", "Hi, how can I help?"),
+        Message::new("user", "What is 2 + 2?"),
+    ];
+    match t.render(&msgs, true) {
+        Err(e) if e.limit => Err(TemplateError::limit(format!(
+            "rendering a four-message conversation: {e}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The cheap scan run before minijinja's parser: the source size, and per tag the operator
+/// count and bracket nesting (see the module docs). Strings and `{# comments #}` are
+/// skipped, as is the body of `{% raw %}`.
+pub fn prescan(source: &str) -> Result<(), TemplateError> {
+    if source.len() > MAX_SOURCE_BYTES {
+        return Err(TemplateError::new(format!(
+            "the template has {} bytes, more than the {MAX_SOURCE_BYTES} allowed",
+            source.len()
+        )));
+    }
+    let b = source.as_bytes();
+    let line = |at: usize| b[..at.min(b.len())].iter().filter(|&&c| c == b'\n').count() + 1;
+    let find = |from: usize, pat: &[u8]| {
+        b.get(from..)
+            .and_then(|rest| rest.windows(pat.len()).position(|w| w == pat))
+            .map(|p| from + p)
+    };
+    let mut elifs = 0usize;
+    let mut i = 0;
+    while i + 1 < b.len() {
+        if b[i] != b'{' {
+            i += 1;
+            continue;
+        }
+        match b[i + 1] {
+            b'#' => i = find(i + 2, b"#}").map_or(b.len(), |j| j + 2),
+            kind @ (b'{' | b'%') => {
+                let start = i;
+                let tag = scan_tag(b, i + 2, kind).map_err(|what| {
+                    TemplateError::new(format!(
+                        "the tag at line {} has {what}: refused before compiling",
+                        line(start)
+                    ))
+                })?;
+                i = tag.end;
+                match tag.first_word {
+                    Some(b"elif") => {
+                        elifs += 1;
+                        if elifs > MAX_ELIFS {
+                            return Err(TemplateError::new(format!(
+                                "more than {MAX_ELIFS} `elif`s (line {}): refused before compiling",
+                                line(start)
+                            )));
+                        }
+                    }
+                    // the body of `{% raw %}` is text up to `endraw`
+                    Some(b"raw") => i = find(i, b"endraw").map_or(b.len(), |j| j + 6),
+                    _ => {}
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
+struct Tag<'a> {
+    end: usize,
+    first_word: Option<&'a [u8]>,
+}
+
+/// Scans one tag from just after its opening `{{`/`{%` to just after its close.
+fn scan_tag(b: &[u8], mut i: usize, kind: u8) -> Result<Tag<'_>, String> {
+    let (mut ops, mut depth) = (0usize, 0usize);
+    let mut first_word = None;
+    let mut quote: Option<u8> = None;
+    while i < b.len() {
+        let c = b[i];
+        if let Some(q) = quote {
+            if c == b'\\' {
+                i += 2;
+                continue;
+            }
+            if c == q {
+                quote = None;
+            }
+            i += 1;
+            continue;
+        }
+        match c {
+            b'\'' | b'"' => quote = Some(c),
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                ops += 1;
+                if depth > MAX_NESTING {
+                    return Err(format!("brackets nested more than {MAX_NESTING} deep"));
+                }
+            }
+            b')' | b']' => depth = depth.saturating_sub(1),
+            b'}' if kind == b'{' && depth == 0 && b.get(i + 1) == Some(&b'}') => {
+                return Ok(Tag {
+                    end: i + 2,
+                    first_word,
+                })
+            }
+            b'}' => depth = depth.saturating_sub(1),
+            b'%' if kind == b'%' && b.get(i + 1) == Some(&b'}') => {
+                return Ok(Tag {
+                    end: i + 2,
+                    first_word,
+                })
+            }
+            b'+' | b'-' | b'*' | b'/' | b'%' | b'~' | b'|' | b'.' | b'<' | b'>' | b'=' | b'!' => {
+                ops += 1
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = i;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                    i += 1;
+                }
+                let word = &b[start..i];
+                if first_word.is_none() {
+                    first_word = Some(word);
+                }
+                if matches!(
+                    word,
+                    b"not" | b"and" | b"or" | b"is" | b"in" | b"if" | b"else"
+                ) {
+                    ops += 1;
+                }
+                if ops > MAX_TAG_OPERATORS {
+                    return Err(format!("more than {MAX_TAG_OPERATORS} operators"));
+                }
+                continue;
+            }
+            _ => {}
+        }
+        if ops > MAX_TAG_OPERATORS {
+            return Err(format!("more than {MAX_TAG_OPERATORS} operators"));
+        }
+        i += 1;
+    }
+    Ok(Tag {
+        end: b.len(),
+        first_word,
+    })
+}
+
+/// `tojson` as Hugging Face defines it for chat templates (Python's `json.dumps` with
+/// `ensure_ascii=False`): `", "` and `": "` between items (`",\n"` and indentation with
+/// `indent`), keys in their order (`sort_keys` sorts), text as it is. minijinja's own
+/// filter writes compact, HTML-escaped JSON, which is not what the models were trained on
+/// (function definitions in tool-calling prompts are rendered with it).
+fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    if let Some(n) = indent {
+        // one indent per nesting level per line: a width from the template is bounded
+        value_cap(n.saturating_mul(1024), "tojson's indent")?;
+    }
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let bad = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, e.to_string());
+    let mut v = serde_json::to_value(&value).map_err(bad)?;
+    if sort_keys == Some(true) {
+        v.sort_all_objects();
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(
+        &mut out,
+        PyJson {
+            indent: indent.map(|n| vec![b' '; n]),
+            level: 0,
+            filled: Vec::new(),
+        },
+    );
+    serde::Serialize::serialize(&v, &mut ser).map_err(bad)?;
+    Ok(Value::from_safe_string(String::from_utf8(out).map_err(
+        |e| Error::new(ErrorKind::InvalidOperation, e.to_string()),
+    )?))
+}
+
+/// Refuses a string of `len` bytes past [`MAX_VALUE_BYTES`].
+fn value_cap(len: usize, what: &str) -> std::result::Result<(), Error> {
+    if len > MAX_VALUE_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("{what} would make a string of {len} bytes, more than {MAX_VALUE_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `str.replace` / the `replace` filter, refusing a result past [`MAX_VALUE_BYTES`] before
+/// building it (each match of a long `from` can be replaced by a longer `to`).
+fn capped_replace(s: &str, from: &str, to: &str) -> std::result::Result<String, Error> {
+    let n = if from.is_empty() {
+        s.chars().count() + 1
+    } else {
+        s.matches(from).count()
+    };
+    let len = n
+        .saturating_mul(to.len())
+        .saturating_add(s.len().saturating_sub(n.saturating_mul(from.len())));
+    value_cap(len, "replace")?;
+    Ok(s.replace(from, to))
+}
+
+/// minijinja's `indent` (Jinja's: `width` spaces, `first`, `blank`), refusing a result past
+/// [`MAX_VALUE_BYTES`] before building it (minijinja's builds `width` spaces, whatever
+/// `width` is).
+fn indent(
+    value: String,
+    width: Option<usize>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<Value, Error> {
+    let width = match width {
+        Some(w) => w,
+        None => kwargs.get::<Option<usize>>("width")?.unwrap_or(4),
+    };
+    let first = match first {
+        Some(f) => f,
+        None => kwargs.get::<Option<bool>>("first")?.unwrap_or(false),
+    };
+    let blank = match blank {
+        Some(b) => b,
+        None => kwargs.get::<Option<bool>>("blank")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    fn strip_newline(s: &str) -> &str {
+        let s = s.strip_suffix('\n').unwrap_or(s);
+        s.strip_suffix('\r').unwrap_or(s)
+    }
+    let input = strip_newline(&value);
+    let lines = input.split('\n').count();
+    value_cap(
+        lines
+            .saturating_mul(width.saturating_add(1))
+            .saturating_add(input.len()),
+        "indent",
+    )?;
+    let pad = " ".repeat(width);
+    let mut out = String::new();
+    let mut it = input.split('\n');
+    if !first {
+        out.push_str(it.next().unwrap_or_default());
+        out.push('\n');
+    }
+    for line in it {
+        if !line.is_empty() || blank {
+            out.push_str(&pad);
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.truncate(strip_newline(&out).len());
+    Ok(Value::from(out))
+}
+
+/// Python's `json.dumps` layout: `", "` / `": "`, or with an indent one item per line.
+struct PyJson {
+    indent: Option<Vec<u8>>,
+    level: usize,
+    /// Per open container: whether it has an item yet (an empty one closes on its line).
+    filled: Vec<bool>,
+}
+
+impl PyJson {
+    fn newline<W: ?Sized + std::io::Write>(&self, w: &mut W) -> std::io::Result<()> {
+        if let Some(unit) = &self.indent {
+            w.write_all(b"\n")?;
+            for _ in 0..self.level {
+                w.write_all(unit)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn separator<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if let Some(f) = self.filled.last_mut() {
+            *f = true;
+        }
+        if !first {
+            w.write_all(if self.indent.is_some() { b"," } else { b", " })?;
+        }
+        self.newline(w)
+    }
+
+    fn open<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.level += 1;
+        self.filled.push(false);
+        w.write_all(b)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.filled.pop() == Some(true) {
+            self.newline(w)?;
+        }
+        w.write_all(b)
+    }
+}
+
+impl serde_json::ser::Formatter for PyJson {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"[")
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.separator(w, first)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"{")
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.separator(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// The Python methods HF templates call most, on strings and dicts.
+fn pycompat(
+    _state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> std::result::Result<Value, Error> {
+    let arg_str = |i: usize| args.get(i).and_then(|v| v.as_str().map(str::to_string));
+    if let Some(s) = value.as_str() {
+        let chars = arg_str(0);
+        let pat = |c: char| {
+            chars
+                .as_deref()
+                .map_or(c.is_whitespace(), |cs| cs.contains(c))
+        };
+        return Ok(match method {
+            "strip" => Value::from(s.trim_matches(pat)),
+            "lstrip" => Value::from(s.trim_start_matches(pat)),
+            "rstrip" => Value::from(s.trim_end_matches(pat)),
+            "upper" => Value::from(s.to_uppercase()),
+            "lower" => Value::from(s.to_lowercase()),
+            "title" | "capitalize" => {
+                let mut c = s.chars();
+                Value::from(
+                    c.next()
+                        .map(|f| {
+                            f.to_uppercase()
+                                .chain(c.flat_map(|x| x.to_lowercase()))
+                                .collect::<String>()
+                        })
+                        .unwrap_or_default(),
+                )
+            }
+            "startswith" => Value::from(arg_str(0).is_some_and(|p| s.starts_with(&p))),
+            "endswith" => Value::from(arg_str(0).is_some_and(|p| s.ends_with(&p))),
+            "replace" => match (arg_str(0), arg_str(1)) {
+                (Some(a), Some(b)) => Value::from(capped_replace(s, &a, &b)?),
+                _ => return Err(Error::new(ErrorKind::MissingArgument, "replace(old, new)")),
+            },
+            "split" => match arg_str(0) {
+                Some(sep) => {
+                    Value::from(s.split(sep.as_str()).map(Value::from).collect::<Vec<_>>())
+                }
+                None => Value::from(s.split_whitespace().map(Value::from).collect::<Vec<_>>()),
+            },
+            "find" => Value::from(arg_str(0).and_then(|p| s.find(&p)).map_or(-1, |i| i as i64)),
+            _ => return Err(Error::from(ErrorKind::UnknownMethod)),
+        });
+    }
+    if value.kind() == ValueKind::Map {
+        return match method {
+            "items" => Ok(Value::from(
+                value
+                    .try_iter()?
+                    .map(|k| Ok(Value::from(vec![k.clone(), value.get_item(&k)?])))
+                    .collect::<std::result::Result<Vec<_>, Error>>()?,
+            )),
+            "keys" => Ok(Value::from(value.try_iter()?.collect::<Vec<_>>())),
+            "values" => Ok(Value::from(
+                value
+                    .try_iter()?
+                    .map(|k| value.get_item(&k))
+                    .collect::<std::result::Result<Vec<_>, Error>>()?,
+            )),
+            "get" => {
+                let key = args.first().cloned().unwrap_or_default();
+                let v = value.get_item(&key)?;
+                Ok(if v.is_undefined() {
+                    args.get(1).cloned().unwrap_or_default()
+                } else {
+                    v
+                })
+            }
+            _ => Err(Error::from(ErrorKind::UnknownMethod)),
+        };
+    }
+    Err(Error::from(ErrorKind::UnknownMethod))
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A small `strftime` (UTC) for the formats chat templates use (`%d %b %Y` and friends).
+pub fn strftime(fmt: &str, unix: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = unix.div_euclid(86400);
+    let secs = unix.rem_euclid(86400);
+    // civil-from-days (Howard Hinnant's algorithm)
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (month, wday) = (MONTHS[(m - 1) as usize], DAYS[days.rem_euclid(7) as usize]);
+    let mut out = String::new();
+    let mut it = fmt.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('e') => out.push_str(&format!("{d:>2}")),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y % 100)),
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('A') => out.push_str(wday),
+            Some('a') => out.push_str(&wday[..3]),
+            Some('H') => out.push_str(&format!("{:02}", secs / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", secs / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", secs % 60)),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-135M-Instruct's template, verbatim from its tokenizer_config.json.
+    const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn smollm2_template_renders_like_transformers() {
+        let t = ChatTemplate::new(SMOLLM2, "<|im_start|>", "<|im_end|>").unwrap();
+        let out = t.render(&[Message::new("user", "Hi there")], true).unwrap();
+        assert_eq!(out, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n");
+        let out = t
+            .render(
+                &[
+                    Message::new("system", "Be brief."),
+                    Message::new("user", "Hi"),
+                    Message::new("assistant", "Hello!"),
+                    Message::new("user", "Bye"),
+                ],
+                false,
+            )
+            .unwrap();
+        assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n");
+    }
+
+    /// Fuzz regression (`fuzz/regressions/tokenizer/template-error-debug-info-panics-minijinja`):
+    /// `for` with no loop variable compiles, fails at render with a span whose end column is
+    /// before its start, and minijinja's debug-info renderer subtracted them (a panic with
+    /// overflow checks, a wrapped length without). The error must come back as a message.
+    #[test]
+    fn render_error_with_a_backwards_span_is_a_message() {
+        let t =
+            ChatTemplate::new("{% for in messages %}{{ 1 }}{% endfor %}", "<s>", "</s>").unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.render(&[Message::new("user", "hi")], false)
+        }));
+        let msg = r
+            .expect("rendering must not panic")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("chat:1"), "{msg}");
+        assert!(
+            !msg.contains("Referenced variables"),
+            "debug info rendered: {msg}"
+        );
+    }
+
+    #[test]
+    fn trim_blocks_helpers_and_exceptions() {
+        let src = "{% for m in messages %}\n  {% if m.role == 'user' %}\n[{{ m.content.strip() | upper }}]\n  {% endif %}\n{% endfor %}{{ bos_token }}";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        assert_eq!(
+            t.render(&[Message::new("user", "  hi ")], false).unwrap(),
+            "[HI]\n<s>"
+        );
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", "", "").unwrap();
+        let err = t.render(&[], true).unwrap_err().to_string();
+        assert!(err.contains("roles must alternate"), "{err}");
+        assert!(ChatTemplate::new("{% if %}", "", "").is_err());
+    }
+
+    /// transformers renders with jinja2's `loopcontrols` (Cohere command-r7b's and Kimi's
+    /// templates use `{% break %}`/`{% continue %}`); without minijinja's `loop_controls`
+    /// these did not compile.
+    #[test]
+    fn break_and_continue_render_like_jinja() {
+        let src = "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}{% if loop.index > 3 %}{% break %}{% endif %}[{{ m.content }}]{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let msgs = [
+            Message::new("system", "s"),
+            Message::new("user", "a"),
+            Message::new("assistant", "b"),
+            Message::new("user", "c"),
+        ];
+        // jinja2 with loopcontrols: index 1 skipped, 2 and 3 printed, 4 breaks
+        assert_eq!(t.render(&msgs, false).unwrap(), "[a][b]");
+        assert!(check(src).is_ok());
+    }
+
+    fn refused(src: &str, what: &str) {
+        let e = ChatTemplate::new(src, "", "")
+            .err()
+            .unwrap_or_else(|| panic!("compiled: {}", &src[..src.len().min(60)]));
+        assert!(e.to_string().contains(what), "{e}");
+        assert!(check(src).is_err());
+    }
+
+    /// Each of these overflowed the stack (an abort) in minijinja's parser, code generator
+    /// or AST drop: refused by the scan before the parser sees them.
+    #[test]
+    fn deep_expressions_are_refused_before_the_parser() {
+        refused(
+            &format!("{{{{ 1{} }}}}", " + 1".repeat(20_000)),
+            "operators",
+        );
+        refused(
+            &format!("{{{{ 'a'{} }}}}", "|upper".repeat(20_000)),
+            "operators",
+        );
+        refused(&format!("{{{{ x{} }}}}", ".y".repeat(20_000)), "operators");
+        refused(&format!("{{{{ {}1 }}}}", "- ".repeat(20_000)), "operators");
+        refused(
+            &format!("{{{{ {}1 }}}}", "not ".repeat(20_000)),
+            "operators",
+        );
+        refused(
+            &format!("{{{{ {}1{} }}}}", "(".repeat(10_000), ")".repeat(10_000)),
+            "nested",
+        );
+        refused(
+            &format!("{{{{ {}1{} }}}}", "[".repeat(10_000), "]".repeat(10_000)),
+            "nested",
+        );
+        refused(
+            &format!(
+                "{{% if x %}}{}{{% endif %}}",
+                "{% elif x %}a".repeat(20_000)
+            ),
+            "elif",
+        );
+        refused(&" ".repeat(MAX_SOURCE_BYTES + 1), "bytes");
+    }
+
+    /// Deeply nested blocks run into the parser's own recursion guard: an error, no abort.
+    #[test]
+    fn deeply_nested_blocks_are_an_error() {
+        let src = format!(
+            "{}x{}",
+            "{% if true %}".repeat(20_000),
+            "{% endif %}".repeat(20_000)
+        );
+        assert!(ChatTemplate::new(&src, "", "").is_err());
+        let src = format!(
+            "{}x{}",
+            "{% for a in b %}".repeat(20_000),
+            "{% endfor %}".repeat(20_000)
+        );
+        assert!(check(&src).is_err());
+    }
+
+    /// Strings, comments and `raw` bodies are not counted: a long prompt text in a string
+    /// literal, or operators in text, are not refused.
+    #[test]
+    fn the_scan_skips_strings_comments_and_raw() {
+        let long = "a + b | c . ".repeat(5_000);
+        let src = format!(
+            "{{{{ '{long}' }}}}{{# {long} #}}{{% raw %}}{{{{ {long} }}}}{{% endraw %}}{long}{{{{ \"{{{{\" ~ 'x' }}}}"
+        );
+        let t = ChatTemplate::new(&src, "", "").unwrap();
+        assert!(t.render(&[], false).unwrap().starts_with("a + b"));
+    }
+
+    /// A render that would never end runs out of fuel: an error naming the limit.
+    #[test]
+    fn endless_loops_run_out_of_fuel() {
+        let src =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let e = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+        assert!(e.limit && e.to_string().contains("instructions"), "{e}");
+        let e = check(src).unwrap_err();
+        assert!(e.limit, "{e}");
+    }
+
+    /// Output past the cap stops the render (it grew without bound before).
+    #[test]
+    fn output_is_capped() {
+        let src = "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let e = t.render(&[], true).unwrap_err();
+        assert!(e.limit && e.to_string().contains("output"), "{e}");
+        assert!(check(src).is_err());
+    }
+
+    /// A width or count from the template cannot make one filter or method allocate without
+    /// bound (minijinja's `indent` built `width` spaces: `indent(10**12)` aborted).
+    #[test]
+    fn filter_widths_and_replacements_are_capped() {
+        for src in [
+            "{{ 'a\nb' | indent(1000000000000) }}",
+            "{{ 'a\nb' | indent(width=1000000000000) }}",
+            "{{ messages | tojson(indent=1000000000000) }}",
+            "{{ ('a' * 100000) | replace('a', 'b' * 100000) }}",
+            "{{ ('a' * 100000).replace('a', 'b' * 100000) }}",
+        ] {
+            let t = ChatTemplate::new(src, "", "").unwrap();
+            let e = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+            assert!(e.to_string().contains("more than"), "{src}: {e}");
+        }
+        // and they still work like Jinja's
+        let t = ChatTemplate::new(
+            "{{ 'a\n\nb\n' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}|{{ 'a\n\nb' | indent(width=1, blank=true) }}|{{ 'abca' | replace('a', 'xy') }}|{{ 'abca'.replace('a', '') }}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&[], false).unwrap(),
+            "a\n\n  b|  a\n  b|a\n \n b|xybcxy|bc"
+        );
+    }
+
+    /// A template built value nested as deep as fuel allows prints and drops on the render
+    /// thread's own stack, without overflowing it.
+    #[test]
+    fn deeply_nested_values_do_not_overflow_the_stack() {
+        let src = "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x|length }}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "1");
+    }
+
+    /// Real templates pass the check (and a template raising on the sample's roles is not
+    /// refused for it).
+    #[test]
+    fn real_templates_pass_the_check() {
+        check(SMOLLM2).unwrap();
+        check("{{ raise_exception('System role not supported') }}").unwrap();
+        for family in ["gemma2", "gemma3", "llama", "phi3", "qwen3"] {
+            if let Some(src) = crate::arch::family(family).and_then(|f| f.chat_template.clone()) {
+                check(&src).unwrap_or_else(|e| panic!("{family}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn strftime_formats_dates() {
+        // 2024-07-23 12:34:56 UTC was a Tuesday
+        assert_eq!(
+            strftime("%d %b %Y %H:%M:%S %A", 1721738096),
+            "23 Jul 2024 12:34:56 Tuesday"
+        );
+        assert_eq!(strftime("%Y-%m-%d %%", 0), "1970-01-01 %");
+    }
+}
