@@ -678,12 +678,8 @@ mod tests {
     fn mkfifo(p: &Path) {
         let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: `c` is a NUL-terminated path that outlives the call.
-        assert_eq!(
-            unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
-            0,
-            "{}",
-            p.display()
-        );
+        let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+        assert_eq!(rc, 0, "{}", p.display());
     }
 
     #[test]

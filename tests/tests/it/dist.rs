@@ -1317,7 +1317,7 @@ fn hostile_registries_fail_the_pull_with_a_short_error() {
             &[],
             &[],
             3,
-            &["HTTP 404", "NOT FOUND", "65536 read"],
+            &["HTTP 404", "NOT FOUND", "longer than 65536 bytes"],
         ),
         ("huge-manifest", &[], &[], 1, &["manifest", "2097152 bytes"]),
         (
