@@ -230,6 +230,7 @@ fn huge_repeat_last_n_is_not_allocated_up_front() {
 }
 
 #[test]
+#[ignore = "issue 33: written on a loaded 2-core box and not yet seen to pass (not built yet); run with --ignored"]
 fn frequency_and_presence_penalties_change_the_greedy_reply_and_are_range_checked() {
     let m = model();
     let reply = |extra: &[&str]| {
