@@ -83,7 +83,10 @@ fn models_dir() -> &'static Path {
 /// FNV-1a over the converter's sources (paths and contents, in path order) and Cargo.lock.
 fn converter_key() -> u64 {
     fn files(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).expect("read source directory").flatten() {
+        for e in std::fs::read_dir(dir)
+            .expect("read source directory")
+            .flatten()
+        {
             let p = e.path();
             if p.is_dir() {
                 files(&p, out);

@@ -362,6 +362,7 @@ fn skopeo(args: &[&str]) {
 // ------------------------------------------------------------------------------------------
 
 #[test]
+#[ignore = "tier 2: needs docker-registry and skopeo (scripts/test.sh)"]
 fn the_registry_harness_serves_and_checks_credentials() {
     use gds_tests::registry::http_get_status_as;
     let open = Registry::start();
@@ -387,6 +388,7 @@ fn the_registry_harness_serves_and_checks_credentials() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn round_trip_push_pull_gives_identical_files_and_the_same_text() {
     let reg = Registry::start();
     let env = Env::new();
@@ -482,6 +484,7 @@ fn round_trip_push_pull_gives_identical_files_and_the_same_text() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn concurrent_pulls_into_one_store_agree() {
     // Several pulls of one model into one empty store at once (two pods on a node, or
     // `gdsrun REF` started twice): each must succeed, and the store must hold every blob once.
@@ -529,6 +532,7 @@ fn concurrent_pulls_into_one_store_agree() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn pack_is_deterministic_follows_modelpack_and_layout_equals_tar() {
     let env = Env::new();
     let model = smollm_converted();
@@ -652,6 +656,7 @@ fn pack_is_deterministic_follows_modelpack_and_layout_equals_tar() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn skopeo_reads_and_writes_our_artifacts() {
     let reg = Registry::start();
     let env = Env::new();
@@ -709,6 +714,7 @@ fn skopeo_reads_and_writes_our_artifacts() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn interrupted_pull_and_push_resume() {
     let reg = Registry::start();
     let env = Env::new();
@@ -792,6 +798,7 @@ fn interrupted_pull_and_push_resume() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn retag_uploads_nothing_and_models_sharing_layers_share_blobs() {
     let reg = Registry::start();
     let env = Env::new();
@@ -920,6 +927,7 @@ fn retag_uploads_nothing_and_models_sharing_layers_share_blobs() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn a_tampered_blob_in_the_registry_is_refused() {
     let reg = Registry::start();
     let env = Env::new();
@@ -965,6 +973,7 @@ fn a_tampered_blob_in_the_registry_is_refused() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn hostile_packages_are_refused() {
     let reg = Registry::start();
     let env = Env::new();
@@ -1083,6 +1092,7 @@ fn hostile_packages_are_refused() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn credentials_come_from_the_docker_config() {
     let reg = Registry::start_with_auth();
     let env = Env::new(); // empty DOCKER_CONFIG
@@ -1122,6 +1132,7 @@ fn credentials_come_from_the_docker_config() {
 }
 
 #[test]
+#[ignore = "tier 2: needs docker-registry and skopeo (scripts/test.sh)"]
 fn registry_errors_exit_3() {
     let env = Env::new();
     // Nothing listens there.
@@ -1172,6 +1183,7 @@ fn registry_errors_exit_3() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gdsrun_pulls_a_reference_on_first_use_and_gc_removes_it() {
     let reg = Registry::start();
     let env = Env::new();
@@ -1229,6 +1241,7 @@ fn gdsrun_pulls_a_reference_on_first_use_and_gc_removes_it() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gdsrun_converts_a_gguf_on_first_use_only() {
     let env = Env::new();
     let gguf = smollm_gguf();
@@ -1304,6 +1317,7 @@ impl Drop for Hostile {
 }
 
 #[test]
+#[ignore = "tier 2: needs the Python packages scripts/test.sh installs"]
 fn hostile_registries_fail_the_pull_with_a_short_error() {
     // A registry answering with a 3 GiB error body or a 3 GiB manifest, one that trickles,
     // and one that stalls: each pull fails with one short error that names the registry and

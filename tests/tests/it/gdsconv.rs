@@ -43,6 +43,7 @@ fn leftovers(parent: &Path) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn smollm2_converts_validates_and_keeps_every_byte() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("smollm2.gds");
@@ -173,6 +174,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn validate_catches_corruption() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("m.gds");
@@ -227,6 +229,7 @@ fn validate_catches_corruption() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn bad_gguf_inputs_fail_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
     let src = std::fs::read(smollm_gguf()).unwrap();
@@ -306,6 +309,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn interrupted_conversion_leaves_nothing_that_looks_valid() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("killed.gds");
@@ -337,6 +341,7 @@ fn interrupted_conversion_leaves_nothing_that_looks_valid() {
 /// Gemma 3 is a known family (formats/gemma3.json): its hyperparameters, the keys llama.cpp
 /// hard-codes for it and its block tensors are checked, and it validates as runnable.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gemma3_converts_to_a_runnable_model() {
     let gemma = gemma_gguf();
     let tmp = tempfile::tempdir().unwrap();

@@ -3,7 +3,6 @@
 //! launched with the executor's grid/block shapes, and compared with `gds-kernels` (weights)
 //! and f64 references of the CPU backend's formulas (norm, RoPE, attention, SwiGLU).
 
-
 use crate::common::{sym, AttnFn, PairFn, RopeFn, ScaleFn};
 use gds_format::DType;
 

@@ -13,7 +13,6 @@
 //! budget (all resident, some streamed, everything streamed) and agree with the CPU runtime
 //! (f32 activations) on the same files.
 
-
 use crate::common::Emu;
 use gds_cuda::forward::Device;
 use gds_cuda::plan::MAX_BATCH;

@@ -11,7 +11,6 @@
 //! semantics emulated here), then one decode step the matvec path. (The real SmolLM2 is too
 //! slow for the one-OS-thread-per-CUDA-thread emulation.)
 
-
 use crate::common::{p, Emu};
 use gds_cuda::forward::{BlockGraph, Pass, Scratch, GEMM_MIN_TOKENS};
 use gds_cuda::plan::{LayerMeta, Layout, Shape, TensorMeta};

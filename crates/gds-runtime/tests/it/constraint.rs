@@ -128,16 +128,19 @@ fn every_output_is_in_the_grammar(dir: &Path) {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn smollm2_outputs_stay_in_the_grammar() {
     every_output_is_in_the_grammar(gds_tests::smollm_converted());
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gemma3_outputs_stay_in_the_grammar() {
     every_output_is_in_the_grammar(gds_tests::gemma_converted());
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn grammars_that_do_not_compile_say_why() {
     let (_, compiler, _) = load(gds_tests::smollm_converted());
     let cases = [

@@ -152,6 +152,7 @@ fn agreement_with(model: &Model, tokens: &[u32], refs: &serde_json::Value) -> Ag
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn teacher_forced_logits_match_transformers() {
     let model = Model::load(smollm2(), 512, 2).unwrap();
     let Agreement {
@@ -173,6 +174,7 @@ fn teacher_forced_logits_match_transformers() {
 /// With f32 activations (`--activations f32`) the arithmetic is the reference's own
 /// (dequantized weights times float activations), so the near ties no longer flip.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn f32_activations_agree_with_transformers_on_top1_for_99_percent() {
     let mut model = Model::load(smollm2(), 512, 2).unwrap();
     model.set_f32_activations(true);
@@ -191,6 +193,7 @@ fn f32_activations_agree_with_transformers_on_top1_for_99_percent() {
 /// run with f32 activations, agrees with transformers (whose float32 weights are the same
 /// dequantized values, before the F16 rounding).
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn safetensors_f16_conversion_agrees_with_transformers() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("hf.gds");
@@ -215,6 +218,7 @@ fn safetensors_f16_conversion_agrees_with_transformers() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn first_rows_match_transformers_in_full() {
     let tokens = ids(&json("tokens.json")["ids"]);
     let bytes = std::fs::read(root().join("fixtures/reference/ref_logits_first8.f32.bin")).unwrap();
@@ -264,6 +268,7 @@ fn first_rows_match_transformers_in_full() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn batched_prefill_equals_token_by_token_decode() {
     let tokens = ids(&json("tokens.json")["ids"]);
     let model = Model::load(smollm2(), 64, 2).unwrap();
@@ -283,6 +288,7 @@ fn batched_prefill_equals_token_by_token_decode() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn f16_kv_cache_stays_close_to_f32() {
     let tokens = ids(&json("tokens.json")["ids"]);
     let model = Model::load(smollm2(), 512, 2).unwrap();
@@ -318,6 +324,7 @@ fn gemma3() -> &'static Path {
 
 /// f32 activations: the reference's own arithmetic on the same dequantized weights.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gemma3_f32_activations_agree_with_transformers() {
     let mut model = Model::load(gemma3(), 512, 2).unwrap();
     model.set_f32_activations(true);
@@ -341,6 +348,7 @@ fn gemma3_f32_activations_agree_with_transformers() {
 /// order stays within 0.35 % (`gdsrun` tests): the bound here is 2 %; f32 activations are
 /// held to 0.2 % above.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gemma3_q8_activations_stay_close_to_transformers() {
     let model = Model::load(gemma3(), 512, 2).unwrap();
     let tokens = ids(&json("gemma3/tokens.json")["ids"]);
@@ -360,6 +368,7 @@ fn gemma3_q8_activations_stay_close_to_transformers() {
 /// changes the logits by up to 50 (fixtures/reference/gemma3/ref_long_swa.json); agreeing
 /// there means the window, its RoPE base and the global layers are right.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gemma3_sliding_window_matches_transformers_past_the_window() {
     let mut model = Model::load(gemma3(), 1152, 2).unwrap();
     model.set_f32_activations(true);

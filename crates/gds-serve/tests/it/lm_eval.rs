@@ -32,6 +32,7 @@ fn post(addr: &str, path: &str, body: Value) -> (u16, Value) {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn lm_eval_scores_like_the_transformers_backend() {
     let _one = serial();
     let tmp = tempfile::tempdir().unwrap();
@@ -79,6 +80,7 @@ fn lm_eval_scores_like_the_transformers_backend() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn the_tokenizer_is_served() {
     let _one = serial();
     let s = common::start(&[]);

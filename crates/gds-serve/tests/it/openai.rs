@@ -33,6 +33,7 @@ fn python(script: &str, args: &[&str]) -> Value {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn openai_client_end_to_end() {
     let _one = serial();
     let s = start(&[]);
@@ -115,6 +116,7 @@ fn openai_client_end_to_end() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn bad_requests_get_openai_errors_and_never_crash() {
     let _one = serial();
     let s = start(&["--queue-limit", "1", "--max-batch", "1"]);
@@ -224,6 +226,7 @@ fn bad_requests_get_openai_errors_and_never_crash() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn load_throughput_rises_with_concurrency() {
     let _one = serial();
     let s = start(&["--max-batch", "16"]);
@@ -266,6 +269,7 @@ fn load_throughput_rises_with_concurrency() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn preemption_when_the_kv_pool_is_full_loses_nothing() {
     let _one = serial();
     // 12 MiB of f32 KV holds 17 blocks of 16 positions: one full context of 256, while four
@@ -316,6 +320,7 @@ fn preemption_when_the_kv_pool_is_full_loses_nothing() {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn streamed_layers_serve_a_batch_with_the_mapped_models_text() {
     let _one = serial();
     let body = |i: usize| {
@@ -351,6 +356,7 @@ fn streamed_layers_serve_a_batch_with_the_mapped_models_text() {
 /// (family chat template, `<end_of_turn>` in the stop set) are the `gdsrun` CLI's own
 /// greedy tokens, streamed or not.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gemma3_through_the_openai_client() {
     let _one = serial();
     let r = same_as_cli(gds_tests::gemma_converted(), &["--ctx", "512"]);
@@ -365,6 +371,7 @@ fn gemma3_through_the_openai_client() {
 /// Every other architecture through the server and the official client, on the tiny
 /// transformers-made models (fixtures/tiny-<arch>-hf, converted here).
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn every_architecture_through_the_openai_client() {
     let _one = serial();
     for arch in [
@@ -510,6 +517,7 @@ fn prompt_logprobs(tokens: &[u32]) -> Vec<TokenLogprobs> {
 /// differently), the chosen token is the top alternative under greedy decoding, streamed
 /// chunks carry the same entries as the whole answer, and bad requests are refused by name.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn logprobs_are_the_models_log_softmax() {
     let _one = serial();
     let s = start(&[]);
@@ -649,6 +657,7 @@ fn logprobs_are_the_models_log_softmax() {
 /// nested schema per the `jsonschema` package, a streamed one, `json_object`, the regex and
 /// Lark extensions, and refusals naming the field; `/metrics` counts the masks.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn structured_outputs_always_follow_the_schema() {
     let _one = serial();
     let s = start(&[]);
@@ -730,6 +739,7 @@ fn structured_outputs_always_follow_the_schema() {
 /// same choices again for the same seed, the prompt counted once in `usage`, and the
 /// prompt prefilled once: the other choices start from its cached blocks (`/metrics`).
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn n_choices_share_the_prompt() {
     let _one = serial();
     let s = start(&[]);
@@ -781,6 +791,7 @@ fn n_choices_share_the_prompt() {
 /// one of them seeded sampling —, the guesses and accepted guesses are counted in
 /// `/metrics`, and bad settings are 400s naming the field.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn ngram_speculation_per_request_keeps_the_text() {
     let _one = serial();
     let s = start(&[]);
@@ -839,6 +850,7 @@ fn ngram_speculation_per_request_keeps_the_text() {
 /// greedy completion is the CLI's (whose cache is the window ring), the second time too,
 /// when the prompt's blocks (window blocks included) come from the prefix cache.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn gemma3_prompt_longer_than_the_window_through_the_window_pool() {
     let _one = serial();
     let model = gds_tests::gemma_converted();
@@ -887,7 +899,7 @@ fn gemma3_prompt_longer_than_the_window_through_the_window_pool() {
 /// prefills in; requests arriving meanwhile were batched beside it past the 64 output
 /// rows, and the failed pass answered both with a 500. Every request must succeed.
 #[test]
-#[ignore = "issue 33: written on a loaded 2-core box and not yet seen to pass (the run timed out); run with --ignored"]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn echo_scoring_beside_concurrent_requests_succeeds() {
     let _one = serial();
     let s = start(&[]);
@@ -935,7 +947,7 @@ fn echo_scoring_beside_concurrent_requests_succeeds() {
 /// Issue 33, items 1 and 2: `logit_bias`, `frequency_penalty` and `presence_penalty` on
 /// both endpoints, greedy and under a grammar, and their range errors.
 #[test]
-#[ignore = "issue 33: written on a loaded 2-core box and not yet seen to pass (the run timed out); run with --ignored"]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn logit_bias_and_openai_penalties_steer_sampling() {
     let _one = serial();
     let s = start(&[]);

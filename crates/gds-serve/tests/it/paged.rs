@@ -23,6 +23,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn paged_attention_matches_contiguous() {
     let (plan, m) = model();
     let c = &m.config;
@@ -325,6 +326,7 @@ fn run_engine(reqs: &[(Vec<u32>, bool, usize)]) -> Vec<Vec<gds_serve::scheduler:
 /// prefills in; a prompt beside it must not add its last token's row on top (that made a
 /// batch of 65 outputs, and the failed pass failed both requests with a 500).
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn echo_prompt_beside_other_requests_never_overflows_the_output_rows() {
     use gds_serve::scheduler::{Event, Finish};
     let echo: Vec<u32> = (0..230).map(|i| 200 + (i * 37) % 5000).collect();
@@ -359,6 +361,7 @@ fn echo_prompt_beside_other_requests_never_overflows_the_output_rows() {
 /// others in the same batch get their answer (before, every running request got the
 /// error, an "internal error" text included).
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn a_failing_forward_pass_fails_only_the_request_at_fault() {
     use gds_serve::scheduler::{Event, Finish};
     // a token outside the vocabulary (the HTTP front end refuses it; the engine must not
