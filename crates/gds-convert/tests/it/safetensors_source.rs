@@ -886,7 +886,7 @@ fn convert_refuses_chat_templates_that_do_not_compile_or_exhaust_the_limits() {
                 v["chat_template"] = serde_json::Value::String(template.clone())
             })
         });
-        let e = r.err().expect("refused");
+        let e = r.expect_err("refused");
         let text = e.to_string();
         assert_eq!(e.kind(), gds_convert::ErrorKind::Input, "{text}");
         assert!(
@@ -918,7 +918,7 @@ fn convert_refuses_a_tokenizer_with_ids_past_the_embedding() {
                 }))
         })
     });
-    let e = r.err().expect("refused");
+    let e = r.expect_err("refused");
     let text = e.to_string();
     assert_eq!(e.kind(), gds_convert::ErrorKind::Input, "{text}");
     assert!(
@@ -943,7 +943,7 @@ fn config_values_of_the_wrong_type_name_config_json_and_the_key() {
     ] {
         let (r, out_parent) =
             convert_edited(|d| edit_json(&d.join("config.json"), |v| v[key] = value.clone()));
-        let e = r.err().expect("refused");
+        let e = r.expect_err("refused");
         let text = e.to_string();
         assert_eq!(e.kind(), gds_convert::ErrorKind::Input, "{key}: {text}");
         assert!(
