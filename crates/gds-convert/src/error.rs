@@ -57,7 +57,7 @@ pub enum ConvertError {
     },
     /// A safetensors input could not be read.
     #[error(transparent)]
-    Safetensors(#[from] crate::safetensors::SafetensorsError),
+    Safetensors(#[from] SafetensorsError),
     /// A kernel (quantize/dequantize) refused the data.
     #[error("tensor {tensor:?}: {source}")]
     Kernel {
@@ -113,4 +113,110 @@ impl ConvertError {
 pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ConvertError {
     let path = path.into();
     move |source| ConvertError::Io { path, source }
+}
+
+/// Why a safetensors input could not be read. Every message names the file, and the tensor
+/// where there is one.
+#[derive(Debug, Error)]
+pub enum SafetensorsError {
+    /// Reading or mapping a file or directory failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The input is neither a safetensors file, an index, nor a directory holding them.
+    #[error("{path}: {reason}")]
+    UnsupportedInput {
+        /// The input path.
+        path: PathBuf,
+        /// What was expected.
+        reason: String,
+    },
+    /// The safetensors header is unusable (length, UTF-8, JSON, layout).
+    #[error("{path}: bad safetensors header: {reason}")]
+    Header {
+        /// The safetensors file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// One tensor's header entry or data is unusable.
+    #[error("{path}: tensor {tensor:?}: {reason}")]
+    Tensor {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The tensor's name in the file.
+        tensor: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor that would be converted has a dtype other than F32, F16 or BF16.
+    #[error("{path}: tensor {tensor:?} has dtype {dtype}; only F32, F16 and BF16 are supported")]
+    UnsupportedDtype {
+        /// The safetensors file.
+        path: PathBuf,
+        /// The tensor's name in the file.
+        tensor: String,
+        /// The dtype as the header spells it.
+        dtype: String,
+    },
+    /// `model.safetensors.index.json` is malformed.
+    #[error("{path}: bad shard index: {reason}")]
+    Index {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A shard listed in the index does not exist.
+    #[error("{index}: shard {shard} (holding tensor {tensor:?}) is missing")]
+    MissingShard {
+        /// The index file.
+        index: PathBuf,
+        /// The shard's path.
+        shard: PathBuf,
+        /// A tensor the index places in that shard.
+        tensor: String,
+    },
+    /// Two files hold a tensor of the same name.
+    #[error("tensor {tensor:?} is in both {first} and {second}")]
+    DuplicateTensor {
+        /// The tensor's name.
+        tensor: String,
+        /// The first file holding it.
+        first: PathBuf,
+        /// The second file holding it.
+        second: PathBuf,
+    },
+    /// `config.json` (or another JSON side file) is malformed or inconsistent with the
+    /// tensors.
+    #[error("{path}: {reason}")]
+    Config {
+        /// The JSON file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor the architecture requires is absent.
+    #[error("{path}: required tensor {tensor:?} (stored as {source_name:?}) is missing")]
+    MissingTensor {
+        /// The input (file, index or directory).
+        path: PathBuf,
+        /// Canonical name.
+        tensor: String,
+        /// The name it would have in the input.
+        source_name: String,
+    },
+}
+
+impl SafetensorsError {
+    /// True when the operating system refused an operation (as opposed to the input being
+    /// malformed).
+    pub fn is_io(&self) -> bool {
+        matches!(self, SafetensorsError::Io { .. })
+    }
 }

@@ -12,6 +12,7 @@
 //! (`POSIX_FADV_DONTNEED`), so the memory budget still holds; it says so in a warning.
 
 use crate::aligned::{align_down, align_up, AlignedBuf, ALIGN};
+use crate::pagecache::drop_cached;
 use crate::verify::{Verifier, VerifyMode};
 use crate::{IoError, IoStats, LayerBytes, LayerSource, Resident, Span};
 use gds_format::Manifest;
@@ -73,19 +74,6 @@ pub fn probe_direct(path: &Path) -> DirectSupport {
     match file.read_at(buf.as_mut_slice(), 0) {
         Ok(_) => DirectSupport::Direct,
         Err(e) => DirectSupport::Buffered(format!("O_DIRECT read failed: {e}")),
-    }
-}
-
-/// Drops the page-cache pages of a byte range of `file` (a hint; failures are ignored).
-pub(crate) fn drop_cached(file: &File, offset: u64, len: u64) {
-    // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
-    unsafe {
-        libc::posix_fadvise(
-            file.as_raw_fd(),
-            offset as libc::off_t,
-            len as libc::off_t,
-            libc::POSIX_FADV_DONTNEED,
-        );
     }
 }
 

@@ -27,7 +27,7 @@ pub use direct::{
     ReadBench,
 };
 pub use error::IoError;
-pub use mmap::{read_manifest, MmapBackend};
+pub use mmap::{read_manifest, verify_layer_files, MmapBackend};
 pub use verify::{open_in_dir, open_regular, read_model_file, Verifier, VerifyMode, VerifyStats};
 
 use std::ops::{Deref, Range};

@@ -223,6 +223,23 @@ pub fn read_manifest(dir: &Path) -> Result<Vec<u8>, IoError> {
     Ok(bytes)
 }
 
+/// Checks every layer file of `m` that `verifier` does not already vouch for, reading each
+/// through a bounded buffer: for load paths that never put the bytes in host memory
+/// (GPUDirect Storage), so nothing unverified reaches the device.
+pub fn verify_layer_files(
+    dir: &Path,
+    m: &Manifest<'_>,
+    verifier: &Verifier,
+) -> Result<(), IoError> {
+    for l in layer_files(dir, m, 0)? {
+        if !verifier.is_verified(&l.file, &l.hash) {
+            verifier.check_file(&l.path, &l.file, &l.hash)?;
+            crate::pagecache::drop_cached(&l.file, 0, l.size);
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

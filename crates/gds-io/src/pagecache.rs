@@ -3,6 +3,7 @@
 //! behind, and for measuring cold reads.
 
 use std::fs::File;
+use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 /// `(resident pages, total pages)` of `path` in the page cache.
@@ -33,8 +34,21 @@ pub fn cached_pages(path: &Path) -> std::io::Result<(usize, usize)> {
 pub fn evict(path: &Path) -> std::io::Result<()> {
     let file = File::open(path)?;
     file.sync_all()?;
-    crate::direct::drop_cached(&file, 0, 0);
+    drop_cached(&file, 0, 0);
     Ok(())
+}
+
+/// Drops the page-cache pages of a byte range of `file` (a hint; failures are ignored).
+pub(crate) fn drop_cached(file: &File, offset: u64, len: u64) {
+    // SAFETY: posix_fadvise only reads its integer arguments; the fd is open for the call.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
 }
 
 #[cfg(test)]

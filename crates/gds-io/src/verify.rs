@@ -424,23 +424,6 @@ impl Verifier {
     }
 }
 
-/// Checks every layer file of `m` that `verifier` does not already vouch for, reading each
-/// through a bounded buffer: for load paths that never put the bytes in host memory
-/// (GPUDirect Storage), so nothing unverified reaches the device.
-pub fn verify_layer_files(
-    dir: &Path,
-    m: &Manifest<'_>,
-    verifier: &Verifier,
-) -> Result<(), IoError> {
-    for l in crate::mmap::layer_files(dir, m, 0)? {
-        if !verifier.is_verified(&l.file, &l.hash) {
-            verifier.check_file(&l.path, &l.file, &l.hash)?;
-            crate::direct::drop_cached(&l.file, 0, l.size);
-        }
-    }
-    Ok(())
-}
-
 fn read_at(file: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt;
     loop {

@@ -1,6 +1,8 @@
 //! The OpenAI-compatible HTTP API: request parsing and validation, the handlers, and the
 //! response and server-sent-event formats.
 
+pub use crate::error::ApiError;
+use crate::error::random_seed;
 use crate::scheduler::{Done, Event, Finish, Request, TokenLogprobs};
 use crate::tools::Tools;
 use crate::ServerState;
@@ -20,82 +22,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
-
-/// An error answered in OpenAI's format.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    kind: &'static str,
-    message: String,
-    param: Option<&'static str>,
-    code: Option<&'static str>,
-}
-
-impl ApiError {
-    /// 400 with `invalid_request_error`.
-    pub fn bad(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            kind: "invalid_request_error",
-            message: message.into(),
-            param: None,
-            code: None,
-        }
-    }
-
-    /// Names the request field at fault.
-    pub(crate) fn param(mut self, p: &'static str) -> ApiError {
-        self.param = Some(p);
-        self
-    }
-
-    /// Sets the machine-readable `code`.
-    pub(crate) fn code(mut self, c: &'static str) -> ApiError {
-        self.code = Some(c);
-        self
-    }
-
-    /// An error with its own status and type.
-    pub(crate) fn status(
-        status: StatusCode,
-        kind: &'static str,
-        message: impl Into<String>,
-    ) -> ApiError {
-        ApiError {
-            status,
-            kind,
-            message: message.into(),
-            param: None,
-            code: None,
-        }
-    }
-}
-
-impl ApiError {
-    /// The body: `{"error": {"message", "type", "param", "code"}}`.
-    pub(crate) fn body(&self) -> Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = self.body();
-        let mut r = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS
-            || self.status == StatusCode::SERVICE_UNAVAILABLE
-        {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        r
-    }
-}
 
 /// `stop`: one string or a list.
 #[derive(Clone, Deserialize, Debug)]
@@ -659,17 +585,6 @@ pub(crate) async fn constrain(
     compiled
         .map(Some)
         .map_err(|e| ApiError::bad(e).param(param))
-}
-
-pub(crate) fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }
 
 /// Hands `job` to the engine, or refuses it when the queue is full.

@@ -16,6 +16,7 @@
 //! axum's own rejections included, OpenAI's JSON error shape.
 
 mod api;
+mod error;
 pub mod kvpool;
 pub mod metrics;
 pub mod net;

@@ -7,7 +7,7 @@
 //! (briefly), answers `GET /health` with 200 and anything else with 503, and closes it. So
 //! health probes are answered even while slow or idle clients hold every slot.
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use crate::metrics::ServerMetrics;
 use crate::ServerState;
 use axum::body::Body;

@@ -9,7 +9,7 @@
 //! `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, calls separated
 //! by `;`), Mistral (`[TOOL_CALLS]` then a JSON array of `{"name", "arguments"}`).
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use gds_runtime::chat::ChatTemplate;
 use gds_runtime::Grammar;
 use serde_json::{json, Value};
@@ -367,7 +367,7 @@ fn call_of(text: &str, key: &str) -> Option<Value> {
         other => other.to_string(),
     };
     Some(json!({
-        "id": format!("call_{:016x}", crate::api::random_seed()),
+        "id": format!("call_{:016x}", crate::error::random_seed()),
         "type": "function",
         "function": {"name": name, "arguments": args},
     }))

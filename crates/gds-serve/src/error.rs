@@ -1,0 +1,96 @@
+//! The error every endpoint answers, in OpenAI's format, and the request seed (shared by
+//! the handlers in `api`, `tools`, `responses` and the connection layer in `net`).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// An error answered in OpenAI's format.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<&'static str>,
+    code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400 with `invalid_request_error`.
+    pub fn bad(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// Names the request field at fault.
+    pub(crate) fn param(mut self, p: &'static str) -> ApiError {
+        self.param = Some(p);
+        self
+    }
+
+    /// Sets the machine-readable `code`.
+    pub(crate) fn code(mut self, c: &'static str) -> ApiError {
+        self.code = Some(c);
+        self
+    }
+
+    /// An error with its own status and type.
+    pub(crate) fn status(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+}
+
+impl ApiError {
+    /// The body: `{"error": {"message", "type", "param", "code"}}`.
+    pub(crate) fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body();
+        let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS
+            || self.status == StatusCode::SERVICE_UNAVAILABLE
+        {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+/// A seed for a request that names none (and for tool call ids).
+pub(crate) fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
