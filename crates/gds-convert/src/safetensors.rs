@@ -57,7 +57,6 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use thiserror::Error;
 
 pub use crate::error::SafetensorsError;
 

@@ -396,8 +396,7 @@ impl Loader {
         match load {
             LoadPath::Gds => {
                 // cuFile reads go straight to VRAM: check the files on the host first.
-                gds_io::verify_layer_files(dir, manifest, &verifier)
-                    .map_err(GpuError::Layer)?;
+                gds_io::verify_layer_files(dir, manifest, &verifier).map_err(GpuError::Layer)?;
                 let driver = Cufile::new().map_err(cuda("cuFileDriverOpen"))?;
                 let files = layers
                     .iter()

@@ -1,14 +1,14 @@
 //! The OpenAI-compatible HTTP API: request parsing and validation, the handlers, and the
 //! response and server-sent-event formats.
 
+pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
-use crate::error::random_seed;
 use crate::scheduler::{Done, Event, Finish, Request, TokenLogprobs};
 use crate::tools::Tools;
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// An error answered in OpenAI's format.
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
+    pub(crate) status: StatusCode,
     kind: &'static str,
     message: String,
     param: Option<&'static str>,
