@@ -1277,7 +1277,7 @@ fn gdsrun_converts_a_gguf_on_first_use_only() {
     assert_eq!(manifests(), first, "the second run converted again");
 }
 
-/// A hostile registry stand-in, `scripts/hostile_oci.py serve MODE`, on 127.0.0.1; killed
+/// A hostile registry stand-in, `tests/py/hostile_oci.py serve MODE`, on 127.0.0.1; killed
 /// on drop.
 struct Hostile {
     child: std::process::Child,
@@ -1287,13 +1287,13 @@ struct Hostile {
 impl Hostile {
     fn start(mode: &str, flags: &[&str]) -> Hostile {
         let mut child = Command::new("python3")
-            .arg(root().join("scripts/hostile_oci.py"))
+            .arg(root().join("tests/py/hostile_oci.py"))
             .args(["serve", mode])
             .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
-            .expect("python3 scripts/hostile_oci.py serve");
+            .expect("python3 tests/py/hostile_oci.py serve");
         let mut line = String::new();
         std::io::BufRead::read_line(
             &mut std::io::BufReader::new(child.stdout.take().unwrap()),
