@@ -41,7 +41,7 @@ cargo test --workspace --profile ci -- --include-ignored
 # seed and regression input on stable.
 if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&1; then
   step "short fuzz run of each target (${FUZZ_SECONDS} s each)"
-  for t in manifest gguf safetensors tokenizer; do
+  for t in manifest gguf safetensors tokenizer chat_template; do
     log=$(mktemp)
     if ! ./scripts/fuzz.sh "$t" "${FUZZ_SECONDS}" >"$log" 2>&1; then
       tail -n 60 "$log"
