@@ -11,7 +11,7 @@ For every model below and every string of fixtures/tokenizer/corpus.json, runs l
 Both runs add BOS exactly when the model asks for it (`tokenizer.ggml.add_bos_token`),
 i.e. they correspond to HF `encode(text, add_special_tokens=True)`. The text is passed
 byte-exact on stdin with `--no-escape`. Output: fixtures/tokenizer/<name>.ids.json, read by
-crates/gds-convert/tests/tokenizer_golden.rs.
+crates/gds-convert/tests/it/tokenizer_golden.rs.
 
 Usage: scripts/build-llama-cpp.sh && scripts/fetch-model.sh && scripts/fetch-gemma.sh &&
        python3 scripts/gen_tokenizer_goldens.py

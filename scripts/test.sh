@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh clone: installs what it needs, fetches the real model,
-# checks formatting and lints, builds once in release, and runs every test.
+# The whole test suite, from a fresh clone: installs what it needs, fetches the real models,
+# checks module circles, formatting and lints, builds once (profile ci), and runs both test
+# tiers (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes fixtures/lm-eval/hf-smollm2-f32.json: lm-evaluation-harness's `hf` backend
 (transformers, float32, CPU) on SmolLM2-135M-Instruct's weights, over the local tasks of
-fixtures/lm-eval. crates/gds-serve/tests/lm_eval.rs compares `gdsrun serve` (same weights,
+fixtures/lm-eval. crates/gds-serve/tests/it/lm_eval.rs compares `gdsrun serve` (same weights,
 `--activations f32`) with it through lm-eval's `local-completions`.
 
     /root/ref-venv/bin/python scripts/reference/lm_eval_golden.py [HF_DIR]

@@ -7,7 +7,7 @@ Renders, with `apply_chat_template(..., tools=..., tokenize=False, add_generatio
 and the template file TEMPLATE (fixtures/templates/qwen2.5-instruct.jinja: Qwen2.5-Instruct's
 template as published), a conversation with a system prompt, two function definitions, an
 assistant turn with two tool calls, two tool results, and a follow-up question. Writes
-{"messages", "tools", "rendered"}; crates/gds-runtime/tests/tokenizer.rs renders the same with
+{"messages", "tools", "rendered"}; crates/gds-runtime/tests/it/tokenizer.rs renders the same with
 gdsrun's template engine and compares byte for byte.
 """
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes a hostile OCI image layout, or serves a hostile registry, for the distribution
-tests (tests/tests/dist.rs).
+tests (tests/tests/it/dist.rs).
 
     hostile_oci.py SRC_LAYOUT OUT_DIR CASE [--tag TAG] [--target PATH]
     hostile_oci.py serve MODE [--size BYTES] [--interval SECONDS]

@@ -15,7 +15,7 @@ Prints one JSON object comparing the run with GOLDEN (written by
 scripts/reference/lm_eval_golden.py from lm-eval's `hf` backend on the same weights):
 per-choice log-likelihood differences, the items whose chosen answer differs, the
 generations that differ, and both sides' accuracies. The caller decides what is close
-enough (crates/gds-serve/tests/lm_eval.rs).
+enough (crates/gds-serve/tests/it/lm_eval.rs).
 """
 import argparse
 import glob

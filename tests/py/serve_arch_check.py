@@ -5,7 +5,7 @@ Usage: serve_arch_check.py BASE_URL PROMPT CHAT_MESSAGE
 
 A greedy completion of PROMPT (8 tokens), a greedy chat answer to CHAT_MESSAGE (8 tokens)
 and the same chat streamed; prints one JSON object. The Rust test
-(crates/gds-serve/tests/openai.rs) compares it with `gdsrun` on the command line.
+(crates/gds-serve/tests/it/openai.rs) compares it with `gdsrun` on the command line.
 """
 import json
 import sys

@@ -9,7 +9,7 @@ Greedy (temperature 0), 8 tokens each: a completion of the given token ids with
 prompts as one batch of token-id lists with `echo`, `max_tokens=0`, `logprobs=2` (scores
 only), and the first with `echo`, `max_tokens=1`; and requests the server must refuse
 (`top_logprobs` 21, `top_logprobs` without `logprobs`, `echo` with `stream`). Prints one JSON object; the Rust test
-(crates/gds-serve/tests/openai.rs) checks the numbers against the model evaluated directly.
+(crates/gds-serve/tests/it/openai.rs) checks the numbers against the model evaluated directly.
 """
 import json
 import sys

@@ -6,7 +6,7 @@ Usage: serve_openai_check.py BASE_URL   (e.g. http://127.0.0.1:8080/v1)
 Runs completions, chat, streaming (both, with and without stream_options.include_usage), a
 stop string (counted as finished, not cancelled), the same seed twice, a stream cancelled
 after a few chunks, and a non-streamed request whose client hangs up; prints one JSON object with what it saw. The Rust test
-(crates/gds-serve/tests/openai.rs) asserts on it.
+(crates/gds-serve/tests/it/openai.rs) asserts on it.
 """
 import json
 import socket

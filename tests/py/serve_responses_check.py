@@ -15,7 +15,7 @@ template, Hermes `<tool_call>` syntax).
   schema; the round trip with `function_call` + `function_call_output` input items, then a
   text answer; a named function streamed (`response.function_call_arguments.*` events);
 - refusals: `previous_response_id`, an image part, a non-function tool (400 naming the field).
-Prints one JSON object; crates/gds-serve/tests/tools.rs asserts on it.
+Prints one JSON object; crates/gds-serve/tests/it/tools.rs asserts on it.
 """
 import json
 import sys

@@ -13,7 +13,7 @@ Usage: serve_structured_check.py BASE_URL
 - refusals: a schema that does not compile, two grammars at once, an unknown
   response_format type: each a 400 naming the field.
 
-Prints one JSON object; crates/gds-serve/tests/openai.rs asserts on it.
+Prints one JSON object; crates/gds-serve/tests/it/openai.rs asserts on it.
 """
 import json
 import re

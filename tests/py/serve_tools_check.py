@@ -14,7 +14,7 @@ reply a call whose arguments follow the function's schema (constrained decoding)
 - `auto`: a valid reply either way (text, or calls that parse); streamed, text still comes
   chunk by chunk and equals the whole reply;
 - refusals: a tool_choice naming an unknown function.
-Prints one JSON object; crates/gds-serve/tests/tools.rs asserts on it.
+Prints one JSON object; crates/gds-serve/tests/it/tools.rs asserts on it.
 """
 import json
 import sys

@@ -755,7 +755,7 @@ fn bpe_merges(
 
 /// The `model` object of `tokenizer.json` for a BPE over `vocab` with `merges` (ids, in rank
 /// order), written directly — what the `tokenizers` library writes for the same model
-/// (vocabulary by id, merges as pairs; checked against it in tests/tokenizer_golden.rs),
+/// (vocabulary by id, merges as pairs; checked against it in tests/it/tokenizer_golden.rs),
 /// without building the library's maps first, which took most of a 262k-token export.
 fn bpe_model_json(
     out: &mut String,

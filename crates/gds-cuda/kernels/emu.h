@@ -1,5 +1,5 @@
 // CPU emulation of the CUDA subset the kernels use, so that the same .cu sources compile as
-// C++ and run in tests (crates/gds-cuda/tests/emu.rs). Not for speed, but not wasteful: a
+// C++ and run in tests (crates/gds-cuda/tests/it/emu.rs). Not for speed, but not wasteful: a
 // launch runs the blocks one after another, and the threads of a block as cooperative
 // fibers (ucontext) on the calling OS thread. __syncthreads() switches to the next fiber
 // of the block; when every fiber has reached it, the first one resumes. So a barrier is a

@@ -9,7 +9,7 @@
 //! greedy tokens and perplexity at every VRAM budget and load path; see
 //! docs/hardware-log.md). The development machine has no GPU: CI compiles this module
 //! under `--features cuda`, runs the streamer it plugs into on the CPU over an emulated
-//! `Vram` with the same kernels (tests/executor_emu.rs), and compiles the kernels through
+//! `Vram` with the same kernels (tests/it/executor_emu.rs), and compiles the kernels through
 //! NVRTC (tests/nvrtc.rs); this module's own CUDA calls run only on GPU hardware.
 //!
 //! Memory follows [`crate::plan`]: embedding and head resident, blocks resident in order

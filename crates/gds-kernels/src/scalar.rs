@@ -1,6 +1,6 @@
 //! Portable reference kernels: one weight row against one activation row, plainly written.
 //! The SIMD kernels in other modules must agree with these (see the tests in
-//! `tests/kernels.rs`).
+//! `tests/it/kernels.rs`).
 //!
 //! Each `rows_*` function takes `nrows` consecutive weight rows of `rb` bytes in `w`, the
 //! activation rows of the tokens in `acts`, and writes `out[r * acts.len() + t]`.

@@ -427,7 +427,7 @@ fn converted_fixture(input: &str) -> (tempfile::TempDir, PathBuf) {
 /// so the window blocks (window 4) keep rings of 11 rows that the last step wraps; the
 /// logits after each call must match transformers'
 /// float32 logits at that position (golden.json; golden_gguf.json for the GGUFs that drop a
-/// field, see crates/gds-runtime/tests/architectures.rs) and give the same greedy token.
+/// field, see crates/gds-runtime/tests/it/architectures.rs) and give the same greedy token.
 #[test]
 fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
     let cases: &[(&str, &str, &str)] = &[
