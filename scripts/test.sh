@@ -9,7 +9,7 @@ export CARGO_TERM_COLOR=never
 step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 trap 'step "done (exit $?)"' EXIT
 step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema, lm-eval)"
-python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai jsonschema "lm-eval[api]==0.4.13" 2>&1 | grep -v "running pip as the 'root' user" || true
+python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic jsonschema "lm-eval[api]==0.4.13" 2>&1 | grep -v "running pip as the 'root' user" || true
 step "NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU needed)"
 python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
 GDS_NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"

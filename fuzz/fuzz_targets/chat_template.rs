@@ -5,7 +5,8 @@
 use libfuzzer_sys::fuzz_target;
 
 #[global_allocator]
-static ALLOC: gds_fuzz::CappedAlloc = gds_fuzz::CappedAlloc::new(gds_fuzz::MEMORY_CAP);
+static ALLOC: gds_fuzz::TemplateAllocator<gds_fuzz::CappedAlloc> =
+    gds_fuzz::TemplateAllocator(gds_fuzz::CappedAlloc::new(gds_fuzz::MEMORY_CAP));
 
 fuzz_target!(init: gds_fuzz::init_fuzzing(), |data: &[u8]| {
     gds_fuzz::chat_template(data);

@@ -22,9 +22,9 @@
 //!   that one that exhausts them whatever it is given is refused when a model is converted,
 //!   validated, pulled or loaded.
 //!
-//! Not bounded: the size of one value a single instruction builds (minijinja caps string
-//! repetition at 100 MB, but `~` and `+` of two strings are unbounded, so a template that
-//! doubles a string in a loop grows it faster than fuel runs out).
+//! * a compile or render holds at most [`crate::render_memory::MAX_RENDER_BYTES`] at once (a
+//!   template that doubles a string or list in a loop grows it faster than fuel runs out):
+//!   kept by the binaries' global allocator, see [`crate::render_memory`].
 
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
@@ -123,23 +123,21 @@ pub struct ChatTemplate {
     eos_token: String,
 }
 
-/// Runs `f` on a thread of its own with a [`STACK_BYTES`] stack; a panic in it is an error.
-fn on_big_stack<T: Send>(
+/// Runs `f` on a thread of its own with a [`STACK_BYTES`] stack and at most
+/// [`crate::render_memory::MAX_RENDER_BYTES`] held at once; a panic in it is an error, going over
+/// the memory bound a limit.
+fn on_big_stack<T: Send + 'static>(
     what: &str,
-    f: impl FnOnce() -> Result<T, TemplateError> + Send,
+    f: impl FnOnce() -> Result<T, TemplateError> + Send + 'static,
 ) -> Result<T, TemplateError> {
-    std::thread::scope(|s| {
-        let h = std::thread::Builder::new()
-            .name("chat-template".into())
-            .stack_size(STACK_BYTES)
-            .spawn_scoped(s, f)
-            .map_err(|e| TemplateError::new(format!("cannot start a thread to {what}: {e}")))?;
-        h.join().unwrap_or_else(|_| {
-            Err(TemplateError::new(format!(
-                "the template panicked ({what})"
-            )))
-        })
-    })
+    use crate::render_memory::{run_bounded, RunError};
+    match run_bounded("chat-template", STACK_BYTES, f) {
+        Ok(r) => r,
+        Err(e @ (RunError::Memory | RunError::Exhausted)) => {
+            Err(TemplateError::limit(format!("the template ({what}): {e}")))
+        }
+        Err(e) => Err(TemplateError::new(format!("the template ({what}): {e}"))),
+    }
 }
 
 impl ChatTemplate {
@@ -150,7 +148,8 @@ impl ChatTemplate {
         eos_token: &str,
     ) -> Result<ChatTemplate, TemplateError> {
         prescan(source)?;
-        let env = on_big_stack("compile it", || {
+        let owned = source.to_string();
+        let env = on_big_stack("compiling it", move || {
             let mut env = Environment::new();
             env.set_trim_blocks(true);
             env.set_lstrip_blocks(true);
@@ -175,7 +174,7 @@ impl ChatTemplate {
                 capped_replace(&s, &from, &to).map(Value::from)
             });
             env.set_unknown_method_callback(pycompat);
-            env.add_template_owned("chat", source.to_string())
+            env.add_template_owned("chat", owned)
                 .map_err(|e| TemplateError::new(e.to_string()))?;
             Ok(env)
         })?;
@@ -218,8 +217,10 @@ impl ChatTemplate {
     ) -> Result<String, TemplateError> {
         let fuel = RENDER_FUEL
             .saturating_add(RENDER_FUEL_PER_MESSAGE.saturating_mul(messages.len() as u64));
-        on_big_stack("render it", || {
-            let mut env = self.env.clone();
+        let mut env = self.env.clone();
+        let (messages, tools) = (messages.to_vec(), tools.cloned());
+        let (bos_token, eos_token) = (self.bos_token.clone(), self.eos_token.clone());
+        on_big_stack("rendering it", move || {
             env.set_fuel(Some(fuel));
             let tmpl = env
                 .get_template("chat")
@@ -232,8 +233,8 @@ impl ChatTemplate {
                 minijinja::context! {
                     messages => messages,
                     add_generation_prompt => add_generation_prompt,
-                    bos_token => self.bos_token,
-                    eos_token => self.eos_token,
+                    bos_token => bos_token,
+                    eos_token => eos_token,
                     tools => tools,
                 },
                 &mut out,
@@ -947,6 +948,38 @@ mod tests {
         assert!(e.limit && e.to_string().contains("instructions"), "{e}");
         let e = check(src).unwrap_err();
         assert!(e.limit, "{e}");
+    }
+
+    /// Regression (issue 33, item 10b): a template that doubles a string (`~`, `+`) or a
+    /// list in a loop took 7 GB on one chat request. The render is stopped at the memory
+    /// bound (an error naming it, a limit: `check` refuses the template), and templates
+    /// render as before afterwards.
+    #[test]
+    fn doubling_values_stop_at_the_memory_bound() {
+        assert!(
+            crate::render_memory::bounded(),
+            "the test binary installs the allocator"
+        );
+        for src in [
+            "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+            "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
+            "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+        ] {
+            let t = ChatTemplate::new(src, "", "").unwrap();
+            let e = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+            assert!(e.limit && e.to_string().contains("MiB"), "{src}: {e}");
+        }
+        // (the check refuses it: a limit on the sample conversation)
+        let src = "{% set ns = namespace(s='ab') %}{% for m in messages %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% endfor %}";
+        assert!(check(src).unwrap_err().limit);
+        // growing to just under the bound is fine (2^22 bytes)
+        let t = ChatTemplate::new(
+            "{% set ns = namespace(s='x') %}{% for i in range(22) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(t.render(&[], true).unwrap(), "4194304");
     }
 
     /// Output past the cap stops the render (it grew without bound before).

@@ -12,6 +12,7 @@ mod dtype;
 mod error;
 pub mod raw;
 pub mod reader;
+pub mod render_memory;
 pub mod validate;
 pub mod writer;
 
@@ -21,3 +22,10 @@ pub use raw::file_role;
 pub use raw::{layer_kind, ALIGNMENT, MANIFEST_FILE, MAX_DIMS};
 pub use reader::{FileInfo, LayerInfo, Manifest, TensorInfo, Value};
 pub use writer::{align_up, layout, LayerLayout, LayerRecord, ManifestBuilder, TensorSpec};
+
+/// Unit tests run under the allocator the binaries install, so the chat template tests
+/// exercise its memory bound.
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: render_memory::TemplateAllocator =
+    render_memory::TemplateAllocator(std::alloc::System);

@@ -22,6 +22,9 @@
 
 use gds_format::raw::CHECKSUM_OFFSET;
 use gds_format::reader::Value as MetaValue;
+/// The chat templates' memory bound, installed around [`CappedAlloc`] by the fuzz targets and
+/// the replay test (so a template that doubles a value meets its bound before the cap).
+pub use gds_format::render_memory::TemplateAllocator;
 use gds_runtime::chat::Message;
 use gds_runtime::tokenizer::TextTokenizer;
 use serde_json::Value;
@@ -418,7 +421,11 @@ pub fn chat_template(data: &[u8]) -> bool {
     let Ok(src) = std::str::from_utf8(data) else {
         return false;
     };
-    let _ = check(src);
+    // refused for a limit (fuel, output, memory): refused everywhere, rendered nowhere (and a
+    // render stopped at the memory bound leaves its memory parked: one per such input)
+    if check(src).is_err_and(|e| e.limit) {
+        return false;
+    }
     let Ok(t) = ChatTemplate::new(src, "<s>", "</s>") else {
         return false;
     };

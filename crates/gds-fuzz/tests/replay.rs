@@ -9,7 +9,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 #[global_allocator]
-static ALLOC: CappedAlloc = CappedAlloc::new(MEMORY_CAP);
+static ALLOC: gds_fuzz::TemplateAllocator<CappedAlloc> =
+    gds_fuzz::TemplateAllocator(CappedAlloc::new(MEMORY_CAP));
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")

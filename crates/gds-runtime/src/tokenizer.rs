@@ -525,6 +525,21 @@ impl TextTokenizer {
         tools: Option<&serde_json::Value>,
         ctx: usize,
     ) -> Result<Vec<u32>> {
+        self.encode_chat_full(messages, tools, ctx, false)
+    }
+
+    /// [`TextTokenizer::encode_chat_with_tools`]; with `continue_final`, the last message
+    /// (an assistant's, the start of the reply: Anthropic's prefill, vLLM's
+    /// `continue_final_message`) is continued rather than closed: the conversation is
+    /// rendered without a generation prompt and cut right after that message's text, so the
+    /// template's end-of-turn marker is not in the prompt.
+    pub fn encode_chat_full(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        ctx: usize,
+        continue_final: bool,
+    ) -> Result<Vec<u32>> {
         let template = self.template()?;
         // the tool calls and tools as text: their length counts, and the marker must not
         // occur in them
@@ -563,7 +578,11 @@ impl TextTokenizer {
             })
             .collect();
         let tools = tools.map(|v| self.hide_specials_json(v, marker, &mut hidden));
-        let rendered = template.render_with_tools(&guarded, true, tools.as_ref())?;
+        let mut rendered = template.render_with_tools(&guarded, !continue_final, tools.as_ref())?;
+        if continue_final {
+            let last = guarded.last().map_or("", |m| m.content.as_str());
+            rendered.truncate(end_of_final(&rendered, last)?);
+        }
         self.check_fits(rendered.len(), ctx)?;
         let with_bos = self.bos_text.is_empty() || !rendered.starts_with(&self.bos_text);
         if hidden.is_empty() {
@@ -749,9 +768,39 @@ impl TextStream<'_> {
     }
 }
 
+/// Where the final message's text `last` ends in the rendered chat (its last occurrence;
+/// trailing whitespace may have been trimmed by the template).
+fn end_of_final(rendered: &str, last: &str) -> Result<usize> {
+    [last, last.trim_end()]
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .find_map(|t| rendered.rfind(t).map(|at| at + t.len()))
+        .ok_or_else(|| {
+            RuntimeError::Template(
+                "the reply to continue (the final assistant message) must be non-empty text that the chat template writes as it is".into(),
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_final_message_is_continued_after_its_text() {
+        let r = "<u>The sky is</u><a>The sky is blue </a>";
+        // the last occurrence, end-of-turn marker cut
+        assert_eq!(
+            &r[..end_of_final(r, "The sky is").unwrap()],
+            "<u>The sky is</u><a>The sky is"
+        );
+        // a template that trims: found without the trailing space
+        let t = "<a>Yes</a>";
+        assert_eq!(&t[..end_of_final(t, "Yes \n").unwrap()], "<a>Yes");
+        // empty, or rewritten by the template: refused
+        assert!(end_of_final(t, "").is_err());
+        assert!(end_of_final(t, "No").is_err());
+    }
 
     fn config() -> Config {
         Config {

@@ -261,6 +261,10 @@ pub(crate) struct ChatBody {
     pub(crate) tool_choice: Option<Value>,
     #[serde(default)]
     pub(crate) parallel_tool_calls: Option<bool>,
+    /// The final message (an assistant's) is the start of the reply, continued rather than
+    /// answered (vLLM's name; Anthropic's prefill).
+    #[serde(default)]
+    pub(crate) continue_final_message: Option<bool>,
 }
 
 /// An assistant message's `tool_calls` as templates expect them: a list, each call's
@@ -356,17 +360,19 @@ pub(crate) fn authorize(st: &ServerState, headers: &HeaderMap) -> Result<(), Api
     let Some(key) = &st.api_key else {
         return Ok(());
     };
-    let given = headers
+    // `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's)
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
         Ok(())
     } else {
         Err(ApiError::status(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
-            "invalid or missing API key (send `Authorization: Bearer <key>`)",
+            "invalid or missing API key (send `Authorization: Bearer <key>` or `x-api-key: <key>`)",
         ))
     }
 }
@@ -399,7 +405,7 @@ fn logit_bias_request(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>
 }
 
 /// Validates the shared fields and builds the job around `prompt`.
-fn job(
+pub(crate) fn job(
     st: &ServerState,
     c: Common,
     prompt: Vec<u32>,
@@ -647,6 +653,8 @@ pub(crate) enum Piece {
 
 pub(crate) struct End {
     pub(crate) finish: &'static str,
+    /// The stop string that ended the text, when one did.
+    pub(crate) stop: Option<String>,
     pub(crate) completion_tokens: usize,
     pub(crate) done: Option<Done>,
 }
@@ -665,6 +673,8 @@ pub(crate) struct Gen {
     emitted: usize,
     stop: Vec<String>,
     max_stop: usize,
+    /// The stop string found in the text, once one is.
+    stopped_by: Option<String>,
     generated: usize,
     ended: bool,
     /// Log-probabilities of the tokens so far, and how many were handed out.
@@ -697,6 +707,7 @@ impl Gen {
             emitted: 0,
             max_stop: stop.iter().map(String::len).max().unwrap_or(0),
             stop,
+            stopped_by: None,
             generated: 0,
             ended: false,
             lps: Vec::new(),
@@ -777,12 +788,13 @@ impl Gen {
             .rev()
             .find(|&i| self.text.is_char_boundary(i))
             .unwrap_or(0);
-        if let Some(at) = self
+        if let Some((at, s)) = self
             .stop
             .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
-            .min()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)))
+            .min_by_key(|&(at, _)| at)
         {
+            self.stopped_by = Some(s.clone());
             self.text.truncate(at);
             return true;
         }
@@ -897,6 +909,7 @@ impl Gen {
         self.ended = true;
         Piece::End(End {
             finish,
+            stop: self.stopped_by.clone(),
             completion_tokens: self.generated,
             done,
         })
@@ -1358,25 +1371,14 @@ pub(crate) async fn chat_job(
     b: ChatBody,
     common: Common,
 ) -> Result<Job, ApiError> {
-    if b.messages.is_empty() {
-        return Err(ApiError::bad("messages must not be empty").param("messages"));
-    }
-    let msgs = chat_messages(&b.messages)?;
-    let tools = Tools::from_request(
-        b.tools.as_ref(),
-        b.tool_choice.as_ref(),
-        b.parallel_tool_calls,
-        st.tokenizer.chat_template(),
-    )?
-    .map(Arc::new);
-    let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
-    let list = tools.as_ref().map(|t| t.list.clone());
-    let prompt = tokenize(
-        move || tok.encode_chat_with_tools(&msgs, list.as_ref(), ctx),
-        "messages",
-    )
-    .await?;
+    let (prompt, tools) = chat_prompt(st, &b).await?;
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
+    with_tools(&mut j, tools)?;
+    Ok(j)
+}
+
+/// Gives a chat job its tools, and the grammar of a call when `tool_choice` asks for one.
+pub(crate) fn with_tools(j: &mut Job, tools: Option<Arc<Tools>>) -> Result<(), ApiError> {
     if let Some(t) = &tools {
         if let Some(g) = t.grammar()? {
             if let Some((_, other)) = &j.grammar {
@@ -1389,7 +1391,41 @@ pub(crate) async fn chat_job(
         }
     }
     j.tools = tools;
-    Ok(j)
+    Ok(())
+}
+
+/// A chat request's prompt: its messages (and tools) rendered by the model's chat template
+/// and tokenized; and its tools, checked.
+pub(crate) async fn chat_prompt(
+    st: &Arc<ServerState>,
+    b: &ChatBody,
+) -> Result<(Vec<u32>, Option<Arc<Tools>>), ApiError> {
+    if b.messages.is_empty() {
+        return Err(ApiError::bad("messages must not be empty").param("messages"));
+    }
+    let msgs = chat_messages(&b.messages)?;
+    let continue_final = b.continue_final_message == Some(true);
+    if continue_final && msgs.last().is_none_or(|m| m.role != "assistant") {
+        return Err(ApiError::bad(
+            "continue_final_message needs an assistant message last (the reply's start)",
+        )
+        .param("messages"));
+    }
+    let tools = Tools::from_request(
+        b.tools.as_ref(),
+        b.tool_choice.as_ref(),
+        b.parallel_tool_calls,
+        st.tokenizer.chat_template(),
+    )?
+    .map(Arc::new);
+    let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
+    let list = tools.as_ref().map(|t| t.list.clone());
+    let prompt = tokenize(
+        move || tok.encode_chat_full(&msgs, list.as_ref(), ctx, continue_final),
+        "messages",
+    )
+    .await?;
+    Ok((prompt, tools))
 }
 
 async fn encode(st: &ServerState, text: String, special: bool) -> Result<Vec<u32>, ApiError> {

@@ -15,6 +15,7 @@
 //! every path but `/health` (and `/metrics` with `--metrics-public`), and gives every error,
 //! axum's own rejections included, OpenAI's JSON error shape.
 
+mod anthropic;
 mod api;
 mod error;
 pub mod kvpool;
@@ -410,6 +411,11 @@ fn router(state: Arc<ServerState>) -> axum::Router {
             .route(&format!("{prefix}/completions"), post(api::completions))
             .route(&format!("{prefix}/chat/completions"), post(api::chat))
             .route(&format!("{prefix}/responses"), post(responses::responses))
+            .route(&format!("{prefix}/messages"), post(anthropic::messages))
+            .route(
+                &format!("{prefix}/messages/count_tokens"),
+                post(anthropic::count_tokens),
+            )
             .route(&format!("{prefix}/models"), get(api::models));
     }
     r.route("/tokenize", post(tokenize::tokenize_handler))
@@ -423,6 +429,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .layer(from_fn_with_state(state.clone(), net::read_body))
         .layer(from_fn_with_state(state.clone(), net::require_key))
         .layer(axum::middleware::from_fn(net::json_errors))
+        .layer(axum::middleware::from_fn(anthropic::anthropic_errors))
         .layer(from_fn_with_state(state.clone(), net::cors))
         .with_state(state)
 }

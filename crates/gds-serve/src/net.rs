@@ -134,34 +134,83 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         metrics.connections_open.fetch_add(1, Ordering::Relaxed);
         let (app, metrics, mut stop_rx) = (app.clone(), metrics.clone(), stop_rx.clone());
+        // a second handle on the socket, for the lingering close after hyper is done
+        let Some((stream, lingering)) = split_for_linger(stream) else {
+            drop((slot, client));
+            metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
+            continue;
+        };
         tokio::spawn(async move {
             let _slots = (slot, client);
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout);
-            let conn =
-                builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
-            let mut conn = std::pin::pin!(conn);
-            let mut stopping = false;
-            let result = loop {
-                tokio::select! {
-                    r = conn.as_mut() => break r,
-                    _ = stop_rx.wait_for(|s| *s), if !stopping => {
-                        stopping = true;
-                        conn.as_mut().graceful_shutdown();
+            let result = {
+                let mut builder = http1::Builder::new();
+                builder
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_timeout);
+                let conn =
+                    builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+                let mut conn = std::pin::pin!(conn);
+                let mut stopping = false;
+                loop {
+                    tokio::select! {
+                        r = conn.as_mut() => break r,
+                        _ = stop_rx.wait_for(|s| *s), if !stopping => {
+                            stopping = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
                     }
                 }
             };
             if result.is_err_and(|e| e.is_timeout()) {
                 metrics.header_timeouts.fetch_add(1, Ordering::Relaxed);
             }
+            linger(lingering).await;
             metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
         });
     }
     let _ = stop_tx.send(true);
     // each connection gives its slot back when it closes
     let _ = slots.acquire_many(limits.max_connections as u32).await;
+}
+
+/// Most time and bytes a lingering close reads and discards.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 64 << 20;
+
+/// The stream for hyper and a second handle on the same socket (a duplicated descriptor)
+/// for [`linger`]; `None` when the descriptor cannot be duplicated (out of descriptors: the
+/// connection is dropped).
+fn split_for_linger(stream: TcpStream) -> Option<(TcpStream, std::net::TcpStream)> {
+    let std = stream.into_std().ok()?;
+    let dup = std.try_clone().ok()?;
+    Some((TcpStream::from_std(std).ok()?, dup))
+}
+
+/// A lingering close (as HTTP servers do, RFC 9112 section 9.6): once hyper is done with a
+/// connection, the sending side is shut and what the client still sends — the body of a
+/// request answered before its body was read, a 413 or a 408 — is read and discarded for a
+/// bounded time, so that closing with unread data does not reset the connection (a TCP RST)
+/// and destroy the response before the client reads it.
+async fn linger(s: std::net::TcpStream) {
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    // (the duplicate shares the original's non-blocking mode, as tokio needs)
+    let Ok(s) = TcpStream::from_std(s) else {
+        return;
+    };
+    let deadline = tokio::time::Instant::now() + LINGER_TIME;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0;
+    while total < LINGER_BYTES {
+        match tokio::time::timeout_at(deadline, s.readable()).await {
+            Ok(Ok(())) => match s.try_read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => total += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => break,
+            },
+            _ => break,
+        }
+    }
 }
 
 /// Whether a request line asks for the health check.
@@ -358,7 +407,7 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
 
 /// Middleware: CORS (`--cors-origin`). A preflight (`OPTIONS` with `Origin` and
 /// `Access-Control-Request-Method`) from an allowed origin is answered 204 with the origin
-/// echoed, the methods, the headers it asked for (else `authorization, content-type`) and a
+/// echoed, the methods, the headers it asked for (else `authorization, content-type, x-api-key, anthropic-version`) and a
 /// max age; other responses to an allowed origin carry `Access-Control-Allow-Origin`. With
 /// no origin configured no CORS header is sent. `OPTIONS` is answered 204 with `Allow` either
 /// way, and needs no API key.
@@ -396,7 +445,11 @@ pub async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) 
                 .headers()
                 .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
                 .cloned()
-                .unwrap_or_else(|| HeaderValue::from_static("authorization, content-type"));
+                .unwrap_or_else(|| {
+                    HeaderValue::from_static(
+                        "authorization, content-type, x-api-key, anthropic-version",
+                    )
+                });
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_METHODS,

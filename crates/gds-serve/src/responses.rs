@@ -276,6 +276,7 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<(Job, Valu
         tools: r.tools.as_ref().map(chat_tools).transpose()?,
         tool_choice: r.tool_choice.as_ref().map(chat_tool_choice),
         parallel_tool_calls: r.parallel_tool_calls,
+        continue_final_message: None,
     };
     if chat.messages.is_empty() {
         return Err(bad("input must not be empty", "input"));

@@ -348,6 +348,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     }
 }
 
+/// Every allocation passes the chat templates' memory bound (gds_format::render_memory): a
+/// template from a model file cannot take more than its share of memory.
+#[global_allocator]
+static ALLOC: gds_format::render_memory::TemplateAllocator =
+    gds_format::render_memory::TemplateAllocator(std::alloc::System);
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,

@@ -66,6 +66,12 @@ fn resolve(p: &mut std::path::PathBuf, plain_http: bool) {
     }
 }
 
+/// Every allocation passes the chat templates' memory bound (gds_format::render_memory): a
+/// template from a model file cannot take more than its share of memory.
+#[global_allocator]
+static ALLOC: gds_format::render_memory::TemplateAllocator =
+    gds_format::render_memory::TemplateAllocator(std::alloc::System);
+
 fn main() {
     let mut cli = Cli::parse_from(with_default_subcommand(std::env::args_os().collect()));
     let ph = cli.plain_http;

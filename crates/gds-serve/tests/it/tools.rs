@@ -228,3 +228,152 @@ fn responses_api_through_the_openai_client() {
         assert_eq!(e["param"], param, "{name}: {e}");
     }
 }
+
+/// Anthropic's Messages API through the official `anthropic` client
+/// (tests/py/serve_anthropic_check.py), the server holding an API key (`x-api-key`): text and
+/// token counts equal to the chat endpoint's for the same conversation, `count_tokens`, the
+/// stop reasons (`max_tokens`, `stop_sequence` with the sequence, `tool_use`), the streamed
+/// event sequence, structured output, a prefill continued, tool use and its round trip, a named tool streamed,
+/// and errors in Anthropic's shape.
+#[test]
+#[ignore = "tier 2: needs the fetched models and the anthropic package (scripts/test.sh)"]
+fn messages_api_through_the_anthropic_client() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = smollm_with_qwen_template(tmp.path());
+    let s = start_model(&model, &["--api-key", "sekrit"]);
+    let out = Command::new("python3")
+        .arg(gds_tests::root().join("tests/py/serve_anthropic_check.py"))
+        .arg(format!("http://{}", s.addr))
+        .arg("sekrit")
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "serve_anthropic_check.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    eprintln!("{r:#}");
+    let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"));
+    // the same job as chat: the same text and token counts
+    let t = &r["text"];
+    assert!(t["id"].as_str().unwrap().starts_with("msg_"), "{t}");
+    assert_eq!(
+        (&t["type"], &t["role"]),
+        (&"message".into(), &"assistant".into())
+    );
+    assert_eq!(t["blocks"], serde_json::json!(["text"]), "{t}");
+    assert!(!t["text"].as_str().unwrap().is_empty(), "{t}");
+    assert_eq!(t["text"], t["chat_text"], "{t}");
+    let u = &t["usage"];
+    let input = n(&u["input_tokens"]) + n(&u["cache_read_input_tokens"]);
+    assert_eq!(input, n(&t["chat_usage"]["prompt_tokens"]), "{t}");
+    assert_eq!(input, n(&t["count_tokens"]), "{t}");
+    assert_eq!(
+        u["output_tokens"], t["chat_usage"]["completion_tokens"],
+        "{t}"
+    );
+    let want = if t["chat_finish"] == "length" {
+        "max_tokens"
+    } else {
+        "end_turn"
+    };
+    assert_eq!(t["stop_reason"], want, "{t}");
+    assert_eq!(
+        r["limited"]["stop_reason"], "max_tokens",
+        "{}",
+        r["limited"]
+    );
+    assert_eq!(r["limited"]["output_tokens"], 5, "{}", r["limited"]);
+    // a stop sequence: named, the text cut before it
+    let st = &r["stop"];
+    assert!(
+        st["word"].is_string(),
+        "the story has a word to stop at: {st}"
+    );
+    assert_eq!(st["stop_reason"], "stop_sequence", "{st}");
+    assert_eq!(st["stop_sequence"], st["word"], "{st}");
+    assert_eq!(st["text"], st["expected"], "{st}");
+    // streamed: Anthropic's event order, deltas adding up to the final and unstreamed text
+    let sm = &r["streamed"];
+    let kinds: Vec<&str> = sm["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    // (the client also yields its own `text` events beside the raw ones)
+    let raw: Vec<&str> = kinds
+        .iter()
+        .copied()
+        .filter(|k| k.starts_with("message_") || k.starts_with("content_block_"))
+        .collect();
+    assert_eq!(raw.first(), Some(&"message_start"), "{sm}");
+    assert_eq!(raw[1], "content_block_start", "{sm}");
+    assert_eq!(
+        raw[raw.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"],
+        "{sm}"
+    );
+    assert!(n(&sm["deltas"]) > 1, "{sm}");
+    assert_eq!(sm["joined"], sm["final_text"], "{sm}");
+    assert_eq!(sm["joined"], sm["unstreamed"], "{sm}");
+    assert!(n(&sm["output_tokens"]) > 0, "{sm}");
+    assert_eq!(r["structured"]["valid"], true, "{}", r["structured"]);
+    // prefill: continued, as chat's continue_final_message; the assistant's start is prompt
+    let p = &r["prefill"];
+    assert!(!p["text"].as_str().unwrap().is_empty(), "{p}");
+    assert_eq!(p["text"], p["chat_text"], "{p}");
+    assert!(n(&p["tokens"]) > n(&p["without"]), "{p}");
+    // tool use: input following the schema, the round trip ends in text
+    let c = &r["call"];
+    assert_eq!(c["valid"], true, "{c}");
+    assert_eq!(c["stop_reason"], "tool_use", "{c}");
+    for (name, id) in c["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(c["ids"].as_array().unwrap())
+    {
+        assert_eq!(name, "get_weather");
+        assert!(id.as_str().unwrap().starts_with("toolu_"), "{c}");
+    }
+    let a = &r["answer"];
+    assert_eq!(a["blocks"], serde_json::json!(["text"]), "{a}");
+    assert!(!a["text"].as_str().unwrap().is_empty(), "{a}");
+    assert!(n(&a["input_tokens"]) > n(&a["question_tokens"]), "{a}");
+    let sc = &r["streamed_call"];
+    assert_eq!(sc["name"], "get_weather", "{sc}");
+    assert_eq!(sc["stop_reason"], "tool_use", "{sc}");
+    let partial: Value = serde_json::from_str(sc["partial"].as_str().unwrap()).unwrap();
+    assert_eq!(partial, sc["input"], "{sc}");
+    assert!(sc["input"]["city"].is_string(), "{sc}");
+    // errors in Anthropic's shape
+    let e = &r["refused"];
+    assert_eq!(e["wrong_key"]["status"], 401, "{e}");
+    assert_eq!(e["wrong_key"]["error_type"], "authentication_error", "{e}");
+    for name in ["image", "server_tool"] {
+        assert_eq!(e[name]["status"], 400, "{name}: {e}");
+        assert_eq!(e[name]["type"], "error", "{name}: {e}");
+        assert_eq!(
+            e[name]["error_type"], "invalid_request_error",
+            "{name}: {e}"
+        );
+    }
+    let m = &e["no_max_tokens"];
+    assert_eq!(m["status"], 400, "{m}");
+    assert_eq!(m["body"]["error"]["type"], "invalid_request_error", "{m}");
+    assert!(
+        m["body"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("max_tokens"),
+        "{m}"
+    );
+    assert_eq!(e["unknown_path"]["status"], 404, "{e}");
+    assert_eq!(
+        e["unknown_path"]["body"]["error"]["type"], "not_found_error",
+        "{e}"
+    );
+}

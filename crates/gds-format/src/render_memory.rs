@@ -1,0 +1,207 @@
+//! A memory bound for code from a model file (chat templates): work run by [`run_bounded`]
+//! may hold at most [`MAX_RENDER_BYTES`] at once.
+//!
+//! minijinja bounds instructions (fuel) but not the size of the values an instruction
+//! builds: `+` and `~` of two strings, or `+` of two lists, double a value per instruction,
+//! so a template that doubles a string in a loop reaches gigabytes in a few dozen
+//! instructions. No hook in the engine sees those operations, so the bound is kept where
+//! every byte passes: the global allocator. [`TemplateAllocator`] (installed by the
+//! binaries, `#[global_allocator]`) counts the bytes held by a thread that [`run_bounded`]
+//! started; an allocation that would take it past the bound is never made: the thread is
+//! parked for good instead (an allocator cannot fail an allocation without aborting the
+//! process), the caller gets an error, and the parked thread's memory (under the bound) is
+//! abandoned with it. After [`MAX_ABANDONED`] such threads every bounded run is refused, so
+//! what a hostile file can take is bounded too.
+//!
+//! In a program that does not install [`TemplateAllocator`] the work runs unbounded (and
+//! [`bounded`] says so).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+/// Most bytes a bounded run may hold at once (a real chat template's render holds a few
+/// times its messages and output; the output is capped at 16 MiB).
+pub const MAX_RENDER_BYTES: usize = 64 << 20;
+/// Runs that went over the bound (their threads parked, their memory abandoned) before every
+/// bounded run is refused.
+pub const MAX_ABANDONED: usize = 8;
+
+/// The bytes one bounded thread holds, and whether it went over.
+#[derive(Default)]
+struct Budget {
+    live: AtomicUsize,
+    over: AtomicBool,
+}
+
+thread_local! {
+    /// The budget of the bounded run on this thread (null: not bounded). Const-initialized
+    /// and without a destructor, so the allocator can read it at any time.
+    static BUDGET: Cell<*const Budget> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Whether [`TemplateAllocator`] has served an allocation (it is installed).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Bounded runs that went over and were abandoned.
+static ABANDONED: AtomicUsize = AtomicUsize::new(0);
+
+/// The budget of this thread's bounded run, if any.
+fn budget() -> Option<&'static Budget> {
+    let p = BUDGET.try_with(Cell::get).unwrap_or(std::ptr::null());
+    // SAFETY: a non-null pointer was set by `run_bounded`'s thread from an `Arc<Budget>` that
+    // thread owns until it clears the pointer (or for ever, once parked), so it is valid for
+    // as long as this thread can observe it.
+    unsafe { p.as_ref() }
+}
+
+/// Counts `n` more bytes held by this thread; parks it for good (after flagging its budget)
+/// when that takes a bounded run past [`MAX_RENDER_BYTES`].
+fn charge(n: usize) {
+    let Some(b) = budget() else { return };
+    let live = b.live.fetch_add(n, Ordering::Relaxed).saturating_add(n);
+    if live > MAX_RENDER_BYTES {
+        b.over.store(true, Ordering::Release);
+        // (sleeping allocates nothing; the waiting caller sees `over` and gives up on us)
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+}
+
+fn uncharge(n: usize) {
+    if let Some(b) = budget() {
+        let _ = b
+            .live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
+    }
+}
+
+/// A global allocator (around `A`, by default [`System`]) that keeps the bound of
+/// [`run_bounded`]. Install it in every binary that loads model files:
+/// `#[global_allocator] static A: TemplateAllocator = TemplateAllocator(System);`
+pub struct TemplateAllocator<A = System>(pub A);
+
+// SAFETY: every call is passed to the inner allocator unchanged; the accounting around it
+// reads a const thread-local and atomics and never allocates, and a charge over the bound
+// never returns (the thread sleeps), so no layout or pointer is altered.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for TemplateAllocator<A> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !INSTALLED.load(Ordering::Relaxed) {
+            INSTALLED.store(true, Ordering::Relaxed);
+        }
+        charge(layout.size());
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.0.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        charge(layout.size());
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.0.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        uncharge(layout.size());
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.0.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > layout.size() {
+            charge(new_size - layout.size());
+        } else {
+            uncharge(layout.size() - new_size);
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.0.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Whether bounded runs are bounded in this program ([`TemplateAllocator`] is installed).
+pub fn bounded() -> bool {
+    INSTALLED.load(Ordering::Relaxed)
+}
+
+/// Why a bounded run gave no result.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RunError {
+    /// It went over [`MAX_RENDER_BYTES`] and was abandoned.
+    Memory,
+    /// [`MAX_ABANDONED`] runs went over before: no more are started.
+    Exhausted,
+    /// Its thread could not be started (the reason).
+    Spawn(String),
+    /// It panicked.
+    Panicked,
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Memory => write!(
+                f,
+                "it held more than {} MiB of values at once (a string or list grown without bound) and was stopped",
+                MAX_RENDER_BYTES >> 20
+            ),
+            RunError::Exhausted => write!(
+                f,
+                "{MAX_ABANDONED} chat template runs went past their memory bound in this process; no more are run (restart it)"
+            ),
+            RunError::Spawn(e) => write!(f, "cannot start a thread for it: {e}"),
+            RunError::Panicked => f.write_str("it panicked"),
+        }
+    }
+}
+
+/// Runs `f` on a thread of its own with a `stack` byte stack, holding at most
+/// [`MAX_RENDER_BYTES`] at once (see the module docs).
+pub fn run_bounded<T: Send + 'static>(
+    name: &str,
+    stack: usize,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RunError> {
+    if ABANDONED.load(Ordering::Relaxed) >= MAX_ABANDONED {
+        return Err(RunError::Exhausted);
+    }
+    let budget = Arc::new(Budget::default());
+    let mine = budget.clone();
+    let (tx, rx) = mpsc::sync_channel(1);
+    let handle = std::thread::Builder::new()
+        .name(name.into())
+        .stack_size(stack)
+        .spawn(move || {
+            /// Clears the thread's budget before the budget is dropped, also on a panic.
+            struct Clear;
+            impl Drop for Clear {
+                fn drop(&mut self) {
+                    let _ = BUDGET.try_with(|b| b.set(std::ptr::null()));
+                }
+            }
+            let (mine, tx, f) = (mine, tx, f);
+            BUDGET.with(|b| b.set(Arc::as_ptr(&mine)));
+            // (declared after `mine`, so dropped before it)
+            let _clear = Clear;
+            let _ = tx.send(f());
+        })
+        .map_err(|e| RunError::Spawn(e.to_string()))?;
+    loop {
+        // (a result wakes this at once; the timeout only bounds how late `over` is seen)
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(r) => {
+                let _ = handle.join();
+                return Ok(r);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(RunError::Panicked),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if budget.over.load(Ordering::Acquire) {
+                    ABANDONED.fetch_add(1, Ordering::Relaxed);
+                    return Err(RunError::Memory);
+                }
+            }
+        }
+    }
+}
