@@ -55,12 +55,50 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 pub struct ServeArgs {
     /// Model directory (made by `gdsconv convert`).
     pub model_dir: PathBuf,
+
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port to listen on (0: any free port; the chosen one is printed).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health (and /metrics with
+    /// --metrics-public).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Serve /metrics without the API key (for a Prometheus scraper).
+    #[arg(long)]
+    pub metrics_public: bool,
+    /// Allow browser pages from this origin (e.g. `http://localhost:3000`; `*`: any) to call
+    /// the server (CORS); repeatable. Default: no CORS headers.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// Most open connections; more are answered 503 (Retry-After: 1) and closed.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// Most open connections from one client address (default: a quarter of
+    /// --max-connections); more are answered 503 and closed, so one client cannot take every
+    /// slot. Behind a reverse proxy every client has the proxy's address: raise it.
+    #[arg(long)]
+    pub max_client_connections: Option<usize>,
+    /// Seconds a client has to send a complete request head, counted from connecting or,
+    /// on a kept-alive connection, from the previous response (so also the idle timeout).
+    #[arg(long, default_value = "10", value_parser = parse_secs)]
+    pub header_timeout: Duration,
+    /// Seconds a client has to send a request body (408 after).
+    #[arg(long, default_value = "30", value_parser = parse_secs)]
+    pub body_timeout: Duration,
+    /// Largest request body (e.g. 4MiB); a larger Content-Length gets 413 before the body
+    /// is read.
+    #[arg(long, default_value = "4MiB", value_parser = gds_runtime::ioplan::parse_size)]
+    pub max_body: u64,
+}
+
+/// The engine's flags, shared by `gdsrun serve` and `gdsrun batch`.
+#[derive(Args, Debug)]
+pub struct EngineArgs {
     /// Worker threads of the forward pass (default: physical cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -93,17 +131,6 @@ pub struct ServeArgs {
     /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB).
     #[arg(long, value_parser = gds_runtime::ioplan::parse_size)]
     pub mem_budget: Option<u64>,
-    /// Require `Authorization: Bearer KEY` on every endpoint but /health (and /metrics with
-    /// --metrics-public).
-    #[arg(long)]
-    pub api_key: Option<String>,
-    /// Serve /metrics without the API key (for a Prometheus scraper).
-    #[arg(long)]
-    pub metrics_public: bool,
-    /// Allow browser pages from this origin (e.g. `http://localhost:3000`; `*`: any) to call
-    /// the server (CORS); repeatable. Default: no CORS headers.
-    #[arg(long = "cors-origin", value_name = "ORIGIN")]
-    pub cors_origins: Vec<String>,
     /// Model name reported by /v1/models (default: the directory's name).
     #[arg(long)]
     pub alias: Option<String>,
@@ -115,25 +142,6 @@ pub struct ServeArgs {
     /// compared with one).
     #[arg(long, value_parser = ["q8", "f32"])]
     pub activations: Option<String>,
-    /// Most open connections; more are answered 503 (Retry-After: 1) and closed.
-    #[arg(long, default_value_t = 256)]
-    pub max_connections: usize,
-    /// Most open connections from one client address (default: a quarter of
-    /// --max-connections); more are answered 503 and closed, so one client cannot take every
-    /// slot. Behind a reverse proxy every client has the proxy's address: raise it.
-    #[arg(long)]
-    pub max_client_connections: Option<usize>,
-    /// Seconds a client has to send a complete request head, counted from connecting or,
-    /// on a kept-alive connection, from the previous response (so also the idle timeout).
-    #[arg(long, default_value = "10", value_parser = parse_secs)]
-    pub header_timeout: Duration,
-    /// Seconds a client has to send a request body (408 after).
-    #[arg(long, default_value = "30", value_parser = parse_secs)]
-    pub body_timeout: Duration,
-    /// Largest request body (e.g. 4MiB); a larger Content-Length gets 413 before the body
-    /// is read.
-    #[arg(long, default_value = "4MiB", value_parser = gds_runtime::ioplan::parse_size)]
-    pub max_body: u64,
 }
 
 /// What the handlers share.
@@ -187,22 +195,175 @@ fn total_memory() -> Option<u64> {
     kb.checked_mul(1024)
 }
 
+/// What the HTTP front end adds to the handlers' state.
+pub(crate) struct Frontend {
+    pub(crate) api_key: Option<String>,
+    pub(crate) metrics_public: bool,
+    pub(crate) cors_origins: Vec<String>,
+    pub(crate) limits: NetLimits,
+}
+
+/// An engine running on a model, and the state its handlers share.
+pub(crate) struct Started {
+    pub(crate) state: Arc<ServerState>,
+    pub(crate) engine_thread: std::thread::JoinHandle<()>,
+    /// One line: the model, context, threads, batch and KV pool.
+    pub(crate) summary: String,
+}
+
+/// Checks the engine's flags, opens the model and starts the engine thread (`who` names the
+/// command in messages). Flag errors are usage errors (exit 2).
+pub(crate) fn start(
+    model_dir: &std::path::Path,
+    e: &EngineArgs,
+    front: Frontend,
+    who: &'static str,
+) -> anyhow::Result<Started> {
+    let bad = |m: String| Err(RuntimeError::Usage(m).into());
+    if e.max_batch == 0 || e.max_batch > 1024 {
+        return bad(format!("--max-batch {} must be in 1..=1024", e.max_batch));
+    }
+    if e.kv_block == 0 || e.kv_block > 4096 {
+        return bad(format!("--kv-block {} must be in 1..=4096", e.kv_block));
+    }
+    if e.queue_limit == 0 {
+        return bad("--queue-limit must be at least 1".into());
+    }
+    let Some(kv_dtype) = KvDtype::parse(&e.kv_dtype) else {
+        return bad(format!("--kv-dtype {:?}: expected f32 or f16", e.kv_dtype));
+    };
+    // a budget over the machine's memory (or over usize) could only end in an abort
+    let memory = total_memory();
+    let Some(kv_bytes) = e
+        .kv_budget
+        .checked_mul(1 << 20)
+        .filter(|&b| memory.is_none_or(|m| b as u64 <= m))
+    else {
+        return bad(format!(
+            "--kv-budget {} MiB is more than {}",
+            e.kv_budget,
+            memory.map_or("this machine can address".into(), |m| format!(
+                "this machine's memory ({} MiB)",
+                m >> 20
+            ))
+        ));
+    };
+    let plan = Plan::build(&PlanOptions {
+        model_dir: model_dir.to_path_buf(),
+        ctx: e.ctx,
+        threads: e.threads,
+        batch: Some(e.step_tokens.max(e.max_batch)),
+        kv_dtype: Some(kv_dtype),
+        io: e.io.clone(),
+        mem_budget: e.mem_budget,
+        // The server's batched scheduler and paged KV cache run on the CPU backend.
+        backend: Some("cpu".into()),
+        raw: true,
+        no_verify: e.no_verify,
+        activations: e.activations.clone(),
+        ..Default::default()
+    })?;
+    let model = Model::open(&plan)?;
+    let tokenizer = Arc::new(TextTokenizer::load_for_model(
+        &plan.model_dir,
+        &model.config,
+    )?);
+    let c = &model.config;
+    let pool = kvpool::KvPool::size(&kvpool::KvPoolArgs {
+        dtype: kv_dtype,
+        windows: (0..c.n_layers).map(|l| c.window(l)).collect(),
+        kv_dim: c.kv_dim(),
+        block: e.kv_block,
+        ctx: plan.ctx,
+        max_batch: e.max_batch,
+        step: plan.batch,
+        budget: kv_bytes,
+    });
+    let pool = match pool {
+        Ok(p) => p,
+        Err(err) => return bad(format!("--kv-budget {} MiB {err}", e.kv_budget)),
+    };
+    let kv = KvCache::paged_windowed(
+        kv_dtype,
+        &pool.windows,
+        e.max_batch,
+        plan.ctx,
+        c.kv_dim(),
+        e.kv_block,
+        pool.n_blocks,
+        pool.n_window_blocks,
+    );
+    let metrics = Arc::new(ServerMetrics::default());
+    let model_name = e.alias.clone().unwrap_or_else(|| {
+        model_dir
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    let vocab = c.vocab_size;
+    let eog = tokenizer.eog_ids().to_vec();
+    let cfg = EngineConfig {
+        max_batch: e.max_batch,
+        step_tokens: plan.batch,
+        ctx: plan.ctx,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let engine = Engine::new(model, kv, cfg, plan.threads, eog, metrics.clone());
+    let engine_thread = std::thread::Builder::new()
+        .name("gds-engine".into())
+        .spawn(move || engine.run(rx))
+        .context("starting the engine thread")?;
+    let state = Arc::new(ServerState {
+        engine: tx,
+        tokenizer,
+        metrics,
+        default_sampler: plan.sampler.clone(),
+        model_name,
+        ctx: plan.ctx,
+        vocab,
+        queue_limit: e.queue_limit,
+        api_key: front.api_key,
+        metrics_public: front.metrics_public,
+        cors_origins: front.cors_origins,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        limits: front.limits,
+        model_dir: plan.model_dir.clone(),
+        grammar: std::sync::OnceLock::new(),
+    });
+    // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
+    // take a few seconds), so the first request with a grammar seldom waits for it
+    {
+        let st = state.clone();
+        let _ = std::thread::Builder::new()
+            .name("gds-grammar".into())
+            .spawn(move || {
+                if let Err(e) = st.grammar_compiler() {
+                    eprintln!("{who}: constrained decoding unavailable: {e}");
+                }
+            });
+    }
+    let summary = format!(
+        "model {} | ctx {} | threads {} | max batch {} | KV {} ({})",
+        state.model_name,
+        plan.ctx,
+        plan.threads,
+        e.max_batch,
+        pool.describe(e.kv_block),
+        e.kv_dtype
+    );
+    Ok(Started {
+        state,
+        engine_thread,
+        summary,
+    })
+}
+
 /// Runs the server until it is stopped (Ctrl-C).
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // flag errors are usage errors (exit 2)
     let bad = |m: String| Err(RuntimeError::Usage(m).into());
-    if args.max_batch == 0 || args.max_batch > 1024 {
-        return bad(format!(
-            "--max-batch {} must be in 1..=1024",
-            args.max_batch
-        ));
-    }
-    if args.kv_block == 0 || args.kv_block > 4096 {
-        return bad(format!("--kv-block {} must be in 1..=4096", args.kv_block));
-    }
-    if args.queue_limit == 0 {
-        return bad("--queue-limit must be at least 1".into());
-    }
     if args.max_connections == 0 || args.max_connections > 1 << 20 {
         return bad(format!(
             "--max-connections {} must be in 1..={}",
@@ -246,139 +407,27 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         body_timeout: args.body_timeout,
         max_body,
     };
-    let Some(kv_dtype) = KvDtype::parse(&args.kv_dtype) else {
-        return bad(format!(
-            "--kv-dtype {:?}: expected f32 or f16",
-            args.kv_dtype
-        ));
-    };
-    // a budget over the machine's memory (or over usize) could only end in an abort
-    let memory = total_memory();
-    let Some(kv_bytes) = args
-        .kv_budget
-        .checked_mul(1 << 20)
-        .filter(|&b| memory.is_none_or(|m| b as u64 <= m))
-    else {
-        return bad(format!(
-            "--kv-budget {} MiB is more than {}",
-            args.kv_budget,
-            memory.map_or("this machine can address".into(), |m| format!(
-                "this machine's memory ({} MiB)",
-                m >> 20
-            ))
-        ));
-    };
-    let plan = Plan::build(&PlanOptions {
-        model_dir: args.model_dir.clone(),
-        ctx: args.ctx,
-        threads: args.threads,
-        batch: Some(args.step_tokens.max(args.max_batch)),
-        kv_dtype: Some(kv_dtype),
-        io: args.io.clone(),
-        mem_budget: args.mem_budget,
-        // The server's batched scheduler and paged KV cache run on the CPU backend.
-        backend: Some("cpu".into()),
-        raw: true,
-        no_verify: args.no_verify,
-        activations: args.activations.clone(),
-        ..Default::default()
-    })?;
-    let model = Model::open(&plan)?;
-    let tokenizer = Arc::new(TextTokenizer::load_for_model(
-        &plan.model_dir,
-        &model.config,
-    )?);
-    let c = &model.config;
-    let pool = kvpool::KvPool::size(&kvpool::KvPoolArgs {
-        dtype: kv_dtype,
-        windows: (0..c.n_layers).map(|l| c.window(l)).collect(),
-        kv_dim: c.kv_dim(),
-        block: args.kv_block,
-        ctx: plan.ctx,
-        max_batch: args.max_batch,
-        step: plan.batch,
-        budget: kv_bytes,
-    });
-    let pool = match pool {
-        Ok(p) => p,
-        Err(e) => return bad(format!("--kv-budget {} MiB {e}", args.kv_budget)),
-    };
-    let kv = KvCache::paged_windowed(
-        kv_dtype,
-        &pool.windows,
-        args.max_batch,
-        plan.ctx,
-        c.kv_dim(),
-        args.kv_block,
-        pool.n_blocks,
-        pool.n_window_blocks,
-    );
-    let metrics = Arc::new(ServerMetrics::default());
-    let model_name = args.alias.clone().unwrap_or_else(|| {
-        args.model_dir
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    });
-    let vocab = c.vocab_size;
-    let eog = tokenizer.eog_ids().to_vec();
-    let cfg = EngineConfig {
-        max_batch: args.max_batch,
-        step_tokens: plan.batch,
-        ctx: plan.ctx,
-    };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let engine = Engine::new(model, kv, cfg, plan.threads, eog, metrics.clone());
-    let engine_thread = std::thread::Builder::new()
-        .name("gds-engine".into())
-        .spawn(move || engine.run(rx))
-        .context("starting the engine thread")?;
-    let state = Arc::new(ServerState {
-        engine: tx,
-        tokenizer,
-        metrics,
-        default_sampler: plan.sampler.clone(),
-        model_name,
-        ctx: plan.ctx,
-        vocab,
-        queue_limit: args.queue_limit,
-        api_key: args.api_key.clone(),
-        metrics_public: args.metrics_public,
-        cors_origins,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        limits,
-        model_dir: plan.model_dir.clone(),
-        grammar: std::sync::OnceLock::new(),
-    });
-    // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
-    // take a few seconds), so the first request with a grammar seldom waits for it
-    {
-        let st = state.clone();
-        let _ = std::thread::Builder::new()
-            .name("gds-grammar".into())
-            .spawn(move || {
-                if let Err(e) = st.grammar_compiler() {
-                    eprintln!("gdsrun serve: constrained decoding unavailable: {e}");
-                }
-            });
-    }
+    let Started {
+        state,
+        engine_thread,
+        summary,
+    } = start(
+        &args.model_dir,
+        &args.engine,
+        Frontend {
+            api_key: args.api_key.clone(),
+            metrics_public: args.metrics_public,
+            cors_origins,
+            limits,
+        },
+        "gdsrun serve",
+    )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("gds-http")
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let summary = format!(
-        "model {} | ctx {} | threads {} | max batch {} | KV {} ({})",
-        state.model_name,
-        plan.ctx,
-        plan.threads,
-        args.max_batch,
-        pool.describe(args.kv_block),
-        args.kv_dtype
-    );
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
