@@ -17,6 +17,7 @@
 
 mod anthropic;
 mod api;
+pub mod batch;
 mod error;
 pub mod kvpool;
 pub mod metrics;

@@ -24,8 +24,12 @@ pub enum Command {
     Perplexity(PerplexityArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench(BenchArgs),
-    /// OpenAI-compatible HTTP server (completions, chat, streaming).
+    /// OpenAI- and Anthropic-compatible HTTP server (completions, chat, responses, messages,
+    /// streaming).
     Serve(gds_serve::ServeArgs),
+    /// Offline batch job: requests in the OpenAI Batch API's JSONL format in, results out,
+    /// run at full batch by the server's engine; resumable.
+    Batch(gds_serve::batch::BatchArgs),
     /// What this machine offers (CPU, memory, disk, GPU) and what a run would choose.
     Doctor(DoctorArgs),
 }

@@ -23,7 +23,15 @@ use gds_runtime::RuntimeError;
 use out::errln;
 
 /// Subcommand names; anything else in first position means `run`.
-const SUBCOMMANDS: &[&str] = &["run", "perplexity", "bench", "serve", "doctor", "help"];
+const SUBCOMMANDS: &[&str] = &[
+    "run",
+    "perplexity",
+    "bench",
+    "serve",
+    "batch",
+    "doctor",
+    "help",
+];
 
 /// Inserts `run` when the first argument is not a subcommand or a top-level flag, so that
 /// `gdsrun MODEL_DIR ...` means `gdsrun run MODEL_DIR ...`.
@@ -80,6 +88,7 @@ fn main() {
         Command::Perplexity(a) => resolve(&mut a.common.model_dir, ph),
         Command::Bench(a) => resolve(&mut a.common.model_dir, ph),
         Command::Serve(a) => resolve(&mut a.model_dir, ph),
+        Command::Batch(a) => resolve(&mut a.model_dir, ph),
         Command::Doctor(a) => {
             if let Some(d) = a.model_dir.as_mut() {
                 resolve(d, ph)
@@ -91,6 +100,7 @@ fn main() {
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => gds_serve::run(a),
+        Command::Batch(a) => gds_serve::batch::run(a),
         Command::Doctor(a) => doctor::run(a),
     };
     if let Err(e) = result {

@@ -1,0 +1,524 @@
+//! `gdsrun batch`: offline batch jobs in the OpenAI Batch API's line format, run by the
+//! server's own engine and handlers (no socket): the throughput mode.
+//!
+//! Input: one JSON object per line, `{"custom_id", "method": "POST", "url", "body"}`, `url`
+//! one of `/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`. Output:
+//! one line per input line, in the order they finish, `{"id", "custom_id", "line",
+//! "response": {"status_code", "request_id", "body"}, "error": null}` — the body exactly what
+//! `gdsrun serve` answers for the same request body — or, for a line that is not a valid
+//! request (bad JSON, no `custom_id`, a `custom_id` seen before, another method or url,
+//! `stream: true`), `"response": null, "error": {"code", "message"}` naming the line.
+//! Requests run concurrently (`--concurrency`, default twice `--max-batch`), so the engine's
+//! continuous batching keeps its batch full.
+//!
+//! Resumable: the output is only appended to, one whole line per write; a rerun reads it
+//! first, cuts a last line left incomplete by a kill, and skips every `custom_id` (and every
+//! invalid line's number) already there, so each appears exactly once.
+
+use crate::net::NetLimits;
+use crate::{start, EngineArgs, Frontend, Started};
+use anyhow::Context;
+use axum::body::Body;
+use clap::Args;
+use gds_runtime::RuntimeError;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Semaphore};
+use tower::ServiceExt;
+
+/// Largest input line (a request body and its envelope).
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// The endpoints a batch line may name.
+const URLS: [&str; 4] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+];
+
+/// `gdsrun batch` flags.
+#[derive(Args, Debug)]
+pub struct BatchArgs {
+    /// Model directory (made by `gdsconv convert`).
+    pub model_dir: PathBuf,
+    /// Requests, one JSON object per line: {"custom_id", "method": "POST", "url", "body"}.
+    #[arg(long, short)]
+    pub input: PathBuf,
+    /// Results, one JSON object per line, appended (a rerun resumes: lines already there
+    /// are skipped).
+    #[arg(long, short)]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Requests in flight at once (default: twice --max-batch, so the next ones are queued
+    /// when a sequence ends).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// What the output already holds.
+#[derive(Default)]
+struct Done {
+    ids: HashSet<String>,
+    /// Invalid lines already reported, by line number.
+    lines: HashSet<u64>,
+}
+
+/// Reads the output written so far; a last line without its newline (a write cut by a
+/// kill) is cut off the file.
+fn resume(path: &Path, file: &mut File) -> Result<Done, RuntimeError> {
+    let io = |e| RuntimeError::file(path, e);
+    let mut text = Vec::new();
+    file.seek(SeekFrom::Start(0)).map_err(io)?;
+    file.read_to_end(&mut text).map_err(io)?;
+    let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    if whole < text.len() {
+        file.set_len(whole as u64).map_err(io)?;
+    }
+    let mut done = Done::default();
+    for line in text[..whole].split(|&b| b == b'\n') {
+        let Ok(v) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        // an invalid line is known by its number, a request by its custom_id
+        if !v["error"].is_null() {
+            if let Some(n) = v["line"].as_u64() {
+                done.lines.insert(n);
+            }
+        } else if let Some(id) = v["custom_id"].as_str() {
+            done.ids.insert(id.to_string());
+        }
+    }
+    file.seek(SeekFrom::End(0)).map_err(io)?;
+    Ok(done)
+}
+
+/// The next line of `r` (without its newline), at most [`MAX_LINE_BYTES`]: `Ok(None)` at the
+/// end, `Ok(Some(Err(len)))` for a longer line (skipped, its length reported).
+fn next_line(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<Result<(), usize>>> {
+    buf.clear();
+    let n = r
+        .by_ref()
+        .take(MAX_LINE_BYTES as u64 + 1)
+        .read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        return Ok(Some(Ok(())));
+    }
+    if buf.len() <= MAX_LINE_BYTES {
+        // the last line, without a newline
+        return Ok(Some(Ok(())));
+    }
+    // too long: skip to the end of it
+    let mut len = buf.len();
+    loop {
+        buf.clear();
+        let n = r.by_ref().take(1 << 20).read_until(b'\n', buf)?;
+        len += n;
+        if n == 0 || buf.last() == Some(&b'\n') {
+            break;
+        }
+    }
+    Ok(Some(Err(len)))
+}
+
+fn request_id() -> String {
+    format!("{:016x}", crate::error::random_seed())
+}
+
+/// The output line for an input line that is not a valid request.
+fn invalid(line: u64, custom_id: Option<&str>, code: &str, message: String) -> String {
+    json!({
+        "id": format!("batch_req_{}", request_id()),
+        "custom_id": custom_id,
+        "line": line,
+        "response": null,
+        "error": {"code": code, "message": format!("line {line}: {message}")},
+    })
+    .to_string()
+}
+
+/// A checked request: (custom_id, url, body).
+type Checked = (String, String, Vec<u8>);
+
+/// Checks one input line; `Err(output line)` when it is not a valid request.
+fn check(line: u64, bytes: &[u8], seen: &mut HashSet<String>) -> Result<Checked, String> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| invalid(line, None, "invalid_json", format!("not JSON: {e}")))?;
+    let id = match v.get("custom_id") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        _ => {
+            return Err(invalid(
+                line,
+                None,
+                "invalid_request",
+                "custom_id must be a non-empty string".into(),
+            ))
+        }
+    };
+    if !seen.insert(id.clone()) {
+        return Err(invalid(
+            line,
+            Some(&id),
+            "duplicate_custom_id",
+            format!("custom_id {id:?} appears on an earlier line"),
+        ));
+    }
+    let bad = |m: String| invalid(line, Some(&id), "invalid_request", m);
+    match v.get("method").and_then(Value::as_str) {
+        Some("POST") => {}
+        m => return Err(bad(format!("method must be \"POST\", not {m:?}"))),
+    }
+    let url = match v.get("url").and_then(Value::as_str) {
+        Some(u) if URLS.contains(&u) => u.to_string(),
+        u => return Err(bad(format!("url {u:?} is not one of {}", URLS.join(", ")))),
+    };
+    let body = match v.get("body") {
+        Some(b @ Value::Object(o)) => {
+            if o.get("stream") == Some(&Value::Bool(true)) {
+                return Err(bad(
+                    "a batch request cannot be streamed (stream: true)".into()
+                ));
+            }
+            serde_json::to_vec(b).map_err(|e| bad(e.to_string()))?
+        }
+        _ => return Err(bad("body must be a JSON object".into())),
+    };
+    Ok((id, url, body))
+}
+
+/// Tokens a response body generated (chat/completions' `completion_tokens`, responses' and
+/// messages' `output_tokens`).
+fn generated(body: &Value) -> u64 {
+    let u = &body["usage"];
+    u["completion_tokens"]
+        .as_u64()
+        .or_else(|| u["output_tokens"].as_u64())
+        .unwrap_or(0)
+}
+
+/// What the run did, for the summary line.
+#[derive(Default)]
+struct Tally {
+    ok: u64,
+    failed: u64,
+    invalid: u64,
+    tokens: u64,
+}
+
+/// Runs a batch job; an error reading the input or writing the output names the file
+/// (exit 2), a model that cannot be loaded is the model's error (exit 1).
+pub fn run(args: BatchArgs) -> anyhow::Result<()> {
+    let usage = |m: String| -> anyhow::Result<()> { Err(RuntimeError::Usage(m).into()) };
+    // the files first: a job that cannot write its results does not load the model
+    let input = File::open(&args.input).map_err(|e| RuntimeError::file(&args.input, e))?;
+    if !input
+        .metadata()
+        .map_err(|e| RuntimeError::file(&args.input, e))?
+        .is_file()
+    {
+        return usage(format!("{}: not a regular file", args.input.display()));
+    }
+    let mut out = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .open(&args.output)
+        .map_err(|e| RuntimeError::file(&args.output, e))?;
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (a, b) = (
+            input
+                .metadata()
+                .map_err(|e| RuntimeError::file(&args.input, e))?,
+            out.metadata()
+                .map_err(|e| RuntimeError::file(&args.output, e))?,
+        );
+        if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+            return usage("--output is the input file".into());
+        }
+    }
+    let done = resume(&args.output, &mut out)?;
+    // the lines to run, counted first for the progress bar
+    let mut total = 0u64;
+    {
+        let mut r = BufReader::new(&input);
+        let mut buf = Vec::new();
+        while next_line(&mut r, &mut buf)
+            .map_err(|e| RuntimeError::file(&args.input, e))?
+            .is_some()
+        {
+            total += 1;
+        }
+    }
+    let max_batch = args.engine.max_batch.max(1);
+    let concurrency = args
+        .concurrency
+        .unwrap_or(2 * max_batch)
+        .clamp(1, args.engine.queue_limit.max(1));
+    let Started {
+        state,
+        engine_thread,
+        summary,
+    } = start(
+        &args.model_dir,
+        &args.engine,
+        Frontend {
+            api_key: None,
+            metrics_public: false,
+            cors_origins: Vec::new(),
+            limits: NetLimits {
+                max_connections: 1,
+                max_client_connections: 1,
+                header_timeout: Duration::from_secs(3600),
+                body_timeout: Duration::from_secs(3600),
+                max_body: MAX_LINE_BYTES,
+            },
+        },
+        "gdsrun batch",
+    )?;
+    eprintln!("gdsrun batch: {summary} | {concurrency} requests in flight");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("gds-batch")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let show = !args.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = if show {
+        indicatif::ProgressBar::new(total)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} lines | {msg} | {elapsed_precise} ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let app = crate::router(state.clone());
+    let t0 = Instant::now();
+    let output = args.output.clone();
+    let input_path = args.input.clone();
+    let skipped = done.ids.len() as u64 + done.lines.len() as u64;
+    let outer_bar = bar.clone();
+    let result: anyhow::Result<Tally> = rt.block_on(async move {
+        // one writer: whole lines, appended in one write each
+        let (tx, mut rx) = mpsc::unbounded_channel::<(String, Option<(bool, u64)>)>();
+        let writer_bar = bar.clone();
+        let writer = tokio::task::spawn_blocking(move || -> Result<Tally, RuntimeError> {
+            let mut tally = Tally::default();
+            while let Some((mut line, outcome)) = rx.blocking_recv() {
+                line.push('\n');
+                out.write_all(line.as_bytes())
+                    .map_err(|e| RuntimeError::file(&output, e))?;
+                match outcome {
+                    Some((true, tokens)) => {
+                        tally.ok += 1;
+                        tally.tokens += tokens;
+                    }
+                    Some((false, _)) => tally.failed += 1,
+                    None => tally.invalid += 1,
+                }
+                let secs = t0.elapsed().as_secs_f64().max(1e-3);
+                writer_bar.inc(1);
+                writer_bar.set_message(format!(
+                    "{} ok, {} failed | {:.1} tok/s",
+                    tally.ok,
+                    tally.failed + tally.invalid,
+                    tally.tokens as f64 / secs
+                ));
+            }
+            out.sync_data().map_err(|e| RuntimeError::file(&output, e))?;
+            Ok(tally)
+        });
+        let slots = Arc::new(Semaphore::new(concurrency));
+        let mut reader = BufReader::new(&input);
+        reader
+            .seek(SeekFrom::Start(0))
+            .map_err(|e| RuntimeError::file(&input_path, e))?;
+        let (mut buf, mut seen) = (Vec::new(), HashSet::new());
+        let mut line = 0u64;
+        loop {
+            let next = next_line(&mut reader, &mut buf)
+                .map_err(|e| RuntimeError::file(&input_path, e))?;
+            let Some(next) = next else { break };
+            line += 1;
+            if done.lines.contains(&line) {
+                bar.inc(1);
+                continue;
+            }
+            if let Err(len) = next {
+                let msg = format!("{len} bytes, more than {MAX_LINE_BYTES}");
+                let _ = tx.send((invalid(line, None, "line_too_long", msg), None));
+                continue;
+            }
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                // (a blank line is no request; it is counted, not answered)
+                bar.inc(1);
+                continue;
+            }
+            let (id, url, body) = match check(line, &buf, &mut seen) {
+                Ok(c) => c,
+                Err(out_line) => {
+                    let _ = tx.send((out_line, None));
+                    continue;
+                }
+            };
+            if done.ids.contains(&id) {
+                bar.inc(1);
+                continue;
+            }
+            let permit = slots.clone().acquire_owned().await?;
+            let (app, tx) = (app.clone(), tx.clone());
+            tokio::spawn(async move {
+                let _permit = permit;
+                let req = axum::http::Request::post(url.as_str())
+                    .header("content-type", "application/json")
+                    .body(Body::from(body));
+                let (status, body) = match req {
+                    Ok(req) => match app.oneshot(req).await {
+                        Ok(resp) => {
+                            let status = resp.status().as_u16();
+                            let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                                .await
+                                .unwrap_or_default();
+                            let body = serde_json::from_slice::<Value>(&bytes).unwrap_or_else(
+                                |_| Value::String(String::from_utf8_lossy(&bytes).into_owned()),
+                            );
+                            (status, body)
+                        }
+                        Err(e) => match e {},
+                    },
+                    Err(e) => (
+                        400,
+                        json!({"error": {"message": e.to_string(), "type": "invalid_request_error"}}),
+                    ),
+                };
+                let ok = (200..300).contains(&status);
+                let tokens = generated(&body);
+                let out_line = json!({
+                    "id": format!("batch_req_{}", request_id()),
+                    "custom_id": id,
+                    "line": line,
+                    "response": {"status_code": status, "request_id": request_id(), "body": body},
+                    "error": null,
+                })
+                .to_string();
+                let _ = tx.send((out_line, Some((ok, tokens))));
+            });
+        }
+        // every request has finished once every slot is free again
+        let _ = slots.acquire_many(concurrency as u32).await?;
+        drop(tx);
+        let tally = writer.await??;
+        Ok(tally)
+    });
+    outer_bar.finish_and_clear();
+    drop(rt);
+    drop(state);
+    let _ = engine_thread.join();
+    let tally = result?;
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "gdsrun batch: {} ok, {} failed, {} invalid lines, {skipped} already in {} | {} tokens in {secs:.1} s ({:.1} tok/s)",
+        tally.ok,
+        tally.failed,
+        tally.invalid,
+        args.output.display(),
+        tally.tokens,
+        tally.tokens as f64 / secs.max(1e-3),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_checked_and_named() {
+        let mut seen = HashSet::new();
+        let ok = br#"{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}"#;
+        let (id, url, _) = check(3, ok, &mut seen).unwrap();
+        assert_eq!((id.as_str(), url.as_str()), ("a", "/v1/completions"));
+        for (bytes, code, words) in [
+            (&ok[..], "duplicate_custom_id", "earlier line"),
+            (b"{nope", "invalid_json", "not JSON"),
+            (br#"{"method": "POST"}"#, "invalid_request", "custom_id"),
+            (br#"{"custom_id": "b", "method": "GET", "url": "/v1/completions", "body": {}}"#, "invalid_request", "POST"),
+            (br#"{"custom_id": "c", "method": "POST", "url": "/v1/embeddings", "body": {}}"#, "invalid_request", "url"),
+            (br#"{"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": {"stream": true}}"#, "invalid_request", "streamed"),
+            (br#"{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": []}"#, "invalid_request", "object"),
+        ] {
+            let line: Value = serde_json::from_str(&check(7, bytes, &mut seen).unwrap_err()).unwrap();
+            assert_eq!(line["error"]["code"], code, "{line}");
+            let msg = line["error"]["message"].as_str().unwrap();
+            assert!(msg.starts_with("line 7: ") && msg.contains(words), "{msg}");
+            assert!(line["response"].is_null() && line["line"] == 7, "{line}");
+        }
+    }
+
+    #[test]
+    fn resume_cuts_a_torn_line_and_knows_what_is_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.jsonl");
+        std::fs::write(
+            &p,
+            concat!(
+                r#"{"custom_id": "a", "line": 1, "response": {"status_code": 200}}"#,
+                "\n",
+                r#"{"custom_id": null, "line": 4, "response": null, "error": {"code": "invalid_json"}}"#,
+                "\n",
+                r#"{"custom_id": "a", "line": 5, "response": null, "error": {"code": "duplicate_custom_id"}}"#,
+                "\n",
+                r#"{"custom_id": "b", "line": 2, "resp"#,
+            ),
+        )
+        .unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&p)
+            .unwrap();
+        let done = resume(&p, &mut f).unwrap();
+        assert_eq!(done.ids, HashSet::from(["a".to_string()]));
+        assert_eq!(done.lines, HashSet::from([4, 5]));
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.ends_with("\"duplicate_custom_id\"}}\n"), "{text}");
+        assert_eq!(text.lines().count(), 3);
+    }
+
+    #[test]
+    fn long_lines_are_skipped_whole() {
+        let mut data = b"short\n".to_vec();
+        data.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 10));
+        data.extend(b"\nlast");
+        let mut r = BufReader::new(&data[..]);
+        let mut buf = Vec::new();
+        assert_eq!(next_line(&mut r, &mut buf).unwrap(), Some(Ok(())));
+        assert_eq!(buf, b"short");
+        assert_eq!(
+            next_line(&mut r, &mut buf).unwrap(),
+            Some(Err(MAX_LINE_BYTES + 11))
+        );
+        assert_eq!(next_line(&mut r, &mut buf).unwrap(), Some(Ok(())));
+        assert_eq!(buf, b"last");
+        assert_eq!(next_line(&mut r, &mut buf).unwrap(), None);
+    }
+}

@@ -1,0 +1,301 @@
+//! `gdsrun batch` (issue 31, item 5): a mixed job of chat and completions requests with
+//! invalid lines among them answers every line once, each valid request's body equal to
+//! what `gdsrun serve` answers for the same body; a job killed part way and rerun gives each
+//! `custom_id` exactly once (a line torn by the kill is cut); unusable paths are usage errors
+//! naming the file.
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn model() -> &'static str {
+    gds_tests::smollm_converted()
+        .to_str()
+        .expect("temporary path is UTF-8")
+}
+
+const ENGINE: [&str; 8] = [
+    "--ctx",
+    "512",
+    "--kv-budget",
+    "64",
+    "--max-batch",
+    "8",
+    "--threads",
+    "2",
+];
+
+/// The job: completions and chat requests (greedy, short), and invalid lines at known
+/// positions. Returns the JSONL text and, per custom_id, its url and body.
+fn job() -> (String, HashMap<String, (String, Value)>) {
+    let mut lines = Vec::new();
+    let mut valid = HashMap::new();
+    for i in 0..24 {
+        let id = format!("req-{i}");
+        let (url, body) = if i % 2 == 0 {
+            (
+                "/v1/completions",
+                json!({"prompt": format!("The {i} little pigs went"), "max_tokens": 4 + i % 5, "temperature": 0}),
+            )
+        } else {
+            (
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": format!("Name {i} animals.")}], "max_tokens": 5, "temperature": 0}),
+            )
+        };
+        lines
+            .push(json!({"custom_id": id, "method": "POST", "url": url, "body": body}).to_string());
+        valid.insert(id, (url.to_string(), body));
+        match i {
+            3 => lines.push("{not json".into()),
+            7 => lines.push(
+                json!({"custom_id": "req-0", "method": "POST", "url": "/v1/completions", "body": {"prompt": "dup"}})
+                    .to_string(),
+            ),
+            11 => lines.push(
+                json!({"custom_id": "get", "method": "GET", "url": "/v1/models", "body": {}}).to_string(),
+            ),
+            15 => lines.push(
+                json!({"custom_id": "streamed", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "stream": true}})
+                    .to_string(),
+            ),
+            19 => lines.push(json!({"method": "POST", "url": "/v1/completions", "body": {}}).to_string()),
+            _ => {}
+        }
+    }
+    // a request the handler refuses: answered with its 400, like the server's
+    lines.push(json!({"custom_id": "too-many", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 2, "n": 99}}).to_string());
+    valid.insert(
+        "too-many".into(),
+        (
+            "/v1/completions".into(),
+            json!({"prompt": "x", "max_tokens": 2, "n": 99}),
+        ),
+    );
+    (lines.join("\n") + "\n", valid)
+}
+
+fn batch(input: &std::path::Path, output: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(["batch", model(), "--quiet", "-i"])
+        .arg(input)
+        .arg("-o")
+        .arg(output)
+        .args(ENGINE)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn gdsrun batch")
+}
+
+fn results(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// `gdsrun serve` on the same model and flags; (child, address).
+fn serve() -> (std::process::Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(["serve", model(), "--port", "0"])
+        .args(ENGINE)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn gdsrun serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().rsplit("http://").next().unwrap().to_string();
+    (child, addr)
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
+    let body = body.to_string();
+    let mut c = TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    let status = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = resp.split_once("\r\n\r\n").unwrap().1;
+    (status, serde_json::from_str(body).unwrap())
+}
+
+/// What must agree between the batch's body and the server's: the text and the counts
+/// (ids and timings differ per request).
+fn essence(v: &Value) -> Value {
+    if v.get("error").is_some() {
+        return json!({"error": v["error"]["param"], "type": v["error"]["type"]});
+    }
+    let choices: Vec<Value> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| json!([c["text"], c["message"]["content"], c["finish_reason"]]))
+        .collect();
+    json!({"choices": choices, "usage": [v["usage"]["prompt_tokens"], v["usage"]["completion_tokens"]]})
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_mixed_job_answers_every_line_once_as_the_server_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (text, valid) = job();
+    let input = dir.path().join("requests.jsonl");
+    std::fs::write(&input, &text).unwrap();
+    let output = dir.path().join("results.jsonl");
+    let out = batch(&input, &output);
+    assert!(out.status.success(), "{}", gds_tests::stderr(&out));
+    assert!(
+        gds_tests::stderr(&out).contains("24 ok, 1 failed, 5 invalid lines"),
+        "{}",
+        gds_tests::stderr(&out)
+    );
+    let rows = results(&output);
+    assert_eq!(rows.len(), text.lines().count(), "one result per line");
+    // the invalid lines, by line number and code
+    let mut invalid: Vec<(u64, String)> = rows
+        .iter()
+        .filter(|r| r["response"].is_null())
+        .map(|r| {
+            (
+                r["line"].as_u64().unwrap(),
+                r["error"]["code"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    invalid.sort();
+    let codes: Vec<&str> = invalid.iter().map(|(_, c)| c.as_str()).collect();
+    assert_eq!(
+        codes,
+        [
+            "invalid_json",
+            "duplicate_custom_id",
+            "invalid_request",
+            "invalid_request",
+            "invalid_request"
+        ],
+        "{invalid:?}"
+    );
+    // each valid request once, with the server's answer
+    let (mut server, addr) = serve();
+    let mut seen = HashMap::new();
+    for r in rows.iter().filter(|r| !r["response"].is_null()) {
+        let id = r["custom_id"].as_str().unwrap().to_string();
+        assert!(seen.insert(id.clone(), ()).is_none(), "{id} twice");
+        let (url, body) = &valid[&id];
+        let (status, want) = post(&addr, url, body);
+        assert_eq!(r["response"]["status_code"], status, "{id}: {r}");
+        assert_eq!(essence(&r["response"]["body"]), essence(&want), "{id}");
+        assert!(r["id"].as_str().unwrap().starts_with("batch_req_"), "{r}");
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(seen.len(), valid.len());
+    // a rerun finds everything done: nothing added
+    let again = batch(&input, &output);
+    assert!(again.status.success(), "{}", gds_tests::stderr(&again));
+    assert_eq!(results(&output).len(), rows.len());
+    assert!(
+        gds_tests::stderr(&again).contains("0 ok, 0 failed, 0 invalid lines"),
+        "{}",
+        gds_tests::stderr(&again)
+    );
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_killed_job_resumes_without_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (text, valid) = job();
+    let input = dir.path().join("requests.jsonl");
+    std::fs::write(&input, &text).unwrap();
+    let output = dir.path().join("results.jsonl");
+    // one request at a time, so the kill lands part way
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(["batch", model(), "--quiet", "--concurrency", "1", "-i"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&output)
+        .args(ENGINE)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&output).map_or(0, |t| t.lines().count()) < 8 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    let before = results(&output).len();
+    assert!(
+        before < text.lines().count(),
+        "killed part way ({before} lines)"
+    );
+    // as if the kill had torn a line in the middle
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&output)
+        .unwrap()
+        .write_all(br#"{"id": "batch_req_x", "custom_id": "req-23", "li"#)
+        .unwrap();
+    let out = batch(&input, &output);
+    assert!(out.status.success(), "{}", gds_tests::stderr(&out));
+    let rows = results(&output);
+    assert_eq!(
+        rows.len(),
+        text.lines().count(),
+        "{}",
+        gds_tests::stderr(&out)
+    );
+    let mut ids: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r["response"].is_null())
+        .map(|r| r["custom_id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    let mut want: Vec<&str> = valid.keys().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(ids, want, "each custom_id exactly once");
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn unusable_paths_are_usage_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("requests.jsonl");
+    std::fs::write(&input, job().0).unwrap();
+    for (i, o, words) in [
+        (
+            input.clone(),
+            dir.path().join("no/such/dir/out.jsonl"),
+            "no/such/dir/out.jsonl",
+        ),
+        (
+            dir.path().join("missing.jsonl"),
+            dir.path().join("out.jsonl"),
+            "missing.jsonl",
+        ),
+        (input.clone(), input.clone(), "--output is the input file"),
+    ] {
+        let out = batch(&i, &o);
+        assert_eq!(out.status.code(), Some(2), "{}", gds_tests::stderr(&out));
+        assert!(
+            gds_tests::stderr(&out).contains(words),
+            "{}",
+            gds_tests::stderr(&out)
+        );
+    }
+}
