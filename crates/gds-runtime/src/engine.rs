@@ -9,9 +9,13 @@ use crate::error::{Result, RuntimeError};
 use crate::exec::{eval_last, reusable_prefix, Executor};
 use crate::metrics::{EnergyMeter, Metrics};
 use crate::plan::{Mode, Plan};
+use crate::reply::Reply;
 use crate::sampler::{Sampler, TokenLogprobs};
 use crate::tokenizer::TextTokenizer;
 use serde::Serialize;
+
+/// (The stop-string hold-back lives with the rest of the per-token policy.)
+pub use crate::reply::held_back;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -284,9 +288,8 @@ impl Engine {
         m.prompt_ms = t_prompt.elapsed().as_secs_f64() * 1000.0;
 
         let limits = self.plan.limits.clone();
-        let max_stop = limits.stop.iter().map(String::len).max().unwrap_or(0);
-        let mut text = String::new();
-        let mut emitted = 0usize;
+        // the per-token policy the server follows too (crate::reply)
+        let mut reply = Reply::new(limits.stop.clone());
         let mut generated = Vec::new();
         let mut stream = self.tokenizer.stream();
         let mut decode_ms = 0.0;
@@ -336,9 +339,10 @@ impl Engine {
                 c.mask(logits)?;
             }
             let tok = self.sampler.sample(logits);
-            if generated.is_empty() {
+            if reply.generated() == 0 {
                 m.time_to_first_token_ms = t0.elapsed().as_secs_f64() * 1000.0;
             }
+            reply.token();
             if self.tokenizer.is_eog(tok) {
                 stop = Some(StopReason::Eos);
                 break;
@@ -355,30 +359,11 @@ impl Engine {
             }
             self.sampler.accept_generated(tok);
             if let Some(piece) = stream.push(tok)? {
-                text.push_str(&piece);
-                // a stop string may straddle pieces: search the tail that could hold one
-                let from = text.len().saturating_sub(piece.len() + max_stop);
-                let from = (0..=from)
-                    .rev()
-                    .find(|&i| text.is_char_boundary(i))
-                    .unwrap_or(0);
-                if let Some((at, _)) = limits
-                    .stop
-                    .iter()
-                    .filter_map(|s| text[from..].find(s.as_str()).map(|i| (from + i, s)))
-                    .min()
-                {
-                    text.truncate(at);
+                if reply.push(&piece) {
                     stop = Some(StopReason::StopString);
                 }
-                let safe = if stop.is_some() {
-                    text.len()
-                } else {
-                    text.len() - held_back(&text, &limits.stop)
-                };
-                if safe > emitted {
-                    on_text(&text[emitted..safe]);
-                    emitted = safe;
+                if let Some(shown) = reply.take_shown(false) {
+                    on_text(&shown);
                 }
                 if stop.is_some() {
                     break;
@@ -386,7 +371,7 @@ impl Engine {
             }
             if constraint.as_ref().is_some_and(Constraint::is_finished) {
                 stop = Some(StopReason::Grammar);
-            } else if limits.max_tokens.is_some_and(|n| generated.len() >= n) {
+            } else if limits.max_tokens.is_some_and(|n| reply.generated() >= n) {
                 stop = Some(StopReason::MaxTokens);
             } else if self.cached.len() >= ctx {
                 stop = Some(StopReason::ContextFull);
@@ -486,13 +471,13 @@ impl Engine {
                 decode_steps += 1;
             }
         }
-        if stop != Some(StopReason::StopString) {
-            text.push_str(&stream.flush()?);
+        if stop != Some(StopReason::StopString) && reply.push(&stream.flush()?) {
+            stop = Some(StopReason::StopString);
         }
-        if text.len() > emitted {
-            on_text(&text[emitted..]);
+        if let Some(shown) = reply.take_shown(true) {
+            on_text(&shown);
         }
-        m.generated_tokens = generated.len();
+        m.generated_tokens = reply.generated();
         m.decode_ms = decode_ms;
         m.decode_tokens = decode_steps;
         m.energy_joules = self.energy.joules().zip(energy0).map(|(j, j0)| j - j0);
@@ -505,39 +490,11 @@ impl Engine {
         m.kv_cache_bytes = self.plan.kv_bytes;
         m.finish();
         Ok(GenerateOutput {
-            text,
+            text: reply.into_text(),
             tokens: generated,
             stop_reason: stop.unwrap_or(StopReason::Eos),
             logprobs,
             metrics: m,
         })
-    }
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of a stop string: text
-/// that must not be shown yet because a stop string may be completing.
-pub fn held_back(text: &str, stops: &[String]) -> usize {
-    let mut hold = 0;
-    for s in stops {
-        for (i, _) in s.char_indices().skip(1) {
-            if i > hold && text.ends_with(&s[..i]) {
-                hold = i;
-            }
-        }
-    }
-    hold
-}
-
-#[cfg(test)]
-mod tests {
-    use super::held_back;
-
-    #[test]
-    fn holds_back_partial_stop_strings() {
-        let stops = vec!["</end>".to_string(), "Q:".to_string()];
-        assert_eq!(held_back("hello </e", &stops), 3);
-        assert_eq!(held_back("hello Q", &stops), 1);
-        assert_eq!(held_back("hello", &stops), 0);
-        assert_eq!(held_back("x", &[]), 0);
     }
 }

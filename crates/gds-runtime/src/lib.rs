@@ -28,6 +28,7 @@ pub mod model;
 pub mod ops;
 pub mod perplexity;
 pub mod plan;
+pub mod reply;
 pub mod rope;
 pub mod sampler;
 pub mod tokenizer;

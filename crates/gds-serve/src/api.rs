@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use gds_runtime::chat::Message;
+use gds_runtime::reply::Reply;
 use gds_runtime::{Constraint, Grammar, RuntimeError, SamplerConfig};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -669,13 +670,8 @@ pub(crate) struct Gen {
     ids: Vec<u32>,
     prefix: String,
     prefix_index: usize,
-    text: String,
-    emitted: usize,
-    stop: Vec<String>,
-    max_stop: usize,
-    /// The stop string found in the text, once one is.
-    stopped_by: Option<String>,
-    generated: usize,
+    /// Text, stop strings and the token count: the per-token policy the CLI follows too.
+    reply: Reply,
     ended: bool,
     /// Log-probabilities of the tokens so far, and how many were handed out.
     lps: Vec<(u32, TokenLogprobs)>,
@@ -703,12 +699,7 @@ impl Gen {
             ids: Vec::new(),
             prefix: String::new(),
             prefix_index: 0,
-            text: String::new(),
-            emitted: 0,
-            max_stop: stop.iter().map(String::len).max().unwrap_or(0),
-            stop,
-            stopped_by: None,
-            generated: 0,
+            reply: Reply::new(stop),
             ended: false,
             lps: Vec::new(),
             lps_taken: 0,
@@ -780,41 +771,6 @@ impl Gen {
         }
     }
 
-    /// Appends `piece`; true when a stop string ended the text.
-    fn push_text(&mut self, piece: &str) -> bool {
-        self.text.push_str(piece);
-        let from = self.text.len().saturating_sub(piece.len() + self.max_stop);
-        let from = (0..=from)
-            .rev()
-            .find(|&i| self.text.is_char_boundary(i))
-            .unwrap_or(0);
-        if let Some((at, s)) = self
-            .stop
-            .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)))
-            .min_by_key(|&(at, _)| at)
-        {
-            self.stopped_by = Some(s.clone());
-            self.text.truncate(at);
-            return true;
-        }
-        false
-    }
-
-    /// Text that can be shown now.
-    fn take_safe(&mut self, all: bool) -> Option<String> {
-        let safe = if all {
-            self.text.len()
-        } else {
-            self.text.len() - gds_runtime::engine::held_back(&self.text, &self.stop)
-        };
-        (safe > self.emitted).then(|| {
-            let s = self.text[self.emitted..safe].to_string();
-            self.emitted = safe;
-            s
-        })
-    }
-
     fn decode_step(&mut self, id: u32) -> Result<Option<String>, String> {
         tokenizers::step_decode_stream(
             self.st.tokenizer.inner(),
@@ -849,7 +805,7 @@ impl Gen {
             match ev {
                 Some(Event::PromptLogprobs(lp)) => self.prompt_lps.push(lp),
                 Some(Event::Token(id, lp)) => {
-                    self.generated += 1;
+                    self.reply.token();
                     if let Some(lp) = lp {
                         self.lps.push((id, lp));
                     }
@@ -863,21 +819,21 @@ impl Gen {
                         Err(e) => return Some(self.fail(e)),
                     };
                     if let Some(p) = piece {
-                        if self.push_text(&p) {
+                        if self.reply.push(&p) {
                             // a stop string: end here; closing the receiver ends the request
                             // in the engine, counted as finished
                             self.ended_by_front.store(true, Ordering::Relaxed);
                             self.rx.close();
                             return Some(self.end("stop", None));
                         }
-                        if let Some(s) = self.take_safe(false) {
+                        if let Some(s) = self.reply.take_shown(false) {
                             return Some(Piece::Text(s));
                         }
                     }
                 }
                 Some(Event::Done(d)) => {
                     let rest = self.flush();
-                    let stopped = self.push_text(&rest);
+                    let stopped = self.reply.push(&rest);
                     let finish = if stopped || d.finish == Finish::Eos {
                         "stop"
                     } else {
@@ -909,15 +865,15 @@ impl Gen {
         self.ended = true;
         Piece::End(End {
             finish,
-            stop: self.stopped_by.clone(),
-            completion_tokens: self.generated,
+            stop: self.reply.stop_string().map(str::to_string),
+            completion_tokens: self.reply.generated(),
             done,
         })
     }
 
     /// Whatever text is still held back when the end comes.
     pub(crate) fn rest(&mut self) -> Option<String> {
-        self.take_safe(true)
+        self.reply.take_shown(true)
     }
 }
 

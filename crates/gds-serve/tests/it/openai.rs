@@ -1075,3 +1075,83 @@ fn logit_bias_and_openai_penalties_steer_sampling() {
         }
     }
 }
+
+/// One per-token policy (issue 31, item 3; `gds_runtime::reply`): for the same greedy request
+/// the CLI and the server give the same text, the same token count (the end-of-generation
+/// token counted by both; the server counted it and the CLI did not) and the same end —
+/// reached by the length limit, by the end-of-generation token and by a stop string.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn the_cli_and_the_server_end_replies_alike() {
+    let _one = serial();
+    let model = gds_tests::smollm_converted();
+    let cli = |args: &[&str]| -> Value {
+        let o = Command::new(gds_tests::bin("gdsrun"))
+            .arg(model)
+            .args(args)
+            .args(["--temp", "0", "--json", "--ctx", "1024"])
+            .output()
+            .expect("gdsrun runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let s = start(&[]);
+    let server = |path: &str, body: Value| -> Value {
+        let (code, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    };
+    let question = "What is 2+2?";
+    let cases = [
+        (
+            cli(&[
+                "--raw",
+                "-p",
+                "The capital of France is",
+                "--max-tokens",
+                "6",
+            ]),
+            server(
+                "/v1/completions",
+                serde_json::json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}),
+            ),
+        ),
+        (
+            cli(&["-p", question, "--max-tokens", "64"]),
+            server(
+                "/v1/chat/completions",
+                serde_json::json!({"messages": [{"role": "user", "content": question}], "max_tokens": 64, "temperature": 0}),
+            ),
+        ),
+        (
+            cli(&["-p", question, "--max-tokens", "64", "--stop", "problem"]),
+            server(
+                "/v1/chat/completions",
+                serde_json::json!({"messages": [{"role": "user", "content": question}], "max_tokens": 64, "temperature": 0, "stop": ["problem"]}),
+            ),
+        ),
+    ];
+    let mut ends = Vec::new();
+    for (c, v) in &cases {
+        let choice = &v["choices"][0];
+        let text = choice["text"]
+            .as_str()
+            .or(choice["message"]["content"].as_str())
+            .unwrap();
+        assert_eq!(c["text"], text, "{c:#}\n{v:#}");
+        assert_eq!(
+            c["metrics"]["generated_tokens"], v["usage"]["completion_tokens"],
+            "{v:#}"
+        );
+        let reason = c["stop_reason"].as_str().unwrap();
+        let want = match reason {
+            "max_tokens" => "length",
+            "eos" | "stop_string" => "stop",
+            other => panic!("{other}"),
+        };
+        assert_eq!(choice["finish_reason"], want, "{v:#}");
+        ends.push(reason.to_string());
+    }
+    // the three ways a reply ends were all exercised
+    assert_eq!(ends, ["max_tokens", "eos", "stop_string"], "{cases:#?}");
+}

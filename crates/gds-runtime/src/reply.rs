@@ -1,0 +1,164 @@
+//! The per-token policy of a reply, one for every front end: the CLI's generation loop
+//! ([`crate::engine`]) and the server's token streams (`gds-serve`) both follow it, so the
+//! same greedy request gives the same text, the same token count and the same end.
+//!
+//! - Every sampled token counts as generated, the end-of-generation token included: it was
+//!   computed and sampled like the others (llama-server and vLLM count it too). It is never
+//!   text.
+//! - Text arrives as decoded pieces; stop strings are searched across pieces (the tail that
+//!   could hold one), the text is cut before the first found, and the reply ends there, the
+//!   token that completed it counted.
+//! - Text that may be the start of a stop string is held back until it cannot be.
+
+/// A reply being generated: its text, how much of it was shown, its stop strings, and how
+/// many tokens it took.
+#[derive(Debug)]
+pub struct Reply {
+    text: String,
+    shown: usize,
+    stops: Vec<String>,
+    max_stop: usize,
+    generated: usize,
+    stopped_by: Option<String>,
+}
+
+impl Reply {
+    /// A reply that ends at any of `stops`.
+    pub fn new(stops: Vec<String>) -> Reply {
+        Reply {
+            text: String::new(),
+            shown: 0,
+            max_stop: stops.iter().map(String::len).max().unwrap_or(0),
+            stops,
+            generated: 0,
+            stopped_by: None,
+        }
+    }
+
+    /// Counts one sampled token (text or end-of-generation).
+    pub fn token(&mut self) {
+        self.generated += 1;
+    }
+
+    /// Appends a decoded piece; true when a stop string ended the reply (the text is cut
+    /// before it). Nothing is appended once a stop string was found.
+    pub fn push(&mut self, piece: &str) -> bool {
+        if self.stopped_by.is_some() {
+            return true;
+        }
+        self.text.push_str(piece);
+        // a stop string may straddle pieces: search the tail that could hold one
+        let from = self.text.len().saturating_sub(piece.len() + self.max_stop);
+        let from = (0..=from)
+            .rev()
+            .find(|&i| self.text.is_char_boundary(i))
+            .unwrap_or(0);
+        if let Some((at, s)) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)))
+            .min_by_key(|&(at, _)| at)
+        {
+            self.stopped_by = Some(s.clone());
+            self.text.truncate(at);
+            return true;
+        }
+        false
+    }
+
+    /// The text not shown yet that can be shown now: all of it with `all` (the reply
+    /// ended) or once a stop string was found, else all but what may start a stop string.
+    pub fn take_shown(&mut self, all: bool) -> Option<String> {
+        let safe = if all || self.stopped_by.is_some() {
+            self.text.len()
+        } else {
+            self.text.len() - held_back(&self.text, &self.stops)
+        };
+        (safe > self.shown).then(|| {
+            let s = self.text[self.shown..safe].to_string();
+            self.shown = safe;
+            s
+        })
+    }
+
+    /// Tokens generated, the end-of-generation token included.
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// The stop string that ended the reply, if one did.
+    pub fn stop_string(&self) -> Option<&str> {
+        self.stopped_by.as_deref()
+    }
+
+    /// The text so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The whole text.
+    pub fn into_text(self) -> String {
+        self.text
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of a stop string: text
+/// that must not be shown yet because a stop string may be completing.
+pub fn held_back(text: &str, stops: &[String]) -> usize {
+    let mut hold = 0;
+    for s in stops {
+        for (i, _) in s.char_indices().skip(1) {
+            if i > hold && text.ends_with(&s[..i]) {
+                hold = i;
+            }
+        }
+    }
+    hold
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_back_partial_stop_strings() {
+        let stops = vec!["</end>".to_string(), "Q:".to_string()];
+        assert_eq!(held_back("hello </e", &stops), 3);
+        assert_eq!(held_back("hello Q", &stops), 1);
+        assert_eq!(held_back("hello", &stops), 0);
+        assert_eq!(held_back("x", &[]), 0);
+    }
+
+    #[test]
+    fn stop_strings_across_pieces_cut_the_text_and_end_the_reply() {
+        let mut r = Reply::new(vec!["Q:".into(), "END".into()]);
+        for piece in ["Hello", " wor", "ld Q"] {
+            r.token();
+            assert!(!r.push(piece));
+        }
+        // "Q" may start a stop string: held back
+        assert_eq!(r.take_shown(false).as_deref(), Some("Hello world "));
+        r.token();
+        assert!(r.push(": more"));
+        assert_eq!(r.stop_string(), Some("Q:"));
+        assert_eq!(r.take_shown(false), None);
+        assert_eq!(r.text(), "Hello world ");
+        // ended: nothing more is taken in, every token was counted
+        assert!(r.push("END"));
+        assert_eq!(r.generated(), 4);
+        // the earliest of two stop strings in one piece
+        let mut r = Reply::new(vec!["b".into(), "a".into()]);
+        assert!(r.push("xxab"));
+        assert_eq!((r.text(), r.stop_string()), ("xx", Some("a")));
+    }
+
+    #[test]
+    fn the_end_of_generation_token_counts_without_text() {
+        let mut r = Reply::new(Vec::new());
+        r.token();
+        assert!(!r.push("Paris."));
+        r.token(); // the end-of-generation token: counted, no piece
+        assert_eq!(r.take_shown(true).as_deref(), Some("Paris."));
+        assert_eq!((r.generated(), r.stop_string()), (2, None));
+    }
+}
