@@ -11,8 +11,8 @@ use std::path::Path;
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 /// `model.safetensors.index.json` (a few MiB for models with tens of thousands of tensors).
 pub const MAX_INDEX_BYTES: u64 = 64 << 20;
-/// `tokenizer.json` (the largest real vocabularies take about 35 MiB).
-pub const MAX_TOKENIZER_BYTES: u64 = 128 << 20;
+/// `tokenizer.json`: one bound with the runtime's.
+pub use gds_format::vocab::MAX_TOKENIZER_BYTES;
 /// Elements of all GGUF metadata arrays together. `gguf-rs` turns each element into a
 /// `serde_json::Value` (32 bytes, plus the text of strings), so this bounds the decoded
 /// metadata to about 512 MiB however the file is built. The largest real vocabularies

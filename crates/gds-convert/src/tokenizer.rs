@@ -471,45 +471,9 @@ impl SpecialIds {
 }
 
 // Token texts llama.cpp promotes to CONTROL (llama_vocab::impl::load, "auto-detect special
-// tokens by text"). The EOT/EOM lists are subsets of the EOG list, so only the EOG list and
-// the per-slot FIM lists matter for attributes.
-const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-    "[EOT]",
-    "<｜end▁of▁sentence｜>",
-    "<end_of_utterance>",
-];
-const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<|flush|>",
-    "<|calls|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "</s>",
-    "<|eom_id|>",
-    "<EOT>",
-    "_<EOT>",
-    "[EOT]",
-    "[EOS]",
-    "<|end_of_text|>",
-    "<end_of_utterance>",
-    "<eos>",
-    "<turn|>",
-    "<|tool_response>",
-    "<｜end▁of▁sentence｜>",
-    "[e~[",
-];
+// tokens by text"), shared with the runtime. The EOT/EOM lists are subsets of the EOG list, so
+// only the EOG list and the per-slot FIM lists matter for attributes.
+use gds_format::vocab::{END_OF_GENERATION_TEXTS as EOG_TEXTS, END_OF_TURN_TEXTS as EOT_TEXTS};
 const FIM_TEXTS: [&[&str]; 6] = [
     &[
         "<|fim_prefix|>",

@@ -14,6 +14,7 @@ pub mod raw;
 pub mod reader;
 pub mod render_memory;
 pub mod validate;
+pub mod vocab;
 pub mod writer;
 
 pub use dtype::{DType, ALL_DTYPES};

@@ -7,18 +7,9 @@ use crate::config::Config;
 use crate::error::{Result, RuntimeError};
 use std::path::Path;
 
-/// Token texts that end a turn or the text when the vocabulary has them as special tokens.
-pub const END_OF_GENERATION: &[&str] = &[
-    "<|im_end|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|end_of_text|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end|>",
-    "</s>",
-    "<eos>",
-];
+/// Token texts that end a turn or the text when the vocabulary has them as special tokens
+/// (llama.cpp's list, shared with the converter).
+pub use gds_format::vocab::END_OF_GENERATION_TEXTS as END_OF_GENERATION;
 
 /// Tokenizer, chat template and special tokens of a model directory.
 ///
@@ -208,8 +199,9 @@ fn token_text(v: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
-/// Largest `tokenizer.json` / `tokenizer_config.json` read (bounded before reading).
-pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+/// Largest `tokenizer.json` / `tokenizer_config.json` read (bounded before reading; one bound
+/// with the converter's).
+pub use gds_format::vocab::MAX_TOKENIZER_BYTES;
 
 /// An upper bound on the bytes of text one token of `t` covers: the longest decoded token,
 /// plus one for a decoder that drops a leading space. (Decoding the whole vocabulary takes

@@ -1,0 +1,61 @@
+//! Vocabulary facts the converter and the runtime share (one value each).
+
+/// Largest `tokenizer.json` read, bounded before reading (the largest real vocabularies take
+/// about 35 MiB).
+pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
+/// Token texts llama.cpp treats as ending a turn (`llama_vocab::impl::load`, "auto-detect
+/// special tokens by text"): a subset of [`END_OF_GENERATION_TEXTS`].
+pub const END_OF_TURN_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+];
+
+/// Token texts llama.cpp treats as ending generation when the vocabulary has them: the
+/// converter marks them CONTROL and end-of-generation, the runtime stops at them (when the
+/// vocabulary marks them special).
+pub const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_end_of_turn_text_ends_generation() {
+        for t in END_OF_TURN_TEXTS {
+            assert!(END_OF_GENERATION_TEXTS.contains(t), "{t}");
+        }
+    }
+}
