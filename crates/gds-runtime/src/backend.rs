@@ -11,11 +11,37 @@
 use crate::error::{Result, RuntimeError};
 use crate::gpuplan::GpuOffer;
 
+/// A compute backend. (Serialized, and displayed, as `cpu` / `cuda`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The CPU kernels (`gds-kernels`).
+    Cpu,
+    /// The CUDA executor (`gds-cuda`; needs the `cuda` feature and a usable GPU).
+    Cuda,
+}
+
+impl Backend {
+    /// `cpu` or `cuda`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The decision: the backend's name and why it was chosen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendChoice {
-    /// `cpu` or `cuda`.
-    pub name: &'static str,
+    /// The backend.
+    pub name: Backend,
     /// One line: why this backend (and not another).
     pub reason: String,
     /// For `cuda`: the device the plan is made for.
@@ -26,7 +52,7 @@ impl BackendChoice {
     /// The CPU backend, for `reason`.
     pub fn cpu(reason: String) -> BackendChoice {
         BackendChoice {
-            name: "cpu",
+            name: Backend::Cpu,
             reason,
             gpu: None,
         }
@@ -74,7 +100,7 @@ fn gpu() -> Gpu {
 pub fn choose(requested: Option<&str>) -> Result<BackendChoice> {
     match requested.unwrap_or("auto") {
         "cpu" => Ok(BackendChoice {
-            name: "cpu",
+            name: Backend::Cpu,
             reason: "requested with --backend cpu".into(),
             gpu: None,
         }),
@@ -94,7 +120,7 @@ fn decide(requested: &str, gpu: Gpu) -> Result<BackendChoice> {
         }
         ("auto", Gpu::Unusable(why)) => cpu(format!("auto: no usable GPU ({why})")),
         ("auto", Gpu::Usable(g)) => Ok(BackendChoice {
-            name: "cuda",
+            name: Backend::Cuda,
             reason: format!("auto: usable GPU found ({})", g.device),
             gpu: Some(g),
         }),
@@ -107,7 +133,7 @@ fn decide(requested: &str, gpu: Gpu) -> Result<BackendChoice> {
             "--backend cuda: the CUDA backend cannot run here: {why}"
         ))),
         (_, Gpu::Usable(g)) => Ok(BackendChoice {
-            name: "cuda",
+            name: Backend::Cuda,
             reason: format!("requested with --backend cuda: {}", g.device),
             gpu: Some(g),
         }),
@@ -120,8 +146,8 @@ mod tests {
 
     #[test]
     fn auto_and_cpu_pick_the_cpu_and_unknown_names_are_refused() {
-        assert_eq!(choose(None).unwrap().name, "cpu");
-        assert_eq!(choose(Some("cpu")).unwrap().name, "cpu");
+        assert_eq!(choose(None).unwrap().name, Backend::Cpu);
+        assert_eq!(choose(Some("cpu")).unwrap().name, Backend::Cpu);
         let e = choose(Some("tpu")).unwrap_err().to_string();
         assert!(e.contains("--backend tpu"), "{e}");
     }
@@ -134,7 +160,7 @@ mod tests {
         let e = decide("cuda", missing.clone()).unwrap_err().to_string();
         assert!(e.contains("libcuda.so not found"), "{e}");
         let auto = decide("auto", missing).unwrap();
-        assert_eq!(auto.name, "cpu");
+        assert_eq!(auto.name, Backend::Cpu);
         assert!(
             auto.reason.contains("libcuda.so not found"),
             "{}",
@@ -147,10 +173,10 @@ mod tests {
             cufile_compat: false,
         });
         let cuda = decide("cuda", usable.clone()).unwrap();
-        assert_eq!(cuda.name, "cuda");
+        assert_eq!(cuda.name, Backend::Cuda);
         assert_eq!(cuda.gpu.as_ref().map(|g| g.vram_bytes), Some(1 << 30));
         let auto = decide("auto", usable).unwrap();
-        assert_eq!(auto.name, "cuda");
+        assert_eq!(auto.name, Backend::Cuda);
         assert!(auto.reason.contains("Test GPU"), "{}", auto.reason);
         assert_eq!(auto.gpu.as_ref().map(|g| g.vram_bytes), Some(1 << 30));
     }
@@ -160,8 +186,8 @@ mod tests {
         // No GPU in CI: `cuda` must fail with a message, never panic; `auto` is the CPU.
         match choose(Some("cuda")) {
             Err(e) => assert!(e.to_string().contains("--backend cuda: "), "{e}"),
-            Ok(c) => assert_eq!(c.name, "cuda"),
+            Ok(c) => assert_eq!(c.name, Backend::Cuda),
         }
-        assert_eq!(choose(Some("auto")).unwrap().name, "cpu");
+        assert_eq!(choose(Some("auto")).unwrap().name, Backend::Cpu);
     }
 }

@@ -237,15 +237,16 @@ impl Executor for CpuExecutor {
 /// Opens the executor of the plan's backend for passes of up to `batch` tokens, of which
 /// up to `outputs` may return logits (the CPU executor sizes its buffers by them).
 pub fn open(plan: &Plan, batch: usize, outputs: usize) -> Result<Box<dyn Executor>> {
-    match plan.backend.as_str() {
-        "cpu" => Ok(Box::new(CpuExecutor::new(
+    match plan.backend {
+        crate::backend::Backend::Cpu => Ok(Box::new(CpuExecutor::new(
             Model::open(plan)?,
             plan,
             batch,
             outputs,
         ))),
         #[cfg(feature = "cuda")]
-        "cuda" => Ok(Box::new(crate::gpu::GpuExecutor::open(plan)?)),
+        crate::backend::Backend::Cuda => Ok(Box::new(crate::gpu::GpuExecutor::open(plan)?)),
+        #[cfg(not(feature = "cuda"))]
         other => Err(RuntimeError::Internal(format!(
             "backend {other} is not available in this build"
         ))),

@@ -215,7 +215,7 @@ impl Model {
     /// Loads the model the way `plan` says (I/O backend, residency, context, threads).
     pub fn open(plan: &crate::plan::Plan) -> Result<Model> {
         let mut m = Model::with_io(&plan.model_dir, &plan.io_plan, plan.ctx, plan.threads)?;
-        m.set_f32_activations(plan.activations == "f32");
+        m.set_f32_activations(plan.activations == crate::plan::Activations::F32);
         Ok(m)
     }
 

@@ -11,6 +11,19 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::backend::Backend;
+
+/// The matrix products' activations. (Serialized as `q8` / `f32`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activations {
+    /// Quantized to 8 bits per row, integer dot products (fast).
+    Q8,
+    /// Weights dequantized row by row against f32 activations (a float reference's
+    /// arithmetic).
+    F32,
+}
+
 /// Default upper bound of the context when the user does not choose one.
 pub const DEFAULT_MAX_CTX: usize = 4096;
 /// How far past its trained context a benchmark may run a model
@@ -136,7 +149,7 @@ pub struct Plan {
     /// Architecture (`general.architecture`).
     pub arch: String,
     /// Compute backend.
-    pub backend: String,
+    pub backend: crate::backend::Backend,
     /// Why that backend.
     pub backend_reason: String,
     /// Worker threads.
@@ -148,7 +161,7 @@ pub struct Plan {
     /// The CUDA backend's load path and VRAM residency (`None` on the CPU backend).
     pub gpu: Option<crate::gpuplan::GpuPlan>,
     /// Activations of the matrix products: `q8` (8-bit, integer dot products) or `f32`.
-    pub activations: String,
+    pub activations: Activations,
     /// Weight bytes and tensor counts by dtype.
     pub weight_dtypes: BTreeMap<String, DtypeSummary>,
     /// Context length of this run.
@@ -320,7 +333,7 @@ impl Plan {
     /// `backend::choose`, or by a caller that describes a device of its own).
     pub fn build_for(opts: &PlanOptions, backend: crate::backend::BackendChoice) -> Result<Plan> {
         let auto = matches!(opts.backend.as_deref(), None | Some("auto"));
-        if !(auto && backend.name == "cuda") {
+        if !(auto && backend.name == Backend::Cuda) {
             return Self::build_on(opts, backend);
         }
         let device = backend
@@ -441,19 +454,20 @@ impl Plan {
         // f16 halves the cache and what a decode step reads; its perplexity is within 0.001 %
         // of f32's (README); the GPU kernels keep f32
         let kv_dtype = opts.kv_dtype.unwrap_or(match backend.name {
-            "cuda" => KvDtype::F32,
-            _ => KvDtype::F16,
+            Backend::Cuda => KvDtype::F32,
+            Backend::Cpu => KvDtype::F16,
         });
         let activations = match opts.activations.as_deref() {
-            Some(a @ ("q8" | "f32")) => a.to_string(),
+            Some("q8") => Activations::Q8,
+            Some("f32") => Activations::F32,
             Some(other) => return plan_err(format!("--activations {other}: expected q8 or f32")),
-            None if backend.name == "cuda" => "f32".into(),
-            None => "q8".into(),
+            None if backend.name == Backend::Cuda => Activations::F32,
+            None => Activations::Q8,
         };
-        if backend.name == "cuda" {
+        if backend.name == Backend::Cuda {
             // The GPU kernels read weights in their block formats and keep activations and
             // the KV cache in f32.
-            if activations != "f32" {
+            if activations != Activations::F32 {
                 return plan_err(
                     "--activations q8: the CUDA backend keeps activations in f32".into(),
                 );
@@ -624,7 +638,7 @@ impl Plan {
             model_dir: dir.clone(),
             model_name: m.get_str("general.name").ok().map(str::to_string),
             arch: model.arch.clone(),
-            backend: backend.name.into(),
+            backend: backend.name,
             backend_reason: backend.reason,
             threads,
             io: match &gpu {

@@ -220,7 +220,7 @@ fn gpu_flags_on_the_cpu_backend_are_refused_with_the_reason() {
 fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
     use gds_runtime::backend::BackendChoice;
     let gpu_choice = || BackendChoice {
-        name: "cuda",
+        name: gds_runtime::backend::Backend::Cuda,
         reason: "auto: usable GPU found (Test GPU)".into(),
         gpu: Some(offer(false, true).0),
     };
@@ -237,11 +237,11 @@ fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
         .map_err(|e| e.to_string())
     };
     let p = build(None, None).unwrap();
-    assert_eq!(p.backend, "cuda");
+    assert_eq!(p.backend, gds_runtime::backend::Backend::Cuda);
     assert!(p.gpu.is_some());
     // a CPU-only option: the CPU runs it, and the plan says why the GPU did not
     let p = build(Some("q8"), None).unwrap();
-    assert_eq!(p.backend, "cpu");
+    assert_eq!(p.backend, gds_runtime::backend::Backend::Cpu);
     assert!(
         p.backend_reason.contains("Test GPU") && p.backend_reason.contains("--activations q8"),
         "{}",

