@@ -5,7 +5,12 @@ at each depth (-d: tokens already in the KV cache, llama-bench's -d; default 0, 
 gdsrun's peak RSS while generating against weights + KV cache + tokenizer (8x its JSON) + 64 MiB.
 
 Usage: scripts/bench.py [-p 128] [-n 128] [-d 0,2048,8192] [-r 3] [-t THREADS] [--model smollm|gemma]
-Needs: scripts/fetch-model.sh, scripts/fetch-gemma.sh, scripts/build-llama-cpp.sh (run automatically)."""
+                        [--synth SHAPE [--quant Q4_0]]
+--synth adds a model of a real size with random weights (scripts/synth-model.py: llama-1b,
+llama-1.5b, llama-7b, qwen2-7b), its GGUF made by llama.cpp's own converter and quantizer, and run
+by both from that GGUF (`--model SHAPE` to run only it).
+Needs: scripts/fetch-model.sh, scripts/fetch-gemma.sh, scripts/build-llama-cpp.sh (run automatically);
+for --synth, torch, transformers and sentencepiece (see scripts/synth-model.py)."""
 import argparse, json, os, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,6 +22,8 @@ ap.add_argument("-d", default="0,2048,8192", help="depths, a comma list")
 ap.add_argument("-r", type=int, default=3)
 ap.add_argument("-t", type=int, default=os.cpu_count())
 ap.add_argument("--model", help="only the models whose label contains this (smollm, gemma)")
+ap.add_argument("--synth", help="also a random-weight model of this real shape (llama-1b, llama-7b, ...)")
+ap.add_argument("--quant", default="Q4_0", help="llama-quantize type of the --synth model")
 a = ap.parse_args()
 
 subprocess.check_call(["./scripts/build-llama-cpp.sh"])
@@ -25,6 +32,22 @@ MODELS = [  # (label, fetch script, converted dir, chat prompt for the memory ch
     ("SmolLM2-135M-Instruct Q4_1 (llama)", "./scripts/fetch-model.sh", ".cache/smollm2.gds"),
     ("Gemma 3 270M Q4_K_M (gemma3)", "./scripts/fetch-gemma.sh", ".cache/gemma3.gds"),
 ]
+
+
+def synth_gguf(shape=a.synth, quant=a.quant):
+    """The --synth model's GGUF, made on first use (.cache/synth/SHAPE-QUANT.gguf)."""
+    ckpt, gguf = f".cache/synth/{shape}", f".cache/synth/{shape}-{quant}.gguf"
+    if not os.path.exists(gguf):
+        cmd = [sys.executable, "scripts/synth-model.py", shape, ckpt, "--gguf", gguf, "--quant", quant]
+        if os.path.exists(os.path.join(ckpt, "config.json")):
+            cmd.append("--reuse")
+        subprocess.check_call(cmd, stdout=subprocess.DEVNULL)
+    return gguf
+
+
+if a.synth:
+    MODELS.append((f"{a.synth} random weights {a.quant} (llama.cpp's converter and quantizer)",
+                   synth_gguf, f".cache/synth/{a.synth}-{a.quant}-gguf.gds"))
 if a.model:
     MODELS = [m for m in MODELS if a.model.lower() in m[0].lower()]
 
@@ -54,7 +77,7 @@ def target_of(kind, depth):
         return None
     return 1.2 if a.p >= 2048 else 0.8
 for label, fetch, out in MODELS:
-    gguf = subprocess.check_output([fetch], text=True).strip()
+    gguf = fetch() if callable(fetch) else subprocess.check_output([fetch], text=True).strip()
     if not os.path.exists(os.path.join(out, "manifest.gdsm")):
         subprocess.check_call(["target/release/gdsconv", "convert", gguf, out, "--force"])
     # interleave to share whatever else the machine is doing fairly

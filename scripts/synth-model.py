@@ -31,8 +31,10 @@ unpacks into .cache/llama.cpp/src), and `--quant TYPE` quantizes it with that bu
 `llama-quantize` (Q4_0, Q4_K_M, Q8_0, ...), keeping the F16 GGUF beside it. `--reuse` takes
 the checkpoint already in OUT_DIR (made by an earlier run) and only writes the GGUF.
 
-Needs: pip install torch (CPU wheel: --index-url https://download.pytorch.org/whl/cpu)
-transformers safetensors. Prints one JSON line: the shape, parameters, bytes and files.
+Needs: pip install torch (the CPU wheel, --index-url https://download.pytorch.org/whl/cpu, or
+PyPI's: torch==2.9.1 imports here, 2.13.0 does not)
+transformers safetensors; with --gguf also sentencepiece (llama.cpp's converter imports it).
+Prints one JSON line: the shape, parameters, bytes and files.
 """
 import argparse
 import json
