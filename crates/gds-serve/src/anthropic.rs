@@ -27,6 +27,7 @@ use crate::api::{
     chat_prompt, constrain, finish, job, parse, random_seed, sse, submit, ApiError, ChatBody,
     ChatMessage, Common, End, Gen, Job, Kind, Piece, Stop,
 };
+use crate::error::bad;
 use crate::ServerState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -59,10 +60,6 @@ struct MessagesBody {
     /// is ignored).
     #[serde(default)]
     output_config: Option<Value>,
-}
-
-fn bad(message: impl Into<String>, param: &'static str) -> ApiError {
-    ApiError::bad(message).param(param)
 }
 
 /// The text of a `system` value or a `tool_result`'s `content`: a string, or `text` blocks.

@@ -83,6 +83,11 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// 400 naming the request field at fault.
+pub(crate) fn bad(message: impl Into<String>, param: &'static str) -> ApiError {
+    ApiError::bad(message).param(param)
+}
+
 /// A seed for a request that names none (and for tool call ids).
 pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};

@@ -15,6 +15,7 @@ use crate::api::{
     chat_job, complete, constrain, finish, now_secs, parse, random_seed, sse, submit, ApiError,
     ChatBody, ChatMessage, Common, End, Gen, Job, Kind, Piece,
 };
+use crate::error::bad;
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -47,10 +48,6 @@ struct ResponsesBody {
     max_output_tokens: Option<i64>,
     #[serde(default)]
     previous_response_id: Option<Value>,
-}
-
-fn bad(message: impl Into<String>, param: &'static str) -> ApiError {
-    ApiError::bad(message).param(param)
 }
 
 /// The text of a message item's `content`: a string, or parts of type `input_text`,

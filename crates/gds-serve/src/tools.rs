@@ -9,6 +9,7 @@
 //! `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, calls separated
 //! by `;`), Mistral (`[TOOL_CALLS]` then a JSON array of `{"name", "arguments"}`).
 
+use crate::error::bad;
 use crate::error::ApiError;
 use gds_runtime::chat::ChatTemplate;
 use gds_runtime::Grammar;
@@ -74,10 +75,6 @@ pub struct Tools {
     pub choice: Choice,
     /// `parallel_tool_calls` (default true): more than one call per reply.
     parallel: bool,
-}
-
-fn bad(msg: impl Into<String>, param: &'static str) -> ApiError {
-    ApiError::bad(msg).param(param)
 }
 
 impl Tools {
