@@ -29,6 +29,21 @@ pub const MAX_RENDER_BYTES: usize = 64 << 20;
 /// bounded run is refused.
 pub const MAX_ABANDONED: usize = 8;
 
+/// The bound in force ([`MAX_RENDER_BYTES`] unless [`set_bound`] changed it).
+static BOUND: AtomicUsize = AtomicUsize::new(MAX_RENDER_BYTES);
+
+/// Sets the bytes a bounded run may hold (at least 1 MiB): lower it where the process's
+/// memory is capped as a whole (the fuzz targets: [`MAX_ABANDONED`] parked runs must fit
+/// under their cap beside the work).
+pub fn set_bound(bytes: usize) {
+    BOUND.store(bytes.max(1 << 20), Ordering::Relaxed);
+}
+
+/// The bytes a bounded run may hold.
+pub fn bound() -> usize {
+    BOUND.load(Ordering::Relaxed)
+}
+
 /// The bytes one bounded thread holds, and whether it went over.
 #[derive(Default)]
 struct Budget {
@@ -57,11 +72,11 @@ fn budget() -> Option<&'static Budget> {
 }
 
 /// Counts `n` more bytes held by this thread; parks it for good (after flagging its budget)
-/// when that takes a bounded run past [`MAX_RENDER_BYTES`].
+/// when that takes a bounded run past its [`bound`].
 fn charge(n: usize) {
     let Some(b) = budget() else { return };
     let live = b.live.fetch_add(n, Ordering::Relaxed).saturating_add(n);
-    if live > MAX_RENDER_BYTES {
+    if live > bound() {
         b.over.store(true, Ordering::Release);
         // (sleeping allocates nothing; the waiting caller sees `over` and gives up on us)
         loop {
@@ -145,7 +160,7 @@ impl std::fmt::Display for RunError {
             RunError::Memory => write!(
                 f,
                 "it held more than {} MiB of values at once (a string or list grown without bound) and was stopped",
-                MAX_RENDER_BYTES >> 20
+                bound() >> 20
             ),
             RunError::Exhausted => write!(
                 f,

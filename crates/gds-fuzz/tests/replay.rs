@@ -32,6 +32,8 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
 /// input that panicked, when the target has no seeds, and when no seed is accepted (the
 /// entry point no longer reaches past the first check, e.g. after a format change).
 fn replay(target: &str) {
+    // as the fuzz targets (gds_fuzz::init_fuzzing): parked template renders fit under the cap
+    gds_format::render_memory::set_bound(gds_fuzz::MEMORY_CAP / 16);
     let seeds = files_in(&fuzz_dir().join("seeds").join(target));
     assert!(
         !seeds.is_empty(),
