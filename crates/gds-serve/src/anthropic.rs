@@ -93,15 +93,6 @@ fn blocks_text(v: Option<&Value>, param: &'static str) -> Result<String, ApiErro
     }
 }
 
-fn plain(role: &str, content: String) -> ChatMessage {
-    ChatMessage {
-        role: role.to_string(),
-        content: Some(Value::String(content)),
-        tool_calls: None,
-        tool_call_id: None,
-    }
-}
-
 /// Appends a text message, joined to the previous one when it is a plain message of the
 /// same role (the Messages API combines consecutive turns of one role; many chat templates
 /// require roles to alternate).
@@ -117,7 +108,7 @@ fn push_text(out: &mut Vec<ChatMessage>, role: &str, text: String) {
             }
         }
     }
-    out.push(plain(role, text));
+    out.push(ChatMessage::text(role, text));
 }
 
 /// `system` and `messages` as chat messages, and whether the last one is an assistant's
@@ -129,7 +120,7 @@ fn chat_messages(
     let mut out = Vec::new();
     let system = blocks_text(system, "system")?;
     if !system.is_empty() {
-        out.push(plain("system", system));
+        out.push(ChatMessage::text("system", system));
     }
     let list = messages
         .as_array()
@@ -203,12 +194,7 @@ fn chat_messages(
                     if b.get("is_error") == Some(&Value::Bool(true)) {
                         result.insert_str(0, "Error: ");
                     }
-                    out.push(ChatMessage {
-                        role: "tool".into(),
-                        content: Some(Value::String(result)),
-                        tool_calls: None,
-                        tool_call_id: Some(id.to_string()),
-                    });
+                    out.push(ChatMessage::tool_result(id.to_string(), result));
                 }
                 ("tool_use", _) | ("tool_result", _) | ("thinking" | "redacted_thinking", _) => {
                     return Err(bad(

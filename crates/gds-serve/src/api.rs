@@ -46,6 +46,26 @@ pub(crate) struct ChatMessage {
     pub(crate) tool_call_id: Option<String>,
 }
 
+impl ChatMessage {
+    /// A message of plain text from `role`.
+    pub(crate) fn text(role: &str, content: String) -> ChatMessage {
+        ChatMessage {
+            role: role.to_string(),
+            content: Some(Value::String(content)),
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+
+    /// A tool's result, answering the call `call_id`.
+    pub(crate) fn tool_result(call_id: String, content: String) -> ChatMessage {
+        ChatMessage {
+            tool_call_id: Some(call_id),
+            ..ChatMessage::text("tool", content)
+        }
+    }
+}
+
 /// The fields both endpoints share; unknown fields are ignored like OpenAI's SDKs expect.
 #[derive(Deserialize, Debug, Default, Clone)]
 pub(crate) struct Common {

@@ -81,25 +81,16 @@ fn content_text(content: Option<&Value>) -> Result<String, ApiError> {
     }
 }
 
-fn message(role: &str, content: String) -> ChatMessage {
-    ChatMessage {
-        role: role.to_string(),
-        content: Some(Value::String(content)),
-        tool_calls: None,
-        tool_call_id: None,
-    }
-}
-
 /// `instructions` and `input` as chat messages. Consecutive `function_call` items become one
 /// assistant message with several calls (parallel calls), as chat templates expect.
 fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessage>, ApiError> {
     let mut out = Vec::new();
     if let Some(i) = instructions {
-        out.push(message("system", i));
+        out.push(ChatMessage::text("system", i));
     }
     let items = match input {
         Value::String(s) => {
-            out.push(message("user", s.clone()));
+            out.push(ChatMessage::text("user", s.clone()));
             return Ok(out);
         }
         Value::Array(items) => items,
@@ -127,7 +118,7 @@ fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessa
                 if !matches!(role, "user" | "system" | "developer" | "assistant") {
                     return Err(bad(format!("unknown role {role:?}"), "input"));
                 }
-                out.push(message(role, content_text(item.get("content"))?));
+                out.push(ChatMessage::text(role, content_text(item.get("content"))?));
             }
             Some("function_call") => {
                 let call = json!({
@@ -154,12 +145,7 @@ fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessa
                     Some(Value::String(s)) => s.clone(),
                     o => content_text(o)?,
                 };
-                out.push(ChatMessage {
-                    role: "tool".into(),
-                    content: Some(Value::String(output)),
-                    tool_calls: None,
-                    tool_call_id: Some(field("call_id")?),
-                });
+                out.push(ChatMessage::tool_result(field("call_id")?, output));
             }
             Some(other) => {
                 return Err(bad(
