@@ -52,6 +52,9 @@ fn run(
         ctx,
         rope: Vec::new(),
         verify: true,
+        max_batch: gds_cuda::plan::MAX_BATCH,
+        kv: None,
+        max_outputs: None,
     };
     // The model's graph and RoPE tables (gds-runtime's, as `gdsrun --backend cuda` opens it).
     let open = |opts: ExecOptions| -> Result<GpuModel, Box<dyn std::error::Error>> {

@@ -16,7 +16,7 @@ extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w, 
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 
-// Rotary embedding, in place on x[t, head, head_dim] for token t at position pos0 + t, of
+// Rotary embedding, in place on x[t, head, head_dim] for token t at position pos[t], of
 // the first 2 * half dimensions of each head (partial rotary: the rest pass unchanged).
 // neox = 0: ggml's "normal" mode, adjacent pairs (2i, 2i+1) (llama's Q/K rows are stored
 // permuted for it); neox = 1: the halves (i, i + half) (Gemma, Qwen, Phi; HF's rotate_half).
@@ -24,10 +24,10 @@ extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w, 
 // RopeTable does (scaling, LongRoPE factors included). Grid ntok, block BLOCK_THREADS.
 extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ cos_t,
                                 const float* __restrict__ sin_t, int n_heads, int head_dim,
-                                int half, int neox, int pos0) {
+                                int half, int neox, const int* __restrict__ pos) {
     int t = blockIdx.x;
-    const float* c = cos_t + (unsigned long long)(pos0 + t) * half;
-    const float* s = sin_t + (unsigned long long)(pos0 + t) * half;
+    const float* c = cos_t + (unsigned long long)pos[t] * half;
+    const float* s = sin_t + (unsigned long long)pos[t] * half;
     float* xt = x + (unsigned long long)t * n_heads * head_dim;
     for (int p = threadIdx.x; p < n_heads * half; p += blockDim.x) {
         int h = p / half, i = p % half;
@@ -39,31 +39,66 @@ extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__
     }
 }
 
-// Causal attention of ntok queries (positions pos0 .. pos0+ntok-1) against an f32 KV cache
-// of `rows` rows of [n_kv_heads * head_dim], position p at row p % rows (rows = n_ctx, or
-// a sliding-window layer's ring), already holding every position the queries see.
-// q, out: [t][n_heads * head_dim]. att: scratch of [ntok * n_heads][n_ctx], indexed by
-// position. Grouped-query: head h reads kv head h / (n_heads / n_kv_heads). Scores are
-// q·k * scale, then softcap * tanh(s / softcap) where softcap > 0 (Gemma 2); window > 0: a
-// query at position p sees only keys above p - window (sliding-window layers).
-// Grid (n_heads, ntok), block BLOCK_THREADS.
-extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ k,
-                                     const float* __restrict__ v, float* __restrict__ att,
+// The KV cache is paged: a layer's keys (and values) are blocks of `block` rows of
+// [n_kv_heads * head_dim], and each sequence of the pass has a table of block numbers
+// (`tables + seq * max_blocks`, seq = the token's row of the pass's tables). Position p of a
+// sequence is row p % block of block table[p / block], or with ring > 0 (a sliding-window
+// layer's ring of `ring` blocks per sequence) table[(p / block) % ring]. A single sequence's
+// contiguous cache is one block of the whole context (or of the ring's rows, ring = 1).
+__device__ __forceinline__ unsigned long long kv_row(const int* table, int p, int block,
+                                                     int ring) {
+    int i = p / block;
+    if (ring > 0) i %= ring;
+    return (unsigned long long)table[i] * block + p % block;
+}
+
+// Stores the pass's new keys and values (k, v: [t][kv_dim]) at their tokens' rows of the
+// caches kc, vc. Grid ntok, block BLOCK_THREADS.
+extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
+                                    float* __restrict__ kc, float* __restrict__ vc, int kv_dim,
+                                    const int* __restrict__ pos, const int* __restrict__ seq,
+                                    const int* __restrict__ tables, int max_blocks, int block,
+                                    int ring) {
+    int t = blockIdx.x;
+    unsigned long long row =
+        kv_row(tables + (unsigned long long)seq[t] * max_blocks, pos[t], block, ring);
+    const float* ks = k + (unsigned long long)t * kv_dim;
+    const float* vs = v + (unsigned long long)t * kv_dim;
+    float* kd = kc + row * kv_dim;
+    float* vd = vc + row * kv_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        kd[i] = ks[i];
+        vd[i] = vs[i];
+    }
+}
+
+// Causal attention of ntok queries, token t at position pos[t] of sequence seq[t], against
+// the paged caches kc, vc (see kv_row) that already hold every position the queries see
+// (kv_store ran first). q, out: [t][n_heads * head_dim]. att: scratch of
+// [ntok * n_heads][n_ctx], indexed by position. Grouped-query: head h reads kv head
+// h / (n_heads / n_kv_heads). Scores are q·k * scale, then softcap * tanh(s / softcap) where
+// softcap > 0 (Gemma 2); window > 0: a query at position p sees only keys above p - window
+// (sliding-window layers). Grid (n_heads, ntok), block BLOCK_THREADS.
+extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ kc,
+                                     const float* __restrict__ vc, float* __restrict__ att,
                                      float* __restrict__ out, int n_heads, int n_kv_heads,
-                                     int head_dim, int pos0, int n_ctx, int rows, float scale,
+                                     int head_dim, const int* __restrict__ pos,
+                                     const int* __restrict__ seq, const int* __restrict__ tables,
+                                     int max_blocks, int block, int ring, int n_ctx, float scale,
                                      int window, float softcap) {
     __shared__ float scratch[32];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_heads / n_kv_heads);
     int kv_stride = n_kv_heads * head_dim;
-    int n_pos = pos0 + t + 1;
+    int n_pos = pos[t] + 1;
     int first = (window > 0 && n_pos > window) ? n_pos - window : 0;
+    const int* table = tables + (unsigned long long)seq[t] * max_blocks;
     const float* qh = q + ((unsigned long long)t * n_heads + h) * head_dim;
     float* a = att + ((unsigned long long)t * n_heads + h) * n_ctx;
 
     float mx = -3.402823466e38f;
     for (int p = first + threadIdx.x; p < n_pos; p += blockDim.x) {
-        const float* kp = k + (unsigned long long)(p % rows) * kv_stride + kvh * head_dim;
+        const float* kp = kc + kv_row(table, p, block, ring) * kv_stride + kvh * head_dim;
         float s = 0.0f;
         for (int d = 0; d < head_dim; d++) s += qh[d] * kp[d];
         s *= scale;
@@ -83,12 +118,22 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     __syncthreads();  // every a[p] written before any thread reads them all
     float* oh = out + ((unsigned long long)t * n_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        const float* vp = v + kvh * head_dim + d;
+        const float* vp = vc + kvh * head_dim + d;
         float acc = 0.0f;
         for (int p = first; p < n_pos; p++)
-            acc += a[p] * vp[(unsigned long long)(p % rows) * kv_stride];
+            acc += a[p] * vp[kv_row(table, p, block, ring) * kv_stride];
         oh[d] = acc * inv;
     }
+}
+
+// dst[r, :] = src[rows[r], :] for nrows rows of n floats (the output head's positions of a
+// pass). Grid nrows, block BLOCK_THREADS.
+extern "C" __global__ void gather_rows(float* __restrict__ dst, const float* __restrict__ src,
+                                       const int* __restrict__ rows, int n) {
+    int r = blockIdx.x;
+    const float* s = src + (unsigned long long)rows[r] * n;
+    float* d = dst + (unsigned long long)r * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
 
 // gate[i] = silu(gate[i]) * up[i]. Grid ceil(n / BLOCK_THREADS).

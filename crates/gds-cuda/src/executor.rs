@@ -33,7 +33,7 @@
 //! SGEMM. The executor returns logits; sampling stays with the caller (the CPU backend's
 //! sampler).
 
-use crate::forward::Device;
+use crate::forward::{Device, Heads, KvPages};
 use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS};
 use crate::plan::{LayerMeta, Layout};
 use crate::stream::{BufKind, StreamOptions, Streamer, Vram};
@@ -86,6 +86,13 @@ pub struct ExecOptions {
     /// Check every layer file's content hash before its bytes reach the device (on the
     /// host, once per file identity; see `gds_io::verify`). `false` with `--no-verify`.
     pub verify: bool,
+    /// Most tokens of one pass ([`crate::plan::MAX_BATCH`] by default).
+    pub max_batch: usize,
+    /// The KV cache: `None` for one sequence; a paged cache shared by several sequences
+    /// (the server) otherwise.
+    pub kv: Option<crate::plan::KvSpec>,
+    /// Most tokens of a pass that get logits (`None`: up to 16).
+    pub max_outputs: Option<usize>,
 }
 
 /// The compiled kernels and the streams they run on.
@@ -266,51 +273,92 @@ impl Device for Gpu {
         head_dim: i32,
         half: i32,
         neox: bool,
-        pos0: i32,
+        pos: u64,
         ntok: i32,
     ) -> Result<(), GpuError> {
         let c = cfg((ntok as u32, 1), (BLOCK_THREADS, 1));
         let neox = neox as i32;
-        launch!(self, "rope", c, x, cos, sin, n_heads, head_dim, half, neox, pos0)
+        launch!(self, "rope", c, x, cos, sin, n_heads, head_dim, half, neox, pos)
+    }
+    fn kv_store(
+        &mut self,
+        k: u64,
+        v: u64,
+        kc: u64,
+        vc: u64,
+        kv_dim: i32,
+        ntok: i32,
+        pages: &KvPages,
+    ) -> Result<(), GpuError> {
+        let c = cfg((ntok as u32, 1), (BLOCK_THREADS, 1));
+        let p = *pages;
+        launch!(
+            self,
+            "kv_store",
+            c,
+            k,
+            v,
+            kc,
+            vc,
+            kv_dim,
+            p.pos,
+            p.seq,
+            p.tables,
+            p.max_blocks,
+            p.block,
+            p.ring
+        )
     }
     fn attention(
         &mut self,
         q: u64,
-        k: u64,
-        v: u64,
+        kc: u64,
+        vc: u64,
         att: u64,
         out: u64,
-        n_heads: i32,
-        n_kv_heads: i32,
-        head_dim: i32,
-        pos0: i32,
+        heads: Heads,
         ntok: i32,
         n_ctx: i32,
-        rows: i32,
-        scale: f32,
+        pages: &KvPages,
         window: i32,
         softcap: f32,
     ) -> Result<(), GpuError> {
-        let c = cfg((n_heads as u32, ntok as u32), (BLOCK_THREADS, 1));
+        let c = cfg((heads.n_heads as u32, ntok as u32), (BLOCK_THREADS, 1));
+        let p = *pages;
         launch!(
             self,
             "attention",
             c,
             q,
-            k,
-            v,
+            kc,
+            vc,
             att,
             out,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            pos0,
+            heads.n_heads,
+            heads.n_kv_heads,
+            heads.head_dim,
+            p.pos,
+            p.seq,
+            p.tables,
+            p.max_blocks,
+            p.block,
+            p.ring,
             n_ctx,
-            rows,
-            scale,
+            heads.scale,
             window,
             softcap
         )
+    }
+    fn gather_rows(
+        &mut self,
+        dst: u64,
+        src: u64,
+        rows: u64,
+        n: i32,
+        nrows: i32,
+    ) -> Result<(), GpuError> {
+        let c = cfg((nrows as u32, 1), (BLOCK_THREADS, 1));
+        launch!(self, "gather_rows", c, dst, src, rows, n)
     }
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
@@ -648,6 +696,19 @@ impl Vram for CudaVram {
         stream.synchronize().map_err(cuda("upload"))
     }
 
+    fn upload_i32(&mut self, dst: u64, src: &[i32]) -> Result<(), GpuError> {
+        let stream = self.gpu.compute.clone();
+        let buf = find_buf(&mut self.bufs, dst)?;
+        if buf.len() < src.len() * 4 {
+            return Err(model_err("upload larger than its buffer"));
+        }
+        // SAFETY: as in `upload`: a live device buffer at least as large as `src`, the
+        // stream synchronized before `src` can go away.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, stream.cu_stream()) }
+            .map_err(cuda("host-to-device copy"))?;
+        stream.synchronize().map_err(cuda("upload"))
+    }
+
     fn ready(&mut self) -> Result<(), GpuError> {
         // Every allocation (and its zero fill) done before the first read lands.
         self.gpu.ctx.synchronize().map_err(cuda("allocations"))
@@ -785,7 +846,9 @@ impl Streamer<CudaVram> {
             vram_budget: opts.vram_budget,
             ctx: opts.ctx,
             rope: opts.rope.clone(),
-            max_batch: crate::plan::MAX_BATCH,
+            max_batch: opts.max_batch,
+            kv: opts.kv.clone(),
+            max_outputs: opts.max_outputs,
         };
         Streamer::with_layout(layout, &stream_opts, vram, graph)
     }

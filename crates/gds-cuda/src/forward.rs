@@ -14,7 +14,7 @@
 //! functions below document.
 
 use crate::kernels::kernel_suffix;
-use crate::plan::{Layout, TensorMeta};
+use crate::plan::{KvGeo, Layout, TensorMeta};
 use crate::GpuError;
 
 /// Prefill batches at least this long use [`Device::gemm`] on dequantized tiles (where the
@@ -48,8 +48,9 @@ pub trait Device {
         ntok: i32,
         eps: f32,
     ) -> Result<(), GpuError>;
-    /// `rope` in place on `ntok` rows of `n_heads × head_dim`: the first `2·half`
-    /// dimensions of each head, adjacent pairs or (`neox`) halves; tables `[pos][half]`.
+    /// `rope` in place on `ntok` rows of `n_heads × head_dim`, row t at position `pos[t]`
+    /// (`pos`: i32 per token): the first `2·half` dimensions of each head, adjacent pairs or
+    /// (`neox`) halves; tables `[pos][half]`.
     fn rope(
         &mut self,
         x: u64,
@@ -59,29 +60,48 @@ pub trait Device {
         head_dim: i32,
         half: i32,
         neox: bool,
-        pos0: i32,
+        pos: u64,
         ntok: i32,
     ) -> Result<(), GpuError>;
-    /// `attention` of `ntok` queries at `pos0..` over the cache of `rows` rows (position p
-    /// at row p % rows); `att` holds `n_ctx` scores per query head; `window` 0 and
-    /// `softcap` 0 for none.
+    /// `kv_store`: the `ntok` new rows of `k`, `v` (`kv_dim` floats each) into the paged
+    /// caches `kc`, `vc` at each token's row ([`KvPages`]).
+    fn kv_store(
+        &mut self,
+        k: u64,
+        v: u64,
+        kc: u64,
+        vc: u64,
+        kv_dim: i32,
+        ntok: i32,
+        pages: &KvPages,
+    ) -> Result<(), GpuError>;
+    /// `attention` of `ntok` queries, token t at its position of its sequence
+    /// ([`KvPages`]), over the paged caches `kc`, `vc`, which hold every position the
+    /// queries see; `att` holds `n_ctx` scores per query head; `window` 0 and `softcap` 0
+    /// for none.
     fn attention(
         &mut self,
         q: u64,
-        k: u64,
-        v: u64,
+        kc: u64,
+        vc: u64,
         att: u64,
         out: u64,
-        n_heads: i32,
-        n_kv_heads: i32,
-        head_dim: i32,
-        pos0: i32,
+        heads: Heads,
         ntok: i32,
         n_ctx: i32,
-        rows: i32,
-        scale: f32,
+        pages: &KvPages,
         window: i32,
         softcap: f32,
+    ) -> Result<(), GpuError>;
+    /// `gather_rows`: `dst[r] = src[rows[r]]` for `nrows` rows of `n` floats (`rows`: i32
+    /// each).
+    fn gather_rows(
+        &mut self,
+        dst: u64,
+        src: u64,
+        rows: u64,
+        n: i32,
+        nrows: i32,
     ) -> Result<(), GpuError>;
     /// `swiglu`: `gate = silu(gate) * up` over `n` floats.
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
@@ -100,6 +120,42 @@ pub trait Device {
     /// Column-major SGEMM `C[m×n] = op(A)·B` with `op(A) = Aᵀ` (A is `k×m`, lda = k), B `k×n`
     /// (ldb = k), C ldc = m. `false` when the device has no GEMM (the caller falls back).
     fn gemm(&mut self, a: u64, b: u64, c: u64, m: i32, n: i32, k: i32) -> Result<bool, GpuError>;
+}
+
+/// Attention's head geometry: `n_heads` query heads of `head_dim`, grouped over
+/// `n_kv_heads` key/value heads, scores scaled by `scale`.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    /// Query heads.
+    pub n_heads: i32,
+    /// Key/value heads (divides `n_heads`).
+    pub n_kv_heads: i32,
+    /// Dimensions per head.
+    pub head_dim: i32,
+    /// Score scale (usually `1/√head_dim`).
+    pub scale: f32,
+}
+
+/// How the tokens of a pass find their rows of one block's paged KV cache (the kernels'
+/// `kv_row`): token t is at position `pos[t]` of the sequence whose block table is row
+/// `seq[t]` of `tables` (`max_blocks` i32 entries per sequence); position p is row
+/// `p % block` of block `table[p / block]`, or with `ring > 0` of block
+/// `table[(p / block) % ring]` (a sliding-window block's ring). Addresses are device
+/// buffers of i32.
+#[derive(Clone, Copy, Debug)]
+pub struct KvPages {
+    /// Position of each token.
+    pub pos: u64,
+    /// Each token's row of `tables`.
+    pub seq: u64,
+    /// Block tables, `max_blocks` per sequence of the pass.
+    pub tables: u64,
+    /// Entries per sequence in `tables`.
+    pub max_blocks: i32,
+    /// Positions per block.
+    pub block: i32,
+    /// Ring length in table entries (0: no ring).
+    pub ring: i32,
 }
 
 /// Activation and scratch buffers (f32), sized for `max_tokens` tokens and `ctx` positions:
@@ -145,11 +201,19 @@ pub struct Pass<'a> {
     pub layer_base: &'a [u64],
     /// Scratch buffers.
     pub s: Scratch,
-    /// Per block: key and value caches, `kv_rows[b] × kv_dim` f32 each; position p is at
-    /// row `p % kv_rows[b]` (a sliding-window block's ring; `kv_rows[b] == ctx` otherwise).
+    /// Per block: key and value caches, `geo[b].blocks × geo[b].block × kv_dim` f32 each.
     pub kv: &'a [(u64, u64)],
-    /// Per block: rows of its key and value caches.
-    pub kv_rows: &'a [usize],
+    /// Per block: how its caches are paged ([`KvGeo`]).
+    pub geo: &'a [KvGeo],
+    /// The pass's tokens: position (i32 each), row of the block tables (i32 each).
+    pub pos: u64,
+    /// Each token's row of the block tables (i32 each).
+    pub seq: u64,
+    /// Per table of the model's [`KvGeo`]s: the pass's block tables (i32, `max_blocks[t]`
+    /// per sequence).
+    pub tables: &'a [u64],
+    /// Entries per sequence of each table.
+    pub max_blocks: &'a [usize],
     /// RoPE tables `ctx × rope_dims/2` (cos, sin): which one a block uses is the graph's
     /// (e.g. Gemma 3's window layers have their own base).
     pub ropes: &'a [(u64, u64)],
@@ -164,14 +228,13 @@ pub const F32: u64 = 4;
 /// head: the model's graph (implemented by `gds_runtime`'s CUDA ops over the architecture's
 /// graph file), called once per block and token batch, with the block's weights in VRAM.
 pub trait BlockGraph: Send {
-    /// Block `b` on the `ntok` tokens at positions `pos0..` held in `pass.s.x`.
+    /// Block `b` on the `ntok` tokens held in `pass.s.x`, at the positions of `pass.pos`.
     fn block(
         &self,
         pass: &Pass<'_>,
         dev: &mut dyn Device,
         b: usize,
         ntok: usize,
-        pos0: usize,
     ) -> Result<(), GpuError>;
     /// Factor applied to the token embeddings (Gemma: √n_embd).
     fn embed_scale(&self) -> Option<f32>;
@@ -187,6 +250,27 @@ impl Pass<'_> {
             .get(name)
             .copied()
             .ok_or_else(|| GpuError::Model(format!("missing tensor {name}")))
+    }
+
+    /// How the pass's tokens find their rows of block `b`'s KV cache.
+    pub fn pages(&self, b: usize) -> Result<KvPages, GpuError> {
+        let g = self
+            .geo
+            .get(b)
+            .ok_or_else(|| GpuError::Model(format!("block {b} has no KV cache")))?;
+        let (&tables, &max_blocks) = self
+            .tables
+            .get(g.table)
+            .zip(self.max_blocks.get(g.table))
+            .ok_or_else(|| GpuError::Model(format!("block {b}: no block table {}", g.table)))?;
+        Ok(KvPages {
+            pos: self.pos,
+            seq: self.seq,
+            tables,
+            max_blocks: max_blocks as i32,
+            block: g.block as i32,
+            ring: g.ring as i32,
+        })
     }
 
     /// Where `t`'s bytes are now.
@@ -254,13 +338,15 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// Final norm and output head for the last `rows` of `ntok` tokens (at most
-    /// [`Layout::logit_rows`] of the pass), into `s.logits` (`rows × vocab`, in position
-    /// order), capped by `softcap` where given.
+    /// Final norm and output head for the `rows` tokens of the pass listed in `outputs`
+    /// (a device buffer of i32 token indices; at most [`Layout::logit_rows`] of the pass),
+    /// into `s.logits` (`rows × vocab`, in the order listed), capped by `softcap` where
+    /// given. The rows are gathered into `s.proj` first.
     pub fn head(
         &self,
         dev: &mut dyn Device,
         ntok: usize,
+        outputs: u64,
         rows: usize,
         softcap: Option<f32>,
     ) -> Result<(), GpuError> {
@@ -269,14 +355,14 @@ impl Pass<'_> {
                 "logits of {rows} positions of a pass of {ntok}"
             )));
         }
-        let n = self.layout.shape.n_embd as u64;
+        let n = self.layout.shape.n_embd as i32;
         let norm = self.tensor("output_norm.weight")?;
-        let first = self.s.x + (ntok - rows) as u64 * n * F32;
+        dev.gather_rows(self.s.proj, self.s.x, outputs, n, rows as i32)?;
         dev.rmsnorm(
-            first,
+            self.s.proj,
             self.addr(&norm)?,
             self.s.xb,
-            n as i32,
+            n,
             rows as i32,
             self.layout.shape.eps,
         )?;

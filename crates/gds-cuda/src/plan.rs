@@ -295,43 +295,158 @@ impl Layout {
     /// Bytes of the KV cache (f32 keys and values of every block) for `ctx` positions,
     /// window blocks keeping their rings ([`Layout::kv_rows`]).
     pub fn kv_bytes(&self, ctx: usize, batch: usize) -> usize {
-        let kv_dim = self.shape.n_kv_heads * self.shape.head_dim;
-        let rows: usize = (0..self.shape.n_layers)
-            .map(|b| self.kv_rows(ctx, batch, b))
-            .sum();
-        2 * rows * kv_dim * 4
+        self.single_sequence_kv(ctx, batch).bytes(self.kv_dim())
+    }
+
+    /// Floats of one key (or value) row: `n_kv_heads × head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.shape.n_kv_heads * self.shape.head_dim
+    }
+
+    /// The KV cache of one sequence of `ctx` positions with passes of up to `batch`: each
+    /// block's cache is one block of [`Layout::kv_rows`] rows (the whole context, or a
+    /// window block's ring, read as a ring of one table entry), found through one table
+    /// holding block 0.
+    pub fn single_sequence_kv(&self, ctx: usize, batch: usize) -> KvSpec {
+        let layers = (0..self.shape.n_layers)
+            .map(|b| {
+                let rows = self.kv_rows(ctx, batch, b);
+                KvGeo {
+                    block: rows.max(1),
+                    blocks: 1,
+                    ring: usize::from(rows < ctx),
+                    table: 0,
+                }
+            })
+            .collect();
+        KvSpec {
+            layers,
+            max_blocks: vec![1],
+            max_seqs: 1,
+        }
     }
 
     /// Bytes of VRAM besides weights: KV cache (f32) and scratch, for `ctx` positions and
-    /// passes of up to `batch` positions.
+    /// passes of up to `batch` positions of one sequence.
     pub fn overhead_bytes(&self, ctx: usize, batch: usize) -> usize {
-        let s = &self.shape;
-        let kv_dim = s.n_kv_heads * s.head_dim;
         let batch = batch.min(ctx).max(1);
+        let kv = self.single_sequence_kv(ctx, batch);
+        self.overhead_bytes_with(ctx, batch, Self::logit_rows(batch), &kv)
+    }
+
+    /// Bytes of VRAM besides weights for passes of up to `batch` positions of which up to
+    /// `outputs` get logits, over the KV cache `kv`: the cache (f32), scratch, and the
+    /// pass's tables.
+    pub fn overhead_bytes_with(
+        &self,
+        ctx: usize,
+        batch: usize,
+        outputs: usize,
+        kv: &KvSpec,
+    ) -> usize {
+        let s = &self.shape;
+        let kv_dim = self.kv_dim();
         let widest = s.n_embd.max(s.n_ff).max(s.n_heads * s.head_dim);
         // x, proj, xb, q, attn; k, v; gate, up; scores; logit rows; the GEMM tile; two RoPE
-        // tables (global and window layers), cos and sin
+        // tables (global and window layers), cos and sin; positions, table rows, outputs
+        // and the block tables (i32)
         let scratch = batch * (2 * s.n_embd + widest + 2 * s.n_heads * s.head_dim)
             + batch * 2 * kv_dim
             + batch * 2 * s.n_ff
             + batch * s.n_heads * ctx
-            + Self::logit_rows(batch) * s.vocab
+            + outputs * s.vocab
             + self.max_weight_elements()
-            + 4 * ctx * (s.rope_dims / 2);
-        self.kv_bytes(ctx, batch) + scratch * 4
+            + 4 * ctx * (s.rope_dims / 2)
+            + 2 * batch
+            + outputs
+            + kv.max_seqs * kv.max_blocks.iter().sum::<usize>();
+        kv.bytes(kv_dim) + scratch * 4
     }
 
-    /// The VRAM plan for `budget` bytes, `ctx` positions and passes of up to `batch`.
+    /// The VRAM plan for `budget` bytes, `ctx` positions and passes of up to `batch` of
+    /// one sequence.
     pub fn plan(&self, ctx: usize, batch: usize, budget: usize) -> Result<VramPlan, GpuError> {
+        self.plan_with(self.overhead_bytes(ctx, batch), budget)
+    }
+
+    /// The VRAM plan for `budget` bytes with `overhead` bytes of KV cache and scratch
+    /// ([`Layout::overhead_bytes_with`]).
+    pub fn plan_with(&self, overhead: usize, budget: usize) -> Result<VramPlan, GpuError> {
         let sizes: Vec<usize> = self.layers.iter().map(|l| l.size).collect();
         plan_vram(
             &sizes,
             self.embed,
             self.head,
             &self.blocks,
-            self.overhead_bytes(ctx, batch),
+            overhead,
             budget,
         )
+    }
+}
+
+/// How one block's KV cache is laid out in VRAM and how a pass's tokens find their rows
+/// (kernels/ops.cu `kv_row`): `blocks` blocks of `block` positions for its keys (and as many
+/// for its values), position p of a sequence in block `table[p / block]` of the sequence's
+/// row of the pass's table `table`, or with `ring > 0` in `table[(p / block) % ring]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGeo {
+    /// Positions per block.
+    pub block: usize,
+    /// Blocks of keys (and of values) this block's cache holds.
+    pub blocks: usize,
+    /// Ring length in table entries (0: the table covers the whole context).
+    pub ring: usize,
+    /// Which of the pass's block tables the block reads.
+    pub table: usize,
+}
+
+/// A model's KV cache in VRAM: every block's geometry, the block tables a pass hands
+/// over, and how many sequences one pass may hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvSpec {
+    /// Per transformer block.
+    pub layers: Vec<KvGeo>,
+    /// Entries per sequence of each table.
+    pub max_blocks: Vec<usize>,
+    /// Sequences one pass may hold.
+    pub max_seqs: usize,
+}
+
+impl KvSpec {
+    /// Bytes of the keys and values (f32) of every block, rows of `kv_dim` floats.
+    pub fn bytes(&self, kv_dim: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|g| 2 * g.blocks * g.block * kv_dim * 4)
+            .sum()
+    }
+
+    /// Checks that every position below `ctx` of every block has a table entry: a table
+    /// without ring covers the context, a ring fits its table, and the tables exist.
+    pub fn check(&self, n_layers: usize, ctx: usize) -> Result<(), GpuError> {
+        if self.layers.len() != n_layers || self.max_seqs == 0 {
+            return Err(model_err(format!(
+                "KV cache for {} blocks and {} sequences: the model has {n_layers} blocks",
+                self.layers.len(),
+                self.max_seqs
+            )));
+        }
+        for (b, g) in self.layers.iter().enumerate() {
+            let entries =
+                self.max_blocks.get(g.table).copied().ok_or_else(|| {
+                    model_err(format!("KV cache of block {b}: no table {}", g.table))
+                })?;
+            let covered = match g.ring {
+                0 => entries.checked_mul(g.block).is_some_and(|n| n >= ctx),
+                r => r <= entries,
+            };
+            if g.block == 0 || g.blocks == 0 || !covered {
+                return Err(model_err(format!(
+                    "KV cache of block {b}: {g:?} with {entries} table entries does not cover {ctx} positions"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -11,7 +11,7 @@
 //! block computes only after its load) while comparing logits with the CPU runtime.
 
 use crate::forward::{BlockGraph, Device, Pass, Scratch};
-use crate::plan::{next_loads, schedule, Layout, Step, VramPlan};
+use crate::plan::{next_loads, schedule, KvSpec, Layout, Step, VramPlan};
 use crate::GpuError;
 use std::path::Path;
 use std::time::Instant;
@@ -37,6 +37,9 @@ pub trait Vram {
     fn alloc(&mut self, bytes: usize, kind: BufKind) -> Result<u64, GpuError>;
     /// Copies `src` into the buffer at `dst` (blocking).
     fn upload(&mut self, dst: u64, src: &[f32]) -> Result<(), GpuError>;
+    /// Copies `src` into the buffer at `dst` (blocking; what the previous pass enqueued has
+    /// finished, [`Vram::finish`]).
+    fn upload_i32(&mut self, dst: u64, src: &[i32]) -> Result<(), GpuError>;
     /// Every allocation is made: what must finish before the first load does.
     fn ready(&mut self) -> Result<(), GpuError>;
     /// Reads layer `layer` (whole file, `size` bytes) into the buffer at `dst`, through
@@ -81,6 +84,31 @@ pub struct StreamOptions {
     /// Most positions one forward call takes ([`MAX_BATCH`](crate::plan::MAX_BATCH) unless a caller wants
     /// smaller passes); sliding-window blocks keep `window + max_batch − 1` cache rows.
     pub max_batch: usize,
+    /// The KV cache: `None` for one sequence ([`Layout::single_sequence_kv`]); a paged
+    /// cache shared by several sequences otherwise.
+    pub kv: Option<KvSpec>,
+    /// Most tokens of one pass that get logits (`None`: [`Layout::logit_rows`] of the
+    /// batch).
+    pub max_outputs: Option<usize>,
+}
+
+/// Block-table entry of a block released behind a sliding window (never read again).
+pub const NO_BLOCK: u32 = u32::MAX;
+
+/// One forward pass: the tokens of one or more sequences, each at its position.
+#[derive(Clone, Copy, Debug)]
+pub struct PassInput<'a> {
+    /// The tokens.
+    pub tokens: &'a [u32],
+    /// Each token's position in its sequence.
+    pub pos: &'a [u32],
+    /// Each token's sequence: its row of every table in `tables`.
+    pub seq: &'a [u32],
+    /// The tokens (indices into `tokens`) whose logits the pass returns, in this order.
+    pub outputs: &'a [u32],
+    /// Per table of the [`KvSpec`]: `n × max_blocks` block numbers for the `n` sequences
+    /// of the pass ([`NO_BLOCK`] where a block was released behind a window).
+    pub tables: &'a [&'a [u32]],
 }
 
 /// Bytes and time spent moving layers into VRAM.
@@ -97,8 +125,18 @@ pub struct Streamer<V: Vram> {
     vram: V,
     layout: Layout,
     kv: Vec<(u64, u64)>,
-    /// Rows of each block's KV cache (`ctx`, or a window block's ring).
-    kv_rows: Vec<usize>,
+    /// How each block's KV cache is paged.
+    kv_spec: KvSpec,
+    /// The pass's positions, table rows and output rows (i32).
+    pos_buf: u64,
+    seq_buf: u64,
+    out_buf: u64,
+    /// The pass's block tables (i32, `kv_spec.max_blocks[t]` per sequence).
+    table_bufs: Vec<u64>,
+    /// Most tokens of a pass that get logits.
+    max_outputs: usize,
+    /// Host staging of the pass's i32 arrays.
+    host_i32: Vec<i32>,
     ropes: Vec<(u64, u64)>,
     scratch: Scratch,
     /// What each block computes.
@@ -167,7 +205,17 @@ impl<V: Vram> Streamer<V> {
         }
         let (s, ctx) = (&layout.shape, opts.ctx);
         let max_tokens = Layout::batch(ctx, opts.max_batch);
-        let plan = layout.plan(ctx, max_tokens, opts.vram_budget as usize)?;
+        let kv_spec = match &opts.kv {
+            Some(k) => k.clone(),
+            None => layout.single_sequence_kv(ctx, max_tokens),
+        };
+        kv_spec.check(s.n_layers, ctx)?;
+        let max_outputs = opts
+            .max_outputs
+            .unwrap_or(Layout::logit_rows(max_tokens))
+            .clamp(1, max_tokens);
+        let overhead = layout.overhead_bytes_with(ctx, max_tokens, max_outputs, &kv_spec);
+        let plan = layout.plan_with(overhead, opts.vram_budget as usize)?;
         let (q_dim, kv_dim) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
         let widest = s.n_embd.max(s.n_ff).max(q_dim);
 
@@ -178,13 +226,19 @@ impl<V: Vram> Streamer<V> {
             }
         }
         let mut f32_buf = |n: usize| vram.alloc(n.max(1) * 4, BufKind::Scratch);
-        let kv_rows: Vec<usize> = (0..s.n_layers)
-            .map(|b| layout.kv_rows(ctx, max_tokens, b))
-            .collect();
         let mut kv = Vec::new();
-        for &rows in &kv_rows {
-            kv.push((f32_buf(rows * kv_dim)?, f32_buf(rows * kv_dim)?));
+        for g in &kv_spec.layers {
+            let n = g.blocks * g.block * kv_dim;
+            kv.push((f32_buf(n)?, f32_buf(n)?));
         }
+        let pos_buf = f32_buf(max_tokens)?;
+        let seq_buf = f32_buf(max_tokens)?;
+        let out_buf = f32_buf(max_outputs)?;
+        let table_bufs = kv_spec
+            .max_blocks
+            .iter()
+            .map(|&m| f32_buf(kv_spec.max_seqs * m))
+            .collect::<Result<Vec<_>, _>>()?;
         let scratch = Scratch {
             x: f32_buf(max_tokens * s.n_embd)?,
             xb: f32_buf(max_tokens * widest)?,
@@ -196,7 +250,7 @@ impl<V: Vram> Streamer<V> {
             att: f32_buf(max_tokens * s.n_heads * ctx)?,
             gate: f32_buf(max_tokens * s.n_ff)?,
             up: f32_buf(max_tokens * s.n_ff)?,
-            logits: f32_buf(Layout::logit_rows(max_tokens) * s.vocab)?,
+            logits: f32_buf(max_outputs * s.vocab)?,
             tile: f32_buf(layout.max_weight_elements())?,
         };
         let tables = match opts.rope.is_empty() {
@@ -238,7 +292,13 @@ impl<V: Vram> Streamer<V> {
         Ok(Streamer {
             vram,
             kv,
-            kv_rows,
+            kv_spec,
+            pos_buf,
+            seq_buf,
+            out_buf,
+            table_bufs,
+            max_outputs,
+            host_i32: Vec::new(),
             ropes,
             scratch,
             graph,
@@ -279,16 +339,20 @@ impl<V: Vram> Streamer<V> {
         })
     }
 
-    /// Positions whose logits one [`forward`](Streamer::forward) call can return (the
-    /// last of its tokens).
+    /// Positions whose logits one pass can return.
     pub fn logit_rows(&self) -> usize {
-        Layout::logit_rows(self.max_tokens)
+        self.max_outputs
     }
 
-    /// Whether the sequence, holding `len` positions, can be cut back to its first `keep`
-    /// and continued: every window block's ring must still hold the keys position `keep`
-    /// sees (the oldest, `keep + 1 − window`, is overwritten once `len − 1` reaches a
-    /// ring's length past it).
+    /// The KV cache's geometry.
+    pub fn kv_spec(&self) -> &KvSpec {
+        &self.kv_spec
+    }
+
+    /// Whether a sequence, holding `len` positions, can be cut back to its first `keep`
+    /// and continued: every window block's ring (position p in slot p mod its rows) must
+    /// still hold the keys position `keep` sees (the oldest, `keep + 1 − window`, is
+    /// overwritten once `len − 1` reaches a ring's length past it).
     pub fn can_truncate(&self, len: usize, keep: usize) -> bool {
         if keep >= len {
             return true;
@@ -297,42 +361,172 @@ impl<V: Vram> Streamer<V> {
             .shape
             .windows
             .iter()
-            .zip(&self.kv_rows)
-            .all(|(&w, &rows)| {
-                w == 0 || rows >= self.ctx_len || len - 1 < (keep + 1).saturating_sub(w) + rows
+            .zip(&self.kv_spec.layers)
+            .all(|(&w, g)| {
+                w == 0 || g.ring == 0 || len - 1 < (keep + 1).saturating_sub(w) + g.block * g.ring
             })
     }
 
-    /// Runs `tokens` at positions `pos0..` (at most [`max_tokens`](Streamer::max_tokens)
-    /// at once) and writes the logits of its last `logits.len() / vocab` positions into
-    /// `logits`, in order: up to [`logit_rows`](Streamer::logit_rows), and none (an empty
-    /// `logits`) skips the output head.
+    /// Runs `tokens` of one sequence at positions `pos0..` (at most
+    /// [`max_tokens`](Streamer::max_tokens) at once) and writes the logits of its last
+    /// `logits.len() / vocab` positions into `logits`, in order: up to
+    /// [`logit_rows`](Streamer::logit_rows), and none (an empty `logits`) skips the output
+    /// head. A batch of one through [`forward_batch`](Streamer::forward_batch), on a cache
+    /// of one sequence ([`Layout::single_sequence_kv`]).
     pub fn forward(
         &mut self,
         logits: &mut [f32],
         tokens: &[u32],
         pos0: usize,
     ) -> Result<(), GpuError> {
-        let ntok = tokens.len();
-        if ntok == 0 || ntok > self.max_tokens || pos0 + ntok > self.ctx_len {
-            return Err(model_err(format!(
-                "{ntok} tokens at position {pos0}: batch limit {}, context {}",
-                self.max_tokens, self.ctx_len
-            )));
-        }
-        let vocab = self.layout.shape.vocab;
+        let (ntok, vocab) = (tokens.len(), self.layout.shape.vocab);
         let rows = logits.len() / vocab;
-        if !logits.len().is_multiple_of(vocab) || rows > ntok.min(self.logit_rows()) {
+        if self.kv_spec.max_blocks.iter().any(|&m| m != 1) {
+            return Err(model_err(
+                "a pass of one sequence on a paged cache: use forward_batch with its block tables",
+            ));
+        }
+        if rows > ntok {
             return Err(model_err(format!(
-                "a logits buffer of {} floats for a pass of {ntok} positions: want up to {} rows of {vocab}",
-                logits.len(),
-                ntok.min(self.logit_rows())
+                "a logits buffer of {} floats ({rows} rows of {vocab}) for a pass of {ntok} tokens",
+                logits.len()
             )));
         }
+        let pos: Vec<u32> = (pos0..pos0 + ntok).map(|p| p as u32).collect();
+        let seq = vec![0u32; ntok];
+        let outputs: Vec<u32> = (ntok - rows..ntok).map(|i| i as u32).collect();
+        let tables: Vec<&[u32]> = vec![&[0u32][..]; self.kv_spec.max_blocks.len()];
+        self.forward_batch(
+            logits,
+            &PassInput {
+                tokens,
+                pos: &pos,
+                seq: &seq,
+                outputs: &outputs,
+                tables: &tables,
+            },
+        )
+    }
+
+    /// Checks a pass against the cache's geometry before anything reaches the device:
+    /// sizes, positions within the context, outputs within the pass, and every block-table
+    /// entry a token writes or reads inside its block's cache.
+    fn check_pass(&self, input: &PassInput<'_>, logits: usize) -> Result<usize, GpuError> {
+        let ntok = input.tokens.len();
+        let (vocab, spec) = (self.layout.shape.vocab, &self.kv_spec);
+        if ntok == 0
+            || ntok > self.max_tokens
+            || input.pos.len() != ntok
+            || input.seq.len() != ntok
+            || input.tables.len() != spec.max_blocks.len()
+        {
+            return Err(model_err(format!(
+                "a pass of {ntok} tokens ({} positions, {} sequence rows, {} tables): batch limit {}, {} tables",
+                input.pos.len(),
+                input.seq.len(),
+                input.tables.len(),
+                self.max_tokens,
+                spec.max_blocks.len()
+            )));
+        }
+        let rows = input.outputs.len();
+        if logits != rows * vocab || rows > self.max_outputs {
+            return Err(model_err(format!(
+                "a logits buffer of {logits} floats for {rows} output rows of {vocab} (at most {})",
+                self.max_outputs
+            )));
+        }
+        if let Some(&o) = input.outputs.iter().find(|&&o| o as usize >= ntok) {
+            return Err(model_err(format!("output row {o} of a pass of {ntok}")));
+        }
+        let mut n_seqs = None;
+        for (t, (table, &m)) in input.tables.iter().zip(&spec.max_blocks).enumerate() {
+            let n = table.len() / m;
+            if table.len() != n * m || n > spec.max_seqs || n_seqs.is_some_and(|k| k != n) {
+                return Err(model_err(format!(
+                    "block table {t} of {} entries: want {m} per sequence, at most {} sequences, as many as the other tables",
+                    table.len(),
+                    spec.max_seqs
+                )));
+            }
+            n_seqs = Some(n);
+        }
+        let n_seqs = n_seqs.unwrap_or(0);
+        // the oldest and newest position of each sequence row in the pass
+        let mut span = vec![(u32::MAX, 0u32); n_seqs];
+        for (&p, &r) in input.pos.iter().zip(input.seq) {
+            if p as usize >= self.ctx_len || r as usize >= n_seqs {
+                return Err(model_err(format!(
+                    "position {p} of sequence row {r}: context {}, {n_seqs} sequences",
+                    self.ctx_len
+                )));
+            }
+            let sp = &mut span[r as usize];
+            *sp = (sp.0.min(p), sp.1.max(p));
+        }
+        // every entry a query of the pass reads (back to its window) or a token writes
+        for (b, g) in spec.layers.iter().enumerate() {
+            let window = self.layout.shape.windows.get(b).copied().unwrap_or(0);
+            let (table, m) = (input.tables[g.table], spec.max_blocks[g.table]);
+            for (r, &(lo, hi)) in span.iter().enumerate() {
+                if lo > hi {
+                    continue;
+                }
+                let first = match window {
+                    0 => 0,
+                    w => (lo as usize + 1).saturating_sub(w),
+                };
+                let (e0, e1) = (first / g.block, hi as usize / g.block);
+                let n_entries = match g.ring {
+                    0 => e1 - e0 + 1,
+                    ring => (e1 - e0 + 1).min(ring),
+                };
+                for e in e0..e0 + n_entries {
+                    let i = if g.ring > 0 { e % g.ring } else { e };
+                    let blk = table.get(r * m + i).copied().unwrap_or(NO_BLOCK);
+                    if blk as usize >= g.blocks {
+                        return Err(model_err(format!(
+                            "block {b}: sequence row {r} reads table entry {i} = {blk}, outside its {} KV blocks",
+                            g.blocks
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Runs one pass over the tokens of `input` (one or more sequences, each token at its
+    /// position, reading and writing its sequence's KV blocks through the pass's block
+    /// tables) and writes the logits of `input.outputs` into `logits`, in that order
+    /// (`outputs.len() × vocab` floats; none skips the output head). Layers not resident
+    /// stream through the slots once for the whole pass.
+    pub fn forward_batch(
+        &mut self,
+        logits: &mut [f32],
+        input: &PassInput<'_>,
+    ) -> Result<(), GpuError> {
+        let rows = self.check_pass(input, logits.len())?;
+        let ntok = input.tokens.len();
+        let mut h = std::mem::take(&mut self.host_i32);
+        let mut put = |vram: &mut V, dst: u64, src: &[u32]| {
+            h.clear();
+            h.extend(src.iter().map(|&v| v as i32));
+            vram.upload_i32(dst, &h)
+        };
+        put(&mut self.vram, self.pos_buf, input.pos)?;
+        put(&mut self.vram, self.seq_buf, input.seq)?;
+        if rows > 0 {
+            put(&mut self.vram, self.out_buf, input.outputs)?;
+        }
+        for (&dst, table) in self.table_bufs.iter().zip(input.tables) {
+            put(&mut self.vram, dst, table)?;
+        }
+        self.host_i32 = h;
         {
             let scale = self.graph.embed_scale();
             let (pass, dev, _) = self.parts();
-            pass.embed(dev, tokens, scale)?;
+            pass.embed(dev, input.tokens, scale)?;
         }
         for i in 0..self.steps.len() {
             match self.steps[i] {
@@ -345,7 +539,7 @@ impl<V: Vram> Streamer<V> {
                     }
                     let ran = {
                         let (pass, dev, graph) = self.parts();
-                        graph.block(&pass, dev, block, ntok, pos0)
+                        graph.block(&pass, dev, block, ntok)
                     };
                     if let Some(slot) = slot {
                         self.base[li] = 0;
@@ -359,8 +553,9 @@ impl<V: Vram> Streamer<V> {
         }
         if rows > 0 {
             let cap = self.graph.final_softcap();
+            let out = self.out_buf;
             let (pass, dev, _) = self.parts();
-            pass.head(dev, ntok, rows, cap)?;
+            pass.head(dev, ntok, out, rows, cap)?;
         }
         self.vram.finish(logits, self.scratch.logits)
     }
@@ -373,7 +568,11 @@ impl<V: Vram> Streamer<V> {
                 layer_base: &self.base,
                 s: self.scratch,
                 kv: &self.kv,
-                kv_rows: &self.kv_rows,
+                geo: &self.kv_spec.layers,
+                pos: self.pos_buf,
+                seq: self.seq_buf,
+                tables: &self.table_bufs,
+                max_blocks: &self.kv_spec.max_blocks,
                 ropes: &self.ropes,
                 ctx: self.ctx_len,
             },

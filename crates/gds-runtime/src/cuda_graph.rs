@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::error::{Result, RuntimeError};
 use crate::graph::{self, Arch, Block, Buf, Glu, Ops, WeightSource};
 use crate::model::rope_table_index;
-use gds_cuda::forward::{BlockGraph, Device, Pass, F32};
+use gds_cuda::forward::{BlockGraph, Device, Heads, Pass};
 use gds_cuda::plan::{Layout, TensorMeta};
 use gds_cuda::GpuError;
 use gds_format::DType;
@@ -143,7 +143,6 @@ impl BlockGraph for CudaGraph {
         dev: &mut dyn Device,
         b: usize,
         ntok: usize,
-        pos0: usize,
     ) -> std::result::Result<(), GpuError> {
         let w = self
             .blocks
@@ -154,7 +153,6 @@ impl BlockGraph for CudaGraph {
             pass,
             dev,
             ntok,
-            pos0,
             failed: None,
         };
         graph::block(self.arch, &mut o, b, w).map_err(|e| {
@@ -179,7 +177,6 @@ struct CudaOps<'a, 'p> {
     pass: &'a Pass<'p>,
     dev: &'a mut dyn Device,
     ntok: usize,
-    pos0: usize,
     /// The device error that stopped the block (returned as is, not as text).
     failed: Option<GpuError>,
 }
@@ -272,12 +269,12 @@ impl Ops for CudaOps<'_, '_> {
             (c.rope_dims / 2) as i32,
             c.rope_style == crate::config::RopeStyle::Neox,
         );
-        let (p0, nt) = (self.pos0 as i32, self.ntok as i32);
+        let (pos, nt) = (self.pass.pos, self.ntok as i32);
         for (buf, heads) in [(Buf::Q, c.n_heads), (Buf::K, c.n_kv_heads)] {
             let (a, _) = self.buf(buf);
             let r = self
                 .dev
-                .rope(a, cos, sin, heads as i32, hd, half, neox, p0, nt);
+                .rope(a, cos, sin, heads as i32, hd, half, neox, pos, nt);
             self.run(r)?;
         }
         Ok(())
@@ -285,48 +282,28 @@ impl Ops for CudaOps<'_, '_> {
 
     fn attention(&mut self, layer: usize) -> Result<()> {
         let c = &self.g.config;
-        let (q, k, v, att, out) = (
-            self.pass.s.q,
-            self.pass.s.k,
-            self.pass.s.v,
-            self.pass.s.att,
-            self.pass.s.attn,
-        );
-        let ((kc, vc), rows) = (self.pass.kv[layer], self.pass.kv_rows[layer]);
-        let kv_dim = c.kv_dim();
+        let s = self.pass.s;
+        let (kc, vc) = self.pass.kv[layer];
+        let pages = match self.pass.pages(layer) {
+            Ok(p) => p,
+            Err(e) => return self.run(Err(e)),
+        };
         let window = c.window(layer).map_or(0, |w| w as i32);
-        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
-        let (scale, cap) = (c.attn_scale, c.attn_softcap.unwrap_or(0.0));
-        let (p0, nt, ctx) = (self.pos0 as i32, self.ntok as i32, self.pass.ctx as i32);
-        // the new rows go to positions pos0.. modulo the cache's rows: one piece, or two
-        // where a window block's ring wraps
-        let row_bytes = kv_dim * F32 as usize;
-        let (mut done, mut at) = (0, self.pos0 % rows);
-        while done < self.ntok {
-            let n = (self.ntok - done).min(rows - at);
-            let (dst, src) = ((at * row_bytes) as u64, (done * row_bytes) as u64);
-            let r = self.dev.copy(kc + dst, k + src, n * row_bytes);
-            self.run(r)?;
-            let r = self.dev.copy(vc + dst, v + src, n * row_bytes);
-            self.run(r)?;
-            (done, at) = (done + n, 0);
-        }
+        let heads = Heads {
+            n_heads: c.n_heads as i32,
+            n_kv_heads: c.n_kv_heads as i32,
+            head_dim: c.head_dim as i32,
+            scale: c.attn_scale,
+        };
+        let cap = c.attn_softcap.unwrap_or(0.0);
+        let (nt, ctx) = (self.ntok as i32, self.pass.ctx as i32);
+        // the new keys and values go to their tokens' rows first: the queries see them
+        let r = self
+            .dev
+            .kv_store(s.k, s.v, kc, vc, c.kv_dim() as i32, nt, &pages);
+        self.run(r)?;
         let r = self.dev.attention(
-            q,
-            kc,
-            vc,
-            att,
-            out,
-            nh,
-            nkv,
-            hd,
-            p0,
-            nt,
-            ctx,
-            rows as i32,
-            scale,
-            window,
-            cap,
+            s.q, kc, vc, s.att, s.attn, heads, nt, ctx, &pages, window, cap,
         );
         self.run(r)
     }

@@ -69,6 +69,9 @@ impl GpuExecutor {
             ctx: plan.ctx,
             rope,
             verify: plan.io_plan.verify,
+            max_batch: gds_cuda::plan::MAX_BATCH,
+            kv: None,
+            max_outputs: None,
         };
         let model = GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_err)?;
         Ok(GpuExecutor {

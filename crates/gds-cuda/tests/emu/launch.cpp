@@ -37,17 +37,31 @@ extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, i
 }
 
 extern "C" void run_rope(float* x, const float* c, const float* s, int n_heads, int head_dim,
-                         int half, int neox, int pos0, int ntok) {
+                         int half, int neox, const int* pos, int ntok) {
     emu_launch(rope, dim3(ntok), dim3(BLOCK_THREADS), x, c, s, n_heads, head_dim, half, neox,
-               pos0);
+               pos);
 }
 
-extern "C" void run_attention(const float* q, const float* k, const float* v, float* att,
-                              float* out, int n_heads, int n_kv_heads, int head_dim, int pos0,
-                              int ntok, int n_ctx, int rows, float scale, int window,
+extern "C" void run_kv_store(const float* k, const float* v, float* kc, float* vc, int kv_dim,
+                             int ntok, const int* pos, const int* seq, const int* tables,
+                             int max_blocks, int block, int ring) {
+    emu_launch(kv_store, dim3(ntok), dim3(BLOCK_THREADS), k, v, kc, vc, kv_dim, pos, seq, tables,
+               max_blocks, block, ring);
+}
+
+extern "C" void run_attention(const float* q, const float* kc, const float* vc, float* att,
+                              float* out, int n_heads, int n_kv_heads, int head_dim, int ntok,
+                              const int* pos, const int* seq, const int* tables, int max_blocks,
+                              int block, int ring, int n_ctx, float scale, int window,
                               float softcap) {
-    emu_launch(attention, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, k, v, att, out, n_heads,
-               n_kv_heads, head_dim, pos0, n_ctx, rows, scale, window, softcap);
+    emu_launch(attention, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, kc, vc, att, out, n_heads,
+               n_kv_heads, head_dim, pos, seq, tables, max_blocks, block, ring, n_ctx, scale,
+               window, softcap);
+}
+
+extern "C" void run_gather_rows(float* dst, const float* src, const int* rows, int n,
+                                int nrows) {
+    emu_launch(gather_rows, dim3(nrows), dim3(BLOCK_THREADS), dst, src, rows, n);
 }
 
 extern "C" void run_swiglu(float* gate, const float* up, int n) {

@@ -3,7 +3,7 @@
 //! launched with the executor's grid/block shapes, and compared with `gds-kernels` (weights)
 //! and f64 references of the CPU backend's formulas (norm, RoPE, attention, SwiGLU).
 
-use crate::common::{sym, AttnFn, PairFn, RopeFn, ScaleFn};
+use crate::common::{sym, AttnFn, KvStoreFn, PairFn, RopeFn, ScaleFn};
 use gds_format::DType;
 
 type MatvecFn = unsafe extern "C" fn(*const u8, *const f32, *mut f32, i32, i32, i32);
@@ -195,7 +195,10 @@ fn rmsnorm_matches_the_cpu_formula() {
 fn rope_matches_the_cpu_rope_table_in_every_pairing() {
     use gds_runtime::rope::RopeTable;
     use gds_runtime::RopeScaling;
-    let (n_heads, hd, pos0, ntok, ctx) = (3usize, 64usize, 5usize, 2usize, 16usize);
+    // two tokens of different sequences: each at its own position, not in order
+    let (n_heads, hd, ctx) = (3usize, 64usize, 16usize);
+    let pos: [i32; 3] = [5, 13, 2];
+    let ntok = pos.len();
     let f = sym::<RopeFn>("run_rope");
     for (rot, neox) in [(64usize, false), (64, true), (24, true), (24, false)] {
         let table = || {
@@ -216,14 +219,14 @@ fn rope_matches_the_cpu_rope_table_in_every_pairing() {
                 hd as i32,
                 (rot / 2) as i32,
                 neox as i32,
-                pos0 as i32,
+                pos.as_ptr(),
                 ntok as i32,
             )
         };
         let cpu = table();
         for t in 0..ntok {
             let mut want = x0[t * n_heads * hd..][..n_heads * hd].to_vec();
-            cpu.apply(&mut want, pos0 + t);
+            cpu.apply(&mut want, pos[t] as usize);
             let got = &x[t * n_heads * hd..][..n_heads * hd];
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
@@ -235,112 +238,319 @@ fn rope_matches_the_cpu_rope_table_in_every_pairing() {
     }
 }
 
-/// Causal softmax attention over the cache, grouped KV heads; with a window only the last
-/// `window` positions are read (the earlier ones are NaN here), and scores are capped as
-/// `cap·tanh(s/cap)` after the scale (Gemma 2). A window layer's cache may be a ring of
-/// `rows` rows (position p at row p % rows), as small as `window + ntok − 1`.
-#[test]
-fn attention_is_causal_softmax_over_the_cache_with_grouped_kv_heads_window_and_cap() {
-    let (n_heads, n_kv, hd, pos0, ntok, n_ctx) =
-        (4usize, 2usize, 16usize, 300usize, 3usize, 512usize);
-    let kvs = n_kv * hd;
-    for (window, cap, rows) in [
-        (0usize, 0f32, n_ctx),
-        (7, 0.0, n_ctx),
-        (0, 0.5, n_ctx),
-        (40, 0.7, n_ctx),
-        (7, 0.0, 7 + ntok - 1),
-        (40, 0.7, 40 + ntok - 1),
-        (40, 0.0, 64),
-    ] {
-        // Cache holds positions 0 .. pos0+ntok; positions beyond (and before the first
-        // query's window) must never be read (NaN).
-        let mut k = values(n_ctx * kvs, 31);
-        let mut v = values(n_ctx * kvs, 32);
-        let unread_below = if window > 0 { pos0 + 1 - window } else { 0 };
-        for p in (pos0 + ntok..n_ctx).chain(0..unread_below) {
-            k[p * kvs..][..kvs].fill(f32::NAN);
-            v[p * kvs..][..kvs].fill(f32::NAN);
-        }
-        let q = values(ntok * n_heads * hd, 33)
-            .iter()
-            .map(|x| x * 3.0)
-            .collect::<Vec<_>>();
-        // the cache as the kernel sees it: row r holds the latest position p ≡ r (mod rows)
-        // written so far (with rows == n_ctx, the positions themselves)
-        let ring = |c: &[f32]| {
-            let mut r = vec![f32::NAN; rows * kvs];
-            for p in (pos0 + ntok).saturating_sub(rows)..pos0 + ntok {
-                r[p % rows * kvs..][..kvs].copy_from_slice(&c[p * kvs..][..kvs]);
-            }
-            r
-        };
-        let (kr, vr) = if rows == n_ctx {
-            (k.clone(), v.clone())
+/// How a test lays a KV cache out: `block` positions per block, tables per sequence, ring
+/// length (0: none) — the geometries the executor uses (one block of the whole context;
+/// a window block's ring of `rows` rows read as one block with ring 1; paged blocks of a
+/// pool shared by sequences, tables in any order; rings of several blocks per sequence).
+struct Geo {
+    block: usize,
+    ring: usize,
+    /// Block numbers per sequence (`max_blocks` each; -1 = released, never read).
+    tables: Vec<Vec<i32>>,
+    /// Blocks of the cache.
+    blocks: usize,
+}
+
+impl Geo {
+    fn row(&self, seq: usize, p: usize) -> usize {
+        let e = if self.ring > 0 {
+            (p / self.block) % self.ring
         } else {
-            (ring(&k), ring(&v))
+            p / self.block
         };
+        let b = self.tables[seq][e];
+        assert!(b >= 0, "seq {seq} position {p}: released block read");
+        b as usize * self.block + p % self.block
+    }
+}
+
+/// Causal softmax attention through block tables, grouped KV heads; with a window only the
+/// last `window` positions are read, and scores are capped as `cap·tanh(s/cap)` after the
+/// scale (Gemma 2). Two sequences of different lengths share one pass and one pool of
+/// blocks; `kv_store` first writes the pass's new keys and values to their rows. Every cache
+/// row no query may read is NaN, so a wrong row shows.
+#[test]
+fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_and_cap() {
+    let (n_heads, n_kv, hd, n_ctx) = (4usize, 2usize, 16usize, 512usize);
+    let kvs = n_kv * hd;
+    // (sequence, position) of each token of the pass: 3 of sequence 0, 2 of sequence 1
+    let toks: [(usize, usize); 5] = [(0, 300), (1, 37), (0, 301), (0, 302), (1, 38)];
+    let ntok = toks.len();
+    // each sequence's first position in the pass
+    let firsts = [300usize, 37];
+    // a permutation of 64 blocks of 16, shared by both sequences' tables
+    let perm = |seed: u64, n: usize| -> Vec<i32> {
+        let mut v: Vec<i32> = (0..n as i32).collect();
+        let r = values(n, seed);
+        for i in (1..n).rev() {
+            let j = (((r[i] + 1.0) / 2.0) * (i + 1) as f32) as usize % (i + 1);
+            v.swap(i, j);
+        }
+        v
+    };
+    let pool = perm(7, 64);
+    let geos = |window: usize| -> Vec<(&'static str, Geo)> {
+        let mut g = vec![(
+            "paged",
+            Geo {
+                block: 16,
+                ring: 0,
+                tables: vec![pool[..32].to_vec(), pool[32..].to_vec()],
+                blocks: 64,
+            },
+        )];
+        if window > 0 {
+            // a ring of blocks of 16 per sequence, as the CPU's window rings
+            let len = (window + ntok - 1).div_ceil(16) + 1;
+            g.push((
+                "rings",
+                Geo {
+                    block: 16,
+                    ring: len,
+                    tables: vec![pool[..len].to_vec(), pool[32..32 + len].to_vec()],
+                    blocks: 64,
+                },
+            ));
+            // the window blocks behind every query's window released (-1): never read
+            let mut released = vec![pool[..32].to_vec(), pool[32..].to_vec()];
+            for (s, t) in released.iter_mut().enumerate() {
+                let oldest_read = (firsts[s] + 1).saturating_sub(window);
+                for e in t.iter_mut().take(oldest_read / 16) {
+                    *e = -1;
+                }
+            }
+            g.push((
+                "paged, released behind the window",
+                Geo {
+                    block: 16,
+                    ring: 0,
+                    tables: released,
+                    blocks: 64,
+                },
+            ));
+        }
+        g
+    };
+    for (window, cap) in [(0usize, 0f32), (7, 0.0), (0, 0.5), (40, 0.7), (20, 0.0)] {
+        for (name, geo) in geos(window) {
+            // logical keys and values of every position of each sequence
+            let k: Vec<Vec<f32>> = (0..2).map(|s| values(n_ctx * kvs, 31 + s)).collect();
+            let v: Vec<Vec<f32>> = (0..2).map(|s| values(n_ctx * kvs, 41 + s)).collect();
+            // the cache before the pass: positions before each sequence's first token of
+            // the pass, latest write winning in a ring; NaN elsewhere
+            let mut kc = vec![f32::NAN; geo.blocks * geo.block * kvs];
+            let mut vc = kc.clone();
+            for (s, &first) in firsts.iter().enumerate() {
+                let oldest = if window > 0 {
+                    (first + 1).saturating_sub(window)
+                } else {
+                    0
+                };
+                for p in oldest..first {
+                    let r = geo.row(s, p);
+                    kc[r * kvs..][..kvs].copy_from_slice(&k[s][p * kvs..][..kvs]);
+                    vc[r * kvs..][..kvs].copy_from_slice(&v[s][p * kvs..][..kvs]);
+                }
+            }
+            // the pass's new rows
+            let mut kn = Vec::new();
+            let mut vn = Vec::new();
+            for &(s, p) in &toks {
+                kn.extend_from_slice(&k[s][p * kvs..][..kvs]);
+                vn.extend_from_slice(&v[s][p * kvs..][..kvs]);
+            }
+            let max_blocks = geo.tables[0].len();
+            let tables: Vec<i32> = geo.tables.concat();
+            let pos: Vec<i32> = toks.iter().map(|&(_, p)| p as i32).collect();
+            let seq: Vec<i32> = toks.iter().map(|&(s, _)| s as i32).collect();
+            let q = values(ntok * n_heads * hd, 33)
+                .iter()
+                .map(|x| x * 3.0)
+                .collect::<Vec<_>>();
+            let mut att = vec![0f32; ntok * n_heads * n_ctx];
+            let mut out = vec![f32::NAN; ntok * n_heads * hd];
+            let scale = 1.0 / (hd as f32).sqrt();
+            let store = sym::<KvStoreFn>("run_kv_store");
+            let f = sym::<AttnFn>("run_attention");
+            // SAFETY: buffer sizes as allocated above for these dimensions; every table
+            // entry a token writes or reads is a block of the cache.
+            unsafe {
+                store(
+                    kn.as_ptr(),
+                    vn.as_ptr(),
+                    kc.as_mut_ptr(),
+                    vc.as_mut_ptr(),
+                    kvs as i32,
+                    ntok as i32,
+                    pos.as_ptr(),
+                    seq.as_ptr(),
+                    tables.as_ptr(),
+                    max_blocks as i32,
+                    geo.block as i32,
+                    geo.ring as i32,
+                );
+                f(
+                    q.as_ptr(),
+                    kc.as_ptr(),
+                    vc.as_ptr(),
+                    att.as_mut_ptr(),
+                    out.as_mut_ptr(),
+                    n_heads as i32,
+                    n_kv as i32,
+                    hd as i32,
+                    ntok as i32,
+                    pos.as_ptr(),
+                    seq.as_ptr(),
+                    tables.as_ptr(),
+                    max_blocks as i32,
+                    geo.block as i32,
+                    geo.ring as i32,
+                    n_ctx as i32,
+                    scale,
+                    window as i32,
+                    cap,
+                )
+            };
+            for (t, &(s, pos)) in toks.iter().enumerate() {
+                let n_pos = pos + 1;
+                let first = if window > 0 {
+                    n_pos.saturating_sub(window)
+                } else {
+                    0
+                };
+                for h in 0..n_heads {
+                    let kvh = h / (n_heads / n_kv);
+                    let qh = &q[(t * n_heads + h) * hd..][..hd];
+                    let scores: Vec<f64> = (first..n_pos)
+                        .map(|p| {
+                            let kp = &k[s][p * kvs + kvh * hd..][..hd];
+                            let x = qh
+                                .iter()
+                                .zip(kp)
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum::<f64>()
+                                * scale as f64;
+                            if cap > 0.0 {
+                                cap as f64 * (x / cap as f64).tanh()
+                            } else {
+                                x
+                            }
+                        })
+                        .collect();
+                    let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|x| (x - mx).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        let want: f64 = (first..n_pos)
+                            .map(|p| e[p - first] / sum * v[s][p * kvs + kvh * hd + d] as f64)
+                            .sum();
+                        let got = out[(t * n_heads + h) * hd + d] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-5,
+                            "{name}: window {window} cap {cap} token {t} (seq {s} pos {pos}) h {h} d {d}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A single sequence's caches as the executor lays them out: one block of the whole
+/// context (ring 0), and a window block's ring of `window + ntok − 1` rows read as one
+/// block with a ring of 1 (position p at row p mod rows).
+#[test]
+fn single_sequence_caches_are_one_block_or_a_one_block_ring() {
+    let (n_heads, n_kv, hd, n_ctx, pos0, ntok) = (2usize, 1usize, 8usize, 64usize, 40usize, 3);
+    let kvs = n_kv * hd;
+    for (window, rows) in [(0usize, n_ctx), (5, 5 + ntok - 1), (10, 16)] {
+        let ring = usize::from(rows < n_ctx);
+        let k = values(n_ctx * kvs, 3);
+        let v = values(n_ctx * kvs, 4);
+        let mut kc = vec![f32::NAN; rows * kvs];
+        let mut vc = kc.clone();
+        let oldest = if window > 0 { pos0 + 1 - window } else { 0 };
+        for p in oldest..pos0 {
+            kc[p % rows * kvs..][..kvs].copy_from_slice(&k[p * kvs..][..kvs]);
+            vc[p % rows * kvs..][..kvs].copy_from_slice(&v[p * kvs..][..kvs]);
+        }
+        let (kn, vn) = (
+            k[pos0 * kvs..(pos0 + ntok) * kvs].to_vec(),
+            v[pos0 * kvs..(pos0 + ntok) * kvs].to_vec(),
+        );
+        let pos: Vec<i32> = (pos0..pos0 + ntok).map(|p| p as i32).collect();
+        let seq = vec![0i32; ntok];
+        let table = [0i32];
+        let q = values(ntok * n_heads * hd, 5);
         let mut att = vec![0f32; ntok * n_heads * n_ctx];
         let mut out = vec![f32::NAN; ntok * n_heads * hd];
-        let scale = 1.0 / (hd as f32).sqrt();
-        let f = sym::<AttnFn>("run_attention");
-        // SAFETY: buffer sizes as allocated above for these dimensions (the caches hold
-        // `rows` rows).
+        // SAFETY: sizes as allocated above; the one table entry is block 0 of `rows` rows.
         unsafe {
-            f(
+            sym::<KvStoreFn>("run_kv_store")(
+                kn.as_ptr(),
+                vn.as_ptr(),
+                kc.as_mut_ptr(),
+                vc.as_mut_ptr(),
+                kvs as i32,
+                ntok as i32,
+                pos.as_ptr(),
+                seq.as_ptr(),
+                table.as_ptr(),
+                1,
+                rows as i32,
+                ring as i32,
+            );
+            sym::<AttnFn>("run_attention")(
                 q.as_ptr(),
-                kr.as_ptr(),
-                vr.as_ptr(),
+                kc.as_ptr(),
+                vc.as_ptr(),
                 att.as_mut_ptr(),
                 out.as_mut_ptr(),
                 n_heads as i32,
                 n_kv as i32,
                 hd as i32,
-                pos0 as i32,
                 ntok as i32,
-                n_ctx as i32,
+                pos.as_ptr(),
+                seq.as_ptr(),
+                table.as_ptr(),
+                1,
                 rows as i32,
-                scale,
+                ring as i32,
+                n_ctx as i32,
+                0.25,
                 window as i32,
-                cap,
+                0.0,
             )
         };
-        for t in 0..ntok {
-            let n_pos = pos0 + t + 1;
-            let first = if window > 0 { n_pos - window } else { 0 };
-            for h in 0..n_heads {
-                let kvh = h / (n_heads / n_kv);
-                let qh = &q[(t * n_heads + h) * hd..][..hd];
-                let scores: Vec<f64> = (first..n_pos)
-                    .map(|p| {
-                        let kp = &k[p * kvs + kvh * hd..][..hd];
-                        let s = qh
-                            .iter()
-                            .zip(kp)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum::<f64>()
-                            * scale as f64;
-                        if cap > 0.0 {
-                            cap as f64 * (s / cap as f64).tanh()
-                        } else {
-                            s
-                        }
-                    })
-                    .collect();
-                let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                for d in 0..hd {
-                    let want: f64 = (first..n_pos)
-                        .map(|p| e[p - first] / sum * v[p * kvs + kvh * hd + d] as f64)
-                        .sum();
-                    let got = out[(t * n_heads + h) * hd + d] as f64;
-                    assert!(
-                        (got - want).abs() < 1e-5,
-                        "window {window} cap {cap} rows {rows} t {t} h {h} d {d}: {got} vs {want}"
-                    );
-                }
-            }
+        assert!(
+            out.iter().all(|x| x.is_finite()),
+            "window {window}: {out:?}"
+        );
+        // the last query of the pass, head 0, against the f64 formula
+        let (t, n_pos) = (ntok - 1, pos0 + ntok);
+        let first = if window > 0 { n_pos - window } else { 0 };
+        let qh = &q[t * n_heads * hd..][..hd];
+        let s: Vec<f64> = (first..n_pos)
+            .map(|p| {
+                qh.iter()
+                    .zip(&k[p * kvs..][..hd])
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+                    * 0.25
+            })
+            .collect();
+        let mx = s.iter().cloned().fold(f64::MIN, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        for d in 0..hd {
+            let want: f64 = (first..n_pos)
+                .map(|p| e[p - first] / sum * v[p * kvs + d] as f64)
+                .sum();
+            let got = out[t * n_heads * hd + d] as f64;
+            assert!(
+                (got - want).abs() < 1e-5,
+                "window {window} d {d}: {got} vs {want}"
+            );
         }
     }
 }

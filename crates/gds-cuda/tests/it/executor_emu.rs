@@ -105,6 +105,11 @@ impl Vram for EmuVram {
         EmuVram::write(dst, &bytes);
         Ok(())
     }
+    fn upload_i32(&mut self, dst: u64, src: &[i32]) -> Result<(), GpuError> {
+        let bytes: Vec<u8> = src.iter().flat_map(|v| v.to_le_bytes()).collect();
+        EmuVram::write(dst, &bytes);
+        Ok(())
+    }
     fn ready(&mut self) -> Result<(), GpuError> {
         Ok(())
     }
@@ -261,6 +266,8 @@ fn run_streamer_ctx(
         ctx,
         rope,
         max_batch,
+        kv: None,
+        max_outputs: None,
     };
     let mut s = Streamer::with_vram(dir, &opts, EmuVram::new(dir), Box::new(graph)).unwrap();
     let vocab = s.layout().shape.vocab;
@@ -395,6 +402,8 @@ fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
         ctx: CTX,
         rope,
         max_batch: MAX_BATCH,
+        kv: None,
+        max_outputs: None,
     };
     let vram = EmuVram::new(&dir);
     let e = Streamer::with_vram(&dir, &opts, vram, Box::new(graph))
@@ -549,6 +558,8 @@ fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
                 ctx: CTX,
                 rope,
                 max_batch,
+                kv: None,
+                max_outputs: None,
             };
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
         };
@@ -636,5 +647,198 @@ fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
         assert_eq!(s.can_truncate(pos, pos - 20), !windowed, "{input}");
         let e = s.forward(&mut rows[..2 * vocab], &[1], pos).unwrap_err();
         assert!(e.to_string().contains("logits buffer"), "{e}");
+    }
+}
+
+/// Several sequences in one pass over a paged KV cache (`forward_batch`): three sequences
+/// of different lengths prefill and decode together — prompts of 5, 9 and 3 tokens, the
+/// second sharing the first's leading block (the same 4 tokens: its table points at the
+/// first's block and its pass starts at position 4), blocks of 4 positions handed out in a
+/// scrambled order — and every logit row equals the single-sequence executor's at that
+/// position for the same tokens. On Gemma 3 the window blocks read a table of their own
+/// whose entries behind the window are released ([`NO_BLOCK`]: never read). At the smallest
+/// VRAM budget the streamed blocks are read once per pass, not once per sequence.
+#[test]
+fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
+    use gds_cuda::plan::{KvGeo, KvSpec};
+    use gds_cuda::stream::{PassInput, NO_BLOCK};
+    const BLOCK: usize = 4;
+    let per_seq = CTX / BLOCK;
+    for input in ["tiny-llama3-hf", "tiny-gemma3-hf"] {
+        let (_tmp, dir) = converted_fixture(input);
+        let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
+        let windows = layout.shape.windows.clone();
+        let separate = windows.iter().any(|&w| w > 0);
+        let n_blocks = 3 * per_seq;
+        let spec = KvSpec {
+            layers: windows
+                .iter()
+                .map(|&w| KvGeo {
+                    block: BLOCK,
+                    blocks: n_blocks,
+                    ring: 0,
+                    table: usize::from(w > 0),
+                })
+                .collect(),
+            max_blocks: vec![per_seq; 1 + usize::from(separate)],
+            max_seqs: 3,
+        };
+        let max_batch = 16;
+        // the smallest budget with this cache: blocks stream
+        let budget = layout
+            .plan_with(
+                layout.overhead_bytes_with(CTX, max_batch, 8, &spec),
+                usize::MAX >> 1,
+            )
+            .unwrap()
+            .min_budget as u64;
+        let open = |kv: Option<KvSpec>| {
+            let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+            let opts = StreamOptions {
+                vram_budget: budget,
+                ctx: CTX,
+                rope,
+                max_batch,
+                kv,
+                max_outputs: Some(8),
+            };
+            Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
+        };
+        let mut s = open(Some(spec.clone()));
+        assert!(s.plan.streamed_bytes_per_token > 0 || layout.blocks.len() <= 2);
+        let vocab = s.layout().shape.vocab;
+        let prompt = |n: usize, seed: u32| -> Vec<u32> {
+            (0..n as u32).map(|i| (i * 37 + seed) % 97).collect()
+        };
+        let mut seqs: Vec<Vec<u32>> = vec![prompt(5, 11), prompt(9, 11), prompt(3, 5)];
+        assert_eq!(seqs[0][..4], seqs[1][..4], "the shared prefix block");
+        // block tables: a scrambled free list; sequence 1 takes sequence 0's first block
+        let mut free: Vec<u32> = (0..n_blocks as u32)
+            .map(|b| (b * 7 + 3) % n_blocks as u32)
+            .collect();
+        let mut tables = vec![vec![NO_BLOCK; per_seq]; 3];
+        let mut wtables = vec![vec![NO_BLOCK; per_seq]; 3];
+        let mut wfree = free.clone();
+        let need = |tables: &mut Vec<Vec<u32>>, free: &mut Vec<u32>, s: usize, upto: usize| {
+            for e in tables[s].iter_mut().take(upto.div_ceil(BLOCK)) {
+                if *e == NO_BLOCK {
+                    *e = free.pop().unwrap();
+                }
+            }
+        };
+        need(&mut tables, &mut free, 0, 4);
+        tables[1][0] = tables[0][0];
+        need(&mut wtables, &mut wfree, 0, 4);
+        wtables[1][0] = wtables[0][0];
+        // what each sequence has evaluated, and the logits each output row got
+        let mut done = [0usize, 4, 0];
+        // the shared block holds positions 0..4 of sequence 0: written by its first pass
+        let mut got: Vec<Vec<(usize, Vec<f32>)>> = vec![Vec::new(); 3];
+        let loads_before = s.vram().loads.len();
+        let mut passes = 0;
+        for step in 0..6 {
+            // which sequences run this pass: sequence 1 joins once 0 has written the shared
+            // block
+            let members: Vec<usize> = if step == 0 { vec![0, 2] } else { vec![0, 1, 2] };
+            let (mut tok, mut pos, mut seq, mut outputs) = (vec![], vec![], vec![], vec![]);
+            for &m in &members {
+                let upto = seqs[m].len();
+                need(&mut tables, &mut free, m, upto);
+                need(&mut wtables, &mut wfree, m, upto);
+                for (p, &t) in seqs[m].iter().enumerate().skip(done[m]) {
+                    tok.push(t);
+                    pos.push(p as u32);
+                    seq.push(m as u32);
+                }
+                outputs.push(tok.len() as u32 - 1);
+            }
+            let flat: Vec<u32> = tables.concat();
+            let wflat: Vec<u32> = wtables.concat();
+            let tabs: Vec<&[u32]> = if separate {
+                vec![&flat, &wflat]
+            } else {
+                vec![&flat]
+            };
+            let mut logits = vec![0f32; outputs.len() * vocab];
+            s.forward_batch(
+                &mut logits,
+                &PassInput {
+                    tokens: &tok,
+                    pos: &pos,
+                    seq: &seq,
+                    outputs: &outputs,
+                    tables: &tabs,
+                },
+            )
+            .unwrap();
+            passes += 1;
+            for (i, &m) in members.iter().enumerate() {
+                let row = logits[i * vocab..(i + 1) * vocab].to_vec();
+                done[m] = seqs[m].len();
+                got[m].push((done[m] - 1, row.clone()));
+                seqs[m].push(argmax(&row));
+                // the window table's entries no later query reads are released
+                if let Some(w) = windows.iter().copied().filter(|&w| w > 0).max() {
+                    let keep_from = (done[m] + 1).saturating_sub(w) / BLOCK;
+                    for e in wtables[m].iter_mut().take(keep_from) {
+                        *e = NO_BLOCK;
+                    }
+                }
+            }
+        }
+        // streamed layers: read once per pass
+        let streamed_loads = s.vram().loads[loads_before..]
+            .iter()
+            .filter(|(_, sync)| !sync)
+            .count();
+        assert_eq!(
+            streamed_loads,
+            passes * s.plan.resident.iter().filter(|r| !**r).count(),
+            "{input}: streamed layers must be read once per pass"
+        );
+        // each sequence alone, fed the same tokens, on a single-sequence cache
+        for (m, rows) in got.iter().enumerate() {
+            let mut one = open(None);
+            let toks = &seqs[m];
+            let mut l = vec![0f32; vocab];
+            let mut at = std::collections::HashMap::new();
+            for p in 0..toks.len() - 1 {
+                one.forward(&mut l, &toks[p..p + 1], p).unwrap();
+                at.insert(p, l.clone());
+            }
+            for (p, row) in rows {
+                let want = &at[p];
+                let diff = row
+                    .iter()
+                    .zip(want)
+                    .fold(0f32, |d, (a, b)| d.max((a - b).abs()));
+                assert!(
+                    diff < 1e-4,
+                    "{input}: sequence {m} position {p}: max |diff| {diff}"
+                );
+                assert_eq!(
+                    argmax(row),
+                    argmax(want),
+                    "{input}: sequence {m} position {p}"
+                );
+            }
+        }
+        // a table entry a token would read outside the cache is refused before any launch
+        let bad = vec![n_blocks as u32; per_seq * 3];
+        let tabs: Vec<&[u32]> = vec![&bad; spec.max_blocks.len()];
+        let mut l = vec![0f32; vocab];
+        let e = s
+            .forward_batch(
+                &mut l,
+                &PassInput {
+                    tokens: &[1],
+                    pos: &[0],
+                    seq: &[0],
+                    outputs: &[0],
+                    tables: &tabs,
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("outside its"), "{e}");
     }
 }

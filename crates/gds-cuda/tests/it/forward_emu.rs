@@ -599,14 +599,30 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
     };
     let (cos, sin) = rope_tables(sh.head_dim, ctx, sh.rope_theta);
     let ropes = [(cos.as_ptr() as u64, sin.as_ptr() as u64)];
+    // the pass's i32 arrays (host memory: written between passes at stable addresses)
+    let (mut pos, mut seq, mut outputs) = (vec![0i32; mt], vec![0i32; mt], vec![0i32; 3]);
+    let (pos_p, out_p) = (pos.as_mut_ptr(), outputs.as_mut_ptr());
+    let table = [0i32];
+    let geo = layout.single_sequence_kv(ctx, mt).layers;
+    let tables = [table.as_ptr() as u64];
     let pass = Pass {
         layout: &layout,
         layer_base: &base,
         s,
         kv: &kv,
-        kv_rows: &[ctx; 2],
+        geo: &geo,
+        pos: pos_p as u64,
+        seq: seq.as_mut_ptr() as u64,
+        tables: &tables,
+        max_blocks: &[1],
         ropes: &ropes,
         ctx,
+    };
+    let out_addr = out_p as u64;
+    // SAFETY: `pos` and `outputs` live to the end of the test and are not moved; the
+    // kernels read them only between these writes, which stay within their lengths.
+    let set = |v: *mut i32, vals: &[i32]| unsafe {
+        std::ptr::copy_nonoverlapping(vals.as_ptr(), v, vals.len())
     };
     let c = config(&sh);
     let g = CudaGraph::new(&c, &layout, 1).unwrap();
@@ -619,11 +635,13 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
 
     let want = reference(&layout, &files, &c, &g, &tokens);
 
+    set(pos_p, &(0..prefill as i32).collect::<Vec<_>>());
     pass.embed(&mut dev, &tokens[..prefill], None).unwrap();
     for b in 0..sh.n_layers {
-        g.block(&pass, &mut dev, b, prefill, 0).unwrap();
+        g.block(&pass, &mut dev, b, prefill).unwrap();
     }
-    pass.head(&mut dev, prefill, 1, None).unwrap();
+    set(out_p, &[prefill as i32 - 1]);
+    pass.head(&mut dev, prefill, out_addr, 1, None).unwrap();
     assert_eq!(
         dev.gemms,
         7 * sh.n_layers,
@@ -635,7 +653,9 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         &want[prefill - 1],
     );
     // the head over the last three positions: their logits in order (speculative passes)
-    pass.head(&mut dev, prefill, 3, None).unwrap();
+    let last3: Vec<i32> = (prefill as i32 - 3..prefill as i32).collect();
+    set(out_p, &last3);
+    pass.head(&mut dev, prefill, out_addr, 3, None).unwrap();
     for r in 0..3 {
         check(
             &format!("prefill, head row {r} of 3"),
@@ -643,13 +663,22 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
             &want[prefill - 3 + r],
         );
     }
-    assert!(pass.head(&mut dev, prefill, prefill + 1, None).is_err());
+    // any rows, in the order asked: the first and the fourth position
+    set(out_p, &[3, 0]);
+    pass.head(&mut dev, prefill, out_addr, 2, None).unwrap();
+    check("prefill, head row of position 3", &logits(&s, 0), &want[3]);
+    check("prefill, head row of position 0", &logits(&s, 1), &want[0]);
+    assert!(pass
+        .head(&mut dev, prefill, out_addr, prefill + 1, None)
+        .is_err());
 
+    set(pos_p, &[prefill as i32]);
     pass.embed(&mut dev, &tokens[prefill..], None).unwrap();
     for b in 0..sh.n_layers {
-        g.block(&pass, &mut dev, b, 1, prefill).unwrap();
+        g.block(&pass, &mut dev, b, 1).unwrap();
     }
-    pass.head(&mut dev, 1, 1, None).unwrap();
+    set(out_p, &[0]);
+    pass.head(&mut dev, 1, out_addr, 1, None).unwrap();
     assert_eq!(
         dev.gemms,
         7 * sh.n_layers,
@@ -664,9 +693,6 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         layer_base: &missing,
         ..pass
     };
-    let e = g
-        .block(&pass, &mut dev, 1, 1, prefill)
-        .unwrap_err()
-        .to_string();
+    let e = g.block(&pass, &mut dev, 1, 1).unwrap_err().to_string();
     assert!(e.contains("not in VRAM"), "{e}");
 }

@@ -3,7 +3,7 @@
 //! points.
 #![allow(dead_code)]
 
-use gds_cuda::forward::Device;
+use gds_cuda::forward::{Device, Heads, KvPages};
 use gds_cuda::GpuError;
 use libloading::{Library, Symbol};
 use std::path::PathBuf;
@@ -54,8 +54,9 @@ pub fn lib() -> &'static Library {
     })
 }
 
-/// `run_attention` of tests/emu/launch.cpp: q, k, v, att (scratch), out, n_heads,
-/// n_kv_heads, head_dim, pos0, ntok, n_ctx, rows, scale, window, softcap.
+/// `run_attention` of tests/emu/launch.cpp: q, kc, vc, att (scratch), out, n_heads,
+/// n_kv_heads, head_dim, ntok, pos, seq, tables, max_blocks, block, ring, n_ctx, scale,
+/// window, softcap.
 pub type AttnFn = unsafe extern "C" fn(
     *const f32,
     *const f32,
@@ -66,6 +67,10 @@ pub type AttnFn = unsafe extern "C" fn(
     i32,
     i32,
     i32,
+    *const i32,
+    *const i32,
+    *const i32,
+    i32,
     i32,
     i32,
     i32,
@@ -74,9 +79,25 @@ pub type AttnFn = unsafe extern "C" fn(
     f32,
 );
 
-/// `run_rope`: x, cos, sin, n_heads, head_dim, half, neox, pos0, ntok.
+/// `run_kv_store`: k, v, kc, vc, kv_dim, ntok, pos, seq, tables, max_blocks, block, ring.
+pub type KvStoreFn = unsafe extern "C" fn(
+    *const f32,
+    *const f32,
+    *mut f32,
+    *mut f32,
+    i32,
+    i32,
+    *const i32,
+    *const i32,
+    *const i32,
+    i32,
+    i32,
+    i32,
+);
+
+/// `run_rope`: x, cos, sin, n_heads, head_dim, half, neox, pos, ntok.
 pub type RopeFn =
-    unsafe extern "C" fn(*mut f32, *const f32, *const f32, i32, i32, i32, i32, i32, i32);
+    unsafe extern "C" fn(*mut f32, *const f32, *const f32, i32, i32, i32, i32, *const i32, i32);
 
 /// `run_swiglu`, `run_geglu`, `run_add_inplace`: y, x, n.
 pub type PairFn = unsafe extern "C" fn(*mut f32, *const f32, i32);
@@ -150,7 +171,7 @@ impl Device for Emu {
         head_dim: i32,
         half: i32,
         neox: bool,
-        pos0: i32,
+        pos: u64,
         ntok: i32,
     ) -> Result<(), GpuError> {
         let f = sym::<RopeFn>("run_rope");
@@ -165,8 +186,38 @@ impl Device for Emu {
                 head_dim,
                 half,
                 neox,
-                pos0,
+                p(pos),
                 ntok,
+            )
+        };
+        Ok(())
+    }
+    fn kv_store(
+        &mut self,
+        k: u64,
+        v: u64,
+        kc: u64,
+        vc: u64,
+        kv_dim: i32,
+        ntok: i32,
+        pages: &KvPages,
+    ) -> Result<(), GpuError> {
+        let f = sym::<KvStoreFn>("run_kv_store");
+        // SAFETY: as above.
+        unsafe {
+            f(
+                p(k),
+                p(v),
+                p(kc),
+                p(vc),
+                kv_dim,
+                ntok,
+                p(pages.pos),
+                p(pages.seq),
+                p(pages.tables),
+                pages.max_blocks,
+                pages.block,
+                pages.ring,
             )
         };
         Ok(())
@@ -174,18 +225,14 @@ impl Device for Emu {
     fn attention(
         &mut self,
         q: u64,
-        k: u64,
-        v: u64,
+        kc: u64,
+        vc: u64,
         att: u64,
         out: u64,
-        n_heads: i32,
-        n_kv_heads: i32,
-        head_dim: i32,
-        pos0: i32,
+        heads: Heads,
         ntok: i32,
         n_ctx: i32,
-        rows: i32,
-        scale: f32,
+        pages: &KvPages,
         window: i32,
         softcap: f32,
     ) -> Result<(), GpuError> {
@@ -194,22 +241,41 @@ impl Device for Emu {
         unsafe {
             f(
                 p(q),
-                p(k),
-                p(v),
+                p(kc),
+                p(vc),
                 p(att),
                 p(out),
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                pos0,
+                heads.n_heads,
+                heads.n_kv_heads,
+                heads.head_dim,
                 ntok,
+                p(pages.pos),
+                p(pages.seq),
+                p(pages.tables),
+                pages.max_blocks,
+                pages.block,
+                pages.ring,
                 n_ctx,
-                rows,
-                scale,
+                heads.scale,
                 window,
                 softcap,
             )
         };
+        Ok(())
+    }
+    fn gather_rows(
+        &mut self,
+        dst: u64,
+        src: u64,
+        rows: u64,
+        n: i32,
+        nrows: i32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, *const i32, i32, i32)>(
+            "run_gather_rows",
+        );
+        // SAFETY: as above.
+        unsafe { f(p(dst), p(src), p(rows), n, nrows) };
         Ok(())
     }
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
