@@ -14,9 +14,13 @@
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
 use crate::graph::{self, Arch, Block, Buf, Glu, Ops, WeightSource};
+use crate::kv::{KvCache, Tables, NO_BLOCK};
 use crate::model::rope_table_index;
+use crate::model::Batch;
 use gds_cuda::forward::{BlockGraph, Device, Heads, Pass};
+use gds_cuda::plan::{KvGeo, KvSpec};
 use gds_cuda::plan::{Layout, TensorMeta};
+use gds_cuda::stream::{PassInput, Streamer, Vram};
 use gds_cuda::GpuError;
 use gds_format::DType;
 use std::path::Path;
@@ -325,5 +329,153 @@ impl Ops for CudaOps<'_, '_> {
         let ((ya, n), (xa, _)) = (self.buf(y), self.buf(x));
         let r = self.dev.add(ya, xa, (self.ntok * n) as i32);
         self.run(r)
+    }
+}
+
+/// How the scheduler's batches over a [`KvCache`] become the GPU executor's passes: the
+/// VRAM layout of the cache's rows ([`KvSpec`], one table per kind of block table the
+/// layers read), and per pass the tokens' positions, their sequences' rows of the pass's
+/// block tables (each sequence's tables copied from the cache, padded with [`NO_BLOCK`]),
+/// and the output rows.
+pub struct PassStaging {
+    spec: KvSpec,
+    kinds: Vec<Tables>,
+    tokens: Vec<u32>,
+    pos: Vec<u32>,
+    seq: Vec<u32>,
+    outputs: Vec<u32>,
+    tables: Vec<Vec<u32>>,
+    slots: Vec<usize>,
+}
+
+/// Why a staged pass failed: the batch (the runtime's error) or the device.
+#[derive(Debug)]
+pub enum StageError {
+    /// The batch does not fit the cache or the buffers.
+    Batch(RuntimeError),
+    /// The device failed.
+    Gpu(GpuError),
+}
+
+impl PassStaging {
+    /// The staging of passes over `kv`'s rows (laid out in VRAM as [`PassStaging::spec`]
+    /// says), for up to `kv.n_seqs()` sequences a pass.
+    pub fn new(kv: &KvCache) -> Result<PassStaging> {
+        let mut kinds: Vec<Tables> = Vec::new();
+        let mut max_blocks = Vec::new();
+        let mut layers = Vec::new();
+        for l in 0..kv.n_layers() {
+            let p = kv
+                .paging(l)
+                .ok_or_else(|| RuntimeError::Internal(format!("KV cache has no layer {l}")))?;
+            let table = match kinds.iter().position(|&k| k == p.tables) {
+                Some(t) => t,
+                None => {
+                    kinds.push(p.tables);
+                    max_blocks.push(match p.ring {
+                        0 => kv.ctx().div_ceil(p.block),
+                        r => r,
+                    });
+                    kinds.len() - 1
+                }
+            };
+            layers.push(KvGeo {
+                block: p.block,
+                blocks: p.blocks,
+                ring: p.ring,
+                table,
+            });
+        }
+        Ok(PassStaging {
+            spec: KvSpec {
+                layers,
+                max_blocks,
+                max_seqs: kv.n_seqs(),
+            },
+            tables: vec![Vec::new(); kinds.len()],
+            kinds,
+            tokens: Vec::new(),
+            pos: Vec::new(),
+            seq: Vec::new(),
+            outputs: Vec::new(),
+            slots: Vec::new(),
+        })
+    }
+
+    /// The VRAM layout of the cache's rows.
+    pub fn spec(&self) -> &KvSpec {
+        &self.spec
+    }
+
+    /// Runs `batch` (token, position, sequence slot of `kv`, output) on `model` and writes
+    /// the output tokens' logits, in batch order, to the first rows of `logits`; returns
+    /// how many.
+    pub fn run<V: Vram>(
+        &mut self,
+        model: &mut Streamer<V>,
+        kv: &KvCache,
+        batch: &Batch,
+        logits: &mut [f32],
+    ) -> std::result::Result<usize, StageError> {
+        let bad =
+            |m: String| StageError::Batch(RuntimeError::Internal(format!("invalid batch: {m}")));
+        let vocab = model.layout().shape.vocab;
+        self.tokens.clear();
+        self.pos.clear();
+        self.seq.clear();
+        self.outputs.clear();
+        self.slots.clear();
+        for k in 0..batch.len() {
+            let (t, p, s, out) = batch
+                .get(k)
+                .ok_or_else(|| bad("shorter than its length".into()))?;
+            kv.check_slot(s, p).map_err(bad)?;
+            let row = match self.slots.iter().position(|&x| x == s) {
+                Some(r) => r,
+                None => {
+                    self.slots.push(s);
+                    self.slots.len() - 1
+                }
+            };
+            self.tokens.push(t);
+            self.pos.push(p as u32);
+            self.seq.push(row as u32);
+            if out {
+                self.outputs.push(k as u32);
+            }
+        }
+        for ((table, &kind), &m) in self
+            .tables
+            .iter_mut()
+            .zip(&self.kinds)
+            .zip(&self.spec.max_blocks)
+        {
+            table.clear();
+            for &s in &self.slots {
+                let t = kv.tables_of(kind, s);
+                let n = t.len().min(m);
+                table.extend_from_slice(&t[..n]);
+                table.resize(table.len() + m - n, NO_BLOCK);
+            }
+        }
+        let n = self.outputs.len();
+        if n * vocab > logits.len() {
+            return Err(bad(format!(
+                "{n} outputs, at most {}",
+                logits.len() / vocab
+            )));
+        }
+        let tables: Vec<&[u32]> = self.tables.iter().map(Vec::as_slice).collect();
+        let input = PassInput {
+            tokens: &self.tokens,
+            pos: &self.pos,
+            seq: &self.seq,
+            outputs: &self.outputs,
+            tables: &tables,
+        };
+        model
+            .forward_batch(&mut logits[..n * vocab], &input)
+            .map_err(StageError::Gpu)?;
+        Ok(n)
     }
 }

@@ -5,8 +5,10 @@
 //! CUDA executor (feature `cuda`) wraps `gds_cuda::executor::GpuModel`, whose KV cache and
 //! activations live in VRAM. The run loop, sampler and metrics are the same for both.
 //!
-//! The batched server does not go through this trait: it drives [`Model`] directly with
-//! its paged KV cache, and runs on the CPU backend only.
+//! [`BatchExecutor`] is the batched form the server's scheduler drives: tokens of several
+//! sequences at their positions, over a paged KV cache whose block tables the scheduler
+//! manages in a [`KvCache`] and whose rows the backend holds (host memory on the CPU, VRAM
+//! on the GPU: `crate::gpu::GpuBatchExecutor`).
 
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
@@ -67,6 +69,59 @@ pub trait Executor: Send {
             "--draft layers:N: the {} backend has no early exit",
             self.backend()
         )))
+    }
+}
+
+/// Forward passes over batches of several sequences (the server's scheduler): each token
+/// of `batch` at its position of its sequence (`seq` = the sequence's slot in `kv`), reading
+/// and writing its K/V through `kv`'s block tables, with logits for the batch's output
+/// tokens.
+pub trait BatchExecutor: Send {
+    /// The backend it runs on.
+    fn backend(&self) -> crate::backend::Backend;
+    /// The model's hyperparameters.
+    fn config(&self) -> &Config;
+    /// Runs `batch` over `kv`; returns the number of logit rows, one per output token in
+    /// batch order ([`BatchExecutor::logits`]).
+    fn forward(&mut self, kv: &mut KvCache, batch: &Batch) -> Result<usize>;
+    /// Logits of output row `i` of the last pass.
+    fn logits(&self, i: usize) -> &[f32];
+    /// The same, for the sampler to modify in place.
+    fn logits_mut(&mut self, i: usize) -> &mut [f32];
+}
+
+/// The CPU's [`BatchExecutor`]: the model and a run state for passes of up to `batch`
+/// tokens, `outputs` of them with logits; the KV rows are the cache's.
+pub struct CpuBatchExecutor {
+    model: Model,
+    state: RunState,
+}
+
+impl CpuBatchExecutor {
+    /// Wraps `model` with buffers for passes of up to `batch` tokens and `outputs` logit
+    /// rows, over a context of `ctx`.
+    pub fn new(model: Model, batch: usize, outputs: usize, ctx: usize) -> CpuBatchExecutor {
+        let state = RunState::new(&model.config, batch, outputs, ctx, model.threads());
+        CpuBatchExecutor { model, state }
+    }
+}
+
+impl BatchExecutor for CpuBatchExecutor {
+    fn backend(&self) -> crate::backend::Backend {
+        crate::backend::Backend::Cpu
+    }
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+    fn forward(&mut self, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
+        self.model.forward(&mut self.state, kv, batch)
+    }
+    fn logits(&self, i: usize) -> &[f32] {
+        self.state.logits(i, self.model.config.vocab_size)
+    }
+    fn logits_mut(&mut self, i: usize) -> &mut [f32] {
+        let vocab = self.model.config.vocab_size;
+        self.state.logits_mut(i, vocab)
     }
 }
 

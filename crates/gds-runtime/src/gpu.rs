@@ -10,10 +10,13 @@
 //! (crates/gds-cuda/tests: forward_emu.rs, and executor_emu.rs for every architecture).
 
 use crate::config::Config;
+use crate::cuda_graph::PassStaging;
 use crate::cuda_graph::{rope_tables, CudaGraph};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{logit_passes, Executor};
 use crate::gpuplan::GpuLoad;
+use crate::kv::KvCache;
+use crate::model::Batch;
 use crate::plan::Plan;
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
 use gds_io::IoStats;
@@ -44,36 +47,49 @@ fn gpu_err(e: gds_cuda::GpuError) -> RuntimeError {
     }
 }
 
+/// Opens the plan's model on the GPU the plan was made for, for passes of up to `batch`
+/// tokens, over a KV cache of one sequence (`kv` `None`) or paged as `kv` says, with up to
+/// `outputs` logit rows a pass (`None`: up to 16).
+fn open_gpu_model(
+    plan: &Plan,
+    batch: usize,
+    kv: Option<gds_cuda::plan::KvSpec>,
+    outputs: Option<usize>,
+) -> Result<GpuModel> {
+    let g = plan.gpu.as_ref().ok_or_else(|| {
+        RuntimeError::Internal("the plan has no GPU section (backend is not cuda)".into())
+    })?;
+    let c = &plan.model;
+    let dir = &plan.model_dir;
+    let bytes = gds_io::read_manifest(dir)?;
+    let m = crate::plan::parse_manifest(dir, &bytes)?;
+    let layout = gds_cuda::plan::Layout::from_manifest(dir, &m).map_err(gpu_err)?;
+    let rope = rope_tables(dir, &m, c, plan.ctx)?;
+    let graph = CudaGraph::new(c, &layout, rope.len())?;
+    let load = match g.load {
+        GpuLoad::Gds => LoadPath::Gds,
+        GpuLoad::BounceDirect => LoadPath::Bounce { direct: true },
+        GpuLoad::BounceBuffered => LoadPath::Bounce { direct: false },
+    };
+    let opts = ExecOptions {
+        device: 0,
+        load,
+        vram_budget: g.vram_budget_bytes,
+        ctx: plan.ctx,
+        rope,
+        verify: plan.io_plan.verify,
+        max_batch: batch,
+        kv,
+        max_outputs: outputs,
+    };
+    GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_err)
+}
+
 impl GpuExecutor {
     /// Opens the plan's model on the GPU the plan was made for.
     pub fn open(plan: &Plan) -> Result<GpuExecutor> {
-        let g = plan.gpu.as_ref().ok_or_else(|| {
-            RuntimeError::Internal("the plan has no GPU section (backend is not cuda)".into())
-        })?;
+        let model = open_gpu_model(plan, gds_cuda::plan::MAX_BATCH, None, None)?;
         let c = &plan.model;
-        let dir = &plan.model_dir;
-        let bytes = gds_io::read_manifest(dir)?;
-        let m = crate::plan::parse_manifest(dir, &bytes)?;
-        let layout = gds_cuda::plan::Layout::from_manifest(dir, &m).map_err(gpu_err)?;
-        let rope = rope_tables(dir, &m, c, plan.ctx)?;
-        let graph = CudaGraph::new(c, &layout, rope.len())?;
-        let load = match g.load {
-            GpuLoad::Gds => LoadPath::Gds,
-            GpuLoad::BounceDirect => LoadPath::Bounce { direct: true },
-            GpuLoad::BounceBuffered => LoadPath::Bounce { direct: false },
-        };
-        let opts = ExecOptions {
-            device: 0,
-            load,
-            vram_budget: g.vram_budget_bytes,
-            ctx: plan.ctx,
-            rope,
-            verify: plan.io_plan.verify,
-            max_batch: gds_cuda::plan::MAX_BATCH,
-            kv: None,
-            max_outputs: None,
-        };
-        let model = GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_err)?;
         Ok(GpuExecutor {
             logits: vec![0.0; c.vocab_size],
             rows: vec![0.0; model.logit_rows() * c.vocab_size],
@@ -127,5 +143,71 @@ impl Executor for GpuExecutor {
 
     fn io_stats(&self) -> IoStats {
         self.model.io_stats()
+    }
+}
+
+/// The GPU's [`BatchExecutor`]: the server's passes (several sequences at their positions)
+/// on the CUDA executor, whose KV rows live in VRAM laid out as the scheduler's
+/// [`KvCache`] pages them (its rows dropped on the host: the cache keeps the block tables
+/// and pools). Layers that do not fit the VRAM budget stream through the slots once per
+/// pass for the whole batch.
+pub struct GpuBatchExecutor {
+    model: GpuModel,
+    config: Config,
+    staging: PassStaging,
+    /// Logit rows of the last pass.
+    rows: Vec<f32>,
+}
+
+impl GpuBatchExecutor {
+    /// Opens the plan's model on the GPU for passes of up to `batch` tokens, `outputs` of
+    /// them with logits, over the rows of `kv` (which must be f32; its host rows are
+    /// dropped).
+    pub fn open(
+        plan: &Plan,
+        kv: &mut KvCache,
+        batch: usize,
+        outputs: usize,
+    ) -> Result<GpuBatchExecutor> {
+        if kv.dtype() != crate::kv::KvDtype::F32 {
+            return Err(RuntimeError::Usage(
+                "--kv-dtype f16: the CUDA backend's KV cache is f32 (use --kv-dtype f32)".into(),
+            ));
+        }
+        let staging = PassStaging::new(kv)?;
+        let model = open_gpu_model(plan, batch, Some(staging.spec().clone()), Some(outputs))?;
+        kv.drop_rows();
+        let c = plan.model.clone();
+        Ok(GpuBatchExecutor {
+            rows: vec![0.0; outputs.max(1) * c.vocab_size],
+            config: c,
+            staging,
+            model,
+        })
+    }
+}
+
+impl crate::exec::BatchExecutor for GpuBatchExecutor {
+    fn backend(&self) -> crate::backend::Backend {
+        crate::backend::Backend::Cuda
+    }
+    fn config(&self) -> &Config {
+        &self.config
+    }
+    fn forward(&mut self, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
+        self.staging
+            .run(&mut self.model, kv, batch, &mut self.rows)
+            .map_err(|e| match e {
+                crate::cuda_graph::StageError::Batch(e) => e,
+                crate::cuda_graph::StageError::Gpu(e) => gpu_err(e),
+            })
+    }
+    fn logits(&self, i: usize) -> &[f32] {
+        let vocab = self.config.vocab_size;
+        &self.rows[i * vocab..(i + 1) * vocab]
+    }
+    fn logits_mut(&mut self, i: usize) -> &mut [f32] {
+        let vocab = self.config.vocab_size;
+        &mut self.rows[i * vocab..(i + 1) * vocab]
     }
 }

@@ -130,6 +130,34 @@ pub struct KvCache {
     ring: Option<Ring>,
     /// The window layers' own pool (paged caches with window layers).
     window: Option<WindowPool>,
+    /// Whether `k` and `v` hold the rows ([`KvCache::drop_rows`]).
+    rows: bool,
+}
+
+/// Which block tables a layer's rows are found through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tables {
+    /// The main pool's (layers without a window, or every layer).
+    Main,
+    /// The window layers' own pool's ([`KvCache::paged_windowed`]).
+    Window,
+    /// The window layers' per-sequence rings ([`KvCache::with_window_ring`]).
+    Ring,
+}
+
+/// How one layer's rows are paged: position p of a sequence is row `p % block` of block
+/// `table[p / block]` of its table of kind `tables`, or with `ring > 0` of block
+/// `table[(p / block) % ring]`; the layer's rows are `blocks × block`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paging {
+    /// Positions per block.
+    pub block: usize,
+    /// Blocks of the layer's rows.
+    pub blocks: usize,
+    /// Ring length in table entries (0: none).
+    pub ring: usize,
+    /// Which tables.
+    pub tables: Tables,
 }
 
 /// Table entry of a window-pool block that was released (no query will read it again).
@@ -315,6 +343,7 @@ impl KvCache {
             layers,
             ring,
             window: None,
+            rows: true,
         }
     }
 
@@ -457,6 +486,7 @@ impl KvCache {
             layers: uniform(n_layers, n_blocks * block * kv_dim, block),
             ring: None,
             window: None,
+            rows: true,
         }
     }
 
@@ -513,6 +543,7 @@ impl KvCache {
                 pool: Pool::empty(n_seqs, n_window_blocks),
                 window,
             }),
+            rows: true,
         }
     }
 
@@ -735,6 +766,56 @@ impl KvCache {
             _ => &self.pool.tables,
         };
         (g.base, g.block, tables, &mut self.k, &mut self.v)
+    }
+
+    /// Drops the cache's rows, keeping its block tables and pools: for a backend that
+    /// holds the rows itself (the GPU, in VRAM) while the scheduler manages the blocks
+    /// here. The CPU forward pass refuses a cache without rows.
+    pub fn drop_rows(&mut self) {
+        self.k = KvData::new(self.dtype, 0);
+        self.v = KvData::new(self.dtype, 0);
+        self.rows = false;
+    }
+
+    /// Whether the cache holds its rows (see [`KvCache::drop_rows`]).
+    pub fn has_rows(&self) -> bool {
+        self.rows
+    }
+
+    /// How layer `l`'s rows are paged, as a backend that holds them lays them out.
+    pub fn paging(&self, l: usize) -> Option<Paging> {
+        let g = *self.layers.get(l)?;
+        Some(match (&self.ring, &self.window, g.ring) {
+            (Some(r), _, true) => Paging {
+                block: r.block,
+                blocks: self.n_seqs * r.len,
+                ring: r.len,
+                tables: Tables::Ring,
+            },
+            (_, Some(w), true) => Paging {
+                block: g.block,
+                blocks: w.pool.refs.len(),
+                ring: 0,
+                tables: Tables::Window,
+            },
+            _ => Paging {
+                block: g.block,
+                blocks: self.n_blocks,
+                ring: 0,
+                tables: Tables::Main,
+            },
+        })
+    }
+
+    /// Sequence `seq`'s block table of kind `t` (empty where the cache has none).
+    pub fn tables_of(&self, t: Tables, seq: usize) -> &[u32] {
+        let tables = match (t, &self.ring, &self.window) {
+            (Tables::Main, _, _) => &self.pool.tables,
+            (Tables::Ring, Some(r), _) => &r.tables,
+            (Tables::Window, _, Some(w)) => &w.pool.tables,
+            _ => return &[],
+        };
+        tables.get(seq).map_or(&[], Vec::as_slice)
     }
 
     /// Number of layers.

@@ -387,6 +387,9 @@ impl Model {
                 state.max_outputs
             ));
         }
+        if !kv.has_rows() {
+            return bad("the KV cache's rows are held by another backend".into());
+        }
         if kv.n_layers() != self.config.n_layers
             || kv.ctx() > self.ctx
             || state.scores.len()

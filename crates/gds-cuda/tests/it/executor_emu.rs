@@ -842,3 +842,124 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
         assert!(e.to_string().contains("outside its"), "{e}");
     }
 }
+
+/// The server's passes alike on the CPU and the (emulated) GPU: one [`KvCache`] paged as
+/// `gdsrun serve` pages it (blocks of 4 from a pool, Gemma 3's window layers from a pool
+/// of their own, released behind the window as the scheduler releases them, the second
+/// sequence sharing the first one's leading block) drives the CPU's `BatchExecutor` and,
+/// through `PassStaging` (what the CUDA `BatchExecutor` runs), the executor on the
+/// emulated device at its smallest VRAM budget. Every logit row agrees.
+#[test]
+fn the_servers_batches_give_the_same_logits_on_the_cpu_and_the_gpu_executor() {
+    use gds_runtime::cuda_graph::PassStaging;
+    use gds_runtime::exec::{BatchExecutor, CpuBatchExecutor};
+    use gds_runtime::{Batch, KvCache, KvDtype, Model};
+    const BLOCK: usize = 4;
+    for input in ["tiny-llama3-hf", "tiny-gemma3-hf"] {
+        let (_tmp, dir) = converted_fixture(input);
+        let mut m = Model::load(&dir, CTX, 1).unwrap();
+        m.set_f32_activations(true);
+        let c = m.config.clone();
+        let windows: Vec<Option<usize>> = (0..c.n_layers).map(|l| c.window(l)).collect();
+        let n_blocks = 3 * CTX / BLOCK;
+        let mut kv = KvCache::paged_windowed(
+            KvDtype::F32,
+            &windows,
+            3,
+            CTX,
+            c.kv_dim(),
+            BLOCK,
+            n_blocks,
+            n_blocks,
+        );
+        let (max_batch, outputs) = (16, 8);
+        let mut cpu = CpuBatchExecutor::new(m, max_batch, outputs, CTX);
+        let mut staging = PassStaging::new(&kv).unwrap();
+        let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
+        let budget = layout
+            .plan_with(
+                layout.overhead_bytes_with(CTX, max_batch, outputs, staging.spec()),
+                usize::MAX >> 1,
+            )
+            .unwrap()
+            .min_budget as u64;
+        let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+        let opts = StreamOptions {
+            vram_budget: budget,
+            ctx: CTX,
+            rope,
+            max_batch,
+            kv: Some(staging.spec().clone()),
+            max_outputs: Some(outputs),
+        };
+        let mut gpu =
+            Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
+        let vocab = c.vocab_size;
+        let prompt = |n: usize, seed: u32| -> Vec<u32> {
+            (0..n as u32).map(|i| (i * 37 + seed) % 97).collect()
+        };
+        let mut seqs: Vec<Vec<u32>> = vec![prompt(6, 11), prompt(9, 11), prompt(3, 5)];
+        let windowed = kv.pool_window().is_some();
+        // blocks for positions up to `upto` of slot `s` (and their window blocks)
+        let grow = |kv: &mut KvCache, s: usize, upto: usize| {
+            while kv.table(s).len() * BLOCK < upto {
+                let b = kv.alloc().unwrap();
+                kv.push_block(s, b);
+                if windowed {
+                    let w = kv.alloc_window().unwrap();
+                    kv.push_window(s, w);
+                }
+            }
+        };
+        grow(&mut kv, 0, 4);
+        // slot 1 shares slot 0's first block (the same 4 prompt tokens)
+        let (b0, w0) = (kv.table(0)[0], kv.window_table(0).first().copied());
+        kv.retain(b0);
+        kv.push_block(1, b0);
+        if let Some(w) = w0 {
+            kv.retain_window(w);
+            kv.push_window(1, w);
+        }
+        let mut done = [0usize, 4, 0];
+        let mut batch = Batch::with_capacity(max_batch);
+        let mut rows = vec![0f32; outputs * vocab];
+        let mut worst = 0f32;
+        for step in 0..6 {
+            let members: Vec<usize> = if step == 0 { vec![0, 2] } else { vec![0, 1, 2] };
+            batch.clear();
+            for &s in &members {
+                let upto = seqs[s].len();
+                grow(&mut kv, s, upto);
+                for (p, &t) in seqs[s].iter().enumerate().skip(done[s]) {
+                    batch.push(t, p, s, p + 1 == upto);
+                }
+            }
+            let n = cpu.forward(&mut kv, &batch).unwrap();
+            let g = staging.run(&mut gpu, &kv, &batch, &mut rows).unwrap();
+            assert_eq!((n, g), (members.len(), members.len()));
+            for (i, &s) in members.iter().enumerate() {
+                let (want, got) = (cpu.logits(i), &rows[i * vocab..(i + 1) * vocab]);
+                let diff = got
+                    .iter()
+                    .zip(want)
+                    .fold(0f32, |d, (a, b)| d.max((a - b).abs()));
+                worst = worst.max(diff);
+                assert!(
+                    diff < 1e-4,
+                    "{input} step {step} slot {s}: max |diff| {diff}"
+                );
+                assert_eq!(argmax(got), argmax(want), "{input} step {step} slot {s}");
+                done[s] = seqs[s].len();
+                seqs[s].push(argmax(want));
+                kv.drop_window_behind(s, done[s]);
+            }
+        }
+        if windowed {
+            assert!(
+                kv.window_table(0).contains(&gds_runtime::NO_BLOCK),
+                "{input}: no window block was released"
+            );
+        }
+        eprintln!("{input}: CPU vs GPU executor, max |logit diff| {worst:.2e}");
+    }
+}
