@@ -48,6 +48,14 @@ impl KvDtype {
             KvDtype::F16 => 2,
         }
     }
+
+    /// `f32` or `f16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
 }
 
 /// An element type the cache can hold.

@@ -30,6 +30,8 @@ pub mod tools;
 
 use anyhow::Context;
 use clap::Args;
+use gds_runtime::backend::Backend;
+use gds_runtime::exec::{BatchExecutor, CpuBatchExecutor};
 use gds_runtime::{
     GrammarCompiler, KvCache, KvDtype, Model, Plan, PlanOptions, RuntimeError, SamplerConfig,
     TextTokenizer,
@@ -122,12 +124,22 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 16)]
     pub kv_block: usize,
     /// KV cache element type: f16 (half the memory; perplexity within 0.001 % of f32) or
-    /// f32.
-    #[arg(long, default_value = "f16")]
-    pub kv_dtype: String,
+    /// f32. Default: f16 on the CPU, f32 on the GPU (its only type).
+    #[arg(long)]
+    pub kv_dtype: Option<String>,
+    /// Compute backend: cpu, cuda (the GPU: weights, KV cache and activations in VRAM,
+    /// layers beyond --vram-budget streamed once per step for the whole batch) or auto (a
+    /// usable GPU, else the CPU, saying why).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
+    pub backend: String,
+    /// Most bytes of VRAM the CUDA backend uses (weights, KV pool, scratch, streaming
+    /// slots; default 90 % of the device).
+    #[arg(long, value_parser = gds_runtime::ioplan::parse_size)]
+    pub vram_budget: Option<u64>,
     /// How weights are read: auto, mmap or direct (O_DIRECT, layers streamed within
-    /// --mem-budget; one pass over the weights serves the whole batch).
-    #[arg(long, value_parser = ["auto", "mmap", "direct"])]
+    /// --mem-budget; one pass over the weights serves the whole batch); with --backend cuda
+    /// also gds (GPUDirect Storage: cuFile into VRAM).
+    #[arg(long, value_parser = ["auto", "mmap", "direct", "gds"])]
     pub io: Option<String>,
     /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB).
     #[arg(long, value_parser = gds_runtime::ioplan::parse_size)]
@@ -230,8 +242,15 @@ pub(crate) fn start(
     if e.queue_limit == 0 {
         return bad("--queue-limit must be at least 1".into());
     }
-    let Some(kv_dtype) = KvDtype::parse(&e.kv_dtype) else {
-        return bad(format!("--kv-dtype {:?}: expected f32 or f16", e.kv_dtype));
+    let kv_dtype = match e.kv_dtype.as_deref().map(KvDtype::parse) {
+        None => None,
+        Some(Some(d)) => Some(d),
+        Some(None) => {
+            return bad(format!(
+                "--kv-dtype {:?}: expected f32 or f16",
+                e.kv_dtype.as_deref().unwrap_or_default()
+            ))
+        }
     };
     // a budget over the machine's memory (or over usize) could only end in an abort
     let memory = total_memory();
@@ -254,22 +273,19 @@ pub(crate) fn start(
         ctx: e.ctx,
         threads: e.threads,
         batch: Some(e.step_tokens.max(e.max_batch)),
-        kv_dtype: Some(kv_dtype),
+        kv_dtype,
         io: e.io.clone(),
         mem_budget: e.mem_budget,
-        // The server's batched scheduler and paged KV cache run on the CPU backend.
-        backend: Some("cpu".into()),
+        backend: Some(e.backend.clone()),
+        vram_budget: e.vram_budget,
         raw: true,
         no_verify: e.no_verify,
         activations: e.activations.clone(),
         ..Default::default()
     })?;
-    let model = Model::open(&plan)?;
-    let tokenizer = Arc::new(TextTokenizer::load_for_model(
-        &plan.model_dir,
-        &model.config,
-    )?);
-    let c = &model.config;
+    let kv_dtype = plan.kv_dtype;
+    let tokenizer = Arc::new(TextTokenizer::load_for_model(&plan.model_dir, &plan.model)?);
+    let c = &plan.model;
     let pool = kvpool::KvPool::size(&kvpool::KvPoolArgs {
         dtype: kv_dtype,
         windows: (0..c.n_layers).map(|l| c.window(l)).collect(),
@@ -284,7 +300,9 @@ pub(crate) fn start(
         Ok(p) => p,
         Err(err) => return bad(format!("--kv-budget {} MiB {err}", e.kv_budget)),
     };
-    let kv = KvCache::paged_windowed(
+    // the CUDA backend holds the rows in VRAM and drops the host's
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    let mut kv = KvCache::paged_windowed(
         kv_dtype,
         &pool.windows,
         e.max_batch,
@@ -308,8 +326,32 @@ pub(crate) fn start(
         step_tokens: plan.batch,
         ctx: plan.ctx,
     };
+    let _ = metrics.backend.set(match plan.backend {
+        Backend::Cpu => "cpu",
+        Backend::Cuda => "cuda",
+    });
+    let outputs = scheduler::max_outputs(&cfg);
+    let exec: Box<dyn BatchExecutor> = match plan.backend {
+        Backend::Cpu => Box::new(CpuBatchExecutor::new(
+            Model::open(&plan)?,
+            plan.batch,
+            outputs,
+            plan.ctx,
+        )),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => Box::new(gds_runtime::gpu::GpuBatchExecutor::open(
+            &plan, &mut kv, plan.batch, outputs,
+        )?),
+        #[cfg(not(feature = "cuda"))]
+        Backend::Cuda => {
+            return Err(RuntimeError::Backend(
+                "--backend cuda: this gdsrun was built without the `cuda` feature".into(),
+            )
+            .into())
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
-    let engine = Engine::new(model, kv, cfg, plan.threads, eog, metrics.clone());
+    let engine = Engine::new(exec, kv, cfg, eog, metrics.clone());
     let engine_thread = std::thread::Builder::new()
         .name("gds-engine".into())
         .spawn(move || engine.run(rx))
@@ -346,13 +388,14 @@ pub(crate) fn start(
             });
     }
     let summary = format!(
-        "model {} | ctx {} | threads {} | max batch {} | KV {} ({})",
+        "model {} | backend {} | ctx {} | threads {} | max batch {} | KV {} ({})",
         state.model_name,
+        plan.backend,
         plan.ctx,
         plan.threads,
         e.max_batch,
         pool.describe(e.kv_block),
-        e.kv_dtype
+        kv_dtype.name()
     );
     Ok(Started {
         state,

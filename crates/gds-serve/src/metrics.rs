@@ -52,6 +52,8 @@ pub struct ServerMetrics {
     pub steps: AtomicU64,
     /// Sequences decoded in the last step.
     pub last_batch: AtomicU64,
+    /// The compute backend the engine runs on (`cpu`, `cuda`); where the KV blocks live.
+    pub backend: std::sync::OnceLock<&'static str>,
     /// KV blocks in the pool.
     pub kv_blocks_total: AtomicU64,
     /// KV blocks free.
@@ -376,6 +378,11 @@ impl ServerMetrics {
             "gauge",
             "Free blocks of the sliding-window layers' pool.",
             g(&self.kv_window_blocks_free).to_string(),
+        );
+        let backend = self.backend.get().copied().unwrap_or("cpu");
+        let _ = writeln!(
+            o,
+            "# HELP gds_backend_info The compute backend (the KV blocks live in its memory: RAM or VRAM).\n# TYPE gds_backend_info gauge\ngds_backend_info{{backend=\"{backend}\"}} 1"
         );
         o
     }

@@ -12,9 +12,8 @@
 
 use crate::metrics::ServerMetrics;
 use crate::prefix::PrefixCache;
-use gds_runtime::{
-    Batch, Constraint, KvCache, Mask, Model, RunState, Sampler, SamplerConfig, NO_BLOCK,
-};
+use gds_runtime::exec::BatchExecutor;
+use gds_runtime::{Batch, Constraint, KvCache, Mask, Sampler, SamplerConfig, NO_BLOCK};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -119,7 +118,7 @@ pub struct EngineConfig {
 
 /// Output rows of a step: one per decoding sequence, and for scored (echo) prompts one per
 /// position, so at least 64.
-fn max_outputs(cfg: &EngineConfig) -> usize {
+pub fn max_outputs(cfg: &EngineConfig) -> usize {
     cfg.max_batch.max(64).min(cfg.step_tokens.max(1))
 }
 
@@ -175,8 +174,8 @@ impl Seq {
 
 /// The engine: the model and everything a step needs.
 pub struct Engine {
-    model: Model,
-    state: RunState,
+    /// The batched forward pass, on the CPU or the GPU.
+    exec: Box<dyn BatchExecutor>,
     kv: KvCache,
     batch: Batch,
     prefix: PrefixCache,
@@ -194,25 +193,18 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine over `model` and `kv` (a paged cache with `cfg.max_batch` sequences).
+    /// An engine over `exec` and `kv` (a paged cache with `cfg.max_batch` sequences, whose
+    /// rows `exec` holds: the cache's own on the CPU, VRAM on the GPU); `exec` takes passes
+    /// of up to `cfg.step_tokens` tokens with up to [`max_outputs`] logit rows.
     pub fn new(
-        model: Model,
+        exec: Box<dyn BatchExecutor>,
         kv: KvCache,
         cfg: EngineConfig,
-        threads: usize,
         eog: Vec<u32>,
         metrics: Arc<ServerMetrics>,
     ) -> Engine {
-        let state = RunState::new(
-            &model.config,
-            cfg.step_tokens,
-            max_outputs(&cfg),
-            cfg.ctx,
-            threads,
-        );
         let engine = Engine {
-            model,
-            state,
+            exec,
             batch: Batch::with_capacity(cfg.step_tokens),
             prefix: PrefixCache::new(kv.block_size()),
             free_slots: (0..cfg.max_batch).rev().collect(),
@@ -255,7 +247,7 @@ impl Engine {
     }
 
     fn enqueue(&mut self, req: Request) {
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.exec.config().vocab_size;
         let mut sampler = Sampler::new(req.sampler.clone(), vocab);
         for &t in &req.prompt {
             sampler.accept(t);
@@ -649,12 +641,10 @@ impl Engine {
         let mut masks: Vec<Option<gds_runtime::Result<Mask>>> = Vec::new();
         let t0 = Instant::now();
         let result = if constrained.is_empty() {
-            self.model
-                .forward(&mut self.state, &mut self.kv, &self.batch)
+            self.exec.forward(&mut self.kv, &self.batch)
         } else {
             let running = &mut self.running;
-            let (model, state, kv, batch) =
-                (&self.model, &mut self.state, &mut self.kv, &self.batch);
+            let (exec, kv, batch) = (&mut self.exec, &mut self.kv, &self.batch);
             let metrics = &self.metrics;
             masks.resize_with(running.len(), || None);
             std::thread::scope(|scope| {
@@ -669,7 +659,7 @@ impl Engine {
                         .collect();
                     (m, t.elapsed())
                 });
-                let r = model.forward(state, kv, batch);
+                let r = exec.forward(kv, batch);
                 let waited = Instant::now();
                 match helper.join() {
                     Ok((m, busy)) => {
@@ -714,7 +704,7 @@ impl Engine {
         }
 
         // sample every sequence that got logits
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.exec.config().vocab_size;
         let now = Instant::now();
         let mut done: Vec<(usize, Finish)> = Vec::new();
         // with guesses, a sequence has a row per fed token: row r samples the token after
@@ -738,7 +728,7 @@ impl Engine {
             }
             let logits = match solo.as_mut() {
                 Some(l) => &mut l[row * vocab..(row + 1) * vocab],
-                None => self.state.logits_mut(row, vocab),
+                None => self.exec.logits_mut(row),
             };
             if let Some(j) = score {
                 let k = s.req.logprobs.unwrap_or(0);
@@ -875,7 +865,7 @@ impl Engine {
     /// Returns the logits of every output row, in `out_rows` order (zero for the rows of a
     /// sequence whose part failed), and the sequences whose part failed, with the error.
     fn forward_each(&mut self) -> (Vec<f32>, Vec<(usize, String)>) {
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.exec.config().vocab_size;
         let mut logits = vec![0.0f32; self.out_rows.len() * vocab];
         let mut failed = Vec::new();
         let mut part = Batch::with_capacity(self.batch.len());
@@ -892,13 +882,12 @@ impl Engine {
                     }
                 }
             }
-            match self.model.forward(&mut self.state, &mut self.kv, &part) {
+            match self.exec.forward(&mut self.kv, &part) {
                 Ok(_) => {
                     let rows = self.out_rows.iter().enumerate();
                     let mine = rows.filter(|&(_, &(j, _))| j == i).map(|(r, _)| r);
                     for (n, r) in mine.enumerate() {
-                        logits[r * vocab..(r + 1) * vocab]
-                            .copy_from_slice(self.state.logits(n, vocab));
+                        logits[r * vocab..(r + 1) * vocab].copy_from_slice(self.exec.logits(n));
                     }
                 }
                 Err(e) => failed.push((i, format!("forward pass failed: {e}"))),

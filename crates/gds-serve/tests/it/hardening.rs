@@ -355,6 +355,41 @@ fn parameter_errors_name_the_parameter_and_its_value() {
     }
 }
 
+/// Issue 31, item 4: `--backend cuda` where no GPU can be used (this machine: none, or a
+/// build without the `cuda` feature) is refused at start with the reason and the backend
+/// exit code, before anything is served; `--backend auto` falls back to the CPU and serves,
+/// and `/metrics` says where the KV blocks live.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn serve_backend_cuda_without_a_gpu_is_refused_and_auto_serves_on_the_cpu() {
+    let model = gds_tests::smollm_converted();
+    let o = std::process::Command::new(gds_tests::bin("gdsrun"))
+        .arg("serve")
+        .arg(model)
+        .args(["--port", "0", "--backend", "cuda", "--kv-budget", "16"])
+        .output()
+        .expect("spawn gdsrun serve");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("--backend cuda"), "{err}");
+    assert!(!err.contains("panicked") && o.stdout.is_empty(), "{err}");
+
+    let s = start(&["--backend", "auto"]);
+    let (status, text) = http(&s.addr, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("gds_backend_info{backend=\"cpu\"} 1"),
+        "{text}"
+    );
+    let (status, v) = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+}
+
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn kv_budget_too_large_is_a_usage_error() {

@@ -283,7 +283,13 @@ fn run_engine(reqs: &[(Vec<u32>, bool, usize)]) -> Vec<Vec<gds_serve::scheduler:
         ctx: plan.ctx,
     };
     let metrics = std::sync::Arc::new(gds_serve::metrics::ServerMetrics::default());
-    let engine = Engine::new(m, kv, cfg, 2, Vec::new(), metrics);
+    let exec = gds_runtime::exec::CpuBatchExecutor::new(
+        m,
+        cfg.step_tokens,
+        gds_serve::scheduler::max_outputs(&cfg),
+        cfg.ctx,
+    );
+    let engine = Engine::new(Box::new(exec), kv, cfg, Vec::new(), metrics);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut outs = Vec::new();
     for (prompt, echo, max_tokens) in reqs {
