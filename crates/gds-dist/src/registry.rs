@@ -994,9 +994,16 @@ impl Remote {
 fn check_assembled(dir: &Path, layers: &[Layer], what: &str) -> Result<()> {
     let report = gds_convert::validate_dir(dir, gds_convert::Depth::Structure);
     if !report.valid {
+        // the files by their paths in the package, not in the staging directory that goes
+        let staging = format!("{}/", dir.display());
+        let errors: Vec<String> = report
+            .errors
+            .iter()
+            .map(|e| e.replace(&staging, ""))
+            .collect();
         return Err(DistError::invalid(format!(
             "{what}: the pulled model does not validate:\n  {}",
-            report.errors.join("\n  ")
+            errors.join("\n  ")
         )));
     }
     let bytes = gds_io::read_manifest(dir).map_err(|e| DistError::invalid(e.to_string()))?;

@@ -1091,6 +1091,173 @@ fn hostile_packages_are_refused() {
     );
 }
 
+/// Replaces files of the model packed in the OCI layout `layout` as a forger would: each new
+/// file becomes a blob, and its layer's digest, size and `io.gdsllm.blake3`, the config's
+/// `modelfs.diffIds`, the image manifest and `index.json` follow, so that the package is
+/// self-consistent and only a check of the files' contents can refuse it.
+fn forge_layout(layout: &Path, files: &[(&str, Vec<u8>)]) {
+    let put = |bytes: &[u8]| -> String {
+        let d = format!("sha256:{}", sha256_hex(bytes));
+        std::fs::write(blob_path(layout, &d), bytes).unwrap();
+        d
+    };
+    let (_, mut m) = layout_manifest(layout);
+    for (rel, bytes) in files {
+        let l = m["layers"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|l| l["annotations"][FILEPATH] == *rel)
+            .unwrap_or_else(|| panic!("no layer for {rel}"));
+        l["digest"] = put(bytes).into();
+        l["size"] = bytes.len().into();
+        l["annotations"]["io.gdsllm.blake3"] = blake3::hash(bytes).to_hex().as_str().into();
+    }
+    let cd = m["config"]["digest"].as_str().unwrap().to_string();
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(blob_path(layout, &cd)).unwrap()).unwrap();
+    cfg["modelfs"]["diffIds"] = m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].clone())
+        .collect();
+    let cfg = serde_json::to_vec(&cfg).unwrap();
+    m["config"]["digest"] = put(&cfg).into();
+    m["config"]["size"] = cfg.len().into();
+    let mb = serde_json::to_vec(&m).unwrap();
+    let md = put(&mb);
+    let ip = layout.join("index.json");
+    let mut index: Value = serde_json::from_slice(&std::fs::read(&ip).unwrap()).unwrap();
+    index["manifests"][0]["digest"] = md.into();
+    index["manifests"][0]["size"] = mb.len().into();
+    std::fs::write(&ip, serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_package_whose_chat_template_is_hostile_is_refused() {
+    // A chat template is code from the package: one that breaks the parser's bounds (30 000
+    // chained `+`) or doubles a string until memory runs out. `pack` refuses such a model,
+    // so the package is forged: the genuine one packed, then its tokenizer_config.json and
+    // manifest.gdsm swapped for forged ones (re-hashed, re-sealed) and every digest made to
+    // follow. A pull must refuse it (exit 1, naming tokenizer_config.json and the template's
+    // problem) and keep nothing; `gdsrun REF` must not run it.
+    let reg = Registry::start();
+    let env = Env::new();
+    let genuine = pack_layout(&env, smollm_converted(), "genuine", "latest");
+    let cfg_path = smollm_converted().join("tokenizer_config.json");
+    let cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    let cases = [
+        (
+            "operators",
+            format!("{{{{ 1{} }}}}", " + 1".repeat(30_000)),
+            "operators",
+        ),
+        (
+            "doubling",
+            "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}".to_string(),
+            "MiB",
+        ),
+    ];
+    for (case, template, problem) in cases {
+        let model = env.path(&format!("forged-{case}"));
+        copy_dir(smollm_converted(), &model);
+        let mut c = cfg.clone();
+        c["chat_template"] = template.into();
+        forge_file(&model, "tokenizer_config.json", c.to_string().as_bytes());
+        // The forgery is only the template: validate refuses the directory for it alone.
+        let o = env.run("gdsconv", &["validate", s(&model)]);
+        assert_eq!(o.status.code(), Some(1), "validate {case}: {}", stdout(&o));
+        let layout = env.path(&format!("layout-{case}"));
+        copy_dir(&genuine, &layout);
+        forge_layout(
+            &layout,
+            &[
+                (
+                    "tokenizer_config.json",
+                    std::fs::read(model.join("tokenizer_config.json")).unwrap(),
+                ),
+                (
+                    "manifest.gdsm",
+                    std::fs::read(model.join("manifest.gdsm")).unwrap(),
+                ),
+            ],
+        );
+        let r = reg.reference("hostile-template", case);
+        skopeo(&[
+            "copy",
+            "--dest-tls-verify=false",
+            &format!("oci:{}:latest", layout.display()),
+            &format!("docker://{r}"),
+        ]);
+
+        let parent = env.path(&format!("pull-{case}"));
+        std::fs::create_dir_all(&parent).unwrap();
+        let out = parent.join("model");
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg("ulimit -v 4194304 && exec \"$0\" \"$@\"")
+            .arg(bin("gdsconv"))
+            .args(["pull", &r, s(&out), "--plain-http"])
+            .env("GDSLLM_HOME", env.home())
+            .env("DOCKER_CONFIG", &env.docker_config);
+        let what = format!("gdsconv pull of a package whose template does {case}");
+        let o = output_within(c, Duration::from_secs(300), &what);
+        let err = stderr(&o);
+        eprintln!("{case}: pull exit {:?}: {}", o.status.code(), err.trim());
+        assert_eq!(o.status.code(), Some(1), "{what}: {err}");
+        for w in ["tokenizer_config.json", "chat template", problem] {
+            assert!(err.contains(w), "{what}: expected {w:?} in: {err}");
+        }
+        assert!(
+            !err.contains(".tmp-"),
+            "{what}: the error names the staging directory, which is gone: {err}"
+        );
+        assert!(!out.exists(), "{what}: {} exists", out.display());
+        assert_eq!(
+            entries(&parent),
+            Vec::<String>::new(),
+            "{what}: files left beside OUT_DIR"
+        );
+        // Into the store: `gdsrun REF` pulls it there first, and refuses it (exit 1).
+        let g = generate(&env, &r, &["--plain-http"]);
+        assert_eq!(
+            g.status.code(),
+            Some(1),
+            "gdsrun REF of a package whose template does {case}: {}",
+            stderr(&g)
+        );
+        assert!(
+            stderr(&g).contains("tokenizer_config.json"),
+            "gdsrun REF ({case}): {}",
+            stderr(&g)
+        );
+        assert!(
+            g.stdout.is_empty(),
+            "gdsrun REF ({case}) generated: {}",
+            stdout(&g)
+        );
+        let models = env.store().join("models");
+        assert_eq!(
+            entries(&models),
+            Vec::<String>::new(),
+            "a refused model is in the store"
+        );
+        let list = env.json(&["list"]);
+        assert!(!list.to_string().contains(&r), "{r} is listed: {list}");
+        assert_store_consistent(&env.store());
+    }
+    // Nothing is left in the store but verified blobs: no staging directory, no partial
+    // download (the lock files of the partial/ directory aside).
+    let partial = env.store().join("partial");
+    let left: Vec<String> = entries(&partial)
+        .into_iter()
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "left in {}", partial.display());
+}
+
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn credentials_come_from_the_docker_config() {
