@@ -1502,6 +1502,13 @@ fn hostile_registries_fail_the_pull_with_a_short_error() {
         ),
         ("huge-manifest", &[], &[], 1, &["manifest", "2097152 bytes"]),
         (
+            "huge-token",
+            &[],
+            &[],
+            3,
+            &["authenticating", "token", "1048576 bytes", "/token"],
+        ),
+        (
             "trickle",
             &["--interval", "1"],
             &["--min-rate", "100", "--min-rate-window", "2s"],
@@ -1572,5 +1579,103 @@ fn hostile_registries_fail_the_pull_with_a_short_error() {
             "{what}: control characters reach the terminal: {err:?}"
         );
         assert!(!out.exists(), "{what}: {} was created", out.display());
+    }
+}
+
+/// Runs `c` (a built binary and its arguments) under a 2 GiB address-space limit, through a
+/// small Python parent that reports the child's peak resident memory: (output, peak RSS in
+/// KiB). Killed after `limit` like [`output_within`].
+fn output_and_peak_rss(c: &Command, limit: Duration, what: &str) -> (Output, u64) {
+    const WRAP: &str = r#"
+import ctypes, resource, subprocess, sys
+def limit():
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: dies with this parent
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+r = subprocess.run(sys.argv[1:], preexec_fn=limit)
+sys.stderr.write("\npeak-rss-kib=%d\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(r.returncode if r.returncode >= 0 else 128 - r.returncode)
+"#;
+    let mut w = Command::new("python3");
+    w.args(["-c", WRAP]).arg(c.get_program()).args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => w.env(k, v),
+            None => w.env_remove(k),
+        };
+    }
+    let mut o = output_within(w, limit, what);
+    let err = stderr(&o);
+    let (rest, rss) = err
+        .trim_end()
+        .rsplit_once("\npeak-rss-kib=")
+        .unwrap_or_else(|| panic!("{what}: no peak RSS reported: {err}"));
+    let rss = rss.parse().unwrap();
+    o.stderr = rest.as_bytes().to_vec();
+    (o, rss)
+}
+
+#[test]
+#[ignore = "tier 2: needs the Python packages scripts/test.sh installs"]
+fn hostile_registries_fail_the_push_with_a_short_error() {
+    // A registry that answers a push's upload start, blob upload or manifest upload with a
+    // 403 whose body is 3 GiB, or whose token service answers with 3 GiB: the push fails at
+    // once with one short error naming the registry and the status or limit, having read at
+    // most MAX_ERROR_BODY (MAX_TOKEN_BODY) of the body (a body read whole aborts under the
+    // 2 GiB address-space cap, and shows in the peak RSS).
+    let env = Env::new();
+    let model = env.path("tiny");
+    ok(
+        &env.run(
+            "gdsconv",
+            &["convert", s(&fixture("tiny-llama.gguf")), s(&model)],
+        ),
+        "gdsconv convert tiny-llama.gguf",
+    );
+    let errors: &[&str] = &["HTTP 403", "NOT FOUND", "longer than 65536 bytes"];
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        ("push-error", &["--at", "start"], errors),
+        ("push-error", &["--at", "upload"], errors),
+        ("push-error", &["--at", "manifest"], errors),
+        (
+            "huge-token",
+            &[],
+            &["authenticating for push", "1048576 bytes", "/token"],
+        ),
+    ];
+    for (mode, flags, words) in cases {
+        let srv = Hostile::start(mode, flags);
+        let host = format!("127.0.0.1:{}", srv.port);
+        let r = format!("{host}/hostile/model:latest");
+        let mut c = env.command("gdsconv", &["push", s(&model), &r, "--plain-http"]);
+        c.stdin(Stdio::null());
+        let at = format!("{mode} {flags:?}");
+        let what = format!("gdsconv push to a registry that does {at}");
+        let (o, rss_kib) = output_and_peak_rss(&c, Duration::from_secs(120), &what);
+        let err = stderr(&o);
+        eprintln!(
+            "{at}: exit {:?}, peak RSS {} MiB: {}",
+            o.status.code(),
+            rss_kib >> 10,
+            err.trim()
+        );
+        assert_eq!(o.status.code(), Some(3), "{what}: {err}");
+        assert!(
+            err.len() < 2048,
+            "{what}: {} bytes on stderr: {}",
+            err.len(),
+            &err[..err.len().min(4096)]
+        );
+        for w in std::iter::once(&host.as_str()).chain(words.iter()) {
+            assert!(err.contains(w), "{what}: expected {w:?} in: {err}");
+        }
+        assert!(
+            !err.chars().any(|c| c.is_control() && c != '\n'),
+            "{what}: control characters reach the terminal: {err:?}"
+        );
+        assert!(
+            rss_kib < 200 << 10,
+            "{what}: peak RSS {} MiB (the error body was read whole?)",
+            rss_kib >> 10
+        );
     }
 }
