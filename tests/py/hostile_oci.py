@@ -3,10 +3,11 @@
 tests (tests/tests/it/dist.rs).
 
     hostile_oci.py SRC_LAYOUT OUT_DIR CASE [--tag TAG] [--target PATH]
-    hostile_oci.py serve MODE [--size BYTES] [--interval SECONDS]
+    hostile_oci.py serve MODE [--size BYTES] [--interval SECONDS] [--at STEP]
 
 `serve` listens on 127.0.0.1 (a free port), prints {"port": N} on stdout and answers every
-GET /v2/ with 200 (no authentication) and every other request as MODE says, until killed:
+GET /v2/ with 200 (no authentication; huge-token aside) and every other request as MODE
+says, until killed:
   huge-error     404 with a chunked text body of --size bytes (default 3 GiB), sent as fast
                  as the client reads, full of terminal escapes and control characters
   huge-manifest  200 with a manifest body of --size bytes (default 3 GiB) and no length
@@ -15,6 +16,14 @@ GET /v2/ with 200 (no authentication) and every other request as MODE says, unti
                  (default 1)
   stall          reads the request and never answers
   stall-body     200 with Content-Length 4096 and 16 bytes of it, then nothing
+  huge-token     a bearer-token registry: GET /v2/ (and every other request) answers 401 with
+                 a challenge whose realm is GET /token here, which answers 200 with a JSON
+                 body of --size bytes (chunked)
+  push-error     a push target that fails one step (--at) with a 403 whose chunked text body
+                 has --size bytes (like huge-error's): every blob is missing (HEAD 404) unless
+                 --at manifest (then every blob is there); `start` fails the POST that opens
+                 an upload (or mounts), `upload` reads the PUT of a blob's bytes and fails it,
+                 `manifest` reads the manifest's PUT and fails it; the other steps succeed
 
 SRC_LAYOUT is a genuine layout (`gdsconv pack DIR --layout SRC_LAYOUT`). OUT_DIR receives a
 copy (blobs hard-linked where possible) whose image manifest is edited as an attacker would,
@@ -97,7 +106,16 @@ def copy_layout(src, out):
             shutil.copyfile(s, d)
 
 
-SERVE_MODES = ["huge-error", "huge-manifest", "trickle", "stall", "stall-body"]
+SERVE_MODES = [
+    "huge-error",
+    "huge-manifest",
+    "trickle",
+    "stall",
+    "stall-body",
+    "huge-token",
+    "push-error",
+]
+PUSH_STEPS = ["start", "upload", "manifest"]
 
 
 def serve(argv):
@@ -109,6 +127,7 @@ def serve(argv):
     ap.add_argument("mode", choices=SERVE_MODES)
     ap.add_argument("--size", type=int, default=3 << 30)
     ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--at", choices=PUSH_STEPS, default="start")
     a = ap.parse_args(argv)
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -125,12 +144,89 @@ def serve(argv):
                 sent += n
             self.wfile.write(b"0\r\n\r\n")
 
+        def huge_error(self, status):
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            line = b"\x1b[31mNOT FOUND\x1b[0m \x07\x08\r" + b"E" * 100 + b"\n"
+            self.chunked(line * ((1 << 20) // len(line)), a.size)
+
+        def empty(self, status, location=None):
+            self.send_response(status)
+            if location:
+                self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def drain(self):
+            left = int(self.headers.get("Content-Length") or 0)
+            while left > 0:
+                n = len(self.rfile.read(min(left, 1 << 20)))
+                if n == 0:
+                    break
+                left -= n
+
+        def push(self):
+            """The push-error mode: (method, path) → the answer."""
+            m, path = self.command, self.path.split("?")[0]
+            if m == "GET" and path.rstrip("/") == "/v2":
+                self.empty(200)
+            elif m == "HEAD" and "/blobs/" in path:
+                self.empty(200 if a.at == "manifest" else 404)
+            elif m == "POST" and path.endswith("/blobs/uploads/"):
+                if a.at == "start":
+                    self.huge_error(403)
+                else:
+                    self.empty(202, path + "upload-1")
+            elif m == "PUT" and "/blobs/uploads/" in path:
+                self.drain()
+                if a.at == "upload":
+                    self.huge_error(403)
+                else:
+                    self.empty(201, path)
+            elif m == "PUT" and "/manifests/" in path:
+                self.drain()
+                self.huge_error(403)
+            else:
+                self.empty(405)
+
         def do_HEAD(self):
             self.do_GET()
 
+        def do_POST(self):
+            self.do_GET()
+
+        def do_PUT(self):
+            self.do_GET()
+
+        def do_PATCH(self):
+            self.do_GET()
+
+        def token(self):
+            if self.command == "GET" and self.path.startswith("/token"):
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                head = b'{"token":"'
+                self.wfile.write(b"%x\r\n" % len(head) + head + b"\r\n")
+                self.chunked(b"t" * (1 << 20), a.size)
+                return
+            realm = "http://127.0.0.1:%d/token" % self.server.server_address[1]
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Bearer realm="%s",service="hostile"' % realm)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
         def do_GET(self):
             try:
-                self.answer()
+                if a.mode == "push-error":
+                    self.push()
+                elif a.mode == "huge-token":
+                    self.token()
+                else:
+                    self.answer()
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
@@ -146,12 +242,7 @@ def serve(argv):
                 time.sleep(3600)
                 return
             if a.mode == "huge-error":
-                self.send_response(404)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                line = b"\x1b[31mNOT FOUND\x1b[0m \x07\x08\r" + b"E" * 100 + b"\n"
-                self.chunked(line * ((1 << 20) // len(line)), a.size)
+                self.huge_error(404)
                 return
             if a.mode == "huge-manifest":
                 self.send_response(200)
@@ -178,6 +269,9 @@ def serve(argv):
 
     class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            pass  # a client that hangs up mid-body is what these modes expect
 
     srv = Server(("127.0.0.1", 0), Handler)
     print(json.dumps({"port": srv.server_address[1]}), flush=True)

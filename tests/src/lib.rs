@@ -303,3 +303,30 @@ pub fn output_within(mut c: Command, limit: std::time::Duration, what: &str) -> 
         stderr: err.join().unwrap(),
     }
 }
+
+/// Re-seals a model manifest's checksum after an edit, as a forger would.
+pub fn reseal(b: &mut [u8]) {
+    use gds_format::raw::CHECKSUM_OFFSET;
+    let s = gds_format::reader::checksum(b);
+    b[CHECKSUM_OFFSET..CHECKSUM_OFFSET + 32].copy_from_slice(&s);
+}
+
+/// Rewrites `rel` in the model directory `dir` with `bytes` and records its new length and
+/// hash in the manifest's file table, re-sealed, as a forger would: the directory stays
+/// self-consistent, so only the checks of the file's content can refuse it.
+pub fn forge_file(dir: &Path, rel: &str, bytes: &[u8]) {
+    use gds_format::raw::{FileEntry, HeaderExt};
+    use gds_format::{Manifest, MANIFEST_FILE};
+    use zerocopy::FromBytes;
+    std::fs::write(dir.join(rel), bytes).unwrap();
+    let p = dir.join(MANIFEST_FILE);
+    let mut b = std::fs::read(&p).unwrap();
+    let m = Manifest::parse(&b).unwrap();
+    let i = m.files().position(|f| f.path == rel).unwrap();
+    let ext = HeaderExt::ref_from_prefix(&b[128..]).unwrap().0;
+    let at = ext.files.offset.get() as usize + i * size_of::<FileEntry>();
+    b[at + 16..at + 24].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+    b[at + 24..at + 56].copy_from_slice(blake3::hash(bytes).as_bytes());
+    reseal(&mut b);
+    std::fs::write(&p, b).unwrap();
+}

@@ -1,10 +1,10 @@
-//! Push and pull through an OCI registry with `oci-client`, one blob at a time and streamed
-//! (a layer is never held whole in memory).
+//! Push and pull through an OCI registry, one blob at a time and streamed (a layer is never
+//! held whole in memory), with our own `reqwest` client (`oci-client` parses references).
 //!
 //! * push: each blob the registry already has is skipped (a re-push after a failure resumes,
-//!   a second model uploads only what differs), the rest are streamed from their files; the
-//!   manifest goes last. Transient failures (connection errors, 429, 5xx) are retried with
-//!   back-off.
+//!   a second model uploads only what differs), the rest are streamed from their files (one
+//!   `POST` to open the upload, one `PUT` of the bytes); the manifest goes last. Transient
+//!   failures (connection errors, 429, 5xx) are retried with back-off.
 //! * pull: the image manifest is checked ([`crate::package::parse_manifest`]) before
 //!   anything is downloaded; each blob missing from the store downloads to a `.partial`
 //!   file, resumed with an HTTP Range request after an interruption, and is checked (sha256,
@@ -12,16 +12,17 @@
 //!   directory is assembled from hard links beside its final name, checked against the
 //!   model manifest, and renamed into place: it appears whole or not at all.
 //!
-//! * limits: a pull reads bodies through its own `reqwest` client (`oci-client` reads
-//!   manifests and error bodies whole), each capped — the manifest at
-//!   [`crate::MAX_MANIFEST_BYTES`], the config and blobs at their declared sizes, error
-//!   bodies at [`MAX_ERROR_BODY`] of which an [`excerpt`] is printed — and every request,
-//!   push or pull, is paced ([`Limits::min_rate`] over [`Limits::window`]); the whole push
-//!   or pull has a deadline ([`Limits::timeout`]).
+//! * limits: every body is read with a cap (`oci-client` reads manifests, error bodies and
+//!   token answers whole, so no request goes through it) — the manifest at
+//!   [`crate::MAX_MANIFEST_BYTES`], the config and blobs at their declared sizes, a token
+//!   answer at [`MAX_TOKEN_BODY`], error bodies of push and pull at [`MAX_ERROR_BODY`] of
+//!   which an [`excerpt`] is printed — and every request, push or pull, is paced
+//!   ([`Limits::min_rate`] over [`Limits::window`]); the whole push or pull has a deadline
+//!   ([`Limits::timeout`]).
 //!
 //! Credentials come from the Docker config (`$DOCKER_CONFIG/config.json` or
-//! `~/.docker/config.json`: `auths` and credential helpers); registries that answer with a
-//! bearer-token challenge are handled by `oci-client`.
+//! `~/.docker/config.json`: `auths` and credential helpers); a registry that answers with a
+//! bearer-token challenge gets the token request of the distribution spec's token protocol.
 
 use crate::error::{DistError, Result};
 use crate::layout::Staged;
@@ -29,10 +30,8 @@ use crate::package::{hex, parse_manifest, sha256_digest, Artifact, BlobRef, Blob
 use crate::store::{link_or_copy, Store};
 use crate::*;
 use futures_util::StreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference, RegistryOperation};
+use oci_client::Reference;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -49,6 +48,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(12 * 3600);
 /// The most of a registry's error body that is read (enough for an OCI error envelope);
 /// the rest is never downloaded.
 pub const MAX_ERROR_BODY: usize = 64 << 10;
+/// The most of a token service's answer that is read (a token is a few KiB).
+pub const MAX_TOKEN_BODY: usize = 1 << 20;
 /// The most of a registry's error text that is printed.
 pub const EXCERPT_BYTES: usize = 512;
 
@@ -136,9 +137,9 @@ pub struct PullSummary {
 
 /// A registry repository, ready to talk to.
 pub struct Remote {
-    client: Client,
-    /// Pulls go through this client directly (`oci-client` reads whole bodies into memory,
-    /// error bodies included): every body read is capped and paced.
+    /// Every request, push and pull, goes through this client (`oci-client`'s reads whole
+    /// bodies into memory, error bodies and token answers included): every body read is
+    /// capped and paced.
     http: reqwest::Client,
     reference: Reference,
     auth: RegistryAuth,
@@ -179,15 +180,6 @@ pub fn looks_like_reference(s: &str) -> bool {
         && s.parse::<Reference>().is_ok()
 }
 
-fn transient(e: &OciDistributionError) -> bool {
-    match e {
-        OciDistributionError::RequestError(r) => !r.is_builder() && !r.is_decode(),
-        OciDistributionError::IoError(_) => true,
-        OciDistributionError::ServerError { code, .. } => *code == 429 || *code >= 500,
-        _ => false,
-    }
-}
-
 impl Remote {
     /// Parses `reference` and reads the credentials for its registry.
     pub fn new(reference: &str, opts: RemoteOptions) -> Result<Remote> {
@@ -198,17 +190,6 @@ impl Remote {
             ))
         })?;
         let auth = credentials(parsed.resolve_registry());
-        let config = ClientConfig {
-            protocol: if opts.plain_http {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            use_monolithic_push: true,
-            connect_timeout: Some(Duration::from_secs(30)),
-            read_timeout: Some(Duration::from_secs(120)),
-            ..Default::default()
-        };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -219,7 +200,6 @@ impl Remote {
             .build()
             .map_err(|e| DistError::usage(format!("cannot set up the HTTP client: {e}")))?;
         Ok(Remote {
-            client: Client::new(config),
             http,
             reference: parsed,
             auth,
@@ -245,40 +225,6 @@ impl Remote {
             self.reference.registry(),
             self.reference.repository()
         )
-    }
-
-    fn err(&self, what: &str, e: OciDistributionError) -> DistError {
-        let registry = self.reference.resolve_registry();
-        let detail = match &e {
-            OciDistributionError::UnauthorizedError { .. } => {
-                "401 Unauthorized: the credentials are missing or wrong (docker login / $DOCKER_CONFIG/config.json)".to_string()
-            }
-            OciDistributionError::AuthenticationFailure(m) => {
-                format!("authentication failed (401): {}", excerpt(m.as_bytes()))
-            }
-            OciDistributionError::ServerError { code, message, .. } => {
-                format!("HTTP {code}: {}", excerpt(message.as_bytes()))
-            }
-            OciDistributionError::RegistryError { envelope, .. } => {
-                let codes: Vec<String> = envelope
-                    .errors
-                    .iter()
-                    .map(|x| format!("{:?}: {}", x.code, x.message))
-                    .collect();
-                excerpt(codes.join("; ").as_bytes())
-            }
-            OciDistributionError::RequestError(r) => {
-                let mut s = r.to_string();
-                let mut src = std::error::Error::source(r);
-                while let Some(x) = src {
-                    s.push_str(&format!(": {x}"));
-                    src = x.source();
-                }
-                s
-            }
-            other => excerpt(other.to_string().as_bytes()),
-        };
-        DistError::registry(format!("registry {registry}: {what}: {detail}"))
     }
 
     /// `fut` under the overall deadline (`--timeout`).
@@ -328,21 +274,227 @@ impl Remote {
     }
 
     /// How pulls authenticate: a bearer token from the registry's challenge, else the
-    /// Basic credentials, else nothing (the registry's 401 then says so).
-    async fn pull_auth(&self) -> Result<PullAuth> {
-        let r = &self.reference;
-        let mut pace = self.pace("authenticating");
-        let token = pace
-            .wait(
-                self.client.auth(r, &self.auth, RegistryOperation::Pull),
+    /// Basic credentials, else nothing (the registry's 401 then says so). A failed token
+    /// request falls back the same way, unless a limit stopped it.
+    async fn pull_auth(&self) -> Result<ReqAuth> {
+        let mut limited = false;
+        match self.token(false, &mut limited).await {
+            Ok(Some((t, renew))) => Ok(ReqAuth::new(false, Cred::Bearer(t), renew)),
+            Err(e) if limited => Err(e),
+            _ => Ok(ReqAuth::new(false, self.basic_or_none(), None)),
+        }
+    }
+
+    /// How a push authenticates: as a pull does, with a token for pushing; a failed token
+    /// request fails the push.
+    async fn push_auth(&self) -> Result<ReqAuth> {
+        Ok(match self.token(true, &mut false).await? {
+            Some((t, renew)) => ReqAuth::new(true, Cred::Bearer(t), renew),
+            None => ReqAuth::new(true, self.basic_or_none(), None),
+        })
+    }
+
+    fn basic_or_none(&self) -> Cred {
+        match &self.auth {
+            RegistryAuth::Basic(u, p) => Cred::Basic(u.clone(), p.clone()),
+            _ => Cred::None,
+        }
+    }
+
+    /// The credentials `auth` holds now, with a new token if the one it has is about to
+    /// expire.
+    async fn cred(&self, auth: &ReqAuth) -> Result<Cred> {
+        let (cred, renew_at) = auth.state.lock().expect("auth state").clone();
+        if renew_at.is_none_or(|t| Instant::now() < t) {
+            return Ok(cred);
+        }
+        // boxed: the token's own requests go through `send`, which calls this
+        let (t, renew_at) = Box::pin(self.token(auth.push, &mut false))
+            .await?
+            .ok_or_else(|| {
+                DistError::registry(format!(
+                    "registry {}: renewing the token: the registry no longer asks for one",
+                    self.reference.resolve_registry()
+                ))
+            })?;
+        let cred = Cred::Bearer(t);
+        *auth.state.lock().expect("auth state") = (cred.clone(), renew_at);
+        Ok(cred)
+    }
+
+    /// The bearer token for pulling (or pushing) this repository, if the registry asks for
+    /// one: `GET /v2/` answers with a `WWW-Authenticate: Bearer realm=…,service=…` challenge,
+    /// and the realm with `{"token": …}` (or `access_token`), for the Basic credentials if
+    /// any. Read through our client, capped like every body: the token answer at
+    /// [`MAX_TOKEN_BODY`] bytes, an error at [`MAX_ERROR_BODY`]. With the token, when to
+    /// ask for another (10 s before its `expires_in`, 60 s when it says none); `limited` is
+    /// set when a limit stopped it (`--min-rate`, the cap).
+    async fn token(
+        &self,
+        push: bool,
+        limited: &mut bool,
+    ) -> Result<Option<(String, Option<Instant>)>> {
+        if let RegistryAuth::Bearer(t) = &self.auth {
+            return Ok(Some((t.clone(), None)));
+        }
+        let asked = Instant::now();
+        let registry = self.reference.resolve_registry();
+        let what = if push {
+            "authenticating for push"
+        } else {
+            "authenticating"
+        };
+        let scheme = if self.opts.plain_http {
+            "http"
+        } else {
+            "https"
+        };
+        let url = format!("{scheme}://{registry}/v2/");
+        let mut pace = self.pace(what);
+        let fail = |f: Fail, pace: &Pace, limited: &mut bool| {
+            *limited = pace.failed;
+            match f {
+                Fail::Retry(e) | Fail::Stop(e) => e,
+            }
+        };
+        let resp = match self
+            .send(
+                &ReqAuth::none(),
+                self.http.get(&url),
+                &url,
+                what,
+                &mut pace,
                 None,
             )
-            .await?;
-        Ok(match (token, &self.auth) {
-            (Ok(Some(t)), _) => PullAuth::Bearer(t),
-            (_, RegistryAuth::Basic(u, p)) => PullAuth::Basic(u.clone(), p.clone()),
-            _ => PullAuth::None,
-        })
+            .await
+        {
+            Ok(r) => r,
+            Err(f) => return Err(fail(f, &pace, limited)),
+        };
+        let Some(challenge) = resp
+            .headers()
+            .get(http::header::WWW_AUTHENTICATE)
+            .and_then(|h| h.to_str().ok())
+            .and_then(bearer_challenge)
+        else {
+            return Ok(None);
+        };
+        drop(resp);
+        let (realm, service) = challenge;
+        let scope = format!(
+            "repository:{}:{}",
+            self.reference.repository(),
+            if push { "pull,push" } else { "pull" }
+        );
+        let mut query = vec![("scope", scope.as_str())];
+        if let Some(s) = &service {
+            query.push(("service", s));
+        }
+        let mut req = self.http.get(&realm).query(&query);
+        if let RegistryAuth::Basic(u, p) = &self.auth {
+            req = req.basic_auth(u, Some(p));
+        }
+        // the realm is the registry's choice of host: the credentials go there as they
+        // would with any client that speaks the token protocol
+        let resp = match self
+            .send(&ReqAuth::none(), req, &realm, what, &mut pace, None)
+            .await
+        {
+            Ok(r) => r,
+            Err(f) => return Err(fail(f, &pace, limited)),
+        };
+        if !resp.status().is_success() {
+            let f = self.status_error(resp, &realm, what, &mut pace).await;
+            return Err(fail(f, &pace, limited));
+        }
+        let body = match read_capped(resp, MAX_TOKEN_BODY, &mut pace).await {
+            Ok((_, true)) => {
+                *limited = true;
+                return Err(DistError::registry(format!(
+                    "registry {registry}: {what}: the token service serves more than {MAX_TOKEN_BODY} bytes; stopped reading ({realm})"
+                )));
+            }
+            Ok((b, false)) => b,
+            Err(e) => {
+                *limited = pace.failed;
+                return Err(e);
+            }
+        };
+        let bad = |why: String| {
+            DistError::registry(format!(
+                "registry {registry}: {what}: the token service's answer {why} ({realm})"
+            ))
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| bad(format!("is not JSON: {e}")))?;
+        let lifetime = v
+            .get("expires_in")
+            .and_then(|e| e.as_u64())
+            .unwrap_or(60)
+            .clamp(1, 365 * 86400);
+        let renew_at = asked + Duration::from_secs(lifetime.saturating_sub(10).max(lifetime / 2));
+        match v
+            .get("token")
+            .or_else(|| v.get("access_token"))
+            .and_then(|t| t.as_str())
+        {
+            Some(t) => Ok(Some((t.to_string(), Some(renew_at)))),
+            None => Err(bad("has no token".into())),
+        }
+    }
+
+    /// True when `url` is on this reference's registry (host and port): only such requests
+    /// carry the credentials (an upload `Location` may point elsewhere, e.g. object storage).
+    fn on_registry(&self, url: &str) -> bool {
+        let scheme = if self.opts.plain_http {
+            "http"
+        } else {
+            "https"
+        };
+        let registry = format!("{scheme}://{}/", self.reference.resolve_registry());
+        match (reqwest::Url::parse(url), reqwest::Url::parse(&registry)) {
+            (Ok(u), Ok(r)) => {
+                u.scheme() == r.scheme()
+                    && u.host_str().is_some()
+                    && u.host_str() == r.host_str()
+                    && u.port_or_known_default() == r.port_or_known_default()
+            }
+            _ => false,
+        }
+    }
+
+    /// Sends `req` (to `url`; authenticated when it is on the registry), paced, counting the
+    /// bytes `sent` reports (an upload): the response, whatever its status.
+    async fn send(
+        &self,
+        auth: &ReqAuth,
+        req: reqwest::RequestBuilder,
+        url: &str,
+        what: &str,
+        pace: &mut Pace,
+        sent: Option<&std::sync::atomic::AtomicU64>,
+    ) -> std::result::Result<reqwest::Response, Fail> {
+        let registry = self.reference.resolve_registry();
+        let req = if self.on_registry(url) {
+            match self.cred(auth).await.map_err(Fail::Stop)? {
+                Cred::Bearer(t) => req.bearer_auth(t),
+                Cred::Basic(u, p) => req.basic_auth(u, Some(p)),
+                Cred::None => req,
+            }
+        } else {
+            req
+        };
+        match pace.wait(req.send(), sent).await.map_err(Fail::Stop)? {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                let msg = format!("registry {registry}: {what}: {}", reqwest_detail(&e));
+                Err(if e.is_builder() {
+                    Fail::Stop(DistError::registry(msg))
+                } else {
+                    Fail::Retry(DistError::registry(msg))
+                })
+            }
+        }
     }
 
     /// Sends `GET url` (paced) and checks the status: a 2xx response, or an error whose
@@ -350,14 +502,13 @@ impl Remote {
     /// bytes are read).
     async fn get(
         &self,
-        auth: &PullAuth,
+        auth: &ReqAuth,
         url: &str,
         accept: Option<&str>,
         range: Option<(u64, u64)>,
         what: &str,
         pace: &mut Pace,
     ) -> std::result::Result<reqwest::Response, Fail> {
-        let registry = self.reference.resolve_registry();
         let mut req = self.http.get(url);
         if let Some(a) = accept {
             req = req.header(http::header::ACCEPT, a);
@@ -365,31 +516,30 @@ impl Remote {
         if let Some((from, to)) = range {
             req = req.header(http::header::RANGE, format!("bytes={from}-{to}"));
         }
-        req = match auth {
-            PullAuth::Bearer(t) => req.bearer_auth(t),
-            PullAuth::Basic(u, p) => req.basic_auth(u, Some(p)),
-            PullAuth::None => req,
-        };
-        let resp = match pace.wait(req.send(), None).await.map_err(Fail::Stop)? {
-            Ok(r) => r,
-            Err(e) => {
-                let msg = format!("registry {registry}: {what}: {}", reqwest_detail(&e));
-                return Err(if e.is_builder() {
-                    Fail::Stop(DistError::registry(msg))
-                } else {
-                    Fail::Retry(DistError::registry(msg))
-                });
-            }
-        };
-        let status = resp.status();
-        if status.is_success() {
+        let resp = self.send(auth, req, url, what, pace, None).await?;
+        if resp.status().is_success() {
             return Ok(resp);
         }
-        let code = status.as_u16();
+        Err(self.status_error(resp, url, what, pace).await)
+    }
+
+    /// The error for a response whose status is not a success: its message holds at most an
+    /// excerpt of the body, of which at most [`MAX_ERROR_BODY`] bytes are read (whatever the
+    /// registry sends); 429 and 5xx are worth a retry.
+    async fn status_error(
+        &self,
+        resp: reqwest::Response,
+        url: &str,
+        what: &str,
+        pace: &mut Pace,
+    ) -> Fail {
+        let registry = self.reference.resolve_registry();
+        let code = resp.status().as_u16();
         let total = resp.content_length();
-        let (body, cut) = read_capped(resp, MAX_ERROR_BODY, pace)
-            .await
-            .map_err(Fail::Stop)?;
+        let (body, cut) = match read_capped(resp, MAX_ERROR_BODY, pace).await {
+            Ok(v) => v,
+            Err(e) => return Fail::Stop(e),
+        };
         let detail = if code == 401 {
             "401 Unauthorized: the credentials are missing or wrong (docker login / $DOCKER_CONFIG/config.json)".to_string()
         } else {
@@ -404,17 +554,153 @@ impl Remote {
             format!("HTTP {code}: {text}{more}")
         };
         let e = DistError::registry(format!("registry {registry}: {what}: {detail} ({url})"));
-        Err(if code == 429 || code >= 500 {
+        if code == 429 || code >= 500 {
             Fail::Retry(e)
         } else {
             Fail::Stop(e)
-        })
+        }
+    }
+
+    /// The registry's answer to an upload request (`POST …/blobs/uploads/`): its `Location`,
+    /// made absolute.
+    fn location(&self, resp: &reqwest::Response, url: &str, what: &str) -> Result<reqwest::Url> {
+        let bad = |why: String| {
+            DistError::registry(format!(
+                "registry {}: {what}: {why} ({url})",
+                self.reference.resolve_registry()
+            ))
+        };
+        let loc = resp
+            .headers()
+            .get(http::header::LOCATION)
+            .ok_or_else(|| bad(format!("HTTP {} without a Location header", resp.status())))?
+            .to_str()
+            .map_err(|_| bad("a Location header that is not text".into()))?;
+        reqwest::Url::parse(url)
+            .and_then(|base| base.join(loc))
+            .map_err(|e| bad(format!("Location {}: {e}", excerpt(loc.as_bytes()))))
+    }
+
+    /// `HEAD` of a blob: whether the repository has it.
+    async fn blob_exists(
+        &self,
+        auth: &ReqAuth,
+        digest: &str,
+        what: &str,
+    ) -> std::result::Result<bool, Fail> {
+        let url = self.url("blobs", digest);
+        let mut pace = self.pace(what);
+        let resp = self
+            .send(auth, self.http.head(&url), &url, what, &mut pace, None)
+            .await?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(true),
+            404 => Ok(false),
+            _ => Err(self.status_error(resp, &url, what, &mut pace).await),
+        }
+    }
+
+    /// Tries a cross-repository mount of `digest` from `from` (same registry): true when the
+    /// registry says it mounted it (201). Any other answer is no mount (the blob is then
+    /// uploaded), unless the registry stalled (`--min-rate`), which fails the push.
+    async fn mount(&self, auth: &ReqAuth, digest: &str, from: &str) -> Result<bool> {
+        let what = format!("mounting blob {digest}");
+        let base = self.url("blobs", "uploads/");
+        let Ok(url) = reqwest::Url::parse_with_params(&base, &[("mount", digest), ("from", from)])
+        else {
+            return Ok(false);
+        };
+        let url = url.to_string();
+        let mut pace = self.pace(&what);
+        let req = self
+            .http
+            .post(&url)
+            .header(http::header::CONTENT_LENGTH, "0");
+        match self.send(auth, req, &url, &what, &mut pace, None).await {
+            Ok(resp) if resp.status() == reqwest::StatusCode::CREATED => Ok(true),
+            Ok(resp) if resp.status().is_success() => Ok(false),
+            Ok(resp) => match self.status_error(resp, &url, &what, &mut pace).await {
+                Fail::Stop(e) if pace.failed => Err(e),
+                _ => Ok(false),
+            },
+            Err(Fail::Stop(e)) if pace.failed => Err(e),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Uploads one blob, streamed from its file: `POST …/blobs/uploads/` opens the upload
+    /// (202 and a `Location`), one `PUT Location?digest=…` sends the bytes (201).
+    async fn upload_blob(
+        &self,
+        auth: &ReqAuth,
+        b: &BlobRef,
+        sent: &Arc<std::sync::atomic::AtomicU64>,
+        what: &str,
+    ) -> std::result::Result<(), Fail> {
+        let url = self.url("blobs", "uploads/");
+        let mut pace = self.pace(what);
+        let req = self
+            .http
+            .post(&url)
+            .header(http::header::CONTENT_LENGTH, "0");
+        let resp = self.send(auth, req, &url, what, &mut pace, None).await?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp, &url, what, &mut pace).await);
+        }
+        let mut put = self.location(&resp, &url, what).map_err(Fail::Stop)?;
+        drop(resp);
+        put.query_pairs_mut().append_pair("digest", &b.digest);
+        let put = put.to_string();
+        let stream = blob_stream(
+            b,
+            self.opts.limit_rate,
+            self.opts.progress.clone(),
+            sent.clone(),
+        );
+        let req = self
+            .http
+            .put(&put)
+            .header(http::header::CONTENT_LENGTH, b.size)
+            .header(http::header::CONTENT_TYPE, "application/octet-stream")
+            .body(reqwest::Body::wrap_stream(stream));
+        let resp = self
+            .send(auth, req, &put, what, &mut pace, Some(sent))
+            .await?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp, &put, what, &mut pace).await);
+        }
+        Ok(())
+    }
+
+    /// `PUT` of the image manifest, under the reference's tag (or digest).
+    async fn put_manifest(
+        &self,
+        auth: &ReqAuth,
+        manifest: &[u8],
+        what: &str,
+    ) -> std::result::Result<(), Fail> {
+        let r = &self.reference;
+        let url = self.url(
+            "manifests",
+            r.digest().unwrap_or_else(|| r.tag().unwrap_or("latest")),
+        );
+        let mut pace = self.pace(what);
+        let req = self
+            .http
+            .put(&url)
+            .header(http::header::CONTENT_TYPE, MANIFEST_MEDIA_TYPE)
+            .body(manifest.to_vec());
+        let resp = self.send(auth, req, &url, what, &mut pace, None).await?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp, &url, what, &mut pace).await);
+        }
+        Ok(())
     }
 
     /// A small body (the manifest, the config), read whole but never past `cap` bytes.
     async fn get_small(
         &self,
-        auth: &PullAuth,
+        auth: &ReqAuth,
         url: &str,
         accept: Option<&str>,
         cap: u64,
@@ -460,38 +746,6 @@ impl Remote {
         unreachable!()
     }
 
-    /// Retries an `oci-client` call on transient failures with back-off; each attempt is
-    /// paced (`--min-rate`), counting the bytes `sent` reports (an upload) if given.
-    async fn retry<T, F, Fut>(
-        &self,
-        what: &str,
-        sent: Option<&std::sync::atomic::AtomicU64>,
-        mut f: F,
-    ) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, OciDistributionError>>,
-    {
-        let mut delay = Duration::from_millis(500);
-        for attempt in 1.. {
-            let mut pace = self.pace(what);
-            match pace.wait(f(), sent).await? {
-                Ok(v) => return Ok(v),
-                Err(e) if attempt < 4 && transient(&e) => {
-                    eprintln!(
-                        "{} (retrying in {:.1} s)",
-                        self.err(what, e),
-                        delay.as_secs_f64()
-                    );
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                }
-                Err(e) => return Err(self.err(what, e)),
-            }
-        }
-        unreachable!()
-    }
-
     /// Pushes the artifact: blobs first (those the registry lacks), then the manifest.
     pub fn push(&self, a: &Artifact) -> Result<PushSummary> {
         self.rt
@@ -500,13 +754,7 @@ impl Remote {
 
     async fn push_async(&self, a: &Artifact) -> Result<PushSummary> {
         let r = &self.reference;
-        self.pace("authenticating for push")
-            .wait(
-                self.client.auth(r, &self.auth, RegistryOperation::Push),
-                None,
-            )
-            .await?
-            .map_err(|e| self.err("authenticating for push", e))?;
+        let auth = self.push_auth().await?;
         let mut seen = std::collections::HashSet::new();
         let blobs: Vec<&BlobRef> = a
             .blobs()
@@ -521,18 +769,10 @@ impl Remote {
             mounted_blobs: 0,
             uploaded_bytes: 0,
         };
-        let sources: Vec<Reference> = self
-            .opts
-            .mount_from
-            .iter()
-            .map(|repo| {
-                Reference::with_tag(r.registry().to_string(), repo.clone(), "latest".into())
-            })
-            .collect();
         for b in blobs {
             let what = format!("checking blob {}", b.digest);
             if self
-                .retry(&what, None, || self.client.blob_exists(r, &b.digest))
+                .retrying(|| self.blob_exists(&auth, &b.digest, &what))
                 .await?
             {
                 s.skipped_blobs += 1;
@@ -542,15 +782,11 @@ impl Remote {
                 continue;
             }
             let mut mounted = false;
-            for src in &sources {
-                let mut pace = self.pace(&format!("mounting blob {}", b.digest));
-                let mount = pace
-                    .wait(self.client.mount_blob(r, src, &b.digest), None)
-                    .await?;
-                if mount.is_ok()
-                    && pace
-                        .wait(self.client.blob_exists(r, &b.digest), None)
-                        .await?
+            for src in &self.opts.mount_from {
+                if self.mount(&auth, &b.digest, src).await?
+                    && self
+                        .blob_exists(&auth, &b.digest, &what)
+                        .await
                         .unwrap_or(false)
                 {
                     mounted = true;
@@ -566,36 +802,21 @@ impl Remote {
             }
             let what = format!("uploading blob {} ({} bytes)", b.digest, b.size);
             let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            self.retry(&what, Some(&sent), || {
-                let stream = blob_stream(
-                    b,
-                    self.opts.limit_rate,
-                    self.opts.progress.clone(),
-                    sent.clone(),
-                );
-                self.client
-                    .push_blob_stream(r, stream, &b.digest, Some(b.size))
-            })
-            .await?;
+            self.retrying(|| self.upload_blob(&auth, b, &sent, &what))
+                .await?;
             s.uploaded_blobs += 1;
             s.uploaded_bytes += b.size;
         }
         let what = "uploading the manifest";
-        self.retry(what, None, || {
-            self.client.push_manifest_raw(
-                r,
-                a.manifest.clone(),
-                http::HeaderValue::from_static(MANIFEST_MEDIA_TYPE),
-            )
-        })
-        .await?;
+        self.retrying(|| self.put_manifest(&auth, &a.manifest, what))
+            .await?;
         Ok(s)
     }
 
     /// Fetches and checks the image manifest: (bytes, digest, parsed).
     async fn manifest(
         &self,
-        auth: &PullAuth,
+        auth: &ReqAuth,
     ) -> Result<(Vec<u8>, String, crate::package::ParsedManifest)> {
         let r = &self.reference;
         let url = self.url(
@@ -790,7 +1011,7 @@ impl Remote {
     /// A small blob (the config), from the store or the registry, with its size capped.
     async fn fetch_small(
         &self,
-        auth: &PullAuth,
+        auth: &ReqAuth,
         store: &Store,
         digest: &str,
         size: u64,
@@ -823,7 +1044,7 @@ impl Remote {
     /// pull already stored the blob).
     async fn fetch_blob(
         &self,
-        auth: &PullAuth,
+        auth: &ReqAuth,
         store: &Store,
         l: &Layer,
         what: &str,
@@ -994,9 +1215,16 @@ impl Remote {
 fn check_assembled(dir: &Path, layers: &[Layer], what: &str) -> Result<()> {
     let report = gds_convert::validate_dir(dir, gds_convert::Depth::Structure);
     if !report.valid {
+        // the files by their paths in the package, not in the staging directory that goes
+        let staging = format!("{}/", dir.display());
+        let errors: Vec<String> = report
+            .errors
+            .iter()
+            .map(|e| e.replace(&staging, ""))
+            .collect();
         return Err(DistError::invalid(format!(
             "{what}: the pulled model does not validate:\n  {}",
-            report.errors.join("\n  ")
+            errors.join("\n  ")
         )));
     }
     let bytes = gds_io::read_manifest(dir).map_err(|e| DistError::invalid(e.to_string()))?;
@@ -1033,11 +1261,34 @@ fn check_assembled(dir: &Path, layers: &[Layer], what: &str) -> Result<()> {
     Ok(())
 }
 
-/// How a pull's own requests authenticate.
-enum PullAuth {
+/// What a request to the registry carries.
+#[derive(Clone)]
+enum Cred {
     None,
     Bearer(String),
     Basic(String, String),
+}
+
+/// How the requests of one push or pull authenticate: the credentials, and when a bearer
+/// token is to be asked for again (shortly before it expires, as a long transfer outlives
+/// a token: Docker Hub's last 5 minutes, the token protocol's default 60 s).
+struct ReqAuth {
+    push: bool,
+    state: std::sync::Mutex<(Cred, Option<Instant>)>,
+}
+
+impl ReqAuth {
+    fn new(push: bool, cred: Cred, renew_at: Option<Instant>) -> ReqAuth {
+        ReqAuth {
+            push,
+            state: std::sync::Mutex::new((cred, renew_at)),
+        }
+    }
+
+    /// No credentials (the token protocol's own requests).
+    fn none() -> ReqAuth {
+        ReqAuth::new(false, Cred::None, None)
+    }
 }
 
 /// A failed request: worth retrying (connection error, 429, 5xx) or not.
@@ -1168,6 +1419,22 @@ async fn read_capped(
     }
 }
 
+/// The realm and service of the first Bearer challenge in a `WWW-Authenticate` header.
+fn bearer_challenge(header: &str) -> Option<(String, Option<String>)> {
+    http_auth::parser::ChallengeParser::new(header)
+        .filter_map(|c| c.ok())
+        .filter(|c| c.scheme.eq_ignore_ascii_case("Bearer"))
+        .find_map(|c| {
+            let get = |k: &str| {
+                c.params
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(k))
+                    .map(|(_, v)| v.to_unescaped())
+            };
+            Some((get("realm")?, get("service")))
+        })
+}
+
 /// A reqwest error with its causes, as an excerpt.
 fn reqwest_detail(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
@@ -1258,8 +1525,7 @@ fn blob_stream(
     limit: Option<u64>,
     progress: Option<Arc<dyn Fn(u64) + Send + Sync>>,
     counter: Arc<std::sync::atomic::AtomicU64>,
-) -> futures_util::stream::BoxStream<'static, std::result::Result<bytes::Bytes, OciDistributionError>>
-{
+) -> futures_util::stream::BoxStream<'static, std::io::Result<bytes::Bytes>> {
     let source = b.source.clone();
     let size = b.size;
     let state = (source, None::<std::fs::File>, 0u64, Limiter::new(limit));
@@ -1286,10 +1552,7 @@ fn blob_stream(
                     Ok(bytes::Bytes::from(buf))
                 })()
                 .map_err(|e: std::io::Error| {
-                    OciDistributionError::IoError(std::io::Error::new(
-                        e.kind(),
-                        format!("{}: {e}", path.display()),
-                    ))
+                    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
                 }),
             };
             let n = piece as u64;
@@ -1307,6 +1570,151 @@ fn blob_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_challenges_are_parsed_and_others_ignored() {
+        assert_eq!(
+            bearer_challenge(
+                r#"Bearer realm="https://auth.example/token",service="registry.example",scope="x""#
+            ),
+            Some((
+                "https://auth.example/token".to_string(),
+                Some("registry.example".to_string())
+            ))
+        );
+        assert_eq!(
+            bearer_challenge(r#"Basic realm="x", Bearer realm="https://a/t""#),
+            Some(("https://a/t".to_string(), None))
+        );
+        assert_eq!(bearer_challenge(r#"Basic realm="Registry Realm""#), None);
+        assert_eq!(bearer_challenge(r#"Bearer service="no realm""#), None);
+        assert_eq!(bearer_challenge("\u{0}garbage=\""), None);
+    }
+
+    /// A bearer-token registry on a thread: `GET /v2/` answers 401 with a challenge whose
+    /// realm is `GET /token` here, which hands out `t1`, `t2`, … valid for `expires_in`
+    /// seconds; any other request answers 200. Returns the port and the log of requests
+    /// (`METHOD PATH AUTHORIZATION`).
+    fn token_registry(expires_in: u64) -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
+        use std::io::{BufRead, BufReader, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (log2, issued) = (log.clone(), Arc::new(std::sync::atomic::AtomicU64::new(0)));
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(mut w) = conn else { return };
+                let (log, issued) = (log2.clone(), issued.clone());
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(w.try_clone().unwrap());
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut authz = String::from("-");
+                        loop {
+                            let mut h = String::new();
+                            r.read_line(&mut h).unwrap();
+                            if h.trim().is_empty() {
+                                break;
+                            }
+                            if let Some((k, v)) = h.split_once(':') {
+                                if k.eq_ignore_ascii_case("authorization") {
+                                    authz = v.trim().to_string();
+                                }
+                            }
+                        }
+                        let mut parts = line.split_whitespace();
+                        let (method, path) = (parts.next().unwrap(), parts.next().unwrap());
+                        log.lock().unwrap().push(format!("{method} {path} {authz}"));
+                        let (status, extra, body) = if path == "/v2/" {
+                            let c = format!("WWW-Authenticate: Bearer realm=\"http://127.0.0.1:{port}/token\",service=\"test\"\r\n");
+                            ("401 Unauthorized", c, String::new())
+                        } else if path.starts_with("/token") {
+                            let n = issued.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                            let b = format!("{{\"token\":\"t{n}\",\"expires_in\":{expires_in}}}");
+                            ("200 OK", String::new(), b)
+                        } else {
+                            ("200 OK", String::new(), String::new())
+                        };
+                        let head = format!(
+                            "HTTP/1.1 {status}\r\n{extra}Content-Length: {}\r\n\r\n",
+                            body.len()
+                        );
+                        let body = if method == "HEAD" { "" } else { &body };
+                        if w.write_all(format!("{head}{body}").as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (port, log)
+    }
+
+    #[test]
+    fn a_bearer_token_is_asked_for_and_renewed_before_it_expires() {
+        let digest = format!("sha256:{}", "0".repeat(64));
+        // a token valid for 1 s is renewed before each request (it would expire within the
+        // 10 s margin); one valid for 300 s serves both
+        for (expires_in, tokens, want) in [
+            (1, 3, ["Bearer t2", "Bearer t3"]),
+            (300, 1, ["Bearer t1"; 2]),
+        ] {
+            let (port, log) = token_registry(expires_in);
+            let opts = RemoteOptions {
+                plain_http: true,
+                ..Default::default()
+            };
+            let r = Remote::new(&format!("127.0.0.1:{port}/models/x:latest"), opts).unwrap();
+            r.rt.block_on(async {
+                let auth = r.push_auth().await.unwrap();
+                for _ in 0..2 {
+                    let e = r.blob_exists(&auth, &digest, "checking").await;
+                    assert!(matches!(e, Ok(true)));
+                }
+            });
+            let log = log.lock().unwrap().clone();
+            let asked: Vec<&String> = log.iter().filter(|l| l.starts_with("GET /token")).collect();
+            assert_eq!(asked.len(), tokens, "expires_in {expires_in}: {log:?}");
+            let token = asked[0];
+            assert!(
+                token.contains("scope=repository%3Amodels%2Fx%3Apull%2Cpush")
+                    && token.contains("service=test"),
+                "{token}"
+            );
+            let auths: Vec<String> = log
+                .iter()
+                .filter(|l| l.starts_with("HEAD "))
+                .map(|l| {
+                    l.split_once(' ')
+                        .unwrap()
+                        .1
+                        .split_once(' ')
+                        .unwrap()
+                        .1
+                        .to_string()
+                })
+                .collect();
+            assert_eq!(auths, want, "expires_in {expires_in}: {log:?}");
+        }
+    }
+
+    #[test]
+    fn only_the_registry_gets_the_credentials() {
+        let r = Remote::new("reg.example:5000/models/x:latest", RemoteOptions::default()).unwrap();
+        assert!(r.on_registry("https://reg.example:5000/v2/models/x/blobs/uploads/1?a=b"));
+        assert!(r.on_registry("https://REG.example:5000/v2/"));
+        assert!(!r.on_registry("http://reg.example:5000/v2/"));
+        assert!(!r.on_registry("https://reg.example/v2/"));
+        assert!(!r.on_registry("https://reg.example:5001/v2/"));
+        assert!(!r.on_registry("https://storage.example/upload?sig=1"));
+        assert!(!r.on_registry("https://reg.example:5000@evil.example/v2/"));
+        assert!(!r.on_registry("not a url"));
+        let r = Remote::new("reg.example:443/models/x:latest", RemoteOptions::default()).unwrap();
+        assert!(r.on_registry("https://reg.example/v2/models/x/blobs/uploads/1"));
+    }
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()

@@ -1091,6 +1091,173 @@ fn hostile_packages_are_refused() {
     );
 }
 
+/// Replaces files of the model packed in the OCI layout `layout` as a forger would: each new
+/// file becomes a blob, and its layer's digest, size and `io.gdsllm.blake3`, the config's
+/// `modelfs.diffIds`, the image manifest and `index.json` follow, so that the package is
+/// self-consistent and only a check of the files' contents can refuse it.
+fn forge_layout(layout: &Path, files: &[(&str, Vec<u8>)]) {
+    let put = |bytes: &[u8]| -> String {
+        let d = format!("sha256:{}", sha256_hex(bytes));
+        std::fs::write(blob_path(layout, &d), bytes).unwrap();
+        d
+    };
+    let (_, mut m) = layout_manifest(layout);
+    for (rel, bytes) in files {
+        let l = m["layers"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|l| l["annotations"][FILEPATH] == *rel)
+            .unwrap_or_else(|| panic!("no layer for {rel}"));
+        l["digest"] = put(bytes).into();
+        l["size"] = bytes.len().into();
+        l["annotations"]["io.gdsllm.blake3"] = blake3::hash(bytes).to_hex().as_str().into();
+    }
+    let cd = m["config"]["digest"].as_str().unwrap().to_string();
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(blob_path(layout, &cd)).unwrap()).unwrap();
+    cfg["modelfs"]["diffIds"] = m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].clone())
+        .collect();
+    let cfg = serde_json::to_vec(&cfg).unwrap();
+    m["config"]["digest"] = put(&cfg).into();
+    m["config"]["size"] = cfg.len().into();
+    let mb = serde_json::to_vec(&m).unwrap();
+    let md = put(&mb);
+    let ip = layout.join("index.json");
+    let mut index: Value = serde_json::from_slice(&std::fs::read(&ip).unwrap()).unwrap();
+    index["manifests"][0]["digest"] = md.into();
+    index["manifests"][0]["size"] = mb.len().into();
+    std::fs::write(&ip, serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_package_whose_chat_template_is_hostile_is_refused() {
+    // A chat template is code from the package: one that breaks the parser's bounds (30 000
+    // chained `+`) or doubles a string until memory runs out. `pack` refuses such a model,
+    // so the package is forged: the genuine one packed, then its tokenizer_config.json and
+    // manifest.gdsm swapped for forged ones (re-hashed, re-sealed) and every digest made to
+    // follow. A pull must refuse it (exit 1, naming tokenizer_config.json and the template's
+    // problem) and keep nothing; `gdsrun REF` must not run it.
+    let reg = Registry::start();
+    let env = Env::new();
+    let genuine = pack_layout(&env, smollm_converted(), "genuine", "latest");
+    let cfg_path = smollm_converted().join("tokenizer_config.json");
+    let cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    let cases = [
+        (
+            "operators",
+            format!("{{{{ 1{} }}}}", " + 1".repeat(30_000)),
+            "operators",
+        ),
+        (
+            "doubling",
+            "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}".to_string(),
+            "MiB",
+        ),
+    ];
+    for (case, template, problem) in cases {
+        let model = env.path(&format!("forged-{case}"));
+        copy_dir(smollm_converted(), &model);
+        let mut c = cfg.clone();
+        c["chat_template"] = template.into();
+        forge_file(&model, "tokenizer_config.json", c.to_string().as_bytes());
+        // The forgery is only the template: validate refuses the directory for it alone.
+        let o = env.run("gdsconv", &["validate", s(&model)]);
+        assert_eq!(o.status.code(), Some(1), "validate {case}: {}", stdout(&o));
+        let layout = env.path(&format!("layout-{case}"));
+        copy_dir(&genuine, &layout);
+        forge_layout(
+            &layout,
+            &[
+                (
+                    "tokenizer_config.json",
+                    std::fs::read(model.join("tokenizer_config.json")).unwrap(),
+                ),
+                (
+                    "manifest.gdsm",
+                    std::fs::read(model.join("manifest.gdsm")).unwrap(),
+                ),
+            ],
+        );
+        let r = reg.reference("hostile-template", case);
+        skopeo(&[
+            "copy",
+            "--dest-tls-verify=false",
+            &format!("oci:{}:latest", layout.display()),
+            &format!("docker://{r}"),
+        ]);
+
+        let parent = env.path(&format!("pull-{case}"));
+        std::fs::create_dir_all(&parent).unwrap();
+        let out = parent.join("model");
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg("ulimit -v 4194304 && exec \"$0\" \"$@\"")
+            .arg(bin("gdsconv"))
+            .args(["pull", &r, s(&out), "--plain-http"])
+            .env("GDSLLM_HOME", env.home())
+            .env("DOCKER_CONFIG", &env.docker_config);
+        let what = format!("gdsconv pull of a package whose template does {case}");
+        let o = output_within(c, Duration::from_secs(300), &what);
+        let err = stderr(&o);
+        eprintln!("{case}: pull exit {:?}: {}", o.status.code(), err.trim());
+        assert_eq!(o.status.code(), Some(1), "{what}: {err}");
+        for w in ["tokenizer_config.json", "chat template", problem] {
+            assert!(err.contains(w), "{what}: expected {w:?} in: {err}");
+        }
+        assert!(
+            !err.contains(".tmp-"),
+            "{what}: the error names the staging directory, which is gone: {err}"
+        );
+        assert!(!out.exists(), "{what}: {} exists", out.display());
+        assert_eq!(
+            entries(&parent),
+            Vec::<String>::new(),
+            "{what}: files left beside OUT_DIR"
+        );
+        // Into the store: `gdsrun REF` pulls it there first, and refuses it (exit 1).
+        let g = generate(&env, &r, &["--plain-http"]);
+        assert_eq!(
+            g.status.code(),
+            Some(1),
+            "gdsrun REF of a package whose template does {case}: {}",
+            stderr(&g)
+        );
+        assert!(
+            stderr(&g).contains("tokenizer_config.json"),
+            "gdsrun REF ({case}): {}",
+            stderr(&g)
+        );
+        assert!(
+            g.stdout.is_empty(),
+            "gdsrun REF ({case}) generated: {}",
+            stdout(&g)
+        );
+        let models = env.store().join("models");
+        assert_eq!(
+            entries(&models),
+            Vec::<String>::new(),
+            "a refused model is in the store"
+        );
+        let list = env.json(&["list"]);
+        assert!(!list.to_string().contains(&r), "{r} is listed: {list}");
+        assert_store_consistent(&env.store());
+    }
+    // Nothing is left in the store but verified blobs: no staging directory, no partial
+    // download (the lock files of the partial/ directory aside).
+    let partial = env.store().join("partial");
+    let left: Vec<String> = entries(&partial)
+        .into_iter()
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "left in {}", partial.display());
+}
+
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn credentials_come_from_the_docker_config() {
@@ -1335,6 +1502,13 @@ fn hostile_registries_fail_the_pull_with_a_short_error() {
         ),
         ("huge-manifest", &[], &[], 1, &["manifest", "2097152 bytes"]),
         (
+            "huge-token",
+            &[],
+            &[],
+            3,
+            &["authenticating", "token", "1048576 bytes", "/token"],
+        ),
+        (
             "trickle",
             &["--interval", "1"],
             &["--min-rate", "100", "--min-rate-window", "2s"],
@@ -1405,5 +1579,103 @@ fn hostile_registries_fail_the_pull_with_a_short_error() {
             "{what}: control characters reach the terminal: {err:?}"
         );
         assert!(!out.exists(), "{what}: {} was created", out.display());
+    }
+}
+
+/// Runs `c` (a built binary and its arguments) under a 2 GiB address-space limit, through a
+/// small Python parent that reports the child's peak resident memory: (output, peak RSS in
+/// KiB). Killed after `limit` like [`output_within`].
+fn output_and_peak_rss(c: &Command, limit: Duration, what: &str) -> (Output, u64) {
+    const WRAP: &str = r#"
+import ctypes, resource, subprocess, sys
+def limit():
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: dies with this parent
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+r = subprocess.run(sys.argv[1:], preexec_fn=limit)
+sys.stderr.write("\npeak-rss-kib=%d\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(r.returncode if r.returncode >= 0 else 128 - r.returncode)
+"#;
+    let mut w = Command::new("python3");
+    w.args(["-c", WRAP]).arg(c.get_program()).args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => w.env(k, v),
+            None => w.env_remove(k),
+        };
+    }
+    let mut o = output_within(w, limit, what);
+    let err = stderr(&o);
+    let (rest, rss) = err
+        .trim_end()
+        .rsplit_once("\npeak-rss-kib=")
+        .unwrap_or_else(|| panic!("{what}: no peak RSS reported: {err}"));
+    let rss = rss.parse().unwrap();
+    o.stderr = rest.as_bytes().to_vec();
+    (o, rss)
+}
+
+#[test]
+#[ignore = "tier 2: needs the Python packages scripts/test.sh installs"]
+fn hostile_registries_fail_the_push_with_a_short_error() {
+    // A registry that answers a push's upload start, blob upload or manifest upload with a
+    // 403 whose body is 3 GiB, or whose token service answers with 3 GiB: the push fails at
+    // once with one short error naming the registry and the status or limit, having read at
+    // most MAX_ERROR_BODY (MAX_TOKEN_BODY) of the body (a body read whole aborts under the
+    // 2 GiB address-space cap, and shows in the peak RSS).
+    let env = Env::new();
+    let model = env.path("tiny");
+    ok(
+        &env.run(
+            "gdsconv",
+            &["convert", s(&fixture("tiny-llama.gguf")), s(&model)],
+        ),
+        "gdsconv convert tiny-llama.gguf",
+    );
+    let errors: &[&str] = &["HTTP 403", "NOT FOUND", "longer than 65536 bytes"];
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        ("push-error", &["--at", "start"], errors),
+        ("push-error", &["--at", "upload"], errors),
+        ("push-error", &["--at", "manifest"], errors),
+        (
+            "huge-token",
+            &[],
+            &["authenticating for push", "1048576 bytes", "/token"],
+        ),
+    ];
+    for (mode, flags, words) in cases {
+        let srv = Hostile::start(mode, flags);
+        let host = format!("127.0.0.1:{}", srv.port);
+        let r = format!("{host}/hostile/model:latest");
+        let mut c = env.command("gdsconv", &["push", s(&model), &r, "--plain-http"]);
+        c.stdin(Stdio::null());
+        let at = format!("{mode} {flags:?}");
+        let what = format!("gdsconv push to a registry that does {at}");
+        let (o, rss_kib) = output_and_peak_rss(&c, Duration::from_secs(120), &what);
+        let err = stderr(&o);
+        eprintln!(
+            "{at}: exit {:?}, peak RSS {} MiB: {}",
+            o.status.code(),
+            rss_kib >> 10,
+            err.trim()
+        );
+        assert_eq!(o.status.code(), Some(3), "{what}: {err}");
+        assert!(
+            err.len() < 2048,
+            "{what}: {} bytes on stderr: {}",
+            err.len(),
+            &err[..err.len().min(4096)]
+        );
+        for w in std::iter::once(&host.as_str()).chain(words.iter()) {
+            assert!(err.contains(w), "{what}: expected {w:?} in: {err}");
+        }
+        assert!(
+            !err.chars().any(|c| c.is_control() && c != '\n'),
+            "{what}: control characters reach the terminal: {err:?}"
+        );
+        assert!(
+            rss_kib < 200 << 10,
+            "{what}: peak RSS {} MiB (the error body was read whole?)",
+            rss_kib >> 10
+        );
     }
 }

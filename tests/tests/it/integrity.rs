@@ -5,13 +5,11 @@
 //! SmolLM2 and re-seals the manifest's checksum where the edit is to the manifest, as an
 //! attacker would.
 
-use gds_format::raw::{FileEntry, HeaderExt, KvEntry, CHECKSUM_OFFSET};
-use gds_format::reader::checksum;
+use gds_format::raw::KvEntry;
 use gds_format::{Manifest, MANIFEST_FILE};
 use gds_tests::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use zerocopy::FromBytes;
 
 /// A private copy of the converted model.
 fn copy_model() -> (tempfile::TempDir, PathBuf) {
@@ -19,11 +17,6 @@ fn copy_model() -> (tempfile::TempDir, PathBuf) {
     let dir = tmp.path().join("m");
     copy_dir(smollm_converted(), &dir);
     (tmp, dir)
-}
-
-fn reseal(b: &mut [u8]) {
-    let s = checksum(b);
-    b[CHECKSUM_OFFSET..CHECKSUM_OFFSET + 32].copy_from_slice(&s);
 }
 
 /// Sets the raw 8-byte value of key `key` in the manifest of `dir` and re-seals it.
@@ -36,22 +29,6 @@ fn set_kv(dir: &Path, key: &str, raw: u64) {
         .unwrap_or_else(|| panic!("no key {key}"));
     let at = m.header().kv.offset.get() as usize + i * size_of::<KvEntry>() + 16;
     b[at..at + 8].copy_from_slice(&raw.to_le_bytes());
-    reseal(&mut b);
-    std::fs::write(&p, b).unwrap();
-}
-
-/// Rewrites `rel` with `bytes` and records its new length and hash in the file table, as a
-/// forger who re-seals the manifest would.
-fn forge_file(dir: &Path, rel: &str, bytes: &[u8]) {
-    std::fs::write(dir.join(rel), bytes).unwrap();
-    let p = dir.join(MANIFEST_FILE);
-    let mut b = std::fs::read(&p).unwrap();
-    let m = Manifest::parse(&b).unwrap();
-    let i = m.files().position(|f| f.path == rel).unwrap();
-    let ext = HeaderExt::ref_from_prefix(&b[128..]).unwrap().0;
-    let at = ext.files.offset.get() as usize + i * size_of::<FileEntry>();
-    b[at + 16..at + 24].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
-    b[at + 24..at + 56].copy_from_slice(blake3::hash(bytes).as_bytes());
     reseal(&mut b);
     std::fs::write(&p, b).unwrap();
 }
