@@ -304,7 +304,7 @@ impl Remote {
     /// The credentials `auth` holds now, with a new token if the one it has is about to
     /// expire.
     async fn cred(&self, auth: &ReqAuth) -> Result<Cred> {
-        let (cred, renew_at) = auth.state.lock().expect("auth state").clone();
+        let (cred, renew_at) = auth.state.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if renew_at.is_none_or(|t| Instant::now() < t) {
             return Ok(cred);
         }
@@ -318,7 +318,7 @@ impl Remote {
                 ))
             })?;
         let cred = Cred::Bearer(t);
-        *auth.state.lock().expect("auth state") = (cred.clone(), renew_at);
+        *auth.state.lock().unwrap_or_else(|e| e.into_inner()) = (cred.clone(), renew_at);
         Ok(cred)
     }
 
