@@ -157,6 +157,10 @@ if [ -n "$CS" ]; then
   done
 fi
 fi
+say "== gdsrun serve --backend cuda (batched, paged KV in VRAM) vs --backend cpu f32, concurrent greedy requests"
+timeout 300 python3 "$(dirname "$0")/gpu-serve-check.py" "$G" "$MODEL" 2>>"$LOG" | tee -a "$SUM"
+timeout 300 python3 "$(dirname "$0")/gpu-serve-check.py" "$G" "$MODEL" --vram-budget streamed \
+  2>>"$LOG" | tee -a "$SUM"
 [ "$STAGE" = quick ] && exit 0
 
 # greedy tokens and perplexity of one model at three budgets x three load paths
