@@ -25,6 +25,21 @@ use gds_cuda::GpuError;
 use gds_format::DType;
 use std::path::Path;
 
+/// A layer file that cannot be read and a model the GPU kernels cannot run are the model's
+/// errors, as on the CPU; the rest are the backend's.
+pub fn gpu_error(e: gds_cuda::GpuError) -> RuntimeError {
+    use gds_cuda::GpuError as G;
+    match e {
+        G::Io { path, error } => RuntimeError::Io(gds_io::IoError::File {
+            path: path.into(),
+            error,
+        }),
+        G::Layer(e) => RuntimeError::Io(e),
+        G::Model(m) => RuntimeError::Model(format!("CUDA backend: {m}")),
+        e => RuntimeError::Backend(format!("CUDA backend: {e}")),
+    }
+}
+
 /// RoPE tables as the GPU reads them: `(cos, sin)`, `[ctx][rope_dims / 2]` each.
 pub type RopeTables = Vec<(Vec<f32>, Vec<f32>)>;
 
@@ -477,5 +492,64 @@ impl PassStaging {
             .forward_batch(&mut logits[..n * vocab], &input)
             .map_err(StageError::Gpu)?;
         Ok(n)
+    }
+}
+
+/// The GPU's [`BatchExecutor`](crate::exec::BatchExecutor) over any device ([`Vram`]: CUDA in
+/// `gdsrun`, the emulated kernels in the tests): the executor whose KV rows are laid out as
+/// the scheduler's [`KvCache`] pages them ([`PassStaging`]), and the logit rows of the last
+/// pass.
+pub struct StreamerBatch<V: Vram> {
+    model: Streamer<V>,
+    config: Config,
+    staging: PassStaging,
+    rows: Vec<f32>,
+}
+
+impl<V: Vram> StreamerBatch<V> {
+    /// Wraps `model`, opened with [`PassStaging::spec`] of `staging` as its KV cache and
+    /// `outputs` logit rows a pass, for the model with hyperparameters `config`.
+    pub fn new(
+        model: Streamer<V>,
+        config: Config,
+        staging: PassStaging,
+        outputs: usize,
+    ) -> StreamerBatch<V> {
+        StreamerBatch {
+            rows: vec![0.0; outputs.max(1) * config.vocab_size],
+            model,
+            config,
+            staging,
+        }
+    }
+
+    /// The executor.
+    pub fn model(&self) -> &Streamer<V> {
+        &self.model
+    }
+}
+
+impl<V: Vram + Send> crate::exec::BatchExecutor for StreamerBatch<V> {
+    fn backend(&self) -> crate::backend::Backend {
+        crate::backend::Backend::Cuda
+    }
+    fn config(&self) -> &Config {
+        &self.config
+    }
+    fn forward(&mut self, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
+        self.staging
+            .run(&mut self.model, kv, batch, &mut self.rows)
+            .map_err(|e| match e {
+                StageError::Batch(e) => e,
+                StageError::Gpu(e) => gpu_error(e),
+            })
+    }
+    fn logits(&self, i: usize) -> &[f32] {
+        let vocab = self.config.vocab_size;
+        &self.rows[i * vocab..(i + 1) * vocab]
+    }
+    fn logits_mut(&mut self, i: usize) -> &mut [f32] {
+        let vocab = self.config.vocab_size;
+        &mut self.rows[i * vocab..(i + 1) * vocab]
     }
 }

@@ -10,13 +10,12 @@
 //! (crates/gds-cuda/tests: forward_emu.rs, and executor_emu.rs for every architecture).
 
 use crate::config::Config;
-use crate::cuda_graph::PassStaging;
+use crate::cuda_graph::{gpu_error, PassStaging, StreamerBatch};
 use crate::cuda_graph::{rope_tables, CudaGraph};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{logit_passes, Executor};
 use crate::gpuplan::GpuLoad;
 use crate::kv::KvCache;
-use crate::model::Batch;
 use crate::plan::Plan;
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
 use gds_io::IoStats;
@@ -30,21 +29,6 @@ pub struct GpuExecutor {
     logits: Vec<f32>,
     /// A pass's logit rows.
     rows: Vec<f32>,
-}
-
-/// A layer file that cannot be read and a model the GPU kernels cannot run are the model's
-/// errors, as on the CPU; the rest are the backend's.
-fn gpu_err(e: gds_cuda::GpuError) -> RuntimeError {
-    use gds_cuda::GpuError as G;
-    match e {
-        G::Io { path, error } => RuntimeError::Io(gds_io::IoError::File {
-            path: path.into(),
-            error,
-        }),
-        G::Layer(e) => RuntimeError::Io(e),
-        G::Model(m) => RuntimeError::Model(format!("CUDA backend: {m}")),
-        e => RuntimeError::Backend(format!("CUDA backend: {e}")),
-    }
 }
 
 /// Opens the plan's model on the GPU the plan was made for, for passes of up to `batch`
@@ -63,7 +47,7 @@ fn open_gpu_model(
     let dir = &plan.model_dir;
     let bytes = gds_io::read_manifest(dir)?;
     let m = crate::plan::parse_manifest(dir, &bytes)?;
-    let layout = gds_cuda::plan::Layout::from_manifest(dir, &m).map_err(gpu_err)?;
+    let layout = gds_cuda::plan::Layout::from_manifest(dir, &m).map_err(gpu_error)?;
     let rope = rope_tables(dir, &m, c, plan.ctx)?;
     let graph = CudaGraph::new(c, &layout, rope.len())?;
     let load = match g.load {
@@ -82,7 +66,7 @@ fn open_gpu_model(
         kv,
         max_outputs: outputs,
     };
-    GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_err)
+    GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_error)
 }
 
 impl GpuExecutor {
@@ -122,7 +106,7 @@ impl Executor for GpuExecutor {
         for (pos, n, rows) in logit_passes(pos0, tokens.len(), &want, max_tokens, max_rows) {
             let chunk = &tokens[pos - pos0..pos - pos0 + n];
             let out = &mut self.rows[..rows * vocab];
-            self.model.forward(out, chunk, pos).map_err(gpu_err)?;
+            self.model.forward(out, chunk, pos).map_err(gpu_error)?;
             for (i, row) in out.chunks_exact(vocab).enumerate() {
                 on_logits(pos + n - rows + i, row);
             }
@@ -146,68 +130,33 @@ impl Executor for GpuExecutor {
     }
 }
 
-/// The GPU's [`BatchExecutor`]: the server's passes (several sequences at their positions)
-/// on the CUDA executor, whose KV rows live in VRAM laid out as the scheduler's
-/// [`KvCache`] pages them (its rows dropped on the host: the cache keeps the block tables
-/// and pools). Layers that do not fit the VRAM budget stream through the slots once per
-/// pass for the whole batch.
-pub struct GpuBatchExecutor {
-    model: GpuModel,
-    config: Config,
-    staging: PassStaging,
-    /// Logit rows of the last pass.
-    rows: Vec<f32>,
-}
+/// The GPU's [`BatchExecutor`](crate::exec::BatchExecutor): the server's passes (several
+/// sequences at their positions) on the CUDA executor, whose KV rows live in VRAM laid out as
+/// the scheduler's [`KvCache`] pages them (its rows dropped on the host: the cache keeps the
+/// block tables and pools). Layers that do not fit the VRAM budget stream through the slots
+/// once per pass for the whole batch.
+pub type GpuBatchExecutor = StreamerBatch<gds_cuda::executor::CudaVram>;
 
-impl GpuBatchExecutor {
-    /// Opens the plan's model on the GPU for passes of up to `batch` tokens, `outputs` of
-    /// them with logits, over the rows of `kv` (which must be f32; its host rows are
-    /// dropped).
-    pub fn open(
-        plan: &Plan,
-        kv: &mut KvCache,
-        batch: usize,
-        outputs: usize,
-    ) -> Result<GpuBatchExecutor> {
-        if kv.dtype() != crate::kv::KvDtype::F32 {
-            return Err(RuntimeError::Usage(
-                "--kv-dtype f16: the CUDA backend's KV cache is f32 (use --kv-dtype f32)".into(),
-            ));
-        }
-        let staging = PassStaging::new(kv)?;
-        let model = open_gpu_model(plan, batch, Some(staging.spec().clone()), Some(outputs))?;
-        kv.drop_rows();
-        let c = plan.model.clone();
-        Ok(GpuBatchExecutor {
-            rows: vec![0.0; outputs.max(1) * c.vocab_size],
-            config: c,
-            staging,
-            model,
-        })
+/// Opens the plan's model on the GPU for passes of up to `batch` tokens, `outputs` of them
+/// with logits, over the rows of `kv` (which must be f32; its host rows are dropped).
+pub fn open_batch(
+    plan: &Plan,
+    kv: &mut KvCache,
+    batch: usize,
+    outputs: usize,
+) -> Result<GpuBatchExecutor> {
+    if kv.dtype() != crate::kv::KvDtype::F32 {
+        return Err(RuntimeError::Usage(
+            "--kv-dtype f16: the CUDA backend's KV cache is f32 (use --kv-dtype f32)".into(),
+        ));
     }
-}
-
-impl crate::exec::BatchExecutor for GpuBatchExecutor {
-    fn backend(&self) -> crate::backend::Backend {
-        crate::backend::Backend::Cuda
-    }
-    fn config(&self) -> &Config {
-        &self.config
-    }
-    fn forward(&mut self, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
-        self.staging
-            .run(&mut self.model, kv, batch, &mut self.rows)
-            .map_err(|e| match e {
-                crate::cuda_graph::StageError::Batch(e) => e,
-                crate::cuda_graph::StageError::Gpu(e) => gpu_err(e),
-            })
-    }
-    fn logits(&self, i: usize) -> &[f32] {
-        let vocab = self.config.vocab_size;
-        &self.rows[i * vocab..(i + 1) * vocab]
-    }
-    fn logits_mut(&mut self, i: usize) -> &mut [f32] {
-        let vocab = self.config.vocab_size;
-        &mut self.rows[i * vocab..(i + 1) * vocab]
-    }
+    let staging = PassStaging::new(kv)?;
+    let model = open_gpu_model(plan, batch, Some(staging.spec().clone()), Some(outputs))?;
+    kv.drop_rows();
+    Ok(StreamerBatch::new(
+        model,
+        plan.model.clone(),
+        staging,
+        outputs,
+    ))
 }

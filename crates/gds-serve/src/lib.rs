@@ -339,7 +339,7 @@ pub(crate) fn start(
             plan.ctx,
         )),
         #[cfg(feature = "cuda")]
-        Backend::Cuda => Box::new(gds_runtime::gpu::GpuBatchExecutor::open(
+        Backend::Cuda => Box::new(gds_runtime::gpu::open_batch(
             &plan, &mut kv, plan.batch, outputs,
         )?),
         #[cfg(not(feature = "cuda"))]

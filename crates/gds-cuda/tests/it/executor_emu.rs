@@ -963,3 +963,117 @@ fn the_servers_batches_give_the_same_logits_on_the_cpu_and_the_gpu_executor() {
         eprintln!("{input}: CPU vs GPU executor, max |logit diff| {worst:.2e}");
     }
 }
+
+/// The server's scheduler (`gds_serve::scheduler::Engine`: continuous batching, paged KV
+/// blocks, prefix sharing) driven in process over the executor on the emulated device
+/// (`StreamerBatch`, the type `gdsrun serve --backend cuda` runs with `CudaVram`) and over
+/// the CPU: four greedy requests of different lengths admitted together (two with the same
+/// prompt), prefill chunks and decode tokens mixed in steps of up to 16 tokens on Gemma 3
+/// (window layers in their own pool), give the same tokens and finish reasons on both, the
+/// executor at its smallest VRAM budget (blocks streamed once per step).
+#[test]
+fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
+    use gds_runtime::cuda_graph::{PassStaging, StreamerBatch};
+    use gds_runtime::exec::{BatchExecutor, CpuBatchExecutor};
+    use gds_runtime::{KvCache, KvDtype, Model};
+    use gds_serve::scheduler::{max_outputs, Engine, EngineConfig, Event, Request};
+    let (_tmp, dir) = converted_fixture("tiny-gemma3-hf");
+    let cfg = || EngineConfig {
+        max_batch: 4,
+        step_tokens: 16,
+        ctx: CTX,
+    };
+    let prompts: Vec<Vec<u32>> = vec![
+        (0..7u32).map(|i| (i * 37 + 11) % 97).collect(),
+        (0..7u32).map(|i| (i * 37 + 11) % 97).collect(),
+        (0..3u32).map(|i| (i * 13 + 5) % 97).collect(),
+        (0..12u32).map(|i| (i * 7 + 2) % 97).collect(),
+    ];
+    let run = |exec: Box<dyn BatchExecutor>, kv: KvCache| {
+        let metrics = std::sync::Arc::new(gds_serve::metrics::ServerMetrics::default());
+        let engine = Engine::new(exec, kv, cfg(), Vec::new(), metrics);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut outs = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+            tx.send(Request {
+                prompt: p.clone(),
+                sampler: gds_runtime::sampler::SamplerConfig {
+                    temp: 0.0,
+                    ..Default::default()
+                },
+                max_tokens: 6 + i,
+                ignore_eos: true,
+                draft_max: 0,
+                logprobs: None,
+                echo: false,
+                constraint: None,
+                group: None,
+                tx: etx,
+                ended_by_front: Default::default(),
+                received: std::time::Instant::now(),
+            })
+            .unwrap();
+            outs.push(erx);
+        }
+        drop(tx);
+        engine.run(rx);
+        outs.into_iter()
+            .map(|mut rx| {
+                let mut toks = Vec::new();
+                let mut end = None;
+                while let Ok(e) = rx.try_recv() {
+                    match e {
+                        Event::Token(t, _) => toks.push(t),
+                        Event::Done(d) => end = Some(format!("{:?}", d.finish)),
+                        other => panic!("unexpected event {other:?}"),
+                    }
+                }
+                (toks, end)
+            })
+            .collect::<Vec<_>>()
+    };
+    let windows_of = |c: &gds_runtime::Config| -> Vec<Option<usize>> {
+        (0..c.n_layers).map(|l| c.window(l)).collect()
+    };
+    let paged = |c: &gds_runtime::Config| {
+        KvCache::paged_windowed(KvDtype::F32, &windows_of(c), 4, CTX, c.kv_dim(), 4, 64, 64)
+    };
+    // the CPU
+    let mut m = Model::load(&dir, CTX, 1).unwrap();
+    m.set_f32_activations(true);
+    let c = m.config.clone();
+    let outputs = max_outputs(&cfg());
+    let cpu = run(
+        Box::new(CpuBatchExecutor::new(m, 16, outputs, CTX)),
+        paged(&c),
+    );
+    // the emulated GPU at its smallest budget for this cache
+    let mut kv = paged(&c);
+    let staging = PassStaging::new(&kv).unwrap();
+    let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
+    let budget = layout
+        .plan_with(
+            layout.overhead_bytes_with(CTX, 16, outputs, staging.spec()),
+            usize::MAX >> 1,
+        )
+        .unwrap()
+        .min_budget as u64;
+    let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+    let opts = StreamOptions {
+        vram_budget: budget,
+        ctx: CTX,
+        rope,
+        max_batch: 16,
+        kv: Some(staging.spec().clone()),
+        max_outputs: Some(outputs),
+    };
+    let s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
+    assert!(s.plan.streamed_bytes_per_token > 0, "nothing streamed");
+    kv.drop_rows();
+    let gpu = run(Box::new(StreamerBatch::new(s, c, staging, outputs)), kv);
+    for (i, (g, want)) in gpu.iter().zip(&cpu).enumerate() {
+        assert_eq!(g.0.len(), 6 + i, "request {i}: {g:?}");
+        assert_eq!(g, want, "request {i}: GPU executor vs CPU");
+    }
+}
