@@ -664,7 +664,9 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
     use gds_cuda::stream::{PassInput, NO_BLOCK};
     const BLOCK: usize = 4;
     let per_seq = CTX / BLOCK;
-    for input in ["tiny-llama3-hf", "tiny-gemma3-hf"] {
+    // Gemma 3: window and global blocks, two RoPE tables, two block tables (llama's plain
+    // cache runs in the_servers_batches_… below)
+    for input in ["tiny-gemma3-hf"] {
         let (_tmp, dir) = converted_fixture(input);
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
         let windows = layout.shape.windows.clone();
@@ -736,7 +738,7 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
         let mut got: Vec<Vec<(usize, Vec<f32>)>> = vec![Vec::new(); 3];
         let loads_before = s.vram().loads.len();
         let mut passes = 0;
-        for step in 0..6 {
+        for step in 0..5 {
             // which sequences run this pass: sequence 1 joins once 0 has written the shared
             // block
             let members: Vec<usize> = if step == 0 { vec![0, 2] } else { vec![0, 1, 2] };
@@ -802,7 +804,11 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
             let toks = &seqs[m];
             let mut l = vec![0f32; vocab];
             let mut at = std::collections::HashMap::new();
-            for p in 0..toks.len() - 1 {
+            // the prompt in one pass, then a token at a time
+            let first = rows[0].0;
+            one.forward(&mut l, &toks[..=first], 0).unwrap();
+            at.insert(first, l.clone());
+            for p in first + 1..toks.len() - 1 {
                 one.forward(&mut l, &toks[p..p + 1], p).unwrap();
                 at.insert(p, l.clone());
             }
@@ -844,9 +850,9 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
 }
 
 /// The server's passes alike on the CPU and the (emulated) GPU: one [`KvCache`] paged as
-/// `gdsrun serve` pages it (blocks of 4 from a pool, Gemma 3's window layers from a pool
-/// of their own, released behind the window as the scheduler releases them, the second
-/// sequence sharing the first one's leading block) drives the CPU's `BatchExecutor` and,
+/// `gdsrun serve` pages it (blocks of 4 from a pool, the second sequence sharing the first
+/// one's leading block; on a model with window layers they take a pool of their own,
+/// released behind the window as the scheduler releases them) drives the CPU's `BatchExecutor` and,
 /// through `PassStaging` (what the CUDA `BatchExecutor` runs), the executor on the
 /// emulated device at its smallest VRAM budget. Every logit row agrees.
 #[test]
@@ -855,7 +861,8 @@ fn the_servers_batches_give_the_same_logits_on_the_cpu_and_the_gpu_executor() {
     use gds_runtime::exec::{BatchExecutor, CpuBatchExecutor};
     use gds_runtime::{Batch, KvCache, KvDtype, Model};
     const BLOCK: usize = 4;
-    for input in ["tiny-llama3-hf", "tiny-gemma3-hf"] {
+    // llama 3 here; Gemma 3's window pool runs in the two tests around this one
+    for input in ["tiny-llama3-hf"] {
         let (_tmp, dir) = converted_fixture(input);
         let mut m = Model::load(&dir, CTX, 1).unwrap();
         m.set_f32_activations(true);
