@@ -120,8 +120,13 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         const float* vp = vc + kvh * head_dim + d;
         float acc = 0.0f;
-        for (int p = first; p < n_pos; p++)
-            acc += a[p] * vp[kv_row(table, p, block, ring) * kv_stride];
+        // block by block: one table lookup per block, the positions in order
+        for (int p = first; p < n_pos;) {
+            unsigned long long row = kv_row(table, p, block, ring);
+            int end = p - p % block + block;
+            if (end > n_pos) end = n_pos;
+            for (; p < end; p++, row++) acc += a[p] * vp[row * kv_stride];
+        }
         oh[d] = acc * inv;
     }
 }
