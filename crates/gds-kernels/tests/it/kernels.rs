@@ -411,3 +411,59 @@ fn matmul_rejects_bad_shapes() {
     };
     matmul(&empty, &[0f32; 64], 2, &mut []).unwrap();
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q4_0_four_row_kernel_matches_scalar_across_chunks_and_tiles() {
+    // The AVX2 Q4_0 rows kernel called directly on one long task: four rows at a time with a
+    // last group of three (203 rows), an odd block count (33: a half-empty last pair), and
+    // prompt batches (5 and 13 tokens) that run their tiles against chunks of ~28 rows. It
+    // must agree with the scalar kernel and the row-at-a-time kernel to float summation
+    // order, and give each token what it gives that token alone, bit for bit.
+    use gds_kernels::avx2::{self, Avx2};
+    let Some(t) = Avx2::detect() else {
+        eprintln!("AVX2 not available; nothing to compare");
+        return;
+    };
+    let mut rng = Rng(0x51);
+    let (rows, cols) = (203, 33 * 32);
+    let data = weight(&mut rng, DType::Q4_0, rows, cols);
+    let rb = data.len() / rows;
+    let w = WeightView {
+        dtype: DType::Q4_0,
+        data: &data,
+        rows,
+        cols,
+    };
+    for n in [1, 2, 3, 4, 5, 13] {
+        let x = rng.vec(n * cols, 2.0);
+        let per = q8_pairs(cols);
+        let mut q = vec![ActQ8::default(); n * per];
+        for (xr, qr) in x.chunks(cols).zip(q.chunks_mut(per)) {
+            quantize_act_q8_scalar(xr, qr);
+        }
+        let acts: Vec<&[ActQ8]> = q.chunks(per).collect();
+        let (mut quad, mut by_row, mut scalar) = (
+            vec![f32::NAN; rows * n],
+            vec![f32::NAN; rows * n],
+            vec![f32::NAN; rows * n],
+        );
+        avx2::rows_q4_0(t, &data, rb, &acts, &mut quad);
+        avx2::rows_q4_0_by_row(t, &data, rb, &acts, &mut by_row);
+        gds_kernels::scalar::rows_q4_0(&data, rb, &acts, &mut scalar);
+        let (_, _, abs) = reference(&w, &x, n);
+        for k in 0..n {
+            let mut alone = vec![f32::NAN; rows];
+            avx2::rows_q4_0(t, &data, rb, &[acts[k]], &mut alone);
+            for r in 0..rows {
+                let (a, b, c) = (quad[r * n + k], by_row[r * n + k], scalar[r * n + k]);
+                let tol = 1e-5 * abs[k * rows + r] + 1e-6;
+                assert!(
+                    (a - c).abs() <= tol && (a - b).abs() <= tol,
+                    "n={n} row {r} token {k}: four-row {a}, by-row {b}, scalar {c} (tol {tol})"
+                );
+                assert_eq!(alone[r].to_bits(), a.to_bits(), "n={n} row {r} token {k}");
+            }
+        }
+    }
+}
