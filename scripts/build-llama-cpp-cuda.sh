@@ -104,7 +104,7 @@ mapfile -t SYMS < <(nm -D --undefined-only "$BUILD/bin/libggml-cuda.so" | awk '{
 log "driver symbols used by libggml-cuda.so: ${SYMS[*]}"
 if ! cmp -s <(printf '%s\n' "${SYMS[@]}") <(grep -oE '^int cu[A-Za-z0-9_]+' "$STUB_DIR/libcuda-stub.c" 2>/dev/null | cut -c5-); then
   make_stub "${SYMS[@]}"
-  rm -f "$BUILD/bin/libggml-cuda.so" # relink with the stub's soname recorded
+  rm -f "$(readlink -f "$BUILD/bin/libggml-cuda.so")" # the file, not the link: relink with the stub
 fi
 nice -n "$NICE" cmake --build "$BUILD" -j "$JOBS" --target ggml-cuda llama-bench llama-server
 log "built in $((SECONDS - t0)) s"
