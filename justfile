@@ -60,7 +60,8 @@ bench-gpu *args:
     ./scripts/bench-gpu.sh {{args}}
 
 # GPU bring-up: build with --features cuda here and pack binaries and models for a GPU machine
-# without Rust (GEMMA=1, LLAMA=1 add Gemma 3 and the llama.cpp anchor); there, run
-# scripts/gpu-bringup.sh (README, "What has run on hardware")
+# without Rust (GEMMA=1, LLAMA=1 add Gemma 3 and the llama.cpp anchor, which
+# scripts/build-llama-cpp-cuda.sh builds here first); there, run scripts/gpu-bringup.sh
+# (README, "What has run on hardware")
 gpu-pack:
     ./scripts/gpu-pack.sh

