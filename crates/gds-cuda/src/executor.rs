@@ -648,6 +648,24 @@ fn find_buf(bufs: &mut [(u64, CudaSlice<u8>)], dst: u64) -> Result<&mut CudaSlic
 }
 
 impl CudaVram {
+    /// Copies `src` into the device buffer that starts at `dst` (blocking).
+    fn upload_slice<T: cudarc::driver::DeviceRepr>(
+        &mut self,
+        dst: u64,
+        src: &[T],
+    ) -> Result<(), GpuError> {
+        let stream = self.gpu.compute.clone();
+        let buf = find_buf(&mut self.bufs, dst)?;
+        if buf.len() < std::mem::size_of_val(src) {
+            return Err(model_err("upload larger than its buffer"));
+        }
+        // SAFETY: `dst` is the start of a live device buffer at least as large as `src`
+        // (checked above); the stream is synchronized before `src` can go away.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, stream.cu_stream()) }
+            .map_err(cuda("host-to-device copy"))?;
+        stream.synchronize().map_err(cuda("upload"))
+    }
+
     /// The path layers take into VRAM.
     pub fn path(&self) -> GpuPath {
         match self.loader {
@@ -684,29 +702,11 @@ impl Vram for CudaVram {
     }
 
     fn upload(&mut self, dst: u64, src: &[f32]) -> Result<(), GpuError> {
-        let stream = self.gpu.compute.clone();
-        let buf = find_buf(&mut self.bufs, dst)?;
-        if buf.len() < src.len() * 4 {
-            return Err(model_err("upload larger than its buffer"));
-        }
-        // SAFETY: `dst` is the start of a live device buffer at least as large as `src`
-        // (checked above); the stream is synchronized before `src` can go away.
-        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, stream.cu_stream()) }
-            .map_err(cuda("host-to-device copy"))?;
-        stream.synchronize().map_err(cuda("upload"))
+        self.upload_slice(dst, src)
     }
 
     fn upload_i32(&mut self, dst: u64, src: &[i32]) -> Result<(), GpuError> {
-        let stream = self.gpu.compute.clone();
-        let buf = find_buf(&mut self.bufs, dst)?;
-        if buf.len() < src.len() * 4 {
-            return Err(model_err("upload larger than its buffer"));
-        }
-        // SAFETY: as in `upload`: a live device buffer at least as large as `src`, the
-        // stream synchronized before `src` can go away.
-        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, stream.cu_stream()) }
-            .map_err(cuda("host-to-device copy"))?;
-        stream.synchronize().map_err(cuda("upload"))
+        self.upload_slice(dst, src)
     }
 
     fn ready(&mut self) -> Result<(), GpuError> {
