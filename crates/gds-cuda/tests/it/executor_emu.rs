@@ -564,7 +564,7 @@ fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
         };
         let prompt: Vec<u32> = (0..6u32).map(|i| (i * 37 + 11) % 97).collect();
-        let n = 40;
+        let n = 28;
 
         let mut s = open();
         let vocab = s.layout().shape.vocab;
