@@ -326,10 +326,7 @@ pub(crate) fn start(
         step_tokens: plan.batch,
         ctx: plan.ctx,
     };
-    let _ = metrics.backend.set(match plan.backend {
-        Backend::Cpu => "cpu",
-        Backend::Cuda => "cuda",
-    });
+    let _ = metrics.backend.set(plan.backend.as_str());
     let outputs = scheduler::max_outputs(&cfg);
     let exec: Box<dyn BatchExecutor> = match plan.backend {
         Backend::Cpu => Box::new(CpuBatchExecutor::new(
