@@ -18,7 +18,7 @@ use crate::kv::{KvCache, Tables, NO_BLOCK};
 use crate::model::rope_table_index;
 use crate::model::Batch;
 use gds_cuda::forward::{BlockGraph, Device, Heads, Pass};
-use gds_cuda::plan::{KvGeo, KvSpec};
+use gds_cuda::plan::KvSpec;
 use gds_cuda::plan::{Layout, TensorMeta};
 use gds_cuda::stream::{PassInput, Streamer, Vram};
 use gds_cuda::GpuError;
@@ -376,37 +376,9 @@ impl PassStaging {
     /// The staging of passes over `kv`'s rows (laid out in VRAM as [`PassStaging::spec`]
     /// says), for up to `kv.n_seqs()` sequences a pass.
     pub fn new(kv: &KvCache) -> Result<PassStaging> {
-        let mut kinds: Vec<Tables> = Vec::new();
-        let mut max_blocks = Vec::new();
-        let mut layers = Vec::new();
-        for l in 0..kv.n_layers() {
-            let p = kv
-                .paging(l)
-                .ok_or_else(|| RuntimeError::Internal(format!("KV cache has no layer {l}")))?;
-            let table = match kinds.iter().position(|&k| k == p.tables) {
-                Some(t) => t,
-                None => {
-                    kinds.push(p.tables);
-                    max_blocks.push(match p.ring {
-                        0 => kv.ctx().div_ceil(p.block),
-                        r => r,
-                    });
-                    kinds.len() - 1
-                }
-            };
-            layers.push(KvGeo {
-                block: p.block,
-                blocks: p.blocks,
-                ring: p.ring,
-                table,
-            });
-        }
+        let (spec, kinds) = crate::gpuplan::kv_spec(kv)?;
         Ok(PassStaging {
-            spec: KvSpec {
-                layers,
-                max_blocks,
-                max_seqs: kv.n_seqs(),
-            },
+            spec,
             tables: vec![Vec::new(); kinds.len()],
             kinds,
             tokens: Vec::new(),
@@ -495,6 +467,39 @@ impl PassStaging {
     }
 }
 
+/// One sequence on the GPU executor over any device ([`Vram`]): the cache of
+/// [`one_sequence_kv`](crate::gpuplan::one_sequence_kv) for `ctx` positions and passes of up
+/// to `batch`, whose VRAM layout `open(spec, batch, outputs)` opens the executor with, and up
+/// to `outputs` logit rows a pass (at most [`Layout::logit_rows`]). What `gdsrun run`,
+/// `bench` and `perplexity --backend cuda` run (`crate::gpu::open_one`, with `CudaVram`).
+pub fn one_sequence<V: Vram + Send + 'static>(
+    config: &Config,
+    ctx: usize,
+    batch: usize,
+    outputs: usize,
+    open: impl FnOnce(&KvSpec, usize, usize) -> Result<Streamer<V>>,
+) -> Result<crate::exec::OneSequence> {
+    let batch = Layout::batch(ctx, batch);
+    let outputs = outputs.clamp(1, Layout::logit_rows(batch));
+    let windows: Vec<Option<usize>> = (0..config.n_layers).map(|l| config.window(l)).collect();
+    let kv = crate::gpuplan::one_sequence_kv(
+        crate::kv::KvDtype::F32,
+        ctx,
+        config.kv_dim(),
+        &windows,
+        batch,
+    );
+    let staging = PassStaging::new(&kv)?;
+    let model = open(staging.spec(), batch, outputs)?;
+    let exec = StreamerBatch::new(model, config.clone(), staging, outputs);
+    Ok(crate::exec::OneSequence::new(
+        Box::new(exec),
+        kv,
+        batch,
+        outputs,
+    ))
+}
+
 /// The GPU's [`BatchExecutor`](crate::exec::BatchExecutor) over any device ([`Vram`]: CUDA in
 /// `gdsrun`, the emulated kernels in the tests): the executor whose KV rows are laid out as
 /// the scheduler's [`KvCache`] pages them ([`PassStaging`]), and the logit rows of the last
@@ -551,5 +556,8 @@ impl<V: Vram + Send> crate::exec::BatchExecutor for StreamerBatch<V> {
     fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         let vocab = self.config.vocab_size;
         &mut self.rows[i * vocab..(i + 1) * vocab]
+    }
+    fn io_stats(&self) -> gds_io::IoStats {
+        self.model.io_stats()
     }
 }

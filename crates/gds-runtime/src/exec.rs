@@ -1,15 +1,15 @@
-//! The executor: one sequence's forward passes on the backend the plan chose.
+//! The executors: the one forward interface every front end runs through.
 //!
-//! [`Executor`] is the seam between the run loop (engine, perplexity, bench) and the
-//! compute backend. The CPU executor wraps [`Model`] with its run state and KV cache; the
-//! CUDA executor (feature `cuda`) wraps `gds_cuda::executor::GpuModel`, whose KV cache and
-//! activations live in VRAM. The run loop, sampler and metrics are the same for both.
+//! [`BatchExecutor`] is the forward pass of every backend: tokens of several sequences at
+//! their positions, over a KV cache whose block tables a [`KvCache`] manages and whose rows
+//! the backend holds (host memory on the CPU: [`CpuBatchExecutor`]; VRAM on the GPU:
+//! `crate::gpu::GpuBatchExecutor`). The server's scheduler drives it directly.
 //!
-//! [`BatchExecutor`] is the batched form the server's scheduler drives: tokens of several
-//! sequences at their positions, over a paged KV cache whose block tables the scheduler
-//! manages in a [`KvCache`] and whose rows the backend holds (host memory on the CPU, VRAM
-//! on the GPU: `crate::gpu::GpuBatchExecutor`).
+//! [`Executor`] is the one-sequence view the run loop (engine, perplexity, bench, drafts)
+//! uses: [`OneSequence`], a batch of one sequence through a [`BatchExecutor`] over a cache of
+//! one sequence. The run loop, sampler and metrics are the same for every backend.
 
+use crate::backend::Backend;
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
 use crate::kv::KvCache;
@@ -78,7 +78,7 @@ pub trait Executor: Send {
 /// tokens.
 pub trait BatchExecutor: Send {
     /// The backend it runs on.
-    fn backend(&self) -> crate::backend::Backend;
+    fn backend(&self) -> Backend;
     /// The model's hyperparameters.
     fn config(&self) -> &Config;
     /// Runs `batch` over `kv`; returns the number of logit rows, one per output token in
@@ -88,6 +88,22 @@ pub trait BatchExecutor: Send {
     fn logits(&self, i: usize) -> &[f32];
     /// The same, for the sampler to modify in place.
     fn logits_mut(&mut self, i: usize) -> &mut [f32];
+    /// Counters of the bytes read from layer files.
+    fn io_stats(&self) -> IoStats;
+    /// What checking the layer files' content hashes cost (zero where the backend does not
+    /// hash on the host).
+    fn verify_stats(&self) -> gds_io::VerifyStats {
+        gds_io::VerifyStats::default()
+    }
+    /// Runs `batch` through the first `blocks` blocks and the output head only (an early
+    /// exit: self-speculation's draft); the logits as [`BatchExecutor::forward`] leaves them.
+    fn forward_exit(&mut self, kv: &mut KvCache, batch: &Batch, blocks: usize) -> Result<usize> {
+        let _ = (kv, batch, blocks);
+        Err(RuntimeError::Usage(format!(
+            "--draft layers:N: the {} backend has no early exit",
+            self.backend()
+        )))
+    }
 }
 
 /// The CPU's [`BatchExecutor`]: the model and a run state for passes of up to `batch`
@@ -107,8 +123,8 @@ impl CpuBatchExecutor {
 }
 
 impl BatchExecutor for CpuBatchExecutor {
-    fn backend(&self) -> crate::backend::Backend {
-        crate::backend::Backend::Cpu
+    fn backend(&self) -> Backend {
+        Backend::Cpu
     }
     fn config(&self) -> &Config {
         &self.model.config
@@ -122,6 +138,15 @@ impl BatchExecutor for CpuBatchExecutor {
     fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         let vocab = self.model.config.vocab_size;
         self.state.logits_mut(i, vocab)
+    }
+    fn io_stats(&self) -> IoStats {
+        self.model.io_stats()
+    }
+    fn verify_stats(&self) -> gds_io::VerifyStats {
+        self.model.verify_stats()
+    }
+    fn forward_exit(&mut self, kv: &mut KvCache, batch: &Batch, blocks: usize) -> Result<usize> {
+        self.model.forward_exit(&mut self.state, kv, batch, blocks)
     }
 }
 
@@ -150,62 +175,66 @@ pub fn eval_last(ex: &mut dyn Executor, tokens: &[u32], pos0: usize) -> Result<(
     ex.eval(tokens, pos0, end.saturating_sub(1)..end, &mut |_, _| {})
 }
 
-/// How a backend whose pass returns logits only for its last positions (the GPU executor:
-/// up to `max_rows` of them) covers `n` tokens at `pos0..` with logits at every position
-/// of `want`: `(start, len, rows)` passes, the last `rows` positions of each getting
-/// logits. Positions before the first wanted one go in passes of up to `max_tokens`, the
-/// last of which also takes the first wanted positions where they fit; wanted positions go
-/// `max_rows` at a time; positions after them in passes without logits.
-pub fn logit_passes(
-    pos0: usize,
-    n: usize,
+/// Where the pass starting at `pos` ends (exclusive) when `end` positions are evaluated,
+/// the positions of `want` with logits: at most `max_tokens` positions and `max_rows` of
+/// them wanted (at least one position a pass).
+pub fn pass_end(
+    pos: usize,
+    end: usize,
     want: &Range<usize>,
     max_tokens: usize,
     max_rows: usize,
-) -> Vec<(usize, usize, usize)> {
-    let (max_tokens, max_rows) = (max_tokens.max(1), max_rows.clamp(1, max_tokens.max(1)));
-    let end = pos0 + n;
-    let want_end = want.end.clamp(pos0, end);
-    let first = want.start.clamp(pos0, want_end);
-    let mut passes = Vec::new();
-    let mut pos = pos0;
-    while pos < end {
-        let (len, rows) = if pos < first {
-            let gap = first - pos;
-            if gap >= max_tokens {
-                (max_tokens, 0)
-            } else {
-                let r = (want_end - first).min(max_rows).min(max_tokens - gap);
-                (gap + r, r)
-            }
-        } else if pos < want_end {
-            let r = (want_end - pos).min(max_rows);
-            (r, r)
-        } else {
-            ((end - pos).min(max_tokens), 0)
-        };
-        passes.push((pos, len, rows));
-        pos += len;
+) -> usize {
+    let limit = end.min(pos.saturating_add(max_tokens.max(1)));
+    // wanted positions in pos..limit: the overlap of want with it
+    let (w0, w1) = (want.start.max(pos), want.end.min(limit));
+    if w1 > w0 && w1 - w0 > max_rows.max(1) {
+        // the pass ends after its max_rows-th wanted position
+        (w0 + max_rows.max(1)).max(pos + 1)
+    } else {
+        limit
     }
-    passes
 }
 
-/// The CPU executor: the model, a run state for `batch` tokens, and a contiguous KV cache.
-pub struct CpuExecutor {
-    model: Model,
-    state: RunState,
+/// One sequence through a [`BatchExecutor`]: the [`Executor`] the CLI, bench, perplexity and
+/// drafts use, on every backend. Its cache holds one sequence (slot 0), whole or with
+/// window rings ([`KvCache::with_window_ring`]); passes take up to `max_tokens` positions, of
+/// which up to `max_rows` get logits.
+pub struct OneSequence {
+    exec: Box<dyn BatchExecutor>,
     kv: KvCache,
     batch: Batch,
+    max_tokens: usize,
+    max_rows: usize,
+    /// The logits row of the last position reported.
     last: usize,
 }
 
-impl CpuExecutor {
-    /// Wraps `model` with buffers for passes of up to `batch` tokens, of which up to
-    /// `outputs` may return logits, and a KV cache of the plan's type for the model's
-    /// context.
-    pub fn new(model: Model, plan: &Plan, batch: usize, outputs: usize) -> CpuExecutor {
+impl OneSequence {
+    /// Wraps `exec` over `kv` (one sequence) for passes of up to `max_tokens` positions (no
+    /// more than a window ring's slack) and `max_rows` logit rows (no more than the
+    /// executor's buffers hold).
+    pub fn new(
+        exec: Box<dyn BatchExecutor>,
+        kv: KvCache,
+        max_tokens: usize,
+        max_rows: usize,
+    ) -> OneSequence {
+        let max_tokens = max_tokens.min(kv.ring_slack().unwrap_or(usize::MAX)).max(1);
+        OneSequence {
+            exec,
+            kv,
+            batch: Batch::with_capacity(max_tokens),
+            max_tokens,
+            max_rows: max_rows.clamp(1, max_tokens),
+            last: 0,
+        }
+    }
+
+    /// The CPU's: `model` with buffers for passes of up to `batch` tokens, `outputs` of
+    /// them with logits, and a KV cache of the plan's type for the model's context.
+    pub fn cpu(model: Model, plan: &Plan, batch: usize, outputs: usize) -> OneSequence {
         let c = &model.config;
-        let state = RunState::new(c, batch, outputs, model.ctx(), model.threads());
         let windows: Vec<Option<usize>> = (0..c.n_layers).map(|l| c.window(l)).collect();
         let kv = KvCache::with_window_ring(
             plan.kv_dtype,
@@ -215,24 +244,20 @@ impl CpuExecutor {
             &windows,
             batch.max(1),
         );
-        CpuExecutor {
-            batch: Batch::with_capacity(batch),
-            model,
-            state,
-            kv,
-            last: 0,
-        }
+        let ctx = model.ctx();
+        let exec = CpuBatchExecutor::new(model, batch, outputs, ctx);
+        OneSequence::new(Box::new(exec), kv, batch, outputs)
     }
 
-    /// The model.
-    pub fn model(&self) -> &Model {
-        &self.model
+    /// The KV cache.
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
     }
 }
 
-impl Executor for CpuExecutor {
+impl Executor for OneSequence {
     fn backend(&self) -> &'static str {
-        "cpu"
+        self.exec.backend().as_str()
     }
 
     fn can_truncate(&self, len: usize, keep: usize) -> bool {
@@ -240,7 +265,7 @@ impl Executor for CpuExecutor {
     }
 
     fn config(&self) -> &Config {
-        &self.model.config
+        self.exec.config()
     }
 
     fn eval(
@@ -250,57 +275,61 @@ impl Executor for CpuExecutor {
         want: Range<usize>,
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        let last = crate::perplexity::eval_positions(
-            &self.model,
-            &mut self.state,
-            &mut self.kv,
-            &mut self.batch,
-            tokens,
-            pos0,
-            want,
-            on_logits,
-        )?;
-        if let Some(l) = last {
-            self.last = l;
+        let end = pos0 + tokens.len();
+        let mut pos = pos0;
+        while pos < end {
+            let stop = pass_end(pos, end, &want, self.max_tokens, self.max_rows);
+            self.batch.clear();
+            for p in pos..stop {
+                self.batch.push(tokens[p - pos0], p, 0, want.contains(&p));
+            }
+            let n = self.exec.forward(&mut self.kv, &self.batch)?;
+            let wanted = (pos..stop).filter(|p| want.contains(p));
+            for (j, p) in wanted.enumerate() {
+                on_logits(p, self.exec.logits(j));
+            }
+            if n > 0 {
+                self.last = n - 1;
+            }
+            pos = stop;
         }
         Ok(())
     }
 
     fn last_logits_mut(&mut self) -> &mut [f32] {
-        let vocab = self.model.config.vocab_size;
-        self.state.logits_mut(self.last, vocab)
+        self.exec.logits_mut(self.last)
     }
 
     fn io_stats(&self) -> IoStats {
-        self.model.io_stats()
+        self.exec.io_stats()
     }
 
     fn verify_stats(&self) -> gds_io::VerifyStats {
-        self.model.verify_stats()
+        self.exec.verify_stats()
     }
 
     fn eval_exit(&mut self, token: u32, pos: usize, blocks: usize) -> Result<()> {
         self.batch.clear();
         self.batch.push(token, pos, 0, true);
-        self.model
-            .forward_exit(&mut self.state, &mut self.kv, &self.batch, blocks)?;
+        self.exec.forward_exit(&mut self.kv, &self.batch, blocks)?;
         self.last = 0;
         Ok(())
     }
 }
 
-/// Opens the executor of the plan's backend for passes of up to `batch` tokens, of which
-/// up to `outputs` may return logits (the CPU executor sizes its buffers by them).
+/// Opens the plan's backend for one sequence, for passes of up to `batch` tokens of which
+/// up to `outputs` may return logits (the GPU takes its own pass size: see
+/// `crate::gpu::open_one`).
 pub fn open(plan: &Plan, batch: usize, outputs: usize) -> Result<Box<dyn Executor>> {
     match plan.backend {
-        crate::backend::Backend::Cpu => Ok(Box::new(CpuExecutor::new(
+        Backend::Cpu => Ok(Box::new(OneSequence::cpu(
             Model::open(plan)?,
             plan,
             batch,
             outputs,
         ))),
         #[cfg(feature = "cuda")]
-        crate::backend::Backend::Cuda => Ok(Box::new(crate::gpu::GpuExecutor::open(plan)?)),
+        Backend::Cuda => Ok(Box::new(crate::gpu::open_one(plan, outputs)?)),
         #[cfg(not(feature = "cuda"))]
         other => Err(RuntimeError::Internal(format!(
             "backend {other} is not available in this build"
@@ -310,49 +339,67 @@ pub fn open(plan: &Plan, batch: usize, outputs: usize) -> Result<Box<dyn Executo
 
 #[cfg(test)]
 mod tests {
-    use super::logit_passes;
+    use super::pass_end;
+
+    /// The passes `pass_end` cuts: `(start, len, wanted positions in it)`.
+    fn passes(
+        pos0: usize,
+        n: usize,
+        want: std::ops::Range<usize>,
+        max: usize,
+        rows: usize,
+    ) -> Vec<(usize, usize, usize)> {
+        let (mut pos, end, mut out) = (pos0, pos0 + n, Vec::new());
+        while pos < end {
+            let stop = pass_end(pos, end, &want, max, rows);
+            assert!(stop > pos && stop <= end, "{pos}..{stop} of ..{end}");
+            out.push((
+                pos,
+                stop - pos,
+                (pos..stop).filter(|p| want.contains(p)).count(),
+            ));
+            pos = stop;
+        }
+        out
+    }
 
     #[test]
-    fn logit_passes_cover_every_token_once_and_every_wanted_position_at_a_pass_end() {
+    fn passes_cover_every_token_once_within_the_pass_and_logit_limits() {
         for (pos0, n, want, max, rows) in [
             (0, 10, 9..10, 4, 1),
             (0, 10, 3..7, 4, 1),
             (0, 10, 3..7, 4, 16),
             (5, 20, 0..100, 8, 3),
             (0, 600, 512..599, 512, 16),
+            (0, 512, 256..511, 512, 512),
             (3, 7, 50..60, 2, 2),
             (0, 1, 0..1, 512, 16),
             (10, 11, 10..21, 512, 16),
             (0, 40, 5..5, 8, 4),
+            (0, 40, 0..40, 8, 0),
         ] {
-            let passes = logit_passes(pos0, n, &want, max, rows);
-            let mut pos = pos0;
-            let mut got = Vec::new();
-            for &(start, len, r) in &passes {
-                assert_eq!(start, pos, "{passes:?}");
-                assert!(
-                    len >= 1 && len <= max && r <= len && r <= rows,
-                    "{passes:?}"
-                );
-                got.extend(start + len - r..start + len);
-                pos += len;
+            let p = passes(pos0, n, want.clone(), max, rows);
+            assert!(
+                p.iter()
+                    .all(|&(_, len, r)| len >= 1 && len <= max && r <= rows.max(1)),
+                "{p:?}"
+            );
+            // a pass is cut short only where its logit rows are used up
+            for w in p.windows(2) {
+                let (_, len, r) = w[0];
+                assert!(len == max || r == rows.max(1), "{p:?}");
             }
-            assert_eq!(pos, pos0 + n);
-            // exactly the wanted positions inside the input get logits, in order
-            let wanted: Vec<usize> = want
-                .clone()
-                .filter(|p| (pos0..pos0 + n).contains(p))
-                .collect();
-            assert_eq!(got, wanted, "{passes:?}");
         }
-        // one logit row per pass: the wanted positions each end a pass
+        // passes of the whole size, the last one shorter
         assert_eq!(
-            logit_passes(0, 10, &(9..10), 4, 1),
+            passes(0, 10, 9..10, 4, 1),
             vec![(0, 4, 0), (4, 4, 0), (8, 2, 1)]
         );
         // a speculative pass: the sampled token and its guesses, all in one
-        assert_eq!(logit_passes(10, 11, &(10..21), 512, 16), vec![(10, 11, 11)]);
-        // a prompt chunk: one pass, logits for its last position
-        assert_eq!(logit_passes(0, 7, &(6..7), 512, 16), vec![(0, 7, 1)]);
+        assert_eq!(passes(10, 11, 10..21, 512, 16), vec![(10, 11, 11)]);
+        // perplexity's chunk: one pass, logits for its second half, the last token in it too
+        assert_eq!(passes(0, 512, 256..511, 512, 512), vec![(0, 512, 255)]);
+        // wanted positions past the logit rows start the next pass
+        assert_eq!(passes(0, 10, 3..7, 8, 2), vec![(0, 5, 2), (5, 5, 2)]);
     }
 }

@@ -1,35 +1,24 @@
 //! The CUDA executor (feature `cuda`): `gds_cuda::executor::GpuModel` behind
-//! [`Executor`], following the plan's [`GpuPlan`](crate::gpuplan::GpuPlan). Its KV cache
-//! and activations live in VRAM; logits come back to the host for the sampler.
+//! [`BatchExecutor`](crate::exec::BatchExecutor), following the plan's
+//! [`GpuPlan`](crate::gpuplan::GpuPlan). Its KV rows and activations live in VRAM, laid out
+//! as a [`KvCache`]'s block tables say; logits come back to the host for the sampler. The
+//! server drives it over its paged cache ([`open_batch`]); the CLI, bench and perplexity over
+//! a cache of one sequence ([`open_one`]).
 //!
 //! Each block runs the architecture's graph ([`crate::cuda_graph::CudaGraph`]: the same
 //! `graph/<arch>.rs` as the CPU, over the CUDA kernels).
 //!
-//! **Not yet run on a GPU**: the development machines have none. It compiles in CI under
-//! `--features cuda`; the pass it launches is tested on the CPU with the same kernels
-//! (crates/gds-cuda/tests: forward_emu.rs, and executor_emu.rs for every architecture).
+//! Tested on the CPU with the same kernels (crates/gds-cuda/tests: forward_emu.rs,
+//! executor_emu.rs); run on a GPU as docs/gpu.md records.
 
-use crate::config::Config;
 use crate::cuda_graph::{gpu_error, PassStaging, StreamerBatch};
 use crate::cuda_graph::{rope_tables, CudaGraph};
 use crate::error::{Result, RuntimeError};
-use crate::exec::{logit_passes, Executor};
+use crate::exec::OneSequence;
 use crate::gpuplan::GpuLoad;
 use crate::kv::KvCache;
 use crate::plan::Plan;
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
-use gds_io::IoStats;
-use std::ops::Range;
-
-/// [`Executor`] on the GPU.
-pub struct GpuExecutor {
-    model: GpuModel,
-    config: Config,
-    /// The last position's logits reported.
-    logits: Vec<f32>,
-    /// A pass's logit rows.
-    rows: Vec<f32>,
-}
 
 /// Opens the plan's model on the GPU the plan was made for, for passes of up to `batch`
 /// tokens, over a KV cache of one sequence (`kv` `None`) or paged as `kv` says, with up to
@@ -69,65 +58,23 @@ fn open_gpu_model(
     GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_error)
 }
 
-impl GpuExecutor {
-    /// Opens the plan's model on the GPU the plan was made for.
-    pub fn open(plan: &Plan) -> Result<GpuExecutor> {
-        let model = open_gpu_model(plan, gds_cuda::plan::MAX_BATCH, None, None)?;
-        let c = &plan.model;
-        Ok(GpuExecutor {
-            logits: vec![0.0; c.vocab_size],
-            rows: vec![0.0; model.logit_rows() * c.vocab_size],
-            config: c.clone(),
-            model,
-        })
+/// Opens the plan's model on the GPU for one sequence (the CLI, bench, perplexity, drafts):
+/// passes of up to [`gds_cuda::plan::MAX_BATCH`] positions, up to `outputs` of them with
+/// logits, over the cache [`crate::gpuplan::plan_gpu`] planned the VRAM for
+/// ([`crate::cuda_graph::one_sequence`]).
+pub fn open_one(plan: &Plan, outputs: usize) -> Result<OneSequence> {
+    if plan.kv_dtype != crate::kv::KvDtype::F32 {
+        return Err(RuntimeError::Usage(
+            "--kv-dtype f16: the CUDA backend's KV cache is f32 (use --kv-dtype f32)".into(),
+        ));
     }
-}
-
-impl Executor for GpuExecutor {
-    fn backend(&self) -> &'static str {
-        "cuda"
-    }
-
-    fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// A GPU pass returns logits for its last positions only (up to its logit rows):
-    /// the passes follow [`logit_passes`].
-    fn eval(
-        &mut self,
-        tokens: &[u32],
-        pos0: usize,
-        want: Range<usize>,
-        on_logits: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<()> {
-        let vocab = self.config.vocab_size;
-        let (max_tokens, max_rows) = (self.model.max_tokens(), self.model.logit_rows());
-        for (pos, n, rows) in logit_passes(pos0, tokens.len(), &want, max_tokens, max_rows) {
-            let chunk = &tokens[pos - pos0..pos - pos0 + n];
-            let out = &mut self.rows[..rows * vocab];
-            self.model.forward(out, chunk, pos).map_err(gpu_error)?;
-            for (i, row) in out.chunks_exact(vocab).enumerate() {
-                on_logits(pos + n - rows + i, row);
-            }
-            if let Some(last) = out.chunks_exact(vocab).last() {
-                self.logits.copy_from_slice(last);
-            }
-        }
-        Ok(())
-    }
-
-    fn can_truncate(&self, len: usize, keep: usize) -> bool {
-        self.model.can_truncate(len, keep)
-    }
-
-    fn last_logits_mut(&mut self) -> &mut [f32] {
-        &mut self.logits
-    }
-
-    fn io_stats(&self) -> IoStats {
-        self.model.io_stats()
-    }
+    crate::cuda_graph::one_sequence(
+        &plan.model,
+        plan.ctx,
+        gds_cuda::plan::MAX_BATCH,
+        outputs,
+        |spec, batch, outputs| open_gpu_model(plan, batch, Some(spec.clone()), Some(outputs)),
+    )
 }
 
 /// The GPU's [`BatchExecutor`](crate::exec::BatchExecutor): the server's passes (several

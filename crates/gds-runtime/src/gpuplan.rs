@@ -9,7 +9,8 @@
 //! compute.
 
 use crate::error::{Result, RuntimeError};
-use gds_cuda::plan::Layout;
+use crate::kv::{KvCache, KvDtype, Tables};
+use gds_cuda::plan::{KvGeo, KvSpec, Layout};
 use gds_format::Manifest;
 use serde::Serialize;
 use std::path::Path;
@@ -94,6 +95,56 @@ impl GpuPlan {
     }
 }
 
+/// The VRAM layout of `kv`'s rows as the GPU executor holds them, and the kinds of block
+/// tables its layers read (one [`KvSpec`] table per kind, in that order).
+pub fn kv_spec(kv: &KvCache) -> Result<(KvSpec, Vec<Tables>)> {
+    let mut kinds: Vec<Tables> = Vec::new();
+    let mut max_blocks = Vec::new();
+    let mut layers = Vec::new();
+    for l in 0..kv.n_layers() {
+        let p = kv
+            .paging(l)
+            .ok_or_else(|| RuntimeError::Internal(format!("KV cache has no layer {l}")))?;
+        let table = match kinds.iter().position(|&k| k == p.tables) {
+            Some(t) => t,
+            None => {
+                kinds.push(p.tables);
+                max_blocks.push(match p.ring {
+                    0 => kv.ctx().div_ceil(p.block),
+                    r => r,
+                });
+                kinds.len() - 1
+            }
+        };
+        layers.push(KvGeo {
+            block: p.block,
+            blocks: p.blocks,
+            ring: p.ring,
+            table,
+        });
+    }
+    let spec = KvSpec {
+        layers,
+        max_blocks,
+        max_seqs: kv.n_seqs(),
+    };
+    Ok((spec, kinds))
+}
+
+/// The block tables (no rows: they live in VRAM) of the GPU's one-sequence cache of `ctx`
+/// positions, `windows[l]` the window of layer `l`: the whole context per layer, or a ring
+/// for window layers as on the CPU ([`KvCache::with_window_ring`]), for passes of up to
+/// `batch` positions.
+pub fn one_sequence_kv(
+    dtype: KvDtype,
+    ctx: usize,
+    kv_dim: usize,
+    windows: &[Option<usize>],
+    batch: usize,
+) -> KvCache {
+    KvCache::window_ring_tables(dtype, 1, ctx, kv_dim, windows, batch)
+}
+
 /// Plans the GPU side for the model in `dir` (manifest `m`) with `ctx` positions: `io` is
 /// the user's `--io` (`auto`, `gds`, `direct`, `mmap`), `vram_budget` the user's
 /// `--vram-budget` (`None`: [`DEFAULT_VRAM_SHARE`] of the device), `direct` whether the
@@ -153,9 +204,17 @@ pub fn plan_gpu(
     };
     let layout = Layout::from_manifest(dir, m)
         .map_err(|e| RuntimeError::Model(format!("{}: {e}", dir.display())))?;
-    let batch = gds_cuda::plan::MAX_BATCH;
+    // the cache the one-sequence executor opens (crate::gpu::open_one), its VRAM layout as
+    // the executor derives it
+    let batch = Layout::batch(ctx, gds_cuda::plan::MAX_BATCH);
+    let windows: Vec<Option<usize>> = (0..layout.shape.n_layers)
+        .map(|b| layout.shape.windows.get(b).copied().filter(|&w| w > 0))
+        .collect();
+    let kv = one_sequence_kv(KvDtype::F32, ctx, layout.kv_dim(), &windows, batch);
+    let (spec, _) = kv_spec(&kv)?;
+    let overhead = layout.overhead_bytes_with(ctx, batch, Layout::logit_rows(batch), &spec);
     let p = layout
-        .plan(ctx, batch, budget as usize)
+        .plan_with(overhead, budget as usize)
         .map_err(|e| RuntimeError::Usage(format!("--vram-budget: {e}")))?;
     let (resident, streamed): (Vec<usize>, Vec<usize>) =
         (0..p.resident.len()).partition(|&l| p.resident[l]);
@@ -171,9 +230,7 @@ pub fn plan_gpu(
         streamed_bytes_per_token: p.streamed_bytes_per_token,
         min_budget_bytes: p.min_budget as u64,
         all_resident_budget_bytes: p.all_resident_budget as u64,
-        kv_bytes: layout.kv_bytes(ctx, batch) as u64,
-        kv_window_ring_positions: (0..layout.shape.n_layers)
-            .map(|b| layout.kv_rows(ctx, batch, b))
-            .find(|&rows| rows < ctx),
+        kv_bytes: spec.bytes(layout.kv_dim()) as u64,
+        kv_window_ring_positions: kv.ring_positions(),
     })
 }

@@ -309,6 +309,18 @@ impl KvCache {
         ctx: usize,
         kv_dim: usize,
     ) -> KvCache {
+        Self::whole_context(dtype, n_layers, n_seqs, ctx, kv_dim, true)
+    }
+
+    /// [`KvCache::new`]'s geometry, with its rows when `rows`.
+    fn whole_context(
+        dtype: KvDtype,
+        n_layers: usize,
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        rows: bool,
+    ) -> KvCache {
         let layer_len = n_seqs * ctx * kv_dim;
         let layers = uniform(n_layers, layer_len, ctx.max(1));
         Self::contiguous(
@@ -319,11 +331,14 @@ impl KvCache {
             layers,
             n_layers * layer_len,
             None,
+            rows,
         )
     }
 
     /// One block of the whole context per sequence, the layers laid out as `layers` say in
-    /// `n` elements of K (and of V), with the window rings `ring` if any.
+    /// `n` elements of K (and of V), with the window rings `ring` if any; the rows
+    /// allocated only when `rows` (see [`KvCache::drop_rows`]).
+    #[allow(clippy::too_many_arguments)]
     fn contiguous(
         dtype: KvDtype,
         n_seqs: usize,
@@ -332,7 +347,9 @@ impl KvCache {
         layers: Vec<LayerGeo>,
         n: usize,
         ring: Option<Ring>,
+        rows: bool,
     ) -> KvCache {
+        let n = if rows { n } else { 0 };
         KvCache {
             dtype,
             n_layers: layers.len(),
@@ -351,7 +368,7 @@ impl KvCache {
             layers,
             ring,
             window: None,
-            rows: true,
+            rows,
         }
     }
 
@@ -367,10 +384,35 @@ impl KvCache {
         windows: &[Option<usize>],
         slack: usize,
     ) -> KvCache {
+        Self::window_ring_cache(dtype, n_seqs, ctx, kv_dim, windows, slack, true)
+    }
+
+    /// [`KvCache::with_window_ring`]'s block tables and geometry without its rows: for a
+    /// backend that holds the rows itself (the GPU's one-sequence executor, and its plan).
+    pub fn window_ring_tables(
+        dtype: KvDtype,
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        windows: &[Option<usize>],
+        slack: usize,
+    ) -> KvCache {
+        Self::window_ring_cache(dtype, n_seqs, ctx, kv_dim, windows, slack, false)
+    }
+
+    fn window_ring_cache(
+        dtype: KvDtype,
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        windows: &[Option<usize>],
+        slack: usize,
+        rows: bool,
+    ) -> KvCache {
         let n_layers = windows.len();
         let window = windows.iter().flatten().copied().max().unwrap_or(0);
         let Some((rb, len)) = windows_ring(ctx, windows, slack) else {
-            return KvCache::new(dtype, n_layers, n_seqs, ctx, kv_dim);
+            return KvCache::whole_context(dtype, n_layers, n_seqs, ctx, kv_dim, rows);
         };
         let (full_len, ring_len) = (n_seqs * ctx * kv_dim, n_seqs * len * rb * kv_dim);
         let mut base = 0;
@@ -402,7 +444,7 @@ impl KvCache {
                 .map(|s| (s * len..(s + 1) * len).map(|b| b as u32).collect())
                 .collect(),
         };
-        Self::contiguous(dtype, n_seqs, ctx, kv_dim, layers, base, Some(ring))
+        Self::contiguous(dtype, n_seqs, ctx, kv_dim, layers, base, Some(ring), rows)
     }
 
     /// Bytes of [`KvCache::with_window_ring`] for one sequence (what `--plan` reports).

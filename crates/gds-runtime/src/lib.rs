@@ -1,10 +1,12 @@
 //! GdsLLM CPU inference runtime.
 //!
 //! The flow: a [`Plan`] is built once from user settings and the model's manifest (every
-//! decision made there, the GPU plan included), an [`Executor`] is opened by it — the CPU
-//! [`Model`] (layers made resident through a `gds-io` backend, weights located zero-copy)
-//! with a preallocated [`RunState`] and [`KvCache`], or the CUDA executor under the `cuda`
-//! feature — and an [`Engine`] runs prompts through it with a [`Sampler`] and [`Metrics`].
+//! decision made there, the GPU plan included), a [`BatchExecutor`] is opened by it — the
+//! CPU [`Model`] (layers made resident through a `gds-io` backend, weights located
+//! zero-copy) with a preallocated [`RunState`], or the CUDA executor under the `cuda`
+//! feature — over a [`KvCache`], and an [`Engine`] runs prompts through it (one sequence:
+//! [`OneSequence`]) with a [`Sampler`] and [`Metrics`]; the server's scheduler drives the
+//! same [`BatchExecutor`] with many.
 
 mod attention;
 pub mod backend;
@@ -38,7 +40,7 @@ pub use config::{Config, RopeScaling};
 pub use constraint::{Constraint, Grammar, GrammarCompiler, Mask};
 pub use engine::{Engine, GenerateOutput, StopReason};
 pub use error::{Result, RuntimeError};
-pub use exec::{CpuExecutor, Executor};
+pub use exec::{BatchExecutor, Executor, OneSequence};
 pub use kv::{KvCache, KvDtype, NO_BLOCK};
 pub use metrics::{EnergyMeter, Metrics};
 pub use model::{Batch, Model, RunState};

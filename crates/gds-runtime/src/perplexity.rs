@@ -7,8 +7,6 @@
 
 use crate::error::{Result, RuntimeError};
 use crate::exec::Executor;
-use crate::kv::KvCache;
-use crate::model::{Batch, Model, RunState};
 use serde::Serialize;
 
 /// How a token stream is cut into chunks.
@@ -72,42 +70,6 @@ pub struct PerplexityResult {
 pub fn log_sum_exp(x: &[f32]) -> f64 {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln()
-}
-
-/// Evaluates `tokens` at positions `pos0..` of sequence 0, teacher-forced, in passes of
-/// `state.max_batch()` tokens built in `batch`, calling `f(position, logits)` for every
-/// position in `want`. Returns the logits row (in `state`) of the last position reported
-/// by the last pass that reported any.
-#[allow(clippy::too_many_arguments)]
-pub fn eval_positions(
-    model: &Model,
-    state: &mut RunState,
-    kv: &mut KvCache,
-    batch: &mut Batch,
-    tokens: &[u32],
-    pos0: usize,
-    want: std::ops::Range<usize>,
-    f: &mut dyn FnMut(usize, &[f32]),
-) -> Result<Option<usize>> {
-    let vocab = model.config.vocab_size;
-    let step = state.max_batch().max(1);
-    let mut last = None;
-    for (ci, chunk) in tokens.chunks(step).enumerate() {
-        batch.clear();
-        let start = pos0 + ci * step;
-        for (i, &t) in chunk.iter().enumerate() {
-            batch.push(t, start + i, 0, want.contains(&(start + i)));
-        }
-        let n_out = model.forward(state, kv, batch)?;
-        let wanted = (start..start + chunk.len()).filter(|p| want.contains(p));
-        for (j, p) in wanted.enumerate() {
-            f(p, state.logits(j, vocab));
-        }
-        if n_out > 0 {
-            last = Some(n_out - 1);
-        }
-    }
-    Ok(last)
 }
 
 /// Settings of a perplexity run.

@@ -620,8 +620,8 @@ impl Plan {
                 })
             }
         };
-        // Both executors' caches keep a ring for window layers (exec::CpuExecutor::new,
-        // the GPU layout's kv_rows)
+        // Both backends' one-sequence caches keep a ring for window layers
+        // (exec::OneSequence::cpu, gpuplan::one_sequence_kv)
         let kv_full_context_bytes =
             KvCache::bytes(kv_dtype, model.n_layers, 1, ctx, model.kv_dim());
         let (kv_bytes, kv_window_ring_positions) = match &gpu {

@@ -5,7 +5,7 @@
 //! - The VRAM plan for `--backend cuda` (load path, residency, streaming slots, refusals)
 //!   is made from the manifest alone, so it is checked here on the real SmolLM2 layout.
 
-use gds_runtime::exec::{eval_last, CpuExecutor, Executor};
+use gds_runtime::exec::{eval_last, Executor, OneSequence};
 use gds_runtime::gpuplan::{plan_gpu, GpuLoad, GpuOffer, GpuPlan};
 use gds_runtime::{Model, Plan, PlanOptions};
 use std::path::Path;
@@ -26,8 +26,8 @@ fn plan(ctx: usize) -> Plan {
     .unwrap()
 }
 
-fn cpu(plan: &Plan, batch: usize, outputs: usize) -> CpuExecutor {
-    CpuExecutor::new(Model::open(plan).unwrap(), plan, batch, outputs)
+fn cpu(plan: &Plan, batch: usize, outputs: usize) -> OneSequence {
+    OneSequence::cpu(Model::open(plan).unwrap(), plan, batch, outputs)
 }
 
 #[test]

@@ -14,7 +14,8 @@
 //! log-probability of a token with p > 1e-4 off by more than 0.75 (llama.cpp's worst on the
 //! true token: 0.75). Measured values are printed so drift shows.
 
-use gds_runtime::perplexity::{eval_positions, log_sum_exp};
+use crate::eval_positions;
+use gds_runtime::perplexity::log_sum_exp;
 use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
 use std::path::{Path, PathBuf};
 
@@ -69,8 +70,7 @@ fn logits_kv(model: &Model, tokens: &[u32], batch: usize, kv_dtype: KvDtype) -> 
         0,
         0..tokens.len(),
         &mut |p, l| rows[p] = l.to_vec(),
-    )
-    .unwrap();
+    );
     rows
 }
 

@@ -2,9 +2,9 @@
 //! the logits of the memory-mapped model (same kernels over the same bytes; only where the
 //! bytes come from differs), and its plans respect the budget.
 
+use crate::eval_positions;
 use gds_io::DirectSupport;
 use gds_runtime::ioplan::{plan_io, IoPlan};
-use gds_runtime::perplexity::eval_positions;
 use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
 use std::path::Path;
 
@@ -43,8 +43,7 @@ fn run(model: &Model, prompt: &[u32], batch: usize, decode: usize) -> Vec<Vec<f3
         0,
         0..prompt.len(),
         &mut |p, l| rows[p] = l.to_vec(),
-    )
-    .unwrap();
+    );
     let mut next = argmax(rows.last().unwrap());
     for i in 0..decode {
         b.clear();

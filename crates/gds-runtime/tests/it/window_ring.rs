@@ -4,7 +4,7 @@
 //! on 5 of 6 layers) and Mistral (window 4 on every layer) fixtures; and `--plan` says what
 //! the ring saves.
 
-use gds_runtime::exec::{CpuExecutor, Executor};
+use gds_runtime::exec::{Executor, OneSequence};
 use gds_runtime::{Model, Plan, PlanOptions};
 use std::path::{Path, PathBuf};
 
@@ -36,9 +36,9 @@ fn plan(dir: &Path, batch: usize) -> Plan {
 }
 
 /// Logits of every position of `tokens`, evaluated in passes of `batch`.
-fn logits(dir: &Path, tokens: &[u32], batch: usize) -> (Vec<Vec<f32>>, CpuExecutor) {
+fn logits(dir: &Path, tokens: &[u32], batch: usize) -> (Vec<Vec<f32>>, OneSequence) {
     let p = plan(dir, batch);
-    let mut e = CpuExecutor::new(Model::open(&p).unwrap(), &p, batch, batch);
+    let mut e = OneSequence::cpu(Model::open(&p).unwrap(), &p, batch, batch);
     let mut rows = vec![Vec::new(); tokens.len()];
     e.eval(tokens, 0, 0..tokens.len(), &mut |pos, l| {
         rows[pos] = l.to_vec()
@@ -125,7 +125,7 @@ fn rejected_guesses_leave_no_trace_in_the_logits() {
         let batch = 4;
         let (want, _) = logits(&dir, &tokens, batch);
         let p = plan(&dir, batch);
-        let mut e = CpuExecutor::new(Model::open(&p).unwrap(), &p, batch, batch);
+        let mut e = OneSequence::cpu(Model::open(&p).unwrap(), &p, batch, batch);
         let mut got: Vec<Vec<f32>> = vec![Vec::new(); tokens.len()];
         e.eval(&tokens[..1], 0, 0..1, &mut |pos, l| got[pos] = l.to_vec())
             .unwrap();

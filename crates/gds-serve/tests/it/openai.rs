@@ -454,8 +454,7 @@ fn same_as_cli(model: &std::path::Path, extra: &[&str]) -> Value {
 /// The logits at `positions` of `tokens` (one pass from position 0), from SmolLM2 evaluated
 /// directly, without the server: `(position, logits)` in order.
 fn model_logits(tokens: &[u32], positions: std::ops::Range<usize>) -> Vec<(usize, Vec<f32>)> {
-    use gds_runtime::perplexity::eval_positions;
-    use gds_runtime::{Batch, KvCache, Model, Plan, PlanOptions, RunState};
+    use gds_runtime::{Plan, PlanOptions};
     let plan = Plan::build(&PlanOptions {
         model_dir: gds_tests::smollm_converted().to_path_buf(),
         ctx: Some(1024),
@@ -465,23 +464,10 @@ fn model_logits(tokens: &[u32], positions: std::ops::Range<usize>) -> Vec<(usize
         ..Default::default()
     })
     .unwrap();
-    let model = Model::open(&plan).unwrap();
-    let c = &model.config;
-    let n = tokens.len();
-    let mut st = RunState::new(c, n, positions.len(), model.ctx(), model.threads());
-    let mut kv = KvCache::new(plan.kv_dtype, c.n_layers, 1, model.ctx(), c.kv_dim());
+    let mut exec = gds_runtime::exec::open(&plan, tokens.len(), positions.len()).unwrap();
     let mut out = Vec::new();
-    eval_positions(
-        &model,
-        &mut st,
-        &mut kv,
-        &mut Batch::with_capacity(n),
-        tokens,
-        0,
-        positions,
-        &mut |p, l| out.push((p, l.to_vec())),
-    )
-    .unwrap();
+    exec.eval(tokens, 0, positions, &mut |p, l| out.push((p, l.to_vec())))
+        .unwrap();
     out
 }
 
