@@ -54,6 +54,12 @@ bench-spec *args:
 bench-serve *args:
     ./scripts/bench-serve.py {{args}}
 
+# the server streaming a model bigger than its budget: aggregate t/s at concurrency 1..64 in memory,
+# at a quarter of the weights and at the minimum, against the disk-bandwidth bound, and
+# llama-server under the same memory cgroup (default: the 1B-shaped model; --model smollm2)
+bench-serve-stream *args:
+    ./scripts/bench-serve-stream.py {{args}}
+
 # GPU: GDS vs bounce-buffer load bandwidth, decode t/s at several VRAM budgets against the
 # read-bandwidth bound (needs an NVIDIA GPU; exits non-zero without one)
 bench-gpu *args:

@@ -30,12 +30,26 @@ python3 scripts/check-module-cycles.py
 step "cargo fmt --check"
 cargo fmt --all --check
 step "cargo clippy"
-cargo clippy --workspace --all-targets --release -- -D warnings
-step "cargo test (tier 1 and tier 2, profile ci: release code without LTO)"
+# profile ci, as the tests below: the build scripts and proc macros it compiles are theirs too
+cargo clippy --workspace --all-targets --profile ci -- -D warnings
+step "cargo test: build (profile ci: release code without LTO)"
+cargo test --workspace --profile ci --no-run
+step "cargo test (tier 1 and tier 2; the emulated CUDA kernels beside the rest)"
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
 # Python packages or NVRTC: --include-ignored runs both tiers in one pass over one build.
-cargo test --workspace --profile ci -- --include-ignored
+# gds-cuda's tests run the kernels emulated on the CPU, one launch at a time (about one core
+# for ~4 minutes): they run beside the other binaries, whose tests wait on servers and
+# subprocesses part of the time, and their output is printed after them.
+emu_log=$(mktemp)
+( cargo test --profile ci -p gds-cuda -- --include-ignored >"$emu_log" 2>&1; echo $? >"$emu_log.rc" ) &
+emu_pid=$!
+cargo test --workspace --profile ci --exclude gds-cuda -- --include-ignored
+wait "$emu_pid" || true
+step "gds-cuda tests (run beside the above)"
+cat "$emu_log"
+[ "$(cat "$emu_log.rc" 2>/dev/null)" = 0 ] || { echo "gds-cuda tests failed" >&2; exit 1; }
+rm -f "$emu_log" "$emu_log.rc"
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every
@@ -55,6 +69,6 @@ if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&
 fi
 # (the kernels' CPU-emulation tests need no feature and already ran above)
 step "GPU backend (--features cuda): clippy, probe tests, kernels through NVRTC (scripts/gpu-pack.sh builds the binary)"
-cargo clippy -p gds-cuda -p gds-runtime -p gdsrun --all-targets --release --features cuda -- -D warnings
+cargo clippy -p gds-cuda -p gds-runtime -p gdsrun -p gds-serve --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda -- -D warnings
 LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   cargo test --profile ci -p gds-cuda --features cuda --lib --test nvrtc -- --include-ignored
