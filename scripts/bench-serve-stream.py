@@ -21,7 +21,10 @@ Needs: the model converted (1b: scripts/synth-model.py llama-1b, then llama.cpp'
 convert/quantize and `gdsconv convert`, as bench/runs/2026-11-27-real-size-1b.md says;
 smollm2: scripts/fetch-model.sh), fio (installed with apt when missing), llama.cpp built
 (scripts/build-llama-cpp.sh) for the llama-server rows."""
-import argparse, json, os, shutil, socket, subprocess, sys, time, urllib.request
+import argparse, json, os, subprocess, sys, time, urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import drop_cache, ensure_fio, fio_bandwidth, free_port, in_cgroup, make_cgroup, wait_healthy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
@@ -61,41 +64,12 @@ def run_json(cmd):
     return json.loads(subprocess.check_output(cmd, text=True))
 
 
-if not shutil.which("fio"):
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    if subprocess.run(sudo + ["apt-get", "install", "-y", "-qq", "fio"], env=env, capture_output=True).returncode:
-        subprocess.run(sudo + ["apt-get", "update", "-qq"], env=env, capture_output=True)
-        subprocess.check_call(sudo + ["apt-get", "install", "-y", "-qq", "fio"], env=env, stdout=subprocess.DEVNULL)
+ensure_fio()
 LAYER_FILES = sorted(os.path.join(model, "layers", x) for x in os.listdir(os.path.join(model, "layers")))
 
 
 def disk_bandwidth():
-    """fio: sequential O_DIRECT reads of 2 MiB, 4 in flight (libaio), over the layer files, 3 s."""
-    out = subprocess.check_output(["fio", "--name=layers", "--filename=" + ":".join(LAYER_FILES), "--rw=read",
-                                   "--bs=2M", "--direct=1", "--ioengine=libaio", "--iodepth=4", "--time_based",
-                                   "--runtime=3", "--output-format=json"], text=True)
-    return json.loads(out)["jobs"][0]["read"]["bw_bytes"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url, proc, timeout=300):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
-                return
-        except Exception:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} never became healthy")
+    return fio_bandwidth(LAYER_FILES)
 
 
 def peak_rss(pid):
@@ -119,27 +93,16 @@ def metric(url, name):
     return None
 
 
-def drop_cache(paths):
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-        except OSError:
-            pass
-
-
 def serve(label, cmd, cgroup=None):
     """Starts the server, runs the load at every level, returns (levels, peak RSS, steps)."""
     port = free_port()
     cmd = [c.replace("{port}", str(port)) for c in cmd]
-    if cgroup:
-        cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"] + cmd
+    cmd = in_cgroup(cmd, cgroup)
     url = f"http://127.0.0.1:{port}"
     log = open(f"/tmp/bench-serve-stream-{label}.log", "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_healthy(url, p)
+        wait_healthy(url, p, timeout=300)
         res = subprocess.run([sys.executable, "tests/py/serve_load.py", "--url", url, "--concurrency", a.concurrency,
                               "--requests-per-level", str(a.requests), "--max-tokens", str(a.max_tokens),
                               "--time-limit", str(a.time_limit)], capture_output=True, text=True)
@@ -216,27 +179,6 @@ if mem and q and 16 in q["levels"] and 16 in mem["levels"] and 1 in q["levels"]:
 
 
 # llama-server under the same memory
-def make_cgroup():
-    try:
-        lines = open("/proc/self/cgroup").read().splitlines()
-    except OSError as e:
-        return None, str(e)
-    for l in lines:
-        _, ctrl, path = l.split(":", 2)
-        if "memory" in ctrl.split(","):
-            base_dir, limit_file = f"/sys/fs/cgroup/memory{path}", "memory.limit_in_bytes"
-            break
-    else:
-        base_dir = "/sys/fs/cgroup" + next((l.split(":", 2)[2] for l in lines if l.startswith("0::")), "/")
-        limit_file = "memory.max"
-    cg = os.path.join(base_dir, f"gdsbench-serve-{os.getpid()}")
-    try:
-        os.mkdir(cg)
-        return (cg, limit_file), None
-    except OSError as e:
-        return None, f"cannot create a memory cgroup under {base_dir}: {e}"
-
-
 llama = ".cache/llama.cpp/bin/llama-server"
 print()
 if a.no_llama or not gguf:
@@ -244,7 +186,7 @@ if a.no_llama or not gguf:
 if not os.path.exists(llama):
     print(f"llama-server: skipped ({llama} not built: scripts/build-llama-cpp.sh)")
     sys.exit(0)
-cg, why = make_cgroup()
+cg, why = make_cgroup("gdsbench-serve")
 lcmd = [llama, "-m", gguf, "--host", "127.0.0.1", "--port", "{port}", "-t", str(a.threads), "-np", str(max_c),
         "-c", str(a.ctx * max_c), "--cont-batching", "--no-webui"]
 print(f"llama-server (same GGUF, -np {max_c}), aggregate t/s; streamed rows in a memory cgroup limited to gdsrun's peak RSS there:")

@@ -9,7 +9,10 @@ allows, so constrained replies are as long as the others.
 
 Usage: scripts/bench-serve.py [-t THREADS] [-c 1,4,16] [-n REQUESTS] [--max-tokens 64]
 Needs: scripts/fetch-model.sh, scripts/build-llama-cpp.sh (run automatically)."""
-import argparse, json, os, socket, subprocess, sys, time, urllib.request
+import argparse, json, os, subprocess, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import free_port, wait_healthy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
@@ -31,32 +34,15 @@ if not os.path.exists(os.path.join(out, "manifest.gdsm")):
     subprocess.check_call(["target/release/gdsconv", "convert", gguf, out, "--force"])
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url, proc, timeout=120):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            sys.exit(f"server exited with {proc.returncode}")
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
-                return
-        except Exception:
-            pass
-        time.sleep(0.3)
-    sys.exit(f"{url} never became healthy")
-
-
 def measure(name, cmd, port, concurrency=None, extra=()):
     url = f"http://127.0.0.1:{port}"
     log = open(f"/tmp/bench-serve-{name}.log", "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_healthy(url, p)
+        try:
+            wait_healthy(url, p)
+        except RuntimeError as e:
+            sys.exit(str(e))
         res = subprocess.check_output([sys.executable, "tests/py/serve_load.py", "--url", url,
                                        "--concurrency", concurrency or a.concurrency,
                                        "--requests-per-level", str(a.requests),

@@ -15,7 +15,10 @@ the direct run needed at that budget, so the kernel must evict and re-read weigh
 Skipped, with the reason, where no memory cgroup can be created.
 
 Usage: scripts/bench-stream.py [-n 32] [-r 2] [-t THREADS]"""
-import argparse, json, os, shutil, subprocess, sys
+import argparse, json, os, subprocess, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import drop_cache, ensure_fio, fio_bandwidth, in_cgroup, make_cgroup  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
@@ -35,8 +38,7 @@ MiB = 1 << 20
 
 
 def run_json(cmd, cgroup=None, timeout=None):
-    if cgroup:
-        cmd = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"] + cmd
+    cmd = in_cgroup(cmd, cgroup)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[-12:])}: exit {p.returncode}: {p.stderr.strip()[-300:]}")
@@ -48,21 +50,12 @@ def doctor_bandwidth():
     return d, d["model"]["read_bandwidth_direct"]["bytes_per_sec"]
 
 
-if not shutil.which("fio"):
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    if subprocess.run(sudo + ["apt-get", "install", "-y", "-qq", "fio"], env=env, capture_output=True).returncode:
-        subprocess.run(sudo + ["apt-get", "update", "-qq"], env=env, capture_output=True)
-        subprocess.check_call(sudo + ["apt-get", "install", "-y", "-qq", "fio"], env=env, stdout=subprocess.DEVNULL)
+ensure_fio()
 LAYER_FILES = sorted(os.path.join(model, "layers", x) for x in os.listdir(os.path.join(model, "layers")))
 
 
 def direct_bandwidth():
-    """fio: sequential O_DIRECT reads of 2 MiB, 4 in flight (libaio), over the layer files, 3 s."""
-    out = subprocess.check_output(["fio", "--name=layers", "--filename=" + ":".join(LAYER_FILES), "--rw=read", "--bs=2M",
-                                   "--direct=1", "--ioengine=libaio", "--iodepth=4", "--time_based", "--runtime=3",
-                                   "--output-format=json"], text=True)
-    return json.loads(out)["jobs"][0]["read"]["bw_bytes"]
+    return fio_bandwidth(LAYER_FILES)
 
 
 doctor, doctor_bw = doctor_bandwidth()
@@ -107,26 +100,6 @@ for r in rows:
         print(f"  (read bandwidth inside the run: {r['run_bw'] / 1e6:.0f} MB/s; measured bytes/token {r['measured_per_tok'] / 1e6:.1f} MB)")
 
 # plain mmap under the same memory, in a memory cgroup
-def make_cgroup():
-    try:
-        lines = open("/proc/self/cgroup").read().splitlines()
-    except OSError as e:
-        return None, str(e)
-    for l in lines:
-        _, ctrl, path = l.split(":", 2)
-        if "memory" in ctrl.split(","):
-            base = f"/sys/fs/cgroup/memory{path}"
-            limit_file = "memory.limit_in_bytes"
-            break
-    else:
-        base, limit_file = "/sys/fs/cgroup" + next((l.split(":", 2)[2] for l in lines if l.startswith("0::")), "/"), "memory.max"
-    cg = os.path.join(base, f"gdsbench-{os.getpid()}")
-    try:
-        os.mkdir(cg)
-        return (cg, limit_file), None
-    except OSError as e:
-        return None, f"cannot create a memory cgroup under {base}: {e}"
-
 cg, why = make_cgroup()
 print()
 if not cg:
@@ -144,10 +117,7 @@ else:
             with open(os.path.join(path, limit_file), "w") as f:
                 f.write(str(limit))
             # start cold, so the pages faulted in are charged to the limited cgroup
-            for fpath in [gguf] + [os.path.join(model, "layers", x) for x in os.listdir(os.path.join(model, "layers"))]:
-                fd = os.open(fpath, os.O_RDONLY)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
+            drop_cache([gguf] + LAYER_FILES)
             def ts(cmd, field="avg_ts"):
                 try:
                     # a reader that thrashes the page cache can take hours: give up after 3 min
