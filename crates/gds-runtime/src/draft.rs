@@ -26,12 +26,40 @@ use crate::exec::{eval_last, reusable_prefix, Executor};
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// Which draft guesses. (Serialized as `ngram` / `layers` / `model`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftKind {
+    /// Prompt lookup ([`ngram`]).
+    Ngram,
+    /// The model's first blocks and its output head: self-speculation ([`self_draft`]).
+    Layers,
+    /// A second model's greedy guesses ([`ModelDraft`]).
+    Model,
+}
+
+impl DraftKind {
+    /// The lower-case name (`ngram`, `layers`, `model`), as the plan's JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftKind::Ngram => "ngram",
+            DraftKind::Layers => "layers",
+            DraftKind::Model => "model",
+        }
+    }
+}
+
+impl std::fmt::Display for DraftKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the plan says about speculative decoding.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DraftPlan {
-    /// The draft: `ngram` (prompt lookup), `layers` (the model's first blocks and its
-    /// output head: self-speculation) or `model` (a second model's greedy guesses).
-    pub kind: String,
+    /// The draft.
+    pub kind: DraftKind,
     /// The draft model's directory (`model`).
     pub model_dir: Option<PathBuf>,
     /// The draft model's own plan (`model`), made with the target's options when the
@@ -282,6 +310,21 @@ pub fn check_same_vocabulary(target: &std::path::Path, draft: &std::path::Path) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn draft_kinds_serialize_as_their_names() {
+        // the plan's JSON (`gdsrun --plan`: "draft": {"kind": "ngram", ...}) keeps the
+        // strings it had before the kind was an enum
+        for (k, name) in [
+            (DraftKind::Ngram, "ngram"),
+            (DraftKind::Layers, "layers"),
+            (DraftKind::Model, "model"),
+        ] {
+            assert_eq!(k.as_str(), name);
+            assert_eq!(k.to_string(), name);
+            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{name}\""));
+        }
+    }
 
     #[test]
     fn the_gate_guesses_while_it_pays_and_probes_while_it_does_not() {

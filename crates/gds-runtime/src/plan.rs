@@ -3,6 +3,7 @@
 //! It serializes to JSON (`gdsrun --plan`) so a run can be inspected and reproduced.
 
 use crate::config::Config;
+use crate::draft::DraftKind;
 use crate::error::{Result, RuntimeError};
 use crate::kv::{KvCache, KvDtype};
 use crate::sampler::SamplerConfig;
@@ -548,13 +549,14 @@ impl Plan {
             }
         };
         let kind = match (opts.draft.as_deref(), &opts.draft_model) {
-            (None, Some(_)) => Some("model"),
+            (None, Some(_)) => Some(DraftKind::Model),
             (None | Some("none"), None) => None,
             (Some("none"), Some(_)) => {
                 return plan_err("--draft none and --draft-model contradict each other".into())
             }
-            (Some(k @ ("ngram" | "model")), _) => Some(k),
-            (Some(_), None) if draft_layers.is_some() => Some("layers"),
+            (Some("ngram"), _) => Some(DraftKind::Ngram),
+            (Some("model"), _) => Some(DraftKind::Model),
+            (Some(_), None) if draft_layers.is_some() => Some(DraftKind::Layers),
             (Some(_), Some(_)) if draft_layers.is_some() => {
                 return plan_err(
                     "--draft-model goes with --draft model (or alone), not layers:N".into(),
@@ -592,16 +594,16 @@ impl Plan {
                         rows - 1
                     ));
                 }
-                if opts.draft.as_deref() == Some("ngram") && opts.draft_model.is_some() {
+                if kind == DraftKind::Ngram && opts.draft_model.is_some() {
                     return plan_err(
                         "--draft-model goes with --draft model (or alone), not ngram".into(),
                     );
                 }
                 let model_plan = match (kind, &opts.draft_model) {
-                    ("model", None) => {
+                    (DraftKind::Model, None) => {
                         return plan_err("--draft model needs --draft-model DIR".into())
                     }
-                    ("model", Some(d)) => {
+                    (DraftKind::Model, Some(d)) => {
                         // the draft must exist, run, and share the vocabulary
                         let sub = Self::draft_model_plan(opts, d, ctx, threads, batch)?;
                         crate::draft::check_same_vocabulary(dir, &sub.model_dir)?;
@@ -610,7 +612,7 @@ impl Plan {
                     _ => None,
                 };
                 Some(crate::draft::DraftPlan {
-                    kind: kind.into(),
+                    kind,
                     model_dir: model_plan.as_ref().map(|p| p.model_dir.clone()),
                     model_plan,
                     layers: draft_layers,
@@ -643,7 +645,7 @@ impl Plan {
             threads,
             io: match &gpu {
                 Some(g) => g.load.name().to_string(),
-                None => io_plan.mode.clone(),
+                None => io_plan.mode.to_string(),
             },
             io_plan,
             gpu,
