@@ -8,7 +8,8 @@
 //!
 //! Also [`matmul_many`] (several weights sharing one input, e.g. Q/K/V or gate/up, in one
 //! parallel region with the input quantized once) and `*_with` variants that pin the
-//! instruction set ([`Isa`]); the plain functions use [`Isa::best`], detected once.
+//! instruction set ([`Isa`]); the plain functions use [`Isa::best`]: the best this CPU has
+//! (detected once), under the process-wide cap [`set_isa_cap`] sets.
 //!
 //! Large inputs are split across the current rayon pool; the caller sizes the pool.
 //!
@@ -34,7 +35,7 @@ use dequant::{dequant_blocks, Dequant};
 use gds_format::DType;
 use rayon::prelude::*;
 
-pub use matmul::{matmul_many_with, Isa};
+pub use matmul::{isa_cap, matmul_many_with, set_isa_cap, Isa};
 
 pub use quant::{
     quantize_block_q4_0, quantize_block_q4_1, quantize_block_q5_0, quantize_block_q5_1,

@@ -39,6 +39,7 @@ pub use constraint::{Constraint, Grammar, GrammarCompiler, Mask};
 pub use engine::{Engine, GenerateOutput, StopReason};
 pub use error::{Result, RuntimeError};
 pub use exec::{CpuExecutor, Executor};
+pub use gds_kernels::Isa;
 pub use kv::{KvCache, KvDtype, NO_BLOCK};
 pub use metrics::{EnergyMeter, Metrics};
 pub use model::{Batch, Model, RunState};

@@ -155,6 +155,11 @@ pub struct EngineArgs {
     /// compared with one).
     #[arg(long, value_parser = ["q8", "f32"])]
     pub activations: Option<String>,
+    /// Cap the CPU kernels' instruction set: scalar, avx2, avxvnni or avx512vnni (default:
+    /// the best this CPU has; `GDS_ISA` is an alias). A set this CPU lacks falls to the next
+    /// narrower one.
+    #[arg(long, value_parser = gds_runtime::plan::parse_isa)]
+    pub isa: Option<gds_runtime::Isa>,
 }
 
 /// What the handlers share.
@@ -281,6 +286,7 @@ pub(crate) fn start(
         raw: true,
         no_verify: e.no_verify,
         activations: e.activations.clone(),
+        isa: e.isa,
         ..Default::default()
     })?;
     let kv_dtype = plan.kv_dtype;
