@@ -1,10 +1,4 @@
-//! GdsLLM CPU inference runtime.
-//!
-//! The flow: a [`Plan`] is built once from user settings and the model's manifest (every
-//! decision made there, the GPU plan included), an [`Executor`] is opened by it — the CPU
-//! [`Model`] (layers made resident through a `gds-io` backend, weights located zero-copy)
-//! with a preallocated [`RunState`] and [`KvCache`], or the CUDA executor under the `cuda`
-//! feature — and an [`Engine`] runs prompts through it with a [`Sampler`] and [`Metrics`].
+#![doc = include_str!("../README.md")]
 
 mod attention;
 pub mod backend;

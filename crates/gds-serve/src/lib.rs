@@ -1,19 +1,4 @@
-//! `gdsrun serve`: an OpenAI-compatible HTTP server over the GdsLLM runtime.
-//!
-//! Two halves talk through channels: async HTTP handlers (axum on a small tokio runtime)
-//! parse and validate requests, tokenize, and turn token events into text; one engine
-//! thread ([`scheduler::Engine`]) owns the model, run state and paged KV cache and advances
-//! every admitted request in one batched forward pass per step. A handler that goes away
-//! (client disconnect, stop string) drops its receiver, which cancels the request and frees
-//! its KV blocks at the next step.
-//!
-//! Clients are held to limits ([`net`]): a connection limit (over all clients and per client
-//! address), a header read timeout that is also the keep-alive idle timeout, a body read
-//! timeout, a body size limit checked against Content-Length before the body is read, and
-//! prompts too long for the context are refused before they are tokenized (tokenization runs
-//! off the async threads). Middleware ([`net`]) answers CORS preflights, checks the API key on
-//! every path but `/health` (and `/metrics` with `--metrics-public`), and gives every error,
-//! axum's own rejections included, OpenAI's JSON error shape.
+#![doc = include_str!("../README.md")]
 
 mod anthropic;
 mod api;

@@ -1,13 +1,4 @@
-//! `gdsrun`: run a GdsLLM model directory on the CPU.
-//!
-//! `gdsrun MODEL_DIR [--prompt TEXT]` generates (or chats interactively without `--prompt`);
-//! `gdsrun perplexity` and `gdsrun bench` measure quality and speed. Exit codes
-//! ([`gds_runtime::error::exit`]): 0 ok (also when stdout's reader goes away), 1 the model
-//! is invalid, 2 usage (a flag, a path, an input that does not fit), 3 the CUDA backend
-//! failed, 4 internal error, 5 the registry or network failed while pulling MODEL.
-//!
-//! MODEL may also be a registry reference or a `.gguf` file: [`gds_dist::resolve`] pulls or
-//! converts it into the local store on first use.
+#![doc = include_str!("../README.md")]
 
 mod bench;
 mod cli;
