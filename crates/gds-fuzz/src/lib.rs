@@ -356,7 +356,7 @@ pub fn safetensors(data: &[u8]) -> bool {
 ///   config BOS/EOS ids, bit 2 sets its `add_bos`. A tokenizer that loads renders the chat
 ///   template (minijinja) and encodes, decodes and stream-decodes.
 /// * odd: the GGUF vocabulary exporter ([`gds_convert::tokenizer::tokenizer_from_gguf`]) on
-///   the rest as a JSON object of GGUF metadata; an export must load (see [`check_export`]).
+///   the rest as a JSON object of GGUF metadata; an export must load (see `check_export`).
 ///
 /// Accepted: the loader returned a tokenizer, or the exporter an export.
 pub fn tokenizer(data: &[u8]) -> bool {
