@@ -514,3 +514,26 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .layer(from_fn_with_state(state.clone(), net::cors))
         .with_state(state)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    #[test]
+    fn the_engine_flags_take_an_isa_cap() {
+        let c = Cmd::try_parse_from(["serve", "--isa", "avx2"]).unwrap();
+        assert_eq!(c.engine.isa, Some(gds_runtime::Isa::Avx2));
+        assert_eq!(Cmd::try_parse_from(["serve"]).unwrap().engine.isa, None);
+        let e = Cmd::try_parse_from(["serve", "--isa", "sse2"])
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("expected scalar"), "{e}");
+    }
+}
