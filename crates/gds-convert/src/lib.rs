@@ -1,9 +1,4 @@
-//! Conversion of GGUF files and safetensors checkpoints into the GdsLLM format, and the
-//! directory-level `validate` and `inspect` behind `gdsconv`.
-//!
-//! Readers ([`gguf`], [`safetensors`]) produce a [`source::Source`]: canonical names, row-major
-//! shapes, bytes still in the memory-mapped input. [`convert::convert`] streams it out layer
-//! by layer into a temporary directory and renames it into place.
+#![doc = include_str!("../README.md")]
 
 mod check;
 pub mod convert;

@@ -172,7 +172,7 @@ pub struct TokenizerFiles {
 
 /// Tokenizer work not done yet: building `tokenizer.json` from a GGUF's embedded vocabulary
 /// (262k tokens for Gemma 3) takes about as long as writing the weights, so
-/// [`crate::convert`] runs it on a thread beside them. Gives the files and any warnings.
+/// [`crate::convert()`] runs it on a thread beside them. Gives the files and any warnings.
 pub struct PendingTokenizer(Box<dyn FnOnce() -> (TokenizerFiles, Vec<String>) + Send>);
 
 impl PendingTokenizer {

@@ -1,21 +1,4 @@
-//! Distribution of GdsLLM models through OCI registries, as CNCF ModelPack artifacts.
-//!
-//! A model directory becomes an OCI image manifest (`artifactType`
-//! `application/vnd.cncf.model.manifest.v1+json`) with a ModelPack config blob and **one raw,
-//! uncompressed layer per file** (`manifest.gdsm`, every layer data file, the tokenizer and
-//! other files of the manifest's file table), each annotated with its path
-//! (`org.cncf.model.filepath`) and the BLAKE3 our manifest records (`io.gdsllm.blake3`).
-//! A pulled blob is byte-identical to the data file: it is hard-linked into place and read
-//! with O_DIRECT, 4 KiB alignment intact.
-//!
-//! * [`package`]: a validated model directory → the artifact (digests, config, manifest),
-//!   deterministic: the same directory always gives the same manifest digest.
-//! * [`layout`]: the artifact as an OCI image layout (directory or tar) and back.
-//! * [`registry`]: push and pull through the distribution protocol (`oci-client`), blob by
-//!   blob, streamed, skipping what the registry already has, resuming partial downloads.
-//! * [`store`]: the local content-addressed store (`$GDSLLM_HOME/store`): each distinct blob
-//!   once, models as hard-linked views of it.
-//! * [`resolve`]: what `gdsrun MODEL` accepts — a directory, an OCI reference, a `.gguf`.
+#![doc = include_str!("../README.md")]
 
 pub mod error;
 pub mod json;

@@ -1,10 +1,4 @@
-//! The GdsLLM on-disk format, version 1 (see `SPEC.md` at the repository root).
-//!
-//! A model directory holds one binary manifest and one flat data file per layer. This crate
-//! knows the bytes and nothing else: it parses a manifest held in memory into zero-copy
-//! views ([`Manifest`]), checks every rule of the spec ([`validate`]), and builds manifests
-//! ([`ManifestBuilder`]). It does no file I/O, so a third party can use it alone. It also
-//! holds the one policy for chat templates, code that comes with a model ([`chat_template`]).
+#![doc = include_str!("../README.md")]
 
 pub mod arch;
 pub mod chat_template;

@@ -1,24 +1,4 @@
-//! Fuzz entry points: one function per fuzz target, called both by the cargo-fuzz targets in
-//! `fuzz/` (nightly, libFuzzer) and by this crate's `tests/replay.rs` (stable, in the normal
-//! test suite), so the fuzzed code and the replayed code cannot drift apart.
-//!
-//! Each function takes arbitrary bytes and drives the real readers through their public entry
-//! points (the ones `gdsconv` and `gdsrun` call), writing the bytes to files in a scratch
-//! directory where the reader takes a path. A function panics only when a reader panics or
-//! breaks a promise it makes to its callers (a tensor it accepted lies outside its file, a
-//! `tokenizer.json` it built does not load): both are findings.
-//!
-//! | target        | input                                                             |
-//! |---------------|-------------------------------------------------------------------|
-//! | `manifest`    | `manifest.gdsm` bytes                                             |
-//! | `gguf`        | a `.gguf` file                                                    |
-//! | `safetensors` | files of a Hugging Face directory, joined by [`FILE_SEP`]         |
-//! | `tokenizer`   | a mode byte, then tokenizer files or GGUF tokenizer metadata JSON |
-//! | `chat_template` | a chat template's source                                        |
-//!
-//! The fuzz targets and the replay test also share [`CappedAlloc`], so an allocation sized by
-//! a hostile length fails the run instead of exhausting the machine, and the fuzz targets call
-//! [`init_fuzzing`].
+#![doc = include_str!("../README.md")]
 
 use gds_format::raw::CHECKSUM_OFFSET;
 use gds_format::reader::Value as MetaValue;
@@ -376,7 +356,7 @@ pub fn safetensors(data: &[u8]) -> bool {
 ///   config BOS/EOS ids, bit 2 sets its `add_bos`. A tokenizer that loads renders the chat
 ///   template (minijinja) and encodes, decodes and stream-decodes.
 /// * odd: the GGUF vocabulary exporter ([`gds_convert::tokenizer::tokenizer_from_gguf`]) on
-///   the rest as a JSON object of GGUF metadata; an export must load (see [`check_export`]).
+///   the rest as a JSON object of GGUF metadata; an export must load (see `check_export`).
 ///
 /// Accepted: the loader returned a tokenizer, or the exporter an export.
 pub fn tokenizer(data: &[u8]) -> bool {

@@ -1,18 +1,4 @@
-//! GdsLLM I/O backends.
-//!
-//! One interface for every way of getting weights off the disk: "make (part of) layer L
-//! resident in a buffer the backend owns; tell me when; release". The model code only ever
-//! sees the bytes of a [`LayerBytes`] handle; it never knows whether they came from a memory
-//! map, an `O_DIRECT` read into an aligned pool or (later) a GPUDirect transfer.
-//!
-//! - [`MmapBackend`]: every layer file mapped whole; acquiring is free and zero-copy.
-//! - [`DirectBackend`]: layer files read with `O_DIRECT` (the page cache never holds the
-//!   weights) into 4 KiB-aligned buffers: some layers read once and kept resident, the rest
-//!   streamed through a fixed pool of buffers by a background I/O thread that reads ahead
-//!   of the compute.
-//!
-//! `acquire` blocks until the bytes are resident, dropping the last handle releases the
-//! buffer back to its pool, and `prefetch` lets the runtime start a read early.
+#![doc = include_str!("../README.md")]
 
 mod aligned;
 mod direct;

@@ -1095,7 +1095,13 @@ const UNPACKED_MIN_TOKENS: usize = 8;
 fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
     if let Some(bytes) = w.get(start..(start + len).min(w.len())) {
         for line in bytes.chunks(64) {
-            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+            // (`_mm_prefetch` is an unsafe fn in Rust 1.89, the MSRV, and safe in later
+            // releases: the block is needed there and unused here)
+            #[allow(unused_unsafe)]
+            // SAFETY: a prefetch is a hint that never faults; the pointer is into `w`.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast())
+            };
         }
     }
 }

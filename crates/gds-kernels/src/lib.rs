@@ -1,24 +1,4 @@
-//! GdsLLM CPU kernels. Kernels know blocks and slices, nothing about models or files.
-//!
-//! API contract (used by gds-convert and gds-runtime):
-//! - [`dequantize`]: any supported dtype → f32.
-//! - [`quantize`]: f32 → F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, byte-identical to
-//!   ggml/gguf-py.
-//! - [`matmul`]: `y[t, r] = sum_k W[r, k] * x[t, k]` for a weight in its on-disk dtype.
-//!
-//! Also [`matmul_many`] (several weights sharing one input, e.g. Q/K/V or gate/up, in one
-//! parallel region with the input quantized once) and `*_with` variants that pin the
-//! instruction set ([`Isa`]); the plain functions use [`Isa::best`], detected once.
-//!
-//! Large inputs are split across the current rayon pool; the caller sizes the pool.
-//!
-//! Matmul numerics: for Q4_0..Q8_0 and Q4_K..Q6_K weights the input rows are quantized to
-//! 8 bits (scale `max |x| / 127` per 32 or 256 elements), as ggml does, so each output may
-//! differ from the f32 product of the dequantized weights by at most
-//! `sum_k |w_k| * max|x in k's block| / 254` (plus f32 rounding); typical errors are far
-//! smaller. Float weights (and Q2_K/Q3_K/Q8_1/Q8_K, dequantized per row) use f32 FMA.
-//! SIMD and scalar kernels compute the same integer sums and differ only in float summation
-//! order (tested to agree within 1e-5 of `sum |w * x|`).
+#![doc = include_str!("../README.md")]
 
 pub mod act;
 #[cfg(target_arch = "x86_64")]
@@ -34,7 +14,7 @@ use dequant::{dequant_blocks, Dequant};
 use gds_format::DType;
 use rayon::prelude::*;
 
-pub use matmul::{matmul_many_with, Isa};
+pub use matmul::{isa_cap, matmul_many_with, set_isa_cap, Isa};
 
 pub use quant::{
     quantize_block_q4_0, quantize_block_q4_1, quantize_block_q5_0, quantize_block_q5_1,

@@ -7,6 +7,7 @@ use crate::blocks::QK_K;
 use crate::{dequantize, scalar, KernelError, WeightView};
 use gds_format::DType;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 use zerocopy::IntoBytes;
 
@@ -28,23 +29,40 @@ impl Isa {
     /// Every instruction set, widest first.
     pub const ALL: [Isa; 4] = [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2, Isa::Scalar];
 
-    /// The best instruction set this CPU has, detected once and cached. The environment
-    /// variable `GDS_ISA` (`scalar`, `avx2`, `avxvnni`, `avx512vnni`) caps it, for
-    /// comparing kernels on one machine; a name this CPU cannot run is ignored.
+    /// The instruction set the plain functions ([`crate::matmul`]) run on: the best this
+    /// CPU has at or below the process's cap ([`set_isa_cap`]; none: the best). The CPU's
+    /// features are detected once and cached; this is an atomic load and a table lookup.
     pub fn best() -> Isa {
-        static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| {
-            let cap = std::env::var("GDS_ISA").ok();
-            let from = Isa::ALL
-                .iter()
-                .position(|i| cap.as_deref() == Some(i.name()))
-                .unwrap_or(0);
-            Isa::ALL[from..]
-                .iter()
-                .copied()
-                .find(|i| i.available())
-                .unwrap_or(Isa::Scalar)
-        })
+        Isa::best_up_to(isa_cap())
+    }
+
+    /// The best instruction set this CPU has at or below `cap` (`None`: the best of all).
+    /// A cap this CPU cannot run falls to the next narrower one it can.
+    pub fn best_up_to(cap: Option<Isa>) -> Isa {
+        static BEST: OnceLock<[Isa; Isa::ALL.len()]> = OnceLock::new();
+        // BEST[i]: the best available at or below ALL[i]
+        let table = BEST.get_or_init(|| {
+            let mut t = [Isa::Scalar; Isa::ALL.len()];
+            for (i, slot) in t.iter_mut().enumerate() {
+                *slot = Isa::ALL[i..]
+                    .iter()
+                    .copied()
+                    .find(|i| i.available())
+                    .unwrap_or(Isa::Scalar);
+            }
+            t
+        });
+        table[cap.map_or(0, Isa::index)]
+    }
+
+    fn index(self) -> usize {
+        Isa::ALL.iter().position(|&i| i == self).unwrap_or(0)
+    }
+
+    /// The instruction set of a lower-case name (`scalar`, `avx2`, `avxvnni`,
+    /// `avx512vnni`), as [`Isa::name`] writes it.
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL.iter().copied().find(|i| i.name() == name)
     }
 
     /// Whether this CPU can run `self`.
@@ -60,6 +78,25 @@ impl Isa {
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512Vnni => "avx512vnni",
         }
+    }
+}
+
+/// The process's cap on [`Isa::best`]: 0 none, else 1 + the index in [`Isa::ALL`].
+static ISA_CAP: AtomicU8 = AtomicU8::new(0);
+
+/// Caps the instruction set of the plain matrix functions for the whole process (`None`:
+/// the best this CPU has), to compare kernels on one machine; a cap this CPU cannot run
+/// falls to the next narrower one it can. `gds_runtime`'s plan sets it from `--isa` (or
+/// the `GDS_ISA` environment variable, its alias) and records the result.
+pub fn set_isa_cap(cap: Option<Isa>) {
+    ISA_CAP.store(cap.map_or(0, |i| 1 + i.index() as u8), Ordering::Relaxed);
+}
+
+/// The cap [`set_isa_cap`] set, if any.
+pub fn isa_cap() -> Option<Isa> {
+    match ISA_CAP.load(Ordering::Relaxed) {
+        0 => None,
+        n => Isa::ALL.get(n as usize - 1).copied(),
     }
 }
 
@@ -408,4 +445,32 @@ fn matmul_many_impl(
         tasks.into_par_iter().for_each(run);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cap_bounds_the_instruction_set() {
+        let best = Isa::best_up_to(None);
+        assert!(best.available());
+        assert_eq!(Isa::best_up_to(Some(Isa::Scalar)), Isa::Scalar);
+        for cap in Isa::ALL {
+            let got = Isa::best_up_to(Some(cap));
+            // available, no wider than the cap, and the cap itself where the CPU has it
+            assert!(got.available(), "{cap:?} -> {got:?}");
+            assert!(got.index() >= cap.index(), "{cap:?} -> {got:?}");
+            if cap.available() {
+                assert_eq!(got, cap);
+            }
+            assert_eq!(Isa::from_name(cap.name()), Some(cap));
+        }
+        assert_eq!(Isa::from_name("sse9"), None);
+        // the process-wide cap (set to what the CPU has anyway: other tests run alongside)
+        set_isa_cap(Some(best));
+        assert_eq!((isa_cap(), Isa::best()), (Some(best), best));
+        set_isa_cap(None);
+        assert_eq!((isa_cap(), Isa::best()), (None, best));
+    }
 }

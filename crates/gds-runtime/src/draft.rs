@@ -26,12 +26,40 @@ use crate::exec::{eval_last, reusable_prefix, Executor};
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// Which draft guesses. (Serialized as `ngram` / `layers` / `model`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftKind {
+    /// Prompt lookup ([`ngram`]).
+    Ngram,
+    /// The model's first blocks and its output head: self-speculation ([`self_draft`]).
+    Layers,
+    /// A second model's greedy guesses ([`ModelDraft`]).
+    Model,
+}
+
+impl DraftKind {
+    /// The lower-case name (`ngram`, `layers`, `model`), as the plan's JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftKind::Ngram => "ngram",
+            DraftKind::Layers => "layers",
+            DraftKind::Model => "model",
+        }
+    }
+}
+
+impl std::fmt::Display for DraftKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the plan says about speculative decoding.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DraftPlan {
-    /// The draft: `ngram` (prompt lookup), `layers` (the model's first blocks and its
-    /// output head: self-speculation) or `model` (a second model's greedy guesses).
-    pub kind: String,
+    /// The draft.
+    pub kind: DraftKind,
     /// The draft model's directory (`model`).
     pub model_dir: Option<PathBuf>,
     /// The draft model's own plan (`model`), made with the target's options when the
@@ -42,6 +70,9 @@ pub struct DraftPlan {
     pub layers: Option<usize>,
     /// Most tokens guessed per pass (the pass evaluates one more).
     pub max_tokens: usize,
+    /// With every weight in memory, measure whether guessing pays and guess only while it
+    /// does ([`Gate`]); `false` (`--draft-gate off`): every pass guesses.
+    pub gate: bool,
     /// Longest suffix looked up.
     pub ngram_max: usize,
     /// Shortest suffix looked up.
@@ -82,13 +113,14 @@ pub fn ngram(history: &[u32], n_max: usize, n_min: usize, max: usize) -> Vec<u32
 /// guessing does not pay, one pass in [`Gate::PROBE_EVERY`] guesses anyway (and while it
 /// does, one is plain) so that both stay measured as the text changes.
 ///
-/// `GDS_DRAFT_GATE=off` in the environment turns the measurement off ([`Gate::from_env`]):
-/// every pass guesses, as when layers stream. The wall clock decides otherwise, so a loaded
+/// The plan's `--draft-gate off` ([`DraftPlan::gate`]; `GDS_DRAFT_GATE=off` in the
+/// environment is its alias, read when the plan is made) turns the measurement off: every
+/// pass guesses, as when layers stream. The wall clock decides otherwise, so a loaded
 /// machine changes how many passes a text takes (never the text); tests and benchmarks that
-/// count passes set it.
+/// count passes turn it off.
 #[derive(Debug, Default)]
 pub struct Gate {
-    /// Always guess (`GDS_DRAFT_GATE=off`).
+    /// Always guess (`--draft-gate off`).
     off: bool,
     plain_ms: Option<f64>,
     /// Tokens per millisecond of guessing passes.
@@ -114,12 +146,17 @@ impl Gate {
         *v = Some(v.map_or(x, |v| v + Self::ALPHA * (x - v)));
     }
 
-    /// A gate as the environment asks: measuring, or off (`GDS_DRAFT_GATE=off`).
-    pub fn from_env() -> Gate {
+    /// A gate that measures (`measure`), or one that always guesses.
+    pub fn new(measure: bool) -> Gate {
         Gate {
-            off: std::env::var_os("GDS_DRAFT_GATE").is_some_and(|v| v == "off"),
+            off: !measure,
             ..Gate::default()
         }
+    }
+
+    /// The gate the plan asks for ([`DraftPlan::gate`]); measuring without a draft.
+    pub fn for_plan(draft: Option<&DraftPlan>) -> Gate {
+        Gate::new(draft.is_none_or(|d| d.gate))
     }
 
     /// Whether the next pass should carry guesses.
@@ -282,6 +319,52 @@ pub fn check_same_vocabulary(target: &std::path::Path, draft: &std::path::Path) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn draft_kinds_serialize_as_their_names() {
+        // the plan's JSON (`gdsrun --plan`: "draft": {"kind": "ngram", ...}) keeps the
+        // strings it had before the kind was an enum
+        for (k, name) in [
+            (DraftKind::Ngram, "ngram"),
+            (DraftKind::Layers, "layers"),
+            (DraftKind::Model, "model"),
+        ] {
+            assert_eq!(k.as_str(), name);
+            assert_eq!(k.to_string(), name);
+            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{name}\""));
+        }
+    }
+
+    #[test]
+    fn a_gate_turned_off_by_the_plan_always_guesses() {
+        let plan = |gate| DraftPlan {
+            kind: DraftKind::Ngram,
+            model_dir: None,
+            model_plan: None,
+            layers: None,
+            max_tokens: 4,
+            gate,
+            ngram_max: NGRAM_MAX,
+            ngram_min: NGRAM_MIN,
+        };
+        // guessing passes 12 ms yielding 1 token, plain ones 10 ms: a measuring gate stops
+        // guessing, one turned off never does
+        let run = |mut g: Gate| {
+            (0..64)
+                .filter(|_| {
+                    let guessed = g.guess();
+                    g.passed(guessed, if guessed { 12.0 } else { 10.0 });
+                    if guessed {
+                        g.settled(0);
+                    }
+                    guessed
+                })
+                .count()
+        };
+        assert_eq!(run(Gate::for_plan(Some(&plan(false)))), 64);
+        assert!(run(Gate::for_plan(Some(&plan(true)))) < 16);
+        assert!(run(Gate::for_plan(None)) < 16);
+    }
 
     #[test]
     fn the_gate_guesses_while_it_pays_and_probes_while_it_does_not() {

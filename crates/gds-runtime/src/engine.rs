@@ -322,7 +322,7 @@ impl Engine {
         let adapt = self.plan.io_plan.streamed_bytes_per_token == 0
             || draft.as_ref().is_some_and(|d| d.layers.is_some());
         // ... and whether to guess at all is measured (crate::draft::Gate)
-        let mut gate = crate::draft::Gate::from_env();
+        let mut gate = crate::draft::Gate::for_plan(draft.as_ref());
         // Where guesses cost compute they start few and double while all are right:
         // self-speculation from one (each costs N blocks and the output head, and an early
         // exit of a model not trained for it is rarely right), other drafts from four.

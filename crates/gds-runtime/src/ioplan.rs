@@ -37,11 +37,41 @@ pub struct HeadPlan {
     pub chunk_rows: usize,
 }
 
+/// How layer files are read. (Serialized as `mmap` / `direct` / `buffered`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoMode {
+    /// The whole model memory-mapped.
+    Mmap,
+    /// Layers read with `O_DIRECT` into aligned buffers.
+    Direct,
+    /// Direct was chosen but `O_DIRECT` does not work on the model's filesystem: reads go
+    /// through the page cache, whose pages are dropped after each read.
+    Buffered,
+}
+
+impl IoMode {
+    /// The lower-case name (`mmap`, `direct`, `buffered`), as the plan's JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoMode::Mmap => "mmap",
+            IoMode::Direct => "direct",
+            IoMode::Buffered => "buffered",
+        }
+    }
+}
+
+impl std::fmt::Display for IoMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How the weights get into memory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct IoPlan {
-    /// `mmap`, `direct`, or `buffered` (direct requested where `O_DIRECT` does not work).
-    pub mode: String,
+    /// How the layer files are read.
+    pub mode: IoMode,
     /// Why this mode.
     pub reason: String,
     /// The memory budget for weights, bytes (`None`: unbounded).
@@ -214,7 +244,7 @@ pub fn plan_io_keeping(
     let slot_bytes = largest + SLOT_SLACK;
     let min_budget = STREAM_SLOTS as u64 * slot_bytes;
     let mut p = IoPlan {
-        mode: "mmap".into(),
+        mode: IoMode::Mmap,
         reason: String::new(),
         budget_bytes: budget,
         weight_bytes,
@@ -257,7 +287,7 @@ pub fn plan_io_keeping(
         other => return plan_err(format!("--io {other}: expected auto, mmap or direct")),
     }
     // direct (requested, or auto with a budget smaller than the model)
-    p.mode = "direct".into();
+    p.mode = IoMode::Direct;
     p.reason = if io == "auto" {
         format!(
             "auto: the model ({}) is larger than --mem-budget {}, layers stream with O_DIRECT",
@@ -268,7 +298,7 @@ pub fn plan_io_keeping(
         "requested with --io direct".into()
     };
     if let DirectSupport::Buffered(why) = direct() {
-        p.mode = "buffered".into();
+        p.mode = IoMode::Buffered;
         p.reason += &format!(
             "; {}: {why}, so reads go through the page cache and their pages are dropped after each read",
             dir.display()
@@ -372,6 +402,21 @@ mod tests {
         assert_eq!(parse_size(" 2 KiB "), Ok(2048));
         for bad in ["", "MB", "-5MB", "1.2.3GB", "10 parsecs", "0"] {
             assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn io_modes_serialize_as_their_names() {
+        // the plan's JSON (`gdsrun --plan`) and the metrics' io_mode keep the strings
+        // they had before the mode was an enum
+        for (m, name) in [
+            (IoMode::Mmap, "mmap"),
+            (IoMode::Direct, "direct"),
+            (IoMode::Buffered, "buffered"),
+        ] {
+            assert_eq!(m.as_str(), name);
+            assert_eq!(m.to_string(), name);
+            assert_eq!(serde_json::to_string(&m).unwrap(), format!("\"{name}\""));
         }
     }
 }

@@ -1,12 +1,4 @@
-//! GdsLLM CPU inference runtime.
-//!
-//! The flow: a [`Plan`] is built once from user settings and the model's manifest (every
-//! decision made there, the GPU plan included), a [`BatchExecutor`] is opened by it — the
-//! CPU [`Model`] (layers made resident through a `gds-io` backend, weights located
-//! zero-copy) with a preallocated [`RunState`], or the CUDA executor under the `cuda`
-//! feature — over a [`KvCache`], and an [`Engine`] runs prompts through it (one sequence:
-//! [`OneSequence`]) with a [`Sampler`] and [`Metrics`]; the server's scheduler drives the
-//! same [`BatchExecutor`] with many.
+#![doc = include_str!("../README.md")]
 
 mod attention;
 pub mod backend;
@@ -41,6 +33,7 @@ pub use constraint::{Constraint, Grammar, GrammarCompiler, Mask};
 pub use engine::{Engine, GenerateOutput, StopReason};
 pub use error::{Result, RuntimeError};
 pub use exec::{BatchExecutor, Executor, OneSequence};
+pub use gds_kernels::Isa;
 pub use kv::{KvCache, KvDtype, NO_BLOCK};
 pub use metrics::{EnergyMeter, Metrics};
 pub use model::{Batch, Model, RunState};

@@ -3,6 +3,7 @@
 //! It serializes to JSON (`gdsrun --plan`) so a run can be inspected and reproduced.
 
 use crate::config::Config;
+use crate::draft::DraftKind;
 use crate::error::{Result, RuntimeError};
 use crate::kv::{KvCache, KvDtype};
 use crate::sampler::SamplerConfig;
@@ -104,6 +105,59 @@ pub struct PlanOptions {
     pub draft_model: Option<PathBuf>,
     /// Most tokens the draft guesses per pass (default [`DEFAULT_DRAFT_MAX`]).
     pub draft_max: Option<usize>,
+    /// With every weight in memory, measure whether guessing pays and guess only while it
+    /// does (`crate::draft::Gate`); `Some(false)` (`--draft-gate off`): every pass guesses.
+    /// `None`: on, unless the environment says `GDS_DRAFT_GATE=off` (an alias, read when the
+    /// plan is made).
+    pub draft_gate: Option<bool>,
+    /// Cap on the CPU kernels' instruction set (`--isa`; `None`: `GDS_ISA` from the
+    /// environment, an alias read when the plan is made, else the best this CPU has).
+    pub isa: Option<gds_kernels::Isa>,
+}
+
+/// `GDS_DRAFT_GATE`, the alias of `--draft-gate`: `Some(false)` for `off`, `Some(true)` for
+/// `on`, `None` when unset or empty; any other value is a usage error naming it.
+pub fn draft_gate_from_env() -> Result<Option<bool>> {
+    parse_draft_gate_env(std::env::var("GDS_DRAFT_GATE").ok().as_deref())
+}
+
+fn parse_draft_gate_env(v: Option<&str>) -> Result<Option<bool>> {
+    match v {
+        None | Some("") => Ok(None),
+        Some("on") => Ok(Some(true)),
+        Some("off") => Ok(Some(false)),
+        Some(v) => Err(RuntimeError::Usage(format!(
+            "GDS_DRAFT_GATE={v:?} (the alias of --draft-gate): expected on or off"
+        ))),
+    }
+}
+
+/// `GDS_ISA`, the alias of `--isa`: the cap it names, `None` when unset or empty; a name
+/// that is no instruction set is a usage error naming it.
+pub fn isa_from_env() -> Result<Option<gds_kernels::Isa>> {
+    parse_isa_env(std::env::var("GDS_ISA").ok().as_deref())
+}
+
+fn parse_isa_env(v: Option<&str>) -> Result<Option<gds_kernels::Isa>> {
+    match v {
+        None | Some("") => Ok(None),
+        Some(v) => parse_isa(v)
+            .map(Some)
+            .map_err(|e| RuntimeError::Usage(format!("GDS_ISA={v:?} (the alias of --isa): {e}"))),
+    }
+}
+
+/// `--isa`: an instruction set's name as [`gds_kernels::Isa::name`] writes it.
+pub fn parse_isa(s: &str) -> std::result::Result<gds_kernels::Isa, String> {
+    gds_kernels::Isa::from_name(s)
+        .ok_or_else(|| "expected scalar, avx2, avxvnni or avx512vnni".to_string())
+}
+
+fn isa_name<S: serde::Serializer>(
+    isa: &gds_kernels::Isa,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(isa.name())
 }
 
 /// Tokens a draft guesses per pass unless `--draft-max` says otherwise.
@@ -162,6 +216,11 @@ pub struct Plan {
     pub gpu: Option<crate::gpuplan::GpuPlan>,
     /// Activations of the matrix products: `q8` (8-bit, integer dot products) or `f32`.
     pub activations: Activations,
+    /// The CPU kernels' instruction set (`scalar`, `avx2`, `avxvnni`, `avx512vnni`): the
+    /// best this CPU has at or below `--isa` (or `GDS_ISA`). It is process-wide: making the
+    /// plan sets it ([`gds_kernels::set_isa_cap`]).
+    #[serde(serialize_with = "isa_name")]
+    pub isa: gds_kernels::Isa,
     /// Weight bytes and tensor counts by dtype.
     pub weight_dtypes: BTreeMap<String, DtypeSummary>,
     /// Context length of this run.
@@ -309,6 +368,7 @@ impl Plan {
             backend: Some("cpu".into()),
             io: Some("mmap".into()),
             activations: opts.activations.clone(),
+            isa: opts.isa,
             no_verify: opts.no_verify,
             raw: true,
             ..PlanOptions::default()
@@ -464,6 +524,14 @@ impl Plan {
             None if backend.name == Backend::Cuda => Activations::F32,
             None => Activations::Q8,
         };
+        // the kernels' dispatcher is process-wide: the plan sets its cap and records the
+        // instruction set it gives on this CPU
+        let isa_cap = match opts.isa {
+            Some(cap) => Some(cap),
+            None => isa_from_env()?,
+        };
+        gds_kernels::set_isa_cap(isa_cap);
+        let isa = gds_kernels::Isa::best_up_to(isa_cap);
         if backend.name == Backend::Cuda {
             // The GPU kernels read weights in their block formats and keep activations and
             // the KV cache in f32.
@@ -548,13 +616,14 @@ impl Plan {
             }
         };
         let kind = match (opts.draft.as_deref(), &opts.draft_model) {
-            (None, Some(_)) => Some("model"),
+            (None, Some(_)) => Some(DraftKind::Model),
             (None | Some("none"), None) => None,
             (Some("none"), Some(_)) => {
                 return plan_err("--draft none and --draft-model contradict each other".into())
             }
-            (Some(k @ ("ngram" | "model")), _) => Some(k),
-            (Some(_), None) if draft_layers.is_some() => Some("layers"),
+            (Some("ngram"), _) => Some(DraftKind::Ngram),
+            (Some("model"), _) => Some(DraftKind::Model),
+            (Some(_), None) if draft_layers.is_some() => Some(DraftKind::Layers),
             (Some(_), Some(_)) if draft_layers.is_some() => {
                 return plan_err(
                     "--draft-model goes with --draft model (or alone), not layers:N".into(),
@@ -570,6 +639,9 @@ impl Plan {
             None => {
                 if opts.draft_max.is_some() {
                     return plan_err("--draft-max needs --draft ngram or --draft-model".into());
+                }
+                if opts.draft_gate.is_some() {
+                    return plan_err("--draft-gate needs --draft or --draft-model".into());
                 }
                 None
             }
@@ -592,16 +664,16 @@ impl Plan {
                         rows - 1
                     ));
                 }
-                if opts.draft.as_deref() == Some("ngram") && opts.draft_model.is_some() {
+                if kind == DraftKind::Ngram && opts.draft_model.is_some() {
                     return plan_err(
                         "--draft-model goes with --draft model (or alone), not ngram".into(),
                     );
                 }
                 let model_plan = match (kind, &opts.draft_model) {
-                    ("model", None) => {
+                    (DraftKind::Model, None) => {
                         return plan_err("--draft model needs --draft-model DIR".into())
                     }
-                    ("model", Some(d)) => {
+                    (DraftKind::Model, Some(d)) => {
                         // the draft must exist, run, and share the vocabulary
                         let sub = Self::draft_model_plan(opts, d, ctx, threads, batch)?;
                         crate::draft::check_same_vocabulary(dir, &sub.model_dir)?;
@@ -610,11 +682,15 @@ impl Plan {
                     _ => None,
                 };
                 Some(crate::draft::DraftPlan {
-                    kind: kind.into(),
+                    kind,
                     model_dir: model_plan.as_ref().map(|p| p.model_dir.clone()),
                     model_plan,
                     layers: draft_layers,
                     max_tokens: max,
+                    gate: match opts.draft_gate {
+                        Some(g) => g,
+                        None => draft_gate_from_env()?.unwrap_or(true),
+                    },
                     ngram_max: crate::draft::NGRAM_MAX,
                     ngram_min: crate::draft::NGRAM_MIN,
                 })
@@ -643,11 +719,12 @@ impl Plan {
             threads,
             io: match &gpu {
                 Some(g) => g.load.name().to_string(),
-                None => io_plan.mode.clone(),
+                None => io_plan.mode.to_string(),
             },
             io_plan,
             gpu,
             activations,
+            isa,
             weight_dtypes,
             ctx,
             model_ctx: model.context_length,
@@ -703,6 +780,31 @@ mod tests {
     fn physical_cores_is_at_least_one() {
         let n = physical_cores();
         assert!(n >= 1 && n <= std::thread::available_parallelism().unwrap().get());
+    }
+
+    #[test]
+    fn the_draft_gate_alias_reads_on_and_off_and_names_itself_otherwise() {
+        assert_eq!(parse_draft_gate_env(None).unwrap(), None);
+        assert_eq!(parse_draft_gate_env(Some("")).unwrap(), None);
+        assert_eq!(parse_draft_gate_env(Some("on")).unwrap(), Some(true));
+        assert_eq!(parse_draft_gate_env(Some("off")).unwrap(), Some(false));
+        let e = parse_draft_gate_env(Some("0")).unwrap_err().to_string();
+        assert!(
+            e.contains("GDS_DRAFT_GATE=\"0\"") && e.contains("--draft-gate"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_isa_alias_reads_the_kernels_names_and_names_itself_otherwise() {
+        use gds_kernels::Isa;
+        assert_eq!(parse_isa_env(None).unwrap(), None);
+        assert_eq!(parse_isa_env(Some("")).unwrap(), None);
+        for isa in Isa::ALL {
+            assert_eq!(parse_isa_env(Some(isa.name())).unwrap(), Some(isa));
+        }
+        let e = parse_isa_env(Some("sse2")).unwrap_err().to_string();
+        assert!(e.contains("GDS_ISA=\"sse2\"") && e.contains("--isa"), "{e}");
     }
 
     #[test]

@@ -1,19 +1,4 @@
-//! `gdsrun serve`: an OpenAI-compatible HTTP server over the GdsLLM runtime.
-//!
-//! Two halves talk through channels: async HTTP handlers (axum on a small tokio runtime)
-//! parse and validate requests, tokenize, and turn token events into text; one engine
-//! thread ([`scheduler::Engine`]) owns the model, run state and paged KV cache and advances
-//! every admitted request in one batched forward pass per step. A handler that goes away
-//! (client disconnect, stop string) drops its receiver, which cancels the request and frees
-//! its KV blocks at the next step.
-//!
-//! Clients are held to limits ([`net`]): a connection limit (over all clients and per client
-//! address), a header read timeout that is also the keep-alive idle timeout, a body read
-//! timeout, a body size limit checked against Content-Length before the body is read, and
-//! prompts too long for the context are refused before they are tokenized (tokenization runs
-//! off the async threads). Middleware ([`net`]) answers CORS preflights, checks the API key on
-//! every path but `/health` (and `/metrics` with `--metrics-public`), and gives every error,
-//! axum's own rejections included, OpenAI's JSON error shape.
+#![doc = include_str!("../README.md")]
 
 mod anthropic;
 mod api;
@@ -155,6 +140,11 @@ pub struct EngineArgs {
     /// compared with one).
     #[arg(long, value_parser = ["q8", "f32"])]
     pub activations: Option<String>,
+    /// Cap the CPU kernels' instruction set: scalar, avx2, avxvnni or avx512vnni (default:
+    /// the best this CPU has; `GDS_ISA` is an alias). A set this CPU lacks falls to the next
+    /// narrower one.
+    #[arg(long, value_parser = gds_runtime::plan::parse_isa)]
+    pub isa: Option<gds_runtime::Isa>,
 }
 
 /// What the handlers share.
@@ -281,6 +271,7 @@ pub(crate) fn start(
         raw: true,
         no_verify: e.no_verify,
         activations: e.activations.clone(),
+        isa: e.isa,
         ..Default::default()
     })?;
     let kv_dtype = plan.kv_dtype;
@@ -522,4 +513,27 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .layer(axum::middleware::from_fn(anthropic::anthropic_errors))
         .layer(from_fn_with_state(state.clone(), net::cors))
         .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    #[test]
+    fn the_engine_flags_take_an_isa_cap() {
+        let c = Cmd::try_parse_from(["serve", "--isa", "avx2"]).unwrap();
+        assert_eq!(c.engine.isa, Some(gds_runtime::Isa::Avx2));
+        assert_eq!(Cmd::try_parse_from(["serve"]).unwrap().engine.isa, None);
+        let e = Cmd::try_parse_from(["serve", "--isa", "sse2"])
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("expected scalar"), "{e}");
+    }
 }

@@ -1,15 +1,4 @@
-//! `gdsconv`: convert, validate and inspect GdsLLM model directories.
-//!
-//! Exit codes:
-//!
-//! | code | meaning |
-//! |---|---|
-//! | 0 | success; `validate`: the directory is valid |
-//! | 1 | the input is not a model that can be converted (malformed, inconsistent, unsupported), or the conversion failed; `validate`: the directory is invalid |
-//! | 2 | usage error (bad flag or value, OUT_DIR exists without `--force`, `--force` refused because OUT_DIR holds the input or other files) or an I/O error (a missing file, permissions, a full disk) |
-//! | 3 | `push`, `pull`: the registry or the network failed (unreachable, authentication refused, an HTTP error status) |
-//!
-//! `pack`, `pull`: exit 1 also for a package that is invalid, hostile or tampered with.
+#![doc = include_str!("../README.md")]
 
 mod dist;
 

@@ -73,6 +73,11 @@ pub struct CommonArgs {
     /// manifest before first use (the plan and the metrics say so).
     #[arg(long)]
     pub no_verify: bool,
+    /// Cap the CPU kernels' instruction set, to compare kernels on one machine: scalar,
+    /// avx2, avxvnni or avx512vnni (default: the best this CPU has; `GDS_ISA` is an alias).
+    /// A set this CPU lacks falls to the next narrower one; the plan records the result.
+    #[arg(long, value_parser = gds_runtime::plan::parse_isa)]
+    pub isa: Option<gds_runtime::Isa>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -158,6 +163,11 @@ pub struct RunArgs {
     /// Most tokens guessed per pass [default: 10].
     #[arg(long, value_name = "K")]
     pub draft_max: Option<usize>,
+    /// With every weight in memory, guess only while guessing is measured to pay (on, the
+    /// default) or on every pass (off: pass counts then do not depend on the wall clock).
+    /// `GDS_DRAFT_GATE=off` is an alias.
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    pub draft_gate: Option<String>,
     /// Stop a reply after this many joules (needs RAPL counters, or NVML's with --backend cuda).
     #[arg(long)]
     pub max_joules: Option<f64>,

@@ -1,13 +1,4 @@
-//! `gdsrun`: run a GdsLLM model directory on the CPU.
-//!
-//! `gdsrun MODEL_DIR [--prompt TEXT]` generates (or chats interactively without `--prompt`);
-//! `gdsrun perplexity` and `gdsrun bench` measure quality and speed. Exit codes
-//! ([`gds_runtime::error::exit`]): 0 ok (also when stdout's reader goes away), 1 the model
-//! is invalid, 2 usage (a flag, a path, an input that does not fit), 3 the CUDA backend
-//! failed, 4 internal error, 5 the registry or network failed while pulling MODEL.
-//!
-//! MODEL may also be a registry reference or a `.gguf` file: [`gds_dist::resolve`] pulls or
-//! converts it into the local store on first use.
+#![doc = include_str!("../README.md")]
 
 mod bench;
 mod cli;
@@ -165,5 +156,37 @@ mod tests {
         assert_eq!(r.stop, ["a", "b"]);
         assert_eq!(r.temp, Some(0.0));
         assert!(r.json);
+        assert_eq!((r.common.isa, r.draft_gate.as_deref()), (None, None));
+    }
+
+    #[test]
+    fn cli_parses_the_isa_and_the_draft_gate() {
+        let cli = Cli::try_parse_from(args(&[
+            "gdsrun",
+            "m",
+            "--isa",
+            "avx2",
+            "--draft",
+            "ngram",
+            "--draft-gate",
+            "off",
+        ]))
+        .unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!("expected run")
+        };
+        assert_eq!(r.common.isa, Some(gds_runtime::Isa::Avx2));
+        assert_eq!(r.draft_gate.as_deref(), Some("off"));
+        for bad in [["--isa", "sse2"], ["--draft-gate", "maybe"]] {
+            let mut v = vec!["gdsrun", "m"];
+            v.extend(bad);
+            assert!(Cli::try_parse_from(args(&v)).is_err(), "{bad:?}");
+        }
+        // bench and perplexity share --isa
+        let cli = Cli::try_parse_from(args(&["gdsrun", "bench", "m", "--isa", "scalar"])).unwrap();
+        let Command::Bench(b) = cli.command else {
+            panic!("expected bench")
+        };
+        assert_eq!(b.common.isa, Some(gds_runtime::Isa::Scalar));
     }
 }

@@ -23,6 +23,7 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
         vram_budget: c.vram_budget,
         activations: c.activations.clone(),
         no_verify: c.no_verify,
+        isa: c.isa,
         ..Default::default()
     }
 }
@@ -48,6 +49,7 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
         draft: a.draft.clone(),
         draft_model: a.draft_model.clone(),
         draft_max: a.draft_max,
+        draft_gate: a.draft_gate.as_deref().map(|g| g == "on"),
         ..common_options(&a.common)
     }
 }

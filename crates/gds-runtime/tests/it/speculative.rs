@@ -48,3 +48,35 @@ fn every_seed_samples_the_same_tokens_with_and_without_the_draft() {
         assert!(accepted < drafted, "{draft}: no guess was ever rejected");
     }
 }
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn the_plan_records_the_draft_gate_and_the_kernels_isa() {
+    let opts = |draft: Option<&str>, gate: Option<bool>| PlanOptions {
+        model_dir: gds_tests::smollm_converted().to_path_buf(),
+        ctx: Some(256),
+        raw: true,
+        draft: draft.map(str::to_string),
+        draft_gate: gate,
+        // the best this CPU has (a narrower cap would change the kernels under the other
+        // tests of this binary: it is process-wide)
+        isa: Some(gds_kernels::Isa::best_up_to(None)),
+        ..Default::default()
+    };
+    let off = Plan::build(&opts(Some("ngram"), Some(false))).unwrap();
+    assert!(!off.draft.as_ref().unwrap().gate);
+    let json: serde_json::Value = serde_json::from_str(&off.to_json()).unwrap();
+    assert_eq!(json["draft"]["gate"], false, "{json}");
+    assert_eq!(
+        json["isa"],
+        gds_kernels::Isa::best_up_to(None).name(),
+        "{json}"
+    );
+    assert_eq!(off.isa, gds_kernels::Isa::best());
+    let on = Plan::build(&opts(Some("ngram"), Some(true))).unwrap();
+    assert!(on.draft.as_ref().unwrap().gate);
+    let e = Plan::build(&opts(None, Some(false)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--draft-gate needs --draft"), "{e}");
+}

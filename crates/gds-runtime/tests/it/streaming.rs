@@ -4,7 +4,7 @@
 
 use crate::eval_positions;
 use gds_io::DirectSupport;
-use gds_runtime::ioplan::{plan_io, IoPlan};
+use gds_runtime::ioplan::{plan_io, IoMode, IoPlan};
 use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
 use std::path::Path;
 
@@ -135,13 +135,13 @@ fn the_minimum_budget_is_two_buffers_and_smaller_budgets_are_refused() {
     assert!(e.contains("--io mmap maps the whole model"), "{e}");
     // auto: no budget maps, a small budget streams
     let auto = plan_io(dir, &m, "auto", None, || DirectSupport::Direct).unwrap();
-    assert_eq!(auto.mode, "mmap");
+    assert_eq!(auto.mode, IoMode::Mmap);
     let auto = plan_io(dir, &m, "auto", Some(30 << 20), || DirectSupport::Direct).unwrap();
-    assert_eq!(auto.mode, "direct");
+    assert_eq!(auto.mode, IoMode::Direct);
     let auto = plan_io(dir, &m, "auto", Some(30 << 20), || {
         DirectSupport::Buffered("tmpfs".into())
     })
     .unwrap();
-    assert_eq!(auto.mode, "buffered");
+    assert_eq!(auto.mode, IoMode::Buffered);
     assert!(auto.reason.contains("tmpfs"), "{}", auto.reason);
 }

@@ -158,6 +158,8 @@ fn plan_json_records_decisions() {
     assert_eq!(p["arch"], "llama");
     assert_eq!(p["backend"], "cpu");
     assert_eq!(p["io"], "mmap");
+    // typed in the plan (IoMode), written as the same name
+    assert_eq!(p["io_plan"]["mode"], "mmap");
     assert_eq!(p["ctx"], 256);
     assert_eq!(p["threads"], 1);
     assert_eq!(p["mode"], "raw");

@@ -127,6 +127,61 @@ fn greedy_and_sampled_output_is_unchanged_and_takes_fewer_passes() {
     let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(plan["draft"]["kind"], "ngram");
     assert_eq!(plan["draft"]["max_tokens"], 6);
+    assert_eq!(plan["draft"]["gate"], true, "the gate measures by default");
+}
+
+/// `--draft-gate` and `--isa` are plan options, recorded in the plan; `GDS_DRAFT_GATE` and
+/// `GDS_ISA` remain their aliases, read when the plan is made (a value that is neither is
+/// a usage error naming the variable), and the flags win over them.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn the_draft_gate_and_the_isa_are_plan_options_with_environment_aliases() {
+    let model = gds_tests::smollm_converted();
+    let plan = |args: &[&str], env: &[(&str, &str)]| {
+        let mut all = vec![model.to_str().unwrap(), "--draft", "ngram", "--plan"];
+        all.extend_from_slice(args);
+        let o = std::process::Command::new(gds_tests::bin("gdsrun"))
+            .args(&all)
+            .env_remove("GDS_DRAFT_GATE")
+            .env_remove("GDS_ISA")
+            .envs(env.iter().copied())
+            .output()
+            .expect("spawn gdsrun");
+        (o.status.code(), gds_tests::stderr(&o), o.stdout)
+    };
+    let json = |r: (Option<i32>, String, Vec<u8>)| -> Value {
+        assert_eq!(r.0, Some(0), "{}", r.1);
+        serde_json::from_slice(&r.2).unwrap()
+    };
+    let p = json(plan(&["--draft-gate", "off", "--isa", "scalar"], &[]));
+    assert_eq!(
+        (&p["draft"]["gate"], &p["isa"]),
+        (&false.into(), &"scalar".into())
+    );
+    let best = json(plan(&[], &[]))["isa"].clone();
+    assert!(best.is_string(), "{best}");
+    // the aliases
+    let p = json(plan(
+        &[],
+        &[("GDS_DRAFT_GATE", "off"), ("GDS_ISA", "scalar")],
+    ));
+    assert_eq!(
+        (&p["draft"]["gate"], &p["isa"]),
+        (&false.into(), &"scalar".into())
+    );
+    // the flags override them
+    let p = json(plan(
+        &["--draft-gate", "on", "--isa", "avx512vnni"],
+        &[("GDS_DRAFT_GATE", "off"), ("GDS_ISA", "scalar")],
+    ));
+    assert_eq!(p["draft"]["gate"], true);
+    // (a cap at the widest set is no cap)
+    assert_eq!(p["isa"], best);
+    for (var, value) in [("GDS_DRAFT_GATE", "0"), ("GDS_ISA", "sse2")] {
+        let (code, err, _) = plan(&[], &[(var, value)]);
+        assert_eq!(code, Some(2), "{var}={value}: {err}");
+        assert!(err.contains(&format!("{var}=\"{value}\"")), "{err}");
+    }
 }
 
 #[test]
@@ -298,6 +353,12 @@ fn bad_draft_settings_are_usage_errors() {
             "(the model has 30)",
         ),
         (vec![m, "--draft", "layers:x", "--prompt", "x"], "layers:N"),
+        (
+            vec![m, "--draft-gate", "off", "--prompt", "x"],
+            "--draft-gate needs --draft",
+        ),
+        (vec![m, "--draft-gate", "maybe", "--prompt", "x"], "on, off"),
+        (vec![m, "--isa", "sse2", "--prompt", "x"], "expected scalar"),
     ] {
         let o = gds_tests::run("gdsrun", &args);
         assert_eq!(
