@@ -476,7 +476,6 @@ macro_rules! q32_family {
                     fn $name<const R: usize, const N: usize>(
                         w: [&[$blk]; R],
                         a: &[[ActQ8; N]],
-                        pf: &[u8],
                     ) -> [[f32; N]; R] {
                         let n = w[0].len();
                         let full = n / 2;
@@ -484,7 +483,6 @@ macro_rules! q32_family {
                         let mut acc = [[_mm256_setzero_ps(); N]; R];
                         let mut accm = [[_mm_setzero_ps(); N]; R];
                         for (p, xs) in a.iter().enumerate().take(full) {
-                            prefetch_spread(pf, p, full);
                             let mut us = [$unpack(&w[0][2 * p], &w[0][2 * p + 1]); R];
                             for r in 1..R {
                                 us[r] = $unpack(&w[r][2 * p], &w[r][2 * p + 1]);
@@ -547,26 +545,21 @@ macro_rules! q32_family {
                             let nrows = w.len() / rb;
                             let mut r = 0;
                             while r < nrows {
-                                // The first tile streams the rows (later ones find them in
-                                // cache): the rows ahead are prefetched as these run.
-                                let pf = if t0 == 0 {
-                                    ahead(w, r * rb, R * rb)
-                                } else {
-                                    &[]
-                                };
+                                if t0 == 0 {
+                                    prefetch_ahead(w, (r + R) * rb + PREFETCH_BYTES, R * rb);
+                                }
                                 if r + R <= nrows {
                                     let rs: [&[$blk]; R] = std::array::from_fn(|i| {
                                         block(&w[(r + i) * rb..(r + i + 1) * rb])
                                     });
-                                    let res = $name::<R, N>(rs, &xs, pf);
+                                    let res = $name::<R, N>(rs, &xs);
                                     for (i, v) in res.iter().enumerate() {
                                         let o = (r + i) * nt + t0;
                                         out[o..o + N].copy_from_slice(v);
                                     }
                                     r += R;
                                 } else {
-                                    let res =
-                                        $name::<1, N>([block(&w[r * rb..(r + 1) * rb])], &xs, pf);
+                                    let res = $name::<1, N>([block(&w[r * rb..(r + 1) * rb])], &xs);
                                     out[r * nt + t0..r * nt + t0 + N].copy_from_slice(&res[0]);
                                     r += 1;
                                 }
@@ -653,7 +646,7 @@ macro_rules! q32_family {
                             for r in groups * R..nrows {
                                 let row = block(&w[r * rb..(r + 1) * rb]);
                                 for k in 0..tiles {
-                                    let res = $name::<1, 4>([row], &xs[k * np..(k + 1) * np], &[]);
+                                    let res = $name::<1, 4>([row], &xs[k * np..(k + 1) * np]);
                                     out[r * nt + 4 * k..r * nt + 4 * k + 4]
                                         .copy_from_slice(&res[0]);
                                 }
@@ -970,11 +963,10 @@ macro_rules! kquant_dot {
     ($name:ident, $cached:ident, $blk:ty, $unp:ty, $unpack:ident, $step:ident) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N], pf: &[u8]) -> [f32; N] {
+        fn $name<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N]) -> [f32; N] {
             assert!(a.iter().all(|x| x.len() >= w.len()));
             let mut acc = [_mm256_setzero_ps(); N];
             for (i, b) in w.iter().enumerate() {
-                prefetch_spread(pf, i, w.len());
                 $step(&$unpack(b), &a, i, &mut acc);
             }
             hsums(&acc)
@@ -1026,7 +1018,7 @@ macro_rules! float_dot {
     ($name:ident, $elem:ty, $load:ident, $scalar:expr) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name<const N: usize>(w: &[$elem], x: [&[f32]; N], _pf: &[u8]) -> [f32; N] {
+        fn $name<const N: usize>(w: &[$elem], x: [&[f32]; N]) -> [f32; N] {
             let n = w.len();
             for v in &x {
                 assert!(v.len() >= n);
@@ -1084,10 +1076,10 @@ float_dot!(dot_bf16, [u8; 2], ld_bf16x8, |b| half::bf16::from_le_bytes(
 // ---------------------------------------------------------------------------------------
 // Row drivers: tiles of up to four tokens, every row of the task per tile.
 
-/// How far ahead of the rows being multiplied the weights are prefetched, at least (bytes;
-/// the next rows when those are longer), a few lines per step of the loop. Decode streams
-/// every weight once per token from L3/DRAM; prefetching a few KiB ahead of the hardware
-/// streamer sped the single-thread SmolLM2 layer sequence up by about a third.
+/// How far ahead of the row being multiplied the weights are prefetched (bytes). Decode
+/// streams every weight once per token from L3/DRAM; prefetching a few KiB ahead of the
+/// hardware streamer sped the single-thread SmolLM2 layer sequence up by about a third. (The
+/// plain-AVX2 Q4_0 kernel prefetches at least this far ahead, a few lines per block pair.)
 const PREFETCH_BYTES: usize = 4096;
 
 /// Bytes of unpacked weight rows a prompt batch's Q4_0..Q5_1 and K-quant kernels keep for
@@ -1097,6 +1089,17 @@ const UNPACKED_CHUNK_BYTES: usize = 24 << 10;
 
 /// Tokens from which those kernels unpack rows once for all tiles (two whole tiles of four).
 const UNPACKED_MIN_TOKENS: usize = 8;
+
+/// Prefetches `len` bytes of `w` from `start` into L1 (nothing past the end of `w`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
+    if let Some(bytes) = w.get(start..(start + len).min(w.len())) {
+        for line in bytes.chunks(64) {
+            _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+        }
+    }
+}
 
 /// Prefetches step `i` of `steps` of the region `pf` into L1: its 64-byte lines spread
 /// evenly over the steps of a loop (the first step takes all when there are none). Decode
@@ -1150,16 +1153,18 @@ macro_rules! rows_driver {
                 let n = (nt - t0).min(4);
                 let a = &acts[t0..t0 + n];
                 for (r, (row, o)) in w.chunks_exact(rb).zip(out.chunks_exact_mut(nt)).enumerate() {
-                    // The first tile streams the rows: the next row is prefetched as this
-                    // one runs (later tiles find the rows in cache).
-                    let pf = if t0 == 0 { ahead(w, r * rb, rb) } else { &[] };
+                    if t0 == 0 {
+                        if PREFETCH_BYTES > 1 << 30 {
+                            prefetch_ahead(w, (r + 1) * rb + PREFETCH_BYTES, rb);
+                        }
+                    }
                     let b = cast::<$blk>(row).expect("weight rows are whole blocks");
                     let o = &mut o[t0..t0 + n];
                     match n {
-                        1 => o.copy_from_slice(&$dot::<1>(b, [a[0]], pf)),
-                        2 => o.copy_from_slice(&$dot::<2>(b, [a[0], a[1]], pf)),
-                        3 => o.copy_from_slice(&$dot::<3>(b, [a[0], a[1], a[2]], pf)),
-                        _ => o.copy_from_slice(&$dot::<4>(b, [a[0], a[1], a[2], a[3]], pf)),
+                        1 => o.copy_from_slice(&$dot::<1>(b, [a[0]])),
+                        2 => o.copy_from_slice(&$dot::<2>(b, [a[0], a[1]])),
+                        3 => o.copy_from_slice(&$dot::<3>(b, [a[0], a[1], a[2]])),
+                        _ => o.copy_from_slice(&$dot::<4>(b, [a[0], a[1], a[2], a[3]])),
                     }
                 }
                 t0 += n;
