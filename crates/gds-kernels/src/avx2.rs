@@ -1078,7 +1078,8 @@ float_dot!(dot_bf16, [u8; 2], ld_bf16x8, |b| half::bf16::from_le_bytes(
 
 /// How far ahead of the row being multiplied the weights are prefetched (bytes). Decode
 /// streams every weight once per token from L3/DRAM; prefetching a few KiB ahead of the
-/// hardware streamer sped the single-thread SmolLM2 layer sequence up by about a third.
+/// hardware streamer sped the single-thread SmolLM2 layer sequence up by about a third. (The
+/// plain-AVX2 Q4_0 kernel prefetches at least this far ahead, a few lines per block pair.)
 const PREFETCH_BYTES: usize = 4096;
 
 /// Bytes of unpacked weight rows a prompt batch's Q4_0..Q5_1 and K-quant kernels keep for
@@ -1104,6 +1105,37 @@ fn prefetch_ahead(w: &[u8], start: usize, len: usize) {
             };
         }
     }
+}
+
+/// Prefetches step `i` of `steps` of the region `pf` into L1: its 64-byte lines spread
+/// evenly over the steps of a loop (the first step takes all when there are none). Decode
+/// prefetches the next rows while multiplying the current ones this way: a few lines per
+/// step instead of a burst of a whole group's lines, which stalled on the CPU's full miss
+/// buffers (a third of the Q4_0 kernel's decode samples sat on the burst).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch_spread(pf: &[u8], i: usize, steps: usize) {
+    for l in spread(pf.len().div_ceil(64), i, steps) {
+        _mm_prefetch::<_MM_HINT_T0>(pf[64 * l..].as_ptr().cast());
+    }
+}
+
+/// Items of step `i` when `n` items are spread over `steps` steps (all of them in step 0 when
+/// there are no steps); every item falls in exactly one step `< steps.max(1)`.
+fn spread(n: usize, i: usize, steps: usize) -> std::ops::Range<usize> {
+    if steps == 0 {
+        return if i == 0 { 0..n } else { 0..0 };
+    }
+    let per = n.div_ceil(steps);
+    (i * per).min(n)..((i + 1) * per).min(n)
+}
+
+/// What to prefetch while the `len` bytes of rows from `at` run: as many bytes, from
+/// `PREFETCH_BYTES` ahead or, when the rows are longer, from their end (the next rows); empty
+/// past the end of `w`.
+fn ahead(w: &[u8], at: usize, len: usize) -> &[u8] {
+    let s = (at + len.max(PREFETCH_BYTES)).min(w.len());
+    &w[s..(s + len).min(w.len())]
 }
 
 macro_rules! rows_driver {
@@ -1320,15 +1352,16 @@ mod quad {
     }
 
     /// Four rows against `a[p][t]` (pair `p` of token `t`), unpacking as it goes:
-    /// `out[r][t]`.
+    /// `out[r][t]`. The bytes `pf` (the next four rows) are prefetched a few lines per pair.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot4<const N: usize>(w: [&[BlockQ4_0]; 4], a: &[[ActQ8; N]]) -> [[f32; N]; 4] {
+    fn dot4<const N: usize>(w: [&[BlockQ4_0]; 4], a: &[[ActQ8; N]], pf: &[u8]) -> [[f32; N]; 4] {
         let n = w[0].len();
         let full = n / 2;
         assert!(a.len() >= n.div_ceil(2) && w.iter().all(|r| r.len() == n));
         let mut acc = [_mm256_setzero_ps(); N];
         for (p, xs) in a.iter().enumerate().take(full) {
+            prefetch_spread(pf, p, full);
             let (i, j) = (2 * p, 2 * p + 1);
             let u = unpack4(
                 [&w[0][i], &w[1][i], &w[2][i], &w[3][i]],
@@ -1390,8 +1423,8 @@ mod quad {
     fn tile<const N: usize>(w: &[u8], rb: usize, xs: &[[ActQ8; N]], out: &mut [f32]) {
         let nrows = w.len() / rb;
         for r in (0..nrows).step_by(4) {
-            prefetch_ahead(w, (r + 4) * rb + PREFETCH_BYTES, 4 * rb);
-            let res = dot4::<N>(rows4(w, rb, r, nrows - 1), xs);
+            let pf = ahead(w, r * rb, 4 * rb);
+            let res = dot4::<N>(rows4(w, rb, r, nrows - 1), xs, pf);
             put(&res, r, nrows, out, N, 0);
         }
     }
@@ -1730,4 +1763,51 @@ pub fn quantize_act_q8(_: Avx2, x: &[f32], out: &mut [ActQ8]) {
 pub fn quantize_act_q8k(_: Avx2, x: &[f32], out: &mut [ActQ8K]) {
     // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
     unsafe { quantize_act_q8k_impl(x, out) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_covers_every_line_once() {
+        for n in [0, 1, 2, 7, 18, 72, 73, 130] {
+            for steps in [0, 1, 2, 3, 16, 32, 100] {
+                let mut seen = vec![0u32; n];
+                for i in 0..steps.max(1) + 2 {
+                    for l in spread(n, i, steps) {
+                        seen[l] += 1;
+                        assert!(i < steps.max(1), "line {l} of {n} in step {i} of {steps}");
+                    }
+                }
+                assert!(
+                    seen.iter().all(|&c| c == 1),
+                    "{n} lines over {steps}: {seen:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn prefetch_region_stays_in_bounds() {
+        let w = vec![0u8; 10_000];
+        // Short rows: PREFETCH_BYTES ahead; long rows: the next rows.
+        assert_eq!(ahead(&w, 0, 1296).as_ptr(), w[PREFETCH_BYTES..].as_ptr());
+        assert_eq!(ahead(&w, 0, 1296).len(), 1296);
+        assert_eq!(ahead(&w, 100, 4608).as_ptr(), w[4708..].as_ptr());
+        // Near and past the end: clipped, then empty.
+        assert_eq!(ahead(&w, 4000, 4608).len(), 10_000 - 8608);
+        assert!(ahead(&w, 9_000, 4608).is_empty());
+        assert!(ahead(&w, 20_000, 64).is_empty());
+        if let Some(_t) = Avx2::detect() {
+            // SAFETY: the token proves AVX2, FMA and F16C.
+            unsafe {
+                for i in 0..40 {
+                    prefetch_spread(&w[9_990..], i, 32);
+                    prefetch_spread(&[], i, 32);
+                    prefetch_spread(&w[..130], i, 0);
+                }
+            }
+        }
+    }
 }
