@@ -34,22 +34,26 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --profile ci -- -D warnings
 step "cargo test: build (profile ci: release code without LTO)"
 cargo test --workspace --profile ci --no-run
-step "cargo test (tier 1 and tier 2; the emulated CUDA kernels beside the rest)"
+step "cargo test (tier 1 and tier 2; the emulated CUDA kernels and the doctests beside the rest)"
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
 # Python packages or NVRTC: --include-ignored runs both tiers in one pass over one build.
 # gds-cuda's tests run the kernels emulated on the CPU, one launch at a time (about one core
 # for ~4 minutes): they run beside the other binaries, whose tests wait on servers and
 # subprocesses part of the time, and their output is printed after them.
+# The crates' README examples (their crate docs: doctests, one compile and link each) follow
+# them in the same background job.
 emu_log=$(mktemp)
-( cargo test --profile ci -p gds-cuda -- --include-ignored >"$emu_log" 2>&1; echo $? >"$emu_log.rc" ) &
+( cargo test --profile ci -p gds-cuda --lib --tests -- --include-ignored \
+    && cargo test --profile ci --workspace --doc ) >"$emu_log" 2>&1 &
 emu_pid=$!
-cargo test --workspace --profile ci --exclude gds-cuda -- --include-ignored
-wait "$emu_pid" || true
-step "gds-cuda tests (run beside the above)"
+cargo test --workspace --profile ci --exclude gds-cuda --lib --bins --tests -- --include-ignored
+emu_rc=0
+wait "$emu_pid" || emu_rc=$?
+step "gds-cuda tests and the README examples (run beside the above)"
 cat "$emu_log"
-[ "$(cat "$emu_log.rc" 2>/dev/null)" = 0 ] || { echo "gds-cuda tests failed" >&2; exit 1; }
-rm -f "$emu_log" "$emu_log.rc"
+rm -f "$emu_log"
+[ "$emu_rc" = 0 ] || { echo "gds-cuda tests or doctests failed (exit $emu_rc)" >&2; exit 1; }
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every
