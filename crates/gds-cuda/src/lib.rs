@@ -1,25 +1,4 @@
-//! GdsLLM's GPU backend: CUDA and GPUDirect Storage.
-//!
-//! - [`probe()`] says what this machine has (driver, devices, NVRTC, cuBLAS, cuFile,
-//!   nvidia-fs) and which path `--backend cuda` would take, without panicking when a
-//!   library is missing and without creating a CUDA context.
-//! - [`kernels`] holds the CUDA C++ kernel sources (dequantizing matvecs over the on-disk
-//!   block formats, RMSNorm, RoPE, attention with windows and caps, SwiGLU, GeGLU, …),
-//!   compiled at run time by NVRTC. The same sources run on the CPU in tests through
-//!   `kernels/emu.h`.
-//! - [`forward`]: the kernels as a [`forward::Device`], the pass's buffers
-//!   ([`forward::Pass`]: embedding lookup, matrix products, output head) and the
-//!   [`forward::BlockGraph`] the executor runs for each block — the model's graph, which
-//!   `gds_runtime::cuda_graph` implements over the same architecture files as the CPU.
-//! - [`stream`]: the executor's logic (VRAM layout per the plan, resident loads, the
-//!   per-token streaming schedule with read-ahead) over a [`stream::Vram`] device; tested on
-//!   the CPU over an emulated one.
-//! - With the `cuda` feature: [`nvrtc`] (compile to PTX) and [`executor`] (the CUDA `Vram`:
-//!   device buffers, cuFile or pinned bounce-buffer loading, two streams and events).
-//!
-//! Without the `cuda` feature the crate builds with no CUDA dependency at all and
-//! [`probe()`] reports "built without the `cuda` feature" (the ripgrep pattern: optional
-//! features compile to a stub that says so).
+#![doc = include_str!("../README.md")]
 
 pub mod forward;
 pub mod kernels;
