@@ -12,7 +12,7 @@ fmt:
     cargo fmt --all
 
 lint:
-    cargo clippy --workspace --all-targets --release -- -D warnings
+    cargo clippy --workspace --all-targets --profile ci -- -D warnings
 
 # conversion throughput (SmolLM2, Gemma 3) next to a plain copy of the same bytes, and peak RSS
 bench-convert runs="3":
