@@ -11,32 +11,15 @@
 //! caches behave as in real decode) and times the per-token matmul sequence, calling from
 //! inside the rayon pool as a runtime would.
 
+mod bench_util;
+use bench_util::values;
 use gds_format::DType;
 use gds_kernels::{matmul_many_with, matmul_with, quantize, Isa, WeightView};
 use std::time::{Duration, Instant};
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
-        })
-        .collect()
-}
-
 /// CPU time used by all threads of this process.
 fn process_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0);
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    bench_util::cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 /// Best wall time per call over repeated runs for about `budget`, and the process CPU time

@@ -7,37 +7,19 @@
 //! model's layers do); the two kernels alternate five times, and each keeps its best thread
 //! CPU time per call (robust to other processes sharing the cores).
 
+mod bench_util;
+use bench_util::values;
 use gds_format::DType;
 use gds_kernels::act::{q8_pairs, quantize_act_q8_scalar, ActQ8};
 use gds_kernels::avx2::{rows_q4_0, rows_q4_0_by_row, Avx2};
 use gds_kernels::quantize;
 use std::time::Duration;
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
-        })
-        .collect()
-}
-
 type Kernel = fn(Avx2, &[u8], usize, &[&[ActQ8]], &mut [f32]);
 
-/// CPU time of the calling thread: unlike wall time, it does not count the time slices
-/// other processes take on a shared machine.
+/// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0);
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    bench_util::cpu_time(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// Best thread CPU time of one call over `rounds` calls.
