@@ -21,10 +21,10 @@ Needs: the model converted (1b: scripts/synth-model.py llama-1b, then llama.cpp'
 convert/quantize and `gdsconv convert`, as bench/runs/2026-11-27-real-size-1b.md says;
 smollm2: scripts/fetch-model.sh), fio (installed with apt when missing), llama.cpp built
 (scripts/build-llama-cpp.sh) for the llama-server rows."""
-import argparse, json, os, subprocess, sys, time, urllib.request
+import argparse, json, os, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import drop_cache, ensure_fio, fio_bandwidth, free_port, in_cgroup, make_cgroup, wait_healthy  # noqa: E402
+from benchlib import drop_cache, ensure_fio, fio_bandwidth, free_port, in_cgroup, make_cgroup, run_load, stop, wait_healthy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
@@ -82,19 +82,8 @@ def peak_rss(pid):
     return 0
 
 
-def metric(url, name):
-    try:
-        body = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    except Exception:
-        return None
-    for line in body.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
-
-
 def serve(label, cmd, cgroup=None):
-    """Starts the server, runs the load at every level, returns (levels, peak RSS, steps)."""
+    """Starts the server, runs the load at every level, returns (levels, peak RSS)."""
     port = free_port()
     cmd = [c.replace("{port}", str(port)) for c in cmd]
     cmd = in_cgroup(cmd, cgroup)
@@ -103,20 +92,10 @@ def serve(label, cmd, cgroup=None):
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_healthy(url, p, timeout=300)
-        res = subprocess.run([sys.executable, "tests/py/serve_load.py", "--url", url, "--concurrency", a.concurrency,
-                              "--requests-per-level", str(a.requests), "--max-tokens", str(a.max_tokens),
-                              "--time-limit", str(a.time_limit)], capture_output=True, text=True)
-        if res.returncode:
-            raise RuntimeError(res.stderr[-300:])
-        out = json.loads(res.stdout)
-        return out["levels"], peak_rss(p.pid), metric(url, "gds_steps_total")
+        out = run_load(url, a.concurrency, a.requests, a.max_tokens, a.time_limit)
+        return out["levels"], peak_rss(p.pid)
     finally:
-        p.terminate()
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p)
 
 
 plan = run_json([GDSRUN, model, "--plan", "--io", "direct"])["io_plan"]
@@ -140,13 +119,12 @@ for label, budget in budgets:
         per_step = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget", str(budget)])["io_plan"]["streamed_bytes_per_token"]
     bw0 = disk_bandwidth()
     try:
-        lv, rss, steps = serve(label.replace(" ", "-"), base + extra)
+        lv, rss = serve(label.replace(" ", "-"), base + extra)
     except Exception as e:
         print(f"{label}: failed: {e}")
         continue
     bw = (bw0 + disk_bandwidth()) / 2
-    rows[label] = dict(levels={l["concurrency"]: l for l in lv}, rss=rss, per_step=per_step, bw=bw, steps=steps,
-                       budget=budget)
+    rows[label] = dict(levels={l["concurrency"]: l for l in lv}, rss=rss, per_step=per_step, bw=bw, budget=budget)
 
 mem = rows.get("in memory")
 print()
@@ -202,7 +180,7 @@ for label, r in rows.items():
         cgroup = path
         drop_cache([gguf] + LAYER_FILES)
     try:
-        lv, _, _ = serve("llama-" + label.replace(" ", "-"), lcmd, cgroup)
+        lv, _ = serve("llama-" + label.replace(" ", "-"), lcmd, cgroup)
     except Exception as e:
         print(f"{label}: llama-server failed: {e}")
         continue

@@ -12,7 +12,7 @@ Needs: scripts/fetch-model.sh, scripts/build-llama-cpp.sh (run automatically).""
 import argparse, json, os, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import free_port, wait_healthy  # noqa: E402
+from benchlib import free_port, run_load, stop, wait_healthy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
@@ -43,18 +43,12 @@ def measure(name, cmd, port, concurrency=None, extra=()):
             wait_healthy(url, p)
         except RuntimeError as e:
             sys.exit(str(e))
-        res = subprocess.check_output([sys.executable, "tests/py/serve_load.py", "--url", url,
-                                       "--concurrency", concurrency or a.concurrency,
-                                       "--requests-per-level", str(a.requests),
-                                       "--max-tokens", str(a.max_tokens),
-                                       "--time-limit", str(a.time_limit), *extra], text=True)
-        return json.loads(res)
-    finally:
-        p.terminate()
         try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+            return run_load(url, concurrency or a.concurrency, a.requests, a.max_tokens, a.time_limit, extra)
+        except RuntimeError as e:
+            sys.exit(f"{name}: {e}")
+    finally:
+        stop(p, 10)
 
 
 port = free_port()

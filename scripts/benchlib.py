@@ -1,5 +1,5 @@
 """Shared pieces of the benchmark scripts (scripts/bench-*.py): fio, ports, servers, cgroups."""
-import json, os, shutil, socket, subprocess, time, urllib.request
+import json, os, shutil, socket, subprocess, sys, time, urllib.request
 
 
 def ensure_fio():
@@ -81,3 +81,24 @@ def drop_cache(paths):
             os.close(fd)
         except OSError:
             pass
+
+
+def run_load(url, concurrency, requests, max_tokens, time_limit, extra=()):
+    """tests/py/serve_load.py against `url`: its JSON (per level: t/s, latency, failures);
+    RuntimeError with its stderr's end when it fails."""
+    res = subprocess.run([sys.executable, "tests/py/serve_load.py", "--url", url, "--concurrency", concurrency,
+                          "--requests-per-level", str(requests), "--max-tokens", str(max_tokens),
+                          "--time-limit", str(time_limit), *extra], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"serve_load.py: exit {res.returncode}: {res.stderr[-300:]}")
+    return json.loads(res.stdout)
+
+
+def stop(proc, grace=20):
+    """Terminates `proc`, killing it after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
