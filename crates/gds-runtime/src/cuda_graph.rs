@@ -482,13 +482,7 @@ pub fn one_sequence<V: Vram + Send + 'static>(
     let batch = Layout::batch(ctx, batch);
     let outputs = outputs.clamp(1, Layout::logit_rows(batch));
     let windows: Vec<Option<usize>> = (0..config.n_layers).map(|l| config.window(l)).collect();
-    let kv = crate::gpuplan::one_sequence_kv(
-        crate::kv::KvDtype::F32,
-        ctx,
-        config.kv_dim(),
-        &windows,
-        batch,
-    );
+    let kv = crate::gpuplan::one_sequence_kv(ctx, config.kv_dim(), &windows, batch);
     let staging = PassStaging::new(&kv)?;
     let model = open(staging.spec(), batch, outputs)?;
     let exec = StreamerBatch::new(model, config.clone(), staging, outputs);

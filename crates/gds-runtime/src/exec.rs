@@ -190,7 +190,7 @@ pub fn pass_end(
     let (w0, w1) = (want.start.max(pos), want.end.min(limit));
     if w1 > w0 && w1 - w0 > max_rows.max(1) {
         // the pass ends after its max_rows-th wanted position
-        (w0 + max_rows.max(1)).max(pos + 1)
+        w0 + max_rows.max(1)
     } else {
         limit
     }

@@ -21,13 +21,12 @@ use crate::plan::Plan;
 use gds_cuda::executor::{ExecOptions, GpuModel, LoadPath};
 
 /// Opens the plan's model on the GPU the plan was made for, for passes of up to `batch`
-/// tokens, over a KV cache of one sequence (`kv` `None`) or paged as `kv` says, with up to
-/// `outputs` logit rows a pass (`None`: up to 16).
+/// tokens, over a KV cache laid out as `kv` says, with up to `outputs` logit rows a pass.
 fn open_gpu_model(
     plan: &Plan,
     batch: usize,
-    kv: Option<gds_cuda::plan::KvSpec>,
-    outputs: Option<usize>,
+    kv: &gds_cuda::plan::KvSpec,
+    outputs: usize,
 ) -> Result<GpuModel> {
     let g = plan.gpu.as_ref().ok_or_else(|| {
         RuntimeError::Internal("the plan has no GPU section (backend is not cuda)".into())
@@ -52,8 +51,8 @@ fn open_gpu_model(
         rope,
         verify: plan.io_plan.verify,
         max_batch: batch,
-        kv,
-        max_outputs: outputs,
+        kv: Some(kv.clone()),
+        max_outputs: Some(outputs),
     };
     GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_error)
 }
@@ -62,18 +61,14 @@ fn open_gpu_model(
 /// passes of up to [`gds_cuda::plan::MAX_BATCH`] positions, up to `outputs` of them with
 /// logits, over the cache [`crate::gpuplan::plan_gpu`] planned the VRAM for
 /// ([`crate::cuda_graph::one_sequence`]).
+/// (Its cache is f32, as the plan requires of the CUDA backend.)
 pub fn open_one(plan: &Plan, outputs: usize) -> Result<OneSequence> {
-    if plan.kv_dtype != crate::kv::KvDtype::F32 {
-        return Err(RuntimeError::Usage(
-            "--kv-dtype f16: the CUDA backend's KV cache is f32 (use --kv-dtype f32)".into(),
-        ));
-    }
     crate::cuda_graph::one_sequence(
         &plan.model,
         plan.ctx,
         gds_cuda::plan::MAX_BATCH,
         outputs,
-        |spec, batch, outputs| open_gpu_model(plan, batch, Some(spec.clone()), Some(outputs)),
+        |spec, batch, outputs| open_gpu_model(plan, batch, spec, outputs),
     )
 }
 
@@ -98,7 +93,7 @@ pub fn open_batch(
         ));
     }
     let staging = PassStaging::new(kv)?;
-    let model = open_gpu_model(plan, batch, Some(staging.spec().clone()), Some(outputs))?;
+    let model = open_gpu_model(plan, batch, staging.spec(), outputs)?;
     kv.drop_rows();
     Ok(StreamerBatch::new(
         model,

@@ -131,18 +131,17 @@ pub fn kv_spec(kv: &KvCache) -> Result<(KvSpec, Vec<Tables>)> {
     Ok((spec, kinds))
 }
 
-/// The block tables (no rows: they live in VRAM) of the GPU's one-sequence cache of `ctx`
+/// The block tables (no rows: they live in VRAM; f32) of the GPU's one-sequence cache of `ctx`
 /// positions, `windows[l]` the window of layer `l`: the whole context per layer, or a ring
 /// for window layers as on the CPU ([`KvCache::with_window_ring`]), for passes of up to
 /// `batch` positions.
 pub fn one_sequence_kv(
-    dtype: KvDtype,
     ctx: usize,
     kv_dim: usize,
     windows: &[Option<usize>],
     batch: usize,
 ) -> KvCache {
-    KvCache::window_ring_tables(dtype, 1, ctx, kv_dim, windows, batch)
+    KvCache::window_ring_tables(KvDtype::F32, 1, ctx, kv_dim, windows, batch)
 }
 
 /// Plans the GPU side for the model in `dir` (manifest `m`) with `ctx` positions: `io` is
@@ -210,7 +209,7 @@ pub fn plan_gpu(
     let windows: Vec<Option<usize>> = (0..layout.shape.n_layers)
         .map(|b| layout.shape.windows.get(b).copied().filter(|&w| w > 0))
         .collect();
-    let kv = one_sequence_kv(KvDtype::F32, ctx, layout.kv_dim(), &windows, batch);
+    let kv = one_sequence_kv(ctx, layout.kv_dim(), &windows, batch);
     let (spec, _) = kv_spec(&kv)?;
     let overhead = layout.overhead_bytes_with(ctx, batch, Layout::logit_rows(batch), &spec);
     let p = layout

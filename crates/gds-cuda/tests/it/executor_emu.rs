@@ -557,13 +557,7 @@ fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
         // the plan's KV cache: rings for the window blocks, the whole context elsewhere
         let windowed = layout.shape.windows.iter().filter(|&&w| w > 0).count();
         let windows: Vec<Option<usize>> = (0..config.n_layers).map(|l| config.window(l)).collect();
-        let kv = gds_runtime::gpuplan::one_sequence_kv(
-            gds_runtime::KvDtype::F32,
-            CTX,
-            config.kv_dim(),
-            &windows,
-            3,
-        );
+        let kv = gds_runtime::gpuplan::one_sequence_kv(CTX, config.kv_dim(), &windows, 3);
         let (spec, _) = gds_runtime::gpuplan::kv_spec(&kv).unwrap();
         let kv_dim = config.kv_dim();
         let full = config.n_layers * CTX * kv_dim * 2 * 4;
