@@ -21,7 +21,6 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT/json"
 SUM="$OUT/summary.txt" LOG="$OUT/log.txt"
 # At most a few files come back from a lent machine: the JSON and cuFile logs go in one tarball.
-CUFILE_LOGS=/tmp/cufile-logs
 pack() { tar -czf "$OUT/details.tar.gz" -C "$OUT" json -C / "${CUFILE_LOGS#/}" 2>/dev/null; rm -rf "$OUT/json"; }
 trap pack EXIT
 say() { echo "$*" | tee -a "$SUM"; }
@@ -41,29 +40,9 @@ sanitize() { # sanitize SECONDS TOOL LABEL DIR IO BUDGET TOKENS: a short streame
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | tail -1 | tee -a "$SUM"
 }
 
-# --- libraries where cudarc looks for them (CUDA 13's versioned files linked under plain names)
-# shellcheck source=scripts/cuda-libs.sh
-. "$(dirname "$0")/cuda-libs.sh" >/tmp/gdsllm-culibs.txt
-tee -a "$SUM" </tmp/gdsllm-culibs.txt
-# cuFile: compatibility mode allowed (where nvidia-fs is absent), logs with the results.
-mkdir -p "$CUFILE_LOGS"
-cat >/tmp/cufile.json <<EOF
-{ "logging": { "dir": "$CUFILE_LOGS", "level": "INFO" },
-  "properties": { "allow_compat_mode": true } }
-EOF
-export CUFILE_ENV_PATH_JSON=/tmp/cufile.json
-# cuFile classifies a file's filesystem through udev; a VM disk without udev data (seen on a
-# Firecracker H200: "udev property not found: ID_FS_USAGE vda") makes cuFileHandleRegister
-# fail even in compatibility mode. Give the model's block device the two properties cuFile
-# reads (root only; says so).
-DEV=$(stat -c '%d' "$MODEL" 2>/dev/null) && MAJMIN="$((DEV >> 8)):$((DEV & 255))"
-# Only on a machine with the NVIDIA driver and libcufile: nowhere else does anything read it.
-if [ -e /proc/driver/nvidia/version ] && [ -e "$CUDA_LINKS/libcufile.so" ] && [ -n "${MAJMIN:-}" ] &&
-  [ ! -e "/run/udev/data/b$MAJMIN" ] && mkdir -p /run/udev/data 2>/dev/null; then
-  FSTYPE=$(df --output=fstype "$MODEL" | tail -1)
-  printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$FSTYPE" >"/run/udev/data/b$MAJMIN"
-  say "udev data for block device $MAJMIN was missing: wrote ID_FS_USAGE=filesystem, ID_FS_TYPE=$FSTYPE"
-fi
+CUFILE_LOGS=/tmp/cufile-logs
+# shellcheck source=scripts/gpu-env.sh
+. "$(dirname "$0")/gpu-env.sh"
 
 G="$BIN/gdsrun"
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)

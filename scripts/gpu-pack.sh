@@ -15,26 +15,40 @@
 # 55 MB pieces if larger: part.01 in .gpu/a1, part.02 in .gpu/a1-02, ...; cat part.* > it), .gpu/a2 and
 # .gpu/a3 (the GGUF in two halves); on the GPU machine: cat gguf.1 gguf.2 > smollm2.gguf and
 # LLAMA_PACK=llama-cuda-sm90.tar.xz GGUF=smollm2.gguf scripts/gpu-bringup.sh BIN MODEL TINY anchor.
+# With REAL=1 only .gpu/r1, for scripts/gpu-real-size.sh (the models are made on the GPU
+# machine): bins.tar.xz with gdsconv beside the CUDA binaries, and tok/ (SmolLM2's tokenizer,
+# .cache/smollm2-hf-f16, which scripts/test.sh makes). PROFILE picks the cargo profile
+# (default release; `ci` reuses the test command's build: no LTO, minutes instead of tens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-T=${CUDA_TARGET_DIR:-target-cuda}
-CARGO_TARGET_DIR=$T cargo build --release -q -p gdsrun -p gds-cuda \
+T=${CUDA_TARGET_DIR:-target-cuda} P=${PROFILE:-release}
+CARGO_TARGET_DIR=$T cargo build --profile "$P" -q -p gdsrun -p gds-cuda \
   --features gdsrun/cuda,gds-cuda/cuda --bins --examples
-cargo build --release -q -p gdsconv
+cargo build --profile "$P" -q -p gdsconv
+if [ "${REAL:-0}" = 1 ]; then
+  rm -rf .gpu && mkdir -p .gpu/bin .gpu/r1/tok
+  for b in "$T/$P/gdsrun" "$T/$P/examples/bench_gpu" "target/$P/gdsconv"; do
+    strip --strip-debug -o ".gpu/bin/$(basename "$b")" "$b"
+  done
+  tar -cJf .gpu/r1/bins.tar.xz -C .gpu bin && rm -rf .gpu/bin
+  cp .cache/smollm2-hf-f16/{tokenizer.json,tokenizer_config.json,config.json} .gpu/r1/tok/
+  du -sb .gpu/r1
+  exit 0
+fi
 SMOL=.cache/smollm2.gds
 if [ ! -f "$SMOL/manifest.gdsm" ]; then
   GGUF=$(./scripts/fetch-model.sh)
-  target/release/gdsconv convert "$GGUF" "$SMOL" --force >/dev/null
+  target/$P/gdsconv convert "$GGUF" "$SMOL" --force >/dev/null
 fi
 rm -rf .gpu
 mkdir -p .gpu/bin .gpu/p1/tiny .gpu/p1/smollm2/layers .gpu/p2
-strip --strip-debug -o .gpu/bin/gdsrun "$T/release/gdsrun"
-strip --strip-debug -o .gpu/bin/bench_gpu "$T/release/examples/bench_gpu"
+strip --strip-debug -o .gpu/bin/gdsrun "$T/$P/gdsrun"
+strip --strip-debug -o .gpu/bin/bench_gpu "$T/$P/examples/bench_gpu"
 tar -cJf .gpu/p1/bins.tar.xz -C .gpu bin
 rm -rf .gpu/bin
 for f in fixtures/tiny-*.gguf; do
   n=$(basename "$f" .gguf)
-  target/release/gdsconv convert "$f" ".gpu/p1/tiny/${n#tiny-}" --force >/dev/null
+  target/$P/gdsconv convert "$f" ".gpu/p1/tiny/${n#tiny-}" --force >/dev/null
 done
 cp "$SMOL"/manifest.gdsm "$SMOL"/tokenizer*.json .gpu/p1/smollm2/
 cp "$SMOL"/layers/embed.bin .gpu/p1/smollm2/layers/

@@ -4,7 +4,7 @@ same model: the same concurrent greedy requests to both servers (so the GPU's ba
 pass runs several sequences at once), their texts and token counts compared, and the
 aggregate decode rate of each. Part of scripts/gpu-bringup.sh; prints one line per check.
 
-    scripts/gpu-serve-check.py GDSRUN MODEL_DIR [--vram-budget BYTES] [--requests 6] [--tokens 32]
+    scripts/gpu-serve-check.py GDSRUN MODEL_DIR [--vram-budget BYTES] [--requests 6] [--tokens 32] [--ctx 1024]
 """
 import argparse
 import concurrent.futures as cf
@@ -26,9 +26,9 @@ PROMPTS = [
 ]
 
 
-def start(gdsrun, model, extra):
+def start(gdsrun, model, extra, ctx):
     p = subprocess.Popen(
-        [gdsrun, "serve", model, "--port", "0", "--ctx", "1024", "--max-batch", "8",
+        [gdsrun, "serve", model, "--port", "0", "--ctx", str(ctx), "--max-batch", "8",
          "--kv-budget", "64", "--kv-dtype", "f32"] + extra,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = p.stdout.readline()
@@ -74,6 +74,7 @@ def main():
                          "pool and 32 MiB of tables and scratch (blocks stream through the slots)")
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=1024, help="the servers' context (the tiny fixtures have 256)")
     a = ap.parse_args()
     prompts = (PROMPTS * 4)[: a.requests]
     if a.vram_budget == "streamed":
@@ -88,7 +89,7 @@ def main():
     results = {}
     for name, flags in [("cpu", ["--backend", "cpu", "--activations", "f32"]), ("cuda", cuda_flags)]:
         try:
-            p, addr = start(a.gdsrun, a.model, flags)
+            p, addr = start(a.gdsrun, a.model, flags, a.ctx)
         except Exception as e:  # noqa: BLE001 - report and go on
             print(f"[serve {name}] {e}")
             continue

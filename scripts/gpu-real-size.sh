@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The GPU at real sizes (issue 36) in one run on a lent GPU machine; results under $OUT:
+#   scripts/gpu-real-size.sh PACK_DIR [SHAPE...]        (default shapes: llama-7b llama-1b)
+# PACK_DIR (`REAL=1 scripts/gpu-pack.sh` makes it: .gpu/r1) holds bins.tar.xz (gdsrun and
+# bench_gpu built with --features cuda, gdsconv) and tok/ (SmolLM2's tokenizer files: the
+# synthetic models' vocabulary). The GPU machine has PyTorch and transformers, no network and
+# no Rust. Stages, each under a time limit; the script goes on after a failure:
+#  1. the machine: GPU, driver, nvidia-fs, cuFile mode (`gdsrun doctor`);
+#  2. the tiny architectures (fixtures/tiny-*.gguf, converted here): CUDA vs CPU f32 greedy
+#     tokens, all resident and at the minimum VRAM budget (the one-sequence path of the engine);
+#  3. per SHAPE: random weights drawn by transformers on the GPU (scripts/synth-model.py
+#     --init-device cuda, F16 safetensors in RAM), converted to Q4_0 by gdsconv onto the disk;
+#     `gdsrun bench --backend cuda` all resident (pp512, tg128); then with about a quarter of
+#     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
+#     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
+#  4. the server on the GPU (scripts/gpu-serve-check.py, tiny llama): concurrent greedy requests,
+#     `--backend cuda` replies against `--backend cpu --activations f32` (also on llama-1b);
+#  5. compute-sanitizer memcheck on a streamed `--io gds` run (tiny llama).
+set -u
+PACK=$(realpath "$1"); shift
+SHAPES=${*:-llama-7b llama-1b}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/gpu-out}
+W=${WORK:-/tmp/gdsllm-real}
+mkdir -p "$OUT/json" "$W"
+SUM="$OUT/summary.txt" LOG="$OUT/log.txt"
+pack() { tar -czf "$OUT/details.tar.gz" -C "$OUT" json -C / "${CUFILE_LOGS#/}" 2>/dev/null; rm -rf "$OUT/json"; }
+trap pack EXIT
+say() { echo "$*" | tee -a "$SUM"; }
+run() { # run SECONDS LABEL CMD...: output to the log, one status line to the summary
+  local t=$1 label=$2; shift 2
+  echo "### $label: $*" >>"$LOG"
+  local t0=$SECONDS
+  timeout "$t" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  say "[$label] rc=$rc ($((SECONDS - t0)) s)"
+  return $rc
+}
+
+mkdir -p "$W/bin" "$W/tiny"
+tar -xJf "$PACK/bins.tar.xz" -C "$W/bin" --strip-components=1
+G="$W/bin/gdsrun" C="$W/bin/gdsconv"
+MODEL=$W CUFILE_LOGS=/tmp/cufile-logs
+# shellcheck source=scripts/gpu-env.sh
+. "$ROOT/scripts/gpu-env.sh"
+say "== machine $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv >>"$SUM" 2>&1
+say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc); ram $(free -g | awk '/Mem/{print $2}') GiB"
+say "nvidia-fs: $(ls /proc/driver/nvidia-fs 2>&1 | tr '\n' ' ')"
+say "python: $(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1)"
+for f in "$ROOT"/fixtures/tiny-*.gguf; do
+  n=$(basename "$f" .gguf)
+  "$C" convert "$f" "$W/tiny/${n#tiny-}" --force >/dev/null 2>>"$LOG" || say "convert $f failed"
+done
+TL="$W/tiny/llama"
+run 30 doctor "$G" doctor "$TL"
+sed -n '/cuda feature/,/gpu path/p' "$LOG" | tail -12 >>"$SUM"
+say "model filesystem: $(df -T "$W" | tail -1)"
+
+plan() { # plan DIR FILE [ARGS...]: the CUDA plan as JSON
+  local d=$1 f=$2; shift 2
+  "$G" run "$d" --raw -p x -n 1 --backend cuda --plan "$@" >"$f" 2>>"$LOG"
+}
+budget() { # budget PLAN_JSON all|min|quarter: a --vram-budget in bytes
+  python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];lo,hi=g['min_budget_bytes'],g['all_resident_budget_bytes'];print({'all':hi,'min':lo,'quarter':lo+(hi-lo)//4}[sys.argv[2]])" "$1" "$2"
+}
+
+say "== tiny architectures: CUDA vs CPU f32, 16 greedy tokens (all resident, minimum budget; --io direct)"
+T0=$SECONDS
+for d in "$W"/tiny/*/; do
+  a=$(basename "$d") p="Hello world, this is"
+  [ $((SECONDS - T0)) -lt 120 ] || { say "[tiny $a] skipped: the stage's 120 s are spent"; continue; }
+  "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cpu --activations f32 --kv-type f32 --json \
+    >"$OUT/json/tiny-$a-cpu.json" 2>>"$LOG"
+  plan "$d" "$OUT/json/tiny-$a-plan.json" || { say "[tiny $a] cuda plan failed: $(tail -2 "$LOG")"; continue; }
+  for b in all min; do
+    timeout 60 "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cuda --io direct \
+      --vram-budget "$(budget "$OUT/json/tiny-$a-plan.json" $b)" --json >"$OUT/json/tiny-$a-$b.json" 2>>"$LOG"
+    python3 - "$OUT/json/tiny-$a-cpu.json" "$OUT/json/tiny-$a-$b.json" "tiny $a $b" <<'EOF' | tee -a "$SUM"
+import json, sys
+try:
+    r, d = json.load(open(sys.argv[1]))["tokens"], json.load(open(sys.argv[2]))
+    t = d["tokens"]
+    same = next((i for i, (x, y) in enumerate(zip(r, t)) if x != y), None)
+    what = "equal" if same is None and len(r) == len(t) else f"FIRST DIFFERENCE at token {same}"
+    print(f"[{sys.argv[3]}] {len(t)} tokens {what}; {d['metrics']['tokens_per_sec']:.0f} t/s")
+except Exception as e:
+    print(f"[{sys.argv[3]}] no result ({e})")
+EOF
+  done
+done
+
+# the checkpoint goes to RAM when /dev/shm has room for a 7B F16 (14 GB), else to the disk
+CK=/dev/shm/gdsllm-ck
+[ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -gt 20 ] 2>/dev/null || CK="$W/ck"
+for shape in $SHAPES; do
+  say "== $shape: random weights (transformers on the GPU), Q4_0 by gdsconv"
+  rm -rf "$CK"
+  run 240 "synth-$shape" python3 "$ROOT/scripts/synth-model.py" "$shape" "$CK" --tokenizer "$PACK/tok" \
+    --init-device cuda || continue
+  grep '"shape"' "$LOG" | tail -1 | cut -c1-300 >>"$SUM"
+  M="$W/$shape.gds"
+  run 300 "convert-$shape" "$C" convert "$CK" "$M" --quant q4_0 --force --json || continue
+  rm -rf "$CK"
+  say "model: $(du -sh "$M" | cut -f1), $(ls "$M/layers" | wc -l) layer files"
+  plan "$M" "$OUT/json/$shape-plan.json" || { say "[$shape] cuda plan failed: $(tail -3 "$LOG")"; continue; }
+  run 240 "bench-$shape-resident" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
+  grep -E "^\|" "$LOG" | tail -3 >>"$SUM"
+  # O_DIRECT read bandwidth of the layer files (the streaming bound's numerator)
+  sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null
+  bw=$(python3 - "$M/layers" <<'EOF'
+import os, sys, time, mmap
+d = sys.argv[1]; buf = mmap.mmap(-1, 64 << 20); total = 0; t = time.perf_counter()
+for f in sorted(os.listdir(d))[:24]:
+    fd = os.open(os.path.join(d, f), os.O_RDONLY | os.O_DIRECT)
+    while (n := os.readv(fd, [buf])) > 0: total += n
+    os.close(fd)
+print(f"{total / (time.perf_counter() - t):.0f}")
+EOF
+)
+  say "O_DIRECT read bandwidth (64 MiB reads, one thread): $((${bw:-0} / 1000000)) MB/s"
+  Q=$(budget "$OUT/json/$shape-plan.json" quarter)
+  plan "$M" "$OUT/json/$shape-plan-quarter.json" --vram-budget "$Q"
+  say "quarter budget $Q B: $(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];print(len(g['resident_layers']),'layers resident,',len(g['streamed_layers']),'streamed,',g['streamed_bytes_per_token'],'B/token streamed')" "$OUT/json/$shape-plan-quarter.json" 2>&1)"
+  n=16; [ "$shape" = llama-7b ] && n=8
+  for io in gds direct mmap; do
+    [ "$io" = mmap ] || { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }
+    f="$OUT/json/$shape-quarter-$io.json"
+    timeout 150 "$G" run "$M" --raw -p "The history of the printing press" -n $n --temp 0 --backend cuda \
+      --vram-budget "$Q" --io "$io" -c 512 --json >"$f" 2>>"$LOG"
+    python3 - "$f" "$shape quarter $io" "${bw:-0}" "$?" <<'EOF' | tee -a "$SUM"
+import json, sys
+try:
+    m = json.load(open(sys.argv[1]))["metrics"]; bw = float(sys.argv[3])
+    b = m["bytes_read_per_token"]; bound = bw / b if b else float("inf")
+    print(f"[{sys.argv[2]}] {m['tokens_per_sec']:.2f} t/s decode, {b / 1e6:.0f} MB read/token, "
+          f"bound {bound:.2f} t/s (O_DIRECT bandwidth / bytes per token) = {m['tokens_per_sec'] / bound:.2f} of it; "
+          f"ttft {m['time_to_first_token_ms']:.0f} ms, energy {m['energy_joules']} J ({m['energy_source']})")
+except Exception as e:
+    print(f"[{sys.argv[2]}] rc={sys.argv[4]}: no result ({e})")
+EOF
+  done
+  [ "$shape" = llama-1b ] && timeout 150 python3 "$ROOT/scripts/gpu-serve-check.py" "$G" "$M" --requests 8 \
+    2>>"$LOG" | sed "s/^/[$shape] /" | tee -a "$SUM"
+done
+
+say "== the server on the GPU (tiny llama): concurrent greedy requests, cuda vs cpu f32"
+timeout 120 python3 "$ROOT/scripts/gpu-serve-check.py" "$G" "$TL" --ctx 256 2>>"$LOG" | tee -a "$SUM"
+timeout 120 python3 "$ROOT/scripts/gpu-serve-check.py" "$G" "$TL" --ctx 256 --vram-budget streamed 2>>"$LOG" | tee -a "$SUM"
+
+CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$CS" ]; then
+  say "== compute-sanitizer memcheck on a streamed --io gds run (tiny llama)"
+  run 90 sanitizer-memcheck-gds "$CS" --tool memcheck --error-exitcode 9 "$G" run "$TL" --raw -p Hello -n 4 \
+    --temp 0 --backend cuda --io gds --vram-budget "$(budget "$OUT/json/tiny-llama-plan.json" min)"
+  grep -E "ERROR SUMMARY" "$LOG" | tail -1 | tee -a "$SUM"
+fi
+say "== done $(date -u +%FT%TZ)"
