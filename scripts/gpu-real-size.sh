@@ -4,7 +4,8 @@
 # PACK_DIR (`REAL=1 scripts/gpu-pack.sh` makes it: .gpu/r1) holds bins.tar.xz (gdsrun and
 # bench_gpu built with --features cuda, gdsconv) and tok/ (SmolLM2's tokenizer files: the
 # synthetic models' vocabulary). The GPU machine has PyTorch and transformers, no network and
-# no Rust. TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
+# no Rust. QUANT: gdsconv's --quant for the shapes (default q4_0; keep: F16); STREAM=0 skips
+# the streamed runs of stage 3. TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
 #  1. the machine: GPU, driver, nvidia-fs, cuFile mode (`gdsrun doctor`);
 #  2. the tiny architectures (fixtures/tiny-*.gguf, converted here): CUDA vs CPU f32 greedy
 #     tokens, all resident and at the minimum VRAM budget (the one-sequence path of the engine);
@@ -18,7 +19,7 @@
 #  5. compute-sanitizer memcheck on a streamed `--io gds` run (tiny llama).
 set -u
 PACK=$(realpath "$1"); shift
-SHAPES=${*:-llama-7b llama-1b}
+SHAPES=${*:-llama-7b llama-1b} QUANT=${QUANT:-q4_0}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpu-out}
 W=${WORK:-/tmp/gdsllm-real}
@@ -96,19 +97,21 @@ done
 CK=/dev/shm/gdsllm-ck
 [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -gt 20 ] 2>/dev/null || CK="$W/ck"
 for shape in $SHAPES; do
-  say "== $shape: random weights (transformers on the GPU), Q4_0 by gdsconv"
+  say "== $shape: random weights (transformers on the GPU), converted by gdsconv --quant $QUANT"
   rm -rf "$CK"
   run 240 "synth-$shape" python3 "$ROOT/scripts/synth-model.py" "$shape" "$CK" --tokenizer "$PACK/tok" \
     --init-device cuda || continue
   grep '"shape"' "$LOG" | tail -1 | cut -c1-300 >>"$SUM"
   M="$W/$shape.gds"
-  run 300 "convert-$shape" "$C" convert "$CK" "$M" --quant q4_0 --force --json || continue
+  [ "$QUANT" = q4_0 ] || M="$W/$shape-$QUANT.gds"
+  run 300 "convert-$shape" "$C" convert "$CK" "$M" --quant "$QUANT" --force --json || continue
   rm -rf "$CK"
   say "model: $(du -sh "$M" | cut -f1), $(ls "$M/layers" | wc -l) layer files"
   # the plan at the context of the streamed runs below (-c 512): the KV cache takes its share of VRAM
   plan "$M" "$OUT/json/$shape-plan.json" -c 512 || { say "[$shape] cuda plan failed: $(tail -3 "$LOG")"; continue; }
   run 240 "bench-$shape-resident" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -3 >>"$SUM"
+  [ "${STREAM:-1}" = 1 ] || continue
   # O_DIRECT read bandwidth of the layer files (the streaming bound's numerator)
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null
   bw=$(python3 - "$M/layers" <<'EOF'
