@@ -158,6 +158,11 @@ pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions) -> DType {
     if t.transform == Transform::NormOffset {
         return DType::F32;
     }
+    if t.shape.len() < 2 && t.dtype.is_float() {
+        // norms, biases: F32 under every policy, `keep` included (an F16 checkpoint's norms
+        // are F16), as llama.cpp's converter writes them; the CUDA backend reads them as F32
+        return DType::F32;
+    }
     let target = match opts.quant {
         QuantTarget::Keep => return t.dtype,
         QuantTarget::To(d) => d,
@@ -167,9 +172,6 @@ pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions) -> DType {
     }
     if !t.dtype.is_float() && !t.dtype.is_quantized() {
         return t.dtype; // integer tensors pass through
-    }
-    if t.shape.len() < 2 {
-        return DType::F32; // norms, biases
     }
     let cols = *t.shape.last().unwrap_or(&0);
     if target.is_quantized() && !cols.is_multiple_of(target.block_size() as u64) {

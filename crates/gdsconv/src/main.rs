@@ -30,7 +30,7 @@ enum Cmd {
         input: PathBuf,
         /// The output directory (must not exist, unless --force).
         out_dir: PathBuf,
-        /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1. Norms and other 1-D tensors stay f32.
+        /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1. Norms and other 1-D float tensors are written f32 under every policy (keep included).
         #[arg(long, default_value = "keep")]
         quant: QuantTarget,
         /// Also convert tensors that are already block-quantized (dequantize, then quantize).

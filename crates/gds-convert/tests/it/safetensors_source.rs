@@ -953,3 +953,50 @@ fn config_values_of_the_wrong_type_name_config_json_and_the_key() {
         assert_eq!(fs::read_dir(out_parent.path()).unwrap().count(), 0);
     }
 }
+
+/// Regression (GPU run of 2026-11-27): an F16 checkpoint converted with the default policy
+/// (`keep`) kept its norms F16, and the CUDA backend refused the model ("expected F32"). 1-D
+/// tensors are written F32 under every policy, their values exactly the F16 ones widened.
+#[test]
+fn keep_writes_f16_norms_as_f32() {
+    let mut tensors = fixture_tensors();
+    let mut made = 0;
+    for t in tensors.values_mut().filter(|t| t.shape.len() == 1) {
+        // 1 + k/1024 for k = 0, 1, ...: exact in f16 (bits 0x3C00 + k) and in f32
+        t.dtype = Dtype::F16;
+        t.bytes = (0..t.shape[0])
+            .flat_map(|k| (0x3C00u16 + (k % 1024) as u16).to_le_bytes())
+            .collect();
+        made += 1;
+    }
+    assert!(made >= 3, "the fixture has norms");
+    let dir = temp_hf(&config(), &tensors);
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        fs::copy(hf_dir().join(f), dir.path().join(f)).unwrap();
+    }
+    let out_parent = tempfile::tempdir().unwrap();
+    let out = out_parent.path().join("out");
+    gds_convert::convert(
+        dir.path(),
+        &out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .unwrap();
+    let bytes = fs::read(out.join("manifest.gdsm")).unwrap();
+    let m = gds_format::Manifest::parse(&bytes).unwrap();
+    let mut norms = 0;
+    for t in m.tensors().filter(|t| t.n_dims == 1) {
+        assert_eq!(t.dtype, DType::F32, "{}", t.name);
+        let layer = m.layer_table().get(t.layer).unwrap();
+        let file = m.string(&layer.file).unwrap();
+        let data = fs::read(out.join(file)).unwrap();
+        let at = t.offset as usize;
+        for k in 0..t.shape[0] as usize {
+            let v = f32::from_le_bytes(data[at + 4 * k..at + 4 * k + 4].try_into().unwrap());
+            assert_eq!(v, 1.0 + (k % 1024) as f32 / 1024.0, "{} [{k}]", t.name);
+        }
+        norms += 1;
+    }
+    assert_eq!(norms, made);
+}
