@@ -19,6 +19,7 @@
 # machine): bins.tar.xz with gdsconv beside the CUDA binaries, and tok/ (SmolLM2's tokenizer,
 # .cache/smollm2-hf-f16, which scripts/test.sh makes). PROFILE picks the cargo profile
 # (default release; `ci` reuses the test command's build: no LTO, minutes instead of tens).
+# With REAL=1 BASELINE=COMMIT also gdsrun-base: gdsrun with COMMIT's CUDA kernels (an A/B).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=${CUDA_TARGET_DIR:-target-cuda} P=${PROFILE:-release}
@@ -30,6 +31,20 @@ if [ "${REAL:-0}" = 1 ]; then
   for b in "$T/$P/gdsrun" "$T/$P/examples/bench_gpu" "target/$P/gdsconv"; do
     strip --strip-debug -o ".gpu/bin/$(basename "$b")" "$b"
   done
+  if [ -n "${BASELINE:-}" ]; then
+    # gdsrun-base: the same build with the CUDA kernels of commit BASELINE (kernels/*.cu are
+    # compiled into gdsrun and built by NVRTC at run time), for an A/B of kernel changes on one
+    # machine in one run. The working tree's kernels are restored on exit.
+    K=crates/gds-cuda/kernels
+    cp -a "$K" .gpu/kernels.keep
+    trap 'rm -rf "$K" && mv .gpu/kernels.keep "$K"' EXIT
+    for f in "$K"/*.cu "$K"/*.cuh; do git show "$BASELINE:$f" >"$f"; done
+    CARGO_TARGET_DIR=$T cargo build --profile "$P" -q -p gdsrun --features gdsrun/cuda --bins
+    strip --strip-debug -o .gpu/bin/gdsrun-base "$T/$P/gdsrun"
+    rm -rf "$K" && mv .gpu/kernels.keep "$K" && trap - EXIT
+    CARGO_TARGET_DIR=$T cargo build --profile "$P" -q -p gdsrun --features gdsrun/cuda --bins
+    git rev-parse --short "$BASELINE" >.gpu/bin/BASELINE
+  fi
   tar -cJf .gpu/r1/bins.tar.xz -C .gpu bin && rm -rf .gpu/bin
   cp .cache/smollm2-hf-f16/{tokenizer.json,tokenizer_config.json,config.json} .gpu/r1/tok/
   du -sb .gpu/r1

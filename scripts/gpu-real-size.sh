@@ -2,7 +2,8 @@
 # The GPU at real sizes (issue 36) in one run on a lent GPU machine; results under $OUT:
 #   scripts/gpu-real-size.sh PACK_DIR [SHAPE...]        (default shapes: llama-7b llama-1b)
 # PACK_DIR (`REAL=1 scripts/gpu-pack.sh` makes it: .gpu/r1) holds bins.tar.xz (gdsrun and
-# bench_gpu built with --features cuda, gdsconv) and tok/ (SmolLM2's tokenizer files: the
+# bench_gpu built with --features cuda, gdsconv; with BASELINE=COMMIT also gdsrun-base, COMMIT's
+# kernels: the resident benchmarks then run this build, the baseline, this build again) and tok/ (SmolLM2's tokenizer files: the
 # synthetic models' vocabulary). The GPU machine has PyTorch and transformers, no network and
 # no Rust. QUANT: gdsconv's --quant for the shapes (default q4_0; keep: F16); STREAM=0 skips
 # the streamed runs of stage 3. TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
@@ -110,7 +111,14 @@ for shape in $SHAPES; do
   # the plan at the context of the streamed runs below (-c 512): the KV cache takes its share of VRAM
   plan "$M" "$OUT/json/$shape-plan.json" -c 512 || { say "[$shape] cuda plan failed: $(tail -3 "$LOG")"; continue; }
   run 240 "bench-$shape-resident" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
-  grep -E "^\|" "$LOG" | tail -3 >>"$SUM"
+  grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  if [ -x "$W/bin/gdsrun-base" ]; then # the A/B of kernel changes: baseline, then this build again
+    run 240 "bench-$shape-resident-base-$(cat "$W/bin/BASELINE")" "$W/bin/gdsrun-base" bench "$M" \
+      --backend cuda -p 512 -n 128 -r 2
+    grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+    run 240 "bench-$shape-resident-again" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
+    grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  fi
   [ "${STREAM:-1}" = 1 ] || continue
   # O_DIRECT read bandwidth of the layer files (the streaming bound's numerator)
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null
