@@ -15,9 +15,12 @@
 #     `gdsrun bench --backend cuda` all resident (pp512, tg128); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
 #     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
+#     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once),
+#     all resident and at the quarter budget;
 #  4. the server on the GPU (scripts/gpu-serve-check.py, tiny llama): concurrent greedy requests,
 #     `--backend cuda` replies against `--backend cpu --activations f32` (also on llama-1b);
-#  5. compute-sanitizer memcheck on a streamed `--io gds` run (tiny llama).
+#  5. compute-sanitizer memcheck on a streamed `--io gds` run and over a batched streamed
+#     `gdsrun batch` (tiny llama).
 set -u
 PACK=$(realpath "$1"); shift
 SHAPES=${*:-llama-7b llama-1b} QUANT=${QUANT:-q4_0}
@@ -65,6 +68,28 @@ plan() { # plan DIR FILE [ARGS...]: the CUDA plan as JSON
 }
 budget() { # budget PLAN_JSON all|min|quarter: a --vram-budget in bytes
   python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];lo,hi=g['min_budget_bytes'],g['all_resident_budget_bytes'];print({'all':hi,'min':lo,'quarter':lo+(hi-lo)//4}[sys.argv[2]])" "$1" "$2"
+}
+
+# batched decode through the engine: `gdsrun batch` of B requests at once (one wave, max batch B),
+# the aggregate t/s it prints, for B in 1 4 16 64
+sweep() { # sweep LABEL DIR TOKENS [gdsrun batch flags...]
+  local label=$1 dir=$2 n=$3; shift 3
+  local line="" b
+  for b in 1 4 16 64; do
+    python3 - "$b" "$n" >"$W/req.jsonl" <<'PY'
+import json, sys
+b, n = int(sys.argv[1]), int(sys.argv[2])
+for i in range(b):
+    print(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                      "body": {"prompt": f"Request {i}: the history of the printing press", "max_tokens": n,
+                               "temperature": 0, "ignore_eos": True}}))
+PY
+    rm -f "$W/out.jsonl"
+    timeout 150 "$G" batch "$dir" -i "$W/req.jsonl" -o "$W/out.jsonl" -q -c 512 --max-batch "$b" \
+      --backend cuda "$@" >>"$LOG" 2>&1
+    line="$line B=$b: $(grep -o '[0-9.]* tok/s' "$LOG" | tail -1)"
+  done
+  say "[batch $label, $n tokens per request]$line"
 }
 
 say "== tiny architectures: CUDA vs CPU f32, 16 greedy tokens (all resident, minimum budget; --io direct)"
@@ -136,6 +161,8 @@ EOF
   Q=$(budget "$OUT/json/$shape-plan.json" quarter)
   plan "$M" "$OUT/json/$shape-plan-quarter.json" -c 512 --vram-budget "$Q"
   say "quarter budget $Q B: $(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];print(len(g['resident_layers']),'layers resident,',len(g['streamed_layers']),'streamed,',g['streamed_bytes_per_token'],'B/token streamed')" "$OUT/json/$shape-plan-quarter.json" 2>&1)"
+  sweep "$shape resident" "$M" 32
+  sweep "$shape quarter direct" "$M" 8 --vram-budget "$Q" --io direct
   n=16; [ "$shape" = llama-7b ] && n=8
   for io in gds direct mmap; do
     [ "$io" = mmap ] || { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }
@@ -168,6 +195,14 @@ if [ -n "$CS" ]; then
   say "== compute-sanitizer memcheck on a streamed --io gds run (tiny llama)"
   run 90 sanitizer-memcheck-gds "$CS" --tool memcheck --error-exitcode 9 "$G" run "$TL" --raw -p Hello -n 4 \
     --temp 0 --backend cuda --io gds --vram-budget "$(budget "$OUT/json/tiny-llama-plan.json" min)"
+  grep -E "ERROR SUMMARY" "$LOG" | tail -1 | tee -a "$SUM"
+  say "== compute-sanitizer memcheck over a batched streamed run (gdsrun batch, 6 requests, max batch 3, tiny llama)"
+  python3 -c 'import json
+for i in range(6): print(json.dumps({"custom_id": f"m{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Hello " * (i + 1), "max_tokens": 6, "temperature": 0}}))' >"$W/mreq.jsonl"
+  rm -f "$W/mout.jsonl"
+  run 120 sanitizer-memcheck-batch "$CS" --tool memcheck --report-api-errors no --error-exitcode 9 "$G" batch "$TL" \
+    -i "$W/mreq.jsonl" -o "$W/mout.jsonl" -q --max-batch 3 --backend cuda --io direct \
+    --vram-budget "$(budget "$OUT/json/tiny-llama-plan.json" min)"
   grep -E "ERROR SUMMARY" "$LOG" | tail -1 | tee -a "$SUM"
 fi
 say "== done $(date -u +%FT%TZ)"
