@@ -237,6 +237,11 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
 
 // ---- kernels over block types ----
 
+// Tokens a matvec lane carries at once: each weight part is read once for up to this many
+// tokens (decode steps of several sequences; from L1 for the second and later), instead of
+// one walk of the row per token.
+#define MATVEC_TOKENS 8
+
 #define BLOCK_KERNELS(NAME, QK, BYTES, PARTS, DOTP, DEQ)                                     \
     extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                      \
                                              const float* __restrict__ x,                   \
@@ -246,17 +251,26 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
         int lane = threadIdx.x;                                                             \
         int nb = cols / QK;                                                                 \
         const u8* wr = w + (unsigned long long)(row < rows ? row : 0) * nb * BYTES;         \
-        for (int t = 0; t < ntok; t++) {                                                    \
-            const float* xt = x + (unsigned long long)t * cols;                             \
-            float acc = 0.0f;                                                               \
+        for (int t0 = 0; t0 < ntok; t0 += MATVEC_TOKENS) {                                  \
+            int nt = ntok - t0 < MATVEC_TOKENS ? ntok - t0 : MATVEC_TOKENS;                 \
+            float acc[MATVEC_TOKENS];                                                       \
+            for (int j = 0; j < MATVEC_TOKENS; j++) acc[j] = 0.0f;                          \
             if (row < rows) {                                                               \
                 for (int i = lane; i < nb * PARTS; i += WARP) {                             \
                     int b = i / PARTS;                                                      \
-                    acc += DOTP(wr + (unsigned long long)b * BYTES, xt + b * QK, i % PARTS); \
+                    const u8* blk = wr + (unsigned long long)b * BYTES;                     \
+                    const float* xb = x + (unsigned long long)t0 * cols + b * QK;           \
+                    for (int j = 0; j < MATVEC_TOKENS; j++) {                               \
+                        if (j < nt) acc[j] += DOTP(blk, xb + (unsigned long long)j * cols, i % PARTS); \
+                    }                                                                       \
                 }                                                                           \
             }                                                                               \
-            acc = warp_sum(acc);                                                            \
-            if (lane == 0 && row < rows) y[(unsigned long long)t * rows + row] = acc;       \
+            for (int j = 0; j < MATVEC_TOKENS; j++) { /* unrolled: acc stays in registers */ \
+                if (j < nt) { /* the same in every lane: every lane reaches the shuffles */  \
+                    float v = warp_sum(acc[j]);                                             \
+                    if (lane == 0 && row < rows) y[(unsigned long long)(t0 + j) * rows + row] = v; \
+                }                                                                           \
+            }                                                                               \
         }                                                                                   \
     }                                                                                       \
     extern "C" __global__ void dequant_##NAME(const u8* __restrict__ src,                   \
