@@ -15,7 +15,8 @@
 #   tools), CMAKE_CUDA_ARCHITECTURES=90 only, flash attention on (GGML_CUDA_FA, the default
 #   quant pairs only), CUDA graphs on (llama.cpp's default), no NCCL, GGML_NATIVE=OFF with an
 #   AVX2 baseline (the GPU machine's CPU is not this one). At low priority: NICE (19), JOBS (2).
-# - Pack: the tools and libs stripped, libcudart.so.13 beside them; NOT cuBLAS (libcublasLt is
+# - Pack: llama-bench, llama-server, llama-quantize and the libs stripped, convert_hf_to_gguf.py
+#   with gguf-py, libcudart.so.13 beside them; NOT cuBLAS (libcublasLt is
 #   ~500 MB): the GPU machine's (PyTorch's nvidia/cu13/lib or /usr/local/cuda) is found by
 #   scripts/cuda-libs.sh. `ldd` of each file goes to stdout: what the GPU machine must provide.
 # Usage: scripts/build-llama-cpp-cuda.sh  (idempotent: pip, configure and ninja redo only what
@@ -106,13 +107,18 @@ if ! cmp -s <(printf '%s\n' "${SYMS[@]}") <(grep -oE '^int cu[A-Za-z0-9_]+' "$ST
   make_stub "${SYMS[@]}"
   rm -f "$(readlink -f "$BUILD/bin/libggml-cuda.so")" # the file, not the link: relink with the stub
 fi
-nice -n "$NICE" cmake --build "$BUILD" -j "$JOBS" --target ggml-cuda llama-bench llama-server
+nice -n "$NICE" cmake --build "$BUILD" -j "$JOBS" --target ggml-cuda llama-bench llama-server llama-quantize
 log "built in $((SECONDS - t0)) s"
 
 # --- pack
 rm -rf "$PACK/stage"
 mkdir -p "$PACK/stage/bin" "$PACK/stage/lib"
-for t in llama-bench llama-server; do strip -o "$PACK/stage/bin/$t" "$BUILD/bin/$t"; done
+for t in llama-bench llama-server llama-quantize; do strip -o "$PACK/stage/bin/$t" "$BUILD/bin/$t"; done
+# the converter, to make the GGUF of a checkpoint generated on the GPU machine (its Python has
+# torch, transformers and numpy; gguf-py comes from this source, beside the script)
+mkdir -p "$PACK/stage/py"
+cp "$SRC/convert_hf_to_gguf.py" "$PACK/stage/py/"
+cp -r "$SRC/gguf-py" "$SRC/conversion" "$PACK/stage/py/"
 for f in "$BUILD"/bin/lib*.so*; do
   [ -L "$f" ] && continue
   strip --strip-unneeded -o "$PACK/stage/lib/$(basename "$f")" "$f"

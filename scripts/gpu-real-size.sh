@@ -5,7 +5,8 @@
 # bench_gpu built with --features cuda, gdsconv; with BASELINE=COMMIT also gdsrun-base, COMMIT's
 # kernels: the resident benchmarks then run this build, the baseline, this build again) and tok/ (SmolLM2's tokenizer files: the
 # synthetic models' vocabulary). The GPU machine has PyTorch and transformers, no network and
-# no Rust. QUANT: gdsconv's --quant for the shapes (default q4_0; keep: F16); STREAM=0 skips
+# no Rust. ANCHOR: llama.cpp's CUDA pack (scripts/build-llama-cpp-cuda.sh; carry it to the
+# machine in a call of its own and copy it out of the work tree), run beside gdsrun. QUANT: gdsconv's --quant for the shapes (default q4_0; keep: F16); STREAM=0 skips
 # the streamed runs of stage 3. TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
 #  1. the machine: GPU, driver, nvidia-fs, cuFile mode (`gdsrun doctor`);
 #  2. the tiny architectures (fixtures/tiny-*.gguf, converted here): CUDA vs CPU f32 greedy
@@ -119,6 +120,20 @@ EOF
   done
 done
 
+# llama.cpp with CUDA (the tarball of scripts/build-llama-cpp-cuda.sh, carried in its own
+# transfer) when ANCHOR names it: the same checkpoint converted by its converter, quantized by
+# its llama-quantize, and llama-bench beside gdsrun bench
+L=""
+if [ -n "${ANCHOR:-}" ]; then
+  L="$W/llama" && rm -rf "$L" && mkdir -p "$L"
+  if tar -xJf "$ANCHOR" -C "$L" && [ -x "$L/bin/llama-bench" ]; then
+    LLD="$L/lib:$LD_LIBRARY_PATH"
+    say "anchor: $(head -1 "$L/README")"
+  else
+    say "anchor: cannot unpack $ANCHOR"; L=""
+  fi
+fi
+
 # the checkpoint goes to RAM when /dev/shm has room for a 7B F16 (14 GB), else to the disk
 CK=/dev/shm/gdsllm-ck
 [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -gt 20 ] 2>/dev/null || CK="$W/ck"
@@ -131,12 +146,23 @@ for shape in $SHAPES; do
   M="$W/$shape.gds"
   [ "$QUANT" = q4_0 ] || M="$W/$shape-$QUANT.gds"
   run 300 "convert-$shape" "$C" convert "$CK" "$M" --quant "$QUANT" --force --json || continue
+  if [ -n "$L" ]; then
+    run 300 "gguf-$shape" python3 "$L/py/convert_hf_to_gguf.py" "$CK" --outfile "$W/$shape-f16.gguf" --outtype f16 &&
+      run 180 "quantize-$shape" env LD_LIBRARY_PATH="$LLD" "$L/bin/llama-quantize" "$W/$shape-f16.gguf" "$W/$shape-q4_0.gguf" Q4_0
+  fi
   rm -rf "$CK"
   say "model: $(du -sh "$M" | cut -f1), $(ls "$M/layers" | wc -l) layer files"
   # the plan at the context of the streamed runs below (-c 512): the KV cache takes its share of VRAM
   plan "$M" "$OUT/json/$shape-plan.json" -c 512 || { say "[$shape] cuda plan failed: $(tail -3 "$LOG")"; continue; }
   run 240 "bench-$shape-resident" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  for g in q4_0 f16; do # llama.cpp on the GGUFs of the same checkpoint
+    [ -f "$W/$shape-$g.gguf" ] || continue
+    run 240 "llama-bench-$shape-$g" env LD_LIBRARY_PATH="$LLD" "$L/bin/llama-bench" -m "$W/$shape-$g.gguf" \
+      -p 512 -n 128 -ngl 99 -r 2
+    grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  done
+  rm -f "$W/$shape"-*.gguf
   if [ -x "$W/bin/gdsrun-base" ]; then # the A/B of kernel changes: baseline, then this build again
     run 240 "bench-$shape-resident-base-$(cat "$W/bin/BASELINE")" "$W/bin/gdsrun-base" bench "$M" \
       --backend cuda -p 512 -n 128 -r 2
