@@ -78,8 +78,15 @@ fn matvec_kernels_match_the_dequantized_product_for_every_gpu_dtype() {
     // 37 rows: not a multiple of the 4 rows per block, so the tail block is exercised.
     // 768 columns: three Q4_K/Q6_K super-blocks, 24 Q4_0 blocks (fewer than the 32 lanes).
     // 11 tokens: a chunk of MATVEC_TOKENS (8) carried at once, and a partial one.
-    let (rows, cols, ntok) = (37usize, 768usize, 11usize);
-    for (i, &(dtype, name)) in MATVEC_DTYPES.iter().enumerate() {
+    // 771 columns (float types only): rows that are not whole 8-byte words, element by element.
+    let (rows, ntok) = (37usize, 11usize);
+    let cases = MATVEC_DTYPES.iter().map(|&d| (d, 768usize)).chain(
+        MATVEC_DTYPES
+            .iter()
+            .filter(|(d, _)| d.block_size() == 1)
+            .map(|&d| (d, 771)),
+    );
+    for (i, ((dtype, name), cols)) in cases.enumerate() {
         assert_eq!(
             gds_cuda::kernels::kernel_suffix(dtype),
             Some(name),
