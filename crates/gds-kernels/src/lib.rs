@@ -410,9 +410,15 @@ mod tests {
             })
         ));
         assert!(matches!(
-            quantize(DType::Q4K, &[0f32; 256]),
+            quantize(DType::I32, &[0f32; 256]),
             Err(KernelError::Unsupported { .. })
         ));
+        assert!(matches!(
+            quantize(DType::Q4K, &[0f32; 255]),
+            Err(KernelError::Shape(_))
+        ));
+        // the K-quants quantize (an all-zero super-block is all-zero bytes)
+        assert_eq!(quantize(DType::Q4K, &[0f32; 256]), Ok(vec![0u8; 144]));
         assert!(matches!(
             quantize(DType::Q8_0, &out[..20]),
             Err(KernelError::Shape(_))
