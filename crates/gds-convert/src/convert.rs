@@ -25,26 +25,42 @@ pub enum QuantTarget {
     Keep,
     /// Float matrices to this dtype; 1-D tensors to F32.
     To(DType),
+    /// Float matrices to a mix of K-quants chosen per tensor as llama.cpp does; 1-D tensors
+    /// to F32.
+    Mix(QuantMix),
 }
+
+/// The names `--quant` accepts, for its error message and help.
+pub const QUANT_NAMES: &str =
+    "keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, q4_k_s, q4_k_m, q5_k_s or q5_k_m";
 
 impl FromStr for QuantTarget {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "keep" => Ok(QuantTarget::Keep),
-            other => match DType::from_name(other) {
-                Some(
-                    d @ (DType::F32
-                    | DType::F16
-                    | DType::BF16
-                    | DType::Q8_0
-                    | DType::Q4_0
-                    | DType::Q4_1),
-                ) => Ok(QuantTarget::To(d)),
-                _ => Err(format!(
-                    "unknown --quant {s:?} (expected keep, f32, f16, bf16, q8_0, q4_0 or q4_1)"
-                )),
-            },
+        let lower = s.to_ascii_lowercase();
+        if lower == "keep" {
+            return Ok(QuantTarget::Keep);
+        }
+        if let Some(m) = QuantMix::ALL.iter().find(|m| m.name() == lower) {
+            return Ok(QuantTarget::Mix(*m));
+        }
+        match DType::from_name(&lower) {
+            Some(
+                d @ (DType::F32
+                | DType::F16
+                | DType::BF16
+                | DType::Q8_0
+                | DType::Q4_0
+                | DType::Q4_1
+                | DType::Q5_0
+                | DType::Q5_1
+                | DType::Q2K
+                | DType::Q3K
+                | DType::Q4K
+                | DType::Q5K
+                | DType::Q6K),
+            ) => Ok(QuantTarget::To(d)),
+            _ => Err(format!("unknown --quant {s:?} (expected {QUANT_NAMES})")),
         }
     }
 }
@@ -54,7 +70,157 @@ impl std::fmt::Display for QuantTarget {
         match self {
             QuantTarget::Keep => f.write_str("keep"),
             QuantTarget::To(d) => write!(f, "{d}"),
+            QuantTarget::Mix(m) => f.write_str(m.name()),
         }
+    }
+}
+
+/// llama.cpp's K-quant mixes (`llama-quantize` file types `Q4_K_S`, `Q4_K_M`, `Q5_K_S`,
+/// `Q5_K_M`; its `Q6_K` is `--quant q6_k`: every matrix Q6_K). Without an importance
+/// matrix, for dense (not mixture-of-experts) models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantMix {
+    /// Q4_K; Q5_K for attn_v of the first 4 layers and ffn_down of the first eighth.
+    Q4KS,
+    /// Q4_K; Q6_K for attn_v and ffn_down of the layers `use_more_bits` picks.
+    Q4KM,
+    /// Q5_K.
+    Q5KS,
+    /// Q5_K; Q6_K for attn_v and ffn_down of the layers `use_more_bits` picks.
+    Q5KM,
+}
+
+impl QuantMix {
+    /// Every mix.
+    pub const ALL: [QuantMix; 4] = [
+        QuantMix::Q4KS,
+        QuantMix::Q4KM,
+        QuantMix::Q5KS,
+        QuantMix::Q5KM,
+    ];
+
+    /// The `--quant` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantMix::Q4KS => "q4_k_s",
+            QuantMix::Q4KM => "q4_k_m",
+            QuantMix::Q5KS => "q5_k_s",
+            QuantMix::Q5KM => "q5_k_m",
+        }
+    }
+
+    /// The dtype of the tensors no rule names.
+    pub fn base(self) -> DType {
+        match self {
+            QuantMix::Q4KS | QuantMix::Q4KM => DType::Q4K,
+            QuantMix::Q5KS | QuantMix::Q5KM => DType::Q5K,
+        }
+    }
+}
+
+/// What a mix needs to know about the whole model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MixContext {
+    /// Blocks (layers) of the model.
+    pub n_layer: u32,
+    /// Attention-V tensors (`attn_v`, `attn_qkv`, `attn_kv_b`): one per layer, normally.
+    pub n_attn_v: u32,
+    /// No `output.weight`: the token embedding is the output head too.
+    pub tied: bool,
+}
+
+impl MixContext {
+    /// The context of a model with these tensor names (canonical, i.e. GGUF's).
+    pub fn of<'a>(names: impl IntoIterator<Item = &'a str>) -> MixContext {
+        let mut c = MixContext {
+            tied: true,
+            ..MixContext::default()
+        };
+        for name in names {
+            if let Group::Block(n) = group_of(name) {
+                c.n_layer = c.n_layer.max(n.saturating_add(1));
+            }
+            match category(name) {
+                Category::AttnV => c.n_attn_v += 1,
+                Category::Output => c.tied = false,
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+/// llama.cpp's `tensor_category`, as far as the K mixes use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Category {
+    Output,
+    TokenEmbd,
+    /// attn_v, attn_qkv, attn_kv_b (`category_is_attn_v`).
+    AttnV,
+    FfnDown,
+    Other,
+}
+
+/// llama.cpp's `tensor_get_category` (GGUF tensor names).
+fn category(name: &str) -> Category {
+    if name == "output.weight" {
+        Category::Output
+    } else if name == "token_embd.weight" {
+        Category::TokenEmbd
+    } else if name.contains("attn_qkv.weight")
+        || name.contains("attn_kv_b.weight")
+        || name.contains("attn_v.weight")
+    {
+        Category::AttnV
+    } else if name.contains("ffn_down") {
+        Category::FfnDown
+    } else {
+        Category::Other
+    }
+}
+
+/// llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third
+/// between.
+fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
+    i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer - n_layers / 8) % 3 == 2
+}
+
+/// The dtype `mix` gives the matrix `name` (canonical name) of `cols` columns: llama.cpp's
+/// `llama_tensor_get_type_impl` for these file types, without an importance matrix, for a
+/// dense model (its mixture-of-experts, Falcon and 70B rules do not apply). The layer of an
+/// attn_v or ffn_down tensor is the number in its name (llama.cpp counts them in file order:
+/// the same for a model with one of each per layer). Rows that are not whole blocks of the
+/// result are left to [`output_dtype`]'s rule.
+pub fn mix_dtype(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext) -> DType {
+    use QuantMix::*;
+    let base = mix.base();
+    let cat = category(name);
+    if cat == Category::Output || (ctx.tied && cat == Category::TokenEmbd) {
+        return if !cols.is_multiple_of(base.block_size() as u64) {
+            DType::Q8_0
+        } else {
+            DType::Q6K
+        };
+    }
+    let layer = match group_of(name) {
+        Group::Block(n) => n as i64,
+        _ => 0,
+    };
+    match cat {
+        Category::AttnV => match mix {
+            Q4KM | Q5KM if use_more_bits(layer, ctx.n_attn_v as i64) => DType::Q6K,
+            Q4KS if layer < 4 => DType::Q5K,
+            _ => base,
+        },
+        Category::FfnDown => {
+            let n = ctx.n_layer as i64;
+            match mix {
+                Q4KM | Q5KM if use_more_bits(layer, n) => DType::Q6K,
+                Q4KS if layer < n / 8 => DType::Q5K,
+                _ => base,
+            }
+        }
+        _ => base,
     }
 }
 
@@ -153,35 +319,42 @@ pub fn open_source(input: &Path) -> Result<Source, ConvertError> {
     }
 }
 
-/// The dtype a tensor is written as under `opts`.
-pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions) -> DType {
+/// The dtype a tensor is written as under `opts` (for a mix, in a model described by `ctx`).
+pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions, ctx: &MixContext) -> DType {
+    planned_dtype(t, opts, ctx).0
+}
+
+/// [`output_dtype`], and whether a float matrix stays float because its rows are not whole
+/// blocks of the dtype it was meant to get.
+fn planned_dtype(t: &SourceTensor, opts: &ConvertOptions, ctx: &MixContext) -> (DType, bool) {
     if t.transform == Transform::NormOffset {
-        return DType::F32;
+        return (DType::F32, false);
     }
     if t.shape.len() < 2 && t.dtype.is_float() {
         // norms, biases: F32 under every policy, `keep` included (an F16 checkpoint's norms
         // are F16), as llama.cpp's converter writes them; the CUDA backend reads them as F32
-        return DType::F32;
-    }
-    let target = match opts.quant {
-        QuantTarget::Keep => return t.dtype,
-        QuantTarget::To(d) => d,
-    };
-    if t.dtype.is_quantized() && !opts.requantize {
-        return t.dtype;
-    }
-    if !t.dtype.is_float() && !t.dtype.is_quantized() {
-        return t.dtype; // integer tensors pass through
+        return (DType::F32, false);
     }
     let cols = *t.shape.last().unwrap_or(&0);
+    let target = match opts.quant {
+        QuantTarget::Keep => return (t.dtype, false),
+        QuantTarget::To(d) => d,
+        QuantTarget::Mix(m) => mix_dtype(m, &t.name, cols, ctx),
+    };
+    if t.dtype.is_quantized() && !opts.requantize {
+        return (t.dtype, false);
+    }
+    if !t.dtype.is_float() && !t.dtype.is_quantized() {
+        return (t.dtype, false); // integer tensors pass through
+    }
     if target.is_quantized() && !cols.is_multiple_of(target.block_size() as u64) {
         return if t.dtype.is_float() {
-            t.dtype
+            (t.dtype, true)
         } else {
-            DType::F32
+            (DType::F32, false)
         };
     }
-    target
+    (target, false)
 }
 
 /// The bytes of `t` as written: permuted if the input layout asks, converted to `out`.
@@ -787,18 +960,15 @@ pub fn convert(
         }
     }
     let mut skipped_quant = 0usize;
+    let mix_ctx = MixContext::of(source.tensors.iter().map(|t| t.name.as_str()));
     let plans: Vec<(Group, Vec<(&SourceTensor, DType)>)> = groups
         .iter()
         .map(|(g, ts)| {
             let v = ts
                 .iter()
                 .map(|t| {
-                    let d = output_dtype(t, opts);
-                    if let QuantTarget::To(q) = opts.quant {
-                        if q.is_quantized() && t.shape.len() >= 2 && d != q && t.dtype.is_float() {
-                            skipped_quant += 1;
-                        }
-                    }
+                    let (d, skipped) = planned_dtype(t, opts, &mix_ctx);
+                    skipped_quant += skipped as usize;
                     (*t, d)
                 })
                 .collect();
@@ -902,4 +1072,133 @@ pub fn convert(
         seconds: t0.elapsed().as_secs_f64(),
         warnings,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The matrices of a dense llama with `n` layers (GGUF names).
+    fn llama_names(n: u32, tied: bool) -> Vec<String> {
+        let mut v = vec!["token_embd.weight".to_string()];
+        if !tied {
+            v.push("output.weight".into());
+        }
+        for i in 0..n {
+            for t in [
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            ] {
+                v.push(format!("blk.{i}.{t}.weight"));
+            }
+        }
+        v
+    }
+
+    /// The table llama.cpp's rules give, written out by hand per layer count: which layers'
+    /// attn_v and ffn_down get more bits under Q4_K_M / Q5_K_M (`use_more_bits`: the first
+    /// and last eighth and every third layer between), and under Q4_K_S (attn_v of layers
+    /// 0..4, ffn_down of the first eighth).
+    fn expected(mix: QuantMix, n: u32, name: &str, tied: bool) -> DType {
+        let more: &[u32] = match n {
+            16 => &[0, 1, 4, 7, 10, 13, 14, 15],
+            32 => &[0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31],
+            _ => unreachable!(),
+        };
+        let base = mix.base();
+        if name == "output.weight" || (tied && name == "token_embd.weight") {
+            return DType::Q6K;
+        }
+        let Some(rest) = name.strip_prefix("blk.") else {
+            return base;
+        };
+        let (i, t) = rest.split_once('.').unwrap();
+        let i: u32 = i.parse().unwrap();
+        match (mix, t) {
+            (QuantMix::Q4KM | QuantMix::Q5KM, "attn_v.weight" | "ffn_down.weight")
+                if more.contains(&i) =>
+            {
+                DType::Q6K
+            }
+            (QuantMix::Q4KS, "attn_v.weight") if i < 4 => DType::Q5K,
+            (QuantMix::Q4KS, "ffn_down.weight") if i < n / 8 => DType::Q5K,
+            _ => base,
+        }
+    }
+
+    #[test]
+    fn mixes_choose_per_tensor_as_llama_cpp() {
+        for n in [16, 32] {
+            for tied in [false, true] {
+                let names = llama_names(n, tied);
+                let ctx = MixContext::of(names.iter().map(|s| s.as_str()));
+                assert_eq!(
+                    ctx,
+                    MixContext {
+                        n_layer: n,
+                        n_attn_v: n,
+                        tied
+                    }
+                );
+                for mix in QuantMix::ALL {
+                    let mut counts = BTreeMap::new();
+                    for name in &names {
+                        let got = mix_dtype(mix, name, 4096, &ctx);
+                        let want = expected(mix, n, name, tied);
+                        assert_eq!(got, want, "{} {n} layers, tied {tied}: {name}", mix.name());
+                        *counts.entry(got.name()).or_insert(0) += 1;
+                    }
+                    // the hand table itself: Q4_K_M gives 2 * 8 (16 layers) or 2 * 16 (32)
+                    // tensors Q6_K besides the output head
+                    if mix == QuantMix::Q4KM {
+                        let q6 = counts["q6_k"];
+                        assert_eq!(q6, if n == 16 { 17 } else { 33 }, "{counts:?}");
+                    }
+                }
+            }
+        }
+        // an output head whose rows are not whole 256-blocks gets Q8_0 (llama.cpp's rule)
+        let ctx = MixContext::of(["output.weight", "blk.0.attn_v.weight"]);
+        assert_eq!(
+            mix_dtype(QuantMix::Q4KM, "output.weight", 576, &ctx),
+            DType::Q8_0
+        );
+        // fused QKV (phi3) counts as attn_v
+        let ctx = MixContext::of(["blk.0.attn_qkv.weight", "blk.1.attn_qkv.weight"]);
+        assert_eq!(ctx.n_attn_v, 2);
+        assert_eq!(
+            mix_dtype(QuantMix::Q4KM, "blk.1.attn_qkv.weight", 256, &ctx),
+            DType::Q6K
+        );
+    }
+
+    #[test]
+    fn quant_names_parse() {
+        for (s, want) in [
+            ("q5_0", QuantTarget::To(DType::Q5_0)),
+            ("Q5_1", QuantTarget::To(DType::Q5_1)),
+            ("q2_k", QuantTarget::To(DType::Q2K)),
+            ("q3_k", QuantTarget::To(DType::Q3K)),
+            ("q4_k", QuantTarget::To(DType::Q4K)),
+            ("q5_k", QuantTarget::To(DType::Q5K)),
+            ("q6_k", QuantTarget::To(DType::Q6K)),
+            ("q4_k_m", QuantTarget::Mix(QuantMix::Q4KM)),
+            ("Q4_K_S", QuantTarget::Mix(QuantMix::Q4KS)),
+            ("q5_k_m", QuantTarget::Mix(QuantMix::Q5KM)),
+            ("q5_k_s", QuantTarget::Mix(QuantMix::Q5KS)),
+        ] {
+            let got: QuantTarget = s.parse().unwrap();
+            assert_eq!(got, want, "{s}");
+            assert_eq!(got.to_string(), s.to_ascii_lowercase());
+        }
+        for bad in ["q8_k", "q8_1", "i32", "q4_k_l", ""] {
+            let e = bad.parse::<QuantTarget>().unwrap_err();
+            assert!(e.contains("q4_k_m"), "{e}");
+        }
+    }
 }

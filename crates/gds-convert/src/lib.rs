@@ -14,7 +14,8 @@ pub mod tokenizer;
 pub mod validate;
 
 pub use convert::{
-    convert, open_source, ConvertOptions, ConvertSummary, NoProgress, Progress, QuantTarget,
+    convert, open_source, ConvertOptions, ConvertSummary, NoProgress, Progress, QuantMix,
+    QuantTarget,
 };
 pub use error::{ConvertError, ErrorKind};
 pub use validate::{validate_dir, Depth, Report};

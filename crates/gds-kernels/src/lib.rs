@@ -7,6 +7,7 @@ pub mod blocks;
 mod dequant;
 mod matmul;
 mod quant;
+mod quant_k;
 pub mod scalar;
 
 use blocks::*;
@@ -19,6 +20,10 @@ pub use matmul::{isa_cap, matmul_many_with, set_isa_cap, Isa};
 pub use quant::{
     quantize_block_q4_0, quantize_block_q4_1, quantize_block_q5_0, quantize_block_q5_1,
     quantize_block_q8_0, quantize_block_q8_1, quantize_block_q8_k,
+};
+pub use quant_k::{
+    quantize_block_q2_k, quantize_block_q3_k, quantize_block_q4_k, quantize_block_q5_k,
+    quantize_block_q6_k,
 };
 
 /// Errors from kernels: only ever about unsupported dtypes or mismatched lengths.
@@ -199,8 +204,9 @@ fn quant_elementwise(src: &[f32], width: usize, f: fn(&[f32], &mut [u8])) -> Vec
 ///
 /// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are byte-identical to gguf-py's
 /// `gguf.quants.quantize` (ggml's reference quantizers); Q8_1 and Q8_K follow ggml's
-/// `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref`. `src.len()` must be a whole number of
-/// blocks. Large inputs are quantized in parallel on the current rayon pool.
+/// `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref`, and Q2_K..Q6_K are byte-identical to
+/// ggml's `quantize_row_q{2..6}_K_ref` (no importance matrix). `src.len()` must be a whole
+/// number of blocks. Large inputs are quantized in parallel on the current rayon pool.
 pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>, KernelError> {
     if !src.len().is_multiple_of(dtype.block_size()) {
         return Err(KernelError::Shape(format!(
@@ -220,6 +226,11 @@ pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>, KernelError> {
         DType::Q8_0 => quant_typed(src, QK, quantize_block_q8_0),
         DType::Q8_1 => quant_typed(src, QK, quantize_block_q8_1),
         DType::Q8K => quant_typed(src, QK_K, quantize_block_q8_k),
+        DType::Q2K => quant_typed(src, QK_K, quantize_block_q2_k),
+        DType::Q3K => quant_typed(src, QK_K, quantize_block_q3_k),
+        DType::Q4K => quant_typed(src, QK_K, quantize_block_q4_k),
+        DType::Q5K => quant_typed(src, QK_K, quantize_block_q5_k),
+        DType::Q6K => quant_typed(src, QK_K, quantize_block_q6_k),
         _ => {
             return Err(KernelError::Unsupported {
                 op: "quantize",
@@ -399,9 +410,15 @@ mod tests {
             })
         ));
         assert!(matches!(
-            quantize(DType::Q4K, &[0f32; 256]),
+            quantize(DType::I32, &[0f32; 256]),
             Err(KernelError::Unsupported { .. })
         ));
+        assert!(matches!(
+            quantize(DType::Q4K, &[0f32; 255]),
+            Err(KernelError::Shape(_))
+        ));
+        // the K-quants quantize (an all-zero super-block is all-zero bytes)
+        assert_eq!(quantize(DType::Q4K, &[0f32; 256]), Ok(vec![0u8; 144]));
         assert!(matches!(
             quantize(DType::Q8_0, &out[..20]),
             Err(KernelError::Shape(_))

@@ -164,6 +164,112 @@ fn quantization_options() {
 }
 
 #[test]
+fn k_quant_options_and_mixes() {
+    // tiny-llama-hf: hidden 64, so most matrices' rows are not whole 256-value super-blocks
+    // and stay as stored (BF16, with a warning); ffn_down's rows (ffn 256) are.
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = fixture("tiny-llama-hf");
+    let base = tensors_f32(&{
+        let d = tmp.path().join("f32.gds");
+        ok(&convert(&hf, &d, &["--quant", "f32"]));
+        d
+    });
+    let stored = tensors_f32(&{
+        let d = tmp.path().join("keep.gds");
+        ok(&convert(&hf, &d, &["--quant", "keep"]));
+        d
+    });
+    let ffn_down = |n: &str| n.ends_with("ffn_down.weight");
+    type Want = fn(&str) -> Option<DType>;
+    let cases: [(&str, Want, f32); 7] = [
+        ("q5_0", |_| Some(DType::Q5_0), 0.08),
+        ("q5_1", |_| Some(DType::Q5_1), 0.05),
+        (
+            "q4_k",
+            |n| n.ends_with("ffn_down.weight").then_some(DType::Q4K),
+            0.15,
+        ),
+        (
+            "q5_k",
+            |n| n.ends_with("ffn_down.weight").then_some(DType::Q5K),
+            0.08,
+        ),
+        (
+            "q6_k",
+            |n| n.ends_with("ffn_down.weight").then_some(DType::Q6K),
+            0.04,
+        ),
+        (
+            "q3_k",
+            |n| n.ends_with("ffn_down.weight").then_some(DType::Q3K),
+            0.35,
+        ),
+        // 2 layers: use_more_bits picks layer 1 (the last eighth); the output head's rows
+        // are not whole 256-blocks, so llama.cpp's rule gives it Q8_0
+        (
+            "q4_k_m",
+            |n| match n {
+                "blk.0.ffn_down.weight" => Some(DType::Q4K),
+                "blk.1.ffn_down.weight" => Some(DType::Q6K),
+                "output.weight" => Some(DType::Q8_0),
+                _ => None,
+            },
+            0.15,
+        ),
+    ];
+    for (q, want, tol) in cases {
+        let d = tmp.path().join(format!("{q}.gds"));
+        let o = convert(&hf, &d, &["--quant", q]);
+        ok(&o);
+        valid(&d);
+        let got = tensors_f32(&d);
+        let mut kept = 0;
+        for (name, (dtype, shape, v)) in &got {
+            let (_, _, b) = &base[name];
+            let expect = if shape.len() == 1 {
+                DType::F32
+            } else {
+                want(name).unwrap_or_else(|| {
+                    kept += 1;
+                    stored[name].0
+                })
+            };
+            assert_eq!(*dtype, expect, "{q} {name}");
+            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+            assert!(
+                max_abs_diff(v, b) <= scale * tol,
+                "{q} {name}: {}",
+                max_abs_diff(v, b) / scale
+            );
+        }
+        assert!(got.keys().any(|n| ffn_down(n)));
+        let warned = stderr(&o).contains("kept as float");
+        assert_eq!(warned, kept > 0, "{q}: {kept} kept: {}", stderr(&o));
+        assert_eq!(
+            Manifest::parse(&std::fs::read(d.join(MANIFEST_FILE)).unwrap())
+                .unwrap()
+                .get_str("convert.quant")
+                .unwrap(),
+            q
+        );
+    }
+    // the mixed model runs
+    let o = run(
+        "gdsrun",
+        &[
+            tmp.path().join("q4_k_m.gds").to_str().unwrap(),
+            "-p",
+            "Hello",
+            "--temp",
+            "0",
+            "--max-tokens",
+            "3",
+        ],
+    );
+    ok(&o);
+}
+
+#[test]
 fn bad_fixture_files_fail_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
     let expect = [

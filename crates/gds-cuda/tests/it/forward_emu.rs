@@ -352,7 +352,7 @@ impl Model {
         let bytes = match gds_kernels::quantize(dtype, &vals) {
             Ok(b) => b,
             Err(_) => {
-                // Q4_K / Q5_K / Q6_K have no quantizer: random blocks with small scales.
+                // a dtype without a quantizer (none of the GPU dtypes now): random blocks with small scales.
                 let size = dtype.type_size();
                 let mut b: Vec<u8> =
                     values(rows * cols / dtype.block_size() * size, self.seed + 999)

@@ -102,3 +102,59 @@ fn quantized_goldens_dequantize_consistently() {
         }
     }
 }
+
+#[test]
+fn k_quantize_matches_ggml() {
+    // goldens from ggml's own quantize_row_q{2..6}_K_ref (scripts/gen_quant_goldens.py)
+    let input = f32s(&fixture("qk.in.f32"));
+    for dtype in [DType::Q2K, DType::Q3K, DType::Q4K, DType::Q5K, DType::Q6K] {
+        let want = fixture(&format!("qk_{}.out.bin", dtype.name()));
+        let got = quantize(dtype, &input).unwrap();
+        assert_eq!(got.len(), want.len(), "{dtype}");
+        let ts = dtype.type_size();
+        for (i, (g, w)) in got.chunks(ts).zip(want.chunks(ts)).enumerate() {
+            assert_eq!(g, w, "{dtype} super-block {i} differs from ggml");
+        }
+    }
+}
+
+#[test]
+fn k_quantize_round_trips() {
+    // our K-quant bytes, dequantized by us, land near the input: the error of each value is
+    // within its sub-block's step (which depends on the sub-block's own range)
+    let input = f32s(&fixture("qk.in.f32"));
+    for (dtype, sub, steps) in [
+        (DType::Q2K, 16, 3.0f32),
+        (DType::Q3K, 16, 7.0),
+        (DType::Q4K, 32, 15.0),
+        (DType::Q5K, 32, 31.0),
+        (DType::Q6K, 16, 63.0),
+    ] {
+        let q = quantize(dtype, &input).unwrap();
+        let mut back = vec![f32::NAN; input.len()];
+        dequantize(dtype, &q, &mut back).unwrap();
+        let mut worst = 0f32;
+        for (sb_in, sb_out) in input.chunks(256).zip(back.chunks(256)) {
+            let amax = sb_in.iter().fold(0f32, |a, v| a.max(v.abs()));
+            if !(1e-2..=1e4).contains(&amax) {
+                continue; // f16 super-block scales underflow or overflow there
+            }
+            for (bi, bo) in sb_in.chunks(sub).zip(sb_out.chunks(sub)) {
+                let (lo, hi) = bi
+                    .iter()
+                    .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                // the sub-block's own step, plus the 6-bit (or 4-bit) rounding of its scale
+                // against the super-block's largest
+                let tol = (hi - lo) / steps * 1.5 + amax / 8.0;
+                for (a, b) in bi.iter().zip(bo) {
+                    assert!(
+                        b.is_finite() && (a - b).abs() <= tol,
+                        "{dtype}: {a} -> {b} (tol {tol})"
+                    );
+                    worst = worst.max((a - b).abs() / amax);
+                }
+            }
+        }
+        assert!(worst > 0.0, "{dtype}: nothing compared");
+    }
+}

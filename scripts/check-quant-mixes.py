@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""`gdsconv convert --quant q4_k_m` (and the other K mixes) against llama.cpp's `llama-quantize`.
+
+Writes small random f32 llama GGUFs (16 and 32 layers, untied, and 16 layers tied), quantizes
+each with `llama-quantize` to Q4_K_M, Q4_K_S, Q5_K_M and Q5_K_S (and the 16-layer one with
+`--pure` to each single type gdsconv offers from Q5_0 to Q6_K), converts each with
+`gdsconv convert --quant <name>`, and compares every tensor: the type llama.cpp chose and the
+bytes it wrote must equal ours. Exit 1 on any difference.
+
+    cargo build --profile ci -p gdsconv
+    scripts/build-llama-cpp.sh        # .cache/llama.cpp/build/bin/llama-quantize
+    python3 scripts/check-quant-mixes.py [--gdsconv target/ci/gdsconv]
+        [--llama-quantize .cache/llama.cpp/build/bin/llama-quantize] [--work DIR]
+
+Needs numpy and gguf-py (llama.cpp's, importable from .cache/llama.cpp/src/llama.cpp/gguf-py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / ".cache/llama.cpp/src/llama.cpp/gguf-py"))
+import gguf  # noqa: E402
+
+# (llama-quantize type, extra flags, gdsconv --quant)
+MIXES = [(m, [], m.lower()) for m in ["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S"]]
+# one type for every matrix: --pure (the mix's base type everywhere)
+PURE = [("Q2_K", "q2_k"), ("Q3_K_M", "q3_k"), ("Q4_K_M", "q4_k"), ("Q5_K_M", "q5_k"),
+        ("Q6_K", "q6_k"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1")]
+E, F, V = 256, 512, 512
+
+
+def make_gguf(path: pathlib.Path, n_layer: int, tied: bool) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(n_layer)
+    w.add_context_length(128)
+    w.add_embedding_length(E)
+    w.add_feed_forward_length(F)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(E // 2)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(V)])
+    w.add_token_types([1] * V)
+    rng = np.random.default_rng(n_layer * 2 + tied)
+
+    def mat(name: str, rows: int, cols: int) -> None:
+        w.add_tensor(name, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32))
+
+    mat("token_embd.weight", V, E)
+    if not tied:
+        mat("output.weight", V, E)
+    w.add_tensor("output_norm.weight", np.ones(E, np.float32))
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(E, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(E, np.float32))
+        for name, rows, cols in [("attn_q", E, E), ("attn_k", E, E), ("attn_v", E, E),
+                                 ("attn_output", E, E), ("ffn_gate", F, E), ("ffn_up", F, E),
+                                 ("ffn_down", E, F)]:
+            mat(f"blk.{i}.{name}.weight", rows, cols)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gdsconv", default=str(ROOT / "target/ci/gdsconv"))
+    ap.add_argument("--llama-quantize", default=str(ROOT / ".cache/llama.cpp/build/bin/llama-quantize"))
+    ap.add_argument("--work", help="keep the files here (default: a temporary directory)")
+    a = ap.parse_args()
+    work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="quant-mixes-"))
+    work.mkdir(parents=True, exist_ok=True)
+    tokenizer = ROOT / "fixtures/tiny-llama-hf/tokenizer.json"  # the GGUF's toy vocabulary exports no tokenizer
+    bad = 0
+    for n_layer, tied in [(16, False), (32, False), (16, True)]:
+        src = work / f"l{n_layer}{'t' if tied else ''}.gguf"
+        make_gguf(src, n_layer, tied)
+        runs = MIXES + ([(t, ["--pure"], q) for t, q in PURE] if (n_layer, tied) == (16, False) else [])
+        for mix, flags, quant in runs:
+            ref = src.with_name(f"{src.stem}-{quant}.gguf")
+            subprocess.run([a.llama_quantize, *flags, str(src), str(ref), mix, "2"], check=True,
+                           capture_output=True)
+            out = src.with_name(f"{src.stem}-{quant}.gds")
+            subprocess.run([a.gdsconv, "convert", str(src), str(out), "--quant", quant,
+                            "--tokenizer", str(tokenizer), "--force"], check=True,
+                           capture_output=True)
+            ins = json.loads(subprocess.run([a.gdsconv, "inspect", str(out), "--json", "--tensors"],
+                                            check=True, capture_output=True, text=True).stdout)
+            files = {l["name"]: l["file"] for l in ins["layers"]}
+            ours = {t["name"]: t for t in ins["tensors"]}
+            types: dict[str, int] = {}
+            diffs = 0
+            for rt in gguf.GGUFReader(str(ref)).tensors:
+                o = ours[rt.name]
+                want = rt.tensor_type.name.lower()
+                types[want] = types.get(want, 0) + 1
+                if o["dtype"] != want:
+                    print(f"  {rt.name}: ours {o['dtype']}, llama-quantize {want}")
+                    diffs += 1
+                    continue
+                with open(os.path.join(out, files[o["layer"]]), "rb") as f:
+                    f.seek(o["offset"])
+                    if f.read(o["nbytes"]) != rt.data.tobytes():
+                        print(f"  {rt.name}: {want} bytes differ")
+                        diffs += 1
+            print(f"{src.stem} {quant}: {sum(types.values())} tensors {types}, {diffs} differences")
+            bad += diffs
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
