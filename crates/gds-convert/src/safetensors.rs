@@ -159,14 +159,14 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         });
     };
 
-    let hp = llama_hparams(&cfg, &raw, &mut metadata, &mut warnings)?;
+    let (tie_in_config, longrope) = llama_hparams(&cfg, &raw, &mut metadata, &mut warnings)?;
     family_hparams(&cfg, spec, &mut metadata)?;
     metadata.insert(
         "general.architecture".into(),
         MetaValue::Str(spec.family.clone()),
     );
-    let mut tensors = map_llama(input, raw, &hp, spec, &mut warnings)?;
-    if let Some(lr) = &hp.longrope {
+    let mut tensors = map_llama(input, raw, &metadata, tie_in_config, spec, &mut warnings)?;
+    if let Some(lr) = &longrope {
         longrope_tensors(&cfg, spec, &metadata, lr, &mut tensors)?;
     }
     let hparam_origin = [
@@ -953,18 +953,14 @@ fn no_config(
     })
 }
 
-/// The llama hyperparameters the tensor mapping needs.
-struct Hparams {
-    n_layers: u64,
-    n_heads: u64,
-    n_kv_heads: u64,
-    head_dim: u64,
-    n_ff: u64,
-    vocab: u64,
-    /// `tie_word_embeddings` as config.json says (absent: false, as in `LlamaConfig`).
-    tie_in_config: bool,
-    /// LongRoPE factors (`rope_type` longrope), written as llama.cpp's tensors.
-    longrope: Option<LongRope>,
+/// A `model.*` count written into the metadata by [`llama_hparams`] (the one record of the
+/// hyperparameters during conversion; the manifest's `gds_format::arch::Hparams` is read
+/// from it).
+fn md_u64(md: &Metadata, key: &str) -> Option<u64> {
+    match md.get(key) {
+        Some(MetaValue::U64(v)) => Some(*v),
+        _ => None,
+    }
 }
 
 /// LongRoPE's per-pair frequency divisors from config.json (Phi-3.5, Phi-4-mini).
@@ -973,12 +969,16 @@ struct LongRope {
     short: Vec<f32>,
 }
 
+/// Writes the `model.*` hyperparameters of config.json into `md`; returns what the tensor
+/// mapping needs besides them: `tie_word_embeddings` as config.json says (absent: false, as
+/// in `LlamaConfig`) and the LongRoPE factors (`rope_type` longrope), written as llama.cpp's
+/// tensors.
 fn llama_hparams(
     cfg: &Config,
     raw: &[RawTensor],
     md: &mut Metadata,
     warnings: &mut Vec<String>,
-) -> Result<Hparams> {
+) -> Result<(bool, Option<LongRope>)> {
     let n_embd = cfg.u64_req("hidden_size")?;
     let n_layers = cfg.u64_req("num_hidden_layers")?;
     let n_heads = cfg.u64_req("num_attention_heads")?;
@@ -1055,16 +1055,7 @@ fn llama_hparams(
         MetaValue::Bool(tie_in_config || !has_lm_head),
     );
     let longrope = rope_scaling(cfg, md)?;
-    Ok(Hparams {
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        n_ff,
-        vocab,
-        tie_in_config,
-        longrope,
-    })
+    Ok((tie_in_config, longrope))
 }
 
 /// `rope_scaling` (or transformers 5's `rope_parameters`): `default`/null mean none;
@@ -1307,10 +1298,19 @@ fn window_pattern(cfg: &Config) -> Result<u64> {
 fn map_llama(
     input: &Path,
     raw: Vec<RawTensor>,
-    hp: &Hparams,
+    md: &Metadata,
+    tie_in_config: bool,
     spec: &FamilySpec,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<SourceTensor>> {
+    let dim = |k: &str| md_u64(md, k).unwrap_or(0);
+    let (n_layers, n_heads, n_kv_heads, head_dim, vocab) = (
+        dim("model.n_layers"),
+        dim("model.n_heads"),
+        dim("model.n_kv_heads"),
+        dim("model.head_dim"),
+        dim("model.vocab_size"),
+    );
     let mut out = Vec::with_capacity(raw.len());
     let mut ignored = BTreeSet::new();
     let mut unmapped = Vec::new();
@@ -1323,7 +1323,7 @@ fn map_llama(
             ignored.insert(t.name);
             continue;
         }
-        if t.name == "lm_head.weight" && hp.tie_in_config {
+        if t.name == "lm_head.weight" && tie_in_config {
             warnings.push(format!(
                 "{}: lm_head.weight dropped: tie_word_embeddings is true, so the output \
                  projection is the token embedding",
@@ -1348,11 +1348,11 @@ fn map_llama(
             .find(|p| match_pattern(p, &canonical).is_some())
         {
             let (n_head, key) = if pat.contains("attn_k") {
-                (hp.n_kv_heads, "num_key_value_heads")
+                (n_kv_heads, "num_key_value_heads")
             } else {
-                (hp.n_heads, "num_attention_heads")
+                (n_heads, "num_attention_heads")
             };
-            let want = n_head * hp.head_dim;
+            let want = n_head * head_dim;
             let rows = t.shape.first().copied().unwrap_or(0);
             let shape_ok = match t.shape.len() {
                 1 => pat.ends_with(".bias"),
@@ -1366,7 +1366,7 @@ fn map_llama(
                     reason: format!(
                         "shape {:?} does not fit config.json: expected {want} rows \
                          ({key} {n_head} × head_dim {}), an even number per head",
-                        t.shape, hp.head_dim
+                        t.shape, head_dim
                     ),
                 });
             }
@@ -1375,13 +1375,13 @@ fn map_llama(
         if FamilySpec::matches(&spec.hf_norm_offset, &canonical) {
             transform = Transform::NormOffset;
         }
-        if canonical == "token_embd.weight" && t.shape.first() != Some(&hp.vocab) {
+        if canonical == "token_embd.weight" && t.shape.first() != Some(&vocab) {
             return Err(SafetensorsError::Tensor {
                 path: t.file.path.clone(),
                 tensor: t.name.clone(),
                 reason: format!(
                     "shape {:?} does not match config.json's vocab_size {}",
-                    t.shape, hp.vocab
+                    t.shape, vocab
                 ),
             });
         }
@@ -1402,11 +1402,8 @@ fn map_llama(
             unmapped.join(", ")
         ));
     }
-    crate::source::split_fused(&mut out, spec, |sym| match sym {
-        "q" => hp.n_heads.checked_mul(hp.head_dim),
-        "kv" => hp.n_kv_heads.checked_mul(hp.head_dim),
-        "ff" => Some(hp.n_ff),
-        _ => None,
+    crate::source::split_fused(&mut out, spec, |sym| {
+        gds_format::arch::shape_symbol(sym, |k| md_u64(md, k))
     })
     .map_err(|e| SafetensorsError::Tensor {
         path: e.path,
@@ -1419,7 +1416,7 @@ fn map_llama(
         .global
         .iter()
         .map(|p| (p, None))
-        .chain((0..hp.n_layers).flat_map(|n| {
+        .chain((0..n_layers).flat_map(|n| {
             spec.required_tensors
                 .block
                 .iter()

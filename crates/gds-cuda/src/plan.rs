@@ -9,6 +9,7 @@
 
 use crate::kernels::kernel_suffix;
 use crate::GpuError;
+use gds_format::arch::{Hparams, RopeScaling, RopeStyle};
 use gds_format::{layer_kind, DType, Manifest};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -46,9 +47,8 @@ pub struct Shape {
     pub rope_dims: usize,
     /// RoPE rotates the halves of a head (NEOX) rather than adjacent pairs.
     pub rope_neox: bool,
-    /// `model.rope_scaling.type` (`none`, `linear`, `llama3`): scaled tables must come from
-    /// the runtime.
-    pub rope_scaling: String,
+    /// The manifest's RoPE scaling: scaled tables must come from the runtime.
+    pub rope_scaling: RopeScaling,
     /// Per block: the sliding window (a query at position p sees keys above p − window),
     /// 0 for a block that attends to the whole context.
     pub windows: Vec<usize>,
@@ -104,7 +104,7 @@ fn model_err(msg: impl Into<String>) -> GpuError {
 }
 
 /// The hyperparameters, read through the format's one typed, range-checked reader
-/// (`gds_format::arch`): every dimension is at most 2^24, so the conversions cannot truncate.
+/// (`gds_format::arch`).
 fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
     let arch = m.get_str("general.architecture").unwrap_or("?");
     let h = gds_format::arch::hparams(m, arch).map_err(|errs| {
@@ -115,32 +115,36 @@ fn read_shape(m: &Manifest<'_>) -> Result<Shape, GpuError> {
                 .join("; "),
         )
     })?;
-    let u = |v: u64| usize::try_from(v).map_err(|_| model_err(format!("{v} is too large")));
-    Ok(Shape {
-        n_layers: u(h.n_layers)?,
-        n_embd: u(h.n_embd)?,
-        n_heads: u(h.n_heads)?,
-        n_kv_heads: u(h.n_kv_heads)?,
-        head_dim: u(h.head_dim)?,
-        n_ff: u(h.n_ff)?,
-        vocab: u(h.vocab_size)?,
-        eps: h.rms_norm_eps as f32,
-        rope_theta: h.rope_theta,
-        rope_dims: u(h.rope_dims)?,
-        rope_neox: h.rope_style == gds_format::arch::RopeStyle::Neox,
-        rope_scaling: match h.rope_scaling {
-            gds_format::arch::RopeScaling::None => "none",
-            gds_format::arch::RopeScaling::Linear { .. } => "linear",
-            gds_format::arch::RopeScaling::Llama3 { .. } => "llama3",
-        }
-        .to_string(),
-        windows: (0..h.n_layers)
-            .map(|il| match h.sliding_window {
-                Some(w) if h.is_window_layer(il) => u(w),
-                _ => Ok(0),
-            })
-            .collect::<Result<_, _>>()?,
-    })
+    Shape::from_hparams(&h)
+}
+
+impl Shape {
+    /// The executor's view of the format's [`Hparams`] (its only source: nothing here reads
+    /// a manifest key). Every dimension there is at most 2^24, so the conversions cannot
+    /// truncate.
+    pub fn from_hparams(h: &Hparams) -> Result<Shape, GpuError> {
+        let u = |v: u64| usize::try_from(v).map_err(|_| model_err(format!("{v} is too large")));
+        Ok(Shape {
+            n_layers: u(h.n_layers)?,
+            n_embd: u(h.n_embd)?,
+            n_heads: u(h.n_heads)?,
+            n_kv_heads: u(h.n_kv_heads)?,
+            head_dim: u(h.head_dim)?,
+            n_ff: u(h.n_ff)?,
+            vocab: u(h.vocab_size)?,
+            eps: h.rms_norm_eps as f32,
+            rope_theta: h.rope_theta,
+            rope_dims: u(h.rope_dims)?,
+            rope_neox: h.rope_style == RopeStyle::Neox,
+            rope_scaling: h.rope_scaling,
+            windows: (0..h.n_layers)
+                .map(|il| match h.sliding_window {
+                    Some(w) if h.is_window_layer(il) => u(w),
+                    _ => Ok(0),
+                })
+                .collect::<Result<_, _>>()?,
+        })
+    }
 }
 
 fn size(v: u64, what: &str) -> Result<usize, GpuError> {
@@ -617,6 +621,52 @@ mod tests {
         // Exactly the all-resident budget needs no slots either.
         let p = plan_vram(&SIZES, 0, 5, &BLOCKS, 40, 230).unwrap();
         assert_eq!(p.slot_bytes, 0);
+    }
+
+    /// The executor's shape is a view of the format's hyperparameters: the scaling rule
+    /// itself (not a name), the window of every block by the format's rule.
+    #[test]
+    fn shape_is_a_view_of_the_format_hparams() {
+        let h = gds_format::arch::Hparams {
+            arch: "gemma3".into(),
+            n_layers: 7,
+            n_embd: 64,
+            n_heads: 4,
+            n_kv_heads: 2,
+            n_ff: 128,
+            vocab_size: 100,
+            context_length: 512,
+            head_dim: 16,
+            rope_theta: 1e6,
+            rope_scaling: RopeScaling::Linear { factor: 8.0 },
+            rope_dims: 12,
+            rope_attn_factor: None,
+            rope_original_context: None,
+            rms_norm_eps: 1e-6,
+            tie_embeddings: true,
+            bos_token_id: Some(2),
+            eos_token_id: Some(1),
+            add_bos: true,
+            rope_style: RopeStyle::Neox,
+            sliding_window: Some(32),
+            sliding_window_pattern: 3,
+            rope_theta_local: Some(1e4),
+            query_pre_attn_scalar: Some(256.0),
+            attn_softcap: None,
+            final_softcap: Some(30.0),
+        };
+        let s = Shape::from_hparams(&h).unwrap();
+        assert_eq!(
+            (s.n_layers, s.n_embd, s.n_heads, s.n_kv_heads),
+            (7, 64, 4, 2)
+        );
+        assert_eq!(
+            (s.head_dim, s.n_ff, s.vocab, s.rope_dims),
+            (16, 128, 100, 12)
+        );
+        assert_eq!((s.eps, s.rope_theta, s.rope_neox), (1e-6, 1e6, true));
+        assert_eq!(s.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!(s.windows, vec![32, 32, 0, 32, 32, 0, 32]);
     }
 
     #[test]

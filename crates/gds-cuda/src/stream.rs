@@ -13,6 +13,7 @@
 use crate::forward::{BlockGraph, Device, Pass, Scratch};
 use crate::plan::{next_loads, schedule, KvSpec, Layout, Step, VramPlan};
 use crate::GpuError;
+use gds_format::arch::{RopeFreqs, RopeScaling};
 use std::path::Path;
 use std::time::Instant;
 
@@ -162,21 +163,6 @@ fn model_err(msg: impl Into<String>) -> GpuError {
     GpuError::Model(msg.into())
 }
 
-/// Plain RoPE tables `[ctx][rope_dims / 2]`, as the CPU `RopeTable` builds them unscaled.
-pub fn rope_tables(rope_dims: usize, ctx: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
-    let (half, head_dim) = (rope_dims / 2, rope_dims);
-    let mut cos = Vec::with_capacity(ctx * half);
-    let mut sin = Vec::with_capacity(ctx * half);
-    for pos in 0..ctx {
-        for i in 0..half {
-            let a = pos as f64 * theta.powf(-((2 * i) as f64) / head_dim as f64);
-            cos.push(a.cos() as f32);
-            sin.push(a.sin() as f32);
-        }
-    }
-    (cos, sin)
-}
-
 impl<V: Vram> Streamer<V> {
     /// Lays the model in `dir` out on `vram` within `opts.vram_budget` and loads the
     /// resident layers; `graph` is what each block runs.
@@ -197,10 +183,10 @@ impl<V: Vram> Streamer<V> {
         mut vram: V,
         graph: Box<dyn BlockGraph>,
     ) -> Result<Streamer<V>, GpuError> {
-        if layout.shape.rope_scaling != "none" && opts.rope.is_empty() {
+        if layout.shape.rope_scaling != RopeScaling::None && opts.rope.is_empty() {
             return Err(model_err(format!(
                 "RoPE scaling `{}`: pass the runtime's tables in the options' rope",
-                layout.shape.rope_scaling
+                layout.shape.rope_scaling.name()
             )));
         }
         let (s, ctx) = (&layout.shape, opts.ctx);
@@ -254,7 +240,14 @@ impl<V: Vram> Streamer<V> {
             tile: f32_buf(layout.max_weight_elements())?,
         };
         let tables = match opts.rope.is_empty() {
-            true => vec![rope_tables(s.rope_dims, ctx, s.rope_theta)],
+            // plain RoPE (scaled models were refused above): the one builder of the format
+            true => vec![gds_format::arch::rope_tables(
+                s.rope_dims,
+                ctx,
+                s.rope_theta,
+                RopeFreqs::Scaled(RopeScaling::None),
+                None,
+            )],
             false => opts.rope.clone(),
         };
         let half = s.rope_dims / 2;

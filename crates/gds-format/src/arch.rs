@@ -201,6 +201,120 @@ pub enum RopeScaling {
     },
 }
 
+impl RopeScaling {
+    /// The manifest's name of the rule (`model.rope_scaling.type`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            RopeScaling::None => "none",
+            RopeScaling::Linear { .. } => "linear",
+            RopeScaling::Llama3 { .. } => "llama3",
+        }
+    }
+}
+
+/// Per-pair frequency divisors of Llama 3.1 rope scaling for heads rotating `rope_dims`
+/// dimensions, as `convert_hf_to_gguf.py` writes them into `rope_freqs.weight` (and
+/// llama.cpp divides the angle by them): pairs whose wavelength is below
+/// `original_ctx / high` are kept, above `original_ctx / low` divided by `factor`, and
+/// smoothly interpolated between.
+pub fn llama3_freq_factors(
+    rope_dims: usize,
+    theta: f64,
+    factor: f64,
+    low: f64,
+    high: f64,
+    original_ctx: f64,
+) -> Vec<f64> {
+    let low_wavelen = original_ctx / low;
+    let high_wavelen = original_ctx / high;
+    (0..rope_dims / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf((2 * i) as f64 / rope_dims as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (original_ctx / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+/// Where the per-pair frequencies of a RoPE table come from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeFreqs<'a> {
+    /// `theta^(-2i/rope_dims)` stretched by a scaling rule of the manifest.
+    Scaled(RopeScaling),
+    /// `theta^(-2i/rope_dims) / divisors[i]`: the model's own per-pair factors (a GGUF's
+    /// `rope_freqs.weight`, LongRoPE's long or short factors), at least `rope_dims / 2` of
+    /// them (the weight loader checks their length). The manifest's scaling is not applied.
+    Divisors(&'a [f32]),
+}
+
+/// The angular frequency of each rotated pair (`rope_dims / 2` of them): position `p`
+/// rotates pair `i` by `p · rope_inv_freq(..)[i]`. The one place RoPE frequencies are
+/// computed, for the CPU runtime and the CUDA backend alike.
+pub fn rope_inv_freq(rope_dims: usize, theta: f64, freqs: RopeFreqs<'_>) -> Vec<f64> {
+    let half = rope_dims / 2;
+    let base = |i: usize| theta.powf(-((2 * i) as f64) / rope_dims as f64);
+    match freqs {
+        RopeFreqs::Scaled(RopeScaling::None) => (0..half).map(base).collect(),
+        RopeFreqs::Scaled(RopeScaling::Linear { factor }) => {
+            (0..half).map(|i| (1.0 / factor) * base(i)).collect()
+        }
+        RopeFreqs::Scaled(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context_length,
+        }) => llama3_freq_factors(
+            rope_dims,
+            theta,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context_length,
+        )
+        .iter()
+        .enumerate()
+        .map(|(i, f)| base(i) / f)
+        .collect(),
+        RopeFreqs::Divisors(d) => (0..half).map(|i| base(i) / d[i] as f64).collect(),
+    }
+}
+
+/// The RoPE `cos` and `sin` tables, `[ctx][rope_dims / 2]` each (row `p` is position `p`),
+/// computed in f64 and stored as f32, both multiplied by `attn_factor` when given
+/// (LongRoPE's attention factor, llama.cpp's `attn_factor`). What the CPU `RopeTable` holds
+/// and what the GPU `rope` kernel reads.
+pub fn rope_tables(
+    rope_dims: usize,
+    ctx: usize,
+    theta: f64,
+    freqs: RopeFreqs<'_>,
+    attn_factor: Option<f32>,
+) -> (Vec<f32>, Vec<f32>) {
+    let inv_freq = rope_inv_freq(rope_dims, theta, freqs);
+    let n = ctx.saturating_mul(inv_freq.len());
+    let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for pos in 0..ctx {
+        for f in &inv_freq {
+            let a = pos as f64 * f;
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+    }
+    if let Some(m) = attn_factor {
+        for v in cos.iter_mut().chain(sin.iter_mut()) {
+            *v *= m;
+        }
+    }
+    (cos, sin)
+}
+
 /// Hyperparameters of a llama-family model, every value range-checked.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hparams {
@@ -718,6 +832,81 @@ fn check_tensors(m: &Manifest<'_>, h: &Hparams, errs: &mut Vec<FormatError>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shared RoPE builder against the published formulas, written out here
+    /// independently: plain RoPE's angle `p · theta^(-2i/d)` (RoFormer), and Meta's
+    /// `apply_scaling` of Llama 3.1 (`llama/model.py`), which rescales the inverse frequency
+    /// itself: kept above the high-frequency wavelength bound, divided by `factor` below the
+    /// low one, `(1 − s)·f/factor + s·f` between, `s = (orig/λ − low)/(high − low)`.
+    #[test]
+    fn rope_tables_match_the_published_formulas() {
+        let check = |freqs: RopeFreqs<'_>, d: usize, theta: f64, want: &dyn Fn(usize) -> f64| {
+            let ctx = 9000;
+            let (cos, sin) = rope_tables(d, ctx, theta, freqs, None);
+            assert_eq!((cos.len(), sin.len()), (ctx * d / 2, ctx * d / 2));
+            for pos in [0usize, 1, 7, 300, 8191, 8999] {
+                for i in 0..d / 2 {
+                    let a = pos as f64 * want(i);
+                    let (c, s) = (cos[pos * d / 2 + i] as f64, sin[pos * d / 2 + i] as f64);
+                    assert!((c - a.cos()).abs() < 1e-6, "pos {pos} pair {i}: cos {c}");
+                    assert!((s - a.sin()).abs() < 1e-6, "pos {pos} pair {i}: sin {s}");
+                }
+            }
+        };
+        // plain: theta 10000 and 1e6, 64-wide heads
+        for theta in [10000.0, 1e6] {
+            let plain = |i: usize| 1.0 / f64::powf(theta, (2 * i) as f64 / 64.0);
+            check(RopeFreqs::Scaled(RopeScaling::None), 64, theta, &plain);
+        }
+        // Llama 3.1 8B: theta 500000, factor 8, low 1, high 4, original context 8192
+        let (theta, factor, low, high, orig) = (500000.0f64, 8.0, 1.0, 4.0, 8192.0);
+        let mut smoothed = 0;
+        let meta = |i: usize| {
+            let f = 1.0 / theta.powf((2 * i) as f64 / 128.0);
+            let wavelen = 2.0 * std::f64::consts::PI / f;
+            if wavelen < orig / high {
+                f
+            } else if wavelen > orig / low {
+                f / factor
+            } else {
+                let s = (orig / wavelen - low) / (high - low);
+                (1.0 - s) * f / factor + s * f
+            }
+        };
+        for i in 0..64 {
+            let wavelen = 2.0 * std::f64::consts::PI * theta.powf((2 * i) as f64 / 128.0);
+            smoothed += usize::from(wavelen >= orig / high && wavelen <= orig / low);
+        }
+        assert!(smoothed > 0, "the test covers the smoothed band");
+        let llama3 = RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_context_length: orig,
+        };
+        check(RopeFreqs::Scaled(llama3), 128, theta, &meta);
+        // the lowest pair is fully stretched, the highest kept
+        let f = rope_inv_freq(128, theta, RopeFreqs::Scaled(llama3));
+        assert_eq!(f[0], 1.0);
+        assert!((f[63] - theta.powf(-126.0 / 128.0) / 8.0).abs() < 1e-18);
+        // linear: positions divided by the factor; divisors: each pair's own
+        let lin = |i: usize| 1.0 / f64::powf(10000.0, (2 * i) as f64 / 16.0) / 4.0;
+        check(
+            RopeFreqs::Scaled(RopeScaling::Linear { factor: 4.0 }),
+            16,
+            10000.0,
+            &lin,
+        );
+        let div: Vec<f32> = (0..8).map(|i| 1.0 + i as f32 / 2.0).collect();
+        let by = |i: usize| 1.0 / f64::powf(10000.0, (2 * i) as f64 / 16.0) / div[i] as f64;
+        check(RopeFreqs::Divisors(&div), 16, 10000.0, &by);
+        // the attention factor multiplies both tables
+        let (c1, s1) = rope_tables(16, 5, 1e4, RopeFreqs::Divisors(&div), None);
+        let (c2, s2) = rope_tables(16, 5, 1e4, RopeFreqs::Divisors(&div), Some(1.25));
+        for (a, b) in c1.iter().chain(&s1).zip(c2.iter().chain(&s2)) {
+            assert_eq!(a * 1.25, *b);
+        }
+    }
 
     #[test]
     fn descriptions_parse_and_are_consistent() {

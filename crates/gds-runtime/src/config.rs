@@ -1,6 +1,8 @@
-//! Hyperparameters of a model of a known family, read once from the manifest.
+//! Hyperparameters of a model of a known family: the format's one typed, range-checked
+//! [`Hparams`], read once from the manifest, in the types the runtime computes with.
 
 use crate::error::{Result, RuntimeError};
+use gds_format::arch::Hparams;
 use gds_format::Manifest;
 use serde::Serialize;
 
@@ -10,7 +12,8 @@ pub const SUPPORTED_ARCHS: &[&str] = gds_format::arch::KNOWN_ARCHS;
 
 pub use gds_format::arch::{RopeScaling, RopeStyle};
 
-/// Model hyperparameters.
+/// Model hyperparameters: a view of [`Hparams`] built only by [`Config::from_hparams`]
+/// (tests may write one out).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Config {
     /// `general.architecture`.
@@ -106,10 +109,17 @@ impl Config {
                 .collect::<Vec<_>>()
                 .join("; "))
         })?;
+        Ok(Config::from_hparams(&h))
+    }
+
+    /// The runtime's view of the format's [`Hparams`] (its only source: nothing here reads
+    /// a manifest key or checks a range again), in the types the forward pass computes
+    /// with.
+    pub fn from_hparams(h: &Hparams) -> Config {
         // Every dimension was checked to be at most 2^24: the casts cannot truncate.
         let u = |v: u64| v as usize;
-        let cfg = Config {
-            arch,
+        Config {
+            arch: h.arch.clone(),
             n_layers: u(h.n_layers),
             n_embd: u(h.n_embd),
             n_heads: u(h.n_heads),
@@ -135,83 +145,78 @@ impl Config {
             attn_scale: (1.0 / h.query_pre_attn_scalar.unwrap_or(h.head_dim as f64).sqrt()) as f32,
             attn_softcap: h.attn_softcap.map(|c| c as f32),
             final_softcap: h.final_softcap.map(|c| c as f32),
-        };
-        cfg.check().map_err(bad)?;
-        Ok(cfg)
+        }
     }
+}
 
-    /// Checks the relations the forward pass relies on.
-    pub fn check(&self) -> std::result::Result<(), String> {
-        let dims = [
-            ("model.n_layers", self.n_layers),
-            ("model.n_embd", self.n_embd),
-            ("model.n_heads", self.n_heads),
-            ("model.n_kv_heads", self.n_kv_heads),
-            ("model.n_ff", self.n_ff),
-            ("model.vocab_size", self.vocab_size),
-            ("model.context_length", self.context_length),
-            ("model.head_dim", self.head_dim),
-        ];
-        for (k, v) in dims {
-            if v == 0 || v > 1 << 24 {
-                return Err(format!("{k} = {v} is out of range"));
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runtime's view carries every fact of the format's hyperparameters as they are
+    /// (nothing re-read, re-defaulted or re-checked here).
+    #[test]
+    fn config_is_a_view_of_the_format_hparams() {
+        let h = gds_format::arch::Hparams {
+            arch: "gemma3".into(),
+            n_layers: 7,
+            n_embd: 64,
+            n_heads: 4,
+            n_kv_heads: 2,
+            n_ff: 128,
+            vocab_size: 100,
+            context_length: 512,
+            head_dim: 16,
+            rope_theta: 1e6,
+            rope_scaling: RopeScaling::Linear { factor: 8.0 },
+            rope_dims: 12,
+            rope_attn_factor: None,
+            rope_original_context: None,
+            rms_norm_eps: 1e-6,
+            tie_embeddings: true,
+            bos_token_id: Some(2),
+            eos_token_id: Some(1),
+            add_bos: true,
+            rope_style: RopeStyle::Neox,
+            sliding_window: Some(32),
+            sliding_window_pattern: 3,
+            rope_theta_local: Some(1e4),
+            query_pre_attn_scalar: Some(256.0),
+            attn_softcap: None,
+            final_softcap: Some(30.0),
+        };
+        let c = Config::from_hparams(&h);
+        assert_eq!(c.arch, "gemma3");
+        assert_eq!(
+            (c.n_layers, c.n_embd, c.n_heads, c.n_kv_heads),
+            (7, 64, 4, 2)
+        );
+        assert_eq!((c.n_ff, c.vocab_size, c.context_length), (128, 100, 512));
+        assert_eq!((c.head_dim, c.rope_dims, c.kv_dim()), (16, 12, 32));
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!((c.rope_theta, c.rope_theta_local), (1e6, Some(1e4)));
+        assert_eq!(c.rope_style, RopeStyle::Neox);
+        assert_eq!(c.rms_norm_eps, 1e-6f32);
+        assert_eq!(
+            (c.bos_token_id, c.eos_token_id, c.add_bos),
+            (Some(2), Some(1), true)
+        );
+        assert_eq!(c.attn_scale, 1.0 / 16.0, "1/sqrt(query_pre_attn_scalar)");
+        assert_eq!((c.attn_softcap, c.final_softcap), (None, Some(30.0)));
+        // every third layer global, as the format's rule says
+        for l in 0..7 {
+            assert_eq!(
+                c.window(l).is_some(),
+                h.is_window_layer(l as u64),
+                "layer {l}"
+            );
         }
-        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return Err(format!(
-                "model.n_heads {} is not a multiple of model.n_kv_heads {}",
-                self.n_heads, self.n_kv_heads
-            ));
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(format!(
-                "model.head_dim {} must be even for RoPE",
-                self.head_dim
-            ));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(format!(
-                "model.rope_theta {} must be positive",
-                self.rope_theta
-            ));
-        }
-        if self.rope_dims < 2 || self.rope_dims > self.head_dim || !self.rope_dims.is_multiple_of(2)
-        {
-            return Err(format!(
-                "model.rope_dims {} must be even and in 2..=model.head_dim {}",
-                self.rope_dims, self.head_dim
-            ));
-        }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
-            return Err(format!(
-                "model.rms_norm_eps {} must be non-negative",
-                self.rms_norm_eps
-            ));
-        }
-        match self.rope_scaling {
-            RopeScaling::None => {}
-            RopeScaling::Linear { factor } => {
-                if !(factor.is_finite() && factor > 0.0) {
-                    return Err(format!(
-                        "model.rope_scaling.factor {factor} must be positive"
-                    ));
-                }
-            }
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_context_length,
-            } => {
-                if !(factor > 0.0
-                    && original_context_length > 0.0
-                    && high_freq_factor > low_freq_factor
-                    && low_freq_factor > 0.0)
-                {
-                    return Err("model.rope_scaling: llama3 needs factor > 0, original_context_length > 0 and high_freq_factor > low_freq_factor > 0".into());
-                }
-            }
-        }
-        Ok(())
+        assert_eq!(c.window(2), None);
+        // without query_pre_attn_scalar the queries are scaled by 1/sqrt(head_dim)
+        let h = gds_format::arch::Hparams {
+            query_pre_attn_scalar: None,
+            ..h
+        };
+        assert_eq!(Config::from_hparams(&h).attn_scale, 0.25);
     }
 }

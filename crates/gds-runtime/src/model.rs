@@ -15,6 +15,7 @@ use crate::kv::KvCache;
 use crate::ops;
 use crate::rope::RopeTable;
 use crate::weights::{TensorRef, Weights};
+use gds_format::arch::RopeFreqs;
 use gds_io::{
     DirectBackend, DirectOptions, IoStats, LayerBytes, LayerSource, MmapBackend, Span, Verifier,
     VerifyMode, VerifyStats,
@@ -682,14 +683,20 @@ pub(crate) fn rope_tables(config: &Config, weights: &Weights, ctx: usize) -> Vec
                 Some(orig) if ctx > orig => long,
                 _ => short,
             });
-    let global = match (&weights.rope_freqs, longrope) {
-        (Some(div), _) | (None, Some(div)) => RopeTable::with_divisors(rot, ctx, theta, div),
-        (None, None) => RopeTable::new(rot, ctx, theta, config.rope_scaling),
+    // LongRoPE's attention factor applies with its factors only.
+    let attn_factor = config
+        .rope_attn_factor
+        .filter(|_| longrope.is_some())
+        .map(|f| f as f32);
+    let freqs = match weights
+        .rope_freqs
+        .as_deref()
+        .or(longrope.map(Vec::as_slice))
+    {
+        Some(div) => RopeFreqs::Divisors(div),
+        None => RopeFreqs::Scaled(config.rope_scaling),
     };
-    let global = match config.rope_attn_factor {
-        Some(f) if longrope.is_some() => global.scaled(f as f32),
-        _ => global,
-    };
+    let global = RopeTable::build(rot, ctx, theta, freqs, attn_factor);
     let mut ropes = vec![global.partial(config.head_dim).neox(neox)];
     if let (Some(_), Some(theta)) = (config.sliding_window, config.rope_theta_local) {
         ropes.push(

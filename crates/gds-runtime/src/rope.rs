@@ -3,37 +3,10 @@
 //! GGUF Q/K weights of llama are stored permuted for exactly this layout; NEOX mode (Gemma,
 //! Qwen, Phi) rotates the halves `(x[i], x[i + head_dim/2])`, HF's `rotate_half`.
 //!
-//! All angles are computed once, at load, for every position of the context.
+//! All angles are computed once, at load, for every position of the context, by the one
+//! RoPE builder [`gds_format::arch::rope_tables`] (shared with the CUDA backend).
 
-use crate::config::RopeScaling;
-
-/// Per-pair frequency divisors for Llama 3.1 rope scaling, as `convert_hf_to_gguf.py`
-/// writes them into `rope_freqs.weight` and llama.cpp divides the angle by them.
-pub fn llama3_freq_factors(
-    head_dim: usize,
-    theta: f64,
-    factor: f64,
-    low: f64,
-    high: f64,
-    original_ctx: f64,
-) -> Vec<f64> {
-    let low_wavelen = original_ctx / low;
-    let high_wavelen = original_ctx / high;
-    (0..head_dim / 2)
-        .map(|i| {
-            let freq = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
-            let wavelen = 2.0 * std::f64::consts::PI / freq;
-            if wavelen < high_wavelen {
-                1.0
-            } else if wavelen > low_wavelen {
-                factor
-            } else {
-                let smooth = (original_ctx / wavelen - low) / (high - low);
-                1.0 / ((1.0 - smooth) / factor + smooth)
-            }
-        })
-        .collect()
-}
+use gds_format::arch::{RopeFreqs, RopeScaling};
 
 /// Precomputed `cos`/`sin` of every (position, pair) angle.
 pub struct RopeTable {
@@ -53,53 +26,20 @@ impl RopeTable {
     /// Angles for positions `0..ctx` of heads `head_dim` wide (all rotated; see
     /// [`RopeTable::partial`]).
     pub fn new(head_dim: usize, ctx: usize, theta: f64, scaling: RopeScaling) -> RopeTable {
-        let half = head_dim / 2;
-        let (freq_scale, factors) = match scaling {
-            RopeScaling::None => (1.0, vec![1.0; half]),
-            RopeScaling::Linear { factor } => (1.0 / factor, vec![1.0; half]),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_context_length,
-            } => (
-                1.0,
-                llama3_freq_factors(
-                    head_dim,
-                    theta,
-                    factor,
-                    low_freq_factor,
-                    high_freq_factor,
-                    original_context_length,
-                ),
-            ),
-        };
-        let inv_freq: Vec<f64> = (0..half)
-            .map(|i| freq_scale * theta.powf(-((2 * i) as f64) / head_dim as f64) / factors[i])
-            .collect();
-        Self::from_inv_freq(half, ctx, &inv_freq)
+        Self::build(head_dim, ctx, theta, RopeFreqs::Scaled(scaling), None)
     }
 
-    /// Angles with each pair's frequency divided by `divisors[i]` (a GGUF's
-    /// `rope_freqs.weight`, llama.cpp's form of Llama 3.1 scaling), `head_dim / 2` of them.
-    pub fn with_divisors(head_dim: usize, ctx: usize, theta: f64, divisors: &[f32]) -> RopeTable {
-        let half = head_dim / 2;
-        let inv_freq: Vec<f64> = (0..half)
-            .map(|i| theta.powf(-((2 * i) as f64) / head_dim as f64) / divisors[i] as f64)
-            .collect();
-        Self::from_inv_freq(half, ctx, &inv_freq)
-    }
-
-    fn from_inv_freq(half: usize, ctx: usize, inv_freq: &[f64]) -> RopeTable {
-        let mut cos = Vec::with_capacity(ctx * half);
-        let mut sin = Vec::with_capacity(ctx * half);
-        for pos in 0..ctx {
-            for f in inv_freq {
-                let a = pos as f64 * f;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
-        }
+    /// The tables of [`gds_format::arch::rope_tables`] (the one RoPE builder, shared with
+    /// the CUDA backend) for heads rotating `rope_dims` dimensions.
+    pub fn build(
+        rope_dims: usize,
+        ctx: usize,
+        theta: f64,
+        freqs: RopeFreqs<'_>,
+        attn_factor: Option<f32>,
+    ) -> RopeTable {
+        let (cos, sin) = gds_format::arch::rope_tables(rope_dims, ctx, theta, freqs, attn_factor);
+        let half = rope_dims / 2;
         RopeTable {
             half,
             stride: 2 * half,
@@ -114,15 +54,6 @@ impl RopeTable {
     pub fn partial(mut self, head_dim: usize) -> RopeTable {
         debug_assert!(head_dim >= 2 * self.half);
         self.stride = head_dim;
-        self
-    }
-
-    /// The same table with `cos` and `sin` multiplied by `factor` (LongRoPE's attention
-    /// factor, as llama.cpp's `attn_factor` and transformers' `attention_scaling`).
-    pub fn scaled(mut self, factor: f32) -> RopeTable {
-        for v in self.cos.iter_mut().chain(self.sin.iter_mut()) {
-            *v *= factor;
-        }
         self
     }
 
@@ -261,7 +192,7 @@ mod tests {
     #[test]
     fn llama3_factors_follow_the_reference_rule() {
         // Llama 3.1 8B: theta 500000, factor 8, low 1, high 4, original context 8192.
-        let f = llama3_freq_factors(128, 500000.0, 8.0, 1.0, 4.0, 8192.0);
+        let f = gds_format::arch::llama3_freq_factors(128, 500000.0, 8.0, 1.0, 4.0, 8192.0);
         assert_eq!(f.len(), 64);
         assert_eq!(f[0], 1.0, "highest frequency kept");
         assert_eq!(f[63], 8.0, "lowest frequency fully stretched");

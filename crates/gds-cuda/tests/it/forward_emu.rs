@@ -14,7 +14,6 @@
 use crate::common::{p, Emu};
 use gds_cuda::forward::{BlockGraph, Pass, Scratch, GEMM_MIN_TOKENS};
 use gds_cuda::plan::{LayerMeta, Layout, Shape, TensorMeta};
-use gds_cuda::stream::rope_tables;
 use gds_format::DType;
 use gds_runtime::cuda_graph::CudaGraph;
 use gds_runtime::graph::{self, Buf, Glu, Ops};
@@ -404,7 +403,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         rope_theta: 10000.0,
         rope_dims: 64,
         rope_neox: false,
-        rope_scaling: "none".into(),
+        rope_scaling: gds_format::arch::RopeScaling::None,
         windows: vec![0; 2],
     };
     let (q_dim, kv_dim) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
@@ -597,7 +596,13 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         logits: buf(&mut store, 3 * sh.vocab),
         tile: buf(&mut store, layout.max_weight_elements()),
     };
-    let (cos, sin) = rope_tables(sh.head_dim, ctx, sh.rope_theta);
+    let (cos, sin) = gds_format::arch::rope_tables(
+        sh.head_dim,
+        ctx,
+        sh.rope_theta,
+        gds_format::arch::RopeFreqs::Scaled(gds_format::arch::RopeScaling::None),
+        None,
+    );
     let ropes = [(cos.as_ptr() as u64, sin.as_ptr() as u64)];
     // the pass's i32 arrays (host memory: written between passes at stable addresses)
     let (mut pos, mut seq, mut outputs) = (vec![0i32; mt], vec![0i32; mt], vec![0i32; 3]);
