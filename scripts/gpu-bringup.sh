@@ -20,19 +20,8 @@ BIN=$(realpath "$1") MODEL=$(realpath "$2") TINY=$(realpath "$3") STAGE=${4:-ful
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT/json"
 SUM="$OUT/summary.txt" LOG="$OUT/log.txt"
-# At most a few files come back from a lent machine: the JSON and cuFile logs go in one tarball.
-pack() { tar -czf "$OUT/details.tar.gz" -C "$OUT" json -C / "${CUFILE_LOGS#/}" 2>/dev/null; rm -rf "$OUT/json"; }
-trap pack EXIT
-say() { echo "$*" | tee -a "$SUM"; }
-run() { # run SECONDS LABEL CMD...: output to the log, one status line to the summary
-  local t=$1 label=$2; shift 2
-  echo "### $label: $*" >>"$LOG"
-  local t0=$SECONDS
-  timeout "$t" "$@" >>"$LOG" 2>&1
-  local rc=$?
-  say "[$label] rc=$rc ($((SECONDS - t0)) s)"
-  return $rc
-}
+# shellcheck source=scripts/gpu-results.sh
+. "$(dirname "$0")/gpu-results.sh"
 
 sanitize() { # sanitize SECONDS TOOL LABEL DIR IO BUDGET TOKENS: a short streamed run under compute-sanitizer
   run "$1" "sanitizer-$2-$3" "$CS" --tool "$2" --error-exitcode 9 \

@@ -30,18 +30,8 @@ OUT=${OUT:-/tmp/gpu-out}
 W=${WORK:-/tmp/gdsllm-real}
 mkdir -p "$OUT/json" "$W"
 SUM="$OUT/summary.txt" LOG="$OUT/log.txt"
-pack() { tar -czf "$OUT/details.tar.gz" -C "$OUT" json -C / "${CUFILE_LOGS#/}" 2>/dev/null; rm -rf "$OUT/json"; }
-trap pack EXIT
-say() { echo "$*" | tee -a "$SUM"; }
-run() { # run SECONDS LABEL CMD...: output to the log, one status line to the summary
-  local t=$1 label=$2; shift 2
-  echo "### $label: $*" >>"$LOG"
-  local t0=$SECONDS
-  timeout "$t" "$@" >>"$LOG" 2>&1
-  local rc=$?
-  say "[$label] rc=$rc ($((SECONDS - t0)) s)"
-  return $rc
-}
+# shellcheck source=scripts/gpu-results.sh
+. "$(dirname "$0")/gpu-results.sh"
 
 mkdir -p "$W/bin" "$W/tiny"
 tar -xJf "$PACK/bins.tar.xz" -C "$W/bin" --strip-components=1
