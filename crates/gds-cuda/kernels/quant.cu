@@ -242,6 +242,18 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
 // one walk of the row per token.
 #define MATVEC_TOKENS 8
 
+// The warp's sums of `nt` tokens' accumulators, row `row` of each token's output (`y` at the
+// chunk's first token). `nt` is the same in every lane, so every lane reaches the shuffles;
+// the loop has a constant bound, so it unrolls and `acc` stays in registers.
+__device__ __forceinline__ void store_rows(const float* acc, int nt, float* y, int row, int rows) {
+    for (int j = 0; j < MATVEC_TOKENS; j++) {
+        if (j < nt) {
+            float v = warp_sum(acc[j]);
+            if (threadIdx.x == 0 && row < rows) y[(unsigned long long)j * rows + row] = v;
+        }
+    }
+}
+
 #define BLOCK_KERNELS(NAME, QK, BYTES, PARTS, DOTP, DEQ)                                     \
     extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                      \
                                              const float* __restrict__ x,                   \
@@ -265,12 +277,7 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
                     }                                                                       \
                 }                                                                           \
             }                                                                               \
-            for (int j = 0; j < MATVEC_TOKENS; j++) { /* unrolled: acc stays in registers */ \
-                if (j < nt) { /* the same in every lane: every lane reaches the shuffles */  \
-                    float v = warp_sum(acc[j]);                                             \
-                    if (lane == 0 && row < rows) y[(unsigned long long)(t0 + j) * rows + row] = v; \
-                }                                                                           \
-            }                                                                               \
+            store_rows(acc, nt, y + (unsigned long long)t0 * rows, row, rows);               \
         }                                                                                   \
     }                                                                                       \
     extern "C" __global__ void dequant_##NAME(const u8* __restrict__ src,                   \
@@ -342,12 +349,7 @@ __device__ __forceinline__ float bits_f32(unsigned long long v) { return __uint_
                     }                                                                       \
                 }                                                                           \
             }                                                                               \
-            for (int j = 0; j < MATVEC_TOKENS; j++) { /* unrolled: acc stays in registers */ \
-                if (j < nt) { /* the same in every lane: every lane reaches the shuffles */  \
-                    float v = warp_sum(acc[j]);                                             \
-                    if (lane == 0 && row < rows) y[(unsigned long long)(t0 + j) * rows + row] = v; \
-                }                                                                           \
-            }                                                                               \
+            store_rows(acc, nt, y + (unsigned long long)t0 * rows, row, rows);               \
         }                                                                                   \
     }                                                                                       \
     extern "C" __global__ void dequant_##NAME(const u8* __restrict__ src,                   \
