@@ -157,34 +157,7 @@ mod tests {
     /// (nothing re-read, re-defaulted or re-checked here).
     #[test]
     fn config_is_a_view_of_the_format_hparams() {
-        let h = gds_format::arch::Hparams {
-            arch: "gemma3".into(),
-            n_layers: 7,
-            n_embd: 64,
-            n_heads: 4,
-            n_kv_heads: 2,
-            n_ff: 128,
-            vocab_size: 100,
-            context_length: 512,
-            head_dim: 16,
-            rope_theta: 1e6,
-            rope_scaling: RopeScaling::Linear { factor: 8.0 },
-            rope_dims: 12,
-            rope_attn_factor: None,
-            rope_original_context: None,
-            rms_norm_eps: 1e-6,
-            tie_embeddings: true,
-            bos_token_id: Some(2),
-            eos_token_id: Some(1),
-            add_bos: true,
-            rope_style: RopeStyle::Neox,
-            sliding_window: Some(32),
-            sliding_window_pattern: 3,
-            rope_theta_local: Some(1e4),
-            query_pre_attn_scalar: Some(256.0),
-            attn_softcap: None,
-            final_softcap: Some(30.0),
-        };
+        let h = gds_format::arch::Hparams::example_gemma3();
         let c = Config::from_hparams(&h);
         assert_eq!(c.arch, "gemma3");
         assert_eq!(
