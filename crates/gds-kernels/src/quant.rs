@@ -6,9 +6,10 @@
 use crate::blocks::*;
 use half::{bf16, f16};
 
-/// Index of the first element with the largest magnitude, and that element (sign kept).
+/// The first element with the largest magnitude, its sign kept (0 for an empty or all-zero
+/// slice; NaNs are passed over, as ggml's `fabsf(v) > amax` passes them).
 #[inline]
-fn signed_absmax(x: &[f32]) -> f32 {
+pub(crate) fn signed_absmax(x: &[f32]) -> f32 {
     let mut amax = 0.0f32;
     let mut max = 0.0f32;
     for &v in x {

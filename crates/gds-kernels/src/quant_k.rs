@@ -7,6 +7,7 @@
 //! NaN or infinite inputs give unspecified (but memory-safe, panic-free) blocks, as in ggml.
 
 use crate::blocks::*;
+use crate::quant::signed_absmax;
 
 /// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below this is all zero.
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -23,16 +24,8 @@ fn nearest_int(fval: f32) -> i32 {
 /// ggml's `make_qx_quants` with `rmse_type == 1` and no weights (`qw == NULL`), the form
 /// `quantize_row_q6_K_ref` calls. Writes `L[i]` in `0..2 * nmax` and returns the scale.
 fn make_qx_quants_rmse1(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
-    let mut max = 0f32;
-    let mut amax = 0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         big_l.fill(0);
         return 0.0;
     }
@@ -78,16 +71,8 @@ fn make_qx_quants_rmse1(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
 /// ggml's `make_q3_quants` with `do_rmse == true`. Writes `L[i]` in `0..2 * nmax` (all zero
 /// for an all-zero group) and returns the scale.
 fn make_q3_quants(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
-    let mut max = 0f32;
-    let mut amax = 0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         big_l.fill(0);
         return 0.0;
     }
@@ -324,16 +309,10 @@ pub fn quantize_block_q3_k(x: &[f32]) -> BlockQ3K {
     let x = &x[..QK_K];
     let mut big_l = [0i8; QK_K];
     let mut scales = [0f32; QK_K / 16];
-    let mut max_scale = 0f32;
-    let mut amax = 0f32;
     for j in 0..QK_K / 16 {
         scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut big_l[16 * j..16 * j + 16]);
-        let scale = scales[j].abs();
-        if scale > amax {
-            amax = scale;
-            max_scale = scales[j];
-        }
     }
+    let max_scale = signed_absmax(&scales);
     let mut b = BlockQ3K {
         hmask: [0; QK_K / 8],
         qs: [0; QK_K / 4],
