@@ -62,7 +62,9 @@ budget() { # budget PLAN_JSON all|min|quarter: a --vram-budget in bytes
 }
 
 # batched decode through the engine: `gdsrun batch` of B requests at once (one wave, max batch B),
-# the aggregate t/s it prints, for B in 1 4 16 64
+# the aggregate t/s it prints, for B in 1 4 16 64; its paged KV cache: KVB MiB (f32, the GPU's type) (the
+# budgets below add KVB to the one-sequence plan's)
+KVB=4096
 sweep() { # sweep LABEL DIR TOKENS [gdsrun batch flags...]
   local label=$1 dir=$2 n=$3; shift 3
   local line="" b
@@ -76,9 +78,11 @@ for i in range(b):
                                "temperature": 0, "ignore_eos": True}}))
 PY
     rm -f "$W/out.jsonl"
-    timeout 150 "$G" batch "$dir" -i "$W/req.jsonl" -o "$W/out.jsonl" -q -c 512 --max-batch "$b" \
-      --backend cuda "$@" >>"$LOG" 2>&1
-    line="$line B=$b: $(grep -o '[0-9.]* tok/s' "$LOG" | tail -1)"
+    timeout 150 "$G" batch "$dir" -i "$W/req.jsonl" -o "$W/out.jsonl" -q -c 64 --max-batch "$b" \
+      --kv-budget "$KVB" --backend cuda "$@" >"$W/batch.txt" 2>&1
+    cat "$W/batch.txt" >>"$LOG"
+    line="$line B=$b: $(grep -o '[0-9.]* tok/s' "$W/batch.txt" | tail -1 || true)"
+    grep -q 'tok/s' "$W/batch.txt" || line="$line failed ($(grep -m1 error "$W/batch.txt" | cut -c1-160))"
   done
   say "[batch $label, $n tokens per request]$line"
 }
@@ -178,7 +182,7 @@ EOF
   plan "$M" "$OUT/json/$shape-plan-quarter.json" -c 512 --vram-budget "$Q"
   say "quarter budget $Q B: $(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];print(len(g['resident_layers']),'layers resident,',len(g['streamed_layers']),'streamed,',g['streamed_bytes_per_token'],'B/token streamed')" "$OUT/json/$shape-plan-quarter.json" 2>&1)"
   sweep "$shape resident" "$M" 32
-  sweep "$shape quarter direct" "$M" 8 --vram-budget "$Q" --io direct
+  sweep "$shape quarter direct" "$M" 8 --vram-budget "$((Q + KVB * 1048576))" --io direct
   n=16; [ "$shape" = llama-7b ] && n=8
   for io in gds direct mmap; do
     [ "$io" = mmap ] || { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }
@@ -217,8 +221,8 @@ if [ -n "$CS" ]; then
 for i in range(6): print(json.dumps({"custom_id": f"m{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Hello " * (i + 1), "max_tokens": 6, "temperature": 0}}))' >"$W/mreq.jsonl"
   rm -f "$W/mout.jsonl"
   run 120 sanitizer-memcheck-batch "$CS" --tool memcheck --report-api-errors no --error-exitcode 9 "$G" batch "$TL" \
-    -i "$W/mreq.jsonl" -o "$W/mout.jsonl" -q --max-batch 3 --backend cuda --io direct \
-    --vram-budget "$(budget "$OUT/json/tiny-llama-plan.json" min)"
+    -i "$W/mreq.jsonl" -o "$W/mout.jsonl" -q --max-batch 3 --backend cuda --io direct --kv-budget 16 \
+    --vram-budget "$(($(budget "$OUT/json/tiny-llama-plan.json" min) + 16 * 1048576))"
   grep -E "ERROR SUMMARY" "$LOG" | tail -1 | tee -a "$SUM"
 fi
 say "== done $(date -u +%FT%TZ)"
