@@ -7,7 +7,7 @@
 # synthetic models' vocabulary). The GPU machine has PyTorch and transformers, no network and
 # no Rust. ANCHOR: llama.cpp's CUDA pack (scripts/build-llama-cpp-cuda.sh; carry it to the
 # machine in a call of its own and copy it out of the work tree), run beside gdsrun. QUANT: gdsconv's --quant for the shapes (default q4_0; keep: F16); STREAM=0 skips
-# the streamed runs of stage 3. TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
+# the streamed runs of stage 3 (IO_RUNS: their load paths, default "gds direct mmap"). TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
 #  1. the machine: GPU, driver, nvidia-fs, cuFile mode (`gdsrun doctor`);
 #  2. the tiny architectures (fixtures/tiny-*.gguf, converted here): CUDA vs CPU f32 greedy
 #     tokens, all resident and at the minimum VRAM budget (the one-sequence path of the engine);
@@ -184,7 +184,7 @@ EOF
   sweep "$shape resident" "$M" 32
   sweep "$shape quarter direct" "$M" 8 --vram-budget "$((Q + KVB * 1048576))" --io direct
   n=16; [ "$shape" = llama-7b ] && n=8
-  for io in gds direct mmap; do
+  for io in ${IO_RUNS:-gds direct mmap}; do
     [ "$io" = mmap ] || { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }
     f="$OUT/json/$shape-quarter-$io.json"
     timeout 150 "$G" run "$M" --raw -p "The history of the printing press" -n $n --temp 0 --backend cuda \
