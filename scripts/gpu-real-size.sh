@@ -16,7 +16,8 @@
 #     `gdsrun bench --backend cuda` all resident (pp512, tg128); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
 #     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
-#     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once),
+#     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once;
+#     resident also with GDS_GEMM_MIN_TOKENS=128, the matvec/GEMM crossover),
 #     all resident and at the quarter budget;
 #  4. the server on the GPU (scripts/gpu-serve-check.py, tiny llama): concurrent greedy requests,
 #     `--backend cuda` replies against `--backend cpu --activations f32` (also on llama-1b);
@@ -182,6 +183,8 @@ EOF
   plan "$M" "$OUT/json/$shape-plan-quarter.json" -c 512 --vram-budget "$Q"
   say "quarter budget $Q B: $(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];print(len(g['resident_layers']),'layers resident,',len(g['streamed_layers']),'streamed,',g['streamed_bytes_per_token'],'B/token streamed')" "$OUT/json/$shape-plan-quarter.json" 2>&1)"
   sweep "$shape resident" "$M" 32
+  # the GEMM crossover: passes of fewer tokens than this stay on the matvec kernels (default 8)
+  GDS_GEMM_MIN_TOKENS=128 sweep "$shape resident, GDS_GEMM_MIN_TOKENS=128" "$M" 32
   sweep "$shape quarter direct" "$M" 8 --vram-budget "$((Q + KVB * 1048576))" --io direct
   n=16; [ "$shape" = llama-7b ] && n=8
   for io in ${IO_RUNS:-gds direct mmap}; do

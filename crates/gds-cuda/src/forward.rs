@@ -18,8 +18,26 @@ use crate::plan::{KvGeo, Layout, TensorMeta};
 use crate::GpuError;
 
 /// Prefill batches at least this long use [`Device::gemm`] on dequantized tiles (where the
-/// device has it); shorter ones use the matvec kernels.
+/// device has it); shorter ones use the matvec kernels. [`gemm_min_tokens`] is the value in use.
 pub const GEMM_MIN_TOKENS: usize = 8;
+
+/// The GEMM crossover in use: `GDS_GEMM_MIN_TOKENS` (a positive integer; read once) or
+/// [`GEMM_MIN_TOKENS`]. The knob exists to measure the crossover on hardware (an H100's
+/// batched decode at 16 tokens was GEMM-bound, 2026-11-27); an unusable value is ignored
+/// with a warning.
+pub fn gemm_min_tokens() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| match std::env::var("GDS_GEMM_MIN_TOKENS") {
+        Err(_) => GEMM_MIN_TOKENS,
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("warning: GDS_GEMM_MIN_TOKENS={v:?} is not a positive integer; using {GEMM_MIN_TOKENS}");
+                GEMM_MIN_TOKENS
+            }
+        },
+    })
+}
 
 /// The kernels of `kernels/*.cu` plus a copy and an optional GEMM. Dimensions are `i32`
 /// because that is what the kernels take.
@@ -281,8 +299,8 @@ impl Pass<'_> {
         }
     }
 
-    /// `y = W · x` for `ntok` rows of x: the dequantizing matvec kernels, or (prefill of
-    /// [`GEMM_MIN_TOKENS`] or more) a dequantized tile and the device's GEMM.
+    /// `y = W · x` for `ntok` rows of x: the dequantizing matvec kernels, or (passes of
+    /// [`gemm_min_tokens`] or more) a dequantized tile and the device's GEMM.
     pub fn linear(
         &self,
         dev: &mut dyn Device,
@@ -295,7 +313,7 @@ impl Pass<'_> {
             .ok_or_else(|| GpuError::Model(format!("no GPU kernel for {} weights", t.dtype)))?;
         let w = self.addr(t)?;
         let (rows, cols) = (t.rows as i32, t.cols as i32);
-        if ntok >= GEMM_MIN_TOKENS {
+        if ntok >= gemm_min_tokens() {
             let nblocks = (t.rows * t.cols / t.dtype.block_size()) as i32;
             dev.dequant(suffix, w, self.s.tile, nblocks)?;
             if dev.gemm(self.s.tile, x, y, rows, ntok as i32, cols)? {
