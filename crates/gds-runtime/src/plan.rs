@@ -170,7 +170,8 @@ pub const DEFAULT_DRAFT_MAX: usize = 10;
 pub enum DraftKind {
     /// Prompt lookup ([`ngram`](crate::draft::ngram)).
     Ngram,
-    /// The model's first blocks and its output head: self-speculation ([`self_draft`](crate::draft::self_draft)).
+    /// The model's first blocks and its output head: self-speculation
+    /// ([`self_draft`](crate::draft::self_draft)).
     Layers,
     /// A second model's greedy guesses ([`ModelDraft`](crate::draft::ModelDraft)).
     Model,
