@@ -159,10 +159,14 @@ impl Layout {
             path: mpath.display().to_string(),
             error: std::io::Error::other(e.to_string()),
         })?;
-        // Every structural and architecture rule, as at every open of the CPU runtime.
+        // Every structural and architecture rule, as at every open of the CPU runtime; the
+        // architecture check reads the hyperparameters, which then size the layout (read once).
         let (m, mut errs) = gds_format::validate::validate_manifest(&bytes);
+        let mut hparams = None;
         if let (Some(m), true) = (&m, errs.is_empty()) {
-            errs.extend(gds_format::arch::check_model(m).errors);
+            let check = gds_format::arch::check_model(m);
+            errs.extend(check.errors);
+            hparams = check.hparams;
         }
         let m = match m {
             Some(m) if errs.is_empty() => m,
@@ -177,14 +181,23 @@ impl Layout {
                 )))
             }
         };
-        Layout::from_manifest(dir, &m)
+        let shape = match hparams {
+            Some(h) => Shape::from_hparams(&h)?,
+            // an architecture the check does not know: the reader names what is wrong
+            None => read_shape(&m)?,
+        };
+        Layout::with_shape(dir, &m, shape)
     }
 
     /// The layout of the model in `dir` whose manifest is `m`, checking that every tensor
     /// has a GPU kernel: matrices in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16/F32, norms and biases in
     /// F32.
     pub fn from_manifest(dir: &Path, m: &Manifest<'_>) -> Result<Layout, GpuError> {
-        let shape = read_shape(m)?;
+        Layout::with_shape(dir, m, read_shape(m)?)
+    }
+
+    /// [`Layout::from_manifest`] with the hyperparameters already read (`shape`, from `m`).
+    fn with_shape(dir: &Path, m: &Manifest<'_>, shape: Shape) -> Result<Layout, GpuError> {
         let n_blocks = m.layers().filter(|l| l.kind == layer_kind::BLOCK).count();
         if n_blocks != shape.n_layers {
             // Compared before anything is sized by model.n_layers.
@@ -640,6 +653,38 @@ mod tests {
         assert_eq!((s.eps, s.rope_theta, s.rope_neox), (1e-6, 1e6, true));
         assert_eq!(s.rope_scaling, RopeScaling::Linear { factor: 8.0 });
         assert_eq!(s.windows, vec![32, 32, 0, 32, 32, 0, 32]);
+    }
+
+    /// `Layout::read` sizes the layout from the hyperparameters its architecture check
+    /// read (not a second reading): the same layout as `from_manifest`, window blocks too.
+    #[test]
+    fn a_read_layout_equals_the_layout_of_its_manifest() {
+        for input in ["tiny-llama3-hf", "tiny-gemma3-hf"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("m.gds");
+            gds_convert::convert(
+                &gds_tests::fixture(input),
+                &dir,
+                &gds_convert::ConvertOptions::default(),
+                &gds_convert::NoProgress,
+            )
+            .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+            let read = Layout::read(&dir).unwrap();
+            let bytes = std::fs::read(dir.join("manifest.gdsm")).unwrap();
+            let m = Manifest::parse(&bytes).unwrap();
+            let want = Layout::from_manifest(&dir, &m).unwrap();
+            assert_eq!(read.shape, want.shape, "{input}");
+            assert_eq!(read.layers, want.layers, "{input}");
+            assert_eq!(read.tensors, want.tensors, "{input}");
+            assert_eq!(
+                (read.embed, read.head, &read.blocks, read.output),
+                (want.embed, want.head, &want.blocks, want.output),
+                "{input}"
+            );
+            if input == "tiny-gemma3-hf" {
+                assert!(read.shape.windows.iter().any(|&w| w > 0), "{input}");
+            }
+        }
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl GrammarCompiler {
     /// knows.
     pub fn load(dir: &Path, tokenizer: &TextTokenizer, vocab_size: usize) -> Result<Self> {
         let bytes = gds_io::read_manifest(dir)?;
-        let m = crate::plan::parse_manifest(dir, &bytes)?;
+        let m = crate::model_dir::parse_manifest(dir, &bytes)?;
         let path = dir.join("tokenizer.json");
         let file = gds_io::read_model_file(dir, &m, "tokenizer.json", MAX_TOKENIZER_BYTES)?
             .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;

@@ -20,69 +20,15 @@
 //!
 //! [`ModelDraft`]: a second, smaller or more quantized model with the same vocabulary,
 //! held in memory, guesses greedily; the target model (streamed, say) checks its guesses.
+//!
+//! What the plan decides about them ([`DraftKind`], [`DraftPlan`], the draft model's
+//! vocabulary check) lives in [`crate::plan`]; this module runs them.
 
-use crate::error::{Result, RuntimeError};
+use crate::error::Result;
 use crate::exec::{eval_last, reusable_prefix, Executor};
-use serde::Serialize;
-use std::path::PathBuf;
 
-/// Which draft guesses. (Serialized as `ngram` / `layers` / `model`.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DraftKind {
-    /// Prompt lookup ([`ngram`]).
-    Ngram,
-    /// The model's first blocks and its output head: self-speculation ([`self_draft`]).
-    Layers,
-    /// A second model's greedy guesses ([`ModelDraft`]).
-    Model,
-}
-
-impl DraftKind {
-    /// The lower-case name (`ngram`, `layers`, `model`), as the plan's JSON writes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DraftKind::Ngram => "ngram",
-            DraftKind::Layers => "layers",
-            DraftKind::Model => "model",
-        }
-    }
-}
-
-impl std::fmt::Display for DraftKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What the plan says about speculative decoding.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct DraftPlan {
-    /// The draft.
-    pub kind: DraftKind,
-    /// The draft model's directory (`model`).
-    pub model_dir: Option<PathBuf>,
-    /// The draft model's own plan (`model`), made with the target's options when the
-    /// target was planned (the engine opens it as it is).
-    #[serde(skip)]
-    pub model_plan: Option<Box<crate::plan::Plan>>,
-    /// Blocks the self-speculation draft runs (`layers`).
-    pub layers: Option<usize>,
-    /// Most tokens guessed per pass (the pass evaluates one more).
-    pub max_tokens: usize,
-    /// With every weight in memory, measure whether guessing pays and guess only while it
-    /// does ([`Gate`]); `false` (`--draft-gate off`): every pass guesses.
-    pub gate: bool,
-    /// Longest suffix looked up.
-    pub ngram_max: usize,
-    /// Shortest suffix looked up.
-    pub ngram_min: usize,
-}
-
-/// Longest n-gram the lookup tries first.
-pub const NGRAM_MAX: usize = 4;
-/// Shortest n-gram it falls back to.
-pub const NGRAM_MIN: usize = 2;
+/// The plan's side of speculative decoding, here too by their earlier path.
+pub use crate::plan::{DraftKind, DraftPlan, NGRAM_MAX, NGRAM_MIN};
 
 /// Prompt-lookup draft: for n from `n_max` down to `n_min`, the latest earlier occurrence of
 /// the last n tokens of `history` and up to `max` tokens that followed it (stopping at the
@@ -266,74 +212,9 @@ pub fn self_draft(
     Ok(out)
 }
 
-/// Checks that a draft model speaks the target's vocabulary: the same `tokenizer.json`
-/// (by the manifests' hashes), or failing that the same token-to-id map.
-pub fn check_same_vocabulary(target: &std::path::Path, draft: &std::path::Path) -> Result<()> {
-    let hash_of = |dir: &std::path::Path| -> Result<Option<[u8; 32]>> {
-        let bytes = gds_io::read_manifest(dir)?;
-        let m = crate::plan::parse_manifest(dir, &bytes)?;
-        Ok(m.find_file("tokenizer.json").map(|f| f.content_hash))
-    };
-    if let (Some(a), Some(b)) = (hash_of(target)?, hash_of(draft)?) {
-        if a == b {
-            return Ok(());
-        }
-    }
-    let vocab = |dir: &std::path::Path| -> Result<std::collections::HashMap<String, u32>> {
-        let path = dir.join("tokenizer.json");
-        // through the model-file reader: no link, FIFO or device, length and hash checked
-        let bytes = gds_io::read_manifest(dir)?;
-        let m = crate::plan::parse_manifest(dir, &bytes)?;
-        let tok = gds_io::read_model_file(
-            dir,
-            &m,
-            "tokenizer.json",
-            crate::tokenizer::MAX_TOKENIZER_BYTES,
-        )?
-        .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;
-        let t = crate::tokenizer::parse_tokenizer(&tok.bytes)
-            .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
-        Ok(t.get_vocab(true))
-    };
-    let (a, b) = (vocab(target)?, vocab(draft)?);
-    if a == b {
-        return Ok(());
-    }
-    let mut diff: Vec<&String> = a
-        .iter()
-        .filter(|(t, id)| b.get(*t) != Some(id))
-        .map(|(t, _)| t)
-        .chain(b.keys().filter(|t| !a.contains_key(*t)))
-        .collect();
-    diff.sort();
-    Err(RuntimeError::Usage(format!(
-        "--draft-model {}: its vocabulary differs from the model's ({} of {} vs {} tokens differ, e.g. {:?}); a draft must use the same tokenizer",
-        draft.display(),
-        diff.len(),
-        b.len(),
-        a.len(),
-        diff.first().map(|s| s.as_str()).unwrap_or("")
-    )))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn draft_kinds_serialize_as_their_names() {
-        // the plan's JSON (`gdsrun --plan`: "draft": {"kind": "ngram", ...}) keeps the
-        // strings it had before the kind was an enum
-        for (k, name) in [
-            (DraftKind::Ngram, "ngram"),
-            (DraftKind::Layers, "layers"),
-            (DraftKind::Model, "model"),
-        ] {
-            assert_eq!(k.as_str(), name);
-            assert_eq!(k.to_string(), name);
-            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{name}\""));
-        }
-    }
 
     #[test]
     fn a_gate_turned_off_by_the_plan_always_guesses() {

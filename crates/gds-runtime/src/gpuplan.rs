@@ -203,7 +203,7 @@ pub fn plan_gpu(
     };
     let layout = Layout::from_manifest(dir, m)
         .map_err(|e| RuntimeError::Model(format!("{}: {e}", dir.display())))?;
-    // the cache the one-sequence executor opens (crate::gpu::open_one), its VRAM layout as
+    // the cache the one-sequence executor opens (crate::exec::gpu::open_one), its VRAM layout as
     // the executor derives it
     let batch = Layout::batch(ctx, gds_cuda::plan::MAX_BATCH);
     let windows: Vec<Option<usize>> = (0..layout.shape.n_layers)

@@ -7,6 +7,7 @@
 //! its own position and sequence id, so several independent sequences can share one pass.
 
 use crate::attention::AttnParams;
+use crate::batch::Batch;
 use crate::config::{Config, RopeStyle};
 use crate::error::{Result, RuntimeError};
 use crate::graph::{self, Arch, Buf, Glu, Ops};
@@ -22,69 +23,6 @@ use gds_io::{
 };
 use std::path::Path;
 use std::sync::Arc;
-
-/// A batch of tokens to run through the model. Reused between calls: clearing keeps the
-/// capacity, so the token loop does not allocate.
-#[derive(Clone, Debug, Default)]
-pub struct Batch {
-    pub(crate) tokens: Vec<u32>,
-    pub(crate) positions: Vec<usize>,
-    pub(crate) seqs: Vec<usize>,
-    pub(crate) outputs: Vec<bool>,
-}
-
-impl Batch {
-    /// An empty batch with room for `n` tokens.
-    pub fn with_capacity(n: usize) -> Batch {
-        Batch {
-            tokens: Vec::with_capacity(n),
-            positions: Vec::with_capacity(n),
-            seqs: Vec::with_capacity(n),
-            outputs: Vec::with_capacity(n),
-        }
-    }
-
-    /// Removes every token.
-    pub fn clear(&mut self) {
-        self.tokens.clear();
-        self.positions.clear();
-        self.seqs.clear();
-        self.outputs.clear();
-    }
-
-    /// Adds `token` at position `pos` of sequence `seq`; `output` asks for its logits.
-    pub fn push(&mut self, token: u32, pos: usize, seq: usize, output: bool) {
-        self.tokens.push(token);
-        self.positions.push(pos);
-        self.seqs.push(seq);
-        self.outputs.push(output);
-    }
-
-    /// Number of tokens.
-    pub fn len(&self) -> usize {
-        self.tokens.len()
-    }
-
-    /// True when the batch has no token.
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
-
-    /// Entry `k`: token, position, sequence, and whether its logits are wanted.
-    pub fn get(&self, k: usize) -> Option<(u32, usize, usize, bool)> {
-        Some((
-            *self.tokens.get(k)?,
-            *self.positions.get(k)?,
-            *self.seqs.get(k)?,
-            *self.outputs.get(k)?,
-        ))
-    }
-
-    /// Number of tokens whose logits are wanted.
-    pub fn n_outputs(&self) -> usize {
-        self.outputs.iter().filter(|&&o| o).count()
-    }
-}
 
 /// Activation buffers for batches of up to `max_batch` tokens, allocated once.
 pub struct RunState {
@@ -230,7 +168,7 @@ impl Model {
     /// prepares RoPE angles for `ctx` positions and a pool of `threads` threads.
     pub fn load(dir: &Path, ctx: usize, threads: usize) -> Result<Model> {
         let manifest_bytes = gds_io::read_manifest(dir)?;
-        let m = crate::plan::parse_manifest(dir, &manifest_bytes)?;
+        let m = crate::model_dir::parse_manifest(dir, &manifest_bytes)?;
         let io = crate::ioplan::plan_io(dir, &m, "mmap", None, || {
             gds_io::DirectSupport::Buffered("not used by mmap".into())
         })?;
@@ -240,8 +178,8 @@ impl Model {
     /// Opens the model directory with the I/O backend and residency of `io`.
     pub fn with_io(dir: &Path, io: &IoPlan, ctx: usize, threads: usize) -> Result<Model> {
         let manifest_bytes = gds_io::read_manifest(dir)?;
-        let m = crate::plan::parse_manifest(dir, &manifest_bytes)?;
-        let config = Config::from_manifest(&m).map_err(|e| crate::plan::with_dir(e, dir))?;
+        let m = crate::model_dir::parse_manifest(dir, &manifest_bytes)?;
+        let config = Config::from_manifest(&m).map_err(|e| crate::model_dir::with_dir(e, dir))?;
         let verifier = Arc::new(Verifier::new(if io.verify {
             VerifyMode::Hash
         } else {
@@ -268,7 +206,7 @@ impl Model {
             }
         }
         let weights =
-            Weights::load(&config, &m, &*source).map_err(|e| crate::plan::with_dir(e, dir))?;
+            Weights::load(&config, &m, &*source).map_err(|e| crate::model_dir::with_dir(e, dir))?;
         let arch = Arch::of(&config)?;
         let ropes = rope_tables(&config, &weights, ctx);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -827,10 +765,20 @@ impl Ops for CpuOps<'_> {
 
     fn attention(&mut self, layer: usize) -> Result<()> {
         let p = self.m.attn_params(layer);
+        let s = &mut *self.s;
+        let mut bufs = crate::attention::Buffers {
+            q: &s.q,
+            k: &s.k,
+            v: &s.v,
+            att: &mut s.att,
+            scores: &mut s.scores,
+            part: &mut s.part,
+            n_tasks: s.n_tasks,
+        };
         crate::attention::layer(
             &self.m.config,
             self.m.simd,
-            self.s,
+            &mut bufs,
             self.kv,
             layer,
             self.batch,

@@ -229,9 +229,19 @@ fn attend_avx2<T: KvElem>(h: &Head<'_, T>, scores: &mut [f32], out: &mut [f32]) 
     attend_generic(h, scores, out)
 }
 
-/// True when the CPU can run the AVX2 attention (AVX2, FMA, F16C).
+/// True when the CPU can run the AVX2 builds (AVX2, FMA, F16C): these helpers' and the
+/// attention kernels' (`attention::kernels`).
 pub fn simd_available() -> bool {
-    crate::attention::kernels::simd_available()
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// [`Head`] attention; `simd` (from [`simd_available`]) picks the AVX2 build of the same code.

@@ -3,11 +3,12 @@
 //! It serializes to JSON (`gdsrun --plan`) so a run can be inspected and reproduced.
 
 use crate::config::Config;
-use crate::draft::DraftKind;
 use crate::error::{Result, RuntimeError};
 use crate::kv::{KvCache, KvDtype};
+/// [`crate::model_dir::parse_manifest`], also by this path (the front ends' and tests').
+pub use crate::model_dir::parse_manifest;
+use crate::model_dir::{tokenizer_config, with_dir};
 use crate::sampler::SamplerConfig;
-use gds_format::Manifest;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -163,6 +164,65 @@ fn isa_name<S: serde::Serializer>(
 /// Tokens a draft guesses per pass unless `--draft-max` says otherwise.
 pub const DEFAULT_DRAFT_MAX: usize = 10;
 
+/// Which draft guesses. (Serialized as `ngram` / `layers` / `model`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftKind {
+    /// Prompt lookup ([`ngram`](crate::draft::ngram)).
+    Ngram,
+    /// The model's first blocks and its output head: self-speculation
+    /// ([`self_draft`](crate::draft::self_draft)).
+    Layers,
+    /// A second model's greedy guesses ([`ModelDraft`](crate::draft::ModelDraft)).
+    Model,
+}
+
+impl DraftKind {
+    /// The lower-case name (`ngram`, `layers`, `model`), as the plan's JSON writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftKind::Ngram => "ngram",
+            DraftKind::Layers => "layers",
+            DraftKind::Model => "model",
+        }
+    }
+}
+
+impl std::fmt::Display for DraftKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the plan says about speculative decoding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DraftPlan {
+    /// The draft.
+    pub kind: DraftKind,
+    /// The draft model's directory (`model`).
+    pub model_dir: Option<PathBuf>,
+    /// The draft model's own plan (`model`), made with the target's options when the
+    /// target was planned (the engine opens it as it is).
+    #[serde(skip)]
+    pub model_plan: Option<Box<Plan>>,
+    /// Blocks the self-speculation draft runs (`layers`).
+    pub layers: Option<usize>,
+    /// Most tokens guessed per pass (the pass evaluates one more).
+    pub max_tokens: usize,
+    /// With every weight in memory, measure whether guessing pays and guess only while it
+    /// does ([`Gate`](crate::draft::Gate)); `false` (`--draft-gate off`): every pass guesses.
+    pub gate: bool,
+    /// Longest suffix looked up.
+    pub ngram_max: usize,
+    /// Shortest suffix looked up.
+    pub ngram_min: usize,
+}
+
+/// Longest n-gram the lookup tries first.
+pub const NGRAM_MAX: usize = 4;
+/// Shortest n-gram it falls back to.
+pub const NGRAM_MIN: usize = 2;
+
 /// Per-dtype totals of the weights.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct DtypeSummary {
@@ -248,7 +308,7 @@ pub struct Plan {
     /// Log-probabilities reported per generated token: this many alternatives.
     pub logprobs: Option<usize>,
     /// Speculative decoding (`None`: one token per pass).
-    pub draft: Option<crate::draft::DraftPlan>,
+    pub draft: Option<DraftPlan>,
     /// Chat or raw.
     pub mode: Mode,
     /// Where the chat template comes from: `tokenizer_config.json`, or the family's default
@@ -261,58 +321,6 @@ pub struct Plan {
     pub system: Option<String>,
     /// Model hyperparameters.
     pub model: Config,
-}
-
-/// Parses and validates a manifest held in memory, with every structural rule and every
-/// rule of its architecture (`gds_format::arch::check_model`, the checks `gdsconv validate`
-/// makes): a model `gdsconv validate` rejects is never opened. Errors name the directory.
-pub fn parse_manifest<'a>(dir: &Path, bytes: &'a [u8]) -> Result<Manifest<'a>> {
-    let (m, mut errs) = gds_format::validate::validate_manifest(bytes);
-    if let (Some(m), true) = (&m, errs.is_empty()) {
-        errs.extend(gds_format::arch::check_model(m).errors);
-    }
-    let bad = |why: String| RuntimeError::Manifest {
-        dir: dir.display().to_string(),
-        why,
-    };
-    match m {
-        Some(m) if errs.is_empty() => Ok(m),
-        _ => Err(bad(errs
-            .iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join("; "))),
-    }
-}
-
-/// Reads `tokenizer_config.json` as the model lists it: checked against the manifest's hash
-/// (format 1.1), absent when the manifest does not list it, and an error (never a silent
-/// fallback) when it is unreadable, not UTF-8 or not a JSON object.
-pub fn tokenizer_config(dir: &Path, m: &Manifest<'_>) -> Result<Option<serde_json::Value>> {
-    let name = "tokenizer_config.json";
-    let path = dir.join(name);
-    let Some(f) = gds_io::read_model_file(dir, m, name, crate::tokenizer::MAX_TOKENIZER_BYTES)?
-    else {
-        return Ok(None);
-    };
-    let bad = |why: String| RuntimeError::Tokenizer(format!("{}: {why}", path.display()));
-    let text = std::str::from_utf8(&f.bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?;
-    match serde_json::from_str(text) {
-        Ok(v @ serde_json::Value::Object(_)) => Ok(Some(v)),
-        Ok(_) => Err(bad("not a JSON object".into())),
-        Err(e) => Err(bad(format!("not valid JSON: {e}"))),
-    }
-}
-
-/// Puts `dir` into a manifest error that was made without it.
-pub fn with_dir(e: RuntimeError, dir: &Path) -> RuntimeError {
-    match e {
-        RuntimeError::Manifest { dir: d, why } if d.is_empty() => RuntimeError::Manifest {
-            dir: dir.display().to_string(),
-            why,
-        },
-        e => e,
-    }
 }
 
 /// Physical cores this process may run on: distinct (package, core) pairs of the CPUs in
@@ -346,6 +354,56 @@ pub fn physical_cores() -> usize {
     } else {
         cores.len().min(logical)
     }
+}
+
+/// Checks that a draft model speaks the target's vocabulary: the same `tokenizer.json`
+/// (by the manifests' hashes), or failing that the same token-to-id map.
+pub fn check_same_vocabulary(target: &std::path::Path, draft: &std::path::Path) -> Result<()> {
+    let hash_of = |dir: &std::path::Path| -> Result<Option<[u8; 32]>> {
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = parse_manifest(dir, &bytes)?;
+        Ok(m.find_file("tokenizer.json").map(|f| f.content_hash))
+    };
+    if let (Some(a), Some(b)) = (hash_of(target)?, hash_of(draft)?) {
+        if a == b {
+            return Ok(());
+        }
+    }
+    let vocab = |dir: &std::path::Path| -> Result<std::collections::HashMap<String, u32>> {
+        let path = dir.join("tokenizer.json");
+        // through the model-file reader: no link, FIFO or device, length and hash checked
+        let bytes = gds_io::read_manifest(dir)?;
+        let m = parse_manifest(dir, &bytes)?;
+        let tok = gds_io::read_model_file(
+            dir,
+            &m,
+            "tokenizer.json",
+            crate::tokenizer::MAX_TOKENIZER_BYTES,
+        )?
+        .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;
+        let t = crate::tokenizer::parse_tokenizer(&tok.bytes)
+            .map_err(|e| RuntimeError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(t.get_vocab(true))
+    };
+    let (a, b) = (vocab(target)?, vocab(draft)?);
+    if a == b {
+        return Ok(());
+    }
+    let mut diff: Vec<&String> = a
+        .iter()
+        .filter(|(t, id)| b.get(*t) != Some(id))
+        .map(|(t, _)| t)
+        .chain(b.keys().filter(|t| !a.contains_key(*t)))
+        .collect();
+    diff.sort();
+    Err(RuntimeError::Usage(format!(
+        "--draft-model {}: its vocabulary differs from the model's ({} of {} vs {} tokens differ, e.g. {:?}); a draft must use the same tokenizer",
+        draft.display(),
+        diff.len(),
+        b.len(),
+        a.len(),
+        diff.first().map(|s| s.as_str()).unwrap_or("")
+    )))
 }
 
 impl Plan {
@@ -676,12 +734,12 @@ impl Plan {
                     (DraftKind::Model, Some(d)) => {
                         // the draft must exist, run, and share the vocabulary
                         let sub = Self::draft_model_plan(opts, d, ctx, threads, batch)?;
-                        crate::draft::check_same_vocabulary(dir, &sub.model_dir)?;
+                        check_same_vocabulary(dir, &sub.model_dir)?;
                         Some(Box::new(sub))
                     }
                     _ => None,
                 };
-                Some(crate::draft::DraftPlan {
+                Some(DraftPlan {
                     kind,
                     model_dir: model_plan.as_ref().map(|p| p.model_dir.clone()),
                     model_plan,
@@ -691,8 +749,8 @@ impl Plan {
                         Some(g) => g,
                         None => draft_gate_from_env()?.unwrap_or(true),
                     },
-                    ngram_max: crate::draft::NGRAM_MAX,
-                    ngram_min: crate::draft::NGRAM_MIN,
+                    ngram_max: NGRAM_MAX,
+                    ngram_min: NGRAM_MIN,
                 })
             }
         };
@@ -805,6 +863,21 @@ mod tests {
         }
         let e = parse_isa_env(Some("sse2")).unwrap_err().to_string();
         assert!(e.contains("GDS_ISA=\"sse2\"") && e.contains("--isa"), "{e}");
+    }
+
+    #[test]
+    fn draft_kinds_serialize_as_their_names() {
+        // the plan's JSON (`gdsrun --plan`: "draft": {"kind": "ngram", ...}) keeps the
+        // strings it had before the kind was an enum
+        for (k, name) in [
+            (DraftKind::Ngram, "ngram"),
+            (DraftKind::Layers, "layers"),
+            (DraftKind::Model, "model"),
+        ] {
+            assert_eq!(k.as_str(), name);
+            assert_eq!(k.to_string(), name);
+            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{name}\""));
+        }
     }
 
     #[test]

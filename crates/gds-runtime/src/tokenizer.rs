@@ -248,14 +248,14 @@ impl TextTokenizer {
     /// read, is not UTF-8 or not JSON is an error, never a silent switch to raw mode.
     pub fn load(dir: &Path, cfg: &Config) -> Result<TextTokenizer> {
         let bytes = gds_io::read_manifest(dir)?;
-        let m = crate::plan::parse_manifest(dir, &bytes)?;
+        let m = crate::model_dir::parse_manifest(dir, &bytes)?;
         let path = dir.join("tokenizer.json");
         let tok = gds_io::read_model_file(dir, &m, "tokenizer.json", MAX_TOKENIZER_BYTES)?
             .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;
         let inner = guarded(&path.display().to_string(), || parse_tokenizer(&tok.bytes))?;
         drop(tok);
         release_freed_heap();
-        let tc = crate::plan::tokenizer_config(dir, &m)?.unwrap_or(serde_json::Value::Null);
+        let tc = crate::model_dir::tokenizer_config(dir, &m)?.unwrap_or(serde_json::Value::Null);
         let own = match tc.get("chat_template") {
             Some(serde_json::Value::String(s)) => Some(s.clone()),
             Some(serde_json::Value::Array(a)) => a

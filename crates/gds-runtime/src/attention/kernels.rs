@@ -52,20 +52,6 @@ impl Lanes for half::f16 {
     }
 }
 
-/// Whether the AVX2 kernels can run: AVX2, FMA and F16C on this CPU.
-pub fn simd_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// The keys of one piece: `rows[j]` is the index of key `j`'s first element in a cache
 /// layer. The end of the furthest row is computed once, so each kernel checks its cache in
 /// constant time.
@@ -104,7 +90,7 @@ impl<'a> Keys<'a> {
 
 /// Scores of a group of query heads (`q`: `g` rows of `hd`) against every key:
 /// `out[i·n + j] = (q_i · key_j) · scale`, `n = keys.len()`. `simd` (from
-/// [`simd_available`]) picks the AVX2 build where the head width is a multiple of 8.
+/// [`crate::ops::simd_available`]) picks the AVX2 build where the head width is a multiple of 8.
 pub fn scores<T: Lanes>(
     simd: bool,
     q: &[f32],
@@ -222,6 +208,7 @@ pub fn tree8(a: &[f32; LANES]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::simd_available;
     use half::f16;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {

@@ -4,17 +4,18 @@
 //! over its values, so each cached row is read once per group, not once per query head.
 //!
 //! Kept apart from the forward pass so the cache's layout can change without touching the
-//! model code: the model hands over the batch's Q/K/V rows in [`RunState`] and gets the
-//! attention output back in it. The cache is paged (see [`crate::kv`]): attention walks a
-//! sequence's block table (one block for a contiguous cache; a ring for window layers).
+//! model code: the model hands over the batch's Q/K/V rows in [`Buffers`] (rows of its
+//! `RunState`) and gets the attention output back in them. The cache is paged (see
+//! [`crate::kv`]): attention walks a sequence's block table (one block for a contiguous
+//! cache; a ring for window layers).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod kernels;
 
+use crate::batch::Batch;
 use crate::config::Config;
 use crate::kv::{KvCache, KvData};
-use crate::model::{Batch, RunState};
 use crate::ops;
 use kernels::Lanes;
 use rayon::prelude::*;
@@ -31,14 +32,33 @@ pub struct AttnParams {
     pub softcap: Option<f32>,
 }
 
+/// The rows of a pass that attention reads and writes, borrowed from the model's
+/// [`RunState`](crate::model::RunState) (attention knows nothing else of it).
+pub(crate) struct Buffers<'a> {
+    /// queries `[batch, n_heads * head_dim]`
+    pub q: &'a [f32],
+    /// keys of the batch `[batch, kv_dim]`
+    pub k: &'a [f32],
+    /// values of the batch `[batch, kv_dim]`
+    pub v: &'a [f32],
+    /// attention output `[batch, n_heads * head_dim]`
+    pub att: &'a mut [f32],
+    /// scratch per parallel task `[n_tasks, scratch_len]` ([`scratch_len`])
+    pub scores: &'a mut [f32],
+    /// partial outputs of key pieces split across threads (grown on demand)
+    pub part: &'a mut Vec<f32>,
+    /// parallel tasks
+    pub n_tasks: usize,
+}
+
 /// Runs attention of layer `l` for `batch`: writes the batch's K/V rows (`s.k`, `s.v`) into
 /// the cache and the attention output into `s.att`. `simd` (from
-/// [`kernels::simd_available`]) selects the AVX2 kernels.
+/// [`crate::ops::simd_available`]) selects the AVX2 kernels.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn layer(
     c: &Config,
     simd: bool,
-    s: &mut RunState,
+    s: &mut Buffers<'_>,
     kv: &mut KvCache,
     l: usize,
     batch: &Batch,
@@ -85,7 +105,7 @@ impl Geometry<'_> {
 fn attend<T: Lanes>(
     c: &Config,
     simd: bool,
-    s: &mut RunState,
+    s: &mut Buffers<'_>,
     kc: &mut [T],
     vc: &mut [T],
     batch: &Batch,

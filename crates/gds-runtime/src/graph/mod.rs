@@ -3,8 +3,8 @@
 //!
 //! The graph never sees bytes, files or threads: a backend implements [`Ops`] over its own
 //! buffers and weight handles (the CPU's in [`crate::model`], the CUDA kernels' in
-//! [`crate::cuda_graph`], and an f64 test reference in crates/gds-cuda/tests/it/forward_emu.rs),
-//! and the executor calls [`block`] for each block once that block's weights are resident. So an architecture is written once for every backend, the
+//! [`crate::exec::cuda_graph`], and an f64 test reference in
+//! crates/gds-cuda/tests/it/forward_emu.rs), and the executor calls [`block`] for each block once that block's weights are resident. So an architecture is written once for every backend, the
 //! way llama.cpp's `src/models/<arch>.cpp` sit on `llm_graph_context`'s helpers, but with the
 //! backend strictly below the graph.
 //!

@@ -3,17 +3,28 @@
 //! [`BatchExecutor`] is the forward pass of every backend: tokens of several sequences at
 //! their positions, over a KV cache whose block tables a [`KvCache`] manages and whose rows
 //! the backend holds (host memory on the CPU: [`CpuBatchExecutor`]; VRAM on the GPU:
-//! `crate::gpu::GpuBatchExecutor`). The server's scheduler drives it directly.
+//! `crate::exec::gpu::GpuBatchExecutor`). The server's scheduler drives it directly.
 //!
 //! [`Executor`] is the one-sequence view the run loop (engine, perplexity, bench, drafts)
 //! uses: [`OneSequence`], a batch of one sequence through a [`BatchExecutor`] over a cache of
 //! one sequence. The run loop, sampler and metrics are the same for every backend.
+//!
+//! The GPU's executors live here too, below [`open`], which picks the plan's backend:
+//! [`cuda_graph`] (the architecture's graph over the CUDA kernels, and the executor over any
+//! device's streamer, which the tests run on the kernels compiled as C++) and `gpu` (the
+//! CUDA executor proper, feature `cuda`). The crate re-exports both at its root
+//! (`gds_runtime::cuda_graph`, `gds_runtime::gpu`).
+
+pub mod cuda_graph;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 
 use crate::backend::Backend;
+use crate::batch::Batch;
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
 use crate::kv::KvCache;
-use crate::model::{Batch, Model, RunState};
+use crate::model::{Model, RunState};
 use crate::plan::Plan;
 use gds_io::IoStats;
 use std::ops::Range;
@@ -319,7 +330,7 @@ impl Executor for OneSequence {
 
 /// Opens the plan's backend for one sequence, for passes of up to `batch` tokens of which
 /// up to `outputs` may return logits (the GPU takes its own pass size: see
-/// `crate::gpu::open_one`).
+/// `crate::exec::gpu::open_one`).
 pub fn open(plan: &Plan, batch: usize, outputs: usize) -> Result<Box<dyn Executor>> {
     match plan.backend {
         Backend::Cpu => Ok(Box::new(OneSequence::cpu(
@@ -329,7 +340,7 @@ pub fn open(plan: &Plan, batch: usize, outputs: usize) -> Result<Box<dyn Executo
             outputs,
         ))),
         #[cfg(feature = "cuda")]
-        Backend::Cuda => Ok(Box::new(crate::gpu::open_one(plan, outputs)?)),
+        Backend::Cuda => Ok(Box::new(crate::exec::gpu::open_one(plan, outputs)?)),
         #[cfg(not(feature = "cuda"))]
         other => Err(RuntimeError::Internal(format!(
             "backend {other} is not available in this build"

@@ -5,15 +5,15 @@
 //! server drives it over its paged cache ([`open_batch`]); the CLI, bench and perplexity over
 //! a cache of one sequence ([`open_one`]).
 //!
-//! Each block runs the architecture's graph ([`crate::cuda_graph::CudaGraph`]: the same
+//! Each block runs the architecture's graph ([`crate::exec::cuda_graph::CudaGraph`]: the same
 //! `graph/<arch>.rs` as the CPU, over the CUDA kernels).
 //!
 //! Tested on the CPU with the same kernels (crates/gds-cuda/tests: forward_emu.rs,
 //! executor_emu.rs); run on a GPU as docs/gpu.md records.
 
-use crate::cuda_graph::{gpu_error, PassStaging, StreamerBatch};
-use crate::cuda_graph::{rope_tables, CudaGraph};
 use crate::error::{Result, RuntimeError};
+use crate::exec::cuda_graph::{gpu_error, PassStaging, StreamerBatch};
+use crate::exec::cuda_graph::{rope_tables, CudaGraph};
 use crate::exec::OneSequence;
 use crate::gpuplan::GpuLoad;
 use crate::kv::KvCache;
@@ -34,7 +34,7 @@ fn open_gpu_model(
     let c = &plan.model;
     let dir = &plan.model_dir;
     let bytes = gds_io::read_manifest(dir)?;
-    let m = crate::plan::parse_manifest(dir, &bytes)?;
+    let m = crate::model_dir::parse_manifest(dir, &bytes)?;
     let layout = gds_cuda::plan::Layout::from_manifest(dir, &m).map_err(gpu_error)?;
     let rope = rope_tables(dir, &m, c, plan.ctx)?;
     let graph = CudaGraph::new(c, &layout, rope.len())?;
@@ -60,10 +60,10 @@ fn open_gpu_model(
 /// Opens the plan's model on the GPU for one sequence (the CLI, bench, perplexity, drafts):
 /// passes of up to [`gds_cuda::plan::MAX_BATCH`] positions, up to `outputs` of them with
 /// logits, over the cache [`crate::gpuplan::plan_gpu`] planned the VRAM for
-/// ([`crate::cuda_graph::one_sequence`]).
+/// ([`crate::exec::cuda_graph::one_sequence`]).
 /// (Its cache is f32, as the plan requires of the CUDA backend.)
 pub fn open_one(plan: &Plan, outputs: usize) -> Result<OneSequence> {
-    crate::cuda_graph::one_sequence(
+    crate::exec::cuda_graph::one_sequence(
         &plan.model,
         plan.ctx,
         gds_cuda::plan::MAX_BATCH,

@@ -11,12 +11,12 @@
 //! Not behind the `cuda` feature: it only issues calls to a [`Device`], so the tests run it
 //! on the kernels compiled as C++ (crates/gds-cuda/tests).
 
+use crate::batch::Batch;
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
 use crate::graph::{self, Arch, Block, Buf, Glu, Ops, WeightSource};
 use crate::kv::{KvCache, Tables, NO_BLOCK};
 use crate::model::rope_table_index;
-use crate::model::Batch;
 use gds_cuda::forward::{BlockGraph, Device, Heads, Pass};
 use gds_cuda::plan::KvSpec;
 use gds_cuda::plan::{Layout, TensorMeta};
@@ -127,8 +127,8 @@ impl CudaGraph {
     /// read and checked as at every open (for callers that hold no manifest, e.g. tests).
     pub fn open(dir: &Path, ctx: usize) -> Result<(CudaGraph, RopeTables)> {
         let bytes = gds_io::read_manifest(dir)?;
-        let m = crate::plan::parse_manifest(dir, &bytes)?;
-        let config = Config::from_manifest(&m).map_err(|e| crate::plan::with_dir(e, dir))?;
+        let m = crate::model_dir::parse_manifest(dir, &bytes)?;
+        let config = Config::from_manifest(&m).map_err(|e| crate::model_dir::with_dir(e, dir))?;
         let layout = Layout::from_manifest(dir, &m)
             .map_err(|e| RuntimeError::Model(format!("CUDA backend: {e}")))?;
         let tables = rope_tables(dir, &m, &config, ctx)?;
@@ -148,7 +148,7 @@ pub fn rope_tables(
     let source =
         gds_io::MmapBackend::open_with(dir, m, &gds_io::Verifier::new(gds_io::VerifyMode::Off))?;
     let weights = crate::weights::Weights::load(config, m, &source)
-        .map_err(|e| crate::plan::with_dir(e, dir))?;
+        .map_err(|e| crate::model_dir::with_dir(e, dir))?;
     Ok(crate::model::rope_tables(config, &weights, ctx)
         .into_iter()
         .map(|t| t.into_tables())
@@ -471,7 +471,7 @@ impl PassStaging {
 /// [`one_sequence_kv`](crate::gpuplan::one_sequence_kv) for `ctx` positions and passes of up
 /// to `batch`, whose VRAM layout `open(spec, batch, outputs)` opens the executor with, and up
 /// to `outputs` logit rows a pass (at most [`Layout::logit_rows`]). What `gdsrun run`,
-/// `bench` and `perplexity --backend cuda` run (`crate::gpu::open_one`, with `CudaVram`).
+/// `bench` and `perplexity --backend cuda` run (`crate::exec::gpu::open_one`, with `CudaVram`).
 pub fn one_sequence<V: Vram + Send + 'static>(
     config: &Config,
     ctx: usize,
