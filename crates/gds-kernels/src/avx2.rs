@@ -154,6 +154,13 @@ fn st_i8x32(p: &mut [i8; 32], v: __m256i) {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+fn st_i16x8(p: &mut [i16; 8], v: __m128i) {
+    // SAFETY: `p` is 16 writable bytes; no alignment requirement.
+    unsafe { _mm_storeu_si128(p.as_mut_ptr().cast(), v) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn st_f32x4(p: &mut [f32; 4], v: __m128) {
     // SAFETY: `p` is 16 writable bytes; no alignment requirement.
     unsafe { _mm_storeu_ps(p.as_mut_ptr(), v) }
@@ -778,17 +785,20 @@ fn unpack_q45_k<const FIVE: bool>(
     let one = _mm256_set1_epi8(1);
     let two = _mm256_set1_epi8(2);
     let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
+    // The eight scales and mins decoded together (word operations, not eight scalar
+    // unpackings: those were most of a decode step's instructions), widened to i16.
+    let sm = scales_mins_k4(scales);
+    let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
+        sm[0] as i32,
+        sm[1] as i32,
+        sm[2] as i32,
+        sm[3] as i32,
+    ));
     let mut sc = [0i16; 8];
-    let mut mn = [0i16; 8];
-    for j in 0..8 {
-        let (s, m) = scale_min_k4(j, scales);
-        sc[j] = s as i16;
-        mn[j] = m as i16;
-    }
-    let mins = _mm256_setr_epi16(
-        mn[0], mn[0], mn[1], mn[1], mn[2], mn[2], mn[3], mn[3], mn[4], mn[4], mn[5], mn[5], mn[6],
-        mn[6], mn[7], mn[7],
-    );
+    st_i16x8(&mut sc, _mm256_castsi256_si128(sm));
+    // Each min twice, under the activations' two 16-element sums of its sub-block.
+    let mn = _mm256_extracti128_si256::<1>(sm);
+    let mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
     let mut hbits = match qh {
         Some(h) if FIVE => ld_u8x32(h),
         _ => _mm256_setzero_si256(),
@@ -902,19 +912,20 @@ fn unpack_q6_k(b: &BlockQ6K) -> UnpackedQ6K {
             _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
             _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
         );
-        for c in 0..4 {
-            let s = 8 * h + 2 * c;
-            sv[4 * h + c] = _mm256_set_m128i(
-                _mm_set1_epi16(b.scales[s + 1] as i16),
-                _mm_set1_epi16(b.scales[s] as i16),
-            );
-        }
+    }
+    // The i8 scales: `sv[j]` is scale 2j in its low eight i16 lanes and 2j + 1 in its high
+    // eight, by one byte shuffle and one sign extension each.
+    let scales = ld_i8x16(&b.scales);
+    for (j, v) in sv.iter_mut().enumerate() {
+        let lo = 0x0101_0101_0101_0101u64 * (2 * j as u64);
+        let pick = _mm_set_epi64x((lo + 0x0101_0101_0101_0101) as i64, lo as i64);
+        *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
     }
     UnpackedQ6K {
         q,
         sv,
         // The i8 scales, sign-extended to 16 i16 lanes.
-        sc16: _mm256_cvtepi8_epi16(ld_u8x16(&b.scales.map(|s| s as u8))),
+        sc16: _mm256_cvtepi8_epi16(scales),
         d: f16x1(b.d),
     }
 }
