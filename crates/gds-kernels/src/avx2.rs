@@ -874,6 +874,97 @@ fn step_q45_k<const N: usize>(
     }
 }
 
+/// [`step_q45_k`] on a packed block, unpacking each 32 bytes of quants where they are used:
+/// the decode path (the unpacked block, eight vectors, does not stay in AVX2's sixteen
+/// registers beside the activations and went through the stack). The same integer sums in
+/// the same order, so the same result bit for bit. `qh` is read only for Q5_K (`FIVE`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn step_q45_k_packed<const FIVE: bool, const N: usize>(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; 12],
+    qs: &[u8; 128],
+    qh: &[u8; 32],
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    acc: &mut [__m256; N],
+) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let two = _mm256_set1_epi8(2);
+    let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
+    let sm = scales_mins_k4(scales);
+    let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
+        sm[0] as i32,
+        sm[1] as i32,
+        sm[2] as i32,
+        sm[3] as i32,
+    ));
+    let mut sc = [0i16; 8];
+    st_i16x8(&mut sc, _mm256_castsi256_si128(sm));
+    let mn = _mm256_extracti128_si256::<1>(sm);
+    let mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
+    let mut hbits = if FIVE {
+        ld_u8x32(qh)
+    } else {
+        _mm256_setzero_si256()
+    };
+    let mut isum = [_mm256_setzero_si256(); N];
+    for k in 0..4 {
+        let v = ld_u8x32(&qs[32 * k..]);
+        let mut lo = _mm256_and_si256(v, m4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+        if FIVE {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(hbits, one)));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(hbits, two)));
+            hbits = _mm256_srli_epi16::<2>(hbits);
+        }
+        let slo = _mm256_set1_epi16(sc[2 * k]);
+        let shi = _mm256_set1_epi16(sc[2 * k + 1]);
+        for t in 0..N {
+            let x = &a[t][i];
+            let plo = _mm256_maddubs_epi16(lo, ld_i8x32(&x.qs[64 * k..]));
+            let phi = _mm256_maddubs_epi16(hi, ld_i8x32(&x.qs[64 * k + 32..]));
+            let p = _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
+            isum[t] = _mm256_add_epi32(isum[t], p);
+        }
+    }
+    for t in 0..N {
+        let x = &a[t][i];
+        let msum = _mm256_madd_epi16(ld_i16x16(&x.bsums), mins);
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        acc[t] = _mm256_fmadd_ps(
+            _mm256_set1_ps(-dmin * x.d),
+            _mm256_cvtepi32_ps(msum),
+            acc[t],
+        );
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn step_q4_k_packed<const N: usize>(
+    b: &BlockQ4K,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    acc: &mut [__m256; N],
+) {
+    step_q45_k_packed::<false, N>(b.d, b.dmin, &b.scales, &b.qs, &[0; 32], a, i, acc)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn step_q5_k_packed<const N: usize>(
+    b: &BlockQ5K,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    acc: &mut [__m256; N],
+) {
+    step_q45_k_packed::<true, N>(b.d, b.dmin, &b.scales, &b.qs, &b.qh, a, i, acc)
+}
+
 /// A Q6_K block unpacked: quants (0..63) of 32 elements in `q[4h + c]`, the two sub-block
 /// scales under each in `sv`, all sixteen scales widened in `sc16`.
 #[derive(Clone, Copy)]
@@ -957,6 +1048,68 @@ fn step_q6_k<const N: usize>(u: &UnpackedQ6K, a: &[&[ActQ8K]; N], i: usize, acc:
     }
 }
 
+/// [`step_q6_k`] on a packed block, unpacking each half's quants and each sub-block's scales
+/// where they are used (the decode path: the unpacked block, sixteen vectors, went through
+/// the stack). The same integer sums in the same order, so the same result bit for bit.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn step_q6_k_packed<const N: usize>(
+    b: &BlockQ6K,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    acc: &mut [__m256; N],
+) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let m30 = _mm256_set1_epi8(0x30);
+    let scales = ld_i8x16(&b.scales);
+    let sc16 = _mm256_cvtepi8_epi16(scales);
+    let mut isum = [_mm256_setzero_si256(); N];
+    for t in 0..N {
+        let off = _mm256_madd_epi16(ld_i16x16(&a[t][i].bsums), sc16);
+        isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
+    }
+    for h in 0..2 {
+        let ql0 = ld_u8x32(&b.ql[64 * h..]);
+        let ql1 = ld_u8x32(&b.ql[64 * h + 32..]);
+        let qh = ld_u8x32(&b.qh[32 * h..]);
+        let q = [
+            _mm256_or_si256(
+                _mm256_and_si256(ql0, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                _mm256_and_si256(qh, m30),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+            ),
+        ];
+        for (c, &qc) in q.iter().enumerate() {
+            let j = 4 * h + c;
+            let lo = 0x0101_0101_0101_0101u64 * (2 * j as u64);
+            let pick = _mm_set_epi64x((lo + 0x0101_0101_0101_0101) as i64, lo as i64);
+            let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+            for t in 0..N {
+                let x = &a[t][i];
+                let p = _mm256_maddubs_epi16(qc, ld_i8x32(&x.qs[32 * j..]));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sv));
+            }
+        }
+    }
+    let d = f16x1(b.d);
+    for t in 0..N {
+        let x = &a[t][i];
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+    }
+}
+
 /// Horizontal sums of `N` accumulators.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -968,17 +1121,17 @@ fn hsums<const N: usize>(acc: &[__m256; N]) -> [f32; N] {
     out
 }
 
-/// Generates a K-quant dot (`$name`: unpacking block by block) and its twin on unpacked
-/// blocks (`$cached`).
+/// Generates a K-quant dot (`$name`: packed blocks, `$packed` unpacking each block's parts as
+/// it uses them) and its twin on unpacked blocks (`$cached`, `$step`): the same arithmetic.
 macro_rules! kquant_dot {
-    ($name:ident, $cached:ident, $blk:ty, $unp:ty, $unpack:ident, $step:ident) => {
+    ($name:ident, $cached:ident, $blk:ty, $unp:ty, $packed:ident, $step:ident) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $name<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N]) -> [f32; N] {
             assert!(a.iter().all(|x| x.len() >= w.len()));
             let mut acc = [_mm256_setzero_ps(); N];
             for (i, b) in w.iter().enumerate() {
-                $step(&$unpack(b), &a, i, &mut acc);
+                $packed(b, &a, i, &mut acc);
             }
             hsums(&acc)
         }
@@ -1001,7 +1154,7 @@ kquant_dot!(
     dot_q4_k_u,
     BlockQ4K,
     UnpackedQ45K,
-    unpack_q4_k,
+    step_q4_k_packed,
     step_q45_k
 );
 kquant_dot!(
@@ -1009,7 +1162,7 @@ kquant_dot!(
     dot_q5_k_u,
     BlockQ5K,
     UnpackedQ45K,
-    unpack_q5_k,
+    step_q5_k_packed,
     step_q45_k
 );
 kquant_dot!(
@@ -1017,7 +1170,7 @@ kquant_dot!(
     dot_q6_k_u,
     BlockQ6K,
     UnpackedQ6K,
-    unpack_q6_k,
+    step_q6_k_packed,
     step_q6_k
 );
 
