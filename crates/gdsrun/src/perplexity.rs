@@ -32,6 +32,12 @@ impl TempOut {
         tmp_name.push(format!(".tmp{}", std::process::id()));
         let tmp = dest.with_file_name(tmp_name);
         let f = File::create(&tmp).map_err(|e| RuntimeError::file(&tmp, e))?;
+        // Ctrl-C ends the process without unwinding: remove the temporary file first
+        let on_int = tmp.clone();
+        let _ = ctrlc::set_handler(move || {
+            let _ = std::fs::remove_file(&on_int);
+            std::process::exit(130);
+        });
         let t = TempOut {
             tmp,
             dest: dest.to_path_buf(),

@@ -587,6 +587,42 @@ fn perplexity_kl_divergence_refuses_truncated_and_mismatched_files() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// `--save-logits` writes under a temporary name: Ctrl-C in the middle exits 130 and leaves
+/// neither the temporary nor a partial FILE.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn perplexity_save_logits_interrupted_leaves_no_file() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let txt = root().join("fixtures/reference/wiki-like.txt");
+    let logits = dir.path().join("base.logits");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(["perplexity", model(), "--ctx", "64", "-f"])
+        .arg(&txt)
+        .arg("--save-logits")
+        .arg(&logits)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the first line comes after the temporary file is open
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.starts_with("perplexity: "), "{line}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn bench_json_uses_llama_bench_fields() {
