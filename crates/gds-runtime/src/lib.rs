@@ -14,6 +14,7 @@ pub mod exec;
 pub mod gpuplan;
 pub mod graph;
 pub mod ioplan;
+pub mod kld;
 pub mod kv;
 pub mod metrics;
 pub mod model;

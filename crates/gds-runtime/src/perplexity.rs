@@ -81,17 +81,34 @@ pub struct PerplexityOptions {
     pub bos: Option<u32>,
 }
 
+/// One scored position, as [`perplexity`] hands it to its observer.
+#[derive(Clone, Copy, Debug)]
+pub struct Scored<'a> {
+    /// Chunk index.
+    pub chunk: usize,
+    /// Position within the chunk (`first .. ctx - 1`).
+    pub pos: usize,
+    /// The token this position predicts.
+    pub target: u32,
+    /// The logits at this position.
+    pub logits: &'a [f32],
+}
+
 /// Runs llama-perplexity's algorithm over `tokens` (already tokenized, BOS included when
 /// the model adds one) on the executor, whose context must hold `opts.ctx` positions.
-/// `on_chunk` receives (chunk index, running ppl).
+/// `on_chunk` receives (chunk index, running ppl); `on_position` sees every scored
+/// position's logits in order (`--save-logits`, `--kl-divergence`), and its first error
+/// ends the run.
 pub fn perplexity(
     ex: &mut dyn Executor,
     tokens: &[u32],
     opts: PerplexityOptions,
     on_chunk: &mut dyn FnMut(usize, f64),
+    on_position: &mut dyn FnMut(Scored<'_>) -> Result<()>,
 ) -> Result<PerplexityResult> {
     let PerplexityOptions { ctx, bos } = opts;
     let plan = ChunkPlan::new(tokens.len(), ctx)?;
+    let mut failed: Option<RuntimeError> = None;
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut running = Vec::with_capacity(plan.n_chunks);
     let mut chunk_tokens = vec![0u32; ctx];
@@ -107,7 +124,19 @@ pub fn perplexity(
             let v = log_sum_exp(logits) - logits[target] as f64;
             nll += v;
             nll2 += v * v;
+            if failed.is_none() {
+                let s = Scored {
+                    chunk: i,
+                    pos,
+                    target: target as u32,
+                    logits,
+                };
+                failed = on_position(s).err();
+            }
         })?;
+        if let Some(e) = failed.take() {
+            return Err(e);
+        }
         count += plan.scored_per_chunk;
         running.push((nll / count as f64).exp());
         on_chunk(i, (nll / count as f64).exp());

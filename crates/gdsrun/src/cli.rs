@@ -196,6 +196,17 @@ pub struct PerplexityArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Store this (base) model's log-probabilities at every scored position in FILE, for a
+    /// later `--kl-divergence FILE` run of a quantized model (llama-perplexity's
+    /// --kl-divergence-base). Rows are quantized to 16 bits per vocabulary entry
+    /// (2 bytes × vocabulary × scored tokens); the file appears only when complete.
+    #[arg(long, value_name = "FILE", conflicts_with = "kl_divergence")]
+    pub save_logits: Option<PathBuf>,
+    /// Compare this model with the base model's FILE (from --save-logits, same text, --ctx
+    /// and tokenizer): mean, median, p99 and max KL(base ‖ this), top-1 agreement, and the
+    /// ratio of the perplexities (llama-perplexity's --kl-divergence).
+    #[arg(long, value_name = "FILE")]
+    pub kl_divergence: Option<PathBuf>,
 }
 
 /// `gdsrun bench`.
