@@ -81,6 +81,10 @@ make_stub() { # make_stub SYMBOL...
 [ -f "$STUB_DIR/libcuda.so" ] || make_stub
 
 export PATH="$CUDA_HOME/bin:$PATH" CUDA_PATH="$CUDA_HOME" CUDAToolkit_ROOT="$CUDA_HOME"
+# The linker resolves libggml-cuda.so's own needs (libcudart.so.13, libcublas.so.13) when it links
+# the tools against it: GNU ld looks for them on LD_LIBRARY_PATH (and -rpath-link below); without
+# it every tool failed to link with "undefined reference to `cudaMalloc@libcudart.so.13'".
+export LD_LIBRARY_PATH="$CUDA_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log "nvcc: $(nvcc --version | tail -1)"
 
 # --- configure
@@ -92,7 +96,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     -DGGML_CUDA_GRAPHS=ON -DGGML_CUDA_NCCL=OFF \
     -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
     -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$CUDA_HOME/lib"
 fi
 
 # --- build: ggml-cuda first (nearly all of the time), then the stub from its driver symbols,
