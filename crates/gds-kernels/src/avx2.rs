@@ -772,21 +772,12 @@ struct UnpackedQ45K {
     dmin: f32,
 }
 
+/// A Q4_K/Q5_K block's eight scales (`[i16; 8]`) and mins, each min twice under the
+/// activations' two 16-element sums of its sub-block: decoded together (word operations, not
+/// eight scalar unpackings: those were most of a decode step's instructions).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q45_k<const FIVE: bool>(
-    d: [u8; 2],
-    dmin: [u8; 2],
-    scales: &[u8; 12],
-    qs: &[u8; 128],
-    qh: Option<&[u8; 32]>,
-) -> UnpackedQ45K {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    let two = _mm256_set1_epi8(2);
-    let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
-    // The eight scales and mins decoded together (word operations, not eight scalar
-    // unpackings: those were most of a decode step's instructions), widened to i16.
+fn scales_mins_q45_k(scales: &[u8; 12]) -> ([i16; 8], __m256i) {
     let sm = scales_mins_k4(scales);
     let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
         sm[0] as i32,
@@ -796,25 +787,52 @@ fn unpack_q45_k<const FIVE: bool>(
     ));
     let mut sc = [0i16; 8];
     st_i16x8(&mut sc, _mm256_castsi256_si128(sm));
-    // Each min twice, under the activations' two 16-element sums of its sub-block.
     let mn = _mm256_extracti128_si256::<1>(sm);
     let mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
+    (sc, mins)
+}
+
+/// Quants 64k..64k+32 (`lo`, sub-block 2k) and 64k+32..64k+64 (`hi`, 2k + 1) of a Q4_K/Q5_K
+/// block; for Q5_K (`FIVE`) their fifth bits from `hbits`, which moves on to the next pair.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quants_q45_k<const FIVE: bool>(
+    qs: &[u8; 128],
+    k: usize,
+    hbits: &mut __m256i,
+) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let v = ld_u8x32(&qs[32 * k..]);
+    let mut lo = _mm256_and_si256(v, m4);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+    if FIVE {
+        let one = _mm256_set1_epi8(1);
+        let two = _mm256_set1_epi8(2);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(*hbits, one)));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(*hbits, two)));
+        *hbits = _mm256_srli_epi16::<2>(*hbits);
+    }
+    (lo, hi)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_q45_k<const FIVE: bool>(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; 12],
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+) -> UnpackedQ45K {
+    let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
+    let (sc, mins) = scales_mins_q45_k(scales);
     let mut hbits = match qh {
         Some(h) if FIVE => ld_u8x32(h),
         _ => _mm256_setzero_si256(),
     };
     let mut q = [_mm256_setzero_si256(); 8];
     for k in 0..4 {
-        let v = ld_u8x32(&qs[32 * k..]);
-        let mut lo = _mm256_and_si256(v, m4);
-        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-        if FIVE {
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(hbits, one)));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(hbits, two)));
-            hbits = _mm256_srli_epi16::<2>(hbits);
-        }
-        q[2 * k] = lo;
-        q[2 * k + 1] = hi;
+        (q[2 * k], q[2 * k + 1]) = quants_q45_k::<FIVE>(qs, k, &mut hbits);
     }
     UnpackedQ45K {
         q,
@@ -891,21 +909,8 @@ fn step_q45_k_packed<const FIVE: bool, const N: usize>(
     i: usize,
     acc: &mut [__m256; N],
 ) {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    let two = _mm256_set1_epi8(2);
     let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
-    let sm = scales_mins_k4(scales);
-    let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
-        sm[0] as i32,
-        sm[1] as i32,
-        sm[2] as i32,
-        sm[3] as i32,
-    ));
-    let mut sc = [0i16; 8];
-    st_i16x8(&mut sc, _mm256_castsi256_si128(sm));
-    let mn = _mm256_extracti128_si256::<1>(sm);
-    let mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
+    let (sc, mins) = scales_mins_q45_k(scales);
     let mut hbits = if FIVE {
         ld_u8x32(qh)
     } else {
@@ -913,14 +918,7 @@ fn step_q45_k_packed<const FIVE: bool, const N: usize>(
     };
     let mut isum = [_mm256_setzero_si256(); N];
     for k in 0..4 {
-        let v = ld_u8x32(&qs[32 * k..]);
-        let mut lo = _mm256_and_si256(v, m4);
-        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-        if FIVE {
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(hbits, one)));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(hbits, two)));
-            hbits = _mm256_srli_epi16::<2>(hbits);
-        }
+        let (lo, hi) = quants_q45_k::<FIVE>(qs, k, &mut hbits);
         let slo = _mm256_set1_epi16(sc[2 * k]);
         let shi = _mm256_set1_epi16(sc[2 * k + 1]);
         for t in 0..N {
@@ -975,42 +973,57 @@ struct UnpackedQ6K {
     d: f32,
 }
 
+/// Half `h` of a Q6_K block's quants (0..63): the 32 elements from 128h, + 32, + 64, + 96.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q6_k(b: &BlockQ6K) -> UnpackedQ6K {
+fn quants_q6_k(b: &BlockQ6K, h: usize) -> [__m256i; 4] {
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(3);
     let m30 = _mm256_set1_epi8(0x30);
-    let mut q = [_mm256_setzero_si256(); 8];
-    let mut sv = [_mm256_setzero_si256(); 8];
-    for h in 0..2 {
-        let ql0 = ld_u8x32(&b.ql[64 * h..]);
-        let ql1 = ld_u8x32(&b.ql[64 * h + 32..]);
-        let qh = ld_u8x32(&b.qh[32 * h..]);
-        q[4 * h] = _mm256_or_si256(
+    let ql0 = ld_u8x32(&b.ql[64 * h..]);
+    let ql1 = ld_u8x32(&b.ql[64 * h + 32..]);
+    let qh = ld_u8x32(&b.qh[32 * h..]);
+    [
+        _mm256_or_si256(
             _mm256_and_si256(ql0, m4),
             _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-        );
-        q[4 * h + 1] = _mm256_or_si256(
+        ),
+        _mm256_or_si256(
             _mm256_and_si256(ql1, m4),
             _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
-        );
-        q[4 * h + 2] = _mm256_or_si256(
+        ),
+        _mm256_or_si256(
             _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
             _mm256_and_si256(qh, m30),
-        );
-        q[4 * h + 3] = _mm256_or_si256(
+        ),
+        _mm256_or_si256(
             _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
             _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-        );
+        ),
+    ]
+}
+
+/// The scales of Q6_K sub-blocks 2j (low eight i16 lanes) and 2j + 1 (high eight), from the
+/// block's sixteen i8 scales: one byte shuffle and one sign extension.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_pair_q6_k(scales: __m128i, j: usize) -> __m256i {
+    let lo = 0x0101_0101_0101_0101u64 * (2 * j as u64);
+    let pick = _mm_set_epi64x((lo + 0x0101_0101_0101_0101) as i64, lo as i64);
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_q6_k(b: &BlockQ6K) -> UnpackedQ6K {
+    let mut q = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        q[4 * h..4 * h + 4].copy_from_slice(&quants_q6_k(b, h));
     }
-    // The i8 scales: `sv[j]` is scale 2j in its low eight i16 lanes and 2j + 1 in its high
-    // eight, by one byte shuffle and one sign extension each.
     let scales = ld_i8x16(&b.scales);
+    let mut sv = [_mm256_setzero_si256(); 8];
     for (j, v) in sv.iter_mut().enumerate() {
-        let lo = 0x0101_0101_0101_0101u64 * (2 * j as u64);
-        let pick = _mm_set_epi64x((lo + 0x0101_0101_0101_0101) as i64, lo as i64);
-        *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+        *v = scale_pair_q6_k(scales, j);
     }
     UnpackedQ6K {
         q,
@@ -1059,9 +1072,6 @@ fn step_q6_k_packed<const N: usize>(
     i: usize,
     acc: &mut [__m256; N],
 ) {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(3);
-    let m30 = _mm256_set1_epi8(0x30);
     let scales = ld_i8x16(&b.scales);
     let sc16 = _mm256_cvtepi8_epi16(scales);
     let mut isum = [_mm256_setzero_si256(); N];
@@ -1070,32 +1080,9 @@ fn step_q6_k_packed<const N: usize>(
         isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
     }
     for h in 0..2 {
-        let ql0 = ld_u8x32(&b.ql[64 * h..]);
-        let ql1 = ld_u8x32(&b.ql[64 * h + 32..]);
-        let qh = ld_u8x32(&b.qh[32 * h..]);
-        let q = [
-            _mm256_or_si256(
-                _mm256_and_si256(ql0, m4),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(ql1, m4),
-                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                _mm256_and_si256(qh, m30),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-            ),
-        ];
-        for (c, &qc) in q.iter().enumerate() {
+        for (c, &qc) in quants_q6_k(b, h).iter().enumerate() {
             let j = 4 * h + c;
-            let lo = 0x0101_0101_0101_0101u64 * (2 * j as u64);
-            let pick = _mm_set_epi64x((lo + 0x0101_0101_0101_0101) as i64, lo as i64);
-            let sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+            let sv = scale_pair_q6_k(scales, j);
             for t in 0..N {
                 let x = &a[t][i];
                 let p = _mm256_maddubs_epi16(qc, ld_i8x32(&x.qs[32 * j..]));
