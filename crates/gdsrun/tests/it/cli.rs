@@ -371,17 +371,13 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
     let txt = txt.to_str().unwrap();
     let logits = dir.path().join("base.logits");
     let logits = logits.to_str().unwrap();
-    let base = ok_json(&[
-        "perplexity",
-        model(),
-        "-f",
-        txt,
-        "--ctx",
-        "64",
-        "--json",
-        "--save-logits",
-        logits,
-    ]);
+    // `gdsrun perplexity` on the short text at ctx 64, JSON, with `extra`
+    let ppl = |extra: &[&str]| {
+        let mut args = vec!["perplexity", model(), "-f", txt, "--ctx", "64", "--json"];
+        args.extend_from_slice(extra);
+        ok_json(&args)
+    };
+    let base = ppl(&["--save-logits", logits]);
     let (chunks, scored) = (
         base["chunks"].as_u64().unwrap(),
         base["scored"].as_u64().unwrap(),
@@ -399,17 +395,7 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
 
-    let same = ok_json(&[
-        "perplexity",
-        model(),
-        "-f",
-        txt,
-        "--ctx",
-        "64",
-        "--json",
-        "--kl-divergence",
-        logits,
-    ]);
+    let same = ppl(&["--kl-divergence", logits]);
     let kl = &same["kl"];
     eprintln!("same model: {kl}");
     assert_eq!(same["ppl"], base["ppl"], "the existing fields stay");
@@ -430,19 +416,7 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
         "{kl}"
     );
 
-    let f32 = ok_json(&[
-        "perplexity",
-        model(),
-        "-f",
-        txt,
-        "--ctx",
-        "64",
-        "--json",
-        "--kl-divergence",
-        logits,
-        "--activations",
-        "f32",
-    ]);
+    let f32 = ppl(&["--kl-divergence", logits, "--activations", "f32"]);
     let kl = &f32["kl"];
     eprintln!("q8 vs f32 activations: {kl}");
     let (mean, median, p99, max) = (
