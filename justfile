@@ -36,7 +36,8 @@ fuzz-seeds *args:
 fuzz-replay:
     cargo test --release -p gds-fuzz --test replay
 
-# gdsrun vs llama.cpp llama-bench on SmolLM2 and Gemma 3 (pp/tg t/s and ratios at depths 0, 2048, 8192, peak RSS)
+# gdsrun vs llama.cpp llama-bench on SmolLM2 and Gemma 3 (pp/tg t/s and ratios at depths 0, 2048, 8192, peak RSS);
+# real sizes: `just bench --synth llama-1b|llama-7b --quant Q4_0,Q4_K_M,Q8_0 --model llama -d 0`
 bench *args:
     ./scripts/bench.py {{args}}
 
