@@ -855,6 +855,53 @@ fn unpack_q5_k(b: &BlockQ5K) -> UnpackedQ45K {
     unpack_q45_k::<true>(b.d, b.dmin, &b.scales, &b.qs, Some(&b.qh))
 }
 
+/// Sub-blocks 2k (`lo`) and 2k + 1 (`hi`) of a Q4_K/Q5_K block, scaled by `sc[2k]` and
+/// `sc[2k + 1]`, against block `i` of `N` tokens: added to the integer sums `isum`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair_q45_k<const N: usize>(
+    (lo, hi): (__m256i, __m256i),
+    sc: &[i16; 8],
+    k: usize,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    isum: &mut [__m256i; N],
+) {
+    let slo = _mm256_set1_epi16(sc[2 * k]);
+    let shi = _mm256_set1_epi16(sc[2 * k + 1]);
+    for t in 0..N {
+        let x = &a[t][i];
+        let plo = _mm256_maddubs_epi16(lo, ld_i8x32(&x.qs[64 * k..]));
+        let phi = _mm256_maddubs_epi16(hi, ld_i8x32(&x.qs[64 * k + 32..]));
+        let p = _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
+        isum[t] = _mm256_add_epi32(isum[t], p);
+    }
+}
+
+/// A Q4_K/Q5_K block's integer sums against block `i` of `N` tokens, less the mins' term,
+/// scaled into `acc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn finish_q45_k<const N: usize>(
+    isum: &[__m256i; N],
+    mins: __m256i,
+    (d, dmin): (f32, f32),
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    acc: &mut [__m256; N],
+) {
+    for t in 0..N {
+        let x = &a[t][i];
+        let msum = _mm256_madd_epi16(ld_i16x16(&x.bsums), mins);
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        acc[t] = _mm256_fmadd_ps(
+            _mm256_set1_ps(-dmin * x.d),
+            _mm256_cvtepi32_ps(msum),
+            acc[t],
+        );
+    }
+}
+
 /// One unpacked Q4_K/Q5_K block against block `i` of `N` tokens, into `acc`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -866,30 +913,9 @@ fn step_q45_k<const N: usize>(
 ) {
     let mut isum = [_mm256_setzero_si256(); N];
     for k in 0..4 {
-        let slo = _mm256_set1_epi16(u.sc[2 * k]);
-        let shi = _mm256_set1_epi16(u.sc[2 * k + 1]);
-        for t in 0..N {
-            let x = &a[t][i];
-            let plo = _mm256_maddubs_epi16(u.q[2 * k], ld_i8x32(&x.qs[64 * k..]));
-            let phi = _mm256_maddubs_epi16(u.q[2 * k + 1], ld_i8x32(&x.qs[64 * k + 32..]));
-            let p = _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
-            isum[t] = _mm256_add_epi32(isum[t], p);
-        }
+        pair_q45_k((u.q[2 * k], u.q[2 * k + 1]), &u.sc, k, a, i, &mut isum);
     }
-    for t in 0..N {
-        let x = &a[t][i];
-        let msum = _mm256_madd_epi16(ld_i16x16(&x.bsums), u.mins);
-        acc[t] = _mm256_fmadd_ps(
-            _mm256_set1_ps(u.d * x.d),
-            _mm256_cvtepi32_ps(isum[t]),
-            acc[t],
-        );
-        acc[t] = _mm256_fmadd_ps(
-            _mm256_set1_ps(-u.dmin * x.d),
-            _mm256_cvtepi32_ps(msum),
-            acc[t],
-        );
-    }
+    finish_q45_k(&isum, u.mins, (u.d, u.dmin), a, i, acc);
 }
 
 /// [`step_q45_k`] on a packed block, unpacking each 32 bytes of quants where they are used:
@@ -918,27 +944,10 @@ fn step_q45_k_packed<const FIVE: bool, const N: usize>(
     };
     let mut isum = [_mm256_setzero_si256(); N];
     for k in 0..4 {
-        let (lo, hi) = quants_q45_k::<FIVE>(qs, k, &mut hbits);
-        let slo = _mm256_set1_epi16(sc[2 * k]);
-        let shi = _mm256_set1_epi16(sc[2 * k + 1]);
-        for t in 0..N {
-            let x = &a[t][i];
-            let plo = _mm256_maddubs_epi16(lo, ld_i8x32(&x.qs[64 * k..]));
-            let phi = _mm256_maddubs_epi16(hi, ld_i8x32(&x.qs[64 * k + 32..]));
-            let p = _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
-            isum[t] = _mm256_add_epi32(isum[t], p);
-        }
+        let q = quants_q45_k::<FIVE>(qs, k, &mut hbits);
+        pair_q45_k(q, &sc, k, a, i, &mut isum);
     }
-    for t in 0..N {
-        let x = &a[t][i];
-        let msum = _mm256_madd_epi16(ld_i16x16(&x.bsums), mins);
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-        acc[t] = _mm256_fmadd_ps(
-            _mm256_set1_ps(-dmin * x.d),
-            _mm256_cvtepi32_ps(msum),
-            acc[t],
-        );
-    }
+    finish_q45_k(&isum, mins, (d, dmin), a, i, acc);
 }
 
 #[inline]
@@ -1034,31 +1043,62 @@ fn unpack_q6_k(b: &BlockQ6K) -> UnpackedQ6K {
     }
 }
 
+/// A Q6_K block's integer sums against block `i` of `N` tokens, started at its -32 offset:
+/// -32 * sum_s sc[s] * bsum[s] (`sc16`: the sixteen scales as i16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn offset_q6_k<const N: usize>(sc16: __m256i, a: &[&[ActQ8K]; N], i: usize) -> [__m256i; N] {
+    let mut isum = [_mm256_setzero_si256(); N];
+    for t in 0..N {
+        let off = _mm256_madd_epi16(ld_i16x16(&a[t][i].bsums), sc16);
+        isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
+    }
+    isum
+}
+
+/// The 32 quants `q` of Q6_K group `j`, scaled by `sv` (its two sub-blocks' scales), against
+/// block `i` of `N` tokens: added to `isum`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group_q6_k<const N: usize>(
+    q: __m256i,
+    sv: __m256i,
+    j: usize,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    isum: &mut [__m256i; N],
+) {
+    for t in 0..N {
+        let p = _mm256_maddubs_epi16(q, ld_i8x32(&a[t][i].qs[32 * j..]));
+        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sv));
+    }
+}
+
+/// A Q6_K block's integer sums against block `i` of `N` tokens, scaled by `d` into `acc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn finish_q6_k<const N: usize>(
+    isum: &[__m256i; N],
+    d: f32,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+    acc: &mut [__m256; N],
+) {
+    for t in 0..N {
+        let x = &a[t][i];
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+    }
+}
+
 /// One unpacked Q6_K block against block `i` of `N` tokens, into `acc`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn step_q6_k<const N: usize>(u: &UnpackedQ6K, a: &[&[ActQ8K]; N], i: usize, acc: &mut [__m256; N]) {
-    let mut isum = [_mm256_setzero_si256(); N];
-    for t in 0..N {
-        // The -32 offset: -32 * sum_s sc[s] * bsum[s].
-        let off = _mm256_madd_epi16(ld_i16x16(&a[t][i].bsums), u.sc16);
-        isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
-    }
+    let mut isum = offset_q6_k(u.sc16, a, i);
     for j in 0..8 {
-        for t in 0..N {
-            let x = &a[t][i];
-            let p = _mm256_maddubs_epi16(u.q[j], ld_i8x32(&x.qs[32 * j..]));
-            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, u.sv[j]));
-        }
+        group_q6_k(u.q[j], u.sv[j], j, a, i, &mut isum);
     }
-    for t in 0..N {
-        let x = &a[t][i];
-        acc[t] = _mm256_fmadd_ps(
-            _mm256_set1_ps(u.d * x.d),
-            _mm256_cvtepi32_ps(isum[t]),
-            acc[t],
-        );
-    }
+    finish_q6_k(&isum, u.d, a, i, acc);
 }
 
 /// [`step_q6_k`] on a packed block, unpacking each half's quants and each sub-block's scales
@@ -1073,28 +1113,14 @@ fn step_q6_k_packed<const N: usize>(
     acc: &mut [__m256; N],
 ) {
     let scales = ld_i8x16(&b.scales);
-    let sc16 = _mm256_cvtepi8_epi16(scales);
-    let mut isum = [_mm256_setzero_si256(); N];
-    for t in 0..N {
-        let off = _mm256_madd_epi16(ld_i16x16(&a[t][i].bsums), sc16);
-        isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
-    }
+    let mut isum = offset_q6_k(_mm256_cvtepi8_epi16(scales), a, i);
     for h in 0..2 {
-        for (c, &qc) in quants_q6_k(b, h).iter().enumerate() {
+        for (c, &q) in quants_q6_k(b, h).iter().enumerate() {
             let j = 4 * h + c;
-            let sv = scale_pair_q6_k(scales, j);
-            for t in 0..N {
-                let x = &a[t][i];
-                let p = _mm256_maddubs_epi16(qc, ld_i8x32(&x.qs[32 * j..]));
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sv));
-            }
+            group_q6_k(q, scale_pair_q6_k(scales, j), j, a, i, &mut isum);
         }
     }
-    let d = f16x1(b.d);
-    for t in 0..N {
-        let x = &a[t][i];
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-    }
+    finish_q6_k(&isum, f16x1(b.d), a, i, acc);
 }
 
 /// Horizontal sums of `N` accumulators.
