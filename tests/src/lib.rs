@@ -154,6 +154,21 @@ pub fn fixture(rel: &str) -> PathBuf {
     root().join("fixtures").join(rel)
 }
 
+/// `fixtures/<input>` converted (default options) into a temporary directory, kept while the
+/// guard lives.
+pub fn converted_fixture(input: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m.gds");
+    gds_convert::convert(
+        &fixture(input),
+        &dir,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+    (tmp, dir)
+}
+
 /// stdout as a string.
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

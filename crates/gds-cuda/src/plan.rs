@@ -660,15 +660,7 @@ mod tests {
     #[test]
     fn a_read_layout_equals_the_layout_of_its_manifest() {
         for input in ["tiny-llama3-hf", "tiny-gemma3-hf"] {
-            let tmp = tempfile::tempdir().unwrap();
-            let dir = tmp.path().join("m.gds");
-            gds_convert::convert(
-                &gds_tests::fixture(input),
-                &dir,
-                &gds_convert::ConvertOptions::default(),
-                &gds_convert::NoProgress,
-            )
-            .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+            let (_tmp, dir) = gds_tests::converted_fixture(input);
             let read = Layout::read(&dir).unwrap();
             let bytes = std::fs::read(dir.join("manifest.gdsm")).unwrap();
             let m = Manifest::parse(&bytes).unwrap();

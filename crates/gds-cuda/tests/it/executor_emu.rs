@@ -413,20 +413,6 @@ fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
     assert!(e.contains("too small"), "{e}");
 }
 
-/// `fixtures/<input>` converted into a temporary directory (kept while the guard lives).
-fn converted_fixture(input: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("m.gds");
-    gds_convert::convert(
-        &gds_tests::fixture(input),
-        &dir,
-        &gds_convert::ConvertOptions::default(),
-        &gds_convert::NoProgress,
-    )
-    .unwrap_or_else(|e| panic!("convert {input}: {e}"));
-    (tmp, dir)
-}
-
 /// Every architecture through the executor on the emulated device, against transformers:
 /// the tiny random-weight models of fixtures/tiny-<arch>-hf (made by transformers itself,
 /// fixtures/make_arch_fixtures.py) converted from the Hugging Face directory and from the
@@ -464,7 +450,7 @@ fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
         let golden = gds_tests::golden(arch, golden);
         let tokens = &golden.tokens;
         assert_eq!(tokens.len(), 12, "{arch}: golden prompt length");
-        let (_tmp, dir) = converted_fixture(input);
+        let (_tmp, dir) = gds_tests::converted_fixture(input);
         // The context the CPU check runs at (LongRoPE picks its factors by it).
         let ctx = 64;
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
@@ -497,7 +483,7 @@ fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
 fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
     use gds_runtime::Executor;
     for input in ["tiny-gemma3-hf", "tiny-mistral-hf"] {
-        let (_tmp, dir) = converted_fixture(input);
+        let (_tmp, dir) = gds_tests::converted_fixture(input);
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
         let config = gds_runtime::Model::load(&dir, CTX, 1)
             .unwrap()
@@ -582,7 +568,7 @@ fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
 fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
     // (Qwen 3's blocks are Llama 3's plus head norms, which every_architecture… covers)
     for input in ["tiny-llama3-hf", "tiny-gemma3-hf"] {
-        let (_tmp, dir) = converted_fixture(input);
+        let (_tmp, dir) = gds_tests::converted_fixture(input);
         let max_batch = 8;
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
         let budget = layout
@@ -705,7 +691,7 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
     // Gemma 3: window and global blocks, two RoPE tables, two block tables (llama's plain
     // cache runs in the_servers_batches_… below)
     for input in ["tiny-gemma3-hf"] {
-        let (_tmp, dir) = converted_fixture(input);
+        let (_tmp, dir) = gds_tests::converted_fixture(input);
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
         let windows = layout.shape.windows.clone();
         let separate = windows.iter().any(|&w| w > 0);
@@ -901,7 +887,7 @@ fn the_servers_batches_give_the_same_logits_on_the_cpu_and_the_gpu_executor() {
     const BLOCK: usize = 4;
     // llama 3 here; Gemma 3's window pool runs in the two tests around this one
     for input in ["tiny-llama3-hf"] {
-        let (_tmp, dir) = converted_fixture(input);
+        let (_tmp, dir) = gds_tests::converted_fixture(input);
         let mut m = Model::load(&dir, CTX, 1).unwrap();
         m.set_f32_activations(true);
         let c = m.config.clone();
@@ -1022,7 +1008,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
     use gds_runtime::exec::{BatchExecutor, CpuBatchExecutor};
     use gds_runtime::{KvCache, KvDtype, Model};
     use gds_serve::scheduler::{max_outputs, Engine, EngineConfig, Event, Request};
-    let (_tmp, dir) = converted_fixture("tiny-gemma3-hf");
+    let (_tmp, dir) = gds_tests::converted_fixture("tiny-gemma3-hf");
     let cfg = || EngineConfig {
         max_batch: 4,
         step_tokens: 16,

@@ -356,6 +356,13 @@ fn short_text(dir: &Path) -> PathBuf {
     path
 }
 
+/// `gdsrun perplexity MODEL -f TEXT --ctx CTX EXTRA...`: the KL divergence tests' runs.
+fn ppl_args<'a>(text: &'a str, ctx: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["perplexity", model(), "-f", text, "--ctx", ctx];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// `--save-logits` then `--kl-divergence` against the same model: KL 0 up to the rows'
 /// 16-bit quantization, same top-1 everywhere, same perplexity. Each stored log-probability
 /// is within half a step, R/131070, of the exact one (R the row's range of log-probs); the
@@ -371,13 +378,7 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
     let txt = txt.to_str().unwrap();
     let logits = dir.path().join("base.logits");
     let logits = logits.to_str().unwrap();
-    // `gdsrun perplexity` on the short text at ctx 64, JSON, with `extra`
-    let ppl = |extra: &[&str]| {
-        let mut args = vec!["perplexity", model(), "-f", txt, "--ctx", "64", "--json"];
-        args.extend_from_slice(extra);
-        ok_json(&args)
-    };
-    let base = ppl(&["--save-logits", logits]);
+    let base = ok_json(&ppl_args(txt, "64", &["--json", "--save-logits", logits]));
     let (chunks, scored) = (
         base["chunks"].as_u64().unwrap(),
         base["scored"].as_u64().unwrap(),
@@ -395,7 +396,7 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
 
-    let same = ppl(&["--kl-divergence", logits]);
+    let same = ok_json(&ppl_args(txt, "64", &["--json", "--kl-divergence", logits]));
     let kl = &same["kl"];
     eprintln!("same model: {kl}");
     assert_eq!(same["ppl"], base["ppl"], "the existing fields stay");
@@ -416,7 +417,11 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
         "{kl}"
     );
 
-    let f32 = ppl(&["--kl-divergence", logits, "--activations", "f32"]);
+    let f32 = ok_json(&ppl_args(
+        txt,
+        "64",
+        &["--json", "--kl-divergence", logits, "--activations", "f32"],
+    ));
     let kl = &f32["kl"];
     eprintln!("q8 vs f32 activations: {kl}");
     let (mean, median, p99, max) = (
@@ -443,16 +448,7 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
     assert_ne!(f32["ppl"], base["ppl"]);
 
     // the text report
-    let o = gdsrun(&[
-        "perplexity",
-        model(),
-        "-f",
-        txt,
-        "--ctx",
-        "64",
-        "--kl-divergence",
-        logits,
-    ]);
+    let o = gdsrun(&ppl_args(txt, "64", &["--kl-divergence", logits]));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     for want in [
@@ -477,28 +473,9 @@ fn perplexity_kl_divergence_refuses_truncated_and_mismatched_files() {
     let txt = txt.to_str().unwrap();
     let logits = dir.path().join("ctx32.logits");
     let logits = logits.to_str().unwrap();
-    ok_json(&[
-        "perplexity",
-        model(),
-        "-f",
-        txt,
-        "--ctx",
-        "32",
-        "--json",
-        "--save-logits",
-        logits,
-    ]);
+    ok_json(&ppl_args(txt, "32", &["--json", "--save-logits", logits]));
     let refused = |file: &str, ctx: &str, want: &[&str]| {
-        let o = gdsrun(&[
-            "perplexity",
-            model(),
-            "-f",
-            txt,
-            "--ctx",
-            ctx,
-            "--kl-divergence",
-            file,
-        ]);
+        let o = gdsrun(&ppl_args(txt, ctx, &["--kl-divergence", file]));
         let err = text(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{err}");
         assert!(!err.contains("panicked"), "{err}");
@@ -521,16 +498,11 @@ fn perplexity_kl_divergence_refuses_truncated_and_mismatched_files() {
     let mut t = std::fs::read_to_string(txt).unwrap();
     t.insert_str(0, "Preface. ");
     std::fs::write(&other, t).unwrap();
-    let o = gdsrun(&[
-        "perplexity",
-        model(),
-        "-f",
+    let o = gdsrun(&ppl_args(
         other.to_str().unwrap(),
-        "--ctx",
         "32",
-        "--kl-divergence",
-        logits,
-    ]);
+        &["--kl-divergence", logits],
+    ));
     assert_eq!(o.status.code(), Some(2));
     assert!(
         text(&o.stderr).contains("saved from another text"),
