@@ -4,14 +4,15 @@
 //
 // matvec_<t>(w, x, y, rows, cols, ntok): y[t*rows + r] = sum_k W[r, k] * x[t*cols + k].
 // One warp per row (blockDim 32 x MATVEC_ROWS, grid ceil(rows / MATVEC_ROWS)). A block type's
-// values are split in PARTS parts of PV values each, and lane i takes parts i, i+32, ... of
-// the row: neighbouring lanes read neighbouring bytes of a block and of the next blocks, so
-// each load instruction of the warp touches one or two cache lines (one lane per whole block,
-// as before 2026-11-27, made every load span the warp's 32 blocks: ~220 G weights/s on an
-// H100 whatever the block type; this way 2.1-2.7x that). decp_<t>(block, part, w) decodes a
-// part's values once into registers, and the lane dots them with every token it carries. A
-// part's values sit in the block as runs of RL consecutive values RS apart, from
-// pbase_<t>(part): value k of the part is value pbase + (k / RL) RS + k % RL of the block.
+// values are split in PARTS parts (dotp_<t>(block, x, part): one part's dot product), and
+// lane i takes parts i, i+32, ... of the row: neighbouring lanes read neighbouring bytes of a
+// block and of the next blocks, so each load instruction of the warp touches one or two cache
+// lines (one lane per whole block, as before 2026-11-27, made every load span the warp's 32
+// blocks: ~220 G weights/s on an H100 whatever the block type, 4 % of its bandwidth; this way
+// 2.1-2.7x that). Tokens are carried MATVEC_TOKENS at a time per lane, each re-decoding the
+// part. Decoding a part once into registers for all the carried tokens was tried (030cfc1) and
+// measured slower on an H100 on 2026-11-28: 7B Q4_0 tg128 87 vs 89.5 t/s, 1B 344 vs 379, no gain
+// in batched decode (bench/runs/2026-11-28-gpu-h100-anchor.md).
 //
 // dequant_<t>(src, dst, nblocks): one thread per block, grid ceil(nblocks / BLOCK_THREADS).
 
@@ -21,14 +22,14 @@
 #define Q4_0_QK 32
 #define Q4_0_BYTES 18
 // Part p (of 4): the bytes qs[4p..4p+4], values 4p..4p+4 and 16+4p..16+4p+4.
-__device__ __forceinline__ int pbase_q4_0(int p) { return 4 * p; }
-__device__ __forceinline__ void decp_q4_0(const u8* b, int p, float* w) {
+__device__ __forceinline__ float dotp_q4_0(const u8* b, const float* x, int p) {
     const u8* qs = b + 2 + 4 * p;
-    float d = ld_f16(b);
+    const float* xl = x + 4 * p;
+    float s = 0.0f;
     for (int i = 0; i < 4; i++) {
-        w[i] = (float)((qs[i] & 15) - 8) * d;
-        w[i + 4] = (float)((qs[i] >> 4) - 8) * d;
+        s += (float)((qs[i] & 15) - 8) * xl[i] + (float)((qs[i] >> 4) - 8) * xl[i + 16];
     }
+    return ld_f16(b) * s;
 }
 __device__ __forceinline__ void deq_q4_0(const u8* b, float* y) {
     float d = ld_f16(b);
@@ -42,15 +43,15 @@ __device__ __forceinline__ void deq_q4_0(const u8* b, float* y) {
 // Q4_1: d f16, m f16, qs[16]; x = q d + m.
 #define Q4_1_QK 32
 #define Q4_1_BYTES 20
-// Parts as Q4_0's.
-__device__ __forceinline__ int pbase_q4_1(int p) { return 4 * p; }
-__device__ __forceinline__ void decp_q4_1(const u8* b, int p, float* w) {
+__device__ __forceinline__ float dotp_q4_1(const u8* b, const float* x, int p) {
     const u8* qs = b + 4 + 4 * p;
-    float d = ld_f16(b), m = ld_f16(b + 2);
+    const float* xl = x + 4 * p;
+    float s = 0.0f, sx = 0.0f;
     for (int i = 0; i < 4; i++) {
-        w[i] = (float)(qs[i] & 15) * d + m;
-        w[i + 4] = (float)(qs[i] >> 4) * d + m;
+        s += (float)(qs[i] & 15) * xl[i] + (float)(qs[i] >> 4) * xl[i + 16];
+        sx += xl[i] + xl[i + 16];
     }
+    return ld_f16(b) * s + ld_f16(b + 2) * sx;
 }
 __device__ __forceinline__ void deq_q4_1(const u8* b, float* y) {
     float d = ld_f16(b), m = ld_f16(b + 2);
@@ -72,16 +73,14 @@ __device__ __forceinline__ void q5_pair(const u8* qh4, const u8* qs, int j, int*
     *lo = (int)((q & 15) | (((qh >> j) & 1) << 4));
     *hi = (int)((q >> 4) | (((qh >> (j + 16)) & 1) << 4));
 }
-// Parts as Q4_0's.
-__device__ __forceinline__ int pbase_q5_0(int p) { return 4 * p; }
-__device__ __forceinline__ void decp_q5_0(const u8* b, int p, float* w) {
-    float d = ld_f16(b);
-    for (int i = 0; i < 4; i++) {
+__device__ __forceinline__ float dotp_q5_0(const u8* b, const float* x, int p) {
+    float s = 0.0f;
+    for (int j = 4 * p; j < 4 * p + 4; j++) {
         int lo, hi;
-        q5_pair(b + 2, b + 6, 4 * p + i, &lo, &hi);
-        w[i] = (float)(lo - 16) * d;
-        w[i + 4] = (float)(hi - 16) * d;
+        q5_pair(b + 2, b + 6, j, &lo, &hi);
+        s += (float)(lo - 16) * x[j] + (float)(hi - 16) * x[j + 16];
     }
+    return ld_f16(b) * s;
 }
 __device__ __forceinline__ void deq_q5_0(const u8* b, float* y) {
     float d = ld_f16(b);
@@ -96,16 +95,15 @@ __device__ __forceinline__ void deq_q5_0(const u8* b, float* y) {
 // Q5_1: d f16, m f16, qh u32, qs[16]; x = q d + m with q the 5-bit value as in Q5_0.
 #define Q5_1_QK 32
 #define Q5_1_BYTES 24
-// Parts as Q4_0's.
-__device__ __forceinline__ int pbase_q5_1(int p) { return 4 * p; }
-__device__ __forceinline__ void decp_q5_1(const u8* b, int p, float* w) {
-    float d = ld_f16(b), m = ld_f16(b + 2);
-    for (int i = 0; i < 4; i++) {
+__device__ __forceinline__ float dotp_q5_1(const u8* b, const float* x, int p) {
+    float s = 0.0f, sx = 0.0f;
+    for (int j = 4 * p; j < 4 * p + 4; j++) {
         int lo, hi;
-        q5_pair(b + 4, b + 8, 4 * p + i, &lo, &hi);
-        w[i] = (float)lo * d + m;
-        w[i + 4] = (float)hi * d + m;
+        q5_pair(b + 4, b + 8, j, &lo, &hi);
+        s += (float)lo * x[j] + (float)hi * x[j + 16];
+        sx += x[j] + x[j + 16];
     }
+    return ld_f16(b) * s + ld_f16(b + 2) * sx;
 }
 __device__ __forceinline__ void deq_q5_1(const u8* b, float* y) {
     float d = ld_f16(b), m = ld_f16(b + 2);
@@ -120,12 +118,13 @@ __device__ __forceinline__ void deq_q5_1(const u8* b, float* y) {
 // Q8_0: d f16, qs[32] i8; x = q d.
 #define Q8_0_QK 32
 #define Q8_0_BYTES 34
-// Part p (of 4): values 8p..8p+8 (one run).
-__device__ __forceinline__ int pbase_q8_0(int p) { return 8 * p; }
-__device__ __forceinline__ void decp_q8_0(const u8* b, int p, float* w) {
+// Part p (of 4): values 8p..8p+8.
+__device__ __forceinline__ float dotp_q8_0(const u8* b, const float* x, int p) {
     const i8* qs = (const i8*)(b + 2) + 8 * p;
-    float d = ld_f16(b);
-    for (int j = 0; j < 8; j++) w[j] = (float)qs[j] * d;
+    const float* xp = x + 8 * p;
+    float s = 0.0f;
+    for (int j = 0; j < 8; j++) s += (float)qs[j] * xp[j];
+    return ld_f16(b) * s;
 }
 __device__ __forceinline__ void deq_q8_0(const u8* b, float* y) {
     float d = ld_f16(b);
@@ -150,21 +149,23 @@ __device__ __forceinline__ void q45_k_pair(const u8* qs, const u8* qh, int c, in
 }
 // Part p (of 8): the bytes qs[32c + l] for l in [16h, 16h + 16) (c = p / 2, h = p % 2), the
 // values 64c + l (group 2c, low nibbles) and 64c + 32 + l (group 2c + 1, high nibbles).
-__device__ __forceinline__ int pbase_q45_k(int p) { return 64 * (p >> 1) + 16 * (p & 1); }
-__device__ __forceinline__ void decp_q45_k(const u8* b, const u8* qh, const u8* qs, int p,
-                                           float* w) {
+__device__ __forceinline__ float dotp_q45_k(const u8* b, const u8* qh, const u8* qs,
+                                            const float* x, int p) {
     int c = p >> 1, l0 = 16 * (p & 1);
     float sc0, m0, sc1, m1;
     scale_min_k4(2 * c, b + 4, &sc0, &m0);
     scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
-    float d = ld_f16(b), dmin = ld_f16(b + 2);
-    float d0 = d * sc0, d1 = d * sc1, o0 = dmin * m0, o1 = dmin * m1;
-    for (int i = 0; i < 16; i++) {
+    float lo = 0.0f, hi = 0.0f, xlo = 0.0f, xhi = 0.0f;
+    const float* xc = x + 64 * c;
+    for (int l = l0; l < l0 + 16; l++) {
         float ql, qh5;
-        q45_k_pair(qs, qh, c, l0 + i, &ql, &qh5);
-        w[i] = d0 * ql - o0;
-        w[i + 16] = d1 * qh5 - o1;
+        q45_k_pair(qs, qh, c, l, &ql, &qh5);
+        lo += ql * xc[l];
+        hi += qh5 * xc[l + 32];
+        xlo += xc[l];
+        xhi += xc[l + 32];
     }
+    return ld_f16(b) * (sc0 * lo + sc1 * hi) - ld_f16(b + 2) * (m0 * xlo + m1 * xhi);
 }
 __device__ __forceinline__ void deq_q45_k(const u8* b, const u8* qh, const u8* qs, float* y) {
     float d = ld_f16(b), dmin = ld_f16(b + 2);
@@ -181,14 +182,12 @@ __device__ __forceinline__ void deq_q45_k(const u8* b, const u8* qh, const u8* q
         }
     }
 }
-__device__ __forceinline__ int pbase_q4_k(int p) { return pbase_q45_k(p); }
-__device__ __forceinline__ void decp_q4_k(const u8* b, int p, float* w) {
-    decp_q45_k(b, nullptr, b + 16, p, w);
+__device__ __forceinline__ float dotp_q4_k(const u8* b, const float* x, int p) {
+    return dotp_q45_k(b, nullptr, b + 16, x, p);
 }
 __device__ __forceinline__ void deq_q4_k(const u8* b, float* y) { deq_q45_k(b, nullptr, b + 16, y); }
-__device__ __forceinline__ int pbase_q5_k(int p) { return pbase_q45_k(p); }
-__device__ __forceinline__ void decp_q5_k(const u8* b, int p, float* w) {
-    decp_q45_k(b, b + 16, b + 48, p, w);
+__device__ __forceinline__ float dotp_q5_k(const u8* b, const float* x, int p) {
+    return dotp_q45_k(b, b + 16, b + 48, x, p);
 }
 __device__ __forceinline__ void deq_q5_k(const u8* b, float* y) { deq_q45_k(b, b + 16, b + 48, y); }
 
@@ -203,23 +202,23 @@ __device__ __forceinline__ void q6_k_quad(const u8* ql, const u8* qh, int l, int
 }
 // Part p (of 8): half h = p / 4 (128 values), l in [8(p % 4), 8(p % 4) + 8): the values
 // 128h + l, + 32, + 64, + 96 (one scale each: l stays within one 16-run).
-__device__ __forceinline__ int pbase_q6_k(int p) { return 128 * (p >> 2) + 8 * (p & 3); }
-__device__ __forceinline__ void decp_q6_k(const u8* b, int p, float* w) {
+__device__ __forceinline__ float dotp_q6_k(const u8* b, const float* x, int p) {
     int h = p >> 2, l0 = 8 * (p & 3), is = l0 / 16;
     const u8* ql = b + 64 * h;
     const u8* qh = b + 128 + 32 * h;
     const i8* sc = (const i8*)(b + 192 + 8 * h);
-    float d = ld_f16(b + 208);
-    float d0 = d * (float)sc[is], d1 = d * (float)sc[is + 2], d2 = d * (float)sc[is + 4],
-          d3 = d * (float)sc[is + 6];
-    for (int i = 0; i < 8; i++) {
+    const float* xh = x + 128 * h;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int l = l0; l < l0 + 8; l++) {
         int q[4];
-        q6_k_quad(ql, qh, l0 + i, q);
-        w[i] = d0 * (float)q[0];
-        w[i + 8] = d1 * (float)q[1];
-        w[i + 16] = d2 * (float)q[2];
-        w[i + 24] = d3 * (float)q[3];
+        q6_k_quad(ql, qh, l, q);
+        s0 += (float)q[0] * xh[l];
+        s1 += (float)q[1] * xh[l + 32];
+        s2 += (float)q[2] * xh[l + 64];
+        s3 += (float)q[3] * xh[l + 96];
     }
+    return ld_f16(b + 208) * ((float)sc[is] * s0 + (float)sc[is + 2] * s1 + (float)sc[is + 4] * s2
+                              + (float)sc[is + 6] * s3);
 }
 __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
     float d = ld_f16(b + 208);
@@ -259,7 +258,7 @@ __device__ __forceinline__ void store_rows(const float* acc, int nt, float* y, i
     }
 }
 
-#define BLOCK_KERNELS(NAME, QK, BYTES, PARTS, PV, RL, RS)                                     \
+#define BLOCK_KERNELS(NAME, QK, BYTES, PARTS, DOTP, DEQ)                                     \
     extern "C" __global__ void matvec_##NAME(const u8* __restrict__ w,                      \
                                              const float* __restrict__ x,                   \
                                              float* __restrict__ y, int rows, int cols,     \
@@ -274,17 +273,11 @@ __device__ __forceinline__ void store_rows(const float* acc, int nt, float* y, i
             for (int j = 0; j < MATVEC_TOKENS; j++) acc[j] = 0.0f;                          \
             if (row < rows) {                                                               \
                 for (int i = lane; i < nb * PARTS; i += WARP) {                             \
-                    int b = i / PARTS, p = i % PARTS;                                       \
-                    float wv[PV];                                                           \
-                    decp_##NAME(wr + (unsigned long long)b * BYTES, p, wv);                 \
-                    const float* xb = x + (unsigned long long)t0 * cols + b * QK + pbase_##NAME(p); \
+                    int b = i / PARTS;                                                      \
+                    const u8* blk = wr + (unsigned long long)b * BYTES;                     \
+                    const float* xb = x + (unsigned long long)t0 * cols + b * QK;           \
                     for (int j = 0; j < MATVEC_TOKENS; j++) {                               \
-                        if (j < nt) {                                                       \
-                            const float* xj = xb + (unsigned long long)j * cols;            \
-                            float s = 0.0f;                                                 \
-                            for (int k = 0; k < PV; k++) s += wv[k] * xj[(k / RL) * RS + k % RL]; \
-                            acc[j] += s;                                                    \
-                        }                                                                   \
+                        if (j < nt) acc[j] += DOTP(blk, xb + (unsigned long long)j * cols, i % PARTS); \
                     }                                                                       \
                 }                                                                           \
             }                                                                               \
@@ -294,31 +287,25 @@ __device__ __forceinline__ void store_rows(const float* acc, int nt, float* y, i
     extern "C" __global__ void dequant_##NAME(const u8* __restrict__ src,                   \
                                               float* __restrict__ dst, int nblocks) {       \
         int b = blockIdx.x * blockDim.x + threadIdx.x;                                      \
-        if (b < nblocks) deq_##NAME(src + (unsigned long long)b * BYTES, dst + (unsigned long long)b * QK); \
+        if (b < nblocks) DEQ(src + (unsigned long long)b * BYTES, dst + (unsigned long long)b * QK); \
     }
 
-// NAME, values per block, bytes per block, PARTS, PV (values per part), RL, RS (see the top)
-BLOCK_KERNELS(q4_0, Q4_0_QK, Q4_0_BYTES, 4, 8, 4, 16)
-BLOCK_KERNELS(q4_1, Q4_1_QK, Q4_1_BYTES, 4, 8, 4, 16)
-BLOCK_KERNELS(q5_0, Q5_0_QK, Q5_0_BYTES, 4, 8, 4, 16)
-BLOCK_KERNELS(q5_1, Q5_1_QK, Q5_1_BYTES, 4, 8, 4, 16)
-BLOCK_KERNELS(q8_0, Q8_0_QK, Q8_0_BYTES, 4, 8, 8, 8)
-BLOCK_KERNELS(q4_k, Q4_K_QK, Q4_K_BYTES, 8, 32, 16, 32)
-BLOCK_KERNELS(q5_k, Q5_K_QK, Q5_K_BYTES, 8, 32, 16, 32)
-BLOCK_KERNELS(q6_k, Q6_K_QK, Q6_K_BYTES, 8, 32, 8, 32)
+BLOCK_KERNELS(q4_0, Q4_0_QK, Q4_0_BYTES, 4, dotp_q4_0, deq_q4_0)
+BLOCK_KERNELS(q4_1, Q4_1_QK, Q4_1_BYTES, 4, dotp_q4_1, deq_q4_1)
+BLOCK_KERNELS(q5_0, Q5_0_QK, Q5_0_BYTES, 4, dotp_q5_0, deq_q5_0)
+BLOCK_KERNELS(q5_1, Q5_1_QK, Q5_1_BYTES, 4, dotp_q5_1, deq_q5_1)
+BLOCK_KERNELS(q8_0, Q8_0_QK, Q8_0_BYTES, 4, dotp_q8_0, deq_q8_0)
+BLOCK_KERNELS(q4_k, Q4_K_QK, Q4_K_BYTES, 8, dotp_q4_k, deq_q4_k)
+BLOCK_KERNELS(q5_k, Q5_K_QK, Q5_K_BYTES, 8, dotp_q5_k, deq_q5_k)
+BLOCK_KERNELS(q6_k, Q6_K_QK, Q6_K_BYTES, 8, dotp_q6_k, deq_q6_k)
 
-// ---- float weights: lanes stride over elements, so each load instruction of a warp reads 32
-// neighbouring elements (64 or 128 bytes) of the row and of x. Measured on an H100 (7B F16,
-// tg128, 2026-11-27): 92.4 t/s this way; lanes over 8-byte words (4 halves, 4 strided x loads
-// per lane) ran at 57.5 t/s, so the access stays per element. Tokens are carried as in the
-// block kernels. ----
+// ---- float weights: lanes stride over elements, so a warp reads 32 neighbours at once, one
+// token at a time. Measured on an H100 (7B F16 tg128): this form 92.4 t/s (2026-11-27); lanes
+// over 8-byte words 57.5; lanes over elements carrying 8 tokens in an accumulator array 30.5
+// (2026-11-28). ----
 
 __device__ __forceinline__ float ld_f32(const u8* p) {
     return __uint_as_float((u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24));
-}
-// bfloat16 is the top half of a binary32: exact by a shift.
-__device__ __forceinline__ float ld_bf16(const u8* p) {
-    return __uint_as_float((u32)ld_u16(p) << 16);
 }
 
 #define FLOAT_KERNELS(NAME, WIDTH, LOAD)                                                    \
@@ -329,20 +316,14 @@ __device__ __forceinline__ float ld_bf16(const u8* p) {
         int row = blockIdx.x * blockDim.y + threadIdx.y;                                    \
         int lane = threadIdx.x;                                                             \
         const u8* wr = w + (unsigned long long)(row < rows ? row : 0) * cols * WIDTH;       \
-        for (int t0 = 0; t0 < ntok; t0 += MATVEC_TOKENS) {                                  \
-            int nt = ntok - t0 < MATVEC_TOKENS ? ntok - t0 : MATVEC_TOKENS;                 \
-            const float* xt = x + (unsigned long long)t0 * cols;                            \
-            float acc[MATVEC_TOKENS];                                                       \
-            for (int j = 0; j < MATVEC_TOKENS; j++) acc[j] = 0.0f;                          \
+        for (int t = 0; t < ntok; t++) {                                                    \
+            const float* xt = x + (unsigned long long)t * cols;                             \
+            float acc = 0.0f;                                                               \
             if (row < rows) {                                                               \
-                for (int k = lane; k < cols; k += WARP) {                                   \
-                    float f = LOAD(wr + (unsigned long long)k * WIDTH);                     \
-                    for (int j = 0; j < MATVEC_TOKENS; j++) {                               \
-                        if (j < nt) acc[j] += f * xt[(unsigned long long)j * cols + k];     \
-                    }                                                                       \
-                }                                                                           \
+                for (int k = lane; k < cols; k += WARP) acc += LOAD(wr + k * WIDTH) * xt[k]; \
             }                                                                               \
-            store_rows(acc, nt, y + (unsigned long long)t0 * rows, row, rows);               \
+            acc = warp_sum(acc);                                                            \
+            if (lane == 0 && row < rows) y[(unsigned long long)t * rows + row] = acc;       \
         }                                                                                   \
     }                                                                                       \
     extern "C" __global__ void dequant_##NAME(const u8* __restrict__ src,                   \
@@ -350,6 +331,11 @@ __device__ __forceinline__ float ld_bf16(const u8* p) {
         int i = blockIdx.x * blockDim.x + threadIdx.x;                                      \
         if (i < n) dst[i] = LOAD(src + (unsigned long long)i * WIDTH);                      \
     }
+
+// bfloat16 is the top half of a binary32: exact by a shift.
+__device__ __forceinline__ float ld_bf16(const u8* p) {
+    return __uint_as_float((u32)ld_u16(p) << 16);
+}
 
 FLOAT_KERNELS(f16, 2, ld_f16)
 FLOAT_KERNELS(bf16, 2, ld_bf16)
