@@ -19,6 +19,8 @@
 #     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once;
 #     resident also with GDS_GEMM_MIN_TOKENS=128, the matvec/GEMM crossover),
 #     all resident and at the quarter budget;
+#     the server on the GPU against llama-server (scripts/gpu-serve-bench.py, concurrency
+#     1..64: resident, and for llama-1b at the quarter budget; SERVE=0 skips it);
 #  4. the server on the GPU (scripts/gpu-serve-check.py, tiny llama): concurrent greedy requests,
 #     `--backend cuda` replies against `--backend cpu --activations f32` (also on llama-1b);
 #  5. compute-sanitizer memcheck on a streamed `--io gds` run and over a batched streamed
@@ -157,7 +159,7 @@ for shape in $SHAPES; do
       -p 512 -n 128 -ngl 99 -r 2
     grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
   done
-  rm -f "$W/$shape"-*.gguf
+  rm -f "$W/$shape"-f16.gguf
   if [ -x "$W/bin/gdsrun-base" ]; then # the A/B of kernel changes: baseline, then this build again
     run 240 "bench-$shape-resident-base-$(cat "$W/bin/BASELINE")" "$W/bin/gdsrun-base" bench "$M" \
       --backend cuda -p 512 -n 128 -r 2
@@ -165,7 +167,14 @@ for shape in $SHAPES; do
     run 240 "bench-$shape-resident-again" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
     grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
   fi
-  [ "${STREAM:-1}" = 1 ] || continue
+  # the server on the GPU against llama-server (CUDA, -ngl 99) on the GGUF of the same
+  # checkpoint, concurrency 1..64, all resident (issue 31's GPU target; SERVE=0 skips it)
+  G16="$W/$shape-q4_0.gguf"
+  if [ "${SERVE:-1}" = 1 ] && [ "$QUANT" = q4_0 ]; then
+    timeout 420 python3 "$ROOT/scripts/gpu-serve-bench.py" --gdsrun "$G" --model "$M" --label "$shape resident" \
+      ${L:+--llama-server "$L/bin/llama-server" --gguf "$G16" --llama-lib "$LLD"} 2>>"$LOG" | tee -a "$SUM"
+  fi
+  [ "${STREAM:-1}" = 1 ] || { rm -f "$G16"; continue; }
   # O_DIRECT read bandwidth of the layer files (the streaming bound's numerator)
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null
   bw=$(python3 - "$M/layers" <<'EOF'
@@ -206,6 +215,16 @@ EOF
   done
   [ "$shape" = llama-1b ] && timeout 150 python3 "$ROOT/scripts/gpu-serve-check.py" "$G" "$M" --requests 8 \
     2>>"$LOG" | sed "s/^/[$shape] /" | tee -a "$SUM"
+  # the server streaming a quarter of the blocks (1B only: at 7B one request decodes at ~0.5
+  # t/s, too slow for the loan); llama-server with the same number of blocks on the GPU (-ngl)
+  # and the rest on the CPU, its way of fitting the same VRAM
+  if [ "${SERVE:-1}" = 1 ] && [ "$QUANT" = q4_0 ] && [ "$shape" = llama-1b ]; then
+    ngl=$(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];n=len(g['resident_layers'])+len(g['streamed_layers']);print(sum(1 for i in g['resident_layers'] if 0<i<n-1))" "$OUT/json/$shape-plan-quarter.json" 2>/dev/null || echo 0)
+    timeout 420 python3 "$ROOT/scripts/gpu-serve-bench.py" --gdsrun "$G" --model "$M" --label "$shape quarter" \
+      --vram-budget "$((Q + 1024 * 1048576))" --kv-budget 1024 --max-tokens 16 \
+      ${L:+--llama-server "$L/bin/llama-server" --gguf "$G16" --llama-lib "$LLD" --ngl "$ngl"} 2>>"$LOG" | tee -a "$SUM"
+  fi
+  rm -f "$G16"
 done
 
 [ "${TINY:-1}" = 1 ] || { say "== done $(date -u +%FT%TZ) (TINY=0: no tiny stages)"; exit 0; }
