@@ -441,11 +441,17 @@ pub(crate) fn job(
     }
     let ctx = st.ctx;
     if prompt.len() >= ctx {
+        // OpenAI's answer to a prompt over the context: this code, on the field that holds it
         return Err(ApiError::bad(format!(
             "the prompt is {} tokens; this server's context is {ctx} (prompt + completion)",
             prompt.len()
         ))
-        .param("prompt"));
+        .param(if kind == Kind::Chat {
+            "messages"
+        } else {
+            "prompt"
+        })
+        .code("context_length_exceeded"));
     }
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= st.vocab) {
         return Err(ApiError::bad(format!(
@@ -1059,6 +1065,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
             "created": created,
             "model": model,
+            "system_fingerprint": st.fingerprint,
             "choices": results.iter().map(|(c, _)| c.clone()).collect::<Vec<_>>(),
             "usage": usage(n_prompt, n_completion, cached),
         });
@@ -1088,9 +1095,10 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     // and one more chunk, with no choices, carries the usage before `[DONE]`; without it no
     // chunk has `usage`. The last choice chunk carries llama.cpp-style `timings`.
     let include_usage = job.include_usage;
+    let fingerprint = st.fingerprint.clone();
     let usage_chunk = {
-        let v =
-            json!({"id": id, "object": object, "created": created, "model": model, "choices": []});
+        let v = json!({"id": id, "object": object, "created": created, "model": model,
+                       "system_fingerprint": fingerprint, "choices": []});
         move |u: Value| {
             let mut v = v.clone();
             v["usage"] = u;
@@ -1098,7 +1106,8 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         }
     };
     let chunk = move |choice: Value, t: Option<Value>| {
-        let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+        let mut v = json!({"id": id, "object": object, "created": created, "model": model,
+                           "system_fingerprint": fingerprint, "choices": [choice]});
         if include_usage {
             v["usage"] = Value::Null;
         }

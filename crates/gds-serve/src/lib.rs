@@ -154,6 +154,9 @@ pub struct ServerState {
     metrics: Arc<ServerMetrics>,
     default_sampler: SamplerConfig,
     model_name: String,
+    /// `system_fingerprint` of every completion: the engine build and configuration the model
+    /// runs with (changes when the model, backend, activations or KV type change).
+    fingerprint: String,
     ctx: usize,
     vocab: usize,
     queue_limit: usize,
@@ -182,6 +185,19 @@ impl ServerState {
             })
             .clone()
     }
+}
+
+/// OpenAI's `system_fingerprint`, "the backend configuration that the model runs with": `fp_`
+/// and 10 hex digits of a BLAKE3 hash over this build's version, the model's manifest (which
+/// holds every layer file's hash), the backend, the activations and the KV cache's type.
+fn system_fingerprint(plan: &gds_runtime::Plan, kv: KvDtype) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(env!("CARGO_PKG_VERSION").as_bytes());
+    if let Ok(m) = std::fs::read(plan.model_dir.join("manifest.gdsm")) {
+        h.update(&m);
+    }
+    h.update(format!("|{}|{:?}|{kv:?}", plan.backend.as_str(), plan.activations).as_bytes());
+    format!("fp_{}", &h.finalize().to_hex()[..10])
 }
 
 /// Physical memory, bytes (`MemTotal` of /proc/meminfo), when known.
@@ -344,12 +360,14 @@ pub(crate) fn start(
         .name("gds-engine".into())
         .spawn(move || engine.run(rx))
         .context("starting the engine thread")?;
+    let fingerprint = system_fingerprint(&plan, kv_dtype);
     let state = Arc::new(ServerState {
         engine: tx,
         tokenizer,
         metrics,
         default_sampler: plan.sampler.clone(),
         model_name,
+        fingerprint,
         ctx: plan.ctx,
         vocab,
         queue_limit: e.queue_limit,

@@ -146,10 +146,23 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         assert_eq!(v["error"]["type"], "invalid_request_error", "{text}");
         assert!(v["error"]["message"].as_str().unwrap().len() > 3);
     }
+    // a prompt over the context: OpenAI's code, on the field that holds the prompt
     let long = format!("{{\"prompt\": \"{}\"}}", "hello ".repeat(2000));
-    let (status, text) = http(&s.addr, "POST", "/v1/completions", Some(long.as_bytes()));
-    assert_eq!(status, 400, "{text}");
-    assert!(text.contains("context"), "{text}");
+    let long_chat = format!(
+        "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}",
+        "hello ".repeat(2000)
+    );
+    for (path, body, param) in [
+        ("/v1/completions", &long, "prompt"),
+        ("/v1/chat/completions", &long_chat, "messages"),
+    ] {
+        let (status, text) = http(&s.addr, "POST", path, Some(body.as_bytes()));
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains("context"), "{text}");
+        let v: Value = serde_json::from_str(&text).expect("JSON error body");
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{text}");
+        assert_eq!(v["error"]["param"], param, "{text}");
+    }
     let chats: &[&[u8]] = &[
         b"{\"messages\": []}",
         b"{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}",
@@ -220,6 +233,34 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         Some(b"{\"prompt\": \"hi\", \"max_tokens\": 2}"),
     );
     assert_eq!(status, 200, "{text}");
+    // system_fingerprint, as OpenAI: the same for every reply of this server, on the answer
+    // and on every streamed chunk
+    let fp = |text: &str| -> String {
+        let v: Value = serde_json::from_str(text).expect("JSON");
+        v["system_fingerprint"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let first = fp(&text);
+    assert!(
+        first.starts_with("fp_") && first.len() == 13,
+        "system_fingerprint {first:?}: {text}"
+    );
+    let chat = b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2}";
+    let (_, text) = http(&s.addr, "POST", "/v1/chat/completions", Some(chat));
+    assert_eq!(fp(&text), first, "{text}");
+    let stream = b"{\"prompt\": \"hi\", \"max_tokens\": 2, \"stream\": true}";
+    let (_, text) = http(&s.addr, "POST", "/v1/completions", Some(stream));
+    let chunks: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .collect();
+    assert!(!chunks.is_empty(), "{text}");
+    for c in chunks {
+        assert_eq!(fp(c), first, "{c}");
+    }
     let (_, m) = http(&s.addr, "GET", "/metrics", None);
     assert!(m.contains("gds_requests_busy_total 1"), "{m}");
     assert!(m.contains("gds_kv_blocks_free"), "{m}");
