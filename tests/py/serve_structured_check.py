@@ -127,11 +127,24 @@ LARK = 'start: "The answer is " ANSWER "."\nANSWER: "yes" | "no" | "maybe"'
 r = client.completions.create(model=model, prompt="Is water wet?", max_tokens=20,
                               temperature=1.0, seed=9, extra_body={"grammar": LARK})
 out["lark"] = {"text": r.choices[0].text, "finish_reason": r.choices[0].finish_reason}
+# llama-server's GBNF in the same field (as llama.cpp clients send it)
+GBNF = 'root ::= "The answer is " answer "."\nanswer ::= "yes" | "no" | "maybe"  # one of three'
+r = client.completions.create(model=model, prompt="Is water wet?", max_tokens=20,
+                              temperature=1.0, seed=9, extra_body={"grammar": GBNF})
+out["gbnf"] = {"text": r.choices[0].text, "finish_reason": r.choices[0].finish_reason}
+# llama-server's json_object with a schema beside the type
+r = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "What is 6 times 7?"}],
+    response_format={"type": "json_object", "schema": {"const": "42"}}, max_tokens=10,
+)
+out["json_object_schema"] = {"content": r.choices[0].message.content, "finish_reason": r.choices[0].finish_reason}
 
 refusals = {}
 for name, kw in {
     "bad_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}},
     "bad_regex": {"extra_body": {"regex": "(unclosed"}},
+    "bad_gbnf": {"extra_body": {"grammar": "root ::= \"a\" ( \"b\""}},
+    "bad_object_schema": {"response_format": {"type": "json_object", "schema": 123}},
     "two_grammars": {"response_format": {"type": "json_object"}, "extra_body": {"regex": "a+"}},
     "unknown_type": {"response_format": {"type": "xml"}},
     # compiles, then exceeds the grammar engine's limits at the first mask: refused up front

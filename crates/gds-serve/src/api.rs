@@ -127,7 +127,8 @@ pub(crate) struct Common {
     /// Extension (as llama-server's): a JSON schema the output must follow.
     #[serde(default)]
     pub(crate) json_schema: Option<Value>,
-    /// Extension: a grammar in llguidance's Lark syntax the output must follow.
+    /// Extension: a grammar the output must follow, in llama.cpp's GBNF (as llama-server
+    /// takes it) or in llguidance's Lark syntax.
     #[serde(default)]
     pub(crate) grammar: Option<String>,
     /// Extension: a regular expression the whole output must match.
@@ -210,10 +211,19 @@ fn grammar_request(c: &Common) -> Result<Option<(Grammar, &'static str)>, ApiErr
             .ok_or_else(|| bad("response_format needs a \"type\"".into()))?;
         match kind {
             "text" => {}
-            "json_object" => found.push((
-                Grammar::JsonSchema(json!({"type": "object"})),
-                "response_format",
-            )),
+            // llama-server's extension: a "schema" beside the type holds the object to it
+            "json_object" => {
+                let schema = match rf.get("schema") {
+                    None | Some(Value::Null) => json!({"type": "object"}),
+                    Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+                    Some(other) => {
+                        return Err(bad(format!(
+                            "response_format.schema must be a JSON schema (an object), not {other}"
+                        )))
+                    }
+                };
+                found.push((Grammar::JsonSchema(schema), "response_format"))
+            }
             "json_schema" => {
                 let spec = rf.get("json_schema").ok_or_else(|| {
                     bad("response_format of type json_schema needs a \"json_schema\" object".into())
@@ -241,7 +251,13 @@ fn grammar_request(c: &Common) -> Result<Option<(Grammar, &'static str)>, ApiErr
         found.push((Grammar::JsonSchema(s.clone()), "json_schema"));
     }
     if let Some(g) = &c.grammar {
-        found.push((Grammar::Lark(g.clone()), "grammar"));
+        // llama-server's `grammar` is GBNF; ours was Lark first: `::=` tells them apart
+        let lark = if gds_runtime::gbnf::is_gbnf(g) {
+            gds_runtime::gbnf::gbnf_to_lark(g).map_err(|e| ApiError::bad(e).param("grammar"))?
+        } else {
+            g.clone()
+        };
+        found.push((Grammar::Lark(lark), "grammar"));
     }
     if let Some(r) = &c.regex {
         found.push((Grammar::Regex(r.clone()), "regex"));

@@ -143,7 +143,8 @@ pub struct RunArgs {
     /// constrained decoding, so the reply always parses and validates.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["grammar", "regex"])]
     pub json_schema: Option<PathBuf>,
-    /// Hold every reply to this grammar (a file in llguidance's Lark syntax).
+    /// Hold every reply to this grammar (a file in llguidance's Lark syntax, or llama.cpp's GBNF:
+    /// told apart by GBNF's `::=`).
     #[arg(long, value_name = "FILE", conflicts_with = "regex")]
     pub grammar: Option<PathBuf>,
     /// Hold every reply to this regular expression (the whole reply matches it).

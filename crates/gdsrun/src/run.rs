@@ -54,7 +54,8 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
     }
 }
 
-/// The grammar of `--json-schema FILE`, `--grammar FILE` or `--regex RX`. Unreadable files
+/// The grammar of `--json-schema FILE`, `--grammar FILE` (Lark, or llama.cpp's GBNF) or
+/// `--regex RX`. Unreadable files
 /// and a schema file that is not JSON are usage errors naming the file; whether the
 /// grammar compiles is checked when the model is loaded.
 fn grammar_option(a: &RunArgs) -> Result<Option<Grammar>, RuntimeError> {
@@ -67,7 +68,13 @@ fn grammar_option(a: &RunArgs) -> Result<Option<Grammar>, RuntimeError> {
         return Ok(Some(Grammar::JsonSchema(schema)));
     }
     if let Some(p) = &a.grammar {
-        return Ok(Some(Grammar::Lark(read(p)?)));
+        let text = read(p)?;
+        if gds_runtime::gbnf::is_gbnf(&text) {
+            let lark = gds_runtime::gbnf::gbnf_to_lark(&text)
+                .map_err(|e| RuntimeError::Usage(format!("--grammar {}: {e}", p.display())))?;
+            return Ok(Some(Grammar::Lark(lark)));
+        }
+        return Ok(Some(Grammar::Lark(text)));
     }
     Ok(a.regex.clone().map(Grammar::Regex))
 }

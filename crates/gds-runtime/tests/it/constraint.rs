@@ -125,6 +125,59 @@ fn every_output_is_in_the_grammar(dir: &Path) {
             "{text:?}"
         );
     }
+
+    // llama.cpp's GBNF, translated to Lark (gds_runtime::gbnf): repetition counts, recursion,
+    // classes with ranges and non-ASCII, newlines inside parentheses, comments
+    let gbnf = |g: &str| Grammar::Lark(gds_runtime::gbnf::gbnf_to_lark(g).expect("translates"));
+    let five = gbnf("root ::= \"a\"{5,5}");
+    let arith =
+        gbnf("root ::= expr\nexpr ::= term ([-+*/] term)*\nterm ::= [0-9]+ | \"(\" expr \")\"");
+    let list = gbnf(
+        "# a short list\nroot ::= (\"- \" item \"\\n\"){1,3}\nitem ::= [a-zA-Z\\u00e9]{1,8} (\n  \" \" [0-9]\n)?\n",
+    );
+    for seed in 0..6 {
+        let (text, done) = walk(&tok, &compiler, vocab, &five, seed, 20);
+        assert!(done && text == "aaaaa", "{text:?}");
+        let (text, done) = walk(&tok, &compiler, vocab, &arith, seed, 40);
+        // a sentence (or, cut by the token limit, the start of one): digits, operators and
+        // parentheses that never close more than they opened, not starting with an operator
+        let mut depth = 0i32;
+        for c in text.chars() {
+            depth += match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+            assert!(depth >= 0 && "0123456789+-*/()".contains(c), "{text:?}");
+        }
+        assert!(
+            text.starts_with(|c: char| c.is_ascii_digit() || c == '('),
+            "{text:?}"
+        );
+        assert!(!done || depth == 0, "{text:?}");
+        let (text, done) = walk(&tok, &compiler, vocab, &list, seed, 60);
+        assert!(done, "{text:?}");
+        let lines: Vec<&str> = text
+            .strip_suffix('\n')
+            .expect("ends a line")
+            .split('\n')
+            .collect();
+        assert!((1..=3).contains(&lines.len()), "{text:?}");
+        for l in lines {
+            let item = l.strip_prefix("- ").unwrap_or_else(|| panic!("{text:?}"));
+            let (word, digit) = item.split_once(' ').unwrap_or((item, "0"));
+            let n = word.chars().count();
+            assert!((1..=8).contains(&n), "{text:?}");
+            assert!(
+                word.chars().all(|c| c.is_ascii_alphabetic() || c == 'é'),
+                "{text:?}"
+            );
+            assert!(
+                digit.len() == 1 && digit.as_bytes()[0].is_ascii_digit(),
+                "{text:?}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -733,9 +733,24 @@ fn structured_outputs_always_follow_the_schema() {
         .contains(&lark),
         "{lark}"
     );
+    let gbnf = r["gbnf"]["text"].as_str().unwrap();
+    assert!(
+        [
+            "The answer is yes.",
+            "The answer is no.",
+            "The answer is maybe."
+        ]
+        .contains(&gbnf),
+        "{gbnf}"
+    );
+    assert_eq!(r["gbnf"]["finish_reason"], "stop");
+    let o = &r["json_object_schema"];
+    assert_eq!(o["content"], "\"42\"", "{o}");
     for (name, param, needle) in [
         ("bad_schema", "response_format", "strnig"),
         ("bad_regex", "regex", "unclosed"),
+        ("bad_gbnf", "grammar", "expecting )"),
+        ("bad_object_schema", "response_format", "123"),
         ("two_grammars", "regex", "one of"),
         ("unknown_type", "response_format", "xml"),
         ("regex_bomb", "regex", "too many"),
@@ -759,7 +774,7 @@ fn structured_outputs_always_follow_the_schema() {
     // at least one mask per generated token of the constrained replies
     assert!(value("constrained_tokens_total") > 24.0 * 10.0);
     assert!(value("constraint_mask_seconds_total") > 0.0);
-    assert!(value("grammars_compiled_total") >= 28.0);
+    assert!(value("grammars_compiled_total") >= 30.0);
 }
 
 /// `n` choices of one prompt: `index` 0..n in order, different texts (seed + i each), the
