@@ -33,6 +33,12 @@ typedef int i32;
 #define ALIGNED_LOAD(p, n)
 #endif
 
+// Full unrolling of a loop with a constant bound, where the loop indexes a register array
+// (otherwise NVRTC may keep the array in local memory); nothing in the emulation.
+#ifndef UNROLL
+#define UNROLL _Pragma("unroll")
+#endif
+
 // Little-endian loads from byte pointers: block fields are not aligned.
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
 

@@ -98,6 +98,7 @@ inline int __dp4a(int a, int b, int c) {
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
+#define UNROLL
 #define ALIGNED_LOAD(p, n)                                                                   \
     do {                                                                                    \
         if ((uintptr_t)(p) % (n) != 0) {                                                    \

@@ -414,7 +414,7 @@ __device__ __forceinline__ void vdot_q8_q4_0(const u8* b, const u8* xa, unsigned
     u32 w0 = ld_u32_a2(b + 2 + 8 * p), w1 = ld_u32_a2(b + 6 + 8 * p);
     int l0 = (int)(w0 & NIBBLES), l1 = (int)(w1 & NIBBLES);
     int h0 = (int)((w0 >> 4) & NIBBLES), h1 = (int)((w1 >> 4) & NIBBLES);
-    for (int j = 0; j < MATVEC_TOKENS; j++) {
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a = xa + j * xs;
             int s = __dp4a(l0, q8a_word(a, 2 * p), 0);
@@ -432,7 +432,7 @@ __device__ __forceinline__ void vdot_q8_q8_0(const u8* b, const u8* xa, unsigned
                                              int nt, int p, float* acc) {
     float dw = ld_f16(b);
     int w0 = (int)ld_u32_a2(b + 2 + 8 * p), w1 = (int)ld_u32_a2(b + 6 + 8 * p);
-    for (int j = 0; j < MATVEC_TOKENS; j++) {
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a = xa + j * xs;
             int s = __dp4a(w0, q8a_word(a, 2 * p), 0);
@@ -457,7 +457,7 @@ __device__ __forceinline__ void vdot_q8_q4_k(const u8* b, const u8* xa, unsigned
     u32 w0 = ld_u32_a4(b + 16 + 32 * c + o), w1 = ld_u32_a4(b + 20 + 32 * c + o);
     int l0 = (int)(w0 & NIBBLES), l1 = (int)(w1 & NIBBLES);
     int h0 = (int)((w0 >> 4) & NIBBLES), h1 = (int)((w1 >> 4) & NIBBLES);
-    for (int j = 0; j < MATVEC_TOKENS; j++) {
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a0 = xa + j * xs + 2 * c * Q8A_BYTES;
             const u8* a1 = a0 + Q8A_BYTES;
@@ -496,12 +496,12 @@ __device__ __forceinline__ void vdot_q8_q6_k(const u8* b, const u8* xa, unsigned
     v[2] = sub32_bytes(((qa >> 4) & NIBBLES) | (qh & 0x30303030u));
     v[3] = sub32_bytes(((qb >> 4) & NIBBLES) | ((qh >> 2) & 0x30303030u));
     float s[4];
-    for (int k = 0; k < 4; k++) s[k] = (float)sc[is + 2 * k];
-    for (int j = 0; j < MATVEC_TOKENS; j++) {
+    UNROLL for (int k = 0; k < 4; k++) s[k] = (float)sc[is + 2 * k];
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a = xa + j * xs + 4 * h * Q8A_BYTES;
             float t = 0.0f;
-            for (int k = 0; k < 4; k++) {
+            UNROLL for (int k = 0; k < 4; k++) {
                 const u8* ak = a + k * Q8A_BYTES;
                 t += s[k] * q8a_d(ak) * (float)__dp4a(v[k], q8a_word(ak, l0 / 4), 0);
             }
@@ -523,21 +523,21 @@ __device__ __forceinline__ void vdot_q8_q6_k(const u8* b, const u8* xa, unsigned
         for (int t0 = 0; t0 < ntok; t0 += MATVEC_TOKENS) {                                  \
             int nt = ntok - t0 < MATVEC_TOKENS ? ntok - t0 : MATVEC_TOKENS;                 \
             float acc[MMQ8_ROWS][MATVEC_TOKENS];                                            \
-            for (int r = 0; r < MMQ8_ROWS; r++)                                             \
-                for (int j = 0; j < MATVEC_TOKENS; j++) acc[r][j] = 0.0f;                   \
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++)                                      \
+                UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) acc[r][j] = 0.0f;            \
             const u8* xt = xq + t0 * xs;                                                    \
             for (int i = tid; i < nb * PARTS; i += MMQ8_WARPS * WARP) {                     \
                 int b = i / PARTS;                                                          \
                 const u8* xa = xt + (unsigned long long)b * (QK / 32) * Q8A_BYTES;          \
-                for (int r = 0; r < MMQ8_ROWS; r++) {                                       \
+                UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {                                \
                     if (row0 + r < rows) {                                                  \
                         const u8* blk = w + ((unsigned long long)(row0 + r) * nb + b) * BYTES; \
                         VDOT(blk, xa, xs, nt, i % PARTS, acc[r]);                           \
                     }                                                                       \
                 }                                                                           \
             }                                                                               \
-            for (int r = 0; r < MMQ8_ROWS; r++)                                             \
-                for (int j = 0; j < MATVEC_TOKENS; j++)                                     \
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++)                                      \
+                UNROLL for (int j = 0; j < MATVEC_TOKENS; j++)                              \
                     part[threadIdx.y][r * MATVEC_TOKENS + j][threadIdx.x] = acc[r][j];      \
             __syncthreads();                                                                \
             /* the nt x MMQ8_ROWS sums, o = r nt + j, spread over the warps; every warp */  \
@@ -547,7 +547,7 @@ __device__ __forceinline__ void vdot_q8_q6_k(const u8* b, const u8* xa, unsigned
                 int o = o0 + threadIdx.y, r = o / nt, j = o % nt;                           \
                 float v = 0.0f;                                                             \
                 if (o < nout) {                                                             \
-                    for (int k = 0; k < MMQ8_WARPS; k++)                                    \
+                    UNROLL for (int k = 0; k < MMQ8_WARPS; k++)                             \
                         v += part[k][r * MATVEC_TOKENS + j][threadIdx.x];                   \
                 }                                                                           \
                 v = warp_sum(v);                                                            \
