@@ -361,8 +361,11 @@ FLOAT_KERNELS(f32, 4, ld_f32)
 // the activation loads per weight word at 1 token and still give a 4096-row matrix 2048
 // blocks (15 per SM of an H100). Unmeasured on hardware.
 //
-// vdot_q8_<t>(blk, xa, xs, nt, p, acc): part p of weight block blk against the activation
-// blocks xa (QK / 32 of them) of nt tokens, xs bytes apart: acc[j] += the part's product.
+// vdot_q8_<t>(blk, rs, nr, xa, xs, nt, p, acc): part p of weight block blk and of the blocks
+// rs bytes after it in the next rows (nr of the MMQ8_ROWS rows exist; the others reload the
+// first, their sums unused), against the activation blocks xa (QK / 32 of them) of nt tokens,
+// xs bytes apart: acc[r][j] += row r's product with token j. The weight words go to registers
+// first; each activation word is then loaded once for all the rows.
 
 // 32 bits from a 4-byte aligned address.
 __device__ __forceinline__ u32 ld_u32_a4(const u8* p) {
@@ -408,36 +411,60 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, u8* __restri
 // nibbles) and 16+8p..16+8p+8 (high). The -8 offset of the block's 32 values comes from
 // the activation sum s, half of it in each part.
 #define Q4_0_Q8_PARTS 2
-__device__ __forceinline__ void vdot_q8_q4_0(const u8* b, const u8* xa, unsigned long long xs,
-                                             int nt, int p, float* acc) {
-    float dw = ld_f16(b);
-    u32 w0 = ld_u32_a2(b + 2 + 8 * p), w1 = ld_u32_a2(b + 6 + 8 * p);
-    int l0 = (int)(w0 & NIBBLES), l1 = (int)(w1 & NIBBLES);
-    int h0 = (int)((w0 >> 4) & NIBBLES), h1 = (int)((w1 >> 4) & NIBBLES);
+__device__ __forceinline__ void vdot_q8_q4_0(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = ld_f16(br);
+        u32 w0 = ld_u32_a2(br + 2 + 8 * p), w1 = ld_u32_a2(br + 6 + 8 * p);
+        l0[r] = (int)(w0 & NIBBLES);
+        l1[r] = (int)(w1 & NIBBLES);
+        h0[r] = (int)((w0 >> 4) & NIBBLES);
+        h1[r] = (int)((w1 >> 4) & NIBBLES);
+    }
     UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a = xa + j * xs;
-            int s = __dp4a(l0, q8a_word(a, 2 * p), 0);
-            s = __dp4a(l1, q8a_word(a, 2 * p + 1), s);
-            s = __dp4a(h0, q8a_word(a, 4 + 2 * p), s);
-            s = __dp4a(h1, q8a_word(a, 5 + 2 * p), s);
-            acc[j] += dw * (q8a_d(a) * (float)s - 4.0f * q8a_s(a));
+            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
+            int u2 = q8a_word(a, 4 + 2 * p), u3 = q8a_word(a, 5 + 2 * p);
+            float d = q8a_d(a), sx = q8a_s(a);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int s = __dp4a(l0[r], u0, 0);
+                s = __dp4a(l1[r], u1, s);
+                s = __dp4a(h0[r], u2, s);
+                s = __dp4a(h1[r], u3, s);
+                acc[r][j] += dw[r] * (d * (float)s - 4.0f * sx);
+            }
         }
     }
 }
 
 // Q8_0, part p (of 4): the words of values 8p..8p+8.
 #define Q8_0_Q8_PARTS 4
-__device__ __forceinline__ void vdot_q8_q8_0(const u8* b, const u8* xa, unsigned long long xs,
-                                             int nt, int p, float* acc) {
-    float dw = ld_f16(b);
-    int w0 = (int)ld_u32_a2(b + 2 + 8 * p), w1 = (int)ld_u32_a2(b + 6 + 8 * p);
+__device__ __forceinline__ void vdot_q8_q8_0(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS];
+    int w0[MMQ8_ROWS], w1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = ld_f16(br);
+        w0[r] = (int)ld_u32_a2(br + 2 + 8 * p);
+        w1[r] = (int)ld_u32_a2(br + 6 + 8 * p);
+    }
     UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a = xa + j * xs;
-            int s = __dp4a(w0, q8a_word(a, 2 * p), 0);
-            s = __dp4a(w1, q8a_word(a, 2 * p + 1), s);
-            acc[j] += dw * q8a_d(a) * (float)s;
+            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
+            float d = q8a_d(a);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int s = __dp4a(w0[r], u0, 0);
+                s = __dp4a(w1[r], u1, s);
+                acc[r][j] += dw[r] * d * (float)s;
+            }
         }
     }
 }
@@ -445,31 +472,42 @@ __device__ __forceinline__ void vdot_q8_q8_0(const u8* b, const u8* xa, unsigned
 // Q4_K, part p (of 16): c = p / 4, the words qs[32c + o .. 32c + o + 8] (o = 8 (p % 4)):
 // values 64c + o.. (group 2c, low nibbles; activation block 2c) and 64c + 32 + o.. (group
 // 2c + 1, high nibbles; block 2c + 1). The mins need the partial activation sums, which
-// __dp4a with ones gives.
+// __dp4a with ones gives (once per token for all the rows).
 #define Q4_K_Q8_PARTS 16
-__device__ __forceinline__ void vdot_q8_q4_k(const u8* b, const u8* xa, unsigned long long xs,
-                                             int nt, int p, float* acc) {
+__device__ __forceinline__ void vdot_q8_q4_k(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
     int c = p >> 2, o = 8 * (p & 3);
-    float sc0, m0, sc1, m1;
-    scale_min_k4(2 * c, b + 4, &sc0, &m0);
-    scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
-    float d = ld_f16(b), dmin = ld_f16(b + 2);
-    u32 w0 = ld_u32_a4(b + 16 + 32 * c + o), w1 = ld_u32_a4(b + 20 + 32 * c + o);
-    int l0 = (int)(w0 & NIBBLES), l1 = (int)(w1 & NIBBLES);
-    int h0 = (int)((w0 >> 4) & NIBBLES), h1 = (int)((w1 >> 4) & NIBBLES);
+    float d[MMQ8_ROWS], dmin[MMQ8_ROWS], sc0[MMQ8_ROWS], m0[MMQ8_ROWS], sc1[MMQ8_ROWS],
+        m1[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        scale_min_k4(2 * c, br + 4, &sc0[r], &m0[r]);
+        scale_min_k4(2 * c + 1, br + 4, &sc1[r], &m1[r]);
+        d[r] = ld_f16(br);
+        dmin[r] = ld_f16(br + 2);
+        u32 w0 = ld_u32_a4(br + 16 + 32 * c + o), w1 = ld_u32_a4(br + 20 + 32 * c + o);
+        l0[r] = (int)(w0 & NIBBLES);
+        l1[r] = (int)(w1 & NIBBLES);
+        h0[r] = (int)((w0 >> 4) & NIBBLES);
+        h1[r] = (int)((w1 >> 4) & NIBBLES);
+    }
     UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a0 = xa + j * xs + 2 * c * Q8A_BYTES;
             const u8* a1 = a0 + Q8A_BYTES;
             int u00 = q8a_word(a0, o / 4), u01 = q8a_word(a0, o / 4 + 1);
             int u10 = q8a_word(a1, o / 4), u11 = q8a_word(a1, o / 4 + 1);
-            int slo = __dp4a(l1, u01, __dp4a(l0, u00, 0));
-            int shi = __dp4a(h1, u11, __dp4a(h0, u10, 0));
             int qlo = __dp4a(ONES, u01, __dp4a(ONES, u00, 0));
             int qhi = __dp4a(ONES, u11, __dp4a(ONES, u10, 0));
             float d0 = q8a_d(a0), d1 = q8a_d(a1);
-            acc[j] += d * (sc0 * d0 * (float)slo + sc1 * d1 * (float)shi)
-                      - dmin * (m0 * d0 * (float)qlo + m1 * d1 * (float)qhi);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int slo = __dp4a(l1[r], u01, __dp4a(l0[r], u00, 0));
+                int shi = __dp4a(h1[r], u11, __dp4a(h0[r], u10, 0));
+                acc[r][j] += d[r] * (sc0[r] * d0 * (float)slo + sc1[r] * d1 * (float)shi)
+                             - dmin[r] * (m0[r] * d0 * (float)qlo + m1[r] * d1 * (float)qhi);
+            }
         }
     }
 }
@@ -483,29 +521,40 @@ __device__ __forceinline__ int sub32_bytes(u32 v) {
 // ql[64h + 32 + l0], qh[32h + l0], giving values 128h + 32k + l0.. for k = 0..3 (activation
 // block 4h + k, scale sc[8h + l0 / 16 + 2k]).
 #define Q6_K_Q8_PARTS 16
-__device__ __forceinline__ void vdot_q8_q6_k(const u8* b, const u8* xa, unsigned long long xs,
-                                             int nt, int p, float* acc) {
+__device__ __forceinline__ void vdot_q8_q6_k(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
     int h = p >> 3, l0 = 4 * (p & 7), is = (p & 7) >> 2;
-    float d = ld_f16(b + 208);
-    const i8* sc = (const i8*)(b + 192 + 8 * h);
-    u32 qa = ld_u32_a2(b + 64 * h + l0), qb = ld_u32_a2(b + 64 * h + 32 + l0);
-    u32 qh = ld_u32_a2(b + 128 + 32 * h + l0);
-    int v[4];
-    v[0] = sub32_bytes((qa & NIBBLES) | ((qh << 4) & 0x30303030u));
-    v[1] = sub32_bytes((qb & NIBBLES) | ((qh << 2) & 0x30303030u));
-    v[2] = sub32_bytes(((qa >> 4) & NIBBLES) | (qh & 0x30303030u));
-    v[3] = sub32_bytes(((qb >> 4) & NIBBLES) | ((qh >> 2) & 0x30303030u));
-    float s[4];
-    UNROLL for (int k = 0; k < 4; k++) s[k] = (float)sc[is + 2 * k];
+    float d[MMQ8_ROWS], s[MMQ8_ROWS][4];
+    int v[MMQ8_ROWS][4];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        d[r] = ld_f16(br + 208);
+        const i8* sc = (const i8*)(br + 192 + 8 * h);
+        u32 qa = ld_u32_a2(br + 64 * h + l0), qb = ld_u32_a2(br + 64 * h + 32 + l0);
+        u32 qh = ld_u32_a2(br + 128 + 32 * h + l0);
+        v[r][0] = sub32_bytes((qa & NIBBLES) | ((qh << 4) & 0x30303030u));
+        v[r][1] = sub32_bytes((qb & NIBBLES) | ((qh << 2) & 0x30303030u));
+        v[r][2] = sub32_bytes(((qa >> 4) & NIBBLES) | (qh & 0x30303030u));
+        v[r][3] = sub32_bytes(((qb >> 4) & NIBBLES) | ((qh >> 2) & 0x30303030u));
+        UNROLL for (int k = 0; k < 4; k++) s[r][k] = (float)sc[is + 2 * k];
+    }
     UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a = xa + j * xs + 4 * h * Q8A_BYTES;
-            float t = 0.0f;
+            int u[4];
+            float dk[4];
             UNROLL for (int k = 0; k < 4; k++) {
-                const u8* ak = a + k * Q8A_BYTES;
-                t += s[k] * q8a_d(ak) * (float)__dp4a(v[k], q8a_word(ak, l0 / 4), 0);
+                u[k] = q8a_word(a + k * Q8A_BYTES, l0 / 4);
+                dk[k] = q8a_d(a + k * Q8A_BYTES);
             }
-            acc[j] += d * t;
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                float t = 0.0f;
+                UNROLL for (int k = 0; k < 4; k++) {
+                    t += s[r][k] * dk[k] * (float)__dp4a(v[r][k], u[k], 0);
+                }
+                acc[r][j] += d[r] * t;
+            }
         }
     }
 }
@@ -520,6 +569,10 @@ __device__ __forceinline__ void vdot_q8_q6_k(const u8* b, const u8* xa, unsigned
         int row0 = blockIdx.x * MMQ8_ROWS;                                                  \
         int nb = cols / QK;                                                                 \
         unsigned long long xs = (unsigned long long)(cols / 32) * Q8A_BYTES;                \
+        /* the block's rows that exist (row0 < rows: grid ceil(rows / MMQ8_ROWS)), and the */ \
+        /* bytes from one row to the next */                                               \
+        int nr = rows - row0 < MMQ8_ROWS ? rows - row0 : MMQ8_ROWS;                         \
+        unsigned long long rs = (unsigned long long)nb * BYTES;                             \
         for (int t0 = 0; t0 < ntok; t0 += MATVEC_TOKENS) {                                  \
             int nt = ntok - t0 < MATVEC_TOKENS ? ntok - t0 : MATVEC_TOKENS;                 \
             float acc[MMQ8_ROWS][MATVEC_TOKENS];                                            \
@@ -529,16 +582,12 @@ __device__ __forceinline__ void vdot_q8_q6_k(const u8* b, const u8* xa, unsigned
             for (int i = tid; i < nb * PARTS; i += MMQ8_WARPS * WARP) {                     \
                 int b = i / PARTS;                                                          \
                 const u8* xa = xt + (unsigned long long)b * (QK / 32) * Q8A_BYTES;          \
-                UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {                                \
-                    if (row0 + r < rows) {                                                  \
-                        const u8* blk = w + ((unsigned long long)(row0 + r) * nb + b) * BYTES; \
-                        VDOT(blk, xa, xs, nt, i % PARTS, acc[r]);                           \
-                    }                                                                       \
-                }                                                                           \
+                const u8* blk = w + ((unsigned long long)row0 * nb + b) * BYTES;            \
+                VDOT(blk, rs, nr, xa, xs, nt, i % PARTS, acc);                              \
             }                                                                               \
             UNROLL for (int r = 0; r < MMQ8_ROWS; r++)                                      \
                 UNROLL for (int j = 0; j < MATVEC_TOKENS; j++)                              \
-                    part[threadIdx.y][r * MATVEC_TOKENS + j][threadIdx.x] = acc[r][j];      \
+                    if (j < nt) part[threadIdx.y][r * MATVEC_TOKENS + j][threadIdx.x] = acc[r][j]; \
             __syncthreads();                                                                \
             /* the nt x MMQ8_ROWS sums, o = r nt + j, spread over the warps; every warp */  \
             /* runs the same number of rounds (the emulation's shuffles are block-wide) */  \
