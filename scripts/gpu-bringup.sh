@@ -45,7 +45,7 @@ for t in /usr/local/cuda/gds/tools/gdscheck /usr/local/cuda*/gds/tools/gdscheck.
   [ -e "$t" ] && run 60 gdscheck "$t" -p && break
 done
 say "model filesystem: $(df -T "$MODEL" | tail -1)"
-for extra in "" "--activations q8"; do # --backend auto: the GPU, or the CPU with the reason
+for extra in "" "--kv-type f16"; do # --backend auto: the GPU, or the CPU with the reason
   say "[auto ${extra:-default}] $("$G" run "$MODEL" --raw -p x -n 1 --plan $extra 2>&1 |
     python3 -c 'import json,sys; p=json.load(sys.stdin); print(p["backend"], "-", p["backend_reason"])' 2>&1 | tail -1)"
 done
@@ -61,7 +61,7 @@ budget() {
     "$OUT/json/$1-plan.json" "$2"
 }
 
-# greedy TOKENS on MODEL with PROMPT: CPU f32 reference vs CUDA at budgets x paths
+# greedy TOKENS on MODEL with PROMPT: CPU f32 reference vs CUDA (--activations f32) at budgets x paths
 greedy() { # greedy LABEL DIR N PROMPT BUDGETS PATHS
   local label=$1 dir=$2 n=$3 prompt=$4 budgets=$5 paths=$6
   "$G" run "$dir" --raw -p "$prompt" -n "$n" --temp 0 --backend cpu --activations f32 --kv-type f32 --json \
@@ -75,7 +75,7 @@ greedy() { # greedy LABEL DIR N PROMPT BUDGETS PATHS
       local f="$OUT/json/$label-cuda-$b-$io.json"
       echo "### $label cuda budget=$b ($v) io=$io" >>"$LOG"
       timeout 120 "$G" run "$dir" --raw -p "$prompt" -n "$n" --temp 0 --backend cuda --vram-budget "$v" \
-        --io "$io" --json >"$f" 2>>"$LOG"
+        --io "$io" --activations f32 --json >"$f" 2>>"$LOG"
       local rc=$?
       python3 - "$OUT/json/$label-cpu.json" "$f" "$label" "$b" "$io" "$rc" <<'EOF' | tee -a "$SUM"
 import json, sys

@@ -9,20 +9,25 @@
 # machine in a call of its own and copy it out of the work tree), run beside gdsrun. QUANT: gdsconv's --quant for the shapes (default q4_0; keep: F16); STREAM=0 skips
 # the streamed runs of stage 3 (IO_RUNS: their load paths, default "gds direct mmap"). TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
 #  1. the machine: GPU, driver, nvidia-fs, cuFile mode (`gdsrun doctor`);
-#  2. the tiny architectures (fixtures/tiny-*.gguf, converted here): CUDA vs CPU f32 greedy
-#     tokens, all resident and at the minimum VRAM budget (the one-sequence path of the engine);
+#  2. the tiny architectures (fixtures/tiny-*.gguf, converted here): CUDA --activations f32 vs CPU
+#     f32 greedy tokens, all resident and at the minimum VRAM budget (the one-sequence path of
+#     the engine); then CUDA's default int8 activations vs the CPU's default q8, all resident;
 #  3. per SHAPE: random weights drawn by transformers on the GPU (scripts/synth-model.py
 #     --init-device cuda, F16 safetensors in RAM), converted to Q4_0 by gdsconv onto the disk;
-#     `gdsrun bench --backend cuda` all resident (pp512, tg128); then with about a quarter of
+#     `gdsrun bench --backend cuda` all resident (pp512, tg128; default int8 activations), and
+#     tg128 again with --activations f32 (the f32-activation kernels: the int8 kernels' A/B on
+#     one binary; pp is the GEMM path either way); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
 #     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
 #     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once;
-#     resident also with GDS_GEMM_MIN_TOKENS=128, the matvec/GEMM crossover),
+#     resident also with GDS_GEMM_MIN_TOKENS=128, the matvec/GEMM crossover, B >= 4: one
+#     token per pass never reaches the crossover),
 #     all resident and at the quarter budget;
 #     the server on the GPU against llama-server (scripts/gpu-serve-bench.py, concurrency
 #     1..64: resident, and for llama-1b at the quarter budget; SERVE=0 skips it);
 #  4. the server on the GPU (scripts/gpu-serve-check.py, tiny llama): concurrent greedy requests,
-#     `--backend cuda` replies against `--backend cpu --activations f32` (also on llama-1b);
+#     `--backend cuda --activations f32` replies against `--backend cpu --activations f32` (also
+#     on llama-1b);
 #  5. compute-sanitizer memcheck on a streamed `--io gds` run and over a batched streamed
 #     `gdsrun batch` (tiny llama).
 set -u
@@ -68,10 +73,10 @@ budget() { # budget PLAN_JSON all|min|quarter: a --vram-budget in bytes
 # the aggregate t/s it prints, for B in 1 4 16 64; its paged KV cache: KVB MiB (f32, the GPU's type) (the
 # budgets below add KVB to the one-sequence plan's)
 KVB=4096
-sweep() { # sweep LABEL DIR TOKENS [gdsrun batch flags...]
+sweep() { # sweep LABEL DIR TOKENS [gdsrun batch flags...] (BS: the batch sizes, default 1 4 16 64)
   local label=$1 dir=$2 n=$3; shift 3
   local line="" b
-  for b in 1 4 16 64; do
+  for b in ${BS:-1 4 16 64}; do
     python3 - "$b" "$n" >"$W/req.jsonl" <<'PY'
 import json, sys
 b, n = int(sys.argv[1]), int(sys.argv[2])
@@ -90,7 +95,7 @@ PY
   say "[batch $label, $n tokens per request]$line"
 }
 
-say "== tiny architectures: CUDA vs CPU f32, 16 greedy tokens (all resident, minimum budget; --io direct)"
+say "== tiny architectures: CUDA vs CPU f32, 16 greedy tokens (all resident, minimum budget; --io direct); CUDA int8 vs CPU q8 (all resident)"
 T0=$SECONDS
 [ "${TINY:-1}" = 1 ] || T0=-1000
 for d in "$W"/tiny/*/; do
@@ -100,10 +105,14 @@ for d in "$W"/tiny/*/; do
   "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cpu --activations f32 --kv-type f32 --json \
     >"$OUT/json/tiny-$a-cpu.json" 2>>"$LOG"
   plan "$d" "$OUT/json/tiny-$a-plan.json" || { say "[tiny $a] cuda plan failed: $(tail -2 "$LOG")"; continue; }
-  for b in all min; do
-    timeout 60 "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cuda --io direct \
-      --vram-budget "$(budget "$OUT/json/tiny-$a-plan.json" $b)" --json >"$OUT/json/tiny-$a-$b.json" 2>>"$LOG"
-    python3 - "$OUT/json/tiny-$a-cpu.json" "$OUT/json/tiny-$a-$b.json" "tiny $a $b" <<'EOF' | tee -a "$SUM"
+  "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cpu --activations q8 --kv-type f32 --json \
+    >"$OUT/json/tiny-$a-cpu-q8.json" 2>>"$LOG"
+  for b in all min q8; do
+    ref=cpu act=f32 vb=$b
+    [ "$b" = q8 ] && ref=cpu-q8 act=q8 vb=all
+    timeout 60 "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cuda --io direct --activations $act \
+      --vram-budget "$(budget "$OUT/json/tiny-$a-plan.json" $vb)" --json >"$OUT/json/tiny-$a-$b.json" 2>>"$LOG"
+    python3 - "$OUT/json/tiny-$a-$ref.json" "$OUT/json/tiny-$a-$b.json" "tiny $a $b" <<'EOF' | tee -a "$SUM"
 import json, sys
 try:
     r, d = json.load(open(sys.argv[1]))["tokens"], json.load(open(sys.argv[2]))
@@ -153,6 +162,9 @@ for shape in $SHAPES; do
   plan "$M" "$OUT/json/$shape-plan.json" -c 512 || { say "[$shape] cuda plan failed: $(tail -3 "$LOG")"; continue; }
   run 240 "bench-$shape-resident" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  # the same binary with the f32-activation matvec kernels (the int8 kernels' A/B)
+  run 90 "bench-$shape-resident-f32-act" "$G" bench "$M" --backend cuda --activations f32 -p 0 -n 128 -r 2
+  grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--activations f32)/' >>"$SUM"
   for g in q4_0 f16; do # llama.cpp on the GGUFs of the same checkpoint
     [ -f "$W/$shape-$g.gguf" ] || continue
     run 240 "llama-bench-$shape-$g" env LD_LIBRARY_PATH="$LLD" "$L/bin/llama-bench" -m "$W/$shape-$g.gguf" \
@@ -193,7 +205,7 @@ EOF
   say "quarter budget $Q B: $(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];print(len(g['resident_layers']),'layers resident,',len(g['streamed_layers']),'streamed,',g['streamed_bytes_per_token'],'B/token streamed')" "$OUT/json/$shape-plan-quarter.json" 2>&1)"
   sweep "$shape resident" "$M" 32
   # the GEMM crossover: passes of fewer tokens than this stay on the matvec kernels (default 8)
-  GDS_GEMM_MIN_TOKENS=128 sweep "$shape resident, GDS_GEMM_MIN_TOKENS=128" "$M" 32
+  GDS_GEMM_MIN_TOKENS=128 BS="4 16 64" sweep "$shape resident, GDS_GEMM_MIN_TOKENS=128" "$M" 32
   sweep "$shape quarter direct" "$M" 8 --vram-budget "$((Q + KVB * 1048576))" --io direct
   n=16; [ "$shape" = llama-7b ] && n=8
   for io in ${IO_RUNS:-gds direct mmap}; do

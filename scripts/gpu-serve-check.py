@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`gdsrun serve --backend cuda` against `--backend cpu --activations f32 --kv-dtype f32` on the
+"""`gdsrun serve --backend cuda --activations f32` against `--backend cpu --activations f32 --kv-dtype f32` on the
 same model: the same concurrent greedy requests to both servers (so the GPU's batched, paged
 pass runs several sequences at once), their texts and token counts compared, and the
 aggregate decode rate of each. Part of scripts/gpu-bringup.sh; prints one line per check.
@@ -85,7 +85,10 @@ def main():
         except Exception as e:  # noqa: BLE001
             print(f"[serve cuda streamed] no plan: {e} {plan.stderr[-300:]}")
             return 0
-    cuda_flags = ["--backend", "cuda"] + (["--vram-budget", a.vram_budget] if a.vram_budget else [])
+    # f32 activations on both sides: the same arithmetic, so the replies must be equal (the
+    # GPU's default int8 activations round as the CPU's q8 only for 32-value weight types)
+    cuda_flags = ["--backend", "cuda", "--activations", "f32"] + (
+        ["--vram-budget", a.vram_budget] if a.vram_budget else [])
     results = {}
     for name, flags in [("cpu", ["--backend", "cpu", "--activations", "f32"]), ("cuda", cuda_flags)]:
         try:

@@ -55,6 +55,7 @@ fn run(
         max_batch: gds_cuda::plan::MAX_BATCH,
         kv: None,
         max_outputs: None,
+        q8_activations: true,
     };
     // The model's graph and RoPE tables (gds-runtime's, as `gdsrun --backend cuda` opens it).
     let open = |opts: ExecOptions| -> Result<GpuModel, Box<dyn std::error::Error>> {

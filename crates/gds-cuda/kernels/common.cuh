@@ -21,6 +21,24 @@ typedef int i32;
 #define MATVEC_ROWS 4      // rows per block of the matvec kernels (blockDim = 32 x 4)
 #define BLOCK_THREADS 256  // threads per block of the row-wise kernels
 
+// The int8 matvec kernels (quant.cu, matvec_q8_*): warps per block and rows per block
+// (blockDim = 32 x MMQ8_WARPS, grid ceil(rows / MMQ8_ROWS)), and the bytes of one block of
+// 32 quantized activations (quantize_q8). src/kernels.rs mirrors these numbers.
+#define MMQ8_WARPS 4
+#define MMQ8_ROWS 2
+#define Q8A_BYTES 40
+
+// Word loads need their natural alignment on the GPU; the emulation checks it (emu.h).
+#ifndef ALIGNED_LOAD
+#define ALIGNED_LOAD(p, n)
+#endif
+
+// Full unrolling of a loop with a constant bound, where the loop indexes a register array
+// (otherwise NVRTC may keep the array in local memory); nothing in the emulation.
+#ifndef UNROLL
+#define UNROLL _Pragma("unroll")
+#endif
+
 // Little-endian loads from byte pointers: block fields are not aligned.
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
 

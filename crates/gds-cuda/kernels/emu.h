@@ -11,7 +11,10 @@
 // which is right because only one block runs at a time), threadIdx/blockIdx (set at each
 // switch) and blockDim/gridDim, __syncthreads, __shfl_xor_sync on float (a block-wide
 // exchange: every thread of the block must reach it, which the kernels guarantee),
-// __uint_as_float, rsqrtf, expf/fmaxf/tanhf (from <cmath>).
+// __uint_as_float, rsqrtf, __dp4a (int8 dot product of 4 lanes, signed), expf/fmaxf/tanhf/
+// fabsf/rintf (from <cmath>; rintf rounds ties to even, as on the GPU). Word loads of the
+// int8 kernels are checked for the alignment the GPU requires (ALIGNED_LOAD in common.cuh):
+// a misaligned one aborts the test instead of faulting on the device.
 #pragma once
 #include <cmath>
 #include <cstring>
@@ -82,6 +85,28 @@ inline float __uint_as_float(unsigned u) {
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+// c + the sum of the products of the four signed bytes of a and b.
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) {
+        c += (int)(signed char)(unsigned char)((unsigned)a >> (8 * i))
+             * (int)(signed char)(unsigned char)((unsigned)b >> (8 * i));
+    }
+    return c;
+}
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#define UNROLL
+#define ALIGNED_LOAD(p, n)                                                                   \
+    do {                                                                                    \
+        if ((uintptr_t)(p) % (n) != 0) {                                                    \
+            std::fprintf(stderr, "misaligned %d-byte load at %p (%s:%d)\n", (int)(n),       \
+                         (const void*)(p), __FILE__, __LINE__);                             \
+            std::abort();                                                                   \
+        }                                                                                   \
+    } while (0)
 
 // kernel<<<grid, block>>>(args...), synchronously: for each block, one fiber per thread,
 // run in rounds from barrier to barrier (fiber 0 .. n-1 each up to its next barrier, or to

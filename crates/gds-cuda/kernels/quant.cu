@@ -340,3 +340,274 @@ __device__ __forceinline__ float ld_bf16(const u8* p) {
 FLOAT_KERNELS(f16, 2, ld_f16)
 FLOAT_KERNELS(bf16, 2, ld_bf16)
 FLOAT_KERNELS(f32, 4, ld_f32)
+
+// ---- int8 products (decode): activations quantized to 8 bits, integer dot products ----
+//
+// quantize_q8(x, xq, nblocks): the f32 rows at x, 32 values at a time, into blocks of
+// Q8A_BYTES: f32 d = max |x| / 127, f32 s = d * sum(q), i8 q[32] = round_ties_even(x / d)
+// (gds-kernels' quantize_act_q8_scalar: the same quants and scales, bit for bit). A pass's
+// ntok rows of `cols` are ntok * cols / 32 consecutive blocks (token t's at t * cols / 32).
+// One warp per block: blockDim BLOCK_THREADS, grid ceil(nblocks / (BLOCK_THREADS / 32)).
+//
+// matvec_q8_<t>(w, xq, y, rows, cols, ntok): y[t*rows + r] = sum_k W[r, k] * xq[t][k], the
+// weights read in place as 32-bit words (two 16-bit loads where the block is only 2-byte
+// aligned: Q4_0, Q8_0, Q6_K) and multiplied with __dp4a. MMQ8_WARPS warps share MMQ8_ROWS
+// rows (blockDim 32 x MMQ8_WARPS, grid ceil(rows / MMQ8_ROWS)): thread i of the block takes
+// parts i, i + 32 MMQ8_WARPS, ... of the row (neighbouring threads, neighbouring words), the
+// same parts of each of the block's rows (the activation words it loads serve every row),
+// and each part's weight words are loaded once into registers for all MATVEC_TOKENS
+// carried tokens. The warps' partial sums meet in shared memory. Why 2 rows of 4 warps:
+// llama.cpp's MMVQ runs 4 warps on 1 row (1 token) or 2 rows (2+ tokens); 2 rows halve
+// the activation loads per weight word at 1 token and still give a 4096-row matrix 2048
+// blocks (15 per SM of an H100). Unmeasured on hardware.
+//
+// vdot_q8_<t>(blk, rs, nr, xa, xs, nt, p, acc): part p of weight block blk and of the blocks
+// rs bytes after it in the next rows (nr of the MMQ8_ROWS rows exist; the others reload the
+// first, their sums unused), against the activation blocks xa (QK / 32 of them) of nt tokens,
+// xs bytes apart: acc[r][j] += row r's product with token j. The weight words go to registers
+// first; each activation word is then loaded once for all the rows.
+
+// 32 bits from a 4-byte aligned address.
+__device__ __forceinline__ u32 ld_u32_a4(const u8* p) {
+    ALIGNED_LOAD(p, 4);
+    return *(const u32*)p;
+}
+// 32 bits from a 2-byte aligned address, as two 16-bit loads.
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    ALIGNED_LOAD(p, 2);
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+// An activation block's scale, d * sum(q), and quant word k (values 4k..4k+4).
+__device__ __forceinline__ float q8a_d(const u8* a) { return __uint_as_float(ld_u32_a4(a)); }
+__device__ __forceinline__ float q8a_s(const u8* a) { return __uint_as_float(ld_u32_a4(a + 4)); }
+__device__ __forceinline__ int q8a_word(const u8* a, int k) { return (int)ld_u32_a4(a + 8 + 4 * k); }
+
+#define NIBBLES 0x0F0F0F0Fu
+#define ONES 0x01010101
+
+extern "C" __global__ void quantize_q8(const float* __restrict__ x, u8* __restrict__ xq,
+                                       int nblocks) {
+    int kb = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    float v = kb < nblocks ? x[(unsigned long long)kb * 32 + lane] : 0.0f;
+    // every thread reaches the reductions; only the blocks that exist are written
+    float d = warp_max(fabsf(v)) / 127.0f;
+    float id = d == 0.0f ? 0.0f : 1.0f / d;
+    float q = rintf(v * id);
+    float sum = warp_sum(q);
+    if (kb < nblocks) {
+        u8* o = xq + (unsigned long long)kb * Q8A_BYTES;
+        o[8 + lane] = (u8)(int)q;
+        if (lane == 0) {
+            ALIGNED_LOAD(o, 4);
+            ((float*)o)[0] = d;
+            ((float*)o)[1] = d * sum;
+        }
+    }
+}
+
+// Q4_0, part p (of 2): the words qs[8p..8p+4], qs[8p+4..8p+8]: values 8p..8p+8 (low
+// nibbles) and 16+8p..16+8p+8 (high). The -8 offset of the block's 32 values comes from
+// the activation sum s, half of it in each part.
+#define Q4_0_Q8_PARTS 2
+__device__ __forceinline__ void vdot_q8_q4_0(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = ld_f16(br);
+        u32 w0 = ld_u32_a2(br + 2 + 8 * p), w1 = ld_u32_a2(br + 6 + 8 * p);
+        l0[r] = (int)(w0 & NIBBLES);
+        l1[r] = (int)(w1 & NIBBLES);
+        h0[r] = (int)((w0 >> 4) & NIBBLES);
+        h1[r] = (int)((w1 >> 4) & NIBBLES);
+    }
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
+        if (j < nt) {
+            const u8* a = xa + j * xs;
+            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
+            int u2 = q8a_word(a, 4 + 2 * p), u3 = q8a_word(a, 5 + 2 * p);
+            float d = q8a_d(a), sx = q8a_s(a);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int s = __dp4a(l0[r], u0, 0);
+                s = __dp4a(l1[r], u1, s);
+                s = __dp4a(h0[r], u2, s);
+                s = __dp4a(h1[r], u3, s);
+                acc[r][j] += dw[r] * (d * (float)s - 4.0f * sx);
+            }
+        }
+    }
+}
+
+// Q8_0, part p (of 4): the words of values 8p..8p+8.
+#define Q8_0_Q8_PARTS 4
+__device__ __forceinline__ void vdot_q8_q8_0(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS];
+    int w0[MMQ8_ROWS], w1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = ld_f16(br);
+        w0[r] = (int)ld_u32_a2(br + 2 + 8 * p);
+        w1[r] = (int)ld_u32_a2(br + 6 + 8 * p);
+    }
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
+        if (j < nt) {
+            const u8* a = xa + j * xs;
+            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
+            float d = q8a_d(a);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int s = __dp4a(w0[r], u0, 0);
+                s = __dp4a(w1[r], u1, s);
+                acc[r][j] += dw[r] * d * (float)s;
+            }
+        }
+    }
+}
+
+// Q4_K, part p (of 16): c = p / 4, the words qs[32c + o .. 32c + o + 8] (o = 8 (p % 4)):
+// values 64c + o.. (group 2c, low nibbles; activation block 2c) and 64c + 32 + o.. (group
+// 2c + 1, high nibbles; block 2c + 1). The mins need the partial activation sums, which
+// __dp4a with ones gives (once per token for all the rows).
+#define Q4_K_Q8_PARTS 16
+__device__ __forceinline__ void vdot_q8_q4_k(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    int c = p >> 2, o = 8 * (p & 3);
+    float d[MMQ8_ROWS], dmin[MMQ8_ROWS], sc0[MMQ8_ROWS], m0[MMQ8_ROWS], sc1[MMQ8_ROWS],
+        m1[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        scale_min_k4(2 * c, br + 4, &sc0[r], &m0[r]);
+        scale_min_k4(2 * c + 1, br + 4, &sc1[r], &m1[r]);
+        d[r] = ld_f16(br);
+        dmin[r] = ld_f16(br + 2);
+        u32 w0 = ld_u32_a4(br + 16 + 32 * c + o), w1 = ld_u32_a4(br + 20 + 32 * c + o);
+        l0[r] = (int)(w0 & NIBBLES);
+        l1[r] = (int)(w1 & NIBBLES);
+        h0[r] = (int)((w0 >> 4) & NIBBLES);
+        h1[r] = (int)((w1 >> 4) & NIBBLES);
+    }
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
+        if (j < nt) {
+            const u8* a0 = xa + j * xs + 2 * c * Q8A_BYTES;
+            const u8* a1 = a0 + Q8A_BYTES;
+            int u00 = q8a_word(a0, o / 4), u01 = q8a_word(a0, o / 4 + 1);
+            int u10 = q8a_word(a1, o / 4), u11 = q8a_word(a1, o / 4 + 1);
+            int qlo = __dp4a(ONES, u01, __dp4a(ONES, u00, 0));
+            int qhi = __dp4a(ONES, u11, __dp4a(ONES, u10, 0));
+            float d0 = q8a_d(a0), d1 = q8a_d(a1);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int slo = __dp4a(l1[r], u01, __dp4a(l0[r], u00, 0));
+                int shi = __dp4a(h1[r], u11, __dp4a(h0[r], u10, 0));
+                acc[r][j] += d[r] * (sc0[r] * d0 * (float)slo + sc1[r] * d1 * (float)shi)
+                             - dmin[r] * (m0[r] * d0 * (float)qlo + m1[r] * d1 * (float)qhi);
+            }
+        }
+    }
+}
+
+// Four bytes 0..63 minus 32 each (signed bytes), without borrows between the bytes.
+__device__ __forceinline__ int sub32_bytes(u32 v) {
+    return (int)(((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+}
+
+// Q6_K, part p (of 16): half h = p / 8 (128 values), l0 = 4 (p % 8): the words ql[64h + l0],
+// ql[64h + 32 + l0], qh[32h + l0], giving values 128h + 32k + l0.. for k = 0..3 (activation
+// block 4h + k, scale sc[8h + l0 / 16 + 2k]).
+#define Q6_K_Q8_PARTS 16
+__device__ __forceinline__ void vdot_q8_q6_k(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    int h = p >> 3, l0 = 4 * (p & 7), is = (p & 7) >> 2;
+    float d[MMQ8_ROWS], s[MMQ8_ROWS][4];
+    int v[MMQ8_ROWS][4];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        d[r] = ld_f16(br + 208);
+        const i8* sc = (const i8*)(br + 192 + 8 * h);
+        u32 qa = ld_u32_a2(br + 64 * h + l0), qb = ld_u32_a2(br + 64 * h + 32 + l0);
+        u32 qh = ld_u32_a2(br + 128 + 32 * h + l0);
+        v[r][0] = sub32_bytes((qa & NIBBLES) | ((qh << 4) & 0x30303030u));
+        v[r][1] = sub32_bytes((qb & NIBBLES) | ((qh << 2) & 0x30303030u));
+        v[r][2] = sub32_bytes(((qa >> 4) & NIBBLES) | (qh & 0x30303030u));
+        v[r][3] = sub32_bytes(((qb >> 4) & NIBBLES) | ((qh >> 2) & 0x30303030u));
+        UNROLL for (int k = 0; k < 4; k++) s[r][k] = (float)sc[is + 2 * k];
+    }
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
+        if (j < nt) {
+            const u8* a = xa + j * xs + 4 * h * Q8A_BYTES;
+            int u[4];
+            float dk[4];
+            UNROLL for (int k = 0; k < 4; k++) {
+                u[k] = q8a_word(a + k * Q8A_BYTES, l0 / 4);
+                dk[k] = q8a_d(a + k * Q8A_BYTES);
+            }
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                float t = 0.0f;
+                UNROLL for (int k = 0; k < 4; k++) {
+                    t += s[r][k] * dk[k] * (float)__dp4a(v[r][k], u[k], 0);
+                }
+                acc[r][j] += d[r] * t;
+            }
+        }
+    }
+}
+
+#define Q8_KERNEL(NAME, QK, BYTES, PARTS, VDOT)                                             \
+    extern "C" __global__ void matvec_q8_##NAME(const u8* __restrict__ w,                   \
+                                                const u8* __restrict__ xq,                  \
+                                                float* __restrict__ y, int rows, int cols,  \
+                                                int ntok) {                                 \
+        __shared__ float part[MMQ8_WARPS][MMQ8_ROWS * MATVEC_TOKENS][WARP];                 \
+        int tid = threadIdx.y * WARP + threadIdx.x;                                         \
+        int row0 = blockIdx.x * MMQ8_ROWS;                                                  \
+        int nb = cols / QK;                                                                 \
+        unsigned long long xs = (unsigned long long)(cols / 32) * Q8A_BYTES;                \
+        /* the block's rows that exist (row0 < rows: grid ceil(rows / MMQ8_ROWS)), and the */ \
+        /* bytes from one row to the next */                                               \
+        int nr = rows - row0 < MMQ8_ROWS ? rows - row0 : MMQ8_ROWS;                         \
+        unsigned long long rs = (unsigned long long)nb * BYTES;                             \
+        for (int t0 = 0; t0 < ntok; t0 += MATVEC_TOKENS) {                                  \
+            int nt = ntok - t0 < MATVEC_TOKENS ? ntok - t0 : MATVEC_TOKENS;                 \
+            float acc[MMQ8_ROWS][MATVEC_TOKENS];                                            \
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++)                                      \
+                UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) acc[r][j] = 0.0f;            \
+            const u8* xt = xq + t0 * xs;                                                    \
+            for (int i = tid; i < nb * PARTS; i += MMQ8_WARPS * WARP) {                     \
+                int b = i / PARTS;                                                          \
+                const u8* xa = xt + (unsigned long long)b * (QK / 32) * Q8A_BYTES;          \
+                const u8* blk = w + ((unsigned long long)row0 * nb + b) * BYTES;            \
+                VDOT(blk, rs, nr, xa, xs, nt, i % PARTS, acc);                              \
+            }                                                                               \
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++)                                      \
+                UNROLL for (int j = 0; j < MATVEC_TOKENS; j++)                              \
+                    if (j < nt) part[threadIdx.y][r * MATVEC_TOKENS + j][threadIdx.x] = acc[r][j]; \
+            __syncthreads();                                                                \
+            /* the nt x MMQ8_ROWS sums, o = r nt + j, spread over the warps; every warp */  \
+            /* runs the same number of rounds (the emulation's shuffles are block-wide) */  \
+            int nout = MMQ8_ROWS * nt;                                                      \
+            for (int o0 = 0; o0 < nout; o0 += MMQ8_WARPS) {                                 \
+                int o = o0 + threadIdx.y, r = o / nt, j = o % nt;                           \
+                float v = 0.0f;                                                             \
+                if (o < nout) {                                                             \
+                    UNROLL for (int k = 0; k < MMQ8_WARPS; k++)                             \
+                        v += part[k][r * MATVEC_TOKENS + j][threadIdx.x];                   \
+                }                                                                           \
+                v = warp_sum(v);                                                            \
+                if (threadIdx.x == 0 && o < nout && row0 + r < rows)                        \
+                    y[(unsigned long long)(t0 + j) * rows + row0 + r] = v;                  \
+            }                                                                               \
+            __syncthreads();                                                                \
+        }                                                                                   \
+    }
+
+Q8_KERNEL(q4_0, Q4_0_QK, Q4_0_BYTES, Q4_0_Q8_PARTS, vdot_q8_q4_0)
+Q8_KERNEL(q8_0, Q8_0_QK, Q8_0_BYTES, Q8_0_Q8_PARTS, vdot_q8_q8_0)
+Q8_KERNEL(q4_k, Q4_K_QK, Q4_K_BYTES, Q4_K_Q8_PARTS, vdot_q8_q4_k)
+Q8_KERNEL(q6_k, Q6_K_QK, Q6_K_BYTES, Q6_K_Q8_PARTS, vdot_q8_q6_k)

@@ -34,7 +34,7 @@
 //! sampler).
 
 use crate::forward::{Device, Heads, KvPages};
-use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS};
+use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS, MMQ8_ROWS, MMQ8_WARPS};
 use crate::plan::{LayerMeta, Layout};
 use crate::stream::{BufKind, StreamOptions, Streamer, Vram};
 use crate::{nvrtc, probe, GpuError, GpuPath};
@@ -93,6 +93,9 @@ pub struct ExecOptions {
     pub kv: Option<crate::plan::KvSpec>,
     /// Most tokens of a pass that get logits (`None`: up to 16).
     pub max_outputs: Option<usize>,
+    /// Matrix products of short passes over 8-bit activations (the int8 kernels, where the
+    /// weight type has one: `--activations q8`) rather than f32 (`--activations f32`).
+    pub q8_activations: bool,
 }
 
 /// The compiled kernels and the streams they run on.
@@ -245,6 +248,25 @@ impl Device for Gpu {
             cols,
             ntok
         )
+    }
+    fn quantize_q8(&mut self, x: u64, xq: u64, nblocks: i32) -> Result<(), GpuError> {
+        let c = cfg((cdiv(nblocks, BLOCK_THREADS / 32), 1), (BLOCK_THREADS, 1));
+        launch!(self, "quantize_q8", c, x, xq, nblocks)
+    }
+    fn matvec_q8(
+        &mut self,
+        suffix: &str,
+        w: u64,
+        xq: u64,
+        y: u64,
+        rows: i32,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let c = cfg((cdiv(rows, MMQ8_ROWS), 1), (32, MMQ8_WARPS));
+        let name = kernels::kernel_name("matvec_q8", suffix)
+            .ok_or_else(|| model_err(format!("no int8 matvec kernel for {suffix}")))?;
+        launch!(self, name, c, w, xq, y, rows, cols, ntok)
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(nblocks, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
@@ -849,6 +871,7 @@ impl Streamer<CudaVram> {
             max_batch: opts.max_batch,
             kv: opts.kv.clone(),
             max_outputs: opts.max_outputs,
+            q8_activations: opts.q8_activations,
         };
         Streamer::with_layout(layout, &stream_opts, vram, graph)
     }

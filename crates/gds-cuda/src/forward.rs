@@ -13,7 +13,7 @@
 //! emulation. Every address is the start of a buffer the caller owns and sized as the
 //! functions below document.
 
-use crate::kernels::kernel_suffix;
+use crate::kernels::{kernel_suffix, q8_kernel_suffix, Q8A_VALUES};
 use crate::plan::{KvGeo, Layout, TensorMeta};
 use crate::GpuError;
 
@@ -49,6 +49,21 @@ pub trait Device {
         suffix: &str,
         w: u64,
         x: u64,
+        y: u64,
+        rows: i32,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError>;
+    /// `quantize_q8`: `nblocks` blocks of 32 f32 at `x` into 8-bit blocks at `xq`
+    /// ([`Q8A_BYTES`](crate::kernels::Q8A_BYTES) each).
+    fn quantize_q8(&mut self, x: u64, xq: u64, nblocks: i32) -> Result<(), GpuError>;
+    /// `matvec_q8_{suffix}`: [`Device::matvec`] over the activations `quantize_q8` wrote
+    /// at `xq` (int8 dot products).
+    fn matvec_q8(
+        &mut self,
+        suffix: &str,
+        w: u64,
+        xq: u64,
         y: u64,
         rows: i32,
         cols: i32,
@@ -181,7 +196,8 @@ pub struct KvPages {
 /// `attn` `max_tokens × q_dim`; `k`, `v` `max_tokens × kv_dim`; `att`
 /// `max_tokens × n_heads × ctx`; `gate`, `up` `max_tokens × n_ff`; `logits`
 /// `logit_rows × vocab`; `tile`
-/// the largest weight's elements.
+/// the largest weight's elements; `xq` `max_tokens × max(n_embd, n_ff, q_dim) / 32` blocks
+/// of [`Q8A_BYTES`](crate::kernels::Q8A_BYTES).
 #[derive(Clone, Copy, Debug)]
 pub struct Scratch {
     /// Residual stream.
@@ -208,6 +224,9 @@ pub struct Scratch {
     pub logits: u64,
     /// Dequantized weight tile for GEMM prefill.
     pub tile: u64,
+    /// A matrix product's input quantized to 8 bits, for the int8 kernels; 0 keeps every
+    /// product in f32 (`--activations f32`).
+    pub xq: u64,
 }
 
 /// Per-call context of the pass: the layout, where each layer's bytes are, and the caches.
@@ -299,8 +318,7 @@ impl Pass<'_> {
         }
     }
 
-    /// `y = W · x` for `ntok` rows of x: the dequantizing matvec kernels, or (passes of
-    /// [`gemm_min_tokens`] or more) a dequantized tile and the device's GEMM.
+    /// `y = W · x` for `ntok` rows of x ([`Pass::linears`] with one output).
     pub fn linear(
         &self,
         dev: &mut dyn Device,
@@ -309,18 +327,46 @@ impl Pass<'_> {
         y: u64,
         ntok: usize,
     ) -> Result<(), GpuError> {
-        let suffix = kernel_suffix(t.dtype)
-            .ok_or_else(|| GpuError::Model(format!("no GPU kernel for {} weights", t.dtype)))?;
-        let w = self.addr(t)?;
-        let (rows, cols) = (t.rows as i32, t.cols as i32);
-        if ntok >= gemm_min_tokens() {
-            let nblocks = (t.rows * t.cols / t.dtype.block_size()) as i32;
-            dev.dequant(suffix, w, self.s.tile, nblocks)?;
-            if dev.gemm(self.s.tile, x, y, rows, ntok as i32, cols)? {
-                return Ok(());
+        self.linears(dev, x, &[(y, t)], ntok)
+    }
+
+    /// `y = W · x` for each `(y, W)` of `outs`, `ntok` rows of the same x: passes of
+    /// [`gemm_min_tokens`] or more through a dequantized tile and the device's GEMM; shorter
+    /// ones through the int8 kernels where the weight type has one and the scratch has an
+    /// `xq` buffer (x quantized once for all the outputs), the dequantizing f32 matvec
+    /// kernels otherwise.
+    pub fn linears(
+        &self,
+        dev: &mut dyn Device,
+        x: u64,
+        outs: &[(u64, &TensorMeta)],
+        ntok: usize,
+    ) -> Result<(), GpuError> {
+        // the width of x as quantized in s.xq so far
+        let mut quantized: Option<usize> = None;
+        for &(y, t) in outs {
+            let suffix = kernel_suffix(t.dtype)
+                .ok_or_else(|| GpuError::Model(format!("no GPU kernel for {} weights", t.dtype)))?;
+            let w = self.addr(t)?;
+            let (rows, cols) = (t.rows as i32, t.cols as i32);
+            if ntok >= gemm_min_tokens() {
+                let nblocks = (t.rows * t.cols / t.dtype.block_size()) as i32;
+                dev.dequant(suffix, w, self.s.tile, nblocks)?;
+                if dev.gemm(self.s.tile, x, y, rows, ntok as i32, cols)? {
+                    continue;
+                }
+            } else if let Some(q8) = q8_kernel_suffix(t.dtype).filter(|_| self.s.xq != 0) {
+                if quantized != Some(t.cols) {
+                    let nblocks = (ntok * t.cols / Q8A_VALUES) as i32;
+                    dev.quantize_q8(x, self.s.xq, nblocks)?;
+                    quantized = Some(t.cols);
+                }
+                dev.matvec_q8(q8, w, self.s.xq, y, rows, cols, ntok as i32)?;
+                continue;
             }
+            dev.matvec(suffix, w, x, y, rows, cols, ntok as i32)?;
         }
-        dev.matvec(suffix, w, x, y, rows, cols, ntok as i32)
+        Ok(())
     }
 
     /// Embedding rows of `tokens` into `s.x`, multiplied by `scale` where given.

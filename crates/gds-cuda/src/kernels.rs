@@ -20,6 +20,16 @@ pub const FILES: &[(&str, &str)] = &[
 pub const MATVEC_ROWS: u32 = 4;
 /// Threads per block of the row-wise kernels; `BLOCK_THREADS` in common.cuh.
 pub const BLOCK_THREADS: u32 = 256;
+/// Warps per block of the int8 `matvec_q8_*` kernels (blockDim = 32 × this); `MMQ8_WARPS`
+/// in common.cuh.
+pub const MMQ8_WARPS: u32 = 4;
+/// Rows per block of the `matvec_q8_*` kernels; `MMQ8_ROWS` in common.cuh.
+pub const MMQ8_ROWS: u32 = 2;
+/// Values per block of quantized activations (`quantize_q8`).
+pub const Q8A_VALUES: usize = 32;
+/// Bytes per block of quantized activations: f32 scale, f32 scale × sum, 32 × i8;
+/// `Q8A_BYTES` in common.cuh.
+pub const Q8A_BYTES: usize = 40;
 
 /// Every kernel entry point the executor loads.
 pub const KERNEL_NAMES: &[&str] = &[
@@ -34,6 +44,11 @@ pub const KERNEL_NAMES: &[&str] = &[
     "matvec_f16",
     "matvec_bf16",
     "matvec_f32",
+    "matvec_q8_q4_0",
+    "matvec_q8_q8_0",
+    "matvec_q8_q4_k",
+    "matvec_q8_q6_k",
+    "quantize_q8",
     "dequant_q4_0",
     "dequant_q4_1",
     "dequant_q5_0",
@@ -100,6 +115,18 @@ pub fn kernel_suffix(dtype: DType) -> Option<&'static str> {
     })
 }
 
+/// Weight dtypes with an int8 kernel (`matvec_q8_{suffix}`, over activations quantized by
+/// `quantize_q8`), and the suffix.
+pub fn q8_kernel_suffix(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Q4_0 => "q4_0",
+        DType::Q8_0 => "q8_0",
+        DType::Q4K => "q4_k",
+        DType::Q6K => "q6_k",
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,15 +136,21 @@ mod tests {
         let p = program();
         for name in KERNEL_NAMES {
             let direct = p.matches(&format!("void {name}(")).count();
-            // matvec_/dequant_ kernels come from the BLOCK_KERNELS/FLOAT_KERNELS macros.
-            let via_macro = name
-                .split_once('_')
-                .map(|(kind, t)| {
-                    ["matvec", "dequant"].contains(&kind)
-                        && (p.contains(&format!("BLOCK_KERNELS({t},"))
-                            || p.contains(&format!("FLOAT_KERNELS({t},")))
-                })
-                .unwrap_or(false);
+            // matvec_/dequant_ kernels come from the BLOCK_KERNELS/FLOAT_KERNELS macros,
+            // matvec_q8_ kernels from Q8_KERNEL.
+            // (matvec_q8_0 is Q8_0's f32-activation kernel, not an int8 one)
+            let int8 = name
+                .strip_prefix("matvec_q8_")
+                .is_some_and(|t| p.contains(&format!("Q8_KERNEL({t},")));
+            let via_macro = int8
+                || name
+                    .split_once('_')
+                    .map(|(kind, t)| {
+                        ["matvec", "dequant"].contains(&kind)
+                            && (p.contains(&format!("BLOCK_KERNELS({t},"))
+                                || p.contains(&format!("FLOAT_KERNELS({t},")))
+                    })
+                    .unwrap_or(false);
             assert!(
                 direct == 1 || (direct == 0 && via_macro),
                 "{name}: {direct} definitions"
@@ -125,6 +158,10 @@ mod tests {
         }
         assert!(p.contains(&format!("#define MATVEC_ROWS {MATVEC_ROWS} ")));
         assert!(p.contains(&format!("#define BLOCK_THREADS {BLOCK_THREADS} ")));
+        assert!(p.contains(&format!("#define MMQ8_WARPS {MMQ8_WARPS}\n")));
+        assert!(p.contains(&format!("#define MMQ8_ROWS {MMQ8_ROWS}\n")));
+        assert!(p.contains(&format!("#define Q8A_BYTES {Q8A_BYTES}\n")));
+        assert_eq!(Q8A_BYTES, 8 + Q8A_VALUES);
     }
 
     #[test]
@@ -140,6 +177,11 @@ mod tests {
             if let Some(s) = kernel_suffix(d) {
                 assert!(KERNEL_NAMES.contains(&format!("matvec_{s}").as_str()));
                 assert!(KERNEL_NAMES.contains(&format!("dequant_{s}").as_str()));
+            }
+            if let Some(s) = q8_kernel_suffix(d) {
+                assert!(kernel_name("matvec_q8", s).is_some(), "{d}");
+                // an int8 kernel only where the f32 one exists (the fallback for long passes)
+                assert!(kernel_suffix(d).is_some());
             }
         }
     }

@@ -366,7 +366,7 @@ impl Layout {
         let widest = s.n_embd.max(s.n_ff).max(s.n_heads * s.head_dim);
         // x, proj, xb, q, attn; k, v; gate, up; scores; logit rows; the GEMM tile; two RoPE
         // tables (global and window layers), cos and sin; positions, table rows, outputs
-        // and the block tables (i32)
+        // and the block tables (i32); then the quantized activations
         let scratch = batch * (2 * s.n_embd + widest + 2 * s.n_heads * s.head_dim)
             + batch * 2 * kv_dim
             + batch * 2 * s.n_ff
@@ -377,7 +377,13 @@ impl Layout {
             + 2 * batch
             + outputs
             + kv.max_seqs * kv.max_blocks.iter().sum::<usize>();
-        kv.bytes(kv_dim) + scratch * 4
+        kv.bytes(kv_dim) + scratch * 4 + Self::q8_bytes(batch, widest)
+    }
+
+    /// Bytes of `tokens` rows of `width` activations quantized to 8 bits (the int8 kernels'
+    /// input; `width` a multiple of 32 wherever an int8 kernel reads it).
+    pub fn q8_bytes(tokens: usize, width: usize) -> usize {
+        tokens * width.div_ceil(crate::kernels::Q8A_VALUES) * crate::kernels::Q8A_BYTES
     }
 
     /// The VRAM plan for `budget` bytes, `ctx` positions and passes of up to `batch` of

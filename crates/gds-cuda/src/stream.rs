@@ -91,6 +91,10 @@ pub struct StreamOptions {
     /// Most tokens of one pass that get logits (`None`: [`Layout::logit_rows`] of the
     /// batch).
     pub max_outputs: Option<usize>,
+    /// Matrix products of passes shorter than
+    /// [`gemm_min_tokens`](crate::forward::gemm_min_tokens) over 8-bit activations (the
+    /// int8 kernels, for the weight types that have one) rather than f32.
+    pub q8_activations: bool,
 }
 
 /// Block-table entry of a block released behind a sliding window (never read again).
@@ -225,6 +229,8 @@ impl<V: Vram> Streamer<V> {
             .iter()
             .map(|&m| f32_buf(kv_spec.max_seqs * m))
             .collect::<Result<Vec<_>, _>>()?;
+        // allocated either way: the VRAM plan counts it (Layout::overhead_bytes_with)
+        let xq_buf = f32_buf(Layout::q8_bytes(max_tokens, widest).div_ceil(4))?;
         let scratch = Scratch {
             x: f32_buf(max_tokens * s.n_embd)?,
             xb: f32_buf(max_tokens * widest)?,
@@ -238,6 +244,7 @@ impl<V: Vram> Streamer<V> {
             up: f32_buf(max_tokens * s.n_ff)?,
             logits: f32_buf(max_outputs * s.vocab)?,
             tile: f32_buf(layout.max_weight_elements())?,
+            xq: if opts.q8_activations { xq_buf } else { 0 },
         };
         let tables = match opts.rope.is_empty() {
             // plain RoPE (scaled models were refused above): the one builder of the format

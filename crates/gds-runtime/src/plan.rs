@@ -442,7 +442,7 @@ impl Plan {
     ///
     /// `--backend auto` takes a usable GPU, and falls back to the CPU, saying why, when this
     /// run cannot go there (a weight type without a GPU kernel, a model larger than the
-    /// device even streamed, a CPU-only option such as `--activations q8`).
+    /// device even streamed, a CPU-only option such as `--kv-type f16`).
     pub fn build(opts: &PlanOptions) -> Result<Plan> {
         Self::build_for(opts, crate::backend::choose(opts.backend.as_deref())?)
     }
@@ -579,7 +579,6 @@ impl Plan {
             Some("q8") => Activations::Q8,
             Some("f32") => Activations::F32,
             Some(other) => return plan_err(format!("--activations {other}: expected q8 or f32")),
-            None if backend.name == Backend::Cuda => Activations::F32,
             None => Activations::Q8,
         };
         // the kernels' dispatcher is process-wide: the plan sets its cap and records the
@@ -591,13 +590,8 @@ impl Plan {
         gds_kernels::set_isa_cap(isa_cap);
         let isa = gds_kernels::Isa::best_up_to(isa_cap);
         if backend.name == Backend::Cuda {
-            // The GPU kernels read weights in their block formats and keep activations and
-            // the KV cache in f32.
-            if activations != Activations::F32 {
-                return plan_err(
-                    "--activations q8: the CUDA backend keeps activations in f32".into(),
-                );
-            }
+            // The GPU kernels read weights in their block formats and keep the KV cache in
+            // f32; q8 activations run the int8 kernels where the weight type has one.
             if kv_dtype != KvDtype::F32 {
                 return plan_err("--kv-type f16: the CUDA backend's KV cache is f32".into());
             }

@@ -31,6 +31,23 @@ MATVEC_ENTRY(f16)
 MATVEC_ENTRY(bf16)
 MATVEC_ENTRY(f32)
 
+extern "C" void run_quantize_q8(const float* x, u8* xq, int nblocks) {
+    emu_launch(quantize_q8, dim3(cdiv(nblocks, BLOCK_THREADS / WARP)), dim3(BLOCK_THREADS), x,
+               xq, nblocks);
+}
+
+#define MATVEC_Q8_ENTRY(NAME)                                                               \
+    extern "C" void run_matvec_q8_##NAME(const u8* w, const u8* xq, float* y, int rows,     \
+                                         int cols, int ntok) {                              \
+        emu_launch(matvec_q8_##NAME, dim3(cdiv(rows, MMQ8_ROWS)), dim3(WARP, MMQ8_WARPS), w, \
+                   xq, y, rows, cols, ntok);                                                \
+    }
+
+MATVEC_Q8_ENTRY(q4_0)
+MATVEC_Q8_ENTRY(q8_0)
+MATVEC_Q8_ENTRY(q4_k)
+MATVEC_Q8_ENTRY(q6_k)
+
 extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, int ntok,
                             float eps) {
     emu_launch(rmsnorm, dim3(ntok), dim3(BLOCK_THREADS), x, w, out, n, eps);

@@ -3,7 +3,8 @@
 //! launched with the executor's grid/block shapes, and compared with `gds-kernels` (weights)
 //! and f64 references of the CPU backend's formulas (norm, RoPE, attention, SwiGLU).
 
-use crate::common::{sym, AttnFn, KvStoreFn, PairFn, RopeFn, ScaleFn};
+use crate::common::{sym, AttnFn, KvStoreFn, MatvecQ8Fn, PairFn, QuantizeQ8Fn, RopeFn, ScaleFn};
+use gds_cuda::kernels::{q8_kernel_suffix, Q8A_BYTES, Q8A_VALUES};
 use gds_format::DType;
 
 type MatvecFn = unsafe extern "C" fn(*const u8, *const f32, *mut f32, i32, i32, i32);
@@ -121,6 +122,176 @@ fn matvec_kernels_match_the_dequantized_product_for_every_gpu_dtype() {
                     (got - exact).abs() <= 1e-5 * mag + 1e-6,
                     "{dtype} token {t} row {r}: kernel {got}, reference {exact} (sum |w x| {mag})"
                 );
+            }
+        }
+    }
+}
+
+/// `x` (rows of a multiple of 32 values) through the `quantize_q8` kernel: the blocks'
+/// bytes, in u32 words (the kernels load them as aligned words).
+fn quantize_q8(x: &[f32]) -> Vec<u32> {
+    let nblocks = x.len() / Q8A_VALUES;
+    let mut xq = vec![0u32; nblocks * Q8A_BYTES / 4];
+    // SAFETY: x holds nblocks blocks of 32 f32, xq nblocks * Q8A_BYTES bytes.
+    unsafe {
+        sym::<QuantizeQ8Fn>("run_quantize_q8")(
+            x.as_ptr(),
+            xq.as_mut_ptr() as *mut u8,
+            nblocks as i32,
+        )
+    };
+    xq
+}
+
+/// Block `k` of a `quantize_q8` buffer: its quants, d and d * sum(q).
+fn q8_block(xq: &[u32], k: usize) -> ([i8; 32], f32, f32) {
+    let w = &xq[k * Q8A_BYTES / 4..(k + 1) * Q8A_BYTES / 4];
+    let mut q = [0i8; 32];
+    for (i, v) in q.iter_mut().enumerate() {
+        *v = (w[2 + i / 4] >> (8 * (i % 4))) as u8 as i8;
+    }
+    (q, f32::from_bits(w[0]), f32::from_bits(w[1]))
+}
+
+/// The CPU's 8-bit activations of `x` (rows of `cols`), each block as (quants, d, d * sum),
+/// from gds-kernels' reference quantizer (what its int8 products use for 32-value types).
+fn cpu_q8(x: &[f32], cols: usize) -> Vec<([i8; 32], f32, f32)> {
+    use gds_kernels::act::{q8_pairs, quantize_act_q8_scalar, ActQ8};
+    let mut out = Vec::new();
+    for row in x.chunks_exact(cols) {
+        let mut pairs = vec![ActQ8::default(); q8_pairs(cols)];
+        quantize_act_q8_scalar(row, &mut pairs);
+        out.extend((0..cols / 32).map(|k| pairs[k / 2].block(k % 2)));
+    }
+    out
+}
+
+/// Rows of `cols` whose 32-value blocks have scales from 1e-3 to 1e2 (values in
+/// [-scale, scale)), so each block's quantization step differs.
+fn act_rows(ntok: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let scales = [1.0f32, 1e-3, 37.0, 0.25, 100.0, 3.0];
+    values(ntok * cols, seed)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * scales[(i / 32) % scales.len()])
+        .collect()
+}
+
+#[test]
+fn quantize_q8_gives_the_cpu_activation_quants_bit_for_bit() {
+    let cols = 320;
+    let mut x = act_rows(3, cols, 5);
+    // a zero block (d = 0, no division by zero), and ties: amax 127 gives d = 1, so
+    // 0.5, 1.5, 2.5, -0.5, -2.5 round to even: 0, 2, 2, 0, -2
+    x[64..96].fill(0.0);
+    x[96..128].fill(0.0);
+    x[96..102].copy_from_slice(&[127.0, 0.5, 1.5, 2.5, -0.5, -2.5]);
+    let xq = quantize_q8(&x);
+    let cpu = cpu_q8(&x, cols);
+    assert_eq!(xq.len(), cpu.len() * Q8A_BYTES / 4);
+    for (k, want) in cpu.iter().enumerate() {
+        let (q, d, s) = q8_block(&xq, k);
+        assert_eq!(q, want.0, "block {k}: quants");
+        assert_eq!(
+            d.to_bits(),
+            want.1.to_bits(),
+            "block {k}: d {d} vs {}",
+            want.1
+        );
+        assert_eq!(
+            s.to_bits(),
+            want.2.to_bits(),
+            "block {k}: s {s} vs {}",
+            want.2
+        );
+    }
+    assert_eq!(q8_block(&xq, 2).1, 0.0);
+    assert_eq!(&q8_block(&xq, 3).0[..6], &[127, 0, 2, 2, 0, -2]);
+}
+
+/// The int8 kernels and their test shapes: columns that are not a multiple of 256 (nor of
+/// the 32 lanes' parts) where the type allows.
+const Q8_CASES: &[(DType, &str, &[usize])] = &[
+    (DType::Q4_0, "q4_0", &[96, 160, 800]),
+    (DType::Q8_0, "q8_0", &[96, 160, 800]),
+    (DType::Q4K, "q4_k", &[256, 768]),
+    (DType::Q6K, "q6_k", &[256, 768]),
+];
+
+#[test]
+fn int8_matvec_kernels_match_the_product_within_the_activation_rounding() {
+    // 37 rows: not a multiple of the 2 rows per block. Tokens 1..7 (the passes shorter than
+    // GEMM_MIN_TOKENS) and 11 (a chunk of MATVEC_TOKENS carried at once, and a partial one).
+    let rows = 37;
+    for (i, &(dtype, name, shapes)) in Q8_CASES.iter().enumerate() {
+        assert_eq!(
+            q8_kernel_suffix(dtype),
+            Some(name),
+            "kernel name of {dtype}"
+        );
+        for &cols in shapes {
+            let w = weight(dtype, rows, cols, 300 + i as u64);
+            let wf = dequant_ref(dtype, &w, rows * cols);
+            for ntok in [1usize, 2, 3, 4, 5, 6, 7, 11] {
+                let x = act_rows(ntok, cols, 11 + ntok as u64 + cols as u64);
+                let xq = quantize_q8(&x);
+                let cpu = cpu_q8(&x, cols);
+                let mut y = vec![f32::NAN; ntok * rows];
+                let f = sym::<MatvecQ8Fn>(&format!("run_matvec_q8_{name}"));
+                // SAFETY: w holds rows*cols elements of dtype, xq ntok*cols/32 blocks, y
+                // ntok*rows f32.
+                unsafe {
+                    f(
+                        w.as_ptr(),
+                        xq.as_ptr() as *const u8,
+                        y.as_mut_ptr(),
+                        rows as i32,
+                        cols as i32,
+                        ntok as i32,
+                    )
+                };
+                for t in 0..ntok {
+                    for r in 0..rows {
+                        let wr = &wf[r * cols..(r + 1) * cols];
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let got = y[t * rows + r] as f64;
+                        // 1. The f32 product: each x differs from its 8-bit value d q by at
+                        // most half a step, d / 2 = max |x of its block| / 254, so the product
+                        // by at most sum over blocks of that times sum |w| of the block (and a
+                        // hair for d's own rounding), plus f32 summation noise.
+                        let (mut exact, mut mag, mut bound) = (0f64, 0f64, 0f64);
+                        for (wb, xb) in wr.chunks(32).zip(xt.chunks(32)) {
+                            let amax = xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+                            let wabs: f64 = wb.iter().map(|v| v.abs() as f64).sum();
+                            bound += amax / 254.0 * wabs * (1.0 + 1e-6);
+                            for (a, v) in wb.iter().zip(xb) {
+                                exact += *a as f64 * *v as f64;
+                                mag += (*a as f64 * *v as f64).abs();
+                            }
+                        }
+                        assert!(
+                            (got - exact).abs() <= bound + 1e-5 * mag + 1e-6,
+                            "{dtype} cols {cols} ntok {ntok} token {t} row {r}: kernel {got}, \
+                             f32 product {exact}, activation rounding bound {bound}"
+                        );
+                        // 2. The CPU's 8-bit activations (same quants: the test above): the
+                        // same product up to f32 summation noise.
+                        let (mut near, mut mag2) = (0f64, 0f64);
+                        for (b, wb) in wr.chunks(32).enumerate() {
+                            let (q, d, _) = cpu[t * cols / 32 + b];
+                            for (a, qv) in wb.iter().zip(q) {
+                                let p = *a as f64 * (d as f64 * qv as f64);
+                                near += p;
+                                mag2 += p.abs();
+                            }
+                        }
+                        assert!(
+                            (got - near).abs() <= 1e-5 * mag2 + 1e-6,
+                            "{dtype} cols {cols} ntok {ntok} token {t} row {r}: kernel {got}, \
+                             product with the CPU's 8-bit activations {near}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -73,7 +73,7 @@ impl EmuVram {
         )
         .unwrap();
         EmuVram {
-            dev: Emu { gemms: 0 },
+            dev: Emu::default(),
             bufs: Vec::new(),
             source,
             slots: [SlotState::Empty; 2],
@@ -268,6 +268,7 @@ fn run_streamer_ctx(
         max_batch,
         kv: None,
         max_outputs: None,
+        q8_activations: false,
     };
     let mut s = Streamer::with_vram(dir, &opts, EmuVram::new(dir), Box::new(graph)).unwrap();
     let vocab = s.layout().shape.vocab;
@@ -392,6 +393,69 @@ fn the_executor_on_an_emulated_device_streams_layers_and_matches_the_cpu_runtime
     }
 }
 
+/// Greedy tokens after `prompt` (one forward call), then one token per call, on the CPU
+/// runtime with its default 8-bit activations (`--activations q8`).
+fn greedy_cpu_q8(dir: &Path, prompt: &[u32], steps: usize) -> Vec<u32> {
+    use gds_runtime::{Batch, KvCache, KvDtype, Model, RunState};
+    let mut m = Model::load(dir, CTX, 1).unwrap();
+    m.set_f32_activations(false);
+    let c = &m.config;
+    let mut st = RunState::new(c, CTX, 1, CTX, 1);
+    let mut kv = KvCache::new(KvDtype::F32, c.n_layers, 1, CTX, c.kv_dim());
+    let mut b = Batch::with_capacity(CTX);
+    let (mut input, mut pos, mut out) = (prompt.to_vec(), 0, Vec::new());
+    for _ in 0..steps {
+        b.clear();
+        for (i, &t) in input.iter().enumerate() {
+            b.push(t, pos + i, 0, i + 1 == input.len());
+        }
+        m.forward(&mut st, &mut kv, &b).unwrap();
+        pos += input.len();
+        let next = argmax(st.logits(0, c.vocab_size));
+        out.push(next);
+        input = vec![next];
+    }
+    out
+}
+
+#[test]
+fn int8_activations_give_the_cpu_q8_greedy_tokens() {
+    // The default GPU path (`--activations q8`): a prompt shorter than GEMM_MIN_TOKENS and
+    // single-token steps all run the int8 kernels (x quantized as the CPU quantizes it for
+    // Q4_0/Q8_0: 32-value blocks, same rounding), so greedy decoding follows the CPU's
+    // default arithmetic token for token.
+    let prompt: Vec<u32> = vec![1, 17, 42, 99, 180];
+    let steps = 6;
+    for dtype in [DType::Q4_0, DType::Q8_0] {
+        let (_tmp, dir) = model(dtype);
+        let (_, all_budget) = bounds(&dir);
+        let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+        let opts = StreamOptions {
+            vram_budget: all_budget,
+            ctx: CTX,
+            rope,
+            max_batch: MAX_BATCH,
+            kv: None,
+            max_outputs: None,
+            q8_activations: true,
+        };
+        let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
+        let mut logits = vec![0f32; s.layout().shape.vocab];
+        let (mut input, mut pos, mut gpu) = (prompt.clone(), 0, Vec::new());
+        for _ in 0..steps {
+            s.forward(&mut logits, &input, pos).unwrap();
+            pos += input.len();
+            let next = argmax(&logits);
+            gpu.push(next);
+            input = vec![next];
+        }
+        // 7 products per block and the head, every call through the int8 kernels
+        assert_eq!(s.vram().dev.gemms, 0, "{dtype}");
+        assert_eq!(s.vram().dev.q8, steps * (7 * 4 + 1), "{dtype}");
+        assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "{dtype}");
+    }
+}
+
 #[test]
 fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
     let (_tmp, dir) = model(DType::Q8_0);
@@ -404,6 +468,7 @@ fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
         max_batch: MAX_BATCH,
         kv: None,
         max_outputs: None,
+        q8_activations: false,
     };
     let vram = EmuVram::new(&dir);
     let e = Streamer::with_vram(&dir, &opts, vram, Box::new(graph))
@@ -502,6 +567,7 @@ fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
                     max_batch: batch,
                     kv: Some(spec.clone()),
                     max_outputs: Some(outputs),
+                    q8_activations: false,
                 };
                 let s =
                     Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
@@ -584,6 +650,7 @@ fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
                 max_batch,
                 kv: None,
                 max_outputs: None,
+                q8_activations: false,
             };
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
         };
@@ -727,6 +794,7 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
                 max_batch,
                 kv,
                 max_outputs: Some(8),
+                q8_activations: false,
             };
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
         };
@@ -922,6 +990,7 @@ fn the_servers_batches_give_the_same_logits_on_the_cpu_and_the_gpu_executor() {
             max_batch,
             kv: Some(staging.spec().clone()),
             max_outputs: Some(outputs),
+            q8_activations: false,
         };
         let mut gpu =
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
@@ -1098,6 +1167,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
         max_batch: 16,
         kv: Some(staging.spec().clone()),
         max_outputs: Some(outputs),
+        q8_activations: false,
     };
     let s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
     assert!(s.plan.streamed_bytes_per_token > 0, "nothing streamed");

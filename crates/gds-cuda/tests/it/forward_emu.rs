@@ -595,6 +595,8 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         up: buf(&mut store, mt * sh.n_ff),
         logits: buf(&mut store, 3 * sh.vocab),
         tile: buf(&mut store, layout.max_weight_elements()),
+        // f32 activations: the reference's arithmetic, compared tightly
+        xq: 0,
     };
     let (cos, sin) = gds_format::arch::rope_tables(
         sh.head_dim,
@@ -631,7 +633,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
     };
     let c = config(&sh);
     let g = CudaGraph::new(&c, &layout, 1).unwrap();
-    let mut dev = Emu { gemms: 0 };
+    let mut dev = Emu::default();
     let logits = |s: &Scratch, row: usize| {
         // SAFETY: s.logits holds 3 rows of vocab floats, written by the head above.
         let rows = unsafe { std::slice::from_raw_parts(p::<f32>(s.logits), 3 * sh.vocab) };

@@ -261,12 +261,10 @@ impl Ops for CudaOps<'_, '_> {
 
     fn matmul(&mut self, x: Buf, outs: &[(Buf, &TensorMeta)]) -> Result<()> {
         let (xa, _) = self.buf(x);
-        for &(b, w) in outs {
-            let (ya, _) = self.buf(b);
-            let r = self.pass.linear(self.dev, w, xa, ya, self.ntok);
-            self.run(r)?;
-        }
-        Ok(())
+        // one call for all the outputs: x is quantized once for them (int8 kernels)
+        let outs: Vec<(u64, &TensorMeta)> = outs.iter().map(|&(b, w)| (self.buf(b).0, w)).collect();
+        let r = self.pass.linears(self.dev, xa, &outs, self.ntok);
+        self.run(r)
     }
 
     fn add_bias(&mut self, buf: Buf, b: &TensorMeta) -> Result<()> {

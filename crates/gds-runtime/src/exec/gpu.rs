@@ -53,6 +53,7 @@ fn open_gpu_model(
         max_batch: batch,
         kv: Some(kv.clone()),
         max_outputs: Some(outputs),
+        q8_activations: plan.activations == crate::plan::Activations::Q8,
     };
     GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_error)
 }

@@ -7,7 +7,7 @@
 
 use gds_runtime::exec::{eval_last, Executor, OneSequence};
 use gds_runtime::gpuplan::{plan_gpu, GpuLoad, GpuOffer, GpuPlan};
-use gds_runtime::{Model, Plan, PlanOptions};
+use gds_runtime::{KvDtype, Model, Plan, PlanOptions};
 use std::path::Path;
 
 fn smollm2() -> &'static Path {
@@ -224,11 +224,11 @@ fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
         reason: "auto: usable GPU found (Test GPU)".into(),
         gpu: Some(offer(false, true).0),
     };
-    let build = |activations: Option<&str>, vram: Option<u64>| {
+    let build = |kv_dtype: Option<KvDtype>, vram: Option<u64>| {
         Plan::build_for(
             &PlanOptions {
                 model_dir: smollm2().to_path_buf(),
-                activations: activations.map(str::to_string),
+                kv_dtype,
                 vram_budget: vram,
                 ..Default::default()
             },
@@ -240,10 +240,10 @@ fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
     assert_eq!(p.backend, gds_runtime::backend::Backend::Cuda);
     assert!(p.gpu.is_some());
     // a CPU-only option: the CPU runs it, and the plan says why the GPU did not
-    let p = build(Some("q8"), None).unwrap();
+    let p = build(Some(KvDtype::F16), None).unwrap();
     assert_eq!(p.backend, gds_runtime::backend::Backend::Cpu);
     assert!(
-        p.backend_reason.contains("Test GPU") && p.backend_reason.contains("--activations q8"),
+        p.backend_reason.contains("Test GPU") && p.backend_reason.contains("--kv-type f16"),
         "{}",
         p.backend_reason
     );
@@ -258,11 +258,23 @@ fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
         &PlanOptions {
             model_dir: smollm2().to_path_buf(),
             backend: Some("cuda".into()),
-            activations: Some("q8".into()),
+            kv_dtype: Some(KvDtype::F16),
             ..Default::default()
         },
         gpu_choice(),
     )
     .unwrap_err();
-    assert!(e.to_string().contains("--activations q8"), "{e}");
+    assert!(e.to_string().contains("--kv-type f16"), "{e}");
+    // 8-bit activations run on the GPU (the int8 kernels): no fallback
+    let p = Plan::build_for(
+        &PlanOptions {
+            model_dir: smollm2().to_path_buf(),
+            activations: Some("q8".into()),
+            ..Default::default()
+        },
+        gpu_choice(),
+    )
+    .unwrap();
+    assert_eq!(p.backend, gds_runtime::backend::Backend::Cuda);
+    assert_eq!(p.activations, gds_runtime::plan::Activations::Q8);
 }

@@ -111,10 +111,18 @@ pub fn sym<T>(name: &str) -> Symbol<'static, T> {
 }
 
 /// [`Device`] over host memory, calling the emulated kernels.
+#[derive(Default)]
 pub struct Emu {
     /// GEMM calls so far.
     pub gemms: usize,
+    /// int8 matvec calls so far.
+    pub q8: usize,
 }
+
+/// `run_matvec_q8_*`: w, xq, y, rows, cols, ntok.
+pub type MatvecQ8Fn = unsafe extern "C" fn(*const u8, *const u8, *mut f32, i32, i32, i32);
+/// `run_quantize_q8`: x, xq, nblocks.
+pub type QuantizeQ8Fn = unsafe extern "C" fn(*const f32, *mut u8, i32);
 
 pub fn p<T>(a: u64) -> *mut T {
     a as usize as *mut T
@@ -137,6 +145,27 @@ impl Device for Emu {
         );
         // SAFETY: addresses are host buffers sized by the forward pass's contract.
         unsafe { f(p(w), p(x), p(y), rows, cols, ntok) };
+        Ok(())
+    }
+    fn quantize_q8(&mut self, x: u64, xq: u64, nblocks: i32) -> Result<(), GpuError> {
+        // SAFETY: as above.
+        unsafe { sym::<QuantizeQ8Fn>("run_quantize_q8")(p(x), p(xq), nblocks) };
+        Ok(())
+    }
+    fn matvec_q8(
+        &mut self,
+        suffix: &str,
+        w: u64,
+        xq: u64,
+        y: u64,
+        rows: i32,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<MatvecQ8Fn>(&format!("run_matvec_q8_{suffix}"));
+        // SAFETY: as above.
+        unsafe { f(p(w), p(xq), p(y), rows, cols, ntok) };
+        self.q8 += 1;
         Ok(())
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
