@@ -109,7 +109,10 @@ impl Engine {
             }
             None => None,
         };
-        let tokenizer = TextTokenizer::load_for_model(&plan.model_dir, exec.config())?;
+        let mut tokenizer = TextTokenizer::load_for_model(&plan.model_dir, exec.config())?;
+        if let Some(src) = &plan.chat_template_override {
+            tokenizer.set_chat_template(src)?;
+        }
         let sampler = Sampler::new(plan.sampler.clone(), exec.config().vocab_size);
         let grammar = match &plan.grammar {
             Some(g) => {

@@ -82,6 +82,9 @@ pub struct PlanOptions {
     pub parse_special: bool,
     /// System prompt for chat mode.
     pub system: Option<String>,
+    /// `--chat-template-file`: a Jinja chat template that replaces the model's (bounded and
+    /// checked as a model's template is).
+    pub chat_template_file: Option<PathBuf>,
     /// Compute backend: `auto`, `cpu` or `cuda` (`None` = `auto`).
     pub backend: Option<String>,
     /// I/O backend: `auto`, `mmap` or `direct` (`None` = `auto`).
@@ -114,6 +117,31 @@ pub struct PlanOptions {
     /// Cap on the CPU kernels' instruction set (`--isa`; `None`: `GDS_ISA` from the
     /// environment, an alias read when the plan is made, else the best this CPU has).
     pub isa: Option<gds_kernels::Isa>,
+}
+
+/// Most bytes of a `--chat-template-file` (model templates are a few KB; the longest known,
+/// with tool-calling logic, under 64 KB).
+pub const MAX_CHAT_TEMPLATE_BYTES: u64 = 1 << 20;
+
+/// Reads a `--chat-template-file`: bounded, UTF-8, and within
+/// [`gds_format::chat_template`]'s bounds and render limits; each refusal a usage error naming
+/// the file.
+fn read_chat_template(p: &Path) -> Result<String> {
+    use std::io::Read;
+    let refuse =
+        |why: String| RuntimeError::Usage(format!("--chat-template-file {}: {why}", p.display()));
+    let f = std::fs::File::open(p).map_err(|e| refuse(e.to_string()))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_CHAT_TEMPLATE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| refuse(e.to_string()))?;
+    if bytes.len() as u64 > MAX_CHAT_TEMPLATE_BYTES {
+        return Err(refuse(format!("more than {MAX_CHAT_TEMPLATE_BYTES} bytes")));
+    }
+    let src = String::from_utf8(bytes).map_err(|_| refuse("not UTF-8".into()))?;
+    gds_format::chat_template::check(&src)
+        .map_err(|e| refuse(format!("the chat template is refused: {e}")))?;
+    Ok(src)
 }
 
 /// `GDS_DRAFT_GATE`, the alias of `--draft-gate`: `Some(false)` for `off`, `Some(true)` for
@@ -314,6 +342,10 @@ pub struct Plan {
     /// Where the chat template comes from: `tokenizer_config.json`, or the family's default
     /// in `formats/<arch>.json` when the model's files carry none; `None`: no template.
     pub chat_template: Option<String>,
+    /// The text of `--chat-template-file`, which replaces the model's template (read and
+    /// checked when the plan is made).
+    #[serde(skip)]
+    pub chat_template_override: Option<String>,
     /// Raw mode: special-token texts in the prompt become their tokens (otherwise every
     /// prompt and message is plain text; only the chat template writes special tokens).
     pub parse_special: bool,
@@ -551,7 +583,13 @@ impl Plan {
             .map_err(|e| RuntimeError::Usage(e.to_string()))?;
         let own_template = tokenizer_config(dir, &m)?
             .is_some_and(|v| v.get("chat_template").is_some_and(|t| !t.is_null()));
-        let chat_template = if own_template {
+        let chat_template_override = match &opts.chat_template_file {
+            Some(p) => Some(read_chat_template(p)?),
+            None => None,
+        };
+        let chat_template = if let Some(p) = &opts.chat_template_file {
+            Some(format!("{} (--chat-template-file)", p.display()))
+        } else if own_template {
             Some("tokenizer_config.json".to_string())
         } else {
             gds_format::arch::family(&model.arch)
@@ -799,6 +837,7 @@ impl Plan {
             system: opts.system.clone(),
             model,
             chat_template,
+            chat_template_override,
         })
     }
 

@@ -34,6 +34,8 @@ pub struct TextTokenizer {
     eog: Vec<u32>,
     template: Option<ChatTemplate>,
     bos_text: String,
+    /// The end-of-sequence token's text (a template's `eos_token`).
+    eos_text: String,
 }
 
 /// Gives the heap pages freed after parsing `tokenizer.json` back to the OS. Parsing a large
@@ -366,7 +368,15 @@ impl TextTokenizer {
             eog,
             template,
             bos_text,
+            eos_text,
         })
+    }
+
+    /// Replaces the model's chat template with `src` (`--chat-template-file`: the plan has
+    /// read it and checked it against [`gds_format::chat_template`]'s bounds, as a model's).
+    pub fn set_chat_template(&mut self, src: &str) -> Result<()> {
+        self.template = Some(ChatTemplate::new(src, &self.bos_text, &self.eos_text)?);
+        Ok(())
     }
 
     /// Tokenizes `text`. Special-token texts in it become their tokens only when

@@ -145,6 +145,10 @@ pub struct EngineArgs {
     /// narrower one.
     #[arg(long, value_parser = gds_runtime::plan::parse_isa)]
     pub isa: Option<gds_runtime::Isa>,
+    /// A Jinja chat template that replaces the model's (for a model whose template is missing
+    /// or wrong; checked as a model's template is).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template_file: Option<std::path::PathBuf>,
 }
 
 /// What the handlers share.
@@ -288,10 +292,15 @@ pub(crate) fn start(
         no_verify: e.no_verify,
         activations: e.activations.clone(),
         isa: e.isa,
+        chat_template_file: e.chat_template_file.clone(),
         ..Default::default()
     })?;
     let kv_dtype = plan.kv_dtype;
-    let tokenizer = Arc::new(TextTokenizer::load_for_model(&plan.model_dir, &plan.model)?);
+    let mut tokenizer = TextTokenizer::load_for_model(&plan.model_dir, &plan.model)?;
+    if let Some(src) = &plan.chat_template_override {
+        tokenizer.set_chat_template(src)?;
+    }
+    let tokenizer = Arc::new(tokenizer);
     let c = &plan.model;
     let pool = kvpool::KvPool::size(&kvpool::KvPoolArgs {
         dtype: kv_dtype,

@@ -95,6 +95,10 @@ pub struct RunArgs {
     /// System prompt (chat mode).
     #[arg(long)]
     pub system: Option<String>,
+    /// A Jinja chat template that replaces the model's (for a model whose template is missing
+    /// or wrong; checked as a model's template is).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
     /// Plain completion: do not apply the chat template.
     #[arg(long)]
     pub raw: bool,

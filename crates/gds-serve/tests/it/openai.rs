@@ -268,6 +268,34 @@ fn bad_requests_get_openai_errors_and_never_crash() {
 
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn chat_template_file_is_the_servers_template() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("qa.jinja");
+    std::fs::write(&t, "{{ 'Q: ' + messages[-1]['content'] + '\\nA:' }}").unwrap();
+    let s = start(&["--chat-template-file", t.to_str().unwrap()]);
+    let prompt_tokens = |path: &str, body: &[u8]| -> u64 {
+        let (status, text) = http(&s.addr, "POST", path, Some(body));
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let chat = prompt_tokens(
+        "/v1/chat/completions",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"hello there\"}], \"max_tokens\": 1}",
+    );
+    let raw = prompt_tokens(
+        "/v1/completions",
+        b"{\"prompt\": \"Q: hello there\\nA:\", \"max_tokens\": 1}",
+    );
+    assert_eq!(
+        chat, raw,
+        "the chat prompt is the file's template's rendering"
+    );
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn load_throughput_rises_with_concurrency() {
     let _one = serial();
     let s = start(&["--max-batch", "16"]);

@@ -173,6 +173,63 @@ fn plan_json_records_decisions() {
 
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn chat_template_file_replaces_the_models_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("qa.jinja");
+    std::fs::write(&t, "{{ 'Q: ' + messages[-1]['content'] + '\\nA:' }}").unwrap();
+    let t = t.to_str().unwrap();
+    let p = ok_json(&[model(), "--plan", "--chat-template-file", t]);
+    assert_eq!(p["mode"], "chat");
+    assert!(
+        p["chat_template"].as_str().unwrap().contains("qa.jinja"),
+        "{}",
+        p["chat_template"]
+    );
+    // the chat turn through the file's template reads the same tokens as its text, raw
+    let common = ["-n", "6", "--temp", "0", "--json", "--ctx", "256"];
+    let mut chat = vec![model(), "-p", QUESTION, "--chat-template-file", t];
+    chat.extend(common);
+    let raw_prompt = format!("Q: {QUESTION}\nA:");
+    let mut raw = vec![model(), "--raw", "-p", &raw_prompt];
+    raw.extend(common);
+    let (c, r) = (ok_json(&chat), ok_json(&raw));
+    assert_eq!(c["tokens"], r["tokens"]);
+    assert_eq!(c["metrics"]["prompt_tokens"], r["metrics"]["prompt_tokens"]);
+    // the model's own template reads another prompt
+    let mut own = vec![model(), "-p", QUESTION];
+    own.extend(common);
+    assert_ne!(
+        ok_json(&own)["metrics"]["prompt_tokens"],
+        c["metrics"]["prompt_tokens"]
+    );
+    // a file the template bounds refuse, or none at all: usage errors naming the file
+    let bad = dir.path().join("loop.jinja");
+    std::fs::write(
+        &bad,
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    )
+    .unwrap();
+    for f in [bad.clone(), dir.path().join("missing.jinja")] {
+        let o = gdsrun(&[
+            model(),
+            "-p",
+            "hi",
+            "-n",
+            "1",
+            "--chat-template-file",
+            f.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains(f.to_str().unwrap()),
+            "{}",
+            text(&o.stderr)
+        );
+    }
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn stop_string_ends_generation_and_is_not_printed() {
     let j = ok_json(&[
         model(),
