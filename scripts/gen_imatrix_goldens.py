@@ -17,16 +17,30 @@ ggml-base must be built without -march flags). It writes, under fixtures/kernels
 
   qw.weights.f32      the 256 per-column weights (f32, little-endian)
   qw_<type>.out.bin   ggml_quantize_chunk(qk.in.f32 as rows of 256, type, weights) bytes
+
+and, when llama-quantize is there (LLAMA_QUANTIZE, default
+.cache/llama.cpp/build/bin/llama-quantize; gguf-py from .cache/llama.cpp/src/llama.cpp), the
+converter's fixture under fixtures/imatrix/:
+
+  tiny-llama.imatrix.gguf  a random importance matrix for fixtures/tiny-llama.gguf's block
+                           matrices and output head, as llama-imatrix writes it (GGUF)
+  tiny-llama.imatrix.dat   the same in the legacy format (counts are 512 * 2^k, so the
+                           weights both formats give are the same floats)
+  tiny-llama-q4_0-imatrix.gguf  `llama-quantize --pure --allow-requantize --imatrix
+                           tiny-llama.imatrix.gguf fixtures/tiny-llama.gguf OUT Q4_0`
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 
-from gen_quant_goldens import OUT, QK_K, TYPES, load_ggml
+from gen_quant_goldens import OUT, QK_K, ROOT, TYPES, load_ggml
 
 NAMES = ["q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 TYPES = dict(TYPES, q4_1=(3, 32, 20))
@@ -70,5 +84,56 @@ def main() -> None:
     assert total < 100_000
 
 
+def imatrix_fixture() -> None:
+    llama_quantize = os.environ.get(
+        "LLAMA_QUANTIZE", str(ROOT / ".cache/llama.cpp/build/bin/llama-quantize"))
+    if not pathlib.Path(llama_quantize).exists():
+        print(f"{llama_quantize} missing: fixtures/imatrix not regenerated")
+        return
+    sys.path.insert(0, str(ROOT / ".cache/llama.cpp/src/llama.cpp/gguf-py"))
+    import gguf
+
+    out = ROOT / "fixtures" / "imatrix"
+    out.mkdir(exist_ok=True)
+    src = ROOT / "fixtures" / "tiny-llama.gguf"
+    rng = np.random.default_rng(3403)
+    chunk = 512
+    entries = []
+    for t in gguf.GGUFReader(str(src)).tensors:
+        if len(t.shape) != 2 or not (t.name.startswith("blk.") or t.name == "output.weight"):
+            continue
+        cols = int(t.shape[0])
+        count = chunk * 2 ** int(rng.integers(0, 3))
+        mean_sq = rng.gamma(0.5, 1.0, cols) * np.where(rng.random(cols) < 0.05, 100.0, 1.0)
+        entries.append((t.name, (mean_sq * count).astype(np.float32), count))
+    w = gguf.GGUFWriter(str(out / "tiny-llama.imatrix.gguf"), "imatrix")
+    del w.kv_data[0]["general.architecture"]  # llama-imatrix writes none
+    w.add_type("imatrix")
+    w.add_array("imatrix.datasets", ["calib.txt"])
+    w.add_uint32("imatrix.chunk_count", 4)
+    w.add_uint32("imatrix.chunk_size", chunk)
+    for name, sum2, count in entries:
+        w.add_tensor(f"{name}.in_sum2", sum2.reshape(1, -1))
+        w.add_tensor(f"{name}.counts", np.array([[count]], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(out / "tiny-llama.imatrix.dat", "wb") as f:
+        f.write(np.int32(len(entries)).tobytes())
+        for name, sum2, count in entries:
+            ncall = count // chunk
+            f.write(np.int32(len(name)).tobytes() + name.encode())
+            f.write(np.int32(ncall).tobytes() + np.int32(sum2.size).tobytes())
+            f.write(((sum2 / np.float32(count)) * np.float32(ncall)).astype(np.float32).tobytes())
+        f.write(np.int32(4).tobytes() + np.int32(9).tobytes() + b"calib.txt")
+    golden = out / "tiny-llama-q4_0-imatrix.gguf"
+    subprocess.run([llama_quantize, "--pure", "--allow-requantize", "--imatrix",
+                    str(out / "tiny-llama.imatrix.gguf"), str(src), str(golden), "Q4_0", "1"],
+                   check=True, capture_output=True)
+    print(f"{len(entries)} imatrix entries, {golden.stat().st_size} bytes of golden in {out}")
+
+
 if __name__ == "__main__":
     main()
+    imatrix_fixture()

@@ -194,7 +194,7 @@ fn parse_gguf(b: &[u8]) -> Result<BTreeMap<String, ImatrixEntry>, String> {
     // a key takes at least 12 bytes, a tensor 24: counts past the file are refused at once
     if n_kv > b.len() as u64 / 12 || n_tensors > b.len() as u64 / 24 {
         return Err(format!(
-            "{n_kv} keys and {n_tensors} tensors cannot fit in {} bytes",
+            "truncated: {n_kv} keys and {n_tensors} tensors cannot fit in {} bytes",
             b.len()
         ));
     }
