@@ -417,6 +417,131 @@ mod tests {
         b
     }
 
+    /// A GGUF v3 file of these tensors (name, ggml dims, ggml type, f32 values), with one
+    /// string key, as llama-imatrix writes them.
+    fn gguf(tensors: &[(&str, &[u64], u32, &[f32])]) -> Vec<u8> {
+        let s = |b: &mut Vec<u8>, v: &str| {
+            b.extend((v.len() as u64).to_le_bytes());
+            b.extend(v.as_bytes());
+        };
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend((tensors.len() as u64).to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        s(&mut b, "general.type");
+        b.extend(GGUF_STRING.to_le_bytes());
+        s(&mut b, "imatrix");
+        let mut off = 0u64;
+        for (name, dims, ty, vals) in tensors {
+            s(&mut b, name);
+            b.extend((dims.len() as u32).to_le_bytes());
+            for d in *dims {
+                b.extend(d.to_le_bytes());
+            }
+            b.extend(ty.to_le_bytes());
+            b.extend(off.to_le_bytes());
+            off += (vals.len() as u64 * 4).div_ceil(32) * 32;
+        }
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        for (_, _, _, vals) in tensors {
+            let start = b.len();
+            for v in *vals {
+                b.extend(v.to_le_bytes());
+            }
+            b.resize(start + (b.len() - start).div_ceil(32) * 32, 0);
+        }
+        b
+    }
+
+    #[test]
+    fn gguf_divides_each_expert_by_its_count() {
+        let m = parse_gguf(&gguf(&[
+            ("e.in_sum2", &[2, 3], 0, &[4.0, 8.0, 1.0, 2.0, 9.0, 3.0]),
+            ("e.counts", &[1, 3], 0, &[4.0, 0.0, 2.6]),
+            ("e.stats", &[12], 0, &[0.0; 12]),
+            ("d.counts", &[1, 1], 0, &[2.0]),
+            ("d.in_sum2", &[4], 0, &[2.0, 4.0, 6.0, 0.0]),
+        ]))
+        .unwrap();
+        // expert 1 has no count: weights 1; 2.6 activations round to 3
+        assert_eq!(m["e"].weights, vec![1.0, 2.0, 1.0, 1.0, 3.0, 1.0]);
+        assert_eq!(m["e"].n_mat, 3);
+        assert_eq!(m["d"].weights, vec![1.0, 2.0, 3.0, 0.0]);
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn gguf_refuses_bad_entries() {
+        let ok = gguf(&[
+            ("x.in_sum2", &[4], 0, &[1.0; 4]),
+            ("x.counts", &[1], 0, &[1.0]),
+        ]);
+        assert!(parse_gguf(&ok).is_ok());
+        for (bytes, want) in [
+            (
+                gguf(&[("x.in_sum2", &[4], 0, &[1.0; 4])]),
+                "\"x\" has in_sum2 but no counts",
+            ),
+            (
+                gguf(&[("x.counts", &[1], 0, &[1.0])]),
+                "\"x\" has counts but no in_sum2",
+            ),
+            (
+                gguf(&[
+                    ("x.in_sum2", &[4], 1, &[1.0; 2]),
+                    ("x.counts", &[1], 0, &[1.0]),
+                ]),
+                "\"x.in_sum2\" has ggml type 1, not F32",
+            ),
+            (
+                gguf(&[
+                    ("x.in_sum2", &[3], 0, &[1.0; 3]),
+                    ("x.counts", &[1, 2], 0, &[1.0; 2]),
+                ]),
+                "3 in_sum2 values are not a whole number of rows for its 2 counts",
+            ),
+            (
+                gguf(&[
+                    ("x.in_sum2", &[2], 0, &[1.0, f32::INFINITY]),
+                    ("x.counts", &[1], 0, &[1.0]),
+                ]),
+                "in_sum2 value 1 is inf",
+            ),
+            (
+                gguf(&[
+                    ("x.in_sum2", &[2], 0, &[1.0; 2]),
+                    ("x.counts", &[1], 0, &[-3.0]),
+                ]),
+                "count 0 is -3",
+            ),
+            (
+                gguf(&[
+                    ("x.in_sum2", &[2], 0, &[1.0; 2]),
+                    ("x.in_sum2", &[2], 0, &[1.0; 2]),
+                ]),
+                "appears twice",
+            ),
+            (
+                gguf(&[
+                    ("x.in_sum2", &[1 << 40], 0, &[1.0; 2]),
+                    ("x.counts", &[1], 0, &[1.0]),
+                ]),
+                "past the end of the file",
+            ),
+        ] {
+            let e = parse_gguf(&bytes).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        // every cut of a good file is an error, never a panic (but the last tensor's
+        // padding: its 4 bytes of data end 28 bytes before the end)
+        for cut in 4..ok.len() - 28 {
+            assert!(parse_gguf(&ok[..cut]).is_err(), "{cut}");
+        }
+        let mut v = ok.clone();
+        v[4] = 9;
+        assert!(parse_gguf(&v).unwrap_err().contains("version 9"));
+    }
+
     #[test]
     fn legacy_divides_by_ncall_and_refuses_bad_entries() {
         let m = parse_legacy(&legacy(&[("a.weight", 4, &[8.0, 2.0]), ("b", 0, &[3.0])])).unwrap();
