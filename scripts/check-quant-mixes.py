@@ -10,12 +10,16 @@ for the 16-layer model, written as `llama-imatrix` writes it (GGUF: `<name>.in_s
 `<name>.counts` per matrix, its metadata keys; and the legacy `.dat`), given to both tools
 (`llama-quantize --imatrix F`, `gdsconv convert --imatrix F`) for every mix and type above
 plus Q4_0 and Q4_1; the bytes must be equal, and differ from those made without it.
+With `--real MODEL.gguf IMATRIX`, also a real model and an imatrix `llama-imatrix` computed
+for it: `--pure --allow-requantize` Q4_0, Q5_0, Q5_1 and Q8_0 against `gdsconv --requantize`
+(the types whose rows fit any model; SmolLM2's 576 columns are not whole K-quant blocks).
 Exit 1 on any difference.
 
     cargo build --profile ci -p gdsconv
     scripts/build-llama-cpp.sh        # .cache/llama.cpp/build/bin/llama-quantize
     python3 scripts/check-quant-mixes.py [--gdsconv target/ci/gdsconv]
         [--llama-quantize .cache/llama.cpp/build/bin/llama-quantize] [--work DIR]
+        [--real MODEL.gguf IMATRIX]
 
 Needs numpy and gguf-py (llama.cpp's, importable from .cache/llama.cpp/src/llama.cpp/gguf-py).
 """
@@ -130,7 +134,7 @@ def compare(a, src: pathlib.Path, mix: str, flags: list[str], quant: str, tokeni
     subprocess.run([a.llama_quantize, *flags, *imx, str(src), str(ref), mix, "2"], check=True,
                    capture_output=True)
     out = src.with_name(f"{src.stem}-{quant}{tag}.gds")
-    subprocess.run([a.gdsconv, "convert", str(src), str(out), "--quant", quant,
+    subprocess.run([a.gdsconv, "convert", str(src), str(out), "--quant", quant, *(["--requantize"] if "--allow-requantize" in flags else []),
                     "--tokenizer", str(tokenizer), "--force", *imx], check=True,
                    capture_output=True)
     ins = json.loads(subprocess.run([a.gdsconv, "inspect", str(out), "--json", "--tensors"],
@@ -165,6 +169,8 @@ def main() -> int:
     ap.add_argument("--gdsconv", default=str(ROOT / "target/ci/gdsconv"))
     ap.add_argument("--llama-quantize", default=str(ROOT / ".cache/llama.cpp/build/bin/llama-quantize"))
     ap.add_argument("--work", help="keep the files here (default: a temporary directory)")
+    ap.add_argument("--real", nargs=2, metavar=("MODEL", "IMATRIX"),
+                    help="also a real GGUF model with an imatrix llama-imatrix made for it")
     a = ap.parse_args()
     work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="quant-mixes-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -194,6 +200,14 @@ def main() -> int:
                 if same:
                     print(f"  {same} quantized block tensors are the same as without the imatrix")
                     bad += 1
+    if a.real:
+        src = work / "real.gguf"
+        src.unlink(missing_ok=True)
+        src.symlink_to(pathlib.Path(a.real[0]).resolve())
+        for mix, quant in [("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"), ("Q8_0", "q8_0")]:
+            diffs, _ = compare(a, src, mix, ["--pure", "--allow-requantize"], quant, tokenizer,
+                               "-imatrix-real", pathlib.Path(a.real[1]))
+            bad += diffs
     return 1 if bad else 0
 
 
