@@ -23,7 +23,7 @@ bench-convert runs="3":
 bench-dist runs="5":
     ./scripts/bench-dist.sh {{runs}}
 
-# fuzz one target for SECONDS: manifest, gguf, safetensors, tokenizer or chat_template (needs nightly and
+# fuzz one target for SECONDS: manifest, gguf, safetensors, tokenizer, chat_template or imatrix (needs nightly and
 # cargo-fuzz; extra arguments go to libFuzzer, e.g. -runs=10000000)
 fuzz target="manifest" seconds="60" *args:
     ./scripts/fuzz.sh {{target}} {{seconds}} {{args}}

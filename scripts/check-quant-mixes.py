@@ -5,12 +5,21 @@ Writes small random f32 llama GGUFs (16 and 32 layers, untied, and 16 layers tie
 each with `llama-quantize` to Q4_K_M, Q4_K_S, Q5_K_M and Q5_K_S (and the 16-layer one with
 `--pure` to each single type gdsconv offers from Q5_0 to Q6_K), converts each with
 `gdsconv convert --quant <name>`, and compares every tensor: the type llama.cpp chose and the
-bytes it wrote must equal ours. Exit 1 on any difference.
+bytes it wrote must equal ours. Then the same with an importance matrix: a random one
+for the 16-layer model, written as `llama-imatrix` writes it (GGUF: `<name>.in_sum2` and
+`<name>.counts` per matrix, its metadata keys; and the legacy `.dat`), given to both tools
+(`llama-quantize --imatrix F`, `gdsconv convert --imatrix F`) for every mix and type above
+plus Q4_0 and Q4_1; the bytes must be equal, and differ from those made without it.
+With `--real MODEL.gguf IMATRIX`, also a real model and an imatrix `llama-imatrix` computed
+for it: `--pure --allow-requantize` Q4_0, Q5_0, Q5_1 and Q8_0 against `gdsconv --requantize`
+(the types whose rows fit any model; SmolLM2's 576 columns are not whole K-quant blocks).
+Exit 1 on any difference.
 
     cargo build --profile ci -p gdsconv
     scripts/build-llama-cpp.sh        # .cache/llama.cpp/build/bin/llama-quantize
     python3 scripts/check-quant-mixes.py [--gdsconv target/ci/gdsconv]
         [--llama-quantize .cache/llama.cpp/build/bin/llama-quantize] [--work DIR]
+        [--real MODEL.gguf IMATRIX]
 
 Needs numpy and gguf-py (llama.cpp's, importable from .cache/llama.cpp/src/llama.cpp/gguf-py).
 """
@@ -36,6 +45,8 @@ MIXES = [(m, [], m.lower()) for m in ["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S"]]
 # one type for every matrix: --pure (the mix's base type everywhere)
 PURE = [("Q2_K", "q2_k"), ("Q3_K_M", "q3_k"), ("Q4_K_M", "q4_k"), ("Q5_K_M", "q5_k"),
         ("Q6_K", "q6_k"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1")]
+# with an importance matrix, also the types whose weighted quantizer differs most
+PURE_IMATRIX = PURE + [("Q4_0", "q4_0"), ("Q4_1", "q4_1")]
 E, F, V = 256, 512, 512
 
 
@@ -74,48 +85,128 @@ def make_gguf(path: pathlib.Path, n_layer: int, tied: bool) -> None:
     w.close()
 
 
+def make_imatrix(src: pathlib.Path, out: pathlib.Path, legacy: bool, chunk: int = 512) -> None:
+    """A random importance matrix for every block matrix and the output head of `src`, as
+    llama-imatrix writes it: per column the sum of squared activations and per matrix the
+    count of activations (GGUF), or the legacy .dat's value / count * ncall."""
+    rng = np.random.default_rng(34)
+    entries = []
+    for t in gguf.GGUFReader(str(src)).tensors:
+        if len(t.shape) != 2 or not (t.name.startswith("blk.") or t.name == "output.weight"):
+            continue
+        cols = int(t.shape[0])  # ggml order: ne0 = columns
+        count = int(rng.integers(1, 8)) * chunk
+        # a few columns see far larger activations than the rest, as in real models
+        mean_sq = rng.gamma(0.5, 1.0, cols) * np.where(rng.random(cols) < 0.02, 100.0, 1.0)
+        entries.append((t.name, (mean_sq * count).astype(np.float32), count))
+    if legacy:
+        with open(out, "wb") as f:
+            f.write(np.int32(len(entries)).tobytes())
+            for name, sum2, count in entries:
+                ncall = (count + chunk - 1) // chunk
+                f.write(np.int32(len(name)).tobytes() + name.encode())
+                f.write(np.int32(ncall).tobytes() + np.int32(sum2.size).tobytes())
+                f.write(((sum2 / np.float32(count)) * np.float32(ncall)).astype(np.float32).tobytes())
+            f.write(np.int32(8).tobytes())
+            f.write(np.int32(9).tobytes() + b"calib.txt")
+        return
+    w = gguf.GGUFWriter(str(out), "imatrix")
+    del w.kv_data[0]["general.architecture"]  # llama-imatrix writes none
+    w.add_type("imatrix")
+    w.add_array("imatrix.datasets", ["calib.txt"])
+    w.add_uint32("imatrix.chunk_count", 8)
+    w.add_uint32("imatrix.chunk_size", chunk)
+    for name, sum2, count in entries:
+        w.add_tensor(f"{name}.in_sum2", sum2.reshape(1, -1))
+        w.add_tensor(f"{name}.counts", np.array([[count]], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def compare(a, src: pathlib.Path, mix: str, flags: list[str], quant: str, tokenizer: pathlib.Path,
+            tag: str, imatrix: pathlib.Path | None) -> tuple[int, dict[str, bytes]]:
+    """Quantizes `src` with both tools; returns the differences and llama.cpp's bytes of
+    each quantized tensor."""
+    imx = ["--imatrix", str(imatrix)] if imatrix else []
+    ref = src.with_name(f"{src.stem}-{quant}{tag}.gguf")
+    subprocess.run([a.llama_quantize, *flags, *imx, str(src), str(ref), mix, "2"], check=True,
+                   capture_output=True)
+    out = src.with_name(f"{src.stem}-{quant}{tag}.gds")
+    subprocess.run([a.gdsconv, "convert", str(src), str(out), "--quant", quant, *(["--requantize"] if "--allow-requantize" in flags else []),
+                    "--tokenizer", str(tokenizer), "--force", *imx], check=True,
+                   capture_output=True)
+    ins = json.loads(subprocess.run([a.gdsconv, "inspect", str(out), "--json", "--tensors"],
+                                    check=True, capture_output=True, text=True).stdout)
+    files = {l["name"]: l["file"] for l in ins["layers"]}
+    ours = {t["name"]: t for t in ins["tensors"]}
+    types: dict[str, int] = {}
+    diffs = 0
+    theirs = {}
+    for rt in gguf.GGUFReader(str(ref)).tensors:
+        o = ours[rt.name]
+        want = rt.tensor_type.name.lower()
+        types[want] = types.get(want, 0) + 1
+        data = rt.data.tobytes()
+        if want != "f32":
+            theirs[rt.name] = data
+        if o["dtype"] != want:
+            print(f"  {rt.name}: ours {o['dtype']}, llama-quantize {want}")
+            diffs += 1
+            continue
+        with open(os.path.join(out, files[o["layer"]]), "rb") as f:
+            f.seek(o["offset"])
+            if f.read(o["nbytes"]) != data:
+                print(f"  {rt.name}: {want} bytes differ")
+                diffs += 1
+    print(f"{src.stem} {quant}{tag}: {sum(types.values())} tensors {types}, {diffs} differences")
+    return diffs, theirs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gdsconv", default=str(ROOT / "target/ci/gdsconv"))
     ap.add_argument("--llama-quantize", default=str(ROOT / ".cache/llama.cpp/build/bin/llama-quantize"))
     ap.add_argument("--work", help="keep the files here (default: a temporary directory)")
+    ap.add_argument("--real", nargs=2, metavar=("MODEL", "IMATRIX"),
+                    help="also a real GGUF model with an imatrix llama-imatrix made for it")
     a = ap.parse_args()
     work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="quant-mixes-"))
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = ROOT / "fixtures/tiny-llama-hf/tokenizer.json"  # the GGUF's toy vocabulary exports no tokenizer
     bad = 0
+    plain: dict[str, dict[str, bytes]] = {}
     for n_layer, tied in [(16, False), (32, False), (16, True)]:
         src = work / f"l{n_layer}{'t' if tied else ''}.gguf"
         make_gguf(src, n_layer, tied)
         runs = MIXES + ([(t, ["--pure"], q) for t, q in PURE] if (n_layer, tied) == (16, False) else [])
         for mix, flags, quant in runs:
-            ref = src.with_name(f"{src.stem}-{quant}.gguf")
-            subprocess.run([a.llama_quantize, *flags, str(src), str(ref), mix, "2"], check=True,
-                           capture_output=True)
-            out = src.with_name(f"{src.stem}-{quant}.gds")
-            subprocess.run([a.gdsconv, "convert", str(src), str(out), "--quant", quant,
-                            "--tokenizer", str(tokenizer), "--force"], check=True,
-                           capture_output=True)
-            ins = json.loads(subprocess.run([a.gdsconv, "inspect", str(out), "--json", "--tensors"],
-                                            check=True, capture_output=True, text=True).stdout)
-            files = {l["name"]: l["file"] for l in ins["layers"]}
-            ours = {t["name"]: t for t in ins["tensors"]}
-            types: dict[str, int] = {}
-            diffs = 0
-            for rt in gguf.GGUFReader(str(ref)).tensors:
-                o = ours[rt.name]
-                want = rt.tensor_type.name.lower()
-                types[want] = types.get(want, 0) + 1
-                if o["dtype"] != want:
-                    print(f"  {rt.name}: ours {o['dtype']}, llama-quantize {want}")
-                    diffs += 1
-                    continue
-                with open(os.path.join(out, files[o["layer"]]), "rb") as f:
-                    f.seek(o["offset"])
-                    if f.read(o["nbytes"]) != rt.data.tobytes():
-                        print(f"  {rt.name}: {want} bytes differ")
-                        diffs += 1
-            print(f"{src.stem} {quant}: {sum(types.values())} tensors {types}, {diffs} differences")
+            diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, "", None)
+            bad += diffs
+            if (n_layer, tied) == (16, False):
+                plain[quant] = theirs
+    src = work / "l16.gguf"
+    for fmt, ext in [("gguf", "imatrix.gguf"), ("legacy", "imatrix.dat")]:
+        imatrix = work / f"l16-{ext}"
+        make_imatrix(src, imatrix, legacy=fmt == "legacy")
+        for mix, flags, quant in MIXES + [(t, ["--pure"], q) for t, q in PURE_IMATRIX]:
+            diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, f"-imatrix-{fmt}", imatrix)
+            bad += diffs
+            # the importance matrix changed what llama-quantize wrote (so ours was checked
+            # against weighted bytes)
+            if quant in plain:
+                same = sum(theirs[k] == v for k, v in plain[quant].items() if k.startswith("blk."))
+                if same:
+                    print(f"  {same} quantized block tensors are the same as without the imatrix")
+                    bad += 1
+    if a.real:
+        src = work / "real.gguf"
+        src.unlink(missing_ok=True)
+        src.symlink_to(pathlib.Path(a.real[0]).resolve())
+        for mix, quant in [("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"), ("Q8_0", "q8_0")]:
+            diffs, _ = compare(a, src, mix, ["--pure", "--allow-requantize"], quant, tokenizer,
+                               "-imatrix-real", pathlib.Path(a.real[1]))
             bad += diffs
     return 1 if bad else 0
 

@@ -250,7 +250,12 @@ def main():
     args = ap.parse_args()
     out = ROOT / "fuzz" / ("seeds" if args.curated else "corpus")
     limit = 24 << 10 if args.curated else 1 << 20
-    seeds = {t: {} for t in ("manifest", "gguf", "safetensors", "tokenizer")}
+    seeds = {t: {} for t in ("manifest", "gguf", "safetensors", "tokenizer", "imatrix")}
+    # imatrix: the converter's fixtures (scripts/gen_imatrix_goldens.py), whole and cut
+    for p in sorted((FIX / "imatrix").glob("*.imatrix.*")):
+        b = p.read_bytes()
+        seeds["imatrix"][p.name] = b
+        seeds["imatrix"][f"{p.name}-cut"] = b[:len(b) // 2]
     real = [p for p in (MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf", MODELS / "gemma-3-270m-q4_k_m.gguf")
             if p.exists()]
     if len(real) < 2:

@@ -3,7 +3,7 @@
 #
 #   scripts/fuzz.sh TARGET [SECONDS] [libFuzzer flags...]
 #
-# TARGET is manifest, gguf, safetensors, tokenizer or chat_template (crates/gds-fuzz documents each input).
+# TARGET is manifest, gguf, safetensors, tokenizer, chat_template or imatrix (crates/gds-fuzz documents each input).
 # SECONDS (default 60; 0 = no time limit) bounds the run; further flags go to libFuzzer, e.g.
 # `-runs=10000000`. New inputs go to fuzz/corpus/TARGET (git-ignored; scripts/fuzz-seeds.py
 # fills it from the real models); fuzz/seeds/TARGET and fuzz/regressions/TARGET are read too.
@@ -23,7 +23,8 @@ case "$t" in
   gguf) max_len=32768 ;;
   safetensors | tokenizer) max_len=16384 ;;
   chat_template) max_len=16384 ;;
-  *) echo "scripts/fuzz.sh: unknown target $t (manifest, gguf, safetensors, tokenizer, chat_template)" >&2; exit 2 ;;
+  imatrix) max_len=16384 ;;
+  *) echo "scripts/fuzz.sh: unknown target $t (manifest, gguf, safetensors, tokenizer, chat_template, imatrix)" >&2; exit 2 ;;
 esac
 san=${FUZZ_SANITIZER:-none}
 # each sanitizer keeps its own build (switching would rebuild every dependency)

@@ -77,7 +77,7 @@ rm -f "$emu_log"
 # seed and regression input on stable.
 if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&1; then
   step "short fuzz run of each target (${FUZZ_SECONDS} s each)"
-  for t in manifest gguf safetensors tokenizer chat_template; do
+  for t in manifest gguf safetensors tokenizer chat_template imatrix; do
     log=$(mktemp)
     if ! ./scripts/fuzz.sh "$t" "${FUZZ_SECONDS}" >"$log" 2>&1; then
       tail -n 60 "$log"

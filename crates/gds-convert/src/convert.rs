@@ -3,6 +3,7 @@
 //! manifest and tokenizer, check the result, and rename it into place.
 
 use crate::error::{io, ConvertError};
+use crate::imatrix::Imatrix;
 use crate::limits::{read_text, ReadTextError, MAX_TOKENIZER_BYTES};
 use crate::names::{group_of, Group};
 use crate::source::{MetaValue, Source, SourceTensor, Transform};
@@ -235,6 +236,9 @@ pub struct ConvertOptions {
     pub force: bool,
     /// A `tokenizer.json` to use instead of the input's.
     pub tokenizer: Option<PathBuf>,
+    /// An importance matrix (llama.cpp's GGUF or legacy `.dat` imatrix) weighing the
+    /// quantization of the matrices it has entries for, as `llama-quantize --imatrix`.
+    pub imatrix: Option<PathBuf>,
 }
 
 impl Default for ConvertOptions {
@@ -244,6 +248,7 @@ impl Default for ConvertOptions {
             requantize: false,
             force: false,
             tokenizer: None,
+            imatrix: None,
         }
     }
 }
@@ -357,8 +362,29 @@ fn planned_dtype(t: &SourceTensor, opts: &ConvertOptions, ctx: &MixContext) -> (
     (target, false)
 }
 
-/// The bytes of `t` as written: permuted if the input layout asks, converted to `out`.
-fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, ConvertError> {
+/// The importance weights `t` is quantized to `out` with: the matrix's entry in `imatrix`,
+/// when `out` has a weighted quantizer and `t` is converted at all (not passed through).
+fn importance<'m>(
+    t: &SourceTensor,
+    out: DType,
+    imatrix: Option<&'m Imatrix>,
+) -> Result<Option<&'m [f32]>, ConvertError> {
+    let Some(m) = imatrix else { return Ok(None) };
+    if out == t.dtype || !gds_kernels::takes_importance(out) || t.shape.len() < 2 {
+        return Ok(None);
+    }
+    let cols = *t.shape.last().unwrap_or(&0);
+    let n_mat: u64 = t.shape[..t.shape.len() - 2].iter().product();
+    m.weights_for(&t.name, cols, n_mat)
+}
+
+/// The bytes of `t` as written: permuted if the input layout asks, converted to `out`
+/// (weighted by `weights`, one row of per-column weights per expert, when given).
+fn produce<'a>(
+    t: &'a SourceTensor,
+    out: DType,
+    weights: Option<&[f32]>,
+) -> Result<Cow<'a, [u8]>, ConvertError> {
     let kerr = |source| ConvertError::Kernel {
         tensor: t.source_name.clone(),
         source,
@@ -409,7 +435,54 @@ fn produce<'a>(t: &'a SourceTensor, out: DType) -> Result<Cow<'a, [u8]>, Convert
         .zip(bytes.par_chunks(in_row))
         .try_for_each(|(dst, src)| gds_kernels::dequantize(t.dtype, src, dst))
         .map_err(kerr)?;
-    Ok(Cow::Owned(gds_kernels::quantize(out, &f).map_err(kerr)?))
+    let Some(w) = weights else {
+        return Ok(Cow::Owned(gds_kernels::quantize(out, &f).map_err(kerr)?));
+    };
+    // one expert (a 2-D matrix is one) at a time, each with its own row of weights
+    let n_mat = w.len() / cols;
+    let mut bytes = Vec::with_capacity(out.tensor_bytes(&t.shape).unwrap_or(0) as usize);
+    for (x, w) in f.chunks(n / n_mat.max(1)).zip(w.chunks(cols)) {
+        bytes.extend(gds_kernels::quantize_weighted(out, x, cols, w).map_err(kerr)?);
+    }
+    Ok(Cow::Owned(bytes))
+}
+
+/// Checks before anything is written that every entry of `m` a quantized matrix uses fits it
+/// (an error otherwise), and returns warnings: entries that name no tensor of the model
+/// (an imatrix of another model?), or no matrix weighted at all.
+fn imatrix_warnings(
+    m: &Imatrix,
+    plans: &[(Group, Vec<(&SourceTensor, DType)>)],
+) -> Result<Vec<String>, ConvertError> {
+    let mut weighted = 0usize;
+    let mut names = HashSet::new();
+    for (t, d) in plans.iter().flat_map(|(_, v)| v.iter()) {
+        names.insert(t.name.as_str());
+        weighted += importance(t, *d, Some(m))?.is_some() as usize;
+    }
+    let mut w = Vec::new();
+    let unknown: Vec<&str> = m
+        .entries
+        .keys()
+        .map(|k| k.as_str())
+        .filter(|k| !names.contains(k))
+        .collect();
+    if !unknown.is_empty() {
+        w.push(format!(
+            "{}: {} of its {} entries name no tensor of this model: {}",
+            m.path.display(),
+            unknown.len(),
+            m.entries.len(),
+            crate::check::list(unknown.into_iter().map(String::from))
+        ));
+    }
+    if weighted == 0 {
+        w.push(format!(
+            "{}: no tensor is quantized with the importance matrix (none is converted to a type that uses one: q4_0, q4_1, q5_0, q5_1, q2_k .. q6_k)",
+            m.path.display()
+        ));
+    }
+    Ok(w)
 }
 
 /// What is at OUT_DIR before the conversion.
@@ -769,6 +842,7 @@ fn write_layers(
     plans: &[(Group, Vec<(&SourceTensor, DType)>)],
     tmp: &Path,
     input: &Path,
+    imatrix: Option<&Imatrix>,
     builder: &mut ManifestBuilder,
     progress: &dyn Progress,
 ) -> Result<(u64, u64), ConvertError> {
@@ -817,7 +891,7 @@ fn write_layers(
         let mut pos = 0u64;
         for ((t, d), &(offset, nbytes)) in ts.iter().zip(&lay.placements) {
             write_padding(&mut w, &mut hasher, offset - pos).map_err(io(&path))?;
-            let bytes = produce(t, *d)?;
+            let bytes = produce(t, *d, importance(t, *d, imatrix)?)?;
             if bytes.len() as u64 != nbytes {
                 return Err(ConvertError::Internal {
                     input: input.into(),
@@ -986,6 +1060,14 @@ pub fn convert(
         .flat_map(|(_, v)| v.iter())
         .map(|(t, d)| d.tensor_bytes(&t.shape).unwrap_or(0))
         .sum();
+    let imatrix = match &opts.imatrix {
+        None => None,
+        Some(p) => {
+            let m = crate::imatrix::read_imatrix(p)?;
+            warnings.extend(imatrix_warnings(&m, &plans)?);
+            Some(m)
+        }
+    };
 
     std::fs::create_dir_all(&parent).map_err(io(&parent))?;
     let staging = crate::staging::Staging::create(out_dir, &parent)?;
@@ -1003,6 +1085,13 @@ pub fn convert(
         "convert.requantize".into(),
         MetaValue::Bool(opts.requantize),
     );
+    if let Some(p) = &opts.imatrix {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        meta.insert("convert.imatrix".into(), MetaValue::Str(name));
+    }
     let src_name = input
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -1020,7 +1109,14 @@ pub fn convert(
     let aux_job = || tokenizer_job().and_then(|t| write_aux(&tmp, t));
     let (written, tok) = std::thread::scope(|sc| {
         let tok = sc.spawn(aux_job);
-        let written = write_layers(&plans, &tmp, input, &mut builder, progress);
+        let written = write_layers(
+            &plans,
+            &tmp,
+            input,
+            imatrix.as_ref(),
+            &mut builder,
+            progress,
+        );
         (written, tok.join())
     });
     let (tensor_bytes, file_bytes) = written?;

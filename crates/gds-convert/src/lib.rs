@@ -4,6 +4,7 @@ mod check;
 pub mod convert;
 mod error;
 pub mod gguf;
+pub mod imatrix;
 pub mod inspect;
 mod limits;
 pub mod names;

@@ -162,6 +162,7 @@ pub fn run(name: &str, data: &[u8]) -> Option<bool> {
         "safetensors" => safetensors(data),
         "tokenizer" => tokenizer(data),
         "chat_template" => chat_template(data),
+        "imatrix" => imatrix(data),
         _ => return None,
     })
 }
@@ -297,6 +298,39 @@ pub fn gguf(data: &[u8]) -> bool {
     let path = dir.path().join("model.gguf");
     put(dir.path(), "model.gguf", data);
     read_source(&path)
+}
+
+/// `gdsconv convert --imatrix`'s reader on `data` as an importance matrix file (GGUF or
+/// legacy `.dat`), and the lookup a conversion makes of each entry. Accepted: the reader
+/// returned entries, each a whole number of rows of finite, non-negative weights.
+pub fn imatrix(data: &[u8]) -> bool {
+    let dir = scratch();
+    let path = dir.path().join("imatrix.gguf");
+    put(dir.path(), "imatrix.gguf", data);
+    match gds_convert::imatrix::read_imatrix(&path) {
+        Ok(m) => {
+            for (name, e) in &m.entries {
+                assert!(
+                    e.n_mat > 0 && e.weights.len().is_multiple_of(e.n_mat),
+                    "{name}"
+                );
+                assert!(
+                    e.weights.iter().all(|w| w.is_finite() && *w >= 0.0),
+                    "{name}"
+                );
+                let cols = (e.weights.len() / e.n_mat) as u64;
+                assert!(m
+                    .weights_for(name, cols, e.n_mat as u64)
+                    .is_ok_and(|w| w.is_some()));
+                let _ = m.weights_for(name, cols + 1, 1).map_err(|e| e.to_string());
+            }
+            true
+        }
+        Err(e) => {
+            let _ = e.to_string();
+            false
+        }
+    }
 }
 
 fn read_source(input: &Path) -> bool {

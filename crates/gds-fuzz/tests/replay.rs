@@ -91,6 +91,11 @@ fn replay_chat_template() {
     replay("chat_template");
 }
 
+#[test]
+fn replay_imatrix() {
+    replay("imatrix");
+}
+
 /// The cap is real: a request past it fails (without the capped allocator this succeeds on
 /// any machine with overcommit), and a small one still succeeds.
 #[test]

@@ -78,7 +78,7 @@ pub fn quantize_block_q4_1(x: &[f32]) -> BlockQ4_1 {
 
 /// Packs 32 five-bit quants into (qh, qs).
 #[inline]
-fn pack5(q: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
+pub(crate) fn pack5(q: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
     let mut qs = [0u8; QK / 2];
     let mut qh = 0u32;
     for j in 0..QK / 2 {

@@ -10,20 +10,30 @@ use crate::blocks::*;
 use crate::quant::signed_absmax;
 
 /// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below this is all zero.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// ggml's `nearest_int`: rounds half to even for `|fval| <= 4194303` (adds 1.5 * 2^23 and
 /// reads the mantissa). Outside that range (or for NaN) ggml asserts in debug builds; here,
 /// as in its release builds, the result is a garbage value that callers clamp.
 #[inline(always)]
-fn nearest_int(fval: f32) -> i32 {
+pub(crate) fn nearest_int(fval: f32) -> i32 {
     let val = fval + 12582912.0f32;
     (val.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
 }
 
-/// ggml's `make_qx_quants` with `rmse_type == 1` and no weights (`qw == NULL`), the form
-/// `quantize_row_q6_K_ref` calls. Writes `L[i]` in `0..2 * nmax` and returns the scale.
-fn make_qx_quants_rmse1(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
+/// ggml's `make_qx_quants` with `rmse_type == 1`: weights `qw` (an importance matrix's, as
+/// the `quantize_row_*_impl` pass them) or, without, `x[i]^2` (`quantize_row_q6_K_ref`).
+/// Writes `L[i]` in `0..2 * nmax` and returns the scale.
+pub(crate) fn make_qx_quants_rmse1(
+    nmax: i32,
+    x: &[f32],
+    big_l: &mut [i8],
+    qw: Option<&[f32]>,
+) -> f32 {
+    let weight = |i: usize, v: f32| match qw {
+        Some(w) => w[i],
+        None => v * v,
+    };
     let max = signed_absmax(x);
     if max.abs() < GROUP_MAX_EPS {
         big_l.fill(0);
@@ -32,10 +42,10 @@ fn make_qx_quants_rmse1(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
     let mut iscale = -(nmax as f32) / max;
     let mut sumlx = 0f32;
     let mut suml2 = 0f32;
-    for (o, &v) in big_l.iter_mut().zip(x) {
+    for (i, (o, &v)) in big_l.iter_mut().zip(x).enumerate() {
         let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
         *o = (l + nmax) as i8;
-        let w = v * v;
+        let w = weight(i, v);
         let lf = l as f32;
         sumlx += w * v * lf;
         suml2 += w * lf * lf;
@@ -49,9 +59,9 @@ fn make_qx_quants_rmse1(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
         iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
-            let w = v * v;
+            let w = weight(i, v);
             let lf = l as f32;
             sumlx += w * v * lf;
             suml2 += w * lf * lf;
@@ -293,15 +303,22 @@ pub fn quantize_block_q2_k(x: &[f32]) -> BlockQ2K {
             big_l[16 * j + ii] = l.clamp(0, 3) as u8;
         }
     }
+    b.qs = pack_2bit(&big_l);
+    b
+}
+
+/// Packs 256 two-bit quants as Q2_K and Q3_K store them: four 32-apart values per byte.
+pub(crate) fn pack_2bit(big_l: &[u8; QK_K]) -> [u8; QK_K / 4] {
+    let mut qs = [0u8; QK_K / 4];
     for j in (0..QK_K).step_by(128) {
         for l in 0..32 {
-            b.qs[j / 4 + l] = big_l[j + l]
+            qs[j / 4 + l] = big_l[j + l]
                 | (big_l[j + l + 32] << 2)
                 | (big_l[j + l + 64] << 4)
                 | (big_l[j + l + 96] << 6);
         }
     }
-    b
+    qs
 }
 
 /// Quantizes 256 values to Q3_K (`quantize_row_q3_K_ref`).
@@ -336,6 +353,14 @@ pub fn quantize_block_q3_k(x: &[f32]) -> BlockQ3K {
     } else {
         b.d = f32_to_f16_bytes(0.0);
     }
+    q3_k_finish(x, &mut b, &mut big_l);
+    b
+}
+
+/// The end of Q3_K once `b.scales` and `b.d` are set: requantizes each sub-block with its
+/// packed scale (a zero scale keeps the first-guess quants `big_l`, in `0..8`), then stores
+/// the high bits in `hmask` and the low two in `qs`.
+pub(crate) fn q3_k_finish(x: &[f32], b: &mut BlockQ3K, big_l: &mut [i8; QK_K]) {
     let bd = f16_bytes_to_f32(b.d);
     let sc = q3k_scales(&b.scales);
     for j in 0..QK_K / 16 {
@@ -361,16 +386,7 @@ pub fn quantize_block_q3_k(x: &[f32]) -> BlockQ3K {
             hm = hm.wrapping_shl(1);
         }
     }
-    let u = |v: i8| v as u8;
-    for j in (0..QK_K).step_by(128) {
-        for l in 0..32 {
-            b.qs[j / 4 + l] = u(big_l[j + l])
-                | (u(big_l[j + l + 32]) << 2)
-                | (u(big_l[j + l + 64]) << 4)
-                | (u(big_l[j + l + 96]) << 6);
-        }
-    }
-    b
+    b.qs = pack_2bit(&big_l.map(|v| v as u8));
 }
 
 /// The sub-block fits of Q4_K and Q5_K: eight groups of 32 with weights
@@ -432,10 +448,25 @@ fn k_pack_requant(
     } else {
         0.0
     };
+    let mut ls = [0u8; 8];
+    let mut lm = [0u8; 8];
+    for j in 0..QK_K / 32 {
+        ls[j] = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        lm[j] = (nearest_int(inv_min * mins[j]) as u8).min(63);
+    }
+    let q = k_pack_scales(&ls, &lm);
+    let d = f32_to_f16_bytes(max_scale / 63.0);
+    let dmin = f32_to_f16_bytes(max_min / 63.0);
+    k_requant(x, d, dmin, &q, nmax, big_l);
+    (d, dmin, q)
+}
+
+/// Packs the eight 6-bit scales and mins of Q4_K/Q5_K as ggml does (C's `uint8_t`
+/// arithmetic: bits shifted past the byte are lost).
+pub(crate) fn k_pack_scales(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     let mut q = [0u8; 12];
     for j in 0..QK_K / 32 {
-        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
-        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        let (ls, lm) = (ls[j], lm[j]);
         if j < 4 {
             q[j] = ls;
             q[j + 4] = lm;
@@ -445,11 +476,23 @@ fn k_pack_requant(
             q[j] |= (lm >> 4) << 6;
         }
     }
-    let d = f32_to_f16_bytes(max_scale / 63.0);
-    let dmin = f32_to_f16_bytes(max_min / 63.0);
+    q
+}
+
+/// Requantizes each sub-block of Q4_K/Q5_K with the packed (rounded) scales `q` and the
+/// f16 super-block scales, `L` in `0..=nmax` (a sub-block whose scale is zero keeps its
+/// first-guess quants).
+pub(crate) fn k_requant(
+    x: &[f32],
+    d: [u8; 2],
+    dmin: [u8; 2],
+    q: &[u8; 12],
+    nmax: i32,
+    big_l: &mut [u8; QK_K],
+) {
     let (df, dminf) = (f16_bytes_to_f32(d), f16_bytes_to_f32(dmin));
     for j in 0..QK_K / 32 {
-        let (sc, m) = scale_min_k4(j, &q);
+        let (sc, m) = scale_min_k4(j, q);
         let d = df * sc as f32;
         if d == 0.0 {
             continue;
@@ -460,7 +503,6 @@ fn k_pack_requant(
             big_l[32 * j + ii] = l.clamp(0, nmax) as u8;
         }
     }
-    (d, dmin, q)
 }
 
 /// Quantizes 256 values to Q4_K (`quantize_row_q4_K_ref`).
@@ -476,6 +518,11 @@ pub fn quantize_block_q4_k(x: &[f32]) -> BlockQ4K {
     };
     let (scales, mins) = k_subblocks(x, &p, &mut big_l);
     let (d, dmin, sc) = k_pack_requant(x, &scales, &mins, 15, &mut big_l);
+    q4_k_store(d, dmin, sc, &big_l)
+}
+
+/// A Q4_K block of these scales and quants (`L` in `0..16`).
+pub(crate) fn q4_k_store(d: [u8; 2], dmin: [u8; 2], sc: [u8; 12], big_l: &[u8; QK_K]) -> BlockQ4K {
     let mut qs = [0u8; QK_K / 2];
     for (n, q) in (0..QK_K).step_by(64).zip(qs.chunks_exact_mut(32)) {
         for l in 0..32 {
@@ -503,6 +550,11 @@ pub fn quantize_block_q5_k(x: &[f32]) -> BlockQ5K {
     };
     let (scales, mins) = k_subblocks(x, &p, &mut big_l);
     let (d, dmin, sc) = k_pack_requant(x, &scales, &mins, 31, &mut big_l);
+    q5_k_store(d, dmin, sc, &big_l)
+}
+
+/// A Q5_K block of these scales and quants (`L` in `0..32`).
+pub(crate) fn q5_k_store(d: [u8; 2], dmin: [u8; 2], sc: [u8; 12], big_l: &[u8; QK_K]) -> BlockQ5K {
     let mut qh = [0u8; QK_K / 8];
     let mut qs = [0u8; QK_K / 2];
     let (mut m1, mut m2) = (1u8, 2u8);
@@ -534,6 +586,13 @@ pub fn quantize_block_q5_k(x: &[f32]) -> BlockQ5K {
 
 /// Quantizes 256 values to Q6_K (`quantize_row_q6_K_ref`).
 pub fn quantize_block_q6_k(x: &[f32]) -> BlockQ6K {
+    q6_k_block(x, None)
+}
+
+/// Q6_K with or without an importance matrix's weights for these 256 values
+/// (`quantize_row_q6_K_impl`, which passes them straight to `make_qx_quants`; the
+/// unweighted path is `quantize_row_q6_K_ref`'s).
+pub(crate) fn q6_k_block(x: &[f32], qw: Option<&[f32]>) -> BlockQ6K {
     let x = &x[..QK_K];
     let mut big_l = [0i8; QK_K];
     let mut scales = [0f32; QK_K / 16];
@@ -544,6 +603,7 @@ pub fn quantize_block_q6_k(x: &[f32]) -> BlockQ6K {
             32,
             &x[16 * ib..16 * ib + 16],
             &mut big_l[16 * ib..16 * ib + 16],
+            qw.map(|w| &w[16 * ib..16 * ib + 16]),
         );
         scales[ib] = scale;
         let abs_scale = scale.abs();

@@ -30,7 +30,7 @@ enum Cmd {
         input: PathBuf,
         /// The output directory (must not exist, unless --force).
         out_dir: PathBuf,
-        /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, or a llama.cpp K-quant mix: q4_k_s, q4_k_m, q5_k_s, q5_k_m (per tensor as llama-quantize, no imatrix). Matrices whose rows are not whole blocks (32, or 256 for K-quants) stay float, with a warning. Norms and other 1-D float tensors are written f32 under every policy (keep included).
+        /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, or a llama.cpp K-quant mix: q4_k_s, q4_k_m, q5_k_s, q5_k_m (per tensor as llama-quantize). Matrices whose rows are not whole blocks (32, or 256 for K-quants) stay float, with a warning. Norms and other 1-D float tensors are written f32 under every policy (keep included).
         #[arg(long, default_value = "keep")]
         quant: QuantTarget,
         /// Also convert tensors that are already block-quantized (dequantize, then quantize).
@@ -42,6 +42,9 @@ enum Cmd {
         /// Use this tokenizer.json instead of the input's.
         #[arg(long)]
         tokenizer: Option<PathBuf>,
+        /// Weigh the quantization with this importance matrix (llama.cpp's llama-imatrix output: GGUF or legacy .dat), as llama-quantize --imatrix does: for q4_0, q4_1, q5_0, q5_1 and q2_k .. q6_k (and the mixes), byte-identical to llama-quantize.
+        #[arg(long, value_name = "FILE")]
+        imatrix: Option<PathBuf>,
         /// Worker threads for quantization (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
@@ -169,6 +172,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             requantize,
             force,
             tokenizer,
+            imatrix,
             threads,
             json,
         } => {
@@ -193,6 +197,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 requantize,
                 force,
                 tokenizer,
+                imatrix,
             };
             let s = convert(&input, &out_dir, &opts, &bar).inspect_err(|_e| {
                 bar.finish();

@@ -4,4 +4,5 @@
 mod convert_fixtures;
 mod dist;
 mod gdsconv;
+mod imatrix;
 mod integrity;

@@ -3,7 +3,7 @@
 //! bytes for quantize, f32 bit patterns for dequantize.
 
 use gds_format::DType;
-use gds_kernels::{dequantize, quantize};
+use gds_kernels::{dequantize, quantize, quantize_weighted};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -116,6 +116,48 @@ fn k_quantize_matches_ggml() {
             assert_eq!(g, w, "{dtype} super-block {i} differs from ggml");
         }
     }
+}
+
+#[test]
+fn weighted_quantize_matches_ggml() {
+    // goldens from ggml's quantize_row_*_impl with quant_weights, the importance-matrix path
+    // of llama-quantize (scripts/gen_imatrix_goldens.py): the K input as rows of 256
+    let input = f32s(&fixture("qk.in.f32"));
+    let weights = f32s(&fixture("qw.weights.f32"));
+    for dtype in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ] {
+        let want = fixture(&format!("qw_{}.out.bin", dtype.name()));
+        let got = quantize_weighted(dtype, &input, 256, &weights).unwrap();
+        assert_eq!(got.len(), want.len(), "{dtype}");
+        let ts = dtype.type_size();
+        for (i, (g, w)) in got.chunks(ts).zip(want.chunks(ts)).enumerate() {
+            assert_eq!(
+                g,
+                w,
+                "{dtype} block {i} (row {}) differs from ggml",
+                i * dtype.block_size() / 256
+            );
+        }
+        // the weights are used: the unweighted bytes differ
+        assert_ne!(got, quantize(dtype, &input).unwrap(), "{dtype}");
+    }
+    // dtypes without a weighted quantizer ignore the weights, as ggml does
+    let q8 = quantize_weighted(DType::Q8_0, &input, 256, &weights).unwrap();
+    assert_eq!(q8, quantize(DType::Q8_0, &input).unwrap());
+    // wrong shapes are errors, not panics
+    assert!(quantize_weighted(DType::Q4K, &input, 256, &weights[..128]).is_err());
+    assert!(quantize_weighted(DType::Q4K, &input, 128, &weights[..128]).is_err());
+    assert!(quantize_weighted(DType::Q4_0, &input[..100], 32, &weights[..32]).is_err());
+    assert!(quantize_weighted(DType::Q4_0, &input, 0, &[]).is_err());
 }
 
 #[test]
