@@ -132,6 +132,30 @@ fn make_q3_quants(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
     }
 }
 
+/// The smallest and largest of `x`, the sum of `weights` and the weighted sum of `x`, in
+/// ggml's order (the opening pass of `make_qkx2_quants` and `make_qkx3_quants`).
+pub(crate) fn weighted_range<const N: usize>(
+    x: &[f32; N],
+    weights: &[f32; N],
+) -> (f32, f32, f32, f32) {
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..N {
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
+        let w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    (min, max, sum_w, sum_x)
+}
+
 /// Parameters of one `make_qkx2_quants` search.
 struct Qkx2 {
     nmax: i32,
@@ -152,21 +176,7 @@ fn make_qkx2_quants<const N: usize>(
 ) -> (f32, f32) {
     let nmax = p.nmax;
     let mut laux = [0u8; N];
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..N {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
+    let (mut min, max, sum_w, sum_x) = weighted_range(x, weights);
     if min > 0.0 {
         min = 0.0;
     }

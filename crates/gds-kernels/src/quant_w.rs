@@ -14,7 +14,7 @@ use crate::blocks::*;
 use crate::quant::pack5;
 use crate::quant_k::{
     k_pack_scales, k_requant, make_qx_quants_rmse1, nearest_int, pack_2bit, q3_k_finish,
-    q4_k_store, q5_k_store, q6_k_block, GROUP_MAX_EPS,
+    q4_k_store, q5_k_store, q6_k_block, weighted_range, GROUP_MAX_EPS,
 };
 
 /// ggml's `make_qkx3_quants` with weights, `rmin = -0.9`, `rdelta = 0.05`, `nstep = 36` and
@@ -30,21 +30,7 @@ fn make_qkx3_quants<const N: usize>(
     const RDELTA: f32 = 0.05;
     const NSTEP: i32 = 36;
     let mut laux = [0u8; N];
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..N {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
+    let (mut min, max, sum_w, sum_x) = weighted_range(x, weights);
     if min > 0.0 {
         min = 0.0;
     }
