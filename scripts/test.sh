@@ -57,7 +57,7 @@ rm -f "$emu_log"
 step "Python package gdsllm: pip install . (maturin, profile ci: reuses the build above) and its tests"
 # a failed install or test fails the script (pipefail; only pip's root warning is filtered)
 python3 -m pip install -q --disable-pip-version-check . 2>&1 \
-  | { grep -v "running pip as the 'root' user" || true; }
+  | { grep -vi "running pip as the 'root' user" || true; }
 python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
