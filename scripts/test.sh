@@ -25,8 +25,8 @@ build_log=$(mktemp)
 ) >"$build_log" 2>&1 &
 build_pid=$!
 step "in the background: cargo fmt --check, cargo clippy, the test build (log printed below when done)"
-step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema, lm-eval)"
-python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic jsonschema "lm-eval[api]==0.4.13" 2>&1 | grep -v "running pip as the 'root' user" || true
+step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema, lm-eval, pytest)"
+python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic jsonschema "lm-eval[api]==0.4.13" pytest 2>&1 | grep -v "running pip as the 'root' user" || true
 step "NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU needed)"
 python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
 GDS_NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"
@@ -71,6 +71,11 @@ step "gds-cuda tests and the README examples (run beside the above)"
 cat "$emu_log"
 rm -f "$emu_log"
 [ "$emu_rc" = 0 ] || { echo "gds-cuda tests or doctests failed (exit $emu_rc)" >&2; exit 1; }
+step "Python package gdsllm: pip install . (maturin, profile ci: reuses the build above) and its tests"
+# a failed install or test fails the script (pipefail; only pip's root warning is filtered)
+python3 -m pip install -q --disable-pip-version-check . 2>&1 \
+  | { grep -vi "running pip as the 'root' user" || true; }
+python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every

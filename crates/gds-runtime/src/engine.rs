@@ -8,9 +8,9 @@ use crate::constraint::{Constraint, GrammarCompiler};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{eval_last, reusable_prefix, Executor};
 use crate::metrics::{EnergyMeter, Metrics};
-use crate::plan::{Mode, Plan};
+use crate::plan::{Limits, Mode, Plan};
 use crate::reply::Reply;
-use crate::sampler::{Sampler, TokenLogprobs};
+use crate::sampler::{Sampler, SamplerConfig, TokenLogprobs};
 use crate::tokenizer::TextTokenizer;
 use serde::Serialize;
 
@@ -221,6 +221,26 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// Replaces the sampling settings and the stop conditions of the replies that follow,
+    /// the model staying loaded (the plan records them): for callers that sample each request
+    /// their own way (the Python package). Settings [`SamplerConfig::check`] refuses are a
+    /// usage error, and nothing changes.
+    pub fn set_sampling(&mut self, sampler: SamplerConfig, limits: Limits) -> Result<()> {
+        sampler
+            .check()
+            .map_err(|e| RuntimeError::Usage(e.to_string()))?;
+        if limits.max_tokens == Some(0) {
+            return Err(RuntimeError::Usage("max_tokens must be at least 1".into()));
+        }
+        if limits.stop.iter().any(String::is_empty) {
+            return Err(RuntimeError::Usage("stop strings must not be empty".into()));
+        }
+        self.sampler = Sampler::new(sampler.clone(), self.exec.config().vocab_size);
+        self.plan.sampler = sampler;
+        self.plan.limits = limits;
+        Ok(())
     }
 
     /// Forgets the conversation (the system prompt stays).

@@ -1,0 +1,496 @@
+//! `gdsllm.Engine`: gds-runtime's engine as `gdsrun run` drives it (a plan from the same
+//! options, `Engine::load`, `generate`), the GIL released while it works; and
+//! `gdsllm.convert` (gds-convert).
+
+use crate::err;
+use crate::model::{json_to_py, resolve_model};
+use gds_runtime::chat::Message;
+use gds_runtime::engine::GenerateOutput;
+use gds_runtime::plan::{Limits, Mode};
+use gds_runtime::{KvDtype, Plan, PlanOptions, SamplerConfig};
+use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A byte size: an int, or a string as gdsrun's flags take it ("200MB", "1.5GiB").
+fn size_arg(v: Option<Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64>> {
+    let Some(v) = v else { return Ok(None) };
+    if let Ok(n) = v.extract::<u64>() {
+        return Ok(Some(n));
+    }
+    let s: String = v
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("{what}: an int or a size string")))?;
+    gds_runtime::ioplan::parse_size(&s)
+        .map(Some)
+        .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+}
+
+/// What one reply asks for.
+struct Job {
+    /// A prompt, or chat messages.
+    prompt: Result<String, Vec<Message>>,
+    sampler: SamplerConfig,
+    limits: Limits,
+}
+
+/// Runs `job` on `e`: a string prompt as `gdsrun run --prompt` runs it (one chat turn with
+/// the plan's system prompt, or a raw completion), messages through the chat template.
+/// Each reply stands alone (no conversation is kept between calls).
+fn run_job(
+    e: &mut gds_runtime::Engine,
+    job: Job,
+    on_text: &mut dyn FnMut(&str),
+) -> gds_runtime::Result<GenerateOutput> {
+    if e.plan().sampler != job.sampler || e.plan().limits != job.limits {
+        e.set_sampling(job.sampler, job.limits)?;
+    }
+    let t0 = Instant::now();
+    let messages = match job.prompt {
+        Ok(p) if e.plan().mode == Mode::Raw => return e.generate(&p, on_text),
+        Ok(p) => {
+            let mut m = Vec::new();
+            if let Some(s) = &e.plan().system {
+                m.push(Message::new("system", s));
+            }
+            m.push(Message::new("user", &p));
+            m
+        }
+        Err(m) => m,
+    };
+    let tokens = e.tokenizer().encode_chat(&messages, e.plan().ctx)?;
+    e.generate_tokens(&tokens, t0, on_text)
+}
+
+/// A prompt string, or a list of {"role", "content"} dicts.
+fn prompt_arg(p: &Bound<'_, PyAny>) -> PyResult<Result<String, Vec<Message>>> {
+    if p.is_instance_of::<PyString>() {
+        return Ok(Ok(p.extract::<String>()?));
+    }
+    let list = p.cast::<PyList>().map_err(|_| {
+        PyTypeError::new_err("prompt: a string, or a list of {\"role\", \"content\"} dicts")
+    })?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let get = |k: &str| -> PyResult<String> {
+            m.get_item(k)
+                .and_then(|v| v.extract())
+                .map_err(|_| PyTypeError::new_err(format!("message {i}: no string {k:?}")))
+        };
+        out.push(Message::new(&get("role")?, &get("content")?));
+    }
+    Ok(Err(out))
+}
+
+/// The JSON object `gdsrun run --json` prints for one reply.
+fn json_result(out: &GenerateOutput, plan: &Plan) -> serde_json::Value {
+    serde_json::json!({
+        "text": out.text,
+        "tokens": out.tokens,
+        "stop_reason": out.stop_reason,
+        "logprobs": out.logprobs,
+        "plan": plan,
+        "metrics": out.metrics,
+    })
+}
+
+/// A loaded model that generates: `Engine(model, **plan_options)` takes gdsrun's options
+/// (`threads`, `ctx`, `batch`, `kv_type`, `backend`, `io`, `mem_budget`, `activations`,
+/// `verify`, `isa`, `raw`, `system`, `draft`, ... and the sampling defaults `temperature`,
+/// `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`, `max_tokens`, `stop`).
+#[pyclass(module = "gdsllm._gdsllm", frozen)]
+pub struct Engine {
+    engine: Arc<Mutex<gds_runtime::Engine>>,
+    /// The sampling and limits the engine was made with; each reply starts from them.
+    sampler: SamplerConfig,
+    limits: Limits,
+    interrupt: Arc<AtomicBool>,
+}
+
+fn lock(e: &Mutex<gds_runtime::Engine>) -> std::sync::MutexGuard<'_, gds_runtime::Engine> {
+    // a panic while generating is reported as an error by the generating call; the engine's
+    // state is then still consistent enough to be reused or dropped
+    e.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Engine {
+    #[allow(clippy::too_many_arguments)]
+    fn job(
+        &self,
+        prompt: &Bound<'_, PyAny>,
+        max_tokens: Option<usize>,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        min_p: Option<f32>,
+        repeat_penalty: Option<f32>,
+        seed: Option<u64>,
+        stop: Option<Vec<String>>,
+    ) -> PyResult<Job> {
+        let mut s = self.sampler.clone();
+        s.temp = temperature.unwrap_or(s.temp);
+        s.top_k = top_k.unwrap_or(s.top_k);
+        s.top_p = top_p.unwrap_or(s.top_p);
+        s.min_p = min_p.unwrap_or(s.min_p);
+        s.repeat_penalty = repeat_penalty.unwrap_or(s.repeat_penalty);
+        s.seed = seed.unwrap_or(s.seed);
+        let mut limits = self.limits.clone();
+        if max_tokens.is_some() {
+            limits.max_tokens = max_tokens;
+        }
+        if let Some(st) = stop {
+            limits.stop = st;
+        }
+        Ok(Job {
+            prompt: prompt_arg(prompt)?,
+            sampler: s,
+            limits,
+        })
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (model, *, threads=None, batch=None, ctx=None, kv_type=None,
+        backend=None, io=None, mem_budget=None, vram_budget=None, activations=None,
+        verify=true, isa=None, raw=false, parse_special=false, system=None, draft=None,
+        draft_max=None, temperature=None, top_k=None, top_p=None, min_p=None,
+        repeat_penalty=None, repeat_last_n=None, frequency_penalty=None,
+        presence_penalty=None, seed=None, max_tokens=None, stop=None, plain_http=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        model: &str,
+        threads: Option<usize>,
+        batch: Option<usize>,
+        ctx: Option<usize>,
+        kv_type: Option<String>,
+        backend: Option<String>,
+        io: Option<String>,
+        mem_budget: Option<Bound<'_, PyAny>>,
+        vram_budget: Option<Bound<'_, PyAny>>,
+        activations: Option<String>,
+        verify: bool,
+        isa: Option<String>,
+        raw: bool,
+        parse_special: bool,
+        system: Option<String>,
+        draft: Option<String>,
+        draft_max: Option<usize>,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        min_p: Option<f32>,
+        repeat_penalty: Option<f32>,
+        repeat_last_n: Option<usize>,
+        frequency_penalty: Option<f32>,
+        presence_penalty: Option<f32>,
+        seed: Option<u64>,
+        max_tokens: Option<usize>,
+        stop: Option<Vec<String>>,
+        plain_http: bool,
+    ) -> PyResult<Engine> {
+        let kv_dtype = match kv_type.as_deref() {
+            None => None,
+            Some(k) => Some(KvDtype::parse(k).ok_or_else(|| {
+                PyValueError::new_err(format!("kv_type {k:?}: expected f32 or f16"))
+            })?),
+        };
+        let isa = match isa.as_deref() {
+            None => None,
+            Some(s) => Some(
+                gds_runtime::plan::parse_isa(s)
+                    .map_err(|e| PyValueError::new_err(format!("isa: {e}")))?,
+            ),
+        };
+        let dir = resolve_model(py, model, plain_http)?;
+        let opts = PlanOptions {
+            model_dir: dir.clone(),
+            threads,
+            batch,
+            ctx,
+            kv_dtype,
+            backend,
+            io,
+            mem_budget: size_arg(mem_budget, "mem_budget")?,
+            vram_budget: size_arg(vram_budget, "vram_budget")?,
+            activations,
+            no_verify: !verify,
+            isa,
+            raw,
+            parse_special,
+            system,
+            draft,
+            draft_max,
+            temp: temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            repeat_last_n,
+            frequency_penalty,
+            presence_penalty,
+            seed,
+            max_tokens,
+            stop: stop.unwrap_or_default(),
+            ..Default::default()
+        };
+        let engine = py
+            .detach(|| {
+                let plan = Plan::build(&opts).map_err(|e| e.to_string())?;
+                gds_runtime::Engine::load(plan)
+                    .map_err(|e| format!("loading {}: {e}", dir.display()))
+            })
+            .map_err(err)?;
+        Ok(Engine {
+            sampler: engine.plan().sampler.clone(),
+            limits: engine.plan().limits.clone(),
+            interrupt: engine.interrupt_flag(),
+            engine: Arc::new(Mutex::new(engine)),
+        })
+    }
+
+    /// The run plan, as `gdsrun run --plan` prints it (a dict).
+    #[getter]
+    fn plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let v = serde_json::to_value(lock(&self.engine).plan()).map_err(err)?;
+        json_to_py(py, &v)
+    }
+
+    /// Generates a reply to `prompt` (a string, or chat messages: a list of {"role",
+    /// "content"} dicts) and returns its text; `details=True` returns the dict `gdsrun run
+    /// --json` prints (text, tokens, stop_reason, plan, metrics). A string is a chat turn
+    /// with the plan's system prompt (a raw completion with `raw=True`), as `gdsrun run
+    /// --prompt`. The GIL is released while the engine works.
+    #[pyo3(signature = (prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None,
+        min_p=None, repeat_penalty=None, seed=None, stop=None, details=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate<'py>(
+        &self,
+        py: Python<'py>,
+        prompt: &Bound<'py, PyAny>,
+        max_tokens: Option<usize>,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        min_p: Option<f32>,
+        repeat_penalty: Option<f32>,
+        seed: Option<u64>,
+        stop: Option<Vec<String>>,
+        details: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let job = self.job(
+            prompt,
+            max_tokens,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            seed,
+            stop,
+        )?;
+        let engine = self.engine.clone();
+        let r = py.detach(move || {
+            let mut e = lock(&engine);
+            run_job(&mut e, job, &mut |_| {}).map(|o| (json_result(&o, e.plan()), o.text))
+        });
+        match r {
+            Ok((j, _)) if details => json_to_py(py, &j),
+            Ok((_, text)) => Ok(PyString::new(py, &text).into_any()),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// Like `generate`, but an iterator of the text as it is generated (pieces of the
+    /// reply); after the last piece its `result` holds the dict `generate(details=True)`
+    /// returns. Dropping the iterator early stops the generation.
+    #[pyo3(signature = (prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None,
+        min_p=None, repeat_penalty=None, seed=None, stop=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn stream(
+        &self,
+        prompt: &Bound<'_, PyAny>,
+        max_tokens: Option<usize>,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        min_p: Option<f32>,
+        repeat_penalty: Option<f32>,
+        seed: Option<u64>,
+        stop: Option<Vec<String>>,
+    ) -> PyResult<Stream> {
+        let job = self.job(
+            prompt,
+            max_tokens,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            seed,
+            stop,
+        )?;
+        let (tx, rx) = mpsc::channel();
+        let engine = self.engine.clone();
+        let interrupt = self.interrupt.clone();
+        std::thread::Builder::new()
+            .name("gdsllm-generate".into())
+            .spawn(move || {
+                let mut e = lock(&engine);
+                let out = run_job(&mut e, job, &mut |s| {
+                    // the iterator is gone: stop
+                    if tx.send(Piece::Text(s.to_string())).is_err() {
+                        interrupt.store(true, Ordering::Relaxed);
+                    }
+                });
+                let done = out
+                    .map(|o| json_result(&o, e.plan()))
+                    .map_err(|e| e.to_string());
+                let _ = tx.send(Piece::Done(done));
+            })
+            .map_err(err)?;
+        Ok(Stream {
+            rx: Mutex::new(Some(rx)),
+            interrupt: self.interrupt.clone(),
+            result: Mutex::new(None),
+        })
+    }
+
+    /// The token ids of `text` as a raw-mode prompt is tokenized (BOS as the model wants
+    /// it; `special=True`: special-token texts become their tokens).
+    #[pyo3(signature = (text, *, special=false))]
+    fn tokenize(&self, py: Python<'_>, text: &str, special: bool) -> PyResult<Vec<u32>> {
+        let engine = self.engine.clone();
+        py.detach(move || {
+            let e = lock(&engine);
+            e.tokenizer().encode_prompt(text, special, e.plan().ctx)
+        })
+        .map_err(err)
+    }
+
+    /// Stops the generation under way (from another thread); it ends with stop_reason
+    /// "interrupted".
+    fn interrupt(&self) {
+        self.interrupt.store(true, Ordering::Relaxed);
+    }
+
+    fn __repr__(&self) -> String {
+        let e = lock(&self.engine);
+        format!(
+            "<gdsllm.Engine {} ({}, {})>",
+            e.plan().model_dir.display(),
+            e.plan().arch,
+            e.backend()
+        )
+    }
+}
+
+enum Piece {
+    Text(String),
+    Done(Result<serde_json::Value, String>),
+}
+
+/// The iterator `Engine.stream` returns.
+#[pyclass(module = "gdsllm._gdsllm")]
+pub struct Stream {
+    rx: Mutex<Option<mpsc::Receiver<Piece>>>,
+    interrupt: Arc<AtomicBool>,
+    result: Mutex<Option<serde_json::Value>>,
+}
+
+#[pymethods]
+impl Stream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<String> {
+        let mut guard = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(rx) = guard.take() else {
+            return Err(PyStopIteration::new_err(()));
+        };
+        let (rx, piece) = py.detach(move || {
+            let p = rx.recv();
+            (rx, p)
+        });
+        *guard = Some(rx);
+        match piece {
+            Ok(Piece::Text(s)) => Ok(s),
+            Ok(Piece::Done(Ok(v))) => {
+                *guard = None;
+                *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+                Err(PyStopIteration::new_err(()))
+            }
+            Ok(Piece::Done(Err(e))) => {
+                *guard = None;
+                Err(err(e))
+            }
+            Err(_) => {
+                *guard = None;
+                Err(err("the generating thread ended without a result"))
+            }
+        }
+    }
+
+    /// After the last piece: the dict `generate(details=True)` returns; None before.
+    #[getter]
+    fn result<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match &*self.result.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(v) => json_to_py(py, v).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let rx = self.rx.get_mut().unwrap_or_else(|p| p.into_inner());
+        if rx.take().is_some() {
+            self.interrupt.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Converts a GGUF file, a safetensors file or a Hugging Face directory into a GdsLLM
+/// model directory at `dst`, as `gdsconv convert` does; `quant` is its `--quant` policy
+/// (None keeps every tensor as stored). Returns a summary dict.
+#[pyfunction]
+#[pyo3(signature = (src, dst, quant=None, *, force=false))]
+pub fn convert<'py>(
+    py: Python<'py>,
+    src: std::path::PathBuf,
+    dst: std::path::PathBuf,
+    quant: Option<String>,
+    force: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let quant = match quant {
+        None => gds_convert::QuantTarget::Keep,
+        Some(q) => q
+            .parse()
+            .map_err(|e: String| PyValueError::new_err(format!("quant: {e}")))?,
+    };
+    let opts = gds_convert::ConvertOptions {
+        quant,
+        force,
+        ..Default::default()
+    };
+    let s = py
+        .detach(|| gds_convert::convert(&src, &dst, &opts, &gds_convert::NoProgress))
+        .map_err(err)?;
+    let d = PyDict::new(py);
+    d.set_item("arch", &s.arch)?;
+    d.set_item("runnable", s.runnable)?;
+    d.set_item("tensors", s.tensors)?;
+    d.set_item("layers", s.layers)?;
+    d.set_item("tensor_bytes", s.tensor_bytes)?;
+    d.set_item("file_bytes", s.file_bytes)?;
+    d.set_item("seconds", s.seconds)?;
+    d.set_item("warnings", &s.warnings)?;
+    Ok(d)
+}

@@ -1,0 +1,516 @@
+//! `gdsllm.open`: a model directory read as gdsrun reads it (the manifest validated by
+//! gds-runtime, every layer file mapped and its hash checked by gds-io's mmap backend), its
+//! tensors handed out as spans of the mappings.
+
+use crate::dlpack::{self, Export};
+use crate::err;
+use gds_format::{DType, Value};
+use gds_io::{LayerBytes, LayerSource, MmapBackend, Span, Verifier, VerifyMode};
+use pyo3::exceptions::PyKeyError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Resolves MODEL as gdsrun does: a model directory, a `.gguf` file (converted into the
+/// store on first use) or a registry reference (pulled into the store on first use).
+pub(crate) fn resolve_model(py: Python<'_>, spec: &str, plain_http: bool) -> PyResult<PathBuf> {
+    let opts = gds_dist::resolve::ResolveOptions {
+        remote: gds_dist::registry::RemoteOptions {
+            plain_http,
+            ..Default::default()
+        },
+        quiet: false,
+    };
+    py.detach(|| gds_dist::resolve::resolve_model(spec, &opts))
+        .map_err(err)
+}
+
+/// The model directory MODEL stands for, as gdsrun resolves it (a directory as is; a
+/// `.gguf` file converted into the store, and a registry reference pulled into it, on first
+/// use).
+#[pyfunction]
+#[pyo3(signature = (model, *, plain_http=false))]
+pub fn resolve(py: Python<'_>, model: &str, plain_http: bool) -> PyResult<String> {
+    Ok(resolve_model(py, model, plain_http)?.display().to_string())
+}
+
+/// An owned key/value of the manifest.
+enum Kv {
+    U64(u64),
+    I64(i64),
+    F64(f64),
+    Bool(bool),
+    Str(String),
+}
+
+impl<'py> IntoPyObject<'py> for &Kv {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match self {
+            Kv::U64(v) => v.into_pyobject(py)?.into_any(),
+            Kv::I64(v) => v.into_pyobject(py)?.into_any(),
+            Kv::F64(v) => v.into_pyobject(py)?.into_any(),
+            Kv::Bool(v) => v.into_pyobject(py)?.to_owned().into_any(),
+            Kv::Str(v) => v.into_pyobject(py)?.into_any(),
+        })
+    }
+}
+
+/// One tensor's record.
+#[derive(Clone)]
+struct TensorMeta {
+    name: String,
+    dtype: DType,
+    shape: Vec<u64>,
+    layer: usize,
+    offset: u64,
+    nbytes: u64,
+}
+
+/// One layer's record and its mapped bytes.
+struct LayerMeta {
+    name: String,
+    file: String,
+    kind: u32,
+    block: u32,
+    tensors: std::ops::Range<usize>,
+    file_size: u64,
+}
+
+struct Inner {
+    dir: PathBuf,
+    arch: String,
+    hparams: serde_json::Value,
+    metadata: Vec<(String, Kv)>,
+    layers: Vec<LayerMeta>,
+    tensors: Vec<TensorMeta>,
+    by_name: BTreeMap<String, usize>,
+    verified: bool,
+    /// Every layer file mapped (and checked); tensors are spans of the mappings.
+    backend: MmapBackend,
+}
+
+/// Opens `dir` (already resolved). Errors read as gdsrun's after `loading DIR: `.
+fn open_dir(dir: &Path, verify: bool) -> Result<Inner, String> {
+    let loading = |e: &dyn std::fmt::Display| format!("loading {}: {e}", dir.display());
+    let bytes = gds_io::read_manifest(dir).map_err(|e| loading(&e))?;
+    let m = gds_runtime::model_dir::parse_manifest(dir, &bytes).map_err(|e| loading(&e))?;
+    let cfg = gds_runtime::Config::from_manifest(&m)
+        .map_err(|e| loading(&gds_runtime::model_dir::with_dir(e, dir)))?;
+    let mode = if verify {
+        VerifyMode::Hash
+    } else {
+        VerifyMode::Off
+    };
+    let backend = MmapBackend::open_with(dir, &m, &Verifier::new(mode))
+        .map_err(|e| loading(&gds_runtime::RuntimeError::from(e)))?;
+    let layers = m
+        .layers()
+        .map(|l| LayerMeta {
+            name: l.name.to_string(),
+            file: l.file.to_string(),
+            kind: l.kind,
+            block: l.block,
+            tensors: l.tensors.clone(),
+            file_size: l.file_size,
+        })
+        .collect();
+    let tensors: Vec<TensorMeta> = m
+        .tensors()
+        .map(|t| TensorMeta {
+            name: t.name.to_string(),
+            dtype: t.dtype,
+            shape: t.dims().to_vec(),
+            layer: t.layer,
+            offset: t.offset,
+            nbytes: t.nbytes,
+        })
+        .collect();
+    let metadata = m
+        .kvs()
+        .map(|(k, v)| {
+            let v = match v {
+                Value::U64(x) => Kv::U64(x),
+                Value::I64(x) => Kv::I64(x),
+                Value::F64(x) => Kv::F64(x),
+                Value::Bool(x) => Kv::Bool(x),
+                Value::Str(x) => Kv::Str(x.to_string()),
+            };
+            (k.to_string(), v)
+        })
+        .collect();
+    Ok(Inner {
+        dir: dir.to_path_buf(),
+        arch: cfg.arch.clone(),
+        hparams: serde_json::to_value(&cfg).map_err(|e| loading(&e))?,
+        metadata,
+        by_name: tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect(),
+        layers,
+        tensors,
+        verified: verify,
+        backend,
+    })
+}
+
+/// A JSON value as a Python object (through the `json` module).
+pub(crate) fn json_to_py<'py>(
+    py: Python<'py>,
+    v: &serde_json::Value,
+) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?
+        .call_method1("loads", (serde_json::to_string(v).map_err(err)?,))
+}
+
+/// Opens a model: MODEL is a model directory, a `.gguf` file or a registry reference,
+/// resolved as gdsrun resolves it. Every layer file is mapped read-only and, unless
+/// `verify=False`, checked against the manifest's BLAKE3 hash (files the per-user cache
+/// recorded as checked are not hashed again), as gdsrun does.
+#[pyfunction]
+#[pyo3(signature = (model, *, verify=true, plain_http=false))]
+pub fn open(py: Python<'_>, model: &str, verify: bool, plain_http: bool) -> PyResult<Model> {
+    let dir = resolve_model(py, model, plain_http)?;
+    let inner = py.detach(|| open_dir(&dir, verify)).map_err(err)?;
+    Ok(Model {
+        inner: Arc::new(inner),
+    })
+}
+
+/// A model opened by `gdsllm.open`: its metadata, layers and tensors (each a read-only,
+/// zero-copy view of a mapped layer file).
+#[pyclass(module = "gdsllm._gdsllm", frozen)]
+pub struct Model {
+    inner: Arc<Inner>,
+}
+
+impl Model {
+    fn tensor_at(&self, i: usize) -> PyResult<Tensor> {
+        let t = &self.inner.tensors[i];
+        let l = &self.inner.layers[t.layer];
+        let bytes = self
+            .inner
+            .backend
+            .acquire_span(Span {
+                layer: t.layer,
+                offset: t.offset,
+                len: t.nbytes,
+            })
+            .map_err(|e| err(format!("tensor {}: {e}", t.name)))?;
+        Ok(Tensor {
+            meta: t.clone(),
+            layer_name: l.name.clone(),
+            file: self.inner.dir.join(&l.file).display().to_string(),
+            bytes,
+        })
+    }
+}
+
+#[pymethods]
+impl Model {
+    /// The model directory.
+    #[getter]
+    fn path(&self) -> String {
+        self.inner.dir.display().to_string()
+    }
+
+    /// `general.architecture`.
+    #[getter]
+    fn architecture(&self) -> &str {
+        &self.inner.arch
+    }
+
+    /// Whether the layer files were checked against the manifest's hashes (False after
+    /// `open(..., verify=False)`).
+    #[getter]
+    fn verified(&self) -> bool {
+        self.inner.verified
+    }
+
+    /// The hyperparameters the runtime computes with (gds-runtime's `Config`), a dict.
+    #[getter]
+    fn hyperparameters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        json_to_py(py, &self.inner.hparams)
+    }
+
+    /// Every key/value of the manifest (GGUF-style keys), a dict.
+    #[getter]
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.inner.metadata {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// The weights' types: {dtype name: {"tensors": count, "bytes": bytes}}, as the plan's
+    /// `weight_dtypes`.
+    #[getter]
+    fn quantization<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let mut sum: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+        for t in &self.inner.tensors {
+            let e = sum.entry(t.dtype.name()).or_default();
+            e.0 += 1;
+            e.1 += t.nbytes;
+        }
+        let d = PyDict::new(py);
+        for (k, (n, b)) in sum {
+            let e = PyDict::new(py);
+            e.set_item("tensors", n)?;
+            e.set_item("bytes", b)?;
+            d.set_item(k, e)?;
+        }
+        Ok(d)
+    }
+
+    /// The layers, in file order: dicts with name, file, kind, block, size, tensors (names).
+    #[getter]
+    fn layers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for l in &self.inner.layers {
+            let d = PyDict::new(py);
+            d.set_item("name", &l.name)?;
+            d.set_item("file", &l.file)?;
+            d.set_item("kind", l.kind)?;
+            d.set_item("block", l.block)?;
+            d.set_item("size", l.file_size)?;
+            let names: Vec<&str> = self.inner.tensors[l.tensors.clone()]
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect();
+            d.set_item("tensors", names)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    /// The tensors, in manifest order.
+    #[getter]
+    fn tensors(&self) -> PyResult<Vec<Tensor>> {
+        (0..self.inner.tensors.len())
+            .map(|i| self.tensor_at(i))
+            .collect()
+    }
+
+    /// The tensor named `name`; KeyError when there is none.
+    fn tensor(&self, name: &str) -> PyResult<Tensor> {
+        match self.inner.by_name.get(name) {
+            Some(&i) => self.tensor_at(i),
+            None => Err(PyKeyError::new_err(format!(
+                "{}: no tensor named {name:?}",
+                self.inner.dir.display()
+            ))),
+        }
+    }
+
+    fn __getitem__(&self, name: &str) -> PyResult<Tensor> {
+        self.tensor(name)
+    }
+
+    fn __contains__(&self, name: &str) -> bool {
+        self.inner.by_name.contains_key(name)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.tensors.len()
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.inner.tensors.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// Placing weights on a GPU (`device="cuda:N"`, GPUDirect Storage) needs a build with
+    /// CUDA support; this package has none, so any device but "cpu" raises.
+    #[pyo3(signature = (layer=None, *, device="cpu", io="mmap"))]
+    fn load(
+        &self,
+        layer: Option<Bound<'_, PyAny>>,
+        device: &str,
+        io: &str,
+    ) -> PyResult<Vec<Tensor>> {
+        if device != "cpu" {
+            return Err(err(format!(
+                "device {device:?}: this gdsllm package was built without CUDA support \
+                 (loading onto a GPU, io={io:?}, is not available; tensors are on the CPU)"
+            )));
+        }
+        let Some(layer) = layer else {
+            return self.tensors();
+        };
+        let idx = if let Ok(i) = layer.extract::<usize>() {
+            i
+        } else {
+            let name: String = layer.extract()?;
+            self.inner
+                .layers
+                .iter()
+                .position(|l| l.name == name)
+                .ok_or_else(|| PyKeyError::new_err(format!("no layer named {name:?}")))?
+        };
+        let l = self.inner.layers.get(idx).ok_or_else(|| {
+            PyKeyError::new_err(format!(
+                "layer {idx}: the model has {} layers",
+                self.inner.layers.len()
+            ))
+        })?;
+        l.tensors.clone().map(|i| self.tensor_at(i)).collect()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gdsllm.Model {} ({}, {} layers, {} tensors)>",
+            self.inner.dir.display(),
+            self.inner.arch,
+            self.inner.layers.len(),
+            self.inner.tensors.len()
+        )
+    }
+}
+
+/// One tensor: its record and a read-only view of its bytes in the mapped layer file (the
+/// mapping stays alive as long as the tensor, or any array made from it, does).
+#[pyclass(module = "gdsllm._gdsllm", frozen)]
+pub struct Tensor {
+    meta: TensorMeta,
+    layer_name: String,
+    file: String,
+    bytes: LayerBytes,
+}
+
+#[pymethods]
+impl Tensor {
+    #[getter]
+    fn name(&self) -> &str {
+        &self.meta.name
+    }
+
+    /// Row-major shape (the last dimension is contiguous).
+    #[getter]
+    fn shape(&self) -> Vec<u64> {
+        self.meta.shape.clone()
+    }
+
+    /// The element type's name (`f32`, `f16`, `bf16`, `q4_0`, `q4_k`, ...).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.meta.dtype.name()
+    }
+
+    /// True for block-quantized types.
+    #[getter]
+    fn quantized(&self) -> bool {
+        self.meta.dtype.is_quantized()
+    }
+
+    /// Index of the layer (in the manifest's layer table) whose file holds the tensor.
+    #[getter]
+    fn layer(&self) -> usize {
+        self.meta.layer
+    }
+
+    #[getter]
+    fn layer_name(&self) -> &str {
+        &self.layer_name
+    }
+
+    /// The layer file's path.
+    #[getter]
+    fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// Byte range in the layer file: (offset, end).
+    #[getter]
+    fn byte_range(&self) -> (u64, u64) {
+        (self.meta.offset, self.meta.offset + self.meta.nbytes)
+    }
+
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.meta.nbytes
+    }
+
+    /// Address of the first byte in the mapping.
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.bytes.as_ptr() as usize
+    }
+
+    /// A read-only NumPy array viewing the mapped bytes (no copy): float and integer types
+    /// with their dtype and shape, bfloat16 as uint16 bits, block-quantized types as uint8
+    /// rows of raw block bytes (shape[:-1] + [bytes per row]).
+    fn numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (t, shape) = dlpack::layout(self.meta.dtype, &self.meta.shape, true);
+        dlpack::to_numpy(py, Export::layer(self.bytes.clone(), t, shape))
+    }
+
+    /// The weights as float32 (a new, writable array), dequantized by gds-kernels (equal to
+    /// gguf-py's `gguf.quants.dequantize`); `dtype` converts the result (`astype`).
+    #[pyo3(signature = (dtype=None))]
+    fn dequantize<'py>(
+        &self,
+        py: Python<'py>,
+        dtype: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let n = self.meta.shape.iter().product::<u64>() as usize;
+        let dt = self.meta.dtype;
+        let bytes = self.bytes.clone();
+        let out = py
+            .detach(|| {
+                let mut v = vec![0f32; n];
+                gds_kernels::dequantize(dt, &bytes, &mut v).map(|()| v)
+            })
+            .map_err(|e| err(format!("{}: {e}", self.meta.name)))?;
+        let shape = self.meta.shape.iter().map(|&d| d as i64).collect();
+        let a = dlpack::to_numpy(py, Export::floats(out, shape))?;
+        match dtype {
+            Some(d) => a.call_method1("astype", (d,)),
+            None => Ok(a),
+        }
+    }
+
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (t, shape) = dlpack::layout(self.meta.dtype, &self.meta.shape, false);
+        Bound::new(py, Export::layer(self.bytes.clone(), t, shape))?.call_method(
+            "__dlpack__",
+            (),
+            Some(&{
+                let kw = PyDict::new(py);
+                kw.set_item("stream", stream)?;
+                kw.set_item("max_version", max_version)?;
+                kw.set_item("dl_device", dl_device)?;
+                kw.set_item("copy", copy)?;
+                kw
+            }),
+        )
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (1, 0)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gdsllm.Tensor {} {} {:?} in {}>",
+            self.meta.name,
+            self.meta.dtype.name(),
+            self.meta.shape,
+            self.layer_name
+        )
+    }
+}

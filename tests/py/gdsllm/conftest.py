@@ -1,0 +1,83 @@
+"""Fixtures of the gdsllm package's tests (scripts/test.sh runs them after `pip install .`):
+the real models fetched by scripts/fetch-model.sh / fetch-gemma.sh, converted once per
+session with gdsllm.convert, and the gdsrun binary of the test build, to compare with."""
+
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+MODELS = ROOT / ".cache" / "models"
+SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
+
+
+def gdsrun_path():
+    p = pathlib.Path(os.environ.get("GDSRUN", ROOT / "target" / "ci" / "gdsrun"))
+    if not p.exists():
+        pytest.fail(f"{p}: no gdsrun binary (build it: cargo build --profile ci -p gdsrun)")
+    return p
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gdsllm_home(tmp_path_factory):
+    """A per-session GDSLLM_HOME: the store and the verification cache of both gdsrun and
+    gdsllm live there, not in the user's."""
+    home = tmp_path_factory.mktemp("gdsllm-home")
+    os.environ["GDSLLM_HOME"] = str(home)
+    return home
+
+
+def _gguf(path):
+    if not path.exists():
+        pytest.fail(f"{path}: missing (scripts/fetch-model.sh and scripts/fetch-gemma.sh fetch it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    return _gguf(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf():
+    return _gguf(GEMMA3)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory, smollm2_gguf):
+    import gdsllm
+
+    out = tmp_path_factory.mktemp("models") / "smollm2.gds"
+    gdsllm.convert(str(smollm2_gguf), str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(tmp_path_factory, gemma3_gguf):
+    import gdsllm
+
+    out = tmp_path_factory.mktemp("models") / "gemma3.gds"
+    gdsllm.convert(str(gemma3_gguf), str(out))
+    return out
+
+
+def run_gdsrun(*args, check=True):
+    """gdsrun's (returncode, stdout, stderr)."""
+    p = subprocess.run(
+        [str(gdsrun_path()), *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+    if check and p.returncode != 0:
+        raise AssertionError(f"gdsrun {args} failed ({p.returncode}): {p.stderr}")
+    return p.returncode, p.stdout, p.stderr
+
+
+def gdsrun_error(*args):
+    """The message gdsrun prints for a failing command, without `gdsrun: error: `."""
+    rc, _, err = run_gdsrun(*args, check=False)
+    assert rc != 0, f"gdsrun {args} did not fail"
+    lines = [l for l in err.splitlines() if l.startswith("gdsrun: error: ")]
+    assert lines, err
+    return lines[-1][len("gdsrun: error: ") :]

@@ -1,0 +1,165 @@
+"""Tensors of a converted model against gguf-py's reading of the GGUF they came from, and
+the zero-copy contract: views of the mapping, read-only, alive as long as anything uses
+them."""
+
+import gc
+import shutil
+
+import numpy as np
+import pytest
+
+import gdsllm
+from gguf import GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
+
+from conftest import gdsrun_error
+
+
+def check_every_tensor(model_dir, gguf_path):
+    m = gdsllm.open(str(model_dir))
+    reader = GGUFReader(str(gguf_path))
+    assert len(m) == len(reader.tensors)
+    for rt in reader.tensors:
+        t = m[rt.name]
+        # the manifest's shape is row-major: GGUF's (innermost first) reversed
+        assert t.shape == [int(d) for d in reversed(rt.shape)], rt.name
+        assert t.dtype == rt.tensor_type.name.lower(), rt.name
+        assert t.nbytes == rt.n_bytes, rt.name
+        start, end = t.byte_range
+        assert end - start == rt.n_bytes
+        a = t.numpy()
+        # raw bytes, tolerance 0: gguf-py's array has the same layout (block types as rows
+        # of block bytes)
+        assert a.shape == rt.data.shape, rt.name
+        assert np.array_equal(a.view(np.uint8), np.ascontiguousarray(rt.data).view(np.uint8)), rt.name
+        # dequantized by gds-kernels, bit for bit gguf-py's
+        want = gguf_dequantize(rt.data, rt.tensor_type).astype(np.float32)
+        got = t.dequantize()
+        assert got.dtype == np.float32 and list(got.shape) == t.shape, rt.name
+        assert np.array_equal(got.view(np.uint32), want.reshape(got.shape).view(np.uint32)), rt.name
+    return m
+
+
+def test_every_smollm2_tensor_equals_gguf_py(smollm2_dir, smollm2_gguf):
+    m = check_every_tensor(smollm2_dir, smollm2_gguf)
+    assert m.architecture == "llama"
+    assert set(m.quantization) == {"f32", "q4_1", "q8_0"}
+    assert m.hyperparameters["n_layers"] == 30
+    assert m.metadata["general.architecture"] == "llama"
+    assert m.verified
+
+
+def test_every_gemma3_tensor_equals_gguf_py(gemma3_dir, gemma3_gguf):
+    # ~30 s on the 2-core VM, most of it GGUFReader parsing the 262k-token vocabulary
+    m = check_every_tensor(gemma3_dir, gemma3_gguf)
+    assert m.architecture == "gemma3"
+    assert any(d.endswith("_k") for d in m.quantization)
+
+
+def test_layers_and_tensor_records(smollm2_dir):
+    m = gdsllm.open(str(smollm2_dir))
+    layers = m.layers
+    names = [n for l in layers for n in l["tensors"]]
+    assert sorted(names) == sorted(m.keys())
+    for i, l in enumerate(layers):
+        for n in l["tensors"]:
+            t = m[n]
+            assert t.layer == i and t.layer_name == l["name"]
+            assert t.file.endswith(l["file"])
+            start, end = t.byte_range
+            assert 0 <= start < end <= l["size"]
+    assert [t.name for t in m.load(layers[1]["name"])] == layers[1]["tensors"]
+    with pytest.raises(KeyError):
+        m["no.such.tensor"]
+
+
+def test_numpy_view_shares_the_mapping_and_is_read_only(smollm2_dir):
+    m = gdsllm.open(str(smollm2_dir))
+    for name in ["blk.0.attn_norm.weight", "blk.0.attn_q.weight", "token_embd.weight"]:
+        t = m[name]
+        a = t.numpy()
+        assert a.ctypes.data == t.data_ptr
+        assert not a.flags.writeable
+        with pytest.raises(ValueError):
+            a[0] = 1
+        with pytest.raises(ValueError):
+            a.flags.writeable = True
+        b = np.from_dlpack(t)
+        assert b.ctypes.data == t.data_ptr and not b.flags.writeable
+    # two tensors of one layer: two views of the same mapping, at their offsets
+    q, k = m["blk.0.attn_q.weight"], m["blk.0.attn_k.weight"]
+    assert q.data_ptr - q.byte_range[0] == k.data_ptr - k.byte_range[0]
+
+
+def test_a_tensor_outlives_the_model_and_its_variable(smollm2_dir, smollm2_gguf):
+    def one_tensor():
+        m = gdsllm.open(str(smollm2_dir))
+        return m["blk.29.ffn_down.weight"]
+
+    t = one_tensor()
+    gc.collect()
+    a = t.numpy()
+    cap = t.__dlpack__(max_version=(1, 0))
+    del t
+    gc.collect()
+    want = next(r for r in GGUFReader(str(smollm2_gguf)).tensors if r.name == "blk.29.ffn_down.weight")
+    assert np.array_equal(a, want.data)
+    # an unconsumed capsule frees its tensor when it goes (no leak, no crash)
+    del cap
+    gc.collect()
+
+
+def test_dequantize_converts_on_request(smollm2_dir):
+    t = gdsllm.open(str(smollm2_dir))["blk.3.attn_v.weight"]
+    a = t.dequantize()
+    assert a.flags.writeable and a.dtype == np.float32
+    h = t.dequantize(np.float16)
+    assert h.dtype == np.float16 and np.array_equal(h, a.astype(np.float16))
+
+
+def test_bad_path_raises_gdsruns_error(tmp_path):
+    missing = tmp_path / "no-such-model"
+    want = gdsrun_error("run", missing, "-p", "hi")
+    with pytest.raises(gdsllm.GdsError) as e:
+        gdsllm.open(str(missing))
+    assert str(e.value) == want
+    not_a_model = tmp_path / "file.txt"
+    not_a_model.write_text("x")
+    want = gdsrun_error("run", not_a_model, "-p", "hi")
+    with pytest.raises(gdsllm.GdsError) as e:
+        gdsllm.open(str(not_a_model))
+    assert str(e.value) == want
+
+
+def test_tampered_layer_raises_gdsruns_error(smollm2_dir, tmp_path):
+    bad = tmp_path / "tampered"
+    shutil.copytree(smollm2_dir, bad)
+    layer = bad / gdsllm.open(str(smollm2_dir)).layers[3]["file"]
+    data = bytearray(layer.read_bytes())
+    data[100] ^= 1
+    layer.write_bytes(bytes(data))
+    want = gdsrun_error("run", bad, "-p", "hi", "-n", "1")
+    assert "content hash does not match" in want
+    with pytest.raises(gdsllm.GdsError) as e:
+        gdsllm.open(str(bad))
+    assert str(e.value) == want
+    with pytest.raises(gdsllm.GdsError) as e:
+        gdsllm.Engine(str(bad))
+    assert str(e.value) == want
+    # verify=False trusts the files, and says so
+    m = gdsllm.open(str(bad), verify=False)
+    assert not m.verified
+
+
+def test_gguf_path_resolves_as_gdsrun(smollm2_gguf):
+    # a .gguf is converted into the store ($GDSLLM_HOME) on first use, as gdsrun does
+    m = gdsllm.open(str(smollm2_gguf))
+    assert m.architecture == "llama" and len(m) == 272
+    assert m.path == gdsllm.resolve(str(smollm2_gguf))
+
+
+def test_no_cuda_in_this_build(smollm2_dir):
+    m = gdsllm.open(str(smollm2_dir))
+    assert gdsllm.CUDA is False
+    with pytest.raises(gdsllm.GdsError, match="without CUDA support"):
+        m.load(0, device="cuda:0")

@@ -1,0 +1,76 @@
+"""torch.from_dlpack on gdsllm tensors: the same memory, no copy. torch is not installed by
+scripts/test.sh (its PyPI wheel pulls gigabytes of CUDA libraries): these tests are
+reported as skipped where it does not import."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import gdsllm
+
+torch = pytest.importorskip("torch")
+
+
+def test_torch_from_dlpack_shares_the_mapping(smollm2_dir):
+    m = gdsllm.open(str(smollm2_dir))
+    for name, dtype in [("blk.0.attn_norm.weight", torch.float32), ("blk.0.attn_q.weight", torch.uint8)]:
+        t = m[name]
+        x = torch.from_dlpack(t)
+        assert x.data_ptr() == t.data_ptr
+        assert x.dtype == dtype and list(x.shape) == list(t.numpy().shape)
+        assert np.array_equal(x.numpy(), t.numpy())
+
+
+def test_torch_tensor_outlives_model_and_tensor(smollm2_dir):
+    def weights():
+        return torch.from_dlpack(gdsllm.open(str(smollm2_dir))["blk.1.ffn_norm.weight"])
+
+    x = weights()
+    gc.collect()
+    want = gdsllm.open(str(smollm2_dir))["blk.1.ffn_norm.weight"].numpy()
+    assert np.array_equal(x.numpy(), want)
+
+
+def test_dequantized_weights_in_torch(smollm2_dir):
+    t = gdsllm.open(str(smollm2_dir))["blk.0.ffn_up.weight"]
+    x = torch.from_numpy(t.dequantize())
+    assert x.dtype == torch.float32 and list(x.shape) == t.shape
+
+
+def test_a_write_through_torch_is_not_possible(smollm2_dir, tmp_path):
+    # PyTorch has no read-only tensors (it ignores DLPack's read-only flag), but the pages
+    # are mapped read-only: a write kills the writing process (SIGSEGV) and changes nothing.
+    import signal
+    import subprocess
+    import sys
+
+    m = gdsllm.open(str(smollm2_dir))
+    t = m["blk.0.attn_norm.weight"]
+    before = t.numpy().copy()
+    code = (
+        "import gdsllm, torch, sys\n"
+        f"x = torch.from_dlpack(gdsllm.open({str(smollm2_dir)!r})['blk.0.attn_norm.weight'])\n"
+        "x.add_(1)\n"
+        "sys.exit(0)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert p.returncode == -signal.SIGSEGV, p
+    assert np.array_equal(gdsllm.open(str(smollm2_dir), verify=True)["blk.0.attn_norm.weight"].numpy(), before)
+
+
+def test_torch_forward_example_matches_gdsrun(smollm2_dir):
+    # examples/torch_forward.py: SmolLM2 in plain PyTorch, one layer at a time, against
+    # gdsrun's log-probabilities of the next token (exit 0: same top tokens, within 0.01)
+    import subprocess
+    import sys
+
+    from conftest import ROOT, gdsrun_path
+
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "torch_forward.py"), str(smollm2_dir),
+         "--gdsrun", str(gdsrun_path()), "--tol", "0.01"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "tokens equal" in p.stdout
