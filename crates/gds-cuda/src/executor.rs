@@ -96,6 +96,9 @@ pub struct ExecOptions {
     /// Matrix products of short passes over 8-bit activations (the int8 kernels, where the
     /// weight type has one: `--activations q8`) rather than f32 (`--activations f32`).
     pub q8_activations: bool,
+    /// Passes of this many tokens or more go through GEMM on dequantized tiles (the plan's
+    /// `gemm_min_tokens`; [`GEMM_MIN_TOKENS`](crate::forward::GEMM_MIN_TOKENS) by default).
+    pub gemm_min_tokens: usize,
 }
 
 /// The compiled kernels and the streams they run on.
@@ -872,6 +875,7 @@ impl Streamer<CudaVram> {
             kv: opts.kv.clone(),
             max_outputs: opts.max_outputs,
             q8_activations: opts.q8_activations,
+            gemm_min_tokens: opts.gemm_min_tokens,
         };
         Streamer::with_layout(layout, &stream_opts, vram, graph)
     }

@@ -18,26 +18,11 @@ use crate::plan::{KvGeo, Layout, TensorMeta};
 use crate::GpuError;
 
 /// Prefill batches at least this long use [`Device::gemm`] on dequantized tiles (where the
-/// device has it); shorter ones use the matvec kernels. [`gemm_min_tokens`] is the value in use.
+/// device has it); shorter ones use the matvec kernels. The default of the plan's
+/// `gemm_min_tokens` (`--gemm-min-tokens`, alias `GDS_GEMM_MIN_TOKENS`), which
+/// [`Scratch::gemm_min`] carries to the pass: a knob to measure the crossover on hardware
+/// (an H100's batched decode at 16 tokens was GEMM-bound, 2026-11-27).
 pub const GEMM_MIN_TOKENS: usize = 8;
-
-/// The GEMM crossover in use: `GDS_GEMM_MIN_TOKENS` (a positive integer; read once) or
-/// [`GEMM_MIN_TOKENS`]. The knob exists to measure the crossover on hardware (an H100's
-/// batched decode at 16 tokens was GEMM-bound, 2026-11-27); an unusable value is ignored
-/// with a warning.
-pub fn gemm_min_tokens() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| match std::env::var("GDS_GEMM_MIN_TOKENS") {
-        Err(_) => GEMM_MIN_TOKENS,
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("warning: GDS_GEMM_MIN_TOKENS={v:?} is not a positive integer; using {GEMM_MIN_TOKENS}");
-                GEMM_MIN_TOKENS
-            }
-        },
-    })
-}
 
 /// The kernels of `kernels/*.cu` plus a copy and an optional GEMM. Dimensions are `i32`
 /// because that is what the kernels take.
@@ -227,6 +212,8 @@ pub struct Scratch {
     /// A matrix product's input quantized to 8 bits, for the int8 kernels; 0 keeps every
     /// product in f32 (`--activations f32`).
     pub xq: u64,
+    /// Passes of this many tokens or more go through GEMM ([`GEMM_MIN_TOKENS`] by default).
+    pub gemm_min: usize,
 }
 
 /// Per-call context of the pass: the layout, where each layer's bytes are, and the caches.
@@ -331,7 +318,7 @@ impl Pass<'_> {
     }
 
     /// `y = W · x` for each `(y, W)` of `outs`, `ntok` rows of the same x: passes of
-    /// [`gemm_min_tokens`] or more through a dequantized tile and the device's GEMM; shorter
+    /// [`Scratch::gemm_min`] or more through a dequantized tile and the device's GEMM; shorter
     /// ones through the int8 kernels where the weight type has one and the scratch has an
     /// `xq` buffer (x quantized once for all the outputs), the dequantizing f32 matvec
     /// kernels otherwise.
@@ -349,7 +336,7 @@ impl Pass<'_> {
                 .ok_or_else(|| GpuError::Model(format!("no GPU kernel for {} weights", t.dtype)))?;
             let w = self.addr(t)?;
             let (rows, cols) = (t.rows as i32, t.cols as i32);
-            if ntok >= gemm_min_tokens() {
+            if ntok >= self.s.gemm_min {
                 let nblocks = (t.rows * t.cols / t.dtype.block_size()) as i32;
                 dev.dequant(suffix, w, self.s.tile, nblocks)?;
                 if dev.gemm(self.s.tile, x, y, rows, ntok as i32, cols)? {

@@ -92,9 +92,12 @@ pub struct StreamOptions {
     /// batch).
     pub max_outputs: Option<usize>,
     /// Matrix products of passes shorter than
-    /// [`gemm_min_tokens`](crate::forward::gemm_min_tokens) over 8-bit activations (the
+    /// [`gemm_min_tokens`](Self::gemm_min_tokens) over 8-bit activations (the
     /// int8 kernels, for the weight types that have one) rather than f32.
     pub q8_activations: bool,
+    /// Passes of this many tokens or more go through GEMM on dequantized tiles
+    /// ([`GEMM_MIN_TOKENS`](crate::forward::GEMM_MIN_TOKENS) by default).
+    pub gemm_min_tokens: usize,
 }
 
 /// Block-table entry of a block released behind a sliding window (never read again).
@@ -245,6 +248,7 @@ impl<V: Vram> Streamer<V> {
             logits: f32_buf(max_outputs * s.vocab)?,
             tile: f32_buf(layout.max_weight_elements())?,
             xq: if opts.q8_activations { xq_buf } else { 0 },
+            gemm_min: opts.gemm_min_tokens.max(1),
         };
         let tables = match opts.rope.is_empty() {
             // plain RoPE (scaled models were refused above): the one builder of the format

@@ -117,6 +117,10 @@ pub struct PlanOptions {
     /// Cap on the CPU kernels' instruction set (`--isa`; `None`: `GDS_ISA` from the
     /// environment, an alias read when the plan is made, else the best this CPU has).
     pub isa: Option<gds_kernels::Isa>,
+    /// On the GPU, passes of this many tokens or more go through GEMM on dequantized tiles
+    /// (`--gemm-min-tokens`; `None`: `GDS_GEMM_MIN_TOKENS` from the environment, an alias read
+    /// when the plan is made, else [`gds_cuda::forward::GEMM_MIN_TOKENS`]).
+    pub gemm_min_tokens: Option<usize>,
 }
 
 /// Most bytes of a `--chat-template-file` (model templates are a few KB; the longest known,
@@ -158,6 +162,24 @@ fn parse_draft_gate_env(v: Option<&str>) -> Result<Option<bool>> {
         Some(v) => Err(RuntimeError::Usage(format!(
             "GDS_DRAFT_GATE={v:?} (the alias of --draft-gate): expected on or off"
         ))),
+    }
+}
+
+/// `GDS_GEMM_MIN_TOKENS`, the alias of `--gemm-min-tokens`: `None` when unset or empty; a
+/// value that is not a positive integer is a usage error naming it.
+pub fn gemm_min_tokens_from_env() -> Result<Option<usize>> {
+    parse_gemm_min_tokens_env(std::env::var("GDS_GEMM_MIN_TOKENS").ok().as_deref())
+}
+
+fn parse_gemm_min_tokens_env(v: Option<&str>) -> Result<Option<usize>> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(t) => match t.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(RuntimeError::Usage(format!(
+                "GDS_GEMM_MIN_TOKENS={t:?} (the alias of --gemm-min-tokens): expected a positive integer"
+            ))),
+        },
     }
 }
 
@@ -309,6 +331,8 @@ pub struct Plan {
     /// plan sets it ([`gds_kernels::set_isa_cap`]).
     #[serde(serialize_with = "isa_name")]
     pub isa: gds_kernels::Isa,
+    /// The GPU's matvec/GEMM crossover: passes of this many tokens or more go through GEMM.
+    pub gemm_min_tokens: usize,
     /// Weight bytes and tensor counts by dtype.
     pub weight_dtypes: BTreeMap<String, DtypeSummary>,
     /// Context length of this run.
@@ -627,6 +651,11 @@ impl Plan {
         };
         gds_kernels::set_isa_cap(isa_cap);
         let isa = gds_kernels::Isa::best_up_to(isa_cap);
+        let gemm_min_tokens = match opts.gemm_min_tokens {
+            Some(0) => return plan_err("--gemm-min-tokens must be at least 1".into()),
+            Some(n) => n,
+            None => gemm_min_tokens_from_env()?.unwrap_or(gds_cuda::forward::GEMM_MIN_TOKENS),
+        };
         if backend.name == Backend::Cuda {
             // The GPU kernels read weights in their block formats and keep the KV cache in
             // f32; q8 activations run the int8 kernels where the weight type has one.
@@ -815,6 +844,7 @@ impl Plan {
             gpu,
             activations,
             isa,
+            gemm_min_tokens,
             weight_dtypes,
             ctx,
             model_ctx: model.context_length,
@@ -896,6 +926,22 @@ mod tests {
         }
         let e = parse_isa_env(Some("sse2")).unwrap_err().to_string();
         assert!(e.contains("GDS_ISA=\"sse2\"") && e.contains("--isa"), "{e}");
+    }
+
+    #[test]
+    fn the_gemm_crossover_alias_takes_positive_integers_and_names_itself_otherwise() {
+        assert_eq!(parse_gemm_min_tokens_env(None).unwrap(), None);
+        assert_eq!(parse_gemm_min_tokens_env(Some(" ")).unwrap(), None);
+        assert_eq!(parse_gemm_min_tokens_env(Some("128")).unwrap(), Some(128));
+        for bad in ["0", "-3", "eight", "1e3"] {
+            let e = parse_gemm_min_tokens_env(Some(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("GDS_GEMM_MIN_TOKENS") && e.contains("--gemm-min-tokens"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

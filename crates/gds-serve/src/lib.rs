@@ -145,6 +145,10 @@ pub struct EngineArgs {
     /// narrower one.
     #[arg(long, value_parser = gds_runtime::plan::parse_isa)]
     pub isa: Option<gds_runtime::Isa>,
+    /// On the GPU, passes of this many tokens or more go through GEMM on dequantized tiles,
+    /// shorter ones through the matvec kernels (default 8; `GDS_GEMM_MIN_TOKENS` is an alias).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub gemm_min_tokens: Option<u64>,
     /// A Jinja chat template that replaces the model's (for a model whose template is missing
     /// or wrong; checked as a model's template is).
     #[arg(long, value_name = "FILE")]
@@ -292,6 +296,7 @@ pub(crate) fn start(
         no_verify: e.no_verify,
         activations: e.activations.clone(),
         isa: e.isa,
+        gemm_min_tokens: e.gemm_min_tokens.map(|n| n as usize),
         chat_template_file: e.chat_template_file.clone(),
         ..Default::default()
     })?;

@@ -24,6 +24,7 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
         activations: c.activations.clone(),
         no_verify: c.no_verify,
         isa: c.isa,
+        gemm_min_tokens: c.gemm_min_tokens.map(|n| n as usize),
         ..Default::default()
     }
 }

@@ -269,6 +269,7 @@ fn run_streamer_ctx(
         kv: None,
         max_outputs: None,
         q8_activations: false,
+        gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
     };
     let mut s = Streamer::with_vram(dir, &opts, EmuVram::new(dir), Box::new(graph)).unwrap();
     let vocab = s.layout().shape.vocab;
@@ -438,6 +439,7 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
             kv: None,
             max_outputs: None,
             q8_activations: true,
+            gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
         };
         let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
         let mut logits = vec![0f32; s.layout().shape.vocab];
@@ -469,6 +471,7 @@ fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
         kv: None,
         max_outputs: None,
         q8_activations: false,
+        gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
     };
     let vram = EmuVram::new(&dir);
     let e = Streamer::with_vram(&dir, &opts, vram, Box::new(graph))
@@ -568,6 +571,7 @@ fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
                     kv: Some(spec.clone()),
                     max_outputs: Some(outputs),
                     q8_activations: false,
+                    gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
                 };
                 let s =
                     Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
@@ -651,6 +655,7 @@ fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
                 kv: None,
                 max_outputs: None,
                 q8_activations: false,
+                gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
             };
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
         };
@@ -795,6 +800,7 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
                 kv,
                 max_outputs: Some(8),
                 q8_activations: false,
+                gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
             };
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
         };
@@ -991,6 +997,7 @@ fn the_servers_batches_give_the_same_logits_on_the_cpu_and_the_gpu_executor() {
             kv: Some(staging.spec().clone()),
             max_outputs: Some(outputs),
             q8_activations: false,
+            gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
         };
         let mut gpu =
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
@@ -1168,6 +1175,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
         kv: Some(staging.spec().clone()),
         max_outputs: Some(outputs),
         q8_activations: false,
+        gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
     };
     let s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
     assert!(s.plan.streamed_bytes_per_token > 0, "nothing streamed");

@@ -597,6 +597,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         tile: buf(&mut store, layout.max_weight_elements()),
         // f32 activations: the reference's arithmetic, compared tightly
         xq: 0,
+        gemm_min: gds_cuda::forward::GEMM_MIN_TOKENS,
     };
     let (cos, sin) = gds_format::arch::rope_tables(
         sh.head_dim,

@@ -54,6 +54,7 @@ fn open_gpu_model(
         kv: Some(kv.clone()),
         max_outputs: Some(outputs),
         q8_activations: plan.activations == crate::plan::Activations::Q8,
+        gemm_min_tokens: plan.gemm_min_tokens,
     };
     GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_error)
 }

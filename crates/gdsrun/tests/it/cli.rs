@@ -169,6 +169,34 @@ fn plan_json_records_decisions() {
     let d = ok_json(&[model(), "--plan"]);
     assert_eq!(d["ctx"], 4096, "default: min(model context 8192, 4096)");
     assert_eq!(d["mode"], "chat");
+    // the GPU's matvec/GEMM crossover: a plan option, its environment alias read at plan time
+    assert_eq!(d["gemm_min_tokens"], 8);
+    let g = ok_json(&[model(), "--plan", "--gemm-min-tokens", "32"]);
+    assert_eq!(g["gemm_min_tokens"], 32);
+    let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args([model(), "--plan"])
+        .env("GDS_GEMM_MIN_TOKENS", "128")
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).expect("plan JSON");
+    assert_eq!(v["gemm_min_tokens"], 128);
+    let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args([model(), "--plan"])
+        .env("GDS_GEMM_MIN_TOKENS", "zero")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("GDS_GEMM_MIN_TOKENS"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        gdsrun(&[model(), "--plan", "--gemm-min-tokens", "0"])
+            .status
+            .code(),
+        Some(2)
+    );
 }
 
 #[test]
