@@ -73,6 +73,22 @@ pub struct GenerateOutput {
     pub metrics: Metrics,
 }
 
+impl GenerateOutput {
+    /// The JSON object `gdsrun run --json` prints for this reply (and the Python package's
+    /// `generate(details=True)` returns): its fields, `logprobs` null when not asked for, and
+    /// the plan.
+    pub fn json_with_plan(&self, plan: &Plan) -> serde_json::Value {
+        serde_json::json!({
+            "text": self.text,
+            "tokens": self.tokens,
+            "stop_reason": self.stop_reason,
+            "logprobs": self.logprobs,
+            "plan": plan,
+            "metrics": self.metrics,
+        })
+    }
+}
+
 /// A loaded model ready to generate.
 pub struct Engine {
     plan: Plan,

@@ -86,18 +86,6 @@ fn prompt_arg(p: &Bound<'_, PyAny>) -> PyResult<Result<String, Vec<Message>>> {
     Ok(Err(out))
 }
 
-/// The JSON object `gdsrun run --json` prints for one reply.
-fn json_result(out: &GenerateOutput, plan: &Plan) -> serde_json::Value {
-    serde_json::json!({
-        "text": out.text,
-        "tokens": out.tokens,
-        "stop_reason": out.stop_reason,
-        "logprobs": out.logprobs,
-        "plan": plan,
-        "metrics": out.metrics,
-    })
-}
-
 /// A loaded model that generates: `Engine(model, **plan_options)` takes gdsrun's options
 /// (`threads`, `ctx`, `batch`, `kv_type`, `backend`, `io`, `mem_budget`, `activations`,
 /// `verify`, `isa`, `raw`, `system`, `draft`, ... and the sampling defaults `temperature`,
@@ -298,7 +286,7 @@ impl Engine {
         let engine = self.engine.clone();
         let r = py.detach(move || {
             let mut e = lock(&engine);
-            run_job(&mut e, job, &mut |_| {}).map(|o| (json_result(&o, e.plan()), o.text))
+            run_job(&mut e, job, &mut |_| {}).map(|o| (o.json_with_plan(e.plan()), o.text))
         });
         match r {
             Ok((j, _)) if details => json_to_py(py, &j),
@@ -350,7 +338,7 @@ impl Engine {
                     }
                 });
                 let done = out
-                    .map(|o| json_result(&o, e.plan()))
+                    .map(|o| o.json_with_plan(e.plan()))
                     .map_err(|e| e.to_string());
                 let _ = tx.send(Piece::Done(done));
             })

@@ -3,7 +3,6 @@
 use crate::cli::{CommonArgs, RunArgs};
 use crate::out::{self, err, errln, outln};
 use anyhow::{Context, Result};
-use gds_runtime::engine::GenerateOutput;
 use gds_runtime::{Engine, Grammar, KvDtype, Plan, PlanOptions, RuntimeError};
 use std::cell::RefCell;
 use std::io::{BufRead, IsTerminal, Write};
@@ -95,18 +94,6 @@ fn install_ctrlc(interrupt: Arc<AtomicBool>, generating: Arc<AtomicBool>) {
     }
 }
 
-/// The JSON object printed by `--json`.
-fn json_result(out: &GenerateOutput, plan: &Plan) -> serde_json::Value {
-    serde_json::json!({
-        "text": out.text,
-        "tokens": out.tokens,
-        "stop_reason": out.stop_reason,
-        "logprobs": out.logprobs,
-        "plan": plan,
-        "metrics": out.metrics,
-    })
-}
-
 /// Writes generated text to stdout as it comes. A failed write (a closed pipe) interrupts
 /// the generation; [`Printer::check`] then ends the command with the error.
 struct Printer {
@@ -166,7 +153,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         printer.check()?;
         let out = out?;
         if a.json {
-            outln!("{}", json_result(&out, engine.plan()))?;
+            outln!("{}", out.json_with_plan(engine.plan()))?;
         } else {
             printer.print("\n");
             printer.check()?;
