@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # every step prints the time since the start (docs/testing.md records a fresh machine's run)
 step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-trap 'rc=$?; [ -z "${build_pid:-}" ] || { pkill -P "$build_pid" 2>/dev/null; kill "$build_pid" 2>/dev/null; } || true; step "done (exit $rc)"' EXIT
+trap 'rc=$?; for p in ${build_pid:-} ${emu_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
 # The Rust side (formatting, lints, the one build of every test binary: most of a fresh
 # machine's time, CPU-bound) runs in the background while the installs and downloads below
 # (network-bound) run in the foreground; its log is printed when it is waited for.
@@ -60,22 +60,37 @@ step "cargo test (tier 1 and tier 2; the emulated CUDA kernels and the doctests 
 # subprocesses part of the time, and their output is printed after them.
 # The crates' README examples (their crate docs: doctests, one compile and link each) follow
 # them in the same background job.
+# The GPU backend's own checks (--features cuda: clippy, the probe tests, the kernels
+# compiled by NVRTC; scripts/gpu-pack.sh builds the binary) come last in that job: the
+# foreground's server tests leave a core mostly idle, and that is where they run.
 emu_log=$(mktemp)
-( cargo test --profile ci -p gds-cuda --lib --tests -- --include-ignored \
-    && cargo test --profile ci --workspace --doc ) >"$emu_log" 2>&1 &
+(
+  set -e
+  step "gds-cuda: emulated kernels"
+  cargo test --profile ci -p gds-cuda --lib --tests -- --include-ignored
+  step "doctests (the crates' README examples)"
+  cargo test --profile ci --workspace --doc
+  step "GPU backend (--features cuda): clippy"
+  cargo clippy -p gds-cuda -p gds-runtime -p gdsrun -p gds-serve --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda -- -D warnings
+  step "GPU backend (--features cuda): probe tests, kernels through NVRTC"
+  LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test --profile ci -p gds-cuda --features cuda --lib --test nvrtc -- --include-ignored
+  step "background job done"
+) >"$emu_log" 2>&1 &
 emu_pid=$!
 cargo test --workspace --profile ci --exclude gds-cuda --lib --bins --tests -- --include-ignored
-emu_rc=0
-wait "$emu_pid" || emu_rc=$?
-step "gds-cuda tests and the README examples (run beside the above)"
-cat "$emu_log"
-rm -f "$emu_log"
-[ "$emu_rc" = 0 ] || { echo "gds-cuda tests or doctests failed (exit $emu_rc)" >&2; exit 1; }
 step "Python package gdsllm: pip install . (maturin, profile ci: reuses the build above) and its tests"
 # a failed install or test fails the script (pipefail; only pip's root warning is filtered)
 python3 -m pip install -q --disable-pip-version-check . 2>&1 \
   | { grep -vi "running pip as the 'root' user" || true; }
 python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm
+step "waiting for the background job (gds-cuda, doctests, the GPU backend's checks)"
+emu_rc=0
+wait "$emu_pid" || emu_rc=$?
+emu_pid=
+cat "$emu_log"
+rm -f "$emu_log"
+[ "$emu_rc" = 0 ] || { echo "the gds-cuda tests, doctests or the --features cuda checks failed (exit $emu_rc; log above)" >&2; exit 1; }
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every
@@ -93,8 +108,3 @@ if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&
     rm -f "$log"
   done
 fi
-# (the kernels' CPU-emulation tests need no feature and already ran above)
-step "GPU backend (--features cuda): clippy, probe tests, kernels through NVRTC (scripts/gpu-pack.sh builds the binary)"
-cargo clippy -p gds-cuda -p gds-runtime -p gdsrun -p gds-serve --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda -- -D warnings
-LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  cargo test --profile ci -p gds-cuda --features cuda --lib --test nvrtc -- --include-ignored

@@ -120,13 +120,17 @@ impl LogitsHeader {
             )));
         }
         let n_tokens = n_tokens as usize;
-        // the geometry must be what ChunkPlan makes of (n_tokens, ctx)
-        let chunks = ChunkPlan::new(n_tokens, ctx).ok().filter(|c| {
-            n_vocab > 0
-                && c.n_chunks == n_chunks
-                && c.first == first
-                && c.scored_per_chunk == per_chunk
-        });
+        // the geometry must be what ChunkPlan makes of (n_tokens, ctx), or its first
+        // n_chunks (a run with --chunks)
+        let chunks = ChunkPlan::new(n_tokens, ctx)
+            .ok()
+            .filter(|c| {
+                n_vocab > 0
+                    && (1..=c.n_chunks).contains(&n_chunks)
+                    && c.first == first
+                    && c.scored_per_chunk == per_chunk
+            })
+            .map(|c| c.limited(Some(n_chunks)));
         let Some(chunks) = chunks else {
             return Err(bad(format!(
                 "corrupt header (vocabulary {n_vocab}, ctx {ctx}, {n_chunks} chunks, scored positions {first}+{per_chunk}, {n_tokens} tokens do not agree)"

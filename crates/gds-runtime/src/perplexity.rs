@@ -43,6 +43,14 @@ impl ChunkPlan {
         })
     }
 
+    /// The first `max` chunks only (llama-perplexity's `--chunks N`); `None` keeps all.
+    pub fn limited(self, max: Option<usize>) -> ChunkPlan {
+        ChunkPlan {
+            n_chunks: max.map_or(self.n_chunks, |m| m.clamp(1, self.n_chunks)),
+            ..self
+        }
+    }
+
     /// Total scored tokens.
     pub fn scored(&self) -> usize {
         self.n_chunks * self.scored_per_chunk
@@ -79,6 +87,8 @@ pub struct PerplexityOptions {
     pub ctx: usize,
     /// Replaces each chunk's first token (llama.cpp does this when the model adds BOS).
     pub bos: Option<u32>,
+    /// Evaluates at most this many chunks (llama-perplexity's `--chunks N`).
+    pub max_chunks: Option<usize>,
 }
 
 /// One scored position, as [`perplexity`] hands it to its observer.
@@ -106,8 +116,12 @@ pub fn perplexity(
     on_chunk: &mut dyn FnMut(usize, f64),
     on_position: &mut dyn FnMut(Scored<'_>) -> Result<()>,
 ) -> Result<PerplexityResult> {
-    let PerplexityOptions { ctx, bos } = opts;
-    let plan = ChunkPlan::new(tokens.len(), ctx)?;
+    let PerplexityOptions {
+        ctx,
+        bos,
+        max_chunks,
+    } = opts;
+    let plan = ChunkPlan::new(tokens.len(), ctx)?.limited(max_chunks);
     let mut failed: Option<RuntimeError> = None;
     let (mut nll, mut nll2, mut count) = (0.0f64, 0.0f64, 0usize);
     let mut running = Vec::with_capacity(plan.n_chunks);
@@ -185,6 +199,13 @@ mod tests {
             .to_string()
             .contains("at least 256"));
         assert!(ChunkPlan::new(256, 128).is_ok());
+        // --chunks: at most N, at least one, never more than the text has
+        let p = ChunkPlan::new(1000, 128).unwrap();
+        assert_eq!(p.limited(Some(3)).n_chunks, 3);
+        assert_eq!(p.limited(Some(3)).scored(), 3 * 63);
+        assert_eq!(p.limited(Some(0)).n_chunks, 1);
+        assert_eq!(p.limited(Some(99)).n_chunks, 7);
+        assert_eq!(p.limited(None), p);
     }
 
     #[test]

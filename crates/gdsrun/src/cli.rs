@@ -202,6 +202,10 @@ pub struct PerplexityArgs {
     /// Tokens per chunk.
     #[arg(long, short = 'c', default_value_t = 512)]
     pub ctx: usize,
+    /// Score only the first N chunks (llama-perplexity's --chunks; all of them by default).
+    /// A --kl-divergence run must use the --chunks its base used.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub chunks: Option<u64>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

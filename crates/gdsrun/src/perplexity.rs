@@ -80,13 +80,16 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let opts = PerplexityOptions {
         ctx: plan.ctx,
         bos: tok.bos().filter(|_| tok.add_bos()),
+        max_chunks: a.chunks.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
     };
-    let chunks = ChunkPlan::new(tokens.len(), plan.ctx).map_err(|e| match e {
-        RuntimeError::Perplexity(m) => {
-            RuntimeError::Perplexity(format!("{}: {m}", a.file.display()))
-        }
-        e => e,
-    })?;
+    let chunks = ChunkPlan::new(tokens.len(), plan.ctx)
+        .map_err(|e| match e {
+            RuntimeError::Perplexity(m) => {
+                RuntimeError::Perplexity(format!("{}: {m}", a.file.display()))
+            }
+            e => e,
+        })?
+        .limited(opts.max_chunks);
     let n_vocab = exec.config().vocab_size;
     // --save-logits: a writer on a temporary file; --kl-divergence: a reader of the base's
     let mut save = match &a.save_logits {

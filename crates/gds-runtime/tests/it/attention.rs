@@ -55,7 +55,8 @@ fn check(dir: &Path, n: usize) {
     let m = Model::open(&plan).unwrap();
     let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 11) % 5000 + 100).collect();
     for dtype in [KvDtype::F32, KvDtype::F16] {
-        // (900 and 1100 keys: 4 and 5 pieces of 256; the window layers' 512 keys: 2)
+        // (600 and 700 keys: 3 pieces of 256, the last one short; the window layers'
+        // ring of 512 keys, wrapped past position 512: 2)
         let (one, split) = both_ways(&m, plan.ctx, &tokens, dtype);
         let d = max_diff(&one, &split);
         assert_eq!(d, 0.0, "{dir:?} {dtype:?}: max |logit diff| {d}");
@@ -65,11 +66,11 @@ fn check(dir: &Path, n: usize) {
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn a_split_decode_step_matches_the_prompt_pass_smollm2() {
-    check(gds_tests::smollm_converted(), 900);
+    check(gds_tests::smollm_converted(), 600);
 }
 
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn a_split_decode_step_matches_the_prompt_pass_gemma3_window() {
-    check(gds_tests::gemma_converted(), 1100);
+    check(gds_tests::gemma_converted(), 700);
 }

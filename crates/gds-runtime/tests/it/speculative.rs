@@ -5,7 +5,7 @@
 //! quote, so that guesses are both accepted and rejected), 8 of them with self-speculation
 //! too, and the draft must have been used.
 
-use gds_runtime::{Engine, Plan, PlanOptions};
+use gds_runtime::{Engine, Plan, PlanOptions, SamplerConfig};
 
 fn engine(seed: u64, draft: Option<&str>) -> Engine {
     let plan = Plan::build(&PlanOptions {
@@ -33,11 +33,21 @@ fn every_seed_samples_the_same_tokens_with_and_without_the_draft() {
     let prompt = "The cat sat on the mat. The cat sat on the mat. The cat sat on the";
     for (draft, seeds) in [("ngram", 24), ("layers:29", 8)] {
         let (mut drafted, mut accepted) = (0, 0);
+        // one engine of each kind, reseeded before each reply (set_sampling, as the Python
+        // package does per request): the prompt's cache is reused from the second reply on,
+        // after the previous reply's rejected guesses
+        let (mut plain_engine, mut spec_engine) = (engine(0, None), engine(0, Some(draft)));
         for seed in 0..seeds {
-            let plain = engine(seed, None).generate(prompt, &mut |_| {}).unwrap();
-            let spec = engine(seed, Some(draft))
-                .generate(prompt, &mut |_| {})
-                .unwrap();
+            for e in [&mut plain_engine, &mut spec_engine] {
+                let sampler = SamplerConfig {
+                    seed,
+                    ..e.plan().sampler.clone()
+                };
+                let limits = e.plan().limits.clone();
+                e.set_sampling(sampler, limits).unwrap();
+            }
+            let plain = plain_engine.generate(prompt, &mut |_| {}).unwrap();
+            let spec = spec_engine.generate(prompt, &mut |_| {}).unwrap();
             assert_eq!(plain.tokens, spec.tokens, "{draft}, seed {seed}");
             assert_eq!(plain.text, spec.text, "{draft}, seed {seed}");
             drafted += spec.metrics.draft_tokens;

@@ -294,18 +294,30 @@ fn chat_template_file_is_the_servers_template() {
     );
 }
 
+/// Concurrent requests are decoded together: 16 requests of 24 tokens in flight at once all
+/// complete with exactly their tokens, in far fewer forward passes than tokens (one request
+/// at a time would take a pass per token). A count, not a time: the throughput that batching
+/// buys is measured by `just bench-serve` (docs/benchmarks.md), not asserted here.
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
-fn load_throughput_rises_with_concurrency() {
+fn concurrent_requests_share_forward_passes() {
     let _one = serial();
     let s = start(&["--max-batch", "16"]);
+    let counters = || {
+        let (_, m) = http(&s.addr, "GET", "/metrics", None);
+        (
+            metric(&m, "gds_steps_total"),
+            metric(&m, "gds_generated_tokens_total"),
+        )
+    };
+    let (steps0, gen0) = counters();
     let r = python(
         "serve_load.py",
         &[
             "--url",
             &format!("http://{}", s.addr),
             "--concurrency",
-            "1,4,16",
+            "16",
             "--requests-per-level",
             "16",
             "--max-tokens",
@@ -314,27 +326,22 @@ fn load_throughput_rises_with_concurrency() {
             "240",
         ],
     );
-    eprintln!("{r:#}");
     let levels = r["levels"].as_array().unwrap();
-    assert_eq!(levels.len(), 3);
-    let mut tps = Vec::new();
-    for l in levels {
-        assert_eq!(l["failed"], 0, "{l}");
-        assert_eq!(l["ok"], l["requests"], "{l}");
-        assert_eq!(
-            l["completion_tokens"],
-            24 * l["ok"].as_u64().unwrap(),
-            "{l}"
-        );
-        tps.push(l["decode_tps"].as_f64().unwrap());
-    }
-    // Batching must pay over one request at a time. From 4 to 16 on a 2-core machine the
-    // compute saturates, so there it only must not collapse (timing noise is a few %).
+    assert_eq!(levels.len(), 1, "{r}");
+    let l = &levels[0];
+    assert_eq!(l["failed"], 0, "{l}");
+    assert_eq!(l["ok"], 16, "{l}");
+    assert_eq!(l["completion_tokens"], 16 * 24, "{l}");
+    let (steps1, gen1) = counters();
+    let (steps, generated) = (steps1 - steps0, gen1 - gen0);
+    eprintln!("{generated} tokens in {steps} passes");
+    assert_eq!(generated, 16.0 * 24.0);
+    // 24 decode passes if all 16 arrive at once, plus the prompt passes and the passes of
+    // requests that arrive while others decode: a quarter of the tokens is ample
     assert!(
-        tps[1] > 1.2 * tps[0] && tps[2] > 1.2 * tps[0],
-        "aggregate throughput did not rise with concurrency: {tps:?}"
+        steps * 4.0 <= generated,
+        "{generated} tokens took {steps} passes: the requests were not batched"
     );
-    assert!(tps[2] > 0.8 * tps[1], "throughput collapsed at 16: {tps:?}");
 }
 
 #[test]

@@ -412,6 +412,8 @@ fn perplexity_matches_llama_cpp() {
         .find(|r| r["ctx"] == 128)
         .expect("ctx 128 run");
     let file = root().join("fixtures/reference/wiki-like.txt");
+    // the first 8 of llama.cpp's 45 chunks (--chunks 8), against its running perplexity
+    // after its 8th chunk (measured: +0.5 %; all 45 chunks: within 1 % as well)
     let j = ok_json(&[
         "perplexity",
         model(),
@@ -419,13 +421,20 @@ fn perplexity_matches_llama_cpp() {
         file.to_str().unwrap(),
         "--ctx",
         "128",
+        "--chunks",
+        "8",
         "--json",
     ]);
-    let (ours, theirs) = (j["ppl"].as_f64().unwrap(), run["ppl"].as_f64().unwrap());
-    eprintln!("ppl ctx 128: gdsrun {ours:.4}, llama.cpp {theirs:.4}");
+    let ours = j["ppl"].as_f64().unwrap();
+    let theirs = run["ppl_after_each_chunk"][7].as_f64().unwrap();
+    eprintln!("ppl ctx 128, 8 chunks: gdsrun {ours:.4}, llama.cpp {theirs:.4}");
     assert_eq!(j["tokens"], reference["n_tokens"]);
-    assert_eq!(j["chunks"], run["chunks"]);
-    assert_eq!(j["scored"], run["scored_tokens"]);
+    assert_eq!(j["chunks"], 8);
+    assert_eq!(
+        j["scored"],
+        8 * run["scored_tokens_per_chunk"].as_u64().unwrap()
+    );
+    assert_eq!(j["running"].as_array().unwrap().len(), 8);
     assert!(
         (ours / theirs - 1.0).abs() < 0.01,
         "ppl {ours} vs llama.cpp {theirs}"
@@ -463,12 +472,17 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
     let txt = txt.to_str().unwrap();
     let logits = dir.path().join("base.logits");
     let logits = logits.to_str().unwrap();
-    let base = ok_json(&ppl_args(txt, "64", &["--json", "--save-logits", logits]));
+    // the first 4 chunks of the text (--chunks 4 in every run below)
+    let base = ok_json(&ppl_args(
+        txt,
+        "64",
+        &["--json", "--chunks", "4", "--save-logits", logits],
+    ));
     let (chunks, scored) = (
         base["chunks"].as_u64().unwrap(),
         base["scored"].as_u64().unwrap(),
     );
-    assert!(chunks >= 4, "{base}");
+    assert_eq!(chunks, 4, "{base}");
     assert_eq!(scored, chunks * 31);
     // the header, the token list and one row of 16 + 2 * 49152 bytes per scored position,
     // written under a temporary name that is gone now
@@ -481,7 +495,11 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
 
-    let same = ok_json(&ppl_args(txt, "64", &["--json", "--kl-divergence", logits]));
+    let same = ok_json(&ppl_args(
+        txt,
+        "64",
+        &["--json", "--chunks", "4", "--kl-divergence", logits],
+    ));
     let kl = &same["kl"];
     eprintln!("same model: {kl}");
     assert_eq!(same["ppl"], base["ppl"], "the existing fields stay");
@@ -505,7 +523,15 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
     let f32 = ok_json(&ppl_args(
         txt,
         "64",
-        &["--json", "--kl-divergence", logits, "--activations", "f32"],
+        &[
+            "--json",
+            "--chunks",
+            "4",
+            "--kl-divergence",
+            logits,
+            "--activations",
+            "f32",
+        ],
     ));
     let kl = &f32["kl"];
     eprintln!("q8 vs f32 activations: {kl}");
@@ -533,7 +559,11 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
     assert_ne!(f32["ppl"], base["ppl"]);
 
     // the text report
-    let o = gdsrun(&ppl_args(txt, "64", &["--kl-divergence", logits]));
+    let o = gdsrun(&ppl_args(
+        txt,
+        "64",
+        &["--chunks", "4", "--kl-divergence", logits],
+    ));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     for want in [
@@ -546,6 +576,18 @@ fn perplexity_kl_divergence_is_zero_against_itself_and_positive_against_f32_acti
     ] {
         assert!(out.contains(want), "{want}: {out}");
     }
+    // another --chunks than the base's is refused before the model runs
+    let o = gdsrun(&ppl_args(
+        txt,
+        "64",
+        &["--chunks", "3", "--kl-divergence", logits],
+    ));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("saved with 4 chunks, this run has 3"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 /// A logits file that does not fit the run is refused before the model runs, with exit 2
@@ -887,7 +929,11 @@ fn gemma3_perplexity_matches_llama_cpp_at_two_context_sizes() {
     )
     .unwrap();
     let file = root().join("fixtures/reference/wiki-like.txt");
-    for ctx in [128, 512] {
+    // The first chunks only (--chunks), against llama.cpp's running perplexity after as
+    // many: 8 of 44 at ctx 128 (measured -0.9 %: ours is 1-3 % lower over the first chunks
+    // and within 1 % over all 44, so the bound is 1.5 % on this sixth of the text), 2 of 11
+    // at ctx 512 (+0.4 %).
+    for (ctx, chunks, tolerance) in [(128, 8, 0.015), (512, 2, 0.01)] {
         let run = reference["runs"]
             .as_array()
             .unwrap()
@@ -901,18 +947,24 @@ fn gemma3_perplexity_matches_llama_cpp_at_two_context_sizes() {
             file.to_str().unwrap(),
             "--ctx",
             &ctx.to_string(),
+            "--chunks",
+            &chunks.to_string(),
             "--json",
         ]);
-        let (ours, theirs) = (j["ppl"].as_f64().unwrap(), run["ppl"].as_f64().unwrap());
-        eprintln!("gemma3 ppl ctx {ctx}: gdsrun {ours:.4}, llama.cpp {theirs:.4}");
+        let ours = j["ppl"].as_f64().unwrap();
+        let theirs = run["ppl_after_each_chunk"][chunks - 1].as_f64().unwrap();
+        eprintln!("gemma3 ppl ctx {ctx}, {chunks} chunks: gdsrun {ours:.4}, llama.cpp {theirs:.4}");
         assert_eq!(
             j["tokens"],
             reference["n_tokens"]["as_llama_perplexity_uses_it"]
         );
-        assert_eq!(j["chunks"], run["chunks"]);
-        assert_eq!(j["scored"], run["scored_tokens"]);
+        assert_eq!(j["chunks"], chunks);
+        assert_eq!(
+            j["scored"],
+            chunks as u64 * run["scored_tokens_per_chunk"].as_u64().unwrap()
+        );
         assert!(
-            (ours / theirs - 1.0).abs() < 0.01,
+            (ours / theirs - 1.0).abs() < tolerance,
             "ctx {ctx}: ppl {ours} vs llama.cpp {theirs}"
         );
     }

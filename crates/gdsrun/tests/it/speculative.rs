@@ -398,7 +398,7 @@ fn a_draft_model_leaves_the_output_unchanged_and_must_share_the_vocabulary() {
         "--temp",
         "0",
         "-n",
-        "40",
+        "24",
         "--io",
         "direct",
         "--mem-budget",
