@@ -1,6 +1,8 @@
 """SmolLM2's forward pass in plain PyTorch, on the CPU, with weights from gdsllm: one layer
-resident at a time (its tensors dequantized by gds-kernels, used, dropped), and its next-token
-log-probabilities checked against gdsrun's (`gdsrun run --raw --json --logprobs`).
+resident at a time (its tensors dequantized by gds-kernels, used, dropped), the next one
+loading on a background thread while the current one computes (its pages read from the
+mapped layer file and dequantized, the GIL released), and its next-token log-probabilities
+checked against gdsrun's (`gdsrun run --raw --json --logprobs`).
 
     python3 examples/torch_forward.py MODEL_DIR [--prompt TEXT] [--gdsrun target/ci/gdsrun]
 
@@ -13,6 +15,8 @@ import argparse
 import json
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -23,6 +27,27 @@ def weights(model, layer):
     """The float32 torch tensors of one layer (dequantized, then dropped by the caller)."""
     return {t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name:
             torch.from_numpy(t.dequantize()) for t in model.load(layer)}
+
+
+class Prefetcher:
+    """The layers named, in order, each one's weights read and dequantized on a background
+    thread while the caller computes with the one before: the current layer and the next
+    are resident, no more. `waited` is the time the caller spent waiting for weights."""
+
+    def __init__(self, model, names):
+        self.model, self.names, self.waited = model, list(names), 0.0
+
+    def __iter__(self):
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gdsllm-prefetch") as pool:
+            nxt = pool.submit(weights, self.model, self.names[0])
+            for i, name in enumerate(self.names):
+                t0 = time.perf_counter()
+                cur = nxt.result()
+                self.waited += time.perf_counter() - t0
+                if i + 1 < len(self.names):
+                    nxt = pool.submit(weights, self.model, self.names[i + 1])
+                yield name, cur
+                del cur
 
 
 def rms_norm(x, w, eps):
@@ -48,11 +73,18 @@ def forward(model, tokens):
     assert h["arch"] == "llama", "this example runs the llama family"
     n, nh, nkv, hd = len(tokens), h["n_heads"], h["n_kv_heads"], h["head_dim"]
     eps, pos = h["rms_norm_eps"], torch.arange(n)
-    emb = weights(model, "embed")["token_embd.weight"]
+    # the embedding first, the blocks in order, then the output head's layers (the norm and,
+    # untied, the head): each loaded while the one before computes
+    tail = [l["name"] for l in model.layers if not l["name"].startswith("blk.") and l["name"] != "embed"]
+    layers = Prefetcher(model, ["embed"] + [f"blk.{i}" for i in range(h["n_layers"])] + tail)
+    t0 = time.perf_counter()
+    it = iter(layers)
+    emb = next(it)[1]["token_embd.weight"]  # kept: a tied output head uses it again
     x = emb[torch.tensor(tokens)]
     mask = torch.full((n, n), float("-inf")).triu(1)
     for i in range(h["n_layers"]):
-        w = weights(model, f"blk.{i}")  # this layer only
+        name, w = next(it)  # this layer only (and the next one, loading)
+        assert name == f"blk.{i}"
         a = rms_norm(x, w["attn_norm.weight"], eps)
         q = rope((a @ w["attn_q.weight"].T).view(n, nh, hd), pos, h["rope_theta"], h["rope_style"])
         k = rope((a @ w["attn_k.weight"].T).view(n, nkv, hd), pos, h["rope_theta"], h["rope_style"])
@@ -65,11 +97,13 @@ def forward(model, tokens):
         g = torch.nn.functional.silu(f @ w["ffn_gate.weight"].T) * (f @ w["ffn_up.weight"].T)
         x = x + g @ w["ffn_down.weight"].T
         del w
-    out = {n: t for l in model.layers if not l["name"].startswith("blk.") and l["name"] != "embed"
-           for n, t in weights(model, l["name"]).items()}
+    out = {n: t for _, w in it for n, t in w.items()}
     head = emb if h["tie_embeddings"] else out["output.weight"]
     x = rms_norm(x[-1], out["output_norm.weight"], eps)
-    return torch.log_softmax(x @ head.T, -1)
+    lp = torch.log_softmax(x @ head.T, -1)
+    print(f"{len(layers.names)} layers in {time.perf_counter() - t0:.2f} s, "
+          f"{layers.waited:.2f} s of it waiting for weights (the rest loaded while computing)")
+    return lp
 
 
 def main():

@@ -259,6 +259,40 @@ impl Engine {
         Ok(())
     }
 
+    /// Replaces the grammar the replies that follow are held to and the log-probabilities
+    /// they report (the plan's `grammar` and `logprobs`, which record them), the model
+    /// staying loaded: for callers that constrain each request their own way (the Python
+    /// package). A grammar that does not compile is an error, and nothing changes; more than
+    /// 20 alternatives per token is a usage error (gdsrun's `--logprobs` range).
+    pub fn set_constraints(
+        &mut self,
+        grammar: Option<crate::constraint::Grammar>,
+        logprobs: Option<usize>,
+    ) -> Result<()> {
+        if logprobs.is_some_and(|k| k > 20) {
+            return Err(RuntimeError::Usage(
+                "logprobs: at most 20 alternatives per token".into(),
+            ));
+        }
+        if let Some(g) = &grammar {
+            let compiler = match self.grammar.take() {
+                Some(c) => c,
+                None => GrammarCompiler::load(
+                    &self.plan.model_dir,
+                    &self.tokenizer,
+                    self.exec.config().vocab_size,
+                )?,
+            };
+            let compiled = compiler.compile(g);
+            // the compiler is kept for later grammars, whether this one compiled or not
+            self.grammar = Some(compiler);
+            compiled?;
+        }
+        self.plan.grammar = grammar;
+        self.plan.logprobs = logprobs;
+        Ok(())
+    }
+
     /// Forgets the conversation (the system prompt stays).
     pub fn reset_chat(&mut self) {
         self.messages

@@ -7,7 +7,7 @@ use crate::model::{json_to_py, resolve_model};
 use gds_runtime::chat::Message;
 use gds_runtime::engine::GenerateOutput;
 use gds_runtime::plan::{Limits, Mode};
-use gds_runtime::{KvDtype, Plan, PlanOptions, SamplerConfig};
+use gds_runtime::{Grammar, KvDtype, Plan, PlanOptions, SamplerConfig};
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -36,6 +36,9 @@ struct Job {
     prompt: Result<String, Vec<Message>>,
     sampler: SamplerConfig,
     limits: Limits,
+    /// The grammar the reply follows, and the log-probabilities it reports.
+    grammar: Option<Grammar>,
+    logprobs: Option<usize>,
 }
 
 /// Runs `job` on `e`: a string prompt as `gdsrun run --prompt` runs it (one chat turn with
@@ -48,6 +51,9 @@ fn run_job(
 ) -> gds_runtime::Result<GenerateOutput> {
     if e.plan().sampler != job.sampler || e.plan().limits != job.limits {
         e.set_sampling(job.sampler, job.limits)?;
+    }
+    if e.plan().grammar != job.grammar || e.plan().logprobs != job.logprobs {
+        e.set_constraints(job.grammar, job.logprobs)?;
     }
     let t0 = Instant::now();
     let messages = match job.prompt {
@@ -64,6 +70,63 @@ fn run_job(
     };
     let tokens = e.tokenizer().encode_chat(&messages, e.plan().ctx)?;
     e.generate_tokens(&tokens, t0, on_text)
+}
+
+/// What a reply is held to and reports beyond its text: the keyword arguments `grammar`,
+/// `json_schema`, `regex`, `logprobs` and `top_logprobs` of `generate` and `stream`.
+struct Constraints<'py> {
+    grammar: Option<String>,
+    json_schema: Option<Bound<'py, PyAny>>,
+    regex: Option<String>,
+    logprobs: bool,
+    top_logprobs: Option<usize>,
+}
+
+impl Constraints<'_> {
+    /// The grammar, as gdsrun's `--grammar` (Lark, or GBNF told apart by its `::=`),
+    /// `--json-schema` (a dict, or a JSON string) and `--regex` take it; at most one.
+    fn grammar(&self) -> PyResult<Option<Grammar>> {
+        let given = [
+            self.grammar.is_some(),
+            self.json_schema.is_some(),
+            self.regex.is_some(),
+        ];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            return Err(PyValueError::new_err(
+                "grammar, json_schema and regex: give at most one",
+            ));
+        }
+        if let Some(text) = &self.grammar {
+            if gds_runtime::gbnf::is_gbnf(text) {
+                let lark = gds_runtime::gbnf::gbnf_to_lark(text)
+                    .map_err(|e| err(format!("grammar: {e}")))?;
+                return Ok(Some(Grammar::Lark(lark)));
+            }
+            return Ok(Some(Grammar::Lark(text.clone())));
+        }
+        if let Some(schema) = &self.json_schema {
+            let text: String = if schema.is_instance_of::<PyString>() {
+                schema.extract()?
+            } else {
+                let json = schema.py().import("json")?;
+                json.call_method1("dumps", (schema,))
+                    .map_err(|e| {
+                        PyTypeError::new_err(format!("json_schema: a dict or a JSON string ({e})"))
+                    })?
+                    .extract()?
+            };
+            let v = serde_json::from_str(&text)
+                .map_err(|e| PyValueError::new_err(format!("json_schema: not JSON: {e}")))?;
+            return Ok(Some(Grammar::JsonSchema(v)));
+        }
+        Ok(self.regex.clone().map(Grammar::Regex))
+    }
+
+    /// The alternatives per token to report (`logprobs=True`, `top_logprobs=N` implying
+    /// it), or None.
+    fn logprobs(&self) -> Option<usize> {
+        (self.logprobs || self.top_logprobs.is_some()).then(|| self.top_logprobs.unwrap_or(0))
+    }
 }
 
 /// A prompt string, or a list of {"role", "content"} dicts.
@@ -118,6 +181,7 @@ impl Engine {
         repeat_penalty: Option<f32>,
         seed: Option<u64>,
         stop: Option<Vec<String>>,
+        c: Constraints<'_>,
     ) -> PyResult<Job> {
         let mut s = self.sampler.clone();
         s.temp = temperature.unwrap_or(s.temp);
@@ -137,6 +201,8 @@ impl Engine {
             prompt: prompt_arg(prompt)?,
             sampler: s,
             limits,
+            grammar: c.grammar()?,
+            logprobs: c.logprobs(),
         })
     }
 }
@@ -252,11 +318,16 @@ impl Engine {
 
     /// Generates a reply to `prompt` (a string, or chat messages: a list of {"role",
     /// "content"} dicts) and returns its text; `details=True` returns the dict `gdsrun run
-    /// --json` prints (text, tokens, stop_reason, plan, metrics). A string is a chat turn
-    /// with the plan's system prompt (a raw completion with `raw=True`), as `gdsrun run
-    /// --prompt`. The GIL is released while the engine works.
+    /// --json` prints (text, tokens, stop_reason, logprobs, plan, metrics). A string is a
+    /// chat turn with the plan's system prompt (a raw completion with `raw=True`), as
+    /// `gdsrun run --prompt`. `grammar` (Lark or GBNF text), `json_schema` (a dict or JSON
+    /// text) or `regex` holds the reply to it, as gdsrun's `--grammar`, `--json-schema`,
+    /// `--regex`; `logprobs=True` (with `top_logprobs=N` alternatives, 0..=20) reports each
+    /// token's log-probability in the details, as `--logprobs N`. The GIL is released while
+    /// the engine works.
     #[pyo3(signature = (prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None,
-        min_p=None, repeat_penalty=None, seed=None, stop=None, details=false))]
+        min_p=None, repeat_penalty=None, seed=None, stop=None, grammar=None, json_schema=None,
+        regex=None, logprobs=false, top_logprobs=None, details=false))]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         &self,
@@ -270,6 +341,11 @@ impl Engine {
         repeat_penalty: Option<f32>,
         seed: Option<u64>,
         stop: Option<Vec<String>>,
+        grammar: Option<String>,
+        json_schema: Option<Bound<'py, PyAny>>,
+        regex: Option<String>,
+        logprobs: bool,
+        top_logprobs: Option<usize>,
         details: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let job = self.job(
@@ -282,6 +358,13 @@ impl Engine {
             repeat_penalty,
             seed,
             stop,
+            Constraints {
+                grammar,
+                json_schema,
+                regex,
+                logprobs,
+                top_logprobs,
+            },
         )?;
         let engine = self.engine.clone();
         let r = py.detach(move || {
@@ -295,15 +378,16 @@ impl Engine {
         }
     }
 
-    /// Like `generate`, but an iterator of the text as it is generated (pieces of the
+    /// Like `generate` (the same keyword arguments but `details`), but an iterator of the text as it is generated (pieces of the
     /// reply); after the last piece its `result` holds the dict `generate(details=True)`
     /// returns. Dropping the iterator early stops the generation.
     #[pyo3(signature = (prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None,
-        min_p=None, repeat_penalty=None, seed=None, stop=None))]
+        min_p=None, repeat_penalty=None, seed=None, stop=None, grammar=None, json_schema=None,
+        regex=None, logprobs=false, top_logprobs=None))]
     #[allow(clippy::too_many_arguments)]
-    fn stream(
+    fn stream<'py>(
         &self,
-        prompt: &Bound<'_, PyAny>,
+        prompt: &Bound<'py, PyAny>,
         max_tokens: Option<usize>,
         temperature: Option<f32>,
         top_k: Option<usize>,
@@ -312,6 +396,11 @@ impl Engine {
         repeat_penalty: Option<f32>,
         seed: Option<u64>,
         stop: Option<Vec<String>>,
+        grammar: Option<String>,
+        json_schema: Option<Bound<'py, PyAny>>,
+        regex: Option<String>,
+        logprobs: bool,
+        top_logprobs: Option<usize>,
     ) -> PyResult<Stream> {
         let job = self.job(
             prompt,
@@ -323,6 +412,13 @@ impl Engine {
             repeat_penalty,
             seed,
             stop,
+            Constraints {
+                grammar,
+                json_schema,
+                regex,
+                logprobs,
+                top_logprobs,
+            },
         )?;
         let (tx, rx) = mpsc::channel();
         let engine = self.engine.clone();

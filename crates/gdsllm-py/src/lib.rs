@@ -36,6 +36,7 @@ fn _gdsllm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Stream>()?;
     m.add_function(wrap_pyfunction!(model::open, m)?)?;
     m.add_function(wrap_pyfunction!(model::resolve, m)?)?;
+    m.add_function(wrap_pyfunction!(model::pull, m)?)?;
     m.add_function(wrap_pyfunction!(engine::convert, m)?)?;
     Ok(())
 }

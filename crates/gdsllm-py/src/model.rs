@@ -36,6 +36,65 @@ pub fn resolve(py: Python<'_>, model: &str, plain_http: bool) -> PyResult<String
     Ok(resolve_model(py, model, plain_http)?.display().to_string())
 }
 
+/// Pulls the registry reference `reference` (REGISTRY/REPOSITORY:TAG or @sha256:DIGEST) and
+/// returns the model directory: with no `out_dir`, into the store as gdsrun pulls a reference
+/// on first use (but asking the registry again: a tag that moved is followed, blobs the store
+/// holds are not fetched again), and the reference then names it for `open`, `Engine` and
+/// gdsrun; with `out_dir`, into that directory as `gdsconv pull REFERENCE OUT_DIR` (`force`:
+/// replace it). Errors are gdsrun's (or gdsconv's) messages.
+#[pyfunction]
+#[pyo3(signature = (reference, out_dir=None, *, plain_http=false, force=false,
+    limit_rate=None, timeout=None))]
+pub fn pull(
+    py: Python<'_>,
+    reference: &str,
+    out_dir: Option<PathBuf>,
+    plain_http: bool,
+    force: bool,
+    limit_rate: Option<u64>,
+    timeout: Option<f64>,
+) -> PyResult<String> {
+    let timeout = match timeout {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),
+        Some(t) => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "timeout: {t}: a positive number of seconds"
+            )))
+        }
+    };
+    let opts = gds_dist::registry::RemoteOptions {
+        plain_http,
+        limit_rate,
+        limits: gds_dist::registry::Limits {
+            timeout: timeout.or(gds_dist::registry::Limits::default().timeout),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let dir = py
+        .detach(|| -> gds_dist::error::Result<PathBuf> {
+            if !gds_dist::registry::looks_like_reference(reference) {
+                return Err(gds_dist::DistError::usage(format!(
+                    "{reference}: not a registry reference (REGISTRY/REPOSITORY:TAG or @sha256:…)"
+                )));
+            }
+            let store = gds_dist::store::Store::open_default()?;
+            let remote = gds_dist::registry::Remote::new(reference, opts)?;
+            match out_dir {
+                Some(out) => Ok(remote.pull(&store, &out, force)?.output),
+                None => {
+                    let _lock = store.lock(false)?;
+                    let s = remote.pull_into_store(&store)?;
+                    store.set_ref(reference, &s.manifest_digest, "oci")?;
+                    Ok(s.output)
+                }
+            }
+        })
+        .map_err(err)?;
+    Ok(dir.display().to_string())
+}
+
 /// An owned key/value of the manifest.
 enum Kv {
     U64(u64),

@@ -74,3 +74,79 @@ def test_convert_reports_what_it_wrote(smollm2_gguf, tmp_path):
     s = gdsllm.convert(str(smollm2_gguf), str(tmp_path / "m"))
     assert s["arch"] == "llama" and s["tensors"] == 272 and s["runnable"]
     assert gdsllm.open(str(tmp_path / "m")).keys()
+
+
+YES_NO_GBNF = 'root ::= answer\nanswer ::= "yes" | "no"\n'
+
+
+def test_grammar_holds_the_reply_as_gdsruns(engine, smollm2_dir, tmp_path):
+    # GBNF, as gdsrun's --grammar FILE: the same reply, one of the grammar's two
+    (tmp_path / "yn.gbnf").write_text(YES_NO_GBNF)
+    prompt = "Is Paris in France? Answer yes or no."
+    want = gdsrun_text(smollm2_dir, "-p", prompt, "-n", "8", "--grammar", tmp_path / "yn.gbnf")
+    got = engine.generate(prompt, max_tokens=8, temperature=0, grammar=YES_NO_GBNF, details=True)
+    assert got["text"] in ("yes", "no") and got["stop_reason"] == "grammar"
+    assert got["text"] == want["text"] and got["tokens"] == want["tokens"]
+    # Lark, sampled: still only what the grammar allows
+    lark = 'start: NUM " apples"\nNUM: /[1-9][0-9]?/\n'
+    for seed in (1, 2, 3):
+        t = engine.generate("How many apples?", max_tokens=12, temperature=1.5, seed=seed, grammar=lark)
+        n, rest = t.split(" ", 1)
+        assert n.isdigit() and 1 <= int(n) <= 99 and rest == "apples", t
+    # a stream follows it too; the next reply without a grammar is free again
+    s = engine.stream(prompt, max_tokens=8, temperature=0, grammar=YES_NO_GBNF)
+    assert "".join(s) == want["text"] and s.result["stop_reason"] == "grammar"
+    free = engine.generate(PROMPT, max_tokens=16, temperature=0, details=True)
+    assert free["text"] == gdsrun_text(smollm2_dir, "-p", PROMPT, "-n", "16")["text"]
+    assert free["plan"]["grammar"] is None
+
+
+def test_json_schema_holds_the_reply(engine):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "population": {"type": "integer", "minimum": 0},
+        },
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
+    for seed, s in ((1, schema), (2, json.dumps(schema))):
+        got = engine.generate(
+            "Give me a city as JSON.", max_tokens=48, temperature=1.0, seed=seed, json_schema=s, details=True
+        )
+        assert got["stop_reason"] == "grammar", got["text"]
+        jsonschema.validate(json.loads(got["text"]), schema)
+
+
+def test_logprobs_equal_gdsruns(engine, smollm2_dir):
+    want = gdsrun_text(smollm2_dir, "-p", PROMPT, "-n", "8", "--logprobs", "3")
+    got = engine.generate(PROMPT, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, details=True)
+    assert got["tokens"] == want["tokens"] and len(got["logprobs"]) == len(got["tokens"]) == 8
+    for tok, g, w in zip(got["tokens"], got["logprobs"], want["logprobs"]):
+        assert g["logprob"] == pytest.approx(w["logprob"], abs=1e-4)
+        assert [t for t, _ in g["top"]] == [t for t, _ in w["top"]]
+        assert [lp for _, lp in g["top"]] == pytest.approx([lp for _, lp in w["top"]], abs=1e-4)
+        # greedy: the chosen token is the most likely, ln p <= 0
+        assert g["top"][0][0] == tok and g["top"][0][1] == g["logprob"] <= 0
+    # logprobs=True alone: no alternatives; not asked for: null, as gdsrun's --json
+    lp = engine.generate(PROMPT, max_tokens=2, temperature=0, logprobs=True, details=True)["logprobs"]
+    assert [x["top"] for x in lp] == [[], []]
+    assert lp[0]["logprob"] == pytest.approx(want["logprobs"][0]["logprob"], abs=1e-4)
+    assert engine.generate(PROMPT, max_tokens=2, temperature=0, details=True)["logprobs"] is None
+
+
+def test_bad_constraints_are_refused(engine):
+    with pytest.raises(gdsllm.GdsError):
+        engine.generate(PROMPT, grammar="start: (")
+    with pytest.raises(gdsllm.GdsError, match="grammar"):
+        engine.generate(PROMPT, grammar="root ::= (")
+    with pytest.raises(ValueError, match="at most one"):
+        engine.generate(PROMPT, grammar=YES_NO_GBNF, regex="a+")
+    with pytest.raises(ValueError, match="json_schema"):
+        engine.generate(PROMPT, json_schema="{not json")
+    with pytest.raises(gdsllm.GdsError, match="logprobs"):
+        engine.generate(PROMPT, top_logprobs=21)
+    # the engine still answers, unconstrained
+    assert engine.generate(PROMPT, max_tokens=4, temperature=0)

@@ -74,3 +74,38 @@ def test_torch_forward_example_matches_gdsrun(smollm2_dir):
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "tokens equal" in p.stdout
+
+
+def test_torch_forward_example_loads_the_next_layer_while_the_current_computes(monkeypatch):
+    # The example's Prefetcher with a stand-in loader that blocks until released: while the
+    # caller holds layer i (and has not asked for more), layer i+1 is being loaded on the
+    # background thread, and layer i+2 is not (two layers resident at most).
+    import importlib.util
+    import threading
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("torch_forward", ROOT / "examples" / "torch_forward.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    names = [f"blk.{i}" for i in range(5)]
+    started = {n: threading.Event() for n in names}
+    release = {n: threading.Event() for n in names}
+
+    def fake_weights(model, name):
+        started[name].set()
+        assert release[name].wait(30), f"{name} never released"
+        return {"w": name}
+
+    monkeypatch.setattr(ex, "weights", fake_weights)
+    it = iter(ex.Prefetcher(None, names))
+    release[names[0]].set()
+    for i, n in enumerate(names):
+        got_name, w = next(it)
+        assert got_name == n and w == {"w": n}
+        if i + 1 < len(names):
+            assert started[names[i + 1]].wait(30), f"{names[i + 1]} not loading while {n} computes"
+            if i + 2 < len(names):
+                assert not started[names[i + 2]].is_set()
+            release[names[i + 1]].set()
+    assert next(it, None) is None

@@ -17,6 +17,7 @@ from ._gdsllm import (  # noqa: F401
     Tensor,
     convert,
     open,
+    pull,
     resolve,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "Tensor",
     "convert",
     "open",
+    "pull",
     "resolve",
 ]
