@@ -175,10 +175,23 @@ fn bad_requests_get_openai_errors_and_never_crash() {
     assert_eq!(http(&s.addr, "GET", "/nope", None).0, 404);
 
     // overload: one running, one queued, the rest refused with 429 and Retry-After.
-    // The held requests are long (800 tokens) and the test waits for the server's own
-    // gauges to show one running and one queued, so it does not depend on timing.
+    // The held requests are long (800 tokens, streamed to clients that do not read) and the
+    // test waits for the server's own gauges to show one running and one queued, so it does
+    // not depend on timing; then the two clients go away and the server drops their
+    // requests instead of generating 1600 tokens for nobody.
     let addr = s.addr.clone();
     let slow = b"{\"prompt\": \"Tell me a story\", \"max_tokens\": 800, \"ignore_eos\": true}";
+    let slow_stream = b"{\"prompt\": \"Tell me a story\", \"max_tokens\": 800, \"ignore_eos\": true, \"stream\": true}";
+    let post_raw = |body: &[u8]| -> TcpStream {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        c.write_all(body).unwrap();
+        c
+    };
     let gauge = |m: &str, name: &str| -> Option<u64> {
         m.lines()
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
@@ -200,21 +213,14 @@ fn bad_requests_get_openai_errors_and_never_crash() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
+    let (_, m) = http(&addr, "GET", "/metrics", None);
+    let cancelled0 = metric(&m, "gds_requests_cancelled_total");
     let mut hold = Vec::new();
     for queued in 0..2u64 {
-        let a = addr.clone();
-        hold.push(std::thread::spawn(move || {
-            http(&a, "POST", "/v1/completions", Some(slow)).0
-        }));
+        hold.push(post_raw(slow_stream));
         wait_for(1, queued);
     }
-    let mut raw = TcpStream::connect(&s.addr).unwrap();
-    let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        slow.len()
-    );
-    raw.write_all(head.as_bytes()).unwrap();
-    raw.write_all(slow).unwrap();
+    let mut raw = post_raw(slow);
     let mut resp = String::new();
     let _ = raw.read_to_string(&mut resp);
     assert!(resp.starts_with("HTTP/1.1 429"), "{resp}");
@@ -222,9 +228,18 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         resp.to_ascii_lowercase().contains("retry-after: 1"),
         "{resp}"
     );
-    for h in hold {
-        assert_eq!(h.join().unwrap(), 200);
-    }
+    // the running request had begun its stream; the clients close their connections
+    let mut first = [0u8; 12];
+    hold[0].read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    drop(hold);
+    wait_for(0, 0);
+    let (_, m) = http(&addr, "GET", "/metrics", None);
+    assert_eq!(
+        metric(&m, "gds_requests_cancelled_total") - cancelled0,
+        2.0,
+        "{m}"
+    );
     // still alive and serving
     let (status, text) = http(
         &s.addr,
@@ -450,32 +465,54 @@ fn gemma3_through_the_openai_client() {
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn every_architecture_through_the_openai_client() {
     let _one = serial();
-    for arch in [
+    let archs = [
         "llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "phi35",
-    ] {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join(format!("{arch}.gds"));
-        gds_convert::convert(
-            &gds_tests::fixture(&format!("tiny-{arch}-hf")),
-            &dir,
-            &gds_convert::ConvertOptions::default(),
-            &gds_convert::NoProgress,
-        )
-        .unwrap();
-        // the model's own context, as the CLI takes by default (Phi-3.5's LongRoPE picks its
-        // factors by the context: 128 > 64 takes the long ones)
-        let ctx = if arch == "phi35" { "128" } else { "64" };
-        // blocks of 2 and short steps: the window layers (Gemma 2 and 3, Mistral: window 4)
-        // get a pool of their own, released behind the window, and the streamed chat shares
-        // the plain chat's prompt blocks, window blocks included
-        let flags = ["--kv-block", "2", "--step-tokens", "8"];
-        let r = same_as_cli(
-            &dir,
-            &[&["--ctx", ctx, "--kv-budget", "1"][..], &flags].concat(),
-        );
-        assert_eq!(r["model"], arch);
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs: Vec<_> = archs
+        .iter()
+        .map(|arch| {
+            let dir = tmp.path().join(format!("{arch}.gds"));
+            gds_convert::convert(
+                &gds_tests::fixture(&format!("tiny-{arch}-hf")),
+                &dir,
+                &gds_convert::ConvertOptions::default(),
+                &gds_convert::NoProgress,
+            )
+            .unwrap();
+            dir
+        })
+        .collect();
+    // the model's own context, as the CLI takes by default (Phi-3.5's LongRoPE picks its
+    // factors by the context: 128 > 64 takes the long ones); blocks of 2 and short steps:
+    // the window layers (Gemma 2 and 3, Mistral: window 4) get a pool of their own,
+    // released behind the window, and the streamed chat shares the plain chat's prompt
+    // blocks, window blocks included
+    let flags: Vec<Vec<&str>> = archs
+        .iter()
+        .map(|&arch| {
+            let ctx = if arch == "phi35" { "128" } else { "64" };
+            vec![
+                "--ctx",
+                ctx,
+                "--kv-budget",
+                "1",
+                "--kv-block",
+                "2",
+                "--step-tokens",
+                "8",
+            ]
+        })
+        .collect();
+    let servers: Vec<_> = dirs
+        .iter()
+        .zip(&flags)
+        .map(|(d, f)| (d.as_path(), f.as_slice()))
+        .collect();
+    for (arch, r) in archs.iter().zip(same_as_cli_all(&servers)) {
+        assert_eq!(r["model"], *arch);
         let m = r["metrics"].as_str().unwrap();
-        let windowed = matches!(arch, "gemma2" | "gemma3" | "mistral");
+        let windowed = matches!(*arch, "gemma2" | "gemma3" | "mistral");
         assert_eq!(
             metric(m, "gds_kv_window_blocks_total") > 0.0,
             windowed,
@@ -491,7 +528,12 @@ fn every_architecture_through_the_openai_client() {
 /// Starts the server on `model`, runs tests/py/serve_arch_check.py against it and checks
 /// that its greedy completion and chat answer (streamed or not) are the CLI's.
 fn same_as_cli(model: &std::path::Path, extra: &[&str]) -> Value {
-    let cli = |args: &[&str]| -> Value {
+    same_as_cli_all(&[(model, extra)]).pop().unwrap()
+}
+
+/// [`same_as_cli`] for several servers at once (all running, one Python process for them).
+fn same_as_cli_all(models: &[(&std::path::Path, &[&str])]) -> Vec<Value> {
+    let cli = |model: &std::path::Path, args: &[&str]| -> Value {
         let o = Command::new(gds_tests::bin("gdsrun"))
             .arg(model)
             .args(args)
@@ -502,29 +544,35 @@ fn same_as_cli(model: &std::path::Path, extra: &[&str]) -> Value {
         serde_json::from_slice(&o.stdout).unwrap()
     };
     let (prompt, question) = ("The capital of France is", "What is the capital of France?");
-    let raw = cli(&["--raw", "-p", prompt]);
-    let chat = cli(&["-p", question]);
-    let s = start_model(model, extra);
-    let r = python(
-        "serve_arch_check.py",
-        &[&format!("http://{}/v1", s.addr), prompt, question],
-    );
-    eprintln!("{r:#}");
-    assert_eq!(r["completion"]["text"], raw["text"]);
-    assert_eq!(
-        r["completion"]["usage"]["prompt_tokens"],
-        raw["metrics"]["prompt_tokens"]
-    );
-    assert_eq!(r["chat"]["text"], chat["text"]);
-    assert_eq!(
-        r["chat"]["usage"]["prompt_tokens"],
-        chat["metrics"]["prompt_tokens"]
-    );
-    assert_eq!(r["chat_stream"], r["chat"]["text"]);
-    let (_, metrics) = http(&s.addr, "GET", "/metrics", None);
-    let mut r = r;
-    r["metrics"] = metrics.into();
-    r
+    let servers: Vec<Server> = models.iter().map(|(m, x)| start_model(m, x)).collect();
+    let mut args = vec![prompt.to_string(), question.to_string()];
+    args.extend(servers.iter().map(|s| format!("http://{}/v1", s.addr)));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let all = python("serve_arch_check.py", &args);
+    let all = all.as_array().expect("one result per server").clone();
+    assert_eq!(all.len(), models.len());
+    let mut out = Vec::new();
+    for ((r, s), (model, _)) in all.into_iter().zip(&servers).zip(models) {
+        let raw = cli(model, &["--raw", "-p", prompt]);
+        let chat = cli(model, &["-p", question]);
+        eprintln!("{r:#}");
+        assert_eq!(r["completion"]["text"], raw["text"], "{model:?}");
+        assert_eq!(
+            r["completion"]["usage"]["prompt_tokens"], raw["metrics"]["prompt_tokens"],
+            "{model:?}"
+        );
+        assert_eq!(r["chat"]["text"], chat["text"], "{model:?}");
+        assert_eq!(
+            r["chat"]["usage"]["prompt_tokens"], chat["metrics"]["prompt_tokens"],
+            "{model:?}"
+        );
+        assert_eq!(r["chat_stream"], r["chat"]["text"], "{model:?}");
+        let (_, metrics) = http(&s.addr, "GET", "/metrics", None);
+        let mut r = r;
+        r["metrics"] = metrics.into();
+        out.push(r);
+    }
+    out
 }
 
 /// The logits at `positions` of `tokens` (one pass from position 0), from SmolLM2 evaluated
