@@ -193,11 +193,8 @@ fn n_gqa(meta: &crate::source::Metadata) -> u32 {
         _ => 0,
     };
     let (h, kv) = (get("model.n_heads"), get("model.n_kv_heads"));
-    if kv == 0 {
-        0
-    } else {
-        u32::try_from(h / kv).unwrap_or(u32::MAX)
-    }
+    h.checked_div(kv)
+        .map_or(0, |g| u32::try_from(g).unwrap_or(u32::MAX))
 }
 
 /// llama.cpp's `tensor_get_category` (GGUF tensor names).
@@ -1350,6 +1347,25 @@ mod tests {
             mix_dtype(QuantMix::Q4KM, "blk.1.attn_qkv.weight", 256, &ctx),
             DType::Q6K
         );
+    }
+
+    #[test]
+    fn query_heads_per_kv_head_from_the_metadata() {
+        let meta = |h: Option<u64>, kv: Option<u64>| {
+            let mut m = crate::source::Metadata::new();
+            if let Some(h) = h {
+                m.insert("model.n_heads".into(), MetaValue::U64(h));
+            }
+            if let Some(kv) = kv {
+                m.insert("model.n_kv_heads".into(), MetaValue::U64(kv));
+            }
+            m
+        };
+        assert_eq!(n_gqa(&meta(Some(9), Some(3))), 3); // SmolLM2
+        assert_eq!(n_gqa(&meta(Some(32), Some(8))), 4);
+        assert_eq!(n_gqa(&meta(Some(32), Some(0))), 0);
+        assert_eq!(n_gqa(&meta(Some(32), None)), 0);
+        assert_eq!(n_gqa(&meta(None, Some(8))), 0);
     }
 
     #[test]

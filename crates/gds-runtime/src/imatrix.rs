@@ -48,7 +48,7 @@ pub struct ImatrixCollector {
 
 impl MatmulObserver for ImatrixCollector {
     fn matmul(&mut self, layer: usize, role: &str, x: &[f32], n: usize) {
-        if n < MIN_TOKENS || n == 0 || x.len() % n != 0 {
+        if n < MIN_TOKENS || !x.len().is_multiple_of(n) {
             return;
         }
         let cols = x.len() / n;

@@ -78,6 +78,16 @@ pub fn run(a: ImatrixArgs) -> Result<()> {
             (k, s)
         })
         .collect();
+    // llama-imatrix stops on non-finite sums; a file with them would be refused by the reader
+    if let Some((name, _)) = entries
+        .iter()
+        .find(|(_, e)| e.in_sum2.iter().any(|v| !v.is_finite()))
+    {
+        return Err(RuntimeError::Internal(format!(
+            "imatrix: the activations entering {name} are not finite (NaN or overflow); nothing written"
+        ))
+        .into());
+    }
     if entries.is_empty() {
         return Err(RuntimeError::Usage(format!(
             "imatrix: no matrix product counted (--ctx {} under {} tokens per pass?)",
