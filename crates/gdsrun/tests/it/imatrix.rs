@@ -136,8 +136,8 @@ fn imatrix_of_the_tiny_llama_weighs_its_conversion() {
 /// from it by (2026-11-28, these 4 chunks, the sampled columns) 0.69 % in the worst matrix's
 /// sum, 0.45 % in the median column, 5.1 % at the 99th percentile and 43 % in the worst
 /// column (a near-zero one). llama.cpp against us measured 0.42 %, 0.29 %, 3.0 % and 8.8 %.
-/// The bounds are twice our spread, one for the worst column: a wrong column, layer, norm or
-/// token count is off by far more (a column's sum of squares spans five decades).
+/// The bounds are about twice our spread (50 % for the worst column): a wrong column, layer,
+/// norm or token count is off by far more (a column's sum of squares spans five decades).
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn imatrix_matches_llama_imatrix() {
