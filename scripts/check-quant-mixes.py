@@ -2,8 +2,9 @@
 """`gdsconv convert --quant q4_k_m` (and the other K mixes) against llama.cpp's `llama-quantize`.
 
 Writes small random f32 llama GGUFs (16 and 32 layers, untied, and 16 layers tied), quantizes
-each with `llama-quantize` to Q4_K_M, Q4_K_S, Q5_K_M and Q5_K_S (and the 16-layer one with
-`--pure` to each single type gdsconv offers from Q5_0 to Q6_K), converts each with
+each with `llama-quantize` to Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_M, Q4_K_S, Q5_K_M and Q5_K_S
+(and the 16-layer one with `--pure` to each single type gdsconv offers from Q5_0 to Q6_K;
+and a 16-layer one with 8 query heads per KV head to Q2_K, whose attn_v rule depends on it), converts each with
 `gdsconv convert --quant <name>`, and compares every tensor: the type llama.cpp chose and the
 bytes it wrote must equal ours. Then the same with an importance matrix: a random one
 for the 16-layer model, written as `llama-imatrix` writes it (GGUF: `<name>.in_sum2` and
@@ -41,29 +42,34 @@ sys.path.insert(0, str(ROOT / ".cache/llama.cpp/src/llama.cpp/gguf-py"))
 import gguf  # noqa: E402
 
 # (llama-quantize type, extra flags, gdsconv --quant)
-MIXES = [(m, [], m.lower()) for m in ["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S"]]
-# one type for every matrix: --pure (the mix's base type everywhere)
-PURE = [("Q2_K", "q2_k"), ("Q3_K_M", "q3_k"), ("Q4_K_M", "q4_k"), ("Q5_K_M", "q5_k"),
+MIXES = [(m, [], m.lower()) for m in ["Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+                                      "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S"]]
+# one type for every matrix: --pure (the mix's base type everywhere); `--quant q2_k` is
+# llama-quantize's Q2_K mix, so Q2_K has no pure run
+PURE = [("Q3_K_M", "q3_k"), ("Q4_K_M", "q4_k"), ("Q5_K_M", "q5_k"),
         ("Q6_K", "q6_k"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1")]
 # with an importance matrix, also the types whose weighted quantizer differs most
 PURE_IMATRIX = PURE + [("Q4_0", "q4_0"), ("Q4_1", "q4_1")]
 E, F, V = 256, 512, 512
 
 
-def make_gguf(path: pathlib.Path, n_layer: int, tied: bool) -> None:
+def make_gguf(path: pathlib.Path, n_layer: int, tied: bool, kv_heads: int = 2) -> None:
+    """A random llama: 2 query heads over `kv_heads` = 2 KV heads (no GQA), or 8 query heads
+    of 32 over fewer KV heads (the Q2_K mix's rule for 4 or more query heads per KV head)."""
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(n_layer)
     w.add_context_length(128)
     w.add_embedding_length(E)
     w.add_feed_forward_length(F)
-    w.add_head_count(2)
-    w.add_head_count_kv(2)
+    w.add_head_count(2 if kv_heads == 2 else 8)
+    w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(E // 2)
+    w.add_rope_dimension_count(E // 2 if kv_heads == 2 else 32)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(V)])
     w.add_token_types([1] * V)
-    rng = np.random.default_rng(n_layer * 2 + tied)
+    rng = np.random.default_rng(n_layer * 2 + tied + 100 * (kv_heads != 2))
+    kv = E if kv_heads == 2 else kv_heads * 32
 
     def mat(name: str, rows: int, cols: int) -> None:
         w.add_tensor(name, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32))
@@ -75,7 +81,7 @@ def make_gguf(path: pathlib.Path, n_layer: int, tied: bool) -> None:
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(E, np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(E, np.float32))
-        for name, rows, cols in [("attn_q", E, E), ("attn_k", E, E), ("attn_v", E, E),
+        for name, rows, cols in [("attn_q", E, E), ("attn_k", kv, E), ("attn_v", kv, E),
                                  ("attn_output", E, E), ("ffn_gate", F, E), ("ffn_up", F, E),
                                  ("ffn_down", E, F)]:
             mat(f"blk.{i}.{name}.weight", rows, cols)
@@ -177,14 +183,20 @@ def main() -> int:
     tokenizer = ROOT / "fixtures/tiny-llama-hf/tokenizer.json"  # the GGUF's toy vocabulary exports no tokenizer
     bad = 0
     plain: dict[str, dict[str, bytes]] = {}
-    for n_layer, tied in [(16, False), (32, False), (16, True)]:
-        src = work / f"l{n_layer}{'t' if tied else ''}.gguf"
-        make_gguf(src, n_layer, tied)
-        runs = MIXES + ([(t, ["--pure"], q) for t, q in PURE] if (n_layer, tied) == (16, False) else [])
+    n_runs = 0
+    for n_layer, tied, kv_heads in [(16, False, 2), (32, False, 2), (16, True, 2), (16, False, 1)]:
+        src = work / f"l{n_layer}{'t' if tied else ''}{'-gqa' if kv_heads != 2 else ''}.gguf"
+        make_gguf(src, n_layer, tied, kv_heads)
+        if kv_heads != 2:
+            # 8 query heads over 1 KV head: only the mixes that look at n_gqa
+            runs = [m for m in MIXES if m[0] == "Q2_K"]
+        else:
+            runs = MIXES + ([(t, ["--pure"], q) for t, q in PURE] if (n_layer, tied) == (16, False) else [])
         for mix, flags, quant in runs:
             diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, "", None)
             bad += diffs
-            if (n_layer, tied) == (16, False):
+            n_runs += 1
+            if (n_layer, tied, kv_heads) == (16, False, 2):
                 plain[quant] = theirs
     src = work / "l16.gguf"
     for fmt, ext in [("gguf", "imatrix.gguf"), ("legacy", "imatrix.dat")]:
@@ -193,6 +205,7 @@ def main() -> int:
         for mix, flags, quant in MIXES + [(t, ["--pure"], q) for t, q in PURE_IMATRIX]:
             diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, f"-imatrix-{fmt}", imatrix)
             bad += diffs
+            n_runs += 1
             # the importance matrix changed what llama-quantize wrote (so ours was checked
             # against weighted bytes)
             if quant in plain:
@@ -208,6 +221,8 @@ def main() -> int:
             diffs, _ = compare(a, src, mix, ["--pure", "--allow-requantize"], quant, tokenizer,
                                "-imatrix-real", pathlib.Path(a.real[1]))
             bad += diffs
+            n_runs += 1
+    print(f"{n_runs} runs, {bad} differences")
     return 1 if bad else 0
 
 

@@ -33,7 +33,7 @@ pub enum QuantTarget {
 
 /// The names `--quant` accepts, for its error message and help.
 pub const QUANT_NAMES: &str =
-    "keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, q4_k_s, q4_k_m, q5_k_s or q5_k_m";
+    "keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q3_k, q4_k, q5_k, q6_k, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s or q5_k_m";
 
 impl FromStr for QuantTarget {
     type Err = String;
@@ -55,7 +55,6 @@ impl FromStr for QuantTarget {
                 | DType::Q4_1
                 | DType::Q5_0
                 | DType::Q5_1
-                | DType::Q2K
                 | DType::Q3K
                 | DType::Q4K
                 | DType::Q5K
@@ -76,11 +75,21 @@ impl std::fmt::Display for QuantTarget {
     }
 }
 
-/// llama.cpp's K-quant mixes (`llama-quantize` file types `Q4_K_S`, `Q4_K_M`, `Q5_K_S`,
-/// `Q5_K_M`; its `Q6_K` is `--quant q6_k`: every matrix Q6_K). Without an importance
-/// matrix, for dense (not mixture-of-experts) models.
+/// llama.cpp's K-quant mixes (`llama-quantize` file types `Q2_K`, `Q3_K_S`, `Q3_K_M`,
+/// `Q3_K_L`, `Q4_K_S`, `Q4_K_M`, `Q5_K_S`, `Q5_K_M`; its `Q6_K` is `--quant q6_k`: every
+/// matrix Q6_K). Without an importance matrix, for dense (not mixture-of-experts) models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantMix {
+    /// Q2_K; Q3_K for ffn_down and attn_output, attn_v Q3_K (Q4_K when the model has 4 or
+    /// more query heads per KV head). `--quant q2_k` is this mix, as `llama-quantize Q2_K`.
+    Q2K,
+    /// Q3_K.
+    Q3KS,
+    /// Q3_K; attn_v Q5_K in the first 2 layers and Q4_K after, ffn_down Q5_K in the first
+    /// sixteenth and Q4_K after, attn_output Q4_K.
+    Q3KM,
+    /// Q3_K; attn_v, ffn_down and attn_output Q5_K.
+    Q3KL,
     /// Q4_K; Q5_K for attn_v of the first 4 layers and ffn_down of the first eighth.
     Q4KS,
     /// Q4_K; Q6_K for attn_v and ffn_down of the layers `use_more_bits` picks.
@@ -93,7 +102,11 @@ pub enum QuantMix {
 
 impl QuantMix {
     /// Every mix.
-    pub const ALL: [QuantMix; 4] = [
+    pub const ALL: [QuantMix; 8] = [
+        QuantMix::Q2K,
+        QuantMix::Q3KS,
+        QuantMix::Q3KM,
+        QuantMix::Q3KL,
         QuantMix::Q4KS,
         QuantMix::Q4KM,
         QuantMix::Q5KS,
@@ -103,6 +116,10 @@ impl QuantMix {
     /// The `--quant` name.
     pub fn name(self) -> &'static str {
         match self {
+            QuantMix::Q2K => "q2_k",
+            QuantMix::Q3KS => "q3_k_s",
+            QuantMix::Q3KM => "q3_k_m",
+            QuantMix::Q3KL => "q3_k_l",
             QuantMix::Q4KS => "q4_k_s",
             QuantMix::Q4KM => "q4_k_m",
             QuantMix::Q5KS => "q5_k_s",
@@ -113,6 +130,8 @@ impl QuantMix {
     /// The dtype of the tensors no rule names.
     pub fn base(self) -> DType {
         match self {
+            QuantMix::Q2K => DType::Q2K,
+            QuantMix::Q3KS | QuantMix::Q3KM | QuantMix::Q3KL => DType::Q3K,
             QuantMix::Q4KS | QuantMix::Q4KM => DType::Q4K,
             QuantMix::Q5KS | QuantMix::Q5KM => DType::Q5K,
         }
@@ -128,6 +147,9 @@ pub struct MixContext {
     pub n_attn_v: u32,
     /// No `output.weight`: the token embedding is the output head too.
     pub tied: bool,
+    /// Query heads per KV head (llama.cpp's `n_gqa()`: `n_head / n_head_kv`, 0 when not
+    /// known); only the q2_k mix looks at it.
+    pub n_gqa: u32,
 }
 
 impl MixContext {
@@ -158,8 +180,21 @@ enum Category {
     TokenEmbd,
     /// attn_v, attn_qkv, attn_kv_b (`category_is_attn_v`).
     AttnV,
+    AttnOutput,
     FfnDown,
     Other,
+}
+
+/// llama.cpp's `n_gqa()` from the manifest metadata: query heads per KV head, 0 when either
+/// count is missing or the KV count is 0.
+fn n_gqa(meta: &crate::source::Metadata) -> u32 {
+    let get = |k: &str| match meta.get(k) {
+        Some(MetaValue::U64(v)) => *v,
+        _ => 0,
+    };
+    let (h, kv) = (get("model.n_heads"), get("model.n_kv_heads"));
+    h.checked_div(kv)
+        .map_or(0, |g| u32::try_from(g).unwrap_or(u32::MAX))
 }
 
 /// llama.cpp's `tensor_get_category` (GGUF tensor names).
@@ -173,6 +208,12 @@ fn category(name: &str) -> Category {
         || name.contains("attn_v.weight")
     {
         Category::AttnV
+    } else if name.contains("attn_k.weight") || name.contains("attn_q.weight") {
+        Category::Other
+    } else if name.contains("attn_output.weight") {
+        Category::AttnOutput
+    } else if name.contains("ffn_up") || name.contains("ffn_gate") {
+        Category::Other
     } else if name.contains("ffn_down") {
         Category::FfnDown
     } else {
@@ -207,20 +248,33 @@ pub fn mix_dtype(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext) -> DTyp
         Group::Block(n) => n as i64,
         _ => 0,
     };
+    let n = ctx.n_layer as i64;
     match cat {
         Category::AttnV => match mix {
+            Q2K if ctx.n_gqa >= 4 => DType::Q4K,
+            Q2K => DType::Q3K,
+            Q3KM if layer < 2 => DType::Q5K,
+            Q3KM => DType::Q4K,
+            Q3KL => DType::Q5K,
             Q4KM | Q5KM if use_more_bits(layer, ctx.n_attn_v as i64) => DType::Q6K,
             Q4KS if layer < 4 => DType::Q5K,
             _ => base,
         },
-        Category::FfnDown => {
-            let n = ctx.n_layer as i64;
-            match mix {
-                Q4KM | Q5KM if use_more_bits(layer, n) => DType::Q6K,
-                Q4KS if layer < n / 8 => DType::Q5K,
-                _ => base,
-            }
-        }
+        Category::FfnDown => match mix {
+            Q2K => DType::Q3K,
+            Q3KM if layer < n / 16 => DType::Q5K,
+            Q3KM => DType::Q4K,
+            Q3KL => DType::Q5K,
+            Q4KM | Q5KM if use_more_bits(layer, n) => DType::Q6K,
+            Q4KS if layer < n / 8 => DType::Q5K,
+            _ => base,
+        },
+        Category::AttnOutput => match mix {
+            Q2K => DType::Q3K,
+            Q3KM => DType::Q4K,
+            Q3KL => DType::Q5K,
+            _ => base,
+        },
         _ => base,
     }
 }
@@ -1034,7 +1088,8 @@ pub fn convert(
         }
     }
     let mut skipped_quant = 0usize;
-    let mix_ctx = MixContext::of(source.tensors.iter().map(|t| t.name.as_str()));
+    let mut mix_ctx = MixContext::of(source.tensors.iter().map(|t| t.name.as_str()));
+    mix_ctx.n_gqa = n_gqa(&source.metadata);
     let plans: Vec<(Group, Vec<(&SourceTensor, DType)>)> = groups
         .iter()
         .map(|(g, ts)| {
@@ -1198,9 +1253,12 @@ mod tests {
 
     /// The table llama.cpp's rules give, written out by hand per layer count: which layers'
     /// attn_v and ffn_down get more bits under Q4_K_M / Q5_K_M (`use_more_bits`: the first
-    /// and last eighth and every third layer between), and under Q4_K_S (attn_v of layers
-    /// 0..4, ffn_down of the first eighth).
-    fn expected(mix: QuantMix, n: u32, name: &str, tied: bool) -> DType {
+    /// and last eighth and every third layer between), under Q4_K_S (attn_v of layers
+    /// 0..4, ffn_down of the first eighth), under Q3_K_M (attn_v of layers 0..2 and ffn_down
+    /// of the first sixteenth Q5_K, the rest of them and attn_output Q4_K), Q3_K_L (all
+    /// three Q5_K) and Q2_K (all three Q3_K; attn_v Q4_K from 4 query heads per KV head).
+    fn expected(mix: QuantMix, n: u32, name: &str, tied: bool, gqa: u32) -> DType {
+        use QuantMix::*;
         let more: &[u32] = match n {
             16 => &[0, 1, 4, 7, 10, 13, 14, 15],
             32 => &[0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31],
@@ -1216,13 +1274,15 @@ mod tests {
         let (i, t) = rest.split_once('.').unwrap();
         let i: u32 = i.parse().unwrap();
         match (mix, t) {
-            (QuantMix::Q4KM | QuantMix::Q5KM, "attn_v.weight" | "ffn_down.weight")
-                if more.contains(&i) =>
-            {
-                DType::Q6K
-            }
-            (QuantMix::Q4KS, "attn_v.weight") if i < 4 => DType::Q5K,
-            (QuantMix::Q4KS, "ffn_down.weight") if i < n / 8 => DType::Q5K,
+            (Q4KM | Q5KM, "attn_v.weight" | "ffn_down.weight") if more.contains(&i) => DType::Q6K,
+            (Q4KS, "attn_v.weight") if i < 4 => DType::Q5K,
+            (Q4KS, "ffn_down.weight") if i < n / 8 => DType::Q5K,
+            (Q3KM, "attn_v.weight") if i < 2 => DType::Q5K,
+            (Q3KM, "ffn_down.weight") if i < n / 16 => DType::Q5K,
+            (Q3KM, "attn_v.weight" | "ffn_down.weight" | "attn_output.weight") => DType::Q4K,
+            (Q3KL, "attn_v.weight" | "ffn_down.weight" | "attn_output.weight") => DType::Q5K,
+            (Q2K, "attn_v.weight") if gqa >= 4 => DType::Q4K,
+            (Q2K, "attn_v.weight" | "ffn_down.weight" | "attn_output.weight") => DType::Q3K,
             _ => base,
         }
     }
@@ -1238,22 +1298,38 @@ mod tests {
                     MixContext {
                         n_layer: n,
                         n_attn_v: n,
-                        tied
+                        tied,
+                        n_gqa: 0,
                     }
                 );
-                for mix in QuantMix::ALL {
-                    let mut counts = BTreeMap::new();
-                    for name in &names {
-                        let got = mix_dtype(mix, name, 4096, &ctx);
-                        let want = expected(mix, n, name, tied);
-                        assert_eq!(got, want, "{} {n} layers, tied {tied}: {name}", mix.name());
-                        *counts.entry(got.name()).or_insert(0) += 1;
-                    }
-                    // the hand table itself: Q4_K_M gives 2 * 8 (16 layers) or 2 * 16 (32)
-                    // tensors Q6_K besides the output head
-                    if mix == QuantMix::Q4KM {
-                        let q6 = counts["q6_k"];
-                        assert_eq!(q6, if n == 16 { 17 } else { 33 }, "{counts:?}");
+                for gqa in [1, 4] {
+                    let ctx = MixContext { n_gqa: gqa, ..ctx };
+                    for mix in QuantMix::ALL {
+                        let mut counts = BTreeMap::new();
+                        for name in &names {
+                            let got = mix_dtype(mix, name, 4096, &ctx);
+                            let want = expected(mix, n, name, tied, gqa);
+                            assert_eq!(
+                                got,
+                                want,
+                                "{} {n} layers, tied {tied}, gqa {gqa}: {name}",
+                                mix.name()
+                            );
+                            *counts.entry(got.name()).or_insert(0) += 1;
+                        }
+                        // the hand table itself: Q4_K_M gives 2 * 8 (16 layers) or 2 * 16
+                        // (32) tensors Q6_K besides the output head; Q3_K_M 2 + 1 (16) or
+                        // 2 + 2 (32) Q5_K; Q2_K 3 per layer Q3_K (2 with 4 heads per KV head)
+                        let c = |d: &str| counts.get(d).copied().unwrap_or(0);
+                        match mix {
+                            QuantMix::Q4KM => assert_eq!(c("q6_k"), 2 * n / 2 + 1, "{counts:?}"),
+                            QuantMix::Q3KM => assert_eq!(c("q5_k"), 2 + n / 16, "{counts:?}"),
+                            QuantMix::Q2K => {
+                                let per = if gqa >= 4 { 2 } else { 3 };
+                                assert_eq!(c("q3_k"), per * n, "{counts:?}")
+                            }
+                            _ => {}
+                        }
                     }
                 }
             }
@@ -1274,11 +1350,33 @@ mod tests {
     }
 
     #[test]
+    fn query_heads_per_kv_head_from_the_metadata() {
+        let meta = |h: Option<u64>, kv: Option<u64>| {
+            let mut m = crate::source::Metadata::new();
+            if let Some(h) = h {
+                m.insert("model.n_heads".into(), MetaValue::U64(h));
+            }
+            if let Some(kv) = kv {
+                m.insert("model.n_kv_heads".into(), MetaValue::U64(kv));
+            }
+            m
+        };
+        assert_eq!(n_gqa(&meta(Some(9), Some(3))), 3); // SmolLM2
+        assert_eq!(n_gqa(&meta(Some(32), Some(8))), 4);
+        assert_eq!(n_gqa(&meta(Some(32), Some(0))), 0);
+        assert_eq!(n_gqa(&meta(Some(32), None)), 0);
+        assert_eq!(n_gqa(&meta(None, Some(8))), 0);
+    }
+
+    #[test]
     fn quant_names_parse() {
         for (s, want) in [
             ("q5_0", QuantTarget::To(DType::Q5_0)),
             ("Q5_1", QuantTarget::To(DType::Q5_1)),
-            ("q2_k", QuantTarget::To(DType::Q2K)),
+            ("q2_k", QuantTarget::Mix(QuantMix::Q2K)),
+            ("Q3_K_S", QuantTarget::Mix(QuantMix::Q3KS)),
+            ("q3_k_m", QuantTarget::Mix(QuantMix::Q3KM)),
+            ("q3_k_l", QuantTarget::Mix(QuantMix::Q3KL)),
             ("q3_k", QuantTarget::To(DType::Q3K)),
             ("q4_k", QuantTarget::To(DType::Q4K)),
             ("q5_k", QuantTarget::To(DType::Q5K)),

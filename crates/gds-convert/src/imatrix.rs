@@ -364,6 +364,124 @@ fn parse_legacy(b: &[u8]) -> Result<BTreeMap<String, ImatrixEntry>, String> {
     Ok(out)
 }
 
+/// One matrix of an importance matrix to write: per column the sum of squared activations,
+/// and the number of activation rows summed (a dense matrix: one expert).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImatrixSums {
+    /// Per column, Σ x².
+    pub in_sum2: Vec<f32>,
+    /// Activation rows (tokens) summed.
+    pub count: u64,
+}
+
+/// What [`write_gguf`] records besides the sums (llama-imatrix's metadata keys).
+#[derive(Clone, Debug, Default)]
+pub struct ImatrixMeta {
+    /// `imatrix.datasets`: the calibration files' names.
+    pub datasets: Vec<String>,
+    /// `imatrix.chunk_count`: chunks evaluated.
+    pub chunk_count: u32,
+    /// `imatrix.chunk_size`: tokens per chunk.
+    pub chunk_size: u32,
+}
+
+/// The bytes of a GGUF importance matrix as `llama-imatrix` writes it: GGUF v3, keys
+/// `general.type` = `imatrix`, `imatrix.datasets`, `imatrix.chunk_count`,
+/// `imatrix.chunk_size`; per matrix, in name order, `<name>.in_sum2` (F32, ggml dims
+/// `[n_cols, 1]`) and `<name>.counts` (F32, `[1, 1]`), data aligned to 32 bytes.
+pub fn gguf_bytes(entries: &BTreeMap<String, ImatrixSums>, meta: &ImatrixMeta) -> Vec<u8> {
+    const ALIGN: u64 = 32;
+    let s = |b: &mut Vec<u8>, v: &str| {
+        b.extend((v.len() as u64).to_le_bytes());
+        b.extend(v.as_bytes());
+    };
+    let mut tensors: Vec<(String, [u64; 2], Vec<f32>)> = Vec::with_capacity(entries.len() * 2);
+    for (name, e) in entries {
+        tensors.push((
+            format!("{name}.in_sum2"),
+            [e.in_sum2.len() as u64, 1],
+            e.in_sum2.clone(),
+        ));
+        tensors.push((format!("{name}.counts"), [1, 1], vec![e.count as f32]));
+    }
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend(4u64.to_le_bytes());
+    s(&mut b, "general.type");
+    b.extend(GGUF_STRING.to_le_bytes());
+    s(&mut b, "imatrix");
+    s(&mut b, "imatrix.datasets");
+    b.extend(GGUF_ARRAY.to_le_bytes());
+    b.extend(GGUF_STRING.to_le_bytes());
+    b.extend((meta.datasets.len() as u64).to_le_bytes());
+    for d in &meta.datasets {
+        s(&mut b, d);
+    }
+    for (k, v) in [
+        ("imatrix.chunk_count", meta.chunk_count),
+        ("imatrix.chunk_size", meta.chunk_size),
+    ] {
+        s(&mut b, k);
+        b.extend(4u32.to_le_bytes()); // GGUF_TYPE_UINT32
+        b.extend(v.to_le_bytes());
+    }
+    let mut off = 0u64;
+    for (name, dims, vals) in &tensors {
+        s(&mut b, name);
+        b.extend(2u32.to_le_bytes());
+        for d in dims {
+            b.extend(d.to_le_bytes());
+        }
+        b.extend(0u32.to_le_bytes()); // F32
+        b.extend(off.to_le_bytes());
+        off += (vals.len() as u64 * 4).div_ceil(ALIGN) * ALIGN;
+    }
+    b.resize(
+        (b.len() as u64).div_ceil(ALIGN) as usize * ALIGN as usize,
+        0,
+    );
+    for (_, _, vals) in &tensors {
+        let start = b.len();
+        for v in vals {
+            b.extend(v.to_le_bytes());
+        }
+        let len = (b.len() - start) as u64;
+        b.resize(start + (len.div_ceil(ALIGN) * ALIGN) as usize, 0);
+    }
+    b
+}
+
+/// Writes [`gguf_bytes`] to `path` atomically: a temporary file beside it, synced, then
+/// renamed over it; on an error nothing is left at `path` or beside it.
+pub fn write_gguf(
+    path: &Path,
+    entries: &BTreeMap<String, ImatrixSums>,
+    meta: &ImatrixMeta,
+) -> Result<(), ConvertError> {
+    use std::io::Write;
+    let bytes = gguf_bytes(entries, meta);
+    let name = path.file_name().ok_or_else(|| ConvertError::BadInput {
+        path: path.to_path_buf(),
+        msg: "importance matrix output: not a file name".into(),
+    })?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(&bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        drop(f);
+        std::fs::rename(&tmp, path).map_err(io(path))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 impl Imatrix {
     /// The weights of each expert of `name` (a matrix of `cols` columns and `n_mat` experts),
     /// or `None` when the file has no entry for it; an entry of another size is an error
@@ -567,5 +685,56 @@ mod tests {
                 "{cut}: {e}"
             );
         }
+    }
+    #[test]
+    fn written_gguf_reads_back_as_llama_imatrix_writes_it() {
+        let mut entries = BTreeMap::new();
+        entries.insert(
+            "blk.0.attn_q.weight".to_string(),
+            ImatrixSums {
+                in_sum2: vec![8.0, 0.0, 2.0],
+                count: 4,
+            },
+        );
+        entries.insert(
+            "blk.0.ffn_down.weight".to_string(),
+            ImatrixSums {
+                in_sum2: vec![5.0; 9],
+                count: 0,
+            },
+        );
+        let meta = ImatrixMeta {
+            datasets: vec!["calib.txt".into()],
+            chunk_count: 2,
+            chunk_size: 2,
+        };
+        let b = gguf_bytes(&entries, &meta);
+        let m = parse_gguf(&b).unwrap();
+        assert_eq!(m["blk.0.attn_q.weight"].weights, vec![2.0, 0.0, 0.5]);
+        // a matrix no token reached: weights 1 (llama-quantize's rule for count 0)
+        assert_eq!(m["blk.0.ffn_down.weight"].weights, vec![1.0; 9]);
+        assert_eq!(m.len(), 2);
+        // the same bytes as the reader's test writer makes for the same tensors (the data
+        // layout llama-imatrix's gguf_write_to_file gives), past the metadata
+        let want = gguf(&[
+            ("blk.0.attn_q.weight.in_sum2", &[3, 1], 0, &[8.0, 0.0, 2.0]),
+            ("blk.0.attn_q.weight.counts", &[1, 1], 0, &[4.0]),
+            ("blk.0.ffn_down.weight.in_sum2", &[9, 1], 0, &[5.0; 9]),
+            ("blk.0.ffn_down.weight.counts", &[1, 1], 0, &[0.0]),
+        ]);
+        let tail = 4 * 32 + 32; // the data: 3 + 1 + 9 + 1 values, each padded to 32 bytes
+        assert_eq!(b[b.len() - tail..], want[want.len() - tail..]);
+        // atomic write: the file appears whole, no temporary is left
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.imatrix.gguf");
+        write_gguf(&p, &entries, &meta).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b);
+        let r = read_imatrix(&p).unwrap();
+        assert_eq!(r.format, ImatrixFormat::Gguf);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // a directory that does not exist: an error, nothing written
+        let bad = dir.path().join("no/such/dir/x.gguf");
+        assert!(write_gguf(&bad, &entries, &meta).is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }

@@ -14,6 +14,7 @@ pub mod exec;
 pub mod gbnf;
 pub mod gpuplan;
 pub mod graph;
+pub mod imatrix;
 pub mod ioplan;
 pub mod kld;
 pub mod kv;

@@ -11,11 +11,12 @@ use crate::batch::Batch;
 use crate::config::{Config, RopeStyle};
 use crate::error::{Result, RuntimeError};
 use crate::graph::{self, Arch, Buf, Glu, Ops};
+use crate::imatrix::MatmulObserver;
 use crate::ioplan::IoPlan;
 use crate::kv::KvCache;
 use crate::ops;
 use crate::rope::RopeTable;
-use crate::weights::{TensorRef, Weights};
+use crate::weights::{BlockWeights, TensorRef, Weights};
 use gds_format::arch::RopeFreqs;
 use gds_io::{
     DirectBackend, DirectOptions, IoStats, LayerBytes, LayerSource, MmapBackend, Span, Verifier,
@@ -277,7 +278,22 @@ impl Model {
         self.check_batch(state, kv, batch)?;
         let all = self.config.n_layers;
         self.pool
-            .install(|| self.forward_inner(state, kv, batch, all))
+            .install(|| self.forward_inner(state, kv, batch, all, None))
+    }
+
+    /// [`forward`](Model::forward), showing `obs` the f32 input of every block matrix
+    /// product (`gdsrun imatrix`); the plain forward pass has no observer to check.
+    pub fn forward_observed(
+        &self,
+        state: &mut RunState,
+        kv: &mut KvCache,
+        batch: &Batch,
+        obs: &mut dyn MatmulObserver,
+    ) -> Result<usize> {
+        self.check_batch(state, kv, batch)?;
+        let all = self.config.n_layers;
+        self.pool
+            .install(|| self.forward_inner(state, kv, batch, all, Some(obs)))
     }
 
     /// [`forward`](Model::forward) through the first `blocks` blocks only, then the final
@@ -307,7 +323,7 @@ impl Model {
             )));
         }
         self.pool
-            .install(|| self.forward_inner(state, kv, batch, blocks))
+            .install(|| self.forward_inner(state, kv, batch, blocks, None))
     }
 
     fn check_batch(&self, state: &RunState, kv: &KvCache, batch: &Batch) -> Result<()> {
@@ -466,6 +482,7 @@ impl Model {
         kv: &mut KvCache,
         batch: &Batch,
         blocks: usize,
+        mut obs: Option<&mut dyn MatmulObserver>,
     ) -> Result<usize> {
         let c = &self.config;
         let n = batch.len();
@@ -520,6 +537,7 @@ impl Model {
                 kv: &mut *kv,
                 batch,
                 bytes: &bytes,
+                obs: obs.as_deref_mut().map(|o| (o, l, w)),
             };
             graph::block(self.arch, &mut o, l, w)?;
         }
@@ -652,15 +670,18 @@ const GLU_CHUNK: usize = 8192;
 /// The CPU backend of the graph's [`Ops`] for one block of one batch: buffers are the rows
 /// of [`RunState`], matrices are [`TensorRef`]s into the block's resident `bytes`, vectors
 /// are f32 loaded at open.
-struct CpuOps<'a> {
+struct CpuOps<'a, 'o> {
     m: &'a Model,
     s: &'a mut RunState,
     kv: &'a mut KvCache,
     batch: &'a Batch,
     bytes: &'a LayerBytes,
+    /// An observer of the products' inputs, with the block's index and weights (to name
+    /// the matrices); `None` in the plain forward pass.
+    obs: Option<(&'a mut (dyn MatmulObserver + 'o), usize, &'a BlockWeights)>,
 }
 
-impl CpuOps<'_> {
+impl CpuOps<'_, '_> {
     /// Width of one token's row of `b`.
     fn width(&self, b: Buf) -> usize {
         let c = &self.m.config;
@@ -701,7 +722,7 @@ impl CpuOps<'_> {
     }
 }
 
-impl Ops for CpuOps<'_> {
+impl Ops for CpuOps<'_, '_> {
     type Mat = TensorRef;
     type Vec = Vec<f32>;
 
@@ -734,6 +755,14 @@ impl Ops for CpuOps<'_> {
         let lens: Vec<usize> = outs.iter().map(|&(b, _)| self.rows(b)).collect();
         let xlen = self.rows(x);
         let xin = &Self::field(self.s, x)[..xlen];
+        if let Some((o, l, block)) = &mut self.obs {
+            let roles = block.matrices();
+            for (_, w) in outs {
+                if let Some((role, _)) = roles.iter().find(|(_, m)| std::ptr::eq(*m, *w)) {
+                    o.matmul(*l, role, xin, n);
+                }
+            }
+        }
         let mut ys: Vec<&mut [f32]> = taken
             .iter_mut()
             .zip(&lens)

@@ -22,6 +22,9 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Perplexity of a text file, computed like llama.cpp's llama-perplexity.
     Perplexity(PerplexityArgs),
+    /// Importance matrix of a text file for quantization (`gdsconv convert --imatrix`),
+    /// computed like llama.cpp's llama-imatrix and written in its GGUF format.
+    Imatrix(ImatrixArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench(BenchArgs),
     /// OpenAI- and Anthropic-compatible HTTP server (completions, chat, responses, messages,
@@ -220,6 +223,28 @@ pub struct PerplexityArgs {
     /// ratio of the perplexities (llama-perplexity's --kl-divergence).
     #[arg(long, value_name = "FILE")]
     pub kl_divergence: Option<PathBuf>,
+}
+
+/// `gdsrun imatrix`.
+#[derive(Args, Debug)]
+pub struct ImatrixArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Calibration text file.
+    #[arg(long, short = 'f')]
+    pub file: PathBuf,
+    /// Output file (GGUF imatrix, as llama-imatrix writes); it appears only when complete.
+    #[arg(long, short = 'o', default_value = "imatrix.gguf")]
+    pub output: PathBuf,
+    /// Tokens per chunk.
+    #[arg(long, short = 'c', default_value_t = 512)]
+    pub ctx: usize,
+    /// At most this many chunks (default: every whole chunk of the text).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `gdsrun bench`.

@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod doctor;
+mod imatrix;
 mod out;
 mod perplexity;
 mod run;
@@ -17,6 +18,7 @@ use out::errln;
 const SUBCOMMANDS: &[&str] = &[
     "run",
     "perplexity",
+    "imatrix",
     "bench",
     "serve",
     "batch",
@@ -77,6 +79,7 @@ fn main() {
     match &mut cli.command {
         Command::Run(a) => resolve(&mut a.common.model_dir, ph),
         Command::Perplexity(a) => resolve(&mut a.common.model_dir, ph),
+        Command::Imatrix(a) => resolve(&mut a.common.model_dir, ph),
         Command::Bench(a) => resolve(&mut a.common.model_dir, ph),
         Command::Serve(a) => resolve(&mut a.model_dir, ph),
         Command::Batch(a) => resolve(&mut a.model_dir, ph),
@@ -89,6 +92,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(a) => run::run(*a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Imatrix(a) => imatrix::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => gds_serve::run(a),
         Command::Batch(a) => gds_serve::batch::run(a),

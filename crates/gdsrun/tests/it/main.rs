@@ -4,5 +4,6 @@
 mod batch;
 mod cli;
 mod errors;
+mod imatrix;
 mod speculative;
 mod stream;
