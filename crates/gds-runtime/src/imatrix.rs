@@ -15,16 +15,8 @@
 use crate::batch::Batch;
 use crate::error::{Result, RuntimeError};
 use crate::kv::KvCache;
-use crate::model::{Model, RunState};
+use crate::model::{MatmulObserver, Model, RunState};
 use std::collections::BTreeMap;
-
-/// Sees the input of the block matrix products of a forward pass.
-pub trait MatmulObserver: Send {
-    /// `x` is `n` rows (tokens) of the f32 activation entering the product with block
-    /// `layer`'s matrix `role` (`attn_q`, `attn_k`, `attn_v`, `attn_output`, `ffn_gate`,
-    /// `ffn_up`, `ffn_down`).
-    fn matmul(&mut self, layer: usize, role: &str, x: &[f32], n: usize);
-}
 
 /// Products of fewer tokens than this are not counted (llama-imatrix's rule).
 pub const MIN_TOKENS: usize = 16;

@@ -11,7 +11,6 @@ use crate::batch::Batch;
 use crate::config::{Config, RopeStyle};
 use crate::error::{Result, RuntimeError};
 use crate::graph::{self, Arch, Buf, Glu, Ops};
-use crate::imatrix::MatmulObserver;
 use crate::ioplan::IoPlan;
 use crate::kv::KvCache;
 use crate::ops;
@@ -123,6 +122,15 @@ impl RunState {
     pub fn n_outputs(&self) -> usize {
         self.n_out
     }
+}
+
+/// Sees the input of the block matrix products of a forward pass
+/// ([`Model::forward_observed`]; `gdsrun imatrix`'s [`crate::imatrix::ImatrixCollector`]).
+pub trait MatmulObserver: Send {
+    /// `x` is `n` rows (tokens) of the f32 activation entering the product with block
+    /// `layer`'s matrix `role` (`attn_q`, `attn_k`, `attn_v`, `attn_output`, `ffn_gate`,
+    /// `ffn_up`, `ffn_down`).
+    fn matmul(&mut self, layer: usize, role: &str, x: &[f32], n: usize);
 }
 
 /// A loaded model: configuration, the I/O backend with the layers it keeps resident,
