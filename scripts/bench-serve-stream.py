@@ -21,7 +21,7 @@ Needs: the model converted (1b: scripts/synth-model.py llama-1b, then llama.cpp'
 convert/quantize and `gdsconv convert`, as bench/runs/2026-11-27-real-size-1b.md says;
 smollm2: scripts/fetch-model.sh), fio (installed with apt when missing), llama.cpp built
 (scripts/build-llama-cpp.sh) for the llama-server rows."""
-import argparse, json, os, subprocess, sys, time
+import argparse, json, os, subprocess, sys, time, urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import drop_cache, ensure_fio, fio_bandwidth, free_port, in_cgroup, make_cgroup, run_load, stop, wait_healthy  # noqa: E402
@@ -92,10 +92,39 @@ def serve(label, cmd, cgroup=None):
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_healthy(url, p, timeout=300)
-        out = run_load(url, a.concurrency, a.requests, a.max_tokens, a.time_limit)
-        return out["levels"], peak_rss(p.pid)
+        out = []
+        for c in levels:
+            m0 = scrape(url)
+            lv = run_load(url, str(c), a.requests, a.max_tokens, a.time_limit)["levels"]
+            m1 = scrape(url)
+            # gdsrun's /metrics (llama-server has none of these): of the forward passes'
+            # time, how much waited for streamed weights that compute did not hide
+            step_s = sum(m1.get(k, 0) - m0.get(k, 0) for k in ("gds_prompt_seconds_total", "gds_decode_seconds_total"))
+            wait_s = m1.get("gds_io_wait_seconds_total", 0) - m0.get("gds_io_wait_seconds_total", 0)
+            for l in lv:
+                l["io_wait_share"] = wait_s / step_s if step_s > 0 else None
+            out += lv
+        return out, peak_rss(p.pid)
     finally:
         stop(p)
+
+
+def scrape(url):
+    """The numeric series of `url`/metrics (empty for a server without gdsrun's)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except Exception:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#"):
+            try:
+                out[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    return out
 
 
 plan = run_json([GDSRUN, model, "--plan", "--io", "direct"])["io_plan"]
@@ -143,6 +172,9 @@ for label, r in rows.items():
         else:
             cells.append(f"    {tps:>6.1f}{'':>7}{'':>6}")
     print(f"{label:<10}{r['per_step'] / 1e6:>8.0f}{r['bw'] / 1e6:>10.0f}{r['rss'] / MiB:>8.0f} | " + " | ".join(cells))
+    waits = [f"c={c}: {l['io_wait_share']:.0%}" for c, l in r["levels"].items() if r["per_step"] and l.get("io_wait_share") is not None]
+    if waits:
+        print(f"  forward time waiting for weight reads: {', '.join(waits)}")
     failed = sum(l["failed"] for l in r["levels"].values())
     if failed:
         print(f"  {failed} requests failed: {[e for l in r['levels'].values() for e in l['errors']][:2]}")

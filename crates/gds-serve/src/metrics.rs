@@ -75,6 +75,9 @@ pub struct ServerMetrics {
     pub grammars: AtomicU64,
     /// Nanoseconds spent compiling grammars (including building the vocabulary index once).
     pub grammar_ns: AtomicU64,
+    /// The weight reads of the engine's layer source (streamed layers; zero when every
+    /// layer is resident), as of the last step.
+    io: Mutex<gds_io::IoStats>,
     timing: Mutex<Timing>,
 }
 
@@ -115,6 +118,11 @@ impl ServerMetrics {
         self.grammars.fetch_add(1, Ordering::Relaxed);
         self.grammar_ns
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Records the layer source's counters after a step (they only grow).
+    pub fn set_io(&self, io: gds_io::IoStats) {
+        *self.io.lock().unwrap_or_else(|e| e.into_inner()) = io;
     }
 
     /// Records one forward pass of `prompt` prompt tokens and `decode` decode tokens that
@@ -341,6 +349,25 @@ impl ServerMetrics {
             "gauge",
             "Recent aggregate decode throughput.",
             format!("{:.3}", t.decode_tps),
+        );
+        let io = *self.io.lock().unwrap_or_else(|e| e.into_inner());
+        put(
+            "io_read_bytes_total",
+            "counter",
+            "Bytes of weights read from the layer files (streamed layers; resident ones once at start).",
+            io.bytes_read.to_string(),
+        );
+        put(
+            "io_read_seconds_total",
+            "counter",
+            "Seconds spent inside weight reads (the I/O thread's and the engine's together).",
+            format!("{:.6}", io.read_ns as f64 / 1e9),
+        );
+        put(
+            "io_wait_seconds_total",
+            "counter",
+            "Seconds forward passes waited for streamed weights (reads that compute did not hide).",
+            format!("{:.6}", io.wait_ns as f64 / 1e9),
         );
         let (total, free) = (g(&self.kv_blocks_total), g(&self.kv_blocks_free));
         put(

@@ -681,6 +681,7 @@ impl Engine {
         };
         let dt = t0.elapsed().as_secs_f64();
         self.metrics.record_step(n_prompt, n_decode, dt);
+        self.metrics.set_io(self.exec.io_stats());
         // when the pass failed, each sequence's part runs alone: only those whose own part
         // fails are failed (a request never fails for another's fault), and the logits of
         // the others' rows are kept here

@@ -439,8 +439,35 @@ fn streamed_layers_serve_a_batch_with_the_mapped_models_text() {
     let mapped = texts(&start(&["--io", "mmap"]));
     // a quarter of SmolLM2's 92 MiB: blocks and the output head stream with O_DIRECT, one
     // pass over the weights per step for all three sequences
-    let streamed = texts(&start(&["--io", "direct", "--mem-budget", "24MB"]));
+    let s = start(&["--io", "direct", "--mem-budget", "24MB"]);
+    let counters = || {
+        let (_, m) = http(&s.addr, "GET", "/metrics", None);
+        let c = (
+            metric(&m, "gds_io_read_bytes_total"),
+            metric(&m, "gds_steps_total"),
+            metric(&m, "gds_io_wait_seconds_total"),
+        );
+        (c, m)
+    };
+    // what was read before the first request: the resident layers, once
+    let ((resident, steps0, _), _) = counters();
+    let streamed = texts(&s);
     assert_eq!(streamed, mapped);
+    // /metrics: the bytes read per step are the streamed layers' (the layer files less the
+    // resident ones), once per step whatever the batch (embedding rows read per token: a
+    // few KiB of slack per step), and the time spent waiting for them is counted
+    let weights: u64 = std::fs::read_dir(gds_tests::smollm_converted().join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let ((read, steps, wait), m) = counters();
+    let (per_step, streamed_bytes) = ((read - resident) / (steps - steps0), weights as f64 - resident);
+    assert!(resident > 0.0 && streamed_bytes > 0.0, "{m}");
+    assert!(
+        per_step > 0.5 * streamed_bytes && per_step < streamed_bytes + 65536.0,
+        "{per_step} bytes read per step, {streamed_bytes} streamed bytes in the layer files: {m}"
+    );
+    assert!(wait >= 0.0, "{m}");
 }
 
 /// Gemma 3 through the server and the official client: the completion and the chat answer
