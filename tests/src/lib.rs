@@ -186,6 +186,15 @@ pub fn smollm_converted() -> &'static Path {
     DIR.get_or_init(|| convert_once(&smollm_gguf(), "smollm2.gds"))
 }
 
+/// The tiny Llama 3 of `fixtures/tiny-llama3-hf` (random weights made by transformers, 183 KB,
+/// with a tokenizer and a chat template), converted once (see [`models_dir`]): for the
+/// distribution tests whose subject is the protocol or the package, not the size of the
+/// blobs (those use SmolLM2).
+pub fn tiny_converted() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| convert_once(&fixture("tiny-llama3-hf"), "tiny-llama3.gds"))
+}
+
 /// Copies a directory tree (a converted model) to `dst`.
 pub fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).expect("create directory");

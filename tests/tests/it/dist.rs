@@ -977,7 +977,8 @@ fn a_tampered_blob_in_the_registry_is_refused() {
 fn hostile_packages_are_refused() {
     let reg = Registry::start();
     let env = Env::new();
-    let genuine = pack_layout(&env, smollm_converted(), "genuine", "latest");
+    // the tiny Llama 3: the forgeries are of the package, whatever the blobs' size
+    let genuine = pack_layout(&env, tiny_converted(), "genuine", "latest");
     let escape = env.path("escape-target");
     let mut failures = Vec::new();
     for case in [
@@ -1145,8 +1146,9 @@ fn a_package_whose_chat_template_is_hostile_is_refused() {
     // problem) and keep nothing; `gdsrun REF` must not run it.
     let reg = Registry::start();
     let env = Env::new();
-    let genuine = pack_layout(&env, smollm_converted(), "genuine", "latest");
-    let cfg_path = smollm_converted().join("tokenizer_config.json");
+    // the tiny Llama 3 (it has a chat template to replace): the forgery is of the package
+    let genuine = pack_layout(&env, tiny_converted(), "genuine", "latest");
+    let cfg_path = tiny_converted().join("tokenizer_config.json");
     let cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
     let cases = [
         (
@@ -1162,7 +1164,7 @@ fn a_package_whose_chat_template_is_hostile_is_refused() {
     ];
     for (case, template, problem) in cases {
         let model = env.path(&format!("forged-{case}"));
-        copy_dir(smollm_converted(), &model);
+        copy_dir(tiny_converted(), &model);
         let mut c = cfg.clone();
         c["chat_template"] = template.into();
         forge_file(&model, "tokenizer_config.json", c.to_string().as_bytes());
@@ -1263,8 +1265,8 @@ fn a_package_whose_chat_template_is_hostile_is_refused() {
 fn credentials_come_from_the_docker_config() {
     let reg = Registry::start_with_auth();
     let env = Env::new(); // empty DOCKER_CONFIG
-    let model = smollm_converted();
-    let r = reg.reference("private/smollm2", "latest");
+    let model = tiny_converted(); // the credentials are the subject, not the blobs
+    let r = reg.reference("private/tiny", "latest");
 
     let expect_401 = |o: &Output, what: &str| {
         let err = stderr(o);

@@ -461,7 +461,10 @@ fn streamed_layers_serve_a_batch_with_the_mapped_models_text() {
         .map(|e| e.unwrap().metadata().unwrap().len())
         .sum();
     let ((read, steps, wait), m) = counters();
-    let (per_step, streamed_bytes) = ((read - resident) / (steps - steps0), weights as f64 - resident);
+    let (per_step, streamed_bytes) = (
+        (read - resident) / (steps - steps0),
+        weights as f64 - resident,
+    );
     assert!(resident > 0.0 && streamed_bytes > 0.0, "{m}");
     assert!(
         per_step > 0.5 * streamed_bytes && per_step < streamed_bytes + 65536.0,
