@@ -2,8 +2,8 @@
 // included after emu.h when the kernels run on the CPU in tests. No #include here: NVRTC
 // has no standard headers, so the kernels use only what this file and emu.h define.
 //
-// Rules that keep the kernels emulable (kernels/emu.h runs one block at a time, one OS
-// thread per CUDA thread):
+// Rules that keep the kernels emulable (kernels/emu.h runs one block at a time, one fiber
+// per CUDA thread):
 // - __syncthreads() and warp_sum() are reached by every thread of the block, the same
 //   number of times (no early return before them; guard the work, not the barrier);
 // - __shared__ arrays have a fixed size; blockDim.x is a multiple of 32 (whole warps).

@@ -1,11 +1,12 @@
 // CPU emulation of the CUDA subset the kernels use, so that the same .cu sources compile as
 // C++ and run in tests (crates/gds-cuda/tests/it/emu.rs). Not for speed, but not wasteful: a
 // launch runs the blocks one after another, and the threads of a block as cooperative
-// fibers (ucontext) on the calling OS thread. __syncthreads() switches to the next fiber
-// of the block; when every fiber has reached it, the first one resumes. So a barrier is a
-// real barrier (no thread passes it before all have reached it, and what was written
-// before it is read after it), and the kernels' barrier discipline is what makes them run
-// at all: a thread that skips a barrier the others reach desynchronises the block.
+// fibers on the calling OS thread (a register switch on x86-64, ucontext elsewhere).
+// __syncthreads() switches to the next fiber of the block; when every fiber has reached
+// it, the first one resumes. So a barrier is a real barrier (no thread passes it before
+// all have reached it, and what was written before it is read after it), and the
+// kernels' barrier discipline is what makes them run at all: a thread that skips a barrier
+// the others reach desynchronises the block.
 //
 // Emulated: __global__/__device__/__forceinline__, __shared__ (a static local: one copy,
 // which is right because only one block runs at a time), threadIdx/blockIdx (set at each
@@ -17,6 +18,7 @@
 // a misaligned one aborts the test instead of faulting on the device.
 #pragma once
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -39,24 +41,6 @@ static dim3 blockDim;
 static dim3 gridDim;
 
 namespace emu {
-// One fiber per thread of a block, with its own stack (kept across launches).
-struct Fiber {
-    ucontext_t ctx;
-    std::vector<char> stack;
-    dim3 idx;
-    bool done;
-};
-const size_t FIBER_STACK = 64 * 1024;
-static ucontext_t scheduler;
-static std::vector<Fiber> fibers;
-static unsigned current;
-// The kernel call of the running launch, for every fiber of the block.
-static std::function<void()> body;
-static void fiber_main() {
-    body();
-    fibers[current].done = true;
-    // returning resumes the scheduler (uc_link)
-}
 // One launch at a time per process: the fibers, blockDim and the shuffle slots are global
 // (tests call kernels from several threads).
 static std::mutex launch_lock;
@@ -64,10 +48,102 @@ static float shuffle_slots[1024];
 inline unsigned linear_tid() {
     return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
 }
+const size_t FIBER_STACK = 64 * 1024;
+// The kernel call of the running launch, for every fiber of the block.
+static std::function<void()> body;
+static unsigned current;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// x86-64: fibers switch with the few instructions below. swapcontext also saves and
+// restores the signal mask, one rt_sigprocmask system call per switch (two per fiber per
+// barrier), which was a third of the emulated tests' time, all of it in the kernel.
+//
+// switch_stack(from, to): pushes the callee-saved registers (the System V ABI's: rbp, rbx,
+// r12-r15) on the running stack, stores the stack pointer in *from, loads `to` (a pointer
+// stored by an earlier switch, or made by fiber_stack) and pops the other context's
+// registers; its `ret` resumes that context. The kernels change neither MXCSR nor the x87
+// control word, the other callee-saved state, so they are not switched.
+__attribute__((naked, noinline)) static void switch_stack(void** /*from*/, void* /*to*/) {
+    __asm__ volatile(
+        "pushq %rbp\n\t"
+        "pushq %rbx\n\t"
+        "pushq %r12\n\t"
+        "pushq %r13\n\t"
+        "pushq %r14\n\t"
+        "pushq %r15\n\t"
+        "movq %rsp, (%rdi)\n\t"
+        "movq %rsi, %rsp\n\t"
+        "popq %r15\n\t"
+        "popq %r14\n\t"
+        "popq %r13\n\t"
+        "popq %r12\n\t"
+        "popq %rbx\n\t"
+        "popq %rbp\n\t"
+        "ret\n\t");
+}
+
+struct Fiber {
+    void* sp;
+    std::vector<char> stack;
+    dim3 idx;
+    bool done;
+};
+static void* scheduler_sp;
+static std::vector<Fiber> fibers;
+
+// Where a new fiber's first switch returns to: runs the kernel, then goes back to the
+// scheduler for good (the fiber is made anew for the next block).
+static void fiber_entry() {
+    body();
+    fibers[current].done = true;
+    switch_stack(&fibers[current].sp, scheduler_sp);
+    __builtin_unreachable();
+}
+
+// A fresh stack for fiber `f` whose first switch enters fiber_entry as a call would: six
+// zeroed registers to pop, fiber_entry's address for the `ret`, and below the 16-byte
+// aligned top one slot, so that fiber_entry starts with rsp = 8 (mod 16) as the ABI has it.
+inline void fiber_start(Fiber& f) {
+    f.stack.resize(FIBER_STACK);
+    uintptr_t top = (uintptr_t)(f.stack.data() + f.stack.size()) & ~(uintptr_t)15;
+    void** sp = (void**)top;
+    *--sp = nullptr;
+    *--sp = (void*)&fiber_entry;
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    f.sp = sp;
+}
+inline void fiber_resume(Fiber& f) { switch_stack(&scheduler_sp, f.sp); }
+inline void fiber_yield() { switch_stack(&fibers[current].sp, scheduler_sp); }
+#else
+// Elsewhere: ucontext (one signal-mask system call per switch).
+struct Fiber {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    dim3 idx;
+    bool done;
+};
+static ucontext_t scheduler;
+static std::vector<Fiber> fibers;
+static void fiber_main() {
+    body();
+    fibers[current].done = true;
+    // returning resumes the scheduler (uc_link)
+}
+inline void fiber_start(Fiber& f) {
+    f.stack.resize(FIBER_STACK);
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.data();
+    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_link = &scheduler;
+    makecontext(&f.ctx, fiber_main, 0);
+}
+inline void fiber_resume(Fiber& f) { swapcontext(&scheduler, &f.ctx); }
+inline void fiber_yield() { swapcontext(&fibers[current].ctx, &scheduler); }
+#endif
 }  // namespace emu
 
 // The running fiber waits here until every fiber of the block has arrived.
-inline void __syncthreads() { swapcontext(&emu::fibers[emu::current].ctx, &emu::scheduler); }
+inline void __syncthreads() { emu::fiber_yield(); }
 
 inline float __shfl_xor_sync(unsigned /*mask*/, float v, int lane_mask) {
     unsigned t = emu::linear_tid();
@@ -125,14 +201,9 @@ void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
                 blockIdx = dim3(bx, by, bz);
                 for (unsigned i = 0; i < nt; i++) {
                     emu::Fiber& f = emu::fibers[i];
-                    f.stack.resize(emu::FIBER_STACK);
                     f.idx = dim3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
                     f.done = false;
-                    getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = f.stack.data();
-                    f.ctx.uc_stack.ss_size = f.stack.size();
-                    f.ctx.uc_link = &emu::scheduler;
-                    makecontext(&f.ctx, emu::fiber_main, 0);
+                    emu::fiber_start(f);
                 }
                 for (bool running = true; running;) {
                     running = false;
@@ -140,7 +211,7 @@ void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, A... args) {
                         if (emu::fibers[i].done) continue;
                         emu::current = i;
                         threadIdx = emu::fibers[i].idx;
-                        swapcontext(&emu::scheduler, &emu::fibers[i].ctx);
+                        emu::fiber_resume(emu::fibers[i]);
                         running = running || !emu::fibers[i].done;
                     }
                 }

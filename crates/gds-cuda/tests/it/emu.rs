@@ -1,5 +1,5 @@
 //! The CUDA kernels' arithmetic, checked on the CPU: kernels/*.cu are compiled as C++ with
-//! kernels/emu.h (grid and block loops, one OS thread per CUDA thread, real barriers),
+//! kernels/emu.h (grid and block loops, one fiber per CUDA thread, real barriers),
 //! launched with the executor's grid/block shapes, and compared with `gds-kernels` (weights)
 //! and f64 references of the CPU backend's formulas (norm, RoPE, attention, SwiGLU).
 
