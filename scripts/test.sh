@@ -55,14 +55,12 @@ step "cargo test (tier 1 and tier 2; the emulated CUDA kernels and the doctests 
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
 # Python packages or NVRTC: --include-ignored runs both tiers in one pass over one build.
-# gds-cuda's tests run the kernels emulated on the CPU, one launch at a time (about one core
-# for ~4 minutes): they run beside the other binaries, whose tests wait on servers and
-# subprocesses part of the time, and their output is printed after them.
-# The crates' README examples (their crate docs: doctests, one compile and link each) follow
-# them in the same background job.
-# The GPU backend's own checks (--features cuda: clippy, the probe tests, the kernels
-# compiled by NVRTC; scripts/gpu-pack.sh builds the binary) come last in that job: the
-# foreground's server tests leave a core mostly idle, and that is where they run.
+# A background job runs beside them, its output printed after theirs: gds-cuda's tests (the
+# kernels emulated on the CPU, one launch at a time: ~20 s of one core), the crates' README
+# examples (their crate docs: doctests) and the GPU backend's own checks (--features cuda:
+# clippy, the probe tests, the kernels compiled by NVRTC; scripts/gpu-pack.sh builds the
+# binary). The machine is busy throughout (2 cores): the job only fills the moments the
+# foreground's tests wait on servers and subprocesses.
 emu_log=$(mktemp)
 (
   set -e
