@@ -549,6 +549,16 @@ impl Model {
             };
             graph::block(self.arch, &mut o, l, w)?;
         }
+        // every streaming buffer is free now (a resident head needs none): fill them with
+        // the next pass's first spans, read while the head, the sampling and the scheduler
+        // run (the pass above kept the reads only one span ahead)
+        if blocks == c.n_layers {
+            for d in 0..self.io.slots {
+                if let Some(next) = self.stream_item(si + d, with_head) {
+                    self.source.prefetch(next);
+                }
+            }
+        }
 
         // final norm and output head, only for the tokens that want logits
         let mut j = 0;
