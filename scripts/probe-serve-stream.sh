@@ -1,5 +1,11 @@
 #!/bin/bash
-# usage: probe_serve.sh BINARY EXTRA...
+# One server run for the streamed-server A/Bs of bench/runs/2026-11-28-serve-stream-readahead.md:
+# `gdsrun serve` on the 1B-shaped synthetic model (scripts/synth-model.py; --max-batch 16,
+# 2 threads) with EXTRA flags, a warm-up of 16 requests, then 32 requests of 16 tokens at
+# concurrency 16 (tests/py/serve_load.py, loopback); prints t/s, the server's user/sys CPU
+# ticks over the measured part, and its I/O and step counters from /metrics.
+# usage: scripts/probe-serve-stream.sh BINARY [EXTRA...]   e.g. target/ci/gdsrun --io direct --mem-budget 150MiB
+set -euo pipefail
 B=$1; shift
 PORT=18555
 $B serve .cache/synth/llama-1b-Q4_0-gguf.gds --port $PORT --threads 2 --ctx 256 --max-batch 16 "$@" > /tmp/probe-serve.log 2>&1 &
