@@ -19,4 +19,4 @@ t1=$(date +%s.%N)
 read -r u1 s1 < <(awk '{print $14, $15}' /proc/$PID/stat)
 echo "wall $(echo "$t1-$t0"|bc) user $(( (u1-u0) )) sys $(( (s1-s0) )) (ticks of 1/100 s)"
 curl -s localhost:$PORT/metrics | grep -E "^gds_(io_|decode_seconds|prompt_seconds|steps_total)"
-kill $PID; wait $PID 2>/dev/null
+kill $PID; wait $PID 2>/dev/null || true
