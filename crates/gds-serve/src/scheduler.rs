@@ -681,7 +681,6 @@ impl Engine {
         };
         let dt = t0.elapsed().as_secs_f64();
         self.metrics.record_step(n_prompt, n_decode, dt);
-        self.metrics.set_io(self.exec.io_stats());
         // when the pass failed, each sequence's part runs alone: only those whose own part
         // fails are failed (a request never fails for another's fault), and the logits of
         // the others' rows are kept here
@@ -912,5 +911,6 @@ impl Engine {
             .store(self.kv.window_n_blocks() as u64, Ordering::Relaxed);
         m.kv_window_blocks_free
             .store(self.kv.window_free_blocks() as u64, Ordering::Relaxed);
+        m.set_io(self.exec.io_stats());
     }
 }
