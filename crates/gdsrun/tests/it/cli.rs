@@ -1,10 +1,11 @@
 //! End-to-end tests of the `gdsrun` binary on the real SmolLM2 model, converted once per
 //! test run into a temporary directory (the GGUF comes from scripts/fetch-model.sh).
 
+use crate::gdsrun;
 use serde_json::Value;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 fn root() -> PathBuf {
     gds_tests::root()
@@ -15,14 +16,6 @@ fn model() -> &'static str {
     gds_tests::smollm_converted()
         .to_str()
         .expect("temporary path is UTF-8")
-}
-
-fn gdsrun(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gdsrun"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn gdsrun")
 }
 
 fn text(b: &[u8]) -> String {

@@ -2,6 +2,7 @@
 //! exit code of its kind (README, "Exit codes"), an OS error is printed once, and hostile
 //! flag values are usage errors, never panics.
 
+use crate::gdsrun;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
@@ -10,14 +11,6 @@ fn model() -> &'static str {
     gds_tests::smollm_converted()
         .to_str()
         .expect("temporary path is UTF-8")
-}
-
-fn gdsrun(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gdsrun"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn gdsrun")
 }
 
 fn text(b: &[u8]) -> String {

@@ -3,18 +3,10 @@
 //! `gdsconv convert --imatrix`, where it changes the quantized bytes (on the tiny llama
 //! fixture: converting SmolLM2 with an imatrix takes seconds).
 
+use crate::gdsrun;
 use gds_convert::imatrix::{read_imatrix, ImatrixFormat};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-
-fn gdsrun(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gdsrun"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn gdsrun")
-}
 
 fn ok(args: &[&str]) -> Value {
     let o = gdsrun(args);

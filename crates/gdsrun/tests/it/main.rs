@@ -7,3 +7,14 @@ mod errors;
 mod imatrix;
 mod speculative;
 mod stream;
+
+use std::process::{Command, Output, Stdio};
+
+/// `gdsrun ARGS`, stdin closed, its output collected.
+fn gdsrun(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn gdsrun")
+}
