@@ -395,14 +395,15 @@ pub fn gguf_bytes(entries: &BTreeMap<String, ImatrixSums>, meta: &ImatrixMeta) -
         b.extend((v.len() as u64).to_le_bytes());
         b.extend(v.as_bytes());
     };
-    let mut tensors: Vec<(String, [u64; 2], Vec<f32>)> = Vec::with_capacity(entries.len() * 2);
-    for (name, e) in entries {
+    let counts: Vec<[f32; 1]> = entries.values().map(|e| [e.count as f32]).collect();
+    let mut tensors: Vec<(String, [u64; 2], &[f32])> = Vec::with_capacity(entries.len() * 2);
+    for ((name, e), count) in entries.iter().zip(&counts) {
         tensors.push((
             format!("{name}.in_sum2"),
             [e.in_sum2.len() as u64, 1],
-            e.in_sum2.clone(),
+            &e.in_sum2,
         ));
-        tensors.push((format!("{name}.counts"), [1, 1], vec![e.count as f32]));
+        tensors.push((format!("{name}.counts"), [1, 1], count));
     }
     let mut b = b"GGUF".to_vec();
     b.extend(3u32.to_le_bytes());
@@ -443,7 +444,7 @@ pub fn gguf_bytes(entries: &BTreeMap<String, ImatrixSums>, meta: &ImatrixMeta) -
     );
     for (_, _, vals) in &tensors {
         let start = b.len();
-        for v in vals {
+        for v in vals.iter() {
             b.extend(v.to_le_bytes());
         }
         let len = (b.len() - start) as u64;
