@@ -186,11 +186,15 @@ fn slow_body_gets_408_within_the_body_timeout() {
 }
 
 /// Opens a kept-alive connection that the server serves (retrying while a slot of a just
-/// closed connection is still being given back).
+/// closed connection is still being given back). It asks for `/v1/models`, not `/health`:
+/// a connection over a limit is answered 200 for `/health` too (and closed), so a 200 there
+/// did not tell a held connection from a refused one (the flake of
+/// `one_client_cannot_take_every_connection`: the start-up probe's slot, still lingering,
+/// made the second "held" connection a refused one, and the extra one was then served).
 fn held_connection(addr: &str) -> TcpStream {
     for _ in 0..50 {
         let mut c = TcpStream::connect(addr).unwrap();
-        c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
             .unwrap();
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut buf = [0u8; 1024];
@@ -203,6 +207,7 @@ fn held_connection(addr: &str) -> TcpStream {
         }
         let text = String::from_utf8_lossy(&got);
         if text.starts_with("HTTP/1.1 200") {
+            assert!(!text.contains("connection: close"), "{text}");
             return c;
         }
         assert!(text.starts_with("HTTP/1.1 503"), "{text}");
