@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # every step prints the time since the start (docs/testing.md records a fresh machine's run)
 step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-trap 'rc=$?; for p in ${build_pid:-} ${emu_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
+trap 'rc=$?; for p in ${build_pid:-} ${cuda_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
 # Waits for the background job whose pid is in the variable named $1, prints its log $2 and
 # ends the script when the job failed, naming $3. The variable is cleared first: the EXIT
 # trap kills the jobs still listed.
@@ -57,39 +57,39 @@ step "module import circles (scripts/check-module-cycles.py: no new ones)"
 python3 scripts/check-module-cycles.py
 step "waiting for the background Rust build (fmt, clippy, test binaries)"
 finish_job build_pid "$build_log" "cargo fmt --check, clippy or the test build"
-step "cargo test (tier 1 and tier 2; the emulated CUDA kernels and the doctests beside the rest)"
+step "cargo test (tier 1 and tier 2, the emulated CUDA kernels, the doctests; the --features cuda checks beside them)"
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
 # Python packages or NVRTC: --include-ignored runs both tiers in one pass over one build.
-# A background job runs beside them, its output printed after theirs: gds-cuda's tests (the
-# kernels emulated on the CPU, one launch at a time: ~20 s of one core), the crates' README
-# examples (their crate docs: doctests) and the GPU backend's own checks (--features cuda:
-# clippy, the probe tests, the kernels compiled by NVRTC; scripts/gpu-pack.sh builds the
-# binary). The machine is busy throughout (2 cores): the job only fills the moments the
-# foreground's tests wait on servers and subprocesses.
-emu_log=$(mktemp)
+# The command selects exactly what the build above built (the whole workspace, default
+# targets): cargo unifies features over the packages selected, so `-p gds-cuda` or
+# `--exclude X` compiled ~80 dependencies again with other features, and `--lib` the Python
+# extension (a cdylib with no tests) with PyO3 (docs/testing.md, 2026-12-02). gds-cuda's
+# tests run the kernels emulated on the CPU (~20 s of one core); the doctests are the
+# crates' README examples.
+# A background job runs beside them, its output printed after theirs: the GPU backend's own
+# checks (--features cuda: clippy over the workspace, reusing the check above for every crate
+# that does not depend on gds-cuda; the probe and the kernels compiled by NVRTC, the one
+# test target built with the feature; scripts/gpu-pack.sh builds the binary).
+cuda_log=$(mktemp)
 (
   set -e
-  step "gds-cuda: emulated kernels"
-  cargo test --profile ci -p gds-cuda --lib --tests -- --include-ignored
-  step "doctests (the crates' README examples)"
-  cargo test --profile ci --workspace --doc
   step "GPU backend (--features cuda): clippy"
-  cargo clippy -p gds-cuda -p gds-runtime -p gdsrun -p gds-serve --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda -- -D warnings
-  step "GPU backend (--features cuda): probe tests, kernels through NVRTC"
+  cargo clippy --workspace --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda -- -D warnings
+  step "GPU backend (--features cuda): the probe, the kernels through NVRTC"
   LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --profile ci -p gds-cuda --features cuda --lib --test nvrtc -- --include-ignored
+    cargo test --workspace --profile ci --features gds-cuda/cuda --test nvrtc -- --include-ignored
   step "background job done"
-) >"$emu_log" 2>&1 &
-emu_pid=$!
-cargo test --workspace --profile ci --exclude gds-cuda --lib --bins --tests -- --include-ignored
+) >"$cuda_log" 2>&1 &
+cuda_pid=$!
+cargo test --workspace --profile ci -- --include-ignored
 step "Python package gdsllm: pip install . (maturin, profile ci: reuses the build above) and its tests"
 # a failed install or test fails the script (pipefail; only pip's root warning is filtered)
 python3 -m pip install -q --disable-pip-version-check . 2>&1 \
   | { grep -vi "running pip as the 'root' user" || true; }
 python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm
-step "waiting for the background job (gds-cuda, doctests, the GPU backend's checks)"
-finish_job emu_pid "$emu_log" "the gds-cuda tests, doctests or the --features cuda checks"
+step "waiting for the background job (the GPU backend's checks)"
+finish_job cuda_pid "$cuda_log" "the --features cuda checks"
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every

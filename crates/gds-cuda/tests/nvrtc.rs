@@ -63,3 +63,20 @@ fn a_broken_kernel_is_rejected_with_the_compiler_log() {
         Ok(_) => panic!("NVRTC accepted a kernel using an undefined name"),
     }
 }
+
+/// The probe of a `--features cuda` build on a machine without a GPU (CI): no panic, the
+/// build says it has CUDA, and an unusable path names what is missing. (This file is the
+/// only test target scripts/test.sh builds with the feature: the lib's own probe test runs
+/// in the default build.)
+#[test]
+fn the_probe_of_a_cuda_build_reports_what_is_missing_without_panicking() {
+    let r = gds_cuda::probe();
+    assert!(r.built_with_cuda);
+    assert_eq!(r.unusable_reason().is_some(), r.path == gds_cuda::GpuPath::None);
+    let text = r.to_string();
+    assert!(text.contains("gpu path: "), "{text}");
+    if r.path == gds_cuda::GpuPath::None {
+        assert!(!r.reason.is_empty());
+        assert!(!r.reason.contains("without the `cuda` feature"), "{}", r.reason);
+    }
+}
