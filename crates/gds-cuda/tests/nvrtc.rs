@@ -72,11 +72,18 @@ fn a_broken_kernel_is_rejected_with_the_compiler_log() {
 fn the_probe_of_a_cuda_build_reports_what_is_missing_without_panicking() {
     let r = gds_cuda::probe();
     assert!(r.built_with_cuda);
-    assert_eq!(r.unusable_reason().is_some(), r.path == gds_cuda::GpuPath::None);
+    assert_eq!(
+        r.unusable_reason().is_some(),
+        r.path == gds_cuda::GpuPath::None
+    );
     let text = r.to_string();
     assert!(text.contains("gpu path: "), "{text}");
     if r.path == gds_cuda::GpuPath::None {
         assert!(!r.reason.is_empty());
-        assert!(!r.reason.contains("without the `cuda` feature"), "{}", r.reason);
+        assert!(
+            !r.reason.contains("without the `cuda` feature"),
+            "{}",
+            r.reason
+        );
     }
 }
