@@ -41,6 +41,11 @@ fuzz-replay:
 bench *args:
     ./scripts/bench.py {{args}}
 
+# quantization quality: gdsconv --quant vs llama-quantize of the same F16 GGUF (SmolLM2, Gemma 3),
+# without and with an importance matrix: KL divergence, p99, top-1, PPL ratio, bits per weight
+bench-quant *args:
+    ./scripts/bench-quant.py {{args}}
+
 # layer streaming: O_DIRECT bandwidth (fio), bytes/token, decode t/s vs the bandwidth bound at
 # several --mem-budget values, and mmap (ours and llama.cpp's) under the same memory cgroup
 bench-stream *args:

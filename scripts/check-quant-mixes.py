@@ -11,9 +11,11 @@ for the 16-layer model, written as `llama-imatrix` writes it (GGUF: `<name>.in_s
 `<name>.counts` per matrix, its metadata keys; and the legacy `.dat`), given to both tools
 (`llama-quantize --imatrix F`, `gdsconv convert --imatrix F`) for every mix and type above
 plus Q4_0 and Q4_1; the bytes must be equal, and differ from those made without it.
+An 8-layer model with SmolLM2's 576 columns runs every mix and single K type through
+llama.cpp's fallback types (rows that are not whole 256-blocks: Q4_K -> Q5_0 and so on).
 With `--real MODEL.gguf IMATRIX`, also a real model and an imatrix `llama-imatrix` computed
-for it: `--pure --allow-requantize` Q4_0, Q5_0, Q5_1 and Q8_0 against `gdsconv --requantize`
-(the types whose rows fit any model; SmolLM2's 576 columns are not whole K-quant blocks).
+for it: `--pure --allow-requantize` Q4_0, Q5_0, Q5_1 and Q8_0, and every mix and Q6_K
+(`--allow-requantize`), against `gdsconv --requantize`.
 Exit 1 on any difference.
 
     cargo build --profile ci -p gdsconv
@@ -53,9 +55,14 @@ PURE_IMATRIX = PURE + [("Q4_0", "q4_0"), ("Q4_1", "q4_1")]
 E, F, V = 256, 512, 512
 
 
-def make_gguf(path: pathlib.Path, n_layer: int, tied: bool, kv_heads: int = 2) -> None:
+def make_gguf(path: pathlib.Path, n_layer: int, tied: bool, kv_heads: int = 2,
+              embd: int | None = None) -> None:
     """A random llama: 2 query heads over `kv_heads` = 2 KV heads (no GQA), or 8 query heads
-    of 32 over fewer KV heads (the Q2_K mix's rule for 4 or more query heads per KV head)."""
+    of 32 over fewer KV heads (the Q2_K mix's rule for 4 or more query heads per KV head).
+    `embd` (576, SmolLM2's) makes rows that are not whole 256-blocks: llama.cpp's fallback
+    types; its FFN is 3 x embd (whole 256-blocks for ffn_down)."""
+    E = embd or globals()["E"]
+    F = 3 * embd if embd else globals()["F"]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(n_layer)
     w.add_context_length(128)
@@ -68,7 +75,7 @@ def make_gguf(path: pathlib.Path, n_layer: int, tied: bool, kv_heads: int = 2) -
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(V)])
     w.add_token_types([1] * V)
-    rng = np.random.default_rng(n_layer * 2 + tied + 100 * (kv_heads != 2))
+    rng = np.random.default_rng(n_layer * 2 + tied + 100 * (kv_heads != 2) + (embd or 0))
     kv = E if kv_heads == 2 else kv_heads * 32
 
     def mat(name: str, rows: int, cols: int) -> None:
@@ -184,10 +191,15 @@ def main() -> int:
     bad = 0
     plain: dict[str, dict[str, bytes]] = {}
     n_runs = 0
-    for n_layer, tied, kv_heads in [(16, False, 2), (32, False, 2), (16, True, 2), (16, False, 1)]:
-        src = work / f"l{n_layer}{'t' if tied else ''}{'-gqa' if kv_heads != 2 else ''}.gguf"
-        make_gguf(src, n_layer, tied, kv_heads)
-        if kv_heads != 2:
+    for n_layer, tied, kv_heads, embd in [(16, False, 2, None), (32, False, 2, None),
+                                          (16, True, 2, None), (16, False, 1, None),
+                                          (8, False, 2, 576)]:
+        src = work / f"l{n_layer}{'t' if tied else ''}{'-gqa' if kv_heads != 2 else ''}{f'-e{embd}' if embd else ''}.gguf"
+        make_gguf(src, n_layer, tied, kv_heads, embd)
+        if embd:
+            # rows of 576: every mix and single K type through llama.cpp's fallback types
+            runs = MIXES + [(t, ["--pure"], q) for t, q in PURE]
+        elif kv_heads != 2:
             # 8 query heads over 1 KV head: only the mixes that look at n_gqa
             runs = [m for m in MIXES if m[0] == "Q2_K"]
         else:
@@ -219,6 +231,12 @@ def main() -> int:
         src.symlink_to(pathlib.Path(a.real[0]).resolve())
         for mix, quant in [("Q4_0", "q4_0"), ("Q5_0", "q5_0"), ("Q5_1", "q5_1"), ("Q8_0", "q8_0")]:
             diffs, _ = compare(a, src, mix, ["--pure", "--allow-requantize"], quant, tokenizer,
+                               "-imatrix-real", pathlib.Path(a.real[1]))
+            bad += diffs
+            n_runs += 1
+        # the mixes, whose K types fall back where the rows are not whole 256-blocks
+        for mix, _, quant in MIXES + [("Q6_K", [], "q6_k")]:
+            diffs, _ = compare(a, src, mix, ["--allow-requantize"], quant, tokenizer,
                                "-imatrix-real", pathlib.Path(a.real[1]))
             bad += diffs
             n_runs += 1

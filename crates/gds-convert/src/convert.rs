@@ -232,7 +232,7 @@ fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
 /// dense model (its mixture-of-experts, Falcon and 70B rules do not apply). The layer of an
 /// attn_v or ffn_down tensor is the number in its name (llama.cpp counts them in file order:
 /// the same for a model with one of each per layer). Rows that are not whole blocks of the
-/// result are left to [`output_dtype`]'s rule.
+/// result are left to [`output_dtype`]'s rule (llama.cpp's fallback types).
 pub fn mix_dtype(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext) -> DType {
     use QuantMix::*;
     let base = mix.base();
@@ -383,37 +383,68 @@ pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions, ctx: &MixContext) -
     planned_dtype(t, opts, ctx).0
 }
 
-/// [`output_dtype`], and whether a float matrix stays float because its rows are not whole
-/// blocks of the dtype it was meant to get.
-fn planned_dtype(t: &SourceTensor, opts: &ConvertOptions, ctx: &MixContext) -> (DType, bool) {
+/// What happened to a matrix whose rows are not whole blocks of the type it was meant to get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Misfit {
+    /// Its rows are whole blocks (or it is not quantized): nothing.
+    None,
+    /// It got llama.cpp's fallback type instead ([`block_fallback`]).
+    FellBack,
+    /// No quantized type fits: it stays float.
+    KeptFloat,
+}
+
+/// llama.cpp's `tensor_type_fallback` (llama-quant.cpp): the 32-value block type a matrix gets
+/// instead of a 256-value K type when its rows are not whole 256-blocks (SmolLM2's 576 and
+/// Gemma 3 270M's 640 columns), with mixes and single types (`llama-quantize --pure`) alike;
+/// `None` when that does not fit either (llama.cpp then writes F16; here it stays float).
+fn block_fallback(target: DType, cols: u64) -> Option<DType> {
+    let fits = |d: DType| cols.is_multiple_of(d.block_size() as u64);
+    if fits(target) {
+        return Some(target);
+    }
+    let to = match target {
+        DType::Q2K | DType::Q3K => DType::Q4_0,
+        DType::Q4K => DType::Q5_0,
+        DType::Q5K => DType::Q5_1,
+        DType::Q6K => DType::Q8_0,
+        _ => return None,
+    };
+    fits(to).then_some(to)
+}
+
+/// [`output_dtype`], and whether the matrix fell back to another type or stays float because
+/// its rows are not whole blocks of the type it was meant to get.
+fn planned_dtype(t: &SourceTensor, opts: &ConvertOptions, ctx: &MixContext) -> (DType, Misfit) {
     if t.transform == Transform::NormOffset {
-        return (DType::F32, false);
+        return (DType::F32, Misfit::None);
     }
     if t.shape.len() < 2 && t.dtype.is_float() {
         // norms, biases: F32 under every policy, `keep` included (an F16 checkpoint's norms
         // are F16), as llama.cpp's converter writes them; the CUDA backend reads them as F32
-        return (DType::F32, false);
+        return (DType::F32, Misfit::None);
     }
     let cols = *t.shape.last().unwrap_or(&0);
     let target = match opts.quant {
-        QuantTarget::Keep => return (t.dtype, false),
+        QuantTarget::Keep => return (t.dtype, Misfit::None),
         QuantTarget::To(d) => d,
         QuantTarget::Mix(m) => mix_dtype(m, &t.name, cols, ctx),
     };
     if t.dtype.is_quantized() && !opts.requantize {
-        return (t.dtype, false);
+        return (t.dtype, Misfit::None);
     }
     if !t.dtype.is_float() && !t.dtype.is_quantized() {
-        return (t.dtype, false); // integer tensors pass through
+        return (t.dtype, Misfit::None); // integer tensors pass through
     }
-    if target.is_quantized() && !cols.is_multiple_of(target.block_size() as u64) {
-        return if t.dtype.is_float() {
-            (t.dtype, true)
-        } else {
-            (DType::F32, false)
-        };
+    if !target.is_quantized() {
+        return (target, Misfit::None);
     }
-    (target, false)
+    match block_fallback(target, cols) {
+        Some(d) if d == target => (d, Misfit::None),
+        Some(d) => (d, Misfit::FellBack),
+        None if t.dtype.is_float() => (t.dtype, Misfit::KeptFloat),
+        None => (DType::F32, Misfit::KeptFloat),
+    }
 }
 
 /// The importance weights `t` is quantized to `out` with: the matrix's entry in `imatrix`,
@@ -1087,7 +1118,7 @@ pub fn convert(
             });
         }
     }
-    let mut skipped_quant = 0usize;
+    let (mut skipped_quant, mut fell_back) = (0usize, 0usize);
     let mut mix_ctx = MixContext::of(source.tensors.iter().map(|t| t.name.as_str()));
     mix_ctx.n_gqa = n_gqa(&source.metadata);
     let plans: Vec<(Group, Vec<(&SourceTensor, DType)>)> = groups
@@ -1096,14 +1127,20 @@ pub fn convert(
             let v = ts
                 .iter()
                 .map(|t| {
-                    let (d, skipped) = planned_dtype(t, opts, &mix_ctx);
-                    skipped_quant += skipped as usize;
+                    let (d, misfit) = planned_dtype(t, opts, &mix_ctx);
+                    skipped_quant += (misfit == Misfit::KeptFloat) as usize;
+                    fell_back += (misfit == Misfit::FellBack) as usize;
                     (*t, d)
                 })
                 .collect();
             (*g, v)
         })
         .collect();
+    if fell_back > 0 {
+        warnings.push(format!(
+            "{fell_back} tensors quantized to llama.cpp's fallback type (q2_k/q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0): their rows are not a whole number of 256-value blocks"
+        ));
+    }
     if skipped_quant > 0 {
         warnings.push(format!(
             "{skipped_quant} tensors kept as float: their rows are not a whole number of {} blocks",
@@ -1228,6 +1265,8 @@ pub fn convert(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::MappedFile;
+    use std::sync::Arc;
 
     /// The matrices of a dense llama with `n` layers (GGUF names).
     fn llama_names(n: u32, tied: bool) -> Vec<String> {
@@ -1285,6 +1324,54 @@ mod tests {
             (Q2K, "attn_v.weight" | "ffn_down.weight" | "attn_output.weight") => DType::Q3K,
             _ => base,
         }
+    }
+
+    /// llama.cpp's `tensor_type_fallback` table (llama-quant.cpp), and F16/float where even
+    /// the 32-value type does not fit.
+    #[test]
+    fn rows_that_are_not_whole_256_blocks_get_llama_cpps_fallback_type() {
+        for (k, to) in [
+            (DType::Q2K, DType::Q4_0),
+            (DType::Q3K, DType::Q4_0),
+            (DType::Q4K, DType::Q5_0),
+            (DType::Q5K, DType::Q5_1),
+            (DType::Q6K, DType::Q8_0),
+        ] {
+            assert_eq!(block_fallback(k, 2048), Some(k));
+            assert_eq!(block_fallback(k, 576), Some(to), "{k:?}");
+            assert_eq!(block_fallback(k, 48), None, "{k:?}");
+        }
+        assert_eq!(block_fallback(DType::Q8_0, 64), Some(DType::Q8_0));
+        assert_eq!(block_fallback(DType::Q4_0, 48), None);
+        // through the planner: a 576-column matrix under q4_k_m, and a 48-column one
+        let ctx = MixContext::of(["blk.0.attn_q.weight"].into_iter());
+        let opts = ConvertOptions {
+            quant: QuantTarget::Mix(QuantMix::Q4KM),
+            ..ConvertOptions::default()
+        };
+        let file = Arc::new(MappedFile::from_bytes("t".into(), &[]).unwrap());
+        let t = |cols: u64| SourceTensor {
+            name: "blk.0.attn_q.weight".into(),
+            source_name: "q".into(),
+            dtype: DType::F16,
+            shape: vec![64, cols],
+            file: file.clone(),
+            offset: 0,
+            nbytes: 0,
+            transform: Transform::None,
+        };
+        assert_eq!(
+            planned_dtype(&t(576), &opts, &ctx),
+            (DType::Q5_0, Misfit::FellBack)
+        );
+        assert_eq!(
+            planned_dtype(&t(512), &opts, &ctx),
+            (DType::Q4K, Misfit::None)
+        );
+        assert_eq!(
+            planned_dtype(&t(48), &opts, &ctx),
+            (DType::F16, Misfit::KeptFloat)
+        );
     }
 
     #[test]

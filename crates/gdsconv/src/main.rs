@@ -30,7 +30,7 @@ enum Cmd {
         input: PathBuf,
         /// The output directory (must not exist, unless --force).
         out_dir: PathBuf,
-        /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q3_k, q4_k, q5_k, q6_k, or a llama.cpp K-quant mix: q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m (per tensor as llama-quantize). Matrices whose rows are not whole blocks (32, or 256 for K-quants) stay float, with a warning. Norms and other 1-D float tensors are written f32 under every policy (keep included).
+        /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q3_k, q4_k, q5_k, q6_k, or a llama.cpp K-quant mix: q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m (per tensor as llama-quantize). Matrices whose rows are not whole 256-blocks get llama-quantize's fallback type (q2_k/q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0), with a warning; rows that are not whole 32-blocks stay float. Norms and other 1-D float tensors are written f32 under every policy (keep included).
         #[arg(long, default_value = "keep")]
         quant: QuantTarget,
         /// Also convert tensors that are already block-quantized (dequantize, then quantize).

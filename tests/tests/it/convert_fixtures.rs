@@ -166,7 +166,8 @@ fn quantization_options() {
 #[test]
 fn k_quant_options_and_mixes() {
     // tiny-llama-hf: hidden 64, so most matrices' rows are not whole 256-value super-blocks
-    // and stay as stored (BF16, with a warning); ffn_down's rows (ffn 256) are.
+    // and get llama.cpp's fallback type (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, q3_k ->
+    // q4_0, with a warning); ffn_down's rows (ffn 256) are whole blocks.
     let tmp = tempfile::tempdir().unwrap();
     let hf = fixture("tiny-llama-hf");
     let base = tensors_f32(&{
@@ -174,45 +175,32 @@ fn k_quant_options_and_mixes() {
         ok(&convert(&hf, &d, &["--quant", "f32"]));
         d
     });
-    let stored = tensors_f32(&{
-        let d = tmp.path().join("keep.gds");
-        ok(&convert(&hf, &d, &["--quant", "keep"]));
-        d
-    });
     let ffn_down = |n: &str| n.ends_with("ffn_down.weight");
-    type Want = fn(&str) -> Option<DType>;
+    type Want = fn(&str) -> DType;
+    fn k_or(n: &str, k: DType, fallback: DType) -> DType {
+        if n.ends_with("ffn_down.weight") {
+            k
+        } else {
+            fallback
+        }
+    }
     let cases: [(&str, Want, f32); 7] = [
-        ("q5_0", |_| Some(DType::Q5_0), 0.08),
-        ("q5_1", |_| Some(DType::Q5_1), 0.05),
-        (
-            "q4_k",
-            |n| n.ends_with("ffn_down.weight").then_some(DType::Q4K),
-            0.15,
-        ),
-        (
-            "q5_k",
-            |n| n.ends_with("ffn_down.weight").then_some(DType::Q5K),
-            0.08,
-        ),
-        (
-            "q6_k",
-            |n| n.ends_with("ffn_down.weight").then_some(DType::Q6K),
-            0.04,
-        ),
-        (
-            "q3_k",
-            |n| n.ends_with("ffn_down.weight").then_some(DType::Q3K),
-            0.35,
-        ),
-        // 2 layers: use_more_bits picks layer 1 (the last eighth); the output head's rows
-        // are not whole 256-blocks, so llama.cpp's rule gives it Q8_0
+        ("q5_0", |_| DType::Q5_0, 0.08),
+        ("q5_1", |_| DType::Q5_1, 0.05),
+        ("q4_k", |n| k_or(n, DType::Q4K, DType::Q5_0), 0.15),
+        ("q5_k", |n| k_or(n, DType::Q5K, DType::Q5_1), 0.08),
+        ("q6_k", |n| k_or(n, DType::Q6K, DType::Q8_0), 0.04),
+        ("q3_k", |n| k_or(n, DType::Q3K, DType::Q4_0), 0.35),
+        // 2 layers: use_more_bits picks layer 1 (the last eighth): its attn_v's Q6_K falls
+        // back to Q8_0; the output head's rows are not whole 256-blocks, so llama.cpp's rule
+        // gives it Q8_0; the rest is Q4_K, Q5_0 where the rows are 64 values
         (
             "q4_k_m",
             |n| match n {
-                "blk.0.ffn_down.weight" => Some(DType::Q4K),
-                "blk.1.ffn_down.weight" => Some(DType::Q6K),
-                "output.weight" => Some(DType::Q8_0),
-                _ => None,
+                "blk.0.ffn_down.weight" => DType::Q4K,
+                "blk.1.ffn_down.weight" => DType::Q6K,
+                "output.weight" | "blk.1.attn_v.weight" => DType::Q8_0,
+                _ => DType::Q5_0,
             },
             0.15,
         ),
@@ -223,16 +211,12 @@ fn k_quant_options_and_mixes() {
         ok(&o);
         valid(&d);
         let got = tensors_f32(&d);
-        let mut kept = 0;
         for (name, (dtype, shape, v)) in &got {
             let (_, _, b) = &base[name];
             let expect = if shape.len() == 1 {
                 DType::F32
             } else {
-                want(name).unwrap_or_else(|| {
-                    kept += 1;
-                    stored[name].0
-                })
+                want(name)
             };
             assert_eq!(*dtype, expect, "{q} {name}");
             let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
@@ -243,8 +227,13 @@ fn k_quant_options_and_mixes() {
             );
         }
         assert!(got.keys().any(|n| ffn_down(n)));
-        let warned = stderr(&o).contains("kept as float");
-        assert_eq!(warned, kept > 0, "{q}: {kept} kept: {}", stderr(&o));
+        let err = stderr(&o);
+        assert_eq!(
+            err.contains("fallback type"),
+            q.contains("_k"),
+            "{q}: {err}"
+        );
+        assert!(!err.contains("kept as float"), "{q}: {err}");
         assert_eq!(
             Manifest::parse(&std::fs::read(d.join(MANIFEST_FILE)).unwrap())
                 .unwrap()
