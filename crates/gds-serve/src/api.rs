@@ -1352,6 +1352,22 @@ pub(crate) fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, Ap
     Ok(msgs)
 }
 
+/// Messages in OpenAI's chat form (a JSON list of `{"role", "content", "tool_calls",
+/// "tool_call_id"}`; contents as text or text parts) as the chat template takes them, checked
+/// as `/v1/chat/completions` checks them: for callers outside HTTP (the Python package).
+pub fn openai_messages(messages: &Value) -> Result<Vec<Message>, ApiError> {
+    let list: Vec<ChatMessage> = serde_json::from_value(messages.clone()).map_err(|e| {
+        ApiError::bad(format!(
+            "messages must be a list of {{\"role\", \"content\"}} objects: {e}"
+        ))
+        .param("messages")
+    })?;
+    if list.is_empty() {
+        return Err(ApiError::bad("messages must not be empty").param("messages"));
+    }
+    chat_messages(&list)
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {

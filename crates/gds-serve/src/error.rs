@@ -58,6 +58,15 @@ impl ApiError {
 }
 
 impl ApiError {
+    /// The message, with the field at fault when one is named (`"tools: ..."`), for callers
+    /// outside HTTP (the Python package).
+    pub fn text(&self) -> String {
+        match self.param {
+            Some(p) if !self.message.contains(p) => format!("{p}: {}", self.message),
+            _ => self.message.clone(),
+        }
+    }
+
     /// The body: `{"error": {"message", "type", "param", "code"}}`.
     pub(crate) fn body(&self) -> Value {
         json!({"error": {

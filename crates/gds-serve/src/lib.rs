@@ -13,6 +13,9 @@ pub mod scheduler;
 mod tokenize;
 pub mod tools;
 
+pub use api::openai_messages;
+pub use error::ApiError;
+
 use anyhow::Context;
 use clap::Args;
 use gds_runtime::backend::Backend;

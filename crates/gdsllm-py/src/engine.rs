@@ -8,6 +8,7 @@ use gds_runtime::chat::Message;
 use gds_runtime::engine::GenerateOutput;
 use gds_runtime::plan::{Limits, Mode};
 use gds_runtime::{Grammar, KvDtype, Plan, PlanOptions, SamplerConfig};
+use gds_serve::tools::Tools;
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -39,6 +40,37 @@ struct Job {
     /// The grammar the reply follows, and the log-probabilities it reports.
     grammar: Option<Grammar>,
     logprobs: Option<usize>,
+    /// Functions the model may call (OpenAI's `tools`), checked against its chat template.
+    tools: Option<Tools>,
+}
+
+/// A JSON value from Python: a dict/list (through `json.dumps`) or JSON text.
+fn json_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<serde_json::Value> {
+    let text: String = if v.is_instance_of::<PyString>() {
+        v.extract()?
+    } else {
+        let json = v.py().import("json")?;
+        json.call_method1("dumps", (v,))
+            .map_err(|e| PyTypeError::new_err(format!("{what}: not JSON-serializable ({e})")))?
+            .extract()?
+    };
+    serde_json::from_str(&text).map_err(|e| PyValueError::new_err(format!("{what}: not JSON: {e}")))
+}
+
+/// The reply as OpenAI's assistant message: its text, or the calls parsed out of it with the
+/// text around them.
+fn assistant_message(tools: Option<&Tools>, text: &str) -> serde_json::Value {
+    match tools.filter(|t| t.parses()) {
+        Some(t) => {
+            let (content, calls) = t.parse(text);
+            let mut m = serde_json::json!({"role": "assistant", "content": content});
+            if !calls.is_empty() {
+                m["tool_calls"] = serde_json::Value::Array(calls);
+            }
+            m
+        }
+        None => serde_json::json!({"role": "assistant", "content": text}),
+    }
 }
 
 /// Runs `job` on `e`: a string prompt as `gdsrun run --prompt` runs it (one chat turn with
@@ -57,6 +89,11 @@ fn run_job(
     }
     let t0 = Instant::now();
     let messages = match job.prompt {
+        Ok(_) if e.plan().mode == Mode::Raw && job.tools.is_some() => {
+            return Err(gds_runtime::RuntimeError::Usage(
+                "tools: a raw completion (raw=True) renders no chat template to put them in".into(),
+            ))
+        }
         Ok(p) if e.plan().mode == Mode::Raw => return e.generate(&p, on_text),
         Ok(p) => {
             let mut m = Vec::new();
@@ -68,7 +105,10 @@ fn run_job(
         }
         Err(m) => m,
     };
-    let tokens = e.tokenizer().encode_chat(&messages, e.plan().ctx)?;
+    let list = job.tools.as_ref().map(|t| &t.list);
+    let tokens = e
+        .tokenizer()
+        .encode_chat_with_tools(&messages, list, e.plan().ctx)?;
     e.generate_tokens(&tokens, t0, on_text)
 }
 
@@ -129,30 +169,69 @@ impl Constraints<'_> {
     }
 }
 
-/// A prompt string, or a list of {"role", "content"} dicts.
+/// The keyword arguments `tools`, `tool_choice` and `parallel_tool_calls` of `generate`, as
+/// OpenAI's chat API takes them.
+struct ToolArgs<'py> {
+    tools: Option<Bound<'py, PyAny>>,
+    tool_choice: Option<Bound<'py, PyAny>>,
+    parallel_tool_calls: Option<bool>,
+}
+
+impl ToolArgs<'_> {
+    /// The functions, checked against the model's chat template (which must take `tools`),
+    /// as `gdsrun serve` checks a request's.
+    fn tools(&self, engine: &Mutex<gds_runtime::Engine>) -> PyResult<Option<Tools>> {
+        let tools = self
+            .tools
+            .as_ref()
+            .map(|v| json_arg(v, "tools"))
+            .transpose()?;
+        let choice = self
+            .tool_choice
+            .as_ref()
+            .map(|v| {
+                // "auto", "required", "none" as plain strings, not JSON text
+                if v.is_instance_of::<PyString>() {
+                    v.extract::<String>().map(serde_json::Value::String)
+                } else {
+                    json_arg(v, "tool_choice")
+                }
+            })
+            .transpose()?;
+        let e = lock(engine);
+        Tools::from_request(
+            tools.as_ref(),
+            choice.as_ref(),
+            self.parallel_tool_calls,
+            e.tokenizer().chat_template(),
+        )
+        .map_err(|e| PyValueError::new_err(e.text()))
+    }
+}
+
+/// A prompt string, or chat messages: a list of dicts in OpenAI's form (`role`, `content` as
+/// text or text parts, an assistant's `tool_calls`, a tool result's `tool_call_id`), checked
+/// as `gdsrun serve` checks them.
 fn prompt_arg(p: &Bound<'_, PyAny>) -> PyResult<Result<String, Vec<Message>>> {
     if p.is_instance_of::<PyString>() {
         return Ok(Ok(p.extract::<String>()?));
     }
-    let list = p.cast::<PyList>().map_err(|_| {
-        PyTypeError::new_err("prompt: a string, or a list of {\"role\", \"content\"} dicts")
-    })?;
-    let mut out = Vec::with_capacity(list.len());
-    for (i, m) in list.iter().enumerate() {
-        let get = |k: &str| -> PyResult<String> {
-            m.get_item(k)
-                .and_then(|v| v.extract())
-                .map_err(|_| PyTypeError::new_err(format!("message {i}: no string {k:?}")))
-        };
-        out.push(Message::new(&get("role")?, &get("content")?));
+    if !p.is_instance_of::<PyList>() {
+        return Err(PyTypeError::new_err(
+            "prompt: a string, or a list of {\"role\", \"content\"} dicts",
+        ));
     }
-    Ok(Err(out))
+    let v = json_arg(p, "prompt")?;
+    gds_serve::openai_messages(&v)
+        .map(Err)
+        .map_err(|e| PyValueError::new_err(e.text()))
 }
 
 /// A loaded model that generates: `Engine(model, **plan_options)` takes gdsrun's options
 /// (`threads`, `ctx`, `batch`, `kv_type`, `backend`, `io`, `mem_budget`, `activations`,
-/// `verify`, `isa`, `raw`, `system`, `draft`, ... and the sampling defaults `temperature`,
-/// `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`, `max_tokens`, `stop`).
+/// `verify`, `isa`, `raw`, `system`, `draft`, `chat_template_file`, ... and the sampling
+/// defaults `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`,
+/// `max_tokens`, `stop`).
 #[pyclass(module = "gdsllm._gdsllm", frozen)]
 pub struct Engine {
     engine: Arc<Mutex<gds_runtime::Engine>>,
@@ -182,6 +261,7 @@ impl Engine {
         seed: Option<u64>,
         stop: Option<Vec<String>>,
         c: Constraints<'_>,
+        t: ToolArgs<'_>,
     ) -> PyResult<Job> {
         let mut s = self.sampler.clone();
         s.temp = temperature.unwrap_or(s.temp);
@@ -197,12 +277,24 @@ impl Engine {
         if let Some(st) = stop {
             limits.stop = st;
         }
+        let tools = t.tools(&self.engine)?;
+        let mut grammar = c.grammar()?;
+        if let Some(g) = tools.as_ref().map(Tools::grammar).transpose() {
+            let g = g.map_err(|e| PyValueError::new_err(e.text()))?;
+            if grammar.is_some() {
+                return Err(PyValueError::new_err(
+                    "tool_choice asks for a call: it cannot be combined with grammar, json_schema or regex",
+                ));
+            }
+            grammar = g;
+        }
         Ok(Job {
             prompt: prompt_arg(prompt)?,
             sampler: s,
             limits,
-            grammar: c.grammar()?,
+            grammar,
             logprobs: c.logprobs(),
+            tools,
         })
     }
 }
@@ -215,7 +307,8 @@ impl Engine {
         verify=true, isa=None, raw=false, parse_special=false, system=None, draft=None,
         draft_max=None, temperature=None, top_k=None, top_p=None, min_p=None,
         repeat_penalty=None, repeat_last_n=None, frequency_penalty=None,
-        presence_penalty=None, seed=None, max_tokens=None, stop=None, plain_http=false))]
+        presence_penalty=None, seed=None, max_tokens=None, stop=None, chat_template_file=None,
+        plain_http=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -247,6 +340,7 @@ impl Engine {
         seed: Option<u64>,
         max_tokens: Option<usize>,
         stop: Option<Vec<String>>,
+        chat_template_file: Option<std::path::PathBuf>,
         plain_http: bool,
     ) -> PyResult<Engine> {
         let kv_dtype = match kv_type.as_deref() {
@@ -292,6 +386,7 @@ impl Engine {
             seed,
             max_tokens,
             stop: stop.unwrap_or_default(),
+            chat_template_file,
             ..Default::default()
         };
         let engine = py
@@ -323,11 +418,21 @@ impl Engine {
     /// `gdsrun run --prompt`. `grammar` (Lark or GBNF text), `json_schema` (a dict or JSON
     /// text) or `regex` holds the reply to it, as gdsrun's `--grammar`, `--json-schema`,
     /// `--regex`; `logprobs=True` (with `top_logprobs=N` alternatives, 0..=20) reports each
-    /// token's log-probability in the details, as `--logprobs N`. The GIL is released while
-    /// the engine works.
+    /// token's log-probability in the details, as `--logprobs N`. `tools` (OpenAI's list of
+    /// `{"type": "function", "function": {"name", "description", "parameters"}}`),
+    /// `tool_choice` ("auto", "none", "required" or `{"type": "function", "function":
+    /// {"name": ...}}`) and `parallel_tool_calls` work as in `gdsrun serve`'s chat API: the
+    /// model's chat template renders the functions (a template that takes none is refused),
+    /// "required" or a named function holds the reply to calls with valid arguments, and the
+    /// calls are parsed out of the reply: with `tools` the result is the assistant message
+    /// (`{"role": "assistant", "content", "tool_calls": [{"id", "type", "function": {"name",
+    /// "arguments"}}]}`); messages may carry an assistant's `tool_calls` and `role: "tool"`
+    /// results (`tool_call_id`). The details always hold that `message`. The GIL is released
+    /// while the engine works.
     #[pyo3(signature = (prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None,
         min_p=None, repeat_penalty=None, seed=None, stop=None, grammar=None, json_schema=None,
-        regex=None, logprobs=false, top_logprobs=None, details=false))]
+        regex=None, logprobs=false, top_logprobs=None, tools=None, tool_choice=None,
+        parallel_tool_calls=None, details=false))]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         &self,
@@ -346,6 +451,9 @@ impl Engine {
         regex: Option<String>,
         logprobs: bool,
         top_logprobs: Option<usize>,
+        tools: Option<Bound<'py, PyAny>>,
+        tool_choice: Option<Bound<'py, PyAny>>,
+        parallel_tool_calls: Option<bool>,
         details: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let job = self.job(
@@ -365,25 +473,41 @@ impl Engine {
                 logprobs,
                 top_logprobs,
             },
+            ToolArgs {
+                tools,
+                tool_choice,
+                parallel_tool_calls,
+            },
         )?;
+        let with_tools = job.tools.is_some();
         let engine = self.engine.clone();
         let r = py.detach(move || {
             let mut e = lock(&engine);
-            run_job(&mut e, job, &mut |_| {}).map(|o| (o.json_with_plan(e.plan()), o.text))
+            let tools = job.tools.clone();
+            run_job(&mut e, job, &mut |_| {}).map(|o| {
+                let message = assistant_message(tools.as_ref(), &o.text);
+                let mut j = o.json_with_plan(e.plan());
+                j["message"] = message.clone();
+                (j, message, o.text)
+            })
         });
         match r {
-            Ok((j, _)) if details => json_to_py(py, &j),
-            Ok((_, text)) => Ok(PyString::new(py, &text).into_any()),
+            Ok((j, _, _)) if details => json_to_py(py, &j),
+            Ok((_, message, _)) if with_tools => json_to_py(py, &message),
+            Ok((_, _, text)) => Ok(PyString::new(py, &text).into_any()),
             Err(e) => Err(err(e)),
         }
     }
 
     /// Like `generate` (the same keyword arguments but `details`), but an iterator of the text as it is generated (pieces of the
     /// reply); after the last piece its `result` holds the dict `generate(details=True)`
-    /// returns. Dropping the iterator early stops the generation.
+    /// returns (with `tools`, the pieces are the raw reply, calls in the template's syntax
+    /// included, and `result["message"]` has them parsed). Dropping the iterator early stops
+    /// the generation.
     #[pyo3(signature = (prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None,
         min_p=None, repeat_penalty=None, seed=None, stop=None, grammar=None, json_schema=None,
-        regex=None, logprobs=false, top_logprobs=None))]
+        regex=None, logprobs=false, top_logprobs=None, tools=None, tool_choice=None,
+        parallel_tool_calls=None))]
     #[allow(clippy::too_many_arguments)]
     fn stream<'py>(
         &self,
@@ -401,6 +525,9 @@ impl Engine {
         regex: Option<String>,
         logprobs: bool,
         top_logprobs: Option<usize>,
+        tools: Option<Bound<'py, PyAny>>,
+        tool_choice: Option<Bound<'py, PyAny>>,
+        parallel_tool_calls: Option<bool>,
     ) -> PyResult<Stream> {
         let job = self.job(
             prompt,
@@ -419,7 +546,13 @@ impl Engine {
                 logprobs,
                 top_logprobs,
             },
+            ToolArgs {
+                tools,
+                tool_choice,
+                parallel_tool_calls,
+            },
         )?;
+        let tools = job.tools.clone();
         let (tx, rx) = mpsc::channel();
         let engine = self.engine.clone();
         let interrupt = self.interrupt.clone();
@@ -434,7 +567,11 @@ impl Engine {
                     }
                 });
                 let done = out
-                    .map(|o| o.json_with_plan(e.plan()))
+                    .map(|o| {
+                        let mut j = o.json_with_plan(e.plan());
+                        j["message"] = assistant_message(tools.as_ref(), &o.text);
+                        j
+                    })
                     .map_err(|e| e.to_string());
                 let _ = tx.send(Piece::Done(done));
             })
