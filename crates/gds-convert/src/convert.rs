@@ -1344,7 +1344,7 @@ mod tests {
         assert_eq!(block_fallback(DType::Q8_0, 64), Some(DType::Q8_0));
         assert_eq!(block_fallback(DType::Q4_0, 48), None);
         // through the planner: a 576-column matrix under q4_k_m, and a 48-column one
-        let ctx = MixContext::of(["blk.0.attn_q.weight"].into_iter());
+        let ctx = MixContext::of(["blk.0.attn_q.weight"]);
         let opts = ConvertOptions {
             quant: QuantTarget::Mix(QuantMix::Q4KM),
             ..ConvertOptions::default()

@@ -279,14 +279,19 @@ impl Engine {
         }
         let tools = t.tools(&self.engine)?;
         let mut grammar = c.grammar()?;
-        if let Some(g) = tools.as_ref().map(Tools::grammar).transpose() {
-            let g = g.map_err(|e| PyValueError::new_err(e.text()))?;
+        let call_grammar = tools
+            .as_ref()
+            .map(Tools::grammar)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(e.text()))?
+            .flatten();
+        if let Some(g) = call_grammar {
             if grammar.is_some() {
                 return Err(PyValueError::new_err(
                     "tool_choice asks for a call: it cannot be combined with grammar, json_schema or regex",
                 ));
             }
-            grammar = g;
+            grammar = Some(g);
         }
         Ok(Job {
             prompt: prompt_arg(prompt)?,
