@@ -5,6 +5,7 @@ side in one run: KL divergence from the F16 model, perplexity ratio, top-1 agree
     scripts/bench-quant.py [--model smollm,gemma] [--types q4_k_m,q5_k_m,q6_k,q3_k_m]
                            [--ctx 512] [--chunks N] [--text FILE] [--calib FILE]
                            [--profile ci] [--work DIR] [--json OUT] [--llama-quantize PATH]
+                           [--speed HF_DIR [--speed-type q4_k_m]]
 
 For each model (SmolLM2 135M and Gemma 3 270M, the fetched GGUFs dequantized to F16 by
 `llama-quantize --allow-requantize ... F16`: the F16 model whose quantization is measured):
@@ -21,6 +22,12 @@ Prints per row: bits per weight (tensor bytes x 8 / weights), mean KL (± s.e.),
 same top-1 %, PPL/PPL(F16), for ours and llama-quantize's, and the ratio of the mean KLs
 (issue 34's bar: ≤ 1.02 at the same size, perplexity within 0.5 %). Both sides are run by the
 same runtime, so the table compares the files, not the engines.
+
+`--speed HF_DIR` also times one-step conversion of a Hugging Face F16 checkpoint (e.g.
+`.cache/synth/llama-1b`, scripts/synth-model.py) to `--speed-type`: `gdsconv convert HF_DIR
+--quant TYPE` against llama.cpp's `convert_hf_to_gguf.py --outtype f16` then `llama-quantize`
+(issue 34's bar: ≥ 1.5x faster), each with its peak RSS, interleaved twice, cold page cache
+not forced (both read the same warm checkpoint).
 
 Needs: scripts/fetch-model.sh, scripts/fetch-gemma.sh, scripts/build-llama-cpp.sh (its
 llama-quantize), the cargo build of gdsconv and gdsrun (--profile, default ci).
@@ -69,6 +76,33 @@ def bits_per_weight(gdsconv: str, model: pathlib.Path) -> float:
     return nbytes * 8 / weights
 
 
+def timed(cmd: list) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of `cmd`, by GNU time."""
+    t0 = time.time()
+    r = run(["/usr/bin/time", "-f", "%M", *cmd])
+    return time.time() - t0, int(r.stderr.strip().splitlines()[-1]) / 1024
+
+
+def speed(a, gdsconv: str, quantize: str, work: pathlib.Path) -> None:
+    """One-step HF F16 -> TYPE: gdsconv against convert_hf_to_gguf.py + llama-quantize."""
+    hf = pathlib.Path(a.speed)
+    conv = ROOT / ".cache/llama.cpp/src/llama.cpp/convert_hf_to_gguf.py"
+    q = a.speed_type
+    print(f"\n## One step from {hf} (F16 safetensors) to {q}")
+    print("| run | gdsconv s | peak MiB | convert_hf_to_gguf s | peak MiB | llama-quantize s | peak MiB | llama.cpp total s | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for i in range(2):
+        out = work / "speed.gds"
+        g, g_rss = timed([gdsconv, "convert", hf, out, "--quant", q, "--force"])
+        f16, ref = work / "speed-f16.gguf", work / "speed.gguf"
+        c, c_rss = timed([sys.executable, conv, hf, "--outtype", "f16", "--outfile", f16])
+        k, k_rss = timed([quantize, f16, ref, LLAMA_TYPE[q], str(os.cpu_count())])
+        for f in (f16, ref):
+            f.unlink()
+        print(f"| {i + 1} | {g:.1f} | {g_rss:.0f} | {c:.1f} | {c_rss:.0f} | {k:.1f} | {k_rss:.0f} | "
+              f"{c + k:.1f} | {(c + k) / g:.2f}x |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm,gemma")
@@ -80,6 +114,8 @@ def main() -> int:
     ap.add_argument("--profile", default="ci")
     ap.add_argument("--work", help="keep the files here (default: a temporary directory)")
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--speed", help="also time HF F16 -> --speed-type from this checkpoint")
+    ap.add_argument("--speed-type", default="q4_k_m")
     ap.add_argument("--llama-quantize", help="this llama-quantize (default: build "
                     "scripts/build-llama-cpp.sh's tools and take theirs)")
     a = ap.parse_args()
@@ -148,6 +184,8 @@ def main() -> int:
                           f"{g['kl']:.5f} ± {g['kl_stderr']:.5f} | {g['kl_p99']:.4f} | "
                           f"{g['top1']:.2f} | {g['ppl_ratio']:.4f} | "
                           f"{f'{ratio:.3f}' if tool == 'gdsconv' else ''} |", flush=True)
+    if a.speed:
+        speed(a, gdsconv, quantize, work)
     worst = max((r["kl_ratio"] for r in rows), default=1.0)
     ppl = max((abs(r["ppl_ratio"] / o["ppl_ratio"] - 1) for r in rows for o in rows
                if r["tool"] == "gdsconv" and o["tool"] == "llama-quantize"

@@ -145,19 +145,7 @@ impl Constraints<'_> {
             return Ok(Some(Grammar::Lark(text.clone())));
         }
         if let Some(schema) = &self.json_schema {
-            let text: String = if schema.is_instance_of::<PyString>() {
-                schema.extract()?
-            } else {
-                let json = schema.py().import("json")?;
-                json.call_method1("dumps", (schema,))
-                    .map_err(|e| {
-                        PyTypeError::new_err(format!("json_schema: a dict or a JSON string ({e})"))
-                    })?
-                    .extract()?
-            };
-            let v = serde_json::from_str(&text)
-                .map_err(|e| PyValueError::new_err(format!("json_schema: not JSON: {e}")))?;
-            return Ok(Some(Grammar::JsonSchema(v)));
+            return Ok(Some(Grammar::JsonSchema(json_arg(schema, "json_schema")?)));
         }
         Ok(self.regex.clone().map(Grammar::Regex))
     }
