@@ -105,7 +105,7 @@ def speed(a, gdsconv: str, quantize: str, work: pathlib.Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm,gemma")
+    ap.add_argument("--model", default="smollm,gemma", help="a comma list; empty: only --speed")
     ap.add_argument("--types", default="q4_k_m,q5_k_m,q6_k,q3_k_m")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=0, help="score only the first N chunks")
@@ -135,7 +135,7 @@ def main() -> int:
           f"ctx {a.ctx}{f', {a.chunks} chunks' if a.chunks else ''}")
     chunks = ["--chunks", str(a.chunks)] if a.chunks else []
     rows = []
-    for key in a.model.split(","):
+    for key in filter(None, a.model.split(",")):
         label, gguf = MODELS[key]
         if not pathlib.Path(gguf).exists():
             run(["./scripts/fetch-model.sh" if key == "smollm" else "./scripts/fetch-gemma.sh"])

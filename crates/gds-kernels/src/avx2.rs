@@ -38,8 +38,9 @@ impl Avx2 {
         })
     }
 
-    /// Like [`Avx2::detect`], also requiring AVX-VNNI: the Q4_0..Q8_0 kernels then use the
-    /// 256-bit `vpdpbusd` (VEX encoding) for their u8 x i8 dot products.
+    /// Like [`Avx2::detect`], also requiring AVX-VNNI: the Q4_1..Q8_0 kernels then use the
+    /// 256-bit `vpdpbusd` (VEX encoding) for their u8 x i8 dot products (Q4_0 keeps the
+    /// four-row `maddubs` kernel, faster where measured: [`rows_q4_0`]).
     pub fn detect_vnni() -> Option<Avx2> {
         Avx2::detect()
             .filter(|_| is_x86_feature_detected!("avxvnni"))
@@ -49,7 +50,7 @@ impl Avx2 {
             })
     }
 
-    /// Like [`Avx2::detect`], also requiring AVX-512 F, VL, BW and VNNI: the Q4_0..Q8_0
+    /// Like [`Avx2::detect`], also requiring AVX-512 F, VL, BW and VNNI: the Q4_1..Q8_0
     /// kernels then use the EVEX `vpdpbusd` on 256-bit vectors and, with 32 vector
     /// registers, multiply two weight rows per load of the activations.
     pub fn detect_avx512() -> Option<Avx2> {
@@ -1821,19 +1822,19 @@ macro_rules! public_rows {
     };
 }
 
-/// AVX2 twin of `scalar::rows_q4_0` (AVX-VNNI or AVX512-VNNI when the token has it; on
-/// plain AVX2, four rows at a time).
-pub fn rows_q4_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    if t.avx512 || t.vnni {
-        rows_q4_0_by_row(t, w, rb, acts, out)
-    } else {
-        // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
-        unsafe { quad::rows_q4_0(w, rb, acts, out) }
-    }
+/// AVX2 twin of `scalar::rows_q4_0`: four rows at a time (`maddubs`), with every token,
+/// VNNI ones included. On a 2-core Sapphire Rapids-class VM (AVX-512 VNNI) at the 1B model's
+/// Q4_0 shapes the four-row kernel ran prompts 1.3x and decode 1.1x faster than the
+/// row-at-a-time `vpdpbusd` kernels (two rows per activation load with AVX-512, one with
+/// AVX-VNNI: 0.7x of AVX-512's for prompts); bench/runs/2026-12-02-cpu-avx512-1b.md.
+pub fn rows_q4_0(_: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
+    unsafe { quad::rows_q4_0(w, rb, acts, out) }
 }
 
-/// The row-at-a-time Q4_0 kernel of every feature set (on plain AVX2 [`rows_q4_0`] runs four
-/// rows at a time instead): kept as the baseline the benchmark measures against.
+/// The row-at-a-time Q4_0 kernel of every feature set (AVX-VNNI's or AVX512-VNNI's
+/// `vpdpbusd` when the token has it), which [`rows_q4_0`] no longer runs: kept as the
+/// baseline the benchmark and the tests measure against.
 pub fn rows_q4_0_by_row(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
     if t.avx512 {
         // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and

@@ -420,11 +420,24 @@ fn q4_0_four_row_kernel_matches_scalar_across_chunks_and_tiles() {
     // prompt batches (5 and 13 tokens) that run their tiles against chunks of ~28 rows. It
     // must agree with the scalar kernel and the row-at-a-time kernel to float summation
     // order, and give each token what it gives that token alone, bit for bit.
-    use gds_kernels::avx2::{self, Avx2};
-    let Some(t) = Avx2::detect() else {
+    use gds_kernels::avx2::Avx2;
+    // every token the CPU allows: the four-row kernel runs with each, against the
+    // row-at-a-time kernel of that feature set (vpdpbusd with the VNNI ones)
+    let tokens: Vec<Avx2> = [Avx2::detect(), Avx2::detect_vnni(), Avx2::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
+    if tokens.is_empty() {
         eprintln!("AVX2 not available; nothing to compare");
         return;
-    };
+    }
+    for t in tokens {
+        four_rows_against_by_row(t);
+    }
+}
+
+fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
+    use gds_kernels::avx2;
     let mut rng = Rng(0x51);
     let (rows, cols) = (203, 33 * 32);
     let data = weight(&mut rng, DType::Q4_0, rows, cols);
