@@ -2,9 +2,9 @@
 """`just bench-quant`: the quality of `gdsconv convert --quant` against `llama-quantize`, side by
 side in one run: KL divergence from the F16 model, perplexity ratio, top-1 agreement and size.
 
-    scripts/bench-quant.py [--model smollm,gemma] [--types q4_k_m,q5_k_m,q6_k,q3_k_m]
+    scripts/bench-quant.py [--model smollm,gemma[,llama-1b]] [--types q4_k_m,q5_k_m,q6_k,q3_k_m]
                            [--ctx 512] [--chunks N] [--text FILE] [--calib FILE]
-                           [--profile ci] [--work DIR] [--json OUT] [--llama-quantize PATH]
+                           [--profile ci | --bin-dir DIR] [--work DIR] [--json OUT] [--llama-quantize PATH]
                            [--speed HF_DIR [--speed-type q4_k_m]]
 
 For each model (SmolLM2 135M and Gemma 3 270M, the fetched GGUFs dequantized to F16 by
@@ -48,6 +48,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = {
     "smollm": ("SmolLM2-135M-Instruct", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
     "gemma": ("Gemma 3 270M", ".cache/models/gemma-3-270m-q4_k_m.gguf"),
+    # the 1B shape's F16 GGUF by llama.cpp's converter (scripts/synth-model.py llama-1b
+    # .cache/synth/llama-1b --gguf .cache/synth/llama-1b-Q4_0.gguf): random weights, so its
+    # text is noise and only the KL columns mean anything; an F16 model that is no
+    # dequantized 4-bit one
+    "llama-1b": ("llama-1b (random weights, F16)", ".cache/synth/llama-1b-Q4_0-f16.gguf"),
 }
 # gdsconv --quant -> llama-quantize type
 LLAMA_TYPE = {"q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S", "q5_k_m": "Q5_K_M", "q5_k_s": "Q5_K_S",
@@ -112,6 +117,7 @@ def main() -> int:
     ap.add_argument("--text", default=str(ROOT / "fixtures/reference/wiki-like.txt"))
     ap.add_argument("--calib", default=str(ROOT / "docs/conversion.md"))
     ap.add_argument("--profile", default="ci")
+    ap.add_argument("--bin-dir", help="gdsconv and gdsrun already built here (no cargo build)")
     ap.add_argument("--work", help="keep the files here (default: a temporary directory)")
     ap.add_argument("--json", help="also write the rows as JSON here")
     ap.add_argument("--speed", help="also time HF F16 -> --speed-type from this checkpoint")
@@ -124,8 +130,11 @@ def main() -> int:
     if not quantize:
         run(["./scripts/build-llama-cpp.sh"])
         quantize = ".cache/llama.cpp/bin/llama-quantize"
-    run(["cargo", "build", "--profile", a.profile, "-q", "-p", "gdsconv", "-p", "gdsrun"])
-    gdsconv, gdsrun = f"target/{a.profile}/gdsconv", f"target/{a.profile}/gdsrun"
+    if a.bin_dir:
+        gdsconv, gdsrun = f"{a.bin_dir}/gdsconv", f"{a.bin_dir}/gdsrun"
+    else:
+        run(["cargo", "build", "--profile", a.profile, "-q", "-p", "gdsconv", "-p", "gdsrun"])
+        gdsconv, gdsrun = f"target/{a.profile}/gdsconv", f"target/{a.profile}/gdsrun"
     work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="bench-quant-"))
     work.mkdir(parents=True, exist_ok=True)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
@@ -138,6 +147,8 @@ def main() -> int:
     for key in filter(None, a.model.split(",")):
         label, gguf = MODELS[key]
         if not pathlib.Path(gguf).exists():
+            if key not in ("smollm", "gemma"):
+                sys.exit(f"{gguf}: missing (scripts/synth-model.py makes it)")
             run(["./scripts/fetch-model.sh" if key == "smollm" else "./scripts/fetch-gemma.sh"])
         m = work / key
         m.mkdir(exist_ok=True)
