@@ -519,12 +519,10 @@ fn make_qkx2_quants_x8(
             }
         }
     }
+    // a flat lane kept its zero scale and quants: its first pass and every update skip it
     for s in 0..8 {
         for i in 0..N {
-            big_l[32 * s + i] = if flat[s] { 0 } else { best[i][s] };
-        }
-        if flat[s] {
-            scale[s] = 0.0;
+            big_l[32 * s + i] = best[i][s];
         }
     }
     (scale, min.map(|m| -m))

@@ -1024,19 +1024,15 @@ pub(crate) async fn complete(
         Kind::Completion => {
             json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": end.finish})
         }
-        Kind::Chat => match job
-            .tools
-            .as_deref()
-            .filter(|t| t.parses())
-            .map(|t| t.parse(&text))
-        {
-            Some((content, calls)) if !calls.is_empty() => {
-                json!({"index": index, "message": {"role": "assistant", "content": content, "tool_calls": calls}, "logprobs": logprobs, "finish_reason": "tool_calls"})
-            }
-            _ => {
-                json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": end.finish})
-            }
-        },
+        Kind::Chat => {
+            let (message, calls) = crate::tools::assistant_message(job.tools.as_deref(), &text);
+            let finish = if calls {
+                json!("tool_calls")
+            } else {
+                json!(end.finish)
+            };
+            json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+        }
     };
     Ok((choice, end))
 }
@@ -1362,10 +1358,15 @@ pub fn openai_messages(messages: &Value) -> Result<Vec<Message>, ApiError> {
         ))
         .param("messages")
     })?;
-    if list.is_empty() {
+    chat_turn_messages(&list)
+}
+
+/// A chat turn's messages ([`chat_messages`]), of which there must be at least one.
+fn chat_turn_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
+    if messages.is_empty() {
         return Err(ApiError::bad("messages must not be empty").param("messages"));
     }
-    chat_messages(&list)
+    chat_messages(messages)
 }
 
 /// `POST /v1/chat/completions`.
@@ -1397,13 +1398,7 @@ pub(crate) async fn chat_job(
 /// Gives a chat job its tools, and the grammar of a call when `tool_choice` asks for one.
 pub(crate) fn with_tools(j: &mut Job, tools: Option<Arc<Tools>>) -> Result<(), ApiError> {
     if let Some(t) = &tools {
-        if let Some(g) = t.grammar()? {
-            if let Some((_, other)) = &j.grammar {
-                return Err(ApiError::bad(format!(
-                    "tool_choice asks for a call; it cannot be combined with {other}"
-                ))
-                .param("tool_choice"));
-            }
+        if let Some(g) = t.call_grammar_beside(j.grammar.as_ref().map(|(_, other)| *other))? {
             j.grammar = Some((g, "tool_choice"));
         }
     }
@@ -1417,10 +1412,7 @@ pub(crate) async fn chat_prompt(
     st: &Arc<ServerState>,
     b: &ChatBody,
 ) -> Result<(Vec<u32>, Option<Arc<Tools>>), ApiError> {
-    if b.messages.is_empty() {
-        return Err(ApiError::bad("messages must not be empty").param("messages"));
-    }
-    let msgs = chat_messages(&b.messages)?;
+    let msgs = chat_turn_messages(&b.messages)?;
     let continue_final = b.continue_final_message == Some(true);
     if continue_final && msgs.last().is_none_or(|m| m.role != "assistant") {
         return Err(ApiError::bad(

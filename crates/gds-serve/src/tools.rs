@@ -204,6 +204,21 @@ impl Tools {
         self.choice != Choice::None
     }
 
+    /// The grammar a reply follows: the call grammar when `tool_choice` asks for a call
+    /// ([`Tools::grammar`]), which cannot be combined with another constraint (`other`: the
+    /// name of the one the request also has, if any); otherwise `None` (the other one, if
+    /// any, stays).
+    pub fn call_grammar_beside(&self, other: Option<&str>) -> Result<Option<Grammar>, ApiError> {
+        let g = self.grammar()?;
+        if let (Some(_), Some(other)) = (&g, other) {
+            return Err(bad(
+                format!("tool_choice asks for a call; it cannot be combined with {other}"),
+                "tool_choice",
+            ));
+        }
+        Ok(g)
+    }
+
     /// With `required` or a named function: the grammar the reply must follow.
     pub fn grammar(&self) -> Result<Option<Grammar>, ApiError> {
         let names: Vec<&(String, Value)> = match &self.choice {
@@ -368,6 +383,19 @@ fn call_of(text: &str, key: &str) -> Option<Value> {
         "type": "function",
         "function": {"name": name, "arguments": args},
     }))
+}
+
+/// The reply as OpenAI's assistant message: with `tools` that parse calls and calls in it,
+/// those (`tool_calls`) and the text around them as `content`; otherwise the whole text as
+/// `content`. The flag says whether it has calls (finish reason `tool_calls`).
+pub fn assistant_message(tools: Option<&Tools>, text: &str) -> (Value, bool) {
+    match tools.filter(|t| t.parses()).map(|t| t.parse(text)) {
+        Some((content, calls)) if !calls.is_empty() => (
+            json!({"role": "assistant", "content": content, "tool_calls": calls}),
+            true,
+        ),
+        _ => (json!({"role": "assistant", "content": text}), false),
+    }
 }
 
 #[cfg(test)]

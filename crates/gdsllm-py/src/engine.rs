@@ -8,7 +8,7 @@ use gds_runtime::chat::Message;
 use gds_runtime::engine::GenerateOutput;
 use gds_runtime::plan::{Limits, Mode};
 use gds_runtime::{Grammar, KvDtype, Plan, PlanOptions, SamplerConfig};
-use gds_serve::tools::Tools;
+use gds_serve::tools::{assistant_message, Tools};
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -55,22 +55,6 @@ fn json_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<serde_json::Value> {
             .extract()?
     };
     serde_json::from_str(&text).map_err(|e| PyValueError::new_err(format!("{what}: not JSON: {e}")))
-}
-
-/// The reply as OpenAI's assistant message: its text, or the calls parsed out of it with the
-/// text around them.
-fn assistant_message(tools: Option<&Tools>, text: &str) -> serde_json::Value {
-    match tools.filter(|t| t.parses()) {
-        Some(t) => {
-            let (content, calls) = t.parse(text);
-            let mut m = serde_json::json!({"role": "assistant", "content": content});
-            if !calls.is_empty() {
-                m["tool_calls"] = serde_json::Value::Array(calls);
-            }
-            m
-        }
-        None => serde_json::json!({"role": "assistant", "content": text}),
-    }
 }
 
 /// Runs `job` on `e`: a string prompt as `gdsrun run --prompt` runs it (one chat turn with
@@ -267,19 +251,15 @@ impl Engine {
         }
         let tools = t.tools(&self.engine)?;
         let mut grammar = c.grammar()?;
+        let other = grammar.is_some().then_some("grammar, json_schema or regex");
         let call_grammar = tools
             .as_ref()
-            .map(Tools::grammar)
+            .map(|t| t.call_grammar_beside(other))
             .transpose()
             .map_err(|e| PyValueError::new_err(e.text()))?
             .flatten();
-        if let Some(g) = call_grammar {
-            if grammar.is_some() {
-                return Err(PyValueError::new_err(
-                    "tool_choice asks for a call: it cannot be combined with grammar, json_schema or regex",
-                ));
-            }
-            grammar = Some(g);
+        if call_grammar.is_some() {
+            grammar = call_grammar;
         }
         Ok(Job {
             prompt: prompt_arg(prompt)?,
@@ -478,7 +458,7 @@ impl Engine {
             let mut e = lock(&engine);
             let tools = job.tools.clone();
             run_job(&mut e, job, &mut |_| {}).map(|o| {
-                let message = assistant_message(tools.as_ref(), &o.text);
+                let (message, _) = assistant_message(tools.as_ref(), &o.text);
                 let mut j = o.json_with_plan(e.plan());
                 j["message"] = message.clone();
                 (j, message, o.text)
@@ -562,7 +542,7 @@ impl Engine {
                 let done = out
                     .map(|o| {
                         let mut j = o.json_with_plan(e.plan());
-                        j["message"] = assistant_message(tools.as_ref(), &o.text);
+                        j["message"] = assistant_message(tools.as_ref(), &o.text).0;
                         j
                     })
                     .map_err(|e| e.to_string());
