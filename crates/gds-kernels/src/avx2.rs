@@ -18,6 +18,8 @@ use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
+mod q4k;
+
 /// Proof that the CPU has AVX2, FMA and F16C (and AVX-VNNI when `vnni()`); only the
 /// `detect` functions make one.
 #[derive(Clone, Copy, Debug)]
@@ -846,12 +848,6 @@ fn unpack_q45_k<const FIVE: bool>(
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q4_k(b: &BlockQ4K) -> UnpackedQ45K {
-    unpack_q45_k::<false>(b.d, b.dmin, &b.scales, &b.qs, None)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
 fn unpack_q5_k(b: &BlockQ5K) -> UnpackedQ45K {
     unpack_q45_k::<true>(b.d, b.dmin, &b.scales, &b.qs, Some(&b.qh))
 }
@@ -949,17 +945,6 @@ fn step_q45_k_packed<const FIVE: bool, const N: usize>(
         pair_q45_k(q, &sc, k, a, i, &mut isum);
     }
     finish_q45_k(&isum, mins, (d, dmin), a, i, acc);
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn step_q4_k_packed<const N: usize>(
-    b: &BlockQ4K,
-    a: &[&[ActQ8K]; N],
-    i: usize,
-    acc: &mut [__m256; N],
-) {
-    step_q45_k_packed::<false, N>(b.d, b.dmin, &b.scales, &b.qs, &[0; 32], a, i, acc)
 }
 
 #[inline]
@@ -1163,14 +1148,6 @@ macro_rules! kquant_dot {
     };
 }
 
-kquant_dot!(
-    dot_q4_k,
-    dot_q4_k_u,
-    BlockQ4K,
-    UnpackedQ45K,
-    step_q4_k_packed,
-    step_q45_k
-);
 kquant_dot!(
     dot_q5_k,
     dot_q5_k_u,
@@ -1700,16 +1677,8 @@ mod quad {
 /// The K-quant rows compiled for AVX-512 VL/BW as well: the same arithmetic, with 32 vector
 /// registers (Gemma 3 270M prompt processing ~900 -> ~1000 t/s with Q4_K's).
 mod kquant512 {
+    pub(super) use super::q4k::wide::rows_q4_k;
     use super::*;
-    kquant_driver!(
-        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
-        rows_q4_k,
-        dot_q4_k,
-        dot_q4_k_u,
-        BlockQ4K,
-        UnpackedQ45K,
-        unpack_q4_k
-    );
     kquant_driver!(
         "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
         rows_q5_k,
@@ -1731,16 +1700,8 @@ mod kquant512 {
 }
 
 mod other {
+    pub(super) use super::q4k::plain::rows_q4_k;
     use super::*;
-    kquant_driver!(
-        "avx2,fma,f16c",
-        rows_q4_k,
-        dot_q4_k,
-        dot_q4_k_u,
-        BlockQ4K,
-        UnpackedQ45K,
-        unpack_q4_k
-    );
     kquant_driver!(
         "avx2,fma,f16c",
         rows_q5_k,

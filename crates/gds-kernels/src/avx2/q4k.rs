@@ -1,0 +1,632 @@
+//! Q4_K rows eight at a time, one row per 32-bit vector lane.
+//!
+//! Every path ends a block the same way, per row: the block's integer sums `I` (the sub-block
+//! products scaled by their 6-bit scales) and `M` (the mins against the activations' sums),
+//! then `acc = fma(d * dx, I, acc)` and `acc = fma(-dmin * dx, M, acc)` ([`finish8`]), eight
+//! rows in the eight lanes. So a row's result is the same bits whichever path computed it:
+//!
+//! - one to seven tokens (decode, small batches): rows in their stored layout, eight rows
+//!   side by side; each row's integer sums come out of the row-at-a-time arithmetic as eight
+//!   partial lanes, and a tree of `hadd`s turns the eight rows' partials into one vector of
+//!   totals (I and M of a row travel together through it: [`rows8`]);
+//! - eight or more tokens (prompt batches): a chunk of rows is repacked once ([`Packed8`]:
+//!   each 32-bit lane holds four consecutive quants of one row, so a broadcast of four
+//!   activation bytes multiplies eight rows at once, with no horizontal sums) and every tile
+//!   of up to four tokens runs against it ([`gemm8`]). llama.cpp repacks Q4_K the same way for
+//!   its CPU GEMM (`ggml_gemm_q4_K_8x8_q8_K`).
+//!
+//! Compiled twice (plain AVX2, and AVX-512 VL/BW for its 32 registers) by [`q4k_rows`].
+
+use super::*;
+
+/// Eight rows of one Q4_K block, repacked with row `r` in 32-bit lane `r`.
+#[derive(Clone, Copy)]
+pub(super) struct Packed8 {
+    /// Quants (0..15) of sub-block `j`, elements `4g..4g + 4` of row `r` in bytes `4r..4r + 4`
+    /// of `q[j][g]`.
+    q: [[__m256i; 8]; 8],
+    /// The 6-bit scale of sub-block `j` of row `r` in 16-bit lanes `2r` and `2r + 1`.
+    sc: [__m256i; 8],
+    /// The mins of sub-blocks `2k` and `2k + 1` of row `r` in 16-bit lanes `2r`, `2r + 1`.
+    mn: [__m256i; 4],
+    /// `d` of each row.
+    d: __m256,
+    /// `-dmin` of each row.
+    ndmin: __m256,
+}
+
+/// Each of the eight rows' result at the end of a block: `acc + d * dx * I - dmin * dx * M`
+/// in two fused steps (`ndmin` = `-dmin`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn finish8(acc: __m256, d: __m256, ndmin: __m256, dx: f32, i: __m256i, m: __m256i) -> __m256 {
+    let dx = _mm256_set1_ps(dx);
+    let acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i), acc);
+    _mm256_fmadd_ps(_mm256_mul_ps(ndmin, dx), _mm256_cvtepi32_ps(m), acc)
+}
+
+/// Four activation bytes broadcast to every 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bcast4(p: &[i8]) -> __m256i {
+    assert!(p.len() >= 4);
+    // SAFETY: at least 4 readable bytes (checked above); `read_unaligned` has no alignment
+    // requirement.
+    _mm256_set1_epi32(unsafe { std::ptr::read_unaligned(p.as_ptr().cast::<i32>()) })
+}
+
+/// Transposes eight vectors of eight 32-bit lanes: output `g` holds lane `g` of every input,
+/// input `r` in lane `r`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+    let t: [__m256i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_epi32(a, b)
+        } else {
+            _mm256_unpackhi_epi32(a, b)
+        }
+    });
+    // t[2p] = [a0 b0 a1 b1 | a4 b4 a5 b5], t[2p + 1] = [a2 b2 a3 b3 | a6 b6 a7 b7] (rows 2p, 2p+1)
+    let s: [__m256i; 8] = std::array::from_fn(|i| {
+        let half = i / 4; // rows 0..4 or 4..8
+        let c = i % 4; // columns c (and c + 4)
+        let (x, y) = (t[4 * half + c / 2], t[4 * half + 2 + c / 2]);
+        if c % 2 == 0 {
+            _mm256_unpacklo_epi64(x, y)
+        } else {
+            _mm256_unpackhi_epi64(x, y)
+        }
+    });
+    // s[4h + c] = column c of rows 4h..4h+4 | column c + 4 of them
+    std::array::from_fn(|g| {
+        let (lo, hi) = (s[g % 4], s[4 + g % 4]);
+        if g < 4 {
+            _mm256_permute2x128_si256::<0x20>(lo, hi)
+        } else {
+            _mm256_permute2x128_si256::<0x31>(lo, hi)
+        }
+    })
+}
+
+/// Repacks block `i` of eight rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn repack8(rows: &[&[BlockQ4K]; 8], i: usize) -> Packed8 {
+    let mut sc = [[0i16; 16]; 8];
+    let mut mn = [[0i16; 16]; 4];
+    let mut d = [0f32; 8];
+    let mut ndmin = [0f32; 8];
+    for (r, row) in rows.iter().enumerate() {
+        let b = &row[i];
+        let sm = scales_mins_k4(&b.scales);
+        let s = ((sm[1] as u64) << 32 | sm[0] as u64).to_le_bytes();
+        let m = ((sm[3] as u64) << 32 | sm[2] as u64).to_le_bytes();
+        for j in 0..8 {
+            sc[j][2 * r] = s[j] as i16;
+            sc[j][2 * r + 1] = s[j] as i16;
+        }
+        for k in 0..4 {
+            mn[k][2 * r] = m[2 * k] as i16;
+            mn[k][2 * r + 1] = m[2 * k + 1] as i16;
+        }
+        d[r] = b.d();
+        ndmin[r] = -b.dmin();
+    }
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut q = [[_mm256_setzero_si256(); 8]; 8];
+    for k in 0..4 {
+        let v: [__m256i; 8] = std::array::from_fn(|r| ld_u8x32(&rows[r][i].qs[32 * k..]));
+        q[2 * k] = transpose8(v.map(|v| _mm256_and_si256(v, m4)));
+        q[2 * k + 1] = transpose8(v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)));
+    }
+    Packed8 {
+        q,
+        sc: sc.map(|s| ld_i16x16(&s)),
+        mn: mn.map(|s| ld_i16x16(&s)),
+        d: ld_f32x8(&d),
+        ndmin: ld_f32x8(&ndmin),
+    }
+}
+
+/// The activations' sub-block sums of block `i` as the dwords [`gemm8`] broadcasts: pair `k`
+/// holds the sums of sub-blocks `2k` (low 16 bits) and `2k + 1`.
+fn min_pairs(x: &ActQ8K) -> [i32; 4] {
+    std::array::from_fn(|k| {
+        let s = |j: usize| (x.bsums[2 * j] as i32 + x.bsums[2 * j + 1] as i32) as i16 as u16;
+        (s(2 * k) as u32 | (s(2 * k + 1) as u32) << 16) as i32
+    })
+}
+
+/// Eight repacked rows (block `i` in `p[i]`) against `N` tokens: each token's eight row sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm8<const N: usize>(
+    p: &[Packed8],
+    xs: [&[ActQ8K]; N],
+    pairs: [&[[i32; 4]]; N],
+) -> [__m256; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, u) in p.iter().enumerate() {
+        let mut isum = [_mm256_setzero_si256(); N];
+        for j in 0..8 {
+            // u4 x i8: 2 * 15 * 128 per 16-bit lane and product pair, 16 * 15 * 128 < 2^15
+            // after a sub-block's eight groups
+            let mut s = [_mm256_setzero_si256(); N];
+            for g in 0..8 {
+                let w = u.q[j][g];
+                for t in 0..N {
+                    let a = bcast4(&xs[t][i].qs[32 * j + 4 * g..]);
+                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(w, a));
+                }
+            }
+            for t in 0..N {
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s[t], u.sc[j]));
+            }
+        }
+        for t in 0..N {
+            let bp = &pairs[t][i];
+            let mut m = _mm256_madd_epi16(u.mn[0], _mm256_set1_epi32(bp[0]));
+            for (mn, &b) in u.mn.iter().zip(bp).skip(1) {
+                m = _mm256_add_epi32(m, _mm256_madd_epi16(*mn, _mm256_set1_epi32(b)));
+            }
+            acc[t] = finish8(acc[t], u.d, u.ndmin, xs[t][i].d, isum[t], m);
+        }
+    }
+    acc
+}
+
+/// Lanes of [`rows8`]'s results: lane `l` holds row `LANE_ROW[l]`.
+const LANE_ROW: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+
+/// One row's block `i` against `N` tokens in the row-at-a-time arithmetic: per token, the
+/// partial integer sums of the scaled products (eight lanes) and of the mins (eight lanes),
+/// pairwise added into one vector: `[I01 I23 M01 M23 | I45 I67 M45 M67]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_sums<const N: usize>(b: &BlockQ4K, a: &[&[ActQ8K]; N], i: usize) -> [__m256i; N] {
+    let (sc, mins) = scales_mins_q45_k(&b.scales);
+    let mut hbits = _mm256_setzero_si256();
+    let mut isum = [_mm256_setzero_si256(); N];
+    for k in 0..4 {
+        let q = quants_q45_k::<false>(&b.qs, k, &mut hbits);
+        pair_q45_k(q, &sc, k, a, i, &mut isum);
+    }
+    std::array::from_fn(|t| {
+        let m = _mm256_madd_epi16(ld_i16x16(&a[t][i].bsums), mins);
+        _mm256_hadd_epi32(isum[t], m)
+    })
+}
+
+/// Rows `2p`, `2p + 1` of eight, block `i`: `[I(0-3) M(0-3) I'(0-3) M'(0-3) | (4-7)...]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair_sums<const N: usize>(
+    rows: &[&[BlockQ4K]; 8],
+    p: usize,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+) -> [__m256i; N] {
+    let u0 = row_sums(&rows[2 * p][i], a, i);
+    let u1 = row_sums(&rows[2 * p + 1][i], a, i);
+    std::array::from_fn(|t| _mm256_hadd_epi32(u0[t], u1[t]))
+}
+
+/// Four rows' totals from two pairs' sums: `[I0 M0 I1 M1 I2 M2 I3 M3]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quad_totals(w01: __m256i, w23: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(w01, w23),
+        _mm256_permute2x128_si256::<0x31>(w01, w23),
+    )
+}
+
+/// Eight rows in their stored layout against `N` tokens: each token's eight results, lane
+/// `l` holding row [`LANE_ROW`]`[l]`. `pf` (the next rows) is prefetched a few lines a block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows8<const N: usize>(rows: &[&[BlockQ4K]; 8], a: &[&[ActQ8K]; N], pf: &[u8]) -> [__m256; N] {
+    let nb = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= nb));
+    let mut acc = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        prefetch_spread(pf, i, nb);
+        let w0 = pair_sums(rows, 0, a, i);
+        let w1 = pair_sums(rows, 1, a, i);
+        let x: [__m256i; N] = std::array::from_fn(|t| quad_totals(w0[t], w1[t]));
+        let w2 = pair_sums(rows, 2, a, i);
+        let w3 = pair_sums(rows, 3, a, i);
+        let dbits = |r: usize| i16::from_le_bytes(rows[LANE_ROW[r]][i].d);
+        let mbits = |r: usize| i16::from_le_bytes(rows[LANE_ROW[r]][i].dmin);
+        let d = _mm256_cvtph_ps(_mm_setr_epi16(
+            dbits(0),
+            dbits(1),
+            dbits(2),
+            dbits(3),
+            dbits(4),
+            dbits(5),
+            dbits(6),
+            dbits(7),
+        ));
+        let ndmin = _mm256_xor_ps(
+            _mm256_cvtph_ps(_mm_setr_epi16(
+                mbits(0),
+                mbits(1),
+                mbits(2),
+                mbits(3),
+                mbits(4),
+                mbits(5),
+                mbits(6),
+                mbits(7),
+            )),
+            _mm256_set1_ps(-0.0),
+        );
+        for t in 0..N {
+            let (x, y) = (
+                _mm256_castsi256_ps(x[t]),
+                _mm256_castsi256_ps(quad_totals(w2[t], w3[t])),
+            );
+            // even lanes I, odd lanes M: [x0 x2 y0 y2 | x4 x6 y4 y6] = rows 0 1 4 5 | 2 3 6 7
+            let it = _mm256_castps_si256(_mm256_shuffle_ps::<0b10_00_10_00>(x, y));
+            let mt = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(x, y));
+            acc[t] = finish8(acc[t], d, ndmin, a[t][i].d, it, mt);
+        }
+    }
+    acc
+}
+
+/// Eight rows from `r` (a last group of fewer repeats its last row).
+fn group8(w: &[u8], rb: usize, r: usize, nrows: usize) -> [&[BlockQ4K]; 8] {
+    std::array::from_fn(|k| {
+        let r = (r + k).min(nrows - 1);
+        cast::<BlockQ4K>(&w[r * rb..(r + 1) * rb]).expect("weight rows are whole blocks")
+    })
+}
+
+/// Writes `N` tokens' results of the eight rows from `r` (lane `l` = row `order[l]`; rows
+/// from `nrows` on are padding) to `out[row * nt + t0 + t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn put8<const N: usize>(
+    acc: &[__m256; N],
+    order: &[usize; 8],
+    r: usize,
+    nrows: usize,
+    out: &mut [f32],
+    nt: usize,
+    t0: usize,
+) {
+    for (t, v) in acc.iter().enumerate() {
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` is 8 writable f32; no alignment requirement.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *v) };
+        for (l, &k) in order.iter().enumerate() {
+            if r + k < nrows {
+                out[(r + k) * nt + t0 + t] = lanes[l];
+            }
+        }
+    }
+}
+
+/// Every row against one tile of `N` tokens from `t0`, rows in their stored layout.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_rows<const N: usize>(
+    w: &[u8],
+    rb: usize,
+    a: [&[ActQ8K]; N],
+    out: &mut [f32],
+    nt: usize,
+    t0: usize,
+) {
+    let nrows = w.len() / rb;
+    for r in (0..nrows).step_by(8) {
+        let pf = ahead(w, r * rb, 8 * rb);
+        let acc = rows8(&group8(w, rb, r, nrows), &a, pf);
+        put8(&acc, &LANE_ROW, r, nrows, out, nt, t0);
+    }
+}
+
+/// The repacked groups of eight rows (`cache[g * nb..][..nb]`, rows from `r0`) against one
+/// tile of `N` tokens from `t0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn tile_packed<const N: usize>(
+    cache: &[Packed8],
+    nb: usize,
+    (r0, nrows): (usize, usize),
+    a: [&[ActQ8K]; N],
+    pairs: [&[[i32; 4]]; N],
+    out: &mut [f32],
+    nt: usize,
+    t0: usize,
+) {
+    const IDENTITY: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+    for (g, p) in cache.chunks_exact(nb).enumerate() {
+        let acc = gemm8(p, a, pairs);
+        put8(&acc, &IDENTITY, r0 + 8 * g, nrows, out, nt, t0);
+    }
+}
+
+/// Sixteen rows of one Q4_K block for AVX-512: [`Packed8`]'s layout with rows 0..8 in lanes
+/// 0..8 and rows 8..16 in lanes 8..16 of 512-bit vectors.
+#[derive(Clone, Copy)]
+pub(super) struct Packed16 {
+    q: [[__m512i; 8]; 8],
+    sc: [__m512i; 8],
+    mn: [__m512i; 4],
+    d: __m512,
+    ndmin: __m512,
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn join_ps(lo: __m256, hi: __m256) -> __m512 {
+    _mm512_castsi512_ps(join(_mm256_castps_si256(lo), _mm256_castps_si256(hi)))
+}
+
+/// Repacks block `i` of sixteen rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn repack16(lo: &[&[BlockQ4K]; 8], hi: &[&[BlockQ4K]; 8], i: usize) -> Packed16 {
+    let (a, b) = (repack8(lo, i), repack8(hi, i));
+    Packed16 {
+        q: std::array::from_fn(|j| std::array::from_fn(|g| join(a.q[j][g], b.q[j][g]))),
+        sc: std::array::from_fn(|j| join(a.sc[j], b.sc[j])),
+        mn: std::array::from_fn(|k| join(a.mn[k], b.mn[k])),
+        d: join_ps(a.d, b.d),
+        ndmin: join_ps(a.ndmin, b.ndmin),
+    }
+}
+
+/// [`gemm8`] on sixteen rows: the same arithmetic per lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn gemm16<const N: usize>(
+    p: &[Packed16],
+    xs: [&[ActQ8K]; N],
+    pairs: [&[[i32; 4]]; N],
+) -> [__m512; N] {
+    let mut acc = [_mm512_setzero_ps(); N];
+    for (i, u) in p.iter().enumerate() {
+        let mut isum = [_mm512_setzero_si512(); N];
+        for j in 0..8 {
+            let mut s = [_mm512_setzero_si512(); N];
+            for g in 0..8 {
+                let w = u.q[j][g];
+                for t in 0..N {
+                    let q = &xs[t][i].qs[32 * j + 4 * g..];
+                    assert!(q.len() >= 4);
+                    // SAFETY: at least 4 readable bytes (checked above), read unaligned.
+                    let a = _mm512_set1_epi32(unsafe {
+                        std::ptr::read_unaligned(q.as_ptr().cast::<i32>())
+                    });
+                    s[t] = _mm512_add_epi16(s[t], _mm512_maddubs_epi16(w, a));
+                }
+            }
+            for t in 0..N {
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s[t], u.sc[j]));
+            }
+        }
+        for t in 0..N {
+            let bp = &pairs[t][i];
+            let mut m = _mm512_madd_epi16(u.mn[0], _mm512_set1_epi32(bp[0]));
+            for (mn, &b) in u.mn.iter().zip(bp).skip(1) {
+                m = _mm512_add_epi32(m, _mm512_madd_epi16(*mn, _mm512_set1_epi32(b)));
+            }
+            let dx = _mm512_set1_ps(xs[t][i].d);
+            let a = _mm512_fmadd_ps(_mm512_mul_ps(u.d, dx), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(u.ndmin, dx), _mm512_cvtepi32_ps(m), a);
+        }
+    }
+    acc
+}
+
+/// The repacked groups of sixteen rows against one tile of `N` tokens from `t0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+fn tile_packed16<const N: usize>(
+    cache: &[Packed16],
+    nb: usize,
+    (r0, nrows): (usize, usize),
+    a: [&[ActQ8K]; N],
+    pairs: [&[[i32; 4]]; N],
+    out: &mut [f32],
+    nt: usize,
+    t0: usize,
+) {
+    for (g, p) in cache.chunks_exact(nb).enumerate() {
+        let acc = gemm16(p, a, pairs);
+        let r = r0 + 16 * g;
+        for (t, v) in acc.iter().enumerate() {
+            let mut lanes = [0f32; 16];
+            // SAFETY: `lanes` is 16 writable f32; no alignment requirement.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
+            for (k, &x) in lanes.iter().enumerate() {
+                if r + k < nrows {
+                    out[(r + k) * nt + t0 + t] = x;
+                }
+            }
+        }
+    }
+}
+
+/// Prompt batches on AVX-512: chunks of sixteen-row groups, repacked once, every tile of
+/// tokens against each chunk.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], out: &mut [f32]) {
+    let (nt, nrows) = (acts.len(), w.len() / rb);
+    let nb = rb / std::mem::size_of::<BlockQ4K>();
+    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed16>())).max(1);
+    let mut cache: Vec<Packed16> = Vec::with_capacity(groups * nb);
+    for r0 in (0..nrows).step_by(16 * groups) {
+        let r1 = (r0 + 16 * groups).min(nrows);
+        cache.clear();
+        for r in (r0..r1).step_by(16) {
+            let (lo, hi) = (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows));
+            for i in 0..nb {
+                cache.push(repack16(&lo, &hi, i));
+            }
+        }
+        let mut t0 = 0;
+        while t0 < nt {
+            let (a, p) = (&acts[t0..], &pairs[t0..]);
+            let rows = (r0, nrows);
+            match a.len() {
+                1 => tile_packed16::<1>(&cache, nb, rows, [a[0]], [&p[0][..]], out, nt, t0),
+                2 => tile_packed16::<2>(
+                    &cache,
+                    nb,
+                    rows,
+                    [a[0], a[1]],
+                    [&p[0][..], &p[1][..]],
+                    out,
+                    nt,
+                    t0,
+                ),
+                3 => tile_packed16::<3>(
+                    &cache,
+                    nb,
+                    rows,
+                    [a[0], a[1], a[2]],
+                    [&p[0][..], &p[1][..], &p[2][..]],
+                    out,
+                    nt,
+                    t0,
+                ),
+                _ => tile_packed16::<4>(
+                    &cache,
+                    nb,
+                    rows,
+                    [a[0], a[1], a[2], a[3]],
+                    [&p[0][..], &p[1][..], &p[2][..], &p[3][..]],
+                    out,
+                    nt,
+                    t0,
+                ),
+            }
+            t0 += a.len().min(4);
+        }
+    }
+}
+
+/// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
+const CHUNK_BYTES: usize = 96 << 10;
+
+/// Prompt batches on plain AVX2: chunks of eight-row groups, repacked once, every tile of
+/// tokens against each chunk.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], out: &mut [f32]) {
+    let (nt, nrows) = (acts.len(), w.len() / rb);
+    let nb = rb / std::mem::size_of::<BlockQ4K>();
+    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed8>())).max(1);
+    let mut cache: Vec<Packed8> = Vec::with_capacity(groups * nb);
+    for r0 in (0..nrows).step_by(8 * groups) {
+        let r1 = (r0 + 8 * groups).min(nrows);
+        cache.clear();
+        for r in (r0..r1).step_by(8) {
+            let rows = group8(w, rb, r, nrows);
+            for i in 0..nb {
+                cache.push(repack8(&rows, i));
+            }
+        }
+        let mut t0 = 0;
+        while t0 < nt {
+            let (a, p) = (&acts[t0..], &pairs[t0..]);
+            let rows = (r0, nrows);
+            match a.len() {
+                1 => tile_packed::<1>(&cache, nb, rows, [a[0]], [&p[0][..]], out, nt, t0),
+                2 => tile_packed::<2>(
+                    &cache,
+                    nb,
+                    rows,
+                    [a[0], a[1]],
+                    [&p[0][..], &p[1][..]],
+                    out,
+                    nt,
+                    t0,
+                ),
+                3 => tile_packed::<3>(
+                    &cache,
+                    nb,
+                    rows,
+                    [a[0], a[1], a[2]],
+                    [&p[0][..], &p[1][..], &p[2][..]],
+                    out,
+                    nt,
+                    t0,
+                ),
+                _ => tile_packed::<4>(
+                    &cache,
+                    nb,
+                    rows,
+                    [a[0], a[1], a[2], a[3]],
+                    [&p[0][..], &p[1][..], &p[2][..], &p[3][..]],
+                    out,
+                    nt,
+                    t0,
+                ),
+            }
+            t0 += a.len().min(4);
+        }
+    }
+}
+
+/// Generates `rows_q4_k` for the target features `$feat`.
+macro_rules! q4k_rows {
+    ($feat:literal, $gemm:ident) => {
+        /// Q4_K rows against `acts`, `out[r * nt + t]`: rows in their stored layout for fewer
+        /// than eight tokens, repacked chunks for more (the same arithmetic).
+        #[target_feature(enable = $feat)]
+        pub(in crate::avx2) fn rows_q4_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+            let nt = acts.len();
+            let nrows = w.len() / rb;
+            if nt == 0 || nrows == 0 {
+                return;
+            }
+            if nt < UNPACKED_MIN_TOKENS {
+                let mut t0 = 0;
+                while t0 < nt {
+                    let a = &acts[t0..];
+                    match a.len() {
+                        1 => tile_rows::<1>(w, rb, [a[0]], out, nt, t0),
+                        2 => tile_rows::<2>(w, rb, [a[0], a[1]], out, nt, t0),
+                        3 => tile_rows::<3>(w, rb, [a[0], a[1], a[2]], out, nt, t0),
+                        _ => tile_rows::<4>(w, rb, [a[0], a[1], a[2], a[3]], out, nt, t0),
+                    }
+                    t0 += a.len().min(4);
+                }
+                return;
+            }
+            let nb = rb / std::mem::size_of::<BlockQ4K>();
+            let pairs: Vec<Vec<[i32; 4]>> = acts
+                .iter()
+                .map(|x| x[..nb].iter().map(min_pairs).collect())
+                .collect();
+            $gemm(w, rb, acts, &pairs, out);
+        }
+    };
+}
+
+/// Plain AVX2.
+pub(super) mod plain {
+    use super::*;
+    q4k_rows!("avx2,fma,f16c", gemm_rows8);
+}
+
+/// AVX-512 VL/BW: the same arithmetic with 32 vector registers.
+pub(super) mod wide {
+    use super::*;
+    q4k_rows!("avx2,fma,f16c,avx512f,avx512vl,avx512bw", gemm_rows16);
+}
