@@ -19,6 +19,7 @@ use crate::blocks::*;
 use std::arch::x86_64::*;
 
 mod q4k;
+mod q6k;
 
 /// Proof that the CPU has AVX2, FMA and F16C (and AVX-VNNI when `vnni()`); only the
 /// `detect` functions make one.
@@ -205,15 +206,6 @@ fn hmax_ps(v: __m256) -> f32 {
 fn f16x2(b: [u8; 4]) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes(b)));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-}
-
-/// One f16 widened to f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16x1(b: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(
-        _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
-    ))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -958,16 +950,6 @@ fn step_q5_k_packed<const N: usize>(
     step_q45_k_packed::<true, N>(b.d, b.dmin, &b.scales, &b.qs, &b.qh, a, i, acc)
 }
 
-/// A Q6_K block unpacked: quants (0..63) of 32 elements in `q[4h + c]`, the two sub-block
-/// scales under each in `sv`, all sixteen scales widened in `sc16`.
-#[derive(Clone, Copy)]
-struct UnpackedQ6K {
-    q: [__m256i; 8],
-    sv: [__m256i; 8],
-    sc16: __m256i,
-    d: f32,
-}
-
 /// Half `h` of a Q6_K block's quants (0..63): the 32 elements from 128h, + 32, + 64, + 96.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1008,27 +990,6 @@ fn scale_pair_q6_k(scales: __m128i, j: usize) -> __m256i {
     _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q6_k(b: &BlockQ6K) -> UnpackedQ6K {
-    let mut q = [_mm256_setzero_si256(); 8];
-    for h in 0..2 {
-        q[4 * h..4 * h + 4].copy_from_slice(&quants_q6_k(b, h));
-    }
-    let scales = ld_i8x16(&b.scales);
-    let mut sv = [_mm256_setzero_si256(); 8];
-    for (j, v) in sv.iter_mut().enumerate() {
-        *v = scale_pair_q6_k(scales, j);
-    }
-    UnpackedQ6K {
-        q,
-        sv,
-        // The i8 scales, sign-extended to 16 i16 lanes.
-        sc16: _mm256_cvtepi8_epi16(scales),
-        d: f16x1(b.d),
-    }
-}
-
 /// A Q6_K block's integer sums against block `i` of `N` tokens, started at its -32 offset:
 /// -32 * sum_s sc[s] * bsum[s] (`sc16`: the sixteen scales as i16).
 #[inline]
@@ -1058,55 +1019,6 @@ fn group_q6_k<const N: usize>(
         let p = _mm256_maddubs_epi16(q, ld_i8x32(&a[t][i].qs[32 * j..]));
         isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sv));
     }
-}
-
-/// A Q6_K block's integer sums against block `i` of `N` tokens, scaled by `d` into `acc`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn finish_q6_k<const N: usize>(
-    isum: &[__m256i; N],
-    d: f32,
-    a: &[&[ActQ8K]; N],
-    i: usize,
-    acc: &mut [__m256; N],
-) {
-    for t in 0..N {
-        let x = &a[t][i];
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-    }
-}
-
-/// One unpacked Q6_K block against block `i` of `N` tokens, into `acc`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn step_q6_k<const N: usize>(u: &UnpackedQ6K, a: &[&[ActQ8K]; N], i: usize, acc: &mut [__m256; N]) {
-    let mut isum = offset_q6_k(u.sc16, a, i);
-    for j in 0..8 {
-        group_q6_k(u.q[j], u.sv[j], j, a, i, &mut isum);
-    }
-    finish_q6_k(&isum, u.d, a, i, acc);
-}
-
-/// [`step_q6_k`] on a packed block, unpacking each half's quants and each sub-block's scales
-/// where they are used (the decode path: the unpacked block, sixteen vectors, went through
-/// the stack). The same integer sums in the same order, so the same result bit for bit.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn step_q6_k_packed<const N: usize>(
-    b: &BlockQ6K,
-    a: &[&[ActQ8K]; N],
-    i: usize,
-    acc: &mut [__m256; N],
-) {
-    let scales = ld_i8x16(&b.scales);
-    let mut isum = offset_q6_k(_mm256_cvtepi8_epi16(scales), a, i);
-    for h in 0..2 {
-        for (c, &q) in quants_q6_k(b, h).iter().enumerate() {
-            let j = 4 * h + c;
-            group_q6_k(q, scale_pair_q6_k(scales, j), j, a, i, &mut isum);
-        }
-    }
-    finish_q6_k(&isum, f16x1(b.d), a, i, acc);
 }
 
 /// Horizontal sums of `N` accumulators.
@@ -1155,14 +1067,6 @@ kquant_dot!(
     UnpackedQ45K,
     step_q5_k_packed,
     step_q45_k
-);
-kquant_dot!(
-    dot_q6_k,
-    dot_q6_k_u,
-    BlockQ6K,
-    UnpackedQ6K,
-    step_q6_k_packed,
-    step_q6_k
 );
 
 // ---------------------------------------------------------------------------------------
@@ -1688,15 +1592,7 @@ mod kquant512 {
         UnpackedQ45K,
         unpack_q5_k
     );
-    kquant_driver!(
-        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
-        rows_q6_k,
-        dot_q6_k,
-        dot_q6_k_u,
-        BlockQ6K,
-        UnpackedQ6K,
-        unpack_q6_k
-    );
+    pub(super) use super::q6k::wide::rows_q6_k;
 }
 
 mod other {
@@ -1711,15 +1607,7 @@ mod other {
         UnpackedQ45K,
         unpack_q5_k
     );
-    kquant_driver!(
-        "avx2,fma,f16c",
-        rows_q6_k,
-        dot_q6_k,
-        dot_q6_k_u,
-        BlockQ6K,
-        UnpackedQ6K,
-        unpack_q6_k
-    );
+    pub(super) use super::q6k::plain::rows_q6_k;
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
         rows_f32,

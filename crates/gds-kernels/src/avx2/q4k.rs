@@ -48,7 +48,7 @@ fn finish8(acc: __m256, d: __m256, ndmin: __m256, dx: f32, i: __m256i, m: __m256
 /// Four activation bytes broadcast to every 32-bit lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn bcast4(p: &[i8]) -> __m256i {
+pub(super) fn bcast4(p: &[i8]) -> __m256i {
     assert!(p.len() >= 4);
     // SAFETY: at least 4 readable bytes (checked above); `read_unaligned` has no alignment
     // requirement.
@@ -59,7 +59,7 @@ fn bcast4(p: &[i8]) -> __m256i {
 /// input `r` in lane `r`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+pub(super) fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     let t: [__m256i; 8] = std::array::from_fn(|i| {
         let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
         if i % 2 == 0 {
@@ -90,14 +90,35 @@ fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     })
 }
 
+/// Prefetches step `i` of `steps` of `pf` into L2: a prompt batch's next chunk of rows while
+/// its tiles run against the current one (the repacking otherwise waited on DRAM).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch_l2(pf: &[u8], i: usize, steps: usize) {
+    for l in spread(pf.len().div_ceil(64), i, steps) {
+        // an `unsafe fn` on the MSRV (1.89), safe under this function's target features on
+        // later toolchains
+        #[allow(unused_unsafe)]
+        // SAFETY: a prefetch is a hint: it never faults and loads nothing the program sees;
+        // the address is inside `pf` anyway.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T1>(pf[64 * l..].as_ptr().cast());
+        }
+    }
+}
+
+/// The raw bytes of the rows after `r1` that the next chunk of `rows` rows repacks.
+pub(super) fn next_chunk(w: &[u8], rb: usize, r1: usize, rows: usize) -> &[u8] {
+    let n = w.len() / rb;
+    &w[r1.min(n) * rb..(r1 + rows).min(n) * rb]
+}
+
 /// Repacks block `i` of eight rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn repack8(rows: &[&[BlockQ4K]; 8], i: usize) -> Packed8 {
     let mut sc = [[0i16; 16]; 8];
     let mut mn = [[0i16; 16]; 4];
-    let mut d = [0f32; 8];
-    let mut ndmin = [0f32; 8];
     for (r, row) in rows.iter().enumerate() {
         let b = &row[i];
         let sm = scales_mins_k4(&b.scales);
@@ -111,9 +132,20 @@ fn repack8(rows: &[&[BlockQ4K]; 8], i: usize) -> Packed8 {
             mn[k][2 * r] = m[2 * k] as i16;
             mn[k][2 * r + 1] = m[2 * k + 1] as i16;
         }
-        d[r] = b.d();
-        ndmin[r] = -b.dmin();
     }
+    let f16s = |f: &dyn Fn(&BlockQ4K) -> [u8; 2]| {
+        let b = |r: usize| i16::from_le_bytes(f(&rows[r][i]));
+        _mm256_cvtph_ps(_mm_setr_epi16(
+            b(0),
+            b(1),
+            b(2),
+            b(3),
+            b(4),
+            b(5),
+            b(6),
+            b(7),
+        ))
+    };
     let m4 = _mm256_set1_epi8(0x0F);
     let mut q = [[_mm256_setzero_si256(); 8]; 8];
     for k in 0..4 {
@@ -125,8 +157,8 @@ fn repack8(rows: &[&[BlockQ4K]; 8], i: usize) -> Packed8 {
         q,
         sc: sc.map(|s| ld_i16x16(&s)),
         mn: mn.map(|s| ld_i16x16(&s)),
-        d: ld_f32x8(&d),
-        ndmin: ld_f32x8(&ndmin),
+        d: f16s(&|b| b.d),
+        ndmin: _mm256_xor_ps(f16s(&|b| b.dmin), _mm256_set1_ps(-0.0)),
     }
 }
 
@@ -167,10 +199,11 @@ fn gemm8<const N: usize>(
         }
         for t in 0..N {
             let bp = &pairs[t][i];
-            let mut m = _mm256_madd_epi16(u.mn[0], _mm256_set1_epi32(bp[0]));
-            for (mn, &b) in u.mn.iter().zip(bp).skip(1) {
-                m = _mm256_add_epi32(m, _mm256_madd_epi16(*mn, _mm256_set1_epi32(b)));
-            }
+            let mins = |k: usize| _mm256_madd_epi16(u.mn[k], _mm256_set1_epi32(bp[k]));
+            let m = _mm256_add_epi32(
+                _mm256_add_epi32(mins(0), mins(1)),
+                _mm256_add_epi32(mins(2), mins(3)),
+            );
             acc[t] = finish8(acc[t], u.d, u.ndmin, xs[t][i].d, isum[t], m);
         }
     }
@@ -278,10 +311,13 @@ fn rows8<const N: usize>(rows: &[&[BlockQ4K]; 8], a: &[&[ActQ8K]; N], pf: &[u8])
 }
 
 /// Eight rows from `r` (a last group of fewer repeats its last row).
-fn group8(w: &[u8], rb: usize, r: usize, nrows: usize) -> [&[BlockQ4K]; 8] {
+pub(super) fn group8<B>(w: &[u8], rb: usize, r: usize, nrows: usize) -> [&[B]; 8]
+where
+    B: zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned,
+{
     std::array::from_fn(|k| {
         let r = (r + k).min(nrows - 1);
-        cast::<BlockQ4K>(&w[r * rb..(r + 1) * rb]).expect("weight rows are whole blocks")
+        cast::<B>(&w[r * rb..(r + 1) * rb]).expect("weight rows are whole blocks")
     })
 }
 
@@ -290,7 +326,7 @@ fn group8(w: &[u8], rb: usize, r: usize, nrows: usize) -> [&[BlockQ4K]; 8] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-fn put8<const N: usize>(
+pub(super) fn put8<const N: usize>(
     acc: &[__m256; N],
     order: &[usize; 8],
     r: usize,
@@ -365,13 +401,13 @@ pub(super) struct Packed16 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn join(lo: __m256i, hi: __m256i) -> __m512i {
+pub(super) fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn join_ps(lo: __m256, hi: __m256) -> __m512 {
+pub(super) fn join_ps(lo: __m256, hi: __m256) -> __m512 {
     _mm512_castsi512_ps(join(_mm256_castps_si256(lo), _mm256_castps_si256(hi)))
 }
 
@@ -420,10 +456,11 @@ fn gemm16<const N: usize>(
         }
         for t in 0..N {
             let bp = &pairs[t][i];
-            let mut m = _mm512_madd_epi16(u.mn[0], _mm512_set1_epi32(bp[0]));
-            for (mn, &b) in u.mn.iter().zip(bp).skip(1) {
-                m = _mm512_add_epi32(m, _mm512_madd_epi16(*mn, _mm512_set1_epi32(b)));
-            }
+            let mins = |k: usize| _mm512_madd_epi16(u.mn[k], _mm512_set1_epi32(bp[k]));
+            let m = _mm512_add_epi32(
+                _mm512_add_epi32(mins(0), mins(1)),
+                _mm512_add_epi32(mins(2), mins(3)),
+            );
             let dx = _mm512_set1_ps(xs[t][i].d);
             let a = _mm512_fmadd_ps(_mm512_mul_ps(u.d, dx), _mm512_cvtepi32_ps(isum[t]), acc[t]);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(u.ndmin, dx), _mm512_cvtepi32_ps(m), a);
@@ -479,8 +516,10 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>],
                 cache.push(repack16(&lo, &hi, i));
             }
         }
+        let next = next_chunk(w, rb, r1, r1 - r0);
         let mut t0 = 0;
         while t0 < nt {
+            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
             let (a, p) = (&acts[t0..], &pairs[t0..]);
             let rows = (r0, nrows);
             match a.len() {
@@ -522,7 +561,7 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>],
 }
 
 /// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
-const CHUNK_BYTES: usize = 96 << 10;
+pub(super) const CHUNK_BYTES: usize = 96 << 10;
 
 /// Prompt batches on plain AVX2: chunks of eight-row groups, repacked once, every tile of
 /// tokens against each chunk.
@@ -541,8 +580,10 @@ fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], 
                 cache.push(repack8(&rows, i));
             }
         }
+        let next = next_chunk(w, rb, r1, r1 - r0);
         let mut t0 = 0;
         while t0 < nt {
+            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
             let (a, p) = (&acts[t0..], &pairs[t0..]);
             let rows = (r0, nrows);
             match a.len() {

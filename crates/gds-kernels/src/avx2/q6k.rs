@@ -1,0 +1,432 @@
+//! Q6_K rows eight (AVX2) or sixteen (AVX-512) at a time, one row per 32-bit vector lane:
+//! the scheme of [`super::q4k`]. Every path ends a block the same way per row: the block's
+//! integer sum `I` (sub-block products scaled by their scales, less 32 times the scaled
+//! activation sums), then `acc = fma(d * dx, I, acc)`; so a row's result is the same bits
+//! whichever path computed it. Fewer than eight tokens: rows in their stored layout, eight
+//! side by side, the row-at-a-time integer sums folded by an `hadd` tree ([`rows8`]); more:
+//! chunks of rows repacked once ([`Packed8`]) and every tile of tokens against them.
+
+use super::q4k::{
+    bcast4, group8, join, join_ps, next_chunk, prefetch_l2, put8, transpose8, CHUNK_BYTES,
+};
+use super::*;
+
+/// Eight rows of one Q6_K block, repacked with row `r` in 32-bit lane `r`.
+#[derive(Clone, Copy)]
+pub(super) struct Packed8 {
+    /// Quants (0..63) of elements `32j + 4g..32j + 4g + 4` of row `r` in bytes `4r..4r + 4` of
+    /// `q[j][g]` (sub-block `2j` in groups 0..4, `2j + 1` in 4..8).
+    q: [[__m256i; 8]; 8],
+    /// The scale of sub-block `s` of row `r` in 16-bit lanes `2r` and `2r + 1`.
+    sc: [__m256i; 16],
+    /// The scales of sub-blocks `2k` and `2k + 1` of row `r` in 16-bit lanes `2r`, `2r + 1`.
+    scp: [__m256i; 8],
+    /// `d` of each row.
+    d: __m256,
+}
+
+/// Repacks block `i` of eight rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn repack8(rows: &[&[BlockQ6K]; 8], i: usize) -> Packed8 {
+    let mut sc = [[0i16; 16]; 16];
+    let mut scp = [[0i16; 16]; 8];
+    for (r, row) in rows.iter().enumerate() {
+        let b = &row[i];
+        for (s, &v) in b.scales.iter().enumerate() {
+            sc[s][2 * r] = v as i16;
+            sc[s][2 * r + 1] = v as i16;
+            scp[s / 2][2 * r + s % 2] = v as i16;
+        }
+    }
+    let mut q = [[_mm256_setzero_si256(); 8]; 8];
+    for h in 0..2 {
+        let v: [[__m256i; 4]; 8] = std::array::from_fn(|r| quants_q6_k(&rows[r][i], h));
+        for c in 0..4 {
+            q[4 * h + c] = transpose8(std::array::from_fn(|r| v[r][c]));
+        }
+    }
+    Packed8 {
+        q,
+        sc: sc.map(|s| ld_i16x16(&s)),
+        scp: scp.map(|s| ld_i16x16(&s)),
+        d: d8(rows, i),
+    }
+}
+
+/// `d` of block `i` of eight rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn d8(rows: &[&[BlockQ6K]; 8], i: usize) -> __m256 {
+    let b = |r: usize| i16::from_le_bytes(rows[r][i].d);
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        b(0),
+        b(1),
+        b(2),
+        b(3),
+        b(4),
+        b(5),
+        b(6),
+        b(7),
+    ))
+}
+
+/// Eight repacked rows (block `i` in `p[i]`) against `N` tokens: each token's eight row sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8K]; N]) -> [__m256; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, u) in p.iter().enumerate() {
+        let mut isum = [_mm256_setzero_si256(); N];
+        for j in 0..8 {
+            for h in 0..2 {
+                // u6 x i8: 2 * 63 * 127 per 16-bit lane and product pair, two pairs summed
+                // (< 2^15) before the scale
+                let sc = u.sc[2 * j + h];
+                for t in 0..N {
+                    let x = &xs[t][i].qs[32 * j + 16 * h..];
+                    let mut sum = [_mm256_setzero_si256(); 2];
+                    for (k, sum) in sum.iter_mut().enumerate() {
+                        let g = 4 * h + 2 * k;
+                        *sum = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(u.q[j][g], bcast4(&x[8 * k..])),
+                            _mm256_maddubs_epi16(u.q[j][g + 1], bcast4(&x[8 * k + 4..])),
+                        );
+                    }
+                    isum[t] = _mm256_add_epi32(
+                        isum[t],
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(sum[0], sc),
+                            _mm256_madd_epi16(sum[1], sc),
+                        ),
+                    );
+                }
+            }
+        }
+        for t in 0..N {
+            let x = &xs[t][i];
+            let mut off = _mm256_setzero_si256();
+            for (k, scp) in u.scp.iter().enumerate() {
+                let pair = bsum_pair(&x.bsums, k);
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(*scp, _mm256_set1_epi32(pair)));
+            }
+            let it = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
+            let dx = _mm256_set1_ps(x.d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(u.d, dx), _mm256_cvtepi32_ps(it), acc[t]);
+        }
+    }
+    acc
+}
+
+/// Activation sums `2k` (low 16 bits) and `2k + 1` as one dword.
+#[inline(always)]
+fn bsum_pair(bsums: &[i16; 16], k: usize) -> i32 {
+    (bsums[2 * k] as u16 as u32 | (bsums[2 * k + 1] as u16 as u32) << 16) as i32
+}
+
+/// One row's block `i` against `N` tokens in the row-at-a-time arithmetic: the partial
+/// integer sums, eight lanes a token.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_sums<const N: usize>(b: &BlockQ6K, a: &[&[ActQ8K]; N], i: usize) -> [__m256i; N] {
+    let scales = ld_i8x16(&b.scales);
+    let mut isum = offset_q6_k(_mm256_cvtepi8_epi16(scales), a, i);
+    for h in 0..2 {
+        for (c, &q) in quants_q6_k(b, h).iter().enumerate() {
+            let j = 4 * h + c;
+            group_q6_k(q, scale_pair_q6_k(scales, j), j, a, i, &mut isum);
+        }
+    }
+    isum
+}
+
+/// Rows `2p`, `2p + 1` of eight, block `i`, pairwise added:
+/// `[r(0-1) r(2-3) r'(0-1) r'(2-3) | r(4-5) r(6-7) r'(4-5) r'(6-7)]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair_sums<const N: usize>(
+    rows: &[&[BlockQ6K]; 8],
+    p: usize,
+    a: &[&[ActQ8K]; N],
+    i: usize,
+) -> [__m256i; N] {
+    let u0 = row_sums(&rows[2 * p][i], a, i);
+    let u1 = row_sums(&rows[2 * p + 1][i], a, i);
+    std::array::from_fn(|t| _mm256_hadd_epi32(u0[t], u1[t]))
+}
+
+/// Eight rows in their stored layout against `N` tokens: each token's eight results, row
+/// `r` in lane `r`. `pf` (the next rows) is prefetched a few lines a block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows8<const N: usize>(rows: &[&[BlockQ6K]; 8], a: &[&[ActQ8K]; N], pf: &[u8]) -> [__m256; N] {
+    let nb = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= nb));
+    let mut acc = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        prefetch_spread(pf, i, nb);
+        let (w0, w1) = (pair_sums(rows, 0, a, i), pair_sums(rows, 1, a, i));
+        // [r0(0-3) r1(0-3) r2(0-3) r3(0-3) | r0(4-7) ...]
+        let lo: [__m256i; N] = std::array::from_fn(|t| _mm256_hadd_epi32(w0[t], w1[t]));
+        let (w2, w3) = (pair_sums(rows, 2, a, i), pair_sums(rows, 3, a, i));
+        let d = d8(rows, i);
+        for t in 0..N {
+            let hi = _mm256_hadd_epi32(w2[t], w3[t]);
+            let it = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(lo[t], hi),
+                _mm256_permute2x128_si256::<0x31>(lo[t], hi),
+            );
+            let dx = _mm256_set1_ps(a[t][i].d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it), acc[t]);
+        }
+    }
+    acc
+}
+
+const IDENTITY: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+
+/// Every row against one tile of `N` tokens from `t0`, rows in their stored layout.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_rows<const N: usize>(
+    w: &[u8],
+    rb: usize,
+    a: [&[ActQ8K]; N],
+    out: &mut [f32],
+    nt: usize,
+    t0: usize,
+) {
+    let nrows = w.len() / rb;
+    for r in (0..nrows).step_by(8) {
+        let pf = ahead(w, r * rb, 8 * rb);
+        let acc = rows8(&group8(w, rb, r, nrows), &a, pf);
+        put8(&acc, &IDENTITY, r, nrows, out, nt, t0);
+    }
+}
+
+/// Prompt batches on plain AVX2: chunks of eight-row groups, repacked once, every tile of
+/// tokens against each chunk.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let (nt, nrows) = (acts.len(), w.len() / rb);
+    let nb = rb / std::mem::size_of::<BlockQ6K>();
+    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed8>())).max(1);
+    let mut cache: Vec<Packed8> = Vec::with_capacity(groups * nb);
+    for r0 in (0..nrows).step_by(8 * groups) {
+        let r1 = (r0 + 8 * groups).min(nrows);
+        cache.clear();
+        for r in (r0..r1).step_by(8) {
+            let rows = group8(w, rb, r, nrows);
+            for i in 0..nb {
+                cache.push(repack8(&rows, i));
+            }
+        }
+        let next = next_chunk(w, rb, r1, r1 - r0);
+        let mut t0 = 0;
+        while t0 < nt {
+            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
+            let a = &acts[t0..];
+            for (g, p) in cache.chunks_exact(nb).enumerate() {
+                let r = r0 + 8 * g;
+                match a.len() {
+                    1 => put8(&gemm8(p, [a[0]]), &IDENTITY, r, nrows, out, nt, t0),
+                    2 => put8(&gemm8(p, [a[0], a[1]]), &IDENTITY, r, nrows, out, nt, t0),
+                    3 => put8(
+                        &gemm8(p, [a[0], a[1], a[2]]),
+                        &IDENTITY,
+                        r,
+                        nrows,
+                        out,
+                        nt,
+                        t0,
+                    ),
+                    _ => put8(
+                        &gemm8(p, [a[0], a[1], a[2], a[3]]),
+                        &IDENTITY,
+                        r,
+                        nrows,
+                        out,
+                        nt,
+                        t0,
+                    ),
+                }
+            }
+            t0 += a.len().min(4);
+        }
+    }
+}
+
+/// Sixteen rows of one Q6_K block for AVX-512: [`Packed8`]'s layout, rows 8..16 in lanes
+/// 8..16 of 512-bit vectors.
+#[derive(Clone, Copy)]
+pub(super) struct Packed16 {
+    q: [[__m512i; 8]; 8],
+    sc: [__m512i; 16],
+    scp: [__m512i; 8],
+    d: __m512,
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn repack16(lo: &[&[BlockQ6K]; 8], hi: &[&[BlockQ6K]; 8], i: usize) -> Packed16 {
+    let (a, b) = (repack8(lo, i), repack8(hi, i));
+    Packed16 {
+        q: std::array::from_fn(|j| std::array::from_fn(|g| join(a.q[j][g], b.q[j][g]))),
+        sc: std::array::from_fn(|s| join(a.sc[s], b.sc[s])),
+        scp: std::array::from_fn(|k| join(a.scp[k], b.scp[k])),
+        d: join_ps(a.d, b.d),
+    }
+}
+
+/// Four activation bytes broadcast to every 32-bit lane of a 512-bit vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn bcast4x16(p: &[i8]) -> __m512i {
+    assert!(p.len() >= 4);
+    // SAFETY: at least 4 readable bytes (checked above), read unaligned.
+    _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(p.as_ptr().cast::<i32>()) })
+}
+
+/// [`gemm8`] on sixteen rows: the same arithmetic per lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8K]; N]) -> [__m512; N] {
+    let mut acc = [_mm512_setzero_ps(); N];
+    for (i, u) in p.iter().enumerate() {
+        let mut isum = [_mm512_setzero_si512(); N];
+        for j in 0..8 {
+            for h in 0..2 {
+                let sc = u.sc[2 * j + h];
+                for t in 0..N {
+                    let x = &xs[t][i].qs[32 * j + 16 * h..];
+                    let mut sum = [_mm512_setzero_si512(); 2];
+                    for (k, sum) in sum.iter_mut().enumerate() {
+                        let g = 4 * h + 2 * k;
+                        *sum = _mm512_add_epi16(
+                            _mm512_maddubs_epi16(u.q[j][g], bcast4x16(&x[8 * k..])),
+                            _mm512_maddubs_epi16(u.q[j][g + 1], bcast4x16(&x[8 * k + 4..])),
+                        );
+                    }
+                    isum[t] = _mm512_add_epi32(
+                        isum[t],
+                        _mm512_add_epi32(
+                            _mm512_madd_epi16(sum[0], sc),
+                            _mm512_madd_epi16(sum[1], sc),
+                        ),
+                    );
+                }
+            }
+        }
+        for t in 0..N {
+            let x = &xs[t][i];
+            let mut off = _mm512_setzero_si512();
+            for (k, scp) in u.scp.iter().enumerate() {
+                let pair = bsum_pair(&x.bsums, k);
+                off = _mm512_add_epi32(off, _mm512_madd_epi16(*scp, _mm512_set1_epi32(pair)));
+            }
+            let it = _mm512_sub_epi32(isum[t], _mm512_slli_epi32::<5>(off));
+            let dx = _mm512_set1_ps(x.d);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(u.d, dx), _mm512_cvtepi32_ps(it), acc[t]);
+        }
+    }
+    acc
+}
+
+/// Sixteen lanes of `N` tokens' results to rows `r..r + 16` (those below `nrows`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn put16<const N: usize>(
+    acc: &[__m512; N],
+    r: usize,
+    nrows: usize,
+    out: &mut [f32],
+    nt: usize,
+    t0: usize,
+) {
+    for (t, v) in acc.iter().enumerate() {
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` is 16 writable f32; no alignment requirement.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
+        for (k, &x) in lanes.iter().enumerate() {
+            if r + k < nrows {
+                out[(r + k) * nt + t0 + t] = x;
+            }
+        }
+    }
+}
+
+/// Prompt batches on AVX-512: chunks of sixteen-row groups.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let (nt, nrows) = (acts.len(), w.len() / rb);
+    let nb = rb / std::mem::size_of::<BlockQ6K>();
+    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed16>())).max(1);
+    let mut cache: Vec<Packed16> = Vec::with_capacity(groups * nb);
+    for r0 in (0..nrows).step_by(16 * groups) {
+        let r1 = (r0 + 16 * groups).min(nrows);
+        cache.clear();
+        for r in (r0..r1).step_by(16) {
+            let (lo, hi) = (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows));
+            for i in 0..nb {
+                cache.push(repack16(&lo, &hi, i));
+            }
+        }
+        let next = next_chunk(w, rb, r1, r1 - r0);
+        let mut t0 = 0;
+        while t0 < nt {
+            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
+            let a = &acts[t0..];
+            for (g, p) in cache.chunks_exact(nb).enumerate() {
+                let r = r0 + 16 * g;
+                match a.len() {
+                    1 => put16(&gemm16(p, [a[0]]), r, nrows, out, nt, t0),
+                    2 => put16(&gemm16(p, [a[0], a[1]]), r, nrows, out, nt, t0),
+                    3 => put16(&gemm16(p, [a[0], a[1], a[2]]), r, nrows, out, nt, t0),
+                    _ => put16(&gemm16(p, [a[0], a[1], a[2], a[3]]), r, nrows, out, nt, t0),
+                }
+            }
+            t0 += a.len().min(4);
+        }
+    }
+}
+
+/// Generates `rows_q6_k` for the target features `$feat`, prompt batches through `$gemm`.
+macro_rules! q6k_rows {
+    ($feat:literal, $gemm:ident) => {
+        /// Q6_K rows against `acts`, `out[r * nt + t]`: rows in their stored layout for fewer
+        /// than eight tokens, repacked chunks for more (the same arithmetic).
+        #[target_feature(enable = $feat)]
+        pub(in crate::avx2) fn rows_q6_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+            let nt = acts.len();
+            if nt == 0 || w.len() < rb {
+                return;
+            }
+            if nt >= UNPACKED_MIN_TOKENS {
+                return $gemm(w, rb, acts, out);
+            }
+            let mut t0 = 0;
+            while t0 < nt {
+                let a = &acts[t0..];
+                match a.len() {
+                    1 => tile_rows::<1>(w, rb, [a[0]], out, nt, t0),
+                    2 => tile_rows::<2>(w, rb, [a[0], a[1]], out, nt, t0),
+                    3 => tile_rows::<3>(w, rb, [a[0], a[1], a[2]], out, nt, t0),
+                    _ => tile_rows::<4>(w, rb, [a[0], a[1], a[2], a[3]], out, nt, t0),
+                }
+                t0 += a.len().min(4);
+            }
+        }
+    };
+}
+
+/// Plain AVX2.
+pub(super) mod plain {
+    use super::*;
+    q6k_rows!("avx2,fma,f16c", gemm_rows8);
+}
+
+/// AVX-512 VL/BW: sixteen rows a vector for prompt batches, 32 registers.
+pub(super) mod wide {
+    use super::*;
+    q6k_rows!("avx2,fma,f16c,avx512f,avx512vl,avx512bw", gemm_rows16);
+}
