@@ -13,6 +13,11 @@ for the 16-layer model, written as `llama-imatrix` writes it (GGUF: `<name>.in_s
 plus Q4_0 and Q4_1; the bytes must be equal, and differ from those made without it.
 An 8-layer model with SmolLM2's 576 columns runs every mix and single K type through
 llama.cpp's fallback types (rows that are not whole 256-blocks: Q4_K -> Q5_0 and so on).
+With `--quant-override` (llama-quantize's `--tensor-type`): the 16-layer model to Q4_K_M with
+overrides that take attn_v of layers 0-1 from the mix (which shifts llama.cpp's count of the
+attn_v tensors its mix decides), first-match order, 1-D and float targets, also with the
+imatrix, to `--pure` Q5_0 with overrides, and the 576-column model with override types that
+fall back.
 With `--real MODEL.gguf IMATRIX`, also a real model and an imatrix `llama-imatrix` computed
 for it: `--pure --allow-requantize` Q4_0, Q5_0, Q5_1 and Q8_0, and every mix and Q6_K
 (`--allow-requantize`), against `gdsconv --requantize`.
@@ -22,7 +27,7 @@ Exit 1 on any difference.
     scripts/build-llama-cpp.sh        # .cache/llama.cpp/build/bin/llama-quantize
     python3 scripts/check-quant-mixes.py [--gdsconv target/ci/gdsconv]
         [--llama-quantize .cache/llama.cpp/build/bin/llama-quantize] [--work DIR]
-        [--real MODEL.gguf IMATRIX]
+        [--real MODEL.gguf IMATRIX] [--quant-override | --only-override]
 
 Needs numpy and gguf-py (llama.cpp's, importable from .cache/llama.cpp/src/llama.cpp/gguf-py).
 """
@@ -138,17 +143,39 @@ def make_imatrix(src: pathlib.Path, out: pathlib.Path, legacy: bool, chunk: int 
     w.close()
 
 
+# (source, llama-quantize type, extra flags, gdsconv --quant, [(REGEX, TYPE)] given to
+# llama-quantize --tensor-type and gdsconv --quant-override in this order)
+OVERRIDES = [
+    ("l16", "Q4_K_M", [], "q4_k_m",
+     # attn_v of layers 0-1 leave llama.cpp's attn_v count (use_more_bits shifts); the
+     # second ffn_down rule never decides (the first match wins); the norm pattern matches
+     # only 1-D tensors; "output" also matches attn_output
+     [(r"blk\.[01]\.attn_v", "q8_0"), (r"ffn_down", "q5_0"), (r"blk\.3\.ffn_down", "q8_0"),
+      (r"attn_q", "q6_k"), (r"ffn_(gate|up)", "q3_k"), (r"output", "q4_1"),
+      (r"attn_norm", "q8_0"), (r"token_embd", "f16")]),
+    ("l16", "Q5_0", ["--pure"], "q5_0",
+     [(r"attn_[kv]", "q2_k"), (r"blk\.1[0-5]\.ffn", "q5_k"), (r"OUTPUT\.weight", "q6_k")]),
+    # rows of 576: the override types fall back as the mixes' do (q6_k -> q8_0, q4_k -> q5_0)
+    ("l8-e576", "Q4_K_M", [], "q4_k_m",
+     [(r"attn_k", "q6_k"), (r"ffn_down", "q4_k"), (r"blk\.0\.attn_v", "q2_k"),
+      (r"token_embd", "q5_1")]),
+]
+
+
 def compare(a, src: pathlib.Path, mix: str, flags: list[str], quant: str, tokenizer: pathlib.Path,
-            tag: str, imatrix: pathlib.Path | None) -> tuple[int, dict[str, bytes]]:
+            tag: str, imatrix: pathlib.Path | None,
+            overrides: list[tuple[str, str]] = ()) -> tuple[int, dict[str, bytes]]:
     """Quantizes `src` with both tools; returns the differences and llama.cpp's bytes of
     each quantized tensor."""
     imx = ["--imatrix", str(imatrix)] if imatrix else []
+    tt = [x for p, t in overrides for x in ("--tensor-type", f"{p}={t}")]
+    ov = [x for p, t in overrides for x in ("--quant-override", f"{p}={t}")]
     ref = src.with_name(f"{src.stem}-{quant}{tag}.gguf")
-    subprocess.run([a.llama_quantize, *flags, *imx, str(src), str(ref), mix, "2"], check=True,
+    subprocess.run([a.llama_quantize, *flags, *tt, *imx, str(src), str(ref), mix, "2"], check=True,
                    capture_output=True)
     out = src.with_name(f"{src.stem}-{quant}{tag}.gds")
     subprocess.run([a.gdsconv, "convert", str(src), str(out), "--quant", quant, *(["--requantize"] if "--allow-requantize" in flags else []),
-                    "--tokenizer", str(tokenizer), "--force", *imx], check=True,
+                    "--tokenizer", str(tokenizer), "--force", *imx, *ov], check=True,
                    capture_output=True)
     ins = json.loads(subprocess.run([a.gdsconv, "inspect", str(out), "--json", "--tensors"],
                                     check=True, capture_output=True, text=True).stdout)
@@ -182,6 +209,10 @@ def main() -> int:
     ap.add_argument("--gdsconv", default=str(ROOT / "target/ci/gdsconv"))
     ap.add_argument("--llama-quantize", default=str(ROOT / ".cache/llama.cpp/build/bin/llama-quantize"))
     ap.add_argument("--work", help="keep the files here (default: a temporary directory)")
+    ap.add_argument("--quant-override", action="store_true",
+                    help="also the --quant-override runs (llama-quantize --tensor-type)")
+    ap.add_argument("--only-override", action="store_true",
+                    help="only the --quant-override runs (and the files they need)")
     ap.add_argument("--real", nargs=2, metavar=("MODEL", "IMATRIX"),
                     help="also a real GGUF model with an imatrix llama-imatrix made for it")
     a = ap.parse_args()
@@ -204,6 +235,10 @@ def main() -> int:
             runs = [m for m in MIXES if m[0] == "Q2_K"]
         else:
             runs = MIXES + ([(t, ["--pure"], q) for t, q in PURE] if (n_layer, tied) == (16, False) else [])
+        if a.only_override:
+            # the runs the override runs compare with
+            runs = [r for r in runs if (n_layer, tied, kv_heads, embd) == (16, False, 2, None)
+                    and r[2] in [o[3] for o in OVERRIDES]]
         for mix, flags, quant in runs:
             diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, "", None)
             bad += diffs
@@ -214,7 +249,7 @@ def main() -> int:
     for fmt, ext in [("gguf", "imatrix.gguf"), ("legacy", "imatrix.dat")]:
         imatrix = work / f"l16-{ext}"
         make_imatrix(src, imatrix, legacy=fmt == "legacy")
-        for mix, flags, quant in MIXES + [(t, ["--pure"], q) for t, q in PURE_IMATRIX]:
+        for mix, flags, quant in [] if a.only_override else MIXES + [(t, ["--pure"], q) for t, q in PURE_IMATRIX]:
             diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, f"-imatrix-{fmt}", imatrix)
             bad += diffs
             n_runs += 1
@@ -224,6 +259,19 @@ def main() -> int:
                 same = sum(theirs[k] == v for k, v in plain[quant].items() if k.startswith("blk."))
                 if same:
                     print(f"  {same} quantized block tensors are the same as without the imatrix")
+                    bad += 1
+    if a.quant_override or a.only_override:
+        for i, (stem, mix, flags, quant, overrides) in enumerate(OVERRIDES):
+            src = work / f"{stem}.gguf"
+            for imatrix in [None, work / "l16-imatrix.gguf"] if stem == "l16" else [None]:
+                tag = f"-override{i}" + ("-imatrix" if imatrix else "")
+                diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, tag, imatrix, overrides)
+                bad += diffs
+                n_runs += 1
+                # the overrides changed what llama-quantize chose (so ours was checked against them)
+                if not imatrix and quant in plain and (
+                        {k: len(v) for k, v in theirs.items()} == {k: len(v) for k, v in plain[quant].items()}):
+                    print("  the overrides changed no tensor type")
                     bad += 1
     if a.real:
         src = work / "real.gguf"

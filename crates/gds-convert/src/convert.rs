@@ -75,6 +75,111 @@ impl std::fmt::Display for QuantTarget {
     }
 }
 
+/// The types `--quant-override` accepts, for its error message and help.
+pub const OVERRIDE_TYPES: &str =
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k or q6_k";
+
+/// One `--quant-override REGEX=TYPE` (llama-quantize's `--tensor-type`): the matrices whose
+/// name the regex matches get TYPE instead of what `--quant` chose for them.
+///
+/// The regex is searched for anywhere in the tensor's name as the manifest has it — llama.cpp's
+/// GGUF names (`blk.3.attn_v.weight`, `output.weight`) for every architecture `gdsconv` maps,
+/// from GGUF and safetensors inputs alike (the names `--quant`'s mixes and `--imatrix` use),
+/// the input's own names for the others. Letters match in either case (llama-quantize
+/// lowercases the pattern). Overrides are tried in the order given and the first that
+/// matches decides, as in llama-quantize. A type whose blocks do not divide the rows gets
+/// llama.cpp's fallback type, as with `--quant`; norms and other 1-D tensors are never
+/// quantized, matched or not.
+#[derive(Clone, Debug)]
+pub struct QuantOverride {
+    /// The regex as given.
+    pub pattern: String,
+    regex: regex::Regex,
+    /// The type it asks for.
+    pub dtype: DType,
+}
+
+impl QuantOverride {
+    /// An override of the matrices `pattern` matches to `dtype` (one of [`OVERRIDE_TYPES`]).
+    pub fn new(pattern: &str, dtype: DType) -> Result<QuantOverride, String> {
+        Self::build(pattern, dtype, &format!("{pattern}={dtype}"))
+    }
+
+    /// [`QuantOverride::new`], its errors naming the flag's value as `given`.
+    fn build(pattern: &str, dtype: DType, given: &str) -> Result<QuantOverride, String> {
+        if !override_type(dtype) {
+            return Err(format!(
+                "--quant-override {given}: {dtype} is not a type a tensor can be converted to (expected {OVERRIDE_TYPES})"
+            ));
+        }
+        if pattern.is_empty() {
+            return Err(format!(
+                "--quant-override {given}: the regex before '=' is empty"
+            ));
+        }
+        let regex = regex::RegexBuilder::new(pattern)
+            .case_insensitive(true)
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|e| {
+                format!("--quant-override {given}: {pattern:?} is not a valid regex: {e}")
+            })?;
+        Ok(QuantOverride {
+            pattern: pattern.to_string(),
+            regex,
+            dtype,
+        })
+    }
+
+    /// Whether the override's regex matches (somewhere in) `name`.
+    pub fn matches(&self, name: &str) -> bool {
+        self.regex.is_match(name)
+    }
+}
+
+fn override_type(d: DType) -> bool {
+    matches!(
+        d,
+        DType::F32
+            | DType::F16
+            | DType::BF16
+            | DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q2K
+            | DType::Q3K
+            | DType::Q4K
+            | DType::Q5K
+            | DType::Q6K
+    )
+}
+
+impl FromStr for QuantOverride {
+    type Err = String;
+    /// `REGEX=TYPE`, split at the last `=` (a type has none); TYPE in any case.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let Some((pattern, ty)) = s.rsplit_once('=') else {
+            return Err(format!(
+                "--quant-override {s:?}: expected REGEX=TYPE, e.g. attn_v=q8_0"
+            ));
+        };
+        let dtype = DType::from_name(&ty.to_ascii_lowercase())
+            .filter(|&d| override_type(d))
+            .ok_or_else(|| {
+                format!("--quant-override {s}: unknown type {ty:?} (expected {OVERRIDE_TYPES})")
+            })?;
+        QuantOverride::build(pattern, dtype, s)
+    }
+}
+
+impl std::fmt::Display for QuantOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.pattern, self.dtype)
+    }
+}
+
 /// llama.cpp's K-quant mixes (`llama-quantize` file types `Q2_K`, `Q3_K_S`, `Q3_K_M`,
 /// `Q3_K_L`, `Q4_K_S`, `Q4_K_M`, `Q5_K_S`, `Q5_K_M`; its `Q6_K` is `--quant q6_k`: every
 /// matrix Q6_K). Without an importance matrix, for dense (not mixture-of-experts) models.
@@ -232,8 +337,16 @@ fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
 /// dense model (its mixture-of-experts, Falcon and 70B rules do not apply). The layer of an
 /// attn_v or ffn_down tensor is the number in its name (llama.cpp counts them in file order:
 /// the same for a model with one of each per layer). Rows that are not whole blocks of the
-/// result are left to [`output_dtype`]'s rule (llama.cpp's fallback types).
+/// result are left to [`Planner`]'s rule (llama.cpp's fallback types).
 pub fn mix_dtype(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext) -> DType {
+    mix_dtype_at(mix, name, cols, ctx, 0)
+}
+
+/// [`mix_dtype`] for a matrix that llama.cpp counts as `skipped` layers earlier than the
+/// number in its name: `llama-quantize` numbers the attn_v and ffn_down tensors its mix
+/// decides by counting them (in layer order), and a tensor a `--tensor-type` override
+/// decides is not counted (`--quant-override` keeps that rule).
+fn mix_dtype_at(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext, skipped: i64) -> DType {
     use QuantMix::*;
     let base = mix.base();
     let cat = category(name);
@@ -245,7 +358,7 @@ pub fn mix_dtype(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext) -> DTyp
         };
     }
     let layer = match group_of(name) {
-        Group::Block(n) => n as i64,
+        Group::Block(n) => n as i64 - skipped,
         _ => 0,
     };
     let n = ctx.n_layer as i64;
@@ -293,6 +406,8 @@ pub struct ConvertOptions {
     /// An importance matrix (llama.cpp's GGUF or legacy `.dat` imatrix) weighing the
     /// quantization of the matrices it has entries for, as `llama-quantize --imatrix`.
     pub imatrix: Option<PathBuf>,
+    /// `--quant-override`s, in the order given (the first that matches a matrix decides).
+    pub overrides: Vec<QuantOverride>,
 }
 
 impl Default for ConvertOptions {
@@ -303,6 +418,7 @@ impl Default for ConvertOptions {
             force: false,
             tokenizer: None,
             imatrix: None,
+            overrides: Vec::new(),
         }
     }
 }
@@ -378,11 +494,6 @@ pub fn open_source(input: &Path) -> Result<Source, ConvertError> {
     }
 }
 
-/// The dtype a tensor is written as under `opts` (for a mix, in a model described by `ctx`).
-pub fn output_dtype(t: &SourceTensor, opts: &ConvertOptions, ctx: &MixContext) -> DType {
-    planned_dtype(t, opts, ctx).0
-}
-
 /// What happened to a matrix whose rows are not whole blocks of the type it was meant to get.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Misfit {
@@ -413,38 +524,157 @@ fn block_fallback(target: DType, cols: u64) -> Option<DType> {
     fits(to).then_some(to)
 }
 
-/// [`output_dtype`], and whether the matrix fell back to another type or stays float because
-/// its rows are not whole blocks of the type it was meant to get.
-fn planned_dtype(t: &SourceTensor, opts: &ConvertOptions, ctx: &MixContext) -> (DType, Misfit) {
-    if t.transform == Transform::NormOffset {
-        return (DType::F32, Misfit::None);
+/// A tensor's output dtype, how it fit, and which `--quant-override` (its index) chose it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Planned {
+    dtype: DType,
+    misfit: Misfit,
+    by: Option<usize>,
+}
+
+/// Chooses each tensor's output dtype: `--quant` (a mix in a model described by a
+/// [`MixContext`]), then the first `--quant-override` that matches, then llama.cpp's
+/// fallback types where the rows are not whole blocks of the result.
+pub struct Planner<'a> {
+    opts: &'a ConvertOptions,
+    ctx: MixContext,
+    /// The layers (sorted) of the attn_v and of the ffn_down matrices an override decides,
+    /// which llama.cpp's mix does not count (see [`mix_dtype_at`]).
+    skipped: [Vec<u32>; 2],
+}
+
+impl<'a> Planner<'a> {
+    /// The planner of a conversion of `tensors` (all of the model's) under `opts`.
+    pub fn new<'t>(
+        opts: &'a ConvertOptions,
+        ctx: MixContext,
+        tensors: impl IntoIterator<Item = &'t SourceTensor>,
+    ) -> Planner<'a> {
+        let mut skipped = [Vec::new(), Vec::new()];
+        if matches!(opts.quant, QuantTarget::Mix(_)) && !opts.overrides.is_empty() {
+            for t in tensors {
+                if !matrix(t) || !opts.overrides.iter().any(|o| o.matches(&t.name)) {
+                    continue;
+                }
+                let Group::Block(n) = group_of(&t.name) else {
+                    continue;
+                };
+                match category(&t.name) {
+                    Category::AttnV => skipped[0].push(n),
+                    Category::FfnDown => skipped[1].push(n),
+                    _ => {}
+                }
+            }
+            skipped.iter_mut().for_each(|v| v.sort_unstable());
+        }
+        Planner { opts, ctx, skipped }
     }
-    if t.shape.len() < 2 && t.dtype.is_float() {
-        // norms, biases: F32 under every policy, `keep` included (an F16 checkpoint's norms
-        // are F16), as llama.cpp's converter writes them; the CUDA backend reads them as F32
-        return (DType::F32, Misfit::None);
+
+    /// The dtype `t` is written as.
+    pub fn dtype(&self, t: &SourceTensor) -> DType {
+        self.plan(t).dtype
     }
-    let cols = *t.shape.last().unwrap_or(&0);
-    let target = match opts.quant {
-        QuantTarget::Keep => return (t.dtype, Misfit::None),
-        QuantTarget::To(d) => d,
-        QuantTarget::Mix(m) => mix_dtype(m, &t.name, cols, ctx),
-    };
-    if t.dtype.is_quantized() && !opts.requantize {
-        return (t.dtype, Misfit::None);
+
+    /// How many attn_v or ffn_down matrices before `name`'s layer an override decided.
+    fn skipped_before(&self, name: &str) -> i64 {
+        let list = match category(name) {
+            Category::AttnV => &self.skipped[0],
+            Category::FfnDown => &self.skipped[1],
+            _ => return 0,
+        };
+        match group_of(name) {
+            Group::Block(n) => list.partition_point(|&l| l < n) as i64,
+            _ => 0,
+        }
     }
-    if !t.dtype.is_float() && !t.dtype.is_quantized() {
-        return (t.dtype, Misfit::None); // integer tensors pass through
+
+    fn plan(&self, t: &SourceTensor) -> Planned {
+        let (opts, ctx) = (self.opts, &self.ctx);
+        let keep = |dtype| Planned {
+            dtype,
+            misfit: Misfit::None,
+            by: None,
+        };
+        if t.transform == Transform::NormOffset {
+            return keep(DType::F32);
+        }
+        if t.shape.len() < 2 && t.dtype.is_float() {
+            // norms, biases: F32 under every policy, `keep` and overrides included (an F16
+            // checkpoint's norms are F16), as llama.cpp's converter writes them; the CUDA
+            // backend reads them as F32
+            return keep(DType::F32);
+        }
+        let cols = *t.shape.last().unwrap_or(&0);
+        let by = opts.overrides.iter().position(|o| o.matches(&t.name));
+        let target = match (by, opts.quant) {
+            (Some(i), _) => opts.overrides[i].dtype,
+            (None, QuantTarget::Keep) => return keep(t.dtype),
+            (None, QuantTarget::To(d)) => d,
+            (None, QuantTarget::Mix(m)) => {
+                mix_dtype_at(m, &t.name, cols, ctx, self.skipped_before(&t.name))
+            }
+        };
+        if t.dtype.is_quantized() && !opts.requantize {
+            return keep(t.dtype);
+        }
+        if !t.dtype.is_float() && !t.dtype.is_quantized() {
+            return keep(t.dtype); // integer tensors pass through
+        }
+        let (dtype, misfit) = if !target.is_quantized() {
+            (target, Misfit::None)
+        } else {
+            match block_fallback(target, cols) {
+                Some(d) if d == target => (d, Misfit::None),
+                Some(d) => (d, Misfit::FellBack),
+                None if t.dtype.is_float() => (t.dtype, Misfit::KeptFloat),
+                None => (DType::F32, Misfit::KeptFloat),
+            }
+        };
+        Planned { dtype, misfit, by }
     }
-    if !target.is_quantized() {
-        return (target, Misfit::None);
+}
+
+/// A matrix `--quant` and `--quant-override` may convert: 2-D or more (experts), not a norm
+/// that the reader rewrites.
+fn matrix(t: &SourceTensor) -> bool {
+    t.shape.len() >= 2 && t.transform != Transform::NormOffset
+}
+
+/// Warnings for the `--quant-override`s that decide no tensor, saying why.
+fn override_warnings(
+    opts: &ConvertOptions,
+    tensors: &[&SourceTensor],
+    by: &[Option<usize>],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, o) in opts.overrides.iter().enumerate() {
+        if by.contains(&Some(i)) {
+            continue;
+        }
+        let matched: Vec<&SourceTensor> = tensors
+            .iter()
+            .copied()
+            .filter(|t| o.matches(&t.name))
+            .collect();
+        let why = if matched.is_empty() {
+            "it matches no tensor's name (the names are llama.cpp's, e.g. blk.0.attn_v.weight: `gdsconv inspect --tensors` lists them)".to_string()
+        } else if !matched.iter().any(|t| matrix(t)) {
+            format!(
+                "the {} tensors it matches are norms or other 1-D tensors, which are never quantized",
+                matched.len()
+            )
+        } else if matched
+            .iter()
+            .filter(|t| matrix(t))
+            .all(|t| opts.overrides[..i].iter().any(|e| e.matches(&t.name)))
+        {
+            "every matrix it matches is decided by an earlier --quant-override (the first that matches wins)".to_string()
+        } else {
+            "the matrices it matches keep their type (already quantized: --requantize converts them; or integer)".to_string()
+        };
+        out.push(format!("--quant-override {o} changes no tensor: {why}"));
     }
-    match block_fallback(target, cols) {
-        Some(d) if d == target => (d, Misfit::None),
-        Some(d) => (d, Misfit::FellBack),
-        None if t.dtype.is_float() => (t.dtype, Misfit::KeptFloat),
-        None => (DType::F32, Misfit::KeptFloat),
-    }
+    out
 }
 
 /// The importance weights `t` is quantized to `out` with: the matrix's entry in `imatrix`,
@@ -1121,21 +1351,29 @@ pub fn convert(
     let (mut skipped_quant, mut fell_back) = (0usize, 0usize);
     let mut mix_ctx = MixContext::of(source.tensors.iter().map(|t| t.name.as_str()));
     mix_ctx.n_gqa = n_gqa(&source.metadata);
+    let planner = Planner::new(opts, mix_ctx, &source.tensors);
+    let mut decided = Vec::new();
     let plans: Vec<(Group, Vec<(&SourceTensor, DType)>)> = groups
         .iter()
         .map(|(g, ts)| {
             let v = ts
                 .iter()
                 .map(|t| {
-                    let (d, misfit) = planned_dtype(t, opts, &mix_ctx);
-                    skipped_quant += (misfit == Misfit::KeptFloat) as usize;
-                    fell_back += (misfit == Misfit::FellBack) as usize;
-                    (*t, d)
+                    let p = planner.plan(t);
+                    skipped_quant += (p.misfit == Misfit::KeptFloat) as usize;
+                    fell_back += (p.misfit == Misfit::FellBack) as usize;
+                    decided.push(p.by);
+                    (*t, p.dtype)
                 })
                 .collect();
             (*g, v)
         })
         .collect();
+    let all: Vec<&SourceTensor> = plans
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|p| p.0))
+        .collect();
+    warnings.extend(override_warnings(opts, &all, &decided));
     if fell_back > 0 {
         warnings.push(format!(
             "{fell_back} tensors quantized to llama.cpp's fallback type (q2_k/q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0): their rows are not a whole number of 256-value blocks"
@@ -1143,8 +1381,7 @@ pub fn convert(
     }
     if skipped_quant > 0 {
         warnings.push(format!(
-            "{skipped_quant} tensors kept as float: their rows are not a whole number of {} blocks",
-            opts.quant
+            "{skipped_quant} tensors kept as float: their rows are not a whole number of 32-value blocks (the smallest of the quantized types)"
         ));
     }
     let total: u64 = plans
@@ -1177,6 +1414,14 @@ pub fn convert(
         "convert.requantize".into(),
         MetaValue::Bool(opts.requantize),
     );
+    if !opts.overrides.is_empty() {
+        // a JSON array of the REGEX=TYPE strings, in order
+        let list: Vec<String> = opts.overrides.iter().map(|o| o.to_string()).collect();
+        meta.insert(
+            "convert.quant_overrides".into(),
+            MetaValue::Str(serde_json::to_string(&list).unwrap_or_default()),
+        );
+    }
     if let Some(p) = &opts.imatrix {
         let name = p
             .file_name()
@@ -1360,18 +1605,13 @@ mod tests {
             nbytes: 0,
             transform: Transform::None,
         };
-        assert_eq!(
-            planned_dtype(&t(576), &opts, &ctx),
-            (DType::Q5_0, Misfit::FellBack)
-        );
-        assert_eq!(
-            planned_dtype(&t(512), &opts, &ctx),
-            (DType::Q4K, Misfit::None)
-        );
-        assert_eq!(
-            planned_dtype(&t(48), &opts, &ctx),
-            (DType::F16, Misfit::KeptFloat)
-        );
+        let planned = |t: &SourceTensor| {
+            let p = Planner::new(&opts, ctx, []).plan(t);
+            (p.dtype, p.misfit)
+        };
+        assert_eq!(planned(&t(576)), (DType::Q5_0, Misfit::FellBack));
+        assert_eq!(planned(&t(512)), (DType::Q4K, Misfit::None));
+        assert_eq!(planned(&t(48)), (DType::F16, Misfit::KeptFloat));
     }
 
     #[test]
@@ -1481,5 +1721,242 @@ mod tests {
             let e = bad.parse::<QuantTarget>().unwrap_err();
             assert!(e.contains("q4_k_m"), "{e}");
         }
+    }
+
+    /// A float matrix (or vector) of `shape`, named `name`, with no data (only planned).
+    fn planned_tensor(name: &str, shape: &[u64]) -> SourceTensor {
+        SourceTensor {
+            name: name.into(),
+            source_name: name.into(),
+            dtype: DType::F16,
+            shape: shape.to_vec(),
+            file: Arc::new(MappedFile::from_bytes("t".into(), &[]).unwrap()),
+            offset: 0,
+            nbytes: 0,
+            transform: Transform::None,
+        }
+    }
+
+    #[test]
+    fn quant_overrides_parse_and_refuse_clearly() {
+        let o: QuantOverride = r"blk\.[0-3]\.attn_v=Q8_0".parse().unwrap();
+        assert_eq!(o.pattern, r"blk\.[0-3]\.attn_v");
+        assert_eq!(o.dtype, DType::Q8_0);
+        assert_eq!(o.to_string(), r"blk\.[0-3]\.attn_v=q8_0");
+        // searched anywhere in the name, letters in either case (llama-quantize lowercases
+        // the pattern)
+        assert!(o.matches("blk.2.attn_v.weight"));
+        assert!(!o.matches("blk.4.attn_v.weight"));
+        assert!("ATTN_V=q4_k"
+            .parse::<QuantOverride>()
+            .unwrap()
+            .matches("blk.0.attn_v.weight"));
+        // split at the last '=': a regex may hold one
+        let o: QuantOverride = "a=b=q4_0".parse().unwrap();
+        assert_eq!((o.pattern.as_str(), o.dtype), ("a=b", DType::Q4_0));
+        for (ty, d) in [
+            ("f32", DType::F32),
+            ("f16", DType::F16),
+            ("bf16", DType::BF16),
+            ("q8_0", DType::Q8_0),
+            ("q4_0", DType::Q4_0),
+            ("q4_1", DType::Q4_1),
+            ("q5_0", DType::Q5_0),
+            ("q5_1", DType::Q5_1),
+            ("q2_k", DType::Q2K),
+            ("q3_k", DType::Q3K),
+            ("q4_k", DType::Q4K),
+            ("q5_k", DType::Q5K),
+            ("Q6_K", DType::Q6K),
+        ] {
+            assert_eq!(format!("x={ty}").parse::<QuantOverride>().unwrap().dtype, d);
+        }
+        for (bad, needle) in [
+            ("attn_v", "expected REGEX=TYPE"),
+            ("attn_v=q7_0", "unknown type \"q7_0\""),
+            ("attn_v=q4_k_m", "unknown type \"q4_k_m\""),
+            ("attn_v=keep", "unknown type"),
+            ("attn_v=q8_k", "unknown type"),
+            ("attn_v=i32", "unknown type"),
+            ("=q8_0", "regex before '=' is empty"),
+            (
+                "(attn=Q8_0",
+                "--quant-override (attn=Q8_0: \"(attn\" is not a valid regex",
+            ),
+            ("attn[=q8_0", "not a valid regex"),
+        ] {
+            let e = bad.parse::<QuantOverride>().unwrap_err();
+            assert!(e.contains(needle), "{bad}: {e}");
+            assert!(e.starts_with("--quant-override "), "{bad}: {e}");
+        }
+        let e = "x=q9_0".parse::<QuantOverride>().unwrap_err();
+        assert!(e.contains("x=q9_0") && e.contains(OVERRIDE_TYPES), "{e}");
+    }
+
+    /// After the mix, the first override that matches decides; types that do not fit the
+    /// rows fall back as the mixes' do; 1-D tensors stay F32; and llama.cpp's counting of
+    /// the attn_v / ffn_down tensors its mix decides skips the overridden ones.
+    #[test]
+    fn overrides_decide_after_the_mix_first_match_wins() {
+        let names = llama_names(16, false);
+        let ctx = MixContext::of(names.iter().map(|s| s.as_str()));
+        let ov = |list: &[&str]| -> Vec<QuantOverride> {
+            list.iter().map(|s| s.parse().unwrap()).collect()
+        };
+        let opts = ConvertOptions {
+            quant: QuantTarget::Mix(QuantMix::Q4KM),
+            overrides: ov(&[
+                r"blk\.3\.ffn_down=q8_0",
+                "ffn_down=q4_0",
+                "attn_q=q6_k",
+                "norm=q8_0",
+                "output=f16",
+            ]),
+            ..ConvertOptions::default()
+        };
+        let tensors: Vec<SourceTensor> = names
+            .iter()
+            .map(|n| planned_tensor(n, &[512, 512]))
+            .chain([planned_tensor("blk.0.attn_norm.weight", &[512])])
+            .collect();
+        let p = Planner::new(&opts, ctx, &tensors);
+        let got = |name: &str, cols: u64| {
+            let p = p.plan(&planned_tensor(name, &[512, cols]));
+            (p.dtype, p.misfit, p.by)
+        };
+        // first match wins: blk.3's ffn_down by the first, the others by the second
+        assert_eq!(
+            got("blk.3.ffn_down.weight", 512),
+            (DType::Q8_0, Misfit::None, Some(0))
+        );
+        assert_eq!(
+            got("blk.0.ffn_down.weight", 512),
+            (DType::Q4_0, Misfit::None, Some(1))
+        );
+        assert_eq!(
+            got("blk.15.ffn_down.weight", 512),
+            (DType::Q4_0, Misfit::None, Some(1))
+        );
+        // a 256-block type on rows of 576: llama.cpp's fallback (Q6_K -> Q8_0)
+        assert_eq!(
+            got("blk.0.attn_q.weight", 512),
+            (DType::Q6K, Misfit::None, Some(2))
+        );
+        assert_eq!(
+            got("blk.0.attn_q.weight", 576),
+            (DType::Q8_0, Misfit::FellBack, Some(2))
+        );
+        // a 32-block type on rows of 48: stays float
+        assert_eq!(
+            got("blk.3.ffn_down.weight", 48),
+            (DType::F16, Misfit::KeptFloat, Some(0))
+        );
+        // norms are matched but never quantized
+        let norm = p.plan(&planned_tensor("blk.0.attn_norm.weight", &[512]));
+        assert_eq!((norm.dtype, norm.by), (DType::F32, None));
+        // a float type
+        assert_eq!(
+            got("output.weight", 512),
+            (DType::F16, Misfit::None, Some(4))
+        );
+        // what no override matches is the mix's: attn_k Q4_K
+        assert_eq!(
+            got("blk.0.attn_k.weight", 512),
+            (DType::Q4K, Misfit::None, None)
+        );
+        // every ffn_down is overridden, so no count shifts for attn_v: layers 0, 1, 4, 7 ...
+        for (layer, want) in [
+            (0, DType::Q6K),
+            (1, DType::Q6K),
+            (2, DType::Q4K),
+            (4, DType::Q6K),
+        ] {
+            assert_eq!(
+                got(&format!("blk.{layer}.attn_v.weight"), 512).0,
+                want,
+                "{layer}"
+            );
+        }
+
+        // attn_v of layer 0 overridden: llama.cpp counts blk.1's attn_v as its 0th, blk.2's
+        // as its 1st, ..., so use_more_bits (layers 0, 1, 4, 7, 10, 13, 14, 15 of 16)
+        // picks blk.1, blk.2, blk.5, blk.8, blk.11, blk.14, blk.15 (and would pick blk.16)
+        let opts = ConvertOptions {
+            overrides: ov(&[r"blk\.0\.attn_v\.=q8_0"]),
+            ..opts
+        };
+        let p = Planner::new(&opts, ctx, &tensors);
+        let more: Vec<u32> = (0..16)
+            .filter(|i| {
+                p.dtype(&planned_tensor(
+                    &format!("blk.{i}.attn_v.weight"),
+                    &[512, 512],
+                )) == DType::Q6K
+            })
+            .collect();
+        assert_eq!(more, [1, 2, 5, 8, 11, 14, 15]);
+        // ffn_down is not shifted (no ffn_down is overridden)
+        let more: Vec<u32> = (0..16)
+            .filter(|i| {
+                p.dtype(&planned_tensor(
+                    &format!("blk.{i}.ffn_down.weight"),
+                    &[512, 512],
+                )) == DType::Q6K
+            })
+            .collect();
+        assert_eq!(more, [0, 1, 4, 7, 10, 13, 14, 15]);
+
+        // a single type (llama-quantize --pure): overrides apply the same way; `keep`:
+        // only the overridden matrices change
+        for quant in [QuantTarget::To(DType::Q5_0), QuantTarget::Keep] {
+            let opts = ConvertOptions {
+                quant,
+                overrides: ov(&["attn_v=q8_0"]),
+                ..ConvertOptions::default()
+            };
+            let p = Planner::new(&opts, ctx, &tensors);
+            let q = |n: &str| p.dtype(&planned_tensor(n, &[512, 512]));
+            assert_eq!(q("blk.0.attn_v.weight"), DType::Q8_0);
+            let other = match quant {
+                QuantTarget::To(d) => d,
+                _ => DType::F16,
+            };
+            assert_eq!(q("blk.0.attn_q.weight"), other);
+        }
+    }
+
+    #[test]
+    fn overrides_that_change_nothing_are_warned_about() {
+        let t = |n: &str, shape: &[u64]| planned_tensor(n, shape);
+        let tensors = [
+            t("blk.0.attn_v.weight", &[64, 64]),
+            t("blk.0.attn_norm.weight", &[64]),
+        ];
+        let refs: Vec<&SourceTensor> = tensors.iter().collect();
+        let opts = ConvertOptions {
+            quant: QuantTarget::To(DType::Q8_0),
+            overrides: ["attn_v=q4_0", "v=q5_0", "norm=q8_0", "mlp=q8_0"]
+                .iter()
+                .map(|s| s.parse().unwrap())
+                .collect(),
+            ..ConvertOptions::default()
+        };
+        let p = Planner::new(&opts, MixContext::default(), &tensors);
+        let by: Vec<Option<usize>> = tensors.iter().map(|t| p.plan(t).by).collect();
+        assert_eq!(by, [Some(0), None]);
+        let w = override_warnings(&opts, &refs, &by);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(
+            w[0].starts_with("--quant-override v=q5_0 ") && w[0].contains("earlier"),
+            "{w:?}"
+        );
+        assert!(
+            w[1].contains("norm=q8_0") && w[1].contains("never quantized"),
+            "{w:?}"
+        );
+        assert!(
+            w[2].contains("mlp=q8_0") && w[2].contains("matches no tensor"),
+            "{w:?}"
+        );
     }
 }

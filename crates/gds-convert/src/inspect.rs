@@ -1,4 +1,5 @@
-//! `gdsconv inspect`: architecture, hyperparameters, a per-layer table and totals.
+//! `gdsconv inspect`: architecture, hyperparameters, a per-layer table and totals, and the
+//! effective bits per weight, of the model and per dtype.
 
 use crate::validate::read_manifest;
 use gds_format::{Manifest, Value};
@@ -40,6 +41,20 @@ pub struct TensorSummary {
     pub nbytes: u64,
 }
 
+/// The tensors of one dtype, over the model.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct DtypeTotals {
+    /// Number of tensors.
+    pub tensors: usize,
+    /// Their elements (weights).
+    pub parameters: u64,
+    /// Their bytes (without padding).
+    pub bytes: u64,
+    /// `bytes * 8 / parameters`: the bits one weight of this dtype takes, block scales
+    /// included (q4_0 4.5, q4_k 4.5, q6_k 6.5625, q8_0 8.5, f16 16).
+    pub bits_per_weight: f64,
+}
+
 /// Everything `inspect` prints.
 #[derive(Clone, Debug, Serialize)]
 pub struct Inspection {
@@ -63,6 +78,20 @@ pub struct Inspection {
     pub parameters: u64,
     /// Count of tensors per dtype over the model.
     pub dtypes: BTreeMap<String, usize>,
+    /// The effective bits per weight of the whole model, as llama.cpp's "BPW": all tensor
+    /// bytes × 8 ÷ all parameters (norms and other F32 tensors included).
+    pub bits_per_weight: f64,
+    /// Per dtype: tensors, parameters, bytes and bits per weight.
+    pub by_dtype: BTreeMap<String, DtypeTotals>,
+}
+
+/// `bytes * 8 / weights`, 0 for no weights.
+fn bits_per_weight(bytes: u64, weights: u64) -> f64 {
+    if weights == 0 {
+        0.0
+    } else {
+        bytes as f64 * 8.0 / weights as f64
+    }
 }
 
 /// Reads `dir` and summarizes it. Fails with a message naming the file when the manifest
@@ -88,6 +117,7 @@ pub fn inspect(dir: &Path) -> Result<Inspection, String> {
     let mut layers = Vec::new();
     let mut tensors = Vec::new();
     let mut dtypes = BTreeMap::new();
+    let mut by_dtype: BTreeMap<String, DtypeTotals> = BTreeMap::new();
     let mut parameters = 0u64;
     for l in m.layers() {
         let mut s = LayerSummary {
@@ -105,6 +135,17 @@ pub fn inspect(dir: &Path) -> Result<Inspection, String> {
             *s.dtypes.entry(t.dtype.name().to_string()).or_default() += 1;
             *dtypes.entry(t.dtype.name().to_string()).or_default() += 1;
             parameters += t.n_elements();
+            let d = by_dtype
+                .entry(t.dtype.name().to_string())
+                .or_insert(DtypeTotals {
+                    tensors: 0,
+                    parameters: 0,
+                    bytes: 0,
+                    bits_per_weight: 0.0,
+                });
+            d.tensors += 1;
+            d.parameters += t.n_elements();
+            d.bytes += t.nbytes;
             tensors.push(TensorSummary {
                 name: t.name.into(),
                 layer: l.name.into(),
@@ -116,12 +157,18 @@ pub fn inspect(dir: &Path) -> Result<Inspection, String> {
         }
         layers.push(s);
     }
+    for d in by_dtype.values_mut() {
+        d.bits_per_weight = bits_per_weight(d.bytes, d.parameters);
+    }
+    let total_tensor_bytes: u64 = layers.iter().map(|l| l.tensor_bytes).sum();
     Ok(Inspection {
         format_version: format!("{maj}.{min}"),
         architecture: m.get_str("general.architecture").unwrap_or("?").to_string(),
         metadata,
         total_tensors: tensors.len(),
-        total_tensor_bytes: layers.iter().map(|l| l.tensor_bytes).sum(),
+        total_tensor_bytes,
+        bits_per_weight: bits_per_weight(total_tensor_bytes, parameters),
+        by_dtype,
         total_file_bytes: layers.iter().map(|l| l.file_bytes).sum(),
         layers,
         tensors,

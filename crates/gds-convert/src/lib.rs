@@ -16,7 +16,7 @@ pub mod validate;
 
 pub use convert::{
     convert, open_source, ConvertOptions, ConvertSummary, NoProgress, Progress, QuantMix,
-    QuantTarget,
+    QuantOverride, QuantTarget,
 };
 pub use error::{ConvertError, ErrorKind};
 pub use validate::{validate_dir, Depth, Report};

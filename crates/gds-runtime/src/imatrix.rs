@@ -6,8 +6,11 @@
 //! FFN gate/up/down) add, per input column, the square of the f32 activation entering the
 //! product over every token, and count the tokens. Products of fewer than 16 tokens are not
 //! counted (llama-imatrix's rule; a chunk is one pass of `ctx` tokens, so this only matters
-//! for `ctx < 16`). The output head is not counted (llama-imatrix's default, without
-//! `--process-output`). Dense models only: the CPU graph has no mixture-of-experts layers.
+//! for `ctx < 16`). The output head is counted only when asked (llama-imatrix's
+//! `--process-output`; not by default): every token of a chunk then wants logits, and the
+//! final-normed hidden state entering the head is summed under `output.weight`, or
+//! `token_embd.weight` when the embedding is the head (tied), as llama-imatrix names it.
+//! Dense models only: the CPU graph has no mixture-of-experts layers.
 //!
 //! The hook is [`MatmulObserver`], which [`Model::forward_observed`] shows every product's
 //! input; the plain forward pass has none.
@@ -38,16 +41,14 @@ pub struct ImatrixCollector {
     pub stats: BTreeMap<String, ImatrixStat>,
 }
 
-impl MatmulObserver for ImatrixCollector {
-    fn matmul(&mut self, layer: usize, role: &str, x: &[f32], n: usize) {
+impl ImatrixCollector {
+    /// Adds `n` rows of `x` to the statistics of `name`.
+    fn add(&mut self, name: String, x: &[f32], n: usize) {
         if n < MIN_TOKENS || !x.len().is_multiple_of(n) {
             return;
         }
         let cols = x.len() / n;
-        let e = self
-            .stats
-            .entry(format!("blk.{layer}.{role}.weight"))
-            .or_default();
+        let e = self.stats.entry(name).or_default();
         if e.sum2.len() != cols {
             // a matrix seen with another width cannot happen in one model: start over
             *e = ImatrixStat {
@@ -61,6 +62,16 @@ impl MatmulObserver for ImatrixCollector {
             }
         }
         e.count += n as u64;
+    }
+}
+
+impl MatmulObserver for ImatrixCollector {
+    fn matmul(&mut self, layer: usize, role: &str, x: &[f32], n: usize) {
+        self.add(format!("blk.{layer}.{role}.weight"), x, n);
+    }
+
+    fn head(&mut self, tensor: &str, x: &[f32], n: usize) {
+        self.add(tensor.to_string(), x, n);
     }
 }
 
@@ -85,6 +96,9 @@ pub fn n_chunks(n_tokens: usize, ctx: usize, max_chunks: Option<usize>) -> Resul
 /// Runs `n_chunks` chunks of `ctx` tokens of `tokens` (BOS included when the model adds
 /// one) through `model`, each from position 0 in one pass, with `bos` replacing each chunk's
 /// first token; `on_chunk` is told after each chunk. The model's context must hold `ctx`.
+/// With `process_output` (llama-imatrix's `--process-output`) every token's logits are
+/// computed and the output head's input is counted too.
+#[allow(clippy::too_many_arguments)]
 pub fn compute(
     model: &Model,
     tokens: &[u32],
@@ -92,6 +106,7 @@ pub fn compute(
     n_chunks: usize,
     bos: Option<u32>,
     kv_dtype: crate::kv::KvDtype,
+    process_output: bool,
     on_chunk: &mut dyn FnMut(usize),
 ) -> Result<ImatrixCollector> {
     if ctx > model.ctx() || n_chunks * ctx > tokens.len() {
@@ -104,7 +119,8 @@ pub fn compute(
     let c = &model.config;
     let windows: Vec<Option<usize>> = (0..c.n_layers).map(|l| c.window(l)).collect();
     let mut kv = KvCache::with_window_ring(kv_dtype, 1, ctx, c.kv_dim(), &windows, ctx);
-    let mut state = RunState::new(c, ctx, 1, ctx, model.threads());
+    let outputs = if process_output { ctx } else { 1 };
+    let mut state = RunState::new(c, ctx, outputs, ctx, model.threads());
     let mut batch = Batch::with_capacity(ctx);
     let mut col = ImatrixCollector::default();
     for i in 0..n_chunks {
@@ -114,8 +130,8 @@ pub fn compute(
                 (0, Some(b)) => b,
                 _ => t,
             };
-            // no logits are needed: the output head is skipped
-            batch.push(t, p, 0, false);
+            // without process_output no logits are needed: the output head is skipped
+            batch.push(t, p, 0, process_output);
         }
         model.forward_observed(&mut state, &mut kv, &batch, &mut col)?;
         on_chunk(i);
@@ -139,6 +155,10 @@ mod tests {
         assert_eq!(s.sum2, vec![32.0, 128.0, 288.0]);
         assert_eq!(s.count, 32);
         assert_eq!(c.stats.len(), 1);
+        // the head's input goes under the name it is given
+        c.head("output.weight", &x, 16);
+        assert_eq!(c.stats["output.weight"].sum2, vec![16.0, 64.0, 144.0]);
+        assert_eq!(c.stats["output.weight"].count, 16);
     }
 
     #[test]

@@ -131,6 +131,14 @@ pub trait MatmulObserver: Send {
     /// `layer`'s matrix `role` (`attn_q`, `attn_k`, `attn_v`, `attn_output`, `ffn_gate`,
     /// `ffn_up`, `ffn_down`).
     fn matmul(&mut self, layer: usize, role: &str, x: &[f32], n: usize);
+
+    /// `x` is `n` rows (the tokens that want logits) of the f32 activation entering the
+    /// output head, the final-normed hidden state; `tensor` is the head's name,
+    /// `output.weight`, or `token_embd.weight` when the embedding is tied (as llama.cpp
+    /// names the product). Ignored unless implemented.
+    fn head(&mut self, tensor: &str, x: &[f32], n: usize) {
+        let _ = (tensor, x, n);
+    }
 }
 
 /// A loaded model: configuration, the I/O backend with the layers it keeps resident,
@@ -576,6 +584,16 @@ impl Model {
         if j > 0 {
             let out = &self.weights.output;
             let vocab = c.vocab_size;
+            if let Some(o) = obs {
+                let emb = &self.weights.token_embd;
+                let tied = (out.layer, out.offset) == (emb.layer, emb.offset);
+                let name = if tied {
+                    "token_embd.weight"
+                } else {
+                    "output.weight"
+                };
+                o.head(name, &s.out_x[..j * d], j);
+            }
             match self.resident.get(out.layer) {
                 Some(Some(h)) => {
                     self.matmul(&mut s.logits[..j * vocab], &s.out_x[..j * d], out, h, j)?;

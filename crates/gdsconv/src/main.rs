@@ -5,7 +5,7 @@ mod dist;
 use clap::{Parser, Subcommand};
 use gds_convert::{
     convert, inspect::inspect, validate_dir, ConvertError, ConvertOptions, Depth, ErrorKind,
-    Progress, QuantTarget,
+    Progress, QuantOverride, QuantTarget,
 };
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -33,6 +33,9 @@ enum Cmd {
         /// Output dtype policy: keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q3_k, q4_k, q5_k, q6_k, or a llama.cpp K-quant mix: q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m (per tensor as llama-quantize). Matrices whose rows are not whole 256-blocks get llama-quantize's fallback type (q2_k/q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0), with a warning; rows that are not whole 32-blocks stay float. Norms and other 1-D float tensors are written f32 under every policy (keep included).
         #[arg(long, default_value = "keep")]
         quant: QuantTarget,
+        /// REGEX=TYPE: the matrices whose name the regex matches get TYPE instead (llama-quantize's --tensor-type; repeatable, the first that matches decides). Names are llama.cpp's (blk.3.attn_v.weight, output.weight; `inspect --tensors` lists them); the regex is searched anywhere in the name, letters in either case. TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k; rows that are not whole blocks of it fall back as with --quant. Norms and other 1-D tensors are never quantized. A bad regex or type: exit 2.
+        #[arg(long = "quant-override", value_name = "REGEX=TYPE")]
+        quant_override: Vec<QuantOverride>,
         /// Also convert tensors that are already block-quantized (dequantize, then quantize).
         #[arg(long)]
         requantize: bool,
@@ -63,7 +66,7 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Show architecture, hyperparameters, per-layer table and totals.
+    /// Show architecture, hyperparameters, per-layer table, totals and the bits per weight (of the model and per dtype, as llama.cpp's BPW).
     Inspect {
         /// The model directory.
         dir: PathBuf,
@@ -169,6 +172,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             input,
             out_dir,
             quant,
+            quant_override,
             requantize,
             force,
             tokenizer,
@@ -198,6 +202,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 force,
                 tokenizer,
                 imatrix,
+                overrides: quant_override,
             };
             let s = convert(&input, &out_dir, &opts, &bar).inspect_err(|_e| {
                 bar.finish();
@@ -315,6 +320,29 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 human(i.total_tensor_bytes),
                 human(i.total_file_bytes),
                 d.join(" ")
+            )?;
+            // llama.cpp's "BPW": bytes x 8 / weights, of the model and of each dtype
+            writeln!(
+                out,
+                "\n{:<8} {:>7} {:>14} {:>14} {:>7}",
+                "dtype", "tensors", "weights", "bytes", "bpw"
+            )?;
+            for (name, d) in &i.by_dtype {
+                writeln!(
+                    out,
+                    "{:<8} {:>7} {:>14} {:>14} {:>7.4}",
+                    name, d.tensors, d.parameters, d.bytes, d.bits_per_weight
+                )?;
+            }
+            writeln!(
+                out,
+                "{:<8} {:>7} {:>14} {:>14} {:>7.4}",
+                "all", i.total_tensors, i.parameters, i.total_tensor_bytes, i.bits_per_weight
+            )?;
+            writeln!(
+                out,
+                "bits per weight: {:.2} (tensor bytes x 8 / weights, as llama.cpp's BPW)",
+                i.bits_per_weight
             )?;
             if tensors {
                 writeln!(out)?;

@@ -242,6 +242,9 @@ pub struct ImatrixArgs {
     /// At most this many chunks (default: every whole chunk of the text).
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// Also collect the output head's input (llama-imatrix's --process-output): output.weight, or token_embd.weight when the embedding is tied. Off by default, as in llama-imatrix.
+    #[arg(long)]
+    pub process_output: bool,
     /// Print a JSON summary.
     #[arg(long)]
     pub json: bool,

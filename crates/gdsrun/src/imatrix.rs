@@ -61,6 +61,7 @@ pub fn run(a: ImatrixArgs) -> Result<()> {
         chunks,
         bos,
         plan.kv_dtype,
+        a.process_output,
         &mut |i| {
             if !json {
                 err!("[{}]", i + 1);

@@ -258,6 +258,163 @@ fn k_quant_options_and_mixes() {
     ok(&o);
 }
 
+/// `--quant-override REGEX=TYPE` after the q4_k_m mix on tiny-llama-hf (2 layers, rows of
+/// 64 and 256 values): the first override that matches decides, 256-block types on rows of
+/// 64 fall back as the mix's do, norms stay f32, the types are in the manifest, overrides
+/// that change nothing are warned about; then `inspect` gives the bits per weight of each
+/// dtype and of the model from the block sizes.
+#[test]
+fn quant_overrides_and_bits_per_weight() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = fixture("tiny-llama-hf");
+    let base = tensors_f32(&{
+        let d = tmp.path().join("f32.gds");
+        ok(&convert(&hf, &d, &["--quant", "f32"]));
+        d
+    });
+    let d = tmp.path().join("ov.gds");
+    let overrides = [
+        r"blk\.0\.attn_v=q8_0",
+        "ffn_down=Q4_0",
+        r"blk\.1\.ffn_down=q6_k",
+        "attn_k=q6_k",
+        "TOKEN_EMBD=f16",
+        "norm=q8_0",
+    ];
+    let mut args = vec!["--quant", "q4_k_m"];
+    for o in &overrides {
+        args.extend(["--quant-override", o]);
+    }
+    let o = convert(&hf, &d, &args);
+    ok(&o);
+    valid(&d);
+    let want = |n: &str| match n {
+        "token_embd.weight" => DType::F16,
+        // the mix's rule for an output head whose rows are not whole 256-blocks
+        "output.weight" => DType::Q8_0,
+        "blk.0.attn_v.weight" => DType::Q8_0,
+        // llama.cpp counts only the attn_v its mix decides: blk.1's is its first (layer 0
+        // of 2: no more bits; Q4_K -> Q5_0 on rows of 64), not its last (Q6_K -> Q8_0)
+        "blk.1.attn_v.weight" => DType::Q5_0,
+        // ffn_down=q4_0 comes first: blk\.1\.ffn_down never decides
+        n if n.ends_with("ffn_down.weight") => DType::Q4_0,
+        // q6_k on rows of 64: llama.cpp's fallback, Q8_0
+        n if n.ends_with("attn_k.weight") => DType::Q8_0,
+        // the mix's Q4_K on rows of 64
+        _ => DType::Q5_0,
+    };
+    let got = tensors_f32(&d);
+    assert_eq!(got.len(), base.len());
+    for (name, (dtype, shape, v)) in &got {
+        let expect = if shape.len() == 1 {
+            DType::F32
+        } else {
+            want(name)
+        };
+        assert_eq!(*dtype, expect, "{name}");
+        let b = &base[name].2;
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+        assert!(max_abs_diff(v, b) <= scale * 0.15, "{name}");
+    }
+    let err = stderr(&o);
+    assert!(err.contains("fallback type"), "{err}");
+    assert!(
+        err.contains(r"--quant-override blk\.1\.ffn_down=q6_k changes no tensor")
+            && err.contains("earlier --quant-override"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--quant-override norm=q8_0 changes no tensor")
+            && err.contains("never quantized"),
+        "{err}"
+    );
+    assert_eq!(err.matches("changes no tensor").count(), 2, "{err}");
+    let mb = std::fs::read(d.join(MANIFEST_FILE)).unwrap();
+    let m = Manifest::parse(&mb).unwrap();
+    assert_eq!(m.get_str("convert.quant").unwrap(), "q4_k_m");
+    let listed: Vec<String> =
+        serde_json::from_str(m.get_str("convert.quant_overrides").unwrap()).unwrap();
+    assert_eq!(listed[1], "ffn_down=q4_0");
+    assert_eq!(listed[4], "TOKEN_EMBD=f16");
+    assert_eq!(listed.len(), overrides.len());
+
+    // inspect: bits per weight, from each type's block (bytes per block of so many weights)
+    let block = |d: &str| -> (u64, u64) {
+        match d {
+            "f32" => (4, 1),
+            "f16" => (2, 1),
+            "q8_0" => (2 + 32, 32),
+            "q4_0" => (2 + 16, 32),
+            "q5_0" => (2 + 4 + 16, 32),
+            _ => panic!("unexpected dtype {d}"),
+        }
+    };
+    let mut per: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for t in m.tensors() {
+        let e = per.entry(t.dtype.name().to_string()).or_default();
+        e.0 += t.n_elements();
+        e.1 += t.nbytes;
+    }
+    assert_eq!(per.len(), 5, "{per:?}");
+    let o = run("gdsconv", &["inspect", d.to_str().unwrap(), "--json"]);
+    ok(&o);
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let (mut weights, mut bits) = (0u64, 0f64);
+    for (name, (n, bytes)) in &per {
+        let (bb, bw) = block(name);
+        let want = bb as f64 * 8.0 / bw as f64;
+        assert_eq!(*bytes * bw, n * bb, "{name}: the blocks' bytes");
+        let got = &j["by_dtype"][name];
+        assert!(
+            (got["bits_per_weight"].as_f64().unwrap() - want).abs() < 1e-9,
+            "{name}: {got} want {want}"
+        );
+        assert_eq!(got["parameters"].as_u64().unwrap(), *n, "{name}");
+        assert_eq!(got["bytes"].as_u64().unwrap(), *bytes, "{name}");
+        weights += n;
+        bits += *n as f64 * want;
+    }
+    let want = bits / weights as f64;
+    let all = j["bits_per_weight"].as_f64().unwrap();
+    assert!((all - want).abs() < 1e-9, "{all} want {want}");
+    let o = run("gdsconv", &["inspect", d.to_str().unwrap()]);
+    ok(&o);
+    let text = stdout(&o);
+    assert!(
+        text.contains(&format!("bits per weight: {want:.2} ")),
+        "{text}"
+    );
+    let q5 = text.lines().find(|l| l.starts_with("q5_0 ")).unwrap();
+    assert!(q5.trim_end().ends_with("5.5000"), "{q5}");
+}
+
+/// A bad regex or type for `--quant-override`: a usage error (exit 2) naming the value,
+/// nothing written.
+#[test]
+fn bad_quant_overrides_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x.gds");
+    for (value, needle) in [
+        ("(attn_v=q8_0", "not a valid regex"),
+        ("attn_v=q7_0", "unknown type \"q7_0\""),
+        ("attn_v=q4_k_m", "unknown type"),
+        ("attn_v", "expected REGEX=TYPE"),
+    ] {
+        let o = convert(
+            &fixture("tiny-llama-hf"),
+            &out,
+            &["--quant", "q8_0", "--quant-override", value],
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{value}: {err}");
+        assert!(
+            err.contains(value) && err.contains(needle) && err.contains("--quant-override"),
+            "{value}: {err}"
+        );
+        assert!(!out.exists());
+    }
+}
+
 #[test]
 fn bad_fixture_files_fail_cleanly() {
     let tmp = tempfile::tempdir().unwrap();

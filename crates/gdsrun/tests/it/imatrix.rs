@@ -209,3 +209,101 @@ fn imatrix_matches_llama_imatrix() {
     assert!(p99 < 0.10, "p99 column off by {p99}");
     assert!(max.0 < 0.50, "column {max:?}");
 }
+
+/// The output norm's weights of a converted model (F32).
+fn output_norm(dir: &Path) -> Vec<f32> {
+    let mbytes = std::fs::read(dir.join(gds_format::MANIFEST_FILE)).unwrap();
+    let m = gds_format::Manifest::parse(&mbytes).unwrap();
+    let t = m.find_tensor("output_norm.weight").unwrap();
+    assert_eq!(t.dtype, gds_format::DType::F32);
+    let data = std::fs::read(dir.join(m.layer(t.layer).unwrap().file)).unwrap();
+    data[t.offset as usize..(t.offset + t.nbytes) as usize]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// `--process-output` (llama-imatrix's flag): by default, as there, no entry for the output
+/// head; with it one more, named as llama-imatrix names the head's product — `output.weight`,
+/// or `token_embd.weight` when the embedding is the head (tied) — holding the input of the
+/// head, the final-normed hidden state x·w/rms(x): Σ_i mean(in_i²)/w_i² over the output
+/// norm's weights w is then n_embd·ms/(ms + eps) (ms the hidden state's mean square), just
+/// under n_embd, which neither the un-normed state nor the logits give. The block entries are
+/// the same with and without the flag, and `gdsconv convert --imatrix` weighs the head with
+/// the new entry (its bytes change, nothing else does).
+#[test]
+fn process_output_adds_the_output_head_as_llama_imatrix() {
+    let root = gds_tests::root();
+    let text = root.join("fixtures/reference/wiki-like.txt");
+    for (fixture, head) in [
+        ("tiny-llama.gguf", "output.weight"),
+        ("tiny-llama-tied.gguf", "token_embd.weight"),
+    ] {
+        let (tmp, model) = gds_tests::converted_fixture(fixture);
+        let imatrix = |name: &str, extra: &[&str]| {
+            let out = tmp.path().join(name);
+            let mut args = vec![
+                "imatrix",
+                model.to_str().unwrap(),
+                "-f",
+                text.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "--ctx",
+                "32",
+                "--chunks",
+                "3",
+                "--json",
+            ];
+            args.extend_from_slice(extra);
+            (ok(&args), out)
+        };
+        let (j, plain_path) = imatrix("plain.gguf", &[]);
+        assert_eq!(j["entries"], 14, "{fixture}");
+        let (j, head_path) = imatrix("head.gguf", &["--process-output"]);
+        assert_eq!(j["entries"], 15, "{fixture}");
+        let plain = read_imatrix(&plain_path).unwrap();
+        let with = read_imatrix(&head_path).unwrap();
+        for k in ["output.weight", "token_embd.weight"] {
+            assert!(!plain.entries.contains_key(k), "{fixture}: {k}");
+            assert_eq!(with.entries.contains_key(k), k == head, "{fixture}: {k}");
+        }
+        for (k, v) in &plain.entries {
+            assert_eq!(&with.entries[k], v, "{fixture}: {k}");
+        }
+        let w = output_norm(&model);
+        let e = &with.entries[head];
+        assert_eq!(e.weights.len(), w.len(), "{fixture}");
+        let s: f64 = e
+            .weights
+            .iter()
+            .zip(&w)
+            .map(|(&m, &w)| m as f64 / (w as f64 * w as f64))
+            .sum();
+        let n = w.len() as f64;
+        assert!(s > 0.9 * n && s < n * (1.0 + 1e-4), "{fixture}: {s} of {n}");
+
+        let conv = |dst: &str, imatrix: &Path| {
+            let opts = gds_convert::ConvertOptions {
+                quant: gds_convert::QuantTarget::To(gds_format::DType::Q4_0),
+                requantize: true,
+                imatrix: Some(imatrix.to_path_buf()),
+                ..Default::default()
+            };
+            let dst = tmp.path().join(dst);
+            gds_convert::convert(
+                &root.join("fixtures").join(fixture),
+                &dst,
+                &opts,
+                &gds_convert::NoProgress,
+            )
+            .unwrap();
+            tensor_bytes(&dst)
+        };
+        let a = conv("a.gds", &plain_path);
+        let b = conv("b.gds", &head_path);
+        for (k, v) in &a {
+            assert_eq!(v != &b[k], k == head, "{fixture}: {k}");
+        }
+    }
+}
