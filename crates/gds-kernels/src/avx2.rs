@@ -18,6 +18,7 @@ use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
+mod q40;
 mod q4k;
 mod q6k;
 
@@ -1676,7 +1677,19 @@ macro_rules! public_rows {
 /// Q4_0 shapes the four-row kernel ran prompts 1.3x and decode 1.1x faster than the
 /// row-at-a-time `vpdpbusd` kernels (two rows per activation load with AVX-512, one with
 /// AVX-VNNI: 0.7x of AVX-512's for prompts); bench/runs/2026-12-02-cpu-avx512-1b.md.
-pub fn rows_q4_0(_: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+///
+/// Prompt batches (eight tokens or more) run the rows-in-lanes kernel of `q40` instead, bit
+/// for bit the same arithmetic: eight rows a vector with AVX2, sixteen with AVX-512.
+pub fn rows_q4_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    if acts.len() >= UNPACKED_MIN_TOKENS && w.len() >= rb {
+        if t.avx512 {
+            // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
+            // AVX-512 F, VL, BW and VNNI were detected.
+            return unsafe { q40::gemm_rows16(w, rb, acts, out) };
+        }
+        // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
+        return unsafe { q40::gemm_rows8(w, rb, acts, out) };
+    }
     // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
     unsafe { quad::rows_q4_0(w, rb, acts, out) }
 }

@@ -248,6 +248,7 @@ fn multi_token_tiles_equal_single_token_runs() {
             (DType::Q5_0, (300, 37)),
             // rows in the vector lanes: groups of 8 and 16 rows, chunks of 144 rows at 512
             // columns, a last group of 12 rows
+            (DType::Q4_0, (300, 37)),
             (DType::Q4K, (300, 37)),
             (DType::Q6K, (300, 37)),
         ])

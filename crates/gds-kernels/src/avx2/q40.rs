@@ -1,0 +1,297 @@
+//! Q4_0 prompt batches with a row per 32-bit vector lane: a chunk of rows repacked once (four
+//! quants of a row per lane, eight rows a 256-bit vector or sixteen a 512-bit one), every tile
+//! of tokens against it with the activations broadcast, so no horizontal sums.
+//!
+//! Bit for bit the arithmetic of the four-row decode kernel (`quad`): per row and block, the
+//! integer `sum(q * x) - 8 * sum(x)`, then `acc = fma(d * dx, i, acc)` into an accumulator of
+//! the even blocks or of the odd ones, the two added at the end.
+
+use super::q4k::{bcast4, group8, join, join_ps, next_chunk, prefetch_l2, CHUNK_BYTES};
+use super::*;
+
+/// Eight rows of one Q4_0 block, row `r` in 32-bit lane `r`.
+#[derive(Clone, Copy)]
+pub(super) struct Packed8 {
+    /// Quants (0..15) of elements `4g..4g + 4` of row `r` in bytes `4r..4r + 4` of `q[g]`.
+    q: [__m256i; 8],
+    /// Each row's scale.
+    d: __m256,
+}
+
+/// Repacks block `i` of eight rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn repack8(rows: &[&[BlockQ4_0]; 8], i: usize) -> Packed8 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let v: [__m256i; 8] = std::array::from_fn(|r| {
+        let b = ld_u8x16(&rows[r][i].qs);
+        // elements 0..16 (low nibbles), then 16..32 (high nibbles)
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(b), b), m4)
+    });
+    let db = |r: usize| i16::from_le_bytes(rows[r][i].d);
+    Packed8 {
+        q: super::q4k::transpose8(v),
+        d: _mm256_cvtph_ps(_mm_setr_epi16(
+            db(0),
+            db(1),
+            db(2),
+            db(3),
+            db(4),
+            db(5),
+            db(6),
+            db(7),
+        )),
+    }
+}
+
+/// Activations of block `b` of a row stored as [`ActQ8`] pairs: elements `4g..4g + 4`, the
+/// scale and `8 * -sum(q)`.
+#[inline(always)]
+fn act_block(a: &[ActQ8], b: usize) -> (&ActQ8, usize) {
+    (&a[b / 2], b % 2)
+}
+
+/// Elements `4g..4g + 4` of half `h` of the pair `x`.
+#[inline(always)]
+fn act4(x: &ActQ8, h: usize, g: usize) -> &[i8] {
+    if g < 4 {
+        &x.lo[16 * h + 4 * g..]
+    } else {
+        &x.hi[16 * h + 4 * (g - 4)..]
+    }
+}
+
+/// Block `i` (`u`) of eight repacked rows against one token's activations `x`, added to `acc`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn term8(u: &Packed8, x: &[ActQ8], i: usize, acc: __m256) -> __m256 {
+    let (x, h) = act_block(x, i);
+    // u4 * i8: 2 * 15 * 127 per 16-bit lane and pair, 16 * 15 * 127 < 2^15 in all
+    let mut s = _mm256_maddubs_epi16(u.q[0], bcast4(act4(x, h, 0)));
+    for g in 1..8 {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u.q[g], bcast4(act4(x, h, g))));
+    }
+    let bias = _mm256_set1_epi32(x.nsum[4 * h] << 3);
+    let it = _mm256_add_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), bias);
+    let d = _mm256_mul_ps(u.d, _mm256_set1_ps(x.d8[4 * h]));
+    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(it), acc)
+}
+
+/// Eight repacked rows (block `i` in `p[i]`) against `N` tokens: each token's eight results.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
+    // even blocks, odd blocks
+    let mut even = [_mm256_setzero_ps(); N];
+    let mut odd = [_mm256_setzero_ps(); N];
+    for (k, pair) in p.chunks(2).enumerate() {
+        for t in 0..N {
+            even[t] = term8(&pair[0], xs[t], 2 * k, even[t]);
+        }
+        match pair.get(1) {
+            Some(u) => {
+                for t in 0..N {
+                    odd[t] = term8(u, xs[t], 2 * k + 1, odd[t]);
+                }
+            }
+            // an odd block count: the decode kernel adds a zero block's term to the odd sums
+            None => {
+                for o in odd.iter_mut() {
+                    *o = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), *o);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|t| _mm256_add_ps(even[t], odd[t]))
+}
+
+/// Sixteen rows of one Q4_0 block for AVX-512: rows 8..16 in lanes 8..16.
+#[derive(Clone, Copy)]
+pub(super) struct Packed16 {
+    q: [__m512i; 8],
+    d: __m512,
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn repack16(lo: &[&[BlockQ4_0]; 8], hi: &[&[BlockQ4_0]; 8], i: usize) -> Packed16 {
+    let (a, b) = (repack8(lo, i), repack8(hi, i));
+    Packed16 {
+        q: std::array::from_fn(|g| join(a.q[g], b.q[g])),
+        d: join_ps(a.d, b.d),
+    }
+}
+
+/// [`term8`] on sixteen rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn term16(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
+    let (x, h) = act_block(x, i);
+    let b4 = |q: &[i8]| {
+        assert!(q.len() >= 4);
+        // SAFETY: at least 4 readable bytes (checked above), read unaligned.
+        _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(q.as_ptr().cast::<i32>()) })
+    };
+    let mut s = _mm512_maddubs_epi16(u.q[0], b4(act4(x, h, 0)));
+    for g in 1..8 {
+        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(u.q[g], b4(act4(x, h, g))));
+    }
+    let bias = _mm512_set1_epi32(x.nsum[4 * h] << 3);
+    let it = _mm512_add_epi32(_mm512_madd_epi16(s, _mm512_set1_epi16(1)), bias);
+    let d = _mm512_mul_ps(u.d, _mm512_set1_ps(x.d8[4 * h]));
+    _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(it), acc)
+}
+
+/// [`gemm8`] on sixteen rows: the same arithmetic per lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
+    let mut even = [_mm512_setzero_ps(); N];
+    let mut odd = [_mm512_setzero_ps(); N];
+    for (k, pair) in p.chunks(2).enumerate() {
+        for t in 0..N {
+            even[t] = term16(&pair[0], xs[t], 2 * k, even[t]);
+        }
+        match pair.get(1) {
+            Some(u) => {
+                for t in 0..N {
+                    odd[t] = term16(u, xs[t], 2 * k + 1, odd[t]);
+                }
+            }
+            None => {
+                for o in odd.iter_mut() {
+                    *o = _mm512_fmadd_ps(_mm512_setzero_ps(), _mm512_setzero_ps(), *o);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|t| _mm512_add_ps(even[t], odd[t]))
+}
+
+/// Writes `N` tokens' results of the `L` rows from `r` (those below `nrows`).
+fn put<const N: usize, const L: usize>(
+    lanes: &[[f32; L]; N],
+    r: usize,
+    nrows: usize,
+    out: &mut [f32],
+    nt: usize,
+    t0: usize,
+) {
+    for (t, v) in lanes.iter().enumerate() {
+        for (k, &x) in v.iter().enumerate() {
+            if r + k < nrows {
+                out[(r + k) * nt + t0 + t] = x;
+            }
+        }
+    }
+}
+
+/// Q4_0 rows against a prompt batch on plain AVX2: chunks of eight-row groups.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let (nt, nrows) = (acts.len(), w.len() / rb);
+    let nb = rb / std::mem::size_of::<BlockQ4_0>();
+    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed8>())).max(1);
+    let mut cache: Vec<Packed8> = Vec::with_capacity(groups * nb);
+    let lanes8 = |v: __m256| {
+        let mut l = [0f32; 8];
+        // SAFETY: `l` is 8 writable f32; no alignment requirement.
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+        l
+    };
+    for r0 in (0..nrows).step_by(8 * groups) {
+        let r1 = (r0 + 8 * groups).min(nrows);
+        cache.clear();
+        for r in (r0..r1).step_by(8) {
+            let rows = group8(w, rb, r, nrows);
+            for i in 0..nb {
+                cache.push(repack8(&rows, i));
+            }
+        }
+        let next = next_chunk(w, rb, r1, r1 - r0);
+        let mut t0 = 0;
+        while t0 < nt {
+            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
+            let a = &acts[t0..];
+            for (g, p) in cache.chunks_exact(nb).enumerate() {
+                let r = r0 + 8 * g;
+                match a.len() {
+                    1 => put(&gemm8(p, [a[0]]).map(lanes8), r, nrows, out, nt, t0),
+                    2 => put(&gemm8(p, [a[0], a[1]]).map(lanes8), r, nrows, out, nt, t0),
+                    3 => put(
+                        &gemm8(p, [a[0], a[1], a[2]]).map(lanes8),
+                        r,
+                        nrows,
+                        out,
+                        nt,
+                        t0,
+                    ),
+                    _ => put(
+                        &gemm8(p, [a[0], a[1], a[2], a[3]]).map(lanes8),
+                        r,
+                        nrows,
+                        out,
+                        nt,
+                        t0,
+                    ),
+                }
+            }
+            t0 += a.len().min(4);
+        }
+    }
+}
+
+/// Q4_0 rows against a prompt batch on AVX-512: chunks of sixteen-row groups.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let (nt, nrows) = (acts.len(), w.len() / rb);
+    let nb = rb / std::mem::size_of::<BlockQ4_0>();
+    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed16>())).max(1);
+    let mut cache: Vec<Packed16> = Vec::with_capacity(groups * nb);
+    let lanes16 = |v: __m512| {
+        let mut l = [0f32; 16];
+        // SAFETY: `l` is 16 writable f32; no alignment requirement.
+        unsafe { _mm512_storeu_ps(l.as_mut_ptr(), v) };
+        l
+    };
+    for r0 in (0..nrows).step_by(16 * groups) {
+        let r1 = (r0 + 16 * groups).min(nrows);
+        cache.clear();
+        for r in (r0..r1).step_by(16) {
+            let (lo, hi) = (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows));
+            for i in 0..nb {
+                cache.push(repack16(&lo, &hi, i));
+            }
+        }
+        let next = next_chunk(w, rb, r1, r1 - r0);
+        let mut t0 = 0;
+        while t0 < nt {
+            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
+            let a = &acts[t0..];
+            for (g, p) in cache.chunks_exact(nb).enumerate() {
+                let r = r0 + 16 * g;
+                match a.len() {
+                    1 => put(&gemm16(p, [a[0]]).map(lanes16), r, nrows, out, nt, t0),
+                    2 => put(&gemm16(p, [a[0], a[1]]).map(lanes16), r, nrows, out, nt, t0),
+                    3 => put(
+                        &gemm16(p, [a[0], a[1], a[2]]).map(lanes16),
+                        r,
+                        nrows,
+                        out,
+                        nt,
+                        t0,
+                    ),
+                    _ => put(
+                        &gemm16(p, [a[0], a[1], a[2], a[3]]).map(lanes16),
+                        r,
+                        nrows,
+                        out,
+                        nt,
+                        t0,
+                    ),
+                }
+            }
+            t0 += a.len().min(4);
+        }
+    }
+}
