@@ -5,7 +5,7 @@ at each depth (-d: tokens already in the KV cache, llama-bench's -d; default 0, 
 gdsrun's peak RSS while generating against weights + KV cache + tokenizer (8x its JSON) + 64 MiB.
 
 Usage: scripts/bench.py [-p 128] [-n 128] [-d 0,2048,8192] [-r 3] [-t THREADS] [--model smollm|gemma]
-                        [--synth SHAPE [--quant Q4_0,Q4_K_M,Q8_0]] [--profile release]
+                        [--synth SHAPE [--quant Q4_0,Q4_K_M,Q8_0]] [--profile release | --bin-dir DIR]
 --synth adds a model of a real size with random weights (scripts/synth-model.py: llama-1b,
 llama-1.5b, llama-7b, qwen2-7b), its GGUF made by llama.cpp's own converter and quantizer (one
 per --quant type: the F16 GGUF of the first is quantized again for the others), and run by both
@@ -27,11 +27,15 @@ ap.add_argument("--model", help="only the models whose label contains this (smol
 ap.add_argument("--synth", help="also a random-weight model of this real shape (llama-1b, llama-7b, ...)")
 ap.add_argument("--quant", default="Q4_0", help="llama-quantize types of the --synth model, a comma list")
 ap.add_argument("--profile", default="release", help="cargo profile of gdsrun and gdsconv")
+ap.add_argument("--bin-dir", help="run gdsrun and gdsconv from this folder instead of building them")
 a = ap.parse_args()
 
 subprocess.check_call(["./scripts/build-llama-cpp.sh"])
-subprocess.check_call(["cargo", "build", "--profile", a.profile, "-q", "-p", "gdsconv", "-p", "gdsrun"])
-BIN = f"target/{a.profile}"
+if a.bin_dir:
+    BIN = a.bin_dir
+else:
+    subprocess.check_call(["cargo", "build", "--profile", a.profile, "-q", "-p", "gdsconv", "-p", "gdsrun"])
+    BIN = f"target/{a.profile}"
 flags = open("/proc/cpuinfo").read().split("\nflags", 1)[-1].split("\n", 1)[0].split()
 model_name = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 isa = "avx512vnni" if "avx512_vnni" in flags else "avxvnni" if "avx_vnni" in flags else "avx2" if "avx2" in flags else "scalar"

@@ -6,7 +6,7 @@
 //! integer `sum(q * x) - 8 * sum(x)`, then `acc = fma(d * dx, i, acc)` into an accumulator of
 //! the even blocks or of the odd ones, the two added at the end.
 
-use super::q4k::{bcast4, group8, join, join_ps, next_chunk, prefetch_l2, CHUNK_BYTES};
+use super::q4k::{bcast4, group8, join, join_ps, next_chunk, CHUNK_BYTES};
 use super::*;
 
 /// Eight rows of one Q4_0 block, row `r` in 32-bit lane `r`.

@@ -90,23 +90,6 @@ pub(super) fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     })
 }
 
-/// Prefetches step `i` of `steps` of `pf` into L2: a prompt batch's next chunk of rows while
-/// its tiles run against the current one (the repacking otherwise waited on DRAM).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn prefetch_l2(pf: &[u8], i: usize, steps: usize) {
-    for l in spread(pf.len().div_ceil(64), i, steps) {
-        // an `unsafe fn` on the MSRV (1.89), safe under this function's target features on
-        // later toolchains
-        #[allow(unused_unsafe)]
-        // SAFETY: a prefetch is a hint: it never faults and loads nothing the program sees;
-        // the address is inside `pf` anyway.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T1>(pf[64 * l..].as_ptr().cast());
-        }
-    }
-}
-
 /// The raw bytes of the rows after `r1` that the next chunk of `rows` rows repacks.
 pub(super) fn next_chunk(w: &[u8], rb: usize, r1: usize, rows: usize) -> &[u8] {
     let n = w.len() / rb;
@@ -265,7 +248,7 @@ fn rows8<const N: usize>(rows: &[&[BlockQ4K]; 8], a: &[&[ActQ8K]; N], pf: &[u8])
     assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= nb));
     let mut acc = [_mm256_setzero_ps(); N];
     for i in 0..nb {
-        prefetch_spread(pf, i, nb);
+        prefetch_l2(pf, i, nb);
         let w0 = pair_sums(rows, 0, a, i);
         let w1 = pair_sums(rows, 1, a, i);
         let x: [__m256i; N] = std::array::from_fn(|t| quad_totals(w0[t], w1[t]));

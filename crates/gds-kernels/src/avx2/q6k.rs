@@ -6,9 +6,7 @@
 //! side by side, the row-at-a-time integer sums folded by an `hadd` tree ([`rows8`]); more:
 //! chunks of rows repacked once ([`Packed8`]) and every tile of tokens against them.
 
-use super::q4k::{
-    bcast4, group8, join, join_ps, next_chunk, prefetch_l2, put8, transpose8, CHUNK_BYTES,
-};
+use super::q4k::{bcast4, group8, join, join_ps, next_chunk, put8, transpose8, CHUNK_BYTES};
 use super::*;
 
 /// Eight rows of one Q6_K block, repacked with row `r` in 32-bit lane `r`.
@@ -164,7 +162,7 @@ fn rows8<const N: usize>(rows: &[&[BlockQ6K]; 8], a: &[&[ActQ8K]; N], pf: &[u8])
     assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= nb));
     let mut acc = [_mm256_setzero_ps(); N];
     for i in 0..nb {
-        prefetch_spread(pf, i, nb);
+        prefetch_l2(pf, i, nb);
         let (w0, w1) = (pair_sums(rows, 0, a, i), pair_sums(rows, 1, a, i));
         // [r0(0-3) r1(0-3) r2(0-3) r3(0-3) | r0(4-7) ...]
         let lo: [__m256i; N] = std::array::from_fn(|t| _mm256_hadd_epi32(w0[t], w1[t]));
