@@ -8,11 +8,16 @@
 //! the block scales in with one FMA. The 32-block types work on two blocks per register
 //! (see [`ActQ8`]); K-quants on a 256-block with its sub-block scales applied in integers.
 //! A weight block is unpacked once and used for up to four tokens, and rows are
-//! software-prefetched a few KiB ahead. Prompt batches (two or more whole tiles of four
-//! tokens) of the types whose unpacking costs more than a load (Q4_0..Q5_1 and the
-//! K-quants) unpack a chunk of rows once into an L1-sized buffer and run every tile against
-//! it, through the same arithmetic. Q4_0's and Q5_0's constant weight offsets start the
-//! integer dot products (at `-2^b * sum(q)`) instead of taking a float term of their own.
+//! software-prefetched (into L2) a few KiB ahead. Prompt batches (two or more whole tiles of
+//! four tokens) of Q4_1..Q5_1 and Q5_K unpack a chunk of rows once into an L1-sized buffer
+//! and run every tile against it, through the same arithmetic. Q4_0's, Q4_K's and Q6_K's
+//! prompt batches repack a chunk of rows with one row per 32-bit vector lane instead (eight
+//! rows a 256-bit vector, sixteen a 512-bit one: [`q40`], [`q4k`], [`q6k`]), so four
+//! broadcast activation bytes multiply eight or sixteen rows at once and no horizontal sums
+//! remain; Q4_K and Q6_K decode eight stored rows side by side, and each path ends a block
+//! with the same per-row arithmetic, so a token's result never depends on its batch. Q4_0's
+//! and Q5_0's constant weight offsets start the integer dot products (at `-2^b * sum(q)`)
+//! instead of taking a float term of their own.
 
 use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;
