@@ -13,6 +13,12 @@ for the 16-layer model, written as `llama-imatrix` writes it (GGUF: `<name>.in_s
 plus Q4_0 and Q4_1; the bytes must be equal, and differ from those made without it.
 An 8-layer model with SmolLM2's 576 columns runs every mix and single K type through
 llama.cpp's fallback types (rows that are not whole 256-blocks: Q4_K -> Q5_0 and so on).
+Three 80-layer models (256 columns) run the mixes whose attn_v can be Q3_K or Q4_K (Q2_K,
+Q3_K_S, Q3_K_M, Q4_K_S, Q4_K_M) for llama.cpp's 70B rule (such attn_v Q5_K): a llama with
+8 query heads over 4 KV heads (LLM_TYPE_70B), one with 8 over 8 (LLM_TYPE_65B: no rule), and
+a qwen2 with 8 over 8 (LLM_TYPE_70B at 80 layers whatever the heads; its attn_q/attn_k rows
+compared through the Q/K permutation gdsconv applies); each run also checks that
+llama-quantize applied the rule or not as expected.
 With `--quant-override` (llama-quantize's `--tensor-type`): the 16-layer model to Q4_K_M with
 overrides that take attn_v of layers 0-1 from the mix (which shifts llama.cpp's count of the
 attn_v tensors its mix decides), first-match order, 1-D and float targets, also with the
@@ -61,27 +67,32 @@ E, F, V = 256, 512, 512
 
 
 def make_gguf(path: pathlib.Path, n_layer: int, tied: bool, kv_heads: int = 2,
-              embd: int | None = None) -> None:
+              embd: int | None = None, arch: str = "llama", heads: int | None = None,
+              ff: int | None = None) -> None:
     """A random llama: 2 query heads over `kv_heads` = 2 KV heads (no GQA), or 8 query heads
-    of 32 over fewer KV heads (the Q2_K mix's rule for 4 or more query heads per KV head).
-    `embd` (576, SmolLM2's) makes rows that are not whole 256-blocks: llama.cpp's fallback
-    types; its FFN is 3 x embd (whole 256-blocks for ffn_down)."""
+    of 32 over fewer KV heads (the Q2_K mix's rule for 4 or more query heads per KV head);
+    `heads` KV heads of 32 when given (8 = 8: no GQA, llama.cpp's 65B at 80 layers). `embd`
+    (576, SmolLM2's) makes rows that are not whole 256-blocks: llama.cpp's fallback types; its
+    FFN is 3 x embd (whole 256-blocks for ffn_down), else `ff` or F. `arch` qwen2 writes the
+    same tensors as a qwen2 GGUF (llama.cpp keeps its Q/K rows unpermuted; gdsconv permutes
+    them as for a Hugging Face input, see `compare`)."""
     E = embd or globals()["E"]
-    F = 3 * embd if embd else globals()["F"]
-    w = gguf.GGUFWriter(str(path), "llama")
+    F = 3 * embd if embd else ff or globals()["F"]
+    n_head = heads or (2 if kv_heads == 2 else 8)
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(128)
     w.add_embedding_length(E)
     w.add_feed_forward_length(F)
-    w.add_head_count(2 if kv_heads == 2 else 8)
+    w.add_head_count(n_head)
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(E // 2 if kv_heads == 2 else 32)
+    w.add_rope_dimension_count(E // n_head)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(V)])
     w.add_token_types([1] * V)
     rng = np.random.default_rng(n_layer * 2 + tied + 100 * (kv_heads != 2) + (embd or 0))
-    kv = E if kv_heads == 2 else kv_heads * 32
+    kv = kv_heads * (E // n_head)
 
     def mat(name: str, rows: int, cols: int) -> None:
         w.add_tensor(name, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32))
@@ -162,11 +173,21 @@ OVERRIDES = [
 ]
 
 
+def permute_rows(data: np.ndarray, n_head: int) -> bytes:
+    """llama.cpp's converter's Q/K row permutation (`LlamaModel.permute`: Hugging Face's
+    rotate-half rows to ggml's interleaved pairs), on rows of any type's bytes."""
+    d = data.reshape(data.shape[0], -1)
+    rows = d.shape[0]
+    return d.reshape(n_head, 2, rows // n_head // 2, d.shape[1]).swapaxes(1, 2).reshape(d.shape).tobytes()
+
+
 def compare(a, src: pathlib.Path, mix: str, flags: list[str], quant: str, tokenizer: pathlib.Path,
             tag: str, imatrix: pathlib.Path | None,
-            overrides: list[tuple[str, str]] = ()) -> tuple[int, dict[str, bytes]]:
+            overrides: list[tuple[str, str]] = (),
+            permuted: tuple[int, int] | None = None) -> tuple[int, dict[str, bytes]]:
     """Quantizes `src` with both tools; returns the differences and llama.cpp's bytes of
-    each quantized tensor."""
+    each quantized tensor. `permuted` (query heads, KV heads): a qwen2 GGUF, whose attn_q and
+    attn_k rows gdsconv permutes (row by row, so the quantized rows are the same)."""
     imx = ["--imatrix", str(imatrix)] if imatrix else []
     tt = [x for p, t in overrides for x in ("--tensor-type", f"{p}={t}")]
     ov = [x for p, t in overrides for x in ("--quant-override", f"{p}={t}")]
@@ -191,6 +212,8 @@ def compare(a, src: pathlib.Path, mix: str, flags: list[str], quant: str, tokeni
         data = rt.data.tobytes()
         if want != "f32":
             theirs[rt.name] = data
+        if permuted and rt.name.endswith((".attn_q.weight", ".attn_k.weight")):
+            data = permute_rows(rt.data, permuted[0] if ".attn_q." in rt.name else permuted[1])
         if o["dtype"] != want:
             print(f"  {rt.name}: ours {o['dtype']}, llama-quantize {want}")
             diffs += 1
@@ -226,7 +249,6 @@ def main() -> int:
                                           (16, True, 2, None), (16, False, 1, None),
                                           (8, False, 2, 576)]:
         src = work / f"l{n_layer}{'t' if tied else ''}{'-gqa' if kv_heads != 2 else ''}{f'-e{embd}' if embd else ''}.gguf"
-        make_gguf(src, n_layer, tied, kv_heads, embd)
         if embd:
             # rows of 576: every mix and single K type through llama.cpp's fallback types
             runs = MIXES + [(t, ["--pure"], q) for t, q in PURE]
@@ -239,12 +261,39 @@ def main() -> int:
             # the runs the override runs compare with
             runs = [r for r in runs if (n_layer, tied, kv_heads, embd) == (16, False, 2, None)
                     and r[2] in [o[3] for o in OVERRIDES]]
+        if runs or (n_layer, tied, kv_heads, embd) in [(16, False, 2, None), (8, False, 2, 576)]:
+            make_gguf(src, n_layer, tied, kv_heads, embd)
         for mix, flags, quant in runs:
             diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, "", None)
             bad += diffs
             n_runs += 1
             if (n_layer, tied, kv_heads) == (16, False, 2):
                 plain[quant] = theirs
+    # llama.cpp's 70B rule (attn_v Q3_K/Q4_K -> Q5_K): 80 layers of 256 columns, FFN 256;
+    # llama with 8 query heads over 4 KV heads (LLM_TYPE_70B), with 8 over 8 (LLM_TYPE_65B: no
+    # rule), and qwen2 with 8 over 8 (LLM_TYPE_70B at any heads), through the mixes whose
+    # attn_v can be Q3_K or Q4_K
+    for stem, arch, heads, kv_heads, is_70b in [] if a.only_override else [
+            ("l80-70b", "llama", 8, 4, True), ("l80-65b", "llama", 8, 8, False),
+            ("l80-qwen2", "qwen2", 8, 8, True)]:
+        src = work / f"{stem}.gguf"
+        make_gguf(src, 80, False, kv_heads, None, arch=arch, heads=heads, ff=256)
+        for mix, flags, quant in MIXES:
+            if mix not in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M"):
+                continue
+            diffs, _ = compare(a, src, mix, flags, quant, tokenizer, "", None,
+                               permuted=(heads, kv_heads) if arch == "qwen2" else None)
+            bad += diffs
+            n_runs += 1
+            # llama-quantize itself took the model for a 70B or not
+            v = [t.tensor_type.name for t in
+                 gguf.GGUFReader(str(src.with_name(f"{stem}-{quant}.gguf"))).tensors
+                 if t.name.endswith("attn_v.weight")]
+            low = sum(t in ("Q3_K", "Q4_K") for t in v)
+            if (low == 0) != is_70b:
+                print(f"  llama-quantize gave {low} of {len(v)} attn_v Q3_K/Q4_K: "
+                      f"{'not ' if is_70b else ''}the 70B rule")
+                bad += 1
     src = work / "l16.gguf"
     for fmt, ext in [("gguf", "imatrix.gguf"), ("legacy", "imatrix.dat")]:
         imatrix = work / f"l16-{ext}"

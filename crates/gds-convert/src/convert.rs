@@ -183,6 +183,8 @@ impl std::fmt::Display for QuantOverride {
 /// llama.cpp's K-quant mixes (`llama-quantize` file types `Q2_K`, `Q3_K_S`, `Q3_K_M`,
 /// `Q3_K_L`, `Q4_K_S`, `Q4_K_M`, `Q5_K_S`, `Q5_K_M`; its `Q6_K` is `--quant q6_k`: every
 /// matrix Q6_K). Without an importance matrix, for dense (not mixture-of-experts) models.
+/// In a model llama.cpp takes for a 70B ([`llama_cpp_70b`]), attn_v that a mix gives Q3_K
+/// or Q4_K gets Q5_K.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantMix {
     /// Q2_K; Q3_K for ffn_down and attn_output, attn_v Q3_K (Q4_K when the model has 4 or
@@ -255,6 +257,9 @@ pub struct MixContext {
     /// Query heads per KV head (llama.cpp's `n_gqa()`: `n_head / n_head_kv`, 0 when not
     /// known); only the q2_k mix looks at it.
     pub n_gqa: u32,
+    /// llama.cpp would load the model as `LLM_TYPE_70B` ([`llama_cpp_70b`]): attn_v that a
+    /// mix gives Q3_K or Q4_K gets Q5_K.
+    pub type_70b: bool,
 }
 
 impl MixContext {
@@ -302,6 +307,43 @@ fn n_gqa(meta: &crate::source::Metadata) -> u32 {
         .map_or(0, |g| u32::try_from(g).unwrap_or(u32::MAX))
 }
 
+/// Whether llama.cpp loads the model described by `meta` (the manifest metadata, with the
+/// input's own architecture name in `general.source_architecture`) as `LLM_TYPE_70B`, the
+/// only model type its quantization rules look at. Of the architectures gdsconv converts,
+/// llama.cpp has that type for two (`load_arch_hparams` in its `src/models/`):
+///
+/// - llama (`llama.cpp`): 80 layers and `n_head() != n_head_kv()` (with as many query as KV
+///   heads it is `LLM_TYPE_65B`), and not 8 experts (`LLM_TYPE_8x7B` …). Hugging Face's
+///   `LlamaForCausalLM` and `MistralForCausalLM` are llama to llama.cpp's converter; the
+///   GGUF names `mistral` and `smollm`, which llama.cpp does not load, are taken as llama;
+/// - qwen2 (`qwen2.cpp`): 80 layers, whatever the heads (Qwen2 72B, Qwen1.5 72B).
+///
+/// qwen3, gemma2, gemma3 and phi3 have no 70B type at any layer count. The KV heads are the
+/// query heads when the input does not state them, as in llama.cpp.
+pub fn llama_cpp_70b(meta: &crate::source::Metadata) -> bool {
+    let get = |k: &str| match meta.get(k) {
+        Some(MetaValue::U64(v)) => Some(*v),
+        _ => None,
+    };
+    let arch = match meta.get("general.source_architecture") {
+        Some(MetaValue::Str(s)) => s.as_str(),
+        _ => return false,
+    };
+    if get("model.n_layers") != Some(80) {
+        return false;
+    }
+    match arch {
+        "llama" | "mistral" | "smollm" | "LlamaForCausalLM" | "MistralForCausalLM" => {
+            let experts = get(&format!("gguf.{arch}.expert_count")).unwrap_or(0);
+            let heads = get("model.n_heads");
+            let kv = get("model.n_kv_heads").or(heads);
+            experts != 8 && heads.is_some() && heads != kv
+        }
+        "qwen2" | "Qwen2ForCausalLM" => true,
+        _ => false,
+    }
+}
+
 /// llama.cpp's `tensor_get_category` (GGUF tensor names).
 fn category(name: &str) -> Category {
     if name == "output.weight" {
@@ -334,10 +376,11 @@ fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
 
 /// The dtype `mix` gives the matrix `name` (canonical name) of `cols` columns: llama.cpp's
 /// `llama_tensor_get_type_impl` for these file types, without an importance matrix, for a
-/// dense model (its mixture-of-experts, Falcon and 70B rules do not apply). The layer of an
-/// attn_v or ffn_down tensor is the number in its name (llama.cpp counts them in file order:
-/// the same for a model with one of each per layer). Rows that are not whole blocks of the
-/// result are left to [`Planner`]'s rule (llama.cpp's fallback types).
+/// dense model (its mixture-of-experts and Falcon rules do not apply: gdsconv converts
+/// neither; its 70B rule does, by `ctx`). The layer of an attn_v or ffn_down tensor is the
+/// number in its name (llama.cpp counts them in file order: the same for a model with one of
+/// each per layer). Rows that are not whole blocks of the result are left to [`Planner`]'s
+/// rule (llama.cpp's fallback types).
 pub fn mix_dtype(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext) -> DType {
     mix_dtype_at(mix, name, cols, ctx, 0)
 }
@@ -363,16 +406,25 @@ fn mix_dtype_at(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext, skipped:
     };
     let n = ctx.n_layer as i64;
     match cat {
-        Category::AttnV => match mix {
-            Q2K if ctx.n_gqa >= 4 => DType::Q4K,
-            Q2K => DType::Q3K,
-            Q3KM if layer < 2 => DType::Q5K,
-            Q3KM => DType::Q4K,
-            Q3KL => DType::Q5K,
-            Q4KM | Q5KM if use_more_bits(layer, ctx.n_attn_v as i64) => DType::Q6K,
-            Q4KS if layer < 4 => DType::Q5K,
-            _ => base,
-        },
+        Category::AttnV => {
+            let d = match mix {
+                Q2K if ctx.n_gqa >= 4 => DType::Q4K,
+                Q2K => DType::Q3K,
+                Q3KM if layer < 2 => DType::Q5K,
+                Q3KM => DType::Q4K,
+                Q3KL => DType::Q5K,
+                Q4KM | Q5KM if use_more_bits(layer, ctx.n_attn_v as i64) => DType::Q6K,
+                Q4KS if layer < 4 => DType::Q5K,
+                _ => base,
+            };
+            // llama.cpp's 70B rule, after the mix's (Llama 2/3 70B: eight query heads share
+            // each KV head, so attn_v is an eighth of attn_q and more bits cost little)
+            if ctx.type_70b && matches!(d, DType::Q3K | DType::Q4K) {
+                DType::Q5K
+            } else {
+                d
+            }
+        }
         Category::FfnDown => match mix {
             Q2K => DType::Q3K,
             Q3KM if layer < n / 16 => DType::Q5K,
@@ -1351,6 +1403,7 @@ pub fn convert(
     let (mut skipped_quant, mut fell_back) = (0usize, 0usize);
     let mut mix_ctx = MixContext::of(source.tensors.iter().map(|t| t.name.as_str()));
     mix_ctx.n_gqa = n_gqa(&source.metadata);
+    mix_ctx.type_70b = llama_cpp_70b(&source.metadata);
     let planner = Planner::new(opts, mix_ctx, &source.tensors);
     let mut decided = Vec::new();
     let plans: Vec<(Group, Vec<(&SourceTensor, DType)>)> = groups
@@ -1627,6 +1680,7 @@ mod tests {
                         n_attn_v: n,
                         tied,
                         n_gqa: 0,
+                        type_70b: false,
                     }
                 );
                 for gqa in [1, 4] {
@@ -1693,6 +1747,167 @@ mod tests {
         assert_eq!(n_gqa(&meta(Some(32), Some(0))), 0);
         assert_eq!(n_gqa(&meta(Some(32), None)), 0);
         assert_eq!(n_gqa(&meta(None, Some(8))), 0);
+    }
+
+    /// llama.cpp's `LLM_TYPE_70B` from the hyperparameters, and what it changes: attn_v Q5_K
+    /// where the mix gives it Q3_K or Q4_K, nothing else.
+    #[test]
+    fn a_70b_model_gets_llama_cpps_70b_rule() {
+        let meta = |arch: &str, layers: u64, heads: u64, kv: Option<u64>| {
+            let mut m = crate::source::Metadata::new();
+            m.insert(
+                "general.source_architecture".into(),
+                MetaValue::Str(arch.into()),
+            );
+            m.insert("model.n_layers".into(), MetaValue::U64(layers));
+            m.insert("model.n_heads".into(), MetaValue::U64(heads));
+            if let Some(kv) = kv {
+                m.insert("model.n_kv_heads".into(), MetaValue::U64(kv));
+            }
+            m
+        };
+        // Llama 2/3 70B: 80 layers, 64 query heads over 8 KV heads
+        assert!(llama_cpp_70b(&meta("llama", 80, 64, Some(8))));
+        assert!(llama_cpp_70b(&meta("LlamaForCausalLM", 80, 64, Some(8))));
+        assert!(llama_cpp_70b(&meta("MistralForCausalLM", 80, 64, Some(8))));
+        assert!(llama_cpp_70b(&meta("llama", 80, 16, Some(8)))); // any n_head != n_head_kv
+                                                                 // LLaMA 65B: 80 layers, as many KV heads as query heads (stated or not): LLM_TYPE_65B
+        assert!(!llama_cpp_70b(&meta("llama", 80, 64, Some(64))));
+        assert!(!llama_cpp_70b(&meta("llama", 80, 64, None)));
+        assert!(!llama_cpp_70b(&meta("LlamaForCausalLM", 80, 64, Some(64))));
+        // other layer counts
+        for layers in [16, 32, 60, 79, 81, 126] {
+            assert!(
+                !llama_cpp_70b(&meta("llama", layers, 64, Some(8))),
+                "{layers}"
+            );
+        }
+        // 8 experts are LLM_TYPE_8x7B / 8x22B / unknown in llama.cpp, never 70B
+        let mut moe = meta("llama", 80, 64, Some(8));
+        moe.insert("gguf.llama.expert_count".into(), MetaValue::U64(8));
+        assert!(!llama_cpp_70b(&moe));
+        // qwen2: every 80-layer model, whatever its heads (Qwen2 72B; Qwen1.5 72B has 64 KV
+        // heads)
+        assert!(llama_cpp_70b(&meta("qwen2", 80, 64, Some(8))));
+        assert!(llama_cpp_70b(&meta("qwen2", 80, 64, Some(64))));
+        assert!(llama_cpp_70b(&meta("Qwen2ForCausalLM", 80, 64, Some(64))));
+        assert!(!llama_cpp_70b(&meta("qwen2", 64, 40, Some(8))));
+        // no 70B type in llama.cpp for these
+        for arch in [
+            "qwen3",
+            "gemma2",
+            "gemma3",
+            "phi3",
+            "Qwen3ForCausalLM",
+            "unknown",
+        ] {
+            assert!(!llama_cpp_70b(&meta(arch, 80, 64, Some(8))), "{arch}");
+        }
+        assert!(!llama_cpp_70b(&crate::source::Metadata::new()));
+
+        // the types: 80 layers, 64 heads over 8 KV heads (n_gqa 8) and 16 over 8 (n_gqa 2,
+        // where q2_k's attn_v would be Q3_K), against the 65B shape (n_gqa 1)
+        let names = llama_names(80, false);
+        let base = MixContext::of(names.iter().map(|s| s.as_str()));
+        let more = |i: i64| use_more_bits(i, 80);
+        for (heads, kv) in [(64, 8), (16, 8)] {
+            let m = meta("llama", 80, heads, Some(kv));
+            let ctx = MixContext {
+                n_gqa: n_gqa(&m),
+                type_70b: llama_cpp_70b(&m),
+                ..base
+            };
+            assert!(ctx.type_70b);
+            let m65 = meta("llama", 80, 64, Some(64));
+            let ctx65 = MixContext {
+                n_gqa: n_gqa(&m65),
+                type_70b: llama_cpp_70b(&m65),
+                ..base
+            };
+            assert!(!ctx65.type_70b);
+            for mix in QuantMix::ALL {
+                for name in &names {
+                    let got = mix_dtype(mix, name, 8192, &ctx);
+                    let got65 = mix_dtype(mix, name, 8192, &ctx65);
+                    let Some(i) = name
+                        .strip_prefix("blk.")
+                        .and_then(|r| r.strip_suffix(".attn_v.weight"))
+                    else {
+                        // only attn_v changes
+                        let plain = mix_dtype(
+                            mix,
+                            name,
+                            8192,
+                            &MixContext {
+                                type_70b: false,
+                                ..ctx
+                            },
+                        );
+                        assert_eq!(got, plain, "{} {name}", mix.name());
+                        assert_eq!(
+                            got65,
+                            mix_dtype(mix, name, 8192, &MixContext { n_gqa: 1, ..base })
+                        );
+                        continue;
+                    };
+                    let i: i64 = i.parse().unwrap();
+                    use QuantMix::*;
+                    let want = match mix {
+                        Q4KM | Q5KM if more(i) => DType::Q6K,
+                        _ => DType::Q5K,
+                    };
+                    assert_eq!(got, want, "{} heads {heads}/{kv}: {name}", mix.name());
+                    let want65 = match mix {
+                        Q2K | Q3KS => DType::Q3K,
+                        Q3KM if i < 2 => DType::Q5K,
+                        Q3KM => DType::Q4K,
+                        Q3KL => DType::Q5K,
+                        Q4KS if i < 4 => DType::Q5K,
+                        Q4KM | Q5KM if more(i) => DType::Q6K,
+                        Q4KS | Q4KM => DType::Q4K,
+                        Q5KS | Q5KM => DType::Q5K,
+                    };
+                    assert_eq!(got65, want65, "65B {}: {name}", mix.name());
+                }
+            }
+        }
+        // q4_k_m of a 70B: 2 * 40 + 1 Q6_K (use_more_bits picks 40 of 80 layers), the other
+        // 40 attn_v Q5_K; q3_k_m: every attn_v Q5_K, and the first 5 ffn_down
+        let ctx = MixContext {
+            n_gqa: 8,
+            type_70b: true,
+            ..base
+        };
+        let count = |mix, d: DType| {
+            names
+                .iter()
+                .filter(|n| mix_dtype(mix, n, 8192, &ctx) == d)
+                .count()
+        };
+        assert_eq!((0..80).filter(|&i| more(i)).count(), 40);
+        assert_eq!(count(QuantMix::Q4KM, DType::Q6K), 2 * 40 + 1);
+        assert_eq!(count(QuantMix::Q4KM, DType::Q5K), 40);
+        assert_eq!(count(QuantMix::Q3KM, DType::Q5K), 80 + 5);
+        assert_eq!(count(QuantMix::Q2K, DType::Q5K), 80);
+        // a Q5_K attn_v whose rows are not whole 256-blocks falls back as the mix's would
+        let file = Arc::new(MappedFile::from_bytes("t".into(), &[]).unwrap());
+        let opts = ConvertOptions {
+            quant: QuantTarget::Mix(QuantMix::Q3KS),
+            ..ConvertOptions::default()
+        };
+        let t = |cols: u64| SourceTensor {
+            name: "blk.40.attn_v.weight".into(),
+            source_name: "v".into(),
+            dtype: DType::F16,
+            shape: vec![64, cols],
+            file: file.clone(),
+            offset: 0,
+            nbytes: 0,
+            transform: Transform::None,
+        };
+        let planner = Planner::new(&opts, ctx, []);
+        assert_eq!(planner.dtype(&t(8192)), DType::Q5K);
+        assert_eq!(planner.dtype(&t(576)), DType::Q5_1);
     }
 
     #[test]
