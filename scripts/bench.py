@@ -5,7 +5,7 @@ at each depth (-d: tokens already in the KV cache, llama-bench's -d; default 0, 
 gdsrun's peak RSS while generating against weights + KV cache + tokenizer (8x its JSON) + 64 MiB.
 
 Usage: scripts/bench.py [-p 128] [-n 128] [-d 0,2048,8192] [-r 3] [-t THREADS] [--model smollm|gemma]
-                        [--synth SHAPE [--quant Q4_0,Q4_K_M,Q8_0]] [--profile release | --bin-dir DIR]
+                        [--synth SHAPE [--quant Q4_0,Q4_K_M,Q8_0]] [--profile release | --bin-dir DIR] [--llama-bench PATH]
 --synth adds a model of a real size with random weights (scripts/synth-model.py: llama-1b,
 llama-1.5b, llama-7b, qwen2-7b), its GGUF made by llama.cpp's own converter and quantizer (one
 per --quant type: the F16 GGUF of the first is quantized again for the others), and run by both
@@ -28,6 +28,8 @@ ap.add_argument("--synth", help="also a random-weight model of this real shape (
 ap.add_argument("--quant", default="Q4_0", help="llama-quantize types of the --synth model, a comma list")
 ap.add_argument("--profile", default="release", help="cargo profile of gdsrun and gdsconv")
 ap.add_argument("--bin-dir", help="run gdsrun and gdsconv from this folder instead of building them")
+ap.add_argument("--llama-bench", default=".cache/llama.cpp/bin/llama-bench",
+                help="the llama-bench to compare with (e.g. an AVX2-only build for GDS_ISA=avx2)")
 a = ap.parse_args()
 
 subprocess.check_call(["./scripts/build-llama-cpp.sh"])
@@ -74,7 +76,7 @@ if a.model:
 
 
 def llama_bench(gguf):
-    cmd = [".cache/llama.cpp/bin/llama-bench", "-m", gguf, "-p", str(a.p), "-n", str(a.n), "-d", a.d, "-r", str(a.r), "-t", str(a.t), "-o", "json"]
+    cmd = [a.llama_bench, "-m", gguf, "-p", str(a.p), "-n", str(a.n), "-d", a.d, "-r", str(a.r), "-t", str(a.t), "-o", "json"]
     res = json.loads(subprocess.check_output(cmd, stderr=subprocess.DEVNULL, text=True))
     return {("pp" if r["n_prompt"] else "tg", r.get("n_depth", 0)): (r["avg_ts"], r["stddev_ts"]) for r in res}
 
