@@ -381,6 +381,7 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     let file = Arc::new(MappedFile {
         path: path.to_path_buf(),
         map,
+        anon: false,
     });
     let model = {
         // gguf-rs reads field by field from the mapping, after the magic (the prescan checked

@@ -559,6 +559,7 @@ fn parse_file(path: &Path) -> Result<Vec<RawTensor>> {
     let file = Arc::new(MappedFile {
         path: path.to_owned(),
         map,
+        anon: false,
     });
     let mut out = Vec::new();
     for (name, info) in meta.tensors() {

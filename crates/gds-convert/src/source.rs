@@ -79,12 +79,18 @@ pub struct MappedFile {
     pub path: PathBuf,
     /// The mapping.
     pub map: Mmap,
+    /// Whether the bytes live only in this mapping (an anonymous one, [`MappedFile::from_bytes`]):
+    /// [`MappedFile::release`] then keeps them, as dropping its pages would zero them.
+    pub anon: bool,
 }
 
 impl MappedFile {
     /// Tells the kernel we are done with `len` bytes at `offset`, so converted layers do not
     /// accumulate in our resident set (peak memory stays near one layer, not the model).
     pub fn release(&self, offset: u64, len: u64) {
+        if self.anon {
+            return;
+        }
         let Some((start, n)) = self.pages(offset, len) else {
             return;
         };
@@ -128,6 +134,7 @@ impl MappedFile {
         Ok(MappedFile {
             path,
             map: map.make_read_only()?,
+            anon: true,
         })
     }
 }
