@@ -14,7 +14,11 @@ llama-bench (which memory-maps the GGUF) run inside a memory cgroup limited to t
 the direct run needed at that budget, so the kernel must evict and re-read weight pages.
 Skipped, with the reason, where no memory cgroup can be created.
 
-Usage: scripts/bench-stream.py [-n 32] [-r 2] [-t THREADS]"""
+Usage: scripts/bench-stream.py [-n 32] [-r 2] [-t THREADS] [--model DIR --gguf FILE] [--bin-dir DIR]
+       [--budgets all,half,quarter,minimum] [--no-mmap]
+--model/--gguf run another converted model (and its GGUF, for llama.cpp's mmap row) than
+SmolLM2, e.g. the 1B shape of scripts/synth-model.py (`.cache/synth/llama-1b-Q4_0-gguf.gds`);
+--bin-dir runs the gdsrun in DIR instead of building it; --no-mmap skips the cgroup rows."""
 import argparse, json, os, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,14 +30,26 @@ ap = argparse.ArgumentParser()
 ap.add_argument("-n", type=int, default=32)
 ap.add_argument("-r", type=int, default=2)
 ap.add_argument("-t", type=int, default=os.cpu_count())
+ap.add_argument("--model", help="a converted model directory (default: SmolLM2)")
+ap.add_argument("--gguf", help="the GGUF it came from (llama.cpp's mmap row)")
+ap.add_argument("--bin-dir", help="run the gdsrun in this folder instead of building it")
+ap.add_argument("--budgets", default="all,half,quarter,minimum", help="which rows, a comma list")
+ap.add_argument("--no-mmap", action="store_true", help="skip the mmap rows under a memory cgroup")
 a = ap.parse_args()
 
-gguf = subprocess.check_output(["./scripts/fetch-model.sh"], text=True).strip()
-subprocess.check_call(["cargo", "build", "--release", "-q", "-p", "gdsconv", "-p", "gdsrun"])
-model = ".cache/smollm2.gds"
-if not os.path.exists(os.path.join(model, "manifest.gdsm")):
-    subprocess.check_call(["target/release/gdsconv", "convert", gguf, model, "--force"])
-GDSRUN = "target/release/gdsrun"
+if a.bin_dir:
+    BIN = a.bin_dir
+else:
+    subprocess.check_call(["cargo", "build", "--release", "-q", "-p", "gdsconv", "-p", "gdsrun"])
+    BIN = "target/release"
+if a.model:
+    model, gguf = a.model, a.gguf or ""
+else:
+    gguf = subprocess.check_output(["./scripts/fetch-model.sh"], text=True).strip()
+    model = ".cache/smollm2.gds"
+    if not os.path.exists(os.path.join(model, "manifest.gdsm")):
+        subprocess.check_call([f"{BIN}/gdsconv", "convert", gguf, model, "--force"])
+GDSRUN = f"{BIN}/gdsrun"
 MiB = 1 << 20
 
 
@@ -63,14 +79,17 @@ bw = direct_bandwidth()
 weights = run_json([GDSRUN, model, "--plan", "--io", "direct"])["io_plan"]["weight_bytes"]
 minimum = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget", str(weights // 4)])["io_plan"]["min_budget_bytes"]
 
-print(f"SmolLM2-135M-Instruct Q4_1 converted ({weights / MiB:.1f} MiB of layer files), threads={a.t}, tg{a.n}, best of -r {a.r}")
+print(f"{model} ({weights / MiB:.1f} MiB of layer files), threads={a.t}, tg{a.n}, best of -r {a.r}")
 print(f"disk: {doctor['model']['filesystem']}, O_DIRECT read bandwidth {bw / 1e6:.0f} MB/s (fio: 2 MiB reads, 4 in flight, libaio), {doctor_bw / 1e6:.0f} MB/s (gdsrun doctor's probe)")
 print("each row's bound uses the mean of that bandwidth measured right before and right after its run")
 print()
 hdr = f"{'budget':<14}{'held MiB':>9}{'MB/token':>10}{'disk MB/s':>10}{'bound t/s':>10}{'gdsrun t/s':>11}{'vs bound':>9}{'peak RSS':>10}"
 print(hdr)
 rows = []
+wanted = a.budgets.split(",")
 for label, budget in (("all resident", weights), ("half", weights // 2), ("quarter", weights // 4), ("minimum", minimum)):
+    if label.split()[0] not in wanted:
+        continue
     plan = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget", str(budget)])["io_plan"]
     cmd = [GDSRUN, "bench", model, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "--io", "direct", "--mem-budget", str(budget), "--json"]
     # a fresh process per budget (through a python shim that reports its peak RSS)
@@ -100,7 +119,7 @@ for r in rows:
         print(f"  (read bandwidth inside the run: {r['run_bw'] / 1e6:.0f} MB/s; measured bytes/token {r['measured_per_tok'] / 1e6:.1f} MB)")
 
 # plain mmap under the same memory, in a memory cgroup
-cg, why = make_cgroup()
+cg, why = (None, "--no-mmap") if a.no_mmap else make_cgroup()
 print()
 if not cg:
     print(f"mmap under memory pressure: skipped ({why})")
@@ -117,7 +136,7 @@ else:
             with open(os.path.join(path, limit_file), "w") as f:
                 f.write(str(limit))
             # start cold, so the pages faulted in are charged to the limited cgroup
-            drop_cache([gguf] + LAYER_FILES)
+            drop_cache(([gguf] if gguf else []) + LAYER_FILES)
             def ts(cmd, field="avg_ts"):
                 try:
                     # a reader that thrashes the page cache can take hours: give up after 3 min
@@ -129,7 +148,7 @@ else:
                 except Exception as e:
                     return "failed" if "exit -9" not in str(e) and "exit 137" not in str(e) else "OOM-killed"
             mm = ts([GDSRUN, "bench", model, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "--io", "mmap", "--json"])
-            lc = ts([llama, "-m", gguf, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "-o", "json"]) if os.path.exists(llama) else "not built"
+            lc = "no GGUF" if not gguf else ts([llama, "-m", gguf, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "-o", "json"]) if os.path.exists(llama) else "not built"
             print(f"{r['label']:<14}{limit / MiB:>10.0f}{r['ts']:>15.1f}{mm:>13}{lc:>16}")
     finally:
         try:
