@@ -6,7 +6,9 @@
 //! integer `sum(q * x) - 8 * sum(x)`, then `acc = fma(d * dx, i, acc)` into an accumulator of
 //! the even blocks or of the odd ones, the two added at the end.
 
-use super::q4k::{bcast4, group8, join, join_ps, next_chunk, CHUNK_BYTES};
+use super::q4k::{
+    bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put_rows, transpose8,
+};
 use super::*;
 
 /// Eight rows of one Q4_0 block, row `r` in 32-bit lane `r`.
@@ -30,7 +32,7 @@ fn repack8(rows: &[&[BlockQ4_0]; 8], i: usize) -> Packed8 {
     });
     let db = |r: usize| i16::from_le_bytes(rows[r][i].d);
     Packed8 {
-        q: super::q4k::transpose8(v),
+        q: transpose8(v),
         d: _mm256_cvtph_ps(_mm_setr_epi16(
             db(0),
             db(1),
@@ -168,130 +170,54 @@ fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
     std::array::from_fn(|t| _mm512_add_ps(even[t], odd[t]))
 }
 
-/// Writes `N` tokens' results of the `L` rows from `r` (those below `nrows`).
-fn put<const N: usize, const L: usize>(
-    lanes: &[[f32; L]; N],
-    r: usize,
-    nrows: usize,
-    out: &mut [f32],
-    nt: usize,
-    t0: usize,
-) {
-    for (t, v) in lanes.iter().enumerate() {
-        for (k, &x) in v.iter().enumerate() {
-            if r + k < nrows {
-                out[(r + k) * nt + t0 + t] = x;
-            }
-        }
-    }
-}
-
-/// Q4_0 rows against a prompt batch on plain AVX2: chunks of eight-row groups.
+/// Q4_0 rows against a prompt batch on plain AVX2: groups of eight rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows) = (acts.len(), w.len() / rb);
-    let nb = rb / std::mem::size_of::<BlockQ4_0>();
-    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed8>())).max(1);
-    let mut cache: Vec<Packed8> = Vec::with_capacity(groups * nb);
-    let lanes8 = |v: __m256| {
-        let mut l = [0f32; 8];
-        // SAFETY: `l` is 8 writable f32; no alignment requirement.
-        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
-        l
-    };
-    for r0 in (0..nrows).step_by(8 * groups) {
-        let r1 = (r0 + 8 * groups).min(nrows);
-        cache.clear();
-        for r in (r0..r1).step_by(8) {
-            let rows = group8(w, rb, r, nrows);
-            for i in 0..nb {
-                cache.push(repack8(&rows, i));
-            }
-        }
-        let next = next_chunk(w, rb, r1, r1 - r0);
-        let mut t0 = 0;
-        while t0 < nt {
-            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
-            let a = &acts[t0..];
-            for (g, p) in cache.chunks_exact(nb).enumerate() {
-                let r = r0 + 8 * g;
-                match a.len() {
-                    1 => put(&gemm8(p, [a[0]]).map(lanes8), r, nrows, out, nt, t0),
-                    2 => put(&gemm8(p, [a[0], a[1]]).map(lanes8), r, nrows, out, nt, t0),
-                    3 => put(
-                        &gemm8(p, [a[0], a[1], a[2]]).map(lanes8),
-                        r,
-                        nrows,
-                        out,
-                        nt,
-                        t0,
-                    ),
-                    _ => put(
-                        &gemm8(p, [a[0], a[1], a[2], a[3]]).map(lanes8),
-                        r,
-                        nrows,
-                        out,
-                        nt,
-                        t0,
-                    ),
-                }
-            }
-            t0 += a.len().min(4);
-        }
-    }
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ4_0>(),
+    );
+    chunked(
+        w,
+        rb,
+        (nb, 8, nt),
+        |r, i| repack8(&group8(w, rb, r, nrows), i),
+        |p: &[Packed8], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm8(p, xs).map(|v| lanes8(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
 }
 
-/// Q4_0 rows against a prompt batch on AVX-512: chunks of sixteen-row groups.
+/// Q4_0 rows against a prompt batch on AVX-512: groups of sixteen rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
 pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows) = (acts.len(), w.len() / rb);
-    let nb = rb / std::mem::size_of::<BlockQ4_0>();
-    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed16>())).max(1);
-    let mut cache: Vec<Packed16> = Vec::with_capacity(groups * nb);
-    let lanes16 = |v: __m512| {
-        let mut l = [0f32; 16];
-        // SAFETY: `l` is 16 writable f32; no alignment requirement.
-        unsafe { _mm512_storeu_ps(l.as_mut_ptr(), v) };
-        l
-    };
-    for r0 in (0..nrows).step_by(16 * groups) {
-        let r1 = (r0 + 16 * groups).min(nrows);
-        cache.clear();
-        for r in (r0..r1).step_by(16) {
-            let (lo, hi) = (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows));
-            for i in 0..nb {
-                cache.push(repack16(&lo, &hi, i));
-            }
-        }
-        let next = next_chunk(w, rb, r1, r1 - r0);
-        let mut t0 = 0;
-        while t0 < nt {
-            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
-            let a = &acts[t0..];
-            for (g, p) in cache.chunks_exact(nb).enumerate() {
-                let r = r0 + 16 * g;
-                match a.len() {
-                    1 => put(&gemm16(p, [a[0]]).map(lanes16), r, nrows, out, nt, t0),
-                    2 => put(&gemm16(p, [a[0], a[1]]).map(lanes16), r, nrows, out, nt, t0),
-                    3 => put(
-                        &gemm16(p, [a[0], a[1], a[2]]).map(lanes16),
-                        r,
-                        nrows,
-                        out,
-                        nt,
-                        t0,
-                    ),
-                    _ => put(
-                        &gemm16(p, [a[0], a[1], a[2], a[3]]).map(lanes16),
-                        r,
-                        nrows,
-                        out,
-                        nt,
-                        t0,
-                    ),
-                }
-            }
-            t0 += a.len().min(4);
-        }
-    }
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ4_0>(),
+    );
+    chunked(
+        w,
+        rb,
+        (nb, 16, nt),
+        |r, i| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i),
+        |p: &[Packed16], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm16(p, xs).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
 }

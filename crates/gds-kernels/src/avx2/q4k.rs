@@ -91,7 +91,7 @@ pub(super) fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
 }
 
 /// The raw bytes of the rows after `r1` that the next chunk of `rows` rows repacks.
-pub(super) fn next_chunk(w: &[u8], rb: usize, r1: usize, rows: usize) -> &[u8] {
+fn next_chunk(w: &[u8], rb: usize, r1: usize, rows: usize) -> &[u8] {
     let n = w.len() / rb;
     &w[r1.min(n) * rb..(r1 + rows).min(n) * rb]
 }
@@ -349,28 +349,6 @@ fn tile_rows<const N: usize>(
     }
 }
 
-/// The repacked groups of eight rows (`cache[g * nb..][..nb]`, rows from `r0`) against one
-/// tile of `N` tokens from `t0`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn tile_packed<const N: usize>(
-    cache: &[Packed8],
-    nb: usize,
-    (r0, nrows): (usize, usize),
-    a: [&[ActQ8K]; N],
-    pairs: [&[[i32; 4]]; N],
-    out: &mut [f32],
-    nt: usize,
-    t0: usize,
-) {
-    const IDENTITY: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
-    for (g, p) in cache.chunks_exact(nb).enumerate() {
-        let acc = gemm8(p, a, pairs);
-        put8(&acc, &IDENTITY, r0 + 8 * g, nrows, out, nt, t0);
-    }
-}
-
 /// Sixteen rows of one Q4_K block for AVX-512: [`Packed8`]'s layout with rows 0..8 in lanes
 /// 0..8 and rows 8..16 in lanes 8..16 of 512-bit vectors.
 #[derive(Clone, Copy)]
@@ -452,159 +430,153 @@ fn gemm16<const N: usize>(
     acc
 }
 
-/// The repacked groups of sixteen rows against one tile of `N` tokens from `t0`.
+/// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
+const CHUNK_BYTES: usize = 96 << 10;
+
+/// The prompt-batch driver of the rows-in-lanes kernels (Q4_0, Q4_K, Q6_K; eight or sixteen
+/// rows a group): the rows in chunks of whole groups (as many as fit [`CHUNK_BYTES`] repacked),
+/// each block of each group repacked once (`repack(first row of the group, block)`), then for
+/// every tile of up to four tokens `run(the group's blocks, its first row, the tile's first
+/// token)` on each group, while the next chunk's raw rows are prefetched into L2.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-#[allow(clippy::too_many_arguments)]
-fn tile_packed16<const N: usize>(
-    cache: &[Packed16],
-    nb: usize,
-    (r0, nrows): (usize, usize),
-    a: [&[ActQ8K]; N],
-    pairs: [&[[i32; 4]]; N],
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn chunked<P>(
+    w: &[u8],
+    rb: usize,
+    (nb, rows_per_group, nt): (usize, usize, usize),
+    mut repack: impl FnMut(usize, usize) -> P,
+    mut run: impl FnMut(&[P], usize, usize),
+) {
+    let nrows = w.len() / rb;
+    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<P>())).max(1);
+    let mut cache: Vec<P> = Vec::with_capacity(groups * nb);
+    for r0 in (0..nrows).step_by(rows_per_group * groups) {
+        let r1 = (r0 + rows_per_group * groups).min(nrows);
+        cache.clear();
+        for r in (r0..r1).step_by(rows_per_group) {
+            for i in 0..nb {
+                cache.push(repack(r, i));
+            }
+        }
+        let next = next_chunk(w, rb, r1, r1 - r0);
+        let mut t0 = 0;
+        while t0 < nt {
+            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
+            for (g, p) in cache.chunks_exact(nb).enumerate() {
+                run(p, r0 + rows_per_group * g, t0);
+            }
+            t0 += (nt - t0).min(4);
+        }
+    }
+}
+
+/// `$body` with `$xs` bound to an array of the first one to four items of `$a` (a tile of
+/// tokens: one monomorphized kernel per tile size).
+macro_rules! by_tile {
+    ($a:expr, |$xs:ident| $body:expr) => {
+        match $a.len() {
+            1 => {
+                let $xs = [$a[0]];
+                $body
+            }
+            2 => {
+                let $xs = [$a[0], $a[1]];
+                $body
+            }
+            3 => {
+                let $xs = [$a[0], $a[1], $a[2]];
+                $body
+            }
+            _ => {
+                let $xs = [$a[0], $a[1], $a[2], $a[3]];
+                $body
+            }
+        }
+    };
+}
+pub(super) use by_tile;
+
+/// A 256-bit vector's eight f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn lanes8(v: __m256) -> [f32; 8] {
+    let mut l = [0f32; 8];
+    // SAFETY: `l` is 8 writable f32; no alignment requirement.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+    l
+}
+
+/// A 512-bit vector's sixteen f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) fn lanes16(v: __m512) -> [f32; 16] {
+    let mut l = [0f32; 16];
+    // SAFETY: `l` is 16 writable f32; no alignment requirement.
+    unsafe { _mm512_storeu_ps(l.as_mut_ptr(), v) };
+    l
+}
+
+/// Writes `N` tokens' results of the `L` rows from `r` (row `r + k` in lane `k`; rows from
+/// `nrows` on are padding) to `out[row * nt + t0 + t]`.
+pub(super) fn put_rows<const N: usize, const L: usize>(
+    lanes: [[f32; L]; N],
+    r: usize,
+    nrows: usize,
     out: &mut [f32],
     nt: usize,
     t0: usize,
 ) {
-    for (g, p) in cache.chunks_exact(nb).enumerate() {
-        let acc = gemm16(p, a, pairs);
-        let r = r0 + 16 * g;
-        for (t, v) in acc.iter().enumerate() {
-            let mut lanes = [0f32; 16];
-            // SAFETY: `lanes` is 16 writable f32; no alignment requirement.
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
-            for (k, &x) in lanes.iter().enumerate() {
-                if r + k < nrows {
-                    out[(r + k) * nt + t0 + t] = x;
-                }
-            }
+    for (t, v) in lanes.iter().enumerate() {
+        for (k, &x) in v.iter().enumerate().take(nrows.saturating_sub(r)) {
+            out[(r + k) * nt + t0 + t] = x;
         }
     }
 }
 
-/// Prompt batches on AVX-512: chunks of sixteen-row groups, repacked once, every tile of
-/// tokens against each chunk.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], out: &mut [f32]) {
-    let (nt, nrows) = (acts.len(), w.len() / rb);
-    let nb = rb / std::mem::size_of::<BlockQ4K>();
-    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed16>())).max(1);
-    let mut cache: Vec<Packed16> = Vec::with_capacity(groups * nb);
-    for r0 in (0..nrows).step_by(16 * groups) {
-        let r1 = (r0 + 16 * groups).min(nrows);
-        cache.clear();
-        for r in (r0..r1).step_by(16) {
-            let (lo, hi) = (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows));
-            for i in 0..nb {
-                cache.push(repack16(&lo, &hi, i));
-            }
-        }
-        let next = next_chunk(w, rb, r1, r1 - r0);
-        let mut t0 = 0;
-        while t0 < nt {
-            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
-            let (a, p) = (&acts[t0..], &pairs[t0..]);
-            let rows = (r0, nrows);
-            match a.len() {
-                1 => tile_packed16::<1>(&cache, nb, rows, [a[0]], [&p[0][..]], out, nt, t0),
-                2 => tile_packed16::<2>(
-                    &cache,
-                    nb,
-                    rows,
-                    [a[0], a[1]],
-                    [&p[0][..], &p[1][..]],
-                    out,
-                    nt,
-                    t0,
-                ),
-                3 => tile_packed16::<3>(
-                    &cache,
-                    nb,
-                    rows,
-                    [a[0], a[1], a[2]],
-                    [&p[0][..], &p[1][..], &p[2][..]],
-                    out,
-                    nt,
-                    t0,
-                ),
-                _ => tile_packed16::<4>(
-                    &cache,
-                    nb,
-                    rows,
-                    [a[0], a[1], a[2], a[3]],
-                    [&p[0][..], &p[1][..], &p[2][..], &p[3][..]],
-                    out,
-                    nt,
-                    t0,
-                ),
-            }
-            t0 += a.len().min(4);
-        }
-    }
-}
-
-/// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
-pub(super) const CHUNK_BYTES: usize = 96 << 10;
-
-/// Prompt batches on plain AVX2: chunks of eight-row groups, repacked once, every tile of
-/// tokens against each chunk.
+/// Q4_K prompt batches on plain AVX2: groups of eight rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], out: &mut [f32]) {
-    let (nt, nrows) = (acts.len(), w.len() / rb);
-    let nb = rb / std::mem::size_of::<BlockQ4K>();
-    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed8>())).max(1);
-    let mut cache: Vec<Packed8> = Vec::with_capacity(groups * nb);
-    for r0 in (0..nrows).step_by(8 * groups) {
-        let r1 = (r0 + 8 * groups).min(nrows);
-        cache.clear();
-        for r in (r0..r1).step_by(8) {
-            let rows = group8(w, rb, r, nrows);
-            for i in 0..nb {
-                cache.push(repack8(&rows, i));
-            }
-        }
-        let next = next_chunk(w, rb, r1, r1 - r0);
-        let mut t0 = 0;
-        while t0 < nt {
-            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
-            let (a, p) = (&acts[t0..], &pairs[t0..]);
-            let rows = (r0, nrows);
-            match a.len() {
-                1 => tile_packed::<1>(&cache, nb, rows, [a[0]], [&p[0][..]], out, nt, t0),
-                2 => tile_packed::<2>(
-                    &cache,
-                    nb,
-                    rows,
-                    [a[0], a[1]],
-                    [&p[0][..], &p[1][..]],
-                    out,
-                    nt,
-                    t0,
-                ),
-                3 => tile_packed::<3>(
-                    &cache,
-                    nb,
-                    rows,
-                    [a[0], a[1], a[2]],
-                    [&p[0][..], &p[1][..], &p[2][..]],
-                    out,
-                    nt,
-                    t0,
-                ),
-                _ => tile_packed::<4>(
-                    &cache,
-                    nb,
-                    rows,
-                    [a[0], a[1], a[2], a[3]],
-                    [&p[0][..], &p[1][..], &p[2][..], &p[3][..]],
-                    out,
-                    nt,
-                    t0,
-                ),
-            }
-            t0 += a.len().min(4);
-        }
-    }
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ4K>(),
+    );
+    chunked(
+        w,
+        rb,
+        (nb, 8, nt),
+        |r, i| repack8(&group8(w, rb, r, nrows), i),
+        |p: &[Packed8], r, t0| {
+            let (a, ps) = (&acts[t0..], &pairs[t0..]);
+            by_tile!(a, |xs| {
+                let pv = std::array::from_fn(|k| &ps[k][..]);
+                put_rows(gemm8(p, xs, pv).map(|v| lanes8(v)), r, nrows, out, nt, t0)
+            })
+        },
+    );
+}
+
+/// Q4_K prompt batches on AVX-512: groups of sixteen rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], out: &mut [f32]) {
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ4K>(),
+    );
+    chunked(
+        w,
+        rb,
+        (nb, 16, nt),
+        |r, i| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i),
+        |p: &[Packed16], r, t0| {
+            let (a, ps) = (&acts[t0..], &pairs[t0..]);
+            by_tile!(a, |xs| {
+                let pv = std::array::from_fn(|k| &ps[k][..]);
+                put_rows(gemm16(p, xs, pv).map(|v| lanes16(v)), r, nrows, out, nt, t0)
+            })
+        },
+    );
 }
 
 /// Generates `rows_q4_k` for the target features `$feat`.

@@ -6,7 +6,9 @@
 //! side by side, the row-at-a-time integer sums folded by an `hadd` tree ([`rows8`]); more:
 //! chunks of rows repacked once ([`Packed8`]) and every tile of tokens against them.
 
-use super::q4k::{bcast4, group8, join, join_ps, next_chunk, put8, transpose8, CHUNK_BYTES};
+use super::q4k::{
+    bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows, transpose8,
+};
 use super::*;
 
 /// Eight rows of one Q6_K block, repacked with row `r` in 32-bit lane `r`.
@@ -202,58 +204,6 @@ fn tile_rows<const N: usize>(
     }
 }
 
-/// Prompt batches on plain AVX2: chunks of eight-row groups, repacked once, every tile of
-/// tokens against each chunk.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-    let (nt, nrows) = (acts.len(), w.len() / rb);
-    let nb = rb / std::mem::size_of::<BlockQ6K>();
-    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed8>())).max(1);
-    let mut cache: Vec<Packed8> = Vec::with_capacity(groups * nb);
-    for r0 in (0..nrows).step_by(8 * groups) {
-        let r1 = (r0 + 8 * groups).min(nrows);
-        cache.clear();
-        for r in (r0..r1).step_by(8) {
-            let rows = group8(w, rb, r, nrows);
-            for i in 0..nb {
-                cache.push(repack8(&rows, i));
-            }
-        }
-        let next = next_chunk(w, rb, r1, r1 - r0);
-        let mut t0 = 0;
-        while t0 < nt {
-            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
-            let a = &acts[t0..];
-            for (g, p) in cache.chunks_exact(nb).enumerate() {
-                let r = r0 + 8 * g;
-                match a.len() {
-                    1 => put8(&gemm8(p, [a[0]]), &IDENTITY, r, nrows, out, nt, t0),
-                    2 => put8(&gemm8(p, [a[0], a[1]]), &IDENTITY, r, nrows, out, nt, t0),
-                    3 => put8(
-                        &gemm8(p, [a[0], a[1], a[2]]),
-                        &IDENTITY,
-                        r,
-                        nrows,
-                        out,
-                        nt,
-                        t0,
-                    ),
-                    _ => put8(
-                        &gemm8(p, [a[0], a[1], a[2], a[3]]),
-                        &IDENTITY,
-                        r,
-                        nrows,
-                        out,
-                        nt,
-                        t0,
-                    ),
-                }
-            }
-            t0 += a.len().min(4);
-        }
-    }
-}
-
 /// Sixteen rows of one Q6_K block for AVX-512: [`Packed8`]'s layout, rows 8..16 in lanes
 /// 8..16 of 512-bit vectors.
 #[derive(Clone, Copy)]
@@ -330,62 +280,56 @@ fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8K]; N]) -> [__m512; N] {
     acc
 }
 
-/// Sixteen lanes of `N` tokens' results to rows `r..r + 16` (those below `nrows`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn put16<const N: usize>(
-    acc: &[__m512; N],
-    r: usize,
-    nrows: usize,
-    out: &mut [f32],
-    nt: usize,
-    t0: usize,
-) {
-    for (t, v) in acc.iter().enumerate() {
-        let mut lanes = [0f32; 16];
-        // SAFETY: `lanes` is 16 writable f32; no alignment requirement.
-        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
-        for (k, &x) in lanes.iter().enumerate() {
-            if r + k < nrows {
-                out[(r + k) * nt + t0 + t] = x;
-            }
-        }
-    }
+/// Q6_K prompt batches on plain AVX2: groups of eight rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ6K>(),
+    );
+    chunked(
+        w,
+        rb,
+        (nb, 8, nt),
+        |r, i| repack8(&group8(w, rb, r, nrows), i),
+        |p: &[Packed8], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm8(p, xs).map(|v| lanes8(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
 }
 
-/// Prompt batches on AVX-512: chunks of sixteen-row groups.
+/// Q6_K prompt batches on AVX-512: groups of sixteen rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
 fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-    let (nt, nrows) = (acts.len(), w.len() / rb);
-    let nb = rb / std::mem::size_of::<BlockQ6K>();
-    let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<Packed16>())).max(1);
-    let mut cache: Vec<Packed16> = Vec::with_capacity(groups * nb);
-    for r0 in (0..nrows).step_by(16 * groups) {
-        let r1 = (r0 + 16 * groups).min(nrows);
-        cache.clear();
-        for r in (r0..r1).step_by(16) {
-            let (lo, hi) = (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows));
-            for i in 0..nb {
-                cache.push(repack16(&lo, &hi, i));
-            }
-        }
-        let next = next_chunk(w, rb, r1, r1 - r0);
-        let mut t0 = 0;
-        while t0 < nt {
-            prefetch_l2(next, t0 / 4, nt.div_ceil(4));
-            let a = &acts[t0..];
-            for (g, p) in cache.chunks_exact(nb).enumerate() {
-                let r = r0 + 16 * g;
-                match a.len() {
-                    1 => put16(&gemm16(p, [a[0]]), r, nrows, out, nt, t0),
-                    2 => put16(&gemm16(p, [a[0], a[1]]), r, nrows, out, nt, t0),
-                    3 => put16(&gemm16(p, [a[0], a[1], a[2]]), r, nrows, out, nt, t0),
-                    _ => put16(&gemm16(p, [a[0], a[1], a[2], a[3]]), r, nrows, out, nt, t0),
-                }
-            }
-            t0 += a.len().min(4);
-        }
-    }
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ6K>(),
+    );
+    chunked(
+        w,
+        rb,
+        (nb, 16, nt),
+        |r, i| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i),
+        |p: &[Packed16], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm16(p, xs).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
 }
 
 /// Generates `rows_q6_k` for the target features `$feat`, prompt batches through `$gemm`.
