@@ -138,22 +138,9 @@ impl QuantOverride {
 }
 
 fn override_type(d: DType) -> bool {
-    matches!(
-        d,
-        DType::F32
-            | DType::F16
-            | DType::BF16
-            | DType::Q8_0
-            | DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q2K
-            | DType::Q3K
-            | DType::Q4K
-            | DType::Q5K
-            | DType::Q6K
-    )
+    // the float types, Q8_0 and every type with a weighted quantizer (Q4_0..Q5_1, Q2_K..Q6_K)
+    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0)
+        || gds_kernels::takes_importance(d)
 }
 
 impl FromStr for QuantOverride {

@@ -348,14 +348,8 @@ macro_rules! q6k_rows {
             }
             let mut t0 = 0;
             while t0 < nt {
-                let a = &acts[t0..];
-                match a.len() {
-                    1 => tile_rows::<1>(w, rb, [a[0]], out, nt, t0),
-                    2 => tile_rows::<2>(w, rb, [a[0], a[1]], out, nt, t0),
-                    3 => tile_rows::<3>(w, rb, [a[0], a[1], a[2]], out, nt, t0),
-                    _ => tile_rows::<4>(w, rb, [a[0], a[1], a[2], a[3]], out, nt, t0),
-                }
-                t0 += a.len().min(4);
+                by_tile!(&acts[t0..], |xs| tile_rows(w, rb, xs, out, nt, t0));
+                t0 += (nt - t0).min(4);
             }
         }
     };
