@@ -1687,10 +1687,15 @@ macro_rules! public_rows {
 /// row-at-a-time `vpdpbusd` kernels (two rows per activation load with AVX-512, one with
 /// AVX-VNNI: 0.7x of AVX-512's for prompts); bench/runs/2026-12-02-cpu-avx512-1b.md.
 ///
-/// Prompt batches (eight tokens or more) run the rows-in-lanes kernel of `q40` instead, bit
-/// for bit the same arithmetic: eight rows a vector with AVX2, sixteen with AVX-512.
+/// Larger batches run the rows-in-lanes kernel of `q40` instead, bit for bit the same
+/// arithmetic: eight rows a vector with AVX2 from 32 tokens, sixteen with AVX-512 from 16.
+/// Below those the four-row kernel's unpacked chunks are faster: its repacking costs more
+/// than it saves over few tokens (one thread, 1B shapes, `examples/q4_0_bench.rs --tokens N`
+/// with each kernel, AVX2 8 / 16 / 32 / 128 tokens: 4.6 / 8.1 / 14.5 / 63.0 ms against 5.9 /
+/// 9.0 / 14.2 / 51.1; AVX-512 8 / 16 / 32: 4.8 / 8.3 / 15.5 against 5.9 / 8.5 / 13.6).
 pub fn rows_q4_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    if acts.len() >= UNPACKED_MIN_TOKENS && w.len() >= rb {
+    let lanes_from = if t.avx512 { 16 } else { 32 };
+    if acts.len() >= lanes_from && w.len() >= rb {
         if t.avx512 {
             // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
             // AVX-512 F, VL, BW and VNNI were detected.

@@ -430,6 +430,13 @@ fn gemm16<const N: usize>(
     acc
 }
 
+/// Tokens from which the Q4_K and Q6_K rows are repacked (fewer run in tiles of up to four
+/// over the stored rows): the repacking costs more than it saves over a few tokens. 1B Q4_K_M
+/// on the AVX-512 VM, `gdsrun bench -p N -n 0 -r 3`, t/s with the repacking / with tiles:
+/// AVX-512 8 tokens 66-69 / 84, 12 tokens 88-90 / 90-92, 16 tokens 102 / 89-93; `GDS_ISA=avx2`
+/// 8: 70-71 / 75-76, 12: 92-93 / 75-83, 16: 104-105 / 83.
+pub(super) const LANES_MIN_TOKENS: usize = 12;
+
 /// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
 const CHUNK_BYTES: usize = 96 << 10;
 
@@ -583,7 +590,7 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>],
 macro_rules! q4k_rows {
     ($feat:literal, $gemm:ident) => {
         /// Q4_K rows against `acts`, `out[r * nt + t]`: rows in their stored layout for fewer
-        /// than eight tokens, repacked chunks for more (the same arithmetic).
+        /// than [`LANES_MIN_TOKENS`] tokens, repacked chunks for more (the same arithmetic).
         #[target_feature(enable = $feat)]
         pub(in crate::avx2) fn rows_q4_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
             let nt = acts.len();
@@ -591,7 +598,7 @@ macro_rules! q4k_rows {
             if nt == 0 || nrows == 0 {
                 return;
             }
-            if nt < UNPACKED_MIN_TOKENS {
+            if nt < LANES_MIN_TOKENS {
                 let mut t0 = 0;
                 while t0 < nt {
                     by_tile!(&acts[t0..], |xs| tile_rows(w, rb, xs, out, nt, t0));

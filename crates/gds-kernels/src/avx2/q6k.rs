@@ -8,6 +8,7 @@
 
 use super::q4k::{
     bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows, transpose8,
+    LANES_MIN_TOKENS,
 };
 use super::*;
 
@@ -336,14 +337,14 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
 macro_rules! q6k_rows {
     ($feat:literal, $gemm:ident) => {
         /// Q6_K rows against `acts`, `out[r * nt + t]`: rows in their stored layout for fewer
-        /// than eight tokens, repacked chunks for more (the same arithmetic).
+        /// than [`LANES_MIN_TOKENS`] tokens, repacked chunks for more (the same arithmetic).
         #[target_feature(enable = $feat)]
         pub(in crate::avx2) fn rows_q6_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
             let nt = acts.len();
             if nt == 0 || w.len() < rb {
                 return;
             }
-            if nt >= UNPACKED_MIN_TOKENS {
+            if nt >= LANES_MIN_TOKENS {
                 return $gemm(w, rb, acts, out);
             }
             let mut t0 = 0;

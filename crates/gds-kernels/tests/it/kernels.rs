@@ -184,7 +184,8 @@ fn simd_agrees_with_scalar() {
     eprintln!("comparing {:?} with the scalar kernels", simd);
     let mut rng = Rng(7);
     for dtype in ALL {
-        for n in [1, 2, 3, 4, 5, 11] {
+        // 13: the K-quants' rows-in-lanes prompt kernels (from 12 tokens) with every token
+        for n in [1, 2, 3, 4, 5, 11, 13] {
             let extra = match dtype.block_size() {
                 1 => 13,
                 32 => 32,
@@ -422,9 +423,11 @@ fn matmul_rejects_bad_shapes() {
 fn q4_0_four_row_kernel_matches_scalar_across_chunks_and_tiles() {
     // The AVX2 Q4_0 rows kernel called directly on one long task: four rows at a time with a
     // last group of three (203 rows), an odd block count (33: a half-empty last pair), and
-    // prompt batches (5 and 13 tokens) that run their tiles against chunks of ~28 rows. It
-    // must agree with the scalar kernel and the row-at-a-time kernel to float summation
-    // order, and give each token what it gives that token alone, bit for bit.
+    // prompt batches (5 and 13 tokens) that run their tiles against chunks of ~28 rows, and
+    // 33 tokens, which every token runs through the rows-in-lanes kernel (groups of 8 or 16
+    // rows, a partial last group, the odd block's zero term). It must agree with the scalar
+    // kernel and the row-at-a-time kernel to float summation order, and give each token what
+    // it gives that token alone, bit for bit.
     use gds_kernels::avx2::Avx2;
     // every token the CPU allows: the four-row kernel runs with each, against the
     // row-at-a-time kernel of that feature set (vpdpbusd with the VNNI ones)
@@ -453,7 +456,7 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
         rows,
         cols,
     };
-    for n in [1, 2, 3, 4, 5, 13] {
+    for n in [1, 2, 3, 4, 5, 13, 33] {
         let x = rng.vec(n * cols, 2.0);
         let per = q8_pairs(cols);
         let mut q = vec![ActQ8::default(); n * per];
