@@ -1,10 +1,17 @@
-"""SmolLM2's forward pass in plain PyTorch, on the CPU, with weights from gdsllm: one layer
-resident at a time (its tensors dequantized by gds-kernels, used, dropped), the next one
-loading on a background thread while the current one computes (its pages read from the
-mapped layer file and dequantized, the GIL released), and its next-token log-probabilities
-checked against gdsrun's (`gdsrun run --raw --json --logprobs`).
+"""SmolLM2's forward pass in plain PyTorch, with weights from gdsllm: one layer resident at a
+time (its tensors dequantized, used, dropped), the next one loading on a background thread
+while the current one computes, and its next-token log-probabilities checked against
+gdsrun's (`gdsrun run --raw --json --logprobs`).
+
+On the CPU (default) each layer's tensors are views of the mapped layer file, dequantized by
+gds-kernels (the GIL released). With `--device cuda` each layer file is placed in GPU memory
+by gdsllm (`Model.load(device="cuda:0", io=...)`: `gds` reads it with cuFile straight into
+VRAM), handed to PyTorch as CUDA tensors through DLPack (no host copy), and dequantized by
+the PyTorch code below on the GPU (`--dequant torch`; on the CPU it runs the same code on the
+mapped bytes).
 
     python3 examples/torch_forward.py MODEL_DIR [--prompt TEXT] [--gdsrun target/ci/gdsrun]
+        [--device cpu|cuda] [--io mmap|direct|gds] [--dequant gdsllm|torch]
 
 MODEL_DIR: a converted llama-family model (gdsllm.convert or gdsconv convert), e.g. of
 .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf. Exits 1 when the top tokens differ or a
@@ -23,10 +30,33 @@ import torch
 import gdsllm
 
 
-def weights(model, layer):
+def dequantize_torch(t, raw):
+    """`raw` (the tensor's bytes as PyTorch sees them through DLPack, on any device) as
+    float32 of `t.shape`: ggml's block formats of SmolLM2's GGUF (Q4_0, Q4_1, Q8_0) and the
+    float types, in PyTorch operations (so on the GPU for a CUDA tensor)."""
+    if t.dtype in ("f32", "f16", "bf16"):
+        return raw.float().reshape(t.shape)
+    sizes = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+    if t.dtype not in sizes:
+        raise SystemExit(f"{t.name}: --dequant torch has no {t.dtype} (use --dequant gdsllm)")
+    b = raw.reshape(-1, sizes[t.dtype])  # one 32-value block a row
+    half = lambda c: b[:, c : c + 2].contiguous().view(torch.float16).float()  # noqa: E731
+    if t.dtype == "q8_0":
+        x = half(0) * b[:, 2:].contiguous().view(torch.int8).float()
+    else:
+        qs = b[:, 2:] if t.dtype == "q4_0" else b[:, 4:]
+        q = torch.cat([qs & 0xF, qs >> 4], 1).float()  # values 0..15 and 16..31 of the block
+        x = half(0) * (q - 8) if t.dtype == "q4_0" else half(0) * q + half(2)
+    return x.reshape(t.shape)
+
+
+def weights(model, layer, device="cpu", io="mmap", dequant="gdsllm"):
     """The float32 torch tensors of one layer (dequantized, then dropped by the caller)."""
-    return {t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name:
-            torch.from_numpy(t.dequantize()) for t in model.load(layer)}
+    key = lambda t: t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name  # noqa: E731
+    if dequant == "gdsllm":
+        return {key(t): torch.from_numpy(t.dequantize()) for t in model.load(layer)}
+    return {key(t): dequantize_torch(t, torch.from_dlpack(t))
+            for t in model.load(layer, device=device, io=io)}
 
 
 class Prefetcher:
@@ -34,18 +64,18 @@ class Prefetcher:
     thread while the caller computes with the one before: the current layer and the next
     are resident, no more. `waited` is the time the caller spent waiting for weights."""
 
-    def __init__(self, model, names):
-        self.model, self.names, self.waited = model, list(names), 0.0
+    def __init__(self, model, names, **opts):
+        self.model, self.names, self.opts, self.waited = model, list(names), opts, 0.0
 
     def __iter__(self):
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gdsllm-prefetch") as pool:
-            nxt = pool.submit(weights, self.model, self.names[0])
+            nxt = pool.submit(weights, self.model, self.names[0], **self.opts)
             for i, name in enumerate(self.names):
                 t0 = time.perf_counter()
                 cur = nxt.result()
                 self.waited += time.perf_counter() - t0
                 if i + 1 < len(self.names):
-                    nxt = pool.submit(weights, self.model, self.names[i + 1])
+                    nxt = pool.submit(weights, self.model, self.names[i + 1], **self.opts)
                 yield name, cur
                 del cur
 
@@ -58,7 +88,7 @@ def rope(x, pos, theta, style):
     """x: [tokens, heads, head_dim]; ggml's NORM mode rotates adjacent pairs (llama's GGUF
     Q/K rows are permuted for it), NEOX the two halves."""
     d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
     ang = (pos[:, None].double() * inv[None, :]).float()  # [tokens, d/2]
     cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
     if style == "norm":
@@ -68,20 +98,21 @@ def rope(x, pos, theta, style):
     return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
 
 
-def forward(model, tokens):
+def forward(model, tokens, device="cpu", **opts):
     h = model.hyperparameters
     assert h["arch"] == "llama", "this example runs the llama family"
     n, nh, nkv, hd = len(tokens), h["n_heads"], h["n_kv_heads"], h["head_dim"]
-    eps, pos = h["rms_norm_eps"], torch.arange(n)
+    eps, pos = h["rms_norm_eps"], torch.arange(n, device=device)
     # the embedding first, the blocks in order, then the output head's layers (the norm and,
     # untied, the head): each loaded while the one before computes
     tail = [l["name"] for l in model.layers if not l["name"].startswith("blk.") and l["name"] != "embed"]
-    layers = Prefetcher(model, ["embed"] + [f"blk.{i}" for i in range(h["n_layers"])] + tail)
+    layers = Prefetcher(model, ["embed"] + [f"blk.{i}" for i in range(h["n_layers"])] + tail,
+                        **({"device": device, **opts} if opts else {}))
     t0 = time.perf_counter()
     it = iter(layers)
     emb = next(it)[1]["token_embd.weight"]  # kept: a tied output head uses it again
-    x = emb[torch.tensor(tokens)]
-    mask = torch.full((n, n), float("-inf")).triu(1)
+    x = emb[torch.tensor(tokens, device=emb.device)]
+    mask = torch.full((n, n), float("-inf"), device=emb.device).triu(1)
     for i in range(h["n_layers"]):
         name, w = next(it)  # this layer only (and the next one, loading)
         assert name == f"blk.{i}"
@@ -100,7 +131,7 @@ def forward(model, tokens):
     out = {n: t for _, w in it for n, t in w.items()}
     head = emb if h["tie_embeddings"] else out["output.weight"]
     x = rms_norm(x[-1], out["output_norm.weight"], eps)
-    lp = torch.log_softmax(x @ head.T, -1)
+    lp = torch.log_softmax(x @ head.T, -1).cpu()
     print(f"{len(layers.names)} layers in {time.perf_counter() - t0:.2f} s, "
           f"{layers.waited:.2f} s of it waiting for weights (the rest loaded while computing)")
     return lp
@@ -112,11 +143,21 @@ def main():
     ap.add_argument("--prompt", default="The capital of France is")
     ap.add_argument("--gdsrun", default="target/ci/gdsrun")
     ap.add_argument("--tol", type=float, default=0.05)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (a gdsllm built with CUDA)")
+    ap.add_argument("--io", default="mmap", choices=["mmap", "direct", "gds"],
+                    help="how layers reach the GPU (--device cuda)")
+    ap.add_argument("--dequant", choices=["gdsllm", "torch"],
+                    help="who dequantizes: gds-kernels on the host, or PyTorch on the tensors' "
+                         "device (default: gdsllm on the CPU, torch on a GPU)")
     a = ap.parse_args()
+    dequant = a.dequant or ("gdsllm" if a.device == "cpu" else "torch")
+    if a.device != "cpu" and dequant != "torch":
+        ap.error("--device cuda dequantizes with --dequant torch")
     model = gdsllm.open(a.model)
     tokens = gdsllm.Engine(a.model, raw=True, threads=1).tokenize(a.prompt)
+    opts = {} if dequant == "gdsllm" else {"io": a.io if a.device != "cpu" else "mmap", "dequant": dequant}
     with torch.no_grad():
-        lp = forward(model, tokens)
+        lp = forward(model, tokens, a.device, **opts)
     ref = json.loads(subprocess.run(
         [a.gdsrun, "run", a.model, "--raw", "-p", a.prompt, "-n", "1", "--temp", "0",
          "--activations", "f32", "--json", "--logprobs", "5"],

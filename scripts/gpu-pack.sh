@@ -20,8 +20,18 @@
 # .cache/smollm2-hf-f16, which scripts/test.sh makes). PROFILE picks the cargo profile
 # (default release; `ci` reuses the test command's build: no LTO, minutes instead of tens).
 # With REAL=1 BASELINE=COMMIT also gdsrun-base: gdsrun with COMMIT's CUDA kernels (an A/B).
+# With PY=1 only .gpu/py, for scripts/gpu-python.sh: the gdsllm wheel built with CUDA (abi3)
+# and pytest's wheels (the GPU machine has PyTorch; pip cannot fetch there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${PY:-0}" = 1 ]; then
+  rm -rf .gpu/py && mkdir -p .gpu/py
+  python3 -m pip wheel -q --no-deps -w .gpu/py . --config-settings=build-args="--features cuda"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .gpu/py \
+    pytest pluggy iniconfig packaging
+  du -sb .gpu/py
+  exit 0
+fi
 T=${CUDA_TARGET_DIR:-target-cuda} P=${PROFILE:-release}
 CARGO_TARGET_DIR=$T cargo build --profile "$P" -q -p gdsrun -p gds-cuda \
   --features gdsrun/cuda,gds-cuda/cuda --bins --examples

@@ -90,7 +90,7 @@ cuda_log=$(mktemp)
 (
   set -e
   step "GPU backend (--features cuda): clippy"
-  cargo clippy --workspace --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda -- -D warnings
+  cargo clippy --workspace --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda,gdsllm-py/cuda -- -D warnings
   step "GPU backend (--features cuda): the probe, the kernels through NVRTC"
   LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --workspace --profile ci --features gds-cuda/cuda --test nvrtc -- --include-ignored
@@ -105,6 +105,12 @@ python3 -m pip install -q --disable-pip-version-check . 2>&1 \
 python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm
 step "waiting for the background job (the GPU backend's checks)"
 finish_job cuda_pid "$cuda_log" "the --features cuda checks"
+step "Python package built with CUDA (Model.load(device=\"cuda:N\")): on this machine without a GPU, its refusal"
+# after the background job: both builds use target/ (profile ci); test_cuda.py's GPU tests
+# run where a GPU is (scripts/gpu-python.sh), here they are reported as skipped
+python3 -m pip install -q --disable-pip-version-check . --config-settings=build-args="--features cuda" 2>&1 \
+  | { grep -vi "running pip as the 'root' user" || true; }
+python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm/test_cuda.py tests/py/gdsllm/test_tensors.py
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every

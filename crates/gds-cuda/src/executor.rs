@@ -136,7 +136,7 @@ enum Loader {
     },
 }
 
-fn cuda<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> GpuError + '_ {
+pub(crate) fn cuda<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> GpuError + '_ {
     move |e| GpuError::Cuda(format!("{what}: {e:?}"))
 }
 
@@ -840,7 +840,7 @@ impl Drop for CudaVram {
 
 /// GDS loaders alive in this process: the last one dropped closes the cuFile driver (which
 /// is process-wide; a later `--io gds` model opens it again).
-static CUFILE_USERS: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static CUFILE_USERS: AtomicUsize = AtomicUsize::new(0);
 
 /// A model loaded for the GPU.
 pub type GpuModel = Streamer<CudaVram>;

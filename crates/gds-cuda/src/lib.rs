@@ -8,6 +8,8 @@ pub mod probe;
 pub mod stream;
 
 #[cfg(feature = "cuda")]
+pub mod device_bytes;
+#[cfg(feature = "cuda")]
 pub mod executor;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;

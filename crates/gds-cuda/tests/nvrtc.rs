@@ -87,3 +87,67 @@ fn the_probe_of_a_cuda_build_reports_what_is_missing_without_panicking() {
         );
     }
 }
+
+/// `device_bytes::load`: on a machine with a GPU the bytes come back from VRAM equal (a
+/// host copy, and cuFile where libcufile is present); without a driver or device (CI) the
+/// refusal is `Unavailable` and names what is missing, never a panic from cudarc.
+#[test]
+fn bytes_placed_on_a_gpu_come_back_equal_or_the_refusal_names_what_is_missing() {
+    use gds_cuda::device_bytes::{load, Source};
+    use gds_cuda::GpuPath;
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let report = gds_cuda::probe();
+    let usable = report.driver.present && !report.devices.is_empty();
+    match load(0, Source::Host(&data)) {
+        Ok(d) => {
+            assert!(usable, "loaded without a usable device? {report:?}");
+            assert_eq!(
+                (d.len(), d.device(), d.path()),
+                (data.len(), 0, GpuPath::Bounce)
+            );
+            assert_ne!(d.ptr(), 0);
+            assert_eq!(d.to_host().unwrap(), data);
+        }
+        Err(GpuError::Unavailable(why)) => {
+            assert!(!usable, "refused with a usable device: {why}");
+            assert!(
+                why.contains("no CUDA driver") || why.contains("device"),
+                "{why}"
+            );
+        }
+        Err(e) => panic!("{e}"),
+    }
+    // an ordinal past the devices the driver reports
+    match load(999, Source::Host(&data)) {
+        Err(GpuError::Unavailable(why)) => {
+            assert!(
+                why.contains("cuda:999") || why.contains("no CUDA driver"),
+                "{why}"
+            )
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("loaded onto cuda:999"),
+    }
+    // cuFile from a file, where the machine has libcufile
+    if usable && report.cufile.present {
+        let dir = tempfile::tempdir().unwrap();
+        let mut padded = data.clone();
+        padded.resize(data.len().next_multiple_of(4096), 0);
+        std::fs::write(dir.path().join("blk.bin"), &padded).unwrap();
+        match load(
+            0,
+            Source::Gds {
+                dir: dir.path(),
+                file: "blk.bin",
+                size: padded.len(),
+            },
+        ) {
+            Ok(d) => {
+                assert_eq!(d.path(), GpuPath::Gds);
+                assert_eq!(d.to_host().unwrap(), padded);
+            }
+            // tmpfs and some VMs refuse cuFile; the message must say which file
+            Err(e) => assert!(e.to_string().contains("blk.bin"), "{e}"),
+        }
+    }
+}

@@ -2,8 +2,10 @@
 //! (NumPy, PyTorch) a pointer to bytes this module owns, without copying them. The capsule's
 //! context holds what keeps the bytes alive (a mapped layer file, or a buffer of results);
 //! the consumer's call of the deleter (or the capsule's destructor when nobody consumed it)
-//! releases it.
+//! releases it. Tensors loaded onto a GPU export device memory the same way (device type
+//! CUDA), the capsule holding the layer's device buffer.
 
+use crate::cuda::{self, DeviceLayer};
 use gds_format::DType;
 use gds_io::LayerBytes;
 use pyo3::exceptions::{PyBufferError, PyValueError};
@@ -61,6 +63,7 @@ struct DLManagedTensorVersioned {
 }
 
 const KDL_CPU: i32 = 1;
+const KDL_CUDA: i32 = 2;
 const FLAG_READ_ONLY: u64 = 1;
 const NAME: &CStr = c"dltensor";
 const NAME_VERSIONED: &CStr = c"dltensor_versioned";
@@ -114,6 +117,8 @@ pub(crate) enum Keep {
     Layer(LayerBytes),
     /// Results computed here (dequantized weights), handed over once, writable.
     Floats(Vec<f32>),
+    /// `len` bytes from `offset` of a layer in GPU memory (read-only).
+    Device(DeviceLayer, u64, usize),
 }
 
 impl Keep {
@@ -121,6 +126,25 @@ impl Keep {
         match self {
             Keep::Layer(b) => (b.as_ptr() as *mut c_void, b.len()),
             Keep::Floats(v) => (v.as_ptr() as *mut c_void, v.len() * 4),
+            Keep::Device(d, off, len) => (cuda::ptr(d, *off) as usize as *mut c_void, *len),
+        }
+    }
+
+    /// DLPack's (device type, device id) of the bytes.
+    fn device(&self) -> (i32, i32) {
+        match self {
+            Keep::Layer(_) | Keep::Floats(_) => (KDL_CPU, 0),
+            Keep::Device(d, _, _) => (KDL_CUDA, cuda::ordinal(d) as i32),
+        }
+    }
+
+    /// Another handle on shared bytes (a layer span, host or device); `None` for results
+    /// that are handed over once.
+    fn share(&self) -> Option<Keep> {
+        match self {
+            Keep::Layer(b) => Some(Keep::Layer(b.clone())),
+            Keep::Device(d, off, len) => Some(Keep::Device(d.clone(), *off, *len)),
+            Keep::Floats(_) => None,
         }
     }
 }
@@ -185,7 +209,8 @@ fn capsule<'py>(
             "internal: {len} bytes for shape {shape:?}"
         )));
     }
-    let read_only = matches!(keep, Keep::Layer(_));
+    let read_only = !matches!(keep, Keep::Floats(_));
+    let (device_type, device_id) = keep.device();
     let ndim = shape.len();
     let mut strides = vec![1i64; ndim];
     for i in (0..ndim.saturating_sub(1)).rev() {
@@ -198,8 +223,8 @@ fn capsule<'py>(
     let tensor = DLTensor {
         data,
         device: DLDevice {
-            device_type: KDL_CPU,
-            device_id: 0,
+            device_type,
+            device_id,
         },
         ndim: ndim as i32,
         dtype,
@@ -245,8 +270,8 @@ fn capsule<'py>(
 pub struct Export {
     /// Taken by the first `__dlpack__` for owned results (handed over once).
     keep: Mutex<Option<Keep>>,
-    /// A layer span, exported any number of times.
-    layer: Option<LayerBytes>,
+    /// A layer span (host or device), exported any number of times.
+    shared: Option<Keep>,
     dtype: DLDataType,
     shape: Vec<i64>,
 }
@@ -256,17 +281,38 @@ impl Export {
     pub(crate) fn layer(bytes: LayerBytes, dtype: DLDataType, shape: Vec<i64>) -> Export {
         Export {
             keep: Mutex::new(None),
-            layer: Some(bytes),
+            shared: Some(Keep::Layer(bytes)),
             dtype,
             shape,
         }
+    }
+
+    /// An export of `len` bytes from `offset` of a layer on a GPU (read-only).
+    pub(crate) fn device(
+        d: DeviceLayer,
+        offset: u64,
+        len: usize,
+        dtype: DLDataType,
+        shape: Vec<i64>,
+    ) -> Export {
+        Export {
+            keep: Mutex::new(None),
+            shared: Some(Keep::Device(d, offset, len)),
+            dtype,
+            shape,
+        }
+    }
+
+    /// Where the bytes are, as DLPack's (device type, device id).
+    fn where_(&self) -> (i32, i32) {
+        self.shared.as_ref().map_or((KDL_CPU, 0), Keep::device)
     }
 
     /// A one-time export of computed floats.
     pub(crate) fn floats(v: Vec<f32>, shape: Vec<i64>) -> Export {
         Export {
             keep: Mutex::new(Some(Keep::Floats(v))),
-            layer: None,
+            shared: None,
             dtype: DLDataType::F32,
             shape,
         }
@@ -275,14 +321,20 @@ impl Export {
 
 /// The DLPack protocol's arguments, checked: whether the consumer takes versioned capsules.
 pub(crate) fn check_args(
+    on: (i32, i32),
     max_version: Option<(u32, u32)>,
     dl_device: Option<(i32, i32)>,
     copy: Option<bool>,
 ) -> PyResult<bool> {
     if let Some(d) = dl_device {
-        if d != (KDL_CPU, 0) {
+        if d != on {
+            let place = if on.0 == KDL_CUDA {
+                format!("on cuda:{} (device {on:?})", on.1)
+            } else {
+                format!("on the CPU (device {on:?})")
+            };
             return Err(PyBufferError::new_err(format!(
-                "gdsllm tensors are on the CPU (device (1, 0)), not on device {d:?}"
+                "this gdsllm tensor is {place}, not on device {d:?} (no copies are made)"
             )));
         }
     }
@@ -305,10 +357,12 @@ impl Export {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = stream; // CPU memory: nothing to synchronize
-        let versioned = check_args(max_version, dl_device, copy)?;
-        let keep = match &self.layer {
-            Some(b) => Keep::Layer(b.clone()),
+        // Host memory, or device memory whose load completed (synchronized) before the
+        // tensor existed: nothing for the consumer's stream to wait for.
+        let _ = stream;
+        let versioned = check_args(self.where_(), max_version, dl_device, copy)?;
+        let keep = match self.shared.as_ref().and_then(Keep::share) {
+            Some(k) => k,
             None => self
                 .keep
                 .lock()
@@ -320,7 +374,7 @@ impl Export {
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (KDL_CPU, 0)
+        self.where_()
     }
 }
 

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod cuda;
 mod dlpack;
 mod engine;
 mod model;
@@ -28,7 +29,7 @@ static ALLOC: gds_format::render_memory::TemplateAllocator =
 #[pymodule]
 fn _gdsllm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GdsError", m.py().get_type::<GdsError>())?;
-    m.add("CUDA", false)?;
+    m.add("CUDA", cuda::BUILT_WITH_CUDA)?;
     m.add_class::<model::Model>()?;
     m.add_class::<model::Tensor>()?;
     m.add_class::<dlpack::Export>()?;

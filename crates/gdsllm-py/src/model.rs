@@ -2,6 +2,7 @@
 //! gds-runtime, every layer file mapped and its hash checked by gds-io's mmap backend), its
 //! tensors handed out as spans of the mappings.
 
+use crate::cuda::{self, DeviceLayer, Io, LayerSourceSpec};
 use crate::dlpack::{self, Export};
 use crate::err;
 use gds_format::{DType, Value};
@@ -268,8 +269,110 @@ impl Model {
             layer_name: l.name.clone(),
             file: self.inner.dir.join(&l.file).display().to_string(),
             bytes,
+            device: None,
         })
     }
+
+    /// The layer index `layer` names (an index or a layer name).
+    fn layer_index(&self, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let idx = if let Ok(i) = layer.extract::<usize>() {
+            i
+        } else {
+            let name: String = layer.extract()?;
+            self.inner
+                .layers
+                .iter()
+                .position(|l| l.name == name)
+                .ok_or_else(|| PyKeyError::new_err(format!("no layer named {name:?}")))?
+        };
+        if idx >= self.inner.layers.len() {
+            return Err(PyKeyError::new_err(format!(
+                "layer {idx}: the model has {} layers",
+                self.inner.layers.len()
+            )));
+        }
+        Ok(idx)
+    }
+
+    /// Layer `idx`'s bytes placed on CUDA device `device` by `io`, and its tensors on it.
+    fn load_on_gpu(
+        &self,
+        py: Python<'_>,
+        idx: usize,
+        device: usize,
+        io: Io,
+    ) -> PyResult<Vec<Tensor>> {
+        let inner = &self.inner;
+        let l = &inner.layers[idx];
+        if !cuda::BUILT_WITH_CUDA {
+            return Err(err(cuda::no_cuda(device, io, &inner.dir.join(&l.file))));
+        }
+        let span = Span {
+            layer: idx,
+            offset: 0,
+            len: l.file_size,
+        };
+        let loaded = py.detach(|| -> Result<DeviceLayer, String> {
+            let mapped = inner
+                .backend
+                .acquire_span(span)
+                .map_err(|e| e.to_string())?;
+            let direct = match io {
+                Io::Direct => Some(read_direct(inner, idx)?),
+                _ => None,
+            };
+            cuda::load(
+                device,
+                io,
+                &LayerSourceSpec {
+                    dir: &inner.dir,
+                    file: &l.file,
+                    size: l.file_size,
+                    mapped,
+                    direct,
+                },
+            )
+        });
+        let d = loaded.map_err(err)?;
+        l.tensors
+            .clone()
+            .map(|i| {
+                Ok(Tensor {
+                    device: Some(d.clone()),
+                    ..self.tensor_at(i)?
+                })
+            })
+            .collect()
+    }
+}
+
+/// Layer `idx` of `inner` read whole with O_DIRECT (through the page cache, its pages
+/// dropped, where the filesystem refuses O_DIRECT), checked as the model was.
+fn read_direct(inner: &Inner, idx: usize) -> Result<LayerBytes, String> {
+    let bytes = gds_io::read_manifest(&inner.dir).map_err(|e| e.to_string())?;
+    let m =
+        gds_runtime::model_dir::parse_manifest(&inner.dir, &bytes).map_err(|e| e.to_string())?;
+    let mode = if inner.verified {
+        VerifyMode::Hash
+    } else {
+        VerifyMode::Off
+    };
+    let src = gds_io::DirectBackend::open(
+        &inner.dir,
+        &m,
+        &gds_io::DirectOptions {
+            resident: (0..inner.layers.len()).map(|i| i == idx).collect(),
+            verifier: Some(Arc::new(Verifier::new(mode))),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    src.acquire_span(Span {
+        layer: idx,
+        offset: 0,
+        len: inner.layers[idx].file_size,
+    })
+    .map_err(|e| e.to_string())
 }
 
 #[pymethods]
@@ -385,41 +488,52 @@ impl Model {
         self.inner.tensors.iter().map(|t| t.name.clone()).collect()
     }
 
-    /// Placing weights on a GPU (`device="cuda:N"`, GPUDirect Storage) needs a build with
-    /// CUDA support; this package has none, so any device but "cpu" raises.
+    /// The tensors of a layer (an index or a layer name), or of every layer, on `device`:
+    /// `"cpu"` (views of the mapped files; `io` must be `"mmap"`) or `"cuda"` / `"cuda:N"`
+    /// (each layer file's bytes in one buffer of GPU memory, read by `io`: `"gds"` with
+    /// cuFile straight into VRAM, `"direct"` with O_DIRECT through host memory, `"mmap"` from
+    /// the mapping; the tensors export CUDA DLPack capsules and keep the buffer alive). A
+    /// build without CUDA, or a machine without a usable GPU, raises `GdsError` naming what
+    /// is missing.
     #[pyo3(signature = (layer=None, *, device="cpu", io="mmap"))]
     fn load(
         &self,
+        py: Python<'_>,
         layer: Option<Bound<'_, PyAny>>,
         device: &str,
         io: &str,
     ) -> PyResult<Vec<Tensor>> {
-        if device != "cpu" {
-            return Err(err(format!(
-                "device {device:?}: this gdsllm package was built without CUDA support \
-                 (loading onto a GPU, io={io:?}, is not available; tensors are on the CPU)"
-            )));
+        let gpu = cuda::parse_device(device).map_err(pyo3::exceptions::PyValueError::new_err)?;
+        let io = Io::parse(io).map_err(pyo3::exceptions::PyValueError::new_err)?;
+        let layers: Vec<usize> = match &layer {
+            Some(l) => vec![self.layer_index(l)?],
+            None => (0..self.inner.layers.len()).collect(),
+        };
+        match gpu {
+            None => {
+                if io != Io::Mmap {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "device=\"cpu\" hands out views of the mapped files (io=\"mmap\"), \
+                         not io={:?}",
+                        format!("{io:?}").to_lowercase()
+                    )));
+                }
+                let mut out = Vec::new();
+                for idx in layers {
+                    for i in self.inner.layers[idx].tensors.clone() {
+                        out.push(self.tensor_at(i)?);
+                    }
+                }
+                Ok(out)
+            }
+            Some(n) => {
+                let mut out = Vec::new();
+                for idx in layers {
+                    out.extend(self.load_on_gpu(py, idx, n, io)?);
+                }
+                Ok(out)
+            }
         }
-        let Some(layer) = layer else {
-            return self.tensors();
-        };
-        let idx = if let Ok(i) = layer.extract::<usize>() {
-            i
-        } else {
-            let name: String = layer.extract()?;
-            self.inner
-                .layers
-                .iter()
-                .position(|l| l.name == name)
-                .ok_or_else(|| PyKeyError::new_err(format!("no layer named {name:?}")))?
-        };
-        let l = self.inner.layers.get(idx).ok_or_else(|| {
-            PyKeyError::new_err(format!(
-                "layer {idx}: the model has {} layers",
-                self.inner.layers.len()
-            ))
-        })?;
-        l.tensors.clone().map(|i| self.tensor_at(i)).collect()
     }
 
     fn __repr__(&self) -> String {
@@ -441,6 +555,8 @@ pub struct Tensor {
     layer_name: String,
     file: String,
     bytes: LayerBytes,
+    /// The layer's bytes on a GPU, when loaded there (`Model.load(device="cuda:N")`).
+    device: Option<DeviceLayer>,
 }
 
 #[pymethods]
@@ -496,22 +612,52 @@ impl Tensor {
         self.meta.nbytes
     }
 
-    /// Address of the first byte in the mapping.
+    /// Address of the first byte: in the mapping, or in GPU memory for a tensor loaded
+    /// onto a GPU.
     #[getter]
     fn data_ptr(&self) -> usize {
-        self.bytes.as_ptr() as usize
+        match &self.device {
+            Some(d) => cuda::ptr(d, self.meta.offset) as usize,
+            None => self.bytes.as_ptr() as usize,
+        }
+    }
+
+    /// `"cpu"`, or `"cuda:N"` for a tensor loaded onto a GPU.
+    #[getter]
+    fn device(&self) -> String {
+        match &self.device {
+            Some(d) => format!("cuda:{}", cuda::ordinal(d)),
+            None => "cpu".into(),
+        }
+    }
+
+    /// How the bytes reached the GPU: `"gds"` (cuFile, no host copy) or `"bounce"` (through
+    /// host memory); `None` on the CPU.
+    #[getter]
+    fn load_path(&self) -> Option<&'static str> {
+        self.device.as_ref().map(cuda::path)
     }
 
     /// A read-only NumPy array viewing the mapped bytes (no copy): float and integer types
     /// with their dtype and shape, bfloat16 as uint16 bits, block-quantized types as uint8
-    /// rows of raw block bytes (shape[:-1] + [bytes per row]).
+    /// rows of raw block bytes (shape[:-1] + [bytes per row]). Host memory only: a tensor
+    /// on a GPU raises (`torch.from_dlpack(t)` gives the CUDA tensor).
     fn numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(d) = &self.device {
+            return Err(err(format!(
+                "{} is on cuda:{} (NumPy arrays live in host memory): torch.from_dlpack(t) \
+                 gives the CUDA tensor, or load it with device=\"cpu\"",
+                self.meta.name,
+                cuda::ordinal(d)
+            )));
+        }
         let (t, shape) = dlpack::layout(self.meta.dtype, &self.meta.shape, true);
         dlpack::to_numpy(py, Export::layer(self.bytes.clone(), t, shape))
     }
 
     /// The weights as float32 (a new, writable array), dequantized by gds-kernels (equal to
-    /// gguf-py's `gguf.quants.dequantize`); `dtype` converts the result (`astype`).
+    /// gguf-py's `gguf.quants.dequantize`); `dtype` converts the result (`astype`). Computed
+    /// on the host from the mapped file, for a tensor on a GPU too.
     #[pyo3(signature = (dtype=None))]
     fn dequantize<'py>(
         &self,
@@ -545,7 +691,11 @@ impl Tensor {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (t, shape) = dlpack::layout(self.meta.dtype, &self.meta.shape, false);
-        Bound::new(py, Export::layer(self.bytes.clone(), t, shape))?.call_method(
+        let export = match &self.device {
+            Some(d) => Export::device(d.clone(), self.meta.offset, self.bytes.len(), t, shape),
+            None => Export::layer(self.bytes.clone(), t, shape),
+        };
+        Bound::new(py, export)?.call_method(
             "__dlpack__",
             (),
             Some(&{
@@ -560,7 +710,10 @@ impl Tensor {
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
-        (1, 0)
+        match &self.device {
+            Some(d) => (2, cuda::ordinal(d) as i32),
+            None => (1, 0),
+        }
     }
 
     fn __repr__(&self) -> String {

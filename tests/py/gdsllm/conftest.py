@@ -47,9 +47,14 @@ def gemma3_gguf():
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory, smollm2_gguf):
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2 converted; GDSLLM_TEST_SMOLLM2_DIR names one converted already (a GPU machine
+    that has the packed model but not the GGUF: scripts/gpu-python.sh)."""
     import gdsllm
 
+    if os.environ.get("GDSLLM_TEST_SMOLLM2_DIR"):
+        return pathlib.Path(os.environ["GDSLLM_TEST_SMOLLM2_DIR"])
+    smollm2_gguf = _gguf(SMOLLM2)
     out = tmp_path_factory.mktemp("models") / "smollm2.gds"
     gdsllm.convert(str(smollm2_gguf), str(out))
     return out

@@ -158,8 +158,28 @@ def test_gguf_path_resolves_as_gdsrun(smollm2_gguf):
     assert m.path == gdsllm.resolve(str(smollm2_gguf))
 
 
+def test_load_arguments_are_checked_before_anything_is_read(smollm2_dir):
+    m = gdsllm.open(str(smollm2_dir))
+    for bad in ["gpu", "cuda:x", "cuda:-1", "CUDA:0"]:
+        with pytest.raises(ValueError, match="expected \"cpu\", \"cuda\" or \"cuda:N\""):
+            m.load(0, device=bad)
+    with pytest.raises(ValueError, match="expected \"mmap\", \"direct\" or \"gds\""):
+        m.load(0, device="cuda:0", io="nvme")
+    # on the CPU the tensors are views of the mappings: no other io
+    with pytest.raises(ValueError, match="io=\"mmap\""):
+        m.load(0, io="gds")
+    with pytest.raises(KeyError, match="no layer named"):
+        m.load("blk.999", device="cuda:0")
+    ts = m.load("blk.0")
+    assert ts and all(t.device == "cpu" and t.load_path is None for t in ts)
+    assert all(t.__dlpack_device__() == (1, 0) for t in ts)
+
+
+@pytest.mark.skipif(gdsllm.CUDA, reason="this build has CUDA: tests/py/gdsllm/test_cuda.py")
 def test_no_cuda_in_this_build(smollm2_dir):
     m = gdsllm.open(str(smollm2_dir))
     assert gdsllm.CUDA is False
-    with pytest.raises(gdsllm.GdsError, match="without CUDA support"):
-        m.load(0, device="cuda:0")
+    for io in ["mmap", "direct", "gds"]:
+        # the refusal names the layer file, the io asked for and how to build with CUDA
+        with pytest.raises(gdsllm.GdsError, match=f"blk.0.*without CUDA support.*io=\"{io}\".*--features cuda"):
+            m.load("blk.0", device="cuda:0", io=io)

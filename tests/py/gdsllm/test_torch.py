@@ -113,3 +113,23 @@ def test_torch_forward_example_loads_the_next_layer_while_the_current_computes(m
                 assert not started[names[i + 2]].is_set()
             release[names[i + 1]].set()
     assert next(it, None) is None
+
+
+def test_torch_forward_examples_torch_dequantization_equals_gds_kernels(smollm2_dir):
+    # the example's --dequant torch (what it runs on a GPU, on the CUDA tensors) on the
+    # mapped bytes: every tensor of SmolLM2 (Q4_1, Q8_0, F32) equal to gds-kernels' values
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("torch_forward", ROOT / "examples" / "torch_forward.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    m = gdsllm.open(str(smollm2_dir))
+    seen = set()
+    for t in m.load("blk.0") + m.load("embed"):
+        got = ex.dequantize_torch(t, torch.from_dlpack(t))
+        assert got.dtype == torch.float32 and list(got.shape) == list(t.shape)
+        assert np.array_equal(got.numpy(), t.dequantize()), t.name
+        seen.add(t.dtype)
+    assert seen == {"q4_1", "q8_0", "f32"}, seen

@@ -1,0 +1,65 @@
+//! Decode (one token) weight bandwidth of the row kernels at Llama-3.2-1B widths: the same
+//! matrix type timed with its rows in L2 (1024 x 2048: the arithmetic's speed) and with 64
+//! matrices of 8192 x 2048 far past the caches (as decode streams a model), so the two show
+//! whether a kernel waits for memory or for arithmetic. Compare with a plain read loop's
+//! bandwidth on the same machine.
+//!
+//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q6_k|q4_0]`
+//!
+//! 2026-12-02, the Sapphire Rapids VM, 2 threads: Q4_K 26-29 GB/s from L2, 16.3-17.3 GB/s
+//! streaming (a read loop: 24-32 GB/s that hour); with half the quant arithmetic skipped
+//! (an experiment) 35 / 18.3-19.0: decode is bound by memory-level parallelism more than by
+//! the arithmetic.
+
+// (its CPU-time clocks are for the other benchmarks: decode is timed by the wall clock)
+#[allow(dead_code)]
+mod bench_util;
+use bench_util::values;
+use gds_format::DType;
+use gds_kernels::{matmul_with, quantize, Isa, WeightView};
+use std::time::Instant;
+
+fn main() {
+    let dtype = match std::env::args().nth(1).as_deref() {
+        None | Some("q4_k") => DType::Q4K,
+        Some("q6_k") => DType::Q6K,
+        Some("q4_0") => DType::Q4_0,
+        Some(o) => panic!("unknown type {o}"),
+    };
+    let isa = Isa::best();
+    let cols = 2048;
+    let x = values(cols, 7);
+    for (rows, copies) in [(1024usize, 1usize), (8192, 64)] {
+        let mats: Vec<Vec<u8>> = (0..copies)
+            .map(|c| quantize(dtype, &values(rows * cols, c as u64 + 1)).unwrap())
+            .collect();
+        let bytes = mats[0].len();
+        let mut y = vec![0f32; rows];
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let reps = if copies == 1 { 2000 } else { 2 };
+            let t = Instant::now();
+            for _ in 0..reps {
+                for m in &mats {
+                    let w = WeightView {
+                        dtype,
+                        data: m,
+                        rows,
+                        cols,
+                    };
+                    matmul_with(isa, &w, &x, 1, &mut y).unwrap();
+                }
+            }
+            best = best.min(t.elapsed().as_secs_f64() / (reps * copies) as f64);
+        }
+        println!(
+            "{} {} rows x {cols} ({:.2} MB, {} matrices): {:.1} us, {:.2} GB/s",
+            dtype.name(),
+            rows,
+            bytes as f64 / 1e6,
+            copies,
+            best * 1e6,
+            bytes as f64 / best / 1e9
+        );
+    }
+}
