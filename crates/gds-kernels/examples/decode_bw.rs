@@ -4,7 +4,8 @@
 //! whether a kernel waits for memory or for arithmetic. Compare with a plain read loop's
 //! bandwidth on the same machine.
 //!
-//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q6_k|q4_0]`
+//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q6_k|q4_0 [TOKENS]]`
+//! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch)
 //!
 //! 2026-12-02, the Sapphire Rapids VM, 2 threads: Q4_K 26-29 GB/s from L2, 16.3-17.3 GB/s
 //! streaming (a read loop: 24-32 GB/s that hour); with half the quant arithmetic skipped
@@ -20,24 +21,38 @@ use gds_kernels::{matmul_with, quantize, Isa, WeightView};
 use std::time::Instant;
 
 fn main() {
-    let dtype = match std::env::args().nth(1).as_deref() {
+    let args: Vec<String> = std::env::args().collect();
+    let dtype = match args.get(1).map(String::as_str) {
         None | Some("q4_k") => DType::Q4K,
         Some("q6_k") => DType::Q6K,
         Some("q4_0") => DType::Q4_0,
         Some(o) => panic!("unknown type {o}"),
     };
+    // `-- TYPE N`: N tokens a call (a prompt batch) instead of one, at the 7B width
+    let n: usize = args.get(2).map_or(1, |s| s.parse().expect("tokens"));
     let isa = Isa::best();
-    let cols = 2048;
-    let x = values(cols, 7);
-    for (rows, copies) in [(1024usize, 1usize), (8192, 64)] {
+    let cols = if n == 1 { 2048 } else { 4096 };
+    let x = values(cols * n, 7);
+    let shapes: &[(usize, usize)] = if n == 1 {
+        &[(1024, 1), (8192, 64)]
+    } else {
+        &[(4096, 4)]
+    };
+    for &(rows, copies) in shapes {
         let mats: Vec<Vec<u8>> = (0..copies)
             .map(|c| quantize(dtype, &values(rows * cols, c as u64 + 1)).unwrap())
             .collect();
         let bytes = mats[0].len();
-        let mut y = vec![0f32; rows];
+        let mut y = vec![0f32; rows * n];
         let mut best = f64::MAX;
         for _ in 0..5 {
-            let reps = if copies == 1 { 2000 } else { 2 };
+            let reps = if n > 1 {
+                10
+            } else if copies == 1 {
+                2000
+            } else {
+                2
+            };
             let t = Instant::now();
             for _ in 0..reps {
                 for m in &mats {
@@ -47,13 +62,13 @@ fn main() {
                         rows,
                         cols,
                     };
-                    matmul_with(isa, &w, &x, 1, &mut y).unwrap();
+                    matmul_with(isa, &w, &x, n, &mut y).unwrap();
                 }
             }
             best = best.min(t.elapsed().as_secs_f64() / (reps * copies) as f64);
         }
         println!(
-            "{} {} rows x {cols} ({:.2} MB, {} matrices): {:.1} us, {:.2} GB/s",
+            "{} {n} token(s), {} rows x {cols} ({:.2} MB, {} matrices): {:.1} us, {:.2} GB/s",
             dtype.name(),
             rows,
             bytes as f64 / 1e6,

@@ -182,7 +182,11 @@ pub(super) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]
         w,
         rb,
         (nb, 8, nt),
-        |r, i| repack8(&group8(w, rb, r, nrows), i),
+        Packed8 {
+            q: [_mm256_setzero_si256(); 8],
+            d: _mm256_setzero_ps(),
+        },
+        |r, i, p| *p = repack8(&group8(w, rb, r, nrows), i),
         |p: &[Packed8], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm8(p, xs).map(|v| lanes8(v)),
@@ -208,7 +212,11 @@ pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
         w,
         rb,
         (nb, 16, nt),
-        |r, i| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i),
+        Packed16 {
+            q: [_mm512_setzero_si512(); 8],
+            d: _mm512_setzero_ps(),
+        },
+        |r, i, p| *p = repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm16(p, xs).map(|v| lanes16(v)),

@@ -96,26 +96,92 @@ fn next_chunk(w: &[u8], rb: usize, r1: usize, rows: usize) -> &[u8] {
     &w[r1.min(n) * rb..(r1 + rows).min(n) * rb]
 }
 
-/// Repacks block `i` of eight rows.
+/// `pshufb` masks that spread byte `j` (of 0..4) of each 32-bit lane over both 16-bit
+/// halves of the lane, zero-extended: the scale of sub-block `j` (or `j + 4`) of row `r` in
+/// 16-bit lanes `2r` and `2r + 1`.
+const SPREAD_SCALE: [[u8; 32]; 4] = {
+    let mut m = [[0x80u8; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut d = 0;
+        while d < 8 {
+            m[j][4 * d] = (4 * (d % 4) + j) as u8;
+            m[j][4 * d + 2] = (4 * (d % 4) + j) as u8;
+            d += 1;
+        }
+        j += 1;
+    }
+    m
+};
+
+/// `pshufb` masks that put bytes `2k` and `2k + 1` (k of 0..2) of each 32-bit lane in its two
+/// 16-bit halves, zero-extended: the mins of sub-blocks `2k`, `2k + 1` (or those + 4).
+const PAIR_MINS: [[u8; 32]; 2] = {
+    let mut m = [[0x80u8; 32]; 2];
+    let mut k = 0;
+    while k < 2 {
+        let mut d = 0;
+        while d < 8 {
+            m[k][4 * d] = (4 * (d % 4) + 2 * k) as u8;
+            m[k][4 * d + 2] = (4 * (d % 4) + 2 * k + 1) as u8;
+            d += 1;
+        }
+        k += 1;
+    }
+    m
+};
+
+/// 32-bit word `k` (of 0..3) of the packed scales of block `i` of eight rows, row `r` in lane
+/// `r`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn repack8(rows: &[&[BlockQ4K]; 8], i: usize) -> Packed8 {
-    let mut sc = [[0i16; 16]; 8];
-    let mut mn = [[0i16; 16]; 4];
-    for (r, row) in rows.iter().enumerate() {
-        let b = &row[i];
-        let sm = scales_mins_k4(&b.scales);
-        let s = ((sm[1] as u64) << 32 | sm[0] as u64).to_le_bytes();
-        let m = ((sm[3] as u64) << 32 | sm[2] as u64).to_le_bytes();
-        for j in 0..8 {
-            sc[j][2 * r] = s[j] as i16;
-            sc[j][2 * r + 1] = s[j] as i16;
-        }
-        for k in 0..4 {
-            mn[k][2 * r] = m[2 * k] as i16;
-            mn[k][2 * r + 1] = m[2 * k + 1] as i16;
-        }
-    }
+fn scale_words(rows: &[&[BlockQ4K]; 8], i: usize, k: usize) -> __m256i {
+    let w = |r: usize| {
+        let s = &rows[r][i].scales;
+        i32::from_le_bytes([s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]])
+    };
+    _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+}
+
+/// The scales (`Packed8::sc`) and mins (`Packed8::mn`) of block `i` of eight rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales8(rows: &[&[BlockQ4K]; 8], i: usize) -> ([__m256i; 8], [__m256i; 4]) {
+    // The 6-bit scales and mins of the eight rows at once, one row a 32-bit lane: the
+    // arithmetic of `scales_mins_k4` on vectors (s_lo/s_hi: scales 0-3 / 4-7 as bytes,
+    // m_lo/m_hi the mins), then spread into 16-bit lanes with byte shuffles.
+    let (w0, w1, w2) = (
+        scale_words(rows, i, 0),
+        scale_words(rows, i, 1),
+        scale_words(rows, i, 2),
+    );
+    let low6 = _mm256_set1_epi32(0x3f3f_3f3f);
+    let low4 = _mm256_set1_epi32(0x0f0f_0f0f);
+    let low2 = _mm256_set1_epi32(0x0303_0303);
+    let high2 =
+        |w: __m256i| _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(w), low2));
+    let s_lo = _mm256_and_si256(w0, low6);
+    let s_hi = _mm256_or_si256(_mm256_and_si256(w2, low4), high2(w0));
+    let m_lo = _mm256_and_si256(w1, low6);
+    let m_hi = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi32::<4>(w2), low4),
+        high2(w1),
+    );
+    let sc = std::array::from_fn(|j| {
+        let v = if j < 4 { s_lo } else { s_hi };
+        _mm256_shuffle_epi8(v, ld_u8x32(&SPREAD_SCALE[j % 4]))
+    });
+    let mn = std::array::from_fn(|k| {
+        let v = if k < 2 { m_lo } else { m_hi };
+        _mm256_shuffle_epi8(v, ld_u8x32(&PAIR_MINS[k % 2]))
+    });
+    (sc, mn)
+}
+
+/// `d` and `-dmin` of block `i` of eight rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dmins8(rows: &[&[BlockQ4K]; 8], i: usize) -> (__m256, __m256) {
     let f16s = |f: &dyn Fn(&BlockQ4K) -> [u8; 2]| {
         let b = |r: usize| i16::from_le_bytes(f(&rows[r][i]));
         _mm256_cvtph_ps(_mm_setr_epi16(
@@ -129,20 +195,48 @@ fn repack8(rows: &[&[BlockQ4K]; 8], i: usize) -> Packed8 {
             b(7),
         ))
     };
+    (
+        f16s(&|b| b.d),
+        _mm256_xor_ps(f16s(&|b| b.dmin), _mm256_set1_ps(-0.0)),
+    )
+}
+
+/// Quants `64k..64k + 64` of block `i` of eight rows: `Packed8::q[2k]` and `q[2k + 1]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quants8(rows: &[&[BlockQ4K]; 8], i: usize, k: usize) -> [[__m256i; 8]; 2] {
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut q = [[_mm256_setzero_si256(); 8]; 8];
+    let v: [__m256i; 8] = std::array::from_fn(|r| ld_u8x32(&rows[r][i].qs[32 * k..]));
+    [
+        transpose8(v.map(|v| _mm256_and_si256(v, m4))),
+        transpose8(v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4))),
+    ]
+}
+
+impl Packed8 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn zero() -> Packed8 {
+        let z = _mm256_setzero_si256();
+        Packed8 {
+            q: [[z; 8]; 8],
+            sc: [z; 8],
+            mn: [z; 4],
+            d: _mm256_setzero_ps(),
+            ndmin: _mm256_setzero_ps(),
+        }
+    }
+}
+
+/// Repacks block `i` of eight rows into `p` (in place: the chunk's storage).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn repack8(rows: &[&[BlockQ4K]; 8], i: usize, p: &mut Packed8) {
     for k in 0..4 {
-        let v: [__m256i; 8] = std::array::from_fn(|r| ld_u8x32(&rows[r][i].qs[32 * k..]));
-        q[2 * k] = transpose8(v.map(|v| _mm256_and_si256(v, m4)));
-        q[2 * k + 1] = transpose8(v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)));
+        [p.q[2 * k], p.q[2 * k + 1]] = quants8(rows, i, k);
     }
-    Packed8 {
-        q,
-        sc: sc.map(|s| ld_i16x16(&s)),
-        mn: mn.map(|s| ld_i16x16(&s)),
-        d: f16s(&|b| b.d),
-        ndmin: _mm256_xor_ps(f16s(&|b| b.dmin), _mm256_set1_ps(-0.0)),
-    }
+    (p.sc, p.mn) = scales8(rows, i);
+    (p.d, p.ndmin) = dmins8(rows, i);
 }
 
 /// The activations' sub-block sums of block `i` as the dwords [`gemm8`] broadcasts: pair `k`
@@ -373,17 +467,38 @@ pub(super) fn join_ps(lo: __m256, hi: __m256) -> __m512 {
 }
 
 /// Repacks block `i` of sixteen rows.
+impl Packed16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    fn zero() -> Packed16 {
+        let z = _mm512_setzero_si512();
+        Packed16 {
+            q: [[z; 8]; 8],
+            sc: [z; 8],
+            mn: [z; 4],
+            d: _mm512_setzero_ps(),
+            ndmin: _mm512_setzero_ps(),
+        }
+    }
+}
+
+/// Repacks block `i` of sixteen rows (`lo`: lanes 0..8, `hi`: 8..16) into `p`, each part of
+/// the two halves joined as soon as both are made (no eight-row copies in between).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn repack16(lo: &[&[BlockQ4K]; 8], hi: &[&[BlockQ4K]; 8], i: usize) -> Packed16 {
-    let (a, b) = (repack8(lo, i), repack8(hi, i));
-    Packed16 {
-        q: std::array::from_fn(|j| std::array::from_fn(|g| join(a.q[j][g], b.q[j][g]))),
-        sc: std::array::from_fn(|j| join(a.sc[j], b.sc[j])),
-        mn: std::array::from_fn(|k| join(a.mn[k], b.mn[k])),
-        d: join_ps(a.d, b.d),
-        ndmin: join_ps(a.ndmin, b.ndmin),
+fn repack16(lo: &[&[BlockQ4K]; 8], hi: &[&[BlockQ4K]; 8], i: usize, p: &mut Packed16) {
+    for k in 0..4 {
+        let (a, b) = (quants8(lo, i, k), quants8(hi, i, k));
+        for h in 0..2 {
+            p.q[2 * k + h] = std::array::from_fn(|g| join(a[h][g], b[h][g]));
+        }
     }
+    let ((asc, amn), (bsc, bmn)) = (scales8(lo, i), scales8(hi, i));
+    p.sc = std::array::from_fn(|j| join(asc[j], bsc[j]));
+    p.mn = std::array::from_fn(|k| join(amn[k], bmn[k]));
+    let ((ad, an), (bd, bn)) = (dmins8(lo, i), dmins8(hi, i));
+    p.d = join_ps(ad, bd);
+    p.ndmin = join_ps(an, bn);
 }
 
 /// [`gemm8`] on sixteen rows: the same arithmetic per lane.
@@ -447,29 +562,31 @@ const CHUNK_BYTES: usize = 96 << 10;
 /// token)` on each group, while the next chunk's raw rows are prefetched into L2.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn chunked<P>(
+pub(super) fn chunked<P: Copy>(
     w: &[u8],
     rb: usize,
     (nb, rows_per_group, nt): (usize, usize, usize),
-    mut repack: impl FnMut(usize, usize) -> P,
+    zero: P,
+    mut repack: impl FnMut(usize, usize, &mut P),
     mut run: impl FnMut(&[P], usize, usize),
 ) {
     let nrows = w.len() / rb;
     let groups = (CHUNK_BYTES / (nb * std::mem::size_of::<P>())).max(1);
-    let mut cache: Vec<P> = Vec::with_capacity(groups * nb);
+    // one chunk's storage, repacked into in place chunk after chunk
+    let mut cache: Vec<P> = vec![zero; groups.min(nrows.div_ceil(rows_per_group)) * nb];
     for r0 in (0..nrows).step_by(rows_per_group * groups) {
         let r1 = (r0 + rows_per_group * groups).min(nrows);
-        cache.clear();
-        for r in (r0..r1).step_by(rows_per_group) {
-            for i in 0..nb {
-                cache.push(repack(r, i));
+        let chunk = &mut cache[..(r1 - r0).div_ceil(rows_per_group) * nb];
+        for (g, blocks) in chunk.chunks_exact_mut(nb).enumerate() {
+            for (i, p) in blocks.iter_mut().enumerate() {
+                repack(r0 + rows_per_group * g, i, p);
             }
         }
         let next = next_chunk(w, rb, r1, r1 - r0);
         let mut t0 = 0;
         while t0 < nt {
             prefetch_l2(next, t0 / 4, nt.div_ceil(4));
-            for (g, p) in cache.chunks_exact(nb).enumerate() {
+            for (g, p) in chunk.chunks_exact(nb).enumerate() {
                 run(p, r0 + rows_per_group * g, t0);
             }
             t0 += (nt - t0).min(4);
@@ -552,7 +669,8 @@ fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], 
         w,
         rb,
         (nb, 8, nt),
-        |r, i| repack8(&group8(w, rb, r, nrows), i),
+        Packed8::zero(),
+        |r, i, p| repack8(&group8(w, rb, r, nrows), i, p),
         |p: &[Packed8], r, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {
@@ -575,7 +693,8 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>],
         w,
         rb,
         (nb, 16, nt),
-        |r, i| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i),
+        Packed16::zero(),
+        |r, i, p| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i, p),
         |p: &[Packed16], r, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {

@@ -26,33 +26,85 @@ pub(super) struct Packed8 {
     d: __m256,
 }
 
-/// Repacks block `i` of eight rows.
+/// `pshufb` masks that put bytes `a` and `b` of each 32-bit lane in the high bytes of its
+/// two 16-bit halves (low bytes zero), for an arithmetic shift to sign-extend them.
+const fn high_bytes(a: usize, b: usize) -> [u8; 32] {
+    let mut m = [0x80u8; 32];
+    let mut d = 0;
+    while d < 8 {
+        m[4 * d + 1] = (4 * (d % 4) + a) as u8;
+        m[4 * d + 3] = (4 * (d % 4) + b) as u8;
+        d += 1;
+    }
+    m
+}
+
+/// Byte `j` of each lane in both halves: scale `4k + j` of each row, twice ([`Packed8::sc`]).
+const SPREAD_SCALE: [[u8; 32]; 4] = [
+    high_bytes(0, 0),
+    high_bytes(1, 1),
+    high_bytes(2, 2),
+    high_bytes(3, 3),
+];
+
+/// Bytes `2p` and `2p + 1` of each lane: scales `4k + 2p`, `4k + 2p + 1` ([`Packed8::scp`]).
+const PAIR_SCALES: [[u8; 32]; 2] = [high_bytes(0, 1), high_bytes(2, 3)];
+
+/// The scales of block `i` of eight rows: `Packed8::sc` and `Packed8::scp`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn repack8(rows: &[&[BlockQ6K]; 8], i: usize) -> Packed8 {
-    let mut sc = [[0i16; 16]; 16];
-    let mut scp = [[0i16; 16]; 8];
-    for (r, row) in rows.iter().enumerate() {
-        let b = &row[i];
-        for (s, &v) in b.scales.iter().enumerate() {
-            sc[s][2 * r] = v as i16;
-            sc[s][2 * r + 1] = v as i16;
-            scp[s / 2][2 * r + s % 2] = v as i16;
+fn scales8(rows: &[&[BlockQ6K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
+    // the sixteen scales of the eight rows, four a 32-bit word, row `r` in lane `r` of
+    // `words[k]`; spread into 16-bit lanes with byte shuffles and sign-extended by a shift
+    let words: [__m256i; 4] = std::array::from_fn(|k| {
+        let w = |r: usize| {
+            let s = &rows[r][i].scales;
+            i32::from_le_bytes(
+                [s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]].map(|b| b as u8),
+            )
+        };
+        _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+    });
+    let spread =
+        |w: __m256i, m: &[u8; 32]| _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w, ld_u8x32(m)));
+    (
+        std::array::from_fn(|s| spread(words[s / 4], &SPREAD_SCALE[s % 4])),
+        std::array::from_fn(|k| spread(words[k / 2], &PAIR_SCALES[k % 2])),
+    )
+}
+
+/// Quants of half `h` of block `i` of eight rows: `Packed8::q[4h..4h + 4]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quants8(rows: &[&[BlockQ6K]; 8], i: usize, h: usize) -> [[__m256i; 8]; 4] {
+    let v: [[__m256i; 4]; 8] = std::array::from_fn(|r| quants_q6_k(&rows[r][i], h));
+    std::array::from_fn(|c| transpose8(std::array::from_fn(|r| v[r][c])))
+}
+
+impl Packed8 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn zero() -> Packed8 {
+        let z = _mm256_setzero_si256();
+        Packed8 {
+            q: [[z; 8]; 8],
+            sc: [z; 16],
+            scp: [z; 8],
+            d: _mm256_setzero_ps(),
         }
     }
-    let mut q = [[_mm256_setzero_si256(); 8]; 8];
+}
+
+/// Repacks block `i` of eight rows into `p` (in place: the chunk's storage).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn repack8(rows: &[&[BlockQ6K]; 8], i: usize, p: &mut Packed8) {
     for h in 0..2 {
-        let v: [[__m256i; 4]; 8] = std::array::from_fn(|r| quants_q6_k(&rows[r][i], h));
-        for c in 0..4 {
-            q[4 * h + c] = transpose8(std::array::from_fn(|r| v[r][c]));
-        }
+        let q = quants8(rows, i, h);
+        p.q[4 * h..4 * h + 4].copy_from_slice(&q);
     }
-    Packed8 {
-        q,
-        sc: sc.map(|s| ld_i16x16(&s)),
-        scp: scp.map(|s| ld_i16x16(&s)),
-        d: d8(rows, i),
-    }
+    (p.sc, p.scp) = scales8(rows, i);
+    p.d = d8(rows, i);
 }
 
 /// `d` of block `i` of eight rows.
@@ -215,16 +267,35 @@ pub(super) struct Packed16 {
     d: __m512,
 }
 
+impl Packed16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    fn zero() -> Packed16 {
+        let z = _mm512_setzero_si512();
+        Packed16 {
+            q: [[z; 8]; 8],
+            sc: [z; 16],
+            scp: [z; 8],
+            d: _mm512_setzero_ps(),
+        }
+    }
+}
+
+/// Repacks block `i` of sixteen rows (`lo`: lanes 0..8, `hi`: 8..16) into `p`, each part of
+/// the two halves joined as soon as both are made.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn repack16(lo: &[&[BlockQ6K]; 8], hi: &[&[BlockQ6K]; 8], i: usize) -> Packed16 {
-    let (a, b) = (repack8(lo, i), repack8(hi, i));
-    Packed16 {
-        q: std::array::from_fn(|j| std::array::from_fn(|g| join(a.q[j][g], b.q[j][g]))),
-        sc: std::array::from_fn(|s| join(a.sc[s], b.sc[s])),
-        scp: std::array::from_fn(|k| join(a.scp[k], b.scp[k])),
-        d: join_ps(a.d, b.d),
+fn repack16(lo: &[&[BlockQ6K]; 8], hi: &[&[BlockQ6K]; 8], i: usize, p: &mut Packed16) {
+    for h in 0..2 {
+        let (a, b) = (quants8(lo, i, h), quants8(hi, i, h));
+        for c in 0..4 {
+            p.q[4 * h + c] = std::array::from_fn(|g| join(a[c][g], b[c][g]));
+        }
     }
+    let ((asc, ascp), (bsc, bscp)) = (scales8(lo, i), scales8(hi, i));
+    p.sc = std::array::from_fn(|s| join(asc[s], bsc[s]));
+    p.scp = std::array::from_fn(|k| join(ascp[k], bscp[k]));
+    p.d = join_ps(d8(lo, i), d8(hi, i));
 }
 
 /// Four activation bytes broadcast to every 32-bit lane of a 512-bit vector.
@@ -293,7 +364,8 @@ fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
         w,
         rb,
         (nb, 8, nt),
-        |r, i| repack8(&group8(w, rb, r, nrows), i),
+        Packed8::zero(),
+        |r, i, p| repack8(&group8(w, rb, r, nrows), i, p),
         |p: &[Packed8], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm8(p, xs).map(|v| lanes8(v)),
@@ -319,7 +391,8 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
         w,
         rb,
         (nb, 16, nt),
-        |r, i| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i),
+        Packed16::zero(),
+        |r, i, p| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i, p),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm16(p, xs).map(|v| lanes16(v)),
