@@ -30,7 +30,11 @@ fn main() {
     };
     // `-- TYPE N`: N tokens a call (a prompt batch) instead of one, at the 7B width
     let n: usize = args.get(2).map_or(1, |s| s.parse().expect("tokens"));
-    let isa = Isa::best();
+    // GDS_ISA=avx2 times the AVX2 build of the kernels (as gdsrun's alias does)
+    let isa = match std::env::var("GDS_ISA").as_deref() {
+        Ok("avx2") => Isa::Avx2,
+        _ => Isa::best(),
+    };
     let cols = if n == 1 { 2048 } else { 4096 };
     let x = values(cols * n, 7);
     let shapes: &[(usize, usize)] = if n == 1 {

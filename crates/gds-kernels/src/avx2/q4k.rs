@@ -545,12 +545,17 @@ fn gemm16<const N: usize>(
     acc
 }
 
-/// Tokens from which the Q4_K and Q6_K rows are repacked (fewer run in tiles of up to four
-/// over the stored rows): the repacking costs more than it saves over a few tokens. 1B Q4_K_M
-/// on the AVX-512 VM, `gdsrun bench -p N -n 0 -r 3`, t/s with the repacking / with tiles:
-/// AVX-512 8 tokens 66-69 / 84, 12 tokens 88-90 / 90-92, 16 tokens 102 / 89-93; `GDS_ISA=avx2`
-/// 8: 70-71 / 75-76, 12: 92-93 / 75-83, 16: 104-105 / 83.
-pub(super) const LANES_MIN_TOKENS: usize = 12;
+/// Tokens from which Q4_K rows are repacked, with the eight-row (AVX2) and the sixteen-row
+/// (AVX-512) kernels; fewer run in tiles of up to four over the stored rows (the repacking
+/// costs more than it saves over a few tokens). Where the times cross, after the repacking's
+/// scales were vectorized (the AVX-512 VM, 2026-12-02): one thread on 4096 x 4096 rows
+/// (`decode_bw -- q4_k N`, native and `GDS_ISA=avx2`): AVX2 5 tokens 1.70 ms repacked / 1.83
+/// in tiles, 4: tiles; AVX-512 9: 2.56 / 2.89, 8: 2.31 / 2.32, 7: 2.11 / 2.18, 5: 2.06 / 1.73.
+/// The 1B Q4_K_M shape, two threads (`gdsrun bench -p 5,6,8,9,10 -n 0 -r 3`, t/s repacked from
+/// the token count / tiles): AVX-512 8: 85-86 / 89-91, 9: 89 / 85-86, 10: 97-98 / 89-91; AVX2
+/// 5: 67-68 / 68-69, 6: 76-77 / 74-79, 8: 89-91 / 82-89, 9: 90-96 / 80-84. (Before that
+/// change both were 12.)
+pub(super) const Q4K_LANES_MIN: (usize, usize) = (6, 9);
 
 /// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
 const CHUNK_BYTES: usize = 96 << 10;
@@ -707,9 +712,9 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>],
 
 /// Generates `rows_q4_k` for the target features `$feat`.
 macro_rules! q4k_rows {
-    ($feat:literal, $gemm:ident) => {
+    ($feat:literal, $gemm:ident, $min:expr) => {
         /// Q4_K rows against `acts`, `out[r * nt + t]`: rows in their stored layout for fewer
-        /// than [`LANES_MIN_TOKENS`] tokens, repacked chunks for more (the same arithmetic).
+        /// than [`Q4K_LANES_MIN`] tokens, repacked chunks for more (the same arithmetic).
         #[target_feature(enable = $feat)]
         pub(in crate::avx2) fn rows_q4_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
             let nt = acts.len();
@@ -717,7 +722,7 @@ macro_rules! q4k_rows {
             if nt == 0 || nrows == 0 {
                 return;
             }
-            if nt < LANES_MIN_TOKENS {
+            if nt < $min {
                 let mut t0 = 0;
                 while t0 < nt {
                     by_tile!(&acts[t0..], |xs| tile_rows(w, rb, xs, out, nt, t0));
@@ -738,11 +743,15 @@ macro_rules! q4k_rows {
 /// Plain AVX2.
 pub(super) mod plain {
     use super::*;
-    q4k_rows!("avx2,fma,f16c", gemm_rows8);
+    q4k_rows!("avx2,fma,f16c", gemm_rows8, Q4K_LANES_MIN.0);
 }
 
 /// AVX-512 VL/BW: the same arithmetic with 32 vector registers.
 pub(super) mod wide {
     use super::*;
-    q4k_rows!("avx2,fma,f16c,avx512f,avx512vl,avx512bw", gemm_rows16);
+    q4k_rows!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
+        gemm_rows16,
+        Q4K_LANES_MIN.1
+    );
 }

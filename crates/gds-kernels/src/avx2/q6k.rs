@@ -8,7 +8,6 @@
 
 use super::q4k::{
     bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows, transpose8,
-    LANES_MIN_TOKENS,
 };
 use super::*;
 
@@ -406,18 +405,25 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
     );
 }
 
+/// Tokens from which Q6_K rows are repacked (eight-row AVX2, sixteen-row AVX-512 kernels):
+/// as [`super::q4k::Q4K_LANES_MIN`], measured the same way (`decode_bw -- q6_k N`): AVX2 9
+/// tokens 3.13 ms repacked / 3.50 in tiles, 8: 3.02 / 2.83; AVX-512 9: 3.28 / 3.58, 8: 3.40 /
+/// 2.86 (in the 1B runs of [`super::q4k::Q4K_LANES_MIN`] most Q6_K rows are the output head
+/// and `ffn_down`).
+pub(super) const Q6K_LANES_MIN: (usize, usize) = (9, 9);
+
 /// Generates `rows_q6_k` for the target features `$feat`, prompt batches through `$gemm`.
 macro_rules! q6k_rows {
-    ($feat:literal, $gemm:ident) => {
+    ($feat:literal, $gemm:ident, $min:expr) => {
         /// Q6_K rows against `acts`, `out[r * nt + t]`: rows in their stored layout for fewer
-        /// than [`LANES_MIN_TOKENS`] tokens, repacked chunks for more (the same arithmetic).
+        /// than [`Q6K_LANES_MIN`] tokens, repacked chunks for more (the same arithmetic).
         #[target_feature(enable = $feat)]
         pub(in crate::avx2) fn rows_q6_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
             let nt = acts.len();
             if nt == 0 || w.len() < rb {
                 return;
             }
-            if nt >= LANES_MIN_TOKENS {
+            if nt >= $min {
                 return $gemm(w, rb, acts, out);
             }
             let mut t0 = 0;
@@ -432,11 +438,15 @@ macro_rules! q6k_rows {
 /// Plain AVX2.
 pub(super) mod plain {
     use super::*;
-    q6k_rows!("avx2,fma,f16c", gemm_rows8);
+    q6k_rows!("avx2,fma,f16c", gemm_rows8, Q6K_LANES_MIN.0);
 }
 
 /// AVX-512 VL/BW: sixteen rows a vector for prompt batches, 32 registers.
 pub(super) mod wide {
     use super::*;
-    q6k_rows!("avx2,fma,f16c,avx512f,avx512vl,avx512bw", gemm_rows16);
+    q6k_rows!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
+        gemm_rows16,
+        Q6K_LANES_MIN.1
+    );
 }

@@ -184,8 +184,9 @@ fn simd_agrees_with_scalar() {
     eprintln!("comparing {:?} with the scalar kernels", simd);
     let mut rng = Rng(7);
     for dtype in ALL {
-        // 13: the K-quants' rows-in-lanes prompt kernels (from 12 tokens) with every token
-        for n in [1, 2, 3, 4, 5, 11, 13] {
+        // both sides of the K-quants' repacking thresholds (Q4K_LANES_MIN: AVX2 6, AVX-512 9;
+        // Q6K_LANES_MIN 9), and 13 with a last tile of one token
+        for n in [1, 2, 3, 4, 5, 6, 8, 9, 11, 13] {
             let extra = match dtype.block_size() {
                 1 => 13,
                 32 => 32,
