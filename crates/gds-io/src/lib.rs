@@ -7,7 +7,7 @@ mod mmap;
 pub mod pagecache;
 pub mod verify;
 
-pub use aligned::{align_down, align_up, AlignedBuf, ALIGN};
+pub use aligned::{align_down, align_up, huge_pages_available, AlignedBuf, ALIGN, HUGE};
 pub use direct::{
     filesystem_name, measure_read, probe_direct, DirectBackend, DirectOptions, DirectSupport,
     ReadBench,

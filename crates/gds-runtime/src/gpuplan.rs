@@ -186,6 +186,7 @@ pub fn plan_gpu(
         }
         ("direct", _) => bounce(true, "requested with --io direct: O_DIRECT into pinned host buffers, then async copies".into()),
         ("mmap", _) => bounce(false, "requested with --io mmap: page-cache reads (the pages stay cached: host RAM holds streamed layers after their first read) into pinned host buffers, then async copies".into()),
+        ("load", _) => return err("--io load reads the weights into host memory for the CPU backend; with --backend cuda use auto, gds, direct or mmap".into()),
         (other, _) => return err(format!("--io {other}: expected auto, mmap, direct or gds")),
     };
     let budget = match vram_budget {

@@ -209,8 +209,10 @@ impl Model {
                     resident: (0..m.n_layers()).map(|l| io.is_resident(l)).collect(),
                     slots: io.slots,
                     slot_size: io.slot_bytes as usize,
-                    force_buffered: mode == "buffered",
-                    keep_cached: false,
+                    // `load`: through the page cache, whose pages stay for the next run
+                    // (the copy that matters is the private, huge-page one)
+                    force_buffered: mode == "buffered" || mode == "load",
+                    keep_cached: mode == "load",
                     verifier: Some(verifier.clone()),
                 };
                 Box::new(DirectBackend::open(dir, &m, &opts)?)

@@ -124,10 +124,11 @@ pub struct EngineArgs {
     /// slots; default 90 % of the device).
     #[arg(long, value_parser = gds_runtime::ioplan::parse_size)]
     pub vram_budget: Option<u64>,
-    /// How weights are read: auto, mmap or direct (O_DIRECT, layers streamed within
+    /// How weights are read: auto, mmap, load (the whole model read into memory backed by
+    /// huge pages: auto's choice where it fits) or direct (O_DIRECT, layers streamed within
     /// --mem-budget; one pass over the weights serves the whole batch); with --backend cuda
     /// also gds (GPUDirect Storage: cuFile into VRAM).
-    #[arg(long, value_parser = ["auto", "mmap", "direct", "gds"])]
+    #[arg(long, value_parser = ["auto", "mmap", "load", "direct", "gds"])]
     pub io: Option<String>,
     /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB).
     #[arg(long, value_parser = gds_runtime::ioplan::parse_size)]

@@ -57,9 +57,11 @@ pub struct CommonArgs {
     /// Compute backend: auto, cpu or cuda.
     #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
     pub backend: Option<String>,
-    /// How weights are read: auto, mmap (map the whole model), direct (O_DIRECT reads,
-    /// layers streamed within --mem-budget) or gds (GPUDirect Storage, --backend cuda).
-    #[arg(long, value_parser = ["auto", "mmap", "direct", "gds"])]
+    /// How weights are read: auto, mmap (map the whole model), load (read the whole model
+    /// into memory backed by huge pages: auto's choice where the model fits and the kernel
+    /// has transparent huge pages), direct (O_DIRECT reads, layers streamed within
+    /// --mem-budget) or gds (GPUDirect Storage, --backend cuda).
+    #[arg(long, value_parser = ["auto", "mmap", "load", "direct", "gds"])]
     pub io: Option<String>,
     /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB, 1.5GiB).
     #[arg(long, value_parser = parse_size)]
@@ -301,7 +303,7 @@ pub struct DoctorArgs {
     #[arg(long, value_parser = parse_size)]
     pub vram_budget: Option<u64>,
     /// Plan with this I/O mode.
-    #[arg(long, value_parser = ["auto", "mmap", "direct", "gds"])]
+    #[arg(long, value_parser = ["auto", "mmap", "load", "direct", "gds"])]
     pub io: Option<String>,
     /// Plan with this backend.
     #[arg(long, value_parser = ["auto", "cpu", "cuda"])]

@@ -133,9 +133,22 @@ fn the_minimum_budget_is_two_buffers_and_smaller_budgets_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("--io mmap maps the whole model"), "{e}");
-    // auto: no budget maps, a small budget streams
+    let e = plan_io(dir, &m, "load", Some(50 << 20), || DirectSupport::Direct)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--io load reads the whole model"), "{e}");
+    let load = plan_io(dir, &m, "load", None, || DirectSupport::Direct).unwrap();
+    assert_eq!((load.mode, load.streamed_layers.len()), (IoMode::Load, 0));
+    // auto: no budget holds the whole model (read into huge pages where the kernel has
+    // them, mapped where not), a small budget streams
     let auto = plan_io(dir, &m, "auto", None, || DirectSupport::Direct).unwrap();
-    assert_eq!(auto.mode, IoMode::Mmap);
+    let want = if gds_io::huge_pages_available() {
+        IoMode::Load
+    } else {
+        IoMode::Mmap
+    };
+    assert_eq!(auto.mode, want, "{}", auto.reason);
+    assert!(auto.streamed_layers.is_empty());
     let auto = plan_io(dir, &m, "auto", Some(30 << 20), || DirectSupport::Direct).unwrap();
     assert_eq!(auto.mode, IoMode::Direct);
     let auto = plan_io(dir, &m, "auto", Some(30 << 20), || {

@@ -150,9 +150,24 @@ fn plan_json_records_decisions() {
     ]);
     assert_eq!(p["arch"], "llama");
     assert_eq!(p["backend"], "cpu");
-    assert_eq!(p["io"], "mmap");
+    // auto holds the whole model: read into huge pages where the kernel has them, mapped
+    // where not (the reason says which)
+    let io = if gds_io::huge_pages_available() {
+        "load"
+    } else {
+        "mmap"
+    };
+    assert_eq!(p["io"], io);
     // typed in the plan (IoMode), written as the same name
-    assert_eq!(p["io_plan"]["mode"], "mmap");
+    assert_eq!(p["io_plan"]["mode"], io);
+    assert!(
+        p["io_plan"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(if io == "load" { "huge pages" } else { "mapped" }),
+        "{}",
+        p["io_plan"]
+    );
     assert_eq!(p["ctx"], 256);
     assert_eq!(p["threads"], 1);
     assert_eq!(p["mode"], "raw");

@@ -42,7 +42,7 @@ fn cached(dir: &Path) -> (usize, usize) {
 
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
-fn direct_streaming_matches_mmap_and_leaves_no_weights_in_the_page_cache() {
+fn direct_streaming_and_load_match_mmap_and_direct_leaves_no_weights_in_the_page_cache() {
     let tmp = tempfile::tempdir().unwrap();
     let copy = tmp.path().join("m.gds");
     gds_tests::copy_dir(model(), &copy);
@@ -108,6 +108,24 @@ fn direct_streaming_matches_mmap_and_leaves_no_weights_in_the_page_cache() {
         bound as f64 / 1048576.0,
         per_token / 1e6
     );
+
+    // --io load (auto's choice where the kernel has transparent huge pages): the whole model
+    // read into private memory, the same tokens, within weights + KV cache + 64 MiB
+    let mut args = vec![model().to_str().unwrap(), "--io", "load"];
+    args.extend(common);
+    let loaded = ok_json(&args);
+    assert_eq!(loaded["tokens"], mapped["tokens"]);
+    assert_eq!(loaded["text"], mapped["text"]);
+    assert_eq!(loaded["plan"]["io"], "load");
+    let lio = &loaded["plan"]["io_plan"];
+    assert!(
+        lio["streamed_layers"].as_array().unwrap().is_empty(),
+        "{lio}"
+    );
+    let lm = &loaded["metrics"];
+    let rss = lm["peak_rss_bytes"].as_u64().unwrap();
+    let bound = weights + lm["kv_cache_bytes"].as_u64().unwrap() + (64 << 20);
+    assert!(rss <= bound, "--io load: peak RSS {rss} > {bound}");
 
     // O_DIRECT reads leave nothing in the page cache (checked where eviction works, i.e.
     // the test directory is on a disk filesystem, not tmpfs)
