@@ -269,18 +269,29 @@ pub fn plan_io_keeping(
         Some(b) => format!("it fits --mem-budget {}", mib(b)),
     };
     match io {
-        "load" => {
+        "load" | "mmap" => {
+            let (verb, mode, reason) = if io == "load" {
+                (
+                    "reads the whole model into memory",
+                    IoMode::Load,
+                    "requested with --io load: the whole model read into memory backed by huge pages",
+                )
+            } else {
+                (
+                    "maps the whole model",
+                    IoMode::Mmap,
+                    "requested with --io mmap",
+                )
+            };
             if !fits {
                 return plan_err(format!(
-                    "--io load reads the whole model ({}) into memory, more than --mem-budget {}; use --io direct (or auto) to stream layers",
+                    "--io {io} {verb} ({}), more than --mem-budget {}; use --io direct (or auto) to stream layers",
                     mib(weight_bytes),
                     mib(budget.unwrap_or(0))
                 ));
             }
-            p.mode = IoMode::Load;
-            p.reason =
-                "requested with --io load: the whole model read into memory backed by huge pages"
-                    .into();
+            p.mode = mode;
+            p.reason = reason.into();
             return Ok(p);
         }
         "auto" if fits && gds_io::huge_pages_available() => {
@@ -292,17 +303,6 @@ pub fn plan_io_keeping(
                 mib(weight_bytes),
                 within()
             );
-            return Ok(p);
-        }
-        "mmap" => {
-            if !fits {
-                return plan_err(format!(
-                    "--io mmap maps the whole model ({}), more than --mem-budget {}; use --io direct (or auto) to stream layers",
-                    mib(weight_bytes),
-                    mib(budget.unwrap_or(0))
-                ));
-            }
-            p.reason = "requested with --io mmap".into();
             return Ok(p);
         }
         "auto" if fits => {
