@@ -1671,17 +1671,7 @@ mod tests {
             quant: QuantTarget::Mix(QuantMix::Q4KM),
             ..ConvertOptions::default()
         };
-        let file = Arc::new(MappedFile::from_bytes("t".into(), &[]).unwrap());
-        let t = |cols: u64| SourceTensor {
-            name: "blk.0.attn_q.weight".into(),
-            source_name: "q".into(),
-            dtype: DType::F16,
-            shape: vec![64, cols],
-            file: file.clone(),
-            offset: 0,
-            nbytes: 0,
-            transform: Transform::None,
-        };
+        let t = |cols: u64| planned_tensor("blk.0.attn_q.weight", &[64, cols]);
         let planned = |t: &SourceTensor| {
             let p = Planner::new(&opts, ctx, []).plan(t);
             (p.dtype, p.misfit)
@@ -1914,21 +1904,11 @@ mod tests {
         assert_eq!(count(QuantMix::Q3KM, DType::Q5K), 80 + 5);
         assert_eq!(count(QuantMix::Q2K, DType::Q5K), 80);
         // a Q5_K attn_v whose rows are not whole 256-blocks falls back as the mix's would
-        let file = Arc::new(MappedFile::from_bytes("t".into(), &[]).unwrap());
         let opts = ConvertOptions {
             quant: QuantTarget::Mix(QuantMix::Q3KS),
             ..ConvertOptions::default()
         };
-        let t = |cols: u64| SourceTensor {
-            name: "blk.40.attn_v.weight".into(),
-            source_name: "v".into(),
-            dtype: DType::F16,
-            shape: vec![64, cols],
-            file: file.clone(),
-            offset: 0,
-            nbytes: 0,
-            transform: Transform::None,
-        };
+        let t = |cols: u64| planned_tensor("blk.40.attn_v.weight", &[64, cols]);
         let planner = Planner::new(&opts, ctx, []);
         assert_eq!(planner.dtype(&t(8192)), DType::Q5K);
         assert_eq!(planner.dtype(&t(576)), DType::Q5_1);

@@ -298,8 +298,8 @@ pub fn plan_io_keeping(
             p.mode = IoMode::Load;
             p.reason = format!(
                 "auto: the model ({}) is held whole ({}): read into memory backed by transparent huge pages, \
-                 one TLB entry per 2 MiB of weights (1B Q4_K_M decode 28 -> 34 t/s against mapping the files \
-                 on a 2-core VM, bench/runs/2026-12-02-huge-pages.md); --io mmap maps the files instead",
+                 one TLB entry per 2 MiB of weights (faster decode than mapping the files: docs/streaming.md); \
+                 --io mmap maps the files instead",
                 mib(weight_bytes),
                 within()
             );

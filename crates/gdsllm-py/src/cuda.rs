@@ -98,28 +98,22 @@ pub(crate) struct LayerSourceSpec<'a> {
     pub file: &'a str,
     /// Its length.
     pub size: u64,
-    /// The whole file, mapped (and checked when the model was opened).
-    pub mapped: LayerBytes,
-    /// The file read with O_DIRECT (`io="direct"`), when asked for.
-    pub direct: Option<LayerBytes>,
+    /// The whole file in host memory, copied to the device from there (`io="mmap"`: the
+    /// mapping, checked when the model was opened; `io="direct"`: an O_DIRECT read); `None`
+    /// reads it with cuFile (`io="gds"`).
+    pub host: Option<LayerBytes>,
 }
 
-/// Places one layer file's bytes on CUDA device `device` by `io`.
+/// Places one layer file's bytes on CUDA device `device`.
 #[cfg(feature = "cuda")]
-pub(crate) fn load(
-    device: usize,
-    io: Io,
-    src: &LayerSourceSpec<'_>,
-) -> Result<DeviceLayer, String> {
+pub(crate) fn load(device: usize, src: &LayerSourceSpec<'_>) -> Result<DeviceLayer, String> {
     use gds_cuda::device_bytes::{load, Source};
-    let size = usize::try_from(src.size).map_err(|e| e.to_string())?;
-    let source = match io {
-        Io::Mmap => Source::Host(&src.mapped),
-        Io::Direct => Source::Host(src.direct.as_deref().unwrap_or(&src.mapped)),
-        Io::Gds => Source::Gds {
+    let source = match &src.host {
+        Some(bytes) => Source::Host(bytes),
+        None => Source::Gds {
             dir: src.dir,
             file: src.file,
-            size,
+            size: usize::try_from(src.size).map_err(|e| e.to_string())?,
         },
     };
     load(device, source)
@@ -127,14 +121,15 @@ pub(crate) fn load(
         .map_err(|e| format!("{}: {e}", src.dir.join(src.file).display()))
 }
 
-/// Places one layer file's bytes on CUDA device `device`: refused, this build has no CUDA.
+/// Places one layer file's bytes on CUDA device `device`: refused, this build has no CUDA
+/// (`Model.load` refuses with [`no_cuda`] before reading anything; this keeps the call
+/// compiling).
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn load(
-    device: usize,
-    io: Io,
-    src: &LayerSourceSpec<'_>,
-) -> Result<DeviceLayer, String> {
-    Err(no_cuda(device, io, &src.dir.join(src.file)))
+pub(crate) fn load(device: usize, src: &LayerSourceSpec<'_>) -> Result<DeviceLayer, String> {
+    Err(format!(
+        "{}: device \"cuda:{device}\": this gdsllm package was built without CUDA support",
+        src.dir.join(src.file).display()
+    ))
 }
 
 /// Why a build without CUDA cannot load `file` onto `cuda:{device}`.

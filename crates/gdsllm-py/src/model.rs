@@ -307,29 +307,29 @@ impl Model {
         if !cuda::BUILT_WITH_CUDA {
             return Err(err(cuda::no_cuda(device, io, &inner.dir.join(&l.file))));
         }
-        let span = Span {
-            layer: idx,
-            offset: 0,
-            len: l.file_size,
-        };
         let loaded = py.detach(|| -> Result<DeviceLayer, String> {
-            let mapped = inner
-                .backend
-                .acquire_span(span)
-                .map_err(|e| e.to_string())?;
-            let direct = match io {
+            // the bytes a host copy starts from: the mapping, or a fresh O_DIRECT read
+            let host = match io {
+                Io::Mmap => Some(
+                    inner
+                        .backend
+                        .acquire_span(Span {
+                            layer: idx,
+                            offset: 0,
+                            len: l.file_size,
+                        })
+                        .map_err(|e| e.to_string())?,
+                ),
                 Io::Direct => Some(read_direct(inner, idx)?),
-                _ => None,
+                Io::Gds => None,
             };
             cuda::load(
                 device,
-                io,
                 &LayerSourceSpec {
                     dir: &inner.dir,
                     file: &l.file,
                     size: l.file_size,
-                    mapped,
-                    direct,
+                    host,
                 },
             )
         });
