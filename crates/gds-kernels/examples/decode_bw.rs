@@ -4,7 +4,7 @@
 //! whether a kernel waits for memory or for arithmetic. Compare with a plain read loop's
 //! bandwidth on the same machine.
 //!
-//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q6_k|q4_0 [TOKENS]]`
+//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q6_k|q4_0|q8_0 [TOKENS]]`
 //! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch)
 //!
 //! 2026-12-02, the Sapphire Rapids VM, 2 threads: Q4_K 26-29 GB/s from L2, 16.3-17.3 GB/s
@@ -26,15 +26,20 @@ fn main() {
         None | Some("q4_k") => DType::Q4K,
         Some("q6_k") => DType::Q6K,
         Some("q4_0") => DType::Q4_0,
+        Some("q8_0") => DType::Q8_0,
         Some(o) => panic!("unknown type {o}"),
     };
     // `-- TYPE N`: N tokens a call (a prompt batch) instead of one, at the 7B width
     let n: usize = args.get(2).map_or(1, |s| s.parse().expect("tokens"));
-    // GDS_ISA=avx2 times the AVX2 build of the kernels (as gdsrun's alias does)
-    let isa = match std::env::var("GDS_ISA").as_deref() {
-        Ok("avx2") => Isa::Avx2,
-        _ => Isa::best(),
-    };
+    // GDS_ISA=avx2|avxvnni|... times that build of the kernels (as gdsrun's alias does)
+    let isa = std::env::var("GDS_ISA")
+        .ok()
+        .map(|n| {
+            Isa::from_name(&n)
+                .filter(|i| i.available())
+                .expect("GDS_ISA")
+        })
+        .unwrap_or_else(Isa::best);
     let cols = if n == 1 { 2048 } else { 4096 };
     let x = values(cols * n, 7);
     let shapes: &[(usize, usize)] = if n == 1 {

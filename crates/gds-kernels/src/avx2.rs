@@ -10,11 +10,11 @@
 //! A weight block is unpacked once and used for up to four tokens, and rows are
 //! software-prefetched (into L2) a few KiB ahead. Prompt batches (two or more whole tiles of
 //! four tokens) of Q4_1..Q5_1 and Q5_K unpack a chunk of rows once into an L1-sized buffer
-//! and run every tile against it, through the same arithmetic. Q4_0's, Q4_K's and Q6_K's
-//! prompt batches repack a chunk of rows with one row per 32-bit vector lane instead (eight
-//! rows a 256-bit vector, sixteen a 512-bit one: [`q40`], [`q4k`], [`q6k`]), so four
-//! broadcast activation bytes multiply eight or sixteen rows at once and no horizontal sums
-//! remain; Q4_K and Q6_K decode eight stored rows side by side, and each path ends a block
+//! and run every tile against it, through the same arithmetic. Q4_0's, Q4_K's, Q6_K's and
+//! Q8_0's prompt batches repack a chunk of rows with one row per 32-bit vector lane instead
+//! (eight rows a 256-bit vector, sixteen a 512-bit one: [`q40`], [`q4k`], [`q6k`], [`q80`]),
+//! so four broadcast activation bytes multiply eight or sixteen rows at once and no horizontal
+//! sums remain; Q4_K, Q6_K and Q8_0 decode eight stored rows side by side, and each path ends a block
 //! with the same per-row arithmetic, so a token's result never depends on its batch. Q4_0's
 //! and Q5_0's constant weight offsets start the integer dot products (at `-2^b * sum(q)`)
 //! instead of taking a float term of their own.
@@ -26,6 +26,7 @@ use std::arch::x86_64::*;
 mod q40;
 mod q4k;
 mod q6k;
+mod q80;
 
 /// Proof that the CPU has AVX2, FMA and F16C (and AVX-VNNI when `vnni()`); only the
 /// `detect` functions make one.
@@ -281,15 +282,12 @@ fn fifth_pair(qh0: [u8; 4], qh1: [u8; 4]) -> (__m256i, __m256i) {
     (expand(lo_idx), expand(hi_idx))
 }
 
-/// Weight side of a block pair: unsigned (or absolute, for Q8_0) quants for `lo` and `hi`,
-/// the sign sources for Q8_0, and `[x0, y0, x1, y1]`: the scales `x` go with the activation
+/// Weight side of a block pair: unsigned quants for `lo` and `hi`, and `[x0, y0, x1, y1]`: the scales `x` go with the activation
 /// `d8`, the offset coefficients `y` with the activation `s4`.
 #[derive(Clone, Copy)]
 struct Unpacked {
     lo: __m256i,
     hi: __m256i,
-    sign_lo: __m256i,
-    sign_hi: __m256i,
     scale: __m128,
 }
 
@@ -297,36 +295,22 @@ struct Unpacked {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn unpack_q4_0(b0: &BlockQ4_0, b1: &BlockQ4_0) -> Unpacked {
     let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
-    let z = _mm256_setzero_si256();
     let scale = f16_quad(
         [b0.d[0], b0.d[1], b0.d[0], b0.d[1]],
         [b1.d[0], b1.d[1], b1.d[0], b1.d[1]],
     );
-    Unpacked {
-        lo,
-        hi,
-        sign_lo: z,
-        sign_hi: z,
-        scale,
-    }
+    Unpacked { lo, hi, scale }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn unpack_q4_1(b0: &BlockQ4_1, b1: &BlockQ4_1) -> Unpacked {
     let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
-    let z = _mm256_setzero_si256();
     let scale = f16_quad(
         [b0.d[0], b0.d[1], b0.m[0], b0.m[1]],
         [b1.d[0], b1.d[1], b1.m[0], b1.m[1]],
     );
-    Unpacked {
-        lo,
-        hi,
-        sign_lo: z,
-        sign_hi: z,
-        scale,
-    }
+    Unpacked { lo, hi, scale }
 }
 
 #[inline]
@@ -334,7 +318,6 @@ fn unpack_q4_1(b0: &BlockQ4_1, b1: &BlockQ4_1) -> Unpacked {
 fn unpack_q5_0(b0: &BlockQ5_0, b1: &BlockQ5_0) -> Unpacked {
     let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
     let (hlo, hhi) = fifth_pair(b0.qh, b1.qh);
-    let z = _mm256_setzero_si256();
     let scale = f16_quad(
         [b0.d[0], b0.d[1], b0.d[0], b0.d[1]],
         [b1.d[0], b1.d[1], b1.d[0], b1.d[1]],
@@ -342,8 +325,6 @@ fn unpack_q5_0(b0: &BlockQ5_0, b1: &BlockQ5_0) -> Unpacked {
     Unpacked {
         lo: _mm256_or_si256(lo, hlo),
         hi: _mm256_or_si256(hi, hhi),
-        sign_lo: z,
-        sign_hi: z,
         scale,
     }
 }
@@ -353,7 +334,6 @@ fn unpack_q5_0(b0: &BlockQ5_0, b1: &BlockQ5_0) -> Unpacked {
 fn unpack_q5_1(b0: &BlockQ5_1, b1: &BlockQ5_1) -> Unpacked {
     let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
     let (hlo, hhi) = fifth_pair(b0.qh, b1.qh);
-    let z = _mm256_setzero_si256();
     let scale = f16_quad(
         [b0.d[0], b0.d[1], b0.m[0], b0.m[1]],
         [b1.d[0], b1.d[1], b1.m[0], b1.m[1]],
@@ -361,26 +341,6 @@ fn unpack_q5_1(b0: &BlockQ5_1, b1: &BlockQ5_1) -> Unpacked {
     Unpacked {
         lo: _mm256_or_si256(lo, hlo),
         hi: _mm256_or_si256(hi, hhi),
-        sign_lo: z,
-        sign_hi: z,
-        scale,
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q8_0(b0: &BlockQ8_0, b1: &BlockQ8_0) -> Unpacked {
-    let lo = _mm256_set_m128i(ld_i8x16(&b1.qs[..16]), ld_i8x16(&b0.qs[..16]));
-    let hi = _mm256_set_m128i(ld_i8x16(&b1.qs[16..]), ld_i8x16(&b0.qs[16..]));
-    let scale = f16_quad(
-        [b0.d[0], b0.d[1], b0.d[0], b0.d[1]],
-        [b1.d[0], b1.d[1], b1.d[0], b1.d[1]],
-    );
-    Unpacked {
-        lo: _mm256_abs_epi8(lo),
-        hi: _mm256_abs_epi8(hi),
-        sign_lo: lo,
-        sign_hi: hi,
         scale,
     }
 }
@@ -404,7 +364,6 @@ macro_rules! q32_family {
                     $rows:ident,
                     $blk:ty,
                     $unpack:ident,
-                    $signed:expr,
                     $mcoef:expr,
                     $bias:literal,
                     $cache:expr
@@ -446,12 +405,7 @@ macro_rules! q32_family {
                                             _mm_fmadd_ps(u.scale, ld_f32x4(&x.s4), $accm[r][t]);
                                     }
                                     let s = _mm256_mul_ps(d8[r], xd8);
-                                    let (mut xl, mut xh) = (xl0, xh0);
-                                    if $signed {
-                                        xl = _mm256_sign_epi8(xl, u.sign_lo);
-                                        xh = _mm256_sign_epi8(xh, u.sign_hi);
-                                    }
-                                    let i = $dot::<$signed>(init, [u.lo, u.hi], [xl, xh]);
+                                    let i = $dot(init, [u.lo, u.hi], [xl0, xh0]);
                                     $acc[r][t] =
                                         _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(i), $acc[r][t]);
                                 }
@@ -670,8 +624,7 @@ macro_rules! q32_family {
                 rows_q4_0,
                 BlockQ4_0,
                 unpack_q4_0,
-                false,
-                0.0,
+                                0.0,
                 3,
                 true
             );
@@ -681,8 +634,7 @@ macro_rules! q32_family {
                 rows_q4_1,
                 BlockQ4_1,
                 unpack_q4_1,
-                false,
-                1.0,
+                                1.0,
                 0,
                 true
             );
@@ -692,8 +644,7 @@ macro_rules! q32_family {
                 rows_q5_0,
                 BlockQ5_0,
                 unpack_q5_0,
-                false,
-                0.0,
+                                0.0,
                 4,
                 true
             );
@@ -703,46 +654,28 @@ macro_rules! q32_family {
                 rows_q5_1,
                 BlockQ5_1,
                 unpack_q5_1,
-                false,
-                1.0,
+                                1.0,
                 0,
                 true
-            );
-            kernel!(
-                dot_q8_0,
-                dot_q8_0_u,
-                rows_q8_0,
-                BlockQ8_0,
-                unpack_q8_0,
-                true,
-                0.0,
-                0,
-                false
             );
         }
     };
 }
 
-/// maddubs + madd. For Q8_0 (`WIDE`) each half is widened separately, since two halves of
-/// up to 2 * 128 * 127 would overflow i16.
+/// maddubs + madd (the weights' quants are at most 5 bits: two halves' pair sums fit i16).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_maddubs<const WIDE: bool>(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
+fn dot_maddubs(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
     let ([ul, uh], [al, ah]) = (u, a);
     let ones = _mm256_set1_epi16(1);
     let (pl, ph) = (_mm256_maddubs_epi16(ul, al), _mm256_maddubs_epi16(uh, ah));
-    let sum = if WIDE {
-        _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones))
-    } else {
-        _mm256_madd_epi16(_mm256_add_epi16(pl, ph), ones)
-    };
-    _mm256_add_epi32(init, sum)
+    _mm256_add_epi32(init, _mm256_madd_epi16(_mm256_add_epi16(pl, ph), ones))
 }
 
 /// Two `vpdpbusd` (AVX-VNNI): no intermediate i16, so no overflow case.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-fn dot_vnni<const WIDE: bool>(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
+fn dot_vnni(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
     let ([ul, uh], [al, ah]) = (u, a);
     _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(init, ul, al), uh, ah)
 }
@@ -752,7 +685,7 @@ fn dot_vnni<const WIDE: bool>(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -
 /// upper 16 vector registers.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-fn dot_vnni512<const WIDE: bool>(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
+fn dot_vnni512(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
     let ([ul, uh], [al, ah]) = (u, a);
     _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(init, ul, al), uh, ah)
 }
@@ -1728,7 +1661,40 @@ pub fn rows_q4_0_by_row(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &m
 public_rows!(rows_q4_1, ActQ8, q32);
 public_rows!(rows_q5_0, ActQ8, q32);
 public_rows!(rows_q5_1, ActQ8, q32);
-public_rows!(rows_q8_0, ActQ8, q32);
+
+/// AVX2 twin of `scalar::rows_q8_0`: eight rows side by side for small batches (decode),
+/// rows in the vector lanes for prompt batches (eight a vector, sixteen with AVX-512), with
+/// `vpdpbusd` where the token has VNNI. The same bits with every token and every batch
+/// (see `q80`).
+pub fn rows_q8_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let (nt, nrows) = (acts.len(), w.len() / rb.max(1));
+    if nt == 0 || nrows == 0 {
+        return;
+    }
+    let (plain, avx_vnni, avx512) = q80::Q80_LANES_MIN;
+    // SAFETY (each call): a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512
+    // F, VL, BW and VNNI were detected; one with `vnni` only when AVX2, FMA, F16C and
+    // AVX-VNNI were; any `Avx2` token only when AVX2, FMA and F16C were.
+    unsafe {
+        if t.avx512 {
+            if nt >= avx512 {
+                q80::gemm_rows16(w, rb, acts, out)
+            } else {
+                q80::evex::rows_stored(w, rb, acts, out)
+            }
+        } else if t.vnni {
+            if nt >= avx_vnni {
+                q80::vnni::gemm_rows8(w, rb, acts, out)
+            } else {
+                q80::vnni::rows_stored(w, rb, acts, out)
+            }
+        } else if nt >= plain {
+            q80::plain::gemm_rows8(w, rb, acts, out)
+        } else {
+            q80::plain::rows_stored(w, rb, acts, out)
+        }
+    }
+}
 public_rows!(rows_q4_k, ActQ8K, kquant);
 public_rows!(rows_q5_k, ActQ8K, kquant);
 public_rows!(rows_q6_k, ActQ8K, kquant);

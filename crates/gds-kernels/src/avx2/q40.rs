@@ -49,13 +49,13 @@ fn repack8(rows: &[&[BlockQ4_0]; 8], i: usize) -> Packed8 {
 /// Activations of block `b` of a row stored as [`ActQ8`] pairs: elements `4g..4g + 4`, the
 /// scale and `8 * -sum(q)`.
 #[inline(always)]
-fn act_block(a: &[ActQ8], b: usize) -> (&ActQ8, usize) {
+pub(super) fn act_block(a: &[ActQ8], b: usize) -> (&ActQ8, usize) {
     (&a[b / 2], b % 2)
 }
 
 /// Elements `4g..4g + 4` of half `h` of the pair `x`.
 #[inline(always)]
-fn act4(x: &ActQ8, h: usize, g: usize) -> &[i8] {
+pub(super) fn act4(x: &ActQ8, h: usize, g: usize) -> &[i8] {
     if g < 4 {
         &x.lo[16 * h + 4 * g..]
     } else {

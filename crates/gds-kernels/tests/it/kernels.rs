@@ -184,9 +184,10 @@ fn simd_agrees_with_scalar() {
     eprintln!("comparing {:?} with the scalar kernels", simd);
     let mut rng = Rng(7);
     for dtype in ALL {
-        // both sides of the K-quants' repacking thresholds (Q4K_LANES_MIN: AVX2 6, AVX-512 9;
-        // Q6K_LANES_MIN 9), and 13 with a last tile of one token
-        for n in [1, 2, 3, 4, 5, 6, 8, 9, 11, 13] {
+        // both sides of the repacking thresholds (Q4K_LANES_MIN: AVX2 6, AVX-512 9;
+        // Q6K_LANES_MIN 9; Q80_LANES_MIN: AVX2 18, VNNI 10), and 13 with a last tile of one
+        // token
+        for n in [1, 2, 3, 4, 5, 6, 8, 9, 11, 13, 19] {
             let extra = match dtype.block_size() {
                 1 => 13,
                 32 => 32,
@@ -205,7 +206,7 @@ fn simd_agrees_with_scalar() {
             let mut ys = vec![0f32; n * rows];
             matmul_with(Isa::Scalar, &w, &x, n, &mut ys).unwrap();
             let (_, _, abs) = reference(&w, &x, n);
-            let mut vnni: Option<Vec<f32>> = None;
+            let mut first: Option<Vec<f32>> = None;
             for &isa in &simd {
                 let mut yv = vec![0f32; n * rows];
                 matmul_with(isa, &w, &x, n, &mut yv).unwrap();
@@ -219,13 +220,11 @@ fn simd_agrees_with_scalar() {
                         isa.name()
                     );
                 }
-                // the VNNI kernels in either encoding, one row or two at a time: the same
-                // arithmetic, bit for bit
-                if matches!(isa, Isa::AvxVnni | Isa::Avx512Vnni) {
-                    match &vnni {
-                        None => vnni = Some(yv),
-                        Some(v) => assert!(v == &yv, "{dtype} n={n}: {} differs", isa.name()),
-                    }
+                // every instruction set's kernels, one row or two at a time, `maddubs` or
+                // `vpdpbusd` in either encoding: the same arithmetic, bit for bit
+                match &first {
+                    None => first = Some(yv),
+                    Some(v) => assert!(v == &yv, "{dtype} n={n}: {} differs", isa.name()),
                 }
             }
         }
