@@ -1672,9 +1672,9 @@ pub fn rows_q8_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
         return;
     }
     let (plain, avx_vnni, avx512) = q80::Q80_LANES_MIN;
-    // SAFETY (each call): a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512
-    // F, VL, BW and VNNI were detected; one with `vnni` only when AVX2, FMA, F16C and
-    // AVX-VNNI were; any `Avx2` token only when AVX2, FMA and F16C were.
+    // SAFETY: each call's target features were detected: a token with `avx512` exists only
+    // when AVX2, FMA, F16C and AVX-512 F, VL, BW and VNNI were; one with `vnni` only when
+    // AVX2, FMA, F16C and AVX-VNNI were; any `Avx2` token only when AVX2, FMA and F16C were.
     unsafe {
         if t.avx512 {
             if nt >= avx512 {
