@@ -9,12 +9,12 @@
 //! (see [`ActQ8`]); K-quants on a 256-block with its sub-block scales applied in integers.
 //! A weight block is unpacked once and used for up to four tokens, and rows are
 //! software-prefetched (into L2) a few KiB ahead. Prompt batches (two or more whole tiles of
-//! four tokens) of Q4_1..Q5_1 and Q5_K unpack a chunk of rows once into an L1-sized buffer
-//! and run every tile against it, through the same arithmetic. Q4_0's, Q4_K's, Q6_K's and
+//! four tokens) of Q4_1..Q5_1 unpack a chunk of rows once into an L1-sized buffer and run
+//! every tile against it, through the same arithmetic. Q4_0's, Q4_K's, Q5_K's, Q6_K's and
 //! Q8_0's prompt batches repack a chunk of rows with one row per 32-bit vector lane instead
 //! (eight rows a 256-bit vector, sixteen a 512-bit one: [`q40`], [`q4k`], [`q6k`], [`q80`]),
 //! so four broadcast activation bytes multiply eight or sixteen rows at once and no horizontal
-//! sums remain; Q4_K, Q6_K and Q8_0 decode eight stored rows side by side, and each path ends a block
+//! sums remain; the K-quants and Q8_0 decode eight stored rows side by side, and each path ends a block
 //! with the same per-row arithmetic, so a token's result never depends on its batch. Q4_0's
 //! and Q5_0's constant weight offsets start the integer dot products (at `-2^b * sum(q)`)
 //! instead of taking a float term of their own.
@@ -205,14 +205,6 @@ fn hmax_ps(v: __m256) -> f32 {
     let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_max_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
-}
-
-/// Two f16 (little-endian, 4 bytes) widened to f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16x2(b: [u8; 4]) -> (f32, f32) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes(b)));
-    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -691,20 +683,8 @@ fn dot_vnni512(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
 }
 
 // ---------------------------------------------------------------------------------------
-// K-quants against ActQ8K. A block is unpacked (quants to unsigned bytes per 32 elements,
-// scales decoded) and then multiplied with up to four tokens; prompt batches unpack a chunk
-// of rows once and run every tile of tokens against it (the same arithmetic either way).
-
-/// A Q4_K or Q5_K block unpacked: quants of sub-block `j` (32 elements) in `q[j]`, their
-/// 6-bit scales in `sc`, the mins under the activations' 16-element sums in `mins`.
-#[derive(Clone, Copy)]
-struct UnpackedQ45K {
-    q: [__m256i; 8],
-    mins: __m256i,
-    sc: [i16; 8],
-    d: f32,
-    dmin: f32,
-}
+// K-quants against ActQ8K: the parts of a block (scales, quants as unsigned bytes per 32
+// elements) that the eight-stored-rows decode paths of `q4k` (Q4_K, Q5_K) and `q6k` use.
 
 /// A Q4_K/Q5_K block's eight scales (`[i16; 8]`) and mins, each min twice under the
 /// activations' two 16-element sums of its sub-block: decoded together (word operations, not
@@ -749,40 +729,6 @@ fn quants_q45_k<const FIVE: bool>(
     (lo, hi)
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q45_k<const FIVE: bool>(
-    d: [u8; 2],
-    dmin: [u8; 2],
-    scales: &[u8; 12],
-    qs: &[u8; 128],
-    qh: Option<&[u8; 32]>,
-) -> UnpackedQ45K {
-    let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
-    let (sc, mins) = scales_mins_q45_k(scales);
-    let mut hbits = match qh {
-        Some(h) if FIVE => ld_u8x32(h),
-        _ => _mm256_setzero_si256(),
-    };
-    let mut q = [_mm256_setzero_si256(); 8];
-    for k in 0..4 {
-        (q[2 * k], q[2 * k + 1]) = quants_q45_k::<FIVE>(qs, k, &mut hbits);
-    }
-    UnpackedQ45K {
-        q,
-        mins,
-        sc,
-        d,
-        dmin,
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q5_k(b: &BlockQ5K) -> UnpackedQ45K {
-    unpack_q45_k::<true>(b.d, b.dmin, &b.scales, &b.qs, Some(&b.qh))
-}
-
 /// Sub-blocks 2k (`lo`) and 2k + 1 (`hi`) of a Q4_K/Q5_K block, scaled by `sc[2k]` and
 /// `sc[2k + 1]`, against block `i` of `N` tokens: added to the integer sums `isum`.
 #[inline]
@@ -804,89 +750,6 @@ fn pair_q45_k<const N: usize>(
         let p = _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi));
         isum[t] = _mm256_add_epi32(isum[t], p);
     }
-}
-
-/// A Q4_K/Q5_K block's integer sums against block `i` of `N` tokens, less the mins' term,
-/// scaled into `acc`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn finish_q45_k<const N: usize>(
-    isum: &[__m256i; N],
-    mins: __m256i,
-    (d, dmin): (f32, f32),
-    a: &[&[ActQ8K]; N],
-    i: usize,
-    acc: &mut [__m256; N],
-) {
-    for t in 0..N {
-        let x = &a[t][i];
-        let msum = _mm256_madd_epi16(ld_i16x16(&x.bsums), mins);
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-        acc[t] = _mm256_fmadd_ps(
-            _mm256_set1_ps(-dmin * x.d),
-            _mm256_cvtepi32_ps(msum),
-            acc[t],
-        );
-    }
-}
-
-/// One unpacked Q4_K/Q5_K block against block `i` of `N` tokens, into `acc`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn step_q45_k<const N: usize>(
-    u: &UnpackedQ45K,
-    a: &[&[ActQ8K]; N],
-    i: usize,
-    acc: &mut [__m256; N],
-) {
-    let mut isum = [_mm256_setzero_si256(); N];
-    for k in 0..4 {
-        pair_q45_k((u.q[2 * k], u.q[2 * k + 1]), &u.sc, k, a, i, &mut isum);
-    }
-    finish_q45_k(&isum, u.mins, (u.d, u.dmin), a, i, acc);
-}
-
-/// [`step_q45_k`] on a packed block, unpacking each 32 bytes of quants where they are used:
-/// the decode path (the unpacked block, eight vectors, does not stay in AVX2's sixteen
-/// registers beside the activations and went through the stack). The same integer sums in
-/// the same order, so the same result bit for bit. `qh` is read only for Q5_K (`FIVE`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn step_q45_k_packed<const FIVE: bool, const N: usize>(
-    d: [u8; 2],
-    dmin: [u8; 2],
-    scales: &[u8; 12],
-    qs: &[u8; 128],
-    qh: &[u8; 32],
-    a: &[&[ActQ8K]; N],
-    i: usize,
-    acc: &mut [__m256; N],
-) {
-    let (d, dmin) = f16x2([d[0], d[1], dmin[0], dmin[1]]);
-    let (sc, mins) = scales_mins_q45_k(scales);
-    let mut hbits = if FIVE {
-        ld_u8x32(qh)
-    } else {
-        _mm256_setzero_si256()
-    };
-    let mut isum = [_mm256_setzero_si256(); N];
-    for k in 0..4 {
-        let q = quants_q45_k::<FIVE>(qs, k, &mut hbits);
-        pair_q45_k(q, &sc, k, a, i, &mut isum);
-    }
-    finish_q45_k(&isum, mins, (d, dmin), a, i, acc);
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn step_q5_k_packed<const N: usize>(
-    b: &BlockQ5K,
-    a: &[&[ActQ8K]; N],
-    i: usize,
-    acc: &mut [__m256; N],
-) {
-    step_q45_k_packed::<true, N>(b.d, b.dmin, &b.scales, &b.qs, &b.qh, a, i, acc)
 }
 
 /// Half `h` of a Q6_K block's quants (0..63): the 32 elements from 128h, + 32, + 64, + 96.
@@ -960,54 +823,6 @@ fn group_q6_k<const N: usize>(
     }
 }
 
-/// Horizontal sums of `N` accumulators.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsums<const N: usize>(acc: &[__m256; N]) -> [f32; N] {
-    let mut out = [0f32; N];
-    for t in 0..N {
-        out[t] = hsum_ps(acc[t]);
-    }
-    out
-}
-
-/// Generates a K-quant dot (`$name`: packed blocks, `$packed` unpacking each block's parts as
-/// it uses them) and its twin on unpacked blocks (`$cached`, `$step`): the same arithmetic.
-macro_rules! kquant_dot {
-    ($name:ident, $cached:ident, $blk:ty, $unp:ty, $packed:ident, $step:ident) => {
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N]) -> [f32; N] {
-            assert!(a.iter().all(|x| x.len() >= w.len()));
-            let mut acc = [_mm256_setzero_ps(); N];
-            for (i, b) in w.iter().enumerate() {
-                $packed(b, &a, i, &mut acc);
-            }
-            hsums(&acc)
-        }
-
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn $cached<const N: usize>(u: &[$unp], a: [&[ActQ8K]; N]) -> [f32; N] {
-            assert!(a.iter().all(|x| x.len() >= u.len()));
-            let mut acc = [_mm256_setzero_ps(); N];
-            for (i, u) in u.iter().enumerate() {
-                $step(u, &a, i, &mut acc);
-            }
-            hsums(&acc)
-        }
-    };
-}
-
-kquant_dot!(
-    dot_q5_k,
-    dot_q5_k_u,
-    BlockQ5K,
-    UnpackedQ45K,
-    step_q5_k_packed,
-    step_q45_k
-);
-
 // ---------------------------------------------------------------------------------------
 // Float weights against f32 activations.
 
@@ -1080,7 +895,7 @@ float_dot!(dot_bf16, [u8; 2], ld_bf16x8, |b| half::bf16::from_le_bytes(
 /// plain-AVX2 Q4_0 kernel prefetches at least this far ahead, a few lines per block pair.)
 const PREFETCH_BYTES: usize = 4096;
 
-/// Bytes of unpacked weight rows a prompt batch's Q4_0..Q5_1 and K-quant kernels keep for
+/// Bytes of unpacked weight rows a prompt batch's Q4_1..Q5_1 kernels keep for
 /// all their token tiles: most of a 32 KiB L1 data cache, leaving room for a tile's
 /// activations.
 const UNPACKED_CHUNK_BYTES: usize = 24 << 10;
@@ -1185,53 +1000,6 @@ macro_rules! rows_driver {
                 t0 += n;
             }
         }
-    };
-}
-
-/// A K-quant row driver: with two or more whole tiles of four tokens (prompt batches), rows
-/// are unpacked once per chunk that stays in L1 and every tile runs against the chunk.
-macro_rules! kquant_driver {
-    ($feat:literal, $name:ident, $dot:ident, $cached:ident, $blk:ty, $unp:ty, $unpack:ident) => {
-        rows_driver!(
-            #[target_feature(enable = $feat)]
-            $name,
-            $dot,
-            $blk,
-            ActQ8K,
-            // (a closure inherits the driver's target features)
-            |w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32], nt: usize| {
-                if nt < UNPACKED_MIN_TOKENS {
-                    return 0;
-                }
-                let tiles = nt / 4;
-                let nb = rb / std::mem::size_of::<$blk>();
-                let chunk = (UNPACKED_CHUNK_BYTES / (nb * std::mem::size_of::<$unp>())).max(1);
-                let mut cache: Vec<$unp> = Vec::with_capacity(chunk * nb);
-                let nrows = w.len() / rb;
-                for r0 in (0..nrows).step_by(chunk) {
-                    let r1 = (r0 + chunk).min(nrows);
-                    cache.clear();
-                    for row in w[r0 * rb..r1 * rb].chunks_exact(rb) {
-                        for b in cast::<$blk>(row).expect("weight rows are whole blocks") {
-                            cache.push($unpack(b));
-                        }
-                    }
-                    for k in 0..tiles {
-                        let a = [
-                            acts[4 * k],
-                            acts[4 * k + 1],
-                            acts[4 * k + 2],
-                            acts[4 * k + 3],
-                        ];
-                        for (j, u) in cache.chunks_exact(nb).enumerate() {
-                            let o = (r0 + j) * nt + 4 * k;
-                            out[o..o + 4].copy_from_slice(&$cached::<4>(u, a));
-                        }
-                    }
-                }
-                tiles * 4
-            }
-        );
     };
 }
 
@@ -1524,33 +1292,14 @@ mod quad {
 /// The K-quant rows compiled for AVX-512 VL/BW as well: the same arithmetic, with 32 vector
 /// registers (Gemma 3 270M prompt processing ~900 -> ~1000 t/s with Q4_K's).
 mod kquant512 {
-    pub(super) use super::q4k::wide::rows_q4_k;
-    use super::*;
-    kquant_driver!(
-        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
-        rows_q5_k,
-        dot_q5_k,
-        dot_q5_k_u,
-        BlockQ5K,
-        UnpackedQ45K,
-        unpack_q5_k
-    );
+    pub(super) use super::q4k::wide::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::wide::rows_q6_k;
 }
 
 mod other {
-    pub(super) use super::q4k::plain::rows_q4_k;
-    use super::*;
-    kquant_driver!(
-        "avx2,fma,f16c",
-        rows_q5_k,
-        dot_q5_k,
-        dot_q5_k_u,
-        BlockQ5K,
-        UnpackedQ45K,
-        unpack_q5_k
-    );
+    pub(super) use super::q4k::plain::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::plain::rows_q6_k;
+    use super::*;
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
         rows_f32,

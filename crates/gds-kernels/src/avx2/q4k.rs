@@ -1,4 +1,5 @@
-//! Q4_K rows eight at a time, one row per 32-bit vector lane.
+//! Q4_K and Q5_K rows eight at a time, one row per 32-bit vector lane (Q5_K: Q4_K's layout
+//! with a fifth bit per quant, the same arithmetic; [`Kq45`]).
 //!
 //! Every path ends a block the same way, per row: the block's integer sums `I` (the sub-block
 //! products scaled by their 6-bit scales) and `M` (the mins against the activations' sums),
@@ -18,6 +19,77 @@
 //! Compiled twice (plain AVX2, and AVX-512 VL/BW for its 32 registers) by [`q4k_rows`].
 
 use super::*;
+
+/// The two block types of this module: Q4_K, and Q5_K (Q4_K's layout with a fifth bit per
+/// quant in `qh`).
+pub(super) trait Kq45:
+    zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned
+{
+    /// Five-bit quants (Q5_K): a sub-block's eight `maddubs` groups no longer fit i16 summed.
+    const FIVE: bool;
+    fn d(&self) -> [u8; 2];
+    fn dmin(&self) -> [u8; 2];
+    fn scales(&self) -> &[u8; 12];
+    fn qs(&self) -> &[u8; 128];
+    /// The fifth bits (none for Q4_K).
+    fn qh(&self) -> Option<&[u8; 32]>;
+}
+
+impl Kq45 for BlockQ4K {
+    const FIVE: bool = false;
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    fn dmin(&self) -> [u8; 2] {
+        self.dmin
+    }
+    fn scales(&self) -> &[u8; 12] {
+        &self.scales
+    }
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+    fn qh(&self) -> Option<&[u8; 32]> {
+        None
+    }
+}
+
+impl Kq45 for BlockQ5K {
+    const FIVE: bool = true;
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    fn dmin(&self) -> [u8; 2] {
+        self.dmin
+    }
+    fn scales(&self) -> &[u8; 12] {
+        &self.scales
+    }
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+    fn qh(&self) -> Option<&[u8; 32]> {
+        Some(&self.qh)
+    }
+}
+
+/// A block's fifth bits as [`quants_q45_k`] starts from them (zeros for Q4_K).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn high_bits<B: Kq45>(b: &B) -> __m256i {
+    b.qh().map_or(_mm256_setzero_si256(), |h| ld_u8x32(h))
+}
+
+/// Quants `64k..64k + 64` of a block as bytes (`lo`: sub-block `2k`, `hi`: `2k + 1`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quants<B: Kq45>(b: &B, k: usize, hbits: &mut __m256i) -> (__m256i, __m256i) {
+    if B::FIVE {
+        quants_q45_k::<true>(b.qs(), k, hbits)
+    } else {
+        quants_q45_k::<false>(b.qs(), k, hbits)
+    }
+}
 
 /// Eight rows of one Q4_K block, repacked with row `r` in 32-bit lane `r`.
 #[derive(Clone, Copy)]
@@ -135,9 +207,9 @@ const PAIR_MINS: [[u8; 32]; 2] = {
 /// `r`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scale_words(rows: &[&[BlockQ4K]; 8], i: usize, k: usize) -> __m256i {
+fn scale_words<B: Kq45>(rows: &[&[B]; 8], i: usize, k: usize) -> __m256i {
     let w = |r: usize| {
-        let s = &rows[r][i].scales;
+        let s = rows[r][i].scales();
         i32::from_le_bytes([s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]])
     };
     _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
@@ -146,7 +218,7 @@ fn scale_words(rows: &[&[BlockQ4K]; 8], i: usize, k: usize) -> __m256i {
 /// The scales (`Packed8::sc`) and mins (`Packed8::mn`) of block `i` of eight rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scales8(rows: &[&[BlockQ4K]; 8], i: usize) -> ([__m256i; 8], [__m256i; 4]) {
+fn scales8<B: Kq45>(rows: &[&[B]; 8], i: usize) -> ([__m256i; 8], [__m256i; 4]) {
     // The 6-bit scales and mins of the eight rows at once, one row a 32-bit lane: the
     // arithmetic of `scales_mins_k4` on vectors (s_lo/s_hi: scales 0-3 / 4-7 as bytes,
     // m_lo/m_hi the mins), then spread into 16-bit lanes with byte shuffles.
@@ -181,8 +253,8 @@ fn scales8(rows: &[&[BlockQ4K]; 8], i: usize) -> ([__m256i; 8], [__m256i; 4]) {
 /// `d` and `-dmin` of block `i` of eight rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dmins8(rows: &[&[BlockQ4K]; 8], i: usize) -> (__m256, __m256) {
-    let f16s = |f: &dyn Fn(&BlockQ4K) -> [u8; 2]| {
+fn dmins8<B: Kq45>(rows: &[&[B]; 8], i: usize) -> (__m256, __m256) {
+    let f16s = |f: &dyn Fn(&B) -> [u8; 2]| {
         let b = |r: usize| i16::from_le_bytes(f(&rows[r][i]));
         _mm256_cvtph_ps(_mm_setr_epi16(
             b(0),
@@ -196,21 +268,23 @@ fn dmins8(rows: &[&[BlockQ4K]; 8], i: usize) -> (__m256, __m256) {
         ))
     };
     (
-        f16s(&|b| b.d),
-        _mm256_xor_ps(f16s(&|b| b.dmin), _mm256_set1_ps(-0.0)),
+        f16s(&|b| b.d()),
+        _mm256_xor_ps(f16s(&|b| b.dmin()), _mm256_set1_ps(-0.0)),
     )
 }
 
 /// Quants `64k..64k + 64` of block `i` of eight rows: `Packed8::q[2k]` and `q[2k + 1]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn quants8(rows: &[&[BlockQ4K]; 8], i: usize, k: usize) -> [[__m256i; 8]; 2] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let v: [__m256i; 8] = std::array::from_fn(|r| ld_u8x32(&rows[r][i].qs[32 * k..]));
-    [
-        transpose8(v.map(|v| _mm256_and_si256(v, m4))),
-        transpose8(v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4))),
-    ]
+fn quants8<B: Kq45>(rows: &[&[B]; 8], i: usize, k: usize) -> [[__m256i; 8]; 2] {
+    let (mut lo, mut hi) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+    for r in 0..8 {
+        let b = &rows[r][i];
+        // the fifth bits of pairs before `k` shifted out
+        let mut h = _mm256_srl_epi16(high_bits(b), _mm_cvtsi32_si128(2 * k as i32));
+        (lo[r], hi[r]) = quants(b, k, &mut h);
+    }
+    [transpose8(lo), transpose8(hi)]
 }
 
 impl Packed8 {
@@ -231,7 +305,7 @@ impl Packed8 {
 /// Repacks block `i` of eight rows into `p` (in place: the chunk's storage).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn repack8(rows: &[&[BlockQ4K]; 8], i: usize, p: &mut Packed8) {
+fn repack8<B: Kq45>(rows: &[&[B]; 8], i: usize, p: &mut Packed8) {
     for k in 0..4 {
         [p.q[2 * k], p.q[2 * k + 1]] = quants8(rows, i, k);
     }
@@ -251,27 +325,30 @@ fn min_pairs(x: &ActQ8K) -> [i32; 4] {
 /// Eight repacked rows (block `i` in `p[i]`) against `N` tokens: each token's eight row sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn gemm8<const N: usize>(
+fn gemm8<B: Kq45, const N: usize>(
     p: &[Packed8],
     xs: [&[ActQ8K]; N],
     pairs: [&[[i32; 4]]; N],
 ) -> [__m256; N] {
+    // u4 x i8: 2 * 15 * 128 per 16-bit lane and product pair, 16 * 15 * 128 < 2^15 after a
+    // sub-block's eight groups; u5 (Q5_K): 8 * 31 * 128 < 2^15 after four
+    let span = if B::FIVE { 4 } else { 8 };
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, u) in p.iter().enumerate() {
         let mut isum = [_mm256_setzero_si256(); N];
         for j in 0..8 {
-            // u4 x i8: 2 * 15 * 128 per 16-bit lane and product pair, 16 * 15 * 128 < 2^15
-            // after a sub-block's eight groups
-            let mut s = [_mm256_setzero_si256(); N];
-            for g in 0..8 {
-                let w = u.q[j][g];
-                for t in 0..N {
-                    let a = bcast4(&xs[t][i].qs[32 * j + 4 * g..]);
-                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(w, a));
+            for g0 in (0..8).step_by(span) {
+                let mut s = [_mm256_setzero_si256(); N];
+                for g in g0..g0 + span {
+                    let w = u.q[j][g];
+                    for t in 0..N {
+                        let a = bcast4(&xs[t][i].qs[32 * j + 4 * g..]);
+                        s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(w, a));
+                    }
                 }
-            }
-            for t in 0..N {
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s[t], u.sc[j]));
+                for t in 0..N {
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(s[t], u.sc[j]));
+                }
             }
         }
         for t in 0..N {
@@ -295,12 +372,12 @@ const LANE_ROW: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
 /// pairwise added into one vector: `[I01 I23 M01 M23 | I45 I67 M45 M67]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn row_sums<const N: usize>(b: &BlockQ4K, a: &[&[ActQ8K]; N], i: usize) -> [__m256i; N] {
-    let (sc, mins) = scales_mins_q45_k(&b.scales);
-    let mut hbits = _mm256_setzero_si256();
+fn row_sums<B: Kq45, const N: usize>(b: &B, a: &[&[ActQ8K]; N], i: usize) -> [__m256i; N] {
+    let (sc, mins) = scales_mins_q45_k(b.scales());
+    let mut hbits = high_bits(b);
     let mut isum = [_mm256_setzero_si256(); N];
     for k in 0..4 {
-        let q = quants_q45_k::<false>(&b.qs, k, &mut hbits);
+        let q = quants(b, k, &mut hbits);
         pair_q45_k(q, &sc, k, a, i, &mut isum);
     }
     std::array::from_fn(|t| {
@@ -312,8 +389,8 @@ fn row_sums<const N: usize>(b: &BlockQ4K, a: &[&[ActQ8K]; N], i: usize) -> [__m2
 /// Rows `2p`, `2p + 1` of eight, block `i`: `[I(0-3) M(0-3) I'(0-3) M'(0-3) | (4-7)...]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn pair_sums<const N: usize>(
-    rows: &[&[BlockQ4K]; 8],
+fn pair_sums<B: Kq45, const N: usize>(
+    rows: &[&[B]; 8],
     p: usize,
     a: &[&[ActQ8K]; N],
     i: usize,
@@ -337,7 +414,7 @@ fn quad_totals(w01: __m256i, w23: __m256i) -> __m256i {
 /// `l` holding row [`LANE_ROW`]`[l]`. `pf` (the next rows) is prefetched a few lines a block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows8<const N: usize>(rows: &[&[BlockQ4K]; 8], a: &[&[ActQ8K]; N], pf: &[u8]) -> [__m256; N] {
+fn rows8<B: Kq45, const N: usize>(rows: &[&[B]; 8], a: &[&[ActQ8K]; N], pf: &[u8]) -> [__m256; N] {
     let nb = rows[0].len();
     assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= nb));
     let mut acc = [_mm256_setzero_ps(); N];
@@ -348,8 +425,8 @@ fn rows8<const N: usize>(rows: &[&[BlockQ4K]; 8], a: &[&[ActQ8K]; N], pf: &[u8])
         let x: [__m256i; N] = std::array::from_fn(|t| quad_totals(w0[t], w1[t]));
         let w2 = pair_sums(rows, 2, a, i);
         let w3 = pair_sums(rows, 3, a, i);
-        let dbits = |r: usize| i16::from_le_bytes(rows[LANE_ROW[r]][i].d);
-        let mbits = |r: usize| i16::from_le_bytes(rows[LANE_ROW[r]][i].dmin);
+        let dbits = |r: usize| i16::from_le_bytes(rows[LANE_ROW[r]][i].d());
+        let mbits = |r: usize| i16::from_le_bytes(rows[LANE_ROW[r]][i].dmin());
         let d = _mm256_cvtph_ps(_mm_setr_epi16(
             dbits(0),
             dbits(1),
@@ -427,7 +504,7 @@ pub(super) fn put8<const N: usize>(
 /// Every row against one tile of `N` tokens from `t0`, rows in their stored layout.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile_rows<const N: usize>(
+fn tile_rows<B: Kq45, const N: usize>(
     w: &[u8],
     rb: usize,
     a: [&[ActQ8K]; N],
@@ -438,7 +515,7 @@ fn tile_rows<const N: usize>(
     let nrows = w.len() / rb;
     for r in (0..nrows).step_by(8) {
         let pf = ahead(w, r * rb, 8 * rb);
-        let acc = rows8(&group8(w, rb, r, nrows), &a, pf);
+        let acc = rows8(&group8::<B>(w, rb, r, nrows), &a, pf);
         put8(&acc, &LANE_ROW, r, nrows, out, nt, t0);
     }
 }
@@ -486,7 +563,7 @@ impl Packed16 {
 /// the two halves joined as soon as both are made (no eight-row copies in between).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn repack16(lo: &[&[BlockQ4K]; 8], hi: &[&[BlockQ4K]; 8], i: usize, p: &mut Packed16) {
+fn repack16<B: Kq45>(lo: &[&[B]; 8], hi: &[&[B]; 8], i: usize, p: &mut Packed16) {
     for k in 0..4 {
         let (a, b) = (quants8(lo, i, k), quants8(hi, i, k));
         for h in 0..2 {
@@ -504,30 +581,33 @@ fn repack16(lo: &[&[BlockQ4K]; 8], hi: &[&[BlockQ4K]; 8], i: usize, p: &mut Pack
 /// [`gemm8`] on sixteen rows: the same arithmetic per lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn gemm16<const N: usize>(
+fn gemm16<B: Kq45, const N: usize>(
     p: &[Packed16],
     xs: [&[ActQ8K]; N],
     pairs: [&[[i32; 4]]; N],
 ) -> [__m512; N] {
+    let span = if B::FIVE { 4 } else { 8 };
     let mut acc = [_mm512_setzero_ps(); N];
     for (i, u) in p.iter().enumerate() {
         let mut isum = [_mm512_setzero_si512(); N];
         for j in 0..8 {
-            let mut s = [_mm512_setzero_si512(); N];
-            for g in 0..8 {
-                let w = u.q[j][g];
-                for t in 0..N {
-                    let q = &xs[t][i].qs[32 * j + 4 * g..];
-                    assert!(q.len() >= 4);
-                    // SAFETY: at least 4 readable bytes (checked above), read unaligned.
-                    let a = _mm512_set1_epi32(unsafe {
-                        std::ptr::read_unaligned(q.as_ptr().cast::<i32>())
-                    });
-                    s[t] = _mm512_add_epi16(s[t], _mm512_maddubs_epi16(w, a));
+            for g0 in (0..8).step_by(span) {
+                let mut s = [_mm512_setzero_si512(); N];
+                for g in g0..g0 + span {
+                    let w = u.q[j][g];
+                    for t in 0..N {
+                        let q = &xs[t][i].qs[32 * j + 4 * g..];
+                        assert!(q.len() >= 4);
+                        // SAFETY: at least 4 readable bytes (checked above), read unaligned.
+                        let a = _mm512_set1_epi32(unsafe {
+                            std::ptr::read_unaligned(q.as_ptr().cast::<i32>())
+                        });
+                        s[t] = _mm512_add_epi16(s[t], _mm512_maddubs_epi16(w, a));
+                    }
                 }
-            }
-            for t in 0..N {
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s[t], u.sc[j]));
+                for t in 0..N {
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s[t], u.sc[j]));
+                }
             }
         }
         for t in 0..N {
@@ -556,6 +636,13 @@ fn gemm16<const N: usize>(
 /// 5: 67-68 / 68-69, 6: 76-77 / 74-79, 8: 89-91 / 82-89, 9: 90-96 / 80-84. (Before that
 /// change both were 12.)
 pub(super) const Q4K_LANES_MIN: (usize, usize) = (6, 9);
+
+/// [`Q4K_LANES_MIN`] for Q5_K. Measured as there (one 4096 x 4096 matrix, 2 threads,
+/// `decode_bw q5_k N` with the threshold forced to 1 and to 999, ms repacked / stored): AVX2
+/// 3 tokens 0.78 / 0.64, 4: 0.86 / 1.10; AVX-512 8: 1.42-1.52 / 1.33-1.44, 9: 1.53-1.56 /
+/// 1.67. (The sixteen-row repacking costs more than two eight-row ones: at 4-12 tokens the
+/// AVX2 kernel ran faster than AVX-512's; at 128, 9.4 against 7.9 ms.)
+pub(super) const Q5K_LANES_MIN: (usize, usize) = (4, 9);
 
 /// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
 const CHUNK_BYTES: usize = 96 << 10;
@@ -662,61 +749,87 @@ pub(super) fn put_rows<const N: usize, const L: usize>(
     }
 }
 
-/// Q4_K prompt batches on plain AVX2: groups of eight rows.
+/// Q4_K/Q5_K prompt batches on plain AVX2: groups of eight rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ4K>(),
-    );
+fn gemm_rows8<B: Kq45>(
+    w: &[u8],
+    rb: usize,
+    acts: &[&[ActQ8K]],
+    pairs: &[Vec<[i32; 4]>],
+    out: &mut [f32],
+) {
+    let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / std::mem::size_of::<B>());
     chunked(
         w,
         rb,
         (nb, 8, nt),
         Packed8::zero(),
-        |r, i, p| repack8(&group8(w, rb, r, nrows), i, p),
+        |r, i, p| repack8(&group8::<B>(w, rb, r, nrows), i, p),
         |p: &[Packed8], r, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {
                 let pv = std::array::from_fn(|k| &ps[k][..]);
-                put_rows(gemm8(p, xs, pv).map(|v| lanes8(v)), r, nrows, out, nt, t0)
+                put_rows(
+                    gemm8::<B, _>(p, xs, pv).map(|v| lanes8(v)),
+                    r,
+                    nrows,
+                    out,
+                    nt,
+                    t0,
+                )
             })
         },
     );
 }
 
-/// Q4_K prompt batches on AVX-512: groups of sixteen rows.
+/// Q4_K/Q5_K prompt batches on AVX-512: groups of sixteen rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], pairs: &[Vec<[i32; 4]>], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ4K>(),
-    );
+fn gemm_rows16<B: Kq45>(
+    w: &[u8],
+    rb: usize,
+    acts: &[&[ActQ8K]],
+    pairs: &[Vec<[i32; 4]>],
+    out: &mut [f32],
+) {
+    let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / std::mem::size_of::<B>());
     chunked(
         w,
         rb,
         (nb, 16, nt),
         Packed16::zero(),
-        |r, i, p| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i, p),
+        |r, i, p| {
+            repack16(
+                &group8::<B>(w, rb, r, nrows),
+                &group8::<B>(w, rb, r + 8, nrows),
+                i,
+                p,
+            )
+        },
         |p: &[Packed16], r, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {
                 let pv = std::array::from_fn(|k| &ps[k][..]);
-                put_rows(gemm16(p, xs, pv).map(|v| lanes16(v)), r, nrows, out, nt, t0)
+                put_rows(
+                    gemm16::<B, _>(p, xs, pv).map(|v| lanes16(v)),
+                    r,
+                    nrows,
+                    out,
+                    nt,
+                    t0,
+                )
             })
         },
     );
 }
 
-/// Generates `rows_q4_k` for the target features `$feat`.
+/// Generates `$name` (the rows of block type `$blk`) for the target features `$feat`.
 macro_rules! q4k_rows {
-    ($feat:literal, $gemm:ident, $min:expr) => {
-        /// Q4_K rows against `acts`, `out[r * nt + t]`: rows in their stored layout for fewer
-        /// than [`Q4K_LANES_MIN`] tokens, repacked chunks for more (the same arithmetic).
+    ($feat:literal, $name:ident, $blk:ty, $gemm:ident, $min:expr) => {
+        /// Rows against `acts`, `out[r * nt + t]`: rows in their stored layout for fewer than
+        /// [`Q4K_LANES_MIN`] / [`Q5K_LANES_MIN`] tokens, repacked chunks for more (the same
+        /// arithmetic).
         #[target_feature(enable = $feat)]
-        pub(in crate::avx2) fn rows_q4_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+        pub(in crate::avx2) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
             let nt = acts.len();
             let nrows = w.len() / rb;
             if nt == 0 || nrows == 0 {
@@ -725,17 +838,19 @@ macro_rules! q4k_rows {
             if nt < $min {
                 let mut t0 = 0;
                 while t0 < nt {
-                    by_tile!(&acts[t0..], |xs| tile_rows(w, rb, xs, out, nt, t0));
+                    by_tile!(&acts[t0..], |xs| tile_rows::<$blk, _>(
+                        w, rb, xs, out, nt, t0
+                    ));
                     t0 += (nt - t0).min(4);
                 }
                 return;
             }
-            let nb = rb / std::mem::size_of::<BlockQ4K>();
+            let nb = rb / std::mem::size_of::<$blk>();
             let pairs: Vec<Vec<[i32; 4]>> = acts
                 .iter()
                 .map(|x| x[..nb].iter().map(min_pairs).collect())
                 .collect();
-            $gemm(w, rb, acts, &pairs, out);
+            $gemm::<$blk>(w, rb, acts, &pairs, out);
         }
     };
 }
@@ -743,7 +858,20 @@ macro_rules! q4k_rows {
 /// Plain AVX2.
 pub(super) mod plain {
     use super::*;
-    q4k_rows!("avx2,fma,f16c", gemm_rows8, Q4K_LANES_MIN.0);
+    q4k_rows!(
+        "avx2,fma,f16c",
+        rows_q4_k,
+        BlockQ4K,
+        gemm_rows8,
+        Q4K_LANES_MIN.0
+    );
+    q4k_rows!(
+        "avx2,fma,f16c",
+        rows_q5_k,
+        BlockQ5K,
+        gemm_rows8,
+        Q5K_LANES_MIN.0
+    );
 }
 
 /// AVX-512 VL/BW: the same arithmetic with 32 vector registers.
@@ -751,7 +879,16 @@ pub(super) mod wide {
     use super::*;
     q4k_rows!(
         "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
+        rows_q4_k,
+        BlockQ4K,
         gemm_rows16,
         Q4K_LANES_MIN.1
+    );
+    q4k_rows!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
+        rows_q5_k,
+        BlockQ5K,
+        gemm_rows16,
+        Q5K_LANES_MIN.1
     );
 }

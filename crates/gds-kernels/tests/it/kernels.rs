@@ -171,6 +171,62 @@ fn matmul_matches_dequantized_f32_product() {
     }
 }
 
+/// The largest products every kernel's integer sums meet: weights quantized from rows of one
+/// magnitude (each 16-element group has one zero, so the types with mins keep a zero min and
+/// every other quant at the top of its range) against activations of one magnitude (8-bit
+/// quants at 127, or -128 for the K-quants' activations), each sign of each, in decode tiles
+/// and in prompt batches (the rows-in-lanes paths): every ISA equals the scalar kernels, so no
+/// 16-bit partial sum overflowed (Q5_K's summed over a whole sub-block would).
+#[test]
+fn extreme_quants_do_not_overflow_the_integer_sums() {
+    let simd: Vec<Isa> = [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    let (rows, cols) = (24, 512);
+    for dtype in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ] {
+        for ws in [1.0f32, -1.0] {
+            let wf: Vec<f32> = (0..rows * cols)
+                .map(|i| if i % 16 == 0 { 0.0 } else { ws })
+                .collect();
+            let data = quantize(dtype, &wf).unwrap();
+            let w = WeightView {
+                dtype,
+                data: &data,
+                rows,
+                cols,
+            };
+            for xs in [1.0f32, -1.0] {
+                for n in [1, 4, 37] {
+                    let x = vec![xs; n * cols];
+                    let mut want = vec![0f32; n * rows];
+                    matmul_with(Isa::Scalar, &w, &x, n, &mut want).unwrap();
+                    for &isa in &simd {
+                        let mut y = vec![f32::NAN; n * rows];
+                        matmul_with(isa, &w, &x, n, &mut y).unwrap();
+                        for (i, (a, b)) in want.iter().zip(&y).enumerate() {
+                            assert!(
+                                (a - b).abs() <= 1e-5 * a.abs() + 1e-6,
+                                "{dtype} w={ws} x={xs} n={n} [{i}]: scalar {a} vs {} {b}",
+                                isa.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn simd_agrees_with_scalar() {
     let simd: Vec<Isa> = [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
@@ -185,8 +241,8 @@ fn simd_agrees_with_scalar() {
     let mut rng = Rng(7);
     for dtype in ALL {
         // both sides of the repacking thresholds (Q4K_LANES_MIN: AVX2 6, AVX-512 9;
-        // Q6K_LANES_MIN 9; Q80_LANES_MIN: AVX2 18, VNNI 10), and 13 with a last tile of one
-        // token
+        // Q5K_LANES_MIN: 4, 9; Q6K_LANES_MIN 9; Q80_LANES_MIN: AVX2 18, VNNI 10), and 13 with
+        // a last tile of one token
         for n in [1, 2, 3, 4, 5, 6, 8, 9, 11, 13, 19] {
             let extra = match dtype.block_size() {
                 1 => 13,
