@@ -15,8 +15,8 @@
 #  3. per SHAPE: random weights drawn by transformers on the GPU (scripts/synth-model.py
 #     --init-device cuda, F16 safetensors in RAM), converted to Q4_0 by gdsconv onto the disk;
 #     `gdsrun bench --backend cuda` all resident (pp512, tg128; default int8 activations), and
-#     tg128 again with --activations f32 (the f32-activation kernels: the int8 kernels' A/B on
-#     one binary; pp is the GEMM path either way); then with about a quarter of
+#     pp512/tg128 again with --activations f32 (the f32-activation kernels and plain f32 SGEMM
+#     prefill: the int8 kernels' and TF32 prefill's A/B on one binary); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
 #     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
 #     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once;
@@ -162,9 +162,10 @@ for shape in $SHAPES; do
   plan "$M" "$OUT/json/$shape-plan.json" -c 512 || { say "[$shape] cuda plan failed: $(tail -3 "$LOG")"; continue; }
   run 240 "bench-$shape-resident" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
-  # the same binary with the f32-activation matvec kernels (the int8 kernels' A/B)
-  run 90 "bench-$shape-resident-f32-act" "$G" bench "$M" --backend cuda --activations f32 -p 0 -n 128 -r 2
-  grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--activations f32)/' >>"$SUM"
+  # the same binary with the f32-activation matvec kernels and plain f32 SGEMM prefill (the
+  # int8 kernels' and the TF32 tensor-core prefill's A/B)
+  run 120 "bench-$shape-resident-f32-act" "$G" bench "$M" --backend cuda --activations f32 -p 512 -n 128 -r 2
+  grep -E "^\|" "$LOG" | tail -2 | sed 's/$/ (--activations f32)/' >>"$SUM"
   for g in q4_0 f16; do # llama.cpp on the GGUFs of the same checkpoint
     [ -f "$W/$shape-$g.gguf" ] || continue
     run 240 "llama-bench-$shape-$g" env LD_LIBRARY_PATH="$LLD" "$L/bin/llama-bench" -m "$W/$shape-$g.gguf" \

@@ -416,8 +416,26 @@ impl Device for Gpu {
         }
         .map_err(cuda("device copy"))
     }
-    fn gemm(&mut self, a: u64, b: u64, c: u64, m: i32, n: i32, k: i32) -> Result<bool, GpuError> {
+    fn gemm(
+        &mut self,
+        a: u64,
+        b: u64,
+        c: u64,
+        (m, n, k): (i32, i32, i32),
+        tf32: bool,
+    ) -> Result<bool, GpuError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
+        let mode = if tf32 {
+            // tensor cores for f32 GEMMs (Ampere and later; ignored before)
+            cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
+        // SAFETY: the handle is alive (owned by self.blas); setting its math mode touches no
+        // device memory.
+        unsafe { cudarc::cublas::sys::cublasSetMathMode(*self.blas.handle(), mode) }
+            .result()
+            .map_err(cuda("cuBLAS math mode"))?;
         // SAFETY: the handle is bound to the compute stream; a, b and c are device buffers
         // of k×m, k×n and m×n floats (forward::Pass::linear).
         unsafe {

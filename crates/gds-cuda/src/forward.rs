@@ -135,9 +135,19 @@ pub trait Device {
     fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError>;
     /// Copies `bytes` bytes (same device).
     fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError>;
-    /// Column-major SGEMM `C[m×n] = op(A)·B` with `op(A) = Aᵀ` (A is `k×m`, lda = k), B `k×n`
-    /// (ldb = k), C ldc = m. `false` when the device has no GEMM (the caller falls back).
-    fn gemm(&mut self, a: u64, b: u64, c: u64, m: i32, n: i32, k: i32) -> Result<bool, GpuError>;
+    /// Column-major SGEMM `C[m×n] = op(A)·B` (`mnk` = `(m, n, k)`) with `op(A) = Aᵀ` (A is
+    /// `k×m`, lda = k), B `k×n`
+    /// (ldb = k), C ldc = m; with `tf32` the device may round A and B to TF32 (10-bit
+    /// mantissas) for tensor cores, accumulating in f32. `false` when the device has no GEMM
+    /// (the caller falls back).
+    fn gemm(
+        &mut self,
+        a: u64,
+        b: u64,
+        c: u64,
+        mnk: (i32, i32, i32),
+        tf32: bool,
+    ) -> Result<bool, GpuError>;
 }
 
 /// Attention's head geometry: `n_heads` query heads of `head_dim`, grouped over
@@ -214,6 +224,10 @@ pub struct Scratch {
     pub xq: u64,
     /// Passes of this many tokens or more go through GEMM ([`GEMM_MIN_TOKENS`] by default).
     pub gemm_min: usize,
+    /// Those GEMMs may round their inputs to TF32 on tensor cores (with `--activations q8`,
+    /// whose products are not f32-exact anyway); `false` keeps them f32 (`--activations
+    /// f32`, the reference arithmetic).
+    pub tf32: bool,
 }
 
 /// Per-call context of the pass: the layout, where each layer's bytes are, and the caches.
@@ -339,7 +353,7 @@ impl Pass<'_> {
             if ntok >= self.s.gemm_min {
                 let nblocks = (t.rows * t.cols / t.dtype.block_size()) as i32;
                 dev.dequant(suffix, w, self.s.tile, nblocks)?;
-                if dev.gemm(self.s.tile, x, y, rows, ntok as i32, cols)? {
+                if dev.gemm(self.s.tile, x, y, (rows, ntok as i32, cols), self.s.tf32)? {
                     continue;
                 }
             } else if let Some(q8) = q8_kernel_suffix(t.dtype).filter(|_| self.s.xq != 0) {

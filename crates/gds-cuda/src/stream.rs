@@ -249,6 +249,7 @@ impl<V: Vram> Streamer<V> {
             tile: f32_buf(layout.max_weight_elements())?,
             xq: if opts.q8_activations { xq_buf } else { 0 },
             gemm_min: opts.gemm_min_tokens.max(1),
+            tf32: opts.q8_activations,
         };
         let tables = match opts.rope.is_empty() {
             // plain RoPE (scaled models were refused above): the one builder of the format

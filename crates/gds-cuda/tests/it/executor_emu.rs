@@ -459,6 +459,73 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
 }
 
 #[test]
+fn prefill_gemms_round_to_tf32_with_q8_activations_and_stay_f32_without() {
+    // A prompt of GEMM_MIN_TOKENS or more runs every product through the device's GEMM;
+    // with the default `--activations q8` the pass asks it for TF32 tensor cores (cuBLAS's
+    // TF32 math mode; emulated here by rounding the inputs), with `--activations f32` for
+    // plain f32. The prefill's logits then differ by TF32's rounding only.
+    let prompt: Vec<u32> = (0..gds_cuda::forward::GEMM_MIN_TOKENS as u32 + 3)
+        .map(|i| 1 + 13 * i)
+        .collect();
+    let (_tmp, dir) = model(DType::Q8_0);
+    let (_, all_budget) = bounds(&dir);
+    let prefill = |q8: bool| {
+        let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+        let opts = StreamOptions {
+            vram_budget: all_budget,
+            ctx: CTX,
+            rope,
+            max_batch: MAX_BATCH,
+            kv: None,
+            max_outputs: None,
+            q8_activations: q8,
+            gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+        };
+        let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
+        let mut logits = vec![0f32; s.layout().shape.vocab];
+        s.forward(&mut logits, &prompt, 0).unwrap();
+        let dev = &s.vram().dev;
+        (logits, dev.gemms, dev.tf32_gemms)
+    };
+    let (exact, gemms, tf32) = prefill(false);
+    assert!(
+        gemms >= 7 * 4,
+        "every block's products through GEMM: {gemms}"
+    );
+    assert_eq!(tf32, 0, "--activations f32 keeps f32 GEMMs");
+    let (rounded, gemms_q8, tf32_q8) = prefill(true);
+    assert_eq!(
+        (gemms_q8, tf32_q8),
+        (gemms, gemms),
+        "--activations q8: every GEMM TF32"
+    );
+    let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = exact
+        .iter()
+        .zip(&rounded)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst > 0.0, "TF32 rounding changed nothing");
+    assert!(worst <= 1e-2 * scale, "TF32 off by {worst} of {scale}");
+}
+
+#[test]
+fn tf32_rounding_keeps_ten_mantissa_bits_to_nearest() {
+    use crate::common::to_tf32;
+    for &x in &[1.0f32, -3.25, 2f32.powi(-100), 96.0, 1.5 * 2f32.powi(100)] {
+        assert_eq!(to_tf32(x), x, "{x} is a TF32 value");
+    }
+    let ulp = 2f32.powi(-10);
+    // above half an ulp: up; below: down; a tie: to the even mantissa
+    assert_eq!(to_tf32(1.0 + 0.6 * ulp), 1.0 + ulp);
+    assert_eq!(to_tf32(1.0 + 0.4 * ulp), 1.0);
+    assert_eq!(to_tf32(1.0 + 0.5 * ulp), 1.0);
+    assert_eq!(to_tf32(1.0 + 1.5 * ulp), 1.0 + 2.0 * ulp);
+    assert_eq!(to_tf32(-(1.0 + 0.6 * ulp)), -(1.0 + ulp));
+    assert!(to_tf32(f32::NAN).is_nan());
+    assert_eq!(to_tf32(f32::INFINITY), f32::INFINITY);
+}
+
+#[test]
 fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
     let (_tmp, dir) = model(DType::Q8_0);
     let (min_budget, _) = bounds(&dir);

@@ -598,6 +598,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         // f32 activations: the reference's arithmetic, compared tightly
         xq: 0,
         gemm_min: gds_cuda::forward::GEMM_MIN_TOKENS,
+        tf32: false,
     };
     let (cos, sin) = gds_format::arch::rope_tables(
         sh.head_dim,

@@ -110,11 +110,23 @@ pub fn sym<T>(name: &str) -> Symbol<'static, T> {
     unsafe { lib().get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// `x` rounded to TF32 (8-bit exponent, 10-bit mantissa; to nearest, ties to even).
+pub fn to_tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    let b = x.to_bits();
+    let r = b + 0xFFF + ((b >> 13) & 1);
+    f32::from_bits(r & !0x1FFF)
+}
+
 /// [`Device`] over host memory, calling the emulated kernels.
 #[derive(Default)]
 pub struct Emu {
     /// GEMM calls so far.
     pub gemms: usize,
+    /// Those of them asked to round to TF32.
+    pub tf32_gemms: usize,
     /// int8 matvec calls so far.
     pub q8: usize,
 }
@@ -343,8 +355,17 @@ impl Device for Emu {
         unsafe { std::ptr::copy_nonoverlapping(p::<u8>(src), p::<u8>(dst), bytes) };
         Ok(())
     }
-    fn gemm(&mut self, a: u64, b: u64, c: u64, m: i32, n: i32, k: i32) -> Result<bool, GpuError> {
-        // cuBLAS column-major semantics: C[i + j*m] = sum_l A[l + i*k] * B[l + j*k].
+    fn gemm(
+        &mut self,
+        a: u64,
+        b: u64,
+        c: u64,
+        (m, n, k): (i32, i32, i32),
+        tf32: bool,
+    ) -> Result<bool, GpuError> {
+        // cuBLAS column-major semantics: C[i + j*m] = sum_l A[l + i*k] * B[l + j*k]; with
+        // `tf32` each input rounded to TF32 first (to nearest: the tensor cores' own rounding
+        // may differ in the last bit, which the callers' tolerances absorb).
         let (m, n, k) = (m as usize, n as usize, k as usize);
         // SAFETY: A holds k*m floats, B k*n, C m*n (the forward pass's contract).
         let (a, b, c) = unsafe {
@@ -359,11 +380,12 @@ impl Device for Emu {
                 c[i + j * m] = a[i * k..][..k]
                     .iter()
                     .zip(&b[j * k..][..k])
-                    .map(|(x, y)| x * y)
+                    .map(|(&x, &y)| if tf32 { to_tf32(x) * to_tf32(y) } else { x * y })
                     .sum();
             }
         }
         self.gemms += 1;
+        self.tf32_gemms += usize::from(tf32);
         Ok(true)
     }
 }
