@@ -262,14 +262,8 @@ fn run_streamer_ctx(
 ) -> (Vec<Vec<f32>>, EmuVramReport) {
     let (graph, rope) = CudaGraph::open(dir, ctx).unwrap();
     let opts = StreamOptions {
-        vram_budget: budget,
         ctx,
-        rope,
-        max_batch,
-        kv: None,
-        max_outputs: None,
-        q8_activations: false,
-        gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+        ..options(budget, rope, max_batch)
     };
     let mut s = Streamer::with_vram(dir, &opts, EmuVram::new(dir), Box::new(graph)).unwrap();
     let vocab = s.layout().shape.vocab;
@@ -328,6 +322,21 @@ fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Plan options over the whole context of [`CTX`], one sequence, f32 activations, the default
+/// GEMM crossover; tests change what they test with struct update syntax.
+fn options(vram_budget: u64, rope: Vec<(Vec<f32>, Vec<f32>)>, max_batch: usize) -> StreamOptions {
+    StreamOptions {
+        vram_budget,
+        ctx: CTX,
+        rope,
+        max_batch,
+        kv: None,
+        max_outputs: None,
+        q8_activations: false,
+        gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+    }
 }
 
 #[test]
@@ -432,14 +441,8 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
         let (_, all_budget) = bounds(&dir);
         let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
         let opts = StreamOptions {
-            vram_budget: all_budget,
-            ctx: CTX,
-            rope,
-            max_batch: MAX_BATCH,
-            kv: None,
-            max_outputs: None,
             q8_activations: true,
-            gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+            ..options(all_budget, rope, MAX_BATCH)
         };
         let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
         let mut logits = vec![0f32; s.layout().shape.vocab];
@@ -472,14 +475,8 @@ fn prefill_gemms_round_to_tf32_with_q8_activations_and_stay_f32_without() {
     let prefill = |q8: bool| {
         let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
         let opts = StreamOptions {
-            vram_budget: all_budget,
-            ctx: CTX,
-            rope,
-            max_batch: MAX_BATCH,
-            kv: None,
-            max_outputs: None,
             q8_activations: q8,
-            gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+            ..options(all_budget, rope, MAX_BATCH)
         };
         let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
         let mut logits = vec![0f32; s.layout().shape.vocab];
@@ -530,16 +527,7 @@ fn a_budget_below_the_minimum_is_refused_before_anything_is_allocated() {
     let (_tmp, dir) = model(DType::Q8_0);
     let (min_budget, _) = bounds(&dir);
     let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
-    let opts = StreamOptions {
-        vram_budget: min_budget - 1,
-        ctx: CTX,
-        rope,
-        max_batch: MAX_BATCH,
-        kv: None,
-        max_outputs: None,
-        q8_activations: false,
-        gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
-    };
+    let opts = options(min_budget - 1, rope, MAX_BATCH);
     let vram = EmuVram::new(&dir);
     let e = Streamer::with_vram(&dir, &opts, vram, Box::new(graph))
         .err()
@@ -631,14 +619,9 @@ fn window_blocks_keep_a_ring_of_their_window_and_match_the_whole_cache() {
                 let overhead = layout.overhead_bytes_with(CTX, batch, outputs, spec);
                 let plan = layout.plan_with(overhead, usize::MAX >> 1).unwrap();
                 let opts = StreamOptions {
-                    vram_budget: plan.min_budget as u64,
-                    ctx: CTX,
-                    rope,
-                    max_batch: batch,
                     kv: Some(spec.clone()),
                     max_outputs: Some(outputs),
-                    q8_activations: false,
-                    gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+                    ..options(plan.min_budget as u64, rope, batch)
                 };
                 let s =
                     Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
@@ -714,16 +697,7 @@ fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
             .min_budget as u64;
         let open = || {
             let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
-            let opts = StreamOptions {
-                vram_budget: budget,
-                ctx: CTX,
-                rope,
-                max_batch,
-                kv: None,
-                max_outputs: None,
-                q8_activations: false,
-                gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
-            };
+            let opts = options(budget, rope, max_batch);
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
         };
         let prompt: Vec<u32> = (0..6u32).map(|i| (i * 37 + 11) % 97).collect();
@@ -860,14 +834,9 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
         let open = |kv: Option<KvSpec>| {
             let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
             let opts = StreamOptions {
-                vram_budget: budget,
-                ctx: CTX,
-                rope,
-                max_batch,
                 kv,
                 max_outputs: Some(8),
-                q8_activations: false,
-                gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+                ..options(budget, rope, max_batch)
             };
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap()
         };
@@ -1057,14 +1026,9 @@ fn the_servers_batches_give_the_same_logits_on_the_cpu_and_the_gpu_executor() {
             .min_budget as u64;
         let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
         let opts = StreamOptions {
-            vram_budget: budget,
-            ctx: CTX,
-            rope,
-            max_batch,
             kv: Some(staging.spec().clone()),
             max_outputs: Some(outputs),
-            q8_activations: false,
-            gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+            ..options(budget, rope, max_batch)
         };
         let mut gpu =
             Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
@@ -1235,14 +1199,9 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
         .min_budget as u64;
     let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
     let opts = StreamOptions {
-        vram_budget: budget,
-        ctx: CTX,
-        rope,
-        max_batch: 16,
         kv: Some(staging.spec().clone()),
         max_outputs: Some(outputs),
-        q8_activations: false,
-        gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+        ..options(budget, rope, 16)
     };
     let s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
     assert!(s.plan.streamed_bytes_per_token > 0, "nothing streamed");

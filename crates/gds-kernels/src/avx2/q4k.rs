@@ -35,43 +35,33 @@ pub(super) trait Kq45:
     fn qh(&self) -> Option<&[u8; 32]>;
 }
 
-impl Kq45 for BlockQ4K {
-    const FIVE: bool = false;
-    fn d(&self) -> [u8; 2] {
-        self.d
-    }
-    fn dmin(&self) -> [u8; 2] {
-        self.dmin
-    }
-    fn scales(&self) -> &[u8; 12] {
-        &self.scales
-    }
-    fn qs(&self) -> &[u8; 128] {
-        &self.qs
-    }
-    fn qh(&self) -> Option<&[u8; 32]> {
-        None
-    }
+/// Implements [`Kq45`] for a block type with the fields `d`, `dmin`, `scales`, `qs` (and
+/// `qh` where `$qh` reads it).
+macro_rules! kq45 {
+    ($blk:ty, $five:literal, |$b:ident| $qh:expr) => {
+        impl Kq45 for $blk {
+            const FIVE: bool = $five;
+            fn d(&self) -> [u8; 2] {
+                self.d
+            }
+            fn dmin(&self) -> [u8; 2] {
+                self.dmin
+            }
+            fn scales(&self) -> &[u8; 12] {
+                &self.scales
+            }
+            fn qs(&self) -> &[u8; 128] {
+                &self.qs
+            }
+            fn qh(&self) -> Option<&[u8; 32]> {
+                let $b = self;
+                $qh
+            }
+        }
+    };
 }
-
-impl Kq45 for BlockQ5K {
-    const FIVE: bool = true;
-    fn d(&self) -> [u8; 2] {
-        self.d
-    }
-    fn dmin(&self) -> [u8; 2] {
-        self.dmin
-    }
-    fn scales(&self) -> &[u8; 12] {
-        &self.scales
-    }
-    fn qs(&self) -> &[u8; 128] {
-        &self.qs
-    }
-    fn qh(&self) -> Option<&[u8; 32]> {
-        Some(&self.qh)
-    }
-}
+kq45!(BlockQ4K, false, |_b| None);
+kq45!(BlockQ5K, true, |b| Some(&b.qh));
 
 /// A block's fifth bits as [`quants_q45_k`] starts from them (zeros for Q4_K).
 #[inline]
