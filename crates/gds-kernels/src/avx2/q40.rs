@@ -7,7 +7,7 @@
 //! the even blocks or of the odd ones, the two added at the end.
 
 use super::q4k::{
-    bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put_rows, transpose8,
+    bcast4, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16, transpose8,
 };
 use super::*;
 
@@ -24,26 +24,39 @@ pub(super) struct Packed8 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn repack8(rows: &[&[BlockQ4_0]; 8], i: usize) -> Packed8 {
+    Packed8 {
+        q: transpose8(nibble_rows(rows, i)),
+        d: scales8(rows, i),
+    }
+}
+
+/// Block `i` of each of eight rows as 32 quant bytes (before [`transpose8`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibble_rows(rows: &[&[BlockQ4_0]; 8], i: usize) -> [__m256i; 8] {
     let m4 = _mm256_set1_epi8(0x0F);
-    let v: [__m256i; 8] = std::array::from_fn(|r| {
+    std::array::from_fn(|r| {
         let b = ld_u8x16(&rows[r][i].qs);
         // elements 0..16 (low nibbles), then 16..32 (high nibbles)
         _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(b), b), m4)
-    });
+    })
+}
+
+/// The eight rows' scales of block `i`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales8(rows: &[&[BlockQ4_0]; 8], i: usize) -> __m256 {
     let db = |r: usize| i16::from_le_bytes(rows[r][i].d);
-    Packed8 {
-        q: transpose8(v),
-        d: _mm256_cvtph_ps(_mm_setr_epi16(
-            db(0),
-            db(1),
-            db(2),
-            db(3),
-            db(4),
-            db(5),
-            db(6),
-            db(7),
-        )),
-    }
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        db(0),
+        db(1),
+        db(2),
+        db(3),
+        db(4),
+        db(5),
+        db(6),
+        db(7),
+    ))
 }
 
 /// Activations of block `b` of a row stored as [`ActQ8`] pairs: elements `4g..4g + 4`, the
@@ -117,10 +130,9 @@ pub(super) struct Packed16 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 fn repack16(lo: &[&[BlockQ4_0]; 8], hi: &[&[BlockQ4_0]; 8], i: usize) -> Packed16 {
-    let (a, b) = (repack8(lo, i), repack8(hi, i));
     Packed16 {
-        q: std::array::from_fn(|g| join(a.q[g], b.q[g])),
-        d: join_ps(a.d, b.d),
+        q: transpose16(nibble_rows(lo, i), nibble_rows(hi, i)),
+        d: join_ps(scales8(lo, i), scales8(hi, i)),
     }
 }
 

@@ -152,6 +152,40 @@ pub(super) fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     })
 }
 
+/// [`transpose8`] of `lo` (rows 0..8) and of `hi` (rows 8..16) joined into 512-bit vectors:
+/// output `g` holds lane `g` of every input, `lo[r]` in lane `r` and `hi[r]` in lane `8 + r`.
+/// Done on the joined rows (32 shuffles where two 256-bit transposes and the joins take 56).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+pub(super) fn transpose16(lo: [__m256i; 8], hi: [__m256i; 8]) -> [__m512i; 8] {
+    let r: [__m512i; 8] = std::array::from_fn(|i| join(lo[i], hi[i]));
+    // the steps of transpose8 within each 256-bit half (the unpacks work per 128-bit lane)
+    let t: [__m512i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    let s: [__m512i; 8] = std::array::from_fn(|i| {
+        let (half, c) = (i / 4, i % 4);
+        let (x, y) = (t[4 * half + c / 2], t[4 * half + 2 + c / 2]);
+        if c % 2 == 0 {
+            _mm512_unpacklo_epi64(x, y)
+        } else {
+            _mm512_unpackhi_epi64(x, y)
+        }
+    });
+    // 128-bit lane 0 (g < 4) or 1 of s[g % 4] and s[4 + g % 4], in each 256-bit half
+    let first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    std::array::from_fn(|g| {
+        let idx = if g < 4 { first } else { second };
+        _mm512_permutex2var_epi64(s[g % 4], idx, s[4 + g % 4])
+    })
+}
+
 /// The raw bytes of the rows after `r1` that the next chunk of `rows` rows repacks.
 fn next_chunk(w: &[u8], rb: usize, r1: usize, rows: usize) -> &[u8] {
     let n = w.len() / rb;
@@ -267,6 +301,14 @@ fn dmins8<B: Kq45>(rows: &[&[B]; 8], i: usize) -> (__m256, __m256) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn quants8<B: Kq45>(rows: &[&[B]; 8], i: usize, k: usize) -> [[__m256i; 8]; 2] {
+    let (lo, hi) = quant_rows8(rows, i, k);
+    [transpose8(lo), transpose8(hi)]
+}
+
+/// [`quants8`] before the transposes: row `r`'s 32 quants of sub-blocks `2k` and `2k + 1`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quant_rows8<B: Kq45>(rows: &[&[B]; 8], i: usize, k: usize) -> ([__m256i; 8], [__m256i; 8]) {
     let (mut lo, mut hi) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
     for r in 0..8 {
         let b = &rows[r][i];
@@ -274,7 +316,7 @@ fn quants8<B: Kq45>(rows: &[&[B]; 8], i: usize, k: usize) -> [[__m256i; 8]; 2] {
         let mut h = _mm256_srl_epi16(high_bits(b), _mm_cvtsi32_si128(2 * k as i32));
         (lo[r], hi[r]) = quants(b, k, &mut h);
     }
-    [transpose8(lo), transpose8(hi)]
+    (lo, hi)
 }
 
 impl Packed8 {
@@ -555,10 +597,9 @@ impl Packed16 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 fn repack16<B: Kq45>(lo: &[&[B]; 8], hi: &[&[B]; 8], i: usize, p: &mut Packed16) {
     for k in 0..4 {
-        let (a, b) = (quants8(lo, i, k), quants8(hi, i, k));
-        for h in 0..2 {
-            p.q[2 * k + h] = std::array::from_fn(|g| join(a[h][g], b[h][g]));
-        }
+        let ((alo, ahi), (blo, bhi)) = (quant_rows8(lo, i, k), quant_rows8(hi, i, k));
+        p.q[2 * k] = transpose16(alo, blo);
+        p.q[2 * k + 1] = transpose16(ahi, bhi);
     }
     let ((asc, amn), (bsc, bmn)) = (scales8(lo, i), scales8(hi, i));
     p.sc = std::array::from_fn(|j| join(asc[j], bsc[j]));

@@ -7,7 +7,8 @@
 //! chunks of rows repacked once ([`Packed8`]) and every tile of tokens against them.
 
 use super::q4k::{
-    bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows, transpose8,
+    bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows, transpose16,
+    transpose8,
 };
 use super::*;
 
@@ -286,9 +287,13 @@ impl Packed16 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 fn repack16(lo: &[&[BlockQ6K]; 8], hi: &[&[BlockQ6K]; 8], i: usize, p: &mut Packed16) {
     for h in 0..2 {
-        let (a, b) = (quants8(lo, i, h), quants8(hi, i, h));
+        let a: [[__m256i; 4]; 8] = std::array::from_fn(|r| quants_q6_k(&lo[r][i], h));
+        let b: [[__m256i; 4]; 8] = std::array::from_fn(|r| quants_q6_k(&hi[r][i], h));
         for c in 0..4 {
-            p.q[4 * h + c] = std::array::from_fn(|g| join(a[c][g], b[c][g]));
+            p.q[4 * h + c] = transpose16(
+                std::array::from_fn(|r| a[r][c]),
+                std::array::from_fn(|r| b[r][c]),
+            );
         }
     }
     let ((asc, ascp), (bsc, bscp)) = (scales8(lo, i), scales8(hi, i));

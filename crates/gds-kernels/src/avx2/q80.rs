@@ -22,7 +22,7 @@
 
 use super::q40::{act4, act_block};
 use super::q4k::{
-    bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put_rows, transpose8,
+    bcast4, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16, transpose8,
 };
 use super::*;
 
@@ -394,17 +394,16 @@ pub(super) struct Packed16 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 fn repack16(lo: &[&[BlockQ8_0]; 8], hi: &[&[BlockQ8_0]; 8], i: usize, p: &mut Packed16) {
-    let m = _mm256_set1_epi8(i8::MIN);
+    let m = _mm512_set1_epi8(i8::MIN);
     let half = |rows: &[&[BlockQ8_0]; 8]| {
         let mut v = [_mm256_setzero_si256(); 8];
         for r in 0..8 {
             v[r] = ld_i8x32(&rows[r][i].qs);
         }
-        transpose8(v)
+        v
     };
-    let (a, b) = (half(lo), half(hi));
-    for g in 0..8 {
-        p.q[g] = join(_mm256_xor_si256(a[g], m), _mm256_xor_si256(b[g], m));
+    for (pq, q) in p.q.iter_mut().zip(transpose16(half(lo), half(hi))) {
+        *pq = _mm512_xor_si512(q, m);
     }
     p.d = join_ps(scales8(lo, i), scales8(hi, i));
 }
