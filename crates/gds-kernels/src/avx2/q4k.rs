@@ -665,15 +665,16 @@ fn gemm16<B: Kq45, const N: usize>(
 /// The 1B Q4_K_M shape, two threads (`gdsrun bench -p 5,6,8,9,10 -n 0 -r 3`, t/s repacked from
 /// the token count / tiles): AVX-512 8: 85-86 / 89-91, 9: 89 / 85-86, 10: 97-98 / 89-91; AVX2
 /// 5: 67-68 / 68-69, 6: 76-77 / 74-79, 8: 89-91 / 82-89, 9: 90-96 / 80-84. (Before that
-/// change both were 12.)
-pub(super) const Q4K_LANES_MIN: (usize, usize) = (6, 9);
+/// change both were 12.) After the sixteen-row repacking's transposes were joined
+/// ([`transpose16`], same session), AVX-512 at 4096 x 4096, 2 threads, ms repacked / stored:
+/// 5: 0.94-0.95 / 0.89, 6: 0.93-0.95 / 1.00, 7: 0.99-1.01 / 1.08: from 6.
+pub(super) const Q4K_LANES_MIN: (usize, usize) = (6, 6);
 
 /// [`Q4K_LANES_MIN`] for Q5_K. Measured as there (one 4096 x 4096 matrix, 2 threads,
 /// `decode_bw q5_k N` with the threshold forced to 1 and to 999, ms repacked / stored): AVX2
-/// 3 tokens 0.78 / 0.64, 4: 0.86 / 1.10; AVX-512 8: 1.42-1.52 / 1.33-1.44, 9: 1.53-1.56 /
-/// 1.67. (The sixteen-row repacking costs more than two eight-row ones: at 4-12 tokens the
-/// AVX2 kernel ran faster than AVX-512's; at 128, 9.4 against 7.9 ms.)
-pub(super) const Q5K_LANES_MIN: (usize, usize) = (4, 9);
+/// 3 tokens 0.78 / 0.64, 4: 0.86 / 1.10; AVX-512 (after [`transpose16`]) 5: 1.00-1.02 /
+/// 1.01, 6: 0.99-1.02 / 1.13-1.14, 8: 1.08-1.12 / 1.30-1.32.
+pub(super) const Q5K_LANES_MIN: (usize, usize) = (4, 6);
 
 /// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
 const CHUNK_BYTES: usize = 96 << 10;
