@@ -307,22 +307,6 @@ fn unpack_q4_1(b0: &BlockQ4_1, b1: &BlockQ4_1) -> Unpacked {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q5_0(b0: &BlockQ5_0, b1: &BlockQ5_0) -> Unpacked {
-    let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
-    let (hlo, hhi) = fifth_pair(b0.qh, b1.qh);
-    let scale = f16_quad(
-        [b0.d[0], b0.d[1], b0.d[0], b0.d[1]],
-        [b1.d[0], b1.d[1], b1.d[0], b1.d[1]],
-    );
-    Unpacked {
-        lo: _mm256_or_si256(lo, hlo),
-        hi: _mm256_or_si256(hi, hhi),
-        scale,
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
 fn unpack_q5_1(b0: &BlockQ5_1, b1: &BlockQ5_1) -> Unpacked {
     let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
     let (hlo, hhi) = fifth_pair(b0.qh, b1.qh);
@@ -628,16 +612,6 @@ macro_rules! q32_family {
                 unpack_q4_1,
                                 1.0,
                 0,
-                true
-            );
-            kernel!(
-                dot_q5_0,
-                dot_q5_0_u,
-                rows_q5_0,
-                BlockQ5_0,
-                unpack_q5_0,
-                                0.0,
-                4,
                 true
             );
             kernel!(
@@ -1408,7 +1382,6 @@ pub fn rows_q4_0_by_row(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &m
     }
 }
 public_rows!(rows_q4_1, ActQ8, q32);
-public_rows!(rows_q5_0, ActQ8, q32);
 public_rows!(rows_q5_1, ActQ8, q32);
 
 /// AVX2 twin of `scalar::rows_q8_0`: eight rows side by side for small batches (decode),
@@ -1416,31 +1389,48 @@ public_rows!(rows_q5_1, ActQ8, q32);
 /// `vpdpbusd` where the token has VNNI. The same bits with every token and every batch
 /// (see `q80`).
 pub fn rows_q8_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    rows_q32::<BlockQ8_0>(t, w, rb, acts, out, q80::Q80_LANES_MIN)
+}
+
+/// AVX2 twin of `scalar::rows_q5_0`: the kernels of [`rows_q8_0`] over Q5_0's quants.
+pub fn rows_q5_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    rows_q32::<BlockQ5_0>(t, w, rb, acts, out, q80::Q50_LANES_MIN)
+}
+
+/// The `q80` kernels of block type `B` for the token's instruction set: rows in the vector
+/// lanes from `lanes_min` tokens (plain AVX2, AVX-VNNI, AVX-512), stored rows below.
+fn rows_q32<B: q80::Q32>(
+    t: Avx2,
+    w: &[u8],
+    rb: usize,
+    acts: &[&[ActQ8]],
+    out: &mut [f32],
+    (plain, avx_vnni, avx512): (usize, usize, usize),
+) {
     let (nt, nrows) = (acts.len(), w.len() / rb.max(1));
     if nt == 0 || nrows == 0 {
         return;
     }
-    let (plain, avx_vnni, avx512) = q80::Q80_LANES_MIN;
     // SAFETY: each call's target features were detected: a token with `avx512` exists only
     // when AVX2, FMA, F16C and AVX-512 F, VL, BW and VNNI were; one with `vnni` only when
     // AVX2, FMA, F16C and AVX-VNNI were; any `Avx2` token only when AVX2, FMA and F16C were.
     unsafe {
         if t.avx512 {
             if nt >= avx512 {
-                q80::gemm_rows16(w, rb, acts, out)
+                q80::gemm_rows16::<B>(w, rb, acts, out)
             } else {
-                q80::evex::rows_stored(w, rb, acts, out)
+                q80::evex::rows_stored::<B>(w, rb, acts, out)
             }
         } else if t.vnni {
             if nt >= avx_vnni {
-                q80::vnni::gemm_rows8(w, rb, acts, out)
+                q80::vnni::gemm_rows8::<B>(w, rb, acts, out)
             } else {
-                q80::vnni::rows_stored(w, rb, acts, out)
+                q80::vnni::rows_stored::<B>(w, rb, acts, out)
             }
         } else if nt >= plain {
-            q80::plain::gemm_rows8(w, rb, acts, out)
+            q80::plain::gemm_rows8::<B>(w, rb, acts, out)
         } else {
-            q80::plain::rows_stored(w, rb, acts, out)
+            q80::plain::rows_stored::<B>(w, rb, acts, out)
         }
     }
 }

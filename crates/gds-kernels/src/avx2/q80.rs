@@ -1,7 +1,8 @@
-//! Q8_0 rows eight (or sixteen) at a time, one row per 32-bit vector lane.
+//! Q8_0 and Q5_0 rows eight (or sixteen) at a time, one row per 32-bit vector lane.
 //!
 //! Every path ends a block the same way, per row: the block's exact integer dot product `I`
-//! (32 products of signed bytes), then `acc = fma(dw * dx, I, acc)`, rows in the lanes of one
+//! (32 products of the quants and the activation bytes, Q5_0's offset `-16 * sum(x)`
+//! included), then `acc = fma(dw * dx, I, acc)`, rows in the lanes of one
 //! accumulator per token. So a row's result is the same bits whichever path and whichever
 //! instruction set computed it (the integer sums are exact everywhere):
 //!
@@ -14,7 +15,7 @@
 //!   row of the vector at once, with no horizontal sums) and every tile of up to four tokens
 //!   runs against it.
 //!
-//! The products of two signed bytes: with VNNI (`vpdpbusd`, unsigned x signed into i32 with no
+//! Q5_0's quants (0..32) multiply as unsigned bytes everywhere. Q8_0's two signed bytes: with VNNI (`vpdpbusd`, unsigned x signed into i32 with no
 //! intermediate saturation) the weights are stored offset by 128 (`w ^ 0x80`) and the block's
 //! `128 * sum(x)` is taken back (the activations carry `-sum(x)`); plain AVX2's `maddubs` would
 //! saturate on such products, so there `|w|` meets `x` with `w`'s sign (`psignb`), one `madd`
@@ -26,15 +27,125 @@ use super::q4k::{
 };
 use super::*;
 
-/// Prompt batches of at least this many tokens repack the rows (plain AVX2, AVX-VNNI,
+/// Prompt batches of at least this many tokens repack Q8_0 rows (plain AVX2, AVX-VNNI,
 /// AVX-512); fewer run the rows in their stored layout. The same results either way.
 pub(super) const Q80_LANES_MIN: (usize, usize, usize) = (18, 10, 10);
+
+/// [`Q80_LANES_MIN`] for Q5_0 (one 4096 x 4096 matrix, 2 threads, `decode_bw q5_0 N` with
+/// the threshold forced to 1 and to 999, ms repacked / stored: AVX2 4 tokens 1.08 / 0.94, 5:
+/// 1.18 / 1.43; AVX-VNNI 4: 1.08 / 0.78, 5: 1.18 / 1.22; AVX-512 6: 1.10 / 1.04, 8: 1.15 /
+/// 1.19).
+pub(super) const Q50_LANES_MIN: (usize, usize, usize) = (5, 5, 8);
+
+/// The 32-element block types of this module: Q8_0 (signed 8-bit quants) and Q5_0 (5-bit
+/// quants `q`, values `q - 16`).
+pub(super) trait Q32:
+    zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned
+{
+    /// Signed quants (Q8_0). Otherwise unsigned ones with a constant offset `-(1 << SHIFT)`,
+    /// taken back as `(1 << SHIFT) * -sum(x)` from the integer dot product.
+    const SIGNED: bool;
+    /// See [`Q32::SIGNED`].
+    const SHIFT: i32;
+    /// The block's scale (f16 bits).
+    fn d(&self) -> [u8; 2];
+    /// Q8_0's quants.
+    fn q8(&self) -> Option<&[i8; 32]>;
+    /// Q5_0's fifth bits and nibbles.
+    fn q5(&self) -> Option<([u8; 4], &[u8; 16])>;
+}
+
+impl Q32 for BlockQ8_0 {
+    const SIGNED: bool = true;
+    const SHIFT: i32 = 0;
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    fn q8(&self) -> Option<&[i8; 32]> {
+        Some(&self.qs)
+    }
+    fn q5(&self) -> Option<([u8; 4], &[u8; 16])> {
+        None
+    }
+}
+
+impl Q32 for BlockQ5_0 {
+    const SIGNED: bool = false;
+    const SHIFT: i32 = 4;
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    fn q8(&self) -> Option<&[i8; 32]> {
+        None
+    }
+    fn q5(&self) -> Option<([u8; 4], &[u8; 16])> {
+        Some((self.qh, &self.qs))
+    }
+}
+
+/// A block's 32 quants as bytes in element order: Q8_0's signed ones, Q5_0's `q` (0..32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn elements<B: Q32>(b: &B) -> __m256i {
+    if let Some(q) = b.q8() {
+        return ld_i8x32(q);
+    }
+    let (qh, qs) = b.q5().expect("a Q32 block has Q8_0 or Q5_0 quants");
+    let v = ld_u8x16(qs);
+    // elements 0..16 (low nibbles), then 16..32 (high nibbles)
+    let q = _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16::<4>(v), v),
+        _mm256_set1_epi8(0x0F),
+    );
+    // element e's fifth bit is bit e of qh: byte e / 8 of qh (the same four bytes in every
+    // 32-bit lane) against the mask 1 << (e % 8)
+    let both = _mm256_set1_epi32(i32::from_le_bytes(qh));
+    let idx = _mm256_setr_epi64x(
+        0,
+        0x0101010101010101,
+        0x0202020202020202,
+        0x0303030303030303,
+    );
+    let bit = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
+    let b = _mm256_and_si256(_mm256_shuffle_epi8(both, idx), bit);
+    _mm256_or_si256(
+        q,
+        _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10)),
+    )
+}
+
+/// The quant bytes the products multiply: Q8_0's offset by 128 (`w ^ 0x80`) with VNNI or
+/// absolute (`|w|`, the signs going to the activations) without; Q5_0's as they are.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weight_bytes<B: Q32>(e: __m256i, vnni: bool) -> __m256i {
+    match (B::SIGNED, vnni) {
+        (true, true) => _mm256_xor_si256(e, _mm256_set1_epi8(i8::MIN)),
+        (true, false) => _mm256_abs_epi8(e),
+        (false, _) => e,
+    }
+}
+
+/// Whether the products need the weights' signs (`psignb` on the activations).
+const fn signed_products<B: Q32>(vnni: bool) -> bool {
+    B::SIGNED && !vnni
+}
+
+/// The power of two whose multiple of `-sum(x)` the integer dot products start from (the
+/// weights' offset): Q8_0's 128 with VNNI, Q5_0's 16; none for signed products.
+const fn offset_shift<B: Q32>(vnni: bool) -> Option<i32> {
+    match (B::SIGNED, vnni) {
+        (true, true) => Some(7),
+        (true, false) => None,
+        (false, _) => Some(B::SHIFT),
+    }
+}
 
 /// The eight rows' f16 scales of block `i` as f32 (0 for a block past the rows' end).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scales8(rows: &[&[BlockQ8_0]; 8], i: usize) -> __m256 {
-    let db = |r: usize| rows[r].get(i).map_or(0, |b| i16::from_le_bytes(b.d));
+fn scales8<B: Q32>(rows: &[&[B]; 8], i: usize) -> __m256 {
+    let db = |r: usize| rows[r].get(i).map_or(0, |b| i16::from_le_bytes(b.d()));
     _mm256_cvtph_ps(_mm_setr_epi16(
         db(0),
         db(1),
@@ -84,8 +195,8 @@ fn step16(acc: __m512, dw: __m512, dx: f32, i: __m512i) -> __m512 {
 }
 
 /// A row's block pair as the products want it: both blocks' elements 0..16 (`lo`) and 16..32
-/// (`hi`), offset (`w ^ 0x80`) for VNNI, absolute values with the signed bytes in `slo`/`shi`
-/// for `maddubs`.
+/// (`hi`), as [`weight_bytes`] makes them, with the quants as stored in `slo`/`shi` (the signs,
+/// where the products need them).
 #[derive(Clone, Copy)]
 struct Pair {
     lo: __m256i,
@@ -97,52 +208,47 @@ struct Pair {
 /// Block pair `p` of a row (a zero block past its end).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn pair<const OFFSET: bool>(row: &[BlockQ8_0], p: usize) -> Pair {
-    let zero = [0i8; QK];
-    let b0 = &row[2 * p].qs;
-    let b1 = row.get(2 * p + 1).map_or(&zero, |b| &b.qs);
-    let lo = _mm256_set_m128i(ld_i8x16(&b1[..16]), ld_i8x16(&b0[..16]));
-    let hi = _mm256_set_m128i(ld_i8x16(&b1[16..]), ld_i8x16(&b0[16..]));
-    if OFFSET {
-        let m = _mm256_set1_epi8(i8::MIN);
-        Pair {
-            lo: _mm256_xor_si256(lo, m),
-            hi: _mm256_xor_si256(hi, m),
-            slo: lo,
-            shi: hi,
-        }
-    } else {
-        Pair {
-            lo: _mm256_abs_epi8(lo),
-            hi: _mm256_abs_epi8(hi),
-            slo: lo,
-            shi: hi,
-        }
+fn pair<B: Q32>(row: &[B], p: usize, vnni: bool) -> Pair {
+    let e0 = elements(&row[2 * p]);
+    let e1 = row
+        .get(2 * p + 1)
+        .map_or(_mm256_setzero_si256(), |b| elements(b));
+    let lo = _mm256_permute2x128_si256::<0x20>(e0, e1);
+    let hi = _mm256_permute2x128_si256::<0x31>(e0, e1);
+    Pair {
+        lo: weight_bytes::<B>(lo, vnni),
+        hi: weight_bytes::<B>(hi, vnni),
+        slo: lo,
+        shi: hi,
     }
 }
 
-/// `128 * sum(x)` of both blocks of an activation pair, to take back from offset products:
-/// `-128 * nsum` in the lanes of each block (lanes 0..4: block `2p`, 4..8: `2p + 1`), spread
-/// so that [`totals8`] adds one copy per block (lane 0 of each half, zeros elsewhere).
+/// The offset's `(1 << shift) * sum(x)` of both blocks of an activation pair, to take back:
+/// `nsum << shift` in the lanes of each block (lanes 0..4: block `2p`, 4..8: `2p + 1`),
+/// spread so that [`totals8`] adds one copy per block (lane 0 of each half, zeros elsewhere).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn offset_back(x: &ActQ8) -> __m256i {
-    _mm256_slli_epi32::<7>(ld_i32x8(&x.nsum))
+fn offset_back(x: &ActQ8, shift: Option<i32>) -> __m256i {
+    match shift {
+        Some(s) => _mm256_sll_epi32(ld_i32x8(&x.nsum), _mm_cvtsi32_si128(s)),
+        None => _mm256_setzero_si256(),
+    }
 }
 
-/// Generates the decode path for one instruction set: `$dot(acc, u, x)` adds the products of
-/// a 256-bit vector of weight bytes `u` (offset or absolute, as `$offset` says) and activation
-/// bytes `x` (signed by `s` where not offset) into i32 lanes.
+/// Generates the decode path for one instruction set (`$vnni`: whether it has `vpdpbusd`):
+/// `$dot(acc, u, x)` adds the products of a 256-bit vector of unsigned weight bytes `u` (as
+/// [`weight_bytes`] makes them) and activation bytes `x` into i32 lanes.
 macro_rules! q80_stored {
-    ($feat:literal, $offset:literal, $dot:ident) => {
-        /// Products of `u` (as [`pair`] stored them; `s` the signed bytes) and `x`.
+    ($feat:literal, $vnni:literal, $dot:ident) => {
+        /// Products of `u` (as [`weight_bytes`] made them; `s` the quants as stored, whose
+        /// signs go to the activations where the products need them) and `x`.
         #[inline]
         #[target_feature(enable = $feat)]
-        fn prod(acc: __m256i, u: __m256i, s: __m256i, x: __m256i) -> __m256i {
-            if $offset {
-                $dot(acc, u, x)
-            } else {
+        fn prod<B: Q32>(acc: __m256i, u: __m256i, s: __m256i, x: __m256i) -> __m256i {
+            if signed_products::<B>($vnni) {
                 $dot(acc, u, _mm256_sign_epi8(x, s))
+            } else {
+                $dot(acc, u, x)
             }
         }
 
@@ -150,33 +256,30 @@ macro_rules! q80_stored {
         /// row `r` in lane `r`. `pf` (the next rows) is prefetched a few lines a pair.
         #[inline]
         #[target_feature(enable = $feat)]
-        fn rows8<const N: usize>(
-            rows: &[&[BlockQ8_0]; 8],
+        fn rows8<B: Q32, const N: usize>(
+            rows: &[&[B]; 8],
             a: &[&[ActQ8]; N],
             pf: &[u8],
         ) -> [__m256; N] {
             let nb = rows[0].len();
             let np = nb.div_ceil(2);
             assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= np));
+            let shift = offset_shift::<B>($vnni);
             let mut acc = [_mm256_setzero_ps(); N];
             for p in 0..np {
                 prefetch_l2(pf, p, np);
-                let mut w = [pair::<$offset>(rows[0], p); 8];
+                let mut w = [pair(rows[0], p, $vnni); 8];
                 for r in 1..8 {
-                    w[r] = pair::<$offset>(rows[r], p);
+                    w[r] = pair(rows[r], p, $vnni);
                 }
                 let (d0, d1) = (scales8(rows, 2 * p), scales8(rows, 2 * p + 1));
                 for t in 0..N {
                     let x = &a[t][p];
                     let (xl, xh) = (ld_i8x32(&x.lo), ld_i8x32(&x.hi));
-                    let init = if $offset {
-                        offset_back(x)
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    let mut v = [init; 8];
+                    let mut v = [offset_back(x, shift); 8];
                     for r in 0..8 {
-                        v[r] = prod(prod(v[r], w[r].lo, w[r].slo, xl), w[r].hi, w[r].shi, xh);
+                        let lo = prod::<B>(v[r], w[r].lo, w[r].slo, xl);
+                        v[r] = prod::<B>(lo, w[r].hi, w[r].shi, xh);
                     }
                     let (i0, i1) = totals8(&v);
                     acc[t] = step8(acc[t], d0, x.d8[0], i0);
@@ -191,7 +294,7 @@ macro_rules! q80_stored {
         /// Every row against the tile of tokens from `t0`, rows in their stored layout.
         #[inline]
         #[target_feature(enable = $feat)]
-        fn tile_rows<const N: usize>(
+        fn tile_rows<B: Q32, const N: usize>(
             w: &[u8],
             rb: usize,
             a: [&[ActQ8]; N],
@@ -202,14 +305,14 @@ macro_rules! q80_stored {
             let nrows = w.len() / rb;
             for r in (0..nrows).step_by(8) {
                 let pf = ahead(w, r * rb, 8 * rb);
-                let acc = rows8(&group8(w, rb, r, nrows), &a, pf);
+                let acc = rows8(&group8::<B>(w, rb, r, nrows), &a, pf);
                 put_rows(acc.map(|v| lanes8(v)), r, nrows, out, nt, t0);
             }
         }
 
         /// Rows in their stored layout against every token, tile by tile.
         #[target_feature(enable = $feat)]
-        pub(in crate::avx2) fn rows_stored(
+        pub(in crate::avx2) fn rows_stored<B: Q32>(
             w: &[u8],
             rb: usize,
             acts: &[&[ActQ8]],
@@ -218,7 +321,7 @@ macro_rules! q80_stored {
             let nt = acts.len();
             let mut t0 = 0;
             while t0 < nt {
-                by_tile!(&acts[t0..], |xs| tile_rows(w, rb, xs, out, nt, t0));
+                by_tile!(&acts[t0..], |xs| tile_rows::<B, _>(w, rb, xs, out, nt, t0));
                 t0 += (nt - t0).min(4);
             }
         }
@@ -228,14 +331,15 @@ macro_rules! q80_stored {
 /// Generates the prompt path with eight rows a vector for one instruction set (in the module
 /// of its [`q80_stored`], whose `prod` it shares).
 macro_rules! q80_lanes8 {
-    ($feat:literal, $offset:literal) => {
+    ($feat:literal, $vnni:literal) => {
         /// Eight rows of one block, repacked: quants of elements `4g..4g + 4` of row `r`
-        /// in bytes `4r..4r + 4` of `q[g]` (offset or absolute), their signed bytes in
-        /// `s[g]` where the products need them, each row's scale in `d`.
+        /// in bytes `4r..4r + 4` of `q[g]` (as [`weight_bytes`] makes them), the quants as
+        /// stored in `s[g]` (their signs, where the products need them), each row's scale in
+        /// `d`.
         #[derive(Clone, Copy)]
         pub(in crate::avx2) struct Packed8 {
             q: [__m256i; 8],
-            s: [__m256i; if $offset { 0 } else { 8 }],
+            s: [__m256i; 8],
             d: __m256,
         }
 
@@ -245,7 +349,7 @@ macro_rules! q80_lanes8 {
             fn zero() -> Packed8 {
                 Packed8 {
                     q: [_mm256_setzero_si256(); 8],
-                    s: [_mm256_setzero_si256(); if $offset { 0 } else { 8 }],
+                    s: [_mm256_setzero_si256(); 8],
                     d: _mm256_setzero_ps(),
                 }
             }
@@ -254,20 +358,16 @@ macro_rules! q80_lanes8 {
         /// Repacks block `i` of eight rows into `p`.
         #[inline]
         #[target_feature(enable = $feat)]
-        fn repack8(rows: &[&[BlockQ8_0]; 8], i: usize, p: &mut Packed8) {
+        fn repack8<B: Q32>(rows: &[&[B]; 8], i: usize, p: &mut Packed8) {
             let mut v = [_mm256_setzero_si256(); 8];
             for r in 0..8 {
-                v[r] = ld_i8x32(&rows[r][i].qs);
+                v[r] = elements(&rows[r][i]);
             }
             let t = transpose8(v);
             for g in 0..8 {
-                if $offset {
-                    p.q[g] = _mm256_xor_si256(t[g], _mm256_set1_epi8(i8::MIN));
-                } else {
-                    p.q[g] = _mm256_abs_epi8(t[g]);
-                    if let Some(s) = p.s.get_mut(g) {
-                        *s = t[g];
-                    }
+                p.q[g] = weight_bytes::<B>(t[g], $vnni);
+                if signed_products::<B>($vnni) {
+                    p.s[g] = t[g];
                 }
             }
             p.d = scales8(rows, i);
@@ -278,15 +378,27 @@ macro_rules! q80_lanes8 {
         /// shorten the dependency chain; integers, so the same total.
         #[inline]
         #[target_feature(enable = $feat)]
-        fn term8(u: &Packed8, x: &[ActQ8], i: usize, acc: __m256) -> __m256 {
+        fn term8<B: Q32>(u: &Packed8, x: &[ActQ8], i: usize, acc: __m256) -> __m256 {
             let (x, h) = act_block(x, i);
             let mut s = [_mm256_setzero_si256(); 2];
-            if $offset {
-                s[0] = _mm256_set1_epi32(x.nsum[4 * h] << 7);
+            if let Some(shift) = offset_shift::<B>($vnni) {
+                s[0] = _mm256_set1_epi32(x.nsum[4 * h] << shift);
             }
-            for g in 0..8 {
-                let sg = u.s.get(g).copied().unwrap_or(u.q[g]);
-                s[g % 2] = prod(s[g % 2], u.q[g], sg, bcast4(act4(x, h, g)));
+            if !B::SIGNED && !$vnni {
+                // 5-bit quants on plain AVX2: four groups' `maddubs` pairs summed in i16
+                // (4 * 2 * 31 * 128 < 2^15) before one `madd` widens them
+                for half in 0..2 {
+                    let mut w = _mm256_setzero_si256();
+                    for g in 4 * half..4 * half + 4 {
+                        let a = bcast4(act4(x, h, g));
+                        w = _mm256_add_epi16(w, _mm256_maddubs_epi16(u.q[g], a));
+                    }
+                    s[half] = _mm256_add_epi32(s[half], _mm256_madd_epi16(w, _mm256_set1_epi16(1)));
+                }
+            } else {
+                for g in 0..8 {
+                    s[g % 2] = prod::<B>(s[g % 2], u.q[g], u.s[g], bcast4(act4(x, h, g)));
+                }
             }
             step8(acc, u.d, x.d8[4 * h], _mm256_add_epi32(s[0], s[1]))
         }
@@ -294,33 +406,34 @@ macro_rules! q80_lanes8 {
         /// Eight repacked rows (block `i` in `p[i]`) against `N` tokens.
         #[inline]
         #[target_feature(enable = $feat)]
-        fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
+        fn gemm8<B: Q32, const N: usize>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
             let mut acc = [_mm256_setzero_ps(); N];
             for (i, u) in p.iter().enumerate() {
                 for t in 0..N {
-                    acc[t] = term8(u, xs[t], i, acc[t]);
+                    acc[t] = term8::<B>(u, xs[t], i, acc[t]);
                 }
             }
             acc
         }
 
-        /// Q8_0 prompt batches: groups of eight rows repacked a chunk at a time.
+        /// Prompt batches: groups of eight rows repacked a chunk at a time.
         #[target_feature(enable = $feat)]
-        pub(in crate::avx2) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-            let (nt, nrows, nb) = (
-                acts.len(),
-                w.len() / rb,
-                rb / std::mem::size_of::<BlockQ8_0>(),
-            );
+        pub(in crate::avx2) fn gemm_rows8<B: Q32>(
+            w: &[u8],
+            rb: usize,
+            acts: &[&[ActQ8]],
+            out: &mut [f32],
+        ) {
+            let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / std::mem::size_of::<B>());
             chunked(
                 w,
                 rb,
                 (nb, 8, nt),
                 Packed8::zero(),
-                |r, i, p| repack8(&group8(w, rb, r, nrows), i, p),
+                |r, i, p| repack8(&group8::<B>(w, rb, r, nrows), i, p),
                 |p: &[Packed8], r, t0| {
                     by_tile!(&acts[t0..], |xs| put_rows(
-                        gemm8(p, xs).map(|v| lanes8(v)),
+                        gemm8::<B, _>(p, xs).map(|v| lanes8(v)),
                         r,
                         nrows,
                         out,
@@ -333,8 +446,9 @@ macro_rules! q80_lanes8 {
     };
 }
 
-/// `maddubs` of absolute weights and signed activations, widened to i32 (`madd`) before two
-/// pair sums (up to 2 * 128 * 127 each) could overflow i16.
+/// `maddubs` of unsigned weight bytes (Q8_0's absolute values, Q5_0's quants) and signed
+/// activations, widened to i32 (`madd`) before two pair sums (up to 2 * 128 * 127 each) could
+/// overflow i16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_abs(acc: __m256i, u: __m256i, x: __m256i) -> __m256i {
@@ -383,7 +497,8 @@ pub(super) mod evex {
     );
 }
 
-/// Sixteen rows of one block for AVX-512: offset quants, rows 8..16 in lanes 8..16.
+/// Sixteen rows of one block for AVX-512 (VNNI): quants as [`weight_bytes`] makes them, rows
+/// 8..16 in lanes 8..16.
 #[derive(Clone, Copy)]
 pub(super) struct Packed16 {
     q: [__m512i; 8],
@@ -393,18 +508,15 @@ pub(super) struct Packed16 {
 /// Repacks block `i` of sixteen rows (`lo`: rows 0..8, `hi`: 8..16).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn repack16(lo: &[&[BlockQ8_0]; 8], hi: &[&[BlockQ8_0]; 8], i: usize, p: &mut Packed16) {
-    let m = _mm512_set1_epi8(i8::MIN);
-    let half = |rows: &[&[BlockQ8_0]; 8]| {
+fn repack16<B: Q32>(lo: &[&[B]; 8], hi: &[&[B]; 8], i: usize, p: &mut Packed16) {
+    let half = |rows: &[&[B]; 8]| {
         let mut v = [_mm256_setzero_si256(); 8];
         for r in 0..8 {
-            v[r] = ld_i8x32(&rows[r][i].qs);
+            v[r] = weight_bytes::<B>(elements(&rows[r][i]), true);
         }
         v
     };
-    for (pq, q) in p.q.iter_mut().zip(transpose16(half(lo), half(hi))) {
-        *pq = _mm512_xor_si512(q, m);
-    }
+    p.q = transpose16(half(lo), half(hi));
     p.d = join_ps(scales8(lo, i), scales8(hi, i));
 }
 
@@ -412,15 +524,16 @@ fn repack16(lo: &[&[BlockQ8_0]; 8], hi: &[&[BlockQ8_0]; 8], i: usize, p: &mut Pa
 /// `term8` on 512-bit vectors.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-fn term16(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
+fn term16<B: Q32>(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
     let (x, h) = act_block(x, i);
     let b4 = |q: &[i8]| {
         assert!(q.len() >= 4);
         // SAFETY: at least 4 readable bytes (checked above), read unaligned.
         _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(q.as_ptr().cast::<i32>()) })
     };
+    let shift = offset_shift::<B>(true).expect("VNNI products take an offset back");
     let mut s = [
-        _mm512_set1_epi32(x.nsum[4 * h] << 7),
+        _mm512_set1_epi32(x.nsum[4 * h] << shift),
         _mm512_setzero_si512(),
     ];
     for g in 0..8 {
@@ -432,24 +545,20 @@ fn term16(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
 /// Sixteen repacked rows (block `i` in `p[i]`) against `N` tokens.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
+fn gemm16<B: Q32, const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
     let mut acc = [_mm512_setzero_ps(); N];
     for (i, u) in p.iter().enumerate() {
         for t in 0..N {
-            acc[t] = term16(u, xs[t], i, acc[t]);
+            acc[t] = term16::<B>(u, xs[t], i, acc[t]);
         }
     }
     acc
 }
 
-/// Q8_0 prompt batches on AVX-512: groups of sixteen rows.
+/// Prompt batches on AVX-512: groups of sixteen rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ8_0>(),
-    );
+pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / std::mem::size_of::<B>());
     chunked(
         w,
         rb,
@@ -458,10 +567,17 @@ pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
             q: [_mm512_setzero_si512(); 8],
             d: _mm512_setzero_ps(),
         },
-        |r, i, p| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i, p),
+        |r, i, p| {
+            repack16(
+                &group8::<B>(w, rb, r, nrows),
+                &group8::<B>(w, rb, r + 8, nrows),
+                i,
+                p,
+            )
+        },
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16(p, xs).map(|v| lanes16(v)),
+                gemm16::<B, _>(p, xs).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,

@@ -173,7 +173,8 @@ fn matmul_matches_dequantized_f32_product() {
 
 /// The largest products every kernel's integer sums meet: weights quantized from rows of one
 /// magnitude (each 16-element group has one zero, so the types with mins keep a zero min and
-/// every other quant at the top of its range) against activations of one magnitude (8-bit
+/// every other quant at the top of its range; or one element per block of the other sign, for
+/// the symmetric types) against activations of one magnitude (8-bit
 /// quants at 127, or -128 for the K-quants' activations), each sign of each, in decode tiles
 /// and in prompt batches (the rows-in-lanes paths): every ISA equals the scalar kernels, so no
 /// 16-bit partial sum overflowed (Q5_K's summed over a whole sub-block would).
@@ -194,9 +195,17 @@ fn extreme_quants_do_not_overflow_the_integer_sums() {
         DType::Q5K,
         DType::Q6K,
     ] {
-        for ws in [1.0f32, -1.0] {
+        // one magnitude with a zero per 16 (the types with mins), or one element of the
+        // opposite sign per 32 (the symmetric types then put the rest at the other end of
+        // their range: Q4_0's 15, Q5_0's 31)
+        for (ws, flip) in [(1.0f32, false), (-1.0, false), (1.0, true), (-1.0, true)] {
             let wf: Vec<f32> = (0..rows * cols)
-                .map(|i| if i % 16 == 0 { 0.0 } else { ws })
+                .map(|i| match (flip, i % 32, i % 16) {
+                    (true, 0, _) => -ws,
+                    (true, _, _) => ws * 0.9375,
+                    (false, _, 0) => 0.0,
+                    _ => ws,
+                })
                 .collect();
             let data = quantize(dtype, &wf).unwrap();
             let w = WeightView {
@@ -216,7 +225,7 @@ fn extreme_quants_do_not_overflow_the_integer_sums() {
                         for (i, (a, b)) in want.iter().zip(&y).enumerate() {
                             assert!(
                                 (a - b).abs() <= 1e-5 * a.abs() + 1e-6,
-                                "{dtype} w={ws} x={xs} n={n} [{i}]: scalar {a} vs {} {b}",
+                                "{dtype} w={ws} flip={flip} x={xs} n={n} [{i}]: scalar {a} vs {} {b}",
                                 isa.name()
                             );
                         }
@@ -241,8 +250,8 @@ fn simd_agrees_with_scalar() {
     let mut rng = Rng(7);
     for dtype in ALL {
         // both sides of the repacking thresholds (Q4K_LANES_MIN 6; Q5K_LANES_MIN: AVX2 4,
-        // AVX-512 6; Q6K_LANES_MIN 9; Q80_LANES_MIN: AVX2 18, VNNI 10), and 13 with a last
-        // tile of one token
+        // AVX-512 6; Q6K_LANES_MIN 9; Q80_LANES_MIN: AVX2 18, VNNI 10; Q50_LANES_MIN: 5,
+        // AVX-512 8), and 13 with a last tile of one token
         for n in [1, 2, 3, 4, 5, 6, 8, 9, 11, 13, 19] {
             let extra = match dtype.block_size() {
                 1 => 13,
