@@ -9,12 +9,12 @@
 //! (see [`ActQ8`]); K-quants on a 256-block with its sub-block scales applied in integers.
 //! A weight block is unpacked once and used for up to four tokens, and rows are
 //! software-prefetched (into L2) a few KiB ahead. Prompt batches (two or more whole tiles of
-//! four tokens) of Q4_1..Q5_1 unpack a chunk of rows once into an L1-sized buffer and run
-//! every tile against it, through the same arithmetic. Q4_0's, Q4_K's, Q5_K's, Q6_K's and
-//! Q8_0's prompt batches repack a chunk of rows with one row per 32-bit vector lane instead
+//! four tokens) of Q4_1 and Q5_1 unpack a chunk of rows once into an L1-sized buffer and run
+//! every tile against it, through the same arithmetic. Q4_0's, Q5_0's, Q4_K's, Q5_K's, Q6_K's
+//! and Q8_0's prompt batches repack a chunk of rows with one row per 32-bit vector lane instead
 //! (eight rows a 256-bit vector, sixteen a 512-bit one: [`q40`], [`q4k`], [`q6k`], [`q80`]),
 //! so four broadcast activation bytes multiply eight or sixteen rows at once and no horizontal
-//! sums remain; the K-quants and Q8_0 decode eight stored rows side by side, and each path ends a block
+//! sums remain; the K-quants, Q8_0 and Q5_0 decode eight stored rows side by side, and each path ends a block
 //! with the same per-row arithmetic, so a token's result never depends on its batch. Q4_0's
 //! and Q5_0's constant weight offsets start the integer dot products (at `-2^b * sum(q)`)
 //! instead of taking a float term of their own.
@@ -869,7 +869,7 @@ float_dot!(dot_bf16, [u8; 2], ld_bf16x8, |b| half::bf16::from_le_bytes(
 /// plain-AVX2 Q4_0 kernel prefetches at least this far ahead, a few lines per block pair.)
 const PREFETCH_BYTES: usize = 4096;
 
-/// Bytes of unpacked weight rows a prompt batch's Q4_1..Q5_1 kernels keep for
+/// Bytes of unpacked weight rows a prompt batch's Q4_1 and Q5_1 kernels keep for
 /// all their token tiles: most of a 32 KiB L1 data cache, leaving room for a tile's
 /// activations.
 const UNPACKED_CHUNK_BYTES: usize = 24 << 10;
