@@ -215,6 +215,22 @@ fn hmax_ps(v: __m256) -> f32 {
 // nibbles meet `hi`. The i32 lanes 0..4 then belong to the first block and 4..8 to the
 // second; the scales `[dw0 * d0, mw0 * s0, dw1 * d1, mw1 * s1]` come from one multiply.
 
+/// Eight f16 values (their bits: `f(0)..f(7)`) as f32 lanes 0..8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16x8(f: impl Fn(usize) -> i16) -> __m256 {
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        f(0),
+        f(1),
+        f(2),
+        f(3),
+        f(4),
+        f(5),
+        f(6),
+        f(7),
+    ))
+}
+
 /// `[a, b]` little-endian f16 pairs of two blocks to `[a0, b0, a1, b1]` as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -47,16 +47,7 @@ fn nibble_rows(rows: &[&[BlockQ4_0]; 8], i: usize) -> [__m256i; 8] {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales8(rows: &[&[BlockQ4_0]; 8], i: usize) -> __m256 {
     let db = |r: usize| i16::from_le_bytes(rows[r][i].d);
-    _mm256_cvtph_ps(_mm_setr_epi16(
-        db(0),
-        db(1),
-        db(2),
-        db(3),
-        db(4),
-        db(5),
-        db(6),
-        db(7),
-    ))
+    f16x8(db)
 }
 
 /// Activations of block `b` of a row stored as [`ActQ8`] pairs: elements `4g..4g + 4`, the

@@ -280,16 +280,7 @@ fn scales8<B: Kq45>(rows: &[&[B]; 8], i: usize) -> ([__m256i; 8], [__m256i; 4]) 
 fn dmins8<B: Kq45>(rows: &[&[B]; 8], i: usize) -> (__m256, __m256) {
     let f16s = |f: &dyn Fn(&B) -> [u8; 2]| {
         let b = |r: usize| i16::from_le_bytes(f(&rows[r][i]));
-        _mm256_cvtph_ps(_mm_setr_epi16(
-            b(0),
-            b(1),
-            b(2),
-            b(3),
-            b(4),
-            b(5),
-            b(6),
-            b(7),
-        ))
+        f16x8(b)
     };
     (
         f16s(&|b| b.d()),
@@ -459,29 +450,8 @@ fn rows8<B: Kq45, const N: usize>(rows: &[&[B]; 8], a: &[&[ActQ8K]; N], pf: &[u8
         let w3 = pair_sums(rows, 3, a, i);
         let dbits = |r: usize| i16::from_le_bytes(rows[LANE_ROW[r]][i].d());
         let mbits = |r: usize| i16::from_le_bytes(rows[LANE_ROW[r]][i].dmin());
-        let d = _mm256_cvtph_ps(_mm_setr_epi16(
-            dbits(0),
-            dbits(1),
-            dbits(2),
-            dbits(3),
-            dbits(4),
-            dbits(5),
-            dbits(6),
-            dbits(7),
-        ));
-        let ndmin = _mm256_xor_ps(
-            _mm256_cvtph_ps(_mm_setr_epi16(
-                mbits(0),
-                mbits(1),
-                mbits(2),
-                mbits(3),
-                mbits(4),
-                mbits(5),
-                mbits(6),
-                mbits(7),
-            )),
-            _mm256_set1_ps(-0.0),
-        );
+        let d = f16x8(dbits);
+        let ndmin = _mm256_xor_ps(f16x8(mbits), _mm256_set1_ps(-0.0));
         for t in 0..N {
             let (x, y) = (
                 _mm256_castsi256_ps(x[t]),

@@ -112,16 +112,7 @@ fn repack8(rows: &[&[BlockQ6K]; 8], i: usize, p: &mut Packed8) {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn d8(rows: &[&[BlockQ6K]; 8], i: usize) -> __m256 {
     let b = |r: usize| i16::from_le_bytes(rows[r][i].d);
-    _mm256_cvtph_ps(_mm_setr_epi16(
-        b(0),
-        b(1),
-        b(2),
-        b(3),
-        b(4),
-        b(5),
-        b(6),
-        b(7),
-    ))
+    f16x8(b)
 }
 
 /// Eight repacked rows (block `i` in `p[i]`) against `N` tokens: each token's eight row sums.

@@ -146,16 +146,7 @@ const fn offset_shift<B: Q32>(vnni: bool) -> Option<i32> {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales8<B: Q32>(rows: &[&[B]; 8], i: usize) -> __m256 {
     let db = |r: usize| rows[r].get(i).map_or(0, |b| i16::from_le_bytes(b.d()));
-    _mm256_cvtph_ps(_mm_setr_epi16(
-        db(0),
-        db(1),
-        db(2),
-        db(3),
-        db(4),
-        db(5),
-        db(6),
-        db(7),
-    ))
+    f16x8(db)
 }
 
 /// Eight rows' partial sums of a block pair (`v[r]`: four lanes of block `2p`, then four of
