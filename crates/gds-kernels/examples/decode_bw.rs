@@ -4,7 +4,7 @@
 //! whether a kernel waits for memory or for arithmetic. Compare with a plain read loop's
 //! bandwidth on the same machine.
 //!
-//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q8_0 [TOKENS]]`
+//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0 [TOKENS]]`
 //! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch)
 //!
 //! 2026-12-02, the Sapphire Rapids VM, 2 threads: Q4_K 26-29 GB/s from L2, 16.3-17.3 GB/s
@@ -29,6 +29,7 @@ fn main() {
         Some("q8_0") => DType::Q8_0,
         Some("q5_k") => DType::Q5K,
         Some("q5_0") => DType::Q5_0,
+        Some("q4_1") => DType::Q4_1,
         Some(o) => panic!("unknown type {o}"),
     };
     // `-- TYPE N`: N tokens a call (a prompt batch) instead of one, at the 7B width

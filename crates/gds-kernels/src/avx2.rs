@@ -8,16 +8,17 @@
 //! the block scales in with one FMA. The 32-block types work on two blocks per register
 //! (see [`ActQ8`]); K-quants on a 256-block with its sub-block scales applied in integers.
 //! A weight block is unpacked once and used for up to four tokens, and rows are
-//! software-prefetched (into L2) a few KiB ahead. Prompt batches (two or more whole tiles of
-//! four tokens) of Q4_1 and Q5_1 unpack a chunk of rows once into an L1-sized buffer and run
-//! every tile against it, through the same arithmetic. Q4_0's, Q5_0's, Q4_K's, Q5_K's, Q6_K's
-//! and Q8_0's prompt batches repack a chunk of rows with one row per 32-bit vector lane instead
-//! (eight rows a 256-bit vector, sixteen a 512-bit one: [`q40`], [`q4k`], [`q6k`], [`q80`]),
-//! so four broadcast activation bytes multiply eight or sixteen rows at once and no horizontal
-//! sums remain; the K-quants, Q8_0 and Q5_0 decode eight stored rows side by side, and each path ends a block
-//! with the same per-row arithmetic, so a token's result never depends on its batch. Q4_0's
-//! and Q5_0's constant weight offsets start the integer dot products (at `-2^b * sum(q)`)
-//! instead of taking a float term of their own.
+//! software-prefetched (into L2) a few KiB ahead. Prompt batches of Q4_0..Q8_0 and Q4_K..Q6_K
+//! repack a chunk of rows with one row per 32-bit vector lane (eight rows a 256-bit vector,
+//! sixteen a 512-bit one: `q40` for Q4_0, `q4k` for Q4_K and Q5_K, `q6k`, `q80` for
+//! Q8_0, Q5_0, Q4_1 and Q5_1), so four broadcast activation bytes multiply eight or sixteen
+//! rows at once and no horizontal sums remain; small batches (decode) run the rows in their
+//! stored layout (Q4_0 four rows at a time, the others eight side by side), and each path
+//! ends a block with the same per-row arithmetic, so a token's result never depends on its
+//! batch or its ISA. Constant weight offsets (Q4_0's -8, Q5_0's -16) start the integer dot
+//! products (at `-2^b * sum(q)`) instead of taking a float term of their own. The
+//! row-at-a-time Q4_0 kernels (`q32_family`) remain as the baseline that
+//! [`rows_q4_0_by_row`] exposes to the benchmark and the tests.
 
 use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;
@@ -262,34 +263,6 @@ fn nibble_pair(q0: &[u8; 16], q1: &[u8; 16]) -> (__m256i, __m256i) {
     )
 }
 
-/// Fifth bits of two Q5 blocks as 0x10 bytes, laid out like [`nibble_pair`].
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn fifth_pair(qh0: [u8; 4], qh1: [u8; 4]) -> (__m256i, __m256i) {
-    let both = _mm256_set1_epi64x(
-        ((u32::from_le_bytes(qh1) as u64) << 32 | u32::from_le_bytes(qh0) as u64) as i64,
-    );
-    let lo_idx = _mm256_set_epi64x(
-        0x0505050505050505,
-        0x0404040404040404,
-        0x0101010101010101,
-        0,
-    );
-    let hi_idx = _mm256_set_epi64x(
-        0x0707070707070707,
-        0x0606060606060606,
-        0x0303030303030303,
-        0x0202020202020202,
-    );
-    let bit = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
-    let ten = _mm256_set1_epi8(0x10);
-    let expand = |idx| {
-        let b = _mm256_and_si256(_mm256_shuffle_epi8(both, idx), bit);
-        _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), ten)
-    };
-    (expand(lo_idx), expand(hi_idx))
-}
-
 /// Weight side of a block pair: unsigned quants for `lo` and `hi`, and `[x0, y0, x1, y1]`: the scales `x` go with the activation
 /// `d8`, the offset coefficients `y` with the activation `s4`.
 #[derive(Clone, Copy)]
@@ -308,33 +281,6 @@ fn unpack_q4_0(b0: &BlockQ4_0, b1: &BlockQ4_0) -> Unpacked {
         [b1.d[0], b1.d[1], b1.d[0], b1.d[1]],
     );
     Unpacked { lo, hi, scale }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q4_1(b0: &BlockQ4_1, b1: &BlockQ4_1) -> Unpacked {
-    let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
-    let scale = f16_quad(
-        [b0.d[0], b0.d[1], b0.m[0], b0.m[1]],
-        [b1.d[0], b1.d[1], b1.m[0], b1.m[1]],
-    );
-    Unpacked { lo, hi, scale }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q5_1(b0: &BlockQ5_1, b1: &BlockQ5_1) -> Unpacked {
-    let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
-    let (hlo, hhi) = fifth_pair(b0.qh, b1.qh);
-    let scale = f16_quad(
-        [b0.d[0], b0.d[1], b0.m[0], b0.m[1]],
-        [b1.d[0], b1.d[1], b1.m[0], b1.m[1]],
-    );
-    Unpacked {
-        lo: _mm256_or_si256(lo, hlo),
-        hi: _mm256_or_si256(hi, hhi),
-        scale,
-    }
 }
 
 /// Generates the 32-block kernels for one feature set. `$dot(u_lo, a_lo, u_hi, a_hi)` sums
@@ -620,26 +566,6 @@ macro_rules! q32_family {
                 3,
                 true
             );
-            kernel!(
-                dot_q4_1,
-                dot_q4_1_u,
-                rows_q4_1,
-                BlockQ4_1,
-                unpack_q4_1,
-                                1.0,
-                0,
-                true
-            );
-            kernel!(
-                dot_q5_1,
-                dot_q5_1_u,
-                rows_q5_1,
-                BlockQ5_1,
-                unpack_q5_1,
-                                1.0,
-                0,
-                true
-            );
         }
     };
 }
@@ -885,7 +811,7 @@ float_dot!(dot_bf16, [u8; 2], ld_bf16x8, |b| half::bf16::from_le_bytes(
 /// plain-AVX2 Q4_0 kernel prefetches at least this far ahead, a few lines per block pair.)
 const PREFETCH_BYTES: usize = 4096;
 
-/// Bytes of unpacked weight rows a prompt batch's Q4_1 and Q5_1 kernels keep for
+/// Bytes of unpacked weight rows a prompt batch of the row-at-a-time kernels keeps for
 /// all their token tiles: most of a 32 KiB L1 data cache, leaving room for a tile's
 /// activations.
 const UNPACKED_CHUNK_BYTES: usize = 24 << 10;
@@ -1397,8 +1323,6 @@ pub fn rows_q4_0_by_row(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &m
         unsafe { plain::rows_q4_0(w, rb, acts, out) }
     }
 }
-public_rows!(rows_q4_1, ActQ8, q32);
-public_rows!(rows_q5_1, ActQ8, q32);
 
 /// AVX2 twin of `scalar::rows_q8_0`: eight rows side by side for small batches (decode),
 /// rows in the vector lanes for prompt batches (eight a vector, sixteen with AVX-512), with
@@ -1411,6 +1335,17 @@ pub fn rows_q8_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
 /// AVX2 twin of `scalar::rows_q5_0`: the kernels of [`rows_q8_0`] over Q5_0's quants.
 pub fn rows_q5_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
     rows_q32::<BlockQ5_0>(t, w, rb, acts, out, q80::Q50_LANES_MIN)
+}
+
+/// AVX2 twin of `scalar::rows_q4_1`: the kernels of [`rows_q8_0`] over Q4_1's quants, each
+/// block's min term after its scaled integer sum.
+pub fn rows_q4_1(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    rows_q32::<BlockQ4_1>(t, w, rb, acts, out, q80::Q41_LANES_MIN)
+}
+
+/// AVX2 twin of `scalar::rows_q5_1`: as [`rows_q4_1`] with Q5_1's fifth bits.
+pub fn rows_q5_1(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    rows_q32::<BlockQ5_1>(t, w, rb, acts, out, q80::Q41_LANES_MIN)
 }
 
 /// The `q80` kernels of block type `B` for the token's instruction set: rows in the vector

@@ -37,66 +37,97 @@ pub(super) const Q80_LANES_MIN: (usize, usize, usize) = (18, 10, 10);
 /// 1.19).
 pub(super) const Q50_LANES_MIN: (usize, usize, usize) = (5, 5, 8);
 
-/// The 32-element block types of this module: Q8_0 (signed 8-bit quants) and Q5_0 (5-bit
-/// quants `q`, values `q - 16`).
+/// [`Q80_LANES_MIN`] for Q4_1 and Q5_1 (measured on Q4_1, `decode_bw q4_1 N`, ms repacked /
+/// stored: AVX2 5 tokens 1.14 / 1.15, 6: 1.21 / 1.29; AVX-VNNI 6: 1.15 / 1.11, 8: 1.26 /
+/// 1.27; AVX-512 8: 1.13 / 1.10, 10: 1.24 / 1.49).
+pub(super) const Q41_LANES_MIN: (usize, usize, usize) = (6, 8, 9);
+
+/// The 32-element block types of this module: Q8_0 (signed 8-bit quants), Q5_0 (5-bit quants
+/// `q`, values `q - 16`), Q4_1 and Q5_1 (4- and 5-bit quants, values `d * q + m`).
 pub(super) trait Q32:
     zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned
 {
-    /// Signed quants (Q8_0). Otherwise unsigned ones with a constant offset `-(1 << SHIFT)`,
-    /// taken back as `(1 << SHIFT) * -sum(x)` from the integer dot product.
+    /// Signed quants (Q8_0). Otherwise unsigned ones, with a constant offset `-(1 << s)` where
+    /// `SHIFT` is `Some(s)`, taken back as `(1 << s) * -sum(x)` from the integer dot product.
     const SIGNED: bool;
     /// See [`Q32::SIGNED`].
-    const SHIFT: i32;
+    const SHIFT: Option<i32>;
+    /// Blocks with a min (Q4_1, Q5_1).
+    const MIN: bool = false;
     /// The block's scale (f16 bits).
     fn d(&self) -> [u8; 2];
+    /// The block's min `m` (f16 bits; Q4_1, Q5_1), whose term `m * dx * sum(xq)` follows the
+    /// scaled integer sum.
+    fn m(&self) -> Option<[u8; 2]>;
     /// Q8_0's quants.
     fn q8(&self) -> Option<&[i8; 32]>;
-    /// Q5_0's fifth bits and nibbles.
-    fn q5(&self) -> Option<([u8; 4], &[u8; 16])>;
+    /// The others' nibbles and fifth bits.
+    fn nibbles(&self) -> Option<(&[u8; 16], Option<[u8; 4]>)>;
 }
+
+/// Implements [`Q32`] for a type of `d`, `qs` nibbles, and (as `$m` / `$qh` read them) an
+/// optional min `m` and fifth bits `qh`.
+macro_rules! q32_nibbles {
+    ($blk:ty, $shift:expr, $min:literal, |$bm:ident| $m:expr, |$bh:ident| $qh:expr) => {
+        impl Q32 for $blk {
+            const SIGNED: bool = false;
+            const SHIFT: Option<i32> = $shift;
+            const MIN: bool = $min;
+            fn d(&self) -> [u8; 2] {
+                self.d
+            }
+            fn m(&self) -> Option<[u8; 2]> {
+                let $bm = self;
+                $m
+            }
+            fn q8(&self) -> Option<&[i8; 32]> {
+                None
+            }
+            fn nibbles(&self) -> Option<(&[u8; 16], Option<[u8; 4]>)> {
+                let $bh = self;
+                Some((&self.qs, $qh))
+            }
+        }
+    };
+}
+q32_nibbles!(BlockQ5_0, Some(4), false, |_b| None, |b| Some(b.qh));
+q32_nibbles!(BlockQ4_1, None, true, |b| Some(b.m), |_b| None);
+q32_nibbles!(BlockQ5_1, None, true, |b| Some(b.m), |b| Some(b.qh));
 
 impl Q32 for BlockQ8_0 {
     const SIGNED: bool = true;
-    const SHIFT: i32 = 0;
+    const SHIFT: Option<i32> = None;
     fn d(&self) -> [u8; 2] {
         self.d
+    }
+    fn m(&self) -> Option<[u8; 2]> {
+        None
     }
     fn q8(&self) -> Option<&[i8; 32]> {
         Some(&self.qs)
     }
-    fn q5(&self) -> Option<([u8; 4], &[u8; 16])> {
+    fn nibbles(&self) -> Option<(&[u8; 16], Option<[u8; 4]>)> {
         None
     }
 }
 
-impl Q32 for BlockQ5_0 {
-    const SIGNED: bool = false;
-    const SHIFT: i32 = 4;
-    fn d(&self) -> [u8; 2] {
-        self.d
-    }
-    fn q8(&self) -> Option<&[i8; 32]> {
-        None
-    }
-    fn q5(&self) -> Option<([u8; 4], &[u8; 16])> {
-        Some((self.qh, &self.qs))
-    }
-}
-
-/// A block's 32 quants as bytes in element order: Q8_0's signed ones, Q5_0's `q` (0..32).
+/// A block's 32 quants as bytes in element order: Q8_0's signed ones, the others' `q`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn elements<B: Q32>(b: &B) -> __m256i {
     if let Some(q) = b.q8() {
         return ld_i8x32(q);
     }
-    let (qh, qs) = b.q5().expect("a Q32 block has Q8_0 or Q5_0 quants");
+    let (qs, qh) = b.nibbles().expect("a Q32 block has Q8_0 quants or nibbles");
     let v = ld_u8x16(qs);
     // elements 0..16 (low nibbles), then 16..32 (high nibbles)
     let q = _mm256_and_si256(
         _mm256_set_m128i(_mm_srli_epi16::<4>(v), v),
         _mm256_set1_epi8(0x0F),
     );
+    let Some(qh) = qh else {
+        return q;
+    };
     // element e's fifth bit is bit e of qh: byte e / 8 of qh (the same four bytes in every
     // 32-bit lane) against the mask 1 << (e % 8)
     let both = _mm256_set1_epi32(i32::from_le_bytes(qh));
@@ -112,6 +143,57 @@ fn elements<B: Q32>(b: &B) -> __m256i {
         q,
         _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10)),
     )
+}
+
+/// The eight rows' f16 mins of block `i` as f32 (0 for a block past the rows' end, and for
+/// the types without).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mins8<B: Q32>(rows: &[&[B]; 8], i: usize) -> __m256 {
+    f16x8(|r: usize| {
+        rows[r]
+            .get(i)
+            .and_then(|b| b.m())
+            .map_or(0, i16::from_le_bytes)
+    })
+}
+
+/// The eight rows' scales and mins of block `i` (0 past the rows' end) for the types with
+/// mins, from one 32-bit read a row (`d` and `m` are adjacent in Q4_1 and Q5_1): the decode
+/// path's per-pair overhead, where eight 16-bit reads apiece cost more than the products.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales_mins8<B: Q32>(rows: &[&[B]; 8], i: usize) -> (__m256, __m256) {
+    let w = |r: usize| {
+        rows[r].get(i).map_or(0, |b| {
+            let (d, m) = (b.d(), b.m().unwrap_or([0; 2]));
+            i32::from_le_bytes([d[0], d[1], m[0], m[1]])
+        })
+    };
+    let v = _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7));
+    // per 128-bit lane: the four d to the low 8 bytes, the four m to the high 8
+    let split = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7,
+        10, 11, 14, 15,
+    );
+    // qwords [d0-3, d4-7, m0-3, m4-7]
+    let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(v, split));
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(p)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(p)),
+    )
+}
+
+/// A block's min term for the rows in the lanes: `acc + m * s`, `s` = the activations'
+/// `dx * sum(xq)` of the block (types without mins: `acc` unchanged).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn min_step8<B: Q32>(acc: __m256, m: __m256, s: f32) -> __m256 {
+    if B::MIN {
+        _mm256_fmadd_ps(m, _mm256_set1_ps(s), acc)
+    } else {
+        acc
+    }
 }
 
 /// The quant bytes the products multiply: Q8_0's offset by 128 (`w ^ 0x80`) with VNNI or
@@ -137,7 +219,7 @@ const fn offset_shift<B: Q32>(vnni: bool) -> Option<i32> {
     match (B::SIGNED, vnni) {
         (true, true) => Some(7),
         (true, false) => None,
-        (false, _) => Some(B::SHIFT),
+        (false, _) => B::SHIFT,
     }
 }
 
@@ -200,12 +282,27 @@ struct Pair {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn pair<B: Q32>(row: &[B], p: usize, vnni: bool) -> Pair {
-    let e0 = elements(&row[2 * p]);
-    let e1 = row
-        .get(2 * p + 1)
-        .map_or(_mm256_setzero_si256(), |b| elements(b));
-    let lo = _mm256_permute2x128_si256::<0x20>(e0, e1);
-    let hi = _mm256_permute2x128_si256::<0x31>(e0, e1);
+    let (b0, b1) = (&row[2 * p], row.get(2 * p + 1));
+    let (lo, hi) = match (b0.nibbles(), b1.map(|b| b.nibbles())) {
+        // 4-bit quants: both blocks' nibbles in one vector, split (the decode path's most
+        // frequent work for Q4_1, cheaper than two `elements` and two lane permutes)
+        (Some((q0, None)), Some(Some((q1, None)))) => {
+            let v = _mm256_set_m128i(ld_u8x16(q1), ld_u8x16(q0));
+            let m4 = _mm256_set1_epi8(0x0F);
+            (
+                _mm256_and_si256(v, m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+            )
+        }
+        _ => {
+            let e0 = elements(b0);
+            let e1 = b1.map_or(_mm256_setzero_si256(), |b| elements(b));
+            (
+                _mm256_permute2x128_si256::<0x20>(e0, e1),
+                _mm256_permute2x128_si256::<0x31>(e0, e1),
+            )
+        }
+    };
     Pair {
         lo: weight_bytes::<B>(lo, vnni),
         hi: weight_bytes::<B>(hi, vnni),
@@ -263,7 +360,12 @@ macro_rules! q80_stored {
                 for r in 1..8 {
                     w[r] = pair(rows[r], p, $vnni);
                 }
-                let (d0, d1) = (scales8(rows, 2 * p), scales8(rows, 2 * p + 1));
+                let ((d0, m0), (d1, m1)) = if B::MIN {
+                    (scales_mins8(rows, 2 * p), scales_mins8(rows, 2 * p + 1))
+                } else {
+                    let z = _mm256_setzero_ps();
+                    ((scales8(rows, 2 * p), z), (scales8(rows, 2 * p + 1), z))
+                };
                 for t in 0..N {
                     let x = &a[t][p];
                     let (xl, xh) = (ld_i8x32(&x.lo), ld_i8x32(&x.hi));
@@ -273,9 +375,9 @@ macro_rules! q80_stored {
                         v[r] = prod::<B>(lo, w[r].hi, w[r].shi, xh);
                     }
                     let (i0, i1) = totals8(&v);
-                    acc[t] = step8(acc[t], d0, x.d8[0], i0);
+                    acc[t] = min_step8::<B>(step8(acc[t], d0, x.d8[0], i0), m0, x.s4[1]);
                     if 2 * p + 1 < nb {
-                        acc[t] = step8(acc[t], d1, x.d8[4], i1);
+                        acc[t] = min_step8::<B>(step8(acc[t], d1, x.d8[4], i1), m1, x.s4[3]);
                     }
                 }
             }
@@ -332,6 +434,7 @@ macro_rules! q80_lanes8 {
             q: [__m256i; 8],
             s: [__m256i; 8],
             d: __m256,
+            m: __m256,
         }
 
         impl Packed8 {
@@ -342,6 +445,7 @@ macro_rules! q80_lanes8 {
                     q: [_mm256_setzero_si256(); 8],
                     s: [_mm256_setzero_si256(); 8],
                     d: _mm256_setzero_ps(),
+                    m: _mm256_setzero_ps(),
                 }
             }
         }
@@ -362,6 +466,7 @@ macro_rules! q80_lanes8 {
                 }
             }
             p.d = scales8(rows, i);
+            p.m = mins8(rows, i);
         }
 
         /// Block `i` (`u`) of eight repacked rows against one token's activations,
@@ -376,8 +481,8 @@ macro_rules! q80_lanes8 {
                 s[0] = _mm256_set1_epi32(x.nsum[4 * h] << shift);
             }
             if !B::SIGNED && !$vnni {
-                // 5-bit quants on plain AVX2: four groups' `maddubs` pairs summed in i16
-                // (4 * 2 * 31 * 128 < 2^15) before one `madd` widens them
+                // 4- and 5-bit quants on plain AVX2: four groups' `maddubs` pairs summed in
+                // i16 (4 * 2 * 31 * 128 < 2^15) before one `madd` widens them
                 for half in 0..2 {
                     let mut w = _mm256_setzero_si256();
                     for g in 4 * half..4 * half + 4 {
@@ -391,7 +496,8 @@ macro_rules! q80_lanes8 {
                     s[g % 2] = prod::<B>(s[g % 2], u.q[g], u.s[g], bcast4(act4(x, h, g)));
                 }
             }
-            step8(acc, u.d, x.d8[4 * h], _mm256_add_epi32(s[0], s[1]))
+            let acc = step8(acc, u.d, x.d8[4 * h], _mm256_add_epi32(s[0], s[1]));
+            min_step8::<B>(acc, u.m, x.s4[2 * h + 1])
         }
 
         /// Eight repacked rows (block `i` in `p[i]`) against `N` tokens.
@@ -494,6 +600,7 @@ pub(super) mod evex {
 pub(super) struct Packed16 {
     q: [__m512i; 8],
     d: __m512,
+    m: __m512,
 }
 
 /// Repacks block `i` of sixteen rows (`lo`: rows 0..8, `hi`: 8..16).
@@ -509,6 +616,7 @@ fn repack16<B: Q32>(lo: &[&[B]; 8], hi: &[&[B]; 8], i: usize, p: &mut Packed16) 
     };
     p.q = transpose16(half(lo), half(hi));
     p.d = join_ps(scales8(lo, i), scales8(hi, i));
+    p.m = join_ps(mins8(lo, i), mins8(hi, i));
 }
 
 /// Block `i` of sixteen repacked rows against one token, added to `acc`: [`q80_lanes8`]'
@@ -522,15 +630,19 @@ fn term16<B: Q32>(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
         // SAFETY: at least 4 readable bytes (checked above), read unaligned.
         _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(q.as_ptr().cast::<i32>()) })
     };
-    let shift = offset_shift::<B>(true).expect("VNNI products take an offset back");
-    let mut s = [
-        _mm512_set1_epi32(x.nsum[4 * h] << shift),
-        _mm512_setzero_si512(),
-    ];
+    let mut s = [_mm512_setzero_si512(); 2];
+    if let Some(shift) = offset_shift::<B>(true) {
+        s[0] = _mm512_set1_epi32(x.nsum[4 * h] << shift);
+    }
     for g in 0..8 {
         s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], u.q[g], b4(act4(x, h, g)));
     }
-    step16(acc, u.d, x.d8[4 * h], _mm512_add_epi32(s[0], s[1]))
+    let acc = step16(acc, u.d, x.d8[4 * h], _mm512_add_epi32(s[0], s[1]));
+    if B::MIN {
+        _mm512_fmadd_ps(u.m, _mm512_set1_ps(x.s4[2 * h + 1]), acc)
+    } else {
+        acc
+    }
 }
 
 /// Sixteen repacked rows (block `i` in `p[i]`) against `N` tokens.
@@ -557,6 +669,7 @@ pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &
         Packed16 {
             q: [_mm512_setzero_si512(); 8],
             d: _mm512_setzero_ps(),
+            m: _mm512_setzero_ps(),
         },
         |r, i, p| {
             repack16(

@@ -251,7 +251,7 @@ fn simd_agrees_with_scalar() {
     for dtype in ALL {
         // both sides of the repacking thresholds (Q4K_LANES_MIN 6; Q5K_LANES_MIN: AVX2 4,
         // AVX-512 6; Q6K_LANES_MIN 9; Q80_LANES_MIN: AVX2 18, VNNI 10; Q50_LANES_MIN: 5,
-        // AVX-512 8), and 13 with a last tile of one token
+        // AVX-512 8; Q41_LANES_MIN: 6, 8, 9), and 13 with a last tile of one token
         for n in [1, 2, 3, 4, 5, 6, 8, 9, 11, 13, 19] {
             let extra = match dtype.block_size() {
                 1 => 13,
