@@ -473,8 +473,12 @@ fn streamed_layers_serve_a_batch_with_the_mapped_models_text() {
     assert_eq!(texts(&s), mapped);
     let ((read, steps, wait), m) = counters();
     let per_step = (read - read0) / (steps - steps0);
+    // (a pass reads the next pass's first spans ahead as it ends, in the background: those of
+    // the window's first or last pass may land on either side of a counter sample, so the
+    // average may miss up to one step's reads over the window)
+    let slack = per_token / (steps - steps0);
     assert!(
-        per_token > 0.0 && per_step >= per_token && per_step < per_token + 64.0 * 8192.0,
+        per_token > 0.0 && per_step >= per_token - slack && per_step < per_token + 64.0 * 8192.0,
         "{per_step} bytes read per step, the plan streams {per_token}: {m}"
     );
     assert!(wait >= 0.0, "{m}");
