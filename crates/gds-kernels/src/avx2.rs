@@ -244,13 +244,6 @@ fn f16_quad(p0: [u8; 4], p1: [u8; 4]) -> __m128 {
     ))
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn ld_f32x4(p: &[f32; 4]) -> __m128 {
-    // SAFETY: `p` is 16 readable bytes; no alignment requirement.
-    unsafe { _mm_loadu_ps(p.as_ptr()) }
-}
-
 /// The 16 nibble bytes of two blocks as (low nibbles, high nibbles), block 0 in the low lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -263,8 +256,8 @@ fn nibble_pair(q0: &[u8; 16], q1: &[u8; 16]) -> (__m256i, __m256i) {
     )
 }
 
-/// Weight side of a block pair: unsigned quants for `lo` and `hi`, and `[x0, y0, x1, y1]`: the scales `x` go with the activation
-/// `d8`, the offset coefficients `y` with the activation `s4`.
+/// Weight side of a Q4_0 block pair: the unsigned quants for `lo` and `hi`, and the two
+/// blocks' scales as `[d0, d0, d1, d1]` (lanes 0 and 2 go under the activation `d8`).
 #[derive(Clone, Copy)]
 struct Unpacked {
     lo: __m256i,
@@ -283,9 +276,9 @@ fn unpack_q4_0(b0: &BlockQ4_0, b1: &BlockQ4_0) -> Unpacked {
     Unpacked { lo, hi, scale }
 }
 
-/// Generates the 32-block kernels for one feature set. `$dot(u_lo, a_lo, u_hi, a_hi)` sums
-/// `u * a` over both halves into 8 i32 lanes (4 per block); `$mterm` turns the summed
-/// `[_, y0 * s0, _, y1 * s1]` lanes into the offset term. `$rows_at_once` weight rows share
+/// Generates the row-at-a-time Q4_0 kernels for one feature set (the baseline
+/// [`rows_q4_0_by_row`] keeps). `$dot(init, [u_lo, u_hi], [a_lo, a_hi])` sums `u * a` over
+/// both halves into 8 i32 lanes (4 per block). `$rows_at_once` weight rows share
 /// each load of a tile's activations (2 where AVX-512VL gives the 32 vector registers that
 /// two rows' accumulators for four tokens need); a row's arithmetic is the same either way.
 macro_rules! q32_family {
@@ -302,15 +295,13 @@ macro_rules! q32_family {
                     $rows:ident,
                     $blk:ty,
                     $unpack:ident,
-                    $mcoef:expr,
-                    $bias:literal,
-                    $cache:expr
+                    $bias:literal
                 ) => {
                     /// One pair of blocks of `R` rows against `N` tokens, into the running
                     /// sums: the only arithmetic of this type, shared by the kernel that
                     /// unpacks as it goes and the one that reads unpacked rows back.
                     macro_rules! pair {
-                        ($acc:ident, $accm:ident, $x:expr, $u:expr) => {{
+                        ($acc:ident, $x:expr, $u:expr) => {{
                             let (xs, us): (&[ActQ8; N], &[Unpacked; R]) = ($x, $u);
                             // [x0 x4, x1 x4]: the weight scales under the i32 lanes.
                             // (loops over R, not array::from_fn: its closure is not
@@ -336,12 +327,6 @@ macro_rules! q32_family {
                                 };
                                 for r in 0..R {
                                     let u = &us[r];
-                                    if $mcoef != 0.0 {
-                                        // Lanes 1 and 3: y0 * s0, y1 * s1 (x.s4 is 0
-                                        // elsewhere).
-                                        $accm[r][t] =
-                                            _mm_fmadd_ps(u.scale, ld_f32x4(&x.s4), $accm[r][t]);
-                                    }
                                     let s = _mm256_mul_ps(d8[r], xd8);
                                     let i = $dot(init, [u.lo, u.hi], [xl0, xh0]);
                                     $acc[r][t] =
@@ -353,16 +338,11 @@ macro_rules! q32_family {
 
                     /// The running sums' final reduction.
                     macro_rules! finish {
-                        ($acc:ident, $accm:ident) => {{
+                        ($acc:ident) => {{
                             let mut out = [[0f32; N]; R];
                             for r in 0..R {
                                 for t in 0..N {
-                                    let m = $accm[r][t];
-                                    let m = _mm_add_ss(
-                                        _mm_movehdup_ps(m),
-                                        _mm_movehl_ps(m, _mm_movehdup_ps(m)),
-                                    );
-                                    out[r][t] = hsum_ps($acc[r][t]) + $mcoef * _mm_cvtss_f32(m);
+                                    out[r][t] = hsum_ps($acc[r][t]);
                                 }
                             }
                             out
@@ -381,13 +361,12 @@ macro_rules! q32_family {
                         let full = n / 2;
                         assert!(a.len() >= n.div_ceil(2) && w.iter().all(|r| r.len() == n));
                         let mut acc = [[_mm256_setzero_ps(); N]; R];
-                        let mut accm = [[_mm_setzero_ps(); N]; R];
                         for (p, xs) in a.iter().enumerate().take(full) {
                             let mut us = [$unpack(&w[0][2 * p], &w[0][2 * p + 1]); R];
                             for r in 1..R {
                                 us[r] = $unpack(&w[r][2 * p], &w[r][2 * p + 1]);
                             }
-                            pair!(acc, accm, xs, &us);
+                            pair!(acc, xs, &us);
                         }
                         if n % 2 == 1 {
                             let zero: $blk = zerocopy::FromZeros::new_zeroed();
@@ -395,9 +374,9 @@ macro_rules! q32_family {
                             for r in 1..R {
                                 us[r] = $unpack(&w[r][n - 1], &zero);
                             }
-                            pair!(acc, accm, &a[full], &us);
+                            pair!(acc, &a[full], &us);
                         }
-                        finish!(acc, accm)
+                        finish!(acc)
                     }
 
                     /// The kernel above on rows unpacked beforehand (`u[p]`: pair `p` of the
@@ -410,11 +389,10 @@ macro_rules! q32_family {
                     ) -> [[f32; N]; R] {
                         assert!(a.len() >= u.len());
                         let mut acc = [[_mm256_setzero_ps(); N]; R];
-                        let mut accm = [[_mm_setzero_ps(); N]; R];
                         for (us, xs) in u.iter().zip(a) {
-                            pair!(acc, accm, xs, us);
+                            pair!(acc, xs, us);
                         }
-                        finish!(acc, accm)
+                        finish!(acc)
                     }
 
                     /// Rows of this type for tiles of up to four tokens: each tile's
@@ -467,7 +445,7 @@ macro_rules! q32_family {
                         }
                         let nt = acts.len();
                         let mut t0 = 0;
-                        if $cache && nt >= UNPACKED_MIN_TOKENS {
+                        if nt >= UNPACKED_MIN_TOKENS {
                             t0 = nt / 4 * 4;
                             cached_tiles(w, rb, &acts[..t0], out, nt);
                         }
@@ -562,15 +540,13 @@ macro_rules! q32_family {
                 rows_q4_0,
                 BlockQ4_0,
                 unpack_q4_0,
-                                0.0,
-                3,
-                true
+                3
             );
         }
     };
 }
 
-/// maddubs + madd (the weights' quants are at most 5 bits: two halves' pair sums fit i16).
+/// maddubs + madd (Q4_0's 4-bit quants: two halves' pair sums fit i16).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_maddubs(init: __m256i, u: [__m256i; 2], a: [__m256i; 2]) -> __m256i {
@@ -878,23 +854,14 @@ fn ahead(w: &[u8], at: usize, len: usize) -> &[u8] {
     &w[s..(s + len).min(w.len())]
 }
 
+/// The row-at-a-time driver of the float weights: every row against each tile of up to four
+/// tokens.
 macro_rules! rows_driver {
     (#[$attr:meta] $name:ident, $dot:ident, $blk:ty, $act:ty) => {
-        rows_driver!(
-            #[$attr]
-            $name,
-            $dot,
-            $blk,
-            $act,
-            |_w, _rb, _acts, _out, _nt| 0
-        );
-    };
-    (#[$attr:meta] $name:ident, $dot:ident, $blk:ty, $act:ty, $cached_tiles:expr) => {
         #[$attr]
         pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
             let nt = acts.len();
-            // Tokens the cached path took (whole tiles of four), then the rest tile by tile.
-            let mut t0 = $cached_tiles(w, rb, acts, &mut *out, nt);
+            let mut t0 = 0;
             while t0 < nt {
                 let n = (nt - t0).min(4);
                 let a = &acts[t0..t0 + n];
@@ -1240,23 +1207,6 @@ mod other {
 }
 
 macro_rules! public_rows {
-    ($name:ident, $act:ty, q32) => {
-        #[doc = concat!("AVX2 twin of `scalar::", stringify!($name), "` (AVX-VNNI or AVX512-VNNI when the token has it).")]
-        pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
-            if t.avx512 {
-                // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
-                // AVX-512 F, VL, BW and VNNI were detected.
-                unsafe { vnni512::$name(w, rb, acts, out) }
-            } else if t.vnni {
-                // SAFETY: a token with `vnni` exists only when AVX2, FMA, F16C and AVX-VNNI
-                // were detected.
-                unsafe { vnni::$name(w, rb, acts, out) }
-            } else {
-                // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
-                unsafe { plain::$name(w, rb, acts, out) }
-            }
-        }
-    };
     ($name:ident, $act:ty, kquant) => {
         #[doc = concat!("AVX2 twin of `scalar::", stringify!($name), "` (built for AVX-512 too).")]
         pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
