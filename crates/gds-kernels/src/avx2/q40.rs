@@ -7,7 +7,8 @@
 //! the even blocks or of the odd ones, the two added at the end.
 
 use super::q4k::{
-    bcast4, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16, transpose8,
+    bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16,
+    transpose8,
 };
 use super::*;
 
@@ -132,14 +133,9 @@ fn repack16(lo: &[&[BlockQ4_0]; 8], hi: &[&[BlockQ4_0]; 8], i: usize) -> Packed1
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 fn term16(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
     let (x, h) = act_block(x, i);
-    let b4 = |q: &[i8]| {
-        assert!(q.len() >= 4);
-        // SAFETY: at least 4 readable bytes (checked above), read unaligned.
-        _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(q.as_ptr().cast::<i32>()) })
-    };
-    let mut s = _mm512_maddubs_epi16(u.q[0], b4(act4(x, h, 0)));
+    let mut s = _mm512_maddubs_epi16(u.q[0], bcast4x16(act4(x, h, 0)));
     for g in 1..8 {
-        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(u.q[g], b4(act4(x, h, g))));
+        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(u.q[g], bcast4x16(act4(x, h, g))));
     }
     let bias = _mm512_set1_epi32(x.nsum[4 * h] << 3);
     let it = _mm512_add_epi32(_mm512_madd_epi16(s, _mm512_set1_epi16(1)), bias);

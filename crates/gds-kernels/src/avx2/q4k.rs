@@ -117,6 +117,15 @@ pub(super) fn bcast4(p: &[i8]) -> __m256i {
     _mm256_set1_epi32(unsafe { std::ptr::read_unaligned(p.as_ptr().cast::<i32>()) })
 }
 
+/// [`bcast4`] into a 512-bit vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+pub(super) fn bcast4x16(p: &[i8]) -> __m512i {
+    assert!(p.len() >= 4);
+    // SAFETY: at least 4 readable bytes (checked above), read unaligned.
+    _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(p.as_ptr().cast::<i32>()) })
+}
+
 /// Transposes eight vectors of eight 32-bit lanes: output `g` holds lane `g` of every input,
 /// input `r` in lane `r`.
 #[inline]
@@ -597,12 +606,7 @@ fn gemm16<B: Kq45, const N: usize>(
                 for g in g0..g0 + span {
                     let w = u.q[j][g];
                     for t in 0..N {
-                        let q = &xs[t][i].qs[32 * j + 4 * g..];
-                        assert!(q.len() >= 4);
-                        // SAFETY: at least 4 readable bytes (checked above), read unaligned.
-                        let a = _mm512_set1_epi32(unsafe {
-                            std::ptr::read_unaligned(q.as_ptr().cast::<i32>())
-                        });
+                        let a = bcast4x16(&xs[t][i].qs[32 * j + 4 * g..]);
                         s[t] = _mm512_add_epi16(s[t], _mm512_maddubs_epi16(w, a));
                     }
                 }

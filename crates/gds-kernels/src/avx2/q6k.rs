@@ -7,8 +7,8 @@
 //! chunks of rows repacked once ([`Packed8`]) and every tile of tokens against them.
 
 use super::q4k::{
-    bcast4, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows, transpose16,
-    transpose8,
+    bcast4, bcast4x16, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows,
+    transpose16, transpose8,
 };
 use super::*;
 
@@ -291,15 +291,6 @@ fn repack16(lo: &[&[BlockQ6K]; 8], hi: &[&[BlockQ6K]; 8], i: usize, p: &mut Pack
     p.sc = std::array::from_fn(|s| join(asc[s], bsc[s]));
     p.scp = std::array::from_fn(|k| join(ascp[k], bscp[k]));
     p.d = join_ps(d8(lo, i), d8(hi, i));
-}
-
-/// Four activation bytes broadcast to every 32-bit lane of a 512-bit vector.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn bcast4x16(p: &[i8]) -> __m512i {
-    assert!(p.len() >= 4);
-    // SAFETY: at least 4 readable bytes (checked above), read unaligned.
-    _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(p.as_ptr().cast::<i32>()) })
 }
 
 /// [`gemm8`] on sixteen rows: the same arithmetic per lane.

@@ -23,7 +23,8 @@
 
 use super::q40::{act4, act_block};
 use super::q4k::{
-    bcast4, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16, transpose8,
+    bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16,
+    transpose8,
 };
 use super::*;
 
@@ -145,25 +146,18 @@ fn elements<B: Q32>(b: &B) -> __m256i {
     )
 }
 
-/// The eight rows' f16 mins of block `i` as f32 (0 for a block past the rows' end, and for
-/// the types without).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn mins8<B: Q32>(rows: &[&[B]; 8], i: usize) -> __m256 {
-    f16x8(|r: usize| {
-        rows[r]
-            .get(i)
-            .and_then(|b| b.m())
-            .map_or(0, i16::from_le_bytes)
-    })
-}
-
-/// The eight rows' scales and mins of block `i` (0 past the rows' end) for the types with
-/// mins, from one 32-bit read a row (`d` and `m` are adjacent in Q4_1 and Q5_1): the decode
-/// path's per-pair overhead, where eight 16-bit reads apiece cost more than the products.
+/// The eight rows' f16 scales and mins of block `i` as f32 (0 past the rows' end; mins 0 for
+/// the types without), the types with mins from one 32-bit value a row (`d` and `m` are
+/// adjacent in Q4_1 and Q5_1): in the decode path a pair's setup, where sixteen 16-bit
+/// inserts cost more than the products.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales_mins8<B: Q32>(rows: &[&[B]; 8], i: usize) -> (__m256, __m256) {
+    if !B::MIN {
+        // the scales alone (the mins' conversions cost Q8_0's decode ~4 %)
+        let d = f16x8(|r: usize| rows[r].get(i).map_or(0, |b| i16::from_le_bytes(b.d())));
+        return (d, _mm256_setzero_ps());
+    }
     let w = |r: usize| {
         rows[r].get(i).map_or(0, |b| {
             let (d, m) = (b.d(), b.m().unwrap_or([0; 2]));
@@ -223,14 +217,6 @@ const fn offset_shift<B: Q32>(vnni: bool) -> Option<i32> {
     }
 }
 
-/// The eight rows' f16 scales of block `i` as f32 (0 for a block past the rows' end).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scales8<B: Q32>(rows: &[&[B]; 8], i: usize) -> __m256 {
-    let db = |r: usize| rows[r].get(i).map_or(0, |b| i16::from_le_bytes(b.d()));
-    f16x8(db)
-}
-
 /// Eight rows' partial sums of a block pair (`v[r]`: four lanes of block `2p`, then four of
 /// block `2p + 1`) to the pair's totals, row `r` in lane `r`: `(block 2p, block 2p + 1)`.
 #[inline]
@@ -286,14 +272,7 @@ fn pair<B: Q32>(row: &[B], p: usize, vnni: bool) -> Pair {
     let (lo, hi) = match (b0.nibbles(), b1.map(|b| b.nibbles())) {
         // 4-bit quants: both blocks' nibbles in one vector, split (the decode path's most
         // frequent work for Q4_1, cheaper than two `elements` and two lane permutes)
-        (Some((q0, None)), Some(Some((q1, None)))) => {
-            let v = _mm256_set_m128i(ld_u8x16(q1), ld_u8x16(q0));
-            let m4 = _mm256_set1_epi8(0x0F);
-            (
-                _mm256_and_si256(v, m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
-            )
-        }
+        (Some((q0, None)), Some(Some((q1, None)))) => nibble_pair(q0, q1),
         _ => {
             let e0 = elements(b0);
             let e1 = b1.map_or(_mm256_setzero_si256(), |b| elements(b));
@@ -360,12 +339,8 @@ macro_rules! q80_stored {
                 for r in 1..8 {
                     w[r] = pair(rows[r], p, $vnni);
                 }
-                let ((d0, m0), (d1, m1)) = if B::MIN {
-                    (scales_mins8(rows, 2 * p), scales_mins8(rows, 2 * p + 1))
-                } else {
-                    let z = _mm256_setzero_ps();
-                    ((scales8(rows, 2 * p), z), (scales8(rows, 2 * p + 1), z))
-                };
+                let ((d0, m0), (d1, m1)) =
+                    (scales_mins8(rows, 2 * p), scales_mins8(rows, 2 * p + 1));
                 for t in 0..N {
                     let x = &a[t][p];
                     let (xl, xh) = (ld_i8x32(&x.lo), ld_i8x32(&x.hi));
@@ -465,8 +440,7 @@ macro_rules! q80_lanes8 {
                     p.s[g] = t[g];
                 }
             }
-            p.d = scales8(rows, i);
-            p.m = mins8(rows, i);
+            (p.d, p.m) = scales_mins8(rows, i);
         }
 
         /// Block `i` (`u`) of eight repacked rows against one token's activations,
@@ -615,8 +589,9 @@ fn repack16<B: Q32>(lo: &[&[B]; 8], hi: &[&[B]; 8], i: usize, p: &mut Packed16) 
         v
     };
     p.q = transpose16(half(lo), half(hi));
-    p.d = join_ps(scales8(lo, i), scales8(hi, i));
-    p.m = join_ps(mins8(lo, i), mins8(hi, i));
+    let ((dl, ml), (dh, mh)) = (scales_mins8(lo, i), scales_mins8(hi, i));
+    p.d = join_ps(dl, dh);
+    p.m = join_ps(ml, mh);
 }
 
 /// Block `i` of sixteen repacked rows against one token, added to `acc`: [`q80_lanes8`]'
@@ -625,17 +600,12 @@ fn repack16<B: Q32>(lo: &[&[B]; 8], hi: &[&[B]; 8], i: usize, p: &mut Packed16) 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 fn term16<B: Q32>(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
     let (x, h) = act_block(x, i);
-    let b4 = |q: &[i8]| {
-        assert!(q.len() >= 4);
-        // SAFETY: at least 4 readable bytes (checked above), read unaligned.
-        _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(q.as_ptr().cast::<i32>()) })
-    };
     let mut s = [_mm512_setzero_si512(); 2];
     if let Some(shift) = offset_shift::<B>(true) {
         s[0] = _mm512_set1_epi32(x.nsum[4 * h] << shift);
     }
     for g in 0..8 {
-        s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], u.q[g], b4(act4(x, h, g)));
+        s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], u.q[g], bcast4x16(act4(x, h, g)));
     }
     let acc = step16(acc, u.d, x.d8[4 * h], _mm512_add_epi32(s[0], s[1]));
     if B::MIN {
