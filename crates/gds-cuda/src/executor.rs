@@ -108,6 +108,8 @@ struct Gpu {
     copy: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
     blas: CudaBlas,
+    /// The cuBLAS math mode last set: TF32 tensor cores or not (`None`: the default, unset).
+    tf32: Option<bool>,
 }
 
 /// The parameters of one `cuFileReadAsync`: cuFile reads them when the read executes on
@@ -204,6 +206,7 @@ impl Gpu {
             copy,
             funcs,
             blas,
+            tf32: None,
         })
     }
 
@@ -425,17 +428,20 @@ impl Device for Gpu {
         tf32: bool,
     ) -> Result<bool, GpuError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
-        let mode = if tf32 {
-            // tensor cores for f32 GEMMs (Ampere and later; ignored before)
-            cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
-        } else {
-            cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH
-        };
-        // SAFETY: the handle is alive (owned by self.blas); setting its math mode touches no
-        // device memory.
-        unsafe { cudarc::cublas::sys::cublasSetMathMode(*self.blas.handle(), mode) }
-            .result()
-            .map_err(cuda("cuBLAS math mode"))?;
+        if self.tf32 != Some(tf32) {
+            let mode = if tf32 {
+                // tensor cores for f32 GEMMs (Ampere and later; ignored before)
+                cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+            } else {
+                cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH
+            };
+            // SAFETY: the handle is alive (owned by self.blas); setting its math mode touches
+            // no device memory.
+            unsafe { cudarc::cublas::sys::cublasSetMathMode(*self.blas.handle(), mode) }
+                .result()
+                .map_err(cuda("cuBLAS math mode"))?;
+            self.tf32 = Some(tf32);
+        }
         // SAFETY: the handle is bound to the compute stream; a, b and c are device buffers
         // of k×m, k×n and m×n floats (forward::Pass::linear).
         unsafe {

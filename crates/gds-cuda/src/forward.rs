@@ -136,10 +136,9 @@ pub trait Device {
     /// Copies `bytes` bytes (same device).
     fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError>;
     /// Column-major SGEMM `C[m×n] = op(A)·B` (`mnk` = `(m, n, k)`) with `op(A) = Aᵀ` (A is
-    /// `k×m`, lda = k), B `k×n`
-    /// (ldb = k), C ldc = m; with `tf32` the device may round A and B to TF32 (10-bit
-    /// mantissas) for tensor cores, accumulating in f32. `false` when the device has no GEMM
-    /// (the caller falls back).
+    /// `k×m`, lda = k), B `k×n` (ldb = k), C ldc = m; with `tf32` the device may round A and
+    /// B to TF32 (10-bit mantissas) for tensor cores, accumulating in f32. `false` when the
+    /// device has no GEMM (the caller falls back).
     fn gemm(
         &mut self,
         a: u64,
