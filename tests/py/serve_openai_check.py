@@ -151,6 +151,55 @@ out["hangup"] = {"running_before": running_before_hangup,
                  "running": metric(RUNNING),
                  "generated_after_hangup": metric("gds_generated_tokens_total") - generated_at_hangup}
 
+# several choices streamed (n > 1; several prompts): chunks carry their choice's index and
+# concatenate, per index, to the answer not streamed; one usage chunk for all of them
+def by_index(chunks, field):
+    texts, finish, usage = {}, {}, []
+    for ev in chunks:
+        if ev.usage:
+            usage.append(ev.usage.model_dump())
+        for ch in ev.choices:
+            piece = (ch.delta.content if field == "delta" else ch.text) or ""
+            texts[ch.index] = texts.get(ch.index, "") + piece
+            if ch.finish_reason:
+                finish[ch.index] = ch.finish_reason
+    return {"texts": [texts[i] for i in sorted(texts)], "finish": [finish.get(i) for i in sorted(texts)],
+            "usage": usage}
+kw = dict(model=model, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=10,
+          temperature=0.9, seed=5, n=3)
+whole = client.chat.completions.create(**kw)
+streamed = by_index(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw), "delta")
+out["chat_stream_n"] = {"whole": [c.message.content for c in whole.choices],
+                        "whole_usage": whole.usage.model_dump(), **streamed}
+kw = dict(model=model, prompt=["The sky is", "One, two,"], max_tokens=8, temperature=0.7, seed=3, n=2)
+whole = client.completions.create(**kw)
+streamed = by_index(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw), "text")
+out["completion_stream_prompts"] = {"whole": [c.text for c in whole.choices],
+                                    "whole_usage": whole.usage.model_dump(), **streamed}
+# echo streamed: the prompt first, with its tokens' log-probabilities
+kw = dict(model=model, prompt="Hello there", max_tokens=4, temperature=0, echo=True, logprobs=1)
+whole = client.completions.create(**kw)
+text, tokens = "", []
+for ev in client.completions.create(stream=True, **kw):
+    for ch in ev.choices:
+        text += ch.text
+        tokens += ch.logprobs.tokens if ch.logprobs else []
+out["echo_stream"] = {"whole": whole.choices[0].text, "whole_tokens": whole.choices[0].logprobs.tokens,
+                      "text": text, "tokens": tokens}
+# a stream of three choices closed after a few chunks: all three are dropped
+before = metric(CANCELLED)
+s = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell a long story."}],
+                                   max_tokens=2000, temperature=0.7, n=3, stream=True,
+                                   extra_body={"ignore_eos": True})
+got = 0
+for ch in s:
+    got += 1
+    if got >= 6:
+        break
+s.close()
+wait_until(lambda: metric(RUNNING) == 0 and metric(CANCELLED) >= before + 3)
+out["cancel_n"] = {"cancelled_delta": metric(CANCELLED) - before, "running": metric(RUNNING)}
+
 # errors come back in OpenAI's format
 try:
     client.completions.create(model=model, prompt="x", max_tokens=-3)

@@ -161,11 +161,6 @@ fn logprobs_request(c: &Common, kind: Kind) -> Result<Option<usize>, ApiError> {
     if c.echo == Some(true) && kind == Kind::Chat {
         return Err(ApiError::bad("echo applies to /v1/completions").param("echo"));
     }
-    if c.echo == Some(true) && c.stream == Some(true) {
-        return Err(
-            ApiError::bad("echo with stream is not supported; ask without stream").param("echo"),
-        );
-    }
     match kind {
         Kind::Chat => {
             let on = match &c.logprobs {
@@ -481,9 +476,6 @@ pub(crate) fn job(
         Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
         Some(n) => return Err(ApiError::bad(format!("n {n} must be in 1..={MAX_N}")).param("n")),
     };
-    if n > 1 && c.stream == Some(true) {
-        return Err(ApiError::bad("stream takes n = 1").param("n"));
-    }
     if n > 1 && echo {
         return Err(ApiError::bad("echo takes n = 1").param("n"));
     }
@@ -1038,10 +1030,10 @@ pub(crate) async fn complete(
 }
 
 /// Runs `jobs` (several: the prompts of one completions request and `n` choices of each,
-/// admitted together, one choice each in that order; streamed: exactly one) and answers in
-/// the format of `kind`.
+/// admitted together, one choice each in that order, streamed or not) and answers in the
+/// format of `kind`.
 async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Response, ApiError> {
-    let mut jobs = expand(jobs);
+    let jobs = expand(jobs);
     let id = format!(
         "{}-{:016x}",
         if kind == Kind::Chat {
@@ -1086,18 +1078,21 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         }
         return Ok(Json(body).into_response());
     }
-    let job = jobs.remove(0);
-    let constraint = constrain(&st, &job).await?;
-    let submitted = submit(&st, &job, constraint)?;
-    let n_prompt = job.prompt.len();
-    let gen = Gen::new(
-        st.clone(),
-        submitted,
-        job.stop.clone(),
-        job.logprobs.is_some(),
-    );
-    let model = job.model.clone();
-
+    // streamed: every choice is submitted first (a refusal is the HTTP answer; dropping the
+    // ones already submitted cancels them), then their chunks go out as they come,
+    // interleaved, each with its choice's index (as OpenAI streams `n` > 1 and several
+    // prompts); the usage chunk (when asked) and `[DONE]` follow the last choice's end
+    let mut gens = Vec::with_capacity(jobs.len());
+    for j in &jobs {
+        let constraint = constrain(&st, j).await?;
+        let submitted = submit(&st, j, constraint)?;
+        let mut g = Gen::new(st.clone(), submitted, j.stop.clone(), j.logprobs.is_some());
+        if j.echo {
+            g.echo_prompt = Some(j.prompt.clone());
+        }
+        gens.push(g);
+    }
+    let model = jobs.first().map(|j| j.model.clone()).unwrap_or_default();
     let object = if kind == Kind::Chat {
         "chat.completion.chunk"
     } else {
@@ -1105,8 +1100,8 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     };
     // as OpenAI streams: with `stream_options.include_usage` every chunk has `usage: null`
     // and one more chunk, with no choices, carries the usage before `[DONE]`; without it no
-    // chunk has `usage`. The last choice chunk carries llama.cpp-style `timings`.
-    let include_usage = job.include_usage;
+    // chunk has `usage`. Each choice's last chunk carries llama.cpp-style `timings`.
+    let include_usage = jobs.first().is_some_and(|j| j.include_usage);
     let fingerprint = st.fingerprint.clone();
     let usage_chunk = {
         let v = json!({"id": id, "object": object, "created": created, "model": model,
@@ -1117,7 +1112,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             SseEvent::default().data(v.to_string())
         }
     };
-    let chunk = move |choice: Value, t: Option<Value>| {
+    let chunk = Arc::new(move |choice: Value, t: Option<Value>| {
         let mut v = json!({"id": id, "object": object, "created": created, "model": model,
                            "system_fingerprint": fingerprint, "choices": [choice]});
         if include_usage {
@@ -1127,36 +1122,133 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             v["timings"] = t;
         }
         SseEvent::default().data(v.to_string())
-    };
+    });
+    let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
+    let choices: Vec<_> = jobs
+        .iter()
+        .zip(gens)
+        .enumerate()
+        .map(|(index, (job, gen))| {
+            let echo = job.echo.then(|| {
+                st.tokenizer
+                    .inner()
+                    .decode(&job.prompt, false)
+                    .unwrap_or_default()
+            });
+            choice_stream(
+                ChoiceInfo {
+                    index,
+                    kind,
+                    prompt_tokens: job.prompt.len(),
+                    first_copy: job.copy == 0,
+                    echo,
+                    tools: job
+                        .tools
+                        .clone()
+                        .filter(|t| t.parses() && kind == Kind::Chat),
+                },
+                gen,
+                chunk.clone(),
+                totals.clone(),
+            )
+            .boxed()
+        })
+        .collect();
+    // an error in one choice ends the stream (its error event last, no `[DONE]`); dropping
+    // the others cancels them
+    let body = stream::unfold(
+        (stream::select_all(choices), false),
+        |(mut all, stop)| async move {
+            if stop {
+                return None;
+            }
+            let (events, fatal) = all.next().await?;
+            Some((events, (all, fatal)))
+        },
+    )
+    .flat_map(stream::iter);
+    let tail = stream::once(async move {
+        let t = *totals.lock().unwrap_or_else(|e| e.into_inner());
+        if t.failed {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if include_usage {
+            out.push(usage_chunk(usage(t.prompt, t.completion, t.cached)));
+        }
+        out.push(SseEvent::default().data("[DONE]"));
+        out
+    })
+    .flat_map(stream::iter);
+    Ok(sse(body.chain(tail).map(Ok::<_, Infallible>)))
+}
+
+/// What the choices of one streamed response add up to (its usage chunk).
+#[derive(Default, Clone, Copy)]
+struct StreamTotals {
+    /// Prompt tokens (a prompt counts once, however many choices it has).
+    prompt: usize,
+    completion: usize,
+    cached: usize,
+    /// A choice ended in an error: the stream ends there.
+    failed: bool,
+}
+
+/// One streamed choice's fixed facts.
+struct ChoiceInfo {
+    index: usize,
+    kind: Kind,
+    prompt_tokens: usize,
+    /// The first choice of its prompt: its prompt and cached tokens count in the usage.
+    first_copy: bool,
+    /// With echo: the prompt's text, sent before the first generated text.
+    echo: Option<String>,
+    /// Chat with tools whose calls are parsed.
+    tools: Option<Arc<Tools>>,
+}
+
+type Chunk = Arc<dyn Fn(Value, Option<Value>) -> SseEvent + Send + Sync>;
+
+/// One choice's chunks (chat: the role first), each item the events of one piece of
+/// generation and whether it was an error (which ends the whole stream). Its end adds to
+/// `totals`.
+fn choice_stream(
+    info: ChoiceInfo,
+    gen: Gen,
+    chunk: Chunk,
+    totals: Arc<std::sync::Mutex<StreamTotals>>,
+) -> impl Stream<Item = (Vec<SseEvent>, bool)> + Send {
+    let (index, kind) = (info.index, info.kind);
     let text_choice = move |text: String, logprobs: Value| match kind {
         Kind::Completion => {
-            json!({"text": text, "index": 0, "logprobs": logprobs, "finish_reason": null})
+            json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": null})
         }
         Kind::Chat => {
-            json!({"index": 0, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
+            json!({"index": index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null})
         }
     };
     let first = (kind == Kind::Chat).then(|| {
-        chunk(
-            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
-            None,
+        (
+            vec![chunk(
+                json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
+                None,
+            )],
+            false,
         )
     });
-    let chunk2 = chunk.clone();
     // with tools, text streams as usual until a call may be starting (see
     // `Tools::stream_cut`); from there the reply is held and sent at the end, as calls (each
     // one delta with its id, name and arguments) or as text
-    let tools = job
-        .tools
-        .clone()
-        .filter(|t| t.parses() && kind == Kind::Chat);
-    let body = stream::unfold(Some((gen, String::new(), false, false)), move |g| {
-        let chunk = chunk2.clone();
-        let usage_chunk = usage_chunk.clone();
-        let tools = tools.clone();
+    let info = Arc::new(info);
+    let state = (gen, String::new(), false, false, info.echo.clone());
+    let body = stream::unfold(Some(state), move |g| {
+        let chunk = chunk.clone();
+        let info = info.clone();
+        let totals = totals.clone();
         async move {
-            let (mut g, mut held, mut plain, mut calling) = g?;
-            match (g.next().await, tools.as_deref()) {
+            let (mut g, mut held, mut plain, mut calling, mut echo) = g?;
+            let tools = info.tools.as_deref();
+            match (g.next().await, tools) {
                 (Some(Piece::Text(t)), Some(tl)) => {
                     held.push_str(&t);
                     let mut out = Vec::new();
@@ -1169,17 +1261,21 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                             out.push(chunk(text_choice(text, lp), None));
                         }
                     }
-                    Some((out, Some((g, held, plain, calling))))
+                    Some(((out, false), Some((g, held, plain, calling, echo))))
                 }
-                (Some(Piece::Text(t)), None) => {
+                (Some(Piece::Text(mut t)), None) => {
+                    if let Some(e) = echo.take() {
+                        t.insert_str(0, &e);
+                    }
                     let lp = g.take_logprobs(kind);
-                    Some((vec![chunk(text_choice(t, lp), None)], Some((g, held, plain, calling))))
+                    let out = vec![chunk(text_choice(t, lp), None)];
+                    Some(((out, false), Some((g, held, plain, calling, echo))))
                 }
                 (Some(Piece::End(e)), _) => {
                     let mut out = Vec::new();
                     let rest = g.rest();
                     let mut finish = e.finish;
-                    if let Some(tools) = &tools {
+                    if let Some(tools) = tools {
                         held.push_str(&rest.unwrap_or_default());
                         let pending = g.has_pending_logprobs();
                         let lp = g.take_logprobs(kind);
@@ -1203,37 +1299,47 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                                 })
                                 .collect();
                             out.push(chunk(
-                                json!({"index": 0, "delta": {"content": content, "tool_calls": deltas}, "logprobs": lp, "finish_reason": null}),
+                                json!({"index": index, "delta": {"content": content, "tool_calls": deltas}, "logprobs": lp, "finish_reason": null}),
                                 None,
                             ));
                         }
-                    } else if rest.is_some() || g.has_pending_logprobs() {
-                        // held-back text, and the log-probabilities of tokens that added none
+                    } else if rest.is_some() || echo.is_some() || g.has_pending_logprobs() {
+                        // held-back text (the echoed prompt when nothing came before), and
+                        // the log-probabilities of tokens that added none
+                        let mut text = echo.take().unwrap_or_default();
+                        text.push_str(&rest.unwrap_or_default());
                         let lp = g.take_logprobs(kind);
-                        out.push(chunk(text_choice(rest.unwrap_or_default(), lp), None));
+                        out.push(chunk(text_choice(text, lp), None));
                     }
                     let fin = match kind {
-                        Kind::Completion => json!({"text": "", "index": 0, "logprobs": null, "finish_reason": finish}),
-                        Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}),
+                        Kind::Completion => {
+                            json!({"text": "", "index": index, "logprobs": null, "finish_reason": finish})
+                        }
+                        Kind::Chat => {
+                            json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish})
+                        }
                     };
-                    out.push(chunk(fin, Some(timings(&e, n_prompt))));
-                    if include_usage {
-                        let cached = e.done.as_ref().map_or(0, |d| d.cached_tokens);
-                        out.push(usage_chunk(usage(n_prompt, e.completion_tokens, cached)));
+                    out.push(chunk(fin, Some(timings(&e, info.prompt_tokens))));
+                    let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
+                    t.completion += e.completion_tokens;
+                    if info.first_copy {
+                        t.prompt += info.prompt_tokens;
+                        t.cached += e.done.as_ref().map_or(0, |d| d.cached_tokens);
                     }
-                    out.push(SseEvent::default().data("[DONE]"));
-                    Some((out, None))
+                    Some(((out, false), None))
                 }
                 (Some(Piece::Error(e)), _) => {
-                    Some((vec![SseEvent::default().data(e.body().to_string())], None))
+                    totals.lock().unwrap_or_else(|e| e.into_inner()).failed = true;
+                    Some((
+                        (vec![SseEvent::default().data(e.body().to_string())], true),
+                        None,
+                    ))
                 }
                 (None, _) => None,
             }
         }
-    })
-    .flat_map(stream::iter);
-    let all = stream::iter(first).chain(body).map(Ok::<_, Infallible>);
-    Ok(sse(all))
+    });
+    stream::iter(first).chain(body)
 }
 
 pub(crate) fn sse<S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static>(
@@ -1281,9 +1387,6 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
                 .param("prompt"))
             }
             _ => return Err(ApiError::bad(one).param("prompt")),
-        }
-        if prompts.len() > 1 && common.stream == Some(true) {
-            return Err(ApiError::bad("stream takes one prompt per request").param("stream"));
         }
         let jobs = prompts
             .into_iter()

@@ -111,6 +111,34 @@ fn openai_client_end_to_end() {
         "the hung-up request went on: {h}"
     );
 
+    // several choices streamed: per index, the chunks make the answer not streamed (same
+    // seeds), each choice ends, and one usage chunk counts them all as the answer does
+    for key in ["chat_stream_n", "completion_stream_prompts"] {
+        let s = &r[key];
+        assert_eq!(s["texts"], s["whole"], "{key}: {s}");
+        let n = s["whole"].as_array().unwrap().len();
+        assert!(n >= 3, "{key}: {s}");
+        assert_eq!(s["finish"].as_array().unwrap().len(), n, "{key}: {s}");
+        assert!(s["finish"].as_array().unwrap().iter().all(Value::is_string));
+        assert_eq!(s["usage"].as_array().unwrap().len(), 1, "{key}: {s}");
+        for k in ["prompt_tokens", "completion_tokens"] {
+            assert_eq!(s["usage"][0][k], s["whole_usage"][k], "{key} {k}: {s}");
+        }
+    }
+    // choices differ (seed + index): the stream is not one choice repeated
+    let texts = r["chat_stream_n"]["texts"].as_array().unwrap();
+    assert!(texts.iter().any(|t| t != &texts[0]), "{texts:?}");
+    let e = &r["echo_stream"];
+    assert_eq!(e["text"], e["whole"], "{e}");
+    assert_eq!(e["tokens"], e["whole_tokens"], "{e}");
+    assert!(
+        e["text"].as_str().unwrap().starts_with("Hello there"),
+        "{e}"
+    );
+    // a stream of three choices closed early drops all three
+    assert_eq!(r["cancel_n"]["cancelled_delta"], 3.0, "{}", r["cancel_n"]);
+    assert_eq!(r["cancel_n"]["running"], 0.0, "{}", r["cancel_n"]);
+
     let b = &r["bad_request"];
     assert_eq!(b["status"], 400);
 }

@@ -1,0 +1,415 @@
+#!/usr/bin/env python3
+"""Request-body fuzzing of a running `gdsrun serve` (or any OpenAI/Anthropic-compatible server).
+
+Seeded and reproducible: starts from valid bodies of every POST endpoint (chat, completions,
+responses, messages, count_tokens, tokenize, detokenize) and sends mutations of them: fields
+deleted, set to hostile values (wrong types, huge and negative numbers, long or odd strings,
+deep nesting), optional fields added with random values, message lists reshaped, and raw-byte
+damage (truncated JSON, invalid UTF-8, duplicate keys). Several clients fuzz at once while a
+sentinel client repeats one plain greedy request.
+
+It fails (exit 1, listing each case with its body) when:
+- any answer is a 5xx, or not JSON (a stream: not SSE of JSON events ending as its API ends
+  a stream), or an error without the API's error shape (OpenAI: {"error": {"message",
+  "type"}}; Anthropic: {"type": "error", "error": {"type", "message"}});
+- a request takes longer than --request-timeout or the connection breaks;
+- a sentinel request fails or its text differs from its first answer (one client's request
+  must never fail or change another's);
+- the server is not alive and healthy at the end.
+
+Prints one JSON summary (requests by status, by endpoint). Refuses non-loopback URLs.
+"""
+import argparse
+import http.client
+import json
+import random
+import sys
+import threading
+import time
+from urllib.parse import urlparse
+
+ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
+ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+             "/v1/messages/count_tokens", "/tokenize", "/detokenize"]
+
+
+def base_body(path, rng):
+    words = rng.choice(["Hi", "What is 2+2?", "Name a colour.", "Tell me about the sea."])
+    if path == "/v1/chat/completions":
+        return {"messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": words}],
+                "max_tokens": 8, "temperature": 0}
+    if path == "/v1/completions":
+        return {"prompt": words, "max_tokens": 8, "temperature": 0}
+    if path == "/v1/responses":
+        return {"input": words, "max_output_tokens": 8, "temperature": 0}
+    if path == "/v1/messages":
+        return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": words}]}
+    if path == "/v1/messages/count_tokens":
+        return {"model": "m", "messages": [{"role": "user", "content": words}]}
+    if path == "/tokenize":
+        return {"content": words}
+    if path == "/detokenize":
+        return {"tokens": [1, 2, 3]}
+    raise ValueError(path)
+
+
+# Fields the endpoints know (OpenAI, Anthropic, llama-server extensions gdsrun takes)
+OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens", "temperature",
+            "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
+            "logit_bias", "stop", "stop_sequences", "seed", "stream", "stream_options", "n",
+            "ignore_eos", "draft", "draft_max", "logprobs", "top_logprobs", "echo",
+            "response_format", "json_schema", "grammar", "regex", "tools", "tool_choice",
+            "parallel_tool_calls", "continue_final_message", "parse_special", "suffix", "user",
+            "system", "metadata", "thinking", "instructions", "text", "previous_response_id",
+            "add_special", "with_pieces", "tokens", "content", "prompt", "messages", "input",
+            "reasoning", "store", "truncation", "best_of", "chat_template_kwargs"]
+
+
+def deep(n, leaf):
+    v = leaf
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+def hostile(rng, depth=0):
+    """A value of any JSON type, chosen to break parsers, bounds and assumptions."""
+    pool = [
+        None, True, False, 0, -1, 1, 2, 7, 2**31, 2**32 + 1, 2**53 + 1, 2**63, -(2**63), 10**30,
+        -(10**30), 0.5, -0.0, 1e-300, 1e308, -1e308, 3.7, 255, 100000, 49152,
+        "", " ", "x", "0", "-1", "1e9", "null", "true", "auto", "none", "required", "user",
+        "assistant", "system", "tool", "function", "json_object", "json_schema", "text",
+        "\u0000", "\ud800", "\ufeff", "\u202e", "\ud7ff\ue000", "😀" * 50, "a" * 5000, "<|im_start|>",
+        "<|endoftext|>", "{{ raise }}", "{% for x in y %}", "[\"a\"]", "{\"type\": \"object\"}",
+        "root ::= \"a\"", "root ::= root", "(a|aa)*b", "[", "\\", "%s%n",
+        [], {}, [None], [[]], [{}], [1, 2, 3], [-1], [2**40], ["a", "b"], ["x"] * 300,
+        {"type": "object"}, {"type": "json_schema"}, {"type": "json_object", "schema": []},
+        {"type": "function", "function": {"name": "f"}}, {"role": "user"}, {"": ""},
+        {"include_usage": True}, {"1": 100}, {"-5": 1e9}, {"999999999": -100},
+        deep(200, 1), deep(60, {"a": 1}),
+    ]
+    v = rng.choice(pool)
+    if depth < 2 and rng.random() < 0.15:
+        if rng.random() < 0.5:
+            return [hostile(rng, depth + 1) for _ in range(rng.randint(1, 4))]
+        return {rng.choice(OPTIONAL + ["type", "role", "content", "name", "text"]):
+                hostile(rng, depth + 1) for _ in range(rng.randint(1, 3))}
+    return v
+
+
+def content_part(rng):
+    kinds = [
+        {"type": "text", "text": "hello"},
+        {"type": "text"},
+        {"type": "text", "text": hostile(rng)},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}},
+        {"type": "tool_use", "id": "t1", "name": "f", "input": hostile(rng)},
+        {"type": "tool_result", "tool_use_id": "t1", "content": hostile(rng)},
+        {"type": "thinking", "thinking": "hm", "signature": "s"},
+        {"type": "input_text", "text": "hi"},
+        {"type": hostile(rng)},
+        hostile(rng),
+    ]
+    return rng.choice(kinds)
+
+
+def message(rng):
+    m = {"role": rng.choice(["user", "assistant", "system", "tool", "developer", "function",
+                             "", "USER", hostile(rng)])}
+    r = rng.random()
+    if r < 0.4:
+        m["content"] = rng.choice(["hi", "", "ok " * 200, hostile(rng)])
+    elif r < 0.8:
+        m["content"] = [content_part(rng) for _ in range(rng.randint(0, 3))]
+    if rng.random() < 0.2:
+        m["tool_calls"] = rng.choice([
+            [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{bad"}}],
+            [{"type": "function"}], hostile(rng)])
+    if rng.random() < 0.1:
+        m["tool_call_id"] = hostile(rng)
+    if rng.random() < 0.1:
+        m[rng.choice(["name", "refusal", "extra"])] = hostile(rng)
+    return m
+
+
+SENSIBLE = [
+    ("stream", True), ("stream", True), ("n", 3), ("n", 2), ("logprobs", True), ("logprobs", 3),
+    ("top_logprobs", 5), ("echo", True), ("seed", 42), ("temperature", 1.5), ("top_k", 1),
+    ("top_p", 0.01), ("min_p", 0.9), ("repeat_penalty", 1.3), ("presence_penalty", 2.0),
+    ("stop", ["\n", "."]), ("stop", "e"), ("max_tokens", 1), ("max_tokens", 0), ("max_tokens", 40),
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string"}}}}}]),
+    ("tools", [{"name": "f", "input_schema": {"type": "object"}}]),
+    ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+    ("tool_choice", {"type": "any"}), ("grammar", 'root ::= "yes" | "no"'),
+    ("regex", "[0-9]{1,3}"), ("logit_bias", {"15": -100}), ("logit_bias", {"0": 100}),
+    ("ignore_eos", True), ("draft", "ngram"), ("draft_max", 4),
+    ("stream_options", {"include_usage": True}),
+    ("thinking", {"type": "enabled", "budget_tokens": 1024}), ("stop_sequences", ["x"]),
+    ("system", [{"type": "text", "text": "s"}]), ("continue_final_message", True),
+    ("parse_special", True), ("suffix", " end"), ("instructions", "Answer in French."),
+    ("with_pieces", True), ("add_special", True), ("parallel_tool_calls", False),
+    ("prompt", ["a", "b"]), ("prompt", [1, 2, 3]), ("prompt", [[1, 2], [3]]),
+    ("messages", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
+    ("messages", [{"role": "user", "content": "call f"}, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}]),
+]
+
+
+def mutate(body, rng):
+    b = json.loads(json.dumps(body))
+    if rng.random() < 0.4:
+        for _ in range(rng.randint(1, 4)):
+            k, v = rng.choice(SENSIBLE)
+            b[k] = json.loads(json.dumps(v))
+        # streaming has its own paths: often, and then often with the usage chunk
+        if rng.random() < 0.4:
+            b["stream"] = True
+            if rng.random() < 0.5:
+                b["stream_options"] = {"include_usage": True}
+        return b
+    for _ in range(rng.randint(1, 4)):
+        op = rng.random()
+        keys = list(b.keys())
+        if op < 0.2 and keys:
+            del b[rng.choice(keys)]
+        elif op < 0.5 and keys:
+            b[rng.choice(keys)] = hostile(rng)
+        elif op < 0.75:
+            b[rng.choice(OPTIONAL)] = hostile(rng)
+        elif op < 0.9:
+            key = "messages" if "messages" in b or rng.random() < 0.5 else "input"
+            b[key] = [message(rng) for _ in range(rng.randint(0, 5))]
+        else:
+            # small, sensible values of the sampling and structure fields, in odd combinations
+            k, v = rng.choice([
+                ("stream", True), ("n", 3), ("logprobs", True), ("top_logprobs", 5),
+                ("echo", True), ("seed", 42), ("temperature", 1.5), ("stop", ["\n", "."]),
+                ("response_format", {"type": "json_object"}),
+                ("response_format", {"type": "json_schema", "json_schema": {"name": "x",
+                 "schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+                            "required": ["a"]}}}),
+                ("tools", [{"type": "function", "function": {"name": "f", "parameters": {
+                    "type": "object", "properties": {"x": {"type": "string"}}}}}]),
+                ("tool_choice", "required"), ("grammar", 'root ::= "yes" | "no"'),
+                ("regex", "[0-9]{1,3}"), ("logit_bias", {"15": -100}), ("ignore_eos", True),
+                ("draft", "ngram"), ("stream_options", {"include_usage": True}),
+                ("thinking", {"type": "enabled", "budget_tokens": 1024}),
+                ("stop_sequences", ["x"]), ("system", [{"type": "text", "text": "s"}]),
+            ])
+            b[k] = v
+    # keep the generation short unless the fuzz asked for something odd
+    for k in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        if isinstance(b.get(k), int) and b[k] > 32 and rng.random() < 0.9:
+            b[k] = 16
+    return b
+
+
+def raw_damage(data, rng):
+    r = rng.random()
+    if r < 0.25:
+        return data[: rng.randint(0, max(0, len(data) - 1))]
+    if r < 0.45:
+        i = rng.randint(0, len(data))
+        return data[:i] + bytes([rng.choice([0x80, 0xc3, 0xff, 0xed, 0xa0])]) + data[i:]
+    if r < 0.6:
+        return data[:-1] + b', "max_tokens": 1, "max_tokens": "x"}'
+    if r < 0.7:
+        return b"[" * 100000 + b"]" * 100000
+    if r < 0.8:
+        return b'{"messages": ' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}"
+    if r < 0.9:
+        return data.decode("utf-8").encode("utf-16")
+    return b"\xef\xbb\xbf" + data
+
+
+class Failure(Exception):
+    pass
+
+
+def request(host, port, path, data, timeout, api_key=None, content_type="application/json",
+            hang_up=False):
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        headers = {"Content-Type": content_type}
+        if path in ANTHROPIC:
+            headers["anthropic-version"] = "2023-06-01"
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        c.request("POST", path, body=data, headers=headers)
+        r = c.getresponse()
+        if hang_up:
+            r.read(64)  # a client that reads a little and goes away
+            return r.status, "", b"{}" if r.status < 400 else b""
+        return r.status, r.getheader("content-type") or "", r.read()
+    finally:
+        c.close()
+
+
+def check_error_shape(path, v):
+    if path in ANTHROPIC:
+        ok = (isinstance(v, dict) and v.get("type") == "error" and isinstance(v.get("error"), dict)
+              and isinstance(v["error"].get("type"), str)
+              and isinstance(v["error"].get("message"), str))
+    else:
+        ok = (isinstance(v, dict) and isinstance(v.get("error"), dict)
+              and isinstance(v["error"].get("message"), str)
+              and isinstance(v["error"].get("type"), str))
+    if not ok:
+        raise Failure(f"error body without the API's error shape: {json.dumps(v)[:300]}")
+
+
+def check_answer(path, status, ctype, raw):
+    if status >= 500:
+        raise Failure(f"HTTP {status}: {raw[:300]!r}")
+    if "text/event-stream" in ctype:
+        if status != 200:
+            raise Failure(f"a stream with HTTP {status}")
+        events = []
+        for line in raw.decode("utf-8").splitlines():
+            if line.startswith("data: "):
+                d = line[6:]
+                if d == "[DONE]":
+                    events.append("[DONE]")
+                    continue
+                events.append(json.loads(d))
+        if not events:
+            raise Failure("an empty stream")
+        last = events[-1]
+        if path in ANTHROPIC:
+            if not (isinstance(last, dict) and last.get("type") in ("message_stop", "error")):
+                raise Failure(f"an Anthropic stream ending with {str(last)[:200]}")
+        elif path == "/v1/responses":
+            if not (isinstance(last, dict) and last.get("type") in
+                    ("response.completed", "response.incomplete", "response.failed", "error")):
+                raise Failure(f"a Responses stream ending with {str(last)[:200]}")
+        elif last != "[DONE]":
+            raise Failure(f"an OpenAI stream ending with {str(last)[:200]}, not [DONE]")
+        for e in events:
+            if isinstance(e, dict) and "error" in e and e.get("type") != "error":
+                check_error_shape("/v1/chat/completions", e)
+        return
+    try:
+        v = json.loads(raw)
+    except Exception:
+        raise Failure(f"HTTP {status}, a body that is not JSON: {raw[:300]!r}")
+    if status >= 400:
+        check_error_shape(path, v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=300, help="fuzzed requests in all")
+    ap.add_argument("--clients", type=int, default=3)
+    ap.add_argument("--request-timeout", type=float, default=60)
+    ap.add_argument("--api-key", default=None)
+    a = ap.parse_args()
+    u = urlparse(a.url)
+    if u.hostname not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit("refusing a non-loopback URL")
+    host, port = u.hostname, u.port or 80
+
+    failures, lock = [], threading.Lock()
+    counts, by_path = {}, {}
+    done = threading.Event()
+
+    def record(case, err):
+        with lock:
+            failures.append({"case": case, "error": str(err)})
+
+    def client(ci):
+        rng = random.Random(a.seed * 1000 + ci)
+        i = ci
+        while i < a.requests:
+            path = ENDPOINTS[rng.randrange(len(ENDPOINTS))]
+            body = mutate(base_body(path, rng), rng) if rng.random() < 0.95 else base_body(path, rng)
+            data = json.dumps(body).encode()
+            ctype = "application/json"
+            if rng.random() < 0.12:
+                data = raw_damage(data, rng)
+            if rng.random() < 0.03:
+                ctype = rng.choice(["text/plain", "application/x-www-form-urlencoded", ""])
+            hang_up = rng.random() < 0.05
+            case = {"path": path, "body": data[:2000].decode("utf-8", "replace"),
+                    "content_type": ctype, "index": i, "hang_up": hang_up}
+            t0 = time.time()
+            try:
+                status, rtype, raw = request(host, port, path, data, a.request_timeout,
+                                             a.api_key, ctype, hang_up)
+                if hang_up:
+                    if status >= 500:
+                        raise Failure(f"HTTP {status}")
+                else:
+                    check_answer(path, status, rtype, raw)
+                with lock:
+                    counts[status] = counts.get(status, 0) + 1
+                    by_path.setdefault(path, {}).setdefault(status, 0)
+                    by_path[path][status] += 1
+            except Failure as e:
+                record(case, e)
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                # timeouts, broken connections, bodies that do not parse
+                record(case, f"{type(e).__name__}: {e} after {time.time() - t0:.1f} s")
+            i += a.clients
+
+    sentinel = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 12, "temperature": 0}
+    sentinel_texts, sentinel_n = set(), [0]
+
+    def watch():
+        while not done.is_set():
+            try:
+                status, _, raw = request(host, port, "/v1/chat/completions",
+                                         json.dumps(sentinel).encode(), a.request_timeout,
+                                         a.api_key)
+                if status != 200:
+                    raise Failure(f"HTTP {status}: {raw[:300]!r}")
+                sentinel_texts.add(json.loads(raw)["choices"][0]["message"]["content"])
+                sentinel_n[0] += 1
+                if len(sentinel_texts) > 1:
+                    raise Failure(f"the sentinel's text changed: {sorted(sentinel_texts)}")
+            except Exception as e:
+                record({"path": "sentinel", "body": json.dumps(sentinel)}, e)
+                return
+            time.sleep(0.2)
+
+    t0 = time.time()
+    w = threading.Thread(target=watch)
+    w.start()
+    threads = [threading.Thread(target=client, args=(ci,)) for ci in range(a.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    w.join()
+    try:
+        c = http.client.HTTPConnection(host, port, timeout=10)
+        c.request("GET", "/health")
+        r = c.getresponse()
+        if r.status != 200:
+            record({"path": "/health"}, f"HTTP {r.status} at the end")
+    except Exception as e:
+        record({"path": "/health"}, f"the server is gone at the end: {e}")
+    summary = {"requests": a.requests, "seed": a.seed, "seconds": round(time.time() - t0, 1),
+               "by_status": {str(k): v for k, v in sorted(counts.items())},
+               "by_path": {p: {str(k): v for k, v in sorted(s.items())}
+                           for p, s in sorted(by_path.items())},
+               "sentinel_requests": sentinel_n[0], "failures": len(failures)}
+    print(json.dumps(summary))
+    for f in failures[:20]:
+        print(json.dumps(f)[:3000], file=sys.stderr)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
