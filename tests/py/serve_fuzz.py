@@ -18,6 +18,10 @@ It fails (exit 1, listing each case with its body) when:
 - the server is not alive and healthy at the end.
 
 Prints one JSON summary (requests by status, by endpoint). Refuses non-loopback URLs.
+
+With --batch-input FILE it writes N lines of a `gdsrun batch` job (OpenAI Batch API lines
+around the same mutated bodies, the line's own fields damaged too: method, custom_id,
+duplicate ids, body, raw bytes) instead, and sends nothing.
 """
 import argparse
 import http.client
@@ -304,15 +308,48 @@ def check_answer(path, status, ctype, raw):
         check_error_shape(path, v)
 
 
+def batch_lines(n, rng):
+    """`n` lines of a batch job: mostly valid Batch API lines around mutated bodies."""
+    lines = []
+    for i in range(n):
+        path = rng.choice(["/v1/chat/completions", "/v1/completions"] * 2
+                          + ["/v1/responses", "/v1/embeddings"])
+        body = mutate(base_body("/v1/completions" if path == "/v1/embeddings" else path, rng), rng)
+        line = {"custom_id": f"r{i}", "method": "POST", "url": path, "body": body}
+        r = rng.random()
+        if r < 0.05:
+            line["method"] = rng.choice(["GET", 1, None])
+        elif r < 0.08:
+            del line["custom_id"]
+        elif r < 0.11:
+            line["custom_id"] = hostile(rng)
+        elif r < 0.13:
+            line["custom_id"] = "r0"
+        elif r < 0.16:
+            line["body"] = hostile(rng)
+        data = json.dumps(line).encode()
+        if rng.random() < 0.08:
+            data = raw_damage(data, rng).replace(b"\n", b" ")
+        lines.append(data)
+    return b"\n".join(lines) + b"\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--url", required=True)
+    ap.add_argument("--url")
+    ap.add_argument("--batch-input", help="write a batch job's lines to this file instead")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--requests", type=int, default=300, help="fuzzed requests in all")
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--request-timeout", type=float, default=60)
     ap.add_argument("--api-key", default=None)
     a = ap.parse_args()
+    if a.batch_input:
+        with open(a.batch_input, "wb") as f:
+            f.write(batch_lines(a.requests, random.Random(a.seed)))
+        return
+    if not a.url:
+        sys.exit("give --url (or --batch-input)")
     u = urlparse(a.url)
     if u.hostname not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("refusing a non-loopback URL")

@@ -299,3 +299,72 @@ fn unusable_paths_are_usage_errors_naming_the_file() {
         );
     }
 }
+
+/// A fuzzed job (tests/py/serve_fuzz.py --batch-input: mutated bodies of every kind the
+/// server fuzz sends, the lines' own fields damaged, raw-byte damage, duplicate ids): the job
+/// ends with exit 0 and answers every line exactly once, each answer a response of 200 with
+/// choices or 400 in OpenAI's error shape, or a line error with a code and a message naming
+/// the line. Never a 5xx.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_fuzzed_job_answers_every_line_once_and_never_fails_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in.jsonl"), dir.path().join("out.jsonl"));
+    let n = 300;
+    let made = Command::new("python3")
+        .arg(gds_tests::root().join("tests/py/serve_fuzz.py"))
+        .arg("--batch-input")
+        .arg(&input)
+        .args(["--requests", &n.to_string(), "--seed", "2"])
+        .status()
+        .expect("python3 runs");
+    assert!(made.success());
+    let out = batch(&input, &output);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let res = results(&output);
+    let mut lines: Vec<u64> = res.iter().map(|r| r["line"].as_u64().unwrap()).collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        (1..=n).collect::<Vec<u64>>(),
+        "every line answered once"
+    );
+    let (mut ok, mut refused, mut invalid) = (0, 0, 0);
+    for r in &res {
+        match (&r["response"], &r["error"]) {
+            (Value::Object(resp), Value::Null) => {
+                let (code, body) = (resp["status_code"].as_u64().unwrap(), &resp["body"]);
+                match code {
+                    200 => {
+                        // chat and completions: choices; /v1/responses: output items
+                        let items = body.get("choices").or(body.get("output"));
+                        assert!(items.and_then(Value::as_array).is_some(), "{r}");
+                        ok += 1;
+                    }
+                    400 => {
+                        assert!(body["error"]["message"].is_string(), "{r}");
+                        assert!(body["error"]["type"].is_string(), "{r}");
+                        refused += 1;
+                    }
+                    _ => panic!("status {code}: {r}"),
+                }
+            }
+            (Value::Null, Value::Object(e)) => {
+                assert!(e["code"].is_string(), "{r}");
+                let line = format!("line {}", r["line"]);
+                assert!(e["message"].as_str().unwrap().starts_with(&line), "{r}");
+                invalid += 1;
+            }
+            _ => panic!("neither a response nor an error: {r}"),
+        }
+    }
+    // the fuzz reached every kind of answer
+    assert!(
+        ok > 30 && refused > 30 && invalid > 30,
+        "{ok} {refused} {invalid}"
+    );
+}
