@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 
 ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-             "/v1/messages/count_tokens", "/tokenize", "/detokenize"]
+             "/v1/messages/count_tokens", "/v1/embeddings", "/tokenize", "/detokenize"]
 
 
 def base_body(path, rng):
@@ -51,6 +51,8 @@ def base_body(path, rng):
         return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": words}]}
     if path == "/v1/messages/count_tokens":
         return {"model": "m", "messages": [{"role": "user", "content": words}]}
+    if path == "/v1/embeddings":
+        return {"input": rng.choice([words, [words, "second"], [1, 2, 3]])}
     if path == "/tokenize":
         return {"content": words}
     if path == "/detokenize":
@@ -62,6 +64,7 @@ def base_body(path, rng):
 OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens", "temperature",
             "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
             "logit_bias", "stop", "stop_sequences", "seed", "stream", "stream_options", "n",
+            "encoding_format", "dimensions", "embd_normalize",
             "ignore_eos", "draft", "draft_max", "logprobs", "top_logprobs", "echo",
             "response_format", "json_schema", "grammar", "regex", "tools", "tool_choice",
             "parallel_tool_calls", "continue_final_message", "parse_special", "suffix", "user",
@@ -159,6 +162,8 @@ SENSIBLE = [
     ("system", [{"type": "text", "text": "s"}]), ("continue_final_message", True),
     ("parse_special", True), ("suffix", " end"), ("instructions", "Answer in French."),
     ("with_pieces", True), ("add_special", True), ("parallel_tool_calls", False),
+    ("encoding_format", "base64"), ("dimensions", 8), ("embd_normalize", 1),
+    ("input", ["a", "b", "c"]), ("input", [[1, 2], [3, 4, 5]]),
     ("prompt", ["a", "b"]), ("prompt", [1, 2, 3]), ("prompt", [[1, 2], [3]]),
     ("messages", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
     ("messages", [{"role": "user", "content": "call f"}, {"role": "assistant", "tool_calls": [
@@ -313,8 +318,8 @@ def batch_lines(n, rng):
     lines = []
     for i in range(n):
         path = rng.choice(["/v1/chat/completions", "/v1/completions"] * 2
-                          + ["/v1/responses", "/v1/embeddings"])
-        body = mutate(base_body("/v1/completions" if path == "/v1/embeddings" else path, rng), rng)
+                          + ["/v1/responses", "/v1/embeddings", "/v1/moderations"])
+        body = mutate(base_body("/v1/completions" if path == "/v1/moderations" else path, rng), rng)
         line = {"custom_id": f"r{i}", "method": "POST", "url": path, "body": body}
         r = rng.random()
         if r < 0.05:

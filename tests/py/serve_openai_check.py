@@ -200,6 +200,16 @@ s.close()
 wait_until(lambda: metric(RUNNING) == 0 and metric(CANCELLED) >= before + 3)
 out["cancel_n"] = {"cancelled_delta": metric(CANCELLED) - before, "running": metric(RUNNING)}
 
+# embeddings through the client (it asks for base64 and decodes it): one vector per input,
+# unit length, the same text the same vector
+e = client.embeddings.create(model=model, input=["The sky is blue.", "Hello", "The sky is blue."])
+vecs = [d.embedding for d in e.data]
+out["embeddings"] = {"n": len(vecs), "dims": [len(v) for v in vecs],
+                     "norms": [sum(x * x for x in v) for v in vecs],
+                     "same": sum(a * b for a, b in zip(vecs[0], vecs[2])),
+                     "other": sum(a * b for a, b in zip(vecs[0], vecs[1])),
+                     "usage": e.usage.model_dump()}
+
 # errors come back in OpenAI's format
 try:
     client.completions.create(model=model, prompt="x", max_tokens=-3)

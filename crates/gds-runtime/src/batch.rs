@@ -1,5 +1,6 @@
 //! The input of a forward pass: a [`Batch`] of tokens, each at its position in its
-//! sequence, with or without a request for its logits. Every backend takes it (the CPU
+//! sequence, with or without a request for its logits (or for its final-normed hidden state:
+//! embeddings). Every backend takes it (the CPU
 //! model, attention, the CUDA graph, the executors).
 
 /// A batch of tokens to run through the model. Reused between calls: clearing keeps the
@@ -10,6 +11,8 @@ pub struct Batch {
     pub(crate) positions: Vec<usize>,
     pub(crate) seqs: Vec<usize>,
     pub(crate) outputs: Vec<bool>,
+    /// Tokens whose final-normed hidden state is wanted (embeddings), not their logits.
+    pub(crate) hidden: Vec<bool>,
 }
 
 impl Batch {
@@ -20,6 +23,7 @@ impl Batch {
             positions: Vec::with_capacity(n),
             seqs: Vec::with_capacity(n),
             outputs: Vec::with_capacity(n),
+            hidden: Vec::with_capacity(n),
         }
     }
 
@@ -29,6 +33,7 @@ impl Batch {
         self.positions.clear();
         self.seqs.clear();
         self.outputs.clear();
+        self.hidden.clear();
     }
 
     /// Adds `token` at position `pos` of sequence `seq`; `output` asks for its logits.
@@ -37,6 +42,27 @@ impl Batch {
         self.positions.push(pos);
         self.seqs.push(seq);
         self.outputs.push(output);
+        self.hidden.push(false);
+    }
+
+    /// Adds `token` at position `pos` of sequence `seq`, asking for its final-normed hidden
+    /// state (an embedding row, [`crate::model::RunState::hidden`]) and no logits.
+    pub fn push_hidden(&mut self, token: u32, pos: usize, seq: usize) {
+        self.tokens.push(token);
+        self.positions.push(pos);
+        self.seqs.push(seq);
+        self.outputs.push(false);
+        self.hidden.push(true);
+    }
+
+    /// Whether entry `k` asks for its hidden state.
+    pub fn wants_hidden(&self, k: usize) -> bool {
+        self.hidden.get(k).copied().unwrap_or(false)
+    }
+
+    /// Number of tokens whose hidden state is wanted.
+    pub fn n_hidden(&self) -> usize {
+        self.hidden.iter().filter(|&&h| h).count()
     }
 
     /// Number of tokens.

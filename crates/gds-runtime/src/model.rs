@@ -57,6 +57,9 @@ pub struct RunState {
     /// logits of the output tokens, in batch order `[max_outputs, vocab_size]`
     logits: Vec<f32>,
     n_out: usize,
+    /// final-normed hidden states of the tokens that ask for them (embeddings), in batch
+    /// order `[n, n_embd]`; grown by the first pass that has such tokens
+    hidden: Vec<f32>,
     /// one embedding row read from disk (streaming plans)
     emb_row: Vec<u8>,
     /// logits of one streamed head chunk for several output tokens
@@ -91,6 +94,7 @@ impl RunState {
             part: Vec::new(),
             n_tasks,
             out_x: vec![0.0; max_outputs.max(1) * cfg.n_embd],
+            hidden: Vec::new(),
             logits: vec![0.0; max_outputs.max(1) * cfg.vocab_size],
             n_out: 0,
             emb_row: Vec::new(),
@@ -121,6 +125,12 @@ impl RunState {
     /// Number of output rows the last batch produced.
     pub fn n_outputs(&self) -> usize {
         self.n_out
+    }
+
+    /// The final-normed hidden state of the `i`-th token of the last batch that asked for
+    /// one ([`Batch::push_hidden`], in batch order): what embeddings pool.
+    pub fn hidden(&self, i: usize, n_embd: usize) -> &[f32] {
+        &self.hidden[i * n_embd..(i + 1) * n_embd]
     }
 }
 
@@ -570,6 +580,22 @@ impl Model {
             }
         }
 
+        // hidden states asked for (embeddings): the final norm's output, no head
+        let n_hidden = batch.n_hidden();
+        if n_hidden > 0 {
+            if s.hidden.len() < n_hidden * d {
+                s.hidden.resize(n_hidden * d, 0.0);
+            }
+            let rows = (0..n).filter(|&t| batch.wants_hidden(t));
+            for (h, t) in rows.enumerate() {
+                ops::rmsnorm(
+                    &mut s.hidden[h * d..(h + 1) * d],
+                    &s.x[t * d..(t + 1) * d],
+                    &self.weights.output_norm,
+                    eps,
+                );
+            }
+        }
         // final norm and output head, only for the tokens that want logits
         let mut j = 0;
         for t in 0..n {

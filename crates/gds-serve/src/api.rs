@@ -638,6 +638,29 @@ pub(crate) fn submit(
     job: &Job,
     constraint: Option<Constraint>,
 ) -> Result<Submitted, ApiError> {
+    enqueue(st, |tx, ended| Request {
+        ended_by_front: ended,
+        prompt: job.prompt.clone(),
+        sampler: job.sampler.clone(),
+        max_tokens: job.max_tokens,
+        ignore_eos: job.ignore_eos,
+        draft_max: job.draft_max,
+        logprobs: job.logprobs,
+        echo: job.echo,
+        embed: None,
+        constraint,
+        group: job.group,
+        tx,
+        received: Instant::now(),
+    })
+}
+
+/// Hands the request `make` builds (around its event sender and front-end flag) to the
+/// engine, unless the queue is full (429) or the engine has stopped (503).
+pub(crate) fn enqueue(
+    st: &ServerState,
+    make: impl FnOnce(mpsc::UnboundedSender<Event>, Arc<AtomicBool>) -> Request,
+) -> Result<Submitted, ApiError> {
     let m = &st.metrics;
     if m.queue_depth.load(Ordering::Relaxed) >= st.queue_limit as i64 {
         m.rejected_busy.fetch_add(1, Ordering::Relaxed);
@@ -652,20 +675,7 @@ pub(crate) fn submit(
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let ended = Arc::new(AtomicBool::new(false));
-    let req = Request {
-        ended_by_front: ended.clone(),
-        prompt: job.prompt.clone(),
-        sampler: job.sampler.clone(),
-        max_tokens: job.max_tokens,
-        ignore_eos: job.ignore_eos,
-        draft_max: job.draft_max,
-        logprobs: job.logprobs,
-        echo: job.echo,
-        constraint,
-        group: job.group,
-        tx,
-        received: Instant::now(),
-    };
+    let req = make(tx, ended.clone());
     m.queue_depth_add(1);
     if st.engine.send(req).is_err() {
         m.queue_depth_sub(1);
@@ -876,6 +886,8 @@ impl Gen {
                     return Some(self.end(finish, Some(d)));
                 }
                 Some(Event::Error(e)) => return Some(self.fail(e)),
+                // only embedding requests get one
+                Some(Event::Embedding(_)) => {}
                 Some(Event::GrammarError(e)) => {
                     // the request's grammar went past the grammar engine's limits
                     self.ended = true;
@@ -1540,7 +1552,11 @@ pub(crate) async fn chat_prompt(
     Ok((prompt, tools))
 }
 
-async fn encode(st: &ServerState, text: String, special: bool) -> Result<Vec<u32>, ApiError> {
+pub(crate) async fn encode(
+    st: &ServerState,
+    text: String,
+    special: bool,
+) -> Result<Vec<u32>, ApiError> {
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
     tokenize(move || tok.encode_prompt(&text, special, ctx), "prompt").await
 }

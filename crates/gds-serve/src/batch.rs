@@ -2,7 +2,8 @@
 //! server's own engine and handlers (no socket): the throughput mode.
 //!
 //! Input: one JSON object per line, `{"custom_id", "method": "POST", "url", "body"}`, `url`
-//! one of `/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`. Output:
+//! one of `/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`,
+//! `/v1/embeddings`. Output:
 //! one line per input line, in the order they finish, `{"id", "custom_id", "line",
 //! "response": {"status_code", "request_id", "body"}, "error": null}` — the body exactly what
 //! `gdsrun serve` answers for the same request body — or, for a line that is not a valid
@@ -35,11 +36,12 @@ use tower::ServiceExt;
 pub const MAX_LINE_BYTES: usize = 16 << 20;
 
 /// The endpoints a batch line may name.
-const URLS: [&str; 4] = [
+const URLS: [&str; 5] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
     "/v1/messages",
+    "/v1/embeddings",
 ];
 
 /// `gdsrun batch` flags.
@@ -462,7 +464,7 @@ mod tests {
             (b"{nope", "invalid_json", "not JSON"),
             (br#"{"method": "POST"}"#, "invalid_request", "custom_id"),
             (br#"{"custom_id": "b", "method": "GET", "url": "/v1/completions", "body": {}}"#, "invalid_request", "POST"),
-            (br#"{"custom_id": "c", "method": "POST", "url": "/v1/embeddings", "body": {}}"#, "invalid_request", "url"),
+            (br#"{"custom_id": "c", "method": "POST", "url": "/v1/moderations", "body": {}}"#, "invalid_request", "url"),
             (br#"{"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": {"stream": true}}"#, "invalid_request", "streamed"),
             (br#"{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": []}"#, "invalid_request", "object"),
         ] {

@@ -3,6 +3,7 @@
 mod anthropic;
 mod api;
 pub mod batch;
+mod embeddings;
 mod error;
 pub mod kvpool;
 pub mod metrics;
@@ -157,6 +158,11 @@ pub struct EngineArgs {
     /// or wrong; checked as a model's template is).
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<std::path::PathBuf>,
+    /// How /v1/embeddings makes one vector of a text's final-normed hidden states: mean
+    /// (over every token), last (the last token's: decoder embedding models such as
+    /// e5-mistral, gte-Qwen2, Qwen3-Embedding) or cls (the first token's); then normalized.
+    #[arg(long, default_value = "mean", value_parser = ["mean", "last", "cls"])]
+    pub pooling: String,
 }
 
 /// What the handlers share.
@@ -183,6 +189,10 @@ pub struct ServerState {
     model_dir: std::path::PathBuf,
     /// Compiles request grammars; built on the first constrained request.
     grammar: std::sync::OnceLock<Result<Arc<GrammarCompiler>, String>>,
+    /// How `/v1/embeddings` pools; `None` where the backend gives no hidden states.
+    pooling: Option<scheduler::Pooling>,
+    /// Width of the hidden states (the embeddings' dimensions).
+    n_embd: usize,
 }
 
 impl ServerState {
@@ -372,6 +382,12 @@ pub(crate) fn start(
             .into())
         }
     };
+    let pooling = exec
+        .gives_hidden()
+        .then(|| e.pooling.parse::<scheduler::Pooling>())
+        .transpose()
+        .map_err(RuntimeError::Usage)?;
+    let n_embd = c.n_embd;
     let (tx, rx) = mpsc::unbounded_channel();
     let engine = Engine::new(exec, kv, cfg, eog, metrics.clone());
     let engine_thread = std::thread::Builder::new()
@@ -398,6 +414,8 @@ pub(crate) fn start(
         limits: front.limits,
         model_dir: plan.model_dir.clone(),
         grammar: std::sync::OnceLock::new(),
+        pooling,
+        n_embd,
     });
     // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
     // take a few seconds), so the first request with a grammar seldom waits for it
@@ -533,7 +551,11 @@ fn router(state: Arc<ServerState>) -> axum::Router {
                 &format!("{prefix}/messages/count_tokens"),
                 post(anthropic::count_tokens),
             )
-            .route(&format!("{prefix}/models"), get(api::models));
+            .route(&format!("{prefix}/models"), get(api::models))
+            .route(
+                &format!("{prefix}/embeddings"),
+                post(embeddings::embeddings),
+            );
     }
     r.route("/tokenize", post(tokenize::tokenize_handler))
         .route("/detokenize", post(tokenize::detokenize_handler))

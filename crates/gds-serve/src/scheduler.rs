@@ -33,11 +33,48 @@ pub enum Event {
     PromptLogprobs(TokenLogprobs),
     /// Generation ended.
     Done(Done),
+    /// With [`Request::embed`]: the prompt's pooled final-normed hidden state (not
+    /// normalized), sent just before [`Event::Done`].
+    Embedding(Vec<f32>),
     /// Generation failed.
     Error(String),
     /// The request's grammar failed mid-generation (it went past the grammar engine's
     /// limits): the request's fault, not the server's.
     GrammarError(String),
+}
+
+/// How an embedding request's token states become one vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over every prompt token.
+    Mean,
+    /// The last prompt token's (decoder embedding models: e5-mistral, gte-Qwen2, Qwen3-Embedding).
+    Last,
+    /// The first prompt token's.
+    Cls,
+}
+
+impl Pooling {
+    /// Whether the state of prompt position `p` of `n` takes part.
+    fn wants(self, p: usize, n: usize) -> bool {
+        match self {
+            Pooling::Mean => true,
+            Pooling::Last => p + 1 == n,
+            Pooling::Cls => p == 0,
+        }
+    }
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mean" => Ok(Pooling::Mean),
+            "last" => Ok(Pooling::Last),
+            "cls" => Ok(Pooling::Cls),
+            _ => Err(format!("unknown pooling {s:?}: mean, last or cls")),
+        }
+    }
 }
 
 /// Why generation ended.
@@ -93,6 +130,10 @@ pub struct Request {
     /// complete, and end-of-generation tokens are allowed only where it may end
     /// (`ignore_eos` does not apply).
     pub constraint: Option<Constraint>,
+    /// An embedding: the prompt is prefilled, its final-normed hidden states pooled this way
+    /// and sent as [`Event::Embedding`]; nothing is generated (`max_tokens` is 0). Mean and
+    /// first-token pooling compute the whole prompt (no prefix sharing).
+    pub embed: Option<Pooling>,
     /// The choices of one prompt (`n` > 1) share a group: while one of them prefills the
     /// prompt, the others wait in the queue, then start from its cached blocks instead of
     /// computing the same prompt again.
@@ -152,6 +193,8 @@ struct Seq {
     queue_ms: f64,
     /// This step's guesses (fed after its last token, with logits at each).
     guesses: Vec<u32>,
+    /// With embed: the pooled hidden states so far (a sum for mean pooling).
+    pooled: Vec<f32>,
 }
 
 impl Seq {
@@ -168,7 +211,12 @@ impl Seq {
     /// Whether position `p`, fed while prefilling, takes an output row: the last one (to
     /// sample from) or a scored one.
     fn out_row(&self, p: usize) -> bool {
-        p + 1 == self.tokens.len() || self.scores(p).is_some()
+        self.req.embed.is_none() && (p + 1 == self.tokens.len() || self.scores(p).is_some())
+    }
+
+    /// With embed: whether position `p`'s hidden state is pooled.
+    fn hidden_row(&self, p: usize) -> bool {
+        self.req.embed.is_some_and(|e| e.wants(p, self.n_prompt))
     }
 }
 
@@ -190,6 +238,8 @@ pub struct Engine {
     out_rows: Vec<(usize, Option<usize>)>,
     /// Tokens each running sequence feeds this step (by index into `running`).
     fed: Vec<usize>,
+    /// For each hidden-state row of the step (embeddings): index into `running`.
+    hidden_rows: Vec<usize>,
 }
 
 impl Engine {
@@ -216,6 +266,7 @@ impl Engine {
             running: Vec::new(),
             out_rows: Vec::new(),
             fed: Vec::new(),
+            hidden_rows: Vec::new(),
         };
         engine.publish();
         engine
@@ -247,6 +298,17 @@ impl Engine {
     }
 
     fn enqueue(&mut self, req: Request) {
+        if req.embed.is_some() && !self.exec.gives_hidden() {
+            // the HTTP front end refuses these first; a caller in process gets the reason
+            let why = format!(
+                "embeddings: the {} backend gives no hidden states",
+                self.exec.backend()
+            );
+            let _ = req.tx.send(Event::Error(why));
+            self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+            self.metrics.queue_depth_sub(1);
+            return;
+        }
         let vocab = self.exec.config().vocab_size;
         let mut sampler = Sampler::new(req.sampler.clone(), vocab);
         for &t in &req.prompt {
@@ -266,6 +328,7 @@ impl Engine {
             first_token: None,
             queue_ms: 0.0,
             guesses: Vec::new(),
+            pooled: Vec::new(),
             req,
         });
     }
@@ -308,6 +371,8 @@ impl Engine {
         }
         seq.slot = usize::MAX;
         seq.n_cached = 0;
+        // an embedding computed again from the start pools again
+        seq.pooled.clear();
     }
 
     /// Sends `ev`; false when the client is gone.
@@ -402,8 +467,10 @@ impl Engine {
             }
             let len = front.tokens.len();
             let max_shared = (len - 1) / block;
-            // a scored prompt needs the logits of every position: nothing shared
-            let mut shared = if front.req.echo {
+            // a scored prompt needs the logits of every position, a mean or first-token
+            // embedding the states of every position: nothing shared
+            let whole = front.req.echo || front.req.embed.is_some_and(|e| e != Pooling::Last);
+            let mut shared = if whole {
                 Vec::new()
             } else {
                 self.prefix.lookup(&front.tokens, max_shared)
@@ -503,6 +570,7 @@ impl Engine {
         }
         self.batch.clear();
         self.out_rows.clear();
+        self.hidden_rows.clear();
         self.fed.clear();
         self.fed.resize(self.running.len(), 0);
         let mut budget = self.cfg.step_tokens;
@@ -611,6 +679,11 @@ impl Engine {
             }
             let s = &self.running[i];
             for p in from..from + take {
+                if s.hidden_row(p) {
+                    self.batch.push_hidden(s.tokens[p], p, s.slot);
+                    self.hidden_rows.push(i);
+                    continue;
+                }
                 let out = s.out_row(p);
                 self.batch.push(s.tokens[p], p, s.slot, out);
                 if out {
@@ -687,8 +760,10 @@ impl Engine {
         let mut solo: Option<Vec<f32>> = None;
         let mut broken = vec![false; self.running.len()];
         let mut failed: Vec<(usize, Fault)> = Vec::new();
+        let d = self.exec.config().n_embd;
+        let mut solo_hidden: Option<Vec<f32>> = None;
         if result.is_err() {
-            let (logits, bad) = self.forward_each();
+            let (logits, hidden, bad) = self.forward_each();
             for (i, e) in bad {
                 broken[i] = true;
                 self.fed[i] = 0;
@@ -696,6 +771,24 @@ impl Engine {
                 failed.push((i, Fault::Engine(e)));
             }
             solo = Some(logits);
+            solo_hidden = Some(hidden);
+        }
+        // embeddings: pool the hidden states of this step's rows
+        for (h, &i) in self.hidden_rows.iter().enumerate() {
+            if broken[i] {
+                continue;
+            }
+            let row = match &solo_hidden {
+                Some(all) => &all[h * d..(h + 1) * d],
+                None => self.exec.hidden(h),
+            };
+            let s = &mut self.running[i];
+            if s.pooled.is_empty() {
+                s.pooled = vec![0.0; d];
+            }
+            for (a, &x) in s.pooled.iter_mut().zip(row) {
+                *a += x;
+            }
         }
         // the K/V of every token of the batch are now in the cache
         // (a sequence's guesses count once the token sampled before each equals it)
@@ -707,6 +800,23 @@ impl Engine {
         let vocab = self.exec.config().vocab_size;
         let now = Instant::now();
         let mut done: Vec<(usize, Finish)> = Vec::new();
+        // embeddings whose prompt is all in: the pooled vector, and the end
+        for (i, s) in self.running.iter_mut().enumerate() {
+            let Some(pooling) = s.req.embed else {
+                continue;
+            };
+            if broken[i] || s.n_cached < s.n_prompt {
+                continue;
+            }
+            let mut v = std::mem::take(&mut s.pooled);
+            if pooling == Pooling::Mean {
+                let n = s.n_prompt as f32;
+                v.iter_mut().for_each(|x| *x /= n);
+            }
+            s.first_token = Some(now);
+            let _ = Self::send(s, Event::Embedding(v));
+            done.push((i, Finish::Length));
+        }
         // with guesses, a sequence has a row per fed token: row r samples the token after
         // it, and row r + 1 counts only if that token was guess r
         let mut row_no = vec![0usize; self.running.len()];
@@ -862,11 +972,15 @@ impl Engine {
     }
 
     /// After a failed forward pass: runs each sequence's part of the step's batch alone.
-    /// Returns the logits of every output row, in `out_rows` order (zero for the rows of a
-    /// sequence whose part failed), and the sequences whose part failed, with the error.
-    fn forward_each(&mut self) -> (Vec<f32>, Vec<(usize, String)>) {
+    /// Returns the logits of every output row, in `out_rows` order, the hidden states of
+    /// every hidden row, in `hidden_rows` order (zero for the rows of a sequence whose part
+    /// failed), and the sequences whose part failed, with the error.
+    #[allow(clippy::type_complexity)]
+    fn forward_each(&mut self) -> (Vec<f32>, Vec<f32>, Vec<(usize, String)>) {
         let vocab = self.exec.config().vocab_size;
+        let d = self.exec.config().n_embd;
         let mut logits = vec![0.0f32; self.out_rows.len() * vocab];
+        let mut hidden = vec![0.0f32; self.hidden_rows.len() * d];
         let mut failed = Vec::new();
         let mut part = Batch::with_capacity(self.batch.len());
         for i in 0..self.running.len() {
@@ -877,7 +991,9 @@ impl Engine {
             part.clear();
             for k in 0..self.batch.len() {
                 if let Some((t, p, s, out)) = self.batch.get(k) {
-                    if s == slot {
+                    if s == slot && self.batch.wants_hidden(k) {
+                        part.push_hidden(t, p, s);
+                    } else if s == slot {
                         part.push(t, p, s, out);
                     }
                 }
@@ -889,11 +1005,16 @@ impl Engine {
                     for (n, r) in mine.enumerate() {
                         logits[r * vocab..(r + 1) * vocab].copy_from_slice(self.exec.logits(n));
                     }
+                    let rows = self.hidden_rows.iter().enumerate();
+                    let mine = rows.filter(|&(_, &j)| j == i).map(|(r, _)| r);
+                    for (n, r) in mine.enumerate() {
+                        hidden[r * d..(r + 1) * d].copy_from_slice(self.exec.hidden(n));
+                    }
                 }
                 Err(e) => failed.push((i, format!("forward pass failed: {e}"))),
             }
         }
-        (logits, failed)
+        (logits, hidden, failed)
     }
 
     /// Updates the gauges.

@@ -1145,6 +1145,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 draft_max: 0,
                 logprobs: None,
                 echo: false,
+                embed: None,
                 constraint: None,
                 group: None,
                 tx: etx,

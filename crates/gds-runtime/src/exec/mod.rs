@@ -106,6 +106,17 @@ pub trait BatchExecutor: Send {
     fn verify_stats(&self) -> gds_io::VerifyStats {
         gds_io::VerifyStats::default()
     }
+    /// Whether passes give the final-normed hidden states of the tokens that ask for them
+    /// ([`Batch::push_hidden`]; embeddings). Where not, such tokens are only prefilled.
+    fn gives_hidden(&self) -> bool {
+        false
+    }
+    /// The hidden state of the `i`-th token of the last pass that asked for one (in batch
+    /// order), where [`BatchExecutor::gives_hidden`].
+    fn hidden(&self, i: usize) -> &[f32] {
+        let _ = i;
+        &[]
+    }
     /// Runs `batch` through the first `blocks` blocks and the output head only (an early
     /// exit: self-speculation's draft); the logits as [`BatchExecutor::forward`] leaves them.
     fn forward_exit(&mut self, kv: &mut KvCache, batch: &Batch, blocks: usize) -> Result<usize> {
@@ -158,6 +169,12 @@ impl BatchExecutor for CpuBatchExecutor {
     }
     fn forward_exit(&mut self, kv: &mut KvCache, batch: &Batch, blocks: usize) -> Result<usize> {
         self.model.forward_exit(&mut self.state, kv, batch, blocks)
+    }
+    fn gives_hidden(&self) -> bool {
+        true
+    }
+    fn hidden(&self, i: usize) -> &[f32] {
+        self.state.hidden(i, self.model.config.n_embd)
     }
 }
 

@@ -2,6 +2,7 @@
 //! instead of one per file).
 
 mod common;
+mod embeddings;
 
 mod hardening;
 mod lm_eval;

@@ -2,7 +2,7 @@
 //! Python client (tests/py/serve_openai_check.py), by raw HTTP for the error paths, and by a
 //! small bounded load test (tests/py/serve_load.py) at concurrency 1, 4 and 16.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
@@ -138,6 +138,16 @@ fn openai_client_end_to_end() {
     // a stream of three choices closed early drops all three
     assert_eq!(r["cancel_n"]["cancelled_delta"], 3.0, "{}", r["cancel_n"]);
     assert_eq!(r["cancel_n"]["running"], 0.0, "{}", r["cancel_n"]);
+
+    let e = &r["embeddings"];
+    assert_eq!(e["n"], 3, "{e}");
+    assert_eq!(e["dims"], json!([576, 576, 576]), "{e}");
+    for n in e["norms"].as_array().unwrap() {
+        assert!((n.as_f64().unwrap() - 1.0).abs() < 1e-4, "{e}");
+    }
+    assert!(e["same"].as_f64().unwrap() > 0.99999, "{e}");
+    assert!(e["other"].as_f64().unwrap() < 0.999, "{e}");
+    assert!(e["usage"]["prompt_tokens"].as_u64().unwrap() >= 11, "{e}");
 
     let b = &r["bad_request"];
     assert_eq!(b["status"], 400);

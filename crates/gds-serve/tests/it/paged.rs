@@ -263,6 +263,14 @@ fn window_pool_releases_behind_the_window_and_keeps_the_logits() {
 /// server's default batch shape (16 sequences, 256 tokens and so 64 output rows per step),
 /// hands it `reqs` at once (prompt, echo, max_tokens) and returns each request's events.
 fn run_engine(reqs: &[(Vec<u32>, bool, usize)]) -> Vec<Vec<gds_serve::scheduler::Event>> {
+    run_engine_with(reqs, &[])
+}
+
+/// [`run_engine`], request `k` an embedding pooled by `embed[k]` where given.
+fn run_engine_with(
+    reqs: &[(Vec<u32>, bool, usize)],
+    embed: &[Option<gds_serve::scheduler::Pooling>],
+) -> Vec<Vec<gds_serve::scheduler::Event>> {
     use gds_serve::scheduler::{Engine, EngineConfig, Request};
     let plan = Plan::build(&PlanOptions {
         model_dir: gds_tests::smollm_converted().to_path_buf(),
@@ -292,7 +300,7 @@ fn run_engine(reqs: &[(Vec<u32>, bool, usize)]) -> Vec<Vec<gds_serve::scheduler:
     let engine = Engine::new(Box::new(exec), kv, cfg, Vec::new(), metrics);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut outs = Vec::new();
-    for (prompt, echo, max_tokens) in reqs {
+    for (k, (prompt, echo, max_tokens)) in reqs.iter().enumerate() {
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
         tx.send(Request {
             prompt: prompt.clone(),
@@ -305,6 +313,7 @@ fn run_engine(reqs: &[(Vec<u32>, bool, usize)]) -> Vec<Vec<gds_serve::scheduler:
             draft_max: 0,
             logprobs: echo.then_some(1),
             echo: *echo,
+            embed: embed.get(k).copied().flatten(),
             constraint: None,
             group: None,
             tx: etx,
@@ -394,5 +403,67 @@ fn a_failing_forward_pass_fails_only_the_request_at_fault() {
             "request {k}: {:?}",
             outs[k].last()
         );
+    }
+}
+
+/// Embedding requests in the engine: the pooled vector of a prompt is the same alone, beside
+/// generations, and in a step whose batch fails for another request's fault (each part then
+/// runs alone, hidden rows included); the generation beside them keeps its tokens.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn embeddings_are_the_same_alone_beside_others_and_after_a_failed_pass() {
+    use gds_serve::scheduler::{Event, Pooling};
+    let prompt: Vec<u32> = (0..300).map(|i| 200 + (i * 53) % 9000).collect();
+    let vector = |evs: &[Event]| -> Vec<f32> {
+        let v = evs.iter().find_map(|e| match e {
+            Event::Embedding(v) => Some(v.clone()),
+            _ => None,
+        });
+        assert!(
+            matches!(evs.last(), Some(Event::Done(_))),
+            "{:?}",
+            evs.last()
+        );
+        v.unwrap_or_else(|| panic!("no embedding: {evs:?}"))
+    };
+    for pooling in [Pooling::Mean, Pooling::Last] {
+        let alone = vector(&run_engine_with(&[(prompt.clone(), false, 0)], &[Some(pooling)])[0]);
+        assert_eq!(alone.len(), 576);
+        let gen = ((0..12).map(|i| 300 + i).collect(), false, 5);
+        let beside = run_engine_with(
+            &[
+                gen.clone(),
+                (prompt.clone(), false, 0),
+                (prompt[..40].to_vec(), false, 0),
+            ],
+            &[None, Some(pooling), Some(pooling)],
+        );
+        let bad = (vec![300, 301, 4_000_000, 302], false, 3);
+        let failed = run_engine_with(
+            &[gen.clone(), (prompt.clone(), false, 0), bad],
+            &[None, Some(pooling), None],
+        );
+        // the prompt takes two steps (256 tokens a step): mean pools across both
+        for (what, evs) in [("beside", &beside[1]), ("failed pass", &failed[1])] {
+            let v = vector(evs);
+            let diff = v
+                .iter()
+                .zip(&alone)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(diff < 1e-4, "{pooling:?} {what}: max diff {diff}");
+        }
+        assert!(matches!(failed[2].last(), Some(Event::Error(_))));
+        let tokens = |evs: &[Event]| -> Vec<u32> {
+            evs.iter()
+                .filter_map(|e| match e {
+                    Event::Token(t, _) => Some(*t),
+                    _ => None,
+                })
+                .collect()
+        };
+        let gen_alone = run_engine(std::slice::from_ref(&gen));
+        assert_eq!(tokens(&beside[0]), tokens(&gen_alone[0]), "{pooling:?}");
+        assert_eq!(tokens(&failed[0]), tokens(&gen_alone[0]), "{pooling:?}");
     }
 }

@@ -340,8 +340,12 @@ fn a_fuzzed_job_answers_every_line_once_and_never_fails_the_job() {
                 let (code, body) = (resp["status_code"].as_u64().unwrap(), &resp["body"]);
                 match code {
                     200 => {
-                        // chat and completions: choices; /v1/responses: output items
-                        let items = body.get("choices").or(body.get("output"));
+                        // chat and completions: choices; /v1/responses: output items;
+                        // /v1/embeddings: data
+                        let items = body
+                            .get("choices")
+                            .or(body.get("output"))
+                            .or(body.get("data"));
                         assert!(items.and_then(Value::as_array).is_some(), "{r}");
                         ok += 1;
                     }

@@ -1,0 +1,258 @@
+//! `POST /v1/embeddings` (OpenAI's Embeddings API): each input's prompt is prefilled by the
+//! engine beside the other requests, its final-normed hidden states pooled (`--pooling`:
+//! mean, last token or first token) and normalized, as llama-server's `--embeddings` and
+//! vLLM's embedding models answer.
+//!
+//! Input: `input` a string, a list of strings, a list of token ids, or a list of token-id
+//! lists (at most [`MAX_INPUTS`]); `encoding_format` `float` (default) or `base64` (the
+//! little-endian f32 bytes, what the `openai` Python client asks for); `dimensions` (keep the
+//! first N, then normalize: Matryoshka-trained models); llama-server's `embd_normalize` (-1
+//! none, 0 max-abs scaled to int16, 1 taxicab, 2 Euclidean: the default, >2 p-norm).
+
+use crate::api::{encode, enqueue, finish, parse, ApiError};
+use crate::scheduler::{Event, Request};
+use crate::ServerState;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Most inputs in one request (OpenAI's limit).
+pub(crate) const MAX_INPUTS: usize = 2048;
+
+#[derive(Deserialize)]
+struct EmbeddingsBody {
+    input: Value,
+    #[serde(default)]
+    #[allow(dead_code)]
+    model: Option<String>,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    #[serde(default)]
+    dimensions: Option<i64>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    user: Option<String>,
+    #[serde(default)]
+    embd_normalize: Option<i64>,
+}
+
+/// `POST /v1/embeddings`.
+pub async fn embeddings(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let r = answer(&st, &body).await;
+    finish(&st, r)
+}
+
+async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiError> {
+    let b: EmbeddingsBody = parse(body)?;
+    let Some(pooling) = st.pooling else {
+        return Err(ApiError::bad(format!(
+            "embeddings are not available on the {} backend (it does not give hidden states); serve with --backend cpu",
+            st.metrics.backend.get().copied().unwrap_or("current")
+        ))
+        .code("unsupported"));
+    };
+    let base64 = match b.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(f) => {
+            return Err(ApiError::bad(format!(
+                "encoding_format {f:?}: expected \"float\" or \"base64\""
+            ))
+            .param("encoding_format"))
+        }
+    };
+    let d = st.n_embd;
+    let keep = match b.dimensions {
+        None => d,
+        Some(n) if n >= 1 && n as u64 <= d as u64 => n as usize,
+        Some(n) => {
+            return Err(ApiError::bad(format!(
+                "dimensions {n}: this model's embeddings have {d}; ask for 1..={d}"
+            ))
+            .param("dimensions"))
+        }
+    };
+    let norm = b.embd_normalize.unwrap_or(2);
+    if norm < -1 {
+        return Err(ApiError::bad(format!(
+            "embd_normalize {norm}: -1 (none), 0 (max-abs), 1 (taxicab), 2 (Euclidean) or a larger p"
+        ))
+        .param("embd_normalize"));
+    }
+    let prompts = inputs(st, b.input).await?;
+    for p in &prompts {
+        if p.len() >= st.ctx {
+            return Err(ApiError::bad(format!(
+                "an input is {} tokens; this server's context is {}",
+                p.len(),
+                st.ctx
+            ))
+            .param("input")
+            .code("context_length_exceeded"));
+        }
+        if let Some(&t) = p.iter().find(|&&t| t as usize >= st.vocab) {
+            return Err(ApiError::bad(format!(
+                "token id {t} is outside the vocabulary ({})",
+                st.vocab
+            ))
+            .param("input"));
+        }
+    }
+    // the inputs go to the engine a window at a time (batched with whatever runs; a list
+    // of thousands does not fill the queue), each awaited in order
+    let window = (st.queue_limit / 4).clamp(1, 64);
+    let mut pending = std::collections::VecDeque::with_capacity(window);
+    let mut data = Vec::with_capacity(prompts.len());
+    let mut tokens = 0;
+    let mut prompts = prompts.into_iter();
+    loop {
+        while pending.len() < window {
+            let Some(p) = prompts.next() else { break };
+            let n = p.len();
+            let (rx, _ended) = enqueue(st, |tx, ended| Request {
+                ended_by_front: ended,
+                prompt: p,
+                sampler: st.default_sampler.clone(),
+                max_tokens: 0,
+                ignore_eos: false,
+                draft_max: 0,
+                logprobs: None,
+                echo: false,
+                embed: Some(pooling),
+                constraint: None,
+                group: None,
+                tx,
+                received: Instant::now(),
+            })?;
+            pending.push_back((rx, n));
+        }
+        let Some((mut rx, n)) = pending.pop_front() else {
+            break;
+        };
+        let mut v = loop {
+            match rx.recv().await {
+                Some(Event::Embedding(v)) => break v,
+                Some(Event::Error(e)) => return Err(server_error(e)),
+                Some(_) => {}
+                None => return Err(server_error("the engine dropped the request".into())),
+            }
+        };
+        tokens += n;
+        v.truncate(keep);
+        normalize(&mut v, norm);
+        let embedding = if base64 {
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+        } else {
+            json!(v)
+        };
+        let index = data.len();
+        data.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
+    }
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": st.model_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response())
+}
+
+fn server_error(e: String) -> ApiError {
+    ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e)
+}
+
+/// The inputs as token lists: a string, a list of strings, a list of token ids (one input),
+/// or a list of token-id lists.
+async fn inputs(st: &ServerState, input: Value) -> Result<Vec<Vec<u32>>, ApiError> {
+    let shape = "input must be a string, a list of strings, a list of token ids or a list of token-id lists";
+    let bad = |m: String| Err(ApiError::bad(m).param("input"));
+    let ids = |v: &[Value]| -> Result<Vec<u32>, ApiError> {
+        v.iter()
+            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| {
+                ApiError::bad("token ids must be integers in the vocabulary").param("input")
+            })
+    };
+    let text = |s: String| async move {
+        if s.is_empty() {
+            return Err(ApiError::bad("an input is an empty string").param("input"));
+        }
+        encode(st, s, false).await
+    };
+    let mut out = Vec::new();
+    match input {
+        Value::String(s) => out.push(text(s).await?),
+        Value::Array(v) if v.is_empty() => return bad("input is an empty list".into()),
+        Value::Array(v) if v.len() > MAX_INPUTS => {
+            return bad(format!("{} inputs; at most {MAX_INPUTS}", v.len()))
+        }
+        Value::Array(v) if v.iter().all(Value::is_number) => out.push(ids(&v)?),
+        Value::Array(v) => {
+            for x in v {
+                match x {
+                    Value::String(s) => out.push(text(s).await?),
+                    Value::Array(t) if !t.is_empty() => out.push(ids(&t)?),
+                    _ => return bad(shape.into()),
+                }
+            }
+        }
+        _ => return bad(shape.into()),
+    }
+    if out.iter().any(Vec::is_empty) {
+        return bad("an input has no tokens".into());
+    }
+    Ok(out)
+}
+
+/// Normalizes `v` as llama.cpp's `common_embd_normalize`: -1 none, 0 max-abs scaled to
+/// int16's range, 1 taxicab, 2 Euclidean, p > 2 the p-norm. A zero vector stays zero.
+pub(crate) fn normalize(v: &mut [f32], norm: i64) {
+    let sum = match norm {
+        -1 => return,
+        0 => v.iter().fold(0.0f64, |m, &x| m.max(x.abs() as f64)) / 32760.0,
+        1 => v.iter().map(|&x| x.abs() as f64).sum(),
+        2 => v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt(),
+        p => v
+            .iter()
+            .map(|&x| (x.abs() as f64).powf(p as f64))
+            .sum::<f64>()
+            .powf(1.0 / p as f64),
+    };
+    let scale = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    for x in v {
+        *x = (*x as f64 * scale) as f32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn normalizations_follow_llama_cpp() {
+        let mut v = vec![3.0, -4.0];
+        normalize(&mut v, 2);
+        assert_eq!(v, [0.6, -0.8]);
+        let mut v = vec![3.0, -4.0];
+        normalize(&mut v, 1);
+        assert!((v[0] - 3.0 / 7.0).abs() < 1e-7 && (v[1] + 4.0 / 7.0).abs() < 1e-7);
+        let mut v = vec![3.0, -4.0];
+        normalize(&mut v, 0);
+        assert!((v[1] + 32760.0).abs() < 1e-2, "{v:?}");
+        let mut v = vec![3.0, -4.0];
+        normalize(&mut v, -1);
+        assert_eq!(v, [3.0, -4.0]);
+        let mut v = vec![0.0, 0.0];
+        normalize(&mut v, 2);
+        assert_eq!(v, [0.0, 0.0]);
+    }
+}
