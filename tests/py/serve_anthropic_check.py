@@ -205,4 +205,14 @@ out["refused"] = {
     "server_tool": refused(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
     "unknown_path": raw("/v1/messages/batches", {}),
 }
+# the Models API in Anthropic's shape (the client sends anthropic-version)
+listed = client.models.list()
+got = client.models.retrieve(listed.data[0].id)
+try:
+    client.models.retrieve("no-such-model")
+    missing = None
+except anthropic.NotFoundError as e:
+    missing = {"status": e.status_code, "body": e.body}
+out["models"] = {"ids": [m.id for m in listed.data], "type": got.type, "id": got.id,
+                 "created_at": got.created_at.isoformat(), "missing": missing}
 print(json.dumps(out, indent=1))

@@ -210,6 +210,15 @@ out["embeddings"] = {"n": len(vecs), "dims": [len(v) for v in vecs],
                      "other": sum(a * b for a, b in zip(vecs[0], vecs[1])),
                      "usage": e.usage.model_dump()}
 
+# the Models API: the served model retrieved, another a 404 with OpenAI's code
+got = client.models.retrieve(model)
+try:
+    client.models.retrieve("no-such-model")
+    missing = None
+except openai.NotFoundError as e:
+    missing = {"status": e.status_code, "body": e.body}
+out["model_retrieve"] = {"id": got.id, "object": got.object, "missing": missing}
+
 # errors come back in OpenAI's format
 try:
     client.completions.create(model=model, prompt="x", max_tokens=-3)

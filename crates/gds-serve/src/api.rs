@@ -136,6 +136,67 @@ pub(crate) struct Common {
     pub(crate) regex: Option<String>,
 }
 
+/// OpenAI fields that change what is answered and that gdsrun does not do: refused with a
+/// 400 naming them rather than ignored (an ignored `suffix` gave a plain completion).
+#[derive(Deserialize, Default)]
+struct Unsupported {
+    #[serde(default)]
+    suffix: Option<Value>,
+    #[serde(default)]
+    best_of: Option<Value>,
+    #[serde(default)]
+    functions: Option<Value>,
+    #[serde(default)]
+    function_call: Option<Value>,
+    #[serde(default)]
+    audio: Option<Value>,
+    #[serde(default)]
+    modalities: Option<Value>,
+}
+
+impl Unsupported {
+    fn check(body: &Bytes, n: Option<i64>) -> Result<(), ApiError> {
+        let u: Unsupported = parse(body)?;
+        let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+        if u.suffix.as_ref().is_some_and(|v| !v.is_null() && v != "") {
+            return Err(ApiError::bad(
+                "suffix (inserting between a prompt and a suffix) is not supported: this server does not fill in the middle",
+            )
+            .param("suffix"));
+        }
+        if let Some(b) = u.best_of.as_ref().filter(|v| !v.is_null()) {
+            if b.as_i64() != Some(n.unwrap_or(1)) {
+                return Err(ApiError::bad(format!(
+                    "best_of {b} is not supported (choices are not ranked); ask for n choices instead"
+                ))
+                .param("best_of"));
+            }
+        }
+        if set(&u.functions) || set(&u.function_call) {
+            let param = if set(&u.functions) {
+                "functions"
+            } else {
+                "function_call"
+            };
+            return Err(ApiError::bad(
+                "functions and function_call (deprecated by OpenAI) are not supported; send tools and tool_choice",
+            )
+            .param(param));
+        }
+        if set(&u.audio) {
+            return Err(ApiError::bad("audio output is not supported").param("audio"));
+        }
+        if let Some(m) = u.modalities.as_ref().filter(|v| !v.is_null()) {
+            if m.as_array().is_none_or(|l| l.iter().any(|x| x != "text")) {
+                return Err(
+                    ApiError::bad(format!("modalities {m}: only [\"text\"]")).param("modalities")
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Most prompts in one completions request.
 const MAX_PROMPTS: usize = 64;
 
@@ -1365,6 +1426,7 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
     let r = async {
         let b: CompletionBody = parse(&body)?;
         let common: Common = parse(&body)?;
+        Unsupported::check(&body, common.n)?;
         let one = "prompt must be a string, a list of token ids, or a list of either";
         let special = b.parse_special.unwrap_or(false);
         let ids = |v: &[Value]| {
@@ -1489,6 +1551,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
         let b: ChatBody = parse(&body)?;
         let common: Common = parse(&body)?;
+        Unsupported::check(&body, common.n)?;
         let j = chat_job(&st, b, common).await?;
         respond(st.clone(), vec![j], Kind::Chat).await
     }
@@ -1605,13 +1668,53 @@ pub(crate) fn finish(st: &ServerState, r: Result<Response, ApiError>) -> Respons
     }
 }
 
-/// `GET /v1/models`.
-pub async fn models(State(st): State<Arc<ServerState>>) -> Response {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": st.model_name, "object": "model", "created": st.created, "owned_by": "gdsllm", "meta": {"n_ctx": st.ctx, "n_vocab": st.vocab}}],
-    }))
-    .into_response()
+/// `GET /v1/models`: OpenAI's list, or Anthropic's when the request carries
+/// `anthropic-version` (what the `anthropic` client sends).
+pub async fn models(State(st): State<Arc<ServerState>>, headers: HeaderMap) -> Response {
+    if headers.contains_key("anthropic-version") {
+        let m = anthropic_model(&st);
+        return Json(json!({"data": [m], "has_more": false, "first_id": st.model_name, "last_id": st.model_name}))
+            .into_response();
+    }
+    Json(json!({"object": "list", "data": [openai_model(&st)]})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the served model's object (Anthropic's with `anthropic-version`),
+/// or a 404 naming the id.
+pub async fn model(
+    State(st): State<Arc<ServerState>>,
+    headers: HeaderMap,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let anthropic = headers.contains_key("anthropic-version");
+    if id != st.model_name {
+        let message = format!(
+            "the model {id:?} does not exist; this server serves {:?}",
+            st.model_name
+        );
+        let body = if anthropic {
+            json!({"type": "error", "error": {"type": "not_found_error", "message": message}})
+        } else {
+            json!({"error": {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
+        };
+        return (StatusCode::NOT_FOUND, Json(body)).into_response();
+    }
+    if anthropic {
+        Json(anthropic_model(&st)).into_response()
+    } else {
+        Json(openai_model(&st)).into_response()
+    }
+}
+
+fn openai_model(st: &ServerState) -> Value {
+    json!({"id": st.model_name, "object": "model", "created": st.created, "owned_by": "gdsllm", "meta": {"n_ctx": st.ctx, "n_vocab": st.vocab}})
+}
+
+fn anthropic_model(st: &ServerState) -> Value {
+    let created = chrono::DateTime::from_timestamp(st.created as i64, 0)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    json!({"type": "model", "id": st.model_name, "display_name": st.model_name, "created_at": created, "max_input_tokens": st.ctx})
 }
 
 /// `GET /health`.

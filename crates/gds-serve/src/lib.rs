@@ -552,6 +552,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
                 post(anthropic::count_tokens),
             )
             .route(&format!("{prefix}/models"), get(api::models))
+            .route(&format!("{prefix}/models/{{*id}}"), get(api::model))
             .route(
                 &format!("{prefix}/embeddings"),
                 post(embeddings::embeddings),

@@ -139,6 +139,14 @@ fn openai_client_end_to_end() {
     assert_eq!(r["cancel_n"]["cancelled_delta"], 3.0, "{}", r["cancel_n"]);
     assert_eq!(r["cancel_n"]["running"], 0.0, "{}", r["cancel_n"]);
 
+    let m = &r["model_retrieve"];
+    assert_eq!(
+        (&m["id"], &m["object"]),
+        (&r["models"][0], &json!("model")),
+        "{m}"
+    );
+    assert_eq!(m["missing"]["status"], 404, "{m}");
+    assert_eq!(m["missing"]["body"]["code"], "model_not_found", "{m}");
     let e = &r["embeddings"];
     assert_eq!(e["n"], 3, "{e}");
     assert_eq!(e["dims"], json!([576, 576, 576]), "{e}");
@@ -171,7 +179,10 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         b"{\"prompt\": \"hi\", \"stop\": [\"\"]}",
         b"{\"prompt\": \"hi\", \"n\": 17}",
         b"{\"prompt\": \"hi\", \"n\": 0}",
-        b"{\"prompt\": \"hi\", \"n\": 2, \"stream\": true}",
+        // OpenAI fields that change the answer and that gdsrun does not do are refused,
+        // not ignored
+        b"{\"prompt\": \"def f(\", \"suffix\": \"return x\"}",
+        b"{\"prompt\": \"hi\", \"best_of\": 3}",
         b"{\"prompt\": [4000000000]}",
         b"{\"prompt\": [1, 2, 99999999]}",
         b"{\"prompt\": \"hi\", \"seed\": \"x\"}",
@@ -205,6 +216,8 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         b"{\"messages\": []}",
         b"{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}",
         b"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"functions\": [{\"name\": \"f\"}]}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"modalities\": [\"text\", \"audio\"]}",
     ];
     for body in chats {
         let (status, text) = http(&s.addr, "POST", "/v1/chat/completions", Some(body));

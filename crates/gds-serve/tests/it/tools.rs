@@ -256,6 +256,17 @@ fn messages_api_through_the_anthropic_client() {
     let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     eprintln!("{r:#}");
     let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"));
+    // the Models API in Anthropic's shape: the served model listed and retrieved, another a
+    // 404 in Anthropic's error shape
+    let m = &r["models"];
+    assert_eq!(m["ids"], serde_json::json!([m["id"]]), "{m}");
+    assert_eq!(m["type"], "model", "{m}");
+    assert!(m["created_at"].as_str().unwrap().starts_with("20"), "{m}");
+    assert_eq!(m["missing"]["status"], 404, "{m}");
+    assert_eq!(
+        m["missing"]["body"]["error"]["type"], "not_found_error",
+        "{m}"
+    );
     // the same job as chat: the same text and token counts
     let t = &r["text"];
     assert!(t["id"].as_str().unwrap().starts_with("msg_"), "{t}");
