@@ -90,7 +90,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
     for p in &prompts {
         if p.len() >= st.ctx {
             return Err(ApiError::bad(format!(
-                "an input is {} tokens; this server's context is {}",
+                "an input of {} tokens is too large for this server's context of {}",
                 p.len(),
                 st.ctx
             ))
