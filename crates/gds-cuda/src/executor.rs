@@ -811,12 +811,20 @@ impl Vram for CudaVram {
         self.loader.check(slot, &self.paths)
     }
 
-    fn finish(&mut self, out: &mut [f32], src: u64) -> Result<(), GpuError> {
+    fn finish(
+        &mut self,
+        out: &mut [f32],
+        src: u64,
+        extra: Option<(&mut [f32], u64)>,
+    ) -> Result<(), GpuError> {
         let st = &self.gpu.compute;
-        if !out.is_empty() {
-            // SAFETY: the buffer at `src` (the logit rows) holds at least `out.len()` floats
-            // (Streamer::forward checks the rows against its size); the stream is
-            // synchronized before `out` is read.
+        for (out, src) in std::iter::once((out, src)).chain(extra) {
+            if out.is_empty() {
+                continue;
+            }
+            // SAFETY: the buffer at `src` (the logit rows, or the hidden-state rows of the
+            // `xb` scratch) holds at least `out.len()` floats (Streamer::forward_batch_hidden
+            // checks both against the pass); the stream is synchronized before `out` is read.
             unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src, st.cu_stream()) }
                 .map_err(cuda("copying logits"))?;
         }

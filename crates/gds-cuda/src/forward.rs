@@ -406,6 +406,21 @@ impl Pass<'_> {
     /// (a device buffer of i32 token indices; at most [`Layout::logit_rows`] of the pass),
     /// into `s.logits` (`rows × vocab`, in the order listed), capped by `softcap` where
     /// given. The rows are gathered into `s.proj` first.
+    /// The final norm of every token of the pass into the `xb` scratch rows, `n_embd`
+    /// floats each (the hidden states embeddings pool).
+    pub fn final_norm(&self, dev: &mut dyn Device, ntok: usize) -> Result<(), GpuError> {
+        let n = self.layout.shape.n_embd as i32;
+        let norm = self.tensor("output_norm.weight")?;
+        dev.rmsnorm(
+            self.s.x,
+            self.addr(&norm)?,
+            self.s.xb,
+            n,
+            ntok as i32,
+            self.layout.shape.eps,
+        )
+    }
+
     pub fn head(
         &self,
         dev: &mut dyn Device,

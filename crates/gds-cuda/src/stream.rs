@@ -63,9 +63,14 @@ pub trait Vram {
     /// The host waits until the block last computed from slot `slot` has finished, so the
     /// slot may be refilled, and checks the slot's previous load.
     fn wait_computed(&mut self, slot: usize) -> Result<(), GpuError>;
-    /// Waits for all work, then copies `out.len()` floats from `src` to `out` and checks
-    /// every pending load.
-    fn finish(&mut self, out: &mut [f32], src: u64) -> Result<(), GpuError>;
+    /// Waits for all work, then copies `out.len()` floats from `src` to `out` (and, when
+    /// given, `extra`'s floats from its address) and checks every pending load.
+    fn finish(
+        &mut self,
+        out: &mut [f32],
+        src: u64,
+        extra: Option<(&mut [f32], u64)>,
+    ) -> Result<(), GpuError>;
     /// Bytes read from layer files and nanoseconds spent reading, where the device keeps
     /// its own count (`None`: the executor's wall-clock count is used).
     fn io_stats(&self) -> Option<gds_io::IoStats>;
@@ -511,7 +516,27 @@ impl<V: Vram> Streamer<V> {
         logits: &mut [f32],
         input: &PassInput<'_>,
     ) -> Result<(), GpuError> {
+        self.forward_batch_hidden(logits, &mut [], input)
+    }
+
+    /// [`Streamer::forward_batch`], and with a non-empty `hidden` (`tokens × n_embd`
+    /// floats) the final-normed hidden state of every token of the pass in it, in token
+    /// order (what embeddings pool).
+    pub fn forward_batch_hidden(
+        &mut self,
+        logits: &mut [f32],
+        hidden: &mut [f32],
+        input: &PassInput<'_>,
+    ) -> Result<(), GpuError> {
         let rows = self.check_pass(input, logits.len())?;
+        if !hidden.is_empty() && hidden.len() != input.tokens.len() * self.layout.shape.n_embd {
+            return Err(model_err(format!(
+                "a hidden-state buffer of {} floats for {} tokens of {}",
+                hidden.len(),
+                input.tokens.len(),
+                self.layout.shape.n_embd
+            )));
+        }
         let ntok = input.tokens.len();
         let mut h = std::mem::take(&mut self.host_i32);
         let mut put = |vram: &mut V, dst: u64, src: &[u32]| {
@@ -562,7 +587,15 @@ impl<V: Vram> Streamer<V> {
             let (pass, dev, _) = self.parts();
             pass.head(dev, ntok, out, rows, cap)?;
         }
-        self.vram.finish(logits, self.scratch.logits)
+        // after the head, which used the same scratch rows
+        let extra = if hidden.is_empty() {
+            None
+        } else {
+            let (pass, dev, _) = self.parts();
+            pass.final_norm(dev, ntok)?;
+            Some((hidden, self.scratch.xb))
+        };
+        self.vram.finish(logits, self.scratch.logits, extra)
     }
 
     /// The pass's view of the model, the device's kernels and the graph (disjoint borrows).

@@ -167,14 +167,21 @@ impl Vram for EmuVram {
         }
         Ok(())
     }
-    fn finish(&mut self, out: &mut [f32], src: u64) -> Result<(), GpuError> {
+    fn finish(
+        &mut self,
+        out: &mut [f32],
+        src: u64,
+        extra: Option<(&mut [f32], u64)>,
+    ) -> Result<(), GpuError> {
         assert!(
             self.pending.iter().all(Option::is_none),
             "a load was never waited for"
         );
-        // SAFETY: `src` is the logits buffer, vocab floats, as `out`.
-        let logits = unsafe { std::slice::from_raw_parts(src as usize as *const f32, out.len()) };
-        out.copy_from_slice(logits);
+        for (out, src) in std::iter::once((out, src)).chain(extra) {
+            // SAFETY: `src` is the logits buffer (or the hidden rows), as many floats as `out`.
+            let rows = unsafe { std::slice::from_raw_parts(src as usize as *const f32, out.len()) };
+            out.copy_from_slice(rows);
+        }
         Ok(())
     }
     fn io_stats(&self) -> Option<gds_io::IoStats> {
@@ -1108,13 +1115,15 @@ fn the_servers_batches_give_the_same_logits_on_the_cpu_and_the_gpu_executor() {
 /// the CPU: four greedy requests of different lengths admitted together (two with the same
 /// prompt), prefill chunks and decode tokens mixed in steps of up to 16 tokens on Gemma 3
 /// (window layers in their own pool), give the same tokens and finish reasons on both, the
-/// executor at its smallest VRAM budget (blocks streamed once per step).
+/// executor at its smallest VRAM budget (blocks streamed once per step); two embedding
+/// requests beside them (mean pooling over a prompt longer than a step, last-token pooling)
+/// give the same vectors.
 #[test]
 fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
     use gds_runtime::cuda_graph::{PassStaging, StreamerBatch};
     use gds_runtime::exec::{BatchExecutor, CpuBatchExecutor};
     use gds_runtime::{KvCache, KvDtype, Model};
-    use gds_serve::scheduler::{max_outputs, Engine, EngineConfig, Event, Request};
+    use gds_serve::scheduler::{max_outputs, Engine, EngineConfig, Event, Pooling, Request};
     let (_tmp, dir) = gds_tests::converted_fixture("tiny-gemma3-hf");
     let cfg = || EngineConfig {
         max_batch: 4,
@@ -1126,6 +1135,16 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
         (0..7u32).map(|i| (i * 37 + 11) % 97).collect(),
         (0..3u32).map(|i| (i * 13 + 5) % 97).collect(),
         (0..12u32).map(|i| (i * 7 + 2) % 97).collect(),
+        (0..21u32).map(|i| (i * 11 + 3) % 97).collect(),
+        (0..9u32).map(|i| (i * 5 + 1) % 97).collect(),
+    ];
+    let embed = [
+        None,
+        None,
+        None,
+        None,
+        Some(Pooling::Mean),
+        Some(Pooling::Last),
     ];
     let run = |exec: Box<dyn BatchExecutor>, kv: KvCache| {
         let metrics = std::sync::Arc::new(gds_serve::metrics::ServerMetrics::default());
@@ -1140,12 +1159,12 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                     temp: 0.0,
                     ..Default::default()
                 },
-                max_tokens: 6 + i,
+                max_tokens: if embed[i].is_some() { 0 } else { 6 + i },
                 ignore_eos: true,
                 draft_max: 0,
                 logprobs: None,
                 echo: false,
-                embed: None,
+                embed: embed[i],
                 constraint: None,
                 group: None,
                 tx: etx,
@@ -1161,14 +1180,16 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
             .map(|mut rx| {
                 let mut toks = Vec::new();
                 let mut end = None;
+                let mut vector = Vec::new();
                 while let Ok(e) = rx.try_recv() {
                     match e {
                         Event::Token(t, _) => toks.push(t),
                         Event::Done(d) => end = Some(format!("{:?}", d.finish)),
+                        Event::Embedding(v) => vector = v,
                         other => panic!("unexpected event {other:?}"),
                     }
                 }
-                (toks, end)
+                (toks, end, vector)
             })
             .collect::<Vec<_>>()
     };
@@ -1207,9 +1228,22 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
     let s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
     assert!(s.plan.streamed_bytes_per_token > 0, "nothing streamed");
     kv.drop_rows();
+    let n_embd = c.n_embd;
     let gpu = run(Box::new(StreamerBatch::new(s, c, staging, outputs)), kv);
     for (i, (g, want)) in gpu.iter().zip(&cpu).enumerate() {
+        assert_eq!(g.1, want.1, "request {i}: GPU executor vs CPU");
+        if embed[i].is_some() {
+            assert!(g.0.is_empty(), "request {i} generated: {g:?}");
+            assert_eq!(g.2.len(), n_embd, "request {i}");
+            assert!(want.2.iter().any(|&x| x != 0.0), "request {i}: a zero vector");
+            let diff =
+                g.2.iter()
+                    .zip(&want.2)
+                    .fold(0f32, |d, (a, b)| d.max((a - b).abs()));
+            assert!(diff < 1e-4, "request {i}: embedding max |diff| {diff}");
+            continue;
+        }
         assert_eq!(g.0.len(), 6 + i, "request {i}: {g:?}");
-        assert_eq!(g, want, "request {i}: GPU executor vs CPU");
+        assert_eq!(g.0, want.0, "request {i}: GPU executor vs CPU");
     }
 }

@@ -359,6 +359,8 @@ pub struct PassStaging {
     outputs: Vec<u32>,
     tables: Vec<Vec<u32>>,
     slots: Vec<usize>,
+    /// The final-normed hidden state of every token of a pass that asks for some.
+    all_hidden: Vec<f32>,
 }
 
 /// Why a staged pass failed: the batch (the runtime's error) or the device.
@@ -384,6 +386,7 @@ impl PassStaging {
             seq: Vec::new(),
             outputs: Vec::new(),
             slots: Vec::new(),
+            all_hidden: Vec::new(),
         })
     }
 
@@ -401,6 +404,20 @@ impl PassStaging {
         kv: &KvCache,
         batch: &Batch,
         logits: &mut [f32],
+    ) -> std::result::Result<usize, StageError> {
+        self.run_with_hidden(model, kv, batch, logits, &mut Vec::new())
+    }
+
+    /// [`PassStaging::run`], and the final-normed hidden states of the batch's tokens that
+    /// ask for them ([`Batch::push_hidden`]) in `hidden`, in batch order, `n_embd` floats
+    /// each (emptied when none do).
+    pub fn run_with_hidden<V: Vram>(
+        &mut self,
+        model: &mut Streamer<V>,
+        kv: &KvCache,
+        batch: &Batch,
+        logits: &mut [f32],
+        hidden: &mut Vec<f32>,
     ) -> std::result::Result<usize, StageError> {
         let bad =
             |m: String| StageError::Batch(RuntimeError::Internal(format!("invalid batch: {m}")));
@@ -458,9 +475,21 @@ impl PassStaging {
             outputs: &self.outputs,
             tables: &tables,
         };
+        hidden.clear();
+        if batch.n_hidden() == 0 {
+            model
+                .forward_batch(&mut logits[..n * vocab], &input)
+                .map_err(StageError::Gpu)?;
+            return Ok(n);
+        }
+        let d = model.layout().shape.n_embd;
+        self.all_hidden.resize(batch.len() * d, 0.0);
         model
-            .forward_batch(&mut logits[..n * vocab], &input)
+            .forward_batch_hidden(&mut logits[..n * vocab], &mut self.all_hidden, &input)
             .map_err(StageError::Gpu)?;
+        for k in (0..batch.len()).filter(|&k| batch.wants_hidden(k)) {
+            hidden.extend_from_slice(&self.all_hidden[k * d..(k + 1) * d]);
+        }
         Ok(n)
     }
 }
@@ -494,13 +523,14 @@ pub fn one_sequence<V: Vram + Send + 'static>(
 
 /// The GPU's [`BatchExecutor`](crate::exec::BatchExecutor) over any device ([`Vram`]: CUDA in
 /// `gdsrun`, the emulated kernels in the tests): the executor whose KV rows are laid out as
-/// the scheduler's [`KvCache`] pages them ([`PassStaging`]), and the logit rows of the last
-/// pass.
+/// the scheduler's [`KvCache`] pages them ([`PassStaging`]), and the logit rows (and hidden
+/// states asked for) of the last pass.
 pub struct StreamerBatch<V: Vram> {
     model: Streamer<V>,
     config: Config,
     staging: PassStaging,
     rows: Vec<f32>,
+    hidden: Vec<f32>,
 }
 
 impl<V: Vram> StreamerBatch<V> {
@@ -514,6 +544,7 @@ impl<V: Vram> StreamerBatch<V> {
     ) -> StreamerBatch<V> {
         StreamerBatch {
             rows: vec![0.0; outputs.max(1) * config.vocab_size],
+            hidden: Vec::new(),
             model,
             config,
             staging,
@@ -535,7 +566,7 @@ impl<V: Vram + Send> crate::exec::BatchExecutor for StreamerBatch<V> {
     }
     fn forward(&mut self, kv: &mut KvCache, batch: &Batch) -> Result<usize> {
         self.staging
-            .run(&mut self.model, kv, batch, &mut self.rows)
+            .run_with_hidden(&mut self.model, kv, batch, &mut self.rows, &mut self.hidden)
             .map_err(|e| match e {
                 StageError::Batch(e) => e,
                 StageError::Gpu(e) => gpu_error(e),
@@ -551,5 +582,12 @@ impl<V: Vram + Send> crate::exec::BatchExecutor for StreamerBatch<V> {
     }
     fn io_stats(&self) -> gds_io::IoStats {
         self.model.io_stats()
+    }
+    fn gives_hidden(&self) -> bool {
+        true
+    }
+    fn hidden(&self, i: usize) -> &[f32] {
+        let d = self.config.n_embd;
+        &self.hidden[i * d..(i + 1) * d]
     }
 }
