@@ -2,7 +2,8 @@
 """`gdsrun serve --backend cuda --activations f32` against `--backend cpu --activations f32 --kv-dtype f32` on the
 same model: the same concurrent greedy requests to both servers (so the GPU's batched, paged
 pass runs several sequences at once), their texts and token counts compared, and the
-aggregate decode rate of each. Part of scripts/gpu-bringup.sh; prints one line per check.
+aggregate decode rate of each; and the embeddings of the same texts (/v1/embeddings, mean
+pooling), compared by cosine. Part of scripts/gpu-bringup.sh; prints one line per check.
 
     scripts/gpu-serve-check.py GDSRUN MODEL_DIR [--vram-budget BYTES] [--requests 6] [--tokens 32] [--ctx 1024]
 """
@@ -49,6 +50,14 @@ def complete(addr, prompt, n):
     return v["choices"][0]["text"], v["usage"]["completion_tokens"]
 
 
+def embed(addr, texts):
+    body = json.dumps({"input": texts}).encode()
+    req = urllib.request.Request(f"http://{addr}/v1/embeddings", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return [d["embedding"] for d in json.load(r)["data"]]
+
+
 def run_all(addr, prompts, n):
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(len(prompts)) as ex:
@@ -89,7 +98,7 @@ def main():
     # GPU's default int8 activations round as the CPU's q8 only for 32-value weight types)
     cuda_flags = ["--backend", "cuda", "--activations", "f32"] + (
         ["--vram-budget", a.vram_budget] if a.vram_budget else [])
-    results = {}
+    results, vectors = {}, {}
     for name, flags in [("cpu", ["--backend", "cpu", "--activations", "f32"]), ("cuda", cuda_flags)]:
         try:
             p, addr = start(a.gdsrun, a.model, flags, a.ctx)
@@ -102,6 +111,10 @@ def main():
             results[name] = out
             print(f"[serve {name}] {len(out)} concurrent requests x {a.tokens} tokens: "
                   f"{tps:.1f} tokens/s aggregate; {metric(addr, 'gds_backend_info')}")
+            try:
+                vectors[name] = embed(addr, prompts)
+            except Exception as e:  # noqa: BLE001
+                print(f"[serve {name}] embeddings failed: {e}")
         except Exception as e:  # noqa: BLE001
             print(f"[serve {name}] failed: {e}")
         finally:
@@ -114,6 +127,9 @@ def main():
             if ct != gt:
                 print(f"  cpu:  {ct!r}\n  cuda: {gt!r}")
                 break
+    if "cpu" in vectors and "cuda" in vectors:
+        cos = [sum(x * y for x, y in zip(c, g)) for c, g in zip(vectors["cpu"], vectors["cuda"])]
+        print(f"[serve cuda vs cpu f32] embeddings of {len(cos)} texts: cosine min {min(cos):.6f}")
     return 0
 
 
