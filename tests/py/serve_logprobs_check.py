@@ -77,11 +77,14 @@ for name, kw in [("top_logprobs_21", dict(logprobs=True, top_logprobs=21)),
         refused[name] = None
     except openai.BadRequestError as e:
         refused[name] = {"status": e.status_code, "param": e.body.get("param") if isinstance(e.body, dict) else None}
-try:
-    client.completions.create(model=model, prompt=ids, max_tokens=1, echo=True, logprobs=1,
-                              stream=True)
-    refused["echo"] = None
-except openai.BadRequestError as e:
-    refused["echo"] = {"status": e.status_code, "param": e.body.get("param") if isinstance(e.body, dict) else None}
 out["refused"] = refused
+# echo streamed: the prompt's entries come in the first chunk, the same as not streamed
+tokens, lps = [], []
+for chunk in client.completions.create(model=model, prompt=[ids], max_tokens=1, echo=True,
+                                       logprobs=2, temperature=0, stream=True):
+    for c in chunk.choices:
+        if c.logprobs:
+            tokens += c.logprobs.tokens
+            lps += c.logprobs.token_logprobs
+out["echo_stream"] = {"tokens": tokens, "token_logprobs": lps}
 print(json.dumps(out))

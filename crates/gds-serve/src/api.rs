@@ -12,7 +12,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::stream::{self, Stream, StreamExt, TryStreamExt};
+use futures_util::FutureExt;
 use gds_runtime::chat::Message;
 use gds_runtime::reply::Reply;
 use gds_runtime::{Constraint, Grammar, RuntimeError, SamplerConfig};
@@ -1119,11 +1120,18 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     let created = now_secs();
     if !jobs.first().is_some_and(|j| j.stream) {
         let model = jobs.first().map(|j| j.model.clone()).unwrap_or_default();
-        let runs = jobs
+        // a window of jobs in flight (the rest wait here, not in the engine's queue): one
+        // request of 64 prompts x 16 choices neither fills the queue other clients need nor
+        // is refused by it
+        let runs: Vec<_> = jobs
             .iter()
             .enumerate()
-            .map(|(i, j)| complete(&st, j, kind, i));
-        let results = futures_util::future::try_join_all(runs).await?;
+            .map(|(i, j)| complete(&st, j, kind, i).boxed())
+            .collect();
+        let results: Vec<(Value, End)> = stream::iter(runs)
+            .buffered(window(&st, &jobs))
+            .try_collect()
+            .await?;
         // a prompt counts once, however many choices it has
         let n_prompt: usize = jobs
             .iter()
@@ -1155,15 +1163,12 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     // ones already submitted cancels them), then their chunks go out as they come,
     // interleaved, each with its choice's index (as OpenAI streams `n` > 1 and several
     // prompts); the usage chunk (when asked) and `[DONE]` follow the last choice's end
-    let mut gens = Vec::with_capacity(jobs.len());
-    for j in &jobs {
-        let constraint = constrain(&st, j).await?;
-        let submitted = submit(&st, j, constraint)?;
-        let mut g = Gen::new(st.clone(), submitted, j.stop.clone(), j.logprobs.is_some());
-        if j.echo {
-            g.echo_prompt = Some(j.prompt.clone());
-        }
-        gens.push(g);
+    // (the first window's; the others are submitted as earlier choices end, so a request of
+    // many choices keeps at most a window of them in the engine)
+    let window = window(&st, &jobs);
+    let mut gens = Vec::with_capacity(window);
+    for j in jobs.iter().take(window) {
+        gens.push(start_gen(&st, j).await?);
     }
     let model = jobs.first().map(|j| j.model.clone()).unwrap_or_default();
     let object = if kind == Kind::Chat {
@@ -1197,48 +1202,59 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         SseEvent::default().data(v.to_string())
     });
     let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
+    let mut gens = gens.into_iter();
     let choices: Vec<_> = jobs
-        .iter()
-        .zip(gens)
+        .into_iter()
         .enumerate()
-        .map(|(index, (job, gen))| {
+        .map(|(index, job)| {
             let echo = job.echo.then(|| {
                 st.tokenizer
                     .inner()
                     .decode(&job.prompt, false)
                     .unwrap_or_default()
             });
-            choice_stream(
-                ChoiceInfo {
-                    index,
-                    kind,
-                    prompt_tokens: job.prompt.len(),
-                    first_copy: job.copy == 0,
-                    echo,
-                    tools: job
-                        .tools
-                        .clone()
-                        .filter(|t| t.parses() && kind == Kind::Chat),
-                },
-                gen,
-                chunk.clone(),
-                totals.clone(),
-            )
+            let info = ChoiceInfo {
+                index,
+                kind,
+                prompt_tokens: job.prompt.len(),
+                first_copy: job.copy == 0,
+                echo,
+                tools: job
+                    .tools
+                    .clone()
+                    .filter(|t| t.parses() && kind == Kind::Chat),
+            };
+            let (chunk, totals, st) = (chunk.clone(), totals.clone(), st.clone());
+            let ready = gens.next();
+            // submitted when the stream first polls it (the first window's already were)
+            stream::once(async move {
+                let g = match ready {
+                    Some(g) => Ok(g),
+                    None => start_gen(&st, &job).await,
+                };
+                match g {
+                    Ok(g) => choice_stream(info, g, chunk, totals).left_stream(),
+                    Err(e) => {
+                        totals.lock().unwrap_or_else(|e| e.into_inner()).failed = true;
+                        let ev = SseEvent::default().data(e.body().to_string());
+                        stream::iter([(vec![ev], true)]).right_stream()
+                    }
+                }
+            })
+            .flatten()
             .boxed()
         })
         .collect();
     // an error in one choice ends the stream (its error event last, no `[DONE]`); dropping
     // the others cancels them
-    let body = stream::unfold(
-        (stream::select_all(choices), false),
-        |(mut all, stop)| async move {
-            if stop {
-                return None;
-            }
-            let (events, fatal) = all.next().await?;
-            Some((events, (all, fatal)))
-        },
-    )
+    let all = stream::iter(choices).flatten_unordered(window);
+    let body = stream::unfold((all, false), |(mut all, stop)| async move {
+        if stop {
+            return None;
+        }
+        let (events, fatal) = all.next().await?;
+        Some((events, (all, fatal)))
+    })
     .flat_map(stream::iter);
     let tail = stream::once(async move {
         let t = *totals.lock().unwrap_or_else(|e| e.into_inner());
@@ -1254,6 +1270,31 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     })
     .flat_map(stream::iter);
     Ok(sse(body.chain(tail).map(Ok::<_, Infallible>)))
+}
+
+/// How many of a request's jobs are in the engine at once: twice the engine's batch (so the
+/// next is queued when one ends), whole groups of `n` choices, never more than half the
+/// queue.
+fn window(st: &ServerState, jobs: &[Job]) -> usize {
+    let n = jobs.first().map_or(1, |j| j.n.max(1));
+    let w = (2 * st.max_batch).max(n).div_ceil(n) * n;
+    w.min(st.queue_limit.div_ceil(2)).max(1)
+}
+
+/// Submits `job` and makes the generator of its text (with echo, the prompt first).
+async fn start_gen(st: &Arc<ServerState>, job: &Job) -> Result<Gen, ApiError> {
+    let constraint = constrain(st, job).await?;
+    let submitted = submit(st, job, constraint)?;
+    let mut g = Gen::new(
+        st.clone(),
+        submitted,
+        job.stop.clone(),
+        job.logprobs.is_some(),
+    );
+    if job.echo {
+        g.echo_prompt = Some(job.prompt.clone());
+    }
+    Ok(g)
 }
 
 /// What the choices of one streamed response add up to (its usage chunk).

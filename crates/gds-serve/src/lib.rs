@@ -193,6 +193,8 @@ pub struct ServerState {
     pooling: Option<scheduler::Pooling>,
     /// Width of the hidden states (the embeddings' dimensions).
     n_embd: usize,
+    /// Most sequences the engine runs together (`--max-batch`).
+    max_batch: usize,
 }
 
 impl ServerState {
@@ -416,6 +418,7 @@ pub(crate) fn start(
         grammar: std::sync::OnceLock::new(),
         pooling,
         n_embd,
+        max_batch: e.max_batch,
     });
     // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
     // take a few seconds), so the first request with a grammar seldom waits for it

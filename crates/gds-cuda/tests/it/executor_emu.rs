@@ -1235,7 +1235,10 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
         if embed[i].is_some() {
             assert!(g.0.is_empty(), "request {i} generated: {g:?}");
             assert_eq!(g.2.len(), n_embd, "request {i}");
-            assert!(want.2.iter().any(|&x| x != 0.0), "request {i}: a zero vector");
+            assert!(
+                want.2.iter().any(|&x| x != 0.0),
+                "request {i}: a zero vector"
+            );
             let diff =
                 g.2.iter()
                     .zip(&want.2)
