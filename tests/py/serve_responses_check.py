@@ -14,7 +14,11 @@ template, Hermes `<tool_call>` syntax).
 - tools: `tool_choice="required"` gives a `function_call` item whose arguments follow the
   schema; the round trip with `function_call` + `function_call_output` input items, then a
   text answer; a named function streamed (`response.function_call_arguments.*` events);
-- refusals: `previous_response_id`, an image part, a non-function tool (400 naming the field).
+- kept responses: `previous_response_id` continues a conversation (the same prompt tokens and
+  text as sending its items, `instructions` not carried over), streamed too; `retrieve`,
+  `input_items.list`, `delete`; a response made with `store=False` is not kept;
+- refusals: an unknown `previous_response_id`, an image part, a non-function tool (400 naming
+  the field).
 Prints one JSON object; crates/gds-serve/tests/it/tools.rs asserts on it.
 """
 import json
@@ -135,6 +139,40 @@ def refused(**kw):
         body = e.response.json().get("error", {})
         return {"status": e.status_code, "param": body.get("param"), "message": body.get("message")}
 
+
+# kept responses: a conversation continued by id equals the same conversation sent whole
+r1 = client.responses.create(model=model, input="My name is Ada. Say hello.", max_output_tokens=12,
+                             temperature=0, instructions="Be brief.")
+r2 = client.responses.create(model=model, previous_response_id=r1.id, input="What is my name?",
+                             max_output_tokens=12, temperature=0)
+whole = client.responses.create(model=model, store=False, max_output_tokens=12, temperature=0, input=[
+    {"role": "user", "content": "My name is Ada. Say hello."},
+    {"role": "assistant", "content": r1.output_text},
+    {"role": "user", "content": "What is my name?"}])
+final = None
+for ev in client.responses.create(model=model, previous_response_id=r1.id, input="What is my name?",
+                                  max_output_tokens=12, temperature=0, stream=True):
+    if ev.type in ("response.completed", "response.incomplete"):
+        final = ev.response
+got = client.responses.retrieve(r2.id)
+items = client.responses.input_items.list(r2.id)
+client.responses.delete(r1.id)
+try:
+    client.responses.retrieve(r1.id)
+    deleted = None
+except openai.NotFoundError as e:
+    deleted = e.status_code
+out["kept"] = {
+    "store": [r1.store, r2.store, whole.store], "previous": r2.previous_response_id, "r1": r1.id,
+    "chained": {"text": r2.output_text, "input_tokens": r2.usage.input_tokens},
+    "whole": {"text": whole.output_text, "input_tokens": whole.usage.input_tokens},
+    "streamed": {"text": final.output_text, "input_tokens": final.usage.input_tokens,
+                 "previous": final.previous_response_id},
+    "retrieved": {"id": got.id, "text": got.output_text},
+    "input_items": [[i.type, getattr(i, "role", None)] for i in items.data],
+    "deleted_status": deleted,
+    "not_kept": refused(input="hi", previous_response_id=whole.id),
+}
 
 out["refused"] = {
     "previous_response_id": refused(input="hi", previous_response_id="resp_123"),

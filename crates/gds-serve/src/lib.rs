@@ -195,6 +195,8 @@ pub struct ServerState {
     n_embd: usize,
     /// Most sequences the engine runs together (`--max-batch`).
     max_batch: usize,
+    /// Responses kept for `previous_response_id` and retrieval.
+    responses: std::sync::Mutex<responses::ResponseStore>,
 }
 
 impl ServerState {
@@ -419,6 +421,7 @@ pub(crate) fn start(
         pooling,
         n_embd,
         max_batch: e.max_batch,
+        responses: Default::default(),
     });
     // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
     // take a few seconds), so the first request with a grammar seldom waits for it
@@ -549,6 +552,14 @@ fn router(state: Arc<ServerState>) -> axum::Router {
             .route(&format!("{prefix}/completions"), post(api::completions))
             .route(&format!("{prefix}/chat/completions"), post(api::chat))
             .route(&format!("{prefix}/responses"), post(responses::responses))
+            .route(
+                &format!("{prefix}/responses/{{id}}"),
+                get(responses::get_response).delete(responses::delete_response),
+            )
+            .route(
+                &format!("{prefix}/responses/{{id}}/input_items"),
+                get(responses::input_items),
+            )
             .route(&format!("{prefix}/messages"), post(anthropic::messages))
             .route(
                 &format!("{prefix}/messages/count_tokens"),

@@ -8,8 +8,11 @@
 //! and/or `function_call` items; streamed, the Responses event sequence
 //! (`response.created` … `response.output_text.delta` … `response.completed`).
 //!
-//! Nothing is stored: `store` is accepted and ignored (answered `false`), and
-//! `previous_response_id` is refused — send the conversation as `input` items instead.
+//! Responses are kept in memory unless `store` is false ([`ResponseStore`]: the last
+//! [`STORE_ENTRIES`] responses within [`STORE_BYTES`], oldest dropped first): a request with
+//! `previous_response_id` continues that conversation (its input and output items, not its
+//! `instructions`, as OpenAI's), and `GET`/`DELETE /v1/responses/{id}` and
+//! `GET /v1/responses/{id}/input_items` read and delete them. Nothing outlives the process.
 
 use crate::api::{
     chat_job, complete, constrain, finish, now_secs, parse, random_seed, sse, submit, ApiError,
@@ -25,8 +28,92 @@ use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
+
+/// Most responses kept.
+pub(crate) const STORE_ENTRIES: usize = 1024;
+/// Most bytes of JSON kept (items and response objects together).
+pub(crate) const STORE_BYTES: usize = 64 << 20;
+
+/// A kept response: the conversation's items up to and including its output, and the
+/// response object.
+struct Stored {
+    items: Vec<Value>,
+    /// Items given as this response's input (the rest came from earlier responses).
+    input_from: usize,
+    response: Value,
+    bytes: usize,
+}
+
+/// The responses kept for `previous_response_id` and the retrieval endpoints.
+#[derive(Default)]
+pub(crate) struct ResponseStore {
+    map: HashMap<String, Stored>,
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl ResponseStore {
+    fn put(&mut self, id: String, items: Vec<Value>, input_from: usize, response: Value) {
+        let bytes =
+            items.iter().map(|v| v.to_string().len()).sum::<usize>() + response.to_string().len();
+        if bytes > STORE_BYTES {
+            return;
+        }
+        while self.map.len() >= STORE_ENTRIES || self.bytes + bytes > STORE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(o) = self.map.remove(&old) {
+                self.bytes -= o.bytes;
+            }
+        }
+        self.bytes += bytes;
+        self.order.push_back(id.clone());
+        let stored = Stored {
+            items,
+            input_from,
+            response,
+            bytes,
+        };
+        self.map.insert(id, stored);
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        match self.map.remove(id) {
+            Some(o) => {
+                self.bytes -= o.bytes;
+                self.order.retain(|k| k != id);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What a stored response keeps of its request: the conversation's items so far (earlier
+/// responses' and this input's) and where this input starts.
+#[derive(Clone)]
+pub(crate) struct Keep {
+    st: Arc<ServerState>,
+    items: Vec<Value>,
+    input_from: usize,
+}
+
+impl Keep {
+    /// Keeps the response `r` with its output items after the conversation's.
+    fn put(self, r: &Value) {
+        let Some(id) = r["id"].as_str() else {
+            return;
+        };
+        let mut items = self.items;
+        items.extend(r["output"].as_array().into_iter().flatten().cloned());
+        let mut store = self.st.responses.lock().unwrap_or_else(|e| e.into_inner());
+        store.put(id.to_string(), items, self.input_from, r.clone());
+    }
+}
 
 /// The Responses API's own fields (the sampling fields it shares with chat are read as
 /// [`Common`]).
@@ -48,6 +135,8 @@ struct ResponsesBody {
     max_output_tokens: Option<i64>,
     #[serde(default)]
     previous_response_id: Option<Value>,
+    #[serde(default)]
+    store: Option<bool>,
 }
 
 /// The text of a message item's `content`: a string, or parts of type `input_text`,
@@ -218,18 +307,41 @@ fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
     }
 }
 
-/// The request rewritten as a chat job, and the fields echoed back in the response.
-async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<(Job, Value), ApiError> {
+/// The request rewritten as a chat job, the fields echoed back in the response, and what
+/// keeping it takes (`None` with `store: false`).
+async fn responses_job(
+    st: &Arc<ServerState>,
+    body: &Bytes,
+) -> Result<(Job, Value, Option<Keep>), ApiError> {
     let r: ResponsesBody = parse(body)?;
     let mut common: Common = parse(body)?;
-    if r.previous_response_id
-        .as_ref()
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(bad(
-            "this server stores no responses: send the conversation as input items",
-            "previous_response_id",
-        ));
+    // the conversation: an earlier response's items, then this input's
+    let mut items = match &r.previous_response_id {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(prev)) => {
+            let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+            match store.map.get(prev) {
+                Some(s) => s.items.clone(),
+                None => {
+                    return Err(bad(
+                        format!("no stored response {prev:?} (kept: the last {STORE_ENTRIES}, in memory, unless store was false)"),
+                        "previous_response_id",
+                    ))
+                }
+            }
+        }
+        Some(_) => {
+            return Err(bad(
+                "previous_response_id must be a response id",
+                "previous_response_id",
+            ))
+        }
+    };
+    let input_from = items.len();
+    match &r.input {
+        Value::String(s) => items.push(json!({"type": "message", "role": "user", "content": s})),
+        Value::Array(list) => items.extend(list.iter().cloned()),
+        _ => return Err(bad("input must be a string or a list of items", "input")),
     }
     // the chat fields the Responses API names differently or does not have
     common.max_tokens = r.max_output_tokens;
@@ -253,9 +365,11 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<(Job, Valu
         "tool_choice": r.tool_choice.clone().unwrap_or(json!("auto")),
         "parallel_tool_calls": r.parallel_tool_calls.unwrap_or(true),
         "text": r.text.clone().unwrap_or(json!({"format": {"type": "text"}})),
+        "store": r.store != Some(false),
+        "previous_response_id": r.previous_response_id,
     });
     let chat = ChatBody {
-        messages: messages(r.instructions, &r.input)?,
+        messages: messages(r.instructions, &Value::Array(items.clone()))?,
         tools: r.tools.as_ref().map(chat_tools).transpose()?,
         tool_choice: r.tool_choice.as_ref().map(chat_tool_choice),
         parallel_tool_calls: r.parallel_tool_calls,
@@ -265,7 +379,12 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<(Job, Valu
         return Err(bad("input must not be empty", "input"));
     }
     let job = chat_job(st, chat, common).await?;
-    Ok((job, echoed))
+    let keep = (r.store != Some(false)).then(|| Keep {
+        st: st.clone(),
+        items,
+        input_from,
+    });
+    Ok((job, echoed, keep))
 }
 
 /// A `response` object around `output`.
@@ -287,7 +406,6 @@ fn response_object(
         "incomplete_details": null,
         "model": model,
         "output": output,
-        "store": false,
         "metadata": {},
         "usage": null,
     });
@@ -339,12 +457,12 @@ fn call_item(call: &Value) -> Value {
 /// `POST /v1/responses`.
 pub async fn responses(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
-        let (job, echoed) = responses_job(&st, &body).await?;
+        let (job, echoed, keep) = responses_job(&st, &body).await?;
         let id = format!("resp_{:016x}", random_seed());
         let msg_id = format!("msg_{:016x}", random_seed());
         let created = now_secs();
         if job.stream {
-            return stream_response(st.clone(), job, echoed, id, msg_id, created).await;
+            return stream_response(st.clone(), job, echoed, keep, (id, msg_id, created)).await;
         }
         let (choice, end) = complete(&st, &job, Kind::Chat, 0).await?;
         let m = &choice["message"];
@@ -367,6 +485,9 @@ pub async fn responses(State(st): State<Arc<ServerState>>, body: Bytes) -> Respo
             output,
             Some(&end),
         );
+        if let Some(k) = keep {
+            k.put(&r);
+        }
         Ok(Json(r).into_response())
     }
     .await;
@@ -423,9 +544,8 @@ async fn stream_response(
     st: Arc<ServerState>,
     job: Job,
     echoed: Value,
-    id: String,
-    msg_id: String,
-    created: u64,
+    keep: Option<Keep>,
+    (id, msg_id, created): (String, String, u64),
 ) -> Result<Response, ApiError> {
     let constraint = constrain(&st, &job).await?;
     let submitted = submit(&st, &job, constraint)?;
@@ -450,12 +570,13 @@ async fn stream_response(
     let body = stream::unfold(
         Some((gen, String::new(), false, ev)),
         move |state| {
-            let (who, echoed, id, msg_id, tools) = (
+            let (who, echoed, id, msg_id, tools, keep) = (
                 who.clone(),
                 echoed.clone(),
                 id.clone(),
                 msg_id.clone(),
                 tools.clone(),
+                keep.clone(),
             );
             async move {
                 let (mut g, mut text, mut opened, mut ev) = state?;
@@ -538,6 +659,9 @@ async fn stream_response(
                             items,
                             Some(&end),
                         );
+                        if let Some(k) = keep {
+                            k.put(&r);
+                        }
                         let kind = if r["status"] == "incomplete" {
                             "response.incomplete"
                         } else {
@@ -562,4 +686,105 @@ async fn stream_response(
     .flat_map(stream::iter);
     let all = stream::iter(first).chain(body).map(Ok::<_, Infallible>);
     Ok(sse(all))
+}
+
+/// `GET /v1/responses/{id}`: a kept response.
+pub async fn get_response(
+    State(st): State<Arc<ServerState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+    match store.map.get(&id) {
+        Some(s) => Json(s.response.clone()).into_response(),
+        None => not_kept(&id).into_response(),
+    }
+}
+
+/// `GET /v1/responses/{id}/input_items`: the items given as a kept response's input, in
+/// order (OpenAI's list shape; `order=desc`, its default, newest first).
+pub async fn input_items(
+    State(st): State<Arc<ServerState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+) -> Response {
+    let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(s) = store.map.get(&id) else {
+        return not_kept(&id).into_response();
+    };
+    let mut data: Vec<Value> = s.items[s.input_from..]
+        .iter()
+        .take(s.items.len() - s.input_from - output_len(&s.response))
+        .cloned()
+        .collect();
+    if q.get("order").map(String::as_str) != Some("asc") {
+        data.reverse();
+    }
+    Json(json!({
+        "object": "list",
+        "data": data,
+        "first_id": null,
+        "last_id": null,
+        "has_more": false,
+    }))
+    .into_response()
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub async fn delete_response(
+    State(st): State<Arc<ServerState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+    if store.remove(&id) {
+        Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        not_kept(&id).into_response()
+    }
+}
+
+fn output_len(response: &Value) -> usize {
+    response["output"].as_array().map_or(0, Vec::len)
+}
+
+fn not_kept(id: &str) -> ApiError {
+    ApiError::status(
+        axum::http::StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no stored response {id:?}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_drops_the_oldest_past_its_count_or_bytes() {
+        let mut s = ResponseStore::default();
+        for i in 0..STORE_ENTRIES + 3 {
+            s.put(format!("r{i}"), vec![json!({"i": i})], 0, json!({"id": i}));
+        }
+        assert_eq!(s.map.len(), STORE_ENTRIES);
+        assert!(!s.map.contains_key("r0") && !s.map.contains_key("r2"));
+        assert!(s.map.contains_key("r3") && s.map.contains_key(&format!("r{}", STORE_ENTRIES + 2)));
+        let total: usize = s.map.values().map(|v| v.bytes).sum();
+        assert_eq!(s.bytes, total);
+        // one large entry pushes out as many as its bytes need
+        let big = "x".repeat(STORE_BYTES / 2);
+        s.put("big".into(), vec![json!(big)], 0, json!({}));
+        s.put("big2".into(), vec![json!(big)], 0, json!({}));
+        assert!(s.bytes <= STORE_BYTES);
+        assert!(!s.map.contains_key("big") && s.map.contains_key("big2"));
+        // an entry over the whole budget is not kept
+        s.put(
+            "huge".into(),
+            vec![json!("x".repeat(STORE_BYTES))],
+            0,
+            json!({}),
+        );
+        assert!(!s.map.contains_key("huge"));
+        assert!(s.remove("big2") && !s.remove("big2"));
+        let total: usize = s.map.values().map(|v| v.bytes).sum();
+        assert_eq!(s.bytes, total);
+    }
 }

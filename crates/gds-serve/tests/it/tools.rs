@@ -217,6 +217,27 @@ fn responses_api_through_the_openai_client() {
         .as_array()
         .unwrap()
         .contains(&Value::from("response.function_call_arguments.done")));
+    // kept responses: continued by id = the same conversation sent whole (instructions not
+    // carried over), streamed too; retrieved, listed, deleted; store=false not kept
+    let k = &r["kept"];
+    assert_eq!(k["store"], serde_json::json!([true, true, false]), "{k}");
+    assert_eq!(k["previous"], k["r1"], "{k}");
+    assert_eq!(k["chained"], k["whole"], "{k}");
+    assert_eq!(k["streamed"]["text"], k["whole"]["text"], "{k}");
+    assert_eq!(
+        k["streamed"]["input_tokens"], k["whole"]["input_tokens"],
+        "{k}"
+    );
+    assert_eq!(k["streamed"]["previous"], k["r1"], "{k}");
+    assert_eq!(k["retrieved"]["text"], k["chained"]["text"], "{k}");
+    assert_eq!(
+        k["input_items"],
+        serde_json::json!([["message", "user"]]),
+        "{k}"
+    );
+    assert_eq!(k["deleted_status"], 404, "{k}");
+    assert_eq!(k["not_kept"]["status"], 400, "{k}");
+    assert_eq!(k["not_kept"]["param"], "previous_response_id", "{k}");
     for (name, param) in [
         ("previous_response_id", "previous_response_id"),
         ("image", "input"),
