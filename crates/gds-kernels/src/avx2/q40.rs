@@ -185,7 +185,8 @@ pub(super) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]
             q: [_mm256_setzero_si256(); 8],
             d: _mm256_setzero_ps(),
         },
-        |r, i, p| *p = repack8(&group8(w, rb, r, nrows), i),
+        |r| group8(w, rb, r, nrows),
+        |rows, i, p| *p = repack8(rows, i),
         |p: &[Packed8], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm8(p, xs).map(|v| lanes8(v)),
@@ -215,7 +216,8 @@ pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
             q: [_mm512_setzero_si512(); 8],
             d: _mm512_setzero_ps(),
         },
-        |r, i, p| *p = repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i),
+        |r| (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows)),
+        |(lo, hi), i, p| *p = repack16(lo, hi, i),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm16(p, xs).map(|v| lanes16(v)),

@@ -660,12 +660,13 @@ const CHUNK_BYTES: usize = 96 << 10;
 /// token)` on each group, while the next chunk's raw rows are prefetched into L2.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn chunked<P: Copy>(
+pub(super) fn chunked<P: Copy, G>(
     w: &[u8],
     rb: usize,
     (nb, rows_per_group, nt): (usize, usize, usize),
     zero: P,
-    mut repack: impl FnMut(usize, usize, &mut P),
+    group: impl Fn(usize) -> G,
+    mut repack: impl FnMut(&G, usize, &mut P),
     mut run: impl FnMut(&[P], usize, usize),
 ) {
     let nrows = w.len() / rb;
@@ -676,8 +677,10 @@ pub(super) fn chunked<P: Copy>(
         let r1 = (r0 + rows_per_group * groups).min(nrows);
         let chunk = &mut cache[..(r1 - r0).div_ceil(rows_per_group) * nb];
         for (g, blocks) in chunk.chunks_exact_mut(nb).enumerate() {
+            // the group's rows once, not per block
+            let rows = group(r0 + rows_per_group * g);
             for (i, p) in blocks.iter_mut().enumerate() {
-                repack(r0 + rows_per_group * g, i, p);
+                repack(&rows, i, p);
             }
         }
         let next = next_chunk(w, rb, r1, r1 - r0);
@@ -770,7 +773,8 @@ fn gemm_rows8<B: Kq45>(
         rb,
         (nb, 8, nt),
         Packed8::zero(),
-        |r, i, p| repack8(&group8::<B>(w, rb, r, nrows), i, p),
+        |r| group8::<B>(w, rb, r, nrows),
+        |rows, i, p| repack8(rows, i, p),
         |p: &[Packed8], r, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {
@@ -803,14 +807,13 @@ fn gemm_rows16<B: Kq45>(
         rb,
         (nb, 16, nt),
         Packed16::zero(),
-        |r, i, p| {
-            repack16(
-                &group8::<B>(w, rb, r, nrows),
-                &group8::<B>(w, rb, r + 8, nrows),
-                i,
-                p,
+        |r| {
+            (
+                group8::<B>(w, rb, r, nrows),
+                group8::<B>(w, rb, r + 8, nrows),
             )
         },
+        |(lo, hi), i, p| repack16(lo, hi, i, p),
         |p: &[Packed16], r, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {

@@ -351,7 +351,8 @@ fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
         rb,
         (nb, 8, nt),
         Packed8::zero(),
-        |r, i, p| repack8(&group8(w, rb, r, nrows), i, p),
+        |r| group8(w, rb, r, nrows),
+        |rows, i, p| repack8(rows, i, p),
         |p: &[Packed8], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm8(p, xs).map(|v| lanes8(v)),
@@ -378,7 +379,8 @@ fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
         rb,
         (nb, 16, nt),
         Packed16::zero(),
-        |r, i, p| repack16(&group8(w, rb, r, nrows), &group8(w, rb, r + 8, nrows), i, p),
+        |r| (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows)),
+        |(lo, hi), i, p| repack16(lo, hi, i, p),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm16(p, xs).map(|v| lanes16(v)),

@@ -501,7 +501,8 @@ macro_rules! q80_lanes8 {
                 rb,
                 (nb, 8, nt),
                 Packed8::zero(),
-                |r, i, p| repack8(&group8::<B>(w, rb, r, nrows), i, p),
+                |r| group8::<B>(w, rb, r, nrows),
+                |rows, i, p| repack8(rows, i, p),
                 |p: &[Packed8], r, t0| {
                     by_tile!(&acts[t0..], |xs| put_rows(
                         gemm8::<B, _>(p, xs).map(|v| lanes8(v)),
@@ -641,14 +642,13 @@ pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &
             d: _mm512_setzero_ps(),
             m: _mm512_setzero_ps(),
         },
-        |r, i, p| {
-            repack16(
-                &group8::<B>(w, rb, r, nrows),
-                &group8::<B>(w, rb, r + 8, nrows),
-                i,
-                p,
+        |r| {
+            (
+                group8::<B>(w, rb, r, nrows),
+                group8::<B>(w, rb, r + 8, nrows),
             )
         },
+        |(lo, hi), i, p| repack16(lo, hi, i, p),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm16::<B, _>(p, xs).map(|v| lanes16(v)),
