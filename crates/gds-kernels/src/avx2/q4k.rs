@@ -653,9 +653,11 @@ pub(super) const Q5K_LANES_MIN: (usize, usize) = (4, 6);
 /// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
 const CHUNK_BYTES: usize = 96 << 10;
 
-/// The prompt-batch driver of the rows-in-lanes kernels (Q4_0, Q4_K, Q6_K; eight or sixteen
-/// rows a group): the rows in chunks of whole groups (as many as fit [`CHUNK_BYTES`] repacked),
-/// each block of each group repacked once (`repack(first row of the group, block)`), then for
+/// The prompt-batch driver of the rows-in-lanes kernels (every quantized type; eight or
+/// sixteen rows a group): the rows in chunks of whole groups (as many as fit [`CHUNK_BYTES`]
+/// repacked), each group's rows found once (`group(first row)`: the slices, checked once, not
+/// per block: 12-15 % of a 16-token Q4_0 product) and each of its blocks repacked once
+/// (`repack(the group's rows, block, into)`), then for
 /// every tile of up to four tokens `run(the group's blocks, its first row, the tile's first
 /// token)` on each group, while the next chunk's raw rows are prefetched into L2.
 #[inline]
