@@ -161,8 +161,9 @@ pub struct EngineArgs {
     /// How /v1/embeddings makes one vector of a text's final-normed hidden states: mean
     /// (over every token), last (the last token's: decoder embedding models such as
     /// e5-mistral, gte-Qwen2, Qwen3-Embedding) or cls (the first token's); then normalized.
-    #[arg(long, default_value = "mean", value_parser = ["mean", "last", "cls"])]
-    pub pooling: String,
+    /// Default: the pooling a GGUF input named (`<arch>.pooling_type`), else mean.
+    #[arg(long, value_parser = ["mean", "last", "cls"])]
+    pub pooling: Option<String>,
 }
 
 /// What the handlers share.
@@ -386,11 +387,11 @@ pub(crate) fn start(
             .into())
         }
     };
-    let pooling = exec
-        .gives_hidden()
-        .then(|| e.pooling.parse::<scheduler::Pooling>())
-        .transpose()
-        .map_err(RuntimeError::Usage)?;
+    let pooling = match &e.pooling {
+        Some(p) => p.parse::<scheduler::Pooling>().map_err(RuntimeError::Usage)?,
+        None => model_pooling(&plan.model_dir).unwrap_or(scheduler::Pooling::Mean),
+    };
+    let pooling = exec.gives_hidden().then_some(pooling);
     let n_embd = c.n_embd;
     let (tx, rx) = mpsc::unbounded_channel();
     let engine = Engine::new(exec, kv, cfg, eog, metrics.clone());
@@ -450,6 +451,21 @@ pub(crate) fn start(
         engine_thread,
         summary,
     })
+}
+
+/// The pooling a GGUF input named (`<arch>.pooling_type`, kept in the manifest as
+/// `gguf.<arch>.pooling_type`: 1 mean, 2 cls, 3 last), if any; embedding models such as
+/// Qwen3-Embedding carry one.
+fn model_pooling(dir: &std::path::Path) -> Option<scheduler::Pooling> {
+    let bytes = std::fs::read(dir.join(gds_format::MANIFEST_FILE)).ok()?;
+    let m = gds_runtime::model_dir::parse_manifest(dir, &bytes).ok()?;
+    let arch = m.get_str("general.source_architecture").ok()?;
+    match m.get_u64(&format!("gguf.{arch}.pooling_type")).ok()? {
+        1 => Some(scheduler::Pooling::Mean),
+        2 => Some(scheduler::Pooling::Cls),
+        3 => Some(scheduler::Pooling::Last),
+        _ => None,
+    }
 }
 
 /// Runs the server until it is stopped (Ctrl-C).
