@@ -388,7 +388,9 @@ pub(crate) fn start(
         }
     };
     let pooling = match &e.pooling {
-        Some(p) => p.parse::<scheduler::Pooling>().map_err(RuntimeError::Usage)?,
+        Some(p) => p
+            .parse::<scheduler::Pooling>()
+            .map_err(RuntimeError::Usage)?,
         None => model_pooling(&plan.model_dir).unwrap_or(scheduler::Pooling::Mean),
     };
     let pooling = exec.gives_hidden().then_some(pooling);

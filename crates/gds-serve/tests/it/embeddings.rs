@@ -176,3 +176,54 @@ fn embeddings_beside_a_generation_leave_its_text_alone() {
         solo["choices"][0]["message"]["content"]
     );
 }
+
+/// A GGUF input's `<arch>.pooling_type` (embedding models carry one; kept by the converter as
+/// `gguf.<arch>.pooling_type`) is the server's default pooling: the tiny llama fixture with
+/// `llama.pooling_type = 3` (last, written by tests/py/gguf_add_key.py with gguf-py) answers
+/// as `--pooling last` does, not as mean; `--pooling` overrides it.
+#[test]
+#[ignore = "tier 2: needs the gguf Python package (scripts/test.sh)"]
+fn a_gguf_pooling_type_is_the_default() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("pooled.gguf");
+    let st = std::process::Command::new("python3")
+        .arg(gds_tests::root().join("tests/py/gguf_add_key.py"))
+        .arg(gds_tests::fixture("tiny-llama.gguf"))
+        .arg(&gguf)
+        .args(["llama.pooling_type", "uint32", "3"])
+        .status()
+        .expect("python3 runs");
+    assert!(st.success());
+    let dir = tmp.path().join("pooled.gds");
+    let st = std::process::Command::new(gds_tests::bin("gdsconv"))
+        .arg("convert")
+        .arg(&gguf)
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let vector = |flags: &[&str]| -> Vec<f32> {
+        let mut all = vec!["--ctx", "64"];
+        all.extend_from_slice(flags);
+        let s = crate::common::start_model(&dir, &all);
+        let (code, r) = post(
+            &s.addr,
+            "/v1/embeddings",
+            &json!({"input": [5, 9, 17, 33, 2]}),
+        );
+        assert_eq!(code, 200, "{r}");
+        floats(&r["data"][0]["embedding"])
+    };
+    let (default, last, mean) = (
+        vector(&[]),
+        vector(&["--pooling", "last"]),
+        vector(&["--pooling", "mean"]),
+    );
+    assert_eq!(default, last);
+    assert!(
+        cosine(&default, &mean) < 0.9999,
+        "mean pooling gave the same vector"
+    );
+}
