@@ -1236,17 +1236,17 @@ macro_rules! public_rows {
 /// AVX-VNNI: 0.7x of AVX-512's for prompts); bench/runs/2026-12-02-cpu-avx512-1b.md.
 ///
 /// Larger batches run the rows-in-lanes kernel of `q40` instead, bit for bit the same
-/// arithmetic: eight rows a vector with AVX2 from 32 tokens, sixteen with AVX-512 (its
-/// integer sums by `vpdpbusd`) from 5. Below those the four-row kernel's unpacked chunks are
-/// faster: its repacking costs more than it saves over few tokens (one thread, 1B shapes,
-/// `examples/q4_0_bench.rs --tokens N` with each kernel, AVX2 8 / 16 / 32 / 128 tokens: 4.6 /
-/// 8.1 / 14.5 / 63.0 ms against 5.9 / 9.0 / 14.2 / 51.1). AVX-512, 4096 x 4096 x N tokens,
-/// one thread (`RAYON_NUM_THREADS=1 examples/decode_bw q4_0 N`, a build with the threshold
-/// at 1 against this one, three rounds): 4 tokens 1.14-1.17 ms four-row against 1.69-1.81
-/// lanes; 5: 2.36-2.55 against 1.98-2.26 (the four-row kernel takes four tokens a pass); 8:
-/// 2.69-2.99 against 2.14-2.33.
+/// arithmetic: eight rows a vector with AVX2 (and AVX-VNNI: its `vpdpbusd` chains were
+/// slower there below 16 tokens, measured), sixteen with AVX-512 (its integer sums by
+/// `vpdpbusd`), both from 5 tokens. Below that the four-row kernel takes the tokens in one
+/// pass and is faster. 4096 x 4096 x N tokens, one thread (`RAYON_NUM_THREADS=1
+/// examples/decode_bw q4_0 N`, a build with the threshold at 1 against this one, interleaved
+/// rounds; AVX2 by `GDS_ISA=avx2` on the AVX-512 VM): AVX-512 4 tokens 1.14-1.17 ms four-row
+/// against 1.69-1.81 lanes, 5: 2.36-2.55 against 1.98-2.26, 8: 2.69-2.99 against 2.14-2.33;
+/// AVX2 4: 1.19-1.28 against 1.60-1.74, 5: 2.37-2.51 against 2.13-2.37, 8: 2.85-3.01
+/// against 2.67-2.87, 16: 4.52-4.94 against 4.31-4.52, 32: 7.56-8.00 against 7.44-7.76.
 pub fn rows_q4_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let lanes_from = if t.avx512 { 5 } else { 32 };
+    let lanes_from = 5;
     if acts.len() >= lanes_from && w.len() >= rb {
         if t.avx512 {
             // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
