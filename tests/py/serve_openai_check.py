@@ -115,12 +115,18 @@ out["seed"] = {"a": sample(1234), "b": sample(1234), "c": sample(99)}
 before = metric("gds_requests_cancelled_total")
 s = client.completions.create(model=model, prompt="Write a long story about a dragon.", max_tokens=2000,
                               temperature=0.7, stream=True, extra_body={"ignore_eos": True})
-got = 0
-for ch in s:
-    got += 1
-    if got >= 3:
-        break
-s.close()
+def read_and_close(s, n):
+    """Reads `n` chunks of the stream `s`, then closes it (the client goes away)."""
+    got = 0
+    for _ in s:
+        got += 1
+        if got >= n:
+            break
+    s.close()
+    return got
+
+
+got = read_and_close(s, 3)
 deadline = time.time() + 30
 while time.time() < deadline:
     if metric("gds_requests_running") == 0 and metric("gds_requests_cancelled_total") > before:
@@ -191,12 +197,7 @@ before = metric(CANCELLED)
 s = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell a long story."}],
                                    max_tokens=2000, temperature=0.7, n=3, stream=True,
                                    extra_body={"ignore_eos": True})
-got = 0
-for ch in s:
-    got += 1
-    if got >= 6:
-        break
-s.close()
+read_and_close(s, 6)
 wait_until(lambda: metric(RUNNING) == 0 and metric(CANCELLED) >= before + 3)
 out["cancel_n"] = {"cancelled_delta": metric(CANCELLED) - before, "running": metric(RUNNING)}
 

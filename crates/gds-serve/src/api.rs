@@ -499,6 +499,22 @@ fn logit_bias_request(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>
 }
 
 /// Validates the shared fields and builds the job around `prompt`.
+/// A 400 on `param` when a token id of `tokens` is outside the vocabulary.
+pub(crate) fn in_vocabulary(
+    st: &ServerState,
+    tokens: &[u32],
+    param: &'static str,
+) -> Result<(), ApiError> {
+    match tokens.iter().find(|&&t| t as usize >= st.vocab) {
+        Some(&bad) => Err(ApiError::bad(format!(
+            "token id {bad} is outside the vocabulary ({})",
+            st.vocab
+        ))
+        .param(param)),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn job(
     st: &ServerState,
     c: Common,
@@ -526,13 +542,7 @@ pub(crate) fn job(
         })
         .code("context_length_exceeded"));
     }
-    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= st.vocab) {
-        return Err(ApiError::bad(format!(
-            "token id {bad} is outside the vocabulary ({})",
-            st.vocab
-        ))
-        .param("prompt"));
-    }
+    in_vocabulary(st, &prompt, "prompt")?;
     let n = match c.n {
         None => 1,
         Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
@@ -1042,17 +1052,7 @@ pub(crate) async fn complete(
     kind: Kind,
     index: usize,
 ) -> Result<(Value, End), ApiError> {
-    let constraint = constrain(st, job).await?;
-    let submitted = submit(st, job, constraint)?;
-    let mut gen = Gen::new(
-        st.clone(),
-        submitted,
-        job.stop.clone(),
-        job.logprobs.is_some(),
-    );
-    if job.echo {
-        gen.echo_prompt = Some(job.prompt.clone());
-    }
+    let mut gen = start_gen(st, job).await?;
     let mut text = String::new();
     let end = loop {
         match gen.next().await {

@@ -9,7 +9,7 @@
 //! first N, then normalize: Matryoshka-trained models); llama-server's `embd_normalize` (-1
 //! none, 0 max-abs scaled to int16, 1 taxicab, 2 Euclidean: the default, >2 p-norm).
 
-use crate::api::{encode, enqueue, finish, parse, ApiError};
+use crate::api::{encode, enqueue, finish, in_vocabulary, parse, ApiError};
 use crate::scheduler::{Event, Request};
 use crate::ServerState;
 use axum::body::Bytes;
@@ -97,13 +97,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
             .param("input")
             .code("context_length_exceeded"));
         }
-        if let Some(&t) = p.iter().find(|&&t| t as usize >= st.vocab) {
-            return Err(ApiError::bad(format!(
-                "token id {t} is outside the vocabulary ({})",
-                st.vocab
-            ))
-            .param("input"));
-        }
+        in_vocabulary(st, p, "input")?;
     }
     // the inputs go to the engine a window at a time (batched with whatever runs; a list
     // of thousands does not fill the queue), each awaited in order
