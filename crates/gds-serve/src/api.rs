@@ -498,7 +498,6 @@ fn logit_bias_request(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>
     Ok(out)
 }
 
-/// Validates the shared fields and builds the job around `prompt`.
 /// A 400 on `param` when a token id of `tokens` is outside the vocabulary.
 pub(crate) fn in_vocabulary(
     st: &ServerState,
@@ -515,6 +514,7 @@ pub(crate) fn in_vocabulary(
     }
 }
 
+/// Validates the shared fields and builds the job around `prompt`.
 pub(crate) fn job(
     st: &ServerState,
     c: Common,
@@ -1159,12 +1159,12 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         }
         return Ok(Json(body).into_response());
     }
-    // streamed: every choice is submitted first (a refusal is the HTTP answer; dropping the
-    // ones already submitted cancels them), then their chunks go out as they come,
-    // interleaved, each with its choice's index (as OpenAI streams `n` > 1 and several
-    // prompts); the usage chunk (when asked) and `[DONE]` follow the last choice's end
-    // (the first window's; the others are submitted as earlier choices end, so a request of
-    // many choices keeps at most a window of them in the engine)
+    // streamed: the first window of choices is submitted before answering (a refusal is the
+    // HTTP answer; dropping the ones already submitted cancels them), the others as earlier
+    // choices end (a request of many choices keeps at most a window of them in the engine);
+    // their chunks go out as they come, interleaved, each with its choice's index (as OpenAI
+    // streams `n` > 1 and several prompts); the usage chunk (when asked) and `[DONE]` follow
+    // the last choice's end
     let window = window(&st, &jobs);
     let mut gens = Vec::with_capacity(window);
     for j in jobs.iter().take(window) {
