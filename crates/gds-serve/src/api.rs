@@ -1129,7 +1129,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             .map(|(i, j)| complete(&st, j, kind, i).boxed())
             .collect();
         let results: Vec<(Value, End)> = stream::iter(runs)
-            .buffered(window(&st, &jobs))
+            .buffered(window(&st, jobs.first().map_or(1, |j| j.n)))
             .try_collect()
             .await?;
         // a prompt counts once, however many choices it has
@@ -1165,7 +1165,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     // their chunks go out as they come, interleaved, each with its choice's index (as OpenAI
     // streams `n` > 1 and several prompts); the usage chunk (when asked) and `[DONE]` follow
     // the last choice's end
-    let window = window(&st, &jobs);
+    let window = window(&st, jobs.first().map_or(1, |j| j.n));
     let mut gens = Vec::with_capacity(window);
     for j in jobs.iter().take(window) {
         gens.push(start_gen(&st, j).await?);
@@ -1272,11 +1272,11 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     Ok(sse(body.chain(tail).map(Ok::<_, Infallible>)))
 }
 
-/// How many of a request's jobs are in the engine at once: twice the engine's batch (so the
-/// next is queued when one ends), whole groups of `n` choices, never more than half the
-/// queue.
-fn window(st: &ServerState, jobs: &[Job]) -> usize {
-    let n = jobs.first().map_or(1, |j| j.n.max(1));
+/// How many of one request's jobs (choices, embedding inputs) are in the engine at once:
+/// twice the engine's batch (so the next is queued when one ends), whole groups of `n`
+/// choices, never more than half the queue.
+pub(crate) fn window(st: &ServerState, n: usize) -> usize {
+    let n = n.max(1);
     let w = (2 * st.max_batch).max(n).div_ceil(n) * n;
     w.min(st.queue_limit.div_ceil(2)).max(1)
 }

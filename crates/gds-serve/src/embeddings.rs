@@ -4,13 +4,14 @@
 //! vLLM's embedding models answer.
 //!
 //! Input: `input` a string, a list of strings, a list of token ids, or a list of token-id
-//! lists (at most [`MAX_INPUTS`]); `encoding_format` `float` (default) or `base64` (the
+//! lists (at most [`MAX_INPUTS`], a window of them in the engine at a time, as a request's
+//! choices); `encoding_format` `float` (default) or `base64` (the
 //! little-endian f32 bytes, what the `openai` Python client asks for); `dimensions` (keep the
 //! first N, then normalize: Matryoshka-trained models); llama-server's `embd_normalize` (-1
 //! none, 0 max-abs scaled to int16, 1 taxicab, 2 Euclidean: the default, >2 p-norm).
 
-use crate::api::{encode, enqueue, finish, in_vocabulary, parse, ApiError};
-use crate::scheduler::{Event, Request};
+use crate::api::{encode, enqueue, finish, in_vocabulary, parse, window, ApiError};
+use crate::scheduler::{Event, Pooling, Request};
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -18,6 +19,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
+use futures_util::stream::{self, StreamExt, TryStreamExt};
+use futures_util::FutureExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -99,57 +102,32 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         }
         in_vocabulary(st, p, "input")?;
     }
-    // the inputs go to the engine a window at a time (batched with whatever runs; a list
-    // of thousands does not fill the queue), each awaited in order
-    let window = (st.queue_limit / 4).clamp(1, 64);
-    let mut pending = std::collections::VecDeque::with_capacity(window);
-    let mut data = Vec::with_capacity(prompts.len());
-    let mut tokens = 0;
-    let mut prompts = prompts.into_iter();
-    loop {
-        while pending.len() < window {
-            let Some(p) = prompts.next() else { break };
-            let n = p.len();
-            let (rx, _ended) = enqueue(st, |tx, ended| Request {
-                ended_by_front: ended,
-                prompt: p,
-                sampler: st.default_sampler.clone(),
-                max_tokens: 0,
-                ignore_eos: false,
-                draft_max: 0,
-                logprobs: None,
-                echo: false,
-                embed: Some(pooling),
-                constraint: None,
-                group: None,
-                tx,
-                received: Instant::now(),
-            })?;
-            pending.push_back((rx, n));
-        }
-        let Some((mut rx, n)) = pending.pop_front() else {
-            break;
-        };
-        let mut v = loop {
-            match rx.recv().await {
-                Some(Event::Embedding(v)) => break v,
-                Some(Event::Error(e)) => return Err(server_error(e)),
-                Some(_) => {}
-                None => return Err(server_error("the engine dropped the request".into())),
-            }
-        };
-        tokens += n;
-        v.truncate(keep);
-        normalize(&mut v, norm);
-        let embedding = if base64 {
-            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            json!(base64::engine::general_purpose::STANDARD.encode(bytes))
-        } else {
-            json!(v)
-        };
-        let index = data.len();
-        data.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
-    }
+    // the inputs go to the engine a window at a time, as a request's choices do (batched
+    // with whatever runs; a list of thousands neither fills the queue nor holds others back)
+    let tokens: usize = prompts.iter().map(Vec::len).sum();
+    let runs: Vec<_> = prompts
+        .into_iter()
+        .map(|p| embed_one(st, p, pooling).boxed())
+        .collect();
+    let vectors: Vec<Vec<f32>> = stream::iter(runs)
+        .buffered(window(st, 1))
+        .try_collect()
+        .await?;
+    let data: Vec<Value> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut v)| {
+            v.truncate(keep);
+            normalize(&mut v, norm);
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
     Ok(Json(json!({
         "object": "list",
         "data": data,
@@ -157,6 +135,37 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
     .into_response())
+}
+
+/// One input through the engine: its pooled (not yet normalized) hidden state.
+async fn embed_one(
+    st: &ServerState,
+    prompt: Vec<u32>,
+    pooling: Pooling,
+) -> Result<Vec<f32>, ApiError> {
+    let (mut rx, _ended) = enqueue(st, |tx, ended| Request {
+        ended_by_front: ended,
+        prompt,
+        sampler: st.default_sampler.clone(),
+        max_tokens: 0,
+        ignore_eos: false,
+        draft_max: 0,
+        logprobs: None,
+        echo: false,
+        embed: Some(pooling),
+        constraint: None,
+        group: None,
+        tx,
+        received: Instant::now(),
+    })?;
+    loop {
+        match rx.recv().await {
+            Some(Event::Embedding(v)) => return Ok(v),
+            Some(Event::Error(e)) => return Err(server_error(e)),
+            Some(_) => {}
+            None => return Err(server_error("the engine dropped the request".into())),
+        }
+    }
 }
 
 fn server_error(e: String) -> ApiError {
