@@ -498,6 +498,15 @@ fn logit_bias_request(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>
     Ok(out)
 }
 
+/// A JSON list of token ids (what `prompt` and `input` may be), or a 400 on `param`; the
+/// range against the vocabulary is [`in_vocabulary`]'s.
+pub(crate) fn token_ids(v: &[Value], param: &'static str) -> Result<Vec<u32>, ApiError> {
+    v.iter()
+        .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| ApiError::bad("token ids must be integers in the vocabulary").param(param))
+}
+
 /// A 400 on `param` when a token id of `tokens` is outside the vocabulary.
 pub(crate) fn in_vocabulary(
     st: &ServerState,
@@ -1470,14 +1479,7 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
         Unsupported::check(&body, common.n)?;
         let one = "prompt must be a string, a list of token ids, or a list of either";
         let special = b.parse_special.unwrap_or(false);
-        let ids = |v: &[Value]| {
-            v.iter()
-                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| {
-                    ApiError::bad("token ids must be integers in the vocabulary").param("prompt")
-                })
-        };
+        let ids = |v: &[Value]| token_ids(v, "prompt");
         let mut prompts = Vec::new();
         match b.prompt {
             Value::String(s) => prompts.push(encode(&st, s, special).await?),

@@ -10,7 +10,7 @@
 //! first N, then normalize: Matryoshka-trained models); llama-server's `embd_normalize` (-1
 //! none, 0 max-abs scaled to int16, 1 taxicab, 2 Euclidean: the default, >2 p-norm).
 
-use crate::api::{encode, enqueue, finish, in_vocabulary, parse, window, ApiError};
+use crate::api::{encode, enqueue, finish, in_vocabulary, parse, token_ids, window, ApiError};
 use crate::scheduler::{Event, Pooling, Request};
 use crate::ServerState;
 use axum::body::Bytes;
@@ -177,14 +177,7 @@ fn server_error(e: String) -> ApiError {
 async fn inputs(st: &ServerState, input: Value) -> Result<Vec<Vec<u32>>, ApiError> {
     let shape = "input must be a string, a list of strings, a list of token ids or a list of token-id lists";
     let bad = |m: String| Err(ApiError::bad(m).param("input"));
-    let ids = |v: &[Value]| -> Result<Vec<u32>, ApiError> {
-        v.iter()
-            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-            .collect::<Option<Vec<u32>>>()
-            .ok_or_else(|| {
-                ApiError::bad("token ids must be integers in the vocabulary").param("input")
-            })
-    };
+    let ids = |v: &[Value]| token_ids(v, "input");
     let text = |s: String| async move {
         if s.is_empty() {
             return Err(ApiError::bad("an input is an empty string").param("input"));
