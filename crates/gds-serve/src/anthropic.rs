@@ -654,12 +654,21 @@ fn is_messages_path(path: &str) -> bool {
     p == "/messages" || p.starts_with("/messages/")
 }
 
-/// Middleware: on the Messages API's paths, an error (from a handler or from the shared
-/// limits: body size, API key, unknown path, method) in Anthropic's shape:
-/// `{"type": "error", "error": {"type", "message"}}`, the field at fault named first in the
-/// message (`max_tokens: field required`).
+/// Whether `path` is one of the Models API's (`/v1/models`, `/v1/models/{id}`).
+fn is_models_path(path: &str) -> bool {
+    let p = path.strip_prefix("/v1").unwrap_or(path);
+    p == "/models" || p.starts_with("/models/")
+}
+
+/// Middleware: on the Messages API's paths, and on the Models API's when the request
+/// carries `anthropic-version` (the `anthropic` client's `models.*`), an error (from a
+/// handler or from the shared limits: body size, API key, unknown path, method) in
+/// Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`, the field at fault
+/// named first in the message (`max_tokens: field required`).
 pub async fn anthropic_errors(req: Request, next: Next) -> Response {
-    if !is_messages_path(req.uri().path()) {
+    let path = req.uri().path();
+    let anthropic_models = is_models_path(path) && req.headers().contains_key("anthropic-version");
+    if !is_messages_path(path) && !anthropic_models {
         return next.run(req).await;
     }
     let r = next.run(req).await;

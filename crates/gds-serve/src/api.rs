@@ -1723,26 +1723,26 @@ pub async fn models(State(st): State<Arc<ServerState>>, headers: HeaderMap) -> R
 }
 
 /// `GET /v1/models/{id}`: the served model's object (Anthropic's with `anthropic-version`),
-/// or a 404 naming the id.
+/// or a 404 naming the id (in Anthropic's error shape with that header:
+/// [`crate::anthropic::anthropic_errors`]).
 pub async fn model(
     State(st): State<Arc<ServerState>>,
     headers: HeaderMap,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    let anthropic = headers.contains_key("anthropic-version");
     if id != st.model_name {
+        // OpenAI's shape here; Anthropic's, with `anthropic-version`, by the middleware
+        // that shapes the Messages API's errors
         let message = format!(
             "the model {id:?} does not exist; this server serves {:?}",
             st.model_name
         );
-        let body = if anthropic {
-            json!({"type": "error", "error": {"type": "not_found_error", "message": message}})
-        } else {
-            json!({"error": {"message": message, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
-        };
-        return (StatusCode::NOT_FOUND, Json(body)).into_response();
+        return ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", message)
+            .param("model")
+            .code("model_not_found")
+            .into_response();
     }
-    if anthropic {
+    if headers.contains_key("anthropic-version") {
         Json(anthropic_model(&st)).into_response()
     } else {
         Json(openai_model(&st)).into_response()
