@@ -990,12 +990,12 @@ impl Engine {
             let slot = self.running[i].slot;
             part.clear();
             for k in 0..self.batch.len() {
-                if let Some((t, p, s, out)) = self.batch.get(k) {
-                    if s == slot && self.batch.wants_hidden(k) {
-                        part.push_hidden(t, p, s);
-                    } else if s == slot {
-                        part.push(t, p, s, out);
+                match self.batch.get(k) {
+                    Some((t, p, s, _)) if s == slot && self.batch.wants_hidden(k) => {
+                        part.push_hidden(t, p, s)
                     }
+                    Some((t, p, s, out)) if s == slot => part.push(t, p, s, out),
+                    _ => {}
                 }
             }
             match self.exec.forward(&mut self.kv, &part) {

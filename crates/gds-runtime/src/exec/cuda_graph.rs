@@ -476,14 +476,10 @@ impl PassStaging {
             tables: &tables,
         };
         hidden.clear();
-        if batch.n_hidden() == 0 {
-            model
-                .forward_batch(&mut logits[..n * vocab], &input)
-                .map_err(StageError::Gpu)?;
-            return Ok(n);
-        }
+        // every token's hidden state when some are asked for (none: no final norm)
         let d = model.layout().shape.n_embd;
-        self.all_hidden.resize(batch.len() * d, 0.0);
+        let rows = if batch.n_hidden() > 0 { batch.len() } else { 0 };
+        self.all_hidden.resize(rows * d, 0.0);
         model
             .forward_batch_hidden(&mut logits[..n * vocab], &mut self.all_hidden, &input)
             .map_err(StageError::Gpu)?;
