@@ -199,13 +199,13 @@ impl Unsupported {
 }
 
 /// Most prompts in one completions request.
-const MAX_PROMPTS: usize = 64;
+pub(crate) const MAX_PROMPTS: usize = 64;
 
 /// Most choices per prompt (`n`).
 const MAX_N: usize = 16;
 
 /// Most alternatives per token a request may ask for (OpenAI's limit for chat).
-const MAX_TOP_LOGPROBS: i64 = 20;
+pub(crate) const MAX_TOP_LOGPROBS: i64 = 20;
 
 /// The log-probabilities a request asks for: `None`, or `Some(k)` top alternatives per
 /// token. Chat: `logprobs: true` and `top_logprobs: k`; completions: `logprobs: k`.
@@ -416,7 +416,7 @@ pub(crate) struct Job {
 
 /// One job per choice: `n` copies of each job, the `i`-th sampling with seed + `i` (so
 /// the choices differ, and the same request gives the same choices).
-fn expand(jobs: Vec<Job>) -> Vec<Job> {
+pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
     let mut out = Vec::new();
     for j in jobs {
         let group = (j.n > 1).then(random_seed);
@@ -808,6 +808,10 @@ pub(crate) struct Gen {
     echo_prompt: Option<Vec<u32>>,
     /// Characters of the tokens handed out (completions' `text_offset`).
     lp_chars: usize,
+    /// The generated tokens that carry text (not the end-of-generation one), and how many
+    /// were handed out (llama-server's `tokens`).
+    tokens: Vec<u32>,
+    tokens_taken: usize,
 }
 
 impl Gen {
@@ -832,7 +836,22 @@ impl Gen {
             lp_chars: 0,
             prompt_lps: Vec::new(),
             echo_prompt: None,
+            tokens: Vec::new(),
+            tokens_taken: 0,
         }
+    }
+
+    /// The generated tokens not handed out yet (the end-of-generation token is not one).
+    pub(crate) fn take_tokens(&mut self) -> Vec<u32> {
+        let from = std::mem::replace(&mut self.tokens_taken, self.tokens.len());
+        self.tokens[from..].to_vec()
+    }
+
+    /// The log-probabilities not handed out yet, as the engine gave them (each token's id
+    /// first); empty when none were asked for.
+    pub(crate) fn take_raw_logprobs(&mut self) -> Vec<(u32, TokenLogprobs)> {
+        let from = std::mem::replace(&mut self.lps_taken, self.lps.len());
+        self.lps[from..].to_vec()
     }
 
     /// Whether log-probabilities were asked for and some are not handed out yet.
@@ -939,6 +958,7 @@ impl Gen {
                         // (whether or not the vocabulary marks it special)
                         continue;
                     }
+                    self.tokens.push(id);
                     let piece = match self.decode_step(id) {
                         Ok(p) => p,
                         Err(e) => return Some(self.fail(e)),
@@ -1005,7 +1025,7 @@ impl Gen {
 }
 
 /// llama.cpp-style timings.
-fn timings(end: &End, prompt_tokens: usize) -> Value {
+pub(crate) fn timings(end: &End, prompt_tokens: usize) -> Value {
     let (pn, pms, dms, cached) = end.done.as_ref().map_or((prompt_tokens, 0.0, 0.0, 0), |d| {
         (
             d.prompt_tokens - d.cached_tokens,
@@ -1291,7 +1311,7 @@ pub(crate) fn window(st: &ServerState, n: usize) -> usize {
 }
 
 /// Submits `job` and makes the generator of its text (with echo, the prompt first).
-async fn start_gen(st: &Arc<ServerState>, job: &Job) -> Result<Gen, ApiError> {
+pub(crate) async fn start_gen(st: &Arc<ServerState>, job: &Job) -> Result<Gen, ApiError> {
     let constraint = constrain(st, job).await?;
     let submitted = submit(st, job, constraint)?;
     let mut g = Gen::new(

@@ -7,6 +7,7 @@ mod embeddings;
 mod error;
 pub mod kvpool;
 pub mod metrics;
+mod native;
 pub mod net;
 pub mod prefix;
 mod responses;
@@ -590,7 +591,12 @@ fn router(state: Arc<ServerState>) -> axum::Router {
                 post(embeddings::embeddings),
             );
     }
-    r.route("/tokenize", post(tokenize::tokenize_handler))
+    // llama-server's own endpoints (`/completions` stays OpenAI's, as vLLM serves it)
+    r.route("/completion", post(native::completion))
+        .route("/props", get(native::props).post(native::post_props))
+        .route("/apply-template", post(native::apply_template))
+        .route("/v1/health", get(api::health))
+        .route("/tokenize", post(tokenize::tokenize_handler))
         .route("/detokenize", post(tokenize::detokenize_handler))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/health", get(api::health))

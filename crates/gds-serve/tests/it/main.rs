@@ -6,6 +6,7 @@ mod embeddings;
 
 mod hardening;
 mod lm_eval;
+mod native;
 mod openai;
 mod paged;
 mod tools;

@@ -1,0 +1,923 @@
+//! llama-server's own API, beside OpenAI's and Anthropic's, for the tools written against
+//! llama.cpp's server: `POST /completion` (its native completion), `GET /props`,
+//! `POST /apply-template` and `GET /v1/health`.
+//!
+//! `/completion` takes llama-server's prompt forms: a string, token ids, strings and ids
+//! mixed in one prompt (`[12, 34, "text", 56]`), `{"prompt_string": ...}`, or a list of
+//! prompts (then the answer is a list, one object per prompt and `n_cmpl` choice). A string
+//! is tokenized with special-token texts read as their tokens and BOS added when the model
+//! adds one, as llama-server does. Its fields: `n_predict` (`-1`: up to the context; `0`: the
+//! prompt is evaluated, nothing generated), `n_cmpl`, `n_probs`, `return_tokens`,
+//! `response_fields`, `samplers`, `logit_bias` as `[[token or text, bias or false], ...]` or
+//! an object, `repeat_last_n`, and the sampling, stop, grammar and seed fields OpenAI's
+//! completions take. The answer: `content`, `tokens`, `stop`, `stop_type`
+//! (`eos`/`limit`/`word`), `stopping_word`, `tokens_predicted`, `tokens_evaluated`,
+//! `tokens_cached`, `truncated`, `has_new_line`, `prompt`, `generation_settings`, `timings`
+//! and, with `n_probs`, `completion_probabilities`. Streamed, each event is one such object
+//! with `stop: false`, the new text and its token ids; the last has `stop: true` and the rest,
+//! and no `[DONE]` follows (as llama-server streams this endpoint).
+//!
+//! Samplers gdsrun does not have (mirostat, DRY, XTC, locally typical, dynamic temperature,
+//! top-n-sigma, adaptive-p), LoRA, indentation and time limits are refused with a 400 naming
+//! the field when a request switches them on, rather than ignored; at their defaults they
+//! are accepted. `id_slot` and `cache_prompt` are accepted: every request's prompt is looked
+//! up in the shared prefix cache whatever slot it names.
+
+use crate::api::{
+    expand, finish, parse, start_gen, timings, tokenize, window, ApiError, ChatBody, Common, End,
+    Gen, Job, Kind, Piece, Stop, MAX_PROMPTS, MAX_TOP_LOGPROBS,
+};
+use crate::scheduler::TokenLogprobs;
+use crate::tools::Tools;
+use crate::ServerState;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, StreamExt, TryStreamExt};
+use futures_util::FutureExt;
+use gds_runtime::{Grammar, SamplerConfig};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+/// Most `logit_bias` entries (after texts are tokenized) one request may give.
+const MAX_BIASES: usize = 4096;
+
+/// `/completion`'s own fields (the shared ones are read as [`Common`]).
+#[derive(Deserialize, Default)]
+struct NativeBody {
+    #[serde(default)]
+    prompt: Option<Value>,
+    #[serde(default)]
+    n_predict: Option<i64>,
+    #[serde(default)]
+    n_cmpl: Option<i64>,
+    #[serde(default)]
+    n_probs: Option<Value>,
+    #[serde(default)]
+    post_sampling_probs: Option<bool>,
+    #[serde(default)]
+    return_tokens: Option<bool>,
+    #[serde(default)]
+    response_fields: Option<Vec<String>>,
+    #[serde(default)]
+    samplers: Option<Value>,
+    #[serde(default)]
+    repeat_last_n: Option<i64>,
+    // switched off by default; refused when switched on
+    #[serde(default)]
+    mirostat: Option<f64>,
+    #[serde(default)]
+    dry_multiplier: Option<f64>,
+    #[serde(default)]
+    xtc_probability: Option<f64>,
+    #[serde(default)]
+    xtc_threshold: Option<f64>,
+    #[serde(default)]
+    typical_p: Option<f64>,
+    #[serde(default)]
+    dynatemp_range: Option<f64>,
+    #[serde(default)]
+    top_n_sigma: Option<f64>,
+    #[serde(default)]
+    adaptive_target: Option<f64>,
+    #[serde(default)]
+    n_indent: Option<i64>,
+    #[serde(default)]
+    t_max_predict_ms: Option<i64>,
+    #[serde(default)]
+    lora: Option<Value>,
+}
+
+impl NativeBody {
+    /// A 400 naming the first field that switches on what gdsrun does not do.
+    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        let f = |v: Option<f64>, on: fn(f64) -> bool| v.is_some_and(on);
+        let checks: [(&'static str, bool); 10] = [
+            ("mirostat", f(self.mirostat, |x| x != 0.0)),
+            ("dry_multiplier", f(self.dry_multiplier, |x| x != 0.0)),
+            (
+                "xtc_probability",
+                f(self.xtc_probability, |x| x > 0.0) && self.xtc_threshold.unwrap_or(0.1) <= 0.5,
+            ),
+            ("typical_p", f(self.typical_p, |x| x < 1.0)),
+            ("dynatemp_range", f(self.dynatemp_range, |x| x > 0.0)),
+            ("top_n_sigma", f(self.top_n_sigma, |x| x >= 0.0)),
+            ("adaptive_target", f(self.adaptive_target, |x| x >= 0.0)),
+            ("n_indent", self.n_indent.is_some_and(|x| x > 0)),
+            (
+                "t_max_predict_ms",
+                self.t_max_predict_ms.is_some_and(|x| x > 0),
+            ),
+            (
+                "lora",
+                self.lora
+                    .as_ref()
+                    .is_some_and(|l| l.as_array().is_none_or(|l| !l.is_empty())),
+            ),
+        ];
+        if let Some((name, _)) = checks.iter().find(|(_, on)| *on) {
+            return Err(ApiError::bad(format!(
+                "{name} is not supported by this server (it samples with penalties, logit bias, top-k, top-p, min-p and temperature, no adapters); leave it at its default"
+            ))
+            .param(name));
+        }
+        if self.post_sampling_probs == Some(true) {
+            return Err(ApiError::bad(
+                "post_sampling_probs is not supported: n_probs gives the model's log-probabilities before sampling",
+            )
+            .param("post_sampling_probs"));
+        }
+        Ok(())
+    }
+}
+
+/// One part of a prompt: text (tokenized) or token ids (as given).
+enum Part {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+fn bad_prompt() -> ApiError {
+    ApiError::bad(
+        "prompt elements must be a string, a list of token ids, a list of strings and token ids, or {\"prompt_string\": ...}",
+    )
+    .param("prompt")
+}
+
+fn token_id(v: &Value) -> Option<u32> {
+    v.as_u64().and_then(|t| u32::try_from(t).ok())
+}
+
+/// One prompt: a string, token ids, or strings and token ids mixed.
+fn sub_prompt(v: &Value) -> Result<Vec<Part>, ApiError> {
+    match v {
+        Value::String(s) => Ok(vec![Part::Text(s.clone())]),
+        Value::Array(items) => {
+            let mut parts = Vec::new();
+            for x in items {
+                match x {
+                    Value::String(s) => parts.push(Part::Text(s.clone())),
+                    Value::Number(_) => {
+                        let id = token_id(x).ok_or_else(|| {
+                            ApiError::bad(format!("token id {x} must be an integer >= 0"))
+                                .param("prompt")
+                        })?;
+                        match parts.last_mut() {
+                            Some(Part::Ids(ids)) => ids.push(id),
+                            _ => parts.push(Part::Ids(vec![id])),
+                        }
+                    }
+                    _ => return Err(bad_prompt()),
+                }
+            }
+            if !parts.iter().any(|p| matches!(p, Part::Ids(_))) && parts.len() > 1 {
+                // a list of strings is a list of prompts, not one
+                return Err(bad_prompt());
+            }
+            Ok(parts)
+        }
+        Value::Object(o) => {
+            if o.get("multimodal_data").is_some_and(|m| !m.is_null()) {
+                return Err(
+                    ApiError::bad("multimodal_data: this server's models take text only")
+                        .param("prompt"),
+                );
+            }
+            match o.get("prompt_string") {
+                Some(p @ (Value::String(_) | Value::Array(_))) => sub_prompt(p),
+                _ => Err(bad_prompt()),
+            }
+        }
+        _ => Err(bad_prompt()),
+    }
+}
+
+/// The prompts of a request, as llama-server reads `prompt`: a list holding any token id is
+/// one prompt; any other list is a list of prompts.
+fn prompts(v: &Value) -> Result<Vec<Vec<Part>>, ApiError> {
+    let list = match v {
+        Value::Array(items) if !items.iter().any(Value::is_number) => items,
+        Value::Null => return Err(ApiError::bad("prompt is required").param("prompt")),
+        one => return Ok(vec![sub_prompt(one)?]),
+    };
+    if list.is_empty() {
+        return Err(ApiError::bad("prompt must not be empty").param("prompt"));
+    }
+    if list.len() > MAX_PROMPTS {
+        return Err(ApiError::bad(format!(
+            "{} prompts in one request; at most {MAX_PROMPTS}",
+            list.len()
+        ))
+        .param("prompt"));
+    }
+    list.iter().map(sub_prompt).collect()
+}
+
+/// A prompt's token ids: texts tokenized with special-token texts parsed, BOS before a
+/// first part that is text (when the model adds one).
+async fn encode_parts(st: &ServerState, parts: Vec<Part>) -> Result<Vec<u32>, ApiError> {
+    let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
+    tokenize(
+        move || {
+            let text: usize = parts
+                .iter()
+                .map(|p| match p {
+                    Part::Text(t) => t.len(),
+                    Part::Ids(_) => 0,
+                })
+                .sum();
+            tok.check_fits(text, ctx)?;
+            let mut ids = Vec::new();
+            for (i, p) in parts.iter().enumerate() {
+                match p {
+                    Part::Text(t) => ids.extend(tok.encode(t, i == 0, true)?),
+                    Part::Ids(t) => ids.extend_from_slice(t),
+                }
+            }
+            Ok(ids)
+        },
+        "prompt",
+    )
+    .await
+}
+
+/// `logit_bias` in llama-server's forms: `[[token id or text, bias or false], ...]` or
+/// `{"token id or text": bias or false}`; a text biases each of its tokens, `false` bans.
+async fn logit_bias(st: &ServerState, v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::bad(m).param("logit_bias");
+    let pairs: Vec<(Value, &Value)> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(l)) => l
+            .iter()
+            .map(|p| match p.as_array().map(Vec::as_slice) {
+                Some([k, b]) => Ok((k.clone(), b)),
+                _ => Err(bad(format!(
+                    "logit_bias entry {p} must be [token id or text, bias or false]"
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, b)| {
+                let key = k.parse::<u64>().map_or(json!(k), |id| json!(id));
+                (key, b)
+            })
+            .collect(),
+        Some(other) => {
+            return Err(bad(format!(
+                "logit_bias {other} must be a list of [token, bias] pairs or an object"
+            )))
+        }
+    };
+    let mut out = Vec::new();
+    for (key, b) in pairs {
+        let bias = match b {
+            Value::Bool(false) => f32::NEG_INFINITY,
+            Value::Number(n) => n.as_f64().map_or(f32::NAN, |x| x as f32),
+            _ => f32::NAN,
+        };
+        if !(bias.is_finite() || bias == f32::NEG_INFINITY) {
+            return Err(bad(format!(
+                "logit_bias for {key}: {b} must be a number or false"
+            )));
+        }
+        let ids = match &key {
+            Value::String(text) => {
+                let (tok, text, ctx) = (st.tokenizer.clone(), text.clone(), st.ctx);
+                tokenize(
+                    move || {
+                        tok.check_fits(text.len(), ctx)?;
+                        tok.encode(&text, false, false)
+                    },
+                    "logit_bias",
+                )
+                .await?
+            }
+            k => match token_id(k).filter(|&id| (id as usize) < st.vocab) {
+                Some(id) => vec![id],
+                None => {
+                    return Err(bad(format!(
+                        "logit_bias key {k} is not a token id in this vocabulary (0..{})",
+                        st.vocab
+                    )))
+                }
+            },
+        };
+        out.extend(ids.into_iter().map(|id| (id, bias)));
+        if out.len() > MAX_BIASES {
+            return Err(bad(format!(
+                "logit_bias gives more than {MAX_BIASES} tokens a bias"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// `samplers` (names, or llama.cpp's letters): the filters this server has must come in its
+/// order (penalties, top_k, top_p, min_p, temperature); one left out is switched off (a
+/// missing temperature samples at 1). Names of samplers it does not have are accepted where
+/// their own fields leave them off (checked apart).
+fn apply_samplers(v: Option<&Value>, s: &mut SamplerConfig) -> Result<(), ApiError> {
+    let bad = |m: String| ApiError::bad(m).param("samplers");
+    let names: Vec<String> = match v {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(chars)) => chars
+            .chars()
+            .map(|c| match c {
+                'd' => Ok("dry"),
+                'k' => Ok("top_k"),
+                'y' => Ok("typ_p"),
+                'p' => Ok("top_p"),
+                's' => Ok("top_n_sigma"),
+                'm' => Ok("min_p"),
+                't' => Ok("temperature"),
+                'x' => Ok("xtc"),
+                'e' => Ok("penalties"),
+                'i' => Ok("infill"),
+                'a' => Ok("adaptive_p"),
+                c => Err(bad(format!("samplers: unknown sampler letter {c:?}"))),
+            })
+            .map(|r| r.map(str::to_string))
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(l)) => l
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .map(|n| n.to_ascii_lowercase().replace('-', "_"))
+                    .ok_or_else(|| bad(format!("samplers entry {x} must be a string")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(bad(format!(
+                "samplers {other} must be a list of sampler names"
+            )))
+        }
+    };
+    // ours, in the order they run
+    let order = ["penalties", "top_k", "top_p", "min_p", "temperature"];
+    let mut at = Vec::new();
+    for n in &names {
+        let canonical = match n.as_str() {
+            "topk" => "top_k",
+            "topp" | "nucleus" => "top_p",
+            "minp" => "min_p",
+            "temp" => "temperature",
+            "typ" | "typp" | "typ_p" | "typical_p" => "typ_p",
+            "topnsigma" => "top_n_sigma",
+            other => other,
+        };
+        if let Some(i) = order.iter().position(|&o| o == canonical) {
+            if at.contains(&i) {
+                return Err(bad(format!("samplers: {canonical} is listed twice")));
+            }
+            at.push(i);
+        } else if !["dry", "typ_p", "xtc", "top_n_sigma"].contains(&canonical) {
+            return Err(bad(format!(
+                "samplers: {n:?} is not a sampler this server has (penalties, top_k, top_p, min_p, temperature; dry, typ_p, xtc and top_n_sigma while switched off)"
+            )));
+        }
+    }
+    if at.windows(2).any(|w| w[0] > w[1]) {
+        return Err(bad(format!(
+            "samplers: this server runs them in the order {}; {names:?} reorders them",
+            order.join(", ")
+        )));
+    }
+    let has = |i: usize| at.contains(&i);
+    if !has(0) {
+        s.repeat_penalty = 1.0;
+        s.frequency_penalty = 0.0;
+        s.presence_penalty = 0.0;
+    }
+    if !has(1) {
+        s.top_k = 0;
+    }
+    if !has(2) {
+        s.top_p = 1.0;
+    }
+    if !has(3) {
+        s.min_p = 0.0;
+    }
+    if !has(4) {
+        s.temp = 1.0;
+    }
+    Ok(())
+}
+
+/// What a native request asks for beyond its jobs.
+struct Asked {
+    /// `n_predict` as given (-1: up to the context).
+    n_predict: i64,
+    n_probs: usize,
+    return_tokens: bool,
+    response_fields: Vec<String>,
+    stream: bool,
+}
+
+/// The request's jobs (one per prompt; [`expand`] makes the `n_cmpl` choices).
+async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), ApiError> {
+    let b: NativeBody = parse(body)?;
+    let mut c: Common = parse(body)?;
+    b.refuse_unsupported()?;
+    let n_predict = b
+        .n_predict
+        .or(c.max_tokens)
+        .or(c.max_completion_tokens)
+        .unwrap_or(-1);
+    if n_predict < -1 {
+        return Err(ApiError::bad(format!(
+            "n_predict {n_predict} must be -1 (up to the context), 0 (the prompt only) or more"
+        ))
+        .param("n_predict"));
+    }
+    let n_probs = match b.n_probs.as_ref().or(c.logprobs.as_ref()) {
+        None | Some(Value::Null) => 0,
+        Some(v) => match v.as_i64() {
+            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => k as usize,
+            _ => {
+                return Err(ApiError::bad(format!(
+                    "n_probs {v} must be an integer in 0..={MAX_TOP_LOGPROBS}"
+                ))
+                .param("n_probs"))
+            }
+        },
+    };
+    // the shared fields as `job` reads them
+    c.max_tokens = (n_predict > 0).then_some(n_predict);
+    c.max_completion_tokens = None;
+    c.n = b.n_cmpl.or(c.n);
+    c.logprobs = (n_probs > 0).then(|| json!(n_probs));
+    c.echo = None;
+    c.stream_options = None;
+    // as llama-server: a negative temperature is greedy, a negative top_k no top-k
+    c.temperature = c.temperature.map(|t| t.max(0.0));
+    c.top_k = c.top_k.map(|k| k.max(0));
+    // -1 (and llama.cpp's 0xFFFFFFFF) ask for a random seed
+    c.seed = c.seed.filter(|&s| s != -1 && s != u32::MAX as i64);
+    c.stop = c.stop.map(|s| match s {
+        Stop::One(s) => Stop::Many(vec![s]),
+        Stop::Many(v) => Stop::Many(v),
+    });
+    if let Some(Stop::Many(v)) = &mut c.stop {
+        v.retain(|s| !s.is_empty());
+    }
+    let bias_value = c.logit_bias.take();
+    let bias = logit_bias(st, bias_value.as_ref()).await?;
+    let stream = c.stream == Some(true);
+    let prompt = b.prompt.clone().unwrap_or(Value::Null);
+    let mut out = Vec::new();
+    for parts in prompts(&prompt)? {
+        let ids = encode_parts(st, parts).await?;
+        let mut j = crate::api::job(st, c.clone(), ids, usize::MAX, Kind::Completion)?;
+        if n_predict == 0 {
+            j.max_tokens = 0;
+        }
+        j.sampler.logit_bias.extend_from_slice(&bias);
+        if let Some(n) = b.repeat_last_n {
+            j.sampler.repeat_last_n = match n {
+                -1 => st.ctx,
+                n if n >= 0 => n as usize,
+                n => {
+                    return Err(ApiError::bad(format!(
+                        "repeat_last_n {n} must be -1 (the context) or more"
+                    ))
+                    .param("repeat_last_n"))
+                }
+            };
+        }
+        apply_samplers(b.samplers.as_ref(), &mut j.sampler)?;
+        out.push(j);
+    }
+    let asked = Asked {
+        n_predict,
+        n_probs,
+        return_tokens: b.return_tokens == Some(true),
+        response_fields: b.response_fields.unwrap_or_default(),
+        stream,
+    };
+    Ok((out, asked))
+}
+
+/// The settings a request ran with (`generation_settings`; `/props`' defaults): llama-server's
+/// names, the samplers this server lacks at their "off" values.
+fn settings(s: &SamplerConfig, n_predict: i64, stop: &[String], extra: Value) -> Value {
+    let mut v = json!({
+        "n_predict": n_predict,
+        "max_tokens": n_predict,
+        "seed": s.seed,
+        "temperature": s.temp,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "top_n_sigma": -1.0,
+        "xtc_probability": 0.0,
+        "xtc_threshold": 0.1,
+        "typical_p": 1.0,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "dry_multiplier": 0.0,
+        "dry_base": 1.75,
+        "dry_allowed_length": 2,
+        "dry_penalty_last_n": s.repeat_last_n,
+        "dry_sequence_breakers": ["\n", ":", "\"", "*"],
+        "mirostat": 0,
+        "mirostat_tau": 5.0,
+        "mirostat_eta": 0.1,
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
+        "stop": stop,
+        // JSON has no -inf: a banned token's bias is null, as llama-server writes it
+        "logit_bias": s.logit_bias.iter().map(|&(t, b)| {
+            json!({"bias": if b.is_finite() { json!(b) } else { Value::Null }, "token": t})
+        }).collect::<Vec<_>>(),
+        "grammar_lazy": false,
+        "grammar_triggers": [],
+        "preserved_tokens": [],
+        "n_discard": 0,
+        "timings_per_token": false,
+        "backend_sampling": false,
+        "lora": [],
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "n_keep": 0,
+        "min_keep": 0,
+        "post_sampling_probs": false,
+    });
+    if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
+        m.extend(e);
+    }
+    v
+}
+
+fn job_settings(j: &Job, asked: &Asked) -> Value {
+    let grammar = j.grammar.as_ref().map(|(g, _)| match g {
+        Grammar::Lark(s) | Grammar::Regex(s) => s.clone(),
+        Grammar::JsonSchema(v) => v.to_string(),
+    });
+    settings(
+        &j.sampler,
+        asked.n_predict,
+        &j.stop,
+        json!({
+            "ignore_eos": j.ignore_eos,
+            "stream": asked.stream,
+            "n_probs": asked.n_probs,
+            "grammar": grammar.unwrap_or_default(),
+        }),
+    )
+}
+
+/// llama-server's `completion_probabilities`: per token its id, text, bytes and log-probability,
+/// and the `n_probs` most likely at its position.
+fn probs_json(st: &ServerState, lps: &[(u32, TokenLogprobs)]) -> Value {
+    let tok = st.tokenizer.inner();
+    let entry = |id: u32, lp: f32| {
+        let t = tok.decode(&[id], false).unwrap_or_default();
+        // JSON has no -inf: the lowest float, as llama-server writes it
+        let lp = if lp.is_finite() { lp } else { f32::MIN };
+        json!({"id": id, "token": t, "bytes": t.as_bytes(), "logprob": lp})
+    };
+    lps.iter()
+        .map(|(id, l)| {
+            let mut e = entry(*id, l.logprob);
+            e["top_logprobs"] = l.top.iter().map(|&(i, p)| entry(i, p)).collect();
+            e
+        })
+        .collect()
+}
+
+/// llama-server's `stop_type` and `stopping_word` of an end.
+fn stop_type(end: &End) -> (&'static str, String) {
+    match (end.finish, &end.stop) {
+        (_, Some(word)) => ("word", word.clone()),
+        ("stop", None) => ("eos", String::new()),
+        _ => ("limit", String::new()),
+    }
+}
+
+/// `response_fields`: only the fields named (`a/b` takes `b` from inside `a`, under the
+/// name `a/b`); every field when none are.
+fn pick(v: Value, fields: &[String]) -> Value {
+    if fields.is_empty() {
+        return v;
+    }
+    let mut out = Map::new();
+    for f in fields {
+        let mut at = Some(&v);
+        for part in f.split('/') {
+            at = at.and_then(|x| x.get(part));
+        }
+        if let Some(x) = at {
+            out.insert(f.clone(), x.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+/// What one choice gave: its text, its tokens and probabilities when asked, and its end.
+struct Outcome {
+    content: String,
+    tokens: Vec<u32>,
+    probs: Option<Value>,
+    has_new_line: bool,
+    end: End,
+}
+
+/// The final object of one choice (streamed: `content` and `tokens` empty, they went out
+/// before).
+fn final_object(st: &ServerState, j: &Job, asked: &Asked, index: usize, o: Outcome) -> Value {
+    let (stop_type, word) = stop_type(&o.end);
+    let prompt = st
+        .tokenizer
+        .inner()
+        .decode(&j.prompt, false)
+        .unwrap_or_default();
+    let n = o.end.completion_tokens;
+    let mut v = json!({
+        "index": index,
+        "content": o.content,
+        "tokens": o.tokens,
+        "id_slot": -1,
+        "stop": true,
+        "model": j.model,
+        "tokens_predicted": n,
+        "tokens_evaluated": j.prompt.len(),
+        "generation_settings": job_settings(j, asked),
+        "prompt": prompt,
+        "has_new_line": o.has_new_line,
+        "truncated": j.prompt.len() + n >= st.ctx,
+        "stop_type": stop_type,
+        "stopping_word": word,
+        "tokens_cached": (j.prompt.len() + n).saturating_sub(1),
+        "timings": timings(&o.end, j.prompt.len()),
+    });
+    if let Some(p) = o.probs {
+        v["completion_probabilities"] = p;
+    }
+    pick(v, &asked.response_fields)
+}
+
+/// Runs one choice to its end (not streamed).
+async fn run_one(
+    st: &Arc<ServerState>,
+    j: &Job,
+    asked: &Asked,
+    index: usize,
+) -> Result<Value, ApiError> {
+    let mut gen = start_gen(st, j).await?;
+    let mut content = String::new();
+    let end = loop {
+        match gen.next().await {
+            Some(Piece::Text(t)) => content.push_str(&t),
+            Some(Piece::End(e)) => break e,
+            Some(Piece::Error(e)) => {
+                return Err(match (&j.grammar, e.status) {
+                    (Some((_, param)), StatusCode::BAD_REQUEST) => e.param(param),
+                    _ => e,
+                })
+            }
+            None => {
+                return Err(ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "generation ended without a result",
+                ))
+            }
+        }
+    };
+    if let Some(r) = gen.rest() {
+        content.push_str(&r);
+    }
+    let tokens = gen.take_tokens();
+    let o = Outcome {
+        has_new_line: content.contains('\n'),
+        content,
+        tokens: if asked.return_tokens {
+            tokens
+        } else {
+            Vec::new()
+        },
+        probs: (asked.n_probs > 0).then(|| probs_json(st, &gen.take_raw_logprobs())),
+        end,
+    };
+    Ok(final_object(st, j, asked, index, o))
+}
+
+/// One streamed choice's events: each piece of text with its token ids (and probabilities),
+/// then the final object; an error event ends the whole stream (the flag).
+fn choice_events(
+    st: Arc<ServerState>,
+    j: Job,
+    asked: Arc<Asked>,
+    index: usize,
+    gen: Gen,
+) -> impl futures_util::Stream<Item = (Vec<SseEvent>, bool)> + Send {
+    let j = Arc::new(j);
+    let event = |v: Value| SseEvent::default().data(v.to_string());
+    stream::unfold(Some((gen, 0usize, false)), move |g| {
+        let (st, j, asked) = (st.clone(), j.clone(), asked.clone());
+        async move {
+            let (mut gen, mut sent, mut new_line) = g?;
+            // a piece of text, the tokens not sent yet (and their probabilities)
+            let mut partial = |gen: &mut Gen, text: String, tokens: Vec<u32>| {
+                new_line |= text.contains('\n');
+                sent += tokens.len();
+                let mut v = json!({"index": index, "content": text, "tokens": tokens,
+                    "stop": false, "id_slot": -1, "tokens_predicted": sent,
+                    "tokens_evaluated": j.prompt.len()});
+                if asked.n_probs > 0 {
+                    v["completion_probabilities"] = probs_json(&st, &gen.take_raw_logprobs());
+                }
+                event(v)
+            };
+            match gen.next().await {
+                Some(Piece::Text(t)) => {
+                    let tokens = gen.take_tokens();
+                    let ev = partial(&mut gen, t, tokens);
+                    Some(((vec![ev], false), Some((gen, sent, new_line))))
+                }
+                Some(Piece::End(end)) => {
+                    let mut out = Vec::new();
+                    let rest = gen.rest();
+                    let tokens = gen.take_tokens();
+                    if rest.is_some() || !tokens.is_empty() {
+                        out.push(partial(&mut gen, rest.unwrap_or_default(), tokens));
+                    }
+                    let o = Outcome {
+                        content: String::new(),
+                        tokens: Vec::new(),
+                        probs: None,
+                        has_new_line: new_line,
+                        end,
+                    };
+                    out.push(event(final_object(&st, &j, &asked, index, o)));
+                    Some(((out, false), None))
+                }
+                Some(Piece::Error(e)) => Some(((vec![event(e.body())], true), None)),
+                None => None,
+            }
+        }
+    })
+}
+
+/// `POST /completion`.
+pub async fn completion(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let r = async {
+        let (jobs, asked) = jobs(&st, &body).await?;
+        let jobs = expand(jobs);
+        let window = window(&st, jobs.first().map_or(1, |j| j.n));
+        if !asked.stream {
+            let runs: Vec<_> = jobs
+                .iter()
+                .enumerate()
+                .map(|(i, j)| run_one(&st, j, &asked, i).boxed())
+                .collect();
+            let mut results: Vec<Value> = stream::iter(runs).buffered(window).try_collect().await?;
+            return Ok(if results.len() == 1 {
+                Json(results.remove(0)).into_response()
+            } else {
+                Json(results).into_response()
+            });
+        }
+        // the first window submitted before answering (a refusal is the HTTP answer), the
+        // others as earlier choices end; events interleaved, each with its choice's index
+        let mut ready = Vec::with_capacity(window);
+        for j in jobs.iter().take(window) {
+            ready.push(start_gen(&st, j).await?);
+        }
+        let asked = Arc::new(asked);
+        let mut ready = ready.into_iter();
+        let choices: Vec<_> = jobs
+            .into_iter()
+            .enumerate()
+            .map(|(index, j)| {
+                let (st, asked, g) = (st.clone(), asked.clone(), ready.next());
+                stream::once(async move {
+                    let g = match g {
+                        Some(g) => Ok(g),
+                        None => start_gen(&st, &j).await,
+                    };
+                    match g {
+                        Ok(g) => choice_events(st, j, asked, index, g).left_stream(),
+                        Err(e) => {
+                            let ev = SseEvent::default().data(e.body().to_string());
+                            stream::iter([(vec![ev], true)]).right_stream()
+                        }
+                    }
+                })
+                .flatten()
+                .boxed()
+            })
+            .collect();
+        let all = stream::iter(choices).flatten_unordered(window);
+        let body = stream::unfold((all, false), |(mut all, stop)| async move {
+            if stop {
+                return None;
+            }
+            let (events, fatal) = all.next().await?;
+            Some((events, (all, fatal)))
+        })
+        .flat_map(stream::iter)
+        .map(Ok::<_, Infallible>);
+        Ok(crate::api::sse(body))
+    }
+    .await;
+    finish(&st, r)
+}
+
+/// `GET /props`: the server's settings as llama-server reports them (its web UI and clients
+/// read the context size, the chat template and the slots from here).
+pub async fn props(State(st): State<Arc<ServerState>>) -> Response {
+    let tok = &st.tokenizer;
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tok.inner().decode(&[i], false).ok())
+            .unwrap_or_default()
+    };
+    let template = tok.chat_template();
+    let params = settings(
+        &st.default_sampler,
+        -1,
+        &[],
+        json!({"ignore_eos": false, "stream": false, "n_probs": 0, "grammar": ""}),
+    );
+    Json(json!({
+        "default_generation_settings": {"n_ctx": st.ctx, "params": params},
+        "total_slots": st.max_batch,
+        "model_alias": st.model_name,
+        "model_path": st.model_dir.display().to_string(),
+        "modalities": {"vision": false, "video": false, "audio": false},
+        "endpoint_slots": false,
+        "endpoint_props": false,
+        "endpoint_metrics": true,
+        "ui": false,
+        "ui_settings": {},
+        "cors_proxy_enabled": false,
+        "chat_template": template.map(|t| t.source()).unwrap_or_default(),
+        "chat_template_caps": {"supports_tools": template.is_some_and(|t| t.takes_tools())},
+        "bos_token": text(tok.bos()),
+        "eos_token": text(tok.eos()),
+        "build_info": format!("gdsllm {}", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+    }))
+    .into_response()
+}
+
+/// `POST /props`: changing the server's settings is not supported (llama-server's answer
+/// without `--props`).
+pub async fn post_props() -> Response {
+    ApiError::status(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_supported_error",
+        "this server's properties cannot be changed at run time",
+    )
+    .into_response()
+}
+
+/// `POST /apply-template`: `{"messages": [...], "tools"?}` rendered by the model's chat
+/// template (the assistant's turn opened) into `{"prompt": text}`, nothing generated.
+pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let r = async {
+        let b: ChatBody = parse(&body)?;
+        if b.messages.is_empty() {
+            return Err(ApiError::bad("messages must not be empty").param("messages"));
+        }
+        let msgs = crate::api::chat_messages(&b.messages)?;
+        let tools = Tools::from_request(
+            b.tools.as_ref(),
+            b.tool_choice.as_ref(),
+            b.parallel_tool_calls,
+            st.tokenizer.chat_template(),
+        )?;
+        let list = tools.map(|t| t.list.clone());
+        let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
+        let rendered = tokio::task::spawn_blocking(move || {
+            let bytes = msgs.iter().map(|m| m.content.len()).sum::<usize>()
+                + list.as_ref().map_or(0, |l| l.to_string().len());
+            tok.check_fits(bytes, ctx)?;
+            let t = tok.chat_template().ok_or_else(|| {
+                gds_runtime::RuntimeError::Template("the model has no chat template".into())
+            })?;
+            t.render_with_tools(&msgs, true, list.as_ref())
+        })
+        .await
+        .map_err(|e| {
+            ApiError::status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("rendering failed: {e}"),
+            )
+        })?
+        .map_err(|e| ApiError::bad(format!("chat template: {e}")).param("messages"))?;
+        Ok(Json(json!({ "prompt": rendered })).into_response())
+    }
+    .await;
+    finish(&st, r)
+}

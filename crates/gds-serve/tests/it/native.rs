@@ -1,0 +1,424 @@
+//! llama-server's own API (`/completion`, `/props`, `/apply-template`) against llama-server's
+//! answers to the same requests on the same GGUFs (fixtures/reference/llama-server-native.json,
+//! made by scripts/gen_native_goldens.py): every field llama-server answers with is there
+//! with the same JSON type (but the few named below), and prompt token counts, processed
+//! prompts, stop types and words, greedy texts, token ids and probabilities, the list forms,
+//! the streamed events and the chat template's rendering agree.
+
+use crate::common::{http, serial, start_model, Server};
+use serde_json::{json, Value};
+
+/// Fields of llama-server's answers this server does not give, and why.
+const ABSENT: &[(&str, &str)] = &[
+    // chat parsing and speculative settings of llama-server's own chat pipeline
+    ("/generation_settings/chat_format", "chat parsing"),
+    ("/generation_settings/reasoning_format", "chat parsing"),
+    ("/generation_settings/reasoning_in_content", "chat parsing"),
+    ("/generation_settings/generation_prompt", "chat parsing"),
+    (
+        "/generation_settings/speculative.types",
+        "speculative settings",
+    ),
+    (
+        "/default_generation_settings/params/chat_format",
+        "chat parsing",
+    ),
+    (
+        "/default_generation_settings/params/reasoning_format",
+        "chat parsing",
+    ),
+    (
+        "/default_generation_settings/params/reasoning_in_content",
+        "chat parsing",
+    ),
+    (
+        "/default_generation_settings/params/generation_prompt",
+        "chat parsing",
+    ),
+    (
+        "/default_generation_settings/params/speculative.types",
+        "speculative settings",
+    ),
+    // the GGUF's file type, the multimodal marker, and llama-server's analysis of its
+    // template (this server reports whether the template takes tools)
+    ("/model_ftype", "not kept by the converted format"),
+    ("/media_marker", "text-only models"),
+    (
+        "/chat_template_caps/supports_",
+        "template analysis beyond tools",
+    ),
+];
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// A field of llama-server's that this server is allowed not to give (`path` without the
+/// list index of a list answer).
+fn absent(path: &str) -> bool {
+    let p = path.trim_start_matches("[0]");
+    p != "/chat_template_caps/supports_tools" && ABSENT.iter().any(|(a, _)| p.starts_with(a))
+}
+
+/// Every field of `want` (llama-server's) is in `got` with the same JSON type, recursively
+/// (lists by their first element); differences appended to `out`.
+fn same_shape(want: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
+    if absent(path) {
+        return;
+    }
+    if kind(want) != kind(got) {
+        out.push(format!(
+            "{path}: llama-server {} ours {}",
+            kind(want),
+            kind(got)
+        ));
+        return;
+    }
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, wv) in w {
+                let p = format!("{path}/{k}");
+                match g.get(k) {
+                    Some(gv) => same_shape(wv, gv, &p, out),
+                    None if absent(&p) => {}
+                    None => out.push(format!("{p}: missing")),
+                }
+            }
+        }
+        (Value::Array(w), Value::Array(g)) => {
+            if let (Some(w0), Some(g0)) = (w.first(), g.first()) {
+                same_shape(w0, g0, &format!("{path}[0]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn call(s: &Server, method: &str, path: &str, body: &Value) -> (u16, Value) {
+    let b = (!body.is_null()).then(|| body.to_string());
+    let (code, text) = http(&s.addr, method, path, b.as_deref().map(str::as_bytes));
+    if body.get("stream") == Some(&json!(true)) && code == 200 {
+        let mut events = Vec::new();
+        let mut done = false;
+        for line in text.lines() {
+            match line.strip_prefix("data: ") {
+                Some("[DONE]") => done = true,
+                Some(d) => events.push(serde_json::from_str::<Value>(d).unwrap()),
+                None => {}
+            }
+        }
+        return (code, json!({"events": events, "done": done}));
+    }
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
+    (code, v)
+}
+
+/// The text both greedy answers start with covers at least half of llama-server's: the same
+/// prompt tokens give the same first tokens (kernels differ in the last bits, so a long
+/// greedy run may part later).
+fn same_start(want: &str, got: &str, what: &str) {
+    let common = want
+        .chars()
+        .zip(got.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(
+        2 * common >= want.chars().count(),
+        "{what}: llama-server {want:?}, ours {got:?}"
+    );
+}
+
+/// The values of one completion object that must agree.
+fn same_completion(want: &Value, got: &Value, what: &str) {
+    for f in [
+        "tokens_evaluated",
+        "prompt",
+        "stop",
+        "stopping_word",
+        "index",
+    ] {
+        assert_eq!(got[f], want[f], "{what}: {f}");
+    }
+    same_start(
+        want["content"].as_str().unwrap(),
+        got["content"].as_str().unwrap(),
+        what,
+    );
+    assert_eq!(got["stop_type"], want["stop_type"], "{what}: stop_type");
+    let (wt, gt) = (want["tokens"].as_array(), got["tokens"].as_array());
+    assert_eq!(
+        wt.map(Vec::is_empty),
+        gt.map(Vec::is_empty),
+        "{what}: tokens"
+    );
+    if let (Some(wt), Some(gt)) = (wt, gt) {
+        assert_eq!(wt.first(), gt.first(), "{what}: first token");
+    }
+    if let Some(wp) = want["completion_probabilities"].as_array() {
+        let gp = got["completion_probabilities"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: no completion_probabilities"));
+        assert_eq!(gp.len(), wp.len(), "{what}: probabilities");
+        let (w0, g0) = (&wp[0], &gp[0]);
+        assert_eq!(g0["id"], w0["id"], "{what}: first token's id");
+        assert_eq!(g0["token"], w0["token"], "{what}: first token's text");
+        assert_eq!(g0["bytes"], w0["bytes"], "{what}: first token's bytes");
+        let lp = |v: &Value| v.as_f64().unwrap();
+        assert!(
+            (lp(&g0["logprob"]) - lp(&w0["logprob"])).abs() < 0.1,
+            "{what}: logprob {} vs {}",
+            g0["logprob"],
+            w0["logprob"]
+        );
+        let ids = |v: &Value| -> Vec<Value> {
+            v["top_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].clone())
+                .collect()
+        };
+        assert_eq!(ids(g0).len(), ids(w0).len(), "{what}: alternatives");
+        assert_eq!(ids(g0)[0], ids(w0)[0], "{what}: most likely alternative");
+    }
+}
+
+/// The streamed events: no `[DONE]`, each partial event with its text's tokens, the last one
+/// `stop: true` with the final fields; their texts add up to llama-server's start.
+fn same_stream(want: &Value, got: &Value, what: &str) {
+    assert_eq!(got["done"], want["done"], "{what}: [DONE]");
+    let wev: Vec<&Value> = want["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| !e.is_null())
+        .collect();
+    let gev = got["events"].as_array().unwrap();
+    assert_eq!(gev.len(), wev.len(), "{what}: events: {gev:?}");
+    let mut out = Vec::new();
+    same_shape(wev[0], &gev[0], "", &mut out);
+    same_shape(wev[wev.len() - 1], &gev[gev.len() - 1], "", &mut out);
+    assert!(out.is_empty(), "{what}: {out:#?}");
+    let text = |evs: &mut dyn Iterator<Item = &Value>, index: u64| -> String {
+        evs.filter(|e| e["index"] == index)
+            .filter_map(|e| e["content"].as_str())
+            .collect()
+    };
+    let n = gev.iter().filter(|e| e["stop"] == true).count();
+    assert_eq!(
+        n,
+        wev.iter().filter(|e| e["stop"] == true).count(),
+        "{what}: final events"
+    );
+    for i in 0..n as u64 {
+        same_start(
+            &text(&mut wev.iter().copied(), i),
+            &text(&mut gev.iter(), i),
+            &format!("{what}, choice {i}"),
+        );
+    }
+    for e in gev.iter().filter(|e| e["stop"] == false) {
+        assert!(!e["tokens"].as_array().unwrap().is_empty(), "{what}: {e}");
+    }
+    assert_eq!(gev.last().unwrap()["stop"], true, "{what}: last event");
+}
+
+/// `gguf_template`: the GGUF carries a chat template (llama-server renders ChatML for one
+/// without; gdsconv gives such a model its architecture's, formats/<arch>.json).
+fn check_model(model: &std::path::Path, name: &str, gguf_template: bool) {
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string(gds_tests::fixture("reference/llama-server-native.json")).unwrap(),
+    )
+    .unwrap();
+    let s = start_model(model, &["--ctx", "512", "--max-batch", "4"]);
+    for e in g["models"][name].as_array().unwrap() {
+        let what = format!("{name}: {}", e["name"].as_str().unwrap());
+        if e["name"] == "apply_template" && !gguf_template {
+            let (code, got) = call(&s, "POST", "/apply-template", &e["body"]);
+            assert_eq!(code, 200, "{what}: {got}");
+            assert!(
+                got["prompt"]
+                    .as_str()
+                    .unwrap()
+                    .contains("<start_of_turn>model\n"),
+                "{what}: the architecture's template: {got}"
+            );
+            continue;
+        }
+        let (code, got) = call(
+            &s,
+            e["method"].as_str().unwrap(),
+            e["path"].as_str().unwrap(),
+            &e["body"],
+        );
+        assert_eq!(code, e["status"].as_u64().unwrap() as u16, "{what}: {got}");
+        let want = &e["answer"];
+        if code != 200 {
+            assert!(got["error"]["message"].is_string(), "{what}: {got}");
+            continue;
+        }
+        let mut out = Vec::new();
+        if want.get("events").is_none() {
+            same_shape(want, &got, "", &mut out);
+        }
+        assert!(out.is_empty(), "{what}: {out:#?}");
+        match e["name"].as_str().unwrap() {
+            "stream" | "batch_stream" => same_stream(want, &got, &what),
+            "batch" => {
+                let (w, g) = (want.as_array().unwrap(), got.as_array().unwrap());
+                assert_eq!(g.len(), w.len(), "{what}");
+                for (i, (w, g)) in w.iter().zip(g).enumerate() {
+                    same_completion(w, g, &format!("{what} [{i}]"));
+                }
+            }
+            "n_predict_0" => {
+                // llama-server samples one token despite its documentation; this server
+                // evaluates the prompt and generates none, as documented
+                assert_eq!(got["tokens_evaluated"], want["tokens_evaluated"], "{what}");
+                assert_eq!(got["tokens_predicted"], 0, "{what}");
+                assert_eq!(got["content"], "", "{what}");
+            }
+            "response_fields" => assert_eq!(&got, want, "{what}: only the fields named"),
+            "props" => {
+                for f in ["bos_token", "eos_token", "modalities"] {
+                    assert_eq!(got[f], want[f], "{what}: {f}");
+                }
+                if gguf_template {
+                    assert_eq!(got["chat_template"], want["chat_template"], "{what}");
+                }
+                assert_eq!(got["total_slots"], 4, "{what}: --max-batch");
+                assert_eq!(got["default_generation_settings"]["n_ctx"], 512, "{what}");
+            }
+            "apply_template" => assert_eq!(got["prompt"], want["prompt"], "{what}"),
+            "logit_bias_ban" | "logit_bias_object" => {
+                same_completion(want, &got, &what);
+                assert!(
+                    !got["content"].as_str().unwrap().starts_with(" to"),
+                    "{what}: {got}"
+                );
+            }
+            _ => same_completion(want, &got, &what),
+        }
+    }
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn native_api_answers_as_llama_server_on_smollm2() {
+    let _one = serial();
+    check_model(gds_tests::smollm_converted(), "smollm2", true);
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn native_api_answers_as_llama_server_on_gemma3() {
+    let _one = serial();
+    check_model(gds_tests::gemma_converted(), "gemma3", false);
+}
+
+/// What llama-server's clients send beyond the goldens: the samplers and fields this server
+/// refuses by name, `samplers` lists, a template-less model's `/apply-template`, and the
+/// choices of `n_cmpl`.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn native_fields_are_honoured_or_refused_by_name() {
+    let _one = serial();
+    let s = start_model(gds_tests::smollm_converted(), &["--ctx", "512"]);
+    let p = "I believe the meaning of life is";
+    for (field, value) in [
+        ("mirostat", json!(2)),
+        ("dry_multiplier", json!(0.8)),
+        ("xtc_probability", json!(0.5)),
+        ("typical_p", json!(0.5)),
+        ("dynatemp_range", json!(0.5)),
+        ("top_n_sigma", json!(1.0)),
+        ("n_indent", json!(4)),
+        ("t_max_predict_ms", json!(100)),
+        ("lora", json!([{"id": 0, "scale": 1.0}])),
+        ("post_sampling_probs", json!(true)),
+        ("n_probs", json!(1000)),
+        ("n_predict", json!(-2)),
+        ("samplers", json!(["temperature", "top_k"])),
+        ("samplers", json!(["top_k", "mirror"])),
+        ("logit_bias", json!([[99999999, 1.0]])),
+        ("logit_bias", json!([["a", "b"]])),
+    ] {
+        let mut body = json!({"prompt": p, "n_predict": 2});
+        body[field] = value.clone();
+        let (code, r) = call(&s, "POST", "/completion", &body);
+        assert_eq!(code, 400, "{field} {value}: {r}");
+        assert_eq!(r["error"]["param"], field, "{field} {value}: {r}");
+    }
+    // the same fields at their defaults (what llama-server's own UI sends) are accepted
+    let (code, r) = call(
+        &s,
+        "POST",
+        "/completion",
+        &json!({"prompt": p, "n_predict": 2, "mirostat": 0, "dry_multiplier": 0.0,
+                "xtc_probability": 0.0, "typical_p": 1.0, "dynatemp_range": 0.0,
+                "top_n_sigma": -1.0, "n_indent": 0, "lora": [], "cache_prompt": true,
+                "id_slot": -1, "n_keep": 0, "return_progress": false,
+                "samplers": ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]}),
+    );
+    assert_eq!(code, 200, "{r}");
+    // a samplers list without temperature samples at 1; with only temperature at 0 greedy
+    let greedy = |body: Value| {
+        let (code, r) = call(&s, "POST", "/completion", &body);
+        assert_eq!(code, 200, "{r}");
+        r["content"].as_str().unwrap().to_string()
+    };
+    let base = json!({"prompt": p, "n_predict": 8, "temperature": 0, "seed": 1});
+    let a = greedy(base.clone());
+    let mut only_t = base.clone();
+    only_t["samplers"] = json!("t");
+    assert_eq!(
+        greedy(only_t),
+        a,
+        "samplers \"t\" at temperature 0 is greedy"
+    );
+    let mut no_t = base.clone();
+    no_t["samplers"] = json!(["top_k"]);
+    no_t["top_k"] = json!(0);
+    let sampled: Vec<String> = (1..=4)
+        .map(|seed| {
+            let mut b = no_t.clone();
+            b["seed"] = json!(seed);
+            greedy(b)
+        })
+        .collect();
+    assert!(
+        sampled.iter().any(|t| *t != a),
+        "without the temperature sampler tokens are sampled at 1: {sampled:?}"
+    );
+    // n_cmpl choices of each prompt, in order, the same seed giving the same choices
+    let body = json!({"prompt": [p, "The sky is"], "n_cmpl": 2, "n_predict": 4,
+                      "temperature": 1.0, "seed": 7});
+    let (code, r) = call(&s, "POST", "/completion", &body);
+    assert_eq!(code, 200, "{r}");
+    let list = r.as_array().unwrap();
+    assert_eq!(list.len(), 4, "{r}");
+    for (i, c) in list.iter().enumerate() {
+        assert_eq!(c["index"], i, "{r}");
+    }
+    assert_eq!(list[0]["prompt"], list[1]["prompt"]);
+    assert_eq!(list[2]["prompt"], "The sky is");
+    let (_, again) = call(&s, "POST", "/completion", &body);
+    let texts = |v: &Value| -> Vec<Value> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["content"].clone())
+            .collect()
+    };
+    assert_eq!(texts(&again), texts(&r), "same seed, same choices");
+    // GET /v1/health as /health; POST /props is not supported
+    assert_eq!(http(&s.addr, "GET", "/v1/health", None).0, 200);
+    assert_eq!(http(&s.addr, "POST", "/props", Some(b"{}")).0, 501);
+}
