@@ -48,6 +48,23 @@ pub const END_OF_GENERATION_TEXTS: &[&str] = &[
     "[e~[",
 ];
 
+/// Fill-in-the-middle padding, repository and file-separator token texts, which llama.cpp
+/// also stops at (`llama_vocab::impl::load`: its FIM pad, repo and separator tokens join the
+/// end-of-generation set): a model that writes one has left the reply for another document.
+pub const FIM_END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|fim_pad|>",
+    "<fim-pad>",
+    "<fim_pad>",
+    "<PAD>",
+    "[PAD]",
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+    "<|file_sep|>",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

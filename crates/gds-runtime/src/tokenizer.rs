@@ -10,6 +10,7 @@ use std::path::Path;
 /// Token texts that end a turn or the text when the vocabulary has them as special tokens
 /// (llama.cpp's list, shared with the converter).
 pub use gds_format::vocab::END_OF_GENERATION_TEXTS as END_OF_GENERATION;
+use gds_format::vocab::FIM_END_OF_GENERATION_TEXTS as FIM_END_OF_GENERATION;
 
 /// Tokenizer, chat template and special tokens of a model directory.
 ///
@@ -337,7 +338,9 @@ impl TextTokenizer {
         let mut eog: Vec<u32> = eos.into_iter().collect();
         for (id, tok) in inner.get_added_tokens_decoder() {
             if tok.special
-                && (END_OF_GENERATION.contains(&tok.content.as_str()) || tok.content == eos_text)
+                && (END_OF_GENERATION.contains(&tok.content.as_str())
+                    || FIM_END_OF_GENERATION.contains(&tok.content.as_str())
+                    || tok.content == eos_text)
                 && !eog.contains(&id)
             {
                 eog.push(id);

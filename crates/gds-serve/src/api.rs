@@ -541,7 +541,7 @@ pub(crate) fn job(
     if prompt.len() >= ctx {
         // OpenAI's answer to a prompt over the context: this code, on the field that holds it
         return Err(ApiError::bad(format!(
-            "the prompt is {} tokens; this server's context is {ctx} (prompt + completion)",
+            "the prompt is {} tokens, which exceeds the available context size of {ctx} tokens (prompt + completion)",
             prompt.len()
         ))
         .param(if kind == Kind::Chat {
@@ -591,7 +591,9 @@ pub(crate) fn job(
         min_p: c.min_p.map_or(d.min_p, |p| p as f32),
         repeat_penalty: c.repeat_penalty.map_or(d.repeat_penalty, |p| p as f32),
         repeat_last_n: d.repeat_last_n,
-        seed: c.seed.map_or_else(random_seed, |s| s as u64),
+        seed: c
+            .seed
+            .map_or_else(|| st.default_seed.unwrap_or_else(random_seed), |s| s as u64),
         frequency_penalty: c
             .frequency_penalty
             .map_or(d.frequency_penalty, |p| p as f32),

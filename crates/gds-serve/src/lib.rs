@@ -165,6 +165,35 @@ pub struct EngineArgs {
     /// Default: the pooling a GGUF input named (`<arch>.pooling_type`), else mean.
     #[arg(long, value_parser = ["mean", "last", "cls"])]
     pub pooling: Option<String>,
+    /// Sampling defaults for requests that do not set them (as llama-server's flags):
+    /// temperature (0 = greedy) [default: 0.8].
+    #[arg(long)]
+    pub temp: Option<f32>,
+    /// Default top-k, 0 disables [default: 40].
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Default top-p, 1 disables [default: 0.95].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Default min-p, 0 disables [default: 0.05].
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Default repeat penalty, 1 disables [default: 1.0].
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// Tokens the repeat penalty looks back over [default: 64].
+    #[arg(long)]
+    pub repeat_last_n: Option<usize>,
+    /// Default frequency penalty, -2..=2 [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Default presence penalty, -2..=2 [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// The seed of requests that name none (so the same request gives the same answer;
+    /// default: a random seed per request).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 /// What the handlers share.
@@ -173,6 +202,8 @@ pub struct ServerState {
     tokenizer: Arc<TextTokenizer>,
     metrics: Arc<ServerMetrics>,
     default_sampler: SamplerConfig,
+    /// `--seed`: the seed of requests that name none (else a random one each).
+    default_seed: Option<u64>,
     model_name: String,
     /// `system_fingerprint` of every completion: the engine build and configuration the model
     /// runs with (changes when the model, backend, activations or KV type change).
@@ -318,6 +349,15 @@ pub(crate) fn start(
         isa: e.isa,
         gemm_min_tokens: e.gemm_min_tokens.map(|n| n as usize),
         chat_template_file: e.chat_template_file.clone(),
+        temp: e.temp,
+        top_k: e.top_k,
+        top_p: e.top_p,
+        min_p: e.min_p,
+        repeat_penalty: e.repeat_penalty,
+        repeat_last_n: e.repeat_last_n,
+        frequency_penalty: e.frequency_penalty,
+        presence_penalty: e.presence_penalty,
+        seed: e.seed,
         ..Default::default()
     })?;
     let kv_dtype = plan.kv_dtype;
@@ -408,6 +448,7 @@ pub(crate) fn start(
         tokenizer,
         metrics,
         default_sampler: plan.sampler.clone(),
+        default_seed: e.seed,
         model_name,
         fingerprint,
         ctx: plan.ctx,

@@ -557,12 +557,12 @@ fn settings(s: &SamplerConfig, n_predict: i64, stop: &[String], extra: Value) ->
     v
 }
 
-fn job_settings(j: &Job, asked: &Asked) -> Value {
+fn job_settings(st: &ServerState, j: &Job, asked: &Asked) -> Value {
     let grammar = j.grammar.as_ref().map(|(g, _)| match g {
         Grammar::Lark(s) | Grammar::Regex(s) => s.clone(),
         Grammar::JsonSchema(v) => v.to_string(),
     });
-    settings(
+    let mut v = settings(
         &j.sampler,
         asked.n_predict,
         &j.stop,
@@ -572,7 +572,19 @@ fn job_settings(j: &Job, asked: &Asked) -> Value {
             "n_probs": asked.n_probs,
             "grammar": grammar.unwrap_or_default(),
         }),
-    )
+    );
+    if j.ignore_eos {
+        // as llama-server reports it: the end-of-generation tokens banned
+        if let Some(l) = v["logit_bias"].as_array_mut() {
+            l.extend(
+                st.tokenizer
+                    .eog_ids()
+                    .iter()
+                    .map(|&t| json!({"bias": null, "token": t})),
+            );
+        }
+    }
+    v
 }
 
 /// llama-server's `completion_probabilities`: per token its id, text, bytes and log-probability,
@@ -650,7 +662,7 @@ fn final_object(st: &ServerState, j: &Job, asked: &Asked, index: usize, o: Outco
         "model": j.model,
         "tokens_predicted": n,
         "tokens_evaluated": j.prompt.len(),
-        "generation_settings": job_settings(j, asked),
+        "generation_settings": job_settings(st, j, asked),
         "prompt": prompt,
         "has_new_line": o.has_new_line,
         "truncated": j.prompt.len() + n >= st.ctx,

@@ -32,7 +32,8 @@ struct TokenizeBody {
     /// turn opened), as `/v1/chat/completions` would.
     #[serde(default)]
     messages: Option<Vec<ChatMessage>>,
-    /// Prepend BOS when the model adds one (default true).
+    /// Prepend BOS when the model adds one (default true with `prompt`, false with
+    /// `content`, as vLLM and llama-server each default).
     #[serde(default)]
     add_special_tokens: Option<bool>,
     #[serde(default)]
@@ -57,7 +58,12 @@ struct DetokenizeBody {
 pub async fn tokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
         let b: TokenizeBody = parse(&body)?;
-        let add_bos = b.add_special_tokens.or(b.add_special).unwrap_or(true);
+        // BOS by default as vLLM adds it for `prompt`; not for llama-server's `content`
+        // (its `add_special` defaults to false)
+        let add_bos = b
+            .add_special_tokens
+            .or(b.add_special)
+            .unwrap_or(b.content.is_none());
         let special = b.parse_special.unwrap_or(true);
         let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
         let ids = match (b.prompt.or(b.content), b.messages) {
@@ -83,7 +89,15 @@ pub async fn tokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes) -
             }
         };
         let mut out = json!({"tokens": ids, "count": ids.len(), "max_model_len": st.ctx});
-        if b.return_token_strs.or(b.with_pieces).unwrap_or(false) {
+        if b.with_pieces == Some(true) {
+            // llama-server's form: each token an object with its text, or its bytes when
+            // they are not text on their own (part of a character)
+            let pieces: Vec<Value> = ids
+                .iter()
+                .map(|&id| json!({"id": id, "piece": piece(&st, id)}))
+                .collect();
+            out["tokens"] = Value::Array(pieces);
+        } else if b.return_token_strs == Some(true) {
             let inner = st.tokenizer.inner();
             let strs: Vec<Value> = ids
                 .iter()
@@ -95,6 +109,46 @@ pub async fn tokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes) -
     }
     .await;
     finish(&st, r)
+}
+
+/// A token's text, or its bytes (a list of numbers) when they are not valid UTF-8 alone:
+/// byte-level BPE tokens (GPT-2's alphabet) and SentencePiece's byte tokens (`<0xAB>`)
+/// are mapped back to their bytes.
+fn piece(st: &ServerState, id: u32) -> Value {
+    let inner = st.tokenizer.inner();
+    let text = inner.decode(&[id], false).unwrap_or_default();
+    if !text.contains('\u{FFFD}') {
+        return Value::String(text);
+    }
+    let raw = inner.id_to_token(id).unwrap_or_default();
+    let bytes: Option<Vec<u8>> = match raw
+        .strip_prefix("<0x")
+        .and_then(|h| h.strip_suffix('>'))
+        .and_then(|h| u8::from_str_radix(h, 16).ok())
+    {
+        Some(b) => Some(vec![b]),
+        None => raw.chars().map(byte_level).collect(),
+    };
+    match bytes {
+        Some(b) => match String::from_utf8(b) {
+            Ok(t) => Value::String(t),
+            Err(e) => json!(e.into_bytes()),
+        },
+        None => Value::String(text),
+    }
+}
+
+/// The byte a character of GPT-2's byte-level alphabet stands for: printable bytes are
+/// themselves, the other 68 are U+0100.. in byte order.
+fn byte_level(c: char) -> Option<u8> {
+    let printable = |b: u8| matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
+    match u32::from(c) {
+        n @ 0..=0xFF => u8::try_from(n).ok().filter(|&b| printable(b)),
+        n @ 0x100..=0x143 => (0..=255u8)
+            .filter(|&b| !printable(b))
+            .nth((n - 0x100) as usize),
+        _ => None,
+    }
 }
 
 /// `POST /detokenize`: the text of `tokens` (special tokens kept), as `prompt` (vLLM) and
