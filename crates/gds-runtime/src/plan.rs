@@ -85,6 +85,10 @@ pub struct PlanOptions {
     /// `--chat-template-file`: a Jinja chat template that replaces the model's (bounded and
     /// checked as a model's template is).
     pub chat_template_file: Option<PathBuf>,
+    /// `--chat-template`: a built-in template's name (`chatml`, `llama3`, ...; see
+    /// [`gds_format::chat_template::BUILTIN`]) or a Jinja template itself, replacing the
+    /// model's (checked as a model's template is).
+    pub chat_template: Option<String>,
     /// Compute backend: `auto`, `cpu` or `cuda` (`None` = `auto`).
     pub backend: Option<String>,
     /// I/O backend: `auto`, `mmap` or `direct` (`None` = `auto`).
@@ -146,6 +150,35 @@ fn read_chat_template(p: &Path) -> Result<String> {
     gds_format::chat_template::check(&src)
         .map_err(|e| refuse(format!("the chat template is refused: {e}")))?;
     Ok(src)
+}
+
+/// `--chat-template`'s template: a built-in's source by name, or the value itself when it is
+/// Jinja (it holds `{{` or `{%`), checked as a model's template is.
+fn named_chat_template(t: &str) -> Result<&str> {
+    if let Some(src) = gds_format::chat_template::builtin(t) {
+        return Ok(src);
+    }
+    if !(t.contains("{{") || t.contains("{%")) {
+        let names: Vec<&str> = gds_format::chat_template::BUILTIN
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        return Err(RuntimeError::Usage(format!(
+            "--chat-template {t:?}: not a built-in template ({}) nor a Jinja template",
+            names.join(", ")
+        )));
+    }
+    if t.len() > MAX_CHAT_TEMPLATE_BYTES as usize {
+        return Err(RuntimeError::Usage(format!(
+            "--chat-template: more than {MAX_CHAT_TEMPLATE_BYTES} bytes"
+        )));
+    }
+    gds_format::chat_template::check(t).map_err(|e| {
+        RuntimeError::Usage(format!(
+            "--chat-template: the chat template is refused: {e}"
+        ))
+    })?;
+    Ok(t)
 }
 
 /// `GDS_DRAFT_GATE`, the alias of `--draft-gate`: `Some(false)` for `off`, `Some(true)` for
@@ -607,12 +640,22 @@ impl Plan {
             .map_err(|e| RuntimeError::Usage(e.to_string()))?;
         let own_template = tokenizer_config(dir, &m)?
             .is_some_and(|v| v.get("chat_template").is_some_and(|t| !t.is_null()));
-        let chat_template_override = match &opts.chat_template_file {
-            Some(p) => Some(read_chat_template(p)?),
-            None => None,
+        let chat_template_override = match (&opts.chat_template_file, &opts.chat_template) {
+            (Some(_), Some(_)) => {
+                return plan_err("give --chat-template or --chat-template-file, not both".into())
+            }
+            (Some(p), None) => Some(read_chat_template(p)?),
+            (None, Some(t)) => Some(named_chat_template(t)?.to_string()),
+            (None, None) => None,
         };
         let chat_template = if let Some(p) = &opts.chat_template_file {
             Some(format!("{} (--chat-template-file)", p.display()))
+        } else if let Some(t) = &opts.chat_template {
+            Some(if gds_format::chat_template::builtin(t).is_some() {
+                format!("{t} (--chat-template)")
+            } else {
+                "the template given (--chat-template)".to_string()
+            })
         } else if own_template {
             Some("tokenizer_config.json".to_string())
         } else {
@@ -896,6 +939,22 @@ fn time_seed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chat_template_takes_a_builtin_name_or_jinja() {
+        assert!(named_chat_template("chatml")
+            .unwrap()
+            .contains("<|im_start|>"));
+        let inline = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        assert_eq!(named_chat_template(inline).unwrap(), inline);
+        let e = named_chat_template("chatml2").unwrap_err().to_string();
+        assert!(
+            e.contains("not a built-in template") && e.contains("llama3"),
+            "{e}"
+        );
+        let e = named_chat_template("{% for %}").unwrap_err().to_string();
+        assert!(e.contains("refused"), "{e}");
+    }
 
     #[test]
     fn physical_cores_is_at_least_one() {

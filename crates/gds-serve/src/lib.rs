@@ -157,8 +157,13 @@ pub struct EngineArgs {
     pub gemm_min_tokens: Option<u64>,
     /// A Jinja chat template that replaces the model's (for a model whose template is missing
     /// or wrong; checked as a model's template is).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "chat_template")]
     pub chat_template_file: Option<std::path::PathBuf>,
+    /// A built-in chat template by name (chatml, llama2, llama2-sys, llama3, mistral-v7,
+    /// phi3, phi4, zephyr, gemma, vicuna, deepseek, command-r: llama.cpp's formats), or a
+    /// Jinja template itself, replacing the model's.
+    #[arg(long, value_name = "NAME|JINJA")]
+    pub chat_template: Option<String>,
     /// How /v1/embeddings makes one vector of a text's final-normed hidden states: mean
     /// (over every token), last (the last token's: decoder embedding models such as
     /// e5-mistral, gte-Qwen2, Qwen3-Embedding) or cls (the first token's); then normalized.
@@ -349,6 +354,7 @@ pub(crate) fn start(
         isa: e.isa,
         gemm_min_tokens: e.gemm_min_tokens.map(|n| n as usize),
         chat_template_file: e.chat_template_file.clone(),
+        chat_template: e.chat_template.clone(),
         temp: e.temp,
         top_k: e.top_k,
         top_p: e.top_p,

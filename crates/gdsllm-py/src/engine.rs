@@ -201,7 +201,7 @@ fn prompt_arg(p: &Bound<'_, PyAny>) -> PyResult<Result<String, Vec<Message>>> {
 
 /// A loaded model that generates: `Engine(model, **plan_options)` takes gdsrun's options
 /// (`threads`, `ctx`, `batch`, `kv_type`, `backend`, `io`, `mem_budget`, `activations`,
-/// `verify`, `isa`, `raw`, `system`, `draft`, `chat_template_file`, ... and the sampling
+/// `verify`, `isa`, `raw`, `system`, `draft`, `chat_template_file`, `chat_template`, ... and the sampling
 /// defaults `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`,
 /// `max_tokens`, `stop`).
 #[pyclass(module = "gdsllm._gdsllm", frozen)]
@@ -281,7 +281,7 @@ impl Engine {
         draft_max=None, temperature=None, top_k=None, top_p=None, min_p=None,
         repeat_penalty=None, repeat_last_n=None, frequency_penalty=None,
         presence_penalty=None, seed=None, max_tokens=None, stop=None, chat_template_file=None,
-        plain_http=false))]
+        chat_template=None, plain_http=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -314,6 +314,7 @@ impl Engine {
         max_tokens: Option<usize>,
         stop: Option<Vec<String>>,
         chat_template_file: Option<std::path::PathBuf>,
+        chat_template: Option<String>,
         plain_http: bool,
     ) -> PyResult<Engine> {
         let kv_dtype = match kv_type.as_deref() {
@@ -360,6 +361,7 @@ impl Engine {
             max_tokens,
             stop: stop.unwrap_or_default(),
             chat_template_file,
+            chat_template,
             ..Default::default()
         };
         let engine = py

@@ -106,8 +106,13 @@ pub struct RunArgs {
     pub system: Option<String>,
     /// A Jinja chat template that replaces the model's (for a model whose template is missing
     /// or wrong; checked as a model's template is).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "chat_template")]
     pub chat_template_file: Option<PathBuf>,
+    /// A built-in chat template by name (chatml, llama2, llama2-sys, llama3, mistral-v7,
+    /// phi3, phi4, zephyr, gemma, vicuna, deepseek, command-r: llama.cpp's formats), or a
+    /// Jinja template itself, replacing the model's.
+    #[arg(long, value_name = "NAME|JINJA")]
+    pub chat_template: Option<String>,
     /// Plain completion: do not apply the chat template.
     #[arg(long)]
     pub raw: bool,

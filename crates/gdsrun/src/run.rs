@@ -47,6 +47,7 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
         parse_special: a.parse_special,
         system: a.system.clone(),
         chat_template_file: a.chat_template_file.clone(),
+        chat_template: a.chat_template.clone(),
         draft: a.draft.clone(),
         draft_model: a.draft_model.clone(),
         draft_max: a.draft_max,

@@ -434,3 +434,61 @@ fn native_fields_are_honoured_or_refused_by_name() {
     assert_eq!(http(&s.addr, "GET", "/v1/health", None).0, 200);
     assert_eq!(http(&s.addr, "POST", "/props", Some(b"{}")).0, 501);
 }
+
+/// `--chat-template NAME` replaces the model's template with a built-in (the conversation
+/// rendered as llama-server's built-in of that name renders it), and the server answers chats
+/// through it.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_builtin_chat_template_replaces_the_models() {
+    let _one = serial();
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string(gds_tests::fixture("reference/llama-server-native.json")).unwrap(),
+    )
+    .unwrap();
+    let t = &g["templates"];
+    let s = start_model(
+        gds_tests::smollm_converted(),
+        &["--ctx", "512", "--chat-template", "llama3"],
+    );
+    let (code, r) = call(
+        &s,
+        "POST",
+        "/apply-template",
+        &json!({"messages": t["conversation"]}),
+    );
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["prompt"], t["rendered"]["llama3"]);
+    let (code, r) = call(&s, "GET", "/props", &Value::Null);
+    assert_eq!(code, 200);
+    assert!(r["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|start_header_id|>"));
+    let (code, r) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    );
+    assert_eq!(code, 200, "{r}");
+    // through the template: the prompt's tokens are the llama3 rendering's
+    let (_, tok) = call(
+        &s,
+        "POST",
+        "/tokenize",
+        &json!({"prompt": "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"}),
+    );
+    assert_eq!(r["usage"]["prompt_tokens"], tok["count"], "{r} {tok}");
+    drop(s);
+    // a name that is neither a built-in nor Jinja is a usage error at start
+    let out = std::process::Command::new(gds_tests::bin("gdsrun"))
+        .args(["serve"])
+        .arg(gds_tests::smollm_converted())
+        .args(["--chat-template", "llama-3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a built-in template"), "{err}");
+}
