@@ -34,7 +34,8 @@ from urllib.parse import urlparse
 
 ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-             "/v1/messages/count_tokens", "/v1/embeddings", "/tokenize", "/detokenize"]
+             "/v1/messages/count_tokens", "/v1/embeddings", "/tokenize", "/detokenize",
+             "/completion", "/apply-template"]
 
 
 def base_body(path, rng):
@@ -57,6 +58,12 @@ def base_body(path, rng):
         return {"content": words}
     if path == "/detokenize":
         return {"tokens": [1, 2, 3]}
+    if path == "/completion":
+        prompt = rng.choice([words, [words, "Then"], [1, 2, words, 3], {"prompt_string": words}])
+        return {"prompt": prompt, "n_predict": 8, "temperature": 0}
+    if path == "/apply-template":
+        return {"messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": words}]}
     raise ValueError(path)
 
 
@@ -70,7 +77,11 @@ OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens",
             "parallel_tool_calls", "continue_final_message", "parse_special", "suffix", "user",
             "system", "metadata", "thinking", "instructions", "text", "previous_response_id",
             "add_special", "with_pieces", "tokens", "content", "prompt", "messages", "input",
-            "reasoning", "store", "truncation", "best_of", "chat_template_kwargs"]
+            "reasoning", "store", "truncation", "best_of", "chat_template_kwargs",
+            # llama-server's /completion
+            "n_predict", "n_probs", "n_cmpl", "return_tokens", "response_fields", "samplers",
+            "post_sampling_probs", "mirostat", "typical_p", "repeat_last_n", "cache_prompt",
+            "id_slot", "n_keep", "lora", "dry_multiplier", "xtc_probability", "t_max_predict_ms"]
 
 
 def deep(n, leaf):
@@ -164,6 +175,10 @@ SENSIBLE = [
     ("with_pieces", True), ("add_special", True), ("parallel_tool_calls", False),
     ("encoding_format", "base64"), ("dimensions", 8), ("embd_normalize", 1),
     ("input", ["a", "b", "c"]), ("input", [[1, 2], [3, 4, 5]]),
+    ("n_probs", 3), ("n_cmpl", 2), ("return_tokens", True), ("response_fields", ["content", "a/b"]),
+    ("samplers", ["top_k", "temperature"]), ("samplers", "kt"), ("repeat_last_n", -1),
+    ("logit_bias", [[" the", False], [15, -1]]), ("prompt", {"prompt_string": "x"}),
+    ("prompt", [1, "x", 2]), ("n_predict", 0), ("n_predict", -1), ("cache_prompt", False),
     ("prompt", ["a", "b"]), ("prompt", [1, 2, 3]), ("prompt", [[1, 2], [3]]),
     ("messages", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
     ("messages", [{"role": "user", "content": "call f"}, {"role": "assistant", "tool_calls": [
@@ -215,7 +230,9 @@ def mutate(body, rng):
             ])
             b[k] = v
     # keep the generation short unless the fuzz asked for something odd
-    for k in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+    if "n_predict" not in b and rng.random() < 0.9:
+        b["n_predict"] = 16  # /completion's default is the whole context
+    for k in ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict"):
         if isinstance(b.get(k), int) and b[k] > 32 and rng.random() < 0.9:
             b[k] = 16
     return b
@@ -295,6 +312,12 @@ def check_answer(path, status, ctype, raw):
         if path in ANTHROPIC:
             if not (isinstance(last, dict) and last.get("type") in ("message_stop", "error")):
                 raise Failure(f"an Anthropic stream ending with {str(last)[:200]}")
+        elif path == "/completion":
+            # llama-server's native stream: no [DONE]; the last event has stop: true
+            if "[DONE]" in events:
+                raise Failure("a /completion stream with [DONE]")
+            if not (isinstance(last, dict) and (last.get("stop") is True or "error" in last)):
+                raise Failure(f"a /completion stream ending with {str(last)[:200]}")
         elif path == "/v1/responses":
             if not (isinstance(last, dict) and last.get("type") in
                     ("response.completed", "response.incomplete", "response.failed", "error")):

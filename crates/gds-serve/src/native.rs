@@ -770,7 +770,12 @@ fn choice_events(
                         has_new_line: new_line,
                         end,
                     };
-                    out.push(event(final_object(&st, &j, &asked, index, o)));
+                    // `stop` and `index` kept whatever `response_fields` picks: a stream's
+                    // reader needs them to know which choice ended
+                    let mut v = final_object(&st, &j, &asked, index, o);
+                    v["stop"] = json!(true);
+                    v["index"] = json!(index);
+                    out.push(event(v));
                     Some(((out, false), None))
                 }
                 Some(Piece::Error(e)) => Some(((vec![event(e.body())], true), None)),
