@@ -37,8 +37,11 @@ done
   unit/test_security.py unit/test_compat_anthropic.py unit/test_tokenize.py unit/test_ignore_eos.py unit/test_ctx_shift.py)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp -r "$SRC/tools/server/tests/." "$work/"
-cd "$work"
+# the tests' own layout: they read llama.cpp's model templates as ../../../models/templates
+mkdir -p "$work/tools/server/tests"
+cp -r "$SRC/tools/server/tests/." "$work/tools/server/tests/"
+ln -s "$ROOT/$SRC/models" "$work/models"
+cd "$work/tools/server/tests"
 LLAMA_SERVER_BIN_PATH="$ROOT/tests/py/llama_server_suite/llama-server" \
 GDS_SUITE_GDSRUN="$(realpath "$ROOT/$GDSRUN" 2>/dev/null || realpath "$GDSRUN")" \
 GDS_SUITE_MODEL="$(realpath "$ROOT/$MODEL" 2>/dev/null || realpath "$MODEL")" \

@@ -898,11 +898,20 @@ pub async fn post_props() -> Response {
     .into_response()
 }
 
-/// `POST /apply-template`: `{"messages": [...], "tools"?}` rendered by the model's chat
-/// template (the assistant's turn opened) into `{"prompt": text}`, nothing generated.
+/// `/apply-template`'s `add_generation_prompt` (default true: the assistant's turn opened).
+#[derive(Deserialize)]
+struct GenerationPrompt {
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+}
+
+/// `POST /apply-template`: `{"messages": [...], "tools"?, "add_generation_prompt"?}` rendered
+/// by the model's chat template into `{"prompt": text}`, nothing generated.
 pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
         let b: ChatBody = parse(&body)?;
+        let g: GenerationPrompt = parse(&body)?;
+        let add_generation_prompt = g.add_generation_prompt.unwrap_or(true);
         if b.messages.is_empty() {
             return Err(ApiError::bad("messages must not be empty").param("messages"));
         }
@@ -922,7 +931,7 @@ pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> 
             let t = tok.chat_template().ok_or_else(|| {
                 gds_runtime::RuntimeError::Template("the model has no chat template".into())
             })?;
-            t.render_with_tools(&msgs, true, list.as_ref())
+            t.render_with_tools(&msgs, add_generation_prompt, list.as_ref())
         })
         .await
         .map_err(|e| {

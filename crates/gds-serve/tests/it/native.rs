@@ -459,6 +459,21 @@ fn a_builtin_chat_template_replaces_the_models() {
     );
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["prompt"], t["rendered"]["llama3"]);
+    let (_, closed) = call(
+        &s,
+        "POST",
+        "/apply-template",
+        &json!({"messages": t["conversation"], "add_generation_prompt": false}),
+    );
+    let open = r["prompt"].as_str().unwrap();
+    assert_eq!(
+        format!(
+            "{}<|start_header_id|>assistant<|end_header_id|>\n\n",
+            closed["prompt"].as_str().unwrap()
+        ),
+        open,
+        "add_generation_prompt: false leaves the assistant's turn closed"
+    );
     let (code, r) = call(&s, "GET", "/props", &Value::Null);
     assert_eq!(code, 200);
     assert!(r["chat_template"]
