@@ -170,35 +170,63 @@ pub struct EngineArgs {
     /// Default: the pooling a GGUF input named (`<arch>.pooling_type`), else mean.
     #[arg(long, value_parser = ["mean", "last", "cls"])]
     pub pooling: Option<String>,
-    /// Sampling defaults for requests that do not set them (as llama-server's flags):
-    /// temperature (0 = greedy) [default: 0.8].
+    /// Sampling: `gdsrun run`'s settings, here the defaults of requests that do not set
+    /// them (as llama-server's flags are).
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// The sampling flags of `gdsrun run` and `chat` (the settings of every reply) and of
+/// `serve` and `batch` (the defaults of requests that do not set them).
+#[derive(Args, Debug, Default, Clone)]
+pub struct SamplingArgs {
+    /// Temperature (0 = greedy) [default: 0.8].
     #[arg(long)]
     pub temp: Option<f32>,
-    /// Default top-k, 0 disables [default: 40].
+    /// Top-k, 0 disables [default: 40].
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Default top-p, 1 disables [default: 0.95].
+    /// Top-p, 1 disables [default: 0.95].
     #[arg(long)]
     pub top_p: Option<f32>,
-    /// Default min-p, 0 disables [default: 0.05].
+    /// Min-p, 0 disables [default: 0.05].
     #[arg(long)]
     pub min_p: Option<f32>,
-    /// Default repeat penalty, 1 disables [default: 1.0].
+    /// Repeat penalty, 1 disables [default: 1.0].
     #[arg(long)]
     pub repeat_penalty: Option<f32>,
     /// Tokens the repeat penalty looks back over [default: 64].
     #[arg(long)]
     pub repeat_last_n: Option<usize>,
-    /// Default frequency penalty, -2..=2 [default: 0].
+    /// Subtracted from a token's logit per time the reply generated it, -2..=2 [default: 0].
     #[arg(long, allow_negative_numbers = true)]
     pub frequency_penalty: Option<f32>,
-    /// Default presence penalty, -2..=2 [default: 0].
+    /// Subtracted from the logit of every token the reply generated, -2..=2 [default: 0].
     #[arg(long, allow_negative_numbers = true)]
     pub presence_penalty: Option<f32>,
-    /// The seed of requests that name none (so the same request gives the same answer;
-    /// default: a random seed per request).
-    #[arg(long)]
+    /// Random seed. run/chat: default from the clock, recorded in the plan; serve/batch: the
+    /// seed of requests that name none (so the same request gets the same answer; default a
+    /// random seed per request).
+    #[arg(long, short = 's')]
     pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// `base` with these settings.
+    pub fn options(&self, base: PlanOptions) -> PlanOptions {
+        PlanOptions {
+            temp: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+            ..base
+        }
+    }
 }
 
 /// What the handlers share.
@@ -338,7 +366,7 @@ pub(crate) fn start(
             ))
         ));
     };
-    let plan = Plan::build(&PlanOptions {
+    let plan = Plan::build(&e.sampling.options(PlanOptions {
         model_dir: model_dir.to_path_buf(),
         ctx: e.ctx,
         threads: e.threads,
@@ -355,17 +383,8 @@ pub(crate) fn start(
         gemm_min_tokens: e.gemm_min_tokens.map(|n| n as usize),
         chat_template_file: e.chat_template_file.clone(),
         chat_template: e.chat_template.clone(),
-        temp: e.temp,
-        top_k: e.top_k,
-        top_p: e.top_p,
-        min_p: e.min_p,
-        repeat_penalty: e.repeat_penalty,
-        repeat_last_n: e.repeat_last_n,
-        frequency_penalty: e.frequency_penalty,
-        presence_penalty: e.presence_penalty,
-        seed: e.seed,
         ..Default::default()
-    })?;
+    }))?;
     let kv_dtype = plan.kv_dtype;
     let mut tokenizer = TextTokenizer::load_for_model(&plan.model_dir, &plan.model)?;
     if let Some(src) = &plan.chat_template_override {
@@ -454,7 +473,7 @@ pub(crate) fn start(
         tokenizer,
         metrics,
         default_sampler: plan.sampler.clone(),
-        default_seed: e.seed,
+        default_seed: e.sampling.seed,
         model_name,
         fingerprint,
         ctx: plan.ctx,

@@ -120,33 +120,8 @@ pub struct RunArgs {
     /// tokens. Without it every prompt is plain text; chat messages always are.
     #[arg(long)]
     pub parse_special: bool,
-    /// Temperature (0 = greedy) [default: 0.8].
-    #[arg(long)]
-    pub temp: Option<f32>,
-    /// Top-k, 0 disables [default: 40].
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    /// Top-p, 1 disables [default: 0.95].
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    /// Min-p, 0 disables [default: 0.05].
-    #[arg(long)]
-    pub min_p: Option<f32>,
-    /// Repeat penalty, 1 disables [default: 1.0].
-    #[arg(long)]
-    pub repeat_penalty: Option<f32>,
-    /// Tokens the repeat penalty looks back over [default: 64].
-    #[arg(long)]
-    pub repeat_last_n: Option<usize>,
-    /// Subtracted from a token's logit per time the reply generated it, -2..=2 [default: 0].
-    #[arg(long, allow_negative_numbers = true)]
-    pub frequency_penalty: Option<f32>,
-    /// Subtracted from the logit of every token the reply generated, -2..=2 [default: 0].
-    #[arg(long, allow_negative_numbers = true)]
-    pub presence_penalty: Option<f32>,
-    /// Random seed (default: from the clock; recorded in the plan).
-    #[arg(long, short = 's')]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub sampling: gds_serve::SamplingArgs,
     /// Most tokens per reply (default: until the context is full).
     #[arg(long, short = 'n')]
     pub max_tokens: Option<usize>,

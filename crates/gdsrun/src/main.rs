@@ -158,7 +158,7 @@ mod tests {
             panic!("expected run")
         };
         assert_eq!(r.stop, ["a", "b"]);
-        assert_eq!(r.temp, Some(0.0));
+        assert_eq!(r.sampling.temp, Some(0.0));
         assert!(r.json);
         assert_eq!((r.common.isa, r.draft_gate.as_deref()), (None, None));
     }

@@ -29,17 +29,8 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
 }
 
 fn plan_options(a: &RunArgs) -> PlanOptions {
-    PlanOptions {
+    a.sampling.options(PlanOptions {
         ctx: a.ctx,
-        temp: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        frequency_penalty: a.frequency_penalty,
-        presence_penalty: a.presence_penalty,
-        seed: a.seed,
         max_tokens: a.max_tokens,
         stop: a.stop.clone(),
         max_joules: a.max_joules,
@@ -53,7 +44,7 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
         draft_max: a.draft_max,
         draft_gate: a.draft_gate.as_deref().map(|g| g == "on"),
         ..common_options(&a.common)
-    }
+    })
 }
 
 /// The grammar of `--json-schema FILE`, `--grammar FILE` (Lark, or llama.cpp's GBNF) or
