@@ -1190,17 +1190,9 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         }
         return Ok(Json(body).into_response());
     }
-    // streamed: the first window of choices is submitted before answering (a refusal is the
-    // HTTP answer; dropping the ones already submitted cancels them), the others as earlier
-    // choices end (a request of many choices keeps at most a window of them in the engine);
-    // their chunks go out as they come, interleaved, each with its choice's index (as OpenAI
-    // streams `n` > 1 and several prompts); the usage chunk (when asked) and `[DONE]` follow
-    // the last choice's end
-    let window = window(&st, jobs.first().map_or(1, |j| j.n));
-    let mut gens = Vec::with_capacity(window);
-    for j in jobs.iter().take(window) {
-        gens.push(start_gen(&st, j).await?);
-    }
+    // streamed: the choices' chunks go out as they come, interleaved, each with its choice's
+    // index (as OpenAI streams `n` > 1 and several prompts); the usage chunk (when asked) and
+    // `[DONE]` follow the last choice's end
     let model = jobs.first().map(|j| j.model.clone()).unwrap_or_default();
     let object = if kind == Kind::Chat {
         "chat.completion.chunk"
@@ -1233,60 +1225,34 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         SseEvent::default().data(v.to_string())
     });
     let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
-    let mut gens = gens.into_iter();
-    let choices: Vec<_> = jobs
-        .into_iter()
-        .enumerate()
-        .map(|(index, job)| {
-            let echo = job.echo.then(|| {
-                st.tokenizer
-                    .inner()
-                    .decode(&job.prompt, false)
-                    .unwrap_or_default()
-            });
-            let info = ChoiceInfo {
-                index,
-                kind,
-                prompt_tokens: job.prompt.len(),
-                first_copy: job.copy == 0,
-                echo,
-                tools: job
-                    .tools
-                    .clone()
-                    .filter(|t| t.parses() && kind == Kind::Chat),
-            };
-            let (chunk, totals, st) = (chunk.clone(), totals.clone(), st.clone());
-            let ready = gens.next();
-            // submitted when the stream first polls it (the first window's already were)
-            stream::once(async move {
-                let g = match ready {
-                    Some(g) => Ok(g),
-                    None => start_gen(&st, &job).await,
-                };
-                match g {
-                    Ok(g) => choice_stream(info, g, chunk, totals).left_stream(),
-                    Err(e) => {
-                        totals.lock().unwrap_or_else(|e| e.into_inner()).failed = true;
-                        let ev = SseEvent::default().data(e.body().to_string());
-                        stream::iter([(vec![ev], true)]).right_stream()
-                    }
-                }
-            })
-            .flatten()
-            .boxed()
-        })
-        .collect();
-    // an error in one choice ends the stream (its error event last, no `[DONE]`); dropping
-    // the others cancels them
-    let all = stream::iter(choices).flatten_unordered(window);
-    let body = stream::unfold((all, false), |(mut all, stop)| async move {
-        if stop {
-            return None;
+    let (st2, totals2) = (st.clone(), totals.clone());
+    let body = stream_choices(&st, jobs, move |index, job, g| {
+        let echo = job.echo.then(|| {
+            st2.tokenizer
+                .inner()
+                .decode(&job.prompt, false)
+                .unwrap_or_default()
+        });
+        let info = ChoiceInfo {
+            index,
+            kind,
+            prompt_tokens: job.prompt.len(),
+            first_copy: job.copy == 0,
+            echo,
+            tools: job
+                .tools
+                .clone()
+                .filter(|t| t.parses() && kind == Kind::Chat),
+        };
+        match g {
+            Ok(g) => choice_stream(info, g, chunk.clone(), totals2.clone()).boxed(),
+            Err(e) => {
+                totals2.lock().unwrap_or_else(|e| e.into_inner()).failed = true;
+                refused(e)
+            }
         }
-        let (events, fatal) = all.next().await?;
-        Some((events, (all, fatal)))
     })
-    .flat_map(stream::iter);
+    .await?;
     let tail = stream::once(async move {
         let t = *totals.lock().unwrap_or_else(|e| e.into_inner());
         if t.failed {
@@ -1301,6 +1267,61 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     })
     .flat_map(stream::iter);
     Ok(sse(body.chain(tail).map(Ok::<_, Infallible>)))
+}
+
+/// The events of one streamed choice, each item with whether it ends the whole stream (an
+/// error).
+pub(crate) type ChoiceEvents = futures_util::stream::BoxStream<'static, (Vec<SseEvent>, bool)>;
+
+/// The streamed choices of one request, interleaved as they come: the first window of
+/// `jobs` submitted before answering (a refusal is the HTTP answer; dropping the ones already
+/// submitted cancels them), the others as earlier choices end (a request of many choices keeps
+/// at most a window of them in the engine). `events(index, job, submitted)` makes a choice's
+/// events (`Err`: refused when its turn came). An error ends the stream after its event, and
+/// dropping the other choices cancels them.
+pub(crate) async fn stream_choices(
+    st: &Arc<ServerState>,
+    jobs: Vec<Job>,
+    events: impl Fn(usize, Job, Result<Gen, ApiError>) -> ChoiceEvents + Send + Sync + 'static,
+) -> Result<impl Stream<Item = SseEvent> + Send, ApiError> {
+    let window = window(st, jobs.first().map_or(1, |j| j.n));
+    let mut ready = Vec::with_capacity(window);
+    for j in jobs.iter().take(window) {
+        ready.push(start_gen(st, j).await?);
+    }
+    let events = Arc::new(events);
+    let mut ready = ready.into_iter();
+    let choices: Vec<_> = jobs
+        .into_iter()
+        .enumerate()
+        .map(|(index, job)| {
+            let (st, events, g) = (st.clone(), events.clone(), ready.next());
+            // submitted when the stream first polls it (the first window's already were)
+            stream::once(async move {
+                let g = match g {
+                    Some(g) => Ok(g),
+                    None => start_gen(&st, &job).await,
+                };
+                events(index, job, g)
+            })
+            .flatten()
+            .boxed()
+        })
+        .collect();
+    let all = stream::iter(choices).flatten_unordered(window);
+    Ok(stream::unfold((all, false), |(mut all, stop)| async move {
+        if stop {
+            return None;
+        }
+        let (events, fatal) = all.next().await?;
+        Some((events, (all, fatal)))
+    })
+    .flat_map(stream::iter))
+}
+
+/// The one event of a choice refused when its turn came: its error, which ends the stream.
+pub(crate) fn refused(e: ApiError) -> ChoiceEvents {
+    stream::iter([(vec![SseEvent::default().data(e.body().to_string())], true)]).boxed()
 }
 
 /// How many of one request's jobs (choices, embedding inputs) are in the engine at once:

@@ -24,8 +24,8 @@
 //! up in the shared prefix cache whatever slot it names.
 
 use crate::api::{
-    expand, finish, parse, start_gen, timings, tokenize, window, ApiError, ChatBody, Common, End,
-    Gen, Job, Kind, Piece, Stop, MAX_PROMPTS, MAX_TOP_LOGPROBS,
+    expand, finish, parse, refused, start_gen, stream_choices, timings, tokenize, window, ApiError,
+    ChatBody, Common, End, Gen, Job, Kind, Piece, Stop, MAX_PROMPTS, MAX_TOP_LOGPROBS,
 };
 use crate::scheduler::TokenLogprobs;
 use crate::tools::Tools;
@@ -804,45 +804,14 @@ pub async fn completion(State(st): State<Arc<ServerState>>, body: Bytes) -> Resp
                 Json(results).into_response()
             });
         }
-        // the first window submitted before answering (a refusal is the HTTP answer), the
-        // others as earlier choices end; events interleaved, each with its choice's index
-        let mut ready = Vec::with_capacity(window);
-        for j in jobs.iter().take(window) {
-            ready.push(start_gen(&st, j).await?);
-        }
+        // interleaved, each event with its choice's index
         let asked = Arc::new(asked);
-        let mut ready = ready.into_iter();
-        let choices: Vec<_> = jobs
-            .into_iter()
-            .enumerate()
-            .map(|(index, j)| {
-                let (st, asked, g) = (st.clone(), asked.clone(), ready.next());
-                stream::once(async move {
-                    let g = match g {
-                        Some(g) => Ok(g),
-                        None => start_gen(&st, &j).await,
-                    };
-                    match g {
-                        Ok(g) => choice_events(st, j, asked, index, g).left_stream(),
-                        Err(e) => {
-                            let ev = SseEvent::default().data(e.body().to_string());
-                            stream::iter([(vec![ev], true)]).right_stream()
-                        }
-                    }
-                })
-                .flatten()
-                .boxed()
-            })
-            .collect();
-        let all = stream::iter(choices).flatten_unordered(window);
-        let body = stream::unfold((all, false), |(mut all, stop)| async move {
-            if stop {
-                return None;
-            }
-            let (events, fatal) = all.next().await?;
-            Some((events, (all, fatal)))
+        let st2 = st.clone();
+        let body = stream_choices(&st, jobs, move |index, j, g| match g {
+            Ok(g) => choice_events(st2.clone(), j, asked.clone(), index, g).boxed(),
+            Err(e) => refused(e),
         })
-        .flat_map(stream::iter)
+        .await?
         .map(Ok::<_, Infallible>);
         Ok(crate::api::sse(body))
     }
