@@ -286,6 +286,33 @@ impl Sampler {
         self.cands.last().map_or(0, |c| c.id)
     }
 
+    /// The probabilities `tok` was drawn with by the last [`Sampler::sample`], as
+    /// log-probabilities: `tok`'s and the `k` most likely candidates' after the whole chain
+    /// (penalties, top-k, top-p, min-p, temperature; llama-server's `post_sampling_probs`).
+    /// Greedy sampling draws its token with probability 1.
+    pub fn drawn(&self, tok: u32, k: usize) -> TokenLogprobs {
+        if self.cfg.temp <= 0.0 {
+            let top = if k > 0 { vec![(tok, 0.0)] } else { Vec::new() };
+            return TokenLogprobs { logprob: 0.0, top };
+        }
+        let ln = |p: f32| if p > 0.0 { p.ln() } else { f32::NEG_INFINITY };
+        TokenLogprobs {
+            logprob: self
+                .cands
+                .iter()
+                .find(|c| c.id == tok)
+                .map_or(f32::NEG_INFINITY, |c| ln(c.p)),
+            // most likely first (the candidates are sorted), none of probability 0
+            top: self
+                .cands
+                .iter()
+                .filter(|c| c.p > 0.0)
+                .take(k)
+                .map(|c| (c.id, ln(c.p)))
+                .collect(),
+        }
+    }
+
     /// Runs top-k, top-p, min-p and temperature over `logits` (penalties not included) and
     /// returns the surviving candidates, most likely first, with probabilities summing to 1.
     pub fn filter(&mut self, logits: &[f32]) -> &[Candidate] {
@@ -407,6 +434,29 @@ mod tests {
     /// Logits whose softmax is exactly `probs`.
     fn logits_of(probs: &[f32]) -> Vec<f32> {
         probs.iter().map(|p| p.ln()).collect()
+    }
+
+    #[test]
+    fn drawn_gives_the_probabilities_after_the_chain() {
+        // greedy: the token, with probability 1
+        let mut s = Sampler::new(cfg(0.0, 40, 0.95, 0.05), 4);
+        let t = s.sample(&mut logits_of(&[0.1, 0.6, 0.2, 0.1]));
+        assert_eq!(t, 1);
+        let d = s.drawn(t, 3);
+        assert_eq!((d.logprob, d.top), (0.0, vec![(1, 0.0)]));
+        // top-k 2 at temperature 1: the two survivors renormalized (0.6 and 0.2 -> 3/4, 1/4)
+        let mut s = Sampler::new(cfg(1.0, 2, 1.0, 0.0), 4);
+        let t = s.sample(&mut logits_of(&[0.1, 0.6, 0.2, 0.1]));
+        let d = s.drawn(t, 5);
+        let ps: Vec<(u32, f32)> = d.top.iter().map(|&(i, l)| (i, l.exp())).collect();
+        assert_eq!(ps.len(), 2, "{ps:?}");
+        assert_eq!((ps[0].0, ps[1].0), (1, 2));
+        assert!(
+            (ps[0].1 - 0.75).abs() < 1e-5 && (ps[1].1 - 0.25).abs() < 1e-5,
+            "{ps:?}"
+        );
+        let p = ps.iter().find(|x| x.0 == t).unwrap().1;
+        assert!((d.logprob.exp() - p).abs() < 1e-6);
     }
 
     #[test]

@@ -399,6 +399,9 @@ pub(crate) struct Job {
     pub(crate) model: String,
     /// Top alternatives per token when log-probabilities were asked for.
     pub(crate) logprobs: Option<usize>,
+    /// The log-probabilities are after the sampling chain (llama-server's
+    /// `post_sampling_probs`).
+    pub(crate) post_sampling: bool,
     /// Completions: the prompt is part of the answer (text, and log-probabilities).
     pub(crate) echo: bool,
     /// The grammar the output follows, and the request field that gave it.
@@ -670,6 +673,7 @@ pub(crate) fn job(
         draft_max,
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
         logprobs,
+        post_sampling: false,
         echo,
         grammar,
         tools: None,
@@ -729,6 +733,7 @@ pub(crate) fn submit(
         ignore_eos: job.ignore_eos,
         draft_max: job.draft_max,
         logprobs: job.logprobs,
+        post_sampling: job.post_sampling,
         echo: job.echo,
         embed: None,
         constraint,

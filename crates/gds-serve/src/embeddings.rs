@@ -151,6 +151,7 @@ async fn embed_one(
         ignore_eos: false,
         draft_max: 0,
         logprobs: None,
+        post_sampling: false,
         echo: false,
         embed: Some(pooling),
         constraint: None,

@@ -126,12 +126,6 @@ impl NativeBody {
             ))
             .param(name));
         }
-        if self.post_sampling_probs == Some(true) {
-            return Err(ApiError::bad(
-                "post_sampling_probs is not supported: n_probs gives the model's log-probabilities before sampling",
-            )
-            .param("post_sampling_probs"));
-        }
         Ok(())
     }
 }
@@ -414,6 +408,8 @@ struct Asked {
     /// `n_predict` as given (-1: up to the context).
     n_predict: i64,
     n_probs: usize,
+    /// Probabilities after the sampling chain (`prob`, `top_probs`), not log-probabilities.
+    post_sampling: bool,
     return_tokens: bool,
     response_fields: Vec<String>,
     stream: bool,
@@ -477,6 +473,7 @@ async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), 
         if n_predict == 0 {
             j.max_tokens = 0;
         }
+        j.post_sampling = b.post_sampling_probs == Some(true);
         j.sampler.logit_bias.extend_from_slice(&bias);
         if let Some(n) = b.repeat_last_n {
             j.sampler.repeat_last_n = match n {
@@ -496,6 +493,7 @@ async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), 
     let asked = Asked {
         n_predict,
         n_probs,
+        post_sampling: b.post_sampling_probs == Some(true),
         return_tokens: b.return_tokens == Some(true),
         response_fields: b.response_fields.unwrap_or_default(),
         stream,
@@ -549,7 +547,6 @@ fn settings(s: &SamplerConfig, n_predict: i64, stop: &[String], extra: Value) ->
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
         "n_keep": 0,
         "min_keep": 0,
-        "post_sampling_probs": false,
     });
     if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
         m.extend(e);
@@ -570,6 +567,7 @@ fn job_settings(st: &ServerState, j: &Job, asked: &Asked) -> Value {
             "ignore_eos": j.ignore_eos,
             "stream": asked.stream,
             "n_probs": asked.n_probs,
+            "post_sampling_probs": asked.post_sampling,
             "grammar": grammar.unwrap_or_default(),
         }),
     );
@@ -587,20 +585,27 @@ fn job_settings(st: &ServerState, j: &Job, asked: &Asked) -> Value {
     v
 }
 
-/// llama-server's `completion_probabilities`: per token its id, text, bytes and log-probability,
-/// and the `n_probs` most likely at its position.
-fn probs_json(st: &ServerState, lps: &[(u32, TokenLogprobs)]) -> Value {
+/// llama-server's `completion_probabilities`: per token its id, text, bytes and
+/// log-probability, and the `n_probs` most likely at its position; after the sampling chain
+/// (`post`) probabilities instead (`prob`, `top_probs`: the candidates it was drawn from).
+fn probs_json(st: &ServerState, lps: &[(u32, TokenLogprobs)], post: bool) -> Value {
     let tok = st.tokenizer.inner();
     let entry = |id: u32, lp: f32| {
         let t = tok.decode(&[id], false).unwrap_or_default();
-        // JSON has no -inf: the lowest float, as llama-server writes it
-        let lp = if lp.is_finite() { lp } else { f32::MIN };
-        json!({"id": id, "token": t, "bytes": t.as_bytes(), "logprob": lp})
+        let mut e = json!({"id": id, "token": t, "bytes": t.as_bytes()});
+        if post {
+            e["prob"] = json!(lp.exp());
+        } else {
+            // JSON has no -inf: the lowest float, as llama-server writes it
+            e["logprob"] = json!(if lp.is_finite() { lp } else { f32::MIN });
+        }
+        e
     };
+    let top = if post { "top_probs" } else { "top_logprobs" };
     lps.iter()
         .map(|(id, l)| {
             let mut e = entry(*id, l.logprob);
-            e["top_logprobs"] = l.top.iter().map(|&(i, p)| entry(i, p)).collect();
+            e[top] = l.top.iter().map(|&(i, p)| entry(i, p)).collect();
             e
         })
         .collect()
@@ -717,7 +722,8 @@ async fn run_one(
         } else {
             Vec::new()
         },
-        probs: (asked.n_probs > 0).then(|| probs_json(st, &gen.take_raw_logprobs())),
+        probs: (asked.n_probs > 0)
+            .then(|| probs_json(st, &gen.take_raw_logprobs(), asked.post_sampling)),
         end,
     };
     Ok(final_object(st, j, asked, index, o))
@@ -746,7 +752,8 @@ fn choice_events(
                     "stop": false, "id_slot": -1, "tokens_predicted": sent,
                     "tokens_evaluated": j.prompt.len()});
                 if asked.n_probs > 0 {
-                    v["completion_probabilities"] = probs_json(&st, &gen.take_raw_logprobs());
+                    v["completion_probabilities"] =
+                        probs_json(&st, &gen.take_raw_logprobs(), asked.post_sampling);
                 }
                 event(v)
             };
@@ -832,7 +839,7 @@ pub async fn props(State(st): State<Arc<ServerState>>) -> Response {
         &st.default_sampler,
         -1,
         &[],
-        json!({"ignore_eos": false, "stream": false, "n_probs": 0, "grammar": ""}),
+        json!({"ignore_eos": false, "stream": false, "n_probs": 0, "post_sampling_probs": false, "grammar": ""}),
     );
     Json(json!({
         "default_generation_settings": {"n_ctx": st.ctx, "params": params},

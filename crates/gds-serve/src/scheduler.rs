@@ -121,6 +121,10 @@ pub struct Request {
     pub draft_max: usize,
     /// Report each token's log-probability and this many top alternatives (`None`: none).
     pub logprobs: Option<usize>,
+    /// The log-probabilities reported are after the sampling chain (llama-server's
+    /// `post_sampling_probs`): each token's share among the candidates it was drawn from
+    /// (penalties, masks, top-k/p, min-p and temperature applied), not the model's.
+    pub post_sampling: bool,
     /// Score the prompt too: every prompt token from the second gets a
     /// [`Event::PromptLogprobs`] (with `logprobs` alternatives). Such a prompt is computed
     /// in full (no prefix sharing), a few dozen positions per step.
@@ -855,8 +859,13 @@ impl Engine {
                 done.push((i, Finish::Length));
                 continue;
             }
-            // log-probabilities come from the logits as the model gave them
-            let raw = s.req.logprobs.map(|k| (k, logits.to_vec()));
+            // log-probabilities come from the logits as the model gave them (or, after the
+            // sampling chain, from the sampler's candidates: below)
+            let raw = s
+                .req
+                .logprobs
+                .filter(|_| !s.req.post_sampling)
+                .map(|k| (k, logits.to_vec()));
             if s.req.constraint.is_some() {
                 let applied = match masks.get_mut(i).and_then(Option::take) {
                     Some(m) => m.and_then(|m| m.apply(logits)),
@@ -885,7 +894,11 @@ impl Engine {
                 // after the prompt's as the generated one); it adds no text
                 s.generated += 1;
                 self.metrics.generated.fetch_add(1, Ordering::Relaxed);
-                let lp = raw.map(|(k, l)| TokenLogprobs::of(&l, tok, k));
+                let lp = match (raw, s.req.logprobs) {
+                    (Some((k, l)), _) => Some(TokenLogprobs::of(&l, tok, k)),
+                    (None, Some(k)) => Some(s.sampler.drawn(tok, k)),
+                    (None, None) => None,
+                };
                 let _ = Self::send(s, Event::Token(tok, lp));
                 done.push((i, Finish::Eos));
                 continue;
@@ -900,7 +913,11 @@ impl Engine {
             s.tokens.push(tok);
             s.generated += 1;
             self.metrics.generated.fetch_add(1, Ordering::Relaxed);
-            let lp = raw.map(|(k, l)| TokenLogprobs::of(&l, tok, k));
+            let lp = match (raw, s.req.logprobs) {
+                (Some((k, l)), _) => Some(TokenLogprobs::of(&l, tok, k)),
+                (None, Some(k)) => Some(s.sampler.drawn(tok, k)),
+                (None, None) => None,
+            };
             if !Self::send(s, Event::Token(tok, lp)) {
                 continue; // reaped next step
             }

@@ -1163,6 +1163,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 ignore_eos: true,
                 draft_max: 0,
                 logprobs: None,
+                post_sampling: false,
                 echo: false,
                 embed: embed[i],
                 constraint: None,

@@ -312,6 +312,7 @@ fn run_engine_with(
             ignore_eos: false,
             draft_max: 0,
             logprobs: echo.then_some(1),
+            post_sampling: false,
             echo: *echo,
             embed: embed.get(k).copied().flatten(),
             constraint: None,
