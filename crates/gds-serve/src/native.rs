@@ -44,8 +44,11 @@ use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
 
-/// Most `logit_bias` entries (after texts are tokenized) one request may give.
+/// Most `logit_bias` entries, and tokens they bias, one request may give.
 const MAX_BIASES: usize = 4096;
+
+/// Most `response_fields` one request may name.
+const MAX_FIELDS: usize = 256;
 
 /// `/completion`'s own fields (the shared ones are read as [`Common`]).
 #[derive(Deserialize, Default)]
@@ -268,6 +271,12 @@ async fn logit_bias(st: &ServerState, v: Option<&Value>) -> Result<Vec<(u32, f32
             )))
         }
     };
+    if pairs.len() > MAX_BIASES {
+        return Err(bad(format!(
+            "logit_bias has {} entries; at most {MAX_BIASES}",
+            pairs.len()
+        )));
+    }
     let mut out = Vec::new();
     for (key, b) in pairs {
         let bias = match b {
@@ -490,12 +499,20 @@ async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), 
         apply_samplers(b.samplers.as_ref(), &mut j.sampler)?;
         out.push(j);
     }
+    let response_fields = b.response_fields.unwrap_or_default();
+    if response_fields.len() > MAX_FIELDS {
+        return Err(ApiError::bad(format!(
+            "response_fields names {} fields; at most {MAX_FIELDS}",
+            response_fields.len()
+        ))
+        .param("response_fields"));
+    }
     let asked = Asked {
         n_predict,
         n_probs,
         post_sampling: b.post_sampling_probs == Some(true),
         return_tokens: b.return_tokens == Some(true),
-        response_fields: b.response_fields.unwrap_or_default(),
+        response_fields,
         stream,
     };
     Ok((out, asked))

@@ -406,6 +406,8 @@ fn native_fields_are_honoured_or_refused_by_name() {
         ("samplers", json!(["top_k", "mirror"])),
         ("logit_bias", json!([[99999999, 1.0]])),
         ("logit_bias", json!([["a", "b"]])),
+        ("logit_bias", json!(vec![json!(["", 1.0]); 5000])),
+        ("response_fields", json!(vec!["content"; 300])),
     ] {
         let mut body = json!({"prompt": p, "n_predict": 2});
         body[field] = value.clone();
