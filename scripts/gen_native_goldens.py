@@ -64,6 +64,8 @@ def requests(port):
          {"prompt": P, **plain, "n_predict": 4, "return_tokens": True, "n_probs": 3}),
         ("stream", "POST", "/completion",
          {"prompt": P, **plain, "n_predict": 4, "stream": True, "n_probs": 2}),
+        ("stream_timings", "POST", "/completion",
+         {"prompt": P, **plain, "n_predict": 3, "stream": True, "timings_per_token": True}),
         ("token_ids", "POST", "/completion", {"prompt": ids, **plain}),
         ("mixed", "POST", "/completion", {"prompt": [*ids[:3], " and", ids[-1], " so"], **plain}),
         ("prompt_string", "POST", "/completion", {"prompt": {"prompt_string": P}, **plain}),

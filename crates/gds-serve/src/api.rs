@@ -3,7 +3,7 @@
 
 pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
-use crate::scheduler::{Done, Event, Finish, Request, TokenLogprobs};
+use crate::scheduler::{Done, Event, Finish, Prefill, Request, TokenLogprobs};
 use crate::tools::Tools;
 use crate::ServerState;
 use axum::body::Bytes;
@@ -135,6 +135,9 @@ pub(crate) struct Common {
     /// Extension: a regular expression the whole output must match.
     #[serde(default)]
     pub(crate) regex: Option<String>,
+    /// Extension (llama-server's): every streamed chunk carries `timings` so far.
+    #[serde(default)]
+    pub(crate) timings_per_token: Option<bool>,
 }
 
 /// OpenAI fields that change what is answered and that gdsrun does not do: refused with a
@@ -402,6 +405,8 @@ pub(crate) struct Job {
     /// The log-probabilities are after the sampling chain (llama-server's
     /// `post_sampling_probs`).
     pub(crate) post_sampling: bool,
+    /// Streamed chunks carry `timings` so far (llama-server's `timings_per_token`).
+    pub(crate) timings_per_token: bool,
     /// Completions: the prompt is part of the answer (text, and log-probabilities).
     pub(crate) echo: bool,
     /// The grammar the output follows, and the request field that gave it.
@@ -674,6 +679,7 @@ pub(crate) fn job(
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
         logprobs,
         post_sampling: false,
+        timings_per_token: c.timings_per_token == Some(true),
         echo,
         grammar,
         tools: None,
@@ -819,6 +825,8 @@ pub(crate) struct Gen {
     /// were handed out (llama-server's `tokens`).
     tokens: Vec<u32>,
     tokens_taken: usize,
+    /// What the prompt cost, and when the first token came (per-token timings).
+    prefill: Option<(Prefill, Instant)>,
 }
 
 impl Gen {
@@ -845,7 +853,16 @@ impl Gen {
             echo_prompt: None,
             tokens: Vec::new(),
             tokens_taken: 0,
+            prefill: None,
         }
+    }
+
+    /// llama.cpp-style `timings` so far (`timings_per_token`): the prompt's as the engine
+    /// measured it, the tokens since the first as they arrived here.
+    pub(crate) fn timings_so_far(&self, prompt_tokens: usize) -> Value {
+        let (p, first) = self.prefill.unwrap_or((Prefill::default(), Instant::now()));
+        let decode_ms = first.elapsed().as_secs_f64() * 1000.0;
+        timing_fields(prompt_tokens, &p, decode_ms, self.reply.generated())
     }
 
     /// The generated tokens not handed out yet (the end-of-generation token is not one).
@@ -955,6 +972,7 @@ impl Gen {
             let ev = self.rx.recv().await;
             match ev {
                 Some(Event::PromptLogprobs(lp)) => self.prompt_lps.push(lp),
+                Some(Event::Prefilled(p)) => self.prefill = Some((p, Instant::now())),
                 Some(Event::Token(id, lp)) => {
                     self.reply.token();
                     if let Some(lp) = lp {
@@ -1031,17 +1049,21 @@ impl Gen {
     }
 }
 
-/// llama.cpp-style timings.
+/// llama.cpp-style timings of a choice that ended.
 pub(crate) fn timings(end: &End, prompt_tokens: usize) -> Value {
-    let (pn, pms, dms, cached) = end.done.as_ref().map_or((prompt_tokens, 0.0, 0.0, 0), |d| {
-        (
-            d.prompt_tokens - d.cached_tokens,
-            d.prompt_ms,
-            d.decode_ms,
-            d.cached_tokens,
-        )
+    let p = end.done.as_ref().map_or(Prefill::default(), |d| Prefill {
+        cached_tokens: d.cached_tokens,
+        prompt_ms: d.prompt_ms,
+        queue_ms: d.queue_ms,
     });
-    let n = end.completion_tokens;
+    let decode_ms = end.done.as_ref().map_or(0.0, |d| d.decode_ms);
+    timing_fields(prompt_tokens, &p, decode_ms, end.completion_tokens)
+}
+
+/// llama.cpp's `timings`: the prompt (`prompt_tokens`, what `p` says it cost), and `n`
+/// generated tokens in `decode_ms` (after the first, which the prompt's pass gives).
+fn timing_fields(prompt_tokens: usize, p: &Prefill, decode_ms: f64, n: usize) -> Value {
+    let pn = prompt_tokens.saturating_sub(p.cached_tokens);
     let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
     let tps = |ms: f64, n: usize| {
         if ms > 0.0 {
@@ -1050,19 +1072,18 @@ pub(crate) fn timings(end: &End, prompt_tokens: usize) -> Value {
             0.0
         }
     };
-    // decode time covers the tokens after the first (the first comes from the prompt pass)
     let dn = n.saturating_sub(1);
     json!({
-        "cache_n": cached,
+        "cache_n": p.cached_tokens,
         "prompt_n": pn,
-        "prompt_ms": pms,
-        "prompt_per_token_ms": per(pms, pn),
-        "prompt_per_second": tps(pms, pn),
+        "prompt_ms": p.prompt_ms,
+        "prompt_per_token_ms": per(p.prompt_ms, pn),
+        "prompt_per_second": tps(p.prompt_ms, pn),
         "predicted_n": n,
-        "predicted_ms": dms,
-        "predicted_per_token_ms": per(dms, dn),
-        "predicted_per_second": tps(dms, dn),
-        "queue_ms": end.done.as_ref().map_or(0.0, |d| d.queue_ms),
+        "predicted_ms": decode_ms,
+        "predicted_per_token_ms": per(decode_ms, dn),
+        "predicted_per_second": tps(decode_ms, dn),
+        "queue_ms": p.queue_ms,
     })
 }
 
@@ -1248,6 +1269,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                 .tools
                 .clone()
                 .filter(|t| t.parses() && kind == Kind::Chat),
+            timings_per_token: job.timings_per_token,
         };
         match g {
             Ok(g) => choice_stream(info, g, chunk.clone(), totals2.clone()).boxed(),
@@ -1376,6 +1398,8 @@ struct ChoiceInfo {
     echo: Option<String>,
     /// Chat with tools whose calls are parsed.
     tools: Option<Arc<Tools>>,
+    /// Every chunk carries `timings` so far.
+    timings_per_token: bool,
 }
 
 type Chunk = Arc<dyn Fn(Value, Option<Value>) -> SseEvent + Send + Sync>;
@@ -1419,6 +1443,10 @@ fn choice_stream(
         async move {
             let (mut g, mut held, mut plain, mut calling, mut echo) = g?;
             let tools = info.tools.as_deref();
+            let so_far = |g: &Gen| {
+                info.timings_per_token
+                    .then(|| g.timings_so_far(info.prompt_tokens))
+            };
             match (g.next().await, tools) {
                 (Some(Piece::Text(t)), Some(tl)) => {
                     held.push_str(&t);
@@ -1429,7 +1457,7 @@ fn choice_stream(
                         if n > 0 {
                             let text: String = held.drain(..n).collect();
                             let lp = g.take_logprobs(kind);
-                            out.push(chunk(text_choice(text, lp), None));
+                            out.push(chunk(text_choice(text, lp), so_far(&g)));
                         }
                     }
                     Some(((out, false), Some((g, held, plain, calling, echo))))
@@ -1439,7 +1467,7 @@ fn choice_stream(
                         t.insert_str(0, &e);
                     }
                     let lp = g.take_logprobs(kind);
-                    let out = vec![chunk(text_choice(t, lp), None)];
+                    let out = vec![chunk(text_choice(t, lp), so_far(&g))];
                     Some(((out, false), Some((g, held, plain, calling, echo))))
                 }
                 (Some(Piece::End(e)), _) => {

@@ -772,6 +772,9 @@ fn choice_events(
                     v["completion_probabilities"] =
                         probs_json(&st, &gen.take_raw_logprobs(), asked.post_sampling);
                 }
+                if j.timings_per_token {
+                    v["timings"] = gen.timings_so_far(j.prompt.len());
+                }
                 event(v)
             };
             match gen.next().await {

@@ -25,8 +25,11 @@ pub use gds_runtime::sampler::TokenLogprobs;
 /// What the engine tells a request's handler.
 #[derive(Debug)]
 pub enum Event {
-    /// A generated token (never an end-of-generation token), with its log-probabilities
-    /// when the request asked for them.
+    /// The prompt is in the cache and the first token is sampled: what the prompt cost
+    /// (sent once, just before the first [`Event::Token`]; for per-token timings).
+    Prefilled(Prefill),
+    /// A generated token (the end-of-generation one too: counted and scored, never text),
+    /// with its log-probabilities when the request asked for them.
     Token(u32, Option<TokenLogprobs>),
     /// With [`Request::echo`]: the log-probabilities of the next prompt token (from the
     /// second on, in order), computed from the logits of the position before it.
@@ -101,6 +104,17 @@ pub struct Done {
     pub prompt_ms: f64,
     /// First token to the end, ms.
     pub decode_ms: f64,
+    /// Time spent queued, ms.
+    pub queue_ms: f64,
+}
+
+/// What a request's prompt cost, known at its first token.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Prefill {
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+    /// Admission to first token, ms.
+    pub prompt_ms: f64,
     /// Time spent queued, ms.
     pub queue_ms: f64,
 }
@@ -887,6 +901,12 @@ impl Engine {
             let tok = s.sampler.sample(logits);
             if s.first_token.is_none() {
                 s.first_token = Some(now);
+                let prefill = Prefill {
+                    cached_tokens: s.cached_tokens,
+                    prompt_ms: s.admitted.map_or(0.0, |a| (now - a).as_secs_f64() * 1000.0),
+                    queue_ms: s.queue_ms,
+                };
+                let _ = Self::send(s, Event::Prefilled(prefill));
             }
             if self.eog.contains(&tok) {
                 // the end-of-generation token is part of the completion, as in OpenAI's API:

@@ -271,6 +271,18 @@ fn check_model(model: &std::path::Path, name: &str, gguf_template: bool) {
         assert!(out.is_empty(), "{what}: {out:#?}");
         match e["name"].as_str().unwrap() {
             "stream" | "batch_stream" => same_stream(want, &got, &what),
+            "stream_timings" => {
+                // every event carries the timings so far (its shape is llama-server's)
+                same_stream(want, &got, &what);
+                for (i, e) in got["events"].as_array().unwrap().iter().enumerate() {
+                    let t = &e["timings"];
+                    let prompt = t["prompt_n"].as_u64().unwrap() + t["cache_n"].as_u64().unwrap();
+                    assert_eq!(prompt, got["events"][0]["tokens_evaluated"], "{what}: {e}");
+                    if e["stop"] == false {
+                        assert_eq!(t["predicted_n"], i + 1, "{what}: {e}");
+                    }
+                }
+            }
             "batch" => {
                 let (w, g) = (want.as_array().unwrap(), got.as_array().unwrap());
                 assert_eq!(g.len(), w.len(), "{what}");
@@ -477,6 +489,35 @@ fn native_fields_are_honoured_or_refused_by_name() {
             .collect()
     };
     assert_eq!(texts(&again), texts(&r), "same seed, same choices");
+    // timings_per_token on OpenAI's chat stream: each text chunk has the timings so far
+    let (code, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                   "stream": true, "timings_per_token": true, "temperature": 0})
+            .to_string()
+            .as_bytes(),
+        ),
+    );
+    assert_eq!(code, 200, "{text}");
+    let counts: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .map(|c| c["timings"]["predicted_n"].as_u64().unwrap())
+        .collect();
+    assert!(
+        !counts.is_empty() && counts.windows(2).all(|w| w[0] < w[1]),
+        "{text}"
+    );
     // GET /v1/health as /health; POST /props is not supported
     assert_eq!(http(&s.addr, "GET", "/v1/health", None).0, 200);
     assert_eq!(http(&s.addr, "POST", "/props", Some(b"{}")).0, 501);
