@@ -1102,13 +1102,13 @@ pub(crate) enum Kind {
     Chat,
 }
 
-/// Runs `job` (not streamed) to its end: the choice at `index`, and how it ended.
-pub(crate) async fn complete(
+/// Submits `job` and runs it (not streamed) to its end: its generator (for the tokens and
+/// log-probabilities), its whole text and how it ended. A grammar's error names the field that
+/// gave the grammar.
+pub(crate) async fn run_to_end(
     st: &Arc<ServerState>,
     job: &Job,
-    kind: Kind,
-    index: usize,
-) -> Result<(Value, End), ApiError> {
+) -> Result<(Gen, String, End), ApiError> {
     let mut gen = start_gen(st, job).await?;
     let mut text = String::new();
     let end = loop {
@@ -1134,6 +1134,17 @@ pub(crate) async fn complete(
     if let Some(r) = gen.rest() {
         text.push_str(&r);
     }
+    Ok((gen, text, end))
+}
+
+/// Runs `job` (not streamed) to its end: the choice at `index`, and how it ended.
+pub(crate) async fn complete(
+    st: &Arc<ServerState>,
+    job: &Job,
+    kind: Kind,
+    index: usize,
+) -> Result<(Value, End), ApiError> {
+    let (mut gen, mut text, end) = run_to_end(st, job).await?;
     let logprobs = gen.take_logprobs(kind);
     if job.echo {
         let prompt = st

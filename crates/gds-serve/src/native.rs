@@ -24,8 +24,8 @@
 //! up in the shared prefix cache whatever slot it names.
 
 use crate::api::{
-    expand, finish, parse, refused, start_gen, stream_choices, timings, tokenize, window, ApiError,
-    ChatBody, Common, End, Gen, Job, Kind, Piece, Stop, MAX_PROMPTS, MAX_TOP_LOGPROBS,
+    expand, finish, parse, refused, run_to_end, stream_choices, timings, tokenize, window,
+    ApiError, ChatBody, Common, End, Gen, Job, Kind, Piece, Stop, MAX_PROMPTS, MAX_TOP_LOGPROBS,
 };
 use crate::scheduler::TokenLogprobs;
 use crate::tools::Tools;
@@ -706,30 +706,7 @@ async fn run_one(
     asked: &Asked,
     index: usize,
 ) -> Result<Value, ApiError> {
-    let mut gen = start_gen(st, j).await?;
-    let mut content = String::new();
-    let end = loop {
-        match gen.next().await {
-            Some(Piece::Text(t)) => content.push_str(&t),
-            Some(Piece::End(e)) => break e,
-            Some(Piece::Error(e)) => {
-                return Err(match (&j.grammar, e.status) {
-                    (Some((_, param)), StatusCode::BAD_REQUEST) => e.param(param),
-                    _ => e,
-                })
-            }
-            None => {
-                return Err(ApiError::status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    "generation ended without a result",
-                ))
-            }
-        }
-    };
-    if let Some(r) = gen.rest() {
-        content.push_str(&r);
-    }
+    let (mut gen, content, end) = run_to_end(st, j).await?;
     let tokens = gen.take_tokens();
     let o = Outcome {
         has_new_line: content.contains('\n'),
