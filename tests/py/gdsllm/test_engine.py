@@ -61,6 +61,18 @@ def test_plan_equals_gdsruns(smollm2_dir):
     assert e.plan["sampler"]["temp"] == 0 and e.plan["limits"]["max_tokens"] == 2
 
 
+def test_a_builtin_chat_template_equals_gdsruns(smollm2_dir):
+    # --chat-template NAME: the same plan and the same greedy reply as gdsrun's
+    e = gdsllm.Engine(str(smollm2_dir), threads=2, chat_template="zephyr", temperature=0)
+    _, out, _ = run_gdsrun("run", smollm2_dir, "-t", "2", "--chat-template", "zephyr", "--plan")
+    plan = json.loads(out)
+    assert e.plan["chat_template"] == plan["chat_template"] and "zephyr" in plan["chat_template"]
+    want = gdsrun_text(smollm2_dir, "-p", PROMPT, "-n", "8", "--chat-template", "zephyr")
+    assert e.generate(PROMPT, max_tokens=8) == want["text"]
+    with pytest.raises(gdsllm.GdsError, match="not a built-in template"):
+        gdsllm.Engine(str(smollm2_dir), chat_template="no-such-format")
+
+
 def test_bad_sampling_settings_are_refused(engine):
     with pytest.raises(gdsllm.GdsError):
         engine.generate(PROMPT, top_p=2.0)
