@@ -1187,6 +1187,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                         Event::Token(t, _) => toks.push(t),
                         Event::Done(d) => end = Some(format!("{:?}", d.finish)),
                         Event::Embedding(v) => vector = v,
+                        Event::Prefilled(_) => {}
                         other => panic!("unexpected event {other:?}"),
                     }
                 }
