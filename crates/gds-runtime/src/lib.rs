@@ -46,4 +46,4 @@ pub use metrics::{EnergyMeter, Metrics};
 pub use model::{Model, RunState};
 pub use plan::{Plan, PlanOptions};
 pub use sampler::{Sampler, SamplerConfig};
-pub use tokenizer::TextTokenizer;
+pub use tokenizer::{ChatEnd, TextTokenizer};

@@ -12,6 +12,17 @@ use std::path::Path;
 pub use gds_format::vocab::END_OF_GENERATION_TEXTS as END_OF_GENERATION;
 use gds_format::vocab::FIM_END_OF_GENERATION_TEXTS as FIM_END_OF_GENERATION;
 
+/// How a rendered chat ends ([`TextTokenizer::encode_chat_full`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatEnd {
+    /// The assistant's turn opened (the template's generation prompt): the reply follows.
+    Reply,
+    /// As the conversation ends, no turn opened (`add_generation_prompt: false`).
+    Closed,
+    /// The last message (an assistant's) continued: the prompt ends right after its text.
+    ContinueFinal,
+}
+
 /// Tokenizer, chat template and special tokens of a model directory.
 ///
 /// Text is plain text: special-token texts in it (`<|im_end|>`) are tokenized like any
@@ -530,21 +541,23 @@ impl TextTokenizer {
         tools: Option<&serde_json::Value>,
         ctx: usize,
     ) -> Result<Vec<u32>> {
-        self.encode_chat_full(messages, tools, ctx, false)
+        self.encode_chat_full(messages, tools, ctx, ChatEnd::Reply)
     }
 
-    /// [`TextTokenizer::encode_chat_with_tools`]; with `continue_final`, the last message
-    /// (an assistant's, the start of the reply: Anthropic's prefill, vLLM's
-    /// `continue_final_message`) is continued rather than closed: the conversation is
-    /// rendered without a generation prompt and cut right after that message's text, so the
-    /// template's end-of-turn marker is not in the prompt.
+    /// [`TextTokenizer::encode_chat_with_tools`], the conversation ending as `end` says:
+    /// with the assistant's turn opened (the template's generation prompt), closed as it is
+    /// (`add_generation_prompt: false`), or with the last message (an assistant's, the start
+    /// of the reply: Anthropic's prefill, vLLM's `continue_final_message`) continued rather
+    /// than closed: rendered without a generation prompt and cut right after that message's
+    /// text, so the template's end-of-turn marker is not in the prompt.
     pub fn encode_chat_full(
         &self,
         messages: &[Message],
         tools: Option<&serde_json::Value>,
         ctx: usize,
-        continue_final: bool,
+        end: ChatEnd,
     ) -> Result<Vec<u32>> {
+        let continue_final = end == ChatEnd::ContinueFinal;
         let template = self.template()?;
         // the tool calls and tools as text: their length counts, and the marker must not
         // occur in them
@@ -583,7 +596,8 @@ impl TextTokenizer {
             })
             .collect();
         let tools = tools.map(|v| self.hide_specials_json(v, marker, &mut hidden));
-        let mut rendered = template.render_with_tools(&guarded, !continue_final, tools.as_ref())?;
+        let mut rendered =
+            template.render_with_tools(&guarded, end == ChatEnd::Reply, tools.as_ref())?;
         if continue_final {
             let last = guarded.last().map_or("", |m| m.content.as_str());
             rendered.truncate(end_of_final(&rendered, last)?);

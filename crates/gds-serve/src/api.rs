@@ -16,7 +16,7 @@ use futures_util::stream::{self, Stream, StreamExt, TryStreamExt};
 use futures_util::FutureExt;
 use gds_runtime::chat::Message;
 use gds_runtime::reply::Reply;
-use gds_runtime::{Constraint, Grammar, RuntimeError, SamplerConfig};
+use gds_runtime::{ChatEnd, Constraint, Grammar, RuntimeError, SamplerConfig};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -362,6 +362,10 @@ pub(crate) struct ChatBody {
     /// answered (vLLM's name; Anthropic's prefill).
     #[serde(default)]
     pub(crate) continue_final_message: Option<bool>,
+    /// `false`: the conversation rendered as it ends, no assistant turn opened (vLLM's and
+    /// llama-server's field; default true).
+    #[serde(default)]
+    pub(crate) add_generation_prompt: Option<bool>,
 }
 
 /// An assistant message's `tool_calls` as templates expect them: a list, each call's
@@ -1689,6 +1693,23 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     finish(&st, r)
 }
 
+/// `POST /v1/chat/completions/input_tokens` (llama-server's): the prompt tokens a chat
+/// request would have, `{"object": "response.input_tokens", "input_tokens": N}`.
+pub async fn chat_input_tokens(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let r = async {
+        let b: ChatBody = parse(&body)?;
+        let (prompt, _) = chat_prompt(&st, &b).await?;
+        Ok(input_tokens(prompt.len()))
+    }
+    .await;
+    finish(&st, r)
+}
+
+/// OpenAI's answer to counting input tokens.
+pub(crate) fn input_tokens(n: usize) -> Response {
+    Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response()
+}
+
 /// The job of a chat request: messages (and tools) rendered by the model's chat template
 /// and tokenized, the shared fields checked, a call's grammar when `tool_choice` asks for
 /// one. (`/v1/responses` builds its requests into the same form.)
@@ -1722,6 +1743,17 @@ pub(crate) async fn chat_prompt(
 ) -> Result<(Vec<u32>, Option<Arc<Tools>>), ApiError> {
     let msgs = chat_turn_messages(&b.messages)?;
     let continue_final = b.continue_final_message == Some(true);
+    if continue_final && b.add_generation_prompt == Some(true) {
+        return Err(ApiError::bad(
+            "continue_final_message and add_generation_prompt exclude each other: the reply either continues the last message or starts a new turn",
+        )
+        .param("add_generation_prompt"));
+    }
+    let end = match (continue_final, b.add_generation_prompt) {
+        (true, _) => ChatEnd::ContinueFinal,
+        (false, Some(false)) => ChatEnd::Closed,
+        (false, _) => ChatEnd::Reply,
+    };
     if continue_final && msgs.last().is_none_or(|m| m.role != "assistant") {
         return Err(ApiError::bad(
             "continue_final_message needs an assistant message last (the reply's start)",
@@ -1738,7 +1770,7 @@ pub(crate) async fn chat_prompt(
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
     let list = tools.as_ref().map(|t| t.list.clone());
     let prompt = tokenize(
-        move || tok.encode_chat_full(&msgs, list.as_ref(), ctx, continue_final),
+        move || tok.encode_chat_full(&msgs, list.as_ref(), ctx, end),
         "messages",
     )
     .await?;

@@ -638,6 +638,14 @@ fn router(state: Arc<ServerState>) -> axum::Router {
             .route(&format!("{prefix}/chat/completions"), post(api::chat))
             .route(&format!("{prefix}/responses"), post(responses::responses))
             .route(
+                &format!("{prefix}/responses/input_tokens"),
+                post(responses::count_input_tokens),
+            )
+            .route(
+                &format!("{prefix}/chat/completions/input_tokens"),
+                post(api::chat_input_tokens),
+            )
+            .route(
                 &format!("{prefix}/responses/{{id}}"),
                 get(responses::get_response).delete(responses::delete_response),
             )

@@ -374,6 +374,7 @@ async fn responses_job(
         tool_choice: r.tool_choice.as_ref().map(chat_tool_choice),
         parallel_tool_calls: r.parallel_tool_calls,
         continue_final_message: None,
+        add_generation_prompt: None,
     };
     if chat.messages.is_empty() {
         return Err(bad("input must not be empty", "input"));
@@ -385,6 +386,17 @@ async fn responses_job(
         input_from,
     });
     Ok((job, echoed, keep))
+}
+
+/// `POST /v1/responses/input_tokens` (OpenAI's): the prompt tokens a Responses request
+/// would have (the earlier response's items included), nothing generated or kept.
+pub async fn count_input_tokens(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let r = async {
+        let (job, _, _) = responses_job(&st, &body).await?;
+        Ok(crate::api::input_tokens(job.prompt.len()))
+    }
+    .await;
+    finish(&st, r)
 }
 
 /// A `response` object around `output`.

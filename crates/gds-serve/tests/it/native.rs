@@ -518,6 +518,40 @@ fn native_fields_are_honoured_or_refused_by_name() {
         !counts.is_empty() && counts.windows(2).all(|w| w[0] < w[1]),
         "{text}"
     );
+    // counting input tokens: a chat's and a Responses request's, as their answers count them
+    let chat = json!({"messages": [{"role": "user", "content": "Name a colour."}]});
+    let (code, n) = call(&s, "POST", "/v1/chat/completions/input_tokens", &chat);
+    assert_eq!(
+        (code, &n["object"]),
+        (200, &json!("response.input_tokens")),
+        "{n}"
+    );
+    let mut asked = chat.clone();
+    asked["max_tokens"] = json!(1);
+    let (_, r) = call(&s, "POST", "/v1/chat/completions", &asked);
+    assert_eq!(n["input_tokens"], r["usage"]["prompt_tokens"], "{n} {r}");
+    let resp = json!({"input": "Name a colour.", "max_output_tokens": 1, "store": false});
+    let (code, m) = call(&s, "POST", "/v1/responses/input_tokens", &resp);
+    let (_, r) = call(&s, "POST", "/v1/responses", &resp);
+    assert_eq!(code, 200, "{m}");
+    assert_eq!(m["input_tokens"], r["usage"]["input_tokens"], "{m} {r}");
+    // add_generation_prompt: false leaves the assistant's turn unopened (fewer tokens);
+    // with continue_final_message it is refused
+    let mut closed = chat.clone();
+    closed["add_generation_prompt"] = json!(false);
+    let (_, c) = call(&s, "POST", "/v1/chat/completions/input_tokens", &closed);
+    assert!(
+        c["input_tokens"].as_u64().unwrap() < n["input_tokens"].as_u64().unwrap(),
+        "{c} {n}"
+    );
+    let both = json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "He"}],
+                      "add_generation_prompt": true, "continue_final_message": true, "max_tokens": 2});
+    let (code, e) = call(&s, "POST", "/v1/chat/completions", &both);
+    assert_eq!(
+        (code, &e["error"]["param"]),
+        (400, &json!("add_generation_prompt")),
+        "{e}"
+    );
     // GET /v1/health as /health; POST /props is not supported
     assert_eq!(http(&s.addr, "GET", "/v1/health", None).0, 200);
     assert_eq!(http(&s.addr, "POST", "/props", Some(b"{}")).0, 501);
