@@ -35,18 +35,19 @@ from urllib.parse import urlparse
 ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
              "/v1/messages/count_tokens", "/v1/embeddings", "/tokenize", "/detokenize",
-             "/completion", "/apply-template"]
+             "/completion", "/apply-template", "/v1/responses/input_tokens",
+             "/v1/chat/completions/input_tokens"]
 
 
 def base_body(path, rng):
     words = rng.choice(["Hi", "What is 2+2?", "Name a colour.", "Tell me about the sea."])
-    if path == "/v1/chat/completions":
+    if path in ("/v1/chat/completions", "/v1/chat/completions/input_tokens"):
         return {"messages": [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": words}],
                 "max_tokens": 8, "temperature": 0}
     if path == "/v1/completions":
         return {"prompt": words, "max_tokens": 8, "temperature": 0}
-    if path == "/v1/responses":
+    if path in ("/v1/responses", "/v1/responses/input_tokens"):
         return {"input": words, "max_output_tokens": 8, "temperature": 0}
     if path == "/v1/messages":
         return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": words}]}
@@ -81,7 +82,8 @@ OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens",
             # llama-server's /completion
             "n_predict", "n_probs", "n_cmpl", "return_tokens", "response_fields", "samplers",
             "post_sampling_probs", "mirostat", "typical_p", "repeat_last_n", "cache_prompt",
-            "id_slot", "n_keep", "lora", "dry_multiplier", "xtc_probability", "t_max_predict_ms"]
+            "id_slot", "n_keep", "lora", "dry_multiplier", "xtc_probability", "t_max_predict_ms",
+            "add_generation_prompt", "timings_per_token"]
 
 
 def deep(n, leaf):
