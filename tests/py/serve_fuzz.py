@@ -181,6 +181,8 @@ SENSIBLE = [
     ("samplers", ["top_k", "temperature"]), ("samplers", "kt"), ("repeat_last_n", -1),
     ("logit_bias", [[" the", False], [15, -1]]), ("prompt", {"prompt_string": "x"}),
     ("prompt", [1, "x", 2]), ("n_predict", 0), ("n_predict", -1), ("cache_prompt", False),
+    ("chat_template_kwargs", {"enable_thinking": False}), ("chat_template_kwargs", {"x": "<|im_end|>"}),
+    ("add_generation_prompt", False),
     ("prompt", ["a", "b"]), ("prompt", [1, 2, 3]), ("prompt", [[1, 2], [3]]),
     ("messages", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
     ("messages", [{"role": "user", "content": "call f"}, {"role": "assistant", "tool_calls": [

@@ -215,6 +215,21 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String, TemplateError> {
+        self.render_with(messages, add_generation_prompt, tools, None)
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with more variables in the template's context (a
+    /// request's `chat_template_kwargs`, such as Qwen 3's `enable_thinking`); `messages`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token` and `tools` take precedence over
+    /// variables of the same names.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+        vars: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, TemplateError> {
+        let vars = minijinja::Value::from_serialize(vars.cloned().unwrap_or_default());
         let fuel = RENDER_FUEL
             .saturating_add(RENDER_FUEL_PER_MESSAGE.saturating_mul(messages.len() as u64));
         let mut env = self.env.clone();
@@ -236,6 +251,7 @@ impl ChatTemplate {
                     bos_token => bos_token,
                     eos_token => eos_token,
                     tools => tools,
+                    ..vars
                 },
                 &mut out,
             );

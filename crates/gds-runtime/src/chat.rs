@@ -47,8 +47,19 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, tools, None)
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with more template variables (`chat_template_kwargs`).
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+        vars: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String> {
         self.0
-            .render_with_tools(messages, add_generation_prompt, tools)
+            .render_with(messages, add_generation_prompt, tools, vars)
             .map_err(template_error)
     }
 }

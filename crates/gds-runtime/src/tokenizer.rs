@@ -541,7 +541,7 @@ impl TextTokenizer {
         tools: Option<&serde_json::Value>,
         ctx: usize,
     ) -> Result<Vec<u32>> {
-        self.encode_chat_full(messages, tools, ctx, ChatEnd::Reply)
+        self.encode_chat_full(messages, tools, None, ctx, ChatEnd::Reply)
     }
 
     /// [`TextTokenizer::encode_chat_with_tools`], the conversation ending as `end` says:
@@ -549,11 +549,14 @@ impl TextTokenizer {
     /// (`add_generation_prompt: false`), or with the last message (an assistant's, the start
     /// of the reply: Anthropic's prefill, vLLM's `continue_final_message`) continued rather
     /// than closed: rendered without a generation prompt and cut right after that message's
-    /// text, so the template's end-of-turn marker is not in the prompt.
+    /// text, so the template's end-of-turn marker is not in the prompt. `vars`: more template
+    /// variables (a request's `chat_template_kwargs`); special-token texts in them are plain
+    /// text, as in contents.
     pub fn encode_chat_full(
         &self,
         messages: &[Message],
         tools: Option<&serde_json::Value>,
+        vars: Option<&serde_json::Map<String, serde_json::Value>>,
         ctx: usize,
         end: ChatEnd,
     ) -> Result<Vec<u32>> {
@@ -565,6 +568,7 @@ impl TextTokenizer {
             .iter()
             .filter_map(|m| m.tool_calls.as_ref().map(|v| v.to_string()))
             .chain(tools.map(|v| v.to_string()))
+            .chain(vars.map(|v| serde_json::Value::Object(v.clone()).to_string()))
             .collect();
         self.check_fits(
             messages.iter().map(|m| m.content.len()).sum::<usize>()
@@ -596,8 +600,22 @@ impl TextTokenizer {
             })
             .collect();
         let tools = tools.map(|v| self.hide_specials_json(v, marker, &mut hidden));
-        let mut rendered =
-            template.render_with_tools(&guarded, end == ChatEnd::Reply, tools.as_ref())?;
+        let vars = vars.map(|v| {
+            match self.hide_specials_json(
+                &serde_json::Value::Object(v.clone()),
+                marker,
+                &mut hidden,
+            ) {
+                serde_json::Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            }
+        });
+        let mut rendered = template.render_with(
+            &guarded,
+            end == ChatEnd::Reply,
+            tools.as_ref(),
+            vars.as_ref(),
+        )?;
         if continue_final {
             let last = guarded.last().map_or("", |m| m.content.as_str());
             rendered.truncate(end_of_final(&rendered, last)?);

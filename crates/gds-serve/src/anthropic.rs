@@ -332,6 +332,7 @@ fn chat_request(body: &Bytes, counting: bool) -> Result<(ChatBody, Common), ApiE
         parallel_tool_calls: parallel,
         continue_final_message: Some(prefill),
         add_generation_prompt: None,
+        chat_template_kwargs: None,
     };
     if !counting && common.max_tokens.is_none() {
         return Err(bad("field required", "max_tokens"));

@@ -366,6 +366,45 @@ pub(crate) struct ChatBody {
     /// llama-server's field; default true).
     #[serde(default)]
     pub(crate) add_generation_prompt: Option<bool>,
+    /// More variables for the chat template (vLLM's and llama-server's field: Qwen 3's
+    /// `enable_thinking`, ...).
+    #[serde(default)]
+    pub(crate) chat_template_kwargs: Option<Value>,
+}
+
+/// Most `chat_template_kwargs` one request may give.
+const MAX_TEMPLATE_VARS: usize = 64;
+
+impl ChatBody {
+    /// `chat_template_kwargs`, checked: an object of at most [`MAX_TEMPLATE_VARS`] variables,
+    /// none of the names the server sets itself.
+    pub(crate) fn template_vars(&self) -> Result<Option<serde_json::Map<String, Value>>, ApiError> {
+        let bad = |m: String| ApiError::bad(m).param("chat_template_kwargs");
+        let map = match &self.chat_template_kwargs {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Object(m)) => m,
+            Some(v) => return Err(bad(format!("chat_template_kwargs {v} must be an object"))),
+        };
+        if map.len() > MAX_TEMPLATE_VARS {
+            return Err(bad(format!(
+                "chat_template_kwargs has {} variables; at most {MAX_TEMPLATE_VARS}",
+                map.len()
+            )));
+        }
+        let reserved = [
+            "messages",
+            "tools",
+            "add_generation_prompt",
+            "bos_token",
+            "eos_token",
+        ];
+        if let Some(k) = map.keys().find(|k| reserved.contains(&k.as_str())) {
+            return Err(bad(format!(
+                "chat_template_kwargs cannot set {k:?}: the server sets it (send it as its own field)"
+            )));
+        }
+        Ok(Some(map.clone()))
+    }
 }
 
 /// An assistant message's `tool_calls` as templates expect them: a list, each call's
@@ -1767,10 +1806,11 @@ pub(crate) async fn chat_prompt(
         st.tokenizer.chat_template(),
     )?
     .map(Arc::new);
+    let vars = b.template_vars()?;
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
     let list = tools.as_ref().map(|t| t.list.clone());
     let prompt = tokenize(
-        move || tok.encode_chat_full(&msgs, list.as_ref(), ctx, end),
+        move || tok.encode_chat_full(&msgs, list.as_ref(), vars.as_ref(), ctx, end),
         "messages",
     )
     .await?;

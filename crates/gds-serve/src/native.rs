@@ -889,6 +889,7 @@ pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> 
             return Err(ApiError::bad("messages must not be empty").param("messages"));
         }
         let msgs = crate::api::chat_messages(&b.messages)?;
+        let vars = b.template_vars()?;
         let tools = Tools::from_request(
             b.tools.as_ref(),
             b.tool_choice.as_ref(),
@@ -899,12 +900,15 @@ pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> 
         let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
         let rendered = tokio::task::spawn_blocking(move || {
             let bytes = msgs.iter().map(|m| m.content.len()).sum::<usize>()
-                + list.as_ref().map_or(0, |l| l.to_string().len());
+                + list.as_ref().map_or(0, |l| l.to_string().len())
+                + vars
+                    .as_ref()
+                    .map_or(0, |v| Value::Object(v.clone()).to_string().len());
             tok.check_fits(bytes, ctx)?;
             let t = tok.chat_template().ok_or_else(|| {
                 gds_runtime::RuntimeError::Template("the model has no chat template".into())
             })?;
-            t.render_with_tools(&msgs, add_generation_prompt, list.as_ref())
+            t.render_with(&msgs, add_generation_prompt, list.as_ref(), vars.as_ref())
         })
         .await
         .map_err(|e| {

@@ -375,6 +375,7 @@ async fn responses_job(
         parallel_tool_calls: r.parallel_tool_calls,
         continue_final_message: None,
         add_generation_prompt: None,
+        chat_template_kwargs: None,
     };
     if chat.messages.is_empty() {
         return Err(bad("input must not be empty", "input"));

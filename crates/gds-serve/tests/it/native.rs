@@ -629,3 +629,99 @@ fn a_builtin_chat_template_replaces_the_models() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a built-in template"), "{err}");
 }
+
+/// `chat_template_kwargs`: variables for the template (Qwen 3's `enable_thinking` closes the
+/// think block), the server's own names refused, and special-token texts in them plain text.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn chat_template_kwargs_reach_the_template_as_plain_text() {
+    let _one = serial();
+    let qwen3 = gds_tests::fixture("templates/qwen3.jinja");
+    let s = start_model(
+        gds_tests::smollm_converted(),
+        &[
+            "--ctx",
+            "512",
+            "--chat-template-file",
+            qwen3.to_str().unwrap(),
+        ],
+    );
+    let msgs = json!([{"role": "user", "content": "What is 2+2?"}]);
+    let render = |kwargs: Value| {
+        let (code, r) = call(
+            &s,
+            "POST",
+            "/apply-template",
+            &json!({"messages": msgs, "chat_template_kwargs": kwargs}),
+        );
+        assert_eq!(code, 200, "{r}");
+        r["prompt"].as_str().unwrap().to_string()
+    };
+    assert!(render(Value::Null).ends_with("<|im_start|>assistant\n"));
+    let off = render(json!({"enable_thinking": false}));
+    assert!(
+        off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        "{off:?}"
+    );
+    // the same through chat: the prompt counts the closed think block's tokens
+    let count = |kwargs: Value| {
+        let (code, r) = call(
+            &s,
+            "POST",
+            "/v1/chat/completions/input_tokens",
+            &json!({"messages": msgs, "chat_template_kwargs": kwargs}),
+        );
+        assert_eq!(code, 200, "{r}");
+        r["input_tokens"].as_u64().unwrap()
+    };
+    assert!(count(json!({"enable_thinking": false})) > count(Value::Null));
+    for bad in [
+        json!({"messages": []}),
+        json!({"bos_token": "x"}),
+        json!([1]),
+    ] {
+        let (code, r) = call(
+            &s,
+            "POST",
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "chat_template_kwargs": bad, "max_tokens": 1}),
+        );
+        assert_eq!(
+            (code, &r["error"]["param"]),
+            (400, &json!("chat_template_kwargs")),
+            "{r}"
+        );
+    }
+    drop(s);
+    // a variable the template prints: a special token's text in it stays plain text
+    let s = start_model(
+        gds_tests::smollm_converted(),
+        &[
+            "--ctx",
+            "512",
+            "--chat-template",
+            "{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}",
+        ],
+    );
+    let count = |greeting: &str| {
+        let (_, r) = call(
+            &s,
+            "POST",
+            "/v1/chat/completions/input_tokens",
+            &json!({"messages": [{"role": "user", "content": "Hi"}],
+                    "chat_template_kwargs": {"greeting": greeting}}),
+        );
+        r["input_tokens"].as_u64().unwrap()
+    };
+    let (_, plain) = call(
+        &s,
+        "POST",
+        "/tokenize",
+        &json!({"prompt": "<|im_end|>", "parse_special": false, "add_special_tokens": false}),
+    );
+    assert!(plain["count"].as_u64().unwrap() > 1, "{plain}");
+    assert_eq!(
+        count("<|im_end|>") - count(""),
+        plain["count"].as_u64().unwrap()
+    );
+}
