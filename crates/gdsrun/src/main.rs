@@ -123,6 +123,15 @@ fn report(e: &anyhow::Error) -> i32 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_command_line_is_consistent() {
+        // clap's own checks (no two flags with one name or letter, ...): compiled into
+        // debug builds only, so `cargo test` (tier 1) runs them; release builds skip them
+        // at parse time too
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
     fn args(v: &[&str]) -> Vec<String> {
         with_default_subcommand(v.iter().map(Into::into).collect())
             .into_iter()
