@@ -1822,8 +1822,28 @@ pub(crate) async fn encode(
     text: String,
     special: bool,
 ) -> Result<Vec<u32>, ApiError> {
+    encode_text(st, text, true, special, "prompt").await
+}
+
+/// Tokenizes `text` on the blocking pool (BOS when `with_bos` and the model adds one,
+/// special-token texts parsed when `special`), refused before tokenizing when it cannot fit
+/// the context; errors name `param`.
+pub(crate) async fn encode_text(
+    st: &ServerState,
+    text: String,
+    with_bos: bool,
+    special: bool,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
-    tokenize(move || tok.encode_prompt(&text, special, ctx), "prompt").await
+    tokenize(
+        move || {
+            tok.check_fits(text.len(), ctx)?;
+            tok.encode(&text, with_bos, special)
+        },
+        param,
+    )
+    .await
 }
 
 /// Runs a tokenization on the blocking pool (not on the few async threads that answer every

@@ -24,8 +24,9 @@
 //! up in the shared prefix cache whatever slot it names.
 
 use crate::api::{
-    expand, finish, parse, refused, run_to_end, stream_choices, timings, tokenize, window,
-    ApiError, ChatBody, Common, End, Gen, Job, Kind, Piece, Stop, MAX_PROMPTS, MAX_TOP_LOGPROBS,
+    encode_text, expand, finish, parse, refused, run_to_end, stream_choices, timings, tokenize,
+    window, ApiError, ChatBody, Common, End, Gen, Job, Kind, Piece, Stop, MAX_PROMPTS,
+    MAX_TOP_LOGPROBS,
 };
 use crate::scheduler::TokenLogprobs;
 use crate::tools::Tools;
@@ -291,15 +292,7 @@ async fn logit_bias(st: &ServerState, v: Option<&Value>) -> Result<Vec<(u32, f32
         }
         let ids = match &key {
             Value::String(text) => {
-                let (tok, text, ctx) = (st.tokenizer.clone(), text.clone(), st.ctx);
-                tokenize(
-                    move || {
-                        tok.check_fits(text.len(), ctx)?;
-                        tok.encode(&text, false, false)
-                    },
-                    "logit_bias",
-                )
-                .await?
+                encode_text(st, text.clone(), false, false, "logit_bias").await?
             }
             k => match token_id(k).filter(|&id| (id as usize) < st.vocab) {
                 Some(id) => vec![id],

@@ -10,7 +10,7 @@
 //! vLLM and llama-server do, and as Hugging Face tokenizers do): it is a tool for seeing token
 //! ids, and what a client then sends as ids is scored exactly as given.
 
-use crate::api::{chat_messages, finish, parse, tokenize, ApiError, ChatMessage};
+use crate::api::{chat_messages, encode_text, finish, parse, tokenize, ApiError, ChatMessage};
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -67,16 +67,7 @@ pub async fn tokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes) -
         let special = b.parse_special.unwrap_or(true);
         let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
         let ids = match (b.prompt.or(b.content), b.messages) {
-            (Some(text), None) => {
-                tokenize(
-                    move || {
-                        tok.check_fits(text.len(), ctx)?;
-                        tok.encode(&text, add_bos, special)
-                    },
-                    "prompt",
-                )
-                .await?
-            }
+            (Some(text), None) => encode_text(&st, text, add_bos, special, "prompt").await?,
             (None, Some(messages)) => {
                 let msgs = chat_messages(&messages)?;
                 tokenize(move || tok.encode_chat(&msgs, ctx), "messages").await?
