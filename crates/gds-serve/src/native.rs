@@ -410,8 +410,6 @@ struct Asked {
     /// `n_predict` as given (-1: up to the context).
     n_predict: i64,
     n_probs: usize,
-    /// Probabilities after the sampling chain (`prob`, `top_probs`), not log-probabilities.
-    post_sampling: bool,
     return_tokens: bool,
     response_fields: Vec<String>,
     stream: bool,
@@ -503,7 +501,6 @@ async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), 
     let asked = Asked {
         n_predict,
         n_probs,
-        post_sampling: b.post_sampling_probs == Some(true),
         return_tokens: b.return_tokens == Some(true),
         response_fields,
         stream,
@@ -577,7 +574,7 @@ fn job_settings(st: &ServerState, j: &Job, asked: &Asked) -> Value {
             "ignore_eos": j.ignore_eos,
             "stream": asked.stream,
             "n_probs": asked.n_probs,
-            "post_sampling_probs": asked.post_sampling,
+            "post_sampling_probs": j.post_sampling,
             "grammar": grammar.unwrap_or_default(),
         }),
     );
@@ -710,7 +707,7 @@ async fn run_one(
             Vec::new()
         },
         probs: (asked.n_probs > 0)
-            .then(|| probs_json(st, &gen.take_raw_logprobs(), asked.post_sampling)),
+            .then(|| probs_json(st, &gen.take_raw_logprobs(), j.post_sampling)),
         end,
     };
     Ok(final_object(st, j, asked, index, o))
@@ -740,7 +737,7 @@ fn choice_events(
                     "tokens_evaluated": j.prompt.len()});
                 if asked.n_probs > 0 {
                     v["completion_probabilities"] =
-                        probs_json(&st, &gen.take_raw_logprobs(), asked.post_sampling);
+                        probs_json(&st, &gen.take_raw_logprobs(), j.post_sampling);
                 }
                 if j.timings_per_token {
                     v["timings"] = gen.timings_so_far(j.prompt.len());
