@@ -148,7 +148,7 @@ impl ChatTemplate {
         eos_token: &str,
     ) -> Result<ChatTemplate, TemplateError> {
         prescan(source)?;
-        let owned = source.to_string();
+        let owned = generation_blocks(source);
         let env = on_big_stack("compiling it", move || {
             let mut env = Environment::new();
             env.set_trim_blocks(true);
@@ -373,6 +373,53 @@ pub fn check(source: &str) -> Result<(), TemplateError> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// Hugging Face's `{% generation %}...{% endgeneration %}` (transformers' extension marking
+/// the assistant's tokens for `return_assistant_tokens_mask`; LFM2.5's and Laguna's templates
+/// use it) renders its body unchanged: rewritten to `{% if true %}...{% endif %}`, whitespace
+/// control kept, before minijinja, which does not know the tag. `{# comments #}` and
+/// `{% raw %}` bodies are left alone.
+fn generation_blocks(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    let mut raw = false;
+    while let Some(at) = rest.find("{%").into_iter().chain(rest.find("{#")).min() {
+        if rest[at..].starts_with("{#") {
+            let end = rest[at..].find("#}").map_or(rest.len(), |e| at + e + 2);
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+            continue;
+        }
+        let Some(len) = rest[at + 2..].find("%}") else {
+            break;
+        };
+        let inner = &rest[at + 2..at + 2 + len];
+        let open = inner.strip_prefix(['-', '+']).map_or("", |_| &inner[..1]);
+        let body = &inner[open.len()..];
+        let close = body
+            .strip_suffix(['-', '+'])
+            .map_or("", |_| &body[body.len() - 1..]);
+        let word = body[..body.len() - close.len()].trim();
+        out.push_str(&rest[..at]);
+        match word {
+            "raw" => raw = true,
+            "endraw" => raw = false,
+            _ => {}
+        }
+        let new = match word {
+            "generation" if !raw => Some("if true"),
+            "endgeneration" if !raw => Some("endif"),
+            _ => None,
+        };
+        match new {
+            Some(w) => out.push_str(&format!("{{%{open} {w} {close}%}}")),
+            None => out.push_str(&rest[at..at + 4 + len]),
+        }
+        rest = &rest[at + 4 + len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The cheap scan run before minijinja's parser: the source size, and per tag the operator
@@ -887,6 +934,39 @@ mod tests {
             )
             .unwrap();
         assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n");
+    }
+
+    /// transformers' `{% generation %}` blocks render their body (LFM2.5's template style):
+    /// the same text as the template without them, whitespace control kept; `raw` bodies and
+    /// comments untouched.
+    #[test]
+    fn generation_blocks_render_their_body() {
+        let with = "{%- for m in messages -%}<{{ m.role }}>\n{%- if m.role == 'assistant' -%}\n  {%- generation -%}\n  {{ m.content }}\n  {%- endgeneration -%}\n{%- else -%}{{ m.content }}{%- endif -%}\n{%- endfor -%}";
+        let without = with
+            .replace("{%- generation -%}", "")
+            .replace("{%- endgeneration -%}", "");
+        let msgs = [
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello"),
+        ];
+        let a = ChatTemplate::new(with, "", "")
+            .unwrap()
+            .render(&msgs, false)
+            .unwrap();
+        let b = ChatTemplate::new(&without, "", "")
+            .unwrap()
+            .render(&msgs, false)
+            .unwrap();
+        assert_eq!(a, "<user>Hi<assistant>Hello");
+        assert_eq!(a, b);
+        let t = ChatTemplate::new(
+            "{% raw %}{% generation %}{% endraw %}{# {% generation %} #}{%+ generation +%}x{% endgeneration %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "{% generation %}x");
+        assert!(ChatTemplate::new("{% generation %}x", "", "").is_err());
     }
 
     /// Fuzz regression (`fuzz/regressions/tokenizer/template-error-debug-info-panics-minijinja`):

@@ -65,7 +65,9 @@ pub enum Choice {
 /// A request's tools, checked.
 #[derive(Clone, Debug)]
 pub struct Tools {
-    /// The list as the client sent it, for the template's `tools` variable.
+    /// The list as the client sent it, for the template's `tools` variable, each function
+    /// with a `description` (`""` when the client left it out, as llama-server: templates
+    /// such as Hermes 2 Pro's and Functionary's concatenate it into their prompt).
     pub list: Value,
     /// Function names and their parameter schemas.
     functions: Vec<(String, Value)>,
@@ -190,6 +192,24 @@ impl Tools {
                 "tools",
             )
         })?;
+        let mut list = list;
+        for t in list.as_array_mut().into_iter().flatten() {
+            if let Some(Value::Object(f)) = t.get_mut("function") {
+                if f.get("description").is_none_or(Value::is_null) {
+                    // after the name, where llama-server puts it
+                    let old = std::mem::take(f);
+                    for (k, v) in old {
+                        let name = k == "name";
+                        if k != "description" {
+                            f.insert(k, v);
+                        }
+                        if name {
+                            f.insert("description".into(), json!(""));
+                        }
+                    }
+                }
+            }
+        }
         Ok(Some(Tools {
             list,
             functions,
@@ -317,32 +337,61 @@ impl Tools {
         let mut content = String::new();
         match self.syntax {
             Syntax::Hermes => {
+                const OPEN: &str = "<tool_call>";
+                const CLOSE: &str = "</tool_call>";
                 let mut rest = text;
-                while let Some(at) = rest.find("<tool_call>") {
+                while let Some(at) = rest.find(OPEN) {
                     content.push_str(&rest[..at]);
-                    let body = &rest[at + "<tool_call>".len()..];
-                    let (inner, after) = match body.find("</tool_call>") {
-                        Some(e) => (&body[..e], &body[e + "</tool_call>".len()..]),
-                        None => (body, ""),
-                    };
-                    match call_of(inner.trim(), "arguments") {
-                        Some(c) => calls.push(c),
-                        None => content.push_str(&rest[at..rest.len() - after.len()]),
+                    let body = &rest[at + OPEN.len()..];
+                    // the call is one JSON value (its strings may hold `</tool_call>`), then
+                    // the closing tag (missing when the reply ended right after the value)
+                    let read = json_prefix(body).and_then(|(v, n)| {
+                        let tail = body[n..].trim_start();
+                        let after = match tail.strip_prefix(CLOSE) {
+                            Some(after) => after,
+                            None if tail.is_empty() => tail,
+                            None => return None,
+                        };
+                        Some((call_from(&v, "arguments")?, after))
+                    });
+                    match read {
+                        Some((c, after)) => {
+                            calls.push(c);
+                            rest = after;
+                        }
+                        None => {
+                            let end = body.find(CLOSE).map_or(body.len(), |e| e + CLOSE.len());
+                            content.push_str(&rest[at..at + OPEN.len() + end]);
+                            rest = &body[end..];
+                        }
                     }
-                    rest = after;
                 }
                 content.push_str(rest);
             }
             Syntax::Llama3 => {
                 let t = text.trim();
-                let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
-                let parsed: Option<Vec<Value>> = t
-                    .split("; ")
-                    .map(|part| call_of(part.trim(), "parameters"))
-                    .collect();
-                match parsed {
-                    Some(c) if t.starts_with('{') => calls = c,
-                    _ => content.push_str(text),
+                let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim_start();
+                // calls are JSON objects separated by `;` (their strings may hold `; `)
+                let mut rest = t;
+                let mut parsed = Vec::new();
+                let whole = loop {
+                    let Some((v, n)) = json_prefix(rest) else {
+                        break false;
+                    };
+                    let Some(c) = call_from(&v, "parameters") else {
+                        break false;
+                    };
+                    parsed.push(c);
+                    rest = rest[n..].trim_start();
+                    match rest.strip_prefix(';') {
+                        Some(r) => rest = r,
+                        None => break rest.is_empty(),
+                    }
+                };
+                if whole && t.starts_with('{') {
+                    calls = parsed;
+                } else {
+                    content.push_str(text);
                 }
             }
             Syntax::Mistral => {
@@ -350,7 +399,7 @@ impl Tools {
                 let t = t.strip_prefix("[TOOL_CALLS]").unwrap_or(t).trim();
                 let parsed = serde_json::from_str::<Vec<Value>>(t).ok().and_then(|list| {
                     list.iter()
-                        .map(|c| call_of(&c.to_string(), "arguments"))
+                        .map(|c| call_from(c, "arguments"))
                         .collect::<Option<Vec<Value>>>()
                 });
                 match parsed {
@@ -364,10 +413,15 @@ impl Tools {
     }
 }
 
-/// One call, `{"name": ..., key: {...}}` as JSON text, in OpenAI's form (arguments as a
-/// JSON string, a fresh id).
-fn call_of(text: &str, key: &str) -> Option<Value> {
-    let v: Value = serde_json::from_str(text).ok()?;
+/// The JSON value at the start of `text` (after white space) and the bytes it took.
+fn json_prefix(text: &str) -> Option<(Value, usize)> {
+    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+    let v = values.next()?.ok()?;
+    Some((v, values.byte_offset()))
+}
+
+/// One call, `{"name": ..., key: {...}}`, in OpenAI's form.
+fn call_from(v: &Value, key: &str) -> Option<Value> {
     let name = v.get("name")?.as_str()?;
     let args = v
         .get(key)
@@ -442,6 +496,37 @@ mod tests {
         assert_eq!(
             (content.as_deref(), calls.len()),
             (Some("The weather is fine."), 0)
+        );
+
+        // a string argument holding the closing tag or the separator is read as JSON
+        let (content, calls) = h.parse(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a}</tool_call> b\"}}\n</tool_call> done",
+        );
+        assert_eq!(calls.len(), 1, "{content:?}");
+        assert_eq!(
+            calls[0]["function"]["arguments"],
+            "{\"city\":\"a}</tool_call> b\"}"
+        );
+        assert_eq!(content.as_deref(), Some("done"));
+        // the reply ended after the value, before the closing tag
+        let (_, calls) = h.parse("<tool_call>{\"name\": \"get_weather\", \"arguments\": {}}");
+        assert_eq!(calls.len(), 1);
+        // a value followed by something other than the closing tag is not a call
+        let (content, calls) = h.parse("<tool_call>{\"name\": \"f\"} oops</tool_call> x");
+        assert!(calls.is_empty());
+        assert_eq!(
+            content.as_deref(),
+            Some("<tool_call>{\"name\": \"f\"} oops</tool_call> x")
+        );
+        let (_, calls) = l.parse(
+            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"x; y\"}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"z\"}}",
+        );
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"x; y\"}");
+        let (content, calls) = l.parse("{\"name\": \"get_weather\"} and more");
+        assert_eq!(
+            (content.as_deref(), calls.len()),
+            (Some("{\"name\": \"get_weather\"} and more"), 0)
         );
 
         let m = tools("{{ tools }} [TOOL_CALLS]", json!("auto"));
