@@ -101,6 +101,10 @@ pub struct Message {
     /// A `tool` message: the id of the call it answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant's reasoning, apart from its `content` (llama-server's and vLLM's
+    /// `reasoning_content`), which thinking models' templates render (Qwen 3's, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -111,6 +115,7 @@ impl Message {
             content: content.into(),
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 }

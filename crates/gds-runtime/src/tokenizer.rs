@@ -571,13 +571,21 @@ impl TextTokenizer {
             .chain(vars.map(|v| serde_json::Value::Object(v.clone()).to_string()))
             .collect();
         self.check_fits(
-            messages.iter().map(|m| m.content.len()).sum::<usize>()
+            messages
+                .iter()
+                .map(|m| m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len))
+                .sum::<usize>()
                 + json_texts.iter().map(String::len).sum::<usize>(),
             ctx,
         )?;
         let texts = messages
             .iter()
             .map(|m| m.content.as_str())
+            .chain(
+                messages
+                    .iter()
+                    .filter_map(|m| m.reasoning_content.as_deref()),
+            )
             .chain(json_texts.iter().map(String::as_str))
             .chain([template.source()]);
         let marker = free_marker(texts).ok_or_else(|| {
@@ -597,6 +605,10 @@ impl TextTokenizer {
                     .tool_call_id
                     .as_ref()
                     .map(|id| self.hide_specials(id, marker, &mut hidden)),
+                reasoning_content: m
+                    .reasoning_content
+                    .as_ref()
+                    .map(|r| self.hide_specials(r, marker, &mut hidden)),
             })
             .collect();
         let tools = tools.map(|v| self.hide_specials_json(v, marker, &mut hidden));

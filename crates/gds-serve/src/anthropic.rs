@@ -28,6 +28,7 @@ use crate::api::{
     ChatMessage, Common, End, Gen, Job, Kind, Piece, Stop,
 };
 use crate::error::bad;
+use crate::reasoning::Split;
 use crate::ServerState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -159,6 +160,7 @@ fn chat_messages(
         // into one assistant message, each tool result its own tool message
         let mut text: Vec<&str> = Vec::new();
         let mut calls: Vec<Value> = Vec::new();
+        let mut thinking: Vec<&str> = Vec::new();
         for b in blocks {
             let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
             let field = |name: &str| {
@@ -171,8 +173,14 @@ fn chat_messages(
                         .as_str()
                         .ok_or_else(|| bad("a text block's text must be a string", "messages"))?,
                 ),
-                // earlier replies' reasoning: not part of what templates render
-                ("thinking" | "redacted_thinking", "assistant") => {}
+                // earlier replies' reasoning: the templates that render it take it as
+                // `reasoning_content` (redacted thinking is opaque: left out)
+                ("thinking", "assistant") => thinking.push(
+                    field("thinking")?
+                        .as_str()
+                        .ok_or_else(|| bad("a thinking block's thinking must be a string", "messages"))?,
+                ),
+                ("redacted_thinking", "assistant") => {}
                 ("tool_use", "assistant") => {
                     let id = field("id")?.as_str().unwrap_or_default().to_string();
                     let name = field("name")?.clone();
@@ -211,7 +219,7 @@ fn chat_messages(
             }
         }
         if calls.is_empty() {
-            if !text.is_empty() {
+            if !text.is_empty() || !thinking.is_empty() {
                 push_text(&mut out, role, text.join("\n"));
             }
         } else {
@@ -220,7 +228,13 @@ fn chat_messages(
                 content: Some(Value::String(text.join("\n"))),
                 tool_calls: Some(Value::Array(calls)),
                 tool_call_id: None,
+                reasoning_content: None,
             });
+        }
+        if !thinking.is_empty() {
+            if let Some(m) = out.last_mut() {
+                m.reasoning_content = Some(thinking.join("\n"));
+            }
         }
     }
     let prefill = match out.last() {
@@ -333,6 +347,7 @@ fn chat_request(body: &Bytes, counting: bool) -> Result<(ChatBody, Common), ApiE
         continue_final_message: Some(prefill),
         add_generation_prompt: None,
         chat_template_kwargs: None,
+        reasoning_format: None,
     };
     if !counting && common.max_tokens.is_none() {
         return Err(bad("field required", "max_tokens"));
@@ -427,8 +442,10 @@ fn usage(prompt: usize, end: Option<&End>) -> Value {
 async fn messages_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Job, ApiError> {
     let (chat, common) = chat_request(body, false)?;
     let (prompt, tools) = chat_prompt(st, &chat).await?;
+    let reasoning = crate::api::reasoning_of(st, None, &prompt)?;
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
     crate::api::with_tools(&mut j, tools)?;
+    j.reasoning = reasoning;
     Ok(j)
 }
 
@@ -446,6 +463,9 @@ pub async fn messages(State(st): State<Arc<ServerState>>, body: Bytes) -> Respon
         let (choice, end) = crate::api::complete(&st, &job, Kind::Chat, 0).await?;
         let m = &choice["message"];
         let mut content = Vec::new();
+        if let Some(r) = m["reasoning_content"].as_str() {
+            content.push(json!({"type": "thinking", "thinking": r, "signature": ""}));
+        }
         if let Some(text) = m["content"].as_str().filter(|t| !t.is_empty()) {
             content.push(json!({"type": "text", "text": text}));
         }
@@ -494,9 +514,71 @@ struct Streaming {
     calling: bool,
     text_open: bool,
     index: usize,
+    /// A thinking template's reply: its reasoning goes out first, as a `thinking` block.
+    split: Option<Split>,
+    thinking_open: bool,
 }
 
 impl Streaming {
+    /// Splits `t` ([`Split::push`]): the reasoning goes out as `thinking_delta`s (the block
+    /// closed when the answer starts); the answer is returned.
+    fn split(&mut self, t: String, out: &mut Vec<SseEvent>) -> String {
+        let Some(sp) = &mut self.split else {
+            return t;
+        };
+        let (r, answer) = sp.push(&t);
+        self.thinking(r, out);
+        if !answer.is_empty() {
+            self.close_thinking(out);
+        }
+        answer
+    }
+
+    /// The reply's end: what the split held back.
+    fn split_end(&mut self, rest: String, out: &mut Vec<SseEvent>) -> String {
+        let Some(sp) = &mut self.split else {
+            return rest;
+        };
+        let (mut r, mut answer) = sp.push(&rest);
+        let (r2, a2) = sp.finish();
+        r.push_str(&r2);
+        answer.push_str(&a2);
+        self.thinking(r, out);
+        self.close_thinking(out);
+        answer
+    }
+
+    fn thinking(&mut self, t: String, out: &mut Vec<SseEvent>) {
+        if t.is_empty() {
+            return;
+        }
+        if !self.thinking_open {
+            out.push(event(
+                "content_block_start",
+                json!({"index": self.index, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+            ));
+            self.thinking_open = true;
+        }
+        out.push(event(
+            "content_block_delta",
+            json!({"index": self.index, "delta": {"type": "thinking_delta", "thinking": t}}),
+        ));
+    }
+
+    fn close_thinking(&mut self, out: &mut Vec<SseEvent>) {
+        if self.thinking_open {
+            out.push(event(
+                "content_block_delta",
+                json!({"index": self.index, "delta": {"type": "signature_delta", "signature": ""}}),
+            ));
+            out.push(event("content_block_stop", json!({ "index": self.index })));
+            self.thinking_open = false;
+            // a closed block keeps the next from reopening one
+            self.split = None;
+            self.index += 1;
+        }
+    }
+
     fn text(&mut self, t: String, out: &mut Vec<SseEvent>) {
         if t.is_empty() {
             return;
@@ -550,6 +632,8 @@ async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Re
         calling: false,
         text_open: false,
         index: 0,
+        split: job.reasoning.as_ref().map(Split::new),
+        thinking_open: false,
     };
     let body = stream::unfold(Some(state), move |s| {
         let tools = tools.clone();
@@ -558,6 +642,7 @@ async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Re
             let mut out = Vec::new();
             match s.gen.next().await {
                 Some(Piece::Text(t)) => {
+                    let t = s.split(t, &mut out);
                     match tools.as_deref() {
                         Some(tl) => {
                             s.held.push_str(&t);
@@ -574,6 +659,7 @@ async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Re
                 }
                 Some(Piece::End(end)) => {
                     let rest = s.gen.rest().unwrap_or_default();
+                    let rest = s.split_end(rest, &mut out);
                     let mut calls = Vec::new();
                     match tools.as_deref() {
                         Some(tl) => {

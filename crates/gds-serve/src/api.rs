@@ -3,6 +3,7 @@
 
 pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
+use crate::reasoning::{Reasoning, Split};
 use crate::scheduler::{Done, Event, Finish, Prefill, Request, TokenLogprobs};
 use crate::tools::Tools;
 use crate::ServerState;
@@ -45,6 +46,10 @@ pub(crate) struct ChatMessage {
     /// A tool result: the call it answers.
     #[serde(default)]
     pub(crate) tool_call_id: Option<String>,
+    /// An assistant's earlier reasoning (llama-server's and vLLM's field), for templates
+    /// that render it.
+    #[serde(default)]
+    pub(crate) reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -55,6 +60,7 @@ impl ChatMessage {
             content: Some(Value::String(content)),
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 
@@ -370,6 +376,10 @@ pub(crate) struct ChatBody {
     /// `enable_thinking`, ...).
     #[serde(default)]
     pub(crate) chat_template_kwargs: Option<Value>,
+    /// llama-server's `reasoning_format`: `auto`/`deepseek` (a thinking model's reasoning
+    /// apart, as `reasoning_content`) or `none` (the reply whole); default `--reasoning-format`.
+    #[serde(default)]
+    pub(crate) reasoning_format: Option<String>,
 }
 
 /// Most `chat_template_kwargs` one request may give.
@@ -456,6 +466,8 @@ pub(crate) struct Job {
     pub(crate) grammar: Option<(Grammar, &'static str)>,
     /// Chat with tools: how replies are parsed for calls.
     pub(crate) tools: Option<Arc<Tools>>,
+    /// Chat with a thinking template: how a reply's reasoning is told from its answer.
+    pub(crate) reasoning: Option<Reasoning>,
     /// Choices asked for this prompt (`n`); [`expand`] makes one job per choice.
     pub(crate) n: usize,
     /// Which of the `n` choices this job is (0 for the first).
@@ -481,6 +493,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 model: j.model.clone(),
                 grammar: j.grammar.clone(),
                 tools: j.tools.clone(),
+                reasoning: j.reasoning.clone(),
                 copy,
                 group,
                 ..j
@@ -726,6 +739,7 @@ pub(crate) fn job(
         echo,
         grammar,
         tools: None,
+        reasoning: None,
         n,
         copy: 0,
         group: None,
@@ -1202,7 +1216,14 @@ pub(crate) async fn complete(
             json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": end.finish})
         }
         Kind::Chat => {
-            let (message, calls) = crate::tools::assistant_message(job.tools.as_deref(), &text);
+            let (reasoning, text) = match &job.reasoning {
+                Some(r) => r.split(&text),
+                None => (None, text),
+            };
+            let (mut message, calls) = crate::tools::assistant_message(job.tools.as_deref(), &text);
+            if let Some(r) = reasoning {
+                message["reasoning_content"] = json!(r);
+            }
             let finish = if calls {
                 json!("tool_calls")
             } else {
@@ -1323,6 +1344,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                 .tools
                 .clone()
                 .filter(|t| t.parses() && kind == Kind::Chat),
+            reasoning: job.reasoning.clone().filter(|_| kind == Kind::Chat),
             timings_per_token: job.timings_per_token,
         };
         match g {
@@ -1452,6 +1474,8 @@ struct ChoiceInfo {
     echo: Option<String>,
     /// Chat with tools whose calls are parsed.
     tools: Option<Arc<Tools>>,
+    /// Chat with a thinking template: the reasoning goes out as `delta.reasoning_content`.
+    reasoning: Option<Reasoning>,
     /// Every chunk carries `timings` so far.
     timings_per_token: bool,
 }
@@ -1488,23 +1512,39 @@ fn choice_stream(
     // with tools, text streams as usual until a call may be starting (see
     // `Tools::stream_cut`); from there the reply is held and sent at the end, as calls (each
     // one delta with its id, name and arguments) or as text
+    // with a thinking template, the reasoning goes out first as `reasoning_content` deltas,
+    // the answer after it as above
     let info = Arc::new(info);
-    let state = (gen, String::new(), false, false, info.echo.clone());
+    let split = info.reasoning.as_ref().map(Split::new);
+    let state = (gen, String::new(), false, false, info.echo.clone(), split);
+    let reasoning_choice = move |text: String, logprobs: Value| json!({"index": index, "delta": {"reasoning_content": text}, "logprobs": logprobs, "finish_reason": null});
     let body = stream::unfold(Some(state), move |g| {
         let chunk = chunk.clone();
         let info = info.clone();
         let totals = totals.clone();
         async move {
-            let (mut g, mut held, mut plain, mut calling, mut echo) = g?;
+            let (mut g, mut held, mut plain, mut calling, mut echo, mut split) = g?;
             let tools = info.tools.as_deref();
             let so_far = |g: &Gen| {
                 info.timings_per_token
                     .then(|| g.timings_so_far(info.prompt_tokens))
             };
-            match (g.next().await, tools) {
+            let mut out = Vec::new();
+            let mut piece = g.next().await;
+            if let (Some(Piece::Text(t)), Some(sp)) = (&mut piece, &mut split) {
+                let (r, answer) = sp.push(t);
+                if !r.is_empty() {
+                    let lp = g.take_logprobs(kind);
+                    out.push(chunk(reasoning_choice(r, lp), so_far(&g)));
+                }
+                *t = answer;
+            }
+            match (piece, tools) {
+                (Some(Piece::Text(t)), _) if t.is_empty() && split.is_some() => {
+                    Some(((out, false), Some((g, held, plain, calling, echo, split))))
+                }
                 (Some(Piece::Text(t)), Some(tl)) => {
                     held.push_str(&t);
-                    let mut out = Vec::new();
                     if !calling {
                         let (n, starts) = tl.stream_cut(&held, &mut plain);
                         calling = starts;
@@ -1514,19 +1554,30 @@ fn choice_stream(
                             out.push(chunk(text_choice(text, lp), so_far(&g)));
                         }
                     }
-                    Some(((out, false), Some((g, held, plain, calling, echo))))
+                    Some(((out, false), Some((g, held, plain, calling, echo, split))))
                 }
                 (Some(Piece::Text(mut t)), None) => {
                     if let Some(e) = echo.take() {
                         t.insert_str(0, &e);
                     }
                     let lp = g.take_logprobs(kind);
-                    let out = vec![chunk(text_choice(t, lp), so_far(&g))];
-                    Some(((out, false), Some((g, held, plain, calling, echo))))
+                    out.push(chunk(text_choice(t, lp), so_far(&g)));
+                    Some(((out, false), Some((g, held, plain, calling, echo, split))))
                 }
                 (Some(Piece::End(e)), _) => {
-                    let mut out = Vec::new();
-                    let rest = g.rest();
+                    let mut rest = g.rest();
+                    if let Some(sp) = &mut split {
+                        // what the split held back, and the text the generator held back
+                        // split too
+                        let (mut r, mut answer) = sp.push(&rest.take().unwrap_or_default());
+                        let (r2, a2) = sp.finish();
+                        r.push_str(&r2);
+                        answer.push_str(&a2);
+                        if !r.is_empty() {
+                            out.push(chunk(reasoning_choice(r, g.take_logprobs(kind)), None));
+                        }
+                        rest = (!answer.is_empty()).then_some(answer);
+                    }
                     let mut finish = e.finish;
                     if let Some(tools) = tools {
                         held.push_str(&rest.unwrap_or_default());
@@ -1693,6 +1744,9 @@ pub(crate) fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, Ap
             msg.tool_calls = Some(template_tool_calls(calls)?);
         }
         msg.tool_call_id = m.tool_call_id.clone();
+        if m.role == "assistant" {
+            msg.reasoning_content = m.reasoning_content.clone().filter(|r| !r.is_empty());
+        }
         msgs.push(msg);
     }
     Ok(msgs)
@@ -1758,9 +1812,32 @@ pub(crate) async fn chat_job(
     common: Common,
 ) -> Result<Job, ApiError> {
     let (prompt, tools) = chat_prompt(st, &b).await?;
+    let reasoning = reasoning_of(st, b.reasoning_format.as_deref(), &prompt)?;
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
     with_tools(&mut j, tools)?;
+    j.reasoning = reasoning;
     Ok(j)
+}
+
+/// How a chat reply's reasoning is told from its answer: `None` when the request's
+/// `reasoning_format` (else the server's) is `none` or the model's template does not think.
+pub(crate) fn reasoning_of(
+    st: &ServerState,
+    format: Option<&str>,
+    prompt: &[u32],
+) -> Result<Option<Reasoning>, ApiError> {
+    if crate::reasoning::Format::of_request(format, st.reasoning_format)?
+        == crate::reasoning::Format::None
+    {
+        return Ok(None);
+    }
+    let Some(template) = st.tokenizer.chat_template() else {
+        return Ok(None);
+    };
+    // the prompt's end, special tokens as text: does it leave the thinking open?
+    let tail = &prompt[prompt.len().saturating_sub(16)..];
+    let tail = st.tokenizer.inner().decode(tail, false).unwrap_or_default();
+    Ok(Reasoning::of_template(template.source(), &tail))
 }
 
 /// Gives a chat job its tools, and the grammar of a call when `tool_choice` asks for one.

@@ -10,6 +10,7 @@ pub mod metrics;
 mod native;
 pub mod net;
 pub mod prefix;
+pub mod reasoning;
 mod responses;
 pub mod scheduler;
 mod tokenize;
@@ -170,6 +171,12 @@ pub struct EngineArgs {
     /// Default: the pooling a GGUF input named (`<arch>.pooling_type`), else mean.
     #[arg(long, value_parser = ["mean", "last", "cls"])]
     pub pooling: Option<String>,
+    /// Chat replies of a thinking model (a template with `<think>` tags: Qwen 3, QwQ,
+    /// DeepSeek-R1, GLM 4.5+; `[THINK]`: Magistral): `auto` (= `deepseek`) gives the
+    /// reasoning apart as `reasoning_content` (Anthropic: a `thinking` block), `none` the
+    /// reply whole as `content`. Requests may set `reasoning_format` themselves.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "deepseek", "deepseek-legacy", "none"])]
+    pub reasoning_format: String,
     /// Sampling: `gdsrun run`'s settings, here the defaults of requests that do not set
     /// them (as llama-server's flags are).
     #[command(flatten)]
@@ -237,6 +244,8 @@ pub struct ServerState {
     default_sampler: SamplerConfig,
     /// `--seed`: the seed of requests that name none (else a random one each).
     default_seed: Option<u64>,
+    /// `--reasoning-format`: requests' default.
+    reasoning_format: reasoning::Format,
     model_name: String,
     /// `system_fingerprint` of every completion: the engine build and configuration the model
     /// runs with (changes when the model, backend, activations or KV type change).
@@ -474,6 +483,8 @@ pub(crate) fn start(
         metrics,
         default_sampler: plan.sampler.clone(),
         default_seed: e.sampling.seed,
+        reasoning_format: reasoning::Format::parse(&e.reasoning_format)
+            .map_err(RuntimeError::Usage)?,
         model_name,
         fingerprint,
         ctx: plan.ctx,

@@ -226,6 +226,7 @@ fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessa
                         content: None,
                         tool_calls: Some(json!([call])),
                         tool_call_id: None,
+                        reasoning_content: None,
                     }),
                 }
             }
@@ -376,6 +377,7 @@ async fn responses_job(
         continue_final_message: None,
         add_generation_prompt: None,
         chat_template_kwargs: None,
+        reasoning_format: None,
     };
     if chat.messages.is_empty() {
         return Err(bad("input must not be empty", "input"));

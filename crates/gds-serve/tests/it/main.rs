@@ -9,4 +9,5 @@ mod lm_eval;
 mod native;
 mod openai;
 mod paged;
+mod reasoning;
 mod tools;

@@ -1,0 +1,275 @@
+//! A thinking model's reasoning, apart from its answer: the text between the template's
+//! thinking tags (`<think>`...`</think>` for Qwen 3, QwQ, DeepSeek-R1, GLM 4.5+, SmolLM3;
+//! `[THINK]`...`[/THINK]` for Magistral; `<seed:think>` for Seed-OSS) goes out as the
+//! message's `reasoning_content` (llama-server's and vLLM's field; Anthropic's `thinking`
+//! block), the rest as its `content`. Whether a template thinks is read from its source;
+//! whether a reply starts inside the thinking (DeepSeek-R1's and Qwen 3 Thinking's templates
+//! open it in the prompt) from the prompt's end. `reasoning_format` (`--reasoning-format`,
+//! per request as llama-server's field): `auto`/`deepseek` split, `none` leaves the reply whole.
+
+use crate::error::ApiError;
+
+/// The thinking tags of the templates that have them, told apart by their source.
+const TAGS: &[(&str, &str)] = &[
+    ("<seed:think>", "</seed:think>"),
+    ("<think>", "</think>"),
+    ("[THINK]", "[/THINK]"),
+];
+
+/// `reasoning_format`: whether replies are split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Split (`auto`, `deepseek`, `deepseek-legacy`).
+    Split,
+    /// The reply whole, thinking tags included, in `content`.
+    None,
+}
+
+impl Format {
+    /// llama-server's names.
+    pub fn parse(s: &str) -> Result<Format, String> {
+        match s {
+            "auto" | "deepseek" | "deepseek-legacy" => Ok(Format::Split),
+            "none" => Ok(Format::None),
+            other => Err(format!(
+                "reasoning_format {other:?} is not one of auto, deepseek, deepseek-legacy, none"
+            )),
+        }
+    }
+
+    /// A request's `reasoning_format`, else the server's.
+    pub fn of_request(field: Option<&str>, default: Format) -> Result<Format, ApiError> {
+        field.map_or(Ok(default), |f| {
+            Format::parse(f).map_err(|e| ApiError::bad(e).param("reasoning_format"))
+        })
+    }
+}
+
+/// How one reply's reasoning is told from its answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reasoning {
+    start: &'static str,
+    end: &'static str,
+    /// The prompt ends inside the thinking: the reply starts in it.
+    open: bool,
+}
+
+impl Reasoning {
+    /// For a template (`source`) and the end of a prompt it rendered (`prompt_tail`, special
+    /// tokens as text): `None` when the template has no thinking tags.
+    pub fn of_template(source: &str, prompt_tail: &str) -> Option<Reasoning> {
+        let &(start, end) = TAGS
+            .iter()
+            .find(|(s, e)| source.contains(s) && source.contains(e))?;
+        let open = prompt_tail
+            .rfind(start)
+            .is_some_and(|at| !prompt_tail[at..].contains(end));
+        Some(Reasoning { start, end, open })
+    }
+
+    /// A whole reply: its reasoning (`None` when it has none, or an empty one) and its answer.
+    pub fn split(&self, text: &str) -> (Option<String>, String) {
+        let mut s = Split::new(self);
+        let (mut r, mut c) = s.push(text);
+        let (r2, c2) = s.finish();
+        r.push_str(&r2);
+        c.push_str(&c2);
+        ((!r.is_empty()).then_some(r), c)
+    }
+}
+
+/// Where a streamed reply is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Nothing but white space yet: the reply may still open the thinking.
+    Before,
+    /// In the thinking; `started`: past its leading white space.
+    Inside { started: bool },
+    /// After the thinking, before the answer's first text (its leading white space dropped).
+    After,
+    /// The answer.
+    Answer,
+}
+
+/// A streamed reply, split as it comes: each piece's reasoning and answer text, what could
+/// still be the start of a tag held back. As llama-server, the white space after each tag
+/// is dropped, the white space before the end tag kept. The same
+/// text gives the same split streamed as whole ([`Reasoning::split`] is this).
+#[derive(Debug)]
+pub struct Split {
+    r: Reasoning,
+    phase: Phase,
+    held: String,
+}
+
+impl Split {
+    pub fn new(r: &Reasoning) -> Split {
+        Split {
+            r: r.clone(),
+            phase: if r.open {
+                Phase::Inside { started: false }
+            } else {
+                Phase::Before
+            },
+            held: String::new(),
+        }
+    }
+
+    /// Adds `text`: the reasoning and the answer that can go out now.
+    pub fn push(&mut self, text: &str) -> (String, String) {
+        self.held.push_str(text);
+        let (mut reasoning, mut answer) = (String::new(), String::new());
+        loop {
+            match self.phase {
+                Phase::Before => {
+                    let t = self.held.trim_start();
+                    if let Some(rest) = t.strip_prefix(self.r.start) {
+                        self.held = rest.to_string();
+                        self.phase = Phase::Inside { started: false };
+                    } else if self.r.start.starts_with(t) {
+                        return (reasoning, answer);
+                    } else {
+                        self.phase = Phase::Answer;
+                    }
+                }
+                Phase::Inside { started } => {
+                    if !started {
+                        let t = self.held.trim_start();
+                        if t.is_empty() {
+                            self.held.clear();
+                            return (reasoning, answer);
+                        }
+                        self.held = t.to_string();
+                        self.phase = Phase::Inside { started: true };
+                    }
+                    if let Some(at) = self.held.find(self.r.end) {
+                        reasoning.push_str(&self.held[..at]);
+                        self.held.drain(..at + self.r.end.len());
+                        self.phase = Phase::After;
+                        continue;
+                    }
+                    // out: all but a possible start of the end tag
+                    let n = self.held.len() - partial_suffix(&self.held, self.r.end);
+                    reasoning.push_str(&self.held[..n]);
+                    self.held.drain(..n);
+                    return (reasoning, answer);
+                }
+                Phase::After => {
+                    let t = self.held.trim_start();
+                    if t.is_empty() {
+                        self.held.clear();
+                        return (reasoning, answer);
+                    }
+                    self.held = t.to_string();
+                    self.phase = Phase::Answer;
+                }
+                Phase::Answer => {
+                    answer.push_str(&self.held);
+                    self.held.clear();
+                    return (reasoning, answer);
+                }
+            }
+        }
+    }
+
+    /// The end of the reply: what was held back (an unfinished thinking is reasoning; white
+    /// space or a partial tag before anything else is answer).
+    pub fn finish(&mut self) -> (String, String) {
+        let held = std::mem::take(&mut self.held);
+        match self.phase {
+            Phase::Before | Phase::Answer => (String::new(), held),
+            Phase::Inside { .. } => (held, String::new()),
+            Phase::After => (String::new(), String::new()),
+        }
+    }
+}
+
+/// The length of the longest end of `text` that is a proper start of `tag`.
+fn partial_suffix(text: &str, tag: &str) -> usize {
+    (1..tag.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QWEN3: &str = "{% if x %}<think>\n{{ r }}\n</think>{% endif %}";
+
+    fn think(tail: &str) -> Reasoning {
+        Reasoning::of_template(QWEN3, tail).unwrap()
+    }
+
+    #[test]
+    fn whole_replies_split_at_the_tags() {
+        let r = think("<|im_start|>assistant\n");
+        assert_eq!(
+            r.split("<think>\nLet me see.\n</think>\n\nParis."),
+            (Some("Let me see.\n".into()), "Paris.".into())
+        );
+        assert_eq!(r.split("Paris."), (None, "Paris.".into()));
+        assert_eq!(r.split("<think>\n\n</think>\n\nHi"), (None, "Hi".into()));
+        // never closed: all reasoning
+        assert_eq!(r.split("<think>hmm"), (Some("hmm".into()), String::new()));
+        // a tag later in the answer is text
+        assert_eq!(r.split("A <think> b"), (None, "A <think> b".into()));
+        // opened by the prompt (DeepSeek-R1's template)
+        let open = think("<|Assistant|><think>\n");
+        assert!(open.open);
+        assert_eq!(open.split("x\n</think>y"), (Some("x\n".into()), "y".into()));
+        // closed in the prompt (Qwen 3 with enable_thinking false)
+        assert!(!think("<think>\n\n</think>\n\n").open);
+        assert!(Reasoning::of_template("{{ messages }}", "").is_none());
+        let m = Reasoning::of_template("[THINK]{{ t }}[/THINK]", "").unwrap();
+        assert_eq!(m.split("[THINK]a[/THINK]b"), (Some("a".into()), "b".into()));
+    }
+
+    /// Streamed in any pieces, the same split as whole.
+    #[test]
+    fn streamed_pieces_split_as_the_whole() {
+        let texts = [
+            "<think>\nLet me see.\n</think>\n\nParis is <b>big</b>.",
+            "  <thin",
+            "<think>a</thin",
+            "Plain <think> text",
+            "<think>\n\n</think>\n\n",
+            "<think> x </think>",
+        ];
+        for open in [false, true] {
+            let r = Reasoning {
+                start: "<think>",
+                end: "</think>",
+                open,
+            };
+            for text in texts {
+                let whole = r.split(text);
+                for step in 1..=4 {
+                    let mut s = Split::new(&r);
+                    let (mut rs, mut cs) = (String::new(), String::new());
+                    let chars: Vec<char> = text.chars().collect();
+                    for piece in chars.chunks(step) {
+                        let (a, b) = s.push(&piece.iter().collect::<String>());
+                        rs.push_str(&a);
+                        cs.push_str(&b);
+                    }
+                    let (a, b) = s.finish();
+                    rs.push_str(&a);
+                    cs.push_str(&b);
+                    let streamed = ((!rs.is_empty()).then_some(rs), cs);
+                    assert_eq!(streamed, whole, "{text:?} in pieces of {step}, open {open}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn formats_by_name() {
+        assert_eq!(Format::parse("deepseek"), Ok(Format::Split));
+        assert_eq!(Format::parse("none"), Ok(Format::None));
+        assert!(Format::parse("bogus").is_err());
+    }
+}

@@ -1,0 +1,168 @@
+//! A thinking model's reasoning apart from its answer: SmolLM2's weights served with Qwen 3's
+//! chat template (`fixtures/templates/qwen3.jinja`, `<think>` tags), the reply held to a
+//! thinking shape by a grammar (SmolLM2 does not think by itself): `reasoning_content` in chat
+//! (whole and streamed alike), `reasoning_format: none`, Anthropic's `thinking` blocks
+//! (whole and streamed), an earlier reply's reasoning rendered by the template, and a template
+//! that opens the thinking in its prompt (DeepSeek-R1's style).
+
+use serde_json::{json, Value};
+
+use crate::common::{http, serial, start, Server};
+
+/// A reply that thinks, then answers (GBNF, as llama-server's `grammar` field).
+const THINKING: &str =
+    r#"root ::= "<think>\nThe user greets. " [a-z ]{1,12} "\n</think>\n\nHello " [a-z]{1,8} ".""#;
+
+fn post(s: &Server, path: &str, body: &Value) -> (u16, String) {
+    http(&s.addr, "POST", path, Some(body.to_string().as_bytes()))
+}
+
+fn json_of(s: &Server, path: &str, body: &Value) -> Value {
+    let (code, text) = post(s, path, body);
+    assert_eq!(code, 200, "{path}: {text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The `data:` events of a stream.
+fn events(s: &Server, path: &str, body: &Value) -> Vec<Value> {
+    let (code, text) = post(s, path, body);
+    assert_eq!(code, 200, "{path}: {text}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn reasoning_comes_apart_from_the_answer() {
+    let _one = serial();
+    let template = gds_tests::fixture("templates/qwen3.jinja");
+    let s = start(&["--chat-template-file", template.to_str().unwrap()]);
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
+        "temperature": 0, "grammar": THINKING});
+
+    let m = &json_of(&s, "/v1/chat/completions", &chat)["choices"][0]["message"];
+    let reasoning = m["reasoning_content"].as_str().expect("reasoning_content");
+    let content = m["content"].as_str().unwrap();
+    // the white space after each tag dropped, before the end tag kept (llama-server's split)
+    assert!(reasoning.starts_with("The user greets. "), "{m}");
+    assert!(
+        reasoning.ends_with('\n') && !reasoning.contains("think>"),
+        "{m}"
+    );
+    assert!(
+        content.starts_with("Hello ") && content.ends_with('.'),
+        "{m}"
+    );
+
+    // streamed: the same split, reasoning deltas before the answer's
+    let mut body = chat.clone();
+    body["stream"] = json!(true);
+    let (mut r, mut c, mut answer_started) = (String::new(), String::new(), false);
+    for e in events(&s, "/v1/chat/completions", &body) {
+        let Some(d) = e.pointer("/choices/0/delta") else {
+            continue;
+        };
+        if let Some(t) = d["reasoning_content"].as_str() {
+            assert!(!answer_started, "reasoning after the answer began: {e}");
+            r.push_str(t);
+        }
+        if let Some(t) = d["content"].as_str().filter(|t| !t.is_empty()) {
+            answer_started = true;
+            c.push_str(t);
+        }
+    }
+    assert_eq!((r.as_str(), c.as_str()), (reasoning, content));
+
+    // reasoning_format none: the reply whole
+    let mut body = chat.clone();
+    body["reasoning_format"] = json!("none");
+    let m = &json_of(&s, "/v1/chat/completions", &body)["choices"][0]["message"];
+    assert!(m.get("reasoning_content").is_none(), "{m}");
+    assert_eq!(
+        m["content"],
+        format!("<think>\n{reasoning}</think>\n\n{content}")
+    );
+    body["reasoning_format"] = json!("sometimes");
+    let (code, text) = post(&s, "/v1/chat/completions", &body);
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("reasoning_format"), "{text}");
+
+    // Anthropic: a thinking block, then the text
+    let msg = json!({"model": "m", "max_tokens": 60, "temperature": 0, "grammar": THINKING,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let a = json_of(&s, "/v1/messages", &msg);
+    assert_eq!(a["content"][0]["type"], "thinking", "{a}");
+    assert_eq!(a["content"][0]["thinking"], reasoning, "{a}");
+    assert_eq!(a["content"][1]["type"], "text", "{a}");
+    assert_eq!(a["content"][1]["text"], content, "{a}");
+    let mut body = msg.clone();
+    body["stream"] = json!(true);
+    let (mut blocks, mut thinking, mut text) = (Vec::new(), String::new(), String::new());
+    for e in events(&s, "/v1/messages", &body) {
+        match e["type"].as_str().unwrap() {
+            "content_block_start" => blocks.push(e["content_block"]["type"].clone()),
+            "content_block_delta" => match e["delta"]["type"].as_str().unwrap() {
+                "thinking_delta" => thinking.push_str(e["delta"]["thinking"].as_str().unwrap()),
+                "text_delta" => text.push_str(e["delta"]["text"].as_str().unwrap()),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    assert_eq!(blocks, [json!("thinking"), json!("text")]);
+    assert_eq!((thinking.as_str(), text.as_str()), (reasoning, content));
+
+    // an earlier reply's reasoning goes to the template (Qwen 3 renders it for the turns
+    // after the last user message), from chat's field and from Anthropic's thinking block
+    let turns = json!([{"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Call the tool.",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]);
+    let p = json_of(&s, "/apply-template", &json!({"messages": turns}));
+    assert!(
+        p["prompt"]
+            .as_str()
+            .unwrap()
+            .contains("<think>\nCall the tool.\n</think>"),
+        "{p}"
+    );
+    let n = |body: Value| json_of(&s, "/v1/messages/count_tokens", &body)["input_tokens"].clone();
+    let with = json!({"model": "m", "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Call the tool.", "signature": ""},
+            {"type": "tool_use", "id": "c1", "name": "w", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "sunny"}]}]});
+    let mut without = with.clone();
+    without["messages"][1]["content"]
+        .as_array_mut()
+        .unwrap()
+        .remove(0);
+    assert!(n(with).as_u64() > n(without).as_u64());
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_prompt_that_opens_the_thinking() {
+    let _one = serial();
+    // DeepSeek-R1's style: the generation prompt opens `<think>`; the reply only closes it
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if '</think>' in m.content %}{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}";
+    let s = start(&["--chat-template", template]);
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
+        "temperature": 0, "grammar": r#"root ::= "I see " [a-z]{1,8} ".\n</think>\n\nYes " [a-z]{1,8} ".""#});
+    let m = &json_of(&s, "/v1/chat/completions", &chat)["choices"][0]["message"];
+    let r = m["reasoning_content"].as_str().expect("reasoning_content");
+    assert!(r.starts_with("I see ") && r.ends_with(".\n"), "{m}");
+    assert!(m["content"].as_str().unwrap().starts_with("Yes "), "{m}");
+    // cut off while thinking: all of it reasoning
+    let mut short = chat.clone();
+    short["max_tokens"] = json!(2);
+    let m = &json_of(&s, "/v1/chat/completions", &short)["choices"][0]["message"];
+    assert!(
+        m["reasoning_content"].as_str().unwrap().starts_with("I"),
+        "{m}"
+    );
+    assert_eq!(m["content"], "", "{m}");
+}
