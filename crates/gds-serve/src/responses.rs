@@ -19,6 +19,7 @@ use crate::api::{
     ChatBody, ChatMessage, Common, End, Gen, Job, Kind, Piece,
 };
 use crate::error::bad;
+use crate::reasoning::Split;
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -185,6 +186,8 @@ fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessa
         Value::Array(items) => items,
         _ => return Err(bad("input must be a string or a list of items", "input")),
     };
+    // a reasoning item: the next assistant message's (or call's) reasoning
+    let mut reasoning: Option<String> = None;
     for item in items {
         let kind = item.get("type").and_then(Value::as_str);
         let field = |name: &str| {
@@ -207,7 +210,29 @@ fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessa
                 if !matches!(role, "user" | "system" | "developer" | "assistant") {
                     return Err(bad(format!("unknown role {role:?}"), "input"));
                 }
-                out.push(ChatMessage::text(role, content_text(item.get("content"))?));
+                let mut m = ChatMessage::text(role, content_text(item.get("content"))?);
+                if role == "assistant" {
+                    m.reasoning_content = reasoning.take();
+                }
+                out.push(m);
+            }
+            Some("reasoning") => {
+                // its text parts (`content`, else the `summary`); encrypted content is opaque
+                let parts = |name: &str| {
+                    item.get(name)
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                };
+                let text = Some(parts("content"))
+                    .filter(|t| !t.is_empty())
+                    .unwrap_or_else(|| parts("summary"));
+                if !text.is_empty() {
+                    reasoning = Some(text);
+                }
             }
             Some("function_call") => {
                 let call = json!({
@@ -226,7 +251,7 @@ fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessa
                         content: None,
                         tool_calls: Some(json!([call])),
                         tool_call_id: None,
-                        reasoning_content: None,
+                        reasoning_content: reasoning.take(),
                     }),
                 }
             }
@@ -240,7 +265,7 @@ fn messages(instructions: Option<String>, input: &Value) -> Result<Vec<ChatMessa
             Some(other) => {
                 return Err(bad(
                     format!(
-                        "input items of type {other:?} are not supported (message, function_call, function_call_output)"
+                        "input items of type {other:?} are not supported (message, reasoning, function_call, function_call_output)"
                     ),
                     "input",
                 ))
@@ -446,6 +471,18 @@ fn response_object(
     r
 }
 
+/// A reasoning item: the reply's thinking as one `reasoning_text` part (the open-weight
+/// models' form of OpenAI's item; no summary).
+fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    json!({
+        "type": "reasoning",
+        "id": id,
+        "status": status,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    })
+}
+
 fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({
         "type": "message",
@@ -482,13 +519,16 @@ pub async fn responses(State(st): State<Arc<ServerState>>, body: Bytes) -> Respo
         let (choice, end) = complete(&st, &job, Kind::Chat, 0).await?;
         let m = &choice["message"];
         let mut output = Vec::new();
+        if let Some(r) = m["reasoning_content"].as_str() {
+            output.push(reasoning_item(&rs_id(&msg_id), r, "completed"));
+        }
         if let Some(text) = m["content"].as_str().filter(|t| !t.is_empty()) {
             output.push(message_item(&msg_id, text, "completed"));
         }
         for c in m["tool_calls"].as_array().into_iter().flatten() {
             output.push(call_item(c));
         }
-        if output.is_empty() {
+        if output.iter().all(|i| i["type"] == "reasoning") {
             output.push(message_item(&msg_id, "", "completed"));
         }
         let r = response_object(
@@ -523,15 +563,21 @@ impl Events {
     }
 }
 
-/// Opens the message item: `response.output_item.added`, `response.content_part.added`.
-fn open_message(ev: &mut Events, msg_id: &str, out: &mut Vec<SseEvent>) {
+/// The id of a response's reasoning item (its message's, `rs_` for `msg_`).
+fn rs_id(msg_id: &str) -> String {
+    format!("rs_{}", msg_id.trim_start_matches("msg_"))
+}
+
+/// Opens the message item (at `index` of the output): `response.output_item.added`,
+/// `response.content_part.added`.
+fn open_message(ev: &mut Events, msg_id: &str, index: usize, out: &mut Vec<SseEvent>) {
     out.push(ev.event(
         "response.output_item.added",
-        json!({"output_index": 0, "item": {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}}),
+        json!({"output_index": index, "item": {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}}),
     ));
     out.push(ev.event(
         "response.content_part.added",
-        json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        json!({"item_id": msg_id, "output_index": index, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
     ));
 }
 
@@ -539,18 +585,77 @@ fn open_message(ev: &mut Events, msg_id: &str, out: &mut Vec<SseEvent>) {
 fn text_delta(
     ev: &mut Events,
     opened: &mut bool,
-    msg_id: &str,
+    (msg_id, index): (&str, usize),
     delta: &str,
     out: &mut Vec<SseEvent>,
 ) {
     if !*opened {
-        open_message(ev, msg_id, out);
+        open_message(ev, msg_id, index, out);
         *opened = true;
     }
     out.push(ev.event(
         "response.output_text.delta",
-        json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": delta, "logprobs": []}),
+        json!({"item_id": msg_id, "output_index": index, "content_index": 0, "delta": delta, "logprobs": []}),
     ));
+}
+
+/// A streamed response's reasoning item (always output 0): opened with its first text,
+/// closed when the answer starts or the reply ends.
+#[derive(Default)]
+struct Thinking {
+    text: String,
+    open: bool,
+    /// Closed: the item is in the output (the message comes after it).
+    done: Option<Value>,
+}
+
+impl Thinking {
+    fn delta(&mut self, ev: &mut Events, id: &str, t: &str, out: &mut Vec<SseEvent>) {
+        if t.is_empty() || self.done.is_some() {
+            return;
+        }
+        if !self.open {
+            out.push(ev.event(
+                "response.output_item.added",
+                json!({"output_index": 0, "item": reasoning_item(id, "", "in_progress")}),
+            ));
+            out.push(ev.event(
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": 0, "content_index": 0, "part": {"type": "reasoning_text", "text": ""}}),
+            ));
+            self.open = true;
+        }
+        self.text.push_str(t);
+        out.push(ev.event(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": t}),
+        ));
+    }
+
+    fn close(&mut self, ev: &mut Events, id: &str, out: &mut Vec<SseEvent>) {
+        if !self.open || self.done.is_some() {
+            return;
+        }
+        let item = reasoning_item(id, &self.text, "completed");
+        out.push(ev.event(
+            "response.reasoning_text.done",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "text": self.text}),
+        ));
+        out.push(ev.event(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "part": item["content"][0]}),
+        ));
+        out.push(ev.event(
+            "response.output_item.done",
+            json!({"output_index": 0, "item": item}),
+        ));
+        self.done = Some(item);
+    }
+
+    /// The output index of the items after it.
+    fn next_index(&self) -> usize {
+        usize::from(self.done.is_some())
+    }
 }
 
 /// The streamed form: text deltas as they come; with tools the reply is held until the end
@@ -581,35 +686,62 @@ async fn stream_response(
         ev.event("response.created", json!({ "response": shell.clone() })),
         ev.event("response.in_progress", json!({ "response": shell })),
     ];
-    // state: the generator, the text so far, whether the message item was opened
+    // state: the generator, the text so far, whether the message item was opened, the
+    // reasoning item and the split of a thinking model's reply
+    let split = job.reasoning.as_ref().map(Split::new);
+    let rs = rs_id(&msg_id);
     let body = stream::unfold(
-        Some((gen, String::new(), false, ev)),
+        Some((gen, String::new(), false, ev, Thinking::default(), split)),
         move |state| {
-            let (who, echoed, id, msg_id, tools, keep) = (
+            let (who, echoed, id, msg_id, tools, keep, rs) = (
                 who.clone(),
                 echoed.clone(),
                 id.clone(),
                 msg_id.clone(),
                 tools.clone(),
                 keep.clone(),
+                rs.clone(),
             );
             async move {
-                let (mut g, mut text, mut opened, mut ev) = state?;
+                let (mut g, mut text, mut opened, mut ev, mut think, mut split) = state?;
                 match g.next().await {
                     Some(Piece::Text(t)) => {
-                        text.push_str(&t);
                         let mut out = Vec::new();
-                        if tools.is_none() {
-                            text_delta(&mut ev, &mut opened, &msg_id, &t, &mut out);
+                        let t = match &mut split {
+                            Some(sp) => {
+                                let (r, answer) = sp.push(&t);
+                                think.delta(&mut ev, &rs, &r, &mut out);
+                                if !answer.is_empty() {
+                                    think.close(&mut ev, &rs, &mut out);
+                                }
+                                answer
+                            }
+                            None => t,
+                        };
+                        text.push_str(&t);
+                        if tools.is_none() && !t.is_empty() {
+                            let at = (msg_id.as_str(), think.next_index());
+                            text_delta(&mut ev, &mut opened, at, &t, &mut out);
                         }
-                        Some((out, Some((g, text, opened, ev))))
+                        Some((out, Some((g, text, opened, ev, think, split))))
                     }
                     Some(Piece::End(end)) => {
                         let mut out = Vec::new();
-                        if let Some(rest) = g.rest() {
+                        let mut rest = g.rest();
+                        if let Some(sp) = &mut split {
+                            let (mut r, mut answer) = sp.push(&rest.take().unwrap_or_default());
+                            let (r2, a2) = sp.finish();
+                            r.push_str(&r2);
+                            answer.push_str(&a2);
+                            think.delta(&mut ev, &rs, &r, &mut out);
+                            think.close(&mut ev, &rs, &mut out);
+                            rest = (!answer.is_empty()).then_some(answer);
+                        }
+                        let at = (msg_id.as_str(), think.next_index());
+                        if let Some(rest) = rest {
                             text.push_str(&rest);
                             if tools.is_none() {
-                                text_delta(&mut ev, &mut opened, &msg_id, &rest, &mut out);
+                                text_delta(&mut ev, &mut opened, at, &rest, &mut out);
                             }
                         }
                         let (content, calls) = match tools.as_deref() {
@@ -617,27 +749,27 @@ async fn stream_response(
                             None => (Some(text.clone()), Vec::new()),
                         };
                         let content = content.unwrap_or_default();
-                        let mut items = Vec::new();
+                        let mut items: Vec<Value> = think.done.take().into_iter().collect();
                         if !content.is_empty() || calls.is_empty() {
                             if !opened {
                                 // held (tools) or empty: one delta with all of it, if any
-                                open_message(&mut ev, &msg_id, &mut out);
+                                open_message(&mut ev, &msg_id, at.1, &mut out);
                                 if !content.is_empty() {
-                                    text_delta(&mut ev, &mut true, &msg_id, &content, &mut out);
+                                    text_delta(&mut ev, &mut true, at, &content, &mut out);
                                 }
                             }
                             let item = message_item(&msg_id, &content, "completed");
                             out.push(ev.event(
                                 "response.output_text.done",
-                                json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "text": content, "logprobs": []}),
+                                json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "text": content, "logprobs": []}),
                             ));
                             out.push(ev.event(
                                 "response.content_part.done",
-                                json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "part": item["content"][0]}),
+                                json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "part": item["content"][0]}),
                             ));
                             out.push(ev.event(
                                 "response.output_item.done",
-                                json!({"output_index": 0, "item": item}),
+                                json!({"output_index": at.1, "item": item}),
                             ));
                             items.push(item);
                         }

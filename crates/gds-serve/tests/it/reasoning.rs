@@ -115,6 +115,43 @@ fn reasoning_comes_apart_from_the_answer() {
     assert_eq!(blocks, [json!("thinking"), json!("text")]);
     assert_eq!((thinking.as_str(), text.as_str()), (reasoning, content));
 
+    // Responses: a reasoning item, then the message; streamed as reasoning_text deltas
+    let resp = json!({"model": "m", "max_output_tokens": 60, "temperature": 0,
+        "grammar": THINKING, "input": "hi"});
+    let r1 = json_of(&s, "/v1/responses", &resp);
+    let out = r1["output"].as_array().unwrap();
+    assert_eq!(out.len(), 2, "{r1}");
+    assert_eq!(out[0]["type"], "reasoning", "{r1}");
+    assert_eq!(out[0]["content"][0]["text"], reasoning, "{r1}");
+    assert_eq!(out[1]["content"][0]["text"], content, "{r1}");
+    let mut body = resp.clone();
+    body["stream"] = json!(true);
+    let (mut thinking, mut text, mut done) = (String::new(), String::new(), Vec::new());
+    for e in events(&s, "/v1/responses", &body) {
+        match e["type"].as_str().unwrap() {
+            "response.reasoning_text.delta" => thinking.push_str(e["delta"].as_str().unwrap()),
+            "response.output_text.delta" => {
+                assert_eq!(e["output_index"], 1, "{e}");
+                text.push_str(e["delta"].as_str().unwrap())
+            }
+            "response.output_item.done" => done.push(e["item"]["type"].clone()),
+            _ => {}
+        }
+    }
+    assert_eq!((thinking.as_str(), text.as_str()), (reasoning, content));
+    assert_eq!(done, [json!("reasoning"), json!("message")]);
+    // the output given back as input (reasoning item included), and by previous_response_id
+    let mut items = vec![json!({"role": "user", "content": "hi"})];
+    items.extend(out.iter().cloned());
+    items.push(json!({"role": "user", "content": "and?"}));
+    let mut next = resp.clone();
+    next["input"] = json!(items);
+    assert_eq!(json_of(&s, "/v1/responses", &next)["status"], "completed");
+    let mut next = resp.clone();
+    next["input"] = json!("and?");
+    next["previous_response_id"] = r1["id"].clone();
+    assert_eq!(json_of(&s, "/v1/responses", &next)["status"], "completed");
+
     // an earlier reply's reasoning goes to the template (Qwen 3 renders it for the turns
     // after the last user message), from chat's field and from Anthropic's thinking block
     let turns = json!([{"role": "user", "content": "weather?"},
