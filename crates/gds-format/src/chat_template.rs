@@ -234,11 +234,15 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         vars: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String, TemplateError> {
-        let vars = minijinja::Value::from_serialize(vars.cloned().unwrap_or_default());
+        let vars = jinja_value(&serde_json::Value::Object(
+            vars.cloned().unwrap_or_default(),
+        ));
         let fuel = RENDER_FUEL
             .saturating_add(RENDER_FUEL_PER_MESSAGE.saturating_mul(messages.len() as u64));
         let mut env = self.env.clone();
-        let (messages, tools) = (messages.to_vec(), tools.cloned());
+        let messages = serde_json::to_value(messages)
+            .map_err(|e| TemplateError::new(format!("the messages: {e}")))?;
+        let (messages, tools) = (jinja_value(&messages), tools.map(jinja_value));
         let (bos_token, eos_token) = (self.bos_token.clone(), self.eos_token.clone());
         on_big_stack("rendering it", move || {
             env.set_fuel(Some(fuel));
@@ -377,6 +381,30 @@ pub fn check(source: &str) -> Result<(), TemplateError> {
             "rendering a four-message conversation: {e}"
         ))),
         _ => Ok(()),
+    }
+}
+
+/// A JSON value as the template's: numbers as numbers. (Not `Value::from_serialize`: with
+/// serde_json's `arbitrary_precision`, which a dependency of the build turns on, a number
+/// serializes as a map `{"$serde_json::private::Number": "3"}`, and templates printed that
+/// for every number in tools' schemas and calls' arguments.)
+fn jinja_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => n
+            .as_i64()
+            .map(Value::from)
+            .or_else(|| n.as_u64().map(Value::from))
+            .or_else(|| n.as_f64().map(Value::from))
+            .unwrap_or_else(|| Value::from(n.to_string())),
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(jinja_value).collect::<Vec<_>>()),
+        J::Object(m) => m
+            .iter()
+            .map(|(k, v)| (k.as_str(), jinja_value(v)))
+            .collect(),
     }
 }
 
@@ -939,6 +967,35 @@ mod tests {
             )
             .unwrap();
         assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n");
+    }
+
+    /// Numbers in tools, calls' arguments and template variables render as numbers. With
+    /// serde_json's `arbitrary_precision` (turned on by gguf-rs where the workspace builds
+    /// together) serializing them printed `{"$serde_json::private::Number": "3"}`.
+    #[test]
+    fn numbers_render_as_numbers() {
+        let t = ChatTemplate::new(
+            "{{ tools[0].minimum }} {{ tools | tojson }} {{ messages[0].tool_calls[0].function.arguments.days + 1 }} {{ n * 2 }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let mut m = Message::new("assistant", "");
+        m.tool_calls =
+            Some(serde_json::json!([{"function": {"name": "f", "arguments": {"days": 3}}}]));
+        let vars = serde_json::json!({"n": 1.5});
+        let out = t
+            .render_with(
+                &[m],
+                false,
+                Some(&serde_json::json!([{"minimum": 1, "big": 18446744073709551615u64}])),
+                vars.as_object(),
+            )
+            .unwrap();
+        assert_eq!(
+            out,
+            "1 [{\"minimum\": 1, \"big\": 18446744073709551615}] 4 3.0"
+        );
     }
 
     /// transformers' `{% generation %}` blocks render their body (LFM2.5's template style):

@@ -445,7 +445,7 @@ async fn messages_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Job, ApiErr
     let reasoning = crate::api::reasoning_of(st, None, &prompt)?;
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
     crate::api::with_tools(&mut j, tools)?;
-    j.reasoning = reasoning;
+    crate::api::with_reasoning(&mut j, reasoning);
     Ok(j)
 }
 

@@ -1815,8 +1815,22 @@ pub(crate) async fn chat_job(
     let reasoning = reasoning_of(st, b.reasoning_format.as_deref(), &prompt)?;
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
     with_tools(&mut j, tools)?;
-    j.reasoning = reasoning;
+    with_reasoning(&mut j, reasoning);
     Ok(j)
+}
+
+/// Gives a chat job its reasoning split; a reply that starts inside the thinking keeps the
+/// grammars the server makes (a call's, `response_format`'s, `json_schema`'s) for after it
+/// ([`Reasoning::after_thinking`]; free thinking first, as vLLM and llama-server). A raw
+/// `grammar` or `regex` covers the whole reply, as the client wrote it.
+pub(crate) fn with_reasoning(j: &mut Job, reasoning: Option<Reasoning>) {
+    if let Some(r) = reasoning.as_ref().filter(|r| r.open()) {
+        let ours = |f: &str| matches!(f, "tool_choice" | "response_format" | "json_schema");
+        if let Some((g, field)) = j.grammar.take_if(|(_, f)| ours(f)) {
+            j.grammar = Some((r.after_thinking(g), field));
+        }
+    }
+    j.reasoning = reasoning;
 }
 
 /// How a chat reply's reasoning is told from its answer: `None` when the request's
@@ -1857,7 +1871,10 @@ pub(crate) async fn chat_prompt(
     st: &Arc<ServerState>,
     b: &ChatBody,
 ) -> Result<(Vec<u32>, Option<Arc<Tools>>), ApiError> {
-    let msgs = chat_turn_messages(&b.messages)?;
+    let mut msgs = chat_turn_messages(&b.messages)?;
+    if let Some(t) = st.tokenizer.chat_template() {
+        crate::tools::mistral_ids(t.source(), &mut msgs);
+    }
     let continue_final = b.continue_final_message == Some(true);
     if continue_final && b.add_generation_prompt == Some(true) {
         return Err(ApiError::bad(

@@ -8,6 +8,7 @@
 //! per request as llama-server's field): `auto`/`deepseek` split, `none` leaves the reply whole.
 
 use crate::error::ApiError;
+use gds_runtime::Grammar;
 
 /// The thinking tags of the templates that have them, told apart by their source.
 const TAGS: &[(&str, &str)] = &[
@@ -65,6 +66,33 @@ impl Reasoning {
             .rfind(start)
             .is_some_and(|at| !prompt_tail[at..].contains(end));
         Some(Reasoning { start, end, open })
+    }
+
+    /// Whether the reply starts inside the thinking.
+    pub fn open(&self) -> bool {
+        self.open
+    }
+
+    /// For a reply that starts inside the thinking, `g` (a call's grammar, a JSON schema)
+    /// after it: free text up to the end tag, then the constrained answer (else the answer
+    /// would be forced where the thinking is, and read as reasoning). A regular expression
+    /// stays as it is.
+    pub fn after_thinking(&self, g: Grammar) -> Grammar {
+        let body = match g {
+            Grammar::Lark(src) => format!("%lark {{\n{src}\n}}"),
+            Grammar::JsonSchema(mut schema) => {
+                if let Some(o) = schema.as_object_mut() {
+                    o.entry("x-guidance")
+                        .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+                }
+                format!("%json {schema}")
+            }
+            g @ Grammar::Regex(_) => return g,
+        };
+        let end = serde_json::to_string(self.end).unwrap_or_default();
+        Grammar::Lark(format!(
+            "start: think /[ \\n]*/ body\nthink[suffix={end}]: /(.|\\n)*/\nbody: {body}\n"
+        ))
     }
 
     /// A whole reply: its reasoning (`None` when it has none, or an empty one) and its answer.

@@ -5,9 +5,16 @@
 //! in the template's syntax with valid arguments.
 //!
 //! Syntaxes, told apart by the template's source: Hermes / Qwen (`<tool_call>{"name": ...,
-//! "arguments": {...}}</tool_call>`, one block per call), Llama 3.1+ (a JSON object
-//! `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, calls separated
-//! by `;`), Mistral (`[TOOL_CALLS]` then a JSON array of `{"name", "arguments"}`).
+//! "arguments": {...}}</tool_call>`, one block per call), Qwen3-Coder's XML
+//! (`<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`:
+//! Qwen3-Coder, Qwen 3.5, Nemotron 3, StepFun 3.5; Seed-OSS inside `<seed:tool_call>`), GLM
+//! 4.5+ (`<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>`),
+//! MiniMax M2 (`<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>`),
+//! Llama 3.1+ (a JSON object `{"name": ..., "parameters": {...}}`, optionally after
+//! `<|python_tag|>`, calls separated by `;`), Mistral (`[TOOL_CALLS]` then a JSON array of
+//! `{"name", "arguments"}`) and Mistral's later form (`[TOOL_CALLS]NAME[ARGS]{...}` per call:
+//! Mistral Small 3.2, Devstral, Ministral 3, Magistral). In the XML forms a value is text
+//! where the parameter's schema says string, JSON otherwise (as the templates render them).
 
 use crate::error::bad;
 use crate::error::ApiError;
@@ -20,31 +27,72 @@ use serde_json::{json, Value};
 pub enum Syntax {
     /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen 2.5/3, Hermes).
     Hermes,
+    /// Qwen3-Coder's XML inside `open`...`close` (`<tool_call>`, Seed-OSS's
+    /// `<seed:tool_call>`).
+    Xml {
+        open: &'static str,
+        close: &'static str,
+    },
+    /// `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>` (GLM).
+    Glm,
+    /// `<minimax:tool_call>` around `<invoke name="NAME">` blocks (MiniMax M2).
+    MiniMax,
     /// `{"name": ..., "parameters": {...}}` (Llama 3.1+).
     Llama3,
     /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (Mistral).
     Mistral,
+    /// `[TOOL_CALLS]NAME[ARGS]{...}` per call (Mistral's tokenizer v11 and later).
+    MistralArgs,
 }
 
 impl Syntax {
     /// The syntax a chat template that takes `tools` teaches its model, if one we know.
     pub fn of_template(src: &str) -> Option<Syntax> {
-        if src.contains("<tool_call>") {
-            Some(Syntax::Hermes)
-        } else if src.contains("[TOOL_CALLS]") {
-            Some(Syntax::Mistral)
-        } else if src.contains("<|python_tag|>") || src.contains("ipython") {
-            Some(Syntax::Llama3)
+        let has = |s: &str| src.contains(s);
+        Some(if has("<minimax:tool_call>") {
+            Syntax::MiniMax
+        } else if has("<seed:tool_call>") && has("<function=") {
+            Syntax::Xml {
+                open: "<seed:tool_call>",
+                close: "</seed:tool_call>",
+            }
+        } else if has("<tool_call>") && has("<function=") {
+            Syntax::Xml {
+                open: "<tool_call>",
+                close: "</tool_call>",
+            }
+        } else if has("<tool_call>") && has("<arg_key>") {
+            Syntax::Glm
+        } else if has("<tool_call>") {
+            Syntax::Hermes
+        } else if has("[TOOL_CALLS]") && has("[ARGS]") {
+            Syntax::MistralArgs
+        } else if has("[TOOL_CALLS]") {
+            Syntax::Mistral
+        } else if has("<|python_tag|>") || has("ipython") {
+            Syntax::Llama3
         } else {
-            None
-        }
+            return None;
+        })
     }
 
     /// The key of a call's arguments object.
     fn args_key(self) -> &'static str {
         match self {
             Syntax::Llama3 => "parameters",
-            Syntax::Hermes | Syntax::Mistral => "arguments",
+            _ => "arguments",
+        }
+    }
+
+    /// The tag a call starts with, where text may come before it (`None`: the calls are the
+    /// whole reply).
+    fn open_tag(self) -> Option<&'static str> {
+        match self {
+            Syntax::Hermes | Syntax::Glm => Some("<tool_call>"),
+            Syntax::Xml { open, .. } => Some(open),
+            Syntax::MiniMax => Some("<minimax:tool_call>"),
+            Syntax::MistralArgs => Some("[TOOL_CALLS]"),
+            Syntax::Llama3 | Syntax::Mistral => None,
         }
     }
 }
@@ -246,6 +294,21 @@ impl Tools {
             Choice::Required => self.functions.iter().collect(),
             Choice::Named(n) => self.functions.iter().filter(|(f, _)| f == n).collect(),
         };
+        let many = self.parallel && matches!(self.choice, Choice::Required);
+        let (sep, call) = match self.syntax {
+            Syntax::Mistral => {
+                return Err(bad(
+                    "tool_choice required or a named function is not supported for Mistral's [TOOL_CALLS] syntax; use auto",
+                    "tool_choice",
+                ))
+            }
+            Syntax::Xml { .. } | Syntax::Glm | Syntax::MiniMax => {
+                return Ok(Some(Grammar::Lark(self.tagged_grammar(&names, many))))
+            }
+            Syntax::Hermes => ("\"\\n\"", "\"<tool_call>\\n\" call \"\\n</tool_call>\""),
+            Syntax::Llama3 => ("\"; \"", "call"),
+            Syntax::MistralArgs => ("\"\"", "call"),
+        };
         let key = self.syntax.args_key();
         let calls: Vec<Value> = names
             .iter()
@@ -258,75 +321,151 @@ impl Tools {
                 })
             })
             .collect();
-        let mut schema = match &calls[..] {
+        let start = if many {
+            format!("start: tc ({sep} tc)*\n")
+        } else {
+            "start: tc\n".to_string()
+        };
+        if self.syntax == Syntax::MistralArgs {
+            // NAME[ARGS]{...}: one alternative per function, its arguments' schema
+            let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
+            let mut g = format!("{start}tc: {}\n", alts.join(" | "));
+            for (i, (name, params)) in names.iter().enumerate() {
+                let head = lark_str(&format!("[TOOL_CALLS]{name}[ARGS]"));
+                g.push_str(&format!("f{i}: {head} %json {}\n", compact(params)));
+            }
+            return Ok(Some(Grammar::Lark(g)));
+        }
+        let schema = compact(&match &calls[..] {
             [one] => one.clone(),
             _ => json!({"anyOf": calls}),
-        };
-        // compact JSON, as for response_format: free whitespace lets small models ramble
-        schema["x-guidance"] =
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
-        let many = self.parallel && matches!(self.choice, Choice::Required);
-        let start = match (self.syntax, many) {
-            (Syntax::Hermes, false) => "start: tc\n",
-            (Syntax::Hermes, true) => "start: tc (\"\\n\" tc)*\n",
-            (Syntax::Llama3, false) => "start: call\n",
-            (Syntax::Llama3, true) => "start: call (\"; \" call)*\n",
-            (Syntax::Mistral, _) => {
-                return Err(bad(
-                    "tool_choice required or a named function is not supported for Mistral's [TOOL_CALLS] syntax; use auto",
-                    "tool_choice",
-                ))
-            }
-        };
-        let tc = match self.syntax {
-            Syntax::Hermes => "tc: \"<tool_call>\\n\" call \"\\n</tool_call>\"\n",
-            _ => "",
-        };
+        });
         Ok(Some(Grammar::Lark(format!(
-            "{start}{tc}call: %json {schema}\n"
+            "{start}tc: {call}\ncall: %json {schema}\n"
         ))))
+    }
+
+    /// The grammar of calls in the tagged forms (Qwen3-Coder's XML, GLM's, MiniMax's): per
+    /// function its tags and name, then its parameters in the schema's order (the required
+    /// ones always, the others optional), each a text up to the closing tag where the schema
+    /// says string, a JSON value of the parameter's schema otherwise.
+    fn tagged_grammar(&self, names: &[&(String, Value)], many: bool) -> String {
+        type Tag = fn(&str) -> String;
+        let (call_open, call_close, p_open, p_close): (Tag, String, Tag, &str) = match self.syntax {
+            Syntax::Xml { close, .. } => (
+                // the opening tag (`open_tag`) is written in below
+                |n| format!("\n<function={n}>\n"),
+                format!("</function>\n{close}"),
+                |k| format!("<parameter={k}>\n"),
+                "\n</parameter>\n",
+            ),
+            Syntax::Glm => (
+                |n| format!("{n}\n"),
+                "</tool_call>".into(),
+                |k| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+                "</arg_value>\n",
+            ),
+            _ => (
+                |n| format!("\n<invoke name=\"{n}\">\n"),
+                "</invoke>\n</minimax:tool_call>".into(),
+                |k| format!("<parameter name=\"{k}\">"),
+                "</parameter>\n",
+            ),
+        };
+        let open = self.syntax.open_tag().unwrap_or_default();
+        let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
+        let mut g = if many {
+            "start: tc (\"\\n\" tc)*\n".to_string()
+        } else {
+            "start: tc\n".to_string()
+        };
+        g.push_str(&format!("tc: {}\n", alts.join(" | ")));
+        for (i, (name, params)) in names.iter().enumerate() {
+            let props = params.get("properties").and_then(Value::as_object);
+            let required: Vec<&str> = params
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let mut body = vec![lark_str(&format!("{open}{}", call_open(name)))];
+            for (j, (key, schema)) in props.into_iter().flatten().enumerate() {
+                let rule = format!("f{i}p{j}");
+                let head = lark_str(&p_open(key));
+                if is_string(Some(schema)) {
+                    // text, up to the first closing tag (which ends it)
+                    g.push_str(&format!(
+                        "{rule}: {head} {rule}v\n{rule}v[suffix={}]: /(.|\\n)*/\n",
+                        lark_str(p_close)
+                    ));
+                } else {
+                    g.push_str(&format!(
+                        "{rule}: {head} %json {} {}\n",
+                        compact(schema),
+                        lark_str(p_close)
+                    ));
+                }
+                let opt = if required.contains(&key.as_str()) {
+                    ""
+                } else {
+                    "?"
+                };
+                body.push(format!("{rule}{opt}"));
+            }
+            body.push(lark_str(&call_close));
+            g.push_str(&format!("f{i}: {}\n", body.join(" ")));
+        }
+        g
+    }
+
+    /// The schema of `function`'s parameter `key`, if it declares one.
+    fn param_schema(&self, function: &str, key: &str) -> Option<&Value> {
+        self.functions
+            .iter()
+            .find(|(f, _)| f == function)?
+            .1
+            .pointer(&format!(
+                "/properties/{}",
+                key.replace('~', "~0").replace('/', "~1")
+            ))
     }
 
     /// For streaming: of `held` (the reply's text not sent yet), how many bytes are surely
     /// content, and whether a call may start right after them (then the rest of the reply
-    /// is held to the end). Hermes: text up to `<tool_call>`, a partial tag at the end held
-    /// back; Llama 3 and Mistral, whose calls are the whole reply: held while the reply may
-    /// still start a call, all text once it cannot (`plain` remembers that).
+    /// is held to the end). Tagged forms: text up to the call's opening tag, a partial tag at
+    /// the end held back; Llama 3 and Mistral, whose calls are the whole reply: held while
+    /// the reply may still start a call, all text once it cannot (`plain` remembers that).
     pub fn stream_cut(&self, held: &str, plain: &mut bool) -> (usize, bool) {
-        match self.syntax {
-            Syntax::Hermes => {
-                const TAG: &str = "<tool_call>";
-                if let Some(at) = held.find(TAG) {
-                    return (at, true);
-                }
-                let keep = (1..TAG.len())
-                    .rev()
-                    .find(|&n| {
-                        n <= held.len()
-                            && held.is_char_boundary(held.len() - n)
-                            && TAG.starts_with(&held[held.len() - n..])
-                    })
-                    .unwrap_or(0);
-                (held.len() - keep, false)
+        if let Some(tag) = self.syntax.open_tag() {
+            if let Some(at) = held.find(tag) {
+                return (at, true);
             }
-            Syntax::Llama3 | Syntax::Mistral => {
-                if *plain {
-                    return (held.len(), false);
-                }
-                let starts: &[&str] = match self.syntax {
-                    Syntax::Llama3 => &["{", "<|python_tag|>"],
-                    _ => &["[TOOL_CALLS]", "["],
-                };
-                let t = held.trim_start();
-                if t.is_empty() || starts.iter().any(|s| s.starts_with(t)) {
-                    (0, false)
-                } else if starts.iter().any(|s| t.starts_with(s)) {
-                    (0, true)
-                } else {
-                    *plain = true;
-                    (held.len(), false)
-                }
-            }
+            let keep = (1..tag.len())
+                .rev()
+                .find(|&n| {
+                    n <= held.len()
+                        && held.is_char_boundary(held.len() - n)
+                        && tag.starts_with(&held[held.len() - n..])
+                })
+                .unwrap_or(0);
+            return (held.len() - keep, false);
+        }
+        if *plain {
+            return (held.len(), false);
+        }
+        let starts: &[&str] = match self.syntax {
+            Syntax::Llama3 => &["{", "<|python_tag|>"],
+            _ => &["[TOOL_CALLS]", "["],
+        };
+        let t = held.trim_start();
+        if t.is_empty() || starts.iter().any(|s| s.starts_with(t)) {
+            (0, false)
+        } else if starts.iter().any(|s| t.starts_with(s)) {
+            (0, true)
+        } else {
+            *plain = true;
+            (held.len(), false)
         }
     }
 
@@ -336,38 +475,6 @@ impl Tools {
         let mut calls = Vec::new();
         let mut content = String::new();
         match self.syntax {
-            Syntax::Hermes => {
-                const OPEN: &str = "<tool_call>";
-                const CLOSE: &str = "</tool_call>";
-                let mut rest = text;
-                while let Some(at) = rest.find(OPEN) {
-                    content.push_str(&rest[..at]);
-                    let body = &rest[at + OPEN.len()..];
-                    // the call is one JSON value (its strings may hold `</tool_call>`), then
-                    // the closing tag (missing when the reply ended right after the value)
-                    let read = json_prefix(body).and_then(|(v, n)| {
-                        let tail = body[n..].trim_start();
-                        let after = match tail.strip_prefix(CLOSE) {
-                            Some(after) => after,
-                            None if tail.is_empty() => tail,
-                            None => return None,
-                        };
-                        Some((call_from(&v, "arguments")?, after))
-                    });
-                    match read {
-                        Some((c, after)) => {
-                            calls.push(c);
-                            rest = after;
-                        }
-                        None => {
-                            let end = body.find(CLOSE).map_or(body.len(), |e| e + CLOSE.len());
-                            content.push_str(&rest[at..at + OPEN.len() + end]);
-                            rest = &body[end..];
-                        }
-                    }
-                }
-                content.push_str(rest);
-            }
             Syntax::Llama3 => {
                 let t = text.trim();
                 let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim_start();
@@ -378,7 +485,7 @@ impl Tools {
                     let Some((v, n)) = json_prefix(rest) else {
                         break false;
                     };
-                    let Some(c) = call_from(&v, "parameters") else {
+                    let Some(c) = call_from(&v, "parameters", self.syntax) else {
                         break false;
                     };
                     parsed.push(c);
@@ -399,7 +506,7 @@ impl Tools {
                 let t = t.strip_prefix("[TOOL_CALLS]").unwrap_or(t).trim();
                 let parsed = serde_json::from_str::<Vec<Value>>(t).ok().and_then(|list| {
                     list.iter()
-                        .map(|c| call_from(c, "arguments"))
+                        .map(|c| call_from(c, "arguments", self.syntax))
                         .collect::<Option<Vec<Value>>>()
                 });
                 match parsed {
@@ -407,9 +514,248 @@ impl Tools {
                     _ => content.push_str(text),
                 }
             }
+            _ => {
+                // tagged forms: text, then calls each starting at the opening tag; what does
+                // not read as a call stays text
+                let tag = self.syntax.open_tag().unwrap_or_default();
+                let mut rest = text;
+                while let Some(at) = rest.find(tag) {
+                    content.push_str(&rest[..at]);
+                    let body = &rest[at + tag.len()..];
+                    match self.read_block(body) {
+                        Some((mut c, after)) => {
+                            calls.append(&mut c);
+                            rest = after;
+                        }
+                        None => {
+                            let end = self.block_end(body);
+                            content.push_str(&rest[at..at + tag.len() + end]);
+                            rest = &body[end..];
+                        }
+                    }
+                }
+                content.push_str(rest);
+            }
         }
         let content = content.trim();
         ((!content.is_empty()).then(|| content.to_string()), calls)
+    }
+
+    /// Where a block that is not a call ends (after its closing tag, else the text's end).
+    fn block_end(&self, body: &str) -> usize {
+        let close = match self.syntax {
+            Syntax::Xml { close, .. } => close,
+            Syntax::MiniMax => "</minimax:tool_call>",
+            Syntax::MistralArgs => return body.len(),
+            _ => "</tool_call>",
+        };
+        body.find(close).map_or(body.len(), |e| e + close.len())
+    }
+
+    /// The calls of one block (the text after its opening tag) and the text after it; `None`
+    /// when it is not calls. A block may end without its closing tag where the reply ended.
+    fn read_block<'a>(&self, body: &'a str) -> Option<(Vec<Value>, &'a str)> {
+        /// `text` after optional white space and `tag`; an empty text counts (the reply
+        /// ended there).
+        fn closing<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
+            let t = text.trim_start();
+            t.strip_prefix(tag).or(t.is_empty().then_some(t))
+        }
+        match self.syntax {
+            Syntax::Hermes => {
+                // one JSON value (its strings may hold `</tool_call>`), then the closing tag
+                let (v, n) = json_prefix(body)?;
+                let after = closing(&body[n..], "</tool_call>")?;
+                Some((vec![call_from(&v, "arguments", self.syntax)?], after))
+            }
+            Syntax::MistralArgs => {
+                // NAME[ARGS]{...} (a [CALL_ID] before [ARGS] skipped)
+                let (name, rest) = body.split_once("[ARGS]")?;
+                let name = name.split("[CALL_ID]").next()?.trim();
+                let (v, n) = json_prefix(rest)?;
+                let call = call_from(
+                    &json!({"name": name, "arguments": v}),
+                    "arguments",
+                    self.syntax,
+                )?;
+                Some((vec![call], &rest[n..]))
+            }
+            Syntax::Xml { close, .. } => {
+                let t = body.trim_start().strip_prefix("<function=")?;
+                let (name, mut t) = t.split_once('>')?;
+                let mut args = serde_json::Map::new();
+                loop {
+                    t = t.trim_start();
+                    if let Some(after) = t.strip_prefix("</function>") {
+                        t = after;
+                        break;
+                    }
+                    if t.is_empty() {
+                        break; // ended inside the call
+                    }
+                    let (key, rest) = t.strip_prefix("<parameter=")?.split_once('>')?;
+                    let (raw, after) = rest.split_once("</parameter>").unwrap_or((rest, ""));
+                    let raw = raw.strip_prefix('\n').unwrap_or(raw);
+                    let raw = raw.strip_suffix('\n').unwrap_or(raw);
+                    args.insert(key.into(), self.typed(name, key, raw));
+                    t = after;
+                }
+                let after = closing(t, close)?;
+                Some((vec![self.call(name, args)?], after))
+            }
+            Syntax::Glm => {
+                let (name, mut t) = match body.find("<arg_key>") {
+                    Some(i) => (&body[..i], &body[i..]),
+                    None => {
+                        let e = body.find("</tool_call>").unwrap_or(body.len());
+                        (&body[..e], &body[e..])
+                    }
+                };
+                let name = name.trim();
+                let mut args = serde_json::Map::new();
+                while let Some(rest) = t.trim_start().strip_prefix("<arg_key>") {
+                    let (key, rest) = rest.split_once("</arg_key>")?;
+                    let rest = rest.trim_start().strip_prefix("<arg_value>")?;
+                    let (raw, after) = rest.split_once("</arg_value>").unwrap_or((rest, ""));
+                    args.insert(key.trim().into(), self.typed(name, key.trim(), raw));
+                    t = after;
+                }
+                let after = closing(t, "</tool_call>")?;
+                Some((vec![self.call(name, args)?], after))
+            }
+            Syntax::MiniMax => {
+                let mut calls = Vec::new();
+                let mut t = body;
+                while let Some(rest) = t.trim_start().strip_prefix("<invoke name=") {
+                    let (name, mut rest) = rest.split_once('>')?;
+                    let name = name.trim_matches('"');
+                    let mut args = serde_json::Map::new();
+                    loop {
+                        rest = rest.trim_start();
+                        if let Some(after) = rest.strip_prefix("</invoke>") {
+                            rest = after;
+                            break;
+                        }
+                        if rest.is_empty() {
+                            break;
+                        }
+                        let (key, r) = rest.strip_prefix("<parameter name=")?.split_once('>')?;
+                        let key = key.trim_matches('"');
+                        let (raw, after) = r.split_once("</parameter>").unwrap_or((r, ""));
+                        args.insert(key.into(), self.typed(name, key, raw.trim()));
+                        rest = after;
+                    }
+                    calls.push(self.call(name, args)?);
+                    t = rest;
+                }
+                if calls.is_empty() {
+                    return None;
+                }
+                Some((calls, closing(t, "</minimax:tool_call>")?))
+            }
+            Syntax::Llama3 | Syntax::Mistral => None,
+        }
+    }
+
+    /// A parameter's value as the templates write it: the text itself where the function's
+    /// schema says string, else the JSON it reads as (text when it does not).
+    fn typed(&self, function: &str, key: &str, raw: &str) -> Value {
+        if is_string(self.param_schema(function, key)) {
+            return Value::String(raw.to_string());
+        }
+        serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string()))
+    }
+
+    /// A call of a function the request has (a name the model made up is not a call).
+    fn call(&self, name: &str, args: serde_json::Map<String, Value>) -> Option<Value> {
+        if !self.functions.iter().any(|(f, _)| f == name) {
+            return None;
+        }
+        call_from(
+            &json!({"name": name, "arguments": args}),
+            "arguments",
+            self.syntax,
+        )
+    }
+}
+
+/// Whether a parameter's schema says string (`"type": "string"` or a list with it).
+fn is_string(schema: Option<&Value>) -> bool {
+    match schema.and_then(|s| s.get("type")) {
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+        _ => false,
+    }
+}
+
+/// A schema as compact JSON for `%json` (free whitespace lets small models ramble).
+fn compact(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    if let Value::Object(m) = &mut s {
+        m.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
+    }
+    s
+}
+
+/// `s` as a Lark string literal.
+fn lark_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// Nine letters and digits from `n` (Mistral's tool-call ids).
+fn base62_9(mut n: u64) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    (0..9)
+        .map(|_| {
+            let c = DIGITS[(n % 62) as usize] as char;
+            n /= 62;
+            c
+        })
+        .collect()
+}
+
+/// Whether a tool-call id is one Mistral's templates take (9 letters and digits).
+fn is_mistral_id(id: &str) -> bool {
+    id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// For a template in Mistral's syntaxes, which refuse tool-call ids other than 9 letters and
+/// digits: the conversation's ids that are not, each mapped to one that is (the same id to
+/// the same, so calls and their results still pair up). Other templates: untouched.
+pub fn mistral_ids(template_source: &str, messages: &mut [gds_runtime::chat::Message]) {
+    if !matches!(
+        Syntax::of_template(template_source),
+        Some(Syntax::Mistral | Syntax::MistralArgs)
+    ) {
+        return;
+    }
+    let map = |id: &str| {
+        if is_mistral_id(id) {
+            return id.to_string();
+        }
+        // FNV-1a: stable across requests
+        let h = id.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+        });
+        base62_9(h)
+    };
+    for m in messages {
+        if let Some(id) = &m.tool_call_id {
+            m.tool_call_id = Some(map(id));
+        }
+        for c in m
+            .tool_calls
+            .iter_mut()
+            .flat_map(|v| v.as_array_mut())
+            .flatten()
+        {
+            if let Some(id) = c.get("id").and_then(Value::as_str) {
+                c["id"] = json!(map(id));
+            }
+        }
     }
 }
 
@@ -420,8 +766,9 @@ fn json_prefix(text: &str) -> Option<(Value, usize)> {
     Some((v, values.byte_offset()))
 }
 
-/// One call, `{"name": ..., key: {...}}`, in OpenAI's form.
-fn call_from(v: &Value, key: &str) -> Option<Value> {
+/// One call, `{"name": ..., key: {...}}`, in OpenAI's form (a fresh id: `call_` and 16 hex
+/// digits; for Mistral's templates, which refuse any other, 9 letters and digits).
+fn call_from(v: &Value, key: &str, syntax: Syntax) -> Option<Value> {
     let name = v.get("name")?.as_str()?;
     let args = v
         .get(key)
@@ -432,8 +779,13 @@ fn call_from(v: &Value, key: &str) -> Option<Value> {
         Value::String(s) => s,
         other => other.to_string(),
     };
+    let seed = crate::error::random_seed();
+    let id = match syntax {
+        Syntax::Mistral | Syntax::MistralArgs => base62_9(seed),
+        _ => format!("call_{seed:016x}"),
+    };
     Some(json!({
-        "id": format!("call_{:016x}", crate::error::random_seed()),
+        "id": id,
         "type": "function",
         "function": {"name": name, "arguments": args},
     }))
@@ -455,6 +807,7 @@ pub fn assistant_message(tools: Option<&Tools>, text: &str) -> (Value, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gds_runtime::chat::Message;
 
     fn template(src: &str) -> ChatTemplate {
         ChatTemplate::new(src, "", "").unwrap()
@@ -535,6 +888,102 @@ mod tests {
         );
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1]["function"]["arguments"], "{\"city\":\"Bergen\"}");
+    }
+
+    /// Each tagged syntax reads back the calls its own template writes: a conversation whose
+    /// assistant turn has a call is rendered by the model's template (llama.cpp's copies of
+    /// the published templates, `fixtures/templates/`), and the assistant's part of it
+    /// parses into the same call (a string argument with `, ` and `</`, an integer).
+    #[test]
+    fn each_template_s_own_calls_parse_back() {
+        let list = json!([{"type": "function", "function": {"name": "get_weather",
+            "description": "Weather", "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]);
+        let args = json!({"city": "Paris, FR </b>", "days": 3});
+        for (file, syntax) in [
+            ("qwen2.5-instruct.jinja", "Hermes"),
+            ("qwen3-coder.jinja", "Xml"),
+            ("glm-4.6.jinja", "Glm"),
+            ("minimax-m2.jinja", "MiniMax"),
+            ("mistral-small-3.2.jinja", "MistralArgs"),
+        ] {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/templates/");
+            let src = std::fs::read_to_string(format!("{path}{file}")).unwrap();
+            let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
+            let tools = Tools::from_request(Some(&list), Some(&json!("auto")), None, Some(&t))
+                .unwrap()
+                .unwrap();
+            assert!(format!("{:?}", tools.syntax).starts_with(syntax), "{file}");
+            let user = Message::new("user", "Weather?");
+            let mut reply = Message::new("assistant", "");
+            reply.tool_calls = Some(json!([{"id": "abc123XYZ", "type": "function",
+                "function": {"name": "get_weather", "arguments": args}}]));
+            let head = t
+                .render_with_tools(std::slice::from_ref(&user), true, Some(&tools.list))
+                .unwrap();
+            let whole = t
+                .render_with_tools(&[user, reply], false, Some(&tools.list))
+                .unwrap();
+            // the reply: past what the prompt and the whole conversation share (MiniMax's
+            // prompt opens a `<think>` its history does not have)
+            let shared = head
+                .char_indices()
+                .zip(whole.chars())
+                .find(|((_, a), b)| a != b)
+                .map_or(head.len(), |((i, _), _)| i);
+            let said = &whole[shared..];
+            let (_, calls) = tools.parse(said);
+            assert_eq!(calls.len(), 1, "{file}: {said:?}");
+            assert_eq!(calls[0]["function"]["name"], "get_weather", "{file}");
+            let got: Value =
+                serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+            assert_eq!(got, args, "{file}: {said:?}");
+        }
+        // Mistral's template refuses ids other than 9 letters and digits: ours are such for
+        // it, a client's other ids mapped (the same id the same way)
+        let src = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/templates/mistral-small-3.2.jinja"
+        ))
+        .unwrap();
+        let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
+        let m = Tools::from_request(Some(&list), Some(&json!("auto")), None, Some(&t))
+            .unwrap()
+            .unwrap();
+        let (_, calls) = m.parse("[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}");
+        assert!(is_mistral_id(calls[0]["id"].as_str().unwrap()), "{calls:?}");
+        let mut reply = Message::new("assistant", "");
+        reply.tool_calls = Some(json!([{"id": "call_0123456789abcdef", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]));
+        let mut result = Message::new("tool", "sunny");
+        result.tool_call_id = Some("call_0123456789abcdef".into());
+        let mut msgs = vec![Message::new("user", "Weather?"), reply, result];
+        assert!(t.render(&msgs, true).is_err(), "the template takes any id?");
+        mistral_ids(&src, &mut msgs);
+        let id = msgs[1].tool_calls.as_ref().unwrap()[0]["id"]
+            .as_str()
+            .unwrap();
+        assert!(is_mistral_id(id));
+        assert_eq!(msgs[2].tool_call_id.as_deref(), Some(id));
+        t.render(&msgs, true).unwrap();
+
+        // a function the request does not have is not a call (tagged forms)
+        let src = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/templates/qwen3-coder.jinja"
+        ))
+        .unwrap();
+        let t = ChatTemplate::new(&src, "", "").unwrap();
+        let x = Tools::from_request(Some(&list), Some(&json!("auto")), None, Some(&t))
+            .unwrap()
+            .unwrap();
+        let (content, calls) = x.parse("<tool_call>\n<function=rm>\n</function>\n</tool_call>");
+        assert!(calls.is_empty());
+        assert!(content.unwrap().contains("<function=rm>"));
+        let (_, calls) = x.parse(
+            "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo",
+        );
+        assert_eq!(calls.len(), 2, "the second cut off by the end of the reply");
     }
 
     #[test]

@@ -202,4 +202,15 @@ fn a_prompt_that_opens_the_thinking() {
         "{m}"
     );
     assert_eq!(m["content"], "", "{m}");
+    // a JSON schema holds the answer, after the thinking: not forced where the thinking is
+    // (the grammar compiles with the thinking before it; SmolLM2 then thinks on)
+    let json = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+        "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "a",
+        "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}});
+    let m = &json_of(&s, "/v1/chat/completions", &json)["choices"][0]["message"];
+    let r = m["reasoning_content"].as_str().expect("reasoning_content");
+    assert!(
+        !r.starts_with("{\"a\""),
+        "the schema was forced into the thinking: {m}"
+    );
 }
