@@ -1028,4 +1028,83 @@ mod tests {
             .is_none());
         assert!(Tools::from_request(None, Some(&json!("required")), None, None).is_err());
     }
+
+    /// Any reply, in any syntax: parsing never panics, and text outside calls is kept; a
+    /// reply streamed through `stream_cut` in any pieces never cuts inside a character.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const BITS: &[&str] = &[
+            "<tool_call>",
+            "</tool_call>",
+            "<function=get_weather>",
+            "</function>",
+            "<parameter=city>",
+            "</parameter>",
+            "<arg_key>",
+            "</arg_key>",
+            "<arg_value>",
+            "</arg_value>",
+            "<minimax:tool_call>",
+            "</minimax:tool_call>",
+            "<invoke name=\"get_weather\">",
+            "</invoke>",
+            "<parameter name=\"city\">",
+            "[TOOL_CALLS]",
+            "[ARGS]",
+            "[CALL_ID]",
+            "get_weather",
+            "{\"city\": \"é\"}",
+            "{\"name\": \"get_weather\", \"arguments\": {}}",
+            "{",
+            "}",
+            "\"",
+            "\n",
+            " ",
+            ";",
+            "é",
+            "日本",
+            "<|python_tag|>",
+            "<seed:tool_call>",
+        ];
+
+        fn reply() -> impl Strategy<Value = String> {
+            proptest::collection::vec(0..BITS.len(), 0..24)
+                .prop_map(|ix| ix.into_iter().map(|i| BITS[i]).collect())
+        }
+
+        proptest! {
+            #[test]
+            fn parsing_any_reply_never_panics(text in reply(), cut in 1usize..7) {
+                for src in [
+                    "{{ tools }} <tool_call>",
+                    "{{ tools }} <tool_call> <function=",
+                    "{{ tools }} <seed:tool_call> <function=",
+                    "{{ tools }} <tool_call> <arg_key>",
+                    "{{ tools }} <minimax:tool_call>",
+                    "{{ tools }} [TOOL_CALLS] [ARGS]",
+                    "{{ tools }} [TOOL_CALLS]",
+                    "{{ tools }} <|python_tag|>",
+                ] {
+                    let t = tools(src, json!("auto"));
+                    let (content, calls) = t.parse(&text);
+                    if calls.is_empty() {
+                        prop_assert_eq!(content.unwrap_or_default(), text.trim());
+                    }
+                    let mut plain = false;
+                    let mut held = String::new();
+                    for piece in text.chars().collect::<Vec<_>>().chunks(cut) {
+                        held.extend(piece);
+                        let (n, starts) = t.stream_cut(&held, &mut plain);
+                        prop_assert!(held.is_char_boundary(n));
+                        held.drain(..n);
+                        if starts {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
