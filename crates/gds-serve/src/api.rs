@@ -1848,10 +1848,11 @@ pub(crate) fn reasoning_of(
     let Some(template) = st.tokenizer.chat_template() else {
         return Ok(None);
     };
-    // the prompt's end, special tokens as text: does it leave the thinking open?
-    let tail = &prompt[prompt.len().saturating_sub(16)..];
-    let tail = st.tokenizer.inner().decode(tail, false).unwrap_or_default();
-    Ok(Reasoning::of_template(template.source(), &tail))
+    // the prompt's end: does it leave the thinking open?
+    Ok(Reasoning::of_template(
+        template.source(),
+        &prompt_tail(st, prompt),
+    ))
 }
 
 /// Gives a chat job its tools, and the grammar of a call when `tool_choice` asks for one.
@@ -1900,15 +1901,54 @@ pub(crate) async fn chat_prompt(
         st.tokenizer.chat_template(),
     )?
     .map(Arc::new);
-    let vars = b.template_vars()?;
+    let (vars, thinking_off) = chat_vars(st, b)?;
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
     let list = tools.as_ref().map(|t| t.list.clone());
-    let prompt = tokenize(
+    let mut prompt = tokenize(
         move || tok.encode_chat_full(&msgs, list.as_ref(), vars.as_ref(), ctx, end),
         "messages",
     )
     .await?;
+    if thinking_off && end == ChatEnd::Reply {
+        if let Some(tag) = unclosed_thinking(st, &prompt_tail(st, &prompt)) {
+            let ids = st
+                .tokenizer
+                .encode(tag, false, true)
+                .map_err(|e| ApiError::bad(e.to_string()).param("messages"))?;
+            prompt.extend(ids);
+        }
+    }
     Ok((prompt, tools))
+}
+
+/// A chat request's template variables: its `chat_template_kwargs`, with `enable_thinking`
+/// from `--reasoning` where they do not set it; and whether thinking is off.
+pub(crate) fn chat_vars(
+    st: &ServerState,
+    b: &ChatBody,
+) -> Result<(Option<serde_json::Map<String, Value>>, bool), ApiError> {
+    let mut vars = b.template_vars()?;
+    vars.get_or_insert_with(Default::default)
+        .entry("enable_thinking")
+        .or_insert(json!(st.thinking));
+    let off = vars.as_ref().and_then(|v| v.get("enable_thinking")) == Some(&json!(false));
+    Ok((vars, off))
+}
+
+/// With thinking off: the tag that closes the thinking a prompt (`tail`: its end, special
+/// tokens as text) leaves open — DeepSeek-R1's and QwQ's templates open it whatever
+/// `enable_thinking` says; llama-server closes it.
+pub(crate) fn unclosed_thinking(st: &ServerState, tail: &str) -> Option<&'static str> {
+    let t = st.tokenizer.chat_template()?;
+    Reasoning::of_template(t.source(), tail)
+        .filter(Reasoning::open)
+        .map(|r| r.end_tag())
+}
+
+/// A prompt's last tokens as text, special tokens included.
+fn prompt_tail(st: &ServerState, prompt: &[u32]) -> String {
+    let tail = &prompt[prompt.len().saturating_sub(16)..];
+    st.tokenizer.inner().decode(tail, false).unwrap_or_default()
 }
 
 pub(crate) async fn encode(

@@ -177,6 +177,13 @@ pub struct EngineArgs {
     /// reply whole as `content`. Requests may set `reasoning_format` themselves.
     #[arg(long, default_value = "auto", value_parser = ["auto", "deepseek", "deepseek-legacy", "none"])]
     pub reasoning_format: String,
+    /// Thinking (llama-server's `--reasoning`): the chat template's `enable_thinking` (Qwen 3's
+    /// switch) where a request's `chat_template_kwargs` does not set it: true for `on` and
+    /// `auto` (as llama-server; templates that read it default to thinking anyway), false for
+    /// `off`, which also closes a thinking the template opens whatever the variable
+    /// (DeepSeek-R1's, QwQ's), as llama-server does.
+    #[arg(long, default_value = "auto", value_parser = ["on", "off", "auto"])]
+    pub reasoning: String,
     /// Sampling: `gdsrun run`'s settings, here the defaults of requests that do not set
     /// them (as llama-server's flags are).
     #[command(flatten)]
@@ -246,6 +253,8 @@ pub struct ServerState {
     default_seed: Option<u64>,
     /// `--reasoning-format`: requests' default.
     reasoning_format: reasoning::Format,
+    /// `--reasoning`: the default `enable_thinking` (false for off).
+    thinking: bool,
     model_name: String,
     /// `system_fingerprint` of every completion: the engine build and configuration the model
     /// runs with (changes when the model, backend, activations or KV type change).
@@ -485,6 +494,7 @@ pub(crate) fn start(
         default_seed: e.sampling.seed,
         reasoning_format: reasoning::Format::parse(&e.reasoning_format)
             .map_err(RuntimeError::Usage)?,
+        thinking: e.reasoning != "off",
         model_name,
         fingerprint,
         ctx: plan.ctx,

@@ -878,8 +878,11 @@ pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> 
         if b.messages.is_empty() {
             return Err(ApiError::bad("messages must not be empty").param("messages"));
         }
-        let msgs = crate::api::chat_messages(&b.messages)?;
-        let vars = b.template_vars()?;
+        let mut msgs = crate::api::chat_messages(&b.messages)?;
+        if let Some(t) = st.tokenizer.chat_template() {
+            crate::tools::mistral_ids(t.source(), &mut msgs);
+        }
+        let (vars, thinking_off) = crate::api::chat_vars(&st, &b)?;
         let tools = Tools::from_request(
             b.tools.as_ref(),
             b.tool_choice.as_ref(),
@@ -909,6 +912,17 @@ pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> 
             )
         })?
         .map_err(|e| ApiError::bad(format!("chat template: {e}")).param("messages"))?;
+        let mut rendered = rendered;
+        if thinking_off && add_generation_prompt {
+            let mut from = rendered.len().saturating_sub(256);
+            while !rendered.is_char_boundary(from) {
+                from -= 1;
+            }
+            let tail = &rendered[from..];
+            if let Some(tag) = crate::api::unclosed_thinking(&st, tail) {
+                rendered.push_str(tag);
+            }
+        }
         Ok(Json(json!({ "prompt": rendered })).into_response())
     }
     .await;

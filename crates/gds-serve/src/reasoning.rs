@@ -68,6 +68,11 @@ impl Reasoning {
         Some(Reasoning { start, end, open })
     }
 
+    /// The tag that ends the thinking.
+    pub fn end_tag(&self) -> &'static str {
+        self.end
+    }
+
     /// Whether the reply starts inside the thinking.
     pub fn open(&self) -> bool {
         self.open

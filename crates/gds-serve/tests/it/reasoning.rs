@@ -213,4 +213,43 @@ fn a_prompt_that_opens_the_thinking() {
         !r.starts_with("{\"a\""),
         "the schema was forced into the thinking: {m}"
     );
+
+    // thinking off (a request's enable_thinking false, or --reasoning off): the prompt's open
+    // thinking closed, as llama-server closes it; the reply is all answer
+    let hi = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let ends = |s: &Server, body: &Value| {
+        json_of(s, "/apply-template", body)["prompt"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(ends(&s, &hi).ends_with("<think>\n"));
+    let mut off = hi.clone();
+    off["chat_template_kwargs"] = json!({"enable_thinking": false});
+    assert!(
+        ends(&s, &off).ends_with("<think>\n</think>"),
+        "{}",
+        ends(&s, &off)
+    );
+    let mut body = off.clone();
+    body["max_tokens"] = json!(4);
+    body["temperature"] = json!(0);
+    let m = &json_of(&s, "/v1/chat/completions", &body)["choices"][0]["message"];
+    assert!(m.get("reasoning_content").is_none(), "{m}");
+    assert!(!m["content"].as_str().unwrap().is_empty(), "{m}");
+    let n = |s: &Server, body: &Value| {
+        json_of(s, "/v1/chat/completions/input_tokens", body)["input_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(n(&s, &off) > n(&s, &hi), "the closing tag is in the prompt");
+    drop(s);
+    let s = start(&["--chat-template", template, "--reasoning", "off"]);
+    assert!(ends(&s, &hi).ends_with("<think>\n</think>"));
+    let mut on = hi.clone();
+    on["chat_template_kwargs"] = json!({"enable_thinking": true});
+    assert!(
+        ends(&s, &on).ends_with("<think>\n"),
+        "a request's own setting wins"
+    );
 }
