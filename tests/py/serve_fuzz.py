@@ -83,7 +83,7 @@ OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens",
             "n_predict", "n_probs", "n_cmpl", "return_tokens", "response_fields", "samplers",
             "post_sampling_probs", "mirostat", "typical_p", "repeat_last_n", "cache_prompt",
             "id_slot", "n_keep", "lora", "dry_multiplier", "xtc_probability", "t_max_predict_ms",
-            "add_generation_prompt", "timings_per_token"]
+            "add_generation_prompt", "timings_per_token", "reasoning_format"]
 
 
 def deep(n, leaf):
@@ -151,6 +151,13 @@ def message(rng):
     if rng.random() < 0.1:
         m["tool_call_id"] = hostile(rng)
     if rng.random() < 0.1:
+        m["reasoning_content"] = rng.choice(["I think.", "", "<think>x</think>", hostile(rng)])
+    if rng.random() < 0.05 and isinstance(m.get("content"), list):
+        # Anthropic thinking blocks, Responses reasoning items
+        m["content"].append(rng.choice([
+            {"type": "thinking", "thinking": "hmm", "signature": ""},
+            {"type": "thinking", "thinking": hostile(rng)}, {"type": "redacted_thinking", "data": "x"}]))
+    if rng.random() < 0.1:
         m[rng.choice(["name", "refusal", "extra"])] = hostile(rng)
     return m
 
@@ -183,6 +190,10 @@ SENSIBLE = [
     ("prompt", [1, "x", 2]), ("n_predict", 0), ("n_predict", -1), ("cache_prompt", False),
     ("chat_template_kwargs", {"enable_thinking": False}), ("chat_template_kwargs", {"x": "<|im_end|>"}),
     ("add_generation_prompt", False),
+    ("reasoning_format", "none"), ("reasoning_format", "deepseek"), ("reasoning_format", "x"),
+    ("grammar", 'root ::= "<think>\\n" [a-z ]{0,9} "\\n</think>\\n\\n" [a-z]{1,5}'),
+    ("input", [{"role": "user", "content": "a"}, {"type": "reasoning", "id": "rs_1", "summary": [],
+        "content": [{"type": "reasoning_text", "text": "t"}]}, {"role": "assistant", "content": "b"}]),
     ("prompt", ["a", "b"]), ("prompt", [1, 2, 3]), ("prompt", [[1, 2], [3]]),
     ("messages", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
     ("messages", [{"role": "user", "content": "call f"}, {"role": "assistant", "tool_calls": [

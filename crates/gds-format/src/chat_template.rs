@@ -173,6 +173,10 @@ impl ChatTemplate {
                 },
             );
             env.add_function("strftime_now", |fmt: String| strftime(&fmt, now_unix()));
+            // Jinja2's `iterable`: `none` is not (minijinja's says it is, and Qwen3-Coder's
+            // `tools is iterable and tools | length > 0` then failed on a request without
+            // tools); an undefined value is, as in Jinja2
+            env.add_test("iterable", |v: Value| !v.is_none() && v.try_iter().is_ok());
             env.add_filter("tojson", tojson);
             env.add_filter("indent", indent);
             env.add_filter("replace", |s: String, from: String, to: String| {
@@ -996,6 +1000,25 @@ mod tests {
             out,
             "1 [{\"minimum\": 1, \"big\": 18446744073709551615}] 4 3.0"
         );
+    }
+
+    /// Jinja2's `iterable` test: `none` is not iterable (Qwen3-Coder's template guards
+    /// `tools | length` with it, and a request without tools passes `tools` as none).
+    #[test]
+    fn none_is_not_iterable() {
+        let t = ChatTemplate::new(
+            "{% if tools is iterable and tools | length > 0 %}T{% endif %}{{ messages is iterable }}{{ 'ab' is iterable }}{{ nothing is iterable }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let out = t.render_with(&[], false, None, None).unwrap();
+        assert_eq!(out, "TrueTrueTrue");
+        let tools = serde_json::json!([{"type": "function"}]);
+        assert!(t
+            .render_with(&[], false, Some(&tools), None)
+            .unwrap()
+            .starts_with('T'));
     }
 
     /// transformers' `{% generation %}` blocks render their body (LFM2.5's template style):
