@@ -178,6 +178,25 @@ impl ChatTemplate {
             // tools); an undefined value is, as in Jinja2
             env.add_test("iterable", |v: Value| !v.is_none() && v.try_iter().is_ok());
             env.add_filter("tojson", tojson);
+            // a dict or list printed, or made a string, reads as Python's str() of it (Apriel's
+            // template lists its tools with `tool|string`)
+            env.add_filter("string", |v: Value| -> std::result::Result<Value, Error> {
+                if v.as_str().is_some() {
+                    return Ok(v);
+                }
+                Ok(Value::from(py_str(&v)?))
+            });
+            env.set_formatter(|out, state, v| {
+                if matches!(
+                    v.kind(),
+                    minijinja::value::ValueKind::Map | minijinja::value::ValueKind::Seq
+                ) && v.as_object().is_some()
+                {
+                    out.write_str(&py_str(v)?).map_err(Error::from)
+                } else {
+                    minijinja::escape_formatter(out, state, v)
+                }
+            });
             env.add_filter("indent", indent);
             env.add_filter("replace", |s: String, from: String, to: String| {
                 capped_replace(&s, &from, &to).map(Value::from)
@@ -609,7 +628,7 @@ fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result
         value_cap(n.saturating_mul(1024), "tojson's indent")?;
     }
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    let ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
     let bad = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, e.to_string());
     let mut v = serde_json::to_value(&value).map_err(bad)?;
@@ -626,9 +645,141 @@ fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result
         },
     );
     serde::Serialize::serialize(&v, &mut ser).map_err(bad)?;
-    Ok(Value::from_safe_string(String::from_utf8(out).map_err(
-        |e| Error::new(ErrorKind::InvalidOperation, e.to_string()),
-    )?))
+    let mut text = String::from_utf8(out)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    if ascii == Some(true) {
+        // Python's ensure_ascii: every character past ASCII as \uXXXX (UTF-16 units); in
+        // JSON they only occur inside strings
+        let mut a = String::with_capacity(text.len());
+        for c in text.chars() {
+            if c.is_ascii() {
+                a.push(c);
+            } else {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    a.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+        text = a;
+    }
+    Ok(Value::from_safe_string(text))
+}
+
+/// Python's `str()` of a value: a dict or list as its repr (`{'a': [1, True, None]}`),
+/// other values as minijinja writes them (which already spells True/False/None as Python).
+fn py_str(v: &Value) -> std::result::Result<String, Error> {
+    fn repr(v: &Value, out: &mut String, depth: usize) -> std::result::Result<(), Error> {
+        if depth > 64 || out.len() > MAX_VALUE_BYTES {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "a value too deep or too large to print",
+            ));
+        }
+        use minijinja::value::ValueKind as K;
+        match v.kind() {
+            K::String => {
+                let s = v.as_str().unwrap_or_default();
+                let q = if s.contains('\'') && !s.contains('"') {
+                    '"'
+                } else {
+                    '\''
+                };
+                out.push(q);
+                for c in s.chars() {
+                    match c {
+                        '\\' => out.push_str("\\\\"),
+                        '\n' => out.push_str("\\n"),
+                        '\r' => out.push_str("\\r"),
+                        '\t' => out.push_str("\\t"),
+                        c if c == q => {
+                            out.push('\\');
+                            out.push(c);
+                        }
+                        c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                            out.push_str(&format!("\\x{:02x}", c as u32))
+                        }
+                        c => out.push(c),
+                    }
+                }
+                out.push(q);
+            }
+            K::Seq | K::Iterable => {
+                out.push('[');
+                for (i, item) in v.try_iter()?.enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    repr(&item, out, depth + 1)?;
+                }
+                out.push(']');
+            }
+            K::Map => {
+                out.push('{');
+                for (i, key) in v.try_iter()?.enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    repr(&key, out, depth + 1)?;
+                    out.push_str(": ");
+                    repr(&v.get_item(&key)?, out, depth + 1)?;
+                }
+                out.push('}');
+            }
+            K::Undefined | K::None => out.push_str("None"),
+            _ => out.push_str(&v.to_string()),
+        }
+        Ok(())
+    }
+    let mut out = String::new();
+    repr(v, &mut out, 0)?;
+    Ok(out)
+}
+
+/// Python's `str.format` for the fields templates use: `{}`, `{0}`, `{name}` (from keyword
+/// arguments), `{{`/`}}`; a format spec after `:` is ignored. The result is bounded as other
+/// strings are.
+fn py_format(s: &str, args: &[Value]) -> std::result::Result<String, Error> {
+    let bad = |m: String| Error::new(ErrorKind::InvalidOperation, m);
+    let kwargs = args
+        .last()
+        .filter(|v| v.kind() == minijinja::value::ValueKind::Map);
+    let mut out = String::new();
+    let mut next = 0;
+    let mut rest = s;
+    while let Some(i) = rest.find(['{', '}']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if tail.starts_with("{{") || tail.starts_with("}}") {
+            out.push_str(&tail[..1]);
+            rest = &tail[2..];
+            continue;
+        }
+        if tail.starts_with('}') {
+            return Err(bad("str.format: single '}' in the format string".into()));
+        }
+        let end = tail
+            .find('}')
+            .ok_or_else(|| bad("str.format: unclosed '{' in the format string".into()))?;
+        let field = tail[1..end].split([':', '!']).next().unwrap_or("");
+        let v = if field.is_empty() {
+            next += 1;
+            args.get(next - 1).cloned()
+        } else if let Ok(n) = field.parse::<usize>() {
+            args.get(n).cloned()
+        } else {
+            kwargs
+                .and_then(|k| k.get_attr(field).ok())
+                .filter(|v| !v.is_undefined())
+        }
+        .ok_or_else(|| bad(format!("str.format: no argument for {{{field}}}")))?
+        .to_string();
+        out.push_str(&v);
+        value_cap(out.len(), "str.format")?;
+        rest = &tail[end + 1..];
+    }
+    out.push_str(rest);
+    value_cap(out.len(), "str.format")?;
+    Ok(out)
 }
 
 /// Refuses a string of `len` bytes past [`MAX_VALUE_BYTES`].
@@ -826,6 +977,7 @@ fn pycompat(
                         .unwrap_or_default(),
                 )
             }
+            "format" => Value::from(py_format(s, args)?),
             "startswith" => Value::from(arg_str(0).is_some_and(|p| s.starts_with(&p))),
             "endswith" => Value::from(arg_str(0).is_some_and(|p| s.ends_with(&p))),
             "replace" => match (arg_str(0), arg_str(1)) {
@@ -860,8 +1012,9 @@ fn pycompat(
             "get" => {
                 let key = args.first().cloned().unwrap_or_default();
                 let v = value.get_item(&key)?;
+                // Python's dict.get: None when the key is missing and no default is given
                 Ok(if v.is_undefined() {
-                    args.get(1).cloned().unwrap_or_default()
+                    args.get(1).cloned().unwrap_or(Value::from(()))
                 } else {
                     v
                 })
@@ -1019,6 +1172,42 @@ mod tests {
             .render_with(&[], false, Some(&tools), None)
             .unwrap()
             .starts_with('T'));
+    }
+
+    /// Python's `str.format` (Hunyuan 3's template builds its special tokens with it) and
+    /// `tojson(ensure_ascii=True)` (Reka's) as Python gives them.
+    #[test]
+    fn str_format_and_ascii_json() {
+        let t = ChatTemplate::new(
+            "{{ '<|a{}|>{0}{{x}}'.format('B') }}|{{ 'x={x}'.format(x=2) }}|{{ {'c': 'Zürich 日'} | tojson(ensure_ascii=True) }}|{{ 'é' | tojson }}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&[], false).unwrap(),
+            "<|aB|>B{x}|x=2|{\"c\": \"Z\\u00fcrich \\u65e5\"}|\"é\""
+        );
+        let t = ChatTemplate::new("{{ '{}'.format() }}", "", "").unwrap();
+        assert!(t.render(&[], false).is_err());
+    }
+
+    /// A dict or list printed or passed through `string` reads as Python's `str()` of it
+    /// (Apriel's template), and `dict.get` of a missing key is None (Kimi K3's).
+    #[test]
+    fn python_str_of_values() {
+        let t = ChatTemplate::new(
+            "{{ tools[0] }}|{{ tools | string }}|{{ tools[0].get('nope') is none }}|{{ 'x' | string }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let tools =
+            serde_json::json!([{"name": "f", "ok": true, "n": null, "q": "it's", "l": [1, 2.5]}]);
+        assert_eq!(
+            t.render_with(&[], false, Some(&tools), None).unwrap(),
+            "{'name': 'f', 'ok': True, 'n': None, 'q': \"it's\", 'l': [1, 2.5]}|[{'name': 'f', 'ok': True, 'n': None, 'q': \"it's\", 'l': [1, 2.5]}]|True|x"
+        );
     }
 
     /// transformers' `{% generation %}` blocks render their body (LFM2.5's template style):
