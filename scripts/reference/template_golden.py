@@ -15,7 +15,7 @@ so the golden holds on other days.
 
 Writes {"bos_token", "eos_token", "cases": [{"template", "conversation", "messages", "tools",
 "add_generation_prompt", "variables", "rendered" | "error"}]};
-crates/gds-format/tests/template_golden.rs renders the same with gdsrun's engine and compares
+crates/gds-format/tests/it/template_golden.rs renders the same with gdsrun's engine and compares
 byte for byte. Made for fixtures/templates/ by:
 
   scripts/reference/template_golden.py .cache/smollm2-hf-f16 \
