@@ -539,10 +539,7 @@ impl Streaming {
         let Some(sp) = &mut self.split else {
             return rest;
         };
-        let (mut r, mut answer) = sp.push(&rest);
-        let (r2, a2) = sp.finish();
-        r.push_str(&r2);
-        answer.push_str(&a2);
+        let (r, answer) = sp.end(&rest);
         self.thinking(r, out);
         self.close_thinking(out);
         answer

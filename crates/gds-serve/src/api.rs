@@ -1569,10 +1569,7 @@ fn choice_stream(
                     if let Some(sp) = &mut split {
                         // what the split held back, and the text the generator held back
                         // split too
-                        let (mut r, mut answer) = sp.push(&rest.take().unwrap_or_default());
-                        let (r2, a2) = sp.finish();
-                        r.push_str(&r2);
-                        answer.push_str(&a2);
+                        let (r, answer) = sp.end(&rest.take().unwrap_or_default());
                         if !r.is_empty() {
                             out.push(chunk(reasoning_choice(r, g.take_logprobs(kind)), None));
                         }

@@ -102,11 +102,7 @@ impl Reasoning {
 
     /// A whole reply: its reasoning (`None` when it has none, or an empty one) and its answer.
     pub fn split(&self, text: &str) -> (Option<String>, String) {
-        let mut s = Split::new(self);
-        let (mut r, mut c) = s.push(text);
-        let (r2, c2) = s.finish();
-        r.push_str(&r2);
-        c.push_str(&c2);
+        let (r, c) = Split::new(self).end(text);
         ((!r.is_empty()).then_some(r), c)
     }
 }
@@ -203,6 +199,16 @@ impl Split {
                 }
             }
         }
+    }
+
+    /// The reply's last text (`rest`, what the generator held back) and its end: the
+    /// reasoning and answer still to go out ([`Split::push`] then [`Split::finish`]).
+    pub fn end(&mut self, rest: &str) -> (String, String) {
+        let (mut r, mut answer) = self.push(rest);
+        let (r2, a2) = self.finish();
+        r.push_str(&r2);
+        answer.push_str(&a2);
+        (r, answer)
     }
 
     /// The end of the reply: what was held back (an unfinished thinking is reasoning; white

@@ -729,10 +729,7 @@ async fn stream_response(
                         let mut out = Vec::new();
                         let mut rest = g.rest();
                         if let Some(sp) = &mut split {
-                            let (mut r, mut answer) = sp.push(&rest.take().unwrap_or_default());
-                            let (r2, a2) = sp.finish();
-                            r.push_str(&r2);
-                            answer.push_str(&a2);
+                            let (r, answer) = sp.end(&rest.take().unwrap_or_default());
                             think.delta(&mut ev, &rs, &r, &mut out);
                             think.close(&mut ev, &rs, &mut out);
                             rest = (!answer.is_empty()).then_some(answer);

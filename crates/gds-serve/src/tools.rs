@@ -890,6 +890,18 @@ mod tests {
         assert_eq!(calls[1]["function"]["arguments"], "{\"city\":\"Bergen\"}");
     }
 
+    /// A template of `fixtures/templates/` (its source, compiled) and `list` checked against
+    /// it with `tool_choice: auto`.
+    fn fixture_tools(file: &str, list: &Value) -> (String, ChatTemplate, Tools) {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/templates/");
+        let src = std::fs::read_to_string(format!("{path}{file}")).unwrap();
+        let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
+        let tools = Tools::from_request(Some(list), Some(&json!("auto")), None, Some(&t))
+            .unwrap()
+            .unwrap();
+        (src, t, tools)
+    }
+
     /// Each tagged syntax reads back the calls its own template writes: a conversation whose
     /// assistant turn has a call is rendered by the model's template (llama.cpp's copies of
     /// the published templates, `fixtures/templates/`), and the assistant's part of it
@@ -907,12 +919,7 @@ mod tests {
             ("minimax-m2.jinja", "MiniMax"),
             ("mistral-small-3.2.jinja", "MistralArgs"),
         ] {
-            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/templates/");
-            let src = std::fs::read_to_string(format!("{path}{file}")).unwrap();
-            let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
-            let tools = Tools::from_request(Some(&list), Some(&json!("auto")), None, Some(&t))
-                .unwrap()
-                .unwrap();
+            let (_, t, tools) = fixture_tools(file, &list);
             assert!(format!("{:?}", tools.syntax).starts_with(syntax), "{file}");
             let user = Message::new("user", "Weather?");
             let mut reply = Message::new("assistant", "");
@@ -941,15 +948,7 @@ mod tests {
         }
         // Mistral's template refuses ids other than 9 letters and digits: ours are such for
         // it, a client's other ids mapped (the same id the same way)
-        let src = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../fixtures/templates/mistral-small-3.2.jinja"
-        ))
-        .unwrap();
-        let t = ChatTemplate::new(&src, "<s>", "</s>").unwrap();
-        let m = Tools::from_request(Some(&list), Some(&json!("auto")), None, Some(&t))
-            .unwrap()
-            .unwrap();
+        let (src, t, m) = fixture_tools("mistral-small-3.2.jinja", &list);
         let (_, calls) = m.parse("[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}");
         assert!(is_mistral_id(calls[0]["id"].as_str().unwrap()), "{calls:?}");
         let mut reply = Message::new("assistant", "");
@@ -968,15 +967,7 @@ mod tests {
         t.render(&msgs, true).unwrap();
 
         // a function the request does not have is not a call (tagged forms)
-        let src = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../fixtures/templates/qwen3-coder.jinja"
-        ))
-        .unwrap();
-        let t = ChatTemplate::new(&src, "", "").unwrap();
-        let x = Tools::from_request(Some(&list), Some(&json!("auto")), None, Some(&t))
-            .unwrap()
-            .unwrap();
+        let (_, _, x) = fixture_tools("qwen3-coder.jinja", &list);
         let (content, calls) = x.parse("<tool_call>\n<function=rm>\n</function>\n</tool_call>");
         assert!(calls.is_empty());
         assert!(content.unwrap().contains("<function=rm>"));
