@@ -61,6 +61,9 @@ struct MessagesBody {
     /// is ignored).
     #[serde(default)]
     output_config: Option<Value>,
+    /// `{"type": "enabled" | "adaptive" | "disabled", ...}`: the template's `enable_thinking`.
+    #[serde(default)]
+    thinking: Option<Value>,
 }
 
 /// The text of a `system` value or a `tool_result`'s `content`: a string, or `text` blocks.
@@ -346,8 +349,21 @@ fn chat_request(body: &Bytes, counting: bool) -> Result<(ChatBody, Common), ApiE
         parallel_tool_calls: parallel,
         continue_final_message: Some(prefill),
         add_generation_prompt: None,
-        chat_template_kwargs: None,
+        chat_template_kwargs: match m.thinking.as_ref() {
+            None | Some(Value::Null) => None,
+            Some(t) => match t.get("type").and_then(Value::as_str) {
+                Some("enabled" | "adaptive") => Some(json!({"enable_thinking": true})),
+                Some("disabled") => Some(json!({"enable_thinking": false})),
+                _ => {
+                    return Err(bad(
+                        "thinking.type must be enabled, adaptive or disabled",
+                        "thinking",
+                    ))
+                }
+            },
+        },
         reasoning_format: None,
+        reasoning_effort: None,
     };
     if !counting && common.max_tokens.is_none() {
         return Err(bad("field required", "max_tokens"));

@@ -380,6 +380,10 @@ pub(crate) struct ChatBody {
     /// apart, as `reasoning_content`) or `none` (the reply whole); default `--reasoning-format`.
     #[serde(default)]
     pub(crate) reasoning_format: Option<String>,
+    /// OpenAI's `reasoning_effort` (`none`, `minimal`, `low`, `medium`, `high`, `xhigh`): the
+    /// template's `reasoning_effort` variable (gpt-oss's), and `none` switches thinking off.
+    #[serde(default)]
+    pub(crate) reasoning_effort: Option<String>,
 }
 
 /// Most `chat_template_kwargs` one request may give.
@@ -1925,9 +1929,23 @@ pub(crate) fn chat_vars(
     b: &ChatBody,
 ) -> Result<(Option<serde_json::Map<String, Value>>, bool), ApiError> {
     let mut vars = b.template_vars()?;
-    vars.get_or_insert_with(Default::default)
-        .entry("enable_thinking")
-        .or_insert(json!(st.thinking));
+    let v = vars.get_or_insert_with(Default::default);
+    if let Some(effort) = &b.reasoning_effort {
+        if !matches!(
+            effort.as_str(),
+            "none" | "minimal" | "low" | "medium" | "high" | "xhigh"
+        ) {
+            return Err(ApiError::bad(format!(
+                "reasoning_effort {effort:?} is not one of none, minimal, low, medium, high, xhigh"
+            ))
+            .param("reasoning_effort"));
+        }
+        v.entry("reasoning_effort").or_insert(json!(effort));
+        if effort == "none" {
+            v.entry("enable_thinking").or_insert(json!(false));
+        }
+    }
+    v.entry("enable_thinking").or_insert(json!(st.thinking));
     let off = vars.as_ref().and_then(|v| v.get("enable_thinking")) == Some(&json!(false));
     Ok((vars, off))
 }

@@ -138,6 +138,9 @@ struct ResponsesBody {
     previous_response_id: Option<Value>,
     #[serde(default)]
     store: Option<bool>,
+    /// `{"effort": ...}`: chat's `reasoning_effort`.
+    #[serde(default)]
+    reasoning: Option<Value>,
 }
 
 /// The text of a message item's `content`: a string, or parts of type `input_text`,
@@ -403,6 +406,12 @@ async fn responses_job(
         add_generation_prompt: None,
         chat_template_kwargs: None,
         reasoning_format: None,
+        reasoning_effort: r
+            .reasoning
+            .as_ref()
+            .and_then(|v| v.get("effort"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
     };
     if chat.messages.is_empty() {
         return Err(bad("input must not be empty", "input"));

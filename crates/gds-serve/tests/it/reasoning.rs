@@ -243,6 +243,26 @@ fn a_prompt_that_opens_the_thinking() {
             .unwrap()
     };
     assert!(n(&s, &off) > n(&s, &hi), "the closing tag is in the prompt");
+    // OpenAI's reasoning_effort none and Anthropic's thinking disabled switch it off too
+    let mut none = hi.clone();
+    none["reasoning_effort"] = json!("none");
+    assert!(ends(&s, &none).ends_with("<think>\n</think>"));
+    none["reasoning_effort"] = json!("extreme");
+    assert_eq!(post(&s, "/apply-template", &none).0, 400);
+    let count = |thinking: Value| {
+        let mut b = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        if !thinking.is_null() {
+            b["thinking"] = thinking;
+        }
+        json_of(&s, "/v1/messages/count_tokens", &b)["input_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(count(json!({"type": "disabled"})) > count(Value::Null));
+    assert_eq!(
+        count(json!({"type": "enabled", "budget_tokens": 1024})),
+        count(Value::Null)
+    );
     drop(s);
     let s = start(&["--chat-template", template, "--reasoning", "off"]);
     assert!(ends(&s, &hi).ends_with("<think>\n</think>"));
