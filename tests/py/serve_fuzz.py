@@ -83,7 +83,7 @@ OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens",
             "n_predict", "n_probs", "n_cmpl", "return_tokens", "response_fields", "samplers",
             "post_sampling_probs", "mirostat", "typical_p", "repeat_last_n", "cache_prompt",
             "id_slot", "n_keep", "lora", "dry_multiplier", "xtc_probability", "t_max_predict_ms",
-            "add_generation_prompt", "timings_per_token", "reasoning_format"]
+            "add_generation_prompt", "timings_per_token", "reasoning_format", "reasoning_effort"]
 
 
 def deep(n, leaf):
@@ -191,6 +191,8 @@ SENSIBLE = [
     ("chat_template_kwargs", {"enable_thinking": False}), ("chat_template_kwargs", {"x": "<|im_end|>"}),
     ("add_generation_prompt", False),
     ("reasoning_format", "none"), ("reasoning_format", "deepseek"), ("reasoning_format", "x"),
+    ("reasoning_effort", "none"), ("reasoning_effort", "high"), ("thinking", {"type": "disabled"}),
+    ("reasoning", {"effort": "low"}),
     ("grammar", 'root ::= "<think>\\n" [a-z ]{0,9} "\\n</think>\\n\\n" [a-z]{1,5}'),
     ("input", [{"role": "user", "content": "a"}, {"type": "reasoning", "id": "rs_1", "summary": [],
         "content": [{"type": "reasoning_text", "text": "t"}]}, {"role": "assistant", "content": "b"}]),
