@@ -120,6 +120,29 @@ impl Message {
     }
 }
 
+/// gpt-oss's template reads an assistant's reasoning from `thinking`, and refuses a call
+/// with both a thinking and a content: as llama-server, `reasoning_content` is copied to
+/// `thinking`, and a call's content dropped where it has one.
+fn harmony_thinking(messages: &mut serde_json::Value) {
+    for m in messages.as_array_mut().into_iter().flatten() {
+        let Some(m) = m.as_object_mut() else { continue };
+        let Some(r) = m
+            .get("reasoning_content")
+            .filter(|r| r.is_string())
+            .cloned()
+        else {
+            continue;
+        };
+        m.insert("thinking".into(), r);
+        if m.get("tool_calls")
+            .and_then(|c| c.as_array())
+            .is_some_and(|c| !c.is_empty())
+        {
+            m.remove("content");
+        }
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -263,8 +286,11 @@ impl ChatTemplate {
         let fuel = RENDER_FUEL
             .saturating_add(RENDER_FUEL_PER_MESSAGE.saturating_mul(messages.len() as u64));
         let mut env = self.env.clone();
-        let messages = serde_json::to_value(messages)
+        let mut messages = serde_json::to_value(messages)
             .map_err(|e| TemplateError::new(format!("the messages: {e}")))?;
+        if self.source.contains("<|channel|>") {
+            harmony_thinking(&mut messages);
+        }
         let (messages, tools) = (jinja_value(&messages), tools.map(jinja_value));
         let (bos_token, eos_token) = (self.bos_token.clone(), self.eos_token.clone());
         on_big_stack("rendering it", move || {

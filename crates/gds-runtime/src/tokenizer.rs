@@ -471,6 +471,25 @@ impl TextTokenizer {
         guarded("decode", || self.inner.decode(ids, true))
     }
 
+    /// True when `id` is a special token (decoding drops it).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.binary_search(&id).is_ok()
+    }
+
+    /// The ids of those of `texts` that are special tokens of the vocabulary: for a reply
+    /// whose markers must stay in its text ([`Self::is_special`] tokens are dropped
+    /// otherwise).
+    pub fn special_ids<'a>(&self, texts: impl IntoIterator<Item = &'a str>) -> Vec<u32> {
+        let mut ids: Vec<u32> = texts
+            .into_iter()
+            .filter_map(|t| self.inner.token_to_id(t))
+            .filter(|&id| self.is_special(id))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// True when `id` ends generation (EOS or an end-of-turn special token).
     pub fn is_eog(&self, id: u32) -> bool {
         self.eog.binary_search(&id).is_ok()

@@ -461,7 +461,7 @@ async fn messages_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Job, ApiErr
     let reasoning = crate::api::reasoning_of(st, None, &prompt)?;
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
     crate::api::with_tools(&mut j, tools)?;
-    crate::api::with_reasoning(&mut j, reasoning);
+    crate::api::with_reasoning(st, &mut j, reasoning);
     Ok(j)
 }
 
@@ -624,7 +624,13 @@ impl Streaming {
 async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Response, ApiError> {
     let constraint = constrain(&st, &job).await?;
     let submitted = submit(&st, &job, constraint)?;
-    let gen = Gen::new(st.clone(), submitted, job.stop.clone(), false);
+    let gen = Gen::new(
+        st.clone(),
+        submitted,
+        job.stop.clone(),
+        false,
+        job.keep.clone(),
+    );
     let tools = job.tools.clone().filter(|t| t.parses());
     let n_prompt = job.prompt.len();
     let first = vec![

@@ -472,6 +472,9 @@ pub(crate) struct Job {
     pub(crate) tools: Option<Arc<Tools>>,
     /// Chat with a thinking template: how a reply's reasoning is told from its answer.
     pub(crate) reasoning: Option<Reasoning>,
+    /// Special tokens the reply's text keeps (the markers of its tool-call syntax and
+    /// thinking; llama-server's preserved tokens); other special tokens are dropped.
+    pub(crate) keep: Arc<[u32]>,
     /// Choices asked for this prompt (`n`); [`expand`] makes one job per choice.
     pub(crate) n: usize,
     /// Which of the `n` choices this job is (0 for the first).
@@ -498,6 +501,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 grammar: j.grammar.clone(),
                 tools: j.tools.clone(),
                 reasoning: j.reasoning.clone(),
+                keep: j.keep.clone(),
                 copy,
                 group,
                 ..j
@@ -744,6 +748,7 @@ pub(crate) fn job(
         grammar,
         tools: None,
         reasoning: None,
+        keep: Arc::from([]),
         n,
         copy: 0,
         group: None,
@@ -888,6 +893,8 @@ pub(crate) struct Gen {
     tokens_taken: usize,
     /// What the prompt cost, and when the first token came (per-token timings).
     prefill: Option<(Prefill, Instant)>,
+    /// Special tokens whose text the reply keeps ([`Job::keep`]).
+    keep: Arc<[u32]>,
 }
 
 impl Gen {
@@ -896,8 +903,10 @@ impl Gen {
         (rx, ended_by_front): Submitted,
         stop: Vec<String>,
         want_logprobs: bool,
+        keep: Arc<[u32]>,
     ) -> Gen {
         Gen {
+            keep,
             rx,
             ended_by_front,
             st,
@@ -1000,11 +1009,16 @@ impl Gen {
         }
     }
 
+    /// The text `id` adds: special tokens other than the kept ones add none (they never
+    /// enter the decoded ids, so the rest decodes with special tokens as text).
     fn decode_step(&mut self, id: u32) -> Result<Option<String>, String> {
+        if self.st.tokenizer.is_special(id) && !self.keep.contains(&id) {
+            return Ok(None);
+        }
         tokenizers::step_decode_stream(
             self.st.tokenizer.inner(),
             vec![id],
-            true,
+            false,
             &mut self.ids,
             &mut self.prefix,
             &mut self.prefix_index,
@@ -1017,7 +1031,7 @@ impl Gen {
             .st
             .tokenizer
             .inner()
-            .decode(&self.ids, true)
+            .decode(&self.ids, false)
             .unwrap_or_default();
         all.strip_prefix(self.prefix.as_str())
             .unwrap_or("")
@@ -1449,6 +1463,7 @@ pub(crate) async fn start_gen(st: &Arc<ServerState>, job: &Job) -> Result<Gen, A
         submitted,
         job.stop.clone(),
         job.logprobs.is_some(),
+        job.keep.clone(),
     );
     if job.echo {
         g.echo_prompt = Some(job.prompt.clone());
@@ -1816,7 +1831,7 @@ pub(crate) async fn chat_job(
     let reasoning = reasoning_of(st, b.reasoning_format.as_deref(), &prompt)?;
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
     with_tools(&mut j, tools)?;
-    with_reasoning(&mut j, reasoning);
+    with_reasoning(st, &mut j, reasoning);
     Ok(j)
 }
 
@@ -1824,13 +1839,24 @@ pub(crate) async fn chat_job(
 /// grammars the server makes (a call's, `response_format`'s, `json_schema`'s) for after it
 /// ([`Reasoning::after_thinking`]; free thinking first, as vLLM and llama-server). A raw
 /// `grammar` or `regex` covers the whole reply, as the client wrote it.
-pub(crate) fn with_reasoning(j: &mut Job, reasoning: Option<Reasoning>) {
-    if let Some(r) = reasoning.as_ref().filter(|r| r.open()) {
+///
+/// Also the special tokens its reply keeps as text: the markers of its thinking and, when
+/// its calls are parsed, of its tool-call syntax (a job's tools are given first).
+pub(crate) fn with_reasoning(st: &ServerState, j: &mut Job, reasoning: Option<Reasoning>) {
+    if let Some(r) = reasoning.as_ref().filter(|r| r.wraps_grammars()) {
         let ours = |f: &str| matches!(f, "tool_choice" | "response_format" | "json_schema");
         if let Some((g, field)) = j.grammar.take_if(|(_, f)| ours(f)) {
-            j.grammar = Some((r.after_thinking(g), field));
+            j.grammar = Some((r.after_thinking(g, field == "tool_choice"), field));
         }
     }
+    let mut markers = reasoning
+        .as_ref()
+        .map(Reasoning::markers)
+        .unwrap_or_default();
+    if let Some(t) = j.tools.as_deref().filter(|t| t.parses()) {
+        markers.extend(t.syntax.markers());
+    }
+    j.keep = st.tokenizer.special_ids(markers).into();
     j.reasoning = reasoning;
 }
 
@@ -1841,19 +1867,18 @@ pub(crate) fn reasoning_of(
     format: Option<&str>,
     prompt: &[u32],
 ) -> Result<Option<Reasoning>, ApiError> {
-    if crate::reasoning::Format::of_request(format, st.reasoning_format)?
-        == crate::reasoning::Format::None
-    {
-        return Ok(None);
-    }
+    let split = crate::reasoning::Format::of_request(format, st.reasoning_format)?
+        == crate::reasoning::Format::Split;
     let Some(template) = st.tokenizer.chat_template() else {
         return Ok(None);
     };
     // the prompt's end: does it leave the thinking open?
-    Ok(Reasoning::of_template(
-        template.source(),
-        &prompt_tail(st, prompt),
-    ))
+    let r = Reasoning::of_template(template.source(), &prompt_tail(st, prompt));
+    Ok(if split {
+        r
+    } else {
+        r.and_then(Reasoning::unsplit)
+    })
 }
 
 /// Gives a chat job its tools, and the grammar of a call when `tool_choice` asks for one.

@@ -49,28 +49,81 @@ impl Format {
 /// How one reply's reasoning is told from its answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reasoning {
-    start: &'static str,
-    end: &'static str,
+    kind: Kind,
     /// The prompt ends inside the thinking: the reply starts in it.
     open: bool,
+}
+
+/// The two ways templates mark thinking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Between a start and an end tag, before the answer.
+    Tags {
+        start: &'static str,
+        end: &'static str,
+    },
+    /// gpt-oss's harmony messages (`<|channel|>analysis<|message|>...<|end|>`; the answer in
+    /// the `final` channel, calls to `functions.NAME`): [`crate::harmony`]. `raw`
+    /// (`reasoning_format: none`): the analysis stays in the answer with its tags.
+    Harmony { raw: bool },
 }
 
 impl Reasoning {
     /// For a template (`source`) and the end of a prompt it rendered (`prompt_tail`, special
     /// tokens as text): `None` when the template has no thinking tags.
     pub fn of_template(source: &str, prompt_tail: &str) -> Option<Reasoning> {
+        if crate::harmony::is_harmony(source) {
+            return Some(Reasoning {
+                kind: Kind::Harmony { raw: false },
+                open: false,
+            });
+        }
         let &(start, end) = TAGS
             .iter()
             .find(|(s, e)| source.contains(s) && source.contains(e))?;
         let open = prompt_tail
             .rfind(start)
             .is_some_and(|at| !prompt_tail[at..].contains(end));
-        Some(Reasoning { start, end, open })
+        Some(Reasoning {
+            kind: Kind::Tags { start, end },
+            open,
+        })
+    }
+
+    /// For `reasoning_format: none`: `None` (the reply whole) except for harmony templates,
+    /// whose messages' headers are never the answer: their analysis stays in it, tags and
+    /// all (as llama-server).
+    pub fn unsplit(self) -> Option<Reasoning> {
+        match self.kind {
+            Kind::Harmony { .. } => Some(Reasoning {
+                kind: Kind::Harmony { raw: true },
+                open: false,
+            }),
+            Kind::Tags { .. } => None,
+        }
     }
 
     /// The tag that ends the thinking.
     pub fn end_tag(&self) -> &'static str {
-        self.end
+        match self.kind {
+            Kind::Tags { end, .. } => end,
+            Kind::Harmony { .. } => crate::harmony::END,
+        }
+    }
+
+    /// The texts of the thinking's markers: where a model's vocabulary has them as special
+    /// tokens, the reply's text keeps them (its decoding drops other special tokens).
+    pub fn markers(&self) -> Vec<&'static str> {
+        match self.kind {
+            Kind::Tags { start, end } => vec![start, end],
+            Kind::Harmony { .. } => crate::harmony::MARKERS.to_vec(),
+        }
+    }
+
+    /// Whether the grammars the server makes go after free thinking ([`Self::after_thinking`]):
+    /// a reply that starts inside the thinking, and every harmony reply (it may think first).
+    pub fn wraps_grammars(&self) -> bool {
+        self.open || matches!(self.kind, Kind::Harmony { .. })
     }
 
     /// Whether the reply starts inside the thinking.
@@ -82,7 +135,10 @@ impl Reasoning {
     /// after it: free text up to the end tag, then the constrained answer (else the answer
     /// would be forced where the thinking is, and read as reasoning). A regular expression
     /// stays as it is.
-    pub fn after_thinking(&self, g: Grammar) -> Grammar {
+    ///
+    /// Harmony: any analysis messages first, then `g` in the final channel (`calls`: `g` is
+    /// a call's grammar, which writes its own header).
+    pub fn after_thinking(&self, g: Grammar, calls: bool) -> Grammar {
         let body = match g {
             Grammar::Lark(src) => format!("%lark {{\n{src}\n}}"),
             Grammar::JsonSchema(mut schema) => {
@@ -94,7 +150,10 @@ impl Reasoning {
             }
             g @ Grammar::Regex(_) => return g,
         };
-        let end = serde_json::to_string(self.end).unwrap_or_default();
+        if let Kind::Harmony { .. } = self.kind {
+            return Grammar::Lark(crate::harmony::after_analysis(&body, calls));
+        }
+        let end = serde_json::to_string(self.end_tag()).unwrap_or_default();
         Grammar::Lark(format!(
             "start: think /[ \\n]*/ body\nthink[suffix={end}]: /(.|\\n)*/\nbody: {body}\n"
         ))
@@ -126,36 +185,48 @@ enum Phase {
 /// text gives the same split streamed as whole ([`Reasoning::split`] is this).
 #[derive(Debug)]
 pub struct Split {
-    r: Reasoning,
+    start: &'static str,
+    end: &'static str,
     phase: Phase,
     held: String,
+    /// A harmony reply's messages (the tags above unused).
+    harmony: Option<crate::harmony::Channels>,
 }
 
 impl Split {
     pub fn new(r: &Reasoning) -> Split {
+        let (start, end, harmony) = match r.kind {
+            Kind::Tags { start, end } => (start, end, None),
+            Kind::Harmony { raw } => ("", "", Some(crate::harmony::Channels::new(raw))),
+        };
         Split {
-            r: r.clone(),
+            start,
+            end,
             phase: if r.open {
                 Phase::Inside { started: false }
             } else {
                 Phase::Before
             },
             held: String::new(),
+            harmony,
         }
     }
 
     /// Adds `text`: the reasoning and the answer that can go out now.
     pub fn push(&mut self, text: &str) -> (String, String) {
+        if let Some(h) = &mut self.harmony {
+            return h.push(text);
+        }
         self.held.push_str(text);
         let (mut reasoning, mut answer) = (String::new(), String::new());
         loop {
             match self.phase {
                 Phase::Before => {
                     let t = self.held.trim_start();
-                    if let Some(rest) = t.strip_prefix(self.r.start) {
+                    if let Some(rest) = t.strip_prefix(self.start) {
                         self.held = rest.to_string();
                         self.phase = Phase::Inside { started: false };
-                    } else if self.r.start.starts_with(t) {
+                    } else if self.start.starts_with(t) {
                         return (reasoning, answer);
                     } else {
                         self.phase = Phase::Answer;
@@ -171,14 +242,14 @@ impl Split {
                         self.held = t.to_string();
                         self.phase = Phase::Inside { started: true };
                     }
-                    if let Some(at) = self.held.find(self.r.end) {
+                    if let Some(at) = self.held.find(self.end) {
                         reasoning.push_str(&self.held[..at]);
-                        self.held.drain(..at + self.r.end.len());
+                        self.held.drain(..at + self.end.len());
                         self.phase = Phase::After;
                         continue;
                     }
                     // out: all but a possible start of the end tag
-                    let n = self.held.len() - partial_suffix(&self.held, self.r.end);
+                    let n = self.held.len() - partial_suffix(&self.held, self.end);
                     reasoning.push_str(&self.held[..n]);
                     self.held.drain(..n);
                     return (reasoning, answer);
@@ -214,6 +285,9 @@ impl Split {
     /// The end of the reply: what was held back (an unfinished thinking is reasoning; white
     /// space or a partial tag before anything else is answer).
     pub fn finish(&mut self) -> (String, String) {
+        if let Some(h) = &mut self.harmony {
+            return h.finish();
+        }
         let held = std::mem::take(&mut self.held);
         match self.phase {
             Phase::Before | Phase::Answer => (String::new(), held),
@@ -224,7 +298,7 @@ impl Split {
 }
 
 /// The length of the longest end of `text` that is a proper start of `tag`.
-fn partial_suffix(text: &str, tag: &str) -> usize {
+pub(crate) fn partial_suffix(text: &str, tag: &str) -> usize {
     (1..tag.len().min(text.len() + 1))
         .rev()
         .find(|&n| {
@@ -280,8 +354,10 @@ mod tests {
         ];
         for open in [false, true] {
             let r = Reasoning {
-                start: "<think>",
-                end: "</think>",
+                kind: Kind::Tags {
+                    start: "<think>",
+                    end: "</think>",
+                },
                 open,
             };
             for text in texts {

@@ -678,7 +678,13 @@ async fn stream_response(
 ) -> Result<Response, ApiError> {
     let constraint = constrain(&st, &job).await?;
     let submitted = submit(&st, &job, constraint)?;
-    let gen = Gen::new(st.clone(), submitted, job.stop.clone(), false);
+    let gen = Gen::new(
+        st.clone(),
+        submitted,
+        job.stop.clone(),
+        false,
+        job.keep.clone(),
+    );
     let tools = job.tools.clone().filter(|t| t.parses());
     let mut ev = Events { seq: 0 };
     let who = (job.model.clone(), job.prompt.len());

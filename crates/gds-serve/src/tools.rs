@@ -43,13 +43,18 @@ pub enum Syntax {
     Mistral,
     /// `[TOOL_CALLS]NAME[ARGS]{...}` per call (Mistral's tokenizer v11 and later).
     MistralArgs,
+    /// gpt-oss's harmony messages to `functions.NAME`, as [`crate::harmony::Channels`]
+    /// writes them into the answer.
+    Harmony,
 }
 
 impl Syntax {
     /// The syntax a chat template that takes `tools` teaches its model, if one we know.
     pub fn of_template(src: &str) -> Option<Syntax> {
         let has = |s: &str| src.contains(s);
-        Some(if has("<minimax:tool_call>") {
+        Some(if crate::harmony::is_harmony(src) {
+            Syntax::Harmony
+        } else if has("<minimax:tool_call>") {
             Syntax::MiniMax
         } else if has("<seed:tool_call>") && has("<function=") {
             Syntax::Xml {
@@ -92,7 +97,30 @@ impl Syntax {
             Syntax::Xml { open, .. } => Some(open),
             Syntax::MiniMax => Some("<minimax:tool_call>"),
             Syntax::MistralArgs => Some("[TOOL_CALLS]"),
+            Syntax::Harmony => Some(crate::harmony::CALL_OPEN),
             Syntax::Llama3 | Syntax::Mistral => None,
+        }
+    }
+
+    /// The texts of the syntax's markers: where a model's vocabulary has them as special
+    /// tokens, the reply's text keeps them (its decoding drops other special tokens).
+    pub fn markers(self) -> Vec<&'static str> {
+        match self {
+            Syntax::Hermes => vec!["<tool_call>", "</tool_call>"],
+            Syntax::Xml { open, close } => vec![open, close],
+            Syntax::Glm => vec![
+                "<tool_call>",
+                "</tool_call>",
+                "<arg_key>",
+                "</arg_key>",
+                "<arg_value>",
+                "</arg_value>",
+            ],
+            Syntax::MiniMax => vec!["<minimax:tool_call>", "</minimax:tool_call>"],
+            Syntax::Llama3 => vec!["<|python_tag|>"],
+            Syntax::Mistral => vec!["[TOOL_CALLS]"],
+            Syntax::MistralArgs => vec!["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+            Syntax::Harmony => crate::harmony::MARKERS.to_vec(),
         }
     }
 }
@@ -236,7 +264,7 @@ impl Tools {
         }
         let syntax = Syntax::of_template(template.source()).ok_or_else(|| {
             bad(
-                "this model's chat template takes tools, but in a tool-call syntax gdsrun does not parse (it knows Hermes/Qwen <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])",
+                "this model's chat template takes tools, but in a tool-call syntax gdsrun does not parse (it knows Hermes/Qwen <tool_call>, Qwen3-Coder XML, GLM, MiniMax, gpt-oss harmony, Llama 3 JSON and Mistral [TOOL_CALLS])",
                 "tools",
             )
         })?;
@@ -304,6 +332,19 @@ impl Tools {
             }
             Syntax::Xml { .. } | Syntax::Glm | Syntax::MiniMax => {
                 return Ok(Some(Grammar::Lark(self.tagged_grammar(&names, many))))
+            }
+            Syntax::Harmony => {
+                // one call a reply (`<|call|>` ends generation), after any analysis
+                // (`Reasoning::after_thinking`)
+                let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
+                let mut g = format!("start: {}\n", alts.join(" | "));
+                for (i, (name, params)) in names.iter().enumerate() {
+                    let head = lark_str(&format!(
+                        "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+                    ));
+                    g.push_str(&format!("f{i}: {head} %json {}\n", compact(params)));
+                }
+                return Ok(Some(Grammar::Lark(g)));
             }
             Syntax::Hermes => ("\"\\n\"", "\"<tool_call>\\n\" call \"\\n</tool_call>\""),
             Syntax::Llama3 => ("\"; \"", "call"),
@@ -547,6 +588,7 @@ impl Tools {
             Syntax::Xml { close, .. } => close,
             Syntax::MiniMax => "</minimax:tool_call>",
             Syntax::MistralArgs => return body.len(),
+            Syntax::Harmony => crate::harmony::CALL_END,
             _ => "</tool_call>",
         };
         body.find(close).map_or(body.len(), |e| e + close.len())
@@ -579,6 +621,17 @@ impl Tools {
                     self.syntax,
                 )?;
                 Some((vec![call], &rest[n..]))
+            }
+            Syntax::Harmony => {
+                // NAME<|message|>{...}<|call|>
+                let (name, rest) = body.split_once("<|message|>")?;
+                let (v, n) = json_prefix(rest)?;
+                let args = match v {
+                    Value::Object(m) => m,
+                    _ => return None,
+                };
+                let after = closing(&rest[n..], crate::harmony::CALL_END)?;
+                Some((vec![self.call(name.trim(), args)?], after))
             }
             Syntax::Xml { close, .. } => {
                 let t = body.trim_start().strip_prefix("<function=")?;
@@ -918,6 +971,7 @@ mod tests {
             ("glm-4.6.jinja", "Glm"),
             ("minimax-m2.jinja", "MiniMax"),
             ("mistral-small-3.2.jinja", "MistralArgs"),
+            ("gpt-oss.jinja", "Harmony"),
         ] {
             let (_, t, tools) = fixture_tools(file, &list);
             assert!(format!("{:?}", tools.syntax).starts_with(syntax), "{file}");
@@ -939,6 +993,16 @@ mod tests {
                 .find(|((_, a), b)| a != b)
                 .map_or(head.len(), |((i, _), _)| i);
             let said = &whole[shared..];
+            // harmony: the reply's messages read first (as the server does)
+            let said = if tools.syntax == Syntax::Harmony {
+                let mut c = crate::harmony::Channels::new(false);
+                let (_, mut a) = c.push(said);
+                a.push_str(&c.finish().1);
+                a
+            } else {
+                said.to_string()
+            };
+            let said = said.as_str();
             let (_, calls) = tools.parse(said);
             assert_eq!(calls.len(), 1, "{file}: {said:?}");
             assert_eq!(calls[0]["function"]["name"], "get_weather", "{file}");
@@ -1058,6 +1122,15 @@ mod tests {
             "日本",
             "<|python_tag|>",
             "<seed:tool_call>",
+            "<|channel|>",
+            "<|message|>",
+            "<|start|>assistant",
+            "<|end|>",
+            "<|call|>",
+            " to=functions.get_weather",
+            "commentary",
+            "analysis",
+            "final",
         ];
 
         fn reply() -> impl Strategy<Value = String> {
@@ -1077,6 +1150,7 @@ mod tests {
                     "{{ tools }} [TOOL_CALLS] [ARGS]",
                     "{{ tools }} [TOOL_CALLS]",
                     "{{ tools }} <|python_tag|>",
+                    "{{ tools }} <|channel|>",
                 ] {
                     let t = tools(src, json!("auto"));
                     let (content, calls) = t.parse(&text);
@@ -1095,6 +1169,28 @@ mod tests {
                         }
                     }
                 }
+            }
+
+            /// A harmony reply streamed in pieces reads as whole, and never panics.
+            #[test]
+            fn harmony_channels_stream_as_whole(text in reply(), cut in 1usize..7, raw: bool) {
+                use crate::harmony::Channels;
+                let mut c = Channels::new(raw);
+                let (mut r, mut a) = c.push(&text);
+                let (r2, a2) = c.finish();
+                r.push_str(&r2);
+                a.push_str(&a2);
+                let mut c = Channels::new(raw);
+                let (mut rs, mut as_) = (String::new(), String::new());
+                for piece in text.chars().collect::<Vec<_>>().chunks(cut) {
+                    let (x, y) = c.push(&piece.iter().collect::<String>());
+                    rs.push_str(&x);
+                    as_.push_str(&y);
+                }
+                let (x, y) = c.finish();
+                rs.push_str(&x);
+                as_.push_str(&y);
+                prop_assert_eq!((rs, as_), (r, a));
             }
         }
     }

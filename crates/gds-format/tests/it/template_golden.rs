@@ -1,5 +1,5 @@
 //! The model templates in `fixtures/templates/` (Qwen 2.5, Qwen 3, Qwen3-Coder, GLM 4.6,
-//! MiniMax M2, Mistral Small 3.2) render seven conversations — a question, turns, tools
+//! MiniMax M2, Mistral Small 3.2, gpt-oss, ...) render seven conversations — a question, turns, tools
 //! offered, a tool call and its result, an earlier reply's reasoning, thinking switched off —
 //! exactly as Hugging Face transformers renders them (`fixtures/reference/template-golden.json`,
 //! made by `scripts/reference/template_golden.py` with transformers 5.24 and Jinja2 3.1).

@@ -273,3 +273,94 @@ fn a_prompt_that_opens_the_thinking() {
         "a request's own setting wins"
     );
 }
+
+/// A harmony reply (gpt-oss's template, `fixtures/templates/gpt-oss.jinja`): an analysis
+/// message, then the final one, held to that shape by a grammar. Its messages' headers never
+/// reach the client: the analysis is `reasoning_content` (whole and streamed alike; an
+/// Anthropic thinking block), the final message the `content`; `reasoning_format: none`
+/// keeps the analysis in the content, tags and all (as llama-server); a JSON schema lets the
+/// model think first and puts the JSON in the final channel; an earlier reply's reasoning
+/// reaches the template as its `thinking`.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn harmony_messages_come_apart_by_channel() {
+    const HARMONY: &str = r#"root ::= "<|channel|>analysis<|message|>The user greets. " [a-z ]{1,12} "<|end|><|start|>assistant<|channel|>final<|message|>Hello " [a-z]{1,8} ".""#;
+    let _one = serial();
+    let template = gds_tests::fixture("templates/gpt-oss.jinja");
+    let s = start(&["--chat-template-file", template.to_str().unwrap()]);
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
+        "temperature": 0, "grammar": HARMONY});
+    let m = &json_of(&s, "/v1/chat/completions", &chat)["choices"][0]["message"];
+    let reasoning = m["reasoning_content"].as_str().expect("reasoning_content");
+    let content = m["content"].as_str().unwrap();
+    assert!(
+        reasoning.starts_with("The user greets. ") && !reasoning.contains("<|"),
+        "{m}"
+    );
+    assert!(
+        content.starts_with("Hello ") && content.ends_with('.'),
+        "{m}"
+    );
+
+    let mut body = chat.clone();
+    body["stream"] = json!(true);
+    let (mut r, mut c) = (String::new(), String::new());
+    for e in events(&s, "/v1/chat/completions", &body) {
+        let Some(d) = e.pointer("/choices/0/delta") else {
+            continue;
+        };
+        r.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+        c.push_str(d["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!((r.as_str(), c.as_str()), (reasoning, content));
+
+    let mut body = chat.clone();
+    body["reasoning_format"] = json!("none");
+    let m = &json_of(&s, "/v1/chat/completions", &body)["choices"][0]["message"];
+    assert_eq!(
+        m["content"],
+        format!("<|channel|>analysis<|message|>{reasoning}<|end|>{content}"),
+        "{m}"
+    );
+
+    let msg = json!({"model": "m", "max_tokens": 60, "temperature": 0, "grammar": HARMONY,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let a = json_of(&s, "/v1/messages", &msg);
+    assert_eq!(a["content"][0]["thinking"], reasoning, "{a}");
+    assert_eq!(a["content"][1]["text"], content, "{a}");
+
+    // a JSON schema: any analysis first, the JSON in the final channel
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"], "additionalProperties": false});
+    let body = json!({"messages": [{"role": "user", "content": "Is Paris in France?"}],
+        "max_tokens": 120, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}});
+    let v = json_of(&s, "/v1/chat/completions", &body);
+    let m = &v["choices"][0]["message"];
+    let content = m["content"].as_str().unwrap();
+    assert!(!content.contains("<|"), "{v}");
+    if v["choices"][0]["finish_reason"] == "stop" {
+        let j: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {v}"));
+        assert!(j["ok"].is_boolean(), "{v}");
+    } else {
+        // SmolLM2 may think to the end: then all of it is reasoning
+        assert!(
+            content.is_empty() && m["reasoning_content"].is_string(),
+            "{v}"
+        );
+    }
+
+    // an earlier reply's reasoning is the template's `thinking` (the analysis before its
+    // call, kept while no final message follows)
+    let turns = json!([{"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Call the tool.",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]);
+    let p = json_of(&s, "/apply-template", &json!({"messages": turns}));
+    assert!(
+        p["prompt"].as_str().unwrap().contains(
+            "<|start|>assistant<|channel|>analysis<|message|>Call the tool.<|end|><|start|>assistant to=functions.w"
+        ),
+        "{p}"
+    );
+}

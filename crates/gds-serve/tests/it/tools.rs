@@ -428,6 +428,7 @@ fn required_calls_in_each_tagged_syntax() {
         "glm-4.6.jinja",
         "minimax-m2.jinja",
         "mistral-small-3.2.jinja",
+        "gpt-oss.jinja",
     ] {
         let template = gds_tests::fixture(&format!("templates/{file}"));
         let s = start(&["--chat-template-file", template.to_str().unwrap()]);
@@ -486,4 +487,101 @@ fn required_calls_in_each_tagged_syntax() {
             "{file}: {v}"
         );
     }
+}
+
+/// A model whose vocabulary has its tool-call tags as special tokens (SmolLM2's with two of
+/// its special tokens renamed `<tool_call>` and `</tool_call>`, as Hermes-style models have
+/// them): decoding drops special tokens, but a chat reply whose calls are parsed keeps the
+/// syntax's tags (llama-server's preserved tokens); without tools, with `tool_choice: none`
+/// and in raw completions they are dropped as before. The tag is forced by `logit_bias`.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_syntax_s_special_tokens_stay_in_the_reply() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gds");
+    gds_tests::copy_dir(gds_tests::smollm_converted(), &model);
+    let mut tok: Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let mut renamed = Vec::new();
+    for (old, new) in [
+        ("<gh_stars>", "<tool_call>"),
+        ("<issue_start>", "</tool_call>"),
+    ] {
+        let id = tok["model"]["vocab"][old].as_u64().unwrap();
+        let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+        vocab.remove(old);
+        vocab.insert(new.into(), id.into());
+        for a in tok["added_tokens"].as_array_mut().unwrap() {
+            if a["content"] == old {
+                assert_eq!(a["special"], true);
+                a["content"] = new.into();
+            }
+        }
+        renamed.push(id);
+    }
+    gds_tests::forge_file(&model, "tokenizer.json", tok.to_string().as_bytes());
+    let template = gds_tests::fixture("templates/qwen2.5-instruct.jinja");
+    let s = start_model(
+        &model,
+        &["--chat-template-file", template.to_str().unwrap()],
+    );
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let open = renamed[0];
+    let post = |path: &str, extra: Value| -> Value {
+        let mut b = serde_json::json!({"max_tokens": 2, "temperature": 0,
+            "logit_bias": {open.to_string(): 100}});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, text) = http(&s.addr, "POST", path, Some(b.to_string().as_bytes()));
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    };
+    let msgs = serde_json::json!([{"role": "user", "content": "Weather in Rome?"}]);
+    let content = |v: &Value| v["choices"][0]["message"]["content"].clone();
+    // parsed: the tags are text (two opening tags, no call in them)
+    let v = post(
+        "/v1/chat/completions",
+        serde_json::json!({"messages": msgs, "tools": tools}),
+    );
+    assert_eq!(content(&v), "<tool_call><tool_call>", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+    // streamed alike
+    let (code, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            serde_json::json!({"messages": msgs, "tools": tools, "stream": true, "max_tokens": 2,
+                "temperature": 0, "logit_bias": {open.to_string(): 100}})
+            .to_string()
+            .as_bytes(),
+        ),
+    );
+    assert_eq!(code, 200);
+    let streamed: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|e| {
+            e.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(streamed, "<tool_call><tool_call>", "{text}");
+    // not parsed: special tokens are dropped, as every other
+    for extra in [
+        serde_json::json!({"messages": msgs}),
+        serde_json::json!({"messages": msgs, "tools": tools, "tool_choice": "none"}),
+    ] {
+        let v = post("/v1/chat/completions", extra);
+        assert_eq!(content(&v), "", "{v}");
+    }
+    let v = post("/v1/completions", serde_json::json!({"prompt": "Weather"}));
+    assert_eq!(v["choices"][0]["text"], "", "{v}");
 }
