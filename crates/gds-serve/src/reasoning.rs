@@ -1,6 +1,7 @@
 //! A thinking model's reasoning, apart from its answer: the text between the template's
 //! thinking tags (`<think>`...`</think>` for Qwen 3, QwQ, DeepSeek-R1, GLM 4.5+, SmolLM3;
-//! `[THINK]`...`[/THINK]` for Magistral; `<seed:think>` for Seed-OSS) goes out as the
+//! `[THINK]`...`[/THINK]` for Magistral; `<seed:think>` for Seed-OSS; `<|channel>thought`...
+//! `<channel|>` for Gemma 4; gpt-oss's harmony channels, [`crate::harmony`]) goes out as the
 //! message's `reasoning_content` (llama-server's and vLLM's field; Anthropic's `thinking`
 //! block), the rest as its `content`. Whether a template thinks is read from its source;
 //! whether a reply starts inside the thinking (DeepSeek-R1's and Qwen 3 Thinking's templates
@@ -12,6 +13,7 @@ use gds_runtime::Grammar;
 
 /// The thinking tags of the templates that have them, told apart by their source.
 const TAGS: &[(&str, &str)] = &[
+    ("<|channel>thought", "<channel|>"),
     ("<seed:think>", "</seed:think>"),
     ("<think>", "</think>"),
     ("[THINK]", "[/THINK]"),
@@ -115,7 +117,11 @@ impl Reasoning {
     /// tokens, the reply's text keeps them (its decoding drops other special tokens).
     pub fn markers(&self) -> Vec<&'static str> {
         match self.kind {
-            Kind::Tags { start, end } => vec![start, end],
+            Kind::Tags { start, end } => {
+                // Gemma 4's start is a token and a word (`<|channel>` `thought`)
+                let token = start.find('>').map_or(start, |i| &start[..=i]);
+                vec![token, start, end]
+            }
             Kind::Harmony { .. } => crate::harmony::MARKERS.to_vec(),
         }
     }
@@ -339,6 +345,22 @@ mod tests {
         assert!(Reasoning::of_template("{{ messages }}", "").is_none());
         let m = Reasoning::of_template("[THINK]{{ t }}[/THINK]", "").unwrap();
         assert_eq!(m.split("[THINK]a[/THINK]b"), (Some("a".into()), "b".into()));
+        // Gemma 4: a token and a word open it; thinking off closes it in the prompt
+        let src = "{{ '<|channel>thought\n' + t + '\n<channel|>' }}";
+        let g = Reasoning::of_template(src, "<|turn>model\n").unwrap();
+        assert_eq!(
+            g.split("<|channel>thought\nHmm.\n<channel|>Yes."),
+            (Some("Hmm.\n".into()), "Yes.".into())
+        );
+        assert_eq!(
+            g.markers(),
+            ["<|channel>", "<|channel>thought", "<channel|>"]
+        );
+        assert!(
+            !Reasoning::of_template(src, "<|channel>thought\n<channel|>")
+                .unwrap()
+                .open
+        );
     }
 
     /// Streamed in any pieces, the same split as whole.

@@ -46,6 +46,9 @@ pub enum Syntax {
     /// gpt-oss's harmony messages to `functions.NAME`, as [`crate::harmony::Channels`]
     /// writes them into the answer.
     Harmony,
+    /// `<|tool_call>call:NAME{key:VALUE,...}<tool_call|>` per call (Gemma 4), its values in
+    /// Gemma's notation: strings between `<|"|>` marks, keys bare.
+    Gemma4,
 }
 
 impl Syntax {
@@ -54,6 +57,8 @@ impl Syntax {
         let has = |s: &str| src.contains(s);
         Some(if crate::harmony::is_harmony(src) {
             Syntax::Harmony
+        } else if has("<|tool_call>call:") {
+            Syntax::Gemma4
         } else if has("<minimax:tool_call>") {
             Syntax::MiniMax
         } else if has("<seed:tool_call>") && has("<function=") {
@@ -98,6 +103,7 @@ impl Syntax {
             Syntax::MiniMax => Some("<minimax:tool_call>"),
             Syntax::MistralArgs => Some("[TOOL_CALLS]"),
             Syntax::Harmony => Some(crate::harmony::CALL_OPEN),
+            Syntax::Gemma4 => Some(GEMMA_OPEN),
             Syntax::Llama3 | Syntax::Mistral => None,
         }
     }
@@ -121,6 +127,7 @@ impl Syntax {
             Syntax::Mistral => vec!["[TOOL_CALLS]"],
             Syntax::MistralArgs => vec!["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
             Syntax::Harmony => crate::harmony::MARKERS.to_vec(),
+            Syntax::Gemma4 => vec!["<|tool_call>", GEMMA_CLOSE, GEMMA_QUOTE],
         }
     }
 }
@@ -333,6 +340,7 @@ impl Tools {
             Syntax::Xml { .. } | Syntax::Glm | Syntax::MiniMax => {
                 return Ok(Some(Grammar::Lark(self.tagged_grammar(&names, many))))
             }
+            Syntax::Gemma4 => return Ok(Some(Grammar::Lark(gemma_grammar(&names, many)))),
             Syntax::Harmony => {
                 // one call a reply (`<|call|>` ends generation), after any analysis
                 // (`Reasoning::after_thinking`)
@@ -436,10 +444,8 @@ impl Tools {
                 let head = lark_str(&p_open(key));
                 if is_string(Some(schema)) {
                     // text, up to the first closing tag (which ends it)
-                    g.push_str(&format!(
-                        "{rule}: {head} {rule}v\n{rule}v[suffix={}]: /(.|\\n)*/\n",
-                        lark_str(p_close)
-                    ));
+                    g.push_str(&format!("{rule}: {head} {rule}v\n"));
+                    g.push_str(&string_rule(&format!("{rule}v"), schema, "", p_close));
                 } else {
                     g.push_str(&format!(
                         "{rule}: {head} %json {} {}\n",
@@ -589,6 +595,7 @@ impl Tools {
             Syntax::MiniMax => "</minimax:tool_call>",
             Syntax::MistralArgs => return body.len(),
             Syntax::Harmony => crate::harmony::CALL_END,
+            Syntax::Gemma4 => GEMMA_CLOSE,
             _ => "</tool_call>",
         };
         body.find(close).map_or(body.len(), |e| e + close.len())
@@ -621,6 +628,16 @@ impl Tools {
                     self.syntax,
                 )?;
                 Some((vec![call], &rest[n..]))
+            }
+            Syntax::Gemma4 => {
+                // NAME{key:VALUE,...}<tool_call|>
+                let open = body.find('{')?;
+                let (v, n) = gemma_value(&body[open..], 0)?;
+                let Value::Object(args) = v else {
+                    return None;
+                };
+                let after = closing(&body[open + n..], GEMMA_CLOSE)?;
+                Some((vec![self.call(body[..open].trim(), args)?], after))
             }
             Syntax::Harmony => {
                 // NAME<|message|>{...}<|call|>
@@ -730,6 +747,229 @@ impl Tools {
             self.syntax,
         )
     }
+}
+
+/// Gemma 4's call opening (the function's name follows), its end, and its string quote.
+const GEMMA_OPEN: &str = "<|tool_call>call:";
+const GEMMA_CLOSE: &str = "<tool_call|>";
+const GEMMA_QUOTE: &str = "<|\"|>";
+
+/// Deepest nesting of a Gemma 4 value read (deeper is not a call).
+const GEMMA_DEPTH: usize = 64;
+
+/// The Gemma 4 value at the start of `text` (after white space) and the bytes it took:
+/// `<|"|>text<|"|>`, `{key:value,...}` (keys bare or quoted), `[value,...]`, numbers,
+/// `true`, `false`, `null` (Gemma 4's template's `format_argument`).
+fn gemma_value(text: &str, depth: usize) -> Option<(Value, usize)> {
+    if depth > GEMMA_DEPTH {
+        return None;
+    }
+    let start = text.len() - text.trim_start().len();
+    let t = &text[start..];
+    if let Some(rest) = t.strip_prefix(GEMMA_QUOTE) {
+        let end = rest.find(GEMMA_QUOTE)?;
+        return Some((
+            Value::String(rest[..end].to_string()),
+            start + GEMMA_QUOTE.len() * 2 + end,
+        ));
+    }
+    let close = match t.as_bytes().first()? {
+        b'{' => b'}',
+        b'[' => b']',
+        _ => {
+            // a scalar: as JSON (numbers, true, false, null)
+            let (v, n) = json_prefix(t)?;
+            return (!v.is_object() && !v.is_array() && !v.is_string()).then_some((v, start + n));
+        }
+    };
+    let mut at = 1;
+    let mut map = serde_json::Map::new();
+    let mut list = Vec::new();
+    let skip_ws = |at: usize| at + t[at..].len() - t[at..].trim_start().len();
+    at = skip_ws(at);
+    if t.as_bytes().get(at) == Some(&close) {
+        at += 1;
+    } else {
+        loop {
+            if close == b'}' {
+                let rest = &t[at..];
+                let (key, n) = match rest.strip_prefix(GEMMA_QUOTE) {
+                    Some(r) => {
+                        let e = r.find(GEMMA_QUOTE)?;
+                        let after = &r[e + GEMMA_QUOTE.len()..];
+                        let colon = after.find(':')?;
+                        if !after[..colon].trim().is_empty() {
+                            return None;
+                        }
+                        (&r[..e], GEMMA_QUOTE.len() * 2 + e + colon + 1)
+                    }
+                    None => {
+                        let colon = rest.find([':', '}', ','])?;
+                        if rest.as_bytes()[colon] != b':' {
+                            return None;
+                        }
+                        (rest[..colon].trim(), colon + 1)
+                    }
+                };
+                at += n;
+                let (v, n) = gemma_value(&t[at..], depth + 1)?;
+                map.insert(key.to_string(), v);
+                at += n;
+            } else {
+                let (v, n) = gemma_value(&t[at..], depth + 1)?;
+                list.push(v);
+                at += n;
+            }
+            at = skip_ws(at);
+            match t.as_bytes().get(at)? {
+                b',' => at = skip_ws(at + 1),
+                &c if c == close => {
+                    at += 1;
+                    break;
+                }
+                _ => return None,
+            }
+        }
+    }
+    let v = if close == b'}' {
+        Value::Object(map)
+    } else {
+        Value::Array(list)
+    };
+    Some((v, start + at))
+}
+
+/// The grammar of Gemma 4 calls: per function `<|tool_call>call:NAME{...}<tool_call|>`, its
+/// required parameters (in the schema's order), then any of the optional ones; a value is
+/// `<|"|>text<|"|>` where the schema says string, JSON where it says number, integer,
+/// boolean or null (the same in Gemma's notation), any Gemma value otherwise.
+fn gemma_grammar(names: &[&(String, Value)], many: bool) -> String {
+    let mut g = if many {
+        "start: tc+\n".to_string()
+    } else {
+        "start: tc\n".to_string()
+    };
+    let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
+    g.push_str(&format!("tc: {}\n", alts.join(" | ")));
+    let q = lark_str(GEMMA_QUOTE);
+    g.push_str(&format!(
+        "gv: gs | gd | ga | GNUM | \"true\" | \"false\" | \"null\"\n\
+         gs: {q} gsv\n\
+         gsv[suffix={q}]: /(.|\\n)*/\n\
+         gd: \"{{\" (gkv (\",\" gkv)*)? \"}}\"\n\
+         gkv: /[A-Za-z0-9_.-]+/ \":\" gv\n\
+         ga: \"[\" (gv (\",\" gv)*)? \"]\"\n\
+         GNUM: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/\n"
+    ));
+    for (i, (name, params)) in names.iter().enumerate() {
+        let props: Vec<(&String, &Value)> = params
+            .get("properties")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .collect();
+        let required: Vec<&str> = params
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let mut req = Vec::new();
+        let mut opt = Vec::new();
+        for (j, (key, schema)) in props.iter().enumerate() {
+            let rule = format!("f{i}p{j}");
+            let head = lark_str(&format!("{key}:"));
+            let value = match schema.get("type").and_then(Value::as_str) {
+                _ if is_string(Some(schema)) => {
+                    g.push_str(&string_rule(
+                        &format!("{rule}v"),
+                        schema,
+                        GEMMA_QUOTE,
+                        GEMMA_QUOTE,
+                    ));
+                    format!("{rule}v")
+                }
+                Some("number" | "integer" | "boolean" | "null") => {
+                    format!("%json {}", compact(schema))
+                }
+                _ => "gv".to_string(),
+            };
+            g.push_str(&format!("{rule}: {head} {value}\n"));
+            if required.contains(&key.as_str()) {
+                req.push(rule);
+            } else {
+                opt.push(rule);
+            }
+        }
+        // the optional ones, any of them in order: o{k}: p{k} ("," o{k+1})? | o{k+1}
+        for (k, rule) in opt.iter().enumerate() {
+            let next = if k + 1 < opt.len() {
+                format!(" | f{i}o{}", k + 1)
+            } else {
+                String::new()
+            };
+            let tail = if k + 1 < opt.len() {
+                format!(" (\",\" f{i}o{})?", k + 1)
+            } else {
+                String::new()
+            };
+            g.push_str(&format!("f{i}o{k}: {rule}{tail}{next}\n"));
+        }
+        let mut body = req.join(" \",\" ");
+        if !opt.is_empty() {
+            body = if body.is_empty() {
+                format!("f{i}o0?")
+            } else {
+                format!("{body} (\",\" f{i}o0)?")
+            };
+        }
+        let head = lark_str(&format!("{GEMMA_OPEN}{name}{{"));
+        let tail = lark_str(&format!("}}{GEMMA_CLOSE}"));
+        g.push_str(&format!("f{i}: {head} {body} {tail}\n"));
+    }
+    g
+}
+
+/// The largest `minLength`/`maxLength` of a string parameter the grammars keep.
+const MAX_STRING_BOUND: u64 = 1024;
+
+/// A Lark rule `name` for a string parameter written as text between `open` and `close`
+/// (`close` ends it: the first one in the text is the end): one of its `enum` values where
+/// the schema lists them, else any text of its `minLength`..`maxLength` characters.
+fn string_rule(name: &str, schema: &Value, open: &str, close: &str) -> String {
+    let choices: Vec<String> = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|v| !v.contains(close) || close.is_empty())
+        .map(|v| lark_str(&format!("{open}{v}{close}")))
+        .collect();
+    if !choices.is_empty() {
+        return format!("{name}: {}\n", choices.join(" | "));
+    }
+    let len = |k: &str| schema.get(k).and_then(Value::as_u64);
+    // bounds past MAX_STRING_BOUND are left out (a looser constraint, not a huge automaton)
+    let len = |k: &str| len(k).filter(|&n| n <= MAX_STRING_BOUND);
+    let reps = match (len("minLength"), len("maxLength")) {
+        (None, None) => "*".to_string(),
+        (min, max) => format!(
+            "{{{},{}}}",
+            min.unwrap_or(0),
+            max.map_or(String::new(), |m| m.to_string())
+        ),
+    };
+    let open = if open.is_empty() {
+        String::new()
+    } else {
+        format!("{} ", lark_str(open))
+    };
+    format!(
+        "{name}: {open}{name}t\n{name}t[suffix={}]: /(.|\\n){reps}/\n",
+        lark_str(close)
+    )
 }
 
 /// Whether a parameter's schema says string (`"type": "string"` or a list with it).
@@ -972,6 +1212,7 @@ mod tests {
             ("minimax-m2.jinja", "MiniMax"),
             ("mistral-small-3.2.jinja", "MistralArgs"),
             ("gpt-oss.jinja", "Harmony"),
+            ("gemma-4.jinja", "Gemma4"),
         ] {
             let (_, t, tools) = fixture_tools(file, &list);
             assert!(format!("{:?}", tools.syntax).starts_with(syntax), "{file}");
@@ -992,6 +1233,11 @@ mod tests {
                 .zip(whole.chars())
                 .find(|((_, a), b)| a != b)
                 .map_or(head.len(), |((i, _), _)| i);
+            // not inside a tag both have the start of (Gemma 4's `<|channel>` / `<|tool_call>`)
+            let shared = match whole[..shared].rfind('<') {
+                Some(i) if !whole[i..shared].contains('>') => i,
+                _ => shared,
+            };
             let said = &whole[shared..];
             // harmony: the reply's messages read first (as the server does)
             let said = if tools.syntax == Syntax::Harmony {
@@ -1039,6 +1285,43 @@ mod tests {
             "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo",
         );
         assert_eq!(calls.len(), 2, "the second cut off by the end of the reply");
+    }
+
+    /// Gemma 4's notation: strings between `<|"|>` marks (which may hold `,` `}` `:`), bare
+    /// or quoted keys, nesting, JSON scalars; what is not a value is not a call.
+    #[test]
+    fn gemma_values_read_as_json() {
+        let q = |s: &str| s.replace('\'', "<|\"|>");
+        let (v, n) = gemma_value(
+            &q("{city:'Paris, FR}:',days:3,opts:{'deep key':[1,-2.5,true,null,'x']},e:[]} rest"),
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"city": "Paris, FR}:", "days": 3, "opts": {"deep key": [1, -2.5, true, null, "x"]}, "e": []})
+        );
+        assert!(
+            q("{city:'Paris, FR}:',days:3,opts:{'deep key':[1,-2.5,true,null,'x']},e:[]}").len()
+                == n
+        );
+        for bad in ["{city:'open", "{city}", "{a:1 b:2}", "[1,", "{a:nope}", ""] {
+            assert!(gemma_value(&q(bad), 0).is_none(), "{bad}");
+        }
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(gemma_value(&deep, 0).is_none(), "nesting is bounded");
+        let list = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let (_, _, g) = fixture_tools("gemma-4.jinja", &list);
+        let (content, calls) = g.parse(&q(
+            "Sure.<|tool_call>call:get_weather{city:'Rome'}<tool_call|><|tool_call>call:get_weather{city:'Oslo'}<tool_call|>",
+        ));
+        assert_eq!(content.as_deref(), Some("Sure."));
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        // a function the request lacks, or a body that is not a value: text
+        let text = q("<|tool_call>call:rm{path:'/'}<tool_call|>");
+        assert_eq!(g.parse(&text), (Some(text.clone()), vec![]));
     }
 
     #[test]
@@ -1131,6 +1414,14 @@ mod tests {
             "commentary",
             "analysis",
             "final",
+            "<|tool_call>call:get_weather",
+            "<tool_call|>",
+            "<|\"|>",
+            "city:",
+            "[",
+            "]",
+            ",",
+            "3",
         ];
 
         fn reply() -> impl Strategy<Value = String> {
@@ -1151,6 +1442,7 @@ mod tests {
                     "{{ tools }} [TOOL_CALLS]",
                     "{{ tools }} <|python_tag|>",
                     "{{ tools }} <|channel|>",
+                    "{{ tools }} <|tool_call>call:",
                 ] {
                     let t = tools(src, json!("auto"));
                     let (content, calls) = t.parse(&text);

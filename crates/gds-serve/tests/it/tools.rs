@@ -421,14 +421,15 @@ fn required_calls_in_each_tagged_syntax() {
     let _one = serial();
     let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
         "description": "The weather of a city over some days",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-            "days": {"type": "integer"}}, "required": ["city", "days"]}}}]);
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 32},
+            "days": {"type": "integer", "minimum": 1, "maximum": 16}}, "required": ["city", "days"]}}}]);
     for file in [
         "qwen3-coder.jinja",
         "glm-4.6.jinja",
         "minimax-m2.jinja",
         "mistral-small-3.2.jinja",
         "gpt-oss.jinja",
+        "gemma-4.jinja",
     ] {
         let template = gds_tests::fixture(&format!("templates/{file}"));
         let s = start(&["--chat-template-file", template.to_str().unwrap()]);
