@@ -17,6 +17,8 @@ const TAGS: &[(&str, &str)] = &[
     ("<seed:think>", "</seed:think>"),
     ("<think>", "</think>"),
     ("[THINK]", "[/THINK]"),
+    ("<|START_THINKING|>", "<|END_THINKING|>"),
+    ("<|inner_prefix|>", "<|inner_suffix|>"),
 ];
 
 /// `reasoning_format`: whether replies are split.

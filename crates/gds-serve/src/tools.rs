@@ -49,6 +49,18 @@ pub enum Syntax {
     /// `<|tool_call>call:NAME{key:VALUE,...}<tool_call|>` per call (Gemma 4), its values in
     /// Gemma's notation: strings between `<|"|>` marks, keys bare.
     Gemma4,
+    /// A JSON list of calls after `open` and up to `close` (`""`: the reply's end), each an
+    /// object with the function's name under `name` and its arguments under `args` (`name`
+    /// `""`: `{NAME: ARGS}`): Granite 3.3 (`<|tool_call|>[{"name", "arguments"}]`), Nemotron
+    /// Nano v2 (`<TOOLCALL>`...`</TOOLCALL>`), Command R7B (`<|START_ACTION|>[{"tool_call_id",
+    /// "tool_name", "parameters"}]<|END_ACTION|>`), Apertus (`<|tools_prefix|>[{NAME:
+    /// ARGS}]<|tools_suffix|>`).
+    JsonList {
+        open: &'static str,
+        close: &'static str,
+        name: &'static str,
+        args: &'static str,
+    },
 }
 
 impl Syntax {
@@ -65,6 +77,34 @@ impl Syntax {
             Syntax::Xml {
                 open: "<seed:tool_call>",
                 close: "</seed:tool_call>",
+            }
+        } else if has("<|START_ACTION|>") {
+            Syntax::JsonList {
+                open: "<|START_ACTION|>",
+                close: "<|END_ACTION|>",
+                name: "tool_name",
+                args: "parameters",
+            }
+        } else if has("<TOOLCALL>") {
+            Syntax::JsonList {
+                open: "<TOOLCALL>",
+                close: "</TOOLCALL>",
+                name: "name",
+                args: "arguments",
+            }
+        } else if has("<|tools_prefix|>") {
+            Syntax::JsonList {
+                open: "<|tools_prefix|>",
+                close: "<|tools_suffix|>",
+                name: "",
+                args: "",
+            }
+        } else if has("<|tool_call|>") && !has("<|/tool_call|>") {
+            Syntax::JsonList {
+                open: "<|tool_call|>",
+                close: "",
+                name: "name",
+                args: "arguments",
             }
         } else if has("<tool_call>") && has("<function=") {
             Syntax::Xml {
@@ -104,6 +144,7 @@ impl Syntax {
             Syntax::MistralArgs => Some("[TOOL_CALLS]"),
             Syntax::Harmony => Some(crate::harmony::CALL_OPEN),
             Syntax::Gemma4 => Some(GEMMA_OPEN),
+            Syntax::JsonList { open, .. } => Some(open),
             Syntax::Llama3 | Syntax::Mistral => None,
         }
     }
@@ -128,6 +169,7 @@ impl Syntax {
             Syntax::MistralArgs => vec!["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
             Syntax::Harmony => crate::harmony::MARKERS.to_vec(),
             Syntax::Gemma4 => vec!["<|tool_call>", GEMMA_CLOSE, GEMMA_QUOTE],
+            Syntax::JsonList { open, close, .. } => vec![open, close],
         }
     }
 }
@@ -341,6 +383,53 @@ impl Tools {
                 return Ok(Some(Grammar::Lark(self.tagged_grammar(&names, many))))
             }
             Syntax::Gemma4 => return Ok(Some(Grammar::Lark(gemma_grammar(&names, many)))),
+            Syntax::JsonList {
+                open,
+                close,
+                name,
+                args,
+            } => {
+                let calls: Vec<Value> = names
+                    .iter()
+                    .map(|(f, params)| {
+                        let mut props = serde_json::Map::new();
+                        if name.is_empty() {
+                            props.insert(f.clone(), params.clone());
+                        } else {
+                            if name == "tool_name" {
+                                // Command R7B numbers its calls
+                                props.insert(
+                                    "tool_call_id".into(),
+                                    json!({"type": "string", "pattern": "^[0-9]{1,4}$"}),
+                                );
+                            }
+                            props.insert(name.into(), json!({"const": f}));
+                            props.insert(args.into(), params.clone());
+                        }
+                        let required: Vec<&String> = props.keys().collect();
+                        json!({"type": "object", "properties": props, "required": required,
+                            "additionalProperties": false})
+                    })
+                    .collect();
+                let schema = compact(&match &calls[..] {
+                    [one] => one.clone(),
+                    _ => json!({"anyOf": calls}),
+                });
+                let list = if many {
+                    "\"[\" call (\", \" call)* \"]\""
+                } else {
+                    "\"[\" call \"]\""
+                };
+                return Ok(Some(Grammar::Lark(format!(
+                    "start: {} {list} {}\ncall: %json {schema}\n",
+                    lark_str(open),
+                    if close.is_empty() {
+                        String::new()
+                    } else {
+                        lark_str(close)
+                    }
+                ))));
+            }
             Syntax::Harmony => {
                 // one call a reply (`<|call|>` ends generation), after any analysis
                 // (`Reasoning::after_thinking`)
@@ -596,6 +685,8 @@ impl Tools {
             Syntax::MistralArgs => return body.len(),
             Syntax::Harmony => crate::harmony::CALL_END,
             Syntax::Gemma4 => GEMMA_CLOSE,
+            Syntax::JsonList { close: "", .. } => return body.len(),
+            Syntax::JsonList { close, .. } => close,
             _ => "</tool_call>",
         };
         body.find(close).map_or(body.len(), |e| e + close.len())
@@ -628,6 +719,40 @@ impl Tools {
                     self.syntax,
                 )?;
                 Some((vec![call], &rest[n..]))
+            }
+            Syntax::JsonList {
+                close, name, args, ..
+            } => {
+                let (v, n) = json_prefix(body)?;
+                let mut calls = Vec::new();
+                for c in v.as_array()? {
+                    let c = c.as_object()?;
+                    let (f, a) = if name.is_empty() {
+                        match c.iter().next() {
+                            Some((f, a)) if c.len() == 1 => (f.as_str(), a),
+                            _ => return None,
+                        }
+                    } else {
+                        (c.get(name)?.as_str()?, c.get(args)?)
+                    };
+                    let a = match a {
+                        Value::String(s) => serde_json::from_str(s).ok()?,
+                        a => a.clone(),
+                    };
+                    let Value::Object(a) = a else {
+                        return None;
+                    };
+                    calls.push(self.call(f, a)?);
+                }
+                if calls.is_empty() {
+                    return None;
+                }
+                let after = if close.is_empty() {
+                    &body[n..]
+                } else {
+                    closing(&body[n..], close)?
+                };
+                Some((calls, after))
             }
             Syntax::Gemma4 => {
                 // NAME{key:VALUE,...}<tool_call|>
@@ -1213,6 +1338,9 @@ mod tests {
             ("mistral-small-3.2.jinja", "MistralArgs"),
             ("gpt-oss.jinja", "Harmony"),
             ("gemma-4.jinja", "Gemma4"),
+            ("command-r7b.jinja", "JsonList"),
+            ("nemotron-nano-v2.jinja", "JsonList"),
+            ("apertus-8b.jinja", "JsonList"),
         ] {
             let (_, t, tools) = fixture_tools(file, &list);
             assert!(format!("{:?}", tools.syntax).starts_with(syntax), "{file}");
@@ -1324,6 +1452,42 @@ mod tests {
         assert_eq!(g.parse(&text), (Some(text.clone()), vec![]));
     }
 
+    /// Granite 3.3's template never renders a call (its history drops them): its syntax, as
+    /// its system prompt describes it, read here; a list whose element is not a call of ours
+    /// is text.
+    #[test]
+    fn json_list_calls_read_back() {
+        let list = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let (_, _, g) = fixture_tools("granite-3.3.jinja", &list);
+        assert_eq!(
+            g.syntax,
+            Syntax::JsonList {
+                open: "<|tool_call|>",
+                close: "",
+                name: "name",
+                args: "arguments"
+            }
+        );
+        let (content, calls) = g.parse(
+            "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\"}\"}]",
+        );
+        assert_eq!(content, None);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        for text in [
+            "<|tool_call|>[{\"name\": \"rm\", \"arguments\": {}}]",
+            "<|tool_call|>[]",
+            "<|tool_call|>{\"name\": \"get_weather\"}",
+        ] {
+            assert_eq!(g.parse(text), (Some(text.to_string()), vec![]), "{text}");
+        }
+        let (_, _, a) = fixture_tools("apertus-8b.jinja", &list);
+        let (_, calls) =
+            a.parse("<|tools_prefix|>[{\"get_weather\": {\"city\": \"Rome\"}}]<|tools_suffix|>");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+    }
+
     #[test]
     fn streams_text_until_a_call_may_start() {
         let h = tools("{{ tools }} <tool_call>", json!("auto"));
@@ -1422,6 +1586,15 @@ mod tests {
             "]",
             ",",
             "3",
+            "<|START_ACTION|>",
+            "<|END_ACTION|>",
+            "<TOOLCALL>",
+            "</TOOLCALL>",
+            "<|tools_prefix|>",
+            "<|tools_suffix|>",
+            "<|tool_call|>",
+            "{\"get_weather\": {\"city\": \"x\"}}",
+            "{\"tool_name\": \"get_weather\", \"parameters\": {}}",
         ];
 
         fn reply() -> impl Strategy<Value = String> {
@@ -1443,6 +1616,10 @@ mod tests {
                     "{{ tools }} <|python_tag|>",
                     "{{ tools }} <|channel|>",
                     "{{ tools }} <|tool_call>call:",
+                    "{{ tools }} <|START_ACTION|>",
+                    "{{ tools }} <TOOLCALL>",
+                    "{{ tools }} <|tools_prefix|>",
+                    "{{ tools }} <|tool_call|>",
                 ] {
                     let t = tools(src, json!("auto"));
                     let (content, calls) = t.parse(&text);

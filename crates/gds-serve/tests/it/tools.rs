@@ -430,9 +430,19 @@ fn required_calls_in_each_tagged_syntax() {
         "mistral-small-3.2.jinja",
         "gpt-oss.jinja",
         "gemma-4.jinja",
+        "command-r7b.jinja",
+        "nemotron-nano-v2.jinja",
+        "apertus-8b.jinja",
+        "granite-3.3.jinja",
     ] {
         let template = gds_tests::fixture(&format!("templates/{file}"));
-        let s = start(&["--chat-template-file", template.to_str().unwrap()]);
+        // Command R7B's prompt is long (1.4 K tokens): a context to hold it
+        let s = start(&[
+            "--chat-template-file",
+            template.to_str().unwrap(),
+            "--ctx",
+            "2048",
+        ]);
         let mut body = serde_json::json!({"messages": [
             {"role": "user", "content": "What is the weather in Paris for the next 3 days?"}],
             "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
