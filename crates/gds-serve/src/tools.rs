@@ -61,6 +61,9 @@ pub enum Syntax {
         name: &'static str,
         args: &'static str,
     },
+    /// `<|tool_call_start|>[NAME(key="value", n=1), ...]<|tool_call_end|>`: Python calls with
+    /// keyword arguments (LFM2, LFM2.5), Python's literals or JSON's.
+    Python,
 }
 
 impl Syntax {
@@ -78,6 +81,8 @@ impl Syntax {
                 open: "<seed:tool_call>",
                 close: "</seed:tool_call>",
             }
+        } else if has("<|tool_list_start|>") || has("List of tools: [") {
+            Syntax::Python
         } else if has("<|START_ACTION|>") {
             Syntax::JsonList {
                 open: "<|START_ACTION|>",
@@ -145,6 +150,7 @@ impl Syntax {
             Syntax::Harmony => Some(crate::harmony::CALL_OPEN),
             Syntax::Gemma4 => Some(GEMMA_OPEN),
             Syntax::JsonList { open, .. } => Some(open),
+            Syntax::Python => Some(PY_OPEN),
             Syntax::Llama3 | Syntax::Mistral => None,
         }
     }
@@ -170,6 +176,7 @@ impl Syntax {
             Syntax::Harmony => crate::harmony::MARKERS.to_vec(),
             Syntax::Gemma4 => vec!["<|tool_call>", GEMMA_CLOSE, GEMMA_QUOTE],
             Syntax::JsonList { open, close, .. } => vec![open, close],
+            Syntax::Python => vec![PY_OPEN, PY_CLOSE],
         }
     }
 }
@@ -382,7 +389,20 @@ impl Tools {
             Syntax::Xml { .. } | Syntax::Glm | Syntax::MiniMax => {
                 return Ok(Some(Grammar::Lark(self.tagged_grammar(&names, many))))
             }
-            Syntax::Gemma4 => return Ok(Some(Grammar::Lark(gemma_grammar(&names, many)))),
+            Syntax::Gemma4 => {
+                return Ok(Some(Grammar::Lark(kv_grammar(
+                    &names,
+                    many,
+                    &KvNotation::gemma(),
+                ))))
+            }
+            Syntax::Python => {
+                return Ok(Some(Grammar::Lark(kv_grammar(
+                    &names,
+                    many,
+                    &KvNotation::python(),
+                ))))
+            }
             Syntax::JsonList {
                 open,
                 close,
@@ -685,6 +705,7 @@ impl Tools {
             Syntax::MistralArgs => return body.len(),
             Syntax::Harmony => crate::harmony::CALL_END,
             Syntax::Gemma4 => GEMMA_CLOSE,
+            Syntax::Python => PY_CLOSE,
             Syntax::JsonList { close: "", .. } => return body.len(),
             Syntax::JsonList { close, .. } => close,
             _ => "</tool_call>",
@@ -753,6 +774,27 @@ impl Tools {
                     closing(&body[n..], close)?
                 };
                 Some((calls, after))
+            }
+            Syntax::Python => {
+                // [NAME(key=VALUE, ...), ...]<|tool_call_end|>
+                let t = body.trim_start();
+                let mut rest = t.strip_prefix('[')?;
+                let mut calls = Vec::new();
+                loop {
+                    rest = rest.trim_start();
+                    let paren = rest.find('(')?;
+                    let name = rest[..paren].trim();
+                    let (args, n) = py_kwargs(&rest[paren + 1..])?;
+                    calls.push(self.call(name, args)?);
+                    rest = rest[paren + 1 + n..].trim_start();
+                    if let Some(r) = rest.strip_prefix(',') {
+                        rest = r;
+                    } else {
+                        rest = rest.strip_prefix(']')?;
+                        break;
+                    }
+                }
+                Some((calls, closing(rest, PY_CLOSE)?))
             }
             Syntax::Gemma4 => {
                 // NAME{key:VALUE,...}<tool_call|>
@@ -879,6 +921,153 @@ const GEMMA_OPEN: &str = "<|tool_call>call:";
 const GEMMA_CLOSE: &str = "<tool_call|>";
 const GEMMA_QUOTE: &str = "<|\"|>";
 
+/// LFM2's call list opening and end.
+const PY_OPEN: &str = "<|tool_call_start|>";
+const PY_CLOSE: &str = "<|tool_call_end|>";
+
+/// A Python call's keyword arguments, `key=value, ...)` (after the opening parenthesis): the
+/// arguments and the bytes up to and with the closing parenthesis. Positional arguments are
+/// not read (the calls name their parameters).
+fn py_kwargs(text: &str) -> Option<(serde_json::Map<String, Value>, usize)> {
+    let mut args = serde_json::Map::new();
+    let mut at = 0;
+    let ws = |t: &str, at: usize| at + t[at..].len() - t[at..].trim_start().len();
+    loop {
+        at = ws(text, at);
+        if let Some(r) = text[at..].strip_prefix(')') {
+            return Some((args, text.len() - r.len()));
+        }
+        let eq = text[at..].find('=')?;
+        let key = text[at..at + eq].trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            return None;
+        }
+        at += eq + 1;
+        let (v, n) = py_value(&text[at..], 0)?;
+        args.insert(key.to_string(), v);
+        at = ws(text, at + n);
+        match text.as_bytes().get(at)? {
+            b',' => at += 1,
+            b')' => return Some((args, at + 1)),
+            _ => return None,
+        }
+    }
+}
+
+/// The Python literal at the start of `text` (after white space) as JSON, and the bytes it
+/// took: strings (either quote, Python's escapes), numbers, `True`/`False`/`None` (and
+/// JSON's `true`/`false`/`null`, which LFM2 also writes), lists, tuples, dicts.
+fn py_value(text: &str, depth: usize) -> Option<(Value, usize)> {
+    if depth > GEMMA_DEPTH {
+        return None;
+    }
+    let start = text.len() - text.trim_start().len();
+    let t = &text[start..];
+    let first = *t.as_bytes().first()?;
+    if first == b'"' || first == b'\'' {
+        let mut out = String::new();
+        let mut chars = t[1..].char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                c if c as u32 == first as u32 => {
+                    return Some((Value::String(out), start + 1 + i + 1));
+                }
+                '\\' => {
+                    let (_, e) = chars.next()?;
+                    match e {
+                        'n' => out.push('\n'),
+                        't' => out.push('\t'),
+                        'r' => out.push('\r'),
+                        '0' => out.push('\0'),
+                        '\\' | '\'' | '"' => out.push(e),
+                        'u' | 'x' => {
+                            let n = if e == 'u' { 4 } else { 2 };
+                            let hex: String = (0..n)
+                                .filter_map(|_| chars.next().map(|(_, h)| h))
+                                .collect();
+                            let code = u32::from_str_radix(&hex, 16).ok()?;
+                            out.push(char::from_u32(code)?);
+                        }
+                        other => {
+                            out.push('\\');
+                            out.push(other);
+                        }
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        return None;
+    }
+    let close = match first {
+        b'[' => b']',
+        b'(' => b')',
+        b'{' => b'}',
+        _ => {
+            let word_end = t
+                .find(|c: char| !(c.is_alphanumeric() || matches!(c, '.' | '-' | '+' | '_')))
+                .unwrap_or(t.len());
+            let word = &t[..word_end];
+            let v = match word {
+                "True" | "true" => Value::Bool(true),
+                "False" | "false" => Value::Bool(false),
+                "None" | "null" => Value::Null,
+                w => {
+                    let (v, n) = json_prefix(w)?;
+                    if n != w.len() || !v.is_number() {
+                        return None;
+                    }
+                    v
+                }
+            };
+            return Some((v, start + word_end));
+        }
+    };
+    let mut at = 1;
+    let ws = |at: usize| at + t[at..].len() - t[at..].trim_start().len();
+    let (mut list, mut map) = (Vec::new(), serde_json::Map::new());
+    loop {
+        at = ws(at);
+        if t.as_bytes().get(at) == Some(&close) {
+            at += 1;
+            break;
+        }
+        let (v, n) = py_value(&t[at..], depth + 1)?;
+        at += n;
+        if close == b'}' {
+            let key = match v {
+                Value::String(k) => k,
+                Value::Number(n) => n.to_string(),
+                _ => return None,
+            };
+            at = ws(at);
+            if t.as_bytes().get(at) != Some(&b':') {
+                return None;
+            }
+            let (v, n) = py_value(&t[at + 1..], depth + 1)?;
+            at += 1 + n;
+            map.insert(key, v);
+        } else {
+            list.push(v);
+        }
+        at = ws(at);
+        match t.as_bytes().get(at)? {
+            b',' => at += 1,
+            &c if c == close => {
+                at += 1;
+                break;
+            }
+            _ => return None,
+        }
+    }
+    let v = if close == b'}' {
+        Value::Object(map)
+    } else {
+        Value::Array(list)
+    };
+    Some((v, start + at))
+}
+
 /// Deepest nesting of a Gemma 4 value read (deeper is not a call).
 const GEMMA_DEPTH: usize = 64;
 
@@ -964,28 +1153,100 @@ fn gemma_value(text: &str, depth: usize) -> Option<(Value, usize)> {
     Some((v, start + at))
 }
 
-/// The grammar of Gemma 4 calls: per function `<|tool_call>call:NAME{...}<tool_call|>`, its
-/// required parameters (in the schema's order), then any of the optional ones; a value is
-/// `<|"|>text<|"|>` where the schema says string, JSON where it says number, integer,
-/// boolean or null (the same in Gemma's notation), any Gemma value otherwise.
-fn gemma_grammar(names: &[&(String, Value)], many: bool) -> String {
+/// How a `NAME(key=value, ...)`-like notation writes calls (Gemma 4's, LFM2's Python): for
+/// [`kv_grammar`].
+struct KvNotation {
+    /// Before and after the calls, and between two of them.
+    open: &'static str,
+    close: &'static str,
+    call_sep: &'static str,
+    /// A call's opening (given its name) and closing.
+    head: fn(&str) -> String,
+    tail: &'static str,
+    /// Between a key and its value, and between two parameters.
+    key_sep: &'static str,
+    sep: &'static str,
+    /// The rules of any value (its rule `gv`, strings `gs`).
+    any: &'static str,
+    /// A boolean.
+    boolean: &'static str,
+    /// A string parameter's rule `name` for its schema.
+    string: fn(&str, &Value) -> String,
+}
+
+impl KvNotation {
+    fn gemma() -> KvNotation {
+        KvNotation {
+            open: "",
+            close: "",
+            call_sep: "",
+            head: |n| format!("{GEMMA_OPEN}{n}{{"),
+            tail: "}<tool_call|>",
+            key_sep: ":",
+            sep: ",",
+            any: "gv: gs | gd | ga | GNUM | \"true\" | \"false\" | \"null\"\n\
+                  gs: \"<|\\\"|>\" gsv\n\
+                  gsv[suffix=\"<|\\\"|>\"]: /(.|\\n)*/\n\
+                  gd: \"{\" (gkv (\",\" gkv)*)? \"}\"\n\
+                  gkv: /[A-Za-z0-9_.-]+/ \":\" gv\n\
+                  ga: \"[\" (gv (\",\" gv)*)? \"]\"\n\
+                  GNUM: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/\n",
+            boolean: "(\"true\" | \"false\")",
+            string: |name, schema| string_rule(name, schema, GEMMA_QUOTE, GEMMA_QUOTE),
+        }
+    }
+
+    fn python() -> KvNotation {
+        KvNotation {
+            open: "<|tool_call_start|>[",
+            close: "]<|tool_call_end|>",
+            call_sep: ", ",
+            head: |n| format!("{n}("),
+            tail: ")",
+            key_sep: "=",
+            sep: ", ",
+            any: "gv: gs | gd | ga | GNUM | \"True\" | \"False\" | \"None\"\n\
+                  gs: /\"([^\"\\\\\\n]|\\\\.)*\"/\n\
+                  gd: \"{\" (gkv (\", \" gkv)*)? \"}\"\n\
+                  gkv: gs \": \" gv\n\
+                  ga: \"[\" (gv (\", \" gv)*)? \"]\"\n\
+                  GNUM: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/\n",
+            boolean: "(\"True\" | \"False\")",
+            string: |name, schema| {
+                // a double-quoted Python string (JSON's escapes are Python's), or an enum value
+                let choices: Vec<String> = schema
+                    .get("enum")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter(|v| v.is_string())
+                    .map(|v| lark_str(&v.to_string()))
+                    .collect();
+                if choices.is_empty() {
+                    format!("{name}: gs\n")
+                } else {
+                    format!("{name}: {}\n", choices.join(" | "))
+                }
+            },
+        }
+    }
+}
+
+/// The grammar of calls in a key=value notation: per function its head, its required
+/// parameters (in the schema's order), then any of the optional ones, its tail; a value is
+/// the notation's string where the schema says string, JSON where it says number or integer
+/// (the same in these notations), the notation's boolean, any of its values otherwise.
+fn kv_grammar(names: &[&(String, Value)], many: bool, n: &KvNotation) -> String {
+    let (open, close, call_sep) = (lark_str(n.open), lark_str(n.close), lark_str(n.call_sep));
     let mut g = if many {
-        "start: tc+\n".to_string()
+        format!("start: {open} tc ({call_sep} tc)* {close}\n")
     } else {
-        "start: tc\n".to_string()
+        format!("start: {open} tc {close}\n")
     };
     let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
     g.push_str(&format!("tc: {}\n", alts.join(" | ")));
-    let q = lark_str(GEMMA_QUOTE);
-    g.push_str(&format!(
-        "gv: gs | gd | ga | GNUM | \"true\" | \"false\" | \"null\"\n\
-         gs: {q} gsv\n\
-         gsv[suffix={q}]: /(.|\\n)*/\n\
-         gd: \"{{\" (gkv (\",\" gkv)*)? \"}}\"\n\
-         gkv: /[A-Za-z0-9_.-]+/ \":\" gv\n\
-         ga: \"[\" (gv (\",\" gv)*)? \"]\"\n\
-         GNUM: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/\n"
-    ));
+    g.push_str(n.any);
+    let sep = lark_str(n.sep);
     for (i, (name, params)) in names.iter().enumerate() {
         let props: Vec<(&String, &Value)> = params
             .get("properties")
@@ -1004,20 +1265,14 @@ fn gemma_grammar(names: &[&(String, Value)], many: bool) -> String {
         let mut opt = Vec::new();
         for (j, (key, schema)) in props.iter().enumerate() {
             let rule = format!("f{i}p{j}");
-            let head = lark_str(&format!("{key}:"));
+            let head = lark_str(&format!("{key}{}", n.key_sep));
             let value = match schema.get("type").and_then(Value::as_str) {
                 _ if is_string(Some(schema)) => {
-                    g.push_str(&string_rule(
-                        &format!("{rule}v"),
-                        schema,
-                        GEMMA_QUOTE,
-                        GEMMA_QUOTE,
-                    ));
+                    g.push_str(&(n.string)(&format!("{rule}v"), schema));
                     format!("{rule}v")
                 }
-                Some("number" | "integer" | "boolean" | "null") => {
-                    format!("%json {}", compact(schema))
-                }
+                Some("number" | "integer") => format!("%json {}", compact(schema)),
+                Some("boolean") => n.boolean.to_string(),
                 _ => "gv".to_string(),
             };
             g.push_str(&format!("{rule}: {head} {value}\n"));
@@ -1027,31 +1282,28 @@ fn gemma_grammar(names: &[&(String, Value)], many: bool) -> String {
                 opt.push(rule);
             }
         }
-        // the optional ones, any of them in order: o{k}: p{k} ("," o{k+1})? | o{k+1}
+        // the optional ones, any of them in order: o{k}: p{k} (sep o{k+1})? | o{k+1}
         for (k, rule) in opt.iter().enumerate() {
-            let next = if k + 1 < opt.len() {
-                format!(" | f{i}o{}", k + 1)
+            let (tail, next) = if k + 1 < opt.len() {
+                (
+                    format!(" ({sep} f{i}o{})?", k + 1),
+                    format!(" | f{i}o{}", k + 1),
+                )
             } else {
-                String::new()
-            };
-            let tail = if k + 1 < opt.len() {
-                format!(" (\",\" f{i}o{})?", k + 1)
-            } else {
-                String::new()
+                (String::new(), String::new())
             };
             g.push_str(&format!("f{i}o{k}: {rule}{tail}{next}\n"));
         }
-        let mut body = req.join(" \",\" ");
+        let mut body = req.join(&format!(" {sep} "));
         if !opt.is_empty() {
             body = if body.is_empty() {
                 format!("f{i}o0?")
             } else {
-                format!("{body} (\",\" f{i}o0)?")
+                format!("{body} ({sep} f{i}o0)?")
             };
         }
-        let head = lark_str(&format!("{GEMMA_OPEN}{name}{{"));
-        let tail = lark_str(&format!("}}{GEMMA_CLOSE}"));
-        g.push_str(&format!("f{i}: {head} {body} {tail}\n"));
+        let head = lark_str(&(n.head)(name));
+        g.push_str(&format!("f{i}: {head} {body} {}\n", lark_str(n.tail)));
     }
     g
 }
@@ -1482,6 +1734,37 @@ mod tests {
         ] {
             assert_eq!(g.parse(text), (Some(text.to_string()), vec![]), "{text}");
         }
+        // LFM2.5: Python calls, keyword arguments in Python's literals or JSON's
+        let (_, _, py) = fixture_tools("lfm2.5.jinja", &list);
+        assert_eq!(py.syntax, Syntax::Python);
+        let (content, calls) = py.parse(
+            "Let me look.<|tool_call_start|>[get_weather(city='Rome, \\'IT\\'\\u00e9'), get_weather(city=\"Oslo\", days=3, opts={'a': [1, 2.5, True, None, (false,)]})]<|tool_call_end|>",
+        );
+        assert_eq!(content.as_deref(), Some("Let me look."));
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(
+            calls[0]["function"]["arguments"],
+            json!({"city": "Rome, 'IT'é"}).to_string()
+        );
+        let args: Value =
+            serde_json::from_str(calls[1]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            args,
+            json!({"city": "Oslo", "days": 3, "opts": {"a": [1, 2.5, true, null, [false]]}})
+        );
+        for text in [
+            "<|tool_call_start|>[get_weather('Rome')]<|tool_call_end|>",
+            "<|tool_call_start|>[rm(path='/')]<|tool_call_end|>",
+            "<|tool_call_start|>[get_weather(city='open",
+            "<|tool_call_start|>get_weather(city='x')<|tool_call_end|>",
+        ] {
+            assert_eq!(py.parse(text), (Some(text.to_string()), vec![]), "{text}");
+        }
+        let deep = format!(
+            "<|tool_call_start|>[get_weather(city={}",
+            "[".repeat(100_000)
+        );
+        assert!(py.parse(&deep).1.is_empty());
         let (_, _, a) = fixture_tools("apertus-8b.jinja", &list);
         let (_, calls) =
             a.parse("<|tools_prefix|>[{\"get_weather\": {\"city\": \"Rome\"}}]<|tools_suffix|>");
@@ -1595,6 +1878,15 @@ mod tests {
             "<|tool_call|>",
             "{\"get_weather\": {\"city\": \"x\"}}",
             "{\"tool_name\": \"get_weather\", \"parameters\": {}}",
+            "<|tool_call_start|>",
+            "<|tool_call_end|>",
+            "get_weather(",
+            "city='x'",
+            ")",
+            "(",
+            "'",
+            "\\",
+            "=",
         ];
 
         fn reply() -> impl Strategy<Value = String> {
@@ -1620,6 +1912,7 @@ mod tests {
                     "{{ tools }} <TOOLCALL>",
                     "{{ tools }} <|tools_prefix|>",
                     "{{ tools }} <|tool_call|>",
+                    "{{ tools }} <|tool_list_start|>",
                 ] {
                     let t = tools(src, json!("auto"));
                     let (content, calls) = t.parse(&text);
