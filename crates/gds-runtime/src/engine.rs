@@ -9,6 +9,7 @@ use crate::error::{Result, RuntimeError};
 use crate::exec::{eval_last, reusable_prefix, Executor};
 use crate::metrics::{EnergyMeter, Metrics};
 use crate::plan::{Limits, Mode, Plan};
+use crate::reasoning::{Reasoning, Split};
 use crate::reply::Reply;
 use crate::sampler::{Sampler, SamplerConfig, TokenLogprobs};
 use crate::tokenizer::TextTokenizer;
@@ -59,8 +60,12 @@ impl StopReason {
 /// The result of one generation.
 #[derive(Clone, Debug, Serialize)]
 pub struct GenerateOutput {
-    /// Generated text (stop string excluded).
+    /// Generated text (stop string excluded); a thinking model's chat turn: its answer.
     pub text: String,
+    /// A thinking model's chat turn: its reasoning, apart from the answer
+    /// ([`crate::reasoning`]), when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     /// Generated token ids (end-of-generation token excluded).
     pub tokens: Vec<u32>,
     /// Why it ended.
@@ -80,6 +85,7 @@ impl GenerateOutput {
     pub fn json_with_plan(&self, plan: &Plan) -> serde_json::Value {
         serde_json::json!({
             "text": self.text,
+            "reasoning": self.reasoning,
             "tokens": self.tokens,
             "stop_reason": self.stop_reason,
             "logprobs": self.logprobs,
@@ -108,6 +114,8 @@ pub struct Engine {
     grammar: Option<GrammarCompiler>,
     /// The draft model of `--draft-model`, with its own cache.
     draft_model: Option<crate::draft::ModelDraft>,
+    /// Special tokens the reply's text keeps (a chat turn's thinking markers).
+    keep: Vec<u32>,
 }
 
 impl Engine {
@@ -165,6 +173,7 @@ impl Engine {
             messages,
             draft_model,
             grammar,
+            keep: Vec::new(),
         })
     }
 
@@ -201,14 +210,25 @@ impl Engine {
     }
 
     /// Generates from `prompt` per the plan's mode: a chat turn (the conversation so far is
-    /// kept) or a raw completion. `on_text` receives text as it is generated.
+    /// kept) or a raw completion. `on_text` receives text as it is generated (a thinking
+    /// model's answer: its reasoning is the output's `reasoning`).
     pub fn generate(
         &mut self,
         prompt: &str,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<GenerateOutput> {
+        self.generate_parts(prompt, &mut |_| {}, on_text)
+    }
+
+    /// [`Self::generate`], a thinking model's reasoning streamed to `on_reasoning`.
+    pub fn generate_parts(
+        &mut self,
+        prompt: &str,
+        on_reasoning: &mut dyn FnMut(&str),
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateOutput> {
         match self.plan.mode {
-            Mode::Chat => self.chat_turn(prompt, on_text),
+            Mode::Chat => self.chat_turn_parts(prompt, on_reasoning, on_text),
             Mode::Raw => {
                 let t0 = Instant::now();
                 let tokens =
@@ -226,17 +246,85 @@ impl Engine {
         user: &str,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<GenerateOutput> {
+        self.chat_turn_parts(user, &mut |_| {}, on_text)
+    }
+
+    /// [`Self::chat_turn`], a thinking model's reasoning apart: streamed to `on_reasoning`,
+    /// the output's `reasoning`, and the recorded reply's `reasoning_content` (its template
+    /// renders it, or not, as the server's requests do); the answer streamed to `on_text`, the
+    /// output's `text` and the recorded reply's content.
+    pub fn chat_turn_parts(
+        &mut self,
+        user: &str,
+        on_reasoning: &mut dyn FnMut(&str),
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateOutput> {
         let t0 = Instant::now();
         self.messages.push(Message::new("user", user));
         let tokens = self.tokenizer.encode_chat(&self.messages, self.plan.ctx);
-        let out = tokens.and_then(|t| self.generate_tokens(&t, t0, on_text));
+        let out = tokens.and_then(|t| self.generate_chat_tokens(&t, t0, on_reasoning, on_text));
         match &out {
-            Ok(o) => self.messages.push(Message::new("assistant", &o.text)),
+            Ok(o) => {
+                let mut reply = Message::new("assistant", &o.text);
+                reply.reasoning_content = o.reasoning.clone();
+                self.messages.push(reply);
+            }
             Err(_) => {
                 self.messages.pop();
             }
         }
         out
+    }
+
+    /// Generates a chat reply after `prompt` (a conversation the chat template rendered),
+    /// split into reasoning and answer where the template thinks ([`Reasoning`]): its
+    /// thinking markers kept in the text when they are special tokens, each piece split as
+    /// it comes (the reasoning to `on_reasoning`, the answer to `on_text`); the output's
+    /// `text` is the answer, its `reasoning` the rest.
+    pub fn generate_chat_tokens(
+        &mut self,
+        prompt: &[u32],
+        t0: Instant,
+        on_reasoning: &mut dyn FnMut(&str),
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateOutput> {
+        let reasoning = self.tokenizer.chat_template().and_then(|tmpl| {
+            let tail = &prompt[prompt.len().saturating_sub(16)..];
+            let tail = self
+                .tokenizer
+                .inner()
+                .decode(tail, false)
+                .unwrap_or_default();
+            Reasoning::of_template(tmpl.source(), &tail)
+        });
+        let Some(r) = reasoning else {
+            return self.generate_tokens(prompt, t0, on_text);
+        };
+        self.keep = self.tokenizer.special_ids(r.markers());
+        let mut split = Split::new(&r);
+        let mut parts = |piece: &str, split: &mut Split| {
+            let (thought, answer) = split.push(piece);
+            if !thought.is_empty() {
+                on_reasoning(&thought);
+            }
+            if !answer.is_empty() {
+                on_text(&answer);
+            }
+        };
+        let out = self.generate_tokens(prompt, t0, &mut |piece| parts(piece, &mut split));
+        self.keep.clear();
+        let (thought, answer) = split.finish();
+        if !thought.is_empty() {
+            on_reasoning(&thought);
+        }
+        if !answer.is_empty() {
+            on_text(&answer);
+        }
+        let mut out = out?;
+        let (thought, answer) = r.split(&out.text);
+        out.text = answer;
+        out.reasoning = thought;
+        Ok(out)
     }
 
     /// Replaces the sampling settings and the stop conditions of the replies that follow,
@@ -364,7 +452,7 @@ impl Engine {
         // the per-token policy the server follows too (crate::reply)
         let mut reply = Reply::new(limits.stop.clone());
         let mut generated = Vec::new();
-        let mut stream = self.tokenizer.stream();
+        let mut stream = self.tokenizer.stream_keeping(&self.keep);
         let mut decode_ms = 0.0;
         let mut decode_steps = 0usize;
         let io0 = self.exec.io_stats();
@@ -563,6 +651,7 @@ impl Engine {
         m.kv_cache_bytes = self.plan.kv_bytes;
         m.finish();
         Ok(GenerateOutput {
+            reasoning: None,
             text: reply.into_text(),
             tokens: generated,
             stop_reason: stop.unwrap_or(StopReason::Eos),

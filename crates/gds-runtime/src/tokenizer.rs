@@ -782,10 +782,18 @@ impl TextTokenizer {
         Ok(())
     }
 
-    /// A fresh streaming decoder.
+    /// A fresh streaming decoder (special tokens add no text).
     pub fn stream(&self) -> TextStream<'_> {
+        self.stream_keeping(&[])
+    }
+
+    /// A fresh streaming decoder whose text keeps the special tokens `keep` (sorted; the
+    /// markers of a chat template's thinking, [`Self::special_ids`]); other special tokens
+    /// add no text.
+    pub fn stream_keeping(&self, keep: &[u32]) -> TextStream<'_> {
         TextStream {
             tok: self,
+            keep: keep.to_vec(),
             ids: Vec::new(),
             prefix: String::new(),
             prefix_index: 0,
@@ -802,6 +810,8 @@ impl TextTokenizer {
 /// UTF-8 characters (a character may span several byte-level tokens).
 pub struct TextStream<'t> {
     tok: &'t TextTokenizer,
+    /// Special tokens whose text is kept (sorted).
+    keep: Vec<u32>,
     ids: Vec<u32>,
     prefix: String,
     prefix_index: usize,
@@ -810,11 +820,16 @@ pub struct TextStream<'t> {
 impl TextStream<'_> {
     /// Adds a token; returns the text it completes, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+        // special tokens other than the kept ones never enter the decoded ids, so the rest
+        // decodes with special tokens as text
+        if self.tok.is_special(id) && self.keep.binary_search(&id).is_err() {
+            return Ok(None);
+        }
         guarded("decode", || {
             tokenizers::step_decode_stream(
                 &self.tok.inner,
                 vec![id],
-                true,
+                false,
                 &mut self.ids,
                 &mut self.prefix,
                 &mut self.prefix_index,
@@ -824,7 +839,7 @@ impl TextStream<'_> {
 
     /// Text still held back (an incomplete character at the end), decoded lossily.
     pub fn flush(&mut self) -> Result<String> {
-        let all = guarded("decode", || self.tok.inner.decode(&self.ids, true))?;
+        let all = guarded("decode", || self.tok.inner.decode(&self.ids, false))?;
         self.ids.clear();
         let rest = all
             .strip_prefix(self.prefix.as_str())

@@ -5,7 +5,7 @@ mod api;
 pub mod batch;
 mod embeddings;
 mod error;
-pub mod harmony;
+pub use gds_runtime::harmony;
 pub mod kvpool;
 pub mod metrics;
 mod native;

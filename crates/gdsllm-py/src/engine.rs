@@ -93,7 +93,8 @@ fn run_job(
     let tokens = e
         .tokenizer()
         .encode_chat_with_tools(&messages, list, e.plan().ctx)?;
-    e.generate_tokens(&tokens, t0, on_text)
+    // a thinking model's reasoning apart (the details' `reasoning`), as the server's
+    e.generate_chat_tokens(&tokens, t0, &mut |_| {}, on_text)
 }
 
 /// What a reply is held to and reports beyond its text: the keyword arguments `grammar`,

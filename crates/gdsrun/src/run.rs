@@ -139,7 +139,31 @@ pub fn run(a: RunArgs) -> Result<()> {
         let out = if a.json {
             engine.generate(prompt, &mut |_| {})
         } else {
-            engine.generate(prompt, &mut |s| printer.print(s))
+            // a thinking model's reasoning: dimmed before the answer on a terminal, left out
+            // of a pipe (`--json` has it apart)
+            let tty = std::io::stdout().is_terminal();
+            let thinking = std::cell::Cell::new(false);
+            let out = engine.generate_parts(
+                prompt,
+                &mut |s| {
+                    if tty {
+                        if !thinking.replace(true) {
+                            printer.print("\x1b[2m");
+                        }
+                        printer.print(s);
+                    }
+                },
+                &mut |s| {
+                    if thinking.replace(false) {
+                        printer.print("\x1b[0m\n");
+                    }
+                    printer.print(s)
+                },
+            );
+            if thinking.get() {
+                printer.print("\x1b[0m");
+            }
+            out
         };
         generating.store(false, Ordering::SeqCst);
         printer.check()?;

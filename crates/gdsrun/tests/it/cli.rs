@@ -363,6 +363,57 @@ fn chat_from_piped_stdin_keeps_the_kv_cache() {
     );
 }
 
+/// A thinking model in the CLI's chat (gpt-oss's harmony template, the reply held to an
+/// analysis and a final message by a grammar): each turn's `text` is the answer and its
+/// `reasoning` apart; the second turn renders (gpt-oss's template refuses a history whose
+/// content holds channel headers, which the raw reply had) and its prompt holds the first
+/// answer, not its analysis (the template drops earlier reasoning).
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn chat_keeps_a_thinking_model_s_reasoning_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let grammar = dir.path().join("harmony.gbnf");
+    std::fs::write(
+        &grammar,
+        r#"root ::= "<|channel|>analysis<|message|>The user greets. " [a-z ]{1,12} "<|end|><|start|>assistant<|channel|>final<|message|>Hello " [a-z]{1,8} ".""#,
+    )
+    .unwrap();
+    let template = gds_tests::fixture("templates/gpt-oss.jinja");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args([model(), "--temp", "0", "--max-tokens", "60", "--json"])
+        .arg("--chat-template-file")
+        .arg(&template)
+        .arg("--grammar")
+        .arg(&grammar)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Hi!\nAnd you?\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let turns: Vec<Value> = text(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(turns.len(), 2, "{}", text(&o.stderr));
+    for t in &turns {
+        let (answer, reasoning) = (t["text"].as_str().unwrap(), t["reasoning"].as_str());
+        assert!(answer.starts_with("Hello ") && answer.ends_with('.'), "{t}");
+        assert!(
+            reasoning.is_some_and(|r| r.starts_with("The user greets. ") && !r.contains("<|")),
+            "{t}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn ctrl_c_interrupts_and_still_reports() {

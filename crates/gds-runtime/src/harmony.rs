@@ -7,7 +7,7 @@
 //! [`Channels`] reads a reply as it streams: the `analysis` channel is reasoning, `final` and
 //! `commentary` without a recipient (a preamble) are the answer, a call to `functions.NAME`
 //! goes into the answer in one canonical form ([`CALL_OPEN`]`NAME<|message|>ARGS<|call|>`)
-//! that [`crate::tools::Syntax::Harmony`] parses; calls to other recipients (the built-in
+//! that gds-serve's `tools::Syntax::Harmony` parses; calls to other recipients (the built-in
 //! `browser` and `python` tools, which the server does not run) are dropped, as
 //! llama-server's parser consumes them. Text that is not harmony is the answer, whole.
 
