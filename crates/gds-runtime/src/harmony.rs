@@ -118,7 +118,7 @@ impl Channels {
                     let (n, ended) = match self.held.find(END) {
                         Some(at) => (at, true),
                         None => (
-                            self.held.len() - crate::reasoning::partial_suffix(&self.held, END),
+                            self.held.len() - crate::reply::partial_tag(&self.held, END),
                             false,
                         ),
                     };

@@ -228,7 +228,7 @@ impl Split {
                         continue;
                     }
                     // out: all but a possible start of the end tag
-                    let n = self.held.len() - partial_suffix(&self.held, self.end);
+                    let n = self.held.len() - crate::reply::partial_tag(&self.held, self.end);
                     reasoning.push_str(&self.held[..n]);
                     self.held.drain(..n);
                     return (reasoning, answer);
@@ -274,16 +274,6 @@ impl Split {
             Phase::After => (String::new(), String::new()),
         }
     }
-}
-
-/// The length of the longest end of `text` that is a proper start of `tag`.
-pub(crate) fn partial_suffix(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| {
-            text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..])
-        })
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -105,15 +105,22 @@ impl Reply {
 /// Length of the longest suffix of `text` that is a proper prefix of a stop string: text
 /// that must not be shown yet because a stop string may be completing.
 pub fn held_back(text: &str, stops: &[String]) -> usize {
-    let mut hold = 0;
-    for s in stops {
-        for (i, _) in s.char_indices().skip(1) {
-            if i > hold && text.ends_with(&s[..i]) {
-                hold = i;
-            }
-        }
-    }
-    hold
+    stops
+        .iter()
+        .map(|s| partial_tag(text, s))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of `tag` (a tag that may
+/// be completing: thinking tags, harmony's markers).
+pub fn partial_tag(text: &str, tag: &str) -> usize {
+    tag.char_indices()
+        .skip(1)
+        .map(|(i, _)| i)
+        .filter(|&i| text.ends_with(&tag[..i]))
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
