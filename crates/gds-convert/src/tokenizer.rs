@@ -473,48 +473,10 @@ impl SpecialIds {
 // Token texts llama.cpp promotes to CONTROL (llama_vocab::impl::load, "auto-detect special
 // tokens by text"), shared with the runtime. The EOT/EOM lists are subsets of the EOG list, so
 // only the EOG list and the per-slot FIM lists matter for attributes.
-use gds_format::vocab::{END_OF_GENERATION_TEXTS as EOG_TEXTS, END_OF_TURN_TEXTS as EOT_TEXTS};
-const FIM_TEXTS: [&[&str]; 6] = [
-    &[
-        "<|fim_prefix|>",
-        "<fim-prefix>",
-        "<fim_prefix>",
-        "<｜fim▁begin｜>",
-        "<PRE>",
-        "▁<PRE>",
-        "<|code_prefix|>",
-        "<|prefix|>",
-    ],
-    &[
-        "<|fim_suffix|>",
-        "<fim-suffix>",
-        "<fim_suffix>",
-        "<｜fim▁hole｜>",
-        "<SUF>",
-        "▁<SUF>",
-        "<|code_suffix|>",
-        "<|suffix|>",
-    ],
-    &[
-        "<|fim_middle|>",
-        "<fim-middle>",
-        "<fim_middle>",
-        "<｜fim▁end｜>",
-        "<MID>",
-        "▁<MID>",
-        "<|code_middle|>",
-        "<|middle|>",
-    ],
-    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
-    &[
-        "<|fim_repo|>",
-        "<|repo_name|>",
-        "<fim-repo>",
-        "<REPO>",
-        "<reponame>",
-    ],
-    &["<|file_sep|>"],
-];
+use gds_format::vocab::{
+    END_OF_GENERATION_TEXTS as EOG_TEXTS, END_OF_TURN_TEXTS as EOT_TEXTS, FIM_CONFIG_KEY,
+    FIM_SLOTS, FIM_TEXTS,
+};
 
 /// Applies llama.cpp's text-based attribute overrides and returns the adjusted attributes.
 fn adjust_attrs(vocab: &Vocab, ids: &mut SpecialIds) -> Vec<u8> {
@@ -1065,6 +1027,16 @@ pub fn tokenizer_from_gguf_with(
             config.insert(name.into(), json!(vocab.tokens[id as usize]));
         }
     }
+    // the fill-in-the-middle tokens (from metadata, else found by their text as llama.cpp
+    // finds them), for the runtime's `/infill`
+    let fim: serde_json::Map<String, Value> = FIM_SLOTS
+        .iter()
+        .zip(ids.fim)
+        .filter_map(|(slot, id)| Some(((*slot).into(), json!(vocab.tokens[id? as usize]))))
+        .collect();
+    if !fim.is_empty() {
+        config.insert(FIM_CONFIG_KEY.into(), Value::Object(fim));
+    }
     if let Some(t) = opt_str(meta, "tokenizer.chat_template")? {
         config.insert("chat_template".into(), json!(t));
     }
@@ -1565,6 +1537,26 @@ mod tests {
         assert_eq!(config["add_bos_token"], json!(true));
         assert_eq!(config["unk_token"], json!("<unk>"));
         assert_eq!(config["eos_token"], json!("</s>"));
+    }
+
+    /// Fill-in-the-middle tokens the metadata names go into tokenizer_config.json's
+    /// `fim_tokens` as texts (the runtime's `/infill` reads them); none named, none written.
+    #[test]
+    fn fim_tokens_named_by_metadata_are_recorded() {
+        let mut m = tiny_spm();
+        let none: Value =
+            serde_json::from_str(&tokenizer_from_gguf(&m).unwrap().tokenizer_config_json).unwrap();
+        assert!(none.get("fim_tokens").is_none(), "{none}");
+        m.insert("tokenizer.ggml.fim_pre_token_id".into(), json!(6));
+        m.insert("tokenizer.ggml.fim_mid_token_id".into(), json!(7));
+        let export = tokenizer_from_gguf(&m).unwrap();
+        let config: Value = serde_json::from_str(&export.tokenizer_config_json).unwrap();
+        let tokens = m[KEY_TOKENS].as_array().unwrap();
+        assert_eq!(
+            config["fim_tokens"],
+            json!({"prefix": tokens[6], "middle": tokens[7]}),
+            "{config}"
+        );
     }
 
     #[test]

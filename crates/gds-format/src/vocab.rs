@@ -65,6 +65,59 @@ pub const FIM_END_OF_GENERATION_TEXTS: &[&str] = &[
     "<|file_sep|>",
 ];
 
+/// Fill-in-the-middle token texts llama.cpp finds by text when the metadata names none
+/// (`llama_vocab::impl::load`), per slot: prefix, suffix, middle, pad, repository, file
+/// separator ([`FIM_SLOTS`]). Of a slot's texts present in a vocabulary, llama.cpp takes the
+/// first in byte order.
+pub const FIM_TEXTS: [&[&str]; 6] = [
+    &[
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ],
+    &[
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ],
+    &[
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ],
+    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+    &[
+        "<|fim_repo|>",
+        "<|repo_name|>",
+        "<fim-repo>",
+        "<REPO>",
+        "<reponame>",
+    ],
+    &["<|file_sep|>"],
+];
+
+/// The names of [`FIM_TEXTS`]'s slots in `tokenizer_config.json`'s [`FIM_CONFIG_KEY`] object
+/// (gdsconv writes the tokens a GGUF names or has, as texts).
+pub const FIM_SLOTS: [&str; 6] = ["prefix", "suffix", "middle", "pad", "repo", "separator"];
+
+/// The `tokenizer_config.json` key of a model's fill-in-the-middle tokens (gdsconv's own).
+pub const FIM_CONFIG_KEY: &str = "fim_tokens";
+
 #[cfg(test)]
 mod tests {
     use super::*;

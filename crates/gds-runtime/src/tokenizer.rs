@@ -11,6 +11,7 @@ use std::path::Path;
 /// (llama.cpp's list, shared with the converter).
 pub use gds_format::vocab::END_OF_GENERATION_TEXTS as END_OF_GENERATION;
 use gds_format::vocab::FIM_END_OF_GENERATION_TEXTS as FIM_END_OF_GENERATION;
+use gds_format::vocab::{FIM_CONFIG_KEY, FIM_SLOTS, FIM_TEXTS};
 
 /// How a rendered chat ends ([`TextTokenizer::encode_chat_full`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +39,8 @@ pub struct TextTokenizer {
     literal: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// Ids of the special added tokens, sorted.
     special: Vec<u32>,
+    /// Fill-in-the-middle tokens ([`Self::fim`]).
+    fim: [Option<u32>; 6],
     /// Most bytes of text one token covers (an upper bound).
     max_token_bytes: usize,
     bos: Option<u32>,
@@ -292,14 +295,38 @@ impl TextTokenizer {
         let template_src = own
             // a model whose files carry no template (Gemma 3 GGUFs) gets its family's
             .or_else(|| gds_format::arch::family(&cfg.arch).and_then(|f| f.chat_template.clone()));
-        Self::build(
+        let mut t = Self::build(
             inner,
             cfg,
             template_src.as_deref(),
             token_text(tc.get("bos_token")),
             token_text(tc.get("eos_token")),
             tc.get("add_bos_token").and_then(|v| v.as_bool()),
-        )
+        )?;
+        // the fill-in-the-middle tokens gdsconv recorded (a GGUF's metadata may name tokens
+        // whose texts are not the usual ones); pad, repository and separator end generation
+        if let Some(named) = tc.get(FIM_CONFIG_KEY).and_then(|v| v.as_object()) {
+            for (slot, name) in FIM_SLOTS.iter().enumerate() {
+                let id = named
+                    .get(*name)
+                    .and_then(|v| v.as_str())
+                    .and_then(|text| t.inner.token_to_id(text));
+                if let Some(id) = id {
+                    t.fim[slot] = Some(id);
+                    if slot >= 3 && t.is_special(id) && !t.eog.contains(&id) {
+                        t.eog.push(id);
+                        t.eog.sort_unstable();
+                    }
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// The fill-in-the-middle tokens: prefix, suffix, middle, pad, repository, file
+    /// separator (`gds_format::vocab::FIM_SLOTS`), where the vocabulary has them.
+    pub fn fim(&self) -> [Option<u32>; 6] {
+        self.fim
     }
 
     /// [`TextTokenizer::load`] for running the model of `cfg`: refused when the tokenizer can
@@ -358,6 +385,15 @@ impl TextTokenizer {
             }
         }
         eog.sort_unstable();
+        // llama.cpp's fill-in-the-middle tokens by text: of a slot's candidates the vocabulary
+        // has, the first in byte order
+        let fim = FIM_TEXTS.map(|texts| {
+            texts
+                .iter()
+                .filter_map(|t| Some((*t, inner.token_to_id(t)?)))
+                .min_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()))
+                .map(|(_, id)| id)
+        });
         let template = template
             .map(|src| ChatTemplate::new(src, &bos_text, &eos_text))
             .transpose()?;
@@ -372,6 +408,7 @@ impl TextTokenizer {
             Ok::<_, std::convert::Infallible>(max_token_bytes(&inner))
         })?;
         Ok(TextTokenizer {
+            fim,
             max_token_bytes,
             literal: std::sync::OnceLock::new(),
             special,

@@ -280,6 +280,9 @@ pub struct ServerState {
     n_embd: usize,
     /// Most sequences the engine runs together (`--max-batch`).
     max_batch: usize,
+    /// Most tokens per forward pass (`--step-tokens`; llama-server's batch, which `/infill`
+    /// fits its context to).
+    step_tokens: usize,
     /// Responses kept for `previous_response_id` and retrieval.
     responses: std::sync::Mutex<responses::ResponseStore>,
 }
@@ -512,6 +515,7 @@ pub(crate) fn start(
         grammar: std::sync::OnceLock::new(),
         pooling,
         n_embd,
+        step_tokens: plan.batch,
         max_batch: e.max_batch,
         responses: Default::default(),
     });
@@ -689,6 +693,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
     }
     // llama-server's own endpoints (`/completions` stays OpenAI's, as vLLM serves it)
     r.route("/completion", post(native::completion))
+        .route("/infill", post(native::infill))
         .route("/props", get(native::props).post(native::post_props))
         .route("/apply-template", post(native::apply_template))
         .route("/v1/health", get(api::health))

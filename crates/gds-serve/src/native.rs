@@ -1,6 +1,7 @@
 //! llama-server's own API, beside OpenAI's and Anthropic's, for the tools written against
-//! llama.cpp's server: `POST /completion` (its native completion), `GET /props`,
-//! `POST /apply-template` and `GET /v1/health`.
+//! llama.cpp's server: `POST /completion` (its native completion), `POST /infill` (its
+//! fill-in-the-middle, for code editors), `GET /props`, `POST /apply-template` and
+//! `GET /v1/health`.
 //!
 //! `/completion` takes llama-server's prompt forms: a string, token ids, strings and ids
 //! mixed in one prompt (`[12, 34, "text", 56]`), `{"prompt_string": ...}`, or a list of
@@ -781,8 +782,250 @@ fn choice_events(
 
 /// `POST /completion`.
 pub async fn completion(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let r = completion_of(&st, &body).await;
+    finish(&st, r)
+}
+
+/// `POST /infill`: llama-server's fill-in-the-middle, what code editors ask for at the cursor
+/// (llama.vim, llama.vscode): `input_prefix` (the code before the cursor), `input_suffix`
+/// (after it), optional `prompt` (text after the prefix, special-token texts parsed) and
+/// `input_extra` (`[{"filename", "text"}]`: other files' chunks for context), and
+/// `/completion`'s fields. The prompt is laid out as llama-server lays it out (its
+/// repository-level pattern): the repository token and `myproject`, the extra chunks (each
+/// after the file separator token and its file name, or after a `--- snippet ---` line
+/// where the vocabulary has no separator), then prefix, suffix and middle tokens around the
+/// prefix's last tokens (up to 3/4 of `--step-tokens`, llama-server's batch), the prompt
+/// and the suffix's first tokens (the rest of that quarter); the extra chunks' last tokens
+/// fill what the context has past one batch, leaving the reply its `n_predict` tokens. The
+/// answer is `/completion`'s. A model whose
+/// vocabulary has no FIM prefix, suffix or middle token answers 501, as llama-server.
+pub async fn infill(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
-        let (jobs, asked) = jobs(&st, &body).await?;
+        let body = infill_body(&st, &body).await?;
+        completion_of(&st, &body).await
+    }
+    .await;
+    finish(&st, r)
+}
+
+/// An `/infill` request as the `/completion` request of its laid-out prompt (token ids).
+async fn infill_body(st: &Arc<ServerState>, body: &Bytes) -> Result<Bytes, ApiError> {
+    let [pre, suf, mid, _, rep, sep] = st.tokenizer.fim();
+    let missing: Vec<&str> = [("prefix", pre), ("suffix", suf), ("middle", mid)]
+        .iter()
+        .filter(|(_, id)| id.is_none())
+        .map(|(n, _)| *n)
+        .collect();
+    let (Some(pre), Some(suf), Some(mid)) = (pre, suf, mid) else {
+        return Err(ApiError::status(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_supported_error",
+            format!(
+                "infill is not supported by this model: its vocabulary has no fill-in-the-middle {} token",
+                missing.join(", ")
+            ),
+        ));
+    };
+    let mut v: Value = parse(body)?;
+    let o = v
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad("the request must be a JSON object"))?;
+    let prompt = match o.remove("prompt") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(p)) => p,
+        Some(_) => return Err(ApiError::bad("\"prompt\" must be a string").param("prompt")),
+    };
+    let mut input = |name: &'static str| -> Result<Vec<Part>, ApiError> {
+        let v = o
+            .remove(name)
+            .ok_or_else(|| ApiError::bad(format!("\"{name}\" is required")).param(name))?;
+        sub_prompt(&v).map_err(|_| {
+            ApiError::bad(format!(
+                "\"{name}\" must be a string or a list of strings and token ids"
+            ))
+            .param(name)
+        })
+    };
+    let (prefix, suffix) = (input("input_prefix")?, input("input_suffix")?);
+    let bad_extra = |m: &str| ApiError::bad(m.to_string()).param("input_extra");
+    let extra = match o.remove("input_extra") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(bad_extra(
+                "\"input_extra\" must be an array of {\"filename\": string, \"text\": string}",
+            ))
+        }
+    };
+    let mut chunks = Vec::with_capacity(extra.len());
+    for c in &extra {
+        let text = c.get("text").and_then(Value::as_str).ok_or_else(|| {
+            bad_extra("an input_extra chunk must have a \"text\" field with a string value")
+        })?;
+        let filename = match c.get("filename") {
+            None => "tmp",
+            Some(Value::String(f)) => f,
+            Some(_) => {
+                return Err(bad_extra(
+                    "an input_extra chunk's \"filename\" field must be a string",
+                ))
+            }
+        };
+        chunks.push((filename.to_string(), text.to_string()));
+    }
+    let (n_batch, n_ctx) = (st.step_tokens, st.ctx);
+    // the reply's tokens, kept free of extra chunks (at least one)
+    let reserve = o
+        .get("n_predict")
+        .or_else(|| o.get("max_tokens"))
+        .and_then(Value::as_u64)
+        .map_or(1, |n| (n as usize).clamp(1, n_ctx / 2));
+    let tok = st.tokenizer.clone();
+    // Only the prefix's last tokens, the suffix's first and the extra chunks' last are used:
+    // texts longer than twice what those tokens can take (a whole file as the prefix) are cut
+    // there first, so their tokenizing is bounded; the cut's tokens are dropped anyway.
+    let per = tok.max_token_bytes().max(1);
+    let (mut prefix, mut suffix) = (prefix, suffix);
+    cut_parts(
+        &mut prefix,
+        2 * (3 * (n_batch / 4)) * per,
+        true,
+        "input_prefix",
+    )?;
+    cut_parts(&mut suffix, 2 * (n_batch / 4) * per, false, "input_suffix")?;
+    let mut budget = 2 * (n_ctx + 2) * per;
+    let mut kept = Vec::new();
+    for (filename, mut text) in chunks.into_iter().rev() {
+        if budget == 0 {
+            break;
+        }
+        if text.len() > budget {
+            text = text[floor_char(&text, text.len() - budget)..].to_string();
+        }
+        budget = budget.saturating_sub(text.len() + filename.len());
+        kept.push((filename, text));
+    }
+    kept.reverse();
+    let chunks = kept;
+    let ids = tokenize(
+        move || {
+            tok.check_fits(prompt.len(), n_ctx)?;
+            let plain = |t: &str| tok.encode(t, false, false);
+            let mixed = |parts: &[Part]| -> gds_runtime::Result<Vec<u32>> {
+                let mut ids = Vec::new();
+                for p in parts {
+                    match p {
+                        Part::Text(t) => ids.extend(plain(t)?),
+                        Part::Ids(i) => ids.extend_from_slice(i),
+                    }
+                }
+                Ok(ids)
+            };
+            let mut extra = Vec::new();
+            if let Some(rep) = rep {
+                extra.push(rep);
+                extra.extend(plain("myproject\n")?);
+            }
+            for (filename, text) in &chunks {
+                match sep {
+                    Some(sep) => {
+                        extra.push(sep);
+                        extra.extend(plain(&format!("{filename}\n"))?);
+                    }
+                    None => extra.extend(plain("\n\n--- snippet ---\n\n")?),
+                }
+                extra.extend(plain(text)?);
+            }
+            if let Some(sep) = sep {
+                extra.push(sep);
+                extra.extend(plain("filename\n")?);
+            }
+            let prompt = tok.encode(&prompt, false, true)?;
+            let mut prefix = mixed(&prefix)?;
+            let mut suffix = mixed(&suffix)?;
+            // llama-server's split of one batch: 3/4 prefix, the rest prompt and suffix
+            let prefix_take = prefix.len().min(3 * (n_batch / 4));
+            let suffix_take = suffix
+                .len()
+                .min((n_batch / 4).saturating_sub(2 + prompt.len()));
+            // the context past one batch (and llama-server's n_predict of -1) for the extras,
+            // never more than leaves the reply its `n_predict` tokens (llama-server may lay
+            // out a prompt past the context, then refuse it)
+            let rest = 4 + prefix_take + prompt.len() + suffix_take;
+            let room = n_ctx.saturating_sub(rest + reserve);
+            let extra_take = extra
+                .len()
+                .min((n_ctx + 2).saturating_sub(n_batch))
+                .min(room);
+            prefix.drain(..prefix.len() - prefix_take);
+            suffix.truncate(suffix_take);
+            let mut ids = extra[extra.len() - extra_take..].to_vec();
+            if tok.add_bos() {
+                ids.extend(tok.bos());
+            }
+            ids.push(pre);
+            ids.extend(prefix);
+            ids.extend(prompt);
+            ids.push(suf);
+            ids.extend(suffix);
+            ids.push(mid);
+            Ok(ids)
+        },
+        "input_prefix",
+    )
+    .await?;
+    o.insert("prompt".into(), json!(ids));
+    Ok(Bytes::from(v.to_string()))
+}
+
+/// Cuts the text of `parts` (one text: a string prompt) to its last (`tail`) or first
+/// `max` bytes at a character boundary; prompts with token ids are refused past `max` bytes
+/// of text.
+fn cut_parts(
+    parts: &mut [Part],
+    max: usize,
+    tail: bool,
+    name: &'static str,
+) -> Result<(), ApiError> {
+    if let [Part::Text(t)] = parts {
+        if t.len() > max {
+            *t = if tail {
+                t[floor_char(t, t.len() - max)..].to_string()
+            } else {
+                t[..floor_char(t, max)].to_string()
+            };
+        }
+        return Ok(());
+    }
+    let text: usize = parts
+        .iter()
+        .map(|p| match p {
+            Part::Text(t) => t.len(),
+            Part::Ids(_) => 0,
+        })
+        .sum();
+    if text > max {
+        return Err(ApiError::bad(format!(
+            "{name}: {text} bytes of text beside token ids; at most {max} (a string is cut to fit instead)"
+        ))
+        .param(name));
+    }
+    Ok(())
+}
+
+/// The largest character boundary of `s` at or before `i`.
+fn floor_char(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// A `/completion` request's answer.
+async fn completion_of(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiError> {
+    {
+        let st = st.clone();
+        let (jobs, asked) = jobs(&st, body).await?;
         let jobs = expand(jobs);
         let window = window(&st, jobs.first().map_or(1, |j| j.n));
         if !asked.stream {
@@ -809,8 +1052,6 @@ pub async fn completion(State(st): State<Arc<ServerState>>, body: Bytes) -> Resp
         .map(Ok::<_, Infallible>);
         Ok(crate::api::sse(body))
     }
-    .await;
-    finish(&st, r)
 }
 
 /// `GET /props`: the server's settings as llama-server reports them (its web UI and clients

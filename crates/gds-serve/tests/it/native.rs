@@ -725,3 +725,75 @@ fn chat_template_kwargs_reach_the_template_as_plain_text() {
         plain["count"].as_u64().unwrap()
     );
 }
+
+/// `/infill` against llama-server's answers (fixtures/reference/llama-server-infill.json, made
+/// by scripts/gen_infill_goldens.py): SmolLM2 given FIM prefix, suffix and middle tokens (the
+/// three special tokens that GGUF's metadata names, recorded in `tokenizer_config.json` as
+/// gdsconv records them) lays out the same prompts — the repository token, the extra chunks
+/// and their separators, the prefix cut to 3/4 of the batch, the suffix, the middle token —
+/// to the token (`prompt`, `tokens_evaluated`), answers with the same fields, streams, and
+/// refuses the same bad chunks; the plain model, with no FIM tokens, answers 501 as
+/// llama-server does. (The greedy texts are /completion's, compared above; one of these
+/// prompts has two first tokens 0.2 nats apart, which the kernels' last bits decide.)
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn infill_lays_out_the_prompt_as_llama_server() {
+    let _one = serial();
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string(gds_tests::fixture("reference/llama-server-infill.json")).unwrap(),
+    )
+    .unwrap();
+    let plain = start_model(gds_tests::smollm_converted(), &["--ctx", "512"]);
+    let (code, v) = call(&plain, "POST", "/infill", &g["no_fim"]["body"]);
+    assert_eq!(code, 501, "{v}");
+    assert_eq!(v["error"]["type"], "not_supported_error", "{v}");
+    drop(plain);
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("fim.gds");
+    gds_tests::copy_dir(gds_tests::smollm_converted(), &model);
+    let path = model.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["fim_tokens"] = json!({"prefix": "<gh_stars>", "suffix": "<issue_start>",
+        "middle": "<issue_comment>", "repo": "<reponame>"});
+    gds_tests::forge_file(&model, "tokenizer_config.json", cfg.to_string().as_bytes());
+    let s = start_model(
+        &model,
+        &[
+            "--ctx",
+            &g["n_ctx"].to_string(),
+            "--step-tokens",
+            &g["n_batch"].to_string(),
+        ],
+    );
+    for e in g["entries"].as_array().unwrap() {
+        let what = e["name"].as_str().unwrap();
+        let (code, got) = call(&s, "POST", "/infill", &e["body"]);
+        assert_eq!(code, e["status"], "{what}: {got}");
+        let want = &e["answer"];
+        if code != 200 {
+            assert_eq!(got["error"]["type"], want["error"]["type"], "{what}: {got}");
+            continue;
+        }
+        let (want, got) = match (want.get("events"), got.get("events")) {
+            (Some(w), Some(g)) => {
+                assert_eq!(
+                    g.as_array().unwrap().len(),
+                    w.as_array().unwrap().len(),
+                    "{what}"
+                );
+                (
+                    w.as_array().unwrap().last().unwrap(),
+                    &g.as_array().unwrap().last().unwrap().clone(),
+                )
+            }
+            _ => (want, &got),
+        };
+        let mut out = Vec::new();
+        same_shape(want, got, "", &mut out);
+        assert!(out.is_empty(), "{what}: {out:#?}");
+        for f in ["prompt", "tokens_evaluated", "stop_type"] {
+            assert_eq!(got[f], want[f], "{what}: {f}");
+        }
+    }
+}
