@@ -64,6 +64,10 @@ pub enum Syntax {
     /// `<|tool_call_start|>[NAME(key="value", n=1), ...]<|tool_call_end|>`: Python calls with
     /// keyword arguments (LFM2, LFM2.5), Python's literals or JSON's.
     Python,
+    /// `<|tool_calls_section_begin|>` then per call `<|tool_call_begin|>functions.NAME:N
+    /// <|tool_call_argument_begin|>{...}<|tool_call_end|>` (Kimi K2; the call's id is
+    /// `functions.NAME:N`, which its template renders back).
+    Kimi,
 }
 
 impl Syntax {
@@ -81,6 +85,8 @@ impl Syntax {
                 open: "<seed:tool_call>",
                 close: "</seed:tool_call>",
             }
+        } else if has(KIMI_OPEN) {
+            Syntax::Kimi
         } else if has("<|tool_list_start|>") || has("List of tools: [") {
             Syntax::Python
         } else if has("<|START_ACTION|>") {
@@ -151,6 +157,7 @@ impl Syntax {
             Syntax::Gemma4 => Some(GEMMA_OPEN),
             Syntax::JsonList { open, .. } => Some(open),
             Syntax::Python => Some(PY_OPEN),
+            Syntax::Kimi => Some(KIMI_OPEN),
             Syntax::Llama3 | Syntax::Mistral => None,
         }
     }
@@ -177,6 +184,7 @@ impl Syntax {
             Syntax::Gemma4 => vec!["<|tool_call>", GEMMA_CLOSE, GEMMA_QUOTE],
             Syntax::JsonList { open, close, .. } => vec![open, close],
             Syntax::Python => vec![PY_OPEN, PY_CLOSE],
+            Syntax::Kimi => vec![KIMI_OPEN, KIMI_CLOSE, KIMI_CALL, KIMI_ARGS, KIMI_CALL_END],
         }
     }
 }
@@ -395,6 +403,26 @@ impl Tools {
                     many,
                     &KvNotation::gemma(),
                 ))))
+            }
+            Syntax::Kimi => {
+                let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
+                let calls = if many { "tc+" } else { "tc" };
+                let mut g = format!(
+                    "start: {} {calls} {}\ntc: {}\n",
+                    lark_str(KIMI_OPEN),
+                    lark_str(KIMI_CLOSE),
+                    alts.join(" | ")
+                );
+                for (i, (name, params)) in names.iter().enumerate() {
+                    g.push_str(&format!(
+                        "f{i}: {} /[0-9]{{1,3}}/ {} %json {} {}\n",
+                        lark_str(&format!("{KIMI_CALL}functions.{name}:")),
+                        lark_str(KIMI_ARGS),
+                        compact(params),
+                        lark_str(KIMI_CALL_END)
+                    ));
+                }
+                return Ok(Some(Grammar::Lark(g)));
             }
             Syntax::Python => {
                 return Ok(Some(Grammar::Lark(kv_grammar(
@@ -706,6 +734,7 @@ impl Tools {
             Syntax::Harmony => crate::harmony::CALL_END,
             Syntax::Gemma4 => GEMMA_CLOSE,
             Syntax::Python => PY_CLOSE,
+            Syntax::Kimi => KIMI_CLOSE,
             Syntax::JsonList { close: "", .. } => return body.len(),
             Syntax::JsonList { close, .. } => close,
             _ => "</tool_call>",
@@ -774,6 +803,31 @@ impl Tools {
                     closing(&body[n..], close)?
                 };
                 Some((calls, after))
+            }
+            Syntax::Kimi => {
+                // (<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>{...}
+                // <|tool_call_end|>)* <|tool_calls_section_end|>
+                let mut calls = Vec::new();
+                let mut t = body;
+                while let Some(rest) = t.trim_start().strip_prefix(KIMI_CALL) {
+                    let (id, rest) = rest.split_once(KIMI_ARGS)?;
+                    let id = id.trim();
+                    let name = id.strip_prefix("functions.").unwrap_or(id);
+                    let name = name.rsplit_once(':').map_or(name, |(n, _)| n);
+                    let (v, n) = json_prefix(rest)?;
+                    let Value::Object(args) = v else {
+                        return None;
+                    };
+                    let mut call = self.call(name, args)?;
+                    call["id"] = json!(id);
+                    calls.push(call);
+                    let after = rest[n..].trim_start();
+                    t = after.strip_prefix(KIMI_CALL_END).unwrap_or(after);
+                }
+                if calls.is_empty() {
+                    return None;
+                }
+                Some((calls, closing(t, KIMI_CLOSE)?))
             }
             Syntax::Python => {
                 // [NAME(key=VALUE, ...), ...]<|tool_call_end|>
@@ -920,6 +974,13 @@ impl Tools {
 const GEMMA_OPEN: &str = "<|tool_call>call:";
 const GEMMA_CLOSE: &str = "<tool_call|>";
 const GEMMA_QUOTE: &str = "<|\"|>";
+
+/// Kimi K2's call section and call markers.
+const KIMI_OPEN: &str = "<|tool_calls_section_begin|>";
+const KIMI_CLOSE: &str = "<|tool_calls_section_end|>";
+const KIMI_CALL: &str = "<|tool_call_begin|>";
+const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
+const KIMI_CALL_END: &str = "<|tool_call_end|>";
 
 /// LFM2's call list opening and end.
 const PY_OPEN: &str = "<|tool_call_start|>";
@@ -1593,6 +1654,7 @@ mod tests {
             ("command-r7b.jinja", "JsonList"),
             ("nemotron-nano-v2.jinja", "JsonList"),
             ("apertus-8b.jinja", "JsonList"),
+            ("kimi-k2.jinja", "Kimi"),
         ] {
             let (_, t, tools) = fixture_tools(file, &list);
             assert!(format!("{:?}", tools.syntax).starts_with(syntax), "{file}");
@@ -1765,6 +1827,12 @@ mod tests {
             "[".repeat(100_000)
         );
         assert!(py.parse(&deep).1.is_empty());
+        // Kimi K2: the call's id is the one its template renders back
+        let (_, _, k) = fixture_tools("kimi-k2.jinja", &list);
+        let (content, calls) = k.parse("Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Rome\"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{\"city\": \"Oslo\"}<|tool_call_end|><|tool_calls_section_end|>");
+        assert_eq!(content.as_deref(), Some("Checking."));
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1]["id"], "functions.get_weather:1");
         let (_, _, a) = fixture_tools("apertus-8b.jinja", &list);
         let (_, calls) =
             a.parse("<|tools_prefix|>[{\"get_weather\": {\"city\": \"Rome\"}}]<|tools_suffix|>");
@@ -1887,6 +1955,11 @@ mod tests {
             "'",
             "\\",
             "=",
+            "<|tool_calls_section_begin|>",
+            "<|tool_call_begin|>functions.get_weather:0",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+            "<|tool_calls_section_end|>",
         ];
 
         fn reply() -> impl Strategy<Value = String> {
@@ -1913,6 +1986,7 @@ mod tests {
                     "{{ tools }} <|tools_prefix|>",
                     "{{ tools }} <|tool_call|>",
                     "{{ tools }} <|tool_list_start|>",
+                    "{{ tools }} <|tool_calls_section_begin|>",
                 ] {
                     let t = tools(src, json!("auto"));
                     let (content, calls) = t.parse(&text);
