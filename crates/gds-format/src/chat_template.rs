@@ -120,6 +120,99 @@ impl Message {
     }
 }
 
+/// A namespace's defaults with each list made a [`PyList`].
+fn py_lists(defaults: Value) -> Value {
+    let Some(pairs) = defaults
+        .try_iter()
+        .ok()
+        .filter(|_| defaults.kind() == minijinja::value::ValueKind::Map)
+    else {
+        return defaults;
+    };
+    let map: std::collections::BTreeMap<String, Value> = pairs
+        .filter_map(|k| {
+            let v = defaults.get_item(&k).ok()?;
+            let v = if v.kind() == minijinja::value::ValueKind::Seq && v.as_str().is_none() {
+                let items: Vec<Value> = v.try_iter().ok()?.collect();
+                Value::from_object(PyList(std::sync::Mutex::new(items)))
+            } else {
+                v
+            };
+            Some((k.as_str()?.to_string(), v))
+        })
+        .collect();
+    Value::from(map)
+}
+
+/// A list that Python's mutating methods change in place (`append`, `pop`, `extend`,
+/// `insert`, `clear`): Jinja2's lists are Python's, minijinja's immutable. Its growth is
+/// held to the render's memory bound as every allocation is.
+#[derive(Debug)]
+struct PyList(std::sync::Mutex<Vec<Value>>);
+
+impl PyList {
+    fn items(&self) -> std::sync::MutexGuard<'_, Vec<Value>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl minijinja::value::Object for PyList {
+    fn repr(self: &std::sync::Arc<Self>) -> minijinja::value::ObjectRepr {
+        minijinja::value::ObjectRepr::Seq
+    }
+
+    fn get_value(self: &std::sync::Arc<Self>, key: &Value) -> Option<Value> {
+        let items = self.items();
+        let i = i64::try_from(key.clone()).ok()?;
+        let i = if i < 0 { i + items.len() as i64 } else { i };
+        items.get(usize::try_from(i).ok()?).cloned()
+    }
+
+    fn enumerate(self: &std::sync::Arc<Self>) -> minijinja::value::Enumerator {
+        minijinja::value::Enumerator::Values(self.items().clone())
+    }
+
+    fn call_method(
+        self: &std::sync::Arc<Self>,
+        _state: &State,
+        method: &str,
+        args: &[Value],
+    ) -> std::result::Result<Value, Error> {
+        let bad = |m: String| Error::new(ErrorKind::InvalidOperation, m);
+        let index = |v: &Value, len: usize, end: bool| -> std::result::Result<usize, Error> {
+            let i = i64::try_from(v.clone())?;
+            let i = if i < 0 { i + len as i64 } else { i };
+            let max = if end { len } else { len.saturating_sub(1) };
+            usize::try_from(i.max(0))
+                .ok()
+                .filter(|&i| i <= max && (end || len > 0))
+                .ok_or_else(|| bad(format!("list index {v} out of range")))
+        };
+        let mut items = self.items();
+        match (method, args) {
+            ("append", [x]) => items.push(x.clone()),
+            ("extend", [xs]) => items.extend(xs.try_iter()?),
+            ("insert", [i, x]) => {
+                let len = items.len();
+                let i = index(i, len, true).unwrap_or(if i64::try_from(i.clone())? < 0 {
+                    0
+                } else {
+                    len
+                });
+                items.insert(i, x.clone());
+            }
+            ("pop", []) => return items.pop().ok_or_else(|| bad("pop from empty list".into())),
+            ("pop", [i]) => {
+                let i = index(i, items.len(), false)?;
+                return Ok(items.remove(i));
+            }
+            ("clear", []) => items.clear(),
+            _ => return Err(Error::from(ErrorKind::UnknownMethod)),
+        }
+        Ok(Value::from(()))
+    }
+}
+
 /// gpt-oss's template reads an assistant's reasoning from `thinking`, and refuses a call
 /// with both a thinking and a content: as llama-server, `reasoning_content` is copied to
 /// `thinking`, and a call's content dropped where it has one.
@@ -196,6 +289,11 @@ impl ChatTemplate {
                 },
             );
             env.add_function("strftime_now", |fmt: String| strftime(&fmt, now_unix()));
+            // a namespace's lists take Python's `append`/`pop`/... (Kimi K2's templates keep a
+            // queue of call ids so)
+            env.add_function("namespace", |defaults: Option<Value>| {
+                minijinja::functions::namespace(defaults.map(py_lists))
+            });
             // Jinja2's `iterable`: `none` is not (minijinja's says it is, and Qwen3-Coder's
             // `tools is iterable and tools | length > 0` then failed on a request without
             // tools); an undefined value is, as in Jinja2
@@ -1273,6 +1371,37 @@ mod tests {
     /// `for` with no loop variable compiles, fails at render with a span whose end column is
     /// before its start, and minijinja's debug-info renderer subtracted them (a panic with
     /// overflow checks, a wrapped length without). The error must come back as a message.
+    /// A namespace's lists change in place as Python's (Kimi K2's templates queue call ids
+    /// so); a loop that grows one without end runs out of fuel, not memory.
+    #[test]
+    fn namespace_lists_take_python_s_mutating_methods() {
+        let t = ChatTemplate::new(
+            "{% set q = namespace(ids=[], n=1) %}{% set _ = q.ids.append('a') %}{% set _ = q.ids.append('b') %}{% set _ = q.ids.insert(0, 'z') %}{{ q.ids|length }}{{ q.ids.pop(0) }}{{ q.ids.pop() }}{{ q.ids|tojson }}{% for x in q.ids %}[{{ x }}]{% endfor %}{{ q.ids[-1] }}{% if q.ids %}T{% endif %}{{ q.n }}",
+            "<s>",
+            "</s>",
+        )
+        .unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "3zb[\"a\"][a]aT1");
+        let t = ChatTemplate::new(
+            "{% set q = namespace(ids=[]) %}{{ q.ids.pop() }}",
+            "<s>",
+            "</s>",
+        )
+        .unwrap();
+        assert!(t
+            .render(&[], false)
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
+        let t = ChatTemplate::new(
+            "{% set q = namespace(l=[]) %}{% for i in range(100000000) %}{% set _ = q.l.append('x' * 1000) %}{% endfor %}",
+            "<s>",
+            "</s>",
+        )
+        .unwrap();
+        assert!(t.render(&[], false).is_err());
+    }
+
     #[test]
     fn render_error_with_a_backwards_span_is_a_message() {
         let t =

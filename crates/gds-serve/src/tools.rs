@@ -1655,6 +1655,7 @@ mod tests {
             ("nemotron-nano-v2.jinja", "JsonList"),
             ("apertus-8b.jinja", "JsonList"),
             ("kimi-k2.jinja", "Kimi"),
+            ("kimi-k2-thinking.jinja", "Kimi"),
         ] {
             let (_, t, tools) = fixture_tools(file, &list);
             assert!(format!("{:?}", tools.syntax).starts_with(syntax), "{file}");
