@@ -223,14 +223,7 @@ async fn encode_parts(st: &ServerState, parts: Vec<Part>) -> Result<Vec<u32>, Ap
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
     tokenize(
         move || {
-            let text: usize = parts
-                .iter()
-                .map(|p| match p {
-                    Part::Text(t) => t.len(),
-                    Part::Ids(_) => 0,
-                })
-                .sum();
-            tok.check_fits(text, ctx)?;
+            tok.check_fits(text_bytes(&parts), ctx)?;
             let mut ids = Vec::new();
             for (i, p) in parts.iter().enumerate() {
                 match p {
@@ -997,13 +990,7 @@ fn cut_parts(
         }
         return Ok(());
     }
-    let text: usize = parts
-        .iter()
-        .map(|p| match p {
-            Part::Text(t) => t.len(),
-            Part::Ids(_) => 0,
-        })
-        .sum();
+    let text = text_bytes(parts);
     if text > max {
         return Err(ApiError::bad(format!(
             "{name}: {text} bytes of text beside token ids; at most {max} (a string is cut to fit instead)"
@@ -1011,6 +998,17 @@ fn cut_parts(
         .param(name));
     }
     Ok(())
+}
+
+/// The bytes of text in a prompt's parts.
+fn text_bytes(parts: &[Part]) -> usize {
+    parts
+        .iter()
+        .map(|p| match p {
+            Part::Text(t) => t.len(),
+            Part::Ids(_) => 0,
+        })
+        .sum()
 }
 
 /// The largest character boundary of `s` at or before `i`.

@@ -1084,32 +1084,56 @@ fn py_value(text: &str, depth: usize) -> Option<(Value, usize)> {
             return Some((v, start + word_end));
         }
     };
-    let mut at = 1;
+    let key = |rest: &str| -> Option<(String, usize)> {
+        // a string (or number) key, then `:`
+        let (k, n) = py_value(rest, depth + 1)?;
+        let k = match k {
+            Value::String(k) => k,
+            Value::Number(n) => n.to_string(),
+            _ => return None,
+        };
+        let after = &rest[n..];
+        let colon = after.len() - after.trim_start().len();
+        after[colon..]
+            .starts_with(':')
+            .then_some((k, n + colon + 1))
+    };
+    let (v, n) = container(t, close, &key, &|t| py_value(t, depth + 1))?;
+    Some((v, start + n))
+}
+
+/// A dict (`close` `}`) or list (`]`, `)`) whose opening starts `t`: its items, each a value
+/// (`value`) after a key and its separator (`key`, for a dict), separated by commas (one
+/// after the last allowed); the value and the bytes up to and with the closing.
+fn container(
+    t: &str,
+    close: u8,
+    key: &dyn Fn(&str) -> Option<(String, usize)>,
+    value: &dyn Fn(&str) -> Option<(Value, usize)>,
+) -> Option<(Value, usize)> {
     let ws = |at: usize| at + t[at..].len() - t[at..].trim_start().len();
     let (mut list, mut map) = (Vec::new(), serde_json::Map::new());
+    let mut at = 1;
     loop {
         at = ws(at);
         if t.as_bytes().get(at) == Some(&close) {
             at += 1;
             break;
         }
-        let (v, n) = py_value(&t[at..], depth + 1)?;
-        at += n;
-        if close == b'}' {
-            let key = match v {
-                Value::String(k) => k,
-                Value::Number(n) => n.to_string(),
-                _ => return None,
-            };
-            at = ws(at);
-            if t.as_bytes().get(at) != Some(&b':') {
-                return None;
-            }
-            let (v, n) = py_value(&t[at + 1..], depth + 1)?;
-            at += 1 + n;
-            map.insert(key, v);
+        let k = if close == b'}' {
+            let (k, n) = key(&t[at..])?;
+            at += n;
+            Some(k)
         } else {
-            list.push(v);
+            None
+        };
+        let (v, n) = value(&t[at..])?;
+        at += n;
+        match k {
+            Some(k) => {
+                map.insert(k, v);
+            }
+            None => list.push(v),
         }
         at = ws(at);
         match t.as_bytes().get(at)? {
@@ -1126,7 +1150,7 @@ fn py_value(text: &str, depth: usize) -> Option<(Value, usize)> {
     } else {
         Value::Array(list)
     };
-    Some((v, start + at))
+    Some((v, at))
 }
 
 /// Deepest nesting of a Gemma 4 value read (deeper is not a call).
@@ -1157,61 +1181,27 @@ fn gemma_value(text: &str, depth: usize) -> Option<(Value, usize)> {
             return (!v.is_object() && !v.is_array() && !v.is_string()).then_some((v, start + n));
         }
     };
-    let mut at = 1;
-    let mut map = serde_json::Map::new();
-    let mut list = Vec::new();
-    let skip_ws = |at: usize| at + t[at..].len() - t[at..].trim_start().len();
-    at = skip_ws(at);
-    if t.as_bytes().get(at) == Some(&close) {
-        at += 1;
-    } else {
-        loop {
-            if close == b'}' {
-                let rest = &t[at..];
-                let (key, n) = match rest.strip_prefix(GEMMA_QUOTE) {
-                    Some(r) => {
-                        let e = r.find(GEMMA_QUOTE)?;
-                        let after = &r[e + GEMMA_QUOTE.len()..];
-                        let colon = after.find(':')?;
-                        if !after[..colon].trim().is_empty() {
-                            return None;
-                        }
-                        (&r[..e], GEMMA_QUOTE.len() * 2 + e + colon + 1)
-                    }
-                    None => {
-                        let colon = rest.find([':', '}', ','])?;
-                        if rest.as_bytes()[colon] != b':' {
-                            return None;
-                        }
-                        (rest[..colon].trim(), colon + 1)
-                    }
-                };
-                at += n;
-                let (v, n) = gemma_value(&t[at..], depth + 1)?;
-                map.insert(key.to_string(), v);
-                at += n;
-            } else {
-                let (v, n) = gemma_value(&t[at..], depth + 1)?;
-                list.push(v);
-                at += n;
-            }
-            at = skip_ws(at);
-            match t.as_bytes().get(at)? {
-                b',' => at = skip_ws(at + 1),
-                &c if c == close => {
-                    at += 1;
-                    break;
+    let key = |rest: &str| -> Option<(String, usize)> {
+        // `key:` bare, or `<|"|>key<|"|>:`
+        match rest.strip_prefix(GEMMA_QUOTE) {
+            Some(r) => {
+                let e = r.find(GEMMA_QUOTE)?;
+                let after = &r[e + GEMMA_QUOTE.len()..];
+                let colon = after.find(':')?;
+                if !after[..colon].trim().is_empty() {
+                    return None;
                 }
-                _ => return None,
+                Some((r[..e].to_string(), GEMMA_QUOTE.len() * 2 + e + colon + 1))
+            }
+            None => {
+                let colon = rest.find([':', '}', ','])?;
+                (rest.as_bytes()[colon] == b':')
+                    .then(|| (rest[..colon].trim().to_string(), colon + 1))
             }
         }
-    }
-    let v = if close == b'}' {
-        Value::Object(map)
-    } else {
-        Value::Array(list)
     };
-    Some((v, start + at))
+    let (v, n) = container(t, close, &key, &|t| gemma_value(t, depth + 1))?;
+    Some((v, start + n))
 }
 
 /// How a `NAME(key=value, ...)`-like notation writes calls (Gemma 4's, LFM2's Python): for
