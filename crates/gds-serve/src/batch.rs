@@ -283,6 +283,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         Frontend {
             api_key: None,
             metrics_public: false,
+            slots: false,
             cors_origins: Vec::new(),
             limits: NetLimits {
                 max_connections: 1,

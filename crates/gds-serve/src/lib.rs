@@ -66,6 +66,9 @@ pub struct ServeArgs {
     /// Serve /metrics without the API key (for a Prometheus scraper).
     #[arg(long)]
     pub metrics_public: bool,
+    /// `GET /slots` answers 501 (llama-server's `--no-slots`; it is on by default).
+    #[arg(long)]
+    pub no_slots: bool,
     /// Allow browser pages from this origin (e.g. `http://localhost:3000`; `*`: any) to call
     /// the server (CORS); repeatable. Default: no CORS headers.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
@@ -266,6 +269,8 @@ pub struct ServerState {
     api_key: Option<String>,
     /// /metrics answers without the API key.
     metrics_public: bool,
+    /// `GET /slots` answers.
+    slots: bool,
     /// Origins allowed by CORS (`*`: any); empty: CORS off.
     cors_origins: Vec<String>,
     created: u64,
@@ -332,6 +337,8 @@ fn total_memory() -> Option<u64> {
 pub(crate) struct Frontend {
     pub(crate) api_key: Option<String>,
     pub(crate) metrics_public: bool,
+    /// `GET /slots` answers (llama-server's `--slots`).
+    pub(crate) slots: bool,
     pub(crate) cors_origins: Vec<String>,
     pub(crate) limits: NetLimits,
 }
@@ -506,6 +513,7 @@ pub(crate) fn start(
         queue_limit: e.queue_limit,
         api_key: front.api_key,
         metrics_public: front.metrics_public,
+        slots: front.slots,
         cors_origins: front.cors_origins,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -620,6 +628,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Frontend {
             api_key: args.api_key.clone(),
             metrics_public: args.metrics_public,
+            slots: !args.no_slots,
             cors_origins,
             limits,
         },
@@ -695,6 +704,8 @@ fn router(state: Arc<ServerState>) -> axum::Router {
     r.route("/completion", post(native::completion))
         .route("/infill", post(native::infill))
         .route("/props", get(native::props).post(native::post_props))
+        .route("/slots", get(native::slots))
+        .route("/slots/{id}", post(native::slot_action))
         .route("/apply-template", post(native::apply_template))
         .route("/v1/health", get(api::health))
         .route("/tokenize", post(tokenize::tokenize_handler))

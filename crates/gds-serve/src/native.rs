@@ -1,7 +1,7 @@
 //! llama-server's own API, beside OpenAI's and Anthropic's, for the tools written against
 //! llama.cpp's server: `POST /completion` (its native completion), `POST /infill` (its
-//! fill-in-the-middle, for code editors), `GET /props`, `POST /apply-template` and
-//! `GET /v1/health`.
+//! fill-in-the-middle, for code editors), `GET /props`, `GET /slots`, `POST /apply-template`
+//! and `GET /v1/health`.
 //!
 //! `/completion` takes llama-server's prompt forms: a string, token ids, strings and ids
 //! mixed in one prompt (`[12, 34, "text", 56]`), `{"prompt_string": ...}`, or a list of
@@ -1086,6 +1086,52 @@ pub async fn props(State(st): State<Arc<ServerState>>) -> Response {
         "build_info": format!("gdsllm {}", env!("CARGO_PKG_VERSION")),
         "is_sleeping": false,
     }))
+    .into_response()
+}
+
+/// `GET /slots` (llama-server's, on unless `--no-slots`): one entry per sequence the engine
+/// runs together (`--max-batch`), `{"id", "n_ctx", "speculative", "is_processing"}`; as many
+/// are processing as requests are admitted (the engine batches requests, it does not keep
+/// them in numbered slots, so a slot's request is not told). `?fail_on_no_slot=1` answers
+/// 503 when every slot is processing, as llama-server.
+pub async fn slots(
+    State(st): State<Arc<ServerState>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    if !st.slots {
+        return ApiError::status(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_supported_error",
+            "this server's slots endpoint is off (--no-slots)",
+        )
+        .into_response();
+    }
+    let running = st
+        .metrics
+        .running
+        .load(std::sync::atomic::Ordering::Relaxed) as usize;
+    if q.get("fail_on_no_slot").is_some_and(|v| v != "0") && running >= st.max_batch {
+        return ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable_error",
+            "no slot available",
+        )
+        .into_response();
+    }
+    let list: Vec<Value> = (0..st.max_batch)
+        .map(|id| json!({"id": id, "n_ctx": st.ctx, "speculative": false, "is_processing": id < running}))
+        .collect();
+    Json(list).into_response()
+}
+
+/// `POST /slots/{id}?action=save|restore|erase`: not supported (a slot's KV cache is not
+/// kept apart from the shared prefix cache), 501 as llama-server without `--slot-save-path`.
+pub async fn slot_action() -> Response {
+    ApiError::status(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_supported_error",
+        "saving, restoring and erasing slots is not supported (the engine keeps one shared prefix cache)",
+    )
     .into_response()
 }
 

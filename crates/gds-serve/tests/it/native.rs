@@ -797,3 +797,65 @@ fn infill_lays_out_the_prompt_as_llama_server() {
         }
     }
 }
+
+/// `GET /slots` as llama-server answers it: one entry per sequence the engine batches
+/// (`--max-batch`) with the context, no `params` on an idle slot; a running request shows as
+/// a processing slot, and with every slot busy `?fail_on_no_slot=1` is a 503; saving slots
+/// and `--no-slots` are 501s.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn slots_report_the_batch_as_llama_server() {
+    let _one = serial();
+    let s = start_model(
+        gds_tests::smollm_converted(),
+        &["--ctx", "512", "--max-batch", "1"],
+    );
+    let (code, v) = call(&s, "GET", "/slots", &Value::Null);
+    assert_eq!(code, 200, "{v}");
+    let list = v.as_array().unwrap();
+    assert_eq!(list.len(), 1, "{v}");
+    assert_eq!(list[0]["n_ctx"], 512, "{v}");
+    assert_eq!(list[0]["is_processing"], false, "{v}");
+    assert!(list[0].get("params").is_none(), "{v}");
+    let (code, _) = call(&s, "GET", "/slots?fail_on_no_slot=1", &Value::Null);
+    assert_eq!(code, 200);
+    // a long request in the one slot
+    let addr = s.addr.clone();
+    let long = std::thread::spawn(move || {
+        let body = json!({"prompt": "Once upon a time", "n_predict": 400, "ignore_eos": true});
+        http(
+            &addr,
+            "POST",
+            "/completion",
+            Some(body.to_string().as_bytes()),
+        )
+        .0
+    });
+    let t0 = std::time::Instant::now();
+    let busy = loop {
+        let (_, v) = call(&s, "GET", "/slots", &Value::Null);
+        if v[0]["is_processing"] == true {
+            break true;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(20) {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(busy, "the running request never showed in /slots");
+    let (code, v) = call(&s, "GET", "/slots?fail_on_no_slot=1", &Value::Null);
+    assert_eq!(code, 503, "{v}");
+    assert_eq!(long.join().unwrap(), 200);
+    let (code, v) = call(
+        &s,
+        "POST",
+        "/slots/0?action=save",
+        &json!({"filename": "x.bin"}),
+    );
+    assert_eq!(code, 501, "{v}");
+    drop(s);
+    let s = start_model(gds_tests::smollm_converted(), &["--no-slots"]);
+    let (code, v) = call(&s, "GET", "/slots", &Value::Null);
+    assert_eq!(code, 501, "{v}");
+    assert_eq!(v["error"]["type"], "not_supported_error", "{v}");
+}
