@@ -37,6 +37,13 @@ pub enum Syntax {
     Glm,
     /// `<minimax:tool_call>` around `<invoke name="NAME">` blocks (MiniMax M2).
     MiniMax,
+    /// DeepSeek V3.2's and V4's DSML: MiniMax's blocks with `｜DSML｜` in every tag and a
+    /// `string="true|false"` attribute on each parameter, inside `open`...`close`
+    /// (`<｜DSML｜function_calls>`, V4's `<｜DSML｜tool_calls>`).
+    Dsml {
+        open: &'static str,
+        close: &'static str,
+    },
     /// `{"name": ..., "parameters": {...}}` (Llama 3.1+).
     Llama3,
     /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (Mistral).
@@ -76,6 +83,16 @@ impl Syntax {
         let has = |s: &str| src.contains(s);
         Some(if crate::harmony::is_harmony(src) {
             Syntax::Harmony
+        } else if has(DSML) && has("function_calls") {
+            Syntax::Dsml {
+                open: "<｜DSML｜function_calls>",
+                close: "</｜DSML｜function_calls>",
+            }
+        } else if has(DSML) {
+            Syntax::Dsml {
+                open: "<｜DSML｜tool_calls>",
+                close: "</｜DSML｜tool_calls>",
+            }
         } else if has("<|tool_call>call:") {
             Syntax::Gemma4
         } else if has("<minimax:tool_call>") {
@@ -152,6 +169,7 @@ impl Syntax {
             Syntax::Hermes | Syntax::Glm => Some("<tool_call>"),
             Syntax::Xml { open, .. } => Some(open),
             Syntax::MiniMax => Some("<minimax:tool_call>"),
+            Syntax::Dsml { open, .. } => Some(open),
             Syntax::MistralArgs => Some("[TOOL_CALLS]"),
             Syntax::Harmony => Some(crate::harmony::CALL_OPEN),
             Syntax::Gemma4 => Some(GEMMA_OPEN),
@@ -177,6 +195,7 @@ impl Syntax {
                 "</arg_value>",
             ],
             Syntax::MiniMax => vec!["<minimax:tool_call>", "</minimax:tool_call>"],
+            Syntax::Dsml { open, close } => vec![DSML, open, close],
             Syntax::Llama3 => vec!["<|python_tag|>"],
             Syntax::Mistral => vec!["[TOOL_CALLS]"],
             Syntax::MistralArgs => vec!["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
@@ -328,7 +347,7 @@ impl Tools {
         }
         let syntax = Syntax::of_template(template.source()).ok_or_else(|| {
             bad(
-                "this model's chat template takes tools, but in a tool-call syntax gdsrun does not parse (it knows Hermes/Qwen <tool_call>, Qwen3-Coder XML, GLM, MiniMax, gpt-oss harmony, Llama 3 JSON and Mistral [TOOL_CALLS])",
+                "this model's chat template takes tools, but in a tool-call syntax gdsrun does not parse (docs/serving.md lists the syntaxes it parses)",
                 "tools",
             )
         })?;
@@ -394,7 +413,7 @@ impl Tools {
                     "tool_choice",
                 ))
             }
-            Syntax::Xml { .. } | Syntax::Glm | Syntax::MiniMax => {
+            Syntax::Xml { .. } | Syntax::Glm | Syntax::MiniMax | Syntax::Dsml { .. } => {
                 return Ok(Some(Grammar::Lark(self.tagged_grammar(&names, many))))
             }
             Syntax::Gemma4 => {
@@ -537,24 +556,32 @@ impl Tools {
     /// says string, a JSON value of the parameter's schema otherwise.
     fn tagged_grammar(&self, names: &[&(String, Value)], many: bool) -> String {
         type Tag = fn(&str) -> String;
-        let (call_open, call_close, p_open, p_close): (Tag, String, Tag, &str) = match self.syntax {
+        type Param = fn(&str, bool) -> String;
+        let (call_open, call_close, p_open, p_close): (Tag, String, Param, &str) = match self.syntax
+        {
             Syntax::Xml { close, .. } => (
                 // the opening tag (`open_tag`) is written in below
                 |n| format!("\n<function={n}>\n"),
                 format!("</function>\n{close}"),
-                |k| format!("<parameter={k}>\n"),
+                |k, _| format!("<parameter={k}>\n"),
                 "\n</parameter>\n",
             ),
             Syntax::Glm => (
                 |n| format!("{n}\n"),
                 "</tool_call>".into(),
-                |k| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+                |k, _| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
                 "</arg_value>\n",
+            ),
+            Syntax::Dsml { close, .. } => (
+                |n| format!("\n<｜DSML｜invoke name=\"{n}\">\n"),
+                format!("</｜DSML｜invoke>\n{close}"),
+                |k, s| format!("<｜DSML｜parameter name=\"{k}\" string=\"{s}\">"),
+                "</｜DSML｜parameter>\n",
             ),
             _ => (
                 |n| format!("\n<invoke name=\"{n}\">\n"),
                 "</invoke>\n</minimax:tool_call>".into(),
-                |k| format!("<parameter name=\"{k}\">"),
+                |k, _| format!("<parameter name=\"{k}\">"),
                 "</parameter>\n",
             ),
         };
@@ -578,7 +605,7 @@ impl Tools {
             let mut body = vec![lark_str(&format!("{open}{}", call_open(name)))];
             for (j, (key, schema)) in props.into_iter().flatten().enumerate() {
                 let rule = format!("f{i}p{j}");
-                let head = lark_str(&p_open(key));
+                let head = lark_str(&p_open(key, is_string(Some(schema))));
                 if is_string(Some(schema)) {
                     // text, up to the first closing tag (which ends it)
                     g.push_str(&format!("{rule}: {head} {rule}v\n"));
@@ -730,6 +757,7 @@ impl Tools {
         let close = match self.syntax {
             Syntax::Xml { close, .. } => close,
             Syntax::MiniMax => "</minimax:tool_call>",
+            Syntax::Dsml { close, .. } => close,
             Syntax::MistralArgs => return body.len(),
             Syntax::Harmony => crate::harmony::CALL_END,
             Syntax::Gemma4 => GEMMA_CLOSE,
@@ -745,12 +773,6 @@ impl Tools {
     /// The calls of one block (the text after its opening tag) and the text after it; `None`
     /// when it is not calls. A block may end without its closing tag where the reply ended.
     fn read_block<'a>(&self, body: &'a str) -> Option<(Vec<Value>, &'a str)> {
-        /// `text` after optional white space and `tag`; an empty text counts (the reply
-        /// ended there).
-        fn closing<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
-            let t = text.trim_start();
-            t.strip_prefix(tag).or(t.is_empty().then_some(t))
-        }
         match self.syntax {
             Syntax::Hermes => {
                 // one JSON value (its strings may hold `</tool_call>`), then the closing tag
@@ -914,38 +936,65 @@ impl Tools {
                 let after = closing(t, "</tool_call>")?;
                 Some((vec![self.call(name, args)?], after))
             }
-            Syntax::MiniMax => {
-                let mut calls = Vec::new();
-                let mut t = body;
-                while let Some(rest) = t.trim_start().strip_prefix("<invoke name=") {
-                    let (name, mut rest) = rest.split_once('>')?;
-                    let name = name.trim_matches('"');
-                    let mut args = serde_json::Map::new();
-                    loop {
-                        rest = rest.trim_start();
-                        if let Some(after) = rest.strip_prefix("</invoke>") {
-                            rest = after;
-                            break;
-                        }
-                        if rest.is_empty() {
-                            break;
-                        }
-                        let (key, r) = rest.strip_prefix("<parameter name=")?.split_once('>')?;
-                        let key = key.trim_matches('"');
-                        let (raw, after) = r.split_once("</parameter>").unwrap_or((r, ""));
-                        args.insert(key.into(), self.typed(name, key, raw.trim()));
-                        rest = after;
-                    }
-                    calls.push(self.call(name, args)?);
-                    t = rest;
-                }
-                if calls.is_empty() {
-                    return None;
-                }
-                Some((calls, closing(t, "</minimax:tool_call>")?))
-            }
+            Syntax::MiniMax => self.read_invokes(body, "", "</minimax:tool_call>"),
+            Syntax::Dsml { close, .. } => self.read_invokes(body, DSML, close),
             Syntax::Llama3 | Syntax::Mistral => None,
         }
+    }
+
+    /// MiniMax's `<invoke name="NAME">` blocks (DSML's with `prefix` `｜DSML｜` in each tag),
+    /// each `<parameter name="K" ...>V</parameter>` (DSML's `string` attribute aside: the
+    /// schema says how a value reads), up to the block's `close`.
+    fn read_invokes<'a>(
+        &self,
+        body: &'a str,
+        prefix: &str,
+        close: &str,
+    ) -> Option<(Vec<Value>, &'a str)> {
+        let (invoke, invoke_end) = (
+            format!("<{prefix}invoke name="),
+            format!("</{prefix}invoke>"),
+        );
+        let (param, param_end) = (
+            format!("<{prefix}parameter name="),
+            format!("</{prefix}parameter>"),
+        );
+        // the first attribute's value (`"K" string="true"` gives K)
+        let first = |attrs: &str| -> String {
+            let a = attrs.trim();
+            match a.strip_prefix('"') {
+                Some(q) => q.split('"').next().unwrap_or("").to_string(),
+                None => a.split_whitespace().next().unwrap_or("").to_string(),
+            }
+        };
+        let mut calls = Vec::new();
+        let mut t = body;
+        while let Some(rest) = t.trim_start().strip_prefix(invoke.as_str()) {
+            let (name, mut rest) = rest.split_once('>')?;
+            let name = first(name);
+            let mut args = serde_json::Map::new();
+            loop {
+                rest = rest.trim_start();
+                if let Some(after) = rest.strip_prefix(invoke_end.as_str()) {
+                    rest = after;
+                    break;
+                }
+                if rest.is_empty() {
+                    break;
+                }
+                let (key, r) = rest.strip_prefix(param.as_str())?.split_once('>')?;
+                let key = first(key);
+                let (raw, after) = r.split_once(param_end.as_str()).unwrap_or((r, ""));
+                args.insert(key.clone(), self.typed(&name, &key, raw.trim()));
+                rest = after;
+            }
+            calls.push(self.call(&name, args)?);
+            t = rest;
+        }
+        if calls.is_empty() {
+            return None;
+        }
+        Some((calls, closing(t, close)?))
     }
 
     /// A parameter's value as the templates write it: the text itself where the function's
@@ -974,6 +1023,16 @@ impl Tools {
 const GEMMA_OPEN: &str = "<|tool_call>call:";
 const GEMMA_CLOSE: &str = "<tool_call|>";
 const GEMMA_QUOTE: &str = "<|\"|>";
+
+/// `text` after optional white space and `tag`; an empty text counts (the reply ended
+/// there).
+fn closing<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
+    let t = text.trim_start();
+    t.strip_prefix(tag).or(t.is_empty().then_some(t))
+}
+
+/// DeepSeek V3.2's and V4's mark in every tool-call tag (a token of their vocabularies).
+const DSML: &str = "｜DSML｜";
 
 /// Kimi K2's call section and call markers.
 const KIMI_OPEN: &str = "<|tool_calls_section_begin|>";
@@ -1646,6 +1705,7 @@ mod tests {
             ("apertus-8b.jinja", "JsonList"),
             ("kimi-k2.jinja", "Kimi"),
             ("kimi-k2-thinking.jinja", "Kimi"),
+            ("deepseek-v3.2.jinja", "Dsml"),
         ] {
             let (_, t, tools) = fixture_tools(file, &list);
             assert!(format!("{:?}", tools.syntax).starts_with(syntax), "{file}");
@@ -1951,6 +2011,12 @@ mod tests {
             "<|tool_call_argument_begin|>",
             "<|tool_call_end|>",
             "<|tool_calls_section_end|>",
+            "<｜DSML｜function_calls>",
+            "</｜DSML｜function_calls>",
+            "<｜DSML｜invoke name=\"get_weather\">",
+            "</｜DSML｜invoke>",
+            "<｜DSML｜parameter name=\"city\" string=\"true\">",
+            "</｜DSML｜parameter>",
         ];
 
         fn reply() -> impl Strategy<Value = String> {
@@ -1978,6 +2044,7 @@ mod tests {
                     "{{ tools }} <|tool_call|>",
                     "{{ tools }} <|tool_list_start|>",
                     "{{ tools }} <|tool_calls_section_begin|>",
+                    "{{ tools }} ｜DSML｜ function_calls",
                 ] {
                     let t = tools(src, json!("auto"));
                     let (content, calls) = t.parse(&text);

@@ -436,6 +436,7 @@ fn required_calls_in_each_tagged_syntax() {
         "granite-3.3.jinja",
         "lfm2.5.jinja",
         "kimi-k2.jinja",
+        "deepseek-v3.2.jinja",
     ] {
         let template = gds_tests::fixture(&format!("templates/{file}"));
         // Command R7B's prompt is long (1.4 K tokens): a context to hold it
