@@ -289,13 +289,7 @@ impl Engine {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<GenerateOutput> {
         let reasoning = self.tokenizer.chat_template().and_then(|tmpl| {
-            let tail = &prompt[prompt.len().saturating_sub(16)..];
-            let tail = self
-                .tokenizer
-                .inner()
-                .decode(tail, false)
-                .unwrap_or_default();
-            Reasoning::of_template(tmpl.source(), &tail)
+            Reasoning::of_template(tmpl.source(), &self.tokenizer.prompt_tail(prompt))
         });
         let Some(r) = reasoning else {
             return self.generate_tokens(prompt, t0, on_text);

@@ -513,6 +513,19 @@ impl TextTokenizer {
         self.special.binary_search(&id).is_ok()
     }
 
+    /// A prompt's last tokens as text, special tokens included: how its end leaves the reply
+    /// (inside a thinking the template opened, or not).
+    pub fn prompt_tail(&self, prompt: &[u32]) -> String {
+        let tail = &prompt[prompt.len().saturating_sub(16)..];
+        self.inner.decode(tail, false).unwrap_or_default()
+    }
+
+    /// True when `id` adds text to a reply that keeps the special tokens `keep` (sorted):
+    /// every token but the other special ones ([`TextStream`], the server's decoder).
+    pub fn shows(&self, id: u32, keep: &[u32]) -> bool {
+        !self.is_special(id) || keep.binary_search(&id).is_ok()
+    }
+
     /// The ids of those of `texts` that are special tokens of the vocabulary: for a reply
     /// whose markers must stay in its text ([`Self::is_special`] tokens are dropped
     /// otherwise).
@@ -859,7 +872,7 @@ impl TextStream<'_> {
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         // special tokens other than the kept ones never enter the decoded ids, so the rest
         // decodes with special tokens as text
-        if self.tok.is_special(id) && self.keep.binary_search(&id).is_err() {
+        if !self.tok.shows(id, &self.keep) {
             return Ok(None);
         }
         guarded("decode", || {

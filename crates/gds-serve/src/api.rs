@@ -1012,7 +1012,7 @@ impl Gen {
     /// The text `id` adds: special tokens other than the kept ones add none (they never
     /// enter the decoded ids, so the rest decodes with special tokens as text).
     fn decode_step(&mut self, id: u32) -> Result<Option<String>, String> {
-        if self.st.tokenizer.is_special(id) && !self.keep.contains(&id) {
+        if !self.st.tokenizer.shows(id, &self.keep) {
             return Ok(None);
         }
         tokenizers::step_decode_stream(
@@ -1873,7 +1873,7 @@ pub(crate) fn reasoning_of(
         return Ok(None);
     };
     // the prompt's end: does it leave the thinking open?
-    let r = Reasoning::of_template(template.source(), &prompt_tail(st, prompt));
+    let r = Reasoning::of_template(template.source(), &st.tokenizer.prompt_tail(prompt));
     Ok(if split {
         r
     } else {
@@ -1936,7 +1936,7 @@ pub(crate) async fn chat_prompt(
     )
     .await?;
     if thinking_off && end == ChatEnd::Reply {
-        if let Some(tag) = unclosed_thinking(st, &prompt_tail(st, &prompt)) {
+        if let Some(tag) = unclosed_thinking(st, &st.tokenizer.prompt_tail(&prompt)) {
             let ids = st
                 .tokenizer
                 .encode(tag, false, true)
@@ -1983,12 +1983,6 @@ pub(crate) fn unclosed_thinking(st: &ServerState, tail: &str) -> Option<&'static
     Reasoning::of_template(t.source(), tail)
         .filter(Reasoning::open)
         .map(|r| r.end_tag())
-}
-
-/// A prompt's last tokens as text, special tokens included.
-fn prompt_tail(st: &ServerState, prompt: &[u32]) -> String {
-    let tail = &prompt[prompt.len().saturating_sub(16)..];
-    st.tokenizer.inner().decode(tail, false).unwrap_or_default()
 }
 
 pub(crate) async fn encode(

@@ -224,18 +224,30 @@ async fn encode_parts(st: &ServerState, parts: Vec<Part>) -> Result<Vec<u32>, Ap
     tokenize(
         move || {
             tok.check_fits(text_bytes(&parts), ctx)?;
-            let mut ids = Vec::new();
-            for (i, p) in parts.iter().enumerate() {
-                match p {
-                    Part::Text(t) => ids.extend(tok.encode(t, i == 0, true)?),
-                    Part::Ids(t) => ids.extend_from_slice(t),
-                }
-            }
-            Ok(ids)
+            part_ids(&tok, &parts, true, true)
         },
         "prompt",
     )
     .await
+}
+
+/// A prompt's parts as token ids: texts tokenized (special-token texts parsed when
+/// `parse_special`; BOS before a first part that is text when `bos` and the model adds
+/// one), ids as given.
+fn part_ids(
+    tok: &gds_runtime::tokenizer::TextTokenizer,
+    parts: &[Part],
+    bos: bool,
+    parse_special: bool,
+) -> gds_runtime::Result<Vec<u32>> {
+    let mut ids = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        match p {
+            Part::Text(t) => ids.extend(tok.encode(t, bos && i == 0, parse_special)?),
+            Part::Ids(t) => ids.extend_from_slice(t),
+        }
+    }
+    Ok(ids)
 }
 
 /// `logit_bias` in llama-server's forms: `[[token id or text, bias or false], ...]` or
@@ -904,16 +916,8 @@ async fn infill_body(st: &Arc<ServerState>, body: &Bytes) -> Result<Bytes, ApiEr
         move || {
             tok.check_fits(prompt.len(), n_ctx)?;
             let plain = |t: &str| tok.encode(t, false, false);
-            let mixed = |parts: &[Part]| -> gds_runtime::Result<Vec<u32>> {
-                let mut ids = Vec::new();
-                for p in parts {
-                    match p {
-                        Part::Text(t) => ids.extend(plain(t)?),
-                        Part::Ids(i) => ids.extend_from_slice(i),
-                    }
-                }
-                Ok(ids)
-            };
+            // llama-server's tokenize_mixed: no BOS, special-token texts as text
+            let mixed = |parts: &[Part]| part_ids(&tok, parts, false, false);
             let mut extra = Vec::new();
             if let Some(rep) = rep {
                 extra.push(rep);

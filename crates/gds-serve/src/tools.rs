@@ -424,24 +424,23 @@ impl Tools {
                 ))))
             }
             Syntax::Kimi => {
-                let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
-                let calls = if many { "tc+" } else { "tc" };
-                let mut g = format!(
-                    "start: {} {calls} {}\ntc: {}\n",
-                    lark_str(KIMI_OPEN),
-                    lark_str(KIMI_CLOSE),
-                    alts.join(" | ")
+                let calls = json_calls(
+                    &names,
+                    |name| {
+                        format!(
+                            "{} /[0-9]{{1,3}}/ {}",
+                            lark_str(&format!("{KIMI_CALL}functions.{name}:")),
+                            lark_str(KIMI_ARGS)
+                        )
+                    },
+                    &lark_str(KIMI_CALL_END),
                 );
-                for (i, (name, params)) in names.iter().enumerate() {
-                    g.push_str(&format!(
-                        "f{i}: {} /[0-9]{{1,3}}/ {} %json {} {}\n",
-                        lark_str(&format!("{KIMI_CALL}functions.{name}:")),
-                        lark_str(KIMI_ARGS),
-                        compact(params),
-                        lark_str(KIMI_CALL_END)
-                    ));
-                }
-                return Ok(Some(Grammar::Lark(g)));
+                let many = if many { "tc+" } else { "tc" };
+                return Ok(Some(Grammar::Lark(format!(
+                    "start: {} {many} {}\n{calls}",
+                    lark_str(KIMI_OPEN),
+                    lark_str(KIMI_CLOSE)
+                ))));
             }
             Syntax::Python => {
                 return Ok(Some(Grammar::Lark(kv_grammar(
@@ -478,10 +477,7 @@ impl Tools {
                             "additionalProperties": false})
                     })
                     .collect();
-                let schema = compact(&match &calls[..] {
-                    [one] => one.clone(),
-                    _ => json!({"anyOf": calls}),
-                });
+                let schema = any_call(calls);
                 let list = if many {
                     "\"[\" call (\", \" call)* \"]\""
                 } else {
@@ -500,15 +496,16 @@ impl Tools {
             Syntax::Harmony => {
                 // one call a reply (`<|call|>` ends generation), after any analysis
                 // (`Reasoning::after_thinking`)
-                let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
-                let mut g = format!("start: {}\n", alts.join(" | "));
-                for (i, (name, params)) in names.iter().enumerate() {
-                    let head = lark_str(&format!(
-                        "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
-                    ));
-                    g.push_str(&format!("f{i}: {head} %json {}\n", compact(params)));
-                }
-                return Ok(Some(Grammar::Lark(g)));
+                let calls = json_calls(
+                    &names,
+                    |name| {
+                        lark_str(&format!(
+                            "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+                        ))
+                    },
+                    "",
+                );
+                return Ok(Some(Grammar::Lark(format!("start: tc\n{calls}"))));
             }
             Syntax::Hermes => ("\"\\n\"", "\"<tool_call>\\n\" call \"\\n</tool_call>\""),
             Syntax::Llama3 => ("\"; \"", "call"),
@@ -533,18 +530,14 @@ impl Tools {
         };
         if self.syntax == Syntax::MistralArgs {
             // NAME[ARGS]{...}: one alternative per function, its arguments' schema
-            let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
-            let mut g = format!("{start}tc: {}\n", alts.join(" | "));
-            for (i, (name, params)) in names.iter().enumerate() {
-                let head = lark_str(&format!("[TOOL_CALLS]{name}[ARGS]"));
-                g.push_str(&format!("f{i}: {head} %json {}\n", compact(params)));
-            }
-            return Ok(Some(Grammar::Lark(g)));
+            let calls = json_calls(
+                &names,
+                |name| lark_str(&format!("[TOOL_CALLS]{name}[ARGS]")),
+                "",
+            );
+            return Ok(Some(Grammar::Lark(format!("{start}{calls}"))));
         }
-        let schema = compact(&match &calls[..] {
-            [one] => one.clone(),
-            _ => json!({"anyOf": calls}),
-        });
+        let schema = any_call(calls);
         Ok(Some(Grammar::Lark(format!(
             "{start}tc: {call}\ncall: %json {schema}\n"
         ))))
@@ -594,16 +587,9 @@ impl Tools {
         };
         g.push_str(&format!("tc: {}\n", alts.join(" | ")));
         for (i, (name, params)) in names.iter().enumerate() {
-            let props = params.get("properties").and_then(Value::as_object);
-            let required: Vec<&str> = params
-                .get("required")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
+            let (props, required) = params_of(params);
             let mut body = vec![lark_str(&format!("{open}{}", call_open(name)))];
-            for (j, (key, schema)) in props.into_iter().flatten().enumerate() {
+            for (j, (key, schema)) in props.into_iter().enumerate() {
                 let rule = format!("f{i}p{j}");
                 let head = lark_str(&p_open(key, is_string(Some(schema))));
                 if is_string(Some(schema)) {
@@ -1358,19 +1344,7 @@ fn kv_grammar(names: &[&(String, Value)], many: bool, n: &KvNotation) -> String 
     g.push_str(n.any);
     let sep = lark_str(n.sep);
     for (i, (name, params)) in names.iter().enumerate() {
-        let props: Vec<(&String, &Value)> = params
-            .get("properties")
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-            .collect();
-        let required: Vec<&str> = params
-            .get("required")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let (props, required) = params_of(params);
         let mut req = Vec::new();
         let mut opt = Vec::new();
         for (j, (key, schema)) in props.iter().enumerate() {
@@ -1457,6 +1431,49 @@ fn string_rule(name: &str, schema: &Value, open: &str, close: &str) -> String {
         "{name}: {open}{name}t\n{name}t[suffix={}]: /(.|\\n){reps}/\n",
         lark_str(close)
     )
+}
+
+/// A function's parameters (their names and schemas, in the schema's order) and the names
+/// its schema requires.
+fn params_of(params: &Value) -> (Vec<(&String, &Value)>, Vec<&str>) {
+    let props = params
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .collect();
+    let required = params
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    (props, required)
+}
+
+/// The schema of one call among `calls` (each a call's object schema), compact.
+fn any_call(calls: Vec<Value>) -> Value {
+    compact(&match <[Value; 1]>::try_from(calls) {
+        Ok([one]) => one,
+        Err(calls) => json!({"anyOf": calls}),
+    })
+}
+
+/// The rule `tc` of a call of one of the functions `names` (`f0 | f1 | ...`), each its
+/// `head` (Lark, given the function's name), its arguments as JSON of its parameters'
+/// schema, and `tail` (Lark).
+fn json_calls(names: &[&(String, Value)], head: impl Fn(&str) -> String, tail: &str) -> String {
+    let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
+    let mut g = format!("tc: {}\n", alts.join(" | "));
+    for (i, (name, params)) in names.iter().enumerate() {
+        g.push_str(&format!(
+            "f{i}: {} %json {} {tail}\n",
+            head(name),
+            compact(params)
+        ));
+    }
+    g
 }
 
 /// Whether a parameter's schema says string (`"type": "string"` or a list with it).
