@@ -36,8 +36,8 @@ build_log=$(mktemp)
 ) >"$build_log" 2>&1 &
 build_pid=$!
 step "in the background: cargo fmt --check, cargo clippy, the test build (log printed below when done)"
-step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, jsonschema, lm-eval, pytest)"
-python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic jsonschema "lm-eval[api]==0.4.13" pytest 2>&1 | grep -v "running pip as the 'root' user" || true
+step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, anthropic, ollama, jsonschema, lm-eval, pytest)"
+python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic "ollama==0.6.3" jsonschema "lm-eval[api]==0.4.13" pytest 2>&1 | grep -v "running pip as the 'root' user" || true
 step "PyTorch for the Python package's torch tests (PyPI's torch==2.9.1 and its CUDA libraries, ~7 GB: the CPU index is not reachable; skipped with GDS_NO_TORCH=1 or under 20 GB free)"
 # Best effort: without torch its tests are reported as skipped, and a failed or partial install
 # must not fail the run (tests/py/gdsllm/test_torch.py skips on any import error). The

@@ -313,6 +313,8 @@ pub struct DtypeSummary {
     pub tensors: usize,
     /// Bytes.
     pub bytes: u64,
+    /// Elements (the model's parameters of this type).
+    pub elements: u64,
 }
 
 /// When generation stops, besides end-of-generation tokens.
@@ -581,6 +583,7 @@ impl Plan {
             let e = weight_dtypes.entry(t.dtype.name().to_string()).or_default();
             e.tensors += 1;
             e.bytes += t.nbytes;
+            e.elements += t.n_elements();
         }
         let plan_err = |s: String| Err(RuntimeError::Usage(s));
         let ctx = match opts.ctx {

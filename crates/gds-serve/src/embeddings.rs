@@ -54,13 +54,7 @@ pub async fn embeddings(State(st): State<Arc<ServerState>>, body: Bytes) -> Resp
 
 async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiError> {
     let b: EmbeddingsBody = parse(body)?;
-    let Some(pooling) = st.pooling else {
-        return Err(ApiError::bad(format!(
-            "embeddings are not available on the {} backend (it does not give hidden states); serve with --backend cpu",
-            st.metrics.backend.get().copied().unwrap_or("current")
-        ))
-        .code("unsupported"));
-    };
+    pooling(st)?;
     let base64 = match b.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -90,29 +84,8 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         .param("embd_normalize"));
     }
     let prompts = inputs(st, b.input).await?;
-    for p in &prompts {
-        if p.len() >= st.ctx {
-            return Err(ApiError::bad(format!(
-                "an input of {} tokens is too large for this server's context of {}",
-                p.len(),
-                st.ctx
-            ))
-            .param("input")
-            .code("context_length_exceeded"));
-        }
-        in_vocabulary(st, p, "input")?;
-    }
-    // the inputs go to the engine a window at a time, as a request's choices do (batched
-    // with whatever runs; a list of thousands neither fills the queue nor holds others back)
     let tokens: usize = prompts.iter().map(Vec::len).sum();
-    let runs: Vec<_> = prompts
-        .into_iter()
-        .map(|p| embed_one(st, p, pooling).boxed())
-        .collect();
-    let vectors: Vec<Vec<f32>> = stream::iter(runs)
-        .buffered(window(st, 1))
-        .try_collect()
-        .await?;
+    let vectors = embed_all(st, prompts).await?;
     let data: Vec<Value> = vectors
         .into_iter()
         .enumerate()
@@ -135,6 +108,48 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
     .into_response())
+}
+
+/// How this server pools hidden states, or the error saying it gives none.
+fn pooling(st: &ServerState) -> Result<Pooling, ApiError> {
+    st.pooling.ok_or_else(|| {
+        ApiError::bad(format!(
+            "embeddings are not available on the {} backend (it does not give hidden states); serve with --backend cpu",
+            st.metrics.backend.get().copied().unwrap_or("current")
+        ))
+        .code("unsupported")
+    })
+}
+
+/// The pooled (not yet normalized) hidden states of `prompts`, each checked against the
+/// context and the vocabulary; a window of them in the engine at a time, as a request's
+/// choices (batched with whatever runs; a list of thousands neither fills the queue nor
+/// holds others back).
+pub(crate) async fn embed_all(
+    st: &ServerState,
+    prompts: Vec<Vec<u32>>,
+) -> Result<Vec<Vec<f32>>, ApiError> {
+    let pooling = pooling(st)?;
+    for p in &prompts {
+        if p.len() >= st.ctx {
+            return Err(ApiError::bad(format!(
+                "an input of {} tokens is too large for this server's context of {}",
+                p.len(),
+                st.ctx
+            ))
+            .param("input")
+            .code("context_length_exceeded"));
+        }
+        in_vocabulary(st, p, "input")?;
+    }
+    let runs: Vec<_> = prompts
+        .into_iter()
+        .map(|p| embed_one(st, p, pooling).boxed())
+        .collect();
+    stream::iter(runs)
+        .buffered(window(st, 1))
+        .try_collect()
+        .await
 }
 
 /// One input through the engine: its pooled (not yet normalized) hidden state.

@@ -10,6 +10,7 @@ pub mod kvpool;
 pub mod metrics;
 mod native;
 pub mod net;
+mod ollama;
 pub mod prefix;
 pub mod reasoning;
 mod responses;
@@ -290,6 +291,8 @@ pub struct ServerState {
     step_tokens: usize,
     /// Responses kept for `previous_response_id` and retrieval.
     responses: std::sync::Mutex<responses::ResponseStore>,
+    /// The model as Ollama's API describes it (`/api/tags`, `/api/show`).
+    card: ollama::ModelCard,
 }
 
 impl ServerState {
@@ -526,6 +529,7 @@ pub(crate) fn start(
         step_tokens: plan.batch,
         max_batch: e.max_batch,
         responses: Default::default(),
+        card: ollama::ModelCard::of(&plan),
     });
     // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
     // take a few seconds), so the first request with a grammar seldom waits for it
@@ -661,8 +665,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// The routes: the OpenAI endpoints both under `/v1` and without it (as llama-server and
-/// vLLM serve them), inside the middleware (outermost first): CORS, OpenAI-shaped errors, the
-/// API key, the request body.
+/// vLLM serve them), llama-server's and Ollama's own, inside the middleware (outermost
+/// first): CORS, Ollama's and Anthropic's error shapes on their paths, OpenAI-shaped errors,
+/// the API key, the request body.
 fn router(state: Arc<ServerState>) -> axum::Router {
     use axum::middleware::from_fn_with_state;
     use axum::routing::{get, post};
@@ -713,6 +718,25 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
+        // Ollama's API
+        .route("/", get(ollama::root).head(ollama::root))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
+        .route("/api/pull", post(ollama::pull))
+        .route("/api/push", post(ollama::manage))
+        .route("/api/create", post(ollama::manage))
+        .route("/api/copy", post(ollama::manage))
+        .route("/api/delete", axum::routing::delete(ollama::manage))
+        .route(
+            "/api/blobs/{digest}",
+            post(ollama::manage).head(ollama::manage),
+        )
         .fallback(api::not_found)
         // `read_body` enforces --max-body; axum's own 2 MiB default would cut it short
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -720,6 +744,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .layer(from_fn_with_state(state.clone(), net::require_key))
         .layer(axum::middleware::from_fn(net::json_errors))
         .layer(axum::middleware::from_fn(anthropic::anthropic_errors))
+        .layer(axum::middleware::from_fn(ollama::ollama_errors))
         .layer(from_fn_with_state(state.clone(), net::cors))
         .with_state(state)
 }

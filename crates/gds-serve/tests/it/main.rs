@@ -7,6 +7,7 @@ mod embeddings;
 mod hardening;
 mod lm_eval;
 mod native;
+mod ollama;
 mod openai;
 mod paged;
 mod reasoning;
