@@ -36,7 +36,9 @@ ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
              "/v1/messages/count_tokens", "/v1/embeddings", "/tokenize", "/detokenize",
              "/completion", "/apply-template", "/v1/responses/input_tokens",
-             "/v1/chat/completions/input_tokens", "/infill"]
+             "/v1/chat/completions/input_tokens", "/infill",
+             "/api/chat", "/api/generate", "/api/embed", "/api/show"]
+OLLAMA = {"/api/chat", "/api/generate", "/api/embed", "/api/show"}
 
 
 def base_body(path, rng):
@@ -69,6 +71,16 @@ def base_body(path, rng):
                 "input_extra": rng.choice([[], [{"filename": "a.py", "text": "import os\n"}],
                                            [{"text": words}] * 3]),
                 "n_predict": 8, "temperature": 0}
+    if path == "/api/chat":
+        return {"model": "m", "messages": [{"role": "user", "content": words}],
+                "stream": rng.random() < 0.5, "options": {"num_predict": 8, "temperature": 0}}
+    if path == "/api/generate":
+        return {"model": "m", "prompt": words, "stream": rng.random() < 0.5,
+                "options": {"num_predict": 8, "temperature": 0}}
+    if path == "/api/embed":
+        return {"model": "m", "input": rng.choice([words, [words, "second"]])}
+    if path == "/api/show":
+        return {"model": "m"}
     if path == "/apply-template":
         return {"messages": [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": words}]}
@@ -92,7 +104,10 @@ OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens",
             "id_slot", "n_keep", "lora", "dry_multiplier", "xtc_probability", "t_max_predict_ms",
             "add_generation_prompt", "timings_per_token", "reasoning_format", "reasoning_effort",
             # llama-server's /infill
-            "input_prefix", "input_suffix", "input_extra"]
+            "input_prefix", "input_suffix", "input_extra",
+            # Ollama's
+            "options", "format", "think", "raw", "context", "keep_alive", "images", "template",
+            "truncate", "tool_name", "tool_calls"]
 
 
 def deep(n, leaf):
@@ -198,6 +213,14 @@ SENSIBLE = [
     ("logit_bias", [[" the", False], [15, -1]]), ("prompt", {"prompt_string": "x"}),
     ("prompt", [1, "x", 2]), ("n_predict", 0), ("n_predict", -1), ("cache_prompt", False),
     ("chat_template_kwargs", {"enable_thinking": False}), ("chat_template_kwargs", {"x": "<|im_end|>"}),
+    ("options", {"num_predict": 8, "stop": ["."], "seed": 3, "num_ctx": 99999}),
+    ("options", {"num_predict": 4, "repeat_last_n": -1, "top_k": 2.5}), ("format", "json"),
+    ("format", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+    ("think", True), ("think", "high"), ("raw", True), ("context", [1, 2, 3]), ("keep_alive", 0),
+    ("images", ["aGk="]), ("suffix", "return 1"), ("truncate", False),
+    ("messages", [{"role": "user", "content": "weather?"}, {"role": "assistant", "tool_calls": [
+        {"function": {"name": "f", "arguments": {"x": "y"}}}]},
+        {"role": "tool", "tool_name": "f", "content": "42"}]),
     ("add_generation_prompt", False),
     ("reasoning_format", "none"), ("reasoning_format", "deepseek"), ("reasoning_format", "x"),
     ("reasoning_effort", "none"), ("reasoning_effort", "high"), ("thinking", {"type": "disabled"}),
@@ -306,7 +329,9 @@ def request(host, port, path, data, timeout, api_key=None, content_type="applica
 
 
 def check_error_shape(path, v):
-    if path in ANTHROPIC:
+    if path in OLLAMA:
+        ok = isinstance(v, dict) and isinstance(v.get("error"), str)
+    elif path in ANTHROPIC:
         ok = (isinstance(v, dict) and v.get("type") == "error" and isinstance(v.get("error"), dict)
               and isinstance(v["error"].get("type"), str)
               and isinstance(v["error"].get("message"), str))
@@ -323,6 +348,19 @@ def check_answer(path, status, ctype, raw):
         return  # a model without fill-in-the-middle tokens, as llama-server answers
     if status >= 500:
         raise Failure(f"HTTP {status}: {raw[:300]!r}")
+    if "application/x-ndjson" in ctype:
+        # Ollama's stream: JSON lines, the last done (or an error line)
+        if status != 200:
+            raise Failure(f"a stream with HTTP {status}")
+        objs = [json.loads(l) for l in raw.decode("utf-8").splitlines() if l.strip()]
+        if not objs:
+            raise Failure("an empty stream")
+        last = objs[-1]
+        if not (isinstance(last, dict) and (last.get("done") is True or isinstance(last.get("error"), str))):
+            raise Failure(f"an Ollama stream ending with {str(last)[:200]}")
+        if any(o.get("done") is True for o in objs[:-1]):
+            raise Failure("an Ollama stream with done before its end")
+        return
     if "text/event-stream" in ctype:
         if status != 200:
             raise Failure(f"a stream with HTTP {status}")
@@ -425,6 +463,8 @@ def main():
         while i < a.requests:
             path = ENDPOINTS[rng.randrange(len(ENDPOINTS))]
             body = mutate(base_body(path, rng), rng) if rng.random() < 0.95 else base_body(path, rng)
+            if path in OLLAMA and isinstance(body.get("options"), dict) and rng.random() < 0.9:
+                body["options"].setdefault("num_predict", 16)
             data = json.dumps(body).encode()
             ctype = "application/json"
             if rng.random() < 0.12:
