@@ -106,6 +106,14 @@ g2 = client.generate(model=name, prompt="And of Italy?", context=g.context, opti
 out["context"] = {"prompt_eval_count": g2.prompt_eval_count, "first_context": len(g.context),
                   "starts_with_first": g2.context[:len(g.context)] == list(g.context),
                   "text": g2.response}
+# the same server under Docker Model Runner's OpenAI base URLs
+dmr = {}
+for base in ("/engines/v1", "/engines/llama.cpp/v1"):
+    d = openai.OpenAI(base_url=tools_url + base, api_key="none", max_retries=0, timeout=300)
+    r = d.chat.completions.create(model=name, temperature=0, max_tokens=40, messages=[
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}])
+    dmr[base] = {"models": [m.id for m in d.models.list().data], "text": r.choices[0].message.content}
+out["dmr"] = dmr
 # raw, against completions
 raw = client.generate(model=name, prompt="The capital of France is", raw=True, options={**GREEDY, "num_predict": 12})
 comp = oai.completions.create(model=name, prompt="The capital of France is", temperature=0, max_tokens=12)

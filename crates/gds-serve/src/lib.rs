@@ -664,15 +664,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The routes: the OpenAI endpoints both under `/v1` and without it (as llama-server and
-/// vLLM serve them), llama-server's and Ollama's own, inside the middleware (outermost
+/// The routes: the OpenAI endpoints under `/v1`, without it (as llama-server and vLLM serve
+/// them) and under Docker Model Runner's `/engines/v1` and `/engines/llama.cpp/v1`, llama-server's and Ollama's own, inside the middleware (outermost
 /// first): CORS, Ollama's and Anthropic's error shapes on their paths, OpenAI-shaped errors,
 /// the API key, the request body.
 fn router(state: Arc<ServerState>) -> axum::Router {
     use axum::middleware::from_fn_with_state;
     use axum::routing::{get, post};
     let mut r = axum::Router::new();
-    for prefix in ["/v1", ""] {
+    // (`/engines/v1` and `/engines/llama.cpp/v1`: Docker Model Runner's OpenAI base URLs)
+    for prefix in ["/v1", "", "/engines/v1", "/engines/llama.cpp/v1"] {
         r = r
             .route(&format!("{prefix}/completions"), post(api::completions))
             .route(&format!("{prefix}/chat/completions"), post(api::chat))

@@ -124,6 +124,12 @@ fn ollama_api_through_the_ollama_client() {
     assert_eq!(c["starts_with_first"], true, "{c}");
     assert!(n(&c["prompt_eval_count"]) > n(&c["first_context"]), "{c}");
     assert!(!c["text"].as_str().unwrap().is_empty(), "{c}");
+    // Docker Model Runner's base URLs: the OpenAI endpoints
+    for base in ["/engines/v1", "/engines/llama.cpp/v1"] {
+        let d = &r["dmr"][base];
+        assert_eq!(d["models"].as_array().unwrap().len(), 1, "{base}: {d}");
+        assert_eq!(d["text"], g["chat_text"], "{base}: {d}");
+    }
     let raw = &r["raw"];
     assert_eq!(raw["text"], raw["completion_text"], "{raw}");
     assert_eq!(raw["prompt_eval_count"], raw["completion_prompt"], "{raw}");
