@@ -11,10 +11,39 @@
 
 use crate::constraint::Grammar;
 
+/// A template's source with the tags it builds as `'<tag{}>'.format(NAME)` from a constant
+/// (`{%- set NAME = '...' %}`) written out, for telling its tags by their text: Hunyuan 3 builds
+/// every special token so (`<think:opensource>`, `<tool_call:opensource>`, ...). Other
+/// templates come back as they are.
+pub fn template_text(source: &str) -> std::borrow::Cow<'_, str> {
+    if !source.contains("}>'.format(") {
+        return std::borrow::Cow::Borrowed(source);
+    }
+    for (i, _) in source.match_indices("set ") {
+        let Some((name, rest)) = source[i + 4..].split_once('=') else {
+            continue;
+        };
+        let name = name.trim();
+        let word = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        let value = rest
+            .trim_start()
+            .strip_prefix('\'')
+            .and_then(|r| r.split_once('\''))
+            .map(|(v, _)| v);
+        if let (true, Some(value)) = (word, value) {
+            if source.contains(&format!("{{}}>'.format({name})")) {
+                return std::borrow::Cow::Owned(source.replace("{}>'", &format!("{value}>'")));
+            }
+        }
+    }
+    std::borrow::Cow::Borrowed(source)
+}
+
 /// The thinking tags of the templates that have them, told apart by their source.
 const TAGS: &[(&str, &str)] = &[
     ("<|channel>thought", "<channel|>"),
     ("<seed:think>", "</seed:think>"),
+    ("<think:opensource>", "</think:opensource>"),
     ("<think>", "</think>"),
     ("[THINK]", "[/THINK]"),
     ("<|START_THINKING|>", "<|END_THINKING|>"),
@@ -47,6 +76,7 @@ impl Reasoning {
     /// For a template (`source`) and the end of a prompt it rendered (`prompt_tail`, special
     /// tokens as text): `None` when the template has no thinking tags.
     pub fn of_template(source: &str, prompt_tail: &str) -> Option<Reasoning> {
+        let source = &*template_text(source);
         if crate::harmony::is_harmony(source) {
             return Some(Reasoning {
                 kind: Kind::Harmony { raw: false },
@@ -306,6 +336,17 @@ mod tests {
         // closed in the prompt (Qwen 3 with enable_thinking false)
         assert!(!think("<think>\n\n</think>\n\n").open);
         assert!(Reasoning::of_template("{{ messages }}", "").is_none());
+        // Hunyuan 3 builds its tags with `.format`: read with the constant written in
+        let hy = "{%- set HYTK = ':opensource' %}{%- set b = '<think{}>'.format(HYTK) %}{%- set e = '</think{}>'.format(HYTK) %}{{ b }}";
+        assert!(template_text(hy).contains("'<think:opensource>'"));
+        assert_eq!(
+            template_text("{{ '<x{}>'.format(y) }}"),
+            "{{ '<x{}>'.format(y) }}"
+        );
+        let r =
+            Reasoning::of_template(hy, "<｜hy_Assistant:opensource｜><think:opensource>").unwrap();
+        assert!(r.open());
+        assert_eq!(r.end_tag(), "</think:opensource>");
         let m = Reasoning::of_template("[THINK]{{ t }}[/THINK]", "").unwrap();
         assert_eq!(m.split("[THINK]a[/THINK]b"), (Some("a".into()), "b".into()));
         // Gemma 4: a token and a word open it; thinking off closes it in the prompt

@@ -8,7 +8,8 @@
 //! "arguments": {...}}</tool_call>`, one block per call), Qwen3-Coder's XML
 //! (`<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`:
 //! Qwen3-Coder, Qwen 3.5, Nemotron 3, StepFun 3.5; Seed-OSS inside `<seed:tool_call>`), GLM
-//! 4.5+ (`<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>`),
+//! 4.5+ (`<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>`;
+//! Hunyuan 3 the same with its own tags, [`HUNYUAN`]),
 //! MiniMax M2 (`<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>`),
 //! Llama 3.1+ (a JSON object `{"name": ..., "parameters": {...}}`, optionally after
 //! `<|python_tag|>`, calls separated by `;`), Mistral (`[TOOL_CALLS]` then a JSON array of
@@ -33,8 +34,9 @@ pub enum Syntax {
         open: &'static str,
         close: &'static str,
     },
-    /// `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>` (GLM).
-    Glm,
+    /// `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>` (GLM),
+    /// and the same form with other tags ([`KvTags`]: Hunyuan 3's).
+    Glm(&'static KvTags),
     /// `<minimax:tool_call>` around `<invoke name="NAME">` blocks (MiniMax M2).
     MiniMax,
     /// DeepSeek V3.2's and V4's DSML: MiniMax's blocks with `｜DSML｜` in every tag and a
@@ -80,6 +82,7 @@ pub enum Syntax {
 impl Syntax {
     /// The syntax a chat template that takes `tools` teaches its model, if one we know.
     pub fn of_template(src: &str) -> Option<Syntax> {
+        let src = &*gds_runtime::reasoning::template_text(src);
         let has = |s: &str| src.contains(s);
         Some(if crate::harmony::is_harmony(src) {
             Syntax::Harmony
@@ -134,13 +137,15 @@ impl Syntax {
                 name: "name",
                 args: "arguments",
             }
+        } else if has(HUNYUAN.sep) && has(HUNYUAN.key_open) && has(HUNYUAN.calls_open) {
+            Syntax::Glm(&HUNYUAN)
         } else if has("<tool_call>") && has("<function=") {
             Syntax::Xml {
                 open: "<tool_call>",
                 close: "</tool_call>",
             }
         } else if has("<tool_call>") && has("<arg_key>") {
-            Syntax::Glm
+            Syntax::Glm(&GLM)
         } else if has("<tool_call>") {
             Syntax::Hermes
         } else if has("[TOOL_CALLS]") && has("[ARGS]") {
@@ -166,7 +171,8 @@ impl Syntax {
     /// whole reply).
     fn open_tag(self) -> Option<&'static str> {
         match self {
-            Syntax::Hermes | Syntax::Glm => Some("<tool_call>"),
+            Syntax::Hermes => Some("<tool_call>"),
+            Syntax::Glm(t) => Some(t.open()),
             Syntax::Xml { open, .. } => Some(open),
             Syntax::MiniMax => Some("<minimax:tool_call>"),
             Syntax::Dsml { open, .. } => Some(open),
@@ -186,14 +192,20 @@ impl Syntax {
         match self {
             Syntax::Hermes => vec!["<tool_call>", "</tool_call>"],
             Syntax::Xml { open, close } => vec![open, close],
-            Syntax::Glm => vec![
-                "<tool_call>",
-                "</tool_call>",
-                "<arg_key>",
-                "</arg_key>",
-                "<arg_value>",
-                "</arg_value>",
-            ],
+            Syntax::Glm(t) => [
+                t.calls_open,
+                t.calls_close,
+                t.call_open,
+                t.call_close,
+                t.sep,
+                t.key_open,
+                t.key_close,
+                t.value_open,
+                t.value_close,
+            ]
+            .into_iter()
+            .filter(|m| !m.is_empty())
+            .collect(),
             Syntax::MiniMax => vec!["<minimax:tool_call>", "</minimax:tool_call>"],
             Syntax::Dsml { open, close } => vec![DSML, open, close],
             Syntax::Llama3 => vec!["<|python_tag|>"],
@@ -207,6 +219,60 @@ impl Syntax {
         }
     }
 }
+
+/// The tags of GLM's call form: per call the opening tag, the function's name, a separator,
+/// then per argument a key and a value between their tags, and the closing tag; the calls of
+/// one reply inside a wrapper where `calls_open` is not empty.
+#[derive(Debug, PartialEq, Eq)]
+pub struct KvTags {
+    pub calls_open: &'static str,
+    pub calls_close: &'static str,
+    pub call_open: &'static str,
+    pub call_close: &'static str,
+    pub sep: &'static str,
+    pub key_open: &'static str,
+    pub key_close: &'static str,
+    pub value_open: &'static str,
+    pub value_close: &'static str,
+}
+
+impl KvTags {
+    /// The tag a reply's calls start with.
+    fn open(&self) -> &'static str {
+        if self.calls_open.is_empty() {
+            self.call_open
+        } else {
+            self.calls_open
+        }
+    }
+}
+
+/// GLM 4.5+: `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>`.
+pub const GLM: KvTags = KvTags {
+    calls_open: "",
+    calls_close: "",
+    call_open: "<tool_call>",
+    call_close: "</tool_call>",
+    sep: "",
+    key_open: "<arg_key>",
+    key_close: "</arg_key>",
+    value_open: "<arg_value>",
+    value_close: "</arg_value>",
+};
+
+/// Hunyuan 3 (Hy3): GLM's form with `:opensource` in every tag, a `<tool_sep…>` after the
+/// name, the calls inside `<tool_calls…>`.
+pub const HUNYUAN: KvTags = KvTags {
+    calls_open: "<tool_calls:opensource>",
+    calls_close: "</tool_calls:opensource>",
+    call_open: "<tool_call:opensource>",
+    call_close: "</tool_call:opensource>",
+    sep: "<tool_sep:opensource>",
+    key_open: "<arg_key:opensource>",
+    key_close: "</arg_key:opensource>",
+    value_open: "<arg_value:opensource>",
+    value_close: "</arg_value:opensource>",
+};
 
 /// `tool_choice`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -413,7 +479,7 @@ impl Tools {
                     "tool_choice",
                 ))
             }
-            Syntax::Xml { .. } | Syntax::Glm | Syntax::MiniMax | Syntax::Dsml { .. } => {
+            Syntax::Xml { .. } | Syntax::Glm(_) | Syntax::MiniMax | Syntax::Dsml { .. } => {
                 return Ok(Some(Grammar::Lark(self.tagged_grammar(&names, many))))
             }
             Syntax::Gemma4 => {
@@ -548,42 +614,64 @@ impl Tools {
     /// ones always, the others optional), each a text up to the closing tag where the schema
     /// says string, a JSON value of the parameter's schema otherwise.
     fn tagged_grammar(&self, names: &[&(String, Value)], many: bool) -> String {
-        type Tag = fn(&str) -> String;
-        type Param = fn(&str, bool) -> String;
-        let (call_open, call_close, p_open, p_close): (Tag, String, Param, &str) = match self.syntax
+        type Tag<'a> = Box<dyn Fn(&str) -> String + 'a>;
+        type Param<'a> = Box<dyn Fn(&str, bool) -> String + 'a>;
+        // the opening tag (`open_tag`) is written in before each call, except where the calls
+        // are inside a wrapper (Hunyuan 3's `<tool_calls…>`: `wrap`)
+        let mut open = self.syntax.open_tag().unwrap_or_default();
+        let mut wrap = None;
+        let (call_open, call_close, p_open, p_close): (Tag, String, Param, String) = match self
+            .syntax
         {
             Syntax::Xml { close, .. } => (
-                // the opening tag (`open_tag`) is written in below
-                |n| format!("\n<function={n}>\n"),
+                Box::new(|n| format!("\n<function={n}>\n")),
                 format!("</function>\n{close}"),
-                |k, _| format!("<parameter={k}>\n"),
-                "\n</parameter>\n",
+                Box::new(|k, _| format!("<parameter={k}>\n")),
+                "\n</parameter>\n".into(),
             ),
-            Syntax::Glm => (
-                |n| format!("{n}\n"),
-                "</tool_call>".into(),
-                |k, _| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
-                "</arg_value>\n",
-            ),
+            Syntax::Glm(t) => {
+                let call = if t.calls_open.is_empty() {
+                    ""
+                } else {
+                    open = "";
+                    wrap = Some((format!("{}\n", t.calls_open), t.calls_close));
+                    t.call_open
+                };
+                (
+                    Box::new(move |n| format!("{call}{n}{}\n", t.sep)),
+                    format!(
+                        "{}{}",
+                        t.call_close,
+                        if call.is_empty() { "" } else { "\n" }
+                    ),
+                    Box::new(|k, _| format!("{}{k}{}\n{}", t.key_open, t.key_close, t.value_open)),
+                    format!("{}\n", t.value_close),
+                )
+            }
             Syntax::Dsml { close, .. } => (
-                |n| format!("\n<｜DSML｜invoke name=\"{n}\">\n"),
+                Box::new(|n| format!("\n<｜DSML｜invoke name=\"{n}\">\n")),
                 format!("</｜DSML｜invoke>\n{close}"),
-                |k, s| format!("<｜DSML｜parameter name=\"{k}\" string=\"{s}\">"),
-                "</｜DSML｜parameter>\n",
+                Box::new(|k, s| format!("<｜DSML｜parameter name=\"{k}\" string=\"{s}\">")),
+                "</｜DSML｜parameter>\n".into(),
             ),
             _ => (
-                |n| format!("\n<invoke name=\"{n}\">\n"),
+                Box::new(|n| format!("\n<invoke name=\"{n}\">\n")),
                 "</invoke>\n</minimax:tool_call>".into(),
-                |k, _| format!("<parameter name=\"{k}\">"),
-                "</parameter>\n",
+                Box::new(|k, _| format!("<parameter name=\"{k}\">")),
+                "</parameter>\n".into(),
             ),
         };
-        let open = self.syntax.open_tag().unwrap_or_default();
+        let p_close = p_close.as_str();
         let alts: Vec<String> = (0..names.len()).map(|i| format!("f{i}")).collect();
-        let mut g = if many {
-            "start: tc (\"\\n\" tc)*\n".to_string()
-        } else {
-            "start: tc\n".to_string()
+        let mut g = match (&wrap, many) {
+            (Some((head, tail)), many) => format!(
+                "start: {} tc{} {}\n",
+                lark_str(head),
+                if many { "+" } else { "" },
+                lark_str(tail)
+            ),
+            (None, true) => "start: tc (\"\\n\" tc)*\n".to_string(),
+            (None, false) => "start: tc\n".to_string(),
         };
         g.push_str(&format!("tc: {}\n", alts.join(" | ")));
         for (i, (name, params)) in names.iter().enumerate() {
@@ -751,6 +839,8 @@ impl Tools {
             Syntax::Kimi => KIMI_CLOSE,
             Syntax::JsonList { close: "", .. } => return body.len(),
             Syntax::JsonList { close, .. } => close,
+            Syntax::Glm(t) if !t.calls_close.is_empty() => t.calls_close,
+            Syntax::Glm(t) => t.call_close,
             _ => "</tool_call>",
         };
         body.find(close).map_or(body.len(), |e| e + close.len())
@@ -902,30 +992,52 @@ impl Tools {
                 let after = closing(t, close)?;
                 Some((vec![self.call(name, args)?], after))
             }
-            Syntax::Glm => {
-                let (name, mut t) = match body.find("<arg_key>") {
-                    Some(i) => (&body[..i], &body[i..]),
-                    None => {
-                        let e = body.find("</tool_call>").unwrap_or(body.len());
-                        (&body[..e], &body[e..])
-                    }
-                };
-                let name = name.trim();
-                let mut args = serde_json::Map::new();
-                while let Some(rest) = t.trim_start().strip_prefix("<arg_key>") {
-                    let (key, rest) = rest.split_once("</arg_key>")?;
-                    let rest = rest.trim_start().strip_prefix("<arg_value>")?;
-                    let (raw, after) = rest.split_once("</arg_value>").unwrap_or((rest, ""));
-                    args.insert(key.trim().into(), self.typed(name, key.trim(), raw));
+            Syntax::Glm(tags) if !tags.calls_open.is_empty() => {
+                // the calls inside the wrapper, each from its opening tag
+                let mut calls = Vec::new();
+                let mut t = body;
+                while let Some(rest) = t.trim_start().strip_prefix(tags.call_open) {
+                    let (call, after) = self.read_kv_call(rest, tags)?;
+                    calls.push(call);
                     t = after;
                 }
-                let after = closing(t, "</tool_call>")?;
-                Some((vec![self.call(name, args)?], after))
+                if calls.is_empty() {
+                    return None;
+                }
+                Some((calls, closing(t, tags.calls_close)?))
+            }
+            Syntax::Glm(tags) => {
+                let (call, after) = self.read_kv_call(body, tags)?;
+                Some((vec![call], after))
             }
             Syntax::MiniMax => self.read_invokes(body, "", "</minimax:tool_call>"),
             Syntax::Dsml { close, .. } => self.read_invokes(body, DSML, close),
             Syntax::Llama3 | Syntax::Mistral => None,
         }
+    }
+
+    /// One call in GLM's form (after its opening tag): the name (up to the separator or the
+    /// first key), then key and value tags, up to the closing tag.
+    fn read_kv_call<'a>(&self, body: &'a str, tags: &KvTags) -> Option<(Value, &'a str)> {
+        let (name, mut t) = match body.find(tags.key_open) {
+            Some(i) => (&body[..i], &body[i..]),
+            None => {
+                let e = body.find(tags.call_close).unwrap_or(body.len());
+                (&body[..e], &body[e..])
+            }
+        };
+        let name = name.trim();
+        let name = name.strip_suffix(tags.sep).unwrap_or(name).trim();
+        let mut args = serde_json::Map::new();
+        while let Some(rest) = t.trim_start().strip_prefix(tags.key_open) {
+            let (key, rest) = rest.split_once(tags.key_close)?;
+            let rest = rest.trim_start().strip_prefix(tags.value_open)?;
+            let (raw, after) = rest.split_once(tags.value_close).unwrap_or((rest, ""));
+            args.insert(key.trim().into(), self.typed(name, key.trim(), raw));
+            t = after;
+        }
+        let after = closing(t, tags.call_close)?;
+        Some((self.call(name, args)?, after))
     }
 
     /// MiniMax's `<invoke name="NAME">` blocks (DSML's with `prefix` `｜DSML｜` in each tag),
@@ -1713,6 +1825,7 @@ mod tests {
             ("qwen2.5-instruct.jinja", "Hermes"),
             ("qwen3-coder.jinja", "Xml"),
             ("glm-4.6.jinja", "Glm"),
+            ("hunyuan-3.jinja", "Glm"),
             ("minimax-m2.jinja", "MiniMax"),
             ("mistral-small-3.2.jinja", "MistralArgs"),
             ("gpt-oss.jinja", "Harmony"),
