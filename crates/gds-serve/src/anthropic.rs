@@ -30,9 +30,9 @@ use crate::api::{
 use crate::error::bad;
 use crate::reasoning::Split;
 use crate::ServerState;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -779,32 +779,14 @@ pub async fn anthropic_errors(req: Request, next: Next) -> Response {
         return next.run(req).await;
     }
     let r = next.run(req).await;
-    let status = r.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return r;
-    }
-    let (mut parts, body) = r.into_parts();
-    // errors are small; anything else is passed on as a generic message
-    let bytes = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .unwrap_or_default();
-    let openai: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let e = &openai["error"];
-    let message = e["message"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
-    let message = match e["param"].as_str() {
-        Some(p) if !message.starts_with(p) => format!("{p}: {message}"),
-        _ => message,
-    };
-    let body = json!({"type": "error", "error": {"type": error_type(status), "message": message}});
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Response::from_parts(parts, Body::from(body.to_string()))
+    crate::net::reshape_error(r, |status, message, param| {
+        let message = match param {
+            Some(p) if !message.starts_with(p) => format!("{p}: {message}"),
+            _ => message,
+        };
+        json!({"type": "error", "error": {"type": error_type(status), "message": message}})
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -364,6 +364,37 @@ pub async fn require_key(State(st): State<Arc<ServerState>>, req: Request, next:
     next.run(req).await
 }
 
+/// A response passed on, or, when it failed, its error (OpenAI's shape: `message`, where the
+/// body has none the status's reason, and `param`) rewritten by `shape` into another API's
+/// JSON error body: the Anthropic and Ollama paths' middleware.
+pub(crate) async fn reshape_error(
+    r: Response,
+    shape: impl FnOnce(StatusCode, String, Option<&str>) -> serde_json::Value,
+) -> Response {
+    let status = r.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return r;
+    }
+    let (mut parts, body) = r.into_parts();
+    // errors are small; anything else is passed on as a generic message
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let openai: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let e = &openai["error"];
+    let message = e["message"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
+    let body = shape(status, message, e["param"].as_str());
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, Body::from(body.to_string()))
+}
+
 /// Middleware: every error answered in OpenAI's JSON shape, including those axum writes
 /// itself (405 for a method a path does not take, a rejected extractor's plain text).
 pub async fn json_errors(req: Request, next: Next) -> Response {

@@ -1188,25 +1188,7 @@ pub async fn ollama_errors(req: Request, next: Next) -> Response {
         return next.run(req).await;
     }
     let r = next.run(req).await;
-    let status = r.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return r;
-    }
-    let (mut parts, body) = r.into_parts();
-    let bytes = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .unwrap_or_default();
-    let openai: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let message = openai["error"]["message"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json; charset=utf-8"),
-    );
-    Response::from_parts(parts, Body::from(json!({ "error": message }).to_string()))
+    crate::net::reshape_error(r, |_, message, _| json!({ "error": message })).await
 }
 
 #[cfg(test)]
