@@ -63,7 +63,8 @@ pub enum Syntax {
     /// `""`: `{NAME: ARGS}`): Granite 3.3 (`<|tool_call|>[{"name", "arguments"}]`), Nemotron
     /// Nano v2 (`<TOOLCALL>`...`</TOOLCALL>`), Command R7B (`<|START_ACTION|>[{"tool_call_id",
     /// "tool_name", "parameters"}]<|END_ACTION|>`), Apertus (`<|tools_prefix|>[{NAME:
-    /// ARGS}]<|tools_suffix|>`).
+    /// ARGS}]<|tools_suffix|>`), Apriel 1.5/1.6 (`<tool_calls>[...]</tool_calls>`), FireFunction
+    /// v2 (`functools[...]`).
     JsonList {
         open: &'static str,
         close: &'static str,
@@ -129,6 +130,22 @@ impl Syntax {
                 close: "<|tools_suffix|>",
                 name: "",
                 args: "",
+            }
+        } else if has("<tool_calls>[") {
+            // Apriel 1.5 and 1.6
+            Syntax::JsonList {
+                open: "<tool_calls>",
+                close: "</tool_calls>",
+                name: "name",
+                args: "arguments",
+            }
+        } else if has("functools[") {
+            // FireFunction v2: ` functools[{...}, ...]` to the reply's end
+            Syntax::JsonList {
+                open: "functools",
+                close: "",
+                name: "name",
+                args: "arguments",
             }
         } else if has("<|tool_call|>") && !has("<|/tool_call|>") {
             Syntax::JsonList {
@@ -1826,6 +1843,7 @@ mod tests {
             ("qwen3-coder.jinja", "Xml"),
             ("glm-4.6.jinja", "Glm"),
             ("hunyuan-3.jinja", "Glm"),
+            ("apriel-1.5.jinja", "JsonList"),
             ("minimax-m2.jinja", "MiniMax"),
             ("mistral-small-3.2.jinja", "MistralArgs"),
             ("gpt-oss.jinja", "Harmony"),
@@ -1977,6 +1995,19 @@ mod tests {
         ] {
             assert_eq!(g.parse(text), (Some(text.to_string()), vec![]), "{text}");
         }
+        // FireFunction v2 (its template's tool part, shortened): ` functools[...]` to the end
+        let src = "{% for t in tools %}{{ t.function.name }}{% endfor %} Prefix calls with functools marker: functools[{...}]{% for m in messages %}{{ m.content }}{% endfor %}";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let ff = Tools::from_request(Some(&list), Some(&json!("required")), None, Some(&t))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ff.syntax.open_tag(), Some("functools"));
+        let (content, calls) = ff.parse(
+            "Sure. functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]",
+        );
+        assert_eq!(content.as_deref(), Some("Sure."));
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert!(matches!(ff.grammar(), Ok(Some(Grammar::Lark(g))) if g.contains("functools")));
         // LFM2.5: Python calls, keyword arguments in Python's literals or JSON's
         let (_, _, py) = fixture_tools("lfm2.5.jinja", &list);
         assert_eq!(py.syntax, Syntax::Python);

@@ -427,6 +427,7 @@ fn required_calls_in_each_tagged_syntax() {
         "qwen3-coder.jinja",
         "glm-4.6.jinja",
         "hunyuan-3.jinja",
+        "apriel-1.5.jinja",
         "minimax-m2.jinja",
         "mistral-small-3.2.jinja",
         "gpt-oss.jinja",
