@@ -1373,10 +1373,6 @@ mod tests {
         assert!(ChatTemplate::new("{% generation %}x", "", "").is_err());
     }
 
-    /// Fuzz regression (`fuzz/regressions/tokenizer/template-error-debug-info-panics-minijinja`):
-    /// `for` with no loop variable compiles, fails at render with a span whose end column is
-    /// before its start, and minijinja's debug-info renderer subtracted them (a panic with
-    /// overflow checks, a wrapped length without). The error must come back as a message.
     /// A namespace's lists change in place as Python's (Kimi K2's templates queue call ids
     /// so); a loop that grows one without end runs out of fuel, not memory.
     #[test]
@@ -1419,6 +1415,10 @@ mod tests {
         assert!(t0.elapsed() < std::time::Duration::from_secs(5));
     }
 
+    /// Fuzz regression (`fuzz/regressions/tokenizer/template-error-debug-info-panics-minijinja`):
+    /// `for` with no loop variable compiles, fails at render with a span whose end column is
+    /// before its start, and minijinja's debug-info renderer subtracted them (a panic with
+    /// overflow checks, a wrapped length without). The error must come back as a message.
     #[test]
     fn render_error_with_a_backwards_span_is_a_message() {
         let t =
