@@ -210,6 +210,8 @@ status, text, _ = http(thinking_url, "/api/chat", tbody)
 t = ollama.ChatResponse(**json.loads(text))
 ts, _ = lines(thinking_url, "/api/chat", {**tbody, "stream": True})
 ts = [ollama.ChatResponse(**o) for o in ts]
+# the reasoning_format extension: "none" leaves the reply whole
+whole = json.loads(http(thinking_url, "/api/chat", {**tbody, "reasoning_format": "none"})[1])["message"]
 gbody = {"model": name, "prompt": "Is the sky blue?", "think": True, "grammar": THINKING, "stream": False,
          "options": {**GREEDY, "num_predict": 60}}
 tg = json.loads(http(thinking_url, "/api/generate", gbody)[1])
@@ -224,6 +226,7 @@ out["thinking"] = {
     "streamed_content": "".join(p.message.content or "" for p in ts),
     "generate_thinking": tg.get("thinking"), "generate_response": tg.get("response"),
     "not_thinking": not_thinking,
+    "unsplit_content": whole.get("content"), "unsplit_thinking": whole.get("thinking"),
 }
 
 # embeddings

@@ -65,17 +65,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
             .param("encoding_format"))
         }
     };
-    let d = st.n_embd;
-    let keep = match b.dimensions {
-        None => d,
-        Some(n) if n >= 1 && n as u64 <= d as u64 => n as usize,
-        Some(n) => {
-            return Err(ApiError::bad(format!(
-                "dimensions {n}: this model's embeddings have {d}; ask for 1..={d}"
-            ))
-            .param("dimensions"))
-        }
-    };
+    let keep = dimensions(st, b.dimensions.map(Value::from).as_ref())?;
     let norm = b.embd_normalize.unwrap_or(2);
     if norm < -1 {
         return Err(ApiError::bad(format!(
@@ -108,6 +98,22 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
     .into_response())
+}
+
+/// How many of an embedding's first dimensions `dimensions` keeps (Matryoshka-trained
+/// models): all when absent, else 1 up to the hidden width.
+pub(crate) fn dimensions(st: &ServerState, asked: Option<&Value>) -> Result<usize, ApiError> {
+    let d = st.n_embd;
+    match asked {
+        None | Some(Value::Null) => Ok(d),
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=d as u64).contains(&n) => Ok(n as usize),
+            _ => Err(ApiError::bad(format!(
+                "dimensions {v}: this model's embeddings have {d}; ask for 1..={d}"
+            ))
+            .param("dimensions")),
+        },
+    }
 }
 
 /// How this server pools hidden states, or the error saying it gives none.

@@ -411,6 +411,15 @@ fn apply_samplers(v: Option<&Value>, s: &mut SamplerConfig) -> Result<(), ApiErr
     Ok(())
 }
 
+/// llama.cpp's `repeat_last_n` as the tokens the repeat penalty looks back over: -1 is the
+/// context, 0 off; `None` below -1.
+pub(crate) fn repeat_window(st: &ServerState, n: i64) -> Option<usize> {
+    match n {
+        -1 => Some(st.ctx),
+        n => usize::try_from(n).ok(),
+    }
+}
+
 /// What a native request asks for beyond its jobs.
 struct Asked {
     /// `n_predict` as given (-1: up to the context).
@@ -482,16 +491,12 @@ async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), 
         j.post_sampling = b.post_sampling_probs == Some(true);
         j.sampler.logit_bias.extend_from_slice(&bias);
         if let Some(n) = b.repeat_last_n {
-            j.sampler.repeat_last_n = match n {
-                -1 => st.ctx,
-                n if n >= 0 => n as usize,
-                n => {
-                    return Err(ApiError::bad(format!(
-                        "repeat_last_n {n} must be -1 (the context) or more"
-                    ))
-                    .param("repeat_last_n"))
-                }
-            };
+            j.sampler.repeat_last_n = repeat_window(st, n).ok_or_else(|| {
+                ApiError::bad(format!(
+                    "repeat_last_n {n} must be -1 (the context) or more"
+                ))
+                .param("repeat_last_n")
+            })?;
         }
         apply_samplers(b.samplers.as_ref(), &mut j.sampler)?;
         out.push(j);
@@ -1015,8 +1020,9 @@ fn text_bytes(parts: &[Part]) -> usize {
         .sum()
 }
 
-/// The largest character boundary of `s` at or before `i`.
-fn floor_char(s: &str, mut i: usize) -> usize {
+/// The largest character boundary of `s` at or before `i` (at most its length).
+pub(crate) fn floor_char(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
     while !s.is_char_boundary(i) {
         i -= 1;
     }

@@ -36,12 +36,11 @@
 //! Ollama's Go `template` override (400: the model's own template is used).
 
 use crate::api::{
-    chat_prompt, encode_text, finish, job, parse, run_to_end, start_gen, ApiError, ChatBody,
+    chat_job, encode_text, finish, job, parse, run_to_end, start_gen, ApiError, ChatBody,
     ChatMessage, Common, End, Gen, Job, Kind, Piece, Stop,
 };
 use crate::error::bad;
 use crate::reasoning::Split;
-use crate::scheduler::TokenLogprobs;
 use crate::ServerState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -264,22 +263,12 @@ fn common(o: &Map<String, Value>, model: String) -> Result<(Common, Option<i64>)
             ));
         }
     }
-    let stop = match opts.get("stop").filter(|v| !v.is_null()) {
-        None => None,
-        Some(Value::String(s)) => Some(Stop::One(s.clone())),
-        Some(Value::Array(l)) => Some(Stop::Many(
-            l.iter()
-                .map(|s| s.as_str().map(str::to_string))
-                .collect::<Option<_>>()
-                .ok_or_else(|| bad("option \"stop\" must be an array of strings", "options"))?,
-        )),
-        Some(_) => {
-            return Err(bad(
-                "option \"stop\" must be an array of strings",
-                "options",
-            ))
-        }
-    };
+    let stop = opts
+        .get("stop")
+        .filter(|v| !v.is_null())
+        .map(|v| serde_json::from_value::<Stop>(v.clone()))
+        .transpose()
+        .map_err(|_| bad("option \"stop\" must be an array of strings", "options"))?;
     let response_format = match given(o, "format") {
         None => None,
         Some(Value::String(s)) if s.is_empty() => None,
@@ -436,21 +425,58 @@ struct Turn {
     started: Instant,
 }
 
+impl Endpoint {
+    /// An answer object of `model`: `content` (and `thinking`, `tool_calls`) in the
+    /// endpoint's form, not done.
+    fn object(
+        self,
+        model: &str,
+        content: &str,
+        thinking: Option<&str>,
+        calls: Option<Value>,
+    ) -> Value {
+        let mut v = json!({"model": model, "created_at": now()});
+        match self {
+            Endpoint::Generate => {
+                v["response"] = json!(content);
+                if let Some(t) = thinking {
+                    v["thinking"] = json!(t);
+                }
+            }
+            Endpoint::Chat => {
+                let mut m = json!({"role": "assistant", "content": content});
+                if let Some(t) = thinking {
+                    m["thinking"] = json!(t);
+                }
+                if let Some(c) = calls {
+                    m["tool_calls"] = c;
+                }
+                v["message"] = m;
+            }
+        }
+        v["done"] = json!(false);
+        v
+    }
+}
+
 /// The answer to a request with nothing to generate (an empty prompt, no messages): the
 /// model is loaded (or, with `keep_alive` 0, would be unloaded), as Ollama answers.
 fn load_answer(endpoint: Endpoint, model: &str, unload: bool) -> Response {
-    let mut v = json!({"model": model, "created_at": now()});
-    match endpoint {
-        Endpoint::Generate => v["response"] = json!(""),
-        Endpoint::Chat => v["message"] = json!({"role": "assistant", "content": ""}),
-    }
+    let mut v = endpoint.object(model, "", None, None);
     v["done"] = json!(true);
     v["done_reason"] = json!(if unload { "unload" } else { "load" });
     Json(v).into_response()
 }
 
-/// A chat job from chat messages: rendered by the model's template, with `think`, tools and
-/// the reasoning split.
+/// Whether the model's chat template thinks (has thinking tags or harmony's channels).
+fn thinks(st: &ServerState) -> bool {
+    st.tokenizer
+        .chat_template()
+        .is_some_and(|t| gds_runtime::reasoning::Reasoning::of_template(t.source(), "").is_some())
+}
+
+/// A chat job from chat messages, as `/v1/chat/completions` makes one ([`chat_job`]), with
+/// `think` as the template's `enable_thinking` and reasoning effort.
 async fn chat_turn(
     st: &Arc<ServerState>,
     o: &Map<String, Value>,
@@ -458,22 +484,16 @@ async fn chat_turn(
     tools: Option<Value>,
     prefill: bool,
     common: Common,
-) -> Result<(Job, Vec<u32>), ApiError> {
+) -> Result<Job, ApiError> {
     let thinking = think(o)?;
-    let template = st.tokenizer.chat_template();
-    if thinking.as_ref().is_some_and(|(on, _)| *on) {
-        let thinks = template.is_some_and(|t| {
-            gds_runtime::reasoning::Reasoning::of_template(t.source(), "").is_some()
-        });
-        if !thinks {
-            return Err(bad(
-                format!(
-                    "{:?} does not support thinking (its chat template has no thinking)",
-                    common.model.as_deref().unwrap_or_default()
-                ),
-                "think",
-            ));
-        }
+    if thinking.as_ref().is_some_and(|(on, _)| *on) && !thinks(st) {
+        return Err(bad(
+            format!(
+                "{:?} does not support thinking (its chat template has no thinking)",
+                common.model.as_deref().unwrap_or_default()
+            ),
+            "think",
+        ));
     }
     // `chat_template_kwargs` (an extension), with `think`'s `enable_thinking`
     let mut vars = given(o, "chat_template_kwargs").cloned();
@@ -502,33 +522,25 @@ async fn chat_turn(
         reasoning_format: string(o, "reasoning_format")?,
         reasoning_effort: thinking.and_then(|(_, level)| level),
     };
-    let (prompt, tools) = chat_prompt(st, &chat).await?;
-    let reasoning = crate::api::reasoning_of(st, None, &prompt)?;
-    let mut j = job(st, common, prompt.clone(), usize::MAX, Kind::Chat)?;
-    crate::api::with_tools(&mut j, tools)?;
-    crate::api::with_reasoning(st, &mut j, reasoning);
-    Ok((j, prompt))
+    chat_job(st, chat, common).await
 }
 
 /// Sets `repeat_last_n` (-1: the context, 0: off).
 fn repeat_last_n(st: &ServerState, j: &mut Job, n: Option<i64>) -> Result<(), ApiError> {
     if let Some(n) = n {
-        j.sampler.repeat_last_n = match n {
-            -1 => st.ctx,
-            n if n >= 0 => n as usize,
-            n => {
-                return Err(bad(
-                    format!("option \"repeat_last_n\" {n} must be -1 (the context) or more"),
-                    "options",
-                ))
-            }
-        };
+        j.sampler.repeat_last_n = crate::native::repeat_window(st, n).ok_or_else(|| {
+            bad(
+                format!("option \"repeat_last_n\" {n} must be -1 (the context) or more"),
+                "options",
+            )
+        })?;
     }
     Ok(())
 }
 
 /// `POST /api/chat`.
 pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let started = Instant::now();
     let r = async {
         let o = object(&body)?;
         let model = model(&o)?;
@@ -553,7 +565,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
         });
         let (common, last_n) = common(&o, model.clone())?;
         let tools = given(&o, "tools").cloned();
-        let (mut j, _) = chat_turn(&st, &o, messages, tools, prefill, common).await?;
+        let mut j = chat_turn(&st, &o, messages, tools, prefill, common).await?;
         repeat_last_n(&st, &mut j, last_n)?;
         answer(
             &st,
@@ -562,7 +574,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
                 endpoint: Endpoint::Chat,
                 model,
                 context: None,
-                started: Instant::now(),
+                started,
             },
             stream,
         )
@@ -574,6 +586,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
 
 /// `POST /api/generate`.
 pub async fn generate(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let started = Instant::now();
     let r = async {
         let o = object(&body)?;
         let model = model(&o)?;
@@ -609,13 +622,13 @@ pub async fn generate(State(st): State<Arc<ServerState>>, body: Bytes) -> Respon
                 messages.push(ChatMessage::text("system", s));
             }
             messages.push(ChatMessage::text("user", prompt));
-            let (mut j, rendered) = chat_turn(&st, &o, messages, None, false, common).await?;
+            let mut j = chat_turn(&st, &o, messages, None, false, common).await?;
             if !context.is_empty() {
                 // the earlier conversation's tokens, then this turn (its BOS once)
                 let bos = st.tokenizer.bos();
-                let turn = match rendered.split_first() {
+                let turn = match j.prompt.split_first() {
                     Some((first, rest)) if Some(*first) == bos => rest,
-                    _ => &rendered[..],
+                    _ => &j.prompt[..],
                 };
                 let mut ids = context.clone();
                 ids.extend_from_slice(turn);
@@ -644,7 +657,7 @@ pub async fn generate(State(st): State<Arc<ServerState>>, body: Bytes) -> Respon
                 endpoint: Endpoint::Generate,
                 model,
                 context: returned,
-                started: Instant::now(),
+                started,
             },
             stream,
         )
@@ -699,46 +712,16 @@ fn tool_call(index: usize, call: &Value) -> Value {
     })
 }
 
-/// Ollama's `logprobs`: each token's text, log-probability, bytes and top alternatives.
-fn logprobs(st: &ServerState, lps: &[(u32, TokenLogprobs)]) -> Value {
-    let tok = st.tokenizer.inner();
-    let entry = |id: u32, lp: f32| {
-        let t = tok.decode(&[id], false).unwrap_or_default();
-        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
-    };
-    lps.iter()
-        .map(|(id, l)| {
-            let mut e = entry(*id, l.logprob);
-            e["top_logprobs"] = l.top.iter().map(|&(i, p)| entry(i, p)).collect();
-            e
-        })
-        .collect()
+/// Ollama's `logprobs` of the tokens not handed out yet: each token's text, log-probability,
+/// bytes and top alternatives, the entries of OpenAI chat's `logprobs.content`.
+fn logprobs(gen: &mut Gen) -> Value {
+    gen.take_logprobs(Kind::Chat)["content"].take()
 }
 
 impl Turn {
     /// An answer object: `content` (and `thinking`, `tool_calls`) in the endpoint's form.
     fn object(&self, content: &str, thinking: Option<&str>, calls: Option<Value>) -> Value {
-        let mut v = json!({"model": self.model, "created_at": now()});
-        match self.endpoint {
-            Endpoint::Generate => {
-                v["response"] = json!(content);
-                if let Some(t) = thinking {
-                    v["thinking"] = json!(t);
-                }
-            }
-            Endpoint::Chat => {
-                let mut m = json!({"role": "assistant", "content": content});
-                if let Some(t) = thinking {
-                    m["thinking"] = json!(t);
-                }
-                if let Some(c) = calls {
-                    m["tool_calls"] = c;
-                }
-                v["message"] = m;
-            }
-        }
-        v["done"] = json!(false);
-        v
+        self.endpoint.object(&self.model, content, thinking, calls)
     }
 
     /// The last object's fields: why it ended, the counts and durations (nanoseconds), and
@@ -766,7 +749,7 @@ impl Turn {
 async fn answer(st: &Arc<ServerState>, t: Turn, stream: bool) -> Result<Response, ApiError> {
     if stream {
         let gen = start_gen(st, &t.job).await?;
-        return Ok(ndjson(st.clone(), t, gen));
+        return Ok(ndjson(t, gen));
     }
     let (mut gen, text, end) = run_to_end(st, &t.job).await?;
     let (thinking, text) = match &t.job.reasoning {
@@ -783,7 +766,7 @@ async fn answer(st: &Arc<ServerState>, t: Turn, stream: bool) -> Result<Response
     let content = message["content"].as_str().unwrap_or_default();
     let mut v = t.object(content, thinking.as_deref(), calls);
     if t.job.logprobs.is_some() {
-        v["logprobs"] = logprobs(st, &gen.take_raw_logprobs());
+        v["logprobs"] = logprobs(&mut gen);
     }
     t.close(&mut v, &end, &gen.take_tokens());
     Ok(Json(v).into_response())
@@ -803,7 +786,7 @@ struct Streaming {
 
 /// The turn's objects as newline-delimited JSON, as they come; a failure is an `{"error"}`
 /// line, which ends it. Dropping the body (the client gone) cancels the job.
-fn ndjson(st: Arc<ServerState>, t: Turn, gen: Gen) -> Response {
+fn ndjson(t: Turn, gen: Gen) -> Response {
     let t = Arc::new(t);
     let s = Streaming {
         gen,
@@ -815,12 +798,12 @@ fn ndjson(st: Arc<ServerState>, t: Turn, gen: Gen) -> Response {
         ended: false,
     };
     let lines = stream::unfold(s, move |mut s| {
-        let (st, t) = (st.clone(), t.clone());
+        let t = t.clone();
         async move {
             if s.ended {
                 return None;
             }
-            let out = step(&st, &t, &mut s).await;
+            let out = step(&t, &mut s).await;
             Some((stream::iter(out), s))
         }
     })
@@ -835,13 +818,13 @@ fn ndjson(st: Arc<ServerState>, t: Turn, gen: Gen) -> Response {
 }
 
 /// The objects of the generator's next piece.
-async fn step(st: &ServerState, t: &Turn, s: &mut Streaming) -> Vec<Value> {
+async fn step(t: &Turn, s: &mut Streaming) -> Vec<Value> {
     let tools = t.job.tools.as_deref().filter(|tl| tl.parses());
     let want_lp = t.job.logprobs.is_some();
     let mut out = Vec::new();
     let with_lp = |mut v: Value, s: &mut Streaming| {
         if want_lp {
-            v["logprobs"] = logprobs(st, &s.gen.take_raw_logprobs());
+            v["logprobs"] = logprobs(&mut s.gen);
         }
         v
     };
@@ -947,19 +930,7 @@ pub async fn embed(State(st): State<Arc<ServerState>>, body: Bytes) -> Response 
             ));
         }
         let truncate = boolean(&o, "truncate")?.unwrap_or(true);
-        let d = st.n_embd;
-        let keep = match given(&o, "dimensions") {
-            None => d,
-            Some(Value::Number(n)) if n.as_u64().is_some_and(|n| (1..=d as u64).contains(&n)) => {
-                n.as_u64().unwrap_or(d as u64) as usize
-            }
-            Some(v) => {
-                return Err(bad(
-                    format!("dimensions {v}: this model's embeddings have {d}; ask for 1..={d}"),
-                    "dimensions",
-                ))
-            }
-        };
+        let keep = crate::embeddings::dimensions(&st, o.get("dimensions"))?;
         let mut prompts = Vec::with_capacity(texts.len());
         for s in texts {
             if s.is_empty() {
@@ -968,7 +939,7 @@ pub async fn embed(State(st): State<Arc<ServerState>>, body: Bytes) -> Response 
             let mut ids = if truncate {
                 // past the context it is cut, so the text is not refused for its length
                 let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
-                let cut = s[..floor_char(&s, ctx.saturating_mul(64))].to_string();
+                let cut = s[..crate::native::floor_char(&s, ctx.saturating_mul(64))].to_string();
                 crate::api::tokenize(move || tok.encode(&cut, true, false), "input").await?
             } else {
                 encode_text(&st, s, true, false, "input").await?
@@ -1009,15 +980,6 @@ pub async fn embed(State(st): State<Arc<ServerState>>, body: Bytes) -> Response 
     }
     .await;
     finish(&st, r)
-}
-
-/// The largest char boundary of `s` at or below `i`.
-fn floor_char(s: &str, mut i: usize) -> usize {
-    i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
 }
 
 /// `POST /api/embeddings` (Ollama's older endpoint): `prompt`'s embedding, not normalized;
@@ -1086,7 +1048,7 @@ pub async fn show(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
         if template.is_some_and(|t| t.takes_tools()) {
             caps.push("tools");
         }
-        if gds_runtime::reasoning::Reasoning::of_template(source, "").is_some() {
+        if thinks(&st) {
             caps.push("thinking");
         }
         if matches!(st.tokenizer.fim(), [Some(_), Some(_), Some(_), ..]) {

@@ -216,6 +216,12 @@ fn ollama_api_through_the_ollama_client() {
     assert_eq!(th["streamed_content"], th["content"], "{th}");
     assert_eq!(th["generate_thinking"], th["thinking"], "{th}");
     assert_eq!(th["generate_response"], th["content"], "{th}");
+    // `reasoning_format: none` (an extension): the reply whole, tags and all
+    assert!(th["unsplit_thinking"].is_null(), "{th}");
+    assert!(th["unsplit_content"]
+        .as_str()
+        .unwrap()
+        .starts_with("<think>"));
     assert_eq!(th["not_thinking"]["status"], 400, "{th}");
     assert!(th["not_thinking"]["error"]
         .as_str()
