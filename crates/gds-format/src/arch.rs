@@ -71,6 +71,11 @@ pub struct FamilySpec {
     /// only the parts.
     #[serde(default)]
     pub fused: BTreeMap<String, Vec<(String, String)>>,
+    /// Canonical tensors a Hugging Face checkpoint stores as one tensor per expert (the HF
+    /// name, `{N}` the block and `{E}` the expert): the converter stacks experts `0..E` in
+    /// order into the canonical `[E, …]` tensor, as GGUF stores them.
+    #[serde(default)]
+    pub hf_stacked: BTreeMap<String, String>,
 }
 
 /// Tensors by scope.
@@ -99,6 +104,7 @@ const DESCRIPTIONS: &[&str] = &[
     include_str!("../../../formats/gemma2.json"),
     include_str!("../../../formats/qwen3.json"),
     include_str!("../../../formats/phi3.json"),
+    include_str!("../../../formats/qwen3moe.json"),
 ];
 
 /// Every architecture description of `formats/`, parsed once from the files embedded at
@@ -151,7 +157,7 @@ impl FamilySpec {
 
 /// Architectures (`general.architecture`) whose models the format can check and `gdsrun`
 /// can run.
-pub const KNOWN_ARCHS: &[&str] = &["llama", "gemma3", "gemma2", "qwen3", "phi3"];
+pub const KNOWN_ARCHS: &[&str] = &["llama", "gemma3", "gemma2", "qwen3", "phi3", "qwen3moe"];
 
 /// Largest value accepted for a dimension or count hyperparameter (2^24).
 pub const MAX_DIM: u64 = 1 << 24;
@@ -374,7 +380,29 @@ pub struct Hparams {
     pub attn_softcap: Option<f64>,
     /// Output logits are capped as `c·tanh(l/c)` (`model.final_logit_softcap`).
     pub final_softcap: Option<f64>,
+    /// Mixture-of-experts feed-forward layers (`model.n_expert` present), else dense.
+    pub moe: Option<Moe>,
 }
+
+/// The mixture-of-experts feed-forward network of every block: a router picks
+/// `n_expert_used` of `n_expert` experts per token (softmax over the router's logits, the
+/// top ones kept), each a gated FFN of width `n_ff_exp`, their outputs summed weighted by
+/// the router's probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Moe {
+    /// Experts per block (`model.n_expert`, 1 … 4096).
+    pub n_expert: u64,
+    /// Experts used per token (`model.n_expert_used`, 1 … `n_expert`).
+    pub n_expert_used: u64,
+    /// Hidden width of one expert (`model.n_ff_exp`).
+    pub n_ff_exp: u64,
+    /// The kept probabilities are renormalized to sum 1 (`model.expert_weights_norm`).
+    pub norm_weights: bool,
+}
+
+/// Most experts a block may have: the router's row per token is read whole, and llama.cpp's
+/// largest models have 384.
+pub const MAX_EXPERTS: u64 = 4096;
 
 impl Hparams {
     /// A small Gemma 3-shaped set with every optional field exercised (scaling, a window
@@ -409,6 +437,7 @@ impl Hparams {
             query_pre_attn_scalar: Some(256.0),
             attn_softcap: None,
             final_softcap: Some(30.0),
+            moe: None,
         }
     }
 }
@@ -432,6 +461,8 @@ impl Hparams {
             "model.vocab_size" => Some(self.vocab_size),
             "model.head_dim" => Some(self.head_dim),
             "model.rope_dims" => Some(self.rope_dims),
+            "model.n_expert" => self.moe.map(|m| m.n_expert),
+            "model.n_ff_exp" => self.moe.map(|m| m.n_ff_exp),
             _ => None,
         })
     }
@@ -439,7 +470,8 @@ impl Hparams {
 
 /// The value of shape symbol `sym` of the family descriptions (`d` = n_embd,
 /// `q` = n_heads·head_dim, `kv` = n_kv_heads·head_dim, `ff` = n_ff, `V` = vocab_size,
-/// `hd` = head_dim, `hd2` = head_dim/2, `rd2` = rope_dims/2) from the `model.*` values that
+/// `hd` = head_dim, `hd2` = head_dim/2, `rd2` = rope_dims/2, `E` = n_expert, `ffe` =
+/// n_ff_exp) from the `model.*` values that
 /// `get` gives by key — the converter's metadata before a manifest exists, or [`Hparams`].
 /// `None`: unknown symbol, missing value, or overflow.
 pub fn shape_symbol(sym: &str, get: impl Fn(&str) -> Option<u64>) -> Option<u64> {
@@ -453,6 +485,8 @@ pub fn shape_symbol(sym: &str, get: impl Fn(&str) -> Option<u64>) -> Option<u64>
         "hd" => hd(),
         "hd2" => Some(hd()? / 2),
         "rd2" => Some(get("model.rope_dims").or_else(hd)? / 2),
+        "E" => get("model.n_expert"),
+        "ffe" => get("model.n_ff_exp"),
         _ => None,
     }
 }
@@ -740,6 +774,57 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
         }
     };
     let rope_attn_factor = opt_pos("model.rope_scaling.attn_factor", &mut errs);
+    let moe = match m.get("model.n_expert") {
+        None => None,
+        Some(Value::U64(n)) if (1..=MAX_EXPERTS).contains(&n) => {
+            let used = match m.get("model.n_expert_used") {
+                Some(Value::U64(k)) if (1..=n).contains(&k) => k,
+                v => {
+                    errs.push(key_err(
+                        "model.n_expert_used",
+                        match v {
+                            None => "required with model.n_expert and absent".into(),
+                            Some(v) => format!("{v} is not an integer in 1..={n} (model.n_expert)"),
+                        },
+                    ));
+                    1
+                }
+            };
+            let n_ff_exp = opt_dim("model.n_ff_exp", &mut errs).unwrap_or_else(|| {
+                if m.get("model.n_ff_exp").is_none() {
+                    errs.push(key_err(
+                        "model.n_ff_exp",
+                        "required with model.n_expert and absent",
+                    ));
+                }
+                1
+            });
+            let norm_weights = match m.get("model.expert_weights_norm") {
+                None => false,
+                Some(Value::Bool(b)) => b,
+                Some(v) => {
+                    errs.push(key_err(
+                        "model.expert_weights_norm",
+                        format!("must be a bool, found {v}"),
+                    ));
+                    false
+                }
+            };
+            Some(Moe {
+                n_expert: n,
+                n_expert_used: used,
+                n_ff_exp,
+                norm_weights,
+            })
+        }
+        Some(v) => {
+            errs.push(key_err(
+                "model.n_expert",
+                format!("{v} is not an integer in 1..={MAX_EXPERTS}"),
+            ));
+            None
+        }
+    };
     let rope_original_context = match m.get("model.rope_scaling.original_context_length") {
         None => None,
         Some(Value::U64(v)) if (1..=MAX_DIM).contains(&v) => Some(v),
@@ -783,6 +868,7 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
         query_pre_attn_scalar,
         attn_softcap,
         final_softcap,
+        moe,
     })
 }
 
@@ -966,13 +1052,14 @@ mod tests {
             for dims in f.shapes.values() {
                 for d in dims {
                     assert!(
-                        ["d", "q", "kv", "ff", "V", "hd", "hd2", "rd2"].contains(&d.as_str()),
+                        ["d", "q", "kv", "ff", "V", "hd", "hd2", "rd2", "E", "ffe"]
+                            .contains(&d.as_str()),
                         "{d}"
                     );
                 }
             }
             // every HF map target is a tensor with a shape, or a fused one split into such
-            for canon in f.tensors.values() {
+            for canon in f.tensors.values().chain(f.hf_stacked.keys()) {
                 assert!(
                     f.shapes.contains_key(canon) || f.fused.contains_key(canon),
                     "{}: {canon}",

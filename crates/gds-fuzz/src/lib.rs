@@ -602,6 +602,7 @@ fn model_config(mode: u8) -> gds_runtime::Config {
         attn_scale: 0.5,
         attn_softcap: None,
         final_softcap: None,
+        moe: None,
     }
 }
 

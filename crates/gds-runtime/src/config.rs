@@ -10,7 +10,7 @@ use serde::Serialize;
 /// each with its graph in [`crate::graph`].
 pub const SUPPORTED_ARCHS: &[&str] = gds_format::arch::KNOWN_ARCHS;
 
-pub use gds_format::arch::{RopeScaling, RopeStyle};
+pub use gds_format::arch::{Moe, RopeScaling, RopeStyle};
 
 /// Model hyperparameters: a view of [`Hparams`] built only by [`Config::from_hparams`]
 /// (tests may write one out).
@@ -68,6 +68,8 @@ pub struct Config {
     pub attn_softcap: Option<f32>,
     /// Output logit cap `c·tanh(l/c)`.
     pub final_softcap: Option<f32>,
+    /// Mixture-of-experts feed-forward layers, else dense.
+    pub moe: Option<Moe>,
 }
 
 impl Config {
@@ -145,6 +147,7 @@ impl Config {
             attn_scale: (1.0 / h.query_pre_attn_scalar.unwrap_or(h.head_dim as f64).sqrt()) as f32,
             attn_softcap: h.attn_softcap.map(|c| c as f32),
             final_softcap: h.final_softcap.map(|c| c as f32),
+            moe: h.moe,
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::attention::AttnParams;
 use crate::batch::Batch;
 use crate::config::{Config, RopeStyle};
 use crate::error::{Result, RuntimeError};
-use crate::graph::{self, Arch, Buf, Glu, Ops};
+use crate::graph::{self, Arch, Buf, Experts, Glu, Ops};
 use crate::ioplan::IoPlan;
 use crate::kv::KvCache;
 use crate::ops;
@@ -64,6 +64,19 @@ pub struct RunState {
     emb_row: Vec<u8>,
     /// logits of one streamed head chunk for several output tokens
     head_tmp: Vec<f32>,
+    /// a mixture of experts' buffers (grown by the first pass through one)
+    moe: MoeScratch,
+}
+
+/// Buffers of [`Ops::moe`] on the CPU: the router's logits of the batch, and one expert's
+/// tokens (gathered inputs, gate, up and output rows).
+#[derive(Default)]
+struct MoeScratch {
+    logits: Vec<f32>,
+    x: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    out: Vec<f32>,
 }
 
 impl RunState {
@@ -99,6 +112,7 @@ impl RunState {
             n_out: 0,
             emb_row: Vec::new(),
             head_tmp: Vec::new(),
+            moe: MoeScratch::default(),
         }
     }
 
@@ -900,6 +914,70 @@ impl Ops for CpuOps<'_, '_> {
         let xv = self.take(x);
         ops::add_assign(&mut Self::field(self.s, y)[..len], &xv[..len]);
         self.put(x, xv);
+        Ok(())
+    }
+
+    fn moe(&mut self, e: &Experts<TensorRef>, act: Glu) -> Result<()> {
+        let n = self.batch.len();
+        let d = self.m.config.n_embd;
+        let s = &mut *self.s;
+        let xb = &s.xb[..n * d];
+        if let Some((o, l, _)) = &mut self.obs {
+            o.matmul(*l, "ffn_gate_inp", xb, n);
+        }
+        let sc = &mut s.moe;
+        sc.logits.resize(n * e.n, 0.0);
+        self.m.matmul_many(
+            &[e.router.view(self.bytes)?],
+            xb,
+            n,
+            &mut [&mut sc.logits[..n * e.n]],
+        )?;
+        let by_expert = graph::route(&mut sc.logits[..n * e.n], e.n, e.used, e.norm);
+        let proj = &mut s.proj[..n * d];
+        proj.fill(0.0);
+        let glu = match act {
+            Glu::Silu => ops::swiglu,
+            Glu::GeluTanh => ops::geglu,
+        };
+        // one expert at a time over the tokens that chose it: its rows are read once for
+        // them all, as a dense FFN's are for the batch
+        for (x, tokens) in by_expert.iter().enumerate() {
+            let m = tokens.len();
+            if m == 0 {
+                continue;
+            }
+            let ff = e.n_ff;
+            sc.x.resize(m * d, 0.0);
+            sc.gate.resize(m * ff, 0.0);
+            sc.up.resize(m * ff, 0.0);
+            sc.out.resize(m * d, 0.0);
+            for (j, &(t, _)) in tokens.iter().enumerate() {
+                sc.x[j * d..(j + 1) * d].copy_from_slice(&xb[t * d..(t + 1) * d]);
+            }
+            self.m.matmul_many(
+                &[
+                    e.gate.rows_view(self.bytes, x * ff, ff)?,
+                    e.up.rows_view(self.bytes, x * ff, ff)?,
+                ],
+                &sc.x[..m * d],
+                m,
+                &mut [&mut sc.gate[..m * ff], &mut sc.up[..m * ff]],
+            )?;
+            glu(&mut sc.gate[..m * ff], &sc.up[..m * ff]);
+            self.m.matmul_many(
+                &[e.down.rows_view(self.bytes, x * d, d)?],
+                &sc.gate[..m * ff],
+                m,
+                &mut [&mut sc.out[..m * d]],
+            )?;
+            for (j, &(t, w)) in tokens.iter().enumerate() {
+                let out = &sc.out[j * d..(j + 1) * d];
+                for (p, &v) in proj[t * d..(t + 1) * d].iter_mut().zip(out) {
+                    *p += w * v;
+                }
+            }
+        }
         Ok(())
     }
 }

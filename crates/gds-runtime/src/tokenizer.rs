@@ -963,6 +963,7 @@ mod tests {
             attn_scale: 0.5,
             attn_softcap: None,
             final_softcap: None,
+            moe: None,
         }
     }
 

@@ -134,7 +134,10 @@ impl Finder<'_, '_> {
         let (rows, cols) = match t.dims() {
             [n] => (1, *n as usize),
             [r, c] => (*r as usize, *c as usize),
-            d => return Err(bad(format!("expected 1 or 2 dimensions, found {d:?}"))),
+            // stacked experts: one matrix of their rows (dimensions are at most 2^24 and
+            // the byte length matched above, so the product fits)
+            [e, r, c] => ((*e * *r) as usize, *c as usize),
+            d => return Err(bad(format!("expected 1 to 3 dimensions, found {d:?}"))),
         };
         Ok(TensorRef {
             layer: t.layer,
@@ -177,6 +180,17 @@ impl Finder<'_, '_> {
 impl WeightSource<TensorRef, Vec<f32>> for Finder<'_, '_> {
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<TensorRef> {
         Finder::matrix(self, name, rows, cols)
+    }
+
+    fn experts(&mut self, name: &str, n: usize, rows: usize, cols: usize) -> Result<TensorRef> {
+        let t = self.info(name)?;
+        if t.dims() != [n as u64, rows as u64, cols as u64] {
+            return Err(RuntimeError::Tensor {
+                name: name.into(),
+                why: format!("shape {:?}, expected [{n}, {rows}, {cols}]", t.dims()),
+            });
+        }
+        self.bytes(t)
     }
 
     fn vector(&mut self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {

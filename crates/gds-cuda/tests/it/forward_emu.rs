@@ -274,6 +274,7 @@ fn config(sh: &Shape) -> Config {
         attn_scale: 1.0 / (sh.head_dim as f32).sqrt(),
         attn_softcap: None,
         final_softcap: None,
+        moe: None,
     }
 }
 

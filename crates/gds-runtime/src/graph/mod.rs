@@ -16,6 +16,7 @@ mod gemma3;
 mod llama;
 mod phi3;
 mod qwen3;
+mod qwen3moe;
 
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
@@ -81,14 +82,90 @@ pub struct Block<M, V> {
     pub post_attn_norm: Option<V>,
     /// `[n_embd]`
     pub ffn_norm: V,
-    /// `[n_ff, n_embd]`
-    pub w_gate: M,
-    /// `[n_ff, n_embd]`
-    pub w_up: M,
-    /// `[n_embd, n_ff]`
-    pub w_down: M,
+    /// The feed-forward network's matrices.
+    pub ffn: Ffn<M>,
     /// norm of the FFN output `[n_embd]` (gemma)
     pub post_ffw_norm: Option<V>,
+}
+
+/// A block's feed-forward network: one gated FFN, or a mixture of experts.
+#[derive(Clone, Debug)]
+pub enum Ffn<M> {
+    /// `down(act(gate(x)) · up(x))`.
+    Dense {
+        /// `[n_ff, n_embd]`
+        gate: M,
+        /// `[n_ff, n_embd]`
+        up: M,
+        /// `[n_embd, n_ff]`
+        down: M,
+    },
+    /// A router picks experts per token; each is a gated FFN (qwen3moe).
+    Experts(Experts<M>),
+}
+
+/// The mixture-of-experts FFN of a block: the experts' matrices stacked as GGUF stores them
+/// (`[n, rows, cols]`), each handle one matrix of `n · rows` rows, expert `e` its rows
+/// `e · rows .. (e + 1) · rows`.
+#[derive(Clone, Debug)]
+pub struct Experts<M> {
+    /// The router `[n, n_embd]`: one logit per expert.
+    pub router: M,
+    /// `[n, n_ff, n_embd]`
+    pub gate: M,
+    /// `[n, n_ff, n_embd]`
+    pub up: M,
+    /// `[n, n_embd, n_ff]`
+    pub down: M,
+    /// Experts.
+    pub n: usize,
+    /// Experts used per token.
+    pub used: usize,
+    /// Hidden width of one expert.
+    pub n_ff: usize,
+    /// The kept probabilities are renormalized to sum 1.
+    pub norm: bool,
+}
+
+/// The experts each token of a batch goes to: softmax over the router's logits, the `used`
+/// most probable kept (the lower index first among equals), their probabilities renormalized
+/// when `norm`. `logits` is `[n_tokens, n_experts]` and becomes the probabilities. Returns,
+/// per expert, its tokens and their weights in token order.
+pub fn route(
+    logits: &mut [f32],
+    n_experts: usize,
+    used: usize,
+    norm: bool,
+) -> Vec<Vec<(usize, f32)>> {
+    let mut by_expert = vec![Vec::new(); n_experts];
+    let mut order: Vec<usize> = Vec::with_capacity(n_experts);
+    for (t, row) in logits.chunks_exact_mut(n_experts).enumerate() {
+        crate::ops::softmax(row);
+        order.clear();
+        order.extend(0..n_experts);
+        // descending probability, NaN last, then lower index first: a total order
+        order.sort_by(|&a, &b| {
+            let key = |i: usize| {
+                if row[i].is_nan() {
+                    f32::NEG_INFINITY
+                } else {
+                    row[i]
+                }
+            };
+            key(b).total_cmp(&key(a)).then(a.cmp(&b))
+        });
+        let top = &order[..used.min(n_experts)];
+        let sum: f32 = top.iter().map(|&e| row[e]).sum();
+        for &e in top {
+            let w = if norm && sum > 0.0 {
+                row[e] / sum
+            } else {
+                row[e]
+            };
+            by_expert[e].push((t, w));
+        }
+    }
+    by_expert
 }
 
 /// Where a weight role's tensor is found, and its shape. Every backend loads a [`Block`]
@@ -98,6 +175,15 @@ pub trait WeightSource<M, V> {
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<M>;
     /// The vector `name`, which must be `[n]`; `None` when the model has no such tensor.
     fn vector(&mut self, name: &str, n: usize) -> Result<Option<V>>;
+    /// The stacked experts' matrix `name`, which must be `[n, rows, cols]`, as one matrix of
+    /// `n · rows` rows. Backends without mixture-of-experts layers keep this default.
+    fn experts(&mut self, name: &str, n: usize, rows: usize, cols: usize) -> Result<M> {
+        let _ = (n, rows, cols);
+        Err(RuntimeError::Tensor {
+            name: name.into(),
+            why: "this backend has no mixture-of-experts layers".into(),
+        })
+    }
 }
 
 impl<M, V> Block<M, V> {
@@ -118,7 +204,7 @@ impl<M, V> Block<M, V> {
         let arch = Arch::of(c)?;
         let (q_norm, k_norm, post_attn_norm, post_ffw_norm) = match arch {
             Arch::Llama | Arch::Phi3 => (None, None, None, None),
-            Arch::Qwen3 => (
+            Arch::Qwen3 | Arch::Qwen3Moe => (
                 Some(need(n("attn_q_norm.weight"), hd)?),
                 Some(need(n("attn_k_norm.weight"), hd)?),
                 None,
@@ -150,24 +236,51 @@ impl<M, V> Block<M, V> {
             wo: src.matrix(&n("attn_output.weight"), d, q)?,
             post_attn_norm,
             ffn_norm,
-            w_gate: src.matrix(&n("ffn_gate.weight"), ff, d)?,
-            w_up: src.matrix(&n("ffn_up.weight"), ff, d)?,
-            w_down: src.matrix(&n("ffn_down.weight"), d, ff)?,
+            ffn: match c.moe {
+                None => Ffn::Dense {
+                    gate: src.matrix(&n("ffn_gate.weight"), ff, d)?,
+                    up: src.matrix(&n("ffn_up.weight"), ff, d)?,
+                    down: src.matrix(&n("ffn_down.weight"), d, ff)?,
+                },
+                Some(moe) => {
+                    // checked at open to be at most MAX_EXPERTS and 2^24
+                    let (e, ffe) = (moe.n_expert as usize, moe.n_ff_exp as usize);
+                    Ffn::Experts(Experts {
+                        router: src.matrix(&n("ffn_gate_inp.weight"), e, d)?,
+                        gate: src.experts(&n("ffn_gate_exps.weight"), e, ffe, d)?,
+                        up: src.experts(&n("ffn_up_exps.weight"), e, ffe, d)?,
+                        down: src.experts(&n("ffn_down_exps.weight"), e, d, ffe)?,
+                        n: e,
+                        used: moe.n_expert_used as usize,
+                        n_ff: ffe,
+                        norm: moe.norm_weights,
+                    })
+                }
+            },
             post_ffw_norm,
         })
     }
 
-    /// The matrices with their role names.
-    pub fn matrices(&self) -> [(&'static str, &M); 7] {
-        [
+    /// The matrices with their role names (llama.cpp's tensor names without `blk.N.`).
+    pub fn matrices(&self) -> Vec<(&'static str, &M)> {
+        let mut m = vec![
             ("attn_q", &self.wq),
             ("attn_k", &self.wk),
             ("attn_v", &self.wv),
             ("attn_output", &self.wo),
-            ("ffn_gate", &self.w_gate),
-            ("ffn_up", &self.w_up),
-            ("ffn_down", &self.w_down),
-        ]
+        ];
+        match &self.ffn {
+            Ffn::Dense { gate, up, down } => {
+                m.extend([("ffn_gate", gate), ("ffn_up", up), ("ffn_down", down)])
+            }
+            Ffn::Experts(e) => m.extend([
+                ("ffn_gate_inp", &e.router),
+                ("ffn_gate_exps", &e.gate),
+                ("ffn_up_exps", &e.up),
+                ("ffn_down_exps", &e.down),
+            ]),
+        }
+        m
     }
 }
 
@@ -196,6 +309,15 @@ pub trait Ops {
     fn glu(&mut self, act: Glu) -> Result<()>;
     /// `y += x`.
     fn add(&mut self, y: Buf, x: Buf) -> Result<()>;
+    /// The mixture-of-experts FFN on `Xb`, result in `Proj`: each token's experts (see
+    /// [`route`]) with the gated activation `act`, their outputs summed by weight. Backends
+    /// without it keep this default (the plan keeps such models off them).
+    fn moe(&mut self, experts: &Experts<Self::Mat>, act: Glu) -> Result<()> {
+        let _ = (experts, act);
+        Err(RuntimeError::Internal(
+            "this backend has no mixture-of-experts layers".into(),
+        ))
+    }
 }
 
 /// The architectures with a graph.
@@ -211,6 +333,8 @@ pub enum Arch {
     Qwen3,
     /// Phi-3, Phi-3.5, Phi-4-mini (`formats/phi3.json`).
     Phi3,
+    /// Qwen 3 mixture of experts (`formats/qwen3moe.json`).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -222,6 +346,7 @@ impl Arch {
             "gemma2" => Ok(Arch::Gemma2),
             "qwen3" => Ok(Arch::Qwen3),
             "phi3" => Ok(Arch::Phi3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             a => Err(RuntimeError::UnsupportedArch { arch: a.into() }),
         }
     }
@@ -229,7 +354,7 @@ impl Arch {
     /// Factor applied to the token embeddings (Gemma: √n_embd).
     pub fn embed_scale(self, c: &Config) -> Option<f32> {
         match self {
-            Arch::Llama | Arch::Qwen3 | Arch::Phi3 => None,
+            Arch::Llama | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe => None,
             Arch::Gemma3 | Arch::Gemma2 => Some((c.n_embd as f32).sqrt()),
         }
     }
@@ -243,6 +368,7 @@ pub fn block<O: Ops>(arch: Arch, o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>)
         Arch::Gemma2 => gemma2::block(o, l, w),
         Arch::Qwen3 => qwen3::block(o, l, w),
         Arch::Phi3 => phi3::block(o, l, w),
+        Arch::Qwen3Moe => qwen3moe::block(o, l, w),
     }
 }
 
@@ -270,11 +396,17 @@ pub fn attention<O: Ops>(o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>) -> Resu
     o.matmul(Buf::Att, &[(Buf::Proj, &w.wo)])
 }
 
-/// Gated feed-forward network on the normed input `Xb`, result in `Proj`.
+/// Gated feed-forward network (or mixture of experts) on the normed input `Xb`, result in
+/// `Proj`.
 pub fn ffn<O: Ops>(o: &mut O, w: &Block<O::Mat, O::Vec>, act: Glu) -> Result<()> {
-    o.matmul(Buf::Xb, &[(Buf::Gate, &w.w_gate), (Buf::Up, &w.w_up)])?;
-    o.glu(act)?;
-    o.matmul(Buf::Gate, &[(Buf::Proj, &w.w_down)])
+    match &w.ffn {
+        Ffn::Dense { gate, up, down } => {
+            o.matmul(Buf::Xb, &[(Buf::Gate, gate), (Buf::Up, up)])?;
+            o.glu(act)?;
+            o.matmul(Buf::Gate, &[(Buf::Proj, down)])
+        }
+        Ffn::Experts(e) => o.moe(e, act),
+    }
 }
 
 /// A pre-norm block (llama and its descendants): `x += attn(norm(x))`, `x += ffn(norm(x))`.

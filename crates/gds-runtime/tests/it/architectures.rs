@@ -90,6 +90,16 @@ hf_and_gguf! {
     phi35_longrope_matches_transformers: "phi35", gguf: true;
 }
 
+/// Qwen 3's mixture of experts (4 experts, 2 per token, probabilities renormalized): the
+/// router's choice and the weighted sum of the experts' outputs, from the Hugging Face
+/// directory (per-expert tensors, stacked at conversion) and from llama.cpp's GGUF (stacked
+/// there). Choosing one expert, or not renormalizing, moves these logits by 15 and 3.3
+/// (ARCH_FIXTURES.md's sensitivity column).
+#[test]
+fn qwen3moe_experts_match_transformers() {
+    check("qwen3moe", &fixture("tiny-qwen3moe.gguf"));
+}
+
 /// LongRoPE beyond the original context: transformers switches to the long factors for a
 /// sequence longer than original_max_position_embeddings (64), gdsrun (as llama.cpp) when its
 /// context exceeds it. 80 tokens at context 128 must match transformers' long-factor logits
