@@ -754,7 +754,7 @@ fn produce_in<'a>(
         tensor: t.source_name.clone(),
         source,
     };
-    let mut bytes: Cow<'a, [u8]> = Cow::Borrowed(t.bytes());
+    let mut bytes: Cow<'a, [u8]> = t.bytes();
     if let Transform::PermuteRope { n_head } = t.transform {
         let rows = t.shape[0] as usize;
         let row_bytes = t.nbytes as usize / rows.max(1);
@@ -1324,7 +1324,7 @@ fn write_layers(
         let f = w.into_inner().map_err(|e| io(&path)(e.into_error()))?;
         start_writeback(&f);
         for (t, _) in ts {
-            t.file.release(t.offset, t.nbytes);
+            t.release();
         }
         written.push((f, path));
         file_bytes += lay.file_size;
@@ -1960,6 +1960,7 @@ mod tests {
             offset: 0,
             nbytes: f16.len() as u64,
             transform: Transform::None,
+            stacked: Vec::new(),
         };
         let w: Vec<f32> = (0..2 * cols).map(|i| 0.5 + (i % 13) as f32).collect();
         for (out, weights) in [
@@ -1983,7 +1984,7 @@ mod tests {
             }
         }
         // the anonymous mapping's bytes survive the releases
-        assert_eq!(t.bytes(), &f16[..]);
+        assert_eq!(&t.bytes()[..], &f16[..]);
     }
 
     fn gds_kernels_f32(f16: &[u8]) -> Vec<f32> {
@@ -2003,6 +2004,7 @@ mod tests {
             offset: 0,
             nbytes: 0,
             transform: Transform::None,
+            stacked: Vec::new(),
         }
     }
 

@@ -455,6 +455,7 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
             offset,
             nbytes,
             transform: Transform::None,
+            stacked: Vec::new(),
         });
     }
 

@@ -182,7 +182,11 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         ("model.rms_norm_eps", "rms_norm_eps"),
     ]
     .into_iter()
-    .chain(spec.hf_keys.iter().map(|(c, k)| (c.as_str(), k.as_str())))
+    .chain(
+        spec.hf_keys
+            .iter()
+            .map(|(c, k)| (c.as_str(), hf_key(&cfg, k))),
+    )
     .filter(|(_, k)| cfg.get(k).is_some())
     .map(|(canon, k)| (canon.into(), format!("{k} in {}", config_path.display())))
     .collect();
@@ -709,6 +713,7 @@ fn source_tensor(t: RawTensor, name: String, transform: Transform) -> Result<Sou
         offset: t.offset,
         nbytes: t.nbytes,
         transform,
+        stacked: Vec::new(),
     })
 }
 
@@ -1216,8 +1221,37 @@ fn rope_f64(cfg: &Config, key: &str, local: bool, sub_key: &str) -> Result<Optio
 
 /// pattern comes from `layer_types` when the config lists them (transformers ≥ 4.53), else
 /// from `sliding_window_pattern`.
+/// The `config.json` key of a family's `hf_keys` entry: the first of its `|`-separated
+/// names that the file has (transformers 5 writes Qwen 3 MoE's `num_experts` as
+/// `num_local_experts`), else the first.
+fn hf_key<'k>(cfg: &Config, key: &'k str) -> &'k str {
+    let mut names = key.split('|');
+    let first = names.next().unwrap_or(key);
+    std::iter::once(first)
+        .chain(names)
+        .find(|k| cfg.get(k).is_some())
+        .unwrap_or(first)
+}
+
 fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<()> {
+    if !spec.hf_stacked.is_empty() {
+        // every block has experts: a config whose blocks alternate with dense ones
+        // (Qwen 3 MoE's decoder_sparse_step, mlp_only_layers) describes another graph
+        let sparse_step = cfg.u64_opt("decoder_sparse_step")?;
+        let dense_layers = cfg
+            .get("mlp_only_layers")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
+        if sparse_step.is_some_and(|s| s != 1) || dense_layers {
+            return Err(cfg.err(
+                "decoder_sparse_step other than 1 or a non-empty mlp_only_layers: blocks \
+                 without experts are not supported (every block of a Qwen 3 MoE release has them)"
+                    .into(),
+            ));
+        }
+    }
     for (canon, key) in &spec.hf_keys {
+        let key = hf_key(cfg, key);
         // Qwen2 configs carry a sliding_window that only applies with use_sliding_window
         if canon == "model.sliding_window" && cfg.bool_opt("use_sliding_window")? == Some(false) {
             continue;
@@ -1296,6 +1330,78 @@ fn window_pattern(cfg: &Config) -> Result<u64> {
     Ok(p as u64)
 }
 
+/// `(block, expert)` when `name` is `pattern` with numbers for its `{N}` and `{E}` (in that
+/// order, as every per-expert name has them).
+fn match_expert(pattern: &str, name: &str) -> Option<(Option<u64>, u64)> {
+    let (head, tail) = pattern.split_once("{E}")?;
+    let number = |s: &str| -> Option<u64> {
+        let ok = !s.is_empty()
+            && s.bytes().all(|b| b.is_ascii_digit())
+            && (s.len() == 1 || !s.starts_with('0'));
+        ok.then(|| s.parse().ok()).flatten()
+    };
+    let rest = name.strip_suffix(tail)?;
+    // the expert number is the digits at the end of what precedes the tail
+    let split = rest.len() - rest.bytes().rev().take_while(u8::is_ascii_digit).count();
+    let (before, e) = rest.split_at(split);
+    let e = number(e)?;
+    Some((match_pattern(head, before)?, e))
+}
+
+/// The per-expert tensors `parts` of one block as the stacked `[n_expert, rows, cols]`
+/// tensor `name`: experts `0..n_expert`, each once, all of one dtype and shape.
+fn stack_experts(
+    name: String,
+    mut parts: Vec<(u64, RawTensor)>,
+    n_expert: u64,
+) -> Result<SourceTensor> {
+    parts.sort_by_key(|(e, _)| *e);
+    let first = &parts[0].1;
+    let bad = |t: &RawTensor, reason: String| SafetensorsError::Tensor {
+        path: t.file.path.clone(),
+        tensor: t.name.clone(),
+        reason,
+    };
+    let numbers: Vec<u64> = parts.iter().map(|(e, _)| *e).collect();
+    if !numbers.iter().copied().eq(0..n_expert) {
+        return Err(bad(
+            first,
+            format!(
+                "the experts of {name} are {numbers:?}; config.json's expert count {n_expert} needs each of 0..{n_expert} once"
+            ),
+        ));
+    }
+    if let Some((_, t)) = parts
+        .iter()
+        .find(|(_, t)| t.shape.len() != 2 || t.shape != first.shape || t.st_dtype != first.st_dtype)
+    {
+        return Err(bad(
+            t,
+            format!(
+                "shape {:?} {} differs from expert 0's {:?} {} (experts are stacked into {name})",
+                t.shape, t.st_dtype, first.shape, first.st_dtype
+            ),
+        ));
+    }
+    let mut it = parts.into_iter().map(|(_, t)| t);
+    let t0 = it.next().expect("n_expert >= 1 parts");
+    let stacked: Vec<_> = it.map(|t| (t.file, t.offset)).collect();
+    let (rows, cols) = (t0.shape[0], t0.shape[1]);
+    let mut t = source_tensor(t0, name, Transform::None)?;
+    t.source_name = format!("{} (experts 0..{n_expert} stacked)", t.source_name);
+    t.shape = vec![n_expert, rows, cols];
+    t.nbytes = t
+        .dtype
+        .tensor_bytes(&t.shape)
+        .ok_or_else(|| SafetensorsError::Tensor {
+            path: t.file.path.clone(),
+            tensor: t.source_name.clone(),
+            reason: format!("{n_expert} experts of {rows} x {cols} do not fit"),
+        })?;
+    t.stacked = stacked;
+    Ok(t)
+}
+
 fn map_llama(
     input: &Path,
     raw: Vec<RawTensor>,
@@ -1315,7 +1421,17 @@ fn map_llama(
     let mut out = Vec::with_capacity(raw.len());
     let mut ignored = BTreeSet::new();
     let mut unmapped = Vec::new();
+    // per-expert tensors, by the canonical stacked tensor they go into
+    let mut experts: BTreeMap<String, Vec<(u64, RawTensor)>> = BTreeMap::new();
     for t in raw {
+        if let Some((canon, n, e)) = spec
+            .hf_stacked
+            .iter()
+            .find_map(|(canon, hf)| match_expert(hf, &t.name).map(|(n, e)| (canon, n, e)))
+        {
+            experts.entry(fill(canon, n)).or_default().push((e, t));
+            continue;
+        }
         if spec
             .ignored_tensors
             .iter()
@@ -1402,6 +1518,9 @@ fn map_llama(
             spec.family,
             unmapped.join(", ")
         ));
+    }
+    for (name, parts) in experts {
+        out.push(stack_experts(name, parts, dim("model.n_expert"))?);
     }
     crate::source::split_fused(&mut out, spec, |sym| {
         gds_format::arch::shape_symbol(sym, |k| md_u64(md, k))

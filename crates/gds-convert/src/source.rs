@@ -3,6 +3,7 @@
 
 use gds_format::DType;
 use memmap2::Mmap;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -63,12 +64,46 @@ pub struct SourceTensor {
     pub nbytes: u64,
     /// Change to apply when writing.
     pub transform: Transform,
+    /// Further equal parts stacked after the first (file, offset), each `nbytes / (1 +
+    /// stacked.len())` bytes: a mixture of experts' per-expert tensors of a Hugging Face
+    /// checkpoint, written as one `[experts, rows, cols]` tensor. Empty for every other tensor.
+    pub stacked: Vec<(Arc<MappedFile>, u64)>,
 }
 
 impl SourceTensor {
-    /// The tensor's stored bytes, bounds already checked by the reader.
-    pub fn bytes(&self) -> &[u8] {
-        &self.file.map[self.offset as usize..(self.offset + self.nbytes) as usize]
+    /// The tensor's stored bytes, bounds already checked by the reader: in place in the
+    /// input's mapping, or, for a stacked tensor, its parts copied one after another.
+    pub fn bytes(&self) -> Cow<'_, [u8]> {
+        if self.stacked.is_empty() {
+            return Cow::Borrowed(
+                &self.file.map[self.offset as usize..(self.offset + self.nbytes) as usize],
+            );
+        }
+        let part = self.part_bytes() as usize;
+        let mut out = Vec::with_capacity(self.nbytes as usize);
+        for (file, offset) in self.parts() {
+            out.extend_from_slice(&file.map[offset as usize..offset as usize + part]);
+        }
+        Cow::Owned(out)
+    }
+
+    /// Bytes of one stacked part (the whole tensor when nothing is stacked).
+    fn part_bytes(&self) -> u64 {
+        self.nbytes / (1 + self.stacked.len() as u64)
+    }
+
+    /// Every part's file and offset, the first one included.
+    fn parts(&self) -> impl Iterator<Item = (&MappedFile, u64)> {
+        std::iter::once((&*self.file, self.offset))
+            .chain(self.stacked.iter().map(|(f, o)| (&**f, *o)))
+    }
+
+    /// Drops the input pages of every part from memory (see [`MappedFile::release`]).
+    pub fn release(&self) {
+        let part = self.part_bytes();
+        for (file, offset) in self.parts() {
+            file.release(offset, part);
+        }
     }
 }
 
@@ -159,6 +194,7 @@ impl SourceTensor {
             offset: 0,
             nbytes: bytes.len() as u64,
             transform: Transform::None,
+            stacked: Vec::new(),
         })
     }
 }
@@ -314,6 +350,7 @@ pub fn split_fused(
                 offset,
                 nbytes,
                 transform: t.transform.clone(),
+                stacked: Vec::new(),
             });
             offset += nbytes;
         }

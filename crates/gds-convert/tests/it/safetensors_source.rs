@@ -275,12 +275,12 @@ fn permuted_qk_match_the_gguf_fixture() {
         let bytes = match h.transform {
             Transform::PermuteRope { n_head } => {
                 let rows = h.shape[0] as usize;
-                permute_rope_rows(h.bytes(), rows, h.nbytes as usize / rows, n_head as usize)
+                permute_rope_rows(&h.bytes(), rows, h.nbytes as usize / rows, n_head as usize)
             }
             Transform::None => h.bytes().to_vec(),
             Transform::NormOffset => unreachable!("llama norms carry no offset"),
         };
-        assert_eq!(bytes, g.bytes(), "{name}");
+        assert_eq!(bytes, &g.bytes()[..], "{name}");
         if matches!(h.transform, Transform::PermuteRope { .. }) {
             assert_ne!(h.bytes(), g.bytes(), "{name}: permutation is not a no-op");
         }
@@ -999,4 +999,121 @@ fn keep_writes_f16_norms_as_f32() {
         norms += 1;
     }
     assert_eq!(norms, made);
+}
+
+/// The tensors of a single-file fixture directory.
+fn dir_tensors(dir: &Path) -> BTreeMap<String, Stored> {
+    let buf = fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&buf).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let t = Stored {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                bytes: view.data().to_vec(),
+            };
+            (name, t)
+        })
+        .collect()
+}
+
+/// Qwen 3 MoE's per-expert tensors (`mlp.experts.E.gate_proj.weight`, as transformers saves
+/// them) become one stacked `[experts, rows, cols]` tensor per block and role, experts in
+/// number order (not the file's name order: 10 sorts before 2); a missing or odd expert,
+/// and blocks without experts, are refused naming what is wrong.
+#[test]
+fn experts_are_stacked_in_number_order() {
+    let moe = fixtures().join("tiny-qwen3moe-hf");
+    let s = read_safetensors(&moe).unwrap();
+    let tensors = dir_tensors(&moe);
+    let cfg: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(moe.join("config.json")).unwrap()).unwrap();
+    let n = cfg["num_local_experts"].as_u64().unwrap();
+    assert_eq!(u64_meta(&s, "model.n_expert"), n);
+    assert_eq!(u64_meta(&s, "model.n_expert_used"), 2);
+    assert_eq!(u64_meta(&s, "model.n_ff_exp"), 32);
+    assert_eq!(
+        s.metadata.get("model.expert_weights_norm"),
+        Some(&MetaValue::Bool(true))
+    );
+    for (role, proj) in [
+        ("gate", "gate_proj"),
+        ("up", "up_proj"),
+        ("down", "down_proj"),
+    ] {
+        for b in 0..2 {
+            let t = tensor(&s, &format!("blk.{b}.ffn_{role}_exps.weight"));
+            let part = &tensors[&format!("model.layers.{b}.mlp.experts.0.{proj}.weight")];
+            let (rows, cols) = (part.shape[0] as u64, part.shape[1] as u64);
+            assert_eq!(t.shape, vec![n, rows, cols]);
+            let want: Vec<u8> = (0..n)
+                .flat_map(|e| {
+                    tensors[&format!("model.layers.{b}.mlp.experts.{e}.{proj}.weight")]
+                        .bytes
+                        .clone()
+                })
+                .collect();
+            assert_eq!(&t.bytes()[..], &want[..], "{}", t.name);
+        }
+    }
+    assert_eq!(tensor(&s, "blk.1.ffn_gate_inp.weight").shape, vec![n, 32]);
+
+    // twelve experts: 10 and 11 sort before 2 by name, not by number
+    let mut many = tensors.clone();
+    let mut config = serde_json::from_value::<serde_json::Map<_, _>>(cfg.clone()).unwrap();
+    for b in 0..2 {
+        for proj in ["gate_proj", "up_proj", "down_proj"] {
+            for e in n..12 {
+                let mut t = many[&format!("model.layers.{b}.mlp.experts.0.{proj}.weight")].clone();
+                t.bytes
+                    .iter_mut()
+                    .for_each(|x| *x = x.wrapping_add(e as u8));
+                many.insert(format!("model.layers.{b}.mlp.experts.{e}.{proj}.weight"), t);
+            }
+        }
+        let r = many
+            .get_mut(&format!("model.layers.{b}.mlp.gate.weight"))
+            .unwrap();
+        r.shape[0] = 12;
+        r.bytes = r.bytes.repeat(3);
+    }
+    config.insert("num_local_experts".into(), 12.into());
+    let dir = temp_hf(&config, &many);
+    let s = read_safetensors(dir.path()).unwrap();
+    let t = tensor(&s, "blk.0.ffn_up_exps.weight");
+    assert_eq!(t.shape, vec![12, 32, 32]);
+    let part = 32 * 32 * 4;
+    let e10 = &many["model.layers.0.mlp.experts.10.up_proj.weight"].bytes;
+    assert_eq!(&t.bytes()[10 * part..11 * part], &e10[..]);
+
+    // expert 3 of block 1's down projection missing
+    let mut missing = tensors.clone();
+    missing.remove("model.layers.1.mlp.experts.3.down_proj.weight");
+    let dir = temp_hf(&serde_json::from_value(cfg.clone()).unwrap(), &missing);
+    let (_, text) = err_text(read_safetensors(dir.path()));
+    assert!(
+        text.contains("blk.1.ffn_down_exps.weight") && text.contains("[0, 1, 2]"),
+        "{text}"
+    );
+
+    // one expert of another shape
+    let mut odd = tensors.clone();
+    let t = odd
+        .get_mut("model.layers.0.mlp.experts.2.up_proj.weight")
+        .unwrap();
+    t.shape = vec![16, 64];
+    let dir = temp_hf(&serde_json::from_value(cfg.clone()).unwrap(), &odd);
+    let (_, text) = err_text(read_safetensors(dir.path()));
+    assert!(
+        text.contains("model.layers.0.mlp.experts.2.up_proj.weight") && text.contains("[16, 64]"),
+        "{text}"
+    );
+
+    // dense blocks among the expert ones
+    let mut sparse = serde_json::from_value::<serde_json::Map<_, _>>(cfg).unwrap();
+    sparse.insert("mlp_only_layers".into(), serde_json::json!([1]));
+    let dir = temp_hf(&sparse, &tensors);
+    let (_, text) = err_text(read_safetensors(dir.path()));
+    assert!(text.contains("mlp_only_layers"), "{text}");
 }

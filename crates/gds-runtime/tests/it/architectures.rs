@@ -97,6 +97,7 @@ hf_and_gguf! {
 /// (ARCH_FIXTURES.md's sensitivity column).
 #[test]
 fn qwen3moe_experts_match_transformers() {
+    check("qwen3moe", &fixture("tiny-qwen3moe-hf"));
     check("qwen3moe", &fixture("tiny-qwen3moe.gguf"));
 }
 
