@@ -16,6 +16,9 @@ model (the same tensors, the same bytes); the text is noise. SHAPE:
   llama-7b    Llama 2 7B: hidden 4096, 32 layers, ffn 11008, 32/32 heads, untied
   qwen2-7b    Qwen2-7B: hidden 3584, 28 layers, ffn 18944, 28/4 heads, QKV bias, untied,
               RoPE theta 1e6
+  qwen3-30b-a3b  Qwen3-30B-A3B (mixture of experts): hidden 2048, 48 layers, 32/4 heads of
+              128, 128 experts of width 768, 8 per token, untied, RoPE theta 1e6 (30.5B
+              parameters, 3.3B active; `--layers 4` makes a 2.7B slice of it, every layer real)
 
 The vocabulary is a real tokenizer's (default: SmolLM2's, `.cache/smollm2-hf-f16`, which
 scripts/test.sh makes; 49 152 tokens, so the embedding is smaller than the original models'
@@ -63,6 +66,11 @@ SHAPES = {
     "qwen2-7b": dict(arch="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                      num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False,
                      rope_theta=1000000.0, max_position_embeddings=32768, use_sliding_window=False),
+    "qwen3-30b-a3b": dict(arch="qwen3moe", hidden_size=2048, intermediate_size=6144,
+                          moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                          norm_topk_prob=True, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, tie_word_embeddings=False,
+                          rope_theta=1000000.0, max_position_embeddings=40960),
 }
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
@@ -137,6 +145,10 @@ def main():
     if arch == "llama":
         cfg = transformers.LlamaConfig(head_dim=shape["hidden_size"] // shape["num_attention_heads"],
                                        **common, **shape)
+    elif arch == "qwen3moe":
+        theta = shape.pop("rope_theta")
+        cfg = transformers.Qwen3MoeConfig(**common, **shape,
+                                          rope_parameters={"rope_type": "default", "rope_theta": theta})
     else:
         cfg = transformers.Qwen2Config(**common, **shape)
     cfg.dtype = dtype

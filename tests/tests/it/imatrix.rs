@@ -58,7 +58,7 @@ fn imatrix_conversion_matches_llama_quantize() {
             let (dtype, bytes) = &ours[&g.name];
             assert_eq!(dtype.as_str(), g.dtype.name(), "{file}: {}", g.name);
             assert!(
-                bytes == g.bytes(),
+                bytes[..] == g.bytes()[..],
                 "{file}: {} differs from llama-quantize's",
                 g.name
             );

@@ -455,3 +455,46 @@ fn role<'a, V>(v: &'a Option<V>, what: &str) -> Result<&'a V> {
     v.as_ref()
         .ok_or_else(|| RuntimeError::Internal(format!("block weight {what} was not loaded")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    /// llama.cpp's order of a MoE block's routing: softmax over all experts, the largest
+    /// kept, their probabilities divided by their sum when asked.
+    #[test]
+    fn route_keeps_the_most_probable_experts() {
+        // two tokens, four experts
+        let mut logits = vec![0.0, 2.0, 1.0, 2.0, /* token 1 */ 3.0, -1.0, 0.5, 0.0];
+        let probs = |row: &[f32]| {
+            let e: Vec<f64> = row.iter().map(|&v| (v as f64).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(|v| v / s).collect::<Vec<_>>()
+        };
+        let (p0, p1) = (probs(&logits[..4]), probs(&logits[4..]));
+        let r = route(&mut logits.clone(), 4, 2, false);
+        // token 0: experts 1 and 3 tie at the top (both kept); token 1: experts 0 and 2
+        assert_eq!(r[0].iter().map(|x| x.0).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(r[1].iter().map(|x| x.0).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(r[2].iter().map(|x| x.0).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(r[3].iter().map(|x| x.0).collect::<Vec<_>>(), vec![0]);
+        assert!((r[1][0].1 as f64 - p0[1]).abs() < 1e-6);
+        assert!((r[2][0].1 as f64 - p1[2]).abs() < 1e-6);
+        // renormalized: each token's kept weights sum to 1, in the same ratio
+        let r = route(&mut logits, 4, 2, true);
+        assert!((r[1][0].1 + r[3][0].1 - 1.0).abs() < 1e-6);
+        let (a, c) = (r[0][0].1 as f64, r[2][0].1 as f64);
+        assert!((a + c - 1.0).abs() < 1e-6);
+        assert!((a / c - p1[0] / p1[2]).abs() < 1e-4);
+        // a three-way tie keeps the lower indices; every expert kept when all are used
+        let mut tie = vec![1.0, 5.0, 5.0, 5.0];
+        let r = route(&mut tie, 4, 2, true);
+        assert!(r[0].is_empty() && r[3].is_empty());
+        assert_eq!((r[1].len(), r[2].len()), (1, 1));
+        let r = route(&mut vec![0.3, -2.0, 7.0], 3, 3, false);
+        assert!(r.iter().all(|e| e.len() == 1));
+        // a NaN logit (a broken model) chooses without panicking
+        let r = route(&mut vec![f32::NAN, 1.0, 0.0], 3, 1, true);
+        assert_eq!(r.iter().map(Vec::len).sum::<usize>(), 1);
+    }
+}
