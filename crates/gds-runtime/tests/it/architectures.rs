@@ -181,3 +181,41 @@ fn architectures_without_a_graph_are_refused_by_name() {
         "{err}"
     );
 }
+
+/// The CUDA executor has no experts: a qwen3moe model on a (described) usable GPU is refused
+/// by name with `--backend cuda`, and `auto` runs it on the CPU saying why.
+#[test]
+fn mixture_of_experts_stays_on_the_cpu_with_the_reason() {
+    use gds_runtime::backend::{Backend, BackendChoice};
+    use gds_runtime::{Plan, PlanOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.gds");
+    convert(&fixture("tiny-qwen3moe.gguf"), &out);
+    let gpu = || BackendChoice {
+        name: Backend::Cuda,
+        reason: "auto: usable GPU found (Test GPU)".into(),
+        gpu: Some(gds_runtime::gpuplan::GpuOffer {
+            device: "Test GPU".into(),
+            vram_bytes: 8 << 30,
+            gds: Err("libcufile not found".into()),
+            cufile_compat: false,
+        }),
+    };
+    let opts = |backend: &str| PlanOptions {
+        model_dir: out.clone(),
+        backend: Some(backend.into()),
+        ..Default::default()
+    };
+    let p = Plan::build_for(&opts("auto"), gpu()).unwrap();
+    assert_eq!(p.backend, Backend::Cpu);
+    assert!(
+        p.backend_reason.contains("Test GPU") && p.backend_reason.contains("mixture-of-experts"),
+        "{}",
+        p.backend_reason
+    );
+    let e = Plan::build_for(&opts("cuda"), gpu()).unwrap_err().to_string();
+    assert!(
+        e.contains("qwen3moe") && e.contains("--backend cpu"),
+        "{e}"
+    );
+}
