@@ -5,7 +5,12 @@
 //! bandwidth on the same machine.
 //!
 //! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0 [TOKENS]]`
-//! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch)
+//! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch;
+//! `DECODE_BW_SHAPE=ROWSxCOLSxCOPIES` times another shape, e.g. a mixture of experts'
+//! `768x2048x512`, and `DECODE_BW_REPS` the passes over the copies per round)
+//!
+//! 2026-12-03, the AMD EPYC AVX-512 VM, 2 threads, Q4_K: 8192 x 2048 25 GB/s, an expert's
+//! 768 x 2048 13.7 GB/s, 2048 x 768 16.3 GB/s (bench/runs/2026-12-03-qwen3moe-cpu.md).
 //!
 //! 2026-12-02, the Sapphire Rapids VM, 2 threads: Q4_K 26-29 GB/s from L2, 16.3-17.3 GB/s
 //! streaming (a read loop: 24-32 GB/s that hour); with half the quant arithmetic skipped
@@ -43,12 +48,22 @@ fn main() {
                 .expect("GDS_ISA")
         })
         .unwrap_or_else(Isa::best);
-    let cols = if n == 1 { 2048 } else { 4096 };
+    // `DECODE_BW_SHAPE=ROWSxCOLSxCOPIES`: another shape (a mixture of experts' 2048x768
+    // down projections: `2048x768x512`)
+    let custom: Option<(usize, usize, usize)> = std::env::var("DECODE_BW_SHAPE").ok().map(|s| {
+        let v: Vec<usize> = s
+            .split('x')
+            .map(|p| p.parse().expect("DECODE_BW_SHAPE"))
+            .collect();
+        (v[0], v[1], v[2])
+    });
+    let cols = custom.map_or(if n == 1 { 2048 } else { 4096 }, |c| c.1);
     let x = values(cols * n, 7);
-    let shapes: &[(usize, usize)] = if n == 1 {
-        &[(1024, 1), (8192, 64)]
-    } else {
-        &[(4096, 4)]
+    let custom_shape = custom.map(|(r, _, k)| [(r, k)]);
+    let shapes: &[(usize, usize)] = match &custom_shape {
+        Some(s) => s,
+        None if n == 1 => &[(1024, 1), (8192, 64)],
+        None => &[(4096, 4)],
     };
     for &(rows, copies) in shapes {
         let mats: Vec<Vec<u8>> = (0..copies)
@@ -63,7 +78,10 @@ fn main() {
             } else if copies == 1 {
                 2000
             } else {
-                2
+                std::env::var("DECODE_BW_REPS")
+                    .ok()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or((128 / copies).max(2))
             };
             let t = Instant::now();
             for _ in 0..reps {

@@ -213,9 +213,8 @@ fn mixture_of_experts_stays_on_the_cpu_with_the_reason() {
         "{}",
         p.backend_reason
     );
-    let e = Plan::build_for(&opts("cuda"), gpu()).unwrap_err().to_string();
-    assert!(
-        e.contains("qwen3moe") && e.contains("--backend cpu"),
-        "{e}"
-    );
+    let e = Plan::build_for(&opts("cuda"), gpu())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("qwen3moe") && e.contains("--backend cpu"), "{e}");
 }
