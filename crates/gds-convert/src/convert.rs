@@ -637,6 +637,9 @@ impl<'a> Planner<'a> {
         if t.transform == Transform::NormOffset {
             return keep(DType::F32);
         }
+        if router(&t.name) {
+            return keep(t.dtype);
+        }
         if t.shape.len() < 2 && t.dtype.is_float() {
             // norms, biases: F32 under every policy, `keep` and overrides included (an F16
             // checkpoint's norms are F16), as llama.cpp's converter writes them; the CUDA
@@ -674,9 +677,16 @@ impl<'a> Planner<'a> {
 }
 
 /// A matrix `--quant` and `--quant-override` may convert: 2-D or more (experts), not a norm
-/// that the reader rewrites.
+/// that the reader rewrites, not a mixture of experts' router.
 fn matrix(t: &SourceTensor) -> bool {
-    t.shape.len() >= 2 && t.transform != Transform::NormOffset
+    t.shape.len() >= 2 && t.transform != Transform::NormOffset && !router(&t.name)
+}
+
+/// A mixture of experts' router (`blk.N.ffn_gate_inp.weight`): kept as stored, whatever the
+/// policy or override, as llama-quantize keeps it ("do not quantize expert gating tensors"):
+/// it is small, and its logits choose the experts.
+fn router(name: &str) -> bool {
+    name.ends_with("ffn_gate_inp.weight")
 }
 
 /// Warnings for the `--quant-override`s that decide no tensor, saying why.
@@ -2062,6 +2072,35 @@ mod tests {
         }
         let e = "x=q9_0".parse::<QuantOverride>().unwrap_err();
         assert!(e.contains("x=q9_0") && e.contains(OVERRIDE_TYPES), "{e}");
+    }
+
+    /// A mixture of experts' router stays as stored under every policy and override, as
+    /// llama-quantize leaves `ffn_gate_inp`; its experts are quantized as ffn matrices.
+    #[test]
+    fn the_router_of_a_mixture_of_experts_is_never_quantized() {
+        let router = planned_tensor("blk.0.ffn_gate_inp.weight", &[128, 2048]);
+        let experts = planned_tensor("blk.0.ffn_up_exps.weight", &[128, 768, 2048]);
+        for quant in [
+            QuantTarget::To(DType::Q4_0),
+            QuantTarget::Mix(QuantMix::Q4KM),
+        ] {
+            let opts = ConvertOptions {
+                quant,
+                overrides: vec!["ffn_gate_inp=q8_0".parse().unwrap()],
+                ..ConvertOptions::default()
+            };
+            let names = ["blk.0.ffn_gate_inp.weight", "blk.0.ffn_up_exps.weight"];
+            let p = Planner::new(
+                &opts,
+                MixContext::of(names.into_iter()),
+                [&router, &experts],
+            );
+            assert_eq!(p.plan(&router).dtype, DType::F16, "{quant:?}");
+            assert!(p.plan(&experts).dtype.is_quantized(), "{quant:?}");
+            // the override that names only the router decides nothing: warned
+            let w = override_warnings(&opts, &[&router, &experts], &[None, None]);
+            assert_eq!(w.len(), 1, "{w:?}");
+        }
     }
 
     /// After the mix, the first override that matches decides; types that do not fit the

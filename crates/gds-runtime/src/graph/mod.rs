@@ -491,10 +491,10 @@ mod tests {
         let r = route(&mut tie, 4, 2, true);
         assert!(r[0].is_empty() && r[3].is_empty());
         assert_eq!((r[1].len(), r[2].len()), (1, 1));
-        let r = route(&mut vec![0.3, -2.0, 7.0], 3, 3, false);
+        let r = route(&mut [0.3, -2.0, 7.0], 3, 3, false);
         assert!(r.iter().all(|e| e.len() == 1));
         // a NaN logit (a broken model) chooses without panicking
-        let r = route(&mut vec![f32::NAN, 1.0, 0.0], 3, 1, true);
+        let r = route(&mut [f32::NAN, 1.0, 0.0], 3, 1, true);
         assert_eq!(r.iter().map(Vec::len).sum::<usize>(), 1);
     }
 }
