@@ -2090,11 +2090,7 @@ mod tests {
                 ..ConvertOptions::default()
             };
             let names = ["blk.0.ffn_gate_inp.weight", "blk.0.ffn_up_exps.weight"];
-            let p = Planner::new(
-                &opts,
-                MixContext::of(names.into_iter()),
-                [&router, &experts],
-            );
+            let p = Planner::new(&opts, MixContext::of(names), [&router, &experts]);
             assert_eq!(p.plan(&router).dtype, DType::F16, "{quant:?}");
             assert!(p.plan(&experts).dtype.is_quantized(), "{quant:?}");
             // the override that names only the router decides nothing: warned
