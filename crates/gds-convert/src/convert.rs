@@ -638,7 +638,11 @@ impl<'a> Planner<'a> {
             return keep(DType::F32);
         }
         if router(&t.name) {
-            return keep(t.dtype);
+            return keep(if t.dtype.is_float() {
+                DType::F32
+            } else {
+                t.dtype
+            });
         }
         if t.shape.len() < 2 && t.dtype.is_float() {
             // norms, biases: F32 under every policy, `keep` and overrides included (an F16
@@ -682,9 +686,10 @@ fn matrix(t: &SourceTensor) -> bool {
     t.shape.len() >= 2 && t.transform != Transform::NormOffset && !router(&t.name)
 }
 
-/// A mixture of experts' router (`blk.N.ffn_gate_inp.weight`): kept as stored, whatever the
-/// policy or override, as llama-quantize keeps it ("do not quantize expert gating tensors"):
-/// it is small, and its logits choose the experts.
+/// A mixture of experts' router (`blk.N.ffn_gate_inp.weight`): never quantized, whatever the
+/// policy or override, as llama-quantize leaves it ("do not quantize expert gating
+/// tensors"), and F32 from a float source, as llama.cpp's converter writes it: it is small,
+/// and its logits choose the experts.
 fn router(name: &str) -> bool {
     name.ends_with("ffn_gate_inp.weight")
 }
@@ -2074,8 +2079,9 @@ mod tests {
         assert!(e.contains("x=q9_0") && e.contains(OVERRIDE_TYPES), "{e}");
     }
 
-    /// A mixture of experts' router stays as stored under every policy and override, as
-    /// llama-quantize leaves `ffn_gate_inp`; its experts are quantized as ffn matrices.
+    /// A mixture of experts' router is F32 under every policy and override (llama.cpp's
+    /// converter writes it so, llama-quantize leaves `ffn_gate_inp`); its experts are
+    /// quantized as ffn matrices.
     #[test]
     fn the_router_of_a_mixture_of_experts_is_never_quantized() {
         let router = planned_tensor("blk.0.ffn_gate_inp.weight", &[128, 2048]);
@@ -2091,7 +2097,7 @@ mod tests {
             };
             let names = ["blk.0.ffn_gate_inp.weight", "blk.0.ffn_up_exps.weight"];
             let p = Planner::new(&opts, MixContext::of(names), [&router, &experts]);
-            assert_eq!(p.plan(&router).dtype, DType::F16, "{quant:?}");
+            assert_eq!(p.plan(&router).dtype, DType::F32, "{quant:?}");
             assert!(p.plan(&experts).dtype.is_quantized(), "{quant:?}");
             // the override that names only the router decides nothing: warned
             let w = override_warnings(&opts, &[&router, &experts], &[None, None]);
