@@ -711,17 +711,18 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
         token("tokenizer.bos_token_id"),
         token("tokenizer.eos_token_id"),
     );
-    let add_bos = match m.get("tokenizer.add_bos") {
-        None => false,
-        Some(Value::Bool(b)) => b,
-        Some(v) => {
-            errs.push(key_err(
-                "tokenizer.add_bos",
-                format!("must be a bool, found {v}"),
-            ));
-            false
+    // an optional flag: absent is false, present must be a bool
+    let opt_bool = |k: &str, errs: &mut Vec<FormatError>| -> bool {
+        match m.get(k) {
+            None => false,
+            Some(Value::Bool(b)) => b,
+            Some(v) => {
+                errs.push(key_err(k, format!("must be a bool, found {v}")));
+                false
+            }
         }
     };
+    let add_bos = opt_bool("tokenizer.add_bos", &mut errs);
     // Optional family-specific values: absent is fine, present must be in range.
     let opt_dim = |k: &str, errs: &mut Vec<FormatError>| -> Option<u64> {
         match m.get(k) {
@@ -799,17 +800,7 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
                 }
                 1
             });
-            let norm_weights = match m.get("model.expert_weights_norm") {
-                None => false,
-                Some(Value::Bool(b)) => b,
-                Some(v) => {
-                    errs.push(key_err(
-                        "model.expert_weights_norm",
-                        format!("must be a bool, found {v}"),
-                    ));
-                    false
-                }
-            };
+            let norm_weights = opt_bool("model.expert_weights_norm", &mut errs);
             Some(Moe {
                 n_expert: n,
                 n_expert_used: used,

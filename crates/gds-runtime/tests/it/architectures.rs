@@ -218,3 +218,46 @@ fn mixture_of_experts_stays_on_the_cpu_with_the_reason() {
         .to_string();
     assert!(e.contains("qwen3moe") && e.contains("--backend cpu"), "{e}");
 }
+
+/// The experts' keys are range-checked where every key is (SPEC.md §3.4): a manifest re-sealed
+/// with an expert count that contradicts the tensors, more experts used than there are, none
+/// used, or more experts than the format allows is refused by validation and by the runtime,
+/// naming the key, and never panics.
+#[test]
+fn expert_keys_out_of_range_are_refused_by_name() {
+    use gds_format::raw::KvEntry;
+    use gds_format::{Manifest, MANIFEST_FILE};
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("m.gds");
+    convert(&fixture("tiny-qwen3moe.gguf"), &base);
+    for (key, value, needle) in [
+        ("model.n_expert_used", 5, "model.n_expert_used"),
+        ("model.n_expert_used", 0, "model.n_expert_used"),
+        ("model.n_expert", 5000, "model.n_expert"),
+        ("model.n_expert", 3, "ffn_gate_inp.weight"),
+        ("model.n_ff_exp", 0, "model.n_ff_exp"),
+        ("model.n_ff_exp", 16, "ffn_gate_exps.weight"),
+    ] {
+        let dir = tmp.path().join(format!("{key}-{value}"));
+        gds_tests::copy_dir(&base, &dir);
+        let p = dir.join(MANIFEST_FILE);
+        let mut b = std::fs::read(&p).unwrap();
+        let m = Manifest::parse(&b).unwrap();
+        let i = (0..m.kv_table().len())
+            .find(|&i| m.kv(i).unwrap().0 == key)
+            .unwrap();
+        let at = m.header().kv.offset.get() as usize + i * size_of::<KvEntry>() + 16;
+        b[at..at + 8].copy_from_slice(&(value as u64).to_le_bytes());
+        gds_tests::reseal(&mut b);
+        std::fs::write(&p, &b).unwrap();
+        let m = Manifest::parse(&b).unwrap();
+        let check = gds_format::arch::check_model(&m);
+        let errs: Vec<String> = check.errors.iter().map(|e| e.to_string()).collect();
+        assert!(
+            errs.iter().any(|e| e.contains(needle)),
+            "{key} = {value}: {errs:?}"
+        );
+        let e = Model::load(&dir, 64, 1).err().expect("refused").to_string();
+        assert!(e.contains(needle), "{key} = {value}: {e}");
+    }
+}
