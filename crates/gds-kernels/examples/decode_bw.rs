@@ -9,10 +9,11 @@
 //! `DECODE_BW_SHAPE=ROWSxCOLSxCOPIES` times another shape, e.g. a mixture of experts'
 //! `768x2048x512`, and `DECODE_BW_REPS` the passes over the copies per round)
 //!
-//! 2026-12-03, the AMD EPYC AVX-512 VM, 2 threads, Q4_K: 8192 x 2048 25 GB/s, an expert's
-//! 768 x 2048 13.7 GB/s, 2048 x 768 16.3 GB/s (bench/runs/2026-12-03-qwen3moe-cpu.md).
+//! 2026-12-03, the AMD EPYC AVX-512 VM, 2 threads, Q4_K, inside the pool: 8192 x 2048
+//! 20.6-25 GB/s, an expert's 768 x 2048 19.5-19.8 GB/s, 2048 x 768 19.4-19.8 GB/s (called from
+//! outside the pool: 13.7 and 16.3; bench/runs/2026-12-03-qwen3moe-cpu.md).
 //!
-//! 2026-12-02, the Sapphire Rapids VM, 2 threads: Q4_K 26-29 GB/s from L2, 16.3-17.3 GB/s
+//! 2026-12-02, the Sapphire Rapids VM, 2 threads (each call then made from outside the pool): Q4_K 26-29 GB/s from L2, 16.3-17.3 GB/s
 //! streaming (a read loop: 24-32 GB/s that hour); with half the quant arithmetic skipped
 //! (an experiment) 35 / 18.3-19.0: decode is bound by memory-level parallelism more than by
 //! the arithmetic.
@@ -26,6 +27,15 @@ use gds_kernels::{matmul_with, quantize, Isa, WeightView};
 use std::time::Instant;
 
 fn main() {
+    // inside the pool, as gdsrun's forward pass runs (a call from outside hands its tasks to
+    // the pool's threads and sleeps: a cost per call that gdsrun does not pay)
+    let pool = rayon::ThreadPoolBuilder::new()
+        .build()
+        .expect("thread pool");
+    pool.install(run);
+}
+
+fn run() {
     let args: Vec<String> = std::env::args().collect();
     let dtype = match args.get(1).map(String::as_str) {
         None | Some("q4_k") => DType::Q4K,
