@@ -10,7 +10,9 @@
 //! `--process-output`; not by default): every token of a chunk then wants logits, and the
 //! final-normed hidden state entering the head is summed under `output.weight`, or
 //! `token_embd.weight` when the embedding is the head (tied), as llama-imatrix names it.
-//! Dense models only: the CPU graph has no mixture-of-experts layers.
+//! A mixture of experts (qwen3moe): the router's input is counted (`ffn_gate_inp`, a plain
+//! product, as llama-imatrix counts it); the experts' products are not yet (llama-imatrix keeps
+//! one row of sums and one count per expert for them), so a conversion weighs them by nothing.
 //!
 //! The hook is [`MatmulObserver`], which [`Model::forward_observed`] shows every product's
 //! input; the plain forward pass has none.

@@ -56,6 +56,34 @@ def test_every_gemma3_tensor_equals_gguf_py(gemma3_dir, gemma3_gguf):
     assert any(d.endswith("_k") for d in m.quantization)
 
 
+def test_a_mixture_of_experts_stacked_tensors(tmp_path):
+    """Qwen 3 MoE's experts are 3-D tensors ([experts, rows, cols]): every tensor of the tiny
+    fixture as gguf-py reads it, then the same model quantized to Q8_0 by gdsconv, whose
+    expert blocks dequantize as gguf-py dequantizes the same bytes."""
+    import pathlib
+
+    gguf_path = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "tiny-qwen3moe.gguf"
+    out = tmp_path / "moe.gds"
+    gdsllm.convert(str(gguf_path), str(out))
+    m = check_every_tensor(out, gguf_path)
+    assert m.architecture == "qwen3moe"
+    assert m["blk.0.ffn_gate_exps.weight"].shape == [4, 32, 32]
+    q8 = tmp_path / "moe-q8.gds"
+    gdsllm.convert(str(gguf_path), str(q8), quant="q8_0")
+    m = gdsllm.open(str(q8))
+    from gguf import GGMLQuantizationType
+
+    t = m["blk.1.ffn_down_exps.weight"]
+    assert (t.dtype, t.shape) == ("q8_0", [4, 32, 32])
+    raw = t.numpy()
+    assert raw.shape == (4, 32, 34)  # rows of block bytes: one 34-byte Q8_0 block a row
+    want = gguf_dequantize(raw, GGMLQuantizationType.Q8_0).astype(np.float32)
+    got = t.dequantize()
+    assert np.array_equal(got.view(np.uint32), want.reshape(got.shape).view(np.uint32))
+    # the router stays F32 under --quant (llama-quantize leaves it)
+    assert m["blk.1.ffn_gate_inp.weight"].dtype == "f32"
+
+
 def test_layers_and_tensor_records(smollm2_dir):
     m = gdsllm.open(str(smollm2_dir))
     layers = m.layers
