@@ -368,10 +368,10 @@ fn parse_legacy(b: &[u8]) -> Result<BTreeMap<String, ImatrixEntry>, String> {
 /// and the number of activation rows summed (a dense matrix: one expert).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImatrixSums {
-    /// Per column, Σ x².
+    /// Per column, Σ x², expert after expert (`counts.len()` of them; one for a dense matrix).
     pub in_sum2: Vec<f32>,
-    /// Activation rows (tokens) summed.
-    pub count: u64,
+    /// Activation rows (tokens) summed, per expert.
+    pub counts: Vec<u64>,
 }
 
 /// What [`write_gguf`] records besides the sums (llama-imatrix's metadata keys).
@@ -395,15 +395,20 @@ pub fn gguf_bytes(entries: &BTreeMap<String, ImatrixSums>, meta: &ImatrixMeta) -
         b.extend((v.len() as u64).to_le_bytes());
         b.extend(v.as_bytes());
     };
-    let counts: Vec<[f32; 1]> = entries.values().map(|e| [e.count as f32]).collect();
+    // llama-imatrix's shapes (ggml order): in_sum2 [cols, n_mat], counts [1, n_mat]
+    let counts: Vec<Vec<f32>> = entries
+        .values()
+        .map(|e| e.counts.iter().map(|&c| c as f32).collect())
+        .collect();
     let mut tensors: Vec<(String, [u64; 2], &[f32])> = Vec::with_capacity(entries.len() * 2);
     for ((name, e), count) in entries.iter().zip(&counts) {
+        let n_mat = count.len().max(1) as u64;
         tensors.push((
             format!("{name}.in_sum2"),
-            [e.in_sum2.len() as u64, 1],
+            [e.in_sum2.len() as u64 / n_mat, n_mat],
             &e.in_sum2,
         ));
-        tensors.push((format!("{name}.counts"), [1, 1], count));
+        tensors.push((format!("{name}.counts"), [1, n_mat], count));
     }
     let mut b = b"GGUF".to_vec();
     b.extend(3u32.to_le_bytes());
@@ -694,14 +699,14 @@ mod tests {
             "blk.0.attn_q.weight".to_string(),
             ImatrixSums {
                 in_sum2: vec![8.0, 0.0, 2.0],
-                count: 4,
+                counts: vec![4],
             },
         );
         entries.insert(
             "blk.0.ffn_down.weight".to_string(),
             ImatrixSums {
                 in_sum2: vec![5.0; 9],
-                count: 0,
+                counts: vec![0],
             },
         );
         let meta = ImatrixMeta {

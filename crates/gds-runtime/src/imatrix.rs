@@ -10,9 +10,10 @@
 //! `--process-output`; not by default): every token of a chunk then wants logits, and the
 //! final-normed hidden state entering the head is summed under `output.weight`, or
 //! `token_embd.weight` when the embedding is the head (tied), as llama-imatrix names it.
-//! A mixture of experts (qwen3moe): the router's input is counted (`ffn_gate_inp`, a plain
-//! product, as llama-imatrix counts it); the experts' products are not yet (llama-imatrix keeps
-//! one row of sums and one count per expert for them), so a conversion weighs them by nothing.
+//! A mixture of experts (qwen3moe): the router's input is counted as a plain product
+//! (`ffn_gate_inp`), and each stacked expert matrix (`ffn_gate_exps`, `ffn_up_exps`,
+//! `ffn_down_exps`) keeps one row of sums and one count per expert, over the tokens routed to
+//! that expert, however few (llama-imatrix's `MUL_MAT_ID` rule).
 //!
 //! The hook is [`MatmulObserver`], which [`Model::forward_observed`] shows every product's
 //! input; the plain forward pass has none.
@@ -27,13 +28,14 @@ use std::collections::BTreeMap;
 pub const MIN_TOKENS: usize = 16;
 
 /// One matrix's statistics: per input column the sum of squared activations, and the number
-/// of tokens (activation rows) summed.
+/// of tokens (activation rows) summed; a mixture of experts' stacked matrix has one of each
+/// per expert, expert after expert.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ImatrixStat {
-    /// Per column, Σ x².
+    /// Per column, Σ x² (`cols × counts.len()`).
     pub sum2: Vec<f64>,
-    /// Tokens summed.
-    pub count: u64,
+    /// Tokens summed, per expert (one entry for a dense matrix).
+    pub counts: Vec<u64>,
 }
 
 /// Accumulates [`ImatrixStat`]s by GGUF tensor name (`blk.3.attn_q.weight`).
@@ -49,21 +51,30 @@ impl ImatrixCollector {
         if n < MIN_TOKENS || !x.len().is_multiple_of(n) {
             return;
         }
+        self.add_rows(name, 0, 1, x, n);
+    }
+
+    /// Adds `n` rows of `x` to expert `expert` of `n_mat` of the statistics of `name`.
+    fn add_rows(&mut self, name: String, expert: usize, n_mat: usize, x: &[f32], n: usize) {
+        if n == 0 || !x.len().is_multiple_of(n) || expert >= n_mat {
+            return;
+        }
         let cols = x.len() / n;
         let e = self.stats.entry(name).or_default();
-        if e.sum2.len() != cols {
+        if e.sum2.len() != cols * n_mat || e.counts.len() != n_mat {
             // a matrix seen with another width cannot happen in one model: start over
             *e = ImatrixStat {
-                sum2: vec![0.0; cols],
-                count: 0,
+                sum2: vec![0.0; cols * n_mat],
+                counts: vec![0; n_mat],
             };
         }
+        let sums = &mut e.sum2[expert * cols..(expert + 1) * cols];
         for row in x.chunks_exact(cols) {
-            for (a, &v) in e.sum2.iter_mut().zip(row) {
+            for (a, &v) in sums.iter_mut().zip(row) {
                 *a += (v as f64) * (v as f64);
             }
         }
-        e.count += n as u64;
+        e.counts[expert] += n as u64;
     }
 }
 
@@ -74,6 +85,26 @@ impl MatmulObserver for ImatrixCollector {
 
     fn head(&mut self, tensor: &str, x: &[f32], n: usize) {
         self.add(tensor.to_string(), x, n);
+    }
+
+    /// An expert's products count every token routed to it, however few (llama-imatrix
+    /// collects every `MUL_MAT_ID`, its 16-token floor is for plain products).
+    fn expert(
+        &mut self,
+        layer: usize,
+        role: &str,
+        expert: usize,
+        n_experts: usize,
+        x: &[f32],
+        n: usize,
+    ) {
+        self.add_rows(
+            format!("blk.{layer}.{role}.weight"),
+            expert,
+            n_experts,
+            x,
+            n,
+        );
     }
 }
 
@@ -155,12 +186,20 @@ mod tests {
         c.matmul(2, "attn_q", &x[..15 * 3], 15);
         let s = &c.stats["blk.2.attn_q.weight"];
         assert_eq!(s.sum2, vec![32.0, 128.0, 288.0]);
-        assert_eq!(s.count, 32);
+        assert_eq!(s.counts, vec![32]);
         assert_eq!(c.stats.len(), 1);
         // the head's input goes under the name it is given
         c.head("output.weight", &x, 16);
         assert_eq!(c.stats["output.weight"].sum2, vec![16.0, 64.0, 144.0]);
-        assert_eq!(c.stats["output.weight"].count, 16);
+        assert_eq!(c.stats["output.weight"].counts, vec![16]);
+        // an expert's rows go to its own sums and count, any number of them
+        c.expert(1, "ffn_up_exps", 2, 4, &x[..2 * 3], 2);
+        c.expert(1, "ffn_up_exps", 0, 4, &x[..3], 1);
+        let s = &c.stats["blk.1.ffn_up_exps.weight"];
+        assert_eq!(s.counts, vec![1, 0, 2, 0]);
+        assert_eq!(&s.sum2[..3], &[1.0, 4.0, 9.0]);
+        assert_eq!(&s.sum2[3..6], &[0.0; 3]);
+        assert_eq!(&s.sum2[6..9], &[2.0, 8.0, 18.0]);
     }
 
     #[test]

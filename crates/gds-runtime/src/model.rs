@@ -163,6 +163,21 @@ pub trait MatmulObserver: Send {
     fn head(&mut self, tensor: &str, x: &[f32], n: usize) {
         let _ = (tensor, x, n);
     }
+
+    /// `x` is `n` rows (the tokens routed to it) of the f32 activation entering expert
+    /// `expert` (of `n_experts`) of block `layer`'s stacked matrix `role` (`ffn_gate_exps`,
+    /// `ffn_up_exps`, `ffn_down_exps`). Ignored unless implemented.
+    fn expert(
+        &mut self,
+        layer: usize,
+        role: &str,
+        expert: usize,
+        n_experts: usize,
+        x: &[f32],
+        n: usize,
+    ) {
+        let _ = (layer, role, expert, n_experts, x, n);
+    }
 }
 
 /// A loaded model: configuration, the I/O backend with the layers it keeps resident,
@@ -965,6 +980,12 @@ impl Ops for CpuOps<'_, '_> {
                 &mut [&mut sc.gate[..m * ff], &mut sc.up[..m * ff]],
             )?;
             glu(&mut sc.gate[..m * ff], &sc.up[..m * ff]);
+            if let Some((o, l, _)) = &mut self.obs {
+                let xin = &sc.x[..m * d];
+                o.expert(*l, "ffn_gate_exps", x, e.n, xin, m);
+                o.expert(*l, "ffn_up_exps", x, e.n, xin, m);
+                o.expert(*l, "ffn_down_exps", x, e.n, &sc.gate[..m * ff], m);
+            }
             self.m.matmul_many(
                 &[e.down.rows_view(self.bytes, x * d, d)?],
                 &sc.gate[..m * ff],

@@ -74,7 +74,7 @@ pub fn run(a: ImatrixArgs) -> Result<()> {
         .map(|(k, v)| {
             let s = ImatrixSums {
                 in_sum2: v.sum2.iter().map(|&x| x as f32).collect(),
-                count: v.count,
+                counts: v.counts,
             };
             (k, s)
         })

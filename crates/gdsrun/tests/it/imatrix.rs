@@ -119,6 +119,65 @@ fn imatrix_of_the_tiny_llama_weighs_its_conversion() {
     assert_eq!(plain["token_embd.weight"], weighted["token_embd.weight"]);
 }
 
+/// A mixture of experts (the tiny Qwen 3 MoE fixture): besides the plain products (attention,
+/// the router), each stacked expert matrix gets one row of weights per expert, as
+/// llama-imatrix writes them, and `gdsconv --imatrix` weighs every expert's rows with its own:
+/// the weighted Q4_0 of each stacked matrix differs from the unweighted one.
+#[test]
+fn imatrix_of_a_mixture_of_experts_has_a_row_per_expert() {
+    let root = gds_tests::root();
+    let (tmp, model) = gds_tests::converted_fixture("tiny-qwen3moe.gguf");
+    let out = tmp.path().join("moe.imatrix.gguf");
+    let text = root.join("fixtures/reference/wiki-like.txt");
+    let j = ok(&[
+        "imatrix",
+        model.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--ctx",
+        "32",
+        "--chunks",
+        "2",
+        "--json",
+    ]);
+    // per block: attn q/k/v/output, the router, gate/up/down experts
+    assert_eq!(j["entries"], 16);
+    let m = read_imatrix(&out).unwrap();
+    for b in 0..2 {
+        for role in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
+            let e = &m.entries[&format!("blk.{b}.{role}.weight")];
+            assert_eq!((e.n_mat, e.weights.len()), (4, 4 * 32), "{role}");
+            // four experts, two a token, 64 tokens: each expert's row is its own
+            let rows: Vec<&[f32]> = e.weights.chunks(32).collect();
+            assert!(rows.windows(2).any(|w| w[0] != w[1]), "{role}");
+        }
+        assert_eq!(m.entries[&format!("blk.{b}.ffn_gate_inp.weight")].n_mat, 1);
+    }
+    let conv = |dst: &Path, imatrix: Option<&Path>| {
+        let opts = gds_convert::ConvertOptions {
+            quant: gds_convert::QuantTarget::To(gds_format::DType::Q4_0),
+            imatrix: imatrix.map(Path::to_path_buf),
+            ..Default::default()
+        };
+        let src = root.join("fixtures/tiny-qwen3moe.gguf");
+        gds_convert::convert(&src, dst, &opts, &gds_convert::NoProgress).unwrap();
+        tensor_bytes(dst)
+    };
+    let plain = conv(&tmp.path().join("plain"), None);
+    let weighted = conv(&tmp.path().join("weighted"), Some(&out));
+    for b in 0..2 {
+        for role in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
+            let name = format!("blk.{b}.{role}.weight");
+            assert_ne!(plain[&name], weighted[&name], "{name}");
+        }
+        // the router is never quantized
+        let r = format!("blk.{b}.ffn_gate_inp.weight");
+        assert_eq!(plain[&r], weighted[&r]);
+    }
+}
+
 /// How close to llama-imatrix, and why. The first product of block 0 (q/k/v) sees the
 /// dequantized embedding after one RMS norm, the same f32 arithmetic in both programs: its
 /// columns agree to 1e-4 (measured 1.2e-6). Every later input went through quantized products
