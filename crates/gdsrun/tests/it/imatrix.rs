@@ -34,17 +34,11 @@ fn tensor_bytes(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     out
 }
 
-/// `gdsrun imatrix` on the tiny llama fixture: one entry per block matrix (2 blocks × 7),
-/// an atomic output; `gdsconv convert --imatrix` takes the file, and the weighted Q4_0 of
-/// every block matrix it requantizes differs from the unweighted one, while the embedding
-/// (no entry) stays the same.
-#[test]
-fn imatrix_of_the_tiny_llama_weighs_its_conversion() {
-    let root = gds_tests::root();
-    let (tmp, model) = gds_tests::converted_fixture("tiny-llama.gguf");
-    let out = tmp.path().join("tiny.imatrix.gguf");
-    let text = root.join("fixtures/reference/wiki-like.txt");
-    let j = ok(&[
+/// `gdsrun imatrix MODEL` of the reference text at context 32 over `chunks` chunks, written
+/// to `out`: its JSON summary.
+fn imatrix_of(model: &Path, out: &Path, chunks: &str) -> Value {
+    let text = gds_tests::root().join("fixtures/reference/wiki-like.txt");
+    ok(&[
         "imatrix",
         model.to_str().unwrap(),
         "-f",
@@ -54,9 +48,40 @@ fn imatrix_of_the_tiny_llama_weighs_its_conversion() {
         "--ctx",
         "32",
         "--chunks",
-        "3",
+        chunks,
         "--json",
-    ]);
+    ])
+}
+
+/// Every tensor's bytes of fixture `src` converted to `dst` as Q4_0 (`--requantize` when
+/// asked), weighted by `imatrix` when given.
+fn q4_0_of(
+    src: &str,
+    dst: &Path,
+    imatrix: Option<&Path>,
+    requantize: bool,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let opts = gds_convert::ConvertOptions {
+        quant: gds_convert::QuantTarget::To(gds_format::DType::Q4_0),
+        requantize,
+        imatrix: imatrix.map(Path::to_path_buf),
+        ..Default::default()
+    };
+    let src = gds_tests::root().join("fixtures").join(src);
+    gds_convert::convert(&src, dst, &opts, &gds_convert::NoProgress).unwrap();
+    tensor_bytes(dst)
+}
+
+/// `gdsrun imatrix` on the tiny llama fixture: one entry per block matrix (2 blocks × 7),
+/// an atomic output; `gdsconv convert --imatrix` takes the file, and the weighted Q4_0 of
+/// every block matrix it requantizes differs from the unweighted one, while the embedding
+/// (no entry) stays the same.
+#[test]
+fn imatrix_of_the_tiny_llama_weighs_its_conversion() {
+    let root = gds_tests::root();
+    let (tmp, model) = gds_tests::converted_fixture("tiny-llama.gguf");
+    let out = tmp.path().join("tiny.imatrix.gguf");
+    let j = imatrix_of(&model, &out, "3");
     assert_eq!(j["chunks"], 3);
     assert_eq!(j["entries"], 14);
     let m = read_imatrix(&out).unwrap();
@@ -90,19 +115,13 @@ fn imatrix_of_the_tiny_llama_weighs_its_conversion() {
     );
     assert!(!bad.exists());
 
-    let conv = |dst: &Path, imatrix: Option<&Path>| {
-        let opts = gds_convert::ConvertOptions {
-            quant: gds_convert::QuantTarget::To(gds_format::DType::Q4_0),
-            requantize: true,
-            imatrix: imatrix.map(Path::to_path_buf),
-            ..Default::default()
-        };
-        let src = root.join("fixtures/tiny-llama.gguf");
-        gds_convert::convert(&src, dst, &opts, &gds_convert::NoProgress).unwrap();
-        tensor_bytes(dst)
-    };
-    let plain = conv(&tmp.path().join("plain"), None);
-    let weighted = conv(&tmp.path().join("weighted"), Some(&out));
+    let plain = q4_0_of("tiny-llama.gguf", &tmp.path().join("plain"), None, true);
+    let weighted = q4_0_of(
+        "tiny-llama.gguf",
+        &tmp.path().join("weighted"),
+        Some(&out),
+        true,
+    );
     // the fixture's own Q4_0 matrices pass through (no --requantize to the same type)
     let src = gds_convert::gguf::read_gguf(&root.join("fixtures/tiny-llama.gguf")).unwrap();
     let mut changed = 0;
@@ -125,23 +144,9 @@ fn imatrix_of_the_tiny_llama_weighs_its_conversion() {
 /// the weighted Q4_0 of each stacked matrix differs from the unweighted one.
 #[test]
 fn imatrix_of_a_mixture_of_experts_has_a_row_per_expert() {
-    let root = gds_tests::root();
     let (tmp, model) = gds_tests::converted_fixture("tiny-qwen3moe.gguf");
     let out = tmp.path().join("moe.imatrix.gguf");
-    let text = root.join("fixtures/reference/wiki-like.txt");
-    let j = ok(&[
-        "imatrix",
-        model.to_str().unwrap(),
-        "-f",
-        text.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--ctx",
-        "32",
-        "--chunks",
-        "2",
-        "--json",
-    ]);
+    let j = imatrix_of(&model, &out, "2");
     // per block: attn q/k/v/output, the router, gate/up/down experts
     assert_eq!(j["entries"], 16);
     let m = read_imatrix(&out).unwrap();
@@ -155,18 +160,13 @@ fn imatrix_of_a_mixture_of_experts_has_a_row_per_expert() {
         }
         assert_eq!(m.entries[&format!("blk.{b}.ffn_gate_inp.weight")].n_mat, 1);
     }
-    let conv = |dst: &Path, imatrix: Option<&Path>| {
-        let opts = gds_convert::ConvertOptions {
-            quant: gds_convert::QuantTarget::To(gds_format::DType::Q4_0),
-            imatrix: imatrix.map(Path::to_path_buf),
-            ..Default::default()
-        };
-        let src = root.join("fixtures/tiny-qwen3moe.gguf");
-        gds_convert::convert(&src, dst, &opts, &gds_convert::NoProgress).unwrap();
-        tensor_bytes(dst)
-    };
-    let plain = conv(&tmp.path().join("plain"), None);
-    let weighted = conv(&tmp.path().join("weighted"), Some(&out));
+    let (src, p, w) = (
+        "tiny-qwen3moe.gguf",
+        tmp.path().join("plain"),
+        tmp.path().join("weighted"),
+    );
+    let plain = q4_0_of(src, &p, None, false);
+    let weighted = q4_0_of(src, &w, Some(&out), false);
     for b in 0..2 {
         for role in ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] {
             let name = format!("blk.{b}.{role}.weight");
