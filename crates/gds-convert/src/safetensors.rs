@@ -1219,8 +1219,6 @@ fn rope_f64(cfg: &Config, key: &str, local: bool, sub_key: &str) -> Result<Optio
     }
 }
 
-/// pattern comes from `layer_types` when the config lists them (transformers ≥ 4.53), else
-/// from `sliding_window_pattern`.
 /// The `config.json` key of a family's `hf_keys` entry: the first of its `|`-separated
 /// names that the file has (transformers 5 writes Qwen 3 MoE's `num_experts` as
 /// `num_local_experts`), else the first.
@@ -1233,6 +1231,10 @@ fn hf_key<'k>(cfg: &Config, key: &'k str) -> &'k str {
         .unwrap_or(first)
 }
 
+/// The family's hyperparameters from `config.json` into `md` (its `hf_keys`, then its
+/// `hf_defaults` for what the file lacks). The sliding-window pattern comes from
+/// `layer_types` when the config lists them (transformers ≥ 4.53), else from
+/// `sliding_window_pattern`.
 fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<()> {
     if !spec.hf_stacked.is_empty() {
         // every block has experts: a config whose blocks alternate with dense ones
@@ -1324,7 +1326,8 @@ fn window_pattern(cfg: &Config) -> Result<u64> {
     });
     if !fits {
         return Err(cfg.err(format!(
-            "layer_types {types:?} is not a repeating pattern of sliding_attention layers              with every p-th layer full_attention"
+            "layer_types {types:?} is not a repeating pattern of sliding_attention layers \
+             with every p-th layer full_attention"
         )));
     }
     Ok(p as u64)
