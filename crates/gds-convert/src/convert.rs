@@ -1423,14 +1423,18 @@ pub fn convert(
         move || tokenizer_files(input, user.as_deref(), given, pending, why, vocab)
     };
 
-    // group into layers, deterministic order
+    // group into layers, deterministic order: by name, a block's routed experts last (one
+    // range for the rest, which a reader streaming experts apart reads whole)
     let mut by_group: BTreeMap<Group, Vec<&SourceTensor>> = BTreeMap::new();
     for t in &source.tensors {
         by_group.entry(group_of(&t.name)).or_default().push(t);
     }
     let mut groups: Vec<(Group, Vec<&SourceTensor>)> = by_group.into_iter().collect();
     for (_, ts) in &mut groups {
-        ts.sort_by(|a, b| a.name.cmp(&b.name));
+        ts.sort_by(|a, b| {
+            let expert = |t: &SourceTensor| gds_format::arch::is_routed_expert(&t.name);
+            (expert(a), &a.name).cmp(&(expert(b), &b.name))
+        });
         if let Some(w) = ts.windows(2).find(|w| w[0].name == w[1].name) {
             return Err(ConvertError::BadTensor {
                 path: w[0].file.path.clone(),

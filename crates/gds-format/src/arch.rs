@@ -404,6 +404,14 @@ pub struct Moe {
 /// largest models have 384.
 pub const MAX_EXPERTS: u64 = 4096;
 
+/// A mixture of experts' routed expert tensor (`blk.N.ffn_{gate,up,down}_exps.weight`, GGUF's
+/// names): `[n_expert, rows, cols]`, of which a token reads only the experts it is routed
+/// to. Writers put them after the block's other tensors (SPEC.md §2), so that a reader can
+/// stream a block's attention and router as one range and read experts apart.
+pub fn is_routed_expert(name: &str) -> bool {
+    name.contains("_exps.")
+}
+
 impl Hparams {
     /// A small Gemma 3-shaped set with every optional field exercised (scaling, a window
     /// pattern, a local base, softcaps), for the tests of the crates whose views are built

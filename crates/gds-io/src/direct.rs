@@ -583,6 +583,30 @@ impl LayerSource for DirectBackend {
         self.acquire_streamed(span)
     }
 
+    fn read_span(&self, span: Span) -> Result<LayerBytes, IoError> {
+        if self.is_resident(span.layer) {
+            return self.acquire_span(span);
+        }
+        self.check(&span)?;
+        let sh = &self.shared;
+        sh.counters.acquires.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let extent = align_up(span.offset + span.len) - align_down(span.offset);
+        let mut buf =
+            AlignedBuf::new(extent as usize).ok_or(IoError::OutOfMemory { bytes: extent })?;
+        let range = sh.read_span(span, &mut buf)?;
+        sh.counters
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let len = range.end;
+        Ok(LayerBytes::new_span(
+            span.layer,
+            span.offset,
+            range,
+            Arc::new(Owned(buf, len)),
+        ))
+    }
+
     fn prefetch(&self, span: Span) {
         if self.check(&span).is_err() || self.is_resident(span.layer) || self.slots == 0 {
             return;
@@ -640,6 +664,7 @@ impl LayerSource for DirectBackend {
             reads: c.reads.load(Ordering::Relaxed),
             read_ns: c.read_ns.load(Ordering::Relaxed),
             wait_ns: c.wait_ns.load(Ordering::Relaxed),
+            ..IoStats::default()
         }
     }
 
@@ -830,6 +855,55 @@ mod tests {
             b.read_at(1, 12000, &mut row).unwrap();
             assert_eq!(&row[..], &expect(1, 12000..12100)[..]);
             assert!(b.stats().reads >= 4);
+        }
+    }
+
+    /// `read_span` reads into memory of its own: spans larger than a streaming buffer,
+    /// unaligned ones, several threads at once while a buffer is held; a resident layer's
+    /// bytes are handed out without a read.
+    #[test]
+    fn spans_read_apart_from_the_stream_are_exactly_the_file_bytes() {
+        let (dir, m) = model_dir(3, 8);
+        for force_buffered in [false, true] {
+            let b = open(
+                dir.path(),
+                &m,
+                DirectOptions {
+                    resident: vec![true, false, false],
+                    slots: 1,
+                    slot_size: ALIGN,
+                    force_buffered,
+                    keep_cached: false,
+                    verifier: None,
+                },
+            );
+            // the only streaming buffer is taken: read_span does not need it
+            let held = b.acquire_span(span(1, 0, ALIGN as u64)).unwrap();
+            let spans = [
+                (1, 0, 8 * ALIGN),
+                (2, 4097, 20000),
+                (2, 123, 5),
+                (1, 8191, 1),
+            ];
+            let before = b.stats().bytes_read;
+            std::thread::scope(|s| {
+                for &(l, off, len) in &spans {
+                    let b = &b;
+                    s.spawn(move || {
+                        let h = b.read_span(span(l, off as u64, len as u64)).unwrap();
+                        assert_eq!(h.index(), l);
+                        assert_eq!(h.file_offset(), off as u64);
+                        assert_eq!(&h[..], &expect(l, off..off + len)[..], "{l} {off} {len}");
+                    });
+                }
+            });
+            assert!(b.stats().bytes_read >= before + 8 * ALIGN as u64 + 20000);
+            let before = b.stats().bytes_read;
+            let h = b.read_span(span(0, 100, 300)).unwrap();
+            assert_eq!(&h[..], &expect(0, 100..400)[..]);
+            assert_eq!(b.stats().bytes_read, before, "resident: no read");
+            assert!(b.read_span(span(2, 8 * ALIGN as u64 - 1, 2)).is_err());
+            drop(held);
         }
     }
 

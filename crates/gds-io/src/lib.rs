@@ -136,6 +136,10 @@ pub struct IoStats {
     pub read_ns: u64,
     /// Nanoseconds callers spent blocked in `acquire`/`read_at` waiting for bytes.
     pub wait_ns: u64,
+    /// Spans a cache over the backend found in memory (a mixture of experts' experts).
+    pub cache_hits: u64,
+    /// Spans that cache had to read.
+    pub cache_misses: u64,
 }
 
 impl IoStats {
@@ -147,6 +151,8 @@ impl IoStats {
             reads: self.reads.saturating_sub(earlier.reads),
             read_ns: self.read_ns.saturating_sub(earlier.read_ns),
             wait_ns: self.wait_ns.saturating_sub(earlier.wait_ns),
+            cache_hits: self.cache_hits.saturating_sub(earlier.cache_hits),
+            cache_misses: self.cache_misses.saturating_sub(earlier.cache_misses),
         }
     }
 }
@@ -175,6 +181,15 @@ pub trait LayerSource: Send + Sync {
 
     /// Makes the bytes of `span` resident; the handle's bytes are exactly the span's.
     fn acquire_span(&self, span: Span) -> Result<LayerBytes, IoError>;
+
+    /// Makes the bytes of `span` resident in memory of their own, not in one of the
+    /// streaming buffers, and returns them; they are freed when the last handle is dropped.
+    /// Several calls may run at once (a mixture of experts' experts are read so, side by
+    /// side, outside the layer stream). The default hands out [`Self::acquire_span`]'s
+    /// bytes, right for backends that hold every layer (a mapping: no copy).
+    fn read_span(&self, span: Span) -> Result<LayerBytes, IoError> {
+        self.acquire_span(span)
+    }
 
     /// Hints that `span` will be acquired soon. Never fails; backends may ignore it.
     fn prefetch(&self, span: Span) {

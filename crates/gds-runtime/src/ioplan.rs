@@ -9,6 +9,10 @@
 //! off the per-token stream. The output head, when it is not resident, streams in row
 //! chunks that fit a buffer; the embedding table is never streamed, only the rows of the
 //! batch's tokens are read.
+//!
+//! A mixture of experts streams its experts apart ([`ExpertPlan`]): a streamed block reads
+//! its attention, norms and router through the buffers, then only the experts its tokens
+//! were routed to, into a cache of the most recently used ones that the budget sizes.
 
 use crate::error::{Result, RuntimeError};
 use gds_format::Manifest;
@@ -103,12 +107,49 @@ pub struct IoPlan {
     /// Layer files are hashed (BLAKE3) before first use, unless a per-user cache records
     /// the very same file as verified; `false` with `--no-verify`.
     pub verify: bool,
+    /// A mixture of experts' streamed blocks read their experts apart (`None`: streamed
+    /// blocks are read whole).
+    pub experts: Option<ExpertPlan>,
+}
+
+/// How the experts of streamed mixture-of-experts blocks are read: after the router has
+/// chosen, only the chosen experts' rows of the three expert matrices, several reads side by
+/// side, into a cache that keeps the most recently used experts (RAM as a cache over the
+/// layer files, as the resident layers are).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExpertPlan {
+    /// Experts per block.
+    pub n_expert: usize,
+    /// Experts a token is routed to.
+    pub n_expert_used: usize,
+    /// Memory one expert takes in the cache: its rows of the gate, up and down matrices,
+    /// each read as whole 4 KiB blocks (the largest over the blocks).
+    pub expert_bytes: u64,
+    /// Experts the cache holds: `n_expert_used` at least (one token's), plus what the
+    /// budget leaves after the resident layers.
+    pub cache_experts: usize,
+    /// Per layer, the bytes a streamed block reads through the streaming buffers: its
+    /// tensors before the first expert matrix (0: not a block with experts).
+    #[serde(skip)]
+    pub dense_bytes: Vec<u64>,
 }
 
 impl IoPlan {
     /// True when `layer` stays resident.
     pub fn is_resident(&self, layer: usize) -> bool {
         self.resident_layers.contains(&layer)
+    }
+
+    /// Bytes of layer `layer` (of `size` bytes) that a forward pass streams: its tensors
+    /// before the experts when they stream apart, else the whole file.
+    pub fn stream_len(&self, layer: usize, size: u64) -> u64 {
+        match &self.experts {
+            Some(x) => match x.dense_bytes.get(layer) {
+                Some(&d) if d > 0 => d,
+                _ => size,
+            },
+            None => size,
+        }
     }
 }
 
@@ -159,6 +200,78 @@ struct Layers {
     head_bytes: u64,
     embd_layer: usize,
     embd_row_bytes: u64,
+    experts: Option<ExpertLayout>,
+}
+
+/// Where a mixture of experts' expert matrices lie in the block files.
+struct ExpertLayout {
+    n_expert: usize,
+    n_expert_used: usize,
+    /// See [`ExpertPlan::expert_bytes`].
+    expert_bytes: u64,
+    /// Per layer: the end of its tensors before the first expert matrix, when every expert
+    /// matrix follows all the other tensors (0: no experts in the layer).
+    dense_bytes: Vec<u64>,
+    /// Blocks whose expert matrices lie among the other tensors (an older conversion).
+    interleaved: usize,
+}
+
+/// The expert matrices of the manifest's blocks, or `None` for a model without experts.
+fn experts_of(m: &Manifest<'_>, n_layers: usize) -> Option<ExpertLayout> {
+    let used = match m.get("model.n_expert_used") {
+        Some(gds_format::Value::U64(k)) => k as usize,
+        _ => return None,
+    };
+    // per layer: (expert matrices: offset, bytes, experts), end of the other tensors
+    let mut per: Vec<(Vec<(u64, u64, u64)>, u64)> = vec![(Vec::new(), 0); n_layers];
+    for t in m.tensors() {
+        let Some((mats, other_end)) = per.get_mut(t.layer) else {
+            continue;
+        };
+        if gds_format::arch::is_routed_expert(t.name) {
+            mats.push((
+                t.offset,
+                t.nbytes,
+                t.dims().first().copied().unwrap_or(1).max(1),
+            ));
+        } else {
+            *other_end = (*other_end).max(t.offset + t.nbytes);
+        }
+    }
+    let mut n_expert = 0;
+    let mut expert_bytes = 0;
+    let mut interleaved = 0;
+    let mut dense_bytes = vec![0; n_layers];
+    for (l, (mats, other_end)) in per.iter().enumerate() {
+        let Some(first) = mats.iter().map(|x| x.0).min() else {
+            continue;
+        };
+        if first < *other_end {
+            interleaved += 1;
+            continue;
+        }
+        dense_bytes[l] = *other_end;
+        let n = mats.iter().map(|x| x.2).max().unwrap_or(1);
+        n_expert = n_expert.max(n as usize);
+        // the largest memory any expert of this block takes: each matrix's rows of it read
+        // as whole 4 KiB blocks
+        let of = |x: u64| -> u64 {
+            mats.iter()
+                .map(|&(offset, nbytes, n)| {
+                    let (at, len) = (offset + x * (nbytes / n), nbytes / n);
+                    align_up(at + len) - gds_io::align_down(at)
+                })
+                .sum()
+        };
+        expert_bytes = (0..n).map(of).fold(expert_bytes, u64::max);
+    }
+    (n_expert > 0 || interleaved > 0).then_some(ExpertLayout {
+        n_expert,
+        n_expert_used: used.max(1),
+        expert_bytes,
+        dense_bytes,
+        interleaved,
+    })
 }
 
 fn layers_of(m: &Manifest<'_>) -> Result<Layers> {
@@ -207,6 +320,7 @@ fn layers_of(m: &Manifest<'_>) -> Result<Layers> {
         head_bytes: out.nbytes,
         embd_layer: embd.layer,
         embd_row_bytes,
+        experts: experts_of(m, m.n_layers()),
     })
 }
 
@@ -237,16 +351,33 @@ pub fn plan_io_keeping(
     let l = layers_of(m)?;
     let weight_bytes: u64 = l.sizes.iter().sum();
     let all: Vec<usize> = (0..l.sizes.len()).collect();
-    // streaming buffers: the largest block layer (or one head row, if larger)
-    let (largest_name, largest) = match l.blocks.iter().max_by_key(|&&b| l.sizes[b]) {
-        Some(&b) if l.sizes[b] >= l.head.row_bytes => (l.names[b].clone(), l.sizes[b]),
+    // experts stream apart when every block with experts has them after its other tensors
+    let experts = l.experts.as_ref().filter(|x| x.interleaved == 0);
+    // what a streamed block reads through the buffers: the whole file, or the part before
+    // its experts
+    let stream_len = |b: usize| match experts.map(|x| x.dense_bytes[b]) {
+        Some(d) if d > 0 => d,
+        _ => l.sizes[b],
+    };
+    // streaming buffers: the largest streamed block span (or one head row, if larger)
+    let (largest_name, largest) = match l.blocks.iter().max_by_key(|&&b| stream_len(b)) {
+        Some(&b) if stream_len(b) >= l.head.row_bytes => {
+            let what = if stream_len(b) < l.sizes[b] {
+                format!("the tensors before the experts of {}", l.names[b])
+            } else {
+                l.names[b].clone()
+            };
+            (what, stream_len(b))
+        }
         _ => (
             "one row of the output head".into(),
             align_up(l.head.row_bytes),
         ),
     };
     let slot_bytes = largest + SLOT_SLACK;
-    let min_budget = STREAM_SLOTS as u64 * slot_bytes;
+    // a mixture of experts also holds one token's experts at least
+    let min_cache = experts.map_or(0, |x| x.n_expert_used as u64 * x.expert_bytes);
+    let min_budget = STREAM_SLOTS as u64 * slot_bytes + min_cache;
     let mut p = IoPlan {
         mode: IoMode::Mmap,
         reason: String::new(),
@@ -262,6 +393,7 @@ pub fn plan_io_keeping(
         streamed_bytes_per_token: 0,
         min_budget_bytes: min_budget,
         verify: true,
+        experts: None,
     };
     let fits = budget.is_none_or(|b| b >= weight_bytes);
     let within = || match budget {
@@ -340,8 +472,16 @@ pub fn plan_io_keeping(
     }
     let b = budget.unwrap_or(weight_bytes);
     if b < min_budget {
+        let experts = match experts {
+            Some(x) => format!(
+                " and {} for one token's {} experts",
+                mib(min_cache),
+                x.n_expert_used
+            ),
+            None => String::new(),
+        };
         return plan_err(format!(
-            "--mem-budget {} is below the minimum working set for streaming: {} = {} streaming buffers of {} (the largest layer, {largest_name}, plus alignment slack). The KV cache and activations are not part of the budget.",
+            "--mem-budget {} is below the minimum working set for streaming: {} = {} streaming buffers of {} (the largest layer, {largest_name}, plus alignment slack){experts}. The KV cache and activations are not part of the budget.",
             mib(b),
             mib(min_budget),
             STREAM_SLOTS,
@@ -405,17 +545,55 @@ pub fn plan_io_keeping(
         p.head.chunk_rows = ((largest / l.head.row_bytes) as usize).clamp(1, l.head.rows);
     }
     let embd_resident = resident.contains(&l.embd_layer);
-    p.streamed_bytes_per_token = p.streamed_layers.iter().map(|&x| l.sizes[x]).sum::<u64>()
+    // a streamed block with experts reads one token's experts besides its span (fewer
+    // when the cache has them)
+    let token_experts = |b: usize| match experts {
+        Some(x) if stream_len(b) < l.sizes[b] => x.n_expert_used as u64 * x.expert_bytes,
+        _ => 0,
+    };
+    p.streamed_bytes_per_token = p
+        .streamed_layers
+        .iter()
+        .map(|&x| stream_len(x) + token_experts(x))
+        .sum::<u64>()
         + if head_resident { 0 } else { l.head_bytes }
         + if embd_resident {
             0
         } else {
             align_up(l.embd_row_bytes)
         };
+    p.held_bytes = kept + min_budget;
+    match (experts, &l.experts) {
+        (Some(x), _) if p.streamed_layers.iter().any(|&b| token_experts(b) > 0) => {
+            // what the resident layers leave of the room caches more experts
+            let more = ((room - kept) / x.expert_bytes) as usize;
+            let cache_experts = x.n_expert_used + more;
+            p.held_bytes += more as u64 * x.expert_bytes;
+            p.reason += &format!(
+                "; streamed blocks read their attention and router, then only the {} of {} experts each token is routed to ({} an expert), into a cache of the {cache_experts} most recently used",
+                x.n_expert_used,
+                x.n_expert,
+                mib(x.expert_bytes)
+            );
+            p.experts = Some(ExpertPlan {
+                n_expert: x.n_expert,
+                n_expert_used: x.n_expert_used,
+                expert_bytes: x.expert_bytes,
+                cache_experts,
+                dense_bytes: x.dense_bytes.clone(),
+            });
+        }
+        (None, Some(x)) => {
+            p.reason += &format!(
+                "; {} blocks of this conversion have their experts among their other tensors, so a streamed block is read whole, every expert (converted again by this gdsconv, a block's experts come last and stream apart: only those a token is routed to are read)",
+                x.interleaved
+            );
+        }
+        _ => {}
+    }
     p.resident_layers = resident;
     p.slots = STREAM_SLOTS;
     p.slot_bytes = slot_bytes;
-    p.held_bytes = kept + min_budget;
     Ok(p)
 }
 
@@ -433,6 +611,127 @@ mod tests {
         for bad in ["", "MB", "-5MB", "1.2.3GB", "10 parsecs", "0"] {
             assert!(parse_size(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// A manifest of a 2-block mixture of experts (8 experts of 4096-byte F32 matrices,
+    /// 2 per token): each block a 4096-byte attention matrix, a router, and the three expert
+    /// matrices, `experts_last` or between the attention and the router; no files behind it.
+    fn moe_manifest(experts_last: bool) -> Vec<u8> {
+        use gds_format::{layer_kind, DType, LayerRecord, ManifestBuilder, TensorSpec};
+        let spec = |name: String, shape: Vec<u64>| TensorSpec {
+            name,
+            dtype: DType::F32,
+            shape,
+        };
+        let mut b = ManifestBuilder::new();
+        b.kv_str("general.architecture", "qwen3moe");
+        b.kv_u64("model.n_expert", 8)
+            .kv_u64("model.n_expert_used", 2);
+        let mut add = |name: &str, kind: u32, index: u32, tensors: Vec<TensorSpec>| {
+            let layout = gds_format::layout(&tensors).unwrap();
+            b.add_layer(&LayerRecord {
+                name: name.into(),
+                file: format!("{name}.bin"),
+                kind,
+                index,
+                tensors,
+                layout,
+                content_hash: [0; 32],
+            });
+        };
+        add(
+            "embd",
+            layer_kind::EMBED,
+            0,
+            vec![spec("token_embd.weight".into(), vec![64, 64])],
+        );
+        for blk in 0..2u32 {
+            let mut ts = vec![spec(format!("blk.{blk}.attn_q.weight"), vec![16, 64])];
+            let experts = ["down", "gate", "up"]
+                .map(|r| spec(format!("blk.{blk}.ffn_{r}_exps.weight"), vec![8, 16, 64]));
+            let router = spec(format!("blk.{blk}.ffn_gate_inp.weight"), vec![8, 64]);
+            if experts_last {
+                ts.push(router);
+                ts.extend(experts);
+            } else {
+                ts.extend(experts);
+                ts.push(router);
+            }
+            add(&format!("blk{blk}"), layer_kind::BLOCK, blk, ts);
+        }
+        add(
+            "head",
+            layer_kind::HEAD,
+            0,
+            vec![spec("output.weight".into(), vec![64, 64])],
+        );
+        b.finish()
+    }
+
+    /// Experts after the other tensors: a streamed block's span is its attention and router
+    /// (two 4 KiB-aligned tensors), the buffers are that size, the minimum budget holds one
+    /// token's experts (three 4 KiB matrices' rows each) besides them, and what the resident
+    /// layers leave caches more. Experts among the other tensors: whole blocks stream,
+    /// saying why.
+    #[test]
+    fn a_mixture_of_experts_streams_its_experts_apart_when_they_come_last() {
+        let bytes = moe_manifest(true);
+        let m = Manifest::parse(&bytes).unwrap();
+        let plan = |budget: u64| {
+            plan_io(
+                Path::new("/nonexistent"),
+                &m,
+                "direct",
+                Some(budget),
+                || DirectSupport::Direct,
+            )
+        };
+        let dense = 4096 + 2048;
+        let expert = 3 * 4096;
+        let min = 2 * (dense + SLOT_SLACK) + 2 * expert;
+        let p = plan(min).unwrap();
+        assert_eq!(
+            (p.slot_bytes, p.min_budget_bytes),
+            (dense + SLOT_SLACK, min)
+        );
+        assert_eq!(p.streamed_layers, vec![1, 2]);
+        let x = p.experts.as_ref().unwrap();
+        assert_eq!((x.n_expert, x.n_expert_used), (8, 2));
+        assert_eq!((x.expert_bytes, x.cache_experts), (expert, 2));
+        assert_eq!(p.stream_len(1, 1 << 20), dense);
+        assert_eq!(p.stream_len(0, 1 << 20), 1 << 20);
+        assert_eq!(
+            p.streamed_bytes_per_token,
+            2 * (dense + 2 * expert) + 4096 * 4 + 4096
+        );
+        let e = plan(min - 1).unwrap_err().to_string();
+        assert!(e.contains("one token's 2 experts"), "{e}");
+        // the room: the head (16 KiB) stays, the rest caches one expert more
+        let p = plan(min + 3 * expert + 100).unwrap();
+        assert!(p.is_resident(3), "{p:?}");
+        assert_eq!(p.experts.as_ref().unwrap().cache_experts, 3);
+        assert_eq!(p.held_bytes, min + 16384 + expert);
+        assert!(p
+            .reason
+            .contains("into a cache of the 3 most recently used"));
+
+        let bytes = moe_manifest(false);
+        let m = Manifest::parse(&bytes).unwrap();
+        let p = plan_io(
+            Path::new("/nonexistent"),
+            &m,
+            "direct",
+            Some(240_000),
+            || DirectSupport::Direct,
+        )
+        .unwrap();
+        assert!(p.experts.is_none());
+        assert_eq!(p.slot_bytes, 8 * 4096 * 3 + 8192 + SLOT_SLACK);
+        assert!(
+            p.reason.contains("2 blocks of this conversion"),
+            "{}",
+            p.reason
+        );
     }
 
     #[test]

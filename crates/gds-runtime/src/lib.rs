@@ -11,6 +11,7 @@ pub mod constraint;
 pub mod draft;
 pub mod engine;
 pub mod exec;
+mod experts;
 pub mod gbnf;
 pub mod gpuplan;
 pub mod graph;

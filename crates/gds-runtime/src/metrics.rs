@@ -45,6 +45,9 @@ pub struct Metrics {
     pub io_overlap: Option<f64>,
     /// Bytes read during decode over the time spent reading them, bytes/s.
     pub read_bandwidth_bytes_per_sec: Option<f64>,
+    /// Share of the experts used during decode that the expert cache held (a mixture of
+    /// experts whose experts stream apart; `None` otherwise).
+    pub expert_cache_hit_rate: Option<f64>,
     /// Energy used during prompt evaluation and generation, joules (package RAPL domains, plus
     /// the GPU's NVML counter with the CUDA backend).
     pub energy_joules: Option<f64>,
@@ -94,6 +97,8 @@ impl Metrics {
             self.read_bandwidth_bytes_per_sec =
                 Some(io.bytes_read as f64 * 1e9 / io.read_ns as f64);
         }
+        let used = io.cache_hits + io.cache_misses;
+        self.expert_cache_hit_rate = (used > 0).then(|| io.cache_hits as f64 / used as f64);
     }
 
     /// Fills the verification fields from the verifier's counters.
@@ -153,6 +158,9 @@ impl Metrics {
                 self.read_bandwidth_bytes_per_sec.unwrap_or(0.0) / 1e6,
                 self.io_wait_ms
             );
+        }
+        if let Some(h) = self.expert_cache_hit_rate {
+            s += &format!(" | experts cached {:.0}%", h * 100.0);
         }
         match self.energy_joules {
             Some(j) => {

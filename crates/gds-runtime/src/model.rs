@@ -10,6 +10,7 @@ use crate::attention::AttnParams;
 use crate::batch::Batch;
 use crate::config::{Config, RopeStyle};
 use crate::error::{Result, RuntimeError};
+use crate::experts::ExpertCache;
 use crate::graph::{self, Arch, Buf, Experts, Glu, Ops};
 use crate::ioplan::IoPlan;
 use crate::kv::KvCache;
@@ -204,6 +205,8 @@ pub struct Model {
     /// Keep activations in f32 (weights dequantized row by row) instead of quantizing them
     /// to 8 bits for integer dot products.
     f32_act: bool,
+    /// The experts of streamed mixture-of-experts blocks, when they stream apart.
+    experts: Option<ExpertCache>,
 }
 
 impl Model {
@@ -285,6 +288,10 @@ impl Model {
             ctx,
             simd: ops::simd_available(),
             f32_act: false,
+            experts: io
+                .experts
+                .as_ref()
+                .map(|x| ExpertCache::new(x.cache_experts)),
         })
     }
 
@@ -308,9 +315,14 @@ impl Model {
         self.pool.current_num_threads()
     }
 
-    /// The I/O backend's counters.
+    /// The I/O backend's counters, with the expert cache's.
     pub fn io_stats(&self) -> IoStats {
-        self.source.stats()
+        let mut s = self.source.stats();
+        if let Some(c) = &self.experts {
+            let x = c.stats();
+            (s.cache_hits, s.cache_misses) = (x.hits, x.misses);
+        }
+        s
     }
 
     /// What checking the layer files' hashes has cost so far.
@@ -461,7 +473,7 @@ impl Model {
             return Some(Span {
                 layer,
                 offset: 0,
-                len: self.source.layer_size(layer),
+                len: self.io.stream_len(layer, self.source.layer_size(layer)),
             });
         }
         let (r0, rows) = self.head_chunk(i - blocks.len());
@@ -955,47 +967,68 @@ impl Ops for CpuOps<'_, '_> {
             Glu::Silu => ops::swiglu,
             Glu::GeluTanh => ops::geglu,
         };
-        // one expert at a time over the tokens that chose it: its rows are read once for
-        // them all, as a dense FFN's are for the batch
-        for (x, tokens) in by_expert.iter().enumerate() {
-            let m = tokens.len();
-            if m == 0 {
-                continue;
-            }
-            let ff = e.n_ff;
-            sc.x.resize(m * d, 0.0);
-            sc.gate.resize(m * ff, 0.0);
-            sc.up.resize(m * ff, 0.0);
-            sc.out.resize(m * d, 0.0);
-            for (j, &(t, _)) in tokens.iter().enumerate() {
-                sc.x[j * d..(j + 1) * d].copy_from_slice(&xb[t * d..(t + 1) * d]);
-            }
-            self.m.matmul_many(
-                &[
-                    e.gate.rows_view(self.bytes, x * ff, ff)?,
-                    e.up.rows_view(self.bytes, x * ff, ff)?,
-                ],
-                &sc.x[..m * d],
-                m,
-                &mut [&mut sc.gate[..m * ff], &mut sc.up[..m * ff]],
-            )?;
-            glu(&mut sc.gate[..m * ff], &sc.up[..m * ff]);
-            if let Some((o, l, _)) = &mut self.obs {
-                let xin = &sc.x[..m * d];
-                o.expert(*l, "ffn_gate_exps", x, e.n, xin, m);
-                o.expert(*l, "ffn_up_exps", x, e.n, xin, m);
-                o.expert(*l, "ffn_down_exps", x, e.n, &sc.gate[..m * ff], m);
-            }
-            self.m.matmul_many(
-                &[e.down.rows_view(self.bytes, x * d, d)?],
-                &sc.gate[..m * ff],
-                m,
-                &mut [&mut sc.out[..m * d]],
-            )?;
-            for (j, &(t, w)) in tokens.iter().enumerate() {
-                let out = &sc.out[j * d..(j + 1) * d];
-                for (p, &v) in proj[t * d..(t + 1) * d].iter_mut().zip(out) {
-                    *p += w * v;
+        // the chosen experts' bytes: in the block's (resident or read whole), else from the
+        // expert cache, as many at a time as it holds
+        let chosen: Vec<usize> = (0..e.n).filter(|&x| !by_expert[x].is_empty()).collect();
+        let in_block = [&e.gate, &e.up, &e.down].iter().all(|t| {
+            self.bytes.covers(&Span {
+                layer: t.layer,
+                offset: t.offset as u64,
+                len: t.nbytes as u64,
+            })
+        });
+        let cache = match &self.m.experts {
+            Some(c) if !in_block => Some(c),
+            _ => None,
+        };
+        let round = cache.map_or(chosen.len(), ExpertCache::capacity).max(1);
+        for xs in chosen.chunks(round) {
+            let fetched = match cache {
+                Some(c) => c.get(&*self.m.source, e, xs)?,
+                None => Vec::new(),
+            };
+            for (i, &x) in xs.iter().enumerate() {
+                let (gate, up, down) = match fetched.get(i) {
+                    Some(f) => (&f.gate, &f.up, &f.down),
+                    None => (self.bytes, self.bytes, self.bytes),
+                };
+                let tokens = &by_expert[x];
+                let m = tokens.len();
+                let ff = e.n_ff;
+                sc.x.resize(m * d, 0.0);
+                sc.gate.resize(m * ff, 0.0);
+                sc.up.resize(m * ff, 0.0);
+                sc.out.resize(m * d, 0.0);
+                for (j, &(t, _)) in tokens.iter().enumerate() {
+                    sc.x[j * d..(j + 1) * d].copy_from_slice(&xb[t * d..(t + 1) * d]);
+                }
+                self.m.matmul_many(
+                    &[
+                        e.gate.rows_view(gate, x * ff, ff)?,
+                        e.up.rows_view(up, x * ff, ff)?,
+                    ],
+                    &sc.x[..m * d],
+                    m,
+                    &mut [&mut sc.gate[..m * ff], &mut sc.up[..m * ff]],
+                )?;
+                glu(&mut sc.gate[..m * ff], &sc.up[..m * ff]);
+                if let Some((o, l, _)) = &mut self.obs {
+                    let xin = &sc.x[..m * d];
+                    o.expert(*l, "ffn_gate_exps", x, e.n, xin, m);
+                    o.expert(*l, "ffn_up_exps", x, e.n, xin, m);
+                    o.expert(*l, "ffn_down_exps", x, e.n, &sc.gate[..m * ff], m);
+                }
+                self.m.matmul_many(
+                    &[e.down.rows_view(down, x * d, d)?],
+                    &sc.gate[..m * ff],
+                    m,
+                    &mut [&mut sc.out[..m * d]],
+                )?;
+                for (j, &(t, w)) in tokens.iter().enumerate() {
+                    let out = &sc.out[j * d..(j + 1) * d];
+                    for (p, &v) in proj[t * d..(t + 1) * d].iter_mut().zip(out) {
+                        *p += w * v;
+                    }
                 }
             }
         }

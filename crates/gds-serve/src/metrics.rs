@@ -369,6 +369,18 @@ impl ServerMetrics {
             "Seconds forward passes waited for streamed weights (reads that compute did not hide).",
             format!("{:.6}", io.wait_ns as f64 / 1e9),
         );
+        put(
+            "expert_cache_hits_total",
+            "counter",
+            "Experts of streamed mixture-of-experts blocks found in the expert cache.",
+            io.cache_hits.to_string(),
+        );
+        put(
+            "expert_cache_misses_total",
+            "counter",
+            "Experts of streamed mixture-of-experts blocks read from the layer files.",
+            io.cache_misses.to_string(),
+        );
         let (total, free) = (g(&self.kv_blocks_total), g(&self.kv_blocks_free));
         put(
             "kv_blocks_total",

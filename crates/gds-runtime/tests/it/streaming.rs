@@ -204,3 +204,148 @@ fn a_pass_reads_the_next_passes_first_spans_into_every_free_buffer() {
         "{read} bytes read: the pass's {pass} and the next pass's first two blocks' {first_two}"
     );
 }
+
+/// A mixture of experts streams its experts apart: below the model's size a streamed block
+/// reads its attention, norms and router through the buffers (gdsconv writes a block's
+/// expert matrices last, so they are one range), then only the experts its tokens chose,
+/// into a cache of the most recently used. Logits equal the mapped model's at every budget
+/// (the minimum, whose cache holds one token's experts so a prompt's experts come in rounds;
+/// a cache of every expert; the head resident as well; `O_DIRECT` and buffered), for F32 experts (whole 4 KiB
+/// blocks) and Q8_0 ones (rows not aligned); a decode step reads the blocks' dense parts and
+/// the chosen experts, not whole blocks; the cache's hits are counted.
+#[test]
+fn a_mixture_of_experts_streams_only_the_chosen_experts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let moe = gds_tests::fixture("tiny-qwen3moe-hf");
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 320).collect();
+    for quant in ["keep", "q8_0"] {
+        let dir = tmp.path().join(quant);
+        let opts = gds_convert::ConvertOptions {
+            quant: quant.parse().unwrap(),
+            ..Default::default()
+        };
+        gds_convert::convert(&moe, &dir, &opts, &gds_convert::NoProgress).unwrap();
+        let bytes = gds_io::read_manifest(&dir).unwrap();
+        let m = gds_format::Manifest::parse(&bytes).unwrap();
+        // every block's expert matrices follow its other tensors
+        for l in 0..m.n_layers() {
+            let ts: Vec<_> = m.tensors().filter(|t| t.layer == l).collect();
+            let experts = ts
+                .iter()
+                .filter(|t| gds_format::arch::is_routed_expert(t.name));
+            let first = experts.map(|t| t.offset).min();
+            let others_end = ts
+                .iter()
+                .filter(|t| !gds_format::arch::is_routed_expert(t.name))
+                .map(|t| t.offset + t.nbytes)
+                .max();
+            if let (Some(first), Some(end)) = (first, others_end) {
+                assert!(first >= end, "{quant}: layer {l}");
+            }
+        }
+        let plan = |budget: Option<u64>, buffered: bool| {
+            plan_io(&dir, &m, "direct", budget, || {
+                if buffered {
+                    DirectSupport::Buffered("forced by the test".into())
+                } else {
+                    gds_io::probe_direct(&dir.join(m.layer(0).unwrap().file))
+                }
+            })
+            .unwrap()
+        };
+        let mapped = Model::load(&dir, 64, 1).unwrap();
+        let want = run(&mapped, &prompt, 6, 5);
+        let weights = mapped.weight_bytes();
+        let min = plan(None, false).min_budget_bytes;
+        let xb = plan(Some(min), false).experts.unwrap().expert_bytes;
+        let mut seen_rounds = false;
+        for (budget, buffered) in [
+            (Some(min), false),
+            (Some(min), true),
+            (Some(min + 2 * xb), false),
+            (Some((min + weights) / 2), false),
+        ] {
+            if budget >= Some(weights) {
+                continue; // (Q8_0's tiny model: a cache of every expert holds it all)
+            }
+            let io = plan(budget, buffered);
+            assert!(io.held_bytes <= budget.unwrap(), "{io:?}");
+            let x = io.experts.as_ref().unwrap_or_else(|| panic!("{io:?}"));
+            assert_eq!((x.n_expert, x.n_expert_used), (4, 2));
+            assert!(x.cache_experts >= 2, "{x:?}");
+            seen_rounds |= x.cache_experts < 4;
+            assert!(
+                io.reason.contains("experts each token is routed to"),
+                "{}",
+                io.reason
+            );
+            let model = Model::with_io(&dir, &io, 64, 1).unwrap();
+            let got = run(&model, &prompt, 6, 5);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    g == w,
+                    "{quant} {budget:?} {buffered}: row {i} differs from mmap"
+                );
+            }
+            // eight decode steps more: per step, each streamed block's dense span and its
+            // token's experts (read unless cached), not whole blocks
+            let c = &model.config;
+            let mut st = RunState::new(c, 1, 1, model.ctx(), model.threads());
+            let mut kv = KvCache::new(KvDtype::F32, c.n_layers, 1, model.ctx(), c.kv_dim());
+            let mut b = Batch::with_capacity(1);
+            let steps = 8;
+            let mut s0 = model.io_stats();
+            for pos in 0..=steps {
+                if pos == 1 {
+                    s0 = model.io_stats();
+                }
+                b.clear();
+                b.push(prompt[pos], pos, 0, true);
+                model.forward(&mut st, &mut kv, &b).unwrap();
+            }
+            let s = model.io_stats().since(&s0);
+            let size = |l: usize| {
+                std::fs::metadata(dir.join(m.layer(l).unwrap().file))
+                    .unwrap()
+                    .len()
+            };
+            let streamed = io.streamed_layers.len() as u64;
+            assert_eq!(
+                s.cache_hits + s.cache_misses,
+                steps as u64 * 2 * streamed,
+                "{s:?}"
+            );
+            let dense: u64 = io
+                .streamed_layers
+                .iter()
+                .map(|&l| gds_io::align_up(io.stream_len(l, size(l))))
+                .sum();
+            let whole: u64 = io.streamed_layers.iter().map(|&l| size(l)).sum();
+            assert!(dense < whole, "{dense} {whole}");
+            // the head when it streams, the embedding row, and the next pass's first spans
+            // read ahead into the two buffers
+            let head = if io.is_resident(io.head.layer) {
+                0
+            } else {
+                size(io.head.layer)
+            };
+            let bound = steps as u64 * (dense + head + 8192)
+                + s.cache_misses * x.expert_bytes
+                + 2 * io.slot_bytes;
+            // (Q8_0's tiny experts, 1 KiB a matrix, are read as whole 4 KiB blocks: apart
+            // they cost more than their block here; F32's are whole blocks)
+            let apart_is_less = quant == "q8_0" || bound < steps as u64 * (whole + head);
+            assert!(
+                s.bytes_read <= bound && apart_is_less,
+                "{quant} {budget:?}: {} bytes read over {steps} steps; bound {bound} \
+                 (dense spans {dense}, {} experts read, head {head}); whole blocks {whole}",
+                s.bytes_read,
+                s.cache_misses
+            );
+        }
+        assert!(
+            seen_rounds,
+            "no budget made the cache smaller than the experts"
+        );
+    }
+}
