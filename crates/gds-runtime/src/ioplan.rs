@@ -222,8 +222,10 @@ fn experts_of(m: &Manifest<'_>, n_layers: usize) -> Option<ExpertLayout> {
         Some(gds_format::Value::U64(k)) => k as usize,
         _ => return None,
     };
-    // per layer: (expert matrices: offset, bytes, experts), end of the other tensors
-    let mut per: Vec<(Vec<(u64, u64, u64)>, u64)> = vec![(Vec::new(), 0); n_layers];
+    // an expert matrix: offset, bytes, experts
+    type Matrix = (u64, u64, u64);
+    // per layer: its expert matrices, the end of its other tensors
+    let mut per: Vec<(Vec<Matrix>, u64)> = vec![(Vec::new(), 0); n_layers];
     for t in m.tensors() {
         let Some((mats, other_end)) = per.get_mut(t.layer) else {
             continue;
