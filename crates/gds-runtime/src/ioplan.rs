@@ -512,29 +512,42 @@ pub fn plan_io_keeping(
             mib(min_budget + must)
         ));
     }
+    // a streamed block with experts reads one token's experts besides its span (fewer
+    // when the cache has them)
+    let token_experts = |b: usize| match experts {
+        Some(x) if stream_len(b) < l.sizes[b] => x.n_expert_used as u64 * x.expert_bytes,
+        _ => 0,
+    };
+    // what keeping a block resident saves a pass: its streamed bytes (with its experts
+    // apart, far less than its size)
+    let saves = |b: usize| stream_len(b) + token_experts(b);
     // Fill the room with resident layers, most bytes kept off the stream: blocks in order,
-    // with or without the head layer (whichever keeps more).
-    let pack = |with_head: bool| -> (Vec<usize>, u64) {
+    // with or without the head layer (whichever saves more). Returns the layers, the
+    // bytes they hold and the bytes they keep off each pass.
+    let pack = |with_head: bool| -> (Vec<usize>, u64, u64) {
         let mut left = room - must;
         let mut res = kept_first.clone();
+        let mut saved: u64 = res.iter().map(|&x| l.sizes[x]).sum();
         if with_head && !res.contains(&l.head.layer) {
             if l.sizes[l.head.layer] > left {
-                return (vec![], 0);
+                return (vec![], 0, 0);
             }
             left -= l.sizes[l.head.layer];
+            saved += l.sizes[l.head.layer];
             res.push(l.head.layer);
         }
         for &blk in &l.blocks {
             if l.sizes[blk] <= left && !res.contains(&blk) {
                 left -= l.sizes[blk];
+                saved += saves(blk);
                 res.push(blk);
             }
         }
-        (res, room - left)
+        (res, room - left, saved)
     };
     let (a, b_) = (pack(true), pack(false));
     // (with blocks to keep, the head is among them and both packs are the same)
-    let (mut resident, kept) = if a.1 > b_.1 { a } else { b_ };
+    let (mut resident, kept, _) = if a.2 > b_.2 { a } else { b_ };
     resident.sort_unstable();
     p.streamed_layers = l
         .blocks
@@ -547,12 +560,6 @@ pub fn plan_io_keeping(
         p.head.chunk_rows = ((largest / l.head.row_bytes) as usize).clamp(1, l.head.rows);
     }
     let embd_resident = resident.contains(&l.embd_layer);
-    // a streamed block with experts reads one token's experts besides its span (fewer
-    // when the cache has them)
-    let token_experts = |b: usize| match experts {
-        Some(x) if stream_len(b) < l.sizes[b] => x.n_expert_used as u64 * x.expert_bytes,
-        _ => 0,
-    };
     p.streamed_bytes_per_token = p
         .streamed_layers
         .iter()
@@ -665,7 +672,7 @@ mod tests {
             "head",
             layer_kind::HEAD,
             0,
-            vec![spec("output.weight".into(), vec![64, 64])],
+            vec![spec("output.weight".into(), vec![128, 64])],
         );
         b.finish()
     }
@@ -704,18 +711,25 @@ mod tests {
         assert_eq!(p.stream_len(0, 1 << 20), 1 << 20);
         assert_eq!(
             p.streamed_bytes_per_token,
-            2 * (dense + 2 * expert) + 4096 * 4 + 4096
+            2 * (dense + 2 * expert) + 32768 + 4096
         );
         let e = plan(min - 1).unwrap_err().to_string();
         assert!(e.contains("one token's 2 experts"), "{e}");
-        // the room: the head (16 KiB) stays, the rest caches one expert more
-        let p = plan(min + 3 * expert + 100).unwrap();
+        // the room: the head (32 KiB) stays, the rest caches one expert more
+        let p = plan(min + 32768 + expert + 100).unwrap();
         assert!(p.is_resident(3), "{p:?}");
         assert_eq!(p.experts.as_ref().unwrap().cache_experts, 3);
-        assert_eq!(p.held_bytes, min + 16384 + expert);
+        assert_eq!(p.held_bytes, min + 32768 + expert);
         assert!(p
             .reason
             .contains("into a cache of the 3 most recently used"));
+        // room for a whole block (104 KiB), which would keep more bytes than the head, but
+        // streamed it costs a pass only its dense span and two experts (30 KiB): the head
+        // (32 KiB a pass) stays, and the rest caches experts
+        let block = 8192 + 3 * 8 * 4096;
+        let p = plan(min + block + 100).unwrap();
+        assert_eq!(p.resident_layers, vec![3], "{p:?}");
+        assert_eq!(p.experts.as_ref().unwrap().cache_experts, 2 + 6);
 
         let bytes = moe_manifest(false);
         let m = Manifest::parse(&bytes).unwrap();
