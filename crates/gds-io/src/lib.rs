@@ -143,6 +143,12 @@ pub struct IoStats {
 }
 
 impl IoStats {
+    /// Share of the cache's lookups it found (`None` without lookups).
+    pub fn cache_hit_rate(&self) -> Option<f64> {
+        let n = self.cache_hits + self.cache_misses;
+        (n > 0).then(|| self.cache_hits as f64 / n as f64)
+    }
+
     /// Counter differences `self - earlier` (for per-phase metrics).
     pub fn since(&self, earlier: &IoStats) -> IoStats {
         IoStats {

@@ -97,8 +97,7 @@ impl Metrics {
             self.read_bandwidth_bytes_per_sec =
                 Some(io.bytes_read as f64 * 1e9 / io.read_ns as f64);
         }
-        let used = io.cache_hits + io.cache_misses;
-        self.expert_cache_hit_rate = (used > 0).then(|| io.cache_hits as f64 / used as f64);
+        self.expert_cache_hit_rate = io.cache_hit_rate();
     }
 
     /// Fills the verification fields from the verifier's counters.

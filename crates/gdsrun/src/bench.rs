@@ -40,6 +40,10 @@ struct BenchResult {
     bytes_read_per_token: f64,
     read_bandwidth_bytes_per_sec: Option<f64>,
     io_wait_ms: f64,
+    /// Share of the experts used that the expert cache held (a mixture of experts whose
+    /// experts stream apart; absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expert_cache_hit_rate: Option<f64>,
 }
 
 fn mean_std(x: &[f64]) -> (f64, f64) {
@@ -170,6 +174,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             read_bandwidth_bytes_per_sec: (io.read_ns > 0)
                 .then(|| io.bytes_read as f64 * 1e9 / io.read_ns as f64),
             io_wait_ms: io.wait_ns as f64 / 1e6,
+            expert_cache_hit_rate: io.cache_hit_rate(),
         });
     }
     if a.json {
