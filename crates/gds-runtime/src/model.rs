@@ -43,9 +43,9 @@ pub struct RunState {
     pub(crate) att: Vec<f32>,
     /// output of attn_output / ffn_down `[max_batch, n_embd]`
     proj: Vec<f32>,
-    /// `[max_batch, n_ff]`
+    /// `[max_batch, n_ff]` (empty for a mixture of experts)
     gate: Vec<f32>,
-    /// `[max_batch, n_ff]`
+    /// `[max_batch, n_ff]` (empty for a mixture of experts)
     up: Vec<f32>,
     /// attention scratch per parallel task (`attention::scratch_len`: the scores of a KV
     /// head's query heads and one converted K/V row) `[n_tasks, scratch_len]`
@@ -92,6 +92,8 @@ impl RunState {
     ) -> RunState {
         let b = max_batch.max(1);
         let n_tasks = (threads * 4).max(1);
+        // a mixture of experts has no dense FFN (its experts' rows are in `moe`)
+        let dense_ff = if cfg.moe.is_some() { 0 } else { cfg.n_ff };
         RunState {
             max_batch: b,
             max_outputs: max_outputs.max(1),
@@ -102,8 +104,8 @@ impl RunState {
             v: vec![0.0; b * cfg.kv_dim()],
             att: vec![0.0; b * cfg.q_dim()],
             proj: vec![0.0; b * cfg.n_embd],
-            gate: vec![0.0; b * cfg.n_ff],
-            up: vec![0.0; b * cfg.n_ff],
+            gate: vec![0.0; b * dense_ff],
+            up: vec![0.0; b * dense_ff],
             scores: vec![0.0; n_tasks * crate::attention::scratch_len(cfg, ctx)],
             part: Vec::new(),
             n_tasks,
