@@ -818,6 +818,23 @@ mod tests {
         Span { layer, offset, len }
     }
 
+    /// Options without a verifier (each test's files are new) that drop the pages they read.
+    fn options(
+        resident: Vec<bool>,
+        slots: usize,
+        slot_size: usize,
+        force_buffered: bool,
+    ) -> DirectOptions {
+        DirectOptions {
+            resident,
+            slots,
+            slot_size,
+            force_buffered,
+            keep_cached: false,
+            verifier: None,
+        }
+    }
+
     fn open(dir: &Path, m: &[u8], opts: DirectOptions) -> DirectBackend {
         DirectBackend::open(dir, &Manifest::parse(m).unwrap(), &opts).unwrap()
     }
@@ -829,14 +846,7 @@ mod tests {
             let b = open(
                 dir.path(),
                 &m,
-                DirectOptions {
-                    resident: vec![true, false, false],
-                    slots: 2,
-                    slot_size: 3 * ALIGN,
-                    force_buffered,
-                    keep_cached: false,
-                    verifier: None,
-                },
+                options(vec![true, false, false], 2, 3 * ALIGN, force_buffered),
             );
             assert!(b.is_resident(0) && !b.is_resident(1));
             let after_open = b.stats().bytes_read;
@@ -868,14 +878,7 @@ mod tests {
             let b = open(
                 dir.path(),
                 &m,
-                DirectOptions {
-                    resident: vec![true, false, false],
-                    slots: 1,
-                    slot_size: ALIGN,
-                    force_buffered,
-                    keep_cached: false,
-                    verifier: None,
-                },
+                options(vec![true, false, false], 1, ALIGN, force_buffered),
             );
             // the only streaming buffer is taken: read_span does not need it
             let held = b.acquire_span(span(1, 0, ALIGN as u64)).unwrap();
@@ -910,18 +913,7 @@ mod tests {
     #[test]
     fn prefetched_spans_are_read_once_by_the_io_thread() {
         let (dir, m) = model_dir(4, 2);
-        let b = open(
-            dir.path(),
-            &m,
-            DirectOptions {
-                resident: vec![],
-                slots: 3,
-                slot_size: 2 * ALIGN,
-                force_buffered: false,
-                keep_cached: false,
-                verifier: None,
-            },
-        );
+        let b = open(dir.path(), &m, options(vec![], 3, 2 * ALIGN, false));
         for round in 0..3 {
             for l in 0..4 {
                 // prefetch the next two, then take this one: the pattern of the runtime
@@ -951,14 +943,7 @@ mod tests {
             let b = open(
                 dir.path(),
                 &m,
-                DirectOptions {
-                    resident: vec![true, false],
-                    slots: 2,
-                    slot_size: 300 * ALIGN,
-                    force_buffered,
-                    keep_cached: false,
-                    verifier: None,
-                },
+                options(vec![true, false], 2, 300 * ALIGN, force_buffered),
             );
             for l in 0..2 {
                 assert_eq!(&b.acquire(l).unwrap()[..], &expect(l, 0..300 * ALIGN)[..]);
@@ -1010,18 +995,7 @@ mod tests {
     #[test]
     fn holding_every_buffer_is_an_error_not_a_hang() {
         let (dir, m) = model_dir(3, 1);
-        let b = open(
-            dir.path(),
-            &m,
-            DirectOptions {
-                resident: vec![],
-                slots: 2,
-                slot_size: ALIGN,
-                force_buffered: false,
-                keep_cached: false,
-                verifier: None,
-            },
-        );
+        let b = open(dir.path(), &m, options(vec![], 2, ALIGN, false));
         let _a = b.acquire(0).unwrap();
         let _b = b.acquire(1).unwrap();
         assert!(matches!(
@@ -1035,34 +1009,12 @@ mod tests {
     #[test]
     fn bad_spans_name_the_file() {
         let (dir, m) = model_dir(1, 1);
-        let b = open(
-            dir.path(),
-            &m,
-            DirectOptions {
-                resident: vec![],
-                slots: 1,
-                slot_size: ALIGN,
-                force_buffered: false,
-                keep_cached: false,
-                verifier: None,
-            },
-        );
+        let b = open(dir.path(), &m, options(vec![], 1, ALIGN, false));
         let e = b.acquire_span(span(0, 4000, 200)).unwrap_err();
         assert!(e.to_string().contains("l0.bin"), "{e}");
         // a span that is inside the file but does not fit a buffer once aligned
         let (dir2, m2) = model_dir(1, 3);
-        let b2 = open(
-            dir2.path(),
-            &m2,
-            DirectOptions {
-                resident: vec![],
-                slots: 1,
-                slot_size: ALIGN,
-                force_buffered: false,
-                keep_cached: false,
-                verifier: None,
-            },
-        );
+        let b2 = open(dir2.path(), &m2, options(vec![], 1, ALIGN, false));
         assert!(matches!(b2.acquire(0), Err(IoError::SpanTooLarge { .. })));
         assert!(matches!(b.acquire(3), Err(IoError::NoSuchLayer { .. })));
     }
