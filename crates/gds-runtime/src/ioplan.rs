@@ -216,10 +216,11 @@ struct ExpertLayout {
     interleaved: usize,
 }
 
-/// The expert matrices of the manifest's blocks, or `None` for a model without experts.
+/// The expert matrices of the manifest's blocks, or `None` for a model without experts (or
+/// whose expert matrices do not agree on the experts: a manifest validation refuses).
 fn experts_of(m: &Manifest<'_>, n_layers: usize) -> Option<ExpertLayout> {
     let used = match m.get("model.n_expert_used") {
-        Some(gds_format::Value::U64(k)) => k as usize,
+        Some(gds_format::Value::U64(k)) if k >= 1 => k,
         _ => return None,
     };
     // an expert matrix: offset, bytes, experts
@@ -237,7 +238,7 @@ fn experts_of(m: &Manifest<'_>, n_layers: usize) -> Option<ExpertLayout> {
                 t.dims().first().copied().unwrap_or(1).max(1),
             ));
         } else {
-            *other_end = (*other_end).max(t.offset + t.nbytes);
+            *other_end = (*other_end).max(t.offset.saturating_add(t.nbytes));
         }
     }
     let mut n_expert = 0;
@@ -253,15 +254,20 @@ fn experts_of(m: &Manifest<'_>, n_layers: usize) -> Option<ExpertLayout> {
             continue;
         }
         dense_bytes[l] = *other_end;
-        let n = mats.iter().map(|x| x.2).max().unwrap_or(1);
+        let n = mats[0].2;
+        let agree = |&(_, nbytes, k): &Matrix| k == n && nbytes % n == 0;
+        if n > gds_format::arch::MAX_EXPERTS || used > n || !mats.iter().all(agree) {
+            return None;
+        }
         n_expert = n_expert.max(n as usize);
         // the largest memory any expert of this block takes: each matrix's rows of it read
         // as whole 4 KiB blocks
         let of = |x: u64| -> u64 {
             mats.iter()
                 .map(|&(offset, nbytes, n)| {
-                    let (at, len) = (offset + x * (nbytes / n), nbytes / n);
-                    align_up(at + len) - gds_io::align_down(at)
+                    let len = nbytes / n;
+                    let at = offset.saturating_add(x * len);
+                    align_up(at.saturating_add(len)).saturating_sub(gds_io::align_down(at))
                 })
                 .sum()
         };
@@ -269,7 +275,7 @@ fn experts_of(m: &Manifest<'_>, n_layers: usize) -> Option<ExpertLayout> {
     }
     (n_expert > 0 || interleaved > 0).then_some(ExpertLayout {
         n_expert,
-        n_expert_used: used.max(1),
+        n_expert_used: used as usize,
         expert_bytes,
         dense_bytes,
         interleaved,
