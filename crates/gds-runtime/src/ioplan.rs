@@ -631,7 +631,7 @@ mod tests {
     /// A manifest of a 2-block mixture of experts (8 experts of 4096-byte F32 matrices,
     /// 2 per token): each block a 4096-byte attention matrix, a router, and the three expert
     /// matrices, `experts_last` or between the attention and the router; no files behind it.
-    fn moe_manifest(experts_last: bool) -> Vec<u8> {
+    fn moe_manifest(experts_last: bool, used: u64) -> Vec<u8> {
         use gds_format::{layer_kind, DType, LayerRecord, ManifestBuilder, TensorSpec};
         let spec = |name: String, shape: Vec<u64>| TensorSpec {
             name,
@@ -641,7 +641,7 @@ mod tests {
         let mut b = ManifestBuilder::new();
         b.kv_str("general.architecture", "qwen3moe");
         b.kv_u64("model.n_expert", 8)
-            .kv_u64("model.n_expert_used", 2);
+            .kv_u64("model.n_expert_used", used);
         let mut add = |name: &str, kind: u32, index: u32, tensors: Vec<TensorSpec>| {
             let layout = gds_format::layout(&tensors).unwrap();
             b.add_layer(&LayerRecord {
@@ -690,7 +690,7 @@ mod tests {
     /// saying why.
     #[test]
     fn a_mixture_of_experts_streams_its_experts_apart_when_they_come_last() {
-        let bytes = moe_manifest(true);
+        let bytes = moe_manifest(true, 2);
         let m = Manifest::parse(&bytes).unwrap();
         let plan = |budget: u64| {
             plan_io(
@@ -737,7 +737,21 @@ mod tests {
         assert_eq!(p.resident_layers, vec![3], "{p:?}");
         assert_eq!(p.experts.as_ref().unwrap().cache_experts, 2 + 6);
 
-        let bytes = moe_manifest(false);
+        // more experts used than there are (a manifest that validation refuses): planned
+        // without expert streaming, no panic
+        let bytes = moe_manifest(true, 9);
+        let m = Manifest::parse(&bytes).unwrap();
+        let p = plan_io(
+            Path::new("/nonexistent"),
+            &m,
+            "direct",
+            Some(240_000),
+            || DirectSupport::Direct,
+        )
+        .unwrap();
+        assert!(p.experts.is_none() && !p.reason.contains("expert"), "{p:?}");
+
+        let bytes = moe_manifest(false, 2);
         let m = Manifest::parse(&bytes).unwrap();
         let p = plan_io(
             Path::new("/nonexistent"),
