@@ -1252,6 +1252,9 @@ fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<
             ));
         }
     }
+    if spec.hf_keys.contains_key("model.no_rope_layer_step") {
+        no_rope_pattern(cfg)?;
+    }
     for (canon, key) in &spec.hf_keys {
         let key = hf_key(cfg, key);
         // Qwen2 configs carry a sliding_window that only applies with use_sliding_window
@@ -1305,6 +1308,46 @@ fn family_hparams(cfg: &Config, spec: &FamilySpec, md: &mut Metadata) -> Result<
             if let Some(v) = crate::gguf::json_to_meta(v) {
                 md.insert(canon.clone(), crate::gguf::as_declared(spec, canon, v));
             }
+        }
+    }
+    Ok(())
+}
+
+/// SmolLM3's NoPE blocks: `no_rope_layers` (1: RoPE, 0: none), when listed, must be the
+/// pattern of `no_rope_layer_interval` (default 4) that the format records as one step; a
+/// sliding window (`use_sliding_window`: transformers applies it to the NoPE blocks only) is
+/// refused.
+fn no_rope_pattern(cfg: &Config) -> Result<()> {
+    if cfg.bool_opt("use_sliding_window")? == Some(true) {
+        return Err(cfg.err(
+            "use_sliding_window true: SmolLM3's window on its NoPE layers is not supported \
+             (SmolLM3-3B has it off)"
+                .into(),
+        ));
+    }
+    let step = cfg.u64_opt("no_rope_layer_interval")?.unwrap_or(4);
+    if step == 0 {
+        return Err(cfg.err("no_rope_layer_interval 0: expected a period of at least 1".into()));
+    }
+    if let Some(list) = cfg.get("no_rope_layers").and_then(Value::as_array) {
+        let layers = cfg.u64_opt("num_hidden_layers")?.unwrap_or(0);
+        if list.len() as u64 != layers {
+            return Err(cfg.err(format!(
+                "no_rope_layers lists {} layers, num_hidden_layers is {layers}",
+                list.len()
+            )));
+        }
+        let want = |i: usize| u64::from(!(i as u64 + 1).is_multiple_of(step));
+        let bad = list
+            .iter()
+            .enumerate()
+            .find(|(i, v)| v.as_u64() != Some(want(*i)));
+        if let Some((i, v)) = bad {
+            return Err(cfg.err(format!(
+                "no_rope_layers[{i}] is {v}, not {} as no_rope_layer_interval {step} gives: \
+                 only a NoPE block every {step} blocks is supported",
+                want(i)
+            )));
         }
     }
     Ok(())

@@ -105,6 +105,7 @@ const DESCRIPTIONS: &[&str] = &[
     include_str!("../../../formats/qwen3.json"),
     include_str!("../../../formats/phi3.json"),
     include_str!("../../../formats/qwen3moe.json"),
+    include_str!("../../../formats/smollm3.json"),
 ];
 
 /// Every architecture description of `formats/`, parsed once from the files embedded at
@@ -157,7 +158,9 @@ impl FamilySpec {
 
 /// Architectures (`general.architecture`) whose models the format can check and `gdsrun`
 /// can run.
-pub const KNOWN_ARCHS: &[&str] = &["llama", "gemma3", "gemma2", "qwen3", "phi3", "qwen3moe"];
+pub const KNOWN_ARCHS: &[&str] = &[
+    "llama", "gemma3", "gemma2", "qwen3", "phi3", "qwen3moe", "smollm3",
+];
 
 /// Largest value accepted for a dimension or count hyperparameter (2^24).
 pub const MAX_DIM: u64 = 1 << 24;
@@ -382,6 +385,9 @@ pub struct Hparams {
     pub final_softcap: Option<f64>,
     /// Mixture-of-experts feed-forward layers (`model.n_expert` present), else dense.
     pub moe: Option<Moe>,
+    /// Block `il` applies no RoPE when `(il + 1) % step == 0` (SmolLM3's NoPE layers,
+    /// `model.no_rope_layer_step`, 1 … 2^24); `None`: every block applies it.
+    pub no_rope_step: Option<u64>,
 }
 
 /// The mixture-of-experts feed-forward network of every block: a router picks
@@ -446,6 +452,7 @@ impl Hparams {
             attn_softcap: None,
             final_softcap: Some(30.0),
             moe: None,
+            no_rope_step: None,
         }
     }
 }
@@ -746,6 +753,7 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
         }
     };
     let sliding_window = opt_dim("model.sliding_window", &mut errs);
+    let no_rope_step = opt_dim("model.no_rope_layer_step", &mut errs);
     let sliding_window_pattern = match m.get("model.sliding_window_pattern") {
         None => 0,
         Some(Value::U64(v)) if v <= MAX_DIM => v,
@@ -868,6 +876,7 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
         attn_softcap,
         final_softcap,
         moe,
+        no_rope_step,
     })
 }
 

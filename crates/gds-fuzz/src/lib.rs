@@ -603,6 +603,7 @@ fn model_config(mode: u8) -> gds_runtime::Config {
         attn_softcap: None,
         final_softcap: None,
         moe: None,
+        no_rope_step: None,
     }
 }
 

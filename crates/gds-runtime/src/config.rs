@@ -70,6 +70,9 @@ pub struct Config {
     pub final_softcap: Option<f32>,
     /// Mixture-of-experts feed-forward layers, else dense.
     pub moe: Option<Moe>,
+    /// Every `step`-th block applies no RoPE (see
+    /// [`gds_format::arch::Hparams::no_rope_step`]).
+    pub no_rope_step: Option<usize>,
 }
 
 impl Config {
@@ -148,6 +151,7 @@ impl Config {
             attn_softcap: h.attn_softcap.map(|c| c as f32),
             final_softcap: h.final_softcap.map(|c| c as f32),
             moe: h.moe,
+            no_rope_step: h.no_rope_step.map(u),
         }
     }
 }

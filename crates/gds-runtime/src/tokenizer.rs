@@ -964,6 +964,7 @@ mod tests {
             attn_softcap: None,
             final_softcap: None,
             moe: None,
+            no_rope_step: None,
         }
     }
 

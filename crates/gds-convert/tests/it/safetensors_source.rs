@@ -1117,3 +1117,51 @@ fn experts_are_stacked_in_number_order() {
     let (_, text) = err_text(read_safetensors(dir.path()));
     assert!(text.contains("mlp_only_layers"), "{text}");
 }
+
+/// SmolLM3's NoPE blocks: `no_rope_layer_interval` becomes `model.no_rope_layer_step`; a
+/// `no_rope_layers` list off that pattern, or of another length than the layers, and a
+/// sliding window (transformers puts it on the NoPE blocks only) are refused, naming the key.
+#[test]
+fn smollm3_nope_blocks_are_read_or_refused_by_key() {
+    let dir = fixtures().join("tiny-smollm3-hf");
+    let s = read_safetensors(&dir).unwrap();
+    assert_eq!(u64_meta(&s, "model.no_rope_layer_step"), 4);
+    let tensors = dir_tensors(&dir);
+    let cfg: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["no_rope_layers"], serde_json::json!([1, 1, 1, 0]));
+    for (key, value, needle) in [
+        (
+            "no_rope_layers",
+            serde_json::json!([1, 0, 1, 0]),
+            "no_rope_layers[1] is 0",
+        ),
+        (
+            "no_rope_layers",
+            serde_json::json!([1, 1, 1]),
+            "lists 3 layers",
+        ),
+        (
+            "use_sliding_window",
+            serde_json::json!(true),
+            "use_sliding_window",
+        ),
+        (
+            "no_rope_layer_interval",
+            serde_json::json!(0),
+            "no_rope_layer_interval 0",
+        ),
+    ] {
+        let mut c = cfg.clone();
+        c.insert(key.into(), value);
+        let d = temp_hf(&c, &tensors);
+        let e = read_safetensors(d.path())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains(needle) && e.contains("config.json"),
+            "{key}: {e}"
+        );
+    }
+}

@@ -275,6 +275,7 @@ fn config(sh: &Shape) -> Config {
         attn_softcap: None,
         final_softcap: None,
         moe: None,
+        no_rope_step: None,
     }
 }
 

@@ -17,6 +17,7 @@ mod llama;
 mod phi3;
 mod qwen3;
 mod qwen3moe;
+mod smollm3;
 
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
@@ -203,7 +204,7 @@ impl<M, V> Block<M, V> {
         let ffn_norm = need(n("ffn_norm.weight"), d)?;
         let arch = Arch::of(c)?;
         let (q_norm, k_norm, post_attn_norm, post_ffw_norm) = match arch {
-            Arch::Llama | Arch::Phi3 => (None, None, None, None),
+            Arch::Llama | Arch::Phi3 | Arch::SmolLm3 { .. } => (None, None, None, None),
             Arch::Qwen3 | Arch::Qwen3Moe => (
                 Some(need(n("attn_q_norm.weight"), hd)?),
                 Some(need(n("attn_k_norm.weight"), hd)?),
@@ -335,6 +336,11 @@ pub enum Arch {
     Phi3,
     /// Qwen 3 mixture of experts (`formats/qwen3moe.json`).
     Qwen3Moe,
+    /// SmolLM3: llama blocks, every `no_rope_step`-th without RoPE (`formats/smollm3.json`).
+    SmolLm3 {
+        /// See [`Config::no_rope_step`].
+        no_rope_step: usize,
+    },
 }
 
 impl Arch {
@@ -347,6 +353,10 @@ impl Arch {
             "qwen3" => Ok(Arch::Qwen3),
             "phi3" => Ok(Arch::Phi3),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "smollm3" => Ok(Arch::SmolLm3 {
+                // required by the description; range-checked (1 ..= 2^24) at open
+                no_rope_step: c.no_rope_step.unwrap_or(4).max(1),
+            }),
             a => Err(RuntimeError::UnsupportedArch { arch: a.into() }),
         }
     }
@@ -354,7 +364,7 @@ impl Arch {
     /// Factor applied to the token embeddings (Gemma: √n_embd).
     pub fn embed_scale(self, c: &Config) -> Option<f32> {
         match self {
-            Arch::Llama | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe => None,
+            Arch::Llama | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::SmolLm3 { .. } => None,
             Arch::Gemma3 | Arch::Gemma2 => Some((c.n_embd as f32).sqrt()),
         }
     }
@@ -369,6 +379,7 @@ pub fn block<O: Ops>(arch: Arch, o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>)
         Arch::Qwen3 => qwen3::block(o, l, w),
         Arch::Phi3 => phi3::block(o, l, w),
         Arch::Qwen3Moe => qwen3moe::block(o, l, w),
+        Arch::SmolLm3 { no_rope_step } => smollm3::block(o, l, w, no_rope_step),
     }
 }
 
@@ -376,6 +387,16 @@ pub fn block<O: Ops>(arch: Arch, o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>)
 /// projections (one call, the input quantized once), optional biases, optional per-head
 /// Q/K norms, RoPE, attention over the cache, output projection.
 pub fn attention<O: Ops>(o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>) -> Result<()> {
+    attention_rope(o, l, w, true)
+}
+
+/// [`attention`], with RoPE or without it (`rope` false: SmolLM3's NoPE blocks).
+pub fn attention_rope<O: Ops>(
+    o: &mut O,
+    l: usize,
+    w: &Block<O::Mat, O::Vec>,
+    rope: bool,
+) -> Result<()> {
     o.matmul(
         Buf::Xb,
         &[(Buf::Q, &w.wq), (Buf::K, &w.wk), (Buf::V, &w.wv)],
@@ -391,7 +412,9 @@ pub fn attention<O: Ops>(o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>) -> Resu
     if let Some(n) = &w.k_norm {
         o.head_norm(Buf::K, n)?;
     }
-    o.rope(l)?;
+    if rope {
+        o.rope(l)?;
+    }
     o.attention(l)?;
     o.matmul(Buf::Att, &[(Buf::Proj, &w.wo)])
 }
@@ -416,8 +439,19 @@ pub fn pre_norm_block<O: Ops>(
     w: &Block<O::Mat, O::Vec>,
     act: Glu,
 ) -> Result<()> {
+    pre_norm_block_rope(o, l, w, act, true)
+}
+
+/// [`pre_norm_block`], its attention with RoPE or without it.
+pub fn pre_norm_block_rope<O: Ops>(
+    o: &mut O,
+    l: usize,
+    w: &Block<O::Mat, O::Vec>,
+    act: Glu,
+    rope: bool,
+) -> Result<()> {
     o.rms_norm(Buf::Xb, Buf::X, &w.attn_norm)?;
-    attention(o, l, w)?;
+    attention_rope(o, l, w, rope)?;
     o.add(Buf::X, Buf::Proj)?;
     o.rms_norm(Buf::Xb, Buf::X, &w.ffn_norm)?;
     ffn(o, w, act)?;

@@ -88,6 +88,7 @@ hf_and_gguf! {
     gemma2_softcaps_match_transformers: "gemma2", gguf: false;
     phi3_fused_partial_rotary_matches_transformers: "phi3", gguf: true;
     phi35_longrope_matches_transformers: "phi35", gguf: true;
+    smollm3_nope_layers_match_transformers: "smollm3", gguf: true;
 }
 
 /// Qwen 3's mixture of experts (4 experts, 2 per token, probabilities renormalized): the

@@ -559,6 +559,7 @@ fn every_architecture_through_the_openai_client() {
     let _one = serial();
     let archs = [
         "llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "phi35", "qwen3moe",
+        "smollm3",
     ];
     let tmp = tempfile::tempdir().unwrap();
     let dirs: Vec<_> = archs
