@@ -1155,10 +1155,7 @@ fn smollm3_nope_blocks_are_read_or_refused_by_key() {
         let mut c = cfg.clone();
         c.insert(key.into(), value);
         let d = temp_hf(&c, &tensors);
-        let e = read_safetensors(d.path())
-            .err()
-            .expect("refused")
-            .to_string();
+        let e = read_safetensors(d.path()).expect_err("refused").to_string();
         assert!(
             e.contains(needle) && e.contains("config.json"),
             "{key}: {e}"
