@@ -16,6 +16,9 @@ model (the same tensors, the same bytes); the text is noise. SHAPE:
   llama-7b    Llama 2 7B: hidden 4096, 32 layers, ffn 11008, 32/32 heads, untied
   qwen2-7b    Qwen2-7B: hidden 3584, 28 layers, ffn 18944, 28/4 heads, QKV bias, untied,
               RoPE theta 1e6
+  smollm3-3b  SmolLM3-3B: hidden 2048, 36 layers, ffn 11008, 16/4 heads of 128, every 4th
+              layer without RoPE (NoPE), tied, RoPE theta 5e6 (3.1B parameters with its
+              128k vocabulary; 2.9B with SmolLM2's)
   qwen3-30b-a3b  Qwen3-30B-A3B (mixture of experts): hidden 2048, 48 layers, 32/4 heads of
               128, 128 experts of width 768, 8 per token, untied, RoPE theta 1e6 (30.5B
               parameters, 3.3B active; `--layers 4` makes a 2.7B slice of it, every layer real)
@@ -71,6 +74,10 @@ SHAPES = {
                           norm_topk_prob=True, num_hidden_layers=48, num_attention_heads=32,
                           num_key_value_heads=4, head_dim=128, tie_word_embeddings=False,
                           rope_theta=1000000.0, max_position_embeddings=40960),
+    "smollm3-3b": dict(arch="smollm3", hidden_size=2048, intermediate_size=11008,
+                       num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4,
+                       tie_word_embeddings=True, no_rope_layer_interval=4,
+                       rope_theta=5000000.0, max_position_embeddings=65536),
 }
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
@@ -149,6 +156,12 @@ def main():
         theta = shape.pop("rope_theta")
         cfg = transformers.Qwen3MoeConfig(**common, **shape,
                                           rope_parameters={"rope_type": "default", "rope_theta": theta})
+    elif arch == "smollm3":
+        theta = shape.pop("rope_theta")
+        # (its default pad id, 128004, lies outside SmolLM2's vocabulary)
+        cfg = transformers.SmolLM3Config(**common, **shape, use_sliding_window=False,
+                                         pad_token_id=src_cfg.get("pad_token_id"),
+                                         rope_parameters={"rope_type": "default", "rope_theta": theta})
     else:
         cfg = transformers.Qwen2Config(**common, **shape)
     cfg.dtype = dtype
