@@ -75,6 +75,36 @@ pub(crate) struct ModelCard {
     info: Value,
 }
 
+/// `model_info` of `/api/show`: the hyperparameters of architecture `a` under GGUF's key
+/// names, as Ollama lists a GGUF's (the experts of a mixture of experts, the window where
+/// there is one).
+fn model_info(a: &str, c: &gds_runtime::config::Config) -> Value {
+    let mut info = json!({
+        "general.architecture": a,
+        format!("{a}.context_length"): c.context_length,
+        format!("{a}.embedding_length"): c.n_embd,
+        format!("{a}.block_count"): c.n_layers,
+        format!("{a}.feed_forward_length"): c.n_ff,
+        format!("{a}.attention.head_count"): c.n_heads,
+        format!("{a}.attention.head_count_kv"): c.n_kv_heads,
+        format!("{a}.attention.key_length"): c.head_dim,
+        format!("{a}.attention.value_length"): c.head_dim,
+        format!("{a}.attention.layer_norm_rms_epsilon"): c.rms_norm_eps,
+        format!("{a}.rope.dimension_count"): c.rope_dims,
+        format!("{a}.rope.freq_base"): c.rope_theta,
+        format!("{a}.vocab_size"): c.vocab_size,
+    });
+    if let Some(m) = &c.moe {
+        info[format!("{a}.expert_count")] = json!(m.n_expert);
+        info[format!("{a}.expert_used_count")] = json!(m.n_expert_used);
+        info[format!("{a}.expert_feed_forward_length")] = json!(m.n_ff_exp);
+    }
+    if let Some(w) = c.sliding_window {
+        info[format!("{a}.attention.sliding_window")] = json!(w);
+    }
+    info
+}
+
 impl ModelCard {
     pub(crate) fn of(plan: &gds_runtime::Plan) -> ModelCard {
         let manifest = plan.model_dir.join("manifest.gdsm");
@@ -92,22 +122,10 @@ impl ModelCard {
             .max_by_key(|(_, d)| d.bytes)
             .map(|(name, _)| name.to_ascii_uppercase())
             .unwrap_or_default();
-        let c = &plan.model;
         let a = &plan.arch;
-        let info = json!({
-            "general.architecture": a,
-            "general.parameter_count": parameters,
-            "general.basename": plan.model_name,
-            format!("{a}.context_length"): c.context_length,
-            format!("{a}.embedding_length"): c.n_embd,
-            format!("{a}.block_count"): c.n_layers,
-            format!("{a}.feed_forward_length"): c.n_ff,
-            format!("{a}.attention.head_count"): c.n_heads,
-            format!("{a}.attention.head_count_kv"): c.n_kv_heads,
-            format!("{a}.attention.key_length"): c.head_dim,
-            format!("{a}.rope.freq_base"): c.rope_theta,
-            format!("{a}.vocab_size"): c.vocab_size,
-        });
+        let mut info = model_info(a, &plan.model);
+        info["general.parameter_count"] = json!(parameters);
+        info["general.basename"] = json!(plan.model_name);
         ModelCard {
             family: a.clone(),
             parameters,
@@ -1163,6 +1181,32 @@ mod tests {
         assert_eq!(parameter_size(7_241_732_096), "7.2B");
         assert_eq!(parameter_size(1_235_814_400), "1.2B");
         assert_eq!(parameter_size(999), "999");
+    }
+
+    /// `model_info` lists a mixture of experts' experts and a window under GGUF's names,
+    /// with the keys every model has.
+    #[test]
+    fn model_info_names_the_experts_and_the_window() {
+        let mut h = gds_format::arch::Hparams::example_gemma3();
+        let dense = model_info("gemma3", &gds_runtime::config::Config::from_hparams(&h));
+        assert_eq!(dense["gemma3.attention.sliding_window"], 32, "{dense}");
+        assert_eq!(dense["gemma3.block_count"], h.n_layers, "{dense}");
+        assert!(dense.get("gemma3.expert_count").is_none());
+        h.moe = Some(gds_format::arch::Moe {
+            n_expert: 128,
+            n_expert_used: 8,
+            n_ff_exp: 768,
+            norm_weights: true,
+        });
+        h.sliding_window = None;
+        let moe = model_info("qwen3moe", &gds_runtime::config::Config::from_hparams(&h));
+        assert_eq!(moe["qwen3moe.expert_count"], 128);
+        assert_eq!(moe["qwen3moe.expert_used_count"], 8);
+        assert_eq!(moe["qwen3moe.expert_feed_forward_length"], 768);
+        assert!(
+            moe.get("qwen3moe.attention.sliding_window").is_none(),
+            "{moe}"
+        );
     }
 
     #[test]
