@@ -690,9 +690,9 @@ mod tests {
     /// saying why.
     #[test]
     fn a_mixture_of_experts_streams_its_experts_apart_when_they_come_last() {
-        let bytes = moe_manifest(true, 2);
-        let m = Manifest::parse(&bytes).unwrap();
-        let plan = |budget: u64| {
+        // the plan of a manifest at a budget (no files behind it: nothing is opened)
+        let plan_of = |bytes: &[u8], budget: u64| {
+            let m = Manifest::parse(bytes).unwrap();
             plan_io(
                 Path::new("/nonexistent"),
                 &m,
@@ -701,6 +701,8 @@ mod tests {
                 || DirectSupport::Direct,
             )
         };
+        let bytes = moe_manifest(true, 2);
+        let plan = |budget: u64| plan_of(&bytes, budget);
         let dense = 4096 + 2048;
         let expert = 3 * 4096;
         let min = 2 * (dense + SLOT_SLACK) + 2 * expert;
@@ -739,28 +741,10 @@ mod tests {
 
         // more experts used than there are (a manifest that validation refuses): planned
         // without expert streaming, no panic
-        let bytes = moe_manifest(true, 9);
-        let m = Manifest::parse(&bytes).unwrap();
-        let p = plan_io(
-            Path::new("/nonexistent"),
-            &m,
-            "direct",
-            Some(240_000),
-            || DirectSupport::Direct,
-        )
-        .unwrap();
+        let p = plan_of(&moe_manifest(true, 9), 240_000).unwrap();
         assert!(p.experts.is_none() && !p.reason.contains("expert"), "{p:?}");
 
-        let bytes = moe_manifest(false, 2);
-        let m = Manifest::parse(&bytes).unwrap();
-        let p = plan_io(
-            Path::new("/nonexistent"),
-            &m,
-            "direct",
-            Some(240_000),
-            || DirectSupport::Direct,
-        )
-        .unwrap();
+        let p = plan_of(&moe_manifest(false, 2), 240_000).unwrap();
         assert!(p.experts.is_none());
         assert_eq!(p.slot_bytes, 8 * 4096 * 3 + 8192 + SLOT_SLACK);
         assert!(
