@@ -59,15 +59,20 @@ struct Inner {
 }
 
 impl Inner {
-    /// Marks `key` (present) as used now.
+    /// Marks `key` as used now, if present.
     fn touch(&mut self, key: (usize, usize)) -> Option<Arc<ExpertBytes>> {
+        let (bytes, used) = self.map.get(&key)?;
+        let (bytes, used) = (bytes.clone(), *used);
+        self.order.remove(&used);
+        self.insert(key, bytes.clone());
+        Some(bytes)
+    }
+
+    /// Keeps `bytes` under `key`, used now.
+    fn insert(&mut self, key: (usize, usize), bytes: Arc<ExpertBytes>) {
         self.clock += 1;
-        let now = self.clock;
-        let (bytes, used) = self.map.get_mut(&key)?;
-        self.order.remove(used);
-        *used = now;
-        self.order.insert(now, key);
-        Some(bytes.clone())
+        self.map.insert(key, (bytes, self.clock));
+        self.order.insert(self.clock, key);
     }
 }
 
@@ -151,10 +156,7 @@ impl ExpertCache {
                 read.next().expect("three per expert")?,
             );
             let bytes = Arc::new(ExpertBytes { gate, up, down });
-            c.clock += 1;
-            let now = c.clock;
-            c.map.insert((layer, xs[i]), (bytes.clone(), now));
-            c.order.insert(now, (layer, xs[i]));
+            c.insert((layer, xs[i]), bytes.clone());
             found[i] = Some(bytes);
         }
         // the experts of this call are the most recent: the oldest go, never one of them

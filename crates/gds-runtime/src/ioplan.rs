@@ -143,13 +143,21 @@ impl IoPlan {
     /// Bytes of layer `layer` (of `size` bytes) that a forward pass streams: its tensors
     /// before the experts when they stream apart, else the whole file.
     pub fn stream_len(&self, layer: usize, size: u64) -> u64 {
-        match &self.experts {
-            Some(x) => match x.dense_bytes.get(layer) {
-                Some(&d) if d > 0 => d,
-                _ => size,
-            },
-            None => size,
-        }
+        dense_or_whole(
+            self.experts.as_ref().map(|x| &x.dense_bytes[..]),
+            layer,
+            size,
+        )
+    }
+}
+
+/// The bytes of layer `layer` (of `size`) a pass streams: `dense[layer]`, its tensors before
+/// the experts, when the experts stream apart (`dense` given) and the layer has some, else
+/// the whole file.
+fn dense_or_whole(dense: Option<&[u64]>, layer: usize, size: u64) -> u64 {
+    match dense.and_then(|d| d.get(layer)) {
+        Some(&d) if d > 0 => d,
+        _ => size,
     }
 }
 
@@ -363,10 +371,7 @@ pub fn plan_io_keeping(
     let experts = l.experts.as_ref().filter(|x| x.interleaved == 0);
     // what a streamed block reads through the buffers: the whole file, or the part before
     // its experts
-    let stream_len = |b: usize| match experts.map(|x| x.dense_bytes[b]) {
-        Some(d) if d > 0 => d,
-        _ => l.sizes[b],
-    };
+    let stream_len = |b: usize| dense_or_whole(experts.map(|x| &x.dense_bytes[..]), b, l.sizes[b]);
     // streaming buffers: the largest streamed block span (or one head row, if larger)
     let (largest_name, largest) = match l.blocks.iter().max_by_key(|&&b| stream_len(b)) {
         Some(&b) if stream_len(b) >= l.head.row_bytes => {

@@ -774,6 +774,14 @@ pub(crate) fn rope_tables(config: &Config, weights: &Weights, ctx: usize) -> Vec
 /// Elements of the gated activation per parallel task.
 const GLU_CHUNK: usize = 8192;
 
+/// The row kernel of the gated activation `act`: `gate = act(gate) · up`.
+fn glu_fn(act: Glu) -> fn(&mut [f32], &[f32]) {
+    match act {
+        Glu::Silu => ops::swiglu,
+        Glu::GeluTanh => ops::geglu,
+    }
+}
+
 /// The CPU backend of the graph's [`Ops`] for one block of one batch: buffers are the rows
 /// of [`RunState`], matrices are [`TensorRef`]s into the block's resident `bytes`, vectors
 /// are f32 loaded at open.
@@ -927,10 +935,7 @@ impl Ops for CpuOps<'_, '_> {
         use rayon::prelude::*;
         let len = self.rows(Buf::Gate);
         let (g, u) = (&mut self.s.gate[..len], &self.s.up[..len]);
-        let f = match act {
-            Glu::Silu => ops::swiglu,
-            Glu::GeluTanh => ops::geglu,
-        };
+        let f = glu_fn(act);
         // a prompt's rows are spread over the pool (the tanh of GeGLU is not free)
         g.par_chunks_mut(GLU_CHUNK)
             .zip(u.par_chunks(GLU_CHUNK))
@@ -965,10 +970,7 @@ impl Ops for CpuOps<'_, '_> {
         let by_expert = graph::route(&mut sc.logits[..n * e.n], e.n, e.used, e.norm);
         let proj = &mut s.proj[..n * d];
         proj.fill(0.0);
-        let glu = match act {
-            Glu::Silu => ops::swiglu,
-            Glu::GeluTanh => ops::geglu,
-        };
+        let glu = glu_fn(act);
         // the chosen experts' bytes: in the block's (resident or read whole), else from the
         // expert cache, as many at a time as it holds
         let chosen: Vec<usize> = (0..e.n).filter(|&x| !by_expert[x].is_empty()).collect();
