@@ -330,6 +330,10 @@ impl Resident for Owned {
     fn bytes(&self) -> &[u8] {
         &self.0.as_slice()[..self.1]
     }
+
+    fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        Some(&mut self.0.as_mut_slice()[..self.1])
+    }
 }
 
 /// Reads layer files with `O_DIRECT`: resident layers once, streamed layers through a pool.
@@ -554,6 +558,10 @@ impl Drop for DirectBackend {
 }
 
 impl LayerSource for DirectBackend {
+    fn resident_mut(&mut self, layer: usize) -> Option<&mut [u8]> {
+        self.resident.get_mut(layer)?.as_mut()?.bytes_mut()
+    }
+
     fn name(&self) -> &'static str {
         if self.shared.buffered {
             "buffered"

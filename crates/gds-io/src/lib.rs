@@ -41,6 +41,13 @@ pub struct LayerBytes {
 }
 
 impl LayerBytes {
+    /// The bytes to rewrite, when this is the only handle on a buffer of the backend's own
+    /// ([`Resident::bytes_mut`]). For backend implementations.
+    pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let range = self.range.clone();
+        Arc::get_mut(&mut self.buf)?.bytes_mut()?.get_mut(range)
+    }
+
     /// Wraps a backend buffer holding a whole layer file. For backend implementations.
     pub fn new(index: usize, buf: Arc<dyn Resident>) -> LayerBytes {
         let len = buf.bytes().len();
@@ -120,6 +127,12 @@ impl std::fmt::Debug for LayerBytes {
 pub trait Resident: Send + Sync {
     /// The buffer's bytes.
     fn bytes(&self) -> &[u8];
+
+    /// The buffer's bytes to rewrite, where they are memory of the backend's own (not a
+    /// file mapping).
+    fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        None
+    }
 }
 
 /// Counters a backend keeps, for the run's metrics.
@@ -220,5 +233,14 @@ pub trait LayerSource: Send + Sync {
     /// Warnings about how the backend had to run (e.g. `O_DIRECT` unsupported).
     fn warnings(&self) -> Vec<String> {
         Vec::new()
+    }
+
+    /// A resident layer's bytes to rewrite in place (a caller's in-memory layout of its
+    /// weights), where the backend holds them in memory of its own and nothing has acquired
+    /// them yet; `None` otherwise (a mapping, a streamed layer, bytes already handed out).
+    /// Reads of the layer afterwards see the rewritten bytes.
+    fn resident_mut(&mut self, layer: usize) -> Option<&mut [u8]> {
+        let _ = layer;
+        None
     }
 }

@@ -104,6 +104,7 @@ fn main() {
         for (dtype, rows, cols, note) in shapes {
             let data = quantize(dtype, &values(rows * cols, rows as u64)).unwrap();
             let w = WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype,
                 data: &data,
                 rows,
@@ -134,18 +135,21 @@ fn main() {
         let g = quantize(DType::Q4_1, &values(1536 * 576, 3)).unwrap();
         let ws_qkv = [
             WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype: DType::Q4_1,
                 data: &q,
                 rows: 576,
                 cols: 576,
             },
             WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype: DType::Q4_1,
                 data: &kv,
                 rows: 192,
                 cols: 576,
             },
             WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype: DType::Q4_1,
                 data: &kv,
                 rows: 192,
@@ -154,12 +158,14 @@ fn main() {
         ];
         let ws_gu = [
             WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype: DType::Q4_1,
                 data: &g,
                 rows: 1536,
                 cols: 576,
             },
             WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype: DType::Q4_1,
                 data: &g,
                 rows: 1536,
@@ -231,6 +237,7 @@ fn random_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
 
 fn v(data: &[u8], rows: usize, cols: usize) -> WeightView<'_> {
     WeightView {
+        layout: gds_kernels::Layout::Rows,
         dtype: DType::Q4_1,
         data,
         rows,
@@ -285,6 +292,7 @@ fn model(isa: Isa) {
         }
         if with_head {
             let w = WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype: DType::Q8_0,
                 data: &head,
                 rows: vocab,

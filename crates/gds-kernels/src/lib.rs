@@ -5,6 +5,7 @@ pub mod act;
 pub mod avx2;
 pub mod blocks;
 mod dequant;
+mod interleave;
 mod matmul;
 mod quant;
 mod quant_k;
@@ -16,6 +17,7 @@ use dequant::{dequant_blocks, Dequant};
 use gds_format::DType;
 use rayon::prelude::*;
 
+pub use interleave::{deinterleave_q4_0, interleave_q4_0, interleave_q4_0_pays, Layout};
 pub use matmul::{isa_cap, matmul_many_with, set_isa_cap, Isa};
 
 pub use quant::{
@@ -43,7 +45,8 @@ pub enum KernelError {
     Shape(String),
 }
 
-/// A weight matrix in its on-disk dtype: `rows` rows of `cols` elements, row-major.
+/// A weight matrix in its on-disk dtype: `rows` rows of `cols` elements, row-major (or
+/// interleaved, [`Layout`]).
 #[derive(Clone, Copy, Debug)]
 pub struct WeightView<'a> {
     /// Element type.
@@ -54,6 +57,8 @@ pub struct WeightView<'a> {
     pub rows: usize,
     /// Number of columns (input features).
     pub cols: usize,
+    /// How the rows are laid out ([`Layout::Rows`]: as in the file).
+    pub layout: Layout,
 }
 
 impl WeightView<'_> {
@@ -79,6 +84,14 @@ impl WeightView<'_> {
                 self.dtype,
                 want,
                 self.data.len()
+            )));
+        }
+        if self.layout == Layout::Q4_0x16
+            && (self.dtype != DType::Q4_0 || !self.rows.is_multiple_of(interleave::GROUP))
+        {
+            return Err(KernelError::Shape(format!(
+                "a {}x{} {} weight cannot be in the interleaved Q4_0 layout",
+                self.rows, self.cols, self.dtype
             )));
         }
         Ok(())
@@ -398,6 +411,7 @@ mod tests {
             let mut deq = vec![0f32; rows * cols];
             dequantize(dtype, &w, &mut deq).unwrap();
             let view = WeightView {
+                layout: crate::Layout::Rows,
                 dtype,
                 data: &w,
                 rows,

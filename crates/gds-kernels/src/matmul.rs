@@ -4,7 +4,8 @@ use crate::act::{q8_pairs, quantize_act_q8_scalar, quantize_act_q8k_scalar, ActQ
 #[cfg(target_arch = "x86_64")]
 use crate::avx2::{self, Avx2};
 use crate::blocks::QK_K;
-use crate::{dequantize, scalar, KernelError, WeightView};
+use crate::interleave::{rows_from_group, GROUP};
+use crate::{dequantize, scalar, KernelError, Layout, WeightView};
 use gds_format::DType;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -232,6 +233,38 @@ impl<'x> Acts<'x> {
     }
 }
 
+/// Computes `out[r * nt + t]` for the consecutive weight rows in `w` (`rb` bytes each, laid
+/// out as `layout` says: for [`Layout::Q4_0x16`], whole groups of sixteen rows).
+fn run_laid_out(
+    be: Backend,
+    (dtype, layout): (DType, Layout),
+    w: &[u8],
+    rb: usize,
+    acts: &ActRows<'_>,
+    out: &mut [f32],
+) {
+    if layout == Layout::Rows {
+        return run_rows(be, dtype, w, rb, acts, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Backend::Avx2(t), ActRows::Q8(a)) = (be, acts) {
+        if avx2::rows_q4_0x16(t, w, rb, a, out) {
+            return;
+        }
+    }
+    // No kernel over the interleaved layout here: each group back into rows, then the
+    // row kernel (the same arithmetic, so the same bits).
+    let nt = out.len() / (w.len() / rb).max(1);
+    let mut rows = vec![0u8; GROUP * rb];
+    for (g, o) in w
+        .chunks_exact(GROUP * rb)
+        .zip(out.chunks_exact_mut(GROUP * nt))
+    {
+        rows_from_group(g, rb, &mut rows);
+        run_rows(be, dtype, &rows, rb, acts, o);
+    }
+}
+
 /// Computes `out[r * nt + t]` for the consecutive weight rows in `w` (`rb` bytes each).
 fn run_rows(be: Backend, dtype: DType, w: &[u8], rb: usize, acts: &ActRows<'_>, out: &mut [f32]) {
     macro_rules! go {
@@ -297,14 +330,15 @@ fn scatter(local: &[f32], n_tokens: usize, dst: &mut [&mut [f32]]) {
     }
 }
 
-fn rows_per_task(rows: usize, cols: usize, n_tokens: usize) -> usize {
+/// A multiple of `granule` (rows a kernel takes together; an interleaved layout's group).
+fn rows_per_task(rows: usize, cols: usize, n_tokens: usize, granule: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let min_rows = (1 << 16) / (cols * n_tokens).max(1);
     let balanced = rows.div_ceil(threads * 3);
     min_rows
         .max(balanced)
         .clamp(1, rows.max(1))
-        .next_multiple_of(4)
+        .next_multiple_of(granule)
 }
 
 fn check(
@@ -409,7 +443,11 @@ fn matmul_many_impl(
         if w.rows == 0 {
             continue;
         }
-        let rpt = rows_per_task(w.rows, cols, n_tokens);
+        let granule = match w.layout {
+            Layout::Rows => 4,
+            Layout::Q4_0x16 => GROUP,
+        };
+        let rpt = rows_per_task(w.rows, cols, n_tokens, granule);
         let first = tasks.len();
         for c in 0..w.rows.div_ceil(rpt) {
             let nrows = rpt.min(w.rows - c * rpt);
@@ -431,11 +469,12 @@ fn matmul_many_impl(
         let rb = w.row_bytes();
         let wrows = &w.data[task.r0 * rb..(task.r0 + task.nrows) * rb];
         let mut dst = task.dst;
+        let kind = (w.dtype, w.layout);
         if let [only] = dst.as_mut_slice() {
-            run_rows(be, w.dtype, wrows, rb, &rows[task.wi], only);
+            run_laid_out(be, kind, wrows, rb, &rows[task.wi], only);
         } else {
             let mut local = vec![0f32; task.nrows * n_tokens];
-            run_rows(be, w.dtype, wrows, rb, &rows[task.wi], &mut local);
+            run_laid_out(be, kind, wrows, rb, &rows[task.wi], &mut local);
             scatter(&local, n_tokens, &mut dst);
         }
     };

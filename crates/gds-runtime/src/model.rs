@@ -209,6 +209,8 @@ pub struct Model {
     f32_act: bool,
     /// The experts of streamed mixture-of-experts blocks, when they stream apart.
     experts: Option<ExpertCache>,
+    /// Bytes of Q4_0 matrices interleaved at load for the AVX-512 kernels.
+    interleaved: u64,
 }
 
 impl Model {
@@ -246,7 +248,7 @@ impl Model {
         } else {
             VerifyMode::Off
         }));
-        let source: Box<dyn LayerSource> = match io.mode.as_str() {
+        let mut source: Box<dyn LayerSource> = match io.mode.as_str() {
             "mmap" => Box::new(MmapBackend::open_with(dir, &m, &verifier)?),
             mode => {
                 let opts = DirectOptions {
@@ -262,14 +264,19 @@ impl Model {
                 Box::new(DirectBackend::open(dir, &m, &opts)?)
             }
         };
+        let mut weights =
+            Weights::load(&config, &m, &*source).map_err(|e| crate::model_dir::with_dir(e, dir))?;
+        // Q4_0 matrices held in memory of our own, interleaved for the AVX-512 kernels
+        // before anything acquires them
+        let interleaved = weights
+            .interleave_resident(&mut *source)
+            .map_err(|e| crate::model_dir::with_dir(e, dir))?;
         let mut resident = vec![None; source.n_layers()];
         for &l in &io.resident_layers {
             if let Some(r) = resident.get_mut(l) {
                 *r = Some(source.acquire(l)?);
             }
         }
-        let weights =
-            Weights::load(&config, &m, &*source).map_err(|e| crate::model_dir::with_dir(e, dir))?;
         let arch = Arch::of(&config)?;
         let ropes = rope_tables(&config, &weights, ctx);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -294,7 +301,14 @@ impl Model {
                 .experts
                 .as_ref()
                 .map(|x| ExpertCache::new(x.cache_experts)),
+            interleaved,
         })
+    }
+
+    /// Bytes of Q4_0 weights held in memory with their rows interleaved sixteen at a time
+    /// for the AVX-512 VNNI kernels (0: none, e.g. a mapped model or another ISA).
+    pub fn interleaved_bytes(&self) -> u64 {
+        self.interleaved
     }
 
     /// The I/O plan the model was opened with.

@@ -6,7 +6,7 @@ use crate::error::{Result, RuntimeError};
 use crate::graph::{Block, WeightSource};
 use gds_format::{DType, Manifest, TensorInfo};
 use gds_io::{LayerBytes, LayerSource};
-use gds_kernels::WeightView;
+use gds_kernels::{Layout, WeightView};
 use std::collections::HashMap;
 
 /// A weight matrix: a byte range of one layer file, in its on-disk dtype.
@@ -24,6 +24,9 @@ pub struct TensorRef {
     pub rows: usize,
     /// Columns (input features).
     pub cols: usize,
+    /// How the bytes lie in memory: as in the file, or rewritten at load
+    /// ([`Weights::interleave_resident`]).
+    pub layout: Layout,
 }
 
 impl TensorRef {
@@ -54,6 +57,7 @@ impl TensorRef {
                 ),
             })?;
         Ok(WeightView {
+            layout: self.layout,
             dtype: self.dtype,
             data,
             rows,
@@ -146,6 +150,7 @@ impl Finder<'_, '_> {
             dtype: t.dtype,
             rows,
             cols,
+            layout: Layout::Rows,
         })
     }
 
@@ -257,6 +262,36 @@ impl Weights {
             rope_freqs,
             rope_factors,
         })
+    }
+
+    /// Rewrites the dense Q4_0 block matrices of the layers `source` holds in memory of its
+    /// own ([`LayerSource::resident_mut`]: `--io load`/`direct`'s resident layers, not a
+    /// mapping, not streamed layers) with their rows interleaved sixteen at a time, the
+    /// layout the AVX-512 VNNI kernels read without repacking, when this process's
+    /// instruction set has those kernels ([`gds_kernels::interleave_q4_0_pays`]). Call before
+    /// anything holds those layers' bytes. Returns the bytes rewritten.
+    pub fn interleave_resident(&mut self, source: &mut dyn LayerSource) -> Result<u64> {
+        if !gds_kernels::interleave_q4_0_pays() {
+            return Ok(0);
+        }
+        let mut done = 0u64;
+        for b in &mut self.blocks {
+            for t in b.dense_matrices_mut() {
+                if t.dtype != DType::Q4_0 || t.layout != Layout::Rows || t.rows % 16 != 0 {
+                    continue;
+                }
+                let Some(bytes) = source.resident_mut(t.layer) else {
+                    continue;
+                };
+                let Some(m) = bytes.get_mut(t.offset..t.offset + t.nbytes) else {
+                    continue;
+                };
+                gds_kernels::interleave_q4_0(m, t.rows, t.cols)?;
+                t.layout = Layout::Q4_0x16;
+                done += t.nbytes as u64;
+            }
+        }
+        Ok(done)
     }
 
     /// Every matrix, for summaries and kernel checks.

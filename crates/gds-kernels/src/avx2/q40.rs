@@ -11,6 +11,7 @@ use super::q4k::{
     transpose8,
 };
 use super::*;
+use crate::interleave::{GROUP, GROUP_BLOCK};
 
 /// Eight rows of one Q4_0 block, row `r` in 32-bit lane `r`.
 #[derive(Clone, Copy)]
@@ -151,26 +152,111 @@ fn term16(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
+    gemm16_by(p.len(), |i| p[i], xs)
+}
+
+/// [`gemm16`] over `nb` blocks that `block(i)` gives (repacked beforehand, or unpacked from
+/// the interleaved layout as the loop goes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+fn gemm16_by<const N: usize>(
+    nb: usize,
+    block: impl Fn(usize) -> Packed16,
+    xs: [&[ActQ8]; N],
+) -> [__m512; N] {
     let mut even = [_mm512_setzero_ps(); N];
     let mut odd = [_mm512_setzero_ps(); N];
-    for (k, pair) in p.chunks(2).enumerate() {
+    for k in 0..nb.div_ceil(2) {
+        let u = block(2 * k);
         for t in 0..N {
-            even[t] = term16(&pair[0], xs[t], 2 * k, even[t]);
+            even[t] = term16(&u, xs[t], 2 * k, even[t]);
         }
-        match pair.get(1) {
-            Some(u) => {
-                for t in 0..N {
-                    odd[t] = term16(u, xs[t], 2 * k + 1, odd[t]);
-                }
+        if 2 * k + 1 < nb {
+            let u = block(2 * k + 1);
+            for t in 0..N {
+                odd[t] = term16(&u, xs[t], 2 * k + 1, odd[t]);
             }
-            None => {
-                for o in odd.iter_mut() {
-                    *o = _mm512_fmadd_ps(_mm512_setzero_ps(), _mm512_setzero_ps(), *o);
-                }
+        } else {
+            for o in odd.iter_mut() {
+                *o = _mm512_fmadd_ps(_mm512_setzero_ps(), _mm512_setzero_ps(), *o);
             }
         }
     }
     std::array::from_fn(|t| _mm512_add_ps(even[t], odd[t]))
+}
+
+/// Block `i` of a group of sixteen interleaved rows (`crate::interleave`) as [`Packed16`]:
+/// four loads, the nibbles split, the scales converted.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn unpack_x16(group: &[u8], i: usize) -> Packed16 {
+    let b = &group[i * GROUP_BLOCK..(i + 1) * GROUP_BLOCK];
+    let m4 = _mm512_set1_epi8(0x0F);
+    let d = _mm512_cvtph_ps(ld_u8x32(&b[..32]));
+    let v: [__m512i; 4] = std::array::from_fn(|k| ld_u8x64(&b[32 + 64 * k..]));
+    Packed16 {
+        q: std::array::from_fn(|g| {
+            if g < 4 {
+                _mm512_and_si512(v[g], m4)
+            } else {
+                _mm512_and_si512(_mm512_srli_epi16::<4>(v[g - 4]), m4)
+            }
+        }),
+        d,
+    }
+}
+
+/// Q4_0 rows interleaved sixteen at a time against any number of tokens (AVX-512 with
+/// VNNI): up to four tokens (decode) straight from the interleaved bytes, more through the
+/// prompt driver with the groups unpacked once a chunk. Bit for bit [`gemm16`]'s result on
+/// the same rows in file order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ4_0>(),
+    );
+    let gb = GROUP * rb;
+    assert!(nrows.is_multiple_of(GROUP) && out.len() == nrows * nt);
+    if nt == 0 || nb == 0 {
+        out.fill(0.0);
+        return;
+    }
+    if nt <= 4 {
+        for (g, group) in w.chunks_exact(gb).enumerate() {
+            by_tile!(acts, |xs| put_rows(
+                gemm16_by(nb, |i| unpack_x16(group, i), xs).map(|v| lanes16(v)),
+                GROUP * g,
+                nrows,
+                out,
+                nt,
+                0
+            ))
+        }
+        return;
+    }
+    chunked(
+        w,
+        rb,
+        (nb, GROUP, nt),
+        Packed16 {
+            q: [_mm512_setzero_si512(); 8],
+            d: _mm512_setzero_ps(),
+        },
+        |r| &w[r * rb..r * rb + gb],
+        |group, i, p| *p = unpack_x16(group, i),
+        |p: &[Packed16], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm16(p, xs).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
 }
 
 /// Q4_0 rows against a prompt batch on plain AVX2: groups of eight rows.

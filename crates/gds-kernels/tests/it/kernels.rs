@@ -147,6 +147,7 @@ fn matmul_matches_dequantized_f32_product() {
             };
             let data = weight(&mut rng, dtype, rows, cols);
             let w = WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype,
                 data: &data,
                 rows,
@@ -209,6 +210,7 @@ fn extreme_quants_do_not_overflow_the_integer_sums() {
                 .collect();
             let data = quantize(dtype, &wf).unwrap();
             let w = WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype,
                 data: &data,
                 rows,
@@ -262,6 +264,7 @@ fn simd_agrees_with_scalar() {
             let (rows, cols) = (25, 1024 + extra);
             let data = weight(&mut rng, dtype, rows, cols);
             let w = WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype,
                 data: &data,
                 rows,
@@ -322,6 +325,7 @@ fn multi_token_tiles_equal_single_token_runs() {
         let cols = if dtype.block_size() == 256 { 512 } else { 544 };
         let data = weight(&mut rng, dtype, rows, cols);
         let w = WeightView {
+            layout: gds_kernels::Layout::Rows,
             dtype,
             data: &data,
             rows,
@@ -419,6 +423,7 @@ fn matmul_many_equals_separate_matmuls() {
             .iter()
             .zip(&datas)
             .map(|(&(dtype, rows), data)| WeightView {
+                layout: gds_kernels::Layout::Rows,
                 dtype,
                 data,
                 rows,
@@ -441,6 +446,7 @@ fn matmul_many_equals_separate_matmuls() {
 fn matmul_rejects_bad_shapes() {
     let data = vec![0u8; 4 * 18];
     let w = WeightView {
+        layout: gds_kernels::Layout::Rows,
         dtype: DType::Q4_0,
         data: &data,
         rows: 4,
@@ -456,6 +462,7 @@ fn matmul_rejects_bad_shapes() {
         Err(KernelError::Shape(_))
     ));
     let short = WeightView {
+        layout: gds_kernels::Layout::Rows,
         data: &data[..70],
         ..w
     };
@@ -464,6 +471,7 @@ fn matmul_rejects_bad_shapes() {
         Err(KernelError::Shape(_))
     ));
     let i32w = WeightView {
+        layout: gds_kernels::Layout::Rows,
         dtype: DType::I32,
         data: &[0u8; 16],
         rows: 1,
@@ -476,6 +484,7 @@ fn matmul_rejects_bad_shapes() {
     // Zero tokens or zero rows are no-ops.
     matmul(&w, &[], 0, &mut []).unwrap();
     let empty = WeightView {
+        layout: gds_kernels::Layout::Rows,
         data: &[],
         rows: 0,
         ..w
@@ -516,6 +525,7 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
     let data = weight(&mut rng, DType::Q4_0, rows, cols);
     let rb = data.len() / rows;
     let w = WeightView {
+        layout: gds_kernels::Layout::Rows,
         dtype: DType::Q4_0,
         data: &data,
         rows,
@@ -552,4 +562,65 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
             }
         }
     }
+}
+
+/// Q4_0 rows interleaved sixteen at a time give the bits of the same rows in file order, on
+/// every instruction set (AVX-512 VNNI reads the layout directly; the others put each group
+/// back into rows), for decode tiles (1 to 4 tokens) and prompt batches (the chunked
+/// driver: 1024 columns make chunks of several groups, 96 rows span chunks), with an odd
+/// block count (544 columns: the odd blocks' accumulator ends on a zero term) and through
+/// several threads' shares of the rows (multiples of sixteen).
+#[test]
+fn interleaved_q4_0_rows_equal_rows_in_file_order() {
+    let mut rng = Rng(0x5EED_0016);
+    for (rows, cols) in [(16, 32), (48, 544), (96, 1024), (320, 4096)] {
+        let data = weight(&mut rng, DType::Q4_0, rows, cols);
+        let mut packed = data.clone();
+        gds_kernels::interleave_q4_0(&mut packed, rows, cols).unwrap();
+        let view = |data, layout| WeightView {
+            layout,
+            dtype: DType::Q4_0,
+            data,
+            rows,
+            cols,
+        };
+        let (plain, x16) = (
+            view(&data, gds_kernels::Layout::Rows),
+            view(&packed, gds_kernels::Layout::Q4_0x16),
+        );
+        for n in [1, 2, 3, 4, 5, 8, 13] {
+            let x = rng.vec(n * cols, 1.0);
+            for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+                let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
+                matmul_with(isa, &plain, &x, n, &mut want).unwrap();
+                matmul_with(isa, &x16, &x, n, &mut got).unwrap();
+                assert_eq!(got, want, "{isa:?} {rows}x{cols} n={n}");
+            }
+            // f32 activations too (the dequantizing path, groups put back into rows)
+            let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
+            gds_kernels::matmul_many_f32_act(&[plain], &x, n, &mut [&mut want]).unwrap();
+            gds_kernels::matmul_many_f32_act(&[x16], &x, n, &mut [&mut got]).unwrap();
+            assert_eq!(got, want, "f32 activations {rows}x{cols} n={n}");
+        }
+    }
+    // the layout is Q4_0's, in whole groups
+    let data = weight(&mut rng, DType::Q8_0, 16, 32);
+    let bad = WeightView {
+        layout: gds_kernels::Layout::Q4_0x16,
+        dtype: DType::Q8_0,
+        data: &data,
+        rows: 16,
+        cols: 32,
+    };
+    let mut y = vec![0f32; 16];
+    assert!(matmul(&bad, &[0.5; 32], 1, &mut y).is_err());
+    let data = weight(&mut rng, DType::Q4_0, 8, 32);
+    let bad = WeightView {
+        layout: gds_kernels::Layout::Q4_0x16,
+        dtype: DType::Q4_0,
+        data: &data,
+        rows: 8,
+        cols: 32,
+    };
+    assert!(matmul(&bad, &[0.5; 32], 1, &mut y[..8]).is_err());
 }

@@ -262,6 +262,16 @@ impl<M, V> Block<M, V> {
         })
     }
 
+    /// The dense matrices (attention's four, a dense FFN's three; not a mixture's router or
+    /// experts), which the graph uses only in matrix products.
+    pub fn dense_matrices_mut(&mut self) -> Vec<&mut M> {
+        let mut m = vec![&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        if let Ffn::Dense { gate, up, down } = &mut self.ffn {
+            m.extend([gate, up, down]);
+        }
+        m
+    }
+
     /// The matrices with their role names (llama.cpp's tensor names without `blk.N.`).
     pub fn matrices(&self) -> Vec<(&'static str, &M)> {
         let mut m = vec![
