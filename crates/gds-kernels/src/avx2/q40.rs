@@ -152,21 +152,24 @@ fn term16(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
-    gemm16_by(p.len(), |i| p[i], xs)
+    gemm16_by(p.len(), |i| p[i], xs, &[])
 }
 
 /// [`gemm16`] over `nb` blocks that `block(i)` gives (repacked beforehand, or unpacked from
-/// the interleaved layout as the loop goes).
+/// the interleaved layout as the loop goes), prefetching the bytes `pf` into L2 a few lines
+/// a pair of blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 fn gemm16_by<const N: usize>(
     nb: usize,
     block: impl Fn(usize) -> Packed16,
     xs: [&[ActQ8]; N],
+    pf: &[u8],
 ) -> [__m512; N] {
     let mut even = [_mm512_setzero_ps(); N];
     let mut odd = [_mm512_setzero_ps(); N];
     for k in 0..nb.div_ceil(2) {
+        prefetch_l2(pf, k, nb.div_ceil(2));
         let u = block(2 * k);
         for t in 0..N {
             even[t] = term16(&u, xs[t], 2 * k, even[t]);
@@ -225,8 +228,9 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) 
     }
     if nt <= 4 {
         for (g, group) in w.chunks_exact(gb).enumerate() {
+            let pf = ahead(w, g * gb, gb);
             by_tile!(acts, |xs| put_rows(
-                gemm16_by(nb, |i| unpack_x16(group, i), xs).map(|v| lanes16(v)),
+                gemm16_by(nb, |i| unpack_x16(group, i), xs, pf).map(|v| lanes16(v)),
                 GROUP * g,
                 nrows,
                 out,
