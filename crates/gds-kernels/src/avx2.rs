@@ -1268,7 +1268,7 @@ pub fn rows_q4_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
     unsafe { quad::rows_q4_0(w, rb, acts, out) }
 }
 
-/// Q4_0 rows interleaved sixteen at a time (`Layout::Q4_0x16`, whole groups) against
+/// Q4_0 rows interleaved sixteen at a time (`Layout::Interleaved16`, whole groups) against
 /// `acts`, into `out[r * acts.len() + t]`, when the token has AVX-512 VNNI; `false` (and
 /// `out` untouched) otherwise. Bit for bit [`rows_q4_0`] on the same rows in file order.
 /// The decode kernel reads each group's bytes once, in order, with no repacking: a block
@@ -1282,6 +1282,17 @@ pub fn rows_q4_0x16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [
     // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL, BW
     // and VNNI were detected.
     unsafe { q40::rows_x16(w, rb, acts, out) };
+    true
+}
+
+/// [`rows_q4_0x16`] for Q4_K: bit for bit [`rows_q4_k`] on the same rows in file order.
+pub fn rows_q4_kx16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) -> bool {
+    if !t.avx512 {
+        return false;
+    }
+    // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL, BW
+    // and VNNI were detected.
+    unsafe { q4k::rows_x16(w, rb, acts, out) };
     true
 }
 

@@ -17,7 +17,7 @@ use dequant::{dequant_blocks, Dequant};
 use gds_format::DType;
 use rayon::prelude::*;
 
-pub use interleave::{deinterleave_q4_0, interleave_q4_0, interleave_q4_0_pays, Layout};
+pub use interleave::{deinterleave, interleavable, interleave, interleave_pays, Layout};
 pub use matmul::{isa_cap, matmul_many_with, set_isa_cap, Isa};
 
 pub use quant::{
@@ -86,11 +86,11 @@ impl WeightView<'_> {
                 self.data.len()
             )));
         }
-        if self.layout == Layout::Q4_0x16
-            && (self.dtype != DType::Q4_0 || !self.rows.is_multiple_of(interleave::GROUP))
+        if self.layout == Layout::Interleaved16
+            && (!interleavable(self.dtype) || !self.rows.is_multiple_of(interleave::GROUP))
         {
             return Err(KernelError::Shape(format!(
-                "a {}x{} {} weight cannot be in the interleaved Q4_0 layout",
+                "a {}x{} {} weight cannot be in an interleaved layout",
                 self.rows, self.cols, self.dtype
             )));
         }

@@ -4,7 +4,7 @@ use crate::act::{q8_pairs, quantize_act_q8_scalar, quantize_act_q8k_scalar, ActQ
 #[cfg(target_arch = "x86_64")]
 use crate::avx2::{self, Avx2};
 use crate::blocks::QK_K;
-use crate::interleave::{rows_from_group, GROUP};
+use crate::interleave::{Map, GROUP};
 use crate::{dequantize, scalar, KernelError, Layout, WeightView};
 use gds_format::DType;
 use rayon::prelude::*;
@@ -234,7 +234,7 @@ impl<'x> Acts<'x> {
 }
 
 /// Computes `out[r * nt + t]` for the consecutive weight rows in `w` (`rb` bytes each, laid
-/// out as `layout` says: for [`Layout::Q4_0x16`], whole groups of sixteen rows).
+/// out as `layout` says: for [`Layout::Interleaved16`], whole groups of sixteen rows).
 fn run_laid_out(
     be: Backend,
     (dtype, layout): (DType, Layout),
@@ -247,20 +247,26 @@ fn run_laid_out(
         return run_rows(be, dtype, w, rb, acts, out);
     }
     #[cfg(target_arch = "x86_64")]
-    if let (Backend::Avx2(t), ActRows::Q8(a)) = (be, acts) {
-        if avx2::rows_q4_0x16(t, w, rb, a, out) {
+    if let Backend::Avx2(t) = be {
+        let done = match (dtype, acts) {
+            (DType::Q4_0, ActRows::Q8(a)) => avx2::rows_q4_0x16(t, w, rb, a, out),
+            (DType::Q4K, ActRows::Q8K(a)) => avx2::rows_q4_kx16(t, w, rb, a, out),
+            _ => false,
+        };
+        if done {
             return;
         }
     }
     // No kernel over the interleaved layout here: each group back into rows, then the
     // row kernel (the same arithmetic, so the same bits).
     let nt = out.len() / (w.len() / rb).max(1);
+    let map = Map::of(dtype);
     let mut rows = vec![0u8; GROUP * rb];
     for (g, o) in w
         .chunks_exact(GROUP * rb)
         .zip(out.chunks_exact_mut(GROUP * nt))
     {
-        rows_from_group(g, rb, &mut rows);
+        map.rows_from_group(g, rb, &mut rows);
         run_rows(be, dtype, &rows, rb, acts, o);
     }
 }
@@ -445,7 +451,7 @@ fn matmul_many_impl(
         }
         let granule = match w.layout {
             Layout::Rows => 4,
-            Layout::Q4_0x16 => GROUP,
+            Layout::Interleaved16 => GROUP,
         };
         let rpt = rows_per_task(w.rows, cols, n_tokens, granule);
         let first = tasks.len();

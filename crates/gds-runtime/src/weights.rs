@@ -264,20 +264,20 @@ impl Weights {
         })
     }
 
-    /// Rewrites the dense Q4_0 block matrices of the layers `source` holds in memory of its
-    /// own ([`LayerSource::resident_mut`]: `--io load`/`direct`'s resident layers, not a
-    /// mapping, not streamed layers) with their rows interleaved sixteen at a time, the
-    /// layout the AVX-512 VNNI kernels read without repacking, when this process's
-    /// instruction set has those kernels ([`gds_kernels::interleave_q4_0_pays`]). Call before
+    /// Rewrites the dense Q4_0 and Q4_K block matrices of the layers `source` holds in
+    /// memory of its own ([`LayerSource::resident_mut`]: `--io load`/`direct`'s resident
+    /// layers, not a mapping, not streamed layers) with their rows interleaved sixteen at a
+    /// time, the layout the AVX-512 kernels read without repacking, where this process's
+    /// instruction set has those kernels ([`gds_kernels::interleave_pays`]). Call before
     /// anything holds those layers' bytes. Returns the bytes rewritten.
     pub fn interleave_resident(&mut self, source: &mut dyn LayerSource) -> Result<u64> {
-        if !gds_kernels::interleave_q4_0_pays() {
-            return Ok(0);
-        }
         let mut done = 0u64;
         for b in &mut self.blocks {
             for t in b.dense_matrices_mut() {
-                if t.dtype != DType::Q4_0 || t.layout != Layout::Rows || t.rows % 16 != 0 {
+                if !gds_kernels::interleave_pays(t.dtype)
+                    || t.layout != Layout::Rows
+                    || !t.rows.is_multiple_of(16)
+                {
                     continue;
                 }
                 let Some(bytes) = source.resident_mut(t.layer) else {
@@ -286,8 +286,8 @@ impl Weights {
                 let Some(m) = bytes.get_mut(t.offset..t.offset + t.nbytes) else {
                     continue;
                 };
-                gds_kernels::interleave_q4_0(m, t.rows, t.cols)?;
-                t.layout = Layout::Q4_0x16;
+                gds_kernels::interleave(t.dtype, m, t.rows, t.cols)?;
+                t.layout = Layout::Interleaved16;
                 done += t.nbytes as u64;
             }
         }

@@ -11,7 +11,10 @@ use super::q4k::{
     transpose8,
 };
 use super::*;
-use crate::interleave::{GROUP, GROUP_BLOCK};
+use crate::interleave::GROUP;
+
+/// Bytes of one block of sixteen interleaved Q4_0 rows.
+const GROUP_BLOCK: usize = GROUP * std::mem::size_of::<BlockQ4_0>();
 
 /// Eight rows of one Q4_0 block, row `r` in 32-bit lane `r`.
 #[derive(Clone, Copy)]

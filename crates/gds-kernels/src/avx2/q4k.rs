@@ -903,3 +903,200 @@ pub(super) mod wide {
         Q5K_LANES_MIN.1
     );
 }
+
+/// Bytes of one block of sixteen interleaved Q4_K rows (`crate::interleave`).
+const X16_BLOCK: usize = 16 * std::mem::size_of::<BlockQ4K>();
+
+/// [`scales8`] on sixteen rows from the interleaved block `b`, whose three 512-bit words of
+/// packed scales hold a row per 32-bit lane already: the same arithmetic, 512 bits wide
+/// (the byte shuffles work per 128-bit lane, so each mask is repeated).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn scales_x16(b: &[u8]) -> ([__m512i; 8], [__m512i; 4]) {
+    let word = |k: usize| ld_u8x64(&b[64 + 64 * k..]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let low6 = _mm512_set1_epi32(0x3f3f_3f3f);
+    let low4 = _mm512_set1_epi32(0x0f0f_0f0f);
+    let low2 = _mm512_set1_epi32(0x0303_0303);
+    let high2 =
+        |w: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(w), low2));
+    let s_lo = _mm512_and_si512(w0, low6);
+    let s_hi = _mm512_or_si512(_mm512_and_si512(w2, low4), high2(w0));
+    let m_lo = _mm512_and_si512(w1, low6);
+    let m_hi = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi32::<4>(w2), low4),
+        high2(w1),
+    );
+    let mask = |m: &[u8; 32]| _mm512_broadcast_i64x4(ld_u8x32(m));
+    let sc = std::array::from_fn(|j| {
+        let v = if j < 4 { s_lo } else { s_hi };
+        _mm512_shuffle_epi8(v, mask(&SPREAD_SCALE[j % 4]))
+    });
+    let mn = std::array::from_fn(|k| {
+        let v = if k < 2 { m_lo } else { m_hi };
+        _mm512_shuffle_epi8(v, mask(&PAIR_MINS[k % 2]))
+    });
+    (sc, mn)
+}
+
+/// `d` and `-dmin` of the sixteen rows of the interleaved block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn dmins_x16(b: &[u8]) -> (__m512, __m512) {
+    (
+        _mm512_cvtph_ps(ld_u8x32(&b[..32])),
+        // (the sign flipped in integers: `xor_ps` on 512 bits needs AVX-512 DQ)
+        _mm512_castsi512_ps(_mm512_xor_si512(
+            _mm512_castps_si512(_mm512_cvtph_ps(ld_u8x32(&b[32..64]))),
+            _mm512_set1_epi32(i32::MIN),
+        )),
+    )
+}
+
+/// Quants `4c..4c + 4` of every row of sub-blocks `2(c / 8)` (low nibbles) and
+/// `2(c / 8) + 1` (high) of the interleaved block `b`, as `Packed16::q[j][c % 8]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn quants_x16(b: &[u8], c: usize) -> (__m512i, __m512i) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let v = ld_u8x64(&b[256 + 64 * c..]);
+    (
+        _mm512_and_si512(v, m4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4),
+    )
+}
+
+/// Block `i` of a group of sixteen interleaved rows as [`Packed16`] (for prompt batches).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn unpack_x16(group: &[u8], i: usize, p: &mut Packed16) {
+    let b = &group[i * X16_BLOCK..(i + 1) * X16_BLOCK];
+    for k in 0..4 {
+        for g in 0..8 {
+            (p.q[2 * k][g], p.q[2 * k + 1][g]) = quants_x16(b, 8 * k + g);
+        }
+    }
+    (p.sc, p.mn) = scales_x16(b);
+    (p.d, p.ndmin) = dmins_x16(b);
+}
+
+/// [`gemm16`]'s arithmetic on a group of sixteen interleaved rows read as it goes (decode:
+/// nothing repacked, each 512-bit load of quants used at once), `pf` prefetched a few lines
+/// a block. The integer sums are exact, so the order in which they are formed is free; each
+/// sub-block's eight products are summed in 16 bits as [`gemm16`] sums them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn gemv_x16<const N: usize>(
+    group: &[u8],
+    nb: usize,
+    xs: [&[ActQ8K]; N],
+    pairs: [&[[i32; 4]]; N],
+    pf: &[u8],
+) -> [__m512; N] {
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        prefetch_l2(pf, i, nb);
+        let b = &group[i * X16_BLOCK..(i + 1) * X16_BLOCK];
+        let (sc, mn) = scales_x16(b);
+        let mut isum = [_mm512_setzero_si512(); N];
+        for k in 0..4 {
+            let (mut lo, mut hi) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
+            for g in 0..8 {
+                let (ql, qh) = quants_x16(b, 8 * k + g);
+                for t in 0..N {
+                    let x = &xs[t][i].qs;
+                    let (al, ah) = (
+                        bcast4x16(&x[32 * (2 * k) + 4 * g..]),
+                        bcast4x16(&x[32 * (2 * k + 1) + 4 * g..]),
+                    );
+                    lo[t] = _mm512_add_epi16(lo[t], _mm512_maddubs_epi16(ql, al));
+                    hi[t] = _mm512_add_epi16(hi[t], _mm512_maddubs_epi16(qh, ah));
+                }
+            }
+            for t in 0..N {
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(lo[t], sc[2 * k]));
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(hi[t], sc[2 * k + 1]));
+            }
+        }
+        let (d, ndmin) = dmins_x16(b);
+        for t in 0..N {
+            let bp = &pairs[t][i];
+            let mins = |k: usize| _mm512_madd_epi16(mn[k], _mm512_set1_epi32(bp[k]));
+            let m = _mm512_add_epi32(
+                _mm512_add_epi32(mins(0), mins(1)),
+                _mm512_add_epi32(mins(2), mins(3)),
+            );
+            let dx = _mm512_set1_ps(xs[t][i].d);
+            let a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(ndmin, dx), _mm512_cvtepi32_ps(m), a);
+        }
+    }
+    acc
+}
+
+/// Q4_K rows interleaved sixteen at a time against any number of tokens (AVX-512): fewer
+/// than [`Q4K_LANES_MIN`] tokens in tiles of up to four straight from the interleaved bytes,
+/// more through the prompt driver with each chunk's groups unpacked once. Bit for bit the
+/// stored-layout kernels' result on the same rows in file order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ4K>(),
+    );
+    let gb = 16 * rb;
+    assert!(nrows.is_multiple_of(16) && out.len() == nrows * nt);
+    if nt == 0 || nb == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let pairs: Vec<Vec<[i32; 4]>> = acts
+        .iter()
+        .map(|x| x[..nb].iter().map(min_pairs).collect())
+        .collect();
+    if nt < Q4K_LANES_MIN.1 {
+        for (g, group) in w.chunks_exact(gb).enumerate() {
+            let pf = ahead(w, g * gb, gb);
+            let mut t0 = 0;
+            while t0 < nt {
+                let (a, ps) = (&acts[t0..], &pairs[t0..]);
+                by_tile!(a, |xs| {
+                    let pv = std::array::from_fn(|k| &ps[k][..]);
+                    put_rows(
+                        gemv_x16(group, nb, xs, pv, pf).map(|v| lanes16(v)),
+                        16 * g,
+                        nrows,
+                        out,
+                        nt,
+                        t0,
+                    )
+                });
+                t0 += (nt - t0).min(4);
+            }
+        }
+        return;
+    }
+    chunked(
+        w,
+        rb,
+        (nb, 16, nt),
+        Packed16::zero(),
+        |r| &w[r * rb..r * rb + gb],
+        |group, i, p| unpack_x16(group, i, p),
+        |p: &[Packed16], r, t0| {
+            let (a, ps) = (&acts[t0..], &pairs[t0..]);
+            by_tile!(a, |xs| {
+                let pv = std::array::from_fn(|k| &ps[k][..]);
+                put_rows(
+                    gemm16::<BlockQ4K, _>(p, xs, pv).map(|v| lanes16(v)),
+                    r,
+                    nrows,
+                    out,
+                    nt,
+                    t0,
+                )
+            })
+        },
+    );
+}

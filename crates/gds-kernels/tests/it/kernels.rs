@@ -564,49 +564,58 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
     }
 }
 
-/// Q4_0 rows interleaved sixteen at a time give the bits of the same rows in file order, on
-/// every instruction set (AVX-512 VNNI reads the layout directly; the others put each group
-/// back into rows), for decode tiles (1 to 4 tokens) and prompt batches (the chunked
-/// driver: 1024 columns make chunks of several groups, 96 rows span chunks), with an odd
-/// block count (544 columns: the odd blocks' accumulator ends on a zero term) and through
-/// several threads' shares of the rows (multiples of sixteen).
+/// Q4_0 and Q4_K rows interleaved sixteen at a time give the bits of the same rows in file
+/// order, on every instruction set (AVX-512 reads the layout directly; the others put each
+/// group back into rows), for decode tiles (1 to 4 tokens, and Q4_K's 5 in two tiles) and
+/// prompt batches (the chunked driver: wide rows make chunks of several groups, 96 rows
+/// span chunks), with an odd block count (Q4_0's 544 columns: the odd blocks' accumulator
+/// ends on a zero term), and through several threads' shares of the rows (multiples of 16).
 #[test]
-fn interleaved_q4_0_rows_equal_rows_in_file_order() {
+fn interleaved_rows_equal_rows_in_file_order() {
     let mut rng = Rng(0x5EED_0016);
-    for (rows, cols) in [(16, 32), (48, 544), (96, 1024), (320, 4096)] {
-        let data = weight(&mut rng, DType::Q4_0, rows, cols);
+    for (dtype, rows, cols) in [
+        (DType::Q4_0, 16, 32),
+        (DType::Q4_0, 48, 544),
+        (DType::Q4_0, 96, 1024),
+        (DType::Q4_0, 320, 4096),
+        (DType::Q4K, 16, 256),
+        (DType::Q4K, 48, 768),
+        (DType::Q4K, 96, 2048),
+        (DType::Q4K, 320, 4096),
+    ] {
+        let data = weight(&mut rng, dtype, rows, cols);
         let mut packed = data.clone();
-        gds_kernels::interleave_q4_0(&mut packed, rows, cols).unwrap();
+        gds_kernels::interleave(dtype, &mut packed, rows, cols).unwrap();
         let view = |data, layout| WeightView {
             layout,
-            dtype: DType::Q4_0,
+            dtype,
             data,
             rows,
             cols,
         };
         let (plain, x16) = (
             view(&data, gds_kernels::Layout::Rows),
-            view(&packed, gds_kernels::Layout::Q4_0x16),
+            view(&packed, gds_kernels::Layout::Interleaved16),
         );
-        for n in [1, 2, 3, 4, 5, 8, 13] {
+        for n in [1, 2, 3, 4, 5, 6, 8, 13] {
             let x = rng.vec(n * cols, 1.0);
             for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
                 let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
                 matmul_with(isa, &plain, &x, n, &mut want).unwrap();
                 matmul_with(isa, &x16, &x, n, &mut got).unwrap();
-                assert_eq!(got, want, "{isa:?} {rows}x{cols} n={n}");
+                assert_eq!(got, want, "{dtype} {isa:?} {rows}x{cols} n={n}");
             }
             // f32 activations too (the dequantizing path, groups put back into rows)
             let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
             gds_kernels::matmul_many_f32_act(&[plain], &x, n, &mut [&mut want]).unwrap();
             gds_kernels::matmul_many_f32_act(&[x16], &x, n, &mut [&mut got]).unwrap();
-            assert_eq!(got, want, "f32 activations {rows}x{cols} n={n}");
+            assert_eq!(got, want, "{dtype} f32 activations {rows}x{cols} n={n}");
         }
     }
-    // the layout is Q4_0's, in whole groups
+    // the layout is Q4_0's and Q4_K's, in whole groups
     let data = weight(&mut rng, DType::Q8_0, 16, 32);
     let bad = WeightView {
-        layout: gds_kernels::Layout::Q4_0x16,
+        layout: gds_kernels::Layout::Interleaved16,
         dtype: DType::Q8_0,
         data: &data,
         rows: 16,
@@ -616,7 +625,7 @@ fn interleaved_q4_0_rows_equal_rows_in_file_order() {
     assert!(matmul(&bad, &[0.5; 32], 1, &mut y).is_err());
     let data = weight(&mut rng, DType::Q4_0, 8, 32);
     let bad = WeightView {
-        layout: gds_kernels::Layout::Q4_0x16,
+        layout: gds_kernels::Layout::Interleaved16,
         dtype: DType::Q4_0,
         data: &data,
         rows: 8,

@@ -350,13 +350,14 @@ fn a_mixture_of_experts_streams_only_the_chosen_experts() {
     }
 }
 
-/// Q4_0 matrices held in memory of our own (`--io load`, and `direct`'s resident layers)
-/// are interleaved sixteen rows at a time for the AVX-512 VNNI kernels: the logits stay
+/// Q4_0 (and Q4_K: the same plumbing; the kernels' bits are checked in gds-kernels) matrices
+/// held in memory of our own (`--io load`, and `direct`'s resident layers) are interleaved
+/// sixteen rows at a time for the AVX-512 kernels: the logits stay
 /// bit-identical to the mapped model's (rows in file order) for prompt batches and decode
 /// steps, streamed layers keep the file's order, and on other instruction sets nothing is
 /// rewritten.
 #[test]
-fn interleaved_q4_0_weights_give_the_mapped_models_logits() {
+fn interleaved_weights_give_the_mapped_models_logits() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("q4_0");
     let opts = gds_convert::ConvertOptions {
@@ -386,7 +387,7 @@ fn interleaved_q4_0_weights_give_the_mapped_models_logits() {
         "a mapping is never rewritten"
     );
     let want = run(&mapped, &prompt, 6, 4);
-    let pays = gds_kernels::interleave_q4_0_pays();
+    let pays = gds_kernels::interleave_pays(gds_format::DType::Q4_0);
     let plan = |io: &str, budget: Option<u64>| {
         plan_io(&dir, &m, io, budget, || {
             DirectSupport::Buffered("test".into())
