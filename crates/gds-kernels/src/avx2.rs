@@ -1285,6 +1285,17 @@ pub fn rows_q4_0x16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [
     true
 }
 
+/// [`rows_q4_0x16`] for Q6_K: bit for bit [`rows_q6_k`] on the same rows in file order.
+pub fn rows_q6_kx16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) -> bool {
+    if !t.avx512 {
+        return false;
+    }
+    // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL, BW
+    // and VNNI were detected.
+    unsafe { q6k::rows_x16(w, rb, acts, out) };
+    true
+}
+
 /// [`rows_q4_0x16`] for Q4_K: bit for bit [`rows_q4_k`] on the same rows in file order.
 pub fn rows_q4_kx16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) -> bool {
     if !t.avx512 {

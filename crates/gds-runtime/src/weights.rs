@@ -264,32 +264,36 @@ impl Weights {
         })
     }
 
-    /// Rewrites the dense Q4_0 and Q4_K block matrices of the layers `source` holds in
-    /// memory of its own ([`LayerSource::resident_mut`]: `--io load`/`direct`'s resident
-    /// layers, not a mapping, not streamed layers) with their rows interleaved sixteen at a
-    /// time, the layout the AVX-512 kernels read without repacking, where this process's
-    /// instruction set has those kernels ([`gds_kernels::interleave_pays`]). Call before
-    /// anything holds those layers' bytes. Returns the bytes rewritten.
+    /// Rewrites the dense block matrices and an untied output head, where they are Q4_0,
+    /// Q4_K or Q6_K in layers `source` holds in memory of its own
+    /// ([`LayerSource::resident_mut`]: `--io load`/`direct`'s resident layers, not a mapping,
+    /// not streamed layers), with their rows interleaved sixteen at a time: the layout the
+    /// AVX-512 kernels read without repacking, where this process's instruction set has
+    /// them ([`gds_kernels::interleave_pays`]). The token embedding (rows looked up, and the
+    /// head when tied) keeps the file's order. Call before anything holds those layers'
+    /// bytes. Returns the bytes rewritten.
     pub fn interleave_resident(&mut self, source: &mut dyn LayerSource) -> Result<u64> {
+        let emb = &self.token_embd;
+        let tied = (self.output.layer, self.output.offset) == (emb.layer, emb.offset);
+        let head = (!tied).then_some(&mut self.output);
         let mut done = 0u64;
-        for b in &mut self.blocks {
-            for t in b.dense_matrices_mut() {
-                if !gds_kernels::interleave_pays(t.dtype)
-                    || t.layout != Layout::Rows
-                    || !t.rows.is_multiple_of(16)
-                {
-                    continue;
-                }
-                let Some(bytes) = source.resident_mut(t.layer) else {
-                    continue;
-                };
-                let Some(m) = bytes.get_mut(t.offset..t.offset + t.nbytes) else {
-                    continue;
-                };
-                gds_kernels::interleave(t.dtype, m, t.rows, t.cols)?;
-                t.layout = Layout::Interleaved16;
-                done += t.nbytes as u64;
+        let blocks = self.blocks.iter_mut().flat_map(|b| b.dense_matrices_mut());
+        for t in blocks.chain(head) {
+            if !gds_kernels::interleave_pays(t.dtype)
+                || t.layout != Layout::Rows
+                || !t.rows.is_multiple_of(16)
+            {
+                continue;
             }
+            let Some(bytes) = source.resident_mut(t.layer) else {
+                continue;
+            };
+            let Some(m) = bytes.get_mut(t.offset..t.offset + t.nbytes) else {
+                continue;
+            };
+            gds_kernels::interleave(t.dtype, m, t.rows, t.cols)?;
+            t.layout = Layout::Interleaved16;
+            done += t.nbytes as u64;
         }
         Ok(done)
     }

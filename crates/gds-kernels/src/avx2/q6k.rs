@@ -439,3 +439,186 @@ pub(super) mod wide {
         Q6K_LANES_MIN.1
     );
 }
+
+/// Bytes of one block of sixteen interleaved Q6_K rows (`crate::interleave`).
+const X16_BLOCK: usize = 16 * std::mem::size_of::<BlockQ6K>();
+
+/// The scales of the interleaved block `b` (its four 512-bit words of scales hold a row per
+/// 32-bit lane already): [`scales8`]'s shuffles and sign extension, 512 bits wide (the masks
+/// repeat per 128-bit lane).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn scales_x16(b: &[u8]) -> ([__m512i; 16], [__m512i; 8]) {
+    let words: [__m512i; 4] = std::array::from_fn(|k| ld_u8x64(&b[3072 + 64 * k..]));
+    let spread = |w: __m512i, m: &[u8; 32]| {
+        _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(w, _mm512_broadcast_i64x4(ld_u8x32(m))))
+    };
+    (
+        std::array::from_fn(|s| spread(words[s / 4], &SPREAD_SCALE[s % 4])),
+        std::array::from_fn(|k| spread(words[k / 2], &PAIR_SCALES[k % 2])),
+    )
+}
+
+/// `Packed16::q[4h + c][g]` for `c` in 0..4 (elements `128h + 32c + 4g..+4` of every row):
+/// [`quants_q6_k`]'s bit assembly on three 512-bit loads of the interleaved block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn quants_x16(b: &[u8], h: usize, g: usize) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m3 = _mm512_set1_epi8(3);
+    let m30 = _mm512_set1_epi8(0x30);
+    let ql0 = ld_u8x64(&b[64 * (16 * h + g)..]);
+    let ql1 = ld_u8x64(&b[64 * (16 * h + 8 + g)..]);
+    let qh = ld_u8x64(&b[2048 + 64 * (8 * h + g)..]);
+    let qh2 = _mm512_srli_epi16::<2>(qh);
+    [
+        _mm512_or_si512(
+            _mm512_and_si512(ql0, m4),
+            _mm512_slli_epi16::<4>(_mm512_and_si512(qh, m3)),
+        ),
+        _mm512_or_si512(
+            _mm512_and_si512(ql1, m4),
+            _mm512_slli_epi16::<4>(_mm512_and_si512(qh2, m3)),
+        ),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(ql0), m4),
+            _mm512_and_si512(qh, m30),
+        ),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(ql1), m4),
+            _mm512_and_si512(qh2, m30),
+        ),
+    ]
+}
+
+/// `d` of the sixteen rows of the interleaved block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn d_x16(b: &[u8]) -> __m512 {
+    _mm512_cvtph_ps(ld_u8x32(&b[3328..3360]))
+}
+
+/// Block `i` of a group of sixteen interleaved rows as [`Packed16`] (for prompt batches).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn unpack_x16(group: &[u8], i: usize, p: &mut Packed16) {
+    let b = &group[i * X16_BLOCK..(i + 1) * X16_BLOCK];
+    for h in 0..2 {
+        for g in 0..8 {
+            let q = quants_x16(b, h, g);
+            for (c, q) in q.into_iter().enumerate() {
+                p.q[4 * h + c][g] = q;
+            }
+        }
+    }
+    (p.sc, p.scp) = scales_x16(b);
+    p.d = d_x16(b);
+}
+
+/// The block end of [`gemm16`]: the scaled sums less 32 times the scaled activation sums,
+/// then `acc = fma(d * dx, I, acc)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn finish16(acc: __m512, isum: __m512i, scp: &[__m512i; 8], d: __m512, x: &ActQ8K) -> __m512 {
+    let mut off = _mm512_setzero_si512();
+    for (k, scp) in scp.iter().enumerate() {
+        let pair = bsum_pair(&x.bsums, k);
+        off = _mm512_add_epi32(off, _mm512_madd_epi16(*scp, _mm512_set1_epi32(pair)));
+    }
+    let it = _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(off));
+    let dx = _mm512_set1_ps(x.d);
+    _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(it), acc)
+}
+
+/// [`gemm16`]'s arithmetic on a group of sixteen interleaved rows read as it goes (decode:
+/// nothing repacked), `pf` prefetched a few lines a block: the same pairs of products summed
+/// in 16 bits, the same exact integer sums, the same block end.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn gemv_x16<const N: usize>(group: &[u8], nb: usize, xs: [&[ActQ8K]; N], pf: &[u8]) -> [__m512; N] {
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        prefetch_l2(pf, i, nb);
+        let b = &group[i * X16_BLOCK..(i + 1) * X16_BLOCK];
+        let (sc, scp) = scales_x16(b);
+        let mut isum = [_mm512_setzero_si512(); N];
+        for h in 0..2 {
+            for g0 in (0..8).step_by(2) {
+                let (q0, q1) = (quants_x16(b, h, g0), quants_x16(b, h, g0 + 1));
+                for c in 0..4 {
+                    // sub-block 2j + g0 / 4 of `j`'s 32 elements, its elements 4 * g0..
+                    let j = 4 * h + c;
+                    let s = sc[2 * j + g0 / 4];
+                    for t in 0..N {
+                        let x = &xs[t][i].qs[32 * j + 4 * g0..];
+                        let sum = _mm512_add_epi16(
+                            _mm512_maddubs_epi16(q0[c], bcast4x16(x)),
+                            _mm512_maddubs_epi16(q1[c], bcast4x16(&x[4..])),
+                        );
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(sum, s));
+                    }
+                }
+            }
+        }
+        let d = d_x16(b);
+        for t in 0..N {
+            acc[t] = finish16(acc[t], isum[t], &scp, d, &xs[t][i]);
+        }
+    }
+    acc
+}
+
+/// Q6_K rows interleaved sixteen at a time against any number of tokens (AVX-512): fewer
+/// than [`Q6K_LANES_MIN`] tokens in tiles of up to four straight from the interleaved bytes,
+/// more through the prompt driver with each chunk's groups unpacked once. Bit for bit the
+/// stored-layout kernels' result on the same rows in file order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockQ6K>(),
+    );
+    let gb = 16 * rb;
+    assert!(nrows.is_multiple_of(16) && out.len() == nrows * nt);
+    if nt == 0 || nb == 0 {
+        out.fill(0.0);
+        return;
+    }
+    if nt < Q6K_LANES_MIN.1 {
+        for (g, group) in w.chunks_exact(gb).enumerate() {
+            let pf = ahead(w, g * gb, gb);
+            let mut t0 = 0;
+            while t0 < nt {
+                by_tile!(&acts[t0..], |xs| put_rows(
+                    gemv_x16(group, nb, xs, pf).map(|v| lanes16(v)),
+                    16 * g,
+                    nrows,
+                    out,
+                    nt,
+                    t0
+                ));
+                t0 += (nt - t0).min(4);
+            }
+        }
+        return;
+    }
+    chunked(
+        w,
+        rb,
+        (nb, 16, nt),
+        Packed16::zero(),
+        |r| &w[r * rb..r * rb + gb],
+        |group, i, p| unpack_x16(group, i, p),
+        |p: &[Packed16], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm16(p, xs).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
+}

@@ -564,9 +564,9 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
     }
 }
 
-/// Q4_0 and Q4_K rows interleaved sixteen at a time give the bits of the same rows in file
+/// Q4_0, Q4_K and Q6_K rows interleaved sixteen at a time give the bits of the same rows in file
 /// order, on every instruction set (AVX-512 reads the layout directly; the others put each
-/// group back into rows), for decode tiles (1 to 4 tokens, and Q4_K's 5 in two tiles) and
+/// group back into rows), for decode tiles (1 to 4 tokens; the K-quants' 5 to 8 in two) and
 /// prompt batches (the chunked driver: wide rows make chunks of several groups, 96 rows
 /// span chunks), with an odd block count (Q4_0's 544 columns: the odd blocks' accumulator
 /// ends on a zero term), and through several threads' shares of the rows (multiples of 16).
@@ -582,6 +582,10 @@ fn interleaved_rows_equal_rows_in_file_order() {
         (DType::Q4K, 48, 768),
         (DType::Q4K, 96, 2048),
         (DType::Q4K, 320, 4096),
+        (DType::Q6K, 16, 256),
+        (DType::Q6K, 48, 768),
+        (DType::Q6K, 96, 2048),
+        (DType::Q6K, 320, 4096),
     ] {
         let data = weight(&mut rng, dtype, rows, cols);
         let mut packed = data.clone();
@@ -597,7 +601,7 @@ fn interleaved_rows_equal_rows_in_file_order() {
             view(&data, gds_kernels::Layout::Rows),
             view(&packed, gds_kernels::Layout::Interleaved16),
         );
-        for n in [1, 2, 3, 4, 5, 6, 8, 13] {
+        for n in [1, 2, 3, 4, 5, 6, 8, 9, 13] {
             let x = rng.vec(n * cols, 1.0);
             for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
                 let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
@@ -612,7 +616,7 @@ fn interleaved_rows_equal_rows_in_file_order() {
             assert_eq!(got, want, "{dtype} f32 activations {rows}x{cols} n={n}");
         }
     }
-    // the layout is Q4_0's and Q4_K's, in whole groups
+    // the layout is Q4_0's, Q4_K's and Q6_K's, in whole groups
     let data = weight(&mut rng, DType::Q8_0, 16, 32);
     let bad = WeightView {
         layout: gds_kernels::Layout::Interleaved16,
