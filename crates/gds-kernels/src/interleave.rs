@@ -116,9 +116,9 @@ pub fn deinterleave(
 pub(crate) struct Map {
     /// Bytes of one block of one row.
     block: usize,
-    /// `(offset in the group block, bytes)` of each unit of a row's block, row 0 (row `r`
-    /// adds `r * bytes`), units in block order.
-    units: Vec<(usize, usize)>,
+    /// Each unit of a row's block: `(offset in the group block of row 0's copy, bytes,
+    /// offset in the row's block)`; row `r`'s copy is `r * bytes` further.
+    units: Vec<(usize, usize, usize)>,
 }
 
 impl Map {
@@ -130,7 +130,7 @@ impl Map {
         let mut j = 0;
         while j < block {
             let u = if f16.contains(&j) { 2 } else { 4 };
-            units.push((GROUP * j, u));
+            units.push((GROUP * j, u, j));
             j += u;
         }
         Map { block, units }
@@ -138,14 +138,20 @@ impl Map {
 
     /// Sixteen rows (`rows`, `rb` bytes each) into one interleaved group `out`.
     pub(crate) fn group_from_rows(&self, rows: &[u8], rb: usize, out: &mut [u8]) {
-        let gb = GROUP * self.block;
-        for (r, row) in rows.chunks_exact(rb).enumerate() {
-            for (i, b) in row.chunks_exact(self.block).enumerate() {
-                let mut j = 0;
-                for &(o, u) in &self.units {
-                    let at = i * gb + o + r * u;
-                    out[at..at + u].copy_from_slice(&b[j..j + u]);
-                    j += u;
+        let (bs, gb) = (self.block, GROUP * self.block);
+        for (i, dst) in out.chunks_exact_mut(gb).enumerate() {
+            let src: [&[u8]; GROUP] = std::array::from_fn(|r| &rows[r * rb + i * bs..][..bs]);
+            for &(o, u, j) in &self.units {
+                let d = &mut dst[o..o + GROUP * u];
+                // fixed-size copies (a variable length would be a call to memcpy each)
+                if u == 4 {
+                    for (d, s) in d.chunks_exact_mut(4).zip(&src) {
+                        d.copy_from_slice(&s[j..j + 4]);
+                    }
+                } else {
+                    for (d, s) in d.chunks_exact_mut(2).zip(&src) {
+                        d.copy_from_slice(&s[j..j + 2]);
+                    }
                 }
             }
         }
@@ -153,14 +159,17 @@ impl Map {
 
     /// One interleaved group back into sixteen rows.
     pub(crate) fn rows_from_group(&self, group: &[u8], rb: usize, out: &mut [u8]) {
-        let gb = GROUP * self.block;
-        for (r, row) in out.chunks_exact_mut(rb).enumerate() {
-            for (i, b) in row.chunks_exact_mut(self.block).enumerate() {
-                let mut j = 0;
-                for &(o, u) in &self.units {
-                    let at = i * gb + o + r * u;
-                    b[j..j + u].copy_from_slice(&group[at..at + u]);
-                    j += u;
+        let (bs, gb) = (self.block, GROUP * self.block);
+        for (i, src) in group.chunks_exact(gb).enumerate() {
+            for &(o, u, j) in &self.units {
+                let s = &src[o..o + GROUP * u];
+                for (r, s) in s.chunks_exact(u).enumerate() {
+                    let at = r * rb + i * bs + j;
+                    if u == 4 {
+                        out[at..at + 4].copy_from_slice(&s[..4]);
+                    } else {
+                        out[at..at + 2].copy_from_slice(&s[..2]);
+                    }
                 }
             }
         }
