@@ -216,7 +216,12 @@ pub struct Model {
 impl Model {
     /// Loads the model the way `plan` says (I/O backend, residency, context, threads).
     pub fn open(plan: &crate::plan::Plan) -> Result<Model> {
-        let mut m = Model::with_io(&plan.model_dir, &plan.io_plan, plan.ctx, plan.threads)?;
+        let mut m = Model::open_io(
+            &plan.model_dir,
+            &plan.io_plan,
+            (plan.ctx, plan.threads),
+            plan.interleave,
+        )?;
         m.set_f32_activations(plan.activations == crate::plan::Activations::F32);
         Ok(m)
     }
@@ -238,8 +243,21 @@ impl Model {
         Model::with_io(dir, &io, ctx, threads)
     }
 
-    /// Opens the model directory with the I/O backend and residency of `io`.
+    /// Opens the model directory with the I/O backend and residency of `io` (the weights it
+    /// reads into memory interleaved where this ISA's kernels read that layout).
     pub fn with_io(dir: &Path, io: &IoPlan, ctx: usize, threads: usize) -> Result<Model> {
+        Model::open_io(dir, io, (ctx, threads), true)
+    }
+
+    /// [`Model::with_io`], interleaving the weights read into memory only if `interleave`
+    /// (the plan's decision: not with f32 activations, whose kernels read rows in file
+    /// order).
+    fn open_io(
+        dir: &Path,
+        io: &IoPlan,
+        (ctx, threads): (usize, usize),
+        interleave: bool,
+    ) -> Result<Model> {
         let manifest_bytes = gds_io::read_manifest(dir)?;
         let m = crate::model_dir::parse_manifest(dir, &manifest_bytes)?;
         let config = Config::from_manifest(&m).map_err(|e| crate::model_dir::with_dir(e, dir))?;
@@ -268,9 +286,13 @@ impl Model {
             Weights::load(&config, &m, &*source).map_err(|e| crate::model_dir::with_dir(e, dir))?;
         // Q4_0/Q4_K matrices held in memory of our own, interleaved for the AVX-512 kernels
         // before anything acquires them
-        let interleaved = weights
-            .interleave_resident(&mut *source)
-            .map_err(|e| crate::model_dir::with_dir(e, dir))?;
+        let interleaved = if interleave {
+            weights
+                .interleave_resident(&mut *source)
+                .map_err(|e| crate::model_dir::with_dir(e, dir))?
+        } else {
+            0
+        };
         let mut resident = vec![None; source.n_layers()];
         for &l in &io.resident_layers {
             if let Some(r) = resident.get_mut(l) {

@@ -366,6 +366,12 @@ pub struct Plan {
     /// plan sets it ([`gds_kernels::set_isa_cap`]).
     #[serde(serialize_with = "isa_name")]
     pub isa: gds_kernels::Isa,
+    /// Whether the Q4_0, Q4_K and Q6_K matrices read into memory (`load`, `direct`'s
+    /// resident layers; not a mapping, not streamed layers, not the token embedding) are
+    /// held with their rows interleaved sixteen at a time, the layout this ISA's kernels
+    /// read without repacking (AVX-512 with 8-bit activations; `GDS_INTERLEAVE=0` turns
+    /// it off).
+    pub interleave: bool,
     /// The GPU's matvec/GEMM crossover: passes of this many tokens or more go through GEMM.
     pub gemm_min_tokens: usize,
     /// Weight bytes and tensor counts by dtype.
@@ -579,7 +585,11 @@ impl Plan {
         let m = parse_manifest(dir, &bytes)?;
         let model = Config::from_manifest(&m).map_err(|e| with_dir(e, dir))?;
         let mut weight_dtypes: BTreeMap<String, DtypeSummary> = BTreeMap::new();
+        let mut matrix_dtypes = std::collections::BTreeSet::new();
         for t in m.tensors() {
+            if t.dims().len() >= 2 {
+                matrix_dtypes.insert(t.dtype);
+            }
             let e = weight_dtypes.entry(t.dtype.name().to_string()).or_default();
             e.tensors += 1;
             e.bytes += t.nbytes;
@@ -892,6 +902,13 @@ impl Plan {
                 Some(g) => g.load.name().to_string(),
                 None => io_plan.mode.to_string(),
             },
+            interleave: gpu.is_none()
+                && activations == Activations::Q8
+                && io_plan.mode != crate::ioplan::IoMode::Mmap
+                && !io_plan.resident_layers.is_empty()
+                && matrix_dtypes
+                    .iter()
+                    .any(|&d| gds_kernels::interleave_pays(d)),
             io_plan,
             gpu,
             activations,
