@@ -264,7 +264,8 @@ impl Weights {
         })
     }
 
-    /// Rewrites the dense block matrices and an untied output head, where they are Q4_0,
+    /// Rewrites the dense block matrices, a mixture's experts (when each expert's rows are
+    /// whole groups) and an untied output head, where they are Q4_0,
     /// Q4_K or Q6_K in layers `source` holds in memory of its own
     /// ([`LayerSource::resident_mut`]: `--io load`/`direct`'s resident layers, not a mapping,
     /// not streamed layers), with their rows interleaved sixteen at a time: the layout the
@@ -277,11 +278,23 @@ impl Weights {
         let tied = (self.output.layer, self.output.offset) == (emb.layer, emb.offset);
         let head = (!tied).then_some(&mut self.output);
         let mut done = 0u64;
-        let blocks = self.blocks.iter_mut().flat_map(|b| b.dense_matrices_mut());
-        for t in blocks.chain(head) {
+        // (matrix, rows that must be whole groups: one expert's, or all)
+        let mut all: Vec<(&mut TensorRef, usize)> = Vec::new();
+        for b in &mut self.blocks {
+            all.extend(b.product_matrices_mut().into_iter().map(|(t, n)| {
+                let unit = t.rows / n.max(1);
+                (t, unit)
+            }));
+        }
+        all.extend(head.map(|t| {
+            let rows = t.rows;
+            (t, rows)
+        }));
+        for (t, unit) in all {
             if !gds_kernels::interleave_pays(t.dtype)
                 || t.layout != Layout::Rows
-                || !t.rows.is_multiple_of(16)
+                || unit == 0
+                || !unit.is_multiple_of(16)
             {
                 continue;
             }

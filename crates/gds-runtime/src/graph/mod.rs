@@ -262,12 +262,20 @@ impl<M, V> Block<M, V> {
         })
     }
 
-    /// The dense matrices (attention's four, a dense FFN's three; not a mixture's router or
-    /// experts), which the graph uses only in matrix products.
-    pub fn dense_matrices_mut(&mut self) -> Vec<&mut M> {
-        let mut m = vec![&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
-        if let Ffn::Dense { gate, up, down } = &mut self.ffn {
-            m.extend([gate, up, down]);
+    /// The matrices the graph uses only in matrix products, each with the number of
+    /// matrices stacked in it: attention's four and a dense FFN's three (1), a mixture's
+    /// gate, up and down experts (its expert count: products run over one expert's rows at
+    /// a time). Not a mixture's router.
+    pub fn product_matrices_mut(&mut self) -> Vec<(&mut M, usize)> {
+        let mut m = vec![
+            (&mut self.wq, 1),
+            (&mut self.wk, 1),
+            (&mut self.wv, 1),
+            (&mut self.wo, 1),
+        ];
+        match &mut self.ffn {
+            Ffn::Dense { gate, up, down } => m.extend([(gate, 1), (up, 1), (down, 1)]),
+            Ffn::Experts(e) => m.extend([(&mut e.gate, e.n), (&mut e.up, e.n), (&mut e.down, e.n)]),
         }
         m
     }

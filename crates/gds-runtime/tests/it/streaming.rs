@@ -350,65 +350,74 @@ fn a_mixture_of_experts_streams_only_the_chosen_experts() {
     }
 }
 
-/// Q4_0 (and Q4_K: the same plumbing; the kernels' bits are checked in gds-kernels) matrices
-/// held in memory of our own (`--io load`, and `direct`'s resident layers) are interleaved
-/// sixteen rows at a time for the AVX-512 kernels (the untied head too): the logits stay
-/// bit-identical to the mapped model's (rows in file order) for prompt batches and decode
-/// steps, streamed layers keep the file's order, and on other instruction sets nothing is
-/// rewritten.
+/// Q4_0 (and Q4_K, Q6_K: the same plumbing; the kernels' bits are checked in gds-kernels)
+/// matrices held in memory of our own (`--io load`, and `direct`'s resident layers) are
+/// interleaved sixteen rows at a time for the AVX-512 kernels (the untied head and a
+/// mixture's experts too): the logits stay bit-identical to the mapped model's (rows in file
+/// order) for prompt batches and decode steps, streamed layers keep the file's order, and on
+/// other instruction sets nothing is rewritten.
 #[test]
 fn interleaved_weights_give_the_mapped_models_logits() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("q4_0");
-    let opts = gds_convert::ConvertOptions {
-        quant: "q4_0".parse().unwrap(),
-        ..Default::default()
-    };
-    gds_convert::convert(
-        &gds_tests::fixture("tiny-llama-hf"),
-        &dir,
-        &opts,
-        &gds_convert::NoProgress,
-    )
-    .unwrap();
-    let bytes = gds_io::read_manifest(&dir).unwrap();
-    let m = gds_format::Manifest::parse(&bytes).unwrap();
-    // the blocks' matrices and the untied head (the embedding's rows are looked up: never)
-    let q4_0: u64 = m
-        .tensors()
-        .filter(|t| t.dtype == gds_format::DType::Q4_0 && t.dims().len() == 2)
-        .filter(|t| t.name.starts_with("blk.") || t.name == "output.weight")
-        .map(|t| t.nbytes)
-        .sum();
-    assert!(q4_0 > 0);
-    let prompt: Vec<u32> = (0..11).map(|i| (i * 53 + 7) % 320).collect();
-    let mapped = Model::load(&dir, 64, 2).unwrap();
-    assert_eq!(
-        mapped.interleaved_bytes(),
-        0,
-        "a mapping is never rewritten"
-    );
-    let want = run(&mapped, &prompt, 6, 4);
-    let pays = gds_kernels::interleave_pays(gds_format::DType::Q4_0);
-    let plan = |io: &str, budget: Option<u64>| {
-        plan_io(&dir, &m, io, budget, || {
-            DirectSupport::Buffered("test".into())
-        })
-        .unwrap()
-    };
-    let min = plan("direct", None).min_budget_bytes;
-    for io in [plan("load", None), plan("direct", Some(min))] {
-        let model = Model::with_io(&dir, &io, 64, 2).unwrap();
-        let got = model.interleaved_bytes();
-        if !pays {
-            assert_eq!(got, 0);
-        } else if io.streamed_layers.is_empty() {
-            assert_eq!(got, q4_0, "every block matrix and the head");
-        } else {
-            assert!(got < q4_0, "streamed layers keep the file's order: {got}");
-        }
-        for (i, (g, w)) in run(&model, &prompt, 6, 4).iter().zip(&want).enumerate() {
-            assert!(g == w, "{:?}: row {i} differs from mmap", io.mode);
+    for fixture in ["tiny-llama-hf", "tiny-qwen3moe-hf"] {
+        let dir = tmp.path().join(fixture);
+        let opts = gds_convert::ConvertOptions {
+            quant: "q4_0".parse().unwrap(),
+            ..Default::default()
+        };
+        gds_convert::convert(
+            &gds_tests::fixture(fixture),
+            &dir,
+            &opts,
+            &gds_convert::NoProgress,
+        )
+        .unwrap();
+        let bytes = gds_io::read_manifest(&dir).unwrap();
+        let m = gds_format::Manifest::parse(&bytes).unwrap();
+        // the blocks' matrices (a mixture's stacked experts: 32 rows each) and the untied
+        // head; the embedding's rows are looked up: never
+        let q4_0: u64 = m
+            .tensors()
+            .filter(|t| t.dtype == gds_format::DType::Q4_0 && t.dims().len() >= 2)
+            .filter(|t| t.name.starts_with("blk.") || t.name == "output.weight")
+            .map(|t| t.nbytes)
+            .sum();
+        let experts = m
+            .tensors()
+            .any(|t| t.name.contains("_exps.") && t.dtype == gds_format::DType::Q4_0);
+        assert!(
+            q4_0 > 0 && (experts || fixture == "tiny-llama-hf"),
+            "{fixture}"
+        );
+        let prompt: Vec<u32> = (0..11).map(|i| (i * 53 + 7) % 320).collect();
+        let mapped = Model::load(&dir, 64, 2).unwrap();
+        assert_eq!(
+            mapped.interleaved_bytes(),
+            0,
+            "a mapping is never rewritten"
+        );
+        let want = run(&mapped, &prompt, 6, 4);
+        let pays = gds_kernels::interleave_pays(gds_format::DType::Q4_0);
+        let plan = |io: &str, budget: Option<u64>| {
+            plan_io(&dir, &m, io, budget, || {
+                DirectSupport::Buffered("test".into())
+            })
+            .unwrap()
+        };
+        let min = plan("direct", None).min_budget_bytes;
+        for io in [plan("load", None), plan("direct", Some(min))] {
+            let model = Model::with_io(&dir, &io, 64, 2).unwrap();
+            let got = model.interleaved_bytes();
+            if !pays {
+                assert_eq!(got, 0);
+            } else if io.streamed_layers.is_empty() {
+                assert_eq!(got, q4_0, "{fixture}: every block matrix and the head");
+            } else {
+                assert!(got < q4_0, "streamed layers keep the file's order: {got}");
+            }
+            for (i, (g, w)) in run(&model, &prompt, 6, 4).iter().zip(&want).enumerate() {
+                assert!(g == w, "{fixture} {:?}: row {i} differs from mmap", io.mode);
+            }
         }
     }
 }
