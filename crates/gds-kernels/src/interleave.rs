@@ -83,15 +83,7 @@ pub fn interleave(
     rows: usize,
     cols: usize,
 ) -> Result<(), KernelError> {
-    let rb = check(dtype, data, rows, cols)?;
-    if rb > 0 {
-        let map = Map::of(dtype);
-        data.par_chunks_mut(GROUP * rb).for_each(|g| {
-            let rows = g.to_vec();
-            map.group_from_rows(&rows, rb, g);
-        });
-    }
-    Ok(())
+    regroup(dtype, data, (rows, cols), false)
 }
 
 /// The inverse of [`interleave`].
@@ -101,12 +93,26 @@ pub fn deinterleave(
     rows: usize,
     cols: usize,
 ) -> Result<(), KernelError> {
+    regroup(dtype, data, (rows, cols), true)
+}
+
+/// Each group of sixteen rows into the interleaved layout, or `back` from it, in parallel.
+fn regroup(
+    dtype: DType,
+    data: &mut [u8],
+    (rows, cols): (usize, usize),
+    back: bool,
+) -> Result<(), KernelError> {
     let rb = check(dtype, data, rows, cols)?;
     if rb > 0 {
         let map = Map::of(dtype);
         data.par_chunks_mut(GROUP * rb).for_each(|g| {
-            let group = g.to_vec();
-            map.rows_from_group(&group, rb, g);
+            let src = g.to_vec();
+            if back {
+                map.rows_from_group(&src, rb, g);
+            } else {
+                map.group_from_rows(&src, rb, g);
+            }
         });
     }
     Ok(())

@@ -8,7 +8,7 @@
 
 use super::q4k::{
     bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16,
-    transpose8,
+    transpose8, x16_shape, x16_tiles,
 };
 use super::*;
 use crate::interleave::GROUP;
@@ -218,29 +218,22 @@ fn unpack_x16(group: &[u8], i: usize) -> Packed16 {
 /// the same rows in file order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ4_0>(),
-    );
-    let gb = GROUP * rb;
-    assert!(nrows.is_multiple_of(GROUP) && out.len() == nrows * nt);
-    if nt == 0 || nb == 0 {
-        out.fill(0.0);
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ4_0>(), nt, out) else {
         return;
-    }
+    };
+    let gb = GROUP * rb;
     if nt <= 4 {
-        for (g, group) in w.chunks_exact(gb).enumerate() {
-            let pf = ahead(w, g * gb, gb);
+        x16_tiles(w, rb, nt, |group, r, pf, _| {
             by_tile!(acts, |xs| put_rows(
                 gemm16_by(nb, |i| unpack_x16(group, i), xs, pf).map(|v| lanes16(v)),
-                GROUP * g,
+                r,
                 nrows,
                 out,
                 nt,
                 0
             ))
-        }
+        });
         return;
     }
     chunked(

@@ -616,18 +616,37 @@ fn gemm16<B: Kq45, const N: usize>(
             }
         }
         for t in 0..N {
-            let bp = &pairs[t][i];
-            let mins = |k: usize| _mm512_madd_epi16(u.mn[k], _mm512_set1_epi32(bp[k]));
-            let m = _mm512_add_epi32(
-                _mm512_add_epi32(mins(0), mins(1)),
-                _mm512_add_epi32(mins(2), mins(3)),
+            acc[t] = finish16(
+                acc[t],
+                isum[t],
+                (&u.mn, u.d, u.ndmin),
+                xs[t][i].d,
+                &pairs[t][i],
             );
-            let dx = _mm512_set1_ps(xs[t][i].d);
-            let a = _mm512_fmadd_ps(_mm512_mul_ps(u.d, dx), _mm512_cvtepi32_ps(isum[t]), acc[t]);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(u.ndmin, dx), _mm512_cvtepi32_ps(m), a);
         }
     }
     acc
+}
+
+/// The block end of [`gemm16`] per row: the mins against the activations' sub-block sums
+/// (`bp`), then `acc + d * dx * I - dmin * dx * M` in two fused steps.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn finish16(
+    acc: __m512,
+    isum: __m512i,
+    (mn, d, ndmin): (&[__m512i; 4], __m512, __m512),
+    dx: f32,
+    bp: &[i32; 4],
+) -> __m512 {
+    let mins = |k: usize| _mm512_madd_epi16(mn[k], _mm512_set1_epi32(bp[k]));
+    let m = _mm512_add_epi32(
+        _mm512_add_epi32(mins(0), mins(1)),
+        _mm512_add_epi32(mins(2), mins(3)),
+    );
+    let dx = _mm512_set1_ps(dx);
+    let a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum), acc);
+    _mm512_fmadd_ps(_mm512_mul_ps(ndmin, dx), _mm512_cvtepi32_ps(m), a)
 }
 
 /// Tokens from which Q4_K rows are repacked, with the eight-row (AVX2) and the sixteen-row
@@ -692,6 +711,45 @@ pub(super) fn chunked<P: Copy, G>(
             for (g, p) in chunk.chunks_exact(nb).enumerate() {
                 run(p, r0 + rows_per_group * g, t0);
             }
+            t0 += (nt - t0).min(4);
+        }
+    }
+}
+
+/// The shape of a matrix of sixteen-row interleaved groups for the `rows_x16` kernels:
+/// `(rows, blocks a row)` of `block`-byte blocks, checked to be whole groups with `out`
+/// holding `nt` tokens' results; `None`, with `out` zeroed, when nothing is to multiply.
+pub(super) fn x16_shape(
+    w: &[u8],
+    rb: usize,
+    block: usize,
+    nt: usize,
+    out: &mut [f32],
+) -> Option<(usize, usize)> {
+    let (nrows, nb) = (w.len() / rb, rb / block);
+    assert!(nrows.is_multiple_of(16) && out.len() == nrows * nt);
+    if nt == 0 || nb == 0 {
+        out.fill(0.0);
+        return None;
+    }
+    Some((nrows, nb))
+}
+
+/// The decode driver of the interleaved kernels (`crate::interleave`): `run(group, its first
+/// row, the bytes to prefetch behind it, t0)` for each group of sixteen rows (`16 * rb`
+/// bytes, in order) and each tile of up to four of the `nt` tokens from `t0`.
+pub(super) fn x16_tiles(
+    w: &[u8],
+    rb: usize,
+    nt: usize,
+    mut run: impl FnMut(&[u8], usize, &[u8], usize),
+) {
+    let gb = 16 * rb;
+    for (g, group) in w.chunks_exact(gb).enumerate() {
+        let pf = ahead(w, g * gb, gb);
+        let mut t0 = 0;
+        while t0 < nt {
+            run(group, 16 * g, pf, t0);
             t0 += (nt - t0).min(4);
         }
     }
@@ -1020,15 +1078,7 @@ fn gemv_x16<const N: usize>(
         }
         let (d, ndmin) = dmins_x16(b);
         for t in 0..N {
-            let bp = &pairs[t][i];
-            let mins = |k: usize| _mm512_madd_epi16(mn[k], _mm512_set1_epi32(bp[k]));
-            let m = _mm512_add_epi32(
-                _mm512_add_epi32(mins(0), mins(1)),
-                _mm512_add_epi32(mins(2), mins(3)),
-            );
-            let dx = _mm512_set1_ps(xs[t][i].d);
-            let a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum[t]), acc[t]);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(ndmin, dx), _mm512_cvtepi32_ps(m), a);
+            acc[t] = finish16(acc[t], isum[t], (&mn, d, ndmin), xs[t][i].d, &pairs[t][i]);
         }
     }
     acc
@@ -1040,41 +1090,30 @@ fn gemv_x16<const N: usize>(
 /// stored-layout kernels' result on the same rows in file order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
 pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ4K>(),
-    );
-    let gb = 16 * rb;
-    assert!(nrows.is_multiple_of(16) && out.len() == nrows * nt);
-    if nt == 0 || nb == 0 {
-        out.fill(0.0);
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ4K>(), nt, out) else {
         return;
-    }
+    };
+    let gb = 16 * rb;
     let pairs: Vec<Vec<[i32; 4]>> = acts
         .iter()
         .map(|x| x[..nb].iter().map(min_pairs).collect())
         .collect();
     if nt < Q4K_LANES_MIN.1 {
-        for (g, group) in w.chunks_exact(gb).enumerate() {
-            let pf = ahead(w, g * gb, gb);
-            let mut t0 = 0;
-            while t0 < nt {
-                let (a, ps) = (&acts[t0..], &pairs[t0..]);
-                by_tile!(a, |xs| {
-                    let pv = std::array::from_fn(|k| &ps[k][..]);
-                    put_rows(
-                        gemv_x16(group, nb, xs, pv, pf).map(|v| lanes16(v)),
-                        16 * g,
-                        nrows,
-                        out,
-                        nt,
-                        t0,
-                    )
-                });
-                t0 += (nt - t0).min(4);
-            }
-        }
+        x16_tiles(w, rb, nt, |group, r, pf, t0| {
+            let (a, ps) = (&acts[t0..], &pairs[t0..]);
+            by_tile!(a, |xs| {
+                let pv = std::array::from_fn(|k| &ps[k][..]);
+                put_rows(
+                    gemv_x16(group, nb, xs, pv, pf).map(|v| lanes16(v)),
+                    r,
+                    nrows,
+                    out,
+                    nt,
+                    t0,
+                )
+            })
+        });
         return;
     }
     chunked(

@@ -8,7 +8,7 @@
 
 use super::q4k::{
     bcast4, bcast4x16, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows,
-    transpose16, transpose8,
+    transpose16, transpose8, x16_shape, x16_tiles,
 };
 use super::*;
 
@@ -324,15 +324,7 @@ fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8K]; N]) -> [__m512; N] {
             }
         }
         for t in 0..N {
-            let x = &xs[t][i];
-            let mut off = _mm512_setzero_si512();
-            for (k, scp) in u.scp.iter().enumerate() {
-                let pair = bsum_pair(&x.bsums, k);
-                off = _mm512_add_epi32(off, _mm512_madd_epi16(*scp, _mm512_set1_epi32(pair)));
-            }
-            let it = _mm512_sub_epi32(isum[t], _mm512_slli_epi32::<5>(off));
-            let dx = _mm512_set1_ps(x.d);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(u.d, dx), _mm512_cvtepi32_ps(it), acc[t]);
+            acc[t] = finish16(acc[t], isum[t], &u.scp, u.d, &xs[t][i]);
         }
     }
     acc
@@ -574,33 +566,22 @@ fn gemv_x16<const N: usize>(group: &[u8], nb: usize, xs: [&[ActQ8K]; N], pf: &[u
 /// stored-layout kernels' result on the same rows in file order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
 pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ6K>(),
-    );
-    let gb = 16 * rb;
-    assert!(nrows.is_multiple_of(16) && out.len() == nrows * nt);
-    if nt == 0 || nb == 0 {
-        out.fill(0.0);
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ6K>(), nt, out) else {
         return;
-    }
+    };
+    let gb = 16 * rb;
     if nt < Q6K_LANES_MIN.1 {
-        for (g, group) in w.chunks_exact(gb).enumerate() {
-            let pf = ahead(w, g * gb, gb);
-            let mut t0 = 0;
-            while t0 < nt {
-                by_tile!(&acts[t0..], |xs| put_rows(
-                    gemv_x16(group, nb, xs, pf).map(|v| lanes16(v)),
-                    16 * g,
-                    nrows,
-                    out,
-                    nt,
-                    t0
-                ));
-                t0 += (nt - t0).min(4);
-            }
-        }
+        x16_tiles(w, rb, nt, |group, r, pf, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemv_x16(group, nb, xs, pf).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        });
         return;
     }
     chunked(
