@@ -1268,44 +1268,47 @@ pub fn rows_q4_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
     unsafe { quad::rows_q4_0(w, rb, acts, out) }
 }
 
-/// Q4_0 rows interleaved sixteen at a time (`Layout::Interleaved16`, whole groups) against
-/// `acts`, into `out[r * acts.len() + t]`, when the token has AVX-512 VNNI; `false` (and
-/// `out` untouched) otherwise. Bit for bit [`rows_q4_0`] on the same rows in file order.
-/// The decode kernel reads each group's bytes once, in order, with no repacking: a block
-/// of sixteen rows is four 512-bit loads, eight `vpdpbusd` against broadcast activation
-/// bytes and one scale conversion, where the four-row kernel spends ~65 256-bit operations
-/// on eight block-rows.
-pub fn rows_q4_0x16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) -> bool {
-    if !t.avx512 {
-        return false;
-    }
-    // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL, BW
-    // and VNNI were detected.
-    unsafe { q40::rows_x16(w, rb, acts, out) };
-    true
+/// Generates the entry of an interleaved-rows kernel (`$inner`, AVX-512): it runs when the
+/// token has AVX-512 (`true`) and leaves `out` untouched otherwise (`false`).
+macro_rules! x16_rows {
+    ($(#[$doc:meta])* $name:ident, $act:ty, $inner:path) => {
+        $(#[$doc])*
+        pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) -> bool {
+            if !t.avx512 {
+                return false;
+            }
+            // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F,
+            // VL, BW and VNNI were detected.
+            unsafe { $inner(w, rb, acts, out) };
+            true
+        }
+    };
 }
 
-/// [`rows_q4_0x16`] for Q6_K: bit for bit [`rows_q6_k`] on the same rows in file order.
-pub fn rows_q6_kx16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) -> bool {
-    if !t.avx512 {
-        return false;
-    }
-    // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL, BW
-    // and VNNI were detected.
-    unsafe { q6k::rows_x16(w, rb, acts, out) };
-    true
-}
-
-/// [`rows_q4_0x16`] for Q4_K: bit for bit [`rows_q4_k`] on the same rows in file order.
-pub fn rows_q4_kx16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) -> bool {
-    if !t.avx512 {
-        return false;
-    }
-    // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL, BW
-    // and VNNI were detected.
-    unsafe { q4k::rows_x16(w, rb, acts, out) };
-    true
-}
+x16_rows!(
+    /// Q4_0 rows interleaved sixteen at a time (`Layout::Interleaved16`, whole groups)
+    /// against `acts`, into `out[r * acts.len() + t]`, when the token has AVX-512 VNNI;
+    /// `false` (and `out` untouched) otherwise. Bit for bit [`rows_q4_0`] on the same rows in
+    /// file order. The decode kernel reads each group's bytes once, in order, with no
+    /// repacking: a block of sixteen rows is four 512-bit loads, eight `vpdpbusd` against
+    /// broadcast activation bytes and one scale conversion, where the four-row kernel spends
+    /// ~65 256-bit operations on eight block-rows.
+    rows_q4_0x16,
+    ActQ8,
+    q40::rows_x16
+);
+x16_rows!(
+    /// [`rows_q4_0x16`] for Q4_K: bit for bit [`rows_q4_k`] on the same rows in file order.
+    rows_q4_kx16,
+    ActQ8K,
+    q4k::rows_x16
+);
+x16_rows!(
+    /// [`rows_q4_0x16`] for Q6_K: bit for bit [`rows_q6_k`] on the same rows in file order.
+    rows_q6_kx16,
+    ActQ8K,
+    q6k::rows_x16
+);
 
 /// The row-at-a-time Q4_0 kernel of every feature set (AVX-VNNI's or AVX512-VNNI's
 /// `vpdpbusd` when the token has it), which [`rows_q4_0`] no longer runs: kept as the

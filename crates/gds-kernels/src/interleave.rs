@@ -7,8 +7,9 @@
 //! after block, and each block of the group is its sixteen rows' blocks with every field
 //! interleaved by units: the f16 scales (Q4_0's `d`; Q4_K's `d`, then `dmin`; Q6_K's `d`)
 //! two bytes a row, everything else four bytes a row (Q4_K's three words of packed scales,
-//! then the quants; Q6_K's low quant bits, high bits and sixteen scales). So a unit `u` of a field is sixteen rows' units side by side: a 512-bit load
-//! holds four quant bytes of each row, a row per 32-bit lane (elements `4k..4k + 4` in the
+//! then the quants; Q6_K's low quant bits, high bits and sixteen scales). So a unit `u` of
+//! a field is sixteen rows' units side by side: a 512-bit load holds four quant bytes of
+//! each row, a row per 32-bit lane (elements `4k..4k + 4` in the
 //! low nibbles and their partners in the high ones), ready for `vpdpbusd`/`maddubs` against
 //! four broadcast activation bytes; a 256-bit load holds the sixteen rows' scales.
 //!
@@ -27,7 +28,8 @@ use crate::KernelError;
 use gds_format::DType;
 use rayon::prelude::*;
 
-/// Rows per interleaved group.
+/// Rows per interleaved group: a matrix (or each matrix stacked in it, as a mixture's
+/// experts are) must have a multiple of it to be interleaved.
 pub const GROUP: usize = 16;
 
 /// How a weight matrix's bytes are laid out in memory.
@@ -36,7 +38,7 @@ pub enum Layout {
     /// Row after row, as in the file.
     #[default]
     Rows,
-    /// Rows interleaved sixteen at a time ([`interleave`]; Q4_0 and Q4_K).
+    /// Rows interleaved sixteen at a time ([`interleave`]; Q4_0, Q4_K and Q6_K).
     Interleaved16,
 }
 

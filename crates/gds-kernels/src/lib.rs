@@ -17,7 +17,9 @@ use dequant::{dequant_blocks, Dequant};
 use gds_format::DType;
 use rayon::prelude::*;
 
-pub use interleave::{deinterleave, interleavable, interleave, interleave_pays, Layout};
+pub use interleave::{
+    deinterleave, interleavable, interleave, interleave_pays, Layout, GROUP as INTERLEAVED_ROWS,
+};
 pub use matmul::{isa_cap, matmul_many_with, set_isa_cap, Isa};
 
 pub use quant::{

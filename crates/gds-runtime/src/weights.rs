@@ -278,23 +278,18 @@ impl Weights {
         let tied = (self.output.layer, self.output.offset) == (emb.layer, emb.offset);
         let head = (!tied).then_some(&mut self.output);
         let mut done = 0u64;
-        // (matrix, rows that must be whole groups: one expert's, or all)
-        let mut all: Vec<(&mut TensorRef, usize)> = Vec::new();
-        for b in &mut self.blocks {
-            all.extend(b.product_matrices_mut().into_iter().map(|(t, n)| {
-                let unit = t.rows / n.max(1);
-                (t, unit)
-            }));
-        }
-        all.extend(head.map(|t| {
-            let rows = t.rows;
-            (t, rows)
-        }));
-        for (t, unit) in all {
+        // each matrix with the number of matrices stacked in it (a mixture's experts), each
+        // of which must be whole groups of rows
+        let blocks = self
+            .blocks
+            .iter_mut()
+            .flat_map(|b| b.product_matrices_mut());
+        for (t, stacked) in blocks.chain(head.map(|t| (t, 1))) {
+            let rows = t.rows / stacked.max(1);
             if !gds_kernels::interleave_pays(t.dtype)
                 || t.layout != Layout::Rows
-                || unit == 0
-                || !unit.is_multiple_of(16)
+                || rows == 0
+                || !rows.is_multiple_of(gds_kernels::INTERLEAVED_ROWS)
             {
                 continue;
             }

@@ -8,7 +8,7 @@
 
 use super::q4k::{
     bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16,
-    transpose8, x16_shape, x16_tiles,
+    transpose8, x16_chunked, x16_shape, x16_tiles,
 };
 use super::*;
 use crate::interleave::GROUP;
@@ -222,7 +222,6 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) 
     let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ4_0>(), nt, out) else {
         return;
     };
-    let gb = GROUP * rb;
     if nt <= 4 {
         x16_tiles(w, rb, nt, |group, r, pf, _| {
             by_tile!(acts, |xs| put_rows(
@@ -236,15 +235,14 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) 
         });
         return;
     }
-    chunked(
+    x16_chunked(
         w,
         rb,
-        (nb, GROUP, nt),
+        (nb, nt),
         Packed16 {
             q: [_mm512_setzero_si512(); 8],
             d: _mm512_setzero_ps(),
         },
-        |r| &w[r * rb..r * rb + gb],
         |group, i, p| *p = unpack_x16(group, i),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(

@@ -19,6 +19,7 @@
 //! Compiled twice (plain AVX2, and AVX-512 VL/BW for its 32 registers) by [`q4k_rows`].
 
 use super::*;
+use crate::interleave::GROUP;
 
 /// The two block types of this module: Q4_K, and Q5_K (Q4_K's layout with a fifth bit per
 /// quant in `qh`).
@@ -716,7 +717,7 @@ pub(super) fn chunked<P: Copy, G>(
     }
 }
 
-/// The shape of a matrix of sixteen-row interleaved groups for the `rows_x16` kernels:
+/// The shape of a matrix of sixteen-row interleaved groups ([`GROUP`]) for the `rows_x16` kernels:
 /// `(rows, blocks a row)` of `block`-byte blocks, checked to be whole groups with `out`
 /// holding `nt` tokens' results; `None`, with `out` zeroed, when nothing is to multiply.
 pub(super) fn x16_shape(
@@ -727,7 +728,7 @@ pub(super) fn x16_shape(
     out: &mut [f32],
 ) -> Option<(usize, usize)> {
     let (nrows, nb) = (w.len() / rb, rb / block);
-    assert!(nrows.is_multiple_of(16) && out.len() == nrows * nt);
+    assert!(nrows.is_multiple_of(GROUP) && out.len() == nrows * nt);
     if nt == 0 || nb == 0 {
         out.fill(0.0);
         return None;
@@ -744,15 +745,39 @@ pub(super) fn x16_tiles(
     nt: usize,
     mut run: impl FnMut(&[u8], usize, &[u8], usize),
 ) {
-    let gb = 16 * rb;
+    let gb = GROUP * rb;
     for (g, group) in w.chunks_exact(gb).enumerate() {
         let pf = ahead(w, g * gb, gb);
         let mut t0 = 0;
         while t0 < nt {
-            run(group, 16 * g, pf, t0);
+            run(group, GROUP * g, pf, t0);
             t0 += (nt - t0).min(4);
         }
     }
+}
+
+/// The prompt driver of the interleaved kernels: [`chunked`] over groups of sixteen rows,
+/// each block of a group unpacked once (`unpack(group, block, into)`) from its bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn x16_chunked<P: Copy>(
+    w: &[u8],
+    rb: usize,
+    (nb, nt): (usize, usize),
+    zero: P,
+    unpack: impl FnMut(&&[u8], usize, &mut P),
+    run: impl FnMut(&[P], usize, usize),
+) {
+    let gb = GROUP * rb;
+    chunked(
+        w,
+        rb,
+        (nb, GROUP, nt),
+        zero,
+        |r| &w[r * rb..r * rb + gb],
+        unpack,
+        run,
+    );
 }
 
 /// `$body` with `$xs` bound to an array of the first one to four items of `$a` (a tile of
@@ -963,7 +988,7 @@ pub(super) mod wide {
 }
 
 /// Bytes of one block of sixteen interleaved Q4_K rows (`crate::interleave`).
-const X16_BLOCK: usize = 16 * std::mem::size_of::<BlockQ4K>();
+const X16_BLOCK: usize = GROUP * std::mem::size_of::<BlockQ4K>();
 
 /// [`scales8`] on sixteen rows from the interleaved block `b`, whose three 512-bit words of
 /// packed scales hold a row per 32-bit lane already: the same arithmetic, 512 bits wide
@@ -1094,7 +1119,6 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32])
     let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ4K>(), nt, out) else {
         return;
     };
-    let gb = 16 * rb;
     let pairs: Vec<Vec<[i32; 4]>> = acts
         .iter()
         .map(|x| x[..nb].iter().map(min_pairs).collect())
@@ -1116,12 +1140,11 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32])
         });
         return;
     }
-    chunked(
+    x16_chunked(
         w,
         rb,
-        (nb, 16, nt),
+        (nb, nt),
         Packed16::zero(),
-        |r| &w[r * rb..r * rb + gb],
         |group, i, p| unpack_x16(group, i, p),
         |p: &[Packed16], r, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);

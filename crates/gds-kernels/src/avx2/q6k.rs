@@ -8,9 +8,10 @@
 
 use super::q4k::{
     bcast4, bcast4x16, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows,
-    transpose16, transpose8, x16_shape, x16_tiles,
+    transpose16, transpose8, x16_chunked, x16_shape, x16_tiles,
 };
 use super::*;
+use crate::interleave::GROUP;
 
 /// Eight rows of one Q6_K block, repacked with row `r` in 32-bit lane `r`.
 #[derive(Clone, Copy)]
@@ -433,7 +434,7 @@ pub(super) mod wide {
 }
 
 /// Bytes of one block of sixteen interleaved Q6_K rows (`crate::interleave`).
-const X16_BLOCK: usize = 16 * std::mem::size_of::<BlockQ6K>();
+const X16_BLOCK: usize = GROUP * std::mem::size_of::<BlockQ6K>();
 
 /// The scales of the interleaved block `b` (its four 512-bit words of scales hold a row per
 /// 32-bit lane already): [`scales8`]'s shuffles and sign extension, 512 bits wide (the masks
@@ -570,7 +571,6 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32])
     let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ6K>(), nt, out) else {
         return;
     };
-    let gb = 16 * rb;
     if nt < Q6K_LANES_MIN.1 {
         x16_tiles(w, rb, nt, |group, r, pf, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
@@ -584,12 +584,11 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32])
         });
         return;
     }
-    chunked(
+    x16_chunked(
         w,
         rb,
-        (nb, 16, nt),
+        (nb, nt),
         Packed16::zero(),
-        |r| &w[r * rb..r * rb + gb],
         |group, i, p| unpack_x16(group, i, p),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
