@@ -1301,7 +1301,13 @@ x16_rows!(
     /// [`rows_q4_0x16`] for Q4_K: bit for bit [`rows_q4_k`] on the same rows in file order.
     rows_q4_kx16,
     ActQ8K,
-    q4k::rows_x16
+    q4k::rows_x16::<BlockQ4K>
+);
+x16_rows!(
+    /// [`rows_q4_0x16`] for Q5_K: bit for bit [`rows_q5_k`] on the same rows in file order.
+    rows_q5_kx16,
+    ActQ8K,
+    q4k::rows_x16::<BlockQ5K>
 );
 x16_rows!(
     /// [`rows_q4_0x16`] for Q6_K: bit for bit [`rows_q6_k`] on the same rows in file order.

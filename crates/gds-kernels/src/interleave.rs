@@ -1,11 +1,11 @@
-//! Q4_0, Q4_K and Q6_K rows interleaved sixteen at a time: the in-memory layout the AVX-512
+//! Q4_0, Q4_K, Q5_K and Q6_K rows interleaved sixteen at a time: the in-memory layout the AVX-512
 //! kernels read without repacking (llama.cpp repacks its CPU weights the same way, into
 //! buffers of their own; here the bytes are rewritten in place, so a model held in memory
 //! costs no more memory than its file).
 //!
 //! A group of sixteen rows takes exactly the bytes of its sixteen rows (`16 * rb`), block
 //! after block, and each block of the group is its sixteen rows' blocks with every field
-//! interleaved by units: the f16 scales (Q4_0's `d`; Q4_K's `d`, then `dmin`; Q6_K's `d`)
+//! interleaved by units: the f16 scales (Q4_0's `d`; Q4_K's and Q5_K's `d`, then `dmin`; Q6_K's `d`)
 //! two bytes a row, everything else four bytes a row (Q4_K's three words of packed scales,
 //! then the quants; Q6_K's low quant bits, high bits and sixteen scales). So a unit `u` of
 //! a field is sixteen rows' units side by side: a 512-bit load holds four quant bytes of
@@ -17,6 +17,8 @@
 //!   `32 + 64k + 4r`.
 //! - Q4_K (2304 bytes): `d` at `2r`, `dmin` at `32 + 2r`; scale word `k` at `64 + 64k + 4r`;
 //!   quant bytes `4c..4c + 4` at `256 + 64c + 4r`.
+//! - Q5_K (2816 bytes): Q4_K's `d`, `dmin` and scale words, then the fifth-bit bytes
+//!   `4c..4c + 4` at `256 + 64c + 4r`, the quant bytes `4c..4c + 4` at `768 + 64c + 4r`.
 //! - Q6_K (3360 bytes): `ql` bytes `4c..4c + 4` at `64c + 4r`, `qh` bytes `4c..` at
 //!   `2048 + 64c + 4r`, scale word `k` at `3072 + 64k + 4r`, `d` at `3328 + 2r`.
 //!
@@ -38,7 +40,7 @@ pub enum Layout {
     /// Row after row, as in the file.
     #[default]
     Rows,
-    /// Rows interleaved sixteen at a time ([`interleave`]; Q4_0, Q4_K and Q6_K).
+    /// Rows interleaved sixteen at a time ([`interleave`]; Q4_0, Q4_K, Q5_K and Q6_K).
     Interleaved16,
 }
 
@@ -47,13 +49,13 @@ pub enum Layout {
 fn f16_bytes(dtype: DType) -> Option<std::ops::Range<usize>> {
     match dtype {
         DType::Q4_0 => Some(0..2),
-        DType::Q4K => Some(0..4),
+        DType::Q4K | DType::Q5K => Some(0..4),
         DType::Q6K => Some(208..210),
         _ => None,
     }
 }
 
-/// Whether `dtype` has an interleaved layout (Q4_0, Q4_K, Q6_K).
+/// Whether `dtype` has an interleaved layout (Q4_0, Q4_K, Q5_K, Q6_K).
 pub fn interleavable(dtype: DType) -> bool {
     f16_bytes(dtype).is_some()
 }
@@ -62,7 +64,7 @@ fn check(dtype: DType, data: &[u8], rows: usize, cols: usize) -> Result<usize, K
     let bs = dtype.block_size();
     if !interleavable(dtype) || !cols.is_multiple_of(bs) || !rows.is_multiple_of(GROUP) {
         return Err(KernelError::Shape(format!(
-            "a {rows}x{cols} {dtype} matrix cannot be interleaved: Q4_0, Q4_K and Q6_K only, \
+            "a {rows}x{cols} {dtype} matrix cannot be interleaved: Q4_0, Q4_K, Q5_K and Q6_K only, \
              rows a multiple of {GROUP}, whole blocks"
         )));
     }
@@ -77,7 +79,7 @@ fn check(dtype: DType, data: &[u8], rows: usize, cols: usize) -> Result<usize, K
     Ok(rb)
 }
 
-/// Rewrites a row-major Q4_0, Q4_K or Q6_K matrix in place as sixteen-row groups
+/// Rewrites a row-major Q4_0, Q4_K, Q5_K or Q6_K matrix in place as sixteen-row groups
 /// ([`Layout::Interleaved16`]).
 pub fn interleave(
     dtype: DType,
@@ -185,7 +187,7 @@ impl Map {
 }
 
 /// Whether the best instruction set of this process ([`crate::Isa::best`]) has kernels
-/// that read `dtype`'s [`Layout::Interleaved16`] directly (AVX-512 VNNI: Q4_0, Q4_K, Q6_K).
+/// that read `dtype`'s [`Layout::Interleaved16`] directly (AVX-512 VNNI: Q4_0, Q4_K, Q5_K, Q6_K).
 /// Elsewhere an interleaved matrix still multiplies correctly (each group is put back into
 /// rows first), only slower, so a caller interleaves when this says so.
 /// `GDS_INTERLEAVE=0` in the environment says no (to measure the file-order kernels
@@ -202,7 +204,12 @@ mod tests {
 
     #[test]
     fn interleaving_is_a_permutation_undone_by_its_inverse() {
-        for (dtype, cols) in [(DType::Q4_0, 96), (DType::Q4K, 512), (DType::Q6K, 512)] {
+        for (dtype, cols) in [
+            (DType::Q4_0, 96),
+            (DType::Q4K, 512),
+            (DType::Q5K, 512),
+            (DType::Q6K, 512),
+        ] {
             let rows = 32;
             let rb = cols / dtype.block_size() * dtype.type_size();
             let orig: Vec<u8> = (0..rows * rb).map(|i| (i * 7 + i / 251) as u8).collect();
@@ -223,6 +230,11 @@ mod tests {
                 assert_eq!(grp[2048 + 64 * 15 + 4 * r..][..4], src[188..192], "qh");
                 assert_eq!(grp[3072 + 64 * 3 + 4 * r..][..4], src[204..208], "scales");
                 assert_eq!(grp[3328 + 2 * r..][..2], src[208..], "d");
+            } else if dtype == DType::Q5K {
+                assert_eq!(grp[32 + 2 * r..][..2], src[2..4], "dmin");
+                assert_eq!(grp[64 + 64 * 2 + 4 * r..][..4], src[12..16], "scales");
+                assert_eq!(grp[256 + 64 * 7 + 4 * r..][..4], src[44..48], "qh");
+                assert_eq!(grp[768 + 64 * 31 + 4 * r..][..4], src[172..], "quants");
             } else if dtype == DType::Q4_0 {
                 assert_eq!(grp[2 * r..][..2], src[..2], "{dtype} d");
                 assert_eq!(grp[32 + 4 * r + 3], src[2 + 3]);

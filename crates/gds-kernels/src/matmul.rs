@@ -251,6 +251,7 @@ fn run_laid_out(
         let done = match (dtype, acts) {
             (DType::Q4_0, ActRows::Q8(a)) => avx2::rows_q4_0x16(t, w, rb, a, out),
             (DType::Q4K, ActRows::Q8K(a)) => avx2::rows_q4_kx16(t, w, rb, a, out),
+            (DType::Q5K, ActRows::Q8K(a)) => avx2::rows_q5_kx16(t, w, rb, a, out),
             (DType::Q6K, ActRows::Q8K(a)) => avx2::rows_q6_kx16(t, w, rb, a, out),
             _ => false,
         };

@@ -667,7 +667,10 @@ pub(super) const Q4K_LANES_MIN: (usize, usize) = (6, 6);
 /// [`Q4K_LANES_MIN`] for Q5_K. Measured as there (one 4096 x 4096 matrix, 2 threads,
 /// `decode_bw q5_k N` with the threshold forced to 1 and to 999, ms repacked / stored): AVX2
 /// 3 tokens 0.78 / 0.64, 4: 0.86 / 1.10; AVX-512 (after [`transpose16`]) 5: 1.00-1.02 /
-/// 1.01, 6: 0.99-1.02 / 1.13-1.14, 8: 1.08-1.12 / 1.30-1.32.
+/// 1.01, 6: 0.99-1.02 / 1.13-1.14, 8: 1.08-1.12 / 1.30-1.32. The interleaved rows
+/// ([`rows_x16`]) cross there too (Zen 4, `decode_bw q5_kx16 N`, two rounds, us unpacked /
+/// decode kernel: 4: 935-1106 / 803-1018, 5: 886-1254 / 837-1282, 6: 1232-1335 /
+/// 1497-1645, 8: 1220 / 1384).
 pub(super) const Q5K_LANES_MIN: (usize, usize) = (4, 6);
 
 /// Bytes of repacked rows every tile of a prompt batch runs against in turn (in L2).
@@ -987,8 +990,24 @@ pub(super) mod wide {
     );
 }
 
-/// Bytes of one block of sixteen interleaved Q4_K rows (`crate::interleave`).
-const X16_BLOCK: usize = GROUP * std::mem::size_of::<BlockQ4K>();
+/// Bytes of one block of sixteen interleaved Q4_K or Q5_K rows (`crate::interleave`): `d`,
+/// `dmin` and the packed scales at the same places in both ([`scales_x16`], [`dmins_x16`]),
+/// then Q5_K's fifth bits, then the quant nibbles ([`qs_x16`]).
+#[inline(always)]
+fn x16_block<B: Kq45>() -> usize {
+    GROUP * std::mem::size_of::<B>()
+}
+
+/// Where the quant nibbles of an interleaved block start: after Q5_K's fifth bits (eight
+/// 64-byte units from 256) or right after the scales (Q4_K).
+#[inline(always)]
+fn qs_x16<B: Kq45>() -> usize {
+    if B::FIVE {
+        768
+    } else {
+        256
+    }
+}
 
 /// [`scales8`] on sixteen rows from the interleaved block `b`, whose three 512-bit words of
 /// packed scales hold a row per 32-bit lane already: the same arithmetic, 512 bits wide
@@ -1037,26 +1056,41 @@ fn dmins_x16(b: &[u8]) -> (__m512, __m512) {
 }
 
 /// Quants `4c..4c + 4` of every row of sub-blocks `2(c / 8)` (low nibbles) and
-/// `2(c / 8) + 1` (high) of the interleaved block `b`, as `Packed16::q[j][c % 8]`.
+/// `2(c / 8) + 1` (high) of the interleaved block `b`, as `Packed16::q[j][c % 8]`. Q5_K's
+/// fifth bits of those elements are bits `2(c / 8)` and `2(c / 8) + 1` of the fifth-bit
+/// bytes `4(c % 8)..4(c % 8) + 4` of each row (the same unit of sixteen rows for every `c /
+/// 8`): tested into a mask, 16 added where set.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn quants_x16(b: &[u8], c: usize) -> (__m512i, __m512i) {
+fn quants_x16<B: Kq45>(b: &[u8], c: usize) -> (__m512i, __m512i) {
     let m4 = _mm512_set1_epi8(0x0F);
-    let v = ld_u8x64(&b[256 + 64 * c..]);
-    (
+    let v = ld_u8x64(&b[qs_x16::<B>() + 64 * c..]);
+    let (lo, hi) = (
         _mm512_and_si512(v, m4),
         _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4),
+    );
+    if !B::FIVE {
+        return (lo, hi);
+    }
+    let h = ld_u8x64(&b[256 + 64 * (c % 8)..]);
+    let bit = |s: usize| _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << s));
+    let sixteen = _mm512_set1_epi8(0x10);
+    let k = c / 8;
+    (
+        _mm512_mask_add_epi8(lo, bit(2 * k), lo, sixteen),
+        _mm512_mask_add_epi8(hi, bit(2 * k + 1), hi, sixteen),
     )
 }
 
 /// Block `i` of a group of sixteen interleaved rows as [`Packed16`] (for prompt batches).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn unpack_x16(group: &[u8], i: usize, p: &mut Packed16) {
-    let b = &group[i * X16_BLOCK..(i + 1) * X16_BLOCK];
+fn unpack_x16<B: Kq45>(group: &[u8], i: usize, p: &mut Packed16) {
+    let gb = x16_block::<B>();
+    let b = &group[i * gb..(i + 1) * gb];
     for k in 0..4 {
         for g in 0..8 {
-            (p.q[2 * k][g], p.q[2 * k + 1][g]) = quants_x16(b, 8 * k + g);
+            (p.q[2 * k][g], p.q[2 * k + 1][g]) = quants_x16::<B>(b, 8 * k + g);
         }
     }
     (p.sc, p.mn) = scales_x16(b);
@@ -1066,39 +1100,44 @@ fn unpack_x16(group: &[u8], i: usize, p: &mut Packed16) {
 /// [`gemm16`]'s arithmetic on a group of sixteen interleaved rows read as it goes (decode:
 /// nothing repacked, each 512-bit load of quants used at once), `pf` prefetched a few lines
 /// a block. The integer sums are exact, so the order in which they are formed is free; each
-/// sub-block's eight products are summed in 16 bits as [`gemm16`] sums them.
+/// sub-block's products are summed in 16 bits as [`gemm16`] sums them (Q4_K's eight groups
+/// at once, Q5_K's four).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn gemv_x16<const N: usize>(
+fn gemv_x16<B: Kq45, const N: usize>(
     group: &[u8],
     nb: usize,
     xs: [&[ActQ8K]; N],
     pairs: [&[[i32; 4]]; N],
     pf: &[u8],
 ) -> [__m512; N] {
+    let span = if B::FIVE { 4 } else { 8 };
+    let gb = x16_block::<B>();
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..nb {
         prefetch_l2(pf, i, nb);
-        let b = &group[i * X16_BLOCK..(i + 1) * X16_BLOCK];
+        let b = &group[i * gb..(i + 1) * gb];
         let (sc, mn) = scales_x16(b);
         let mut isum = [_mm512_setzero_si512(); N];
         for k in 0..4 {
-            let (mut lo, mut hi) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
-            for g in 0..8 {
-                let (ql, qh) = quants_x16(b, 8 * k + g);
-                for t in 0..N {
-                    let x = &xs[t][i].qs;
-                    let (al, ah) = (
-                        bcast4x16(&x[32 * (2 * k) + 4 * g..]),
-                        bcast4x16(&x[32 * (2 * k + 1) + 4 * g..]),
-                    );
-                    lo[t] = _mm512_add_epi16(lo[t], _mm512_maddubs_epi16(ql, al));
-                    hi[t] = _mm512_add_epi16(hi[t], _mm512_maddubs_epi16(qh, ah));
+            for g0 in (0..8).step_by(span) {
+                let (mut lo, mut hi) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
+                for g in g0..g0 + span {
+                    let (ql, qh) = quants_x16::<B>(b, 8 * k + g);
+                    for t in 0..N {
+                        let x = &xs[t][i].qs;
+                        let (al, ah) = (
+                            bcast4x16(&x[32 * (2 * k) + 4 * g..]),
+                            bcast4x16(&x[32 * (2 * k + 1) + 4 * g..]),
+                        );
+                        lo[t] = _mm512_add_epi16(lo[t], _mm512_maddubs_epi16(ql, al));
+                        hi[t] = _mm512_add_epi16(hi[t], _mm512_maddubs_epi16(qh, ah));
+                    }
                 }
-            }
-            for t in 0..N {
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(lo[t], sc[2 * k]));
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(hi[t], sc[2 * k + 1]));
+                for t in 0..N {
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(lo[t], sc[2 * k]));
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(hi[t], sc[2 * k + 1]));
+                }
             }
         }
         let (d, ndmin) = dmins_x16(b);
@@ -1109,27 +1148,33 @@ fn gemv_x16<const N: usize>(
     acc
 }
 
-/// Q4_K rows interleaved sixteen at a time against any number of tokens (AVX-512): fewer
-/// than [`Q4K_LANES_MIN`] tokens in tiles of up to four straight from the interleaved bytes,
-/// more through the prompt driver with each chunk's groups unpacked once. Bit for bit the
-/// stored-layout kernels' result on the same rows in file order.
+/// Q4_K or Q5_K rows interleaved sixteen at a time against any number of tokens (AVX-512):
+/// fewer than [`Q4K_LANES_MIN`] / [`Q5K_LANES_MIN`] tokens in tiles of up to four straight
+/// from the interleaved bytes, more through the prompt driver with each chunk's groups
+/// unpacked once. Bit for bit the stored-layout kernels' result on the same rows in file
+/// order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+pub(super) fn rows_x16<B: Kq45>(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
     let nt = acts.len();
-    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ4K>(), nt, out) else {
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<B>(), nt, out) else {
         return;
     };
     let pairs: Vec<Vec<[i32; 4]>> = acts
         .iter()
         .map(|x| x[..nb].iter().map(min_pairs).collect())
         .collect();
-    if nt < Q4K_LANES_MIN.1 {
+    let lanes_from = if B::FIVE {
+        Q5K_LANES_MIN.1
+    } else {
+        Q4K_LANES_MIN.1
+    };
+    if nt < lanes_from {
         x16_tiles(w, rb, nt, |group, r, pf, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {
                 let pv = std::array::from_fn(|k| &ps[k][..]);
                 put_rows(
-                    gemv_x16(group, nb, xs, pv, pf).map(|v| lanes16(v)),
+                    gemv_x16::<B, _>(group, nb, xs, pv, pf).map(|v| lanes16(v)),
                     r,
                     nrows,
                     out,
@@ -1145,13 +1190,13 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32])
         rb,
         (nb, nt),
         Packed16::zero(),
-        |group, i, p| unpack_x16(group, i, p),
+        |group, i, p| unpack_x16::<B>(group, i, p),
         |p: &[Packed16], r, t0| {
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {
                 let pv = std::array::from_fn(|k| &ps[k][..]);
                 put_rows(
-                    gemm16::<BlockQ4K, _>(p, xs, pv).map(|v| lanes16(v)),
+                    gemm16::<B, _>(p, xs, pv).map(|v| lanes16(v)),
                     r,
                     nrows,
                     out,

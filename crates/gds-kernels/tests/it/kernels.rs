@@ -582,6 +582,10 @@ fn interleaved_rows_equal_rows_in_file_order() {
         (DType::Q4K, 48, 768),
         (DType::Q4K, 96, 2048),
         (DType::Q4K, 320, 4096),
+        (DType::Q5K, 16, 256),
+        (DType::Q5K, 48, 768),
+        (DType::Q5K, 96, 2048),
+        (DType::Q5K, 320, 4096),
         (DType::Q6K, 16, 256),
         (DType::Q6K, 48, 768),
         (DType::Q6K, 96, 2048),
@@ -601,7 +605,7 @@ fn interleaved_rows_equal_rows_in_file_order() {
             view(&data, gds_kernels::Layout::Rows),
             view(&packed, gds_kernels::Layout::Interleaved16),
         );
-        for n in [1, 2, 3, 4, 5, 6, 8, 9, 13] {
+        for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 13] {
             let x = rng.vec(n * cols, 1.0);
             for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
                 let (mut want, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * rows]);
@@ -616,7 +620,7 @@ fn interleaved_rows_equal_rows_in_file_order() {
             assert_eq!(got, want, "{dtype} f32 activations {rows}x{cols} n={n}");
         }
     }
-    // the layout is Q4_0's, Q4_K's and Q6_K's, in whole groups
+    // the layout is Q4_0's, Q4_K's, Q5_K's and Q6_K's, in whole groups
     let data = weight(&mut rng, DType::Q8_0, 16, 32);
     let bad = WeightView {
         layout: gds_kernels::Layout::Interleaved16,
