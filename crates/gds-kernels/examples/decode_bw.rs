@@ -4,7 +4,7 @@
 //! whether a kernel waits for memory or for arithmetic. Compare with a plain read loop's
 //! bandwidth on the same machine.
 //!
-//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q4_kx16|q5_k|q5_kx16|q6_k|q6_kx16|q4_0|q4_0x16|q5_0|q4_1|q8_0 [TOKENS]]`
+//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0, each also with x16 [TOKENS]]`
 //! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch;
 //! `DECODE_BW_SHAPE=ROWSxCOLSxCOPIES` times another shape, e.g. a mixture of experts'
 //! `768x2048x512`, and `DECODE_BW_REPS` the passes over the copies per round)
@@ -44,18 +44,16 @@ fn run() {
         Some("q4_kx16") => DType::Q4K,
         Some("q5_kx16") => DType::Q5K,
         Some("q6_kx16") => DType::Q6K,
-        Some("q8_0") => DType::Q8_0,
+        Some("q8_0") | Some("q8_0x16") => DType::Q8_0,
         Some("q5_k") => DType::Q5K,
-        Some("q5_0") => DType::Q5_0,
-        Some("q4_1") => DType::Q4_1,
+        Some("q5_0") | Some("q5_0x16") => DType::Q5_0,
+        Some("q4_1") | Some("q4_1x16") => DType::Q4_1,
         Some(o) => panic!("unknown type {o}"),
     };
-    // `q4_0x16`, `q4_kx16`, `q5_kx16`, `q6_kx16`: rows interleaved sixteen at a time, as gdsrun holds them in
-    // memory on AVX-512 VNNI
+    // `q4_0x16`, `q4_1x16`, `q5_0x16`, `q8_0x16`, `q4_kx16`, `q5_kx16`, `q6_kx16`: rows
+    // interleaved sixteen at a time, as gdsrun holds them in memory on AVX-512 VNNI
     let layout = match args.get(1).map(String::as_str) {
-        Some("q4_0x16") | Some("q4_kx16") | Some("q5_kx16") | Some("q6_kx16") => {
-            gds_kernels::Layout::Interleaved16
-        }
+        Some(t) if t.ends_with("x16") => gds_kernels::Layout::Interleaved16,
         _ => gds_kernels::Layout::Rows,
     };
     // `-- TYPE N`: N tokens a call (a prompt batch) instead of one, at the 7B width

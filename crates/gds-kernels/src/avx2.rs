@@ -1310,6 +1310,30 @@ x16_rows!(
     q4k::rows_x16::<BlockQ5K>
 );
 x16_rows!(
+    /// [`rows_q4_0x16`] for Q8_0: bit for bit [`rows_q8_0`] on the same rows in file order.
+    rows_q8_0x16,
+    ActQ8,
+    q80::rows_x16::<BlockQ8_0>
+);
+x16_rows!(
+    /// [`rows_q4_0x16`] for Q4_1: bit for bit [`rows_q4_1`] on the same rows in file order.
+    rows_q4_1x16,
+    ActQ8,
+    q80::rows_x16::<BlockQ4_1>
+);
+x16_rows!(
+    /// [`rows_q4_0x16`] for Q5_0: bit for bit [`rows_q5_0`] on the same rows in file order.
+    rows_q5_0x16,
+    ActQ8,
+    q80::rows_x16::<BlockQ5_0>
+);
+x16_rows!(
+    /// [`rows_q4_0x16`] for Q5_1: bit for bit [`rows_q5_1`] on the same rows in file order.
+    rows_q5_1x16,
+    ActQ8,
+    q80::rows_x16::<BlockQ5_1>
+);
+x16_rows!(
     /// [`rows_q4_0x16`] for Q6_K: bit for bit [`rows_q6_k`] on the same rows in file order.
     rows_q6_kx16,
     ActQ8K,

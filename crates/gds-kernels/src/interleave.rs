@@ -48,7 +48,8 @@ pub enum Layout {
 /// goes four bytes a row), for the types that can be interleaved.
 fn f16_bytes(dtype: DType) -> Option<std::ops::Range<usize>> {
     match dtype {
-        DType::Q4_0 => Some(0..2),
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(0..2),
+        DType::Q4_1 | DType::Q5_1 => Some(0..4),
         DType::Q4K | DType::Q5K => Some(0..4),
         DType::Q6K => Some(208..210),
         _ => None,
@@ -267,7 +268,8 @@ mod tests {
             interleave(DType::Q4_0, &mut d[1..], 16, 32).is_err(),
             "short"
         );
-        assert!(interleave(DType::Q8_0, &mut d, 16, 16).is_err(), "Q8_0");
+        let mut k = vec![0u8; 16 * 110];
+        assert!(interleave(DType::Q3K, &mut k, 16, 256).is_err(), "Q3_K");
         assert!(interleave(DType::Q4_0, &mut d, 16, 32).is_ok());
     }
 }

@@ -24,9 +24,10 @@
 use super::q40::{act4, act_block};
 use super::q4k::{
     bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16,
-    transpose8,
+    transpose8, x16_chunked, x16_shape, x16_tiles,
 };
 use super::*;
+use crate::interleave::GROUP;
 
 /// Prompt batches of at least this many tokens repack Q8_0 rows (plain AVX2, AVX-VNNI,
 /// AVX-512); fewer run the rows in their stored layout. The same results either way.
@@ -55,6 +56,8 @@ pub(super) trait Q32:
     const SHIFT: Option<i32>;
     /// Blocks with a min (Q4_1, Q5_1).
     const MIN: bool = false;
+    /// Blocks with fifth bits (Q5_0, Q5_1).
+    const QH: bool = false;
     /// The block's scale (f16 bits).
     fn d(&self) -> [u8; 2];
     /// The block's min `m` (f16 bits; Q4_1, Q5_1), whose term `m * dx * sum(xq)` follows the
@@ -69,11 +72,12 @@ pub(super) trait Q32:
 /// Implements [`Q32`] for a type of `d`, `qs` nibbles, and (as `$m` / `$qh` read them) an
 /// optional min `m` and fifth bits `qh`.
 macro_rules! q32_nibbles {
-    ($blk:ty, $shift:expr, $min:literal, |$bm:ident| $m:expr, |$bh:ident| $qh:expr) => {
+    ($blk:ty, $shift:expr, $min:literal, $five:literal, |$bm:ident| $m:expr, |$bh:ident| $qh:expr) => {
         impl Q32 for $blk {
             const SIGNED: bool = false;
             const SHIFT: Option<i32> = $shift;
             const MIN: bool = $min;
+            const QH: bool = $five;
             fn d(&self) -> [u8; 2] {
                 self.d
             }
@@ -91,9 +95,9 @@ macro_rules! q32_nibbles {
         }
     };
 }
-q32_nibbles!(BlockQ5_0, Some(4), false, |_b| None, |b| Some(b.qh));
-q32_nibbles!(BlockQ4_1, None, true, |b| Some(b.m), |_b| None);
-q32_nibbles!(BlockQ5_1, None, true, |b| Some(b.m), |b| Some(b.qh));
+q32_nibbles!(BlockQ5_0, Some(4), false, true, |_b| None, |b| Some(b.qh));
+q32_nibbles!(BlockQ4_1, None, true, false, |b| Some(b.m), |_b| None);
+q32_nibbles!(BlockQ5_1, None, true, true, |b| Some(b.m), |b| Some(b.qh));
 
 impl Q32 for BlockQ8_0 {
     const SIGNED: bool = true;
@@ -578,6 +582,18 @@ pub(super) struct Packed16 {
     m: __m512,
 }
 
+impl Packed16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    fn zero() -> Packed16 {
+        Packed16 {
+            q: [_mm512_setzero_si512(); 8],
+            d: _mm512_setzero_ps(),
+            m: _mm512_setzero_ps(),
+        }
+    }
+}
+
 /// Repacks block `i` of sixteen rows (`lo`: rows 0..8, `hi`: 8..16).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
@@ -637,11 +653,7 @@ pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &
         w,
         rb,
         (nb, 16, nt),
-        Packed16 {
-            q: [_mm512_setzero_si512(); 8],
-            d: _mm512_setzero_ps(),
-            m: _mm512_setzero_ps(),
-        },
+        Packed16::zero(),
         |r| {
             (
                 group8::<B>(w, rb, r, nrows),
@@ -649,6 +661,133 @@ pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &
             )
         },
         |(lo, hi), i, p| repack16(lo, hi, i, p),
+        |p: &[Packed16], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm16::<B, _>(p, xs).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
+}
+
+/// Where an interleaved block's fields start (`crate::interleave`): the sixteen rows' `d`
+/// (f16, two bytes a row) at 0, their mins next (Q4_1, Q5_1), then the fifth bits (one
+/// 32-bit word a row: Q5_0, Q5_1), then the quants (four bytes a row a unit: Q8_0's eight
+/// units of elements `4c..4c + 4`, the others' four units of nibble bytes `4c..4c + 4`, each
+/// holding elements `4c..` low and `16 + 4c..` high). `(fifth bits, quants)`.
+#[inline(always)]
+fn x16_fields<B: Q32>() -> (usize, usize) {
+    let qh = if B::MIN { 64 } else { 32 };
+    (qh, if B::QH { qh + 64 } else { qh })
+}
+
+/// `pshufb` indices (per 128-bit lane) that copy byte `j` of each 32-bit lane to all four of
+/// its bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+fn spread_byte(j: i8) -> __m512i {
+    let lanes = _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0);
+    _mm512_add_epi32(lanes, _mm512_set1_epi8(j))
+}
+
+/// Block `i` of a group of sixteen interleaved rows as [`Packed16`]: the scales (and mins)
+/// converted, the quants as [`weight_bytes`] makes them (Q8_0's offset by 128, the others'
+/// nibbles split, their fifth bits added: element `4g + e`'s is bit `4g + e` of the row's
+/// word, so byte `g / 2` of each word is spread over the word's four bytes and bit `4(g % 2)
+/// + e` of byte `e` tested).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn unpack_x16<B: Q32>(group: &[u8], i: usize, p: &mut Packed16) {
+    let gb = GROUP * std::mem::size_of::<B>();
+    let b = &group[i * gb..(i + 1) * gb];
+    let (qh_at, qs_at) = x16_fields::<B>();
+    p.d = _mm512_cvtph_ps(ld_u8x32(&b[..32]));
+    if B::MIN {
+        p.m = _mm512_cvtph_ps(ld_u8x32(&b[32..64]));
+    }
+    if B::SIGNED {
+        for g in 0..8 {
+            let q = ld_u8x64(&b[qs_at + 64 * g..]);
+            p.q[g] = _mm512_xor_si512(q, _mm512_set1_epi8(i8::MIN));
+        }
+        return;
+    }
+    let m4 = _mm512_set1_epi8(0x0F);
+    let v: [__m512i; 4] = std::array::from_fn(|c| ld_u8x64(&b[qs_at + 64 * c..]));
+    for g in 0..8 {
+        p.q[g] = if g < 4 {
+            _mm512_and_si512(v[g], m4)
+        } else {
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v[g - 4]), m4)
+        };
+    }
+    if B::QH {
+        let h = ld_u8x64(&b[qh_at..]);
+        let sixteen = _mm512_set1_epi8(0x10);
+        for g in 0..8 {
+            let bytes = _mm512_shuffle_epi8(h, spread_byte((g / 2) as i8));
+            let bits = _mm512_set1_epi32(0x0804_0201 << (4 * (g % 2)));
+            let set = _mm512_test_epi8_mask(bytes, bits);
+            p.q[g] = _mm512_mask_add_epi8(p.q[g], set, p.q[g], sixteen);
+        }
+    }
+}
+
+/// [`gemm16`] on a group of sixteen interleaved rows read as it goes (decode: each block
+/// unpacked once for the tile's tokens), `pf` prefetched a few lines a block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+fn gemv_x16<B: Q32, const N: usize>(
+    group: &[u8],
+    nb: usize,
+    xs: [&[ActQ8]; N],
+    pf: &[u8],
+) -> [__m512; N] {
+    let mut acc = [_mm512_setzero_ps(); N];
+    let mut u = Packed16::zero();
+    for i in 0..nb {
+        prefetch_l2(pf, i, nb);
+        unpack_x16::<B>(group, i, &mut u);
+        for t in 0..N {
+            acc[t] = term16::<B>(&u, xs[t], i, acc[t]);
+        }
+    }
+    acc
+}
+
+/// Q8_0, Q4_1, Q5_0 or Q5_1 rows interleaved sixteen at a time against any number of tokens
+/// (AVX-512 with VNNI): up to four tokens straight from the interleaved bytes, more through
+/// the prompt driver with each chunk's groups unpacked once. Bit for bit the stored-layout
+/// kernels' result on the same rows in file order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn rows_x16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<B>(), nt, out) else {
+        return;
+    };
+    if nt <= 4 {
+        x16_tiles(w, rb, nt, |group, r, pf, _| {
+            by_tile!(acts, |xs| put_rows(
+                gemv_x16::<B, _>(group, nb, xs, pf).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                0
+            ))
+        });
+        return;
+    }
+    x16_chunked(
+        w,
+        rb,
+        (nb, nt),
+        Packed16::zero(),
+        |group, i, p| unpack_x16::<B>(group, i, p),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
                 gemm16::<B, _>(p, xs).map(|v| lanes16(v)),

@@ -582,6 +582,16 @@ fn interleaved_rows_equal_rows_in_file_order() {
         (DType::Q4K, 48, 768),
         (DType::Q4K, 96, 2048),
         (DType::Q4K, 320, 4096),
+        (DType::Q8_0, 16, 32),
+        (DType::Q8_0, 48, 544),
+        (DType::Q8_0, 96, 1024),
+        (DType::Q4_1, 16, 32),
+        (DType::Q4_1, 48, 544),
+        (DType::Q5_0, 16, 32),
+        (DType::Q5_0, 48, 544),
+        (DType::Q5_0, 96, 1024),
+        (DType::Q5_1, 16, 64),
+        (DType::Q5_1, 48, 544),
         (DType::Q5K, 16, 256),
         (DType::Q5K, 48, 768),
         (DType::Q5K, 96, 2048),
@@ -620,17 +630,18 @@ fn interleaved_rows_equal_rows_in_file_order() {
             assert_eq!(got, want, "{dtype} f32 activations {rows}x{cols} n={n}");
         }
     }
-    // the layout is Q4_0's, Q4_K's, Q5_K's and Q6_K's, in whole groups
-    let data = weight(&mut rng, DType::Q8_0, 16, 32);
+    // the layout is the 32-element types' (but Q8_1), Q4_K's, Q5_K's and Q6_K's, in whole
+    // groups
+    let data = weight(&mut rng, DType::Q3K, 16, 256);
     let bad = WeightView {
         layout: gds_kernels::Layout::Interleaved16,
-        dtype: DType::Q8_0,
+        dtype: DType::Q3K,
         data: &data,
         rows: 16,
-        cols: 32,
+        cols: 256,
     };
     let mut y = vec![0f32; 16];
-    assert!(matmul(&bad, &[0.5; 32], 1, &mut y).is_err());
+    assert!(matmul(&bad, &[0.5; 256], 1, &mut y).is_err());
     let data = weight(&mut rng, DType::Q4_0, 8, 32);
     let bad = WeightView {
         layout: gds_kernels::Layout::Interleaved16,
