@@ -359,10 +359,15 @@ fn a_mixture_of_experts_streams_only_the_chosen_experts() {
 #[test]
 fn interleaved_weights_give_the_mapped_models_logits() {
     let tmp = tempfile::tempdir().unwrap();
-    for fixture in ["tiny-llama-hf", "tiny-qwen3moe-hf"] {
-        let dir = tmp.path().join(fixture);
+    for (fixture, quant, dtype) in [
+        ("tiny-llama-hf", "q4_0", gds_format::DType::Q4_0),
+        ("tiny-qwen3moe-hf", "q4_0", gds_format::DType::Q4_0),
+        ("tiny-llama-hf", "q4_1", gds_format::DType::Q4_1),
+        ("tiny-qwen3moe-hf", "q5_0", gds_format::DType::Q5_0),
+    ] {
+        let dir = tmp.path().join(format!("{fixture}-{quant}"));
         let opts = gds_convert::ConvertOptions {
-            quant: "q4_0".parse().unwrap(),
+            quant: quant.parse().unwrap(),
             ..Default::default()
         };
         gds_convert::convert(
@@ -376,18 +381,18 @@ fn interleaved_weights_give_the_mapped_models_logits() {
         let m = gds_format::Manifest::parse(&bytes).unwrap();
         // the blocks' matrices (a mixture's stacked experts: 32 rows each) and the untied
         // head; the embedding's rows are looked up: never
-        let q4_0: u64 = m
+        let quantized: u64 = m
             .tensors()
-            .filter(|t| t.dtype == gds_format::DType::Q4_0 && t.dims().len() >= 2)
+            .filter(|t| t.dtype == dtype && t.dims().len() >= 2)
             .filter(|t| t.name.starts_with("blk.") || t.name == "output.weight")
             .map(|t| t.nbytes)
             .sum();
         let experts = m
             .tensors()
-            .any(|t| t.name.contains("_exps.") && t.dtype == gds_format::DType::Q4_0);
+            .any(|t| t.name.contains("_exps.") && t.dtype == dtype);
         assert!(
-            q4_0 > 0 && (experts || fixture == "tiny-llama-hf"),
-            "{fixture}"
+            quantized > 0 && (experts || fixture == "tiny-llama-hf"),
+            "{fixture} {quant}"
         );
         let prompt: Vec<u32> = (0..11).map(|i| (i * 53 + 7) % 320).collect();
         let mapped = Model::load(&dir, 64, 2).unwrap();
@@ -397,7 +402,7 @@ fn interleaved_weights_give_the_mapped_models_logits() {
             "a mapping is never rewritten"
         );
         let want = run(&mapped, &prompt, 6, 4);
-        let pays = gds_kernels::interleave_pays(gds_format::DType::Q4_0);
+        let pays = gds_kernels::interleave_pays(dtype);
         let plan = |io: &str, budget: Option<u64>| {
             plan_io(&dir, &m, io, budget, || {
                 DirectSupport::Buffered("test".into())
@@ -411,12 +416,22 @@ fn interleaved_weights_give_the_mapped_models_logits() {
             if !pays {
                 assert_eq!(got, 0);
             } else if io.streamed_layers.is_empty() {
-                assert_eq!(got, q4_0, "{fixture}: every block matrix and the head");
+                assert_eq!(
+                    got, quantized,
+                    "{fixture} {quant}: every block matrix and the head"
+                );
             } else {
-                assert!(got < q4_0, "streamed layers keep the file's order: {got}");
+                assert!(
+                    got < quantized,
+                    "streamed layers keep the file's order: {got}"
+                );
             }
             for (i, (g, w)) in run(&model, &prompt, 6, 4).iter().zip(&want).enumerate() {
-                assert!(g == w, "{fixture} {:?}: row {i} differs from mmap", io.mode);
+                assert!(
+                    g == w,
+                    "{fixture} {quant} {:?}: row {i} differs from mmap",
+                    io.mode
+                );
             }
         }
     }
