@@ -533,7 +533,8 @@ fn tile_rows<B: Kq45, const N: usize>(
 }
 
 /// Sixteen rows of one Q4_K block for AVX-512: [`Packed8`]'s layout with rows 0..8 in lanes
-/// 0..8 and rows 8..16 in lanes 8..16 of 512-bit vectors.
+/// 0..8 and rows 8..16 in lanes 8..16 of 512-bit vectors, but each scale (`sc[j]`) a 32-bit
+/// lane of its own (for [`gemm16`]'s 32-bit multiply).
 #[derive(Clone, Copy)]
 pub(super) struct Packed16 {
     q: [[__m512i; 8]; 8],
@@ -582,38 +583,53 @@ fn repack16<B: Kq45>(lo: &[&[B]; 8], hi: &[&[B]; 8], i: usize, p: &mut Packed16)
         p.q[2 * k + 1] = transpose16(ahi, bhi);
     }
     let ((asc, amn), (bsc, bmn)) = (scales8(lo, i), scales8(hi, i));
-    p.sc = std::array::from_fn(|j| join(asc[j], bsc[j]));
+    p.sc = std::array::from_fn(|j| scale32(join(asc[j], bsc[j])));
     p.mn = std::array::from_fn(|k| join(amn[k], bmn[k]));
     let ((ad, an), (bd, bn)) = (dmins8(lo, i), dmins8(hi, i));
     p.d = join_ps(ad, bd);
     p.ndmin = join_ps(an, bn);
 }
 
-/// [`gemm8`] on sixteen rows: the same arithmetic per lane.
+/// A scale spread over both 16-bit halves of its 32-bit lane (as [`scales8`] makes them for
+/// `madd`) as the lane's 32-bit value.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn scale32(sc: __m512i) -> __m512i {
+    _mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF))
+}
+
+/// Sub-block `j`'s products (`s`, two partial sums) scaled and added to `isum`: with VNNI the
+/// products go to 32 bits at once (`vpdpbusd`, exact, as `maddubs` pairs summed in 16 bits
+/// are), so a 32-bit multiply by the scale where the eight-row kernel's `madd` widens: the
+/// same integer sum in about half the instructions.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+fn scaled(isum: __m512i, s: [__m512i; 2], sc: __m512i) -> __m512i {
+    _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_add_epi32(s[0], s[1]), sc))
+}
+
+/// [`gemm8`] on sixteen rows: the same integer sums per lane ([`scaled`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 fn gemm16<B: Kq45, const N: usize>(
     p: &[Packed16],
     xs: [&[ActQ8K]; N],
     pairs: [&[[i32; 4]]; N],
 ) -> [__m512; N] {
-    let span = if B::FIVE { 4 } else { 8 };
     let mut acc = [_mm512_setzero_ps(); N];
     for (i, u) in p.iter().enumerate() {
         let mut isum = [_mm512_setzero_si512(); N];
         for j in 0..8 {
-            for g0 in (0..8).step_by(span) {
-                let mut s = [_mm512_setzero_si512(); N];
-                for g in g0..g0 + span {
-                    let w = u.q[j][g];
-                    for t in 0..N {
-                        let a = bcast4x16(&xs[t][i].qs[32 * j + 4 * g..]);
-                        s[t] = _mm512_add_epi16(s[t], _mm512_maddubs_epi16(w, a));
-                    }
-                }
+            let mut s = [[_mm512_setzero_si512(); 2]; N];
+            for g in 0..8 {
+                let w = u.q[j][g];
                 for t in 0..N {
-                    isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s[t], u.sc[j]));
+                    let a = bcast4x16(&xs[t][i].qs[32 * j + 4 * g..]);
+                    s[t][g % 2] = _mm512_dpbusd_epi32(s[t][g % 2], w, a);
                 }
+            }
+            for t in 0..N {
+                isum[t] = scaled(isum[t], s[t], u.sc[j]);
             }
         }
         for t in 0..N {
@@ -880,8 +896,8 @@ fn gemm_rows8<B: Kq45>(
     );
 }
 
-/// Q4_K/Q5_K prompt batches on AVX-512: groups of sixteen rows.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+/// Q4_K/Q5_K prompt batches on AVX-512 (always with VNNI here): groups of sixteen rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 fn gemm_rows16<B: Kq45>(
     w: &[u8],
     rb: usize,
@@ -971,18 +987,19 @@ pub(super) mod plain {
     );
 }
 
-/// AVX-512 VL/BW: the same arithmetic with 32 vector registers.
+/// AVX-512 VL/BW (with VNNI, as every AVX-512 this crate runs): the same integer sums with 32
+/// vector registers, prompt batches through [`gemm16`].
 pub(super) mod wide {
     use super::*;
     q4k_rows!(
-        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
         rows_q4_k,
         BlockQ4K,
         gemm_rows16,
         Q4K_LANES_MIN.1
     );
     q4k_rows!(
-        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
         rows_q5_k,
         BlockQ5K,
         gemm_rows16,
@@ -1093,15 +1110,18 @@ fn unpack_x16<B: Kq45>(group: &[u8], i: usize, p: &mut Packed16) {
             (p.q[2 * k][g], p.q[2 * k + 1][g]) = quants_x16::<B>(b, 8 * k + g);
         }
     }
-    (p.sc, p.mn) = scales_x16(b);
+    let (sc, mn) = scales_x16(b);
+    p.sc = sc.map(|s| scale32(s));
+    p.mn = mn;
     (p.d, p.ndmin) = dmins_x16(b);
 }
 
-/// [`gemm16`]'s arithmetic on a group of sixteen interleaved rows read as it goes (decode:
+/// [`gemm16`]'s integer sums on a group of sixteen interleaved rows read as it goes (decode:
 /// nothing repacked, each 512-bit load of quants used at once), `pf` prefetched a few lines
-/// a block. The integer sums are exact, so the order in which they are formed is free; each
-/// sub-block's products are summed in 16 bits as [`gemm16`] sums them (Q4_K's eight groups
-/// at once, Q5_K's four).
+/// a block. The sums are exact, so the order in which they are formed is free; each
+/// sub-block's products are summed in 16 bits (Q4_K's eight groups at once, Q5_K's four at a
+/// time: `8 * 31 * 128 < 2^15`) and widened by `madd` with the scale. (`vpdpbusd` sums, as in
+/// [`gemm16`], were no faster here, and the loop they made cost gdsrun's decode ~15 %.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 fn gemv_x16<B: Kq45, const N: usize>(
@@ -1111,7 +1131,6 @@ fn gemv_x16<B: Kq45, const N: usize>(
     pairs: [&[[i32; 4]]; N],
     pf: &[u8],
 ) -> [__m512; N] {
-    let span = if B::FIVE { 4 } else { 8 };
     let gb = x16_block::<B>();
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..nb {
@@ -1120,24 +1139,30 @@ fn gemv_x16<B: Kq45, const N: usize>(
         let (sc, mn) = scales_x16(b);
         let mut isum = [_mm512_setzero_si512(); N];
         for k in 0..4 {
-            for g0 in (0..8).step_by(span) {
-                let (mut lo, mut hi) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
-                for g in g0..g0 + span {
-                    let (ql, qh) = quants_x16::<B>(b, 8 * k + g);
+            let (mut lo, mut hi) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
+            for g in 0..8 {
+                if B::FIVE && g == 4 {
                     for t in 0..N {
-                        let x = &xs[t][i].qs;
-                        let (al, ah) = (
-                            bcast4x16(&x[32 * (2 * k) + 4 * g..]),
-                            bcast4x16(&x[32 * (2 * k + 1) + 4 * g..]),
-                        );
-                        lo[t] = _mm512_add_epi16(lo[t], _mm512_maddubs_epi16(ql, al));
-                        hi[t] = _mm512_add_epi16(hi[t], _mm512_maddubs_epi16(qh, ah));
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(lo[t], sc[2 * k]));
+                        isum[t] =
+                            _mm512_add_epi32(isum[t], _mm512_madd_epi16(hi[t], sc[2 * k + 1]));
+                        (lo[t], hi[t]) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                     }
                 }
+                let (ql, qh) = quants_x16::<B>(b, 8 * k + g);
                 for t in 0..N {
-                    isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(lo[t], sc[2 * k]));
-                    isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(hi[t], sc[2 * k + 1]));
+                    let x = &xs[t][i].qs;
+                    let (al, ah) = (
+                        bcast4x16(&x[32 * (2 * k) + 4 * g..]),
+                        bcast4x16(&x[32 * (2 * k + 1) + 4 * g..]),
+                    );
+                    lo[t] = _mm512_add_epi16(lo[t], _mm512_maddubs_epi16(ql, al));
+                    hi[t] = _mm512_add_epi16(hi[t], _mm512_maddubs_epi16(qh, ah));
                 }
+            }
+            for t in 0..N {
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(lo[t], sc[2 * k]));
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(hi[t], sc[2 * k + 1]));
             }
         }
         let (d, ndmin) = dmins_x16(b);
@@ -1153,7 +1178,7 @@ fn gemv_x16<B: Kq45, const N: usize>(
 /// from the interleaved bytes, more through the prompt driver with each chunk's groups
 /// unpacked once. Bit for bit the stored-layout kernels' result on the same rows in file
 /// order.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn rows_x16<B: Kq45>(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
     let nt = acts.len();
     let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<B>(), nt, out) else {
