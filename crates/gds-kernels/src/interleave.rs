@@ -1,11 +1,11 @@
-//! Q4_0, Q4_K, Q5_K and Q6_K rows interleaved sixteen at a time: the in-memory layout the AVX-512
-//! kernels read without repacking (llama.cpp repacks its CPU weights the same way, into
+//! Block-quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) interleaved sixteen
+//! at a time: the in-memory layout the AVX-512 kernels read without repacking (llama.cpp repacks its CPU weights the same way, into
 //! buffers of their own; here the bytes are rewritten in place, so a model held in memory
 //! costs no more memory than its file).
 //!
 //! A group of sixteen rows takes exactly the bytes of its sixteen rows (`16 * rb`), block
 //! after block, and each block of the group is its sixteen rows' blocks with every field
-//! interleaved by units: the f16 scales (Q4_0's `d`; Q4_K's and Q5_K's `d`, then `dmin`; Q6_K's `d`)
+//! interleaved by units: the f16 fields (`d`, then the min `m` or `dmin` where the type has one)
 //! two bytes a row, everything else four bytes a row (Q4_K's three words of packed scales,
 //! then the quants; Q6_K's low quant bits, high bits and sixteen scales). So a unit `u` of
 //! a field is sixteen rows' units side by side: a 512-bit load holds four quant bytes of
@@ -14,7 +14,9 @@
 //! four broadcast activation bytes; a 256-bit load holds the sixteen rows' scales.
 //!
 //! - Q4_0 (288 bytes a group block): `d` at `2r`; quant bytes `4k..4k + 4` at
-//!   `32 + 64k + 4r`.
+//!   `32 + 64k + 4r`. The other 32-element types the same way: `d` at `2r`, Q4_1's and
+//!   Q5_1's `m` at `32 + 2r`, then Q5_0's and Q5_1's fifth-bit word of each row (`4r`), then
+//!   the quant bytes (Q8_0's eight units, the others' four).
 //! - Q4_K (2304 bytes): `d` at `2r`, `dmin` at `32 + 2r`; scale word `k` at `64 + 64k + 4r`;
 //!   quant bytes `4c..4c + 4` at `256 + 64c + 4r`.
 //! - Q5_K (2816 bytes): Q4_K's `d`, `dmin` and scale words, then the fifth-bit bytes
@@ -40,7 +42,7 @@ pub enum Layout {
     /// Row after row, as in the file.
     #[default]
     Rows,
-    /// Rows interleaved sixteen at a time ([`interleave`]; Q4_0, Q4_K, Q5_K and Q6_K).
+    /// Rows interleaved sixteen at a time ([`interleave`]; the types [`interleavable`] names).
     Interleaved16,
 }
 
@@ -56,7 +58,7 @@ fn f16_bytes(dtype: DType) -> Option<std::ops::Range<usize>> {
     }
 }
 
-/// Whether `dtype` has an interleaved layout (Q4_0, Q4_K, Q5_K, Q6_K).
+/// Whether `dtype` has an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 pub fn interleavable(dtype: DType) -> bool {
     f16_bytes(dtype).is_some()
 }
@@ -65,7 +67,7 @@ fn check(dtype: DType, data: &[u8], rows: usize, cols: usize) -> Result<usize, K
     let bs = dtype.block_size();
     if !interleavable(dtype) || !cols.is_multiple_of(bs) || !rows.is_multiple_of(GROUP) {
         return Err(KernelError::Shape(format!(
-            "a {rows}x{cols} {dtype} matrix cannot be interleaved: Q4_0, Q4_K, Q5_K and Q6_K only, \
+            "a {rows}x{cols} {dtype} matrix cannot be interleaved: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K only, \
              rows a multiple of {GROUP}, whole blocks"
         )));
     }
@@ -80,7 +82,7 @@ fn check(dtype: DType, data: &[u8], rows: usize, cols: usize) -> Result<usize, K
     Ok(rb)
 }
 
-/// Rewrites a row-major Q4_0, Q4_K, Q5_K or Q6_K matrix in place as sixteen-row groups
+/// Rewrites a row-major matrix of an [`interleavable`] type in place as sixteen-row groups
 /// ([`Layout::Interleaved16`]).
 pub fn interleave(
     dtype: DType,

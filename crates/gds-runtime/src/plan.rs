@@ -366,7 +366,7 @@ pub struct Plan {
     /// plan sets it ([`gds_kernels::set_isa_cap`]).
     #[serde(serialize_with = "isa_name")]
     pub isa: gds_kernels::Isa,
-    /// Whether the Q4_0, Q4_K, Q5_K and Q6_K matrices read into memory (`load`, `direct`'s
+    /// Whether the block-quantized matrices read into memory (`load`, `direct`'s
     /// resident layers; not a mapping, not streamed layers, not the token embedding) are
     /// held with their rows interleaved sixteen at a time, the layout this ISA's kernels
     /// read without repacking (AVX-512 with 8-bit activations; `GDS_INTERLEAVE=0` turns
