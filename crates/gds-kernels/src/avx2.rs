@@ -1180,8 +1180,9 @@ mod quad {
     }
 }
 
-/// The K-quant rows compiled for AVX-512 VL/BW as well: the same arithmetic, with 32 vector
-/// registers (Gemma 3 270M prompt processing ~900 -> ~1000 t/s with Q4_K's).
+/// The K-quant rows compiled for AVX-512 VL/BW/VNNI as well: the same integer sums, with 32
+/// vector registers (Gemma 3 270M prompt processing ~900 -> ~1000 t/s with Q4_K's) and
+/// `vpdpbusd` in Q4_K's/Q5_K's prompt kernel.
 mod kquant512 {
     pub(super) use super::q4k::wide::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::wide::rows_q6_k;

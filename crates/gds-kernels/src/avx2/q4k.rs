@@ -16,7 +16,8 @@
 //!   of up to four tokens runs against it ([`gemm8`]). llama.cpp repacks Q4_K the same way for
 //!   its CPU GEMM (`ggml_gemm_q4_K_8x8_q8_K`).
 //!
-//! Compiled twice (plain AVX2, and AVX-512 VL/BW for its 32 registers) by [`q4k_rows`].
+//! Compiled twice (plain AVX2, and AVX-512 VL/BW/VNNI for its 32 registers, where prompt
+//! batches sum each sub-block with `vpdpbusd`: [`gemm16`]) by [`q4k_rows`].
 
 use super::*;
 use crate::interleave::GROUP;
