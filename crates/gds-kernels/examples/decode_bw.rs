@@ -37,24 +37,22 @@ fn main() {
 
 fn run() {
     let args: Vec<String> = std::env::args().collect();
-    let dtype = match args.get(1).map(String::as_str) {
-        None | Some("q4_k") => DType::Q4K,
-        Some("q6_k") => DType::Q6K,
-        Some("q4_0") | Some("q4_0x16") => DType::Q4_0,
-        Some("q4_kx16") => DType::Q4K,
-        Some("q5_kx16") => DType::Q5K,
-        Some("q6_kx16") => DType::Q6K,
-        Some("q8_0") | Some("q8_0x16") => DType::Q8_0,
-        Some("q5_k") => DType::Q5K,
-        Some("q5_0") | Some("q5_0x16") => DType::Q5_0,
-        Some("q4_1") | Some("q4_1x16") => DType::Q4_1,
-        Some(o) => panic!("unknown type {o}"),
+    // `TYPEx16` (`q4_0x16`, `q4_kx16`, ...): rows interleaved sixteen at a time, as gdsrun
+    // holds them in memory on AVX-512 VNNI
+    let arg = args.get(1).map_or("q4_k", String::as_str);
+    let (name, layout) = match arg.strip_suffix("x16") {
+        Some(t) => (t, gds_kernels::Layout::Interleaved16),
+        None => (arg, gds_kernels::Layout::Rows),
     };
-    // `q4_0x16`, `q4_1x16`, `q5_0x16`, `q8_0x16`, `q4_kx16`, `q5_kx16`, `q6_kx16`: rows
-    // interleaved sixteen at a time, as gdsrun holds them in memory on AVX-512 VNNI
-    let layout = match args.get(1).map(String::as_str) {
-        Some(t) if t.ends_with("x16") => gds_kernels::Layout::Interleaved16,
-        _ => gds_kernels::Layout::Rows,
+    let dtype = match name {
+        "q4_k" => DType::Q4K,
+        "q5_k" => DType::Q5K,
+        "q6_k" => DType::Q6K,
+        "q4_0" => DType::Q4_0,
+        "q4_1" => DType::Q4_1,
+        "q5_0" => DType::Q5_0,
+        "q8_0" => DType::Q8_0,
+        o => panic!("unknown type {o}"),
     };
     // `-- TYPE N`: N tokens a call (a prompt batch) instead of one, at the 7B width
     let n: usize = args.get(2).map_or(1, |s| s.parse().expect("tokens"));

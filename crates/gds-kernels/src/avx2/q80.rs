@@ -645,6 +645,28 @@ fn gemm16<B: Q32, const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512;
     acc
 }
 
+/// A chunk's sixteen-row groups (`p`, its blocks) from row `r` against the tile of tokens
+/// `acts` (the first from `t0`), written to `out[row * nt + t0 + t]`: the run of both prompt
+/// drivers (file order and interleaved).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+fn put16<B: Q32>(
+    p: &[Packed16],
+    acts: &[&[ActQ8]],
+    (r, nrows): (usize, usize),
+    out: &mut [f32],
+    (nt, t0): (usize, usize),
+) {
+    by_tile!(acts, |xs| put_rows(
+        gemm16::<B, _>(p, xs).map(|v| lanes16(v)),
+        r,
+        nrows,
+        out,
+        nt,
+        t0
+    ))
+}
+
 /// Prompt batches on AVX-512: groups of sixteen rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
@@ -661,16 +683,7 @@ pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &
             )
         },
         |(lo, hi), i, p| repack16(lo, hi, i, p),
-        |p: &[Packed16], r, t0| {
-            by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16::<B, _>(p, xs).map(|v| lanes16(v)),
-                r,
-                nrows,
-                out,
-                nt,
-                t0
-            ))
-        },
+        |p: &[Packed16], r, t0| put16::<B>(p, &acts[t0..], (r, nrows), out, (nt, t0)),
     );
 }
 
@@ -788,15 +801,6 @@ pub(super) fn rows_x16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut
         (nb, nt),
         Packed16::zero(),
         |group, i, p| unpack_x16::<B>(group, i, p),
-        |p: &[Packed16], r, t0| {
-            by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16::<B, _>(p, xs).map(|v| lanes16(v)),
-                r,
-                nrows,
-                out,
-                nt,
-                t0
-            ))
-        },
+        |p: &[Packed16], r, t0| put16::<B>(p, &acts[t0..], (r, nrows), out, (nt, t0)),
     );
 }
