@@ -1269,21 +1269,35 @@ pub fn rows_q4_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
     unsafe { quad::rows_q4_0(w, rb, acts, out) }
 }
 
-/// Generates the entry of an interleaved-rows kernel (`$inner`, AVX-512): it runs when the
-/// token has AVX-512 (`true`) and leaves `out` untouched otherwise (`false`).
+/// Generates the entry of an interleaved-rows kernel (`$inner`, AVX-512; `$plain`, where
+/// given, AVX2): it runs when the token has what the kernel needs (`true`) and leaves `out`
+/// untouched otherwise (`false`).
 macro_rules! x16_rows {
-    ($(#[$doc:meta])* $name:ident, $act:ty, $inner:path) => {
+    ($(#[$doc:meta])* $name:ident, $act:ty, $inner:path $(, $plain:path)?) => {
         $(#[$doc])*
         pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) -> bool {
-            if !t.avx512 {
-                return false;
+            if t.avx512 {
+                // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512
+                // F, VL, BW and VNNI were detected.
+                unsafe { $inner(w, rb, acts, out) };
+                return true;
             }
-            // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F,
-            // VL, BW and VNNI were detected.
-            unsafe { $inner(w, rb, acts, out) };
-            true
+            $(
+                // SAFETY: every token proves AVX2, FMA and F16C.
+                unsafe { $plain(w, rb, acts, out) };
+                return true;
+            )?
+            #[allow(unreachable_code)]
+            false
         }
     };
+}
+
+/// Whether [`x16_rows`]' entry for `dtype` runs on the token `t` (AVX-512: every
+/// interleavable type; plain AVX2: the types with a `$plain` kernel).
+pub fn has_x16(t: Avx2, dtype: gds_format::DType) -> bool {
+    use gds_format::DType::*;
+    t.avx512 || matches!(dtype, Q4K | Q5K)
 }
 
 x16_rows!(
@@ -1302,13 +1316,15 @@ x16_rows!(
     /// [`rows_q4_0x16`] for Q4_K: bit for bit [`rows_q4_k`] on the same rows in file order.
     rows_q4_kx16,
     ActQ8K,
-    q4k::rows_x16::<BlockQ4K>
+    q4k::rows_x16::<BlockQ4K>,
+    q4k::rows_x16_avx2::<BlockQ4K>
 );
 x16_rows!(
     /// [`rows_q4_0x16`] for Q5_K: bit for bit [`rows_q5_k`] on the same rows in file order.
     rows_q5_kx16,
     ActQ8K,
-    q4k::rows_x16::<BlockQ5K>
+    q4k::rows_x16::<BlockQ5K>,
+    q4k::rows_x16_avx2::<BlockQ5K>
 );
 x16_rows!(
     /// [`rows_q4_0x16`] for Q8_0: bit for bit [`rows_q8_0`] on the same rows in file order.

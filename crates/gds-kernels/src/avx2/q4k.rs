@@ -257,11 +257,18 @@ fn scales8<B: Kq45>(rows: &[&[B]; 8], i: usize) -> ([__m256i; 8], [__m256i; 4]) 
     // The 6-bit scales and mins of the eight rows at once, one row a 32-bit lane: the
     // arithmetic of `scales_mins_k4` on vectors (s_lo/s_hi: scales 0-3 / 4-7 as bytes,
     // m_lo/m_hi the mins), then spread into 16-bit lanes with byte shuffles.
-    let (w0, w1, w2) = (
+    scales_of(
         scale_words(rows, i, 0),
         scale_words(rows, i, 1),
         scale_words(rows, i, 2),
-    );
+    )
+}
+
+/// [`scales8`] from the three 32-bit words of packed scales of eight rows (row `r` in lane
+/// `r`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales_of(w0: __m256i, w1: __m256i, w2: __m256i) -> ([__m256i; 8], [__m256i; 4]) {
     let low6 = _mm256_set1_epi32(0x3f3f_3f3f);
     let low4 = _mm256_set1_epi32(0x0f0f_0f0f);
     let low2 = _mm256_set1_epi32(0x0303_0303);
@@ -364,11 +371,24 @@ fn gemm8<B: Kq45, const N: usize>(
     xs: [&[ActQ8K]; N],
     pairs: [&[[i32; 4]]; N],
 ) -> [__m256; N] {
+    gemm8_by::<B, _, N>(p, |u| u, xs, pairs)
+}
+
+/// [`gemm8`] over the eight-row parts `part(p[i])` of block `i`'s repacked rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm8_by<B: Kq45, P, const N: usize>(
+    p: &[P],
+    part: impl Fn(&P) -> &Packed8,
+    xs: [&[ActQ8K]; N],
+    pairs: [&[[i32; 4]]; N],
+) -> [__m256; N] {
     // u4 x i8: 2 * 15 * 128 per 16-bit lane and product pair, 16 * 15 * 128 < 2^15 after a
     // sub-block's eight groups; u5 (Q5_K): 8 * 31 * 128 < 2^15 after four
     let span = if B::FIVE { 4 } else { 8 };
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, u) in p.iter().enumerate() {
+        let u = part(u);
         let mut isum = [_mm256_setzero_si256(); N];
         for j in 0..8 {
             for g0 in (0..8).step_by(span) {
@@ -386,16 +406,23 @@ fn gemm8<B: Kq45, const N: usize>(
             }
         }
         for t in 0..N {
-            let bp = &pairs[t][i];
-            let mins = |k: usize| _mm256_madd_epi16(u.mn[k], _mm256_set1_epi32(bp[k]));
-            let m = _mm256_add_epi32(
-                _mm256_add_epi32(mins(0), mins(1)),
-                _mm256_add_epi32(mins(2), mins(3)),
-            );
+            let m = mins8(&u.mn, &pairs[t][i]);
             acc[t] = finish8(acc[t], u.d, u.ndmin, xs[t][i].d, isum[t], m);
         }
     }
     acc
+}
+
+/// The mins of a block's eight rows (`mn`, as [`Packed8::mn`]) against a token's sub-block
+/// sums (`bp`, [`min_pairs`]): `M` of each row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mins8(mn: &[__m256i; 4], bp: &[i32; 4]) -> __m256i {
+    let mins = |k: usize| _mm256_madd_epi16(mn[k], _mm256_set1_epi32(bp[k]));
+    _mm256_add_epi32(
+        _mm256_add_epi32(mins(0), mins(1)),
+        _mm256_add_epi32(mins(2), mins(3)),
+    )
 }
 
 /// Lanes of [`rows8`]'s results: lane `l` holds row `LANE_ROW[l]`.
@@ -1229,6 +1256,184 @@ pub(super) fn rows_x16<B: Kq45>(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &m
                     nt,
                     t0,
                 )
+            })
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The interleaved layout on plain AVX2: each 64-byte unit of a sixteen-row block holds the
+// rows' 4-byte units side by side, so its 32-byte half `h` is rows `8h..8h + 8`, a row per
+// 32-bit lane, as [`Packed8`] holds them: the eight-row arithmetic with nothing transposed.
+
+/// [`scales8`] of rows `8h..8h + 8` of the interleaved block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales_x8(b: &[u8], h: usize) -> ([__m256i; 8], [__m256i; 4]) {
+    let word = |k: usize| ld_u8x32(&b[64 + 64 * k + 32 * h..]);
+    scales_of(word(0), word(1), word(2))
+}
+
+/// `d` and `-dmin` of rows `8h..8h + 8` of the interleaved block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dmins_x8(b: &[u8], h: usize) -> (__m256, __m256) {
+    let f16s = |at: usize| {
+        let at = at + 16 * h;
+        _mm256_cvtph_ps(ld_u8x16(b[at..at + 16].try_into().expect("16 bytes")))
+    };
+    (f16s(0), _mm256_xor_ps(f16s(32), _mm256_set1_ps(-0.0)))
+}
+
+/// [`quants_x16`] for rows `8h..8h + 8`: `Packed8::q[j][c % 8]` of sub-blocks `j = 2(c / 8)`
+/// (low nibbles) and `2(c / 8) + 1`. Q5_K's fifth bits compared into byte masks, 16 where
+/// set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quants_x8<B: Kq45>(b: &[u8], c: usize, h: usize) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let v = ld_u8x32(&b[qs_x16::<B>() + 64 * c + 32 * h..]);
+    let (lo, hi) = (
+        _mm256_and_si256(v, m4),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+    );
+    if !B::FIVE {
+        return (lo, hi);
+    }
+    let bits = ld_u8x32(&b[256 + 64 * (c % 8) + 32 * h..]);
+    let sixteen = _mm256_set1_epi8(0x10);
+    let fifth = |s: usize| {
+        let m = _mm256_set1_epi8((1u8 << s) as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bits, m), m);
+        _mm256_and_si256(set, sixteen)
+    };
+    let k = c / 8;
+    (
+        _mm256_or_si256(lo, fifth(2 * k)),
+        _mm256_or_si256(hi, fifth(2 * k + 1)),
+    )
+}
+
+/// Block `i` of a group of sixteen interleaved rows as two [`Packed8`] (rows 0..8, 8..16),
+/// for prompt batches on plain AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_x8<B: Kq45>(group: &[u8], i: usize, p: &mut [Packed8; 2]) {
+    let gb = x16_block::<B>();
+    let b = &group[i * gb..(i + 1) * gb];
+    for (h, p) in p.iter_mut().enumerate() {
+        for k in 0..4 {
+            for g in 0..8 {
+                (p.q[2 * k][g], p.q[2 * k + 1][g]) = quants_x8::<B>(b, 8 * k + g, h);
+            }
+        }
+        (p.sc, p.mn) = scales_x8(b, h);
+        (p.d, p.ndmin) = dmins_x8(b, h);
+    }
+}
+
+/// [`gemv_x16`] on plain AVX2: each block of the group read as two halves of eight rows,
+/// each half's integer sums formed as [`gemm8`] forms them (so each row's result is the same
+/// bits), straight from the interleaved bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemv_x8<B: Kq45, const N: usize>(
+    group: &[u8],
+    nb: usize,
+    xs: [&[ActQ8K]; N],
+    pairs: [&[[i32; 4]]; N],
+    pf: &[u8],
+) -> [[__m256; N]; 2] {
+    let gb = x16_block::<B>();
+    let mut acc = [[_mm256_setzero_ps(); N]; 2];
+    for i in 0..nb {
+        prefetch_l2(pf, i, nb);
+        let b = &group[i * gb..(i + 1) * gb];
+        for (h, acc) in acc.iter_mut().enumerate() {
+            let (sc, mn) = scales_x8(b, h);
+            let mut isum = [_mm256_setzero_si256(); N];
+            for k in 0..4 {
+                let (mut lo, mut hi) = ([_mm256_setzero_si256(); N], [_mm256_setzero_si256(); N]);
+                for g in 0..8 {
+                    if B::FIVE && g == 4 {
+                        for t in 0..N {
+                            isum[t] =
+                                _mm256_add_epi32(isum[t], _mm256_madd_epi16(lo[t], sc[2 * k]));
+                            isum[t] =
+                                _mm256_add_epi32(isum[t], _mm256_madd_epi16(hi[t], sc[2 * k + 1]));
+                            (lo[t], hi[t]) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        }
+                    }
+                    let (ql, qh) = quants_x8::<B>(b, 8 * k + g, h);
+                    for t in 0..N {
+                        let x = &xs[t][i].qs;
+                        let (al, ah) = (
+                            bcast4(&x[32 * (2 * k) + 4 * g..]),
+                            bcast4(&x[32 * (2 * k + 1) + 4 * g..]),
+                        );
+                        lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(ql, al));
+                        hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(qh, ah));
+                    }
+                }
+                for t in 0..N {
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(lo[t], sc[2 * k]));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(hi[t], sc[2 * k + 1]));
+                }
+            }
+            let (d, ndmin) = dmins_x8(b, h);
+            for t in 0..N {
+                let m = mins8(&mn, &pairs[t][i]);
+                acc[t] = finish8(acc[t], d, ndmin, xs[t][i].d, isum[t], m);
+            }
+        }
+    }
+    acc
+}
+
+/// [`rows_x16`] on plain AVX2 (and AVX-VNNI, whose K-quant sums are AVX2's): the same
+/// drivers, each group's two halves of eight rows through [`gemv_x8`] (decode) or unpacked
+/// into [`Packed8`] for [`gemm8`] (prompts). Bit for bit the stored-layout kernels' result.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rows_x16_avx2<B: Kq45>(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<B>(), nt, out) else {
+        return;
+    };
+    let pairs: Vec<Vec<[i32; 4]>> = acts
+        .iter()
+        .map(|x| x[..nb].iter().map(min_pairs).collect())
+        .collect();
+    let lanes_from = if B::FIVE {
+        Q5K_LANES_MIN.0
+    } else {
+        Q4K_LANES_MIN.0
+    };
+    if nt < lanes_from {
+        x16_tiles(w, rb, nt, |group, r, pf, t0| {
+            let (a, ps) = (&acts[t0..], &pairs[t0..]);
+            by_tile!(a, |xs| {
+                let pv = std::array::from_fn(|k| &ps[k][..]);
+                let [lo, hi] = gemv_x8::<B, _>(group, nb, xs, pv, pf);
+                put_rows(lo.map(|v| lanes8(v)), r, nrows, out, nt, t0);
+                put_rows(hi.map(|v| lanes8(v)), r + 8, nrows, out, nt, t0);
+            })
+        });
+        return;
+    }
+    x16_chunked(
+        w,
+        rb,
+        (nb, nt),
+        [Packed8::zero(); 2],
+        |group, i, p| unpack_x8::<B>(group, i, p),
+        |p: &[[Packed8; 2]], r, t0| {
+            let (a, ps) = (&acts[t0..], &pairs[t0..]);
+            by_tile!(a, |xs| {
+                let pv = std::array::from_fn(|k| &ps[k][..]);
+                for h in 0..2 {
+                    let v = gemm8_by::<B, _, _>(p, |u| &u[h], xs, pv);
+                    put_rows(v.map(|v| lanes8(v)), r + 8 * h, nrows, out, nt, t0);
+                }
             })
         },
     );
