@@ -1297,7 +1297,7 @@ macro_rules! x16_rows {
 /// interleavable type; plain AVX2: the types with a `$plain` kernel).
 pub fn has_x16(t: Avx2, dtype: gds_format::DType) -> bool {
     use gds_format::DType::*;
-    t.avx512 || matches!(dtype, Q4K | Q5K)
+    t.avx512 || matches!(dtype, Q4K | Q5K | Q6K)
 }
 
 x16_rows!(
@@ -1354,7 +1354,8 @@ x16_rows!(
     /// [`rows_q4_0x16`] for Q6_K: bit for bit [`rows_q6_k`] on the same rows in file order.
     rows_q6_kx16,
     ActQ8K,
-    q6k::rows_x16
+    q6k::rows_x16,
+    q6k::rows_x16_avx2
 );
 
 /// The row-at-a-time Q4_0 kernel of every feature set (AVX-VNNI's or AVX512-VNNI's

@@ -120,8 +120,20 @@ fn d8(rows: &[&[BlockQ6K]; 8], i: usize) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8K]; N]) -> [__m256; N] {
+    gemm8_by(p, |u| u, xs)
+}
+
+/// [`gemm8`] over the eight-row parts `part(p[i])` of block `i`'s repacked rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm8_by<P, const N: usize>(
+    p: &[P],
+    part: impl Fn(&P) -> &Packed8,
+    xs: [&[ActQ8K]; N],
+) -> [__m256; N] {
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, u) in p.iter().enumerate() {
+        let u = part(u);
         let mut isum = [_mm256_setzero_si256(); N];
         for j in 0..8 {
             for h in 0..2 {
@@ -149,18 +161,25 @@ fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8K]; N]) -> [__m256; N] {
             }
         }
         for t in 0..N {
-            let x = &xs[t][i];
-            let mut off = _mm256_setzero_si256();
-            for (k, scp) in u.scp.iter().enumerate() {
-                let pair = bsum_pair(&x.bsums, k);
-                off = _mm256_add_epi32(off, _mm256_madd_epi16(*scp, _mm256_set1_epi32(pair)));
-            }
-            let it = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(off));
-            let dx = _mm256_set1_ps(x.d);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(u.d, dx), _mm256_cvtepi32_ps(it), acc[t]);
+            acc[t] = finish8(acc[t], isum[t], &u.scp, u.d, &xs[t][i]);
         }
     }
     acc
+}
+
+/// The block end of [`gemm8`]: the scaled sums less 32 times the scaled activation sums,
+/// then `acc = fma(d * dx, I, acc)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn finish8(acc: __m256, isum: __m256i, scp: &[__m256i; 8], d: __m256, x: &ActQ8K) -> __m256 {
+    let mut off = _mm256_setzero_si256();
+    for (k, scp) in scp.iter().enumerate() {
+        let pair = bsum_pair(&x.bsums, k);
+        off = _mm256_add_epi32(off, _mm256_madd_epi16(*scp, _mm256_set1_epi32(pair)));
+    }
+    let it = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(off));
+    let dx = _mm256_set1_ps(x.d);
+    _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it), acc)
 }
 
 /// Activation sums `2k` (low 16 bits) and `2k + 1` as one dword.
@@ -599,6 +618,158 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32])
                 nt,
                 t0
             ))
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The interleaved layout on plain AVX2: the 32-byte half `half` of each 64-byte unit is
+// rows `8 * half..8 * half + 8`, a row per 32-bit lane (as in `super::q4k`).
+
+/// [`scales8`] of rows `8 * half..` of the interleaved block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales_x8(b: &[u8], half: usize) -> ([__m256i; 16], [__m256i; 8]) {
+    let words: [__m256i; 4] = std::array::from_fn(|k| ld_u8x32(&b[3072 + 64 * k + 32 * half..]));
+    let spread =
+        |w: __m256i, m: &[u8; 32]| _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w, ld_u8x32(m)));
+    (
+        std::array::from_fn(|s| spread(words[s / 4], &SPREAD_SCALE[s % 4])),
+        std::array::from_fn(|k| spread(words[k / 2], &PAIR_SCALES[k % 2])),
+    )
+}
+
+/// [`quants_x16`] for rows `8 * half..`: `Packed8::q[4h + c][g]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quants_x8(b: &[u8], h: usize, g: usize, half: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let m30 = _mm256_set1_epi8(0x30);
+    let at = |unit: usize| ld_u8x32(&b[64 * unit + 32 * half..]);
+    let (ql0, ql1, qh) = (at(16 * h + g), at(16 * h + 8 + g), at(32 + 8 * h + g));
+    let qh2 = _mm256_srli_epi16::<2>(qh);
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(qh2, m3)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(qh, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(qh2, m30),
+        ),
+    ]
+}
+
+/// `d` of rows `8 * half..` of the interleaved block `b`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn d_x8(b: &[u8], half: usize) -> __m256 {
+    let at = 3328 + 16 * half;
+    _mm256_cvtph_ps(ld_u8x16(b[at..at + 16].try_into().expect("16 bytes")))
+}
+
+/// Block `i` of a group of sixteen interleaved rows as two [`Packed8`] (rows 0..8, 8..16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_x8(group: &[u8], i: usize, p: &mut [Packed8; 2]) {
+    let b = &group[i * X16_BLOCK..(i + 1) * X16_BLOCK];
+    for (half, p) in p.iter_mut().enumerate() {
+        for h in 0..2 {
+            for g in 0..8 {
+                let q = quants_x8(b, h, g, half);
+                for (c, q) in q.into_iter().enumerate() {
+                    p.q[4 * h + c][g] = q;
+                }
+            }
+        }
+        (p.sc, p.scp) = scales_x8(b, half);
+        p.d = d_x8(b, half);
+    }
+}
+
+/// [`gemv_x16`] on plain AVX2: each block read as two halves of eight rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemv_x8<const N: usize>(
+    group: &[u8],
+    nb: usize,
+    xs: [&[ActQ8K]; N],
+    pf: &[u8],
+) -> [[__m256; N]; 2] {
+    let mut acc = [[_mm256_setzero_ps(); N]; 2];
+    for i in 0..nb {
+        prefetch_l2(pf, i, nb);
+        let b = &group[i * X16_BLOCK..(i + 1) * X16_BLOCK];
+        for (half, acc) in acc.iter_mut().enumerate() {
+            let (sc, scp) = scales_x8(b, half);
+            let mut isum = [_mm256_setzero_si256(); N];
+            for h in 0..2 {
+                for g0 in (0..8).step_by(2) {
+                    let (q0, q1) = (quants_x8(b, h, g0, half), quants_x8(b, h, g0 + 1, half));
+                    for c in 0..4 {
+                        let j = 4 * h + c;
+                        let s = sc[2 * j + g0 / 4];
+                        for t in 0..N {
+                            let x = &xs[t][i].qs[32 * j + 4 * g0..];
+                            let sum = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(q0[c], bcast4(x)),
+                                _mm256_maddubs_epi16(q1[c], bcast4(&x[4..])),
+                            );
+                            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(sum, s));
+                        }
+                    }
+                }
+            }
+            let d = d_x8(b, half);
+            for t in 0..N {
+                acc[t] = finish8(acc[t], isum[t], &scp, d, &xs[t][i]);
+            }
+        }
+    }
+    acc
+}
+
+/// [`rows_x16`] on plain AVX2 (and AVX-VNNI): each group's halves of eight rows through
+/// [`gemv_x8`] (decode) or unpacked into [`Packed8`] for [`gemm8`] (prompts). Bit for bit
+/// the stored-layout kernels' result.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ6K>(), nt, out) else {
+        return;
+    };
+    if nt < Q6K_LANES_MIN.0 {
+        x16_tiles(w, rb, nt, |group, r, pf, t0| {
+            by_tile!(&acts[t0..], |xs| {
+                let [lo, hi] = gemv_x8(group, nb, xs, pf);
+                put_rows(lo.map(|v| lanes8(v)), r, nrows, out, nt, t0);
+                put_rows(hi.map(|v| lanes8(v)), r + 8, nrows, out, nt, t0);
+            })
+        });
+        return;
+    }
+    x16_chunked(
+        w,
+        rb,
+        (nb, nt),
+        [Packed8::zero(); 2],
+        |group, i, p| unpack_x8(group, i, p),
+        |p: &[[Packed8; 2]], r, t0| {
+            by_tile!(&acts[t0..], |xs| {
+                for half in 0..2 {
+                    let v = gemm8_by(p, |u| &u[half], xs);
+                    put_rows(v.map(|v| lanes8(v)), r + 8 * half, nrows, out, nt, t0);
+                }
+            })
         },
     );
 }
