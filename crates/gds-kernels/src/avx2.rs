@@ -1297,7 +1297,7 @@ macro_rules! x16_rows {
 /// interleavable type; plain AVX2: the types with a `$plain` kernel).
 pub fn has_x16(t: Avx2, dtype: gds_format::DType) -> bool {
     use gds_format::DType::*;
-    t.avx512 || matches!(dtype, Q4K | Q5K | Q6K)
+    t.avx512 || matches!(dtype, Q4_0 | Q4K | Q5K | Q6K)
 }
 
 x16_rows!(
@@ -1310,7 +1310,8 @@ x16_rows!(
     /// ~65 256-bit operations on eight block-rows.
     rows_q4_0x16,
     ActQ8,
-    q40::rows_x16
+    q40::rows_x16,
+    q40::rows_x16_avx2
 );
 x16_rows!(
     /// [`rows_q4_0x16`] for Q4_K: bit for bit [`rows_q4_k`] on the same rows in file order.

@@ -92,28 +92,46 @@ fn term8(u: &Packed8, x: &[ActQ8], i: usize, acc: __m256) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
+    let [acc] = gemm8_by::<N, 1>(p.len(), |i, _| p[i], xs, &[]);
+    acc
+}
+
+/// [`gemm8`] on `H` sets of eight rows at once over `nb` blocks, `block(i, h)` giving block
+/// `i` of set `h` (repacked beforehand, or unpacked from the interleaved layout as the loop
+/// goes), prefetching the bytes `pf` into L2 a few lines a pair of blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm8_by<const N: usize, const H: usize>(
+    nb: usize,
+    block: impl Fn(usize, usize) -> Packed8,
+    xs: [&[ActQ8]; N],
+    pf: &[u8],
+) -> [[__m256; N]; H] {
     // even blocks, odd blocks
-    let mut even = [_mm256_setzero_ps(); N];
-    let mut odd = [_mm256_setzero_ps(); N];
-    for (k, pair) in p.chunks(2).enumerate() {
-        for t in 0..N {
-            even[t] = term8(&pair[0], xs[t], 2 * k, even[t]);
-        }
-        match pair.get(1) {
-            Some(u) => {
-                for t in 0..N {
-                    odd[t] = term8(u, xs[t], 2 * k + 1, odd[t]);
-                }
+    let mut even = [[_mm256_setzero_ps(); N]; H];
+    let mut odd = [[_mm256_setzero_ps(); N]; H];
+    for k in 0..nb.div_ceil(2) {
+        prefetch_l2(pf, k, nb.div_ceil(2));
+        for h in 0..H {
+            let u = block(2 * k, h);
+            for t in 0..N {
+                even[h][t] = term8(&u, xs[t], 2 * k, even[h][t]);
             }
-            // an odd block count: the decode kernel adds a zero block's term to the odd sums
-            None => {
-                for o in odd.iter_mut() {
+            if 2 * k + 1 < nb {
+                let u = block(2 * k + 1, h);
+                for t in 0..N {
+                    odd[h][t] = term8(&u, xs[t], 2 * k + 1, odd[h][t]);
+                }
+            } else {
+                // an odd block count: the decode kernel adds a zero block's term to the odd
+                // sums
+                for o in odd[h].iter_mut() {
                     *o = _mm256_fmadd_ps(_mm256_setzero_ps(), _mm256_setzero_ps(), *o);
                 }
             }
         }
     }
-    std::array::from_fn(|t| _mm256_add_ps(even[t], odd[t]))
+    std::array::from_fn(|h| std::array::from_fn(|t| _mm256_add_ps(even[h][t], odd[h][t])))
 }
 
 /// Sixteen rows of one Q4_0 block for AVX-512: rows 8..16 in lanes 8..16.
@@ -253,6 +271,69 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) 
                 nt,
                 t0
             ))
+        },
+    );
+}
+
+/// Block `i` of a group of sixteen interleaved rows, rows `8h..8h + 8`, as [`Packed8`]: the
+/// 32-byte half `h` of each 64-byte unit is those rows' units, a row per 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_x8(group: &[u8], i: usize, h: usize) -> Packed8 {
+    let b = &group[i * GROUP_BLOCK..(i + 1) * GROUP_BLOCK];
+    let m4 = _mm256_set1_epi8(0x0F);
+    let d = _mm256_cvtph_ps(ld_u8x16(
+        b[16 * h..16 * h + 16].try_into().expect("16 bytes"),
+    ));
+    let v: [__m256i; 4] = std::array::from_fn(|k| ld_u8x32(&b[32 + 64 * k + 32 * h..]));
+    Packed8 {
+        q: std::array::from_fn(|g| {
+            if g < 4 {
+                _mm256_and_si256(v[g], m4)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
+            }
+        }),
+        d,
+    }
+}
+
+/// [`rows_x16`] on plain AVX2 (and AVX-VNNI, whose Q4_0 kernel is AVX2's): up to four tokens
+/// with both halves of each group's blocks unpacked as the loop reads them ([`gemm8_by`]),
+/// more through the prompt driver. Bit for bit the four-row decode kernel's result on the
+/// same rows in file order.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ4_0>(), nt, out) else {
+        return;
+    };
+    let zero = Packed8 {
+        q: [_mm256_setzero_si256(); 8],
+        d: _mm256_setzero_ps(),
+    };
+    if nt <= 4 {
+        x16_tiles(w, rb, nt, |group, r, pf, _| {
+            by_tile!(acts, |xs| {
+                let [lo, hi] = gemm8_by(nb, |i, h| unpack_x8(group, i, h), xs, pf);
+                put_rows(lo.map(|v| lanes8(v)), r, nrows, out, nt, 0);
+                put_rows(hi.map(|v| lanes8(v)), r + 8, nrows, out, nt, 0);
+            })
+        });
+        return;
+    }
+    x16_chunked(
+        w,
+        rb,
+        (nb, nt),
+        [zero; 2],
+        |group, i, p| *p = [unpack_x8(group, i, 0), unpack_x8(group, i, 1)],
+        |p: &[[Packed8; 2]], r, t0| {
+            by_tile!(&acts[t0..], |xs| {
+                let [lo, hi] = gemm8_by(p.len(), |i, h| p[i][h], xs, &[]);
+                put_rows(lo.map(|v| lanes8(v)), r, nrows, out, nt, t0);
+                put_rows(hi.map(|v| lanes8(v)), r + 8, nrows, out, nt, t0);
+            })
         },
     );
 }
