@@ -5,6 +5,7 @@ mod batch;
 mod cli;
 mod errors;
 mod imatrix;
+mod interleave;
 mod speculative;
 mod stream;
 
