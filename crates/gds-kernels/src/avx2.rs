@@ -1269,45 +1269,38 @@ pub fn rows_q4_0(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
     unsafe { quad::rows_q4_0(w, rb, acts, out) }
 }
 
-/// Generates the entry of an interleaved-rows kernel (`$inner`, AVX-512; `$plain`, where
-/// given, AVX2): it runs when the token has what the kernel needs (`true`) and leaves `out`
-/// untouched otherwise (`false`).
+/// Generates the entry of an interleaved-rows kernel: `$wide` (sixteen rows a 512-bit
+/// vector) when the token has AVX-512, `$vnni` (where given) when it has AVX-VNNI, else
+/// `$plain` (the eight-row AVX2 kernels on each half of a group).
 macro_rules! x16_rows {
-    ($(#[$doc:meta])* $name:ident, $act:ty, $inner:path $(, $plain:path)?) => {
+    ($(#[$doc:meta])* $name:ident, $act:ty, $wide:path, $plain:path $(, $vnni:path)?) => {
         $(#[$doc])*
-        pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) -> bool {
+        pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
             if t.avx512 {
                 // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512
                 // F, VL, BW and VNNI were detected.
-                unsafe { $inner(w, rb, acts, out) };
-                return true;
+                return unsafe { $wide(w, rb, acts, out) };
             }
             $(
-                // SAFETY: every token proves AVX2, FMA and F16C.
-                unsafe { $plain(w, rb, acts, out) };
-                return true;
+                if t.vnni {
+                    // SAFETY: a token with `vnni` exists only when AVX-VNNI was detected too.
+                    return unsafe { $vnni(w, rb, acts, out) };
+                }
             )?
-            #[allow(unreachable_code)]
-            false
+            // SAFETY: every token proves AVX2, FMA and F16C.
+            unsafe { $plain(w, rb, acts, out) }
         }
     };
 }
 
-/// Whether [`x16_rows`]' entry for `dtype` runs on the token `t` (AVX-512: every
-/// interleavable type; plain AVX2: the types with a `$plain` kernel).
-pub fn has_x16(t: Avx2, dtype: gds_format::DType) -> bool {
-    use gds_format::DType::*;
-    t.avx512 || matches!(dtype, Q4_0 | Q4K | Q5K | Q6K)
-}
-
 x16_rows!(
     /// Q4_0 rows interleaved sixteen at a time (`Layout::Interleaved16`, whole groups)
-    /// against `acts`, into `out[r * acts.len() + t]`, when the token has AVX-512 VNNI;
-    /// `false` (and `out` untouched) otherwise. Bit for bit [`rows_q4_0`] on the same rows in
-    /// file order. The decode kernel reads each group's bytes once, in order, with no
-    /// repacking: a block of sixteen rows is four 512-bit loads, eight `vpdpbusd` against
-    /// broadcast activation bytes and one scale conversion, where the four-row kernel spends
-    /// ~65 256-bit operations on eight block-rows.
+    /// against `acts`, into `out[r * acts.len() + t]`. Bit for bit [`rows_q4_0`] on the
+    /// same rows in file order. The AVX-512 decode kernel reads each group's bytes once, in
+    /// order, with no repacking: a block of sixteen rows is four 512-bit loads, eight
+    /// `vpdpbusd` against broadcast activation bytes and one scale conversion, where the
+    /// four-row kernel spends ~65 256-bit operations on eight block-rows; on AVX2 each
+    /// 64-byte unit's halves are eight rows a lane each, the eight-row kernels' form.
     rows_q4_0x16,
     ActQ8,
     q40::rows_x16,
@@ -1331,25 +1324,33 @@ x16_rows!(
     /// [`rows_q4_0x16`] for Q8_0: bit for bit [`rows_q8_0`] on the same rows in file order.
     rows_q8_0x16,
     ActQ8,
-    q80::rows_x16::<BlockQ8_0>
+    q80::rows_x16::<BlockQ8_0>,
+    q80::plain::rows_x16_avx2::<BlockQ8_0>,
+    q80::vnni::rows_x16_avx2::<BlockQ8_0>
 );
 x16_rows!(
     /// [`rows_q4_0x16`] for Q4_1: bit for bit [`rows_q4_1`] on the same rows in file order.
     rows_q4_1x16,
     ActQ8,
-    q80::rows_x16::<BlockQ4_1>
+    q80::rows_x16::<BlockQ4_1>,
+    q80::plain::rows_x16_avx2::<BlockQ4_1>,
+    q80::vnni::rows_x16_avx2::<BlockQ4_1>
 );
 x16_rows!(
     /// [`rows_q4_0x16`] for Q5_0: bit for bit [`rows_q5_0`] on the same rows in file order.
     rows_q5_0x16,
     ActQ8,
-    q80::rows_x16::<BlockQ5_0>
+    q80::rows_x16::<BlockQ5_0>,
+    q80::plain::rows_x16_avx2::<BlockQ5_0>,
+    q80::vnni::rows_x16_avx2::<BlockQ5_0>
 );
 x16_rows!(
     /// [`rows_q4_0x16`] for Q5_1: bit for bit [`rows_q5_1`] on the same rows in file order.
     rows_q5_1x16,
     ActQ8,
-    q80::rows_x16::<BlockQ5_1>
+    q80::rows_x16::<BlockQ5_1>,
+    q80::plain::rows_x16_avx2::<BlockQ5_1>,
+    q80::vnni::rows_x16_avx2::<BlockQ5_1>
 );
 x16_rows!(
     /// [`rows_q4_0x16`] for Q6_K: bit for bit [`rows_q6_k`] on the same rows in file order.

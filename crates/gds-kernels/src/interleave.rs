@@ -191,7 +191,8 @@ impl Map {
 
 /// Whether the best instruction set of this process ([`crate::Isa::best`]) has kernels
 /// that read `dtype`'s [`Layout::Interleaved16`] directly (AVX-512 VNNI: every interleavable
-/// type; AVX2 and AVX-VNNI: Q4_K and Q5_K) and interleaving pays for it. Elsewhere an interleaved matrix still multiplies
+/// type, sixteen rows a vector; AVX2 and AVX-VNNI: every type, eight rows a vector) and
+/// interleaving pays for it. Elsewhere an interleaved matrix still multiplies
 /// correctly (each group is put back into rows first), only slower, so a caller interleaves
 /// when this says so.
 ///
@@ -203,22 +204,16 @@ impl Map {
 /// kernels against these on one machine), `GDS_INTERLEAVE=all` yes for Q8_0 too.
 pub fn interleave_pays(dtype: DType) -> bool {
     let env = std::env::var("GDS_INTERLEAVE").ok();
-    if env.as_deref() == Some("0")
-        || !interleavable(dtype)
-        || !has_kernel(crate::Isa::best(), dtype)
-    {
+    if env.as_deref() == Some("0") || !interleavable(dtype) || !has_kernel(crate::Isa::best()) {
         return false;
     }
     dtype != DType::Q8_0 || env.as_deref() == Some("all")
 }
 
-/// Whether `isa` has a kernel over `dtype`'s interleaved layout.
-fn has_kernel(isa: crate::Isa, dtype: DType) -> bool {
-    match crate::matmul::Backend::new(isa) {
-        #[cfg(target_arch = "x86_64")]
-        Some(crate::matmul::Backend::Avx2(t)) => crate::avx2::has_x16(t, dtype),
-        _ => false,
-    }
+/// Whether `isa` has kernels over the interleaved layout (every x86-64 one: AVX-512's
+/// sixteen rows a vector, AVX2's and AVX-VNNI's two halves of eight).
+fn has_kernel(isa: crate::Isa) -> bool {
+    !matches!(isa, crate::Isa::Scalar)
 }
 
 #[cfg(test)]

@@ -248,23 +248,20 @@ fn run_laid_out(
     }
     #[cfg(target_arch = "x86_64")]
     if let Backend::Avx2(t) = be {
-        let done = match (dtype, acts) {
-            (DType::Q4_0, ActRows::Q8(a)) => avx2::rows_q4_0x16(t, w, rb, a, out),
-            (DType::Q4_1, ActRows::Q8(a)) => avx2::rows_q4_1x16(t, w, rb, a, out),
-            (DType::Q5_0, ActRows::Q8(a)) => avx2::rows_q5_0x16(t, w, rb, a, out),
-            (DType::Q5_1, ActRows::Q8(a)) => avx2::rows_q5_1x16(t, w, rb, a, out),
-            (DType::Q8_0, ActRows::Q8(a)) => avx2::rows_q8_0x16(t, w, rb, a, out),
-            (DType::Q4K, ActRows::Q8K(a)) => avx2::rows_q4_kx16(t, w, rb, a, out),
-            (DType::Q5K, ActRows::Q8K(a)) => avx2::rows_q5_kx16(t, w, rb, a, out),
-            (DType::Q6K, ActRows::Q8K(a)) => avx2::rows_q6_kx16(t, w, rb, a, out),
-            _ => false,
-        };
-        if done {
-            return;
+        match (dtype, acts) {
+            (DType::Q4_0, ActRows::Q8(a)) => return avx2::rows_q4_0x16(t, w, rb, a, out),
+            (DType::Q4_1, ActRows::Q8(a)) => return avx2::rows_q4_1x16(t, w, rb, a, out),
+            (DType::Q5_0, ActRows::Q8(a)) => return avx2::rows_q5_0x16(t, w, rb, a, out),
+            (DType::Q5_1, ActRows::Q8(a)) => return avx2::rows_q5_1x16(t, w, rb, a, out),
+            (DType::Q8_0, ActRows::Q8(a)) => return avx2::rows_q8_0x16(t, w, rb, a, out),
+            (DType::Q4K, ActRows::Q8K(a)) => return avx2::rows_q4_kx16(t, w, rb, a, out),
+            (DType::Q5K, ActRows::Q8K(a)) => return avx2::rows_q5_kx16(t, w, rb, a, out),
+            (DType::Q6K, ActRows::Q8K(a)) => return avx2::rows_q6_kx16(t, w, rb, a, out),
+            _ => {}
         }
     }
-    // No kernel over the interleaved layout here: each group back into rows, then the
-    // row kernel (the same arithmetic, so the same bits).
+    // No kernel over the interleaved layout here (the scalar kernels): each group back into
+    // rows, then the row kernel (the same arithmetic, so the same bits).
     let nt = out.len() / (w.len() / rb).max(1);
     let map = Map::of(dtype);
     let mut rows = vec![0u8; GROUP * rb];

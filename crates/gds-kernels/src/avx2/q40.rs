@@ -7,8 +7,8 @@
 //! the even blocks or of the odd ones, the two added at the end.
 
 use super::q4k::{
-    bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16,
-    transpose8, x16_chunked, x16_shape, x16_tiles,
+    bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_halves, put_rows,
+    transpose16, transpose8, x16_chunked, x16_shape, x16_tiles,
 };
 use super::*;
 use crate::interleave::GROUP;
@@ -314,11 +314,13 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f
     };
     if nt <= 4 {
         x16_tiles(w, rb, nt, |group, r, pf, _| {
-            by_tile!(acts, |xs| {
-                let [lo, hi] = gemm8_by(nb, |i, h| unpack_x8(group, i, h), xs, pf);
-                put_rows(lo.map(|v| lanes8(v)), r, nrows, out, nt, 0);
-                put_rows(hi.map(|v| lanes8(v)), r + 8, nrows, out, nt, 0);
-            })
+            by_tile!(acts, |xs| put_halves(
+                gemm8_by(nb, |i, h| unpack_x8(group, i, h), xs, pf),
+                r,
+                nrows,
+                out,
+                (nt, 0)
+            ))
         });
         return;
     }
@@ -329,11 +331,13 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f
         [zero; 2],
         |group, i, p| *p = [unpack_x8(group, i, 0), unpack_x8(group, i, 1)],
         |p: &[[Packed8; 2]], r, t0| {
-            by_tile!(&acts[t0..], |xs| {
-                let [lo, hi] = gemm8_by(p.len(), |i, h| p[i][h], xs, &[]);
-                put_rows(lo.map(|v| lanes8(v)), r, nrows, out, nt, t0);
-                put_rows(hi.map(|v| lanes8(v)), r + 8, nrows, out, nt, t0);
-            })
+            by_tile!(&acts[t0..], |xs| put_halves(
+                gemm8_by(p.len(), |i, h| p[i][h], xs, &[]),
+                r,
+                nrows,
+                out,
+                (nt, t0)
+            ))
         },
     );
 }

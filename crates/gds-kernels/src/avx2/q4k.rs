@@ -890,6 +890,22 @@ pub(super) fn put_rows<const N: usize, const L: usize>(
     }
 }
 
+/// Writes `N` tokens' results of the two halves of a group of sixteen rows from `r` (eight
+/// rows each, row `r + 8h + k` in lane `k` of `acc[h]`) to `out[row * nt + t0 + t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn put_halves<const N: usize>(
+    acc: [[__m256; N]; 2],
+    r: usize,
+    nrows: usize,
+    out: &mut [f32],
+    (nt, t0): (usize, usize),
+) {
+    for (h, acc) in acc.into_iter().enumerate() {
+        put_rows(acc.map(|v| lanes8(v)), r + 8 * h, nrows, out, nt, t0);
+    }
+}
+
 /// Q4_K/Q5_K prompt batches on plain AVX2: groups of eight rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn gemm_rows8<B: Kq45>(
@@ -1413,9 +1429,13 @@ pub(super) fn rows_x16_avx2<B: Kq45>(w: &[u8], rb: usize, acts: &[&[ActQ8K]], ou
             let (a, ps) = (&acts[t0..], &pairs[t0..]);
             by_tile!(a, |xs| {
                 let pv = std::array::from_fn(|k| &ps[k][..]);
-                let [lo, hi] = gemv_x8::<B, _>(group, nb, xs, pv, pf);
-                put_rows(lo.map(|v| lanes8(v)), r, nrows, out, nt, t0);
-                put_rows(hi.map(|v| lanes8(v)), r + 8, nrows, out, nt, t0);
+                put_halves(
+                    gemv_x8::<B, _>(group, nb, xs, pv, pf),
+                    r,
+                    nrows,
+                    out,
+                    (nt, t0),
+                );
             })
         });
         return;

@@ -7,8 +7,8 @@
 //! chunks of rows repacked once ([`Packed8`]) and every tile of tokens against them.
 
 use super::q4k::{
-    bcast4, bcast4x16, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_rows,
-    transpose16, transpose8, x16_chunked, x16_shape, x16_tiles,
+    bcast4, bcast4x16, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_halves,
+    put_rows, transpose16, transpose8, x16_chunked, x16_shape, x16_tiles,
 };
 use super::*;
 use crate::interleave::GROUP;
@@ -749,11 +749,13 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [
     };
     if nt < Q6K_LANES_MIN.0 {
         x16_tiles(w, rb, nt, |group, r, pf, t0| {
-            by_tile!(&acts[t0..], |xs| {
-                let [lo, hi] = gemv_x8(group, nb, xs, pf);
-                put_rows(lo.map(|v| lanes8(v)), r, nrows, out, nt, t0);
-                put_rows(hi.map(|v| lanes8(v)), r + 8, nrows, out, nt, t0);
-            })
+            by_tile!(&acts[t0..], |xs| put_halves(
+                gemv_x8(group, nb, xs, pf),
+                r,
+                nrows,
+                out,
+                (nt, t0)
+            ))
         });
         return;
     }

@@ -23,8 +23,8 @@
 
 use super::q40::{act4, act_block};
 use super::q4k::{
-    bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_rows, transpose16,
-    transpose8, x16_chunked, x16_shape, x16_tiles,
+    bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_halves, put_rows,
+    transpose16, transpose8, x16_chunked, x16_shape, x16_tiles,
 };
 use super::*;
 use crate::interleave::GROUP;
@@ -482,13 +482,158 @@ macro_rules! q80_lanes8 {
         #[inline]
         #[target_feature(enable = $feat)]
         fn gemm8<B: Q32, const N: usize>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
-            let mut acc = [_mm256_setzero_ps(); N];
+            let [acc] = gemm8_by::<B, _, N, 1>(p, |u, _| *u, xs);
+            acc
+        }
+
+        /// [`gemm8`] on `H` sets of eight rows, `part(p[i], h)` block `i` of set `h`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn gemm8_by<B: Q32, P, const N: usize, const H: usize>(
+            p: &[P],
+            part: impl Fn(&P, usize) -> Packed8,
+            xs: [&[ActQ8]; N],
+        ) -> [[__m256; N]; H] {
+            let mut acc = [[_mm256_setzero_ps(); N]; H];
             for (i, u) in p.iter().enumerate() {
-                for t in 0..N {
-                    acc[t] = term8::<B>(u, xs[t], i, acc[t]);
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let u = part(u, h);
+                    for t in 0..N {
+                        acc[t] = term8::<B>(&u, xs[t], i, acc[t]);
+                    }
                 }
             }
             acc
+        }
+
+        /// Block `i` of a group of sixteen interleaved rows, rows `8h..8h + 8`, as
+        /// [`Packed8`]: [`unpack_x16`]'s fields from the 32-byte half `h` of each 64-byte
+        /// unit (eight rows, a row per 32-bit lane), the fifth bits tested by a compare.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn unpack_x8<B: Q32>(group: &[u8], i: usize, h: usize) -> Packed8 {
+            let gb = GROUP * std::mem::size_of::<B>();
+            let b = &group[i * gb..(i + 1) * gb];
+            let (qh_at, qs_at) = x16_fields::<B>();
+            let f16s = |at: usize| {
+                let at = at + 16 * h;
+                _mm256_cvtph_ps(ld_u8x16(b[at..at + 16].try_into().expect("16 bytes")))
+            };
+            let mut p = Packed8::zero();
+            p.d = f16s(0);
+            if B::MIN {
+                p.m = f16s(32);
+            }
+            let at = |unit: usize| ld_u8x32(&b[unit + 32 * h..]);
+            let t: [__m256i; 8] = if B::SIGNED {
+                std::array::from_fn(|g| at(qs_at + 64 * g))
+            } else {
+                let m4 = _mm256_set1_epi8(0x0F);
+                let v: [__m256i; 4] = std::array::from_fn(|c| at(qs_at + 64 * c));
+                let mut t: [__m256i; 8] = std::array::from_fn(|g| {
+                    if g < 4 {
+                        _mm256_and_si256(v[g], m4)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
+                    }
+                });
+                if B::QH {
+                    let hw = at(qh_at);
+                    let sixteen = _mm256_set1_epi8(0x10);
+                    let lanes = _mm256_set_epi32(
+                        0x0C0C_0C0C,
+                        0x0808_0808,
+                        0x0404_0404,
+                        0,
+                        0x0C0C_0C0C,
+                        0x0808_0808,
+                        0x0404_0404,
+                        0,
+                    );
+                    for (g, t) in t.iter_mut().enumerate() {
+                        let spread = _mm256_add_epi32(lanes, _mm256_set1_epi8((g / 2) as i8));
+                        let bytes = _mm256_shuffle_epi8(hw, spread);
+                        let bits = _mm256_set1_epi32(0x0804_0201 << (4 * (g % 2)));
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
+                        *t = _mm256_or_si256(*t, _mm256_and_si256(set, sixteen));
+                    }
+                }
+                t
+            };
+            for g in 0..8 {
+                p.q[g] = weight_bytes::<B>(t[g], $vnni);
+                if signed_products::<B>($vnni) {
+                    p.s[g] = t[g];
+                }
+            }
+            p
+        }
+
+        /// A group of sixteen interleaved rows against `N` tokens (decode): each block's
+        /// halves unpacked as the loop reads them, `pf` prefetched a few lines a block.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn gemv_x8<B: Q32, const N: usize>(
+            group: &[u8],
+            nb: usize,
+            xs: [&[ActQ8]; N],
+            pf: &[u8],
+        ) -> [[__m256; N]; 2] {
+            let mut acc = [[_mm256_setzero_ps(); N]; 2];
+            for i in 0..nb {
+                prefetch_l2(pf, i, nb);
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let u = unpack_x8::<B>(group, i, h);
+                    for t in 0..N {
+                        acc[t] = term8::<B>(&u, xs[t], i, acc[t]);
+                    }
+                }
+            }
+            acc
+        }
+
+        /// [`rows_x16`] with eight rows a vector: up to four tokens with both halves of each
+        /// group's blocks unpacked as the loop reads them, more through the prompt driver.
+        /// Bit for bit the stored-layout kernels' result on the same rows in file order.
+        #[target_feature(enable = $feat)]
+        pub(in crate::avx2) fn rows_x16_avx2<B: Q32>(
+            w: &[u8],
+            rb: usize,
+            acts: &[&[ActQ8]],
+            out: &mut [f32],
+        ) {
+            let nt = acts.len();
+            let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<B>(), nt, out) else {
+                return;
+            };
+            if nt <= 4 {
+                x16_tiles(w, rb, nt, |group, r, pf, _| {
+                    by_tile!(acts, |xs| put_halves(
+                        gemv_x8::<B, _>(group, nb, xs, pf),
+                        r,
+                        nrows,
+                        out,
+                        (nt, 0)
+                    ))
+                });
+                return;
+            }
+            x16_chunked(
+                w,
+                rb,
+                (nb, nt),
+                [Packed8::zero(); 2],
+                |group, i, p| *p = [unpack_x8::<B>(group, i, 0), unpack_x8::<B>(group, i, 1)],
+                |p: &[[Packed8; 2]], r, t0| {
+                    by_tile!(&acts[t0..], |xs| put_halves(
+                        gemm8_by::<B, _, _, 2>(p, |u, h| u[h], xs),
+                        r,
+                        nrows,
+                        out,
+                        (nt, t0)
+                    ))
+                },
+            );
         }
 
         /// Prompt batches: groups of eight rows repacked a chunk at a time.
