@@ -190,24 +190,26 @@ impl Map {
 }
 
 /// Whether the best instruction set of this process ([`crate::Isa::best`]) has kernels
-/// that read `dtype`'s [`Layout::Interleaved16`] directly (AVX-512 VNNI: every interleavable
-/// type, sixteen rows a vector; AVX2 and AVX-VNNI: every type, eight rows a vector) and
-/// interleaving pays for it. Elsewhere an interleaved matrix still multiplies
-/// correctly (each group is put back into rows first), only slower, so a caller interleaves
-/// when this says so.
+/// that read `dtype`'s [`Layout::Interleaved16`] directly (AVX-512 VNNI sixteen rows a
+/// vector, AVX2 and AVX-VNNI two halves of eight; the scalar kernels none) and interleaving
+/// pays for it. Elsewhere an interleaved matrix still multiplies correctly (each group is
+/// put back into rows first), only slower, so a caller interleaves when this says so.
 ///
-/// Q8_0 is left in file order: its file-order decode kernel already reads memory at the
-/// memory's rate, and a model's decode measured 7 % slower interleaved (SmolLM3-3B's shape on
-/// Zen 4, `GDS_INTERLEAVE={all,0} gdsrun bench -p 0 -n 64`, four interleaved rounds: 7.6-8.1
-/// against 8.0-8.8 t/s), though the kernel is faster from L2 (71-78 against 40-57 GB/s).
-/// `GDS_INTERLEAVE=0` in the environment says no for every type (to measure the file-order
-/// kernels against these on one machine), `GDS_INTERLEAVE=all` yes for Q8_0 too.
+/// Q8_0 is left in file order but on plain AVX2: with AVX-512 its file-order decode kernel
+/// already reads memory at the memory's rate, and a model's decode measured 7 % slower
+/// interleaved (SmolLM3-3B's shape on Zen 4, `GDS_INTERLEAVE={all,0} gdsrun bench -p 0 -n
+/// 64`, four interleaved rounds: 7.6-8.1 against 8.0-8.8 t/s), though the kernel is faster
+/// from L2 (71-78 against 40-57 GB/s); capped at AVX2 (`GDS_ISA=avx2`, `-n 32`, three rounds)
+/// interleaved was the faster each round (8.3-9.2 against 7.5-8.4 t/s). AVX-VNNI, unmeasured,
+/// keeps the file order. `GDS_INTERLEAVE=0` in the environment says no for every type (to
+/// measure the file-order kernels against these on one machine), `GDS_INTERLEAVE=all` yes
+/// for Q8_0 too.
 pub fn interleave_pays(dtype: DType) -> bool {
     let env = std::env::var("GDS_INTERLEAVE").ok();
     if env.as_deref() == Some("0") || !interleavable(dtype) || !has_kernel(crate::Isa::best()) {
         return false;
     }
-    dtype != DType::Q8_0 || env.as_deref() == Some("all")
+    dtype != DType::Q8_0 || env.as_deref() == Some("all") || crate::Isa::best() == crate::Isa::Avx2
 }
 
 /// Whether `isa` has kernels over the interleaved layout (every x86-64 one: AVX-512's

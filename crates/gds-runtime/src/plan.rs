@@ -369,8 +369,9 @@ pub struct Plan {
     /// Whether the block-quantized matrices read into memory (`load`, `direct`'s
     /// resident layers; not a mapping, not streamed layers, not the token embedding) are
     /// held with their rows interleaved sixteen at a time, the layout this ISA's kernels
-    /// read without repacking (8-bit activations; AVX-512: every block-quantized type but
-    /// Q8_0, AVX2 and AVX-VNNI: Q4_0, Q4_K, Q5_K and Q6_K; `GDS_INTERLEAVE=0` turns it off).
+    /// read without repacking (8-bit activations, any x86-64 ISA: sixteen rows a vector on
+    /// AVX-512, two halves of eight on AVX2; every block-quantized type, Q8_0 only on plain
+    /// AVX2; `GDS_INTERLEAVE=0` turns it off).
     pub interleave: bool,
     /// The GPU's matvec/GEMM crossover: passes of this many tokens or more go through GEMM.
     pub gemm_min_tokens: usize,
