@@ -38,7 +38,7 @@ fn main() {
 fn run() {
     let args: Vec<String> = std::env::args().collect();
     // `TYPEx16` (`q4_0x16`, `q4_kx16`, ...): rows interleaved sixteen at a time, as gdsrun
-    // holds them in memory on AVX-512 VNNI
+    // holds them in memory
     let arg = args.get(1).map_or("q4_k", String::as_str);
     let (name, layout) = match arg.strip_suffix("x16") {
         Some(t) => (t, gds_kernels::Layout::Interleaved16),

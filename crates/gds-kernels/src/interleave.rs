@@ -1,5 +1,6 @@
 //! Block-quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) interleaved sixteen
-//! at a time: the in-memory layout the AVX-512 kernels read without repacking (llama.cpp repacks its CPU weights the same way, into
+//! at a time: the in-memory layout the AVX-512 kernels (sixteen rows a vector) and the AVX2
+//! ones (each 32-byte half of a unit, eight rows) read without repacking (llama.cpp repacks its CPU weights the same way, into
 //! buffers of their own; here the bytes are rewritten in place, so a model held in memory
 //! costs no more memory than its file).
 //!
@@ -206,16 +207,12 @@ impl Map {
 /// for Q8_0 too.
 pub fn interleave_pays(dtype: DType) -> bool {
     let env = std::env::var("GDS_INTERLEAVE").ok();
-    if env.as_deref() == Some("0") || !interleavable(dtype) || !has_kernel(crate::Isa::best()) {
+    // every ISA but the scalar one has kernels over the layout
+    let isa = crate::Isa::best();
+    if env.as_deref() == Some("0") || !interleavable(dtype) || isa == crate::Isa::Scalar {
         return false;
     }
-    dtype != DType::Q8_0 || env.as_deref() == Some("all") || crate::Isa::best() == crate::Isa::Avx2
-}
-
-/// Whether `isa` has kernels over the interleaved layout (every x86-64 one: AVX-512's
-/// sixteen rows a vector, AVX2's and AVX-VNNI's two halves of eight).
-fn has_kernel(isa: crate::Isa) -> bool {
-    !matches!(isa, crate::Isa::Scalar)
+    dtype != DType::Q8_0 || env.as_deref() == Some("all") || isa == crate::Isa::Avx2
 }
 
 #[cfg(test)]

@@ -209,7 +209,7 @@ pub struct Model {
     f32_act: bool,
     /// The experts of streamed mixture-of-experts blocks, when they stream apart.
     experts: Option<ExpertCache>,
-    /// Bytes of block-quantized matrices interleaved at load for the AVX-512 kernels.
+    /// Bytes of block-quantized matrices interleaved at load for the AVX-512/AVX2 kernels.
     interleaved: u64,
 }
 
@@ -284,7 +284,7 @@ impl Model {
         };
         let mut weights =
             Weights::load(&config, &m, &*source).map_err(|e| crate::model_dir::with_dir(e, dir))?;
-        // block-quantized matrices held in memory of our own, interleaved for the AVX-512 kernels
+        // block-quantized matrices held in memory of our own, interleaved for the SIMD kernels
         // before anything acquires them
         let interleaved = if interleave {
             weights
@@ -328,7 +328,7 @@ impl Model {
     }
 
     /// Bytes of block-quantized weights held in memory with their rows interleaved sixteen at
-    /// a time for the AVX-512 kernels (0: none, e.g. a mapped model or another ISA).
+    /// a time for the AVX-512/AVX2 kernels (0: none, e.g. a mapped model or the scalar kernels).
     pub fn interleaved_bytes(&self) -> u64 {
         self.interleaved
     }

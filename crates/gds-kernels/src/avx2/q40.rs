@@ -282,9 +282,7 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) 
 fn unpack_x8(group: &[u8], i: usize, h: usize) -> Packed8 {
     let b = &group[i * GROUP_BLOCK..(i + 1) * GROUP_BLOCK];
     let m4 = _mm256_set1_epi8(0x0F);
-    let d = _mm256_cvtph_ps(ld_u8x16(
-        b[16 * h..16 * h + 16].try_into().expect("16 bytes"),
-    ));
+    let d = ld_f16x8(b[16 * h..].as_chunks().0);
     let v: [__m256i; 4] = std::array::from_fn(|k| ld_u8x32(&b[32 + 64 * k + 32 * h..]));
     Packed8 {
         q: std::array::from_fn(|g| {

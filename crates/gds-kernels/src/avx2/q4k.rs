@@ -1294,10 +1294,7 @@ fn scales_x8(b: &[u8], h: usize) -> ([__m256i; 8], [__m256i; 4]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dmins_x8(b: &[u8], h: usize) -> (__m256, __m256) {
-    let f16s = |at: usize| {
-        let at = at + 16 * h;
-        _mm256_cvtph_ps(ld_u8x16(b[at..at + 16].try_into().expect("16 bytes")))
-    };
+    let f16s = |at: usize| ld_f16x8(b[at + 16 * h..].as_chunks().0);
     (f16s(0), _mm256_xor_ps(f16s(32), _mm256_set1_ps(-0.0)))
 }
 

@@ -673,8 +673,7 @@ fn quants_x8(b: &[u8], h: usize, g: usize, half: usize) -> [__m256i; 4] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn d_x8(b: &[u8], half: usize) -> __m256 {
-    let at = 3328 + 16 * half;
-    _mm256_cvtph_ps(ld_u8x16(b[at..at + 16].try_into().expect("16 bytes")))
+    ld_f16x8(b[3328 + 16 * half..].as_chunks().0)
 }
 
 /// Block `i` of a group of sixteen interleaved rows as two [`Packed8`] (rows 0..8, 8..16).

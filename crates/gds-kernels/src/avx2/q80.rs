@@ -482,22 +482,26 @@ macro_rules! q80_lanes8 {
         #[inline]
         #[target_feature(enable = $feat)]
         fn gemm8<B: Q32, const N: usize>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
-            let [acc] = gemm8_by::<B, _, N, 1>(p, |u, _| *u, xs);
+            let [acc] = gemm8_by::<B, N, 1>(p.len(), |i, _| p[i], xs, &[]);
             acc
         }
 
-        /// [`gemm8`] on `H` sets of eight rows, `part(p[i], h)` block `i` of set `h`.
+        /// [`gemm8`] on `H` sets of eight rows at once over `nb` blocks, `block(i, h)`
+        /// giving block `i` of set `h` (repacked beforehand, or unpacked from the interleaved
+        /// layout as the loop goes), prefetching the bytes `pf` into L2 a few lines a block.
         #[inline]
         #[target_feature(enable = $feat)]
-        fn gemm8_by<B: Q32, P, const N: usize, const H: usize>(
-            p: &[P],
-            part: impl Fn(&P, usize) -> Packed8,
+        fn gemm8_by<B: Q32, const N: usize, const H: usize>(
+            nb: usize,
+            block: impl Fn(usize, usize) -> Packed8,
             xs: [&[ActQ8]; N],
+            pf: &[u8],
         ) -> [[__m256; N]; H] {
             let mut acc = [[_mm256_setzero_ps(); N]; H];
-            for (i, u) in p.iter().enumerate() {
+            for i in 0..nb {
+                prefetch_l2(pf, i, nb);
                 for (h, acc) in acc.iter_mut().enumerate() {
-                    let u = part(u, h);
+                    let u = block(i, h);
                     for t in 0..N {
                         acc[t] = term8::<B>(&u, xs[t], i, acc[t]);
                     }
@@ -515,10 +519,7 @@ macro_rules! q80_lanes8 {
             let gb = GROUP * std::mem::size_of::<B>();
             let b = &group[i * gb..(i + 1) * gb];
             let (qh_at, qs_at) = x16_fields::<B>();
-            let f16s = |at: usize| {
-                let at = at + 16 * h;
-                _mm256_cvtph_ps(ld_u8x16(b[at..at + 16].try_into().expect("16 bytes")))
-            };
+            let f16s = |at: usize| ld_f16x8(b[at + 16 * h..].as_chunks().0);
             let mut p = Packed8::zero();
             p.d = f16s(0);
             if B::MIN {
@@ -569,29 +570,6 @@ macro_rules! q80_lanes8 {
             p
         }
 
-        /// A group of sixteen interleaved rows against `N` tokens (decode): each block's
-        /// halves unpacked as the loop reads them, `pf` prefetched a few lines a block.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        fn gemv_x8<B: Q32, const N: usize>(
-            group: &[u8],
-            nb: usize,
-            xs: [&[ActQ8]; N],
-            pf: &[u8],
-        ) -> [[__m256; N]; 2] {
-            let mut acc = [[_mm256_setzero_ps(); N]; 2];
-            for i in 0..nb {
-                prefetch_l2(pf, i, nb);
-                for (h, acc) in acc.iter_mut().enumerate() {
-                    let u = unpack_x8::<B>(group, i, h);
-                    for t in 0..N {
-                        acc[t] = term8::<B>(&u, xs[t], i, acc[t]);
-                    }
-                }
-            }
-            acc
-        }
-
         /// [`rows_x16`] with eight rows a vector: up to four tokens with both halves of each
         /// group's blocks unpacked as the loop reads them, more through the prompt driver.
         /// Bit for bit the stored-layout kernels' result on the same rows in file order.
@@ -609,7 +587,7 @@ macro_rules! q80_lanes8 {
             if nt <= 4 {
                 x16_tiles(w, rb, nt, |group, r, pf, _| {
                     by_tile!(acts, |xs| put_halves(
-                        gemv_x8::<B, _>(group, nb, xs, pf),
+                        gemm8_by::<B, _, 2>(nb, |i, h| unpack_x8::<B>(group, i, h), xs, pf),
                         r,
                         nrows,
                         out,
@@ -626,7 +604,7 @@ macro_rules! q80_lanes8 {
                 |group, i, p| *p = [unpack_x8::<B>(group, i, 0), unpack_x8::<B>(group, i, 1)],
                 |p: &[[Packed8; 2]], r, t0| {
                     by_tile!(&acts[t0..], |xs| put_halves(
-                        gemm8_by::<B, _, _, 2>(p, |u, h| u[h], xs),
+                        gemm8_by::<B, _, 2>(p.len(), |i, h| p[i][h], xs, &[]),
                         r,
                         nrows,
                         out,
