@@ -635,6 +635,43 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
                     MetaValue::F64(num_f64(key("rope.scaling.factor")).unwrap_or(1.0)),
                 );
             }
+            Some("yarn") => {
+                metadata.insert(
+                    "model.rope_scaling.type".into(),
+                    MetaValue::Str("yarn".into()),
+                );
+                for (canon, k) in [
+                    ("model.rope_scaling.factor", "rope.scaling.factor"),
+                    (
+                        "model.rope_scaling.yarn_beta_fast",
+                        "rope.scaling.yarn_beta_fast",
+                    ),
+                    (
+                        "model.rope_scaling.yarn_beta_slow",
+                        "rope.scaling.yarn_beta_slow",
+                    ),
+                ] {
+                    if let Some(v) = num_f64(key(k)) {
+                        metadata.insert(canon.into(), MetaValue::F64(v));
+                    }
+                }
+                if let Some(v) = num_u64(key("rope.scaling.original_context_length")) {
+                    metadata.insert(
+                        "model.rope_scaling.original_context_length".into(),
+                        MetaValue::U64(v),
+                    );
+                }
+                // llama.cpp's other YaRN knobs change the arithmetic: not run rather than
+                // run differently
+                for k in ["rope.scaling.yarn_ext_factor", "rope.scaling.yarn_log_mul"] {
+                    let default = if k.ends_with("ext_factor") { 1.0 } else { 0.0 };
+                    if let Some(v) = num_f64(key(k)).filter(|&v| v != default) {
+                        return Err(bad(format!(
+                            "{a}.{k} = {v}: YaRN with it is not supported by gdsrun"
+                        )));
+                    }
+                }
+            }
             Some("none") | None => {}
             Some(other) => warnings.push(format!(
                 "rope scaling type {other:?} is recorded but not applied by gdsrun"

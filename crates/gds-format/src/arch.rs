@@ -106,6 +106,7 @@ const DESCRIPTIONS: &[&str] = &[
     include_str!("../../../formats/phi3.json"),
     include_str!("../../../formats/qwen3moe.json"),
     include_str!("../../../formats/smollm3.json"),
+    include_str!("../../../formats/gpt_oss.json"),
 ];
 
 /// Every architecture description of `formats/`, parsed once from the files embedded at
@@ -159,7 +160,7 @@ impl FamilySpec {
 /// Architectures (`general.architecture`) whose models the format can check and `gdsrun`
 /// can run.
 pub const KNOWN_ARCHS: &[&str] = &[
-    "llama", "gemma3", "gemma2", "qwen3", "phi3", "qwen3moe", "smollm3",
+    "llama", "gemma3", "gemma2", "qwen3", "phi3", "qwen3moe", "smollm3", "gpt_oss",
 ];
 
 /// Largest value accepted for a dimension or count hyperparameter (2^24).
@@ -183,6 +184,7 @@ pub const WEIGHT_DTYPES: &[DType] = &[
     DType::Q5K,
     DType::Q6K,
     DType::Q8K,
+    DType::MXFP4,
 ];
 
 /// How RoPE frequencies are stretched for long contexts.
@@ -208,6 +210,22 @@ pub enum RopeScaling {
         /// Context length the base model was trained with.
         original_context_length: f64,
     },
+    /// YaRN (gpt-oss, long-context Qwen): each pair's frequency mixed between itself
+    /// (extrapolation) and itself divided by `factor` (interpolation) by a ramp over the
+    /// pairs between the correction dimensions of `beta_fast` and `beta_slow`, and `cos`/`sin`
+    /// scaled by `1 + 0.1 ln factor`; as ggml's `rope_yarn` with `ext_factor` 1 and
+    /// llama.cpp's attention factor (the correction range floored/ceiled as
+    /// `ggml_rope_yarn_corr_dims` does).
+    Yarn {
+        /// Stretch factor.
+        factor: f64,
+        /// Context length the base model was trained with.
+        original_context_length: f64,
+        /// Rotations per original context above which a pair is kept (default 32).
+        beta_fast: f64,
+        /// Rotations per original context below which a pair is fully interpolated (default 1).
+        beta_slow: f64,
+    },
 }
 
 impl RopeScaling {
@@ -217,8 +235,45 @@ impl RopeScaling {
             RopeScaling::None => "none",
             RopeScaling::Linear { .. } => "linear",
             RopeScaling::Llama3 { .. } => "llama3",
+            RopeScaling::Yarn { .. } => "yarn",
         }
     }
+
+    /// The factor on `cos` and `sin` the rule itself implies: YaRN's `1 + 0.1 ln factor`
+    /// (none below a factor of 1), else 1.
+    pub fn magnitude(&self) -> f64 {
+        match *self {
+            RopeScaling::Yarn { factor, .. } if factor > 1.0 => 1.0 + 0.1 * factor.ln(),
+            _ => 1.0,
+        }
+    }
+}
+
+/// YaRN's per-pair frequencies for heads rotating `rope_dims` dimensions (see
+/// [`RopeScaling::Yarn`]): ggml's `rope_yarn_ramp` over `ggml_rope_yarn_corr_dims`.
+pub fn yarn_inv_freq(
+    rope_dims: usize,
+    theta: f64,
+    factor: f64,
+    original_ctx: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+) -> Vec<f64> {
+    let n = rope_dims as f64;
+    // the pair index whose wavelength turns `rot` times in the original context
+    let corr = |rot: f64| {
+        n * (original_ctx / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+    };
+    let low = corr(beta_fast).floor().max(0.0);
+    let high = corr(beta_slow).ceil().min(n - 1.0);
+    (0..rope_dims / 2)
+        .map(|i| {
+            let extrap = theta.powf(-((2 * i) as f64) / n);
+            let y = (i as f64 - low) / (high - low).max(0.001);
+            let mix = 1.0 - y.clamp(0.0, 1.0);
+            extrap / factor * (1.0 - mix) + extrap * mix
+        })
+        .collect()
 }
 
 /// Per-pair frequency divisors of Llama 3.1 rope scaling for heads rotating `rope_dims`
@@ -291,14 +346,28 @@ pub fn rope_inv_freq(rope_dims: usize, theta: f64, freqs: RopeFreqs<'_>) -> Vec<
         .enumerate()
         .map(|(i, f)| base(i) / f)
         .collect(),
+        RopeFreqs::Scaled(RopeScaling::Yarn {
+            factor,
+            original_context_length,
+            beta_fast,
+            beta_slow,
+        }) => yarn_inv_freq(
+            rope_dims,
+            theta,
+            factor,
+            original_context_length,
+            beta_fast,
+            beta_slow,
+        ),
         RopeFreqs::Divisors(d) => (0..half).map(|i| base(i) / d[i] as f64).collect(),
     }
 }
 
 /// The RoPE `cos` and `sin` tables, `[ctx][rope_dims / 2]` each (row `p` is position `p`),
 /// computed in f64 and stored as f32, both multiplied by `attn_factor` when given
-/// (LongRoPE's attention factor, llama.cpp's `attn_factor`). What the CPU `RopeTable` holds
-/// and what the GPU `rope` kernel reads.
+/// (LongRoPE's attention factor, llama.cpp's `attn_factor`) and by the scaling rule's own
+/// [`RopeScaling::magnitude`] (YaRN's). What the CPU `RopeTable` holds and what the GPU
+/// `rope` kernel reads.
 pub fn rope_tables(
     rope_dims: usize,
     ctx: usize,
@@ -316,9 +385,18 @@ pub fn rope_tables(
             sin.push(a.sin() as f32);
         }
     }
+    let rule = match freqs {
+        RopeFreqs::Scaled(s) => s.magnitude(),
+        RopeFreqs::Divisors(_) => 1.0,
+    };
     if let Some(m) = attn_factor {
         for v in cos.iter_mut().chain(sin.iter_mut()) {
             *v *= m;
+        }
+    }
+    if rule != 1.0 {
+        for v in cos.iter_mut().chain(sin.iter_mut()) {
+            *v = (*v as f64 * rule) as f32;
         }
     }
     (cos, sin)
@@ -485,7 +563,7 @@ impl Hparams {
 
 /// The value of shape symbol `sym` of the family descriptions (`d` = n_embd,
 /// `q` = n_heads·head_dim, `kv` = n_kv_heads·head_dim, `ff` = n_ff, `V` = vocab_size,
-/// `hd` = head_dim, `hd2` = head_dim/2, `rd2` = rope_dims/2, `E` = n_expert, `ffe` =
+/// `H` = n_heads, `hd` = head_dim, `hd2` = head_dim/2, `rd2` = rope_dims/2, `E` = n_expert, `ffe` =
 /// n_ff_exp) from the `model.*` values that
 /// `get` gives by key — the converter's metadata before a manifest exists, or [`Hparams`].
 /// `None`: unknown symbol, missing value, or overflow.
@@ -500,6 +578,7 @@ pub fn shape_symbol(sym: &str, get: impl Fn(&str) -> Option<u64>) -> Option<u64>
         "hd" => hd(),
         "hd2" => Some(hd()? / 2),
         "rd2" => Some(get("model.rope_dims").or_else(hd)? / 2),
+        "H" => get("model.n_heads"),
         "E" => get("model.n_expert"),
         "ffe" => get("model.n_ff_exp"),
         _ => None,
@@ -701,10 +780,25 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
             }
             s
         }
+        Some(Value::Str("yarn")) => {
+            let opt = |k: &str, default: f64, errs: &mut Vec<FormatError>| match m.get(k) {
+                None => default,
+                Some(_) => positive(k, errs),
+            };
+            RopeScaling::Yarn {
+                factor: positive("model.rope_scaling.factor", &mut errs),
+                original_context_length: match m.get("model.rope_scaling.original_context_length") {
+                    Some(Value::U64(v)) if (1..=MAX_DIM).contains(&v) => v as f64,
+                    _ => positive("model.rope_scaling.original_context_length", &mut errs),
+                },
+                beta_fast: opt("model.rope_scaling.yarn_beta_fast", 32.0, &mut errs),
+                beta_slow: opt("model.rope_scaling.yarn_beta_slow", 1.0, &mut errs),
+            }
+        }
         Some(v) => {
             errs.push(key_err(
                 "model.rope_scaling.type",
-                format!("{v} is not one of none, linear, llama3"),
+                format!("{v} is not one of none, linear, llama3, yarn"),
             ));
             RopeScaling::None
         }

@@ -48,10 +48,13 @@ pub enum DType {
     F64 = 28,
     /// bfloat16.
     BF16 = 30,
+    /// 32 weights: an E8M0 power-of-two scale byte, 16 bytes of 4-bit E2M1 values (OCP
+    /// microscaling FP4; gpt-oss's experts).
+    MXFP4 = 39,
 }
 
 /// All dtypes this version of the format defines, in id order.
-pub const ALL_DTYPES: [DType; 20] = [
+pub const ALL_DTYPES: [DType; 21] = [
     DType::F32,
     DType::F16,
     DType::Q4_0,
@@ -72,6 +75,7 @@ pub const ALL_DTYPES: [DType; 20] = [
     DType::I64,
     DType::F64,
     DType::BF16,
+    DType::MXFP4,
 ];
 
 impl DType {
@@ -90,7 +94,7 @@ impl DType {
         use DType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | MXFP4 => 32,
             Q2K | Q3K | Q4K | Q5K | Q6K | Q8K => 256,
         }
     }
@@ -115,6 +119,7 @@ impl DType {
             Q5K => 176,
             Q6K => 210,
             Q8K => 292,
+            MXFP4 => 17,
         }
     }
 
@@ -152,6 +157,7 @@ impl DType {
             I64 => "i64",
             F64 => "f64",
             BF16 => "bf16",
+            MXFP4 => "mxfp4",
         }
     }
 
@@ -210,6 +216,7 @@ mod tests {
         assert_eq!(DType::Q4_0.tensor_bytes(&[256]), Some(8 * 18));
         assert_eq!(DType::Q6K.tensor_bytes(&[2, 256]), Some(2 * 210));
         assert_eq!(DType::BF16.tensor_bytes(&[3, 5]), Some(30));
+        assert_eq!(DType::MXFP4.tensor_bytes(&[2, 64]), Some(4 * 17));
         assert_eq!(DType::Q4K.tensor_bytes(&[100]), None, "not whole blocks");
         assert_eq!(DType::F32.tensor_bytes(&[u64::MAX, 2]), None, "overflow");
     }

@@ -193,6 +193,42 @@ pub struct BlockQ8K {
     pub bsums: [[u8; 2]; QK_K / 16],
 }
 
+/// MXFP4 (OCP microscaling FP4, gpt-oss's experts): `x = 2^(e - 128) * KVALUES_MXFP4[q]`
+/// (ggml's `GGML_E8M0_TO_FP32_HALF` of the scale byte times the doubled E2M1 value), nibble
+/// layout as in [`BlockQ4_0`].
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockMxfp4 {
+    /// E8M0 scale exponent.
+    pub e: u8,
+    /// Nibbles.
+    pub qs: [u8; QK / 2],
+}
+
+/// The E2M1 values of MXFP4's nibbles, doubled to integers (ggml's `kvalues_mxfp4`).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+impl BlockMxfp4 {
+    /// Half the E8M0 scale, `2^(e - 128)`, exactly as ggml's `ggml_e8m0_to_fp32_half`
+    /// (subnormal for `e` 0 and 1).
+    #[inline]
+    pub fn d(&self) -> f32 {
+        e8m0_half(self.e)
+    }
+}
+
+/// `2^(e - 128)` as ggml's `ggml_e8m0_to_fp32_half` builds it from bits.
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+const _: () = assert!(size_of::<BlockMxfp4>() == 17);
 const _: () = assert!(size_of::<BlockQ4_0>() == 18);
 const _: () = assert!(size_of::<BlockQ4_1>() == 20);
 const _: () = assert!(size_of::<BlockQ5_0>() == 22);

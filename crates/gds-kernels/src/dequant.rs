@@ -25,6 +25,18 @@ impl Dequant for BlockQ4_0 {
     }
 }
 
+impl Dequant for BlockMxfp4 {
+    const N: usize = QK;
+    #[inline]
+    fn dequant(&self, out: &mut [f32]) {
+        let d = self.d();
+        for (j, &b) in self.qs.iter().enumerate() {
+            out[j] = d * KVALUES_MXFP4[(b & 0xF) as usize] as f32;
+            out[j + QK / 2] = d * KVALUES_MXFP4[(b >> 4) as usize] as f32;
+        }
+    }
+}
+
 impl Dequant for BlockQ4_1 {
     const N: usize = QK;
     #[inline]

@@ -173,6 +173,7 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
         DType::Q5K => dequant_typed::<BlockQ5K>(src, dst),
         DType::Q6K => dequant_typed::<BlockQ6K>(src, dst),
         DType::Q8K => dequant_typed::<BlockQ8K>(src, dst),
+        DType::MXFP4 => dequant_typed::<BlockMxfp4>(src, dst),
         _ => {
             return Err(KernelError::Unsupported {
                 op: "dequantize",

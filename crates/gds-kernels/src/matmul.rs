@@ -139,7 +139,7 @@ enum ActKind {
 fn act_kind(dtype: DType) -> Result<ActKind, KernelError> {
     use DType::*;
     Ok(match dtype {
-        F32 | F16 | BF16 | Q2K | Q3K | Q8_1 | Q8K => ActKind::F32,
+        F32 | F16 | BF16 | Q2K | Q3K | Q8_1 | Q8K | MXFP4 => ActKind::F32,
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => ActKind::Q8,
         Q4K | Q5K | Q6K => ActKind::Q8K,
         _ => {

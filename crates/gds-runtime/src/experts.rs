@@ -106,7 +106,7 @@ impl ExpertCache {
     pub(crate) fn get(
         &self,
         source: &dyn LayerSource,
-        e: &Experts<TensorRef>,
+        e: &Experts<TensorRef, Vec<f32>>,
         xs: &[usize],
     ) -> Result<Vec<Arc<ExpertBytes>>> {
         debug_assert!(xs.len() <= self.capacity);

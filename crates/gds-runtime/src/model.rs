@@ -743,12 +743,13 @@ impl Model {
     }
 
     /// Attention parameters of block `l`.
-    fn attn_params(&self, l: usize) -> AttnParams {
+    fn attn_params(&self, l: usize) -> AttnParams<'static> {
         let c = &self.config;
         AttnParams {
             scale: c.attn_scale,
             window: c.window(l),
             softcap: c.attn_softcap,
+            sinks: None,
         }
     }
 
@@ -815,6 +816,7 @@ fn glu_fn(act: Glu) -> fn(&mut [f32], &[f32]) {
     match act {
         Glu::Silu => ops::swiglu,
         Glu::GeluTanh => ops::geglu,
+        Glu::SwigluOai => ops::swiglu_oai,
     }
 }
 
@@ -943,8 +945,9 @@ impl Ops for CpuOps<'_, '_> {
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize) -> Result<()> {
-        let p = self.m.attn_params(layer);
+    fn attention(&mut self, layer: usize, sinks: Option<&Vec<f32>>) -> Result<()> {
+        let mut p = self.m.attn_params(layer);
+        p.sinks = sinks.map(Vec::as_slice);
         let s = &mut *self.s;
         let mut bufs = crate::attention::Buffers {
             q: &s.q,
@@ -987,7 +990,7 @@ impl Ops for CpuOps<'_, '_> {
         Ok(())
     }
 
-    fn moe(&mut self, e: &Experts<TensorRef>, act: Glu) -> Result<()> {
+    fn moe(&mut self, e: &Experts<TensorRef, Vec<f32>>, act: Glu) -> Result<()> {
         let n = self.batch.len();
         let d = self.m.config.n_embd;
         let s = &mut *self.s;
@@ -1003,7 +1006,10 @@ impl Ops for CpuOps<'_, '_> {
             n,
             &mut [&mut sc.logits[..n * e.n]],
         )?;
-        let by_expert = graph::route(&mut sc.logits[..n * e.n], e.n, e.used, e.norm);
+        if let Some(b) = &e.router_bias {
+            ops::add_bias_rows(&mut sc.logits[..n * e.n], b);
+        }
+        let by_expert = graph::route(&mut sc.logits[..n * e.n], e.n, e.used, e.gating);
         let proj = &mut s.proj[..n * d];
         proj.fill(0.0);
         let glu = glu_fn(act);
@@ -1051,6 +1057,10 @@ impl Ops for CpuOps<'_, '_> {
                     m,
                     &mut [&mut sc.gate[..m * ff], &mut sc.up[..m * ff]],
                 )?;
+                if let Some([bg, bu, _]) = &e.biases {
+                    ops::add_bias_rows(&mut sc.gate[..m * ff], &bg[x * ff..(x + 1) * ff]);
+                    ops::add_bias_rows(&mut sc.up[..m * ff], &bu[x * ff..(x + 1) * ff]);
+                }
                 glu(&mut sc.gate[..m * ff], &sc.up[..m * ff]);
                 if let Some((o, l, _)) = &mut self.obs {
                     let xin = &sc.x[..m * d];
@@ -1064,6 +1074,9 @@ impl Ops for CpuOps<'_, '_> {
                     m,
                     &mut [&mut sc.out[..m * d]],
                 )?;
+                if let Some([_, _, bd]) = &e.biases {
+                    ops::add_bias_rows(&mut sc.out[..m * d], &bd[x * d..(x + 1) * d]);
+                }
                 for (j, &(t, w)) in tokens.iter().enumerate() {
                     let out = &sc.out[j * d..(j + 1) * d];
                     for (p, &v) in proj[t * d..(t + 1) * d].iter_mut().zip(out) {

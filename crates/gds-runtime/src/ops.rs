@@ -63,23 +63,34 @@ pub fn silu(x: f32) -> f32 {
 
 /// GeGLU: `gate = gelu_tanh(gate) * up`.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    gated(gate, up, gelu_tanh)
+    gated(gate, up, |g, u| gelu_tanh(g) * u)
 }
 
-/// `gate[i] = f(gate[i]) * up[i]`, in the AVX2 build of the same loop where the CPU has it
+/// gpt-oss's clamped SwiGLU (llama.cpp's `swiglu_oai`, alpha 1.702, limit 7):
+/// `gate = g · σ(1.702 g) · (u + 1)` with `g = min(gate, 7)`, `u = clamp(up, −7, 7)`.
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    gated(gate, up, |g, u| {
+        let g = g.min(LIMIT);
+        g / (1.0 + exp_fast(-ALPHA * g)) * (u.clamp(-LIMIT, LIMIT) + 1.0)
+    })
+}
+
+/// `gate[i] = f(gate[i], up[i])`, in the AVX2 build of the same loop where the CPU has it
 /// (the same numbers, eight at a time: `f` has no calls or branches).
 #[inline(always)]
-fn gated<F: Fn(f32) -> f32>(gate: &mut [f32], up: &[f32], f: F) {
+fn gated<F: Fn(f32, f32) -> f32>(gate: &mut [f32], up: &[f32], f: F) {
     #[inline(always)]
-    fn body<F: Fn(f32) -> f32>(gate: &mut [f32], up: &[f32], f: &F) {
+    fn body<F: Fn(f32, f32) -> f32>(gate: &mut [f32], up: &[f32], f: &F) {
         for (g, &u) in gate.iter_mut().zip(up) {
-            *g = f(*g) * u;
+            *g = f(*g, u);
         }
     }
     #[cfg(target_arch = "x86_64")]
     if simd_available() {
         #[target_feature(enable = "avx2")]
-        fn vectorized<F: Fn(f32) -> f32>(gate: &mut [f32], up: &[f32], f: &F) {
+        fn vectorized<F: Fn(f32, f32) -> f32>(gate: &mut [f32], up: &[f32], f: &F) {
             body(gate, up, f)
         }
         // SAFETY: simd_available() found AVX2 on this CPU.
@@ -153,7 +164,7 @@ pub fn add_bias_rows(x: &mut [f32], bias: &[f32]) {
 
 /// SwiGLU: `gate = silu(gate) * up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    gated(gate, up, silu)
+    gated(gate, up, |g, u| silu(g) * u)
 }
 
 /// Dot product of an f32 vector with a cache row, 8 lanes so the compiler vectorizes it.

@@ -205,6 +205,24 @@ impl WeightSource<TensorRef, Vec<f32>> for Finder<'_, '_> {
             Ok(None)
         }
     }
+
+    fn expert_vectors(&mut self, name: &str, n: usize, len: usize) -> Result<Option<Vec<f32>>> {
+        let Some(t) = self.by_name.get(name) else {
+            return Ok(None);
+        };
+        if t.dims() != [n as u64, len as u64] {
+            return Err(RuntimeError::Tensor {
+                name: name.into(),
+                why: format!("shape {:?}, expected [{n}, {len}]", t.dims()),
+            });
+        }
+        let r = self.bytes(t)?;
+        let mut raw = vec![0u8; r.nbytes];
+        self.source.read_at(r.layer, r.offset as u64, &mut raw)?;
+        let mut out = vec![0.0; n * len];
+        gds_kernels::dequantize(r.dtype, &raw, &mut out)?;
+        Ok(Some(out))
+    }
 }
 
 impl Weights {

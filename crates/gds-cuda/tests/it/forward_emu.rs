@@ -138,7 +138,8 @@ impl Ops for F64Ops<'_> {
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize) -> gds_runtime::Result<()> {
+    fn attention(&mut self, layer: usize, sinks: Option<&TensorMeta>) -> gds_runtime::Result<()> {
+        assert!(sinks.is_none(), "the synthetic model is a llama");
         let (nh, nkv, hd) = (self.c.n_heads, self.c.n_kv_heads, self.c.head_dim);
         let scale = self.c.attn_scale as f64;
         let (ks, vs) = (self.rows(Buf::K).clone(), self.rows(Buf::V).clone());

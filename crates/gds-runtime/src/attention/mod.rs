@@ -21,15 +21,19 @@ use kernels::Lanes;
 use rayon::prelude::*;
 
 /// What differs between the attention of two layers: the query scale, the sliding window
-/// (a query at position p sees keys at positions above p − window) and the score cap.
+/// (a query at position p sees keys at positions above p − window), the score cap and the
+/// sinks.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttnParams {
+pub struct AttnParams<'a> {
     /// Query scale.
     pub scale: f32,
     /// Sliding window, in positions.
     pub window: Option<usize>,
     /// Score cap `c·tanh(s/c)`.
     pub softcap: Option<f32>,
+    /// A logit per query head taking part in each softmax's denominator with no value
+    /// (gpt-oss's attention sinks), `[n_heads]`.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// The rows of a pass that attention reads and writes, borrowed from the model's
@@ -62,7 +66,7 @@ pub(crate) fn layer(
     kv: &mut KvCache,
     l: usize,
     batch: &Batch,
-    p: &AttnParams,
+    p: &AttnParams<'_>,
 ) {
     let ctx = kv.ctx();
     let (layer_base, block, tables, k, v) = kv.layer_mut(l);
@@ -110,7 +114,7 @@ fn attend<T: Lanes>(
     vc: &mut [T],
     batch: &Batch,
     geo: &Geometry<'_>,
-    p: &AttnParams,
+    p: &AttnParams<'_>,
 ) {
     let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
     let group = c.n_heads / c.n_kv_heads;
@@ -134,6 +138,8 @@ fn attend<T: Lanes>(
     }
     let (kc, vc) = (&*kc, &*vc);
     let (scale, softcap, window) = (p.scale, p.softcap, p.window);
+    // the sinks of KV head g's query heads
+    let sinks_of = |g: usize| p.sinks.map(|s| &s[g * group..(g + 1) * group]);
     // One unit per (token, KV head): its `group` query heads in one pass over the keys and
     // one over the values, so each K/V row is read once for the group, not once per head.
     // A unit's keys are cut into pieces of PIECE keys, each piece's (max, sum, unnormalized
@@ -193,7 +199,8 @@ fn attend<T: Lanes>(
                         let (po, stats) = sl.split_at_mut(group * hd);
                         grouped_attend(simd, &piece(u, c), scratch, po, stats);
                     }
-                    merge(&parts[..np * slot], group, hd, o);
+                    let g = u % n_kv;
+                    merge(&parts[..np * slot], group, hd, sinks_of(g), o);
                 }
             });
         return;
@@ -224,6 +231,7 @@ fn attend<T: Lanes>(
             parts,
             group,
             hd,
+            sinks_of(g),
             &mut s.att[t * qd + g * group * hd..][..group * hd],
         );
     }
@@ -233,12 +241,16 @@ fn attend<T: Lanes>(
 const PIECE: usize = 256;
 
 /// Merges the pieces of one unit, in order: each `slot` holds the unnormalized output of
-/// every query head of the group, then each head's (max score, sum of exponentials).
-fn merge(parts: &[f32], group: usize, hd: usize, out: &mut [f32]) {
+/// every query head of the group, then each head's (max score, sum of exponentials). A
+/// head's sink (`sinks[i]`) is a piece of its own: one score, no value.
+fn merge(parts: &[f32], group: usize, hd: usize, sinks: Option<&[f32]>, out: &mut [f32]) {
     let slot = group * (hd + 2);
     for (i, o) in out.chunks_exact_mut(hd).enumerate() {
         o.fill(0.0);
-        let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
+        let (mut m, mut l) = match sinks {
+            Some(s) => (s[i], 1.0f32),
+            None => (f32::NEG_INFINITY, 0.0f32),
+        };
         for sl in parts.chunks_exact(slot) {
             let (mc, lc) = (sl[group * hd + 2 * i], sl[group * hd + 2 * i + 1]);
             if lc == 0.0 {

@@ -297,7 +297,13 @@ impl Ops for CudaOps<'_, '_> {
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize) -> Result<()> {
+    fn attention(&mut self, layer: usize, sinks: Option<&TensorMeta>) -> Result<()> {
+        if sinks.is_some() {
+            // the plan keeps such models off the GPU (gpt-oss has experts too)
+            return Err(RuntimeError::Internal(
+                "the CUDA backend has no attention sinks".into(),
+            ));
+        }
         let c = &self.g.config;
         let s = self.pass.s;
         let (kc, vc) = self.pass.kv[layer];
@@ -334,6 +340,11 @@ impl Ops for CudaOps<'_, '_> {
         let r = match act {
             Glu::Silu => self.dev.swiglu(g, u, n),
             Glu::GeluTanh => self.dev.geglu(g, u, n),
+            Glu::SwigluOai => {
+                return Err(RuntimeError::Internal(
+                    "the CUDA backend has no clamped SwiGLU (gpt-oss)".into(),
+                ))
+            }
         };
         self.run(r)
     }

@@ -13,6 +13,7 @@
 
 mod gemma2;
 mod gemma3;
+mod gpt_oss;
 mod llama;
 mod phi3;
 mod qwen3;
@@ -53,6 +54,9 @@ pub enum Glu {
     Silu,
     /// `gelu_tanh(gate) * up` (Gemma).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `g · σ(1.702 g) · (u + 1)` with `g = min(gate, 7)`,
+    /// `u = clamp(up, −7, 7)` (llama.cpp's `swiglu_oai`).
+    SwigluOai,
 }
 
 /// Weights of one block by role, in the backend's handles: `M` a matrix, `V` a vector
@@ -79,19 +83,24 @@ pub struct Block<M, V> {
     pub k_norm: Option<V>,
     /// `[n_embd, q_dim]`
     pub wo: M,
+    /// `[n_embd]` (gpt-oss)
+    pub bo: Option<V>,
+    /// A logit per query head added to each softmax's denominator, with no value
+    /// (gpt-oss's attention sinks) `[n_heads]`.
+    pub sinks: Option<V>,
     /// norm of the attention output `[n_embd]` (gemma)
     pub post_attn_norm: Option<V>,
     /// `[n_embd]`
     pub ffn_norm: V,
     /// The feed-forward network's matrices.
-    pub ffn: Ffn<M>,
+    pub ffn: Ffn<M, V>,
     /// norm of the FFN output `[n_embd]` (gemma)
     pub post_ffw_norm: Option<V>,
 }
 
 /// A block's feed-forward network: one gated FFN, or a mixture of experts.
 #[derive(Clone, Debug)]
-pub enum Ffn<M> {
+pub enum Ffn<M, V> {
     /// `down(act(gate(x)) · up(x))`.
     Dense {
         /// `[n_ff, n_embd]`
@@ -101,17 +110,23 @@ pub enum Ffn<M> {
         /// `[n_embd, n_ff]`
         down: M,
     },
-    /// A router picks experts per token; each is a gated FFN (qwen3moe).
-    Experts(Experts<M>),
+    /// A router picks experts per token; each is a gated FFN (qwen3moe, gpt-oss).
+    Experts(Experts<M, V>),
 }
 
 /// The mixture-of-experts FFN of a block: the experts' matrices stacked as GGUF stores them
 /// (`[n, rows, cols]`), each handle one matrix of `n · rows` rows, expert `e` its rows
-/// `e · rows .. (e + 1) · rows`.
+/// `e · rows .. (e + 1) · rows`; their biases (gpt-oss) flat, expert `e`'s at
+/// `e · rows .. (e + 1) · rows` too.
 #[derive(Clone, Debug)]
-pub struct Experts<M> {
+pub struct Experts<M, V> {
     /// The router `[n, n_embd]`: one logit per expert.
     pub router: M,
+    /// The router's bias `[n]` (gpt-oss).
+    pub router_bias: Option<V>,
+    /// Biases of the gate, up and down matrices: `[n · n_ff]`, `[n · n_ff]`, `[n · n_embd]`
+    /// (gpt-oss; all or none).
+    pub biases: Option<[V; 3]>,
     /// `[n, n_ff, n_embd]`
     pub gate: M,
     /// `[n, n_ff, n_embd]`
@@ -124,24 +139,44 @@ pub struct Experts<M> {
     pub used: usize,
     /// Hidden width of one expert.
     pub n_ff: usize,
-    /// The kept probabilities are renormalized to sum 1.
-    pub norm: bool,
+    /// How the router's logits become the chosen experts' weights.
+    pub gating: Gating,
 }
 
-/// The experts each token of a batch goes to: softmax over the router's logits, the `used`
-/// most probable kept (the lower index first among equals), their probabilities renormalized
-/// when `norm`. `logits` is `[n_tokens, n_experts]` and becomes the probabilities. Returns,
-/// per expert, its tokens and their weights in token order.
+/// How a router's logits become the weights of the experts a token goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts, the `used` most probable kept, renormalized to sum 1 when
+    /// `norm` (qwen3moe; llama.cpp's `SOFTMAX` gating).
+    Softmax {
+        /// Renormalize the kept probabilities.
+        norm: bool,
+    },
+    /// The `used` largest logits kept, then softmaxed among themselves (gpt-oss; llama.cpp's
+    /// `SOFTMAX_WEIGHT`).
+    TopKSoftmax,
+}
+
+/// The experts each token of a batch goes to, by `gating`: the `used` most probable kept
+/// (the lower index first among equals) and weighted (see [`Gating`]). `logits` is
+/// `[n_tokens, n_experts]` and is overwritten. Returns, per expert, its tokens and their
+/// weights in token order.
 pub fn route(
     logits: &mut [f32],
     n_experts: usize,
     used: usize,
-    norm: bool,
+    gating: Gating,
 ) -> Vec<Vec<(usize, f32)>> {
     let mut by_expert = vec![Vec::new(); n_experts];
     let mut order: Vec<usize> = Vec::with_capacity(n_experts);
+    let norm = match gating {
+        Gating::Softmax { norm } => norm,
+        Gating::TopKSoftmax => false,
+    };
     for (t, row) in logits.chunks_exact_mut(n_experts).enumerate() {
-        crate::ops::softmax(row);
+        if let Gating::Softmax { .. } = gating {
+            crate::ops::softmax(row);
+        }
         order.clear();
         order.extend(0..n_experts);
         // descending probability, NaN last, then lower index first: a total order
@@ -156,9 +191,16 @@ pub fn route(
             key(b).total_cmp(&key(a)).then(a.cmp(&b))
         });
         let top = &order[..used.min(n_experts)];
+        if gating == Gating::TopKSoftmax {
+            // the kept logits softmaxed among themselves (the first is the largest)
+            let m = top.first().map_or(0.0, |&e| row[e]);
+            for &e in top {
+                row[e] = (row[e] - m).exp();
+            }
+        }
         let sum: f32 = top.iter().map(|&e| row[e]).sum();
         for &e in top {
-            let w = if norm && sum > 0.0 {
+            let w = if (norm || gating == Gating::TopKSoftmax) && sum > 0.0 {
                 row[e] / sum
             } else {
                 row[e]
@@ -185,6 +227,16 @@ pub trait WeightSource<M, V> {
             why: "this backend has no mixture-of-experts layers".into(),
         })
     }
+    /// The stacked experts' vector `name` (biases), which must be `[n, len]`, flat; `None`
+    /// when the model has no such tensor. Backends without mixture-of-experts layers keep
+    /// this default.
+    fn expert_vectors(&mut self, name: &str, n: usize, len: usize) -> Result<Option<V>> {
+        let _ = (n, len);
+        Err(RuntimeError::Tensor {
+            name: name.into(),
+            why: "this backend has no mixture-of-experts layers".into(),
+        })
+    }
 }
 
 impl<M, V> Block<M, V> {
@@ -194,34 +246,38 @@ impl<M, V> Block<M, V> {
     pub fn load(c: &Config, l: usize, src: &mut impl WeightSource<M, V>) -> Result<Block<M, V>> {
         let (d, q, kv, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
         let n = |s: &str| format!("blk.{l}.{s}");
-        let mut need = |name: String, len: usize| -> Result<V> {
-            src.vector(&name, len)?.ok_or_else(|| RuntimeError::Tensor {
-                name,
-                why: "missing from the manifest".into(),
-            })
-        };
-        let attn_norm = need(n("attn_norm.weight"), d)?;
-        let ffn_norm = need(n("ffn_norm.weight"), d)?;
+        let attn_norm = need(src, n("attn_norm.weight"), d)?;
         let arch = Arch::of(c)?;
+        // gpt-oss names its FFN norm after the attention it follows
+        let ffn_norm = need(
+            src,
+            n(match arch {
+                Arch::GptOss => "post_attention_norm.weight",
+                _ => "ffn_norm.weight",
+            }),
+            d,
+        )?;
         let (q_norm, k_norm, post_attn_norm, post_ffw_norm) = match arch {
-            Arch::Llama | Arch::Phi3 | Arch::SmolLm3 { .. } => (None, None, None, None),
+            Arch::Llama | Arch::Phi3 | Arch::SmolLm3 { .. } | Arch::GptOss => {
+                (None, None, None, None)
+            }
             Arch::Qwen3 | Arch::Qwen3Moe => (
-                Some(need(n("attn_q_norm.weight"), hd)?),
-                Some(need(n("attn_k_norm.weight"), hd)?),
+                Some(need(src, n("attn_q_norm.weight"), hd)?),
+                Some(need(src, n("attn_k_norm.weight"), hd)?),
                 None,
                 None,
             ),
             Arch::Gemma2 => (
                 None,
                 None,
-                Some(need(n("post_attention_norm.weight"), d)?),
-                Some(need(n("post_ffw_norm.weight"), d)?),
+                Some(need(src, n("post_attention_norm.weight"), d)?),
+                Some(need(src, n("post_ffw_norm.weight"), d)?),
             ),
             Arch::Gemma3 => (
-                Some(need(n("attn_q_norm.weight"), hd)?),
-                Some(need(n("attn_k_norm.weight"), hd)?),
-                Some(need(n("post_attention_norm.weight"), d)?),
-                Some(need(n("post_ffw_norm.weight"), d)?),
+                Some(need(src, n("attn_q_norm.weight"), hd)?),
+                Some(need(src, n("attn_k_norm.weight"), hd)?),
+                Some(need(src, n("post_attention_norm.weight"), d)?),
+                Some(need(src, n("post_ffw_norm.weight"), d)?),
             ),
         };
         Ok(Block {
@@ -235,6 +291,8 @@ impl<M, V> Block<M, V> {
             q_norm,
             k_norm,
             wo: src.matrix(&n("attn_output.weight"), d, q)?,
+            bo: src.vector(&n("attn_output.bias"), d)?,
+            sinks: src.vector(&n("attn_sinks.weight"), c.n_heads)?,
             post_attn_norm,
             ffn_norm,
             ffn: match c.moe {
@@ -246,15 +304,43 @@ impl<M, V> Block<M, V> {
                 Some(moe) => {
                     // checked at open to be at most MAX_EXPERTS and 2^24
                     let (e, ffe) = (moe.n_expert as usize, moe.n_ff_exp as usize);
+                    let (router_bias, biases, gating) = match arch {
+                        Arch::GptOss => {
+                            let mut bias = |s: &str, len: usize| -> Result<V> {
+                                let name = n(s);
+                                src.expert_vectors(&name, e, len)?
+                                    .ok_or_else(|| missing(name))
+                            };
+                            let biases = [
+                                bias("ffn_gate_exps.bias", ffe)?,
+                                bias("ffn_up_exps.bias", ffe)?,
+                                bias("ffn_down_exps.bias", d)?,
+                            ];
+                            (
+                                Some(need(src, n("ffn_gate_inp.bias"), e)?),
+                                Some(biases),
+                                Gating::TopKSoftmax,
+                            )
+                        }
+                        _ => (
+                            None,
+                            None,
+                            Gating::Softmax {
+                                norm: moe.norm_weights,
+                            },
+                        ),
+                    };
                     Ffn::Experts(Experts {
                         router: src.matrix(&n("ffn_gate_inp.weight"), e, d)?,
+                        router_bias,
+                        biases,
                         gate: src.experts(&n("ffn_gate_exps.weight"), e, ffe, d)?,
                         up: src.experts(&n("ffn_up_exps.weight"), e, ffe, d)?,
                         down: src.experts(&n("ffn_down_exps.weight"), e, d, ffe)?,
                         n: e,
                         used: moe.n_expert_used as usize,
                         n_ff: ffe,
-                        norm: moe.norm_weights,
+                        gating,
                     })
                 }
             },
@@ -322,8 +408,9 @@ pub trait Ops {
     /// RoPE of `Q` and `K` at each token's position, with block `layer`'s frequencies.
     fn rope(&mut self, layer: usize) -> Result<()>;
     /// Stores `K`, `V` in block `layer`'s cache and writes `Att` = attention of `Q` over it
-    /// (causal, with the block's window, scale and cap).
-    fn attention(&mut self, layer: usize) -> Result<()>;
+    /// (causal, with the block's window, scale and cap; `sinks`: one more logit per query
+    /// head in each softmax's denominator, with no value).
+    fn attention(&mut self, layer: usize, sinks: Option<&Self::Vec>) -> Result<()>;
     /// `Gate = act(Gate) · Up`.
     fn glu(&mut self, act: Glu) -> Result<()>;
     /// `y += x`.
@@ -331,7 +418,7 @@ pub trait Ops {
     /// The mixture-of-experts FFN on `Xb`, result in `Proj`: each token's experts (see
     /// [`route`]) with the gated activation `act`, their outputs summed by weight. Backends
     /// without it keep this default (the plan keeps such models off them).
-    fn moe(&mut self, experts: &Experts<Self::Mat>, act: Glu) -> Result<()> {
+    fn moe(&mut self, experts: &Experts<Self::Mat, Self::Vec>, act: Glu) -> Result<()> {
         let _ = (experts, act);
         Err(RuntimeError::Internal(
             "this backend has no mixture-of-experts layers".into(),
@@ -354,6 +441,9 @@ pub enum Arch {
     Phi3,
     /// Qwen 3 mixture of experts (`formats/qwen3moe.json`).
     Qwen3Moe,
+    /// gpt-oss: attention sinks, a biased router and clamped-SwiGLU experts
+    /// (`formats/gpt_oss.json`).
+    GptOss,
     /// SmolLM3: llama blocks, every `no_rope_step`-th without RoPE (`formats/smollm3.json`).
     SmolLm3 {
         /// See [`Config::no_rope_step`].
@@ -371,6 +461,7 @@ impl Arch {
             "qwen3" => Ok(Arch::Qwen3),
             "phi3" => Ok(Arch::Phi3),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "gpt_oss" => Ok(Arch::GptOss),
             "smollm3" => Ok(Arch::SmolLm3 {
                 // required by the description; range-checked (1 ..= 2^24) at open
                 no_rope_step: c.no_rope_step.unwrap_or(4).max(1),
@@ -382,7 +473,12 @@ impl Arch {
     /// Factor applied to the token embeddings (Gemma: √n_embd).
     pub fn embed_scale(self, c: &Config) -> Option<f32> {
         match self {
-            Arch::Llama | Arch::Qwen3 | Arch::Phi3 | Arch::Qwen3Moe | Arch::SmolLm3 { .. } => None,
+            Arch::Llama
+            | Arch::Qwen3
+            | Arch::Phi3
+            | Arch::Qwen3Moe
+            | Arch::GptOss
+            | Arch::SmolLm3 { .. } => None,
             Arch::Gemma3 | Arch::Gemma2 => Some((c.n_embd as f32).sqrt()),
         }
     }
@@ -397,6 +493,7 @@ pub fn block<O: Ops>(arch: Arch, o: &mut O, l: usize, w: &Block<O::Mat, O::Vec>)
         Arch::Qwen3 => qwen3::block(o, l, w),
         Arch::Phi3 => phi3::block(o, l, w),
         Arch::Qwen3Moe => qwen3moe::block(o, l, w),
+        Arch::GptOss => gpt_oss::block(o, l, w),
         Arch::SmolLm3 { no_rope_step } => smollm3::block(o, l, w, no_rope_step),
     }
 }
@@ -433,8 +530,12 @@ pub fn attention_rope<O: Ops>(
     if rope {
         o.rope(l)?;
     }
-    o.attention(l)?;
-    o.matmul(Buf::Att, &[(Buf::Proj, &w.wo)])
+    o.attention(l, w.sinks.as_ref())?;
+    o.matmul(Buf::Att, &[(Buf::Proj, &w.wo)])?;
+    match &w.bo {
+        Some(b) => o.add_bias(Buf::Proj, b),
+        None => Ok(()),
+    }
 }
 
 /// Gated feed-forward network (or mixture of experts) on the normed input `Xb`, result in
@@ -502,6 +603,18 @@ pub fn sandwich_block<O: Ops>(
     o.add(Buf::X, Buf::Proj)
 }
 
+/// The vector `name` of `[len]`, which the model must have.
+fn need<M, V>(src: &mut impl WeightSource<M, V>, name: String, len: usize) -> Result<V> {
+    src.vector(&name, len)?.ok_or_else(|| missing(name))
+}
+
+fn missing(name: String) -> RuntimeError {
+    RuntimeError::Tensor {
+        name,
+        why: "missing from the manifest".into(),
+    }
+}
+
 /// A required optional role (checked at load, so absent only through a loader bug).
 fn role<'a, V>(v: &'a Option<V>, what: &str) -> Result<&'a V> {
     v.as_ref()
@@ -510,7 +623,7 @@ fn role<'a, V>(v: &'a Option<V>, what: &str) -> Result<&'a V> {
 
 #[cfg(test)]
 mod tests {
-    use super::route;
+    use super::{route, Gating};
 
     /// llama.cpp's order of a MoE block's routing: softmax over all experts, the largest
     /// kept, their probabilities divided by their sum when asked.
@@ -524,7 +637,7 @@ mod tests {
             e.into_iter().map(|v| v / s).collect::<Vec<_>>()
         };
         let (p0, p1) = (probs(&logits[..4]), probs(&logits[4..]));
-        let r = route(&mut logits.clone(), 4, 2, false);
+        let r = route(&mut logits.clone(), 4, 2, Gating::Softmax { norm: false });
         // token 0: experts 1 and 3 tie at the top (both kept); token 1: experts 0 and 2
         assert_eq!(r[0].iter().map(|x| x.0).collect::<Vec<_>>(), vec![1]);
         assert_eq!(r[1].iter().map(|x| x.0).collect::<Vec<_>>(), vec![0]);
@@ -533,20 +646,25 @@ mod tests {
         assert!((r[1][0].1 as f64 - p0[1]).abs() < 1e-6);
         assert!((r[2][0].1 as f64 - p1[2]).abs() < 1e-6);
         // renormalized: each token's kept weights sum to 1, in the same ratio
-        let r = route(&mut logits, 4, 2, true);
+        let r = route(&mut logits, 4, 2, Gating::Softmax { norm: true });
         assert!((r[1][0].1 + r[3][0].1 - 1.0).abs() < 1e-6);
         let (a, c) = (r[0][0].1 as f64, r[2][0].1 as f64);
         assert!((a + c - 1.0).abs() < 1e-6);
         assert!((a / c - p1[0] / p1[2]).abs() < 1e-4);
         // a three-way tie keeps the lower indices; every expert kept when all are used
         let mut tie = vec![1.0, 5.0, 5.0, 5.0];
-        let r = route(&mut tie, 4, 2, true);
+        let r = route(&mut tie, 4, 2, Gating::Softmax { norm: true });
         assert!(r[0].is_empty() && r[3].is_empty());
         assert_eq!((r[1].len(), r[2].len()), (1, 1));
-        let r = route(&mut [0.3, -2.0, 7.0], 3, 3, false);
+        let r = route(&mut [0.3, -2.0, 7.0], 3, 3, Gating::Softmax { norm: false });
         assert!(r.iter().all(|e| e.len() == 1));
         // a NaN logit (a broken model) chooses without panicking
-        let r = route(&mut [f32::NAN, 1.0, 0.0], 3, 1, true);
+        let r = route(
+            &mut [f32::NAN, 1.0, 0.0],
+            3,
+            1,
+            Gating::Softmax { norm: true },
+        );
         assert_eq!(r.iter().map(Vec::len).sum::<usize>(), 1);
     }
 }

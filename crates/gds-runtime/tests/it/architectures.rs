@@ -102,6 +102,17 @@ fn qwen3moe_experts_match_transformers() {
     check("qwen3moe", &fixture("tiny-qwen3moe.gguf"));
 }
 
+/// gpt-oss (4 layers alternating a 4-position window and full attention, 4 experts, 2 a
+/// token): attention sinks, q/k/v/o biases, YaRN RoPE, the biased router whose top-2 logits
+/// are softmaxed among themselves, clamped-SwiGLU experts with biases; from llama.cpp's
+/// GGUF (the Hugging Face directory's fused `gate_up_proj` experts are refused: see
+/// `gpt_oss_hf_directory_is_refused_with_the_way_to_convert_it`). Ignoring the sinks, YaRN,
+/// the window or the clamp moves these logits by 24, 29, 46 and 22 (ARCH_FIXTURES.md).
+#[test]
+fn gpt_oss_matches_transformers() {
+    check("gptoss", &fixture("tiny-gptoss.gguf"));
+}
+
 /// LongRoPE beyond the original context: transformers switches to the long factors for a
 /// sequence longer than original_max_position_embeddings (64), gdsrun (as llama.cpp) when its
 /// context exceeds it. 80 tokens at context 128 must match transformers' long-factor logits
