@@ -113,6 +113,14 @@ fn gpt_oss_matches_transformers() {
     check("gptoss", &fixture("tiny-gptoss.gguf"));
 }
 
+/// The same model as gpt-oss ships it: llama-quantize MXFP4_MOE (experts MXFP4, the other
+/// matrices Q8_0), against transformers on the weights as gguf-py dequantizes that file
+/// (golden_mxfp4.json): the MXFP4 blocks (E8M0 scale, E2M1 nibbles) read as gguf-py reads them.
+#[test]
+fn gpt_oss_mxfp4_experts_match_gguf_py() {
+    check_with("gptoss", &fixture("tiny-gptoss-mxfp4.gguf"), "golden_mxfp4.json");
+}
+
 /// LongRoPE beyond the original context: transformers switches to the long factors for a
 /// sequence longer than original_max_position_embeddings (64), gdsrun (as llama.cpp) when its
 /// context exceeds it. 80 tokens at context 128 must match transformers' long-factor logits
