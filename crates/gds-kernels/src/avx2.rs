@@ -273,6 +273,25 @@ struct Unpacked {
     scale: __m128,
 }
 
+/// Weight side of an MXFP4 block pair: each nibble's E2M1 value (doubled to an integer,
+/// -12..=12) plus 16 by one byte shuffle, so that the unsigned-by-signed dot products take
+/// it and the 16 comes off as Q5_0's offset does (`-16 · sum(q)`); the scales `2^(e - 128)`
+/// as `[d0, d0, d1, d1]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_mxfp4(b0: &BlockMxfp4, b1: &BlockMxfp4) -> Unpacked {
+    let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
+    let lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+        16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4,
+    ));
+    let (d0, d1) = (b0.d(), b1.d());
+    Unpacked {
+        lo: _mm256_shuffle_epi8(lut, lo),
+        hi: _mm256_shuffle_epi8(lut, hi),
+        scale: _mm_setr_ps(d0, d0, d1, d1),
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn unpack_q4_0(b0: &BlockQ4_0, b1: &BlockQ4_0) -> Unpacked {
@@ -549,6 +568,14 @@ macro_rules! q32_family {
                 BlockQ4_0,
                 unpack_q4_0,
                 3
+            );
+            kernel!(
+                dot_mxfp4,
+                dot_mxfp4_u,
+                rows_mxfp4,
+                BlockMxfp4,
+                unpack_mxfp4,
+                4
             );
         }
     };
@@ -1375,6 +1402,24 @@ pub fn rows_q4_0_by_row(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &m
     } else {
         // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
         unsafe { plain::rows_q4_0(w, rb, acts, out) }
+    }
+}
+
+/// AVX2 twin of `scalar::rows_mxfp4` (gpt-oss's experts): the row-at-a-time kernel of
+/// [`rows_q4_0_by_row`] on MXFP4 block pairs (`vpdpbusd` where the token has VNNI), the
+/// same integer sums as the scalar kernel.
+pub fn rows_mxfp4(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    if t.avx512 {
+        // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
+        // AVX-512 F, VL, BW and VNNI were detected.
+        unsafe { vnni512::rows_mxfp4(w, rb, acts, out) }
+    } else if t.vnni {
+        // SAFETY: a token with `vnni` exists only when AVX2, FMA, F16C and AVX-VNNI
+        // were detected.
+        unsafe { vnni::rows_mxfp4(w, rb, acts, out) }
+    } else {
+        // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
+        unsafe { plain::rows_mxfp4(w, rb, acts, out) }
     }
 }
 

@@ -139,8 +139,8 @@ enum ActKind {
 fn act_kind(dtype: DType) -> Result<ActKind, KernelError> {
     use DType::*;
     Ok(match dtype {
-        F32 | F16 | BF16 | Q2K | Q3K | Q8_1 | Q8K | MXFP4 => ActKind::F32,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => ActKind::Q8,
+        F32 | F16 | BF16 | Q2K | Q3K | Q8_1 | Q8K => ActKind::F32,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | MXFP4 => ActKind::Q8,
         Q4K | Q5K | Q6K => ActKind::Q8K,
         _ => {
             return Err(KernelError::Unsupported {
@@ -292,6 +292,7 @@ fn run_rows(be: Backend, dtype: DType, w: &[u8], rb: usize, acts: &ActRows<'_>, 
         (Q5_0, ActRows::Q8(a)) => go!(rows_q5_0, a),
         (Q5_1, ActRows::Q8(a)) => go!(rows_q5_1, a),
         (Q8_0, ActRows::Q8(a)) => go!(rows_q8_0, a),
+        (MXFP4, ActRows::Q8(a)) => go!(rows_mxfp4, a),
         (Q4K, ActRows::Q8K(a)) => go!(rows_q4_k, a),
         (Q5K, ActRows::Q8K(a)) => go!(rows_q5_k, a),
         (Q6K, ActRows::Q8K(a)) => go!(rows_q6_k, a),

@@ -114,6 +114,19 @@ fn dot_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
     acc
 }
 
+fn dot_mxfp4(w: &[BlockMxfp4], a: &[ActQ8]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, q, d, _) in act_blocks(w, a) {
+        let mut i = 0i32;
+        for (j, &n) in b.qs.iter().enumerate() {
+            i += KVALUES_MXFP4[(n & 0xF) as usize] as i32 * q[j] as i32;
+            i += KVALUES_MXFP4[(n >> 4) as usize] as i32 * q[j + 16] as i32;
+        }
+        acc += b.d() * d * i as f32;
+    }
+    acc
+}
+
 fn dot_q4_k(w: &[BlockQ4K], a: &[ActQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (b, x) in w.iter().zip(a) {
@@ -212,6 +225,10 @@ pub fn rows_q5_1(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
 /// Q8_0 rows.
 pub fn rows_q8_0(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
     rows(w, rb, acts, out, dot_q8_0)
+}
+/// MXFP4 rows.
+pub fn rows_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    rows(w, rb, acts, out, dot_mxfp4)
 }
 /// Q4_K rows.
 pub fn rows_q4_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {

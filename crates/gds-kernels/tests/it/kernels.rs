@@ -28,7 +28,7 @@ impl Rng {
     }
 }
 
-const ALL: [DType; 15] = [
+const ALL: [DType; 16] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -44,6 +44,7 @@ const ALL: [DType; 15] = [
     DType::Q3K,
     DType::Q8_1,
     DType::Q8K,
+    DType::MXFP4,
 ];
 
 fn f16b(v: f32) -> [u8; 2] {
@@ -74,6 +75,8 @@ fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
                 b[2..4].copy_from_slice(&s2);
             }
             DType::Q8K => b[0..4].copy_from_slice(&(rng.f() * 0.01).to_le_bytes()),
+            // scales 2^-9 .. 2^-2 (E8M0 exponent byte 119..126), random nibbles
+            DType::MXFP4 => b[0] = 119 + (rng.next() % 8) as u8,
             _ => unreachable!("{dtype}"),
         }
     }
@@ -231,6 +234,72 @@ fn extreme_quants_do_not_overflow_the_integer_sums() {
                                 isa.name()
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// MXFP4 at the ends of its range: every nibble the value 12 or -12 (the largest the
+/// unsigned-by-signed dot products meet, as 28 and 4 after the +16), against activations of
+/// one magnitude, both signs; scale bytes 0 and 1 (subnormal 2^-128, 2^-127), 127 and 200.
+/// Every ISA's kernel equals the others bit for bit and the scalar kernel to float rounding
+/// (same integer sums, another summation order), and the scalar kernel the exact product.
+#[test]
+fn mxfp4_extremes_match_exactly() {
+    let (rows, cols) = (8, 96);
+    for nib in [0x77u8, 0xFF, 0x7F] {
+        for e in [0u8, 1, 127, 200] {
+            let mut data = vec![0u8; rows * cols / 32 * 17];
+            for b in data.chunks_exact_mut(17) {
+                b[0] = e;
+                b[1..].fill(nib);
+            }
+            let w = WeightView {
+                layout: gds_kernels::Layout::Rows,
+                dtype: DType::MXFP4,
+                data: &data,
+                rows,
+                cols,
+            };
+            for sign in [1.0f32, -1.0] {
+                let x = vec![sign; 3 * cols];
+                let mut want = vec![0f32; 3 * rows];
+                matmul_with(Isa::Scalar, &w, &x, 3, &mut want).unwrap();
+                // (lo, hi) nibble values; activations quantize exactly to ±127 · (1/127)
+                let kv = |n: u8| {
+                    [
+                        0., 1., 2., 3., 4., 6., 8., 12., 0., -1., -2., -3., -4., -6., -8., -12.,
+                    ][n as usize]
+                };
+                let d = gds_kernels::blocks::e8m0_half(e) as f64;
+                let exact =
+                    (kv(nib & 15) + kv(nib >> 4)) * 16.0 * (cols / 32) as f64 * d * sign as f64;
+                for v in &want {
+                    assert!(
+                        ((*v as f64) - exact).abs() <= 1e-5 * exact.abs(),
+                        "nib {nib:#x} e {e}: {v} vs {exact}"
+                    );
+                }
+                let mut first: Option<Vec<f32>> = None;
+                for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni] {
+                    if !isa.available() {
+                        continue;
+                    }
+                    let mut y = vec![0f32; 3 * rows];
+                    matmul_with(isa, &w, &x, 3, &mut y).unwrap();
+                    for (a, b) in y.iter().zip(&want) {
+                        assert!(
+                            // (f32 subnormals at e = 0: each lane's product rounds apart)
+                            (a - b).abs() <= 1e-6 * b.abs() + 1e-37,
+                            "nib {nib:#x} e {e} {}: {a} vs {b}",
+                            isa.name()
+                        );
+                    }
+                    match &first {
+                        None => first = Some(y),
+                        Some(v) => assert_eq!(v, &y, "nib {nib:#x} e {e} {}", isa.name()),
                     }
                 }
             }

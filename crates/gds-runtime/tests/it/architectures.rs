@@ -118,7 +118,11 @@ fn gpt_oss_matches_transformers() {
 /// (golden_mxfp4.json): the MXFP4 blocks (E8M0 scale, E2M1 nibbles) read as gguf-py reads them.
 #[test]
 fn gpt_oss_mxfp4_experts_match_gguf_py() {
-    check_with("gptoss", &fixture("tiny-gptoss-mxfp4.gguf"), "golden_mxfp4.json");
+    check_with(
+        "gptoss",
+        &fixture("tiny-gptoss-mxfp4.gguf"),
+        "golden_mxfp4.json",
+    );
 }
 
 /// LongRoPE beyond the original context: transformers switches to the long factors for a
