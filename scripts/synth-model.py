@@ -22,6 +22,12 @@ model (the same tensors, the same bytes); the text is noise. SHAPE:
   qwen3-30b-a3b  Qwen3-30B-A3B (mixture of experts): hidden 2048, 48 layers, 32/4 heads of
               128, 128 experts of width 768, 8 per token, untied, RoPE theta 1e6 (30.5B
               parameters, 3.3B active; `--layers 4` makes a 2.7B slice of it, every layer real)
+  gpt-oss-20b gpt-oss-20b (mixture of experts): hidden 2880, 24 layers, 64/8 heads of 64,
+              32 experts of width 2880, 4 per token, q/k/v/o biases, attention sinks, layers
+              alternating a 128-position window and full attention, YaRN RoPE (factor 32,
+              original 4096, theta 150000), untied (20.9B parameters with its 201k vocabulary;
+              `--layers 4` makes a 3.6B slice with SmolLM2's; the published GGUF's experts are
+              MXFP4: `--quant MXFP4_MOE`)
 
 The vocabulary is a real tokenizer's (default: SmolLM2's, `.cache/smollm2-hf-f16`, which
 scripts/test.sh makes; 49 152 tokens, so the embedding is smaller than the original models'
@@ -74,6 +80,11 @@ SHAPES = {
                           norm_topk_prob=True, num_hidden_layers=48, num_attention_heads=32,
                           num_key_value_heads=4, head_dim=128, tie_word_embeddings=False,
                           rope_theta=1000000.0, max_position_embeddings=40960),
+    "gpt-oss-20b": dict(arch="gpt_oss", hidden_size=2880, intermediate_size=2880,
+                        num_local_experts=32, num_experts_per_tok=4, num_hidden_layers=24,
+                        num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                        sliding_window=128, tie_word_embeddings=False, rope_theta=150000.0,
+                        max_position_embeddings=131072),
     "smollm3-3b": dict(arch="smollm3", hidden_size=2048, intermediate_size=11008,
                        num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4,
                        tie_word_embeddings=True, no_rope_layer_interval=4,
@@ -156,6 +167,15 @@ def main():
         theta = shape.pop("rope_theta")
         cfg = transformers.Qwen3MoeConfig(**common, **shape,
                                           rope_parameters={"rope_type": "default", "rope_theta": theta})
+    elif arch == "gpt_oss":
+        theta = shape.pop("rope_theta")
+        n = shape["num_hidden_layers"]
+        cfg = transformers.GptOssConfig(
+            **common, **shape,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+            rope_parameters={"rope_type": "yarn", "rope_theta": theta, "factor": 32.0,
+                             "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False})
     elif arch == "smollm3":
         theta = shape.pop("rope_theta")
         # (its default pad id, 128004, lies outside SmolLM2's vocabulary)

@@ -1162,3 +1162,18 @@ fn smollm3_nope_blocks_are_read_or_refused_by_key() {
         );
     }
 }
+
+/// A gpt-oss directory (fused `gate_up_proj` experts, gate and up in alternate columns) is
+/// refused naming its config.json and the way to convert it (llama.cpp's converter, then
+/// the GGUF); its GGUF converts and runs (gds-runtime's `gpt_oss_matches_transformers`).
+#[test]
+fn gpt_oss_directory_is_refused_with_the_way_to_convert_it() {
+    let (e, text) = err_text(read_safetensors(&fixtures().join("tiny-gptoss-hf")));
+    assert!(matches!(e, SafetensorsError::Config { .. }), "{e:?}");
+    assert!(
+        text.contains("tiny-gptoss-hf/config.json")
+            && text.contains("gpt-oss")
+            && text.contains("convert_hf_to_gguf.py"),
+        "{text}"
+    );
+}

@@ -552,22 +552,27 @@ fn gemma3_through_the_openai_client() {
 }
 
 /// Every other architecture through the server and the official client, on the tiny
-/// transformers-made models (fixtures/tiny-<arch>-hf, converted here).
+/// transformers-made models (fixtures/tiny-<arch>-hf, converted here; gpt-oss from the GGUF
+/// llama.cpp's converter made of it).
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn every_architecture_through_the_openai_client() {
     let _one = serial();
     let archs = [
         "llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "phi35", "qwen3moe",
-        "smollm3",
+        "smollm3", "gptoss",
     ];
     let tmp = tempfile::tempdir().unwrap();
     let dirs: Vec<_> = archs
         .iter()
         .map(|arch| {
             let dir = tmp.path().join(format!("{arch}.gds"));
+            let src = match *arch {
+                "gptoss" => "tiny-gptoss.gguf".to_string(),
+                _ => format!("tiny-{arch}-hf"),
+            };
             gds_convert::convert(
-                &gds_tests::fixture(&format!("tiny-{arch}-hf")),
+                &gds_tests::fixture(&src),
                 &dir,
                 &gds_convert::ConvertOptions::default(),
                 &gds_convert::NoProgress,
@@ -605,7 +610,7 @@ fn every_architecture_through_the_openai_client() {
     for (arch, r) in archs.iter().zip(same_as_cli_all(&servers)) {
         assert_eq!(r["model"], *arch);
         let m = r["metrics"].as_str().unwrap();
-        let windowed = matches!(*arch, "gemma2" | "gemma3" | "mistral");
+        let windowed = matches!(*arch, "gemma2" | "gemma3" | "mistral" | "gptoss");
         assert_eq!(
             metric(m, "gds_kv_window_blocks_total") > 0.0,
             windowed,
