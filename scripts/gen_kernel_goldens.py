@@ -165,6 +165,19 @@ def main() -> None:
     write("dq_q8_k.out.f32", y.astype(np.float32))
     print("dequantize q8_k (numpy reference)")
 
+    # MXFP4 (gpt-oss), last so that the draws above are unchanged
+    x = quant_input(32, 24)
+    q = quants.quantize(x, T.MXFP4)
+    write("q_mxfp4.in.f32", x)
+    write("q_mxfp4.out.bin", q.view(np.uint8))
+    print(f"quantize mxfp4: {x.size} values -> {q.nbytes} bytes")
+    blocks = rng.integers(0, 256, size=(24, 17), dtype=np.uint8)
+    blocks[:, 0] = rng.integers(100, 140, 24)  # 2^-28 .. 2^11
+    blocks[:2, 0] = [0, 1]  # subnormal scales
+    write("dq_mxfp4.in.bin", blocks)
+    write("dq_mxfp4.out.f32", quants.dequantize(blocks, T.MXFP4).astype(np.float32))
+    print("dequantize mxfp4: 24 blocks")
+
     total = sum(p.stat().st_size for p in OUT.iterdir())
     print(f"{total} bytes in {OUT}")
     assert total < 2_000_000

@@ -45,6 +45,7 @@ fn run() {
         None => (arg, gds_kernels::Layout::Rows),
     };
     let dtype = match name {
+        "mxfp4" => DType::MXFP4,
         "q4_k" => DType::Q4K,
         "q5_k" => DType::Q5K,
         "q6_k" => DType::Q6K,

@@ -217,16 +217,28 @@ impl BlockMxfp4 {
     }
 }
 
-/// `2^(e - 128)` as ggml's `ggml_e8m0_to_fp32_half` builds it from bits.
+/// `2^(e - 128)` as ggml's `ggml_e8m0_to_fp32_half` builds it from bits (a table lookup:
+/// no branch in the kernels' inner loops).
 #[inline]
 pub fn e8m0_half(e: u8) -> f32 {
-    let bits = if e < 2 {
-        0x0020_0000u32 << e
-    } else {
-        (e as u32 - 1) << 23
-    };
-    f32::from_bits(bits)
+    E8M0_HALF[e as usize]
 }
+
+/// [`e8m0_half`] of every byte.
+static E8M0_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        let bits = if e < 2 {
+            0x0020_0000u32 << e
+        } else {
+            (e as u32 - 1) << 23
+        };
+        t[e] = f32::from_bits(bits);
+        e += 1;
+    }
+    t
+};
 
 const _: () = assert!(size_of::<BlockMxfp4>() == 17);
 const _: () = assert!(size_of::<BlockQ4_0>() == 18);

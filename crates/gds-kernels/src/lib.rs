@@ -23,8 +23,8 @@ pub use interleave::{
 pub use matmul::{isa_cap, matmul_many_with, set_isa_cap, Isa};
 
 pub use quant::{
-    quantize_block_q4_0, quantize_block_q4_1, quantize_block_q5_0, quantize_block_q5_1,
-    quantize_block_q8_0, quantize_block_q8_1, quantize_block_q8_k,
+    quantize_block_mxfp4, quantize_block_q4_0, quantize_block_q4_1, quantize_block_q5_0,
+    quantize_block_q5_1, quantize_block_q8_0, quantize_block_q8_1, quantize_block_q8_k,
 };
 pub use quant_k::{
     quantize_block_q2_k, quantize_block_q3_k, quantize_block_q4_k, quantize_block_q5_k,
@@ -153,7 +153,7 @@ fn par_elementwise(src: &[u8], dst: &mut [f32], width: usize, f: fn(&[u8], &mut 
 /// (`dst.len()` elements).
 ///
 /// Results are bit-identical to gguf-py's `gguf.quants.dequantize` for every dtype it
-/// supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K); Q8_1 and Q8_K follow
+/// supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4); Q8_1 and Q8_K follow
 /// ggml (`x = d * q`).
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
     check_len(dtype, dst.len(), src.len())?;
@@ -219,7 +219,7 @@ fn quant_elementwise(src: &[f32], width: usize, f: fn(&[f32], &mut [u8])) -> Vec
 
 /// Quantizes `src` into `dtype`, returning the bytes.
 ///
-/// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are byte-identical to gguf-py's
+/// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 are byte-identical to gguf-py's
 /// `gguf.quants.quantize` (ggml's reference quantizers); Q8_1 and Q8_K follow ggml's
 /// `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref`, and Q2_K..Q6_K are byte-identical to
 /// ggml's `quantize_row_q{2..6}_K_ref` (no importance matrix). `src.len()` must be a whole
@@ -242,6 +242,7 @@ pub fn quantize(dtype: DType, src: &[f32]) -> Result<Vec<u8>, KernelError> {
         DType::Q5_1 => quant_typed(src, QK, quantize_block_q5_1),
         DType::Q8_0 => quant_typed(src, QK, quantize_block_q8_0),
         DType::Q8_1 => quant_typed(src, QK, quantize_block_q8_1),
+        DType::MXFP4 => quant_typed(src, QK, quantize_block_mxfp4),
         DType::Q8K => quant_typed(src, QK_K, quantize_block_q8_k),
         DType::Q2K => quant_typed(src, QK_K, quantize_block_q2_k),
         DType::Q3K => quant_typed(src, QK_K, quantize_block_q3_k),

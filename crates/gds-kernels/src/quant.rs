@@ -140,6 +140,35 @@ pub fn quantize_block_q8_0(x: &[f32]) -> BlockQ8_0 {
     }
 }
 
+/// Quantizes 32 values to MXFP4 as ggml's `quantize_row_mxfp4_ref` and gguf-py do: the scale
+/// exponent `floor(log2 amax) − 2 + 127` (0 for an all-zero block, and for magnitudes below
+/// ~2^-125, where both wrap the byte), each value the nearest `KVALUES_MXFP4[i] · d` (the
+/// first among equals).
+pub fn quantize_block_mxfp4(x: &[f32]) -> BlockMxfp4 {
+    let amax = x[..QK].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let e = if amax > 0.0 {
+        (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8
+    } else {
+        0
+    };
+    let d = e8m0_half(e);
+    let best = |v: f32| -> u8 {
+        let mut best = (0u8, (KVALUES_MXFP4[0] as f32 * d - v).abs());
+        for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+            let err = (k as f32 * d - v).abs();
+            if err < best.1 {
+                best = (i as u8, err);
+            }
+        }
+        best.0
+    };
+    let mut qs = [0u8; QK / 2];
+    for (j, q) in qs.iter_mut().enumerate() {
+        *q = best(x[j]) | (best(x[j + QK / 2]) << 4);
+    }
+    BlockMxfp4 { e, qs }
+}
+
 /// Quantizes 32 values to Q8_1 (ggml's `quantize_row_q8_1_ref`; gguf-py has no Q8_1).
 pub fn quantize_block_q8_1(x: &[f32]) -> BlockQ8_1 {
     let amax = x[..QK].iter().fold(0.0f32, |a, v| a.max(v.abs()));

@@ -31,6 +31,7 @@ fn quantize_matches_gguf_py() {
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
+        DType::MXFP4,
     ] {
         let input = f32s(&fixture(&format!("q_{}.in.f32", dtype.name())));
         let want = fixture(&format!("q_{}.out.bin", dtype.name()));
@@ -61,6 +62,7 @@ fn dequantize_matches_gguf_py_bitwise() {
         DType::Q5K,
         DType::Q6K,
         DType::Q8K,
+        DType::MXFP4,
     ] {
         let src = fixture(&format!("dq_{}.in.bin", dtype.name()));
         let want = f32s(&fixture(&format!("dq_{}.out.f32", dtype.name())));
