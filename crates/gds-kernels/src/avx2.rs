@@ -309,7 +309,7 @@ fn unpack_q4_0(b0: &BlockQ4_0, b1: &BlockQ4_0) -> Unpacked {
 /// each load of a tile's activations (2 where AVX-512VL gives the 32 vector registers that
 /// two rows' accumulators for four tokens need); a row's arithmetic is the same either way.
 macro_rules! q32_family {
-    ($module:ident, $feat:literal, $dot:ident, $rows_at_once:literal) => {
+    ($module:ident, $feat:literal, $dot:ident, $rows_at_once:literal $(, $mxfp4:ident)?) => {
         mod $module {
             use super::*;
 
@@ -569,14 +569,17 @@ macro_rules! q32_family {
                 unpack_q4_0,
                 3
             );
-            kernel!(
-                dot_mxfp4,
-                dot_mxfp4_u,
-                rows_mxfp4,
-                BlockMxfp4,
-                unpack_mxfp4,
-                4
-            );
+            // MXFP4's row kernel where no sixteen-row one runs (AVX2, AVX-VNNI)
+            $(
+                kernel!(
+                    dot_mxfp4,
+                    dot_mxfp4_u,
+                    $mxfp4,
+                    BlockMxfp4,
+                    unpack_mxfp4,
+                    4
+                );
+            )?
         }
     };
 }
@@ -921,8 +924,8 @@ macro_rules! rows_driver {
     };
 }
 
-q32_family!(plain, "avx2,fma,f16c", dot_maddubs, 1);
-q32_family!(vnni, "avx2,fma,f16c,avxvnni", dot_vnni, 1);
+q32_family!(plain, "avx2,fma,f16c", dot_maddubs, 1, rows_mxfp4);
+q32_family!(vnni, "avx2,fma,f16c,avxvnni", dot_vnni, 1, rows_mxfp4);
 q32_family!(
     vnni512,
     "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
@@ -1405,17 +1408,19 @@ pub fn rows_q4_0_by_row(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &m
     }
 }
 
-/// AVX2 twin of `scalar::rows_mxfp4` (gpt-oss's experts): the row-at-a-time kernel of
-/// [`rows_q4_0_by_row`] on MXFP4 block pairs (`vpdpbusd` where the token has VNNI), the
-/// same integer sums as the scalar kernel. About as many blocks a second as the Q8_0 decode
-/// kernel on a Zen 4 VM (21 GB/s from L2 against Q8_0's 41, at half the bytes a block); a
-/// variant with two rows a 512-bit vector measured no faster there (Zen 4 splits 512-bit
-/// operations in two).
+/// AVX2 twin of `scalar::rows_mxfp4` (gpt-oss's experts): with AVX-512, sixteen rows a
+/// vector repacked a chunk at a time (`q40::gemm_rows16_mxfp4`, bit for bit
+/// [`rows_mxfp4x16`] on the same rows interleaved); else the row-at-a-time kernel of
+/// [`rows_q4_0_by_row`] on MXFP4 block pairs (`vpdpbusd` where the token has AVX-VNNI). The
+/// same integer sums as the scalar kernel. (That row kernel ran about as many blocks a second
+/// as the Q8_0 decode kernel on a Zen 4 VM with AVX-512, 21 GB/s from L2 against Q8_0's 41 at
+/// half the bytes a block, and two rows a 512-bit vector were no faster there: Zen 4 splits
+/// 512-bit operations in two.)
 pub fn rows_mxfp4(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
     if t.avx512 {
         // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
         // AVX-512 F, VL, BW and VNNI were detected.
-        unsafe { vnni512::rows_mxfp4(w, rb, acts, out) }
+        unsafe { q40::gemm_rows16_mxfp4(w, rb, acts, out) }
     } else if t.vnni {
         // SAFETY: a token with `vnni` exists only when AVX2, FMA, F16C and AVX-VNNI
         // were detected.
@@ -1424,6 +1429,21 @@ pub fn rows_mxfp4(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f3
         // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
         unsafe { plain::rows_mxfp4(w, rb, acts, out) }
     }
+}
+
+/// MXFP4 rows interleaved sixteen at a time (`Layout::Interleaved16`) against `acts`, into
+/// `out[r * acts.len() + t]`, where the token has AVX-512 (returns false, computing nothing,
+/// elsewhere: the caller puts the groups back into rows). Decode reads each group's bytes
+/// once, in order: a block of sixteen rows is four 512-bit loads of nibbles, one byte shuffle
+/// each half, and sixteen scale bytes.
+pub fn rows_mxfp4x16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) -> bool {
+    if !t.avx512 {
+        return false;
+    }
+    // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL, BW
+    // and VNNI were detected.
+    unsafe { q40::rows_x16_mxfp4(w, rb, acts, out) };
+    true
 }
 
 /// AVX2 twin of `scalar::rows_q8_0`: eight rows side by side for small batches (decode),

@@ -22,6 +22,8 @@
 //!   quant bytes `4c..4c + 4` at `256 + 64c + 4r`.
 //! - Q5_K (2816 bytes): Q4_K's `d`, `dmin` and scale words, then the fifth-bit bytes
 //!   `4c..4c + 4` at `256 + 64c + 4r`, the quant bytes `4c..4c + 4` at `768 + 64c + 4r`.
+//! - MXFP4 (272 bytes): the scale byte `e` at `r`; quant bytes `4k..4k + 4` at `16 + 64k + 4r`
+//!   (AVX-512 only).
 //! - Q6_K (3360 bytes): `ql` bytes `4c..4c + 4` at `64c + 4r`, `qh` bytes `4c..` at
 //!   `2048 + 64c + 4r`, scale word `k` at `3072 + 64k + 4r`, `d` at `3328 + 2r`.
 //!
@@ -59,16 +61,29 @@ fn f16_bytes(dtype: DType) -> Option<std::ops::Range<usize>> {
     }
 }
 
-/// Whether `dtype` has an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
+/// Whether `dtype` has an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+/// MXFP4).
 pub fn interleavable(dtype: DType) -> bool {
-    f16_bytes(dtype).is_some()
+    dtype == DType::MXFP4 || f16_bytes(dtype).is_some()
+}
+
+/// Bytes a row's unit starting at byte `j` of a block of `dtype` takes in a group: MXFP4's
+/// scale byte one, the f16 fields two, everything else four.
+fn unit_len(dtype: DType, j: usize) -> usize {
+    if dtype == DType::MXFP4 {
+        return if j == 0 { 1 } else { 4 };
+    }
+    match f16_bytes(dtype) {
+        Some(f16) if f16.contains(&j) => 2,
+        _ => 4,
+    }
 }
 
 fn check(dtype: DType, data: &[u8], rows: usize, cols: usize) -> Result<usize, KernelError> {
     let bs = dtype.block_size();
     if !interleavable(dtype) || !cols.is_multiple_of(bs) || !rows.is_multiple_of(GROUP) {
         return Err(KernelError::Shape(format!(
-            "a {rows}x{cols} {dtype} matrix cannot be interleaved: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K only, \
+            "a {rows}x{cols} {dtype} matrix cannot be interleaved: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 only, \
              rows a multiple of {GROUP}, whole blocks"
         )));
     }
@@ -138,12 +153,12 @@ pub(crate) struct Map {
 impl Map {
     /// The map of an interleavable type (panics on another: callers checked).
     pub(crate) fn of(dtype: DType) -> Map {
-        let f16 = f16_bytes(dtype).expect("an interleavable type");
+        assert!(interleavable(dtype), "an interleavable type");
         let block = dtype.type_size();
         let mut units = Vec::new();
         let mut j = 0;
         while j < block {
-            let u = if f16.contains(&j) { 2 } else { 4 };
+            let u = unit_len(dtype, j);
             units.push((GROUP * j, u, j));
             j += u;
         }
@@ -158,13 +173,21 @@ impl Map {
             for &(o, u, j) in &self.units {
                 let d = &mut dst[o..o + GROUP * u];
                 // fixed-size copies (a variable length would be a call to memcpy each)
-                if u == 4 {
-                    for (d, s) in d.chunks_exact_mut(4).zip(&src) {
-                        d.copy_from_slice(&s[j..j + 4]);
+                match u {
+                    4 => {
+                        for (d, s) in d.chunks_exact_mut(4).zip(&src) {
+                            d.copy_from_slice(&s[j..j + 4]);
+                        }
                     }
-                } else {
-                    for (d, s) in d.chunks_exact_mut(2).zip(&src) {
-                        d.copy_from_slice(&s[j..j + 2]);
+                    2 => {
+                        for (d, s) in d.chunks_exact_mut(2).zip(&src) {
+                            d.copy_from_slice(&s[j..j + 2]);
+                        }
+                    }
+                    _ => {
+                        for (d, s) in d.iter_mut().zip(&src) {
+                            *d = s[j];
+                        }
                     }
                 }
             }
@@ -179,10 +202,10 @@ impl Map {
                 let s = &src[o..o + GROUP * u];
                 for (r, s) in s.chunks_exact(u).enumerate() {
                     let at = r * rb + i * bs + j;
-                    if u == 4 {
-                        out[at..at + 4].copy_from_slice(&s[..4]);
-                    } else {
-                        out[at..at + 2].copy_from_slice(&s[..2]);
+                    match u {
+                        4 => out[at..at + 4].copy_from_slice(&s[..4]),
+                        2 => out[at..at + 2].copy_from_slice(&s[..2]),
+                        _ => out[at] = s[0],
                     }
                 }
             }
@@ -212,7 +235,13 @@ pub fn interleave_pays(dtype: DType) -> bool {
     if env.as_deref() == Some("0") || !interleavable(dtype) || isa == crate::Isa::Scalar {
         return false;
     }
-    dtype != DType::Q8_0 || env.as_deref() == Some("all") || isa == crate::Isa::Avx2
+    match dtype {
+        DType::Q8_0 => env.as_deref() == Some("all") || isa == crate::Isa::Avx2,
+        // a kernel over the layout with AVX-512 only (AVX2's 16-bit sums would overflow on
+        // its values)
+        DType::MXFP4 => isa == crate::Isa::Avx512Vnni,
+        _ => true,
+    }
 }
 
 #[cfg(test)]

@@ -155,10 +155,11 @@ fn repack16(lo: &[&[BlockQ4_0]; 8], hi: &[&[BlockQ4_0]; 8], i: usize) -> Packed1
 /// saturates), one instruction a group instead of three (two dependency chains).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-fn term16(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
+fn term16<const S: i32>(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
     let (x, h) = act_block(x, i);
+    // the quants' offset, 2^S (Q4_0's 8; MXFP4's 16)
     let mut s = [
-        _mm512_set1_epi32(x.nsum[4 * h] << 3),
+        _mm512_set1_epi32(x.nsum[4 * h] << S),
         _mm512_setzero_si512(),
     ];
     for g in 0..8 {
@@ -172,8 +173,8 @@ fn term16(u: &Packed16, x: &[ActQ8], i: usize, acc: __m512) -> __m512 {
 /// [`gemm8`] on sixteen rows: the same arithmetic per lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
-    gemm16_by(p.len(), |i| p[i], xs, &[])
+fn gemm16<const N: usize, const S: i32>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
+    gemm16_by::<N, S>(p.len(), |i| p[i], xs, &[])
 }
 
 /// [`gemm16`] over `nb` blocks that `block(i)` gives (repacked beforehand, or unpacked from
@@ -181,7 +182,7 @@ fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8]; N]) -> [__m512; N] {
 /// a pair of blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-fn gemm16_by<const N: usize>(
+fn gemm16_by<const N: usize, const S: i32>(
     nb: usize,
     block: impl Fn(usize) -> Packed16,
     xs: [&[ActQ8]; N],
@@ -193,12 +194,12 @@ fn gemm16_by<const N: usize>(
         prefetch_l2(pf, k, nb.div_ceil(2));
         let u = block(2 * k);
         for t in 0..N {
-            even[t] = term16(&u, xs[t], 2 * k, even[t]);
+            even[t] = term16::<S>(&u, xs[t], 2 * k, even[t]);
         }
         if 2 * k + 1 < nb {
             let u = block(2 * k + 1);
             for t in 0..N {
-                odd[t] = term16(&u, xs[t], 2 * k + 1, odd[t]);
+                odd[t] = term16::<S>(&u, xs[t], 2 * k + 1, odd[t]);
             }
         } else {
             for o in odd.iter_mut() {
@@ -243,7 +244,7 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) 
     if nt <= 4 {
         x16_tiles(w, rb, nt, |group, r, pf, _| {
             by_tile!(acts, |xs| put_rows(
-                gemm16_by(nb, |i| unpack_x16(group, i), xs, pf).map(|v| lanes16(v)),
+                gemm16_by::<_, 3>(nb, |i| unpack_x16(group, i), xs, pf).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,
@@ -264,7 +265,7 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) 
         |group, i, p| *p = unpack_x16(group, i),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16(p, xs).map(|v| lanes16(v)),
+                gemm16::<_, 3>(p, xs).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,
@@ -391,7 +392,163 @@ pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
         |(lo, hi), i, p| *p = repack16(lo, hi, i),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16(p, xs).map(|v| lanes16(v)),
+                gemm16::<_, 3>(p, xs).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// MXFP4 (gpt-oss's experts) on AVX-512: the Q4_0 kernels above with each nibble looked up
+// (its E2M1 value doubled, plus 16, by one byte shuffle) and the offset 16 taken off as
+// Q4_0's 8 is; the scales `2^(e - 128)`. Rows in file order are repacked sixteen at a time
+// (`transpose16`), rows interleaved are read as they are: the same integer sums and block
+// ends, so the two layouts give the same bits.
+
+/// The nibble values of MXFP4 plus 16, in every 128-bit lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mxfp4_lut() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_setr_epi8(
+        16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4,
+    ))
+}
+
+/// Sixteen E8M0 scale bytes as `2^(e - 128)`, built from bits as `e8m0_half` builds them
+/// (`(e - 1) << 23`; `0x00200000 << e` for the subnormal `e` 0 and 1).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn e8m0x16(e: &[u8; 16]) -> __m512 {
+    let e = _mm512_cvtepu8_epi32(ld_u8x16(e));
+    let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+    let small = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+    let m = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    _mm512_castsi512_ps(_mm512_mask_blend_epi32(m, normal, small))
+}
+
+/// Block `i` of sixteen MXFP4 rows in file order as [`Packed16`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn repack16_mxfp4(lo: &[&[BlockMxfp4]; 8], hi: &[&[BlockMxfp4]; 8], i: usize) -> Packed16 {
+    let (m4, lut) = (_mm256_set1_epi8(0x0F), mxfp4_lut());
+    let values = |rows: &[&[BlockMxfp4]; 8]| -> [__m256i; 8] {
+        std::array::from_fn(|r| {
+            let b = ld_u8x16(&rows[r][i].qs);
+            let n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(b), b), m4);
+            _mm256_shuffle_epi8(lut, n)
+        })
+    };
+    Packed16 {
+        q: transpose16(values(lo), values(hi)),
+        d: e8m0x16(&std::array::from_fn(|r| {
+            if r < 8 {
+                lo[r][i].e
+            } else {
+                hi[r - 8][i].e
+            }
+        })),
+    }
+}
+
+/// Bytes of one block of sixteen interleaved MXFP4 rows: the scale bytes, then the quant
+/// bytes `4k..4k + 4` of each row at `16 + 64k + 4r`.
+const GROUP_BLOCK_MXFP4: usize = GROUP * std::mem::size_of::<BlockMxfp4>();
+
+/// Block `i` of a group of sixteen interleaved MXFP4 rows as [`Packed16`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn unpack_x16_mxfp4(group: &[u8], i: usize) -> Packed16 {
+    let b = &group[i * GROUP_BLOCK_MXFP4..(i + 1) * GROUP_BLOCK_MXFP4];
+    let m4 = _mm512_set1_epi8(0x0F);
+    let lut = _mm512_broadcast_i32x4(_mm256_castsi256_si128(mxfp4_lut()));
+    let v: [__m512i; 4] = std::array::from_fn(|k| ld_u8x64(&b[16 + 64 * k..]));
+    Packed16 {
+        q: std::array::from_fn(|g| {
+            let n = if g < 4 {
+                _mm512_and_si512(v[g], m4)
+            } else {
+                _mm512_and_si512(_mm512_srli_epi16::<4>(v[g - 4]), m4)
+            };
+            _mm512_shuffle_epi8(lut, n)
+        }),
+        d: e8m0x16(b[..16].try_into().expect("16 scale bytes")),
+    }
+}
+
+/// MXFP4 rows in file order against any number of tokens (AVX-512 with VNNI): groups of
+/// sixteen rows repacked a chunk at a time. Bit for bit [`rows_x16_mxfp4`] on the same rows
+/// interleaved.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn gemm_rows16_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockMxfp4>(),
+    );
+    if nt == 0 || nrows == 0 {
+        return;
+    }
+    chunked(
+        w,
+        rb,
+        (nb, 16, nt),
+        Packed16 {
+            q: [_mm512_setzero_si512(); 8],
+            d: _mm512_setzero_ps(),
+        },
+        |r| (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows)),
+        |(lo, hi), i, p| *p = repack16_mxfp4(lo, hi, i),
+        |p: &[Packed16], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm16::<_, 4>(p, xs).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
+}
+
+/// MXFP4 rows interleaved sixteen at a time (AVX-512 with VNNI): up to four tokens straight
+/// from the interleaved bytes, more through the prompt driver.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn rows_x16_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockMxfp4>(), nt, out) else {
+        return;
+    };
+    if nt <= 4 {
+        x16_tiles(w, rb, nt, |group, r, pf, _| {
+            by_tile!(acts, |xs| put_rows(
+                gemm16_by::<_, 4>(nb, |i| unpack_x16_mxfp4(group, i), xs, pf).map(|v| lanes16(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                0
+            ))
+        });
+        return;
+    }
+    x16_chunked(
+        w,
+        rb,
+        (nb, nt),
+        Packed16 {
+            q: [_mm512_setzero_si512(); 8],
+            d: _mm512_setzero_ps(),
+        },
+        |group, i, p| *p = unpack_x16_mxfp4(group, i),
+        |p: &[Packed16], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm16::<_, 4>(p, xs).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,
