@@ -273,25 +273,6 @@ struct Unpacked {
     scale: __m128,
 }
 
-/// Weight side of an MXFP4 block pair: each nibble's E2M1 value (doubled to an integer,
-/// -12..=12) plus 16 by one byte shuffle, so that the unsigned-by-signed dot products take
-/// it and the 16 comes off as Q5_0's offset does (`-16 · sum(q)`); the scales `2^(e - 128)`
-/// as `[d0, d0, d1, d1]`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_mxfp4(b0: &BlockMxfp4, b1: &BlockMxfp4) -> Unpacked {
-    let (lo, hi) = nibble_pair(&b0.qs, &b1.qs);
-    let lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(
-        16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4,
-    ));
-    let (d0, d1) = (b0.d(), b1.d());
-    Unpacked {
-        lo: _mm256_shuffle_epi8(lut, lo),
-        hi: _mm256_shuffle_epi8(lut, hi),
-        scale: _mm_setr_ps(d0, d0, d1, d1),
-    }
-}
-
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn unpack_q4_0(b0: &BlockQ4_0, b1: &BlockQ4_0) -> Unpacked {
@@ -309,7 +290,7 @@ fn unpack_q4_0(b0: &BlockQ4_0, b1: &BlockQ4_0) -> Unpacked {
 /// each load of a tile's activations (2 where AVX-512VL gives the 32 vector registers that
 /// two rows' accumulators for four tokens need); a row's arithmetic is the same either way.
 macro_rules! q32_family {
-    ($module:ident, $feat:literal, $dot:ident, $rows_at_once:literal $(, $mxfp4:ident)?) => {
+    ($module:ident, $feat:literal, $dot:ident, $rows_at_once:literal) => {
         mod $module {
             use super::*;
 
@@ -569,17 +550,6 @@ macro_rules! q32_family {
                 unpack_q4_0,
                 3
             );
-            // MXFP4's row kernel where no sixteen-row one runs (AVX2, AVX-VNNI)
-            $(
-                kernel!(
-                    dot_mxfp4,
-                    dot_mxfp4_u,
-                    $mxfp4,
-                    BlockMxfp4,
-                    unpack_mxfp4,
-                    4
-                );
-            )?
         }
     };
 }
@@ -924,8 +894,8 @@ macro_rules! rows_driver {
     };
 }
 
-q32_family!(plain, "avx2,fma,f16c", dot_maddubs, 1, rows_mxfp4);
-q32_family!(vnni, "avx2,fma,f16c,avxvnni", dot_vnni, 1, rows_mxfp4);
+q32_family!(plain, "avx2,fma,f16c", dot_maddubs, 1);
+q32_family!(vnni, "avx2,fma,f16c,avxvnni", dot_vnni, 1);
 q32_family!(
     vnni512,
     "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
@@ -1408,42 +1378,39 @@ pub fn rows_q4_0_by_row(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &m
     }
 }
 
-/// AVX2 twin of `scalar::rows_mxfp4` (gpt-oss's experts): with AVX-512, sixteen rows a
-/// vector repacked a chunk at a time (`q40::gemm_rows16_mxfp4`, bit for bit
-/// [`rows_mxfp4x16`] on the same rows interleaved); else the row-at-a-time kernel of
-/// [`rows_q4_0_by_row`] on MXFP4 block pairs (`vpdpbusd` where the token has AVX-VNNI). The
-/// same integer sums as the scalar kernel. (That row kernel ran about as many blocks a second
-/// as the Q8_0 decode kernel on a Zen 4 VM with AVX-512, 21 GB/s from L2 against Q8_0's 41 at
-/// half the bytes a block, and two rows a 512-bit vector were no faster there: Zen 4 splits
-/// 512-bit operations in two.)
+/// AVX2 twin of `scalar::rows_mxfp4` (gpt-oss's experts): rows repacked a chunk at a time,
+/// sixteen a vector with AVX-512 (`q40::gemm_rows16_mxfp4`), eight with AVX2 and AVX-VNNI
+/// (`q40::gemm_rows8_mxfp4`), the Q4_0 kernels' arithmetic with each nibble's value looked up
+/// (plus 16, by one byte shuffle) and the 16 taken off as Q4_0's 8 is: bit for bit
+/// [`rows_mxfp4x16`] on the same rows interleaved, on every instruction set. (Models held in
+/// memory are interleaved; this runs rows of streamed layers and `GDS_INTERLEAVE=0`. The
+/// row-at-a-time kernel it replaced, the one [`rows_q4_0_by_row`] keeps for Q4_0, ran as many
+/// blocks a second as the Q8_0 decode kernel on a Zen 4 VM: 21 GB/s from L2 at half Q8_0's
+/// bytes a block.)
 pub fn rows_mxfp4(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
     if t.avx512 {
         // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and
         // AVX-512 F, VL, BW and VNNI were detected.
         unsafe { q40::gemm_rows16_mxfp4(w, rb, acts, out) }
-    } else if t.vnni {
-        // SAFETY: a token with `vnni` exists only when AVX2, FMA, F16C and AVX-VNNI
-        // were detected.
-        unsafe { vnni::rows_mxfp4(w, rb, acts, out) }
     } else {
         // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
-        unsafe { plain::rows_mxfp4(w, rb, acts, out) }
+        unsafe { q40::gemm_rows8_mxfp4(w, rb, acts, out) }
     }
 }
 
 /// MXFP4 rows interleaved sixteen at a time (`Layout::Interleaved16`) against `acts`, into
-/// `out[r * acts.len() + t]`, where the token has AVX-512 (returns false, computing nothing,
-/// elsewhere: the caller puts the groups back into rows). Decode reads each group's bytes
-/// once, in order: a block of sixteen rows is four 512-bit loads of nibbles, one byte shuffle
-/// each half, and sixteen scale bytes.
-pub fn rows_mxfp4x16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) -> bool {
-    if !t.avx512 {
-        return false;
+/// `out[r * acts.len() + t]`. Decode reads each group's bytes once, in order: a block of
+/// sixteen rows is four 512-bit loads of nibbles (each 32-byte half eight rows, with AVX2),
+/// one byte shuffle each half, and the sixteen scale bytes.
+pub fn rows_mxfp4x16(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    if t.avx512 {
+        // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL,
+        // BW and VNNI were detected.
+        unsafe { q40::rows_x16_mxfp4(w, rb, acts, out) }
+    } else {
+        // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
+        unsafe { q40::rows_x16_mxfp4_avx2(w, rb, acts, out) }
     }
-    // SAFETY: a token with `avx512` exists only when AVX2, FMA, F16C and AVX-512 F, VL, BW
-    // and VNNI were detected.
-    unsafe { q40::rows_x16_mxfp4(w, rb, acts, out) };
-    true
 }
 
 /// AVX2 twin of `scalar::rows_q8_0`: eight rows side by side for small batches (decode),

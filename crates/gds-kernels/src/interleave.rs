@@ -22,8 +22,7 @@
 //!   quant bytes `4c..4c + 4` at `256 + 64c + 4r`.
 //! - Q5_K (2816 bytes): Q4_K's `d`, `dmin` and scale words, then the fifth-bit bytes
 //!   `4c..4c + 4` at `256 + 64c + 4r`, the quant bytes `4c..4c + 4` at `768 + 64c + 4r`.
-//! - MXFP4 (272 bytes): the scale byte `e` at `r`; quant bytes `4k..4k + 4` at `16 + 64k + 4r`
-//!   (AVX-512 only).
+//! - MXFP4 (272 bytes): the scale byte `e` at `r`; quant bytes `4k..4k + 4` at `16 + 64k + 4r`.
 //! - Q6_K (3360 bytes): `ql` bytes `4c..4c + 4` at `64c + 4r`, `qh` bytes `4c..` at
 //!   `2048 + 64c + 4r`, scale word `k` at `3072 + 64k + 4r`, `d` at `3328 + 2r`.
 //!
@@ -237,9 +236,6 @@ pub fn interleave_pays(dtype: DType) -> bool {
     }
     match dtype {
         DType::Q8_0 => env.as_deref() == Some("all") || isa == crate::Isa::Avx2,
-        // a kernel over the layout with AVX-512 only (AVX2's 16-bit sums would overflow on
-        // its values)
-        DType::MXFP4 => isa == crate::Isa::Avx512Vnni,
         _ => true,
     }
 }

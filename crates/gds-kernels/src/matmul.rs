@@ -257,11 +257,7 @@ fn run_laid_out(
             (DType::Q4K, ActRows::Q8K(a)) => return avx2::rows_q4_kx16(t, w, rb, a, out),
             (DType::Q5K, ActRows::Q8K(a)) => return avx2::rows_q5_kx16(t, w, rb, a, out),
             (DType::Q6K, ActRows::Q8K(a)) => return avx2::rows_q6_kx16(t, w, rb, a, out),
-            (DType::MXFP4, ActRows::Q8(a)) => {
-                if avx2::rows_mxfp4x16(t, w, rb, a, out) {
-                    return;
-                }
-            }
+            (DType::MXFP4, ActRows::Q8(a)) => return avx2::rows_mxfp4x16(t, w, rb, a, out),
             _ => {}
         }
     }

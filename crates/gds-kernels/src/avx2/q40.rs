@@ -75,15 +75,26 @@ pub(super) fn act4(x: &ActQ8, h: usize, g: usize) -> &[i8] {
 /// Block `i` (`u`) of eight repacked rows against one token's activations `x`, added to `acc`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn term8(u: &Packed8, x: &[ActQ8], i: usize, acc: __m256) -> __m256 {
+fn term8<const S: i32>(u: &Packed8, x: &[ActQ8], i: usize, acc: __m256) -> __m256 {
     let (x, h) = act_block(x, i);
-    // u4 * i8: 2 * 15 * 127 per 16-bit lane and pair, 16 * 15 * 127 < 2^15 in all
-    let mut s = _mm256_maddubs_epi16(u.q[0], bcast4(act4(x, h, 0)));
-    for g in 1..8 {
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u.q[g], bcast4(act4(x, h, g))));
-    }
-    let bias = _mm256_set1_epi32(x.nsum[4 * h] << 3);
-    let it = _mm256_add_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), bias);
+    let ones = _mm256_set1_epi16(1);
+    // u * i8 pairs in 16 bits: Q4_0's 0..15 sum all eight groups there (16 * 15 * 127 <
+    // 2^15); MXFP4's 4..28 four at a time (8 * 28 * 127 < 2^15), widened in between
+    let groups = |g: std::ops::Range<usize>| {
+        let mut s = _mm256_maddubs_epi16(u.q[g.start], bcast4(act4(x, h, g.start)));
+        for g in g.start + 1..g.end {
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u.q[g], bcast4(act4(x, h, g))));
+        }
+        _mm256_madd_epi16(s, ones)
+    };
+    let sum = if S == 3 {
+        groups(0..8)
+    } else {
+        _mm256_add_epi32(groups(0..4), groups(4..8))
+    };
+    // the quants' offset, 2^S (Q4_0's 8; MXFP4's 16)
+    let bias = _mm256_set1_epi32(x.nsum[4 * h] << S);
+    let it = _mm256_add_epi32(sum, bias);
     let d = _mm256_mul_ps(u.d, _mm256_set1_ps(x.d8[4 * h]));
     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(it), acc)
 }
@@ -91,8 +102,8 @@ fn term8(u: &Packed8, x: &[ActQ8], i: usize, acc: __m256) -> __m256 {
 /// Eight repacked rows (block `i` in `p[i]`) against `N` tokens: each token's eight results.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
-    let [acc] = gemm8_by::<N, 1>(p.len(), |i, _| p[i], xs, &[]);
+fn gemm8<const N: usize, const S: i32>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
+    let [acc] = gemm8_by::<N, 1, S>(p.len(), |i, _| p[i], xs, &[]);
     acc
 }
 
@@ -101,7 +112,7 @@ fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8]; N]) -> [__m256; N] {
 /// goes), prefetching the bytes `pf` into L2 a few lines a pair of blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn gemm8_by<const N: usize, const H: usize>(
+fn gemm8_by<const N: usize, const H: usize, const S: i32>(
     nb: usize,
     block: impl Fn(usize, usize) -> Packed8,
     xs: [&[ActQ8]; N],
@@ -115,12 +126,12 @@ fn gemm8_by<const N: usize, const H: usize>(
         for h in 0..H {
             let u = block(2 * k, h);
             for t in 0..N {
-                even[h][t] = term8(&u, xs[t], 2 * k, even[h][t]);
+                even[h][t] = term8::<S>(&u, xs[t], 2 * k, even[h][t]);
             }
             if 2 * k + 1 < nb {
                 let u = block(2 * k + 1, h);
                 for t in 0..N {
-                    odd[h][t] = term8(&u, xs[t], 2 * k + 1, odd[h][t]);
+                    odd[h][t] = term8::<S>(&u, xs[t], 2 * k + 1, odd[h][t]);
                 }
             } else {
                 // an odd block count: the decode kernel adds a zero block's term to the odd
@@ -314,7 +325,7 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f
     if nt <= 4 {
         x16_tiles(w, rb, nt, |group, r, pf, _| {
             by_tile!(acts, |xs| put_halves(
-                gemm8_by(nb, |i, h| unpack_x8(group, i, h), xs, pf),
+                gemm8_by::<_, 2, 3>(nb, |i, h| unpack_x8(group, i, h), xs, pf),
                 r,
                 nrows,
                 out,
@@ -331,7 +342,7 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f
         |group, i, p| *p = [unpack_x8(group, i, 0), unpack_x8(group, i, 1)],
         |p: &[[Packed8; 2]], r, t0| {
             by_tile!(&acts[t0..], |xs| put_halves(
-                gemm8_by(p.len(), |i, h| p[i][h], xs, &[]),
+                gemm8_by::<_, 2, 3>(p.len(), |i, h| p[i][h], xs, &[]),
                 r,
                 nrows,
                 out,
@@ -361,7 +372,7 @@ pub(super) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]
         |rows, i, p| *p = repack8(rows, i),
         |p: &[Packed8], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm8(p, xs).map(|v| lanes8(v)),
+                gemm8::<_, 3>(p, xs).map(|v| lanes8(v)),
                 r,
                 nrows,
                 out,
@@ -554,6 +565,132 @@ pub(super) fn rows_x16_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [
                 out,
                 nt,
                 t0
+            ))
+        },
+    );
+}
+
+/// Eight E8M0 scale bytes as `2^(e - 128)` ([`e8m0x16`] on AVX2).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn e8m0x8(e: &[u8]) -> __m256 {
+    assert!(e.len() >= 8);
+    // SAFETY: at least 8 readable bytes (checked above); no alignment requirement.
+    let e = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(e.as_ptr().cast()) });
+    let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+    let small = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let is_small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, is_small))
+}
+
+/// Block `i` of eight MXFP4 rows in file order as [`Packed8`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn repack8_mxfp4(rows: &[&[BlockMxfp4]; 8], i: usize) -> Packed8 {
+    let (m4, lut) = (_mm256_set1_epi8(0x0F), mxfp4_lut());
+    let e: [u8; 8] = std::array::from_fn(|r| rows[r][i].e);
+    Packed8 {
+        q: transpose8(std::array::from_fn(|r| {
+            let b = ld_u8x16(&rows[r][i].qs);
+            let n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(b), b), m4);
+            _mm256_shuffle_epi8(lut, n)
+        })),
+        d: e8m0x8(&e),
+    }
+}
+
+/// Block `i` of a group of sixteen interleaved MXFP4 rows, rows `8h..8h + 8`, as [`Packed8`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_x8_mxfp4(group: &[u8], i: usize, h: usize) -> Packed8 {
+    let b = &group[i * GROUP_BLOCK_MXFP4..(i + 1) * GROUP_BLOCK_MXFP4];
+    let (m4, lut) = (_mm256_set1_epi8(0x0F), mxfp4_lut());
+    let v: [__m256i; 4] = std::array::from_fn(|k| ld_u8x32(&b[16 + 64 * k + 32 * h..]));
+    Packed8 {
+        q: std::array::from_fn(|g| {
+            let n = if g < 4 {
+                _mm256_and_si256(v[g], m4)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
+            };
+            _mm256_shuffle_epi8(lut, n)
+        }),
+        d: e8m0x8(&b[8 * h..]),
+    }
+}
+
+/// MXFP4 rows in file order on AVX2 (and AVX-VNNI): groups of eight rows repacked a chunk at
+/// a time, the arithmetic of [`gemm_rows16_mxfp4`] (so the same bits).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemm_rows8_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let (nt, nrows, nb) = (
+        acts.len(),
+        w.len() / rb,
+        rb / std::mem::size_of::<BlockMxfp4>(),
+    );
+    if nt == 0 || nrows == 0 {
+        return;
+    }
+    chunked(
+        w,
+        rb,
+        (nb, 8, nt),
+        Packed8 {
+            q: [_mm256_setzero_si256(); 8],
+            d: _mm256_setzero_ps(),
+        },
+        |r| group8(w, rb, r, nrows),
+        |rows, i, p| *p = repack8_mxfp4(rows, i),
+        |p: &[Packed8], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_rows(
+                gemm8::<_, 4>(p, xs).map(|v| lanes8(v)),
+                r,
+                nrows,
+                out,
+                nt,
+                t0
+            ))
+        },
+    );
+}
+
+/// [`rows_x16_mxfp4`] on AVX2 (and AVX-VNNI): each half of a group's blocks eight rows a
+/// vector, the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rows_x16_mxfp4_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let nt = acts.len();
+    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockMxfp4>(), nt, out) else {
+        return;
+    };
+    let zero = Packed8 {
+        q: [_mm256_setzero_si256(); 8],
+        d: _mm256_setzero_ps(),
+    };
+    if nt <= 4 {
+        x16_tiles(w, rb, nt, |group, r, pf, _| {
+            by_tile!(acts, |xs| put_halves(
+                gemm8_by::<_, 2, 4>(nb, |i, h| unpack_x8_mxfp4(group, i, h), xs, pf),
+                r,
+                nrows,
+                out,
+                (nt, 0)
+            ))
+        });
+        return;
+    }
+    x16_chunked(
+        w,
+        rb,
+        (nb, nt),
+        [zero; 2],
+        |group, i, p| *p = [unpack_x8_mxfp4(group, i, 0), unpack_x8_mxfp4(group, i, 1)],
+        |p: &[[Packed8; 2]], r, t0| {
+            by_tile!(&acts[t0..], |xs| put_halves(
+                gemm8_by::<_, 2, 4>(p.len(), |i, h| p[i][h], xs, &[]),
+                r,
+                nrows,
+                out,
+                (nt, t0)
             ))
         },
     );

@@ -244,8 +244,8 @@ fn extreme_quants_do_not_overflow_the_integer_sums() {
 /// MXFP4 at the ends of its range: every nibble the value 12 or -12 (the largest the
 /// unsigned-by-signed dot products meet, as 28 and 4 after the +16), against activations of
 /// one magnitude, both signs; scale bytes 0 and 1 (subnormal 2^-128, 2^-127), 127 and 200.
-/// Every ISA's kernel equals the scalar kernel to float rounding (the same integer sums,
-/// another summation order), and the scalar kernel the exact product.
+/// Every ISA's kernel equals the others bit for bit and the scalar kernel to float rounding
+/// (the same integer sums, another summation order), and the scalar kernel the exact product.
 #[test]
 fn mxfp4_extremes_match_exactly() {
     let (rows, cols) = (8, 96);
@@ -297,10 +297,8 @@ fn mxfp4_extremes_match_exactly() {
                             isa.name()
                         );
                     }
-                    // (AVX2 and AVX-VNNI the same bits; AVX-512 adds in another order)
                     match &first {
                         None => first = Some(y),
-                        Some(_) if isa == Isa::Avx512Vnni => {}
                         Some(v) => assert_eq!(v, &y, "nib {nib:#x} e {e} {}", isa.name()),
                     }
                 }
@@ -360,12 +358,7 @@ fn simd_agrees_with_scalar() {
                     );
                 }
                 // every instruction set's kernels, one row or two at a time, `maddubs` or
-                // `vpdpbusd` in either encoding: the same arithmetic, bit for bit (but
-                // MXFP4's: AVX-512 sums whole blocks sixteen rows a vector, AVX2 and AVX-VNNI
-                // quarter blocks a lane, the same integers added as floats in another order)
-                if dtype == DType::MXFP4 && isa == Isa::Avx512Vnni {
-                    continue;
-                }
+                // `vpdpbusd` in either encoding: the same arithmetic, bit for bit
                 match &first {
                     None => first = Some(yv),
                     Some(v) => assert!(v == &yv, "{dtype} n={n}: {} differs", isa.name()),
