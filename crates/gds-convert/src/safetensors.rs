@@ -162,13 +162,11 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
     if spec.family == "gpt_oss" {
         // experts fused as gate_up_proj [E, d, 2ff] with gate and up in alternate columns
         // (MXFP4 blocks and scales in the published checkpoints): not a row mapping
-        return Err(cfg
-            .err(
-                "gpt-oss checkpoints are not converted from safetensors: convert the directory \
+        return Err(cfg.err(
+            "gpt-oss checkpoints are not converted from safetensors: convert the directory \
              with llama.cpp's convert_hf_to_gguf.py, then gdsconv convert the GGUF"
-                    .into(),
-            )
-            .into());
+                .into(),
+        ));
     }
     let (tie_in_config, longrope) = llama_hparams(&cfg, &raw, &mut metadata, &mut warnings)?;
     family_hparams(&cfg, spec, &mut metadata)?;
