@@ -1,4 +1,4 @@
-//! Block-quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) interleaved sixteen
+//! Block-quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4) interleaved sixteen
 //! at a time: the in-memory layout the AVX-512 kernels (sixteen rows a vector) and the AVX2
 //! ones (each 32-byte half of a unit, eight rows) read without repacking (llama.cpp repacks its CPU weights the same way, into
 //! buffers of their own; here the bytes are rewritten in place, so a model held in memory

@@ -343,8 +343,8 @@ where
 
 /// `y[t * w.rows + r] = sum_k W[r, k] * x[t * w.cols + k]` for `t in 0..n_tokens`.
 ///
-/// Supported weight dtypes: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
-/// (dedicated kernels) and Q2_K, Q3_K, Q8_1, Q8_K (dequantize each row, then f32). Output
+/// Supported weight dtypes: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+/// MXFP4 (dedicated kernels) and Q2_K, Q3_K, Q8_1, Q8_K (dequantize each row, then f32). Output
 /// rows are split across the current rayon pool; with several tokens each weight row is
 /// used for up to four tokens at a time.
 pub fn matmul(
