@@ -1154,7 +1154,7 @@ mod tests {
             for dims in f.shapes.values() {
                 for d in dims {
                     assert!(
-                        ["d", "q", "kv", "ff", "V", "hd", "hd2", "rd2", "E", "ffe"]
+                        ["d", "q", "kv", "ff", "V", "H", "hd", "hd2", "rd2", "E", "ffe"]
                             .contains(&d.as_str()),
                         "{d}"
                     );
