@@ -166,17 +166,22 @@ impl Finder<'_, '_> {
     }
 
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        self.floats(name, &[n as u64])
+    }
+
+    /// The tensor `name`, which must have the shape `dims`, read and dequantized to f32.
+    fn floats(&self, name: &str, dims: &[u64]) -> Result<Vec<f32>> {
         let t = self.info(name)?;
-        if t.dims() != [n as u64] {
+        if t.dims() != dims {
             return Err(RuntimeError::Tensor {
                 name: name.into(),
-                why: format!("shape {:?}, expected [{n}]", t.dims()),
+                why: format!("shape {:?}, expected {dims:?}", t.dims()),
             });
         }
         let r = self.bytes(t)?;
         let mut raw = vec![0u8; r.nbytes];
         self.source.read_at(r.layer, r.offset as u64, &mut raw)?;
-        let mut out = vec![0.0; n];
+        let mut out = vec![0.0; dims.iter().product::<u64>() as usize];
         gds_kernels::dequantize(r.dtype, &raw, &mut out)?;
         Ok(out)
     }
@@ -207,21 +212,11 @@ impl WeightSource<TensorRef, Vec<f32>> for Finder<'_, '_> {
     }
 
     fn expert_vectors(&mut self, name: &str, n: usize, len: usize) -> Result<Option<Vec<f32>>> {
-        let Some(t) = self.by_name.get(name) else {
-            return Ok(None);
-        };
-        if t.dims() != [n as u64, len as u64] {
-            return Err(RuntimeError::Tensor {
-                name: name.into(),
-                why: format!("shape {:?}, expected [{n}, {len}]", t.dims()),
-            });
+        if self.by_name.contains_key(name) {
+            self.floats(name, &[n as u64, len as u64]).map(Some)
+        } else {
+            Ok(None)
         }
-        let r = self.bytes(t)?;
-        let mut raw = vec![0u8; r.nbytes];
-        self.source.read_at(r.layer, r.offset as u64, &mut raw)?;
-        let mut out = vec![0.0; n * len];
-        gds_kernels::dequantize(r.dtype, &raw, &mut out)?;
-        Ok(Some(out))
     }
 }
 

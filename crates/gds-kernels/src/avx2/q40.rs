@@ -248,14 +248,28 @@ fn unpack_x16(group: &[u8], i: usize) -> Packed16 {
 /// the same rows in file order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    x16_with::<3>((w, rb, acts, out), size_of::<BlockQ4_0>(), |g, i| {
+        unpack_x16(g, i)
+    })
+}
+
+/// The sixteen-row interleaved driver of a type whose block `i` of a group `unpack` gives
+/// (bytes of a row's block: `block`), quants offset by 2^S.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+fn x16_with<const S: i32>(
+    (w, rb, acts, out): (&[u8], usize, &[&[ActQ8]], &mut [f32]),
+    block: usize,
+    unpack: impl Fn(&[u8], usize) -> Packed16 + Copy,
+) {
     let nt = acts.len();
-    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ4_0>(), nt, out) else {
+    let Some((nrows, nb)) = x16_shape(w, rb, block, nt, out) else {
         return;
     };
     if nt <= 4 {
         x16_tiles(w, rb, nt, |group, r, pf, _| {
             by_tile!(acts, |xs| put_rows(
-                gemm16_by::<_, 3>(nb, |i| unpack_x16(group, i), xs, pf).map(|v| lanes16(v)),
+                gemm16_by::<_, S>(nb, |i| unpack(group, i), xs, pf).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,
@@ -273,10 +287,10 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) 
             q: [_mm512_setzero_si512(); 8],
             d: _mm512_setzero_ps(),
         },
-        |group, i, p| *p = unpack_x16(group, i),
+        |group, i, p| *p = unpack(group, i),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16::<_, 3>(p, xs).map(|v| lanes16(v)),
+                gemm16::<_, S>(p, xs).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,
@@ -314,8 +328,22 @@ fn unpack_x8(group: &[u8], i: usize, h: usize) -> Packed8 {
 /// same rows in file order.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    x8_with::<3>((w, rb, acts, out), size_of::<BlockQ4_0>(), |g, i, h| {
+        unpack_x8(g, i, h)
+    })
+}
+
+/// [`x16_with`] on AVX2: each half of a group's blocks (`unpack(group, i, h)`) eight rows a
+/// vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn x8_with<const S: i32>(
+    (w, rb, acts, out): (&[u8], usize, &[&[ActQ8]], &mut [f32]),
+    block: usize,
+    unpack: impl Fn(&[u8], usize, usize) -> Packed8 + Copy,
+) {
     let nt = acts.len();
-    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockQ4_0>(), nt, out) else {
+    let Some((nrows, nb)) = x16_shape(w, rb, block, nt, out) else {
         return;
     };
     let zero = Packed8 {
@@ -325,7 +353,7 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f
     if nt <= 4 {
         x16_tiles(w, rb, nt, |group, r, pf, _| {
             by_tile!(acts, |xs| put_halves(
-                gemm8_by::<_, 2, 3>(nb, |i, h| unpack_x8(group, i, h), xs, pf),
+                gemm8_by::<_, 2, S>(nb, |i, h| unpack(group, i, h), xs, pf),
                 r,
                 nrows,
                 out,
@@ -339,10 +367,10 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f
         rb,
         (nb, nt),
         [zero; 2],
-        |group, i, p| *p = [unpack_x8(group, i, 0), unpack_x8(group, i, 1)],
+        |group, i, p| *p = [unpack(group, i, 0), unpack(group, i, 1)],
         |p: &[[Packed8; 2]], r, t0| {
             by_tile!(&acts[t0..], |xs| put_halves(
-                gemm8_by::<_, 2, 3>(p.len(), |i, h| p[i][h], xs, &[]),
+                gemm8_by::<_, 2, S>(p.len(), |i, h| p[i][h], xs, &[]),
                 r,
                 nrows,
                 out,
@@ -355,11 +383,23 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f
 /// Q4_0 rows against a prompt batch on plain AVX2: groups of eight rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ4_0>(),
-    );
+    rows8_with::<BlockQ4_0, 3>((w, rb, acts, out), |rows, i| repack8(rows, i))
+}
+
+/// Rows of block type `B` in file order, groups of eight repacked a chunk at a time
+/// (`repack`), quants offset by 2^S.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows8_with<B, const S: i32>(
+    (w, rb, acts, out): (&[u8], usize, &[&[ActQ8]], &mut [f32]),
+    repack: impl Fn(&[&[B]; 8], usize) -> Packed8,
+) where
+    B: zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned,
+{
+    let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / size_of::<B>());
+    if nt == 0 || nrows == 0 {
+        return;
+    }
     chunked(
         w,
         rb,
@@ -368,11 +408,11 @@ pub(super) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]
             q: [_mm256_setzero_si256(); 8],
             d: _mm256_setzero_ps(),
         },
-        |r| group8(w, rb, r, nrows),
-        |rows, i, p| *p = repack8(rows, i),
+        |r| group8::<B>(w, rb, r, nrows),
+        |rows, i, p| *p = repack(rows, i),
         |p: &[Packed8], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm8::<_, 3>(p, xs).map(|v| lanes8(v)),
+                gemm8::<_, S>(p, xs).map(|v| lanes8(v)),
                 r,
                 nrows,
                 out,
@@ -386,11 +426,22 @@ pub(super) fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]
 /// Q4_0 rows against a prompt batch on AVX-512 (with VNNI): groups of sixteen rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ4_0>(),
-    );
+    rows16_with::<BlockQ4_0, 3>((w, rb, acts, out), |lo, hi, i| repack16(lo, hi, i))
+}
+
+/// [`rows8_with`] sixteen rows a group (AVX-512 with VNNI).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+fn rows16_with<B, const S: i32>(
+    (w, rb, acts, out): (&[u8], usize, &[&[ActQ8]], &mut [f32]),
+    repack: impl Fn(&[&[B]; 8], &[&[B]; 8], usize) -> Packed16,
+) where
+    B: zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned,
+{
+    let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / size_of::<B>());
+    if nt == 0 || nrows == 0 {
+        return;
+    }
     chunked(
         w,
         rb,
@@ -399,11 +450,16 @@ pub(super) fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32
             q: [_mm512_setzero_si512(); 8],
             d: _mm512_setzero_ps(),
         },
-        |r| (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows)),
-        |(lo, hi), i, p| *p = repack16(lo, hi, i),
+        |r| {
+            (
+                group8::<B>(w, rb, r, nrows),
+                group8::<B>(w, rb, r + 8, nrows),
+            )
+        },
+        |(lo, hi), i, p| *p = repack(lo, hi, i),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16::<_, 3>(p, xs).map(|v| lanes16(v)),
+                gemm16::<_, S>(p, xs).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,
@@ -496,78 +552,16 @@ fn unpack_x16_mxfp4(group: &[u8], i: usize) -> Packed16 {
 /// interleaved.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn gemm_rows16_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockMxfp4>(),
-    );
-    if nt == 0 || nrows == 0 {
-        return;
-    }
-    chunked(
-        w,
-        rb,
-        (nb, 16, nt),
-        Packed16 {
-            q: [_mm512_setzero_si512(); 8],
-            d: _mm512_setzero_ps(),
-        },
-        |r| (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows)),
-        |(lo, hi), i, p| *p = repack16_mxfp4(lo, hi, i),
-        |p: &[Packed16], r, t0| {
-            by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16::<_, 4>(p, xs).map(|v| lanes16(v)),
-                r,
-                nrows,
-                out,
-                nt,
-                t0
-            ))
-        },
-    );
+    rows16_with::<BlockMxfp4, 4>((w, rb, acts, out), |lo, hi, i| repack16_mxfp4(lo, hi, i))
 }
 
 /// MXFP4 rows interleaved sixteen at a time (AVX-512 with VNNI): up to four tokens straight
 /// from the interleaved bytes, more through the prompt driver.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn rows_x16_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let nt = acts.len();
-    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockMxfp4>(), nt, out) else {
-        return;
-    };
-    if nt <= 4 {
-        x16_tiles(w, rb, nt, |group, r, pf, _| {
-            by_tile!(acts, |xs| put_rows(
-                gemm16_by::<_, 4>(nb, |i| unpack_x16_mxfp4(group, i), xs, pf).map(|v| lanes16(v)),
-                r,
-                nrows,
-                out,
-                nt,
-                0
-            ))
-        });
-        return;
-    }
-    x16_chunked(
-        w,
-        rb,
-        (nb, nt),
-        Packed16 {
-            q: [_mm512_setzero_si512(); 8],
-            d: _mm512_setzero_ps(),
-        },
-        |group, i, p| *p = unpack_x16_mxfp4(group, i),
-        |p: &[Packed16], r, t0| {
-            by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16::<_, 4>(p, xs).map(|v| lanes16(v)),
-                r,
-                nrows,
-                out,
-                nt,
-                t0
-            ))
-        },
-    );
+    x16_with::<4>((w, rb, acts, out), size_of::<BlockMxfp4>(), |g, i| {
+        unpack_x16_mxfp4(g, i)
+    })
 }
 
 /// Eight E8M0 scale bytes as `2^(e - 128)` ([`e8m0x16`] on AVX2).
@@ -623,75 +617,14 @@ fn unpack_x8_mxfp4(group: &[u8], i: usize, h: usize) -> Packed8 {
 /// a time, the arithmetic of [`gemm_rows16_mxfp4`] (so the same bits).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn gemm_rows8_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockMxfp4>(),
-    );
-    if nt == 0 || nrows == 0 {
-        return;
-    }
-    chunked(
-        w,
-        rb,
-        (nb, 8, nt),
-        Packed8 {
-            q: [_mm256_setzero_si256(); 8],
-            d: _mm256_setzero_ps(),
-        },
-        |r| group8(w, rb, r, nrows),
-        |rows, i, p| *p = repack8_mxfp4(rows, i),
-        |p: &[Packed8], r, t0| {
-            by_tile!(&acts[t0..], |xs| put_rows(
-                gemm8::<_, 4>(p, xs).map(|v| lanes8(v)),
-                r,
-                nrows,
-                out,
-                nt,
-                t0
-            ))
-        },
-    );
+    rows8_with::<BlockMxfp4, 4>((w, rb, acts, out), |rows, i| repack8_mxfp4(rows, i))
 }
 
 /// [`rows_x16_mxfp4`] on AVX2 (and AVX-VNNI): each half of a group's blocks eight rows a
 /// vector, the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn rows_x16_mxfp4_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let nt = acts.len();
-    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<BlockMxfp4>(), nt, out) else {
-        return;
-    };
-    let zero = Packed8 {
-        q: [_mm256_setzero_si256(); 8],
-        d: _mm256_setzero_ps(),
-    };
-    if nt <= 4 {
-        x16_tiles(w, rb, nt, |group, r, pf, _| {
-            by_tile!(acts, |xs| put_halves(
-                gemm8_by::<_, 2, 4>(nb, |i, h| unpack_x8_mxfp4(group, i, h), xs, pf),
-                r,
-                nrows,
-                out,
-                (nt, 0)
-            ))
-        });
-        return;
-    }
-    x16_chunked(
-        w,
-        rb,
-        (nb, nt),
-        [zero; 2],
-        |group, i, p| *p = [unpack_x8_mxfp4(group, i, 0), unpack_x8_mxfp4(group, i, 1)],
-        |p: &[[Packed8; 2]], r, t0| {
-            by_tile!(&acts[t0..], |xs| put_halves(
-                gemm8_by::<_, 2, 4>(p.len(), |i, h| p[i][h], xs, &[]),
-                r,
-                nrows,
-                out,
-                (nt, t0)
-            ))
-        },
-    );
+    x8_with::<4>((w, rb, acts, out), size_of::<BlockMxfp4>(), |g, i, h| {
+        unpack_x8_mxfp4(g, i, h)
+    })
 }
