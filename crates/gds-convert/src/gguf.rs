@@ -663,8 +663,10 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
                 }
                 // llama.cpp's other YaRN knobs change the arithmetic: not run rather than
                 // run differently
-                for k in ["rope.scaling.yarn_ext_factor", "rope.scaling.yarn_log_mul"] {
-                    let default = if k.ends_with("ext_factor") { 1.0 } else { 0.0 };
+                for (k, default) in [
+                    ("rope.scaling.yarn_ext_factor", 1.0),
+                    ("rope.scaling.yarn_log_mul", 0.0),
+                ] {
                     if let Some(v) = num_f64(key(k)).filter(|&v| v != default) {
                         return Err(bad(format!(
                             "{a}.{k} = {v}: YaRN with it is not supported by gdsrun"

@@ -48,14 +48,16 @@ pub enum Layout {
     Interleaved16,
 }
 
-/// The bytes of a block that hold f16 fields (two bytes a row when interleaved; the rest
-/// goes four bytes a row), for the types that can be interleaved.
-fn f16_bytes(dtype: DType) -> Option<std::ops::Range<usize>> {
+/// The bytes of a block that hold its narrow fields, and their width a row when interleaved
+/// (the f16 fields two bytes, MXFP4's scale byte one; the rest goes four bytes a row), for
+/// the types that can be interleaved.
+fn narrow_fields(dtype: DType) -> Option<(std::ops::Range<usize>, usize)> {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some(0..2),
-        DType::Q4_1 | DType::Q5_1 => Some(0..4),
-        DType::Q4K | DType::Q5K => Some(0..4),
-        DType::Q6K => Some(208..210),
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some((0..2, 2)),
+        DType::Q4_1 | DType::Q5_1 => Some((0..4, 2)),
+        DType::Q4K | DType::Q5K => Some((0..4, 2)),
+        DType::Q6K => Some((208..210, 2)),
+        DType::MXFP4 => Some((0..1, 1)),
         _ => None,
     }
 }
@@ -63,19 +65,7 @@ fn f16_bytes(dtype: DType) -> Option<std::ops::Range<usize>> {
 /// Whether `dtype` has an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
 /// MXFP4).
 pub fn interleavable(dtype: DType) -> bool {
-    dtype == DType::MXFP4 || f16_bytes(dtype).is_some()
-}
-
-/// Bytes a row's unit starting at byte `j` of a block of `dtype` takes in a group: MXFP4's
-/// scale byte one, the f16 fields two, everything else four.
-fn unit_len(dtype: DType, j: usize) -> usize {
-    if dtype == DType::MXFP4 {
-        return if j == 0 { 1 } else { 4 };
-    }
-    match f16_bytes(dtype) {
-        Some(f16) if f16.contains(&j) => 2,
-        _ => 4,
-    }
+    narrow_fields(dtype).is_some()
 }
 
 fn check(dtype: DType, data: &[u8], rows: usize, cols: usize) -> Result<usize, KernelError> {
@@ -152,12 +142,12 @@ pub(crate) struct Map {
 impl Map {
     /// The map of an interleavable type (panics on another: callers checked).
     pub(crate) fn of(dtype: DType) -> Map {
-        assert!(interleavable(dtype), "an interleavable type");
+        let (narrow, width) = narrow_fields(dtype).expect("an interleavable type");
         let block = dtype.type_size();
         let mut units = Vec::new();
         let mut j = 0;
         while j < block {
-            let u = unit_len(dtype, j);
+            let u = if narrow.contains(&j) { width } else { 4 };
             units.push((GROUP * j, u, j));
             j += u;
         }

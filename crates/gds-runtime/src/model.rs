@@ -743,13 +743,13 @@ impl Model {
     }
 
     /// Attention parameters of block `l`.
-    fn attn_params(&self, l: usize) -> AttnParams<'static> {
+    fn attn_params<'s>(&self, l: usize, sinks: Option<&'s [f32]>) -> AttnParams<'s> {
         let c = &self.config;
         AttnParams {
             scale: c.attn_scale,
             window: c.window(l),
             softcap: c.attn_softcap,
-            sinks: None,
+            sinks,
         }
     }
 
@@ -946,8 +946,7 @@ impl Ops for CpuOps<'_, '_> {
     }
 
     fn attention(&mut self, layer: usize, sinks: Option<&Vec<f32>>) -> Result<()> {
-        let mut p = self.m.attn_params(layer);
-        p.sinks = sinks.map(Vec::as_slice);
+        let p = self.m.attn_params(layer, sinks.map(Vec::as_slice));
         let s = &mut *self.s;
         let mut bufs = crate::attention::Buffers {
             q: &s.q,

@@ -498,20 +498,25 @@ fn e8m0x16(e: &[u8; 16]) -> __m512 {
     _mm512_castsi512_ps(_mm512_mask_blend_epi32(m, normal, small))
 }
 
+/// Block `i` of each of eight MXFP4 rows as 32 value bytes (+16), before [`transpose8`] or
+/// [`transpose16`] (MXFP4's [`nibble_rows`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn value_rows_mxfp4(rows: &[&[BlockMxfp4]; 8], i: usize) -> [__m256i; 8] {
+    let (m4, lut) = (_mm256_set1_epi8(0x0F), mxfp4_lut());
+    std::array::from_fn(|r| {
+        let b = ld_u8x16(&rows[r][i].qs);
+        let n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(b), b), m4);
+        _mm256_shuffle_epi8(lut, n)
+    })
+}
+
 /// Block `i` of sixteen MXFP4 rows in file order as [`Packed16`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 fn repack16_mxfp4(lo: &[&[BlockMxfp4]; 8], hi: &[&[BlockMxfp4]; 8], i: usize) -> Packed16 {
-    let (m4, lut) = (_mm256_set1_epi8(0x0F), mxfp4_lut());
-    let values = |rows: &[&[BlockMxfp4]; 8]| -> [__m256i; 8] {
-        std::array::from_fn(|r| {
-            let b = ld_u8x16(&rows[r][i].qs);
-            let n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(b), b), m4);
-            _mm256_shuffle_epi8(lut, n)
-        })
-    };
     Packed16 {
-        q: transpose16(values(lo), values(hi)),
+        q: transpose16(value_rows_mxfp4(lo, i), value_rows_mxfp4(hi, i)),
         d: e8m0x16(&std::array::from_fn(|r| {
             if r < 8 {
                 lo[r][i].e
@@ -581,14 +586,9 @@ fn e8m0x8(e: &[u8]) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn repack8_mxfp4(rows: &[&[BlockMxfp4]; 8], i: usize) -> Packed8 {
-    let (m4, lut) = (_mm256_set1_epi8(0x0F), mxfp4_lut());
     let e: [u8; 8] = std::array::from_fn(|r| rows[r][i].e);
     Packed8 {
-        q: transpose8(std::array::from_fn(|r| {
-            let b = ld_u8x16(&rows[r][i].qs);
-            let n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(b), b), m4);
-            _mm256_shuffle_epi8(lut, n)
-        })),
+        q: transpose8(value_rows_mxfp4(rows, i)),
         d: e8m0x8(&e),
     }
 }

@@ -169,9 +169,11 @@ pub fn route(
 ) -> Vec<Vec<(usize, f32)>> {
     let mut by_expert = vec![Vec::new(); n_experts];
     let mut order: Vec<usize> = Vec::with_capacity(n_experts);
-    let norm = match gating {
+    // the kept weights divided by their sum: renormalized probabilities, or the kept
+    // logits' softmax among themselves
+    let normalize = match gating {
         Gating::Softmax { norm } => norm,
-        Gating::TopKSoftmax => false,
+        Gating::TopKSoftmax => true,
     };
     for (t, row) in logits.chunks_exact_mut(n_experts).enumerate() {
         if let Gating::Softmax { .. } = gating {
@@ -200,7 +202,7 @@ pub fn route(
         }
         let sum: f32 = top.iter().map(|&e| row[e]).sum();
         for &e in top {
-            let w = if (norm || gating == Gating::TopKSoftmax) && sum > 0.0 {
+            let w = if normalize && sum > 0.0 {
                 row[e] / sum
             } else {
                 row[e]
