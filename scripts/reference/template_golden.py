@@ -10,8 +10,8 @@ lstrip_blocks, loop controls, its tojson, raise_exception, strftime_now), the to
 bos/eos tokens in the context. Conversations: a system prompt and a question; several turns;
 tools offered; a tool call (string and number arguments) and its result; an earlier reply's
 reasoning_content; enable_thinking false. A template that raises is recorded as an error.
-Today's date (strftime_now's `%Y-%m-%d` and `%d %b %Y`) is written as {TODAY} / {TODAY_DMY},
-so the golden holds on other days.
+Today's date (strftime_now's `%Y-%m-%d`, `%d %b %Y` and `%B %d, %Y`) is written as {TODAY} /
+{TODAY_DMY} / {TODAY_BDY}, so the golden holds on other days.
 
 Writes {"bos_token", "eos_token", "cases": [{"template", "conversation", "messages", "tools",
 "add_generation_prompt", "variables", "rendered" | "error"}]};
@@ -69,7 +69,8 @@ def main():
     tok_dir, out, *templates = sys.argv[1:]
     tok = AutoTokenizer.from_pretrained(tok_dir)
     today = datetime.date.today()
-    dates = {today.strftime("%Y-%m-%d"): "{TODAY}", today.strftime("%d %b %Y"): "{TODAY_DMY}"}
+    dates = {today.strftime("%Y-%m-%d"): "{TODAY}", today.strftime("%d %b %Y"): "{TODAY_DMY}",
+             today.strftime("%B %d, %Y"): "{TODAY_BDY}"}
     cases = []
     for path in templates:
         src = open(path).read()

@@ -34,6 +34,7 @@ fn model_templates_render_as_transformers() {
     let dates = [
         (strftime("%Y-%m-%d", now), "{TODAY}"),
         (strftime("%d %b %Y", now), "{TODAY_DMY}"),
+        (strftime("%B %d, %Y", now), "{TODAY_BDY}"),
     ];
     let cases = g["cases"].as_array().unwrap();
     assert!(cases.len() >= 42, "{} cases", cases.len());
