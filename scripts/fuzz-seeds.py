@@ -3,6 +3,7 @@
 
     scripts/fuzz-seeds.py              # fuzz/corpus/<target>/ (git-ignored): every seed
     scripts/fuzz-seeds.py --curated    # fuzz/seeds/<target>/ (committed): the small ones
+    scripts/fuzz-seeds.py --curated --only grammar   # one target's seeds (grammar needs no model)
 
 Sources: fixtures/ (tiny GGUFs, fixtures/bad/*.gguf, the tiny-llama-hf safetensors
 directory), the real models in .cache/models (SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M,
@@ -243,14 +244,71 @@ def convert(src, tmp):
     return out
 
 
+LLAMA_GRAMMARS = ROOT / ".cache" / "llama.cpp" / "src" / "llama.cpp" / "grammars"
+
+
+def grammar_seeds(seeds):
+    """grammar: a mode byte (0 the `grammar` field, 1 Lark, 2 regex, 3 JSON schema), the
+    source, SEP, the walk (each byte picks an allowed token). llama.cpp's own GBNF grammars
+    (its sdist, built by scripts/build-llama-cpp.sh; skipped when absent), schemas and
+    expressions of the kinds clients send, and attacks on the bounds."""
+    walk = bytes(range(7, 255, 3))
+    if LLAMA_GRAMMARS.is_dir():
+        for p in sorted(LLAMA_GRAMMARS.glob("*.gbnf")):
+            seeds[f"gbnf-{p.stem}"] = b"\x00" + p.read_bytes() + SEP + walk
+    else:
+        print("note: run scripts/build-llama-cpp.sh for llama.cpp's GBNF grammars as seeds", file=sys.stderr)
+    person = {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "home": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "score": {"type": "number"}, "ok": {"type": "boolean"}, "none": {"type": "null"}},
+        "required": ["name", "age"], "additionalProperties": False}
+    tree = {"$defs": {"node": {"type": "object", "properties": {
+        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+        "$ref": "#/$defs/node"}
+    texts = {
+        "lark-json-ish": (1, 'start: obj\nobj: "{" pair ("," pair)* "}"\npair: STR ":" val\n'
+                             'val: STR | NUM | obj\nSTR: /"[a-z]{1,8}"/\nNUM: /-?[0-9]+/\n'),
+        "lark-lazy": (1, 'start: "say " /[a-z ]+/ "."\n'),
+        "gbnf-arith": (0, 'root ::= expr\nexpr ::= term ([-+*/] term)*\n'
+                          'term ::= [0-9]+ | "(" expr ")"\n'),
+        "gbnf-classes": (0, 'root ::= [^\\x00-\\x1f"]{2,5} "\\u00e9" [a-zA-Z_]? ("x"{3})*\n'),
+        "regex-yes-no": (2, "(Yes|No), because [a-z ]{5,60}\\."),
+        "regex-date": (2, "[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]"),
+        "schema-person": (3, json.dumps(person)),
+        "schema-tree": (3, json.dumps(tree)),
+        "schema-anyof": (3, json.dumps({"anyOf": [{"type": "string", "pattern": "^a+b$"},
+                                                  {"type": "array", "items": {"type": "number"}}]})),
+        "schema-any": (3, json.dumps({"type": "object"})),
+        # attacks: repetitions multiplied, nesting, state blow-up, huge bounds
+        "attack-gbnf-nested-repeat": (0, 'root ::= (("a"{1000}){1000}){1000}\n'),
+        "attack-gbnf-deep": (0, "root ::= " + "(" * 60 + '"x"' + ")" * 60 + "\n"),
+        "attack-lark-left-recursion": (1, 'start: a\na: a "x" | a a | "y"\n'),
+        "attack-regex-states": (2, "[ab]*a[ab]{40}"),
+        "attack-regex-repeat": (2, "(a{1,1000}){1,1000}"),
+        "attack-schema-huge-bounds": (3, json.dumps({"type": "string", "minLength": 10**9})),
+        "attack-schema-items": (3, json.dumps({"type": "array", "minItems": 100000, "items": {"type": "integer"}})),
+        "attack-schema-self-ref": (3, json.dumps({"$ref": "#"})),
+        "attack-schema-pattern": (3, json.dumps({"type": "string", "pattern": "(a+)+$"})),
+    }
+    for name, (mode, src) in texts.items():
+        seeds[name] = bytes([mode]) + src.encode() + SEP + walk
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--curated", action="store_true",
                     help="write the small committed set into fuzz/seeds/ instead of fuzz/corpus/")
+    ap.add_argument("--only", choices=["grammar"], help="write this target's seeds only")
     args = ap.parse_args()
     out = ROOT / "fuzz" / ("seeds" if args.curated else "corpus")
     limit = 24 << 10 if args.curated else 1 << 20
-    seeds = {t: {} for t in ("manifest", "gguf", "safetensors", "tokenizer", "imatrix")}
+    seeds = {t: {} for t in ("manifest", "gguf", "safetensors", "tokenizer", "imatrix", "grammar")}
+    grammar_seeds(seeds["grammar"])
+    if args.only:
+        return write(out, {args.only: seeds[args.only]}, args.curated, limit)
     # imatrix: the converter's fixtures (scripts/gen_imatrix_goldens.py), whole and cut
     for p in sorted((FIX / "imatrix").glob("*.imatrix.*")):
         b = p.read_bytes()
@@ -349,9 +407,13 @@ def main():
     other = dict(shrunk_config(cfg), architectures=["Gemma3ForCausalLM"], model_type="gemma3_text")
     seeds["safetensors"]["other-arch"] = join(st_write(no_head), json.dumps(other).encode())
 
+    write(out, seeds, args.curated, limit)
+
+
+def write(out, seeds, curated, limit):
     for target, files in seeds.items():
         d = out / target
-        if args.curated and d.exists():
+        if curated and d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True, exist_ok=True)
         for name, data in sorted(files.items()):

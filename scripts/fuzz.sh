@@ -3,7 +3,7 @@
 #
 #   scripts/fuzz.sh TARGET [SECONDS] [libFuzzer flags...]
 #
-# TARGET is manifest, gguf, safetensors, tokenizer, chat_template or imatrix (crates/gds-fuzz documents each input).
+# TARGET is manifest, gguf, safetensors, tokenizer, chat_template, imatrix or grammar (crates/gds-fuzz documents each input).
 # SECONDS (default 60; 0 = no time limit) bounds the run; further flags go to libFuzzer, e.g.
 # `-runs=10000000`. New inputs go to fuzz/corpus/TARGET (git-ignored; scripts/fuzz-seeds.py
 # fills it from the real models); fuzz/seeds/TARGET and fuzz/regressions/TARGET are read too.
@@ -24,7 +24,8 @@ case "$t" in
   safetensors | tokenizer) max_len=16384 ;;
   chat_template) max_len=16384 ;;
   imatrix) max_len=16384 ;;
-  *) echo "scripts/fuzz.sh: unknown target $t (manifest, gguf, safetensors, tokenizer, chat_template, imatrix)" >&2; exit 2 ;;
+  grammar) max_len=4096 ;;
+  *) echo "scripts/fuzz.sh: unknown target $t (manifest, gguf, safetensors, tokenizer, chat_template, imatrix, grammar)" >&2; exit 2 ;;
 esac
 san=${FUZZ_SANITIZER:-none}
 # each sanitizer keeps its own build (switching would rebuild every dependency)
@@ -33,7 +34,9 @@ tdir=target/$san
 mkdir -p "corpus/$t" "artifacts/$t"
 dirs=("corpus/$t" "seeds/$t")
 [ -d "regressions/$t" ] && dirs+=("regressions/$t")
+dict=()
+[ -f "dict/$t.dict" ] && dict=(-dict="dict/$t.dict")
 exec cargo +nightly fuzz run -s "$san" --target-dir "$tdir" "$t" "${dirs[@]}" -- \
   -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=10 \
-  -max_len="$max_len" -dict="dict/$t.dict" -artifact_prefix="artifacts/$t/" \
+  -max_len="$max_len" "${dict[@]}" -artifact_prefix="artifacts/$t/" \
   -print_final_stats=1 "$@"

@@ -117,7 +117,7 @@ python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm/test_cuda.py tests/py/g
 # seed and regression input on stable.
 if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&1; then
   step "short fuzz run of each target (${FUZZ_SECONDS} s each)"
-  for t in manifest gguf safetensors tokenizer chat_template imatrix; do
+  for t in manifest gguf safetensors tokenizer chat_template imatrix grammar; do
     log=$(mktemp)
     if ! ./scripts/fuzz.sh "$t" "${FUZZ_SECONDS}" >"$log" 2>&1; then
       tail -n 60 "$log"

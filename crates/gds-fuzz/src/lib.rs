@@ -24,6 +24,8 @@ pub const TARGETS: &[&str] = &[
     "safetensors",
     "tokenizer",
     "chat_template",
+    "imatrix",
+    "grammar",
 ];
 
 /// Separates the files of a multi-file input (`safetensors`, `tokenizer`).
@@ -163,6 +165,7 @@ pub fn run(name: &str, data: &[u8]) -> Option<bool> {
         "tokenizer" => tokenizer(data),
         "chat_template" => chat_template(data),
         "imatrix" => imatrix(data),
+        "grammar" => grammar(data),
         _ => return None,
     })
 }
@@ -466,6 +469,104 @@ pub fn chat_template(data: &[u8]) -> bool {
         "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
     let _ = t.render_with_tools(&msgs, true, Some(&tools));
     true
+}
+
+/// A grammar from a client: a request's `grammar` (GBNF or Lark), `regex` or `json_schema`,
+/// compiled as the server compiles it ([`Grammar::from_text`], then
+/// [`GrammarCompiler::compile`], which computes the first mask too) against a small
+/// vocabulary (every byte, some multi-byte pieces of JSON and text, end-of-generation
+/// tokens), then walked: each byte after [`FILE_SEP`] picks one of the allowed tokens, for up
+/// to 64 tokens, as the engine's masks and `accept` do. Everything a grammar does to the
+/// process (a panic, memory past the cap, a mask that never ends) is a finding. The input: a
+/// mode byte (0: the text as the `grammar` field, 1: Lark, 2: a regular expression, 3: a JSON
+/// schema), the source, then the walk. Accepted: it compiled.
+///
+/// [`Grammar::from_text`]: gds_runtime::Grammar::from_text
+/// [`GrammarCompiler::compile`]: gds_runtime::GrammarCompiler::compile
+pub fn grammar(data: &[u8]) -> bool {
+    use gds_runtime::Grammar;
+    let Some((&mode, rest)) = data.split_first() else {
+        return false;
+    };
+    let parts = split_files(rest);
+    let Ok(src) = std::str::from_utf8(parts[0]) else {
+        return false;
+    };
+    let g = match mode % 4 {
+        0 => match Grammar::from_text(src) {
+            Ok(g) => g,
+            Err(_) => return false,
+        },
+        1 => Grammar::Lark(src.to_string()),
+        2 => Grammar::Regex(src.to_string()),
+        _ => match serde_json::from_str(src) {
+            Ok(v) => Grammar::JsonSchema(v),
+            Err(_) => return false,
+        },
+    };
+    let GrammarVocab {
+        compiler,
+        n_vocab,
+        eog,
+    } = grammar_compiler();
+    let n_vocab = *n_vocab;
+    let Ok(mut c) = compiler.compile(&g) else {
+        return false;
+    };
+    let mut logits = vec![0f32; n_vocab];
+    for &b in parts.get(1).copied().unwrap_or(&[]).iter().take(64) {
+        let Ok(mask) = c.compute_mask() else {
+            break;
+        };
+        logits.fill(0.0);
+        if mask.apply(&mut logits).is_err() {
+            break;
+        }
+        let allowed: Vec<u32> = (0..n_vocab as u32)
+            .filter(|&i| logits[i as usize] == 0.0)
+            .collect();
+        let tok = allowed[usize::from(b) % allowed.len()];
+        if eog.contains(&tok) || c.accept(tok).is_err() || c.is_finished() {
+            break;
+        }
+    }
+    true
+}
+
+/// [`grammar`]'s vocabulary, compiled once per process (building it indexes the tokens).
+struct GrammarVocab {
+    compiler: gds_runtime::GrammarCompiler,
+    n_vocab: usize,
+    /// The end-of-generation ids (the tiny tokenizer's).
+    eog: Vec<u32>,
+}
+
+/// Ids 0-2 special (the tiny tokenizer's), then every byte but 0xff (llguidance's
+/// special-token marker), then multi-byte pieces.
+fn grammar_compiler() -> &'static GrammarVocab {
+    static VOCAB: std::sync::OnceLock<GrammarVocab> = std::sync::OnceLock::new();
+    VOCAB.get_or_init(|| {
+        let dir = tokenizer_dir(TINY_TOKENIZER_JSON.as_bytes(), None);
+        let mut cfg = model_config(2);
+        cfg.eos_token_id = Some(2);
+        let t = TextTokenizer::load(dir.path(), &cfg).expect("the tiny tokenizer loads");
+        let mut bytes: Vec<Vec<u8>> = vec![Vec::new(); 3];
+        bytes.extend((0u8..0xff).map(|b| vec![b]));
+        for piece in [
+            "{\"", "\":", "\",\"", "\"}", "[\"", "\"]", "true", "false", "null", "  ", "\n\n",
+            "ab", "abc", "123", "0.5", "-1", "e+", "\\u00", "\\\"", "é", "😀", "\u{2028}", " the",
+            "Hello",
+        ] {
+            bytes.push(piece.as_bytes().to_vec());
+        }
+        let n_vocab = bytes.len();
+        GrammarVocab {
+            compiler: gds_runtime::GrammarCompiler::new(bytes, &t, n_vocab)
+                .expect("the vocabulary indexes"),
+            n_vocab,
+            eog: t.eog_ids().to_vec(),
+        }
+    })
 }
 
 /// A model directory holding `tokenizer.json` and, when given, `tokenizer_config.json`, with a

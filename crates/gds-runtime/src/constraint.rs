@@ -34,6 +34,17 @@ pub enum Grammar {
 }
 
 impl Grammar {
+    /// A grammar given as text (llama-server's `grammar` field, `gdsrun --grammar`): GBNF when
+    /// a line has `::=` (translated by [`crate::gbnf`]), else llguidance's Lark. The error
+    /// says where the GBNF is wrong.
+    pub fn from_text(text: &str) -> std::result::Result<Grammar, String> {
+        if crate::gbnf::is_gbnf(text) {
+            crate::gbnf::gbnf_to_lark(text).map(Grammar::Lark)
+        } else {
+            Ok(Grammar::Lark(text.to_string()))
+        }
+    }
+
     fn top_level(&self) -> TopLevelGrammar {
         match self {
             Grammar::JsonSchema(schema) => {

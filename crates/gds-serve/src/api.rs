@@ -318,12 +318,8 @@ fn grammar_request(c: &Common) -> Result<Option<(Grammar, &'static str)>, ApiErr
     }
     if let Some(g) = &c.grammar {
         // llama-server's `grammar` is GBNF; ours was Lark first: `::=` tells them apart
-        let lark = if gds_runtime::gbnf::is_gbnf(g) {
-            gds_runtime::gbnf::gbnf_to_lark(g).map_err(|e| ApiError::bad(e).param("grammar"))?
-        } else {
-            g.clone()
-        };
-        found.push((Grammar::Lark(lark), "grammar"));
+        let g = Grammar::from_text(g).map_err(|e| ApiError::bad(e).param("grammar"))?;
+        found.push((g, "grammar"));
     }
     if let Some(r) = &c.regex {
         found.push((Grammar::Regex(r.clone()), "regex"));

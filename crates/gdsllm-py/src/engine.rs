@@ -122,12 +122,8 @@ impl Constraints<'_> {
             ));
         }
         if let Some(text) = &self.grammar {
-            if gds_runtime::gbnf::is_gbnf(text) {
-                let lark = gds_runtime::gbnf::gbnf_to_lark(text)
-                    .map_err(|e| err(format!("grammar: {e}")))?;
-                return Ok(Some(Grammar::Lark(lark)));
-            }
-            return Ok(Some(Grammar::Lark(text.clone())));
+            let g = Grammar::from_text(text).map_err(|e| err(format!("grammar: {e}")))?;
+            return Ok(Some(g));
         }
         if let Some(schema) = &self.json_schema {
             return Ok(Some(Grammar::JsonSchema(json_arg(schema, "json_schema")?)));

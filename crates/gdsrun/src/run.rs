@@ -61,13 +61,9 @@ fn grammar_option(a: &RunArgs) -> Result<Option<Grammar>, RuntimeError> {
         return Ok(Some(Grammar::JsonSchema(schema)));
     }
     if let Some(p) = &a.grammar {
-        let text = read(p)?;
-        if gds_runtime::gbnf::is_gbnf(&text) {
-            let lark = gds_runtime::gbnf::gbnf_to_lark(&text)
-                .map_err(|e| RuntimeError::Usage(format!("--grammar {}: {e}", p.display())))?;
-            return Ok(Some(Grammar::Lark(lark)));
-        }
-        return Ok(Some(Grammar::Lark(text)));
+        let g = Grammar::from_text(&read(p)?)
+            .map_err(|e| RuntimeError::Usage(format!("--grammar {}: {e}", p.display())))?;
+        return Ok(Some(g));
     }
     Ok(a.regex.clone().map(Grammar::Regex))
 }
