@@ -1979,7 +1979,7 @@ mod tests {
             offset: 0,
             nbytes: f16.len() as u64,
             transform: Transform::None,
-            stacked: Vec::new(),
+            layout: crate::source::Layout::Plain,
         };
         let w: Vec<f32> = (0..2 * cols).map(|i| 0.5 + (i % 13) as f32).collect();
         for (out, weights) in [
@@ -2023,7 +2023,7 @@ mod tests {
             offset: 0,
             nbytes: 0,
             transform: Transform::None,
-            stacked: Vec::new(),
+            layout: crate::source::Layout::Plain,
         }
     }
 

@@ -6,8 +6,8 @@ use crate::error::{io, ConvertError};
 use crate::limits::MAX_GGUF_ARRAY_ELEMENTS;
 use crate::names::{canonical_family, group_of};
 use crate::source::{
-    MappedFile, MetaValue, Metadata, PendingTokenizer, Source, SourceTensor, TokenizerFiles,
-    Transform,
+    Layout, MappedFile, MetaValue, Metadata, PendingTokenizer, Source, SourceTensor,
+    TokenizerFiles, Transform,
 };
 use gds_format::DType;
 use serde_json::Value;
@@ -455,7 +455,7 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
             offset,
             nbytes,
             transform: Transform::None,
-            stacked: Vec::new(),
+            layout: Layout::Plain,
         });
     }
 

@@ -44,7 +44,8 @@ use crate::limits::{
     read_text, ReadTextError, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, MAX_TOKENIZER_BYTES,
 };
 use crate::source::{
-    MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles, Transform,
+    Gather, Layout, MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles,
+    Transform,
 };
 use gds_format::DType;
 use memmap2::Mmap;
@@ -159,22 +160,26 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         });
     };
 
-    if spec.family == "gpt_oss" {
-        // experts fused as gate_up_proj [E, d, 2ff] with gate and up in alternate columns
-        // (MXFP4 blocks and scales in the published checkpoints): not a row mapping
-        return Err(cfg.err(
-            "gpt-oss checkpoints are not converted from safetensors: convert the directory \
-             with llama.cpp's convert_hf_to_gguf.py, then gdsconv convert the GGUF"
-                .into(),
-        ));
-    }
     let (tie_in_config, longrope) = llama_hparams(&cfg, &raw, &mut metadata, &mut warnings)?;
     family_hparams(&cfg, spec, &mut metadata)?;
     metadata.insert(
         "general.architecture".into(),
         MetaValue::Str(spec.family.clone()),
     );
-    let mut tensors = map_llama(input, raw, &metadata, tie_in_config, spec, &mut warnings)?;
+    let (raw, gathered) = if spec.family == "gpt_oss" {
+        gpt_oss_experts(raw, &metadata)?
+    } else {
+        (raw, Vec::new())
+    };
+    let mut tensors = map_llama(
+        input,
+        raw,
+        gathered,
+        &metadata,
+        tie_in_config,
+        spec,
+        &mut warnings,
+    )?;
     if let Some(lr) = &longrope {
         longrope_tensors(&cfg, spec, &metadata, lr, &mut tensors)?;
     }
@@ -722,7 +727,7 @@ fn source_tensor(t: RawTensor, name: String, transform: Transform) -> Result<Sou
         offset: t.offset,
         nbytes: t.nbytes,
         transform,
-        stacked: Vec::new(),
+        layout: Layout::Plain,
     })
 }
 
@@ -1132,10 +1137,11 @@ fn rope_scaling(cfg: &Config, md: &mut Metadata) -> Result<Option<LongRope>> {
             );
         }
         "longrope" | "su" => return longrope(cfg, &sub, md).map(Some),
+        "yarn" => yarn(cfg, &sub, md)?,
         other => {
             return Err(cfg.err(format!(
                 "rope scaling type {other:?} is not supported (gdsrun runs default, linear, \
-                 llama3 and, for Phi-3, longrope): the model could not be run"
+                 llama3, yarn and, for Phi-3, longrope): the model could not be run"
             )))
         }
     }
@@ -1144,6 +1150,66 @@ fn rope_scaling(cfg: &Config, md: &mut Metadata) -> Result<Option<LongRope>> {
         MetaValue::Str(kind.to_owned()),
     );
     Ok(None)
+}
+
+/// YaRN as transformers computes it (`_compute_yarn_parameters`): `factor` (when null,
+/// `max_position_embeddings` over the original), `original_max_position_embeddings`,
+/// `beta_fast`/`beta_slow` (0 or absent: 32 and 1) and `truncate` (default true), with the
+/// attention factor `1 + 0.1 ln factor`; an `attention_factor` or `mscale` pair that would
+/// change it is refused.
+fn yarn(cfg: &Config, sub: &Config, md: &mut Metadata) -> Result<()> {
+    let orig = sub
+        .u64_opt("original_max_position_embeddings")?
+        .ok_or_else(|| {
+            cfg.err("rope_scaling yarn has no original_max_position_embeddings".into())
+        })?;
+    let factor = match sub.f64_opt("factor")? {
+        Some(f) => f,
+        None => cfg.u64_req("max_position_embeddings")? as f64 / orig as f64,
+    };
+    let mscale = |m: f64| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        }
+    };
+    let attention = match (
+        sub.f64_opt("attention_factor")?,
+        sub.f64_opt("mscale")?.filter(|&m| m != 0.0),
+        sub.f64_opt("mscale_all_dim")?.filter(|&m| m != 0.0),
+    ) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) => mscale(m) / mscale(all),
+        _ => mscale(1.0),
+    };
+    if (attention - mscale(1.0)).abs() > 1e-9 {
+        return Err(cfg.err(format!(
+            "rope_scaling yarn's attention factor {attention} (attention_factor, or mscale and \
+             mscale_all_dim) is not 1 + 0.1 ln factor = {}: not supported by gdsrun",
+            mscale(1.0)
+        )));
+    }
+    md.insert("model.rope_scaling.factor".into(), MetaValue::F64(factor));
+    md.insert(
+        "model.rope_scaling.original_context_length".into(),
+        MetaValue::U64(orig),
+    );
+    for (key, canon) in [
+        ("beta_fast", "model.rope_scaling.yarn_beta_fast"),
+        ("beta_slow", "model.rope_scaling.yarn_beta_slow"),
+    ] {
+        if let Some(v) = sub.f64_opt(key)?.filter(|&v| v != 0.0) {
+            md.insert(canon.into(), MetaValue::F64(v));
+        }
+    }
+    if let Some(t) = sub.bool_opt("truncate")? {
+        md.insert(
+            "model.rope_scaling.yarn_truncate".into(),
+            MetaValue::Bool(t),
+        );
+    }
+    Ok(())
 }
 
 /// LongRoPE as transformers computes it (`_compute_longrope_parameters`): the attention
@@ -1453,13 +1519,305 @@ fn stack_experts(
             tensor: t.source_name.clone(),
             reason: format!("{n_expert} experts of {rows} x {cols} do not fit"),
         })?;
-    t.stacked = stacked;
+    t.layout = Layout::Stacked(stacked);
     Ok(t)
+}
+
+/// gpt-oss's experts, which Hugging Face stores fused per block (`mlp.experts.gate_up_proj
+/// [E, d, 2 ff]` with gate and up in alternate columns, `down_proj [E, ff, d]`, both as
+/// `x @ W`; in the published checkpoints MXFP4 `*_blocks` and `*_scales` with rows already
+/// outputs, gate and up rows alternating), as GGUF's `ffn_{gate,up,down}_exps` weights and
+/// the gate/up biases: what llama.cpp's `convert_hf_to_gguf.py` writes, MXFP4 kept as MXFP4.
+/// Returns the other tensors and these.
+fn gpt_oss_experts(
+    raw: Vec<RawTensor>,
+    md: &Metadata,
+) -> Result<(Vec<RawTensor>, Vec<SourceTensor>)> {
+    let dim = |k: &str| md_u64(md, k).unwrap_or(0);
+    let (n_expert, d, ff) = (
+        dim("model.n_expert"),
+        dim("model.n_embd"),
+        dim("model.n_ff_exp"),
+    );
+    const PRE: &str = "model.layers.{N}.mlp.experts.";
+    let mut rest = Vec::with_capacity(raw.len());
+    // (block, role) -> the stored tensor
+    let mut found: BTreeMap<(u64, &'static str), RawTensor> = BTreeMap::new();
+    for t in raw {
+        let role = [
+            "gate_up_proj",
+            "gate_up_proj_bias",
+            "gate_up_proj_blocks",
+            "gate_up_proj_scales",
+            "down_proj",
+            "down_proj_blocks",
+            "down_proj_scales",
+        ]
+        .into_iter()
+        .find_map(|r| match_pattern(&format!("{PRE}{r}"), &t.name).map(|n| (n, r)));
+        match role {
+            Some((Some(n), r)) => {
+                found.insert((n, r), t);
+            }
+            _ => rest.push(t),
+        }
+    }
+    let bad = |t: &RawTensor, reason: String| SafetensorsError::Tensor {
+        path: t.file.path.clone(),
+        tensor: t.name.clone(),
+        reason,
+    };
+    let dims = ExpertDims { n_expert, d, ff };
+    if let Some(t) = found
+        .values()
+        .next()
+        .filter(|_| n_expert == 0 || d == 0 || ff == 0)
+    {
+        return Err(bad(
+            t,
+            format!(
+                "config.json's num_local_experts {n_expert}, hidden_size {d} and \
+                 intermediate_size {ff} must all be at least 1"
+            ),
+        ));
+    }
+    let want = |t: &RawTensor, shape: &[u64], dtypes: &[StDtype]| dims.check(t, shape, dtypes);
+    let float = [StDtype::F32, StDtype::F16, StDtype::BF16];
+    let blocks: BTreeSet<u64> = found.keys().map(|(n, _)| *n).collect();
+    let mut out = Vec::new();
+    for n in blocks {
+        let mut take = |r| found.remove(&(n, r));
+        let name = |role: &str, what: &str| format!("blk.{n}.ffn_{role}_exps.{what}");
+        // gate_up: gate the even columns (rows, for blocks), up the odd ones
+        let parts = [("gate", 0), ("up", 1)];
+        match (
+            take("gate_up_proj"),
+            take("gate_up_proj_blocks"),
+            take("gate_up_proj_scales"),
+        ) {
+            (Some(t), None, None) => {
+                want(&t, &[n_expert, d, 2 * ff], &float)?;
+                for (role, part) in parts {
+                    out.push(columns(
+                        &t,
+                        name(role, "weight"),
+                        n_expert,
+                        d,
+                        2 * ff,
+                        2,
+                        part,
+                    )?);
+                }
+            }
+            (None, Some(b), Some(sc)) => {
+                for (role, part) in parts {
+                    out.push(mxfp4(
+                        &b,
+                        &sc,
+                        name(role, "weight"),
+                        &dims,
+                        2 * ff,
+                        d,
+                        (2, part),
+                    )?);
+                }
+            }
+            // none: the check for required tensors names what is missing
+            (None, None, None) => {}
+            (t, b, sc) => {
+                let t = t.or(b).or(sc).expect("not all three are None");
+                return Err(bad(
+                    &t,
+                    "gate_up_proj needs either the weight or both its _blocks and _scales".into(),
+                ));
+            }
+        }
+        if let Some(t) = take("gate_up_proj_bias") {
+            want(&t, &[n_expert, 2 * ff], &float)?;
+            for (role, part) in parts {
+                out.push(columns(
+                    &t,
+                    name(role, "bias"),
+                    n_expert,
+                    1,
+                    2 * ff,
+                    2,
+                    part,
+                )?);
+            }
+        }
+        match (
+            take("down_proj"),
+            take("down_proj_blocks"),
+            take("down_proj_scales"),
+        ) {
+            (Some(t), None, None) => {
+                want(&t, &[n_expert, ff, d], &float)?;
+                out.push(columns(&t, name("down", "weight"), n_expert, ff, d, 1, 0)?);
+            }
+            (None, Some(b), Some(sc)) => {
+                out.push(mxfp4(
+                    &b,
+                    &sc,
+                    name("down", "weight"),
+                    &dims,
+                    d,
+                    ff,
+                    (1, 0),
+                )?);
+            }
+            (t, b, sc) => {
+                if let Some(t) = t.or(b).or(sc) {
+                    return Err(bad(
+                        &t,
+                        "down_proj needs either the weight or both its _blocks and _scales".into(),
+                    ));
+                }
+            }
+        }
+    }
+    Ok((rest, out))
+}
+
+/// [`Gather::Columns`] of the float tensor `t` (`n` matrices of `rows x cols`): the columns
+/// `part`, `part + step`, ..., transposed.
+fn columns(
+    t: &RawTensor,
+    name: String,
+    n: u64,
+    rows: u64,
+    cols: u64,
+    step: u64,
+    part: u64,
+) -> Result<SourceTensor> {
+    let dtype = gds_dtype(t.st_dtype).expect("checked float");
+    let shape = if rows == 1 {
+        vec![n, cols / step]
+    } else {
+        vec![n, cols / step, rows]
+    };
+    let nbytes = dtype
+        .tensor_bytes(&shape)
+        .expect("a part of a stored tensor");
+    Ok(SourceTensor {
+        name,
+        source_name: format!(
+            "{}{}",
+            t.name,
+            match (step, part) {
+                (1, _) => " (transposed)".to_string(),
+                (_, 0) => " (its even columns: gate)".to_string(),
+                _ => " (its odd columns: up)".to_string(),
+            }
+        ),
+        dtype,
+        shape,
+        file: t.file.clone(),
+        offset: t.offset,
+        nbytes,
+        transform: Transform::None,
+        layout: Layout::Gathered(Gather::Columns {
+            n,
+            rows,
+            cols,
+            elem: dtype.row_bytes(1).expect("a float type"),
+            step,
+            part,
+        }),
+    })
+}
+
+/// A gpt-oss block's expert dimensions, from config.json.
+struct ExpertDims {
+    n_expert: u64,
+    d: u64,
+    ff: u64,
+}
+
+impl ExpertDims {
+    /// That `t` has `shape` and one of `dtypes`, else an error naming the config's values.
+    fn check(&self, t: &RawTensor, shape: &[u64], dtypes: &[StDtype]) -> Result<()> {
+        if t.shape == shape && dtypes.contains(&t.st_dtype) {
+            return Ok(());
+        }
+        let names: Vec<String> = dtypes.iter().map(ToString::to_string).collect();
+        Err(SafetensorsError::Tensor {
+            path: t.file.path.clone(),
+            tensor: t.name.clone(),
+            reason: format!(
+                "shape {:?} {} where config.json (num_local_experts {}, hidden_size {}, \
+                 intermediate_size {}) needs {shape:?} {}",
+                t.shape,
+                t.st_dtype,
+                self.n_expert,
+                self.d,
+                self.ff,
+                names.join(" or ")
+            ),
+        })
+    }
+}
+
+/// [`Gather::Mxfp4`] of the blocks `b` and scales `sc` of the experts' matrices of `rows x
+/// cols`: the rows `part`, `part + step`, ... (`(step, part)`).
+fn mxfp4(
+    b: &RawTensor,
+    sc: &RawTensor,
+    name: String,
+    dims: &ExpertDims,
+    rows: u64,
+    cols: u64,
+    (step, part): (u64, u64),
+) -> Result<SourceTensor> {
+    let n = dims.n_expert;
+    let groups = cols / 32;
+    if !cols.is_multiple_of(32) {
+        return Err(SafetensorsError::Tensor {
+            path: b.file.path.clone(),
+            tensor: b.name.clone(),
+            reason: format!("MXFP4 rows of {cols} values are not whole blocks of 32"),
+        });
+    }
+    dims.check(b, &[n, rows, groups, 16], &[StDtype::U8])?;
+    dims.check(sc, &[n, rows, groups], &[StDtype::U8])?;
+    let shape = vec![n, rows / step, cols];
+    let nbytes = DType::MXFP4
+        .tensor_bytes(&shape)
+        .expect("a part of a stored tensor");
+    Ok(SourceTensor {
+        name,
+        source_name: format!(
+            "{} with {}{}",
+            b.name,
+            sc.name,
+            match (step, part) {
+                (1, _) => "",
+                (_, 0) => " (the even rows: gate)",
+                _ => " (the odd rows: up)",
+            }
+        ),
+        dtype: DType::MXFP4,
+        shape,
+        file: b.file.clone(),
+        offset: b.offset,
+        nbytes,
+        transform: Transform::None,
+        layout: Layout::Gathered(Gather::Mxfp4 {
+            scales: sc.file.clone(),
+            scales_offset: sc.offset,
+            n,
+            rows,
+            groups,
+            step,
+            part,
+        }),
+    })
 }
 
 fn map_llama(
     input: &Path,
     raw: Vec<RawTensor>,
+    gathered: Vec<SourceTensor>,
     md: &Metadata,
     tie_in_config: bool,
     spec: &FamilySpec,
@@ -1473,7 +1831,7 @@ fn map_llama(
         dim("model.head_dim"),
         dim("model.vocab_size"),
     );
-    let mut out = Vec::with_capacity(raw.len());
+    let mut out = gathered;
     let mut ignored = BTreeSet::new();
     let mut unmapped = Vec::new();
     // per-expert tensors, by the canonical stacked tensor they go into

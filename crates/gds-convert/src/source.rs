@@ -64,45 +64,217 @@ pub struct SourceTensor {
     pub nbytes: u64,
     /// Change to apply when writing.
     pub transform: Transform,
+    /// Where the bytes are: `nbytes` at (file, offset), or made from parts of the input.
+    pub layout: Layout,
+}
+
+/// Where a tensor's bytes are in the input.
+#[derive(Clone, Debug)]
+pub enum Layout {
+    /// `nbytes` bytes at (file, offset), as written.
+    Plain,
     /// Further equal parts stacked after the first (file, offset), each `nbytes / (1 +
-    /// stacked.len())` bytes: a mixture of experts' per-expert tensors of a Hugging Face
-    /// checkpoint, written as one `[experts, rows, cols]` tensor. Empty for every other tensor.
-    pub stacked: Vec<(Arc<MappedFile>, u64)>,
+    /// parts)` bytes: a mixture of experts' per-expert tensors of a Hugging Face checkpoint,
+    /// written as one `[experts, rows, cols]` tensor.
+    Stacked(Vec<(Arc<MappedFile>, u64)>),
+    /// Gathered from one stored tensor at (file, offset): see [`Gather`].
+    Gathered(Gather),
+}
+
+/// A tensor gathered from parts of stored ones: gpt-oss's experts, which Hugging Face stores
+/// fused and, in the published checkpoints, in MXFP4 blocks of its own layout.
+#[derive(Clone, Debug)]
+pub enum Gather {
+    /// `n` matrices of `rows x cols` elements of `elem` bytes stored at (file, offset): of
+    /// each, the columns `part`, `part + step`, ..., transposed, so this tensor is
+    /// `[n, cols / step, rows]` (`step` 1: the transpose, as `down_proj [E, ff, d]` becomes
+    /// `ffn_down_exps [E, d, ff]`; `step` 2: `gate_up_proj [E, d, 2 ff]`'s gate (even
+    /// columns) or up (odd) half, a bias being `rows` 1).
+    Columns {
+        n: u64,
+        rows: u64,
+        cols: u64,
+        elem: u64,
+        step: u64,
+        part: u64,
+    },
+    /// MXFP4 as Hugging Face stores it: blocks `[n, rows, groups, 16]` at (file, offset), two
+    /// 4-bit values a byte (low nibble first), and one E8M0 scale byte a group, `[n, rows,
+    /// groups]` at `scales`: of each matrix the rows `part`, `part + step`, ... (gate_up's
+    /// gate and up rows alternate), as GGUF's MXFP4 blocks (scale byte, then value `j` in
+    /// byte `j`'s low nibble and value `j + 16` in its high one).
+    Mxfp4 {
+        scales: Arc<MappedFile>,
+        scales_offset: u64,
+        n: u64,
+        rows: u64,
+        groups: u64,
+        step: u64,
+        part: u64,
+    },
+}
+
+/// [`Gather::Columns`] of `E`-byte elements from `src` into `out`: for each `rows x cols`
+/// matrix, the columns `part`, `part + step`, ... transposed; `shape` is (rows, cols, step,
+/// part). In 32 x 32 tiles, so that both sides stay in cache (a gpt-oss-20b `gate_up_proj`
+/// is 32 matrices of 2880 x 5760).
+fn columns<const E: usize>(src: &[u8], out: &mut [u8], shape: (usize, usize, usize, usize)) {
+    const TILE: usize = 32;
+    let (rows, cols, step, part) = shape;
+    let taken = cols / step;
+    for (m, o) in src
+        .chunks_exact(rows * cols * E)
+        .zip(out.chunks_exact_mut(taken * rows * E))
+    {
+        for r0 in (0..rows).step_by(TILE) {
+            for c0 in (0..taken).step_by(TILE) {
+                for c in c0..(c0 + TILE).min(taken) {
+                    let col = c * step + part;
+                    for r in r0..(r0 + TILE).min(rows) {
+                        let at = (r * cols + col) * E;
+                        let to = (c * rows + r) * E;
+                        o[to..to + E].copy_from_slice(&m[at..at + E]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Gather {
+    /// Bytes of the stored tensor (the blocks, for MXFP4).
+    fn source_bytes(&self) -> u64 {
+        match *self {
+            Gather::Columns {
+                n,
+                rows,
+                cols,
+                elem,
+                ..
+            } => n * rows * cols * elem,
+            Gather::Mxfp4 {
+                n, rows, groups, ..
+            } => n * rows * groups * 16,
+        }
+    }
+
+    /// The tensor's bytes, gathered from `src` (the stored tensor's bytes).
+    fn gather(&self, src: &[u8], scales: &[u8]) -> Vec<u8> {
+        match *self {
+            Gather::Columns {
+                n,
+                rows,
+                cols,
+                elem,
+                step,
+                part,
+            } => {
+                let (rows, cols) = (rows as usize, cols as usize);
+                let (step, part) = (step as usize, part as usize);
+                let mut out = vec![0u8; n as usize * (cols / step) * rows * elem as usize];
+                let shape = (rows, cols, step, part);
+                match elem {
+                    2 => columns::<2>(src, &mut out, shape),
+                    4 => columns::<4>(src, &mut out, shape),
+                    _ => unreachable!("float elements are 2 or 4 bytes"),
+                }
+                out
+            }
+            Gather::Mxfp4 {
+                n,
+                rows,
+                groups,
+                step,
+                part,
+                ..
+            } => {
+                let (rows, groups) = (rows as usize, groups as usize);
+                let taken = rows / step as usize;
+                let mut out = Vec::with_capacity(n as usize * taken * groups * 17);
+                for e in 0..n as usize {
+                    for r in 0..taken {
+                        let row = e * rows + r * step as usize + part as usize;
+                        for g in 0..groups {
+                            let q = &src[(row * groups + g) * 16..][..16];
+                            out.push(scales[row * groups + g]);
+                            // value k is byte k/2's low (k even) or high (k odd) nibble
+                            let v = |k: usize| (q[k / 2] >> (4 * (k % 2))) & 0x0f;
+                            out.extend((0..16).map(|j| v(j) | v(j + 16) << 4));
+                        }
+                    }
+                }
+                out
+            }
+        }
+    }
 }
 
 impl SourceTensor {
-    /// The tensor's stored bytes, bounds already checked by the reader: in place in the
-    /// input's mapping, or, for a stacked tensor, its parts copied one after another.
+    /// The tensor's bytes, bounds already checked by the reader: in place in the input's
+    /// mapping, or, for a stacked or gathered tensor, made from its parts.
     pub fn bytes(&self) -> Cow<'_, [u8]> {
-        if self.stacked.is_empty() {
-            return Cow::Borrowed(
-                &self.file.map[self.offset as usize..(self.offset + self.nbytes) as usize],
-            );
+        fn region(file: &MappedFile, offset: u64, len: u64) -> &[u8] {
+            &file.map[offset as usize..(offset + len) as usize]
         }
-        let part = self.part_bytes() as usize;
-        let mut out = Vec::with_capacity(self.nbytes as usize);
-        for (file, offset) in self.parts() {
-            out.extend_from_slice(&file.map[offset as usize..offset as usize + part]);
+        match &self.layout {
+            Layout::Plain => Cow::Borrowed(region(&self.file, self.offset, self.nbytes)),
+            Layout::Stacked(_) => {
+                let mut out = Vec::with_capacity(self.nbytes as usize);
+                for (file, offset, len) in self.parts() {
+                    out.extend_from_slice(region(file, offset, len));
+                }
+                Cow::Owned(out)
+            }
+            Layout::Gathered(g) => {
+                let src = region(&self.file, self.offset, g.source_bytes());
+                let scales = match g {
+                    Gather::Mxfp4 {
+                        scales,
+                        scales_offset,
+                        n,
+                        rows,
+                        groups,
+                        ..
+                    } => region(scales, *scales_offset, n * rows * groups),
+                    Gather::Columns { .. } => &[],
+                };
+                Cow::Owned(g.gather(src, scales))
+            }
         }
-        Cow::Owned(out)
     }
 
-    /// Bytes of one stacked part (the whole tensor when nothing is stacked).
-    fn part_bytes(&self) -> u64 {
-        self.nbytes / (1 + self.stacked.len() as u64)
-    }
-
-    /// Every part's file and offset, the first one included.
-    fn parts(&self) -> impl Iterator<Item = (&MappedFile, u64)> {
-        std::iter::once((&*self.file, self.offset))
-            .chain(self.stacked.iter().map(|(f, o)| (&**f, *o)))
+    /// Every stored region the bytes come from: file, offset, length.
+    fn parts(&self) -> Vec<(&MappedFile, u64, u64)> {
+        match &self.layout {
+            Layout::Plain => vec![(&*self.file, self.offset, self.nbytes)],
+            Layout::Stacked(rest) => {
+                let part = self.nbytes / (1 + rest.len() as u64);
+                std::iter::once((&*self.file, self.offset, part))
+                    .chain(rest.iter().map(|(f, o)| (&**f, *o, part)))
+                    .collect()
+            }
+            Layout::Gathered(g) => {
+                let mut v = vec![(&*self.file, self.offset, g.source_bytes())];
+                if let Gather::Mxfp4 {
+                    scales,
+                    scales_offset,
+                    n,
+                    rows,
+                    groups,
+                    ..
+                } = g
+                {
+                    v.push((&**scales, *scales_offset, n * rows * groups));
+                }
+                v
+            }
+        }
     }
 
     /// Drops the input pages of every part from memory (see [`MappedFile::release`]).
     pub fn release(&self) {
-        let part = self.part_bytes();
-        for (file, offset) in self.parts() {
-            file.release(offset, part);
+        for (file, offset, len) in self.parts() {
+            file.release(offset, len);
         }
     }
 }
@@ -194,7 +366,7 @@ impl SourceTensor {
             offset: 0,
             nbytes: bytes.len() as u64,
             transform: Transform::None,
-            stacked: Vec::new(),
+            layout: Layout::Plain,
         })
     }
 }
@@ -350,11 +522,79 @@ pub fn split_fused(
                 offset,
                 nbytes,
                 transform: t.transform.clone(),
-                stacked: Vec::new(),
+                layout: Layout::Plain,
             });
             offset += nbytes;
         }
     }
     *tensors = out;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Columns gathered in tiles equal the definition, element by element: out[m][c][r] =
+    /// in[m][r][c·step + part], for shapes that are not multiples of the tile.
+    #[test]
+    fn columns_are_gathered_and_transposed() {
+        for (n, rows, cols, elem, step, part) in [
+            (3u64, 45u64, 70u64, 2u64, 2u64, 1u64),
+            (2, 33, 64, 4, 2, 0),
+            (1, 1, 10, 4, 2, 1),
+            (2, 70, 33, 2, 1, 0),
+        ] {
+            let src: Vec<u8> = (0..n * rows * cols * elem)
+                .map(|i| (i * 7 % 251) as u8)
+                .collect();
+            let g = Gather::Columns {
+                n,
+                rows,
+                cols,
+                elem,
+                step,
+                part,
+            };
+            let got = g.gather(&src, &[]);
+            let (rows, cols, elem) = (rows as usize, cols as usize, elem as usize);
+            let taken = cols / step as usize;
+            let mut want = Vec::new();
+            for m in 0..n as usize {
+                for c in 0..taken {
+                    for r in 0..rows {
+                        let at = ((m * rows + r) * cols + c * step as usize + part as usize) * elem;
+                        want.extend_from_slice(&src[at..at + elem]);
+                    }
+                }
+            }
+            assert_eq!(got, want, "{n} x {rows} x {cols}, step {step}, part {part}");
+        }
+    }
+
+    /// The time to gather gpt-oss-20b's gate from one block's bf16 `gate_up_proj` (32 experts
+    /// of 2880 x 5760): `cargo test --release -p gds-convert --lib -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement"]
+    fn columns_gather_speed() {
+        let (n, rows, cols) = (32u64, 2880u64, 5760u64);
+        let src = vec![1u8; (n * rows * cols * 2) as usize];
+        let g = Gather::Columns {
+            n,
+            rows,
+            cols,
+            elem: 2,
+            step: 2,
+            part: 0,
+        };
+        let t = std::time::Instant::now();
+        let out = g.gather(&src, &[]);
+        let s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "gathered {} MB from {} MB in {s:.2} s ({:.2} GB/s of output)",
+            out.len() >> 20,
+            src.len() >> 20,
+            out.len() as f64 / s / 1e9
+        );
+    }
 }

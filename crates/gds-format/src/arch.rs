@@ -215,7 +215,8 @@ pub enum RopeScaling {
     /// pairs between the correction dimensions of `beta_fast` and `beta_slow`, and `cos`/`sin`
     /// scaled by `1 + 0.1 ln factor`; as ggml's `rope_yarn` with `ext_factor` 1 and
     /// llama.cpp's attention factor (the correction range floored/ceiled as
-    /// `ggml_rope_yarn_corr_dims` does).
+    /// `ggml_rope_yarn_corr_dims` does, unless `truncate` is false: transformers' `truncate`,
+    /// false in gpt-oss's own configs).
     Yarn {
         /// Stretch factor.
         factor: f64,
@@ -225,6 +226,9 @@ pub enum RopeScaling {
         beta_fast: f64,
         /// Rotations per original context below which a pair is fully interpolated (default 1).
         beta_slow: f64,
+        /// Whether the correction range is floored/ceiled to whole pairs (default true, as
+        /// llama.cpp always does).
+        truncate: bool,
     },
 }
 
@@ -258,14 +262,20 @@ pub fn yarn_inv_freq(
     original_ctx: f64,
     beta_fast: f64,
     beta_slow: f64,
+    truncate: bool,
 ) -> Vec<f64> {
     let n = rope_dims as f64;
     // the pair index whose wavelength turns `rot` times in the original context
     let corr = |rot: f64| {
         n * (original_ctx / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
     };
-    let low = corr(beta_fast).floor().max(0.0);
-    let high = corr(beta_slow).ceil().min(n - 1.0);
+    let (low, high) = (corr(beta_fast), corr(beta_slow));
+    let (low, high) = if truncate {
+        (low.floor(), high.ceil())
+    } else {
+        (low, high)
+    };
+    let (low, high) = (low.max(0.0), high.min(n - 1.0));
     (0..rope_dims / 2)
         .map(|i| {
             let extrap = theta.powf(-((2 * i) as f64) / n);
@@ -351,6 +361,7 @@ pub fn rope_inv_freq(rope_dims: usize, theta: f64, freqs: RopeFreqs<'_>) -> Vec<
             original_context_length,
             beta_fast,
             beta_slow,
+            truncate,
         }) => yarn_inv_freq(
             rope_dims,
             theta,
@@ -358,6 +369,7 @@ pub fn rope_inv_freq(rope_dims: usize, theta: f64, freqs: RopeFreqs<'_>) -> Vec<
             original_context_length,
             beta_fast,
             beta_slow,
+            truncate,
         ),
         RopeFreqs::Divisors(d) => (0..half).map(|i| base(i) / d[i] as f64).collect(),
     }
@@ -793,6 +805,17 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
                 },
                 beta_fast: opt("model.rope_scaling.yarn_beta_fast", 32.0, &mut errs),
                 beta_slow: opt("model.rope_scaling.yarn_beta_slow", 1.0, &mut errs),
+                truncate: match m.get("model.rope_scaling.yarn_truncate") {
+                    None => true,
+                    Some(Value::Bool(b)) => b,
+                    Some(_) => {
+                        errs.push(key_err(
+                            "model.rope_scaling.yarn_truncate",
+                            "must be a bool",
+                        ));
+                        true
+                    }
+                },
             }
         }
         Some(v) => {
@@ -1057,6 +1080,54 @@ fn check_tensors(m: &Manifest<'_>, h: &Hparams, errs: &mut Vec<FormatError>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// YaRN's frequencies for gpt-oss-20b's RoPE (64 dims, θ 150000, factor 32, original
+    /// context 4096, betas 32/1), every fourth pair, as transformers 5.23 computes them
+    /// (`_compute_yarn_parameters` on a `GptOssConfig`, float32): with `truncate` false, as
+    /// gpt-oss's config has it, and true, as llama.cpp always does; pairs 12 and 16 lie in
+    /// the ramp, where the two differ.
+    #[test]
+    fn yarn_frequencies_match_transformers_with_and_without_truncation() {
+        let want = [
+            (
+                false,
+                [
+                    1.0,
+                    0.22541800141334534,
+                    0.05081327259540558,
+                    0.006794959306716919,
+                    0.0004564839182421565,
+                    1.818833698052913e-05,
+                    4.099978468730114e-06,
+                    9.242089618055616e-07,
+                ],
+            ),
+            (
+                true,
+                [
+                    1.0,
+                    0.22541800141334534,
+                    0.05081327259540558,
+                    0.007015713956207037,
+                    0.0005809474969282746,
+                    1.818833698052913e-05,
+                    4.099978468730114e-06,
+                    9.242089618055616e-07,
+                ],
+            ),
+        ];
+        for (truncate, values) in want {
+            let got = yarn_inv_freq(64, 150000.0, 32.0, 4096.0, 32.0, 1.0, truncate);
+            for (i, w) in values.iter().enumerate() {
+                let g = got[i * 4];
+                assert!(
+                    ((g - w) / w).abs() < 1e-6,
+                    "truncate {truncate}: pair {}: {g} against transformers' {w}",
+                    i * 4
+                );
+            }
+        }
+    }
 
     /// The shared RoPE builder against the published formulas, written out here
     /// independently: plain RoPE's angle `p · theta^(-2i/d)` (RoFormer), and Meta's

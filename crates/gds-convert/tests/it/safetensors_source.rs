@@ -666,7 +666,7 @@ fn config_defaults_eos_list_and_rope_scaling() {
     // written manifest would not validate (it was an "internal error" after writing)
     cfg.insert(
         "rope_scaling".into(),
-        serde_json::json!({"type": "yarn", "factor": 4.0}),
+        serde_json::json!({"type": "dynamic", "factor": 4.0}),
     );
     fs::write(
         dir.path().join("config.json"),
@@ -676,7 +676,7 @@ fn config_defaults_eos_list_and_rope_scaling() {
     let (e, text) = err_text(read_safetensors(dir.path()));
     assert!(matches!(e, SafetensorsError::Config { .. }), "{e:?}");
     assert!(
-        text.contains("config.json") && text.contains("\"yarn\" is not supported"),
+        text.contains("config.json") && text.contains("\"dynamic\" is not supported"),
         "{text}"
     );
 }
@@ -1163,17 +1163,129 @@ fn smollm3_nope_blocks_are_read_or_refused_by_key() {
     }
 }
 
-/// A gpt-oss directory (fused `gate_up_proj` experts, gate and up in alternate columns) is
-/// refused naming its config.json and the way to convert it (llama.cpp's converter, then
-/// the GGUF); its GGUF converts and runs (gds-runtime's `gpt_oss_matches_transformers`).
+/// gpt-oss from its Hugging Face directory, whose experts are fused per block: as llama.cpp's
+/// `convert_hf_to_gguf.py` writes them. The float fixture (`gate_up_proj [E, d, 2ff]`, gate
+/// and up in alternate columns, and `down_proj [E, ff, d]`, both `x @ W`) reads as every
+/// tensor of tiny-gptoss.gguf (that converter's output for the same directory), byte for
+/// byte; the MXFP4 one (tiny-gptoss-mxfp4-hf: `*_blocks` and `*_scales` as the published
+/// checkpoints store them, made by fixtures/make_gptoss_mxfp4_hf.py, which checks them with
+/// transformers' reader and llama.cpp's converter) as tiny-gptoss-mxfp4.gguf's MXFP4 experts.
 #[test]
-fn gpt_oss_directory_is_refused_with_the_way_to_convert_it() {
-    let (e, text) = err_text(read_safetensors(&fixtures().join("tiny-gptoss-hf")));
-    assert!(matches!(e, SafetensorsError::Config { .. }), "{e:?}");
+fn gpt_oss_experts_are_split_and_transposed_as_llama_cpp_writes_them() {
+    for (hf, gguf, all) in [
+        ("tiny-gptoss-hf", "tiny-gptoss.gguf", true),
+        ("tiny-gptoss-mxfp4-hf", "tiny-gptoss-mxfp4.gguf", false),
+    ] {
+        let ours = read_safetensors(&fixtures().join(hf)).unwrap();
+        let theirs = gds_convert::gguf::read_gguf(&fixtures().join(gguf)).unwrap();
+        assert_eq!(ours.tensors.len(), theirs.tensors.len(), "{hf}");
+        let mut compared = 0;
+        for t in &theirs.tensors {
+            if !all && !t.name.contains("_exps.weight") {
+                continue;
+            }
+            let o = tensor(&ours, &t.name);
+            assert_eq!((o.dtype, &o.shape), (t.dtype, &t.shape), "{hf}: {}", t.name);
+            assert!(
+                o.bytes() == t.bytes(),
+                "{hf}: {} differs from {gguf}'s",
+                t.name
+            );
+            compared += 1;
+        }
+        // 4 blocks: gate, up and down experts each (and, for the float one, all 79)
+        assert_eq!(compared, if all { 79 } else { 12 }, "{hf}");
+        if !all {
+            assert_eq!(
+                tensor(&ours, "blk.3.ffn_up_exps.weight").dtype,
+                DType::MXFP4
+            );
+        }
+    }
+}
+
+/// A gpt-oss directory whose experts do not fit: MXFP4 blocks without their scales, a fused
+/// weight of the wrong shape: errors naming the file, the tensor and what config.json needs.
+#[test]
+fn gpt_oss_experts_that_do_not_fit_are_named() {
+    let src = fixtures().join("tiny-gptoss-mxfp4-hf");
+    let stored = dir_tensors(&src);
+    let cfg: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let mut no_scales = stored.clone();
+    no_scales.remove("model.layers.2.mlp.experts.gate_up_proj_scales");
+    let dir = temp_hf(&cfg, &no_scales);
+    let (_, text) = err_text(read_safetensors(dir.path()));
     assert!(
-        text.contains("tiny-gptoss-hf/config.json")
-            && text.contains("gpt-oss")
-            && text.contains("convert_hf_to_gguf.py"),
+        text.contains("model.layers.2.mlp.experts.gate_up_proj_blocks")
+            && text.contains("_blocks and _scales"),
+        "{text}"
+    );
+    let mut no_gate_up = stored.clone();
+    no_gate_up.remove("model.layers.0.mlp.experts.gate_up_proj_blocks");
+    no_gate_up.remove("model.layers.0.mlp.experts.gate_up_proj_scales");
+    let dir = temp_hf(&cfg, &no_gate_up);
+    let (e, text) = err_text(read_safetensors(dir.path()));
+    assert!(
+        matches!(e, SafetensorsError::MissingTensor { .. }) && text.contains("blk.0.ffn_gate_exps"),
+        "{text}"
+    );
+    let mut narrow = stored;
+    let blocks = narrow
+        .get_mut("model.layers.1.mlp.experts.down_proj_blocks")
+        .unwrap();
+    blocks.shape[1] /= 2;
+    blocks.bytes.truncate(blocks.bytes.len() / 2);
+    let dir = temp_hf(&cfg, &narrow);
+    let (_, text) = err_text(read_safetensors(dir.path()));
+    assert!(
+        text.contains("model.layers.1.mlp.experts.down_proj_blocks")
+            && text.contains("[4, 16, 1, 16]")
+            && text.contains("needs [4, 32, 1, 16] U8"),
+        "{text}"
+    );
+}
+
+/// YaRN from config.json (transformers' `_compute_yarn_parameters`): factor, original
+/// context, betas and `truncate` (false in gpt-oss's own configs) become the manifest's
+/// `model.rope_scaling.*`; an attention factor other than `1 + 0.1 ln factor` is refused.
+#[test]
+fn yarn_rope_scaling_is_read_with_truncate() {
+    let src = fixtures().join("tiny-gptoss-hf");
+    let stored = dir_tensors(&src);
+    let mut cfg: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    // transformers 4's form, as gpt-oss-20b's config.json has it
+    let params = cfg.remove("rope_parameters").unwrap();
+    cfg.insert("rope_theta".into(), params["rope_theta"].clone());
+    let mut scaling = params.clone();
+    scaling.as_object_mut().unwrap().remove("rope_theta");
+    scaling["truncate"] = false.into();
+    cfg.insert("rope_scaling".into(), scaling.clone());
+    let s = read_safetensors(temp_hf(&cfg, &stored).path()).unwrap();
+    let f = |k: &str| s.metadata.get(k).cloned();
+    assert_eq!(
+        f("model.rope_scaling.type"),
+        Some(MetaValue::Str("yarn".into()))
+    );
+    assert_eq!(f("model.rope_scaling.factor"), Some(MetaValue::F64(4.0)));
+    assert_eq!(
+        f("model.rope_scaling.original_context_length"),
+        Some(MetaValue::U64(64))
+    );
+    assert_eq!(
+        f("model.rope_scaling.yarn_beta_fast"),
+        Some(MetaValue::F64(32.0))
+    );
+    assert_eq!(
+        f("model.rope_scaling.yarn_truncate"),
+        Some(MetaValue::Bool(false))
+    );
+    scaling["attention_factor"] = 1.0.into();
+    cfg.insert("rope_scaling".into(), scaling);
+    let (_, text) = err_text(read_safetensors(temp_hf(&cfg, &stored).path()));
+    assert!(
+        text.contains("config.json") && text.contains("attention factor 1"),
         "{text}"
     );
 }

@@ -104,25 +104,26 @@ fn qwen3moe_experts_match_transformers() {
 
 /// gpt-oss (4 layers alternating a 4-position window and full attention, 4 experts, 2 a
 /// token): attention sinks, q/k/v/o biases, YaRN RoPE, the biased router whose top-2 logits
-/// are softmaxed among themselves, clamped-SwiGLU experts with biases; from llama.cpp's
-/// GGUF (the Hugging Face directory's fused `gate_up_proj` experts are refused: see
-/// `gpt_oss_hf_directory_is_refused_with_the_way_to_convert_it`). Ignoring the sinks, YaRN,
-/// the window or the clamp moves these logits by 24, 29, 46 and 22 (ARCH_FIXTURES.md).
+/// are softmaxed among themselves, clamped-SwiGLU experts with biases; from the Hugging Face
+/// directory (fused `gate_up_proj` experts, split at conversion) and from llama.cpp's GGUF.
+/// Ignoring the sinks, YaRN, the window or the clamp moves these logits by 24, 29, 46 and 22
+/// (ARCH_FIXTURES.md).
 #[test]
 fn gpt_oss_matches_transformers() {
+    check("gptoss", &fixture("tiny-gptoss-hf"));
     check("gptoss", &fixture("tiny-gptoss.gguf"));
 }
 
-/// The same model as gpt-oss ships it: llama-quantize MXFP4_MOE (experts MXFP4, the other
-/// matrices Q8_0), against transformers on the weights as gguf-py dequantizes that file
-/// (golden_mxfp4.json): the MXFP4 blocks (E8M0 scale, E2M1 nibbles) read as gguf-py reads them.
+/// The same model with MXFP4 experts, against transformers on the weights as gguf-py
+/// dequantizes llama-quantize's MXFP4_MOE of it (golden_mxfp4.json): that GGUF (experts
+/// MXFP4, the other matrices Q8_0), and the Hugging Face directory storing the same experts
+/// as the published gpt-oss checkpoints do (`*_blocks` and `*_scales`,
+/// fixtures/make_gptoss_mxfp4_hf.py; the other matrices as their float32 dequantization).
 #[test]
 fn gpt_oss_mxfp4_experts_match_gguf_py() {
-    check_with(
-        "gptoss",
-        &fixture("tiny-gptoss-mxfp4.gguf"),
-        "golden_mxfp4.json",
-    );
+    for input in ["tiny-gptoss-mxfp4.gguf", "tiny-gptoss-mxfp4-hf"] {
+        check_with("gptoss", &fixture(input), "golden_mxfp4.json");
+    }
 }
 
 /// LongRoPE beyond the original context: transformers switches to the long factors for a
