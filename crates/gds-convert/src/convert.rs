@@ -644,10 +644,10 @@ impl<'a> Planner<'a> {
                 t.dtype
             });
         }
-        if t.shape.len() < 2 && t.dtype.is_float() {
-            // norms, biases: F32 under every policy, `keep` and overrides included (an F16
-            // checkpoint's norms are F16), as llama.cpp's converter writes them; the CUDA
-            // backend reads them as F32
+        if !matrix(t) && t.dtype.is_float() {
+            // norms, biases (a mixture's per-expert biases are 2-D): F32 under every policy,
+            // `keep` and overrides included (an F16 checkpoint's norms are F16), as llama.cpp's
+            // converter writes them; the CUDA backend reads them as F32
             return keep(DType::F32);
         }
         let cols = *t.shape.last().unwrap_or(&0);
@@ -680,10 +680,14 @@ impl<'a> Planner<'a> {
     }
 }
 
-/// A matrix `--quant` and `--quant-override` may convert: 2-D or more (experts), not a norm
-/// that the reader rewrites, not a mixture of experts' router.
+/// A matrix `--quant` and `--quant-override` may convert: a weight (not a bias: llama-quantize
+/// quantizes only names ending in `weight`, and gpt-oss's per-expert biases are 2-D), 2-D or
+/// more (experts), not a norm that the reader rewrites, not a mixture of experts' router.
 fn matrix(t: &SourceTensor) -> bool {
-    t.shape.len() >= 2 && t.transform != Transform::NormOffset && !router(&t.name)
+    t.shape.len() >= 2
+        && !t.name.ends_with(".bias")
+        && t.transform != Transform::NormOffset
+        && !router(&t.name)
 }
 
 /// A mixture of experts' router (`blk.N.ffn_gate_inp.weight`): never quantized, whatever the
@@ -2106,6 +2110,30 @@ mod tests {
             // the override that names only the router decides nothing: warned
             let w = override_warnings(&opts, &[&router, &experts], &[None, None]);
             assert_eq!(w.len(), 1, "{w:?}");
+        }
+    }
+
+    /// gpt-oss's per-expert biases are 2-D (`[E, ffe]`) but biases: F32 under every policy and
+    /// override, as llama.cpp's converter writes them and llama-quantize leaves them (it
+    /// quantizes only `*weight`), beside the expert weights, which are quantized.
+    #[test]
+    fn expert_biases_stay_f32() {
+        let bias = planned_tensor("blk.0.ffn_gate_exps.bias", &[32, 2880]);
+        let weight = planned_tensor("blk.0.ffn_gate_exps.weight", &[32, 2880, 2880]);
+        for quant in [
+            QuantTarget::Keep,
+            QuantTarget::To(DType::Q8_0),
+            QuantTarget::Mix(QuantMix::Q4KM),
+        ] {
+            let opts = ConvertOptions {
+                quant,
+                overrides: vec!["exps=q4_0".parse().unwrap()],
+                ..ConvertOptions::default()
+            };
+            let names = ["blk.0.ffn_gate_exps.bias", "blk.0.ffn_gate_exps.weight"];
+            let p = Planner::new(&opts, MixContext::of(names), [&bias, &weight]);
+            assert_eq!(p.plan(&bias).dtype, DType::F32, "{quant:?}");
+            assert_eq!(p.plan(&weight).dtype, DType::Q4_0, "{quant:?}");
         }
     }
 
