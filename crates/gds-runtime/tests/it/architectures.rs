@@ -114,6 +114,27 @@ fn gpt_oss_matches_transformers() {
     check("gptoss", &fixture("tiny-gptoss.gguf"));
 }
 
+/// YaRN as gpt-oss's own configs ask for it, `truncate: false` (the correction range left
+/// unrounded; llama.cpp always rounds it, and a GGUF cannot say otherwise): the Hugging Face
+/// directory with that config against transformers' logits for it
+/// (golden_truncate_false.json, fixtures/make_gptoss_truncate_golden.py), which are up to 17.9
+/// from the rounded ones.
+#[test]
+fn gpt_oss_yarn_without_truncation_matches_transformers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("tiny-gptoss-hf");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), tmp.path().join(e.file_name())).unwrap();
+    }
+    let cfg = tmp.path().join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    c["rope_parameters"]["truncate"] = false.into();
+    std::fs::write(&cfg, c.to_string()).unwrap();
+    check_with("gptoss", tmp.path(), "golden_truncate_false.json");
+}
+
 /// The same model with MXFP4 experts, against transformers on the weights as gguf-py
 /// dequantizes llama-quantize's MXFP4_MOE of it (golden_mxfp4.json): that GGUF (experts
 /// MXFP4, the other matrices Q8_0), and the Hugging Face directory storing the same experts
