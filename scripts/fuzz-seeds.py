@@ -190,7 +190,7 @@ def st_read(path):
 
 def st_write(entries):
     """entries: name -> (dtype, shape); data is a deterministic pattern."""
-    width = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8}
+    width = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U8": 1}
     header, off, data = {"__metadata__": {"format": "pt"}}, 0, bytearray()
     for name, (dt, shape) in entries.items():
         n = width[dt]
@@ -220,6 +220,39 @@ def shrunk_config(cfg):
     cfg = dict(cfg)
     cfg.update(hidden_size=8, intermediate_size=16, vocab_size=16, head_dim=2)
     return cfg
+
+
+def gptoss_seeds(seeds):
+    """safetensors: a one-block gpt-oss directory (2 experts, hidden 32) with its experts fused
+    as transformers saves them (float gate_up_proj / down_proj) and as the published
+    checkpoints store them (MXFP4 _blocks and _scales), so that fuzzing reaches the gathering of
+    the experts."""
+    cfg = json.loads((FIX / "tiny-gptoss-hf" / "config.json").read_text())
+    cfg.update(hidden_size=32, intermediate_size=32, vocab_size=16, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=16, num_hidden_layers=1, num_local_experts=2,
+               num_experts_per_tok=1, layer_types=["sliding_attention"])
+    pre = "model.layers.0."
+    common = {"model.embed_tokens.weight": ("BF16", [16, 32]), "lm_head.weight": ("BF16", [16, 32]),
+              "model.norm.weight": ("BF16", [32]), pre + "input_layernorm.weight": ("BF16", [32]),
+              pre + "post_attention_layernorm.weight": ("BF16", [32]), pre + "self_attn.sinks": ("BF16", [2]),
+              pre + "mlp.router.weight": ("BF16", [2, 32]), pre + "mlp.router.bias": ("BF16", [2]),
+              pre + "mlp.experts.gate_up_proj_bias": ("BF16", [2, 64]),
+              pre + "mlp.experts.down_proj_bias": ("BF16", [2, 32])}
+    for p, rows in (("q", 32), ("k", 16), ("v", 16)):
+        common[pre + f"self_attn.{p}_proj.weight"] = ("BF16", [rows, 32])
+        common[pre + f"self_attn.{p}_proj.bias"] = ("BF16", [rows])
+    common[pre + "self_attn.o_proj.weight"] = ("BF16", [32, 32])
+    common[pre + "self_attn.o_proj.bias"] = ("BF16", [32])
+    fl = {pre + "mlp.experts.gate_up_proj": ("BF16", [2, 32, 64]),
+          pre + "mlp.experts.down_proj": ("BF16", [2, 32, 32])}
+    mx = {pre + "mlp.experts.gate_up_proj_blocks": ("U8", [2, 64, 1, 16]),
+          pre + "mlp.experts.gate_up_proj_scales": ("U8", [2, 64, 1]),
+          pre + "mlp.experts.down_proj_blocks": ("U8", [2, 32, 1, 16]),
+          pre + "mlp.experts.down_proj_scales": ("U8", [2, 32, 1])}
+    c = json.dumps(cfg, indent=1).encode()
+    seeds["gptoss-float-experts"] = join(st_write({**common, **fl}), c)
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    seeds["gptoss-mxfp4-experts"] = join(st_write({**common, **mx}), json.dumps(cfg, indent=1).encode())
 
 
 def join(*parts):
@@ -406,6 +439,7 @@ def main():
         json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0]}).encode())
     other = dict(shrunk_config(cfg), architectures=["Gemma3ForCausalLM"], model_type="gemma3_text")
     seeds["safetensors"]["other-arch"] = join(st_write(no_head), json.dumps(other).encode())
+    gptoss_seeds(seeds["safetensors"])
 
     write(out, seeds, args.curated, limit)
 
