@@ -96,6 +96,11 @@ fn replay_imatrix() {
     replay("imatrix");
 }
 
+#[test]
+fn replay_grammar() {
+    replay("grammar");
+}
+
 /// The cap is real: a request past it fails (without the capped allocator this succeeds on
 /// any machine with overcommit), and a small one still succeeds.
 #[test]
