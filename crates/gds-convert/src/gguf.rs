@@ -353,6 +353,73 @@ pub(crate) fn as_declared(spec: &crate::names::FamilySpec, key: &str, v: MetaVal
     }
 }
 
+/// An older Mixtral GGUF's per-expert tensors (`blk.N.ffn_gate.E.weight`, `ffn_up`,
+/// `ffn_down`; llama.cpp's converter wrote them so before it stacked them, and llama.cpp still
+/// reads both) as the stacked `blk.N.ffn_{gate,up,down}_exps.weight` `[experts, rows, cols]`
+/// tensors of today's, each part in place in the file. Experts `0..n`, each once, one dtype
+/// and shape, or an error naming the tensor.
+fn stack_expert_tensors(path: &Path, tensors: &mut Vec<SourceTensor>) -> Result<(), ConvertError> {
+    use std::collections::BTreeMap;
+    let split = |name: &str| -> Option<(String, u64)> {
+        let rest = name.strip_prefix("blk.")?;
+        let (n, rest) = rest.split_once('.')?;
+        let (role, rest) = rest.split_once('.')?;
+        let (e, w) = rest.split_once('.')?;
+        let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        (ok(n) && ok(e) && w == "weight" && matches!(role, "ffn_gate" | "ffn_up" | "ffn_down"))
+            .then(|| (format!("blk.{n}.{role}_exps.weight"), e.parse().ok()))
+            .and_then(|(name, e)| Some((name, e?)))
+    };
+    let mut groups: BTreeMap<String, Vec<(u64, SourceTensor)>> = BTreeMap::new();
+    let mut rest = Vec::with_capacity(tensors.len());
+    for t in tensors.drain(..) {
+        match split(&t.name) {
+            Some((stacked, e)) => groups.entry(stacked).or_default().push((e, t)),
+            None => rest.push(t),
+        }
+    }
+    for (name, mut parts) in groups {
+        parts.sort_by_key(|(e, _)| *e);
+        let n = parts.len() as u64;
+        let bad = |t: &SourceTensor, msg: String| ConvertError::BadTensor {
+            path: path.to_path_buf(),
+            tensor: t.name.clone(),
+            msg,
+        };
+        let first = &parts[0].1;
+        if !parts.iter().map(|(e, _)| *e).eq(0..n) {
+            let got: Vec<u64> = parts.iter().map(|(e, _)| *e).collect();
+            return Err(bad(
+                first,
+                format!("the experts of {name} are {got:?}: each of 0..{n} once"),
+            ));
+        }
+        if let Some((_, t)) = parts
+            .iter()
+            .find(|(_, t)| t.shape.len() != 2 || t.shape != first.shape || t.dtype != first.dtype)
+        {
+            return Err(bad(
+                t,
+                format!(
+                    "shape {:?} {} differs from expert 0's {:?} {} (experts are stacked into {name})",
+                    t.shape, t.dtype, first.shape, first.dtype
+                ),
+            ));
+        }
+        let mut it = parts.into_iter().map(|(_, t)| t);
+        let mut t = it.next().expect("a group has a part");
+        let others: Vec<_> = it.map(|p| (p.file, p.offset)).collect();
+        t.source_name = format!("{} (experts 0..{n} stacked)", t.source_name);
+        t.name = name;
+        t.shape.insert(0, n);
+        t.nbytes *= n;
+        t.layout = Layout::Stacked(others);
+        rest.push(t);
+    }
+    *tensors = rest;
+    Ok(())
+}
+
 fn num_u64(v: Option<&Value>) -> Option<u64> {
     let v = v?;
     v.as_u64().or_else(|| {
@@ -406,7 +473,16 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    let family = canonical_family(&gguf_arch);
+    let family = match canonical_family(&gguf_arch) {
+        // llama.cpp runs Mixtral as `llama` with experts; here it is a family of its own
+        // (the dense llama description requires a dense FFN)
+        Some("llama")
+            if num_u64(meta.get(&format!("{gguf_arch}.expert_count"))).is_some_and(|n| n > 0) =>
+        {
+            Some("mixtral")
+        }
+        f => f,
+    };
     let runnable = family.is_some();
     let mut warnings = Vec::new();
     let mut hparam_origin = std::collections::BTreeMap::new();
@@ -457,6 +533,10 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
             transform: Transform::None,
             layout: Layout::Plain,
         });
+    }
+
+    if family == Some("mixtral") {
+        stack_expert_tensors(path, &mut tensors)?;
     }
 
     let mut metadata = Metadata::new();

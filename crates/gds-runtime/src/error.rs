@@ -43,7 +43,7 @@ pub enum RuntimeError {
     #[error("{0}")]
     Model(String),
     /// The model's architecture is not one this runtime can run.
-    #[error("unsupported architecture {arch:?} (gdsrun runs: llama, mistral, qwen2, smollm, qwen3, qwen3moe, gemma2, gemma3, phi3)")]
+    #[error("unsupported architecture {arch:?} (gdsrun runs: llama, mistral, qwen2, smollm, mixtral, qwen3, qwen3moe, gemma2, gemma3, phi3, smollm3, gpt-oss)")]
     UnsupportedArch {
         /// `general.architecture` from the manifest.
         arch: String,

@@ -1,5 +1,7 @@
 //! llama, mistral, qwen2, smollm: pre-norm blocks, SwiGLU; Q/K/V biases where the model has
-//! them (qwen2), the window where it declares one (mistral).
+//! them (qwen2), the window where it declares one (mistral). Mixtral is this block with a
+//! mixture of experts in place of the FFN (a softmax router, the top `n_expert_used`
+//! renormalized; `Ffn::Experts`).
 //!
 //! ```text
 //! x += attn(rmsnorm(x) · attn_norm)

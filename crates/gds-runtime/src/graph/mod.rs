@@ -457,7 +457,8 @@ impl Arch {
     /// The graph of a model's `general.architecture`.
     pub fn of(c: &Config) -> Result<Arch> {
         match c.arch.as_str() {
-            "llama" => Ok(Arch::Llama),
+            // Mixtral: llama's block, its FFN the experts `Config::moe` describes
+            "llama" | "mixtral" => Ok(Arch::Llama),
             "gemma3" => Ok(Arch::Gemma3),
             "gemma2" => Ok(Arch::Gemma2),
             "qwen3" => Ok(Arch::Qwen3),

@@ -102,6 +102,22 @@ fn qwen3moe_experts_match_transformers() {
     check("qwen3moe", &fixture("tiny-qwen3moe.gguf"));
 }
 
+/// Mixtral (4 experts, 2 a token, renormalized; llama's attention): from the Hugging Face
+/// directory (per-expert w1/w3/w2, stacked at conversion), from llama.cpp's GGUF, whose
+/// architecture is `llama` with `llama.expert_count` (read as the mixtral family), and from
+/// the same GGUF with one tensor per expert, as llama.cpp's converter wrote Mixtral before
+/// early 2024. Choosing one expert moves these logits by 7.3 (ARCH_FIXTURES.md).
+#[test]
+fn mixtral_experts_match_transformers() {
+    for input in [
+        "tiny-mixtral-hf",
+        "tiny-mixtral.gguf",
+        "tiny-mixtral-per-expert.gguf",
+    ] {
+        check("mixtral", &fixture(input));
+    }
+}
+
 /// gpt-oss (4 layers alternating a 4-position window and full attention, 4 experts, 2 a
 /// token): attention sinks, q/k/v/o biases, YaRN RoPE, the biased router whose top-2 logits
 /// are softmaxed among themselves, clamped-SwiGLU experts with biases; from the Hugging Face

@@ -560,7 +560,7 @@ fn every_architecture_through_the_openai_client() {
     let _one = serial();
     let archs = [
         "llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "phi35", "qwen3moe",
-        "smollm3", "gptoss",
+        "smollm3", "gptoss", "mixtral",
     ];
     let tmp = tempfile::tempdir().unwrap();
     let dirs: Vec<_> = archs
