@@ -22,6 +22,9 @@ model (the same tensors, the same bytes); the text is noise. SHAPE:
   qwen3-30b-a3b  Qwen3-30B-A3B (mixture of experts): hidden 2048, 48 layers, 32/4 heads of
               128, 128 experts of width 768, 8 per token, untied, RoPE theta 1e6 (30.5B
               parameters, 3.3B active; `--layers 4` makes a 2.7B slice of it, every layer real)
+  mixtral-8x7b  Mixtral-8x7B (mixture of experts): hidden 4096, 32 layers, 32/8 heads of 128,
+              8 experts of width 14336, 2 per token, untied, RoPE theta 1e6 (46.7B parameters,
+              12.9B active; `--layers 2` makes a 3.2B slice with SmolLM2's vocabulary)
   gpt-oss-20b gpt-oss-20b (mixture of experts): hidden 2880, 24 layers, 64/8 heads of 64,
               32 experts of width 2880, 4 per token, q/k/v/o biases, attention sinks, layers
               alternating a 128-position window and full attention, YaRN RoPE (factor 32,
@@ -80,6 +83,10 @@ SHAPES = {
                           norm_topk_prob=True, num_hidden_layers=48, num_attention_heads=32,
                           num_key_value_heads=4, head_dim=128, tie_word_embeddings=False,
                           rope_theta=1000000.0, max_position_embeddings=40960),
+    "mixtral-8x7b": dict(arch="mixtral", hidden_size=4096, intermediate_size=14336,
+                         num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
+                         rope_theta=1000000.0, max_position_embeddings=32768),
     "gpt-oss-20b": dict(arch="gpt_oss", hidden_size=2880, intermediate_size=2880,
                         num_local_experts=32, num_experts_per_tok=4, num_hidden_layers=24,
                         num_attention_heads=64, num_key_value_heads=8, head_dim=64,
@@ -167,6 +174,10 @@ def main():
         theta = shape.pop("rope_theta")
         cfg = transformers.Qwen3MoeConfig(**common, **shape,
                                           rope_parameters={"rope_type": "default", "rope_theta": theta})
+    elif arch == "mixtral":
+        theta = shape.pop("rope_theta")
+        cfg = transformers.MixtralConfig(**common, **shape, sliding_window=None,
+                                         rope_parameters={"rope_type": "default", "rope_theta": theta})
     elif arch == "gpt_oss":
         theta = shape.pop("rope_theta")
         n = shape["num_hidden_layers"]
