@@ -378,42 +378,16 @@ fn stack_expert_tensors(path: &Path, tensors: &mut Vec<SourceTensor>) -> Result<
             None => rest.push(t),
         }
     }
-    for (name, mut parts) in groups {
-        parts.sort_by_key(|(e, _)| *e);
+    for (name, parts) in groups {
         let n = parts.len() as u64;
-        let bad = |t: &SourceTensor, msg: String| ConvertError::BadTensor {
-            path: path.to_path_buf(),
-            tensor: t.name.clone(),
-            msg,
-        };
-        let first = &parts[0].1;
-        if !parts.iter().map(|(e, _)| *e).eq(0..n) {
-            let got: Vec<u64> = parts.iter().map(|(e, _)| *e).collect();
-            return Err(bad(
-                first,
-                format!("the experts of {name} are {got:?}: each of 0..{n} once"),
-            ));
-        }
-        if let Some((_, t)) = parts
-            .iter()
-            .find(|(_, t)| t.shape.len() != 2 || t.shape != first.shape || t.dtype != first.dtype)
-        {
-            return Err(bad(
-                t,
-                format!(
-                    "shape {:?} {} differs from expert 0's {:?} {} (experts are stacked into {name})",
-                    t.shape, t.dtype, first.shape, first.dtype
-                ),
-            ));
-        }
-        let mut it = parts.into_iter().map(|(_, t)| t);
-        let mut t = it.next().expect("a group has a part");
-        let others: Vec<_> = it.map(|p| (p.file, p.offset)).collect();
-        t.source_name = format!("{} (experts 0..{n} stacked)", t.source_name);
-        t.name = name;
-        t.shape.insert(0, n);
-        t.nbytes *= n;
-        t.layout = Layout::Stacked(others);
+        let t =
+            crate::source::stack_experts(name, parts, n, "its tensors' count").map_err(|e| {
+                ConvertError::BadTensor {
+                    path: path.to_path_buf(),
+                    tensor: e.tensor,
+                    msg: e.reason,
+                }
+            })?;
         rest.push(t);
     }
     *tensors = rest;

@@ -1470,57 +1470,26 @@ fn match_expert(pattern: &str, name: &str) -> Option<(Option<u64>, u64)> {
 }
 
 /// The per-expert tensors `parts` of one block as the stacked `[n_expert, rows, cols]`
-/// tensor `name`: experts `0..n_expert`, each once, all of one dtype and shape.
+/// tensor `name` ([`crate::source::stack_experts`]).
 fn stack_experts(
     name: String,
-    mut parts: Vec<(u64, RawTensor)>,
+    parts: Vec<(u64, RawTensor)>,
     n_expert: u64,
 ) -> Result<SourceTensor> {
-    parts.sort_by_key(|(e, _)| *e);
-    let first = &parts[0].1;
-    let bad = |t: &RawTensor, reason: String| SafetensorsError::Tensor {
-        path: t.file.path.clone(),
-        tensor: t.name.clone(),
-        reason,
-    };
-    let numbers: Vec<u64> = parts.iter().map(|(e, _)| *e).collect();
-    if !numbers.iter().copied().eq(0..n_expert) {
-        return Err(bad(
-            first,
-            format!(
-                "the experts of {name} are {numbers:?}; config.json's expert count {n_expert} needs each of 0..{n_expert} once"
-            ),
-        ));
-    }
-    if let Some((_, t)) = parts
-        .iter()
-        .find(|(_, t)| t.shape.len() != 2 || t.shape != first.shape || t.st_dtype != first.st_dtype)
-    {
-        return Err(bad(
-            t,
-            format!(
-                "shape {:?} {} differs from expert 0's {:?} {} (experts are stacked into {name})",
-                t.shape, t.st_dtype, first.shape, first.st_dtype
-            ),
-        ));
-    }
-    let mut it = parts.into_iter().map(|(_, t)| t);
-    let t0 = it.next().expect("n_expert >= 1 parts");
-    let stacked: Vec<_> = it.map(|t| (t.file, t.offset)).collect();
-    let (rows, cols) = (t0.shape[0], t0.shape[1]);
-    let mut t = source_tensor(t0, name, Transform::None)?;
-    t.source_name = format!("{} (experts 0..{n_expert} stacked)", t.source_name);
-    t.shape = vec![n_expert, rows, cols];
-    t.nbytes = t
-        .dtype
-        .tensor_bytes(&t.shape)
-        .ok_or_else(|| SafetensorsError::Tensor {
-            path: t.file.path.clone(),
-            tensor: t.source_name.clone(),
-            reason: format!("{n_expert} experts of {rows} x {cols} do not fit"),
-        })?;
-    t.layout = Layout::Stacked(stacked);
-    Ok(t)
+    let parts = parts
+        .into_iter()
+        .map(|(e, t)| {
+            let name = t.name.clone();
+            Ok((e, source_tensor(t, name, Transform::None)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    crate::source::stack_experts(name, parts, n_expert, "config.json's expert count").map_err(|e| {
+        SafetensorsError::Tensor {
+            path: e.path,
+            tensor: e.tensor,
+            reason: e.reason,
+        }
+    })
 }
 
 /// gpt-oss's experts, which Hugging Face stores fused per block (`mlp.experts.gate_up_proj

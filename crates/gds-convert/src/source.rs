@@ -441,6 +441,57 @@ impl Source {
     }
 }
 
+/// Per-expert tensors `parts` (expert number, tensor) as the stacked `[n, rows, cols]` tensor
+/// `name`, each part in place in its file (a mixture's experts as a Hugging Face checkpoint,
+/// or an older GGUF, stores them): experts `0..n`, each once, all 2-D of one dtype and shape.
+/// `count` says where `n` comes from, for the message. Empty `parts` are a caller's error.
+pub fn stack_experts(
+    name: String,
+    mut parts: Vec<(u64, SourceTensor)>,
+    n: u64,
+    count: &str,
+) -> Result<SourceTensor, SplitError> {
+    parts.sort_by_key(|(e, _)| *e);
+    let bad = |t: &SourceTensor, reason: String| SplitError {
+        path: t.file.path.clone(),
+        tensor: t.source_name.clone(),
+        reason,
+    };
+    let first = &parts[0].1;
+    let numbers: Vec<u64> = parts.iter().map(|(e, _)| *e).collect();
+    if !numbers.iter().copied().eq(0..n) {
+        return Err(bad(
+            first,
+            format!("the experts of {name} are {numbers:?}; {count} {n} needs each of 0..{n} once"),
+        ));
+    }
+    if let Some((_, t)) = parts
+        .iter()
+        .find(|(_, t)| t.shape.len() != 2 || t.shape != first.shape || t.dtype != first.dtype)
+    {
+        return Err(bad(
+            t,
+            format!(
+                "shape {:?} {} differs from expert 0's {:?} {} (experts are stacked into {name})",
+                t.shape, t.dtype, first.shape, first.dtype
+            ),
+        ));
+    }
+    let mut it = parts.into_iter().map(|(_, t)| t);
+    let mut t = it.next().expect("at least one part");
+    let rest: Vec<_> = it.map(|p| (p.file, p.offset)).collect();
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    t.source_name = format!("{} (experts 0..{n} stacked)", t.source_name);
+    t.name = name;
+    t.shape = vec![n, rows, cols];
+    t.nbytes = t
+        .dtype
+        .tensor_bytes(&t.shape)
+        .ok_or_else(|| bad(&t, format!("{n} experts of {rows} x {cols} do not fit")))?;
+    t.layout = Layout::Stacked(rest);
+    Ok(t)
+}
+
 /// A fused tensor that cannot be split as its family describes.
 #[derive(Debug)]
 pub struct SplitError {
