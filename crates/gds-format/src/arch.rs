@@ -762,6 +762,16 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
         }
         v
     };
+    let opt_bool = |k: &str, default: bool, errs: &mut Vec<FormatError>| -> bool {
+        match m.get(k) {
+            None => default,
+            Some(Value::Bool(b)) => b,
+            Some(v) => {
+                errs.push(key_err(k, format!("must be a bool, found {v}")));
+                default
+            }
+        }
+    };
     let rope_scaling = match m.get("model.rope_scaling.type") {
         None => RopeScaling::None,
         Some(Value::Str("none")) => RopeScaling::None,
@@ -806,17 +816,7 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
                 },
                 beta_fast: opt("model.rope_scaling.yarn_beta_fast", 32.0, &mut errs),
                 beta_slow: opt("model.rope_scaling.yarn_beta_slow", 1.0, &mut errs),
-                truncate: match m.get("model.rope_scaling.yarn_truncate") {
-                    None => true,
-                    Some(Value::Bool(b)) => b,
-                    Some(_) => {
-                        errs.push(key_err(
-                            "model.rope_scaling.yarn_truncate",
-                            "must be a bool",
-                        ));
-                        true
-                    }
-                },
+                truncate: opt_bool("model.rope_scaling.yarn_truncate", true, &mut errs),
             }
         }
         Some(v) => {
@@ -845,17 +845,7 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
         token("tokenizer.eos_token_id"),
     );
     // an optional flag: absent is false, present must be a bool
-    let opt_bool = |k: &str, errs: &mut Vec<FormatError>| -> bool {
-        match m.get(k) {
-            None => false,
-            Some(Value::Bool(b)) => b,
-            Some(v) => {
-                errs.push(key_err(k, format!("must be a bool, found {v}")));
-                false
-            }
-        }
-    };
-    let add_bos = opt_bool("tokenizer.add_bos", &mut errs);
+    let add_bos = opt_bool("tokenizer.add_bos", false, &mut errs);
     // Optional family-specific values: absent is fine, present must be in range.
     let opt_dim = |k: &str, errs: &mut Vec<FormatError>| -> Option<u64> {
         match m.get(k) {
@@ -934,7 +924,7 @@ pub fn hparams(m: &Manifest<'_>, arch: &str) -> Result<Hparams, Vec<FormatError>
                 }
                 1
             });
-            let norm_weights = opt_bool("model.expert_weights_norm", &mut errs);
+            let norm_weights = opt_bool("model.expert_weights_norm", false, &mut errs);
             Some(Moe {
                 n_expert: n,
                 n_expert_used: used,
