@@ -360,15 +360,12 @@ pub(crate) fn as_declared(spec: &crate::names::FamilySpec, key: &str, v: MetaVal
 /// and shape, or an error naming the tensor.
 fn stack_expert_tensors(path: &Path, tensors: &mut Vec<SourceTensor>) -> Result<(), ConvertError> {
     use std::collections::BTreeMap;
-    let split = |name: &str| -> Option<(String, u64)> {
-        let rest = name.strip_prefix("blk.")?;
-        let (n, rest) = rest.split_once('.')?;
-        let (role, rest) = rest.split_once('.')?;
-        let (e, w) = rest.split_once('.')?;
-        let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        (ok(n) && ok(e) && w == "weight" && matches!(role, "ffn_gate" | "ffn_up" | "ffn_down"))
-            .then(|| (format!("blk.{n}.{role}_exps.weight"), e.parse().ok()))
-            .and_then(|(name, e)| Some((name, e?)))
+    let split = |name: &str| {
+        ["ffn_gate", "ffn_up", "ffn_down"].iter().find_map(|role| {
+            let (n, e) =
+                crate::names::match_expert(&format!("blk.{{N}}.{role}.{{E}}.weight"), name)?;
+            Some((format!("blk.{}.{role}_exps.weight", n?), e))
+        })
     };
     let mut groups: BTreeMap<String, Vec<(u64, SourceTensor)>> = BTreeMap::new();
     let mut rest = Vec::with_capacity(tensors.len());

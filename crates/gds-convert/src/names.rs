@@ -24,6 +24,24 @@ pub fn match_pattern(pattern: &str, name: &str) -> Option<Option<u64>> {
     }
 }
 
+/// `(block, expert)` when `name` is `pattern` with numbers for its `{N}` and `{E}` (in that
+/// order, as every per-expert name has them).
+pub fn match_expert(pattern: &str, name: &str) -> Option<(Option<u64>, u64)> {
+    let (head, tail) = pattern.split_once("{E}")?;
+    let number = |s: &str| -> Option<u64> {
+        let ok = !s.is_empty()
+            && s.bytes().all(|b| b.is_ascii_digit())
+            && (s.len() == 1 || !s.starts_with('0'));
+        ok.then(|| s.parse().ok()).flatten()
+    };
+    let rest = name.strip_suffix(tail)?;
+    // the expert number is the digits at the end of what precedes the tail
+    let split = rest.len() - rest.bytes().rev().take_while(u8::is_ascii_digit).count();
+    let (before, e) = rest.split_at(split);
+    let e = number(e)?;
+    Some((match_pattern(head, before)?, e))
+}
+
 /// Which layer file a tensor goes into. Ordered: embedding, blocks by number, head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Group {

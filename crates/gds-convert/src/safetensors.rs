@@ -890,7 +890,7 @@ fn token_ids(cfg: &Config, dir: &Path, tok: &mut TokenizerFiles, md: &mut Metada
 // Architectures
 
 // The llama family's name map and pattern matcher are shared with the GGUF side.
-use crate::names::{llama as llama_spec, match_pattern, FamilySpec};
+use crate::names::{llama as llama_spec, match_expert, match_pattern, FamilySpec};
 
 fn fill(pattern: &str, n: Option<u64>) -> String {
     match n {
@@ -1449,24 +1449,6 @@ fn window_pattern(cfg: &Config) -> Result<u64> {
         )));
     }
     Ok(p as u64)
-}
-
-/// `(block, expert)` when `name` is `pattern` with numbers for its `{N}` and `{E}` (in that
-/// order, as every per-expert name has them).
-fn match_expert(pattern: &str, name: &str) -> Option<(Option<u64>, u64)> {
-    let (head, tail) = pattern.split_once("{E}")?;
-    let number = |s: &str| -> Option<u64> {
-        let ok = !s.is_empty()
-            && s.bytes().all(|b| b.is_ascii_digit())
-            && (s.len() == 1 || !s.starts_with('0'));
-        ok.then(|| s.parse().ok()).flatten()
-    };
-    let rest = name.strip_suffix(tail)?;
-    // the expert number is the digits at the end of what precedes the tail
-    let split = rest.len() - rest.bytes().rev().take_while(u8::is_ascii_digit).count();
-    let (before, e) = rest.split_at(split);
-    let e = number(e)?;
-    Some((match_pattern(head, before)?, e))
 }
 
 /// The per-expert tensors `parts` of one block as the stacked `[n_expert, rows, cols]`
