@@ -216,31 +216,19 @@ impl SourceTensor {
         fn region(file: &MappedFile, offset: u64, len: u64) -> &[u8] {
             &file.map[offset as usize..(offset + len) as usize]
         }
-        match &self.layout {
-            Layout::Plain => Cow::Borrowed(region(&self.file, self.offset, self.nbytes)),
-            Layout::Stacked(_) => {
-                let mut out = Vec::with_capacity(self.nbytes as usize);
-                for (file, offset, len) in self.parts() {
-                    out.extend_from_slice(region(file, offset, len));
-                }
-                Cow::Owned(out)
-            }
-            Layout::Gathered(g) => {
-                let src = region(&self.file, self.offset, g.source_bytes());
-                let scales = match g {
-                    Gather::Mxfp4 {
-                        scales,
-                        scales_offset,
-                        n,
-                        rows,
-                        groups,
-                        ..
-                    } => region(scales, *scales_offset, n * rows * groups),
-                    Gather::Columns { .. } => &[],
-                };
-                Cow::Owned(g.gather(src, scales))
-            }
+        if let Layout::Plain = self.layout {
+            return Cow::Borrowed(region(&self.file, self.offset, self.nbytes));
         }
+        let parts: Vec<&[u8]> = self
+            .parts()
+            .into_iter()
+            .map(|(file, offset, len)| region(file, offset, len))
+            .collect();
+        Cow::Owned(match &self.layout {
+            // the source, then (MXFP4) its scales
+            Layout::Gathered(g) => g.gather(parts[0], parts.get(1).copied().unwrap_or(&[])),
+            _ => parts.concat(),
+        })
     }
 
     /// Every stored region the bytes come from: file, offset, length.
