@@ -1536,56 +1536,62 @@ fn gpt_oss_experts(
     let float = [StDtype::F32, StDtype::F16, StDtype::BF16];
     let blocks: BTreeSet<u64> = found.keys().map(|(n, _)| *n).collect();
     let mut out = Vec::new();
+    // each fused matrix as stored (`x @ W`: [E, inputs, outputs], gate and up outputs
+    // alternating) or as MXFP4 blocks and scales (rows are outputs); the parts it splits into
+    let fused = [
+        (
+            "gate_up_proj",
+            "gate_up_proj_blocks",
+            "gate_up_proj_scales",
+            d,
+            2 * ff,
+            &["gate", "up"][..],
+        ),
+        (
+            "down_proj",
+            "down_proj_blocks",
+            "down_proj_scales",
+            ff,
+            d,
+            &["down"][..],
+        ),
+    ];
     for n in blocks {
         let mut take = |r| found.remove(&(n, r));
         let name = |role: &str, what: &str| format!("blk.{n}.ffn_{role}_exps.{what}");
-        // gate_up: gate the even columns (rows, for blocks), up the odd ones
-        let parts = [("gate", 0), ("up", 1)];
-        match (
-            take("gate_up_proj"),
-            take("gate_up_proj_blocks"),
-            take("gate_up_proj_scales"),
-        ) {
-            (Some(t), None, None) => {
-                want(&t, &[n_expert, d, 2 * ff], &float)?;
-                for (role, part) in parts {
-                    out.push(columns(
+        for (base, base_blocks, base_scales, inputs, outputs, roles) in fused {
+            let step = roles.len() as u64;
+            let parts = roles.iter().zip(0..);
+            match (take(base), take(base_blocks), take(base_scales)) {
+                (Some(t), None, None) => {
+                    want(&t, &[n_expert, inputs, outputs], &float)?;
+                    for (role, part) in parts {
+                        let w = name(role, "weight");
+                        out.push(columns(&t, w, n_expert, inputs, outputs, step, part)?);
+                    }
+                }
+                (None, Some(b), Some(sc)) => {
+                    for (role, part) in parts {
+                        let w = name(role, "weight");
+                        out.push(mxfp4(&b, &sc, w, &dims, outputs, inputs, (step, part))?);
+                    }
+                }
+                // none: the check for required tensors names what is missing
+                (None, None, None) => {}
+                (t, b, sc) => {
+                    let t = t.or(b).or(sc).expect("not all three are None");
+                    return Err(bad(
                         &t,
-                        name(role, "weight"),
-                        n_expert,
-                        d,
-                        2 * ff,
-                        2,
-                        part,
-                    )?);
+                        format!("{base} needs either the weight or both its _blocks and _scales"),
+                    ));
                 }
-            }
-            (None, Some(b), Some(sc)) => {
-                for (role, part) in parts {
-                    out.push(mxfp4(
-                        &b,
-                        &sc,
-                        name(role, "weight"),
-                        &dims,
-                        2 * ff,
-                        d,
-                        (2, part),
-                    )?);
-                }
-            }
-            // none: the check for required tensors names what is missing
-            (None, None, None) => {}
-            (t, b, sc) => {
-                let t = t.or(b).or(sc).expect("not all three are None");
-                return Err(bad(
-                    &t,
-                    "gate_up_proj needs either the weight or both its _blocks and _scales".into(),
-                ));
             }
         }
+        // gate_up's bias: gate the even entries, up the odd ones (down_proj_bias is mapped
+        // by name, formats/gpt_oss.json)
         if let Some(t) = take("gate_up_proj_bias") {
             want(&t, &[n_expert, 2 * ff], &float)?;
-            for (role, part) in parts {
+            for (role, part) in [("gate", 0), ("up", 1)] {
                 out.push(columns(
                     &t,
                     name(role, "bias"),
@@ -1595,35 +1601,6 @@ fn gpt_oss_experts(
                     2,
                     part,
                 )?);
-            }
-        }
-        match (
-            take("down_proj"),
-            take("down_proj_blocks"),
-            take("down_proj_scales"),
-        ) {
-            (Some(t), None, None) => {
-                want(&t, &[n_expert, ff, d], &float)?;
-                out.push(columns(&t, name("down", "weight"), n_expert, ff, d, 1, 0)?);
-            }
-            (None, Some(b), Some(sc)) => {
-                out.push(mxfp4(
-                    &b,
-                    &sc,
-                    name("down", "weight"),
-                    &dims,
-                    d,
-                    ff,
-                    (1, 0),
-                )?);
-            }
-            (t, b, sc) => {
-                if let Some(t) = t.or(b).or(sc) {
-                    return Err(bad(
-                        &t,
-                        "down_proj needs either the weight or both its _blocks and _scales".into(),
-                    ));
-                }
             }
         }
     }
