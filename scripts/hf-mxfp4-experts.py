@@ -25,13 +25,14 @@ from pathlib import Path
 import numpy as np
 
 
-def to_hf_blocks(raw: np.ndarray, rows: int, cols: int):
-    """GGUF MXFP4 rows (scale byte, then value j in byte j's low nibble and j + 16 in its
-    high one) -> Hugging Face blocks [rows, cols/32, 16] (value 2i low, 2i + 1 high) and
-    scales [rows, cols/32]."""
-    g = raw.reshape(rows, cols // 32, 17)
+def to_hf_blocks(raw: np.ndarray, cols: int):
+    """GGUF MXFP4 rows of `cols` values, uint8 [..., rows, cols/32 * 17] (per group a scale
+    byte, then value j in byte j's low nibble and j + 16 in its high one) -> Hugging Face
+    blocks [..., rows, cols/32, 16] (value 2i in byte i's low nibble, 2i + 1 in its high one)
+    and scales [..., rows, cols/32]. fixtures/make_gptoss_mxfp4_hf.py uses it too."""
+    g = raw.reshape(*raw.shape[:-1], cols // 32, 17)
     qs = g[..., 1:]
-    vals = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    vals = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # the 32 values in order
     return (vals[..., 0::2] | (vals[..., 1::2] << 4)).astype(np.uint8), g[..., 0].copy()
 
 
@@ -39,7 +40,7 @@ def mxfp4(w_t, rows: int, cols: int):
     """The [rows, cols] float matrix `w_t` (outputs x inputs) as HF blocks and scales."""
     import gguf
     q = gguf.quants.quantize(np.ascontiguousarray(w_t, dtype=np.float32), gguf.GGMLQuantizationType.MXFP4)
-    return to_hf_blocks(np.asarray(q).reshape(-1), rows, cols)
+    return to_hf_blocks(np.asarray(q).reshape(rows, -1), cols)
 
 
 def main():
