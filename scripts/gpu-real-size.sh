@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU at real sizes (issue 36) in one run on a lent GPU machine; results under $OUT:
-#   scripts/gpu-real-size.sh PACK_DIR [SHAPE...]        (default shapes: llama-7b llama-1b)
+#   scripts/gpu-real-size.sh PACK_DIR [SHAPE[@LAYERS]...]  (default shapes: llama-7b llama-1b;
+#   e.g. qwen3-30b-a3b@8: the first 8 blocks of that shape, a mixture of experts' slice)
 # PACK_DIR (`REAL=1 scripts/gpu-pack.sh` makes it: .gpu/r1) holds bins.tar.xz (gdsrun and
 # bench_gpu built with --features cuda, gdsconv; with BASELINE=COMMIT also gdsrun-base, COMMIT's
 # kernels: the resident benchmarks then run this build, the baseline, this build again) and tok/ (SmolLM2's tokenizer files: the
@@ -143,11 +144,13 @@ fi
 # the checkpoint goes to RAM when /dev/shm has room for a 7B F16 (14 GB), else to the disk
 CK=/dev/shm/gdsllm-ck
 [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -gt 20 ] 2>/dev/null || CK="$W/ck"
-for shape in $SHAPES; do
+for spec in $SHAPES; do
+  shape=${spec%@*} layers=()
+  [ "$spec" = "$shape" ] || { layers=(--layers "${spec#*@}"); shape="$shape-${spec#*@}l"; }
   say "== $shape: random weights (transformers on the GPU), converted by gdsconv --quant $QUANT"
   rm -rf "$CK"
-  run 240 "synth-$shape" python3 "$ROOT/scripts/synth-model.py" "$shape" "$CK" --tokenizer "$PACK/tok" \
-    --init-device cuda || continue
+  run 240 "synth-$shape" python3 "$ROOT/scripts/synth-model.py" "${spec%@*}" "$CK" --tokenizer "$PACK/tok" \
+    --init-device cuda "${layers[@]}" || continue
   grep '"shape"' "$LOG" | tail -1 | cut -c1-300 >>"$SUM"
   M="$W/$shape.gds"
   [ "$QUANT" = q4_0 ] || M="$W/$shape-$QUANT.gds"

@@ -78,14 +78,16 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 // [ntok * n_heads][n_ctx], indexed by position. Grouped-query: head h reads kv head
 // h / (n_heads / n_kv_heads). Scores are q·k * scale, then softcap * tanh(s / softcap) where
 // softcap > 0 (Gemma 2); window > 0: a query at position p sees only keys above p - window
-// (sliding-window layers). Grid (n_heads, ntok), block BLOCK_THREADS.
+// (sliding-window layers). sinks, where not null (gpt-oss): one more logit per query head,
+// sinks[h], in the softmax's maximum and denominator, with no value (the CPU's `merge`).
+// Grid (n_heads, ntok), block BLOCK_THREADS.
 extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ kc,
                                      const float* __restrict__ vc, float* __restrict__ att,
                                      float* __restrict__ out, int n_heads, int n_kv_heads,
                                      int head_dim, const int* __restrict__ pos,
                                      const int* __restrict__ seq, const int* __restrict__ tables,
                                      int max_blocks, int block, int ring, int n_ctx, float scale,
-                                     int window, float softcap) {
+                                     int window, float softcap, const float* __restrict__ sinks) {
     __shared__ float scratch[32];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_heads / n_kv_heads);
@@ -107,6 +109,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
         mx = fmaxf(mx, s);
     }
     mx = block_max(mx, scratch);
+    if (sinks) mx = fmaxf(mx, sinks[h]);
     float sum = 0.0f;
     for (int p = first + threadIdx.x; p < n_pos; p += blockDim.x) {
         float e = expf(a[p] - mx);
@@ -114,6 +117,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
         sum += e;
     }
     sum = block_sum(sum, scratch);
+    if (sinks) sum += expf(sinks[h] - mx);
     float inv = 1.0f / sum;
     __syncthreads();  // every a[p] written before any thread reads them all
     float* oh = out + ((unsigned long long)t * n_heads + h) * head_dim;
@@ -141,12 +145,37 @@ extern "C" __global__ void gather_rows(float* __restrict__ dst, const float* __r
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
 
+// dst[rows[r], :] += w[r] * src[r, :] for nrows rows of n floats: an expert's outputs added
+// to its tokens' rows by their router weights (rows, then the weights' f32 bits, in one i32
+// array of 2 * nrows). The rows of one launch are distinct tokens. Grid nrows, block
+// BLOCK_THREADS.
+extern "C" __global__ void scatter_add_rows(float* __restrict__ dst, const float* __restrict__ src,
+                                            const int* __restrict__ rows, int n, int nrows) {
+    int r = blockIdx.x;
+    float w = __uint_as_float((unsigned)rows[nrows + r]);
+    float* d = dst + (unsigned long long)rows[r] * n;
+    const float* s = src + (unsigned long long)r * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] += w * s[i];
+}
+
 // gate[i] = silu(gate[i]) * up[i]. Grid ceil(n / BLOCK_THREADS).
 extern "C" __global__ void swiglu(float* __restrict__ gate, const float* __restrict__ up, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// gpt-oss's clamped SwiGLU: g = min(gate, 7), gate[i] = g * sigmoid(1.702 g) *
+// (clamp(up, -7, 7) + 1) (llama.cpp's swiglu_oai). Grid ceil(n / BLOCK_THREADS).
+extern "C" __global__ void swiglu_oai(float* __restrict__ gate, const float* __restrict__ up,
+                                      int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = fminf(gate[i], 7.0f);
+        float u = fminf(fmaxf(up[i], -7.0f), 7.0f);
+        gate[i] = g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
     }
 }
 

@@ -239,6 +239,40 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
     }
 }
 
+// MXFP4 (gpt-oss's experts): e u8 (E8M0), qs[16]; x[j] = 2^(e-128) kv[qs[j] & 15],
+// x[j+16] = 2^(e-128) kv[qs[j] >> 4], kv the doubled E2M1 values (ggml's kvalues_mxfp4:
+// 0 1 2 3 4 6 8 12, the high bit the sign).
+#define MXFP4_QK 32
+#define MXFP4_BYTES 17
+// ggml's kvalues_mxfp4[q]: |q| 0..3 as is, 4..7 -> 4 6 8 12 (2 or 3, shifted).
+__device__ __forceinline__ float mxfp4_value(int q) {
+    int m = q & 7;
+    int v = m < 4 ? m : (2 | (m & 1)) << ((m >> 1) - 1);
+    return (float)((q & 8) ? -v : v);
+}
+// 2^(e - 128) from bits, as ggml_e8m0_to_fp32_half (subnormal for e 0 and 1).
+__device__ __forceinline__ float e8m0_half(u8 e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : ((u32)e - 1u) << 23);
+}
+// Part p (of 4): the bytes qs[4p..4p+4], values 4p..4p+4 and 16+4p..16+4p+4.
+__device__ __forceinline__ float dotp_mxfp4(const u8* b, const float* x, int p) {
+    const u8* qs = b + 1 + 4 * p;
+    const float* xl = x + 4 * p;
+    float s = 0.0f;
+    for (int i = 0; i < 4; i++) {
+        s += mxfp4_value(qs[i] & 15) * xl[i] + mxfp4_value(qs[i] >> 4) * xl[i + 16];
+    }
+    return e8m0_half(b[0]) * s;
+}
+__device__ __forceinline__ void deq_mxfp4(const u8* b, float* y) {
+    float d = e8m0_half(b[0]);
+    const u8* qs = b + 1;
+    for (int j = 0; j < 16; j++) {
+        y[j] = mxfp4_value(qs[j] & 15) * d;
+        y[j + 16] = mxfp4_value(qs[j] >> 4) * d;
+    }
+}
+
 // ---- kernels over block types ----
 
 // Tokens a matvec lane carries at once: each weight part is read once for up to this many
@@ -298,6 +332,7 @@ BLOCK_KERNELS(q8_0, Q8_0_QK, Q8_0_BYTES, 4, dotp_q8_0, deq_q8_0)
 BLOCK_KERNELS(q4_k, Q4_K_QK, Q4_K_BYTES, 8, dotp_q4_k, deq_q4_k)
 BLOCK_KERNELS(q5_k, Q5_K_QK, Q5_K_BYTES, 8, dotp_q5_k, deq_q5_k)
 BLOCK_KERNELS(q6_k, Q6_K_QK, Q6_K_BYTES, 8, dotp_q6_k, deq_q6_k)
+BLOCK_KERNELS(mxfp4, MXFP4_QK, MXFP4_BYTES, 4, dotp_mxfp4, deq_mxfp4)
 
 // ---- float weights: lanes stride over elements, so a warp reads 32 neighbours at once, one
 // token at a time. Measured on an H100 (7B F16 tg128): this form 92.4 t/s (2026-11-27); lanes

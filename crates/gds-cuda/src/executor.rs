@@ -350,6 +350,7 @@ impl Device for Gpu {
         pages: &KvPages,
         window: i32,
         softcap: f32,
+        sinks: u64,
     ) -> Result<(), GpuError> {
         let c = cfg((heads.n_heads as u32, ntok as u32), (BLOCK_THREADS, 1));
         let p = *pages;
@@ -374,7 +375,8 @@ impl Device for Gpu {
             n_ctx,
             heads.scale,
             window,
-            softcap
+            softcap,
+            sinks
         )
     }
     fn gather_rows(
@@ -391,6 +393,21 @@ impl Device for Gpu {
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
         launch!(self, "swiglu", c, gate, up, n)
+    }
+    fn swiglu_oai(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
+        launch!(self, "swiglu_oai", c, gate, up, n)
+    }
+    fn scatter_add_rows(
+        &mut self,
+        dst: u64,
+        src: u64,
+        rows: u64,
+        n: i32,
+        nrows: i32,
+    ) -> Result<(), GpuError> {
+        let c = cfg((nrows as u32, 1), (BLOCK_THREADS, 1));
+        launch!(self, "scatter_add_rows", c, dst, src, rows, n, nrows)
     }
     fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
@@ -418,6 +435,30 @@ impl Device for Gpu {
             cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.compute.cu_stream())
         }
         .map_err(cuda("device copy"))
+    }
+    fn zero(&mut self, dst: u64, bytes: usize) -> Result<(), GpuError> {
+        // SAFETY: the range lies in a live device buffer (scratch).
+        unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, self.compute.cu_stream()) }
+            .map_err(cuda("device memset"))
+    }
+    fn download(&mut self, src: u64, dst: &mut [f32]) -> Result<(), GpuError> {
+        // SAFETY: `src` holds `dst.len()` floats of a live scratch buffer; the stream is
+        // synchronized before `dst` is read or can go away.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, self.compute.cu_stream()) }
+            .map_err(cuda("device-to-host copy"))?;
+        self.compute
+            .synchronize()
+            .map_err(cuda("device-to-host copy"))
+    }
+    fn upload_words(&mut self, dst: u64, src: &[u32]) -> Result<(), GpuError> {
+        // SAFETY: `dst` has room for `src` (a scratch buffer sized for it, forward::Scratch);
+        // the copy is ordered on the compute stream, and the stream is synchronized before
+        // `src` can go away.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.compute.cu_stream()) }
+            .map_err(cuda("host-to-device copy"))?;
+        self.compute
+            .synchronize()
+            .map_err(cuda("host-to-device copy"))
     }
     fn gemm(
         &mut self,

@@ -96,7 +96,8 @@ pub trait Device {
     /// `attention` of `ntok` queries, token t at its position of its sequence
     /// ([`KvPages`]), over the paged caches `kc`, `vc`, which hold every position the
     /// queries see; `att` holds `n_ctx` scores per query head; `window` 0 and `softcap` 0
-    /// for none.
+    /// for none; `sinks` (0 for none) one logit per query head in each softmax's maximum
+    /// and denominator, with no value (gpt-oss).
     fn attention(
         &mut self,
         q: u64,
@@ -110,6 +111,7 @@ pub trait Device {
         pages: &KvPages,
         window: i32,
         softcap: f32,
+        sinks: u64,
     ) -> Result<(), GpuError>;
     /// `gather_rows`: `dst[r] = src[rows[r]]` for `nrows` rows of `n` floats (`rows`: i32
     /// each).
@@ -123,6 +125,18 @@ pub trait Device {
     ) -> Result<(), GpuError>;
     /// `swiglu`: `gate = silu(gate) * up` over `n` floats.
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
+    /// `swiglu_oai`: gpt-oss's clamped SwiGLU over `n` floats (kernels/ops.cu).
+    fn swiglu_oai(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
+    /// `scatter_add_rows`: `dst[rows[r]] += w[r] · src[r]` for `nrows` rows of `n` floats
+    /// (`rows`: `nrows` i32 row indices, distinct, then the `nrows` weights' f32 bits).
+    fn scatter_add_rows(
+        &mut self,
+        dst: u64,
+        src: u64,
+        rows: u64,
+        n: i32,
+        nrows: i32,
+    ) -> Result<(), GpuError>;
     /// `geglu`: `gate = gelu_tanh(gate) * up` over `n` floats.
     fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
     /// `add_rows`: `y[t, i] += b[i]` for `ntok` rows of `n`.
@@ -135,6 +149,14 @@ pub trait Device {
     fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError>;
     /// Copies `bytes` bytes (same device).
     fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError>;
+    /// Zeroes `bytes` bytes, in order with the launches.
+    fn zero(&mut self, dst: u64, bytes: usize) -> Result<(), GpuError>;
+    /// Copies `dst.len()` floats at `src` to the host once every launch before this call
+    /// has run (a synchronization: a mixture of experts' router logits).
+    fn download(&mut self, src: u64, dst: &mut [f32]) -> Result<(), GpuError>;
+    /// Copies `src` to the device at `dst`, after the launches before this call read what
+    /// was there and before those after it (a mixture of experts' token rows and weights).
+    fn upload_words(&mut self, dst: u64, src: &[u32]) -> Result<(), GpuError>;
     /// Column-major SGEMM `C[m×n] = op(A)·B` (`mnk` = `(m, n, k)`) with `op(A) = Aᵀ` (A is
     /// `k×m`, lda = k), B `k×n` (ldb = k), C ldc = m; with `tf32` the device may round A and
     /// B to TF32 (10-bit mantissas) for tensor cores, accumulating in f32. `false` when the
@@ -190,8 +212,12 @@ pub struct KvPages {
 /// `attn` `max_tokens × q_dim`; `k`, `v` `max_tokens × kv_dim`; `att`
 /// `max_tokens × n_heads × ctx`; `gate`, `up` `max_tokens × n_ff`; `logits`
 /// `logit_rows × vocab`; `tile`
-/// the largest weight's elements; `xq` `max_tokens × max(n_embd, n_ff, q_dim) / 32` blocks
-/// of [`Q8A_BYTES`](crate::kernels::Q8A_BYTES).
+/// the largest weight's elements (one expert's of a mixture's stacked experts); `xq`
+/// `max_tokens × max(n_embd, n_ff, q_dim) / 32` blocks
+/// of [`Q8A_BYTES`](crate::kernels::Q8A_BYTES). A mixture of experts widens `xb`, `gate`,
+/// `up` and `xq` to its experts' width where larger, and has `router`
+/// `max_tokens × n_expert`, `moe_rows` `2 × max_tokens × n_expert_used` words, `moe_x`, `moe_y`
+/// `max_tokens × n_embd` (dense models: one float each).
 #[derive(Clone, Copy, Debug)]
 pub struct Scratch {
     /// Residual stream.
@@ -221,6 +247,14 @@ pub struct Scratch {
     /// A matrix product's input quantized to 8 bits, for the int8 kernels; 0 keeps every
     /// product in f32 (`--activations f32`).
     pub xq: u64,
+    /// A mixture of experts' router logits.
+    pub router: u64,
+    /// The tokens one expert takes (i32 rows) and their weights (f32 bits).
+    pub moe_rows: u64,
+    /// Those tokens' inputs, gathered.
+    pub moe_x: u64,
+    /// The expert's outputs for them.
+    pub moe_y: u64,
     /// Passes of this many tokens or more go through GEMM ([`GEMM_MIN_TOKENS`] by default).
     pub gemm_min: usize,
     /// Those GEMMs may round their inputs to TF32 on tensor cores (with `--activations q8`,

@@ -52,6 +52,34 @@ pub struct Shape {
     /// Per block: the sliding window (a query at position p sees keys above p − window),
     /// 0 for a block that attends to the whole context.
     pub windows: Vec<usize>,
+    /// A mixture of experts' sizes (`None`: dense feed-forward blocks).
+    pub moe: Option<MoeShape>,
+}
+
+/// The sizes a mixture of experts' buffers are made by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeShape {
+    /// Experts per block.
+    pub n_expert: usize,
+    /// Experts each token goes to.
+    pub n_expert_used: usize,
+    /// Hidden width of one expert.
+    pub n_ff_exp: usize,
+}
+
+impl Shape {
+    /// The widest hidden width of a feed-forward network: `n_ff`, or an expert's where wider.
+    pub fn ff_width(&self) -> usize {
+        self.n_ff.max(self.moe.map_or(0, |m| m.n_ff_exp))
+    }
+
+    /// The widest activation row a matrix product reads: `n_embd`, the FFN's hidden width
+    /// or the queries'.
+    pub fn widest(&self) -> usize {
+        self.n_embd
+            .max(self.ff_width())
+            .max(self.n_heads * self.head_dim)
+    }
 }
 
 /// A tensor as a byte range of its layer file (and so of the layer's device buffer).
@@ -143,6 +171,14 @@ impl Shape {
                     _ => Ok(0),
                 })
                 .collect::<Result<_, _>>()?,
+            moe: match &h.moe {
+                Some(m) => Some(MoeShape {
+                    n_expert: u(m.n_expert)?,
+                    n_expert_used: u(m.n_expert_used)?,
+                    n_ff_exp: u(m.n_ff_exp)?,
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -190,8 +226,8 @@ impl Layout {
     }
 
     /// The layout of the model in `dir` whose manifest is `m`, checking that every tensor
-    /// has a GPU kernel: matrices in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16/F32, norms and biases in
-    /// F32.
+    /// has a GPU kernel: matrices in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K/MXFP4/F16/BF16/F32,
+    /// norms and biases in F32.
     pub fn from_manifest(dir: &Path, m: &Manifest<'_>) -> Result<Layout, GpuError> {
         Layout::with_shape(dir, m, read_shape(m)?)
     }
@@ -248,7 +284,7 @@ impl Layout {
             let is_matrix = t.n_dims >= 2;
             if is_matrix && kernel_suffix(t.dtype).is_none() {
                 return Err(model_err(format!(
-                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K F16 BF16 F32)",
+                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K MXFP4 F16 BF16 F32)",
                     t.name, t.dtype
                 )));
             }
@@ -275,11 +311,16 @@ impl Layout {
         })
     }
 
-    /// Elements of the largest weight matrix (the size of the cuBLAS dequantization tile).
+    /// Elements of the largest weight matrix a product dequantizes at once (the size of
+    /// the cuBLAS dequantization tile): a mixture's stacked experts count one expert.
     pub fn max_weight_elements(&self) -> usize {
+        let experts = self.shape.moe.map_or(1, |m| m.n_expert.max(1));
         self.tensors
-            .values()
-            .map(|t| t.rows * t.cols)
+            .iter()
+            .map(|(name, t)| match gds_format::arch::is_routed_expert(name) {
+                true => t.rows * t.cols / experts,
+                false => t.rows * t.cols,
+            })
             .max()
             .unwrap_or(0)
     }
@@ -363,13 +404,18 @@ impl Layout {
     ) -> usize {
         let s = &self.shape;
         let kv_dim = self.kv_dim();
-        let widest = s.n_embd.max(s.n_ff).max(s.n_heads * s.head_dim);
+        let widest = s.widest();
         // x, proj, xb, q, attn; k, v; gate, up; scores; logit rows; the GEMM tile; two RoPE
         // tables (global and window layers), cos and sin; positions, table rows, outputs
-        // and the block tables (i32); then the quantized activations
+        // and the block tables (i32); a mixture's router logits, token rows and weights,
+        // expert inputs and outputs; then the quantized activations
+        let moe = s.moe.map_or(4, |m| {
+            batch * (m.n_expert + 2 * m.n_expert_used + 2 * s.n_embd)
+        });
         let scratch = batch * (2 * s.n_embd + widest + 2 * s.n_heads * s.head_dim)
             + batch * 2 * kv_dim
-            + batch * 2 * s.n_ff
+            + batch * 2 * s.ff_width()
+            + moe
             + batch * s.n_heads * ctx
             + outputs * s.vocab
             + self.max_weight_elements()

@@ -215,7 +215,7 @@ impl<V: Vram> Streamer<V> {
         let overhead = layout.overhead_bytes_with(ctx, max_tokens, max_outputs, &kv_spec);
         let plan = layout.plan_with(overhead, opts.vram_budget as usize)?;
         let (q_dim, kv_dim) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
-        let widest = s.n_embd.max(s.n_ff).max(q_dim);
+        let widest = s.widest();
 
         let mut slot_addr = Vec::new();
         if plan.slot_bytes > 0 {
@@ -248,11 +248,15 @@ impl<V: Vram> Streamer<V> {
             v: f32_buf(max_tokens * kv_dim)?,
             attn: f32_buf(max_tokens * q_dim)?,
             att: f32_buf(max_tokens * s.n_heads * ctx)?,
-            gate: f32_buf(max_tokens * s.n_ff)?,
-            up: f32_buf(max_tokens * s.n_ff)?,
+            gate: f32_buf(max_tokens * s.ff_width())?,
+            up: f32_buf(max_tokens * s.ff_width())?,
             logits: f32_buf(max_outputs * s.vocab)?,
             tile: f32_buf(layout.max_weight_elements())?,
             xq: if opts.q8_activations { xq_buf } else { 0 },
+            router: f32_buf(s.moe.map_or(0, |m| max_tokens * m.n_expert))?,
+            moe_rows: f32_buf(s.moe.map_or(0, |m| 2 * max_tokens * m.n_expert_used))?,
+            moe_x: f32_buf(s.moe.map_or(0, |_| max_tokens * s.n_embd))?,
+            moe_y: f32_buf(s.moe.map_or(0, |_| max_tokens * s.n_embd))?,
             gemm_min: opts.gemm_min_tokens.max(1),
             tf32: opts.q8_activations,
         };

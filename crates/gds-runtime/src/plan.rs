@@ -719,12 +719,6 @@ impl Plan {
             if kv_dtype != KvDtype::F32 {
                 return plan_err("--kv-type f16: the CUDA backend's KV cache is f32".into());
             }
-            if model.moe.is_some() {
-                return plan_err(format!(
-                    "the CUDA backend has no mixture-of-experts layers yet ({} model): run it with --backend cpu",
-                    model.arch
-                ));
-            }
         }
         let probe = || match m.layer(0) {
             Ok(l) => gds_io::probe_direct(&dir.join(l.file)),

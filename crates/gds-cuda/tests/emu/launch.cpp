@@ -27,6 +27,7 @@ MATVEC_ENTRY(q8_0)
 MATVEC_ENTRY(q4_k)
 MATVEC_ENTRY(q5_k)
 MATVEC_ENTRY(q6_k)
+MATVEC_ENTRY(mxfp4)
 MATVEC_ENTRY(f16)
 MATVEC_ENTRY(bf16)
 MATVEC_ENTRY(f32)
@@ -70,10 +71,10 @@ extern "C" void run_attention(const float* q, const float* kc, const float* vc, 
                               float* out, int n_heads, int n_kv_heads, int head_dim, int ntok,
                               const int* pos, const int* seq, const int* tables, int max_blocks,
                               int block, int ring, int n_ctx, float scale, int window,
-                              float softcap) {
+                              float softcap, const float* sinks) {
     emu_launch(attention, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, kc, vc, att, out, n_heads,
                n_kv_heads, head_dim, pos, seq, tables, max_blocks, block, ring, n_ctx, scale,
-               window, softcap);
+               window, softcap, sinks);
 }
 
 extern "C" void run_gather_rows(float* dst, const float* src, const int* rows, int n,
@@ -83,6 +84,15 @@ extern "C" void run_gather_rows(float* dst, const float* src, const int* rows, i
 
 extern "C" void run_swiglu(float* gate, const float* up, int n) {
     emu_launch(swiglu, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up, n);
+}
+
+extern "C" void run_swiglu_oai(float* gate, const float* up, int n) {
+    emu_launch(swiglu_oai, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up, n);
+}
+
+extern "C" void run_scatter_add_rows(float* dst, const float* src, const int* rows, int n,
+                                     int nrows) {
+    emu_launch(scatter_add_rows, dim3(nrows), dim3(BLOCK_THREADS), dst, src, rows, n, nrows);
 }
 
 extern "C" void run_add_inplace(float* y, const float* x, int n) {

@@ -69,6 +69,7 @@ const MATVEC_DTYPES: &[(DType, &str)] = &[
     (DType::Q4K, "q4_k"),
     (DType::Q5K, "q5_k"),
     (DType::Q6K, "q6_k"),
+    (DType::MXFP4, "mxfp4"),
     (DType::F16, "f16"),
     (DType::BF16, "bf16"),
     (DType::F32, "f32"),
@@ -317,6 +318,33 @@ fn dequant_kernels_reproduce_gds_kernels_dequantize() {
     }
 }
 
+/// MXFP4 blocks with every scale byte (0 and 1 give ggml's subnormal halves) and every
+/// nibble: the kernel's values are gds-kernels' (gguf-py's) bit for bit.
+#[test]
+fn mxfp4_dequantization_is_exact_for_every_scale_and_nibble() {
+    let nblocks = 256;
+    let mut w = bytes(nblocks * 17, 77);
+    for (e, b) in w.chunks_exact_mut(17).enumerate() {
+        b[0] = e as u8;
+        // every nibble value in the low and high halves
+        for j in 0..16 {
+            b[1 + j] = (j as u8) | (((j as u8 + e as u8) & 15) << 4);
+        }
+    }
+    let want = dequant_ref(DType::MXFP4, &w, nblocks * 32);
+    let mut got = vec![f32::NAN; nblocks * 32];
+    let f = sym::<DequantFn>("run_dequant_mxfp4");
+    // SAFETY: w holds nblocks blocks, got nblocks * 32 f32.
+    unsafe { f(w.as_ptr(), got.as_mut_ptr(), nblocks as i32) };
+    for (j, (g, e)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            e.to_bits(),
+            "element {j}: kernel {g}, gds-kernels {e}"
+        );
+    }
+}
+
 #[test]
 fn f16_decoding_is_exact_for_every_bit_pattern() {
     let all: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
@@ -510,7 +538,20 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
         }
         g
     };
-    for (window, cap) in [(0usize, 0f32), (7, 0.0), (0, 0.5), (40, 0.7), (20, 0.0)] {
+    for (window, cap, with_sinks) in [
+        (0usize, 0f32, false),
+        (7, 0.0, false),
+        (0, 0.5, false),
+        (40, 0.7, false),
+        (20, 0.0, false),
+        (0, 0.0, true),
+        (7, 0.0, true),
+    ] {
+        // gpt-oss's sinks: one logit per query head, some above the scores' range
+        let sinks: Vec<f32> = match with_sinks {
+            true => values(n_heads, 61).iter().map(|v| v * 4.0).collect(),
+            false => Vec::new(),
+        };
         for (name, geo) in geos(window) {
             // logical keys and values of every position of each sequence
             let k: Vec<Vec<f32>> = (0..2).map(|s| values(n_ctx * kvs, 31 + s)).collect();
@@ -588,6 +629,11 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                     scale,
                     window as i32,
                     cap,
+                    if with_sinks {
+                        sinks.as_ptr()
+                    } else {
+                        std::ptr::null()
+                    },
                 )
             };
             for (t, &(s, pos)) in toks.iter().enumerate() {
@@ -616,9 +662,10 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                             }
                         })
                         .collect();
-                    let mx = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let sink = sinks.get(h).map(|&v| v as f64);
+                    let mx = scores.iter().cloned().chain(sink).fold(f64::MIN, f64::max);
                     let e: Vec<f64> = scores.iter().map(|x| (x - mx).exp()).collect();
-                    let sum: f64 = e.iter().sum();
+                    let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |v| (v - mx).exp());
                     for d in 0..hd {
                         let want: f64 = (first..n_pos)
                             .map(|p| e[p - first] / sum * v[s][p * kvs + kvh * hd + d] as f64)
@@ -626,7 +673,7 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                         let got = out[(t * n_heads + h) * hd + d] as f64;
                         assert!(
                             (got - want).abs() < 1e-5,
-                            "{name}: window {window} cap {cap} token {t} (seq {s} pos {pos}) h {h} d {d}: {got} vs {want}"
+                            "{name}: window {window} cap {cap} sinks {with_sinks} token {t} (seq {s} pos {pos}) h {h} d {d}: {got} vs {want}"
                         );
                     }
                 }
@@ -699,6 +746,7 @@ fn single_sequence_caches_are_one_block_or_a_one_block_ring() {
                 0.25,
                 window as i32,
                 0.0,
+                std::ptr::null(),
             )
         };
         assert!(
@@ -804,4 +852,52 @@ fn geglu_bias_rows_scale_and_softcap_match_the_cpu_ops() {
     ops::softcap(&mut want, 2.5);
     close("softcap", &x, &want);
     assert!(x.iter().all(|v| v.abs() <= 2.5));
+}
+
+/// gpt-oss's clamped SwiGLU against the CPU runtime's (`gds_runtime::ops::swiglu_oai`), over
+/// values on both sides of its clamps.
+#[test]
+fn clamped_swiglu_matches_the_cpu_op() {
+    let n = 1000usize;
+    let g0 = values(n, 71).iter().map(|v| v * 12.0).collect::<Vec<_>>();
+    let up = values(n, 72).iter().map(|v| v * 12.0).collect::<Vec<_>>();
+    let (mut g, mut want) = (g0.clone(), g0);
+    // SAFETY: both buffers hold n f32.
+    unsafe { sym::<PairFn>("run_swiglu_oai")(g.as_mut_ptr(), up.as_ptr(), n as i32) };
+    gds_runtime::ops::swiglu_oai(&mut want, &up);
+    for (i, (a, b)) in g.iter().zip(&want).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{i}: {a} vs {b}");
+    }
+}
+
+/// An expert's output rows added to its tokens' rows by weight (the rows, then the
+/// weights' bits, in one i32 array); rows not listed are untouched.
+#[test]
+fn scatter_add_rows_adds_each_row_by_its_weight() {
+    let (n, ntok) = (300usize, 9usize);
+    let dst0 = values(ntok * n, 81);
+    let rows = [7i32, 0, 4];
+    let w = [0.25f32, -1.5, 2.0];
+    let src = values(rows.len() * n, 82);
+    let idx: Vec<i32> = rows
+        .iter()
+        .copied()
+        .chain(w.iter().map(|v| v.to_bits() as i32))
+        .collect();
+    let mut dst = dst0.clone();
+    let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, *const i32, i32, i32)>(
+        "run_scatter_add_rows",
+    );
+    // SAFETY: dst holds ntok rows of n, src 3 rows, idx 2 * 3 words; every row index < ntok.
+    unsafe { f(dst.as_mut_ptr(), src.as_ptr(), idx.as_ptr(), n as i32, 3) };
+    for t in 0..ntok {
+        let k = rows.iter().position(|&r| r as usize == t);
+        for i in 0..n {
+            let want = match k {
+                Some(k) => dst0[t * n + i] + w[k] * src[k * n + i],
+                None => dst0[t * n + i],
+            };
+            assert_eq!(dst[t * n + i], want, "token {t} element {i}");
+        }
+    }
 }

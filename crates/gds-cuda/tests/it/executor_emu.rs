@@ -574,6 +574,19 @@ fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
         ("phi3", "tiny-phi3.gguf", "golden.json"),
         ("phi35", "tiny-phi35-hf", "golden.json"),
         ("phi35", "tiny-phi35.gguf", "golden.json"),
+        ("smollm3", "tiny-smollm3-hf", "golden.json"),
+        ("smollm3", "tiny-smollm3.gguf", "golden.json"),
+        // mixtures of experts: routed on the host, experts on their tokens' rows
+        ("qwen3moe", "tiny-qwen3moe-hf", "golden.json"),
+        ("qwen3moe", "tiny-qwen3moe.gguf", "golden.json"),
+        ("mixtral", "tiny-mixtral-hf", "golden.json"),
+        ("mixtral", "tiny-mixtral.gguf", "golden.json"),
+        ("mixtral", "tiny-mixtral-per-expert.gguf", "golden.json"),
+        // attention sinks, biases, clamped SwiGLU, MXFP4 experts
+        ("gptoss", "tiny-gptoss-hf", "golden.json"),
+        ("gptoss", "tiny-gptoss.gguf", "golden.json"),
+        ("gptoss", "tiny-gptoss-mxfp4.gguf", "golden_mxfp4.json"),
+        ("gptoss", "tiny-gptoss-mxfp4-hf", "golden_mxfp4.json"),
     ];
     let mut worst_all = 0f64;
     for &(arch, input, golden) in cases {
@@ -599,6 +612,49 @@ fn every_architecture_runs_on_the_emulated_executor_and_matches_transformers() {
         worst_all = worst_all.max(worst);
     }
     eprintln!("all architectures: max |logit diff| {worst_all:.2e}");
+}
+
+/// A mixture of experts' products on every path the executor has: each expert's tokens
+/// through GEMM on a dequantized tile (`gemm_min_tokens` 1: even one token), through the
+/// matvec kernels only (`usize::MAX`), and the default crossover, in passes of 8, 1, 3 and
+/// 1 tokens (an expert with all of a pass's tokens, with some gathered, with none), at the
+/// smallest VRAM budget: the logits after each pass equal the CPU runtime's (f32
+/// activations) on the same files. Qwen 3's experts (F32, renormalized softmax) and
+/// gpt-oss's (MXFP4, biases, softmax over the top k, sinks).
+#[test]
+fn experts_match_the_cpu_runtime_on_every_product_path() {
+    let tokens: Vec<u32> = (0..13u32).map(|i| (i * 29 + 5) % 97).collect();
+    let chunks: Vec<&[u32]> = vec![&tokens[..8], &tokens[8..9], &tokens[9..12], &tokens[12..]];
+    for input in ["tiny-qwen3moe-hf", "tiny-gptoss-mxfp4.gguf"] {
+        let (_tmp, dir) = gds_tests::converted_fixture(input);
+        let cpu = run_cpu(&dir, &chunks);
+        let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
+        let min_budget = layout.plan(CTX, 8, usize::MAX >> 1).unwrap().min_budget as u64;
+        for gemm_min in [1, gds_cuda::forward::GEMM_MIN_TOKENS, usize::MAX] {
+            let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+            let opts = StreamOptions {
+                gemm_min_tokens: gemm_min,
+                ..options(min_budget, rope, 8)
+            };
+            let mut st =
+                Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
+            let mut logits = vec![0f32; st.layout().shape.vocab];
+            let mut pos = 0;
+            for (i, (c, want)) in chunks.iter().zip(&cpu).enumerate() {
+                st.forward(&mut logits, c, pos).unwrap();
+                pos += c.len();
+                let diff = logits
+                    .iter()
+                    .zip(want)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(
+                    diff < 1e-4,
+                    "{input} gemm_min {gemm_min} pass {i}: max |logit diff| {diff}"
+                );
+                assert_eq!(argmax(&logits), argmax(want), "{input} pass {i}");
+            }
+        }
+    }
 }
 
 /// The runtime's one-sequence GPU path (`gds_runtime::cuda_graph::one_sequence`: what `gdsrun

@@ -408,6 +408,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         rope_neox: false,
         rope_scaling: gds_format::arch::RopeScaling::None,
         windows: vec![0; 2],
+        moe: None,
     };
     let (q_dim, kv_dim) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
     let mut m = Model::default();
@@ -600,6 +601,10 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         tile: buf(&mut store, layout.max_weight_elements()),
         // f32 activations: the reference's arithmetic, compared tightly
         xq: 0,
+        router: 0,
+        moe_rows: 0,
+        moe_x: 0,
+        moe_y: 0,
         gemm_min: gds_cuda::forward::GEMM_MIN_TOKENS,
         tf32: false,
     };

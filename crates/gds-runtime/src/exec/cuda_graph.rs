@@ -14,7 +14,7 @@
 use crate::batch::Batch;
 use crate::config::Config;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{self, Arch, Block, Buf, Glu, Ops, WeightSource};
+use crate::graph::{self, Arch, Block, Buf, Experts, Glu, Ops, WeightSource};
 use crate::kv::{KvCache, Tables, NO_BLOCK};
 use crate::model::rope_table_index;
 use gds_cuda::forward::{BlockGraph, Device, Heads, Pass};
@@ -91,6 +91,33 @@ impl WeightSource<TensorMeta, TensorMeta> for LayoutSource<'_> {
             });
         }
         Ok(Some(t))
+    }
+
+    fn experts(&mut self, name: &str, n: usize, rows: usize, cols: usize) -> Result<TensorMeta> {
+        let t = self.matrix(name, n * rows, cols)?;
+        if t.nbytes % n != 0 {
+            return Err(RuntimeError::Tensor {
+                name: name.into(),
+                why: format!("{} bytes do not split into {n} experts", t.nbytes),
+            });
+        }
+        Ok(t)
+    }
+
+    fn expert_vectors(&mut self, name: &str, n: usize, len: usize) -> Result<Option<TensorMeta>> {
+        self.vector(name, n * len)
+    }
+}
+
+/// Expert `x` of `n` stacked in `t` (loaded by [`WeightSource::experts`], so its rows and
+/// bytes split evenly): its rows as a matrix of their own.
+fn expert(t: &TensorMeta, n: usize, x: usize) -> TensorMeta {
+    let nbytes = t.nbytes / n;
+    TensorMeta {
+        offset: t.offset + x * nbytes,
+        nbytes,
+        rows: t.rows / n,
+        ..*t
     }
 }
 
@@ -298,12 +325,10 @@ impl Ops for CudaOps<'_, '_> {
     }
 
     fn attention(&mut self, layer: usize, sinks: Option<&TensorMeta>) -> Result<()> {
-        if sinks.is_some() {
-            // the plan keeps such models off the GPU (gpt-oss has experts too)
-            return Err(RuntimeError::Internal(
-                "the CUDA backend has no attention sinks".into(),
-            ));
-        }
+        let sinks = match sinks {
+            Some(t) => self.addr(t)?,
+            None => 0,
+        };
         let c = &self.g.config;
         let s = self.pass.s;
         let (kc, vc) = self.pass.kv[layer];
@@ -326,32 +351,109 @@ impl Ops for CudaOps<'_, '_> {
             .kv_store(s.k, s.v, kc, vc, c.kv_dim() as i32, nt, &pages);
         self.run(r)?;
         let r = self.dev.attention(
-            s.q, kc, vc, s.att, s.attn, heads, nt, ctx, &pages, window, cap,
+            s.q, kc, vc, s.att, s.attn, heads, nt, ctx, &pages, window, cap, sinks,
         );
         self.run(r)
     }
 
     fn glu(&mut self, act: Glu) -> Result<()> {
-        let (g, u, n) = (
-            self.pass.s.gate,
-            self.pass.s.up,
-            (self.ntok * self.g.config.n_ff) as i32,
-        );
-        let r = match act {
-            Glu::Silu => self.dev.swiglu(g, u, n),
-            Glu::GeluTanh => self.dev.geglu(g, u, n),
-            Glu::SwigluOai => {
-                return Err(RuntimeError::Internal(
-                    "the CUDA backend has no clamped SwiGLU (gpt-oss)".into(),
-                ))
-            }
-        };
-        self.run(r)
+        self.glu_rows(act, self.ntok * self.g.config.n_ff)
     }
 
     fn add(&mut self, y: Buf, x: Buf) -> Result<()> {
         let ((ya, n), (xa, _)) = (self.buf(y), self.buf(x));
         let r = self.dev.add(ya, xa, (self.ntok * n) as i32);
+        self.run(r)
+    }
+
+    /// The router's logits come to the host, which picks each token's experts
+    /// ([`graph::route`], as on the CPU) and sends back, in one copy, each chosen expert's
+    /// tokens and weights; each expert then runs on its tokens' rows of `Xb` (gathered
+    /// unless it has them all), its output added to `Proj` by weight.
+    fn moe(&mut self, e: &Experts<TensorMeta, TensorMeta>, act: Glu) -> Result<()> {
+        let (nt, d, ff, n) = (self.ntok, self.g.config.n_embd, e.n_ff, e.n);
+        let s = self.pass.s;
+        let r = self
+            .pass
+            .linears(self.dev, s.xb, &[(s.router, &e.router)], nt);
+        self.run(r)?;
+        if let Some(b) = &e.router_bias {
+            let ba = self.addr(b)?;
+            let r = self.dev.add_rows(s.router, ba, n as i32, nt as i32);
+            self.run(r)?;
+        }
+        let mut logits = vec![0f32; nt * n];
+        let r = self.dev.download(s.router, &mut logits);
+        self.run(r)?;
+        let by_expert = graph::route(&mut logits, n, e.used, e.gating);
+        // per chosen expert: its tokens (i32 rows), then their weights (f32 bits)
+        let mut words: Vec<u32> = Vec::with_capacity(2 * nt * e.used);
+        let mut chosen = Vec::new();
+        for (x, tokens) in by_expert.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+            chosen.push((x, words.len(), tokens.len()));
+            words.extend(tokens.iter().map(|&(t, _)| t as u32));
+            words.extend(tokens.iter().map(|&(_, w)| w.to_bits()));
+        }
+        let r = self.dev.upload_words(s.moe_rows, &words);
+        self.run(r)?;
+        let r = self.dev.zero(s.proj, nt * d * 4);
+        self.run(r)?;
+        let biases = match &e.biases {
+            Some([g, u, dn]) => Some([self.addr(g)?, self.addr(u)?, self.addr(dn)?]),
+            None => None,
+        };
+        for (x, at, k) in chosen {
+            let rows = s.moe_rows + at as u64 * 4;
+            // the tokens are listed in order: all of them are Xb as it is
+            let input = if k == nt {
+                s.xb
+            } else {
+                let r = self
+                    .dev
+                    .gather_rows(s.moe_x, s.xb, rows, d as i32, k as i32);
+                self.run(r)?;
+                s.moe_x
+            };
+            let (gate, up) = (expert(&e.gate, n, x), expert(&e.up, n, x));
+            let r = self
+                .pass
+                .linears(self.dev, input, &[(s.gate, &gate), (s.up, &up)], k);
+            self.run(r)?;
+            if let Some([bg, bu, _]) = biases {
+                let off = (x * ff * 4) as u64;
+                let r = self.dev.add_rows(s.gate, bg + off, ff as i32, k as i32);
+                self.run(r)?;
+                let r = self.dev.add_rows(s.up, bu + off, ff as i32, k as i32);
+                self.run(r)?;
+            }
+            self.glu_rows(act, k * ff)?;
+            let down = expert(&e.down, n, x);
+            let r = self.pass.linears(self.dev, s.gate, &[(s.moe_y, &down)], k);
+            self.run(r)?;
+            if let Some([_, _, bd]) = biases {
+                let r = self
+                    .dev
+                    .add_rows(s.moe_y, bd + (x * d * 4) as u64, d as i32, k as i32);
+                self.run(r)?;
+            }
+            let r = self
+                .dev
+                .scatter_add_rows(s.proj, s.moe_y, rows, d as i32, k as i32);
+            self.run(r)?;
+        }
+        Ok(())
+    }
+}
+
+impl CudaOps<'_, '_> {
+    /// `Gate = act(Gate) · Up` over the first `n` floats.
+    fn glu_rows(&mut self, act: Glu, n: usize) -> Result<()> {
+        let (g, u, n) = (self.pass.s.gate, self.pass.s.up, n as i32);
+        let r = match act {
+            Glu::Silu => self.dev.swiglu(g, u, n),
+            Glu::GeluTanh => self.dev.geglu(g, u, n),
+            Glu::SwigluOai => self.dev.swiglu_oai(g, u, n),
+        };
         self.run(r)
     }
 }

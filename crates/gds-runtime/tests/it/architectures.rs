@@ -244,15 +244,16 @@ fn architectures_without_a_graph_are_refused_by_name() {
     );
 }
 
-/// The CUDA executor has no experts: a qwen3moe model on a (described) usable GPU is refused
-/// by name with `--backend cuda`, and `auto` runs it on the CPU saying why.
+/// Mixtures of experts run on the CUDA executor (crates/gds-cuda/tests/it/executor_emu.rs
+/// runs them there on the emulated kernels): on a (described) usable GPU, `auto` picks it
+/// for Qwen 3's experts and for gpt-oss's MXFP4 ones, and `--backend cuda` plans them; the
+/// VRAM plan counts the experts' scratch (router logits, token rows) and sizes the GEMM tile
+/// by one expert, not by the stacked tensor.
 #[test]
-fn mixture_of_experts_stays_on_the_cpu_with_the_reason() {
+fn mixtures_of_experts_plan_on_the_gpu() {
     use gds_runtime::backend::{Backend, BackendChoice};
     use gds_runtime::{Plan, PlanOptions};
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("m.gds");
-    convert(&fixture("tiny-qwen3moe.gguf"), &out);
     let gpu = || BackendChoice {
         name: Backend::Cuda,
         reason: "auto: usable GPU found (Test GPU)".into(),
@@ -263,22 +264,32 @@ fn mixture_of_experts_stays_on_the_cpu_with_the_reason() {
             cufile_compat: false,
         }),
     };
-    let opts = |backend: &str| PlanOptions {
-        model_dir: out.clone(),
-        backend: Some(backend.into()),
-        ..Default::default()
-    };
-    let p = Plan::build_for(&opts("auto"), gpu()).unwrap();
-    assert_eq!(p.backend, Backend::Cpu);
-    assert!(
-        p.backend_reason.contains("Test GPU") && p.backend_reason.contains("mixture-of-experts"),
-        "{}",
-        p.backend_reason
-    );
-    let e = Plan::build_for(&opts("cuda"), gpu())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("qwen3moe") && e.contains("--backend cpu"), "{e}");
+    for input in ["tiny-qwen3moe.gguf", "tiny-gptoss-mxfp4.gguf"] {
+        let out = tmp.path().join(format!("{input}.gds"));
+        convert(&fixture(input), &out);
+        let opts = |backend: &str| PlanOptions {
+            model_dir: out.clone(),
+            backend: Some(backend.into()),
+            ..Default::default()
+        };
+        let p = Plan::build_for(&opts("auto"), gpu()).unwrap();
+        assert_eq!(p.backend, Backend::Cuda, "{input}: {}", p.backend_reason);
+        let p = Plan::build_for(&opts("cuda"), gpu()).unwrap();
+        assert_eq!(p.backend, Backend::Cuda, "{input}");
+        let layout = gds_cuda::plan::Layout::read(&out).unwrap();
+        let moe = layout.shape.moe.expect("a mixture of experts");
+        // the tile: the largest of the plain tensors and of one expert's matrices
+        let want = layout
+            .tensors
+            .iter()
+            .map(|(name, t)| match name.contains("_exps.") {
+                true => t.rows / moe.n_expert * t.cols,
+                false => t.rows * t.cols,
+            })
+            .max()
+            .unwrap();
+        assert_eq!(layout.max_weight_elements(), want, "{input}");
+    }
 }
 
 /// The experts' keys are range-checked where every key is (SPEC.md §3.4): a manifest re-sealed

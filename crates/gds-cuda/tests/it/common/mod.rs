@@ -77,6 +77,7 @@ pub type AttnFn = unsafe extern "C" fn(
     f32,
     i32,
     f32,
+    *const f32,
 );
 
 /// `run_kv_store`: k, v, kc, vc, kv_dim, ntok, pos, seq, tables, max_blocks, block, ring.
@@ -276,6 +277,7 @@ impl Device for Emu {
         pages: &KvPages,
         window: i32,
         softcap: f32,
+        sinks: u64,
     ) -> Result<(), GpuError> {
         let f = sym::<AttnFn>("run_attention");
         // SAFETY: as above.
@@ -300,6 +302,7 @@ impl Device for Emu {
                 heads.scale,
                 window,
                 softcap,
+                p(sinks),
             )
         };
         Ok(())
@@ -322,6 +325,26 @@ impl Device for Emu {
     fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
         // SAFETY: as above.
         unsafe { sym::<PairFn>("run_swiglu")(p(gate), p(up), n) };
+        Ok(())
+    }
+    fn swiglu_oai(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        // SAFETY: as above.
+        unsafe { sym::<PairFn>("run_swiglu_oai")(p(gate), p(up), n) };
+        Ok(())
+    }
+    fn scatter_add_rows(
+        &mut self,
+        dst: u64,
+        src: u64,
+        rows: u64,
+        n: i32,
+        nrows: i32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, *const i32, i32, i32)>(
+            "run_scatter_add_rows",
+        );
+        // SAFETY: as above.
+        unsafe { f(p(dst), p(src), p(rows), n, nrows) };
         Ok(())
     }
     fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
@@ -353,6 +376,21 @@ impl Device for Emu {
     fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
         // SAFETY: distinct host buffers of at least `bytes` bytes.
         unsafe { std::ptr::copy_nonoverlapping(p::<u8>(src), p::<u8>(dst), bytes) };
+        Ok(())
+    }
+    fn zero(&mut self, dst: u64, bytes: usize) -> Result<(), GpuError> {
+        // SAFETY: a host buffer of at least `bytes` bytes.
+        unsafe { std::ptr::write_bytes(p::<u8>(dst), 0, bytes) };
+        Ok(())
+    }
+    fn download(&mut self, src: u64, dst: &mut [f32]) -> Result<(), GpuError> {
+        // SAFETY: a host buffer of at least `dst.len()` floats, not `dst`.
+        unsafe { std::ptr::copy_nonoverlapping(p::<f32>(src), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+    fn upload_words(&mut self, dst: u64, src: &[u32]) -> Result<(), GpuError> {
+        // SAFETY: a host buffer with room for `src`, not `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p::<u32>(dst), src.len()) };
         Ok(())
     }
     fn gemm(
