@@ -856,8 +856,10 @@ fn speculative_passes_give_the_plain_greedy_tokens_and_logits() {
 /// first's block and its pass starts at position 4), blocks of 4 positions handed out in a
 /// scrambled order — and every logit row equals the single-sequence executor's at that
 /// position for the same tokens. On Gemma 3 the window blocks read a table of their own
-/// whose entries behind the window are released ([`NO_BLOCK`]: never read). At the smallest
-/// VRAM budget the streamed blocks are read once per pass, not once per sequence.
+/// whose entries behind the window are released ([`NO_BLOCK`]: never read); gpt-oss (window
+/// blocks too, sinks, MXFP4 experts) and Qwen 3's experts route each pass's tokens of all
+/// three sequences together. At the smallest VRAM budget the streamed blocks are read once
+/// per pass, not once per sequence.
 #[test]
 fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
     use gds_cuda::plan::{KvGeo, KvSpec};
@@ -865,8 +867,13 @@ fn several_sequences_in_one_paged_pass_match_each_sequence_alone() {
     const BLOCK: usize = 4;
     let per_seq = CTX / BLOCK;
     // Gemma 3: window and global blocks, two RoPE tables, two block tables (llama's plain
-    // cache runs in the_servers_batches_… below)
-    for input in ["tiny-gemma3-hf"] {
+    // cache runs in the_servers_batches_… below); gpt-oss and Qwen 3's experts: the
+    // sequences' tokens routed to different experts within one pass
+    for input in [
+        "tiny-gemma3-hf",
+        "tiny-gptoss-mxfp4.gguf",
+        "tiny-qwen3moe-hf",
+    ] {
         let (_tmp, dir) = gds_tests::converted_fixture(input);
         let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
         let windows = layout.shape.windows.clone();
