@@ -29,11 +29,15 @@ pub enum QuantTarget {
     /// Float matrices to a mix of K-quants chosen per tensor as llama.cpp does; 1-D tensors
     /// to F32.
     Mix(QuantMix),
+    /// llama-quantize's `MXFP4_MOE`: a mixture's stacked expert matrices (more than one
+    /// expert) to MXFP4, every other matrix (embedding and head included) to Q8_0; 1-D
+    /// tensors to F32. gpt-oss's published precision.
+    Mxfp4Moe,
 }
 
 /// The names `--quant` accepts, for its error message and help.
 pub const QUANT_NAMES: &str =
-    "keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q3_k, q4_k, q5_k, q6_k, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s or q5_k_m";
+    "keep, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q3_k, q4_k, q5_k, q6_k, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m or mxfp4_moe";
 
 impl FromStr for QuantTarget {
     type Err = String;
@@ -41,6 +45,9 @@ impl FromStr for QuantTarget {
         let lower = s.to_ascii_lowercase();
         if lower == "keep" {
             return Ok(QuantTarget::Keep);
+        }
+        if lower == "mxfp4_moe" {
+            return Ok(QuantTarget::Mxfp4Moe);
         }
         if let Some(m) = QuantMix::ALL.iter().find(|m| m.name() == lower) {
             return Ok(QuantTarget::Mix(*m));
@@ -71,13 +78,14 @@ impl std::fmt::Display for QuantTarget {
             QuantTarget::Keep => f.write_str("keep"),
             QuantTarget::To(d) => write!(f, "{d}"),
             QuantTarget::Mix(m) => f.write_str(m.name()),
+            QuantTarget::Mxfp4Moe => f.write_str("mxfp4_moe"),
         }
     }
 }
 
 /// The types `--quant-override` accepts, for its error message and help.
 pub const OVERRIDE_TYPES: &str =
-    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k or q6_k";
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k or mxfp4";
 
 /// One `--quant-override REGEX=TYPE` (llama-quantize's `--tensor-type`): the matrices whose
 /// name the regex matches get TYPE instead of what `--quant` chose for them.
@@ -138,9 +146,12 @@ impl QuantOverride {
 }
 
 fn override_type(d: DType) -> bool {
-    // the float types, Q8_0 and every type with a weighted quantizer (Q4_0..Q5_1, Q2_K..Q6_K)
-    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0)
-        || gds_kernels::takes_importance(d)
+    // the float types, Q8_0, MXFP4 and every type with a weighted quantizer (Q4_0..Q5_1,
+    // Q2_K..Q6_K)
+    matches!(
+        d,
+        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::MXFP4
+    ) || gds_kernels::takes_importance(d)
 }
 
 impl FromStr for QuantOverride {
@@ -659,6 +670,11 @@ impl<'a> Planner<'a> {
             (None, QuantTarget::Mix(m)) => {
                 mix_dtype_at(m, &t.name, cols, ctx, self.skipped_before(&t.name))
             }
+            // llama-quantize's rule: `ne[2] > 1`, a stack of more than one expert
+            (None, QuantTarget::Mxfp4Moe) => match t.shape.len() >= 3 && t.shape[0] > 1 {
+                true => DType::MXFP4,
+                false => DType::Q8_0,
+            },
         };
         if t.dtype.is_quantized() && !opts.requantize {
             return keep(t.dtype);
