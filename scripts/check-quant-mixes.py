@@ -68,14 +68,16 @@ E, F, V = 256, 512, 512
 
 def make_gguf(path: pathlib.Path, n_layer: int, tied: bool, kv_heads: int = 2,
               embd: int | None = None, arch: str = "llama", heads: int | None = None,
-              ff: int | None = None) -> None:
+              ff: int | None = None, experts: int = 0) -> None:
     """A random llama: 2 query heads over `kv_heads` = 2 KV heads (no GQA), or 8 query heads
     of 32 over fewer KV heads (the Q2_K mix's rule for 4 or more query heads per KV head);
     `heads` KV heads of 32 when given (8 = 8: no GQA, llama.cpp's 65B at 80 layers). `embd`
     (576, SmolLM2's) makes rows that are not whole 256-blocks: llama.cpp's fallback types; its
     FFN is 3 x embd (whole 256-blocks for ffn_down), else `ff` or F. `arch` qwen2 writes the
     same tensors as a qwen2 GGUF (llama.cpp keeps its Q/K rows unpermuted; gdsconv permutes
-    them as for a Hugging Face input, see `compare`)."""
+    them as for a Hugging Face input, see `compare`). `experts` > 0: a Mixtral-like mixture
+    (llama with `llama.expert_count`), its FFN a router and stacked experts of `ff` or F, two
+    used a token."""
     E = embd or globals()["E"]
     F = 3 * embd if embd else ff or globals()["F"]
     n_head = heads or (2 if kv_heads == 2 else 8)
@@ -91,7 +93,10 @@ def make_gguf(path: pathlib.Path, n_layer: int, tied: bool, kv_heads: int = 2,
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(V)])
     w.add_token_types([1] * V)
-    rng = np.random.default_rng(n_layer * 2 + tied + 100 * (kv_heads != 2) + (embd or 0))
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(2)
+    rng = np.random.default_rng(n_layer * 2 + tied + 100 * (kv_heads != 2) + (embd or 0) + 1000 * experts)
     kv = kv_heads * (E // n_head)
 
     def mat(name: str, rows: int, cols: int) -> None:
@@ -104,10 +109,15 @@ def make_gguf(path: pathlib.Path, n_layer: int, tied: bool, kv_heads: int = 2,
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(E, np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(E, np.float32))
+        ffn = [("ffn_gate", F, E), ("ffn_up", F, E), ("ffn_down", E, F)]
         for name, rows, cols in [("attn_q", E, E), ("attn_k", kv, E), ("attn_v", kv, E),
-                                 ("attn_output", E, E), ("ffn_gate", F, E), ("ffn_up", F, E),
-                                 ("ffn_down", E, F)]:
+                                 ("attn_output", E, E)] + ([] if experts else ffn):
             mat(f"blk.{i}.{name}.weight", rows, cols)
+        if experts:
+            mat(f"blk.{i}.ffn_gate_inp.weight", experts, E)
+            for name, rows, cols in ffn:
+                w.add_tensor(f"blk.{i}.{name}_exps.weight",
+                             (rng.standard_normal((experts, rows, cols)) * 0.02).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -236,6 +246,8 @@ def main() -> int:
                     help="also the --quant-override runs (llama-quantize --tensor-type)")
     ap.add_argument("--only-override", action="store_true",
                     help="only the --quant-override runs (and the files they need)")
+    ap.add_argument("--only-moe", action="store_true",
+                    help="only the mixtures of experts' runs")
     ap.add_argument("--real", nargs=2, metavar=("MODEL", "IMATRIX"),
                     help="also a real GGUF model with an imatrix llama-imatrix made for it")
     a = ap.parse_args()
@@ -245,6 +257,27 @@ def main() -> int:
     bad = 0
     plain: dict[str, dict[str, bytes]] = {}
     n_runs = 0
+    # mixtures of experts (Mixtral-like llamas): 8 experts take llama.cpp's 8-expert rules
+    # (attn_v and attn_k Q8_0, attn_output Q5_K below the Q5 mixes), 4 do not; every mix, and
+    # MXFP4_MOE (experts MXFP4, the other matrices Q8_0)
+    for n_exp in [8, 4]:
+        src = work / f"l16-x{n_exp}.gguf"
+        make_gguf(src, 16, False, experts=n_exp, ff=256)
+        for mix, flags, quant in MIXES + [("MXFP4_MOE", [], "mxfp4_moe")]:
+            diffs, theirs = compare(a, src, mix, flags, quant, tokenizer, "", None)
+            bad += diffs
+            n_runs += 1
+            if quant == "q4_k_m":
+                # llama-quantize itself applied the 8-expert rule (and only with 8)
+                kv = [t.tensor_type.name for t in
+                      gguf.GGUFReader(str(src.with_name(f"{src.stem}-{quant}.gguf"))).tensors
+                      if t.name.endswith((".attn_k.weight", ".attn_v.weight"))]
+                if all(t == "Q8_0" for t in kv) != (n_exp == 8):
+                    print(f"  llama-quantize's attn_k/attn_v with {n_exp} experts: {sorted(set(kv))}")
+                    bad += 1
+    if a.only_moe:
+        print(f"{n_runs} runs, {bad} differences")
+        return 1 if bad else 0
     for n_layer, tied, kv_heads, embd in [(16, False, 2, None), (32, False, 2, None),
                                           (16, True, 2, None), (16, False, 1, None),
                                           (8, False, 2, 576)]:

@@ -180,9 +180,9 @@ impl std::fmt::Display for QuantOverride {
 
 /// llama.cpp's K-quant mixes (`llama-quantize` file types `Q2_K`, `Q3_K_S`, `Q3_K_M`,
 /// `Q3_K_L`, `Q4_K_S`, `Q4_K_M`, `Q5_K_S`, `Q5_K_M`; its `Q6_K` is `--quant q6_k`: every
-/// matrix Q6_K). Without an importance matrix, for dense (not mixture-of-experts) models.
-/// In a model llama.cpp takes for a 70B ([`llama_cpp_70b`]), attn_v that a mix gives Q3_K
-/// or Q4_K gets Q5_K.
+/// matrix Q6_K), dense models and mixtures of experts alike. In a model llama.cpp takes for
+/// a 70B ([`llama_cpp_70b`]), attn_v that a mix gives Q3_K or Q4_K gets Q5_K; in one with 8
+/// experts, attn_v and attn_k get Q8_0 and attn_output Q5_K (below the Q5 mixes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantMix {
     /// Q2_K; Q3_K for ffn_down and attn_output, attn_v Q3_K (Q4_K when the model has 4 or
@@ -258,6 +258,10 @@ pub struct MixContext {
     /// llama.cpp would load the model as `LLM_TYPE_70B` ([`llama_cpp_70b`]): attn_v that a
     /// mix gives Q3_K or Q4_K gets Q5_K.
     pub type_70b: bool,
+    /// Experts of a mixture's blocks (`model.n_expert`; 0 for a dense model). llama.cpp has
+    /// rules for exactly 8 (Mixtral-8x7B's): attn_v and attn_k Q8_0, attn_output Q5_K under
+    /// the mixes below Q5_K.
+    pub n_expert: u32,
 }
 
 impl MixContext {
@@ -288,6 +292,7 @@ enum Category {
     TokenEmbd,
     /// attn_v, attn_qkv, attn_kv_b (`category_is_attn_v`).
     AttnV,
+    AttnK,
     AttnOutput,
     FfnDown,
     Other,
@@ -353,7 +358,9 @@ fn category(name: &str) -> Category {
         || name.contains("attn_v.weight")
     {
         Category::AttnV
-    } else if name.contains("attn_k.weight") || name.contains("attn_q.weight") {
+    } else if name.contains("attn_k.weight") {
+        Category::AttnK
+    } else if name.contains("attn_q.weight") {
         Category::Other
     } else if name.contains("attn_output.weight") {
         Category::AttnOutput
@@ -373,11 +380,11 @@ fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
 }
 
 /// The dtype `mix` gives the matrix `name` (canonical name) of `cols` columns: llama.cpp's
-/// `llama_tensor_get_type_impl` for these file types, without an importance matrix, for a
-/// dense model (its mixture-of-experts and Falcon rules do not apply: gdsconv converts
-/// neither; its 70B rule does, by `ctx`). The layer of an attn_v or ffn_down tensor is the
-/// number in its name (llama.cpp counts them in file order: the same for a model with one of
-/// each per layer). Rows that are not whole blocks of the result are left to [`Planner`]'s
+/// `llama_tensor_get_type_impl` for these file types (its Falcon rules aside: gdsconv does
+/// not convert Falcon; its 70B and 8-expert rules by `ctx`). The layer of an attn_v or
+/// ffn_down tensor is the number in its name (llama.cpp counts them in file order: the same
+/// for a model with one of each per layer; for a mixture's `ffn_down_exps` it parses the
+/// name too). Rows that are not whole blocks of the result are left to [`Planner`]'s
 /// rule (llama.cpp's fallback types).
 pub fn mix_dtype(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext) -> DType {
     mix_dtype_at(mix, name, cols, ctx, 0)
@@ -416,13 +423,17 @@ fn mix_dtype_at(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext, skipped:
                 _ => base,
             };
             // llama.cpp's 70B rule, after the mix's (Llama 2/3 70B: eight query heads share
-            // each KV head, so attn_v is an eighth of attn_q and more bits cost little)
-            if ctx.type_70b && matches!(d, DType::Q3K | DType::Q4K) {
+            // each KV head, so attn_v is an eighth of attn_q and more bits cost little), then
+            // its 8-expert rule ("bumping this to Q8_0 trades just ~128MB")
+            if ctx.n_expert == 8 {
+                DType::Q8_0
+            } else if ctx.type_70b && matches!(d, DType::Q3K | DType::Q4K) {
                 DType::Q5K
             } else {
                 d
             }
         }
+        Category::AttnK if ctx.n_expert == 8 => DType::Q8_0,
         Category::FfnDown => match mix {
             Q2K => DType::Q3K,
             Q3KM if layer < n / 16 => DType::Q5K,
@@ -430,6 +441,10 @@ fn mix_dtype_at(mix: QuantMix, name: &str, cols: u64, ctx: &MixContext, skipped:
             Q3KL => DType::Q5K,
             Q4KM | Q5KM if use_more_bits(layer, n) => DType::Q6K,
             Q4KS if layer < n / 8 => DType::Q5K,
+            _ => base,
+        },
+        Category::AttnOutput if ctx.n_expert == 8 => match mix {
+            Q2K | Q3KS | Q3KM | Q4KS | Q4KM => DType::Q5K,
             _ => base,
         },
         Category::AttnOutput => match mix {
@@ -1467,6 +1482,10 @@ pub fn convert(
     let mut mix_ctx = MixContext::of(source.tensors.iter().map(|t| t.name.as_str()));
     mix_ctx.n_gqa = n_gqa(&source.metadata);
     mix_ctx.type_70b = llama_cpp_70b(&source.metadata);
+    mix_ctx.n_expert = match source.metadata.get("model.n_expert") {
+        Some(MetaValue::U64(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
+        _ => 0,
+    };
     let planner = Planner::new(opts, mix_ctx, &source.tensors);
     let mut decided = Vec::new();
     let plans: Vec<(Group, Vec<(&SourceTensor, DType)>)> = groups
@@ -1734,6 +1753,7 @@ mod tests {
                         tied,
                         n_gqa: 0,
                         type_70b: false,
+                        n_expert: 0,
                     }
                 );
                 for gqa in [1, 4] {
@@ -1951,6 +1971,47 @@ mod tests {
         let planner = Planner::new(&opts, ctx, []);
         assert_eq!(planner.dtype(&t(8192)), DType::Q5K);
         assert_eq!(planner.dtype(&t(576)), DType::Q5_1);
+    }
+
+    /// llama.cpp's 8-expert rules (Mixtral-8x7B): attn_v and attn_k Q8_0 under every mix,
+    /// attn_output Q5_K under the mixes below Q5 but q3_k_l, which keeps its base; the
+    /// experts follow the dense rules (ffn_down_exps by its layer's `use_more_bits`). Other
+    /// expert counts get the dense rules. (`scripts/check-quant-mixes.py --only-moe`
+    /// compares whole conversions with llama-quantize: 0 of 18 runs differ.)
+    #[test]
+    fn eight_experts_get_llama_cpps_8_expert_rules() {
+        let ctx = |n_expert| MixContext {
+            n_layer: 32,
+            n_attn_v: 32,
+            n_expert,
+            ..MixContext::default()
+        };
+        for mix in QuantMix::ALL {
+            let at = |name: &str, n| mix_dtype(mix, name, 4096, &ctx(n));
+            assert_eq!(at("blk.5.attn_v.weight", 8), DType::Q8_0, "{mix:?}");
+            assert_eq!(at("blk.5.attn_k.weight", 8), DType::Q8_0, "{mix:?}");
+            assert_eq!(at("blk.5.attn_q.weight", 8), mix.base(), "{mix:?}");
+            let out = match mix {
+                QuantMix::Q3KL | QuantMix::Q5KS | QuantMix::Q5KM => mix.base(),
+                _ => DType::Q5K,
+            };
+            assert_eq!(at("blk.5.attn_output.weight", 8), out, "{mix:?}");
+            for (name, n) in [("attn_v", 4), ("attn_k", 4), ("attn_output", 128)] {
+                let name = format!("blk.5.{name}.weight");
+                assert_eq!(
+                    at(&name, n),
+                    at(&name, 0),
+                    "{mix:?} {name} with {n} experts"
+                );
+            }
+            for l in [0, 5, 31] {
+                assert_eq!(
+                    at(&format!("blk.{l}.ffn_down_exps.weight"), 8),
+                    at(&format!("blk.{l}.ffn_down.weight"), 0),
+                    "{mix:?} layer {l}"
+                );
+            }
+        }
     }
 
     #[test]

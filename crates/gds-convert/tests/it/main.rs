@@ -2,6 +2,6 @@
 //! instead of one per file).
 
 mod gguf_source;
-mod quant_mxfp4;
+mod quant_moe;
 mod safetensors_source;
 mod tokenizer_golden;
