@@ -25,12 +25,18 @@ fn tensors_of(dir: &Path) -> BTreeMap<String, (DType, Vec<u8>)> {
     out
 }
 
-fn convert(input: &Path, out: &Path, quant: QuantTarget) {
+/// `gdsconv convert INPUT OUT --quant QUANT [--quant-override O]...`.
+fn convert_with(input: &Path, out: &Path, quant: QuantTarget, overrides: &[&str]) {
     let opts = ConvertOptions {
         quant,
+        overrides: overrides.iter().map(|o| o.parse().unwrap()).collect(),
         ..ConvertOptions::default()
     };
     gds_convert::convert(input, out, &opts, &NoProgress).unwrap();
+}
+
+fn convert(input: &Path, out: &Path, quant: QuantTarget) {
+    convert_with(input, out, quant, &[]);
 }
 
 /// From the float GGUF and from the Hugging Face directory it was converted from, every
@@ -53,18 +59,12 @@ fn mxfp4_moe_writes_what_llama_quantize_writes() {
     assert_eq!((n_mxfp4, n_q8), (12, 18));
     // the same as `--quant q8_0 --quant-override _exps=mxfp4`
     let overridden = tmp.path().join("overridden");
-    let opts = ConvertOptions {
-        quant: QuantTarget::To(DType::Q8_0),
-        overrides: vec!["_EXPS=MXFP4".parse().unwrap()],
-        ..ConvertOptions::default()
-    };
-    gds_convert::convert(
+    convert_with(
         &fixtures().join("tiny-gptoss.gguf"),
         &overridden,
-        &opts,
-        &NoProgress,
-    )
-    .unwrap();
+        QuantTarget::To(DType::Q8_0),
+        &["_EXPS=MXFP4"],
+    );
     for (input, out) in [
         ("tiny-gptoss.gguf", None),
         ("tiny-gptoss-hf", None),
