@@ -466,6 +466,7 @@ impl Device for Gpu {
         b: u64,
         c: u64,
         (m, n, k): (i32, i32, i32),
+        ldc: i32,
         tf32: bool,
     ) -> Result<bool, GpuError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
@@ -483,8 +484,8 @@ impl Device for Gpu {
                 .map_err(cuda("cuBLAS math mode"))?;
             self.tf32 = Some(tf32);
         }
-        // SAFETY: the handle is bound to the compute stream; a, b and c are device buffers
-        // of k×m, k×n and m×n floats (forward::Pass::linear).
+        // SAFETY: the handle is bound to the compute stream; a and b are device buffers of
+        // k×m and k×n floats, c holds n columns of ldc ≥ m floats (forward::Pass::linears).
         unsafe {
             cudarc::cublas::result::sgemm(
                 *self.blas.handle(),
@@ -500,7 +501,7 @@ impl Device for Gpu {
                 k,
                 &beta,
                 c as *mut f32,
-                m,
+                ldc,
             )
         }
         .map_err(cuda("cuBLAS SGEMM"))?;

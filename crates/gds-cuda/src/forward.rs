@@ -24,6 +24,11 @@ use crate::GpuError;
 /// (an H100's batched decode at 16 tokens was GEMM-bound, 2026-11-27).
 pub const GEMM_MIN_TOKENS: usize = 8;
 
+/// Most f32 elements of the GEMM prefill's dequantization tile (128 MiB): a larger matrix is
+/// dequantized and multiplied a run of rows at a time ([`Pass::linears`]), so the tile is not
+/// the size of the largest weight (a Llama 3 8B head, 128k × 4096, would need 2 GiB).
+pub const TILE_MAX_ELEMENTS: usize = 32 << 20;
+
 /// The kernels of `kernels/*.cu` plus a copy and an optional GEMM. Dimensions are `i32`
 /// because that is what the kernels take.
 #[allow(clippy::too_many_arguments)]
@@ -158,15 +163,17 @@ pub trait Device {
     /// was there and before those after it (a mixture of experts' token rows and weights).
     fn upload_words(&mut self, dst: u64, src: &[u32]) -> Result<(), GpuError>;
     /// Column-major SGEMM `C[m×n] = op(A)·B` (`mnk` = `(m, n, k)`) with `op(A) = Aᵀ` (A is
-    /// `k×m`, lda = k), B `k×n` (ldb = k), C ldc = m; with `tf32` the device may round A and
-    /// B to TF32 (10-bit mantissas) for tensor cores, accumulating in f32. `false` when the
-    /// device has no GEMM (the caller falls back).
+    /// `k×m`, lda = k), B `k×n` (ldb = k), C with leading dimension `ldc` ≥ m (column j at
+    /// `c + j·ldc` floats: a run of rows of a wider output); with `tf32` the device may round
+    /// A and B to TF32 (10-bit mantissas) for tensor cores, accumulating in f32. `false` when
+    /// the device has no GEMM (the caller falls back).
     fn gemm(
         &mut self,
         a: u64,
         b: u64,
         c: u64,
         mnk: (i32, i32, i32),
+        ldc: i32,
         tf32: bool,
     ) -> Result<bool, GpuError>;
 }
@@ -212,7 +219,7 @@ pub struct KvPages {
 /// `attn` `max_tokens × q_dim`; `k`, `v` `max_tokens × kv_dim`; `att`
 /// `max_tokens × n_heads × ctx`; `gate`, `up` `max_tokens × n_ff`; `logits`
 /// `logit_rows × vocab`; `tile`
-/// the largest weight's elements (one expert's of a mixture's stacked experts); `xq`
+/// `tile_elements` ([`Layout::tile_elements`](crate::plan::Layout::tile_elements)); `xq`
 /// `max_tokens × max(n_embd, n_ff, q_dim) / 32` blocks
 /// of [`Q8A_BYTES`](crate::kernels::Q8A_BYTES). A mixture of experts widens `xb`, `gate`,
 /// `up` and `xq` to its experts' width where larger, and has `router`
@@ -244,6 +251,9 @@ pub struct Scratch {
     pub logits: u64,
     /// Dequantized weight tile for GEMM prefill.
     pub tile: u64,
+    /// Its size in f32 elements: at least one row of the widest weight
+    /// ([`Layout::tile_elements`](crate::plan::Layout::tile_elements)).
+    pub tile_elements: usize,
     /// A matrix product's input quantized to 8 bits, for the int8 kernels; 0 keeps every
     /// product in f32 (`--activations f32`).
     pub xq: u64,
@@ -384,9 +394,7 @@ impl Pass<'_> {
             let w = self.addr(t)?;
             let (rows, cols) = (t.rows as i32, t.cols as i32);
             if ntok >= self.s.gemm_min {
-                let nblocks = (t.rows * t.cols / t.dtype.block_size()) as i32;
-                dev.dequant(suffix, w, self.s.tile, nblocks)?;
-                if dev.gemm(self.s.tile, x, y, (rows, ntok as i32, cols), self.s.tf32)? {
+                if self.gemm(dev, suffix, t, w, x, y, ntok)? {
                     continue;
                 }
             } else if let Some(q8) = q8_kernel_suffix(t.dtype).filter(|_| self.s.xq != 0) {
@@ -401,6 +409,38 @@ impl Pass<'_> {
             dev.matvec(suffix, w, x, y, rows, cols, ntok as i32)?;
         }
         Ok(())
+    }
+
+    /// `y = W · x` through the dequantization tile and the device's GEMM, as many rows of W
+    /// at a time as the tile holds (each run's outputs written in place in `y`'s rows);
+    /// `false` when the device has no GEMM (nothing was written).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        dev: &mut dyn Device,
+        suffix: &str,
+        t: &TensorMeta,
+        w: u64,
+        x: u64,
+        y: u64,
+        ntok: usize,
+    ) -> Result<bool, GpuError> {
+        let (rows, cols) = (t.rows, t.cols);
+        let row_bytes = (t.nbytes / rows.max(1)) as u64;
+        let per_run = (self.s.tile_elements / cols.max(1)).clamp(1, rows.max(1));
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = per_run.min(rows - r0);
+            let nblocks = (n * cols / t.dtype.block_size()) as i32;
+            dev.dequant(suffix, w + r0 as u64 * row_bytes, self.s.tile, nblocks)?;
+            let c = y + r0 as u64 * F32;
+            let mnk = (n as i32, ntok as i32, cols as i32);
+            if !dev.gemm(self.s.tile, x, c, mnk, rows as i32, self.s.tf32)? {
+                return Ok(false);
+            }
+            r0 += n;
+        }
+        Ok(true)
     }
 
     /// Embedding rows of `tokens` into `s.x`, multiplied by `scale` where given.

@@ -311,8 +311,18 @@ impl Layout {
         })
     }
 
-    /// Elements of the largest weight matrix a product dequantizes at once (the size of
-    /// the cuBLAS dequantization tile): a mixture's stacked experts count one expert.
+    /// Elements of the GEMM prefill's dequantization tile: the largest weight a product
+    /// reads ([`Layout::max_weight_elements`]) up to
+    /// [`TILE_MAX_ELEMENTS`](crate::forward::TILE_MAX_ELEMENTS), and at least one row of the
+    /// widest (larger weights are multiplied a run of rows at a time).
+    pub fn tile_elements(&self) -> usize {
+        let widest = self.tensors.values().map(|t| t.cols).max().unwrap_or(0);
+        self.max_weight_elements()
+            .min(crate::forward::TILE_MAX_ELEMENTS.max(widest))
+    }
+
+    /// Elements of the largest weight matrix a product reads: a mixture's stacked experts
+    /// count one expert.
     pub fn max_weight_elements(&self) -> usize {
         let experts = self.shape.moe.map_or(1, |m| m.n_expert.max(1));
         self.tensors
@@ -418,7 +428,7 @@ impl Layout {
             + moe
             + batch * s.n_heads * ctx
             + outputs * s.vocab
-            + self.max_weight_elements()
+            + self.tile_elements()
             + 4 * ctx * (s.rope_dims / 2)
             + 2 * batch
             + outputs

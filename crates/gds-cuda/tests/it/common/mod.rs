@@ -399,23 +399,26 @@ impl Device for Emu {
         b: u64,
         c: u64,
         (m, n, k): (i32, i32, i32),
+        ldc: i32,
         tf32: bool,
     ) -> Result<bool, GpuError> {
-        // cuBLAS column-major semantics: C[i + j*m] = sum_l A[l + i*k] * B[l + j*k]; with
+        // cuBLAS column-major semantics: C[i + j*ldc] = sum_l A[l + i*k] * B[l + j*k]; with
         // `tf32` each input rounded to TF32 first (to nearest: the tensor cores' own rounding
         // may differ in the last bit, which the callers' tolerances absorb).
-        let (m, n, k) = (m as usize, n as usize, k as usize);
-        // SAFETY: A holds k*m floats, B k*n, C m*n (the forward pass's contract).
+        let (m, n, k, ldc) = (m as usize, n as usize, k as usize, ldc as usize);
+        assert!(ldc >= m, "ldc {ldc} < m {m}");
+        // SAFETY: A holds k*m floats, B k*n, C n columns of ldc (the forward pass's
+        // contract; the last column needs only m).
         let (a, b, c) = unsafe {
             (
                 std::slice::from_raw_parts(p::<f32>(a), k * m),
                 std::slice::from_raw_parts(p::<f32>(b), k * n),
-                std::slice::from_raw_parts_mut(p::<f32>(c), m * n),
+                std::slice::from_raw_parts_mut(p::<f32>(c), ldc * (n - 1) + m),
             )
         };
         for j in 0..n {
             for i in 0..m {
-                c[i + j * m] = a[i * k..][..k]
+                c[i + j * ldc] = a[i * k..][..k]
                     .iter()
                     .zip(&b[j * k..][..k])
                     .map(|(&x, &y)| if tf32 { to_tf32(x) * to_tf32(y) } else { x * y })
