@@ -24,11 +24,6 @@ use crate::GpuError;
 /// (an H100's batched decode at 16 tokens was GEMM-bound, 2026-11-27).
 pub const GEMM_MIN_TOKENS: usize = 8;
 
-/// Most f32 elements of the GEMM prefill's dequantization tile (128 MiB): a larger matrix is
-/// dequantized and multiplied a run of rows at a time ([`Pass::linears`]), so the tile is not
-/// the size of the largest weight (a Llama 3 8B head, 128k × 4096, would need 2 GiB).
-pub const TILE_MAX_ELEMENTS: usize = 32 << 20;
-
 /// The kernels of `kernels/*.cu` plus a copy and an optional GEMM. Dimensions are `i32`
 /// because that is what the kernels take.
 #[allow(clippy::too_many_arguments)]

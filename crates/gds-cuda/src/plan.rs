@@ -17,6 +17,11 @@ use std::path::{Path, PathBuf};
 /// Tokens per forward call the scratch buffers are sized for (prefill chunk).
 pub const MAX_BATCH: usize = 512;
 
+/// Most f32 elements of the GEMM prefill's dequantization tile (128 MiB): a larger matrix is
+/// dequantized and multiplied a run of rows at a time (`forward::Pass::linears`), so the tile
+/// is not the size of the largest weight (a Llama 3 8B head, 128k × 4096, would need 2 GiB).
+pub const TILE_MAX_ELEMENTS: usize = 32 << 20;
+
 /// Most positions of one forward call that get logits ([`Layout::logit_rows`]): the sampled
 /// token and up to 15 guesses of a speculative pass.
 pub const MAX_LOGIT_ROWS: usize = 16;
@@ -312,13 +317,12 @@ impl Layout {
     }
 
     /// Elements of the GEMM prefill's dequantization tile: the largest weight a product
-    /// reads ([`Layout::max_weight_elements`]) up to
-    /// [`TILE_MAX_ELEMENTS`](crate::forward::TILE_MAX_ELEMENTS), and at least one row of the
-    /// widest (larger weights are multiplied a run of rows at a time).
+    /// reads ([`Layout::max_weight_elements`]) up to [`TILE_MAX_ELEMENTS`], and at least
+    /// one row of the widest (larger weights are multiplied a run of rows at a time).
     pub fn tile_elements(&self) -> usize {
         let widest = self.tensors.values().map(|t| t.cols).max().unwrap_or(0);
         self.max_weight_elements()
-            .min(crate::forward::TILE_MAX_ELEMENTS.max(widest))
+            .min(TILE_MAX_ELEMENTS.max(widest))
     }
 
     /// Elements of the largest weight matrix a product reads: a mixture's stacked experts
