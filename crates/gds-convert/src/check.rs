@@ -28,11 +28,12 @@ pub fn check_source(source: &Source, input: &Path) -> Result<(), ConvertError> {
         Some(o) => format!("{key} ({o})"),
         None => key.to_string(),
     };
-    let u = |key: &str| match source.metadata.get(key) {
-        Some(MetaValue::U64(v)) => Ok(*v),
-        _ => Err(bad(format!(
-            "hyperparameter {key} is missing or not an unsigned integer"
-        ))),
+    let u = |key: &str| {
+        crate::source::meta_u64(&source.metadata, key).ok_or_else(|| {
+            bad(format!(
+                "hyperparameter {key} is missing or not an unsigned integer"
+            ))
+        })
     };
 
     // Blocks: exactly 0..n_layers.

@@ -6,7 +6,7 @@ use crate::error::{io, ConvertError};
 use crate::imatrix::Imatrix;
 use crate::limits::{read_text, ReadTextError, MAX_TOKENIZER_BYTES};
 use crate::names::{group_of, Group};
-use crate::source::{MetaValue, Source, SourceTensor, Transform};
+use crate::source::{meta_u64, MetaValue, Source, SourceTensor, Transform};
 use gds_format::raw::MAX_MANIFEST_BYTES;
 use gds_format::{
     file_role, layer_kind, layout, DType, LayerRecord, ManifestBuilder, TensorSpec, MANIFEST_FILE,
@@ -301,10 +301,7 @@ enum Category {
 /// llama.cpp's `n_gqa()` from the manifest metadata: query heads per KV head, 0 when either
 /// count is missing or the KV count is 0.
 fn n_gqa(meta: &crate::source::Metadata) -> u32 {
-    let get = |k: &str| match meta.get(k) {
-        Some(MetaValue::U64(v)) => *v,
-        _ => 0,
-    };
+    let get = |k: &str| meta_u64(meta, k).unwrap_or(0);
     let (h, kv) = (get("model.n_heads"), get("model.n_kv_heads"));
     h.checked_div(kv)
         .map_or(0, |g| u32::try_from(g).unwrap_or(u32::MAX))
@@ -324,10 +321,7 @@ fn n_gqa(meta: &crate::source::Metadata) -> u32 {
 /// qwen3, gemma2, gemma3 and phi3 have no 70B type at any layer count. The KV heads are the
 /// query heads when the input does not state them, as in llama.cpp.
 pub fn llama_cpp_70b(meta: &crate::source::Metadata) -> bool {
-    let get = |k: &str| match meta.get(k) {
-        Some(MetaValue::U64(v)) => Some(*v),
-        _ => None,
-    };
+    let get = |k: &str| meta_u64(meta, k);
     let arch = match meta.get("general.source_architecture") {
         Some(MetaValue::Str(s)) => s.as_str(),
         _ => return false,
@@ -1451,10 +1445,7 @@ pub fn convert(
             .cloned()
             .collect();
         let user = opts.tokenizer.clone();
-        let vocab = match source.metadata.get("model.vocab_size") {
-            Some(MetaValue::U64(v)) => Some(*v),
-            _ => None,
-        };
+        let vocab = meta_u64(&source.metadata, "model.vocab_size");
         move || tokenizer_files(input, user.as_deref(), given, pending, why, vocab)
     };
 
@@ -1482,10 +1473,8 @@ pub fn convert(
     let mut mix_ctx = MixContext::of(source.tensors.iter().map(|t| t.name.as_str()));
     mix_ctx.n_gqa = n_gqa(&source.metadata);
     mix_ctx.type_70b = llama_cpp_70b(&source.metadata);
-    mix_ctx.n_expert = match source.metadata.get("model.n_expert") {
-        Some(MetaValue::U64(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
-        _ => 0,
-    };
+    mix_ctx.n_expert = meta_u64(&source.metadata, "model.n_expert")
+        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
     let planner = Planner::new(opts, mix_ctx, &source.tensors);
     let mut decided = Vec::new();
     let plans: Vec<(Group, Vec<(&SourceTensor, DType)>)> = groups

@@ -663,10 +663,7 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
             }
         }
         crate::source::split_fused(&mut tensors, spec, |sym| {
-            gds_format::arch::shape_symbol(sym, |key| match metadata.get(key) {
-                Some(MetaValue::U64(v)) => Some(*v),
-                _ => None,
-            })
+            gds_format::arch::shape_symbol(sym, |key| crate::source::meta_u64(&metadata, key))
         })
         .map_err(|e| ConvertError::BadTensor {
             path: e.path,

@@ -44,8 +44,8 @@ use crate::limits::{
     read_text, ReadTextError, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, MAX_TOKENIZER_BYTES,
 };
 use crate::source::{
-    Gather, Layout, MappedFile, MetaValue, Metadata, Source, SourceTensor, TokenizerFiles,
-    Transform,
+    meta_u64, Gather, Layout, MappedFile, MetaValue, Metadata, Source, SourceTensor,
+    TokenizerFiles, Transform,
 };
 use gds_format::DType;
 use memmap2::Mmap;
@@ -973,16 +973,6 @@ fn no_config(
     })
 }
 
-/// A `model.*` count written into the metadata by [`llama_hparams`] (the one record of the
-/// hyperparameters during conversion; the manifest's `gds_format::arch::Hparams` is read
-/// from it).
-fn md_u64(md: &Metadata, key: &str) -> Option<u64> {
-    match md.get(key) {
-        Some(MetaValue::U64(v)) => Some(*v),
-        _ => None,
-    }
-}
-
 /// LongRoPE's per-pair frequency divisors from config.json (Phi-3.5, Phi-4-mini).
 struct LongRope {
     long: Vec<f32>,
@@ -1484,7 +1474,7 @@ fn gpt_oss_experts(
     raw: Vec<RawTensor>,
     md: &Metadata,
 ) -> Result<(Vec<RawTensor>, Vec<SourceTensor>)> {
-    let dim = |k: &str| md_u64(md, k).unwrap_or(0);
+    let dim = |k: &str| meta_u64(md, k).unwrap_or(0);
     let (n_expert, d, ff) = (
         dim("model.n_expert"),
         dim("model.n_embd"),
@@ -1751,7 +1741,7 @@ fn map_llama(
     spec: &FamilySpec,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<SourceTensor>> {
-    let dim = |k: &str| md_u64(md, k).unwrap_or(0);
+    let dim = |k: &str| meta_u64(md, k).unwrap_or(0);
     let (n_layers, n_heads, n_kv_heads, head_dim, vocab) = (
         dim("model.n_layers"),
         dim("model.n_heads"),
@@ -1864,7 +1854,7 @@ fn map_llama(
         out.push(stack_experts(name, parts, dim("model.n_expert"))?);
     }
     crate::source::split_fused(&mut out, spec, |sym| {
-        gds_format::arch::shape_symbol(sym, |k| md_u64(md, k))
+        gds_format::arch::shape_symbol(sym, |k| meta_u64(md, k))
     })
     .map_err(|e| SafetensorsError::Tensor {
         path: e.path,

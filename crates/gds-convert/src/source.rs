@@ -13,6 +13,16 @@ use std::sync::Arc;
 /// deterministic.
 pub type Metadata = BTreeMap<String, MetaValue>;
 
+/// The unsigned integer `key` of `md` (a `model.*` count the reader wrote: the one record of
+/// the hyperparameters during conversion; the manifest's `gds_format::arch::Hparams` is
+/// read from it); `None` when absent or of another type.
+pub fn meta_u64(md: &Metadata, key: &str) -> Option<u64> {
+    match md.get(key) {
+        Some(MetaValue::U64(v)) => Some(*v),
+        _ => None,
+    }
+}
+
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MetaValue {
