@@ -164,6 +164,23 @@ fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 }
 
 impl Gpu {
+    /// Copies `src` to the device at `dst` on the compute stream, after the launches before
+    /// it, and waits for it (so `src` may go away on return).
+    ///
+    /// # Safety
+    /// `dst` and the `size_of_val(src)` bytes after it lie in a live device buffer.
+    unsafe fn upload<T: cudarc::driver::DeviceRepr>(
+        &self,
+        dst: u64,
+        src: &[T],
+    ) -> Result<(), GpuError> {
+        // SAFETY: the caller vouches for the destination; the stream is synchronized before
+        // `src` can go away.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.compute.cu_stream()) }
+            .map_err(cuda("host-to-device copy"))?;
+        self.compute.synchronize().map_err(cuda("upload"))
+    }
+
     fn open(device: usize, load: LoadPath) -> Result<Gpu, GpuError> {
         // Probe first: cudarc panics when it calls into a library that is not there.
         let report = probe();
@@ -451,14 +468,8 @@ impl Device for Gpu {
             .map_err(cuda("device-to-host copy"))
     }
     fn upload_words(&mut self, dst: u64, src: &[u32]) -> Result<(), GpuError> {
-        // SAFETY: `dst` has room for `src` (a scratch buffer sized for it, forward::Scratch);
-        // the copy is ordered on the compute stream, and the stream is synchronized before
-        // `src` can go away.
-        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.compute.cu_stream()) }
-            .map_err(cuda("host-to-device copy"))?;
-        self.compute
-            .synchronize()
-            .map_err(cuda("host-to-device copy"))
+        // SAFETY: `dst` has room for `src` (a scratch buffer sized for it, forward::Scratch).
+        unsafe { self.upload(dst, src) }
     }
     fn gemm(
         &mut self,
@@ -745,16 +756,13 @@ impl CudaVram {
         dst: u64,
         src: &[T],
     ) -> Result<(), GpuError> {
-        let stream = self.gpu.compute.clone();
         let buf = find_buf(&mut self.bufs, dst)?;
         if buf.len() < std::mem::size_of_val(src) {
             return Err(model_err("upload larger than its buffer"));
         }
         // SAFETY: `dst` is the start of a live device buffer at least as large as `src`
-        // (checked above); the stream is synchronized before `src` can go away.
-        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, stream.cu_stream()) }
-            .map_err(cuda("host-to-device copy"))?;
-        stream.synchronize().map_err(cuda("upload"))
+        // (checked above).
+        unsafe { self.gpu.upload(dst, src) }
     }
 
     /// The path layers take into VRAM.
