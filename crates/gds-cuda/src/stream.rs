@@ -239,6 +239,7 @@ impl<V: Vram> Streamer<V> {
             .collect::<Result<Vec<_>, _>>()?;
         // allocated either way: the VRAM plan counts it (Layout::overhead_bytes_with)
         let xq_buf = f32_buf(Layout::q8_bytes(max_tokens, widest).div_ceil(4))?;
+        let tile_elements = layout.tile_elements();
         let scratch = Scratch {
             x: f32_buf(max_tokens * s.n_embd)?,
             xb: f32_buf(max_tokens * widest)?,
@@ -251,8 +252,8 @@ impl<V: Vram> Streamer<V> {
             gate: f32_buf(max_tokens * s.ff_width())?,
             up: f32_buf(max_tokens * s.ff_width())?,
             logits: f32_buf(max_outputs * s.vocab)?,
-            tile: f32_buf(layout.tile_elements())?,
-            tile_elements: layout.tile_elements(),
+            tile: f32_buf(tile_elements)?,
+            tile_elements,
             xq: if opts.q8_activations { xq_buf } else { 0 },
             router: f32_buf(s.moe.map_or(0, |m| max_tokens * m.n_expert))?,
             moe_rows: f32_buf(s.moe.map_or(0, |m| 2 * max_tokens * m.n_expert_used))?,
