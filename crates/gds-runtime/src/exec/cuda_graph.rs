@@ -17,7 +17,7 @@ use crate::error::{Result, RuntimeError};
 use crate::graph::{self, Arch, Block, Buf, Experts, Glu, Ops, WeightSource};
 use crate::kv::{KvCache, Tables, NO_BLOCK};
 use crate::model::rope_table_index;
-use gds_cuda::forward::{BlockGraph, Device, Heads, Pass};
+use gds_cuda::forward::{BlockGraph, Device, Heads, Pass, F32};
 use gds_cuda::plan::KvSpec;
 use gds_cuda::plan::{Layout, TensorMeta};
 use gds_cuda::stream::{PassInput, Streamer, Vram};
@@ -253,6 +253,17 @@ impl CudaOps<'_, '_> {
         })
     }
 
+    /// `Gate = act(Gate) · Up` over the first `n` floats.
+    fn glu_rows(&mut self, act: Glu, n: usize) -> Result<()> {
+        let (g, u, n) = (self.pass.s.gate, self.pass.s.up, n as i32);
+        let r = match act {
+            Glu::Silu => self.dev.swiglu(g, u, n),
+            Glu::GeluTanh => self.dev.geglu(g, u, n),
+            Glu::SwigluOai => self.dev.swiglu_oai(g, u, n),
+        };
+        self.run(r)
+    }
+
     /// Where `t` is in VRAM now (an error naming the layer when it is not).
     fn addr(&mut self, t: &TensorMeta) -> Result<u64> {
         match self.pass.addr(t) {
@@ -396,14 +407,14 @@ impl Ops for CudaOps<'_, '_> {
         }
         let r = self.dev.upload_words(s.moe_rows, &words);
         self.run(r)?;
-        let r = self.dev.zero(s.proj, nt * d * 4);
+        let r = self.dev.zero(s.proj, nt * d * F32 as usize);
         self.run(r)?;
         let biases = match &e.biases {
             Some([g, u, dn]) => Some([self.addr(g)?, self.addr(u)?, self.addr(dn)?]),
             None => None,
         };
         for (x, at, k) in chosen {
-            let rows = s.moe_rows + at as u64 * 4;
+            let rows = s.moe_rows + at as u64 * F32;
             // the tokens are listed in order: all of them are Xb as it is
             let input = if k == nt {
                 s.xb
@@ -420,7 +431,7 @@ impl Ops for CudaOps<'_, '_> {
                 .linears(self.dev, input, &[(s.gate, &gate), (s.up, &up)], k);
             self.run(r)?;
             if let Some([bg, bu, _]) = biases {
-                let off = (x * ff * 4) as u64;
+                let off = (x * ff) as u64 * F32;
                 let r = self.dev.add_rows(s.gate, bg + off, ff as i32, k as i32);
                 self.run(r)?;
                 let r = self.dev.add_rows(s.up, bu + off, ff as i32, k as i32);
@@ -433,7 +444,7 @@ impl Ops for CudaOps<'_, '_> {
             if let Some([_, _, bd]) = biases {
                 let r = self
                     .dev
-                    .add_rows(s.moe_y, bd + (x * d * 4) as u64, d as i32, k as i32);
+                    .add_rows(s.moe_y, bd + (x * d) as u64 * F32, d as i32, k as i32);
                 self.run(r)?;
             }
             let r = self
@@ -442,19 +453,6 @@ impl Ops for CudaOps<'_, '_> {
             self.run(r)?;
         }
         Ok(())
-    }
-}
-
-impl CudaOps<'_, '_> {
-    /// `Gate = act(Gate) · Up` over the first `n` floats.
-    fn glu_rows(&mut self, act: Glu, n: usize) -> Result<()> {
-        let (g, u, n) = (self.pass.s.gate, self.pass.s.up, n as i32);
-        let r = match act {
-            Glu::Silu => self.dev.swiglu(g, u, n),
-            Glu::GeluTanh => self.dev.geglu(g, u, n),
-            Glu::SwigluOai => self.dev.swiglu_oai(g, u, n),
-        };
-        self.run(r)
     }
 }
 
