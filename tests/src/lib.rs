@@ -149,6 +149,21 @@ pub fn gemma_converted() -> &'static Path {
     DIR.get_or_init(|| convert_once(&gemma_gguf(), "gemma3.gds"))
 }
 
+/// Every tensor of a converted model directory: name to (dtype, bytes as stored).
+pub fn tensor_bytes(
+    dir: &Path,
+) -> std::collections::BTreeMap<String, (gds_format::DType, Vec<u8>)> {
+    let mbytes = std::fs::read(dir.join(gds_format::MANIFEST_FILE)).unwrap();
+    let m = gds_format::Manifest::parse(&mbytes).unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for t in m.tensors() {
+        let data = std::fs::read(dir.join(m.layer(t.layer).unwrap().file)).unwrap();
+        let bytes = data[t.offset as usize..(t.offset + t.nbytes) as usize].to_vec();
+        out.insert(t.name.to_string(), (t.dtype, bytes));
+    }
+    out
+}
+
 /// A fixture file or directory under `fixtures/`.
 pub fn fixture(rel: &str) -> PathBuf {
     root().join("fixtures").join(rel)

@@ -5,7 +5,6 @@
 
 use gds_format::{Manifest, MANIFEST_FILE};
 use gds_tests::*;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Converts the tiny llama to Q4_0 (requantizing its quantized tensors), with `extra` flags.
@@ -23,20 +22,6 @@ fn convert_q4_0(out: &Path, extra: &[&str]) -> std::process::Output {
     run("gdsconv", &args)
 }
 
-/// Every tensor of a converted model: name to (dtype name, bytes).
-fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<u8>)> {
-    let mbytes = std::fs::read(dir.join(MANIFEST_FILE)).unwrap();
-    let m = Manifest::parse(&mbytes).unwrap();
-    let mut out = BTreeMap::new();
-    for t in m.tensors() {
-        let l = m.layer(t.layer).unwrap();
-        let data = std::fs::read(dir.join(l.file)).unwrap();
-        let b = data[t.offset as usize..(t.offset + t.nbytes) as usize].to_vec();
-        out.insert(t.name.to_string(), (t.dtype.name().to_string(), b));
-    }
-    out
-}
-
 #[test]
 fn imatrix_conversion_matches_llama_quantize() {
     let golden =
@@ -45,18 +30,18 @@ fn imatrix_conversion_matches_llama_quantize() {
     let plain = tmp.path().join("plain");
     let o = convert_q4_0(&plain, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let plain = tensors(&plain);
+    let plain = tensor_bytes(&plain);
     for file in ["tiny-llama.imatrix.gguf", "tiny-llama.imatrix.dat"] {
         let out = tmp.path().join(file);
         let imx = fixture(&format!("imatrix/{file}"));
         let o = convert_q4_0(&out, &["--imatrix", imx.to_str().unwrap()]);
         assert!(o.status.success(), "{file}: {}", stderr(&o));
-        let ours = tensors(&out);
+        let ours = tensor_bytes(&out);
         assert_eq!(ours.len(), golden.tensors.len(), "{file}");
         let mut weighted = 0;
         for g in &golden.tensors {
             let (dtype, bytes) = &ours[&g.name];
-            assert_eq!(dtype.as_str(), g.dtype.name(), "{file}: {}", g.name);
+            assert_eq!(*dtype, g.dtype, "{file}: {}", g.name);
             assert!(
                 bytes[..] == g.bytes()[..],
                 "{file}: {} differs from llama-quantize's",

@@ -6,3 +6,4 @@ mod dist;
 mod gdsconv;
 mod imatrix;
 mod integrity;
+mod quant_moe;

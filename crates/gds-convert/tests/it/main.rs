@@ -2,6 +2,5 @@
 //! instead of one per file).
 
 mod gguf_source;
-mod quant_moe;
 mod safetensors_source;
 mod tokenizer_golden;

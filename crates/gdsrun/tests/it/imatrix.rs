@@ -18,22 +18,6 @@ fn ok(args: &[&str]) -> Value {
     serde_json::from_slice(&o.stdout).expect("JSON summary")
 }
 
-/// Every tensor's bytes of a converted model.
-fn tensor_bytes(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mbytes = std::fs::read(dir.join(gds_format::MANIFEST_FILE)).unwrap();
-    let m = gds_format::Manifest::parse(&mbytes).unwrap();
-    let mut out = std::collections::BTreeMap::new();
-    for t in m.tensors() {
-        let l = m.layer(t.layer).unwrap();
-        let data = std::fs::read(dir.join(l.file)).unwrap();
-        out.insert(
-            t.name.to_string(),
-            data[t.offset as usize..(t.offset + t.nbytes) as usize].to_vec(),
-        );
-    }
-    out
-}
-
 /// `gdsrun imatrix MODEL` of the reference text at context 32 over `chunks` chunks, written
 /// to `out`: its JSON summary.
 fn imatrix_of(model: &Path, out: &Path, chunks: &str) -> Value {
@@ -60,7 +44,7 @@ fn q4_0_of(
     dst: &Path,
     imatrix: Option<&Path>,
     requantize: bool,
-) -> std::collections::BTreeMap<String, Vec<u8>> {
+) -> std::collections::BTreeMap<String, (gds_format::DType, Vec<u8>)> {
     let opts = gds_convert::ConvertOptions {
         quant: gds_convert::QuantTarget::To(gds_format::DType::Q4_0),
         requantize,
@@ -69,7 +53,7 @@ fn q4_0_of(
     };
     let src = gds_tests::root().join("fixtures").join(src);
     gds_convert::convert(&src, dst, &opts, &gds_convert::NoProgress).unwrap();
-    tensor_bytes(dst)
+    gds_tests::tensor_bytes(dst)
 }
 
 /// `gdsrun imatrix` on the tiny llama fixture: one entry per block matrix (2 blocks × 7),
@@ -357,7 +341,7 @@ fn process_output_adds_the_output_head_as_llama_imatrix() {
                 &gds_convert::NoProgress,
             )
             .unwrap();
-            tensor_bytes(&dst)
+            gds_tests::tensor_bytes(&dst)
         };
         let a = conv("a.gds", &plain_path);
         let b = conv("b.gds", &head_path);

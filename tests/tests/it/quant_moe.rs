@@ -5,25 +5,9 @@
 
 use gds_convert::{ConvertOptions, NoProgress, QuantTarget};
 use gds_format::DType;
+use gds_tests::{fixture, tensor_bytes};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
-}
-
-/// Every tensor of a converted model: its dtype and bytes.
-fn tensors_of(dir: &Path) -> BTreeMap<String, (DType, Vec<u8>)> {
-    let bytes = std::fs::read(dir.join(gds_format::MANIFEST_FILE)).unwrap();
-    let m = gds_format::Manifest::parse(&bytes).unwrap();
-    let mut out = BTreeMap::new();
-    for t in m.tensors() {
-        let data = std::fs::read(dir.join(m.layer(t.layer).unwrap().file)).unwrap();
-        let (at, n) = (t.offset as usize, t.nbytes as usize);
-        out.insert(t.name.to_string(), (t.dtype, data[at..at + n].to_vec()));
-    }
-    out
-}
+use std::path::Path;
 
 /// `gdsconv convert INPUT OUT --quant QUANT [--quant-override O]...`.
 fn convert_with(input: &Path, out: &Path, quant: QuantTarget, overrides: &[&str]) {
@@ -48,11 +32,11 @@ fn mxfp4_moe_writes_what_llama_quantize_writes() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = tmp.path().join("reference");
     convert(
-        &fixtures().join("tiny-gptoss-mxfp4.gguf"),
+        &fixture("tiny-gptoss-mxfp4.gguf"),
         &reference,
         QuantTarget::Keep,
     );
-    let want = tensors_of(&reference);
+    let want = tensor_bytes(&reference);
     let n_mxfp4 = want.values().filter(|(d, _)| *d == DType::MXFP4).count();
     let n_q8 = want.values().filter(|(d, _)| *d == DType::Q8_0).count();
     // 4 blocks x gate, up, down experts; the attention's 4 matrices a block, embedding, head
@@ -60,7 +44,7 @@ fn mxfp4_moe_writes_what_llama_quantize_writes() {
     // the same as `--quant q8_0 --quant-override _exps=mxfp4`
     let overridden = tmp.path().join("overridden");
     convert_with(
-        &fixtures().join("tiny-gptoss.gguf"),
+        &fixture("tiny-gptoss.gguf"),
         &overridden,
         QuantTarget::To(DType::Q8_0),
         &["_EXPS=MXFP4"],
@@ -75,10 +59,10 @@ fn mxfp4_moe_writes_what_llama_quantize_writes() {
     ] {
         let out = out.unwrap_or_else(|| {
             let out = tmp.path().join(input);
-            convert(&fixtures().join(input), &out, "MXFP4_MOE".parse().unwrap());
+            convert(&fixture(input), &out, "MXFP4_MOE".parse().unwrap());
             out
         });
-        let got = tensors_of(&out);
+        let got = tensor_bytes(&out);
         assert_eq!(
             got.keys().collect::<Vec<_>>(),
             want.keys().collect::<Vec<_>>(),
@@ -106,12 +90,8 @@ fn mxfp4_moe_on_a_dense_model_is_q8_0() {
     assert_eq!(QuantTarget::Mxfp4Moe.to_string(), "mxfp4_moe");
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("m");
-    convert(
-        &fixtures().join("tiny-llama3.gguf"),
-        &out,
-        QuantTarget::Mxfp4Moe,
-    );
-    for (name, (dtype, _)) in tensors_of(&out) {
+    convert(&fixture("tiny-llama3.gguf"), &out, QuantTarget::Mxfp4Moe);
+    for (name, (dtype, _)) in tensor_bytes(&out) {
         let want = if name.ends_with("norm.weight") {
             DType::F32
         } else {
@@ -130,7 +110,7 @@ fn mxfp4_moe_on_a_dense_model_is_q8_0() {
 #[test]
 fn eight_experts_take_llama_cpps_8_expert_rules() {
     use safetensors::tensor::TensorView;
-    let src = fixtures().join("tiny-mixtral-hf");
+    let src = fixture("tiny-mixtral-hf");
     let buf = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&buf).unwrap();
     let mut tensors: BTreeMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
@@ -178,7 +158,7 @@ fn eight_experts_take_llama_cpps_8_expert_rules() {
     ] {
         let out = tmp.path().join(format!("x{n}"));
         convert(input, &out, q4km);
-        let got = tensors_of(&out);
+        let got = tensor_bytes(&out);
         for l in 0..2 {
             let mut want = want;
             if n == 4 && l == 1 {
