@@ -64,9 +64,9 @@ budget() {
 # greedy TOKENS on MODEL with PROMPT: CPU f32 reference vs CUDA (--activations f32) at budgets x paths
 greedy() { # greedy LABEL DIR N PROMPT BUDGETS PATHS
   local label=$1 dir=$2 n=$3 prompt=$4 budgets=$5 paths=$6
-  "$G" run "$dir" --raw -p "$prompt" -n "$n" --temp 0 --backend cpu --activations f32 --kv-type f32 --json \
+  "$G" run "$dir" --raw -p "$prompt" -n "$n" --temp 0 --backend cpu --activations f32 --kv-type "${KV:-f32}" --json \
     >"$OUT/json/$label-cpu.json" 2>>"$LOG" || say "[$label] cpu reference failed"
-  "$G" run "$dir" --raw -p x -n 1 --backend cuda --plan >"$OUT/json/$label-plan.json" 2>>"$LOG" ||
+  "$G" run "$dir" --raw -p x -n 1 --backend cuda --kv-type "${KV:-f32}" --plan >"$OUT/json/$label-plan.json" 2>>"$LOG" ||
     { say "[$label] cuda plan failed: $(tail -2 "$LOG")"; return; }
   for b in $budgets; do
     for io in $paths; do
@@ -75,7 +75,7 @@ greedy() { # greedy LABEL DIR N PROMPT BUDGETS PATHS
       local f="$OUT/json/$label-cuda-$b-$io.json"
       echo "### $label cuda budget=$b ($v) io=$io" >>"$LOG"
       timeout 120 "$G" run "$dir" --raw -p "$prompt" -n "$n" --temp 0 --backend cuda --vram-budget "$v" \
-        --io "$io" --activations f32 --json >"$f" 2>>"$LOG"
+        --io "$io" --activations f32 --kv-type "${KV:-f32}" --json >"$f" 2>>"$LOG"
       local rc=$?
       python3 - "$OUT/json/$label-cpu.json" "$f" "$label" "$b" "$io" "$rc" <<'EOF' | tee -a "$SUM"
 import json, sys
@@ -123,6 +123,8 @@ if [ "$STAGE" = quick ] || [ "$STAGE" = full ]; then
 say "== tiny architectures: CUDA vs CPU f32, 16 greedy tokens"
 for d in "$TINY"/*/; do
   greedy "tiny-$(basename "$d")" "$d" 16 "Hello world, this is" "all min" "direct"
+  # the f16 KV cache (the default on both backends): CUDA's against the CPU's
+  KV=f16 greedy "tiny-f16kv-$(basename "$d")" "$d" 16 "Hello world, this is" "min" "direct"
 done
 say "== compute-sanitizer on a tiny streamed run"
 TS=$(ls -d "$TINY"/*/ | head -1)
@@ -153,7 +155,7 @@ model_checks() { # model_checks LABEL DIR
   ppl cpu-f32 --backend cpu --activations f32 --kv-type f32
   for b in all half min; do
     v=$(budget "$label" "$b")
-    for io in gds direct mmap; do ppl "cuda-$b-$io" --backend cuda --vram-budget "$v" --io "$io"; done
+    for io in gds direct mmap; do ppl "cuda-$b-$io" --backend cuda --vram-budget "$v" --io "$io" --kv-type f32; done
   done
 }
 if [ "$STAGE" = model ]; then

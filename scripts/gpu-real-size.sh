@@ -96,7 +96,7 @@ PY
   say "[batch $label, $n tokens per request]$line"
 }
 
-say "== tiny architectures: CUDA vs CPU f32, 16 greedy tokens (all resident, minimum budget; --io direct); CUDA int8 vs CPU q8 (all resident)"
+say "== tiny architectures: CUDA vs CPU f32, 16 greedy tokens (all resident, minimum budget; --io direct); CUDA int8 vs CPU q8, CUDA f16 KV vs CPU f16 KV (all resident)"
 T0=$SECONDS
 [ "${TINY:-1}" = 1 ] || T0=-1000
 for d in "$W"/tiny/*/; do
@@ -105,14 +105,17 @@ for d in "$W"/tiny/*/; do
   [ $((SECONDS - T0)) -lt 120 ] || { say "[tiny $a] skipped: the stage's 120 s are spent"; continue; }
   "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cpu --activations f32 --kv-type f32 --json \
     >"$OUT/json/tiny-$a-cpu.json" 2>>"$LOG"
-  plan "$d" "$OUT/json/tiny-$a-plan.json" || { say "[tiny $a] cuda plan failed: $(tail -2 "$LOG")"; continue; }
+  plan "$d" "$OUT/json/tiny-$a-plan.json" --kv-type f32 || { say "[tiny $a] cuda plan failed: $(tail -2 "$LOG")"; continue; }
   "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cpu --activations q8 --kv-type f32 --json \
     >"$OUT/json/tiny-$a-cpu-q8.json" 2>>"$LOG"
-  for b in all min q8; do
-    ref=cpu act=f32 vb=$b
+  "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cpu --activations f32 --kv-type f16 --json \
+    >"$OUT/json/tiny-$a-cpu-f16.json" 2>>"$LOG"
+  for b in all min q8 f16; do
+    ref=cpu act=f32 vb=$b kv=f32
     [ "$b" = q8 ] && ref=cpu-q8 act=q8 vb=all
+    [ "$b" = f16 ] && ref=cpu-f16 vb=all kv=f16 # the f16 KV cache (the default) vs the CPU's
     timeout 60 "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cuda --io direct --activations $act \
-      --vram-budget "$(budget "$OUT/json/tiny-$a-plan.json" $vb)" --json >"$OUT/json/tiny-$a-$b.json" 2>>"$LOG"
+      --kv-type $kv --vram-budget "$(budget "$OUT/json/tiny-$a-plan.json" $vb)" --json >"$OUT/json/tiny-$a-$b.json" 2>>"$LOG"
     python3 - "$OUT/json/tiny-$a-$ref.json" "$OUT/json/tiny-$a-$b.json" "tiny $a $b" <<'EOF' | tee -a "$SUM"
 import json, sys
 try:

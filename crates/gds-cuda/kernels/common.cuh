@@ -58,6 +58,33 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
 
 __device__ __forceinline__ float ld_f16(const u8* p) { return f16_to_f32(ld_u16(p)); }
 
+// binary32 -> binary16, rounding to nearest, ties to even (IEEE's default, as the CPU's
+// `half::f16::from_f32` and F16C's vcvtps2ph do): overflow to inf, subnormals rounded,
+// NaN kept a NaN (quiet bit set, top payload bits kept). Integer arithmetic only, so the
+// emulation runs the GPU's exact code.
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u32 x = __float_as_uint(f);
+    u32 sign = (x >> 16) & 0x8000u;
+    u32 exp = (x >> 23) & 0xffu;
+    u32 man = x & 0x7fffffu;
+    if (exp == 0xffu) return (u16)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0u));
+    int e = (int)exp - 127 + 15;  // the half's biased exponent
+    if (e >= 31) return (u16)(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10) return (u16)sign;  // below half the smallest subnormal: zero
+        u32 m = man | 0x800000u;        // the leading 1 made explicit
+        u32 shift = (u32)(14 - e);      // 14..24 bits dropped
+        u32 h = m >> shift;
+        u32 rest = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+        if (rest > halfway || (rest == halfway && (h & 1u))) h++;
+        return (u16)(sign | h);  // a carry into bit 10 makes the smallest normal
+    }
+    u32 h = ((u32)e << 10) | (man >> 13);
+    u32 rest = man & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;  // a carry may reach inf
+    return (u16)(sign | h);
+}
+
 // Sum over the 32 lanes of a warp; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

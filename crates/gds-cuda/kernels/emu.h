@@ -12,7 +12,7 @@
 // which is right because only one block runs at a time), threadIdx/blockIdx (set at each
 // switch) and blockDim/gridDim, __syncthreads, __shfl_xor_sync on float (a block-wide
 // exchange: every thread of the block must reach it, which the kernels guarantee),
-// __uint_as_float, rsqrtf, __dp4a (int8 dot product of 4 lanes, signed), expf/fmaxf/tanhf/
+// __uint_as_float/__float_as_uint, rsqrtf, __dp4a (int8 dot product of 4 lanes, signed), expf/fmaxf/tanhf/
 // fabsf/rintf (from <cmath>; rintf rounds ties to even, as on the GPU). Word loads of the
 // int8 kernels are checked for the alignment the GPU requires (ALIGNED_LOAD in common.cuh):
 // a misaligned one aborts the test instead of faulting on the device.
@@ -158,6 +158,12 @@ inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, sizeof f);
     return f;
+}
+
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

@@ -52,24 +52,50 @@ __device__ __forceinline__ unsigned long long kv_row(const int* table, int p, in
     return (unsigned long long)table[i] * block + p % block;
 }
 
+// A KV cache element: f32 (exact) or IEEE f16 (`--kv-type f16`: half the VRAM and half the
+// bytes attention reads; rounded to nearest even as the CPU's f16 cache rounds).
+__device__ __forceinline__ float kv_ld(const float* p) { return *p; }
+__device__ __forceinline__ float kv_ld(const u16* p) { return f16_to_f32(*p); }
+__device__ __forceinline__ void kv_st(float* p, float x) { *p = x; }
+__device__ __forceinline__ void kv_st(u16* p, float x) { *p = f32_to_f16(x); }
+
 // Stores the pass's new keys and values (k, v: [t][kv_dim]) at their tokens' rows of the
-// caches kc, vc. Grid ntok, block BLOCK_THREADS.
-extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
-                                    float* __restrict__ kc, float* __restrict__ vc, int kv_dim,
-                                    const int* __restrict__ pos, const int* __restrict__ seq,
-                                    const int* __restrict__ tables, int max_blocks, int block,
-                                    int ring) {
+// caches kc, vc. Grid ntok, block BLOCK_THREADS. kv_store: f32 caches; kv_store_f16: f16.
+template <typename KV>
+__device__ __forceinline__ void kv_store_body(const float* __restrict__ k,
+                                              const float* __restrict__ v, KV* __restrict__ kc,
+                                              KV* __restrict__ vc, int kv_dim,
+                                              const int* __restrict__ pos,
+                                              const int* __restrict__ seq,
+                                              const int* __restrict__ tables, int max_blocks,
+                                              int block, int ring) {
     int t = blockIdx.x;
     unsigned long long row =
         kv_row(tables + (unsigned long long)seq[t] * max_blocks, pos[t], block, ring);
     const float* ks = k + (unsigned long long)t * kv_dim;
     const float* vs = v + (unsigned long long)t * kv_dim;
-    float* kd = kc + row * kv_dim;
-    float* vd = vc + row * kv_dim;
+    KV* kd = kc + row * kv_dim;
+    KV* vd = vc + row * kv_dim;
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        kd[i] = ks[i];
-        vd[i] = vs[i];
+        kv_st(kd + i, ks[i]);
+        kv_st(vd + i, vs[i]);
     }
+}
+
+extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
+                                    float* __restrict__ kc, float* __restrict__ vc, int kv_dim,
+                                    const int* __restrict__ pos, const int* __restrict__ seq,
+                                    const int* __restrict__ tables, int max_blocks, int block,
+                                    int ring) {
+    kv_store_body(k, v, kc, vc, kv_dim, pos, seq, tables, max_blocks, block, ring);
+}
+
+extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float* __restrict__ v,
+                                        u16* __restrict__ kc, u16* __restrict__ vc, int kv_dim,
+                                        const int* __restrict__ pos, const int* __restrict__ seq,
+                                        const int* __restrict__ tables, int max_blocks,
+                                        int block, int ring) {
+    kv_store_body(k, v, kc, vc, kv_dim, pos, seq, tables, max_blocks, block, ring);
 }
 
 // Causal attention of ntok queries, token t at position pos[t] of sequence seq[t], against
@@ -80,14 +106,15 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 // softcap > 0 (Gemma 2); window > 0: a query at position p sees only keys above p - window
 // (sliding-window layers). sinks, where not null (gpt-oss): one more logit per query head,
 // sinks[h], in the softmax's maximum and denominator, with no value (the CPU's `merge`).
-// Grid (n_heads, ntok), block BLOCK_THREADS.
-extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ kc,
-                                     const float* __restrict__ vc, float* __restrict__ att,
-                                     float* __restrict__ out, int n_heads, int n_kv_heads,
-                                     int head_dim, const int* __restrict__ pos,
-                                     const int* __restrict__ seq, const int* __restrict__ tables,
-                                     int max_blocks, int block, int ring, int n_ctx, float scale,
-                                     int window, float softcap, const float* __restrict__ sinks) {
+// Grid (n_heads, ntok), block BLOCK_THREADS. attention: f32 caches; attention_f16: f16
+// (each element widened to f32 as it is read; the arithmetic is the same).
+template <typename KV>
+__device__ __forceinline__ void attention_body(
+    const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,
+    float* __restrict__ att, float* __restrict__ out, int n_heads, int n_kv_heads,
+    int head_dim, const int* __restrict__ pos, const int* __restrict__ seq,
+    const int* __restrict__ tables, int max_blocks, int block, int ring, int n_ctx,
+    float scale, int window, float softcap, const float* __restrict__ sinks) {
     __shared__ float scratch[32];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_heads / n_kv_heads);
@@ -100,9 +127,9 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
 
     float mx = -3.402823466e38f;
     for (int p = first + threadIdx.x; p < n_pos; p += blockDim.x) {
-        const float* kp = kc + kv_row(table, p, block, ring) * kv_stride + kvh * head_dim;
+        const KV* kp = kc + kv_row(table, p, block, ring) * kv_stride + kvh * head_dim;
         float s = 0.0f;
-        for (int d = 0; d < head_dim; d++) s += qh[d] * kp[d];
+        for (int d = 0; d < head_dim; d++) s += qh[d] * kv_ld(kp + d);
         s *= scale;
         if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         a[p] = s;
@@ -122,17 +149,41 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     __syncthreads();  // every a[p] written before any thread reads them all
     float* oh = out + ((unsigned long long)t * n_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        const float* vp = vc + kvh * head_dim + d;
+        const KV* vp = vc + kvh * head_dim + d;
         float acc = 0.0f;
         // block by block: one table lookup per block, the positions in order
         for (int p = first; p < n_pos;) {
             unsigned long long row = kv_row(table, p, block, ring);
             int end = p - p % block + block;
             if (end > n_pos) end = n_pos;
-            for (; p < end; p++, row++) acc += a[p] * vp[row * kv_stride];
+            for (; p < end; p++, row++) acc += a[p] * kv_ld(vp + row * kv_stride);
         }
         oh[d] = acc * inv;
     }
+}
+
+extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ kc,
+                                     const float* __restrict__ vc, float* __restrict__ att,
+                                     float* __restrict__ out, int n_heads, int n_kv_heads,
+                                     int head_dim, const int* __restrict__ pos,
+                                     const int* __restrict__ seq, const int* __restrict__ tables,
+                                     int max_blocks, int block, int ring, int n_ctx, float scale,
+                                     int window, float softcap, const float* __restrict__ sinks) {
+    attention_body(q, kc, vc, att, out, n_heads, n_kv_heads, head_dim, pos, seq, tables,
+                   max_blocks, block, ring, n_ctx, scale, window, softcap, sinks);
+}
+
+extern "C" __global__ void attention_f16(const float* __restrict__ q, const u16* __restrict__ kc,
+                                         const u16* __restrict__ vc, float* __restrict__ att,
+                                         float* __restrict__ out, int n_heads, int n_kv_heads,
+                                         int head_dim, const int* __restrict__ pos,
+                                         const int* __restrict__ seq,
+                                         const int* __restrict__ tables, int max_blocks,
+                                         int block, int ring, int n_ctx, float scale,
+                                         int window, float softcap,
+                                         const float* __restrict__ sinks) {
+    attention_body(q, kc, vc, att, out, n_heads, n_kv_heads, head_dim, pos, seq, tables,
+                   max_blocks, block, ring, n_ctx, scale, window, softcap, sinks);
 }
 
 // dst[r, :] = src[rows[r], :] for nrows rows of n floats (the output head's positions of a

@@ -339,7 +339,7 @@ impl Device for Gpu {
         let p = *pages;
         launch!(
             self,
-            "kv_store",
+            if p.f16 { "kv_store_f16" } else { "kv_store" },
             c,
             k,
             v,
@@ -373,7 +373,7 @@ impl Device for Gpu {
         let p = *pages;
         launch!(
             self,
-            "attention",
+            if p.f16 { "attention_f16" } else { "attention" },
             c,
             q,
             kc,

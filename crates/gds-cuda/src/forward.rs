@@ -82,7 +82,8 @@ pub trait Device {
         ntok: i32,
     ) -> Result<(), GpuError>;
     /// `kv_store`: the `ntok` new rows of `k`, `v` (`kv_dim` floats each) into the paged
-    /// caches `kc`, `vc` at each token's row ([`KvPages`]).
+    /// caches `kc`, `vc` at each token's row ([`KvPages`]; `kv_store_f16` where the caches
+    /// are f16).
     fn kv_store(
         &mut self,
         k: u64,
@@ -97,7 +98,7 @@ pub trait Device {
     /// ([`KvPages`]), over the paged caches `kc`, `vc`, which hold every position the
     /// queries see; `att` holds `n_ctx` scores per query head; `window` 0 and `softcap` 0
     /// for none; `sinks` (0 for none) one logit per query head in each softmax's maximum
-    /// and denominator, with no value (gpt-oss).
+    /// and denominator, with no value (gpt-oss); `attention_f16` where the caches are f16.
     fn attention(
         &mut self,
         q: u64,
@@ -207,6 +208,8 @@ pub struct KvPages {
     pub block: i32,
     /// Ring length in table entries (0: no ring).
     pub ring: i32,
+    /// The caches hold f16 elements (`kv_store_f16` / `attention_f16`), not f32.
+    pub f16: bool,
 }
 
 /// Activation and scratch buffers (f32), sized for `max_tokens` tokens and `ctx` positions:
@@ -277,8 +280,11 @@ pub struct Pass<'a> {
     pub layer_base: &'a [u64],
     /// Scratch buffers.
     pub s: Scratch,
-    /// Per block: key and value caches, `geo[b].blocks × geo[b].block × kv_dim` f32 each.
+    /// Per block: key and value caches, `geo[b].blocks × geo[b].block × kv_dim` elements
+    /// each (f32, or f16 where `kv_f16`).
     pub kv: &'a [(u64, u64)],
+    /// The caches' elements are f16 ([`KvSpec::f16`](crate::plan::KvSpec::f16)).
+    pub kv_f16: bool,
     /// Per block: how its caches are paged ([`KvGeo`]).
     pub geo: &'a [KvGeo],
     /// The pass's tokens: position (i32 each), row of the block tables (i32 each).
@@ -346,6 +352,7 @@ impl Pass<'_> {
             max_blocks: max_blocks as i32,
             block: g.block as i32,
             ring: g.ring as i32,
+            f16: self.kv_f16,
         })
     }
 

@@ -364,8 +364,8 @@ impl Layout {
         }
     }
 
-    /// Bytes of the KV cache (f32 keys and values of every block) for `ctx` positions,
-    /// window blocks keeping their rings ([`Layout::kv_rows`]).
+    /// Bytes of the one-sequence KV cache (f32 keys and values of every block) for `ctx`
+    /// positions, window blocks keeping their rings ([`Layout::kv_rows`]).
     pub fn kv_bytes(&self, ctx: usize, batch: usize) -> usize {
         self.single_sequence_kv(ctx, batch).bytes(self.kv_dim())
     }
@@ -378,7 +378,7 @@ impl Layout {
     /// The KV cache of one sequence of `ctx` positions with passes of up to `batch`: each
     /// block's cache is one block of [`Layout::kv_rows`] rows (the whole context, or a
     /// window block's ring, read as a ring of one table entry), found through one table
-    /// holding block 0.
+    /// holding block 0; f32 elements (set [`KvSpec::f16`] for f16).
     pub fn single_sequence_kv(&self, ctx: usize, batch: usize) -> KvSpec {
         let layers = (0..self.shape.n_layers)
             .map(|b| {
@@ -395,11 +395,12 @@ impl Layout {
             layers,
             max_blocks: vec![1],
             max_seqs: 1,
+            f16: false,
         }
     }
 
-    /// Bytes of VRAM besides weights: KV cache (f32) and scratch, for `ctx` positions and
-    /// passes of up to `batch` positions of one sequence.
+    /// Bytes of VRAM besides weights: KV cache (f32, [`Layout::single_sequence_kv`]) and
+    /// scratch, for `ctx` positions and passes of up to `batch` positions of one sequence.
     pub fn overhead_bytes(&self, ctx: usize, batch: usize) -> usize {
         let batch = batch.min(ctx).max(1);
         let kv = self.single_sequence_kv(ctx, batch);
@@ -407,8 +408,8 @@ impl Layout {
     }
 
     /// Bytes of VRAM besides weights for passes of up to `batch` positions of which up to
-    /// `outputs` get logits, over the KV cache `kv`: the cache (f32), scratch, and the
-    /// pass's tables.
+    /// `outputs` get logits, over the KV cache `kv`: the cache (in its element type), scratch,
+    /// and the pass's tables.
     pub fn overhead_bytes_with(
         &self,
         ctx: usize,
@@ -493,14 +494,26 @@ pub struct KvSpec {
     pub max_blocks: Vec<usize>,
     /// Sequences one pass may hold.
     pub max_seqs: usize,
+    /// Keys and values are IEEE f16 (rounded to nearest even as they are stored), not f32.
+    pub f16: bool,
 }
 
 impl KvSpec {
-    /// Bytes of the keys and values (f32) of every block, rows of `kv_dim` floats.
+    /// Bytes of one cached element: 2 (f16) or 4 (f32).
+    pub fn elem_bytes(&self) -> usize {
+        if self.f16 {
+            2
+        } else {
+            4
+        }
+    }
+
+    /// Bytes of the keys and values of every block, rows of `kv_dim` elements (each of the
+    /// two caches of a block rounded up to whole f32 words, as allocated).
     pub fn bytes(&self, kv_dim: usize) -> usize {
         self.layers
             .iter()
-            .map(|g| 2 * g.blocks * g.block * kv_dim * 4)
+            .map(|g| 2 * (g.blocks * g.block * kv_dim * self.elem_bytes()).div_ceil(4) * 4)
             .sum()
     }
 

@@ -25,7 +25,7 @@ pub enum BufKind {
     Layer,
     /// One of the two streaming slots.
     Slot,
-    /// KV cache, activations, tables (f32).
+    /// KV cache (f32 or f16), activations, tables (f32).
     Scratch,
 }
 
@@ -226,8 +226,9 @@ impl<V: Vram> Streamer<V> {
         let mut f32_buf = |n: usize| vram.alloc(n.max(1) * 4, BufKind::Scratch);
         let mut kv = Vec::new();
         for g in &kv_spec.layers {
-            let n = g.blocks * g.block * kv_dim;
-            kv.push((f32_buf(n)?, f32_buf(n)?));
+            // whole f32 words: an f16 cache of an odd element count rounds up
+            let words = (g.blocks * g.block * kv_dim * kv_spec.elem_bytes()).div_ceil(4);
+            kv.push((f32_buf(words)?, f32_buf(words)?));
         }
         let pos_buf = f32_buf(max_tokens)?;
         let seq_buf = f32_buf(max_tokens)?;
@@ -612,6 +613,7 @@ impl<V: Vram> Streamer<V> {
                 layer_base: &self.base,
                 s: self.scratch,
                 kv: &self.kv,
+                kv_f16: self.kv_spec.f16,
                 geo: &self.kv_spec.layers,
                 pos: self.pos_buf,
                 seq: self.seq_buf,

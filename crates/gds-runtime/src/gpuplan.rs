@@ -82,8 +82,10 @@ pub struct GpuPlan {
     pub min_budget_bytes: u64,
     /// Budget at which every layer is resident.
     pub all_resident_budget_bytes: u64,
-    /// Bytes of the KV cache in VRAM (f32; sliding-window blocks keep a ring).
+    /// Bytes of the KV cache in VRAM (sliding-window blocks keep a ring).
     pub kv_bytes: u64,
+    /// Its element type (`f16` or `f32`, `--kv-type`).
+    pub kv_type: KvDtype,
     /// Rows each sliding-window block's ring holds (`None`: no block keeps a ring).
     pub kv_window_ring_positions: Option<usize>,
 }
@@ -127,36 +129,53 @@ pub fn kv_spec(kv: &KvCache) -> Result<(KvSpec, Vec<Tables>)> {
         layers,
         max_blocks,
         max_seqs: kv.n_seqs(),
+        f16: kv.dtype() == KvDtype::F16,
     };
     Ok((spec, kinds))
 }
 
-/// The block tables (no rows: they live in VRAM; f32) of the GPU's one-sequence cache of `ctx`
-/// positions, `windows[l]` the window of layer `l`: the whole context per layer, or a ring
-/// for window layers as on the CPU ([`KvCache::with_window_ring`]), for passes of up to
-/// `batch` positions.
+/// The block tables (no rows: they live in VRAM, `dtype` elements) of the GPU's
+/// one-sequence cache of `ctx` positions, `windows[l]` the window of layer `l`: the whole
+/// context per layer, or a ring for window layers as on the CPU
+/// ([`KvCache::with_window_ring`]), for passes of up to `batch` positions.
 pub fn one_sequence_kv(
+    dtype: KvDtype,
     ctx: usize,
     kv_dim: usize,
     windows: &[Option<usize>],
     batch: usize,
 ) -> KvCache {
-    KvCache::window_ring_tables(KvDtype::F32, 1, ctx, kv_dim, windows, batch)
+    KvCache::window_ring_tables(dtype, 1, ctx, kv_dim, windows, batch)
 }
 
-/// Plans the GPU side for the model in `dir` (manifest `m`) with `ctx` positions: `io` is
-/// the user's `--io` (`auto`, `gds`, `direct`, `mmap`), `vram_budget` the user's
-/// `--vram-budget` (`None`: [`DEFAULT_VRAM_SHARE`] of the device), `direct` whether the
-/// layer files' filesystem supports `O_DIRECT`.
+/// What a run asks of the GPU plan.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuAsk<'a> {
+    /// Context length (KV cache positions).
+    pub ctx: usize,
+    /// The user's `--io`: `auto`, `gds`, `direct`, `mmap`.
+    pub io: &'a str,
+    /// The user's `--vram-budget` (`None`: [`DEFAULT_VRAM_SHARE`] of the device).
+    pub vram_budget: Option<u64>,
+    /// The KV cache's element type (`--kv-type`).
+    pub kv: KvDtype,
+}
+
+/// Plans the GPU side for the model in `dir` (manifest `m`) as `ask` asks, on the device
+/// `offer` describes; `direct`: whether the layer files' filesystem supports `O_DIRECT`.
 pub fn plan_gpu(
     dir: &Path,
     m: &Manifest<'_>,
-    ctx: usize,
-    io: &str,
-    vram_budget: Option<u64>,
+    ask: &GpuAsk<'_>,
     offer: &GpuOffer,
     direct: bool,
 ) -> Result<GpuPlan> {
+    let GpuAsk {
+        ctx,
+        io,
+        vram_budget,
+        kv: kv_type,
+    } = *ask;
     let err = |s: String| Err(RuntimeError::Usage(s));
     let bounce = |direct: bool, why: String| {
         let load = if direct {
@@ -210,7 +229,7 @@ pub fn plan_gpu(
     let windows: Vec<Option<usize>> = (0..layout.shape.n_layers)
         .map(|b| layout.shape.windows.get(b).copied().filter(|&w| w > 0))
         .collect();
-    let kv = one_sequence_kv(ctx, layout.kv_dim(), &windows, batch);
+    let kv = one_sequence_kv(kv_type, ctx, layout.kv_dim(), &windows, batch);
     let (spec, _) = kv_spec(&kv)?;
     let overhead = layout.overhead_bytes_with(ctx, batch, Layout::logit_rows(batch), &spec);
     let p = layout
@@ -231,6 +250,7 @@ pub fn plan_gpu(
         min_budget_bytes: p.min_budget as u64,
         all_resident_budget_bytes: p.all_resident_budget as u64,
         kv_bytes: spec.bytes(layout.kv_dim()) as u64,
+        kv_type,
         kv_window_ring_positions: kv.ring_positions(),
     })
 }

@@ -540,7 +540,7 @@ impl Plan {
     ///
     /// `--backend auto` takes a usable GPU, and falls back to the CPU, saying why, when this
     /// run cannot go there (a weight type without a GPU kernel, a model larger than the
-    /// device even streamed, a CPU-only option such as `--kv-type f16`).
+    /// device even streamed).
     pub fn build(opts: &PlanOptions) -> Result<Plan> {
         Self::build_for(opts, crate::backend::choose(opts.backend.as_deref())?)
     }
@@ -689,11 +689,8 @@ impl Plan {
             );
         }
         // f16 halves the cache and what a decode step reads; its perplexity is within 0.001 %
-        // of f32's (README); the GPU kernels keep f32
-        let kv_dtype = opts.kv_dtype.unwrap_or(match backend.name {
-            Backend::Cuda => KvDtype::F32,
-            Backend::Cpu => KvDtype::F16,
-        });
+        // of f32's (README); llama.cpp's default too, on the CPU and the GPU
+        let kv_dtype = opts.kv_dtype.unwrap_or(KvDtype::F16);
         let activations = match opts.activations.as_deref() {
             Some("q8") => Activations::Q8,
             Some("f32") => Activations::F32,
@@ -713,13 +710,6 @@ impl Plan {
             Some(n) => n,
             None => gemm_min_tokens_from_env()?.unwrap_or(gds_cuda::forward::GEMM_MIN_TOKENS),
         };
-        if backend.name == Backend::Cuda {
-            // The GPU kernels read weights in their block formats and keep the KV cache in
-            // f32; q8 activations run the int8 kernels where the weight type has one.
-            if kv_dtype != KvDtype::F32 {
-                return plan_err("--kv-type f16: the CUDA backend's KV cache is f32".into());
-            }
-        }
         let probe = || match m.layer(0) {
             Ok(l) => gds_io::probe_direct(&dir.join(l.file)),
             Err(e) => gds_io::DirectSupport::Buffered(e.to_string()),
@@ -776,15 +766,13 @@ impl Plan {
                     );
                 }
                 let direct = matches!(probe(), gds_io::DirectSupport::Direct);
-                let g = crate::gpuplan::plan_gpu(
-                    dir,
-                    &m,
+                let ask = crate::gpuplan::GpuAsk {
                     ctx,
-                    io_req,
-                    opts.vram_budget,
-                    &offer,
-                    direct,
-                )?;
+                    io: io_req,
+                    vram_budget: opts.vram_budget,
+                    kv: kv_dtype,
+                };
+                let g = crate::gpuplan::plan_gpu(dir, &m, &ask, &offer, direct)?;
                 // The host keeps no weights: the I/O plan records the file sizes only.
                 let mut io = crate::ioplan::plan_io(dir, &m, "mmap", None, probe)?;
                 io.verify = !opts.no_verify;

@@ -50,8 +50,8 @@ pub struct CommonArgs {
     /// Prompt tokens per forward pass.
     #[arg(long, short = 'b')]
     pub batch: Option<usize>,
-    /// KV cache type: f16 (the CPU default: half the memory, perplexity within 0.001 % of
-    /// f32) or f32 (the CUDA backend's).
+    /// KV cache type: f16 (the default, on the CPU and the GPU: half the memory,
+    /// perplexity within 0.001 % of f32) or f32 (exact).
     #[arg(long, value_parser = ["f32", "f16"])]
     pub kv_type: Option<String>,
     /// Compute backend: auto, cpu or cuda.
@@ -288,6 +288,9 @@ pub struct DoctorArgs {
     /// Plan with this backend.
     #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
     pub backend: Option<String>,
+    /// Plan with this KV cache type (f16, the default, or f32).
+    #[arg(long, value_parser = ["f32", "f16"])]
+    pub kv_type: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,

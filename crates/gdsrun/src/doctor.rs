@@ -6,7 +6,7 @@
 use crate::cli::DoctorArgs;
 use crate::out::outln;
 use anyhow::Result;
-use gds_runtime::gpuplan::{plan_gpu, GpuOffer, GpuPlan};
+use gds_runtime::gpuplan::{plan_gpu, GpuAsk, GpuOffer, GpuPlan};
 use gds_runtime::{Plan, PlanOptions};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -119,6 +119,7 @@ fn model_report(a: &DoctorArgs, dir: &std::path::Path) -> Value {
         mem_budget: a.mem_budget,
         io: a.io.clone(),
         backend: a.backend.clone(),
+        kv_dtype: a.kv_type.as_deref().and_then(gds_runtime::KvDtype::parse),
         ..Default::default()
     };
     // The VRAM budget goes into the plan only where the plan runs on the GPU.
@@ -138,6 +139,7 @@ fn model_report(a: &DoctorArgs, dir: &std::path::Path) -> Value {
             "streamed_bytes_per_token": g.streamed_bytes_per_token,
             "min_budget_bytes": g.min_budget_bytes,
             "all_resident_budget_bytes": g.all_resident_budget_bytes,
+            "kv_cache_bytes": g.kv_bytes, "kv_type": g.kv_type,
         })
     };
     let plan = match plan {
@@ -155,8 +157,13 @@ fn model_report(a: &DoctorArgs, dir: &std::path::Path) -> Value {
                     let preview = || {
                         let bytes = gds_io::read_manifest(dir)?;
                         let m = gds_runtime::plan::parse_manifest(dir, &bytes)?;
-                        let io = a.io.as_deref().unwrap_or("auto");
-                        plan_gpu(dir, &m, p.ctx, io, Some(v), &offer, direct_ok)
+                        let ask = GpuAsk {
+                            ctx: p.ctx,
+                            io: a.io.as_deref().unwrap_or("auto"),
+                            vram_budget: Some(v),
+                            kv: p.kv_dtype,
+                        };
+                        plan_gpu(dir, &m, &ask, &offer, direct_ok)
                     };
                     match preview() {
                         Ok(g) => gpu_json(&g, true),
@@ -228,13 +235,15 @@ fn print_gpu_plan(g: &Value) -> Result<()> {
         g["load_reason"].as_str().unwrap_or("")
     )?;
     outln!(
-        "        weights held {:.1} MiB ({} resident layers, {} streamed: {:.1} MiB/token); runs from {:.1} MiB, everything resident at {:.1} MiB",
+        "        weights held {:.1} MiB ({} resident layers, {} streamed: {:.1} MiB/token); runs from {:.1} MiB, everything resident at {:.1} MiB; KV cache {:.1} MiB ({})",
         mib("weights_held_bytes"),
         g["resident_layers"],
         g["streamed_layers"],
         mib("streamed_bytes_per_token"),
         mib("min_budget_bytes"),
-        mib("all_resident_budget_bytes")
+        mib("all_resident_budget_bytes"),
+        mib("kv_cache_bytes"),
+        g["kv_type"].as_str().unwrap_or("")
     )
 }
 

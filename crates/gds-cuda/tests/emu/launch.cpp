@@ -60,21 +60,33 @@ extern "C" void run_rope(float* x, const float* c, const float* s, int n_heads, 
                pos);
 }
 
-extern "C" void run_kv_store(const float* k, const float* v, float* kc, float* vc, int kv_dim,
+// The caches are f32, or f16 where `f16` (kv_store_f16 / attention_f16).
+extern "C" void run_kv_store(const float* k, const float* v, void* kc, void* vc, int kv_dim,
                              int ntok, const int* pos, const int* seq, const int* tables,
-                             int max_blocks, int block, int ring) {
-    emu_launch(kv_store, dim3(ntok), dim3(BLOCK_THREADS), k, v, kc, vc, kv_dim, pos, seq, tables,
-               max_blocks, block, ring);
+                             int max_blocks, int block, int ring, int f16) {
+    if (f16) {
+        emu_launch(kv_store_f16, dim3(ntok), dim3(BLOCK_THREADS), k, v, (u16*)kc, (u16*)vc,
+                   kv_dim, pos, seq, tables, max_blocks, block, ring);
+    } else {
+        emu_launch(kv_store, dim3(ntok), dim3(BLOCK_THREADS), k, v, (float*)kc, (float*)vc,
+                   kv_dim, pos, seq, tables, max_blocks, block, ring);
+    }
 }
 
-extern "C" void run_attention(const float* q, const float* kc, const float* vc, float* att,
+extern "C" void run_attention(const float* q, const void* kc, const void* vc, float* att,
                               float* out, int n_heads, int n_kv_heads, int head_dim, int ntok,
                               const int* pos, const int* seq, const int* tables, int max_blocks,
                               int block, int ring, int n_ctx, float scale, int window,
-                              float softcap, const float* sinks) {
-    emu_launch(attention, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, kc, vc, att, out, n_heads,
-               n_kv_heads, head_dim, pos, seq, tables, max_blocks, block, ring, n_ctx, scale,
-               window, softcap, sinks);
+                              float softcap, const float* sinks, int f16) {
+    if (f16) {
+        emu_launch(attention_f16, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, (const u16*)kc,
+                   (const u16*)vc, att, out, n_heads, n_kv_heads, head_dim, pos, seq, tables,
+                   max_blocks, block, ring, n_ctx, scale, window, softcap, sinks);
+    } else {
+        emu_launch(attention, dim3(n_heads, ntok), dim3(BLOCK_THREADS), q, (const float*)kc,
+                   (const float*)vc, att, out, n_heads, n_kv_heads, head_dim, pos, seq, tables,
+                   max_blocks, block, ring, n_ctx, scale, window, softcap, sinks);
+    }
 }
 
 extern "C" void run_gather_rows(float* dst, const float* src, const int* rows, int n,

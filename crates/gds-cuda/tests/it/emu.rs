@@ -471,11 +471,138 @@ impl Geo {
     }
 }
 
+/// A key or value cache of f32 or f16 elements, in f32 words (the alignment the kernels
+/// need), NaN everywhere it is not written.
+struct Cache {
+    f16: bool,
+    words: Vec<u32>,
+}
+
+impl Cache {
+    fn nan(elements: usize, f16: bool) -> Cache {
+        let words = match f16 {
+            // two f16 NaNs (0x7E00) a word
+            true => vec![0x7E00_7E00; elements.div_ceil(2)],
+            false => vec![f32::NAN.to_bits(); elements],
+        };
+        Cache { f16, words }
+    }
+
+    /// Element `at` onwards set to `xs`, as the cache holds them (f16: rounded).
+    fn write(&mut self, at: usize, xs: &[f32]) {
+        for (i, &x) in (at..).zip(xs) {
+            match self.f16 {
+                true => {
+                    let (w, shift) = (i / 2, 16 * (i % 2));
+                    let h = half::f16::from_f32(x).to_bits() as u32;
+                    self.words[w] = (self.words[w] & !(0xFFFF << shift)) | (h << shift);
+                }
+                false => self.words[i] = x.to_bits(),
+            }
+        }
+    }
+
+    fn ptr(&self) -> *const u8 {
+        self.words.as_ptr().cast()
+    }
+
+    fn mut_ptr(&mut self) -> *mut u8 {
+        self.words.as_mut_ptr().cast()
+    }
+}
+
+/// `x` as a cache of f16 (`f16`) or f32 elements holds it.
+fn held(x: f32, f16: bool) -> f32 {
+    match f16 {
+        true => half::f16::from_f32(x).to_f32(),
+        false => x,
+    }
+}
+
+/// `kv_store_f16` rounds as the CPU's f16 KV cache (`half::f16::from_f32`: to nearest, ties
+/// to even) for every f32: each f16's exact value and the ties and near-ties between it
+/// and the next (normal and subnormal), overflow to infinity, underflow to zero, NaN and
+/// infinity, and a million f32 bit patterns spread over the whole range.
+#[test]
+fn kv_store_f16_rounds_every_f32_as_the_cpus_f16_cache() {
+    let mut xs: Vec<f32> = Vec::new();
+    for h in 0..=0x7BFFu16 {
+        // every finite positive f16, the midpoint to the next one (a tie) and its neighbours
+        let (a, b) = (
+            half::f16::from_bits(h).to_f32(),
+            half::f16::from_bits(h + 1).to_f32(),
+        );
+        let mid = ((a as f64 + b as f64) / 2.0) as f32;
+        let ulp = |x: f32, d: i32| f32::from_bits((x.to_bits() as i32 + d) as u32);
+        for x in [a, mid, ulp(mid, -1), ulp(mid, 1)] {
+            xs.extend([x, -x]);
+        }
+    }
+    xs.extend([
+        65504.0,
+        65519.99,
+        65520.0, // the tie at the top rounds to infinity
+        1e6,
+        f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        2.98e-8, // just under half the smallest subnormal (2^-25)
+        2.9802322e-8,
+        2.99e-8,
+    ]);
+    xs.extend(
+        (0..(1u64 << 32))
+            .step_by(4093)
+            .map(|b| f32::from_bits(b as u32)),
+    );
+    let n = xs.len();
+    let mut kc = Cache::nan(n, true);
+    let mut vc = Cache::nan(n, true);
+    let neg: Vec<f32> = xs.iter().map(|x| -x).collect();
+    let (pos, seq, table) = ([0i32], [0i32], [0i32]);
+    // SAFETY: one token of n elements into caches of one block of one row of n f16.
+    unsafe {
+        sym::<KvStoreFn>("run_kv_store")(
+            xs.as_ptr(),
+            neg.as_ptr(),
+            kc.mut_ptr(),
+            vc.mut_ptr(),
+            n as i32,
+            1,
+            pos.as_ptr(),
+            seq.as_ptr(),
+            table.as_ptr(),
+            1,
+            1,
+            0,
+            1,
+        )
+    };
+    let got = |c: &Cache, i: usize| (c.words[i / 2] >> (16 * (i % 2))) as u16;
+    for (i, &x) in xs.iter().enumerate() {
+        for (c, x) in [(&kc, x), (&vc, -x)] {
+            let want = half::f16::from_f32(x).to_bits();
+            let g = got(c, i);
+            // a NaN stays a NaN (its payload bits are not compared)
+            let both_nan = x.is_nan() && half::f16::from_bits(g).is_nan();
+            assert!(
+                g == want || both_nan,
+                "{x:e} ({:#010x}): {g:#06x}, want {want:#06x}",
+                x.to_bits()
+            );
+        }
+    }
+}
+
 /// Causal softmax attention through block tables, grouped KV heads; with a window only the
 /// last `window` positions are read, and scores are capped as `cap·tanh(s/cap)` after the
 /// scale (Gemma 2). Two sequences of different lengths share one pass and one pool of
 /// blocks; `kv_store` first writes the pass's new keys and values to their rows. Every cache
-/// row no query may read is NaN, so a wrong row shows.
+/// row no query may read is NaN, so a wrong row shows. The caches are f32, then f16
+/// (`kv_store_f16` and `attention_f16`: the reference reads the keys and values rounded to
+/// f16).
 #[test]
 fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_and_cap() {
     let (n_heads, n_kv, hd, n_ctx) = (4usize, 2usize, 16usize, 512usize);
@@ -538,14 +665,17 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
         }
         g
     };
-    for (window, cap, with_sinks) in [
-        (0usize, 0f32, false),
-        (7, 0.0, false),
-        (0, 0.5, false),
-        (40, 0.7, false),
-        (20, 0.0, false),
-        (0, 0.0, true),
-        (7, 0.0, true),
+    for (window, cap, with_sinks, f16) in [
+        (0usize, 0f32, false, false),
+        (7, 0.0, false, false),
+        (0, 0.5, false, false),
+        (40, 0.7, false, false),
+        (20, 0.0, false, false),
+        (0, 0.0, true, false),
+        (7, 0.0, true, false),
+        (0, 0.0, false, true),
+        (40, 0.7, false, true),
+        (7, 0.0, true, true),
     ] {
         // gpt-oss's sinks: one logit per query head, some above the scores' range
         let sinks: Vec<f32> = match with_sinks {
@@ -558,8 +688,8 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
             let v: Vec<Vec<f32>> = (0..2).map(|s| values(n_ctx * kvs, 41 + s)).collect();
             // the cache before the pass: positions before each sequence's first token of
             // the pass, latest write winning in a ring; NaN elsewhere
-            let mut kc = vec![f32::NAN; geo.blocks * geo.block * kvs];
-            let mut vc = kc.clone();
+            let mut kc = Cache::nan(geo.blocks * geo.block * kvs, f16);
+            let mut vc = Cache::nan(geo.blocks * geo.block * kvs, f16);
             for (s, &first) in firsts.iter().enumerate() {
                 let oldest = if window > 0 {
                     (first + 1).saturating_sub(window)
@@ -568,8 +698,8 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                 };
                 for p in oldest..first {
                     let r = geo.row(s, p);
-                    kc[r * kvs..][..kvs].copy_from_slice(&k[s][p * kvs..][..kvs]);
-                    vc[r * kvs..][..kvs].copy_from_slice(&v[s][p * kvs..][..kvs]);
+                    kc.write(r * kvs, &k[s][p * kvs..][..kvs]);
+                    vc.write(r * kvs, &v[s][p * kvs..][..kvs]);
                 }
             }
             // the pass's new rows
@@ -598,8 +728,8 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                 store(
                     kn.as_ptr(),
                     vn.as_ptr(),
-                    kc.as_mut_ptr(),
-                    vc.as_mut_ptr(),
+                    kc.mut_ptr(),
+                    vc.mut_ptr(),
                     kvs as i32,
                     ntok as i32,
                     pos.as_ptr(),
@@ -608,11 +738,12 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                     max_blocks as i32,
                     geo.block as i32,
                     geo.ring as i32,
+                    f16 as i32,
                 );
                 f(
                     q.as_ptr(),
-                    kc.as_ptr(),
-                    vc.as_ptr(),
+                    kc.ptr(),
+                    vc.ptr(),
                     att.as_mut_ptr(),
                     out.as_mut_ptr(),
                     n_heads as i32,
@@ -634,6 +765,7 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                     } else {
                         std::ptr::null()
                     },
+                    f16 as i32,
                 )
             };
             for (t, &(s, pos)) in toks.iter().enumerate() {
@@ -652,7 +784,7 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                             let x = qh
                                 .iter()
                                 .zip(kp)
-                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .map(|(a, b)| *a as f64 * held(*b, f16) as f64)
                                 .sum::<f64>()
                                 * scale as f64;
                             if cap > 0.0 {
@@ -668,12 +800,14 @@ fn paged_attention_is_causal_softmax_per_sequence_with_grouped_kv_heads_window_a
                     let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |v| (v - mx).exp());
                     for d in 0..hd {
                         let want: f64 = (first..n_pos)
-                            .map(|p| e[p - first] / sum * v[s][p * kvs + kvh * hd + d] as f64)
+                            .map(|p| {
+                                e[p - first] / sum * held(v[s][p * kvs + kvh * hd + d], f16) as f64
+                            })
                             .sum();
                         let got = out[(t * n_heads + h) * hd + d] as f64;
                         assert!(
                             (got - want).abs() < 1e-5,
-                            "{name}: window {window} cap {cap} sinks {with_sinks} token {t} (seq {s} pos {pos}) h {h} d {d}: {got} vs {want}"
+                            "{name}: window {window} cap {cap} sinks {with_sinks} f16 {f16} token {t} (seq {s} pos {pos}) h {h} d {d}: {got} vs {want}"
                         );
                     }
                 }
@@ -693,12 +827,12 @@ fn single_sequence_caches_are_one_block_or_a_one_block_ring() {
         let ring = usize::from(rows < n_ctx);
         let k = values(n_ctx * kvs, 3);
         let v = values(n_ctx * kvs, 4);
-        let mut kc = vec![f32::NAN; rows * kvs];
-        let mut vc = kc.clone();
+        let mut kc = Cache::nan(rows * kvs, false);
+        let mut vc = Cache::nan(rows * kvs, false);
         let oldest = if window > 0 { pos0 + 1 - window } else { 0 };
         for p in oldest..pos0 {
-            kc[p % rows * kvs..][..kvs].copy_from_slice(&k[p * kvs..][..kvs]);
-            vc[p % rows * kvs..][..kvs].copy_from_slice(&v[p * kvs..][..kvs]);
+            kc.write(p % rows * kvs, &k[p * kvs..][..kvs]);
+            vc.write(p % rows * kvs, &v[p * kvs..][..kvs]);
         }
         let (kn, vn) = (
             k[pos0 * kvs..(pos0 + ntok) * kvs].to_vec(),
@@ -715,8 +849,8 @@ fn single_sequence_caches_are_one_block_or_a_one_block_ring() {
             sym::<KvStoreFn>("run_kv_store")(
                 kn.as_ptr(),
                 vn.as_ptr(),
-                kc.as_mut_ptr(),
-                vc.as_mut_ptr(),
+                kc.mut_ptr(),
+                vc.mut_ptr(),
                 kvs as i32,
                 ntok as i32,
                 pos.as_ptr(),
@@ -725,11 +859,12 @@ fn single_sequence_caches_are_one_block_or_a_one_block_ring() {
                 1,
                 rows as i32,
                 ring as i32,
+                0,
             );
             sym::<AttnFn>("run_attention")(
                 q.as_ptr(),
-                kc.as_ptr(),
-                vc.as_ptr(),
+                kc.ptr(),
+                vc.ptr(),
                 att.as_mut_ptr(),
                 out.as_mut_ptr(),
                 n_heads as i32,
@@ -747,6 +882,7 @@ fn single_sequence_caches_are_one_block_or_a_one_block_ring() {
                 window as i32,
                 0.0,
                 std::ptr::null(),
+                0,
             )
         };
         assert!(

@@ -630,6 +630,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         layer_base: &base,
         s,
         kv: &kv,
+        kv_f16: false,
         geo: &geo,
         pos: pos_p as u64,
         seq: seq.as_mut_ptr() as u64,

@@ -602,12 +602,13 @@ impl PassStaging {
 }
 
 /// One sequence on the GPU executor over any device ([`Vram`]): the cache of
-/// [`one_sequence_kv`](crate::gpuplan::one_sequence_kv) for `ctx` positions and passes of up
-/// to `batch`, whose VRAM layout `open(spec, batch, outputs)` opens the executor with, and up
+/// [`one_sequence_kv`](crate::gpuplan::one_sequence_kv) of `kv_type` elements for `ctx`
+/// positions and passes of up to `batch`, whose VRAM layout `open(spec, batch, outputs)` opens the executor with, and up
 /// to `outputs` logit rows a pass (at most [`Layout::logit_rows`]). What `gdsrun run`,
 /// `bench` and `perplexity --backend cuda` run (`crate::exec::gpu::open_one`, with `CudaVram`).
 pub fn one_sequence<V: Vram + Send + 'static>(
     config: &Config,
+    kv_type: crate::kv::KvDtype,
     ctx: usize,
     batch: usize,
     outputs: usize,
@@ -616,7 +617,7 @@ pub fn one_sequence<V: Vram + Send + 'static>(
     let batch = Layout::batch(ctx, batch);
     let outputs = outputs.clamp(1, Layout::logit_rows(batch));
     let windows: Vec<Option<usize>> = (0..config.n_layers).map(|l| config.window(l)).collect();
-    let kv = crate::gpuplan::one_sequence_kv(ctx, config.kv_dim(), &windows, batch);
+    let kv = crate::gpuplan::one_sequence_kv(kv_type, ctx, config.kv_dim(), &windows, batch);
     let staging = PassStaging::new(&kv)?;
     let model = open(staging.spec(), batch, outputs)?;
     let exec = StreamerBatch::new(model, config.clone(), staging, outputs);

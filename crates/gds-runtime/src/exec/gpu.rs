@@ -63,10 +63,11 @@ fn open_gpu_model(
 /// passes of up to [`gds_cuda::plan::MAX_BATCH`] positions, up to `outputs` of them with
 /// logits, over the cache [`crate::gpuplan::plan_gpu`] planned the VRAM for
 /// ([`crate::exec::cuda_graph::one_sequence`]).
-/// (Its cache is f32, as the plan requires of the CUDA backend.)
+/// (Its cache holds the plan's `--kv-type`.)
 pub fn open_one(plan: &Plan, outputs: usize) -> Result<OneSequence> {
     crate::exec::cuda_graph::one_sequence(
         &plan.model,
+        plan.kv_dtype,
         plan.ctx,
         gds_cuda::plan::MAX_BATCH,
         outputs,
@@ -82,18 +83,14 @@ pub fn open_one(plan: &Plan, outputs: usize) -> Result<OneSequence> {
 pub type GpuBatchExecutor = StreamerBatch<gds_cuda::executor::CudaVram>;
 
 /// Opens the plan's model on the GPU for passes of up to `batch` tokens, `outputs` of them
-/// with logits, over the rows of `kv` (which must be f32; its host rows are dropped).
+/// with logits, over the rows of `kv` (laid out in VRAM in its element type; its host rows
+/// are dropped).
 pub fn open_batch(
     plan: &Plan,
     kv: &mut KvCache,
     batch: usize,
     outputs: usize,
 ) -> Result<GpuBatchExecutor> {
-    if kv.dtype() != crate::kv::KvDtype::F32 {
-        return Err(RuntimeError::Usage(
-            "--kv-dtype f16: the CUDA backend's KV cache is f32 (use --kv-dtype f32)".into(),
-        ));
-    }
     let staging = PassStaging::new(kv)?;
     let model = open_gpu_model(plan, batch, staging.spec(), outputs)?;
     kv.drop_rows();

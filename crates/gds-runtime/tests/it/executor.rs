@@ -6,7 +6,7 @@
 //!   is made from the manifest alone, so it is checked here on the real SmolLM2 layout.
 
 use gds_runtime::exec::{eval_last, Executor, OneSequence};
-use gds_runtime::gpuplan::{plan_gpu, GpuLoad, GpuOffer, GpuPlan};
+use gds_runtime::gpuplan::{plan_gpu, GpuAsk, GpuLoad, GpuOffer, GpuPlan};
 use gds_runtime::{KvDtype, Model, Plan, PlanOptions};
 use std::path::Path;
 
@@ -84,7 +84,13 @@ fn offer(gds: bool, direct: bool) -> (GpuOffer, bool) {
 fn gpu(io: &str, budget: Option<u64>, (o, direct): &(GpuOffer, bool)) -> Result<GpuPlan, String> {
     let bytes = gds_io::read_manifest(smollm2()).unwrap();
     let m = gds_format::Manifest::parse(&bytes).unwrap();
-    plan_gpu(smollm2(), &m, 512, io, budget, o, *direct).map_err(|e| e.to_string())
+    let ask = GpuAsk {
+        ctx: 512,
+        io,
+        vram_budget: budget,
+        kv: KvDtype::F32,
+    };
+    plan_gpu(smollm2(), &m, &ask, o, *direct).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -224,11 +230,11 @@ fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
         reason: "auto: usable GPU found (Test GPU)".into(),
         gpu: Some(offer(false, true).0),
     };
-    let build = |kv_dtype: Option<KvDtype>, vram: Option<u64>| {
+    let build = |mem_budget: Option<u64>, vram: Option<u64>| {
         Plan::build_for(
             &PlanOptions {
                 model_dir: smollm2().to_path_buf(),
-                kv_dtype,
+                mem_budget,
                 vram_budget: vram,
                 ..Default::default()
             },
@@ -240,10 +246,10 @@ fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
     assert_eq!(p.backend, gds_runtime::backend::Backend::Cuda);
     assert!(p.gpu.is_some());
     // a CPU-only option: the CPU runs it, and the plan says why the GPU did not
-    let p = build(Some(KvDtype::F16), None).unwrap();
+    let p = build(Some(64 << 20), None).unwrap();
     assert_eq!(p.backend, gds_runtime::backend::Backend::Cpu);
     assert!(
-        p.backend_reason.contains("Test GPU") && p.backend_reason.contains("--kv-type f16"),
+        p.backend_reason.contains("Test GPU") && p.backend_reason.contains("--mem-budget"),
         "{}",
         p.backend_reason
     );
@@ -258,13 +264,34 @@ fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
         &PlanOptions {
             model_dir: smollm2().to_path_buf(),
             backend: Some("cuda".into()),
-            kv_dtype: Some(KvDtype::F16),
+            mem_budget: Some(64 << 20),
             ..Default::default()
         },
         gpu_choice(),
     )
     .unwrap_err();
-    assert!(e.to_string().contains("--kv-type f16"), "{e}");
+    assert!(e.to_string().contains("--mem-budget"), "{e}");
+    // the KV cache is f16 on the GPU as on the CPU unless --kv-type f32 asks: half the VRAM
+    let kv = |kv_dtype: Option<KvDtype>| {
+        let p = Plan::build_for(
+            &PlanOptions {
+                model_dir: smollm2().to_path_buf(),
+                backend: Some("cuda".into()),
+                kv_dtype,
+                ..Default::default()
+            },
+            gpu_choice(),
+        )
+        .unwrap();
+        let g = p.gpu.unwrap();
+        assert_eq!(g.kv_type, p.kv_dtype);
+        (p.kv_dtype, g.kv_bytes)
+    };
+    let (f16, f32) = (kv(None), kv(Some(KvDtype::F32)));
+    assert_eq!(f16.0, KvDtype::F16);
+    assert_eq!(f32.0, KvDtype::F32);
+    assert_eq!(kv(Some(KvDtype::F16)), f16);
+    assert_eq!(2 * f16.1, f32.1, "f16 halves the VRAM cache");
     // 8-bit activations run on the GPU (the int8 kernels): no fallback
     let p = Plan::build_for(
         &PlanOptions {

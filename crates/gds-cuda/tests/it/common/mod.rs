@@ -54,13 +54,13 @@ pub fn lib() -> &'static Library {
     })
 }
 
-/// `run_attention` of tests/emu/launch.cpp: q, kc, vc, att (scratch), out, n_heads,
-/// n_kv_heads, head_dim, ntok, pos, seq, tables, max_blocks, block, ring, n_ctx, scale,
-/// window, softcap.
+/// `run_attention` of tests/emu/launch.cpp: q, kc, vc (f32 or f16), att (scratch), out,
+/// n_heads, n_kv_heads, head_dim, ntok, pos, seq, tables, max_blocks, block, ring, n_ctx,
+/// scale, window, softcap, sinks, f16 (the caches' element type).
 pub type AttnFn = unsafe extern "C" fn(
     *const f32,
-    *const f32,
-    *const f32,
+    *const u8,
+    *const u8,
     *mut f32,
     *mut f32,
     i32,
@@ -78,19 +78,22 @@ pub type AttnFn = unsafe extern "C" fn(
     i32,
     f32,
     *const f32,
+    i32,
 );
 
-/// `run_kv_store`: k, v, kc, vc, kv_dim, ntok, pos, seq, tables, max_blocks, block, ring.
+/// `run_kv_store`: k, v, kc, vc (f32 or f16), kv_dim, ntok, pos, seq, tables, max_blocks,
+/// block, ring, f16 (the caches' element type).
 pub type KvStoreFn = unsafe extern "C" fn(
     *const f32,
     *const f32,
-    *mut f32,
-    *mut f32,
+    *mut u8,
+    *mut u8,
     i32,
     i32,
     *const i32,
     *const i32,
     *const i32,
+    i32,
     i32,
     i32,
     i32,
@@ -260,6 +263,7 @@ impl Device for Emu {
                 pages.max_blocks,
                 pages.block,
                 pages.ring,
+                pages.f16 as i32,
             )
         };
         Ok(())
@@ -303,6 +307,7 @@ impl Device for Emu {
                 window,
                 softcap,
                 p(sinks),
+                pages.f16 as i32,
             )
         };
         Ok(())
