@@ -36,14 +36,14 @@
 use crate::forward::{Device, Heads, KvPages};
 use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS, MMQ8_ROWS, MMQ8_WARPS};
 use crate::plan::{LayerMeta, Layout};
-use crate::stream::{BufKind, StreamOptions, Streamer, Vram};
+use crate::stream::{BufKind, GraphKey, StreamOptions, Streamer, Vram};
 use crate::{nvrtc, probe, GpuError, GpuPath};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::CudaBlas;
 use cudarc::cufile::{Cufile, FileHandle};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PinnedHostSlice, PushKernelArg,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use gds_format::Manifest;
 use gds_io::{DirectBackend, DirectOptions, LayerSource, Span};
@@ -99,7 +99,14 @@ pub struct ExecOptions {
     /// Passes of this many tokens or more go through GEMM on dequantized tiles (the plan's
     /// `gemm_min_tokens`; [`GEMM_MIN_TOKENS`](crate::forward::GEMM_MIN_TOKENS) by default).
     pub gemm_min_tokens: usize,
+    /// Capture short passes as CUDA graphs and replay them ([`StreamOptions::graphs`]; the
+    /// plan's `cuda_graphs`).
+    pub graphs: bool,
 }
+
+/// CUDA graphs one model keeps (one per pass shape: tokens and output rows; decode of one
+/// sequence needs one, a server's decode steps one per batch size).
+pub const MAX_GRAPHS: usize = 64;
 
 /// The compiled kernels and the streams they run on.
 struct Gpu {
@@ -739,7 +746,20 @@ pub struct CudaVram {
     registered: Vec<usize>,
     loaded: [Option<CudaEvent>; 2],
     computed: [Option<CudaEvent>; 2],
+    /// Captured passes ([`Vram::capture_end`]), replayed on the compute stream.
+    graphs: Vec<(GraphKey, OwnedGraph)>,
 }
+
+/// A CUDA graph owned by one [`CudaVram`].
+struct OwnedGraph(CudaGraph);
+
+// SAFETY: cudarc's `CudaGraph` is not `Send` because it holds raw `CUgraph`/`CUgraphExec`
+// handles, which CUDA does not synchronize internally: calls on one graph must not run
+// concurrently. Here a graph is reachable only through its `CudaVram` (`&mut self` for every
+// launch), so moving the model to another thread (the server's engine thread) moves its
+// graphs with it and their calls stay serialized; cudarc binds the context to the calling
+// thread before each launch.
+unsafe impl Send for OwnedGraph {}
 
 /// The buffer of `bufs` that starts at device address `dst`.
 fn find_buf(bufs: &mut [(u64, CudaSlice<u8>)], dst: u64) -> Result<&mut CudaSlice<u8>, GpuError> {
@@ -892,6 +912,46 @@ impl Vram for CudaVram {
             Loader::Gds { .. } => None,
         }
     }
+
+    fn replay(&mut self, key: GraphKey) -> Result<bool, GpuError> {
+        match self.graphs.iter().find(|(k, _)| *k == key) {
+            Some((_, g)) => {
+                g.0.launch().map_err(cuda("launching a CUDA graph"))?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn capture_begin(&mut self) -> Result<bool, GpuError> {
+        if self.graphs.len() >= MAX_GRAPHS {
+            return Ok(false);
+        }
+        // Thread-local: only this thread's calls must be capture-safe (the read-ahead
+        // threads make no CUDA calls; nothing streams while capturing anyway).
+        self.gpu
+            .compute
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(cuda("beginning a CUDA graph capture"))?;
+        Ok(true)
+    }
+
+    fn capture_end(&mut self, key: GraphKey, keep: bool) -> Result<(), GpuError> {
+        let graph = self
+            .gpu
+            .compute
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(cuda("ending a CUDA graph capture"))?;
+        match graph {
+            Some(g) if keep => {
+                // nothing captured has run yet
+                g.launch().map_err(cuda("launching a CUDA graph"))?;
+                self.graphs.push((key, OwnedGraph(g)));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 impl Drop for CudaVram {
@@ -948,6 +1008,7 @@ impl Streamer<CudaVram> {
             registered: Vec::new(),
             loaded: [None, None],
             computed: [None, None],
+            graphs: Vec::new(),
         };
         let stream_opts = StreamOptions {
             vram_budget: opts.vram_budget,
@@ -958,6 +1019,7 @@ impl Streamer<CudaVram> {
             max_outputs: opts.max_outputs,
             q8_activations: opts.q8_activations,
             gemm_min_tokens: opts.gemm_min_tokens,
+            graphs: opts.graphs,
         };
         Streamer::with_layout(layout, &stream_opts, vram, graph)
     }

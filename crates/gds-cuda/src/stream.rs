@@ -74,7 +74,47 @@ pub trait Vram {
     /// Bytes read from layer files and nanoseconds spent reading, where the device keeps
     /// its own count (`None`: the executor's wall-clock count is used).
     fn io_stats(&self) -> Option<gds_io::IoStats>;
+    /// Runs the pass captured under `key` ([`Vram::capture_end`]) on the compute side:
+    /// `false` where there is none (or the device captures nothing).
+    fn replay(&mut self, _key: GraphKey) -> Result<bool, GpuError> {
+        Ok(false)
+    }
+    /// Starts capturing what [`Vram::kernels`] is given instead of running it (CUDA
+    /// graphs: one launch replays a pass's hundreds): `false` where the device does not
+    /// capture or holds as many captures as it keeps, and nothing changes.
+    fn capture_begin(&mut self) -> Result<bool, GpuError> {
+        Ok(false)
+    }
+    /// Ends the capture [`Vram::capture_begin`] began: with `keep`, stores it under `key`
+    /// and runs it once (nothing captured has run yet); without, discards it.
+    fn capture_end(&mut self, _key: GraphKey, _keep: bool) -> Result<(), GpuError> {
+        Ok(())
+    }
 }
+
+/// What a captured pass ([`Vram::capture_begin`]) is replayed for: its kernels' arguments
+/// and grids follow from its token and output counts, everything else it reads (positions,
+/// block tables, output rows, activations) lives in device buffers written before it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    /// Tokens of the pass.
+    pub tokens: usize,
+    /// Output rows (logits) of the pass.
+    pub outputs: usize,
+}
+
+/// Passes replayed from captures, and captures made ([`Streamer::graph_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Passes run by replaying a capture.
+    pub replays: u64,
+    /// Passes captured (and run once).
+    pub captures: u64,
+}
+
+/// A pass shape is captured the second time it runs (a shape seen once, a prompt's last
+/// odd chunk, costs no capture).
+const CAPTURE_AFTER: u32 = 1;
 
 /// What the caller decides (from the plan).
 #[derive(Clone, Debug)]
@@ -103,6 +143,10 @@ pub struct StreamOptions {
     /// Passes of this many tokens or more go through GEMM on dequantized tiles
     /// ([`GEMM_MIN_TOKENS`](crate::forward::GEMM_MIN_TOKENS) by default).
     pub gemm_min_tokens: usize,
+    /// Capture the passes that can be replayed ([`Vram::capture_begin`]: every layer
+    /// resident, no mixture of experts (its routing reads logits on the host), fewer tokens
+    /// than `gemm_min_tokens`, no hidden states asked) and replay them.
+    pub graphs: bool,
 }
 
 /// Block-table entry of a block released behind a sliding window (never read again).
@@ -140,15 +184,17 @@ pub struct Streamer<V: Vram> {
     kv: Vec<(u64, u64)>,
     /// How each block's KV cache is paged.
     kv_spec: KvSpec,
-    /// The pass's positions, table rows and output rows (i32).
+    /// The pass's positions, table rows and output rows (i32): parts of one buffer,
+    /// `pos_buf`, uploaded in one copy each pass.
     pos_buf: u64,
     seq_buf: u64,
     out_buf: u64,
-    /// The pass's block tables (i32, `kv_spec.max_blocks[t]` per sequence).
+    /// The pass's block tables (i32, `kv_spec.max_blocks[t]` per sequence), after those.
     table_bufs: Vec<u64>,
     /// Most tokens of a pass that get logits.
     max_outputs: usize,
-    /// Host staging of the pass's i32 arrays.
+    /// Host staging of that buffer: positions at 0, sequence rows at `max_tokens`, output
+    /// rows at `2 × max_tokens`, the tables from `2 × max_tokens + max_outputs` on.
     host_i32: Vec<i32>,
     ropes: Vec<(u64, u64)>,
     scratch: Scratch,
@@ -160,6 +206,13 @@ pub struct Streamer<V: Vram> {
     slot_addr: Vec<u64>,
     /// The per-token order of block computes and slot reads.
     steps: Vec<Step>,
+    /// Passes may be captured and replayed ([`StreamOptions::graphs`] and the model
+    /// allows it).
+    graphs: bool,
+    /// How often each pass shape ran without a capture.
+    seen: Vec<(GraphKey, u32)>,
+    /// Passes replayed from a capture, and captures made.
+    pub graph_stats: GraphStats,
     /// For each step, the layer of the next load after it (wrapping to the next token's
     /// first): what to read ahead.
     next_load: Vec<Option<usize>>,
@@ -230,14 +283,23 @@ impl<V: Vram> Streamer<V> {
             let words = (g.blocks * g.block * kv_dim * kv_spec.elem_bytes()).div_ceil(4);
             kv.push((f32_buf(words)?, f32_buf(words)?));
         }
-        let pos_buf = f32_buf(max_tokens)?;
-        let seq_buf = f32_buf(max_tokens)?;
-        let out_buf = f32_buf(max_outputs)?;
-        let table_bufs = kv_spec
+        // the pass's i32 arrays in one buffer, one upload a pass (a copy to the device
+        // synchronizes with it: one round trip instead of one per array)
+        let table_words: Vec<usize> = kv_spec
             .max_blocks
             .iter()
-            .map(|&m| f32_buf(kv_spec.max_seqs * m))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|&m| kv_spec.max_seqs * m)
+            .collect();
+        let i32_words = 2 * max_tokens + max_outputs + table_words.iter().sum::<usize>();
+        let pos_buf = f32_buf(i32_words)?;
+        let word = |i: usize| pos_buf + (i * 4) as u64;
+        let (seq_buf, out_buf) = (word(max_tokens), word(2 * max_tokens));
+        let mut table_bufs = Vec::new();
+        let mut at = 2 * max_tokens + max_outputs;
+        for w in &table_words {
+            table_bufs.push(word(at));
+            at += w;
+        }
         // allocated either way: the VRAM plan counts it (Layout::overhead_bytes_with)
         let xq_buf = f32_buf(Layout::q8_bytes(max_tokens, widest).div_ceil(4))?;
         let tile_elements = layout.tile_elements();
@@ -306,6 +368,13 @@ impl<V: Vram> Streamer<V> {
         }
         let steps = schedule(&layout.blocks, &plan.resident);
         let next_load = next_loads(&steps);
+        // a streamed layer's read (cuFile, or a host copy) and a mixture's routing on the
+        // host are not kernels a capture can hold
+        let graphs = opts.graphs
+            && s.moe.is_none()
+            && steps
+                .iter()
+                .all(|st| matches!(st, Step::Compute { slot: None, .. }));
         Ok(Streamer {
             vram,
             kv,
@@ -315,13 +384,16 @@ impl<V: Vram> Streamer<V> {
             out_buf,
             table_bufs,
             max_outputs,
-            host_i32: Vec::new(),
+            host_i32: vec![0; i32_words],
             ropes,
             scratch,
             graph,
             base,
             slot_addr,
             steps,
+            graphs,
+            seen: Vec::new(),
+            graph_stats: GraphStats::default(),
             next_load,
             max_tokens,
             ctx_len: ctx,
@@ -545,26 +617,83 @@ impl<V: Vram> Streamer<V> {
             )));
         }
         let ntok = input.tokens.len();
-        let mut h = std::mem::take(&mut self.host_i32);
-        let mut put = |vram: &mut V, dst: u64, src: &[u32]| {
-            h.clear();
-            h.extend(src.iter().map(|&v| v as i32));
-            vram.upload_i32(dst, &h)
-        };
-        put(&mut self.vram, self.pos_buf, input.pos)?;
-        put(&mut self.vram, self.seq_buf, input.seq)?;
-        if rows > 0 {
-            put(&mut self.vram, self.out_buf, input.outputs)?;
+        // positions, sequence rows, output rows and tables at their places in the one i32
+        // buffer (check_pass bounded every length); what the pass does not use is stale
+        // and never read
+        let base = self.pos_buf;
+        let h = &mut self.host_i32;
+        let parts = [self.pos_buf, self.seq_buf, self.out_buf]
+            .into_iter()
+            .zip([input.pos, input.seq, input.outputs])
+            .chain(
+                self.table_bufs
+                    .iter()
+                    .copied()
+                    .zip(input.tables.iter().copied()),
+            );
+        let mut end = 0;
+        for (dst, src) in parts {
+            let at = ((dst - base) / 4) as usize;
+            for (d, &v) in h[at..at + src.len()].iter_mut().zip(src) {
+                *d = v as i32;
+            }
+            end = end.max(at + src.len());
         }
-        for (&dst, table) in self.table_bufs.iter().zip(input.tables) {
-            put(&mut self.vram, dst, table)?;
-        }
-        self.host_i32 = h;
+        self.vram.upload_i32(base, &h[..end])?;
         {
             let scale = self.graph.embed_scale();
             let (pass, dev, _) = self.parts();
             pass.embed(dev, input.tokens, scale)?;
         }
+        let key = GraphKey {
+            tokens: ntok,
+            outputs: rows,
+        };
+        if self.graphs && ntok < self.scratch.gemm_min && hidden.is_empty() {
+            if self.vram.replay(key)? {
+                self.graph_stats.replays += 1;
+            } else if self.shape_seen(key) && self.vram.capture_begin()? {
+                let ran = self.blocks_and_head(ntok, rows);
+                // the capture ends whether or not enqueueing the pass failed
+                let ended = self.vram.capture_end(key, ran.is_ok());
+                ran?;
+                ended?;
+                self.graph_stats.captures += 1;
+            } else {
+                self.blocks_and_head(ntok, rows)?;
+            }
+        } else {
+            self.blocks_and_head(ntok, rows)?;
+        }
+        // after the head, which used the same scratch rows
+        let extra = if hidden.is_empty() {
+            None
+        } else {
+            let (pass, dev, _) = self.parts();
+            pass.final_norm(dev, ntok)?;
+            Some((hidden, self.scratch.xb))
+        };
+        self.vram.finish(logits, self.scratch.logits, extra)
+    }
+
+    /// Counts a run of `key`'s shape without a capture; whether it has run often enough to
+    /// capture it now ([`CAPTURE_AFTER`]).
+    fn shape_seen(&mut self, key: GraphKey) -> bool {
+        match self.seen.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => {
+                *n += 1;
+                *n > CAPTURE_AFTER
+            }
+            None => {
+                self.seen.push((key, 1));
+                CAPTURE_AFTER == 0
+            }
+        }
+    }
+
+    /// The pass's blocks (streamed ones read through the slots) and, for `rows` outputs,
+    /// the output head, on the `ntok` tokens embedded in the scratch.
+    fn blocks_and_head(&mut self, ntok: usize, rows: usize) -> Result<(), GpuError> {
         for i in 0..self.steps.len() {
             match self.steps[i] {
                 Step::Load { layer, slot } => self.load_slot(layer, slot, self.next_load[i])?,
@@ -594,15 +723,7 @@ impl<V: Vram> Streamer<V> {
             let (pass, dev, _) = self.parts();
             pass.head(dev, ntok, out, rows, cap)?;
         }
-        // after the head, which used the same scratch rows
-        let extra = if hidden.is_empty() {
-            None
-        } else {
-            let (pass, dev, _) = self.parts();
-            pass.final_norm(dev, ntok)?;
-            Some((hidden, self.scratch.xb))
-        };
-        self.vram.finish(logits, self.scratch.logits, extra)
+        Ok(())
     }
 
     /// The pass's view of the model, the device's kernels and the graph (disjoint borrows).

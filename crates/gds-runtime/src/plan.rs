@@ -125,6 +125,9 @@ pub struct PlanOptions {
     /// (`--gemm-min-tokens`; `None`: `GDS_GEMM_MIN_TOKENS` from the environment, an alias read
     /// when the plan is made, else [`gds_cuda::forward::GEMM_MIN_TOKENS`]).
     pub gemm_min_tokens: Option<usize>,
+    /// On the GPU, capture the passes that can be replayed as CUDA graphs (`--cuda-graphs`;
+    /// `None`: `GDS_CUDA_GRAPHS` from the environment, else on).
+    pub cuda_graphs: Option<bool>,
 }
 
 /// Most bytes of a `--chat-template-file` (model templates are a few KB; the longest known,
@@ -188,12 +191,28 @@ pub fn draft_gate_from_env() -> Result<Option<bool>> {
 }
 
 fn parse_draft_gate_env(v: Option<&str>) -> Result<Option<bool>> {
+    parse_on_off_env("GDS_DRAFT_GATE", "--draft-gate", v)
+}
+
+/// `GDS_CUDA_GRAPHS`, the alias of `--cuda-graphs`: read as [`draft_gate_from_env`] reads
+/// its variable.
+pub fn cuda_graphs_from_env() -> Result<Option<bool>> {
+    parse_on_off_env(
+        "GDS_CUDA_GRAPHS",
+        "--cuda-graphs",
+        std::env::var("GDS_CUDA_GRAPHS").ok().as_deref(),
+    )
+}
+
+/// An on/off alias `var` of the flag `flag`: `Some(true)` for `on`, `Some(false)` for
+/// `off`, `None` when unset or empty; any other value is a usage error naming both.
+fn parse_on_off_env(var: &str, flag: &str, v: Option<&str>) -> Result<Option<bool>> {
     match v {
         None | Some("") => Ok(None),
         Some("on") => Ok(Some(true)),
         Some("off") => Ok(Some(false)),
         Some(v) => Err(RuntimeError::Usage(format!(
-            "GDS_DRAFT_GATE={v:?} (the alias of --draft-gate): expected on or off"
+            "{var}={v:?} (the alias of {flag}): expected on or off"
         ))),
     }
 }
@@ -375,6 +394,9 @@ pub struct Plan {
     pub interleave: bool,
     /// The GPU's matvec/GEMM crossover: passes of this many tokens or more go through GEMM.
     pub gemm_min_tokens: usize,
+    /// The GPU replays short passes (decode steps) from CUDA graphs where every layer is
+    /// resident and the model has no experts (`--cuda-graphs`).
+    pub cuda_graphs: bool,
     /// Weight bytes and tensor counts by dtype.
     pub weight_dtypes: BTreeMap<String, DtypeSummary>,
     /// Context length of this run.
@@ -710,6 +732,10 @@ impl Plan {
             Some(n) => n,
             None => gemm_min_tokens_from_env()?.unwrap_or(gds_cuda::forward::GEMM_MIN_TOKENS),
         };
+        let cuda_graphs = match opts.cuda_graphs {
+            Some(g) => g,
+            None => cuda_graphs_from_env()?.unwrap_or(true),
+        };
         let probe = || match m.layer(0) {
             Ok(l) => gds_io::probe_direct(&dir.join(l.file)),
             Err(e) => gds_io::DirectSupport::Buffered(e.to_string()),
@@ -897,6 +923,7 @@ impl Plan {
             activations,
             isa,
             gemm_min_tokens,
+            cuda_graphs,
             weight_dtypes,
             ctx,
             model_ctx: model.context_length,
@@ -980,6 +1007,13 @@ mod tests {
         let e = parse_draft_gate_env(Some("0")).unwrap_err().to_string();
         assert!(
             e.contains("GDS_DRAFT_GATE=\"0\"") && e.contains("--draft-gate"),
+            "{e}"
+        );
+        let e = parse_on_off_env("GDS_CUDA_GRAPHS", "--cuda-graphs", Some("yes"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("GDS_CUDA_GRAPHS=\"yes\"") && e.contains("--cuda-graphs"),
             "{e}"
         );
     }

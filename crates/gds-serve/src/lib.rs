@@ -161,6 +161,10 @@ pub struct EngineArgs {
     /// shorter ones through the matvec kernels (default 8; `GDS_GEMM_MIN_TOKENS` is an alias).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub gemm_min_tokens: Option<u64>,
+    /// On the GPU, replay decode steps from CUDA graphs where every layer is resident (on,
+    /// the default; off launches every kernel each step; `GDS_CUDA_GRAPHS` is an alias).
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    pub cuda_graphs: Option<String>,
     /// A Jinja chat template that replaces the model's (for a model whose template is missing
     /// or wrong; checked as a model's template is).
     #[arg(long, value_name = "FILE", conflicts_with = "chat_template")]
@@ -413,6 +417,7 @@ pub(crate) fn start(
         activations: e.activations.clone(),
         isa: e.isa,
         gemm_min_tokens: e.gemm_min_tokens.map(|n| n as usize),
+        cuda_graphs: e.cuda_graphs.as_deref().map(|g| g == "on"),
         chat_template_file: e.chat_template_file.clone(),
         chat_template: e.chat_template.clone(),
         ..Default::default()

@@ -87,6 +87,11 @@ pub struct CommonArgs {
     /// shorter ones through the matvec kernels (default 8; `GDS_GEMM_MIN_TOKENS` is an alias).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub gemm_min_tokens: Option<u64>,
+    /// On the GPU, replay short passes (decode steps) from CUDA graphs where every layer is
+    /// resident (on, the default) or launch every kernel each time (off; `GDS_CUDA_GRAPHS`
+    /// is an alias).
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    pub cuda_graphs: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {

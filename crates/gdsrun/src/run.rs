@@ -24,6 +24,7 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
         no_verify: c.no_verify,
         isa: c.isa,
         gemm_min_tokens: c.gemm_min_tokens.map(|n| n as usize),
+        cuda_graphs: c.cuda_graphs.as_deref().map(|g| g == "on"),
         ..Default::default()
     }
 }

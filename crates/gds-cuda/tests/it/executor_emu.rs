@@ -13,10 +13,10 @@
 //! budget (all resident, some streamed, everything streamed) and agree with the CPU runtime
 //! (f32 activations) on the same files.
 
-use crate::common::Emu;
+use crate::common::{Emu, Op, Recorder};
 use gds_cuda::forward::Device;
 use gds_cuda::plan::MAX_BATCH;
-use gds_cuda::stream::{BufKind, StreamOptions, Streamer, Vram};
+use gds_cuda::stream::{BufKind, GraphKey, StreamOptions, Streamer, Vram};
 use gds_cuda::GpuError;
 use gds_format::DType;
 use gds_io::{DirectBackend, DirectOptions, LayerSource};
@@ -49,6 +49,10 @@ struct EmuVram {
     /// Loads issued (layer, sync) and read-ahead requests, in order.
     loads: Vec<(usize, bool)>,
     prefetches: Vec<usize>,
+    /// A capture under way ([`Vram::capture_begin`]): the launches recorded, not run.
+    capture: Option<Recorder>,
+    /// The captures kept, by pass shape (a CUDA graph each on the GPU).
+    graphs: Vec<(GraphKey, Vec<Op>)>,
 }
 
 impl EmuVram {
@@ -80,6 +84,8 @@ impl EmuVram {
             pending: [None, None],
             loads: Vec::new(),
             prefetches: Vec::new(),
+            capture: None,
+            graphs: Vec::new(),
         }
     }
 
@@ -94,7 +100,10 @@ impl EmuVram {
 
 impl Vram for EmuVram {
     fn kernels(&mut self) -> &mut dyn Device {
-        &mut self.dev
+        match &mut self.capture {
+            Some(r) => r,
+            None => &mut self.dev,
+        }
     }
     fn alloc(&mut self, bytes: usize, _kind: BufKind) -> Result<u64, GpuError> {
         self.bufs.push(vec![0u64; bytes.div_ceil(8).max(1)]);
@@ -186,6 +195,34 @@ impl Vram for EmuVram {
     }
     fn io_stats(&self) -> Option<gds_io::IoStats> {
         Some(self.source.stats())
+    }
+    fn replay(&mut self, key: GraphKey) -> Result<bool, GpuError> {
+        assert!(self.capture.is_none(), "a replay inside a capture");
+        match self.graphs.iter().find(|(k, _)| *k == key) {
+            Some((_, ops)) => Recorder::replay(ops, &mut self.dev).map(|()| true),
+            None => Ok(false),
+        }
+    }
+    fn capture_begin(&mut self) -> Result<bool, GpuError> {
+        assert!(self.capture.is_none(), "a capture inside a capture");
+        assert!(
+            self.pending.iter().all(Option::is_none),
+            "a capture while a layer load is pending"
+        );
+        self.capture = Some(Recorder::default());
+        Ok(true)
+    }
+    fn capture_end(&mut self, key: GraphKey, keep: bool) -> Result<(), GpuError> {
+        let r = self.capture.take().expect("a capture to end");
+        if keep {
+            assert!(
+                self.graphs.iter().all(|(k, _)| *k != key),
+                "{key:?} captured twice"
+            );
+            Recorder::replay(&r.ops, &mut self.dev)?;
+            self.graphs.push((key, r.ops));
+        }
+        Ok(())
     }
 }
 
@@ -358,6 +395,7 @@ fn options(vram_budget: u64, rope: Vec<(Vec<f32>, Vec<f32>)>, max_batch: usize) 
         max_outputs: None,
         q8_activations: false,
         gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+        graphs: false,
     }
 }
 
@@ -1400,5 +1438,215 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
         }
         assert_eq!(g.0.len(), 6 + i, "request {i}: {g:?}");
         assert_eq!(g.0, want.0, "request {i}: GPU executor vs CPU");
+    }
+}
+
+/// Every logit row of a run of one sequence through passes of `shape` (tokens, logit rows:
+/// the pass's last ones), on the executor at VRAM budget `budget`, with `graphs`
+/// (captures and replays) or without; and the graph counters.
+fn run_passes(
+    dir: &Path,
+    budget: u64,
+    q8: bool,
+    graphs: bool,
+    shape: &[(usize, usize)],
+) -> (Vec<Vec<f32>>, gds_cuda::stream::GraphStats) {
+    let (graph, rope) = CudaGraph::open(dir, CTX).unwrap();
+    let opts = StreamOptions {
+        q8_activations: q8,
+        graphs,
+        ..options(budget, rope, 16)
+    };
+    let mut s = Streamer::with_vram(dir, &opts, EmuVram::new(dir), Box::new(graph)).unwrap();
+    let vocab = s.layout().shape.vocab;
+    let mut rows = Vec::new();
+    let mut pos = 0;
+    for (i, &(n, outs)) in shape.iter().enumerate() {
+        let toks: Vec<u32> = (pos..pos + n).map(|p| (p as u32 * 37 + 11) % 97).collect();
+        let mut l = vec![0f32; outs * vocab];
+        s.forward(&mut l, &toks, pos)
+            .unwrap_or_else(|e| panic!("pass {i} of {n} at {pos}: {e}"));
+        rows.extend(l.chunks(vocab).map(<[f32]>::to_vec));
+        pos += n;
+    }
+    (rows, s.graph_stats)
+}
+
+/// CUDA graphs (the executor's captures, `StreamOptions::graphs`): a decode pass's launches,
+/// recorded once when its shape (tokens, output rows) comes the second time and replayed
+/// for every later pass of that shape, give the logits of launching them each time, bit
+/// for bit — at every position, so nothing the launches carry may depend on the position
+/// (what a pass reads per step lives in device buffers). Each shape of pass gets its own
+/// capture: 1, 2 and 3 tokens with every token's logits (speculative checks) and 2 and 3
+/// tokens with the last one's (a prompt's chunks); a prompt of GEMM length is never
+/// captured. Llama 3 with f32 and with int8 activations, Gemma 3
+/// (window rings, two RoPE tables, f16 KV not involved: one-sequence caches are f32),
+/// Qwen 3 (head norms), Phi-3 (fused QKV). Where a layer streams, or the model routes
+/// experts on the host (gpt-oss), nothing is captured.
+#[test]
+fn captured_passes_replay_to_the_logits_of_launching_them() {
+    // shapes (tokens, logit rows): (1,1) ×6, (2,2) ×2, (3,3) ×2, (3,1) ×3, (2,1) ×2
+    let shape = [
+        (9usize, 1usize),
+        (1, 1),
+        (3, 1),
+        (1, 1),
+        (2, 2),
+        (1, 1),
+        (3, 3),
+        (2, 1),
+        (3, 1),
+        (2, 2),
+        (1, 1),
+        (3, 3),
+        (2, 1),
+        (1, 1),
+        (3, 1),
+        (1, 1),
+    ];
+    for (input, q8) in [
+        ("tiny-llama3-hf", false),
+        ("tiny-llama3-hf", true),
+        ("tiny-gemma3-hf", false),
+        ("tiny-qwen3-hf", false),
+        ("tiny-phi3-hf", false),
+    ] {
+        let (_tmp, dir) = gds_tests::converted_fixture(input);
+        let (_, all) = bounds(&dir);
+        let (plain, none) = run_passes(&dir, all, q8, false, &shape);
+        assert_eq!(none, Default::default(), "{input}: graphs off");
+        let (replayed, st) = run_passes(&dir, all, q8, true, &shape);
+        // every shape captured at its second pass, replayed after
+        assert_eq!(st.captures, 5, "{input} q8 {q8}: {st:?}");
+        assert_eq!(st.replays, 4 + 1, "{input} q8 {q8}: {st:?}");
+        assert_eq!(plain.len(), replayed.len());
+        for (i, (a, b)) in plain.iter().zip(&replayed).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{input} q8 {q8}: logit row {i} differs when replayed"
+            );
+        }
+    }
+    for input in ["tiny-gemma3-hf", "tiny-gptoss-mxfp4.gguf"] {
+        let (_tmp, dir) = gds_tests::converted_fixture(input);
+        let (min, all) = bounds(&dir);
+        let budget = if input == "tiny-gemma3-hf" { min } else { all };
+        let (_, st) = run_passes(&dir, budget, false, true, &shape);
+        assert_eq!(st, Default::default(), "{input}: captured");
+    }
+}
+
+/// The server's decode steps replayed: three sequences of a paged cache (blocks of 4 from
+/// a pool in scrambled order, one sharing another's first block) decode together through
+/// `PassStaging`, every layer resident, graphs on; the block tables grow between steps
+/// (a new block every fourth position), which the replayed launches read from the tables'
+/// device buffer. Every logit row equals the same steps' without graphs, bit for bit, and
+/// the step shape (3 tokens, 3 outputs) is replayed from the third step on.
+#[test]
+fn the_servers_decode_steps_replay_with_growing_block_tables() {
+    use gds_runtime::cuda_graph::PassStaging;
+    use gds_runtime::{Batch, KvCache, KvDtype};
+    const BLOCK: usize = 4;
+    let (_tmp, dir) = gds_tests::converted_fixture("tiny-llama3-hf");
+    let layout = gds_cuda::plan::Layout::read(&dir).unwrap();
+    let config = gds_runtime::Model::load(&dir, CTX, 1)
+        .unwrap()
+        .config
+        .clone();
+    let run = |graphs: bool| {
+        let windows: Vec<Option<usize>> = (0..config.n_layers).map(|l| config.window(l)).collect();
+        let n_blocks = 3 * CTX / BLOCK;
+        let mut kv = KvCache::paged_windowed(
+            KvDtype::F16,
+            &windows,
+            3,
+            CTX,
+            config.kv_dim(),
+            BLOCK,
+            n_blocks,
+            n_blocks,
+        );
+        // a scrambled free list: allocate and release blocks out of order first
+        let taken: Vec<u32> = (0..7).map(|_| kv.alloc().unwrap()).collect();
+        for &b in taken.iter().rev().step_by(2) {
+            kv.release(b);
+        }
+        let mut staging = PassStaging::new(&kv).unwrap();
+        let (max_batch, outputs) = (16, 8);
+        let budget = layout
+            .plan_with(
+                layout.overhead_bytes_with(CTX, max_batch, outputs, staging.spec()),
+                usize::MAX >> 1,
+            )
+            .unwrap()
+            .all_resident_budget as u64;
+        let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+        let opts = StreamOptions {
+            kv: Some(staging.spec().clone()),
+            max_outputs: Some(outputs),
+            graphs,
+            ..options(budget, rope, max_batch)
+        };
+        let mut gpu =
+            Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
+        let vocab = layout.shape.vocab;
+        let mut seqs: Vec<Vec<u32>> = vec![
+            (0..5u32).map(|i| (i * 37 + 11) % 97).collect(),
+            (0..5u32).map(|i| (i * 37 + 11) % 97).collect(),
+            (0..3u32).map(|i| (i * 13 + 5) % 97).collect(),
+        ];
+        let grow = |kv: &mut KvCache, s: usize, upto: usize| {
+            while kv.table(s).len() * BLOCK < upto {
+                let b = kv.alloc().unwrap();
+                kv.push_block(s, b);
+            }
+        };
+        grow(&mut kv, 0, 4);
+        let b0 = kv.table(0)[0];
+        kv.retain(b0);
+        kv.push_block(1, b0);
+        let mut done = [0usize, 4, 0];
+        let mut batch = Batch::with_capacity(max_batch);
+        let mut rows = vec![0f32; outputs * vocab];
+        let mut all = Vec::new();
+        // the prompts (sequence 1 from its shared block on), then 12 decode steps
+        for step in 0..13 {
+            batch.clear();
+            for s in 0..3 {
+                let upto = seqs[s].len();
+                grow(&mut kv, s, upto);
+                for (p, &t) in seqs[s].iter().enumerate().skip(done[s]) {
+                    batch.push(t, p, s, p + 1 == upto);
+                }
+            }
+            let n = staging.run(&mut gpu, &kv, &batch, &mut rows).unwrap();
+            assert_eq!(n, 3, "step {step}");
+            for s in 0..3 {
+                let row = &rows[s * vocab..(s + 1) * vocab];
+                all.push(row.to_vec());
+                done[s] = seqs[s].len();
+                seqs[s].push(argmax(row));
+            }
+        }
+        (all, gpu.graph_stats)
+    };
+    let (plain, _) = run(false);
+    let (replayed, st) = run(true);
+    // step 0 prefills (9 tokens: GEMM); steps 1 and 2 decode (the second one captured);
+    // steps 3 to 12 replay
+    assert_eq!(
+        st,
+        gds_cuda::stream::GraphStats {
+            replays: 10,
+            captures: 1
+        }
+    );
+    for (i, (a, b)) in plain.iter().zip(&replayed).enumerate() {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "row {i} (step {}, sequence {}) differs when replayed",
+            i / 3,
+            i % 3
+        );
     }
 }

@@ -435,3 +435,206 @@ impl Device for Emu {
         Ok(true)
     }
 }
+
+/// One recorded launch: replayed on a device.
+pub type Op = Box<dyn Fn(&mut dyn Device) -> Result<(), GpuError> + Send>;
+
+/// A [`Device`] that records what it is given instead of running it, as a CUDA graph
+/// captures a stream: the launches with their arguments, fixed at capture. Replaying them
+/// ([`Recorder::replay`]) is what a graph launch does; a pass whose launches depended on
+/// anything but its device buffers' contents would compute wrong results when replayed
+/// at another position. A host copy (`download`, `upload_words`) cannot be captured and is
+/// an error, as is a GEMM (the executor never captures a pass long enough for one).
+#[derive(Default)]
+pub struct Recorder {
+    pub ops: Vec<Op>,
+}
+
+impl Recorder {
+    /// Runs every recorded launch on `dev`, in order.
+    pub fn replay(ops: &[Op], dev: &mut dyn Device) -> Result<(), GpuError> {
+        ops.iter().try_for_each(|op| op(dev))
+    }
+}
+
+fn not_capturable(what: &str) -> GpuError {
+    GpuError::Model(format!("{what} inside a captured pass"))
+}
+
+/// `record!(self, method(args))`: a launch of `method` with `args` (all `Copy`) recorded.
+macro_rules! record {
+    ($self:ident, $m:ident($($a:expr),*)) => {{
+        $self.ops.push(Box::new(move |d: &mut dyn Device| d.$m($($a),*)));
+        Ok(())
+    }};
+}
+
+#[allow(clippy::too_many_arguments)]
+impl Device for Recorder {
+    fn matvec(
+        &mut self,
+        suffix: &str,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: i32,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let s = suffix.to_string();
+        self.ops
+            .push(Box::new(move |d| d.matvec(&s, w, x, y, rows, cols, ntok)));
+        Ok(())
+    }
+    fn quantize_q8(&mut self, x: u64, xq: u64, nblocks: i32) -> Result<(), GpuError> {
+        record!(self, quantize_q8(x, xq, nblocks))
+    }
+    fn matvec_q8(
+        &mut self,
+        suffix: &str,
+        w: u64,
+        xq: u64,
+        y: u64,
+        rows: i32,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let s = suffix.to_string();
+        self.ops.push(Box::new(move |d| {
+            d.matvec_q8(&s, w, xq, y, rows, cols, ntok)
+        }));
+        Ok(())
+    }
+    fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
+        let s = suffix.to_string();
+        self.ops
+            .push(Box::new(move |d| d.dequant(&s, src, dst, nblocks)));
+        Ok(())
+    }
+    fn rmsnorm(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        n: i32,
+        ntok: i32,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        record!(self, rmsnorm(x, w, out, n, ntok, eps))
+    }
+    fn rope(
+        &mut self,
+        x: u64,
+        cos: u64,
+        sin: u64,
+        n_heads: i32,
+        head_dim: i32,
+        half: i32,
+        neox: bool,
+        pos: u64,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        record!(
+            self,
+            rope(x, cos, sin, n_heads, head_dim, half, neox, pos, ntok)
+        )
+    }
+    fn kv_store(
+        &mut self,
+        k: u64,
+        v: u64,
+        kc: u64,
+        vc: u64,
+        kv_dim: i32,
+        ntok: i32,
+        pages: &KvPages,
+    ) -> Result<(), GpuError> {
+        let pages = *pages;
+        record!(self, kv_store(k, v, kc, vc, kv_dim, ntok, &pages))
+    }
+    fn attention(
+        &mut self,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        att: u64,
+        out: u64,
+        heads: Heads,
+        ntok: i32,
+        n_ctx: i32,
+        pages: &KvPages,
+        window: i32,
+        softcap: f32,
+        sinks: u64,
+    ) -> Result<(), GpuError> {
+        let pages = *pages;
+        record!(
+            self,
+            attention(q, kc, vc, att, out, heads, ntok, n_ctx, &pages, window, softcap, sinks)
+        )
+    }
+    fn gather_rows(
+        &mut self,
+        dst: u64,
+        src: u64,
+        rows: u64,
+        n: i32,
+        nrows: i32,
+    ) -> Result<(), GpuError> {
+        record!(self, gather_rows(dst, src, rows, n, nrows))
+    }
+    fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        record!(self, swiglu(gate, up, n))
+    }
+    fn swiglu_oai(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        record!(self, swiglu_oai(gate, up, n))
+    }
+    fn scatter_add_rows(
+        &mut self,
+        dst: u64,
+        src: u64,
+        rows: u64,
+        n: i32,
+        nrows: i32,
+    ) -> Result<(), GpuError> {
+        record!(self, scatter_add_rows(dst, src, rows, n, nrows))
+    }
+    fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        record!(self, geglu(gate, up, n))
+    }
+    fn add_rows(&mut self, y: u64, b: u64, n: i32, ntok: i32) -> Result<(), GpuError> {
+        record!(self, add_rows(y, b, n, ntok))
+    }
+    fn scale(&mut self, x: u64, s: f32, n: i32) -> Result<(), GpuError> {
+        record!(self, scale(x, s, n))
+    }
+    fn softcap(&mut self, x: u64, cap: f32, n: i32) -> Result<(), GpuError> {
+        record!(self, softcap(x, cap, n))
+    }
+    fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError> {
+        record!(self, add(y, x, n))
+    }
+    fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
+        record!(self, copy(dst, src, bytes))
+    }
+    fn zero(&mut self, dst: u64, bytes: usize) -> Result<(), GpuError> {
+        record!(self, zero(dst, bytes))
+    }
+    fn download(&mut self, _src: u64, _dst: &mut [f32]) -> Result<(), GpuError> {
+        Err(not_capturable("a device-to-host copy"))
+    }
+    fn upload_words(&mut self, _dst: u64, _src: &[u32]) -> Result<(), GpuError> {
+        Err(not_capturable("a host-to-device copy"))
+    }
+    fn gemm(
+        &mut self,
+        _a: u64,
+        _b: u64,
+        _c: u64,
+        _mnk: (i32, i32, i32),
+        _ldc: i32,
+        _tf32: bool,
+    ) -> Result<bool, GpuError> {
+        Err(not_capturable("a GEMM"))
+    }
+}
