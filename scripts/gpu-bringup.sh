@@ -117,6 +117,8 @@ if [ "$STAGE" = anchor ]; then
   fi
   run 180 gdsrun-bench "$G" bench "$MODEL" --backend cuda -p 512 -n 128 -r 3
   grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  run 120 gdsrun-bench-no-graphs "$G" bench "$MODEL" --backend cuda --cuda-graphs off -p 512 -n 128 -r 3
+  grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--cuda-graphs off)/' >>"$SUM"
   exit 0
 fi
 if [ "$STAGE" = quick ] || [ "$STAGE" = full ]; then
@@ -178,6 +180,8 @@ run 240 bench_gpu "$BIN/bench_gpu" "$MODEL" 64 512
 sed -n '/## load bandwidth/,$p' "$LOG" | grep -v "^###" | tail -16 >>"$SUM"
 run 180 gdsrun-bench "$G" bench "$MODEL" --backend cuda -p 512 -n 128 -r 3
 grep -E "^\|" "$LOG" | tail -4 >>"$SUM"
+run 120 gdsrun-bench-no-graphs "$G" bench "$MODEL" --backend cuda --cuda-graphs off -p 512 -n 128 -r 3
+grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--cuda-graphs off)/' >>"$SUM"
 
 say "== energy (NVML)"
 python3 - "$G" "$MODEL" <<'EOF' 2>&1 | tee -a "$SUM"

@@ -17,7 +17,8 @@
 #     --init-device cuda, F16 safetensors in RAM), converted to Q4_0 by gdsconv onto the disk;
 #     `gdsrun bench --backend cuda` all resident (pp512, tg128; default int8 activations), and
 #     pp512/tg128 again with --activations f32 (the f32-activation kernels and plain f32 SGEMM
-#     prefill: the int8 kernels' and TF32 prefill's A/B on one binary); then with about a quarter of
+#     prefill: the int8 kernels' and TF32 prefill's A/B on one binary) and tg128 with
+#     --cuda-graphs off (every decode kernel launched each step: the graphs' A/B); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
 #     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
 #     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once;
@@ -172,6 +173,9 @@ for spec in $SHAPES; do
   # int8 kernels' and the TF32 tensor-core prefill's A/B)
   run 120 "bench-$shape-resident-f32-act" "$G" bench "$M" --backend cuda --activations f32 -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -2 | sed 's/$/ (--activations f32)/' >>"$SUM"
+  # decode without CUDA graphs (every kernel launched each step): the graphs' A/B
+  run 120 "bench-$shape-resident-no-graphs" "$G" bench "$M" --backend cuda --cuda-graphs off -p 512 -n 128 -r 2
+  grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--cuda-graphs off)/' >>"$SUM"
   for g in q4_0 f16; do # llama.cpp on the GGUFs of the same checkpoint
     [ -f "$W/$shape-$g.gguf" ] || continue
     run 240 "llama-bench-$shape-$g" env LD_LIBRARY_PATH="$LLD" "$L/bin/llama-bench" -m "$W/$shape-$g.gguf" \

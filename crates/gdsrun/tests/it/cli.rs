@@ -205,6 +205,27 @@ fn plan_json_records_decisions() {
             .code(),
         Some(2)
     );
+    // CUDA graphs: on unless --cuda-graphs off or its alias says so
+    assert_eq!(d["cuda_graphs"], true);
+    let g = ok_json(&[model(), "--plan", "--cuda-graphs", "off"]);
+    assert_eq!(g["cuda_graphs"], false);
+    for (v, want) in [("off", Some(false)), ("on", Some(true)), ("no", None)] {
+        let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+            .args([model(), "--plan"])
+            .env("GDS_CUDA_GRAPHS", v)
+            .output()
+            .unwrap();
+        match want {
+            Some(w) => {
+                let p: Value = serde_json::from_slice(&o.stdout).expect("plan JSON");
+                assert_eq!(p["cuda_graphs"], w, "GDS_CUDA_GRAPHS={v}");
+            }
+            None => {
+                assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+                assert!(text(&o.stderr).contains("GDS_CUDA_GRAPHS=\"no\""));
+            }
+        }
+    }
 }
 
 #[test]
