@@ -477,6 +477,99 @@ __device__ __forceinline__ void vdot_q8_q4_0(const u8* b, unsigned long long rs,
     }
 }
 
+// Q4_1, part p (of 2): the words of Q4_0's part p (qs at 4: 4-byte aligned, 20-byte blocks),
+// no offset; the minimum m times the activations' sum, half of it in each part.
+#define Q4_1_Q8_PARTS 2
+__device__ __forceinline__ void vdot_q8_q4_1(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS], mw[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = ld_f16(br);
+        mw[r] = ld_f16(br + 2);
+        u32 w0 = ld_u32_a4(br + 4 + 8 * p), w1 = ld_u32_a4(br + 8 + 8 * p);
+        l0[r] = (int)(w0 & NIBBLES);
+        l1[r] = (int)(w1 & NIBBLES);
+        h0[r] = (int)((w0 >> 4) & NIBBLES);
+        h1[r] = (int)((w1 >> 4) & NIBBLES);
+    }
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
+        if (j < nt) {
+            const u8* a = xa + j * xs;
+            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
+            int u2 = q8a_word(a, 4 + 2 * p), u3 = q8a_word(a, 5 + 2 * p);
+            float d = q8a_d(a), sx = q8a_s(a);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int s = __dp4a(l0[r], u0, 0);
+                s = __dp4a(l1[r], u1, s);
+                s = __dp4a(h0[r], u2, s);
+                s = __dp4a(h1[r], u3, s);
+                acc[r][j] += dw[r] * d * (float)s + 0.5f * mw[r] * sx;
+            }
+        }
+    }
+}
+
+// Bits k..k+3 of a Q5 block's high bits as the fifth bit (0x10) of four bytes.
+__device__ __forceinline__ int q5_high4(u32 qh, int k) {
+    u32 v = qh >> k;
+    return (int)(((v & 1u) << 4) | ((v & 2u) << 11) | ((v & 4u) << 18) | ((v & 8u) << 25));
+}
+
+// Q5_0 and Q5_1, part p (of 2): Q4_0's part p of the nibbles (at qs) with the fifth bits of
+// its values from qh. Q5_0 (22-byte blocks: 2-byte aligned words) takes 16 off every value:
+// 8 activation sums a part; Q5_1 adds its minimum times half the sum a part.
+#define Q5_0_Q8_PARTS 2
+#define Q5_1_Q8_PARTS 2
+__device__ __forceinline__ void vdot_q8_q5(const u8* b, unsigned long long rs, int nr,
+                                           const u8* xa, unsigned long long xs, int nt, int p,
+                                           float (*acc)[MATVEC_TOKENS], bool q5_1) {
+    float dw[MMQ8_ROWS], mw[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = ld_f16(br);
+        mw[r] = q5_1 ? ld_f16(br + 2) : 0.0f;
+        const u8* qhp = br + (q5_1 ? 4 : 2);
+        const u8* qs = br + (q5_1 ? 8 : 6) + 8 * p;
+        u32 qh = q5_1 ? ld_u32_a4(qhp) : ld_u32_a2(qhp);
+        u32 w0 = q5_1 ? ld_u32_a4(qs) : ld_u32_a2(qs);
+        u32 w1 = q5_1 ? ld_u32_a4(qs + 4) : ld_u32_a2(qs + 4);
+        l0[r] = (int)(w0 & NIBBLES) | q5_high4(qh, 8 * p);
+        l1[r] = (int)(w1 & NIBBLES) | q5_high4(qh, 8 * p + 4);
+        h0[r] = (int)((w0 >> 4) & NIBBLES) | q5_high4(qh, 16 + 8 * p);
+        h1[r] = (int)((w1 >> 4) & NIBBLES) | q5_high4(qh, 20 + 8 * p);
+    }
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
+        if (j < nt) {
+            const u8* a = xa + j * xs;
+            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
+            int u2 = q8a_word(a, 4 + 2 * p), u3 = q8a_word(a, 5 + 2 * p);
+            float d = q8a_d(a), sx = q8a_s(a);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int s = __dp4a(l0[r], u0, 0);
+                s = __dp4a(l1[r], u1, s);
+                s = __dp4a(h0[r], u2, s);
+                s = __dp4a(h1[r], u3, s);
+                acc[r][j] += q5_1 ? dw[r] * d * (float)s + 0.5f * mw[r] * sx
+                                  : dw[r] * (d * (float)s - 8.0f * sx);
+            }
+        }
+    }
+}
+__device__ __forceinline__ void vdot_q8_q5_0(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    vdot_q8_q5(b, rs, nr, xa, xs, nt, p, acc, false);
+}
+__device__ __forceinline__ void vdot_q8_q5_1(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    vdot_q8_q5(b, rs, nr, xa, xs, nt, p, acc, true);
+}
+
 // Q8_0, part p (of 4): the words of values 8p..8p+8.
 #define Q8_0_Q8_PARTS 4
 __device__ __forceinline__ void vdot_q8_q8_0(const u8* b, unsigned long long rs, int nr,
@@ -507,11 +600,13 @@ __device__ __forceinline__ void vdot_q8_q8_0(const u8* b, unsigned long long rs,
 // Q4_K, part p (of 16): c = p / 4, the words qs[32c + o .. 32c + o + 8] (o = 8 (p % 4)):
 // values 64c + o.. (group 2c, low nibbles; activation block 2c) and 64c + 32 + o.. (group
 // 2c + 1, high nibbles; block 2c + 1). The mins need the partial activation sums, which
-// __dp4a with ones gives (once per token for all the rows).
+// __dp4a with ones gives (once per token for all the rows). Q5_K (`five`): the same with
+// qs at 48, and the fifth bits of those values, bits 2c and 2c + 1 of qh[o .. o + 8].
 #define Q4_K_Q8_PARTS 16
-__device__ __forceinline__ void vdot_q8_q4_k(const u8* b, unsigned long long rs, int nr,
-                                             const u8* xa, unsigned long long xs, int nt, int p,
-                                             float (*acc)[MATVEC_TOKENS]) {
+#define Q5_K_Q8_PARTS 16
+__device__ __forceinline__ void vdot_q8_q45_k(const u8* b, unsigned long long rs, int nr,
+                                              const u8* xa, unsigned long long xs, int nt,
+                                              int p, float (*acc)[MATVEC_TOKENS], bool five) {
     int c = p >> 2, o = 8 * (p & 3);
     float d[MMQ8_ROWS], dmin[MMQ8_ROWS], sc0[MMQ8_ROWS], m0[MMQ8_ROWS], sc1[MMQ8_ROWS],
         m1[MMQ8_ROWS];
@@ -522,11 +617,19 @@ __device__ __forceinline__ void vdot_q8_q4_k(const u8* b, unsigned long long rs,
         scale_min_k4(2 * c + 1, br + 4, &sc1[r], &m1[r]);
         d[r] = ld_f16(br);
         dmin[r] = ld_f16(br + 2);
-        u32 w0 = ld_u32_a4(br + 16 + 32 * c + o), w1 = ld_u32_a4(br + 20 + 32 * c + o);
+        const u8* qs = br + (five ? 48 : 16) + 32 * c + o;
+        u32 w0 = ld_u32_a4(qs), w1 = ld_u32_a4(qs + 4);
         l0[r] = (int)(w0 & NIBBLES);
         l1[r] = (int)(w1 & NIBBLES);
         h0[r] = (int)((w0 >> 4) & NIBBLES);
         h1[r] = (int)((w1 >> 4) & NIBBLES);
+        if (five) {
+            u32 q0 = ld_u32_a4(br + 16 + o), q1 = ld_u32_a4(br + 20 + o);
+            l0[r] |= (int)(((q0 >> (2 * c)) & ONES) << 4);
+            l1[r] |= (int)(((q1 >> (2 * c)) & ONES) << 4);
+            h0[r] |= (int)(((q0 >> (2 * c + 1)) & ONES) << 4);
+            h1[r] |= (int)(((q1 >> (2 * c + 1)) & ONES) << 4);
+        }
     }
     UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
@@ -545,6 +648,16 @@ __device__ __forceinline__ void vdot_q8_q4_k(const u8* b, unsigned long long rs,
             }
         }
     }
+}
+__device__ __forceinline__ void vdot_q8_q4_k(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    vdot_q8_q45_k(b, rs, nr, xa, xs, nt, p, acc, false);
+}
+__device__ __forceinline__ void vdot_q8_q5_k(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    vdot_q8_q45_k(b, rs, nr, xa, xs, nt, p, acc, true);
 }
 
 // Four bytes 0..63 minus 32 each (signed bytes), without borrows between the bytes.
@@ -643,6 +756,10 @@ __device__ __forceinline__ void vdot_q8_q6_k(const u8* b, unsigned long long rs,
     }
 
 Q8_KERNEL(q4_0, Q4_0_QK, Q4_0_BYTES, Q4_0_Q8_PARTS, vdot_q8_q4_0)
+Q8_KERNEL(q4_1, Q4_1_QK, Q4_1_BYTES, Q4_1_Q8_PARTS, vdot_q8_q4_1)
+Q8_KERNEL(q5_0, Q5_0_QK, Q5_0_BYTES, Q5_0_Q8_PARTS, vdot_q8_q5_0)
+Q8_KERNEL(q5_1, Q5_1_QK, Q5_1_BYTES, Q5_1_Q8_PARTS, vdot_q8_q5_1)
 Q8_KERNEL(q8_0, Q8_0_QK, Q8_0_BYTES, Q8_0_Q8_PARTS, vdot_q8_q8_0)
 Q8_KERNEL(q4_k, Q4_K_QK, Q4_K_BYTES, Q4_K_Q8_PARTS, vdot_q8_q4_k)
+Q8_KERNEL(q5_k, Q5_K_QK, Q5_K_BYTES, Q5_K_Q8_PARTS, vdot_q8_q5_k)
 Q8_KERNEL(q6_k, Q6_K_QK, Q6_K_BYTES, Q6_K_Q8_PARTS, vdot_q8_q6_k)

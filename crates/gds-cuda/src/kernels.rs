@@ -46,8 +46,12 @@ pub const KERNEL_NAMES: &[&str] = &[
     "matvec_bf16",
     "matvec_f32",
     "matvec_q8_q4_0",
+    "matvec_q8_q4_1",
+    "matvec_q8_q5_0",
+    "matvec_q8_q5_1",
     "matvec_q8_q8_0",
     "matvec_q8_q4_k",
+    "matvec_q8_q5_k",
     "matvec_q8_q6_k",
     "quantize_q8",
     "dequant_q4_0",
@@ -127,8 +131,12 @@ pub fn kernel_suffix(dtype: DType) -> Option<&'static str> {
 pub fn q8_kernel_suffix(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
         DType::Q4_0 => "q4_0",
+        DType::Q4_1 => "q4_1",
+        DType::Q5_0 => "q5_0",
+        DType::Q5_1 => "q5_1",
         DType::Q8_0 => "q8_0",
         DType::Q4K => "q4_k",
+        DType::Q5K => "q5_k",
         DType::Q6K => "q6_k",
         _ => return None,
     })

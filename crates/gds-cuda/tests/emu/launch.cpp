@@ -45,8 +45,12 @@ extern "C" void run_quantize_q8(const float* x, u8* xq, int nblocks) {
     }
 
 MATVEC_Q8_ENTRY(q4_0)
+MATVEC_Q8_ENTRY(q4_1)
+MATVEC_Q8_ENTRY(q5_0)
+MATVEC_Q8_ENTRY(q5_1)
 MATVEC_Q8_ENTRY(q8_0)
 MATVEC_Q8_ENTRY(q4_k)
+MATVEC_Q8_ENTRY(q5_k)
 MATVEC_Q8_ENTRY(q6_k)
 
 extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, int ntok,

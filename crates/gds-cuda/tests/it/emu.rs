@@ -214,8 +214,12 @@ fn quantize_q8_gives_the_cpu_activation_quants_bit_for_bit() {
 /// the 32 lanes' parts) where the type allows.
 const Q8_CASES: &[(DType, &str, &[usize])] = &[
     (DType::Q4_0, "q4_0", &[96, 160, 800]),
+    (DType::Q4_1, "q4_1", &[96, 160, 800]),
+    (DType::Q5_0, "q5_0", &[96, 160, 800]),
+    (DType::Q5_1, "q5_1", &[96, 160, 800]),
     (DType::Q8_0, "q8_0", &[96, 160, 800]),
     (DType::Q4K, "q4_k", &[256, 768]),
+    (DType::Q5K, "q5_k", &[256, 768]),
     (DType::Q6K, "q6_k", &[256, 768]),
 ];
 

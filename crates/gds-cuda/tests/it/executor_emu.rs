@@ -492,11 +492,17 @@ fn greedy_cpu_q8(dir: &Path, prompt: &[u32], steps: usize) -> Vec<u32> {
 fn int8_activations_give_the_cpu_q8_greedy_tokens() {
     // The default GPU path (`--activations q8`): a prompt shorter than GEMM_MIN_TOKENS and
     // single-token steps all run the int8 kernels (x quantized as the CPU quantizes it for
-    // Q4_0/Q8_0: 32-value blocks, same rounding), so greedy decoding follows the CPU's
-    // default arithmetic token for token.
+    // the 32-value types: 32-value blocks, same rounding), so greedy decoding follows the
+    // CPU's default arithmetic token for token. Q4_1 is SmolLM2's type.
     let prompt: Vec<u32> = vec![1, 17, 42, 99, 180];
     let steps = 6;
-    for dtype in [DType::Q4_0, DType::Q8_0] {
+    for dtype in [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+    ] {
         let (_tmp, dir) = model(dtype);
         let (_, all_budget) = bounds(&dir);
         let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
