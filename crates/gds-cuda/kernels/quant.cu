@@ -245,11 +245,12 @@ __device__ __forceinline__ void deq_q6_k(const u8* b, float* y) {
 #define MXFP4_QK 32
 #define MXFP4_BYTES 17
 // ggml's kvalues_mxfp4[q]: |q| 0..3 as is, 4..7 -> 4 6 8 12 (2 or 3, shifted).
-__device__ __forceinline__ float mxfp4_value(int q) {
+__device__ __forceinline__ int mxfp4_int(int q) {
     int m = q & 7;
     int v = m < 4 ? m : (2 | (m & 1)) << ((m >> 1) - 1);
-    return (float)((q & 8) ? -v : v);
+    return (q & 8) ? -v : v;
 }
+__device__ __forceinline__ float mxfp4_value(int q) { return (float)mxfp4_int(q); }
 // 2^(e - 128) from bits, as ggml_e8m0_to_fp32_half (subnormal for e 0 and 1).
 __device__ __forceinline__ float e8m0_half(u8 e) {
     return __uint_as_float(e < 2 ? 0x00200000u << e : ((u32)e - 1u) << 23);
@@ -570,6 +571,46 @@ __device__ __forceinline__ void vdot_q8_q5_1(const u8* b, unsigned long long rs,
     vdot_q8_q5(b, rs, nr, xa, xs, nt, p, acc, true);
 }
 
+// MXFP4, part p (of 2): Q4_0's part p of the nibbles (qs at 1, 17-byte blocks: byte loads),
+// each nibble's value (kvalues_mxfp4, -12..12) a signed byte; the block's scale 2^(e - 128).
+#define MXFP4_Q8_PARTS 2
+// The values of the nibbles at bit `shift` (0: low, 4: high) of qs[0..4], four signed bytes.
+__device__ __forceinline__ int mxfp4_bytes(const u8* qs, int shift) {
+    u32 r = 0;
+    UNROLL for (int i = 0; i < 4; i++) r |= (u32)(u8)mxfp4_int((qs[i] >> shift) & 15) << (8 * i);
+    return (int)r;
+}
+__device__ __forceinline__ void vdot_q8_mxfp4(const u8* b, unsigned long long rs, int nr,
+                                              const u8* xa, unsigned long long xs, int nt, int p,
+                                              float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = e8m0_half(br[0]);
+        const u8* qs = br + 1 + 8 * p;
+        l0[r] = mxfp4_bytes(qs, 0);
+        l1[r] = mxfp4_bytes(qs + 4, 0);
+        h0[r] = mxfp4_bytes(qs, 4);
+        h1[r] = mxfp4_bytes(qs + 4, 4);
+    }
+    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
+        if (j < nt) {
+            const u8* a = xa + j * xs;
+            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
+            int u2 = q8a_word(a, 4 + 2 * p), u3 = q8a_word(a, 5 + 2 * p);
+            float d = q8a_d(a);
+            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+                int s = __dp4a(l0[r], u0, 0);
+                s = __dp4a(l1[r], u1, s);
+                s = __dp4a(h0[r], u2, s);
+                s = __dp4a(h1[r], u3, s);
+                acc[r][j] += dw[r] * d * (float)s;
+            }
+        }
+    }
+}
+
 // Q8_0, part p (of 4): the words of values 8p..8p+8.
 #define Q8_0_Q8_PARTS 4
 __device__ __forceinline__ void vdot_q8_q8_0(const u8* b, unsigned long long rs, int nr,
@@ -763,3 +804,4 @@ Q8_KERNEL(q8_0, Q8_0_QK, Q8_0_BYTES, Q8_0_Q8_PARTS, vdot_q8_q8_0)
 Q8_KERNEL(q4_k, Q4_K_QK, Q4_K_BYTES, Q4_K_Q8_PARTS, vdot_q8_q4_k)
 Q8_KERNEL(q5_k, Q5_K_QK, Q5_K_BYTES, Q5_K_Q8_PARTS, vdot_q8_q5_k)
 Q8_KERNEL(q6_k, Q6_K_QK, Q6_K_BYTES, Q6_K_Q8_PARTS, vdot_q8_q6_k)
+Q8_KERNEL(mxfp4, MXFP4_QK, MXFP4_BYTES, MXFP4_Q8_PARTS, vdot_q8_mxfp4)

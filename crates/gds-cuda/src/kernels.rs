@@ -53,6 +53,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "matvec_q8_q4_k",
     "matvec_q8_q5_k",
     "matvec_q8_q6_k",
+    "matvec_q8_mxfp4",
     "quantize_q8",
     "dequant_q4_0",
     "dequant_q4_1",
@@ -138,6 +139,7 @@ pub fn q8_kernel_suffix(dtype: DType) -> Option<&'static str> {
         DType::Q4K => "q4_k",
         DType::Q5K => "q5_k",
         DType::Q6K => "q6_k",
+        DType::MXFP4 => "mxfp4",
         _ => return None,
     })
 }

@@ -52,6 +52,7 @@ MATVEC_Q8_ENTRY(q8_0)
 MATVEC_Q8_ENTRY(q4_k)
 MATVEC_Q8_ENTRY(q5_k)
 MATVEC_Q8_ENTRY(q6_k)
+MATVEC_Q8_ENTRY(mxfp4)
 
 extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, int ntok,
                             float eps) {

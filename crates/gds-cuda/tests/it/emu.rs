@@ -221,6 +221,7 @@ const Q8_CASES: &[(DType, &str, &[usize])] = &[
     (DType::Q4K, "q4_k", &[256, 768]),
     (DType::Q5K, "q5_k", &[256, 768]),
     (DType::Q6K, "q6_k", &[256, 768]),
+    (DType::MXFP4, "mxfp4", &[96, 160, 800]),
 ];
 
 #[test]

@@ -525,6 +525,27 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
         assert_eq!(s.vram().dev.q8, steps * (7 * 4 + 1), "{dtype}");
         assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "{dtype}");
     }
+    // gpt-oss's MXFP4 experts (matvec_q8_mxfp4, each expert on its tokens' rows) beside its
+    // Q8_0 attention, at the smallest VRAM budget (blocks streamed)
+    let (_tmp, dir) = gds_tests::converted_fixture("tiny-gptoss-mxfp4.gguf");
+    let (min_budget, _) = bounds(&dir);
+    let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
+    let opts = StreamOptions {
+        q8_activations: true,
+        ..options(min_budget, rope, MAX_BATCH)
+    };
+    let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
+    let mut logits = vec![0f32; s.layout().shape.vocab];
+    let (mut input, mut pos, mut gpu) = (prompt.clone(), 0, Vec::new());
+    for _ in 0..steps {
+        s.forward(&mut logits, &input, pos).unwrap();
+        pos += input.len();
+        let next = argmax(&logits);
+        gpu.push(next);
+        input = vec![next];
+    }
+    assert!(s.vram().dev.q8 > 0);
+    assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "gpt-oss MXFP4");
 }
 
 #[test]
