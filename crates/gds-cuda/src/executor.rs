@@ -23,9 +23,11 @@
 //!   (without it libcufile's compatibility mode copies through its own host buffers).
 //! - Bounce: the bytes come through `gds-io`'s [`LayerSource`] (an O_DIRECT
 //!   [`DirectBackend`] with its read-ahead thread, or, for `--io mmap`, page-cache reads
-//!   that leave the pages cached: host RAM is the tier between VRAM and storage), are
-//!   copied into the slot's pinned host buffer, and go to VRAM by an asynchronous copy on
-//!   the copy stream. After each load the next streamed layer is handed to the backend's
+//!   that leave the pages cached: host RAM is the tier between VRAM and storage) into its
+//!   streaming buffers, which are page-locked (`cuMemHostRegister`), and go to VRAM from
+//!   there by an asynchronous copy on the copy stream, the buffer held until the copy is
+//!   done (where the driver refuses to lock them, they are copied into a pinned buffer per
+//!   slot first). After each load the next streamed layer is handed to the backend's
 //!   read-ahead, so the disk works while the GPU computes.
 //!
 //! Decode (one token) uses the dequantizing matvec kernels; prefill of at least
@@ -46,7 +48,7 @@ use cudarc::driver::{
     LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use gds_format::Manifest;
-use gds_io::{DirectBackend, DirectOptions, LayerSource, Span};
+use gds_io::{DirectBackend, DirectOptions, LayerBytes, LayerSource, Span};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -138,11 +140,63 @@ enum Loader {
         files: Vec<FileHandle>,
         pending: [Box<AsyncRead>; 2],
     },
+    // (fields drop in this order: the lock before `source` frees the buffers it locks)
     Bounce {
+        /// The streaming buffers of `source` page-locked: a layer goes to the device
+        /// straight from the bytes `acquire` hands out. `None` where the driver refused
+        /// to lock them: then through `staging`.
+        locked: Option<HostLock>,
+        /// Without `locked`: one pinned host buffer per slot (the largest layer each), the
+        /// bytes copied in first.
+        staging: Vec<PinnedHostSlice<u8>>,
+        /// With `locked`: the layer whose copy to the device may still be reading its
+        /// streaming buffer, and the event marking the copy done; held until then (the
+        /// buffer takes no other read while held).
+        in_flight: Option<(LayerBytes, CudaEvent)>,
         source: Box<dyn LayerSource>,
-        /// One pinned host buffer per slot (the largest layer each).
-        pinned: [PinnedHostSlice<u8>; 2],
     },
+}
+
+/// Host memory page-locked for a context (`cuMemHostRegister`), unlocked on drop.
+struct HostLock {
+    ctx: Arc<CudaContext>,
+    ptrs: Vec<usize>,
+}
+
+impl HostLock {
+    /// Page-locks each `(address, bytes)` of `regions`, all or none.
+    ///
+    /// # Safety
+    /// Every region is host memory that stays allocated, and is not locked otherwise, until
+    /// the returned lock is dropped.
+    unsafe fn new(ctx: &Arc<CudaContext>, regions: &[(usize, usize)]) -> Result<HostLock, String> {
+        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        let mut lock = HostLock {
+            ctx: ctx.clone(),
+            ptrs: Vec::new(),
+        };
+        for &(p, n) in regions {
+            // SAFETY: the caller's contract: `n` bytes of live host memory at `p`; flags 0.
+            unsafe { sys::cuMemHostRegister_v2(p as *mut std::ffi::c_void, n, 0) }
+                .result()
+                .map_err(|e| format!("{e:?}"))?;
+            lock.ptrs.push(p);
+        }
+        Ok(lock)
+    }
+}
+
+impl Drop for HostLock {
+    fn drop(&mut self) {
+        // An error here has nowhere to go; the context lives as long as this lock.
+        let _ = self.ctx.bind_to_thread();
+        for &p in &self.ptrs {
+            // SAFETY: `p` was locked by `HostLock::new` in this context and is still allocated
+            // (its owner outlives the lock); no copy reads it any more (the executor
+            // synchronizes the context before dropping the loader).
+            let _ = unsafe { sys::cuMemHostUnregister(p as *mut std::ffi::c_void) };
+        }
+    }
 }
 
 pub(crate) fn cuda<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> GpuError + '_ {
@@ -602,20 +656,24 @@ impl Loader {
                     },
                 )
                 .map_err(GpuError::Layer)?;
-                let mut pinned = Vec::new();
-                for _ in 0..2 {
-                    // SAFETY: the buffers are read only by copies issued after they are
-                    // filled.
-                    let p = unsafe { gpu.ctx.alloc_pinned::<u8>(max_layer.max(1)) }
-                        .map_err(cuda("allocating pinned host memory"))?;
-                    pinned.push(p);
+                // SAFETY: the pool's buffers live as long as `source`, which the loader drops
+                // after the lock (field order), and nothing else locks them.
+                let locked = unsafe { HostLock::new(&gpu.ctx, source.pool_buffers()) };
+                let mut staging = Vec::new();
+                if locked.is_err() {
+                    for _ in 0..2 {
+                        // SAFETY: the buffers are read only by copies issued after they are
+                        // filled.
+                        let p = unsafe { gpu.ctx.alloc_pinned::<u8>(max_layer.max(1)) }
+                            .map_err(cuda("allocating pinned host memory"))?;
+                        staging.push(p);
+                    }
                 }
-                let pinned: [PinnedHostSlice<u8>; 2] = pinned
-                    .try_into()
-                    .map_err(|_| model_err("two pinned buffers"))?;
                 Ok(Loader::Bounce {
+                    locked: locked.ok(),
+                    staging,
+                    in_flight: None,
                     source: Box::new(source),
-                    pinned,
                 })
             }
         }
@@ -680,12 +738,49 @@ impl Loader {
                 .map_err(cuda("cuFileReadAsync"))?;
                 Ok(Some(gpu.copy.record_event(None).map_err(cuda("event"))?))
             }
-            Loader::Bounce { source, pinned } => {
+            Loader::Bounce {
+                locked: Some(_),
+                in_flight,
+                source,
+                ..
+            } => {
+                // the previous layer's streaming buffer goes back to the pool (for the next
+                // read ahead) once its copy has read it
+                if let Some((bytes, ev)) = in_flight.take() {
+                    ev.synchronize().map_err(cuda("a host-to-device copy"))?;
+                    drop(bytes);
+                }
                 let bytes = source.acquire(i).map_err(GpuError::Layer)?;
                 if bytes.len() != size {
                     return Err(short(bytes.len() as isize));
                 }
-                let host = pinned[slot].as_mut_slice().map_err(cuda("pinned buffer"))?;
+                let ptr = addr(dst, &gpu.copy);
+                // SAFETY: the source is page-locked host memory (a pool buffer, `locked`) that
+                // stays allocated and unwritten until the copy is done: its handle is held in
+                // `in_flight` until the copy's event completes (or, `sync`, dropped after
+                // it); the destination is a live device buffer of at least `size` bytes.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(ptr, &bytes[..], gpu.copy.cu_stream())
+                }
+                .map_err(cuda("host-to-device copy"))?;
+                let done = gpu.copy.record_event(None).map_err(cuda("event"))?;
+                if sync {
+                    done.synchronize().map_err(cuda("loading a layer"))?;
+                    return Ok(None);
+                }
+                *in_flight = Some((bytes, done));
+                Ok(Some(gpu.copy.record_event(None).map_err(cuda("event"))?))
+            }
+            Loader::Bounce {
+                staging, source, ..
+            } => {
+                let bytes = source.acquire(i).map_err(GpuError::Layer)?;
+                if bytes.len() != size {
+                    return Err(short(bytes.len() as isize));
+                }
+                let host = staging[slot]
+                    .as_mut_slice()
+                    .map_err(cuda("pinned buffer"))?;
                 let buf = &mut host[..size];
                 buf.copy_from_slice(&bytes);
                 drop(bytes);

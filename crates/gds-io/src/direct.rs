@@ -342,6 +342,8 @@ pub struct DirectBackend {
     resident: Vec<Option<LayerBytes>>,
     slots: usize,
     slot_size: usize,
+    /// Where the streaming buffers are (address, bytes): fixed for the backend's life.
+    pool: Vec<(usize, usize)>,
     thread: Option<JoinHandle<()>>,
     warnings: Vec<String>,
     /// Buffer of `read_at`, reused between calls.
@@ -389,12 +391,14 @@ impl DirectBackend {
             .collect();
         let slot_size = usize::try_from(align_up(opts.slot_size as u64)).unwrap_or(usize::MAX);
         let mut state = State::default();
+        let mut pool = Vec::with_capacity(opts.slots);
         for _ in 0..opts.slots {
-            state
-                .free
-                .push(AlignedBuf::new(slot_size).ok_or(IoError::OutOfMemory {
-                    bytes: slot_size as u64,
-                })?);
+            let buf = AlignedBuf::new(slot_size).ok_or(IoError::OutOfMemory {
+                bytes: slot_size as u64,
+            })?;
+            // the memory stays where it is when the buffer moves between lists and handles
+            pool.push((buf.as_slice().as_ptr() as usize, buf.capacity()));
+            state.free.push(buf);
         }
         let shared = Arc::new(Shared {
             files,
@@ -441,10 +445,20 @@ impl DirectBackend {
             resident,
             slots: opts.slots,
             slot_size,
+            pool,
             thread,
             warnings,
             scratch: Mutex::new(None),
         })
+    }
+
+    /// The streaming buffers (start address and bytes of each), where every span of a
+    /// streamed layer is read and whose bytes [`LayerSource::acquire`] hands out: fixed for
+    /// the backend's life, so a caller may page-lock them (CUDA's `cuMemHostRegister`) and
+    /// copy acquired bytes to a device straight from them, holding the handle until the copy
+    /// is done (the buffer takes no other read while a handle holds it).
+    pub fn pool_buffers(&self) -> &[(usize, usize)] {
+        &self.pool
     }
 
     /// True when reads go through the page cache (no `O_DIRECT`).
@@ -996,6 +1010,42 @@ mod tests {
                 assert_eq!(cached, total, "keep_cached leaves every page read cached");
             } else {
                 assert_eq!(cached, 0, "buffered reads drop their pages");
+            }
+        }
+    }
+
+    #[test]
+    fn streamed_bytes_are_handed_out_from_the_pool_buffers() {
+        // what the GPU's bounce path page-locks: every streamed layer's bytes lie in one of
+        // the pool's buffers, a held one is not read into again
+        let (dir, m) = model_dir(3, 64);
+        for force_buffered in [false, true] {
+            let b = open(
+                dir.path(),
+                &m,
+                options(vec![], 2, 64 * ALIGN, force_buffered),
+            );
+            let pool = b.pool_buffers().to_vec();
+            assert_eq!(pool.len(), 2);
+            assert!(pool.iter().all(|&(a, n)| n >= 64 * ALIGN && a % ALIGN == 0));
+            assert!(pool[0].0 + pool[0].1 <= pool[1].0 || pool[1].0 + pool[1].1 <= pool[0].0);
+            let inside = |h: &crate::LayerBytes| {
+                let (p, n) = (h.as_ptr() as usize, h.len());
+                pool.iter().position(|&(a, len)| p >= a && p + n <= a + len)
+            };
+            // each layer acquired while the previous one's handle is still held (as a copy
+            // to the device still reading it), the next one read ahead meanwhile
+            let mut held: Option<(usize, crate::LayerBytes)> = None;
+            let order = [0, 1, 2, 0, 1, 2];
+            for (k, &l) in order.iter().enumerate().take(5) {
+                let h = b.acquire(l).unwrap();
+                assert_eq!(&h[..], &expect(l, 0..64 * ALIGN)[..]);
+                let i = inside(&h).expect("bytes outside the pool");
+                if let Some((prev, _)) = held {
+                    assert_ne!(i, prev, "a held buffer was read into");
+                }
+                held = Some((i, h));
+                b.prefetch(span(order[k + 1], 0, 64 * ALIGN as u64));
             }
         }
     }
