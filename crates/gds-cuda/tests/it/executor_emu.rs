@@ -1506,10 +1506,10 @@ fn run_passes(
 /// (what a pass reads per step lives in device buffers). Each shape of pass gets its own
 /// capture: 1, 2 and 3 tokens with every token's logits (speculative checks) and 2 and 3
 /// tokens with the last one's (a prompt's chunks); a prompt of GEMM length is never
-/// captured. Llama 3 with f32 and with int8 activations, Gemma 3
-/// (window rings, two RoPE tables, f16 KV not involved: one-sequence caches are f32),
-/// Qwen 3 (head norms), Phi-3 (fused QKV). Where a layer streams, or the model routes
-/// experts on the host (gpt-oss), nothing is captured.
+/// captured. Every dense architecture (Llama 3 also with int8 activations; Gemma 2's score
+/// caps, Gemma 3's window rings and two RoPE tables, Qwen 2's biases, Qwen 3's head norms,
+/// Phi-3's fused QKV, SmolLM3's layers without RoPE). Where a layer streams, or the model
+/// routes experts on the host (gpt-oss), nothing is captured.
 #[test]
 fn captured_passes_replay_to_the_logits_of_launching_them() {
     // shapes (tokens, logit rows): (1,1) ×6, (2,2) ×2, (3,3) ×2, (3,1) ×3, (2,1) ×2
@@ -1534,9 +1534,15 @@ fn captured_passes_replay_to_the_logits_of_launching_them() {
     for (input, q8) in [
         ("tiny-llama3-hf", false),
         ("tiny-llama3-hf", true),
-        ("tiny-gemma3-hf", false),
+        ("tiny-llama31-hf", false),
+        ("tiny-qwen2-hf", true),
+        ("tiny-mistral-hf", false),
         ("tiny-qwen3-hf", false),
+        ("tiny-gemma2-hf", true),
+        ("tiny-gemma3-hf", false),
         ("tiny-phi3-hf", false),
+        ("tiny-phi35-hf", true),
+        ("tiny-smollm3-hf", false),
     ] {
         let (_tmp, dir) = gds_tests::converted_fixture(input);
         let (_, all) = bounds(&dir);
