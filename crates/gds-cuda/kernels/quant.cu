@@ -443,24 +443,15 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, u8* __restri
     }
 }
 
-// Q4_0, part p (of 2): the words qs[8p..8p+4], qs[8p+4..8p+8]: values 8p..8p+8 (low
-// nibbles) and 16+8p..16+8p+8 (high). The -8 offset of the block's 32 values comes from
-// the activation sum s, half of it in each part.
-#define Q4_0_Q8_PARTS 2
-__device__ __forceinline__ void vdot_q8_q4_0(const u8* b, unsigned long long rs, int nr,
-                                             const u8* xa, unsigned long long xs, int nt, int p,
-                                             float (*acc)[MATVEC_TOKENS]) {
-    float dw[MMQ8_ROWS];
-    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
-    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
-        const u8* br = b + (r < nr ? r : 0) * rs;
-        dw[r] = ld_f16(br);
-        u32 w0 = ld_u32_a2(br + 2 + 8 * p), w1 = ld_u32_a2(br + 6 + 8 * p);
-        l0[r] = (int)(w0 & NIBBLES);
-        l1[r] = (int)(w1 & NIBBLES);
-        h0[r] = (int)((w0 >> 4) & NIBBLES);
-        h1[r] = (int)((w1 >> 4) & NIBBLES);
-    }
+// The token loop of the 32-value types whose part p (of 2) is, per row, the four words
+// l0, l1 (values 8p..8p+8) and h0, h1 (16+8p..16+8p+8) as signed bytes: acc[r][j] +=
+// dw[r] d s + cw[r] sx, s the int8 dot product with token j's activation block and sx its
+// d * sum (cw: the share of the block's offset or minimum a part carries).
+__device__ __forceinline__ void tokens_q8_halves(const int* l0, const int* l1, const int* h0,
+                                                 const int* h1, const float* dw,
+                                                 const float* cw, const u8* xa,
+                                                 unsigned long long xs, int nt, int p,
+                                                 float (*acc)[MATVEC_TOKENS]) {
     UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
         if (j < nt) {
             const u8* a = xa + j * xs;
@@ -472,10 +463,32 @@ __device__ __forceinline__ void vdot_q8_q4_0(const u8* b, unsigned long long rs,
                 s = __dp4a(l1[r], u1, s);
                 s = __dp4a(h0[r], u2, s);
                 s = __dp4a(h1[r], u3, s);
-                acc[r][j] += dw[r] * (d * (float)s - 4.0f * sx);
+                acc[r][j] += dw[r] * d * (float)s + cw[r] * sx;
             }
         }
     }
+}
+
+// Q4_0, part p (of 2): the words qs[8p..8p+4], qs[8p+4..8p+8]: values 8p..8p+8 (low
+// nibbles) and 16+8p..16+8p+8 (high). The -8 offset of the block's 32 values comes from
+// the activation sum s, half of it in each part.
+#define Q4_0_Q8_PARTS 2
+__device__ __forceinline__ void vdot_q8_q4_0(const u8* b, unsigned long long rs, int nr,
+                                             const u8* xa, unsigned long long xs, int nt, int p,
+                                             float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = ld_f16(br);
+        cw[r] = -4.0f * dw[r];
+        u32 w0 = ld_u32_a2(br + 2 + 8 * p), w1 = ld_u32_a2(br + 6 + 8 * p);
+        l0[r] = (int)(w0 & NIBBLES);
+        l1[r] = (int)(w1 & NIBBLES);
+        h0[r] = (int)((w0 >> 4) & NIBBLES);
+        h1[r] = (int)((w1 >> 4) & NIBBLES);
+    }
+    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
 }
 
 // Q4_1, part p (of 2): the words of Q4_0's part p (qs at 4: 4-byte aligned, 20-byte blocks),
@@ -484,33 +497,19 @@ __device__ __forceinline__ void vdot_q8_q4_0(const u8* b, unsigned long long rs,
 __device__ __forceinline__ void vdot_q8_q4_1(const u8* b, unsigned long long rs, int nr,
                                              const u8* xa, unsigned long long xs, int nt, int p,
                                              float (*acc)[MATVEC_TOKENS]) {
-    float dw[MMQ8_ROWS], mw[MMQ8_ROWS];
+    float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
     int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
     UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
         const u8* br = b + (r < nr ? r : 0) * rs;
         dw[r] = ld_f16(br);
-        mw[r] = ld_f16(br + 2);
+        cw[r] = 0.5f * ld_f16(br + 2);
         u32 w0 = ld_u32_a4(br + 4 + 8 * p), w1 = ld_u32_a4(br + 8 + 8 * p);
         l0[r] = (int)(w0 & NIBBLES);
         l1[r] = (int)(w1 & NIBBLES);
         h0[r] = (int)((w0 >> 4) & NIBBLES);
         h1[r] = (int)((w1 >> 4) & NIBBLES);
     }
-    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
-        if (j < nt) {
-            const u8* a = xa + j * xs;
-            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
-            int u2 = q8a_word(a, 4 + 2 * p), u3 = q8a_word(a, 5 + 2 * p);
-            float d = q8a_d(a), sx = q8a_s(a);
-            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
-                int s = __dp4a(l0[r], u0, 0);
-                s = __dp4a(l1[r], u1, s);
-                s = __dp4a(h0[r], u2, s);
-                s = __dp4a(h1[r], u3, s);
-                acc[r][j] += dw[r] * d * (float)s + 0.5f * mw[r] * sx;
-            }
-        }
-    }
+    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
 }
 
 // Bits k..k+3 of a Q5 block's high bits as the fifth bit (0x10) of four bytes.
@@ -527,12 +526,13 @@ __device__ __forceinline__ int q5_high4(u32 qh, int k) {
 __device__ __forceinline__ void vdot_q8_q5(const u8* b, unsigned long long rs, int nr,
                                            const u8* xa, unsigned long long xs, int nt, int p,
                                            float (*acc)[MATVEC_TOKENS], bool q5_1) {
-    float dw[MMQ8_ROWS], mw[MMQ8_ROWS];
+    float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
     int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
     UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
         const u8* br = b + (r < nr ? r : 0) * rs;
         dw[r] = ld_f16(br);
-        mw[r] = q5_1 ? ld_f16(br + 2) : 0.0f;
+        // the minimum's half a part (Q5_1), or 16 off each value: 8 sums a part (Q5_0)
+        cw[r] = q5_1 ? 0.5f * ld_f16(br + 2) : -8.0f * dw[r];
         const u8* qhp = br + (q5_1 ? 4 : 2);
         const u8* qs = br + (q5_1 ? 8 : 6) + 8 * p;
         u32 qh = q5_1 ? ld_u32_a4(qhp) : ld_u32_a2(qhp);
@@ -543,22 +543,7 @@ __device__ __forceinline__ void vdot_q8_q5(const u8* b, unsigned long long rs, i
         h0[r] = (int)((w0 >> 4) & NIBBLES) | q5_high4(qh, 16 + 8 * p);
         h1[r] = (int)((w1 >> 4) & NIBBLES) | q5_high4(qh, 20 + 8 * p);
     }
-    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
-        if (j < nt) {
-            const u8* a = xa + j * xs;
-            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
-            int u2 = q8a_word(a, 4 + 2 * p), u3 = q8a_word(a, 5 + 2 * p);
-            float d = q8a_d(a), sx = q8a_s(a);
-            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
-                int s = __dp4a(l0[r], u0, 0);
-                s = __dp4a(l1[r], u1, s);
-                s = __dp4a(h0[r], u2, s);
-                s = __dp4a(h1[r], u3, s);
-                acc[r][j] += q5_1 ? dw[r] * d * (float)s + 0.5f * mw[r] * sx
-                                  : dw[r] * (d * (float)s - 8.0f * sx);
-            }
-        }
-    }
+    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
 }
 __device__ __forceinline__ void vdot_q8_q5_0(const u8* b, unsigned long long rs, int nr,
                                              const u8* xa, unsigned long long xs, int nt, int p,
@@ -583,32 +568,19 @@ __device__ __forceinline__ int mxfp4_bytes(const u8* qs, int shift) {
 __device__ __forceinline__ void vdot_q8_mxfp4(const u8* b, unsigned long long rs, int nr,
                                               const u8* xa, unsigned long long xs, int nt, int p,
                                               float (*acc)[MATVEC_TOKENS]) {
-    float dw[MMQ8_ROWS];
+    float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
     int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
     UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
         const u8* br = b + (r < nr ? r : 0) * rs;
         dw[r] = e8m0_half(br[0]);
+        cw[r] = 0.0f;
         const u8* qs = br + 1 + 8 * p;
         l0[r] = mxfp4_bytes(qs, 0);
         l1[r] = mxfp4_bytes(qs + 4, 0);
         h0[r] = mxfp4_bytes(qs, 4);
         h1[r] = mxfp4_bytes(qs + 4, 4);
     }
-    UNROLL for (int j = 0; j < MATVEC_TOKENS; j++) {
-        if (j < nt) {
-            const u8* a = xa + j * xs;
-            int u0 = q8a_word(a, 2 * p), u1 = q8a_word(a, 2 * p + 1);
-            int u2 = q8a_word(a, 4 + 2 * p), u3 = q8a_word(a, 5 + 2 * p);
-            float d = q8a_d(a);
-            UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
-                int s = __dp4a(l0[r], u0, 0);
-                s = __dp4a(l1[r], u1, s);
-                s = __dp4a(h0[r], u2, s);
-                s = __dp4a(h1[r], u3, s);
-                acc[r][j] += dw[r] * d * (float)s;
-            }
-        }
-    }
+    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
 }
 
 // Q8_0, part p (of 4): the words of values 8p..8p+8.

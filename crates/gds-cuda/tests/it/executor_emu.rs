@@ -488,6 +488,32 @@ fn greedy_cpu_q8(dir: &Path, prompt: &[u32], steps: usize) -> Vec<u32> {
     out
 }
 
+/// Greedy tokens of `prompt` then `steps - 1` single-token steps on the executor at VRAM
+/// budget `budget` with 8-bit activations, and the device's GEMM and int8 call counts.
+fn greedy_gpu_q8(
+    dir: &Path,
+    budget: u64,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<u32>, usize, usize) {
+    let (graph, rope) = CudaGraph::open(dir, CTX).unwrap();
+    let opts = StreamOptions {
+        q8_activations: true,
+        ..options(budget, rope, MAX_BATCH)
+    };
+    let mut s = Streamer::with_vram(dir, &opts, EmuVram::new(dir), Box::new(graph)).unwrap();
+    let mut logits = vec![0f32; s.layout().shape.vocab];
+    let (mut input, mut pos, mut out) = (prompt.to_vec(), 0, Vec::new());
+    for _ in 0..steps {
+        s.forward(&mut logits, &input, pos).unwrap();
+        pos += input.len();
+        let next = argmax(&logits);
+        out.push(next);
+        input = vec![next];
+    }
+    (out, s.vram().dev.gemms, s.vram().dev.q8)
+}
+
 #[test]
 fn int8_activations_give_the_cpu_q8_greedy_tokens() {
     // The default GPU path (`--activations q8`): a prompt shorter than GEMM_MIN_TOKENS and
@@ -505,46 +531,18 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
     ] {
         let (_tmp, dir) = model(dtype);
         let (_, all_budget) = bounds(&dir);
-        let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
-        let opts = StreamOptions {
-            q8_activations: true,
-            ..options(all_budget, rope, MAX_BATCH)
-        };
-        let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
-        let mut logits = vec![0f32; s.layout().shape.vocab];
-        let (mut input, mut pos, mut gpu) = (prompt.clone(), 0, Vec::new());
-        for _ in 0..steps {
-            s.forward(&mut logits, &input, pos).unwrap();
-            pos += input.len();
-            let next = argmax(&logits);
-            gpu.push(next);
-            input = vec![next];
-        }
+        let (gpu, gemms, q8) = greedy_gpu_q8(&dir, all_budget, &prompt, steps);
         // 7 products per block and the head, every call through the int8 kernels
-        assert_eq!(s.vram().dev.gemms, 0, "{dtype}");
-        assert_eq!(s.vram().dev.q8, steps * (7 * 4 + 1), "{dtype}");
+        assert_eq!(gemms, 0, "{dtype}");
+        assert_eq!(q8, steps * (7 * 4 + 1), "{dtype}");
         assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "{dtype}");
     }
     // gpt-oss's MXFP4 experts (matvec_q8_mxfp4, each expert on its tokens' rows) beside its
     // Q8_0 attention, at the smallest VRAM budget (blocks streamed)
     let (_tmp, dir) = gds_tests::converted_fixture("tiny-gptoss-mxfp4.gguf");
     let (min_budget, _) = bounds(&dir);
-    let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
-    let opts = StreamOptions {
-        q8_activations: true,
-        ..options(min_budget, rope, MAX_BATCH)
-    };
-    let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
-    let mut logits = vec![0f32; s.layout().shape.vocab];
-    let (mut input, mut pos, mut gpu) = (prompt.clone(), 0, Vec::new());
-    for _ in 0..steps {
-        s.forward(&mut logits, &input, pos).unwrap();
-        pos += input.len();
-        let next = argmax(&logits);
-        gpu.push(next);
-        input = vec![next];
-    }
-    assert!(s.vram().dev.q8 > 0);
+    let (gpu, _, q8) = greedy_gpu_q8(&dir, min_budget, &prompt, steps);
+    assert!(q8 > 0);
     assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "gpt-oss MXFP4");
 }
 
