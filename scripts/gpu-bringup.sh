@@ -119,6 +119,8 @@ if [ "$STAGE" = anchor ]; then
   grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
   run 120 gdsrun-bench-no-graphs "$G" bench "$MODEL" --backend cuda --cuda-graphs off -p 512 -n 128 -r 3
   grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--cuda-graphs off)/' >>"$SUM"
+  run 120 gdsrun-bench-tf32 "$G" bench "$MODEL" --backend cuda --gemm-type tf32 -p 512 -n 0 -r 3
+  grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--gemm-type tf32)/' >>"$SUM"
   exit 0
 fi
 if [ "$STAGE" = quick ] || [ "$STAGE" = full ]; then
@@ -182,6 +184,8 @@ run 180 gdsrun-bench "$G" bench "$MODEL" --backend cuda -p 512 -n 128 -r 3
 grep -E "^\|" "$LOG" | tail -4 >>"$SUM"
 run 120 gdsrun-bench-no-graphs "$G" bench "$MODEL" --backend cuda --cuda-graphs off -p 512 -n 128 -r 3
 grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--cuda-graphs off)/' >>"$SUM"
+run 120 gdsrun-bench-tf32 "$G" bench "$MODEL" --backend cuda --gemm-type tf32 -p 512 -n 0 -r 3
+grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--gemm-type tf32)/' >>"$SUM"
 
 say "== energy (NVML)"
 python3 - "$G" "$MODEL" <<'EOF' 2>&1 | tee -a "$SUM"

@@ -18,7 +18,8 @@
 #     `gdsrun bench --backend cuda` all resident (pp512, tg128; default int8 activations), and
 #     pp512/tg128 again with --activations f32 (the f32-activation kernels and plain f32 SGEMM
 #     prefill: the int8 kernels' and TF32 prefill's A/B on one binary) and tg128 with
-#     --cuda-graphs off (every decode kernel launched each step: the graphs' A/B); then with about a quarter of
+#     --cuda-graphs off (every decode kernel launched each step: the graphs' A/B), pp512 with
+#     --gemm-type tf32 (f32 tiles on TF32 tensor cores: the f16 GEMM's A/B); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
 #     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
 #     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once;
@@ -176,6 +177,10 @@ for spec in $SHAPES; do
   # decode without CUDA graphs (every kernel launched each step): the graphs' A/B
   run 120 "bench-$shape-resident-no-graphs" "$G" bench "$M" --backend cuda --cuda-graphs off -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--cuda-graphs off)/' >>"$SUM"
+  # prefill with TF32 GEMMs over f32 tiles (the default is f16 tiles and cublasGemmEx): the
+  # f16 GEMM's A/B
+  run 120 "bench-$shape-resident-tf32" "$G" bench "$M" --backend cuda --gemm-type tf32 -p 512 -n 0 -r 2
+  grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--gemm-type tf32)/' >>"$SUM"
   for g in q4_0 f16; do # llama.cpp on the GGUFs of the same checkpoint
     [ -f "$W/$shape-$g.gguf" ] || continue
     run 240 "llama-bench-$shape-$g" env LD_LIBRARY_PATH="$LLD" "$L/bin/llama-bench" -m "$W/$shape-$g.gguf" \

@@ -57,6 +57,7 @@ fn run(
         max_outputs: None,
         q8_activations: true,
         gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+        gemm: gds_cuda::forward::GemmType::F16,
         graphs: true,
     };
     // The model's graph and RoPE tables (gds-runtime's, as `gdsrun --backend cuda` opens it).

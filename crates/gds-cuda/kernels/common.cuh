@@ -85,6 +85,17 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
     return (u16)(sign | h);
 }
 
+// f32_to_f16 with finite values beyond f16's range saturated to +-65504 (the largest half)
+// instead of overflowing to inf: the inputs of an f16 GEMM (weights dequantized into its
+// tile, activations converted for it), where one outlier must not turn a whole output row
+// into inf/NaN. inf and NaN stay what they are.
+__device__ __forceinline__ u16 f32_to_f16_sat(float f) {
+    u32 x = __float_as_uint(f);
+    if (((x >> 23) & 0xffu) != 0xffu && (x & 0x7fffffffu) > 0x477fe000u)  // |f| > 65504
+        return (u16)(((x >> 16) & 0x8000u) | 0x7bffu);
+    return f32_to_f16(f);
+}
+
 // Sum over the 32 lanes of a warp; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -263,3 +263,10 @@ extern "C" __global__ void add_inplace(float* __restrict__ y, const float* __res
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
+
+// to_f16(x, y, n): y[i] = f32_to_f16_sat(x[i]), an f16 GEMM's activations. Grid
+// ceil(n / BLOCK_THREADS), block BLOCK_THREADS.
+extern "C" __global__ void to_f16(const float* __restrict__ x, u16* __restrict__ y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f32_to_f16_sat(x[i]);
+}

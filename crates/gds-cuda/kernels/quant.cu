@@ -15,6 +15,8 @@
 // in batched decode (bench/runs/2026-11-28-gpu-h100-anchor.md).
 //
 // dequant_<t>(src, dst, nblocks): one thread per block, grid ceil(nblocks / BLOCK_THREADS).
+// dequant16_<t>(src, dst, nblocks): the same into f16 (f32_to_f16_sat of each value), the
+// tile of an f16 GEMM.
 
 // ---- per-block dot products with an f32 vector, and per-block dequantization ----
 
@@ -323,6 +325,16 @@ __device__ __forceinline__ void store_rows(const float* acc, int nt, float* y, i
                                               float* __restrict__ dst, int nblocks) {       \
         int b = blockIdx.x * blockDim.x + threadIdx.x;                                      \
         if (b < nblocks) DEQ(src + (unsigned long long)b * BYTES, dst + (unsigned long long)b * QK); \
+    }                                                                                       \
+    extern "C" __global__ void dequant16_##NAME(const u8* __restrict__ src,                 \
+                                                u16* __restrict__ dst, int nblocks) {       \
+        int b = blockIdx.x * blockDim.x + threadIdx.x;                                      \
+        if (b < nblocks) {                                                                  \
+            float v[QK];                                                                    \
+            DEQ(src + (unsigned long long)b * BYTES, v);                                    \
+            u16* d = dst + (unsigned long long)b * QK;                                      \
+            for (int i = 0; i < QK; i++) d[i] = f32_to_f16_sat(v[i]);                       \
+        }                                                                                   \
     }
 
 BLOCK_KERNELS(q4_0, Q4_0_QK, Q4_0_BYTES, 4, dotp_q4_0, deq_q4_0)
@@ -366,6 +378,11 @@ __device__ __forceinline__ float ld_f32(const u8* p) {
                                               float* __restrict__ dst, int n) {             \
         int i = blockIdx.x * blockDim.x + threadIdx.x;                                      \
         if (i < n) dst[i] = LOAD(src + (unsigned long long)i * WIDTH);                      \
+    }                                                                                       \
+    extern "C" __global__ void dequant16_##NAME(const u8* __restrict__ src,                 \
+                                                u16* __restrict__ dst, int n) {             \
+        int i = blockIdx.x * blockDim.x + threadIdx.x;                                      \
+        if (i < n) dst[i] = f32_to_f16_sat(LOAD(src + (unsigned long long)i * WIDTH));      \
     }
 
 // bfloat16 is the top half of a binary32: exact by a shift.

@@ -35,7 +35,7 @@
 //! SGEMM. The executor returns logits; sampling stays with the caller (the CPU backend's
 //! sampler).
 
-use crate::forward::{Device, Heads, KvPages};
+use crate::forward::{Device, GemmType, Heads, KvPages};
 use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS, MMQ8_ROWS, MMQ8_WARPS};
 use crate::plan::{LayerMeta, Layout};
 use crate::stream::{BufKind, GraphKey, StreamOptions, Streamer, Vram};
@@ -101,6 +101,9 @@ pub struct ExecOptions {
     /// Passes of this many tokens or more go through GEMM on dequantized tiles (the plan's
     /// `gemm_min_tokens`; [`GEMM_MIN_TOKENS`](crate::forward::GEMM_MIN_TOKENS) by default).
     pub gemm_min_tokens: usize,
+    /// What those GEMMs round their inputs to ([`StreamOptions::gemm`]; the plan's
+    /// `gemm_type`).
+    pub gemm: crate::forward::GemmType,
     /// Capture short passes as CUDA graphs and replay them ([`StreamOptions::graphs`]; the
     /// plan's `cuda_graphs`).
     pub graphs: bool,
@@ -358,6 +361,22 @@ impl Device for Gpu {
             .ok_or_else(|| model_err(format!("no dequant kernel for {suffix}")))?;
         launch!(self, name, c, src, dst, nblocks)
     }
+    fn dequant16(
+        &mut self,
+        suffix: &str,
+        src: u64,
+        dst: u64,
+        nblocks: i32,
+    ) -> Result<(), GpuError> {
+        let c = cfg((cdiv(nblocks, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
+        let name = kernels::kernel_name("dequant16", suffix)
+            .ok_or_else(|| model_err(format!("no f16 dequant kernel for {suffix}")))?;
+        launch!(self, name, c, src, dst, nblocks)
+    }
+    fn to_f16(&mut self, x: u64, dst: u64, n: i32) -> Result<(), GpuError> {
+        let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
+        launch!(self, "to_f16", c, x, dst, n)
+    }
     fn rmsnorm(
         &mut self,
         x: u64,
@@ -539,9 +558,42 @@ impl Device for Gpu {
         c: u64,
         (m, n, k): (i32, i32, i32),
         ldc: i32,
-        tf32: bool,
+        inputs: GemmType,
     ) -> Result<bool, GpuError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
+        if inputs == GemmType::F16 {
+            use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+            // SAFETY: the handle is bound to the compute stream; a and b are device buffers of
+            // k×m and k×n f16 (the tile dequant16 wrote, the activations to_f16 wrote), c
+            // holds n columns of ldc ≥ m floats (forward::Pass::linears); alpha and beta are
+            // f32 as CUBLAS_COMPUTE_32F requires.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    m,
+                    n,
+                    k,
+                    (&alpha as *const f32).cast(),
+                    a as *const std::ffi::c_void,
+                    cudaDataType::CUDA_R_16F,
+                    k,
+                    b as *const std::ffi::c_void,
+                    cudaDataType::CUDA_R_16F,
+                    k,
+                    (&beta as *const f32).cast(),
+                    c as *mut std::ffi::c_void,
+                    cudaDataType::CUDA_R_32F,
+                    ldc,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(cuda("cuBLAS GemmEx (f16)"))?;
+            return Ok(true);
+        }
+        let tf32 = inputs == GemmType::Tf32;
         if self.tf32 != Some(tf32) {
             let mode = if tf32 {
                 // tensor cores for f32 GEMMs (Ampere and later; ignored before)
@@ -1114,6 +1166,7 @@ impl Streamer<CudaVram> {
             max_outputs: opts.max_outputs,
             q8_activations: opts.q8_activations,
             gemm_min_tokens: opts.gemm_min_tokens,
+            gemm: opts.gemm,
             graphs: opts.graphs,
         };
         Streamer::with_layout(layout, &stream_opts, vram, graph)

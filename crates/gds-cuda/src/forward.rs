@@ -24,6 +24,53 @@ use crate::GpuError;
 /// (an H100's batched decode at 16 tokens was GEMM-bound, 2026-11-27).
 pub const GEMM_MIN_TOKENS: usize = 8;
 
+/// What a GEMM's inputs are rounded to (`--gemm-type`): the weights dequantized into the
+/// tile and the activations multiplied with them. The product always accumulates in f32
+/// and is written as f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmType {
+    /// Plain f32 (SGEMM on the CUDA cores): the reference arithmetic, `--activations f32`'s
+    /// default.
+    F32,
+    /// f32 buffers the tensor cores read as TF32 (10-bit mantissas; cuBLAS's TF32 math mode).
+    Tf32,
+    /// Both operands converted to f16 (saturated to ±65504, `f32_to_f16_sat`) and multiplied
+    /// on the tensor cores with f32 accumulation (`cublasGemmEx`, as llama.cpp's cuBLAS path
+    /// does): half the tile's bytes and twice TF32's rate; `--activations q8`'s default.
+    F16,
+}
+
+impl GemmType {
+    /// Every type, by its `--gemm-type` name.
+    pub const ALL: [(&'static str, GemmType); 3] = [
+        ("f16", GemmType::F16),
+        ("tf32", GemmType::Tf32),
+        ("f32", GemmType::F32),
+    ];
+
+    /// The `--gemm-type` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmType::F32 => "f32",
+            GemmType::Tf32 => "tf32",
+            GemmType::F16 => "f16",
+        }
+    }
+
+    /// The type a `--gemm-type` name names.
+    pub fn parse(name: &str) -> Option<GemmType> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|&(_, t)| t)
+    }
+
+    /// Bytes of one element of the operands.
+    pub fn elem_bytes(self) -> usize {
+        match self {
+            GemmType::F16 => 2,
+            GemmType::F32 | GemmType::Tf32 => 4,
+        }
+    }
+}
+
 /// The kernels of `kernels/*.cu` plus a copy and an optional GEMM. Dimensions are `i32`
 /// because that is what the kernels take.
 #[allow(clippy::too_many_arguments)]
@@ -56,6 +103,13 @@ pub trait Device {
     ) -> Result<(), GpuError>;
     /// `dequant_{suffix}`: `nblocks` blocks at `src` into f32 at `dst`.
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError>;
+    /// `dequant16_{suffix}`: `nblocks` blocks at `src` into f16 at `dst` (an f16 GEMM's
+    /// tile; values beyond ±65504 saturated).
+    fn dequant16(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32)
+        -> Result<(), GpuError>;
+    /// `to_f16`: `n` floats at `x` into f16 at `dst` (an f16 GEMM's activations; values
+    /// beyond ±65504 saturated).
+    fn to_f16(&mut self, x: u64, dst: u64, n: i32) -> Result<(), GpuError>;
     /// `rmsnorm` of `ntok` rows of `n` (`out` may be `x`).
     fn rmsnorm(
         &mut self,
@@ -158,11 +212,12 @@ pub trait Device {
     /// Copies `src` to the device at `dst`, after the launches before this call read what
     /// was there and before those after it (a mixture of experts' token rows and weights).
     fn upload_words(&mut self, dst: u64, src: &[u32]) -> Result<(), GpuError>;
-    /// Column-major SGEMM `C[m×n] = op(A)·B` (`mnk` = `(m, n, k)`) with `op(A) = Aᵀ` (A is
-    /// `k×m`, lda = k), B `k×n` (ldb = k), C with leading dimension `ldc` ≥ m (column j at
-    /// `c + j·ldc` floats: a run of rows of a wider output); with `tf32` the device may round
-    /// A and B to TF32 (10-bit mantissas) for tensor cores, accumulating in f32. `false` when
-    /// the device has no GEMM (the caller falls back).
+    /// Column-major GEMM `C[m×n] = op(A)·B` (`mnk` = `(m, n, k)`) with `op(A) = Aᵀ` (A is
+    /// `k×m`, lda = k), B `k×n` (ldb = k), C f32 with leading dimension `ldc` ≥ m (column j
+    /// at `c + j·ldc` floats: a run of rows of a wider output). A and B are f16 for
+    /// [`GemmType::F16`], f32 otherwise; with [`GemmType::Tf32`] the device may round them to
+    /// TF32 (10-bit mantissas) for tensor cores. Accumulation is f32. `false` when the device
+    /// has no GEMM (the caller falls back).
     fn gemm(
         &mut self,
         a: u64,
@@ -170,7 +225,7 @@ pub trait Device {
         c: u64,
         mnk: (i32, i32, i32),
         ldc: i32,
-        tf32: bool,
+        inputs: GemmType,
     ) -> Result<bool, GpuError>;
 }
 
@@ -219,7 +274,8 @@ pub struct KvPages {
 /// `logit_rows × vocab`; `tile`
 /// `tile_elements` ([`Layout::tile_elements`](crate::plan::Layout::tile_elements)); `xq`
 /// `max_tokens × max(n_embd, n_ff, q_dim) / 32` blocks
-/// of [`Q8A_BYTES`](crate::kernels::Q8A_BYTES). A mixture of experts widens `xb`, `gate`,
+/// of [`Q8A_BYTES`](crate::kernels::Q8A_BYTES), `xh` as many f16 values
+/// ([`Layout::act_bytes`](crate::plan::Layout::act_bytes) sizes the two). A mixture of experts widens `xb`, `gate`,
 /// `up` and `xq` to its experts' width where larger, and has `router`
 /// `max_tokens × n_expert`, `moe_rows` `2 × max_tokens × n_expert_used` words, `moe_x`, `moe_y`
 /// `max_tokens × n_embd` (dense models: one float each).
@@ -265,10 +321,12 @@ pub struct Scratch {
     pub moe_y: u64,
     /// Passes of this many tokens or more go through GEMM ([`GEMM_MIN_TOKENS`] by default).
     pub gemm_min: usize,
-    /// Those GEMMs may round their inputs to TF32 on tensor cores (with `--activations q8`,
-    /// whose products are not f32-exact anyway); `false` keeps them f32 (`--activations
-    /// f32`, the reference arithmetic).
-    pub tf32: bool,
+    /// What those GEMMs round their inputs to (`--gemm-type`).
+    pub gemm: GemmType,
+    /// An f16 GEMM's activations, converted once for all the products of the same input:
+    /// `max_tokens × max(n_embd, n_ff, q_dim)` f16 (it may share `xq`'s buffer: a pass
+    /// uses one or the other); 0 where [`Scratch::gemm`] is not f16.
+    pub xh: u64,
 }
 
 /// Per-call context of the pass: the layout, where each layer's bytes are, and the caches.
@@ -388,7 +446,7 @@ impl Pass<'_> {
         outs: &[(u64, &TensorMeta)],
         ntok: usize,
     ) -> Result<(), GpuError> {
-        // the width of x as quantized in s.xq so far
+        // the width of x as quantized in s.xq (or converted to f16 in s.xh) so far
         let mut quantized: Option<usize> = None;
         for &(y, t) in outs {
             let suffix = kernel_suffix(t.dtype)
@@ -396,7 +454,22 @@ impl Pass<'_> {
             let w = self.addr(t)?;
             let (rows, cols) = (t.rows as i32, t.cols as i32);
             if ntok >= self.s.gemm_min {
-                if self.gemm(dev, suffix, t, w, x, y, ntok)? {
+                let b = match self.s.gemm {
+                    GemmType::F16 => {
+                        if self.s.xh == 0 {
+                            return Err(GpuError::Model(
+                                "an f16 GEMM without an f16 activation buffer".into(),
+                            ));
+                        }
+                        if quantized != Some(t.cols) {
+                            dev.to_f16(x, self.s.xh, (ntok * t.cols) as i32)?;
+                            quantized = Some(t.cols);
+                        }
+                        self.s.xh
+                    }
+                    GemmType::F32 | GemmType::Tf32 => x,
+                };
+                if self.gemm(dev, suffix, t, w, b, y, ntok)? {
                     continue;
                 }
             } else if let Some(q8) = q8_kernel_suffix(t.dtype).filter(|_| self.s.xq != 0) {
@@ -415,7 +488,8 @@ impl Pass<'_> {
 
     /// `y = W · x` through the dequantization tile and the device's GEMM, as many rows of W
     /// at a time as the tile holds (each run's outputs written in place in `y`'s rows);
-    /// `false` when the device has no GEMM (nothing was written).
+    /// `false` when the device has no GEMM (nothing was written). `x` is f16 (`s.xh`) for an
+    /// f16 GEMM, whose tile then holds twice the elements.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
@@ -429,15 +503,24 @@ impl Pass<'_> {
     ) -> Result<bool, GpuError> {
         let (rows, cols) = (t.rows, t.cols);
         let row_bytes = (t.nbytes / rows.max(1)) as u64;
-        let per_run = (self.s.tile_elements / cols.max(1)).clamp(1, rows.max(1));
+        let elements = self.s.tile_elements * 4 / self.s.gemm.elem_bytes();
+        let mut per_run = (elements / cols.max(1)).clamp(1, rows.max(1));
+        if per_run < rows && per_run >= 64 {
+            // runs of whole 64-row tiles: every run's C starts 256-byte aligned
+            per_run -= per_run % 64;
+        }
         let mut r0 = 0;
         while r0 < rows {
             let n = per_run.min(rows - r0);
             let nblocks = (n * cols / t.dtype.block_size()) as i32;
-            dev.dequant(suffix, w + r0 as u64 * row_bytes, self.s.tile, nblocks)?;
+            let src = w + r0 as u64 * row_bytes;
+            match self.s.gemm {
+                GemmType::F16 => dev.dequant16(suffix, src, self.s.tile, nblocks)?,
+                GemmType::F32 | GemmType::Tf32 => dev.dequant(suffix, src, self.s.tile, nblocks)?,
+            }
             let c = y + r0 as u64 * F32;
             let mnk = (n as i32, ntok as i32, cols as i32);
-            if !dev.gemm(self.s.tile, x, c, mnk, rows as i32, self.s.tf32)? {
+            if !dev.gemm(self.s.tile, x, c, mnk, rows as i32, self.s.gemm)? {
                 return Ok(false);
             }
             r0 += n;

@@ -67,6 +67,19 @@ pub const KERNEL_NAMES: &[&str] = &[
     "dequant_f16",
     "dequant_bf16",
     "dequant_f32",
+    "dequant16_q4_0",
+    "dequant16_q4_1",
+    "dequant16_q5_0",
+    "dequant16_q5_1",
+    "dequant16_q8_0",
+    "dequant16_q4_k",
+    "dequant16_q5_k",
+    "dequant16_q6_k",
+    "dequant16_mxfp4",
+    "dequant16_f16",
+    "dequant16_bf16",
+    "dequant16_f32",
+    "to_f16",
     "rmsnorm",
     "rope",
     "kv_store",
@@ -163,7 +176,7 @@ mod tests {
                 || name
                     .split_once('_')
                     .map(|(kind, t)| {
-                        ["matvec", "dequant"].contains(&kind)
+                        ["matvec", "dequant", "dequant16"].contains(&kind)
                             && (p.contains(&format!("BLOCK_KERNELS({t},"))
                                 || p.contains(&format!("FLOAT_KERNELS({t},")))
                     })
@@ -185,6 +198,8 @@ mod tests {
     fn kernel_names_are_found_by_kind_and_suffix() {
         assert_eq!(kernel_name("matvec", "q4_k"), Some("matvec_q4_k"));
         assert_eq!(kernel_name("dequant", "f16"), Some("dequant_f16"));
+        assert_eq!(kernel_name("dequant16", "q4_k"), Some("dequant16_q4_k"));
+        assert_eq!(kernel_name("dequant16", "bf16"), Some("dequant16_bf16"));
         assert_eq!(kernel_name("matvec", "q3_k"), None);
     }
 

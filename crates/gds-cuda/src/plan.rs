@@ -438,7 +438,14 @@ impl Layout {
             + 2 * batch
             + outputs
             + kv.max_seqs * kv.max_blocks.iter().sum::<usize>();
-        kv.bytes(kv_dim) + scratch * 4 + Self::q8_bytes(batch, widest)
+        kv.bytes(kv_dim) + scratch * 4 + Self::act_bytes(batch, widest)
+    }
+
+    /// Bytes of the buffer that holds `tokens` rows of `width` activations in a matrix
+    /// product's low-precision form: quantized to 8 bits ([`Layout::q8_bytes`], the int8
+    /// kernels') or converted to f16 (an f16 GEMM's), whichever is larger (a pass uses one).
+    pub fn act_bytes(tokens: usize, width: usize) -> usize {
+        Self::q8_bytes(tokens, width).max(2 * tokens * width)
     }
 
     /// Bytes of `tokens` rows of `width` activations quantized to 8 bits (the int8 kernels'

@@ -10,7 +10,7 @@
 //! check the event protocol (a slot is refilled only after the block computed from it, a
 //! block computes only after its load) while comparing logits with the CPU runtime.
 
-use crate::forward::{BlockGraph, Device, Pass, Scratch};
+use crate::forward::{BlockGraph, Device, GemmType, Pass, Scratch};
 use crate::plan::{next_loads, schedule, KvSpec, Layout, Step, VramPlan};
 use crate::GpuError;
 use gds_format::arch::{RopeFreqs, RopeScaling};
@@ -143,6 +143,9 @@ pub struct StreamOptions {
     /// Passes of this many tokens or more go through GEMM on dequantized tiles
     /// ([`GEMM_MIN_TOKENS`](crate::forward::GEMM_MIN_TOKENS) by default).
     pub gemm_min_tokens: usize,
+    /// What those GEMMs round their inputs to (`--gemm-type`; f16 with 8-bit activations,
+    /// f32 without, by default).
+    pub gemm: GemmType,
     /// Capture the passes that can be replayed ([`Vram::capture_begin`]: every layer
     /// resident, no mixture of experts (its routing reads logits on the host), fewer tokens
     /// than `gemm_min_tokens`, no hidden states asked) and replay them.
@@ -301,7 +304,7 @@ impl<V: Vram> Streamer<V> {
             at += w;
         }
         // allocated either way: the VRAM plan counts it (Layout::overhead_bytes_with)
-        let xq_buf = f32_buf(Layout::q8_bytes(max_tokens, widest).div_ceil(4))?;
+        let xq_buf = f32_buf(Layout::act_bytes(max_tokens, widest).div_ceil(4))?;
         let tile_elements = layout.tile_elements();
         let scratch = Scratch {
             x: f32_buf(max_tokens * s.n_embd)?,
@@ -323,7 +326,12 @@ impl<V: Vram> Streamer<V> {
             moe_x: f32_buf(s.moe.map_or(0, |_| max_tokens * s.n_embd))?,
             moe_y: f32_buf(s.moe.map_or(0, |_| max_tokens * s.n_embd))?,
             gemm_min: opts.gemm_min_tokens.max(1),
-            tf32: opts.q8_activations,
+            gemm: opts.gemm,
+            xh: if opts.gemm == GemmType::F16 {
+                xq_buf
+            } else {
+                0
+            },
         };
         let tables = match opts.rope.is_empty() {
             // plain RoPE (scaled models were refused above): the one builder of the format

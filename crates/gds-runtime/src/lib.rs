@@ -43,6 +43,7 @@ pub use exec::cuda_graph;
 #[cfg(feature = "cuda")]
 pub use exec::gpu;
 pub use exec::{BatchExecutor, Executor, OneSequence};
+pub use gds_cuda::forward::GemmType;
 pub use gds_kernels::Isa;
 pub use kv::{KvCache, KvDtype, NO_BLOCK};
 pub use metrics::{EnergyMeter, Metrics};

@@ -128,6 +128,10 @@ pub struct PlanOptions {
     /// On the GPU, capture the passes that can be replayed as CUDA graphs (`--cuda-graphs`;
     /// `None`: `GDS_CUDA_GRAPHS` from the environment, else on).
     pub cuda_graphs: Option<bool>,
+    /// On the GPU, what the GEMMs round their inputs to: `f16`, `tf32` or `f32`
+    /// (`--gemm-type`; `None`: `GDS_GEMM_TYPE` from the environment, else f16 with 8-bit
+    /// activations and f32 with `--activations f32`).
+    pub gemm_type: Option<gds_cuda::forward::GemmType>,
 }
 
 /// Most bytes of a `--chat-template-file` (model templates are a few KB; the longest known,
@@ -215,6 +219,35 @@ fn parse_on_off_env(var: &str, flag: &str, v: Option<&str>) -> Result<Option<boo
             "{var}={v:?} (the alias of {flag}): expected on or off"
         ))),
     }
+}
+
+/// `GDS_GEMM_TYPE`, the alias of `--gemm-type`: `None` when unset or empty; a name that is
+/// no GEMM type is a usage error naming it.
+pub fn gemm_type_from_env() -> Result<Option<gds_cuda::forward::GemmType>> {
+    parse_gemm_type_env(std::env::var("GDS_GEMM_TYPE").ok().as_deref())
+}
+
+fn parse_gemm_type_env(v: Option<&str>) -> Result<Option<gds_cuda::forward::GemmType>> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(t) => parse_gemm_type(t).map(Some).map_err(|e| {
+            RuntimeError::Usage(format!(
+                "GDS_GEMM_TYPE={t:?} (the alias of --gemm-type): {e}"
+            ))
+        }),
+    }
+}
+
+/// `--gemm-type`'s value parser.
+pub fn parse_gemm_type(s: &str) -> std::result::Result<gds_cuda::forward::GemmType, String> {
+    gds_cuda::forward::GemmType::parse(s).ok_or_else(|| "expected f16, tf32 or f32".to_string())
+}
+
+fn gemm_type_name<S: serde::Serializer>(
+    t: &gds_cuda::forward::GemmType,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(t.name())
 }
 
 /// `GDS_GEMM_MIN_TOKENS`, the alias of `--gemm-min-tokens`: `None` when unset or empty; a
@@ -397,6 +430,9 @@ pub struct Plan {
     /// The GPU replays short passes (decode steps) from CUDA graphs where every layer is
     /// resident and the model has no experts (`--cuda-graphs`).
     pub cuda_graphs: bool,
+    /// What the GPU's GEMMs round their inputs to (`f16`, `tf32`, `f32`; `--gemm-type`).
+    #[serde(serialize_with = "gemm_type_name")]
+    pub gemm_type: gds_cuda::forward::GemmType,
     /// Weight bytes and tensor counts by dtype.
     pub weight_dtypes: BTreeMap<String, DtypeSummary>,
     /// Context length of this run.
@@ -736,6 +772,15 @@ impl Plan {
             Some(g) => g,
             None => cuda_graphs_from_env()?.unwrap_or(true),
         };
+        // f16 tensor cores where the products are 8-bit anyway; the reference arithmetic
+        // stays f32 end to end
+        let gemm_type = match opts.gemm_type {
+            Some(t) => t,
+            None => gemm_type_from_env()?.unwrap_or(match activations {
+                Activations::Q8 => gds_cuda::forward::GemmType::F16,
+                Activations::F32 => gds_cuda::forward::GemmType::F32,
+            }),
+        };
         let probe = || match m.layer(0) {
             Ok(l) => gds_io::probe_direct(&dir.join(l.file)),
             Err(e) => gds_io::DirectSupport::Buffered(e.to_string()),
@@ -924,6 +969,7 @@ impl Plan {
             isa,
             gemm_min_tokens,
             cuda_graphs,
+            gemm_type,
             weight_dtypes,
             ctx,
             model_ctx: model.context_length,
@@ -1032,6 +1078,24 @@ mod tests {
 
     #[test]
     fn the_gemm_crossover_alias_takes_positive_integers_and_names_itself_otherwise() {
+        use gds_cuda::forward::GemmType;
+        assert_eq!(parse_gemm_type_env(None).unwrap(), None);
+        assert_eq!(parse_gemm_type_env(Some("")).unwrap(), None);
+        assert_eq!(
+            parse_gemm_type_env(Some("tf32")).unwrap(),
+            Some(GemmType::Tf32)
+        );
+        assert_eq!(
+            parse_gemm_type_env(Some(" f16 ")).unwrap(),
+            Some(GemmType::F16)
+        );
+        let e = parse_gemm_type_env(Some("bf16")).unwrap_err().to_string();
+        assert!(
+            e.contains("GDS_GEMM_TYPE=\"bf16\"")
+                && e.contains("--gemm-type")
+                && e.contains("f16, tf32 or f32"),
+            "{e}"
+        );
         assert_eq!(parse_gemm_min_tokens_env(None).unwrap(), None);
         assert_eq!(parse_gemm_min_tokens_env(Some(" ")).unwrap(), None);
         assert_eq!(parse_gemm_min_tokens_env(Some("128")).unwrap(), Some(128));

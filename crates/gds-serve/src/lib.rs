@@ -165,6 +165,11 @@ pub struct EngineArgs {
     /// the default; off launches every kernel each step; `GDS_CUDA_GRAPHS` is an alias).
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     pub cuda_graphs: Option<String>,
+    /// On the GPU, what the GEMMs of long passes round their inputs to: f16 (tensor cores,
+    /// the default with `--activations q8`), tf32, or f32 (the default with `--activations
+    /// f32`; `GDS_GEMM_TYPE` is an alias).
+    #[arg(long, value_name = "f16|tf32|f32", value_parser = gds_runtime::plan::parse_gemm_type)]
+    pub gemm_type: Option<gds_runtime::GemmType>,
     /// A Jinja chat template that replaces the model's (for a model whose template is missing
     /// or wrong; checked as a model's template is).
     #[arg(long, value_name = "FILE", conflicts_with = "chat_template")]
@@ -418,6 +423,7 @@ pub(crate) fn start(
         isa: e.isa,
         gemm_min_tokens: e.gemm_min_tokens.map(|n| n as usize),
         cuda_graphs: e.cuda_graphs.as_deref().map(|g| g == "on"),
+        gemm_type: e.gemm_type,
         chat_template_file: e.chat_template_file.clone(),
         chat_template: e.chat_template.clone(),
         ..Default::default()

@@ -92,6 +92,11 @@ pub struct CommonArgs {
     /// is an alias).
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     pub cuda_graphs: Option<String>,
+    /// On the GPU, what the GEMMs of long passes round their inputs to: f16 (tensor cores,
+    /// the default with `--activations q8`), tf32, or f32 (the default with `--activations
+    /// f32`; `GDS_GEMM_TYPE` is an alias).
+    #[arg(long, value_name = "f16|tf32|f32", value_parser = gds_runtime::plan::parse_gemm_type)]
+    pub gemm_type: Option<gds_runtime::GemmType>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {

@@ -25,6 +25,7 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
         isa: c.isa,
         gemm_min_tokens: c.gemm_min_tokens.map(|n| n as usize),
         cuda_graphs: c.cuda_graphs.as_deref().map(|g| g == "on"),
+        gemm_type: c.gemm_type,
         ..Default::default()
     }
 }

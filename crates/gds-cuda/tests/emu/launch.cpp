@@ -17,6 +17,10 @@ static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
     extern "C" void run_dequant_##NAME(const u8* src, float* dst, int nblocks) {            \
         emu_launch(dequant_##NAME, dim3(cdiv(nblocks, BLOCK_THREADS)), dim3(BLOCK_THREADS), \
                    src, dst, nblocks);                                                      \
+    }                                                                                       \
+    extern "C" void run_dequant16_##NAME(const u8* src, u16* dst, int nblocks) {            \
+        emu_launch(dequant16_##NAME, dim3(cdiv(nblocks, BLOCK_THREADS)),                    \
+                   dim3(BLOCK_THREADS), src, dst, nblocks);                                 \
     }
 
 MATVEC_ENTRY(q4_0)
@@ -53,6 +57,10 @@ MATVEC_Q8_ENTRY(q4_k)
 MATVEC_Q8_ENTRY(q5_k)
 MATVEC_Q8_ENTRY(q6_k)
 MATVEC_Q8_ENTRY(mxfp4)
+
+extern "C" void run_to_f16(const float* x, u16* y, int n) {
+    emu_launch(to_f16, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), x, y, n);
+}
 
 extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, int ntok,
                             float eps) {

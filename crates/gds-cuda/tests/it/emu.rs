@@ -323,6 +323,129 @@ fn dequant_kernels_reproduce_gds_kernels_dequantize() {
     }
 }
 
+/// `x` as an f16 GEMM's input holds it: rounded to f16 to nearest (ties to even, as `half`
+/// rounds), finite values beyond ±65504 saturated there, inf and NaN kept.
+fn f16_sat(x: f32) -> u16 {
+    let x = if x.is_finite() {
+        x.clamp(-65504.0, 65504.0)
+    } else {
+        x
+    };
+    half::f16::from_f32(x).to_bits()
+}
+
+fn same_f16(got: u16, want: u16) -> bool {
+    let nan = |h: u16| half::f16::from_bits(h).is_nan();
+    got == want || (nan(got) && nan(want))
+}
+
+/// An f16 GEMM's inputs (`--gemm-type f16`): `dequant16_*` gives every weight type's values
+/// (the f32 kernel's) rounded to f16, and `to_f16` the activations, both as `half` rounds
+/// them, bit for bit; finite values beyond f16's range (a Q8_0 block with the largest f16
+/// scale, f32 and bf16 outliers) saturate at ±65504 instead of becoming inf, and inf and
+/// NaN stay. A conversion that truncates, or that overflows to inf, fails.
+#[test]
+fn f16_tiles_and_activations_are_the_values_rounded_to_f16_and_saturated() {
+    type Dequant16Fn = unsafe extern "C" fn(*const u8, *mut u16, i32);
+    let specials = [
+        1e6f32,
+        -7e4,
+        65519.0,
+        65520.0,
+        -65504.0,
+        f32::INFINITY,
+        f32::NAN,
+        3e-8,
+    ];
+    for (i, &(dtype, name)) in MATVEC_DTYPES.iter().enumerate() {
+        let n = 5 * 256;
+        let mut w = weight(dtype, 5, 256, 300 + i as u64);
+        match dtype {
+            // the largest f16 scale: values up to 127 × 65504
+            DType::Q8_0 => w[..2].copy_from_slice(&0x7BFFu16.to_le_bytes()),
+            DType::F32 => {
+                for (j, v) in specials.iter().enumerate() {
+                    w[8 * j..8 * j + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            DType::BF16 => {
+                for (j, v) in specials.iter().enumerate() {
+                    let b = half::bf16::from_f32(*v).to_le_bytes();
+                    w[6 * j..6 * j + 2].copy_from_slice(&b);
+                }
+            }
+            _ => {}
+        }
+        let nblocks = n / dtype.block_size();
+        let mut wide = vec![f32::NAN; n];
+        let mut got = vec![0x5555u16; n];
+        // SAFETY: w holds nblocks blocks; wide and got nblocks * block_size elements.
+        unsafe {
+            sym::<DequantFn>(&format!("run_dequant_{name}"))(
+                w.as_ptr(),
+                wide.as_mut_ptr(),
+                nblocks as i32,
+            );
+            sym::<Dequant16Fn>(&format!("run_dequant16_{name}"))(
+                w.as_ptr(),
+                got.as_mut_ptr(),
+                nblocks as i32,
+            );
+        }
+        for (j, (&g, &x)) in got.iter().zip(&wide).enumerate() {
+            assert!(
+                same_f16(g, f16_sat(x)),
+                "{dtype} element {j}: {x:e} as {g:#06x}, want {:#06x}",
+                f16_sat(x)
+            );
+        }
+        if dtype == DType::Q8_0 {
+            assert!(
+                wide[..32].iter().any(|x| x.abs() > 65504.0),
+                "a block beyond f16"
+            );
+        }
+    }
+    // activations: every 5th finite f16, the midpoint to the next (a tie) and its
+    // neighbours, both signs; then the edges
+    let ulp = |x: f32, d: i32| f32::from_bits((x.to_bits() as i32 + d) as u32);
+    let mut xs: Vec<f32> = Vec::new();
+    for h in (0..0x7BFFu16).step_by(5) {
+        let (a, b) = (
+            half::f16::from_bits(h).to_f32(),
+            half::f16::from_bits(h + 1).to_f32(),
+        );
+        let mid = ((a as f64 + b as f64) / 2.0) as f32;
+        for x in [a, mid, ulp(mid, -1), ulp(mid, 1)] {
+            xs.extend([x, -x]);
+        }
+    }
+    xs.extend(specials);
+    xs.extend([
+        f32::MAX,
+        -f32::MAX,
+        f32::NEG_INFINITY,
+        ulp(65504.0, 1),
+        65535.0,
+    ]);
+    let mut got = vec![0x5555u16; xs.len()];
+    // SAFETY: xs and got hold xs.len() elements.
+    unsafe {
+        sym::<unsafe extern "C" fn(*const f32, *mut u16, i32)>("run_to_f16")(
+            xs.as_ptr(),
+            got.as_mut_ptr(),
+            xs.len() as i32,
+        )
+    };
+    for (&g, &x) in got.iter().zip(&xs) {
+        assert!(
+            same_f16(g, f16_sat(x)),
+            "{x:e} as {g:#06x}, want {:#06x}",
+            f16_sat(x)
+        );
+    }
+}
+
 /// MXFP4 blocks with every scale byte (0 and 1 give ggml's subnormal halves) and every
 /// nibble: the kernel's values are gds-kernels' (gguf-py's) bit for bit.
 #[test]

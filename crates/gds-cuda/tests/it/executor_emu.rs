@@ -14,7 +14,7 @@
 //! (f32 activations) on the same files.
 
 use crate::common::{Emu, Op, Recorder};
-use gds_cuda::forward::Device;
+use gds_cuda::forward::{Device, GemmType};
 use gds_cuda::plan::MAX_BATCH;
 use gds_cuda::stream::{BufKind, GraphKey, StreamOptions, Streamer, Vram};
 use gds_cuda::GpuError;
@@ -395,6 +395,7 @@ fn options(vram_budget: u64, rope: Vec<(Vec<f32>, Vec<f32>)>, max_batch: usize) 
         max_outputs: None,
         q8_activations: false,
         gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
+        gemm: GemmType::F32,
         graphs: false,
     }
 }
@@ -547,47 +548,53 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
 }
 
 #[test]
-fn prefill_gemms_round_to_tf32_with_q8_activations_and_stay_f32_without() {
-    // A prompt of GEMM_MIN_TOKENS or more runs every product through the device's GEMM;
-    // with the default `--activations q8` the pass asks it for TF32 tensor cores (cuBLAS's
-    // TF32 math mode; emulated here by rounding the inputs), with `--activations f32` for
-    // plain f32. The prefill's logits then differ by TF32's rounding only.
+fn prefill_gemms_round_their_inputs_as_the_gemm_type_asks() {
+    // A prompt of GEMM_MIN_TOKENS or more runs every product through the device's GEMM,
+    // whose inputs the plan's `--gemm-type` rounds: f32 (the reference; `--activations
+    // f32`'s default), TF32 (cuBLAS's TF32 math mode, emulated by rounding the inputs), f16
+    // (`--activations q8`'s default: the tile dequantized to f16 by `dequant16_*`, the
+    // activations converted once per input by `to_f16`, `cublasGemmEx` with f32
+    // accumulation). Rounded prefills' logits differ from f32's by their rounding only.
     let prompt: Vec<u32> = (0..gds_cuda::forward::GEMM_MIN_TOKENS as u32 + 3)
         .map(|i| 1 + 13 * i)
         .collect();
     let (_tmp, dir) = model(DType::Q8_0);
     let (_, all_budget) = bounds(&dir);
-    let prefill = |q8: bool| {
+    let prefill = |gemm: GemmType| {
         let (graph, rope) = CudaGraph::open(&dir, CTX).unwrap();
         let opts = StreamOptions {
-            q8_activations: q8,
+            q8_activations: true,
+            gemm,
             ..options(all_budget, rope, MAX_BATCH)
         };
         let mut s = Streamer::with_vram(&dir, &opts, EmuVram::new(&dir), Box::new(graph)).unwrap();
         let mut logits = vec![0f32; s.layout().shape.vocab];
         s.forward(&mut logits, &prompt, 0).unwrap();
         let dev = &s.vram().dev;
-        (logits, dev.gemms, dev.tf32_gemms)
+        (logits, [dev.gemms, dev.tf32_gemms, dev.f16_gemms])
     };
-    let (exact, gemms, tf32) = prefill(false);
+    let (exact, counts) = prefill(GemmType::F32);
+    let gemms = counts[0];
     assert!(
         gemms >= 7 * 4,
         "every block's products through GEMM: {gemms}"
     );
-    assert_eq!(tf32, 0, "--activations f32 keeps f32 GEMMs");
-    let (rounded, gemms_q8, tf32_q8) = prefill(true);
-    assert_eq!(
-        (gemms_q8, tf32_q8),
-        (gemms, gemms),
-        "--activations q8: every GEMM TF32"
-    );
+    assert_eq!(counts, [gemms, 0, 0], "f32 GEMMs");
     let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = exact
-        .iter()
-        .zip(&rounded)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(worst > 0.0, "TF32 rounding changed nothing");
-    assert!(worst <= 1e-2 * scale, "TF32 off by {worst} of {scale}");
+    for (gemm, want) in [
+        (GemmType::Tf32, [gemms, gemms, 0]),
+        (GemmType::F16, [gemms, 0, gemms]),
+    ] {
+        let (rounded, counts) = prefill(gemm);
+        assert_eq!(counts, want, "{gemm:?}: every GEMM of its type");
+        let worst = exact
+            .iter()
+            .zip(&rounded)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst > 0.0, "{gemm:?} rounding changed nothing");
+        assert!(worst <= 1e-2 * scale, "{gemm:?} off by {worst} of {scale}");
+        assert_eq!(argmax(&rounded), argmax(&exact), "{gemm:?}");
+    }
 }
 
 #[test]

@@ -609,7 +609,8 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         moe_x: 0,
         moe_y: 0,
         gemm_min: gds_cuda::forward::GEMM_MIN_TOKENS,
-        tf32: false,
+        gemm: gds_cuda::forward::GemmType::F32,
+        xh: 0,
     };
     let (cos, sin) = gds_format::arch::rope_tables(
         sh.head_dim,

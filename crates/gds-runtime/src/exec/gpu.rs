@@ -55,6 +55,7 @@ fn open_gpu_model(
         max_outputs: Some(outputs),
         q8_activations: plan.activations == crate::plan::Activations::Q8,
         gemm_min_tokens: plan.gemm_min_tokens,
+        gemm: plan.gemm_type,
         graphs: plan.cuda_graphs,
     };
     GpuModel::open(dir, &m, layout, &opts, Box::new(graph)).map_err(gpu_error)

@@ -226,6 +226,25 @@ fn plan_json_records_decisions() {
             }
         }
     }
+    // the GEMMs' input type: f16 with 8-bit activations, f32 with f32 ones, else as asked
+    assert_eq!(d["gemm_type"], "f16");
+    let f = ok_json(&[model(), "--plan", "--activations", "f32"]);
+    assert_eq!(f["gemm_type"], "f32");
+    let t = ok_json(&[model(), "--plan", "--gemm-type", "tf32"]);
+    assert_eq!(t["gemm_type"], "tf32");
+    let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args([model(), "--plan", "--activations", "f32"])
+        .env("GDS_GEMM_TYPE", "f16")
+        .output()
+        .unwrap();
+    let p: Value = serde_json::from_slice(&o.stdout).expect("plan JSON");
+    assert_eq!(p["gemm_type"], "f16", "GDS_GEMM_TYPE=f16");
+    assert_eq!(
+        gdsrun(&[model(), "--plan", "--gemm-type", "bf16"])
+            .status
+            .code(),
+        Some(2)
+    );
 }
 
 #[test]

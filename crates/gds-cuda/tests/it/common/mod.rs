@@ -3,7 +3,7 @@
 //! points.
 #![allow(dead_code)]
 
-use gds_cuda::forward::{Device, Heads, KvPages};
+use gds_cuda::forward::{Device, GemmType, Heads, KvPages};
 use gds_cuda::GpuError;
 use libloading::{Library, Symbol};
 use std::path::PathBuf;
@@ -131,6 +131,8 @@ pub struct Emu {
     pub gemms: usize,
     /// Those of them asked to round to TF32.
     pub tf32_gemms: usize,
+    /// Those of them over f16 operands.
+    pub f16_gemms: usize,
     /// int8 matvec calls so far.
     pub q8: usize,
 }
@@ -189,6 +191,26 @@ impl Device for Emu {
             sym::<unsafe extern "C" fn(*const u8, *mut f32, i32)>(&format!("run_dequant_{suffix}"));
         // SAFETY: as above.
         unsafe { f(p(src), p(dst), nblocks) };
+        Ok(())
+    }
+    fn dequant16(
+        &mut self,
+        suffix: &str,
+        src: u64,
+        dst: u64,
+        nblocks: i32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*const u8, *mut u16, i32)>(&format!(
+            "run_dequant16_{suffix}"
+        ));
+        // SAFETY: as above.
+        unsafe { f(p(src), p(dst), nblocks) };
+        Ok(())
+    }
+    fn to_f16(&mut self, x: u64, dst: u64, n: i32) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*const f32, *mut u16, i32)>("run_to_f16");
+        // SAFETY: as above.
+        unsafe { f(p(x), p(dst), n) };
         Ok(())
     }
     fn rmsnorm(
@@ -405,19 +427,39 @@ impl Device for Emu {
         c: u64,
         (m, n, k): (i32, i32, i32),
         ldc: i32,
-        tf32: bool,
+        inputs: GemmType,
     ) -> Result<bool, GpuError> {
         // cuBLAS column-major semantics: C[i + j*ldc] = sum_l A[l + i*k] * B[l + j*k]; with
-        // `tf32` each input rounded to TF32 first (to nearest: the tensor cores' own rounding
-        // may differ in the last bit, which the callers' tolerances absorb).
+        // TF32 each input rounded to TF32 first (to nearest: the tensor cores' own rounding
+        // may differ in the last bit, which the callers' tolerances absorb); f16 operands
+        // widened to f32 (exact: their products are exact in f32 too), summed in f32.
+        let tf32 = inputs == GemmType::Tf32;
         let (m, n, k, ldc) = (m as usize, n as usize, k as usize, ldc as usize);
         assert!(ldc >= m, "ldc {ldc} < m {m}");
-        // SAFETY: A holds k*m floats, B k*n, C n columns of ldc (the forward pass's
-        // contract; the last column needs only m).
+        let widen = |at: u64, len: usize| -> Vec<f32> {
+            // SAFETY: `len` f16 values at `at` (the forward pass's contract).
+            let h = unsafe { std::slice::from_raw_parts(p::<u16>(at), len) };
+            h.iter()
+                .map(|&v| half::f16::from_bits(v).to_f32())
+                .collect()
+        };
+        let (a16, b16);
+        // SAFETY: A holds k*m values, B k*n (f16 or f32 by `inputs`), C n columns of ldc
+        // floats (the forward pass's contract; the last column needs only m).
         let (a, b, c) = unsafe {
+            let (a, b) = match inputs {
+                GemmType::F16 => {
+                    (a16, b16) = (widen(a, k * m), widen(b, k * n));
+                    (&a16[..], &b16[..])
+                }
+                GemmType::F32 | GemmType::Tf32 => (
+                    std::slice::from_raw_parts(p::<f32>(a), k * m),
+                    std::slice::from_raw_parts(p::<f32>(b), k * n),
+                ),
+            };
             (
-                std::slice::from_raw_parts(p::<f32>(a), k * m),
-                std::slice::from_raw_parts(p::<f32>(b), k * n),
+                a,
+                b,
                 std::slice::from_raw_parts_mut(p::<f32>(c), ldc * (n - 1) + m),
             )
         };
@@ -432,6 +474,7 @@ impl Device for Emu {
         }
         self.gemms += 1;
         self.tf32_gemms += usize::from(tf32);
+        self.f16_gemms += usize::from(inputs == GemmType::F16);
         Ok(true)
     }
 }
@@ -510,6 +553,21 @@ impl Device for Recorder {
         self.ops
             .push(Box::new(move |d| d.dequant(&s, src, dst, nblocks)));
         Ok(())
+    }
+    fn dequant16(
+        &mut self,
+        suffix: &str,
+        src: u64,
+        dst: u64,
+        nblocks: i32,
+    ) -> Result<(), GpuError> {
+        let s = suffix.to_string();
+        self.ops
+            .push(Box::new(move |d| d.dequant16(&s, src, dst, nblocks)));
+        Ok(())
+    }
+    fn to_f16(&mut self, x: u64, dst: u64, n: i32) -> Result<(), GpuError> {
+        record!(self, to_f16(x, dst, n))
     }
     fn rmsnorm(
         &mut self,
@@ -633,7 +691,7 @@ impl Device for Recorder {
         _c: u64,
         _mnk: (i32, i32, i32),
         _ldc: i32,
-        _tf32: bool,
+        _inputs: GemmType,
     ) -> Result<bool, GpuError> {
         Err(not_capturable("a GEMM"))
     }
