@@ -11,7 +11,7 @@ It writes, under fixtures/kernels/ (all little-endian, no headers):
   q_<type>.in.f32    f32 input to quantize (random values plus edge blocks)
   q_<type>.out.bin   gguf.quants.quantize(input, type) bytes
   dq_<type>.in.bin   raw blocks (random quants, sane f16 scales, no NaN/inf)
-  dq_<type>.out.f32  gguf.quants.dequantize(blocks, type)
+  dq_<type>.out.f32  gguf.quants.dequantize(blocks, type)  (also IQ4_NL and IQ4_XS)
 
 gguf-py has no Q8_K at all, and its Q8_1 size (40 bytes) predates ggml's 36-byte block
 with f16 d/s, so for those two the dequantize goldens are computed here with numpy as
@@ -177,6 +177,20 @@ def main() -> None:
     write("dq_mxfp4.in.bin", blocks)
     write("dq_mxfp4.out.f32", quants.dequantize(blocks, T.MXFP4).astype(np.float32))
     print("dequantize mxfp4: 24 blocks")
+
+    # IQ4_NL and IQ4_XS (llama.cpp's non-linear 4-bit types), after MXFP4 so that the draws
+    # above are unchanged: random nibbles (and IQ4_XS's random 6-bit sub-block scales) under
+    # sane f16 scales
+    for qtype in [T.IQ4_NL, T.IQ4_XS]:
+        bs, ts = quants.GGML_QUANT_SIZES[qtype]
+        blocks = rng.integers(0, 256, size=(24, ts), dtype=np.uint8)
+        blocks[:, 0:2] = f16_bytes(sane_scales(24))
+        y = quants.dequantize(blocks, qtype)
+        assert np.isfinite(y).all(), qtype
+        name = qtype.name.lower()
+        write(f"dq_{name}.in.bin", blocks)
+        write(f"dq_{name}.out.f32", y.astype(np.float32))
+        print(f"dequantize {name}: 24 blocks")
 
     total = sum(p.stat().st_size for p in OUT.iterdir())
     print(f"{total} bytes in {OUT}")

@@ -316,9 +316,7 @@ fn prescan(bytes: &[u8]) -> Result<Vec<VocabArray>, String> {
         }
         let t = c.u32(&Described("type of", &name))?;
         if DType::from_id(t).is_none() {
-            return Err(format!(
-                "tensor {name:?}: ggml type id {t} is not supported by GdsLLM format v1"
-            ));
+            return Err(format!("tensor {name:?}: {}", unsupported_type(t)));
         }
         c.u64(&Described("offset of", &name))?;
     }
@@ -463,7 +461,7 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         let dtype = DType::from_id(t.kind).ok_or_else(|| ConvertError::BadTensor {
             path: path.to_path_buf(),
             tensor: t.name.clone(),
-            msg: format!("ggml type id {} is not supported", t.kind),
+            msg: unsupported_type(t.kind),
         })?;
         let shape: Vec<u64> = t.shape.iter().rev().copied().collect();
         let tbad = |msg: String| ConvertError::BadTensor {
@@ -799,6 +797,32 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     })
 }
 
+/// Why a tensor of ggml type `id` cannot be converted: its name where ggml has one (the IQ
+/// and ternary types have no quantizer or kernel here), and what can be.
+fn unsupported_type(id: u32) -> String {
+    let name = match id {
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        _ => "",
+    };
+    let what = match name {
+        "" => format!("ggml type id {id}"),
+        n => format!("ggml type {n} (id {id})"),
+    };
+    format!(
+        "{what} is not supported by GdsLLM format v1 (it has F32, F16, BF16, Q4_0, Q4_1, \
+         Q5_0, Q5_1, Q8_0, the K-quants Q2_K..Q6_K, IQ4_NL, IQ4_XS and MXFP4; requantize the \
+         model to one of them with llama-quantize, or convert its float checkpoint)"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::{prescan, MAX_GGUF_ARRAY_ELEMENTS};
@@ -834,6 +858,16 @@ mod tests {
         b.extend(40u32.to_le_bytes());
         b.extend(0u64.to_le_bytes());
         assert!(prescan(&b).unwrap_err().contains("type id 40"));
+        // an IQ type without kernels here is refused by its ggml name, saying what is taken
+        let mut b = header(3, 1, 0);
+        b.extend(1u64.to_le_bytes());
+        b.push(b'w');
+        b.extend(1u32.to_le_bytes());
+        b.extend(256u64.to_le_bytes());
+        b.extend(21u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        let e = prescan(&b).unwrap_err();
+        assert!(e.contains("IQ3_S (id 21)") && e.contains("IQ4_XS"), "{e}");
     }
 
     fn kv_array(b: &mut Vec<u8>, key: &str, elem_type: u32, len: u64) {

@@ -27,6 +27,7 @@
 
 #define __global__
 #define __device__
+#define __constant__ static
 #define __forceinline__ inline
 #define __shared__ static
 

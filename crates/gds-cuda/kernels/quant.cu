@@ -276,6 +276,62 @@ __device__ __forceinline__ void deq_mxfp4(const u8* b, float* y) {
     }
 }
 
+// IQ4_NL: d f16, qs[16]; x[j] = d kv[qs[j] & 15], x[j+16] = d kv[qs[j] >> 4], kv ggml's
+// kvalues_iq4nl (non-linear, -127..113). IQ4_XS: d f16, scales_h u16, scales_l[4], qs[128]:
+// 8 sub-blocks of 32, sub-block i an IQ4_NL block (nibbles at qs + 16i) of scale
+// d * (ls - 32), ls = (4 bits of scales_l[i / 2] at 4 (i % 2)) | (2 bits of scales_h at 2i) << 4.
+#define IQ4_NL_QK 32
+#define IQ4_NL_BYTES 18
+#define IQ4_XS_QK 256
+#define IQ4_XS_BYTES 136
+__constant__ signed char KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                              1,    13,   25,  38,  53,  69,  89,  113};
+__device__ __forceinline__ float iq4_value(int q) { return (float)KVALUES_IQ4NL[q]; }
+// Part p (of 4): the bytes qs[4p..4p+4], values 4p..4p+4 and 16+4p..16+4p+4.
+__device__ __forceinline__ float dotp_iq4_nl(const u8* b, const float* x, int p) {
+    const u8* qs = b + 2 + 4 * p;
+    const float* xl = x + 4 * p;
+    float s = 0.0f;
+    for (int i = 0; i < 4; i++) {
+        s += iq4_value(qs[i] & 15) * xl[i] + iq4_value(qs[i] >> 4) * xl[i + 16];
+    }
+    return ld_f16(b) * s;
+}
+__device__ __forceinline__ void deq_iq4_nl(const u8* b, float* y) {
+    float d = ld_f16(b);
+    const u8* qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * iq4_value(qs[j] & 15);
+        y[j + 16] = d * iq4_value(qs[j] >> 4);
+    }
+}
+// Sub-block i's scale d * (ls - 32), in f32 as gguf-py computes it.
+__device__ __forceinline__ float iq4_xs_scale(const u8* b, int i) {
+    int lo = (b[4 + i / 2] >> (4 * (i % 2))) & 15;
+    int hi = (ld_u16(b + 2) >> (2 * i)) & 3;
+    return ld_f16(b) * (float)((lo | (hi << 4)) - 32);
+}
+// Part p (of 8): sub-block p.
+__device__ __forceinline__ float dotp_iq4_xs(const u8* b, const float* x, int p) {
+    const u8* qs = b + 8 + 16 * p;
+    const float* xl = x + 32 * p;
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        s += iq4_value(qs[j] & 15) * xl[j] + iq4_value(qs[j] >> 4) * xl[j + 16];
+    }
+    return iq4_xs_scale(b, p) * s;
+}
+__device__ __forceinline__ void deq_iq4_xs(const u8* b, float* y) {
+    for (int i = 0; i < 8; i++) {
+        float dl = iq4_xs_scale(b, i);
+        const u8* qs = b + 8 + 16 * i;
+        for (int j = 0; j < 16; j++) {
+            y[32 * i + j] = dl * iq4_value(qs[j] & 15);
+            y[32 * i + j + 16] = dl * iq4_value(qs[j] >> 4);
+        }
+    }
+}
+
 // ---- kernels over block types ----
 
 // Tokens a matvec lane carries at once: each weight part is read once for up to this many
@@ -346,6 +402,8 @@ BLOCK_KERNELS(q4_k, Q4_K_QK, Q4_K_BYTES, 8, dotp_q4_k, deq_q4_k)
 BLOCK_KERNELS(q5_k, Q5_K_QK, Q5_K_BYTES, 8, dotp_q5_k, deq_q5_k)
 BLOCK_KERNELS(q6_k, Q6_K_QK, Q6_K_BYTES, 8, dotp_q6_k, deq_q6_k)
 BLOCK_KERNELS(mxfp4, MXFP4_QK, MXFP4_BYTES, 4, dotp_mxfp4, deq_mxfp4)
+BLOCK_KERNELS(iq4_nl, IQ4_NL_QK, IQ4_NL_BYTES, 4, dotp_iq4_nl, deq_iq4_nl)
+BLOCK_KERNELS(iq4_xs, IQ4_XS_QK, IQ4_XS_BYTES, 8, dotp_iq4_xs, deq_iq4_xs)
 
 // ---- float weights: lanes stride over elements, so a warp reads 32 neighbours at once, one
 // token at a time. Measured on an H100 (7B F16 tg128): this form 92.4 t/s (2026-11-27); lanes
@@ -600,6 +658,54 @@ __device__ __forceinline__ void vdot_q8_mxfp4(const u8* b, unsigned long long rs
     tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
 }
 
+// IQ4_NL and IQ4_XS: each nibble's value (kvalues_iq4nl) a signed byte, as MXFP4's.
+// The values of the nibbles at bit `shift` (0: low, 4: high) of qs[0..4], four signed bytes.
+__device__ __forceinline__ int iq4_bytes(const u8* qs, int shift) {
+    u32 r = 0;
+    UNROLL for (int i = 0; i < 4; i++) r |= (u32)(u8)KVALUES_IQ4NL[(qs[i] >> shift) & 15] << (8 * i);
+    return (int)r;
+}
+// IQ4_NL, part p (of 2): Q4_0's part p of the nibbles (qs at 2, 18-byte blocks: byte loads).
+#define IQ4_NL_Q8_PARTS 2
+__device__ __forceinline__ void vdot_q8_iq4_nl(const u8* b, unsigned long long rs, int nr,
+                                               const u8* xa, unsigned long long xs, int nt,
+                                               int p, float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = ld_f16(br);
+        cw[r] = 0.0f;
+        const u8* qs = br + 2 + 8 * p;
+        l0[r] = iq4_bytes(qs, 0);
+        l1[r] = iq4_bytes(qs + 4, 0);
+        h0[r] = iq4_bytes(qs, 4);
+        h1[r] = iq4_bytes(qs + 4, 4);
+    }
+    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
+}
+// IQ4_XS, part p (of 16): half p % 2 of sub-block p / 2 (an IQ4_NL block at qs + 16 (p / 2)
+// of scale iq4_xs_scale), against that sub-block's activation block.
+#define IQ4_XS_Q8_PARTS 16
+__device__ __forceinline__ void vdot_q8_iq4_xs(const u8* b, unsigned long long rs, int nr,
+                                               const u8* xa, unsigned long long xs, int nt,
+                                               int p, float (*acc)[MATVEC_TOKENS]) {
+    float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
+    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
+    int sb = p / 2, h = p % 2;
+    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
+        const u8* br = b + (r < nr ? r : 0) * rs;
+        dw[r] = iq4_xs_scale(br, sb);
+        cw[r] = 0.0f;
+        const u8* qs = br + 8 + 16 * sb + 8 * h;
+        l0[r] = iq4_bytes(qs, 0);
+        l1[r] = iq4_bytes(qs + 4, 0);
+        h0[r] = iq4_bytes(qs, 4);
+        h1[r] = iq4_bytes(qs + 4, 4);
+    }
+    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa + sb * Q8A_BYTES, xs, nt, h, acc);
+}
+
 // Q8_0, part p (of 4): the words of values 8p..8p+8.
 #define Q8_0_Q8_PARTS 4
 __device__ __forceinline__ void vdot_q8_q8_0(const u8* b, unsigned long long rs, int nr,
@@ -794,3 +900,5 @@ Q8_KERNEL(q4_k, Q4_K_QK, Q4_K_BYTES, Q4_K_Q8_PARTS, vdot_q8_q4_k)
 Q8_KERNEL(q5_k, Q5_K_QK, Q5_K_BYTES, Q5_K_Q8_PARTS, vdot_q8_q5_k)
 Q8_KERNEL(q6_k, Q6_K_QK, Q6_K_BYTES, Q6_K_Q8_PARTS, vdot_q8_q6_k)
 Q8_KERNEL(mxfp4, MXFP4_QK, MXFP4_BYTES, MXFP4_Q8_PARTS, vdot_q8_mxfp4)
+Q8_KERNEL(iq4_nl, IQ4_NL_QK, IQ4_NL_BYTES, IQ4_NL_Q8_PARTS, vdot_q8_iq4_nl)
+Q8_KERNEL(iq4_xs, IQ4_XS_QK, IQ4_XS_BYTES, IQ4_XS_Q8_PARTS, vdot_q8_iq4_xs)

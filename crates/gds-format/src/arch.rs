@@ -186,6 +186,8 @@ pub const WEIGHT_DTYPES: &[DType] = &[
     DType::Q6K,
     DType::Q8K,
     DType::MXFP4,
+    DType::Iq4Nl,
+    DType::Iq4Xs,
 ];
 
 /// How RoPE frequencies are stretched for long contexts.

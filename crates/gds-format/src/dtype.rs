@@ -36,6 +36,12 @@ pub enum DType {
     Q6K = 14,
     /// 256-weight super-block, f32 scale, 8-bit quants and block sums.
     Q8K = 15,
+    /// 32 weights: f16 scale, 16 bytes of 4-bit indices into a non-linear table of 16 int8
+    /// values (ggml's `kvalues_iq4nl`).
+    Iq4Nl = 20,
+    /// 256-weight super-block: f16 scale, eight 6-bit sub-block scales stored plus 32 (their
+    /// 2 high bits in a u16, their 4 low bits in 4 bytes), 128 bytes of IQ4_NL indices.
+    Iq4Xs = 23,
     /// Signed 8-bit integer.
     I8 = 24,
     /// Signed 16-bit integer.
@@ -54,7 +60,7 @@ pub enum DType {
 }
 
 /// All dtypes this version of the format defines, in id order.
-pub const ALL_DTYPES: [DType; 21] = [
+pub const ALL_DTYPES: [DType; 23] = [
     DType::F32,
     DType::F16,
     DType::Q4_0,
@@ -69,6 +75,8 @@ pub const ALL_DTYPES: [DType; 21] = [
     DType::Q5K,
     DType::Q6K,
     DType::Q8K,
+    DType::Iq4Nl,
+    DType::Iq4Xs,
     DType::I8,
     DType::I16,
     DType::I32,
@@ -94,8 +102,8 @@ impl DType {
         use DType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | MXFP4 => 32,
-            Q2K | Q3K | Q4K | Q5K | Q6K | Q8K => 256,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | MXFP4 | Iq4Nl => 32,
+            Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | Iq4Xs => 256,
         }
     }
 
@@ -120,6 +128,8 @@ impl DType {
             Q6K => 210,
             Q8K => 292,
             MXFP4 => 17,
+            Iq4Nl => 18,
+            Iq4Xs => 136,
         }
     }
 
@@ -158,6 +168,8 @@ impl DType {
             F64 => "f64",
             BF16 => "bf16",
             MXFP4 => "mxfp4",
+            Iq4Nl => "iq4_nl",
+            Iq4Xs => "iq4_xs",
         }
     }
 
@@ -217,6 +229,13 @@ mod tests {
         assert_eq!(DType::Q6K.tensor_bytes(&[2, 256]), Some(2 * 210));
         assert_eq!(DType::BF16.tensor_bytes(&[3, 5]), Some(30));
         assert_eq!(DType::MXFP4.tensor_bytes(&[2, 64]), Some(4 * 17));
+        assert_eq!(DType::Iq4Nl.tensor_bytes(&[2, 64]), Some(4 * 18));
+        assert_eq!(DType::Iq4Xs.tensor_bytes(&[3, 512]), Some(6 * 136));
+        assert_eq!(
+            DType::Iq4Xs.tensor_bytes(&[64]),
+            None,
+            "not a whole super-block"
+        );
         assert_eq!(DType::Q4K.tensor_bytes(&[100]), None, "not whole blocks");
         assert_eq!(DType::F32.tensor_bytes(&[u64::MAX, 2]), None, "overflow");
     }

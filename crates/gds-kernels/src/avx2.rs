@@ -24,6 +24,7 @@ use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
+mod iq4;
 mod q40;
 mod q4k;
 mod q6k;
@@ -1396,6 +1397,21 @@ pub fn rows_mxfp4(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f3
         // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
         unsafe { q40::gemm_rows8_mxfp4(w, rb, acts, out) }
     }
+}
+
+/// AVX2 twin of `scalar::rows_iq4_nl`: a row at a time, each pair of blocks' nibbles looked
+/// up by byte shuffles and unpacked once for up to four tokens (see `iq4`); the same bits on
+/// every instruction set.
+pub fn rows_iq4_nl(_t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
+    unsafe { iq4::rows_nl(w, rb, acts, out) }
+}
+
+/// AVX2 twin of `scalar::rows_iq4_xs`: [`rows_iq4_nl`]'s kernel over IQ4_XS's sub-blocks,
+/// each with its f32 scale `d * (ls - 32)`.
+pub fn rows_iq4_xs(_t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
+    unsafe { iq4::rows_xs(w, rb, acts, out) }
 }
 
 /// MXFP4 rows interleaved sixteen at a time (`Layout::Interleaved16`) against `acts`, into

@@ -240,6 +240,49 @@ static E8M0_HALF: [f32; 256] = {
     t
 };
 
+/// IQ4_NL: `x = d * KVALUES_IQ4NL[q]` (ggml's non-linear 4-bit values), nibble layout as in
+/// [`BlockQ4_0`].
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq4Nl {
+    /// Scale (f16).
+    pub d: [u8; 2],
+    /// Nibbles: element `j` in the low half of byte `j`, element `j + 16` in its high half.
+    pub qs: [u8; QK / 2],
+}
+
+/// The values IQ4_NL's (and IQ4_XS's) nibbles index (ggml's `kvalues_iq4nl`).
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// IQ4_XS: 8 sub-blocks of 32, each an IQ4_NL block whose scale is `d * (ls - 32)` for a
+/// 6-bit `ls` (low 4 bits in `scales_l`, high 2 in `scales_h`).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq4Xs {
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+    /// Bits 4..6 of sub-block `i`'s scale at bits `2i..2i + 2` (u16).
+    pub scales_h: [u8; 2],
+    /// Bits 0..4 of sub-block `i`'s scale in the low (even `i`) or high (odd) half of byte
+    /// `i / 2`.
+    pub scales_l: [u8; QK_K / 64],
+    /// Sub-block `i`'s nibbles at `16i..16i + 16`, laid out as [`BlockIq4Nl`]'s.
+    pub qs: [u8; QK_K / 2],
+}
+
+impl BlockIq4Xs {
+    /// Sub-block `i`'s scale multiplier `ls - 32` (-32..=31).
+    #[inline(always)]
+    pub fn sub_scale(&self, i: usize) -> i32 {
+        let h = u16::from_le_bytes(self.scales_h);
+        let lo = (self.scales_l[i / 2] >> (4 * (i % 2))) & 0xF;
+        let hi = ((h >> (2 * i)) & 3) as u8;
+        (lo | (hi << 4)) as i32 - 32
+    }
+}
+
 const _: () = assert!(size_of::<BlockMxfp4>() == 17);
 const _: () = assert!(size_of::<BlockQ4_0>() == 18);
 const _: () = assert!(size_of::<BlockQ4_1>() == 20);
@@ -253,6 +296,8 @@ const _: () = assert!(size_of::<BlockQ4K>() == 144);
 const _: () = assert!(size_of::<BlockQ5K>() == 176);
 const _: () = assert!(size_of::<BlockQ6K>() == 210);
 const _: () = assert!(size_of::<BlockQ8K>() == 292);
+const _: () = assert!(size_of::<BlockIq4Nl>() == 18);
+const _: () = assert!(size_of::<BlockIq4Xs>() == 136);
 
 impl BlockQ4_0 {
     half_getters!(d);
@@ -285,6 +330,12 @@ impl BlockQ5K {
     half_getters!(d, dmin);
 }
 impl BlockQ6K {
+    half_getters!(d);
+}
+impl BlockIq4Nl {
+    half_getters!(d);
+}
+impl BlockIq4Xs {
     half_getters!(d);
 }
 impl BlockQ8K {

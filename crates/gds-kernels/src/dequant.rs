@@ -37,6 +37,34 @@ impl Dequant for BlockMxfp4 {
     }
 }
 
+impl Dequant for BlockIq4Nl {
+    const N: usize = QK;
+    #[inline]
+    fn dequant(&self, out: &mut [f32]) {
+        let d = self.d();
+        for (j, &b) in self.qs.iter().enumerate() {
+            out[j] = d * KVALUES_IQ4NL[(b & 0xF) as usize] as f32;
+            out[j + QK / 2] = d * KVALUES_IQ4NL[(b >> 4) as usize] as f32;
+        }
+    }
+}
+
+impl Dequant for BlockIq4Xs {
+    const N: usize = QK_K;
+    #[inline]
+    fn dequant(&self, out: &mut [f32]) {
+        let d = self.d();
+        for (i, o) in out[..QK_K].chunks_exact_mut(QK).enumerate() {
+            // gguf-py: dl = d * scale (f32), then dl * value
+            let dl = d * self.sub_scale(i) as f32;
+            for (j, &b) in self.qs[16 * i..16 * i + 16].iter().enumerate() {
+                o[j] = dl * KVALUES_IQ4NL[(b & 0xF) as usize] as f32;
+                o[j + QK / 2] = dl * KVALUES_IQ4NL[(b >> 4) as usize] as f32;
+            }
+        }
+    }
+}
+
 impl Dequant for BlockQ4_1 {
     const N: usize = QK;
     #[inline]

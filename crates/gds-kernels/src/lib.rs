@@ -153,7 +153,7 @@ fn par_elementwise(src: &[u8], dst: &mut [f32], width: usize, f: fn(&[u8], &mut 
 /// (`dst.len()` elements).
 ///
 /// Results are bit-identical to gguf-py's `gguf.quants.dequantize` for every dtype it
-/// supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4); Q8_1 and Q8_K follow
+/// supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4, IQ4_NL, IQ4_XS); Q8_1 and Q8_K follow
 /// ggml (`x = d * q`).
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
     check_len(dtype, dst.len(), src.len())?;
@@ -174,6 +174,8 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
         DType::Q6K => dequant_typed::<BlockQ6K>(src, dst),
         DType::Q8K => dequant_typed::<BlockQ8K>(src, dst),
         DType::MXFP4 => dequant_typed::<BlockMxfp4>(src, dst),
+        DType::Iq4Nl => dequant_typed::<BlockIq4Nl>(src, dst),
+        DType::Iq4Xs => dequant_typed::<BlockIq4Xs>(src, dst),
         _ => {
             return Err(KernelError::Unsupported {
                 op: "dequantize",

@@ -127,6 +127,37 @@ fn dot_mxfp4(w: &[BlockMxfp4], a: &[ActQ8]) -> f32 {
     acc
 }
 
+/// `sum(KVALUES_IQ4NL[n] * q)` over 16 nibble bytes (element `j` low, `j + 16` high).
+fn idot_iq4(qs: &[u8], q: &[i8; QK]) -> i32 {
+    let mut i = 0i32;
+    for (j, &n) in qs.iter().enumerate() {
+        i += KVALUES_IQ4NL[(n & 0xF) as usize] as i32 * q[j] as i32;
+        i += KVALUES_IQ4NL[(n >> 4) as usize] as i32 * q[j + 16] as i32;
+    }
+    i
+}
+
+fn dot_iq4_nl(w: &[BlockIq4Nl], a: &[ActQ8]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, q, d, _) in act_blocks(w, a) {
+        acc += b.d() * d * idot_iq4(&b.qs, &q) as f32;
+    }
+    acc
+}
+
+fn dot_iq4_xs(w: &[BlockIq4Xs], a: &[ActQ8]) -> f32 {
+    let mut acc = 0.0f32;
+    for (k, b) in w.iter().enumerate() {
+        for s in 0..QK_K / QK {
+            let at = k * (QK_K / QK) + s;
+            let (q, d, _) = a[at / 2].block(at % 2);
+            let dl = b.d() * b.sub_scale(s) as f32;
+            acc += dl * d * idot_iq4(&b.qs[16 * s..16 * s + 16], &q) as f32;
+        }
+    }
+    acc
+}
+
 fn dot_q4_k(w: &[BlockQ4K], a: &[ActQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (b, x) in w.iter().zip(a) {
@@ -229,6 +260,14 @@ pub fn rows_q8_0(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
 /// MXFP4 rows.
 pub fn rows_mxfp4(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
     rows(w, rb, acts, out, dot_mxfp4)
+}
+/// IQ4_NL rows.
+pub fn rows_iq4_nl(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    rows(w, rb, acts, out, dot_iq4_nl)
+}
+/// IQ4_XS rows.
+pub fn rows_iq4_xs(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    rows(w, rb, acts, out, dot_iq4_xs)
 }
 /// Q4_K rows.
 pub fn rows_q4_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {

@@ -32,6 +32,8 @@ MATVEC_ENTRY(q4_k)
 MATVEC_ENTRY(q5_k)
 MATVEC_ENTRY(q6_k)
 MATVEC_ENTRY(mxfp4)
+MATVEC_ENTRY(iq4_nl)
+MATVEC_ENTRY(iq4_xs)
 MATVEC_ENTRY(f16)
 MATVEC_ENTRY(bf16)
 MATVEC_ENTRY(f32)
@@ -57,6 +59,8 @@ MATVEC_Q8_ENTRY(q4_k)
 MATVEC_Q8_ENTRY(q5_k)
 MATVEC_Q8_ENTRY(q6_k)
 MATVEC_Q8_ENTRY(mxfp4)
+MATVEC_Q8_ENTRY(iq4_nl)
+MATVEC_Q8_ENTRY(iq4_xs)
 
 extern "C" void run_to_f16(const float* x, u16* y, int n) {
     emu_launch(to_f16, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), x, y, n);

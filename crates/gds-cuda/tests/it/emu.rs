@@ -48,6 +48,8 @@ fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
                 b[2..4].copy_from_slice(&dmin);
             }
             DType::Q6K => b[208..210].copy_from_slice(&d),
+            // random nibbles (and IQ4_XS's random 6-bit sub-block scales)
+            DType::Iq4Nl | DType::Iq4Xs => b[0..2].copy_from_slice(&d),
             other => panic!("no generator for {other}"),
         }
     }
@@ -70,6 +72,8 @@ const MATVEC_DTYPES: &[(DType, &str)] = &[
     (DType::Q5K, "q5_k"),
     (DType::Q6K, "q6_k"),
     (DType::MXFP4, "mxfp4"),
+    (DType::Iq4Nl, "iq4_nl"),
+    (DType::Iq4Xs, "iq4_xs"),
     (DType::F16, "f16"),
     (DType::BF16, "bf16"),
     (DType::F32, "f32"),
@@ -222,6 +226,8 @@ const Q8_CASES: &[(DType, &str, &[usize])] = &[
     (DType::Q5K, "q5_k", &[256, 768]),
     (DType::Q6K, "q6_k", &[256, 768]),
     (DType::MXFP4, "mxfp4", &[96, 160, 800]),
+    (DType::Iq4Nl, "iq4_nl", &[96, 160, 800]),
+    (DType::Iq4Xs, "iq4_xs", &[256, 768]),
 ];
 
 #[test]

@@ -538,6 +538,19 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
         assert_eq!(q8, steps * (7 * 4 + 1), "{dtype}");
         assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "{dtype}");
     }
+    // llama.cpp's IQ4_XS and IQ4_NL (tiny llamas of hidden size 256 quantized by
+    // llama-quantize; their head Q6_K), at the smallest VRAM budget
+    for file in ["tiny-llama-iq4_xs.gguf", "tiny-llama-iq4_nl.gguf"] {
+        let (_tmp, dir) = gds_tests::converted_fixture(file);
+        let (min_budget, _) = bounds(&dir);
+        let (gpu, _, q8) = greedy_gpu_q8(&dir, min_budget, &prompt, steps);
+        assert_eq!(
+            q8,
+            steps * (7 * 2 + 1),
+            "{file}: every product through the int8 kernels"
+        );
+        assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "{file}");
+    }
     // gpt-oss's MXFP4 experts (matvec_q8_mxfp4, each expert on its tokens' rows) beside its
     // Q8_0 attention, at the smallest VRAM budget (blocks streamed)
     let (_tmp, dir) = gds_tests::converted_fixture("tiny-gptoss-mxfp4.gguf");

@@ -63,6 +63,8 @@ fn dequantize_matches_gguf_py_bitwise() {
         DType::Q6K,
         DType::Q8K,
         DType::MXFP4,
+        DType::Iq4Nl,
+        DType::Iq4Xs,
     ] {
         let src = fixture(&format!("dq_{}.in.bin", dtype.name()));
         let want = f32s(&fixture(&format!("dq_{}.out.f32", dtype.name())));

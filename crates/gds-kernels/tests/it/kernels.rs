@@ -28,7 +28,7 @@ impl Rng {
     }
 }
 
-const ALL: [DType; 16] = [
+const ALL: [DType; 18] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -45,6 +45,8 @@ const ALL: [DType; 16] = [
     DType::Q8_1,
     DType::Q8K,
     DType::MXFP4,
+    DType::Iq4Nl,
+    DType::Iq4Xs,
 ];
 
 fn f16b(v: f32) -> [u8; 2] {
@@ -77,6 +79,8 @@ fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
             DType::Q8K => b[0..4].copy_from_slice(&(rng.f() * 0.01).to_le_bytes()),
             // scales 2^-9 .. 2^-2 (E8M0 exponent byte 119..126), random nibbles
             DType::MXFP4 => b[0] = 119 + (rng.next() % 8) as u8,
+            // random nibbles (and IQ4_XS's random 6-bit sub-block scales)
+            DType::Iq4Nl | DType::Iq4Xs => b[0..2].copy_from_slice(&s1),
             _ => unreachable!("{dtype}"),
         }
     }
