@@ -1399,12 +1399,12 @@ pub fn rows_mxfp4(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f3
     }
 }
 
-/// AVX2 twin of `scalar::rows_iq4_nl`: a row at a time, each pair of blocks' nibbles looked
-/// up by byte shuffles and unpacked once for up to four tokens (see `iq4`); the same bits on
-/// every instruction set.
-pub fn rows_iq4_nl(_t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
-    unsafe { iq4::rows_nl(w, rb, acts, out) }
+/// AVX2 twin of `scalar::rows_iq4_nl`: the kernels of [`rows_q8_0`] (eight rows side by side
+/// for decode, rows in the vector lanes for prompts, `vpdpbusd` with VNNI) over IQ4_NL's
+/// values, each block's nibbles looked up into signed bytes by a byte shuffle. The same bits
+/// with every token, batch and instruction set.
+pub fn rows_iq4_nl(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    rows_q32::<BlockIq4Nl>(t, w, rb, acts, out, q80::Q80_LANES_MIN)
 }
 
 /// AVX2 twin of `scalar::rows_iq4_xs`: [`rows_iq4_nl`]'s kernel over IQ4_XS's sub-blocks,

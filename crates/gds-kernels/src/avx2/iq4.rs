@@ -1,13 +1,15 @@
-//! IQ4_NL and IQ4_XS (llama.cpp's non-linear 4-bit types) against 8-bit activations, a row
-//! at a time: each pair of 32-element (sub-)blocks is one 32-byte vector of nibbles, looked
-//! up into `KVALUES_IQ4NL` by two byte shuffles (elements 0..16 of both blocks, then 16..32:
-//! the layout of an [`ActQ8`] pair), multiplied with the activations by `maddubs` on the
-//! weights' magnitudes and the activations signed by the weights (|value| ≤ 127, so a pair
-//! of products never saturates 16 bits), widened by `madd` per 128-bit half (the lanes of a
-//! block), and the pair's two scales folded in with one FMA per token. A pair is unpacked
-//! once for up to four tokens; every token's sum runs in its own accumulator, so its result
-//! does not depend on the batch. IQ4_XS's sub-block scales `d * (ls - 32)` are f32 (an f16
-//! times a 6-bit integer needs up to 17 significant bits), as gguf-py computes them.
+//! IQ4_XS (llama.cpp's non-linear 4-bit type in 256-value super-blocks) against 8-bit
+//! activations, a row at a time: each pair of 32-value sub-blocks is one 32-byte vector of
+//! nibbles, looked up into `KVALUES_IQ4NL` by two byte shuffles (elements 0..16 of both
+//! sub-blocks, then 16..32: the layout of an [`ActQ8`] pair), multiplied with the activations
+//! by `maddubs` on the values' magnitudes with the activations signed by the values (|value| ≤
+//! 127, so a pair of products never saturates 16 bits), widened by `madd` per 128-bit half
+//! (the lanes of a sub-block), and the pair's two scales folded in with one FMA per token. A
+//! pair is unpacked once for up to four tokens, each in a register accumulator of its own, so
+//! a token's result does not depend on its batch. The sub-block scales `d * (ls - 32)` are f32
+//! (an f16 times a 6-bit integer needs up to 17 significant bits), as gguf-py computes them,
+//! made once a block. (IQ4_NL, whose scale is a block's f16, runs on the Q8_0 kernels of `q80`
+//! instead: rows side by side for decode, in the vector lanes for prompts.)
 
 use super::*;
 use zerocopy::FromBytes;
@@ -44,26 +46,6 @@ fn pair_step<const N: usize>(
             _mm256_cvtepi32_ps(i),
             *a,
         );
-    }
-}
-
-/// `N` tokens' dot products with one IQ4_NL row.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_nl<const N: usize>(row: &[BlockIq4Nl], xs: &[&[ActQ8]], out: &mut [f32]) {
-    let mut acc = [_mm256_setzero_ps(); N];
-    for p in 0..row.len().div_ceil(2) {
-        let (b0, b1) = (&row[2 * p], row.get(2 * p + 1));
-        let v = _mm256_set_m128i(
-            b1.map_or(_mm_setzero_si128(), |b| ld_u8x16(&b.qs)),
-            ld_u8x16(&b0.qs),
-        );
-        let d1 = b1.map_or(0.0, |b| b.d());
-        let dw = _mm256_set_m128(_mm_set1_ps(d1), _mm_set1_ps(b0.d()));
-        pair_step::<N>(v, dw, xs, p, &mut acc);
-    }
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = hsum_ps(a);
     }
 }
 
@@ -117,22 +99,7 @@ fn tile_xs<const N: usize>(row: &[BlockIq4Xs], xs: &[&[ActQ8]], out: &mut [f32])
     }
 }
 
-/// IQ4_NL rows: `out[r * acts.len() + t]` = row `r` of `w` (`rb` bytes a row) · token `t`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn rows_nl(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    each_tile(w, rb, acts, out, |row, xs, o| {
-        let row = <[BlockIq4Nl]>::ref_from_bytes(row).expect("whole blocks a row");
-        // (the closure has this function's target features: the tiles' calls are safe)
-        match xs.len() {
-            4 => tile_nl::<4>(row, xs, o),
-            3 => tile_nl::<3>(row, xs, o),
-            2 => tile_nl::<2>(row, xs, o),
-            _ => tile_nl::<1>(row, xs, o),
-        }
-    })
-}
-
-/// IQ4_XS rows, as [`rows_nl`].
+/// IQ4_XS rows: `out[r * acts.len() + t]` = row `r` of `w` (`rb` bytes a row) · token `t`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn rows_xs(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
     each_tile(w, rb, acts, out, |row, xs, o| {

@@ -45,7 +45,8 @@ pub(super) const Q50_LANES_MIN: (usize, usize, usize) = (5, 5, 8);
 pub(super) const Q41_LANES_MIN: (usize, usize, usize) = (6, 8, 9);
 
 /// The 32-element block types of this module: Q8_0 (signed 8-bit quants), Q5_0 (5-bit quants
-/// `q`, values `q - 16`), Q4_1 and Q5_1 (4- and 5-bit quants, values `d * q + m`).
+/// `q`, values `q - 16`), Q4_1 and Q5_1 (4- and 5-bit quants, values `d * q + m`), IQ4_NL
+/// (4-bit indices into `KVALUES_IQ4NL`: signed values, as Q8_0's once looked up).
 pub(super) trait Q32:
     zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned
 {
@@ -58,6 +59,9 @@ pub(super) trait Q32:
     const MIN: bool = false;
     /// Blocks with fifth bits (Q5_0, Q5_1).
     const QH: bool = false;
+    /// Nibbles that index `KVALUES_IQ4NL` (IQ4_NL): the signed values the byte shuffle of
+    /// [`elements`] gives, then everything as Q8_0's signed quants (`SIGNED`).
+    const LUT: bool = false;
     /// The block's scale (f16 bits).
     fn d(&self) -> [u8; 2];
     /// The block's min `m` (f16 bits; Q4_1, Q5_1), whose term `m * dx * sum(xq)` follows the
@@ -99,6 +103,31 @@ q32_nibbles!(BlockQ5_0, Some(4), false, true, |_b| None, |b| Some(b.qh));
 q32_nibbles!(BlockQ4_1, None, true, false, |b| Some(b.m), |_b| None);
 q32_nibbles!(BlockQ5_1, None, true, true, |b| Some(b.m), |b| Some(b.qh));
 
+impl Q32 for BlockIq4Nl {
+    const SIGNED: bool = true;
+    const SHIFT: Option<i32> = None;
+    const LUT: bool = true;
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    fn m(&self) -> Option<[u8; 2]> {
+        None
+    }
+    fn q8(&self) -> Option<&[i8; 32]> {
+        None
+    }
+    fn nibbles(&self) -> Option<(&[u8; 16], Option<[u8; 4]>)> {
+        Some((&self.qs, None))
+    }
+}
+
+/// IQ4_NL's nibbles `q` (bytes 0..16) as their signed values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lookup(q: __m256i) -> __m256i {
+    _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(ld_i8x16(&KVALUES_IQ4NL)), q)
+}
+
 impl Q32 for BlockQ8_0 {
     const SIGNED: bool = true;
     const SHIFT: Option<i32> = None;
@@ -131,7 +160,7 @@ fn elements<B: Q32>(b: &B) -> __m256i {
         _mm256_set1_epi8(0x0F),
     );
     let Some(qh) = qh else {
-        return q;
+        return if B::LUT { lookup(q) } else { q };
     };
     // element e's fifth bit is bit e of qh: byte e / 8 of qh (the same four bytes in every
     // 32-bit lane) against the mask 1 << (e % 8)
@@ -276,7 +305,13 @@ fn pair<B: Q32>(row: &[B], p: usize, vnni: bool) -> Pair {
     let (lo, hi) = match (b0.nibbles(), b1.map(|b| b.nibbles())) {
         // 4-bit quants: both blocks' nibbles in one vector, split (the decode path's most
         // frequent work for Q4_1, cheaper than two `elements` and two lane permutes)
-        (Some((q0, None)), Some(Some((q1, None)))) => nibble_pair(q0, q1),
+        (Some((q0, None)), Some(Some((q1, None)))) => {
+            let (lo, hi) = nibble_pair(q0, q1);
+            match B::LUT {
+                true => (lookup(lo), lookup(hi)),
+                false => (lo, hi),
+            }
+        }
         _ => {
             let e0 = elements(b0);
             let e1 = b1.map_or(_mm256_setzero_si256(), |b| elements(b));
