@@ -849,24 +849,23 @@ mod tests {
         let mut b = header(3, 0, 1);
         b.extend((1u64 << 50).to_le_bytes());
         assert!(prescan(&b).unwrap_err().contains("truncated"));
+        // one tensor "w" of `cols` elements of ggml type `t`
+        let one_tensor = |t: u32, cols: u64| {
+            let mut b = header(3, 1, 0);
+            b.extend(1u64.to_le_bytes());
+            b.push(b'w');
+            b.extend(1u32.to_le_bytes());
+            b.extend(cols.to_le_bytes());
+            b.extend(t.to_le_bytes());
+            b.extend(0u64.to_le_bytes());
+            b
+        };
         // a tensor of ggml type 40 (GGML_TYPE_COUNT), on which gguf-rs panics
-        let mut b = header(3, 1, 0);
-        b.extend(1u64.to_le_bytes());
-        b.push(b'w');
-        b.extend(1u32.to_le_bytes());
-        b.extend(32u64.to_le_bytes());
-        b.extend(40u32.to_le_bytes());
-        b.extend(0u64.to_le_bytes());
-        assert!(prescan(&b).unwrap_err().contains("type id 40"));
+        assert!(prescan(&one_tensor(40, 32))
+            .unwrap_err()
+            .contains("type id 40"));
         // an IQ type without kernels here is refused by its ggml name, saying what is taken
-        let mut b = header(3, 1, 0);
-        b.extend(1u64.to_le_bytes());
-        b.push(b'w');
-        b.extend(1u32.to_le_bytes());
-        b.extend(256u64.to_le_bytes());
-        b.extend(21u32.to_le_bytes());
-        b.extend(0u64.to_le_bytes());
-        let e = prescan(&b).unwrap_err();
+        let e = prescan(&one_tensor(21, 256)).unwrap_err();
         assert!(e.contains("IQ3_S (id 21)") && e.contains("IQ4_XS"), "{e}");
     }
 

@@ -634,11 +634,24 @@ __device__ __forceinline__ void vdot_q8_q5_1(const u8* b, unsigned long long rs,
 // MXFP4, part p (of 2): Q4_0's part p of the nibbles (qs at 1, 17-byte blocks: byte loads),
 // each nibble's value (kvalues_mxfp4, -12..12) a signed byte; the block's scale 2^(e - 128).
 #define MXFP4_Q8_PARTS 2
-// The values of the nibbles at bit `shift` (0: low, 4: high) of qs[0..4], four signed bytes.
-__device__ __forceinline__ int mxfp4_bytes(const u8* qs, int shift) {
+// The values of the nibbles at bit `shift` (0: low, 4: high) of qs[0..4], four signed bytes:
+// MXFP4's (mxfp4_int) or, with `iq4`, IQ4_NL's and IQ4_XS's (KVALUES_IQ4NL).
+__device__ __forceinline__ int lut_bytes(const u8* qs, int shift, bool iq4) {
     u32 r = 0;
-    UNROLL for (int i = 0; i < 4; i++) r |= (u32)(u8)mxfp4_int((qs[i] >> shift) & 15) << (8 * i);
+    UNROLL for (int i = 0; i < 4; i++) {
+        int n = (qs[i] >> shift) & 15;
+        r |= (u32)(u8)(iq4 ? KVALUES_IQ4NL[n] : mxfp4_int(n)) << (8 * i);
+    }
     return (int)r;
+}
+// A table type's part of one row: the values of the nibbles of qs[0..8], low (l0, l1: values
+// of qs[0..4], qs[4..8]) and high (h0, h1).
+__device__ __forceinline__ void lut_words(const u8* qs, bool iq4, int* l0, int* l1, int* h0,
+                                          int* h1) {
+    *l0 = lut_bytes(qs, 0, iq4);
+    *l1 = lut_bytes(qs + 4, 0, iq4);
+    *h0 = lut_bytes(qs, 4, iq4);
+    *h1 = lut_bytes(qs + 4, 4, iq4);
 }
 __device__ __forceinline__ void vdot_q8_mxfp4(const u8* b, unsigned long long rs, int nr,
                                               const u8* xa, unsigned long long xs, int nt, int p,
@@ -649,23 +662,13 @@ __device__ __forceinline__ void vdot_q8_mxfp4(const u8* b, unsigned long long rs
         const u8* br = b + (r < nr ? r : 0) * rs;
         dw[r] = e8m0_half(br[0]);
         cw[r] = 0.0f;
-        const u8* qs = br + 1 + 8 * p;
-        l0[r] = mxfp4_bytes(qs, 0);
-        l1[r] = mxfp4_bytes(qs + 4, 0);
-        h0[r] = mxfp4_bytes(qs, 4);
-        h1[r] = mxfp4_bytes(qs + 4, 4);
+        lut_words(br + 1 + 8 * p, false, &l0[r], &l1[r], &h0[r], &h1[r]);
     }
     tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
 }
 
-// IQ4_NL and IQ4_XS: each nibble's value (kvalues_iq4nl) a signed byte, as MXFP4's.
-// The values of the nibbles at bit `shift` (0: low, 4: high) of qs[0..4], four signed bytes.
-__device__ __forceinline__ int iq4_bytes(const u8* qs, int shift) {
-    u32 r = 0;
-    UNROLL for (int i = 0; i < 4; i++) r |= (u32)(u8)KVALUES_IQ4NL[(qs[i] >> shift) & 15] << (8 * i);
-    return (int)r;
-}
-// IQ4_NL, part p (of 2): Q4_0's part p of the nibbles (qs at 2, 18-byte blocks: byte loads).
+// IQ4_NL, part p (of 2): Q4_0's part p of the nibbles (qs at 2, 18-byte blocks: byte loads),
+// each nibble's value (kvalues_iq4nl) a signed byte, as MXFP4's.
 #define IQ4_NL_Q8_PARTS 2
 __device__ __forceinline__ void vdot_q8_iq4_nl(const u8* b, unsigned long long rs, int nr,
                                                const u8* xa, unsigned long long xs, int nt,
@@ -676,11 +679,7 @@ __device__ __forceinline__ void vdot_q8_iq4_nl(const u8* b, unsigned long long r
         const u8* br = b + (r < nr ? r : 0) * rs;
         dw[r] = ld_f16(br);
         cw[r] = 0.0f;
-        const u8* qs = br + 2 + 8 * p;
-        l0[r] = iq4_bytes(qs, 0);
-        l1[r] = iq4_bytes(qs + 4, 0);
-        h0[r] = iq4_bytes(qs, 4);
-        h1[r] = iq4_bytes(qs + 4, 4);
+        lut_words(br + 2 + 8 * p, true, &l0[r], &l1[r], &h0[r], &h1[r]);
     }
     tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
 }
@@ -697,11 +696,7 @@ __device__ __forceinline__ void vdot_q8_iq4_xs(const u8* b, unsigned long long r
         const u8* br = b + (r < nr ? r : 0) * rs;
         dw[r] = iq4_xs_scale(br, sb);
         cw[r] = 0.0f;
-        const u8* qs = br + 8 + 16 * sb + 8 * h;
-        l0[r] = iq4_bytes(qs, 0);
-        l1[r] = iq4_bytes(qs + 4, 0);
-        h0[r] = iq4_bytes(qs, 4);
-        h1[r] = iq4_bytes(qs + 4, 4);
+        lut_words(br + 8 + 16 * sb + 8 * h, true, &l0[r], &l1[r], &h0[r], &h1[r]);
     }
     tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa + sb * Q8A_BYTES, xs, nt, h, acc);
 }
