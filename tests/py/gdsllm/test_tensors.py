@@ -84,6 +84,19 @@ def test_a_mixture_of_experts_stacked_tensors(tmp_path):
     assert m["blk.1.ffn_gate_inp.weight"].dtype == "f32"
 
 
+@pytest.mark.parametrize("kind", ["iq4_xs", "iq4_nl"])
+def test_iq4_tensors_equal_gguf_py(kind, tmp_path):
+    """llama.cpp's IQ4_XS and IQ4_NL (fixtures/make_iq4_fixtures.py: llama-quantize's files):
+    every tensor's bytes and gguf-py's dequantization through the Python API."""
+    import pathlib
+
+    gguf_path = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / f"tiny-llama-{kind}.gguf"
+    out = tmp_path / f"{kind}.gds"
+    gdsllm.convert(str(gguf_path), str(out))
+    m = check_every_tensor(out, gguf_path)
+    assert kind in m.quantization
+
+
 def test_layers_and_tensor_records(smollm2_dir):
     m = gdsllm.open(str(smollm2_dir))
     layers = m.layers
