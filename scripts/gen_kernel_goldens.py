@@ -96,6 +96,8 @@ def random_blocks(qtype: T, n: int) -> np.ndarray:
     elif qtype in (T.Q4_K, T.Q5_K):
         put(0, sane_scales(n, 0.01))
         put(2, sane_scales(n, 0.01))
+    elif qtype in (T.IQ4_NL, T.IQ4_XS):
+        put(0, sane_scales(n))  # random nibbles (and IQ4_XS's random 6-bit sub-block scales)
     else:
         raise ValueError(qtype)
     return b
@@ -179,12 +181,9 @@ def main() -> None:
     print("dequantize mxfp4: 24 blocks")
 
     # IQ4_NL and IQ4_XS (llama.cpp's non-linear 4-bit types), after MXFP4 so that the draws
-    # above are unchanged: random nibbles (and IQ4_XS's random 6-bit sub-block scales) under
-    # sane f16 scales
+    # above are unchanged
     for qtype in [T.IQ4_NL, T.IQ4_XS]:
-        bs, ts = quants.GGML_QUANT_SIZES[qtype]
-        blocks = rng.integers(0, 256, size=(24, ts), dtype=np.uint8)
-        blocks[:, 0:2] = f16_bytes(sane_scales(24))
+        blocks = random_blocks(qtype, 24)
         y = quants.dequantize(blocks, qtype)
         assert np.isfinite(y).all(), qtype
         name = qtype.name.lower()

@@ -631,8 +631,7 @@ __device__ __forceinline__ void vdot_q8_q5_1(const u8* b, unsigned long long rs,
     vdot_q8_q5(b, rs, nr, xa, xs, nt, p, acc, true);
 }
 
-// MXFP4, part p (of 2): Q4_0's part p of the nibbles (qs at 1, 17-byte blocks: byte loads),
-// each nibble's value (kvalues_mxfp4, -12..12) a signed byte; the block's scale 2^(e - 128).
+// The table types (MXFP4, IQ4_NL, IQ4_XS): each nibble's value a signed byte.
 #define MXFP4_Q8_PARTS 2
 // The values of the nibbles at bit `shift` (0: low, 4: high) of qs[0..4], four signed bytes:
 // MXFP4's (mxfp4_int) or, with `iq4`, IQ4_NL's and IQ4_XS's (KVALUES_IQ4NL).
@@ -653,35 +652,43 @@ __device__ __forceinline__ void lut_words(const u8* qs, bool iq4, int* l0, int* 
     *h0 = lut_bytes(qs, 4, iq4);
     *h1 = lut_bytes(qs + 4, 4, iq4);
 }
-__device__ __forceinline__ void vdot_q8_mxfp4(const u8* b, unsigned long long rs, int nr,
-                                              const u8* xa, unsigned long long xs, int nt, int p,
-                                              float (*acc)[MATVEC_TOKENS]) {
+// The table types' part of each row: its scale `dw` and the words of the nibbles at `qs`
+// (MXFP4: E8M0 scale byte, nibbles at 1; IQ4_NL: f16 scale, nibbles at 2; IQ4_XS: sub-block
+// `sb`'s scale, its nibbles at 8 + 16 sb), half `h` of the 32 values against the activation
+// block at `xa`.
+#define LUT_MXFP4 0
+#define LUT_IQ4_NL 1
+#define LUT_IQ4_XS 2
+__device__ __forceinline__ void vdot_q8_lut(const u8* b, unsigned long long rs, int nr,
+                                            const u8* xa, unsigned long long xs, int nt, int h,
+                                            float (*acc)[MATVEC_TOKENS], int kind, int sb) {
     float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
     int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
     UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
         const u8* br = b + (r < nr ? r : 0) * rs;
-        dw[r] = e8m0_half(br[0]);
+        dw[r] = kind == LUT_MXFP4    ? e8m0_half(br[0])
+                : kind == LUT_IQ4_NL ? ld_f16(br)
+                                     : iq4_xs_scale(br, sb);
         cw[r] = 0.0f;
-        lut_words(br + 1 + 8 * p, false, &l0[r], &l1[r], &h0[r], &h1[r]);
+        const u8* qs = br + (kind == LUT_MXFP4 ? 1 : kind == LUT_IQ4_NL ? 2 : 8 + 16 * sb);
+        lut_words(qs + 8 * h, kind != LUT_MXFP4, &l0[r], &l1[r], &h0[r], &h1[r]);
     }
-    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
+    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, h, acc);
 }
-
-// IQ4_NL, part p (of 2): Q4_0's part p of the nibbles (qs at 2, 18-byte blocks: byte loads),
-// each nibble's value (kvalues_iq4nl) a signed byte, as MXFP4's.
+// MXFP4, part p (of 2): Q4_0's part p of the nibbles (qs at 1, 17-byte blocks: byte loads),
+// each nibble's value (kvalues_mxfp4, -12..12) a signed byte; the block's scale 2^(e - 128).
+__device__ __forceinline__ void vdot_q8_mxfp4(const u8* b, unsigned long long rs, int nr,
+                                              const u8* xa, unsigned long long xs, int nt, int p,
+                                              float (*acc)[MATVEC_TOKENS]) {
+    vdot_q8_lut(b, rs, nr, xa, xs, nt, p, acc, LUT_MXFP4, 0);
+}
+// IQ4_NL, part p (of 2): as MXFP4's (qs at 2, 18-byte blocks), each nibble's value
+// kvalues_iq4nl, the block's f16 scale.
 #define IQ4_NL_Q8_PARTS 2
 __device__ __forceinline__ void vdot_q8_iq4_nl(const u8* b, unsigned long long rs, int nr,
                                                const u8* xa, unsigned long long xs, int nt,
                                                int p, float (*acc)[MATVEC_TOKENS]) {
-    float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
-    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
-    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
-        const u8* br = b + (r < nr ? r : 0) * rs;
-        dw[r] = ld_f16(br);
-        cw[r] = 0.0f;
-        lut_words(br + 2 + 8 * p, true, &l0[r], &l1[r], &h0[r], &h1[r]);
-    }
-    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa, xs, nt, p, acc);
+    vdot_q8_lut(b, rs, nr, xa, xs, nt, p, acc, LUT_IQ4_NL, 0);
 }
 // IQ4_XS, part p (of 16): half p % 2 of sub-block p / 2 (an IQ4_NL block at qs + 16 (p / 2)
 // of scale iq4_xs_scale), against that sub-block's activation block.
@@ -689,16 +696,7 @@ __device__ __forceinline__ void vdot_q8_iq4_nl(const u8* b, unsigned long long r
 __device__ __forceinline__ void vdot_q8_iq4_xs(const u8* b, unsigned long long rs, int nr,
                                                const u8* xa, unsigned long long xs, int nt,
                                                int p, float (*acc)[MATVEC_TOKENS]) {
-    float dw[MMQ8_ROWS], cw[MMQ8_ROWS];
-    int l0[MMQ8_ROWS], l1[MMQ8_ROWS], h0[MMQ8_ROWS], h1[MMQ8_ROWS];
-    int sb = p / 2, h = p % 2;
-    UNROLL for (int r = 0; r < MMQ8_ROWS; r++) {
-        const u8* br = b + (r < nr ? r : 0) * rs;
-        dw[r] = iq4_xs_scale(br, sb);
-        cw[r] = 0.0f;
-        lut_words(br + 8 + 16 * sb + 8 * h, true, &l0[r], &l1[r], &h0[r], &h1[r]);
-    }
-    tokens_q8_halves(l0, l1, h0, h1, dw, cw, xa + sb * Q8A_BYTES, xs, nt, h, acc);
+    vdot_q8_lut(b, rs, nr, xa + (p / 2) * Q8A_BYTES, xs, nt, p % 2, acc, LUT_IQ4_XS, p / 2);
 }
 
 // Q8_0, part p (of 4): the words of values 8p..8p+8.

@@ -311,6 +311,24 @@ macro_rules! launch {
     }};
 }
 
+impl Gpu {
+    /// `{kind}_{suffix}` (`dequant` into f32, `dequant16` into f16) over `nblocks` blocks:
+    /// one thread a block.
+    fn launch_dequant(
+        &mut self,
+        kind: &str,
+        suffix: &str,
+        src: u64,
+        dst: u64,
+        nblocks: i32,
+    ) -> Result<(), GpuError> {
+        let c = cfg((cdiv(nblocks, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
+        let name = kernels::kernel_name(kind, suffix)
+            .ok_or_else(|| model_err(format!("no {kind} kernel for {suffix}")))?;
+        launch!(self, name, c, src, dst, nblocks)
+    }
+}
+
 /// [`Device`] on the GPU: every call is an asynchronous launch on the compute stream.
 impl Device for Gpu {
     fn matvec(
@@ -356,10 +374,7 @@ impl Device for Gpu {
         launch!(self, name, c, w, xq, y, rows, cols, ntok)
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
-        let c = cfg((cdiv(nblocks, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
-        let name = kernels::kernel_name("dequant", suffix)
-            .ok_or_else(|| model_err(format!("no dequant kernel for {suffix}")))?;
-        launch!(self, name, c, src, dst, nblocks)
+        self.launch_dequant("dequant", suffix, src, dst, nblocks)
     }
     fn dequant16(
         &mut self,
@@ -368,10 +383,7 @@ impl Device for Gpu {
         dst: u64,
         nblocks: i32,
     ) -> Result<(), GpuError> {
-        let c = cfg((cdiv(nblocks, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
-        let name = kernels::kernel_name("dequant16", suffix)
-            .ok_or_else(|| model_err(format!("no f16 dequant kernel for {suffix}")))?;
-        launch!(self, name, c, src, dst, nblocks)
+        self.launch_dequant("dequant16", suffix, src, dst, nblocks)
     }
     fn to_f16(&mut self, x: u64, dst: u64, n: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));

@@ -25,15 +25,21 @@ impl Dequant for BlockQ4_0 {
     }
 }
 
+/// 32 values of a table type (MXFP4, IQ4_NL, an IQ4_XS sub-block): `d * table[n]` of the
+/// nibbles `qs` (element `j` low, `j + 16` high) into `out`.
+#[inline]
+fn dequant_table(d: f32, qs: &[u8], table: &[i8; 16], out: &mut [f32]) {
+    for (j, &b) in qs.iter().enumerate() {
+        out[j] = d * table[(b & 0xF) as usize] as f32;
+        out[j + QK / 2] = d * table[(b >> 4) as usize] as f32;
+    }
+}
+
 impl Dequant for BlockMxfp4 {
     const N: usize = QK;
     #[inline]
     fn dequant(&self, out: &mut [f32]) {
-        let d = self.d();
-        for (j, &b) in self.qs.iter().enumerate() {
-            out[j] = d * KVALUES_MXFP4[(b & 0xF) as usize] as f32;
-            out[j + QK / 2] = d * KVALUES_MXFP4[(b >> 4) as usize] as f32;
-        }
+        dequant_table(self.d(), &self.qs, &KVALUES_MXFP4, out);
     }
 }
 
@@ -41,11 +47,7 @@ impl Dequant for BlockIq4Nl {
     const N: usize = QK;
     #[inline]
     fn dequant(&self, out: &mut [f32]) {
-        let d = self.d();
-        for (j, &b) in self.qs.iter().enumerate() {
-            out[j] = d * KVALUES_IQ4NL[(b & 0xF) as usize] as f32;
-            out[j + QK / 2] = d * KVALUES_IQ4NL[(b >> 4) as usize] as f32;
-        }
+        dequant_table(self.d(), &self.qs, &KVALUES_IQ4NL, out);
     }
 }
 
@@ -57,10 +59,7 @@ impl Dequant for BlockIq4Xs {
         for (i, o) in out[..QK_K].chunks_exact_mut(QK).enumerate() {
             // gguf-py: dl = d * scale (f32), then dl * value
             let dl = d * self.sub_scale(i) as f32;
-            for (j, &b) in self.qs[16 * i..16 * i + 16].iter().enumerate() {
-                o[j] = dl * KVALUES_IQ4NL[(b & 0xF) as usize] as f32;
-                o[j + QK / 2] = dl * KVALUES_IQ4NL[(b >> 4) as usize] as f32;
-            }
+            dequant_table(dl, &self.qs[16 * i..16 * i + 16], &KVALUES_IQ4NL, o);
         }
     }
 }

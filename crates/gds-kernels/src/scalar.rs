@@ -117,22 +117,18 @@ fn dot_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
 fn dot_mxfp4(w: &[BlockMxfp4], a: &[ActQ8]) -> f32 {
     let mut acc = 0.0f32;
     for (b, q, d, _) in act_blocks(w, a) {
-        let mut i = 0i32;
-        for (j, &n) in b.qs.iter().enumerate() {
-            i += KVALUES_MXFP4[(n & 0xF) as usize] as i32 * q[j] as i32;
-            i += KVALUES_MXFP4[(n >> 4) as usize] as i32 * q[j + 16] as i32;
-        }
-        acc += b.d() * d * i as f32;
+        acc += b.d() * d * idot_table(&b.qs, &q, &KVALUES_MXFP4) as f32;
     }
     acc
 }
 
-/// `sum(KVALUES_IQ4NL[n] * q)` over 16 nibble bytes (element `j` low, `j + 16` high).
-fn idot_iq4(qs: &[u8], q: &[i8; QK]) -> i32 {
+/// `sum(table[n] * q)` over 16 nibble bytes (element `j` low, `j + 16` high): the integer
+/// dot product of the table types (MXFP4, IQ4_NL, IQ4_XS's sub-blocks).
+fn idot_table(qs: &[u8], q: &[i8; QK], table: &[i8; 16]) -> i32 {
     let mut i = 0i32;
     for (j, &n) in qs.iter().enumerate() {
-        i += KVALUES_IQ4NL[(n & 0xF) as usize] as i32 * q[j] as i32;
-        i += KVALUES_IQ4NL[(n >> 4) as usize] as i32 * q[j + 16] as i32;
+        i += table[(n & 0xF) as usize] as i32 * q[j] as i32;
+        i += table[(n >> 4) as usize] as i32 * q[j + 16] as i32;
     }
     i
 }
@@ -140,7 +136,7 @@ fn idot_iq4(qs: &[u8], q: &[i8; QK]) -> i32 {
 fn dot_iq4_nl(w: &[BlockIq4Nl], a: &[ActQ8]) -> f32 {
     let mut acc = 0.0f32;
     for (b, q, d, _) in act_blocks(w, a) {
-        acc += b.d() * d * idot_iq4(&b.qs, &q) as f32;
+        acc += b.d() * d * idot_table(&b.qs, &q, &KVALUES_IQ4NL) as f32;
     }
     acc
 }
@@ -152,7 +148,7 @@ fn dot_iq4_xs(w: &[BlockIq4Xs], a: &[ActQ8]) -> f32 {
             let at = k * (QK_K / QK) + s;
             let (q, d, _) = a[at / 2].block(at % 2);
             let dl = b.d() * b.sub_scale(s) as f32;
-            acc += dl * d * idot_iq4(&b.qs[16 * s..16 * s + 16], &q) as f32;
+            acc += dl * d * idot_table(&b.qs[16 * s..16 * s + 16], &q, &KVALUES_IQ4NL) as f32;
         }
     }
     acc

@@ -146,6 +146,15 @@ pub fn p<T>(a: u64) -> *mut T {
     a as usize as *mut T
 }
 
+/// `run_{kind}_{suffix}` of launch.cpp (`dequant` into f32, `dequant16` into f16; `dst` is
+/// passed as bytes, which the C ABI takes as it takes either element pointer).
+fn run_dequant(kind: &str, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
+    let f = sym::<unsafe extern "C" fn(*const u8, *mut u8, i32)>(&format!("run_{kind}_{suffix}"));
+    // SAFETY: addresses are host buffers sized by the forward pass's contract.
+    unsafe { f(p(src), p(dst), nblocks) };
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 impl Device for Emu {
     fn matvec(
@@ -187,11 +196,7 @@ impl Device for Emu {
         Ok(())
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
-        let f =
-            sym::<unsafe extern "C" fn(*const u8, *mut f32, i32)>(&format!("run_dequant_{suffix}"));
-        // SAFETY: as above.
-        unsafe { f(p(src), p(dst), nblocks) };
-        Ok(())
+        run_dequant("dequant", suffix, src, dst, nblocks)
     }
     fn dequant16(
         &mut self,
@@ -200,12 +205,7 @@ impl Device for Emu {
         dst: u64,
         nblocks: i32,
     ) -> Result<(), GpuError> {
-        let f = sym::<unsafe extern "C" fn(*const u8, *mut u16, i32)>(&format!(
-            "run_dequant16_{suffix}"
-        ));
-        // SAFETY: as above.
-        unsafe { f(p(src), p(dst), nblocks) };
-        Ok(())
+        run_dequant("dequant16", suffix, src, dst, nblocks)
     }
     fn to_f16(&mut self, x: u64, dst: u64, n: i32) -> Result<(), GpuError> {
         let f = sym::<unsafe extern "C" fn(*const f32, *mut u16, i32)>("run_to_f16");
