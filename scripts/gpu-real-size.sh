@@ -8,7 +8,7 @@
 # synthetic models' vocabulary). The GPU machine has PyTorch and transformers, no network and
 # no Rust. ANCHOR: llama.cpp's CUDA pack (scripts/build-llama-cpp-cuda.sh; carry it to the
 # machine in a call of its own and copy it out of the work tree), run beside gdsrun. QUANT: gdsconv's --quant for the shapes (default q4_0; keep: F16); STREAM=0 skips
-# the streamed runs of stage 3 (IO_RUNS: their load paths, default "gds direct mmap"). TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
+# the streamed runs of stage 3 (IO_RUNS: their load paths, default "gds direct mmap"); SWEEP=0 the batched sweeps. TINY=0 skips the tiny fixtures' stages (2, 4, 5). Stages, each under a time limit; the script goes on after a failure:
 #  1. the machine: GPU, driver, nvidia-fs, cuFile mode (`gdsrun doctor`);
 #  2. the tiny architectures (fixtures/tiny-*.gguf, converted here): CUDA --activations f32 vs CPU
 #     f32 greedy tokens, all resident and at the minimum VRAM budget (the one-sequence path of
@@ -219,10 +219,12 @@ EOF
   Q=$(budget "$OUT/json/$shape-plan.json" quarter)
   plan "$M" "$OUT/json/$shape-plan-quarter.json" -c 512 --vram-budget "$Q"
   say "quarter budget $Q B: $(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];print(len(g['resident_layers']),'layers resident,',len(g['streamed_layers']),'streamed,',g['streamed_bytes_per_token'],'B/token streamed')" "$OUT/json/$shape-plan-quarter.json" 2>&1)"
-  sweep "$shape resident" "$M" 32
-  # the GEMM crossover: passes of fewer tokens than this stay on the matvec kernels (default 8)
-  GDS_GEMM_MIN_TOKENS=128 BS="4 16 64" sweep "$shape resident, GDS_GEMM_MIN_TOKENS=128" "$M" 32
-  sweep "$shape quarter direct" "$M" 8 --vram-budget "$((Q + KVB * 1048576))" --io direct
+  if [ "${SWEEP:-1}" = 1 ]; then # SWEEP=0 skips the batched sweeps
+    sweep "$shape resident" "$M" 32
+    # the GEMM crossover: passes of fewer tokens than this stay on the matvec kernels (default 8)
+    GDS_GEMM_MIN_TOKENS=128 BS="4 16 64" sweep "$shape resident, GDS_GEMM_MIN_TOKENS=128" "$M" 32
+    sweep "$shape quarter direct" "$M" 8 --vram-budget "$((Q + KVB * 1048576))" --io direct
+  fi
   n=16; [ "$shape" = llama-7b ] && n=8
   for io in ${IO_RUNS:-gds direct mmap}; do
     [ "$io" = mmap ] || { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }

@@ -67,6 +67,11 @@ LLAMA32_BODY = dict(arch="llama", hidden_size=2048, intermediate_size=8192, num_
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
 
 SHAPES = {
+    # SmolLM2-135M's shape (the real model the tests use; a random-weight twin where the GGUF
+    # cannot travel, e.g. to a GPU machine)
+    "smollm2-135m": dict(arch="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+                         rope_theta=100000.0, max_position_embeddings=8192),
     "tiny": dict(arch="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
                  rope_theta=10000.0, max_position_embeddings=2048),
