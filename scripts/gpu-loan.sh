@@ -20,10 +20,10 @@ T0=$SECONDS
   # shellcheck source=scripts/gpu-env.sh
   . scripts/gpu-env.sh
   rm -rf /tmp/smol-ck
-  timeout 120 python3 scripts/synth-model.py smollm2-135m /tmp/smol-ck --tokenizer .gpu/r1/tok \
+  timeout 90 python3 scripts/synth-model.py smollm2-135m /tmp/smol-ck --tokenizer .gpu/r1/tok \
     --init-device cuda &&
-    timeout 60 "$W/bin/gdsconv" convert /tmp/smol-ck "$W/smol.gds" --quant q4_0 --force &&
-    timeout 240 scripts/gpu-python.sh .gpu/py "$W/smol.gds" "$W/bin/gdsrun" "$OUT/py"
+    timeout 30 "$W/bin/gdsconv" convert /tmp/smol-ck "$W/smol.gds" --quant q4_0 --force &&
+    timeout 150 scripts/gpu-python.sh .gpu/py "$W/smol.gds" "$W/bin/gdsrun" "$OUT/py"
   echo "python stage: exit $? in $((SECONDS - T0)) s" >>"$OUT/py/summary.txt"
 } >"$OUT/py/log.txt" 2>&1
 OUT=$OUT/real timeout "${REAL_LIMIT:-450}" scripts/gpu-real-size.sh .gpu/r1 "${@:-llama-7b llama-1b}" \
