@@ -14,6 +14,7 @@ use cudarc::cufile::Cufile;
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 /// Where the bytes come from.
 pub enum Source<'a> {
@@ -39,6 +40,10 @@ pub struct DeviceBytes {
     len: usize,
     device: usize,
     path: GpuPath,
+    /// For bytes cuFile read: the driver stays open while they live, so that the next layer's
+    /// read does not open it again (in compatibility mode each open cost ~0.7 s on an H200,
+    /// 2026-12-04).
+    _cufile: Option<CufileUser>,
 }
 
 impl DeviceBytes {
@@ -77,13 +82,76 @@ impl DeviceBytes {
 /// user (as the executor does: left open, libcufile tears down after the CUDA context).
 struct CufileUser;
 
+impl CufileUser {
+    /// Counts a user of the driver, then opens it (`cuFileDriverOpen`; cheap while another
+    /// user holds it open) and returns the handle to register files with. `what` names the
+    /// read it is for, in the error.
+    fn open(what: &Path) -> Result<(CufileUser, Arc<Cufile>), GpuError> {
+        let mut open = DRIVER.lock().unwrap_or_else(|e| e.into_inner());
+        if CUFILE_USERS.load(Ordering::SeqCst) == 0 {
+            *open = None; // closed by the last user (ours or an executor's) since
+        }
+        let driver = match &*open {
+            Some(d) => d.clone(),
+            None => {
+                let d = Cufile::new().map_err(|e| {
+                    GpuError::Cuda(format!(
+                        "cuFileDriverOpen (to read {}): {e:?}",
+                        what.display()
+                    ))
+                })?;
+                *open = Some(d.clone());
+                d
+            }
+        };
+        CUFILE_USERS.fetch_add(1, Ordering::SeqCst);
+        Ok((CufileUser, driver))
+    }
+}
+
+/// Holds the process's cuFile driver open while it lives: a caller that reads many layer
+/// files with [`Source::Gds`] one after another (the Python package's model) keeps one, so
+/// the driver is opened once instead of once per file.
+pub struct CufileSession {
+    _user: CufileUser,
+}
+
+impl CufileSession {
+    /// Opens the driver (or counts one more user of it), for reads from the directory `dir`.
+    /// Refused as [`GpuError::Unavailable`] where libcufile is absent.
+    pub fn open(dir: &Path) -> Result<CufileSession, GpuError> {
+        let report = probe();
+        if !report.driver.present || report.devices.is_empty() {
+            return Err(GpuError::Unavailable(format!(
+                "no CUDA device: {}",
+                report.driver.detail
+            )));
+        }
+        if !report.cufile.present {
+            return Err(GpuError::Unavailable(format!(
+                "io=\"gds\" needs libcufile (GPUDirect Storage): {}",
+                report.cufile.detail
+            )));
+        }
+        Ok(CufileSession {
+            _user: CufileUser::open(dir)?.0,
+        })
+    }
+}
+
 impl Drop for CufileUser {
     fn drop(&mut self) {
+        let mut open = DRIVER.lock().unwrap_or_else(|e| e.into_inner());
         if CUFILE_USERS.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *open = None;
             let _ = cudarc::cufile::result::driver_close();
         }
     }
 }
+
+/// The driver handle [`CufileUser`]s share: opened once while any user (of this module or an
+/// executor) is counted in `CUFILE_USERS`, instead of once per file read.
+static DRIVER: Mutex<Option<Arc<Cufile>>> = Mutex::new(None);
 
 /// Places `src` in a new buffer on CUDA device `device`; returns when the bytes are there.
 pub fn load(device: usize, src: Source<'_>) -> Result<DeviceBytes, GpuError> {
@@ -116,6 +184,7 @@ pub fn load(device: usize, src: Source<'_>) -> Result<DeviceBytes, GpuError> {
     let mut buf = stream
         .alloc_zeros::<u8>(len.max(1))
         .map_err(cuda("allocating VRAM"))?;
+    let mut cufile = None;
     let path = match src {
         Source::Host(b) => {
             stream
@@ -127,14 +196,8 @@ pub fn load(device: usize, src: Source<'_>) -> Result<DeviceBytes, GpuError> {
             let path = dir.join(file);
             let f = gds_io::open_in_dir(dir, file, libc::O_DIRECT).map_err(GpuError::Layer)?;
             let f = crate::reopen_for_cufile(&f, &path)?;
-            CUFILE_USERS.fetch_add(1, Ordering::SeqCst);
-            let _user = CufileUser;
-            let driver = Cufile::new().map_err(|e| {
-                GpuError::Cuda(format!(
-                    "cuFileDriverOpen (to read {}): {e:?}",
-                    path.display()
-                ))
-            })?;
+            let (user, driver) = CufileUser::open(&path)?;
+            cufile = Some(user);
             let handle = driver.register(f).map_err(|e| {
                 GpuError::Cuda(format!(
                     "cuFileHandleRegister of {}: {e:?} (io=\"direct\" reads without cuFile)",
@@ -164,5 +227,6 @@ pub fn load(device: usize, src: Source<'_>) -> Result<DeviceBytes, GpuError> {
         len,
         device,
         path,
+        _cufile: cufile,
     })
 }

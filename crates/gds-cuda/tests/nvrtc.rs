@@ -128,6 +128,20 @@ fn bytes_placed_on_a_gpu_come_back_equal_or_the_refusal_names_what_is_missing() 
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("loaded onto cuda:999"),
     }
+    // a session holding cuFile's driver open across loads (the Python package's model):
+    // refused, naming what is missing, where there is no device or no libcufile
+    let gds_here = usable && report.cufile.present;
+    match gds_cuda::device_bytes::CufileSession::open(std::path::Path::new(".")) {
+        Ok(_) => assert!(gds_here, "a cuFile session without a device or libcufile"),
+        Err(GpuError::Unavailable(why)) => {
+            assert!(!gds_here, "refused with a device and libcufile: {why}");
+            assert!(
+                why.contains("no CUDA device") || why.contains("libcufile"),
+                "{why}"
+            );
+        }
+        Err(e) => assert!(gds_here, "{e}"), // the driver's own refusal (cuFileDriverOpen)
+    }
     // cuFile from a file, where the machine has libcufile
     if usable && report.cufile.present {
         let dir = tempfile::tempdir().unwrap();

@@ -153,6 +153,8 @@ struct Inner {
     verified: bool,
     /// Every layer file mapped (and checked); tensors are spans of the mappings.
     backend: MmapBackend,
+    /// cuFile's driver, held open from the first `io="gds"` load.
+    gds: cuda::GdsSession,
 }
 
 /// Opens `dir` (already resolved). Errors read as gdsrun's after `loading DIR: `.
@@ -218,6 +220,7 @@ fn open_dir(dir: &Path, verify: bool) -> Result<Inner, String> {
         tensors,
         verified: verify,
         backend,
+        gds: Default::default(),
     })
 }
 
@@ -331,6 +334,7 @@ impl Model {
                     size: l.file_size,
                     host,
                 },
+                &inner.gds,
             )
         });
         let d = loaded.map_err(err)?;
