@@ -14,9 +14,37 @@
 // measured slower on an H100 on 2026-11-28: 7B Q4_0 tg128 87 vs 89.5 t/s, 1B 344 vs 379, no gain
 // in batched decode (bench/runs/2026-11-28-gpu-h100-anchor.md).
 //
-// dequant_<t>(src, dst, nblocks): one thread per block, grid ceil(nblocks / BLOCK_THREADS).
+// dequant_<t>(src, dst, nblocks): one thread per block, grid ceil(nblocks / BLOCK_THREADS);
+// each warp's 32 blocks written out together (DEQ_STAGED).
 // dequant16_<t>(src, dst, nblocks): the same into f16 (f32_to_f16_sat of each value), the
 // tile of an f16 GEMM.
+
+// The body of dequant_<t> / dequant16_<t> (launched one thread per block, BLOCK_THREADS a
+// block): each lane decodes its own block into registers, then the warp writes its 32 blocks'
+// values out together through shared memory, 32 consecutive values a store (lane l writes
+// value l of a run), so each store instruction covers 64 or 128 contiguous bytes. A lane
+// writing its own block (QK consecutive values) made every store instruction of the warp
+// touch 32 cache lines. On an H200 (2026-12-04) the 7B Q4_0 pp512 took 165 ms a pass, of
+// which the f16 GEMMs' arithmetic explains ~20 ms: the rest is mostly writing the 13 GB of
+// f16 tiles, i.e. ~100 GB/s, ~2 % of the memory bandwidth (an estimate from the pass times;
+// the kernel was not timed on its own). The loops have the same trip
+// counts in every thread (a lane past nblocks decodes nothing but still syncs).
+#define DEQ_STAGED(QK, BYTES, DEQ, OUT, CONV)                                               \
+    __shared__ float stage[BLOCK_THREADS / WARP][WARP][WARP + 1];                           \
+    int b = blockIdx.x * blockDim.x + threadIdx.x;                                          \
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;                                  \
+    int first = b - lane;                                                                   \
+    float v[QK];                                                                            \
+    if (b < nblocks) DEQ(src + (unsigned long long)b * BYTES, v);                           \
+    for (int c = 0; c < QK / WARP; c++) {                                                   \
+        for (int i = 0; i < WARP; i++) stage[w][lane][i] = v[c * WARP + i];                 \
+        __syncthreads();                                                                    \
+        for (int k = 0; k < WARP && first + k < nblocks; k++) {                             \
+            OUT* d = dst + (unsigned long long)(first + k) * QK + c * WARP;                 \
+            d[lane] = CONV(stage[w][k][lane]);                                              \
+        }                                                                                   \
+        __syncthreads();                                                                    \
+    }
 
 // ---- per-block dot products with an f32 vector, and per-block dequantization ----
 
@@ -379,18 +407,11 @@ __device__ __forceinline__ void store_rows(const float* acc, int nt, float* y, i
     }                                                                                       \
     extern "C" __global__ void dequant_##NAME(const u8* __restrict__ src,                   \
                                               float* __restrict__ dst, int nblocks) {       \
-        int b = blockIdx.x * blockDim.x + threadIdx.x;                                      \
-        if (b < nblocks) DEQ(src + (unsigned long long)b * BYTES, dst + (unsigned long long)b * QK); \
+        DEQ_STAGED(QK, BYTES, DEQ, float, )                                                 \
     }                                                                                       \
     extern "C" __global__ void dequant16_##NAME(const u8* __restrict__ src,                 \
                                                 u16* __restrict__ dst, int nblocks) {       \
-        int b = blockIdx.x * blockDim.x + threadIdx.x;                                      \
-        if (b < nblocks) {                                                                  \
-            float v[QK];                                                                    \
-            DEQ(src + (unsigned long long)b * BYTES, v);                                    \
-            u16* d = dst + (unsigned long long)b * QK;                                      \
-            for (int i = 0; i < QK; i++) d[i] = f32_to_f16_sat(v[i]);                       \
-        }                                                                                   \
+        DEQ_STAGED(QK, BYTES, DEQ, u16, f32_to_f16_sat)                                     \
     }
 
 BLOCK_KERNELS(q4_0, Q4_0_QK, Q4_0_BYTES, 4, dotp_q4_0, deq_q4_0)
