@@ -201,6 +201,10 @@ for spec in $SHAPES; do
   if [ "${SERVE:-1}" = 1 ] && [ "$QUANT" = q4_0 ]; then
     timeout 420 python3 "$ROOT/scripts/gpu-serve-bench.py" --gdsrun "$G" --model "$M" --label "$shape resident" \
       ${L:+--llama-server "$L/bin/llama-server" --gguf "$G16" --llama-lib "$LLD"} 2>>"$LOG" | tee -a "$SUM"
+    # 16 clients with the matvec kernels for passes up to 31 tokens (the default crossover, 8,
+    # sends them to the GEMMs: c=16 was slower than c=4 on 2026-12-04); SERVE_AB=0 skips it
+    [ "${SERVE_AB:-1}" = 1 ] && GDS_GEMM_MIN_TOKENS=32 timeout 200 python3 "$ROOT/scripts/gpu-serve-bench.py" \
+      --gdsrun "$G" --model "$M" --label "$shape resident, GDS_GEMM_MIN_TOKENS=32" -c 16 2>>"$LOG" | tee -a "$SUM"
   fi
   [ "${STREAM:-1}" = 1 ] || { rm -f "$G16"; continue; }
   # O_DIRECT read bandwidth of the layer files (the streaming bound's numerator)
