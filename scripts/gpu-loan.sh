@@ -26,6 +26,9 @@ T0=$SECONDS
     timeout 150 scripts/gpu-python.sh .gpu/py "$W/smol.gds" "$W/bin/gdsrun" "$OUT/py"
   echo "python stage: exit $? in $((SECONDS - T0)) s" >>"$OUT/py/summary.txt"
 } >"$OUT/py/log.txt" 2>&1
+# few files come back from a lent machine: the summary, and the rest in one tarball
+(cd "$OUT/py" && tar -czf details.tar.gz --exclude summary.txt --exclude details.tar.gz . &&
+  find . -type f ! -name summary.txt ! -name details.tar.gz -delete)
 OUT=$OUT/real timeout "${REAL_LIMIT:-450}" scripts/gpu-real-size.sh .gpu/r1 "${@:-llama-7b llama-1b}" \
   >"$OUT/real/stdout.txt" 2>&1
 echo "real-size: exit $? after $((SECONDS - T0)) s" >>"$OUT/real/summary.txt"

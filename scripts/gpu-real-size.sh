@@ -19,7 +19,8 @@
 #     pp512/tg128 again with --activations f32 (the f32-activation kernels and plain f32 SGEMM
 #     prefill: the int8 kernels' and TF32 prefill's A/B on one binary) and tg128 with
 #     --cuda-graphs off (every decode kernel launched each step: the graphs' A/B), pp512 with
-#     --gemm-type tf32 (f32 tiles on TF32 tensor cores: the f16 GEMM's A/B); then with about a quarter of
+#     --gemm-type tf32 (f32 tiles on TF32 tensor cores: the f16 GEMM's A/B); the time per kernel of a
+#     pp512 and of 32 decode steps (GDS_CUDA_PROFILE=1: json/profile-SHAPE-*.txt in the tarball); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
 #     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
 #     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once;
@@ -181,6 +182,25 @@ for spec in $SHAPES; do
   # f16 GEMM's A/B
   run 120 "bench-$shape-resident-tf32" "$G" bench "$M" --backend cuda --gemm-type tf32 -p 512 -n 0 -r 2
   grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--gemm-type tf32)/' >>"$SUM"
+  # where the GPU time goes, kernel by kernel (GDS_CUDA_PROFILE: each call synchronized and
+  # timed, graphs off; no nsys on these machines): one 512-token prefill, then 32 decode steps
+  for t in "-p 512 -n 0" "-p 0 -n 32"; do
+    f="$OUT/json/profile-$shape-$(echo "$t" | tr -d ' -').txt"
+    # shellcheck disable=SC2086
+    GDS_CUDA_PROFILE=1 timeout 120 "$G" bench "$M" --backend cuda $t -r 1 >/dev/null 2>"$f"
+    say "[profile $shape $t] $(sed -n '3,5p' "$f" | awk '{printf "%s %s %s; ", $1, $2, $3}')"
+  done
+  # Nsight Compute where the machine has it: memory and compute throughput (% of peak) of a
+  # few launches of the decode and tile kernels and cuBLAS's GEMM (a 16-token prompt takes
+  # the GEMM path, the 4 steps after it the matvec kernels); NCU=0 skips it
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  if [ "${NCU:-1}" = 1 ] && [ -n "$NCU_BIN" ]; then
+    f="$OUT/json/ncu-$shape.txt"
+    timeout 150 "$NCU_BIN" --clock-control none --section SpeedOfLight \
+      -k 'regex:matvec_q8|dequant16|gemm|attention|rmsnorm|quantize_q8' --launch-skip 20 --launch-count 24 \
+      "$G" bench "$M" --backend cuda --cuda-graphs off -p 16 -n 4 -r 1 >"$f" 2>&1
+    say "[ncu $shape] $(awk '/^  [a-z_0-9]+.*\(/ {k=$1} /DRAM Throughput/ {m=$NF} /Duration/ {printf "%s %s %s DRAM %s%%; ", substr(k, 1, 40), $NF, $(NF-1), m}' "$f" | head -c 1500)"
+  fi
   for g in q4_0 f16; do # llama.cpp on the GGUFs of the same checkpoint
     [ -f "$W/$shape-$g.gguf" ] || continue
     run 240 "llama-bench-$shape-$g" env LD_LIBRARY_PATH="$LLD" "$L/bin/llama-bench" -m "$W/$shape-$g.gguf" \

@@ -38,6 +38,7 @@
 use crate::forward::{Device, GemmType, Heads, KvPages};
 use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS, MMQ8_ROWS, MMQ8_WARPS};
 use crate::plan::{LayerMeta, Layout};
+use crate::profile::KernelProfile;
 use crate::stream::{BufKind, GraphKey, StreamOptions, Streamer, Vram};
 use crate::{nvrtc, probe, GpuError, GpuPath};
 use cudarc::cublas::sys::cublasOperation_t;
@@ -54,6 +55,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 pub use crate::stream::LoadStats;
 
@@ -122,6 +124,8 @@ struct Gpu {
     blas: CudaBlas,
     /// The cuBLAS math mode last set: TF32 tensor cores or not (`None`: the default, unset).
     tf32: Option<bool>,
+    /// Time per kernel when `GDS_CUDA_PROFILE` asks for it ([`crate::profile`]).
+    profile: Option<KernelProfile>,
 }
 
 /// The parameters of one `cuFileReadAsync`: cuFile reads them when the read executes on
@@ -288,7 +292,27 @@ impl Gpu {
             funcs,
             blas,
             tf32: None,
+            profile: crate::profile::wanted(std::env::var(crate::profile::ENV).ok().as_deref())
+                .then(KernelProfile::default),
         })
+    }
+
+    /// With the profile on: waits for the compute stream, then starts the clock of one call.
+    fn profile_start(&self) -> Result<Option<Instant>, GpuError> {
+        if self.profile.is_none() {
+            return Ok(None);
+        }
+        self.compute.synchronize().map_err(cuda("profile"))?;
+        Ok(Some(Instant::now()))
+    }
+
+    /// With the profile on: waits for the call started at `t0` and adds its time to `name`.
+    fn profile_end(&mut self, name: &str, t0: Option<Instant>) -> Result<(), GpuError> {
+        if let (Some(t0), Some(p)) = (t0, self.profile.as_mut()) {
+            self.compute.synchronize().map_err(cuda(name))?;
+            p.record(name, t0.elapsed());
+        }
+        Ok(())
     }
 
     fn f(&self, name: &str) -> Result<&CudaFunction, GpuError> {
@@ -300,6 +324,7 @@ impl Gpu {
 
 macro_rules! launch {
     ($gpu:expr, $name:expr, $cfg:expr, $($arg:expr),+) => {{
+        let t0 = $gpu.profile_start()?;
         let f = $gpu.f($name)?;
         let mut b = $gpu.compute.launch_builder(f);
         $( b.arg(&$arg); )+
@@ -307,7 +332,7 @@ macro_rules! launch {
         // forward module documents each), and every address is a live device buffer sized
         // as forward::Scratch / Pass document.
         unsafe { b.launch($cfg) }.map_err(cuda($name))?;
-        Ok(())
+        $gpu.profile_end($name, t0)
     }};
 }
 
@@ -564,6 +589,29 @@ impl Device for Gpu {
         unsafe { self.upload(dst, src) }
     }
     fn gemm(
+        &mut self,
+        a: u64,
+        b: u64,
+        c: u64,
+        dims: (i32, i32, i32),
+        ldc: i32,
+        inputs: GemmType,
+    ) -> Result<bool, GpuError> {
+        let t0 = self.profile_start()?;
+        let done = self.gemm_call(a, b, c, dims, ldc, inputs)?;
+        let name = match inputs {
+            GemmType::F16 => "cublas_gemm_f16",
+            GemmType::Tf32 => "cublas_gemm_tf32",
+            GemmType::F32 => "cublas_gemm_f32",
+        };
+        self.profile_end(name, t0)?;
+        Ok(done)
+    }
+}
+
+impl Gpu {
+    /// One cuBLAS GEMM (the body of [`Device::gemm`]).
+    fn gemm_call(
         &mut self,
         a: u64,
         b: u64,
@@ -1118,6 +1166,9 @@ impl Drop for CudaVram {
         // Buffers are freed after this; nothing may still be using them. An error here has
         // nowhere to go.
         let _ = self.gpu.ctx.synchronize();
+        if let Some(p) = self.gpu.profile.as_ref().filter(|p| !p.is_empty()) {
+            eprint!("{}", p.report());
+        }
         if let Loader::Gds { driver, files, .. } = &mut self.loader {
             // Left to itself, libcufile tears down at process exit, after the CUDA context is
             // gone: on an H200 (compatibility mode) compute-sanitizer reported two failed
@@ -1158,6 +1209,8 @@ impl Streamer<CudaVram> {
         graph: Box<dyn crate::forward::BlockGraph>,
     ) -> Result<GpuModel, GpuError> {
         let gpu = Gpu::open(opts.device, opts.load)?;
+        // a profiled run times every launch on its own: nothing is captured in graphs
+        let graphs = opts.graphs && gpu.profile.is_none();
         let loader = Loader::open(&gpu, dir, manifest, &layout.layers, opts.load, opts.verify)?;
         let vram = CudaVram {
             gpu,
@@ -1179,7 +1232,7 @@ impl Streamer<CudaVram> {
             q8_activations: opts.q8_activations,
             gemm_min_tokens: opts.gemm_min_tokens,
             gemm: opts.gemm,
-            graphs: opts.graphs,
+            graphs,
         };
         Streamer::with_layout(layout, &stream_opts, vram, graph)
     }

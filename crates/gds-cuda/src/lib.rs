@@ -5,6 +5,7 @@ pub mod kernels;
 pub mod nvml;
 pub mod plan;
 pub mod probe;
+pub mod profile;
 pub mod stream;
 
 #[cfg(feature = "cuda")]
