@@ -19,7 +19,9 @@
 # machine): bins.tar.xz with gdsconv beside the CUDA binaries, and tok/ (SmolLM2's tokenizer,
 # .cache/smollm2-hf-f16, which scripts/test.sh makes). PROFILE picks the cargo profile
 # (default release; `ci` reuses the test command's build: no LTO, minutes instead of tens).
-# With REAL=1 BASELINE=COMMIT also gdsrun-base: gdsrun with COMMIT's CUDA kernels (an A/B).
+# With REAL=1 BASELINE=COMMIT also gdsrun-base: gdsrun with COMMIT's CUDA kernels (an A/B);
+# meanwhile the working tree's kernels ARE COMMIT's (restored at the end): commit nothing then
+# (a `git commit -a` during it once took the baseline's quant.cu into a commit).
 # With PY=1 only .gpu/py, for scripts/gpu-python.sh: the gdsllm wheel built with CUDA (abi3)
 # and pytest's wheels (the GPU machine has PyTorch; pip cannot fetch there).
 set -euo pipefail
