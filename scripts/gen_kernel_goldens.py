@@ -139,7 +139,8 @@ def main() -> None:
         write(f"dq_{name}.in.bin", bits.view(np.uint8))
         write(f"dq_{name}.out.f32", quants.dequantize(bits.view(np.uint8), qtype).astype(np.float32))
         print(f"dequantize {name}: {bits.size} values")
-    for qtype in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]:
+    def dequant_golden(qtype):
+        """24 random blocks of `qtype` and gguf-py's dequantization of them."""
         blocks = random_blocks(qtype, 24)
         y = quants.dequantize(blocks, qtype)
         assert np.isfinite(y).all(), qtype
@@ -147,6 +148,9 @@ def main() -> None:
         write(f"dq_{name}.in.bin", blocks)
         write(f"dq_{name}.out.f32", y.astype(np.float32))
         print(f"dequantize {name}: {blocks.shape[0]} blocks")
+
+    for qtype in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]:
+        dequant_golden(qtype)
 
     # numpy reference (not in gguf-py, see module docstring)
     n = 24
@@ -183,13 +187,7 @@ def main() -> None:
     # IQ4_NL and IQ4_XS (llama.cpp's non-linear 4-bit types), after MXFP4 so that the draws
     # above are unchanged
     for qtype in [T.IQ4_NL, T.IQ4_XS]:
-        blocks = random_blocks(qtype, 24)
-        y = quants.dequantize(blocks, qtype)
-        assert np.isfinite(y).all(), qtype
-        name = qtype.name.lower()
-        write(f"dq_{name}.in.bin", blocks)
-        write(f"dq_{name}.out.f32", y.astype(np.float32))
-        print(f"dequantize {name}: 24 blocks")
+        dequant_golden(qtype)
 
     total = sum(p.stat().st_size for p in OUT.iterdir())
     print(f"{total} bytes in {OUT}")

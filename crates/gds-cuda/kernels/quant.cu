@@ -281,27 +281,33 @@ __device__ __forceinline__ int mxfp4_int(int q) {
     return (q & 8) ? -v : v;
 }
 __device__ __forceinline__ float mxfp4_value(int q) { return (float)mxfp4_int(q); }
+// The table types' (MXFP4, IQ4_NL, IQ4_XS) 32-value runs: 16 bytes of nibbles, the low ones
+// values 0..16, the high ones 16..32, each nibble's value V(nibble). dot_nibbles: bytes
+// 0..n of a run against x (values i and 16 + i of byte i); deq_nibbles: the run's values
+// times d.
+template <float (*V)(int)>
+__device__ __forceinline__ float dot_nibbles(const u8* qs, const float* xl, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += V(qs[i] & 15) * xl[i] + V(qs[i] >> 4) * xl[i + 16];
+    return s;
+}
+template <float (*V)(int)>
+__device__ __forceinline__ void deq_nibbles(const u8* qs, float d, float* y) {
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * V(qs[j] & 15);
+        y[j + 16] = d * V(qs[j] >> 4);
+    }
+}
 // 2^(e - 128) from bits, as ggml_e8m0_to_fp32_half (subnormal for e 0 and 1).
 __device__ __forceinline__ float e8m0_half(u8 e) {
     return __uint_as_float(e < 2 ? 0x00200000u << e : ((u32)e - 1u) << 23);
 }
 // Part p (of 4): the bytes qs[4p..4p+4], values 4p..4p+4 and 16+4p..16+4p+4.
 __device__ __forceinline__ float dotp_mxfp4(const u8* b, const float* x, int p) {
-    const u8* qs = b + 1 + 4 * p;
-    const float* xl = x + 4 * p;
-    float s = 0.0f;
-    for (int i = 0; i < 4; i++) {
-        s += mxfp4_value(qs[i] & 15) * xl[i] + mxfp4_value(qs[i] >> 4) * xl[i + 16];
-    }
-    return e8m0_half(b[0]) * s;
+    return e8m0_half(b[0]) * dot_nibbles<mxfp4_value>(b + 1 + 4 * p, x + 4 * p, 4);
 }
 __device__ __forceinline__ void deq_mxfp4(const u8* b, float* y) {
-    float d = e8m0_half(b[0]);
-    const u8* qs = b + 1;
-    for (int j = 0; j < 16; j++) {
-        y[j] = mxfp4_value(qs[j] & 15) * d;
-        y[j + 16] = mxfp4_value(qs[j] >> 4) * d;
-    }
+    deq_nibbles<mxfp4_value>(b + 1, e8m0_half(b[0]), y);
 }
 
 // IQ4_NL: d f16, qs[16]; x[j] = d kv[qs[j] & 15], x[j+16] = d kv[qs[j] >> 4], kv ggml's
@@ -317,21 +323,10 @@ __constant__ signed char KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -2
 __device__ __forceinline__ float iq4_value(int q) { return (float)KVALUES_IQ4NL[q]; }
 // Part p (of 4): the bytes qs[4p..4p+4], values 4p..4p+4 and 16+4p..16+4p+4.
 __device__ __forceinline__ float dotp_iq4_nl(const u8* b, const float* x, int p) {
-    const u8* qs = b + 2 + 4 * p;
-    const float* xl = x + 4 * p;
-    float s = 0.0f;
-    for (int i = 0; i < 4; i++) {
-        s += iq4_value(qs[i] & 15) * xl[i] + iq4_value(qs[i] >> 4) * xl[i + 16];
-    }
-    return ld_f16(b) * s;
+    return ld_f16(b) * dot_nibbles<iq4_value>(b + 2 + 4 * p, x + 4 * p, 4);
 }
 __device__ __forceinline__ void deq_iq4_nl(const u8* b, float* y) {
-    float d = ld_f16(b);
-    const u8* qs = b + 2;
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * iq4_value(qs[j] & 15);
-        y[j + 16] = d * iq4_value(qs[j] >> 4);
-    }
+    deq_nibbles<iq4_value>(b + 2, ld_f16(b), y);
 }
 // Sub-block i's scale d * (ls - 32), in f32 as gguf-py computes it.
 __device__ __forceinline__ float iq4_xs_scale(const u8* b, int i) {
@@ -341,22 +336,11 @@ __device__ __forceinline__ float iq4_xs_scale(const u8* b, int i) {
 }
 // Part p (of 8): sub-block p.
 __device__ __forceinline__ float dotp_iq4_xs(const u8* b, const float* x, int p) {
-    const u8* qs = b + 8 + 16 * p;
-    const float* xl = x + 32 * p;
-    float s = 0.0f;
-    for (int j = 0; j < 16; j++) {
-        s += iq4_value(qs[j] & 15) * xl[j] + iq4_value(qs[j] >> 4) * xl[j + 16];
-    }
-    return iq4_xs_scale(b, p) * s;
+    return iq4_xs_scale(b, p) * dot_nibbles<iq4_value>(b + 8 + 16 * p, x + 32 * p, 16);
 }
 __device__ __forceinline__ void deq_iq4_xs(const u8* b, float* y) {
     for (int i = 0; i < 8; i++) {
-        float dl = iq4_xs_scale(b, i);
-        const u8* qs = b + 8 + 16 * i;
-        for (int j = 0; j < 16; j++) {
-            y[32 * i + j] = dl * iq4_value(qs[j] & 15);
-            y[32 * i + j + 16] = dl * iq4_value(qs[j] >> 4);
-        }
+        deq_nibbles<iq4_value>(b + 8 + 16 * i, iq4_xs_scale(b, i), y + 32 * i);
     }
 }
 
