@@ -8,13 +8,12 @@
 //! without a driver, device or libcufile gets [`GpuError::Unavailable`] naming what is
 //! missing.
 
-use crate::executor::{cuda, CUFILE_USERS};
+use crate::executor::{cuda, CufileUser};
 use crate::{probe, GpuError, GpuPath};
 use cudarc::cufile::Cufile;
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Where the bytes come from.
 pub enum Source<'a> {
@@ -78,37 +77,6 @@ impl DeviceBytes {
     }
 }
 
-/// Decrements the process's cuFile user count on drop and closes the driver with the last
-/// user (as the executor does: left open, libcufile tears down after the CUDA context).
-struct CufileUser;
-
-impl CufileUser {
-    /// Counts a user of the driver, then opens it (`cuFileDriverOpen`; cheap while another
-    /// user holds it open) and returns the handle to register files with. `what` names the
-    /// read it is for, in the error.
-    fn open(what: &Path) -> Result<(CufileUser, Arc<Cufile>), GpuError> {
-        let mut open = DRIVER.lock().unwrap_or_else(|e| e.into_inner());
-        if CUFILE_USERS.load(Ordering::SeqCst) == 0 {
-            *open = None; // closed by the last user (ours or an executor's) since
-        }
-        let driver = match &*open {
-            Some(d) => d.clone(),
-            None => {
-                let d = Cufile::new().map_err(|e| {
-                    GpuError::Cuda(format!(
-                        "cuFileDriverOpen (to read {}): {e:?}",
-                        what.display()
-                    ))
-                })?;
-                *open = Some(d.clone());
-                d
-            }
-        };
-        CUFILE_USERS.fetch_add(1, Ordering::SeqCst);
-        Ok((CufileUser, driver))
-    }
-}
-
 /// Holds the process's cuFile driver open while it lives: a caller that reads many layer
 /// files with [`Source::Gds`] one after another (the Python package's model) keeps one, so
 /// the driver is opened once instead of once per file.
@@ -117,44 +85,31 @@ pub struct CufileSession {
 }
 
 impl CufileSession {
-    /// Opens the driver (or counts one more user of it), for reads from the directory `dir`.
-    /// Refused as [`GpuError::Unavailable`] where libcufile is absent.
-    pub fn open(dir: &Path) -> Result<CufileSession, GpuError> {
-        let report = probe();
-        if !report.driver.present || report.devices.is_empty() {
-            return Err(GpuError::Unavailable(format!(
-                "no CUDA device: {}",
-                report.driver.detail
-            )));
-        }
-        if !report.cufile.present {
-            return Err(GpuError::Unavailable(format!(
-                "io=\"gds\" needs libcufile (GPUDirect Storage): {}",
-                report.cufile.detail
-            )));
-        }
+    /// Opens the driver (or counts one more user of it), for reads onto CUDA device `device`
+    /// from the directory `dir`. Refused as [`GpuError::Unavailable`], as [`load`] refuses,
+    /// where the driver, the device or libcufile is missing.
+    pub fn open(device: usize, dir: &Path) -> Result<CufileSession, GpuError> {
+        usable(device, true)?;
         Ok(CufileSession {
-            _user: CufileUser::open(dir)?.0,
+            _user: cufile_user(dir)?.0,
         })
     }
 }
 
-impl Drop for CufileUser {
-    fn drop(&mut self) {
-        let mut open = DRIVER.lock().unwrap_or_else(|e| e.into_inner());
-        if CUFILE_USERS.fetch_sub(1, Ordering::SeqCst) == 1 {
-            *open = None;
-            let _ = cudarc::cufile::result::driver_close();
-        }
-    }
+/// One more user of the cuFile driver (opened if it has none), for reading `what`.
+fn cufile_user(what: &Path) -> Result<(CufileUser, Arc<Cufile>), GpuError> {
+    CufileUser::open().map_err(|e| {
+        GpuError::Cuda(format!(
+            "cuFileDriverOpen (to read {}): {e:?}",
+            what.display()
+        ))
+    })
 }
 
-/// The driver handle [`CufileUser`]s share: opened once while any user (of this module or an
-/// executor) is counted in `CUFILE_USERS`, instead of once per file read.
-static DRIVER: Mutex<Option<Arc<Cufile>>> = Mutex::new(None);
-
-/// Places `src` in a new buffer on CUDA device `device`; returns when the bytes are there.
-pub fn load(device: usize, src: Source<'_>) -> Result<DeviceBytes, GpuError> {
+/// Whether CUDA device `device` can take bytes here (with `gds`: read by cuFile); the
+/// refusal names what is missing. Probes first: cudarc panics when it calls into a library
+/// that is not there.
+fn usable(device: usize, gds: bool) -> Result<(), GpuError> {
     let report = probe();
     if !report.driver.present {
         return Err(GpuError::Unavailable(format!(
@@ -168,13 +123,19 @@ pub fn load(device: usize, src: Source<'_>) -> Result<DeviceBytes, GpuError> {
             report.devices.len()
         )));
     }
-    if matches!(src, Source::Gds { .. }) && !report.cufile.present {
+    if gds && !report.cufile.present {
         return Err(GpuError::Unavailable(format!(
             "io=\"gds\" needs libcufile (GPUDirect Storage): {}; io=\"direct\" or \"mmap\" \
              read through host memory",
             report.cufile.detail
         )));
     }
+    Ok(())
+}
+
+/// Places `src` in a new buffer on CUDA device `device`; returns when the bytes are there.
+pub fn load(device: usize, src: Source<'_>) -> Result<DeviceBytes, GpuError> {
+    usable(device, matches!(src, Source::Gds { .. }))?;
     let ctx = CudaContext::new(device).map_err(cuda("creating the CUDA context"))?;
     let stream = ctx.default_stream();
     let len = match &src {
@@ -196,7 +157,7 @@ pub fn load(device: usize, src: Source<'_>) -> Result<DeviceBytes, GpuError> {
             let path = dir.join(file);
             let f = gds_io::open_in_dir(dir, file, libc::O_DIRECT).map_err(GpuError::Layer)?;
             let f = crate::reopen_for_cufile(&f, &path)?;
-            let (user, driver) = CufileUser::open(&path)?;
+            let (user, driver) = cufile_user(&path)?;
             cufile = Some(user);
             let handle = driver.register(f).map_err(|e| {
                 GpuError::Cuda(format!(

@@ -53,8 +53,7 @@ use gds_io::{DirectBackend, DirectOptions, LayerBytes, LayerSource, Span};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub use crate::stream::LoadStats;
@@ -144,6 +143,9 @@ struct AsyncRead {
 enum Loader {
     Gds {
         driver: Arc<Cufile>,
+        /// This model's hold on the driver, released in `CudaVram`'s drop after the
+        /// deregistrations, while the CUDA context is alive.
+        user: Option<CufileUser>,
         files: Vec<FileHandle>,
         pending: [Box<AsyncRead>; 2],
     },
@@ -720,7 +722,7 @@ impl Loader {
             LoadPath::Gds => {
                 // cuFile reads go straight to VRAM: check the files on the host first.
                 gds_io::verify_layer_files(dir, manifest, &verifier).map_err(GpuError::Layer)?;
-                let driver = Cufile::new().map_err(cuda("cuFileDriverOpen"))?;
+                let (user, driver) = CufileUser::open().map_err(cuda("cuFileDriverOpen"))?;
                 let files = layers
                     .iter()
                     .map(|l| {
@@ -742,10 +744,9 @@ impl Loader {
                 driver
                     .stream_register(&gpu.copy, 0x7)
                     .map_err(cuda("cuFileStreamRegister"))?;
-                // Counted from here on: the model's drop closes the driver with the last user.
-                CUFILE_USERS.fetch_add(1, Ordering::SeqCst);
                 Ok(Loader::Gds {
                     driver,
+                    user: Some(user),
                     files,
                     pending: Default::default(),
                 })
@@ -1169,7 +1170,13 @@ impl Drop for CudaVram {
         if let Some(p) = self.gpu.profile.as_ref().filter(|p| !p.is_empty()) {
             eprint!("{}", p.report());
         }
-        if let Loader::Gds { driver, files, .. } = &mut self.loader {
+        if let Loader::Gds {
+            driver,
+            user,
+            files,
+            ..
+        } = &mut self.loader
+        {
             // Left to itself, libcufile tears down at process exit, after the CUDA context is
             // gone: on an H200 (compatibility mode) compute-sanitizer reported two failed
             // cuMemFree_v2 and a cuStreamSynchronize on a destroyed context, and one run
@@ -1183,16 +1190,50 @@ impl Drop for CudaVram {
             // cudarc's FileHandle deregisters in its Drop and panics if that fails: a failed
             // deregistration must not turn the model's drop into a panic.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| files.clear()));
-            if CUFILE_USERS.fetch_sub(1, Ordering::SeqCst) == 1 {
-                let _ = cudarc::cufile::result::driver_close();
-            }
+            *user = None; // the last user closes the driver
         }
     }
 }
 
-/// GDS loaders alive in this process: the last one dropped closes the cuFile driver (which
-/// is process-wide; a later `--io gds` model opens it again).
-pub(crate) static CUFILE_USERS: AtomicUsize = AtomicUsize::new(0);
+/// The process's cuFile driver (process-wide in libcufile): how many [`CufileUser`]s hold it,
+/// and the handle they share while any does. The first user opens it, the last one closes it
+/// (a later user opens it again).
+static CUFILE: Mutex<(usize, Option<Arc<Cufile>>)> = Mutex::new((0, None));
+
+/// One holder of the cuFile driver: a model loading with `--io gds` (its drop closes the
+/// driver with the last user while the CUDA context is still alive: left open, libcufile
+/// tears down after the context, see `CudaVram`'s drop), a `device_bytes` read, a
+/// `CufileSession`.
+pub(crate) struct CufileUser;
+
+impl CufileUser {
+    /// Counts one more user, opening the driver (`cuFileDriverOpen`) if it has none; returns
+    /// the shared handle to register files with.
+    pub(crate) fn open() -> Result<(CufileUser, Arc<Cufile>), cudarc::cufile::CufileError> {
+        let mut st = CUFILE.lock().unwrap_or_else(|e| e.into_inner());
+        let driver = match &st.1 {
+            Some(d) => d.clone(),
+            None => {
+                let d = Cufile::new()?;
+                st.1 = Some(d.clone());
+                d
+            }
+        };
+        st.0 += 1;
+        Ok((CufileUser, driver))
+    }
+}
+
+impl Drop for CufileUser {
+    fn drop(&mut self) {
+        let mut st = CUFILE.lock().unwrap_or_else(|e| e.into_inner());
+        st.0 -= 1;
+        if st.0 == 0 {
+            st.1 = None;
+            let _ = cudarc::cufile::result::driver_close();
+        }
+    }
+}
 
 /// A model loaded for the GPU.
 pub type GpuModel = Streamer<CudaVram>;

@@ -135,7 +135,7 @@ pub(crate) fn load(
         if held.is_none() {
             // a refusal here is the load's own (it probes and opens the same way) and is
             // reported by it below
-            *held = CufileSession::open(src.dir).ok();
+            *held = CufileSession::open(device, src.dir).ok();
         }
     }
     load(device, source)
