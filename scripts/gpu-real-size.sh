@@ -191,7 +191,9 @@ for spec in $SHAPES; do
     f="$OUT/json/profile-$shape-$(echo "$t" | tr -d ' -').txt"
     # shellcheck disable=SC2086
     GDS_CUDA_PROFILE=1 timeout 120 "$G" bench "$M" --backend cuda $t -r 1 >/dev/null 2>"$f"
-    say "[profile $shape $t] $(sed -n '3,5p' "$f" | awk '{printf "%s %s %s; ", $1, $2, $3}')"
+    # the three longest kernels: the rows after the table's two header lines (other stderr
+    # lines may come before it)
+    say "[profile $shape $t] $(awk '/^GPU time by kernel/ {h = NR} h && NR > h + 1 && NR <= h + 4 {printf "%s %s ms %s; ", $1, $2, $3}' "$f")"
   done
   # Nsight Compute where the machine has it: memory and compute throughput (% of peak) of a
   # few launches of the decode and tile kernels and cuBLAS's GEMM (a 16-token prompt takes
@@ -202,7 +204,7 @@ for spec in $SHAPES; do
     timeout 150 "$NCU_BIN" --clock-control none --section SpeedOfLight \
       -k 'regex:matvec_q8|dequant16|gemm|attention|rmsnorm|quantize_q8' --launch-skip 20 --launch-count 24 \
       "$G" bench "$M" --backend cuda --cuda-graphs off -p 16 -n 4 -r 1 >"$f" 2>&1
-    say "[ncu $shape] $(awk '/^  [a-z_0-9]+.*\(/ {k=$1} /DRAM Throughput/ {m=$NF} /Duration/ {printf "%s %s %s DRAM %s%%; ", substr(k, 1, 40), $NF, $(NF-1), m}' "$f" | head -c 1500)"
+    say "[ncu $shape] $(awk '/^  [a-z_0-9]+.*\(/ {k = $1 == "void" ? $2 : $1} /DRAM Throughput/ {m=$NF} /Duration/ {printf "%s %s %s DRAM %s%%; ", substr(k, 1, 40), $NF, $(NF-1), m}' "$f" | head -c 1500)"
   fi
   for g in q4_0 f16; do # llama.cpp on the GGUFs of the same checkpoint
     [ -f "$W/$shape-$g.gguf" ] || continue
