@@ -19,7 +19,8 @@
 #     `gdsrun bench --backend cuda` all resident (pp512, tg128; default int8 activations), and
 #     pp512/tg128 again with --activations f32 (the f32-activation kernels and plain f32 SGEMM
 #     prefill: the int8 kernels' and TF32 prefill's A/B on one binary) and tg128 with
-#     --cuda-graphs off (every decode kernel launched each step: the graphs' A/B), pp512 with
+#     --cuda-graphs off (every decode kernel launched each step: the graphs' A/B), pp512 and
+#     tg128 with GDS_CUDA_FUSE=0 (every op launched alone: the fused launches' A/B), pp512 with
 #     --gemm-type tf32 (f32 tiles on TF32 tensor cores: the f16 GEMM's A/B); the time per kernel of a
 #     pp512 and of 32 decode steps (GDS_CUDA_PROFILE=1: json/profile-SHAPE-*.txt in the tarball); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
@@ -181,6 +182,10 @@ for spec in $SHAPES; do
   # decode without CUDA graphs (every kernel launched each step): the graphs' A/B
   run 120 "bench-$shape-resident-no-graphs" "$G" bench "$M" --backend cuda --cuda-graphs off -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (--cuda-graphs off)/' >>"$SUM"
+  # every op launched alone (GDS_CUDA_FUSE=0: no norm or activation quantizing its output,
+  # RoPE apart from the KV store, Q/K/V and gate/up in separate launches): the fusions' A/B
+  run 120 "bench-$shape-resident-no-fuse" env GDS_CUDA_FUSE=0 "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
+  grep -E "^\|" "$LOG" | tail -2 | sed 's/$/ (GDS_CUDA_FUSE=0)/' >>"$SUM"
   # prefill with TF32 GEMMs over f32 tiles (the default is f16 tiles and cublasGemmEx): the
   # f16 GEMM's A/B
   run 120 "bench-$shape-resident-tf32" "$G" bench "$M" --backend cuda --gemm-type tf32 -p 512 -n 0 -r 2

@@ -141,3 +141,25 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, floa
         *m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
     }
 }
+
+// ---- 8-bit activations (quant.cu: quantize_q8, matvec_q8_*; ops.cu: the fused _q8 ops) ----
+//
+// One warp's 32 values (v in lane i: value i of the block) quantized into the activation
+// block at o, as quantize_q8 writes it (a one-dimensional block: lane = threadIdx.x % 32).
+// Every lane of the warp reaches the reductions; `in`
+// (the same in every lane) says whether the block exists and is written.
+__device__ __forceinline__ void q8_store_block(float v, u8* o, bool in) {
+    int lane = threadIdx.x % WARP;
+    float d = warp_max(fabsf(v)) / 127.0f;
+    float id = d == 0.0f ? 0.0f : 1.0f / d;
+    float q = rintf(v * id);
+    float sum = warp_sum(q);
+    if (in) {
+        o[8 + lane] = (u8)(int)q;
+        if (lane == 0) {
+            ALIGNED_LOAD(o, 4);
+            ((float*)o)[0] = d;
+            ((float*)o)[1] = d * sum;
+        }
+    }
+}

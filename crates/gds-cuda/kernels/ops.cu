@@ -4,16 +4,41 @@
 // out[t, i] = x[t, i] * w[i] / sqrt(mean_i(x[t, i]^2) + eps). Grid: one block per row (a
 // token's row, or one head of it for the per-head Q/K norms), BLOCK_THREADS. `out` may be
 // `x`: each thread reads and then writes only its own elements, the sum in between.
+// 1 / sqrt(mean(x[0..n]^2) + eps), in every thread of the block.
+__device__ __forceinline__ float rms_factor(const float* xr, int n, float eps, float* scratch) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, scratch);
+    return rsqrtf(ss / (float)n + eps);
+}
+
 extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w, float* out,
                                    int n, float eps) {
     __shared__ float scratch[32];
     const float* xr = x + (unsigned long long)blockIdx.x * n;
     float* yr = out + (unsigned long long)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, scratch);
-    float r = rsqrtf(ss / (float)n + eps);
+    float r = rms_factor(xr, n, eps, scratch);
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+}
+
+// rmsnorm, and its output quantized into xq as quantize_q8 would (row t's n / 32 blocks at
+// block t * n / 32): the norm and the int8 products' input in one launch. n % 32 == 0, so
+// each warp's 32 consecutive elements are one activation block, all there or none. The
+// rounds are the same in every thread (the reductions are reached by all).
+extern "C" __global__ void rmsnorm_q8(const float* x, const float* __restrict__ w, float* out,
+                                      u8* __restrict__ xq, int n, float eps) {
+    __shared__ float scratch[32];
+    const float* xr = x + (unsigned long long)blockIdx.x * n;
+    float* yr = out + (unsigned long long)blockIdx.x * n;
+    u8* qr = xq + (unsigned long long)blockIdx.x * (n / 32) * Q8A_BYTES;
+    float r = rms_factor(xr, n, eps, scratch);
+    for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+        int i = i0 + threadIdx.x;
+        bool in = i < n;
+        float v = in ? xr[i] * r * w[i] : 0.0f;
+        if (in) yr[i] = v;
+        q8_store_block(v, qr + (unsigned long long)(i / 32) * Q8A_BYTES, in);
+    }
 }
 
 // Rotary embedding, in place on x[t, head, head_dim] for token t at position pos[t], of
@@ -22,13 +47,9 @@ extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w, 
 // permuted for it); neox = 1: the halves (i, i + half) (Gemma, Qwen, Phi; HF's rotate_half).
 // cos/sin tables are [position][half], computed once on the host exactly as the CPU
 // RopeTable does (scaling, LongRoPE factors included). Grid ntok, block BLOCK_THREADS.
-extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ cos_t,
-                                const float* __restrict__ sin_t, int n_heads, int head_dim,
-                                int half, int neox, const int* __restrict__ pos) {
-    int t = blockIdx.x;
-    const float* c = cos_t + (unsigned long long)pos[t] * half;
-    const float* s = sin_t + (unsigned long long)pos[t] * half;
-    float* xt = x + (unsigned long long)t * n_heads * head_dim;
+__device__ __forceinline__ void rope_row(float* __restrict__ xt, const float* __restrict__ c,
+                                         const float* __restrict__ s, int n_heads,
+                                         int head_dim, int half, int neox) {
     for (int p = threadIdx.x; p < n_heads * half; p += blockDim.x) {
         int h = p / half, i = p % half;
         float* a = xt + h * head_dim + (neox ? i : 2 * i);
@@ -37,6 +58,15 @@ extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__
         *a = x0 * c[i] - x1 * s[i];
         *b = x0 * s[i] + x1 * c[i];
     }
+}
+
+extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__ cos_t,
+                                const float* __restrict__ sin_t, int n_heads, int head_dim,
+                                int half, int neox, const int* __restrict__ pos) {
+    int t = blockIdx.x;
+    rope_row(x + (unsigned long long)t * n_heads * head_dim,
+             cos_t + (unsigned long long)pos[t] * half, sin_t + (unsigned long long)pos[t] * half,
+             n_heads, head_dim, half, neox);
 }
 
 // The KV cache is paged: a layer's keys (and values) are blocks of `block` rows of
@@ -97,6 +127,41 @@ extern "C" __global__ void kv_store_f16(const float* __restrict__ k, const float
                                         int block, int ring) {
     kv_store_body(k, v, kc, vc, kv_dim, pos, seq, tables, max_blocks, block, ring);
 }
+
+// rope of the queries q (n_heads) and the new keys k (n_kv_heads) of token t, then k and v
+// stored at the token's cache rows (kv_store): a decode step's three launches in one. The
+// barrier orders each thread's RoPE writes before the others read k for the store. Grid
+// ntok, block BLOCK_THREADS. rope_kv: f32 caches; rope_kv_f16: f16.
+template <typename KV>
+__device__ __forceinline__ void rope_kv_body(
+    float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+    KV* __restrict__ kc, KV* __restrict__ vc, const float* __restrict__ cos_t,
+    const float* __restrict__ sin_t, int n_heads, int n_kv_heads, int head_dim, int half,
+    int neox, const int* __restrict__ pos, const int* __restrict__ seq,
+    const int* __restrict__ tables, int max_blocks, int block, int ring) {
+    int t = blockIdx.x;
+    const float* c = cos_t + (unsigned long long)pos[t] * half;
+    const float* s = sin_t + (unsigned long long)pos[t] * half;
+    rope_row(q + (unsigned long long)t * n_heads * head_dim, c, s, n_heads, head_dim, half, neox);
+    rope_row(k + (unsigned long long)t * n_kv_heads * head_dim, c, s, n_kv_heads, head_dim, half,
+             neox);
+    __syncthreads();
+    kv_store_body(k, v, kc, vc, n_kv_heads * head_dim, pos, seq, tables, max_blocks, block, ring);
+}
+
+#define ROPE_KV_KERNEL(NAME, KV)                                                            \
+    extern "C" __global__ void NAME(                                                        \
+        float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,          \
+        KV* __restrict__ kc, KV* __restrict__ vc, const float* __restrict__ cos_t,          \
+        const float* __restrict__ sin_t, int n_heads, int n_kv_heads, int head_dim,         \
+        int half, int neox, const int* __restrict__ pos, const int* __restrict__ seq,       \
+        const int* __restrict__ tables, int max_blocks, int block, int ring) {              \
+        rope_kv_body(q, k, v, kc, vc, cos_t, sin_t, n_heads, n_kv_heads, head_dim, half,    \
+                     neox, pos, seq, tables, max_blocks, block, ring);                      \
+    }
+
+ROPE_KV_KERNEL(rope_kv, float)
+ROPE_KV_KERNEL(rope_kv_f16, u16)
 
 // Causal attention of ntok queries, token t at position pos[t] of sequence seq[t], against
 // the paged caches kc, vc (see kv_row) that already hold every position the queries see
@@ -209,35 +274,44 @@ extern "C" __global__ void scatter_add_rows(float* __restrict__ dst, const float
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] += w * s[i];
 }
 
-// gate[i] = silu(gate[i]) * up[i]. Grid ceil(n / BLOCK_THREADS).
-extern "C" __global__ void swiglu(float* __restrict__ gate, const float* __restrict__ up, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+// The gated activations, gate[i] = act(gate[i], up[i]):
+// - swiglu: silu(g) * u;
+// - swiglu_oai: gpt-oss's clamped SwiGLU, g = min(gate, 7), g * sigmoid(1.702 g) *
+//   (clamp(up, -7, 7) + 1) (llama.cpp's swiglu_oai);
+// - geglu: gelu_tanh(g) * u (GeGLU, Gemma).
+__device__ __forceinline__ float act_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float act_swiglu_oai(float g, float u) {
+    g = fminf(g, 7.0f);
+    u = fminf(fmaxf(u, -7.0f), 7.0f);
+    return g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+}
+__device__ __forceinline__ float act_geglu(float g, float u) {
+    return 0.5f * g * (1.0f + tanhf(0.7978846f * g * (1.0f + 0.044715f * g * g))) * u;
 }
 
-// gpt-oss's clamped SwiGLU: g = min(gate, 7), gate[i] = g * sigmoid(1.702 g) *
-// (clamp(up, -7, 7) + 1) (llama.cpp's swiglu_oai). Grid ceil(n / BLOCK_THREADS).
-extern "C" __global__ void swiglu_oai(float* __restrict__ gate, const float* __restrict__ up,
-                                      int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float g = fminf(gate[i], 7.0f);
-        float u = fminf(fmaxf(up[i], -7.0f), 7.0f);
-        gate[i] = g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+// NAME(gate, up, n): the activation over n floats, grid ceil(n / BLOCK_THREADS). NAME_q8(gate,
+// up, xq, n): the same, and its output quantized into xq as quantize_q8 would (n % 32 == 0:
+// each warp's 32 elements are one activation block, all there or none), the down
+// projection's int8 input in the same launch.
+#define GLU_KERNELS(NAME, ACT)                                                              \
+    extern "C" __global__ void NAME(float* __restrict__ gate, const float* __restrict__ up,  \
+                                    int n) {                                                \
+        int i = blockIdx.x * blockDim.x + threadIdx.x;                                      \
+        if (i < n) gate[i] = ACT(gate[i], up[i]);                                           \
+    }                                                                                       \
+    extern "C" __global__ void NAME##_q8(float* __restrict__ gate,                          \
+                                         const float* __restrict__ up, u8* __restrict__ xq, \
+                                         int n) {                                           \
+        int i = blockIdx.x * blockDim.x + threadIdx.x;                                      \
+        bool in = i < n;                                                                    \
+        float v = in ? ACT(gate[i], up[i]) : 0.0f;                                          \
+        if (in) gate[i] = v;                                                                \
+        q8_store_block(v, xq + (unsigned long long)(i / 32) * Q8A_BYTES, in);               \
     }
-}
 
-// gate[i] = gelu_tanh(gate[i]) * up[i] (GeGLU, Gemma). Grid ceil(n / BLOCK_THREADS).
-extern "C" __global__ void geglu(float* __restrict__ gate, const float* __restrict__ up, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float g = gate[i];
-        gate[i] = 0.5f * g * (1.0f + tanhf(0.7978846f * g * (1.0f + 0.044715f * g * g))) * up[i];
-    }
-}
+GLU_KERNELS(swiglu, act_swiglu)
+GLU_KERNELS(swiglu_oai, act_swiglu_oai)
+GLU_KERNELS(geglu, act_geglu)
 
 // y[t, i] += b[i] for ntok rows of n (biases). Grid ceil(ntok * n / BLOCK_THREADS).
 extern "C" __global__ void add_rows(float* __restrict__ y, const float* __restrict__ b, int n,

@@ -465,11 +465,12 @@ FLOAT_KERNELS(f32, 4, ld_f32)
 // ntok rows of `cols` are ntok * cols / 32 consecutive blocks (token t's at t * cols / 32).
 // One warp per block: blockDim BLOCK_THREADS, grid ceil(nblocks / (BLOCK_THREADS / 32)).
 //
-// matvec_q8_<t>(w, xq, y, rows, cols, ntok): y[t*rows + r] = sum_k W[r, k] * xq[t][k], the
+// matvec_q8_<t>(xq, cols, ntok, w0, y0, rows0, w1, y1, rows1, w2, y2, rows2): for each
+// matrix W of w0..w2 (rows1 = rows2 = 0 for one), y[t*rows + r] = sum_k W[r, k] * xq[t][k], the
 // weights read in place as 32-bit words (two 16-bit loads where the block is only 2-byte
 // aligned: Q4_0, Q8_0, Q6_K) and multiplied with __dp4a. MMQ8_WARPS warps share MMQ8_ROWS
-// rows (blockDim 32 x MMQ8_WARPS, grid ceil(rows / MMQ8_ROWS)): thread i of the block takes
-// parts i, i + 32 MMQ8_WARPS, ... of the row (neighbouring threads, neighbouring words), the
+// rows (blockDim 32 x MMQ8_WARPS, grid the matrices' ceil(rows / MMQ8_ROWS) summed): thread
+// i of the block takes parts i, i + 32 MMQ8_WARPS, ... of the row (neighbouring threads, neighbouring words), the
 // same parts of each of the block's rows (the activation words it loads serve every row),
 // and each part's weight words are loaded once into registers for all MATVEC_TOKENS
 // carried tokens. The warps' partial sums meet in shared memory. Why 2 rows of 4 warps:
@@ -506,21 +507,10 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, u8* __restri
                                        int nblocks) {
     int kb = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     int lane = threadIdx.x % WARP;
-    float v = kb < nblocks ? x[(unsigned long long)kb * 32 + lane] : 0.0f;
+    bool in = kb < nblocks;
+    float v = in ? x[(unsigned long long)kb * 32 + lane] : 0.0f;
     // every thread reaches the reductions; only the blocks that exist are written
-    float d = warp_max(fabsf(v)) / 127.0f;
-    float id = d == 0.0f ? 0.0f : 1.0f / d;
-    float q = rintf(v * id);
-    float sum = warp_sum(q);
-    if (kb < nblocks) {
-        u8* o = xq + (unsigned long long)kb * Q8A_BYTES;
-        o[8 + lane] = (u8)(int)q;
-        if (lane == 0) {
-            ALIGNED_LOAD(o, 4);
-            ((float*)o)[0] = d;
-            ((float*)o)[1] = d * sum;
-        }
-    }
+    q8_store_block(v, xq + (unsigned long long)kb * Q8A_BYTES, in);
 }
 
 // The token loop of the 32-value types whose part p (of 2) is, per row, the four words
@@ -841,18 +831,42 @@ __device__ __forceinline__ void vdot_q8_q6_k(const u8* b, unsigned long long rs,
     }
 }
 
+// The outputs of one matvec_q8 launch: up to three matrices (w0, w1, w2) of the same type
+// and width over the same activations (Q, K and V; gate and up), each with its own rows
+// and output. The grid is the sum of each one's ceil(rows / MMQ8_ROWS) blocks, in order;
+// one of 0 rows has none. One launch instead of three spares two launches and two kernels'
+// tails per fused group on a decode step.
 #define Q8_KERNEL(NAME, QK, BYTES, PARTS, VDOT)                                             \
-    extern "C" __global__ void matvec_q8_##NAME(const u8* __restrict__ w,                   \
-                                                const u8* __restrict__ xq,                  \
-                                                float* __restrict__ y, int rows, int cols,  \
-                                                int ntok) {                                 \
+    extern "C" __global__ void matvec_q8_##NAME(                                            \
+        const u8* __restrict__ xq, int cols, int ntok, const u8* __restrict__ w0,           \
+        float* __restrict__ y0, int rows0, const u8* __restrict__ w1,                       \
+        float* __restrict__ y1, int rows1, const u8* __restrict__ w2,                       \
+        float* __restrict__ y2, int rows2) {                                                \
         __shared__ float part[MMQ8_WARPS][MMQ8_ROWS * MATVEC_TOKENS][WARP];                 \
         int tid = threadIdx.y * WARP + threadIdx.x;                                         \
-        int row0 = blockIdx.x * MMQ8_ROWS;                                                  \
+        /* the block's matrix and its block index in it (the same in the whole block) */   \
+        int nb0 = (rows0 + MMQ8_ROWS - 1) / MMQ8_ROWS;                                      \
+        int nb1 = (rows1 + MMQ8_ROWS - 1) / MMQ8_ROWS;                                      \
+        int sb = blockIdx.x;                                                                \
+        const u8* w = w0;                                                                   \
+        float* y = y0;                                                                      \
+        int rows = rows0;                                                                   \
+        if (sb >= nb0 + nb1) {                                                              \
+            sb -= nb0 + nb1;                                                                \
+            w = w2;                                                                         \
+            y = y2;                                                                         \
+            rows = rows2;                                                                   \
+        } else if (sb >= nb0) {                                                             \
+            sb -= nb0;                                                                      \
+            w = w1;                                                                         \
+            y = y1;                                                                         \
+            rows = rows1;                                                                   \
+        }                                                                                   \
+        int row0 = sb * MMQ8_ROWS;                                                          \
         int nb = cols / QK;                                                                 \
         unsigned long long xs = (unsigned long long)(cols / 32) * Q8A_BYTES;                \
-        /* the block's rows that exist (row0 < rows: grid ceil(rows / MMQ8_ROWS)), and the */ \
-        /* bytes from one row to the next */                                               \
+        /* the block's rows that exist (row0 < rows: the segment has ceil(rows / */         \
+        /* MMQ8_ROWS) blocks), and the bytes from one row to the next */                   \
         int nr = rows - row0 < MMQ8_ROWS ? rows - row0 : MMQ8_ROWS;                         \
         unsigned long long rs = (unsigned long long)nb * BYTES;                             \
         for (int t0 = 0; t0 < ntok; t0 += MATVEC_TOKENS) {                                  \

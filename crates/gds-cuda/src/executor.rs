@@ -35,8 +35,8 @@
 //! SGEMM. The executor returns logits; sampling stays with the caller (the CPU backend's
 //! sampler).
 
-use crate::forward::{Device, GemmType, Heads, KvPages};
-use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS, MMQ8_ROWS, MMQ8_WARPS};
+use crate::forward::{Device, GemmType, GluAct, Heads, KvPages, Q8Out, RopeArgs};
+use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS, MMQ8_MATRICES, MMQ8_ROWS, MMQ8_WARPS};
 use crate::plan::{LayerMeta, Layout};
 use crate::profile::KernelProfile;
 use crate::stream::{BufKind, GraphKey, StreamOptions, Streamer, Vram};
@@ -388,17 +388,32 @@ impl Device for Gpu {
     fn matvec_q8(
         &mut self,
         suffix: &str,
-        w: u64,
         xq: u64,
-        y: u64,
-        rows: i32,
+        outs: &[Q8Out],
         cols: i32,
         ntok: i32,
     ) -> Result<(), GpuError> {
-        let c = cfg((cdiv(rows, MMQ8_ROWS), 1), (32, MMQ8_WARPS));
+        if outs.is_empty() || outs.len() > MMQ8_MATRICES {
+            return Err(model_err(format!(
+                "an int8 launch of {} matrices",
+                outs.len()
+            )));
+        }
+        let m = |i: usize| {
+            outs.get(i).copied().unwrap_or(Q8Out {
+                w: 0,
+                y: 0,
+                rows: 0,
+            })
+        };
+        let (a, b, c) = (m(0), m(1), m(2));
+        let blocks: u32 = outs.iter().map(|o| cdiv(o.rows, MMQ8_ROWS)).sum();
+        let cf = cfg((blocks, 1), (32, MMQ8_WARPS));
         let name = kernels::kernel_name("matvec_q8", suffix)
             .ok_or_else(|| model_err(format!("no int8 matvec kernel for {suffix}")))?;
-        launch!(self, name, c, w, xq, y, rows, cols, ntok)
+        launch!(
+            self, name, cf, xq, cols, ntok, a.w, a.y, a.rows, b.w, b.y, b.rows, c.w, c.y, c.rows
+        )
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
         self.launch_dequant("dequant", suffix, src, dst, nblocks)
@@ -443,6 +458,54 @@ impl Device for Gpu {
         let c = cfg((ntok as u32, 1), (BLOCK_THREADS, 1));
         let neox = neox as i32;
         launch!(self, "rope", c, x, cos, sin, n_heads, head_dim, half, neox, pos)
+    }
+    fn rmsnorm_q8(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        xq: u64,
+        n: i32,
+        ntok: i32,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let c = cfg((ntok as u32, 1), (BLOCK_THREADS, 1));
+        launch!(self, "rmsnorm_q8", c, x, w, out, xq, n, eps)
+    }
+    fn rope_kv(
+        &mut self,
+        (q, k, v): (u64, u64, u64),
+        (kc, vc): (u64, u64),
+        rope: RopeArgs,
+        heads: Heads,
+        ntok: i32,
+        pages: &KvPages,
+    ) -> Result<(), GpuError> {
+        let c = cfg((ntok as u32, 1), (BLOCK_THREADS, 1));
+        let (p, neox) = (*pages, rope.neox as i32);
+        launch!(
+            self,
+            if p.f16 { "rope_kv_f16" } else { "rope_kv" },
+            c,
+            q,
+            k,
+            v,
+            kc,
+            vc,
+            rope.cos,
+            rope.sin,
+            heads.n_heads,
+            heads.n_kv_heads,
+            heads.head_dim,
+            rope.half,
+            neox,
+            p.pos,
+            p.seq,
+            p.tables,
+            p.max_blocks,
+            p.block,
+            p.ring
+        )
     }
     fn kv_store(
         &mut self,
@@ -526,13 +589,13 @@ impl Device for Gpu {
         let c = cfg((nrows as u32, 1), (BLOCK_THREADS, 1));
         launch!(self, "gather_rows", c, dst, src, rows, n)
     }
-    fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+    fn glu(&mut self, act: GluAct, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
-        launch!(self, "swiglu", c, gate, up, n)
+        launch!(self, act.kernel(false), c, gate, up, n)
     }
-    fn swiglu_oai(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+    fn glu_q8(&mut self, act: GluAct, gate: u64, up: u64, xq: u64, n: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
-        launch!(self, "swiglu_oai", c, gate, up, n)
+        launch!(self, act.kernel(true), c, gate, up, xq, n)
     }
     fn scatter_add_rows(
         &mut self,
@@ -544,10 +607,6 @@ impl Device for Gpu {
     ) -> Result<(), GpuError> {
         let c = cfg((nrows as u32, 1), (BLOCK_THREADS, 1));
         launch!(self, "scatter_add_rows", c, dst, src, rows, n, nrows)
-    }
-    fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
-        let c = cfg((cdiv(n, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
-        launch!(self, "geglu", c, gate, up, n)
     }
     fn add_rows(&mut self, y: u64, b: u64, n: i32, ntok: i32) -> Result<(), GpuError> {
         let c = cfg((cdiv(n * ntok, BLOCK_THREADS), 1), (BLOCK_THREADS, 1));
@@ -1274,6 +1333,9 @@ impl Streamer<CudaVram> {
             gemm_min_tokens: opts.gemm_min_tokens,
             gemm: opts.gemm,
             graphs,
+            fuse: crate::stream::fuse_wanted(
+                std::env::var(crate::stream::FUSE_ENV).ok().as_deref(),
+            ),
         };
         Streamer::with_layout(layout, &stream_opts, vram, graph)
     }

@@ -13,7 +13,7 @@
 //! emulation. Every address is the start of a buffer the caller owns and sized as the
 //! functions below document.
 
-use crate::kernels::{kernel_suffix, q8_kernel_suffix, Q8A_VALUES};
+use crate::kernels::{kernel_suffix, q8_kernel_suffix, MMQ8_MATRICES, Q8A_VALUES};
 use crate::plan::{KvGeo, Layout, TensorMeta};
 use crate::GpuError;
 
@@ -90,14 +90,14 @@ pub trait Device {
     /// ([`Q8A_BYTES`](crate::kernels::Q8A_BYTES) each).
     fn quantize_q8(&mut self, x: u64, xq: u64, nblocks: i32) -> Result<(), GpuError>;
     /// `matvec_q8_{suffix}`: [`Device::matvec`] over the activations `quantize_q8` wrote
-    /// at `xq` (int8 dot products).
+    /// at `xq` (int8 dot products), for each of `outs` (1 to
+    /// [`MMQ8_MATRICES`](crate::kernels::MMQ8_MATRICES) matrices of the same type and
+    /// `cols`) in one launch.
     fn matvec_q8(
         &mut self,
         suffix: &str,
-        w: u64,
         xq: u64,
-        y: u64,
-        rows: i32,
+        outs: &[Q8Out],
         cols: i32,
         ntok: i32,
     ) -> Result<(), GpuError>;
@@ -134,6 +134,31 @@ pub trait Device {
         neox: bool,
         pos: u64,
         ntok: i32,
+    ) -> Result<(), GpuError>;
+    /// `rmsnorm_q8`: [`Device::rmsnorm`], and its output quantized into `xq` as
+    /// [`Device::quantize_q8`] would (`n` a multiple of 32): one launch.
+    fn rmsnorm_q8(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        xq: u64,
+        n: i32,
+        ntok: i32,
+        eps: f32,
+    ) -> Result<(), GpuError>;
+    /// `rope_kv` (`rope_kv_f16` where the caches are f16): [`Device::rope`] of the
+    /// queries `q` (`heads.n_heads` per token) and keys `k` (`heads.n_kv_heads`), then
+    /// [`Device::kv_store`] of `k` and `v` into the caches `kc`, `vc`: one launch (`qkv`
+    /// = `(q, k, v)`, `caches` = `(kc, vc)`).
+    fn rope_kv(
+        &mut self,
+        qkv: (u64, u64, u64),
+        caches: (u64, u64),
+        rope: RopeArgs,
+        heads: Heads,
+        ntok: i32,
+        pages: &KvPages,
     ) -> Result<(), GpuError>;
     /// `kv_store`: the `ntok` new rows of `k`, `v` (`kv_dim` floats each) into the paged
     /// caches `kc`, `vc` at each token's row ([`KvPages`]; `kv_store_f16` where the caches
@@ -178,10 +203,12 @@ pub trait Device {
         n: i32,
         nrows: i32,
     ) -> Result<(), GpuError>;
-    /// `swiglu`: `gate = silu(gate) * up` over `n` floats.
-    fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
-    /// `swiglu_oai`: gpt-oss's clamped SwiGLU over `n` floats (kernels/ops.cu).
-    fn swiglu_oai(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
+    /// The gated activation `act` (kernels/ops.cu: `swiglu`, `swiglu_oai`, `geglu`):
+    /// `gate = act(gate, up)` over `n` floats.
+    fn glu(&mut self, act: GluAct, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
+    /// [`Device::glu`], and its output quantized into `xq` as [`Device::quantize_q8`]
+    /// would (`n` a multiple of 32; the `_q8` kernels): one launch.
+    fn glu_q8(&mut self, act: GluAct, gate: u64, up: u64, xq: u64, n: i32) -> Result<(), GpuError>;
     /// `scatter_add_rows`: `dst[rows[r]] += w[r] · src[r]` for `nrows` rows of `n` floats
     /// (`rows`: `nrows` i32 row indices, distinct, then the `nrows` weights' f32 bits).
     fn scatter_add_rows(
@@ -192,8 +219,6 @@ pub trait Device {
         n: i32,
         nrows: i32,
     ) -> Result<(), GpuError>;
-    /// `geglu`: `gate = gelu_tanh(gate) * up` over `n` floats.
-    fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError>;
     /// `add_rows`: `y[t, i] += b[i]` for `ntok` rows of `n`.
     fn add_rows(&mut self, y: u64, b: u64, n: i32, ntok: i32) -> Result<(), GpuError>;
     /// `scale_inplace`: `x *= s` over `n` floats.
@@ -227,6 +252,57 @@ pub trait Device {
         ldc: i32,
         inputs: GemmType,
     ) -> Result<bool, GpuError>;
+}
+
+/// One matrix of a [`Device::matvec_q8`] launch: weights `w` (`rows` × the launch's
+/// `cols`), output `y` (`ntok` rows of `rows` floats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Q8Out {
+    /// The weights' address.
+    pub w: u64,
+    /// The output's address.
+    pub y: u64,
+    /// Rows of the matrix.
+    pub rows: i32,
+}
+
+/// A RoPE of [`Device::rope`]: the tables `cos`, `sin` (`[pos][half]`), the rotated
+/// dimensions' half, adjacent pairs or (`neox`) halves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeArgs {
+    /// Cosines, `[pos][half]`.
+    pub cos: u64,
+    /// Sines, `[pos][half]`.
+    pub sin: u64,
+    /// Half the rotated dimensions of a head.
+    pub half: i32,
+    /// Rotate halves `(i, i + half)` instead of adjacent pairs.
+    pub neox: bool,
+}
+
+/// A gated activation of the FFN ([`Device::glu`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GluAct {
+    /// `silu(gate) · up` (`swiglu`).
+    Swiglu,
+    /// `gelu_tanh(gate) · up` (`geglu`, Gemma).
+    Geglu,
+    /// gpt-oss's clamped SwiGLU (`swiglu_oai`).
+    SwigluOai,
+}
+
+impl GluAct {
+    /// The kernel (`swiglu`, ...), or with `q8` its quantizing form (`swiglu_q8`, ...).
+    pub fn kernel(self, q8: bool) -> &'static str {
+        match (self, q8) {
+            (GluAct::Swiglu, false) => "swiglu",
+            (GluAct::Swiglu, true) => "swiglu_q8",
+            (GluAct::Geglu, false) => "geglu",
+            (GluAct::Geglu, true) => "geglu_q8",
+            (GluAct::SwigluOai, false) => "swiglu_oai",
+            (GluAct::SwigluOai, true) => "swiglu_oai_q8",
+        }
+    }
 }
 
 /// Attention's head geometry: `n_heads` query heads of `head_dim`, grouped over
@@ -323,6 +399,10 @@ pub struct Scratch {
     pub gemm_min: usize,
     /// What those GEMMs round their inputs to (`--gemm-type`).
     pub gemm: GemmType,
+    /// Fuse launches where the graph's ops allow it (a norm or activation with the
+    /// quantization of its output, RoPE with the KV store, the products of one input in
+    /// one int8 launch); `false` launches every op alone (`GDS_CUDA_FUSE=0`, to measure).
+    pub fuse: bool,
     /// An f16 GEMM's activations, converted once for all the products of the same input:
     /// `max_tokens × max(n_embd, n_ff, q_dim)` f16 (it may share `xq`'s buffer: a pass
     /// uses one or the other); 0 where [`Scratch::gemm`] is not f16.
@@ -437,8 +517,8 @@ impl Pass<'_> {
     /// `y = W · x` for each `(y, W)` of `outs`, `ntok` rows of the same x: passes of
     /// [`Scratch::gemm_min`] or more through a dequantized tile and the device's GEMM; shorter
     /// ones through the int8 kernels where the weight type has one and the scratch has an
-    /// `xq` buffer (x quantized once for all the outputs), the dequantizing f32 matvec
-    /// kernels otherwise.
+    /// `xq` buffer (x quantized once for all the outputs; neighbouring outputs of the same
+    /// type in one launch), the dequantizing f32 matvec kernels otherwise.
     pub fn linears(
         &self,
         dev: &mut dyn Device,
@@ -446,14 +526,48 @@ impl Pass<'_> {
         outs: &[(u64, &TensorMeta)],
         ntok: usize,
     ) -> Result<(), GpuError> {
-        // the width of x as quantized in s.xq (or converted to f16 in s.xh) so far
-        let mut quantized: Option<usize> = None;
+        self.linears_q8(dev, x, outs, ntok, false)
+    }
+
+    /// Whether a pass of `ntok` tokens multiplies an input of width `n` with int8 kernels
+    /// (where the weights' type has them): the scratch has `xq`, the pass is shorter than
+    /// the GEMMs' and `n` is whole activation blocks. Where it does, an op that writes
+    /// that input may quantize it into `xq` in the same launch ([`Device::rmsnorm_q8`],
+    /// [`Device::glu_q8`]) and hand it to [`Pass::linears_q8`].
+    pub fn q8_input(&self, n: usize, ntok: usize) -> bool {
+        self.s.xq != 0 && ntok < self.s.gemm_min && n.is_multiple_of(Q8A_VALUES)
+    }
+
+    /// [`Pass::linears`], where `q8_ready` says that `s.xq` already holds x quantized
+    /// (by the launch that wrote x; see [`Pass::q8_input`]).
+    pub fn linears_q8(
+        &self,
+        dev: &mut dyn Device,
+        x: u64,
+        outs: &[(u64, &TensorMeta)],
+        ntok: usize,
+        q8_ready: bool,
+    ) -> Result<(), GpuError> {
+        // x as quantized in s.xq, and as converted to f16 in s.xh, so far
+        let mut quantized = q8_ready;
+        let mut halved = false;
+        // int8 products waiting to go out in one launch: suffix, columns, matrices
+        let mut group: (&str, i32, Vec<Q8Out>) = ("", 0, Vec::new());
+        let flush = |dev: &mut dyn Device, g: &mut (&str, i32, Vec<Q8Out>)| {
+            if g.2.is_empty() {
+                return Ok(());
+            }
+            let r = dev.matvec_q8(g.0, self.s.xq, &g.2, g.1, ntok as i32);
+            g.2.clear();
+            r
+        };
         for &(y, t) in outs {
             let suffix = kernel_suffix(t.dtype)
                 .ok_or_else(|| GpuError::Model(format!("no GPU kernel for {} weights", t.dtype)))?;
             let w = self.addr(t)?;
             let (rows, cols) = (t.rows as i32, t.cols as i32);
             if ntok >= self.s.gemm_min {
+                flush(dev, &mut group)?;
                 let b = match self.s.gemm {
                     GemmType::F16 => {
                         if self.s.xh == 0 {
@@ -461,9 +575,9 @@ impl Pass<'_> {
                                 "an f16 GEMM without an f16 activation buffer".into(),
                             ));
                         }
-                        if quantized != Some(t.cols) {
+                        if !halved {
                             dev.to_f16(x, self.s.xh, (ntok * t.cols) as i32)?;
-                            quantized = Some(t.cols);
+                            halved = true;
                         }
                         self.s.xh
                     }
@@ -473,17 +587,24 @@ impl Pass<'_> {
                     continue;
                 }
             } else if let Some(q8) = q8_kernel_suffix(t.dtype).filter(|_| self.s.xq != 0) {
-                if quantized != Some(t.cols) {
+                if !quantized {
                     let nblocks = (ntok * t.cols / Q8A_VALUES) as i32;
                     dev.quantize_q8(x, self.s.xq, nblocks)?;
-                    quantized = Some(t.cols);
+                    quantized = true;
                 }
-                dev.matvec_q8(q8, w, self.s.xq, y, rows, cols, ntok as i32)?;
+                let most = if self.s.fuse { MMQ8_MATRICES } else { 1 };
+                if group.0 != q8 || group.1 != cols || group.2.len() == most {
+                    flush(dev, &mut group)?;
+                    group.0 = q8;
+                    group.1 = cols;
+                }
+                group.2.push(Q8Out { w, y, rows });
                 continue;
             }
+            flush(dev, &mut group)?;
             dev.matvec(suffix, w, x, y, rows, cols, ntok as i32)?;
         }
-        Ok(())
+        flush(dev, &mut group)
     }
 
     /// `y = W · x` through the dequantization tile and the device's GEMM, as many rows of W

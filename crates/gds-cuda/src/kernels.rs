@@ -25,6 +25,8 @@ pub const BLOCK_THREADS: u32 = 256;
 pub const MMQ8_WARPS: u32 = 4;
 /// Rows per block of the `matvec_q8_*` kernels; `MMQ8_ROWS` in common.cuh.
 pub const MMQ8_ROWS: u32 = 2;
+/// Matrices one `matvec_q8_*` launch multiplies with the same activations (Q, K, V).
+pub const MMQ8_MATRICES: usize = 3;
 /// Values per block of quantized activations (`quantize_q8`).
 pub const Q8A_VALUES: usize = 32;
 /// Bytes per block of quantized activations: f32 scale, f32 scale × sum, 32 × i8;
@@ -89,15 +91,21 @@ pub const KERNEL_NAMES: &[&str] = &[
     "dequant16_f32",
     "to_f16",
     "rmsnorm",
+    "rmsnorm_q8",
     "rope",
+    "rope_kv",
+    "rope_kv_f16",
     "kv_store",
     "kv_store_f16",
     "attention",
     "attention_f16",
     "gather_rows",
     "swiglu",
+    "swiglu_q8",
     "swiglu_oai",
+    "swiglu_oai_q8",
     "geglu",
+    "geglu_q8",
     "scatter_add_rows",
     "add_rows",
     "scale_inplace",
@@ -184,7 +192,13 @@ mod tests {
             let int8 = name
                 .strip_prefix("matvec_q8_")
                 .is_some_and(|t| p.contains(&format!("Q8_KERNEL({t},")));
+            // rope_kv(_f16) from ROPE_KV_KERNEL, the gated activations (and their _q8
+            // forms) from GLU_KERNELS
+            let rope_kv = p.contains(&format!("ROPE_KV_KERNEL({name},"));
+            let glu = p.contains(&format!("GLU_KERNELS({}, ", name.trim_end_matches("_q8")));
             let via_macro = int8
+                || rope_kv
+                || glu
                 || name
                     .split_once('_')
                     .map(|(kind, t)| {

@@ -150,6 +150,20 @@ pub struct StreamOptions {
     /// resident, no mixture of experts (its routing reads logits on the host), fewer tokens
     /// than `gemm_min_tokens`, no hidden states asked) and replay them.
     pub graphs: bool,
+    /// Fuse launches where the graph allows ([`Scratch::fuse`](crate::forward::Scratch::fuse)).
+    pub fuse: bool,
+}
+
+/// The environment variable that turns the fused launches off (`0`, `false`, `off` or
+/// `no`; [`StreamOptions::fuse`]): the A/B of what fusing gives, on the same binary.
+pub const FUSE_ENV: &str = "GDS_CUDA_FUSE";
+
+/// Whether `value` (the variable's value, if set) leaves the fused launches on.
+pub fn fuse_wanted(value: Option<&str>) -> bool {
+    !matches!(
+        value.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
+        Some("0" | "false" | "off" | "no")
+    )
 }
 
 /// Block-table entry of a block released behind a sliding window (never read again).
@@ -327,6 +341,7 @@ impl<V: Vram> Streamer<V> {
             moe_y: f32_buf(s.moe.map_or(0, |_| max_tokens * s.n_embd))?,
             gemm_min: opts.gemm_min_tokens.max(1),
             gemm: opts.gemm,
+            fuse: opts.fuse,
             xh: if opts.gemm == GemmType::F16 {
                 xq_buf
             } else {
@@ -770,5 +785,20 @@ impl<V: Vram> Streamer<V> {
         self.stats.seconds += t0.elapsed().as_secs_f64();
         self.stats.bytes += size as u64;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fuse_wanted;
+
+    #[test]
+    fn fused_launches_are_on_unless_the_variable_says_off() {
+        for on in [None, Some("1"), Some(""), Some("yes"), Some("anything")] {
+            assert!(fuse_wanted(on), "{on:?}");
+        }
+        for off in ["0", "false", " OFF ", "no"] {
+            assert!(!fuse_wanted(Some(off)), "{off}");
+        }
     }
 }

@@ -43,11 +43,21 @@ extern "C" void run_quantize_q8(const float* x, u8* xq, int nblocks) {
                xq, nblocks);
 }
 
+// run_matvec_q8_<t>: one matrix; run_matvec_q8x_<t>: up to three in one launch (rows 0 for
+// the ones not there), as the executor launches them.
 #define MATVEC_Q8_ENTRY(NAME)                                                               \
+    extern "C" void run_matvec_q8x_##NAME(const u8* xq, int cols, int ntok, const u8* w0,   \
+                                          float* y0, int rows0, const u8* w1, float* y1,    \
+                                          int rows1, const u8* w2, float* y2, int rows2) {  \
+        unsigned blocks = cdiv(rows0, MMQ8_ROWS) + cdiv(rows1, MMQ8_ROWS) +                 \
+                          cdiv(rows2, MMQ8_ROWS);                                           \
+        emu_launch(matvec_q8_##NAME, dim3(blocks), dim3(WARP, MMQ8_WARPS), xq, cols, ntok,  \
+                   w0, y0, rows0, w1, y1, rows1, w2, y2, rows2);                            \
+    }                                                                                       \
     extern "C" void run_matvec_q8_##NAME(const u8* w, const u8* xq, float* y, int rows,     \
                                          int cols, int ntok) {                              \
-        emu_launch(matvec_q8_##NAME, dim3(cdiv(rows, MMQ8_ROWS)), dim3(WARP, MMQ8_WARPS), w, \
-                   xq, y, rows, cols, ntok);                                                \
+        run_matvec_q8x_##NAME(xq, cols, ntok, w, y, rows, (const u8*)0, (float*)0, 0,       \
+                              (const u8*)0, (float*)0, 0);                                  \
     }
 
 MATVEC_Q8_ENTRY(q4_0)
@@ -71,6 +81,11 @@ extern "C" void run_rmsnorm(const float* x, const float* w, float* out, int n, i
     emu_launch(rmsnorm, dim3(ntok), dim3(BLOCK_THREADS), x, w, out, n, eps);
 }
 
+extern "C" void run_rmsnorm_q8(const float* x, const float* w, float* out, u8* xq, int n,
+                               int ntok, float eps) {
+    emu_launch(rmsnorm_q8, dim3(ntok), dim3(BLOCK_THREADS), x, w, out, xq, n, eps);
+}
+
 extern "C" void run_rope(float* x, const float* c, const float* s, int n_heads, int head_dim,
                          int half, int neox, const int* pos, int ntok) {
     emu_launch(rope, dim3(ntok), dim3(BLOCK_THREADS), x, c, s, n_heads, head_dim, half, neox,
@@ -87,6 +102,23 @@ extern "C" void run_kv_store(const float* k, const float* v, void* kc, void* vc,
     } else {
         emu_launch(kv_store, dim3(ntok), dim3(BLOCK_THREADS), k, v, (float*)kc, (float*)vc,
                    kv_dim, pos, seq, tables, max_blocks, block, ring);
+    }
+}
+
+// rope_kv: the caches f32, or f16 where `f16`.
+extern "C" void run_rope_kv(float* q, float* k, const float* v, void* kc, void* vc,
+                            const float* c, const float* s, int n_heads, int n_kv_heads,
+                            int head_dim, int half, int neox, int ntok, const int* pos,
+                            const int* seq, const int* tables, int max_blocks, int block,
+                            int ring, int f16) {
+    if (f16) {
+        emu_launch(rope_kv_f16, dim3(ntok), dim3(BLOCK_THREADS), q, k, v, (u16*)kc, (u16*)vc, c,
+                   s, n_heads, n_kv_heads, head_dim, half, neox, pos, seq, tables, max_blocks,
+                   block, ring);
+    } else {
+        emu_launch(rope_kv, dim3(ntok), dim3(BLOCK_THREADS), q, k, v, (float*)kc, (float*)vc, c,
+                   s, n_heads, n_kv_heads, head_dim, half, neox, pos, seq, tables, max_blocks,
+                   block, ring);
     }
 }
 
@@ -111,13 +143,18 @@ extern "C" void run_gather_rows(float* dst, const float* src, const int* rows, i
     emu_launch(gather_rows, dim3(nrows), dim3(BLOCK_THREADS), dst, src, rows, n);
 }
 
-extern "C" void run_swiglu(float* gate, const float* up, int n) {
-    emu_launch(swiglu, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up, n);
-}
+#define GLU_ENTRY(NAME)                                                                     \
+    extern "C" void run_##NAME(float* gate, const float* up, int n) {                       \
+        emu_launch(NAME, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up, n);   \
+    }                                                                                       \
+    extern "C" void run_##NAME##_q8(float* gate, const float* up, u8* xq, int n) {          \
+        emu_launch(NAME##_q8, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up,  \
+                   xq, n);                                                                  \
+    }
 
-extern "C" void run_swiglu_oai(float* gate, const float* up, int n) {
-    emu_launch(swiglu_oai, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up, n);
-}
+GLU_ENTRY(swiglu)
+GLU_ENTRY(swiglu_oai)
+GLU_ENTRY(geglu)
 
 extern "C" void run_scatter_add_rows(float* dst, const float* src, const int* rows, int n,
                                      int nrows) {
@@ -126,10 +163,6 @@ extern "C" void run_scatter_add_rows(float* dst, const float* src, const int* ro
 
 extern "C" void run_add_inplace(float* y, const float* x, int n) {
     emu_launch(add_inplace, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), y, x, n);
-}
-
-extern "C" void run_geglu(float* gate, const float* up, int n) {
-    emu_launch(geglu, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), gate, up, n);
 }
 
 extern "C" void run_add_rows(float* y, const float* b, int n, int ntok) {

@@ -1171,3 +1171,227 @@ fn scatter_add_rows_adds_each_row_by_its_weight() {
         }
     }
 }
+
+/// The fused launches compute what the launches they replace compute, bit for bit: the
+/// norm into `xq` (`rmsnorm_q8`) and the gated activations (`*_q8`) give the plain kernel's
+/// f32 output and `quantize_q8`'s blocks of it, at widths that are not a multiple of the
+/// block's 256 threads.
+#[test]
+fn norm_and_activations_quantizing_their_output_equal_the_two_launches() {
+    type NormQ8Fn = unsafe extern "C" fn(*const f32, *const f32, *mut f32, *mut u8, i32, i32, f32);
+    type GluQ8Fn = unsafe extern "C" fn(*mut f32, *const f32, *mut u8, i32);
+    let norm =
+        sym::<unsafe extern "C" fn(*const f32, *const f32, *mut f32, i32, i32, f32)>("run_rmsnorm");
+    let norm_q8 = sym::<NormQ8Fn>("run_rmsnorm_q8");
+    for (n, ntok) in [(64usize, 1usize), (96, 3), (576, 2), (800, 5)] {
+        let x = act_rows(ntok, n, n as u64);
+        let w = values(n, 7);
+        let (mut plain, mut fused) = (vec![f32::NAN; n * ntok], vec![f32::NAN; n * ntok]);
+        let mut xq = vec![0u32; ntok * n / 32 * Q8A_BYTES / 4];
+        // SAFETY: x, plain, fused hold ntok rows of n; w n; xq ntok * n / 32 blocks.
+        unsafe {
+            norm(
+                x.as_ptr(),
+                w.as_ptr(),
+                plain.as_mut_ptr(),
+                n as i32,
+                ntok as i32,
+                1e-5,
+            );
+            norm_q8(
+                x.as_ptr(),
+                w.as_ptr(),
+                fused.as_mut_ptr(),
+                xq.as_mut_ptr() as *mut u8,
+                n as i32,
+                ntok as i32,
+                1e-5,
+            );
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused), bits(&plain), "rmsnorm_q8 n {n}: the norm");
+        assert_eq!(xq, quantize_q8(&plain), "rmsnorm_q8 n {n}: the quants");
+    }
+    for act in ["swiglu", "geglu", "swiglu_oai"] {
+        let plain_f = sym::<PairFn>(&format!("run_{act}"));
+        let fused_f = sym::<GluQ8Fn>(&format!("run_{act}_q8"));
+        for n in [32usize, 288, 1056] {
+            // gate and up spread over ±8 (the clamp of swiglu_oai at 7 is crossed)
+            let gate: Vec<f32> = values(n, 3).iter().map(|v| v * 8.0).collect();
+            let up: Vec<f32> = values(n, 4).iter().map(|v| v * 8.0).collect();
+            let (mut plain, mut fused) = (gate.clone(), gate.clone());
+            let mut xq = vec![0u32; n / 32 * Q8A_BYTES / 4];
+            // SAFETY: gate, up hold n f32; xq n / 32 blocks.
+            unsafe {
+                plain_f(plain.as_mut_ptr(), up.as_ptr(), n as i32);
+                fused_f(
+                    fused.as_mut_ptr(),
+                    up.as_ptr(),
+                    xq.as_mut_ptr() as *mut u8,
+                    n as i32,
+                );
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fused), bits(&plain), "{act}_q8 n {n}: the activation");
+            assert_eq!(xq, quantize_q8(&plain), "{act}_q8 n {n}: the quants");
+        }
+    }
+}
+
+/// One int8 launch over three matrices (Q, K, V) writes what three launches write, bit for
+/// bit, with row counts that leave a block's second row empty and a matrix of one row.
+#[test]
+fn one_int8_launch_over_three_matrices_equals_three_launches() {
+    use crate::common::MatvecQ8xFn;
+    let cols = 160;
+    let rows = [7usize, 1, 12];
+    for &(dtype, name, _) in Q8_CASES.iter().filter(|c| c.0.block_size() == 32) {
+        let ws: Vec<Vec<u8>> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| weight(dtype, r, cols, 40 + i as u64))
+            .collect();
+        for ntok in [1usize, 3, 9] {
+            let xq = quantize_q8(&act_rows(ntok, cols, 77 + ntok as u64));
+            let one = sym::<MatvecQ8Fn>(&format!("run_matvec_q8_{name}"));
+            let three = sym::<MatvecQ8xFn>(&format!("run_matvec_q8x_{name}"));
+            let mut alone: Vec<Vec<f32>> = rows.iter().map(|r| vec![f32::NAN; ntok * r]).collect();
+            let mut together = alone.clone();
+            // SAFETY: each w holds rows[i] * cols elements of dtype, xq ntok * cols / 32
+            // blocks, each y ntok * rows[i] f32.
+            unsafe {
+                for (i, y) in alone.iter_mut().enumerate() {
+                    let r = rows[i] as i32;
+                    one(
+                        ws[i].as_ptr(),
+                        xq.as_ptr() as *const u8,
+                        y.as_mut_ptr(),
+                        r,
+                        cols as i32,
+                        ntok as i32,
+                    );
+                }
+                let [a, b, c] = &mut together[..] else {
+                    unreachable!()
+                };
+                three(
+                    xq.as_ptr() as *const u8,
+                    cols as i32,
+                    ntok as i32,
+                    ws[0].as_ptr(),
+                    a.as_mut_ptr(),
+                    rows[0] as i32,
+                    ws[1].as_ptr(),
+                    b.as_mut_ptr(),
+                    rows[1] as i32,
+                    ws[2].as_ptr(),
+                    c.as_mut_ptr(),
+                    rows[2] as i32,
+                );
+            }
+            for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+                assert!(
+                    t.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{name} ntok {ntok}: matrix {i} differs"
+                );
+            }
+        }
+    }
+}
+
+/// `rope_kv` (f32 and f16 caches) leaves the queries and keys rotated as `rope` does and
+/// the caches as `kv_store` of the rotated keys writes them, bit for bit: two sequences
+/// in a paged pool, partial rotary, both pairings.
+#[test]
+fn rope_with_the_kv_store_equals_the_three_launches() {
+    use crate::common::RopeKvFn;
+    let (nq, nkv, hd, ctx) = (4usize, 2usize, 32usize, 16usize);
+    let kv_dim = nkv * hd;
+    let pos: [i32; 3] = [5, 2, 6];
+    let seq: [i32; 3] = [1, 0, 1];
+    // two sequences, blocks of 4 positions, tables [3, 0] and [2, 1] into a pool of 4 blocks
+    let (block, max_blocks, tables) = (4i32, 2i32, [3i32, 0, 2, 1]);
+    let ntok = pos.len();
+    for (rot, neox, f16) in [
+        (32usize, false, false),
+        (32, true, true),
+        (16, true, false),
+        (16, false, true),
+    ] {
+        let cos: Vec<f32> = values(ctx * rot / 2, 5);
+        let sin: Vec<f32> = values(ctx * rot / 2, 6);
+        let q0 = values(ntok * nq * hd, 8);
+        let k0 = values(ntok * kv_dim, 9);
+        let v = values(ntok * kv_dim, 10);
+        let cache_words = 4 * block as usize * kv_dim; // f32 words (f16 uses half)
+                                                       // three launches
+        let (mut q1, mut k1) = (q0.clone(), k0.clone());
+        let (mut kc1, mut vc1) = (vec![u32::MAX; cache_words], vec![u32::MAX; cache_words]);
+        // one launch
+        let (mut q2, mut k2) = (q0.clone(), k0.clone());
+        let (mut kc2, mut vc2) = (kc1.clone(), vc1.clone());
+        // SAFETY: q, k, v hold ntok rows of their heads; the caches 4 blocks of 4 rows of
+        // kv_dim (f32 words, enough for f16); the tables cover positions < ctx.
+        unsafe {
+            let rope = sym::<RopeFn>("run_rope");
+            for (x, heads) in [(&mut q1, nq), (&mut k1, nkv)] {
+                rope(
+                    x.as_mut_ptr(),
+                    cos.as_ptr(),
+                    sin.as_ptr(),
+                    heads as i32,
+                    hd as i32,
+                    (rot / 2) as i32,
+                    neox as i32,
+                    pos.as_ptr(),
+                    ntok as i32,
+                );
+            }
+            sym::<KvStoreFn>("run_kv_store")(
+                k1.as_ptr(),
+                v.as_ptr(),
+                kc1.as_mut_ptr() as *mut u8,
+                vc1.as_mut_ptr() as *mut u8,
+                kv_dim as i32,
+                ntok as i32,
+                pos.as_ptr(),
+                seq.as_ptr(),
+                tables.as_ptr(),
+                max_blocks,
+                block,
+                0,
+                f16 as i32,
+            );
+            sym::<RopeKvFn>("run_rope_kv")(
+                q2.as_mut_ptr(),
+                k2.as_mut_ptr(),
+                v.as_ptr(),
+                kc2.as_mut_ptr() as *mut u8,
+                vc2.as_mut_ptr() as *mut u8,
+                cos.as_ptr(),
+                sin.as_ptr(),
+                nq as i32,
+                nkv as i32,
+                hd as i32,
+                (rot / 2) as i32,
+                neox as i32,
+                ntok as i32,
+                pos.as_ptr(),
+                seq.as_ptr(),
+                tables.as_ptr(),
+                max_blocks,
+                block,
+                0,
+                f16 as i32,
+            );
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let what = format!("rot {rot} neox {neox} f16 {f16}");
+        assert_eq!(bits(&q2), bits(&q1), "{what}: queries");
+        assert_eq!(bits(&k2), bits(&k1), "{what}: keys");
+        assert_ne!(k1, k0, "{what}: the keys were rotated");
+        assert_eq!(kc2, kc1, "{what}: key cache");
+        assert_eq!(vc2, vc1, "{what}: value cache");
+        assert!(kc1.iter().any(|&w| w != u32::MAX), "{what}: stored");
+    }
+}

@@ -335,6 +335,7 @@ fn run_streamer_with(
         loads: v.loads.clone(),
         prefetches: v.prefetches.len(),
         bytes_read: s.io_stats().bytes_read,
+        launches: v.dev.launches,
     };
     (rows, report)
 }
@@ -344,6 +345,8 @@ struct EmuVramReport {
     loads: Vec<(usize, bool)>,
     prefetches: usize,
     bytes_read: u64,
+    /// The blocks' and head's kernel launches (`Emu::launches`).
+    launches: usize,
 }
 
 /// The same on the CPU runtime (f32 activations, the mmap backend, an f32 KV cache).
@@ -397,6 +400,7 @@ fn options(vram_budget: u64, rope: Vec<(Vec<f32>, Vec<f32>)>, max_batch: usize) 
         gemm_min_tokens: gds_cuda::forward::GEMM_MIN_TOKENS,
         gemm: GemmType::F32,
         graphs: false,
+        fuse: true,
     }
 }
 
@@ -533,9 +537,10 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
         let (_tmp, dir) = model(dtype);
         let (_, all_budget) = bounds(&dir);
         let (gpu, gemms, q8) = greedy_gpu_q8(&dir, all_budget, &prompt, steps);
-        // 7 products per block and the head, every call through the int8 kernels
+        // 7 products per block in 4 launches (Q/K/V and gate/up each one) and the head,
+        // every call through the int8 kernels
         assert_eq!(gemms, 0, "{dtype}");
-        assert_eq!(q8, steps * (7 * 4 + 1), "{dtype}");
+        assert_eq!(q8, steps * (4 * 4 + 1), "{dtype}");
         assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "{dtype}");
     }
     // llama.cpp's IQ4_XS and IQ4_NL (tiny llamas of hidden size 256 quantized by
@@ -546,8 +551,8 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
         let (gpu, _, q8) = greedy_gpu_q8(&dir, min_budget, &prompt, steps);
         assert_eq!(
             q8,
-            steps * (7 * 2 + 1),
-            "{file}: every product through the int8 kernels"
+            steps * (4 * 2 + 1),
+            "{file}: every product through the int8 kernels (Q/K/V and gate/up grouped)"
         );
         assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "{file}");
     }
@@ -558,6 +563,69 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
     let (gpu, _, q8) = greedy_gpu_q8(&dir, min_budget, &prompt, steps);
     assert!(q8 > 0);
     assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "gpt-oss MXFP4");
+}
+
+/// Fused launches (`StreamOptions::fuse`, on by default: a norm into the projections'
+/// input and the gated activation quantize their output for the int8 products in the same
+/// launch, RoPE runs with the KV store, Q/K/V and gate/up go out in one int8 launch each)
+/// give the logits of launching every op alone, bit for bit: every dense architecture and
+/// the experts' (the graph's ops between a fused pair: Qwen 3's head norms, Gemma's
+/// sandwich norms, SmolLM3's blocks without RoPE, gpt-oss's sinks), int8 and f32
+/// activations, a prompt under the GEMM length, decode steps and a GEMM-length chunk,
+/// everything resident and streamed. A llama block's int8 pass takes 12 launches instead of
+/// 20 (8 fewer), a GEMM pass or an f32-activation one 2 fewer (RoPE with the store).
+#[test]
+fn fused_launches_give_the_logits_of_unfused_ones_bit_for_bit() {
+    let prompt: Vec<u32> = vec![1, 17, 42, 99, 180];
+    let long: Vec<u32> = (0..9).map(|i| (i * 29 + 3) % 97).collect();
+    let chunks: Vec<&[u32]> = vec![&prompt, &[7], &[64], &[5], &[120], &long];
+    let run = |dir: &Path, budget: u64, q8: bool, fuse: bool| {
+        run_streamer_with(dir, &chunks, CTX, |rope| StreamOptions {
+            q8_activations: q8,
+            gemm: if q8 { GemmType::F16 } else { GemmType::F32 },
+            fuse,
+            ..options(budget, rope, MAX_BATCH)
+        })
+    };
+    let (_tmp, llama) = model(DType::Q4_0);
+    let mut dirs = vec![("llama Q4_0".to_string(), llama, None::<tempfile::TempDir>)];
+    for f in [
+        "tiny-qwen3-hf",
+        "tiny-gemma2-hf",
+        "tiny-gemma3-hf",
+        "tiny-phi3-hf",
+        "tiny-smollm3-hf",
+        "tiny-llama-iq4_xs.gguf",
+        "tiny-gptoss-mxfp4.gguf",
+    ] {
+        let (tmp, dir) = gds_tests::converted_fixture(f);
+        dirs.push((f.to_string(), dir, Some(tmp)));
+    }
+    for (name, dir, _keep) in &dirs {
+        let (min, all) = bounds(dir);
+        for (budget, q8) in [(all, true), (all, false), (min, true)] {
+            let (fused, f) = run(dir, budget, q8, true);
+            let (alone, a) = run(dir, budget, q8, false);
+            for (i, (x, y)) in fused.iter().zip(&alone).enumerate() {
+                assert!(
+                    x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{name} q8 {q8} budget {budget}: chunk {i}'s logits differ when fused"
+                );
+            }
+            assert!(
+                f.launches < a.launches,
+                "{name} q8 {q8}: {} vs {}",
+                f.launches,
+                a.launches
+            );
+            if name == "llama Q4_0" {
+                // 4 blocks; 5 passes under the GEMM length (8 fewer each with int8
+                // activations), 1 of GEMM length (2 fewer)
+                let per_block = if q8 { 5 * 8 + 2 } else { 6 * 2 };
+                assert_eq!(a.launches - f.launches, 4 * per_block, "q8 {q8}");
+            }
+        }
+    }
 }
 
 #[test]

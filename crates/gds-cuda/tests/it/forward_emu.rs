@@ -610,6 +610,7 @@ fn gpu_forward_pass_on_emulated_kernels_matches_an_f64_reference() {
         moe_y: 0,
         gemm_min: gds_cuda::forward::GEMM_MIN_TOKENS,
         gemm: gds_cuda::forward::GemmType::F32,
+        fuse: true,
         xh: 0,
     };
     let (cos, sin) = gds_format::arch::rope_tables(

@@ -17,7 +17,7 @@ use crate::error::{Result, RuntimeError};
 use crate::graph::{self, Arch, Block, Buf, Experts, Glu, Ops, WeightSource};
 use crate::kv::{KvCache, Tables, NO_BLOCK};
 use crate::model::rope_table_index;
-use gds_cuda::forward::{BlockGraph, Device, Heads, Pass, F32};
+use gds_cuda::forward::{BlockGraph, Device, GluAct, Heads, Pass, RopeArgs, F32};
 use gds_cuda::plan::KvSpec;
 use gds_cuda::plan::{Layout, TensorMeta};
 use gds_cuda::stream::{PassInput, Streamer, Vram};
@@ -200,12 +200,16 @@ impl BlockGraph for CudaGraph {
             dev,
             ntok,
             failed: None,
+            xq_of: None,
+            rope: None,
         };
-        graph::block(self.arch, &mut o, b, w).map_err(|e| {
-            o.failed
-                .take()
-                .unwrap_or_else(|| GpuError::Model(e.to_string()))
-        })
+        graph::block(self.arch, &mut o, b, w)
+            .and_then(|()| o.settle())
+            .map_err(|e| {
+                o.failed
+                    .take()
+                    .unwrap_or_else(|| GpuError::Model(e.to_string()))
+            })
     }
 
     fn embed_scale(&self) -> Option<f32> {
@@ -217,7 +221,23 @@ impl BlockGraph for CudaGraph {
     }
 }
 
+/// The device's kernel of the graph's gated activation.
+fn glu_act(act: Glu) -> GluAct {
+    match act {
+        Glu::Silu => GluAct::Swiglu,
+        Glu::GeluTanh => GluAct::Geglu,
+        Glu::SwigluOai => GluAct::SwigluOai,
+    }
+}
+
 /// [`Ops`] for one block of one batch on a [`Device`].
+///
+/// Where the pass allows it ([`Scratch::fuse`](gds_cuda::forward::Scratch::fuse)), some ops
+/// are fused with the next one into one launch: a norm into `Xb` (and the gated activation)
+/// also quantizes its output for the int8 products that read it next
+/// ([`Pass::q8_input`]), and the RoPE waits for the attention that follows it to be one
+/// launch with the KV store ([`Device::rope_kv`]). The graph sees the ops it called, in
+/// its order: a fused op only ever spares the next op's own work.
 struct CudaOps<'a, 'p> {
     g: &'a CudaGraph,
     pass: &'a Pass<'p>,
@@ -225,6 +245,12 @@ struct CudaOps<'a, 'p> {
     ntok: usize,
     /// The device error that stopped the block (returned as is, not as text).
     failed: Option<GpuError>,
+    /// The buffer whose rows `xq` holds quantized (by the launch that wrote them): for the
+    /// next op only.
+    xq_of: Option<Buf>,
+    /// A RoPE of this block not launched yet (the attention after it launches it with the
+    /// KV store; any other op first launches it alone).
+    rope: Option<usize>,
 }
 
 impl CudaOps<'_, '_> {
@@ -255,13 +281,51 @@ impl CudaOps<'_, '_> {
 
     /// `Gate = act(Gate) · Up` over the first `n` floats.
     fn glu_rows(&mut self, act: Glu, n: usize) -> Result<()> {
-        let (g, u, n) = (self.pass.s.gate, self.pass.s.up, n as i32);
-        let r = match act {
-            Glu::Silu => self.dev.swiglu(g, u, n),
-            Glu::GeluTanh => self.dev.geglu(g, u, n),
-            Glu::SwigluOai => self.dev.swiglu_oai(g, u, n),
-        };
+        let (g, u) = (self.pass.s.gate, self.pass.s.up);
+        let r = self.dev.glu(glu_act(act), g, u, n as i32);
         self.run(r)
+    }
+
+    /// Launches the RoPE held back for the next op, where that op is not the attention
+    /// it would have fused with; and forgets what `xq` holds (what the op may change).
+    fn settle(&mut self) -> Result<()> {
+        self.xq_of = None;
+        match self.rope.take() {
+            Some(layer) => self.rope_now(layer),
+            None => Ok(()),
+        }
+    }
+
+    /// Block `layer`'s RoPE table, rotated dimensions' half and pairing.
+    fn rope_args(&self, layer: usize) -> Result<RopeArgs> {
+        let c = &self.g.config;
+        let (cos, sin) = *self
+            .pass
+            .ropes
+            .get(self.g.rope_of[layer])
+            .ok_or_else(|| RuntimeError::Internal("RoPE table missing".into()))?;
+        Ok(RopeArgs {
+            cos,
+            sin,
+            half: (c.rope_dims / 2) as i32,
+            neox: c.rope_style == crate::config::RopeStyle::Neox,
+        })
+    }
+
+    /// RoPE of `Q` and `K`, one launch each.
+    fn rope_now(&mut self, layer: usize) -> Result<()> {
+        let c = &self.g.config;
+        let (hd, heads) = (c.head_dim as i32, [c.n_heads, c.n_kv_heads]);
+        let a = self.rope_args(layer)?;
+        let (pos, nt) = (self.pass.pos, self.ntok as i32);
+        for (buf, heads) in [Buf::Q, Buf::K].into_iter().zip(heads) {
+            let (x, _) = self.buf(buf);
+            let r = self
+                .dev
+                .rope(x, a.cos, a.sin, heads as i32, hd, a.half, a.neox, pos, nt);
+            self.run(r)?;
+        }
+        Ok(())
     }
 
     /// Where `t` is in VRAM now (an error naming the layer when it is not).
@@ -278,16 +342,23 @@ impl Ops for CudaOps<'_, '_> {
     type Vec = TensorMeta;
 
     fn rms_norm(&mut self, out: Buf, x: Buf, w: &TensorMeta) -> Result<()> {
+        self.settle()?;
         let ((xa, n), (oa, _)) = (self.buf(x), self.buf(out));
         let wa = self.addr(w)?;
-        let eps = self.g.config.rms_norm_eps;
-        let r = self
-            .dev
-            .rmsnorm(xa, wa, oa, n as i32, self.ntok as i32, eps);
+        let (eps, nt, s) = (self.g.config.rms_norm_eps, self.ntok, self.pass.s);
+        // Xb is what the projections read: quantized for them in the same launch
+        let r = if s.fuse && out == Buf::Xb && self.pass.q8_input(n, nt) {
+            self.xq_of = Some(out);
+            self.dev
+                .rmsnorm_q8(xa, wa, oa, s.xq, n as i32, nt as i32, eps)
+        } else {
+            self.dev.rmsnorm(xa, wa, oa, n as i32, nt as i32, eps)
+        };
         self.run(r)
     }
 
     fn head_norm(&mut self, buf: Buf, w: &TensorMeta) -> Result<()> {
+        self.settle()?;
         let (a, width) = self.buf(buf);
         let hd = self.g.config.head_dim;
         let wa = self.addr(w)?;
@@ -298,14 +369,17 @@ impl Ops for CudaOps<'_, '_> {
     }
 
     fn matmul(&mut self, x: Buf, outs: &[(Buf, &TensorMeta)]) -> Result<()> {
+        let ready = self.xq_of == Some(x);
+        self.settle()?;
         let (xa, _) = self.buf(x);
         // one call for all the outputs: x is quantized once for them (int8 kernels)
         let outs: Vec<(u64, &TensorMeta)> = outs.iter().map(|&(b, w)| (self.buf(b).0, w)).collect();
-        let r = self.pass.linears(self.dev, xa, &outs, self.ntok);
+        let r = self.pass.linears_q8(self.dev, xa, &outs, self.ntok, ready);
         self.run(r)
     }
 
     fn add_bias(&mut self, buf: Buf, b: &TensorMeta) -> Result<()> {
+        self.settle()?;
         let (a, n) = self.buf(buf);
         let ba = self.addr(b)?;
         let r = self.dev.add_rows(a, ba, n as i32, self.ntok as i32);
@@ -313,34 +387,23 @@ impl Ops for CudaOps<'_, '_> {
     }
 
     fn rope(&mut self, layer: usize) -> Result<()> {
-        let c = &self.g.config;
-        let (cos, sin) = *self
-            .pass
-            .ropes
-            .get(self.g.rope_of[layer])
-            .ok_or_else(|| RuntimeError::Internal("RoPE table missing".into()))?;
-        let (hd, half, neox) = (
-            c.head_dim as i32,
-            (c.rope_dims / 2) as i32,
-            c.rope_style == crate::config::RopeStyle::Neox,
-        );
-        let (pos, nt) = (self.pass.pos, self.ntok as i32);
-        for (buf, heads) in [(Buf::Q, c.n_heads), (Buf::K, c.n_kv_heads)] {
-            let (a, _) = self.buf(buf);
-            let r = self
-                .dev
-                .rope(a, cos, sin, heads as i32, hd, half, neox, pos, nt);
-            self.run(r)?;
+        self.settle()?;
+        if self.pass.s.fuse {
+            // launched by the attention after it, with the KV store
+            self.rope = Some(layer);
+            return Ok(());
         }
-        Ok(())
+        self.rope_now(layer)
     }
 
     fn attention(&mut self, layer: usize, sinks: Option<&TensorMeta>) -> Result<()> {
+        self.xq_of = None;
         let sinks = match sinks {
             Some(t) => self.addr(t)?,
             None => 0,
         };
-        let c = &self.g.config;
+        let g = self.g;
+        let c = &g.config;
         let s = self.pass.s;
         let (kc, vc) = self.pass.kv[layer];
         let pages = match self.pass.pages(layer) {
@@ -357,9 +420,19 @@ impl Ops for CudaOps<'_, '_> {
         let cap = c.attn_softcap.unwrap_or(0.0);
         let (nt, ctx) = (self.ntok as i32, self.pass.ctx as i32);
         // the new keys and values go to their tokens' rows first: the queries see them
-        let r = self
-            .dev
-            .kv_store(s.k, s.v, kc, vc, c.kv_dim() as i32, nt, &pages);
+        let rope = self.rope.take_if(|&mut l| l == layer);
+        let r = match rope {
+            Some(l) => {
+                let a = self.rope_args(l)?;
+                self.dev
+                    .rope_kv((s.q, s.k, s.v), (kc, vc), a, heads, nt, &pages)
+            }
+            None => {
+                self.settle()?;
+                self.dev
+                    .kv_store(s.k, s.v, kc, vc, c.kv_dim() as i32, nt, &pages)
+            }
+        };
         self.run(r)?;
         let r = self.dev.attention(
             s.q, kc, vc, s.att, s.attn, heads, nt, ctx, &pages, window, cap, sinks,
@@ -368,10 +441,21 @@ impl Ops for CudaOps<'_, '_> {
     }
 
     fn glu(&mut self, act: Glu) -> Result<()> {
-        self.glu_rows(act, self.ntok * self.g.config.n_ff)
+        self.settle()?;
+        let (nt, ff, s) = (self.ntok, self.g.config.n_ff, self.pass.s);
+        if !(s.fuse && self.pass.q8_input(ff, nt)) {
+            return self.glu_rows(act, nt * ff);
+        }
+        // the down projection's int8 input in the same launch
+        self.xq_of = Some(Buf::Gate);
+        let r = self
+            .dev
+            .glu_q8(glu_act(act), s.gate, s.up, s.xq, (nt * ff) as i32);
+        self.run(r)
     }
 
     fn add(&mut self, y: Buf, x: Buf) -> Result<()> {
+        self.settle()?;
         let ((ya, n), (xa, _)) = (self.buf(y), self.buf(x));
         let r = self.dev.add(ya, xa, (self.ntok * n) as i32);
         self.run(r)
@@ -382,6 +466,7 @@ impl Ops for CudaOps<'_, '_> {
     /// tokens and weights; each expert then runs on its tokens' rows of `Xb` (gathered
     /// unless it has them all), its output added to `Proj` by weight.
     fn moe(&mut self, e: &Experts<TensorMeta, TensorMeta>, act: Glu) -> Result<()> {
+        self.settle()?;
         let (nt, d, ff, n) = (self.ntok, self.g.config.n_embd, e.n_ff, e.n);
         let s = self.pass.s;
         let r = self

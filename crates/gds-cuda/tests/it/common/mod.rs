@@ -3,7 +3,8 @@
 //! points.
 #![allow(dead_code)]
 
-use gds_cuda::forward::{Device, GemmType, Heads, KvPages};
+use gds_cuda::forward::{Device, GemmType, GluAct, Heads, KvPages, Q8Out, RopeArgs};
+use gds_cuda::kernels::MMQ8_MATRICES;
 use gds_cuda::GpuError;
 use libloading::{Library, Symbol};
 use std::path::PathBuf;
@@ -135,8 +136,51 @@ pub struct Emu {
     pub f16_gemms: usize,
     /// int8 matvec calls so far.
     pub q8: usize,
+    /// Launches so far of the kernels blocks run (matvecs, quantizations, norms, RoPE, KV
+    /// stores, attention, gated activations, biases, residual adds; not the embedding's
+    /// dequantization, copies or GEMMs).
+    pub launches: usize,
 }
 
+/// `run_matvec_q8x_*`: xq, cols, ntok, then (w, y, rows) of each of three matrices.
+pub type MatvecQ8xFn = unsafe extern "C" fn(
+    *const u8,
+    i32,
+    i32,
+    *const u8,
+    *mut f32,
+    i32,
+    *const u8,
+    *mut f32,
+    i32,
+    *const u8,
+    *mut f32,
+    i32,
+);
+/// `run_rope_kv`: q, k, v, kc, vc (f32 or f16), cos, sin, n_heads, n_kv_heads, head_dim,
+/// half, neox, ntok, pos, seq, tables, max_blocks, block, ring, f16.
+pub type RopeKvFn = unsafe extern "C" fn(
+    *mut f32,
+    *mut f32,
+    *const f32,
+    *mut u8,
+    *mut u8,
+    *const f32,
+    *const f32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    *const i32,
+    *const i32,
+    *const i32,
+    i32,
+    i32,
+    i32,
+    i32,
+);
 /// `run_matvec_q8_*`: w, xq, y, rows, cols, ntok.
 pub type MatvecQ8Fn = unsafe extern "C" fn(*const u8, *const u8, *mut f32, i32, i32, i32);
 /// `run_quantize_q8`: x, xq, nblocks.
@@ -172,27 +216,56 @@ impl Device for Emu {
         );
         // SAFETY: addresses are host buffers sized by the forward pass's contract.
         unsafe { f(p(w), p(x), p(y), rows, cols, ntok) };
+        self.launches += 1;
         Ok(())
     }
     fn quantize_q8(&mut self, x: u64, xq: u64, nblocks: i32) -> Result<(), GpuError> {
         // SAFETY: as above.
         unsafe { sym::<QuantizeQ8Fn>("run_quantize_q8")(p(x), p(xq), nblocks) };
+        self.launches += 1;
         Ok(())
     }
     fn matvec_q8(
         &mut self,
         suffix: &str,
-        w: u64,
         xq: u64,
-        y: u64,
-        rows: i32,
+        outs: &[Q8Out],
         cols: i32,
         ntok: i32,
     ) -> Result<(), GpuError> {
-        let f = sym::<MatvecQ8Fn>(&format!("run_matvec_q8_{suffix}"));
-        // SAFETY: as above.
-        unsafe { f(p(w), p(xq), p(y), rows, cols, ntok) };
+        assert!(
+            (1..=MMQ8_MATRICES).contains(&outs.len()),
+            "an int8 launch of {} matrices",
+            outs.len()
+        );
+        let m = |i: usize| {
+            outs.get(i).copied().unwrap_or(Q8Out {
+                w: 0,
+                y: 0,
+                rows: 0,
+            })
+        };
+        let (a, b, c) = (m(0), m(1), m(2));
+        let f = sym::<MatvecQ8xFn>(&format!("run_matvec_q8x_{suffix}"));
+        // SAFETY: addresses are host buffers sized by the forward pass's contract.
+        unsafe {
+            f(
+                p(xq),
+                cols,
+                ntok,
+                p(a.w),
+                p(a.y),
+                a.rows,
+                p(b.w),
+                p(b.y),
+                b.rows,
+                p(c.w),
+                p(c.y),
+                c.rows,
+            )
+        };
         self.q8 += 1;
+        self.launches += 1;
         Ok(())
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
@@ -227,6 +300,7 @@ impl Device for Emu {
         );
         // SAFETY: as above.
         unsafe { f(p(x), p(w), p(out), n, ntok, eps) };
+        self.launches += 1;
         Ok(())
     }
     fn rope(
@@ -257,6 +331,63 @@ impl Device for Emu {
                 ntok,
             )
         };
+        self.launches += 1;
+        Ok(())
+    }
+    fn rmsnorm_q8(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        xq: u64,
+        n: i32,
+        ntok: i32,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*const f32, *const f32, *mut f32, *mut u8, i32, i32, f32)>(
+            "run_rmsnorm_q8",
+        );
+        // SAFETY: as above.
+        unsafe { f(p(x), p(w), p(out), p(xq), n, ntok, eps) };
+        self.launches += 1;
+        Ok(())
+    }
+    fn rope_kv(
+        &mut self,
+        (q, k, v): (u64, u64, u64),
+        (kc, vc): (u64, u64),
+        rope: RopeArgs,
+        heads: Heads,
+        ntok: i32,
+        pages: &KvPages,
+    ) -> Result<(), GpuError> {
+        let pg = *pages;
+        // SAFETY: as above.
+        unsafe {
+            sym::<RopeKvFn>("run_rope_kv")(
+                p(q),
+                p(k),
+                p(v),
+                p(kc),
+                p(vc),
+                p(rope.cos),
+                p(rope.sin),
+                heads.n_heads,
+                heads.n_kv_heads,
+                heads.head_dim,
+                rope.half,
+                rope.neox as i32,
+                ntok,
+                p(pg.pos),
+                p(pg.seq),
+                p(pg.tables),
+                pg.max_blocks,
+                pg.block,
+                pg.ring,
+                pg.f16 as i32,
+            )
+        };
+        self.launches += 1;
         Ok(())
     }
     fn kv_store(
@@ -288,6 +419,7 @@ impl Device for Emu {
                 pages.f16 as i32,
             )
         };
+        self.launches += 1;
         Ok(())
     }
     fn attention(
@@ -332,6 +464,7 @@ impl Device for Emu {
                 pages.f16 as i32,
             )
         };
+        self.launches += 1;
         Ok(())
     }
     fn gather_rows(
@@ -349,14 +482,20 @@ impl Device for Emu {
         unsafe { f(p(dst), p(src), p(rows), n, nrows) };
         Ok(())
     }
-    fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+    fn glu(&mut self, act: GluAct, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
         // SAFETY: as above.
-        unsafe { sym::<PairFn>("run_swiglu")(p(gate), p(up), n) };
+        unsafe { sym::<PairFn>(&format!("run_{}", act.kernel(false)))(p(gate), p(up), n) };
+        self.launches += 1;
         Ok(())
     }
-    fn swiglu_oai(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+    fn glu_q8(&mut self, act: GluAct, gate: u64, up: u64, xq: u64, n: i32) -> Result<(), GpuError> {
+        let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, *mut u8, i32)>(&format!(
+            "run_{}",
+            act.kernel(true)
+        ));
         // SAFETY: as above.
-        unsafe { sym::<PairFn>("run_swiglu_oai")(p(gate), p(up), n) };
+        unsafe { f(p(gate), p(up), p(xq), n) };
+        self.launches += 1;
         Ok(())
     }
     fn scatter_add_rows(
@@ -374,15 +513,11 @@ impl Device for Emu {
         unsafe { f(p(dst), p(src), p(rows), n, nrows) };
         Ok(())
     }
-    fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
-        // SAFETY: as above.
-        unsafe { sym::<PairFn>("run_geglu")(p(gate), p(up), n) };
-        Ok(())
-    }
     fn add_rows(&mut self, y: u64, b: u64, n: i32, ntok: i32) -> Result<(), GpuError> {
         let f = sym::<unsafe extern "C" fn(*mut f32, *const f32, i32, i32)>("run_add_rows");
         // SAFETY: as above.
         unsafe { f(p(y), p(b), n, ntok) };
+        self.launches += 1;
         Ok(())
     }
     fn scale(&mut self, x: u64, s: f32, n: i32) -> Result<(), GpuError> {
@@ -398,6 +533,7 @@ impl Device for Emu {
     fn add(&mut self, y: u64, x: u64, n: i32) -> Result<(), GpuError> {
         // SAFETY: as above.
         unsafe { sym::<PairFn>("run_add_inplace")(p(y), p(x), n) };
+        self.launches += 1;
         Ok(())
     }
     fn copy(&mut self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
@@ -535,17 +671,14 @@ impl Device for Recorder {
     fn matvec_q8(
         &mut self,
         suffix: &str,
-        w: u64,
         xq: u64,
-        y: u64,
-        rows: i32,
+        outs: &[Q8Out],
         cols: i32,
         ntok: i32,
     ) -> Result<(), GpuError> {
-        let s = suffix.to_string();
-        self.ops.push(Box::new(move |d| {
-            d.matvec_q8(&s, w, xq, y, rows, cols, ntok)
-        }));
+        let (s, outs) = (suffix.to_string(), outs.to_vec());
+        self.ops
+            .push(Box::new(move |d| d.matvec_q8(&s, xq, &outs, cols, ntok)));
         Ok(())
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
@@ -597,6 +730,30 @@ impl Device for Recorder {
             rope(x, cos, sin, n_heads, head_dim, half, neox, pos, ntok)
         )
     }
+    fn rmsnorm_q8(
+        &mut self,
+        x: u64,
+        w: u64,
+        out: u64,
+        xq: u64,
+        n: i32,
+        ntok: i32,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        record!(self, rmsnorm_q8(x, w, out, xq, n, ntok, eps))
+    }
+    fn rope_kv(
+        &mut self,
+        qkv: (u64, u64, u64),
+        caches: (u64, u64),
+        rope: RopeArgs,
+        heads: Heads,
+        ntok: i32,
+        pages: &KvPages,
+    ) -> Result<(), GpuError> {
+        let pages = *pages;
+        record!(self, rope_kv(qkv, caches, rope, heads, ntok, &pages))
+    }
     fn kv_store(
         &mut self,
         k: u64,
@@ -641,11 +798,11 @@ impl Device for Recorder {
     ) -> Result<(), GpuError> {
         record!(self, gather_rows(dst, src, rows, n, nrows))
     }
-    fn swiglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
-        record!(self, swiglu(gate, up, n))
+    fn glu(&mut self, act: GluAct, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
+        record!(self, glu(act, gate, up, n))
     }
-    fn swiglu_oai(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
-        record!(self, swiglu_oai(gate, up, n))
+    fn glu_q8(&mut self, act: GluAct, gate: u64, up: u64, xq: u64, n: i32) -> Result<(), GpuError> {
+        record!(self, glu_q8(act, gate, up, xq, n))
     }
     fn scatter_add_rows(
         &mut self,
@@ -656,9 +813,6 @@ impl Device for Recorder {
         nrows: i32,
     ) -> Result<(), GpuError> {
         record!(self, scatter_add_rows(dst, src, rows, n, nrows))
-    }
-    fn geglu(&mut self, gate: u64, up: u64, n: i32) -> Result<(), GpuError> {
-        record!(self, geglu(gate, up, n))
     }
     fn add_rows(&mut self, y: u64, b: u64, n: i32, ntok: i32) -> Result<(), GpuError> {
         record!(self, add_rows(y, b, n, ntok))
