@@ -19,9 +19,11 @@
 # machine): bins.tar.xz with gdsconv beside the CUDA binaries, and tok/ (SmolLM2's tokenizer,
 # .cache/smollm2-hf-f16, which scripts/test.sh makes). PROFILE picks the cargo profile
 # (default release; `ci` reuses the test command's build: no LTO, minutes instead of tens).
-# With REAL=1 BASELINE=COMMIT also gdsrun-base: gdsrun with COMMIT's CUDA kernels (an A/B);
-# meanwhile the working tree's kernels ARE COMMIT's (restored at the end): commit nothing then
-# (a `git commit -a` during it once took the baseline's quant.cu into a commit).
+# With REAL=1 BASELINE=COMMIT also gdsrun-base: gdsrun of COMMIT, built whole in a git
+# worktree (.gpu/base-tree, removed after; its Rust code and kernels go together: swapping
+# only the kernels broke once the kernels' signatures changed), for an A/B of any change on
+# one machine in one run. Kernel variants need no second binary: GDS_CUDA_FUSE,
+# GDS_CUDA_MMQ8 and GDS_CUDA_DEQ_PER_LANE recompile them at open (docs/gpu.md).
 # With PY=1 only .gpu/py, for scripts/gpu-python.sh: the gdsllm wheel built with CUDA (abi3)
 # and pytest's wheels (the GPU machine has PyTorch; pip cannot fetch there).
 set -euo pipefail
@@ -44,18 +46,19 @@ if [ "${REAL:-0}" = 1 ]; then
     strip --strip-debug -o ".gpu/bin/$(basename "$b")" "$b"
   done
   if [ -n "${BASELINE:-}" ]; then
-    # gdsrun-base: the same build with the CUDA kernels of commit BASELINE (kernels/*.cu are
-    # compiled into gdsrun and built by NVRTC at run time), for an A/B of kernel changes on one
-    # machine in one run. The working tree's kernels are restored on exit.
-    K=crates/gds-cuda/kernels
-    cp -a "$K" .gpu/kernels.keep
-    trap 'rm -rf "$K" && mv .gpu/kernels.keep "$K"' EXIT
-    for f in "$K"/*.cu "$K"/*.cuh; do git show "$BASELINE:$f" >"$f"; done
-    CARGO_TARGET_DIR=$T cargo build --profile "$P" -q -p gdsrun --features gdsrun/cuda --bins
+    B=.gpu/base-tree
+    git worktree remove --force "$B" 2>/dev/null || rm -rf "$B"
+    git worktree add -q --detach "$B" "$BASELINE"
+    trap 'git worktree remove --force "$B"' EXIT
+    # the same target folder: the dependencies are shared, the workspace's crates are its own
+    TA=$(realpath -m "$T")
+    (cd "$B" && CARGO_TARGET_DIR="$TA" cargo build --profile "$P" -q -p gdsrun --features gdsrun/cuda --bins)
     strip --strip-debug -o .gpu/bin/gdsrun-base "$T/$P/gdsrun"
-    rm -rf "$K" && mv .gpu/kernels.keep "$K" && trap - EXIT
-    CARGO_TARGET_DIR=$T cargo build --profile "$P" -q -p gdsrun --features gdsrun/cuda --bins
+    git worktree remove --force "$B" && trap - EXIT
     git rev-parse --short "$BASELINE" >.gpu/bin/BASELINE
+    # the base's build replaced the binary in the shared folder (.gpu/bin has this tree's):
+    # this tree's again there
+    CARGO_TARGET_DIR=$T cargo build --profile "$P" -q -p gdsrun --features gdsrun/cuda --bins
   fi
   tar -cJf .gpu/r1/bins.tar.xz -C .gpu bin && rm -rf .gpu/bin
   cp .cache/smollm2-hf-f16/{tokenizer.json,tokenizer_config.json,config.json} .gpu/r1/tok/

@@ -4,7 +4,7 @@
 #   e.g. qwen3-30b-a3b@8: the first 8 blocks of that shape, a mixture of experts' slice)
 # PACK_DIR (`REAL=1 scripts/gpu-pack.sh` makes it: .gpu/r1) holds bins.tar.xz (gdsrun and
 # bench_gpu built with --features cuda, gdsconv; with BASELINE=COMMIT also gdsrun-base, COMMIT's
-# kernels: the resident benchmarks then run this build, the baseline, this build again) and tok/ (SmolLM2's tokenizer files: the
+# whole build: the resident benchmarks then run this build, the baseline, this build again) and tok/ (SmolLM2's tokenizer files: the
 # synthetic models' vocabulary). The GPU machine has PyTorch and transformers, no network and
 # no Rust. ANCHOR: llama.cpp's CUDA pack (scripts/build-llama-cpp-cuda.sh; carry it to the
 # machine in a call of its own and copy it out of the work tree), run beside gdsrun. QUANT: gdsconv's --quant for the shapes (default q4_0; keep: F16); STREAM=0 skips
@@ -20,7 +20,9 @@
 #     pp512/tg128 again with --activations f32 (the f32-activation kernels and plain f32 SGEMM
 #     prefill: the int8 kernels' and TF32 prefill's A/B on one binary) and tg128 with
 #     --cuda-graphs off (every decode kernel launched each step: the graphs' A/B), pp512 and
-#     tg128 with GDS_CUDA_FUSE=0 (every op launched alone: the fused launches' A/B), pp512 with
+#     tg128 with GDS_CUDA_FUSE=0 (every op launched alone: the fused launches' A/B), tg128 with
+#     the int8 kernels at other block shapes (GDS_CUDA_MMQ8; MMQ8_SWEEP), pp512 with the former
+#     dequantization (GDS_CUDA_DEQ_PER_LANE=1: the staged stores' A/B), pp512 with
 #     --gemm-type tf32 (f32 tiles on TF32 tensor cores: the f16 GEMM's A/B); the time per kernel of a
 #     pp512 and of 32 decode steps (GDS_CUDA_PROFILE=1: json/profile-SHAPE-*.txt in the tarball); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
@@ -186,6 +188,18 @@ for spec in $SHAPES; do
   # RoPE apart from the KV store, Q/K/V and gate/up in separate launches): the fusions' A/B
   run 120 "bench-$shape-resident-no-fuse" env GDS_CUDA_FUSE=0 "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -2 | sed 's/$/ (GDS_CUDA_FUSE=0)/' >>"$SUM"
+  # the int8 matvec kernels at other block shapes (GDS_CUDA_MMQ8=WARPSxROWS recompiles them
+  # at open; the default is 4x2): decode only, the kernels' sweep on one binary (MMQ8_SWEEP
+  # lists the shapes, empty skips it)
+  # shellcheck disable=SC2086 # the list is split into shapes
+  for v in ${MMQ8_SWEEP-4x1 8x1 2x2 8x2 2x4}; do
+    run 90 "bench-$shape-resident-mmq8-$v" env GDS_CUDA_MMQ8="$v" "$G" bench "$M" --backend cuda -p 0 -n 128 -r 2
+    grep -E "^\|" "$LOG" | tail -1 | sed "s/\$/ (GDS_CUDA_MMQ8=$v)/" >>"$SUM"
+  done
+  # the dequantization kernels each lane writing its own block (GDS_CUDA_DEQ_PER_LANE=1, the
+  # way before 2026-12-04's staged stores): the tile's A/B, prefill only
+  run 120 "bench-$shape-resident-deq-per-lane" env GDS_CUDA_DEQ_PER_LANE=1 "$G" bench "$M" --backend cuda -p 512 -n 0 -r 2
+  grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (GDS_CUDA_DEQ_PER_LANE=1)/' >>"$SUM"
   # prefill with TF32 GEMMs over f32 tiles (the default is f16 tiles and cublasGemmEx): the
   # f16 GEMM's A/B
   run 120 "bench-$shape-resident-tf32" "$G" bench "$M" --backend cuda --gemm-type tf32 -p 512 -n 0 -r 2

@@ -23,9 +23,15 @@ typedef int i32;
 
 // The int8 matvec kernels (quant.cu, matvec_q8_*): warps per block and rows per block
 // (blockDim = 32 x MMQ8_WARPS, grid ceil(rows / MMQ8_ROWS)), and the bytes of one block of
-// 32 quantized activations (quantize_q8). src/kernels.rs mirrors these numbers.
+// 32 quantized activations (quantize_q8). src/kernels.rs mirrors these numbers; the shape
+// may be given at compile time instead (-DMMQ8_WARPS=8 -DMMQ8_ROWS=1: GDS_CUDA_MMQ8, to
+// measure others on one binary).
+#ifndef MMQ8_WARPS
 #define MMQ8_WARPS 4
+#endif
+#ifndef MMQ8_ROWS
 #define MMQ8_ROWS 2
+#endif
 #define Q8A_BYTES 40
 
 // Word loads need their natural alignment on the GPU; the emulation checks it (emu.h).

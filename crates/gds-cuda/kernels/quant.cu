@@ -29,6 +29,18 @@
 // f16 tiles, i.e. ~100 GB/s, ~2 % of the memory bandwidth (an estimate from the pass times;
 // the kernel was not timed on its own). The loops have the same trip
 // counts in every thread (a lane past nblocks decodes nothing but still syncs).
+// -DDEQ_PER_LANE (GDS_CUDA_DEQ_PER_LANE=1) compiles the former way, each lane writing its own
+// block, for the A/B on one binary.
+#ifdef DEQ_PER_LANE
+#define DEQ_STAGED(QK, BYTES, DEQ, OUT, CONV)                                               \
+    int b = blockIdx.x * blockDim.x + threadIdx.x;                                          \
+    if (b < nblocks) {                                                                      \
+        float v[QK];                                                                        \
+        DEQ(src + (unsigned long long)b * BYTES, v);                                        \
+        OUT* d = dst + (unsigned long long)b * QK;                                          \
+        for (int i = 0; i < QK; i++) d[i] = CONV(v[i]);                                     \
+    }
+#else
 #define DEQ_STAGED(QK, BYTES, DEQ, OUT, CONV)                                               \
     __shared__ float stage[BLOCK_THREADS / WARP][WARP][WARP + 1];                           \
     int b = blockIdx.x * blockDim.x + threadIdx.x;                                          \
@@ -45,6 +57,7 @@
         }                                                                                   \
         __syncthreads();                                                                    \
     }
+#endif
 
 // ---- per-block dot products with an f32 vector, and per-block dequantization ----
 

@@ -36,7 +36,7 @@
 //! sampler).
 
 use crate::forward::{Device, GemmType, GluAct, Heads, KvPages, Q8Out, RopeArgs};
-use crate::kernels::{self, BLOCK_THREADS, MATVEC_ROWS, MMQ8_MATRICES, MMQ8_ROWS, MMQ8_WARPS};
+use crate::kernels::{self, Mmq8Shape, BLOCK_THREADS, MATVEC_ROWS, MMQ8_MATRICES};
 use crate::plan::{LayerMeta, Layout};
 use crate::profile::KernelProfile;
 use crate::stream::{BufKind, GraphKey, StreamOptions, Streamer, Vram};
@@ -125,6 +125,8 @@ struct Gpu {
     tf32: Option<bool>,
     /// Time per kernel when `GDS_CUDA_PROFILE` asks for it ([`crate::profile`]).
     profile: Option<KernelProfile>,
+    /// The int8 matvec kernels' block shape (compiled in; the launches follow it).
+    mmq8: Mmq8Shape,
 }
 
 /// The parameters of one `cuFileReadAsync`: cuFile reads them when the read executes on
@@ -273,7 +275,11 @@ impl Gpu {
         let (maj, min) = ctx
             .compute_capability()
             .map_err(cuda("reading the compute capability"))?;
-        let ptx = nvrtc::compile_library(&format!("compute_{maj}{min}"))?;
+        let mmq8 = Mmq8Shape::from_env_value(std::env::var(kernels::MMQ8_ENV).ok().as_deref())
+            .map_err(GpuError::Model)?;
+        let extra =
+            kernels::variant_defines(std::env::var(kernels::DEQ_PER_LANE_ENV).ok().as_deref());
+        let ptx = nvrtc::compile_library(&format!("compute_{maj}{min}"), mmq8, &extra)?;
         let module = ctx
             .load_module(ptx)
             .map_err(cuda("loading the PTX module"))?;
@@ -294,6 +300,7 @@ impl Gpu {
             funcs,
             blas,
             tf32: None,
+            mmq8,
             profile: crate::profile::wanted(std::env::var(crate::profile::ENV).ok().as_deref())
                 .then(KernelProfile::default),
         })
@@ -407,8 +414,9 @@ impl Device for Gpu {
             })
         };
         let (a, b, c) = (m(0), m(1), m(2));
-        let blocks: u32 = outs.iter().map(|o| cdiv(o.rows, MMQ8_ROWS)).sum();
-        let cf = cfg((blocks, 1), (32, MMQ8_WARPS));
+        let Mmq8Shape { warps, rows } = self.mmq8;
+        let blocks: u32 = outs.iter().map(|o| cdiv(o.rows, rows)).sum();
+        let cf = cfg((blocks, 1), (32, warps));
         let name = kernels::kernel_name("matvec_q8", suffix)
             .ok_or_else(|| model_err(format!("no int8 matvec kernel for {suffix}")))?;
         launch!(

@@ -21,10 +21,92 @@ pub const MATVEC_ROWS: u32 = 4;
 /// Threads per block of the row-wise kernels; `BLOCK_THREADS` in common.cuh.
 pub const BLOCK_THREADS: u32 = 256;
 /// Warps per block of the int8 `matvec_q8_*` kernels (blockDim = 32 × this); `MMQ8_WARPS`
-/// in common.cuh.
+/// in common.cuh (the default of [`Mmq8Shape`]).
 pub const MMQ8_WARPS: u32 = 4;
 /// Rows per block of the `matvec_q8_*` kernels; `MMQ8_ROWS` in common.cuh.
 pub const MMQ8_ROWS: u32 = 2;
+
+/// The environment variable that compiles the int8 matvec kernels for another block shape
+/// (`WARPSxROWS`, e.g. `8x1`; [`Mmq8Shape::parse`]): the sweep of that shape on one binary.
+pub const MMQ8_ENV: &str = "GDS_CUDA_MMQ8";
+
+/// The environment variable that compiles the dequantization kernels the former way, each
+/// lane writing its own block (`1`, `true`, `on`, `yes`; `-DDEQ_PER_LANE`): the A/B of the
+/// staged stores on one binary.
+pub const DEQ_PER_LANE_ENV: &str = "GDS_CUDA_DEQ_PER_LANE";
+
+/// The compiler definitions the environment asks for besides the int8 block shape
+/// (`deq_per_lane`: the value of [`DEQ_PER_LANE_ENV`]).
+pub fn variant_defines(deq_per_lane: Option<&str>) -> Vec<String> {
+    let on = matches!(
+        deq_per_lane.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
+        Some("1" | "true" | "on" | "yes")
+    );
+    if on {
+        vec!["-DDEQ_PER_LANE".into()]
+    } else {
+        Vec::new()
+    }
+}
+
+/// The block shape of the `matvec_q8_*` kernels: `warps` warps share `rows` rows of the
+/// matrix (the macros `MMQ8_WARPS`, `MMQ8_ROWS` the kernels are compiled with).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mmq8Shape {
+    /// Warps per block (blockDim = 32 × this).
+    pub warps: u32,
+    /// Rows per block.
+    pub rows: u32,
+}
+
+impl Default for Mmq8Shape {
+    fn default() -> Mmq8Shape {
+        Mmq8Shape {
+            warps: MMQ8_WARPS,
+            rows: MMQ8_ROWS,
+        }
+    }
+}
+
+impl Mmq8Shape {
+    /// `WARPSxROWS` (e.g. `8x1`): warps 1, 2, 4, 8 or 16, rows 1 to 8; the partial sums
+    /// (`warps × rows × 8 tokens × 32` floats) must fit 48 KiB of shared memory.
+    pub fn parse(v: &str) -> Result<Mmq8Shape, String> {
+        let bad = || format!("{MMQ8_ENV}={v:?}: expected WARPSxROWS, e.g. 8x1");
+        let (w, r) = v.trim().split_once(['x', 'X']).ok_or_else(bad)?;
+        let (warps, rows) = (
+            w.trim().parse::<u32>().map_err(|_| bad())?,
+            r.trim().parse::<u32>().map_err(|_| bad())?,
+        );
+        if ![1, 2, 4, 8, 16].contains(&warps) || !(1..=8).contains(&rows) {
+            return Err(format!(
+                "{MMQ8_ENV}={v:?}: warps must be 1, 2, 4, 8 or 16 and rows 1 to 8"
+            ));
+        }
+        if warps * rows * 8 * 32 * 4 > 48 * 1024 {
+            return Err(format!(
+                "{MMQ8_ENV}={v:?}: {warps} warps of {rows} rows need more than 48 KiB of shared memory"
+            ));
+        }
+        Ok(Mmq8Shape { warps, rows })
+    }
+
+    /// The shape the variable asks for (`None`, empty: the default).
+    pub fn from_env_value(v: Option<&str>) -> Result<Mmq8Shape, String> {
+        match v.map(str::trim) {
+            None | Some("") => Ok(Mmq8Shape::default()),
+            Some(v) => Mmq8Shape::parse(v),
+        }
+    }
+
+    /// The compiler's definitions of the shape (`-DMMQ8_WARPS=4`, `-DMMQ8_ROWS=2`).
+    pub fn defines(self) -> [String; 2] {
+        [
+            format!("-DMMQ8_WARPS={}", self.warps),
+            format!("-DMMQ8_ROWS={}", self.rows),
+        ]
+    }
+}
 /// Matrices one `matvec_q8_*` launch multiplies with the same activations (Q, K, V).
 pub const MMQ8_MATRICES: usize = 3;
 /// Values per block of quantized activations (`quantize_q8`).
@@ -216,8 +298,26 @@ mod tests {
         assert!(p.contains(&format!("#define BLOCK_THREADS {BLOCK_THREADS} ")));
         assert!(p.contains(&format!("#define MMQ8_WARPS {MMQ8_WARPS}\n")));
         assert!(p.contains(&format!("#define MMQ8_ROWS {MMQ8_ROWS}\n")));
+        assert!(p.contains("#ifndef MMQ8_WARPS\n") && p.contains("#ifndef MMQ8_ROWS\n"));
         assert!(p.contains(&format!("#define Q8A_BYTES {Q8A_BYTES}\n")));
         assert_eq!(Q8A_BYTES, 8 + Q8A_VALUES);
+    }
+
+    #[test]
+    fn the_int8_block_shape_is_parsed_and_bounded() {
+        let s = |w, r| Mmq8Shape { warps: w, rows: r };
+        assert_eq!(Mmq8Shape::from_env_value(None), Ok(Mmq8Shape::default()));
+        assert_eq!(Mmq8Shape::from_env_value(Some(" ")), Ok(s(4, 2)));
+        assert_eq!(Mmq8Shape::from_env_value(Some("8x1")), Ok(s(8, 1)));
+        assert_eq!(Mmq8Shape::parse(" 2X4 "), Ok(s(2, 4)));
+        assert_eq!(Mmq8Shape::parse("16x3"), Ok(s(16, 3)));
+        for bad in ["8", "x", "3x2", "4x0", "4x9", "32x1", "-4x2", "4x2x1", "16x4"] {
+            let e = Mmq8Shape::parse(bad).unwrap_err();
+            assert!(e.contains(MMQ8_ENV) && e.contains(bad), "{bad}: {e}");
+        }
+        assert_eq!(s(8, 1).defines(), ["-DMMQ8_WARPS=8", "-DMMQ8_ROWS=1"]);
+        assert_eq!(variant_defines(Some(" 1")), ["-DDEQ_PER_LANE"]);
+        assert!(variant_defines(None).is_empty() && variant_defines(Some("0")).is_empty());
     }
 
     #[test]

@@ -24,14 +24,26 @@ pub fn available() -> Result<(), GpuError> {
 /// Compiles one program to PTX for `arch` (e.g. `compute_90`). A rejected program gives
 /// [`GpuError::Compile`] with NVRTC's log.
 pub fn compile(program: &str, src: &str, arch: &str) -> Result<Ptx, GpuError> {
+    compile_with(program, src, arch, &[])
+}
+
+/// [`compile`] with more compiler options (`-D` definitions).
+pub fn compile_with(
+    program: &str,
+    src: &str,
+    arch: &str,
+    extra: &[String],
+) -> Result<Ptx, GpuError> {
     available()?;
+    let mut options = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++14".into(),
+        "-lineinfo".into(),
+    ];
+    options.extend_from_slice(extra);
     let opts = CompileOptions {
         name: Some(program.to_string()),
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++14".into(),
-            "-lineinfo".into(),
-        ],
+        options,
         ..Default::default()
     };
     compile_ptx_with_opts(src, opts).map_err(|e| GpuError::Compile {
@@ -43,7 +55,15 @@ pub fn compile(program: &str, src: &str, arch: &str) -> Result<Ptx, GpuError> {
     })
 }
 
-/// The whole kernel library ([`kernels::program`]) as one PTX module.
-pub fn compile_library(arch: &str) -> Result<Ptx, GpuError> {
-    compile("gdsllm_kernels.cu", &kernels::program(), arch)
+/// The whole kernel library ([`kernels::program`]) as one PTX module, its int8 matvec
+/// kernels for the block shape `mmq8`, with the definitions `extra` (e.g.
+/// [`kernels::variant_defines`]).
+pub fn compile_library(
+    arch: &str,
+    mmq8: kernels::Mmq8Shape,
+    extra: &[String],
+) -> Result<Ptx, GpuError> {
+    let mut defines = mmq8.defines().to_vec();
+    defines.extend_from_slice(extra);
+    compile_with("gdsllm_kernels.cu", &kernels::program(), arch, &defines)
 }

@@ -33,7 +33,8 @@ fn every_kernel_file_compiles_to_ptx_defining_its_entry_points() {
                 "{name}: no kernel in the PTX"
             );
         }
-        let ptx = nvrtc::compile_library(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let ptx = nvrtc::compile_library(arch, kernels::Mmq8Shape::default(), &[])
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
         let src = ptx.to_src();
         let target = arch.replace("compute_", "sm_");
         assert!(src.contains(&format!(".target {target}")), "{arch}");
@@ -44,6 +45,46 @@ fn every_kernel_file_compiles_to_ptx_defining_its_entry_points() {
             );
         }
     }
+}
+
+/// The int8 kernels compile at the block shapes `GDS_CUDA_MMQ8` may ask for (a sweep on the
+/// GPU machine recompiles them there), the shape reaching the code: its shared memory is
+/// `warps × rows × 8 × 32` floats.
+#[test]
+fn the_int8_kernels_compile_at_other_block_shapes() {
+    if !nvrtc_here() {
+        return;
+    }
+    for v in ["8x1", "2x4", "16x3", "1x1"] {
+        let shape = kernels::Mmq8Shape::parse(v).unwrap();
+        let src = nvrtc::compile_library("compute_90", shape, &[])
+            .unwrap_or_else(|e| panic!("{v}: {e}"))
+            .to_src();
+        let floats = shape.warps * shape.rows * 8 * 32;
+        assert!(
+            src.contains(&format!(".shared .align 4 .b8 matvec_q8_q4_0$__cuda_local_var"))
+                || src.contains(&format!("[{}]", floats * 4)),
+            "{v}: no shared array of {floats} floats in the PTX"
+        );
+    }
+}
+
+/// The former dequantization (each lane writing its own block: `GDS_CUDA_DEQ_PER_LANE`)
+/// compiles, and the staged one's shared array is gone from it.
+#[test]
+fn the_per_lane_dequantization_compiles() {
+    if !nvrtc_here() {
+        return;
+    }
+    let src = |extra: &[String]| {
+        nvrtc::compile_library("compute_90", kernels::Mmq8Shape::default(), extra)
+            .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+            .to_src()
+    };
+    let per_lane = src(&kernels::variant_defines(Some("1")));
+    assert!(per_lane.contains(".entry dequant16_q4_0("));
+    assert!(src(&[]).contains("dequant16_q4_0$__cuda_local_var"));
+    assert!(!per_lane.contains("dequant16_q4_0$__cuda_local_var"));
 }
 
 #[test]

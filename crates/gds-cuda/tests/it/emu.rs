@@ -232,7 +232,24 @@ const Q8_CASES: &[(DType, &str, &[usize])] = &[
 
 #[test]
 fn int8_matvec_kernels_match_the_product_within_the_activation_rounding() {
-    // 37 rows: not a multiple of the 2 rows per block. Tokens 1..7 (the passes shorter than
+    check_int8_matvecs(crate::common::lib(), "4x2");
+}
+
+/// The int8 kernels at the other block shapes `GDS_CUDA_MMQ8` may compile them for (one
+/// row a block, four rows of two warps): the same bounds.
+#[test]
+fn int8_matvec_kernels_are_right_at_other_block_shapes() {
+    for (w, r) in [(8, 1), (2, 4)] {
+        let defines = [format!("-DMMQ8_WARPS={w}"), format!("-DMMQ8_ROWS={r}")];
+        let lib = crate::common::lib_with(&[&defines[0], &defines[1]]);
+        check_int8_matvecs(lib, &format!("{w}x{r}"));
+    }
+}
+
+/// `matvec_q8_*` of `lib` against the f32 product and the product over the CPU's 8-bit
+/// activations, for every int8 type.
+fn check_int8_matvecs(lib: &'static libloading::Library, shape: &str) {
+    // 37 rows: not a multiple of 2 or 4 rows per block. Tokens 1..7 (the passes shorter than
     // GEMM_MIN_TOKENS) and 11 (a chunk of MATVEC_TOKENS carried at once, and a partial one).
     let rows = 37;
     for (i, &(dtype, name, shapes)) in Q8_CASES.iter().enumerate() {
@@ -249,7 +266,7 @@ fn int8_matvec_kernels_match_the_product_within_the_activation_rounding() {
                 let xq = quantize_q8(&x);
                 let cpu = cpu_q8(&x, cols);
                 let mut y = vec![f32::NAN; ntok * rows];
-                let f = sym::<MatvecQ8Fn>(&format!("run_matvec_q8_{name}"));
+                let f = crate::common::sym_in::<MatvecQ8Fn>(lib, &format!("run_matvec_q8_{name}"));
                 // SAFETY: w holds rows*cols elements of dtype, xq ntok*cols/32 blocks, y
                 // ntok*rows f32.
                 unsafe {
@@ -283,8 +300,8 @@ fn int8_matvec_kernels_match_the_product_within_the_activation_rounding() {
                         }
                         assert!(
                             (got - exact).abs() <= bound + 1e-5 * mag + 1e-6,
-                            "{dtype} cols {cols} ntok {ntok} token {t} row {r}: kernel {got}, \
-                             f32 product {exact}, activation rounding bound {bound}"
+                            "{shape} {dtype} cols {cols} ntok {ntok} token {t} row {r}: kernel \
+                             {got}, f32 product {exact}, activation rounding bound {bound}"
                         );
                         // 2. The CPU's 8-bit activations (same quants: the test above): the
                         // same product up to f32 summation noise.
@@ -299,8 +316,8 @@ fn int8_matvec_kernels_match_the_product_within_the_activation_rounding() {
                         }
                         assert!(
                             (got - near).abs() <= 1e-5 * mag2 + 1e-6,
-                            "{dtype} cols {cols} ntok {ntok} token {t} row {r}: kernel {got}, \
-                             product with the CPU's 8-bit activations {near}"
+                            "{shape} {dtype} cols {cols} ntok {ntok} token {t} row {r}: kernel \
+                             {got}, product with the CPU's 8-bit activations {near}"
                         );
                     }
                 }
@@ -311,20 +328,29 @@ fn int8_matvec_kernels_match_the_product_within_the_activation_rounding() {
 
 #[test]
 fn dequant_kernels_reproduce_gds_kernels_dequantize() {
-    for (i, &(dtype, name)) in MATVEC_DTYPES.iter().enumerate() {
-        let n = 5 * 256;
-        let w = weight(dtype, 5, 256, 300 + i as u64);
-        let want = dequant_ref(dtype, &w, n);
-        let mut got = vec![f32::NAN; n];
-        let nblocks = n / dtype.block_size();
-        let f = sym::<DequantFn>(&format!("run_dequant_{name}"));
-        // SAFETY: w holds nblocks blocks, got nblocks * block_size f32.
-        unsafe { f(w.as_ptr(), got.as_mut_ptr(), nblocks as i32) };
-        for (j, (g, e)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - e).abs() <= 1e-6 * e.abs() + 1e-9,
-                "{dtype} element {j}: kernel {g}, gds-kernels {e}"
-            );
+    // the staged stores, and each lane writing its own block (-DDEQ_PER_LANE: the A/B's
+    // other side, GDS_CUDA_DEQ_PER_LANE)
+    let libs = [
+        ("staged", crate::common::lib()),
+        ("per lane", crate::common::lib_with(&["-DDEQ_PER_LANE"])),
+    ];
+    for (how, lib) in libs {
+        for (i, &(dtype, name)) in MATVEC_DTYPES.iter().enumerate() {
+            // 5 rows of 256: a warp's 32 blocks and a partial one for the 32-value types
+            let n = 5 * 256;
+            let w = weight(dtype, 5, 256, 300 + i as u64);
+            let want = dequant_ref(dtype, &w, n);
+            let mut got = vec![f32::NAN; n];
+            let nblocks = n / dtype.block_size();
+            let f = crate::common::sym_in::<DequantFn>(lib, &format!("run_dequant_{name}"));
+            // SAFETY: w holds nblocks blocks, got nblocks * block_size f32.
+            unsafe { f(w.as_ptr(), got.as_mut_ptr(), nblocks as i32) };
+            for (j, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 1e-6 * e.abs() + 1e-9,
+                    "{how}: {dtype} element {j}: kernel {g}, gds-kernels {e}"
+                );
+            }
         }
     }
 }
@@ -1239,13 +1265,20 @@ fn norm_and_activations_quantizing_their_output_equal_the_two_launches() {
 }
 
 /// One int8 launch over three matrices (Q, K, V) writes what three launches write, bit for
-/// bit, with row counts that leave a block's second row empty and a matrix of one row.
+/// bit, with row counts that leave a block's last rows empty and a matrix of one row, at
+/// the default block shape and two others.
 #[test]
 fn one_int8_launch_over_three_matrices_equals_three_launches() {
-    use crate::common::MatvecQ8xFn;
+    use crate::common::{lib, lib_with, sym_in, MatvecQ8xFn};
     let cols = 160;
     let rows = [7usize, 1, 12];
-    for &(dtype, name, _) in Q8_CASES.iter().filter(|c| c.0.block_size() == 32) {
+    let libs = [
+        lib(),
+        lib_with(&["-DMMQ8_WARPS=8", "-DMMQ8_ROWS=1"]),
+        lib_with(&["-DMMQ8_WARPS=2", "-DMMQ8_ROWS=4"]),
+    ];
+    let cases = Q8_CASES.iter().filter(|c| c.0.block_size() == 32);
+    for (lib, &(dtype, name, _)) in libs.iter().flat_map(|l| cases.clone().map(move |c| (*l, c))) {
         let ws: Vec<Vec<u8>> = rows
             .iter()
             .enumerate()
@@ -1253,8 +1286,8 @@ fn one_int8_launch_over_three_matrices_equals_three_launches() {
             .collect();
         for ntok in [1usize, 3, 9] {
             let xq = quantize_q8(&act_rows(ntok, cols, 77 + ntok as u64));
-            let one = sym::<MatvecQ8Fn>(&format!("run_matvec_q8_{name}"));
-            let three = sym::<MatvecQ8xFn>(&format!("run_matvec_q8x_{name}"));
+            let one = sym_in::<MatvecQ8Fn>(lib, &format!("run_matvec_q8_{name}"));
+            let three = sym_in::<MatvecQ8xFn>(lib, &format!("run_matvec_q8x_{name}"));
             let mut alone: Vec<Vec<f32>> = rows.iter().map(|r| vec![f32::NAN; ntok * r]).collect();
             let mut together = alone.clone();
             // SAFETY: each w holds rows[i] * cols elements of dtype, xq ntok * cols / 32

@@ -13,46 +13,64 @@ use std::sync::OnceLock;
 
 /// Builds tests/emu/launch.cpp into a shared library once per test run and loads it.
 pub fn lib() -> &'static Library {
-    static LIB: OnceLock<Library> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gds-cuda-emu");
-        std::fs::create_dir_all(&out).unwrap();
-        let so = out.join(format!("libkernels-emu-{}.so", std::process::id()));
-        let target = env!("GDS_CUDA_TARGET");
-        let tool = cc::Build::new()
-            .cpp(true)
-            .opt_level(2)
-            .target(target)
-            .host(target)
-            .cargo_metadata(false)
-            .cargo_warnings(false)
-            .get_compiler();
-        let mut cmd: Command = tool.to_command();
-        cmd.arg("-std=c++14")
-            .arg("-shared")
-            .arg("-fPIC")
-            .arg("-pthread")
-            .arg("-Wall")
-            .arg("-Wno-unused-function")
-            .arg("-I")
-            .arg(root.join("kernels"))
-            .arg(root.join("tests/emu/launch.cpp"))
-            .arg("-o")
-            .arg(&so);
-        let res = cmd.output().expect("running the C++ compiler");
-        assert!(
-            res.status.success(),
-            "compiling the kernels as C++ failed:\n{}",
-            String::from_utf8_lossy(&res.stderr)
-        );
-        // SAFETY: the library is ours, built just above; its initialisers only set up the
-        // emulation's statics.
-        let lib = unsafe { Library::new(&so) }.expect("loading the emulated kernels");
-        // Loaded: the file is no longer needed (runs do not pile up copies).
-        let _ = std::fs::remove_file(&so);
-        lib
-    })
+    lib_with(&[])
+}
+
+/// [`lib`] compiled with the definitions `defines` (e.g. `-DMMQ8_WARPS=8`: the int8
+/// kernels at another block shape), once per test run and set of definitions.
+pub fn lib_with(defines: &[&str]) -> &'static Library {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static LIBS: OnceLock<Mutex<HashMap<String, &'static Library>>> = OnceLock::new();
+    let key = defines.join(" ");
+    let mut libs = LIBS.get_or_init(Default::default).lock().unwrap();
+    if let Some(l) = libs.get(&key) {
+        return l;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gds-cuda-emu");
+    std::fs::create_dir_all(&out).unwrap();
+    let so = out.join(format!(
+        "libkernels-emu-{}-{}.so",
+        std::process::id(),
+        libs.len()
+    ));
+    let target = env!("GDS_CUDA_TARGET");
+    let tool = cc::Build::new()
+        .cpp(true)
+        .opt_level(2)
+        .target(target)
+        .host(target)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .get_compiler();
+    let mut cmd: Command = tool.to_command();
+    cmd.arg("-std=c++14")
+        .arg("-shared")
+        .arg("-fPIC")
+        .arg("-pthread")
+        .arg("-Wall")
+        .arg("-Wno-unused-function")
+        .args(defines)
+        .arg("-I")
+        .arg(root.join("kernels"))
+        .arg(root.join("tests/emu/launch.cpp"))
+        .arg("-o")
+        .arg(&so);
+    let res = cmd.output().expect("running the C++ compiler");
+    assert!(
+        res.status.success(),
+        "compiling the kernels as C++ failed:\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    // SAFETY: the library is ours, built just above; its initialisers only set up the
+    // emulation's statics.
+    let lib: &'static Library =
+        Box::leak(Box::new(unsafe { Library::new(&so) }.expect("loading the emulated kernels")));
+    // Loaded: the file is no longer needed (runs do not pile up copies).
+    let _ = std::fs::remove_file(&so);
+    libs.insert(key, lib);
+    lib
 }
 
 /// `run_attention` of tests/emu/launch.cpp: q, kc, vc (f32 or f16), att (scratch), out,
@@ -111,8 +129,13 @@ pub type PairFn = unsafe extern "C" fn(*mut f32, *const f32, i32);
 pub type ScaleFn = unsafe extern "C" fn(*mut f32, f32, i32);
 
 pub fn sym<T>(name: &str) -> Symbol<'static, T> {
+    sym_in(lib(), name)
+}
+
+/// [`sym`] in a library of [`lib_with`].
+pub fn sym_in<T>(lib: &'static Library, name: &str) -> Symbol<'static, T> {
     // SAFETY: every caller names a function of launch.cpp with the matching signature.
-    unsafe { lib().get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"))
+    unsafe { lib.get(name.as_bytes()) }.unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// `x` rounded to TF32 (8-bit exponent, 10-bit mantissa; to nearest, ties to even).
