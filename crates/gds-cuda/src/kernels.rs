@@ -39,7 +39,9 @@ pub const DEQ_PER_LANE_ENV: &str = "GDS_CUDA_DEQ_PER_LANE";
 /// (`deq_per_lane`: the value of [`DEQ_PER_LANE_ENV`]).
 pub fn variant_defines(deq_per_lane: Option<&str>) -> Vec<String> {
     let on = matches!(
-        deq_per_lane.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
+        deq_per_lane
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref(),
         Some("1" | "true" | "on" | "yes")
     );
     if on {
@@ -311,7 +313,9 @@ mod tests {
         assert_eq!(Mmq8Shape::from_env_value(Some("8x1")), Ok(s(8, 1)));
         assert_eq!(Mmq8Shape::parse(" 2X4 "), Ok(s(2, 4)));
         assert_eq!(Mmq8Shape::parse("16x3"), Ok(s(16, 3)));
-        for bad in ["8", "x", "3x2", "4x0", "4x9", "32x1", "-4x2", "4x2x1", "16x4"] {
+        for bad in [
+            "8", "x", "3x2", "4x0", "4x9", "32x1", "-4x2", "4x2x1", "16x4",
+        ] {
             let e = Mmq8Shape::parse(bad).unwrap_err();
             assert!(e.contains(MMQ8_ENV) && e.contains(bad), "{bad}: {e}");
         }

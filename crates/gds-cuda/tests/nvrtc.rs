@@ -60,11 +60,11 @@ fn the_int8_kernels_compile_at_other_block_shapes() {
         let src = nvrtc::compile_library("compute_90", shape, &[])
             .unwrap_or_else(|e| panic!("{v}: {e}"))
             .to_src();
-        let floats = shape.warps * shape.rows * 8 * 32;
+        // the partial sums, `part[warps][rows × 8][32]` floats
+        let bytes = shape.warps * shape.rows * 8 * 32 * 4;
         assert!(
-            src.contains(&format!(".shared .align 4 .b8 matvec_q8_q4_0$__cuda_local_var"))
-                || src.contains(&format!("[{}]", floats * 4)),
-            "{v}: no shared array of {floats} floats in the PTX"
+            src.contains(&format!("_ZZ14matvec_q8_q4_0E4part[{bytes}];")),
+            "{v}: no shared array of {bytes} bytes in matvec_q8_q4_0's PTX"
         );
     }
 }
@@ -83,8 +83,10 @@ fn the_per_lane_dequantization_compiles() {
     };
     let per_lane = src(&kernels::variant_defines(Some("1")));
     assert!(per_lane.contains(".entry dequant16_q4_0("));
-    assert!(src(&[]).contains("dequant16_q4_0$__cuda_local_var"));
-    assert!(!per_lane.contains("dequant16_q4_0$__cuda_local_var"));
+    // the staged stores' shared array, `stage[8][32][33]` floats
+    let stage = "_ZZ14dequant16_q4_0E5stage[33792];";
+    assert!(src(&[]).contains(stage));
+    assert!(!per_lane.contains(stage));
 }
 
 #[test]

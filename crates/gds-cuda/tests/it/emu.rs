@@ -1278,7 +1278,10 @@ fn one_int8_launch_over_three_matrices_equals_three_launches() {
         lib_with(&["-DMMQ8_WARPS=2", "-DMMQ8_ROWS=4"]),
     ];
     let cases = Q8_CASES.iter().filter(|c| c.0.block_size() == 32);
-    for (lib, &(dtype, name, _)) in libs.iter().flat_map(|l| cases.clone().map(move |c| (*l, c))) {
+    for (lib, &(dtype, name, _)) in libs
+        .iter()
+        .flat_map(|l| cases.clone().map(move |c| (*l, c)))
+    {
         let ws: Vec<Vec<u8>> = rows
             .iter()
             .enumerate()

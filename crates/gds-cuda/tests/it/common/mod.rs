@@ -65,8 +65,9 @@ pub fn lib_with(defines: &[&str]) -> &'static Library {
     );
     // SAFETY: the library is ours, built just above; its initialisers only set up the
     // emulation's statics.
-    let lib: &'static Library =
-        Box::leak(Box::new(unsafe { Library::new(&so) }.expect("loading the emulated kernels")));
+    let lib: &'static Library = Box::leak(Box::new(
+        unsafe { Library::new(&so) }.expect("loading the emulated kernels"),
+    ));
     // Loaded: the file is no longer needed (runs do not pile up copies).
     let _ = std::fs::remove_file(&so);
     libs.insert(key, lib);
