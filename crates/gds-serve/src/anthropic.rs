@@ -430,7 +430,7 @@ fn tool_use_block(call: &Value) -> Value {
 
 /// `stop_reason` and `stop_sequence`.
 fn stop_reason(end: &End, calls: bool) -> (&'static str, Option<String>) {
-    if calls {
+    if calls && end.finish != "length" {
         ("tool_use", None)
     } else if let Some(s) = &end.stop {
         ("stop_sequence", Some(s.clone()))
@@ -447,9 +447,14 @@ fn usage(prompt: usize, end: Option<&End>) -> Value {
     let cached = end
         .and_then(|e| e.done.as_ref())
         .map_or(0, |d| d.cached_tokens);
+    usage_of(prompt, cached, end.map_or(0, |e| e.completion_tokens))
+}
+
+/// [`usage`] of a prompt of which `cached` tokens came from the cache, and `output` tokens.
+fn usage_of(prompt: usize, cached: usize, output: usize) -> Value {
     json!({
         "input_tokens": prompt - cached.min(prompt),
-        "output_tokens": end.map_or(0, |e| e.completion_tokens),
+        "output_tokens": output,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
     })
@@ -524,6 +529,8 @@ fn event(kind: &str, mut data: Value) -> SseEvent {
 /// starting), `stream_cut`'s memory, whether a call started, whether the text block is
 /// open, and the next block's index.
 struct Streaming {
+    /// The `message_start` event's body, until it goes out (with the first piece).
+    start: Option<Value>,
     gen: Gen,
     held: String,
     plain: bool,
@@ -624,27 +631,17 @@ impl Streaming {
 async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Response, ApiError> {
     let constraint = constrain(&st, &job).await?;
     let submitted = submit(&st, &job, constraint)?;
-    let gen = Gen::new(
-        st.clone(),
-        submitted,
-        job.stop.clone(),
-        false,
-        job.keep.clone(),
-    );
+    let gen = Gen::new(st.clone(), submitted, &job, false);
     let tools = job.tools.clone().filter(|t| t.parses());
     let n_prompt = job.prompt.len();
-    let first = vec![
-        event(
-            "message_start",
-            json!({"message": {
-                "id": id, "type": "message", "role": "assistant", "model": job.model,
-                "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": usage(n_prompt, None),
-            }}),
-        ),
-        event("ping", json!({})),
-    ];
+    // message_start goes out with the first piece, once the engine said how much of the
+    // prompt the cache held: its usage is the final split of the input, as Anthropic's
+    let start = json!({"message": {
+        "id": id, "type": "message", "role": "assistant", "model": job.model,
+        "content": [], "stop_reason": null, "stop_sequence": null,
+    }});
     let state = Streaming {
+        start: Some(start),
         gen,
         held: String::new(),
         plain: false,
@@ -659,7 +656,13 @@ async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Re
         async move {
             let mut s = s?;
             let mut out = Vec::new();
-            match s.gen.next().await {
+            let piece = s.gen.next().await;
+            if let Some(mut start) = s.start.take() {
+                start["message"]["usage"] = usage_of(n_prompt, s.gen.cached_tokens(), 0);
+                out.push(event("message_start", start));
+                out.push(event("ping", json!({})));
+            }
+            match piece {
                 Some(Piece::Text(t)) => {
                     let t = s.split(t, &mut out);
                     match tools.as_deref() {
@@ -685,9 +688,10 @@ async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Re
                             s.held.push_str(&rest);
                             let held = std::mem::take(&mut s.held);
                             if s.calling {
-                                let (content, c) = tl.parse(&held);
+                                // a call cut off by the limit is dropped, not shown as text
+                                let (content, c) = tl.parse_end(&held, end.finish);
                                 calls = c;
-                                if calls.is_empty() {
+                                if calls.is_empty() && end.finish != "length" {
                                     s.text(held, &mut out);
                                 } else {
                                     s.text(content.unwrap_or_default(), &mut out);
@@ -735,8 +739,7 @@ async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Re
         }
     })
     .flat_map(stream::iter);
-    let all = stream::iter(first).chain(body).map(Ok::<_, Infallible>);
-    Ok(sse(all))
+    Ok(sse(body.map(Ok::<_, Infallible>)))
 }
 
 /// Anthropic's error type for a status.

@@ -629,14 +629,18 @@ pub(crate) fn job(
         return Err(ApiError::bad("echo takes n = 1").param("n"));
     }
     let room = ctx - prompt.len();
-    let max_tokens = match c.max_tokens.or(c.max_completion_tokens) {
+    let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
         // with echo, 0 scores the prompt and generates nothing (what evaluators send)
         Some(0) if echo => 0,
         Some(n) if n < 1 => {
-            return Err(ApiError::bad(format!(
-                "max_tokens {n} must be at least 1 (0 only with echo)"
-            ))
-            .param("max_tokens"))
+            let echo_note = match kind {
+                Kind::Completion => " (0 only with echo)",
+                Kind::Chat => "",
+            };
+            return Err(
+                ApiError::bad(format!("max_tokens {n} must be at least 1{echo_note}"))
+                    .param("max_tokens"),
+            );
         }
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(room),
         None => default_max.min(room),
@@ -891,25 +895,29 @@ pub(crate) struct Gen {
     prefill: Option<(Prefill, Instant)>,
     /// Special tokens whose text the reply keeps ([`Job::keep`]).
     keep: Arc<[u32]>,
+    /// Prompt tokens (a reply the front end ends reports them as the engine would).
+    prompt_len: usize,
 }
 
 impl Gen {
+    /// The generator of `job`'s reply, submitted as `submitted` (`want_logprobs`: the
+    /// front end hands log-probabilities out).
     pub(crate) fn new(
         st: Arc<ServerState>,
         (rx, ended_by_front): Submitted,
-        stop: Vec<String>,
+        job: &Job,
         want_logprobs: bool,
-        keep: Arc<[u32]>,
     ) -> Gen {
         Gen {
-            keep,
+            keep: job.keep.clone(),
+            prompt_len: job.prompt.len(),
             rx,
             ended_by_front,
             st,
             ids: Vec::new(),
             prefix: String::new(),
             prefix_index: 0,
-            reply: Reply::new(stop),
+            reply: Reply::new(job.stop.clone()),
             ended: false,
             lps: Vec::new(),
             lps_taken: 0,
@@ -931,6 +939,11 @@ impl Gen {
         timing_fields(prompt_tokens, &p, decode_ms, self.reply.generated())
     }
 
+    /// Prompt tokens the prefix cache held, once the engine said (0 before).
+    pub(crate) fn cached_tokens(&self) -> usize {
+        self.prefill.map_or(0, |(p, _)| p.cached_tokens)
+    }
+
     /// The generated tokens not handed out yet (the end-of-generation token is not one).
     pub(crate) fn take_tokens(&mut self) -> Vec<u32> {
         let from = std::mem::replace(&mut self.tokens_taken, self.tokens.len());
@@ -945,8 +958,18 @@ impl Gen {
     }
 
     /// Whether log-probabilities were asked for and some are not handed out yet.
-    fn has_pending_logprobs(&self) -> bool {
-        self.want_logprobs && self.lps_taken < self.lps.len()
+    fn has_pending_logprobs(&self, kind: Kind) -> bool {
+        self.want_logprobs
+            && self.lps[self.lps_taken..]
+                .iter()
+                .any(|(id, _)| self.listed(kind, *id))
+    }
+
+    /// Whether the token `id` is listed in `kind`'s `logprobs`: every token in a completion
+    /// (the end-of-generation one too: evaluators score it), every one but the end of
+    /// generation in a chat reply (OpenAI's chat lists only what its content holds).
+    fn listed(&self, kind: Kind, id: u32) -> bool {
+        kind == Kind::Completion || !self.st.tokenizer.is_eog(id)
     }
 
     /// The `logprobs` field of a choice for the tokens not handed out yet: OpenAI's chat
@@ -969,6 +992,7 @@ impl Gen {
                 };
                 let content: Vec<Value> = lps
                     .iter()
+                    .filter(|(id, _)| self.listed(kind, *id))
                     .map(|(id, l)| {
                         let mut e = entry(*id, l.logprob);
                         e["top_logprobs"] = l.top.iter().map(|&(i, p)| entry(i, p)).collect();
@@ -980,9 +1004,14 @@ impl Gen {
             Kind::Completion => {
                 let (mut tokens, mut lp, mut top, mut offsets) =
                     (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                let alts = |l: &TokenLogprobs| -> Value {
-                    let m: serde_json::Map<String, Value> =
+                // the alternatives, and the token itself where they miss it (OpenAI lists
+                // up to `logprobs` + 1: the sampled token always among them)
+                let alts = |id: u32, l: &TokenLogprobs| -> Value {
+                    let mut m: serde_json::Map<String, Value> =
                         l.top.iter().map(|&(i, p)| (text(i), json!(p))).collect();
+                    if !l.top.iter().any(|&(i, _)| i == id) {
+                        m.entry(text(id)).or_insert(json!(l.logprob));
+                    }
                     Value::Object(m)
                 };
                 // echo: the prompt's tokens first, the first without a log-probability
@@ -998,7 +1027,7 @@ impl Gen {
                     self.lp_chars += t.chars().count();
                     tokens.push(t);
                     lp.push(l.map_or(Value::Null, |l| json!(l.logprob)));
-                    top.push(l.map_or(Value::Null, alts));
+                    top.push(l.map_or(Value::Null, |l| alts(*id, l)));
                 }
                 json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offsets})
             }
@@ -1065,7 +1094,8 @@ impl Gen {
                             // in the engine, counted as finished
                             self.ended_by_front.store(true, Ordering::Relaxed);
                             self.rx.close();
-                            return Some(self.end("stop", None));
+                            let done = self.done_here();
+                            return Some(self.end("stop", done));
                         }
                         if let Some(s) = self.reply.take_shown(false) {
                             return Some(Piece::Text(s));
@@ -1093,6 +1123,22 @@ impl Gen {
                 None => return Some(self.fail("the engine dropped the request".into())),
             }
         }
+    }
+
+    /// The counters of a reply the front end ended (a stop string), as the engine's
+    /// [`Event::Done`] would have them: what the prompt cost, and the time since the first
+    /// token (none before the prompt was in: the engine sends that first).
+    fn done_here(&self) -> Option<Done> {
+        let (p, first) = self.prefill?;
+        Some(Done {
+            finish: Finish::Eos,
+            prompt_tokens: self.prompt_len,
+            cached_tokens: p.cached_tokens,
+            generated: self.reply.generated(),
+            prompt_ms: p.prompt_ms,
+            decode_ms: first.elapsed().as_secs_f64() * 1000.0,
+            queue_ms: p.queue_ms,
+        })
     }
 
     fn fail(&mut self, e: String) -> Piece {
@@ -1208,6 +1254,17 @@ pub(crate) async fn run_to_end(
     Ok((gen, text, end))
 }
 
+/// A chat choice's `finish_reason`: `tool_calls` where the reply has calls and ended on its
+/// own (an end-of-generation token or a stop string), else how it ended (`length` where the
+/// limit cut it, calls or not, as llama-server reports).
+pub(crate) fn finish_reason(finish: &'static str, calls: bool) -> &'static str {
+    if calls && finish != "length" {
+        "tool_calls"
+    } else {
+        finish
+    }
+}
+
 /// Runs `job` (not streamed) to its end: the choice at `index`, and how it ended.
 pub(crate) async fn complete(
     st: &Arc<ServerState>,
@@ -1234,16 +1291,12 @@ pub(crate) async fn complete(
                 Some(r) => r.split(&text),
                 None => (None, text),
             };
-            let (mut message, calls) = crate::tools::assistant_message(job.tools.as_deref(), &text);
+            let (mut message, calls) =
+                crate::tools::assistant_message(job.tools.as_deref(), &text, end.finish);
             if let Some(r) = reasoning {
                 message["reasoning_content"] = json!(r);
             }
-            let finish = if calls {
-                json!("tool_calls")
-            } else {
-                json!(end.finish)
-            };
-            json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(end.finish, calls)})
         }
     };
     Ok((choice, end))
@@ -1454,13 +1507,7 @@ pub(crate) fn window(st: &ServerState, n: usize) -> usize {
 pub(crate) async fn start_gen(st: &Arc<ServerState>, job: &Job) -> Result<Gen, ApiError> {
     let constraint = constrain(st, job).await?;
     let submitted = submit(st, job, constraint)?;
-    let mut g = Gen::new(
-        st.clone(),
-        submitted,
-        job.stop.clone(),
-        job.logprobs.is_some(),
-        job.keep.clone(),
-    );
+    let mut g = Gen::new(st.clone(), submitted, job, job.logprobs.is_some());
     if job.echo {
         g.echo_prompt = Some(job.prompt.clone());
     }
@@ -1593,19 +1640,27 @@ fn choice_stream(
                     let mut finish = e.finish;
                     if let Some(tools) = tools {
                         held.push_str(&rest.unwrap_or_default());
-                        let pending = g.has_pending_logprobs();
+                        let pending = g.has_pending_logprobs(kind);
                         let lp = g.take_logprobs(kind);
                         let (content, calls) = if calling {
-                            tools.parse(&held)
+                            tools.parse_end(&held, e.finish)
                         } else {
                             (None, Vec::new())
                         };
                         if calls.is_empty() {
-                            if !held.is_empty() || pending {
-                                out.push(chunk(text_choice(held, lp), None));
+                            // a call cut off by the limit is not text (only its logprobs
+                            // go out); otherwise what was held back, as it is
+                            let cut = calling && e.finish == "length";
+                            let text = if cut {
+                                content.unwrap_or_default()
+                            } else {
+                                held
+                            };
+                            if !text.is_empty() || pending {
+                                out.push(chunk(text_choice(text, lp), None));
                             }
                         } else {
-                            finish = "tool_calls";
+                            finish = finish_reason(e.finish, true);
                             let deltas: Vec<Value> = calls
                                 .into_iter()
                                 .enumerate()
@@ -1619,7 +1674,7 @@ fn choice_stream(
                                 None,
                             ));
                         }
-                    } else if rest.is_some() || echo.is_some() || g.has_pending_logprobs() {
+                    } else if rest.is_some() || echo.is_some() || g.has_pending_logprobs(kind) {
                         // held-back text (the echoed prompt when nothing came before), and
                         // the log-probabilities of tokens that added none
                         let mut text = echo.take().unwrap_or_default();
@@ -1712,12 +1767,21 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
 /// text parts), `developer` as `system`, assistants' tool calls with their arguments parsed.
 pub(crate) fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     let mut msgs = Vec::with_capacity(messages.len());
-    for m in messages {
+    for (i, m) in messages.iter().enumerate() {
         if !matches!(
             m.role.as_str(),
             "system" | "user" | "assistant" | "developer" | "tool"
         ) {
             return Err(ApiError::bad(format!("unknown role {:?}", m.role)).param("messages"));
+        }
+        // only an assistant's message may come without content (its tool calls), as in
+        // OpenAI's API and llama-server
+        if m.role != "assistant" && m.content.as_ref().is_none_or(Value::is_null) {
+            return Err(ApiError::bad(format!(
+                "messages[{i}]: a {} message needs content",
+                m.role
+            ))
+            .param("messages"));
         }
         let bad_content = || {
             ApiError::bad("message content must be a string or a list of text parts")

@@ -774,7 +774,7 @@ async fn answer(st: &Arc<ServerState>, t: Turn, stream: bool) -> Result<Response
         Some(r) => r.split(&text),
         None => (None, text),
     };
-    let (message, _) = crate::tools::assistant_message(t.job.tools.as_deref(), &text);
+    let (message, _) = crate::tools::assistant_message(t.job.tools.as_deref(), &text, end.finish);
     let calls = message["tool_calls"].as_array().map(|c| {
         c.iter()
             .enumerate()
@@ -887,11 +887,16 @@ async fn step(t: &Turn, s: &mut Streaming) -> Vec<Value> {
                 s.held.push_str(&rest);
                 let held = std::mem::take(&mut s.held);
                 let (content, calls) = if s.calling {
-                    tl.parse(&held)
+                    tl.parse_end(&held, end.finish)
                 } else {
                     (None, Vec::new())
                 };
                 if calls.is_empty() {
+                    // a call cut off by the limit is dropped, not shown as text
+                    let held = match s.calling && end.finish == "length" {
+                        true => content.unwrap_or_default(),
+                        false => held,
+                    };
                     if !held.is_empty() {
                         out.push(with_lp(t.object(&held, None, None), s));
                     }

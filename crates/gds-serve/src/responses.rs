@@ -678,13 +678,7 @@ async fn stream_response(
 ) -> Result<Response, ApiError> {
     let constraint = constrain(&st, &job).await?;
     let submitted = submit(&st, &job, constraint)?;
-    let gen = Gen::new(
-        st.clone(),
-        submitted,
-        job.stop.clone(),
-        false,
-        job.keep.clone(),
-    );
+    let gen = Gen::new(st.clone(), submitted, &job, false);
     let tools = job.tools.clone().filter(|t| t.parses());
     let mut ev = Events { seq: 0 };
     let who = (job.model.clone(), job.prompt.len());
@@ -757,7 +751,7 @@ async fn stream_response(
                             }
                         }
                         let (content, calls) = match tools.as_deref() {
-                            Some(t) => t.parse(&text),
+                            Some(t) => t.parse_end(&text, end.finish),
                             None => (Some(text.clone()), Vec::new()),
                         };
                         let content = content.unwrap_or_default();

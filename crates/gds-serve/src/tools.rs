@@ -416,6 +416,14 @@ impl Tools {
                 ));
             }
         }
+        // `tool_choice: "none"` asks for no call: where the template cannot show the tools
+        // (or gdsrun cannot parse its calls), the tools are left out instead of refused
+        // (clients that always send their tools, with calls off, still work)
+        let usable =
+            template.is_some_and(|t| t.takes_tools() && Syntax::of_template(t.source()).is_some());
+        if choice == Choice::None && !usable {
+            return Ok(None);
+        }
         let template = template.ok_or_else(|| {
             bad(
                 "this model has no chat template, so it cannot be given tools",
@@ -841,6 +849,26 @@ impl Tools {
         }
         let content = content.trim();
         ((!content.is_empty()).then(|| content.to_string()), calls)
+    }
+
+    /// [`Tools::parse`] of a whole reply that ended as `finish` says (`"length"`: cut by
+    /// `max_tokens` or the context): there, a call the limit cut off — the last call marker
+    /// with no complete call after it — is dropped, not shown as text (OpenAI's content
+    /// never holds call syntax; the finish reason says the reply was cut).
+    pub fn parse_end(&self, text: &str, finish: &str) -> (Option<String>, Vec<Value>) {
+        if finish == "length" {
+            let marker = match self.syntax {
+                Syntax::Llama3 => Some("<|python_tag|>"),
+                Syntax::Mistral => Some("[TOOL_CALLS]"),
+                s => s.open_tag(),
+            };
+            if let Some(at) = marker.and_then(|m| text.rfind(m)) {
+                if self.parse(&text[at..]).1.is_empty() {
+                    return self.parse(&text[..at]);
+                }
+            }
+        }
+        self.parse(text)
     }
 
     /// Where a block that is not a call ends (after its closing tag, else the text's end).
@@ -1719,12 +1747,21 @@ fn call_from(v: &Value, key: &str, syntax: Syntax) -> Option<Value> {
 
 /// The reply as OpenAI's assistant message: with `tools` that parse calls and calls in it,
 /// those (`tool_calls`) and the text around them as `content`; otherwise the whole text as
-/// `content`. The flag says whether it has calls (finish reason `tool_calls`).
-pub fn assistant_message(tools: Option<&Tools>, text: &str) -> (Value, bool) {
-    match tools.filter(|t| t.parses()).map(|t| t.parse(text)) {
+/// `content`. The flag says whether it has calls. `finish` is how the reply ended
+/// ([`Tools::parse_end`]).
+pub fn assistant_message(tools: Option<&Tools>, text: &str, finish: &str) -> (Value, bool) {
+    match tools
+        .filter(|t| t.parses())
+        .map(|t| t.parse_end(text, finish))
+    {
         Some((content, calls)) if !calls.is_empty() => (
             json!({"role": "assistant", "content": content, "tool_calls": calls}),
             true,
+        ),
+        // no call: the text as it is, less a call the limit cut off
+        Some((content, _)) if finish == "length" => (
+            json!({"role": "assistant", "content": content.unwrap_or_default()}),
+            false,
         ),
         _ => (json!({"role": "assistant", "content": text}), false),
     }
@@ -1745,6 +1782,48 @@ mod tests {
         Tools::from_request(Some(&list), Some(&choice), None, Some(&template(src)))
             .unwrap()
             .unwrap()
+    }
+
+    #[test]
+    fn a_call_cut_off_by_the_limit_is_dropped_not_shown() {
+        let h = tools("{{ tools }} <tool_call>", json!("auto"));
+        let whole = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let cut = format!("Sure.\n{whole}\n<tool_call>\n{{\"name\":");
+        // ended by the limit: the complete call kept, the cut one gone from the content
+        let (content, calls) = h.parse_end(&cut, "length");
+        assert_eq!((content.as_deref(), calls.len()), (Some("Sure."), 1));
+        // one call, cut: nothing of it shown
+        let (content, calls) = h.parse_end("<tool_call>\n{\"name\": \"get_wea", "length");
+        assert_eq!((content, calls.len()), (None, 0));
+        // ended on its own, the same text is the model's: kept as it is
+        let (content, calls) = h.parse_end(&cut, "stop");
+        assert_eq!(calls.len(), 1);
+        assert!(content.unwrap().ends_with("<tool_call>\n{\"name\":"));
+        // cut after the last call's end: nothing dropped
+        let (content, calls) = h.parse_end(&format!("{whole} and"), "length");
+        assert_eq!((content.as_deref(), calls.len()), (Some("and"), 1));
+        // Llama 3's and Mistral's prefixes
+        for (src, cut) in [
+            (
+                "{{ tools }} <|python_tag|>",
+                "<|python_tag|>{\"name\": \"get_w",
+            ),
+            (
+                "{{ tools }} [TOOL_CALLS]",
+                "[TOOL_CALLS][{\"name\": \"get_w",
+            ),
+        ] {
+            let t = tools(src, json!("auto"));
+            assert!(
+                matches!(t.syntax, Syntax::Llama3 | Syntax::Mistral),
+                "{src}"
+            );
+            assert_eq!(t.parse_end(cut, "length"), (None, vec![]), "{src}");
+            assert_eq!(t.parse_end(cut, "stop").0.as_deref(), Some(cut), "{src}");
+        }
+        assert_eq!(crate::api::finish_reason("length", true), "length");
+        assert_eq!(crate::api::finish_reason("stop", true), "tool_calls");
+        assert_eq!(crate::api::finish_reason("stop", false), "stop");
     }
 
     #[test]
@@ -2079,6 +2158,16 @@ mod tests {
                 .unwrap_or_default()
         };
         assert!(err(Some("{{ messages }}"), json!("auto")).contains("does not take tools"));
+        // no call asked for: the tools are left out where the template cannot show them
+        for t in [Some("{{ messages }}"), Some("{{ tools }}"), None] {
+            let r = Tools::from_request(
+                Some(&list),
+                Some(&json!("none")),
+                None,
+                t.map(template).as_ref(),
+            );
+            assert!(matches!(r, Ok(None)), "{t:?}");
+        }
         assert!(err(Some("{{ tools }}"), json!("auto")).contains("syntax"));
         assert!(err(None, json!("auto")).contains("no chat template"));
         assert!(err(

@@ -1391,3 +1391,112 @@ fn the_cli_and_the_server_end_replies_alike() {
     // the three ways a reply ends were all exercised
     assert_eq!(ends, ["max_tokens", "eos", "stop_string"], "{cases:#?}");
 }
+
+/// Details where the OpenAI and Anthropic APIs (and llama-server) say what a field holds:
+/// `max_completion_tokens` wins over the deprecated `max_tokens`; a reply ended by a stop
+/// string reports its cached prompt tokens and timings as any other; a chat reply's
+/// `logprobs` list only what its content holds (not the end-of-generation token); a
+/// completion's `top_logprobs` always hold the sampled token; a user message without
+/// content is refused; Anthropic's `message_start` has the final split of the input
+/// between the cache and the rest.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn fields_hold_what_the_apis_say() {
+    let _one = serial();
+    let s = start(&[]);
+    let post = |path: &str, body: Value| {
+        let (status, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
+        (status, text)
+    };
+    let chat = |body: Value| {
+        let (status, text) = post("/v1/chat/completions", body);
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    let msgs = json!([{"role": "user", "content": "Count please: one, two, three,"}]);
+    let r = chat(
+        json!({"messages": msgs, "max_completion_tokens": 3, "max_tokens": 5, "ignore_eos": true}),
+    );
+    assert_eq!(r["usage"]["completion_tokens"], 3, "{r}");
+    // the same prompt again, ended by a stop string: its prompt came from the cache
+    let r = chat(
+        json!({"messages": msgs, "max_tokens": 16, "temperature": 0, "stop": [" four", "four", ","]}),
+    );
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0, "{r}");
+    assert_eq!(r["timings"]["cache_n"], cached, "{r}");
+    assert!(r["timings"]["prompt_ms"].as_f64().unwrap() > 0.0, "{r}");
+    // a chat reply that ends on its own: its logprobs spell its content
+    let r = chat(
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64, "temperature": 0, "logprobs": true}),
+    );
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let spelled: String = r["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        spelled,
+        r["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    // sampled completion tokens: each among its own top_logprobs
+    let (status, text) = post(
+        "/v1/completions",
+        json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.5, "top_p": 1, "top_k": 0, "min_p": 0, "seed": 7, "logprobs": 1}),
+    );
+    assert_eq!(status, 200, "{text}");
+    let r: Value = serde_json::from_str(&text).unwrap();
+    let lp = &r["choices"][0]["logprobs"];
+    for (i, t) in lp["tokens"].as_array().unwrap().iter().enumerate() {
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!(
+            top.contains_key(t.as_str().unwrap()),
+            "token {i} {t}: {top:?}"
+        );
+        assert_eq!(
+            top[t.as_str().unwrap()],
+            lp["token_logprobs"][i],
+            "token {i}"
+        );
+    }
+    // a user message without content
+    let (status, text) = post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user"}], "max_tokens": 2}),
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("needs content"), "{text}");
+    // Anthropic's stream, the second time: message_start's input split is message_delta's
+    for _ in 0..2 {
+        let (status, text) = post(
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 3, "stream": true, "messages": [{"role": "user", "content": "Hi there, how are you today?"}]}),
+        );
+        assert_eq!(status, 200, "{text}");
+        let data = |name: &str| -> Value {
+            let at = text
+                .find(&format!("event: {name}\n"))
+                .unwrap_or_else(|| panic!("{name}: {text}"));
+            let line = text[at..].lines().nth(1).unwrap();
+            serde_json::from_str(line.strip_prefix("data: ").unwrap()).unwrap()
+        };
+        // the first event (the body is chunked: sizes between the events)
+        assert_eq!(
+            text.find("event: "),
+            text.find("event: message_start"),
+            "{text}"
+        );
+        let (start, delta) = (data("message_start"), data("message_delta"));
+        for k in ["input_tokens", "cache_read_input_tokens"] {
+            assert_eq!(
+                start["message"]["usage"][k], delta["usage"][k],
+                "{k}: {text}"
+            );
+        }
+    }
+}

@@ -2,8 +2,9 @@
 //! (`fixtures/templates/qwen2.5-instruct.jinja`, Hermes `<tool_call>` syntax), driven by the
 //! official `openai` client (tests/py/serve_tools_check.py): a required call whose arguments
 //! follow the function's schema, the round trip through a `role: tool` result, a named
-//! function streamed and reassembled by the client, `auto`, parallel calls; and a model whose
-//! template takes no tools refusing them by name.
+//! function streamed and reassembled by the client, `auto`, parallel calls, a call cut off by
+//! `max_tokens`; and a model whose template takes no tools refusing them by name (unless
+//! `tool_choice` is `none`).
 
 use serde_json::Value;
 use std::process::Command;
@@ -90,6 +91,43 @@ fn tool_calls_round_trip_through_the_openai_client() {
     valid_calls(&r["parallel"], &["get_weather", "get_time"]);
     assert_eq!(r["unknown_function"]["status"], 400);
     assert_eq!(r["unknown_function"]["param"], "tool_choice");
+
+    // A call cut off by max_tokens (the required call's grammar makes the reply a call; 6
+    // tokens end it inside): finish "length", and no call syntax in the content, whole or
+    // streamed, in OpenAI's and Anthropic's forms.
+    let tools = r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#;
+    for stream in [false, true] {
+        let body = format!(
+            r#"{{"messages": [{{"role": "user", "content": "Weather in Paris?"}}], "max_tokens": 6, "temperature": 0, "tool_choice": "required", "stream": {stream}, "tools": {tools}}}"#
+        );
+        let (status, text) = http(
+            &s.addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(body.as_bytes()),
+        );
+        assert_eq!(status, 200, "{text}");
+        assert!(
+            !text.contains("tool_call>"),
+            "stream {stream}: call syntax in {text}"
+        );
+        assert!(
+            !text.contains("tool_calls\""),
+            "stream {stream}: a finish of tool_calls in {text}"
+        );
+        assert!(text.contains("\"length\""), "stream {stream}: {text}");
+        let body = format!(
+            r#"{{"model": "m", "max_tokens": 6, "messages": [{{"role": "user", "content": "Weather in Paris?"}}], "tool_choice": {{"type": "any"}}, "stream": {stream}, "tools": [{{"name": "get_weather", "input_schema": {{"type": "object", "properties": {{"city": {{"type": "string"}}}}}}}}]}}"#
+        );
+        let (status, text) = http(&s.addr, "POST", "/v1/messages", Some(body.as_bytes()));
+        assert_eq!(status, 200, "{text}");
+        assert!(
+            !text.contains("tool_call>"),
+            "stream {stream}: call syntax in {text}"
+        );
+        assert!(text.contains("\"max_tokens\""), "stream {stream}: {text}");
+        assert!(!text.contains("\"tool_use\""), "stream {stream}: {text}");
+    }
     drop(s);
 
     // SmolLM2's own template takes no tools: refused, naming the field and why
@@ -106,6 +144,10 @@ fn tool_calls_round_trip_through_the_openai_client() {
             .contains("does not take tools"),
         "{text}"
     );
+    // unless no call is asked for: then the tools are left out
+    let body = br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tool_choice": "none", "tools": [{"type": "function", "function": {"name": "f"}}]}"#;
+    let (status, text) = http(&s.addr, "POST", "/v1/chat/completions", Some(body));
+    assert_eq!(status, 200, "{text}");
 }
 
 /// `/v1/responses` through the official client (tests/py/serve_responses_check.py): text
@@ -468,7 +510,10 @@ fn required_calls_in_each_tagged_syntax() {
         };
         let v: Value = serde_json::from_str(&post(&body)).unwrap();
         let choice = &v["choices"][0];
-        assert_eq!(choice["finish_reason"], "tool_calls", "{file}: {v}");
+        // a reply the limit ended says so, calls or not (llama-server's finish)
+        let cut = v["usage"]["completion_tokens"] == body["max_tokens"];
+        let finish = if cut { "length" } else { "tool_calls" };
+        assert_eq!(choice["finish_reason"], finish, "{file}: {v}");
         let call = &choice["message"]["tool_calls"][0];
         assert_eq!(call["function"]["name"], "get_weather", "{file}: {v}");
         let args: Value =
@@ -559,12 +604,14 @@ fn a_syntax_s_special_tokens_stay_in_the_reply() {
     };
     let msgs = serde_json::json!([{"role": "user", "content": "Weather in Rome?"}]);
     let content = |v: &Value| v["choices"][0]["message"]["content"].clone();
-    // parsed: the tags are text (two opening tags, no call in them)
+    // parsed: the tags are text (two opening tags, no call in them); the reply ends at
+    // max_tokens, so the second tag reads as a call cut off by the limit and is dropped
     let v = post(
         "/v1/chat/completions",
         serde_json::json!({"messages": msgs, "tools": tools}),
     );
-    assert_eq!(content(&v), "<tool_call><tool_call>", "{v}");
+    assert_eq!(content(&v), "<tool_call>", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
     // streamed alike
     let (code, text) = http(
@@ -590,7 +637,7 @@ fn a_syntax_s_special_tokens_stay_in_the_reply() {
                 .map(String::from)
         })
         .collect();
-    assert_eq!(streamed, "<tool_call><tool_call>", "{text}");
+    assert_eq!(streamed, "<tool_call>", "{text}");
     // not parsed: special tokens are dropped, as every other
     for extra in [
         serde_json::json!({"messages": msgs}),
