@@ -55,6 +55,19 @@ impl StopReason {
             StopReason::Grammar => "grammar",
         }
     }
+
+    /// OpenAI's `finish_reason` for it: `stop` where the reply ended on its own (an
+    /// end-of-generation token, a stop string, a finished grammar), `length` where a limit
+    /// cut it (tokens, context, energy, an interrupt).
+    pub fn finish(self) -> &'static str {
+        match self {
+            StopReason::Eos | StopReason::StopString | StopReason::Grammar => "stop",
+            StopReason::MaxTokens
+            | StopReason::ContextFull
+            | StopReason::EnergyLimit
+            | StopReason::Interrupted => "length",
+        }
+    }
 }
 
 /// The result of one generation.

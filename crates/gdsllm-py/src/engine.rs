@@ -457,7 +457,8 @@ impl Engine {
             let mut e = lock(&engine);
             let tools = job.tools.clone();
             run_job(&mut e, job, &mut |_| {}).map(|o| {
-                let (message, _) = assistant_message(tools.as_ref(), &o.text);
+                let finish = o.stop_reason.finish();
+                let (message, _) = assistant_message(tools.as_ref(), &o.text, finish);
                 let mut j = o.json_with_plan(e.plan());
                 j["message"] = message.clone();
                 (j, message, o.text)
@@ -541,7 +542,8 @@ impl Engine {
                 let done = out
                     .map(|o| {
                         let mut j = o.json_with_plan(e.plan());
-                        j["message"] = assistant_message(tools.as_ref(), &o.text).0;
+                        let finish = o.stop_reason.finish();
+                        j["message"] = assistant_message(tools.as_ref(), &o.text, finish).0;
                         j
                     })
                     .map_err(|e| e.to_string());
