@@ -32,8 +32,8 @@ pub(crate) const MAX_INPUTS: usize = 2048;
 #[derive(Deserialize)]
 struct EmbeddingsBody {
     input: Value,
+    /// Echoed in the answer, as the chat and completions endpoints echo it.
     #[serde(default)]
-    #[allow(dead_code)]
     model: Option<String>,
     #[serde(default)]
     encoding_format: Option<String>,
@@ -73,6 +73,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         ))
         .param("embd_normalize"));
     }
+    let model = b.model.unwrap_or_else(|| st.model_name.clone());
     let prompts = inputs(st, b.input).await?;
     let tokens: usize = prompts.iter().map(Vec::len).sum();
     let vectors = embed_all(st, prompts).await?;
@@ -94,7 +95,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
     Ok(Json(json!({
         "object": "list",
         "data": data,
-        "model": st.model_name,
+        "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
     .into_response())

@@ -85,6 +85,12 @@ fn inputs_encodings_dimensions_and_errors() {
     };
     let alone = floats(&one(json!({"input": text}))["data"][0]["embedding"]);
     assert_eq!(alone.len(), 576);
+    // the request's model name echoed, as the chat and completions endpoints echo it
+    assert_eq!(
+        one(json!({"input": text, "model": "emb-x"}))["model"],
+        "emb-x"
+    );
+    assert_eq!(one(json!({"input": text}))["model"], "smollm2");
     // in a list with others: the same vector
     let list = one(json!({"input": ["Hello", text, "A third, longer input of a few words."]}));
     assert_eq!(list["data"].as_array().unwrap().len(), 3);
