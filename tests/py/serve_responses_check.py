@@ -170,6 +170,8 @@ out["kept"] = {
                  "previous": final.previous_response_id},
     "retrieved": {"id": got.id, "text": got.output_text},
     "input_items": [[i.type, getattr(i, "role", None)] for i in items.data],
+    # typed access, as the client's models give it: an id, the status, the text of a part
+    "input_item_fields": [[bool(i.id), i.status, i.content[0].text] for i in items.data],
     "deleted_status": deleted,
     "not_kept": refused(input="hi", previous_response_id=whole.id),
 }

@@ -49,6 +49,7 @@ impl Grammar {
         match self {
             Grammar::JsonSchema(schema) => {
                 let mut schema = schema.clone();
+                close_objects(&mut schema);
                 if let Some(obj) = schema.as_object_mut() {
                     obj.entry("x-guidance")
                         .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
@@ -66,6 +67,55 @@ impl Grammar {
             Grammar::JsonSchema(_) => "JSON schema",
             Grammar::Lark(_) => "Lark grammar",
             Grammar::Regex(_) => "regular expression",
+        }
+    }
+}
+
+/// An object schema with `properties` and no `additionalProperties` takes no other keys:
+/// `additionalProperties: false` is added there, in every subschema. JSON Schema itself
+/// allows other keys, but llama.cpp's converter (and so llama-server's `json_schema`,
+/// Ollama's `format`) and OpenAI's structured outputs do not, and clients rely on it: a
+/// pydantic model's schema leaves the field out, and a small model held only to "some
+/// object with at least these keys" invents keys until it runs out of tokens. A schema
+/// that wants other keys says so (`additionalProperties: true` or a schema).
+fn close_objects(schema: &mut Value) {
+    let Value::Object(o) = schema else {
+        return;
+    };
+    if o.get("properties").is_some_and(Value::is_object) && !o.contains_key("additionalProperties")
+    {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (k, v) in o.iter_mut() {
+        match k.as_str() {
+            // keyword -> schema
+            "additionalProperties"
+            | "items"
+            | "contains"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "propertyNames"
+            | "additionalItems"
+            | "unevaluatedItems"
+            | "unevaluatedProperties" => match v {
+                Value::Array(list) => list.iter_mut().for_each(close_objects),
+                v => close_objects(v),
+            },
+            // keyword -> name -> schema
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Value::Object(m) = v {
+                    m.values_mut().for_each(close_objects);
+                }
+            }
+            // keyword -> [schema]
+            "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
+                if let Value::Array(list) = v {
+                    list.iter_mut().for_each(close_objects);
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -663,9 +663,16 @@ pub(crate) fn job(
         min_p: c.min_p.map_or(d.min_p, |p| p as f32),
         repeat_penalty: c.repeat_penalty.map_or(d.repeat_penalty, |p| p as f32),
         repeat_last_n: d.repeat_last_n,
-        seed: c
-            .seed
-            .map_or_else(|| st.default_seed.unwrap_or_else(random_seed), |s| s as u64),
+        // a seed the server picks is 32-bit, as llama-server's: reported in
+        // `generation_settings` and sent back by clients whose numbers are doubles (a
+        // JavaScript UI) exactly
+        seed: c.seed.map_or_else(
+            || {
+                st.default_seed
+                    .unwrap_or_else(|| random_seed() & u64::from(u32::MAX))
+            },
+            |s| s as u64,
+        ),
         frequency_penalty: c
             .frequency_penalty
             .map_or(d.frequency_penalty, |p| p as f32),

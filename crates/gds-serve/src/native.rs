@@ -1083,7 +1083,7 @@ pub async fn props(State(st): State<Arc<ServerState>>) -> Response {
         "model_alias": st.model_name,
         "model_path": st.model_dir.display().to_string(),
         "modalities": {"vision": false, "video": false, "audio": false},
-        "endpoint_slots": false,
+        "endpoint_slots": st.slots,
         "endpoint_props": false,
         "endpoint_metrics": true,
         "ui": false,

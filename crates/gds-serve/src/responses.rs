@@ -141,6 +141,69 @@ struct ResponsesBody {
     /// `{"effort": ...}`: chat's `reasoning_effort`.
     #[serde(default)]
     reasoning: Option<Value>,
+    /// Up to 16 string pairs, echoed and kept with the response.
+    #[serde(default)]
+    metadata: Option<Value>,
+    /// A stored conversation (OpenAI's Conversations API): not kept here, refused.
+    #[serde(default)]
+    conversation: Option<Value>,
+    /// Run in the background: not done here (`true` is refused).
+    #[serde(default)]
+    background: Option<bool>,
+    /// Extra output to include; the output text's log-probabilities are not given (refused),
+    /// the rest is not produced (encrypted reasoning and the like) and ignored.
+    #[serde(default)]
+    include: Option<Value>,
+}
+
+/// OpenAI's limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values
+/// up to 512.
+fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
+    let m = match v {
+        None | Some(Value::Null) => return Ok(json!({})),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(bad("metadata must be an object of strings", "metadata")),
+    };
+    let fits = m.len() <= 16
+        && m.iter().all(|(k, v)| {
+            k.chars().count() <= 64 && v.as_str().is_some_and(|s| s.chars().count() <= 512)
+        });
+    if !fits {
+        return Err(bad(
+            "metadata holds up to 16 pairs, keys up to 64 characters and string values up to 512",
+            "metadata",
+        ));
+    }
+    Ok(Value::Object(m.clone()))
+}
+
+/// The request fields that would change the answer in a way this server does not do:
+/// refused by name rather than ignored.
+fn refuse_unsupported(r: &ResponsesBody) -> Result<(), ApiError> {
+    if r.conversation.as_ref().is_some_and(|c| !c.is_null()) {
+        return Err(bad(
+            "conversation is not supported (no Conversations API here): send the items, or previous_response_id",
+            "conversation",
+        ));
+    }
+    if r.background == Some(true) {
+        return Err(bad(
+            "background is not supported: responses are answered while the request waits (or streamed)",
+            "background",
+        ));
+    }
+    let wants_logprobs = r
+        .include
+        .as_ref()
+        .and_then(Value::as_array)
+        .is_some_and(|l| l.iter().any(|i| i == "message.output_text.logprobs"));
+    if wants_logprobs {
+        return Err(bad(
+            "include message.output_text.logprobs is not supported (the chat endpoint gives logprobs)",
+            "include",
+        ));
+    }
+    Ok(())
 }
 
 /// The text of a message item's `content`: a string, or parts of type `input_text`,
@@ -344,6 +407,14 @@ async fn responses_job(
 ) -> Result<(Job, Value, Option<Keep>), ApiError> {
     let r: ResponsesBody = parse(body)?;
     let mut common: Common = parse(body)?;
+    refuse_unsupported(&r)?;
+    let metadata = metadata(r.metadata.as_ref())?;
+    if let Some(n) = r.max_output_tokens.filter(|&n| n < 1) {
+        return Err(bad(
+            format!("max_output_tokens {n} must be at least 1"),
+            "max_output_tokens",
+        ));
+    }
     // the conversation: an earlier response's items, then this input's
     let mut items = match &r.previous_response_id {
         None | Some(Value::Null) => Vec::new(),
@@ -355,7 +426,8 @@ async fn responses_job(
                     return Err(bad(
                         format!("no stored response {prev:?} (kept: the last {STORE_ENTRIES}, in memory, unless store was false)"),
                         "previous_response_id",
-                    ))
+                    )
+                    .code("previous_response_not_found"))
                 }
             }
         }
@@ -388,8 +460,10 @@ async fn responses_job(
     let echoed = json!({
         "instructions": r.instructions,
         "max_output_tokens": r.max_output_tokens,
-        "temperature": common.temperature,
-        "top_p": common.top_p,
+        // what the sampler uses: the request's, else the server's defaults
+        "temperature": common.temperature.unwrap_or(f64::from(st.default_sampler.temp)),
+        "top_p": common.top_p.unwrap_or(f64::from(st.default_sampler.top_p)),
+        "metadata": metadata,
         "tools": r.tools.clone().unwrap_or(json!([])),
         "tool_choice": r.tool_choice.clone().unwrap_or(json!("auto")),
         "parallel_tool_calls": r.parallel_tool_calls.unwrap_or(true),
@@ -492,6 +566,16 @@ fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
     })
 }
 
+/// A reply's message item's status: `incomplete` where the output limit cut it (the
+/// response is `incomplete` too), else `completed`.
+fn item_status(end: &End) -> &'static str {
+    if end.finish == "length" {
+        "incomplete"
+    } else {
+        "completed"
+    }
+}
+
 fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({
         "type": "message",
@@ -531,14 +615,15 @@ pub async fn responses(State(st): State<Arc<ServerState>>, body: Bytes) -> Respo
         if let Some(r) = m["reasoning_content"].as_str() {
             output.push(reasoning_item(&rs_id(&msg_id), r, "completed"));
         }
+        let status = item_status(&end);
         if let Some(text) = m["content"].as_str().filter(|t| !t.is_empty()) {
-            output.push(message_item(&msg_id, text, "completed"));
+            output.push(message_item(&msg_id, text, status));
         }
         for c in m["tool_calls"].as_array().into_iter().flatten() {
             output.push(call_item(c));
         }
         if output.iter().all(|i| i["type"] == "reasoning") {
-            output.push(message_item(&msg_id, "", "completed"));
+            output.push(message_item(&msg_id, "", status));
         }
         let r = response_object(
             &id,
@@ -764,7 +849,7 @@ async fn stream_response(
                                     text_delta(&mut ev, &mut true, at, &content, &mut out);
                                 }
                             }
-                            let item = message_item(&msg_id, &content, "completed");
+                            let item = message_item(&msg_id, &content, item_status(&end));
                             out.push(ev.event(
                                 "response.output_text.done",
                                 json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "text": content, "logprobs": []}),
@@ -867,19 +952,80 @@ pub async fn input_items(
     let mut data: Vec<Value> = s.items[s.input_from..]
         .iter()
         .take(s.items.len() - s.input_from - output_len(&s.response))
-        .cloned()
+        .enumerate()
+        .map(|(i, item)| input_item(&id, i, item))
         .collect();
     if q.get("order").map(String::as_str) != Some("asc") {
         data.reverse();
     }
+    // a page: after the item `after` (in this order), `limit` of them (1 to 100, 20)
+    let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
+        None => 20,
+        Some(Ok(n)) if (1..=100).contains(&n) => n,
+        Some(_) => {
+            return ApiError::bad("limit must be a number from 1 to 100")
+                .param("limit")
+                .into_response()
+        }
+    };
+    let from = match q.get("after") {
+        None => 0,
+        Some(a) => match data.iter().position(|d| d["id"] == a.as_str()) {
+            Some(i) => i + 1,
+            None => {
+                return ApiError::bad(format!("no input item {a:?} in {id:?}"))
+                    .param("after")
+                    .into_response()
+            }
+        },
+    };
+    let has_more = data.len() > from + limit;
+    let page: Vec<Value> = data.into_iter().skip(from).take(limit).collect();
     Json(json!({
         "object": "list",
-        "data": data,
-        "first_id": null,
-        "last_id": null,
-        "has_more": false,
+        "data": page,
+        "first_id": page.first().map(|d| d["id"].clone()),
+        "last_id": page.last().map(|d| d["id"].clone()),
+        "has_more": has_more,
     }))
     .into_response()
+}
+
+/// Input item `i` of response `id` as OpenAI lists it: an `id` (the item's own, else one
+/// made from the response's and the index), a `type`, a `status`; a message's content as
+/// parts (`input_text`, an assistant's `output_text`) where it was a string.
+fn input_item(id: &str, i: usize, item: &Value) -> Value {
+    let mut it = item.clone();
+    let Some(o) = it.as_object_mut() else {
+        return it;
+    };
+    let kind = o
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message")
+        .to_string();
+    let stem = id.strip_prefix("resp_").unwrap_or(id);
+    let prefix = match kind.as_str() {
+        "message" => "msg",
+        "function_call" => "fc",
+        "function_call_output" => "fco",
+        _ => "item",
+    };
+    o.entry("id")
+        .or_insert_with(|| json!(format!("{prefix}_{stem}_{i}")));
+    o.insert("type".into(), json!(kind));
+    o.entry("status").or_insert_with(|| json!("completed"));
+    if kind == "message" {
+        if let Some(Value::String(text)) = o.get("content") {
+            let part = if o.get("role").and_then(Value::as_str) == Some("assistant") {
+                json!({"type": "output_text", "text": text, "annotations": []})
+            } else {
+                json!({"type": "input_text", "text": text})
+            };
+            o.insert("content".into(), json!([part]));
+        }
+    }
+    it
 }
 
 /// `DELETE /v1/responses/{id}`.

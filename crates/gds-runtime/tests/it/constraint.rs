@@ -94,6 +94,39 @@ fn every_output_is_in_the_grammar(dir: &Path) {
         }
         assert!(!text.contains('\n'), "compact JSON by default: {text:?}");
     }
+    // the same schema without `additionalProperties` (pydantic's form): no other keys, as
+    // llama.cpp's converter and OpenAI's structured outputs read it; also in a subschema
+    // reached through `$ref`
+    let mut open = person_schema();
+    open.as_object_mut().unwrap().remove("additionalProperties");
+    let nested = json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
+        "required": ["p"], "$defs": {"P": {"type": "object",
+            "properties": {"x": {"type": "integer"}}, "required": ["x"]}}});
+    for seed in 0..6 {
+        let (text, done) = walk(
+            &tok,
+            &compiler,
+            vocab,
+            &Grammar::JsonSchema(open.clone()),
+            seed,
+            400,
+        );
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(done && is_person(&v), "seed {seed}: {text}");
+        let (text, done) = walk(
+            &tok,
+            &compiler,
+            vocab,
+            &Grammar::JsonSchema(nested.clone()),
+            seed,
+            200,
+        );
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(done, "seed {seed}: {text}");
+        assert_eq!(v.as_object().unwrap().len(), 1, "{text}");
+        assert_eq!(v["p"].as_object().unwrap().len(), 1, "{text}");
+        assert!(v["p"]["x"].is_i64(), "{text}");
+    }
     let any = Grammar::JsonSchema(json!({"type": "object"}));
     for seed in 0..4 {
         let (text, done) = walk(&tok, &compiler, vocab, &any, seed, 200);

@@ -1471,6 +1471,114 @@ fn fields_hold_what_the_apis_say() {
     );
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("needs content"), "{text}");
+    // the Responses API: metadata echoed and kept; a reply cut by max_output_tokens is an
+    // incomplete response whose message item is incomplete too; the sampler's values echoed;
+    // fields this server does not do refused by name; OpenAI's code for a missing response
+    let (status, text) = post(
+        "/v1/responses",
+        json!({"input": "Say hi", "max_output_tokens": 2, "metadata": {"tag": "abc"}}),
+    );
+    assert_eq!(status, 200, "{text}");
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["metadata"]["tag"], "abc", "{r}");
+    assert_eq!(r["status"], "incomplete", "{r}");
+    assert_eq!(r["output"][0]["status"], "incomplete", "{r}");
+    assert!(
+        r["temperature"].is_number() && r["top_p"].is_number(),
+        "{r}"
+    );
+    let (status, text) = http(
+        &s.addr,
+        "GET",
+        &format!("/v1/responses/{}", r["id"].as_str().unwrap()),
+        None,
+    );
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains("\"tag\":\"abc\""),
+        "kept with the response: {text}"
+    );
+    for (body, param) in [
+        (
+            json!({"input": "hi", "conversation": "conv_1"}),
+            "conversation",
+        ),
+        (json!({"input": "hi", "background": true}), "background"),
+        (
+            json!({"input": "hi", "include": ["message.output_text.logprobs"]}),
+            "include",
+        ),
+        (
+            json!({"input": "hi", "max_output_tokens": 0}),
+            "max_output_tokens",
+        ),
+        (json!({"input": "hi", "metadata": {"k": 5}}), "metadata"),
+        (
+            json!({"input": "hi", "previous_response_id": "resp_none"}),
+            "previous_response_id",
+        ),
+    ] {
+        let (status, text) = post("/v1/responses", body.clone());
+        assert_eq!(status, 400, "{body}: {text}");
+        let e: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(e["error"]["param"], param, "{text}");
+    }
+    let (_, text) = post(
+        "/v1/responses",
+        json!({"input": "hi", "previous_response_id": "resp_none"}),
+    );
+    assert!(text.contains("previous_response_not_found"), "{text}");
+    // input items as OpenAI lists them (ids, parts), a page at a time
+    let (status, text) = post(
+        "/v1/responses",
+        json!({"input": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Bye"}], "max_output_tokens": 1}),
+    );
+    assert_eq!(status, 200, "{text}");
+    let id = serde_json::from_str::<Value>(&text).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let page = |q: &str| -> Value {
+        let (status, text) = http(
+            &s.addr,
+            "GET",
+            &format!("/v1/responses/{id}/input_items{q}"),
+            None,
+        );
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    };
+    let first = page("?limit=2");
+    assert_eq!(first["data"].as_array().unwrap().len(), 2, "{first}");
+    assert_eq!(first["has_more"], true, "{first}");
+    assert_eq!(
+        first["data"][0]["content"][0],
+        json!({"type": "input_text", "text": "Bye"})
+    );
+    assert_eq!(
+        first["data"][1]["content"][0]["type"], "output_text",
+        "{first}"
+    );
+    assert_eq!(first["last_id"], first["data"][1]["id"], "{first}");
+    let rest = page(&format!(
+        "?limit=2&after={}",
+        first["last_id"].as_str().unwrap()
+    ));
+    assert_eq!(rest["data"].as_array().unwrap().len(), 1, "{rest}");
+    assert_eq!(rest["has_more"], false, "{rest}");
+    assert_eq!(rest["data"][0]["content"][0]["text"], "Hi", "{rest}");
+    assert_eq!(page("?order=asc")["data"][0]["content"][0]["text"], "Hi");
+    // llama-server's /props says /slots is served (it is, unless --no-slots); the seed the
+    // server picks fits 32 bits (a JavaScript client sends it back exactly)
+    let (_, text) = http(&s.addr, "GET", "/props", None);
+    assert!(text.contains("\"endpoint_slots\":true"), "{text}");
+    let (status, text) = post("/completion", json!({"prompt": "Hi", "n_predict": 1}));
+    assert_eq!(status, 200, "{text}");
+    let seed = serde_json::from_str::<Value>(&text).unwrap()["generation_settings"]["seed"]
+        .as_u64()
+        .unwrap();
+    assert!(seed <= u64::from(u32::MAX), "{seed}");
     // Anthropic's stream, the second time: message_start's input split is message_delta's
     for _ in 0..2 {
         let (status, text) = post(

@@ -277,6 +277,11 @@ fn responses_api_through_the_openai_client() {
         serde_json::json!([["message", "user"]]),
         "{k}"
     );
+    assert_eq!(
+        k["input_item_fields"],
+        serde_json::json!([[true, "completed", "What is my name?"]]),
+        "{k}"
+    );
     assert_eq!(k["deleted_status"], 404, "{k}");
     assert_eq!(k["not_kept"]["status"], 400, "{k}");
     assert_eq!(k["not_kept"]["param"], "previous_response_id", "{k}");
