@@ -52,6 +52,12 @@ pub struct ServerMetrics {
     pub steps: AtomicU64,
     /// Sequences decoded in the last step.
     pub last_batch: AtomicU64,
+    /// Sequences running, summed over the steps (llama-server's busy slots per decode).
+    pub busy_slots: AtomicU64,
+    /// Steps of a sequence that checked draft guesses (speculative verifications).
+    pub drafts: AtomicU64,
+    /// The longest sequence finished (prompt and generated tokens).
+    pub tokens_max: AtomicU64,
     /// The compute backend the engine runs on (`cpu`, `cuda`); where the KV blocks live.
     pub backend: std::sync::OnceLock<&'static str>,
     /// KV blocks in the pool.
@@ -418,6 +424,107 @@ impl ServerMetrics {
             "Free blocks of the sliding-window layers' pool.",
             g(&self.kv_window_blocks_free).to_string(),
         );
+        // llama-server's names for the same counters (its `/metrics`, `llamacpp:` prefix), so
+        // dashboards and tools made for it read this server as they read llama-server
+        let steps = g(&self.steps);
+        let llama: [(&str, &str, &str, String); 15] = [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed, excluding cached tokens",
+                g(&self.prompt_tokens).to_string(),
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "Number of prompt tokens reused from the cache",
+                g(&self.prompt_tokens_cached).to_string(),
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "Total time spent processing prompts",
+                format!("{:.6}", t.prompt_s),
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed",
+                g(&self.generated).to_string(),
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Total time spent generating tokens",
+                format!("{:.6}", t.decode_s),
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "Total number of batched forward passes",
+                steps.to_string(),
+            ),
+            (
+                "n_tokens_max",
+                "counter",
+                "Largest observed sequence length (prompt + generation)",
+                g(&self.tokens_max).to_string(),
+            ),
+            (
+                "spec_decode_num_draft_tokens_total",
+                "counter",
+                "Speculative: Total draft tokens generated",
+                g(&self.draft_tokens).to_string(),
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Speculative: Total draft tokens accepted by the target model",
+                g(&self.draft_accepted).to_string(),
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                "counter",
+                "Speculative: Total speculative decoding verification steps",
+                g(&self.drafts).to_string(),
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s",
+                format!("{:.3}", t.prompt_tps),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s",
+                format!("{:.3}", t.decode_tps),
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Number of requests processing",
+                g(&self.running).to_string(),
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Number of requests deferred",
+                self.queue_depth.load(Ordering::Relaxed).max(0).to_string(),
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "gauge",
+                "Average number of busy slots per batched forward pass",
+                format!("{:.3}", g(&self.busy_slots) as f64 / steps.max(1) as f64),
+            ),
+        ];
+        for (name, kind, help, v) in llama {
+            let _ = writeln!(
+                o,
+                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {v}"
+            );
+        }
         let backend = self.backend.get().copied().unwrap_or("cpu");
         let _ = writeln!(
             o,

@@ -413,9 +413,11 @@ impl Engine {
             decode_ms: (now - first).as_secs_f64() * 1000.0,
             queue_ms: seq.queue_ms,
         };
+        let len = (done.prompt_tokens + done.generated) as u64;
         let _ = Self::send(&seq, Event::Done(done));
         self.release(&mut seq);
         self.metrics.finished.fetch_add(1, Ordering::Relaxed);
+        self.metrics.tokens_max.fetch_max(len, Ordering::Relaxed);
     }
 
     /// Offers the full blocks of `seq`'s first `n` tokens to the prefix tree.
@@ -652,6 +654,9 @@ impl Engine {
             self.metrics
                 .draft_tokens
                 .fetch_add(guesses.len() as u64, Ordering::Relaxed);
+            if !guesses.is_empty() {
+                self.metrics.drafts.fetch_add(1, Ordering::Relaxed);
+            }
             self.running[i].guesses = guesses;
             i += 1;
         }
@@ -772,6 +777,9 @@ impl Engine {
         };
         let dt = t0.elapsed().as_secs_f64();
         self.metrics.record_step(n_prompt, n_decode, dt);
+        self.metrics
+            .busy_slots
+            .fetch_add(self.running.len() as u64, Ordering::Relaxed);
         // when the pass failed, each sequence's part runs alone: only those whose own part
         // fails are failed (a request never fails for another's fault), and the logits of
         // the others' rows are kept here

@@ -1579,6 +1579,55 @@ fn fields_hold_what_the_apis_say() {
         .as_u64()
         .unwrap();
     assert!(seed <= u64::from(u32::MAX), "{seed}");
+    // llama-server's metric names (its tools/server/tests/unit/test_metrics.py's list), each
+    // with its type and help, holding the server's own counters
+    let (_, m) = http(&s.addr, "GET", "/metrics", None);
+    let counters = [
+        "prompt_tokens_total",
+        "prompt_tokens_cached_total",
+        "prompt_seconds_total",
+        "tokens_predicted_total",
+        "tokens_predicted_seconds_total",
+        "n_decode_total",
+        "n_tokens_max",
+        "spec_decode_num_draft_tokens_total",
+        "spec_decode_num_accepted_tokens_total",
+        "spec_decode_num_drafts_total",
+    ];
+    let gauges = [
+        "prompt_tokens_seconds",
+        "predicted_tokens_seconds",
+        "requests_processing",
+        "requests_deferred",
+        "n_busy_slots_per_decode",
+    ];
+    for (names, kind) in [(&counters[..], "counter"), (&gauges[..], "gauge")] {
+        for n in names {
+            assert!(
+                m.contains(&format!("# TYPE llamacpp:{n} {kind}\n")),
+                "{n}: {m}"
+            );
+            assert!(m.contains(&format!("# HELP llamacpp:{n} ")), "{n}");
+        }
+    }
+    let llama = |n: &str| metric(&m, &format!("llamacpp:{n}"));
+    assert_eq!(
+        llama("prompt_tokens_total"),
+        metric(&m, "gds_prompt_tokens_total")
+    );
+    assert_eq!(
+        llama("prompt_tokens_cached_total"),
+        metric(&m, "gds_prompt_tokens_cached_total")
+    );
+    assert!(llama("prompt_tokens_cached_total") > 0.0, "{m}");
+    assert_eq!(
+        llama("tokens_predicted_total"),
+        metric(&m, "gds_generated_tokens_total")
+    );
+    assert_eq!(llama("n_decode_total"), metric(&m, "gds_steps_total"));
+    assert!(llama("n_tokens_max") >= 39.0, "{m}");
+    assert_eq!(llama("requests_processing"), 0.0);
+    assert!(llama("n_busy_slots_per_decode") >= 1.0, "{m}");
     // Anthropic's stream, the second time: message_start's input split is message_delta's
     for _ in 0..2 {
         let (status, text) = post(
