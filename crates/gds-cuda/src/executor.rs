@@ -36,7 +36,7 @@
 //! sampler).
 
 use crate::forward::{Device, GemmType, GluAct, Heads, KvPages, Q8Out, RopeArgs};
-use crate::kernels::{self, Mmq8Shape, BLOCK_THREADS, MATVEC_ROWS, MMQ8_MATRICES};
+use crate::kernels::{self, Mmq8Shape, BLOCK_THREADS, MATVEC_ROWS};
 use crate::plan::{LayerMeta, Layout};
 use crate::profile::KernelProfile;
 use crate::stream::{BufKind, GraphKey, StreamOptions, Streamer, Vram};
@@ -400,20 +400,7 @@ impl Device for Gpu {
         cols: i32,
         ntok: i32,
     ) -> Result<(), GpuError> {
-        if outs.is_empty() || outs.len() > MMQ8_MATRICES {
-            return Err(model_err(format!(
-                "an int8 launch of {} matrices",
-                outs.len()
-            )));
-        }
-        let m = |i: usize| {
-            outs.get(i).copied().unwrap_or(Q8Out {
-                w: 0,
-                y: 0,
-                rows: 0,
-            })
-        };
-        let (a, b, c) = (m(0), m(1), m(2));
+        let [a, b, c] = Q8Out::three(outs).map_err(model_err)?;
         let Mmq8Shape { warps, rows } = self.mmq8;
         let blocks: u32 = outs.iter().map(|o| cdiv(o.rows, rows)).sum();
         let cf = cfg((blocks, 1), (32, warps));

@@ -280,6 +280,24 @@ pub struct RopeArgs {
     pub neox: bool,
 }
 
+impl Q8Out {
+    /// `outs` (1 to [`MMQ8_MATRICES`]) as the kernel's three matrices, those not there of 0
+    /// rows (no blocks); the message for any other count.
+    pub fn three(outs: &[Q8Out]) -> Result<[Q8Out; MMQ8_MATRICES], String> {
+        if outs.is_empty() || outs.len() > MMQ8_MATRICES {
+            return Err(format!("an int8 launch of {} matrices", outs.len()));
+        }
+        let none = Q8Out {
+            w: 0,
+            y: 0,
+            rows: 0,
+        };
+        Ok(std::array::from_fn(|i| {
+            outs.get(i).copied().unwrap_or(none)
+        }))
+    }
+}
+
 /// A gated activation of the FFN ([`Device::glu`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GluAct {
@@ -730,5 +748,23 @@ impl Pass<'_> {
             Some(c) => dev.softcap(self.s.logits, c, (rows * self.layout.shape.vocab) as i32),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Q8Out;
+
+    #[test]
+    fn an_int8_launch_takes_one_to_three_matrices_padded_with_empty_ones() {
+        let o = |r| Q8Out {
+            w: 8,
+            y: 16,
+            rows: r,
+        };
+        let [a, b, c] = Q8Out::three(&[o(5), o(7)]).unwrap();
+        assert_eq!((a.rows, b.rows, c.rows, c.w), (5, 7, 0, 0));
+        assert!(Q8Out::three(&[]).unwrap_err().contains("0 matrices"));
+        assert!(Q8Out::three(&[o(1); 4]).unwrap_err().contains("4 matrices"));
     }
 }

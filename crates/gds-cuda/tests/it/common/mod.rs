@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use gds_cuda::forward::{Device, GemmType, GluAct, Heads, KvPages, Q8Out, RopeArgs};
-use gds_cuda::kernels::MMQ8_MATRICES;
 use gds_cuda::GpuError;
 use libloading::{Library, Symbol};
 use std::path::PathBuf;
@@ -257,19 +256,7 @@ impl Device for Emu {
         cols: i32,
         ntok: i32,
     ) -> Result<(), GpuError> {
-        assert!(
-            (1..=MMQ8_MATRICES).contains(&outs.len()),
-            "an int8 launch of {} matrices",
-            outs.len()
-        );
-        let m = |i: usize| {
-            outs.get(i).copied().unwrap_or(Q8Out {
-                w: 0,
-                y: 0,
-                rows: 0,
-            })
-        };
-        let (a, b, c) = (m(0), m(1), m(2));
+        let [a, b, c] = Q8Out::three(outs).map_err(GpuError::Model)?;
         let f = sym::<MatvecQ8xFn>(&format!("run_matvec_q8x_{suffix}"));
         // SAFETY: addresses are host buffers sized by the forward pass's contract.
         unsafe {
