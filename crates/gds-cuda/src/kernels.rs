@@ -38,13 +38,7 @@ pub const DEQ_PER_LANE_ENV: &str = "GDS_CUDA_DEQ_PER_LANE";
 /// The compiler definitions the environment asks for besides the int8 block shape
 /// (`deq_per_lane`: the value of [`DEQ_PER_LANE_ENV`]).
 pub fn variant_defines(deq_per_lane: Option<&str>) -> Vec<String> {
-    let on = matches!(
-        deq_per_lane
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref(),
-        Some("1" | "true" | "on" | "yes")
-    );
-    if on {
+    if crate::env_flag(deq_per_lane) == Some(true) {
         vec!["-DDEQ_PER_LANE".into()]
     } else {
         Vec::new()

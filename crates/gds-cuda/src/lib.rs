@@ -17,6 +17,18 @@ pub mod nvrtc;
 
 pub use probe::{probe, DeviceInfo, GpuPath, GpuReport, LibStatus};
 
+/// An on/off environment variable's value (`value`: the variable's, if set): `Some(true)`
+/// for `1`, `true`, `on`, `yes`, `Some(false)` for `0`, `false`, `off`, `no` (any case,
+/// spaces around ignored), `None` otherwise. Each switch reads its unset or unknown value
+/// as its default (`GDS_CUDA_PROFILE`: off, `GDS_CUDA_FUSE`: on).
+pub fn env_flag(value: Option<&str>) -> Option<bool> {
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        Some("1" | "true" | "on" | "yes") => Some(true),
+        Some("0" | "false" | "off" | "no") => Some(false),
+        _ => None,
+    }
+}
+
 /// Errors of the GPU backend.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {

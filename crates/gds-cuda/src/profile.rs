@@ -13,10 +13,7 @@ pub const ENV: &str = "GDS_CUDA_PROFILE";
 
 /// Whether `value` (the variable's value, if set) asks for the profile.
 pub fn wanted(value: Option<&str>) -> bool {
-    matches!(
-        value.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
-        Some("1" | "true" | "on" | "yes")
-    )
+    crate::env_flag(value) == Some(true)
 }
 
 /// Calls and time per kernel name.

@@ -160,10 +160,7 @@ pub const FUSE_ENV: &str = "GDS_CUDA_FUSE";
 
 /// Whether `value` (the variable's value, if set) leaves the fused launches on.
 pub fn fuse_wanted(value: Option<&str>) -> bool {
-    !matches!(
-        value.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
-        Some("0" | "false" | "off" | "no")
-    )
+    crate::env_flag(value) != Some(false)
 }
 
 /// Block-table entry of a block released behind a sliding window (never read again).
