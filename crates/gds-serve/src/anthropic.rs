@@ -689,13 +689,9 @@ async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Re
                             let held = std::mem::take(&mut s.held);
                             if s.calling {
                                 // a call cut off by the limit is dropped, not shown as text
-                                let (content, c) = tl.parse_end(&held, end.finish);
+                                let (content, c) = tl.reply(&held, end.finish);
                                 calls = c;
-                                if calls.is_empty() && end.finish != "length" {
-                                    s.text(held, &mut out);
-                                } else {
-                                    s.text(content.unwrap_or_default(), &mut out);
-                                }
+                                s.text(content.unwrap_or_default(), &mut out);
                             } else {
                                 s.text(held, &mut out);
                             }

@@ -1649,20 +1649,15 @@ fn choice_stream(
                         held.push_str(&rest.unwrap_or_default());
                         let pending = g.has_pending_logprobs(kind);
                         let lp = g.take_logprobs(kind);
+                        // what was held back, as it is; a call cut off by the limit is
+                        // not text (only its logprobs go out)
                         let (content, calls) = if calling {
-                            tools.parse_end(&held, e.finish)
+                            tools.reply(&held, e.finish)
                         } else {
-                            (None, Vec::new())
+                            (Some(held), Vec::new())
                         };
                         if calls.is_empty() {
-                            // a call cut off by the limit is not text (only its logprobs
-                            // go out); otherwise what was held back, as it is
-                            let cut = calling && e.finish == "length";
-                            let text = if cut {
-                                content.unwrap_or_default()
-                            } else {
-                                held
-                            };
+                            let text = content.unwrap_or_default();
                             if !text.is_empty() || pending {
                                 out.push(chunk(text_choice(text, lp), None));
                             }

@@ -886,19 +886,16 @@ async fn step(t: &Turn, s: &mut Streaming) -> Vec<Value> {
             if let Some(tl) = tools {
                 s.held.push_str(&rest);
                 let held = std::mem::take(&mut s.held);
+                // what was held back, as it is; a call cut off by the limit is dropped
                 let (content, calls) = if s.calling {
-                    tl.parse_end(&held, end.finish)
+                    tl.reply(&held, end.finish)
                 } else {
-                    (None, Vec::new())
+                    (Some(held), Vec::new())
                 };
+                let content = content.unwrap_or_default();
                 if calls.is_empty() {
-                    // a call cut off by the limit is dropped, not shown as text
-                    let held = match s.calling && end.finish == "length" {
-                        true => content.unwrap_or_default(),
-                        false => held,
-                    };
-                    if !held.is_empty() {
-                        out.push(with_lp(t.object(&held, None, None), s));
+                    if !content.is_empty() {
+                        out.push(with_lp(t.object(&content, None, None), s));
                     }
                 } else {
                     let calls = calls
@@ -906,7 +903,6 @@ async fn step(t: &Turn, s: &mut Streaming) -> Vec<Value> {
                         .enumerate()
                         .map(|(i, c)| tool_call(i, c))
                         .collect();
-                    let content = content.unwrap_or_default();
                     out.push(with_lp(t.object(&content, None, Some(calls)), s));
                 }
             } else if !rest.is_empty() {

@@ -871,6 +871,17 @@ impl Tools {
         self.parse(text)
     }
 
+    /// What a front end shows of a whole reply that ended as `finish` says: with calls,
+    /// them and the text around them ([`Tools::parse`]); without, the text as it is, less a
+    /// call the limit cut off ([`Tools::parse_end`]).
+    pub fn reply(&self, text: &str, finish: &str) -> (Option<String>, Vec<Value>) {
+        let (content, calls) = self.parse_end(text, finish);
+        if calls.is_empty() && finish != "length" {
+            return (Some(text.to_string()), calls);
+        }
+        (content, calls)
+    }
+
     /// Where a block that is not a call ends (after its closing tag, else the text's end).
     fn block_end(&self, body: &str) -> usize {
         let close = match self.syntax {
@@ -1750,20 +1761,16 @@ fn call_from(v: &Value, key: &str, syntax: Syntax) -> Option<Value> {
 /// `content`. The flag says whether it has calls. `finish` is how the reply ended
 /// ([`Tools::parse_end`]).
 pub fn assistant_message(tools: Option<&Tools>, text: &str, finish: &str) -> (Value, bool) {
-    match tools
-        .filter(|t| t.parses())
-        .map(|t| t.parse_end(text, finish))
-    {
+    match tools.filter(|t| t.parses()).map(|t| t.reply(text, finish)) {
         Some((content, calls)) if !calls.is_empty() => (
             json!({"role": "assistant", "content": content, "tool_calls": calls}),
             true,
         ),
-        // no call: the text as it is, less a call the limit cut off
-        Some((content, _)) if finish == "length" => (
+        Some((content, _)) => (
             json!({"role": "assistant", "content": content.unwrap_or_default()}),
             false,
         ),
-        _ => (json!({"role": "assistant", "content": text}), false),
+        None => (json!({"role": "assistant", "content": text}), false),
     }
 }
 
@@ -1821,6 +1828,15 @@ mod tests {
             assert_eq!(t.parse_end(cut, "length"), (None, vec![]), "{src}");
             assert_eq!(t.parse_end(cut, "stop").0.as_deref(), Some(cut), "{src}");
         }
+        // what a front end shows: a reply with no call, as it is (spaces kept); with calls,
+        // the text around them; a cut call, nothing of it
+        let h = tools("{{ tools }} <tool_call>", json!("auto"));
+        assert_eq!(
+            h.reply(" <tool_call>x ", "stop"),
+            (Some(" <tool_call>x ".into()), vec![])
+        );
+        assert_eq!(h.reply(" <tool_call>x ", "length"), (None, vec![]));
+        assert_eq!(h.reply(&cut, "stop").0, h.parse(&cut).0);
         assert_eq!(crate::api::finish_reason("length", true), "length");
         assert_eq!(crate::api::finish_reason("stop", true), "tool_calls");
         assert_eq!(crate::api::finish_reason("stop", false), "stop");
