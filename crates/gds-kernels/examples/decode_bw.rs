@@ -4,7 +4,7 @@
 //! whether a kernel waits for memory or for arithmetic. Compare with a plain read loop's
 //! bandwidth on the same machine.
 //!
-//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0, each also with x16 [TOKENS]]`
+//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0, each also with x16, or iq4_nl|iq4_xs [TOKENS]]`
 //! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch;
 //! `DECODE_BW_SHAPE=ROWSxCOLSxCOPIES` times another shape, e.g. a mixture of experts'
 //! `768x2048x512`, and `DECODE_BW_REPS` the passes over the copies per round)
@@ -53,6 +53,8 @@ fn run() {
         "q4_1" => DType::Q4_1,
         "q5_0" => DType::Q5_0,
         "q8_0" => DType::Q8_0,
+        "iq4_nl" => DType::Iq4Nl,
+        "iq4_xs" => DType::Iq4Xs,
         o => panic!("unknown type {o}"),
     };
     // `-- TYPE N`: N tokens a call (a prompt batch) instead of one, at the 7B width
@@ -86,7 +88,10 @@ fn run() {
     for &(rows, copies) in shapes {
         let mats: Vec<Vec<u8>> = (0..copies)
             .map(|c| {
-                let mut m = quantize(dtype, &values(rows * cols, c as u64 + 1)).unwrap();
+                let mut m = match dtype {
+                    DType::Iq4Nl | DType::Iq4Xs => table_blocks(dtype, rows * cols, c as u64 + 1),
+                    _ => quantize(dtype, &values(rows * cols, c as u64 + 1)).unwrap(),
+                };
                 if layout == gds_kernels::Layout::Interleaved16 {
                     gds_kernels::interleave(dtype, &mut m, rows, cols).unwrap();
                 }
@@ -132,4 +137,24 @@ fn run() {
             bytes as f64 / best / 1e9
         );
     }
+}
+
+/// `n` values of a table type (IQ4_NL, IQ4_XS), which gds-kernels does not quantize to: random
+/// nibbles (and IQ4_XS sub-block scales) under a scale of 0.01.
+fn table_blocks(dtype: DType, n: usize, seed: u64) -> Vec<u8> {
+    let ts = dtype.type_size();
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut data: Vec<u8> = (0..n / dtype.block_size() * ts)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let d = half::f16::from_f32(0.01).to_le_bytes();
+    for b in data.chunks_exact_mut(ts) {
+        b[..2].copy_from_slice(&d);
+    }
+    data
 }

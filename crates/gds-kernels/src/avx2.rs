@@ -11,7 +11,7 @@
 //! software-prefetched (into L2) a few KiB ahead. Prompt batches of Q4_0..Q8_0 and Q4_K..Q6_K
 //! repack a chunk of rows with one row per 32-bit vector lane (eight rows a 256-bit vector,
 //! sixteen a 512-bit one: `q40` for Q4_0, `q4k` for Q4_K and Q5_K, `q6k`, `q80` for
-//! Q8_0, Q5_0, Q4_1 and Q5_1), so four broadcast activation bytes multiply eight or sixteen
+//! Q8_0, Q5_0, Q4_1, Q5_1, IQ4_NL and IQ4_XS), so four broadcast activation bytes multiply eight or sixteen
 //! rows at once and no horizontal sums remain; small batches (decode) run the rows in their
 //! stored layout (Q4_0 four rows at a time, the others eight side by side), and each path
 //! ends a block with the same per-row arithmetic, so a token's result never depends on its
@@ -24,7 +24,6 @@ use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
-mod iq4;
 mod q40;
 mod q4k;
 mod q6k;
@@ -1407,11 +1406,36 @@ pub fn rows_iq4_nl(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f
     rows_q32::<BlockIq4Nl>(t, w, rb, acts, out, q80::Q80_LANES_MIN)
 }
 
-/// AVX2 twin of `scalar::rows_iq4_xs`: [`rows_iq4_nl`]'s kernel over IQ4_XS's sub-blocks,
-/// each with its f32 scale `d * (ls - 32)`.
-pub fn rows_iq4_xs(_t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
-    unsafe { iq4::rows_xs(w, rb, acts, out) }
+/// AVX2 twin of `scalar::rows_iq4_xs`: [`rows_iq4_nl`]'s kernels over IQ4_XS's 32-element
+/// sub-blocks, each with its f32 scale `d * (ls - 32)` (eight rows side by side for decode,
+/// each block's scales made once for its eight rows; rows in the vector lanes for prompts).
+/// The same bits with every token, batch and instruction set.
+pub fn rows_iq4_xs(t: Avx2, w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let (nt, nrows) = (acts.len(), w.len() / rb.max(1));
+    if nt == 0 || nrows == 0 {
+        return;
+    }
+    let (plain, avx_vnni, avx512) = q80::XS_LANES_MIN;
+    // SAFETY: as in `rows_q32`: each call's target features were detected.
+    unsafe {
+        if t.avx512 {
+            if nt >= avx512 {
+                q80::gemm_rows16_xs(w, rb, acts, out)
+            } else {
+                q80::evex::rows_stored_xs(w, rb, acts, out)
+            }
+        } else if t.vnni {
+            if nt >= avx_vnni {
+                q80::vnni::gemm_rows8_xs(w, rb, acts, out)
+            } else {
+                q80::vnni::rows_stored_xs(w, rb, acts, out)
+            }
+        } else if nt >= plain {
+            q80::plain::gemm_rows8_xs(w, rb, acts, out)
+        } else {
+            q80::plain::rows_stored_xs(w, rb, acts, out)
+        }
+    }
 }
 
 /// MXFP4 rows interleaved sixteen at a time (`Layout::Interleaved16`) against `acts`, into

@@ -1,4 +1,6 @@
-//! Q8_0 and Q5_0 rows eight (or sixteen) at a time, one row per 32-bit vector lane.
+//! Q8_0 and Q5_0 rows eight (or sixteen) at a time, one row per 32-bit vector lane (and the
+//! other 32-element types: Q4_1, Q5_1, IQ4_NL; and IQ4_XS, run as its 32-element sub-blocks,
+//! IQ4_NL blocks with f32 scales: [`XS_SUB`]).
 //!
 //! Every path ends a block the same way, per row: the block's exact integer dot product `I`
 //! (32 products of the quants and the activation bytes, Q5_0's offset `-16 * sum(x)`
@@ -38,6 +40,9 @@ pub(super) const Q80_LANES_MIN: (usize, usize, usize) = (18, 10, 10);
 /// 1.18 / 1.43; AVX-VNNI 4: 1.08 / 0.78, 5: 1.18 / 1.22; AVX-512 6: 1.10 / 1.04, 8: 1.15 /
 /// 1.19).
 pub(super) const Q50_LANES_MIN: (usize, usize, usize) = (5, 5, 8);
+
+/// [`Q80_LANES_MIN`] for IQ4_XS.
+pub(super) const XS_LANES_MIN: (usize, usize, usize) = Q80_LANES_MIN;
 
 /// [`Q80_LANES_MIN`] for Q4_1 and Q5_1 (measured on Q4_1, `decode_bw q4_1 N`, ms repacked /
 /// stored: AVX2 5 tokens 1.14 / 1.15, 6: 1.21 / 1.29; AVX-VNNI 6: 1.15 / 1.11, 8: 1.26 /
@@ -126,6 +131,79 @@ impl Q32 for BlockIq4Nl {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn lookup(q: __m256i) -> __m256i {
     _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(ld_i8x16(&KVALUES_IQ4NL)), q)
+}
+
+/// Sub-blocks (of 32 elements) in an IQ4_XS block. The kernels run IQ4_XS rows as their
+/// sub-blocks: sub-block `i` of a row is sub-block `i % 8` of its block `i / 8`, an IQ4_NL
+/// block (the same nibble layout) whose scale is the f32 `d * (ls - 32)`, so IQ4_NL's
+/// arithmetic ([`Q32`] of [`BlockIq4Nl`]) with that scale.
+pub(super) const XS_SUB: usize = QK_K / 32;
+
+/// Sub-block `i` of an IQ4_XS row as its 32 signed values in element order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn xs_elements(row: &[BlockIq4Xs], i: usize) -> __m256i {
+    let j = i % XS_SUB;
+    let qs = row[i / XS_SUB].qs[16 * j..16 * j + 16].as_chunks::<16>().0[0];
+    let v = ld_u8x16(&qs);
+    lookup(_mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16::<4>(v), v),
+        _mm256_set1_epi8(0x0F),
+    ))
+}
+
+/// Sub-block pair `p` of an IQ4_XS row (sub-blocks `2p`, `2p + 1`: 32 adjacent nibble bytes)
+/// as the products want it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn xs_pair(row: &[BlockIq4Xs], p: usize, vnni: bool) -> Pair {
+    let q = p % (XS_SUB / 2);
+    // the two sub-blocks' nibble bytes are adjacent: one load, each 128-bit half a
+    // sub-block, its low nibbles elements 0..16 and its high ones 16..32
+    let v = ld_u8x32(&row[p / (XS_SUB / 2)].qs[32 * q..]);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let lo = lookup(_mm256_and_si256(v, m4));
+    let hi = lookup(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+    Pair {
+        lo: weight_bytes::<BlockIq4Nl>(lo, vnni),
+        hi: weight_bytes::<BlockIq4Nl>(hi, vnni),
+        slo: lo,
+        shi: hi,
+    }
+}
+
+/// The eight sub-block scales `d * (ls - 32)` of an IQ4_XS block (lane `j`: sub-block `j`),
+/// each the exact product (an f16 times a 6-bit integer) gguf-py computes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn xs_scales(b: &BlockIq4Xs) -> __m256 {
+    let l = _mm256_set1_epi32(i32::from_le_bytes(b.scales_l));
+    let lo = _mm256_and_si256(
+        _mm256_srlv_epi32(l, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        _mm256_set1_epi32(0xF),
+    );
+    let h = _mm256_set1_epi32(u16::from_le_bytes(b.scales_h) as i32);
+    let hi = _mm256_and_si256(
+        _mm256_srlv_epi32(h, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3),
+    );
+    let ls = _mm256_sub_epi32(
+        _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
+        _mm256_set1_epi32(32),
+    );
+    _mm256_mul_ps(_mm256_set1_ps(b.d()), _mm256_cvtepi32_ps(ls))
+}
+
+/// Block `k`'s scales of eight IQ4_XS rows by sub-block: `[j]` holds sub-block `j`'s, row `r`
+/// in lane `r`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn xs_block_scales8(rows: &[&[BlockIq4Xs]; 8], k: usize) -> [__m256; XS_SUB] {
+    let mut v = [_mm256_setzero_si256(); 8];
+    for r in 0..8 {
+        v[r] = _mm256_castps_si256(xs_scales(&rows[r][k]));
+    }
+    transpose8(v).map(|t| _mm256_castsi256_ps(t))
 }
 
 impl Q32 for BlockQ8_0 {
@@ -368,18 +446,66 @@ macro_rules! q80_stored {
             pf: &[u8],
         ) -> [__m256; N] {
             let nb = rows[0].len();
+            assert!(rows.iter().all(|r| r.len() == nb));
+            rows8_by::<B, N>(
+                nb,
+                |r, p| pair(rows[r], p, $vnni),
+                |p| (scales_mins8(rows, 2 * p), scales_mins8(rows, 2 * p + 1)),
+                a,
+                pf,
+            )
+        }
+
+        /// [`rows8`] on eight IQ4_XS rows seen as their 32-element sub-blocks (IQ4_NL's
+        /// arithmetic), each block's sixty-four scales made once for its four pairs.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn rows8_xs<const N: usize>(
+            rows: &[&[BlockIq4Xs]; 8],
+            a: &[&[ActQ8]; N],
+            pf: &[u8],
+        ) -> [__m256; N] {
+            let nb = rows[0].len();
+            assert!(rows.iter().all(|r| r.len() == nb));
+            let (zero, mut sc) = (_mm256_setzero_ps(), [_mm256_setzero_ps(); XS_SUB]);
+            rows8_by::<BlockIq4Nl, N>(
+                nb * XS_SUB,
+                |r, p| xs_pair(rows[r], p, $vnni),
+                |p| {
+                    let q = p % (XS_SUB / 2);
+                    if q == 0 {
+                        sc = xs_block_scales8(rows, p / (XS_SUB / 2));
+                    }
+                    ((sc[2 * q], zero), (sc[2 * q + 1], zero))
+                },
+                a,
+                pf,
+            )
+        }
+
+        /// The decode arithmetic over `nb` blocks of eight rows: `pair(r, p)` is pair `p`
+        /// of row `r`, `scales(p)` the eight rows' scales and mins of the pair's two
+        /// blocks (called once a pair, in order).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn rows8_by<B: Q32, const N: usize>(
+            nb: usize,
+            pair: impl Fn(usize, usize) -> Pair,
+            mut scales: impl FnMut(usize) -> ((__m256, __m256), (__m256, __m256)),
+            a: &[&[ActQ8]; N],
+            pf: &[u8],
+        ) -> [__m256; N] {
             let np = nb.div_ceil(2);
-            assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= np));
+            assert!(a.iter().all(|x| x.len() >= np));
             let shift = offset_shift::<B>($vnni);
             let mut acc = [_mm256_setzero_ps(); N];
             for p in 0..np {
                 prefetch_l2(pf, p, np);
-                let mut w = [pair(rows[0], p, $vnni); 8];
+                let mut w = [pair(0, p); 8];
                 for r in 1..8 {
-                    w[r] = pair(rows[r], p, $vnni);
+                    w[r] = pair(r, p);
                 }
-                let ((d0, m0), (d1, m1)) =
-                    (scales_mins8(rows, 2 * p), scales_mins8(rows, 2 * p + 1));
+                let ((d0, m0), (d1, m1)) = scales(p);
                 for t in 0..N {
                     let x = &a[t][p];
                     let (xl, xh) = (ld_i8x32(&x.lo), ld_i8x32(&x.hi));
@@ -398,21 +524,26 @@ macro_rules! q80_stored {
             acc
         }
 
-        /// Every row against the tile of tokens from `t0`, rows in their stored layout.
+        /// Every row against the tile of tokens from `t0`, rows in their stored layout,
+        /// eight at a time through `rows8` (blocks of type `S` as stored).
         #[inline]
         #[target_feature(enable = $feat)]
-        fn tile_rows<B: Q32, const N: usize>(
+        fn tile_rows<S, const N: usize>(
             w: &[u8],
             rb: usize,
             a: [&[ActQ8]; N],
-            out: &mut [f32],
-            nt: usize,
-            t0: usize,
-        ) {
+            (out, nt, t0): (&mut [f32], usize, usize),
+            rows8: impl Fn(&[&[S]; 8], &[&[ActQ8]; N], &[u8]) -> [__m256; N],
+        ) where
+            S: zerocopy::FromBytes
+                + zerocopy::Immutable
+                + zerocopy::KnownLayout
+                + zerocopy::Unaligned,
+        {
             let nrows = w.len() / rb;
             for r in (0..nrows).step_by(8) {
                 let pf = ahead(w, r * rb, 8 * rb);
-                let acc = rows8(&group8::<B>(w, rb, r, nrows), &a, pf);
+                let acc = rows8(&group8::<S>(w, rb, r, nrows), &a, pf);
                 put_rows(acc.map(|v| lanes8(v)), r, nrows, out, nt, t0);
             }
         }
@@ -428,7 +559,35 @@ macro_rules! q80_stored {
             let nt = acts.len();
             let mut t0 = 0;
             while t0 < nt {
-                by_tile!(&acts[t0..], |xs| tile_rows::<B, _>(w, rb, xs, out, nt, t0));
+                by_tile!(&acts[t0..], |xs| tile_rows::<B, _>(
+                    w,
+                    rb,
+                    xs,
+                    (&mut *out, nt, t0),
+                    |rows, a, pf| rows8::<B, _>(rows, a, pf)
+                ));
+                t0 += (nt - t0).min(4);
+            }
+        }
+
+        /// [`rows_stored`] for IQ4_XS rows.
+        #[target_feature(enable = $feat)]
+        pub(in crate::avx2) fn rows_stored_xs(
+            w: &[u8],
+            rb: usize,
+            acts: &[&[ActQ8]],
+            out: &mut [f32],
+        ) {
+            let nt = acts.len();
+            let mut t0 = 0;
+            while t0 < nt {
+                by_tile!(&acts[t0..], |xs| tile_rows::<BlockIq4Xs, _>(
+                    w,
+                    rb,
+                    xs,
+                    (&mut *out, nt, t0),
+                    |rows, a, pf| rows8_xs(rows, a, pf)
+                ));
                 t0 += (nt - t0).min(4);
             }
         }
@@ -472,6 +631,25 @@ macro_rules! q80_lanes8 {
             for r in 0..8 {
                 v[r] = elements(&rows[r][i]);
             }
+            fill8::<B>(v, scales_mins8(rows, i), p)
+        }
+
+        /// Repacks sub-block `i` of eight IQ4_XS rows, whose scales are `d`, into `p`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn repack8_xs(rows: &[&[BlockIq4Xs]; 8], i: usize, d: __m256, p: &mut Packed8) {
+            let mut v = [_mm256_setzero_si256(); 8];
+            for r in 0..8 {
+                v[r] = xs_elements(rows[r], i);
+            }
+            fill8::<BlockIq4Nl>(v, (d, _mm256_setzero_ps()), p)
+        }
+
+        /// `p` from eight rows' elements of a block (`v[r]`: row `r`'s, in element order)
+        /// and their scales and mins.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn fill8<B: Q32>(v: [__m256i; 8], (d, m): (__m256, __m256), p: &mut Packed8) {
             let t = transpose8(v);
             for g in 0..8 {
                 p.q[g] = weight_bytes::<B>(t[g], $vnni);
@@ -479,7 +657,7 @@ macro_rules! q80_lanes8 {
                     p.s[g] = t[g];
                 }
             }
-            (p.d, p.m) = scales_mins8(rows, i);
+            (p.d, p.m) = (d, m);
         }
 
         /// Block `i` (`u`) of eight repacked rows against one token's activations,
@@ -657,14 +835,54 @@ macro_rules! q80_lanes8 {
             acts: &[&[ActQ8]],
             out: &mut [f32],
         ) {
-            let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / std::mem::size_of::<B>());
+            let nb = rb / std::mem::size_of::<B>();
+            gemm_rows8_by::<B, B>(w, rb, nb, acts, out, |rows, i, p| repack8(rows, i, p))
+        }
+
+        /// [`gemm_rows8`] for IQ4_XS rows (their sub-blocks repacked).
+        #[target_feature(enable = $feat)]
+        pub(in crate::avx2) fn gemm_rows8_xs(
+            w: &[u8],
+            rb: usize,
+            acts: &[&[ActQ8]],
+            out: &mut [f32],
+        ) {
+            let nb = rb / std::mem::size_of::<BlockIq4Xs>() * XS_SUB;
+            // a block's scales made once for its sub-blocks (repacked in order)
+            let mut sc = [_mm256_setzero_ps(); XS_SUB];
+            gemm_rows8_by::<BlockIq4Nl, BlockIq4Xs>(w, rb, nb, acts, out, |rows, i, p| {
+                if i % XS_SUB == 0 {
+                    sc = xs_block_scales8(rows, i / XS_SUB);
+                }
+                repack8_xs(rows, i, sc[i % XS_SUB], p)
+            })
+        }
+
+        /// The prompt driver over rows stored as blocks of `S`, `nb` blocks of `B`'s
+        /// arithmetic a row, repacked by `repack(rows, i, p)`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn gemm_rows8_by<B: Q32, S>(
+            w: &[u8],
+            rb: usize,
+            nb: usize,
+            acts: &[&[ActQ8]],
+            out: &mut [f32],
+            repack: impl FnMut(&[&[S]; 8], usize, &mut Packed8),
+        ) where
+            S: zerocopy::FromBytes
+                + zerocopy::Immutable
+                + zerocopy::KnownLayout
+                + zerocopy::Unaligned,
+        {
+            let (nt, nrows) = (acts.len(), w.len() / rb);
             chunked(
                 w,
                 rb,
                 (nb, 8, nt),
                 Packed8::zero(),
-                |r| group8::<B>(w, rb, r, nrows),
-                |rows, i, p| repack8(rows, i, p),
+                |r| group8::<S>(w, rb, r, nrows),
+                repack,
                 |p: &[Packed8], r, t0| {
                     by_tile!(&acts[t0..], |xs| put_rows(
                         gemm8::<B, _>(p, xs).map(|v| lanes8(v)),
@@ -769,6 +987,27 @@ fn repack16<B: Q32>(lo: &[&[B]; 8], hi: &[&[B]; 8], i: usize, p: &mut Packed16) 
     p.m = join_ps(ml, mh);
 }
 
+/// Repacks sub-block `i` of sixteen IQ4_XS rows (`lo`: rows 0..8, `hi`: 8..16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn repack16_xs(
+    (lo, hi): (&[&[BlockIq4Xs]; 8], &[&[BlockIq4Xs]; 8]),
+    i: usize,
+    d: __m512,
+    p: &mut Packed16,
+) {
+    let half = |rows: &[&[BlockIq4Xs]; 8]| {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for r in 0..8 {
+            v[r] = weight_bytes::<BlockIq4Nl>(xs_elements(rows[r], i), true);
+        }
+        v
+    };
+    p.q = transpose16(half(lo), half(hi));
+    p.d = d;
+    p.m = _mm512_setzero_ps();
+}
+
 /// Block `i` of sixteen repacked rows against one token, added to `acc`: [`q80_lanes8`]'
 /// `term8` on 512-bit vectors.
 #[inline]
@@ -828,7 +1067,43 @@ fn put16<B: Q32>(
 /// Prompt batches on AVX-512: groups of sixteen rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / std::mem::size_of::<B>());
+    let nb = rb / std::mem::size_of::<B>();
+    gemm_rows16_by::<B, B>(w, rb, nb, acts, out, |(lo, hi), i, p| {
+        repack16(lo, hi, i, p)
+    })
+}
+
+/// [`gemm_rows16`] for IQ4_XS rows (their sub-blocks repacked).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn gemm_rows16_xs(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let nb = rb / std::mem::size_of::<BlockIq4Xs>() * XS_SUB;
+    // a block's scales made once for its sub-blocks (repacked in order)
+    let mut sc = [_mm512_setzero_ps(); XS_SUB];
+    gemm_rows16_by::<BlockIq4Nl, BlockIq4Xs>(w, rb, nb, acts, out, |(lo, hi), i, p| {
+        if i % XS_SUB == 0 {
+            let k = i / XS_SUB;
+            let (l, h) = (xs_block_scales8(lo, k), xs_block_scales8(hi, k));
+            sc = std::array::from_fn(|j| join_ps(l[j], h[j]));
+        }
+        repack16_xs((lo, hi), i, sc[i % XS_SUB], p)
+    })
+}
+
+/// The AVX-512 prompt driver over rows stored as blocks of `S`, `nb` blocks of `B`'s
+/// arithmetic a row, repacked by `repack((rows 0..8, rows 8..16), i, p)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+fn gemm_rows16_by<B: Q32, S>(
+    w: &[u8],
+    rb: usize,
+    nb: usize,
+    acts: &[&[ActQ8]],
+    out: &mut [f32],
+    repack: impl FnMut(&([&[S]; 8], [&[S]; 8]), usize, &mut Packed16),
+) where
+    S: zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned,
+{
+    let (nt, nrows) = (acts.len(), w.len() / rb);
     chunked(
         w,
         rb,
@@ -836,11 +1111,11 @@ pub(super) fn gemm_rows16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &
         Packed16::zero(),
         |r| {
             (
-                group8::<B>(w, rb, r, nrows),
-                group8::<B>(w, rb, r + 8, nrows),
+                group8::<S>(w, rb, r, nrows),
+                group8::<S>(w, rb, r + 8, nrows),
             )
         },
-        |(lo, hi), i, p| repack16(lo, hi, i, p),
+        repack,
         |p: &[Packed16], r, t0| put16::<B>(p, &acts[t0..], (r, nrows), out, (nt, t0)),
     );
 }

@@ -393,9 +393,9 @@ fn multi_token_tiles_equal_single_token_runs() {
             (DType::Q4_0, (300, 37)),
             (DType::Q4K, (300, 37)),
             (DType::Q6K, (300, 37)),
-            // IQ4_NL on the Q8_0 kernels (looked up), IQ4_XS's row kernel in tiles of four
+            // IQ4_NL on the Q8_0 kernels (looked up), IQ4_XS on them as its sub-blocks
             (DType::Iq4Nl, (300, 37)),
-            (DType::Iq4Xs, (40, 37)),
+            (DType::Iq4Xs, (300, 37)),
         ])
     {
         let cols = if dtype.block_size() == 256 { 512 } else { 544 };
