@@ -230,7 +230,11 @@ impl GrammarCompiler {
             .factory
             .create_parser(grammar.top_level())
             .map_err(|e| {
-                RuntimeError::Grammar(format!("{} does not compile: {e}", grammar.kind()))
+                RuntimeError::Grammar(format!(
+                    "{} does not compile: {}",
+                    grammar.kind(),
+                    brief(&e.to_string())
+                ))
             })?;
         let mut matcher = Matcher::new(Ok(parser));
         // the first mask too (kept for the first token): llguidance builds lexer states
@@ -279,9 +283,11 @@ impl Mask {
     }
 }
 
-/// llguidance's error without the parser state dump it appends (`\n<state>...`).
+/// llguidance's error without the parser state dump it appends (`\n<state>...`) or the
+/// backtrace of a panic it caught (`<backtrace>...`): neither is for the client.
 fn brief(e: &str) -> &str {
-    e.split("\n<state>").next().unwrap_or(e).trim_end()
+    let e = e.split("\n<state>").next().unwrap_or(e);
+    e.split("<backtrace>").next().unwrap_or(e).trim_end()
 }
 
 /// One sequence's grammar state: which tokens may come next.

@@ -763,8 +763,8 @@ pub(crate) fn job(
 }
 
 /// Compiles `job`'s grammar (off the async threads: a large schema takes a while, and the
-/// first one indexes the vocabulary). A grammar that does not compile is a 400 naming the
-/// field and the problem.
+/// first one indexes the vocabulary; one compile at a time, see `ServerState::grammar_slot`).
+/// A grammar that does not compile is a 400 naming the field and the problem.
 pub(crate) async fn constrain(
     st: &Arc<ServerState>,
     job: &Job,
@@ -773,8 +773,17 @@ pub(crate) async fn constrain(
         return Ok(None);
     };
     let st2 = st.clone();
+    // (held by the compile until it ends, even when this request's client has gone)
+    let slot = st.grammar_slot.clone().acquire_owned().await.map_err(|_| {
+        ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_unavailable",
+            "the server is stopping",
+        )
+    })?;
     let t0 = Instant::now();
     let compiled = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         let compiler = st2.grammar_compiler().map_err(|e| {
             format!("this model's vocabulary cannot be used for constrained decoding: {e}")
         })?;
@@ -819,6 +828,7 @@ pub(crate) fn submit(
         group: job.group,
         tx,
         received: Instant::now(),
+        client: None,
     })
 }
 
@@ -840,9 +850,29 @@ pub(crate) fn enqueue(
             ),
         ));
     }
+    // a client's share of the engine (from a connection; not the batch mode's)
+    let client = match crate::net::CLIENT.try_with(|ip| *ip) {
+        Ok(ip) => Some(st.client_jobs.take(ip, st.client_share).ok_or_else(|| {
+            m.rejected_busy.fetch_add(1, Ordering::Relaxed);
+            m.rejected_client.fetch_add(1, Ordering::Relaxed);
+            ApiError::status(
+                StatusCode::TOO_MANY_REQUESTS,
+                "server_busy",
+                format!(
+                    "this client address has {} requests in the engine, its share of the queue \
+                     (--queue-limit x --max-client-connections / --max-connections, at least \
+                     twice --max-batch); retry later",
+                    st.client_share
+                ),
+            )
+            .code("client_busy")
+        })?),
+        Err(_) => None,
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let ended = Arc::new(AtomicBool::new(false));
-    let req = make(tx, ended.clone());
+    let mut req = make(tx, ended.clone());
+    req.client = client;
     m.queue_depth_add(1);
     if st.engine.send(req).is_err() {
         m.queue_depth_sub(1);
@@ -1503,11 +1533,13 @@ pub(crate) fn refused(e: ApiError) -> ChoiceEvents {
 
 /// How many of one request's jobs (choices, embedding inputs) are in the engine at once:
 /// twice the engine's batch (so the next is queued when one ends), whole groups of `n`
-/// choices, never more than half the queue.
+/// choices, never more than half the queue or its client's share.
 pub(crate) fn window(st: &ServerState, n: usize) -> usize {
     let n = n.max(1);
     let w = (2 * st.max_batch).max(n).div_ceil(n) * n;
-    w.min(st.queue_limit.div_ceil(2)).max(1)
+    w.min(st.queue_limit.div_ceil(2))
+        .min(st.client_share)
+        .max(1)
 }
 
 /// Submits `job` and makes the generator of its text (with echo, the prompt first).

@@ -180,6 +180,7 @@ async fn embed_one(
         group: None,
         tx,
         received: Instant::now(),
+        client: None,
     })?;
     loop {
         match rx.recv().await {

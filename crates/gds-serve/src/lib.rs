@@ -289,6 +289,16 @@ pub struct ServerState {
     model_dir: std::path::PathBuf,
     /// Compiles request grammars; built on the first constrained request.
     grammar: std::sync::OnceLock<Result<Arc<GrammarCompiler>, String>>,
+    /// One grammar compiles at a time (a large one takes seconds of a core, which the
+    /// engine thread needs); the others wait, and a request whose client left while it
+    /// waited never compiles.
+    grammar_slot: Arc<tokio::sync::Semaphore>,
+    /// Requests in the engine per client address.
+    client_jobs: Arc<net::ClientJobs>,
+    /// Most requests of one client address in the engine: its share of the queue, as
+    /// `--max-client-connections` is its share of the connections (at least twice the
+    /// batch, at most the queue).
+    client_share: usize,
     /// How `/v1/embeddings` pools; `None` where the backend gives no hidden states.
     pooling: Option<scheduler::Pooling>,
     /// Width of the hidden states (the embeddings' dimensions).
@@ -535,6 +545,13 @@ pub(crate) fn start(
         limits: front.limits,
         model_dir: plan.model_dir.clone(),
         grammar: std::sync::OnceLock::new(),
+        grammar_slot: Arc::new(tokio::sync::Semaphore::new(1)),
+        client_jobs: Default::default(),
+        client_share: (e.queue_limit * front.limits.max_client_connections)
+            .div_ceil(front.limits.max_connections.max(1))
+            .max(2 * e.max_batch)
+            .min(e.queue_limit)
+            .max(1),
         pooling,
         n_embd,
         step_tokens: plan.batch,

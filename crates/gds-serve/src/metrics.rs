@@ -11,8 +11,10 @@ pub struct ServerMetrics {
     pub requests: AtomicU64,
     /// Requests refused: bad input (400).
     pub rejected_bad: AtomicU64,
-    /// Requests refused: queue full (429).
+    /// Requests refused: queue full or the client's share of it taken (429).
     pub rejected_busy: AtomicU64,
+    /// Of those, for the client's share of the queue.
+    pub rejected_client: AtomicU64,
     /// Requests refused: body larger than the limit (413).
     pub rejected_too_large: AtomicU64,
     /// Requests whose body did not arrive in time (408).
@@ -186,6 +188,12 @@ impl ServerMetrics {
             "counter",
             "Requests refused because the queue was full (429).",
             g(&self.rejected_busy).to_string(),
+        );
+        put(
+            "requests_client_busy_total",
+            "counter",
+            "Of requests_busy_total, those whose client address held its share of the queue.",
+            g(&self.rejected_client).to_string(),
         );
         put(
             "requests_too_large_total",

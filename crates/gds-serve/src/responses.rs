@@ -35,17 +35,29 @@ use std::sync::Arc;
 
 /// Most responses kept.
 pub(crate) const STORE_ENTRIES: usize = 1024;
-/// Most bytes of JSON kept (items and response objects together).
+/// Most bytes of JSON kept (items and response objects together). They are kept as JSON
+/// text, so this is the memory they take: parsed, small items take tens of times their text
+/// (a 4 MiB request of `{"type": "reasoning"}` items would hold ~100 MB).
 pub(crate) const STORE_BYTES: usize = 64 << 20;
 
 /// A kept response: the conversation's items up to and including its output, and the
-/// response object.
+/// response object, as JSON text.
 struct Stored {
-    items: Vec<Value>,
+    /// A JSON array.
+    items: Box<str>,
     /// Items given as this response's input (the rest came from earlier responses).
     input_from: usize,
-    response: Value,
+    /// Of the items, the response's output (the last ones).
+    outputs: usize,
+    response: Box<str>,
     bytes: usize,
+}
+
+impl Stored {
+    fn items(&self) -> Vec<Value> {
+        // (text this store wrote from values)
+        serde_json::from_str(&self.items).unwrap_or_default()
+    }
 }
 
 /// The responses kept for `previous_response_id` and the retrieval endpoints.
@@ -58,8 +70,12 @@ pub(crate) struct ResponseStore {
 
 impl ResponseStore {
     fn put(&mut self, id: String, items: Vec<Value>, input_from: usize, response: Value) {
-        let bytes =
-            items.iter().map(|v| v.to_string().len()).sum::<usize>() + response.to_string().len();
+        let outputs = output_len(&response);
+        let (items, response) = (
+            Value::Array(items).to_string().into_boxed_str(),
+            response.to_string().into_boxed_str(),
+        );
+        let bytes = items.len() + response.len();
         if bytes > STORE_BYTES {
             return;
         }
@@ -76,6 +92,7 @@ impl ResponseStore {
         let stored = Stored {
             items,
             input_from,
+            outputs,
             response,
             bytes,
         };
@@ -421,7 +438,7 @@ async fn responses_job(
         Some(Value::String(prev)) => {
             let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
             match store.map.get(prev) {
-                Some(s) => s.items.clone(),
+                Some(s) => s.items(),
                 None => {
                     return Err(bad(
                         format!("no stored response {prev:?} (kept: the last {STORE_ENTRIES}, in memory, unless store was false)"),
@@ -933,7 +950,11 @@ pub async fn get_response(
 ) -> Response {
     let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
     match store.map.get(&id) {
-        Some(s) => Json(s.response.clone()).into_response(),
+        Some(s) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            s.response.to_string(),
+        )
+            .into_response(),
         None => not_kept(&id).into_response(),
     }
 }
@@ -949,9 +970,12 @@ pub async fn input_items(
     let Some(s) = store.map.get(&id) else {
         return not_kept(&id).into_response();
     };
-    let mut data: Vec<Value> = s.items[s.input_from..]
+    let (items, input_from, outputs) = (s.items(), s.input_from, s.outputs);
+    drop(store);
+    let mut data: Vec<Value> = items
         .iter()
-        .take(s.items.len() - s.input_from - output_len(&s.response))
+        .skip(input_from)
+        .take(items.len().saturating_sub(input_from + outputs))
         .enumerate()
         .map(|(i, item)| input_item(&id, i, item))
         .collect();
@@ -1068,6 +1092,11 @@ mod tests {
         assert!(s.map.contains_key("r3") && s.map.contains_key(&format!("r{}", STORE_ENTRIES + 2)));
         let total: usize = s.map.values().map(|v| v.bytes).sum();
         assert_eq!(s.bytes, total);
+        // kept as their JSON text, which is what they cost
+        let r3 = &s.map["r3"];
+        assert_eq!(r3.items(), vec![json!({"i": 3})]);
+        assert_eq!(r3.bytes, r3.items.len() + r3.response.len());
+        assert_eq!(&*r3.response, r#"{"id":3}"#);
         // one large entry pushes out as many as its bytes need
         let big = "x".repeat(STORE_BYTES / 2);
         s.put("big".into(), vec![json!(big)], 0, json!({}));

@@ -163,6 +163,9 @@ pub struct Request {
     pub ended_by_front: Arc<AtomicBool>,
     /// When the server received it.
     pub received: Instant,
+    /// Its client's place in the engine (dropped with the request), where it came from a
+    /// connection.
+    pub client: Option<crate::net::ClientJob>,
 }
 
 /// Engine settings.

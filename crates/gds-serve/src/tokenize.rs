@@ -14,6 +14,7 @@ use crate::api::{chat_messages, encode_text, finish, parse, tokenize, ApiError, 
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -147,6 +148,16 @@ fn byte_level(c: char) -> Option<u8> {
 pub async fn detokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
         let b: DetokenizeBody = parse(&body)?;
+        // no sequence outgrows the context; more tokens would only make the reply large
+        // (a 4 MiB body of long tokens decodes to ~90 MB)
+        if b.tokens.len() > st.ctx {
+            return Err(ApiError::bad(format!(
+                "{} tokens: at most {} (the context) are decoded at once",
+                b.tokens.len(),
+                st.ctx
+            ))
+            .param("tokens"));
+        }
         let ids = b
             .tokens
             .iter()
@@ -163,10 +174,17 @@ pub async fn detokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes)
                 ))
                 .param("tokens")
             })?;
-        let text = st
-            .tokenizer
-            .inner()
-            .decode(&ids, false)
+        // on the blocking pool, as tokenizing is
+        let tok = st.tokenizer.clone();
+        let text = tokio::task::spawn_blocking(move || tok.inner().decode(&ids, false))
+            .await
+            .map_err(|e| {
+                ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    format!("decoding failed: {e}"),
+                )
+            })?
             .map_err(|e| ApiError::bad(format!("decoding failed: {e}")).param("tokens"))?;
         Ok(Json(json!({"prompt": text, "content": text})).into_response())
     }

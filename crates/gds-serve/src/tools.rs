@@ -321,6 +321,10 @@ pub struct Tools {
     parallel: bool,
 }
 
+/// Most functions a request may offer (OpenAI's documented limit): the list is rendered into
+/// every prompt and compiled into the grammar of calls, whose cost grows with it.
+pub const MAX_TOOLS: usize = 128;
+
 impl Tools {
     /// Checks `tools`, `tool_choice` and `parallel_tool_calls` against the model's chat
     /// template. `None` when the request has no tools.
@@ -370,8 +374,19 @@ impl Tools {
                 )),
             };
         };
+        let all = list.as_array().map_or(&[][..], Vec::as_slice);
+        if all.len() > MAX_TOOLS {
+            return Err(bad(
+                format!(
+                    "{} tools: at most {MAX_TOOLS} are supported (OpenAI's limit)",
+                    all.len()
+                ),
+                "tools",
+            ));
+        }
         let mut functions = Vec::new();
-        for t in list.as_array().into_iter().flatten() {
+        let mut names = std::collections::HashSet::new();
+        for t in all {
             if t.get("type").and_then(Value::as_str) != Some("function") {
                 return Err(bad(
                     "each tool must be {\"type\": \"function\", \"function\": {...}}",
@@ -403,7 +418,7 @@ impl Tools {
                     ))
                 }
             };
-            if functions.iter().any(|(n, _)| n == name) {
+            if !names.insert(name) {
                 return Err(bad(format!("function {name} is defined twice"), "tools"));
             }
             functions.push((name.to_string(), params));
@@ -2197,6 +2212,35 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(Tools::from_request(None, Some(&json!("required")), None, None).is_err());
+    }
+
+    #[test]
+    fn long_tool_lists_are_refused_at_once() {
+        // 75k functions (a 4 MB body) took a minute of an async worker when names were
+        // compared pairwise
+        let many = |n: usize, dup: bool| {
+            let mut v: Vec<Value> = (0..n)
+                .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+                .collect();
+            if dup {
+                v.push(v[0].clone());
+            }
+            Value::Array(v)
+        };
+        let t = template("{{ tools }}<tool_call>");
+        let start = std::time::Instant::now();
+        let err = Tools::from_request(Some(&many(75_000, false)), None, None, Some(&t))
+            .err()
+            .map(|e| format!("{e:?}"))
+            .unwrap_or_default();
+        assert!(err.contains("at most 128"), "{err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(1));
+        assert!(Tools::from_request(Some(&many(MAX_TOOLS, false)), None, None, Some(&t)).is_ok());
+        let err = Tools::from_request(Some(&many(MAX_TOOLS - 1, true)), None, None, Some(&t))
+            .err()
+            .map(|e| format!("{e:?}"))
+            .unwrap_or_default();
+        assert!(err.contains("f0 is defined twice"), "{err}");
     }
 
     /// Any reply, in any syntax: parsing never panics, and text outside calls is kept; a

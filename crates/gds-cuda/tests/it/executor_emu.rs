@@ -1472,6 +1472,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 tx: etx,
                 ended_by_front: Default::default(),
                 received: std::time::Instant::now(),
+                client: None,
             })
             .unwrap();
             outs.push(erx);

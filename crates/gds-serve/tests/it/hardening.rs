@@ -843,3 +843,95 @@ fn a_request_of_many_choices_neither_fills_the_queue_nor_starves_others() {
         }
     }
 }
+
+/// A connection from `ip` (any 127/8 address reaches a server on 127.0.0.1 on Linux: a second
+/// client address on one machine).
+fn connect_from(ip: &str, addr: &str) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let s = rt.block_on(async {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        sock.connect(addr.parse().unwrap()).await.unwrap()
+    });
+    let s = s.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// One client address holds at most its share of the queue (here 2: `--queue-limit 8` x 4
+/// of 16 connections, and twice `--max-batch 1`): more of its requests are answered 429
+/// `client_busy` at once, while another address is still served.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn one_client_cannot_fill_the_queue() {
+    let _one = serial();
+    let s = start(&[
+        "--queue-limit",
+        "8",
+        "--max-batch",
+        "1",
+        "--max-connections",
+        "16",
+        "--max-client-connections",
+        "4",
+        "--ctx",
+        "256",
+    ]);
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": true});
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, body) = (s.addr.clone(), long.to_string());
+            std::thread::spawn(move || {
+                http(&addr, "POST", "/v1/completions", Some(body.as_bytes()))
+            })
+        })
+        .collect();
+    // both in the engine (one running, one queued)
+    let t0 = Instant::now();
+    loop {
+        let m = http(&s.addr, "GET", "/metrics", None).1;
+        if metric(&m, "gds_requests_running") + metric(&m, "gds_queue_depth") >= 2.0 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "never both in: {m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let small = json!({"prompt": "Hi", "max_tokens": 2});
+    let (code, v) = post(&s.addr, "/v1/completions", &small);
+    assert_eq!(code, 429, "{v}");
+    assert_eq!(v["error"]["code"], "client_busy", "{v}");
+    // another address is queued and answered
+    let mut other = connect_from("127.0.0.2", &s.addr);
+    let body = small.to_string();
+    write!(
+        other,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (got, closed) = read_until_closed(&mut other, Duration::from_secs(120));
+    assert!(closed);
+    let (code, v) = parse_response(&got);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&got));
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+    for h in held {
+        let (code, text) = h.join().unwrap();
+        assert_eq!(code, 200, "{text}");
+    }
+    // the places are given back: the first address is served again
+    let (code, v) = post(&s.addr, "/v1/completions", &small);
+    assert_eq!(code, 200, "{v}");
+    let m = http(&s.addr, "GET", "/metrics", None).1;
+    assert_eq!(metric(&m, "gds_requests_client_busy_total"), 1.0, "{m}");
+    // /detokenize decodes at most a context of tokens (a 4 MiB body of long tokens decoded
+    // to ~90 MB twice over)
+    let (code, v) = post(&s.addr, "/detokenize", &json!({"tokens": vec![1; 257]}));
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["param"], "tokens", "{v}");
+    let (code, v) = post(&s.addr, "/detokenize", &json!({"tokens": vec![1; 256]}));
+    assert_eq!(code, 200, "{v}");
+}

@@ -320,6 +320,7 @@ fn run_engine_with(
             tx: etx,
             ended_by_front: Default::default(),
             received: std::time::Instant::now(),
+            client: None,
         })
         .unwrap();
         outs.push(erx);
