@@ -851,7 +851,7 @@ pub(crate) fn enqueue(
         ));
     }
     // a client's share of the engine (from a connection; not the batch mode's)
-    let client = match crate::net::CLIENT.try_with(|ip| *ip) {
+    let client = match crate::client::CLIENT.try_with(|ip| *ip) {
         Ok(ip) => Some(st.client_jobs.take(ip, st.client_share).ok_or_else(|| {
             m.rejected_busy.fetch_add(1, Ordering::Relaxed);
             m.rejected_client.fetch_add(1, Ordering::Relaxed);
