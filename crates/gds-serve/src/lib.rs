@@ -298,7 +298,7 @@ pub struct ServerState {
     client_jobs: Arc<client::ClientJobs>,
     /// Most requests of one client address in the engine: its share of the queue, as
     /// `--max-client-connections` is its share of the connections (at least twice the
-    /// batch, at most the queue).
+    /// batch, at most the queue and the batch).
     client_share: usize,
     /// How `/v1/embeddings` pools; `None` where the backend gives no hidden states.
     pooling: Option<scheduler::Pooling>,
@@ -551,7 +551,7 @@ pub(crate) fn start(
         client_share: (e.queue_limit * front.limits.max_client_connections)
             .div_ceil(front.limits.max_connections.max(1))
             .max(2 * e.max_batch)
-            .min(e.queue_limit)
+            .min(e.queue_limit + e.max_batch)
             .max(1),
         pooling,
         n_embd,
