@@ -12,43 +12,63 @@ tokio::task_local! {
     pub(crate) static CLIENT: IpAddr;
 }
 
-/// Requests in the engine (queued or running) per client address, against each address's
-/// share of the queue, so that one client cannot fill the queue and leave every other
-/// client waiting behind it or refused.
+/// What each client address holds (open connections in `net`; requests in the engine,
+/// queued or running, in `api`), against a cap per address: one client cannot take every
+/// connection, nor fill the queue and leave every other client waiting behind it or refused.
 #[derive(Default)]
-pub(crate) struct ClientJobs(Mutex<HashMap<IpAddr, usize>>);
+pub(crate) struct PerClient(Mutex<HashMap<IpAddr, usize>>);
 
-impl ClientJobs {
-    /// A place for one more request of `ip`, unless it holds `share` already.
-    pub(crate) fn take(self: &Arc<Self>, ip: IpAddr, share: usize) -> Option<ClientJob> {
+impl PerClient {
+    /// One more for `ip`, unless that address holds `cap` already.
+    pub(crate) fn take(self: &Arc<Self>, ip: IpAddr, cap: usize) -> Option<ClientSlot> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let n = map.entry(ip).or_insert(0);
-        if *n >= share {
+        if *n >= cap {
             return None;
         }
         *n += 1;
-        Some(ClientJob {
-            jobs: self.clone(),
+        Some(ClientSlot {
+            held: self.clone(),
             ip,
         })
     }
 }
 
-/// One request of a client in the engine: its place is given back when the engine drops
-/// the request (finished, failed or cancelled).
-pub struct ClientJob {
-    jobs: Arc<ClientJobs>,
+/// One thing a client address holds (a connection; a request in the engine, given back when
+/// the engine drops it: finished, failed or cancelled); uncounted on drop.
+pub struct ClientSlot {
+    held: Arc<PerClient>,
     ip: IpAddr,
 }
 
-impl Drop for ClientJob {
+impl Drop for ClientSlot {
     fn drop(&mut self) {
-        let mut map = self.jobs.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.held.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = map.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
                 map.remove(&self.ip);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_holds_at_most_its_cap_and_gets_slots_back() {
+        let clients = Arc::new(PerClient::default());
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let held: Vec<ClientSlot> = (0..3).map(|_| clients.take(a, 3).unwrap()).collect();
+        assert!(clients.take(a, 3).is_none());
+        // another address is not affected
+        let other = clients.take(b, 3).unwrap();
+        drop(held);
+        assert!(clients.take(a, 3).is_some());
+        drop(other);
+        assert!(clients.0.lock().unwrap().is_empty());
     }
 }

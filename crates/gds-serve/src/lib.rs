@@ -295,7 +295,7 @@ pub struct ServerState {
     /// waited never compiles.
     grammar_slot: Arc<tokio::sync::Semaphore>,
     /// Requests in the engine per client address.
-    client_jobs: Arc<client::ClientJobs>,
+    client_jobs: Arc<client::PerClient>,
     /// Most requests of one client address in the engine: its share of the queue, as
     /// `--max-client-connections` is its share of the connections (at least twice the
     /// batch, at most the queue and the batch).

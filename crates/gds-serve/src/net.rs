@@ -7,6 +7,7 @@
 //! (briefly), answers `GET /health` with 200 and anything else with 503, and closes it. So
 //! health probes are answered even while slow or idle clients hold every slot.
 
+use crate::client::PerClient;
 use crate::error::ApiError;
 use crate::metrics::ServerMetrics;
 use crate::ServerState;
@@ -18,11 +19,9 @@ use axum::response::{IntoResponse, Response};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
@@ -41,44 +40,6 @@ pub struct NetLimits {
     pub body_timeout: Duration,
     /// Largest request body, bytes.
     pub max_body: usize,
-}
-
-/// Open connections per client address.
-#[derive(Default)]
-struct Clients(Mutex<HashMap<IpAddr, usize>>);
-
-/// One connection counted against its address; uncounted on drop.
-struct ClientSlot {
-    clients: Arc<Clients>,
-    ip: IpAddr,
-}
-
-impl Clients {
-    /// Counts a connection from `ip`, unless that address already holds `cap`.
-    fn take(self: &Arc<Self>, ip: IpAddr, cap: usize) -> Option<ClientSlot> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(ip).or_insert(0);
-        if *n >= cap {
-            return None;
-        }
-        *n += 1;
-        Some(ClientSlot {
-            clients: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let mut map = self.clients.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.ip);
-            }
-        }
-    }
 }
 
 /// Why a connection is refused.
@@ -100,7 +61,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let clients = Arc::new(Clients::default());
+    let clients = Arc::new(PerClient::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -508,21 +469,6 @@ pub async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn one_address_holds_at_most_its_cap_and_gets_slots_back() {
-        let clients = Arc::new(Clients::default());
-        let a: IpAddr = "127.0.0.1".parse().unwrap();
-        let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let held: Vec<ClientSlot> = (0..3).map(|_| clients.take(a, 3).unwrap()).collect();
-        assert!(clients.take(a, 3).is_none());
-        // another address is not affected
-        let other = clients.take(b, 3).unwrap();
-        drop(held);
-        assert!(clients.take(a, 3).is_some());
-        drop(other);
-        assert!(clients.0.lock().unwrap().is_empty());
-    }
 
     #[test]
     fn health_request_lines() {

@@ -43,8 +43,8 @@ pub(crate) const STORE_BYTES: usize = 64 << 20;
 /// A kept response: the conversation's items up to and including its output, and the
 /// response object, as JSON text.
 struct Stored {
-    /// A JSON array.
-    items: Box<str>,
+    /// A JSON array (shared: read under the store's lock, parsed after it).
+    items: Arc<str>,
     /// Items given as this response's input (the rest came from earlier responses).
     input_from: usize,
     /// Of the items, the response's output (the last ones).
@@ -53,11 +53,9 @@ struct Stored {
     bytes: usize,
 }
 
-impl Stored {
-    fn items(&self) -> Vec<Value> {
-        // (text this store wrote from values)
-        serde_json::from_str(&self.items).unwrap_or_default()
-    }
+/// A kept response's items from their text (which the store wrote from values).
+fn parse_items(text: &str) -> Vec<Value> {
+    serde_json::from_str(text).unwrap_or_default()
 }
 
 /// The responses kept for `previous_response_id` and the retrieval endpoints.
@@ -72,7 +70,7 @@ impl ResponseStore {
     fn put(&mut self, id: String, items: Vec<Value>, input_from: usize, response: Value) {
         let outputs = output_len(&response);
         let (items, response) = (
-            Value::Array(items).to_string().into_boxed_str(),
+            Arc::<str>::from(Value::Array(items).to_string()),
             response.to_string().into_boxed_str(),
         );
         let bytes = items.len() + response.len();
@@ -436,9 +434,12 @@ async fn responses_job(
     let mut items = match &r.previous_response_id {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(prev)) => {
-            let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-            match store.map.get(prev) {
-                Some(s) => s.items(),
+            let kept = {
+                let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+                store.map.get(prev).map(|s| s.items.clone())
+            };
+            match kept {
+                Some(text) => parse_items(&text),
                 None => {
                     return Err(bad(
                         format!("no stored response {prev:?} (kept: the last {STORE_ENTRIES}, in memory, unless store was false)"),
@@ -970,8 +971,9 @@ pub async fn input_items(
     let Some(s) = store.map.get(&id) else {
         return not_kept(&id).into_response();
     };
-    let (items, input_from, outputs) = (s.items(), s.input_from, s.outputs);
+    let (text, input_from, outputs) = (s.items.clone(), s.input_from, s.outputs);
     drop(store);
+    let items = parse_items(&text);
     let mut data: Vec<Value> = items
         .iter()
         .skip(input_from)
@@ -1094,7 +1096,7 @@ mod tests {
         assert_eq!(s.bytes, total);
         // kept as their JSON text, which is what they cost
         let r3 = &s.map["r3"];
-        assert_eq!(r3.items(), vec![json!({"i": 3})]);
+        assert_eq!(parse_items(&r3.items), vec![json!({"i": 3})]);
         assert_eq!(r3.bytes, r3.items.len() + r3.response.len());
         assert_eq!(&*r3.response, r#"{"id":3}"#);
         // one large entry pushes out as many as its bytes need

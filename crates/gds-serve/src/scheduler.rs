@@ -165,7 +165,7 @@ pub struct Request {
     pub received: Instant,
     /// Its client's place in the engine (dropped with the request), where it came from a
     /// connection.
-    pub client: Option<crate::client::ClientJob>,
+    pub client: Option<crate::client::ClientSlot>,
 }
 
 /// Engine settings.
