@@ -13,12 +13,14 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, Stream, StreamExt, TryStreamExt};
+use futures_util::future::BoxFuture;
+use futures_util::stream::{self, Stream, StreamExt};
 use futures_util::FutureExt;
 use gds_runtime::chat::Message;
 use gds_runtime::reply::Reply;
 use gds_runtime::{ChatEnd, Constraint, Grammar, RuntimeError, SamplerConfig};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1339,6 +1341,69 @@ pub(crate) async fn complete(
     Ok((choice, end))
 }
 
+/// A non-streamed chat or text completion: its choices kept as JSON text.
+#[derive(Serialize)]
+struct Completion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    system_fingerprint: &'a str,
+    choices: Vec<Box<RawValue>>,
+    usage: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timings: Option<Value>,
+}
+
+/// The choices of a non-streamed reply, from `runs` in order (at most `window` in flight; the
+/// rest wait here, not in the engine's queue: one request of 64 prompts x 16 choices neither
+/// fills the queue other clients need nor is refused by it), each kept as JSON text as it
+/// ends (a parsed value with log-probabilities takes ~10x its text). When their text passes
+/// `--max-reply` bytes the request fails with 400 `reply_too_large` and the choices
+/// still running are cancelled: many choices of thousands of tokens with top log-probabilities
+/// would otherwise be built whole in memory (tens of GB).
+pub(crate) async fn collect_choices<T>(
+    st: &ServerState,
+    runs: Vec<BoxFuture<'_, Result<(Value, T), ApiError>>>,
+    window: usize,
+) -> Result<Vec<(Box<RawValue>, T)>, ApiError> {
+    let limit = st.limits.max_reply;
+    let total = runs.len();
+    let mut done = stream::iter(runs).buffered(window.max(1));
+    let (mut out, mut bytes) = (Vec::new(), 0usize);
+    while let Some(r) = done.next().await {
+        let (v, t) = r?;
+        let raw = serde_json::value::to_raw_value(&v).map_err(|e| {
+            ApiError::status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            )
+        })?;
+        bytes += raw.get().len();
+        if bytes > limit {
+            st.metrics.replies_too_large.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::bad(format!(
+                "the reply passed the server's limit of {} for a reply that is not streamed (--max-reply) at choice {} of {total}: stream it (\"stream\": true), or ask for fewer choices, tokens or log-probabilities",
+                size(limit),
+                out.len() + 1,
+            ))
+            .code("reply_too_large"));
+        }
+        out.push((raw, t));
+    }
+    Ok(out)
+}
+
+/// `bytes` for people: `256 MiB`, `64 KiB`, `100 bytes`.
+fn size(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
+    }
+}
+
 /// Runs `jobs` (several: the prompts of one completions request and `n` choices of each,
 /// admitted together, one choice each in that order, streamed or not) and answers in the
 /// format of `kind`.
@@ -1356,18 +1421,13 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     let created = now_secs();
     if !jobs.first().is_some_and(|j| j.stream) {
         let model = jobs.first().map(|j| j.model.clone()).unwrap_or_default();
-        // a window of jobs in flight (the rest wait here, not in the engine's queue): one
-        // request of 64 prompts x 16 choices neither fills the queue other clients need nor
-        // is refused by it
         let runs: Vec<_> = jobs
             .iter()
             .enumerate()
             .map(|(i, j)| complete(&st, j, kind, i).boxed())
             .collect();
-        let results: Vec<(Value, End)> = stream::iter(runs)
-            .buffered(window(&st, jobs.first().map_or(1, |j| j.n)))
-            .try_collect()
-            .await?;
+        let window = window(&st, jobs.first().map_or(1, |j| j.n));
+        let results = collect_choices(&st, runs, window).await?;
         // a prompt counts once, however many choices it has
         let n_prompt: usize = jobs
             .iter()
@@ -1381,18 +1441,24 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             .filter(|(j, _)| j.copy == 0)
             .map(|(_, (_, e))| e.done.as_ref().map_or(0, |d| d.cached_tokens))
             .sum();
-        let mut body = json!({
-            "id": id,
-            "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
-            "created": created,
-            "model": model,
-            "system_fingerprint": st.fingerprint,
-            "choices": results.iter().map(|(c, _)| c.clone()).collect::<Vec<_>>(),
-            "usage": usage(n_prompt, n_completion, cached),
-        });
-        if let [(_, end)] = &results[..] {
-            body["timings"] = timings(end, n_prompt);
-        }
+        let timings = match &results[..] {
+            [(_, end)] => Some(timings(end, n_prompt)),
+            _ => None,
+        };
+        let body = Completion {
+            id: &id,
+            object: if kind == Kind::Chat {
+                "chat.completion"
+            } else {
+                "text_completion"
+            },
+            created,
+            model: &model,
+            system_fingerprint: &st.fingerprint,
+            choices: results.into_iter().map(|(c, _)| c).collect(),
+            usage: usage(n_prompt, n_completion, cached),
+            timings,
+        };
         return Ok(Json(body).into_response());
     }
     // streamed: the choices' chunks go out as they come, interleaved, each with its choice's

@@ -22,6 +22,8 @@ use anyhow::Context;
 use axum::body::Body;
 use clap::Args;
 use gds_runtime::RuntimeError;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::fs::File;
@@ -34,6 +36,10 @@ use tower::ServiceExt;
 
 /// Largest input line (a request body and its envelope).
 pub const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// The largest result body of one line (`gdsrun serve`'s default `--max-reply`): a request
+/// whose reply passes it gets 400 `reply_too_large` in its line.
+pub const MAX_REPLY_BYTES: usize = 256 << 20;
 
 /// The endpoints a batch line may name.
 const URLS: [&str; 5] = [
@@ -205,13 +211,40 @@ fn check(line: u64, bytes: &[u8], seen: &mut HashSet<String>) -> Result<Checked,
 }
 
 /// Tokens a response body generated (chat/completions' `completion_tokens`, responses' and
-/// messages' `output_tokens`).
-fn generated(body: &Value) -> u64 {
-    let u = &body["usage"];
-    u["completion_tokens"]
-        .as_u64()
-        .or_else(|| u["output_tokens"].as_u64())
+/// messages' `output_tokens`), read from its text without building the rest.
+fn generated(body: &RawValue) -> u64 {
+    #[derive(Deserialize)]
+    struct Body {
+        usage: Option<Usage>,
+    }
+    #[derive(Deserialize)]
+    struct Usage {
+        completion_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+    }
+    serde_json::from_str::<Body>(body.get())
+        .ok()
+        .and_then(|b| b.usage)
+        .and_then(|u| u.completion_tokens.or(u.output_tokens))
         .unwrap_or(0)
+}
+
+/// One request's line of the output (its body kept as the text the server wrote: a reply
+/// with log-probabilities takes ~10x as much once parsed).
+#[derive(Serialize)]
+struct Answer<'a> {
+    id: String,
+    custom_id: &'a str,
+    line: u64,
+    response: AnswerBody,
+    error: Option<()>,
+}
+
+#[derive(Serialize)]
+struct AnswerBody {
+    status_code: u16,
+    request_id: String,
+    body: Box<RawValue>,
 }
 
 /// What the run did, for the summary line.
@@ -291,6 +324,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
                 header_timeout: Duration::from_secs(3600),
                 body_timeout: Duration::from_secs(3600),
                 max_body: MAX_LINE_BYTES,
+                max_reply: MAX_REPLY_BYTES,
             },
         },
         "gdsrun batch",
@@ -401,28 +435,38 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
                             let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
                                 .await
                                 .unwrap_or_default();
-                            let body = serde_json::from_slice::<Value>(&bytes).unwrap_or_else(
-                                |_| Value::String(String::from_utf8_lossy(&bytes).into_owned()),
-                            );
+                            let body = serde_json::from_slice::<Box<RawValue>>(&bytes)
+                                .ok()
+                                .or_else(|| {
+                                    serde_json::value::to_raw_value(&String::from_utf8_lossy(
+                                        &bytes,
+                                    ))
+                                    .ok()
+                                });
                             (status, body)
                         }
                         Err(e) => match e {},
                     },
                     Err(e) => (
                         400,
-                        json!({"error": {"message": e.to_string(), "type": "invalid_request_error"}}),
+                        serde_json::value::to_raw_value(&json!({"error": {"message": e.to_string(), "type": "invalid_request_error"}})).ok(),
                     ),
                 };
+                let body = body.unwrap_or_else(|| RawValue::NULL.to_owned());
                 let ok = (200..300).contains(&status);
                 let tokens = generated(&body);
-                let out_line = json!({
-                    "id": format!("batch_req_{}", request_id()),
-                    "custom_id": id,
-                    "line": line,
-                    "response": {"status_code": status, "request_id": request_id(), "body": body},
-                    "error": null,
-                })
-                .to_string();
+                let answer = Answer {
+                    id: format!("batch_req_{}", request_id()),
+                    custom_id: &id,
+                    line,
+                    response: AnswerBody {
+                        status_code: status,
+                        request_id: request_id(),
+                        body,
+                    },
+                    error: None,
+                };
+                let out_line = serde_json::to_string(&answer).unwrap_or_default();
                 let _ = tx.send((out_line, Some((ok, tokens))));
             });
         }

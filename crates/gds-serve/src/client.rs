@@ -41,6 +41,13 @@ pub struct ClientSlot {
     ip: IpAddr,
 }
 
+impl ClientSlot {
+    /// The client's address.
+    pub(crate) fn ip(&self) -> IpAddr {
+        self.ip
+    }
+}
+
 impl Drop for ClientSlot {
     fn drop(&mut self) {
         let mut map = self.held.0.lock().unwrap_or_else(|e| e.into_inner());

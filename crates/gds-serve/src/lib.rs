@@ -94,6 +94,11 @@ pub struct ServeArgs {
     /// is read.
     #[arg(long, default_value = "4MiB", value_parser = gds_runtime::ioplan::parse_size)]
     pub max_body: u64,
+    /// Largest non-streamed reply (e.g. 256MiB): one whose choices pass it (many choices
+    /// with log-probabilities) is cut off with 400 `reply_too_large` and its other choices
+    /// cancelled. Streamed replies go out as they are made and have no such limit.
+    #[arg(long, default_value = "256MiB", value_parser = gds_runtime::ioplan::parse_size)]
+    pub max_reply: u64,
 }
 
 /// The engine's flags, shared by `gdsrun serve` and `gdsrun batch`.
@@ -644,12 +649,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let Ok(max_body) = usize::try_from(args.max_body) else {
         return bad(format!("--max-body {} is too large", args.max_body));
     };
+    let max_reply = match usize::try_from(args.max_reply) {
+        Ok(0) => return bad("--max-reply must be more than 0".into()),
+        Ok(n) => n,
+        Err(_) => return bad(format!("--max-reply {} is too large", args.max_reply)),
+    };
     let limits = NetLimits {
         max_connections: args.max_connections,
         max_client_connections,
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         max_body,
+        max_reply,
     };
     let Started {
         state,

@@ -17,6 +17,8 @@ pub struct ServerMetrics {
     pub rejected_client: AtomicU64,
     /// Requests refused: body larger than the limit (413).
     pub rejected_too_large: AtomicU64,
+    /// Replies not streamed whose choices passed `--max-reply` (400 `reply_too_large`).
+    pub replies_too_large: AtomicU64,
     /// Requests whose body did not arrive in time (408).
     pub body_timeouts: AtomicU64,
     /// Open HTTP connections.
@@ -200,6 +202,12 @@ impl ServerMetrics {
             "counter",
             "Requests refused because the body exceeded the limit (413).",
             g(&self.rejected_too_large).to_string(),
+        );
+        put(
+            "replies_too_large_total",
+            "counter",
+            "Replies not streamed cut off because their choices passed --max-reply (400 reply_too_large).",
+            g(&self.replies_too_large).to_string(),
         );
         put(
             "requests_body_timeout_total",

@@ -25,9 +25,9 @@
 //! up in the shared prefix cache whatever slot it names.
 
 use crate::api::{
-    encode_text, expand, finish, parse, refused, run_to_end, stream_choices, timings, tokenize,
-    window, ApiError, ChatBody, Common, End, Gen, Job, Kind, Piece, Stop, MAX_PROMPTS,
-    MAX_TOP_LOGPROBS,
+    collect_choices, encode_text, expand, finish, parse, refused, run_to_end, stream_choices,
+    timings, tokenize, window, ApiError, ChatBody, Common, End, Gen, Job, Kind, Piece, Stop,
+    MAX_PROMPTS, MAX_TOP_LOGPROBS,
 };
 use crate::scheduler::TokenLogprobs;
 use crate::tools::Tools;
@@ -38,8 +38,8 @@ use axum::http::StatusCode;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, StreamExt, TryStreamExt};
-use futures_util::FutureExt;
+use futures_util::stream::{self, StreamExt};
+use futures_util::{FutureExt, TryFutureExt};
 use gds_runtime::{Grammar, SamplerConfig};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -1040,9 +1040,13 @@ async fn completion_of(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, 
             let runs: Vec<_> = jobs
                 .iter()
                 .enumerate()
-                .map(|(i, j)| run_one(&st, j, &asked, i).boxed())
+                .map(|(i, j)| run_one(&st, j, &asked, i).map_ok(|v| (v, ())).boxed())
                 .collect();
-            let mut results: Vec<Value> = stream::iter(runs).buffered(window).try_collect().await?;
+            let mut results: Vec<_> = collect_choices(&st, runs, window)
+                .await?
+                .into_iter()
+                .map(|(v, ())| v)
+                .collect();
             return Ok(if results.len() == 1 {
                 Json(results.remove(0)).into_response()
             } else {

@@ -40,6 +40,8 @@ pub struct NetLimits {
     pub body_timeout: Duration,
     /// Largest request body, bytes.
     pub max_body: usize,
+    /// Largest non-streamed reply's choices, bytes of JSON text.
+    pub max_reply: usize,
 }
 
 /// Why a connection is refused.

@@ -3,9 +3,12 @@
 //!
 //! A request moves through explicit states: queued (in `waiting`), prefilling (its prompt
 //! is being evaluated, in chunks sharing the step's token budget), decoding (one token per
-//! step), then finished, failed or cancelled. New requests join between steps, first in,
-//! first out: the head of the queue is admitted before anything behind it, so nothing
-//! starves. When the KV pool runs dry, blocks only the prefix tree holds are evicted first,
+//! step), then finished, failed or cancelled. New requests join between steps, fairly
+//! between client addresses: the next admitted is the oldest request of the client with the
+//! fewest running, ties going to the client admitted least recently (round robin), so one
+//! client's many requests do not hold another's behind them; a client's own requests go first
+//! in, first out, and nothing starves (a request that does not fit the KV pool yet holds the
+//! others behind it until it does). When the KV pool runs dry, blocks only the prefix tree holds are evicted first,
 //! then the newest running request is preempted: its blocks are released and it goes back
 //! to the front of the queue to be recomputed later (its sampler state kept), rather than
 //! failing.
@@ -14,7 +17,8 @@ use crate::metrics::ServerMetrics;
 use crate::prefix::PrefixCache;
 use gds_runtime::exec::BatchExecutor;
 use gds_runtime::{Batch, Constraint, KvCache, Mask, Sampler, SamplerConfig, NO_BLOCK};
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -168,6 +172,13 @@ pub struct Request {
     pub client: Option<crate::client::ClientSlot>,
 }
 
+impl Request {
+    /// The client address it came from (`None`: from no connection, e.g. `gdsrun batch`).
+    fn client_ip(&self) -> Option<IpAddr> {
+        self.client.as_ref().map(|c| c.ip())
+    }
+}
+
 /// Engine settings.
 pub struct EngineConfig {
     /// Most sequences decoding together.
@@ -261,6 +272,11 @@ pub struct Engine {
     fed: Vec<usize>,
     /// For each hidden-state row of the step (embeddings): index into `running`.
     hidden_rows: Vec<usize>,
+    /// Admissions so far (the clock of `turns`).
+    admissions: u64,
+    /// When each client address (`None`: requests from no connection) last had a request
+    /// admitted, by `admissions`: the fewer recent turns, the sooner its next.
+    turns: HashMap<Option<IpAddr>, u64>,
 }
 
 impl Engine {
@@ -288,6 +304,8 @@ impl Engine {
             out_rows: Vec::new(),
             fed: Vec::new(),
             hidden_rows: Vec::new(),
+            admissions: 0,
+            turns: HashMap::new(),
         };
         engine.publish();
         engine
@@ -471,23 +489,19 @@ impl Engine {
         self.metrics.finished.fetch_add(ended, Ordering::Relaxed);
     }
 
-    /// Admits waiting requests, oldest first, while a slot and enough blocks for the whole
-    /// prompt are there.
+    /// Admits waiting requests, in [`Engine::next_waiting`]'s order, while a slot and enough
+    /// blocks for the whole prompt are there.
     fn admit(&mut self) {
         let block = self.kv.block_size();
+        let mut running: HashMap<Option<IpAddr>, usize> = HashMap::new();
+        for s in &self.running {
+            *running.entry(s.req.client_ip()).or_default() += 1;
+        }
         while self.running.len() < self.cfg.max_batch {
-            let Some(front) = self.waiting.front() else {
+            let Some(next) = self.next_waiting(&running) else {
                 break;
             };
-            if let Some(g) = front.req.group {
-                let sibling_prefilling = self
-                    .running
-                    .iter()
-                    .any(|s| s.req.group == Some(g) && !s.indexed);
-                if sibling_prefilling {
-                    break;
-                }
-            }
+            let front = &self.waiting[next];
             let len = front.tokens.len();
             let max_shared = (len - 1) / block;
             // a scored prompt needs the logits of every position, a mean or first-token
@@ -523,8 +537,12 @@ impl Engine {
             let Some(slot) = self.free_slots.pop() else {
                 break;
             };
-            let mut seq = self.waiting.pop_front().expect("front exists");
+            let mut seq = self.waiting.remove(next).expect("next exists");
             seq.slot = slot;
+            let from = seq.req.client_ip();
+            self.admissions += 1;
+            self.turns.insert(from, self.admissions);
+            *running.entry(from).or_default() += 1;
             let first = self.kv.window_first_block(shared.len() * block);
             for (i, &(b, w)) in shared.iter().enumerate() {
                 self.kv.retain(b);
@@ -551,6 +569,48 @@ impl Engine {
             self.metrics.queue_depth_sub(1);
             self.running.push(seq);
         }
+        // the turns of clients with nothing waiting are forgotten now and then (one that
+        // comes back starts afresh, as a new client would)
+        if self.turns.len() > 4 * self.waiting.len() + 64 {
+            let waiting: HashSet<_> = self.waiting.iter().map(|s| s.req.client_ip()).collect();
+            self.turns.retain(|k, _| waiting.contains(k));
+        }
+    }
+
+    /// The waiting request to admit next (its index in `waiting`): a preempted one first (it
+    /// was running); else the oldest request of the client address with the fewest requests
+    /// in `running` (counts by address), ties going to the client whose last admission is the
+    /// oldest. A choice whose sibling (`group`) is still prefilling their shared prompt waits
+    /// for it, to start from its cached blocks.
+    fn next_waiting(&self, running: &HashMap<Option<IpAddr>, usize>) -> Option<usize> {
+        if self.waiting.front()?.admitted.is_some() {
+            return Some(0);
+        }
+        let prefilling: HashSet<u64> = self
+            .running
+            .iter()
+            .filter(|s| !s.indexed)
+            .filter_map(|s| s.req.group)
+            .collect();
+        let mut seen = HashSet::new();
+        let mut best: Option<((usize, u64), usize)> = None;
+        for (i, s) in self.waiting.iter().enumerate() {
+            if s.req.group.is_some_and(|g| prefilling.contains(&g)) {
+                continue;
+            }
+            let from = s.req.client_ip();
+            if !seen.insert(from) {
+                continue;
+            }
+            let rank = (
+                running.get(&from).copied().unwrap_or(0),
+                self.turns.get(&from).copied().unwrap_or(0),
+            );
+            if best.is_none_or(|(r, _)| rank < r) {
+                best = Some((rank, i));
+            }
+        }
+        best.map(|(_, i)| i)
     }
 
     /// Preempts the newest running sequence: back to the front of the queue.

@@ -935,3 +935,149 @@ fn one_client_cannot_fill_the_queue() {
     let (code, v) = post(&s.addr, "/detokenize", &json!({"tokens": vec![1; 256]}));
     assert_eq!(code, 200, "{v}");
 }
+
+/// A reply that is not streamed is held whole until its last choice ends: past `--max-reply`
+/// (here 16 KiB, ~5 choices) it is refused with 400 `reply_too_large` and its other choices
+/// (the 8 in flight with `--max-batch 4`, the rest not started) are cancelled,
+/// on the OpenAI and the llama.cpp endpoints; the same request streamed is answered in full,
+/// and a reply under the limit is unchanged.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn replies_past_max_reply_are_cut_off() {
+    let _one = serial();
+    let s = start(&["--max-reply", "16KiB", "--max-batch", "4", "--ctx", "256"]);
+    // 4 prompts x 8 choices x 32 tokens with 5 alternatives each: ~150 KB of JSON
+    let prompts = ["Once upon a time", "The sea", "In 1905", "Dear diary"];
+    let big = json!({"prompt": prompts, "n": 8, "max_tokens": 32, "logprobs": 5,
+                     "ignore_eos": true, "temperature": 1.0});
+    let (code, v) = post(&s.addr, "/v1/completions", &big);
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["code"], "reply_too_large", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("16 KiB") && msg.contains("--max-reply") && msg.contains("stream"),
+        "{msg}"
+    );
+    // the choices still running or waiting are cancelled, not run to their end
+    let t0 = Instant::now();
+    loop {
+        let m = http(&s.addr, "GET", "/metrics", None).1;
+        if metric(&m, "gds_requests_running") + metric(&m, "gds_queue_depth") == 0.0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "choices left running: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let m = http(&s.addr, "GET", "/metrics", None).1;
+    let generated = metric(&m, "gds_generated_tokens_total");
+    assert!(
+        generated <= 16.0 * 32.0,
+        "more than 16 of 32 choices ran: {generated} tokens"
+    );
+    assert!(metric(&m, "gds_requests_cancelled_total") >= 1.0, "{m}");
+    assert_eq!(metric(&m, "gds_replies_too_large_total"), 1.0, "{m}");
+    // llama.cpp's /completion: the same limit
+    let native = json!({"prompt": prompts, "n_predict": 32, "n_probs": 5, "ignore_eos": true,
+                        "n_cmpl": 8, "temperature": 1.0});
+    let (code, v) = post(&s.addr, "/completion", &native);
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["code"], "reply_too_large", "{v}");
+    // streamed, the same request is answered in full: every choice to max_tokens
+    let mut streamed = big.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (code, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(streamed.to_string().as_bytes()),
+    );
+    assert_eq!(code, 200, "{text}");
+    let usage = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|c| c["usage"].is_object())
+        .unwrap_or_else(|| panic!("no usage chunk: {text}"));
+    assert_eq!(usage["usage"]["completion_tokens"], 4 * 8 * 32, "{usage}");
+    // under the limit: answered with its log-probabilities
+    let small =
+        json!({"prompt": "Once upon a time", "max_tokens": 8, "logprobs": 5, "ignore_eos": true});
+    let (code, v) = post(&s.addr, "/v1/completions", &small);
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        8,
+        "{v}"
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 8, "{v}");
+}
+
+/// Admission is fair between client addresses: with one sequence at a time (`--max-batch 1`)
+/// and three long requests of 127.0.0.1 in the engine, a request of 127.0.0.2 sent after them
+/// is admitted when the first ends, before the third (first in, first out, it waited for all
+/// three).
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_second_client_is_not_queued_behind_the_first() {
+    let _one = serial();
+    let s = start(&["--max-batch", "1", "--ctx", "256"]);
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": true});
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let first: Vec<_> = (0..3)
+        .map(|k| {
+            let (addr, body, done) = (s.addr.clone(), long.to_string(), done.clone());
+            let h = std::thread::spawn(move || {
+                let r = http(&addr, "POST", "/v1/completions", Some(body.as_bytes()));
+                done.lock().unwrap().push(format!("a{k}"));
+                r
+            });
+            // in this order
+            let t0 = Instant::now();
+            loop {
+                let m = http(&s.addr, "GET", "/metrics", None).1;
+                if metric(&m, "gds_requests_running") + metric(&m, "gds_queue_depth")
+                    >= k as f64 + 1.0
+                {
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "request {k} never in: {m}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            h
+        })
+        .collect();
+    let mut other = connect_from("127.0.0.2", &s.addr);
+    let body = json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true}).to_string();
+    write!(
+        other,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (got, closed) = read_until_closed(&mut other, Duration::from_secs(120));
+    assert!(closed);
+    let (code, v) = parse_response(&got);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&got));
+    done.lock().unwrap().push("b".into());
+    for h in first {
+        let (code, text) = h.join().unwrap();
+        assert_eq!(code, 200, "{text}");
+    }
+    let order = done.lock().unwrap().clone();
+    let b = order.iter().position(|x| x == "b").unwrap();
+    assert!(
+        b < 3,
+        "the second client waited for all three of the first's: {order:?} ({v})"
+    );
+}
