@@ -1360,6 +1360,27 @@ x16_rows!(
     q6k::rows_x16_avx2
 );
 
+x16_rows!(
+    /// [`rows_q4_0x16`] for IQ4_NL (laid out as Q4_0, each nibble's value looked up by one
+    /// byte shuffle): bit for bit [`rows_iq4_nl`] on the same rows in file order.
+    rows_iq4_nlx16,
+    ActQ8,
+    q80::rows_x16::<BlockIq4Nl>,
+    q80::plain::rows_x16_avx2::<BlockIq4Nl>,
+    q80::vnni::rows_x16_avx2::<BlockIq4Nl>
+);
+x16_rows!(
+    /// [`rows_q4_0x16`] for IQ4_XS: each 32-element sub-block an IQ4_NL block whose sixteen
+    /// (eight) rows' scales `d * (ls - 32)` are made side by side from the interleaved
+    /// `d`, `scales_h` and `scales_l`, so decode needs no sums across lanes. Bit for bit
+    /// [`rows_iq4_xs`] on the same rows in file order.
+    rows_iq4_xsx16,
+    ActQ8,
+    q80::rows_x16_xs,
+    q80::plain::rows_x16_avx2_xs,
+    q80::vnni::rows_x16_avx2_xs
+);
+
 /// The row-at-a-time Q4_0 kernel of every feature set (AVX-VNNI's or AVX512-VNNI's
 /// `vpdpbusd` when the token has it), which [`rows_q4_0`] no longer runs: kept as the
 /// baseline the benchmark and the tests measure against.

@@ -1,4 +1,4 @@
-//! Block-quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4) interleaved sixteen
+//! Block-quantized rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS) interleaved sixteen
 //! at a time: the in-memory layout the AVX-512 kernels (sixteen rows a vector) and the AVX2
 //! ones (each 32-byte half of a unit, eight rows) read without repacking (llama.cpp repacks its CPU weights the same way, into
 //! buffers of their own; here the bytes are rewritten in place, so a model held in memory
@@ -17,7 +17,10 @@
 //! - Q4_0 (288 bytes a group block): `d` at `2r`; quant bytes `4k..4k + 4` at
 //!   `32 + 64k + 4r`. The other 32-element types the same way: `d` at `2r`, Q4_1's and
 //!   Q5_1's `m` at `32 + 2r`, then Q5_0's and Q5_1's fifth-bit word of each row (`4r`), then
-//!   the quant bytes (Q8_0's eight units, the others' four).
+//!   the quant bytes (Q8_0's eight units, the others' four). IQ4_NL is laid out as Q4_0.
+//! - IQ4_XS (2176 bytes): `d` at `2r`, `scales_h` at `32 + 2r`, `scales_l` at `64 + 4r`;
+//!   quant bytes `4k..4k + 4` at `128 + 64k + 4r`, so sub-block `j`'s (bytes `16j..16j + 16`
+//!   of a row, an IQ4_NL block's nibbles) are units `4j..4j + 4`.
 //! - Q4_K (2304 bytes): `d` at `2r`, `dmin` at `32 + 2r`; scale word `k` at `64 + 64k + 4r`;
 //!   quant bytes `4c..4c + 4` at `256 + 64c + 4r`.
 //! - Q5_K (2816 bytes): Q4_K's `d`, `dmin` and scale words, then the fifth-bit bytes
@@ -53,7 +56,8 @@ pub enum Layout {
 /// the types that can be interleaved.
 fn narrow_fields(dtype: DType) -> Option<(std::ops::Range<usize>, usize)> {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Some((0..2, 2)),
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Iq4Nl => Some((0..2, 2)),
+        DType::Iq4Xs => Some((0..4, 2)),
         DType::Q4_1 | DType::Q5_1 => Some((0..4, 2)),
         DType::Q4K | DType::Q5K => Some((0..4, 2)),
         DType::Q6K => Some((208..210, 2)),
@@ -63,7 +67,7 @@ fn narrow_fields(dtype: DType) -> Option<(std::ops::Range<usize>, usize)> {
 }
 
 /// Whether `dtype` has an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
-/// MXFP4).
+/// MXFP4, IQ4_NL, IQ4_XS).
 pub fn interleavable(dtype: DType) -> bool {
     narrow_fields(dtype).is_some()
 }
@@ -72,7 +76,7 @@ fn check(dtype: DType, data: &[u8], rows: usize, cols: usize) -> Result<usize, K
     let bs = dtype.block_size();
     if !interleavable(dtype) || !cols.is_multiple_of(bs) || !rows.is_multiple_of(GROUP) {
         return Err(KernelError::Shape(format!(
-            "a {rows}x{cols} {dtype} matrix cannot be interleaved: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 only, \
+            "a {rows}x{cols} {dtype} matrix cannot be interleaved: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL and IQ4_XS only, \
              rows a multiple of {GROUP}, whole blocks"
         )));
     }
@@ -214,7 +218,13 @@ impl Map {
 /// 64`, four interleaved rounds: 7.6-8.1 against 8.0-8.8 t/s), though the kernel is faster
 /// from L2 (71-78 against 40-57 GB/s); capped at AVX2 (`GDS_ISA=avx2`, `-n 32`, three rounds)
 /// interleaved was the faster each round (8.3-9.2 against 7.5-8.4 t/s). AVX-VNNI, unmeasured,
-/// keeps the file order. `GDS_INTERLEAVE=0` in the environment says no for every type (to
+/// keeps the file order.
+///
+/// IQ4_NL and IQ4_XS are interleaved on every instruction set: their decode kernels over the
+/// layout need no sums across lanes (`decode_bw iq4_xs[x16]`, a 1024 x 2048 matrix from L2,
+/// 2 threads, an Intel Xeon with AVX-512 VNNI: AVX-512 26-28 against 37 µs, AVX-VNNI 32
+/// against 41, AVX2 39 against 44; streamed 64 x 8192 x 2048 equal or faster), prompts as
+/// fast (AVX2) or faster (AVX-512) but with AVX-VNNI 10-25 % slower (64 tokens). `GDS_INTERLEAVE=0` in the environment says no for every type (to
 /// measure the file-order kernels against these on one machine), `GDS_INTERLEAVE=all` yes
 /// for Q8_0 too.
 pub fn interleave_pays(dtype: DType) -> bool {
@@ -241,6 +251,8 @@ mod tests {
             (DType::Q4K, 512),
             (DType::Q5K, 512),
             (DType::Q6K, 512),
+            (DType::Iq4Nl, 96),
+            (DType::Iq4Xs, 512),
         ] {
             let rows = 32;
             let rb = cols / dtype.block_size() * dtype.type_size();
@@ -267,7 +279,17 @@ mod tests {
                 assert_eq!(grp[64 + 64 * 2 + 4 * r..][..4], src[12..16], "scales");
                 assert_eq!(grp[256 + 64 * 7 + 4 * r..][..4], src[44..48], "qh");
                 assert_eq!(grp[768 + 64 * 31 + 4 * r..][..4], src[172..], "quants");
-            } else if dtype == DType::Q4_0 {
+            } else if dtype == DType::Iq4Xs {
+                assert_eq!(grp[2 * r..][..2], src[..2], "{dtype} d");
+                assert_eq!(grp[32 + 2 * r..][..2], src[2..4], "scales_h");
+                assert_eq!(grp[64 + 4 * r..][..4], src[4..8], "scales_l");
+                // sub-block 5's nibble bytes 4..8 (quant unit 4 * 5 + 1)
+                assert_eq!(
+                    grp[128 + 64 * 21 + 4 * r..][..4],
+                    src[8 + 84..8 + 88],
+                    "quants"
+                );
+            } else if matches!(dtype, DType::Q4_0 | DType::Iq4Nl) {
                 assert_eq!(grp[2 * r..][..2], src[..2], "{dtype} d");
                 assert_eq!(grp[32 + 4 * r + 3], src[2 + 3]);
                 assert_eq!(grp[32 + 64 * 3 + 4 * r], src[2 + 12]);

@@ -258,6 +258,8 @@ fn run_laid_out(
             (DType::Q5K, ActRows::Q8K(a)) => return avx2::rows_q5_kx16(t, w, rb, a, out),
             (DType::Q6K, ActRows::Q8K(a)) => return avx2::rows_q6_kx16(t, w, rb, a, out),
             (DType::MXFP4, ActRows::Q8(a)) => return avx2::rows_mxfp4x16(t, w, rb, a, out),
+            (DType::Iq4Nl, ActRows::Q8(a)) => return avx2::rows_iq4_nlx16(t, w, rb, a, out),
+            (DType::Iq4Xs, ActRows::Q8(a)) => return avx2::rows_iq4_xsx16(t, w, rb, a, out),
             _ => {}
         }
     }

@@ -194,6 +194,65 @@ fn xs_scales(b: &BlockIq4Xs) -> __m256 {
     _mm256_mul_ps(_mm256_set1_ps(b.d()), _mm256_cvtepi32_ps(ls))
 }
 
+/// Where an interleaved IQ4_XS group block's quants start (after sixteen rows' `d`,
+/// `scales_h` and `scales_l`).
+const XS_QS: usize = 128;
+
+/// The eight sub-blocks' scales `d * (ls - 32)` of rows `8h..8h + 8` of an interleaved
+/// IQ4_XS group block `b` (`[j]`: sub-block `j`'s, row `r` in lane `r`): [`xs_scales`]'
+/// arithmetic with the rows in the lanes, made once a block (AVX2 and AVX-VNNI; see
+/// [`xs_scales_x8_at`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn xs_scales_x8(b: &[u8], h: usize) -> [__m256; XS_SUB] {
+    let d = _mm256_cvtph_ps(ld_u8x16(&b[16 * h..].as_chunks::<16>().0[0]));
+    let mut l = ld_u8x32(&b[64 + 32 * h..]);
+    let mut hw = _mm256_cvtepu16_epi32(ld_u8x16(&b[32 + 16 * h..].as_chunks::<16>().0[0]));
+    let mut out = [_mm256_setzero_ps(); XS_SUB];
+    for o in &mut out {
+        let lo = _mm256_and_si256(l, _mm256_set1_epi32(0xF));
+        let hi = _mm256_and_si256(hw, _mm256_set1_epi32(3));
+        let ls = _mm256_sub_epi32(
+            _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
+            _mm256_set1_epi32(32),
+        );
+        *o = _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls));
+        l = _mm256_srli_epi32::<4>(l);
+        hw = _mm256_srli_epi32::<2>(hw);
+    }
+    out
+}
+
+/// Sub-block `j`'s scales of rows `8h..8h + 8` of an interleaved IQ4_XS group block `b`
+/// ([`xs_scales_x8`]'s `[j]`), made alone: with AVX-512 faster than a block's made once and
+/// kept (sixteen rows' 512-bit scales; 26-28 against 34-37 µs a 1024 x 2048 matrix from L2,
+/// `decode_bw iq4_xsx16`), with AVX2 and AVX-VNNI much slower (57-59 against 39, 49-52
+/// against 32: sixteen registers).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn xs_scales_x8_at(b: &[u8], j: usize, h: usize) -> __m256 {
+    let d = _mm256_cvtph_ps(ld_u8x16(&b[16 * h..].as_chunks::<16>().0[0]));
+    let l = ld_u8x32(&b[64 + 32 * h..]);
+    let hw = _mm256_cvtepu16_epi32(ld_u8x16(&b[32 + 16 * h..].as_chunks::<16>().0[0]));
+    let lo = _mm256_srlv_epi32(l, _mm256_set1_epi32(4 * j as i32));
+    let hi = _mm256_srlv_epi32(hw, _mm256_set1_epi32(2 * j as i32));
+    let ls = _mm256_sub_epi32(
+        _mm256_or_si256(
+            _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
+            _mm256_slli_epi32::<4>(_mm256_and_si256(hi, _mm256_set1_epi32(3))),
+        ),
+        _mm256_set1_epi32(32),
+    );
+    _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls))
+}
+
+/// Group block `k` of a group of sixteen interleaved IQ4_XS rows.
+#[inline(always)]
+fn xs_group_block(group: &[u8], k: usize) -> &[u8] {
+    let gb = GROUP * std::mem::size_of::<BlockIq4Xs>();
+    &group[k * gb..(k + 1) * gb]
+}
+
 /// Block `k`'s scales of eight IQ4_XS rows by sub-block: `[j]` holds sub-block `j`'s, row `r`
 /// in lane `r`.
 #[inline]
@@ -706,7 +765,7 @@ macro_rules! q80_lanes8 {
         #[target_feature(enable = $feat)]
         fn gemm8_by<B: Q32, const N: usize, const H: usize>(
             nb: usize,
-            block: impl Fn(usize, usize) -> Packed8,
+            mut block: impl FnMut(usize, usize) -> Packed8,
             xs: [&[ActQ8]; N],
             pf: &[u8],
         ) -> [[__m256; N]; H] {
@@ -739,7 +798,7 @@ macro_rules! q80_lanes8 {
                 p.m = f16s(32);
             }
             let at = |unit: usize| ld_u8x32(&b[unit + 32 * h..]);
-            let t: [__m256i; 8] = if B::SIGNED {
+            let t: [__m256i; 8] = if B::SIGNED && !B::LUT {
                 std::array::from_fn(|g| at(qs_at + 64 * g))
             } else {
                 let m4 = _mm256_set1_epi8(0x0F);
@@ -772,14 +831,48 @@ macro_rules! q80_lanes8 {
                         *t = _mm256_or_si256(*t, _mm256_and_si256(set, sixteen));
                     }
                 }
+                if B::LUT {
+                    t = t.map(|q| lookup(q));
+                }
                 t
             };
+            quants8::<B>(t, &mut p);
+            p
+        }
+
+        /// `p`'s quants from eight groups of four elements of eight rows (`t[g]`: a row
+        /// per 32-bit lane, as stored, IQ4_NL's looked up).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn quants8<B: Q32>(t: [__m256i; 8], p: &mut Packed8) {
             for g in 0..8 {
                 p.q[g] = weight_bytes::<B>(t[g], $vnni);
                 if signed_products::<B>($vnni) {
                     p.s[g] = t[g];
                 }
             }
+        }
+
+        /// Sub-block `i` of a group of sixteen interleaved IQ4_XS rows (sub-block `i % 8`
+        /// of block `i / 8`), rows `8h..8h + 8`, as [`Packed8`]: an IQ4_NL block (its
+        /// nibbles are units `4j..4j + 4` of the quants) whose scales are `d` (the rows').
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn unpack_x8_xs(group: &[u8], i: usize, h: usize, d: __m256) -> Packed8 {
+            let (b, j) = (xs_group_block(group, i / XS_SUB), i % XS_SUB);
+            let mut p = Packed8::zero();
+            p.d = d;
+            let m4 = _mm256_set1_epi8(0x0F);
+            let v: [__m256i; 4] =
+                std::array::from_fn(|c| ld_u8x32(&b[XS_QS + 64 * (4 * j + c) + 32 * h..]));
+            let t: [__m256i; 8] = std::array::from_fn(|g| {
+                lookup(if g < 4 {
+                    _mm256_and_si256(v[g], m4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
+                })
+            });
+            quants8::<BlockIq4Nl>(t, &mut p);
             p
         }
 
@@ -793,14 +886,55 @@ macro_rules! q80_lanes8 {
             acts: &[&[ActQ8]],
             out: &mut [f32],
         ) {
+            let size = std::mem::size_of::<B>();
+            rows_x16_avx2_by::<B>(w, rb, (size, 1), acts, out, |group, i, h| {
+                unpack_x8::<B>(group, i, h)
+            })
+        }
+
+        /// [`rows_x16_avx2`] for IQ4_XS rows (their sub-blocks as IQ4_NL blocks).
+        #[target_feature(enable = $feat)]
+        pub(in crate::avx2) fn rows_x16_avx2_xs(
+            w: &[u8],
+            rb: usize,
+            acts: &[&[ActQ8]],
+            out: &mut [f32],
+        ) {
+            let size = std::mem::size_of::<BlockIq4Xs>();
+            // both drivers unpack a group's sub-blocks in order: a block's scales are made
+            // at its first
+            let mut sc = [[_mm256_setzero_ps(); XS_SUB]; 2];
+            rows_x16_avx2_by::<BlockIq4Nl>(w, rb, (size, XS_SUB), acts, out, |group, i, h| {
+                let j = i % XS_SUB;
+                if j == 0 {
+                    sc[h] = xs_scales_x8(xs_group_block(group, i / XS_SUB), h);
+                }
+                unpack_x8_xs(group, i, h, sc[h][j])
+            })
+        }
+
+        /// [`rows_x16_avx2`] over blocks of `size` bytes, `per` units of `B`'s arithmetic each
+        /// (IQ4_XS's eight sub-blocks), `unpack(group, i, h)` giving unit `i` of half `h`
+        /// (called for each group's units in order, both halves of a unit together).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn rows_x16_avx2_by<B: Q32>(
+            w: &[u8],
+            rb: usize,
+            (size, per): (usize, usize),
+            acts: &[&[ActQ8]],
+            out: &mut [f32],
+            mut unpack: impl FnMut(&[u8], usize, usize) -> Packed8,
+        ) {
             let nt = acts.len();
-            let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<B>(), nt, out) else {
+            let Some((nrows, nb)) = x16_shape(w, rb, size, nt, out) else {
                 return;
             };
+            let nb = nb * per;
             if nt <= 4 {
                 x16_tiles(w, rb, nt, |group, r, pf, _| {
                     by_tile!(acts, |xs| put_halves(
-                        gemm8_by::<B, _, 2>(nb, |i, h| unpack_x8::<B>(group, i, h), xs, pf),
+                        gemm8_by::<B, _, 2>(nb, |i, h| unpack(group, i, h), xs, pf),
                         r,
                         nrows,
                         out,
@@ -814,7 +948,7 @@ macro_rules! q80_lanes8 {
                 rb,
                 (nb, nt),
                 [Packed8::zero(); 2],
-                |group, i, p| *p = [unpack_x8::<B>(group, i, 0), unpack_x8::<B>(group, i, 1)],
+                |group, i, p| *p = [unpack(group, i, 0), unpack(group, i, 1)],
                 |p: &[[Packed8; 2]], r, t0| {
                     by_tile!(&acts[t0..], |xs| put_halves(
                         gemm8_by::<B, _, 2>(p.len(), |i, h| p[i][h], xs, &[]),
@@ -1155,22 +1289,14 @@ fn unpack_x16<B: Q32>(group: &[u8], i: usize, p: &mut Packed16) {
     if B::MIN {
         p.m = _mm512_cvtph_ps(ld_u8x32(&b[32..64]));
     }
-    if B::SIGNED {
+    if B::SIGNED && !B::LUT {
         for g in 0..8 {
             let q = ld_u8x64(&b[qs_at + 64 * g..]);
             p.q[g] = _mm512_xor_si512(q, _mm512_set1_epi8(i8::MIN));
         }
         return;
     }
-    let m4 = _mm512_set1_epi8(0x0F);
-    let v: [__m512i; 4] = std::array::from_fn(|c| ld_u8x64(&b[qs_at + 64 * c..]));
-    for g in 0..8 {
-        p.q[g] = if g < 4 {
-            _mm512_and_si512(v[g], m4)
-        } else {
-            _mm512_and_si512(_mm512_srli_epi16::<4>(v[g - 4]), m4)
-        };
-    }
+    nibbles_x16(b, qs_at, B::LUT, p);
     if B::QH {
         let h = ld_u8x64(&b[qh_at..]);
         let sixteen = _mm512_set1_epi8(0x10);
@@ -1183,13 +1309,49 @@ fn unpack_x16<B: Q32>(group: &[u8], i: usize, p: &mut Packed16) {
     }
 }
 
+/// `p`'s quants from four units of nibbles from `qs_at` of an interleaved group block `b`
+/// (sixteen rows' elements `4c..4c + 4` low, `16 + 4c..` high): as they are, or (`lut`)
+/// IQ4_NL's values looked up, offset by 128 as [`weight_bytes`] makes them with VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn nibbles_x16(b: &[u8], qs_at: usize, lut: bool, p: &mut Packed16) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let table = _mm512_broadcast_i32x4(ld_i8x16(&KVALUES_IQ4NL));
+    let v: [__m512i; 4] = std::array::from_fn(|c| ld_u8x64(&b[qs_at + 64 * c..]));
+    for g in 0..8 {
+        let q = if g < 4 {
+            _mm512_and_si512(v[g], m4)
+        } else {
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v[g - 4]), m4)
+        };
+        p.q[g] = match lut {
+            true => _mm512_xor_si512(_mm512_shuffle_epi8(table, q), _mm512_set1_epi8(i8::MIN)),
+            false => q,
+        };
+    }
+}
+
+/// Sub-block `i` of a group of sixteen interleaved IQ4_XS rows (sub-block `i % 8` of block
+/// `i / 8`) as [`Packed16`]: an IQ4_NL block whose scales are `d` (the rows').
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn unpack_x16_xs(group: &[u8], i: usize, d: __m512, p: &mut Packed16) {
+    p.d = d;
+    nibbles_x16(
+        xs_group_block(group, i / XS_SUB),
+        XS_QS + 64 * 4 * (i % XS_SUB),
+        true,
+        p,
+    );
+}
+
 /// [`gemm16`] on a group of sixteen interleaved rows read as it goes (decode: each block
 /// unpacked once for the tile's tokens), `pf` prefetched a few lines a block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 fn gemv_x16<B: Q32, const N: usize>(
-    group: &[u8],
     nb: usize,
+    mut unpack: impl FnMut(usize, &mut Packed16),
     xs: [&[ActQ8]; N],
     pf: &[u8],
 ) -> [__m512; N] {
@@ -1197,7 +1359,7 @@ fn gemv_x16<B: Q32, const N: usize>(
     let mut u = Packed16::zero();
     for i in 0..nb {
         prefetch_l2(pf, i, nb);
-        unpack_x16::<B>(group, i, &mut u);
+        unpack(i, &mut u);
         for t in 0..N {
             acc[t] = term16::<B>(&u, xs[t], i, acc[t]);
         }
@@ -1205,20 +1367,51 @@ fn gemv_x16<B: Q32, const N: usize>(
     acc
 }
 
-/// Q8_0, Q4_1, Q5_0 or Q5_1 rows interleaved sixteen at a time against any number of tokens
-/// (AVX-512 with VNNI): up to four tokens straight from the interleaved bytes, more through
-/// the prompt driver with each chunk's groups unpacked once. Bit for bit the stored-layout
-/// kernels' result on the same rows in file order.
+/// Q8_0, Q4_1, Q5_0, Q5_1 or IQ4_NL rows interleaved sixteen at a time against any number
+/// of tokens (AVX-512 with VNNI): up to four tokens straight from the interleaved bytes, more
+/// through the prompt driver with each chunk's groups unpacked once. Bit for bit the
+/// stored-layout kernels' result on the same rows in file order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn rows_x16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let size = std::mem::size_of::<B>();
+    rows_x16_by::<B>(w, rb, (size, 1), acts, out, |group, i, p| {
+        unpack_x16::<B>(group, i, p)
+    })
+}
+
+/// [`rows_x16`] for IQ4_XS rows (their sub-blocks as IQ4_NL blocks).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn rows_x16_xs(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
+    let size = std::mem::size_of::<BlockIq4Xs>();
+    rows_x16_by::<BlockIq4Nl>(w, rb, (size, XS_SUB), acts, out, |group, i, p| {
+        let (b, j) = (xs_group_block(group, i / XS_SUB), i % XS_SUB);
+        let d = join_ps(xs_scales_x8_at(b, j, 0), xs_scales_x8_at(b, j, 1));
+        unpack_x16_xs(group, i, d, p)
+    })
+}
+
+/// [`rows_x16`] over blocks of `size` bytes, `per` units of `B`'s arithmetic each (IQ4_XS's
+/// eight sub-blocks), `unpack(group, i, into)` giving unit `i` (called for each group's units
+/// in order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+fn rows_x16_by<B: Q32>(
+    w: &[u8],
+    rb: usize,
+    (size, per): (usize, usize),
+    acts: &[&[ActQ8]],
+    out: &mut [f32],
+    mut unpack: impl FnMut(&[u8], usize, &mut Packed16),
+) {
     let nt = acts.len();
-    let Some((nrows, nb)) = x16_shape(w, rb, std::mem::size_of::<B>(), nt, out) else {
+    let Some((nrows, nb)) = x16_shape(w, rb, size, nt, out) else {
         return;
     };
+    let nb = nb * per;
     if nt <= 4 {
         x16_tiles(w, rb, nt, |group, r, pf, _| {
             by_tile!(acts, |xs| put_rows(
-                gemv_x16::<B, _>(group, nb, xs, pf).map(|v| lanes16(v)),
+                gemv_x16::<B, _>(nb, |i, p| unpack(group, i, p), xs, pf).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,
@@ -1233,7 +1426,7 @@ pub(super) fn rows_x16<B: Q32>(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut
         rb,
         (nb, nt),
         Packed16::zero(),
-        |group, i, p| unpack_x16::<B>(group, i, p),
+        |group, i, p| unpack(group, i, p),
         |p: &[Packed16], r, t0| put16::<B>(p, &acts[t0..], (r, nrows), out, (nt, t0)),
     );
 }

@@ -680,6 +680,13 @@ fn interleaved_rows_equal_rows_in_file_order() {
         (DType::MXFP4, 48, 544),
         (DType::MXFP4, 96, 1024),
         (DType::MXFP4, 320, 2880),
+        (DType::Iq4Nl, 16, 32),
+        (DType::Iq4Nl, 48, 544),
+        (DType::Iq4Nl, 96, 1024),
+        (DType::Iq4Xs, 16, 256),
+        (DType::Iq4Xs, 48, 768),
+        (DType::Iq4Xs, 96, 2048),
+        (DType::Iq4Xs, 320, 4096),
     ] {
         let data = weight(&mut rng, dtype, rows, cols);
         let mut packed = data.clone();
