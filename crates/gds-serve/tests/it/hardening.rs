@@ -861,6 +861,24 @@ fn connect_from(ip: &str, addr: &str) -> TcpStream {
     s
 }
 
+/// A `/v1/completions` request of `body` from the client address `ip`, answered 200: its reply.
+fn completion_from(ip: &str, addr: &str, body: &Value) -> Value {
+    let mut other = connect_from(ip, addr);
+    let body = body.to_string();
+    write!(
+        other,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (got, closed) = read_until_closed(&mut other, Duration::from_secs(120));
+    assert!(closed);
+    let (code, v) = parse_response(&got);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&got));
+    v
+}
+
 /// One client address holds at most its share of the queue (here 2: `--queue-limit 8` x 4
 /// of 16 connections, and twice `--max-batch 1`): more of its requests are answered 429
 /// `client_busy` at once, while another address is still served.
@@ -904,19 +922,7 @@ fn one_client_cannot_fill_the_queue() {
     assert_eq!(code, 429, "{v}");
     assert_eq!(v["error"]["code"], "client_busy", "{v}");
     // another address is queued and answered
-    let mut other = connect_from("127.0.0.2", &s.addr);
-    let body = small.to_string();
-    write!(
-        other,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let (got, closed) = read_until_closed(&mut other, Duration::from_secs(120));
-    assert!(closed);
-    let (code, v) = parse_response(&got);
-    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&got));
+    let v = completion_from("127.0.0.2", &s.addr, &small);
     assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
     for h in held {
         let (code, text) = h.join().unwrap();
@@ -1056,19 +1062,11 @@ fn a_second_client_is_not_queued_behind_the_first() {
             h
         })
         .collect();
-    let mut other = connect_from("127.0.0.2", &s.addr);
-    let body = json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true}).to_string();
-    write!(
-        other,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let (got, closed) = read_until_closed(&mut other, Duration::from_secs(120));
-    assert!(closed);
-    let (code, v) = parse_response(&got);
-    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&got));
+    let v = completion_from(
+        "127.0.0.2",
+        &s.addr,
+        &json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true}),
+    );
     done.lock().unwrap().push("b".into());
     for h in first {
         let (code, text) = h.join().unwrap();
