@@ -84,6 +84,11 @@ impl Channels {
         }
     }
 
+    /// Whether the reply is in an analysis message's body (its reasoning).
+    pub fn in_reasoning(&self) -> bool {
+        self.at == At::Body(Body::Reasoning)
+    }
+
     /// Adds `text`: the reasoning and the answer that can go out now.
     pub fn push(&mut self, text: &str) -> (String, String) {
         self.held.push_str(text);

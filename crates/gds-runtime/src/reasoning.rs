@@ -221,6 +221,15 @@ impl Split {
         }
     }
 
+    /// Whether the reply is inside its thinking (or just past its end tag, before the
+    /// answer's first text), so that the tokens of the text pushed last are reasoning.
+    pub fn in_reasoning(&self) -> bool {
+        match &self.harmony {
+            Some(h) => h.in_reasoning(),
+            None => matches!(self.phase, Phase::Inside { .. } | Phase::After),
+        }
+    }
+
     /// Adds `text`: the reasoning and the answer that can go out now.
     pub fn push(&mut self, text: &str) -> (String, String) {
         if let Some(h) = &mut self.harmony {

@@ -919,6 +919,7 @@ mod tests {
             finish,
             stop: stop.map(str::to_string),
             completion_tokens: 3,
+            reasoning_tokens: 0,
             done: None,
         };
         assert_eq!(stop_reason(&end("stop", None), false), ("end_turn", None));

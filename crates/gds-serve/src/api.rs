@@ -3,7 +3,7 @@
 
 pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
-use crate::reasoning::{Reasoning, Split};
+use crate::reasoning::{CountedSplit, Reasoning};
 use crate::scheduler::{Done, Event, Finish, Prefill, Request, TokenLogprobs};
 use crate::tools::Tools;
 use crate::ServerState;
@@ -900,6 +900,8 @@ pub(crate) struct End {
     /// The stop string that ended the text, when one did.
     pub(crate) stop: Option<String>,
     pub(crate) completion_tokens: usize,
+    /// Of `completion_tokens`, the thinking's (where a split counted them).
+    pub(crate) reasoning_tokens: usize,
     pub(crate) done: Option<Done>,
 }
 
@@ -1195,8 +1197,14 @@ impl Gen {
             finish,
             stop: self.reply.stop_string().map(str::to_string),
             completion_tokens: self.reply.generated(),
+            reasoning_tokens: 0,
             done,
         })
+    }
+
+    /// Tokens generated so far.
+    pub(crate) fn generated(&self) -> usize {
+        self.reply.generated()
     }
 
     /// Whatever text is still held back when the end comes.
@@ -1243,12 +1251,18 @@ fn timing_fields(prompt_tokens: usize, p: &Prefill, decode_ms: f64, n: usize) ->
     })
 }
 
-pub(crate) fn usage(prompt_tokens: usize, completion: usize, cached: usize) -> Value {
+pub(crate) fn usage(
+    prompt_tokens: usize,
+    completion: usize,
+    cached: usize,
+    reasoning: usize,
+) -> Value {
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     })
 }
 
@@ -1267,9 +1281,17 @@ pub(crate) async fn run_to_end(
 ) -> Result<(Gen, String, End), ApiError> {
     let mut gen = start_gen(st, job).await?;
     let mut text = String::new();
-    let end = loop {
+    // the reply's reasoning tokens, counted as it streams (the split itself is made again
+    // from the whole text by the caller)
+    let mut thinking = job.reasoning.as_ref().map(CountedSplit::new);
+    let mut end = loop {
         match gen.next().await {
-            Some(Piece::Text(t)) => text.push_str(&t),
+            Some(Piece::Text(t)) => {
+                if let Some(th) = &mut thinking {
+                    th.push(&t, gen.generated());
+                }
+                text.push_str(&t)
+            }
             Some(Piece::End(e)) => break e,
             Some(Piece::Error(e)) => {
                 return Err(match (&job.grammar, e.status) {
@@ -1287,9 +1309,12 @@ pub(crate) async fn run_to_end(
             }
         }
     };
-    if let Some(r) = gen.rest() {
-        text.push_str(&r);
+    let rest = gen.rest().unwrap_or_default();
+    if let Some(th) = &mut thinking {
+        th.end(&rest, end.completion_tokens);
+        end.reasoning_tokens = th.tokens();
     }
+    text.push_str(&rest);
     Ok((gen, text, end))
 }
 
@@ -1435,6 +1460,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             .map(|j| j.prompt.len())
             .sum();
         let n_completion: usize = results.iter().map(|(_, e)| e.completion_tokens).sum();
+        let n_reasoning: usize = results.iter().map(|(_, e)| e.reasoning_tokens).sum();
         let cached: usize = jobs
             .iter()
             .zip(&results)
@@ -1456,7 +1482,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             model: &model,
             system_fingerprint: &st.fingerprint,
             choices: results.into_iter().map(|(c, _)| c).collect(),
-            usage: usage(n_prompt, n_completion, cached),
+            usage: usage(n_prompt, n_completion, cached, n_reasoning),
             timings,
         };
         return Ok(Json(body).into_response());
@@ -1533,7 +1559,12 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         }
         let mut out = Vec::new();
         if include_usage {
-            out.push(usage_chunk(usage(t.prompt, t.completion, t.cached)));
+            out.push(usage_chunk(usage(
+                t.prompt,
+                t.completion,
+                t.cached,
+                t.reasoning,
+            )));
         }
         out.push(SseEvent::default().data("[DONE]"));
         out
@@ -1626,6 +1657,8 @@ struct StreamTotals {
     prompt: usize,
     completion: usize,
     cached: usize,
+    /// Of `completion`, the thinking's.
+    reasoning: usize,
     /// A choice ended in an error: the stream ends there.
     failed: bool,
 }
@@ -1682,7 +1715,7 @@ fn choice_stream(
     // with a thinking template, the reasoning goes out first as `reasoning_content` deltas,
     // the answer after it as above
     let info = Arc::new(info);
-    let split = info.reasoning.as_ref().map(Split::new);
+    let split = info.reasoning.as_ref().map(CountedSplit::new);
     let state = (gen, String::new(), false, false, info.echo.clone(), split);
     let reasoning_choice = move |text: String, logprobs: Value| json!({"index": index, "delta": {"reasoning_content": text}, "logprobs": logprobs, "finish_reason": null});
     let body = stream::unfold(Some(state), move |g| {
@@ -1699,7 +1732,7 @@ fn choice_stream(
             let mut out = Vec::new();
             let mut piece = g.next().await;
             if let (Some(Piece::Text(t)), Some(sp)) = (&mut piece, &mut split) {
-                let (r, answer) = sp.push(t);
+                let (r, answer) = sp.push(t, g.generated());
                 if !r.is_empty() {
                     let lp = g.take_logprobs(kind);
                     out.push(chunk(reasoning_choice(r, lp), so_far(&g)));
@@ -1736,7 +1769,8 @@ fn choice_stream(
                     if let Some(sp) = &mut split {
                         // what the split held back, and the text the generator held back
                         // split too
-                        let (r, answer) = sp.end(&rest.take().unwrap_or_default());
+                        let (r, answer) =
+                            sp.end(&rest.take().unwrap_or_default(), e.completion_tokens);
                         if !r.is_empty() {
                             out.push(chunk(reasoning_choice(r, g.take_logprobs(kind)), None));
                         }
@@ -1793,6 +1827,7 @@ fn choice_stream(
                     out.push(chunk(fin, Some(timings(&e, info.prompt_tokens))));
                     let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
                     t.completion += e.completion_tokens;
+                    t.reasoning += split.as_ref().map_or(0, |sp| sp.tokens());
                     if info.first_copy {
                         t.prompt += info.prompt_tokens;
                         t.cached += e.done.as_ref().map_or(0, |d| d.cached_tokens);

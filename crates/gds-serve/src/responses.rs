@@ -19,7 +19,7 @@ use crate::api::{
     ChatBody, ChatMessage, Common, End, Gen, Job, Kind, Piece,
 };
 use crate::error::bad;
-use crate::reasoning::Split;
+use crate::reasoning::CountedSplit;
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -565,7 +565,7 @@ fn response_object(
             "input_tokens": input,
             "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": end.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": end.reasoning_tokens},
             "total_tokens": input + end.completion_tokens,
         });
     }
@@ -800,7 +800,7 @@ async fn stream_response(
     ];
     // state: the generator, the text so far, whether the message item was opened, the
     // reasoning item and the split of a thinking model's reply
-    let split = job.reasoning.as_ref().map(Split::new);
+    let split = job.reasoning.as_ref().map(CountedSplit::new);
     let rs = rs_id(&msg_id);
     let body = stream::unfold(
         Some((gen, String::new(), false, ev, Thinking::default(), split)),
@@ -821,7 +821,7 @@ async fn stream_response(
                         let mut out = Vec::new();
                         let t = match &mut split {
                             Some(sp) => {
-                                let (r, answer) = sp.push(&t);
+                                let (r, answer) = sp.push(&t, g.generated());
                                 think.delta(&mut ev, &rs, &r, &mut out);
                                 if !answer.is_empty() {
                                     think.close(&mut ev, &rs, &mut out);
@@ -837,11 +837,13 @@ async fn stream_response(
                         }
                         Some((out, Some((g, text, opened, ev, think, split))))
                     }
-                    Some(Piece::End(end)) => {
+                    Some(Piece::End(mut end)) => {
                         let mut out = Vec::new();
                         let mut rest = g.rest();
                         if let Some(sp) = &mut split {
-                            let (r, answer) = sp.end(&rest.take().unwrap_or_default());
+                            let (r, answer) =
+                                sp.end(&rest.take().unwrap_or_default(), end.completion_tokens);
+                            end.reasoning_tokens = sp.tokens();
                             think.delta(&mut ev, &rs, &r, &mut out);
                             think.close(&mut ev, &rs, &mut out);
                             rest = (!answer.is_empty()).then_some(answer);

@@ -43,7 +43,8 @@ fn reasoning_comes_apart_from_the_answer() {
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
         "temperature": 0, "grammar": THINKING});
 
-    let m = &json_of(&s, "/v1/chat/completions", &chat)["choices"][0]["message"];
+    let whole = json_of(&s, "/v1/chat/completions", &chat);
+    let m = &whole["choices"][0]["message"];
     let reasoning = m["reasoning_content"].as_str().expect("reasoning_content");
     let content = m["content"].as_str().unwrap();
     // the white space after each tag dropped, before the end tag kept (llama-server's split)
@@ -57,11 +58,26 @@ fn reasoning_comes_apart_from_the_answer() {
         "{m}"
     );
 
+    // the thinking's tokens (its tags and the white space after it included): most of the
+    // reply, not all of it (`Hello ` and a word or two after)
+    let usage = &whole["usage"];
+    let thought = usage["completion_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap();
+    let all = usage["completion_tokens"].as_u64().unwrap();
+    let answer = all - thought.min(all);
+    assert!(thought >= 5 && (2..=6).contains(&answer), "{usage}");
+
     // streamed: the same split, reasoning deltas before the answer's
     let mut body = chat.clone();
     body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
     let (mut r, mut c, mut answer_started) = (String::new(), String::new(), false);
+    let mut streamed_usage = Value::Null;
     for e in events(&s, "/v1/chat/completions", &body) {
+        if e["usage"].is_object() {
+            streamed_usage = e["usage"].clone();
+        }
         let Some(d) = e.pointer("/choices/0/delta") else {
             continue;
         };
@@ -75,11 +91,17 @@ fn reasoning_comes_apart_from_the_answer() {
         }
     }
     assert_eq!((r.as_str(), c.as_str()), (reasoning, content));
+    assert_eq!(&streamed_usage, usage);
 
-    // reasoning_format none: the reply whole
+    // reasoning_format none: the reply whole (no reasoning tokens apart)
     let mut body = chat.clone();
     body["reasoning_format"] = json!("none");
-    let m = &json_of(&s, "/v1/chat/completions", &body)["choices"][0]["message"];
+    let v = json_of(&s, "/v1/chat/completions", &body);
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        0
+    );
+    let m = &v["choices"][0]["message"];
     assert!(m.get("reasoning_content").is_none(), "{m}");
     assert_eq!(
         m["content"],
@@ -119,6 +141,10 @@ fn reasoning_comes_apart_from_the_answer() {
     let resp = json!({"model": "m", "max_output_tokens": 60, "temperature": 0,
         "grammar": THINKING, "input": "hi"});
     let r1 = json_of(&s, "/v1/responses", &resp);
+    assert_eq!(
+        r1["usage"]["output_tokens_details"]["reasoning_tokens"], thought,
+        "{r1}"
+    );
     let out = r1["output"].as_array().unwrap();
     assert_eq!(out.len(), 2, "{r1}");
     assert_eq!(out[0]["type"], "reasoning", "{r1}");
@@ -135,6 +161,13 @@ fn reasoning_comes_apart_from_the_answer() {
                 text.push_str(e["delta"].as_str().unwrap())
             }
             "response.output_item.done" => done.push(e["item"]["type"].clone()),
+            "response.completed" => {
+                let u = &e["response"]["usage"];
+                assert_eq!(
+                    u["output_tokens_details"]["reasoning_tokens"], thought,
+                    "{e}"
+                );
+            }
             _ => {}
         }
     }
