@@ -323,9 +323,17 @@ fn harmony_messages_come_apart_by_channel() {
     let s = start(&["--chat-template-file", template.to_str().unwrap()]);
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
         "temperature": 0, "grammar": HARMONY});
-    let m = &json_of(&s, "/v1/chat/completions", &chat)["choices"][0]["message"];
+    let whole = json_of(&s, "/v1/chat/completions", &chat);
+    let m = &whole["choices"][0]["message"];
     let reasoning = m["reasoning_content"].as_str().expect("reasoning_content");
     let content = m["content"].as_str().unwrap();
+    // the analysis body's tokens are the reasoning; the headers and the final message not
+    let u = &whole["usage"];
+    let thought = u["completion_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap();
+    let all = u["completion_tokens"].as_u64().unwrap();
+    assert!(thought >= 4 && thought + 4 <= all, "{u}");
     assert!(
         reasoning.starts_with("The user greets. ") && !reasoning.contains("<|"),
         "{m}"
