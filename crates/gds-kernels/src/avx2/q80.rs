@@ -916,6 +916,15 @@ macro_rules! q80_lanes8 {
         /// [`rows_x16_avx2`] over blocks of `size` bytes, `per` units of `B`'s arithmetic each
         /// (IQ4_XS's eight sub-blocks), `unpack(group, i, h)` giving unit `i` of half `h`
         /// (called for each group's units in order, both halves of a unit together).
+        ///
+        /// Prompts run each chunk's two eight-row halves one after the other, but for plain
+        /// AVX2's signed products (Q8_0, IQ4_NL, IQ4_XS: their sign vectors too), which run
+        /// both at once. Four 4096 x 4096 matrices x 64 tokens, 2 threads, an Intel Xeon,
+        /// `decode_bw TYPEx16 64` of both builds, two rounds, ms both at once / one after
+        /// the other: AVX-VNNI Q4_1 6.8-7.1 / 5.9, Q5_0 7.0-7.4 / 6.0-6.3, Q8_0 7.1-7.5 /
+        /// 6.3-6.5, IQ4_NL 6.9-7.1 / 5.9-6.0, IQ4_XS 6.5-6.9 / 6.1-6.4; AVX2 Q4_1 9.4-10.4 /
+        /// 7.5-7.9, Q5_0 8.1-8.2 / 7.4-7.7, but Q8_0 11.0-11.1 / 14.2-14.4 and IQ4_NL
+        /// 9.7-11.1 / 13.3-13.9.
         #[inline]
         #[target_feature(enable = $feat)]
         fn rows_x16_avx2_by<B: Q32>(
@@ -950,13 +959,29 @@ macro_rules! q80_lanes8 {
                 [Packed8::zero(); 2],
                 |group, i, p| *p = [unpack(group, i, 0), unpack(group, i, 1)],
                 |p: &[[Packed8; 2]], r, t0| {
-                    by_tile!(&acts[t0..], |xs| put_halves(
-                        gemm8_by::<B, _, 2>(p.len(), |i, h| p[i][h], xs, &[]),
-                        r,
-                        nrows,
-                        out,
-                        (nt, t0)
-                    ))
+                    if signed_products::<B>($vnni) {
+                        // plain AVX2's signed products: both halves at once
+                        by_tile!(&acts[t0..], |xs| put_halves(
+                            gemm8_by::<B, _, 2>(p.len(), |i, h| p[i][h], xs, &[]),
+                            r,
+                            nrows,
+                            out,
+                            (nt, t0)
+                        ));
+                        return;
+                    }
+                    // a half at a time
+                    for h in 0..2 {
+                        by_tile!(&acts[t0..], |xs| put_rows(
+                            gemm8_by::<B, _, 1>(p.len(), |i, _| p[i][h], xs, &[])[0]
+                                .map(|v| lanes8(v)),
+                            r + 8 * h,
+                            nrows,
+                            out,
+                            nt,
+                            t0
+                        ))
+                    }
                 },
             );
         }
