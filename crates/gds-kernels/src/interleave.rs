@@ -224,7 +224,10 @@ impl Map {
 /// layout need no sums across lanes (`decode_bw iq4_xs[x16]`, a 1024 x 2048 matrix from L2,
 /// 2 threads, an Intel Xeon with AVX-512 VNNI: AVX-512 26-28 against 37 µs, AVX-VNNI 32
 /// against 41, AVX2 39 against 44; streamed 64 x 8192 x 2048 equal or faster), prompts as
-/// fast (AVX2) or faster (AVX-512) but with AVX-VNNI 10-25 % slower (64 tokens). `GDS_INTERLEAVE=0` in the environment says no for every type (to
+/// fast (AVX2) or faster (AVX-512) but with AVX-VNNI 10-25 % slower (64 tokens). End to end
+/// with AVX-VNNI (Llama-3.2-1B's shape in IQ4_XS) decode gained more (tg32 1.09-1.13x) than
+/// prompts lost (pp128 0.94-0.98x), so it is interleaved there too
+/// (bench/runs/2026-12-04-iq4-interleaved.md). `GDS_INTERLEAVE=0` in the environment says no for every type (to
 /// measure the file-order kernels against these on one machine), `GDS_INTERLEAVE=all` yes
 /// for Q8_0 too.
 pub fn interleave_pays(dtype: DType) -> bool {
