@@ -369,13 +369,17 @@ fn x8_with<const S: i32>(
         [zero; 2],
         |group, i, p| *p = [unpack(group, i, 0), unpack(group, i, 1)],
         |p: &[[Packed8; 2]], r, t0| {
-            by_tile!(&acts[t0..], |xs| put_halves(
-                gemm8_by::<_, 2, S>(p.len(), |i, h| p[i][h], xs, &[]),
-                r,
-                nrows,
-                out,
-                (nt, t0)
-            ))
+            // a half at a time
+            for h in 0..2 {
+                by_tile!(&acts[t0..], |xs| put_rows(
+                    gemm8_by::<_, 1, S>(p.len(), |i, _| p[i][h], xs, &[])[0].map(|v| lanes8(v)),
+                    r + 8 * h,
+                    nrows,
+                    out,
+                    nt,
+                    t0
+                ))
+            }
         },
     );
 }
