@@ -1273,25 +1273,27 @@ pub(crate) enum Kind {
 }
 
 /// Submits `job` and runs it (not streamed) to its end: its generator (for the tokens and
-/// log-probabilities), its whole text and how it ended. A grammar's error names the field that
-/// gave the grammar.
+/// log-probabilities), its reasoning (a thinking model's, split off as it streams: the same
+/// split as the whole text's, its tokens counted in the end), its text (the answer; the whole
+/// text without a split) and how it ended. A grammar's error names the field that gave the
+/// grammar.
 pub(crate) async fn run_to_end(
     st: &Arc<ServerState>,
     job: &Job,
-) -> Result<(Gen, String, End), ApiError> {
+) -> Result<(Gen, Option<String>, String, End), ApiError> {
     let mut gen = start_gen(st, job).await?;
-    let mut text = String::new();
-    // the reply's reasoning tokens, counted as it streams (the split itself is made again
-    // from the whole text by the caller)
-    let mut thinking = job.reasoning.as_ref().map(CountedSplit::new);
+    let (mut reasoning, mut text) = (String::new(), String::new());
+    let mut split = job.reasoning.as_ref().map(CountedSplit::new);
     let mut end = loop {
         match gen.next().await {
-            Some(Piece::Text(t)) => {
-                if let Some(th) = &mut thinking {
-                    th.push(&t, gen.generated());
+            Some(Piece::Text(t)) => match &mut split {
+                Some(sp) => {
+                    let (r, answer) = sp.push(&t, gen.generated());
+                    reasoning.push_str(&r);
+                    text.push_str(&answer);
                 }
-                text.push_str(&t)
-            }
+                None => text.push_str(&t),
+            },
             Some(Piece::End(e)) => break e,
             Some(Piece::Error(e)) => {
                 return Err(match (&job.grammar, e.status) {
@@ -1310,12 +1312,17 @@ pub(crate) async fn run_to_end(
         }
     };
     let rest = gen.rest().unwrap_or_default();
-    if let Some(th) = &mut thinking {
-        th.end(&rest, end.completion_tokens);
-        end.reasoning_tokens = th.tokens();
+    match &mut split {
+        Some(sp) => {
+            let (r, answer) = sp.end(&rest, end.completion_tokens);
+            reasoning.push_str(&r);
+            text.push_str(&answer);
+            end.reasoning_tokens = sp.tokens();
+        }
+        None => text.push_str(&rest),
     }
-    text.push_str(&rest);
-    Ok((gen, text, end))
+    let reasoning = (!reasoning.is_empty()).then_some(reasoning);
+    Ok((gen, reasoning, text, end))
 }
 
 /// A chat choice's `finish_reason`: `tool_calls` where the reply has calls and ended on its
@@ -1336,7 +1343,7 @@ pub(crate) async fn complete(
     kind: Kind,
     index: usize,
 ) -> Result<(Value, End), ApiError> {
-    let (mut gen, mut text, end) = run_to_end(st, job).await?;
+    let (mut gen, reasoning, mut text, end) = run_to_end(st, job).await?;
     let logprobs = gen.take_logprobs(kind);
     if job.echo {
         let prompt = st
@@ -1351,10 +1358,6 @@ pub(crate) async fn complete(
             json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": end.finish})
         }
         Kind::Chat => {
-            let (reasoning, text) = match &job.reasoning {
-                Some(r) => r.split(&text),
-                None => (None, text),
-            };
             let (mut message, calls) =
                 crate::tools::assistant_message(job.tools.as_deref(), &text, end.finish);
             if let Some(r) = reasoning {
@@ -1410,7 +1413,7 @@ pub(crate) async fn collect_choices<T>(
             st.metrics.replies_too_large.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::bad(format!(
                 "the reply passed the server's limit of {} for a reply that is not streamed (--max-reply) at choice {} of {total}: stream it (\"stream\": true), or ask for fewer choices, tokens or log-probabilities",
-                size(limit),
+                indicatif::HumanBytes(limit as u64),
                 out.len() + 1,
             ))
             .code("reply_too_large"));
@@ -1418,15 +1421,6 @@ pub(crate) async fn collect_choices<T>(
         out.push((raw, t));
     }
     Ok(out)
-}
-
-/// `bytes` for people: `256 MiB`, `64 KiB`, `100 bytes`.
-fn size(bytes: usize) -> String {
-    match bytes {
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
-        b => format!("{b} bytes"),
-    }
 }
 
 /// Runs `jobs` (several: the prompts of one completions request and `n` choices of each,

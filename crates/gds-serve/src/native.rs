@@ -707,7 +707,8 @@ async fn run_one(
     asked: &Asked,
     index: usize,
 ) -> Result<Value, ApiError> {
-    let (mut gen, content, end) = run_to_end(st, j).await?;
+    // (a llama.cpp completion has no reasoning split)
+    let (mut gen, _, content, end) = run_to_end(st, j).await?;
     let tokens = gen.take_tokens();
     let o = Outcome {
         has_new_line: content.contains('\n'),

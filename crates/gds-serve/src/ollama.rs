@@ -769,11 +769,7 @@ async fn answer(st: &Arc<ServerState>, t: Turn, stream: bool) -> Result<Response
         let gen = start_gen(st, &t.job).await?;
         return Ok(ndjson(t, gen));
     }
-    let (mut gen, text, end) = run_to_end(st, &t.job).await?;
-    let (thinking, text) = match &t.job.reasoning {
-        Some(r) => r.split(&text),
-        None => (None, text),
-    };
+    let (mut gen, thinking, text, end) = run_to_end(st, &t.job).await?;
     let (message, _) = crate::tools::assistant_message(t.job.tools.as_deref(), &text, end.finish);
     let calls = message["tool_calls"].as_array().map(|c| {
         c.iter()

@@ -961,7 +961,7 @@ fn replies_past_max_reply_are_cut_off() {
     assert_eq!(v["error"]["code"], "reply_too_large", "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("16 KiB") && msg.contains("--max-reply") && msg.contains("stream"),
+        msg.contains("16.00 KiB") && msg.contains("--max-reply") && msg.contains("stream"),
         "{msg}"
     );
     // the choices still running or waiting are cancelled, not run to their end
