@@ -110,6 +110,22 @@ fn ld_u8x32(p: &[u8]) -> __m256i {
     unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
 }
 
+/// Four 32-byte vectors of nibble bytes as the eight vectors of their nibbles (bytes 0..16):
+/// `[g]` the low nibbles of `v[g]` for `g < 4`, the high ones of `v[g - 4]` after (the
+/// interleaved layouts' units: elements `4c..4c + 4` low, `16 + 4c..` high).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles8(v: [__m256i; 4]) -> [__m256i; 8] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    std::array::from_fn(|g| {
+        if g < 4 {
+            _mm256_and_si256(v[g], m4)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
+        }
+    })
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 fn ld_u8x64(p: &[u8]) -> __m512i {

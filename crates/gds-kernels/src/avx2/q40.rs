@@ -307,19 +307,9 @@ fn x16_with<const S: i32>(
 #[target_feature(enable = "avx2,fma,f16c")]
 fn unpack_x8(group: &[u8], i: usize, h: usize) -> Packed8 {
     let b = &group[i * GROUP_BLOCK..(i + 1) * GROUP_BLOCK];
-    let m4 = _mm256_set1_epi8(0x0F);
     let d = ld_f16x8(b[16 * h..].as_chunks().0);
     let v: [__m256i; 4] = std::array::from_fn(|k| ld_u8x32(&b[32 + 64 * k + 32 * h..]));
-    Packed8 {
-        q: std::array::from_fn(|g| {
-            if g < 4 {
-                _mm256_and_si256(v[g], m4)
-            } else {
-                _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
-            }
-        }),
-        d,
-    }
+    Packed8 { q: nibbles8(v), d }
 }
 
 /// [`rows_x16`] on plain AVX2 (and AVX-VNNI, whose Q4_0 kernel is AVX2's): up to four tokens
@@ -602,17 +592,10 @@ fn repack8_mxfp4(rows: &[&[BlockMxfp4]; 8], i: usize) -> Packed8 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn unpack_x8_mxfp4(group: &[u8], i: usize, h: usize) -> Packed8 {
     let b = &group[i * GROUP_BLOCK_MXFP4..(i + 1) * GROUP_BLOCK_MXFP4];
-    let (m4, lut) = (_mm256_set1_epi8(0x0F), mxfp4_lut());
+    let lut = mxfp4_lut();
     let v: [__m256i; 4] = std::array::from_fn(|k| ld_u8x32(&b[16 + 64 * k + 32 * h..]));
     Packed8 {
-        q: std::array::from_fn(|g| {
-            let n = if g < 4 {
-                _mm256_and_si256(v[g], m4)
-            } else {
-                _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
-            };
-            _mm256_shuffle_epi8(lut, n)
-        }),
+        q: nibbles8(v).map(|n| _mm256_shuffle_epi8(lut, n)),
         d: e8m0x8(&b[8 * h..]),
     }
 }

@@ -178,20 +178,28 @@ fn xs_pair(row: &[BlockIq4Xs], p: usize, vnni: bool) -> Pair {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn xs_scales(b: &BlockIq4Xs) -> __m256 {
     let l = _mm256_set1_epi32(i32::from_le_bytes(b.scales_l));
-    let lo = _mm256_and_si256(
-        _mm256_srlv_epi32(l, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-        _mm256_set1_epi32(0xF),
-    );
     let h = _mm256_set1_epi32(u16::from_le_bytes(b.scales_h) as i32);
-    let hi = _mm256_and_si256(
+    xs_scale_lanes(
+        _mm256_srlv_epi32(l, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
         _mm256_srlv_epi32(h, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm256_set1_epi32(3),
-    );
+        _mm256_set1_ps(b.d()),
+    )
+}
+
+/// The IQ4_XS scales `d * (ls - 32)` whose 6-bit `ls` is, lane by lane, the low four bits of
+/// `l` and above them the low two of `h` (`d` each lane's block scale): the exact product
+/// gguf-py computes, whichever layout the bits came from.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn xs_scale_lanes(l: __m256i, h: __m256i, d: __m256) -> __m256 {
     let ls = _mm256_sub_epi32(
-        _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
+        _mm256_or_si256(
+            _mm256_and_si256(l, _mm256_set1_epi32(0xF)),
+            _mm256_slli_epi32::<4>(_mm256_and_si256(h, _mm256_set1_epi32(3))),
+        ),
         _mm256_set1_epi32(32),
     );
-    _mm256_mul_ps(_mm256_set1_ps(b.d()), _mm256_cvtepi32_ps(ls))
+    _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls))
 }
 
 /// Where an interleaved IQ4_XS group block's quants start (after sixteen rows' `d`,
@@ -210,13 +218,7 @@ fn xs_scales_x8(b: &[u8], h: usize) -> [__m256; XS_SUB] {
     let mut hw = _mm256_cvtepu16_epi32(ld_u8x16(&b[32 + 16 * h..].as_chunks::<16>().0[0]));
     let mut out = [_mm256_setzero_ps(); XS_SUB];
     for o in &mut out {
-        let lo = _mm256_and_si256(l, _mm256_set1_epi32(0xF));
-        let hi = _mm256_and_si256(hw, _mm256_set1_epi32(3));
-        let ls = _mm256_sub_epi32(
-            _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
-            _mm256_set1_epi32(32),
-        );
-        *o = _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls));
+        *o = xs_scale_lanes(l, hw, d);
         l = _mm256_srli_epi32::<4>(l);
         hw = _mm256_srli_epi32::<2>(hw);
     }
@@ -234,16 +236,11 @@ fn xs_scales_x8_at(b: &[u8], j: usize, h: usize) -> __m256 {
     let d = _mm256_cvtph_ps(ld_u8x16(&b[16 * h..].as_chunks::<16>().0[0]));
     let l = ld_u8x32(&b[64 + 32 * h..]);
     let hw = _mm256_cvtepu16_epi32(ld_u8x16(&b[32 + 16 * h..].as_chunks::<16>().0[0]));
-    let lo = _mm256_srlv_epi32(l, _mm256_set1_epi32(4 * j as i32));
-    let hi = _mm256_srlv_epi32(hw, _mm256_set1_epi32(2 * j as i32));
-    let ls = _mm256_sub_epi32(
-        _mm256_or_si256(
-            _mm256_and_si256(lo, _mm256_set1_epi32(0xF)),
-            _mm256_slli_epi32::<4>(_mm256_and_si256(hi, _mm256_set1_epi32(3))),
-        ),
-        _mm256_set1_epi32(32),
-    );
-    _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls))
+    xs_scale_lanes(
+        _mm256_srlv_epi32(l, _mm256_set1_epi32(4 * j as i32)),
+        _mm256_srlv_epi32(hw, _mm256_set1_epi32(2 * j as i32)),
+        d,
+    )
 }
 
 /// Group block `k` of a group of sixteen interleaved IQ4_XS rows.
@@ -801,15 +798,7 @@ macro_rules! q80_lanes8 {
             let t: [__m256i; 8] = if B::SIGNED && !B::LUT {
                 std::array::from_fn(|g| at(qs_at + 64 * g))
             } else {
-                let m4 = _mm256_set1_epi8(0x0F);
-                let v: [__m256i; 4] = std::array::from_fn(|c| at(qs_at + 64 * c));
-                let mut t: [__m256i; 8] = std::array::from_fn(|g| {
-                    if g < 4 {
-                        _mm256_and_si256(v[g], m4)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
-                    }
-                });
+                let mut t = nibbles8(std::array::from_fn(|c| at(qs_at + 64 * c)));
                 if B::QH {
                     let hw = at(qh_at);
                     let sixteen = _mm256_set1_epi8(0x10);
@@ -862,17 +851,8 @@ macro_rules! q80_lanes8 {
             let (b, j) = (xs_group_block(group, i / XS_SUB), i % XS_SUB);
             let mut p = Packed8::zero();
             p.d = d;
-            let m4 = _mm256_set1_epi8(0x0F);
-            let v: [__m256i; 4] =
-                std::array::from_fn(|c| ld_u8x32(&b[XS_QS + 64 * (4 * j + c) + 32 * h..]));
-            let t: [__m256i; 8] = std::array::from_fn(|g| {
-                lookup(if g < 4 {
-                    _mm256_and_si256(v[g], m4)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[g - 4]), m4)
-                })
-            });
-            quants8::<BlockIq4Nl>(t, &mut p);
+            let v = std::array::from_fn(|c| ld_u8x32(&b[XS_QS + 64 * (4 * j + c) + 32 * h..]));
+            quants8::<BlockIq4Nl>(nibbles8(v).map(|q| lookup(q)), &mut p);
             p
         }
 
