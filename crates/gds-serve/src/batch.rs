@@ -81,22 +81,72 @@ struct Done {
     lines: HashSet<u64>,
 }
 
-/// Reads the output written so far; a last line without its newline (a write cut by a
-/// kill) is cut off the file.
+/// How every line of the output begins (the request's own id first; before 2026-12-05 a
+/// line for an invalid input line began with its `custom_id`): what a file's lines must
+/// start with for a rerun to append to it.
+const LINE_STARTS: [&[u8]; 2] = [b"{\"id\":\"batch_req_", b"{\"custom_id\":"];
+
+/// The longest output line a rerun reads back: a reply at its limit plus what wraps it.
+const MAX_OUTPUT_LINE: u64 = (MAX_REPLY_BYTES + MAX_LINE_BYTES) as u64;
+
+/// Reads the output written so far, a line at a time; a last line without its newline (a
+/// write cut by a kill) is cut off the file. A file that is not this command's output (a
+/// line that is not a result, or a start that is not one) is refused before anything in it
+/// is changed: `--output` names a results file, never a file to overwrite.
 fn resume(path: &Path, file: &mut File) -> Result<Done, RuntimeError> {
     let io = |e| RuntimeError::file(path, e);
-    let mut text = Vec::new();
+    let not_ours = |what: String| {
+        RuntimeError::Usage(format!(
+            "{}: {what}, so it is not the output of gdsrun batch; it is left as it is \
+             (--output appends to a results file of an earlier run, to resume it)",
+            path.display()
+        ))
+    };
+    let len = file.seek(SeekFrom::End(0)).map_err(io)?;
     file.seek(SeekFrom::Start(0)).map_err(io)?;
-    file.read_to_end(&mut text).map_err(io)?;
-    let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    if whole < text.len() {
-        file.set_len(whole as u64).map_err(io)?;
-    }
+    let mut r = BufReader::new(&mut *file);
     let mut done = Done::default();
-    for line in text[..whole].split(|&b| b == b'\n') {
-        let Ok(v) = serde_json::from_slice::<Value>(line) else {
-            continue;
+    let (mut buf, mut whole, mut number) = (Vec::new(), 0u64, 0u64);
+    loop {
+        buf.clear();
+        // a line's first bytes first: a file that is not ours is known without reading on
+        let peek = LINE_STARTS.iter().map(|l| l.len()).max().unwrap_or(0) as u64;
+        let mut n = r
+            .by_ref()
+            .take(peek)
+            .read_until(b'\n', &mut buf)
+            .map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        number += 1;
+        // (the bytes read may be a torn line's first few)
+        let ours = |l: &[u8]| l.starts_with(&buf[..buf.len().min(l.len())]);
+        if !LINE_STARTS.iter().any(|l| ours(l)) {
+            return Err(not_ours(format!(
+                "line {number} does not start as a result line"
+            )));
+        }
+        if buf.last() != Some(&b'\n') {
+            n += r
+                .by_ref()
+                .take(MAX_OUTPUT_LINE + 1 - n as u64)
+                .read_until(b'\n', &mut buf)
+                .map_err(io)?;
+        }
+        if buf.last() != Some(&b'\n') {
+            if n as u64 > MAX_OUTPUT_LINE {
+                return Err(not_ours(format!("line {number} is longer than any result")));
+            }
+            break; // the torn last line: cut below
+        }
+        let v = serde_json::from_slice::<Value>(&buf[..buf.len() - 1])
+            .ok()
+            .filter(|v| v.get("custom_id").is_some() && v.get("response").is_some());
+        let Some(v) = v else {
+            return Err(not_ours(format!("line {number} is not a result line")));
         };
+        whole += n as u64;
         // an invalid line is known by its number, a request by its custom_id
         if !v["error"].is_null() {
             if let Some(n) = v["line"].as_u64() {
@@ -105,6 +155,10 @@ fn resume(path: &Path, file: &mut File) -> Result<Done, RuntimeError> {
         } else if let Some(id) = v["custom_id"].as_str() {
             done.ids.insert(id.to_string());
         }
+    }
+    drop(r);
+    if whole < len {
+        file.set_len(whole).map_err(io)?;
     }
     file.seek(SeekFrom::End(0)).map_err(io)?;
     Ok(done)
@@ -151,14 +205,24 @@ fn request_id() -> String {
 
 /// The output line for an input line that is not a valid request.
 fn invalid(line: u64, custom_id: Option<&str>, code: &str, message: String) -> String {
-    json!({
-        "id": format!("batch_req_{}", request_id()),
-        "custom_id": custom_id,
-        "line": line,
-        "response": null,
-        "error": {"code": code, "message": format!("line {line}: {message}")},
+    // (a struct, not json!: the fields in the order every output line has, the id first)
+    #[derive(Serialize)]
+    struct Invalid<'a> {
+        id: String,
+        custom_id: Option<&'a str>,
+        line: u64,
+        response: Option<()>,
+        error: Value,
+    }
+    let error = json!({"code": code, "message": format!("line {line}: {message}")});
+    serde_json::to_string(&Invalid {
+        id: format!("batch_req_{}", request_id()),
+        custom_id,
+        line,
+        response: None,
+        error,
     })
-    .to_string()
+    .unwrap_or_default()
 }
 
 /// A checked request: (custom_id, url, body).
@@ -275,6 +339,13 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         .create(true)
         .open(&args.output)
         .map_err(|e| RuntimeError::file(&args.output, e))?;
+    if !out
+        .metadata()
+        .map_err(|e| RuntimeError::file(&args.output, e))?
+        .is_file()
+    {
+        return usage(format!("{}: not a regular file", args.output.display()));
+    }
     {
         use std::os::unix::fs::MetadataExt;
         let (a, b) = (
@@ -287,6 +358,18 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
             return usage("--output is the input file".into());
         }
+    }
+    // one run at a time on an output: two would both answer every request
+    match out.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return usage(format!(
+                "{}: another gdsrun batch is writing it (one run at a time per output)",
+                args.output.display()
+            ))
+        }
+        // (a filesystem without locks: run unlocked, as before)
+        Err(std::fs::TryLockError::Error(_)) => {}
     }
     let done = resume(&args.output, &mut out)?;
     // the lines to run, counted first for the progress bar
@@ -358,12 +441,14 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         // one writer: whole lines, appended in one write each
         let (tx, mut rx) = mpsc::unbounded_channel::<(String, Option<(bool, u64)>)>();
         let writer_bar = bar.clone();
-        let writer = tokio::task::spawn_blocking(move || -> Result<Tally, RuntimeError> {
+        // (the tally so far comes with an error: what was written before it)
+        let writer = tokio::task::spawn_blocking(move || -> (Tally, Option<RuntimeError>) {
             let mut tally = Tally::default();
             while let Some((mut line, outcome)) = rx.blocking_recv() {
                 line.push('\n');
-                out.write_all(line.as_bytes())
-                    .map_err(|e| RuntimeError::file(&output, e))?;
+                if let Err(e) = out.write_all(line.as_bytes()) {
+                    return (tally, Some(RuntimeError::file(&output, e)));
+                }
                 match outcome {
                     Some((true, tokens)) => {
                         tally.ok += 1;
@@ -381,8 +466,8 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
                     tally.tokens as f64 / secs
                 ));
             }
-            out.sync_data().map_err(|e| RuntimeError::file(&output, e))?;
-            Ok(tally)
+            let synced = out.sync_data().map_err(|e| RuntimeError::file(&output, e));
+            (tally, synced.err())
         });
         let slots = Arc::new(Semaphore::new(concurrency));
         let mut reader = BufReader::new(&input);
@@ -391,7 +476,12 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
             .map_err(|e| RuntimeError::file(&input_path, e))?;
         let (mut buf, mut seen) = (Vec::new(), HashSet::new());
         let mut line = 0u64;
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut started = 0u64;
         loop {
+            if tx.is_closed() {
+                break; // the writer failed
+            }
             let next = next_line(&mut reader, &mut buf)
                 .map_err(|e| RuntimeError::file(&input_path, e))?;
             let Some(next) = next else { break };
@@ -421,9 +511,15 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
                 bar.inc(1);
                 continue;
             }
-            let permit = slots.clone().acquire_owned().await?;
+            // a writer that failed (a full disk) ends the job: nothing more is started
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => p?,
+                _ = tx.closed() => break,
+            };
+            while tasks.try_join_next().is_some() {}
+            started += 1;
             let (app, tx) = (app.clone(), tx.clone());
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 let _permit = permit;
                 let req = axum::http::Request::post(url.as_str())
                     .header("content-type", "application/json")
@@ -470,10 +566,23 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
                 let _ = tx.send((out_line, Some((ok, tokens))));
             });
         }
-        // every request has finished once every slot is free again
-        let _ = slots.acquire_many(concurrency as u32).await?;
+        if tx.is_closed() {
+            // the writer failed: the requests in flight are cancelled (their replies have
+            // nowhere to go), and its error is the job's
+            tasks.abort_all();
+        }
+        while tasks.join_next().await.is_some() {}
         drop(tx);
-        let tally = writer.await??;
+        let (tally, failed) = writer.await?;
+        if let Some(e) = failed {
+            let written = tally.ok + tally.failed + tally.invalid;
+            eprintln!(
+                "gdsrun batch: stopped writing after {written} lines of {}: {started} requests \
+                 started, the rest not run; a rerun resumes",
+                total - skipped
+            );
+            return Err(e.into());
+        }
         Ok(tally)
     });
     outer_bar.finish_and_clear();
@@ -528,13 +637,14 @@ mod tests {
         std::fs::write(
             &p,
             concat!(
-                r#"{"custom_id": "a", "line": 1, "response": {"status_code": 200}}"#,
+                r#"{"id":"batch_req_1","custom_id":"a","line":1,"response":{"status_code":200},"error":null}"#,
                 "\n",
-                r#"{"custom_id": null, "line": 4, "response": null, "error": {"code": "invalid_json"}}"#,
+                // (an invalid line as runs before 2026-12-05 wrote it: the keys sorted)
+                r#"{"custom_id":null,"error":{"code":"invalid_json"},"id":"batch_req_2","line":4,"response":null}"#,
                 "\n",
-                r#"{"custom_id": "a", "line": 5, "response": null, "error": {"code": "duplicate_custom_id"}}"#,
+                r#"{"id":"batch_req_3","custom_id":"a","line":5,"response":null,"error":{"code":"duplicate_custom_id"}}"#,
                 "\n",
-                r#"{"custom_id": "b", "line": 2, "resp"#,
+                r#"{"id":"batch_req_4","custom_id":"b","line":2,"resp"#,
             ),
         )
         .unwrap();
@@ -549,6 +659,66 @@ mod tests {
         let text = std::fs::read_to_string(&p).unwrap();
         assert!(text.ends_with("\"duplicate_custom_id\"}}\n"), "{text}");
         assert_eq!(text.lines().count(), 3);
+    }
+
+    #[test]
+    fn resume_leaves_a_file_that_is_not_its_output_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out");
+        let ours = r#"{"id":"batch_req_1","custom_id":"a","line":1,"response":{"status_code":200},"error":null}"#;
+        let mut binary: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8 + 1).collect();
+        binary.retain(|&b| b != b'\n');
+        for (bytes, words) in [
+            (
+                b"notes 1\nnotes 2 without newline".to_vec(),
+                "line 1 does not start",
+            ),
+            (binary, "line 1 does not start"),
+            (b"{\"a\":1}\n".to_vec(), "line 1 does not start"),
+            (b"\n".to_vec(), "line 1 does not start"),
+            (
+                format!("{ours}\ngarbage\n").into_bytes(),
+                "line 2 does not start",
+            ),
+            (
+                format!("{ours}\nlast words").into_bytes(),
+                "line 2 does not start",
+            ),
+            (
+                format!("{ours}\n{{\"id\":\"batch_req_2\",\"custom_id\":\"b\"}}\n").into_bytes(),
+                "line 2 is not a result line",
+            ),
+        ] {
+            std::fs::write(&p, &bytes).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&p)
+                .unwrap();
+            let Err(RuntimeError::Usage(msg)) = resume(&p, &mut f) else {
+                panic!(
+                    "appended to {:?}",
+                    String::from_utf8_lossy(&bytes[..40.min(bytes.len())])
+                );
+            };
+            assert!(
+                msg.contains(words) && msg.contains("not the output of gdsrun batch"),
+                "{msg}"
+            );
+            assert_eq!(std::fs::read(&p).unwrap(), bytes, "changed by the refusal");
+        }
+        // a torn first line, however short, is the start of a result: cut
+        for torn in [&b"{\"id"[..], b"{\"id\":\"batch_req_9f", b"{"] {
+            std::fs::write(&p, torn).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&p)
+                .unwrap();
+            let done = resume(&p, &mut f).unwrap();
+            assert!(done.ids.is_empty() && done.lines.is_empty());
+            assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
+        }
     }
 
     #[test]

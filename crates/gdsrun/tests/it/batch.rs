@@ -249,7 +249,7 @@ fn a_killed_job_resumes_without_duplicates() {
         .append(true)
         .open(&output)
         .unwrap()
-        .write_all(br#"{"id": "batch_req_x", "custom_id": "req-23", "li"#)
+        .write_all(br#"{"id":"batch_req_x","custom_id":"req-23","li"#)
         .unwrap();
     let out = batch(&input, &output);
     assert!(out.status.success(), "{}", gds_tests::stderr(&out));
@@ -289,6 +289,7 @@ fn unusable_paths_are_usage_errors_naming_the_file() {
             "missing.jsonl",
         ),
         (input.clone(), input.clone(), "--output is the input file"),
+        (input.clone(), dir.path().to_path_buf(), "Is a directory"),
     ] {
         let out = batch(&i, &o);
         assert_eq!(out.status.code(), Some(2), "{}", gds_tests::stderr(&out));
@@ -298,6 +299,120 @@ fn unusable_paths_are_usage_errors_naming_the_file() {
             gds_tests::stderr(&out)
         );
     }
+}
+
+/// An output that is not a results file of this command is left as it was (a rerun only
+/// appends to its own output; before 2026-12-05 it cut anything after a file's last
+/// newline), a FIFO is refused, and an output another run holds is refused while it does.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn an_output_that_is_not_its_own_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("requests.jsonl");
+    std::fs::write(&input, job().0).unwrap();
+    let notes = dir.path().join("notes.txt");
+    let text = b"notes 1\nnotes 2 without newline";
+    std::fs::write(&notes, text).unwrap();
+    let out = batch(&input, &notes);
+    assert_eq!(out.status.code(), Some(2), "{}", gds_tests::stderr(&out));
+    assert!(
+        gds_tests::stderr(&out).contains("not the output of gdsrun batch"),
+        "{}",
+        gds_tests::stderr(&out)
+    );
+    assert_eq!(std::fs::read(&notes).unwrap(), text);
+
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let out = batch(&input, &fifo);
+    assert_eq!(out.status.code(), Some(2), "{}", gds_tests::stderr(&out));
+    assert!(
+        gds_tests::stderr(&out).contains("not a regular file"),
+        "{}",
+        gds_tests::stderr(&out)
+    );
+
+    // another run's lock (taken here as gdsrun batch takes it)
+    let output = dir.path().join("results.jsonl");
+    let held = std::fs::File::create(&output).unwrap();
+    held.try_lock().unwrap();
+    let out = batch(&input, &output);
+    assert_eq!(out.status.code(), Some(2), "{}", gds_tests::stderr(&out));
+    assert!(
+        gds_tests::stderr(&out).contains("another gdsrun batch is writing it"),
+        "{}",
+        gds_tests::stderr(&out)
+    );
+    assert_eq!(std::fs::metadata(&output).unwrap().len(), 0);
+    drop(held);
+}
+
+/// A write that fails (here the file-size limit, `ulimit -f`, as a full disk would) ends
+/// the job at once: no request is started after it (before 2026-12-05 every remaining
+/// request ran first), the error names the output (exit 2), and a rerun resumes.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_failed_write_ends_the_job_and_a_rerun_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (text, valid) = job();
+    let input = dir.path().join("requests.jsonl");
+    std::fs::write(&input, &text).unwrap();
+    let output = dir.path().join("results.jsonl");
+    // (SIGXFSZ ignored, so the write fails with EFBIG instead of killing the process)
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"trap "" XFSZ; ulimit -f 2; exec "$@""#)
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(["batch", model(), "--quiet", "--concurrency", "1", "-i"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&output)
+        .args(ENGINE)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = gds_tests::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("results.jsonl") && err.contains("File too large"),
+        "{err}"
+    );
+    let lines = text.lines().count();
+    let written: usize = err
+        .split("stopped writing after ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of lines written: {err}"));
+    assert!(written < 4, "{written} lines written within 1 KiB? {err}");
+    assert!(err.contains(&format!("lines of {lines}:")), "{err}");
+    // the job stopped there: one request in flight at a time, so the one whose line failed
+    // and at most one more (invalid lines are written without a request)
+    let started: usize = err
+        .split(&format!("lines of {lines}: "))
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of requests started: {err}"));
+    assert!(started <= written + 2, "{started} requests started: {err}");
+    let out = batch(&input, &output);
+    assert!(out.status.success(), "{}", gds_tests::stderr(&out));
+    let rows = results(&output);
+    assert_eq!(rows.len(), lines);
+    let mut ids: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r["response"].is_null())
+        .map(|r| r["custom_id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    let mut want: Vec<&str> = valid.keys().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(ids, want, "each custom_id exactly once");
 }
 
 /// A fuzzed job (tests/py/serve_fuzz.py --batch-input: mutated bodies of every kind the
