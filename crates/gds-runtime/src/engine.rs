@@ -541,7 +541,10 @@ impl Engine {
                 stop = Some(StopReason::Grammar);
             } else if limits.max_tokens.is_some_and(|n| reply.generated() >= n) {
                 stop = Some(StopReason::MaxTokens);
-            } else if self.cached.len() >= ctx {
+            } else if self.cached.len() + 1 >= ctx {
+                // the prompt and the reply fill the context (the token just sampled is the
+                // last one it holds, as the server and llama-server count: prompt +
+                // generated ≤ ctx)
                 stop = Some(StopReason::ContextFull);
             } else if limits.max_joules.is_some_and(|max| {
                 self.energy

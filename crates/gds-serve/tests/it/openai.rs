@@ -1390,6 +1390,27 @@ fn the_cli_and_the_server_end_replies_alike() {
     }
     // the three ways a reply ends were all exercised
     assert_eq!(ends, ["max_tokens", "eos", "stop_string"], "{cases:#?}");
+
+    // and the fourth, the context full: the prompt and the reply fill it on both (the CLI
+    // gave one token more until 2026-12-05)
+    drop(s);
+    let s = start(&["--ctx", "64"]);
+    let o = Command::new(gds_tests::bin("gdsrun"))
+        .arg(model)
+        .args(["--raw", "-p", "One, two, three,", "--temp", "0", "--json", "--ctx", "64"])
+        .output()
+        .expect("gdsrun runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let body = serde_json::json!({"prompt": "One, two, three,", "max_tokens": 100, "temperature": 0});
+    let (code, text) = http(&s.addr, "POST", "/v1/completions", Some(body.to_string().as_bytes()));
+    assert_eq!(code, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(c["stop_reason"], "context_full", "{c}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(c["text"], v["choices"][0]["text"], "{c:#}\n{v:#}");
+    assert_eq!(c["metrics"]["generated_tokens"], v["usage"]["completion_tokens"], "{v:#}");
+    assert_eq!(v["usage"]["total_tokens"], 64, "{v:#}");
 }
 
 /// Details where the OpenAI and Anthropic APIs (and llama-server) say what a field holds:
