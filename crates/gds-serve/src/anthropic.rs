@@ -368,16 +368,11 @@ fn chat_request(body: &Bytes, counting: bool) -> Result<(ChatBody, Common), ApiE
     if !counting && common.max_tokens.is_none() {
         return Err(bad("field required", "max_tokens"));
     }
-    // chat's fields the Messages API does not have
-    common.max_completion_tokens = None;
-    common.n = None;
-    common.echo = None;
-    common.logit_bias = None;
-    common.logprobs = None;
-    common.top_logprobs = None;
+    // chat's fields the Messages API does not have: refused where its reply has no place
+    // for what they ask; the sampling ones (penalties, logit_bias, as top_k, min_p and
+    // repeat_penalty) are honoured as on the chat endpoint, as llama-server does
+    common.refuse_chat_only("the Messages API (/v1/messages)")?;
     common.stream_options = None;
-    common.frequency_penalty = None;
-    common.presence_penalty = None;
     common.response_format = match m.output_config.as_ref().and_then(|c| c.get("format")) {
         None | Some(Value::Null) => None,
         Some(f) if f.get("type").and_then(Value::as_str) == Some("json_schema") => {

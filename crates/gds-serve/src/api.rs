@@ -166,6 +166,34 @@ struct Unsupported {
     modalities: Option<Value>,
 }
 
+impl Common {
+    /// Chat fields an endpoint's reply has no place for (`n`, `echo`, log-probabilities,
+    /// `max_completion_tokens` where the API names its limit otherwise): a value that asks
+    /// for something is a 400 naming the field, where ignoring it would answer another
+    /// request than the one sent. `api` names the endpoint in the message.
+    pub(crate) fn refuse_chat_only(&self, api: &str) -> Result<(), ApiError> {
+        let logprobs = self
+            .logprobs
+            .as_ref()
+            .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)));
+        let asked = [
+            ("n", self.n.is_some_and(|n| n != 1)),
+            ("echo", self.echo == Some(true)),
+            ("logprobs", logprobs),
+            ("top_logprobs", self.top_logprobs.is_some_and(|k| k != 0)),
+            ("max_completion_tokens", self.max_completion_tokens.is_some()),
+        ];
+        match asked.iter().find(|(_, set)| *set) {
+            Some(&(field, _)) => Err(ApiError::bad(format!(
+                "{field} is not a field of {api} (its reply has no place for it); \
+                 /v1/chat/completions and /v1/completions take it"
+            ))
+            .param(field)),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Unsupported {
     fn check(body: &Bytes, n: Option<i64>) -> Result<(), ApiError> {
         let u: Unsupported = parse(body)?;

@@ -463,14 +463,11 @@ async fn responses_job(
         _ => return Err(bad("input must be a string or a list of items", "input")),
     }
     // the chat fields the Responses API names differently or does not have
+    // (refused where its reply has no place for what they ask — top_logprobs included:
+    // no log-probabilities on this endpoint —; logit_bias and the penalties, not OpenAI's
+    // fields here, are honoured as on the chat endpoint)
+    common.refuse_chat_only("the Responses API (/v1/responses)")?;
     common.max_tokens = r.max_output_tokens;
-    common.max_completion_tokens = None;
-    common.n = None;
-    common.echo = None;
-    // OpenAI's Responses API has no logit_bias
-    common.logit_bias = None;
-    common.logprobs = None;
-    common.top_logprobs = None;
     common.response_format = match &r.text {
         Some(t) => response_format(t)?,
         None => None,
