@@ -181,7 +181,10 @@ impl Common {
             ("echo", self.echo == Some(true)),
             ("logprobs", logprobs),
             ("top_logprobs", self.top_logprobs.is_some_and(|k| k != 0)),
-            ("max_completion_tokens", self.max_completion_tokens.is_some()),
+            (
+                "max_completion_tokens",
+                self.max_completion_tokens.is_some(),
+            ),
         ];
         match asked.iter().find(|(_, set)| *set) {
             Some(&(field, _)) => Err(ApiError::bad(format!(
@@ -492,6 +495,10 @@ pub(crate) struct Job {
     pub(crate) timings_per_token: bool,
     /// Completions: the prompt is part of the answer (text, and log-probabilities).
     pub(crate) echo: bool,
+    /// With echo: how many of the prompt's first tokens the server added (a BOS the model's
+    /// tokenizer prepends to a text prompt), left out of the echoed text and log-probabilities
+    /// so that the answer starts with the prompt as it was sent.
+    pub(crate) echo_from: usize,
     /// The grammar the output follows, and the request field that gave it.
     pub(crate) grammar: Option<(Grammar, &'static str)>,
     /// Chat with tools: how replies are parsed for calls.
@@ -667,9 +674,14 @@ pub(crate) fn job(
                 Kind::Completion => " (0 only with echo)",
                 Kind::Chat => "",
             };
+            // (named as sent: max_completion_tokens is read first)
+            let field = if c.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
             return Err(
-                ApiError::bad(format!("max_tokens {n} must be at least 1{echo_note}"))
-                    .param("max_tokens"),
+                ApiError::bad(format!("{field} {n} must be at least 1{echo_note}")).param(field),
             );
         }
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(room),
@@ -782,6 +794,7 @@ pub(crate) fn job(
         post_sampling: false,
         timings_per_token: c.timings_per_token == Some(true),
         echo,
+        echo_from: 0,
         grammar,
         tools: None,
         reasoning: None,
@@ -954,6 +967,8 @@ pub(crate) struct Gen {
     prompt_lps: Vec<TokenLogprobs>,
     /// With echo: the prompt, listed before the first generated token's entry.
     echo_prompt: Option<Vec<u32>>,
+    /// With echo: the first prompt token listed ([`Job::echo_from`]).
+    echo_from: usize,
     /// Characters of the tokens handed out (completions' `text_offset`).
     lp_chars: usize,
     /// The generated tokens that carry text (not the end-of-generation one), and how many
@@ -994,6 +1009,7 @@ impl Gen {
             lp_chars: 0,
             prompt_lps: Vec::new(),
             echo_prompt: None,
+            echo_from: 0,
             tokens: Vec::new(),
             tokens_taken: 0,
             prefill: None,
@@ -1089,6 +1105,7 @@ impl Gen {
                 let entries = prompt
                     .iter()
                     .zip(prompt_lps)
+                    .skip(self.echo_from)
                     .chain(lps.iter().map(|(id, l)| (id, Some(l))));
                 for (id, l) in entries {
                     let t = text(*id);
@@ -1377,7 +1394,7 @@ pub(crate) async fn complete(
         let prompt = st
             .tokenizer
             .inner()
-            .decode(&job.prompt, false)
+            .decode(&job.prompt[job.echo_from..], false)
             .unwrap_or_default();
         text.insert_str(0, &prompt);
     }
@@ -1549,7 +1566,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         let echo = job.echo.then(|| {
             st2.tokenizer
                 .inner()
-                .decode(&job.prompt, false)
+                .decode(&job.prompt[job.echo_from..], false)
                 .unwrap_or_default()
         });
         let info = ChoiceInfo {
@@ -1668,6 +1685,7 @@ pub(crate) async fn start_gen(st: &Arc<ServerState>, job: &Job) -> Result<Gen, A
     let mut g = Gen::new(st.clone(), submitted, job, job.logprobs.is_some());
     if job.echo {
         g.echo_prompt = Some(job.prompt.clone());
+        g.echo_from = job.echo_from;
     }
     Ok(g)
 }
@@ -1886,17 +1904,45 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
         let special = b.parse_special.unwrap_or(false);
         let ids = |v: &[Value]| token_ids(v, "prompt");
         let mut prompts = Vec::new();
+        // per prompt: a BOS the tokenizer put before a text prompt (not echoed)
+        let mut bos_added = Vec::new();
+        let bos = st.tokenizer.bos().filter(|_| st.tokenizer.add_bos());
+        let added = |text: &str, ids: &[u32]| {
+            bos.is_some_and(|b| {
+                ids.first() == Some(&b)
+                    && !(special
+                        && text.starts_with(
+                            st.tokenizer
+                                .inner()
+                                .id_to_token(b)
+                                .unwrap_or_default()
+                                .as_str(),
+                        ))
+            })
+        };
         match b.prompt {
-            Value::String(s) => prompts.push(encode(&st, s, special).await?),
+            Value::String(s) => {
+                let p = encode(&st, s.clone(), special).await?;
+                bos_added.push(added(&s, &p));
+                prompts.push(p);
+            }
             Value::Array(v) if !v.is_empty() && v.iter().all(Value::is_number) => {
-                prompts.push(ids(&v)?)
+                prompts.push(ids(&v)?);
+                bos_added.push(false);
             }
             // a batch: strings, or token-id lists (what evaluation harnesses send)
             Value::Array(v) if !v.is_empty() && v.len() <= MAX_PROMPTS => {
                 for p in v {
                     match p {
-                        Value::String(s) => prompts.push(encode(&st, s, special).await?),
-                        Value::Array(t) => prompts.push(ids(&t)?),
+                        Value::String(s) => {
+                            let p = encode(&st, s.clone(), special).await?;
+                            bos_added.push(added(&s, &p));
+                            prompts.push(p);
+                        }
+                        Value::Array(t) => {
+                            prompts.push(ids(&t)?);
+                            bos_added.push(false);
+                        }
                         _ => return Err(ApiError::bad(one).param("prompt")),
                     }
                 }
@@ -1910,10 +1956,13 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
             }
             _ => return Err(ApiError::bad(one).param("prompt")),
         }
-        let jobs = prompts
+        let mut jobs = prompts
             .into_iter()
             .map(|p| job(&st, common.clone(), p, 16, Kind::Completion))
             .collect::<Result<Vec<_>, _>>()?;
+        for (j, added) in jobs.iter_mut().zip(&bos_added) {
+            j.echo_from = usize::from(*added);
+        }
         respond(st.clone(), jobs, Kind::Completion).await
     }
     .await;
@@ -1956,6 +2005,11 @@ pub(crate) fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, Ap
                             "content parts of type {kind:?} are not supported"
                         ))
                         .param("messages"));
+                    }
+                    // parts joined by a newline, as llama-server and vLLM join them (and
+                    // the Messages API's blocks here)
+                    if !s.is_empty() {
+                        s.push('\n');
                     }
                     s.push_str(
                         p.get("text")

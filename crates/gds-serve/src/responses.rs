@@ -237,6 +237,10 @@ fn content_text(content: Option<&Value>) -> Result<String, ApiError> {
                         "input",
                     ));
                 }
+                // (joined by a newline, as the chat endpoint joins its parts)
+                if !s.is_empty() {
+                    s.push('\n');
+                }
                 s.push_str(
                     p.get("text")
                         .and_then(Value::as_str)

@@ -1128,6 +1128,48 @@ fn gemma3_prompt_longer_than_the_window_through_the_window_pool() {
     }
     let (_, m) = http(&s.addr, "GET", "/metrics", None);
     assert!(metric(&m, "gds_kv_window_blocks_total") > 0.0, "{m}");
+    // echo of a text prompt on a model that puts BOS before it: the answer starts with the
+    // prompt as sent (it started with "<bos>" until 2026-12-05), whole and streamed, and
+    // the log-probabilities list the prompt's own tokens, the first one scored
+    let p = "The capital of France is";
+    let body = serde_json::json!({"prompt": p, "echo": true, "max_tokens": 3, "temperature": 0, "logprobs": 1});
+    let (status, r) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(status, 200, "{r}");
+    let r: Value = serde_json::from_str(&r).unwrap();
+    let text = r["choices"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with(p) && text.len() > p.len(), "{r}");
+    let lp = &r["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"][0], "The", "{lp}");
+    assert_eq!(lp["text_offset"][0], 0, "{lp}");
+    assert!(lp["token_logprobs"][0].is_number(), "{lp}");
+    let tokens: String = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, text, "{lp}");
+    let body = serde_json::json!({"prompt": p, "echo": true, "max_tokens": 3, "temperature": 0, "stream": true});
+    let (status, sse) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(status, 200, "{sse}");
+    let streamed: String = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(streamed, text);
 }
 
 /// Issue 33, item 9: an `echo` scoring request (as lm-eval sends: token ids, `echo`,
@@ -1333,7 +1375,10 @@ fn messages_and_responses_take_chat_sampling_fields() {
         }
         let (code, v) = post("/v1/chat/completions", b);
         assert_eq!(code, 200, "{v}");
-        v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
     let plain = chat(json!({}));
     for extra in [
@@ -1354,7 +1399,10 @@ fn messages_and_responses_take_chat_sampling_fields() {
         assert_eq!(v["content"][0]["text"], want, "/v1/messages {extra}: {v}");
         let (code, v) = post("/v1/responses", r);
         assert_eq!(code, 200, "{v}");
-        assert_eq!(v["output"][0]["content"][0]["text"], want, "/v1/responses {extra}: {v}");
+        assert_eq!(
+            v["output"][0]["content"][0]["text"], want,
+            "/v1/responses {extra}: {v}"
+        );
     }
     for (extra, param) in [
         (json!({"n": 2}), "n"),
@@ -1371,6 +1419,34 @@ fn messages_and_responses_take_chat_sampling_fields() {
         assert_eq!(code, 400, "{extra}: {v}");
         assert!(v.to_string().contains(param), "{extra}: {v}");
     }
+    // text parts are joined by a newline on every endpoint (as llama-server and vLLM join
+    // them; chat and Responses joined them with nothing until 2026-12-05, Messages with a
+    // newline: another prompt for the same conversation)
+    let (_, whole) = post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi!\nWhat is 2+2?"}], "max_tokens": 1}),
+    );
+    let n = whole["usage"]["prompt_tokens"].as_u64().unwrap();
+    let (_, c) = post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi!"}, {"type": "text", "text": "What is 2+2?"}]}], "max_tokens": 1}),
+    );
+    assert_eq!(c["usage"]["prompt_tokens"], n, "{c}");
+    let (_, m) = post(
+        "/v1/messages",
+        json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi!"}, {"type": "text", "text": "What is 2+2?"}]}], "max_tokens": 1}),
+    );
+    let u = &m["usage"];
+    assert_eq!(
+        u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap_or(0),
+        n,
+        "{m}"
+    );
+    let (_, r) = post(
+        "/v1/responses",
+        json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi!"}, {"type": "input_text", "text": "What is 2+2?"}]}], "max_output_tokens": 1}),
+    );
+    assert_eq!(r["usage"]["input_tokens"], n, "{r}");
     // the defaults of those fields ask for nothing: accepted
     let (code, v) = post(
         "/v1/messages",
@@ -1464,19 +1540,37 @@ fn the_cli_and_the_server_end_replies_alike() {
     let s = start(&["--ctx", "64"]);
     let o = Command::new(gds_tests::bin("gdsrun"))
         .arg(model)
-        .args(["--raw", "-p", "One, two, three,", "--temp", "0", "--json", "--ctx", "64"])
+        .args([
+            "--raw",
+            "-p",
+            "One, two, three,",
+            "--temp",
+            "0",
+            "--json",
+            "--ctx",
+            "64",
+        ])
         .output()
         .expect("gdsrun runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let c: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let body = serde_json::json!({"prompt": "One, two, three,", "max_tokens": 100, "temperature": 0});
-    let (code, text) = http(&s.addr, "POST", "/v1/completions", Some(body.to_string().as_bytes()));
+    let body =
+        serde_json::json!({"prompt": "One, two, three,", "max_tokens": 100, "temperature": 0});
+    let (code, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(body.to_string().as_bytes()),
+    );
     assert_eq!(code, 200, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(c["stop_reason"], "context_full", "{c}");
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     assert_eq!(c["text"], v["choices"][0]["text"], "{c:#}\n{v:#}");
-    assert_eq!(c["metrics"]["generated_tokens"], v["usage"]["completion_tokens"], "{v:#}");
+    assert_eq!(
+        c["metrics"]["generated_tokens"], v["usage"]["completion_tokens"],
+        "{v:#}"
+    );
     assert_eq!(v["usage"]["total_tokens"], 64, "{v:#}");
 }
 
@@ -1506,6 +1600,14 @@ fn fields_hold_what_the_apis_say() {
         json!({"messages": msgs, "max_completion_tokens": 3, "max_tokens": 5, "ignore_eos": true}),
     );
     assert_eq!(r["usage"]["completion_tokens"], 3, "{r}");
+    // a bad value is named by the field it came in
+    let (status, text) = post(
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_completion_tokens": 0}),
+    );
+    assert_eq!(status, 400, "{text}");
+    let e: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(e["error"]["param"], "max_completion_tokens", "{text}");
     // the same prompt again, ended by a stop string: its prompt came from the cache
     let r = chat(
         json!({"messages": msgs, "max_tokens": 16, "temperature": 0, "stop": [" four", "four", ","]}),
