@@ -305,7 +305,7 @@ impl Engine {
             Reasoning::of_template(tmpl.source(), &self.tokenizer.prompt_tail(prompt))
         });
         let Some(r) = reasoning else {
-            return self.generate_tokens(prompt, t0, on_text);
+            return self.generate_tokens_as(prompt, t0, on_text, true);
         };
         self.keep = self.tokenizer.special_ids(r.markers());
         let mut split = Split::new(&r);
@@ -318,7 +318,8 @@ impl Engine {
                 on_text(&answer);
             }
         };
-        let out = self.generate_tokens(prompt, t0, &mut |piece| parts(piece, &mut split));
+        let out =
+            self.generate_tokens_as(prompt, t0, &mut |piece| parts(piece, &mut split), true);
         self.keep.clear();
         let (thought, answer) = split.finish();
         if !thought.is_empty() {
@@ -400,13 +401,26 @@ impl Engine {
         self.interrupt.load(Ordering::Relaxed)
     }
 
-    /// Generates after `prompt` (already tokenized). Reuses the longest prefix the KV cache
-    /// already holds.
+    /// Generates after `prompt` (already tokenized), a completion: its log-probabilities end
+    /// with the end-of-generation token's where that ended it (as the server's completions
+    /// list it: evaluators score it). Reuses the longest prefix the KV cache already holds.
     pub fn generate_tokens(
         &mut self,
         prompt: &[u32],
         t0: Instant,
         on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateOutput> {
+        self.generate_tokens_as(prompt, t0, on_text, false)
+    }
+
+    /// [`Self::generate_tokens`]; `chat`: a chat reply, whose log-probabilities list only
+    /// what its content holds (not the end-of-generation token), as the server's chat replies.
+    fn generate_tokens_as(
+        &mut self,
+        prompt: &[u32],
+        t0: Instant,
+        on_text: &mut dyn FnMut(&str),
+        chat: bool,
     ) -> Result<GenerateOutput> {
         let ctx = self.plan.ctx;
         if prompt.is_empty() {
@@ -512,6 +526,9 @@ impl Engine {
             }
             reply.token();
             if self.tokenizer.is_eog(tok) {
+                if let (Some(lps), Some((k, raw)), false) = (logprobs.as_mut(), &raw, chat) {
+                    lps.push(TokenLogprobs::of(raw, tok, *k));
+                }
                 stop = Some(StopReason::Eos);
                 break;
             }

@@ -1534,6 +1534,22 @@ fn the_cli_and_the_server_end_replies_alike() {
     // the three ways a reply ends were all exercised
     assert_eq!(ends, ["max_tokens", "eos", "stop_string"], "{cases:#?}");
 
+    // a raw completion that ends on the end-of-generation token: its log-probability is
+    // the last one listed by both (the CLI left it out until 2026-12-05), the same value
+    let p = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n";
+    let c = cli(&["--raw", "--parse-special", "-p", p, "--max-tokens", "30", "--logprobs", "1"]);
+    let v = server(
+        "/v1/completions",
+        serde_json::json!({"prompt": p, "parse_special": true, "max_tokens": 30, "temperature": 0, "logprobs": 1}),
+    );
+    assert_eq!(c["stop_reason"], "eos", "{c}");
+    let lps = c["logprobs"].as_array().unwrap();
+    let theirs = v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap();
+    assert_eq!(lps.len() as u64, c["metrics"]["generated_tokens"].as_u64().unwrap(), "{c}");
+    assert_eq!(lps.len(), theirs.len(), "{c}\n{v}");
+    let (a, b) = (lps.last().unwrap()["logprob"].as_f64().unwrap(), theirs.last().unwrap().as_f64().unwrap());
+    assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+
     // and the fourth, the context full: the prompt and the reply fill it on both (the CLI
     // gave one token more until 2026-12-05)
     drop(s);
