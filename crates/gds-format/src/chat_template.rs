@@ -58,8 +58,9 @@ pub const MAX_VALUE_BYTES: usize = 16 << 20;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TemplateError {
     message: String,
-    /// The template ran into a limit of this module (fuel, output size) rather than failing
-    /// on its own terms (a syntax error, `raise_exception`, an undefined method).
+    /// The template ran into a limit of this module (fuel, output size, memory), or made the
+    /// template engine panic, rather than failing on its own terms (a syntax error,
+    /// `raise_exception`, an undefined method): [`check`] refuses it.
     pub limit: bool,
 }
 
@@ -250,15 +251,58 @@ pub struct ChatTemplate {
     eos_token: String,
 }
 
+thread_local! {
+    /// Set on a thread running a template: a panic there is caught and reported as an error
+    /// (a limit), so the panic hook stays silent for it.
+    static QUIET_PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Installs (once) a panic hook that says nothing for a panic on a thread running a template
+/// ([`QUIET_PANICS`]: it is caught and becomes an error; its message and backtrace on stderr
+/// would only repeat it) and passes every other panic to the hook there was before.
+fn quiet_template_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET_PANICS.try_with(std::cell::Cell::get).unwrap_or(false) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// A panic's message.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {
+    p.downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
 /// Runs `f` on a thread of its own with a [`STACK_BYTES`] stack and at most
-/// [`crate::render_memory::MAX_RENDER_BYTES`] held at once; a panic in it is an error, going over
-/// the memory bound a limit.
+/// [`crate::render_memory::MAX_RENDER_BYTES`] held at once; a panic in it (minijinja's, on
+/// something a template can do) and going over the memory bound are limits, reported without
+/// printing the panic.
 fn on_big_stack<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> Result<T, TemplateError> + Send + 'static,
 ) -> Result<T, TemplateError> {
     use crate::render_memory::{run_bounded, RunError};
-    match run_bounded("chat-template", STACK_BYTES, f) {
+    quiet_template_panics();
+    let doing = what.to_string();
+    let caught = move || {
+        QUIET_PANICS.with(|q| q.set(true));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        QUIET_PANICS.with(|q| q.set(false));
+        r.unwrap_or_else(|p| {
+            Err(TemplateError::limit(format!(
+                "the template ({doing}): the template engine panicked: {}",
+                panic_message(&*p)
+            )))
+        })
+    };
+    match run_bounded("chat-template", STACK_BYTES, caught) {
         Ok(r) => r,
         Err(e @ (RunError::Memory | RunError::Exhausted)) => {
             Err(TemplateError::limit(format!("the template ({what}): {e}")))
@@ -518,8 +562,8 @@ pub fn builtin(name: &str) -> Option<&'static str> {
 }
 
 /// Compiles `source` and renders a sample conversation with it: refused when it does not
-/// compile, breaks a bound of [`prescan`], or runs into a render limit (fuel, output size) on
-/// a four-message conversation. Other render errors are not refusals (a template may
+/// compile, breaks a bound of [`prescan`], or runs into a render limit (fuel, output size,
+/// memory, a panic of the template engine) on a four-message conversation. Other render errors are not refusals (a template may
 /// `raise_exception` on roles it does not take).
 pub fn check(source: &str) -> Result<(), TemplateError> {
     let t = ChatTemplate::new(source, "<s>", "</s>")?;
@@ -1413,6 +1457,25 @@ mod tests {
         let r = t.render(&[], false);
         assert_eq!(r.unwrap(), "3600000000");
         assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    /// A template that makes minijinja panic on every render (`format` with a precision
+    /// Rust's formatter refuses) is refused by `check`, as a limit, like a template that runs
+    /// out of fuel (it used to load, print the panic, and fail every request); a render of it
+    /// is an error, not a panic.
+    #[test]
+    fn a_template_that_makes_minijinja_panic_is_refused() {
+        let src = r#"{{ bos_token }}{{ "%.999999999f"|format(1.0) }}"#;
+        let e = check(src).unwrap_err();
+        assert!(e.limit && e.to_string().contains("panicked"), "{e}");
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.render(&[Message::new("user", "hi")], true)
+        }));
+        let e = r.expect("rendering must not panic").unwrap_err();
+        assert!(e.limit && e.to_string().contains("rendering it"), "{e}");
+        // the other templates are unaffected
+        check(builtin("chatml").unwrap()).unwrap();
     }
 
     /// Fuzz regression (`fuzz/regressions/tokenizer/template-error-debug-info-panics-minijinja`):

@@ -226,6 +226,7 @@ impl GrammarCompiler {
     /// Compiles `grammar` into a fresh constraint (nothing generated yet). The error says
     /// what in the grammar is wrong.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+        check_size(grammar)?;
         let parser = self
             .factory
             .create_parser(grammar.top_level())
@@ -283,6 +284,35 @@ impl Mask {
     }
 }
 
+/// Refuses a Lark grammar (a GBNF one translated, too) with more than
+/// [`crate::gbnf::MAX_ITEMS`] alternatives and string literals, counted from its text (each
+/// `|`, each pair of unescaped `"`): llguidance compiles at most 65 535 symbols and takes
+/// seconds on tens of thousands, so such a grammar is refused before it is compiled.
+fn check_size(grammar: &Grammar) -> Result<()> {
+    let Grammar::Lark(src) = grammar else {
+        return Ok(());
+    };
+    let (mut bars, mut quotes, mut escaped) = (0usize, 0usize, false);
+    for b in src.bytes() {
+        match b {
+            b'|' => bars += 1,
+            b'"' if !escaped => quotes += 1,
+            _ => {}
+        }
+        escaped = b == b'\\' && !escaped;
+    }
+    let items = bars + quotes / 2;
+    if items > crate::gbnf::MAX_ITEMS {
+        return Err(RuntimeError::Grammar(format!(
+            "{} does not compile: it has {items} alternatives and string literals, more than \
+             the {} taken (too large to compile)",
+            grammar.kind(),
+            crate::gbnf::MAX_ITEMS
+        )));
+    }
+    Ok(())
+}
+
 /// llguidance's error without the parser state dump it appends (`\n<state>...`) or the
 /// backtrace of a panic it caught (`<backtrace>...`): neither is for the client.
 fn brief(e: &str) -> &str {
@@ -329,5 +359,23 @@ impl Constraint {
     /// an end-of-generation token.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_size, Grammar};
+
+    #[test]
+    fn a_lark_grammar_too_large_to_compile_is_refused_before_compiling() {
+        let alts: Vec<String> = (0..100_000).map(|i| format!("\"w{i}\"")).collect();
+        let e = check_size(&Grammar::Lark(format!("start: {}", alts.join(" | "))))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("too large to compile"), "{e}");
+        // escaped quotes inside a literal are not literals; small grammars pass
+        let alts: Vec<String> = (0..5000).map(|i| format!("\"w\\\"{i}\"")).collect();
+        check_size(&Grammar::Lark(format!("start: {}", alts.join(" | ")))).unwrap();
+        check_size(&Grammar::Regex("a|".repeat(100_000))).unwrap();
     }
 }

@@ -20,6 +20,12 @@ use std::fmt::Write as _;
 const MAX_REPEAT: u64 = 2000;
 /// Deepest nesting of parentheses taken (llguidance has its own, lower, limit too).
 const MAX_DEPTH: usize = 64;
+/// Most items (literals, character classes, `.`, groups, rule references, repetitions) and
+/// alternatives in one grammar: llguidance compiles at most 65 535 symbols (beyond, it fails
+/// an assertion) and its compile time grows faster than linearly with the grammar (30 000
+/// alternatives took 1.5 s, 60 000 took 12 s), so a larger grammar is refused before it is
+/// compiled. Real grammars have a few hundred.
+pub const MAX_ITEMS: usize = 20_000;
 
 /// Whether `src` is written in GBNF rather than Lark: a line (outside `#` comments) defines a
 /// rule with `::=`, which Lark never uses (vLLM tells the two apart the same way).
@@ -38,6 +44,7 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, String> {
         order: Vec::new(),
         defined: Vec::new(),
         depth: 0,
+        items: 0,
     };
     let mut rules: Vec<(usize, String)> = Vec::new();
     p.space(true);
@@ -112,6 +119,8 @@ struct Parser<'a> {
     order: Vec<&'a str>,
     defined: Vec<bool>,
     depth: usize,
+    /// Items and alternatives so far ([`MAX_ITEMS`]).
+    items: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -168,9 +177,22 @@ impl<'a> Parser<'a> {
         id
     }
 
+    /// Counts one more item or alternative at the cursor against [`MAX_ITEMS`].
+    fn count_item(&mut self) -> Result<(), String> {
+        self.items += 1;
+        if self.items > MAX_ITEMS {
+            return Err(self.err(&format!(
+                "the grammar has more than {MAX_ITEMS} items (literals, character classes, \
+                 rule references, groups and alternatives): too large to compile"
+            )));
+        }
+        Ok(())
+    }
+
     fn alternates(&mut self, nested: bool) -> Result<String, String> {
         let mut out = self.sequence(nested)?;
         while self.peek() == Some(b'|') {
+            self.count_item()?;
             self.pos += 1;
             self.space(true);
             out.push_str(" | ");
@@ -184,6 +206,12 @@ impl<'a> Parser<'a> {
         // whether the last item already carries a repetition (a second one wraps it)
         let mut repeated = false;
         while let Some(c) = self.peek() {
+            if matches!(c, b'"' | b'[' | b'.' | b'(' | b'*' | b'+' | b'?' | b'{')
+                || c.is_ascii_alphanumeric()
+                || c == b'-'
+            {
+                self.count_item()?;
+            }
             let item = match c {
                 b'"' => {
                     self.pos += 1;
@@ -457,6 +485,28 @@ mod tests {
         assert!(gbnf_to_lark(&deep)
             .unwrap_err()
             .contains("nested too deeply"));
+    }
+
+    #[test]
+    fn a_grammar_too_large_to_compile_is_refused_at_once() {
+        // 100 000 alternatives (1 MB): llguidance took 17 s and then failed an assertion
+        let alts: Vec<String> = (0..100_000).map(|i| format!("\"w{i}\"")).collect();
+        let t = std::time::Instant::now();
+        let e = gbnf_to_lark(&format!("root ::= {}", alts.join(" | "))).unwrap_err();
+        assert!(
+            e.contains("more than 20000 items") && e.contains("line 1"),
+            "{e}"
+        );
+        assert!(t.elapsed().as_secs() < 5);
+        // many rules of a few items each count as well
+        let rules: String = (0..7000)
+            .map(|i| format!("r{i} ::= \"a\" [b-c] r{}\n", i + 1))
+            .collect();
+        let e = gbnf_to_lark(&format!("root ::= r0\n{rules}r7000 ::= \"z\"")).unwrap_err();
+        assert!(e.contains("too large"), "{e}");
+        // under the bound: translated
+        let alts: Vec<String> = (0..5000).map(|i| format!("\"w{i}\"")).collect();
+        assert!(gbnf_to_lark(&format!("root ::= {}", alts.join(" | "))).is_ok());
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! options, `Engine::load`, `generate`), the GIL released while it works; and
 //! `gdsllm.convert` (gds-convert).
 
-use crate::err;
 use crate::model::{json_to_py, resolve_model};
+use crate::{err, fork_guard, path_arg};
 use gds_runtime::chat::Message;
 use gds_runtime::engine::GenerateOutput;
 use gds_runtime::plan::{Limits, Mode};
@@ -29,6 +29,32 @@ fn size_arg(v: Option<Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64>> {
     gds_runtime::ioplan::parse_size(&s)
         .map(Some)
         .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+}
+
+/// The Python argument that sets a sampler field (`temp` is `temperature`).
+fn sampler_arg(field: &str) -> &str {
+    match field {
+        "temp" => "temperature",
+        f => f,
+    }
+}
+
+/// Checks each sampling value's range; the error names the Python argument (gds-runtime's
+/// names gdsrun's flag).
+fn check_sampler(s: &SamplerConfig) -> PyResult<()> {
+    s.check().map_err(|b| {
+        err(format!(
+            "{} {} must be {}",
+            sampler_arg(b.field),
+            b.value,
+            b.expected
+        ))
+    })
+}
+
+/// An error of a reply, naming the Python argument where gds-runtime's names gdsrun's flag.
+fn reply_err(e: impl std::fmt::Display) -> PyErr {
+    err(e.to_string().replace("use --ctx", "use Engine(..., ctx=N)"))
 }
 
 /// What one reply asks for.
@@ -149,7 +175,11 @@ struct ToolArgs<'py> {
 impl ToolArgs<'_> {
     /// The functions, checked against the model's chat template (which must take `tools`),
     /// as `gdsrun serve` checks a request's.
-    fn tools(&self, engine: &Mutex<gds_runtime::Engine>) -> PyResult<Option<Tools>> {
+    fn tools(
+        &self,
+        py: Python<'_>,
+        engine: &Mutex<gds_runtime::Engine>,
+    ) -> PyResult<Option<Tools>> {
         let tools = self
             .tools
             .as_ref()
@@ -167,14 +197,22 @@ impl ToolArgs<'_> {
                 }
             })
             .transpose()?;
-        let e = lock(engine);
-        Tools::from_request(
-            tools.as_ref(),
-            choice.as_ref(),
-            self.parallel_tool_calls,
-            e.tokenizer().chat_template(),
-        )
-        .map_err(|e| PyValueError::new_err(e.text()))
+        if tools.is_none() && choice.is_none() && self.parallel_tool_calls.is_none() {
+            return Ok(None);
+        }
+        let parallel = self.parallel_tool_calls;
+        // (the engine may be busy with another reply: wait for it without the GIL)
+        py.detach(|| {
+            let e = lock(engine);
+            Tools::from_request(
+                tools.as_ref(),
+                choice.as_ref(),
+                parallel,
+                e.tokenizer().chat_template(),
+            )
+            .map_err(|e| e.text())
+        })
+        .map_err(PyValueError::new_err)
     }
 }
 
@@ -208,8 +246,13 @@ pub struct Engine {
     sampler: SamplerConfig,
     limits: Limits,
     interrupt: Arc<AtomicBool>,
+    /// The process that loaded it: its worker threads do not exist in a forked child.
+    pid: u32,
 }
 
+/// Locks the engine. Only ever called with the GIL released (inside `py.detach`): a thread
+/// waiting here for another thread's reply must not keep every other Python thread (one
+/// that would call `interrupt`, say) waiting.
 fn lock(e: &Mutex<gds_runtime::Engine>) -> std::sync::MutexGuard<'_, gds_runtime::Engine> {
     // a panic while generating is reported as an error by the generating call; the engine's
     // state is then still consistent enough to be reused or dropped
@@ -217,9 +260,19 @@ fn lock(e: &Mutex<gds_runtime::Engine>) -> std::sync::MutexGuard<'_, gds_runtime
 }
 
 impl Engine {
+    /// Refuses `what` in a process forked from the one that loaded the engine (its threads
+    /// are gone there, and its lock may be held for ever by one of them).
+    fn check_process(&self, what: &str) -> PyResult<()> {
+        if std::process::id() != self.pid {
+            return Err(err(crate::forked_message(what)));
+        }
+        fork_guard(what)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn job(
         &self,
+        py: Python<'_>,
         prompt: &Bound<'_, PyAny>,
         max_tokens: Option<usize>,
         temperature: Option<f32>,
@@ -246,7 +299,8 @@ impl Engine {
         if let Some(st) = stop {
             limits.stop = st;
         }
-        let tools = t.tools(&self.engine)?;
+        check_sampler(&s)?;
+        let tools = t.tools(py, &self.engine)?;
         let mut grammar = c.grammar()?;
         let other = grammar.is_some().then_some("grammar, json_schema or regex");
         let call_grammar = tools
@@ -282,7 +336,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        model: &str,
+        model: &Bound<'_, PyAny>,
         threads: Option<usize>,
         batch: Option<usize>,
         ctx: Option<usize>,
@@ -297,7 +351,7 @@ impl Engine {
         raw: bool,
         parse_special: bool,
         system: Option<String>,
-        draft: Option<String>,
+        draft: Option<Bound<'_, PyAny>>,
         draft_max: Option<usize>,
         temperature: Option<f32>,
         top_k: Option<usize>,
@@ -314,6 +368,29 @@ impl Engine {
         chat_template: Option<String>,
         plain_http: bool,
     ) -> PyResult<Engine> {
+        fork_guard("Engine")?;
+        let model = path_arg(model, "model")?;
+        let draft = draft.map(|d| path_arg(&d, "draft")).transpose()?;
+        {
+            // the sampling defaults' ranges, named as the Python arguments
+            let d = SamplerConfig::default();
+            check_sampler(&SamplerConfig {
+                temp: temperature.unwrap_or(d.temp),
+                top_p: top_p.unwrap_or(d.top_p),
+                min_p: min_p.unwrap_or(d.min_p),
+                repeat_penalty: repeat_penalty.unwrap_or(d.repeat_penalty),
+                frequency_penalty: frequency_penalty.unwrap_or(d.frequency_penalty),
+                presence_penalty: presence_penalty.unwrap_or(d.presence_penalty),
+                ..d
+            })?;
+        }
+        if let Some(p) = &chat_template_file {
+            // a FIFO or device would block the read for ever: a regular file only (a link
+            // to one is followed)
+            let real = std::fs::canonicalize(p)
+                .map_err(|e| err(format!("chat_template_file {}: {e}", p.display())))?;
+            gds_io::open_regular(&real, 0).map_err(|e| err(format!("chat_template_file: {e}")))?;
+        }
         let kv_dtype = match kv_type.as_deref() {
             None => None,
             Some(k) => Some(KvDtype::parse(k).ok_or_else(|| {
@@ -327,7 +404,7 @@ impl Engine {
                     .map_err(|e| PyValueError::new_err(format!("isa: {e}")))?,
             ),
         };
-        let dir = resolve_model(py, model, plain_http)?;
+        let dir = resolve_model(py, &model, plain_http)?;
         let opts = PlanOptions {
             model_dir: dir.clone(),
             threads,
@@ -373,13 +450,18 @@ impl Engine {
             limits: engine.plan().limits.clone(),
             interrupt: engine.interrupt_flag(),
             engine: Arc::new(Mutex::new(engine)),
+            pid: std::process::id(),
         })
     }
 
     /// The run plan, as `gdsrun run --plan` prints it (a dict).
     #[getter]
     fn plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let v = serde_json::to_value(lock(&self.engine).plan()).map_err(err)?;
+        self.check_process("Engine.plan")?;
+        let engine = &self.engine;
+        let v = py
+            .detach(|| serde_json::to_value(lock(engine).plan()))
+            .map_err(err)?;
         json_to_py(py, &v)
     }
 
@@ -428,7 +510,9 @@ impl Engine {
         parallel_tool_calls: Option<bool>,
         details: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
+        self.check_process("Engine.generate")?;
         let job = self.job(
+            py,
             prompt,
             max_tokens,
             temperature,
@@ -468,7 +552,7 @@ impl Engine {
             Ok((j, _, _)) if details => json_to_py(py, &j),
             Ok((_, message, _)) if with_tools => json_to_py(py, &message),
             Ok((_, _, text)) => Ok(PyString::new(py, &text).into_any()),
-            Err(e) => Err(err(e)),
+            Err(e) => Err(reply_err(e)),
         }
     }
 
@@ -484,6 +568,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     fn stream<'py>(
         &self,
+        py: Python<'py>,
         prompt: &Bound<'py, PyAny>,
         max_tokens: Option<usize>,
         temperature: Option<f32>,
@@ -502,7 +587,9 @@ impl Engine {
         tool_choice: Option<Bound<'py, PyAny>>,
         parallel_tool_calls: Option<bool>,
     ) -> PyResult<Stream> {
+        self.check_process("Engine.stream")?;
         let job = self.job(
+            py,
             prompt,
             max_tokens,
             temperature,
@@ -529,12 +616,23 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let engine = self.engine.clone();
         let interrupt = self.interrupt.clone();
+        let state = Arc::new(Mutex::new(JobState::Waiting));
+        let mine = state.clone();
         std::thread::Builder::new()
             .name("gdsllm-generate".into())
             .spawn(move || {
                 let mut e = lock(&engine);
+                {
+                    let mut st = job_state(&mine);
+                    if *st == JobState::Dropped {
+                        // the iterator went before the engine was free: nothing to do
+                        return;
+                    }
+                    *st = JobState::Running;
+                }
                 let out = run_job(&mut e, job, &mut |s| {
-                    // the iterator is gone: stop
+                    // the iterator is gone: stop (the engine is ours: its flag stops only
+                    // this reply)
                     if tx.send(Piece::Text(s.to_string())).is_err() {
                         interrupt.store(true, Ordering::Relaxed);
                     }
@@ -546,14 +644,20 @@ impl Engine {
                         j["message"] = assistant_message(tools.as_ref(), &o.text, finish).0;
                         j
                     })
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| e.to_string().replace("use --ctx", "use Engine(..., ctx=N)"));
+                // finished before the engine is let go: from now on dropping the iterator
+                // must not touch the engine's interrupt flag (another reply's)
+                *job_state(&mine) = JobState::Finished;
+                drop(e);
                 let _ = tx.send(Piece::Done(done));
             })
             .map_err(err)?;
         Ok(Stream {
             rx: Mutex::new(Some(rx)),
             interrupt: self.interrupt.clone(),
+            state,
             result: Mutex::new(None),
+            pid: std::process::id(),
         })
     }
 
@@ -561,28 +665,37 @@ impl Engine {
     /// it; `special=True`: special-token texts become their tokens).
     #[pyo3(signature = (text, *, special=false))]
     fn tokenize(&self, py: Python<'_>, text: &str, special: bool) -> PyResult<Vec<u32>> {
+        self.check_process("Engine.tokenize")?;
         let engine = self.engine.clone();
         py.detach(move || {
             let e = lock(&engine);
             e.tokenizer().encode_prompt(text, special, e.plan().ctx)
         })
-        .map_err(err)
+        .map_err(reply_err)
     }
 
-    /// Stops the generation under way (from another thread); it ends with stop_reason
-    /// "interrupted".
+    /// Stops the reply being generated at the moment of the call, whichever thread's call
+    /// (`generate` or a `stream`) it is; it ends with stop_reason "interrupted". Replies that
+    /// start later (one waiting for the engine) are not stopped. To stop one stream of
+    /// several, drop (or stop iterating and delete) that stream.
     fn interrupt(&self) {
         self.interrupt.store(true, Ordering::Relaxed);
     }
 
-    fn __repr__(&self) -> String {
-        let e = lock(&self.engine);
-        format!(
-            "<gdsllm.Engine {} ({}, {})>",
-            e.plan().model_dir.display(),
-            e.plan().arch,
-            e.backend()
-        )
+    fn __repr__(&self, py: Python<'_>) -> String {
+        if std::process::id() != self.pid {
+            return "<gdsllm.Engine loaded before a fork: unusable here>".into();
+        }
+        let engine = &self.engine;
+        py.detach(|| {
+            let e = lock(engine);
+            format!(
+                "<gdsllm.Engine {} ({}, {})>",
+                e.plan().model_dir.display(),
+                e.plan().arch,
+                e.backend()
+            )
+        })
     }
 }
 
@@ -591,12 +704,36 @@ enum Piece {
     Done(Result<serde_json::Value, String>),
 }
 
-/// The iterator `Engine.stream` returns.
-#[pyclass(module = "gdsllm._gdsllm")]
+/// Where a stream's reply stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JobState {
+    /// Its thread waits for the engine (another reply holds it).
+    Waiting,
+    /// It holds the engine and generates.
+    Running,
+    /// It let the engine go (or is about to).
+    Finished,
+    /// The iterator was dropped while it waited: it never runs.
+    Dropped,
+}
+
+fn job_state(s: &Mutex<JobState>) -> std::sync::MutexGuard<'_, JobState> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The iterator `Engine.stream` returns. Several threads may iterate one stream: each piece
+/// goes to one of them.
+#[pyclass(module = "gdsllm._gdsllm", frozen)]
 pub struct Stream {
+    /// The pieces; None once the last came. Locked only with the GIL released (a thread
+    /// waiting for a piece holds it).
     rx: Mutex<Option<mpsc::Receiver<Piece>>>,
+    /// The engine's interrupt flag: set on drop only while this stream's reply runs.
     interrupt: Arc<AtomicBool>,
+    state: Arc<Mutex<JobState>>,
     result: Mutex<Option<serde_json::Value>>,
+    /// The process that started it (its thread is not in a forked child).
+    pid: u32,
 }
 
 #[pymethods]
@@ -606,38 +743,51 @@ impl Stream {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<String> {
-        let mut guard = self.rx.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(rx) = guard.take() else {
-            return Err(PyStopIteration::new_err(()));
-        };
-        let (rx, piece) = py.detach(move || {
-            let p = rx.recv();
-            (rx, p)
+        if std::process::id() != self.pid {
+            return Err(err(crate::forked_message("Stream")));
+        }
+        let (rx, result) = (&self.rx, &self.result);
+        // the lock is taken with the GIL released: a second thread iterating waits here
+        // for the first one's piece without holding the GIL the first one needs
+        let piece = py.detach(|| {
+            let mut guard = rx.lock().unwrap_or_else(|p| p.into_inner());
+            let r = guard.as_ref()?;
+            let p = r.recv();
+            match p {
+                Ok(Piece::Text(s)) => Some(Ok(s)),
+                Ok(Piece::Done(Ok(v))) => {
+                    *result.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+                    *guard = None;
+                    None
+                }
+                Ok(Piece::Done(Err(e))) => {
+                    *guard = None;
+                    Some(Err(e))
+                }
+                Err(_) => {
+                    *guard = None;
+                    Some(Err("the generating thread ended without a result".into()))
+                }
+            }
         });
-        *guard = Some(rx);
         match piece {
-            Ok(Piece::Text(s)) => Ok(s),
-            Ok(Piece::Done(Ok(v))) => {
-                *guard = None;
-                *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
-                Err(PyStopIteration::new_err(()))
-            }
-            Ok(Piece::Done(Err(e))) => {
-                *guard = None;
-                Err(err(e))
-            }
-            Err(_) => {
-                *guard = None;
-                Err(err("the generating thread ended without a result"))
-            }
+            Some(Ok(s)) => Ok(s),
+            Some(Err(e)) => Err(err(e)),
+            None => Err(PyStopIteration::new_err(())),
         }
     }
 
     /// After the last piece: the dict `generate(details=True)` returns; None before.
     #[getter]
     fn result<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        match &*self.result.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(v) => json_to_py(py, v).map(Some),
+        // (held only for a moment by the thread that stores it)
+        let v = self
+            .result
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match v {
+            Some(v) => json_to_py(py, &v).map(Some),
             None => Ok(None),
         }
     }
@@ -645,9 +795,17 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let rx = self.rx.get_mut().unwrap_or_else(|p| p.into_inner());
-        if rx.take().is_some() {
-            self.interrupt.store(true, Ordering::Relaxed);
+        // stops this stream's own reply only: while it waits for the engine it is called
+        // off, while it runs the engine (its own then) is interrupted, and once it finished
+        // the flag, which may be another reply's by now, is left alone
+        if std::process::id() != self.pid {
+            return;
+        }
+        let mut st = job_state(&self.state);
+        match *st {
+            JobState::Waiting => *st = JobState::Dropped,
+            JobState::Running => self.interrupt.store(true, Ordering::Relaxed),
+            JobState::Finished | JobState::Dropped => {}
         }
     }
 }
@@ -664,6 +822,7 @@ pub fn convert<'py>(
     quant: Option<String>,
     force: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
+    fork_guard("convert")?;
     let quant = match quant {
         None => gds_convert::QuantTarget::Keep,
         Some(q) => q

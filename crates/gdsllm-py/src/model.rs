@@ -4,7 +4,7 @@
 
 use crate::cuda::{self, DeviceLayer, Io, LayerSourceSpec};
 use crate::dlpack::{self, Export};
-use crate::err;
+use crate::{err, fork_guard, path_arg};
 use gds_format::{DType, Value};
 use gds_io::{LayerBytes, LayerSource, MmapBackend, Span, Verifier, VerifyMode};
 use pyo3::exceptions::PyKeyError;
@@ -33,8 +33,10 @@ pub(crate) fn resolve_model(py: Python<'_>, spec: &str, plain_http: bool) -> PyR
 /// use).
 #[pyfunction]
 #[pyo3(signature = (model, *, plain_http=false))]
-pub fn resolve(py: Python<'_>, model: &str, plain_http: bool) -> PyResult<String> {
-    Ok(resolve_model(py, model, plain_http)?.display().to_string())
+pub fn resolve(py: Python<'_>, model: &Bound<'_, PyAny>, plain_http: bool) -> PyResult<String> {
+    fork_guard("resolve")?;
+    let model = path_arg(model, "model")?;
+    Ok(resolve_model(py, &model, plain_http)?.display().to_string())
 }
 
 /// Pulls the registry reference `reference` (REGISTRY/REPOSITORY:TAG or @sha256:DIGEST) and
@@ -57,13 +59,19 @@ pub fn pull(
 ) -> PyResult<String> {
     let timeout = match timeout {
         None => None,
-        Some(t) if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),
-        Some(t) => {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "timeout: {t}: a positive number of seconds"
-            )))
-        }
+        Some(t) => Some(
+            std::time::Duration::try_from_secs_f64(t)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    pyo3::exceptions::PyValueError::new_err(format!(
+                        "timeout: {t}: a positive number of seconds (at most {})",
+                        u64::MAX
+                    ))
+                })?,
+        ),
     };
+    fork_guard("pull")?;
     let opts = gds_dist::registry::RemoteOptions {
         plain_http,
         limit_rate,
@@ -239,8 +247,15 @@ pub(crate) fn json_to_py<'py>(
 /// recorded as checked are not hashed again), as gdsrun does.
 #[pyfunction]
 #[pyo3(signature = (model, *, verify=true, plain_http=false))]
-pub fn open(py: Python<'_>, model: &str, verify: bool, plain_http: bool) -> PyResult<Model> {
-    let dir = resolve_model(py, model, plain_http)?;
+pub fn open(
+    py: Python<'_>,
+    model: &Bound<'_, PyAny>,
+    verify: bool,
+    plain_http: bool,
+) -> PyResult<Model> {
+    fork_guard("open")?;
+    let model = path_arg(model, "model")?;
+    let dir = resolve_model(py, &model, plain_http)?;
     let inner = py.detach(|| open_dir(&dir, verify)).map_err(err)?;
     Ok(Model {
         inner: Arc::new(inner),
@@ -276,25 +291,37 @@ impl Model {
         })
     }
 
-    /// The layer index `layer` names (an index or a layer name).
+    /// The layer index `layer` names (an int index or a layer name).
     fn layer_index(&self, layer: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let idx = if let Ok(i) = layer.extract::<usize>() {
-            i
-        } else {
+        use pyo3::types::{PyBool, PyInt, PyString};
+        let n = self.inner.layers.len();
+        if layer.is_instance_of::<PyString>() {
             let name: String = layer.extract()?;
-            self.inner
+            return self
+                .inner
                 .layers
                 .iter()
                 .position(|l| l.name == name)
-                .ok_or_else(|| PyKeyError::new_err(format!("no layer named {name:?}")))?
-        };
-        if idx >= self.inner.layers.len() {
-            return Err(PyKeyError::new_err(format!(
-                "layer {idx}: the model has {} layers",
-                self.inner.layers.len()
+                .ok_or_else(|| PyKeyError::new_err(format!("no layer named {name:?}")));
+        }
+        // an int (any size, negative too), not a bool (an int to Python, but no index)
+        if !layer.is_instance_of::<PyInt>() || layer.is_instance_of::<PyBool>() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "layer: an int index (0..{n}) or a layer name (str), not {}",
+                layer
+                    .get_type()
+                    .name()
+                    .map(|t| t.to_string())
+                    .unwrap_or_else(|_| "this".into())
             )));
         }
-        Ok(idx)
+        match layer.extract::<usize>() {
+            Ok(i) if i < n => Ok(i),
+            _ => Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "layer {layer}: out of range, the model has {n} layers (0..={})",
+                n.saturating_sub(1)
+            ))),
+        }
     }
 
     /// Layer `idx`'s bytes placed on CUDA device `device` by `io`, and its tensors on it.
@@ -310,6 +337,7 @@ impl Model {
         if !cuda::BUILT_WITH_CUDA {
             return Err(err(cuda::no_cuda(device, io, &inner.dir.join(&l.file))));
         }
+        fork_guard("Model.load")?;
         let loaded = py.detach(|| -> Result<DeviceLayer, String> {
             // the bytes a host copy starts from: the mapping, or a fresh O_DIRECT read
             let host = match io {
@@ -668,6 +696,7 @@ impl Tensor {
         py: Python<'py>,
         dtype: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        fork_guard("Tensor.dequantize")?;
         let n = self.meta.shape.iter().product::<u64>() as usize;
         let dt = self.meta.dtype;
         let bytes = self.bytes.clone();
