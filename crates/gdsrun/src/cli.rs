@@ -18,7 +18,9 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Generate from a prompt, or chat interactively (the default command).
+    /// Generate from a prompt, or chat interactively (the default command; `gdsrun chat
+    /// MODEL` is the same, for the interactive chat without `--prompt`).
+    #[command(visible_alias = "chat")]
     Run(Box<RunArgs>),
     /// Perplexity of a text file, computed like llama.cpp's llama-perplexity.
     Perplexity(PerplexityArgs),

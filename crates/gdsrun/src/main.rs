@@ -17,6 +17,7 @@ use out::errln;
 /// Subcommand names; anything else in first position means `run`.
 const SUBCOMMANDS: &[&str] = &[
     "run",
+    "chat",
     "perplexity",
     "imatrix",
     "bench",
@@ -155,6 +156,13 @@ mod tests {
         );
         assert_eq!(args(&["gdsrun", "--help"]), ["gdsrun", "--help"]);
         assert_eq!(args(&["gdsrun"]), ["gdsrun"]);
+        // `chat` is run's other name (the docs' `gdsrun chat MODEL`; a model directory
+        // named `chat` needs `./chat`)
+        let cli = Cli::try_parse_from(args(&["gdsrun", "chat", "m.gds", "--temp", "0"])).unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!("chat is run")
+        };
+        assert_eq!(r.common.model_dir, std::path::Path::new("m.gds"));
     }
 
     #[test]
