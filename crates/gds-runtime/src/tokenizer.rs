@@ -234,6 +234,24 @@ fn max_token_bytes(t: &tokenizers::Tokenizer) -> usize {
         + 1
 }
 
+/// The byte a byte-level vocabulary's character stands for (GPT-2's `bytes_to_unicode`,
+/// reversed: printable Latin-1 bytes are themselves, the other 68 are the characters from
+/// U+0100 on, in byte order).
+fn byte_level_byte(c: char) -> Option<u8> {
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
+    let c = c as u32;
+    if printable(c) {
+        return u8::try_from(c).ok();
+    }
+    let k = c.checked_sub(0x100)?;
+    (0u32..=255)
+        .filter(|&b| !printable(b))
+        .nth(k as usize)
+        .and_then(|b| u8::try_from(b).ok())
+}
+
 /// The private-use characters a placeholder marker may be.
 const MARKER_RANGES: [std::ops::RangeInclusive<u32>; 3] =
     [0xE000..=0xF8FF, 0xF_0000..=0xF_FFFD, 0x10_0000..=0x10_FFFD];
@@ -548,6 +566,52 @@ impl TextTokenizer {
     /// The end-of-generation token ids.
     pub fn eog_ids(&self) -> &[u32] {
         &self.eog
+    }
+
+    /// The bytes of text token `id` stands for, exactly: where one token is part of a
+    /// character (a byte-level vocabulary's pieces of an emoji, a byte-fallback `<0xE6>`),
+    /// its own bytes, which decoding it alone would replace by U+FFFD. Added and special
+    /// tokens, and vocabularies of other decoders, as decoding them gives them.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        use tokenizers::DecoderWrapper as D;
+        let decoded = || {
+            self.inner
+                .decode(&[id], false)
+                .unwrap_or_default()
+                .into_bytes()
+        };
+        let Some(piece) = self.inner.id_to_token(id) else {
+            return decoded();
+        };
+        if self.inner.get_added_vocabulary().is_special_token(&piece)
+            || self.inner.get_added_tokens_decoder().contains_key(&id)
+        {
+            return decoded();
+        }
+        let decoders: &[D] = match self.inner.get_decoder() {
+            Some(D::Sequence(s)) => s.get_decoders(),
+            Some(d) => std::slice::from_ref(d),
+            None => &[],
+        };
+        if decoders.iter().any(|d| matches!(d, D::ByteLevel(_))) {
+            // GPT-2's map of bytes to printable characters, reversed (the tokenizers crate
+            // keeps its table private)
+            return piece
+                .chars()
+                .map(byte_level_byte)
+                .collect::<Option<Vec<u8>>>()
+                .unwrap_or_else(decoded);
+        }
+        if decoders.iter().any(|d| matches!(d, D::ByteFallback(_))) {
+            let hex = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'));
+            if let Some(b) = hex
+                .filter(|h| h.len() == 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                return vec![b];
+            }
+        }
+        decoded()
     }
 
     /// True when tokenization prepends BOS.

@@ -970,7 +970,7 @@ pub(crate) struct Gen {
     /// With echo: the first prompt token listed ([`Job::echo_from`]).
     echo_from: usize,
     /// Characters of the tokens handed out (completions' `text_offset`).
-    lp_chars: usize,
+    lp_chars: Utf8Count,
     /// The generated tokens that carry text (not the end-of-generation one), and how many
     /// were handed out (llama-server's `tokens`).
     tokens: Vec<u32>,
@@ -1006,7 +1006,7 @@ impl Gen {
             lps: Vec::new(),
             lps_taken: 0,
             want_logprobs,
-            lp_chars: 0,
+            lp_chars: Utf8Count::default(),
             prompt_lps: Vec::new(),
             echo_prompt: None,
             echo_from: 0,
@@ -1066,14 +1066,14 @@ impl Gen {
         }
         let from = self.lps_taken;
         self.lps_taken = self.lps.len();
-        let tok = self.st.tokenizer.inner();
-        let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+        let tok = &self.st.tokenizer;
+        let text = |id: u32| token_text(&tok.token_bytes(id));
         let lps = &self.lps[from..];
         match kind {
             Kind::Chat => {
                 let entry = |id: u32, lp: f32| {
-                    let t = text(id);
-                    json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+                    let b = tok.token_bytes(id);
+                    json!({"token": token_text(&b), "logprob": lp, "bytes": b})
                 };
                 let content: Vec<Value> = lps
                     .iter()
@@ -1108,10 +1108,12 @@ impl Gen {
                     .skip(self.echo_from)
                     .chain(lps.iter().map(|(id, l)| (id, Some(l))));
                 for (id, l) in entries {
-                    let t = text(*id);
-                    offsets.push(self.lp_chars);
-                    self.lp_chars += t.chars().count();
-                    tokens.push(t);
+                    let b = tok.token_bytes(*id);
+                    // (the offset in characters of the text: a token inside a character
+                    // points at it, the characters counted as they complete)
+                    offsets.push(self.lp_chars.chars);
+                    self.lp_chars.push(&b);
+                    tokens.push(token_text(&b));
                     lp.push(l.map_or(Value::Null, |l| json!(l.logprob)));
                     top.push(l.map_or(Value::Null, |l| alts(*id, l)));
                 }
@@ -1676,6 +1678,62 @@ pub(crate) fn window(st: &ServerState, n: usize) -> usize {
     w.min(st.queue_limit.div_ceil(2))
         .min(st.client_share)
         .max(1)
+}
+
+/// A token's text in log-probabilities: its text where its bytes are whole characters, else
+/// `bytes:` and the bytes as `\xNN` (OpenAI's form for a piece of a character: two pieces
+/// are two keys of `top_logprobs`, not two U+FFFD).
+pub(crate) fn token_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_string(),
+        Err(_) => {
+            let mut s = String::from("bytes:");
+            for b in bytes {
+                let _ = std::fmt::Write::write_fmt(&mut s, format_args!("\\x{b:02x}"));
+            }
+            s
+        }
+    }
+}
+
+/// Characters in a run of bytes fed a token at a time: whole ones counted, a character's
+/// first bytes held until it completes (a byte that cannot start or continue one counts as
+/// the U+FFFD the text shows).
+#[derive(Default)]
+struct Utf8Count {
+    chars: usize,
+    pending: Vec<u8>,
+}
+
+impl Utf8Count {
+    fn push(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+        let mut rest: &[u8] = &self.pending;
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(s) => {
+                    self.chars += s.chars().count();
+                    rest = &[];
+                    break;
+                }
+                Err(e) => {
+                    let (valid, after) = rest.split_at(e.valid_up_to());
+                    self.chars += std::str::from_utf8(valid).map_or(0, |s| s.chars().count());
+                    match e.error_len() {
+                        Some(n) => {
+                            self.chars += 1;
+                            rest = &after[n..];
+                        }
+                        None => {
+                            rest = after;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending = rest.to_vec();
+    }
 }
 
 /// Submits `job` and makes the generator of its text (with echo, the prompt first).

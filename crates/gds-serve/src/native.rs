@@ -607,10 +607,10 @@ fn job_settings(st: &ServerState, j: &Job, asked: &Asked) -> Value {
 /// log-probability, and the `n_probs` most likely at its position; after the sampling chain
 /// (`post`) probabilities instead (`prob`, `top_probs`: the candidates it was drawn from).
 fn probs_json(st: &ServerState, lps: &[(u32, TokenLogprobs)], post: bool) -> Value {
-    let tok = st.tokenizer.inner();
     let entry = |id: u32, lp: f32| {
-        let t = tok.decode(&[id], false).unwrap_or_default();
-        let mut e = json!({"id": id, "token": t, "bytes": t.as_bytes()});
+        // (the token's own bytes: a piece of a character is not U+FFFD's three)
+        let b = st.tokenizer.token_bytes(id);
+        let mut e = json!({"id": id, "token": String::from_utf8_lossy(&b), "bytes": b});
         if post {
             e["prob"] = json!(lp.exp());
         } else {

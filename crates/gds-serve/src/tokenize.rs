@@ -103,43 +103,13 @@ pub async fn tokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes) -
     finish(&st, r)
 }
 
-/// A token's text, or its bytes (a list of numbers) when they are not valid UTF-8 alone:
-/// byte-level BPE tokens (GPT-2's alphabet) and SentencePiece's byte tokens (`<0xAB>`)
-/// are mapped back to their bytes.
+/// A token's text, or its bytes (a list of numbers) when they are not valid UTF-8 alone
+/// (byte-level BPE pieces of a character, SentencePiece's byte tokens `<0xAB>`:
+/// [`TextTokenizer::token_bytes`](gds_runtime::tokenizer::TextTokenizer::token_bytes)).
 fn piece(st: &ServerState, id: u32) -> Value {
-    let inner = st.tokenizer.inner();
-    let text = inner.decode(&[id], false).unwrap_or_default();
-    if !text.contains('\u{FFFD}') {
-        return Value::String(text);
-    }
-    let raw = inner.id_to_token(id).unwrap_or_default();
-    let bytes: Option<Vec<u8>> = match raw
-        .strip_prefix("<0x")
-        .and_then(|h| h.strip_suffix('>'))
-        .and_then(|h| u8::from_str_radix(h, 16).ok())
-    {
-        Some(b) => Some(vec![b]),
-        None => raw.chars().map(byte_level).collect(),
-    };
-    match bytes {
-        Some(b) => match String::from_utf8(b) {
-            Ok(t) => Value::String(t),
-            Err(e) => json!(e.into_bytes()),
-        },
-        None => Value::String(text),
-    }
-}
-
-/// The byte a character of GPT-2's byte-level alphabet stands for: printable bytes are
-/// themselves, the other 68 are U+0100.. in byte order.
-fn byte_level(c: char) -> Option<u8> {
-    let printable = |b: u8| matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
-    match u32::from(c) {
-        n @ 0..=0xFF => u8::try_from(n).ok().filter(|&b| printable(b)),
-        n @ 0x100..=0x143 => (0..=255u8)
-            .filter(|&b| !printable(b))
-            .nth((n - 0x100) as usize),
-        _ => None,
+    match String::from_utf8(st.tokenizer.token_bytes(id)) {
+        Ok(t) => Value::String(t),
+        Err(e) => json!(e.into_bytes()),
     }
 }
 

@@ -1455,6 +1455,90 @@ fn messages_and_responses_take_chat_sampling_fields() {
     assert_eq!(code, 200, "{v}");
 }
 
+/// Log-probabilities of tokens that are pieces of a character (SmolLM2 writes an emoji as
+/// three byte-level tokens): each piece is `bytes:\xNN…` with its own bytes (they were all
+/// U+FFFD, so `top_logprobs` keys collided and chat's `bytes` were U+FFFD's), the bytes of
+/// the pieces make the text, and `text_offset` counts characters of the text (it counted
+/// one per U+FFFD).
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn logprobs_of_pieces_of_a_character() {
+    let _one = serial();
+    let s = start(&[]);
+    let post = |path: &str, body: Value| -> Value {
+        let (code, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    };
+    let unescape = |t: &str| -> Vec<u8> {
+        match t.strip_prefix("bytes:") {
+            Some(h) => h
+                .split("\\x")
+                .skip(1)
+                .map(|b| u8::from_str_radix(b, 16).unwrap())
+                .collect(),
+            None => t.as_bytes().to_vec(),
+        }
+    };
+    let v = post(
+        "/v1/completions",
+        json!({"prompt": "Emoji party: 😀😀😀😀", "max_tokens": 7, "temperature": 0, "logprobs": 2}),
+    );
+    let c = &v["choices"][0];
+    let lp = &c["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert!(tokens.iter().any(|t| t.starts_with("bytes:")), "{lp}");
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| unescape(t)).collect();
+    let text = c["text"].as_str().unwrap();
+    assert_eq!(String::from_utf8_lossy(&bytes), text, "{lp}");
+    for (i, off) in lp["text_offset"].as_array().unwrap().iter().enumerate() {
+        let before = String::from_utf8_lossy(
+            &bytes[..tokens[..i].iter().map(|t| unescape(t).len()).sum::<usize>()],
+        )
+        .to_string();
+        let whole = before.trim_end_matches('\u{FFFD}').chars().count();
+        assert_eq!(off.as_u64().unwrap() as usize, whole, "token {i}: {lp}");
+    }
+    for (t, alts) in tokens.iter().zip(lp["top_logprobs"].as_array().unwrap()) {
+        let alts = alts.as_object().unwrap();
+        assert!(alts.contains_key(*t) && alts.len() >= 2, "{t}: {alts:?}");
+    }
+    let v = post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Emoji party: 😀😀😀😀"}], "max_tokens": 6, "temperature": 0, "logprobs": true}),
+    );
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let bytes: Vec<u8> = content
+        .iter()
+        .flat_map(|e| {
+            e["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap() as u8)
+        })
+        .collect();
+    assert_eq!(
+        String::from_utf8_lossy(&bytes),
+        v["choices"][0]["message"]["content"].as_str().unwrap(),
+        "{v}"
+    );
+    for e in content {
+        let b: Vec<u8> = e["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        assert_eq!(unescape(e["token"].as_str().unwrap()), b, "{e}");
+    }
+}
+
 /// One per-token policy (issue 31, item 3; `gds_runtime::reply`): for the same greedy request
 /// the CLI and the server give the same text, the same token count (the end-of-generation
 /// token counted by both; the server counted it and the CLI did not) and the same end —
@@ -1537,17 +1621,35 @@ fn the_cli_and_the_server_end_replies_alike() {
     // a raw completion that ends on the end-of-generation token: its log-probability is
     // the last one listed by both (the CLI left it out until 2026-12-05), the same value
     let p = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n";
-    let c = cli(&["--raw", "--parse-special", "-p", p, "--max-tokens", "30", "--logprobs", "1"]);
+    let c = cli(&[
+        "--raw",
+        "--parse-special",
+        "-p",
+        p,
+        "--max-tokens",
+        "30",
+        "--logprobs",
+        "1",
+    ]);
     let v = server(
         "/v1/completions",
         serde_json::json!({"prompt": p, "parse_special": true, "max_tokens": 30, "temperature": 0, "logprobs": 1}),
     );
     assert_eq!(c["stop_reason"], "eos", "{c}");
     let lps = c["logprobs"].as_array().unwrap();
-    let theirs = v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap();
-    assert_eq!(lps.len() as u64, c["metrics"]["generated_tokens"].as_u64().unwrap(), "{c}");
+    let theirs = v["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(
+        lps.len() as u64,
+        c["metrics"]["generated_tokens"].as_u64().unwrap(),
+        "{c}"
+    );
     assert_eq!(lps.len(), theirs.len(), "{c}\n{v}");
-    let (a, b) = (lps.last().unwrap()["logprob"].as_f64().unwrap(), theirs.last().unwrap().as_f64().unwrap());
+    let (a, b) = (
+        lps.last().unwrap()["logprob"].as_f64().unwrap(),
+        theirs.last().unwrap().as_f64().unwrap(),
+    );
     assert!((a - b).abs() < 1e-6, "{a} vs {b}");
 
     // and the fourth, the context full: the prompt and the reply fill it on both (the CLI
