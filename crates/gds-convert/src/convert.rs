@@ -7,6 +7,7 @@ use crate::imatrix::Imatrix;
 use crate::limits::{read_text, ReadTextError, MAX_TOKENIZER_BYTES};
 use crate::names::{group_of, Group};
 use crate::source::{meta_u64, MetaValue, Source, SourceTensor, Transform};
+use crate::staging::Existing;
 use gds_format::raw::MAX_MANIFEST_BYTES;
 use gds_format::{
     file_role, layer_kind, layout, DType, LayerRecord, ManifestBuilder, TensorSpec, MANIFEST_FILE,
@@ -920,100 +921,11 @@ fn imatrix_warnings(
     Ok(w)
 }
 
-/// What is at OUT_DIR before the conversion.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Existing {
-    /// Nothing: the output is created.
-    Nothing,
-    /// A model directory that `--force` may replace.
-    Model,
-}
-
-/// Files a model directory may hold besides the layer files its manifest names.
-const MODEL_FILES: [&str; 4] = [
-    MANIFEST_FILE,
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "generation_config.json",
-];
-
-/// Entries of the existing `out_dir` that are not part of its model (relative paths,
-/// sorted): anything but [`MODEL_FILES`], `layers/`, and the layer files the manifest names.
-/// When the manifest cannot be read, no layer file counts as the model's.
-fn foreign_entries(out_dir: &Path) -> Result<Vec<String>, ConvertError> {
-    let manifest = crate::validate::read_manifest(out_dir).ok();
-    let layer_files: HashSet<&str> = manifest
-        .as_deref()
-        .and_then(|b| gds_format::Manifest::parse(b).ok())
-        .map(|m| m.layers().map(|l| l.file).collect())
-        .unwrap_or_default();
-    let mut foreign = Vec::new();
-    let walk = |dir: &Path, prefix: &str, foreign: &mut Vec<String>| -> Result<(), ConvertError> {
-        for e in std::fs::read_dir(dir).map_err(io(dir))? {
-            let e = e.map_err(io(dir))?;
-            let ty = e.file_type().map_err(io(e.path()))?;
-            let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
-            let known = if ty.is_dir() {
-                prefix.is_empty() && rel == "layers"
-            } else {
-                ty.is_file()
-                    && (layer_files.contains(rel.as_str())
-                        || (prefix.is_empty() && MODEL_FILES.contains(&rel.as_str())))
-            };
-            if !known {
-                foreign.push(if ty.is_dir() { format!("{rel}/") } else { rel });
-            }
-        }
-        Ok(())
-    };
-    walk(out_dir, "", &mut foreign)?;
-    let layers = out_dir.join("layers");
-    if std::fs::symlink_metadata(&layers).is_ok_and(|m| m.is_dir()) {
-        walk(&layers, "layers/", &mut foreign)?;
-    }
-    foreign.sort();
-    Ok(foreign)
-}
-
 /// Decides whether the conversion may write `out_dir`: it must not exist, or, with
-/// `force`, be a directory holding nothing but a model, and not hold the input.
+/// `force`, be a directory holding nothing but a model, and not hold the input (the rule
+/// is [`crate::staging::check_output`], shared with `gdsconv pull --force`).
 fn check_output(input: &Path, out_dir: &Path, force: bool) -> Result<Existing, ConvertError> {
-    let refuse = |reason: String| ConvertError::ReplaceRefused {
-        path: out_dir.into(),
-        reason,
-    };
-    let meta = match std::fs::symlink_metadata(out_dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Existing::Nothing),
-        Err(e) => return Err(io(out_dir)(e)),
-        Ok(_) if !force => return Err(ConvertError::OutputExists(out_dir.into())),
-        Ok(m) => m,
-    };
-    if !meta.is_dir() {
-        return Err(refuse(format!(
-            "it is {}, not a model directory",
-            if meta.is_symlink() {
-                "a symbolic link"
-            } else {
-                "a file"
-            }
-        )));
-    }
-    let real_out = std::fs::canonicalize(out_dir).map_err(io(out_dir))?;
-    let real_in = std::fs::canonicalize(input).map_err(io(input))?;
-    if real_in.starts_with(&real_out) {
-        return Err(refuse(format!(
-            "the input {} is inside it",
-            input.display()
-        )));
-    }
-    let foreign = foreign_entries(out_dir)?;
-    if !foreign.is_empty() {
-        return Err(refuse(format!(
-            "it holds files that are not part of a GdsLLM model: {} (move them away, or choose another OUT_DIR)",
-            crate::check::list(foreign.into_iter())
-        )));
-    }
-    Ok(Existing::Model)
+    crate::staging::check_output(out_dir, force, &[("the input", input)])
 }
 
 fn put_meta(b: &mut ManifestBuilder, k: &str, v: &MetaValue) {

@@ -4,18 +4,18 @@ use thiserror::Error;
 /// Everything that can stop a conversion, validation or inspection. Each message names the
 /// file (and the tensor, where there is one).
 ///
-/// The `Display` text is the whole message, OS error included: print it alone, not
-/// followed by its [`source`](std::error::Error::source) chain, or the OS error appears twice.
+/// The `Display` text is the whole message, OS error included. An I/O error is not also
+/// the [`source`](std::error::Error::source) of [`ConvertError::Io`], so a caller that
+/// prints the chain (`anyhow`'s `{:#}`) shows the OS error once too.
 #[derive(Debug, Error)]
 pub enum ConvertError {
     /// An I/O operation on `path` failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error (in the message; not a `source`, so that it is not printed twice).
+        error: std::io::Error,
     },
     /// The input is not a valid GGUF, safetensors or HF directory.
     #[error("{path}: {msg}")]
@@ -112,7 +112,7 @@ impl ConvertError {
 /// Shorthand for an I/O error on a path.
 pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ConvertError {
     let path = path.into();
-    move |source| ConvertError::Io { path, source }
+    move |error| ConvertError::Io { path, error }
 }
 
 /// Why a safetensors input could not be read. Every message names the file, and the tensor
@@ -218,5 +218,27 @@ impl SafetensorsError {
     /// malformed).
     pub fn is_io(&self) -> bool {
         matches!(self, SafetensorsError::Io { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_io_error_is_printed_once_even_with_its_chain() {
+        let e = io("/x/out.gguf")(std::io::Error::from_raw_os_error(2));
+        let msg = e.to_string();
+        assert_eq!(msg.matches("os error 2").count(), 1, "{msg}");
+        assert!(msg.starts_with("/x/out.gguf: "), "{msg}");
+        // what anyhow's `{:#}` prints: the message, then each source in turn
+        let mut chain = msg.clone();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            chain.push_str(&format!(": {s}"));
+            src = s.source();
+        }
+        assert_eq!(chain, msg);
+        assert_eq!(e.kind(), ErrorKind::Io);
     }
 }

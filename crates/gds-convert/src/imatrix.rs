@@ -458,8 +458,44 @@ pub fn gguf_bytes(entries: &BTreeMap<String, ImatrixSums>, meta: &ImatrixMeta) -
     b
 }
 
+/// The temporary name [`write_gguf`] writes `path` under: `.NAME.tmpPID` beside it.
+fn temp_path(path: &Path) -> Result<PathBuf, ConvertError> {
+    let name = path.file_name().ok_or_else(|| ConvertError::BadOutput {
+        path: path.to_path_buf(),
+        msg: "importance matrix output: not a file name".into(),
+    })?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    Ok(path.with_file_name(tmp_name))
+}
+
+/// Checks that [`write_gguf`] can write `path`, before the minutes of computing what it
+/// writes: `path` names a file (not a directory) in a directory where this process can
+/// create one (its temporary file is created and removed). Errors name `path` and are
+/// [`ConvertError::BadOutput`] (a usage error), the OS error once.
+pub fn check_writable(path: &Path) -> Result<(), ConvertError> {
+    let tmp = temp_path(path)?;
+    let bad = |msg: String| ConvertError::BadOutput {
+        path: path.to_path_buf(),
+        msg,
+    };
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(bad("it is a directory, not a file name".into()));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(|e| bad(format!("cannot write the importance matrix there: {e}")))?;
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
 /// Writes [`gguf_bytes`] to `path` atomically: a temporary file beside it, synced, then
-/// renamed over it; on an error nothing is left at `path` or beside it.
+/// renamed over it; on an error nothing is left at `path` or beside it. Errors name
+/// `path`, not the temporary file.
 pub fn write_gguf(
     path: &Path,
     entries: &BTreeMap<String, ImatrixSums>,
@@ -467,18 +503,11 @@ pub fn write_gguf(
 ) -> Result<(), ConvertError> {
     use std::io::Write;
     let bytes = gguf_bytes(entries, meta);
-    let name = path.file_name().ok_or_else(|| ConvertError::BadInput {
-        path: path.to_path_buf(),
-        msg: "importance matrix output: not a file name".into(),
-    })?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
+    let tmp = temp_path(path)?;
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
+        let mut f = std::fs::File::create(&tmp).map_err(io(path))?;
+        f.write_all(&bytes).map_err(io(path))?;
+        f.sync_all().map_err(io(path))?;
         drop(f);
         std::fs::rename(&tmp, path).map_err(io(path))
     })();
@@ -738,9 +767,34 @@ mod tests {
         let r = read_imatrix(&p).unwrap();
         assert_eq!(r.format, ImatrixFormat::Gguf);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-        // a directory that does not exist: an error, nothing written
+        // a directory that does not exist: an error naming the output (not the hidden
+        // temporary), the OS error once, nothing written
         let bad = dir.path().join("no/such/dir/x.gguf");
-        assert!(write_gguf(&bad, &entries, &meta).is_err());
+        let e = write_gguf(&bad, &entries, &meta).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: ", bad.display())), "{e}");
+        assert!(!e.contains(".x.gguf.tmp"), "{e}");
+        assert_eq!(e.matches("os error 2").count(), 1, "{e}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn an_unwritable_output_is_found_before_computing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = dir.path().join("im.gguf");
+        check_writable(&ok).unwrap();
+        // the probe leaves nothing behind
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        for (bad, why) in [
+            (dir.path().join("nonexistent-dir/im.gguf"), "os error 2"),
+            (dir.path().to_path_buf(), "is a directory"),
+        ] {
+            let e = check_writable(&bad).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Usage, "{e}");
+            let msg = e.to_string();
+            assert!(msg.starts_with(&format!("{}: ", bad.display())), "{msg}");
+            assert!(!msg.contains(".im.gguf.tmp"), "{msg}");
+            assert_eq!(msg.matches(why).count(), 1, "{msg}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

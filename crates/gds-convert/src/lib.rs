@@ -10,7 +10,7 @@ mod limits;
 pub mod names;
 pub mod safetensors;
 pub mod source;
-mod staging;
+pub mod staging;
 pub mod tokenizer;
 pub mod validate;
 

@@ -1,21 +1,28 @@
-//! The directory a conversion writes into, beside OUT_DIR, and how it becomes OUT_DIR.
+//! The directory a conversion (or `gdsconv pack` / `pull`, through `gds-dist`) writes into,
+//! beside OUT_DIR, how it becomes OUT_DIR, and when an existing OUT_DIR may be replaced.
 //!
 //! `PARENT/.NAME.tmp-PID` (or `.NAME.tmp-PID-K` when that name is taken) holds
 //!
-//! * `.gdsconv.lock`, locked with `flock` for as long as the converter runs. The kernel
-//!   drops the lock when the process dies however it dies (SIGKILL, OOM killer), so a
-//!   staging directory whose lock can be taken has no owner any more — PID reuse cannot
+//! * `.gdsconv.lock`, locked with `flock` for as long as the writer runs. The kernel
+//!   drops the lock when the process dies however it dies (SIGKILL, OOM killer, Ctrl-C), so
+//!   a staging directory whose lock can be taken has no owner any more — PID reuse cannot
 //!   make a dead owner look alive;
-//! * `model/`, the output being written.
+//! * `model`, the output being written: a directory ([`Staging::create`]) or, for a file
+//!   output such as `pack -o X.tar`, a file the caller creates ([`Staging::create_for_file`]).
 //!
-//! The commit renames `model/` onto OUT_DIR — when `--force` replaces an existing model,
+//! The commit renames `model` onto OUT_DIR — when `--force` replaces an existing model,
 //! by atomically exchanging the two (Linux `renameat2(RENAME_EXCHANGE)`), so that OUT_DIR
 //! is at every instant either the old model or the new one — and then removes the
-//! staging directory. Every conversion first removes the staging directories in its parent
-//! whose lock it can take ([`remove_stale`]): those of killed conversions.
+//! staging directory. Every writer first removes the staging directories in its parent
+//! whose lock it can take ([`remove_stale`]): those of killed processes.
+//!
+//! [`check_output`] is the rule `--force` follows: an existing OUT_DIR is replaced only
+//! when it holds nothing but a model, and none of the paths the caller protects (the
+//! conversion's input, the store a pull goes through).
 
 use crate::error::{io, ConvertError};
 use rustix::fs::{flock, FlockOperation};
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
@@ -28,14 +35,14 @@ const MODEL_DIR: &str = "model";
 
 /// A staging directory this process owns (its lock held) until it is dropped, which
 /// removes it.
-pub(crate) struct Staging {
+pub struct Staging {
     dir: PathBuf,
     /// Held for the lifetime of the value: the lock is the proof of ownership.
     _lock: File,
 }
 
 /// The directory OUT_DIR lives in.
-pub(crate) fn parent_of(out_dir: &Path) -> PathBuf {
+pub fn parent_of(out_dir: &Path) -> PathBuf {
     match out_dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -71,7 +78,7 @@ fn is_same_file(file: &File, path: &Path) -> bool {
 /// removed. Only directories with a staging name are looked at; one without a lock file is
 /// removed only when empty (its owner, between creating it and its lock, then retries).
 /// Errors are not fatal: a directory that cannot be examined or removed is left alone.
-pub(crate) fn remove_stale(parent: &Path) -> Vec<PathBuf> {
+pub fn remove_stale(parent: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Ok(entries) = std::fs::read_dir(parent) else {
         return removed;
@@ -106,8 +113,17 @@ pub(crate) fn remove_stale(parent: &Path) -> Vec<PathBuf> {
 
 impl Staging {
     /// Creates and locks a new staging directory for `out_dir` in `parent` (which must
-    /// exist).
-    pub(crate) fn create(out_dir: &Path, parent: &Path) -> Result<Staging, ConvertError> {
+    /// exist), with an empty directory [`Staging::model`] to write the output in.
+    pub fn create(out_dir: &Path, parent: &Path) -> Result<Staging, ConvertError> {
+        let staging = Staging::create_for_file(out_dir, parent)?;
+        std::fs::create_dir(staging.model()).map_err(io(staging.model()))?;
+        Ok(staging)
+    }
+
+    /// Creates and locks a new staging directory for `out_dir` in `parent` (which must
+    /// exist), without [`Staging::model`]: the caller creates it, a file or a directory.
+    /// An error creating it names `out_dir`, not the hidden staging name.
+    pub fn create_for_file(out_dir: &Path, parent: &Path) -> Result<Staging, ConvertError> {
         let name = out_dir
             .file_name()
             .ok_or_else(|| ConvertError::BadOutput {
@@ -132,7 +148,7 @@ impl Staging {
                     k += 1;
                     continue;
                 }
-                Err(e) => return Err(io(&dir)(e)),
+                Err(e) => return Err(io(out_dir)(e)),
             }
             let lock_path = dir.join(LOCK_FILE);
             let lock = match OpenOptions::new()
@@ -154,23 +170,22 @@ impl Staging {
             if !is_same_file(&lock, &lock_path) {
                 continue;
             }
-            let staging = Staging { dir, _lock: lock };
-            std::fs::create_dir(staging.model()).map_err(io(staging.model()))?;
-            return Ok(staging);
+            return Ok(Staging { dir, _lock: lock });
         }
         Err(io(parent)(std::io::Error::other(
-            "could not create a temporary directory for the conversion",
+            "could not create a temporary directory beside the output",
         )))
     }
 
     /// Where the output is written.
-    pub(crate) fn model(&self) -> PathBuf {
+    pub fn model(&self) -> PathBuf {
         self.dir.join(MODEL_DIR)
     }
 
     /// Moves the written model to `out_dir`, replacing the model there when `replace`, and
-    /// removes the staging directory (with the old model, if any).
-    pub(crate) fn commit(self, out_dir: &Path, replace: bool) -> Result<(), ConvertError> {
+    /// removes the staging directory (with the old model, if any). Without `replace`, an
+    /// entry that appeared at `out_dir` meanwhile is [`ConvertError::OutputExists`].
+    pub fn commit(self, out_dir: &Path, replace: bool) -> Result<(), ConvertError> {
         let model = self.model();
         if replace {
             exchange_or_replace(&model, out_dir, &self.dir)?;
@@ -229,6 +244,117 @@ fn exchange_or_replace(model: &Path, out_dir: &Path, staging: &Path) -> Result<(
         return Err(io(out_dir)(e));
     }
     Ok(())
+}
+
+/// What is at OUT_DIR before the output is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Nothing: the output is created.
+    Nothing,
+    /// A model directory that `--force` may replace.
+    Model,
+}
+
+/// Files a model directory may hold besides the files its manifest names.
+const MODEL_FILES: [&str; 4] = [
+    gds_format::MANIFEST_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+];
+
+/// Entries of the existing `out_dir` that are not part of its model (relative paths,
+/// sorted): anything but [`MODEL_FILES`], `layers/`, and the regular files the manifest
+/// names (layer files and its file table). When the manifest cannot be read, no layer file
+/// counts as the model's.
+fn foreign_entries(out_dir: &Path) -> Result<Vec<String>, ConvertError> {
+    let manifest = crate::validate::read_manifest(out_dir).ok();
+    let parsed = manifest
+        .as_deref()
+        .and_then(|b| gds_format::Manifest::parse(b).ok());
+    let named: HashSet<&str> = parsed
+        .as_ref()
+        .map(|m| {
+            m.layers()
+                .map(|l| l.file)
+                .chain(m.files().map(|f| f.path))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut foreign = Vec::new();
+    let walk = |dir: &Path, prefix: &str, foreign: &mut Vec<String>| -> Result<(), ConvertError> {
+        for e in std::fs::read_dir(dir).map_err(io(dir))? {
+            let e = e.map_err(io(dir))?;
+            let ty = e.file_type().map_err(io(e.path()))?;
+            let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
+            let known = if ty.is_dir() {
+                prefix.is_empty() && rel == "layers"
+            } else {
+                ty.is_file()
+                    && (named.contains(rel.as_str())
+                        || (prefix.is_empty() && MODEL_FILES.contains(&rel.as_str())))
+            };
+            if !known {
+                foreign.push(if ty.is_dir() { format!("{rel}/") } else { rel });
+            }
+        }
+        Ok(())
+    };
+    walk(out_dir, "", &mut foreign)?;
+    let layers = out_dir.join("layers");
+    if std::fs::symlink_metadata(&layers).is_ok_and(|m| m.is_dir()) {
+        walk(&layers, "layers/", &mut foreign)?;
+    }
+    foreign.sort();
+    Ok(foreign)
+}
+
+/// Decides whether an output directory may be written at `out_dir`: it must not exist,
+/// or, with `force`, be a directory holding nothing but a model ([`MODEL_FILES`],
+/// `layers/` and the files its manifest names) that is not and does not contain any of
+/// `keep` (each a description, such as "the input", and a path that must exist).
+/// Otherwise [`ConvertError::OutputExists`] (no `force`) or
+/// [`ConvertError::ReplaceRefused`], listing what would be lost.
+pub fn check_output(
+    out_dir: &Path,
+    force: bool,
+    keep: &[(&str, &Path)],
+) -> Result<Existing, ConvertError> {
+    let refuse = |reason: String| ConvertError::ReplaceRefused {
+        path: out_dir.into(),
+        reason,
+    };
+    let meta = match std::fs::symlink_metadata(out_dir) {
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Existing::Nothing),
+        Err(e) => return Err(io(out_dir)(e)),
+        Ok(_) if !force => return Err(ConvertError::OutputExists(out_dir.into())),
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        return Err(refuse(format!(
+            "it is {}, not a model directory",
+            if meta.is_symlink() {
+                "a symbolic link"
+            } else {
+                "a file"
+            }
+        )));
+    }
+    let real_out = std::fs::canonicalize(out_dir).map_err(io(out_dir))?;
+    for (what, path) in keep {
+        let real = std::fs::canonicalize(path).map_err(io(*path))?;
+        if real.starts_with(&real_out) {
+            return Err(refuse(format!("{what} {} is inside it", path.display())));
+        }
+    }
+    let foreign = foreign_entries(out_dir)?;
+    if !foreign.is_empty() {
+        return Err(refuse(format!(
+            "it holds files that are not part of a GdsLLM model: {} (move them away, or choose another OUT_DIR)",
+            crate::check::list(foreign.into_iter())
+        )));
+    }
+    Ok(Existing::Model)
 }
 
 #[cfg(test)]

@@ -2,14 +2,17 @@
 //! tar, written deterministically (fixed order, mtime 0, uid/gid 0, mode 0644/0755) and read
 //! back as an [`Artifact`] for `push`.
 //!
-//! Output appears atomically: it is written under a temporary name beside the target
-//! (`.NAME.tmp-PID-N`) and renamed into place; a failure removes it.
+//! Output appears atomically: it is written in a locked staging directory beside the target
+//! (`.NAME.tmp-PID/`, gdsconv convert's) and renamed into place; a failure removes it, and
+//! the next pack, pull or conversion into the same parent removes what a killed one left.
 
 use crate::error::{DistError, Result};
 use crate::package::{
     artifact_from_manifest, digest_hex, sha256_digest, Artifact, BlobRef, BlobSource,
 };
 use crate::*;
+use gds_convert::staging::{self, Existing, Staging};
+use gds_convert::ConvertError;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -19,89 +22,179 @@ use std::path::{Path, PathBuf};
 /// Largest `index.json` read.
 const MAX_INDEX_BYTES: u64 = 1 << 20;
 
-/// A path beside `target` that is removed on drop unless [`Staged::commit`] renamed it.
+/// An output (a directory or a file) written in a locked staging directory beside its
+/// target and renamed into place — gdsconv convert's staging ([`Staging`]): a process
+/// killed however it dies leaves a staging directory whose lock nobody holds, which the
+/// next pack, pull or conversion into the same parent removes. Dropped before
+/// [`Staged::commit`], it removes what it wrote.
 pub struct Staged {
-    tmp: PathBuf,
+    staging: Staging,
     target: PathBuf,
-    done: bool,
+    /// How an existing target is treated at the commit.
+    mode: Mode,
+}
+
+/// What [`Staged`] writes and what it may replace.
+enum Mode {
+    /// A file, replacing a regular file (never a directory).
+    File,
+    /// A directory, refused when the target exists unless `force`; `force` replaces only a
+    /// model directory holding none of `keep` (gdsconv convert --force's rule).
+    Dir {
+        force: bool,
+        keep: Vec<(String, PathBuf)>,
+        /// Whether the command has a `--force` to suggest.
+        has_force: bool,
+    },
+}
+
+/// A [`ConvertError`] about the output as a [`DistError`] (2: usage or I/O; 1 otherwise).
+pub(crate) fn output_error(e: ConvertError) -> DistError {
+    match e.kind() {
+        gds_convert::ErrorKind::Usage | gds_convert::ErrorKind::Io => {
+            DistError::usage(e.to_string())
+        }
+        _ => DistError::invalid(e.to_string()),
+    }
+}
+
+/// The parent directory of `target`, which must exist.
+fn existing_parent(target: &Path) -> Result<PathBuf> {
+    let parent = staging::parent_of(target);
+    if !parent.is_dir() {
+        return Err(DistError::usage(format!(
+            "{}: the directory {} does not exist",
+            target.display(),
+            parent.display()
+        )));
+    }
+    Ok(parent)
+}
+
+/// Removes the staging directories of killed processes in `parent`, saying so on stderr.
+fn remove_stale(parent: &Path) {
+    for d in staging::remove_stale(parent) {
+        eprintln!(
+            "warning: removed {}, left behind by a pack, pull or conversion that was killed",
+            d.display()
+        );
+    }
 }
 
 impl Staged {
-    /// Reserves `PARENT/.NAME.tmp-PID-N` (unique per process and thread) for `target`; refuses when `target` exists and
-    /// `replace` is false.
-    pub fn new(target: &Path, replace: bool) -> Result<Staged> {
-        let name = target
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| DistError::usage(format!("{}: not a file name", target.display())))?;
-        if !replace && target.symlink_metadata().is_ok() {
+    /// Stages a directory for `target`: refused when `target` exists, unless `force`, which
+    /// replaces it only when it holds nothing but a model and none of `keep` (a description
+    /// and a path: "the store", the store's root). `has_force` says whether the refusal
+    /// may suggest `--force`. Removes the stale staging directories in the parent first.
+    pub fn dir(
+        target: &Path,
+        force: bool,
+        keep: &[(&str, &Path)],
+        has_force: bool,
+    ) -> Result<Staged> {
+        let mode = Mode::Dir {
+            force,
+            keep: keep
+                .iter()
+                .map(|(w, p)| (w.to_string(), p.to_path_buf()))
+                .collect(),
+            has_force,
+        };
+        Staged::new(target, mode)
+    }
+
+    /// Stages a file for `target`, which may be a file (replaced at the commit) but not a
+    /// directory. Removes the stale staging directories in the parent first.
+    pub fn file(target: &Path) -> Result<Staged> {
+        Staged::new(target, Mode::File)
+    }
+
+    fn new(target: &Path, mode: Mode) -> Result<Staged> {
+        if target.file_name().and_then(|n| n.to_str()).is_none() {
             return Err(DistError::usage(format!(
-                "{} already exists (use --force to replace it)",
+                "{}: not a file name",
                 target.display()
             )));
         }
-        let parent = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        if !parent.is_dir() {
-            return Err(DistError::usage(format!(
-                "{}: the directory {} does not exist",
-                target.display(),
-                parent.display()
-            )));
+        let parent = existing_parent(target)?;
+        mode.check(target)?;
+        remove_stale(&parent);
+        let staging = match mode {
+            Mode::File => Staging::create_for_file(target, &parent),
+            Mode::Dir { .. } => Staging::create(target, &parent),
         }
-        let tmp = parent.join(format!(".{name}.tmp-{}", crate::store::unique_suffix()));
-        if tmp.symlink_metadata().is_ok() {
-            remove_any(&tmp);
-        }
+        .map_err(output_error)?;
         Ok(Staged {
-            tmp,
+            staging,
             target: target.to_path_buf(),
-            done: false,
+            mode,
         })
     }
 
-    /// The temporary path to write.
-    pub fn path(&self) -> &Path {
-        &self.tmp
+    /// The temporary path to write (in the staging directory): for a directory, it exists
+    /// and is empty; for a file, the caller creates it.
+    pub fn path(&self) -> PathBuf {
+        self.staging.model()
     }
 
-    /// Renames the temporary path onto the target (replacing a previous one).
-    pub fn commit(mut self) -> Result<()> {
-        if self.target.is_dir() && self.tmp.is_dir() {
-            // exchange, then remove the old one: the target is never missing
-            // a name of its own (`.NAME.old-PID-N`), never shared with another process
-            let old = self
-                .tmp
-                .with_extension(format!("old-{}", crate::store::unique_suffix()));
-            std::fs::rename(&self.target, &old).map_err(|e| DistError::io(&self.target, e))?;
-            if let Err(e) = std::fs::rename(&self.tmp, &self.target) {
-                let _ = std::fs::rename(&old, &self.target);
-                return Err(DistError::io(&self.target, e));
+    /// Puts the written output at the target: where a directory is replaced (`force`), by
+    /// one atomic exchange (`renameat2(RENAME_EXCHANGE)`), so that the target is at every
+    /// instant the old directory or the new one. The target is checked again first, as it
+    /// may have changed while the output was written.
+    pub fn commit(self) -> Result<()> {
+        let replace = self.mode.check(&self.target)?;
+        let Staged {
+            staging,
+            target,
+            mode,
+        } = self;
+        staging
+            .commit(&target, replace)
+            .map_err(|e| mode.exists_error(e, &target))
+    }
+}
+
+impl Mode {
+    /// Whether `target` is to be replaced; an error when it may not be.
+    fn check(&self, target: &Path) -> Result<bool> {
+        match self {
+            Mode::File => match std::fs::symlink_metadata(target) {
+                Ok(m) if m.is_dir() => Err(DistError::usage(format!(
+                    "{}: is a directory (pack -o writes a tar file; --layout writes a directory)",
+                    target.display()
+                ))),
+                Ok(_) => Ok(true),
+                Err(_) => Ok(false),
+            },
+            Mode::Dir { force, keep, .. } => {
+                let keep: Vec<(&str, &Path)> = keep
+                    .iter()
+                    .map(|(w, p)| (w.as_str(), p.as_path()))
+                    .collect();
+                match staging::check_output(target, *force, &keep) {
+                    Ok(x) => Ok(x == Existing::Model),
+                    Err(e) => Err(self.exists_error(e, target)),
+                }
             }
-            remove_any(&old);
-        } else {
-            std::fs::rename(&self.tmp, &self.target).map_err(|e| DistError::io(&self.target, e))?;
-        }
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        if !self.done {
-            remove_any(&self.tmp);
         }
     }
-}
 
-fn remove_any(p: &Path) {
-    if p.is_dir() {
-        let _ = std::fs::remove_dir_all(p);
-    } else {
-        let _ = std::fs::remove_file(p);
+    /// `e`, where it says that `target` exists, worded for the command: `--force` is
+    /// suggested only where there is one.
+    fn exists_error(&self, e: ConvertError, target: &Path) -> DistError {
+        let how = match self {
+            Mode::Dir {
+                has_force: true, ..
+            } => "use --force to replace it",
+            Mode::Dir { .. } => "pack does not replace a directory: remove it or choose another",
+            Mode::File => "it appeared while packing: run pack again to replace it",
+        };
+        match e {
+            ConvertError::OutputExists(_) => {
+                DistError::usage(format!("{} already exists ({how})", target.display()))
+            }
+            e => output_error(e),
+        }
     }
 }
 
@@ -139,14 +232,23 @@ fn unique_blobs(a: &Artifact) -> Vec<BlobRef> {
         .collect()
 }
 
-/// Copies `len` bytes of `src` from `offset` to the end of `out` in the kernel
-/// (`copy_file_range`: no trip through user space), falling back to read/write where the
-/// kernel cannot.
-fn copy_range(src: &File, offset: u64, len: u64, out: &mut File, what: &Path) -> Result<()> {
+/// Copies `len` bytes of `src` (the file `src_path`) from `offset` to the end of `out` (the
+/// file `out_path`) in the kernel (`copy_file_range`: no trip through user space), falling
+/// back to read/write where the kernel cannot. A read error names the source, a write
+/// error (a full disk) the output.
+fn copy_range(
+    src: &File,
+    src_path: &Path,
+    offset: u64,
+    len: u64,
+    out: &mut File,
+    out_path: &Path,
+) -> Result<()> {
+    use std::os::unix::fs::FileExt;
     let short = || {
         DistError::invalid(format!(
             "{}: shorter than expected (the file changed while packing)",
-            what.display()
+            src_path.display()
         ))
     };
     let mut off_in = offset;
@@ -156,35 +258,44 @@ fn copy_range(src: &File, offset: u64, len: u64, out: &mut File, what: &Path) ->
         match rustix::fs::copy_file_range(src, Some(&mut off_in), &*out, None, step) {
             Ok(0) => return Err(short()),
             Ok(n) => left -= n as u64,
+            // only the output's side fails so
             Err(
-                rustix::io::Errno::XDEV
-                | rustix::io::Errno::INVAL
-                | rustix::io::Errno::NOSYS
-                | rustix::io::Errno::OPNOTSUPP,
-            ) => {
-                let mut f = src.try_clone().map_err(|e| DistError::io(what, e))?;
-                f.seek(SeekFrom::Start(off_in))
-                    .map_err(|e| DistError::io(what, e))?;
-                let n =
-                    std::io::copy(&mut f.take(left), out).map_err(|e| DistError::io(what, e))?;
-                if n != left {
-                    return Err(short());
+                e @ (rustix::io::Errno::NOSPC
+                | rustix::io::Errno::DQUOT
+                | rustix::io::Errno::FBIG
+                | rustix::io::Errno::ROFS),
+            ) => return Err(DistError::io(out_path, e.into())),
+            Err(rustix::io::Errno::INTR) => {}
+            // the kernel cannot (another file system, a special file), or an error that
+            // could be either side's (EIO): read and write, which tells them apart
+            Err(_) => {
+                let mut buf = vec![0u8; left.min(1 << 20) as usize];
+                while left > 0 {
+                    let k = left.min(buf.len() as u64) as usize;
+                    let n = match src.read_at(&mut buf[..k], off_in) {
+                        Ok(0) => return Err(short()),
+                        Ok(n) => n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(DistError::io(src_path, e)),
+                    };
+                    out.write_all(&buf[..n])
+                        .map_err(|e| DistError::io(out_path, e))?;
+                    off_in += n as u64;
+                    left -= n as u64;
                 }
-                left = 0;
             }
-            Err(e) => return Err(DistError::io(what, e.into())),
         }
     }
     Ok(())
 }
 
-/// Appends one blob's bytes to `out`.
-fn append_blob(b: &BlobRef, out: &mut File, what: &Path) -> Result<()> {
+/// Appends one blob's bytes to `out` (the file `out_path`, named by write errors).
+fn append_blob(b: &BlobRef, out: &mut File, out_path: &Path) -> Result<()> {
     match &b.source {
-        BlobSource::Memory(v) => out.write_all(v).map_err(|e| DistError::io(what, e)),
+        BlobSource::Memory(v) => out.write_all(v).map_err(|e| DistError::io(out_path, e)),
         BlobSource::File { path, offset } => {
             let f = File::open(path).map_err(|e| DistError::io(path, e))?;
-            copy_range(&f, *offset, b.size, out, path)
+            copy_range(&f, path, *offset, b.size, out, out_path)
         }
     }
 }
@@ -212,9 +323,9 @@ fn tar_header(name: &str, size: u64, dir: bool, out: &Path) -> Result<tar::Heade
 /// written. Headers come from `tar`; each member's data is copied in the kernel.
 pub fn write_tar(a: &Artifact, out: &Path, tag: &str, progress: &dyn Fn(u64)) -> Result<u64> {
     const ZEROS: [u8; 1024] = [0; 1024];
-    let staged = Staged::new(out, true)?;
-    let mut file = File::create(staged.path()).map_err(|e| DistError::io(staged.path(), e))?;
+    let staged = Staged::file(out)?;
     let io = |e: std::io::Error| DistError::io(out, e);
+    let mut file = File::create(staged.path()).map_err(io)?;
     let pad = |n: u64| ((512 - n % 512) % 512) as usize;
     let index = index_json(a, tag);
     let small: [(&str, &[u8], bool); 4] = [
@@ -252,21 +363,24 @@ pub fn write_layout_dir(
     tag: &str,
     progress: &dyn Fn(u64),
 ) -> Result<u64> {
-    let staged = Staged::new(out, false)?;
-    let root = staged.path().to_path_buf();
-    let blobs = root.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).map_err(|e| DistError::io(&blobs, e))?;
-    let put =
-        |name: &Path, bytes: &[u8]| std::fs::write(name, bytes).map_err(|e| DistError::io(name, e));
-    put(&root.join("oci-layout"), OCI_LAYOUT)?;
-    put(&root.join("index.json"), &index_json(a, tag))?;
+    let staged = Staged::dir(out, false, &[], false)?;
+    let root = staged.path();
+    // errors name the path the file will have, not the hidden staging directory's
+    let io = |rel: &str| {
+        let shown = out.join(rel);
+        move |e: std::io::Error| DistError::io(&shown, e)
+    };
+    std::fs::create_dir_all(root.join("blobs/sha256")).map_err(io("blobs/sha256"))?;
+    let put = |rel: &str, bytes: &[u8]| std::fs::write(root.join(rel), bytes).map_err(io(rel));
+    put("oci-layout", OCI_LAYOUT)?;
+    put("index.json", &index_json(a, tag))?;
     let mut total = 0;
     for b in unique_blobs(a) {
-        let p = blobs.join(digest_hex(&b.digest)?);
-        let mut f = File::create(&p).map_err(|e| DistError::io(&p, e))?;
-        append_blob(&b, &mut f, &p)?;
+        let rel = format!("blobs/sha256/{}", digest_hex(&b.digest)?);
+        let mut f = File::create(root.join(&rel)).map_err(io(&rel))?;
+        append_blob(&b, &mut f, &out.join(&rel))?;
         total += b.size;
-        f.sync_all().map_err(|e| DistError::io(&p, e))?;
+        f.sync_all().map_err(io(&rel))?;
         progress(b.size);
     }
     staged.commit()?;
@@ -421,4 +535,218 @@ pub fn read_layout(src: &Path, tag: Option<&str>) -> Result<Artifact> {
         }
         Ok(BlobSource::File { path, offset })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn file_blob(path: &Path, size: u64) -> BlobRef {
+        BlobRef {
+            digest: format!("sha256:{}", "0".repeat(64)),
+            size,
+            media_type: WEIGHT_MEDIA_TYPE.into(),
+            path: None,
+            blake3: None,
+            source: BlobSource::File {
+                path: path.to_path_buf(),
+                offset: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn a_write_error_names_the_output_and_a_read_error_the_input() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("blk.0004.bin");
+        std::fs::write(&src, vec![7u8; 100_000]).unwrap();
+        // a full disk: /dev/full refuses every write with ENOSPC
+        let full = Path::new("/dev/full");
+        let mut out = std::fs::OpenOptions::new().write(true).open(full).unwrap();
+        let e = append_blob(&file_blob(&src, 100_000), &mut out, full).unwrap_err();
+        assert_eq!(e.kind, Kind::Usage, "{e}");
+        assert!(e.msg.starts_with("/dev/full: "), "{e}");
+        assert!(!e.msg.contains("blk.0004.bin"), "{e}");
+        assert_eq!(e.msg.matches("os error 28").count(), 1, "{e}");
+        // reading fails (a directory): the input is named
+        let out_path = tmp.path().join("x.tar");
+        let mut out = File::create(&out_path).unwrap();
+        let e = append_blob(&file_blob(tmp.path(), 10), &mut out, &out_path).unwrap_err();
+        assert!(
+            e.msg.starts_with(&format!("{}: ", tmp.path().display())),
+            "{e}"
+        );
+        assert!(!e.msg.contains("x.tar"), "{e}");
+    }
+
+    /// A directory that `pull --force` may replace: only model files.
+    fn model_dir(p: &Path, text: &str) {
+        std::fs::create_dir_all(p.join("layers")).unwrap();
+        std::fs::write(p.join("tokenizer.json"), text).unwrap();
+    }
+
+    #[test]
+    fn force_replaces_a_model_directory_by_one_exchange() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("m");
+        model_dir(&target, "0");
+        // a poller that must never find the target missing while it is replaced again and
+        // again (two renames, old away then new in, leave a window it falls into)
+        let stop = Arc::new(AtomicBool::new(false));
+        let missing = Arc::new(AtomicU64::new(0));
+        let poller = {
+            let (stop, missing, target) = (stop.clone(), missing.clone(), target.clone());
+            std::thread::spawn(move || {
+                let mut looks = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if std::fs::symlink_metadata(&target).is_err() {
+                        missing.fetch_add(1, Ordering::Relaxed);
+                    }
+                    looks += 1;
+                }
+                looks
+            })
+        };
+        for i in 1..=300 {
+            let s = Staged::dir(&target, true, &[], true).unwrap();
+            std::fs::write(s.path().join("tokenizer.json"), i.to_string()).unwrap();
+            s.commit().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let looks = poller.join().unwrap();
+        assert!(looks > 0);
+        assert_eq!(
+            missing.load(Ordering::Relaxed),
+            0,
+            "the target was missing during a replacement ({looks} looks)"
+        );
+        assert_eq!(
+            std::fs::read_to_string(target.join("tokenizer.json")).unwrap(),
+            "300"
+        );
+        // the old directories and the staging directories are gone
+        assert_eq!(names(tmp.path()), ["m"]);
+    }
+
+    #[test]
+    fn force_refuses_a_directory_with_other_files_or_the_store() {
+        let tmp = tempfile::tempdir().unwrap();
+        // user files: refused, listed, untouched
+        let v = tmp.path().join("v");
+        std::fs::create_dir_all(v.join("sub")).unwrap();
+        std::fs::write(v.join("precious.txt"), "precious").unwrap();
+        let e = Staged::dir(&v, true, &[], true).err().unwrap();
+        assert_eq!(e.kind, Kind::Usage, "{e}");
+        assert!(
+            e.msg.contains("precious.txt") && e.msg.contains("sub/"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(v.join("precious.txt")).unwrap(),
+            "precious"
+        );
+        // the store, or a directory holding it
+        let home = tmp.path().join("home");
+        let store = home.join("store");
+        std::fs::create_dir_all(&store).unwrap();
+        for d in [&home, &store] {
+            let e = Staged::dir(d, true, &[("the store", &store)], true)
+                .err()
+                .unwrap();
+            assert!(
+                e.msg.contains("the store") && e.msg.contains("inside it"),
+                "{e}"
+            );
+        }
+        // the current directory, the root: no name to replace
+        for d in [".", "/", ".."] {
+            assert!(Staged::dir(Path::new(d), true, &[], true).is_err(), "{d}");
+        }
+        // a symbolic link to a model directory is not replaced either
+        let m = tmp.path().join("m");
+        model_dir(&m, "x");
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&m, &link).unwrap();
+        let e = Staged::dir(&link, true, &[], true).err().unwrap();
+        assert!(e.msg.contains("symbolic link"), "{e}");
+        // nothing was staged
+        assert_eq!(names(tmp.path()), ["home", "link", "m", "v"]);
+    }
+
+    #[test]
+    fn exists_messages_suggest_force_only_where_there_is_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("lay");
+        std::fs::create_dir(&d).unwrap();
+        let e = Staged::dir(&d, false, &[], false).err().unwrap();
+        assert!(e.msg.contains("already exists"), "{e}");
+        assert!(!e.msg.contains("--force"), "{e}");
+        let e = Staged::dir(&d, false, &[], true).err().unwrap();
+        assert!(e.msg.contains("use --force"), "{e}");
+        // a tar over a directory: refused, the directory kept
+        let e = Staged::file(&d).err().unwrap();
+        assert!(e.msg.contains("is a directory"), "{e}");
+        assert!(d.is_dir());
+    }
+
+    #[test]
+    fn a_file_output_replaces_a_file_and_leaves_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path().join("x.tar");
+        std::fs::write(&t, "old").unwrap();
+        let s = Staged::file(&t).unwrap();
+        std::fs::write(s.path(), "new").unwrap();
+        s.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&t).unwrap(), "new");
+        assert_eq!(names(tmp.path()), ["x.tar"]);
+        // dropped before the commit: nothing left, the old file kept
+        let s = Staged::file(&t).unwrap();
+        std::fs::write(s.path(), "half").unwrap();
+        drop(s);
+        assert_eq!(std::fs::read_to_string(&t).unwrap(), "new");
+        assert_eq!(names(tmp.path()), ["x.tar"]);
+    }
+
+    #[test]
+    fn a_killed_writers_staging_is_removed_and_a_live_ones_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        // a killed pack or pull: its staging directory, lock file unlocked, holding a
+        // hard link that keeps a blob alive
+        // a running one (its lock held) in the same parent
+        let live = Staged::dir(&tmp.path().join("other"), false, &[], true).unwrap();
+        let blob = tmp.path().join("blob");
+        std::fs::write(&blob, "b").unwrap();
+        let dead = tmp.path().join(".x.tar.tmp-4000000000");
+        std::fs::create_dir_all(dead.join("model/layers")).unwrap();
+        std::fs::write(dead.join(".gdsconv.lock"), "").unwrap();
+        std::fs::hard_link(&blob, dead.join("model/layers/blk.0000.bin")).unwrap();
+        assert_eq!(std::fs::metadata(&blob).unwrap().nlink(), 2);
+
+        let s = Staged::file(&tmp.path().join("x.tar")).unwrap();
+        assert!(
+            !dead.exists(),
+            "the killed writer's staging directory remains"
+        );
+        assert_eq!(std::fs::metadata(&blob).unwrap().nlink(), 1);
+        assert!(
+            live.path().is_dir(),
+            "a running writer's staging was removed"
+        );
+        std::fs::write(s.path(), "t").unwrap();
+        s.commit().unwrap();
+        live.commit().unwrap();
+        assert_eq!(names(tmp.path()), ["blob", "other", "x.tar"]);
+    }
 }

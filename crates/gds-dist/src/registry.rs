@@ -848,7 +848,8 @@ impl Remote {
         Ok((bytes, digest, parsed))
     }
 
-    /// Pulls into `out` (which must not exist unless `force`), through `store`.
+    /// Pulls into `out` (which must not exist unless `force`, and then hold nothing but a
+    /// model and not the store), through `store`.
     pub fn pull(&self, store: &Store, out: &Path, force: bool) -> Result<PullSummary> {
         self.rt
             .block_on(self.deadline("pulling", self.pull_async(store, Some(out), force)))
@@ -896,7 +897,9 @@ impl Remote {
             }
         };
         let out = out.as_path();
-        let staged = Staged::new(out, force)?;
+        // an existing OUT_DIR: replaced (with --force) only when it holds nothing but a
+        // model, and never when it is or holds the store the blobs are linked from
+        let staged = Staged::dir(out, force, &[("the store", store.root())], true)?;
         if let Some(t) = &self.opts.on_total {
             let mut seen = std::collections::HashSet::new();
             t(p.layers
@@ -998,8 +1001,7 @@ impl Remote {
             }
         }
         // assemble beside OUT_DIR, check, rename into place
-        let dir = staged.path().to_path_buf();
-        std::fs::create_dir(&dir).map_err(|e| DistError::io(&dir, e))?;
+        let dir = staged.path();
         for l in &p.layers {
             link_or_copy(&store.blob_path(&l.digest)?, &dir.join(&l.path))?;
         }

@@ -6,7 +6,7 @@ use crate::cli::ImatrixArgs;
 use crate::out::{err, errln, outln};
 use crate::run::common_options;
 use anyhow::Result;
-use gds_convert::imatrix::{write_gguf, ImatrixMeta, ImatrixSums};
+use gds_convert::imatrix::{check_writable, write_gguf, ImatrixMeta, ImatrixSums};
 use gds_runtime::imatrix::{compute, n_chunks};
 use gds_runtime::{Model, Plan, PlanOptions, RuntimeError, TextTokenizer};
 use std::collections::BTreeMap;
@@ -34,6 +34,8 @@ pub fn run(a: ImatrixArgs) -> Result<()> {
         ..common_options(&a.common)
     })?;
     let text = std::fs::read_to_string(&a.file).map_err(|e| RuntimeError::file(&a.file, e))?;
+    // an unwritable -o fails now (exit 2), not after the computation
+    check_writable(&a.output).map_err(|e| RuntimeError::Usage(e.to_string()))?;
     let t0 = Instant::now();
     let model = Model::open(&plan)?;
     let tok = TextTokenizer::load_for_model(&plan.model_dir, &model.config)?;
@@ -102,7 +104,7 @@ pub fn run(a: ImatrixArgs) -> Result<()> {
         chunk_count: chunks as u32,
         chunk_size: a.ctx as u32,
     };
-    write_gguf(&a.output, &entries, &meta)?;
+    write_gguf(&a.output, &entries, &meta).map_err(|e| RuntimeError::Usage(e.to_string()))?;
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
         let j = serde_json::json!({

@@ -744,6 +744,13 @@ fn interrupted_pull_and_push_resume() {
         "rate-limited pull",
     );
     assert!(!out.exists(), "a killed pull left {}", out.display());
+    // its locked staging directory remains (a SIGKILL runs no clean-up): the next pull
+    // into the same parent removes it, as its lock died with it
+    let left = entries(out.parent().unwrap());
+    assert!(
+        left.len() == 1 && left[0].starts_with(".smollm2.tmp-"),
+        "the killed pull left {left:?}"
+    );
     let v = env.pull(&r, &out);
     let got = u(&v, "downloaded_bytes");
     assert!(
@@ -1680,4 +1687,151 @@ fn hostile_registries_fail_the_push_with_a_short_error() {
             rss_kib >> 10
         );
     }
+}
+
+/// A staging directory as a killed pack, pull or conversion leaves it beside `out`: the lock
+/// file nobody holds any more and a partial output (`model`, with a hard link of `blob` in
+/// it when given).
+fn dead_staging(out: &Path, blob: Option<&Path>) -> PathBuf {
+    let name = out.file_name().unwrap().to_str().unwrap();
+    let d = out.with_file_name(format!(".{name}.tmp-4000000000"));
+    std::fs::create_dir_all(d.join("model/layers")).unwrap();
+    std::fs::write(d.join(".gdsconv.lock"), "").unwrap();
+    match blob {
+        Some(b) => std::fs::hard_link(b, d.join("model/layers/blk.0000.bin")).unwrap(),
+        None => std::fs::write(d.join("model/half.tar"), vec![0u8; 4096]).unwrap(),
+    }
+    d
+}
+
+#[test]
+#[ignore = "tier 2: needs docker-registry and skopeo (scripts/test.sh)"]
+fn pull_force_replaces_only_a_model_directory() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let model = tiny_converted();
+    let r = reg.reference("tiny", "v1");
+    env.push(model, &r);
+    let force = |out: &str, cwd: Option<&Path>| {
+        let mut c = env.command("gdsconv", &["pull", "--force", "--plain-http", &r, out]);
+        if let Some(d) = cwd {
+            c.current_dir(d);
+        }
+        c.output().unwrap()
+    };
+
+    // a directory of user files: refused (exit 2), the files listed and kept
+    let v = env.path("v");
+    std::fs::create_dir_all(v.join("sub")).unwrap();
+    std::fs::write(v.join("precious.txt"), "precious").unwrap();
+    let o = force(s(&v), None);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("precious.txt") && err.contains("sub/") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(v.join("precious.txt")).unwrap(),
+        "precious"
+    );
+    assert_eq!(entries(&v), ["precious.txt", "sub"]);
+    // the store, the directory holding it, the current directory: refused, kept
+    for d in [env.store(), env.home()] {
+        let o = force(s(&d), None);
+        assert_eq!(o.status.code(), Some(2), "{}: {}", d.display(), stderr(&o));
+        assert!(stderr(&o).contains("the store"), "{}", stderr(&o));
+        assert!(env.store().join("blobs/sha256").is_dir());
+    }
+    let o = force(".", Some(&v));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(entries(&v), ["precious.txt", "sub"]);
+    // a pulled model is replaced, and nothing is left beside it
+    let out = env.path("pulled/tiny");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    env.pull(&r, &out);
+    let o = force(s(&out), None);
+    ok(&o, "pull --force over a pulled model");
+    assert_same_tree(model, &out);
+    assert_eq!(entries(out.parent().unwrap()), ["tiny"]);
+    // ... but not once a file of the user's is in it
+    std::fs::write(out.join("notes.md"), "mine").unwrap();
+    let o = force(s(&out), None);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("notes.md"), "{}", stderr(&o));
+    assert!(out.join("notes.md").exists());
+}
+
+#[test]
+#[ignore = "tier 2: needs docker-registry and skopeo (scripts/test.sh)"]
+fn a_killed_pull_or_packs_leftovers_are_removed_by_the_next_one() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let model = tiny_converted();
+    let r = reg.reference("tiny", "v1");
+    env.push(model, &r);
+    let first = env.path("first");
+    env.pull(&r, &first);
+    // a killed pull's staging directory links a blob of the store, keeping it alive
+    let (_, blob) = store_blobs(&env.store()).into_iter().next().unwrap();
+    let out = env.path("pulled/tiny");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let dead = dead_staging(&out, Some(&blob));
+    let links = blob.metadata().unwrap().nlink();
+    let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http"]);
+    ok(&o, "pull beside a killed pull's leftovers");
+    assert!(
+        !dead.exists(),
+        "the killed pull's staging directory remains"
+    );
+    assert!(
+        stderr(&o).contains(&format!("removed {}", dead.display())),
+        "{}",
+        stderr(&o)
+    );
+    // its link is gone (the new directory adds one of its own)
+    assert_eq!(blob.metadata().unwrap().nlink(), links);
+    assert_eq!(entries(out.parent().unwrap()), ["tiny"]);
+
+    // pack -o and --layout: the same
+    let tar = env.path("out/x.tar");
+    std::fs::create_dir_all(tar.parent().unwrap()).unwrap();
+    let dead_tar = dead_staging(&tar, None);
+    let dead_lay = dead_staging(&env.path("out/lay"), None);
+    env.json(&["pack", s(model), "-o", s(&tar)]);
+    assert!(!dead_tar.exists() && !dead_lay.exists());
+    env.json(&["pack", s(model), "--layout", s(&env.path("out/lay"))]);
+    assert_eq!(entries(&env.path("out")), ["lay", "x.tar"]);
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn pack_refuses_to_overwrite_a_directory_without_mentioning_force() {
+    let env = Env::new();
+    let model = tiny_converted();
+    let lay = env.path("lay");
+    std::fs::create_dir_all(&lay).unwrap();
+    std::fs::write(lay.join("mine.txt"), "mine").unwrap();
+    let o = env.run("gdsconv", &["pack", s(model), "--layout", s(&lay)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("--force"),
+        "pack has no --force: {}",
+        stderr(&o)
+    );
+    // -o naming a directory: refused, the directory kept
+    let o = env.run("gdsconv", &["pack", s(model), "-o", s(&lay)]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a directory"), "{}", stderr(&o));
+    assert_eq!(entries(&lay), ["mine.txt"]);
+    // -o over a file replaces it (a re-pack), nothing left beside it
+    let tar = env.path("x.tar");
+    std::fs::write(&tar, "old").unwrap();
+    env.json(&["pack", s(model), "-o", s(&tar)]);
+    assert!(tar.metadata().unwrap().len() > 4096);
+    assert_eq!(
+        entries(env.tmp.path()),
+        ["docker-config", "home", "lay", "x.tar"]
+    );
 }

@@ -145,3 +145,52 @@ fn bad_imatrix_files_fail_cleanly() {
         stderr(&o)
     );
 }
+
+/// `gdsrun imatrix -o` into a directory that does not exist fails before computing anything
+/// (exit 2), naming the `-o` path (not its hidden temporary file) and the OS error once.
+#[test]
+fn an_unwritable_imatrix_output_fails_before_computing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = root().join("fixtures/reference/wiki-like.txt");
+    let out = tmp.path().join("nonexistent-dir/im.gguf");
+    let o = run(
+        "gdsrun",
+        &[
+            "imatrix",
+            tiny_converted().to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--ctx",
+            "32",
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("{}: ", out.display())), "{err}");
+    assert!(
+        !err.contains(".im.gguf.tmp"),
+        "names the temporary file: {err}"
+    );
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+    // nothing was computed: the progress header comes after the check
+    assert!(!err.contains("tokens,"), "computed first: {err}");
+    // `-o` naming a directory is refused the same way
+    let o = run(
+        "gdsrun",
+        &[
+            "imatrix",
+            tiny_converted().to_str().unwrap(),
+            "-f",
+            text.to_str().unwrap(),
+            "-o",
+            tmp.path().to_str().unwrap(),
+            "--ctx",
+            "32",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a directory"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
