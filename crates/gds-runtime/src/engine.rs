@@ -318,8 +318,7 @@ impl Engine {
                 on_text(&answer);
             }
         };
-        let out =
-            self.generate_tokens_as(prompt, t0, &mut |piece| parts(piece, &mut split), true);
+        let out = self.generate_tokens_as(prompt, t0, &mut |piece| parts(piece, &mut split), true);
         self.keep.clear();
         let (thought, answer) = split.finish();
         if !thought.is_empty() {
