@@ -903,8 +903,13 @@ mod tests {
         );
         let e = chat_request(&body, false).expect_err("no max_tokens");
         assert_eq!(e.body()["error"]["param"], "max_tokens");
+        // chat's `n` has no place in a message: refused by name (it was dropped)
+        let e = chat_request(&body, true).expect_err("n 3");
+        assert_eq!(e.body()["error"]["param"], "n");
+        let body = Bytes::from(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["x"]}"#,
+        );
         let (_, common) = chat_request(&body, true).unwrap();
-        assert!(common.n.is_none());
         assert!(matches!(common.stop, Some(Stop::Many(ref v)) if v == &["x"]));
     }
 

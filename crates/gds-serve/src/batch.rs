@@ -607,6 +607,15 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// The output file as `run` opens it.
+    fn open_output(p: &Path) -> File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(p)
+            .unwrap()
+    }
+
     #[test]
     fn lines_are_checked_and_named() {
         let mut seen = HashSet::new();
@@ -648,11 +657,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&p)
-            .unwrap();
+        let mut f = open_output(&p);
         let done = resume(&p, &mut f).unwrap();
         assert_eq!(done.ids, HashSet::from(["a".to_string()]));
         assert_eq!(done.lines, HashSet::from([4, 5]));
@@ -690,11 +695,7 @@ mod tests {
             ),
         ] {
             std::fs::write(&p, &bytes).unwrap();
-            let mut f = std::fs::OpenOptions::new()
-                .read(true)
-                .append(true)
-                .open(&p)
-                .unwrap();
+            let mut f = open_output(&p);
             let Err(RuntimeError::Usage(msg)) = resume(&p, &mut f) else {
                 panic!(
                     "appended to {:?}",
@@ -710,11 +711,7 @@ mod tests {
         // a torn first line, however short, is the start of a result: cut
         for torn in [&b"{\"id"[..], b"{\"id\":\"batch_req_9f", b"{"] {
             std::fs::write(&p, torn).unwrap();
-            let mut f = std::fs::OpenOptions::new()
-                .read(true)
-                .append(true)
-                .open(&p)
-                .unwrap();
+            let mut f = open_output(&p);
             let done = resume(&p, &mut f).unwrap();
             assert!(done.ids.is_empty() && done.lines.is_empty());
             assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);

@@ -98,6 +98,19 @@ fn results(path: &std::path::Path) -> Vec<Value> {
         .collect()
 }
 
+/// Every valid request of the job answered exactly once in `rows`.
+fn each_id_once(rows: &[Value], valid: &HashMap<String, (String, Value)>) {
+    let mut ids: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r["response"].is_null())
+        .map(|r| r["custom_id"].as_str().unwrap())
+        .collect();
+    ids.sort_unstable();
+    let mut want: Vec<&str> = valid.keys().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(ids, want, "each custom_id exactly once");
+}
+
 /// `gdsrun serve` on the same model and flags; (child, address).
 fn serve() -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
@@ -260,15 +273,7 @@ fn a_killed_job_resumes_without_duplicates() {
         "{}",
         gds_tests::stderr(&out)
     );
-    let mut ids: Vec<&str> = rows
-        .iter()
-        .filter(|r| !r["response"].is_null())
-        .map(|r| r["custom_id"].as_str().unwrap())
-        .collect();
-    ids.sort_unstable();
-    let mut want: Vec<&str> = valid.keys().map(String::as_str).collect();
-    want.sort_unstable();
-    assert_eq!(ids, want, "each custom_id exactly once");
+    each_id_once(&rows, &valid);
 }
 
 #[test]
@@ -404,15 +409,7 @@ fn a_failed_write_ends_the_job_and_a_rerun_resumes() {
     assert!(out.status.success(), "{}", gds_tests::stderr(&out));
     let rows = results(&output);
     assert_eq!(rows.len(), lines);
-    let mut ids: Vec<&str> = rows
-        .iter()
-        .filter(|r| !r["response"].is_null())
-        .map(|r| r["custom_id"].as_str().unwrap())
-        .collect();
-    ids.sort_unstable();
-    let mut want: Vec<&str> = valid.keys().map(String::as_str).collect();
-    want.sort_unstable();
-    assert_eq!(ids, want, "each custom_id exactly once");
+    each_id_once(&rows, &valid);
 }
 
 /// A fuzzed job (tests/py/serve_fuzz.py --batch-input: mutated bodies of every kind the
