@@ -27,6 +27,14 @@ impl TempOut {
         let name = dest.file_name().ok_or_else(|| {
             RuntimeError::Usage(format!("--save-logits {}: not a file name", dest.display()))
         })?;
+        // (found now, not by the rename after the scoring)
+        if dest.is_dir() {
+            return Err(RuntimeError::Usage(format!(
+                "--save-logits {}: a directory, not a file name",
+                dest.display()
+            ))
+            .into());
+        }
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(name);
         tmp_name.push(format!(".tmp{}", std::process::id()));

@@ -798,6 +798,22 @@ fn perplexity_save_logits_interrupted_leaves_no_file() {
     assert_eq!(status.code(), Some(130));
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
+    // a directory as FILE is refused before anything is scored (it failed at the rename,
+    // after the whole run)
+    let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(["perplexity", model(), "--ctx", "64", "-f"])
+        .arg(&txt)
+        .arg("--save-logits")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("a directory, not a file name") && !err.contains("[1]"),
+        "{err}"
+    );
 }
 
 #[test]
