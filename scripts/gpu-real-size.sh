@@ -245,10 +245,11 @@ for spec in $SHAPES; do
   if [ "${SERVE:-1}" = 1 ] && [ "$QUANT" = q4_0 ]; then
     timeout 420 python3 "$ROOT/scripts/gpu-serve-bench.py" --gdsrun "$G" --model "$M" --label "$shape resident" \
       ${L:+--llama-server "$L/bin/llama-server" --gguf "$G16" --llama-lib "$LLD"} 2>>"$LOG" | tee -a "$SUM"
-    # 16 clients with the matvec kernels for passes up to 31 tokens (the default crossover, 8,
-    # sends them to the GEMMs: c=16 was slower than c=4 on 2026-12-04); SERVE_AB=0 skips it
-    [ "${SERVE_AB:-1}" = 1 ] && GDS_GEMM_MIN_TOKENS=32 timeout 200 python3 "$ROOT/scripts/gpu-serve-bench.py" \
-      --gdsrun "$G" --model "$M" --label "$shape resident, GDS_GEMM_MIN_TOKENS=32" -c 16 2>>"$LOG" | tee -a "$SUM"
+    # 16 clients with the former crossover, 8, which sent their passes to the GEMMs (c=16 was
+    # slower than c=4 on 2026-12-04; since 2026-12-05 passes up to 31 tokens stay on the
+    # int8 matvec kernels by default): the A/B of that change; SERVE_AB=0 skips it
+    [ "${SERVE_AB:-1}" = 1 ] && GDS_GEMM_MIN_TOKENS=8 timeout 200 python3 "$ROOT/scripts/gpu-serve-bench.py" \
+      --gdsrun "$G" --model "$M" --label "$shape resident, GDS_GEMM_MIN_TOKENS=8" -c 16 2>>"$LOG" | tee -a "$SUM"
   fi
   [ "${STREAM:-1}" = 1 ] || { rm -f "$G16"; continue; }
   # O_DIRECT read bandwidth of the layer files (the streaming bound's numerator)
@@ -269,7 +270,8 @@ EOF
   say "quarter budget $Q B: $(python3 -c "import json,sys;g=json.load(open(sys.argv[1]))['gpu'];print(len(g['resident_layers']),'layers resident,',len(g['streamed_layers']),'streamed,',g['streamed_bytes_per_token'],'B/token streamed')" "$OUT/json/$shape-plan-quarter.json" 2>&1)"
   if [ "${SWEEP:-1}" = 1 ]; then # SWEEP=0 skips the batched sweeps
     sweep "$shape resident" "$M" 32
-    # the GEMM crossover: passes of fewer tokens than this stay on the matvec kernels (default 8)
+    # the GEMM crossover: passes of fewer tokens than this stay on the matvec kernels (default
+    # 32 with 8-bit activations, 8 with f32)
     GDS_GEMM_MIN_TOKENS=128 BS="4 16 64" sweep "$shape resident, GDS_GEMM_MIN_TOKENS=128" "$M" 32
     sweep "$shape quarter direct" "$M" 8 --vram-budget "$((Q + KVB * 1048576))" --io direct
   fi

@@ -24,6 +24,15 @@ use crate::GpuError;
 /// (an H100's batched decode at 16 tokens was GEMM-bound, 2026-11-27).
 pub const GEMM_MIN_TOKENS: usize = 8;
 
+/// The crossover with 8-bit activations (`--activations q8`, the default): the int8 matvec
+/// kernels carry eight tokens per weight load and loop over the pass's tokens, while a GEMM
+/// pass first dequantizes every weight into a tile; on an H200 (2026-12-04) the server's
+/// decode of 16 sequences through the GEMMs gave less aggregate t/s than 4 through the
+/// matvecs (7B: 183 vs 391; the tile writes took most of a 7B pass, ~145 ms of pp512's 165),
+/// so passes up to 31 tokens stay on the int8 kernels (unmeasured on hardware yet:
+/// `scripts/gpu-real-size.sh` runs the server at 16 clients with the former 8 as well).
+pub const GEMM_MIN_TOKENS_Q8: usize = 32;
+
 /// What a GEMM's inputs are rounded to (`--gemm-type`): the weights dequantized into the
 /// tile and the activations multiplied with them. The product always accumulates in f32
 /// and is written as f32.

@@ -123,7 +123,8 @@ pub struct PlanOptions {
     pub isa: Option<gds_kernels::Isa>,
     /// On the GPU, passes of this many tokens or more go through GEMM on dequantized tiles
     /// (`--gemm-min-tokens`; `None`: `GDS_GEMM_MIN_TOKENS` from the environment, an alias read
-    /// when the plan is made, else [`gds_cuda::forward::GEMM_MIN_TOKENS`]).
+    /// when the plan is made, else [`gds_cuda::forward::GEMM_MIN_TOKENS_Q8`] with 8-bit
+    /// activations and [`gds_cuda::forward::GEMM_MIN_TOKENS`] with f32 ones).
     pub gemm_min_tokens: Option<usize>,
     /// On the GPU, capture the passes that can be replayed as CUDA graphs (`--cuda-graphs`;
     /// `None`: `GDS_CUDA_GRAPHS` from the environment, else on).
@@ -766,7 +767,10 @@ impl Plan {
         let gemm_min_tokens = match opts.gemm_min_tokens {
             Some(0) => return plan_err("--gemm-min-tokens must be at least 1".into()),
             Some(n) => n,
-            None => gemm_min_tokens_from_env()?.unwrap_or(gds_cuda::forward::GEMM_MIN_TOKENS),
+            None => gemm_min_tokens_from_env()?.unwrap_or(match activations {
+                Activations::Q8 => gds_cuda::forward::GEMM_MIN_TOKENS_Q8,
+                Activations::F32 => gds_cuda::forward::GEMM_MIN_TOKENS,
+            }),
         };
         let cuda_graphs = match opts.cuda_graphs {
             Some(g) => g,

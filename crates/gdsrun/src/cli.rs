@@ -86,7 +86,8 @@ pub struct CommonArgs {
     #[arg(long, value_parser = gds_runtime::plan::parse_isa)]
     pub isa: Option<gds_runtime::Isa>,
     /// On the GPU, passes of this many tokens or more go through GEMM on dequantized tiles,
-    /// shorter ones through the matvec kernels (default 8; `GDS_GEMM_MIN_TOKENS` is an alias).
+    /// shorter ones through the matvec kernels (default 32 with `--activations q8`, 8 with
+    /// f32; `GDS_GEMM_MIN_TOKENS` is an alias).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub gemm_min_tokens: Option<u64>,
     /// On the GPU, replay short passes (decode steps) from CUDA graphs where every layer is

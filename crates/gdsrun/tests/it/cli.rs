@@ -178,9 +178,12 @@ fn plan_json_records_decisions() {
     assert_eq!(d["ctx"], 4096, "default: min(model context 8192, 4096)");
     assert_eq!(d["mode"], "chat");
     // the GPU's matvec/GEMM crossover: a plan option, its environment alias read at plan time
-    assert_eq!(d["gemm_min_tokens"], 8);
-    let g = ok_json(&[model(), "--plan", "--gemm-min-tokens", "32"]);
-    assert_eq!(g["gemm_min_tokens"], 32);
+    // (32 with the default 8-bit activations, 8 with f32 ones)
+    assert_eq!(d["gemm_min_tokens"], 32);
+    let f = ok_json(&[model(), "--plan", "--activations", "f32"]);
+    assert_eq!(f["gemm_min_tokens"], 8);
+    let g = ok_json(&[model(), "--plan", "--gemm-min-tokens", "16"]);
+    assert_eq!(g["gemm_min_tokens"], 16);
     let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
         .args([model(), "--plan"])
         .env("GDS_GEMM_MIN_TOKENS", "128")
