@@ -658,7 +658,7 @@ impl Engine {
                 decode_steps += 1;
             }
         }
-        if stop != Some(StopReason::StopString) && reply.push(&stream.flush()?) {
+        if stop != Some(StopReason::StopString) && reply.push_final(&stream.flush()?) {
             stop = Some(StopReason::StopString);
         }
         if let Some(shown) = reply.take_shown(true) {

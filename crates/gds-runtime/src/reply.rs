@@ -66,6 +66,19 @@ impl Reply {
         false
     }
 
+    /// Appends what the decoder held back when the reply ends (an incomplete character,
+    /// decoded lossily): the U+FFFD its decoding ends with stands for bytes the model did not
+    /// finish, so no stop string matches it (a stop string `"\u{FFFD}"` ended every reply cut
+    /// inside a character). True when a stop string ended the reply.
+    pub fn push_final(&mut self, piece: &str) -> bool {
+        let whole = piece.trim_end_matches('\u{FFFD}');
+        if self.push(whole) {
+            return true;
+        }
+        self.text.push_str(&piece[whole.len()..]);
+        false
+    }
+
     /// The text not shown yet that can be shown now: all of it with `all` (the reply
     /// ended) or once a stop string was found, else all but what may start a stop string.
     pub fn take_shown(&mut self, all: bool) -> Option<String> {
@@ -125,6 +138,21 @@ pub fn partial_tag(text: &str, tag: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cut_character_is_not_a_stop_strings_replacement_character() {
+        let mut r = Reply::new(vec!["\u{FFFD}".into(), "x".into()]);
+        assert!(!r.push("語の"));
+        assert!(!r.push_final("\u{FFFD}"));
+        assert_eq!(r.stop_string(), None);
+        assert_eq!(r.take_shown(true).as_deref(), Some("語の\u{FFFD}"));
+        // what comes before the cut character is still searched
+        let mut r = Reply::new(vec!["ax".into()]);
+        assert!(!r.push("a"));
+        assert!(r.push_final("x\u{FFFD}"));
+        assert_eq!(r.stop_string(), Some("ax"));
+        assert_eq!(r.text(), "");
+    }
+
     use super::*;
 
     #[test]

@@ -1192,7 +1192,7 @@ impl Gen {
                 }
                 Some(Event::Done(d)) => {
                     let rest = self.flush();
-                    let stopped = self.reply.push(&rest);
+                    let stopped = self.reply.push_final(&rest);
                     let finish = if stopped || d.finish == Finish::Eos {
                         "stop"
                     } else {

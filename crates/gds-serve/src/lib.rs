@@ -125,9 +125,10 @@ pub struct EngineArgs {
     /// Positions per KV block.
     #[arg(long, default_value_t = 16)]
     pub kv_block: usize,
-    /// KV cache element type: f16 (half the memory; perplexity within 0.001 % of f32) or
-    /// f32. Default: f16 on the CPU, f32 on the GPU (its only type).
-    #[arg(long)]
+    /// KV cache type: f16 (the default, on the CPU and the GPU: half the memory; perplexity
+    /// within 0.001 % of f32) or f32 (exact); `--kv-type` as `gdsrun run` names it
+    /// (`--kv-dtype` is its other name).
+    #[arg(long = "kv-type", visible_alias = "kv-dtype", value_name = "KV_TYPE")]
     pub kv_dtype: Option<String>,
     /// Compute backend: cpu, cuda (the GPU: weights, KV cache and activations in VRAM,
     /// layers beyond --vram-budget streamed once per step for the whole batch) or auto (a
@@ -402,7 +403,7 @@ pub(crate) fn start(
         Some(Some(d)) => Some(d),
         Some(None) => {
             return bad(format!(
-                "--kv-dtype {:?}: expected f32 or f16",
+                "--kv-type {:?}: expected f32 or f16",
                 e.kv_dtype.as_deref().unwrap_or_default()
             ))
         }
