@@ -583,9 +583,10 @@ impl TextTokenizer {
         let Some(piece) = self.inner.id_to_token(id) else {
             return decoded();
         };
-        if self.inner.get_added_vocabulary().is_special_token(&piece)
-            || self.inner.get_added_tokens_decoder().contains_key(&id)
-        {
+        // (the borrowed map: `Tokenizer::get_added_tokens_decoder` clones it per call, and
+        // this runs for every listed token and alternative; special tokens are added ones)
+        let added = self.inner.get_added_vocabulary().get_added_tokens_decoder();
+        if added.contains_key(&id) {
             return decoded();
         }
         let decoders: &[D] = match self.inner.get_decoder() {

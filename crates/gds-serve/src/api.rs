@@ -1392,12 +1392,7 @@ pub(crate) async fn complete(
 ) -> Result<(Value, End), ApiError> {
     let (mut gen, reasoning, mut text, end) = run_to_end(st, job).await?;
     let logprobs = gen.take_logprobs(kind);
-    if job.echo {
-        let prompt = st
-            .tokenizer
-            .inner()
-            .decode(&job.prompt[job.echo_from..], false)
-            .unwrap_or_default();
+    if let Some(prompt) = job.echo_text(st) {
         text.insert_str(0, &prompt);
     }
     let choice = match kind {
@@ -1565,12 +1560,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     let totals = Arc::new(std::sync::Mutex::new(StreamTotals::default()));
     let (st2, totals2) = (st.clone(), totals.clone());
     let body = stream_choices(&st, jobs, move |index, job, g| {
-        let echo = job.echo.then(|| {
-            st2.tokenizer
-                .inner()
-                .decode(&job.prompt[job.echo_from..], false)
-                .unwrap_or_default()
-        });
+        let echo = job.echo_text(&st2);
         let info = ChoiceInfo {
             index,
             kind,
@@ -1733,6 +1723,18 @@ impl Utf8Count {
             }
         }
         self.pending = rest.to_vec();
+    }
+}
+
+impl Job {
+    /// With echo: the prompt's text as the answer starts with it (from [`Job::echo_from`]).
+    fn echo_text(&self, st: &ServerState) -> Option<String> {
+        self.echo.then(|| {
+            st.tokenizer
+                .inner()
+                .decode(&self.prompt[self.echo_from..], false)
+                .unwrap_or_default()
+        })
     }
 }
 

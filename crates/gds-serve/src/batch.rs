@@ -22,6 +22,7 @@ use anyhow::Context;
 use axum::body::Body;
 use clap::Args;
 use gds_runtime::RuntimeError;
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -89,6 +90,20 @@ const LINE_STARTS: [&[u8]; 2] = [b"{\"id\":\"batch_req_", b"{\"custom_id\":"];
 /// The longest output line a rerun reads back: a reply at its limit plus what wraps it.
 const MAX_OUTPUT_LINE: u64 = (MAX_REPLY_BYTES + MAX_LINE_BYTES) as u64;
 
+/// What a rerun reads of a result line: its ids and whether it is an error; the reply's
+/// body is skipped, not parsed into values (with log-probabilities those take ~10x its text).
+#[derive(Deserialize)]
+struct ResultLine<'a> {
+    /// Present on every result line (null for an input line without one).
+    #[serde(borrow)]
+    custom_id: &'a RawValue,
+    line: Option<Value>,
+    /// Present on every result line (null for an invalid input line).
+    #[serde(rename = "response")]
+    _response: IgnoredAny,
+    error: Option<IgnoredAny>,
+}
+
 /// Reads the output written so far, a line at a time; a last line without its newline (a
 /// write cut by a kill) is cut off the file. A file that is not this command's output (a
 /// line that is not a result, or a start that is not one) is refused before anything in it
@@ -107,10 +122,10 @@ fn resume(path: &Path, file: &mut File) -> Result<Done, RuntimeError> {
     let mut r = BufReader::new(&mut *file);
     let mut done = Done::default();
     let (mut buf, mut whole, mut number) = (Vec::new(), 0u64, 0u64);
+    let peek = LINE_STARTS.iter().map(|l| l.len()).max().unwrap_or(0) as u64;
     loop {
         buf.clear();
         // a line's first bytes first: a file that is not ours is known without reading on
-        let peek = LINE_STARTS.iter().map(|l| l.len()).max().unwrap_or(0) as u64;
         let mut n = r
             .by_ref()
             .take(peek)
@@ -140,20 +155,17 @@ fn resume(path: &Path, file: &mut File) -> Result<Done, RuntimeError> {
             }
             break; // the torn last line: cut below
         }
-        let v = serde_json::from_slice::<Value>(&buf[..buf.len() - 1])
-            .ok()
-            .filter(|v| v.get("custom_id").is_some() && v.get("response").is_some());
-        let Some(v) = v else {
+        let Ok(v) = serde_json::from_slice::<ResultLine>(&buf[..buf.len() - 1]) else {
             return Err(not_ours(format!("line {number} is not a result line")));
         };
         whole += n as u64;
         // an invalid line is known by its number, a request by its custom_id
-        if !v["error"].is_null() {
-            if let Some(n) = v["line"].as_u64() {
+        if v.error.is_some() {
+            if let Some(n) = v.line.as_ref().and_then(Value::as_u64) {
                 done.lines.insert(n);
             }
-        } else if let Some(id) = v["custom_id"].as_str() {
-            done.ids.insert(id.to_string());
+        } else if let Ok(Some(id)) = serde_json::from_str::<Option<String>>(v.custom_id.get()) {
+            done.ids.insert(id);
         }
     }
     drop(r);

@@ -52,9 +52,15 @@ fn check_sampler(s: &SamplerConfig) -> PyResult<()> {
     })
 }
 
-/// An error of a reply, naming the Python argument where gds-runtime's names gdsrun's flag.
+/// The message of a reply's error, naming the Python argument where gds-runtime's names
+/// gdsrun's flag.
+fn reply_message(e: impl std::fmt::Display) -> String {
+    e.to_string().replace("use --ctx", "use Engine(..., ctx=N)")
+}
+
+/// An error of a reply ([`reply_message`]).
 fn reply_err(e: impl std::fmt::Display) -> PyErr {
-    err(e.to_string().replace("use --ctx", "use Engine(..., ctx=N)"))
+    err(reply_message(e))
 }
 
 /// What one reply asks for.
@@ -644,7 +650,7 @@ impl Engine {
                         j["message"] = assistant_message(tools.as_ref(), &o.text, finish).0;
                         j
                     })
-                    .map_err(|e| e.to_string().replace("use --ctx", "use Engine(..., ctx=N)"));
+                    .map_err(reply_message);
                 // finished before the engine is let go: from now on dropping the iterator
                 // must not touch the engine's interrupt flag (another reply's)
                 *job_state(&mine) = JobState::Finished;
