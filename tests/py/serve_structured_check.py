@@ -144,6 +144,8 @@ for name, kw in {
     "bad_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}},
     "bad_regex": {"extra_body": {"regex": "(unclosed"}},
     "bad_gbnf": {"extra_body": {"grammar": "root ::= \"a\" ( \"b\""}},
+    # translated, then refused by the grammar engine: named GBNF, not Lark
+    "gbnf_no_text": {"extra_body": {"grammar": "root ::= x\nx ::= x \"a\"\n"}},
     "bad_object_schema": {"response_format": {"type": "json_object", "schema": 123}},
     "two_grammars": {"response_format": {"type": "json_object"}, "extra_body": {"regex": "a+"}},
     "unknown_type": {"response_format": {"type": "xml"}},

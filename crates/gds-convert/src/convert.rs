@@ -528,7 +528,8 @@ pub fn open_source(input: &Path) -> Result<Source, ConvertError> {
     let mut magic = [0u8; 4];
     {
         use std::io::Read;
-        let mut f = std::fs::File::open(input).map_err(io(input))?;
+        // a FIFO, socket or device is refused instead of an open that blocks for ever
+        let mut f = gds_io::open_user_file(input).map_err(io(input))?;
         let n = f.read(&mut magic).map_err(io(input))?;
         if n < 4 {
             return Err(ConvertError::BadInput {
@@ -1037,7 +1038,7 @@ fn tokenizer_files(
     let json = match user {
         Some(p) => match read_text(p, MAX_TOKENIZER_BYTES) {
             Ok(Some(t)) => t,
-            Ok(None) => return Err(io(p)(std::io::Error::from(std::io::ErrorKind::NotFound))),
+            Ok(None) => return Err(io(p)(std::io::Error::from_raw_os_error(libc::ENOENT))),
             Err(ReadTextError::Io(e)) => return Err(io(p)(e)),
             Err(e) => {
                 return Err(ConvertError::BadInput {

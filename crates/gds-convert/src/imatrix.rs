@@ -19,6 +19,7 @@
 //! or negative is an error naming the file and the entry.
 
 use crate::error::{io, ConvertError};
+use crate::staging::StagedFile;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -143,7 +144,9 @@ struct GgufTensor<'a> {
 
 /// Reads an importance matrix from `path` (GGUF when it starts with `GGUF`, else legacy).
 pub fn read_imatrix(path: &Path) -> Result<Imatrix, ConvertError> {
-    let file = std::fs::File::open(path).map_err(io(path))?;
+    // a FIFO is refused instead of blocking the open, a directory or device (`/dev/null`)
+    // named as such instead of failing to map
+    let file = gds_io::open_user_file(path).map_err(io(path))?;
     // SAFETY: the file is opened read-only and the mapping is only read; a concurrent writer
     // truncating it could fault, the same contract as the model inputs (see gguf.rs).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
@@ -458,63 +461,20 @@ pub fn gguf_bytes(entries: &BTreeMap<String, ImatrixSums>, meta: &ImatrixMeta) -
     b
 }
 
-/// The temporary name [`write_gguf`] writes `path` under: `.NAME.tmpPID` beside it.
-fn temp_path(path: &Path) -> Result<PathBuf, ConvertError> {
-    let name = path.file_name().ok_or_else(|| ConvertError::BadOutput {
-        path: path.to_path_buf(),
-        msg: "importance matrix output: not a file name".into(),
-    })?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    Ok(path.with_file_name(tmp_name))
-}
-
-/// Checks that [`write_gguf`] can write `path`, before the minutes of computing what it
-/// writes: `path` names a file (not a directory) in a directory where this process can
-/// create one (its temporary file is created and removed). Errors name `path` and are
-/// [`ConvertError::BadOutput`] (a usage error), the OS error once.
-pub fn check_writable(path: &Path) -> Result<(), ConvertError> {
-    let tmp = temp_path(path)?;
-    let bad = |msg: String| ConvertError::BadOutput {
-        path: path.to_path_buf(),
-        msg,
-    };
-    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-        return Err(bad("it is a directory, not a file name".into()));
-    }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(|e| bad(format!("cannot write the importance matrix there: {e}")))?;
-    let _ = std::fs::remove_file(&tmp);
-    Ok(())
-}
-
-/// Writes [`gguf_bytes`] to `path` atomically: a temporary file beside it, synced, then
-/// renamed over it; on an error nothing is left at `path` or beside it. Errors name
-/// `path`, not the temporary file.
-pub fn write_gguf(
-    path: &Path,
+/// Writes [`gguf_bytes`] to `file`, the output [`StagedFile::create`] started (before the
+/// minutes of computing what it holds), and puts it at its path (synced, then renamed over
+/// it); on an error nothing changes at the path or beside it. Errors name the path, not the
+/// temporary file.
+pub fn write_gguf_to(
+    out: StagedFile,
+    mut file: std::fs::File,
     entries: &BTreeMap<String, ImatrixSums>,
     meta: &ImatrixMeta,
 ) -> Result<(), ConvertError> {
     use std::io::Write;
-    let bytes = gguf_bytes(entries, meta);
-    let tmp = temp_path(path)?;
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(io(path))?;
-        f.write_all(&bytes).map_err(io(path))?;
-        f.sync_all().map_err(io(path))?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(io(path))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    file.write_all(&gguf_bytes(entries, meta))
+        .map_err(io(out.target()))?;
+    out.commit(file)
 }
 
 impl Imatrix {
@@ -555,6 +515,21 @@ impl Imatrix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The output `gdsrun imatrix -o` starts ([`StagedFile::create`]).
+    fn create_output(path: &Path) -> Result<(StagedFile, std::fs::File), ConvertError> {
+        StagedFile::create(path, "the importance matrix")
+    }
+
+    /// [`create_output`] and [`write_gguf_to`] at once.
+    fn write_gguf(
+        path: &Path,
+        entries: &BTreeMap<String, ImatrixSums>,
+        meta: &ImatrixMeta,
+    ) -> Result<(), ConvertError> {
+        let (out, file) = create_output(path)?;
+        write_gguf_to(out, file, entries, meta)
+    }
 
     fn legacy(entries: &[(&str, i32, &[f32])]) -> Vec<u8> {
         let mut b = (entries.len() as i32).to_le_bytes().to_vec();
@@ -604,6 +579,31 @@ mod tests {
             b.resize(start + (b.len() - start).div_ceil(32) * 32, 0);
         }
         b
+    }
+
+    #[test]
+    fn read_imatrix_refuses_what_is_not_a_regular_file() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path, not retained.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // a FIFO without a writer (a blocking open never returns), a directory, a device
+        for p in [fifo.as_path(), d.path(), Path::new("/dev/null")] {
+            // on a thread: a blocking open fails the test instead of hanging it
+            let (tx, rx) = std::sync::mpsc::channel();
+            let q = p.to_path_buf();
+            std::thread::spawn(move || tx.send(read_imatrix(&q).err()));
+            let e = rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("{}: the open blocked", p.display()))
+                .unwrap();
+            assert_eq!(e.kind(), crate::ErrorKind::Io, "{e}");
+            assert_eq!(
+                e.to_string(),
+                format!("{}: not a regular file", p.display())
+            );
+        }
     }
 
     #[test]
@@ -781,14 +781,14 @@ mod tests {
     fn an_unwritable_output_is_found_before_computing() {
         let dir = tempfile::tempdir().unwrap();
         let ok = dir.path().join("im.gguf");
-        check_writable(&ok).unwrap();
-        // the probe leaves nothing behind
+        // started, then abandoned (an error while computing): nothing is left behind
+        drop(create_output(&ok).unwrap());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         for (bad, why) in [
             (dir.path().join("nonexistent-dir/im.gguf"), "os error 2"),
             (dir.path().to_path_buf(), "is a directory"),
         ] {
-            let e = check_writable(&bad).unwrap_err();
+            let e = create_output(&bad).err().unwrap();
             assert_eq!(e.kind(), crate::ErrorKind::Usage, "{e}");
             let msg = e.to_string();
             assert!(msg.starts_with(&format!("{}: ", bad.display())), "{msg}");

@@ -22,10 +22,9 @@ pub const MAX_GGUF_ARRAY_ELEMENTS: u64 = 1 << 24;
 /// Why [`read_text`] gave no text.
 #[derive(Debug)]
 pub(crate) enum ReadTextError {
-    /// The OS refused.
+    /// The OS refused, or the path is not a regular file (a directory, a FIFO, a device:
+    /// cannot be read as a file, so an I/O error, exit 2 in `gdsconv`).
     Io(std::io::Error),
-    /// Not a regular file (a directory, a FIFO, a device).
-    NotAFile,
     /// Larger than the cap (the size found, at least cap + 1).
     TooLarge(u64),
     /// Not UTF-8.
@@ -37,7 +36,6 @@ impl ReadTextError {
     pub(crate) fn describe(&self, cap: u64) -> String {
         match self {
             ReadTextError::Io(e) => e.to_string(),
-            ReadTextError::NotAFile => "not a regular file".into(),
             ReadTextError::TooLarge(n) => {
                 format!("{n} bytes is more than the {cap} bytes such a file may have")
             }
@@ -47,16 +45,17 @@ impl ReadTextError {
 }
 
 /// Reads a whole text file of at most `cap` bytes. `Ok(None)` when it does not exist.
+///
+/// The file is opened with `O_NONBLOCK` and then checked to be a regular file on the open
+/// descriptor (no window between a check and the open): a FIFO in place of `config.json`
+/// is refused at once instead of blocking the open for ever.
 pub(crate) fn read_text(path: &Path, cap: u64) -> Result<Option<String>, ReadTextError> {
-    let f = match std::fs::File::open(path) {
+    let f = match gds_io::open_user_file(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(ReadTextError::Io(e)),
     };
     let meta = f.metadata().map_err(ReadTextError::Io)?;
-    if !meta.is_file() {
-        return Err(ReadTextError::NotAFile);
-    }
     if meta.len() > cap {
         return Err(ReadTextError::TooLarge(meta.len()));
     }
@@ -71,4 +70,33 @@ pub(crate) fn read_text(path: &Path, cap: u64) -> Result<Option<String>, ReadTex
     String::from_utf8(bytes)
         .map(Some)
         .map_err(|_| ReadTextError::NotUtf8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_text_refuses_a_fifo_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("config.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path, not retained.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // no writer: a blocking open would never return (the read runs on a thread, so
+        // that it fails the test instead of hanging it)
+        for p in [fifo.clone(), d.path().to_path_buf()] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let q = p.clone();
+            std::thread::spawn(move || tx.send(read_text(&q, MAX_CONFIG_BYTES)));
+            match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+                Ok(Err(ReadTextError::Io(e))) => assert_eq!(e.to_string(), "not a regular file"),
+                Ok(r) => panic!("{p:?}: {r:?}"),
+                Err(_) => panic!("{p:?}: the open blocked"),
+            }
+        }
+        assert!(matches!(read_text(&d.path().join("none"), 9), Ok(None)));
+        std::fs::write(d.path().join("a"), "{}").unwrap();
+        assert_eq!(read_text(&d.path().join("a"), 9).unwrap().unwrap(), "{}");
+    }
 }

@@ -394,7 +394,9 @@ fn located_index(index_path: &Path, dir: &Path) -> Result<Located> {
     let text = match read_text(index_path, MAX_INDEX_BYTES) {
         Ok(Some(t)) => t,
         Ok(None) => {
-            return Err(io_err(index_path)(io::Error::from(io::ErrorKind::NotFound)));
+            return Err(io_err(index_path)(io::Error::from_raw_os_error(
+                libc::ENOENT,
+            )));
         }
         Err(ReadTextError::Io(e)) => return Err(io_err(index_path)(e)),
         Err(e) => return Err(bad(e.describe(MAX_INDEX_BYTES))),

@@ -205,6 +205,100 @@ impl Drop for Staging {
     }
 }
 
+/// A file output (`gdsrun imatrix -o`, `perplexity --save-logits`) written in a staging
+/// directory beside it and renamed over it when complete: an error or a kill leaves the
+/// output as it was (a kill leaves the staging directory, which the next writer into the
+/// same directory removes, its lock free). Errors name the output, not the hidden name.
+pub struct StagedFile {
+    staging: Staging,
+    target: PathBuf,
+    removed: Vec<PathBuf>,
+}
+
+impl StagedFile {
+    /// Checks `target` (a file name, not a directory, in a directory that exists), removes
+    /// dead writers' staging directories beside it and creates the file to write; `what`
+    /// says what is written, for the errors ("the importance matrix").
+    pub fn create(target: &Path, what: &str) -> Result<(StagedFile, File), ConvertError> {
+        let bad = |msg: String| ConvertError::BadOutput {
+            path: target.to_path_buf(),
+            msg,
+        };
+        if target.file_name().is_none() {
+            return Err(bad(format!("not a file name to write {what} to")));
+        }
+        match std::fs::metadata(target) {
+            Ok(m) if m.is_dir() => return Err(bad("it is a directory, not a file name".into())),
+            // a device (`-o /dev/null`), FIFO or socket would be replaced by a regular file
+            Ok(m) if !m.is_file() => {
+                return Err(bad(
+                    "not a regular file (a device, FIFO or socket, which the output would replace)"
+                        .into(),
+                ))
+            }
+            _ => {}
+        }
+        let parent = parent_of(target);
+        match std::fs::metadata(&parent) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(bad(format!(
+                    "cannot write {what} there: {} is not a directory",
+                    parent.display()
+                )))
+            }
+            Err(e) => {
+                return Err(bad(format!(
+                    "cannot write {what} there: {}: {e}",
+                    parent.display()
+                )))
+            }
+        }
+        let removed = remove_stale(&parent);
+        let staging = Staging::create_for_file(target, &parent).map_err(|e| match e {
+            ConvertError::Io { error, .. } => bad(format!("cannot write {what} there: {error}")),
+            e => e,
+        })?;
+        let file = File::create(staging.model()).map_err(io(target))?;
+        Ok((
+            StagedFile {
+                staging,
+                target: target.to_path_buf(),
+                removed,
+            },
+            file,
+        ))
+    }
+
+    /// The output's path.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// The staging directories of killed writers that [`StagedFile::create`] removed (for
+    /// the caller to report).
+    pub fn removed(&self) -> &[PathBuf] {
+        &self.removed
+    }
+
+    /// The directory holding the file being written (for a signal handler to remove).
+    pub fn staging_dir(&self) -> &Path {
+        &self.staging.dir
+    }
+
+    /// Syncs `file` (the one [`StagedFile::create`] returned) and renames it over the
+    /// output.
+    pub fn commit(self, file: File) -> Result<(), ConvertError> {
+        file.sync_all().map_err(io(&self.target))?;
+        drop(file);
+        std::fs::rename(self.staging.model(), &self.target).map_err(io(&self.target))?;
+        if let Ok(d) = File::open(parent_of(&self.target)) {
+            let _ = d.sync_all();
+        }
+        Ok(()) // dropping the staging removes its directory
+    }
+}
+
 /// Puts `model` at `out_dir`, which must not exist (an entry created there meanwhile is an
 /// [`ConvertError::OutputExists`], not replaced).
 fn rename_noreplace(model: &Path, out_dir: &Path) -> Result<(), ConvertError> {
@@ -378,6 +472,64 @@ mod tests {
         ] {
             assert!(!is_staging_name(no), "{no}");
         }
+    }
+
+    #[test]
+    fn a_staged_file_replaces_its_output_whole_or_not_at_all() {
+        let parent = tempfile::tempdir().unwrap();
+        let names = || {
+            let mut v: Vec<String> = std::fs::read_dir(parent.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let out = parent.path().join("x.bin");
+        std::fs::write(&out, b"old").unwrap();
+        // abandoned (an error): the old file stays, nothing else is left
+        let (s, mut f) = StagedFile::create(&out, "x").unwrap();
+        std::io::Write::write_all(&mut f, b"half").unwrap();
+        drop((s, f));
+        assert_eq!(names(), ["x.bin"]);
+        assert_eq!(std::fs::read(&out).unwrap(), b"old");
+        // a killed writer's staging directory (lock free) goes at the next create
+        let dead = parent.path().join(".x.bin.tmp-4000000000");
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::write(dead.join(LOCK_FILE), b"").unwrap();
+        std::fs::write(dead.join(MODEL_DIR), b"half").unwrap();
+        let (s, mut f) = StagedFile::create(&out, "x").unwrap();
+        assert!(!dead.exists());
+        std::io::Write::write_all(&mut f, b"new").unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"old");
+        s.commit(f).unwrap();
+        assert_eq!(names(), ["x.bin"]);
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
+        // a directory, or a missing parent: usage errors naming the output, once
+        let fifo = parent.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        for (bad, why) in [
+            (parent.path().to_path_buf(), "is a directory"),
+            (parent.path().join("no/x.bin"), "os error 2"),
+            (fifo.clone(), "not a regular file"),
+            (PathBuf::from("/dev/null"), "not a regular file"),
+        ] {
+            let e = StagedFile::create(&bad, "x").err().unwrap();
+            assert_eq!(e.kind(), crate::ErrorKind::Usage, "{e}");
+            let msg = e.to_string();
+            assert!(msg.starts_with(&format!("{}: ", bad.display())), "{msg}");
+            assert_eq!(msg.matches(why).count(), 1, "{msg}");
+        }
+        assert_eq!(names(), ["fifo", "x.bin"]);
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
     }
 
     #[test]

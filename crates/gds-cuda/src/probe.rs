@@ -100,7 +100,7 @@ impl GpuReport {
             if self.built_with_cuda {
                 "built in"
             } else {
-                "not built (rebuild with --features cuda)"
+                "not built (rebuild with `cargo build --release -p gdsrun --features cuda`)"
             }
         )];
         out.push(format!("cuda driver (libcuda): {}", lib(&self.driver)));

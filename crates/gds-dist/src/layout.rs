@@ -163,7 +163,15 @@ impl Mode {
                     "{}: is a directory (pack -o writes a tar file; --layout writes a directory)",
                     target.display()
                 ))),
-                Ok(_) => Ok(true),
+                Ok(_) => match std::fs::metadata(target) {
+                    // a device (`-o /dev/null`), FIFO or socket, or a link to one: the
+                    // rename would replace it with a regular file
+                    Ok(m) if !m.is_file() => Err(DistError::usage(format!(
+                        "{}: not a regular file (a device, FIFO or socket, which the tar would replace)",
+                        target.display()
+                    ))),
+                    _ => Ok(true),
+                },
                 Err(_) => Ok(false),
             },
             Mode::Dir { force, keep, .. } => {
@@ -246,8 +254,8 @@ fn copy_range(
 ) -> Result<()> {
     use std::os::unix::fs::FileExt;
     let short = || {
-        DistError::invalid(format!(
-            "{}: shorter than expected (the file changed while packing)",
+        DistError::usage(format!(
+            "{}: shorter than when it was hashed (the file changed while packing)",
             src_path.display()
         ))
     };
@@ -289,15 +297,51 @@ fn copy_range(
     Ok(())
 }
 
-/// Appends one blob's bytes to `out` (the file `out_path`, named by write errors).
+/// Appends one blob's bytes to `out` (the file `out_path`, named by write errors, opened
+/// for reading too), then reads the copy back: it must be the blob its digest names (a
+/// file that changed since it was hashed is refused, naming it).
 fn append_blob(b: &BlobRef, out: &mut File, out_path: &Path) -> Result<()> {
+    let start = out
+        .stream_position()
+        .map_err(|e| DistError::io(out_path, e))?;
     match &b.source {
-        BlobSource::Memory(v) => out.write_all(v).map_err(|e| DistError::io(out_path, e)),
+        BlobSource::Memory(v) => out.write_all(v).map_err(|e| DistError::io(out_path, e))?,
         BlobSource::File { path, offset } => {
             let f = File::open(path).map_err(|e| DistError::io(path, e))?;
-            copy_range(&f, path, *offset, b.size, out, out_path)
+            copy_range(&f, path, *offset, b.size, out, out_path)?
         }
     }
+    check_copy(b, out, out_path, start)
+}
+
+/// The sha256 of the `b.size` bytes of `out` from `start` must be `b.digest`.
+fn check_copy(b: &BlobRef, out: &File, out_path: &Path, start: u64) -> Result<()> {
+    use sha2::Digest;
+    use std::os::unix::fs::FileExt;
+    let mut sha = sha2::Sha256::new();
+    let mut buf = vec![0u8; (b.size.min(4 << 20) as usize).max(1)];
+    let (mut at, end) = (start, start + b.size);
+    while at < end {
+        let k = (end - at).min(buf.len() as u64) as usize;
+        match out.read_at(&mut buf[..k], at) {
+            Ok(0) => break,
+            Ok(n) => {
+                sha.update(&buf[..n]);
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(DistError::io(out_path, e)),
+        }
+    }
+    let got = format!("sha256:{}", crate::package::hex(&sha.finalize()));
+    if at != end || got != b.digest {
+        return Err(crate::package::mismatch(
+            b,
+            &got,
+            "packing it; nothing was written",
+        ));
+    }
+    Ok(())
 }
 
 /// A ustar header from `tar`, deterministic: mtime 0, uid/gid 0, mode 0644 (0755 for
@@ -325,7 +369,14 @@ pub fn write_tar(a: &Artifact, out: &Path, tag: &str, progress: &dyn Fn(u64)) ->
     const ZEROS: [u8; 1024] = [0; 1024];
     let staged = Staged::file(out)?;
     let io = |e: std::io::Error| DistError::io(out, e);
-    let mut file = File::create(staged.path()).map_err(io)?;
+    // read too: each blob's copy is hashed again
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(staged.path())
+        .map_err(io)?;
     let pad = |n: u64| ((512 - n % 512) % 512) as usize;
     let index = index_json(a, tag);
     let small: [(&str, &[u8], bool); 4] = [
@@ -377,7 +428,12 @@ pub fn write_layout_dir(
     let mut total = 0;
     for b in unique_blobs(a) {
         let rel = format!("blobs/sha256/{}", digest_hex(&b.digest)?);
-        let mut f = File::create(root.join(&rel)).map_err(io(&rel))?;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(root.join(&rel))
+            .map_err(io(&rel))?;
         append_blob(&b, &mut f, &out.join(&rel))?;
         total += b.size;
         f.sync_all().map_err(io(&rel))?;
@@ -462,7 +518,7 @@ impl Source {
 
 /// Reads an OCI layout (directory or tar) as an artifact: the manifest tagged `tag`, or the
 /// only one when `tag` is `None`. The manifest is checked like a pulled one; blobs are
-/// located (their digests are checked when they are read for upload).
+/// located (their digests are checked as they are read for upload).
 pub fn read_layout(src: &Path, tag: Option<&str>) -> Result<Artifact> {
     let s = Source::open(src)?;
     let index: Value = serde_json::from_slice(&s.read("index.json", MAX_INDEX_BYTES, src)?)
@@ -538,7 +594,7 @@ pub fn read_layout(src: &Path, tag: Option<&str>) -> Result<Artifact> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -589,6 +645,106 @@ mod tests {
             "{e}"
         );
         assert!(!e.msg.contains("x.tar"), "{e}");
+    }
+
+    /// An artifact of one layer, the file `path`, packed as its bytes are now (also the
+    /// registry's tests').
+    pub(crate) fn one_file_artifact(path: &Path) -> Artifact {
+        let bytes = std::fs::read(path).unwrap();
+        let config = b"{}".to_vec();
+        let layer = BlobRef {
+            digest: sha256_digest(&bytes),
+            size: bytes.len() as u64,
+            media_type: WEIGHT_MEDIA_TYPE.into(),
+            path: Some("layers/blk.0000.bin".into()),
+            blake3: Some(*blake3::hash(&bytes).as_bytes()),
+            source: BlobSource::File {
+                path: path.to_path_buf(),
+                offset: 0,
+            },
+        };
+        let manifest = b"{\"m\":1}".to_vec();
+        Artifact {
+            manifest_digest: sha256_digest(&manifest),
+            manifest,
+            config: BlobRef {
+                digest: sha256_digest(&config),
+                size: config.len() as u64,
+                media_type: CONFIG_MEDIA_TYPE.into(),
+                path: None,
+                blake3: None,
+                source: BlobSource::Memory(Arc::new(config)),
+            },
+            layers: vec![layer],
+        }
+    }
+
+    #[test]
+    fn pack_refuses_a_copy_that_is_not_the_digest_it_is_named_by() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        let file = src.join("blk.0000.bin");
+        let bytes: Vec<u8> = (0..2_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        std::fs::write(&file, &bytes).unwrap();
+        let a = one_file_artifact(&file);
+        let (tar, lay) = (tmp.path().join("m.tar"), tmp.path().join("lay"));
+        // as hashed: both outputs, every blob named by its digest
+        write_tar(&a, &tar, "t", &|_| {}).unwrap();
+        write_layout_dir(&a, &lay, "t", &|_| {}).unwrap();
+        for b in std::fs::read_dir(lay.join("blobs/sha256")).unwrap() {
+            let b = b.unwrap();
+            let want = format!("sha256:{}", b.file_name().to_str().unwrap());
+            assert_eq!(sha256_digest(&std::fs::read(b.path()).unwrap()), want);
+        }
+        std::fs::remove_file(&tar).unwrap();
+        std::fs::remove_dir_all(&lay).unwrap();
+        // changed since it was hashed (the same size): refused (exit 1) naming the file, and
+        // nothing written
+        let mut changed = bytes.clone();
+        changed[1_500_000] ^= 0xff;
+        std::fs::write(&file, &changed).unwrap();
+        let e = write_tar(&a, &tar, "t", &|_| {}).unwrap_err();
+        assert_eq!(e.kind, Kind::Invalid, "{e}");
+        assert!(
+            e.msg.contains(&file.display().to_string())
+                && e.msg.contains("changed since it was packed"),
+            "{e}"
+        );
+        let e = write_layout_dir(&a, &lay, "t", &|_| {}).unwrap_err();
+        assert_eq!(e.kind, Kind::Invalid, "{e}");
+        assert!(e.msg.contains(&file.display().to_string()), "{e}");
+        assert_eq!(names(tmp.path()), ["src"]);
+        // shorter: a local I/O error (exit 2) naming it, nothing written
+        std::fs::write(&file, &bytes[..1000]).unwrap();
+        let e = write_tar(&a, &tar, "t", &|_| {}).unwrap_err();
+        assert_eq!(e.kind, Kind::Usage, "{e}");
+        assert!(e.msg.contains(&file.display().to_string()), "{e}");
+        assert_eq!(names(tmp.path()), ["src"]);
+    }
+
+    #[test]
+    fn a_file_output_is_never_a_device_or_fifo() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("fifo");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        for t in [&fifo, &link] {
+            let e = Staged::file(t).err().unwrap();
+            assert_eq!(e.kind, Kind::Usage, "{e}");
+            assert!(e.msg.contains("not a regular file"), "{e}");
+        }
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        assert_eq!(names(tmp.path()), ["fifo", "link"]);
     }
 
     /// A directory that `pull --force` may replace: only model files.

@@ -111,6 +111,41 @@ fn parse_blake3(s: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// The error for a blob whose bytes, read again (`doing` it: "uploading it", "packing
+/// it"), are not the blob (their sha256 is `sha`, or their BLAKE3 is not the layer's):
+/// it names the file and says how it came apart — a model file that changed since it was
+/// packed, or an OCI layout whose blob is not what its name says.
+pub(crate) fn mismatch(b: &BlobRef, sha: &str, doing: &str) -> DistError {
+    let hex = b.digest.strip_prefix("sha256:").unwrap_or(&b.digest);
+    let got = if sha == b.digest {
+        format!("its BLAKE3 is not the {BLAKE3_ANNOTATION} of its layer")
+    } else {
+        format!("its sha256 is {sha}")
+    };
+    DistError::invalid(match &b.source {
+        BlobSource::File { path, offset } if *offset == 0 && path.file_name().is_some_and(|n| n == hex) => {
+            format!(
+                "{}: the layout's blob does not match its digest {} ({got} when {doing})",
+                path.display(),
+                b.digest
+            )
+        }
+        BlobSource::File { path, offset } if *offset > 0 => format!(
+            "{}: the layout's blob blobs/sha256/{hex} (at byte {offset}) does not match its digest ({got} when {doing})",
+            path.display()
+        ),
+        BlobSource::File { path, .. } => format!(
+            "{}: changed since it was packed: {got} when {doing}, not that of the blob {} it was packed as",
+            path.display(),
+            b.digest
+        ),
+        BlobSource::Memory(_) => format!(
+            "blob {} ({}) does not match its digest ({got} when {doing})",
+            b.digest, b.media_type
+        ),
+    })
+}
+
 /// A file of the model directory to ship.
 struct ShipFile {
     path: String,
@@ -153,23 +188,33 @@ fn param_size(n: u64) -> String {
     }
 }
 
+/// The model manifest in `bytes`, validated; otherwise an invalid-package error whose
+/// message `say` makes from the validator's errors (one per line, indented).
+pub(crate) fn validated(
+    bytes: &[u8],
+    say: impl FnOnce(String) -> String,
+) -> Result<gds_format::reader::Manifest<'_>> {
+    let (m, errs) = gds_format::validate::validate_manifest(bytes);
+    match m {
+        Some(m) if errs.is_empty() => Ok(m),
+        _ => {
+            let errs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+            Err(DistError::invalid(say(errs.join("\n  "))))
+        }
+    }
+}
+
 /// Packages the model directory `dir`: validates it, hashes every file (calling `progress`
 /// with bytes hashed), and builds the artifact. Refuses an invalid directory and any file
 /// over [`MAX_BLOB_BYTES`].
 pub fn package_dir(dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifact> {
     let bytes = gds_io::read_manifest(dir).map_err(|e| DistError::invalid(e.to_string()))?;
-    let (m, errs) = gds_format::validate::validate_manifest(&bytes);
-    let m = match m {
-        Some(m) if errs.is_empty() => m,
-        _ => {
-            let errs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-            return Err(DistError::invalid(format!(
-                "{}: the manifest does not validate, refusing to package it:\n  {}",
-                dir.join(MANIFEST_FILE).display(),
-                errs.join("\n  ")
-            )));
-        }
-    };
+    let m = validated(&bytes, |errs| {
+        format!(
+            "{}: the manifest does not validate, refusing to package it:\n  {errs}",
+            dir.join(MANIFEST_FILE).display()
+        )
+    })?;
     if !m.has_file_table() {
         return Err(DistError::invalid(format!(
             "{}: format 1.0 manifests do not hash the tokenizer; convert the model again to get a 1.1 manifest before packaging it",
@@ -435,7 +480,8 @@ pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<ParsedManifest> {
         )));
     }
     let mut paths = PathSet::default();
-    let mut out = Vec::with_capacity(layers.len());
+    let mut out: Vec<Layer> = Vec::with_capacity(layers.len());
+    let mut by_digest: std::collections::HashMap<String, usize> = Default::default();
     for (i, l) in layers.iter().enumerate() {
         let digest = s(l, "digest").ok_or_else(|| bad(format!("layer {i} has no digest")))?;
         digest_hex(&digest).map_err(|e| bad(format!("layer {i}: {}", e.msg)))?;
@@ -467,6 +513,14 @@ pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<ParsedManifest> {
         if let Some(e) = errs.first() {
             return Err(lb(e.to_string()));
         }
+        // the name ORAS and CRI-O give the file: the same path, or the package is two
+        if let Some(title) = a(TITLE_ANNOTATION) {
+            if title != path {
+                return Err(lb(format!(
+                    "{TITLE_ANNOTATION} {title:?} is not its {FILEPATH_ANNOTATION} {path:?} (other tools would write the file there)"
+                )));
+            }
+        }
         if let Some(meta) = a(FILE_METADATA_ANNOTATION) {
             let meta: Value = serde_json::from_str(meta)
                 .map_err(|e| lb(format!("{FILE_METADATA_ANNOTATION} is not JSON: {e}")))?;
@@ -487,6 +541,21 @@ pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<ParsedManifest> {
         let blake3 = a(BLAKE3_ANNOTATION)
             .and_then(parse_blake3)
             .ok_or_else(|| lb(format!("no valid {BLAKE3_ANNOTATION} annotation")))?;
+        // layers sharing a blob ship the same bytes: the same size and BLAKE3
+        if let Some(o) = by_digest.get(&digest).map(|&j| &out[j]) {
+            if o.size != size || o.blake3 != blake3 {
+                return Err(lb(format!(
+                    "{path:?} shares its blob with {:?} but declares another {}: one of them is not the file its layer says",
+                    o.path,
+                    if o.size != size {
+                        "size".to_string()
+                    } else {
+                        format!("BLAKE3 ({BLAKE3_ANNOTATION})")
+                    }
+                )));
+            }
+        }
+        by_digest.entry(digest.clone()).or_insert(out.len());
         out.push(Layer {
             digest,
             size,
@@ -542,4 +611,68 @@ pub fn artifact_from_manifest(
         config,
         layers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal image manifest: `manifest.gdsm` and the given layers (path, digest byte,
+    /// BLAKE3 byte, title).
+    fn manifest(layers: &[(&str, u8, u8, Option<&str>)]) -> Vec<u8> {
+        let layer = |(path, d, b, title): &(&str, u8, u8, Option<&str>)| {
+            let mut ann = json!({
+                FILEPATH_ANNOTATION: path,
+                BLAKE3_ANNOTATION: hex(&[*b; 32]),
+            });
+            if let Some(t) = title {
+                ann[TITLE_ANNOTATION] = json!(t);
+            }
+            json!({
+                "mediaType": WEIGHT_CONFIG_MEDIA_TYPE,
+                "digest": format!("sha256:{}", hex(&[*d; 32])),
+                "size": 10,
+                "annotations": ann,
+            })
+        };
+        let mut all = vec![(MANIFEST_FILE, 1, 1, Some(MANIFEST_FILE))];
+        all.extend_from_slice(layers);
+        serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "config": {
+                "mediaType": CONFIG_MEDIA_TYPE,
+                "digest": format!("sha256:{}", "0".repeat(64)),
+                "size": 2,
+            },
+            "layers": all.iter().map(layer).collect::<Vec<Value>>(),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn layers_sharing_a_blob_must_declare_the_same_blake3() {
+        // two files with the same bytes: one blob, one BLAKE3
+        let ok = manifest(&[("a.txt", 2, 2, None), ("b.txt", 2, 2, None)]);
+        assert_eq!(parse_manifest(&ok, "m").unwrap().layers.len(), 3);
+        // b.txt points at a.txt's blob but declares its own file's BLAKE3
+        let bad = manifest(&[("a.txt", 2, 2, None), ("b.txt", 2, 3, None)]);
+        let e = parse_manifest(&bad, "m").unwrap_err();
+        assert_eq!(e.kind, Kind::Invalid, "{e}");
+        assert!(e.msg.contains("b.txt") && e.msg.contains("a.txt"), "{e}");
+    }
+
+    #[test]
+    fn a_title_must_be_the_file_path() {
+        let ok = manifest(&[("docs/a.txt", 2, 2, Some("docs/a.txt"))]);
+        parse_manifest(&ok, "m").unwrap();
+        // what ORAS or CRI-O would write the file as: not the path GdsLLM checked
+        let bad = manifest(&[("docs/a.txt", 2, 2, Some("../../etc/x"))]);
+        let e = parse_manifest(&bad, "m").unwrap_err();
+        assert_eq!(e.kind, Kind::Invalid, "{e}");
+        assert!(
+            e.msg.contains("../../etc/x") && e.msg.contains(TITLE_ANNOTATION),
+            "{e}"
+        );
+    }
 }

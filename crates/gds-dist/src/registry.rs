@@ -3,14 +3,20 @@
 //!
 //! * push: each blob the registry already has is skipped (a re-push after a failure resumes,
 //!   a second model uploads only what differs), the rest are streamed from their files (one
-//!   `POST` to open the upload, one `PUT` of the bytes); the manifest goes last. Transient
-//!   failures (connection errors, 429, 5xx) are retried with back-off.
+//!   `POST` to open the upload, one `PUT` of the bytes), hashed as they are read: a file
+//!   that is no longer the blob it was packed as fails the push before the registry gets
+//!   its whole body. The manifest goes last. Transient failures (connection errors, 429,
+//!   5xx) are retried with back-off.
 //! * pull: the image manifest is checked ([`crate::package::parse_manifest`]) before
-//!   anything is downloaded; each blob missing from the store downloads to a `.partial`
-//!   file, resumed with an HTTP Range request after an interruption, and is checked (sha256,
-//!   then the BLAKE3 the package declares) before it enters the store. The output
-//!   directory is assembled from hard links beside its final name, checked against the
-//!   model manifest, and renamed into place: it appears whole or not at all.
+//!   anything is downloaded, then the model manifest (`manifest.gdsm`, fetched first)
+//!   against the package's files before anything else is; each blob missing from the store
+//!   downloads to a `.partial` file, resumed with an HTTP Range request after an
+//!   interruption (fetched once more from the start when the resumed bytes do not match),
+//!   and is checked (sha256, then the BLAKE3 the package declares) before it enters the
+//!   store; a blob the store holds is hashed again before it is used. The output directory
+//!   is assembled from hard links beside its final name, every file checked against its
+//!   own layer's BLAKE3 and the directory validated, and renamed into place: it appears
+//!   whole or not at all. A refused package's blobs leave the store again.
 //!
 //! * limits: every body is read with a cap (`oci-client` reads manifests, error bodies and
 //!   token answers whole, so no request goes through it) — the manifest at
@@ -26,8 +32,10 @@
 
 use crate::error::{DistError, Result};
 use crate::layout::Staged;
-use crate::package::{hex, parse_manifest, sha256_digest, Artifact, BlobRef, BlobSource, Layer};
-use crate::store::{link_or_copy, Store};
+use crate::package::{
+    hex, parse_manifest, sha256_digest, Artifact, BlobRef, BlobSource, Layer, ParsedManifest,
+};
+use crate::store::{link_or_copy, Store, Stored};
 use crate::*;
 use futures_util::StreamExt;
 use oci_client::secrets::RegistryAuth;
@@ -39,6 +47,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Once a push has sent a whole blob, the registry may take a second per this many bytes
+/// of it (beyond four `--min-rate` windows) to answer: it hashes or copies the blob first.
+pub const ANSWER_BYTES_PER_SEC: u64 = 8 << 20;
 /// Default `--min-rate`: bytes per second a transfer must average over each window.
 pub const DEFAULT_MIN_RATE: u64 = 1024;
 /// Default `--min-rate-window`.
@@ -464,7 +475,8 @@ impl Remote {
     }
 
     /// Sends `req` (to `url`; authenticated when it is on the registry), paced, counting the
-    /// bytes `sent` reports (an upload): the response, whatever its status.
+    /// bytes `upload` reports sent of its total (an upload): the response, whatever its
+    /// status.
     async fn send(
         &self,
         auth: &ReqAuth,
@@ -472,7 +484,7 @@ impl Remote {
         url: &str,
         what: &str,
         pace: &mut Pace,
-        sent: Option<&std::sync::atomic::AtomicU64>,
+        upload: Option<(&std::sync::atomic::AtomicU64, u64)>,
     ) -> std::result::Result<reqwest::Response, Fail> {
         let registry = self.reference.resolve_registry();
         let req = if self.on_registry(url) {
@@ -484,7 +496,7 @@ impl Remote {
         } else {
             req
         };
-        match pace.wait(req.send(), sent).await.map_err(Fail::Stop)? {
+        match pace.wait(req.send(), upload).await.map_err(Fail::Stop)? {
             Ok(r) => Ok(r),
             Err(e) => {
                 let msg = format!("registry {registry}: {what}: {}", reqwest_detail(&e));
@@ -651,11 +663,14 @@ impl Remote {
         drop(resp);
         put.query_pairs_mut().append_pair("digest", &b.digest);
         let put = put.to_string();
+        sent.store(0, std::sync::atomic::Ordering::Relaxed);
+        let local: LocalFail = Default::default();
         let stream = blob_stream(
             b,
             self.opts.limit_rate,
             self.opts.progress.clone(),
             sent.clone(),
+            local.clone(),
         );
         let req = self
             .http
@@ -664,8 +679,14 @@ impl Remote {
             .header(http::header::CONTENT_TYPE, "application/octet-stream")
             .body(reqwest::Body::wrap_stream(stream));
         let resp = self
-            .send(auth, req, &put, what, &mut pace, Some(sent))
-            .await?;
+            .send(auth, req, &put, what, &mut pace, Some((&**sent, b.size)))
+            .await;
+        // the blob's own file failed (unreadable, shorter, changed since it was packed):
+        // that, not what the aborted request says, and no retry
+        if let Some(e) = local.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Err(Fail::Stop(e));
+        }
+        let resp = resp?;
         if !resp.status().is_success() {
             return Err(self.status_error(resp, &put, what, &mut pace).await);
         }
@@ -852,14 +873,25 @@ impl Remote {
     /// model and not the store), through `store`.
     pub fn pull(&self, store: &Store, out: &Path, force: bool) -> Result<PullSummary> {
         self.rt
-            .block_on(self.deadline("pulling", self.pull_async(store, Some(out), force)))
+            .block_on(self.deadline("pulling", self.pull_async(store, Some(out), force, None)))
     }
 
     /// Pulls into the store's own directory for this model (`models/<manifest hex>`),
     /// unless it is there already.
     pub fn pull_into_store(&self, store: &Store) -> Result<PullSummary> {
         self.rt
-            .block_on(self.deadline("pulling", self.pull_async(store, None, true)))
+            .block_on(self.deadline("pulling", self.pull_async(store, None, true, None)))
+    }
+
+    /// [`Remote::pull_into_store`], recording `reference` as naming the model
+    /// ([`Store::set_ref`]) under the pull's own lock of the store, so that no `gc` comes
+    /// between the two and no other lock of the store is needed: a refused package's blobs
+    /// are then removed at once (see [`Remote::pull`]).
+    pub fn pull_into_store_as(&self, store: &Store, reference: &str) -> Result<PullSummary> {
+        self.rt.block_on(self.deadline(
+            "pulling",
+            self.pull_async(store, None, true, Some(reference)),
+        ))
     }
 
     async fn pull_async(
@@ -867,8 +899,9 @@ impl Remote {
         store: &Store,
         out: Option<&Path>,
         force: bool,
+        record: Option<&str>,
     ) -> Result<PullSummary> {
-        let _lock = store.lock(false)?;
+        let lock = store.lock(false)?;
         let auth = self.pull_auth().await?;
         let (_, digest, p) = self.manifest(&auth).await?;
         let what = format!("{} ({digest})", self.reference.whole());
@@ -882,6 +915,9 @@ impl Remote {
             None => {
                 let o = store.model_dir(&digest);
                 if o.is_dir() {
+                    if let Some(r) = record {
+                        store.set_ref(r, &digest, "oci")?;
+                    }
                     return Ok(PullSummary {
                         reference: self.reference.whole(),
                         manifest_digest: digest,
@@ -896,7 +932,45 @@ impl Remote {
                 o
             }
         };
-        let out = out.as_path();
+        let mut added = Added::default();
+        let r = self
+            .pull_steps(store, &auth, &p, &digest, &what, &out, force, &mut added)
+            .await;
+        match r {
+            Ok(s) => {
+                if let Some(r) = record {
+                    store.set_ref(r, &digest, "oci")?;
+                }
+                Ok(s)
+            }
+            Err(e) => {
+                // a refused package: what it brought into the store goes (a registry or
+                // local failure keeps it, for the next pull to resume)
+                if e.kind == crate::Kind::Invalid {
+                    remove_added(&lock, &added);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The pull proper, once the manifest is checked: the config, then the model manifest
+    /// (`manifest.gdsm`), which must list exactly the files the package ships before
+    /// anything else is fetched, then the other blobs; each blob already in the store is
+    /// hashed again before it is used. `OUT_DIR` is assembled beside its final name,
+    /// checked and renamed into place. What entered the store is in `added`.
+    #[allow(clippy::too_many_arguments)]
+    async fn pull_steps(
+        &self,
+        store: &Store,
+        auth: &ReqAuth,
+        p: &ParsedManifest,
+        digest: &str,
+        what: &str,
+        out: &Path,
+        force: bool,
+        added: &mut Added,
+    ) -> Result<PullSummary> {
         // an existing OUT_DIR: replaced (with --force) only when it holds nothing but a
         // model, and never when it is or holds the store the blobs are linked from
         let staged = Staged::dir(out, force, &[("the store", store.root())], true)?;
@@ -909,9 +983,8 @@ impl Remote {
                 .sum());
         }
         // the config: small, capped, checked against the layers
-        let config_cached = store.has_blob(&p.config_digest, p.config_size);
-        let config = self
-            .fetch_small(&auth, store, &p.config_digest, p.config_size)
+        let (config, config_fetched) = self
+            .fetch_small(auth, store, &p.config_digest, p.config_size, added)
             .await?;
         let cfg: serde_json::Value = serde_json::from_slice(&config).map_err(|e| {
             DistError::invalid(format!(
@@ -930,13 +1003,23 @@ impl Remote {
                 "{what}: the config's modelfs.diffIds do not equal the layer digests (raw layers must)"
             )));
         }
-        // room for what is missing
-        let mut seen = std::collections::HashSet::new();
-        let unique: Vec<&Layer> = p
+        // each blob once, the model manifest's first
+        let manifest_layer = p
             .layers
             .iter()
+            .find(|l| l.path == gds_format::MANIFEST_FILE)
+            .ok_or_else(|| {
+                DistError::invalid(format!(
+                    "{what}: no layer holds {}",
+                    gds_format::MANIFEST_FILE
+                ))
+            })?;
+        let mut seen = std::collections::HashSet::new();
+        let mut unique: Vec<&Layer> = std::iter::once(manifest_layer)
+            .chain(p.layers.iter())
             .filter(|l| seen.insert(l.digest.clone()))
             .collect();
+        // room for what is missing
         let need: u64 = unique
             .iter()
             .filter(|l| !store.has_blob(&l.digest, l.size))
@@ -953,7 +1036,7 @@ impl Remote {
         }
         let mut s = PullSummary {
             reference: self.reference.whole(),
-            manifest_digest: digest.clone(),
+            manifest_digest: digest.to_string(),
             blobs: unique.len() + 1,
             downloaded_blobs: 0,
             reused_blobs: 0,
@@ -961,66 +1044,122 @@ impl Remote {
             resumed_bytes: 0,
             output: out.to_path_buf(),
         };
-        if config_cached {
-            s.reused_blobs += 1;
-        } else {
+        if config_fetched {
             s.downloaded_blobs += 1;
             s.downloaded_bytes += p.config_size;
+        } else {
+            s.reused_blobs += 1;
         }
-        let mut fetched = Vec::new();
-        let mut flushes = Vec::new();
-        for l in &unique {
-            if store.has_blob(&l.digest, l.size) {
-                s.reused_blobs += 1;
-                if let Some(cb) = &self.opts.progress {
-                    cb(l.size);
-                }
-                continue;
-            }
-            let (got, resumed, file) = self.fetch_blob(&auth, store, l, &what).await?;
-            s.downloaded_blobs += 1;
-            s.downloaded_bytes += got;
-            s.resumed_bytes += resumed;
-            // each blob is flushed to disk on a thread while the next one downloads
-            let part = store.partial_path(&l.digest)?;
-            flushes.push(std::thread::spawn(move || {
-                file.map_or(Ok(()), |f| f.sync_data())
-                    .map_err(|e| DistError::io(&part, e))
-            }));
-            fetched.push(l.digest.clone());
+        let dir = staged.path();
+        // the BLAKE3 of each blob's bytes as hashed in this pull (downloaded, or read
+        // again from the store), by digest
+        let mut verified: std::collections::HashMap<String, [u8; 32]> = Default::default();
+        let mut flusher = Flusher::new(store);
+        let rest = unique.split_off(1);
+        let b3 = self
+            .obtain(
+                auth,
+                store,
+                manifest_layer,
+                what,
+                &mut s,
+                &mut flusher,
+                added,
+            )
+            .await?;
+        verified.insert(manifest_layer.digest.clone(), b3);
+        flusher.finish(added)?;
+        link_or_copy(
+            &store.blob_path(&manifest_layer.digest)?,
+            &dir.join(&manifest_layer.path),
+        )?;
+        // before fetching the rest: the files the model manifest lists are the package's
+        check_listing(&dir, &p.layers, &verified, what)?;
+        for l in rest {
+            let b3 = self
+                .obtain(auth, store, l, what, &mut s, &mut flusher, added)
+                .await?;
+            verified.insert(l.digest.clone(), b3);
         }
         // every download is on disk before it enters the store
-        for h in flushes {
-            h.join()
-                .map_err(|_| DistError::usage("a flush thread panicked"))??;
-        }
-        for d in &fetched {
-            let part = store.partial_path(d)?;
-            if part.exists() {
-                store.commit_blob(&part, d)?;
+        flusher.finish(added)?;
+        for l in &p.layers {
+            if l.path != manifest_layer.path {
+                link_or_copy(&store.blob_path(&l.digest)?, &dir.join(&l.path))?;
             }
         }
-        // assemble beside OUT_DIR, check, rename into place
-        let dir = staged.path();
-        for l in &p.layers {
-            link_or_copy(&store.blob_path(&l.digest)?, &dir.join(&l.path))?;
-        }
-        check_assembled(&dir, &p.layers, &what)?;
+        check_assembled(&dir, &p.layers, &verified, what)?;
         staged.commit()?;
+        // the config stays in the store while the model does (gc)
+        let _ = store.keep_config(digest, &p.config_digest);
         Ok(s)
     }
 
-    /// A small blob (the config), from the store or the registry, with its size capped.
+    /// One distinct blob of the package, into the store and hashed in this pull: from the
+    /// store when it holds the blob and its bytes hash to its name (else it is dropped from
+    /// the store), else downloaded. Returns the BLAKE3 of its bytes.
+    #[allow(clippy::too_many_arguments)]
+    async fn obtain(
+        &self,
+        auth: &ReqAuth,
+        store: &Store,
+        l: &Layer,
+        what: &str,
+        s: &mut PullSummary,
+        flusher: &mut Flusher<'_>,
+        added: &mut Added,
+    ) -> Result<[u8; 32]> {
+        let reused = |s: &mut PullSummary| {
+            s.reused_blobs += 1;
+            if let Some(cb) = &self.opts.progress {
+                cb(l.size);
+            }
+        };
+        if let Stored::Good(b3) = store.check_blob(&l.digest, l.size)? {
+            reused(s);
+            return Ok(b3);
+        }
+        match self.fetch_blob(auth, store, l, what).await? {
+            // another pull stored it while this one waited for it
+            Got::Present(b3) => {
+                reused(s);
+                Ok(b3)
+            }
+            Got::Fetched {
+                fetched,
+                resumed,
+                file,
+                blake3,
+            } => {
+                s.downloaded_blobs += 1;
+                s.downloaded_bytes += fetched;
+                s.resumed_bytes += resumed;
+                let part = store.partial_path(&l.digest)?;
+                added.partials.push(part.clone());
+                flusher.push(file, part, l.digest.clone(), added)?;
+                Ok(blake3)
+            }
+        }
+    }
+
+    /// A small blob (the config), from the store (its bytes checked against its digest) or
+    /// the registry, with its size capped: (its bytes, whether it was downloaded).
     async fn fetch_small(
         &self,
         auth: &ReqAuth,
         store: &Store,
         digest: &str,
         size: u64,
-    ) -> Result<Vec<u8>> {
+        added: &mut Added,
+    ) -> Result<(Vec<u8>, bool)> {
         let path = store.blob_path(digest)?;
         if store.has_blob(digest, size) {
-            return std::fs::read(&path).map_err(|e| DistError::io(&path, e));
+            let v = std::fs::read(&path).map_err(|e| DistError::io(&path, e))?;
+            if sha256_digest(&v) == digest && v.len() as u64 == size {
+                return Ok((v, false));
+            }
+            // changed in place: dropped from the store, fetched again
+            store.check_blob(digest, size)?;
         }
         let url = self.url("blobs", digest);
         let what = format!("fetching config blob {digest} ({size} bytes declared)");
@@ -1037,20 +1176,24 @@ impl Remote {
             .partial_path(digest)?
             .with_extension(format!("tmp-{}", crate::store::unique_suffix()));
         std::fs::write(&tmp, &v).map_err(|e| DistError::io(&tmp, e))?;
-        store.commit_blob(&tmp, digest)?;
-        Ok(v)
+        let (blob, new) = store.commit_blob(&tmp, digest)?;
+        if new {
+            added.blobs.push(blob);
+        }
+        Ok((v, true))
     }
 
-    /// Downloads one layer blob into the store's partial file, verified, resuming a partial
-    /// download: (bytes fetched now, bytes resumed, the file to flush; `None` when another
-    /// pull already stored the blob).
+    /// Downloads one layer blob into the store's partial file, verified (sha256, then the
+    /// BLAKE3 its layer declares), resuming a partial download. A resumed download whose
+    /// bytes do not match (a bad partial file, or a mirror that served other bytes before
+    /// it failed) is fetched once more from the start before the blob is called tampered.
     async fn fetch_blob(
         &self,
         auth: &ReqAuth,
         store: &Store,
         l: &Layer,
         what: &str,
-    ) -> Result<(u64, u64, Option<std::fs::File>)> {
+    ) -> Result<Got> {
         let part = store.partial_path(&l.digest)?;
         let mut f = std::fs::OpenOptions::new()
             .read(true)
@@ -1062,9 +1205,9 @@ impl Remote {
         // another pull of the same blob waits here, then finds it in the store
         rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| DistError::io(&part, e.into()))?;
-        if store.has_blob(&l.digest, l.size) {
+        if let Stored::Good(b3) = store.check_blob(&l.digest, l.size)? {
             let _ = std::fs::remove_file(&part);
-            return Ok((0, 0, None));
+            return Ok(Got::Present(b3));
         }
         let bad = |why: String| {
             DistError::invalid(format!("{what}: blob {} ({}): {why}", l.digest, l.path))
@@ -1094,143 +1237,333 @@ impl Remote {
                 left -= k as u64;
             }
         }
-        let resumed = have;
+        let mut resumed = have;
+        // some of the bytes come from an earlier download (the partial file, a Range request)
+        let mut pieced = have > 0;
+        // fetched again from the start after a resumed download did not match
+        let mut again = false;
         let mut fetched = 0u64;
-        let mut attempts = 0;
         let url = self.url("blobs", &l.digest);
         let fetching = format!("fetching blob {} ({} bytes)", l.digest, l.size);
-        while have < l.size {
-            attempts += 1;
-            let r = &self.reference;
-            let mut pace = self.pace(&fetching);
-            let range = (have > 0).then(|| (have, l.size - 1));
-            let (mut resp, full) = match self
-                .get(auth, &url, None, range, &fetching, &mut pace)
-                .await
-            {
-                Ok(resp) => {
-                    let full = resp.status() != http::StatusCode::PARTIAL_CONTENT;
-                    (resp, full)
-                }
-                Err(Fail::Retry(e)) if attempts < 4 => {
-                    eprintln!("{e} (retrying)");
-                    tokio::time::sleep(Duration::from_millis(500 << attempts)).await;
-                    continue;
-                }
-                Err(Fail::Retry(e)) | Err(Fail::Stop(e)) => return Err(e),
-            };
-            if full && have > 0 {
-                // the registry ignored the range: start again
-                f.set_len(0).map_err(|e| DistError::io(&part, e))?;
-                have = 0;
-                sha = Sha256::new();
-                b3 = blake3::Hasher::new();
-            }
-            f.seek(SeekFrom::Start(have))
-                .map_err(|e| DistError::io(&part, e))?;
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
-            let limiter = Limiter::new(self.opts.limit_rate);
-            let mut failed = None;
-            loop {
-                // paced: a registry that stalls or trickles fails here (the partial file
-                // is kept for the next pull to resume)
-                let chunk = match pace.wait(resp.chunk(), None).await {
-                    Ok(Ok(Some(c))) => c,
-                    Ok(Ok(None)) => break,
-                    Ok(Err(e)) => {
-                        failed = Some(reqwest_detail(&e));
-                        break;
+        loop {
+            let mut attempts = 0;
+            while have < l.size {
+                attempts += 1;
+                let r = &self.reference;
+                let mut pace = self.pace(&fetching);
+                let range = (have > 0).then(|| (have, l.size - 1));
+                let (mut resp, full) = match self
+                    .get(auth, &url, None, range, &fetching, &mut pace)
+                    .await
+                {
+                    Ok(resp) => {
+                        let full = resp.status() != http::StatusCode::PARTIAL_CONTENT;
+                        (resp, full)
                     }
-                    Err(e) => {
-                        w.flush().map_err(|e| DistError::io(&part, e))?;
-                        return Err(e);
+                    Err(Fail::Retry(e)) if attempts < 4 => {
+                        eprintln!("{e} (retrying)");
+                        tokio::time::sleep(Duration::from_millis(500 << attempts)).await;
+                        continue;
                     }
+                    Err(Fail::Retry(e)) | Err(Fail::Stop(e)) => return Err(e),
                 };
-                if have + chunk.len() as u64 > l.size {
-                    drop(w);
+                if full && have > 0 {
+                    // the registry ignored the range: start again
+                    f.set_len(0).map_err(|e| DistError::io(&part, e))?;
+                    have = 0;
+                    resumed = 0;
+                    pieced = false;
+                    sha = Sha256::new();
+                    b3 = blake3::Hasher::new();
+                } else if !full {
+                    pieced = true;
+                }
+                f.seek(SeekFrom::Start(have))
+                    .map_err(|e| DistError::io(&part, e))?;
+                let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
+                let limiter = Limiter::new(self.opts.limit_rate);
+                let mut failed = None;
+                loop {
+                    // paced: a registry that stalls or trickles fails here (the partial file
+                    // is kept for the next pull to resume)
+                    let chunk = match pace.wait(resp.chunk(), None).await {
+                        Ok(Ok(Some(c))) => c,
+                        Ok(Ok(None)) => break,
+                        Ok(Err(e)) => {
+                            failed = Some(reqwest_detail(&e));
+                            break;
+                        }
+                        Err(e) => {
+                            w.flush().map_err(|e| DistError::io(&part, e))?;
+                            return Err(e);
+                        }
+                    };
+                    if have + chunk.len() as u64 > l.size {
+                        drop(w);
+                        let _ = std::fs::remove_file(&part);
+                        return Err(bad(format!(
+                            "the registry serves more than the {} bytes the manifest declares",
+                            l.size
+                        )));
+                    }
+                    w.write_all(&chunk).map_err(|e| DistError::io(&part, e))?;
+                    sha.update(&chunk);
+                    b3.update(&chunk);
+                    have += chunk.len() as u64;
+                    fetched += chunk.len() as u64;
+                    if let Some(cb) = &self.opts.progress {
+                        cb(chunk.len() as u64);
+                    }
+                    pace.add(chunk.len() as u64)?;
+                    limiter.wait(fetched).await;
+                }
+                w.flush().map_err(|e| DistError::io(&part, e))?;
+                drop(w);
+                if let Some(e) = failed {
+                    if attempts < 4 {
+                        eprintln!(
+                            "registry {}: blob {} interrupted after {have} bytes ({e}); resuming",
+                            r.resolve_registry(),
+                            l.digest
+                        );
+                        continue;
+                    }
+                    return Err(DistError::registry(format!(
+                        "registry {}: fetching blob {}: {e}",
+                        r.resolve_registry(),
+                        l.digest
+                    )));
+                }
+                if have < l.size {
                     let _ = std::fs::remove_file(&part);
                     return Err(bad(format!(
-                        "the registry serves more than the {} bytes the manifest declares",
+                        "the registry served {have} bytes, the manifest declares {}",
                         l.size
                     )));
                 }
-                w.write_all(&chunk).map_err(|e| DistError::io(&part, e))?;
-                sha.update(&chunk);
-                b3.update(&chunk);
-                have += chunk.len() as u64;
-                fetched += chunk.len() as u64;
-                if let Some(cb) = &self.opts.progress {
-                    cb(chunk.len() as u64);
-                }
-                pace.add(chunk.len() as u64)?;
-                limiter.wait(fetched).await;
             }
-            w.flush().map_err(|e| DistError::io(&part, e))?;
-            drop(w);
-            if let Some(e) = failed {
-                if attempts < 4 {
-                    eprintln!(
-                        "registry {}: blob {} interrupted after {have} bytes ({e}); resuming",
-                        r.resolve_registry(),
-                        l.digest
-                    );
-                    continue;
-                }
-                return Err(DistError::registry(format!(
-                    "registry {}: fetching blob {}: {e}",
-                    r.resolve_registry(),
-                    l.digest
-                )));
+            let got = format!("sha256:{}", hex(&sha.finalize_reset()));
+            let hash = *b3.finalize().as_bytes();
+            let why = if got != l.digest {
+                format!("the content's digest is {got}: the blob was altered or corrupted")
+            } else if hash != l.blake3 {
+                format!(
+                    "the content does not match the BLAKE3 the package declares ({BLAKE3_ANNOTATION})"
+                )
+            } else {
+                // the caller flushes it (beside the next download), then moves it into the
+                // store
+                return Ok(Got::Fetched {
+                    fetched,
+                    resumed,
+                    file: f,
+                    blake3: hash,
+                });
+            };
+            if pieced && !again {
+                // the earlier bytes may be a bad mirror's or a damaged partial file's
+                eprintln!(
+                    "registry {}: blob {} ({}): {why} after resuming a partial download; fetching it again from the start",
+                    self.reference.resolve_registry(),
+                    l.digest,
+                    l.path
+                );
+                f.set_len(0).map_err(|e| DistError::io(&part, e))?;
+                have = 0;
+                resumed = 0;
+                pieced = false;
+                again = true;
+                b3 = blake3::Hasher::new();
+                continue;
             }
-            if have < l.size {
-                let _ = std::fs::remove_file(&part);
-                return Err(bad(format!(
-                    "the registry served {have} bytes, the manifest declares {}",
-                    l.size
-                )));
-            }
-        }
-        let got = format!("sha256:{}", hex(&sha.finalize()));
-        if got != l.digest {
             let _ = std::fs::remove_file(&part);
-            return Err(bad(format!(
-                "the content's digest is {got}: the blob was altered or corrupted; nothing was kept"
-            )));
+            return Err(bad(format!("{why}; nothing was kept")));
         }
-        if *b3.finalize().as_bytes() != l.blake3 {
-            let _ = std::fs::remove_file(&part);
-            return Err(bad(format!(
-                "the content does not match the BLAKE3 the package declares ({BLAKE3_ANNOTATION}); nothing was kept"
-            )));
-        }
-        // the caller flushes it (beside the next download), then moves it into the store
-        Ok((fetched, resumed, Some(f)))
     }
 }
 
-/// The assembled directory must be exactly the model its manifest describes: its structure,
-/// architecture and chat template (code from the model file, under
-/// `gds_format::chat_template`'s bounds) validate (the tokenizer is checked when a runtime
-/// first loads it, as for any model), so that a refused model is never committed; and every
-/// file the model manifest hashes is the layer whose BLAKE3 annotation says so.
-/// (The blobs' BLAKE3 was checked as they were downloaded, so no file is read again.)
-fn check_assembled(dir: &Path, layers: &[Layer], what: &str) -> Result<()> {
-    let report = gds_convert::validate_dir(dir, gds_convert::Depth::Structure);
-    if !report.valid {
-        // the files by their paths in the package, not in the staging directory that goes
-        let staging = format!("{}/", dir.display());
-        let errors: Vec<String> = report
-            .errors
-            .iter()
-            .map(|e| e.replace(&staging, ""))
-            .collect();
-        return Err(DistError::invalid(format!(
-            "{what}: the pulled model does not validate:\n  {}",
-            errors.join("\n  ")
-        )));
+/// A layer blob [`Remote::fetch_blob`] has.
+enum Got {
+    /// Downloaded and verified, in its partial file (still to be flushed and stored).
+    Fetched {
+        /// Bytes fetched now.
+        fetched: u64,
+        /// Bytes of an earlier partial download kept.
+        resumed: u64,
+        /// The partial file (locked).
+        file: std::fs::File,
+        /// The BLAKE3 of its bytes.
+        blake3: [u8; 32],
+    },
+    /// Another pull stored it meanwhile; its bytes hashed again here: their BLAKE3.
+    Present([u8; 32]),
+}
+
+/// What a pull brought into the store: the blobs it stored (that were not there before)
+/// and its partial downloads.
+#[derive(Default)]
+struct Added {
+    blobs: Vec<PathBuf>,
+    partials: Vec<PathBuf>,
+}
+
+/// After a refused package: removes the blobs the pull stored that nothing links to (its
+/// staging directory is gone) and its partial downloads — when no other process is using
+/// the store (its lock, held shared by this pull, is taken exclusively without waiting);
+/// otherwise they stay until `gdsconv gc`, which is then safe.
+fn remove_added(lock: &std::fs::File, added: &Added) {
+    if added.blobs.is_empty() && added.partials.is_empty() {
+        return;
     }
-    let bytes = gds_io::read_manifest(dir).map_err(|e| DistError::invalid(e.to_string()))?;
-    let m = gds_format::Manifest::parse(&bytes).map_err(|e| DistError::invalid(e.to_string()))?;
+    if rustix::fs::flock(lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        eprintln!(
+            "note: another process is using the store: the {} blobs this pull stored stay until `gdsconv gc`",
+            added.blobs.len()
+        );
+        return;
+    }
+    for p in &added.partials {
+        let _ = std::fs::remove_file(p);
+    }
+    for p in &added.blobs {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(p).is_ok_and(|m| m.nlink() <= 1) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Flushes each downloaded blob to disk on a thread while the next one downloads, then
+/// moves it into the store: one thread at a time, joined before the next starts (a thread
+/// per blob, joined at the end, exhausted the address space of a package with thousands of
+/// layers), and none at all when none can be had (the flush is then done in place).
+struct Flusher<'a> {
+    store: &'a Store,
+    /// The flush in progress: its thread, the partial file, the digest.
+    pending: Option<(
+        std::thread::JoinHandle<std::io::Result<()>>,
+        PathBuf,
+        String,
+    )>,
+}
+
+impl<'a> Flusher<'a> {
+    fn new(store: &'a Store) -> Flusher<'a> {
+        Flusher {
+            store,
+            pending: None,
+        }
+    }
+
+    /// Flushes `file` (the partial download `part` of `digest`) and stores it, after the
+    /// previous one.
+    fn push(
+        &mut self,
+        file: std::fs::File,
+        part: PathBuf,
+        digest: String,
+        added: &mut Added,
+    ) -> Result<()> {
+        self.finish(added)?;
+        let spawned = std::thread::Builder::new()
+            .name("gds-flush".into())
+            .stack_size(64 << 10)
+            .spawn(move || file.sync_data());
+        match spawned {
+            Ok(h) => {
+                self.pending = Some((h, part, digest));
+                Ok(())
+            }
+            // no thread to be had (a thread or address-space limit): flushed here
+            Err(_) => {
+                std::fs::File::open(&part)
+                    .and_then(|f| f.sync_data())
+                    .map_err(|e| DistError::io(&part, e))?;
+                self.commit(&part, &digest, added)
+            }
+        }
+    }
+
+    /// Waits for the flush in progress and stores its blob.
+    fn finish(&mut self, added: &mut Added) -> Result<()> {
+        if let Some((h, part, digest)) = self.pending.take() {
+            h.join()
+                .map_err(|_| {
+                    DistError::usage(format!(
+                        "{}: the thread flushing it panicked",
+                        part.display()
+                    ))
+                })?
+                .map_err(|e| DistError::io(&part, e))?;
+            self.commit(&part, &digest, added)?;
+        }
+        Ok(())
+    }
+
+    fn commit(&self, part: &Path, digest: &str, added: &mut Added) -> Result<()> {
+        let (blob, new) = self.store.commit_blob(part, digest)?;
+        if new {
+            added.blobs.push(blob);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Flusher<'_> {
+    fn drop(&mut self) {
+        if let Some((h, _, _)) = self.pending.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The verdict on one layer: the bytes hashed in this pull for its blob (`verified`, by
+/// digest) have the BLAKE3 its own `io.gdsllm.blake3` declares — each layer, also when
+/// several share one blob.
+fn check_layer(
+    l: &Layer,
+    verified: &std::collections::HashMap<String, [u8; 32]>,
+    what: &str,
+) -> Result<()> {
+    match verified.get(&l.digest) {
+        Some(h) if *h == l.blake3 => Ok(()),
+        Some(_) => Err(DistError::invalid(format!(
+            "{what}: blob {} ({}): the content does not match the BLAKE3 this layer declares ({BLAKE3_ANNOTATION}); nothing was kept",
+            l.digest, l.path
+        ))),
+        None => Err(DistError::invalid(format!(
+            "{what}: blob {} ({}) was not checked",
+            l.digest, l.path
+        ))),
+    }
+}
+
+/// The model manifest (`dir/manifest.gdsm`, the first file fetched) must list exactly the
+/// files the package ships, each under the BLAKE3 its layer declares: checked before the
+/// rest of the package is fetched, so that a package shipping other files costs one small
+/// download.
+fn check_listing(
+    dir: &Path,
+    layers: &[Layer],
+    verified: &std::collections::HashMap<String, [u8; 32]>,
+    what: &str,
+) -> Result<()> {
+    for l in layers
+        .iter()
+        .filter(|l| l.path == gds_format::MANIFEST_FILE)
+    {
+        check_layer(l, verified, what)?;
+    }
+    let bytes = gds_io::read_manifest(dir).map_err(|e| {
+        let staging = format!("{}/", dir.display());
+        DistError::invalid(format!("{what}: {}", e.to_string().replace(&staging, "")))
+    })?;
+    let m = crate::package::validated(&bytes, |errs| {
+        format!(
+            "{what}: the package's {} does not validate:\n  {errs}",
+            gds_format::MANIFEST_FILE
+        )
+    })?;
     let by_path: std::collections::HashMap<&str, &Layer> =
         layers.iter().map(|l| (l.path.as_str(), l)).collect();
     let mut expected: Vec<(&str, [u8; 32])> =
@@ -1256,8 +1589,40 @@ fn check_assembled(dir: &Path, layers: &[Layer], what: &str) -> Result<()> {
         l.path != gds_format::MANIFEST_FILE && !expected.iter().any(|(p, _)| *p == l.path)
     }) {
         return Err(DistError::invalid(format!(
-            "{what}: blob {} ships {}, which the model manifest does not list",
+            "{what}: blob {} ships {}, which the model manifest does not list (nothing else was fetched)",
             extra.digest, extra.path
+        )));
+    }
+    Ok(())
+}
+
+/// The assembled directory must be exactly the model its manifest describes: every file's
+/// bytes, as hashed in this pull, have the BLAKE3 its own layer declares (which
+/// [`check_listing`] compared with the model manifest's record); and its structure,
+/// architecture and chat template (code from the model file, under
+/// `gds_format::chat_template`'s bounds) validate (the tokenizer is checked when a runtime
+/// first loads it, as for any model), so that a refused model is never committed.
+fn check_assembled(
+    dir: &Path,
+    layers: &[Layer],
+    verified: &std::collections::HashMap<String, [u8; 32]>,
+    what: &str,
+) -> Result<()> {
+    for l in layers {
+        check_layer(l, verified, what)?;
+    }
+    let report = gds_convert::validate_dir(dir, gds_convert::Depth::Structure);
+    if !report.valid {
+        // the files by their paths in the package, not in the staging directory that goes
+        let staging = format!("{}/", dir.display());
+        let errors: Vec<String> = report
+            .errors
+            .iter()
+            .map(|e| e.replace(&staging, ""))
+            .collect();
+        return Err(DistError::invalid(format!(
+            "{what}: the pulled model does not validate:\n  {}",
+            errors.join("\n  ")
         )));
     }
     Ok(())
@@ -1361,33 +1726,61 @@ impl Pace {
     }
 
     /// Awaits `fut`, checking the rate at the end of every window that passes meanwhile;
-    /// `sent` counts bytes moved inside `fut` (an upload).
+    /// `upload` counts the bytes sent inside `fut` of its total (an upload). Once an upload
+    /// has sent its whole body, the registry stores the blob (hashes it, moves it) before it
+    /// answers: the answer then has an allowance of its own ([`Pace::answer_allowance`]),
+    /// not the `--min-rate` window.
     async fn wait<F: std::future::Future>(
         &mut self,
         fut: F,
-        sent: Option<&std::sync::atomic::AtomicU64>,
+        upload: Option<(&std::sync::atomic::AtomicU64, u64)>,
     ) -> Result<F::Output> {
         if self.min_rate == 0 {
             return Ok(fut.await);
         }
-        let count = || sent.map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed));
+        let count = || upload.map_or(0, |(c, _)| c.load(std::sync::atomic::Ordering::Relaxed));
         let mut last = count();
+        let mut answer_by: Option<(Instant, Duration)> = None;
         let mut fut = std::pin::pin!(fut);
         loop {
-            let end = tokio::time::Instant::from_std(self.start + self.window);
-            match tokio::time::timeout_at(end, &mut fut).await {
+            let end = match answer_by {
+                Some((t, _)) => t,
+                None => self.start + self.window,
+            };
+            match tokio::time::timeout_at(tokio::time::Instant::from_std(end), &mut fut).await {
                 Ok(v) => {
                     self.bytes += count() - last;
                     return Ok(v);
                 }
                 Err(_) => {
+                    if let Some((_, allowed)) = answer_by {
+                        self.failed = true;
+                        return Err(DistError::registry(format!(
+                            "{}: no answer {} s after the whole blob was sent (the allowance for storing it: --min-rate-window × 4, plus a second per {} MiB); gave up",
+                            self.what,
+                            allowed.as_secs_f64(),
+                            ANSWER_BYTES_PER_SEC >> 20
+                        )));
+                    }
                     let now = count();
                     self.bytes += now - last;
                     last = now;
+                    if let Some((_, total)) = upload.filter(|&(_, total)| now >= total) {
+                        let allowed = self.answer_allowance(total);
+                        answer_by = Some((Instant::now() + allowed, allowed));
+                        continue;
+                    }
                     self.check()?;
                 }
             }
         }
+    }
+
+    /// How long a registry may take to answer once it has the whole of a `size`-byte
+    /// upload: four `--min-rate` windows, plus a second per [`ANSWER_BYTES_PER_SEC`] bytes
+    /// (a registry that hashes or copies the blob before answering).
+    fn answer_allowance(&self, size: u64) -> Duration {
+        self.window * 4 + Duration::from_secs(size / ANSWER_BYTES_PER_SEC)
     }
 }
 
@@ -1521,25 +1914,43 @@ impl Limiter {
     }
 }
 
-/// A blob as a stream of 1 MiB pieces read from its source, paced by `limit`.
+/// Where [`blob_stream`] puts the local failure that ended it: the blob's file unreadable,
+/// shorter than when it was packed, or holding other bytes than the digest it was packed
+/// as. It fails the push with its own exit code (2 or 1), not as the registry's.
+type LocalFail = Arc<std::sync::Mutex<Option<DistError>>>;
+
+/// A blob as a stream of 1 MiB pieces read from its source, paced by `limit`, hashed as it
+/// goes (sha256, and BLAKE3 where the layer declares one): bytes that do not match the
+/// blob's digest end the stream with an error instead of its last piece, so that the
+/// registry never gets the whole of a body that is not the blob, and `fail` says why.
 fn blob_stream(
     b: &BlobRef,
     limit: Option<u64>,
     progress: Option<Arc<dyn Fn(u64) + Send + Sync>>,
     counter: Arc<std::sync::atomic::AtomicU64>,
+    fail: LocalFail,
 ) -> futures_util::stream::BoxStream<'static, std::io::Result<bytes::Bytes>> {
-    let source = b.source.clone();
+    let blob = b.clone();
     let size = b.size;
-    let state = (source, None::<std::fs::File>, 0u64, Limiter::new(limit));
-    futures_util::stream::unfold(state, move |(source, mut file, sent, lim)| {
+    let hashers = (Sha256::new(), blake3::Hasher::new());
+    let state = (
+        None::<std::fs::File>,
+        0u64,
+        Limiter::new(limit),
+        hashers,
+        false,
+    );
+    futures_util::stream::unfold(state, move |(mut file, sent, lim, mut hashers, over)| {
         let progress = progress.clone();
         let sent_now = counter.clone();
+        let blob = blob.clone();
+        let fail = fail.clone();
         async move {
-            if sent >= size {
+            if sent >= size || over {
                 return None;
             }
             let piece = (size - sent).min(1 << 20) as usize;
-            let chunk = match &source {
+            let chunk = match &blob.source {
                 BlobSource::Memory(v) => Ok(bytes::Bytes::copy_from_slice(
                     &v[sent as usize..sent as usize + piece],
                 )),
@@ -1554,8 +1965,39 @@ fn blob_stream(
                     Ok(bytes::Bytes::from(buf))
                 })()
                 .map_err(|e: std::io::Error| {
-                    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        DistError::usage(format!(
+                            "{}: shorter than when it was packed (blob {} has {size} bytes): the file changed since it was packed",
+                            path.display(),
+                            blob.digest
+                        ))
+                    } else {
+                        DistError::io(path, e)
+                    }
                 }),
+            };
+            let chunk = chunk.and_then(|c| {
+                hashers.0.update(&c);
+                hashers.1.update(&c);
+                if sent + c.len() as u64 >= size {
+                    let sha = format!("sha256:{}", hex(&hashers.0.finalize_reset()));
+                    let b3 = *hashers.1.finalize().as_bytes();
+                    if sha != blob.digest || blob.blake3.is_some_and(|h| h != b3) {
+                        return Err(crate::package::mismatch(&blob, &sha, "uploading it"));
+                    }
+                }
+                Ok(c)
+            });
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    let msg = e.msg.clone();
+                    *fail.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    return Some((
+                        Err(std::io::Error::other(msg)),
+                        (file, sent, lim, hashers, true),
+                    ));
+                }
             };
             let n = piece as u64;
             sent_now.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
@@ -1563,7 +2005,7 @@ fn blob_stream(
                 p(n);
             }
             lim.wait(sent + n).await;
-            Some((chunk, (source, file, sent + n, lim)))
+            Some((Ok(chunk), (file, sent + n, lim, hashers, false)))
         }
     })
     .boxed()
@@ -1704,6 +2146,198 @@ mod tests {
     }
 
     #[test]
+    fn the_answer_to_a_whole_upload_has_an_allowance_of_its_own() {
+        // the whole body is sent at once; the registry then takes 350 ms (3.5 windows) to
+        // store it and answer: within its allowance (4 windows), not failed at the end of
+        // the first window that moved no byte
+        let sent = std::sync::atomic::AtomicU64::new(0);
+        let mut pace = Pace::new(&limits(1000, 100), None, "registry r: up".into());
+        rt().block_on(pace.wait(
+            async {
+                sent.fetch_add(600, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(350)).await;
+            },
+            Some((&sent, 600)),
+        ))
+        .unwrap();
+        // a registry that never answers still fails, once the allowance is spent
+        let sent = std::sync::atomic::AtomicU64::new(0);
+        let mut pace = Pace::new(&limits(1000, 100), None, "registry r: up".into());
+        let t0 = Instant::now();
+        let e = rt()
+            .block_on(pace.wait(
+                async {
+                    sent.fetch_add(600, std::sync::atomic::Ordering::Relaxed);
+                    std::future::pending::<()>().await
+                },
+                Some((&sent, 600)),
+            ))
+            .unwrap_err();
+        assert!(
+            e.msg.contains("no answer") && e.msg.contains("registry r: up"),
+            "{e}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        // an upload that stops half-way fails at the end of the window, as before
+        let sent = std::sync::atomic::AtomicU64::new(0);
+        let mut pace = Pace::new(&limits(1000, 100), None, "registry r: up".into());
+        let e = rt()
+            .block_on(pace.wait(
+                async {
+                    sent.fetch_add(300, std::sync::atomic::Ordering::Relaxed);
+                    std::future::pending::<()>().await
+                },
+                Some((&sent, 600)),
+            ))
+            .unwrap_err();
+        assert!(e.msg.contains("--min-rate"), "{e}");
+    }
+
+    /// The blob bodies a test registry received: (the digest asked for, the body's sha256).
+    type Uploads = Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+    /// A registry that takes uploads on a thread: `HEAD` of a blob answers 404, `POST
+    /// …/blobs/uploads/` 202 with a `Location`, `PUT` reads the body (its `Content-Length`)
+    /// and answers 201. Returns the port and the log of whole blob bodies received
+    /// (`digest asked for`, `sha256 of the body`).
+    fn upload_registry() -> (u16, Uploads) {
+        use std::io::{BufRead, BufReader, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(mut w) = conn else { return };
+                let log = log2.clone();
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(w.try_clone().unwrap());
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut len = 0usize;
+                        loop {
+                            let mut h = String::new();
+                            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if h.trim().is_empty() {
+                                break;
+                            }
+                            if let Some((k, v)) = h.split_once(':') {
+                                if k.eq_ignore_ascii_case("content-length") {
+                                    len = v.trim().parse().unwrap_or(0);
+                                }
+                            }
+                        }
+                        let mut body = vec![0u8; len];
+                        if r.read_exact(&mut body).is_err() {
+                            return; // the client gave up on the body
+                        }
+                        let mut parts = line.split_whitespace();
+                        let (method, path) = (parts.next().unwrap(), parts.next().unwrap());
+                        let (status, extra) = match method {
+                            "HEAD" => ("404 Not Found", String::new()),
+                            "POST" => (
+                                "202 Accepted",
+                                "Location: /v2/models/x/blobs/uploads/u1\r\n".to_string(),
+                            ),
+                            _ => {
+                                if let Some((_, q)) = path.split_once("digest=") {
+                                    let asked = q.replace("%3A", ":");
+                                    log.lock().unwrap().push((asked, sha256_digest(&body)));
+                                }
+                                ("201 Created", String::new())
+                            }
+                        };
+                        let head = format!("HTTP/1.1 {status}\r\n{extra}Content-Length: 0\r\n\r\n");
+                        if w.write_all(head.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (port, log)
+    }
+
+    use crate::layout::tests::one_file_artifact;
+
+    #[test]
+    fn a_file_that_changed_since_it_was_packed_fails_the_push_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("blk.0000.bin");
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let (port, log) = upload_registry();
+        let push = |a: &Artifact| {
+            let opts = RemoteOptions {
+                plain_http: true,
+                ..Default::default()
+            };
+            Remote::new(&format!("127.0.0.1:{port}/models/x:latest"), opts)
+                .unwrap()
+                .push(a)
+        };
+        // as packed: pushed
+        std::fs::write(&file, &bytes).unwrap();
+        let a = one_file_artifact(&file);
+        push(&a).unwrap();
+        // changed in place since (the same size): refused, exit 1, the file named; the
+        // registry never got the whole of the body (the last piece is held back)
+        let mut changed = bytes.clone();
+        changed[2_500_000] ^= 0xff;
+        std::fs::write(&file, &changed).unwrap();
+        log.lock().unwrap().clear();
+        let e = push(&a).unwrap_err();
+        assert_eq!(e.kind, Kind::Invalid, "{e}");
+        assert!(
+            e.msg.contains(&file.display().to_string())
+                && e.msg.contains("changed since it was packed"),
+            "{e}"
+        );
+        let got = log.lock().unwrap().clone();
+        assert!(
+            got.iter().all(|(asked, body)| asked == body),
+            "the registry got a body that is not its digest: {got:?}"
+        );
+        // the same bytes, but not the BLAKE3 its layer declares: refused too
+        std::fs::write(&file, &bytes).unwrap();
+        let mut a2 = a.clone();
+        a2.layers[0].blake3 = Some([0; 32]);
+        let e = push(&a2).unwrap_err();
+        assert_eq!(e.kind, Kind::Invalid, "{e}");
+        assert!(e.msg.contains("BLAKE3"), "{e}");
+        // shorter: a local I/O error (exit 2), not the registry's (3)
+        std::fs::write(&file, &bytes[..1_000_000]).unwrap();
+        let e = push(&a).unwrap_err();
+        assert_eq!(e.kind, Kind::Usage, "{e}");
+        assert!(
+            e.msg.contains(&file.display().to_string()) && e.msg.contains("shorter"),
+            "{e}"
+        );
+        // an OCI layout's blob that is not its digest: named as such
+        let lay = tmp
+            .path()
+            .join(a.layers[0].digest.strip_prefix("sha256:").unwrap());
+        std::fs::write(&lay, &changed).unwrap();
+        let mut a3 = a.clone();
+        a3.layers[0].source = BlobSource::File {
+            path: lay.clone(),
+            offset: 0,
+        };
+        let e = push(&a3).unwrap_err();
+        assert_eq!(e.kind, Kind::Invalid, "{e}");
+        assert!(
+            e.msg.contains(&lay.display().to_string())
+                && e.msg
+                    .contains("the layout's blob does not match its digest"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn only_the_registry_gets_the_credentials() {
         let r = Remote::new("reg.example:5000/models/x:latest", RemoteOptions::default()).unwrap();
         assert!(r.on_registry("https://reg.example:5000/v2/models/x/blobs/uploads/1?a=b"));
@@ -1796,7 +2430,7 @@ mod tests {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            Some(&sent),
+            Some((&sent, u64::MAX)),
         ))
         .unwrap();
         assert_eq!(

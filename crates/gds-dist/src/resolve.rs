@@ -39,13 +39,12 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
     if let Some(e) = store.get_ref(spec) {
         return Ok(store.model_dir(&e.digest));
     }
-    let _lock = store.lock(false)?;
     let remote = Remote::new(spec, opts.remote.clone())?;
     if !opts.quiet {
         eprintln!("pulling {spec} into {} ...", store.root().display());
     }
-    let s = remote.pull_into_store(&store)?;
-    store.set_ref(spec, &s.manifest_digest, "oci")?;
+    // the reference is recorded under the pull's own lock of the store
+    let s = remote.pull_into_store_as(&store, spec)?;
     if !opts.quiet {
         eprintln!(
             "pulled {spec} ({}): {} blobs fetched, {} bytes",

@@ -5,6 +5,7 @@
 //! blobs/sha256/<hex>        each distinct blob once, read-only (0444)
 //! partial/<hex>.partial     a download in progress (locked while written; resumed with Range)
 //! models/<manifest hex>/    a model: its files hard-linked to blobs/ (no extra space)
+//! configs/<hex>.config     a pulled model's config blob, hard-linked (kept while the model is)
 //! refs/<escaped reference>  {"reference", "digest", "source"}: what `gdsrun REF` opens
 //! ```
 //!
@@ -18,6 +19,17 @@ use serde::{Deserialize, Serialize};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+/// What [`Store::check_blob`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// No such blob.
+    Missing,
+    /// The blob, its bytes checked: their BLAKE3.
+    Good([u8; 32]),
+    /// A file whose bytes are not its name's: removed.
+    Dropped,
+}
 
 /// The store.
 #[derive(Clone, Debug)]
@@ -96,7 +108,7 @@ impl Store {
 
     /// The store at `root`, created if missing.
     pub fn open(root: &Path) -> Result<Store> {
-        for d in ["blobs/sha256", "partial", "models", "refs"] {
+        for d in ["blobs/sha256", "partial", "models", "refs", "configs"] {
             let p = root.join(d);
             fs::create_dir_all(&p).map_err(|e| DistError::io(&p, e))?;
         }
@@ -131,25 +143,54 @@ impl Store {
             .join(format!("{}.partial", digest_hex(digest)?)))
     }
 
-    /// Moves a verified file into the store as `digest` (read-only). When the store already
-    /// holds it, `file` is removed instead. Returns the blob's path.
-    pub fn commit_blob(&self, file: &Path, digest: &str) -> Result<PathBuf> {
+    /// Moves a verified file into the store as `digest` (read-only), replacing what the
+    /// store held under that name (whose bytes nobody checked here: the caller hashed
+    /// `file`). Returns the blob's path and whether the store had no such blob before.
+    pub fn commit_blob(&self, file: &Path, digest: &str) -> Result<(PathBuf, bool)> {
         let dst = self.blob_path(digest)?;
         let _ = fs::set_permissions(file, fs::Permissions::from_mode(0o444));
-        if dst.exists() {
-            let _ = fs::remove_file(file);
-            return Ok(dst);
-        }
+        let new = fs::symlink_metadata(&dst).is_err();
         match fs::rename(file, &dst) {
-            Ok(()) => Ok(dst),
-            // another pull of the same blob moved the same verified file in first
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && dst.exists() => Ok(dst),
+            Ok(()) => Ok((dst, new)),
+            // another pull of the same blob (the same partial file, verified) moved it in first
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && dst.exists() => Ok((dst, false)),
             Err(e) => Err(DistError::usage(format!(
                 "moving {} to {}: {e}",
                 file.display(),
                 dst.display()
             ))),
         }
+    }
+
+    /// Hashes the stored blob `digest` before it is used again (a blob is a hard link that
+    /// anything linked to it can change in place; its size says nothing of its bytes): its
+    /// BLAKE3 when its bytes are `size` bytes hashing to its name; otherwise it is removed
+    /// from the store (the caller fetches it again).
+    pub fn check_blob(&self, digest: &str, size: u64) -> Result<Stored> {
+        let p = self.blob_path(digest)?;
+        let m = match fs::symlink_metadata(&p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Stored::Missing),
+            Err(e) => return Err(DistError::io(&p, e)),
+        };
+        if m.is_file() && m.len() == size {
+            let mut f = fs::File::open(&p).map_err(|e| DistError::io(&p, e))?;
+            let (sha, b3, n) = crate::package::hash_file(&p, &mut f)?;
+            if sha == digest && n == size {
+                return Ok(Stored::Good(b3));
+            }
+        }
+        // the file the check read, not one another pull has just put in its place
+        let same =
+            fs::symlink_metadata(&p).is_ok_and(|now| now.ino() == m.ino() && now.dev() == m.dev());
+        if same {
+            let _ = fs::remove_file(&p);
+        }
+        eprintln!(
+            "warning: {} does not hold the bytes its name says (changed in place through a hard link?): removed from the store, fetching it again",
+            p.display()
+        );
+        Ok(Stored::Dropped)
     }
 
     /// Held by every pull and conversion into the store (shared) and by `gc` (exclusive),
@@ -240,6 +281,23 @@ impl Store {
             DistError::io(path, e)
         })?;
         Ok(digest)
+    }
+
+    /// Links the config blob of the pulled model `manifest_digest` as
+    /// `configs/<manifest hex>.config`, so that `gc` keeps it while the model is in the
+    /// store (no file of the model is the config).
+    pub fn keep_config(&self, manifest_digest: &str, config_digest: &str) -> Result<()> {
+        let dst = self
+            .root
+            .join("configs")
+            .join(format!("{}.config", digest_hex(manifest_digest)?));
+        let src = self.blob_path(config_digest)?;
+        let tmp = dst.with_extension(format!("tmp-{}", unique_suffix()));
+        fs::hard_link(&src, &tmp).map_err(|e| DistError::io(&tmp, e))?;
+        fs::rename(&tmp, &dst).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            DistError::io(&dst, e)
+        })
     }
 
     /// The directory of the model `id` (a manifest digest or `gguf:<key>`).
@@ -344,6 +402,19 @@ impl Store {
                 }
             }
         }
+        // the configs of the models that remain stay (a link of their own keeps them)
+        for d in fs::read_dir(self.root.join("configs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let p = d.path();
+            let name = d.file_name().to_string_lossy().into_owned();
+            let model = name.strip_suffix(".config").unwrap_or("");
+            if model.is_empty() || !self.root.join("models").join(model).is_dir() {
+                fs::remove_file(&p).map_err(|e| DistError::io(&p, e))?;
+            }
+        }
         for d in fs::read_dir(self.root.join("blobs/sha256"))
             .into_iter()
             .flatten()
@@ -421,5 +492,73 @@ pub fn link_or_copy(src: &Path, dst: &Path) -> Result<()> {
             Ok(())
         }
         Err(e) => Err(DistError::io(dst, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::package::sha256_digest;
+
+    fn put(store: &Store, bytes: &[u8]) -> (String, PathBuf) {
+        let d = sha256_digest(bytes);
+        let tmp = store.root().join("partial/x.tmp");
+        fs::write(&tmp, bytes).unwrap();
+        let (p, new) = store.commit_blob(&tmp, &d).unwrap();
+        assert!(new);
+        (d, p)
+    }
+
+    #[test]
+    fn a_blob_changed_in_place_is_dropped_not_reused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("store")).unwrap();
+        let bytes = vec![5u8; 10_000];
+        let (d, p) = put(&store, &bytes);
+        assert_eq!(
+            store.check_blob(&d, 10_000).unwrap(),
+            Stored::Good(*blake3::hash(&bytes).as_bytes())
+        );
+        // a pulled directory's hard link, made writable and edited: same size, other bytes
+        let link = tmp.path().join("pulled.bin");
+        fs::hard_link(&p, &link).unwrap();
+        fs::set_permissions(&link, fs::Permissions::from_mode(0o644)).unwrap();
+        let mut b = bytes.clone();
+        b[5000] ^= 1;
+        fs::write(&link, &b).unwrap();
+        assert!(store.has_blob(&d, 10_000), "the size alone says nothing");
+        assert_eq!(store.check_blob(&d, 10_000).unwrap(), Stored::Dropped);
+        assert!(!p.exists(), "the bad blob is still in the store");
+        assert_eq!(store.check_blob(&d, 10_000).unwrap(), Stored::Missing);
+        // a verified copy replaces whatever the store holds under the name
+        let (d2, p2) = put(&store, b"other");
+        fs::set_permissions(&p2, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(&p2, b"OTHER").unwrap();
+        let tmp2 = store.root().join("partial/y.tmp");
+        fs::write(&tmp2, b"other").unwrap();
+        assert!(!store.commit_blob(&tmp2, &d2).unwrap().1);
+        assert_eq!(fs::read(&p2).unwrap(), b"other");
+    }
+
+    #[test]
+    fn gc_keeps_the_config_of_a_model_in_the_store() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("store")).unwrap();
+        let (config, cp) = put(&store, b"{\"config\":1}");
+        let m = format!("sha256:{}", "a".repeat(64));
+        fs::create_dir_all(store.model_dir(&m)).unwrap();
+        store.keep_config(&m, &config).unwrap();
+        store.set_ref("reg.example/m:1", &m, "oci").unwrap();
+        store.gc().unwrap();
+        assert!(cp.exists(), "gc removed the config of a model in the store");
+        // the model gone, its config goes
+        store.remove_ref("reg.example/m:1").unwrap();
+        let s = store.gc().unwrap();
+        assert_eq!((s.removed_models, s.removed_blobs), (1, 1));
+        assert!(!cp.exists());
+        assert_eq!(
+            fs::read_dir(store.root().join("configs")).unwrap().count(),
+            0
+        );
     }
 }

@@ -251,35 +251,6 @@ pub struct ChatTemplate {
     eos_token: String,
 }
 
-thread_local! {
-    /// Set on a thread running a template: a panic there is caught and reported as an error
-    /// (a limit), so the panic hook stays silent for it.
-    static QUIET_PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Installs (once) a panic hook that says nothing for a panic on a thread running a template
-/// ([`QUIET_PANICS`]: it is caught and becomes an error; its message and backtrace on stderr
-/// would only repeat it) and passes every other panic to the hook there was before.
-fn quiet_template_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !QUIET_PANICS.try_with(std::cell::Cell::get).unwrap_or(false) {
-                previous(info);
-            }
-        }));
-    });
-}
-
-/// A panic's message.
-fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {
-    p.downcast_ref::<&str>()
-        .copied()
-        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
-}
-
 /// Runs `f` on a thread of its own with a [`STACK_BYTES`] stack and at most
 /// [`crate::render_memory::MAX_RENDER_BYTES`] held at once; a panic in it (minijinja's, on
 /// something a template can do) and going over the memory bound are limits, reported without
@@ -289,16 +260,11 @@ fn on_big_stack<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, TemplateError> + Send + 'static,
 ) -> Result<T, TemplateError> {
     use crate::render_memory::{run_bounded, RunError};
-    quiet_template_panics();
     let doing = what.to_string();
     let caught = move || {
-        QUIET_PANICS.with(|q| q.set(true));
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-        QUIET_PANICS.with(|q| q.set(false));
-        r.unwrap_or_else(|p| {
+        crate::quiet_panic::catch(f).unwrap_or_else(|p| {
             Err(TemplateError::limit(format!(
-                "the template ({doing}): the template engine panicked: {}",
-                panic_message(&*p)
+                "the template ({doing}): the template engine panicked: {p}"
             )))
         })
     };

@@ -4,6 +4,7 @@ pub mod arch;
 pub mod chat_template;
 mod dtype;
 mod error;
+pub mod quiet_panic;
 pub mod raw;
 pub mod reader;
 pub mod render_memory;

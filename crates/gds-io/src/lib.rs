@@ -14,7 +14,9 @@ pub use direct::{
 };
 pub use error::IoError;
 pub use mmap::{read_manifest, verify_layer_files, MmapBackend};
-pub use verify::{open_in_dir, open_regular, read_model_file, Verifier, VerifyMode, VerifyStats};
+pub use verify::{
+    open_in_dir, open_regular, open_user_file, read_model_file, Verifier, VerifyMode, VerifyStats,
+};
 
 use std::ops::{Deref, Range};
 use std::sync::Arc;

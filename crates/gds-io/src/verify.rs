@@ -42,10 +42,19 @@ pub fn open_in_dir(dir: &Path, rel: &str, flags: i32) -> Result<File, IoError> {
             why: format!("the manifest path {rel:?} {why}"),
         });
     }
-    let mut cur = File::open(dir).map_err(|error| IoError::File {
-        path: dir.to_path_buf(),
-        error,
-    })?;
+    // O_DIRECTORY | O_NONBLOCK: a FIFO named as the model directory is refused at once
+    // ("Not a directory") instead of blocking the open for ever
+    let mut cur = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NONBLOCK)
+            .open(dir)
+            .map_err(|error| IoError::File {
+                path: dir.to_path_buf(),
+                error,
+            })?
+    };
     let parts: Vec<&str> = rel.split('/').collect();
     for (i, part) in parts.iter().enumerate() {
         let last = i + 1 == parts.len();
@@ -82,6 +91,27 @@ pub fn open_in_dir(dir: &Path, rel: &str, flags: i32) -> Result<File, IoError> {
         cur = unsafe { File::from_raw_fd(fd) };
     }
     require_regular(cur, &path)
+}
+
+/// Opens a file the user named (a command-line argument, a key file) for reading, links
+/// followed: nonblocking, then checked on the descriptor (no window between a check and the
+/// open), so that a FIFO without a writer, a socket or a device is an error ("not a regular
+/// file", [`std::io::ErrorKind::InvalidInput`]) at once instead of an open or read that
+/// blocks for ever. (Reads of a regular file ignore `O_NONBLOCK`.)
+pub fn open_user_file(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if f.metadata()?.is_file() {
+        Ok(f)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ))
+    }
 }
 
 /// Opens `path` (outside a model directory's manifest: a file named on the command line, a
@@ -731,6 +761,31 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.to_string().contains("tokenizer.json"), "{e}");
+    }
+
+    #[test]
+    fn a_fifo_named_as_the_model_directory_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("model");
+        mkfifo(&fifo);
+        let f = fifo.clone();
+        let e = within("dir", move || {
+            open_in_dir(&f, gds_format::MANIFEST_FILE, 0).map(|_| ())
+        })
+        .expect_err("a FIFO opened as a directory");
+        assert_eq!(
+            e.to_string(),
+            format!("{}: Not a directory (os error 20)", fifo.display())
+        );
+        let f = fifo.clone();
+        let e = within("read_manifest", move || {
+            crate::read_manifest(&f).map(|_| ())
+        })
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with(&fifo.display().to_string()),
+            "{e}"
+        );
     }
 
     #[test]

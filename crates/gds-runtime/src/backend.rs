@@ -126,7 +126,7 @@ fn decide(requested: &str, gpu: Gpu) -> Result<BackendChoice> {
         }),
         (_, Gpu::NotBuilt) => Err(RuntimeError::Backend(
             "--backend cuda: this gdsrun was built without CUDA support \
-             (rebuild with `cargo build --release --features cuda`)"
+             (rebuild with `cargo build --release -p gdsrun --features cuda`)"
                 .into(),
         )),
         (_, Gpu::Unusable(why)) => Err(RuntimeError::Backend(format!(

@@ -33,13 +33,18 @@ pub enum Grammar {
     Regex(String),
 }
 
+/// The comment [`Grammar::from_text`] puts first in the Lark translation of a GBNF grammar,
+/// by which [`Grammar::kind`] names it in messages.
+const GBNF_MARK: &str = "// translated from llama.cpp's GBNF";
+
 impl Grammar {
     /// A grammar given as text (llama-server's `grammar` field, `gdsrun --grammar`): GBNF when
     /// a line has `::=` (translated by [`crate::gbnf`]), else llguidance's Lark. The error
     /// says where the GBNF is wrong.
     pub fn from_text(text: &str) -> std::result::Result<Grammar, String> {
         if crate::gbnf::is_gbnf(text) {
-            crate::gbnf::gbnf_to_lark(text).map(Grammar::Lark)
+            // marked, so that messages say GBNF ([`Grammar::kind`])
+            crate::gbnf::gbnf_to_lark(text).map(|l| Grammar::Lark(format!("{GBNF_MARK}\n{l}")))
         } else {
             Ok(Grammar::Lark(text.to_string()))
         }
@@ -65,6 +70,7 @@ impl Grammar {
     pub fn kind(&self) -> &'static str {
         match self {
             Grammar::JsonSchema(_) => "JSON schema",
+            Grammar::Lark(src) if src.contains(GBNF_MARK) => "GBNF grammar",
             Grammar::Lark(_) => "Lark grammar",
             Grammar::Regex(_) => "regular expression",
         }
@@ -234,7 +240,7 @@ impl GrammarCompiler {
                 RuntimeError::Grammar(format!(
                     "{} does not compile: {}",
                     grammar.kind(),
-                    brief(&e.to_string())
+                    cause(grammar, &e.to_string())
                 ))
             })?;
         let mut matcher = Matcher::new(Ok(parser));
@@ -249,7 +255,7 @@ impl GrammarCompiler {
             RuntimeError::Grammar(format!(
                 "{} does not compile: {}",
                 grammar.kind(),
-                brief(&e)
+                cause(grammar, &e)
             ))
         })?;
         Ok(Constraint {
@@ -320,6 +326,29 @@ fn brief(e: &str) -> &str {
     e.split("<backtrace>").next().unwrap_or(e).trim_end()
 }
 
+/// Why `grammar` does not compile, from llguidance's error `e`, in the terms of what was
+/// given: a regular expression is compiled as the Lark grammar `start: /RX/`, whose position
+/// (`at 1(8): `) and source excerpt are the wrapper's, not the user's, so they are left out;
+/// llguidance's stop reasons (`NoExtensionBias`: no token is allowed at the first position)
+/// are said in words.
+fn cause(grammar: &Grammar, e: &str) -> String {
+    let e = brief(e);
+    if matches!(e, "NoExtension" | "NoExtensionBias") {
+        return "it matches no text the model can write (no string satisfies it: e.g. a rule \
+                that only refers to itself, or characters no token spells)"
+            .into();
+    }
+    if !matches!(grammar, Grammar::Regex(_)) {
+        return e.to_string();
+    }
+    let e = e.split("\n   1 | start: /").next().unwrap_or(e);
+    let e = match e.strip_prefix("at ").and_then(|r| r.split_once("): ")) {
+        Some((pos, rest)) if pos.bytes().all(|b| b.is_ascii_digit() || b == b'(') => rest,
+        _ => e,
+    };
+    e.replacen(" (in regex)", "", 1).trim_end().to_string()
+}
+
 /// One sequence's grammar state: which tokens may come next.
 pub struct Constraint {
     matcher: Matcher,
@@ -364,7 +393,26 @@ impl Constraint {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_size, Grammar};
+    use super::{cause, check_size, Grammar};
+
+    #[test]
+    fn compile_errors_are_said_in_the_terms_of_what_was_given() {
+        // llguidance's error for the regex "(" (compiled as `start: /(/`)
+        let e = "at 1(8): invalid regex \"(\" (in regex): regex parse error:\n    (\n    ^\nerror: unclosed group\n   1 | start: /(/\n              ^\n";
+        let rx = Grammar::Regex("(".into());
+        assert_eq!(
+            cause(&rx, e),
+            "invalid regex \"(\": regex parse error:\n    (\n    ^\nerror: unclosed group"
+        );
+        // a Lark grammar keeps its position and excerpt: they are the user's
+        let lark = Grammar::Lark("start: foo".into());
+        let e = "at 1(8): unknown name: \"foo\"\n   1 | start: foo\n              ^";
+        assert_eq!(cause(&lark, e), e);
+        for reason in ["NoExtensionBias", "NoExtension"] {
+            let c = cause(&lark, reason);
+            assert!(c.starts_with("it matches no text"), "{c}");
+        }
+    }
 
     #[test]
     fn a_lark_grammar_too_large_to_compile_is_refused_before_compiling() {

@@ -132,12 +132,22 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Why the energy used cannot be measured (no RAPL counter readable, and no GPU's), or
+    /// `None` when it can: a `--max-joules` limit is then not enforced.
+    pub fn energy_unavailable(&self) -> Option<&str> {
+        (!self.energy.available()).then(|| self.energy.source())
+    }
+
     /// Loads the model on the plan's backend and the tokenizer, and allocates all run
     /// buffers.
     pub fn load(plan: Plan) -> Result<Engine> {
         let t0 = Instant::now();
         // a speculative pass wants logits at the sampled token and at every guess
-        let outputs = 1 + plan.draft.as_ref().map_or(0, |d| d.max_tokens);
+        let outputs = plan
+            .draft
+            .as_ref()
+            .map_or(0, |d| d.max_tokens)
+            .saturating_add(1);
         let exec = crate::exec::open(&plan, plan.batch, outputs)?;
         let draft_model = match plan.draft.as_ref().and_then(|d| d.model_plan.as_deref()) {
             Some(sub) => {

@@ -170,34 +170,54 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let x: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (examples: 200MB, 1.5GiB, 4096)"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+    let not_a_size = || format!("{s:?} is not a size (examples: 200MB, 1.5GiB, 4096)");
+    let x: f64 = num.parse().map_err(|_| not_a_size())?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
         u => {
             return Err(format!(
                 "{s:?}: unknown unit {u:?} (use B, kB, MB, GB, KiB, MiB, GiB)"
             ))
         }
     };
-    let v = x * mult;
-    if !v.is_finite() || v < 1.0 || v > u64::MAX as f64 {
-        return Err(format!("{s:?} is not a usable size"));
+    let too_large = || format!("{s:?} is too large a size (at most {} bytes)", u64::MAX);
+    // a whole number is taken exactly (a float has 53 bits: 2^64 would round to u64::MAX);
+    // a fraction through f64, refused from 2^64 up (`as u64` would saturate)
+    let v = if num.bytes().all(|b| b.is_ascii_digit()) {
+        num.parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(mult))
+            .ok_or_else(too_large)?
+    } else {
+        let v = x * mult as f64;
+        if !v.is_finite() || v >= u64::MAX as f64 {
+            return Err(too_large());
+        }
+        v as u64
+    };
+    if v < 1 {
+        return Err(format!("{s:?} is not a usable size (at least 1 byte)"));
     }
-    Ok(v as u64)
+    Ok(v)
 }
 
-fn mib(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+/// A size for messages: bytes under 1 MiB (a budget of 1 byte is not "0.0 MiB"), MiB above.
+pub(crate) fn mib(b: u64) -> String {
+    if b == 1 {
+        "1 byte".into()
+    } else if b < 1 << 20 {
+        format!("{b} bytes")
+    } else {
+        format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+    }
 }
 
 struct Layers {
@@ -628,9 +648,34 @@ mod tests {
         assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
         assert_eq!(parse_size("64m"), Ok(64 << 20));
         assert_eq!(parse_size(" 2 KiB "), Ok(2048));
-        for bad in ["", "MB", "-5MB", "1.2.3GB", "10 parsecs", "0"] {
+        for bad in ["", "MB", "-5MB", "1.2.3GB", "10 parsecs", "0", "0.4"] {
             assert!(parse_size(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn sizes_past_u64_max_are_refused_not_saturated() {
+        // the largest size exactly; past it refused (2^64 was taken as 2^64 - 1)
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        for over in [
+            "18446744073709551616",
+            "99999999999999999999999",
+            "18446744073709551616.0",
+            "16777216TiB",
+            "16777216.5TiB",
+        ] {
+            let e = parse_size(over).unwrap_err();
+            assert!(e.contains("too large"), "{over}: {e}");
+        }
+    }
+
+    #[test]
+    fn sizes_under_a_mib_are_said_in_bytes() {
+        // `--mem-budget 1` and `1.5` were reported as "--mem-budget 0.0 MiB"
+        assert_eq!(parse_size("1.5"), Ok(1));
+        assert_eq!(mib(1), "1 byte");
+        assert_eq!(mib(1536), "1536 bytes");
+        assert_eq!(mib(3 << 20), "3.0 MiB");
     }
 
     /// A manifest of a 2-block mixture of experts (8 experts of 4096-byte F32 matrices,

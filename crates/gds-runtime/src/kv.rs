@@ -113,7 +113,40 @@ impl KvData {
             KvDtype::F16 => KvData::F16(vec![f16::ZERO; n]),
         }
     }
+
+    /// [`KvData::new`], failing instead of aborting where the memory cannot be had (a
+    /// process limit such as `ulimit -v`): zeroed as `vec![0; n]` is, so the pages are
+    /// taken as they are first written.
+    fn try_new(dtype: KvDtype, n: usize) -> Result<KvData, KvAllocError> {
+        use bytemuck::allocation::try_zeroed_vec;
+        let fail = |_| KvAllocError {
+            bytes: (n as u64).saturating_mul(dtype.size() as u64),
+        };
+        Ok(match dtype {
+            KvDtype::F32 => KvData::F32(try_zeroed_vec(n).map_err(fail)?),
+            KvDtype::F16 => KvData::F16(try_zeroed_vec(n).map_err(fail)?),
+        })
+    }
 }
+
+/// The memory for a KV cache's keys or values could not be allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvAllocError {
+    /// The allocation that failed (the keys' or the values'), bytes.
+    pub bytes: u64,
+}
+
+impl std::fmt::Display for KvAllocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cannot allocate {} MiB for the KV cache (a process memory limit such as `ulimit -v`?)",
+            self.bytes.div_ceil(1 << 20)
+        )
+    }
+}
+
+impl std::error::Error for KvAllocError {}
 
 /// KV cache for `n_seqs` sequences of up to `ctx` positions each.
 ///
@@ -520,9 +553,23 @@ impl KvCache {
         block: usize,
         n_blocks: usize,
     ) -> KvCache {
+        Self::try_paged(dtype, n_layers, n_seqs, ctx, kv_dim, block, n_blocks)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`KvCache::paged`], failing where the memory cannot be allocated.
+    pub fn try_paged(
+        dtype: KvDtype,
+        n_layers: usize,
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        block: usize,
+        n_blocks: usize,
+    ) -> Result<KvCache, KvAllocError> {
         let block = block.max(1);
         let n = n_layers * n_blocks * block * kv_dim;
-        KvCache {
+        Ok(KvCache {
             dtype,
             n_layers,
             n_seqs,
@@ -530,14 +577,14 @@ impl KvCache {
             kv_dim,
             block,
             n_blocks,
-            k: KvData::new(dtype, n),
-            v: KvData::new(dtype, n),
+            k: KvData::try_new(dtype, n)?,
+            v: KvData::try_new(dtype, n)?,
             pool: Pool::empty(n_seqs, n_blocks),
             layers: uniform(n_layers, n_blocks * block * kv_dim, block),
             ring: None,
             window: None,
             rows: true,
-        }
+        })
     }
 
     /// A paged cache whose window layers (`windows[l]` = `Some(window)`) take their blocks
@@ -557,9 +604,34 @@ impl KvCache {
         n_blocks: usize,
         n_window_blocks: usize,
     ) -> KvCache {
+        Self::try_paged_windowed(
+            dtype,
+            windows,
+            n_seqs,
+            ctx,
+            kv_dim,
+            block,
+            n_blocks,
+            n_window_blocks,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`KvCache::paged_windowed`], failing where the memory cannot be allocated.
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_paged_windowed(
+        dtype: KvDtype,
+        windows: &[Option<usize>],
+        n_seqs: usize,
+        ctx: usize,
+        kv_dim: usize,
+        block: usize,
+        n_blocks: usize,
+        n_window_blocks: usize,
+    ) -> Result<KvCache, KvAllocError> {
         let n_layers = windows.len();
         let Some(window) = windows.iter().flatten().copied().max() else {
-            return KvCache::paged(dtype, n_layers, n_seqs, ctx, kv_dim, block, n_blocks);
+            return KvCache::try_paged(dtype, n_layers, n_seqs, ctx, kv_dim, block, n_blocks);
         };
         let block = block.max(1);
         let (full_len, win_len) = (n_blocks * block * kv_dim, n_window_blocks * block * kv_dim);
@@ -576,7 +648,7 @@ impl KvCache {
                 g
             })
             .collect();
-        KvCache {
+        Ok(KvCache {
             dtype,
             n_layers,
             n_seqs,
@@ -584,8 +656,8 @@ impl KvCache {
             kv_dim,
             block,
             n_blocks,
-            k: KvData::new(dtype, base),
-            v: KvData::new(dtype, base),
+            k: KvData::try_new(dtype, base)?,
+            v: KvData::try_new(dtype, base)?,
             pool: Pool::empty(n_seqs, n_blocks),
             layers,
             ring: None,
@@ -594,7 +666,7 @@ impl KvCache {
                 window,
             }),
             rows: true,
-        }
+        })
     }
 
     /// Window-pool blocks one sequence of [`KvCache::paged_windowed`] holds at most, with

@@ -139,6 +139,13 @@ pub struct PlanOptions {
 /// with tool-calling logic, under 64 KB).
 pub const MAX_CHAT_TEMPLATE_BYTES: u64 = 1 << 20;
 
+pub use gds_io::open_user_file;
+
+/// [`open_user_file`], read whole as UTF-8 text.
+pub fn read_user_file(p: &Path) -> std::io::Result<String> {
+    std::io::read_to_string(open_user_file(p)?)
+}
+
 /// Reads a `--chat-template-file`: bounded, UTF-8, and within
 /// [`gds_format::chat_template`]'s bounds and render limits; each refusal a usage error naming
 /// the file.
@@ -146,7 +153,7 @@ fn read_chat_template(p: &Path) -> Result<String> {
     use std::io::Read;
     let refuse =
         |why: String| RuntimeError::Usage(format!("--chat-template-file {}: {why}", p.display()));
-    let f = std::fs::File::open(p).map_err(|e| refuse(e.to_string()))?;
+    let f = open_user_file(p).map_err(|e| refuse(e.to_string()))?;
     let mut bytes = Vec::new();
     f.take(MAX_CHAT_TEMPLATE_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -748,7 +755,8 @@ impl Plan {
             );
         }
         // f16 halves the cache and what a decode step reads; its perplexity is within 0.001 %
-        // of f32's (README); llama.cpp's default too, on the CPU and the GPU
+        // of f32's with f32 activations, 0.08-0.30 % apart with q8 ones (docs/running.md);
+        // llama.cpp's default too, on the CPU and the GPU
         let kv_dtype = opts.kv_dtype.unwrap_or(KvDtype::F16);
         let activations = match opts.activations.as_deref() {
             Some("q8") => Activations::Q8,
@@ -809,7 +817,7 @@ impl Plan {
                 "--draft layers:N runs on the CPU backend (the CUDA executor has no early exit yet); use --draft ngram or --draft-model with --backend cuda".into(),
             );
         }
-        let (io_plan, gpu) = match backend.gpu.clone() {
+        let (mut io_plan, gpu) = match backend.gpu.clone() {
             None => {
                 if io_req == "gds" {
                     return plan_err(format!(
@@ -823,11 +831,14 @@ impl Plan {
                         backend.name, backend.reason
                     ));
                 }
+                // with a --draft-model the budget is applied below, once the draft's
+                // weights are known
+                let budget = opts.mem_budget.filter(|_| opts.draft_model.is_none());
                 let mut io = crate::ioplan::plan_io_keeping(
                     dir,
                     &m,
                     io_req,
-                    opts.mem_budget,
+                    budget,
                     draft_layers.unwrap_or(0),
                     probe,
                 )?;
@@ -888,7 +899,8 @@ impl Plan {
                 let max = opts.draft_max.unwrap_or(DEFAULT_DRAFT_MAX);
                 // a pass holds the sampled token and the guesses; the window ring's slack
                 // is one pass, so a rejected guess never overwrites a key still in a window
-                if max == 0 || max + 1 > batch {
+                // (`max >= batch`, not `max + 1 > batch`: 2^64 - 1 wrapped past the check)
+                if max == 0 || max >= batch {
                     return plan_err(format!(
                         "--draft-max {max} must be between 1 and --batch - 1 ({})",
                         batch.saturating_sub(1)
@@ -896,7 +908,7 @@ impl Plan {
                 }
                 // the CUDA executor returns logits for the last few positions of a pass
                 let rows = gds_cuda::plan::MAX_LOGIT_ROWS;
-                if gpu.is_some() && max + 1 > rows {
+                if gpu.is_some() && max >= rows {
                     return plan_err(format!(
                         "--draft-max {max}: the CUDA executor returns logits for at most {rows} \
                          positions of a pass, so at most {} guesses",
@@ -935,6 +947,43 @@ impl Plan {
                 })
             }
         };
+        // --mem-budget with --draft-model: one budget for both. The draft holds all its
+        // weights (mapped); the model gets what is left, or the run is refused naming the
+        // smallest budget for both
+        if let (Some(b), Some(sub)) = (
+            opts.mem_budget,
+            draft.as_ref().and_then(|d| d.model_plan.as_deref()),
+        ) {
+            let held = sub.io_plan.held_bytes;
+            let model_min = if matches!(io_req, "mmap" | "load") {
+                io_plan.weight_bytes
+            } else {
+                io_plan.min_budget_bytes
+            };
+            let smallest = held.saturating_add(model_min);
+            let refuse = |why: String| {
+                RuntimeError::Usage(format!(
+                    "--mem-budget {} with --draft-model {}: the draft holds {} in memory (all its weights), and {why}; the smallest budget for both is {}",
+                    crate::ioplan::mib(b),
+                    sub.model_dir.display(),
+                    crate::ioplan::mib(held),
+                    crate::ioplan::mib(smallest)
+                ))
+            };
+            if b < smallest {
+                return Err(refuse(format!(
+                    "the model needs {} beside it (--io {io_req})",
+                    crate::ioplan::mib(model_min)
+                )));
+            }
+            io_plan = crate::ioplan::plan_io(dir, &m, io_req, Some(b - held), probe).map_err(
+                |e| match e {
+                    RuntimeError::Usage(why) => refuse(why),
+                    e => e,
+                },
+            )?;
+            io_plan.verify = !opts.no_verify;
+        }
         // Both backends' one-sequence caches keep a ring for window layers
         // (exec::OneSequence::cpu, gpuplan::one_sequence_kv)
         let kv_full_context_bytes =
@@ -1001,11 +1050,16 @@ impl Plan {
     }
 
     /// Bytes of weights the run holds: in VRAM on the CUDA backend, in host memory on the
-    /// CPU.
+    /// CPU (a `--draft-model`'s included, also in host memory).
     pub fn weights_held_bytes(&self) -> u64 {
+        let draft = self
+            .draft
+            .as_ref()
+            .and_then(|d| d.model_plan.as_deref())
+            .map_or(0, Plan::weights_held_bytes);
         match &self.gpu {
             Some(g) => g.weights_held_bytes(),
-            None => self.io_plan.held_bytes,
+            None => self.io_plan.held_bytes.saturating_add(draft),
         }
     }
 

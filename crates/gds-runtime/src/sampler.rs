@@ -357,8 +357,19 @@ impl Sampler {
         }
         let t = self.cfg.temp;
         if t > 0.0 {
-            for c in &mut self.cands {
-                c.logit /= t;
+            // Shifted by the largest first, so that a tiny temperature sends the others to
+            // -inf (probability 0) and the largest to 0: dividing the logits themselves by
+            // 1e-38 made them all ±inf, the softmax NaN, and the draw fall through to the
+            // least likely candidate.
+            let max = self
+                .cands
+                .iter()
+                .map(|c| c.logit)
+                .fold(f32::NEG_INFINITY, f32::max);
+            if max.is_finite() {
+                for c in &mut self.cands {
+                    c.logit = (c.logit - max) / t;
+                }
             }
         }
         softmax(&mut self.cands);
@@ -528,6 +539,20 @@ mod tests {
         let mut cold = Sampler::new(cfg(0.5, 0, 1.0, 0.0), 2);
         let p = cold.filter(&l)[0].p;
         assert!((p - 0.36 / 0.52).abs() < 1e-5, "p^2 renormalized, got {p}");
+    }
+
+    #[test]
+    fn a_tiny_temperature_is_greedy() {
+        for t in [1e-38, 1e-45, 1e-20, 1e-6] {
+            for (top_k, min_p) in [(0, 0.0), (40, 0.05)] {
+                let mut s = Sampler::new(cfg(t, top_k, 1.0, min_p), 5);
+                for _ in 0..20 {
+                    assert_eq!(s.sample(&mut [0.1, 3.0, -2.0, 2.9, 0.0]), 1, "t {t}");
+                    let d = s.drawn(1, 2);
+                    assert_eq!(d.logprob, 0.0, "t {t}");
+                }
+            }
+        }
     }
 
     #[test]

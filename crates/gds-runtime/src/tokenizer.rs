@@ -192,18 +192,16 @@ pub(crate) fn guarded<T, E: std::fmt::Display>(
     what: &str,
     f: impl FnOnce() -> std::result::Result<T, E>,
 ) -> Result<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    // (quietly: the panic becomes this error, not also a message and backtrace note)
+    match gds_format::quiet_panic::catch(f) {
         Ok(r) => r.map_err(|e| RuntimeError::Tokenizer(format!("{what}: {e}"))),
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(RuntimeError::Tokenizer(format!(
-                "{what}: the tokenizers library panicked ({msg}); the tokenizer is malformed"
-            )))
-        }
+        // Oniguruma gives up on one match after 10 M backtracking steps (its retry limit)
+        Err(msg) if msg.contains("retry-limit") => Err(RuntimeError::Tokenizer(format!(
+            "{what}: a regular expression of the tokenizer's pre-tokenizer backtracks without end on this text ({msg}); the tokenizer is hostile or broken"
+        ))),
+        Err(msg) => Err(RuntimeError::Tokenizer(format!(
+            "{what}: the tokenizers library panicked ({msg}); the tokenizer is malformed"
+        ))),
     }
 }
 

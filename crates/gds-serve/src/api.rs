@@ -554,18 +554,31 @@ pub(crate) fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// `a == b` in time that depends on their lengths only, not on where they differ (a
+/// client timing the answers learns nothing of a key's bytes).
+fn same_key(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
 /// Checks the API key when the server has one.
 pub(crate) fn authorize(st: &ServerState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &st.api_key else {
+    if st.api_keys.is_empty() {
         return Ok(());
-    };
+    }
     // `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's)
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-    if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
+    let sent = [bearer, x_api_key];
+    // every key compared in full, in time independent of where a guess differs
+    let ok = st.api_keys.iter().fold(false, |ok, key| {
+        sent.iter()
+            .fold(ok, |ok, s| ok | s.is_some_and(|s| same_key(s, key)))
+    });
+    if ok {
         Ok(())
     } else {
         Err(ApiError::status(

@@ -54,7 +54,9 @@ const URLS: [&str; 5] = [
 /// `gdsrun batch` flags.
 #[derive(Args, Debug)]
 pub struct BatchArgs {
-    /// Model directory (made by `gdsconv convert`).
+    /// The model: a directory (made by `gdsconv convert` or `gdsconv pull`), a registry
+    /// reference (REGISTRY/REPO:TAG or @sha256:…, pulled into the store on first use), or a
+    /// .gguf file (converted into the store on first use).
     pub model_dir: PathBuf,
     /// Requests, one JSON object per line: {"custom_id", "method": "POST", "url", "body"}.
     #[arg(long, short)]
@@ -65,8 +67,8 @@ pub struct BatchArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Requests in flight at once (default: twice --max-batch, so the next ones are queued
-    /// when a sequence ends).
+    /// Requests in flight at once, at least 1 (default: twice --max-batch, so the next ones
+    /// are queued when a sequence ends).
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// No progress bar.
@@ -336,15 +338,13 @@ struct Tally {
 /// (exit 2), a model that cannot be loaded is the model's error (exit 1).
 pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     let usage = |m: String| -> anyhow::Result<()> { Err(RuntimeError::Usage(m).into()) };
-    // the files first: a job that cannot write its results does not load the model
-    let input = File::open(&args.input).map_err(|e| RuntimeError::file(&args.input, e))?;
-    if !input
-        .metadata()
-        .map_err(|e| RuntimeError::file(&args.input, e))?
-        .is_file()
-    {
-        return usage(format!("{}: not a regular file", args.input.display()));
+    if args.concurrency == Some(0) {
+        return usage("--concurrency must be at least 1".into());
     }
+    // the files first: a job that cannot write its results does not load the model
+    // (a FIFO without a writer is refused at once instead of blocking the open)
+    let input =
+        gds_io::open_user_file(&args.input).map_err(|e| RuntimeError::file(&args.input, e))?;
     let mut out = std::fs::OpenOptions::new()
         .read(true)
         .append(true)
@@ -409,7 +409,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         &args.model_dir,
         &args.engine,
         Frontend {
-            api_key: None,
+            api_keys: Vec::new(),
             metrics_public: false,
             slots: false,
             cors_origins: Vec::new(),

@@ -50,7 +50,9 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 /// `gdsrun serve` flags.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Model directory (made by `gdsconv convert`).
+    /// The model: a directory (made by `gdsconv convert` or `gdsconv pull`), a registry
+    /// reference (REGISTRY/REPO:TAG or @sha256:…, pulled into the store on first use), or a
+    /// .gguf file (converted into the store on first use).
     pub model_dir: PathBuf,
 
     #[command(flatten)]
@@ -65,6 +67,11 @@ pub struct ServeArgs {
     /// --metrics-public).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Read the accepted API keys from FILE, one per line (blank lines and lines starting
+    /// with `#` skipped), as llama-server's --api-key-file; with --api-key, both are
+    /// accepted. Keeps keys out of the process list.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
     /// Serve /metrics without the API key (for a Prometheus scraper).
     #[arg(long)]
     pub metrics_public: bool,
@@ -126,7 +133,8 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 16)]
     pub kv_block: usize,
     /// KV cache type: f16 (the default, on the CPU and the GPU: half the memory; perplexity
-    /// within 0.001 % of f32) or f32 (exact); `--kv-type` as `gdsrun run` names it
+    /// within 0.001 % of f32's with --activations f32, 0.08-0.30 % apart with the default q8
+    /// activations) or f32 (exact); `--kv-type` as `gdsrun run` names it
     /// (`--kv-dtype` is its other name).
     #[arg(long = "kv-type", visible_alias = "kv-dtype", value_name = "KV_TYPE")]
     pub kv_dtype: Option<String>,
@@ -165,7 +173,8 @@ pub struct EngineArgs {
     #[arg(long, value_parser = gds_runtime::plan::parse_isa)]
     pub isa: Option<gds_runtime::Isa>,
     /// On the GPU, passes of this many tokens or more go through GEMM on dequantized tiles,
-    /// shorter ones through the matvec kernels (default 8; `GDS_GEMM_MIN_TOKENS` is an alias).
+    /// shorter ones through the matvec kernels (default 32 with `--activations q8`, 8 with f32;
+    /// `GDS_GEMM_MIN_TOKENS` is an alias).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub gemm_min_tokens: Option<u64>,
     /// On the GPU, replay decode steps from CUDA graphs where every layer is resident (on,
@@ -283,7 +292,8 @@ pub struct ServerState {
     ctx: usize,
     vocab: usize,
     queue_limit: usize,
-    api_key: Option<String>,
+    /// The accepted API keys; empty: no key needed.
+    api_keys: Vec<String>,
     /// /metrics answers without the API key.
     metrics_public: bool,
     /// `GET /slots` answers.
@@ -348,6 +358,64 @@ fn system_fingerprint(plan: &gds_runtime::Plan, kv: KvDtype) -> String {
     format!("fp_{}", &h.finalize().to_hex()[..10])
 }
 
+/// The API keys of `--api-key` and `--api-key-file`: each non-empty, without whitespace or
+/// control characters (an empty `--api-key "$KEY"` with KEY unset let an empty
+/// `x-api-key:` header in).
+fn api_keys(key: Option<&str>, file: Option<&std::path::Path>) -> anyhow::Result<Vec<String>> {
+    let bad = |m: String| anyhow::Error::from(RuntimeError::Usage(m));
+    let check = |k: &str, what: &str| -> anyhow::Result<()> {
+        if k.is_empty() {
+            return Err(bad(format!("{what}: an empty API key")));
+        }
+        if !k.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad(format!(
+                "{what}: an API key is printable ASCII without spaces (what an HTTP header carries)"
+            )));
+        }
+        Ok(())
+    };
+    let mut keys = Vec::new();
+    if let Some(k) = key {
+        check(k, "--api-key")?;
+        keys.push(k.to_string());
+    }
+    if let Some(path) = file {
+        const MAX: u64 = 1 << 20;
+        // links followed (Kubernetes mounts secrets through them); a FIFO or device is
+        // refused without blocking the open
+        let f = gds_io::open_user_file(path)
+            .map_err(|e| bad(format!("--api-key-file {}: {e}", path.display())))?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(f, MAX + 1), &mut text)
+            .map_err(|e| RuntimeError::file(path, e))?;
+        if text.len() as u64 > MAX {
+            return Err(bad(format!(
+                "--api-key-file {}: larger than 1 MiB",
+                path.display()
+            )));
+        }
+        let before = keys.len();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            check(
+                line,
+                &format!("--api-key-file {} line {}", path.display(), i + 1),
+            )?;
+            keys.push(line.to_string());
+        }
+        if keys.len() == before {
+            return Err(bad(format!(
+                "--api-key-file {}: no key in it",
+                path.display()
+            )));
+        }
+    }
+    Ok(keys)
+}
+
 /// Physical memory, bytes (`MemTotal` of /proc/meminfo), when known.
 fn total_memory() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -364,7 +432,7 @@ fn total_memory() -> Option<u64> {
 
 /// What the HTTP front end adds to the handlers' state.
 pub(crate) struct Frontend {
-    pub(crate) api_key: Option<String>,
+    pub(crate) api_keys: Vec<String>,
     pub(crate) metrics_public: bool,
     /// `GET /slots` answers (llama-server's `--slots`).
     pub(crate) slots: bool,
@@ -468,7 +536,7 @@ pub(crate) fn start(
     };
     // the CUDA backend holds the rows in VRAM and drops the host's
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-    let mut kv = KvCache::paged_windowed(
+    let mut kv = match KvCache::try_paged_windowed(
         kv_dtype,
         &pool.windows,
         e.max_batch,
@@ -477,7 +545,10 @@ pub(crate) fn start(
         e.kv_block,
         pool.n_blocks,
         pool.n_window_blocks,
-    );
+    ) {
+        Ok(kv) => kv,
+        Err(err) => return bad(format!("--kv-budget {} MiB: {err}", e.kv_budget)),
+    };
     let metrics = Arc::new(ServerMetrics::default());
     let model_name = e.alias.clone().unwrap_or_else(|| {
         model_dir
@@ -542,7 +613,7 @@ pub(crate) fn start(
         ctx: plan.ctx,
         vocab,
         queue_limit: e.queue_limit,
-        api_key: front.api_key,
+        api_keys: front.api_keys,
         metrics_public: front.metrics_public,
         slots: front.slots,
         cors_origins: front.cors_origins,
@@ -647,6 +718,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         cors_origins.push(o.to_string());
     }
+    let api_keys = api_keys(args.api_key.as_deref(), args.api_key_file.as_deref())?;
     let Ok(max_body) = usize::try_from(args.max_body) else {
         return bad(format!("--max-body {} is too large", args.max_body));
     };
@@ -671,7 +743,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         &args.model_dir,
         &args.engine,
         Frontend {
-            api_key: args.api_key.clone(),
+            api_keys,
             metrics_public: args.metrics_public,
             slots: !args.no_slots,
             cors_origins,

@@ -26,7 +26,7 @@
 //!   the one served model, described as Ollama describes its models (family, parameter size,
 //!   quantization, capabilities, `model_info`).
 //! - `POST /api/pull` of the served model answers `success`; pulling others, pushing,
-//!   creating, copying, deleting models answer 501 (this server serves one model; `gdsrun pull`
+//!   creating, copying, deleting models answer 501 (this server serves one model; `gdsconv pull`
 //!   fetches models from OCI registries).
 //!
 //! Any model name is taken (as the OpenAI endpoints take it) and echoed. Errors on `/api/`
@@ -1146,7 +1146,7 @@ fn not_managed(st: &ServerState, what: &str) -> ApiError {
         StatusCode::NOT_IMPLEMENTED,
         "not_supported_error",
         format!(
-            "{what} is not supported: this server serves one model ({}); fetch models with `gdsrun pull REF` and serve them with `gdsrun serve`",
+            "{what} is not supported: this server serves one model ({}); fetch models with `gdsconv pull REF DIR` and serve them with `gdsrun serve`",
             tagged(&st.model_name)
         ),
     )

@@ -30,8 +30,9 @@ pub struct PackArgs {
     /// Write an OCI image-layout directory instead (must not exist).
     #[arg(long)]
     layout: Option<PathBuf>,
-    /// The tag recorded in index.json (org.opencontainers.image.ref.name).
-    #[arg(long, default_value = "latest")]
+    /// The tag recorded in index.json (org.opencontainers.image.ref.name): an OCI tag,
+    /// `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
+    #[arg(long, default_value = "latest", value_parser = parse_tag)]
     tag: String,
     /// Print a JSON summary.
     #[arg(long)]
@@ -134,7 +135,37 @@ fn dir_size(dir: &Path) -> u64 {
     gds_dist::store::dir_bytes(dir)
 }
 
+/// An OCI distribution-spec tag: `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
+fn parse_tag(s: &str) -> Result<String, String> {
+    let ok = s.len() <= 128
+        && s.bytes().enumerate().all(|(i, b)| {
+            b.is_ascii_alphanumeric() || b == b'_' || (i > 0 && (b == b'.' || b == b'-'))
+        })
+        && !s.is_empty();
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not an OCI tag: 1 to 128 of A-Z a-z 0-9 _ . -, not starting with . or -"
+        ))
+    }
+}
+
+/// The model directory named on the command line: a missing path or one that is not a
+/// directory is a usage error (exit 2), as for `validate`, `inspect` and `convert`.
+fn model_dir_arg(dir: &Path) -> Result<(), Failure> {
+    match std::fs::metadata(dir) {
+        Err(e) => Err(Failure::Usage(format!("{}: {e}", dir.display()))),
+        Ok(m) if !m.is_dir() => Err(Failure::Usage(format!(
+            "{}: not a directory",
+            dir.display()
+        ))),
+        Ok(_) => Ok(()),
+    }
+}
+
 pub fn pack(a: PackArgs) -> Result<ExitCode, Failure> {
+    model_dir_arg(&a.dir)?;
     let t0 = Instant::now();
     let b = bar(dir_size(&a.dir) * 2, a.json);
     let p = progress_fn(&b);
@@ -225,11 +256,21 @@ fn source(src: &Path, tag: Option<&str>) -> Result<Artifact, Failure> {
     if src.join(gds_format::MANIFEST_FILE).exists() {
         return Ok(package_dir(src, &|_| {})?);
     }
-    if !src.exists() {
-        return Err(Failure::Usage(format!(
-            "{}: no such file or directory",
-            src.display()
-        )));
+    match std::fs::metadata(src) {
+        Err(_) => {
+            return Err(Failure::Usage(format!(
+                "{}: no such file or directory",
+                src.display()
+            )))
+        }
+        // a FIFO, socket or device: refused before gds-dist opens it (an open that blocks)
+        Ok(m) if !m.is_file() && !m.is_dir() => {
+            return Err(Failure::Usage(format!(
+                "{}: not a regular file or directory",
+                src.display()
+            )))
+        }
+        Ok(_) => {}
     }
     // a layout: the tag named by the reference, else the only manifest
     match read_layout(src, tag) {
@@ -325,6 +366,11 @@ pub fn list(a: ListArgs) -> Result<ExitCode, Failure> {
 }
 
 pub fn rm(a: RmArgs) -> Result<ExitCode, Failure> {
+    if a.reference.trim().is_empty() {
+        return Err(Failure::Usage(
+            "rm needs a reference, as `gdsconv list` shows it (an empty one names none)".into(),
+        ));
+    }
     let store = Store::open_default()?;
     if store.remove_ref(&a.reference)? {
         println!(
@@ -355,4 +401,30 @@ pub fn gc(a: ListArgs) -> Result<ExitCode, Failure> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_follow_the_oci_grammar() {
+        let long = "a".repeat(128);
+        for ok in ["latest", "v1.0", "_x", "Q4_K_M-2025.12", "0", long.as_str()] {
+            assert_eq!(parse_tag(ok).as_deref(), Ok(ok));
+        }
+        let too_long = "a".repeat(129);
+        for bad in [
+            "",
+            "bad tag!",
+            ".v1",
+            "-v1",
+            "a:b",
+            "a/b",
+            "é",
+            too_long.as_str(),
+        ] {
+            assert!(parse_tag(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -48,7 +48,7 @@ enum Cmd {
         /// Weigh the quantization with this importance matrix (llama.cpp's llama-imatrix output: GGUF or legacy .dat), as llama-quantize --imatrix does: for q4_0, q4_1, q5_0, q5_1 and q2_k .. q6_k (and the mixes), byte-identical to llama-quantize.
         #[arg(long, value_name = "FILE")]
         imatrix: Option<PathBuf>,
-        /// Worker threads for quantization (default: all cores).
+        /// Worker threads for quantization, 1 to 1024 (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
         /// Print the summary as JSON.
@@ -62,7 +62,7 @@ enum Cmd {
         /// Skip content hashing.
         #[arg(long)]
         quick: bool,
-        /// Print {"valid", "errors", "warnings"} as JSON.
+        /// Print {"valid", "runnable", "version", "architecture", "errors", "warnings"} as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -90,6 +90,9 @@ enum Cmd {
     /// Remove from the local store what no reference uses.
     Gc(dist::ListArgs),
 }
+
+/// Most `--threads` (as `gdsrun --threads`).
+const MAX_THREADS: usize = 1024;
 
 pub(crate) struct Bar(Option<indicatif::ProgressBar>);
 
@@ -181,8 +184,17 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             json,
         } => {
             if let Some(n) = threads {
+                // gdsrun's rule (gds_runtime::Plan): 1 to 1024
+                if n == 0 {
+                    return Err(Failure::Usage("--threads must be at least 1".into()));
+                }
+                if n > MAX_THREADS {
+                    return Err(Failure::Usage(format!(
+                        "--threads {n} is too many (at most {MAX_THREADS})"
+                    )));
+                }
                 rayon::ThreadPoolBuilder::new()
-                    .num_threads(n.max(1))
+                    .num_threads(n)
                     .build_global()
                     .map_err(|e| Failure::Usage(format!("--threads {n}: {e}")))?;
             }

@@ -552,3 +552,176 @@ fn validate_refuses_hostile_or_mistyped_chat_templates_naming_tokenizer_config_j
     let o = gdsconv(&[OsStr::new("validate"), dir.as_os_str()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
 }
+
+// ------------------------------------------------------------------------------------------
+// Edge values of the command line (2026-12-05 audit): each refused at once, exit 2, the path
+// or flag named
+
+fn mkfifo(p: &Path) {
+    assert!(Command::new("mkfifo").arg(p).status().unwrap().success());
+}
+
+/// `gdsconv ARGS` (with its own empty `GDSLLM_HOME`), which must end within a minute (a FIFO
+/// opened without O_NONBLOCK blocks for ever): exit 2, `needle` in the message (ignoring
+/// case), no panic.
+fn usage_error<S: AsRef<OsStr>>(args: &[S], needle: &str) {
+    let home = tempfile::tempdir().unwrap();
+    let mut c = Command::new(GDSCONV);
+    c.args(args).env("GDSLLM_HOME", home.path());
+    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_owned()).collect();
+    let o = gds_tests::output_within(c, std::time::Duration::from_secs(60), &format!("{shown:?}"));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "gdsconv {shown:?}: {err}");
+    assert!(
+        err.to_lowercase().contains(&needle.to_lowercase()),
+        "gdsconv {shown:?}: {needle:?} not in: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn fifos_devices_and_directories_in_place_of_input_files_are_refused_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("fifo");
+    mkfifo(&fifo);
+    let out = tmp.path().join("out");
+    let tiny = fixture("tiny-llama3-hf");
+    // the side files of a Hugging Face directory
+    for name in ["config.json", "tokenizer_config.json"] {
+        let hf = tmp.path().join(format!("hf-{name}"));
+        gds_tests::copy_dir(&tiny, &hf);
+        std::fs::remove_file(hf.join(name)).unwrap();
+        mkfifo(&hf.join(name));
+        usage_error(
+            &[OsStr::new("convert"), hf.as_os_str(), out.as_os_str()],
+            &format!("{}: not a regular file", hf.join(name).display()),
+        );
+    }
+    // files named by flags: a FIFO, a directory, a device, a missing path
+    for (flag, p, want) in [
+        ("--tokenizer", fifo.clone(), "not a regular file"),
+        (
+            "--tokenizer",
+            tmp.path().to_path_buf(),
+            "not a regular file",
+        ),
+        (
+            "--tokenizer",
+            tmp.path().join("none.json"),
+            "No such file or directory (os error 2)",
+        ),
+        ("--imatrix", fifo.clone(), "not a regular file"),
+        ("--imatrix", tmp.path().to_path_buf(), "not a regular file"),
+        (
+            "--imatrix",
+            PathBuf::from("/dev/null"),
+            "not a regular file",
+        ),
+    ] {
+        usage_error(
+            &[
+                OsStr::new("convert"),
+                tiny.as_os_str(),
+                out.as_os_str(),
+                OsStr::new(flag),
+                p.as_os_str(),
+            ],
+            &format!("{}: {want}", p.display()),
+        );
+    }
+    assert!(!out.exists());
+    // a FIFO as the input of convert and push
+    usage_error(
+        &[OsStr::new("convert"), fifo.as_os_str(), out.as_os_str()],
+        &format!("{}: not a regular file", fifo.display()),
+    );
+    usage_error(
+        &[
+            OsStr::new("push"),
+            fifo.as_os_str(),
+            OsStr::new("127.0.0.1:9/x:y"),
+        ],
+        &format!("{}: not a regular file or directory", fifo.display()),
+    );
+    // a FIFO named as the model directory
+    let tar = tmp.path().join("m.tar");
+    for args in [
+        vec![OsStr::new("inspect"), fifo.as_os_str()],
+        vec![OsStr::new("validate"), fifo.as_os_str()],
+        vec![
+            OsStr::new("pack"),
+            fifo.as_os_str(),
+            OsStr::new("-o"),
+            tar.as_os_str(),
+        ],
+    ] {
+        usage_error(&args, &format!("{}: not a directory", fifo.display()));
+    }
+}
+
+#[test]
+fn edge_values_of_flags_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tiny = fixture("tiny-llama3-hf");
+    let out = tmp.path().join("out");
+    let tar = tmp.path().join("m.tar");
+    let missing = tmp.path().join("missing");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        // gdsrun's --threads rule: 1 to 1024
+        (
+            vec![
+                "convert".into(),
+                s(&tiny),
+                s(&out),
+                "--threads".into(),
+                "0".into(),
+            ],
+            "--threads must be at least 1",
+        ),
+        (
+            vec![
+                "convert".into(),
+                s(&tiny),
+                s(&out),
+                "--threads".into(),
+                "100000".into(),
+            ],
+            "--threads 100000 is too many",
+        ),
+        // a missing input of pack, as of validate, inspect and convert
+        (
+            vec!["pack".into(), s(&missing), "-o".into(), s(&tar)],
+            "missing: No such file or directory",
+        ),
+        // OCI tags
+        (
+            vec![
+                "pack".into(),
+                s(&tiny),
+                "-o".into(),
+                s(&tar),
+                "--tag".into(),
+                "".into(),
+            ],
+            "not an OCI tag",
+        ),
+        (
+            vec![
+                "pack".into(),
+                s(&tiny),
+                "-o".into(),
+                s(&tar),
+                "--tag".into(),
+                "bad tag!".into(),
+            ],
+            "not an OCI tag",
+        ),
+        // an empty reference names nothing (was "refs/: Is a directory")
+        (vec!["rm".into(), "".into()], "rm needs a reference"),
+    ];
+    for (args, want) in cases {
+        usage_error(&args, want);
+    }
+    assert!(!out.exists() && !tar.exists());
+}

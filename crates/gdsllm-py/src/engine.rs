@@ -542,23 +542,26 @@ impl Engine {
             },
         )?;
         let with_tools = job.tools.is_some();
-        let engine = self.engine.clone();
-        let r = py.detach(move || {
-            let mut e = lock(&engine);
-            let tools = job.tools.clone();
-            run_job(&mut e, job, &mut |_| {}).map(|o| {
-                let finish = o.stop_reason.finish();
-                let (message, _) = assistant_message(tools.as_ref(), &o.text, finish);
-                let mut j = o.json_with_plan(e.plan());
-                j["message"] = message.clone();
-                (j, message, o.text)
-            })
-        });
-        match r {
-            Ok((j, _, _)) if details => json_to_py(py, &j),
-            Ok((_, message, _)) if with_tools => json_to_py(py, &message),
-            Ok((_, _, text)) => Ok(PyString::new(py, &text).into_any()),
-            Err(e) => Err(reply_err(e)),
+        // On a thread of its own, waited for with the GIL released and Python's signals
+        // checked between waits: Ctrl-C raises KeyboardInterrupt at once, and dropping the
+        // job's stream then stops this reply (or calls it off while it waits its turn).
+        let job = self.start(job, false)?;
+        let j = loop {
+            match job.next_piece(py)? {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(err(e)),
+                None => match job.result.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    Some(j) => break j,
+                    None => return Err(err("the generating thread ended without a result")),
+                },
+            }
+        };
+        if details {
+            json_to_py(py, &j)
+        } else if with_tools {
+            json_to_py(py, &j["message"])
+        } else {
+            Ok(PyString::new(py, j["text"].as_str().unwrap_or_default()).into_any())
         }
     }
 
@@ -618,53 +621,7 @@ impl Engine {
                 parallel_tool_calls,
             },
         )?;
-        let tools = job.tools.clone();
-        let (tx, rx) = mpsc::channel();
-        let engine = self.engine.clone();
-        let interrupt = self.interrupt.clone();
-        let state = Arc::new(Mutex::new(JobState::Waiting));
-        let mine = state.clone();
-        std::thread::Builder::new()
-            .name("gdsllm-generate".into())
-            .spawn(move || {
-                let mut e = lock(&engine);
-                {
-                    let mut st = job_state(&mine);
-                    if *st == JobState::Dropped {
-                        // the iterator went before the engine was free: nothing to do
-                        return;
-                    }
-                    *st = JobState::Running;
-                }
-                let out = run_job(&mut e, job, &mut |s| {
-                    // the iterator is gone: stop (the engine is ours: its flag stops only
-                    // this reply)
-                    if tx.send(Piece::Text(s.to_string())).is_err() {
-                        interrupt.store(true, Ordering::Relaxed);
-                    }
-                });
-                let done = out
-                    .map(|o| {
-                        let mut j = o.json_with_plan(e.plan());
-                        let finish = o.stop_reason.finish();
-                        j["message"] = assistant_message(tools.as_ref(), &o.text, finish).0;
-                        j
-                    })
-                    .map_err(reply_message);
-                // finished before the engine is let go: from now on dropping the iterator
-                // must not touch the engine's interrupt flag (another reply's)
-                *job_state(&mine) = JobState::Finished;
-                drop(e);
-                let _ = tx.send(Piece::Done(done));
-            })
-            .map_err(err)?;
-        Ok(Stream {
-            rx: Mutex::new(Some(rx)),
-            interrupt: self.interrupt.clone(),
-            state,
-            result: Mutex::new(None),
-            pid: std::process::id(),
-        })
+        self.start(job, true)
     }
 
     /// The token ids of `text` as a raw-mode prompt is tokenized (BOS as the model wants
@@ -701,6 +658,61 @@ impl Engine {
                 e.plan().arch,
                 e.backend()
             )
+        })
+    }
+}
+
+/// What `generate` and `stream` share.
+impl Engine {
+    /// Starts `job` on a thread of its own, which waits for the engine; its pieces of text
+    /// are sent when `pieces` (a `stream`), else only its end.
+    fn start(&self, job: Job, pieces: bool) -> PyResult<Stream> {
+        let tools = job.tools.clone();
+        let (tx, rx) = mpsc::channel();
+        let engine = self.engine.clone();
+        let interrupt = self.interrupt.clone();
+        let state = Arc::new(Mutex::new(JobState::Waiting));
+        let mine = state.clone();
+        std::thread::Builder::new()
+            .name("gdsllm-generate".into())
+            .spawn(move || {
+                let mut e = lock(&engine);
+                {
+                    let mut st = job_state(&mine);
+                    if *st == JobState::Dropped {
+                        // the iterator went before the engine was free: nothing to do
+                        return;
+                    }
+                    *st = JobState::Running;
+                }
+                let out = run_job(&mut e, job, &mut |s| {
+                    // the iterator is gone: stop (the engine is ours: its flag stops only
+                    // this reply)
+                    if pieces && tx.send(Piece::Text(s.to_string())).is_err() {
+                        interrupt.store(true, Ordering::Relaxed);
+                    }
+                });
+                let done = out
+                    .map(|o| {
+                        let mut j = o.json_with_plan(e.plan());
+                        let finish = o.stop_reason.finish();
+                        j["message"] = assistant_message(tools.as_ref(), &o.text, finish).0;
+                        j
+                    })
+                    .map_err(reply_message);
+                // finished before the engine is let go: from now on dropping the iterator
+                // must not touch the engine's interrupt flag (another reply's)
+                *job_state(&mine) = JobState::Finished;
+                drop(e);
+                let _ = tx.send(Piece::Done(done));
+            })
+            .map_err(err)?;
+        Ok(Stream {
+            rx: Mutex::new(Some(rx)),
+            interrupt: self.interrupt.clone(),
+            state,
+            result: Mutex::new(None),
+            pid: std::process::id(),
         })
     }
 }
@@ -749,34 +761,7 @@ impl Stream {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<String> {
-        if std::process::id() != self.pid {
-            return Err(err(crate::forked_message("Stream")));
-        }
-        let (rx, result) = (&self.rx, &self.result);
-        // the lock is taken with the GIL released: a second thread iterating waits here
-        // for the first one's piece without holding the GIL the first one needs
-        let piece = py.detach(|| {
-            let mut guard = rx.lock().unwrap_or_else(|p| p.into_inner());
-            let r = guard.as_ref()?;
-            let p = r.recv();
-            match p {
-                Ok(Piece::Text(s)) => Some(Ok(s)),
-                Ok(Piece::Done(Ok(v))) => {
-                    *result.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
-                    *guard = None;
-                    None
-                }
-                Ok(Piece::Done(Err(e))) => {
-                    *guard = None;
-                    Some(Err(e))
-                }
-                Err(_) => {
-                    *guard = None;
-                    Some(Err("the generating thread ended without a result".into()))
-                }
-            }
-        });
-        match piece {
+        match self.next_piece(py)? {
             Some(Ok(s)) => Ok(s),
             Some(Err(e)) => Err(err(e)),
             None => Err(PyStopIteration::new_err(())),
@@ -795,6 +780,62 @@ impl Stream {
         match v {
             Some(v) => json_to_py(py, &v).map(Some),
             None => Ok(None),
+        }
+    }
+}
+
+/// How often a thread waiting for a piece takes the GIL back to run Python's signal
+/// handlers (Ctrl-C's KeyboardInterrupt).
+const SIGNAL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// One wait of [`Stream::next_piece`].
+enum Step {
+    Piece(Result<String, String>),
+    End,
+    Wait,
+}
+
+impl Stream {
+    /// The next piece of text, an error of the reply, or None after the last (its result
+    /// then stored). Waits with the GIL released, taking it back every [`SIGNAL_POLL`] to
+    /// run Python's signal handlers: their exception (KeyboardInterrupt) is returned, the
+    /// reply left running (dropping the stream stops it).
+    fn next_piece(&self, py: Python<'_>) -> PyResult<Option<Result<String, String>>> {
+        if std::process::id() != self.pid {
+            return Err(err(crate::forked_message("Stream")));
+        }
+        let (rx, result) = (&self.rx, &self.result);
+        loop {
+            // the lock is taken with the GIL released: a second thread iterating waits
+            // here for the first one's piece without holding the GIL the first one needs
+            let step = py.detach(|| {
+                let mut guard = rx.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(r) = guard.as_ref() else {
+                    return Step::End;
+                };
+                match r.recv_timeout(SIGNAL_POLL) {
+                    Ok(Piece::Text(s)) => Step::Piece(Ok(s)),
+                    Ok(Piece::Done(Ok(v))) => {
+                        *result.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+                        *guard = None;
+                        Step::End
+                    }
+                    Ok(Piece::Done(Err(e))) => {
+                        *guard = None;
+                        Step::Piece(Err(e))
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => Step::Wait,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        *guard = None;
+                        Step::Piece(Err("the generating thread ended without a result".into()))
+                    }
+                }
+            });
+            match step {
+                Step::Piece(p) => return Ok(Some(p)),
+                Step::End => return Ok(None),
+                Step::Wait => py.check_signals()?,
+            }
         }
     }
 }

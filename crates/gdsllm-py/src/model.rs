@@ -92,12 +92,9 @@ pub fn pull(
             let remote = gds_dist::registry::Remote::new(reference, opts)?;
             match out_dir {
                 Some(out) => Ok(remote.pull(&store, &out, force)?.output),
-                None => {
-                    let _lock = store.lock(false)?;
-                    let s = remote.pull_into_store(&store)?;
-                    store.set_ref(reference, &s.manifest_digest, "oci")?;
-                    Ok(s.output)
-                }
+                // the reference recorded under the pull's own lock of the store (a refused
+                // package's blobs are then removed at once, as for `gdsrun REF`)
+                None => Ok(remote.pull_into_store_as(&store, reference)?.output),
             }
         })
         .map_err(err)?;

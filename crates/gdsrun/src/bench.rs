@@ -75,6 +75,20 @@ fn gen_pass(ex: &mut dyn Executor, rng: &mut Rng, n: usize, pos0: usize) -> Resu
     Ok(())
 }
 
+/// A plan error about the context (bench has no `--ctx`: its context is the longest test's
+/// depth + prompt + generated tokens) named by the flags that made it.
+fn ctx_error(e: RuntimeError, ctx: usize, (p, n, d): (usize, usize, usize)) -> RuntimeError {
+    match e {
+        RuntimeError::Usage(m) => match m.strip_prefix(&format!("--ctx {ctx} ")) {
+            Some(rest) => RuntimeError::Usage(format!(
+                "the longest test, -d {d} + -p {p} + -n {n} = {ctx} tokens, {rest}"
+            )),
+            None => RuntimeError::Usage(m),
+        },
+        e => e,
+    }
+}
+
 /// Runs the command.
 pub fn run(a: BenchArgs) -> Result<()> {
     if !(1..=MAX_REPETITIONS).contains(&a.repetitions) {
@@ -101,11 +115,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if tests.is_empty() {
         return Err(RuntimeError::Usage("nothing to run: -p and -n are all 0".into()).into());
     }
-    let ctx = tests
+    let (ctx, longest) = tests
         .iter()
-        .map(|&(p, n, d)| d.saturating_add(p).saturating_add(n))
+        .map(|&(p, n, d)| (d.saturating_add(p).saturating_add(n), (p, n, d)))
         .max()
-        .unwrap_or(1);
+        .unwrap_or((1, (1, 0, 0)));
     // llama-bench runs past the trained context too (a speed test, not a quality one)
     let plan = Plan::build(&PlanOptions {
         ctx: Some(ctx),
@@ -113,7 +127,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         raw: true,
         batch: a.common.batch.or(Some(512)),
         ..common_options(&a.common)
-    })?;
+    })
+    .map_err(|e| ctx_error(e, ctx, longest))?;
+    crate::run::warn_cuda_only(&a.common, &plan);
     let mut exec = gds_runtime::exec::open(&plan, plan.batch, 1)?;
     let ex = &mut *exec;
     let mut rng = Rng::new(1234);

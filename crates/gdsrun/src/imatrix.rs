@@ -6,7 +6,7 @@ use crate::cli::ImatrixArgs;
 use crate::out::{err, errln, outln};
 use crate::run::common_options;
 use anyhow::Result;
-use gds_convert::imatrix::{check_writable, write_gguf, ImatrixMeta, ImatrixSums};
+use gds_convert::imatrix::{write_gguf_to, ImatrixMeta, ImatrixSums};
 use gds_runtime::imatrix::{compute, n_chunks};
 use gds_runtime::{Model, Plan, PlanOptions, RuntimeError, TextTokenizer};
 use std::collections::BTreeMap;
@@ -22,8 +22,25 @@ pub fn run(a: ImatrixArgs) -> Result<()> {
             .into());
         }
     }
-    if a.ctx < 1 {
-        return Err(RuntimeError::Usage("--ctx must be at least 1".into()).into());
+    // products of fewer tokens are not counted (llama-imatrix's rule): a shorter chunk
+    // would run every chunk and count nothing
+    let min = gds_runtime::imatrix::MIN_TOKENS;
+    if a.ctx < min {
+        return Err(RuntimeError::Usage(format!(
+            "--ctx {} must be at least {min} (imatrix counts no matrix product of fewer tokens, as llama-imatrix)",
+            a.ctx
+        ))
+        .into());
+    }
+    if a.chunks == Some(0) {
+        return Err(RuntimeError::Usage("--chunks must be at least 1".into()).into());
+    }
+    // each chunk is one pass of --ctx tokens: a --batch would be ignored
+    if let Some(b) = a.common.batch {
+        return Err(RuntimeError::Usage(format!(
+            "--batch {b}: imatrix evaluates each chunk in one pass of --ctx tokens; leave --batch out"
+        ))
+        .into());
     }
     let plan = Plan::build(&PlanOptions {
         ctx: Some(a.ctx),
@@ -33,9 +50,13 @@ pub fn run(a: ImatrixArgs) -> Result<()> {
         batch: Some(a.ctx),
         ..common_options(&a.common)
     })?;
-    let text = std::fs::read_to_string(&a.file).map_err(|e| RuntimeError::file(&a.file, e))?;
-    // an unwritable -o fails now (exit 2), not after the computation
-    check_writable(&a.output).map_err(|e| RuntimeError::Usage(e.to_string()))?;
+    crate::run::warn_cuda_only(&a.common, &plan);
+    let text =
+        gds_runtime::plan::read_user_file(&a.file).map_err(|e| RuntimeError::file(&a.file, e))?;
+    // an unwritable -o fails now (exit 2), not after the computation; a kill leaves the
+    // output as it was
+    let (out, out_file) =
+        crate::staged::create(&a.output, "-o", "the importance matrix", &plan.model_dir)?;
     let t0 = Instant::now();
     let model = Model::open(&plan)?;
     let tok = TextTokenizer::load_for_model(&plan.model_dir, &model.config)?;
@@ -104,7 +125,7 @@ pub fn run(a: ImatrixArgs) -> Result<()> {
         chunk_count: chunks as u32,
         chunk_size: a.ctx as u32,
     };
-    write_gguf(&a.output, &entries, &meta).map_err(|e| RuntimeError::Usage(e.to_string()))?;
+    write_gguf_to(out, out_file, &entries, &meta).map_err(|e| crate::staged::error("-o", e))?;
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
         let j = serde_json::json!({

@@ -7,6 +7,7 @@ mod imatrix;
 mod out;
 mod perplexity;
 mod run;
+mod staged;
 
 use clap::Parser;
 use cli::{Cli, Command};
@@ -90,6 +91,16 @@ fn main() {
             }
         }
     }
+    let engine = match &cli.command {
+        Command::Serve(a) => Some(&a.engine),
+        Command::Batch(a) => Some(&a.engine),
+        _ => None,
+    };
+    if let Some(e) = engine {
+        if let Err(e) = check_engine(e) {
+            std::process::exit(report(&e.into()));
+        }
+    }
     let result = match cli.command {
         Command::Run(a) => run::run(*a),
         Command::Perplexity(a) => perplexity::run(a),
@@ -102,6 +113,28 @@ fn main() {
     if let Err(e) = result {
         std::process::exit(report(&e));
     }
+}
+
+/// The checks of `serve`'s and `batch`'s engine flags made before anything starts: a
+/// `--step-tokens 0` is refused (it was raised to --max-batch without a word), and flags of
+/// the CUDA backend given to the CPU backend are warned about.
+fn check_engine(e: &gds_serve::EngineArgs) -> Result<(), RuntimeError> {
+    if e.step_tokens == 0 {
+        return Err(RuntimeError::Usage(
+            "--step-tokens must be at least 1".into(),
+        ));
+    }
+    let cpu = e.backend == "cpu" || (e.backend == "auto" && !cfg!(feature = "cuda"));
+    if cpu {
+        if let Some(w) = run::cuda_only_warning(&[
+            (e.gemm_type.is_some(), "--gemm-type"),
+            (e.cuda_graphs.is_some(), "--cuda-graphs"),
+            (e.gemm_min_tokens.is_some(), "--gemm-min-tokens"),
+        ]) {
+            errln!("gdsrun: warning: {w}");
+        }
+    }
+    Ok(())
 }
 
 /// Prints `e` (unless it is a closed stdout, which is no failure) and returns the exit code:

@@ -9,67 +9,9 @@ use anyhow::Result;
 use gds_runtime::kld::{KlSummary, LogitsHeader, LogitsReader, LogitsWriter};
 use gds_runtime::perplexity::{perplexity, ChunkPlan, PerplexityOptions, Scored};
 use gds_runtime::{Plan, PlanOptions, RuntimeError, TextTokenizer};
-use std::fs::File;
 use std::io::{BufReader, BufWriter};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
-
-/// A file written under a temporary name next to its final one and renamed when complete;
-/// removed if dropped before [`TempOut::commit`], so an error leaves no half-written output.
-struct TempOut {
-    tmp: PathBuf,
-    dest: PathBuf,
-    done: bool,
-}
-
-impl TempOut {
-    fn create(dest: &Path) -> Result<(TempOut, File)> {
-        let name = dest.file_name().ok_or_else(|| {
-            RuntimeError::Usage(format!("--save-logits {}: not a file name", dest.display()))
-        })?;
-        // (found now, not by the rename after the scoring)
-        if dest.is_dir() {
-            return Err(RuntimeError::Usage(format!(
-                "--save-logits {}: a directory, not a file name",
-                dest.display()
-            ))
-            .into());
-        }
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".tmp{}", std::process::id()));
-        let tmp = dest.with_file_name(tmp_name);
-        let f = File::create(&tmp).map_err(|e| RuntimeError::file(&tmp, e))?;
-        // Ctrl-C ends the process without unwinding: remove the temporary file first
-        let on_int = tmp.clone();
-        let _ = ctrlc::set_handler(move || {
-            let _ = std::fs::remove_file(&on_int);
-            std::process::exit(130);
-        });
-        let t = TempOut {
-            tmp,
-            dest: dest.to_path_buf(),
-            done: false,
-        };
-        Ok((t, f))
-    }
-
-    fn commit(mut self, f: File) -> Result<()> {
-        f.sync_all().map_err(|e| RuntimeError::file(&self.tmp, e))?;
-        drop(f);
-        std::fs::rename(&self.tmp, &self.dest).map_err(|e| RuntimeError::file(&self.dest, e))?;
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for TempOut {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
 
 /// Runs the command.
 pub fn run(a: PerplexityArgs) -> Result<()> {
@@ -78,7 +20,9 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         raw: true,
         ..common_options(&a.common)
     })?;
-    let text = std::fs::read_to_string(&a.file).map_err(|e| RuntimeError::file(&a.file, e))?;
+    crate::run::warn_cuda_only(&a.common, &plan);
+    let text =
+        gds_runtime::plan::read_user_file(&a.file).map_err(|e| RuntimeError::file(&a.file, e))?;
     let t0 = Instant::now();
     // Every scored position wants logits: passes of up to 512 tokens, all of them outputs.
     let batch = plan.batch.max(plan.ctx.min(512));
@@ -102,7 +46,8 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     // --save-logits: a writer on a temporary file; --kl-divergence: a reader of the base's
     let mut save = match &a.save_logits {
         Some(dest) => {
-            let (tmp, f) = TempOut::create(dest)?;
+            let (tmp, f) =
+                crate::staged::create(dest, "--save-logits", "the logits", &plan.model_dir)?;
             let header = LogitsHeader {
                 n_vocab,
                 chunks,
@@ -120,7 +65,8 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let mut kl = match &a.kl_divergence {
         Some(path) => {
             let name = path.display().to_string();
-            let f = File::open(path).map_err(|e| RuntimeError::file(path, e))?;
+            let f =
+                gds_runtime::plan::open_user_file(path).map_err(|e| RuntimeError::file(path, e))?;
             let len = f.metadata().map_err(|e| RuntimeError::file(path, e))?.len();
             let r = LogitsReader::new(BufReader::with_capacity(1 << 20, f), len, &name)?;
             r.header().check(n_vocab, &chunks, &tokens, &name)?;
@@ -164,7 +110,8 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
                 e.into_error(),
             )
         })?;
-        tmp.commit(f)?;
+        tmp.commit(f)
+            .map_err(|e| crate::staged::error("--save-logits", e))?;
     }
     let kl: Option<KlSummary> = kl.map(|k| k.finish(r.ppl)).transpose()?;
     let secs = t0.elapsed().as_secs_f64();

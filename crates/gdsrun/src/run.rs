@@ -2,7 +2,7 @@
 
 use crate::cli::{CommonArgs, RunArgs};
 use crate::out::{self, err, errln, outln};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use gds_runtime::{Engine, Grammar, KvDtype, Plan, PlanOptions, RuntimeError};
 use std::cell::RefCell;
 use std::io::{BufRead, IsTerminal, Write};
@@ -30,6 +30,58 @@ pub fn common_options(c: &CommonArgs) -> PlanOptions {
     }
 }
 
+/// The warning for the CUDA backend's flags given to a run on the CPU backend (where they
+/// do nothing), if any was: `(given, flag)` pairs.
+pub fn cuda_only_warning(flags: &[(bool, &str)]) -> Option<String> {
+    let given: Vec<&str> = flags.iter().filter(|f| f.0).map(|f| f.1).collect();
+    match given.as_slice() {
+        [] => None,
+        [one] => Some(format!(
+            "{one} applies to the CUDA backend only; ignored on the CPU backend"
+        )),
+        many => Some(format!(
+            "{} apply to the CUDA backend only; ignored on the CPU backend",
+            many.join(", ")
+        )),
+    }
+}
+
+/// Warns once on stderr when `plan` runs on the CPU and `c` gave flags of the CUDA backend.
+pub fn warn_cuda_only(c: &CommonArgs, plan: &Plan) {
+    if plan.backend != gds_runtime::backend::Backend::Cpu {
+        return;
+    }
+    if let Some(w) = cuda_only_warning(&[
+        (c.gemm_type.is_some(), "--gemm-type"),
+        (c.cuda_graphs.is_some(), "--cuda-graphs"),
+        (c.gemm_min_tokens.is_some(), "--gemm-min-tokens"),
+    ]) {
+        errln!("gdsrun: warning: {w}");
+    }
+}
+
+/// The warning for chat flags given with `--raw` (which applies no chat template), if any.
+fn raw_warning(a: &RunArgs) -> Option<String> {
+    if !a.raw {
+        return None;
+    }
+    let given: Vec<&str> = [
+        (a.chat_template.is_some(), "--chat-template"),
+        (a.chat_template_file.is_some(), "--chat-template-file"),
+        (a.system.is_some(), "--system"),
+    ]
+    .iter()
+    .filter(|f| f.0)
+    .map(|f| f.1)
+    .collect();
+    (!given.is_empty()).then(|| {
+        format!(
+            "{} ignored: --raw applies no chat template",
+            given.join(", ")
+        )
+    })
+}
+
 fn plan_options(a: &RunArgs) -> PlanOptions {
     a.sampling.options(PlanOptions {
         ctx: a.ctx,
@@ -49,25 +101,52 @@ fn plan_options(a: &RunArgs) -> PlanOptions {
     })
 }
 
+/// A grammar from the command line, with the flag (and file or expression) that gave it,
+/// for its compile errors.
+struct GivenGrammar {
+    grammar: Grammar,
+    /// `--grammar FILE`, `--json-schema FILE`, `--regex "RX"`.
+    flag: String,
+}
+
+impl GivenGrammar {
+    /// The error for `msg`, the runtime's "… does not compile: …" (which says GBNF for a
+    /// GBNF file), naming the flag (and the file).
+    fn error(&self, msg: &str) -> RuntimeError {
+        RuntimeError::Usage(format!("{}: {msg}", self.flag))
+    }
+}
+
 /// The grammar of `--json-schema FILE`, `--grammar FILE` (Lark, or llama.cpp's GBNF) or
 /// `--regex RX`. Unreadable files
 /// and a schema file that is not JSON are usage errors naming the file; whether the
 /// grammar compiles is checked when the model is loaded.
-fn grammar_option(a: &RunArgs) -> Result<Option<Grammar>, RuntimeError> {
-    let read =
-        |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| RuntimeError::file(p, e));
+fn grammar_option(a: &RunArgs) -> Result<Option<GivenGrammar>, RuntimeError> {
+    let read = |p: &std::path::Path| {
+        gds_runtime::plan::read_user_file(p).map_err(|e| RuntimeError::file(p, e))
+    };
     if let Some(p) = &a.json_schema {
         let schema = serde_json::from_str(&read(p)?).map_err(|e| {
             RuntimeError::Usage(format!("--json-schema {}: not JSON: {e}", p.display()))
         })?;
-        return Ok(Some(Grammar::JsonSchema(schema)));
+        return Ok(Some(GivenGrammar {
+            grammar: Grammar::JsonSchema(schema),
+            flag: format!("--json-schema {}", p.display()),
+        }));
     }
     if let Some(p) = &a.grammar {
-        let g = Grammar::from_text(&read(p)?)
+        let text = read(p)?;
+        let g = Grammar::from_text(&text)
             .map_err(|e| RuntimeError::Usage(format!("--grammar {}: {e}", p.display())))?;
-        return Ok(Some(g));
+        return Ok(Some(GivenGrammar {
+            grammar: g,
+            flag: format!("--grammar {}", p.display()),
+        }));
     }
-    Ok(a.regex.clone().map(Grammar::Regex))
+    Ok(a.regex.as_ref().map(|rx| GivenGrammar {
+        grammar: Grammar::Regex(rx.clone()),
+        flag: format!("--regex {rx:?}"),
+    }))
 }
 
 /// Ctrl-C: during generation it stops the reply (metrics are still reported); otherwise,
@@ -114,16 +193,38 @@ impl Printer {
 
 /// Runs the command.
 pub fn run(a: RunArgs) -> Result<()> {
+    let given = grammar_option(&a)?;
     let plan = Plan::build(&PlanOptions {
-        grammar: grammar_option(&a)?,
+        grammar: given.as_ref().map(|g| g.grammar.clone()),
         logprobs: a.logprobs.map(usize::from),
         ..plan_options(&a)
     })?;
     if a.plan {
         return outln!("{}", plan.to_json());
     }
-    let mut engine =
-        Engine::load(plan).with_context(|| format!("loading {}", a.common.model_dir.display()))?;
+    warn_cuda_only(&a.common, &plan);
+    if let Some(w) = raw_warning(&a) {
+        errln!("gdsrun: warning: {w}");
+    }
+    let mut engine = match Engine::load(plan) {
+        Ok(e) => e,
+        // the user's grammar, not the model: named by its flag
+        Err(RuntimeError::Grammar(m)) if m.contains(" does not compile: ") => {
+            return Err(match &given {
+                Some(g) => g.error(&m),
+                None => RuntimeError::Grammar(m),
+            }
+            .into())
+        }
+        Err(e) => {
+            return Err(
+                anyhow::Error::from(e).context(format!("loading {}", a.common.model_dir.display()))
+            )
+        }
+    };
+    if let (Some(j), Some(why)) = (a.max_joules, engine.energy_unavailable()) {
+        errln!("gdsrun: warning: --max-joules {j} cannot be enforced: no energy counter ({why})");
+    }
     let generating = Arc::new(AtomicBool::new(false));
     let interrupt = engine.interrupt_flag();
     install_ctrlc(interrupt.clone(), generating.clone());

@@ -103,6 +103,53 @@ def test_a_dropped_stream_waiting_for_the_engine_never_runs(engine):
     assert engine.generate("Hi", max_tokens=3)
 
 
+def test_ctrl_c_interrupts_generate_and_a_waiting_stream(smollm2_dir):
+    # generate waited with the GIL released and never ran Python's signal handlers: Ctrl-C
+    # did nothing until the whole reply was done. Now KeyboardInterrupt comes at once, the
+    # reply stops, and the engine serves the next call.
+    p = run_py(
+        f"""
+        import gdsllm, os, signal, threading, time
+        e = gdsllm.Engine({str(smollm2_dir)!r}, threads=2, temperature=0)
+        full = e.generate({LONG!r}, max_tokens=8, details=True)
+        per_token = full["metrics"]["decode_ms"] / 1000 / 7
+        def ctrl_c(after):
+            time.sleep(after)
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=ctrl_c, args=(0.5,)).start()
+        t0 = time.time()
+        try:
+            e.generate({LONG!r}, max_tokens=4000)
+            raise SystemExit("not interrupted")
+        except KeyboardInterrupt:
+            waited = time.time() - t0
+        assert waited < 2.0, waited
+        # the engine is free again (its reply stopped)
+        t0 = time.time()
+        assert e.generate("Hi", max_tokens=2, details=True)["stop_reason"] == "max_tokens"
+        assert time.time() - t0 < 100 * per_token + 5
+        # a stream waiting for the engine (another thread's stream holds it): Ctrl-C
+        # reaches the waiting next(), and the holder's reply goes on
+        # (a is long enough to hold the engine past the signal on a fast machine)
+        a = e.stream({LONG!r}, max_tokens=400)
+        next(a)
+        b = e.stream({LONG!r}, max_tokens=20)
+        threading.Thread(target=ctrl_c, args=(0.3,)).start()
+        try:
+            while True:
+                next(b)
+        except KeyboardInterrupt:
+            pass
+        del b
+        rest = list(a)
+        assert a.result["stop_reason"] != "interrupted", a.result["stop_reason"]
+        print("ok", round(waited, 2))
+        """,
+        timeout=300,
+    )
+    assert p.returncode == 0 and p.stdout.startswith("ok"), p.stdout + p.stderr
+
+
 def test_a_forked_child_is_refused_instead_of_hanging(smollm2_dir):
     p = run_py(
         f"""

@@ -90,3 +90,52 @@ fn the_plan_records_the_draft_gate_and_the_kernels_isa() {
         .to_string();
     assert!(e.contains("--draft-gate needs --draft"), "{e}");
 }
+
+/// `--draft-max` past the batch is refused, however large (2^64 - 1 wrapped past the check
+/// `max + 1 > batch` and ran); and `--mem-budget` counts a `--draft-model`'s weights: one
+/// budget for both, refused below the smallest that holds the draft beside the model's
+/// working set, naming it (the draft was mapped whole outside the budget: 312 MiB of RSS
+/// under `--mem-budget 5MB`).
+#[test]
+fn draft_limits_are_checked_without_overflow_and_the_budget_counts_the_draft_model() {
+    let (_tmp, dir) = gds_tests::converted_fixture("tiny-llama.gguf");
+    let opts = |draft_max: Option<usize>, budget: Option<u64>| PlanOptions {
+        model_dir: dir.clone(),
+        ctx: Some(64),
+        threads: Some(1),
+        raw: true,
+        draft_model: Some(dir.clone()),
+        draft_max,
+        mem_budget: budget,
+        no_verify: true,
+        ..Default::default()
+    };
+    for max in [usize::MAX, usize::MAX - 1, 64, 0] {
+        let e = Plan::build(&opts(Some(max), None)).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "--draft-max {max} must be between 1 and --batch - 1"
+            )),
+            "{e}"
+        );
+    }
+    let free = Plan::build(&opts(Some(4), None)).unwrap();
+    let draft = free.draft.as_ref().unwrap().model_plan.as_ref().unwrap();
+    let held = draft.io_plan.held_bytes;
+    assert!(held > 0);
+    assert_eq!(free.weights_held_bytes(), free.io_plan.held_bytes + held);
+    let smallest = held + free.io_plan.min_budget_bytes;
+    for short in [1, held, smallest - 1] {
+        let e = Plan::build(&opts(Some(4), Some(short)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("with --draft-model")
+                && e.contains(&format!("the smallest budget for both is {smallest} bytes")),
+            "{short}: {e}"
+        );
+    }
+    let p = Plan::build(&opts(Some(4), Some(smallest))).unwrap();
+    assert!(p.weights_held_bytes() <= smallest, "{:?}", p.io_plan);
+    assert_eq!(p.io_plan.budget_bytes, Some(smallest - held));
+}

@@ -261,3 +261,39 @@ fn the_lean_reader_gives_the_library_s_tokenizer() {
         "no file with merges as pairs among {files:?}"
     );
 }
+
+/// A pre-tokenizer regex that backtracks without end (a hostile tokenizer.json) hits
+/// Oniguruma's retry limit, which the `onig` crate turns into a panic: an error saying so,
+/// not a crash, and the panic is not printed (the binaries' stderr showed "panicked at" and
+/// a backtrace note).
+#[test]
+fn a_pre_tokenizer_that_backtracks_without_end_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (hf, out) = (tmp.path().join("hf"), tmp.path().join("m.gds"));
+    std::fs::create_dir(&hf).unwrap();
+    let src = gds_tests::fixture("tiny-llama-hf");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
+    }
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(hf.join("tokenizer.json")).unwrap()).unwrap();
+    json["pre_tokenizer"] = serde_json::json!({"type": "Split",
+        "pattern": {"Regex": "(.*b){12}y"}, "behavior": "Isolated", "invert": false});
+    std::fs::write(hf.join("tokenizer.json"), json.to_string()).unwrap();
+    gds_convert::convert(
+        &hf,
+        &out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .expect("converted: the regex compiles, only some texts trip it");
+    let bytes = std::fs::read(out.join(gds_format::MANIFEST_FILE)).unwrap();
+    let m = gds_runtime::plan::parse_manifest(&out, &bytes).unwrap();
+    let cfg = Config::from_manifest(&m).unwrap();
+    let t = TextTokenizer::load(&out, &cfg).unwrap();
+    assert!(!t.encode("hello", false, false).unwrap().is_empty());
+    let e = t.encode(&"b".repeat(40), false, false).unwrap_err();
+    assert!(matches!(e, RuntimeError::Tokenizer(_)), "{e:?}");
+    assert!(e.to_string().contains("backtracks without end"), "{e}");
+}

@@ -955,6 +955,11 @@ fn structured_outputs_always_follow_the_schema() {
         ("bad_schema", "response_format", "strnig"),
         ("bad_regex", "regex", "unclosed"),
         ("bad_gbnf", "grammar", "expecting )"),
+        (
+            "gbnf_no_text",
+            "grammar",
+            "GBNF grammar does not compile: it matches no text",
+        ),
         ("bad_object_schema", "response_format", "123"),
         ("two_grammars", "regex", "one of"),
         ("unknown_type", "response_format", "xml"),

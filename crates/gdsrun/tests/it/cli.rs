@@ -768,7 +768,8 @@ fn perplexity_kl_divergence_refuses_truncated_and_mismatched_files() {
 }
 
 /// `--save-logits` writes under a temporary name: Ctrl-C in the middle exits 130 and leaves
-/// neither the temporary nor a partial FILE.
+/// neither the temporary nor a partial FILE; what SIGTERM or SIGKILL leave is removed by the
+/// next run writing there, and the old FILE stays whole until the new one replaces it.
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn perplexity_save_logits_interrupted_leaves_no_file() {
@@ -776,31 +777,78 @@ fn perplexity_save_logits_interrupted_leaves_no_file() {
     let dir = tempfile::tempdir().unwrap();
     let txt = root().join("fixtures/reference/wiki-like.txt");
     let logits = dir.path().join("base.logits");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
-        .args(["perplexity", model(), "--ctx", "64", "-f"])
-        .arg(&txt)
-        .arg("--save-logits")
-        .arg(&logits)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // the first line comes after the temporary file is open
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.starts_with("perplexity: "), "{line}");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-    assert!(left.is_empty(), "{left:?}");
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let start = || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+            .args(["perplexity", model(), "--ctx", "64", "-f"])
+            .arg(&txt)
+            .arg("--save-logits")
+            .arg(&logits)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // the first line comes after the temporary file is open (after a warning for each
+        // killed run's staging directory removed)
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut warned = 0;
+        loop {
+            let mut line = String::new();
+            err.read_line(&mut line).unwrap();
+            if line.starts_with("warning: removed ") && line.contains("/.base.logits.tmp-") {
+                warned += 1;
+                continue;
+            }
+            assert!(line.starts_with("perplexity: "), "{line}");
+            break;
+        }
+        (child, warned)
+    };
+    let kill = |child: &mut std::process::Child, signal: &str| {
+        let kill = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        child.wait().unwrap()
+    };
+    let (mut child, warned) = start();
+    assert_eq!(warned, 0);
+    assert_eq!(names().len(), 1);
+    assert_eq!(kill(&mut child, "-INT").code(), Some(130));
+    assert!(names().is_empty(), "{:?}", names());
+    // an old FILE, then a run killed by SIGTERM and one by SIGKILL: the old FILE is
+    // untouched, and the next complete run leaves FILE alone, the new one
+    std::fs::write(&logits, "old").unwrap();
+    for (signal, stale) in [("-TERM", 0), ("-KILL", 1)] {
+        let (mut child, warned) = start();
+        assert_eq!(warned, stale);
+        assert!(kill(&mut child, signal).code().is_none());
+        assert_eq!(std::fs::read(&logits).unwrap(), b"old");
+        // FILE and this run's staging directory: the one before it was removed
+        assert_eq!(names().len(), 2, "{:?}", names());
+    }
+    ok_json(&ppl_args(
+        txt.to_str().unwrap(),
+        "64",
+        &[
+            "--json",
+            "--chunks",
+            "1",
+            "--save-logits",
+            logits.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(names(), ["base.logits"]);
+    assert_ne!(std::fs::read(&logits).unwrap(), b"old");
     // a directory as FILE is refused before anything is scored (it failed at the rename,
     // after the whole run)
     let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
@@ -817,6 +865,64 @@ fn perplexity_save_logits_interrupted_leaves_no_file() {
         err.contains("a directory, not a file name") && !err.contains("[1]"),
         "{err}"
     );
+}
+
+/// `imatrix -o` and `perplexity --save-logits` never write inside the model they read
+/// (`-o MODEL/manifest.gdsm` replaced the manifest) nor over a device or FIFO (`-o
+/// /dev/null` made it a regular file): usage errors before any work, nothing changed.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn outputs_never_replace_the_model_or_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    // a copy of the model made of hard links: a replaced file there leaves the shared one
+    let m = dir.path().join("m.gds");
+    let cp = Command::new("cp")
+        .args(["-al", model()])
+        .arg(&m)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let manifest = std::fs::read(m.join("manifest.gdsm")).unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let txt = root().join("fixtures/reference/wiki-like.txt");
+    let m_str = m.to_str().unwrap();
+    let cases: [(&str, PathBuf, &str); 4] = [
+        ("-o", m.join("manifest.gdsm"), "inside the model directory"),
+        (
+            "--save-logits",
+            m.join("layers/x.logits"),
+            "inside the model directory",
+        ),
+        ("-o", fifo.clone(), "not a regular file"),
+        ("--save-logits", fifo.clone(), "not a regular file"),
+    ];
+    for (flag, out, why) in cases {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gdsrun"));
+        if flag == "-o" {
+            c.args(["imatrix", m_str, "--ctx", "64", "--chunks", "1", "-f"]);
+        } else {
+            c.args(["perplexity", m_str, "--ctx", "64", "--chunks", "1", "-f"]);
+        }
+        let o = c
+            .arg(&txt)
+            .arg(flag)
+            .arg(&out)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag} {}: {err}", out.display());
+        assert!(err.contains(why) && err.contains(flag), "{err}");
+    }
+    assert_eq!(std::fs::read(m.join("manifest.gdsm")).unwrap(), manifest);
+    assert!(!m.join("layers/x.logits").exists());
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
 }
 
 #[test]
@@ -1304,4 +1410,326 @@ fn logprobs_come_with_each_generated_token() {
     }
     let o = gdsrun(&[model(), "--prompt", "hi", "--logprobs", "2"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+}
+
+/// `gdsrun ARGS` that must end within a minute (a FIFO opened without O_NONBLOCK blocks for
+/// ever): its output.
+fn gdsrun_within(args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gdsrun"));
+    c.args(args);
+    gds_tests::output_within(c, std::time::Duration::from_secs(60), &format!("{args:?}"))
+}
+
+/// Edge values refused before any model is read (2026-12-05 audit): at once, exit 2, the
+/// flag or path named. MODEL is an empty directory: nothing here may need it.
+#[test]
+fn edge_values_are_refused_before_the_model_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    let m = m.to_str().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let fifo = fifo.to_str().unwrap();
+    let out = dir.path().join("out.jsonl");
+    let out = out.to_str().unwrap();
+    let txt = dir.path().join("t.txt");
+    std::fs::write(&txt, "text").unwrap();
+    let txt = txt.to_str().unwrap();
+    let im = dir.path().join("im.gguf");
+    let im = im.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        // a FIFO without a writer as batch's input (was refused only once a writer came)
+        (
+            vec!["batch", m, "-i", fifo, "-o", out],
+            format!("{fifo}: not a regular file"),
+        ),
+        (
+            vec!["batch", m, "-i", txt, "-o", out, "--concurrency", "0"],
+            "--concurrency must be at least 1".into(),
+        ),
+        (
+            vec!["serve", m, "--step-tokens", "0"],
+            "--step-tokens must be at least 1".into(),
+        ),
+        (
+            vec!["batch", m, "-i", txt, "-o", out, "--step-tokens", "0"],
+            "--step-tokens must be at least 1".into(),
+        ),
+        // imatrix counts no product of fewer than 16 tokens: it ran every chunk, then failed
+        (
+            vec!["imatrix", m, "-f", txt, "-o", im, "--ctx", "15"],
+            "--ctx 15 must be at least 16".into(),
+        ),
+        (
+            vec!["imatrix", m, "-f", txt, "-o", im, "--chunks", "0"],
+            "--chunks must be at least 1".into(),
+        ),
+        // each chunk is one pass: a --batch was silently ignored
+        (
+            vec!["imatrix", m, "-f", txt, "-o", im, "-b", "0"],
+            "--batch 0: imatrix evaluates each chunk in one pass".into(),
+        ),
+        // 2^64 was accepted and saturated
+        (
+            vec![m, "-p", "hi", "--mem-budget", "18446744073709551616"],
+            "is too large a size".into(),
+        ),
+        // grammar files are read before the model: a FIFO blocked the read
+        (
+            vec![m, "-p", "hi", "--grammar", fifo],
+            format!("{fifo}: not a regular file"),
+        ),
+        (
+            vec![m, "-p", "hi", "--json-schema", fifo],
+            format!("{fifo}: not a regular file"),
+        ),
+    ];
+    for (args, want) in cases {
+        let o = gdsrun_within(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(&want), "{args:?}: {want:?} not in {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(!std::path::Path::new(out).exists() && !std::path::Path::new(im).exists());
+}
+
+/// Messages name what the user gave (2026-12-05 audit): the grammar flags and files instead
+/// of "loading MODEL: constrained decoding", the regex without llguidance's `start: /RX/`
+/// wrapper, GBNF as GBNF with the real cause, bench's -d/-p/-n instead of a --ctx it does
+/// not have, a budget under 1 MiB in bytes.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn errors_name_the_flag_the_user_gave() {
+    let dir = tempfile::tempdir().unwrap();
+    let gbnf = dir.path().join("rec.gbnf");
+    std::fs::write(&gbnf, "root ::= x\nx ::= x \"a\"\n").unwrap();
+    let lark = dir.path().join("g.lark");
+    std::fs::write(&lark, "start: foo\n").unwrap();
+    let schema = dir.path().join("s.json");
+    std::fs::write(&schema, r#"{"type": "nonsense"}"#).unwrap();
+    let (gbnf, lark, schema) = (
+        gbnf.to_str().unwrap(),
+        lark.to_str().unwrap(),
+        schema.to_str().unwrap(),
+    );
+    let run = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [model(), "-p", "hi", "-n", "2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let cases: Vec<(Vec<String>, Vec<String>, &str)> = vec![
+        (
+            run(&["--regex", "("]),
+            vec![
+                "gdsrun: error: --regex \"(\": regular expression does not compile: invalid regex \"(\"".into(),
+                "unclosed group".into(),
+            ],
+            "start:",
+        ),
+        (
+            run(&["--grammar", gbnf]),
+            vec![format!(
+                "gdsrun: error: --grammar {gbnf}: GBNF grammar does not compile: it matches no text"
+            )],
+            "NoExtensionBias",
+        ),
+        (
+            run(&["--grammar", lark]),
+            vec![format!(
+                "gdsrun: error: --grammar {lark}: Lark grammar does not compile: at 1(8): unknown name: \"foo\""
+            )],
+            "loading",
+        ),
+        (
+            run(&["--json-schema", schema]),
+            vec![format!(
+                "gdsrun: error: --json-schema {schema}: JSON schema does not compile"
+            )],
+            "constrained decoding",
+        ),
+        (
+            run(&["--mem-budget", "1.5"]),
+            vec!["--mem-budget 1 byte is below the minimum working set".into()],
+            "0.0 MiB",
+        ),
+        (
+            [
+                "bench",
+                model(),
+                "-d",
+                "18446744073709551615",
+                "-p",
+                "1",
+                "-n",
+                "0",
+                "-r",
+                "1",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            vec!["the longest test, -d 18446744073709551615 + -p 1 + -n 0 = 18446744073709551615 tokens, exceeds 4x the model's context length".into()],
+            "--ctx",
+        ),
+    ];
+    for (args, wants, never) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = gdsrun(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        for want in wants {
+            assert!(err.contains(&want), "{args:?}: {want:?} not in {err}");
+        }
+        assert!(!err.contains(never), "{args:?}: {never:?} in {err}");
+    }
+}
+
+/// Flags that do nothing in a run are said to do nothing, once (2026-12-05 audit): the CUDA
+/// backend's on the CPU backend, the chat's with --raw, --max-joules without an energy
+/// counter; and a one-shot prompt too long for --ctx fails (exit 2) in chat mode as in raw.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn ignored_flags_are_warned_about_once() {
+    let base = [
+        model(),
+        "-p",
+        "hi",
+        "-n",
+        "1",
+        "--temp",
+        "0",
+        "--backend",
+        "cpu",
+    ];
+    let warn = |extra: &[&str], want: &str| {
+        let o = gdsrun(&[&base[..], extra].concat());
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "{extra:?}: {err}");
+        assert_eq!(
+            err.matches(want).count(),
+            1,
+            "{extra:?}: {want:?} once in {err}"
+        );
+    };
+    warn(
+        &["--gemm-type", "f16", "--cuda-graphs", "off", "--gemm-min-tokens", "8"],
+        "gdsrun: warning: --gemm-type, --cuda-graphs, --gemm-min-tokens apply to the CUDA backend only",
+    );
+    warn(
+        &["--raw", "--system", "be brief", "--chat-template", "chatml"],
+        "gdsrun: warning: --chat-template, --system ignored: --raw applies no chat template",
+    );
+    let o = gdsrun(&[
+        "bench",
+        model(),
+        "-p",
+        "8",
+        "-n",
+        "1",
+        "-r",
+        "1",
+        "--cuda-graphs",
+        "on",
+    ]);
+    assert!(
+        text(&o.stderr).contains("--cuda-graphs applies to the CUDA backend only"),
+        "{}",
+        text(&o.stderr)
+    );
+    // RAPL counters: readable here or not (a VM, a container)
+    let rapl = std::fs::read_dir("/sys/class/powercap").is_ok_and(|d| {
+        d.flatten()
+            .any(|e| std::fs::read_to_string(e.path().join("energy_uj")).is_ok())
+    });
+    let o = gdsrun(&[&base[..], &["--max-joules", "5"]].concat());
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(
+        err.contains("--max-joules 5 cannot be enforced"),
+        !rapl,
+        "{err}"
+    );
+    // nothing to warn about: no warning
+    let o = gdsrun(&base);
+    assert!(!text(&o.stderr).contains("warning"), "{}", text(&o.stderr));
+    // a one-shot prompt that does not fit fails; an interactive turn that does not fit is
+    // reported and the chat goes on to its end (exit 0)
+    let long = "word ".repeat(100);
+    fails(
+        &[model(), "-p", &long, "--ctx", "32"],
+        2,
+        "context holds 32",
+    );
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args([model(), "--ctx", "32", "-n", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{long}\n").as_bytes())
+        .unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("context holds 32"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+/// Files named by flags that are read once the model is planned: a FIFO without a writer is
+/// refused at once (exit 2, named) instead of blocking the open or the read.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn fifos_named_by_flags_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let fifo = fifo.to_str().unwrap();
+    let txt = root().join("fixtures/reference/wiki-like.txt");
+    let txt = txt.to_str().unwrap();
+    let im = dir.path().join("im.gguf");
+    let im = im.to_str().unwrap();
+    for args in [
+        vec![model(), "-p", "hi", "--chat-template-file", fifo],
+        vec!["perplexity", model(), "-f", fifo, "--ctx", "64"],
+        vec![
+            "perplexity",
+            model(),
+            "-f",
+            txt,
+            "--ctx",
+            "64",
+            "--kl-divergence",
+            fifo,
+        ],
+        vec!["imatrix", model(), "-f", fifo, "-o", im, "--ctx", "64"],
+    ] {
+        let o = gdsrun_within(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{fifo}: not a regular file")),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!std::path::Path::new(im).exists());
 }

@@ -427,9 +427,53 @@ fn a_draft_model_leaves_the_output_unchanged_and_must_share_the_vocabulary() {
         "40MB",
     ];
     let plain = run_json(&target, &settings);
+    // one --mem-budget covers both: the draft's weights (held whole) come first, so the
+    // model streams within the same 40 MB as without the draft
+    let draft_plan: Value = serde_json::from_slice(
+        &gds_tests::run(
+            "gdsrun",
+            &[draft.to_str().unwrap(), "--plan", "--io", "mmap"],
+        )
+        .stdout,
+    )
+    .unwrap();
+    let draft_held = draft_plan["io_plan"]["held_bytes"].as_u64().unwrap();
+    let budget = (40_000_000 + draft_held).to_string();
     let mut with = settings.to_vec();
+    *with.last_mut().unwrap() = &budget;
     with.extend_from_slice(&["--draft-model", draft.to_str().unwrap()]);
     let spec = run_json(&target, &with);
+    assert_eq!(
+        spec["plan"]["io_plan"]["budget_bytes"].as_u64(),
+        Some(40_000_000),
+        "the model's share"
+    );
+    assert!(
+        spec["metrics"]["weights_held_bytes"].as_u64().unwrap()
+            > plain["metrics"]["weights_held_bytes"].as_u64().unwrap() + draft_held / 2,
+        "the draft's weights are counted"
+    );
+    // a budget that cannot hold the draft beside the model's working set: refused, naming
+    // the smallest that can (the draft was mapped outside the budget: 312 MiB of RSS under
+    // --mem-budget 5MB)
+    let o = gds_tests::run(
+        "gdsrun",
+        &[
+            target.to_str().unwrap(),
+            "-p",
+            "x",
+            "--mem-budget",
+            "5MB",
+            "--draft-model",
+            draft.to_str().unwrap(),
+        ],
+    );
+    let err = gds_tests::stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("with --draft-model") && err.contains("the smallest budget for both is"),
+        "{err}"
+    );
     assert_eq!(
         tokens(&plain),
         tokens(&spec),
