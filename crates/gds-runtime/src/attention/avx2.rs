@@ -55,8 +55,8 @@ unsafe fn store_first(out: *mut f32, v: __m256, n: usize) {
 ///
 /// # Safety
 /// AVX2, FMA and F16C are available; `hd` is a multiple of 8 and `q.len()` of `hd`; every
-/// `rows[j] + hd` is at most `cache.len()`; `rows` is not empty; `out` holds
-/// `q.len() / hd · rows.len()` floats.
+/// `rows[j] + hd` is at most `cache.len()`; `rows` is not empty; `out` holds `rows.len()`
+/// floats from `i·stride` for each of the `q.len() / hd` query rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn scores<T: Lanes>(
     q: &[f32],
@@ -65,6 +65,7 @@ pub unsafe fn scores<T: Lanes>(
     rows: &[usize],
     scale: f32,
     out: &mut [f32],
+    stride: usize,
 ) {
     let (n, g) = (rows.len(), q.len() / hd);
     let base = cache.as_ptr();
@@ -75,7 +76,7 @@ pub unsafe fn scores<T: Lanes>(
         for j0 in (0..n).step_by(4) {
             // SAFETY: every row has hd elements inside `cache` (the caller's contract), so
             // loads at row + c for c < hd stay inside; q0, q1 have hd floats; out rows i and
-            // i + 1 have n floats from j0.
+            // i + 1 have n floats from i·stride and (i + 1)·stride.
             unsafe {
                 let k: [*const T; 4] = std::array::from_fn(|l| base.add(row(rows, j0, l)));
                 let mut acc = [_mm256_setzero_ps(); 8];
@@ -91,8 +92,8 @@ pub unsafe fn scores<T: Lanes>(
                 let mut t = [0f32; 8];
                 _mm256_storeu_ps(t.as_mut_ptr(), s);
                 let m = (n - j0).min(4);
-                out[i * n + j0..][..m].copy_from_slice(&t[..m]);
-                out[(i + 1) * n + j0..][..m].copy_from_slice(&t[4..4 + m]);
+                out[i * stride + j0..][..m].copy_from_slice(&t[..m]);
+                out[(i + 1) * stride + j0..][..m].copy_from_slice(&t[4..4 + m]);
             }
         }
         i += 2;
@@ -111,7 +112,7 @@ pub unsafe fn scores<T: Lanes>(
                     }
                 }
                 let s = _mm256_mul_ps(reduce8(&acc), vscale);
-                store_first(out.as_mut_ptr().add(i * n + j0), s, n - j0);
+                store_first(out[i * stride + j0..].as_mut_ptr(), s, n - j0);
             }
         }
     }
@@ -122,11 +123,12 @@ pub unsafe fn scores<T: Lanes>(
 /// # Safety
 /// As [`weighted_sum`], `i + H` heads exist, and `d0 + 8·W ≤ hd`.
 // one loaded vector serves every head: the vector index runs outside the head index
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn weighted_block<T: Lanes, const H: usize, const W: usize>(
     p: &[f32],
+    stride: usize,
     base: *const T,
     rows: &[usize],
     hd: usize,
@@ -134,12 +136,12 @@ unsafe fn weighted_block<T: Lanes, const H: usize, const W: usize>(
     d0: usize,
     out: &mut [f32],
 ) {
-    let n = rows.len();
-    // SAFETY: out rows i..i + H have hd floats, d0 + 8W ≤ hd; p rows i..i + H have n
-    // weights; every row has hd elements inside the cache (the caller's contract).
+    // SAFETY: out rows i..i + H have hd floats, d0 + 8W ≤ hd; p rows i..i + H have
+    // rows.len() weights from (i + h)·stride; every row has hd elements inside the cache
+    // (the caller's contract).
     unsafe {
         let o: [*mut f32; H] = std::array::from_fn(|h| out.as_mut_ptr().add((i + h) * hd + d0));
-        let pr: [*const f32; H] = std::array::from_fn(|h| p.as_ptr().add((i + h) * n));
+        let pr: [*const f32; H] = std::array::from_fn(|h| p.as_ptr().add((i + h) * stride));
         let mut acc: [[__m256; W]; H] =
             std::array::from_fn(|h| std::array::from_fn(|w| _mm256_loadu_ps(o[h].add(8 * w))));
         for (j, &at) in rows.iter().enumerate() {
@@ -165,10 +167,12 @@ unsafe fn weighted_block<T: Lanes, const H: usize, const W: usize>(
 ///
 /// # Safety
 /// AVX2, FMA and F16C are available; `hd` is a multiple of 8 and `out.len()` of `hd`; every
-/// `rows[j] + hd` is at most `cache.len()`; `p` holds `out.len() / hd · rows.len()` floats.
+/// `rows[j] + hd` is at most `cache.len()`; `p` holds `rows.len()` floats from `i·stride`
+/// for each of the `out.len() / hd` output rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn weighted_sum<T: Lanes>(
     p: &[f32],
+    stride: usize,
     cache: &[T],
     rows: &[usize],
     hd: usize,
@@ -184,10 +188,10 @@ pub unsafe fn weighted_sum<T: Lanes>(
             // SAFETY: d0 + 8w ≤ hd, heads i, i + 1 exist, and the caller's contract.
             unsafe {
                 match w {
-                    4 => weighted_block::<T, 2, 4>(p, base, rows, hd, i, d0, out),
-                    3 => weighted_block::<T, 2, 3>(p, base, rows, hd, i, d0, out),
-                    2 => weighted_block::<T, 2, 2>(p, base, rows, hd, i, d0, out),
-                    _ => weighted_block::<T, 2, 1>(p, base, rows, hd, i, d0, out),
+                    4 => weighted_block::<T, 2, 4>(p, stride, base, rows, hd, i, d0, out),
+                    3 => weighted_block::<T, 2, 3>(p, stride, base, rows, hd, i, d0, out),
+                    2 => weighted_block::<T, 2, 2>(p, stride, base, rows, hd, i, d0, out),
+                    _ => weighted_block::<T, 2, 1>(p, stride, base, rows, hd, i, d0, out),
                 }
             }
             d0 += LANES * w;
@@ -201,17 +205,33 @@ pub unsafe fn weighted_sum<T: Lanes>(
             // SAFETY: as above, for head i.
             unsafe {
                 match w {
-                    8 => weighted_block::<T, 1, 8>(p, base, rows, hd, i, d0, out),
-                    7 => weighted_block::<T, 1, 7>(p, base, rows, hd, i, d0, out),
-                    6 => weighted_block::<T, 1, 6>(p, base, rows, hd, i, d0, out),
-                    5 => weighted_block::<T, 1, 5>(p, base, rows, hd, i, d0, out),
-                    4 => weighted_block::<T, 1, 4>(p, base, rows, hd, i, d0, out),
-                    3 => weighted_block::<T, 1, 3>(p, base, rows, hd, i, d0, out),
-                    2 => weighted_block::<T, 1, 2>(p, base, rows, hd, i, d0, out),
-                    _ => weighted_block::<T, 1, 1>(p, base, rows, hd, i, d0, out),
+                    8 => weighted_block::<T, 1, 8>(p, stride, base, rows, hd, i, d0, out),
+                    7 => weighted_block::<T, 1, 7>(p, stride, base, rows, hd, i, d0, out),
+                    6 => weighted_block::<T, 1, 6>(p, stride, base, rows, hd, i, d0, out),
+                    5 => weighted_block::<T, 1, 5>(p, stride, base, rows, hd, i, d0, out),
+                    4 => weighted_block::<T, 1, 4>(p, stride, base, rows, hd, i, d0, out),
+                    3 => weighted_block::<T, 1, 3>(p, stride, base, rows, hd, i, d0, out),
+                    2 => weighted_block::<T, 1, 2>(p, stride, base, rows, hd, i, d0, out),
+                    _ => weighted_block::<T, 1, 1>(p, stride, base, rows, hd, i, d0, out),
                 }
             }
             d0 += LANES * w;
+        }
+    }
+}
+
+/// [`super::kernels::pack`].
+///
+/// # Safety
+/// AVX2 and F16C are available; `hd` is a multiple of 8; every `rows[j] + hd` is at most
+/// `cache.len()`; `dst` holds `rows.len() · hd` floats.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn pack<T: Lanes>(cache: &[T], rows: &[usize], hd: usize, dst: &mut [f32]) {
+    let base = cache.as_ptr();
+    for (d, &at) in dst.chunks_exact_mut(hd).zip(rows) {
+        for c in (0..hd).step_by(LANES) {
+            // SAFETY: row `at` has hd elements inside `cache`, c + 8 ≤ hd; `d` holds hd.
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr().add(c), T::load8(base.add(at + c))) };
         }
     }
 }

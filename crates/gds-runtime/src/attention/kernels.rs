@@ -89,8 +89,9 @@ impl<'a> Keys<'a> {
 }
 
 /// Scores of a group of query heads (`q`: `g` rows of `hd`) against every key:
-/// `out[i·n + j] = (q_i · key_j) · scale`, `n = keys.len()`. `simd` (from
+/// `out[i·stride + j] = (q_i · key_j) · scale`, `j < n = keys.len() ≤ stride`. `simd` (from
 /// [`crate::ops::simd_available`]) picks the AVX2 build where the head width is a multiple of 8.
+#[allow(clippy::too_many_arguments)]
 pub fn scores<T: Lanes>(
     simd: bool,
     q: &[f32],
@@ -99,54 +100,81 @@ pub fn scores<T: Lanes>(
     keys: &Keys<'_>,
     scale: f32,
     out: &mut [f32],
+    stride: usize,
 ) {
     let rows = keys.rows_in(cache.len(), hd);
-    let n = rows.len();
-    let out = &mut out[..q.len() / hd * n];
+    let (n, g) = (rows.len(), q.len() / hd);
+    if n == 0 || g == 0 {
+        return;
+    }
+    assert!(n <= stride, "{n} scores in rows of {stride}");
+    let out = &mut out[..(g - 1) * stride + n];
     #[cfg(target_arch = "x86_64")]
-    if simd && hd.is_multiple_of(LANES) && n > 0 {
+    if simd && hd.is_multiple_of(LANES) {
         // SAFETY: `simd` is only true where simd_available() found AVX2, FMA and F16C; every
         // row's hd elements lie inside `cache` (Keys::new) and hd is a multiple of 8; `out`
-        // holds n scores per query row.
-        unsafe { super::avx2::scores(q, hd, cache, rows, scale, out) };
+        // holds n scores from i·stride for each of the g query rows.
+        unsafe { super::avx2::scores(q, hd, cache, rows, scale, out, stride) };
         return;
     }
     let _ = simd;
-    for (qi, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n.max(1))) {
-        for (o, &at) in o.iter_mut().zip(rows) {
+    for (i, qi) in q.chunks_exact(hd).enumerate() {
+        for (o, &at) in out[i * stride..][..n].iter_mut().zip(rows) {
             *o = score(qi, &cache[at..at + hd]) * scale;
         }
     }
 }
 
-/// Weighted sums of values for a group of query heads (`p`: `g` rows of `n` weights):
-/// `out[i·hd + d] += Σ_j p[i·n + j] · value_j[d]`, in order of `j`.
+/// Weighted sums of values for a group of query heads (`p`: `g` rows of `n` weights, row
+/// `i` from `p[i·stride]`): `out[i·hd + d] += Σ_j p[i·stride + j] · value_j[d]`, in order of `j`.
 pub fn weighted_sum<T: Lanes>(
     simd: bool,
     p: &[f32],
+    stride: usize,
     cache: &[T],
     keys: &Keys<'_>,
     hd: usize,
     out: &mut [f32],
 ) {
     let rows = keys.rows_in(cache.len(), hd);
-    let n = rows.len();
-    if n == 0 {
+    let (n, g) = (rows.len(), out.len() / hd);
+    if n == 0 || g == 0 {
         return;
     }
-    let p = &p[..out.len() / hd * n];
+    assert!(n <= stride, "{n} weights in rows of {stride}");
+    let p = &p[..(g - 1) * stride + n];
     #[cfg(target_arch = "x86_64")]
     if simd && hd.is_multiple_of(LANES) {
-        // SAFETY: as in `scores`; `p` holds n weights per output row.
-        unsafe { super::avx2::weighted_sum(p, cache, rows, hd, out) };
+        // SAFETY: as in `scores`; `p` holds n weights from i·stride for each output row.
+        unsafe { super::avx2::weighted_sum(p, stride, cache, rows, hd, out) };
         return;
     }
     let _ = simd;
-    for (pi, o) in p.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
-        for (&pj, &at) in pi.iter().zip(rows) {
+    for (i, o) in out.chunks_exact_mut(hd).enumerate() {
+        for (&pj, &at) in p[i * stride..][..n].iter().zip(rows) {
             for (o, v) in o.iter_mut().zip(&cache[at..at + hd]) {
                 *o = pj.mul_add(v.to_f32(), *o);
             }
+        }
+    }
+}
+
+/// The keys' rows as f32, one after the other: `dst[j·hd..(j + 1)·hd]` is row `j` (f16
+/// converted exactly); `simd` picks the AVX2 build (F16C) where `hd` is a multiple of 8.
+pub fn pack<T: Lanes>(simd: bool, cache: &[T], keys: &Keys<'_>, hd: usize, dst: &mut [f32]) {
+    let rows = keys.rows_in(cache.len(), hd);
+    let dst = &mut dst[..rows.len() * hd];
+    #[cfg(target_arch = "x86_64")]
+    if simd && hd.is_multiple_of(LANES) {
+        // SAFETY: `simd` is only true where simd_available() found AVX2 and F16C; every
+        // row's hd elements lie inside `cache` (Keys::new); `dst` holds rows.len() · hd.
+        unsafe { super::avx2::pack(cache, rows, hd, dst) };
+        return;
+    }
+    let _ = simd;
+    for (d, &at) in dst.chunks_exact_mut(hd).zip(rows) {
+        for (d, v) in d.iter_mut().zip(&cache[at..at + hd]) {
+            *d = v.to_f32();
         }
     }
 }
@@ -237,8 +265,8 @@ mod tests {
         for g in 1usize..=9 {
             let q = values(g * hd, 7 + hd as u64 + g as u64);
             let (mut s0, mut s1) = (vec![0f32; g * n], vec![0f32; g * n]);
-            scores(false, &q, hd, cache, &keys, 0.125, &mut s0);
-            scores(true, &q, hd, cache, &keys, 0.125, &mut s1);
+            scores(false, &q, hd, cache, &keys, 0.125, &mut s0, n);
+            scores(true, &q, hd, cache, &keys, 0.125, &mut s1, n);
             for i in 0..g {
                 for (j, &at) in r.iter().enumerate() {
                     let want: f64 = q[i * hd..(i + 1) * hd]
@@ -255,8 +283,8 @@ mod tests {
             }
             let p = values(g * n, 9);
             let (mut o0, mut o1) = (vec![0.5f32; g * hd], vec![0.5f32; g * hd]);
-            weighted_sum(false, &p, cache, &keys, hd, &mut o0);
-            weighted_sum(true, &p, cache, &keys, hd, &mut o1);
+            weighted_sum(false, &p, n, cache, &keys, hd, &mut o0);
+            weighted_sum(true, &p, n, cache, &keys, hd, &mut o1);
             for i in 0..g {
                 for d in 0..hd {
                     let want: f64 = 0.5
@@ -316,7 +344,7 @@ mod tests {
     fn a_row_past_the_cache_is_refused() {
         let keys = Keys::new(&[0, 50], 16);
         let mut out = [0f32; 2];
-        scores(true, &[0.0; 16], 16, &[0f32; 64], &keys, 1.0, &mut out);
+        scores(true, &[0.0; 16], 16, &[0f32; 64], &keys, 1.0, &mut out, 2);
     }
 
     #[test]
@@ -324,6 +352,6 @@ mod tests {
     fn a_value_row_past_the_cache_is_refused() {
         let keys = Keys::new(&[40], 16);
         let mut out = [0f32; 16];
-        weighted_sum(true, &[1.0], &[0f32; 48], &keys, 16, &mut out);
+        weighted_sum(true, &[1.0], 1, &[0f32; 48], &keys, 16, &mut out);
     }
 }

@@ -2,6 +2,9 @@
 //! attention for every (token, KV head) of the batch: the query heads sharing a KV head
 //! (grouped-query attention) are scored in one pass over its keys and summed in one pass
 //! over its values, so each cached row is read once per group, not once per query head.
+//! The tokens of a prompt go further: a tile of consecutive positions of one sequence reads
+//! each key and value row once for all its tokens' heads ([`tile_attend`]), with the same
+//! arithmetic, so a position's result is the same whichever way it was computed.
 //!
 //! Kept apart from the forward pass so the cache's layout can change without touching the
 //! model code: the model hands over the batch's Q/K/V rows in [`Buffers`] (rows of its
@@ -137,6 +140,16 @@ fn attend<T: Lanes>(
         }
     }
     let (kc, vc) = (&*kc, &*vc);
+    if p.window.is_none() && tiles_on() {
+        let tq = tile_tokens(group);
+        if tq > 1 {
+            let tiles = tiles(batch, tq);
+            if tiles.len() < n && tiles.len() >= s.n_tasks {
+                attend_tiles(c, simd, s, kc, vc, batch, geo, p, &tiles);
+                return;
+            }
+        }
+    }
     let (scale, softcap, window) = (p.scale, p.softcap, p.window);
     // the sinks of KV head g's query heads
     let sinks_of = |g: usize| p.sinks.map(|s| &s[g * group..(g + 1) * group]);
@@ -246,37 +259,323 @@ const PIECE: usize = 256;
 fn merge(parts: &[f32], group: usize, hd: usize, sinks: Option<&[f32]>, out: &mut [f32]) {
     let slot = group * (hd + 2);
     for (i, o) in out.chunks_exact_mut(hd).enumerate() {
-        o.fill(0.0);
-        let (mut m, mut l) = match sinks {
-            Some(s) => (s[i], 1.0f32),
-            None => (f32::NEG_INFINITY, 0.0f32),
-        };
+        let mut ml = merge_start(o, sinks.map(|s| s[i]));
         for sl in parts.chunks_exact(slot) {
             let (mc, lc) = (sl[group * hd + 2 * i], sl[group * hd + 2 * i + 1]);
-            if lc == 0.0 {
-                continue; // an empty piece
-            }
-            let mn = m.max(mc);
-            let (a, b) = ((m - mn).exp(), (mc - mn).exp());
-            for x in o.iter_mut() {
-                *x *= a;
-            }
-            ops::axpy(o, b, &sl[i * hd..(i + 1) * hd]);
-            l = l * a + lc * b;
-            m = mn;
+            fold(o, &mut ml, &sl[i * hd..(i + 1) * hd], mc, lc);
         }
-        let inv = 1.0 / l;
-        for x in o.iter_mut() {
-            *x *= inv;
+        merge_end(o, ml);
+    }
+}
+
+/// The start of one head's merge: no output, and the (max, sum) of no piece, or of its sink.
+#[inline]
+fn merge_start(o: &mut [f32], sink: Option<f32>) -> (f32, f32) {
+    o.fill(0.0);
+    match sink {
+        Some(s) => (s, 1.0),
+        None => (f32::NEG_INFINITY, 0.0),
+    }
+}
+
+/// One step of a merge: a piece's unnormalized output `po` and its (max, sum) `(mc, lc)`
+/// folded into the running output `o` and its (max, sum) `ml`; an empty piece (`lc == 0`)
+/// changes nothing.
+#[inline]
+fn fold(o: &mut [f32], ml: &mut (f32, f32), po: &[f32], mc: f32, lc: f32) {
+    if lc == 0.0 {
+        return;
+    }
+    let (m, l) = *ml;
+    let mn = m.max(mc);
+    let (a, b) = ((m - mn).exp(), (mc - mn).exp());
+    for x in o.iter_mut() {
+        *x *= a;
+    }
+    ops::axpy(o, b, po);
+    *ml = (mn, l * a + lc * b);
+}
+
+/// The end of a merge: the output divided by the sum.
+#[inline]
+fn merge_end(o: &mut [f32], (_, l): (f32, f32)) {
+    let inv = 1.0 / l;
+    for x in o.iter_mut() {
+        *x *= inv;
+    }
+}
+
+/// Query rows (a tile's tokens × the query heads of a KV head) the tiled path attends
+/// together: enough that a piece's keys and values, read and converted once, serve many
+/// rows; few enough that their scores (`TILE_ROWS × PIECE`) stay in L2.
+const TILE_ROWS: usize = 16;
+
+/// Whether prompts take the tiled path: `GDS_ATTN_TILES=0` turns it off, to compare the
+/// two (the numbers are the same; only the time differs).
+fn tiles_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GDS_ATTN_TILES").map_or(true, |v| v.trim() != "0"))
+}
+
+/// Tokens per tile for `group` query heads per KV head (1: no tiling).
+fn tile_tokens(group: usize) -> usize {
+    (TILE_ROWS / group.max(1)).max(1)
+}
+
+/// Keys per kernel call in the tiled path: 8 KiB of converted rows, which stay in L1 while
+/// every query row of the tile passes over them (a multiple of the kernels' four keys).
+fn key_chunk(hd: usize) -> usize {
+    ((2048 / hd.max(1)).clamp(4, PIECE)) / 4 * 4
+}
+
+/// The batch cut into tiles: runs of tokens of one sequence at consecutive positions, at
+/// most `most` long, as `(first token, tokens)`.
+fn tiles(batch: &Batch, most: usize) -> Vec<(usize, usize)> {
+    let mut v: Vec<(usize, usize)> = Vec::new();
+    for t in 0..batch.len() {
+        match v.last_mut() {
+            Some((_, len))
+                if *len < most
+                    && batch.seqs[t] == batch.seqs[t - 1]
+                    && batch.positions[t] == batch.positions[t - 1] + 1 =>
+            {
+                *len += 1
+            }
+            _ => v.push((t, 1)),
+        }
+    }
+    v
+}
+
+/// Attention of a batch cut into `tiles` (a layer without a window): the tiles split over
+/// the pool in contiguous runs of about equal work (query rows × keys), each run writing
+/// its tokens' rows of the output, and keeping each row's running (max, sum) in `s.part`.
+#[allow(clippy::too_many_arguments)]
+fn attend_tiles<T: Lanes>(
+    c: &Config,
+    simd: bool,
+    s: &mut Buffers<'_>,
+    kc: &[T],
+    vc: &[T],
+    batch: &Batch,
+    geo: &Geometry<'_>,
+    p: &AttnParams<'_>,
+    tiles: &[(usize, usize)],
+) {
+    let (qd, n) = (c.q_dim(), batch.len());
+    // a row's running (max, sum): two floats per (token, query head)
+    let mld = 2 * c.n_heads;
+    if s.part.len() < n * mld {
+        s.part.resize(n * mld, 0.0);
+    }
+    let work = |&(t0, len): &(usize, usize)| len * (batch.positions[t0 + len - 1] + 1);
+    let total: usize = tiles.iter().map(work).sum();
+    let mut runs = Vec::with_capacity(s.n_tasks);
+    let (mut att, mut ml) = (&mut s.att[..n * qd], &mut s.part[..n * mld]);
+    let (mut from, mut done) = (0, 0);
+    for (i, tile) in tiles.iter().enumerate() {
+        done += work(tile);
+        if i + 1 == tiles.len() || done * s.n_tasks >= total * (runs.len() + 1) {
+            let tokens = tile.0 + tile.1 - tiles[from].0;
+            let (a, rest_a) = std::mem::take(&mut att).split_at_mut(tokens * qd);
+            let (m, rest_m) = std::mem::take(&mut ml).split_at_mut(tokens * mld);
+            runs.push((&tiles[from..=i], a, m));
+            (att, ml) = (rest_a, rest_m);
+            from = i + 1;
+        }
+    }
+    let q = s.q;
+    runs.into_par_iter()
+        .zip(s.scores.par_chunks_mut(scratch_len(c, geo.ctx)))
+        .for_each(|((tiles, att, ml), scratch)| {
+            let first = tiles[0].0;
+            // the tiles of one sequence share every key and value row they read
+            for seg in tiles.chunk_by(|a, b| batch.seqs[a.0] == batch.seqs[b.0]) {
+                for g in 0..c.n_kv_heads {
+                    let run = Run {
+                        c,
+                        q,
+                        batch,
+                        geo,
+                        tiles: seg,
+                        first,
+                        g,
+                    };
+                    run_attend(simd, &run, kc, vc, p, scratch, att, ml);
+                }
+            }
+        });
+}
+
+/// Tiles of one sequence, for KV head `g`; their tokens' rows of the output (and of the
+/// running sums) start at token `first`.
+struct Run<'a> {
+    c: &'a Config,
+    q: &'a [f32],
+    batch: &'a Batch,
+    geo: &'a Geometry<'a>,
+    tiles: &'a [(usize, usize)],
+    first: usize,
+    g: usize,
+}
+
+/// The tiles of one sequence (each at consecutive positions; no window) for one KV head,
+/// into their rows of `att` (`ml`: each row's running (max, sum)): the pieces, kernels and
+/// merge of [`grouped_attend`] and [`merge`], so every number is the per-token path's bit
+/// for bit. But each piece's keys and values are read from the cache and converted to f32
+/// once for all the tiles (they stay in L2 while every tile passes over them), the scores
+/// and sums of a tile's `len × group` query rows take one chunk of keys at a time (every
+/// row over a chunk while it is in L1), and each row's pieces are merged as they come.
+#[allow(clippy::too_many_arguments)]
+fn run_attend<T: Lanes>(
+    simd: bool,
+    r: &Run<'_>,
+    kc: &[T],
+    vc: &[T],
+    p: &AttnParams<'_>,
+    scratch: &mut [f32],
+    att: &mut [f32],
+    ml: &mut [f32],
+) {
+    let c = r.c;
+    let (hd, qd, kvd, nh) = (c.head_dim, c.q_dim(), c.kv_dim(), c.n_heads);
+    let group = nh / c.n_kv_heads;
+    let (g, geo, batch) = (r.g, r.geo, r.batch);
+    let (qt, rest) = scratch.split_at_mut(TILE_ROWS * hd);
+    let (kf, rest) = rest.split_at_mut(PIECE * hd);
+    let (vf, rest) = rest.split_at_mut(PIECE * hd);
+    let (sc, rest) = rest.split_at_mut(TILE_ROWS * PIECE);
+    let po = &mut rest[..TILE_ROWS * hd];
+    // query head i of token t: its output row and running (max, sum)
+    let out_at = |t: usize, i: usize| (t - r.first) * qd + (g * group + i) * hd;
+    let ml_at = |t: usize, i: usize| 2 * ((t - r.first) * nh + g * group + i);
+    let end_of = |t: usize| batch.positions[t] + 1;
+    let mut end = 0;
+    for &(t0, len) in r.tiles {
+        end = end.max(end_of(t0 + len - 1));
+        for t in t0..t0 + len {
+            for i in 0..group {
+                let (m, l) = merge_start(
+                    &mut att[out_at(t, i)..out_at(t, i) + hd],
+                    p.sinks.map(|s| s[g * group + i]),
+                );
+                ml[ml_at(t, i)..ml_at(t, i) + 2].copy_from_slice(&[m, l]);
+            }
+        }
+    }
+    let offs: [usize; PIECE] = std::array::from_fn(|j| j * hd);
+    let mut at_key = [0usize; PIECE];
+    let table = &geo.tables[batch.seqs[r.tiles[0].0]];
+    let chunk = key_chunk(hd);
+    for a in (0..end).step_by(PIECE) {
+        let most = (end - a).min(PIECE);
+        // the piece's rows, a block at a time (a table shorter than the sequence is a
+        // ring: block index bi in table[bi % len])
+        for bi in a / geo.block..(a + most).div_ceil(geo.block) {
+            let start = bi * geo.block;
+            let base = geo.layer_base + table[bi % table.len()] as usize * geo.block * kvd + g * hd;
+            for pos in start.max(a)..(a + most).min(start + geo.block) {
+                at_key[pos - a] = base + (pos - start) * kvd;
+            }
+        }
+        let keys = kernels::Keys::new(&at_key[..most], hd);
+        kernels::pack(simd, kc, &keys, hd, kf);
+        kernels::pack(simd, vc, &keys, hd, vf);
+        for &(t0, len) in r.tiles {
+            // keys of token t in this piece (the positions ascend through a tile)
+            let n_of = |t: usize| end_of(t).saturating_sub(a).min(PIECE);
+            let most = n_of(t0 + len - 1);
+            if most == 0 {
+                continue; // the tile's tokens all come before this piece
+            }
+            let rows = len * group;
+            for k in 0..len {
+                qt[k * group * hd..(k + 1) * group * hd]
+                    .copy_from_slice(&r.q[(t0 + k) * qd + g * group * hd..][..group * hd]);
+            }
+            for ch in (0..most).step_by(chunk) {
+                let keys = kernels::Keys::new(&offs[ch..(ch + chunk).min(most)], hd);
+                let q = &qt[..rows * hd];
+                kernels::scores(simd, q, hd, kf, &keys, p.scale, &mut sc[ch..], PIECE);
+            }
+            let mut stats = [(f32::NEG_INFINITY, 0f32); TILE_ROWS];
+            for (row, st) in stats.iter_mut().enumerate().take(rows) {
+                let n = n_of(t0 + row / group);
+                if n == 0 {
+                    continue;
+                }
+                let x = &mut sc[row * PIECE..row * PIECE + n];
+                if let Some(cap) = p.softcap {
+                    ops::softcap(x, cap);
+                }
+                let m = kernels::max(simd, x);
+                *st = (m, kernels::exp_sum(simd, x, m));
+            }
+            // the values: every row over the keys all of them see, then each token its
+            // own last ones
+            let po = &mut po[..rows * hd];
+            po.fill(0.0);
+            let all = n_of(t0);
+            for ch in (0..most).step_by(chunk) {
+                let hi = (ch + chunk).min(most);
+                if hi <= all {
+                    let keys = kernels::Keys::new(&offs[ch..hi], hd);
+                    kernels::weighted_sum(simd, &sc[ch..], PIECE, vf, &keys, hd, po);
+                    continue;
+                }
+                for k in 0..len {
+                    let hk = hi.min(n_of(t0 + k));
+                    if hk > ch {
+                        let keys = kernels::Keys::new(&offs[ch..hk], hd);
+                        let (r0, r1) = (k * group, (k + 1) * group);
+                        kernels::weighted_sum(
+                            simd,
+                            &sc[r0 * PIECE + ch..],
+                            PIECE,
+                            vf,
+                            &keys,
+                            hd,
+                            &mut po[r0 * hd..r1 * hd],
+                        );
+                    }
+                }
+            }
+            for (row, &(mc, lc)) in stats.iter().enumerate().take(rows) {
+                let (t, i) = (t0 + row / group, row % group);
+                let (o, m) = (out_at(t, i), ml_at(t, i));
+                let mut st = (ml[m], ml[m + 1]);
+                fold(
+                    &mut att[o..o + hd],
+                    &mut st,
+                    &po[row * hd..(row + 1) * hd],
+                    mc,
+                    lc,
+                );
+                ml[m..m + 2].copy_from_slice(&[st.0, st.1]);
+            }
+        }
+    }
+    for &(t0, len) in r.tiles {
+        for t in t0..t0 + len {
+            for i in 0..group {
+                let m = ml_at(t, i);
+                merge_end(
+                    &mut att[out_at(t, i)..out_at(t, i) + hd],
+                    (ml[m], ml[m + 1]),
+                );
+            }
         }
     }
 }
 
-/// Scratch one attention task needs: the scores of a KV head's query heads over the whole
-/// context, and the pieces of one unit.
+/// Scratch one attention task needs: the per-token path's scores of a KV head's query heads
+/// over the whole context and the pieces of one unit, or the tiled path's query rows,
+/// converted keys and values of a piece, scores and piece outputs, whichever is more.
 pub(crate) fn scratch_len(c: &Config, ctx: usize) -> usize {
     let group = c.n_heads / c.n_kv_heads.max(1);
-    group * ctx + ctx.div_ceil(PIECE) * group * (c.head_dim + 2)
+    let hd = c.head_dim;
+    let per_token = group * ctx + ctx.div_ceil(PIECE) * group * (hd + 2);
+    per_token.max(2 * TILE_ROWS * hd + 2 * PIECE * hd + TILE_ROWS * PIECE)
 }
 
 /// The query heads sharing one KV head (`q.len() / hd` of them), of one query token, over a
@@ -344,7 +643,7 @@ fn grouped_attend<T: Lanes>(
     h.for_each_key(|j, at| rows[j] = at);
     let keys = kernels::Keys::new(&rows[..n], hd);
     let sc = &mut scratch[..h.q.len() / hd * n];
-    kernels::scores(simd, h.q, hd, h.k, &keys, h.scale, sc);
+    kernels::scores(simd, h.q, hd, h.k, &keys, h.scale, sc, n);
     for (row, ml) in sc.chunks_exact_mut(n).zip(stats.chunks_exact_mut(2)) {
         if let Some(c) = h.softcap {
             ops::softcap(row, c);
@@ -353,5 +652,166 @@ fn grouped_attend<T: Lanes>(
         let l = kernels::exp_sum(simd, row, m);
         ml.copy_from_slice(&[m, l]);
     }
-    kernels::weighted_sum(simd, sc, h.v, &keys, hd, out);
+    kernels::weighted_sum(simd, sc, n, h.v, &keys, hd, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvDtype;
+
+    fn config(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Config {
+        Config {
+            arch: "llama".into(),
+            n_layers: 1,
+            n_embd: n_heads * head_dim,
+            n_heads,
+            n_kv_heads,
+            n_ff: 16,
+            vocab_size: 16,
+            context_length: 1024,
+            head_dim,
+            rope_theta: 10000.0,
+            rope_scaling: crate::RopeScaling::None,
+            rope_dims: head_dim,
+            rope_attn_factor: None,
+            rope_original_context: None,
+            rms_norm_eps: 1e-5,
+            tie_embeddings: true,
+            bos_token_id: None,
+            eos_token_id: None,
+            add_bos: false,
+            rope_style: crate::config::RopeStyle::Norm,
+            sliding_window: None,
+            sliding_window_pattern: 0,
+            rope_theta_local: None,
+            attn_scale: 0.125,
+            attn_softcap: None,
+            final_softcap: None,
+            moe: None,
+            no_rope_step: None,
+        }
+    }
+
+    /// `n` values in [-1, 1) of the token at (`seq`, `pos`), the same in every run.
+    fn values(n: usize, seq: usize, pos: usize, what: u64) -> Vec<f32> {
+        let mut s = (seq as u64 * 1_000_003 + pos as u64) * 7 + what;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Runs `batches` of (sequence, position) through one layer's attention over a paged
+    /// cache (blocks of 16 handed out to the two sequences in turn), giving each token's
+    /// output.
+    fn run(
+        c: &Config,
+        dtype: KvDtype,
+        simd: bool,
+        p: &AttnParams<'_>,
+        batches: &[Vec<(usize, usize)>],
+    ) -> Vec<((usize, usize), Vec<f32>)> {
+        let (ctx, block) = (640, 16);
+        let mut kv = KvCache::paged(dtype, 1, 2, ctx, c.kv_dim(), block, 2 * ctx / block);
+        for _ in 0..ctx / block {
+            for seq in 0..2 {
+                let b = kv.alloc().unwrap();
+                kv.push_block(seq, b);
+            }
+        }
+        let (qd, kvd, n_tasks) = (c.q_dim(), c.kv_dim(), 2);
+        let mut scores = vec![0f32; n_tasks * scratch_len(c, ctx)];
+        let mut part = Vec::new();
+        let mut out = Vec::new();
+        for toks in batches {
+            let mut batch = Batch::with_capacity(toks.len());
+            let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            for &(seq, pos) in toks {
+                batch.push(0, pos, seq, true);
+                q.extend(values(qd, seq, pos, 1));
+                k.extend(values(kvd, seq, pos, 2));
+                v.extend(values(kvd, seq, pos, 3));
+            }
+            let mut att = vec![f32::NAN; toks.len() * qd];
+            let mut s = Buffers {
+                q: &q,
+                k: &k,
+                v: &v,
+                att: &mut att,
+                scores: &mut scores,
+                part: &mut part,
+                n_tasks,
+            };
+            layer(c, simd, &mut s, &mut kv, 0, &batch, p);
+            for (t, &sp) in toks.iter().enumerate() {
+                out.push((sp, att[t * qd..(t + 1) * qd].to_vec()));
+            }
+        }
+        out
+    }
+
+    /// A prompt's tiles give every position the numbers the per-token path gives it alone,
+    /// bit for bit: across a piece boundary, beside another sequence's prompt and decode
+    /// token, with a softcap and sinks, for group sizes that fill a tile evenly or not,
+    /// head widths the AVX2 kernels take or not, and both cache types.
+    #[test]
+    fn tiles_of_a_prompt_equal_each_position_alone() {
+        let mut batches: Vec<Vec<(usize, usize)>> = vec![(0..300)
+            .map(|p| (0, p))
+            .chain((0..37).map(|p| (1, p)))
+            .collect()];
+        batches.push(
+            (37..38)
+                .map(|p| (1, p))
+                .chain((300..333).map(|p| (0, p)))
+                .collect(),
+        );
+        let alone: Vec<Vec<(usize, usize)>> =
+            batches.iter().flatten().map(|&sp| vec![sp]).collect();
+        for (n_heads, n_kv, hd) in [(8, 2, 64), (4, 4, 16), (6, 2, 32), (4, 1, 12)] {
+            let c = config(n_heads, n_kv, hd);
+            let group = n_heads / n_kv;
+            let tq = tile_tokens(group);
+            for b in &batches[..1] {
+                let mut batch = Batch::with_capacity(b.len());
+                for &(seq, pos) in b {
+                    batch.push(0, pos, seq, true);
+                }
+                let t = tiles(&batch, tq);
+                assert!(t.len() < b.len() && t.len() >= 2, "the tiled path is taken");
+            }
+            let sinks = values(n_heads, 9, 9, 4);
+            for (softcap, sinks) in [(None, None), (Some(0.5), Some(&sinks[..]))] {
+                let p = AttnParams {
+                    scale: 0.7,
+                    window: None,
+                    softcap,
+                    sinks,
+                };
+                for dtype in [KvDtype::F16, KvDtype::F32] {
+                    for simd in [false, crate::ops::simd_available()] {
+                        let tiled = run(&c, dtype, simd, &p, &batches);
+                        let mut single = run(&c, dtype, simd, &p, &alone);
+                        single.sort_by_key(|(sp, _)| *sp);
+                        let mut tiled_sorted = tiled.clone();
+                        tiled_sorted.sort_by_key(|(sp, _)| *sp);
+                        for ((sp, a), (_, b)) in tiled_sorted.iter().zip(&single) {
+                            assert!(a.iter().all(|x| x.is_finite()), "{sp:?}");
+                            assert_eq!(
+                                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                "heads {n_heads}/{n_kv} hd {hd} {dtype:?} simd {simd} \
+                                 softcap {softcap:?} at {sp:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
