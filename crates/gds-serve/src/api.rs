@@ -988,6 +988,8 @@ pub(crate) struct Gen {
     /// were handed out (llama-server's `tokens`).
     tokens: Vec<u32>,
     tokens_taken: usize,
+    /// The end-of-generation token the reply ended with, until handed out.
+    eog: Option<u32>,
     /// What the prompt cost, and when the first token came (per-token timings).
     prefill: Option<(Prefill, Instant)>,
     /// Special tokens whose text the reply keeps ([`Job::keep`]).
@@ -1025,6 +1027,7 @@ impl Gen {
             echo_from: 0,
             tokens: Vec::new(),
             tokens_taken: 0,
+            eog: None,
             prefill: None,
         }
     }
@@ -1046,6 +1049,12 @@ impl Gen {
     pub(crate) fn take_tokens(&mut self) -> Vec<u32> {
         let from = std::mem::replace(&mut self.tokens_taken, self.tokens.len());
         self.tokens[from..].to_vec()
+    }
+
+    /// The end-of-generation token the reply ended with, once (llama-server lists it
+    /// last in `/completion`'s `tokens`, and streams it in an event of its own).
+    pub(crate) fn take_eog(&mut self) -> Option<u32> {
+        self.eog.take()
     }
 
     /// The log-probabilities not handed out yet, as the engine gave them (each token's id
@@ -1182,6 +1191,7 @@ impl Gen {
                     if self.st.tokenizer.is_eog(id) {
                         // the token that ends the reply: counted and scored, never text
                         // (whether or not the vocabulary marks it special)
+                        self.eog = Some(id);
                         continue;
                     }
                     self.tokens.push(id);

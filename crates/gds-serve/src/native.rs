@@ -709,7 +709,9 @@ async fn run_one(
 ) -> Result<Value, ApiError> {
     // (a llama.cpp completion has no reasoning split)
     let (mut gen, _, content, end) = run_to_end(st, j).await?;
-    let tokens = gen.take_tokens();
+    // llama-server's `tokens` end with the end-of-generation token, as its probabilities do
+    let mut tokens = gen.take_tokens();
+    tokens.extend(gen.take_eog());
     let o = Outcome {
         has_new_line: content.contains('\n'),
         content,
@@ -765,7 +767,10 @@ fn choice_events(
                 Some(Piece::End(end)) => {
                     let mut out = Vec::new();
                     let rest = gen.rest();
-                    let tokens = gen.take_tokens();
+                    // the end-of-generation token is an event of its own in llama-server's
+                    // stream (no text, its id, its probabilities)
+                    let mut tokens = gen.take_tokens();
+                    tokens.extend(gen.take_eog());
                     if rest.is_some() || !tokens.is_empty() {
                         out.push(partial(&mut gen, rest.unwrap_or_default(), tokens));
                     }

@@ -859,3 +859,59 @@ fn slots_report_the_batch_as_llama_server() {
     assert_eq!(code, 501, "{v}");
     assert_eq!(v["error"]["type"], "not_supported_error", "{v}");
 }
+
+/// The end-of-generation token, as llama-server gives it: last in `tokens` (with
+/// `return_tokens`) and in the probabilities, and streamed in an event of its own (no text,
+/// its id and probabilities) before the final one.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn the_end_of_generation_token_is_listed_and_streamed_as_llama_server_does() {
+    let _one = serial();
+    let s = start_model(gds_tests::smollm_converted(), &["--ctx", "512"]);
+    let body = json!({"prompt": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+        "n_predict": 64, "temperature": 0, "n_probs": 2, "return_tokens": true});
+    let (code, whole) = call(&s, "POST", "/completion", &body);
+    assert_eq!(code, 200, "{whole}");
+    assert_eq!(
+        whole["stop_type"], "eos",
+        "the answer ends by itself: {whole}"
+    );
+    let ids = |v: &Value| -> Vec<u64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    let tokens = ids(&whole["tokens"]);
+    assert_eq!(tokens.len() as u64, whole["tokens_predicted"], "{whole}");
+    let probs = whole["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), tokens.len(), "{whole}");
+    for (t, p) in tokens.iter().zip(probs) {
+        assert_eq!(p["id"], *t, "{whole}");
+    }
+    let eog = *tokens.last().unwrap();
+
+    let mut b = body.clone();
+    b["stream"] = json!(true);
+    let (code, st) = call(&s, "POST", "/completion", &b);
+    assert_eq!(code, 200, "{st}");
+    let events = st["events"].as_array().unwrap();
+    let partial: Vec<&Value> = events.iter().filter(|e| e["stop"] == false).collect();
+    let streamed: Vec<u64> = partial.iter().flat_map(|e| ids(&e["tokens"])).collect();
+    assert_eq!(streamed, tokens, "{st}");
+    let streamed_probs: Vec<Value> = partial
+        .iter()
+        .flat_map(|e| e["completion_probabilities"].as_array().unwrap().clone())
+        .collect();
+    assert_eq!(&streamed_probs, probs, "{st}");
+    let last = partial.last().unwrap();
+    assert_eq!(last["content"], "", "{st}");
+    assert_eq!(last["tokens"], json!([eog]), "{st}");
+    let text: String = partial
+        .iter()
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, whole["content"].as_str().unwrap(), "{st}");
+    assert_eq!(events.last().unwrap()["stop_type"], "eos", "{st}");
+}
