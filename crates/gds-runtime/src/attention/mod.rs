@@ -140,7 +140,11 @@ fn attend<T: Lanes>(
         }
     }
     let (kc, vc) = (&*kc, &*vc);
-    if p.window.is_none() && tiles_on() {
+    // a window no position of the batch reaches is no window: every key from 0 is seen
+    let unbounded = p
+        .window
+        .is_none_or(|w| batch.positions.iter().all(|&pos| pos < w));
+    if unbounded && tiles_on() {
         let tq = tile_tokens(group);
         if tq > 1 {
             let tiles = tiles(batch, tq);
@@ -347,7 +351,8 @@ fn tiles(batch: &Batch, most: usize) -> Vec<(usize, usize)> {
     v
 }
 
-/// Attention of a batch cut into `tiles` (a layer without a window): the tiles split over
+/// Attention of a batch cut into `tiles` (a layer without a window, or one no position
+/// reaches): the tiles split over
 /// the pool in contiguous runs of about equal work (query rows × keys), each run writing
 /// its tokens' rows of the output, and keeping each row's running (max, sum) in `s.part`.
 #[allow(clippy::too_many_arguments)]
@@ -419,7 +424,7 @@ struct Run<'a> {
     g: usize,
 }
 
-/// The tiles of one sequence (each at consecutive positions; no window) for one KV head,
+/// The tiles of one sequence (each at consecutive positions; no window reached) for one KV head,
 /// into their rows of `att` (`ml`: each row's running (max, sum)): the pieces, kernels and
 /// merge of [`grouped_attend`] and [`merge`], so every number is the per-token path's bit
 /// for bit. But each piece's keys and values are read from the cache and converted to f32
@@ -786,10 +791,16 @@ mod tests {
                 assert!(t.len() < b.len() && t.len() >= 2, "the tiled path is taken");
             }
             let sinks = values(n_heads, 9, 9, 4);
-            for (softcap, sinks) in [(None, None), (Some(0.5), Some(&sinks[..]))] {
+            // (a window past every position tiles; one the prompt passes does not)
+            for (softcap, sinks, window) in [
+                (None, None, None),
+                (Some(0.5), Some(&sinks[..]), None),
+                (None, None, Some(400)),
+                (None, None, Some(100)),
+            ] {
                 let p = AttnParams {
                     scale: 0.7,
-                    window: None,
+                    window,
                     softcap,
                     sinks,
                 };
@@ -806,7 +817,7 @@ mod tests {
                                 a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                                 b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                                 "heads {n_heads}/{n_kv} hd {hd} {dtype:?} simd {simd} \
-                                 softcap {softcap:?} at {sp:?}"
+                                 softcap {softcap:?} window {window:?} at {sp:?}"
                             );
                         }
                     }
