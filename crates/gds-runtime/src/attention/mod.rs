@@ -406,7 +406,13 @@ fn attend_tiles<T: Lanes>(
                         first,
                         g,
                     };
-                    run_attend(simd, &run, kc, vc, p, scratch, att, ml);
+                    if let [(_, 1)] = seg {
+                        // a sequence's one token (a decode step beside prompts): nothing
+                        // to share its rows with, so none are converted
+                        alone_attend(simd, &run, kc, vc, p, scratch, att);
+                    } else {
+                        run_attend(simd, &run, kc, vc, p, scratch, att, ml);
+                    }
                 }
             }
         });
@@ -422,6 +428,66 @@ struct Run<'a> {
     tiles: &'a [(usize, usize)],
     first: usize,
     g: usize,
+}
+
+/// A run of one token of one tile ([`Run`]): the per-token path's pieces
+/// ([`grouped_attend`] straight from the cache) folded as they come.
+fn alone_attend<T: Lanes>(
+    simd: bool,
+    r: &Run<'_>,
+    kc: &[T],
+    vc: &[T],
+    p: &AttnParams<'_>,
+    scratch: &mut [f32],
+    att: &mut [f32],
+) {
+    let c = r.c;
+    let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
+    let group = c.n_heads / c.n_kv_heads;
+    let (g, t) = (r.g, r.tiles[0].0);
+    let end = r.batch.positions[t] + 1;
+    let (sc, rest) = scratch.split_at_mut(TILE_ROWS * PIECE);
+    let po = &mut rest[..group * hd];
+    let o = &mut att[(t - r.first) * qd + g * group * hd..][..group * hd];
+    let mut ml = [(0f32, 0f32); TILE_ROWS];
+    for (i, ml) in ml.iter_mut().enumerate().take(group) {
+        *ml = merge_start(
+            &mut o[i * hd..(i + 1) * hd],
+            p.sinks.map(|s| s[g * group + i]),
+        );
+    }
+    let mut stats = [0f32; 2 * TILE_ROWS];
+    for from in (0..end).step_by(PIECE) {
+        let h = Group {
+            q: &r.q[t * qd + g * group * hd..][..group * hd],
+            hd,
+            k: kc,
+            v: vc,
+            table: &r.geo.tables[r.batch.seqs[t]],
+            block: r.geo.block,
+            layer_base: r.geo.layer_base,
+            head_off: g * hd,
+            stride: kvd,
+            first: from,
+            n_keys: (from + PIECE).min(end),
+            scale: p.scale,
+            softcap: p.softcap,
+        };
+        grouped_attend(simd, &h, sc, po, &mut stats[..2 * group]);
+        for (i, ml) in ml.iter_mut().enumerate().take(group) {
+            let po = &po[i * hd..(i + 1) * hd];
+            fold(
+                &mut o[i * hd..(i + 1) * hd],
+                ml,
+                po,
+                stats[2 * i],
+                stats[2 * i + 1],
+            );
+        }
+    }
+    for (i, &ml) in ml.iter().enumerate().take(group) {
+        merge_end(&mut o[i * hd..(i + 1) * hd], ml);
+    }
 }
 
 /// The tiles of one sequence (each at consecutive positions; no window reached) for one KV head,
