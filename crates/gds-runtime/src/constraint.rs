@@ -84,7 +84,7 @@ impl Grammar {
 /// pydantic model's schema leaves the field out, and a small model held only to "some
 /// object with at least these keys" invents keys until it runs out of tokens. A schema
 /// that wants other keys says so (`additionalProperties: true` or a schema).
-fn close_objects(schema: &mut Value) {
+pub fn close_objects(schema: &mut Value) {
     let Value::Object(o) = schema else {
         return;
     };

@@ -688,7 +688,7 @@ async fn stream_message(st: Arc<ServerState>, job: Job, id: String) -> Result<Re
                                 calls = c;
                                 s.text(content.unwrap_or_default(), &mut out);
                             } else {
-                                s.text(held, &mut out);
+                                s.text(tl.held_text(held, end.finish), &mut out);
                             }
                         }
                         None => s.text(rest, &mut out),

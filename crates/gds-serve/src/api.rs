@@ -837,13 +837,28 @@ pub(crate) async fn constrain(
             "the server is stopping",
         )
     })?;
+    // a call grammar holds the functions' schemas: the one that does not compile is named
+    let functions: Vec<(String, Value)> = match (&job.tools, param) {
+        (Some(t), "tool_choice") => t.functions().to_vec(),
+        _ => Vec::new(),
+    };
     let t0 = Instant::now();
     let compiled = tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let compiler = st2.grammar_compiler().map_err(|e| {
-            format!("this model's vocabulary cannot be used for constrained decoding: {e}")
+            (
+                format!("this model's vocabulary cannot be used for constrained decoding: {e}"),
+                param,
+            )
         })?;
-        compiler.compile(&grammar).map_err(|e| e.to_string())
+        compiler.compile(&grammar).map_err(|e| {
+            for (name, schema) in &functions {
+                if let Err(f) = compiler.compile(&Grammar::JsonSchema(schema.clone())) {
+                    return (format!("invalid schema for function {name}: {f}"), "tools");
+                }
+            }
+            (e.to_string(), param)
+        })
     })
     .await
     .map_err(|e| {
@@ -856,7 +871,7 @@ pub(crate) async fn constrain(
     st.metrics.record_grammar(t0.elapsed());
     compiled
         .map(Some)
-        .map_err(|e| ApiError::bad(e).param(param))
+        .map_err(|(e, param)| ApiError::bad(e).param(param))
 }
 
 /// Hands `job` to the engine, or refuses it when the queue is full.
@@ -1909,7 +1924,7 @@ fn choice_stream(
                         let (content, calls) = if calling {
                             tools.reply(&held, e.finish)
                         } else {
-                            (Some(held), Vec::new())
+                            (Some(tools.held_text(held, e.finish)), Vec::new())
                         };
                         if calls.is_empty() {
                             let text = content.unwrap_or_default();

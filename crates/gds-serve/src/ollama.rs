@@ -886,7 +886,7 @@ async fn step(t: &Turn, s: &mut Streaming) -> Vec<Value> {
                 let (content, calls) = if s.calling {
                     tl.reply(&held, end.finish)
                 } else {
-                    (Some(held), Vec::new())
+                    (Some(tl.held_text(held, end.finish)), Vec::new())
                 };
                 let content = content.unwrap_or_default();
                 if calls.is_empty() {

@@ -408,7 +408,7 @@ impl Tools {
                         "tools",
                     )
                 })?;
-            let params = match t.pointer("/function/parameters") {
+            let mut params = match t.pointer("/function/parameters") {
                 None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
                 Some(p @ Value::Object(_)) => p.clone(),
                 Some(_) => {
@@ -418,6 +418,24 @@ impl Tools {
                     ))
                 }
             };
+            // arguments are an object (OpenAI's and Anthropic's rule): a call of another
+            // type would reach the client as arguments that are not an object's JSON
+            match params.get("type") {
+                None => {}
+                Some(Value::String(t)) if t == "object" => {}
+                Some(other) => {
+                    return Err(bad(
+                        format!(
+                            "invalid schema for function {name}: its parameters must be an object schema (\"type\": \"object\"), not \"type\": {other}"
+                        ),
+                        "tools",
+                    ))
+                }
+            }
+            // an object with `properties` takes no other keys unless it says so, as in
+            // `response_format` (a small model held only to "at least these keys" invents
+            // more: OpenAI's strict mode and llama.cpp's converter close them too)
+            gds_runtime::constraint::close_objects(&mut params);
             if !names.insert(name) {
                 return Err(bad(format!("function {name} is defined twice"), "tools"));
             }
@@ -482,6 +500,11 @@ impl Tools {
             choice,
             parallel: parallel.unwrap_or(true),
         }))
+    }
+
+    /// Function names and their parameter schemas (closed as the call grammar uses them).
+    pub fn functions(&self) -> &[(String, Value)] {
+        &self.functions
     }
 
     /// Whether replies are parsed for calls.
@@ -766,15 +789,7 @@ impl Tools {
             if let Some(at) = held.find(tag) {
                 return (at, true);
             }
-            let keep = (1..tag.len())
-                .rev()
-                .find(|&n| {
-                    n <= held.len()
-                        && held.is_char_boundary(held.len() - n)
-                        && tag.starts_with(&held[held.len() - n..])
-                })
-                .unwrap_or(0);
-            return (held.len() - keep, false);
+            return (held.len() - partial_tag(held, tag), false);
         }
         if *plain {
             return (held.len(), false);
@@ -869,21 +884,39 @@ impl Tools {
     /// [`Tools::parse`] of a whole reply that ended as `finish` says (`"length"`: cut by
     /// `max_tokens` or the context): there, a call the limit cut off — the last call marker
     /// with no complete call after it — is dropped, not shown as text (OpenAI's content
-    /// never holds call syntax; the finish reason says the reply was cut).
+    /// never holds call syntax; the finish reason says the reply was cut), and so is a
+    /// marker the limit cut in two (`<tool` at the end).
     pub fn parse_end(&self, text: &str, finish: &str) -> (Option<String>, Vec<Value>) {
         if finish == "length" {
-            let marker = match self.syntax {
-                Syntax::Llama3 => Some("<|python_tag|>"),
-                Syntax::Mistral => Some("[TOOL_CALLS]"),
-                s => s.open_tag(),
-            };
-            if let Some(at) = marker.and_then(|m| text.rfind(m)) {
-                if self.parse(&text[at..]).1.is_empty() {
-                    return self.parse(&text[..at]);
+            if let Some(m) = self.marker() {
+                let text = &text[..text.len() - partial_tag(text, m)];
+                if let Some(at) = text.rfind(m) {
+                    if self.parse(&text[at..]).1.is_empty() {
+                        return self.parse(&text[..at]);
+                    }
                 }
+                return self.parse(text);
             }
         }
         self.parse(text)
+    }
+
+    /// The text a call starts with: the opening tag, or Llama 3's and Mistral's prefix.
+    fn marker(&self) -> Option<&'static str> {
+        match self.syntax {
+            Syntax::Llama3 => Some("<|python_tag|>"),
+            Syntax::Mistral => Some("[TOOL_CALLS]"),
+            s => s.open_tag(),
+        }
+    }
+
+    /// What a stream shows of the text it held back at the end, when no call started in
+    /// it: the text, less an opening tag the limit cut in two (`finish` `"length"`).
+    pub fn held_text(&self, mut held: String, finish: &str) -> String {
+        if let (Some(m), "length") = (self.marker(), finish) {
+            held.truncate(held.len() - partial_tag(&held, m));
+        }
+        held
     }
 
     /// What a front end shows of a whole reply that ended as `finish` says: with calls,
@@ -1194,10 +1227,24 @@ const GEMMA_CLOSE: &str = "<tool_call|>";
 const GEMMA_QUOTE: &str = "<|\"|>";
 
 /// `text` after optional white space and `tag`; an empty text counts (the reply ended
-/// there).
+/// there), and so does the start of the tag (the reply ended in it).
 fn closing<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
     let t = text.trim_start();
-    t.strip_prefix(tag).or(t.is_empty().then_some(t))
+    t.strip_prefix(tag)
+        .or((tag.starts_with(t)).then_some(&t[t.len()..]))
+}
+
+/// How many bytes at the end of `text` are the start of `tag` (a tag cut in two: held back
+/// while streaming, dropped at a cut end), at most `tag.len() - 1`.
+fn partial_tag(text: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&n| {
+            n <= text.len()
+                && text.is_char_boundary(text.len() - n)
+                && tag.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
 }
 
 /// DeepSeek V3.2's and V4's mark in every tool-call tag (a token of their vocabularies).
@@ -1824,6 +1871,21 @@ mod tests {
         // cut after the last call's end: nothing dropped
         let (content, calls) = h.parse_end(&format!("{whole} and"), "length");
         assert_eq!((content.as_deref(), calls.len()), (Some("and"), 1));
+        // the limit cut a tag in two: an opening one is no text; a closing one ends a call
+        // whose JSON is whole, as the reply's end does
+        for n in 1..=10 {
+            let (content, calls) = h.parse_end(&"<tool_call>"[..n], "length");
+            assert_eq!((content, calls.len()), (None, 0), "{n}");
+            let (content, calls) =
+                h.parse_end(&format!("Sure. {whole}\n{}", &"<tool_call>"[..n]), "length");
+            assert_eq!((content.as_deref(), calls.len()), (Some("Sure."), 1), "{n}");
+        }
+        let call = &whole[..whole.len() - "</tool_call>".len()];
+        for n in 0..12 {
+            let cut = format!("{call}{}", &"</tool_call>"[..n]);
+            let (content, calls) = h.parse_end(&cut, "length");
+            assert_eq!((content, calls.len()), (None, 1), "{cut}");
+        }
         // Llama 3's and Mistral's prefixes
         for (src, cut) in [
             (
@@ -2212,6 +2274,44 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(Tools::from_request(None, Some(&json!("required")), None, None).is_err());
+    }
+
+    /// Arguments are an object: parameters of another type are refused, naming the
+    /// function; an object with `properties` takes no other keys unless it says so.
+    #[test]
+    fn parameters_are_an_object_that_takes_only_its_keys() {
+        let t = template("{{ tools }}<tool_call>");
+        for ty in [json!("string"), json!("array"), json!(["object", "null"])] {
+            let list = json!([{"type": "function", "function": {"name": "f",
+                "parameters": {"type": ty}}}]);
+            let e = Tools::from_request(Some(&list), Some(&json!("auto")), None, Some(&t))
+                .err()
+                .map(|e| format!("{e:?}"))
+                .unwrap_or_default();
+            assert!(
+                e.contains("function f") && e.contains("object schema"),
+                "{ty}: {e}"
+            );
+        }
+        let h = tools("{{ tools }} <tool_call>", json!("required"));
+        let Some(Grammar::Lark(g)) = h.grammar().unwrap() else {
+            panic!("a grammar")
+        };
+        // the call's own object and its arguments' are closed
+        assert_eq!(
+            g.matches("\"additionalProperties\":false").count(),
+            2,
+            "{g}"
+        );
+        let open = json!([{"type": "function", "function": {"name": "f", "parameters":
+            {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": true}}}]);
+        let h = Tools::from_request(Some(&open), Some(&json!("required")), None, Some(&t))
+            .unwrap()
+            .unwrap();
+        let Some(Grammar::Lark(g)) = h.grammar().unwrap() else {
+            panic!("a grammar")
+        };
+        assert!(g.contains("\"additionalProperties\":true"), "{g}");
     }
 
     #[test]

@@ -95,10 +95,11 @@ fn tool_calls_round_trip_through_the_openai_client() {
     // A call cut off by max_tokens (the required call's grammar makes the reply a call; 6
     // tokens end it inside): finish "length", and no call syntax in the content, whole or
     // streamed, in OpenAI's and Anthropic's forms.
+    // (2 tokens cut the opening tag itself, `<tool`: no text either)
     let tools = r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#;
-    for stream in [false, true] {
+    for (stream, max) in [(false, 6), (true, 6), (false, 2), (true, 2)] {
         let body = format!(
-            r#"{{"messages": [{{"role": "user", "content": "Weather in Paris?"}}], "max_tokens": 6, "temperature": 0, "tool_choice": "required", "stream": {stream}, "tools": {tools}}}"#
+            r#"{{"messages": [{{"role": "user", "content": "Weather in Paris?"}}], "max_tokens": {max}, "temperature": 0, "tool_choice": "required", "stream": {stream}, "tools": {tools}}}"#
         );
         let (status, text) = http(
             &s.addr,
@@ -108,7 +109,7 @@ fn tool_calls_round_trip_through_the_openai_client() {
         );
         assert_eq!(status, 200, "{text}");
         assert!(
-            !text.contains("tool_call>"),
+            !text.contains("tool_call>") && !text.contains("<tool"),
             "stream {stream}: call syntax in {text}"
         );
         assert!(
@@ -117,16 +118,43 @@ fn tool_calls_round_trip_through_the_openai_client() {
         );
         assert!(text.contains("\"length\""), "stream {stream}: {text}");
         let body = format!(
-            r#"{{"model": "m", "max_tokens": 6, "messages": [{{"role": "user", "content": "Weather in Paris?"}}], "tool_choice": {{"type": "any"}}, "stream": {stream}, "tools": [{{"name": "get_weather", "input_schema": {{"type": "object", "properties": {{"city": {{"type": "string"}}}}}}}}]}}"#
+            r#"{{"model": "m", "max_tokens": {max}, "messages": [{{"role": "user", "content": "Weather in Paris?"}}], "tool_choice": {{"type": "any"}}, "stream": {stream}, "tools": [{{"name": "get_weather", "input_schema": {{"type": "object", "properties": {{"city": {{"type": "string"}}}}}}}}]}}"#
         );
         let (status, text) = http(&s.addr, "POST", "/v1/messages", Some(body.as_bytes()));
         assert_eq!(status, 200, "{text}");
         assert!(
-            !text.contains("tool_call>"),
+            !text.contains("tool_call>") && !text.contains("<tool"),
             "stream {stream}: call syntax in {text}"
         );
         assert!(text.contains("\"max_tokens\""), "stream {stream}: {text}");
         assert!(!text.contains("\"tool_use\""), "stream {stream}: {text}");
+    }
+    // a schema that does not compile is the function's fault, named; parameters that are
+    // not an object are refused, in both APIs
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "foo"}}}}}]}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "string"}}}]}"#,
+        ),
+        (
+            "/v1/messages",
+            r#"{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "get_weather", "input_schema": {"type": "array"}}]}"#,
+        ),
+    ] {
+        let (status, text) = http(&s.addr, "POST", path, Some(body.as_bytes()));
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(
+            text.contains("function get_weather") && !text.contains("start:"),
+            "{body}: {text}"
+        );
+        if path == "/v1/chat/completions" {
+            let e: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(e["error"]["param"], "tools", "{text}");
+        }
     }
     drop(s);
 
