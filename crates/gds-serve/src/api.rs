@@ -544,8 +544,23 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
     out
 }
 
+/// A request body, or a 400 naming the field at fault by its path (`messages[2].content`)
+/// where the JSON is well formed but a field's type is not.
 pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let v = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || inner.is_syntax() || inner.is_eof() {
+            ApiError::bad(format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::bad(format!("invalid JSON body: {path}: {inner}")).param_path(path)
+        }
+    })?;
+    // (trailing characters, as `serde_json::from_slice` refuses them)
+    de.end()
+        .map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))?;
+    Ok(v)
 }
 
 pub(crate) fn now_secs() -> u64 {
@@ -2498,4 +2513,41 @@ pub async fn not_found() -> Response {
         "no such endpoint",
     )
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A field of the wrong type is named by its path (`param` and the message); bad JSON
+    /// and trailing characters are still refused as such.
+    #[test]
+    fn a_field_of_the_wrong_type_is_named_by_its_path() {
+        let e = |body: &str| parse::<ChatBody>(&Bytes::from(body.to_string())).unwrap_err();
+        let err =
+            e(r#"{"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": "yes"}"#);
+        assert_eq!(
+            err.body()["error"]["param"],
+            "parallel_tool_calls",
+            "{err:?}"
+        );
+        assert!(err.text().contains("invalid type"), "{err:?}");
+        let err = e(
+            r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x", "tool_call_id": 5}]}"#,
+        );
+        assert_eq!(
+            err.body()["error"]["param"],
+            "messages[1].tool_call_id",
+            "{err:?}"
+        );
+        for bad in [r#"{"messages": "#, r#"{"messages": []} x"#, "{"] {
+            let err = e(bad);
+            assert!(err.body()["error"]["param"].is_null(), "{bad}: {err:?}");
+            assert!(
+                err.text().starts_with("invalid JSON body"),
+                "{bad}: {err:?}"
+            );
+        }
+        assert!(parse::<ChatBody>(&Bytes::from_static(br#"{"messages": []}"#)).is_ok());
+    }
 }

@@ -13,7 +13,7 @@ pub struct ApiError {
     pub(crate) status: StatusCode,
     kind: &'static str,
     message: String,
-    param: Option<&'static str>,
+    param: Option<std::borrow::Cow<'static, str>>,
     code: Option<&'static str>,
 }
 
@@ -31,7 +31,13 @@ impl ApiError {
 
     /// Names the request field at fault.
     pub(crate) fn param(mut self, p: &'static str) -> ApiError {
-        self.param = Some(p);
+        self.param = Some(p.into());
+        self
+    }
+
+    /// Names the request field at fault by its path (`messages[2].tool_call_id`).
+    pub(crate) fn param_path(mut self, p: String) -> ApiError {
+        self.param = Some(p.into());
         self
     }
 
@@ -61,7 +67,7 @@ impl ApiError {
     /// The message, with the field at fault when one is named (`"tools: ..."`), for callers
     /// outside HTTP (the Python package).
     pub fn text(&self) -> String {
-        match self.param {
+        match self.param.as_deref() {
             Some(p) if !self.message.contains(p) => format!("{p}: {}", self.message),
             _ => self.message.clone(),
         }
