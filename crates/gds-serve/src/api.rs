@@ -547,6 +547,11 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
 /// A request body, or a 400 naming the field at fault by its path (`messages[2].content`)
 /// where the JSON is well formed but a field's type is not.
 pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::bad(
+            "invalid JSON body: the body is a list; a request is a JSON object",
+        ));
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
     let v = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
@@ -2412,6 +2417,7 @@ pub(crate) async fn tokenize(
         )
     })?;
     r.map_err(|e| {
+        let too_long = matches!(e, RuntimeError::TextTooLong { .. });
         let message = match e {
             RuntimeError::TextTooLong {
                 bytes,
@@ -2426,7 +2432,12 @@ pub(crate) async fn tokenize(
             RuntimeError::Template(e) => format!("chat template: {e}"),
             e => e.to_string(),
         };
-        ApiError::bad(message).param(param)
+        let e = ApiError::bad(message).param(param);
+        if too_long {
+            e.code("context_length_exceeded")
+        } else {
+            e
+        }
     })
 }
 

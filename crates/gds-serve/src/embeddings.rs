@@ -10,7 +10,7 @@
 //! first N, then normalize: Matryoshka-trained models); llama-server's `embd_normalize` (-1
 //! none, 0 max-abs scaled to int16, 1 taxicab, 2 Euclidean: the default, >2 p-norm).
 
-use crate::api::{encode, enqueue, finish, in_vocabulary, parse, token_ids, window, ApiError};
+use crate::api::{encode_text, enqueue, finish, in_vocabulary, parse, token_ids, window, ApiError};
 use crate::scheduler::{Event, Pooling, Request};
 use crate::ServerState;
 use axum::body::Bytes;
@@ -138,7 +138,8 @@ pub(crate) async fn embed_all(
 ) -> Result<Vec<Vec<f32>>, ApiError> {
     let pooling = pooling(st)?;
     for p in &prompts {
-        if p.len() >= st.ctx {
+        // (nothing is generated: an input may fill the context)
+        if p.len() > st.ctx {
             return Err(ApiError::bad(format!(
                 "an input of {} tokens is too large for this server's context of {}",
                 p.len(),
@@ -206,22 +207,25 @@ async fn inputs(st: &ServerState, input: Value) -> Result<Vec<Vec<u32>>, ApiErro
         if s.is_empty() {
             return Err(ApiError::bad("an input is an empty string").param("input"));
         }
-        encode(st, s, false).await
+        // special-token texts parsed, as llama-server (and transformers' tokenizers) do
+        encode_text(st, s, true, true, "input").await
     };
     let mut out = Vec::new();
     match input {
         Value::String(s) => out.push(text(s).await?),
         Value::Array(v) if v.is_empty() => return bad("input is an empty list".into()),
+        // one input of token ids (the context bounds it, not the count of inputs)
+        Value::Array(v) if v.iter().all(Value::is_number) => out.push(ids(&v)?),
         Value::Array(v) if v.len() > MAX_INPUTS => {
             return bad(format!("{} inputs; at most {MAX_INPUTS}", v.len()))
         }
-        Value::Array(v) if v.iter().all(Value::is_number) => out.push(ids(&v)?),
         Value::Array(v) => {
-            for x in v {
+            for (i, x) in v.into_iter().enumerate() {
                 match x {
                     Value::String(s) => out.push(text(s).await?),
                     Value::Array(t) if !t.is_empty() => out.push(ids(&t)?),
-                    _ => return bad(shape.into()),
+                    Value::Array(_) => return bad(format!("input[{i}] is an empty list")),
+                    _ => return bad(format!("input[{i}]: {shape}")),
                 }
             }
         }
@@ -241,11 +245,20 @@ pub(crate) fn normalize(v: &mut [f32], norm: i64) {
         0 => v.iter().fold(0.0f64, |m, &x| m.max(x.abs() as f64)) / 32760.0,
         1 => v.iter().map(|&x| x.abs() as f64).sum(),
         2 => v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt(),
-        p => v
-            .iter()
-            .map(|&x| (x.abs() as f64).powf(p as f64))
-            .sum::<f64>()
-            .powf(1.0 / p as f64),
+        p => {
+            // scaled by the largest value first: the p-th powers of large p would overflow
+            // (the norm tends to that largest value)
+            let top = v.iter().fold(0.0f64, |m, &x| m.max(x.abs() as f64));
+            if top == 0.0 {
+                0.0
+            } else {
+                top * v
+                    .iter()
+                    .map(|&x| (x.abs() as f64 / top).powf(p as f64))
+                    .sum::<f64>()
+                    .powf(1.0 / p as f64)
+            }
+        }
     };
     let scale = if sum > 0.0 { 1.0 / sum } else { 0.0 };
     for x in v {
@@ -274,5 +287,16 @@ mod tests {
         let mut v = vec![0.0, 0.0];
         normalize(&mut v, 2);
         assert_eq!(v, [0.0, 0.0]);
+        // large p: the p-norm, no overflow to zero (it tends to the largest value)
+        let mut v = vec![3.0, -4.0];
+        normalize(&mut v, 3);
+        let n3 = (27.0f64 + 64.0).powf(1.0 / 3.0);
+        assert!((v[1] as f64 + 4.0 / n3).abs() < 1e-6, "{v:?}");
+        let mut v = vec![30.0, -40.0];
+        normalize(&mut v, 250);
+        assert!(
+            (v[1] + 1.0).abs() < 1e-6 && (v[0] - 0.75).abs() < 1e-6,
+            "{v:?}"
+        );
     }
 }

@@ -156,6 +156,52 @@ fn inputs_encodings_dimensions_and_errors() {
         (code, &r["error"]["code"]),
         (400, &json!("context_length_exceeded"))
     );
+    // past the context: the input named, whatever its form (text too long to tokenize, a
+    // flat list of more ids than the inputs a request may hold); the whole context fits
+    // (nothing is generated)
+    let word = post(&s.addr, "/tokenize", &json!({"content": " word"})).1["tokens"][0].clone();
+    for body in [
+        json!({"input": ["ok", "ab ".repeat(30000)]}),
+        json!({"input": vec![word.clone(); 2049]}),
+        json!({"input": vec![word.clone(); 257]}),
+    ] {
+        let (code, r) = post(&s.addr, "/v1/embeddings", &body);
+        assert_eq!(code, 400, "{r}");
+        assert_eq!(r["error"]["param"], "input", "{r}");
+        assert_eq!(r["error"]["code"], "context_length_exceeded", "{r}");
+    }
+    one(json!({"input": vec![word; 256]}));
+    // special-token texts are parsed, as llama-server parses them
+    let (code, t) = post(
+        &s.addr,
+        "/tokenize",
+        &json!({"content": "<|im_start|>user", "parse_special": true}),
+    );
+    assert_eq!(code, 200, "{t}");
+    assert_eq!(
+        floats(&one(json!({"input": "<|im_start|>user"}))["data"][0]["embedding"]),
+        floats(&one(json!({"input": t["tokens"]}))["data"][0]["embedding"])
+    );
+    // a field of the wrong type is named; a body that is a list is not a request
+    let (code, r) = post(
+        &s.addr,
+        "/v1/embeddings",
+        &json!({"input": text, "dimensions": "8"}),
+    );
+    assert_eq!(
+        (code, &r["error"]["param"]),
+        (400, &json!("dimensions")),
+        "{r}"
+    );
+    let (code, r) = post(&s.addr, "/v1/embeddings", &json!([1, 2]));
+    assert_eq!(code, 400, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("JSON object"),
+        "{r}"
+    );
 }
 
 #[test]
