@@ -150,8 +150,10 @@ impl std::error::Error for KvAllocError {}
 
 /// KV cache for `n_seqs` sequences of up to `ctx` positions each.
 ///
-/// Layout of each of K and V: `[n_layers][n_blocks][block][kv_dim]`; position `p` of
-/// sequence `s` lives in block `tables[s][p / block]` at row `p % block`.
+/// Layout of each of K and V: `[n_layers][n_blocks][block · kv_dim]`; position `p` of
+/// sequence `s` lives in block `tables[s][p / block]` at row `p % block`. Within a block,
+/// attention lays the rows out head by head, `[kv_head][block][head_dim]` (so that a KV
+/// head's keys are contiguous; see `attention::Group`).
 pub struct KvCache {
     dtype: KvDtype,
     n_layers: usize,
@@ -840,8 +842,10 @@ impl KvCache {
         }
     }
 
-    /// Offset of position `pos` of sequence `seq` within one layer without a window, in
-    /// elements (the slot must have passed [`KvCache::check_slot`]).
+    /// Slot of position `pos` of sequence `seq` within one layer without a window (its
+    /// block × block size + its row), times `kv_dim` (the slot must have passed
+    /// [`KvCache::check_slot`]). Where its elements are inside the block is attention's
+    /// layout (head by head).
     #[inline]
     pub fn offset(&self, seq: usize, pos: usize) -> usize {
         (self.pool.tables[seq][pos / self.block] as usize * self.block + pos % self.block)

@@ -122,21 +122,19 @@ fn attend<T: Lanes>(
     let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
     let group = c.n_heads / c.n_kv_heads;
     let n = batch.len();
+    // a block is laid out head by head, `[kv_head][block][head_dim]` (see `Group`)
     for t in 0..n {
         let (seq, pos) = (batch.seqs[t], batch.positions[t]);
-        let at = geo.layer_base
-            + (geo.slot(seq, pos / geo.block) as usize * geo.block + pos % geo.block) * kvd;
-        for (dst, &src) in kc[at..at + kvd]
-            .iter_mut()
-            .zip(&s.k[t * kvd..(t + 1) * kvd])
-        {
-            *dst = T::from_f32(src);
-        }
-        for (dst, &src) in vc[at..at + kvd]
-            .iter_mut()
-            .zip(&s.v[t * kvd..(t + 1) * kvd])
-        {
-            *dst = T::from_f32(src);
+        let block_at = geo.layer_base + geo.slot(seq, pos / geo.block) as usize * geo.block * kvd;
+        for g in 0..c.n_kv_heads {
+            let at = block_at + (g * geo.block + pos % geo.block) * hd;
+            let from = t * kvd + g * hd;
+            for (dst, &src) in kc[at..at + hd].iter_mut().zip(&s.k[from..from + hd]) {
+                *dst = T::from_f32(src);
+            }
+            for (dst, &src) in vc[at..at + hd].iter_mut().zip(&s.v[from..from + hd]) {
+                *dst = T::from_f32(src);
+            }
         }
     }
     let (kc, vc) = (&*kc, &*vc);
@@ -190,9 +188,9 @@ fn attend<T: Lanes>(
             v: vc,
             table: &geo.tables[batch.seqs[t]],
             block,
+            kv_dim: kvd,
             layer_base: geo.layer_base,
-            head_off: g * hd,
-            stride: kvd,
+            head_off: g * block * hd,
             first: from,
             n_keys: (from + PIECE).min(end),
             scale,
@@ -465,9 +463,9 @@ fn alone_attend<T: Lanes>(
             v: vc,
             table: &r.geo.tables[r.batch.seqs[t]],
             block: r.geo.block,
+            kv_dim: kvd,
             layer_base: r.geo.layer_base,
-            head_off: g * hd,
-            stride: kvd,
+            head_off: g * r.geo.block * hd,
             first: from,
             n_keys: (from + PIECE).min(end),
             scale: p.scale,
@@ -544,9 +542,11 @@ fn run_attend<T: Lanes>(
         // ring: block index bi in table[bi % len])
         for bi in a / geo.block..(a + most).div_ceil(geo.block) {
             let start = bi * geo.block;
-            let base = geo.layer_base + table[bi % table.len()] as usize * geo.block * kvd + g * hd;
+            let base = geo.layer_base
+                + table[bi % table.len()] as usize * geo.block * kvd
+                + g * geo.block * hd;
             for pos in start.max(a)..(a + most).min(start + geo.block) {
-                at_key[pos - a] = base + (pos - start) * kvd;
+                at_key[pos - a] = base + (pos - start) * hd;
             }
         }
         let keys = kernels::Keys::new(&at_key[..most], hd);
@@ -650,7 +650,10 @@ pub(crate) fn scratch_len(c: &Config, ctx: usize) -> usize {
 }
 
 /// The query heads sharing one KV head (`q.len() / hd` of them), of one query token, over a
-/// sequence spread across blocks (one block: the contiguous cache).
+/// sequence spread across blocks (one block: the contiguous cache). A block of the cache is
+/// laid out head by head, `[kv_head][block][head_dim]`: a KV head's keys in a block are
+/// one contiguous run, which a decode step reads from memory as a stream (position by
+/// position, `[block][kv_dim]`, each key was 128 bytes every `kv_dim` elements).
 struct Group<'a, T> {
     q: &'a [f32],
     hd: usize,
@@ -658,9 +661,11 @@ struct Group<'a, T> {
     v: &'a [T],
     table: &'a [u32],
     block: usize,
+    /// Elements of a position (all KV heads): a block holds `block · kv_dim`.
+    kv_dim: usize,
     layer_base: usize,
+    /// This KV head's run in a block: `g · block · hd`.
     head_off: usize,
-    stride: usize,
     /// Keys attended: positions `first..n_keys`.
     first: usize,
     n_keys: usize,
@@ -673,7 +678,7 @@ impl<T> Group<'_, T> {
     /// of its row in this KV head: one block at a time, so no division per key.
     #[inline(always)]
     fn for_each_key(&self, mut f: impl FnMut(usize, usize)) {
-        let row = self.block * self.stride;
+        let row = self.block * self.kv_dim;
         // a table shorter than the sequence is a window ring: block index bi is in
         // table[bi % len] (the keys before `first` it overwrote are never read)
         let len = self.table.len();
@@ -683,7 +688,7 @@ impl<T> Group<'_, T> {
             let base = self.layer_base + b as usize * row + self.head_off;
             let from = start.max(self.first);
             for j in from..self.n_keys.min(start + self.block) {
-                f(j - self.first, base + (j - start) * self.stride);
+                f(j - self.first, base + (j - start) * self.hd);
             }
         }
     }
