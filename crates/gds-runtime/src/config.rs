@@ -76,6 +76,42 @@ pub struct Config {
 }
 
 impl Config {
+    /// A llama-shaped configuration of `n_heads` query heads sharing `n_kv_heads` KV heads
+    /// of `head_dim`, one layer, for the crate's unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Config {
+        Config {
+            arch: "llama".into(),
+            n_layers: 1,
+            n_embd: n_heads * head_dim,
+            n_heads,
+            n_kv_heads,
+            n_ff: 16,
+            vocab_size: 16,
+            context_length: 1024,
+            head_dim,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            rope_dims: head_dim,
+            rope_attn_factor: None,
+            rope_original_context: None,
+            rms_norm_eps: 1e-5,
+            tie_embeddings: true,
+            bos_token_id: None,
+            eos_token_id: None,
+            add_bos: false,
+            rope_style: RopeStyle::Norm,
+            sliding_window: None,
+            sliding_window_pattern: 0,
+            rope_theta_local: None,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            attn_softcap: None,
+            final_softcap: None,
+            moe: None,
+            no_rope_step: None,
+        }
+    }
+
     /// Width of all query heads together.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim

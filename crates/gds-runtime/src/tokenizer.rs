@@ -1000,34 +1000,9 @@ mod tests {
 
     fn config() -> Config {
         Config {
-            arch: "llama".into(),
-            n_layers: 1,
-            n_embd: 8,
-            n_heads: 2,
-            n_kv_heads: 1,
-            n_ff: 16,
-            vocab_size: 16,
             context_length: 64,
-            head_dim: 4,
-            rope_theta: 10000.0,
-            rope_scaling: crate::RopeScaling::None,
-            rope_dims: 4,
-            rope_attn_factor: None,
-            rope_original_context: None,
-            rms_norm_eps: 1e-5,
-            tie_embeddings: true,
-            bos_token_id: None,
-            eos_token_id: None,
-            add_bos: false,
-            rope_style: crate::config::RopeStyle::Norm,
-            sliding_window: None,
-            sliding_window_pattern: 0,
-            rope_theta_local: None,
             attn_scale: 0.5,
-            attn_softcap: None,
-            final_softcap: None,
-            moe: None,
-            no_rope_step: None,
+            ..Config::for_tests(2, 1, 4)
         }
     }
 

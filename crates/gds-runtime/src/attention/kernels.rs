@@ -234,12 +234,13 @@ pub fn tree8(a: &[f32; LANES]) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ops::simd_available;
     use half::f16;
 
-    fn values(n: usize, seed: u64) -> Vec<f32> {
+    /// `n` values in [-1, 1) from `seed`.
+    pub(crate) fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);

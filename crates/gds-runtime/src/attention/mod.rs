@@ -736,50 +736,9 @@ mod tests {
     use super::*;
     use crate::kv::KvDtype;
 
-    fn config(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Config {
-        Config {
-            arch: "llama".into(),
-            n_layers: 1,
-            n_embd: n_heads * head_dim,
-            n_heads,
-            n_kv_heads,
-            n_ff: 16,
-            vocab_size: 16,
-            context_length: 1024,
-            head_dim,
-            rope_theta: 10000.0,
-            rope_scaling: crate::RopeScaling::None,
-            rope_dims: head_dim,
-            rope_attn_factor: None,
-            rope_original_context: None,
-            rms_norm_eps: 1e-5,
-            tie_embeddings: true,
-            bos_token_id: None,
-            eos_token_id: None,
-            add_bos: false,
-            rope_style: crate::config::RopeStyle::Norm,
-            sliding_window: None,
-            sliding_window_pattern: 0,
-            rope_theta_local: None,
-            attn_scale: 0.125,
-            attn_softcap: None,
-            final_softcap: None,
-            moe: None,
-            no_rope_step: None,
-        }
-    }
-
     /// `n` values in [-1, 1) of the token at (`seq`, `pos`), the same in every run.
     fn values(n: usize, seq: usize, pos: usize, what: u64) -> Vec<f32> {
-        let mut s = (seq as u64 * 1_000_003 + pos as u64) * 7 + what;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+        kernels::tests::values(n, (seq as u64 * 1_000_003 + pos as u64) * 7 + what)
     }
 
     /// Runs `batches` of (sequence, position) through one layer's attention over a paged
@@ -850,7 +809,7 @@ mod tests {
         let alone: Vec<Vec<(usize, usize)>> =
             batches.iter().flatten().map(|&sp| vec![sp]).collect();
         for (n_heads, n_kv, hd) in [(8, 2, 64), (4, 4, 16), (6, 2, 32), (4, 1, 12)] {
-            let c = config(n_heads, n_kv, hd);
+            let c = Config::for_tests(n_heads, n_kv, hd);
             let group = n_heads / n_kv;
             let tq = tile_tokens(group);
             for b in &batches[..1] {

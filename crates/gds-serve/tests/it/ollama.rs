@@ -184,17 +184,24 @@ fn ollama_api_through_the_ollama_client() {
     // tools: the forced call, whole and streamed, in Ollama's form
     let t = &r["tools"];
     assert_eq!(t["status"], 200, "{t}");
+    // (parallel calls are allowed, and a 135M model may repeat the forced call until
+    // num_predict: a call whose JSON is whole counts even where the limit cut its closing tag)
     let calls = t["calls"].as_array().unwrap();
-    assert_eq!(calls.len(), 1, "{t}");
-    assert_eq!(calls[0]["name"], "get_weather", "{t}");
-    assert!(calls[0]["arguments"]["city"].is_string(), "{t}");
-    let rc = &t["raw_calls"][0];
-    assert!(rc["id"].as_str().unwrap().starts_with("call_"), "{t}");
-    assert_eq!(rc["function"]["index"], 0, "{t}");
-    assert!(
-        rc["function"]["arguments"].is_object(),
-        "arguments as an object: {t}"
-    );
+    assert!(!calls.is_empty(), "{t}");
+    for (i, (c, rc)) in calls
+        .iter()
+        .zip(t["raw_calls"].as_array().unwrap())
+        .enumerate()
+    {
+        assert_eq!(c["name"], "get_weather", "{t}");
+        assert!(c["arguments"]["city"].is_string(), "{t}");
+        assert!(rc["id"].as_str().unwrap().starts_with("call_"), "{t}");
+        assert_eq!(rc["function"]["index"], i, "{t}");
+        assert!(
+            rc["function"]["arguments"].is_object(),
+            "arguments as an object: {t}"
+        );
+    }
     assert!(t["content_type"]
         .as_str()
         .unwrap()
