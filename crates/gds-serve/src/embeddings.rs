@@ -66,13 +66,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         }
     };
     let keep = dimensions(st, b.dimensions.map(Value::from).as_ref())?;
-    let norm = b.embd_normalize.unwrap_or(2);
-    if norm < -1 {
-        return Err(ApiError::bad(format!(
-            "embd_normalize {norm}: -1 (none), 0 (max-abs), 1 (taxicab), 2 (Euclidean) or a larger p"
-        ))
-        .param("embd_normalize"));
-    }
+    let norm = embd_normalize(b.embd_normalize)?;
     let model = b.model.unwrap_or_else(|| st.model_name.clone());
     let prompts = inputs(st, b.input).await?;
     let tokens: usize = prompts.iter().map(Vec::len).sum();
@@ -99,6 +93,56 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
     .into_response())
+}
+
+/// llama-server's `embd_normalize` (2, Euclidean, when absent), checked.
+fn embd_normalize(asked: Option<i64>) -> Result<i64, ApiError> {
+    let norm = asked.unwrap_or(2);
+    if norm < -1 {
+        return Err(ApiError::bad(format!(
+            "embd_normalize {norm}: -1 (none), 0 (max-abs), 1 (taxicab), 2 (Euclidean) or a larger p"
+        ))
+        .param("embd_normalize"));
+    }
+    Ok(norm)
+}
+
+#[derive(Deserialize)]
+struct NativeBody {
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    embd_normalize: Option<i64>,
+}
+
+/// `POST /embedding`: llama-server's own (legacy) embeddings endpoint. `content` (or
+/// `input`) in the shapes `/v1/embeddings` takes; the answer is llama-server's list, one
+/// `{"index", "embedding": [vector]}` per input (its pooled vector inside a list, where
+/// pooling `none` would list one per token).
+pub async fn embedding_native(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let r = native_answer(&st, &body).await;
+    finish(&st, r)
+}
+
+async fn native_answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiError> {
+    let b: NativeBody = parse(body)?;
+    pooling(st)?;
+    let norm = embd_normalize(b.embd_normalize)?;
+    let input = b.input.or(b.content).ok_or_else(|| {
+        ApiError::bad("\"input\" or \"content\" must be provided").param("content")
+    })?;
+    let vectors = embed_all(st, inputs(st, input).await?).await?;
+    let out: Vec<Value> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut v)| {
+            normalize(&mut v, norm);
+            json!({"index": index, "embedding": [v]})
+        })
+        .collect();
+    Ok(Json(Value::Array(out)).into_response())
 }
 
 /// How many of an embedding's first dimensions `dimensions` keeps (Matryoshka-trained

@@ -821,6 +821,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
     }
     // llama-server's own endpoints (`/completions` stays OpenAI's, as vLLM serves it)
     r.route("/completion", post(native::completion))
+        .route("/embedding", post(embeddings::embedding_native))
         .route("/infill", post(native::infill))
         .route("/props", get(native::props).post(native::post_props))
         .route("/slots", get(native::slots))

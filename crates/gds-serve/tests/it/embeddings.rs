@@ -182,6 +182,22 @@ fn inputs_encodings_dimensions_and_errors() {
         floats(&one(json!({"input": "<|im_start|>user"}))["data"][0]["embedding"]),
         floats(&one(json!({"input": t["tokens"]}))["data"][0]["embedding"])
     );
+    // llama-server's own /embedding: its list, each pooled vector inside a list, the same
+    // numbers as /v1/embeddings
+    let (code, r) = post(&s.addr, "/embedding", &json!({"content": [text, "Hello"]}));
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(
+        (&r[0]["index"], &r[1]["index"]),
+        (&json!(0), &json!(1)),
+        "{r}"
+    );
+    assert_eq!(floats(&r[0]["embedding"][0]), alone);
+    let (code, r) = post(&s.addr, "/embedding", &json!({}));
+    assert_eq!(
+        (code, &r["error"]["param"]),
+        (400, &json!("content")),
+        "{r}"
+    );
     // a field of the wrong type is named; a body that is a list is not a request
     let (code, r) = post(
         &s.addr,
