@@ -96,13 +96,45 @@ struct Geometry<'a> {
     ctx: usize,
 }
 
-impl Geometry<'_> {
+impl<'g> Geometry<'g> {
     /// The block holding block-index `bi` of sequence `seq` (tables shorter than the
     /// sequence are rings, indexed modulo their length).
     #[inline]
     fn slot(&self, seq: usize, bi: usize) -> u32 {
         let t = &self.tables[seq];
         t[bi % t.len()]
+    }
+
+    /// Piece `c` of the keys `first..end` of sequence `seq` in KV head `g` (the cache
+    /// `k`, `v`), for the query heads `q` of that head.
+    #[allow(clippy::too_many_arguments)]
+    fn group<'a, T>(
+        &'a self,
+        c: &Config,
+        q: &'a [f32],
+        (k, v): (&'a [T], &'a [T]),
+        seq: usize,
+        g: usize,
+        (first, end): (usize, usize),
+        piece: usize,
+        p: &AttnParams<'_>,
+    ) -> Group<'a, T> {
+        let from = (first + piece * PIECE).min(end);
+        Group {
+            q,
+            hd: c.head_dim,
+            k,
+            v,
+            table: &self.tables[seq],
+            block: self.block,
+            kv_dim: c.kv_dim(),
+            layer_base: self.layer_base,
+            head_off: g * self.block * c.head_dim,
+            first: from,
+            n_keys: (from + PIECE).min(end),
+            scale: p.scale,
+            softcap: p.softcap,
+        }
     }
 }
 
@@ -152,7 +184,7 @@ fn attend<T: Lanes>(
             }
         }
     }
-    let (scale, softcap, window) = (p.scale, p.softcap, p.window);
+    let window = p.window;
     // the sinks of KV head g's query heads
     let sinks_of = |g: usize| p.sinks.map(|s| &s[g * group..(g + 1) * group]);
     // One unit per (token, KV head): its `group` query heads in one pass over the keys and
@@ -164,7 +196,6 @@ fn attend<T: Lanes>(
     let n_kv = c.n_kv_heads;
     let units = n * n_kv;
     let q = &s.q;
-    let block = geo.block;
     let scratch = scratch_len(c, geo.ctx);
     let slot = group * (hd + 2);
     // keys first..=pos of token t: all of them, or the window's
@@ -176,26 +207,11 @@ fn attend<T: Lanes>(
         let (first, end) = keys(t);
         (end - first).div_ceil(PIECE)
     };
-    let piece = |u: usize, c: usize| {
+    let piece = |u: usize, piece: usize| {
         let (t, g) = (u / n_kv, u % n_kv);
         let qs = t * qd + g * group * hd;
-        let (first, end) = keys(t);
-        let from = (first + c * PIECE).min(end);
-        Group {
-            q: &q[qs..qs + group * hd],
-            hd,
-            k: kc,
-            v: vc,
-            table: &geo.tables[batch.seqs[t]],
-            block,
-            kv_dim: kvd,
-            layer_base: geo.layer_base,
-            head_off: g * block * hd,
-            first: from,
-            n_keys: (from + PIECE).min(end),
-            scale,
-            softcap,
-        }
+        let q = &q[qs..qs + group * hd];
+        geo.group(c, q, (kc, vc), batch.seqs[t], g, keys(t), piece, p)
     };
     let most = (0..n).map(pieces_of).max().unwrap_or(0);
     if units >= s.n_tasks || most <= 1 {
@@ -206,16 +222,11 @@ fn attend<T: Lanes>(
             .zip(s.scores.par_chunks_mut(scratch))
             .enumerate()
             .for_each(|(ci, (out, scratch))| {
-                let (scratch, parts) = scratch.split_at_mut(scratch.len() - most * slot);
                 for (k, o) in out.chunks_exact_mut(group * hd).enumerate() {
                     let u = ci * per + k;
                     let np = pieces_of(u / n_kv);
-                    for (c, sl) in parts.chunks_exact_mut(slot).take(np).enumerate() {
-                        let (po, stats) = sl.split_at_mut(group * hd);
-                        grouped_attend(simd, &piece(u, c), scratch, po, stats);
-                    }
-                    let g = u % n_kv;
-                    merge(&parts[..np * slot], group, hd, sinks_of(g), o);
+                    let sinks = sinks_of(u % n_kv);
+                    unit_attend(simd, (np, hd), |c| piece(u, c), sinks, scratch, o);
                 }
             });
         return;
@@ -268,6 +279,27 @@ fn merge(parts: &[f32], group: usize, hd: usize, sinks: Option<&[f32]>, out: &mu
         }
         merge_end(o, ml);
     }
+}
+
+/// One unit (the query heads of one KV head, one token) piece after piece: `piece(c)` for
+/// each of its `np` pieces ([`grouped_attend`]) into the end of `scratch`, then merged into
+/// `out` ([`merge`]); the heads are `hd` wide.
+fn unit_attend<'a, T: Lanes>(
+    simd: bool,
+    (np, hd): (usize, usize),
+    piece: impl Fn(usize) -> Group<'a, T>,
+    sinks: Option<&[f32]>,
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
+    let group = out.len() / hd;
+    let slot = group * (hd + 2);
+    let (scratch, parts) = scratch.split_at_mut(scratch.len() - np * slot);
+    for (c, sl) in parts.chunks_exact_mut(slot).enumerate() {
+        let (po, stats) = sl.split_at_mut(group * hd);
+        grouped_attend(simd, &piece(c), scratch, po, stats);
+    }
+    merge(parts, group, hd, sinks, out);
 }
 
 /// The start of one head's merge: no output, and the (max, sum) of no piece, or of its sink.
@@ -429,7 +461,7 @@ struct Run<'a> {
 }
 
 /// A run of one token of one tile ([`Run`]): the per-token path's pieces
-/// ([`grouped_attend`] straight from the cache) folded as they come.
+/// ([`unit_attend`], straight from the cache).
 fn alone_attend<T: Lanes>(
     simd: bool,
     r: &Run<'_>,
@@ -440,52 +472,16 @@ fn alone_attend<T: Lanes>(
     att: &mut [f32],
 ) {
     let c = r.c;
-    let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
+    let (hd, qd) = (c.head_dim, c.q_dim());
     let group = c.n_heads / c.n_kv_heads;
     let (g, t) = (r.g, r.tiles[0].0);
     let end = r.batch.positions[t] + 1;
-    let (sc, rest) = scratch.split_at_mut(TILE_ROWS * PIECE);
-    let po = &mut rest[..group * hd];
+    let q = &r.q[t * qd + g * group * hd..][..group * hd];
+    let seq = r.batch.seqs[t];
+    let piece = |i| r.geo.group(c, q, (kc, vc), seq, g, (0, end), i, p);
+    let sinks = p.sinks.map(|s| &s[g * group..(g + 1) * group]);
     let o = &mut att[(t - r.first) * qd + g * group * hd..][..group * hd];
-    let mut ml = [(0f32, 0f32); TILE_ROWS];
-    for (i, ml) in ml.iter_mut().enumerate().take(group) {
-        *ml = merge_start(
-            &mut o[i * hd..(i + 1) * hd],
-            p.sinks.map(|s| s[g * group + i]),
-        );
-    }
-    let mut stats = [0f32; 2 * TILE_ROWS];
-    for from in (0..end).step_by(PIECE) {
-        let h = Group {
-            q: &r.q[t * qd + g * group * hd..][..group * hd],
-            hd,
-            k: kc,
-            v: vc,
-            table: &r.geo.tables[r.batch.seqs[t]],
-            block: r.geo.block,
-            kv_dim: kvd,
-            layer_base: r.geo.layer_base,
-            head_off: g * r.geo.block * hd,
-            first: from,
-            n_keys: (from + PIECE).min(end),
-            scale: p.scale,
-            softcap: p.softcap,
-        };
-        grouped_attend(simd, &h, sc, po, &mut stats[..2 * group]);
-        for (i, ml) in ml.iter_mut().enumerate().take(group) {
-            let po = &po[i * hd..(i + 1) * hd];
-            fold(
-                &mut o[i * hd..(i + 1) * hd],
-                ml,
-                po,
-                stats[2 * i],
-                stats[2 * i + 1],
-            );
-        }
-    }
-    for (i, &ml) in ml.iter().enumerate().take(group) {
-        merge_end(&mut o[i * hd..(i + 1) * hd], ml);
-    }
+    unit_attend(simd, (end.div_ceil(PIECE), hd), piece, sinks, scratch, o);
 }
 
 /// The tiles of one sequence (each at consecutive positions; no window reached) for one KV head,
@@ -507,7 +503,7 @@ fn run_attend<T: Lanes>(
     ml: &mut [f32],
 ) {
     let c = r.c;
-    let (hd, qd, kvd, nh) = (c.head_dim, c.q_dim(), c.kv_dim(), c.n_heads);
+    let (hd, qd, nh) = (c.head_dim, c.q_dim(), c.n_heads);
     let group = nh / c.n_kv_heads;
     let (g, geo, batch) = (r.g, r.geo, r.batch);
     let (qt, rest) = scratch.split_at_mut(TILE_ROWS * hd);
@@ -534,21 +530,13 @@ fn run_attend<T: Lanes>(
     }
     let offs: [usize; PIECE] = std::array::from_fn(|j| j * hd);
     let mut at_key = [0usize; PIECE];
-    let table = &geo.tables[batch.seqs[r.tiles[0].0]];
+    let seq = batch.seqs[r.tiles[0].0];
     let chunk = key_chunk(hd);
     for a in (0..end).step_by(PIECE) {
         let most = (end - a).min(PIECE);
-        // the piece's rows, a block at a time (a table shorter than the sequence is a
-        // ring: block index bi in table[bi % len])
-        for bi in a / geo.block..(a + most).div_ceil(geo.block) {
-            let start = bi * geo.block;
-            let base = geo.layer_base
-                + table[bi % table.len()] as usize * geo.block * kvd
-                + g * geo.block * hd;
-            for pos in start.max(a)..(a + most).min(start + geo.block) {
-                at_key[pos - a] = base + (pos - start) * hd;
-            }
-        }
+        // the piece's rows, as the per-token path walks them
+        geo.group(c, &[], (kc, vc), seq, g, (0, end), a / PIECE, p)
+            .for_each_key(|j, at| at_key[j] = at);
         let keys = kernels::Keys::new(&at_key[..most], hd);
         kernels::pack(simd, kc, &keys, hd, kf);
         kernels::pack(simd, vc, &keys, hd, vf);
