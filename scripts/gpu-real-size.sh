@@ -13,7 +13,8 @@
 #  2. the tiny architectures (fixtures/tiny-*.gguf, converted here): CUDA --activations f32 vs CPU
 #     f32 greedy tokens, all resident and at the minimum VRAM budget (the one-sequence path of
 #     the engine); then CUDA's default int8 activations vs the CPU's default q8, all resident
-#     (the prompt kept off the f16 GEMMs: --gemm-min-tokens 1000);
+#     (the prompt kept off the f16 GEMMs: --gemm-min-tokens 1000), and every pass through the
+#     int8 tensor-core products (GDS_CUDA_MMQ=1 --gemm-min-tokens 1) vs the CPU's q8;
 #  3. per SHAPE: random weights drawn by transformers on the GPU (scripts/synth-model.py
 #     --init-device cuda, F16 safetensors in RAM), converted to Q4_0 by gdsconv onto the disk;
 #     `gdsrun bench --backend cuda` all resident (pp512, tg128; default int8 activations), and
@@ -22,7 +23,9 @@
 #     --cuda-graphs off (every decode kernel launched each step: the graphs' A/B), pp512 and
 #     tg128 with GDS_CUDA_FUSE=0 (every op launched alone: the fused launches' A/B), tg128 with
 #     the int8 kernels at other block shapes (GDS_CUDA_MMQ8; MMQ8_SWEEP), pp512 with the former
-#     dequantization (GDS_CUDA_DEQ_PER_LANE=1: the staged stores' A/B), pp512 with
+#     dequantization (GDS_CUDA_DEQ_PER_LANE=1: the staged stores' A/B), pp512 through the
+#     int8 tensor-core kernels (GDS_CUDA_MMQ=1: their A/B against the f16 tiles, and a long
+#     prompt's greedy tokens through them vs the int8 matvecs), pp512 with
 #     --gemm-type tf32 (f32 tiles on TF32 tensor cores: the f16 GEMM's A/B); the time per kernel of a
 #     pp512 and of 32 decode steps (GDS_CUDA_PROFILE=1: json/profile-SHAPE-*.txt in the tarball); then with about a quarter of
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
@@ -117,13 +120,16 @@ for d in "$W"/tiny/*/; do
     >"$OUT/json/tiny-$a-cpu-q8.json" 2>>"$LOG"
   "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cpu --activations f32 --kv-type f16 --json \
     >"$OUT/json/tiny-$a-cpu-f16.json" 2>>"$LOG"
-  for b in all min q8 f16; do
-    ref=cpu act=f32 vb=$b kv=f32 gm=8
+  for b in all min q8 f16 mmq; do
+    ref=cpu act=f32 vb=$b kv=f32 gm=8 mmq=0
     # the prompt through the int8 kernels too, as the CPU's q8 runs it (a prompt of 8 or more
     # tokens would be prefilled by f16 GEMMs: 2026-12-04's near-tie on tiny gpt-oss MXFP4)
     [ "$b" = q8 ] && ref=cpu-q8 act=q8 vb=all gm=1000
     [ "$b" = f16 ] && ref=cpu-f16 vb=all kv=f16 # the f16 KV cache (the default) vs the CPU's
-    timeout 60 "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cuda --io direct --activations $act \
+    # every pass, the prompt and each decode step, through the int8 tensor-core products
+    # (GDS_CUDA_MMQ=1, --gemm-min-tokens 1) vs the CPU's q8: their fragments on hardware
+    [ "$b" = mmq ] && ref=cpu-q8 act=q8 vb=all gm=1 mmq=1
+    timeout 60 env GDS_CUDA_MMQ=$mmq "$G" run "$d" --raw -p "$p" -n 16 --temp 0 --backend cuda --io direct --activations $act \
       --gemm-min-tokens $gm --kv-type $kv --vram-budget "$(budget "$OUT/json/tiny-$a-plan.json" $vb)" --json >"$OUT/json/tiny-$a-$b.json" 2>>"$LOG"
     python3 - "$OUT/json/tiny-$a-$ref.json" "$OUT/json/tiny-$a-$b.json" "tiny $a $b" <<'EOF' | tee -a "$SUM"
 import json, sys
@@ -177,6 +183,26 @@ for spec in $SHAPES; do
   plan "$M" "$OUT/json/$shape-plan.json" -c 512 || { say "[$shape] cuda plan failed: $(tail -3 "$LOG")"; continue; }
   run 240 "bench-$shape-resident" "$G" bench "$M" --backend cuda -p 512 -n 128 -r 2
   grep -E "^\|" "$LOG" | tail -2 >>"$SUM"
+  # the prompt's products on the tensor cores straight from the blocks (GDS_CUDA_MMQ=1, the
+  # mmq_* kernels) instead of dequantized f16 tiles and cuBLAS: the A/B, and greedy tokens of
+  # a 100-token prompt through them vs through the int8 matvecs (--gemm-min-tokens 1000)
+  run 120 "bench-$shape-resident-mmq" env GDS_CUDA_MMQ=1 "$G" bench "$M" --backend cuda -p 512 -n 0 -r 2
+  grep -E "^\|" "$LOG" | tail -1 | sed 's/$/ (GDS_CUDA_MMQ=1)/' >>"$SUM"
+  lp=$(python3 -c "print(' '.join(['the quick brown fox jumps over the lazy dog'] * 11))")
+  for v in mmq vec; do
+    mm=1 gm=32; [ $v = vec ] && mm=0 gm=1000
+    timeout 120 env GDS_CUDA_MMQ=$mm "$G" run "$M" --raw -p "$lp" -n 16 --temp 0 --backend cuda \
+      --gemm-min-tokens $gm --json >"$OUT/json/$shape-long-$v.json" 2>>"$LOG"
+  done
+  python3 - "$OUT/json/$shape-long-vec.json" "$OUT/json/$shape-long-mmq.json" "$shape long prompt mmq vs int8 matvecs" <<'EOF' | tee -a "$SUM"
+import json, sys
+try:
+    r, t = (json.load(open(f))["tokens"] for f in sys.argv[1:3])
+    same = next((i for i, (x, y) in enumerate(zip(r, t)) if x != y), None)
+    print(f"[{sys.argv[3]}] {len(t)} tokens " + ("equal" if same is None and len(r) == len(t) else f"FIRST DIFFERENCE at token {same}"))
+except Exception as e:
+    print(f"[{sys.argv[3]}] no result ({e})")
+EOF
   # the same binary with the f32-activation matvec kernels and plain f32 SGEMM prefill (the
   # int8 kernels' and the TF32 tensor-core prefill's A/B)
   run 120 "bench-$shape-resident-f32-act" "$G" bench "$M" --backend cuda --activations f32 -p 512 -n 128 -r 2

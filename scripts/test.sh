@@ -53,10 +53,12 @@ if [ "${GDS_NO_TORCH:-0}" = 0 ] && ! python3 -c "import torch" >/dev/null 2>&1; 
     echo "warning: under 20 GB free; torch not installed, its tests will be skipped"
   fi
 fi
-step "NVRTC from PyPI (compiles the CUDA kernels to PTX in tests; no GPU needed)"
-python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
+step "NVRTC and ptxas from PyPI (compile the CUDA kernels to PTX and assemble it for sm_90 in tests; no GPU needed)"
+python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" \
+  "nvidia-cuda-nvcc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
 GDS_NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"
-export GDS_NVRTC_LIB
+GDS_PTXAS="$(python3 -c 'import nvidia.cuda_nvcc as m, os; print(os.path.join(list(m.__path__)[0], "bin", "ptxas"))')"
+export GDS_NVRTC_LIB GDS_PTXAS
 step "registry tools for the distribution tests (docker-registry, skopeo)"
 if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null; then
   SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -91,7 +93,7 @@ cuda_log=$(mktemp)
   set -e
   step "GPU backend (--features cuda): clippy"
   cargo clippy --workspace --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda,gdsllm-py/cuda -- -D warnings
-  step "GPU backend (--features cuda): the probe, the kernels through NVRTC"
+  step "GPU backend (--features cuda): the probe, the kernels through NVRTC and ptxas"
   LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --workspace --profile ci --features gds-cuda/cuda --test nvrtc -- --include-ignored
   step "background job done"

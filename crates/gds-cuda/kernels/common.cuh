@@ -34,6 +34,45 @@ typedef int i32;
 #endif
 #define Q8A_BYTES 40
 
+// The int8 tensor-core products of long passes (quant.cu, mmq_*): warps per block, each
+// warp 16 rows of the matrix and MMQ_NT tiles of 8 tokens; a block's tile of activation
+// blocks is staged MMQ_KC blocks of 32 values at a time. src/kernels.rs mirrors these.
+#define MMQ_WARPS 4
+#define MMQ_NT 8
+#define MMQ_ROWS (16 * MMQ_WARPS)
+#define MMQ_TOKENS (8 * MMQ_NT)
+#define MMQ_KC 4
+
+// The warp-wide int8 matrix products of the tensor cores (sm_80 on): c += A B, A 16 x 32
+// (m16n8k32) or 16 x 16 (m16n8k16) signed bytes, B 32 x 8 or 16 x 8, c 16 x 8 int32. In
+// lane l (g = l / 4, q = l % 4): a0 holds row g, values 4q..4q+3 (k), a1 row g + 8 of the
+// same values, a2 and a3 (m16n8k32 only) the same rows' values 16 + 4q..; b0 token (column)
+// g's values 4q..4q+3, b1 its values 16 + 4q..; c[0], c[1] row g, tokens 2q and 2q + 1,
+// c[2], c[3] row g + 8 (PTX ISA, "Matrix Fragments for mma.m16n8k32" and "for mma.m16n8k16
+// with integer type"). Every lane of the warp must reach them. kernels/emu.h has the
+// emulation; before sm_80 (no such instruction) they are empty and never launched.
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ void mma_k32(int* c, int a0, int a1, int a2, int a3, int b0,
+                                        int b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ void mma_k16(int* c, int a0, int a1, int b0) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+#endif
+}
+#endif
+
 // Word loads need their natural alignment on the GPU; the emulation checks it (emu.h).
 #ifndef ALIGNED_LOAD
 #define ALIGNED_LOAD(p, n)

@@ -178,6 +178,47 @@ inline int __dp4a(int a, int b, int c) {
     return c;
 }
 
+// The tensor cores' warp-wide int8 products (common.cuh documents the fragments): every
+// lane leaves its registers in a block-wide slot, all meet at a barrier, each computes its
+// own four sums of its warp's fragments, and all meet again before the slots are reused.
+namespace emu {
+static int mma_slots[1024][6];
+// Byte k (0..3) of a register, as the signed value the instruction reads.
+inline int sbyte(int r, int k) { return (int)(signed char)(unsigned char)((unsigned)r >> (8 * k)); }
+}  // namespace emu
+// ksz: 32 (a0..a3, b0, b1) or 16 (a0, a1, b0).
+inline void emu_mma_s8(int* c, const int* a, const int* b, int ksz) {
+    unsigned t = emu::linear_tid();
+    for (int i = 0; i < 4; i++) emu::mma_slots[t][i] = a[i];
+    emu::mma_slots[t][4] = b[0];
+    emu::mma_slots[t][5] = b[1];
+    __syncthreads();
+    unsigned w0 = t & ~31u, lane = t & 31u, g = lane >> 2, q = lane & 3u;
+    for (int r = 0; r < 4; r++) {
+        int row = (int)g + 8 * (r >> 1), col = 2 * (int)q + (r & 1);
+        int s = 0;
+        for (int k = 0; k < ksz; k++) {
+            // A(row, k): lane (row % 8) * 4 + (k % 16) / 4, register (row >= 8) + 2 (k >= 16)
+            const int* sa = emu::mma_slots[w0 + (unsigned)((row % 8) * 4 + (k % 16) / 4)];
+            int av = emu::sbyte(sa[(row >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0)], k % 4);
+            // B(k, col): lane col * 4 + (k % 16) / 4, register 4 + (k >= 16)
+            const int* sb = emu::mma_slots[w0 + (unsigned)(col * 4 + (k % 16) / 4)];
+            int bv = emu::sbyte(sb[4 + (k >= 16 ? 1 : 0)], k % 4);
+            s += av * bv;
+        }
+        c[r] += s;
+    }
+    __syncthreads();
+}
+inline void mma_k32(int* c, int a0, int a1, int a2, int a3, int b0, int b1) {
+    int a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
+    emu_mma_s8(c, a, b, 32);
+}
+inline void mma_k16(int* c, int a0, int a1, int b0) {
+    int a[4] = {a0, a1, 0, 0}, b[2] = {b0, 0};
+    emu_mma_s8(c, a, b, 16);
+}
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>

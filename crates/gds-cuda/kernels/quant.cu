@@ -927,3 +927,227 @@ Q8_KERNEL(q6_k, Q6_K_QK, Q6_K_BYTES, Q6_K_Q8_PARTS, vdot_q8_q6_k)
 Q8_KERNEL(mxfp4, MXFP4_QK, MXFP4_BYTES, MXFP4_Q8_PARTS, vdot_q8_mxfp4)
 Q8_KERNEL(iq4_nl, IQ4_NL_QK, IQ4_NL_BYTES, IQ4_NL_Q8_PARTS, vdot_q8_iq4_nl)
 Q8_KERNEL(iq4_xs, IQ4_XS_QK, IQ4_XS_BYTES, IQ4_XS_Q8_PARTS, vdot_q8_iq4_xs)
+
+// ---- int8 tensor-core products of long passes (mmq_<t>) ----
+//
+// mmq_<t>(xq, cols, ntok, w, y, rows): y[t*rows + r] = sum_k W[r, k] * x[t*cols + k] over the
+// activations quantize_q8 wrote (the 8-bit values matvec_q8_<t> multiplies), for a pass of
+// many tokens: instead of dequantizing W into a tile for cuBLAS (every weight written out as
+// f16 and read back), each warp multiplies 16 rows of W, decoded into registers as signed
+// bytes, with MMQ_NT tiles of 8 tokens on the tensor cores (mma_k32: one 32-value block per
+// instruction), and scales the int32 sums by the weight's and the activation's block scales
+// as the int8 matvecs do. Grid (ceil(rows / MMQ_ROWS), ceil(ntok / MMQ_TOKENS)), blockDim
+// 32 x MMQ_WARPS (one-dimensional). The block's MMQ_TOKENS tokens' activation blocks are
+// staged in shared memory MMQ_KC blocks at a time (read once for the block's four warps).
+// sm_80 on (GDS_CUDA_MMQ=1 turns it on; src/executor.rs).
+//
+// Each type's mmq_w_<t>(b, sb, q, lo, hi, s0, s1, cw): of the 32-value block sb of the
+// type's block at b (sb = 0 for the 32-value types, 0..7 for the 256-value ones), the values
+// 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi) as signed bytes; the scales of values 0..15 (s0) and
+// 16..31 (s1) of the int8 sums (the same but for Q6_K, whose 16-value groups have their own:
+// its kernel multiplies each half alone, mma_k16); and what multiplies the activation
+// block's d * sum(q) (cw: an offset of the values, or the block's minimum).
+typedef void (*MmqLoad)(const u8*, int, int, int*, int*, float*, float*, float*);
+
+__device__ __forceinline__ void mmq_w_q4_0(const u8* b, int sb, int q, int* lo, int* hi,
+                                           float* s0, float* s1, float* cw) {
+    u32 w = ld_u32_a2(b + 2 + 4 * q);
+    *lo = (int)(w & NIBBLES);
+    *hi = (int)((w >> 4) & NIBBLES);
+    *s0 = *s1 = ld_f16(b);
+    *cw = -8.0f * *s0;
+}
+__device__ __forceinline__ void mmq_w_q4_1(const u8* b, int sb, int q, int* lo, int* hi,
+                                           float* s0, float* s1, float* cw) {
+    u32 w = ld_u32_a4(b + 4 + 4 * q);
+    *lo = (int)(w & NIBBLES);
+    *hi = (int)((w >> 4) & NIBBLES);
+    *s0 = *s1 = ld_f16(b);
+    *cw = ld_f16(b + 2);
+}
+// Q5_0 (22-byte blocks: 2-byte aligned words; 16 off every value) and Q5_1 (its minimum).
+__device__ __forceinline__ void mmq_w_q5_0(const u8* b, int sb, int q, int* lo, int* hi,
+                                           float* s0, float* s1, float* cw) {
+    u32 qh = ld_u32_a2(b + 2), w = ld_u32_a2(b + 6 + 4 * q);
+    *lo = (int)(w & NIBBLES) | q5_high4(qh, 4 * q);
+    *hi = (int)((w >> 4) & NIBBLES) | q5_high4(qh, 16 + 4 * q);
+    *s0 = *s1 = ld_f16(b);
+    *cw = -16.0f * *s0;
+}
+__device__ __forceinline__ void mmq_w_q5_1(const u8* b, int sb, int q, int* lo, int* hi,
+                                           float* s0, float* s1, float* cw) {
+    u32 qh = ld_u32_a4(b + 4), w = ld_u32_a4(b + 8 + 4 * q);
+    *lo = (int)(w & NIBBLES) | q5_high4(qh, 4 * q);
+    *hi = (int)((w >> 4) & NIBBLES) | q5_high4(qh, 16 + 4 * q);
+    *s0 = *s1 = ld_f16(b);
+    *cw = ld_f16(b + 2);
+}
+__device__ __forceinline__ void mmq_w_q8_0(const u8* b, int sb, int q, int* lo, int* hi,
+                                           float* s0, float* s1, float* cw) {
+    *lo = (int)ld_u32_a2(b + 2 + 4 * q);
+    *hi = (int)ld_u32_a2(b + 18 + 4 * q);
+    *s0 = *s1 = ld_f16(b);
+    *cw = 0.0f;
+}
+// Q4_K and Q5_K (`five`): group sb is the low (even sb) or high (odd) nibbles of
+// qs[32 (sb / 2) ..], its 6-bit scale and minimum (scale_min_k4); Q5_K's fifth bits are bit
+// sb of qh[0..32].
+__device__ __forceinline__ void mmq_w_q45_k(const u8* b, int sb, int q, int* lo, int* hi,
+                                            float* s0, float* s1, float* cw, bool five) {
+    const u8* qs = b + (five ? 48 : 16) + 32 * (sb >> 1);
+    int shift = 4 * (sb & 1);
+    *lo = (int)((ld_u32_a4(qs + 4 * q) >> shift) & NIBBLES);
+    *hi = (int)((ld_u32_a4(qs + 16 + 4 * q) >> shift) & NIBBLES);
+    if (five) {
+        *lo |= (int)(((ld_u32_a4(b + 16 + 4 * q) >> sb) & ONES) << 4);
+        *hi |= (int)(((ld_u32_a4(b + 32 + 4 * q) >> sb) & ONES) << 4);
+    }
+    float sc, m;
+    scale_min_k4(sb, b + 4, &sc, &m);
+    *s0 = *s1 = ld_f16(b) * sc;
+    *cw = -ld_f16(b + 2) * m;
+}
+__device__ __forceinline__ void mmq_w_q4_k(const u8* b, int sb, int q, int* lo, int* hi,
+                                           float* s0, float* s1, float* cw) {
+    mmq_w_q45_k(b, sb, q, lo, hi, s0, s1, cw, false);
+}
+__device__ __forceinline__ void mmq_w_q5_k(const u8* b, int sb, int q, int* lo, int* hi,
+                                           float* s0, float* s1, float* cw) {
+    mmq_w_q45_k(b, sb, q, lo, hi, s0, s1, cw, true);
+}
+// Q6_K: group sb = 4h + k holds values 128h + 32k + l (l = 0..31): the nibble at bit 4 (k / 2)
+// of ql[64h + 32 (k % 2) + l], bits 2k, 2k + 1 of qh[32h + l] above it, minus 32; the scale
+// of l < 16 is sc[8h + 2k], of l >= 16 sc[8h + 2k + 1] (210-byte blocks: 2-byte aligned).
+__device__ __forceinline__ void mmq_w_q6_k(const u8* b, int sb, int q, int* lo, int* hi,
+                                           float* s0, float* s1, float* cw) {
+    int h = sb >> 2, k = sb & 3;
+    const u8* ql = b + 64 * h + 32 * (k & 1) + 4 * q;
+    const u8* qh = b + 128 + 32 * h + 4 * q;
+    int sl = 4 * (k >> 1), sh = 2 * k;
+    *lo = sub32_bytes(((ld_u32_a2(ql) >> sl) & NIBBLES) |
+                      (((ld_u32_a2(qh) >> sh) & 0x03030303u) << 4));
+    *hi = sub32_bytes(((ld_u32_a2(ql + 16) >> sl) & NIBBLES) |
+                      (((ld_u32_a2(qh + 16) >> sh) & 0x03030303u) << 4));
+    const i8* sc = (const i8*)(b + 192 + 8 * h);
+    float d = ld_f16(b + 208);
+    *s0 = d * (float)sc[2 * k];
+    *s1 = d * (float)sc[2 * k + 1];
+    *cw = 0.0f;
+}
+// The table types: each nibble's value a signed byte (lut_bytes), Q4_0's nibble layout.
+__device__ __forceinline__ void mmq_w_mxfp4(const u8* b, int sb, int q, int* lo, int* hi,
+                                            float* s0, float* s1, float* cw) {
+    *lo = lut_bytes(b + 1 + 4 * q, 0, false);
+    *hi = lut_bytes(b + 1 + 4 * q, 4, false);
+    *s0 = *s1 = e8m0_half(b[0]);
+    *cw = 0.0f;
+}
+__device__ __forceinline__ void mmq_w_iq4_nl(const u8* b, int sb, int q, int* lo, int* hi,
+                                             float* s0, float* s1, float* cw) {
+    *lo = lut_bytes(b + 2 + 4 * q, 0, true);
+    *hi = lut_bytes(b + 2 + 4 * q, 4, true);
+    *s0 = *s1 = ld_f16(b);
+    *cw = 0.0f;
+}
+__device__ __forceinline__ void mmq_w_iq4_xs(const u8* b, int sb, int q, int* lo, int* hi,
+                                             float* s0, float* s1, float* cw) {
+    *lo = lut_bytes(b + 8 + 16 * sb + 4 * q, 0, true);
+    *hi = lut_bytes(b + 8 + 16 * sb + 4 * q, 4, true);
+    *s0 = *s1 = iq4_xs_scale(b, sb);
+    *cw = 0.0f;
+}
+
+// The body of mmq_<t> (above). `xt`: the block's shared tile, MMQ_KC x MMQ_TOKENS activation
+// blocks of Q8A_BYTES / 4 words. Rows past `rows` and tokens past `ntok` are computed from
+// the last row / token (in bounds) and not written. Every loop has the same trip count in
+// every thread of the block (the emulated mma is a block-wide exchange).
+template <int QK, int BYTES, MmqLoad LOAD, bool SPLIT>
+__device__ __forceinline__ void mmq_tiles(const u8* __restrict__ xq, int cols, int ntok,
+                                          const u8* __restrict__ w, float* __restrict__ y,
+                                          int rows, int* xt) {
+    const int XW = Q8A_BYTES / 4;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    int g = lane >> 2, q = lane & 3;
+    int nsub = cols / 32;
+    unsigned long long xs = (unsigned long long)nsub * Q8A_BYTES;
+    unsigned long long rs = (unsigned long long)(cols / QK) * BYTES;
+    int ra = blockIdx.x * MMQ_ROWS + warp * 16 + g, rb = ra + 8;
+    const u8* wa = w + (unsigned long long)(ra < rows ? ra : rows - 1) * rs;
+    const u8* wb = w + (unsigned long long)(rb < rows ? rb : rows - 1) * rs;
+    int t0 = blockIdx.y * MMQ_TOKENS;
+    float acc[MMQ_NT][4];
+    UNROLL for (int n = 0; n < MMQ_NT; n++)
+        UNROLL for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+    for (int kb0 = 0; kb0 < nsub; kb0 += MMQ_KC) {
+        int kc = nsub - kb0 < MMQ_KC ? nsub - kb0 : MMQ_KC;
+        __syncthreads();  // every warp is done with the previous chunk's tile
+        // token t's kc blocks are kc * XW consecutive words in xq
+        for (int i = threadIdx.x; i < MMQ_TOKENS * kc * XW; i += blockDim.x) {
+            int t = i / (kc * XW), r = i % (kc * XW);
+            int tok = t0 + t < ntok ? t0 + t : ntok - 1;
+            const u8* src = xq + (unsigned long long)tok * xs + (unsigned long long)kb0 * Q8A_BYTES;
+            xt[(r / XW) * MMQ_TOKENS * XW + t * XW + r % XW] = (int)ld_u32_a4(src + 4 * r);
+        }
+        __syncthreads();
+        for (int c = 0; c < kc; c++) {
+            int kb = kb0 + c;
+            unsigned long long off = (unsigned long long)(kb / (QK / 32)) * BYTES;
+            int sb = kb % (QK / 32);
+            int a[4];
+            float sa0, sa1, ca, sb0, sb1, cb;
+            LOAD(wa + off, sb, q, &a[0], &a[2], &sa0, &sa1, &ca);
+            LOAD(wb + off, sb, q, &a[1], &a[3], &sb0, &sb1, &cb);
+            const int* xc = xt + c * MMQ_TOKENS * XW;
+            UNROLL for (int n = 0; n < MMQ_NT; n++) {
+                const int* xb = xc + (8 * n + g) * XW;      // B: token 8n + g
+                const int* x0 = xc + (8 * n + 2 * q) * XW;  // c's tokens 8n + 2q, 8n + 2q + 1
+                const int* x1 = x0 + XW;
+                float d0 = __uint_as_float((u32)x0[0]), d1 = __uint_as_float((u32)x1[0]);
+                float m0 = __uint_as_float((u32)x0[1]), m1 = __uint_as_float((u32)x1[1]);
+                int lo[4] = {0, 0, 0, 0};
+                if (SPLIT) {
+                    int hi[4] = {0, 0, 0, 0};
+                    mma_k16(lo, a[0], a[1], xb[2 + q]);
+                    mma_k16(hi, a[2], a[3], xb[6 + q]);
+                    acc[n][0] += d0 * (sa0 * (float)lo[0] + sa1 * (float)hi[0]) + ca * m0;
+                    acc[n][1] += d1 * (sa0 * (float)lo[1] + sa1 * (float)hi[1]) + ca * m1;
+                    acc[n][2] += d0 * (sb0 * (float)lo[2] + sb1 * (float)hi[2]) + cb * m0;
+                    acc[n][3] += d1 * (sb0 * (float)lo[3] + sb1 * (float)hi[3]) + cb * m1;
+                } else {
+                    mma_k32(lo, a[0], a[1], a[2], a[3], xb[2 + q], xb[6 + q]);
+                    acc[n][0] += sa0 * d0 * (float)lo[0] + ca * m0;
+                    acc[n][1] += sa0 * d1 * (float)lo[1] + ca * m1;
+                    acc[n][2] += sb0 * d0 * (float)lo[2] + cb * m0;
+                    acc[n][3] += sb0 * d1 * (float)lo[3] + cb * m1;
+                }
+            }
+        }
+    }
+    UNROLL for (int n = 0; n < MMQ_NT; n++) {
+        int t = t0 + 8 * n + 2 * q;
+        UNROLL for (int i = 0; i < 4; i++) {
+            int r = i < 2 ? ra : rb, tt = t + (i & 1);
+            if (r < rows && tt < ntok) y[(unsigned long long)tt * rows + r] = acc[n][i];
+        }
+    }
+}
+
+#define MMQ_KERNEL(NAME, QK, BYTES, SPLIT)                                                  \
+    extern "C" __global__ void mmq_##NAME(const u8* __restrict__ xq, int cols, int ntok,    \
+                                          const u8* __restrict__ w, float* __restrict__ y,  \
+                                          int rows) {                                       \
+        __shared__ int xt[MMQ_KC * MMQ_TOKENS * (Q8A_BYTES / 4)];                           \
+        mmq_tiles<QK, BYTES, mmq_w_##NAME, SPLIT>(xq, cols, ntok, w, y, rows, xt);          \
+    }
+
+MMQ_KERNEL(q4_0, Q4_0_QK, Q4_0_BYTES, false)
+MMQ_KERNEL(q4_1, Q4_1_QK, Q4_1_BYTES, false)
+MMQ_KERNEL(q5_0, Q5_0_QK, Q5_0_BYTES, false)
+MMQ_KERNEL(q5_1, Q5_1_QK, Q5_1_BYTES, false)
+MMQ_KERNEL(q8_0, Q8_0_QK, Q8_0_BYTES, false)
+MMQ_KERNEL(q4_k, Q4_K_QK, Q4_K_BYTES, false)
+MMQ_KERNEL(q5_k, Q5_K_QK, Q5_K_BYTES, false)
+MMQ_KERNEL(q6_k, Q6_K_QK, Q6_K_BYTES, true)
+MMQ_KERNEL(mxfp4, MXFP4_QK, MXFP4_BYTES, false)
+MMQ_KERNEL(iq4_nl, IQ4_NL_QK, IQ4_NL_BYTES, false)
+MMQ_KERNEL(iq4_xs, IQ4_XS_QK, IQ4_XS_BYTES, false)

@@ -127,6 +127,9 @@ struct Gpu {
     profile: Option<KernelProfile>,
     /// The int8 matvec kernels' block shape (compiled in; the launches follow it).
     mmq8: Mmq8Shape,
+    /// The long passes' int8 products go through the tensor-core `mmq_*` kernels
+    /// ([`kernels::MMQ_ENV`] asked for them and the GPU has them).
+    mmq: bool,
 }
 
 /// The parameters of one `cuFileReadAsync`: cuFile reads them when the read executes on
@@ -280,6 +283,18 @@ impl Gpu {
         let extra =
             kernels::variant_defines(std::env::var(kernels::DEQ_PER_LANE_ENV).ok().as_deref());
         let ptx = nvrtc::compile_library(&format!("compute_{maj}{min}"), mmq8, &extra)?;
+        let mmq = crate::env_flag(std::env::var(kernels::MMQ_ENV).ok().as_deref()) == Some(true);
+        let mmq = mmq && {
+            let ok = (maj, min) >= kernels::MMQ_MIN_CAPABILITY;
+            if !ok {
+                eprintln!(
+                    "{}: compute capability {maj}.{min} has no int8 mma.sync (8.0 on): the long \
+                     passes use dequantized tiles",
+                    kernels::MMQ_ENV
+                );
+            }
+            ok
+        };
         let module = ctx
             .load_module(ptx)
             .map_err(cuda("loading the PTX module"))?;
@@ -301,6 +316,7 @@ impl Gpu {
             blas,
             tf32: None,
             mmq8,
+            mmq,
             profile: crate::profile::wanted(std::env::var(crate::profile::ENV).ok().as_deref())
                 .then(KernelProfile::default),
         })
@@ -409,6 +425,28 @@ impl Device for Gpu {
         launch!(
             self, name, cf, xq, cols, ntok, a.w, a.y, a.rows, b.w, b.y, b.rows, c.w, c.y, c.rows
         )
+    }
+    fn offers_mmq(&self) -> bool {
+        self.mmq
+    }
+    fn mmq(
+        &mut self,
+        suffix: &str,
+        xq: u64,
+        out: Q8Out,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        let c = cfg(
+            (
+                cdiv(out.rows, kernels::MMQ_ROWS),
+                cdiv(ntok, kernels::MMQ_TOKENS),
+            ),
+            (32 * kernels::MMQ_WARPS, 1),
+        );
+        let name = kernels::kernel_name("mmq", suffix)
+            .ok_or_else(|| model_err(format!("no int8 tensor-core kernel for {suffix}")))?;
+        launch!(self, name, c, xq, cols, ntok, out.w, out.y, out.rows)
     }
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError> {
         self.launch_dequant("dequant", suffix, src, dst, nblocks)

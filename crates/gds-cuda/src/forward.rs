@@ -110,6 +110,26 @@ pub trait Device {
         cols: i32,
         ntok: i32,
     ) -> Result<(), GpuError>;
+    /// Whether [`Device::mmq`] runs here (the long passes' products of the int8 types go
+    /// through it instead of a dequantized tile).
+    fn offers_mmq(&self) -> bool {
+        false
+    }
+    /// `mmq_{suffix}`: `out`'s `y = W · x` for the `ntok` tokens whose activations
+    /// `quantize_q8` wrote at `xq`, on the tensor cores (int8 products, the int8 matvecs'
+    /// arithmetic) instead of a dequantized tile. Only where [`Device::offers_mmq`].
+    fn mmq(
+        &mut self,
+        _suffix: &str,
+        _xq: u64,
+        _out: Q8Out,
+        _cols: i32,
+        _ntok: i32,
+    ) -> Result<(), GpuError> {
+        Err(GpuError::Model(
+            "no int8 tensor-core kernels on this device".into(),
+        ))
+    }
     /// `dequant_{suffix}`: `nblocks` blocks at `src` into f32 at `dst`.
     fn dequant(&mut self, suffix: &str, src: u64, dst: u64, nblocks: i32) -> Result<(), GpuError>;
     /// `dequant16_{suffix}`: `nblocks` blocks at `src` into f16 at `dst` (an f16 GEMM's
@@ -542,7 +562,9 @@ impl Pass<'_> {
     }
 
     /// `y = W · x` for each `(y, W)` of `outs`, `ntok` rows of the same x: passes of
-    /// [`Scratch::gemm_min`] or more through a dequantized tile and the device's GEMM; shorter
+    /// [`Scratch::gemm_min`] or more through the device's int8 tensor-core products
+    /// ([`Device::mmq`], where it offers them for the weight type and the scratch has `xq`),
+    /// else through a dequantized tile and the device's GEMM; shorter
     /// ones through the int8 kernels where the weight type has one and the scratch has an
     /// `xq` buffer (x quantized once for all the outputs; neighbouring outputs of the same
     /// type in one launch), the dequantizing f32 matvec kernels otherwise.
@@ -595,6 +617,18 @@ impl Pass<'_> {
             let (rows, cols) = (t.rows as i32, t.cols as i32);
             if ntok >= self.s.gemm_min {
                 flush(dev, &mut group)?;
+                let mmq = q8_kernel_suffix(t.dtype).filter(|_| self.s.xq != 0 && dev.offers_mmq());
+                if let Some(q8) = mmq {
+                    if !quantized {
+                        let nblocks = (ntok * t.cols / Q8A_VALUES) as i32;
+                        dev.quantize_q8(x, self.s.xq, nblocks)?;
+                        quantized = true;
+                        // (the f16 activations may share the buffer)
+                        halved &= self.s.xh != self.s.xq;
+                    }
+                    dev.mmq(q8, self.s.xq, Q8Out { w, y, rows }, cols, ntok as i32)?;
+                    continue;
+                }
                 let b = match self.s.gemm {
                     GemmType::F16 => {
                         if self.s.xh == 0 {
@@ -605,6 +639,7 @@ impl Pass<'_> {
                         if !halved {
                             dev.to_f16(x, self.s.xh, (ntok * t.cols) as i32)?;
                             halved = true;
+                            quantized &= self.s.xh != self.s.xq;
                         }
                         self.s.xh
                     }

@@ -103,6 +103,21 @@ impl Mmq8Shape {
         ]
     }
 }
+/// Warps per block of the int8 tensor-core kernels `mmq_*` (blockDim = 32 × this, one
+/// dimension); `MMQ_WARPS` in common.cuh.
+pub const MMQ_WARPS: u32 = 4;
+/// Rows of the matrix per block of the `mmq_*` kernels (16 a warp); `MMQ_ROWS` in common.cuh.
+pub const MMQ_ROWS: u32 = 16 * MMQ_WARPS;
+/// Tokens per block of the `mmq_*` kernels (the grid's second dimension is
+/// ceil(tokens / this)); `MMQ_TOKENS` in common.cuh.
+pub const MMQ_TOKENS: u32 = 64;
+/// The oldest GPU with the `mma.sync` int8 shapes the `mmq_*` kernels use (Ampere, 8.0).
+pub const MMQ_MIN_CAPABILITY: (i32, i32) = (8, 0);
+/// The environment variable that sends the long passes' products of the int8 types through
+/// the `mmq_*` kernels (`1`, `true`, `on`, `yes`) instead of a dequantized tile and cuBLAS:
+/// off by default until measured on hardware (the emulation checks their arithmetic).
+pub const MMQ_ENV: &str = "GDS_CUDA_MMQ";
+
 /// Matrices one `matvec_q8_*` launch multiplies with the same activations (Q, K, V).
 pub const MMQ8_MATRICES: usize = 3;
 /// Values per block of quantized activations (`quantize_q8`).
@@ -138,6 +153,17 @@ pub const KERNEL_NAMES: &[&str] = &[
     "matvec_q8_mxfp4",
     "matvec_q8_iq4_nl",
     "matvec_q8_iq4_xs",
+    "mmq_q4_0",
+    "mmq_q4_1",
+    "mmq_q5_0",
+    "mmq_q5_1",
+    "mmq_q8_0",
+    "mmq_q4_k",
+    "mmq_q5_k",
+    "mmq_q6_k",
+    "mmq_mxfp4",
+    "mmq_iq4_nl",
+    "mmq_iq4_xs",
     "quantize_q8",
     "dequant_q4_0",
     "dequant_q4_1",
@@ -269,7 +295,10 @@ mod tests {
             // (matvec_q8_0 is Q8_0's f32-activation kernel, not an int8 one)
             let int8 = name
                 .strip_prefix("matvec_q8_")
-                .is_some_and(|t| p.contains(&format!("Q8_KERNEL({t},")));
+                .is_some_and(|t| p.contains(&format!("Q8_KERNEL({t},")))
+                || name
+                    .strip_prefix("mmq_")
+                    .is_some_and(|t| p.contains(&format!("MMQ_KERNEL({t},")));
             // rope_kv(_f16) from ROPE_KV_KERNEL, the gated activations (and their _q8
             // forms) from GLU_KERNELS
             let rope_kv = p.contains(&format!("ROPE_KV_KERNEL({name},"));
@@ -296,6 +325,10 @@ mod tests {
         assert!(p.contains(&format!("#define MMQ8_ROWS {MMQ8_ROWS}\n")));
         assert!(p.contains("#ifndef MMQ8_WARPS\n") && p.contains("#ifndef MMQ8_ROWS\n"));
         assert!(p.contains(&format!("#define Q8A_BYTES {Q8A_BYTES}\n")));
+        assert!(p.contains(&format!("#define MMQ_WARPS {MMQ_WARPS}\n")));
+        assert!(p.contains("#define MMQ_ROWS (16 * MMQ_WARPS)\n"));
+        assert!(p.contains("#define MMQ_TOKENS (8 * MMQ_NT)\n"));
+        assert!(p.contains(&format!("#define MMQ_NT {}\n", MMQ_TOKENS / 8)));
         assert_eq!(Q8A_BYTES, 8 + Q8A_VALUES);
     }
 
@@ -336,6 +369,8 @@ mod tests {
             }
             if let Some(s) = q8_kernel_suffix(d) {
                 assert!(kernel_name("matvec_q8", s).is_some(), "{d}");
+                // every int8 type has its tensor-core kernel for long passes
+                assert!(kernel_name("mmq", s).is_some(), "{d}");
                 // an int8 kernel only where the f32 one exists (the fallback for long passes)
                 assert!(kernel_suffix(d).is_some());
             }

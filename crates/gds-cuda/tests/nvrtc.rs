@@ -47,6 +47,66 @@ fn every_kernel_file_compiles_to_ptx_defining_its_entry_points() {
     }
 }
 
+/// The whole library's PTX for an H100/H200 (compute_90) assembles into sm_90 machine code
+/// with ptxas, as the driver assembles it when the executor loads the module: NVRTC copies
+/// inline assembly (the tensor cores' `mma.sync` of the `mmq_*` kernels) into the PTX
+/// unchecked, so only the assembler sees a wrong instruction, operand count or register
+/// kind. CI installs ptxas from PyPI (`nvidia-cuda-nvcc-cu12`) and names it in GDS_PTXAS
+/// (scripts/test.sh); without it this fails unless GDS_SKIP_NVRTC=1.
+#[test]
+fn the_library_assembles_for_sm_90_with_its_tensor_core_instructions() {
+    if !nvrtc_here() {
+        return;
+    }
+    let ptxas = match std::env::var("GDS_PTXAS") {
+        Ok(p) if !p.is_empty() => p,
+        _ if std::env::var("GDS_SKIP_NVRTC").as_deref() == Ok("1") => {
+            eprintln!("skipped (GDS_SKIP_NVRTC=1): GDS_PTXAS names no ptxas");
+            return;
+        }
+        _ => panic!("GDS_PTXAS names no ptxas (set GDS_SKIP_NVRTC=1 to skip the NVRTC tests)"),
+    };
+    let src = nvrtc::compile_library("compute_90", kernels::Mmq8Shape::default(), &[])
+        .unwrap()
+        .to_src();
+    assert!(
+        src.contains("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32")
+            && src.contains("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32"),
+        "the int8 mma instructions are missing from the compute_90 PTX"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (ptx, cubin) = (dir.path().join("k.ptx"), dir.path().join("k.cubin"));
+    std::fs::write(&ptx, &src).unwrap();
+    let out = std::process::Command::new(&ptxas)
+        .args(["-arch=sm_90", "-v", "-o"])
+        .arg(&cubin)
+        .arg(&ptx)
+        .output()
+        .unwrap_or_else(|e| panic!("running {ptxas}: {e}"));
+    assert!(
+        out.status.success(),
+        "ptxas rejected the library:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::metadata(&cubin).unwrap().len() > 0);
+    // the tensor-core kernels' registers and spills, for the record (`--nocapture`)
+    let info = String::from_utf8_lossy(&out.stderr);
+    let mut lines = info.lines().peekable();
+    while let Some(l) = lines.next() {
+        if l.contains("Compiling entry function 'mmq_") {
+            let usage: Vec<&str> =
+                std::iter::from_fn(|| lines.next_if(|n| !n.contains("Compiling"))).collect();
+            eprintln!("{l}: {}", usage.join(" | "));
+        }
+    }
+    // and the compute_70 library has no such instruction (Volta has none; the executor
+    // never launches mmq_* there)
+    let old = nvrtc::compile_library(nvrtc::DEFAULT_ARCH, kernels::Mmq8Shape::default(), &[])
+        .unwrap()
+        .to_src();
+    assert!(!old.contains("mma.sync"));
+}
+
 /// The int8 kernels compile at the block shapes `GDS_CUDA_MMQ8` may ask for (a sweep on the
 /// GPU machine recompiles them there), the shape reaching the code: its shared memory is
 /// `warps × rows × 8 × 32` floats.

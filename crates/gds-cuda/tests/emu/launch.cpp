@@ -176,3 +176,23 @@ extern "C" void run_scale_inplace(float* x, float s, int n) {
 extern "C" void run_softcap_inplace(float* x, float cap, int n) {
     emu_launch(softcap_inplace, dim3(cdiv(n, BLOCK_THREADS)), dim3(BLOCK_THREADS), x, cap, n);
 }
+
+// run_mmq_<t>: the int8 tensor-core product of a long pass, launched as the executor does.
+#define MMQ_ENTRY(NAME)                                                                     \
+    extern "C" void run_mmq_##NAME(const u8* xq, int cols, int ntok, const u8* w, float* y, \
+                                   int rows) {                                              \
+        emu_launch(mmq_##NAME, dim3(cdiv(rows, MMQ_ROWS), cdiv(ntok, MMQ_TOKENS)),          \
+                   dim3(WARP * MMQ_WARPS), xq, cols, ntok, w, y, rows);                     \
+    }
+
+MMQ_ENTRY(q4_0)
+MMQ_ENTRY(q4_1)
+MMQ_ENTRY(q5_0)
+MMQ_ENTRY(q5_1)
+MMQ_ENTRY(q8_0)
+MMQ_ENTRY(q4_k)
+MMQ_ENTRY(q5_k)
+MMQ_ENTRY(q6_k)
+MMQ_ENTRY(mxfp4)
+MMQ_ENTRY(iq4_nl)
+MMQ_ENTRY(iq4_xs)

@@ -279,48 +279,104 @@ fn check_int8_matvecs(lib: &'static libloading::Library, shape: &str) {
                         ntok as i32,
                     )
                 };
-                for t in 0..ntok {
-                    for r in 0..rows {
-                        let wr = &wf[r * cols..(r + 1) * cols];
-                        let xt = &x[t * cols..(t + 1) * cols];
-                        let got = y[t * rows + r] as f64;
-                        // 1. The f32 product: each x differs from its 8-bit value d q by at
-                        // most half a step, d / 2 = max |x of its block| / 254, so the product
-                        // by at most sum over blocks of that times sum |w| of the block (and a
-                        // hair for d's own rounding), plus f32 summation noise.
-                        let (mut exact, mut mag, mut bound) = (0f64, 0f64, 0f64);
-                        for (wb, xb) in wr.chunks(32).zip(xt.chunks(32)) {
-                            let amax = xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
-                            let wabs: f64 = wb.iter().map(|v| v.abs() as f64).sum();
-                            bound += amax / 254.0 * wabs * (1.0 + 1e-6);
-                            for (a, v) in wb.iter().zip(xb) {
-                                exact += *a as f64 * *v as f64;
-                                mag += (*a as f64 * *v as f64).abs();
-                            }
-                        }
-                        assert!(
-                            (got - exact).abs() <= bound + 1e-5 * mag + 1e-6,
-                            "{shape} {dtype} cols {cols} ntok {ntok} token {t} row {r}: kernel \
-                             {got}, f32 product {exact}, activation rounding bound {bound}"
-                        );
-                        // 2. The CPU's 8-bit activations (same quants: the test above): the
-                        // same product up to f32 summation noise.
-                        let (mut near, mut mag2) = (0f64, 0f64);
-                        for (b, wb) in wr.chunks(32).enumerate() {
-                            let (q, d, _) = cpu[t * cols / 32 + b];
-                            for (a, qv) in wb.iter().zip(q) {
-                                let p = *a as f64 * (d as f64 * qv as f64);
-                                near += p;
-                                mag2 += p.abs();
-                            }
-                        }
-                        assert!(
-                            (got - near).abs() <= 1e-5 * mag2 + 1e-6,
-                            "{shape} {dtype} cols {cols} ntok {ntok} token {t} row {r}: kernel \
-                             {got}, product with the CPU's 8-bit activations {near}"
-                        );
-                    }
+                let what = format!("{shape} {dtype} cols {cols} ntok {ntok}");
+                check_q8_product(&what, &y, &wf, &x, &cpu, rows, cols, ntok);
+            }
+        }
+    }
+}
+
+/// `y` (`ntok` × `rows`, token-major), a product of the weights `wf` (dequantized, `rows` ×
+/// `cols`) with the activations `x` through their 8-bit blocks `cpu` (the CPU's, which
+/// `quantize_q8` gives bit for bit): within the activation rounding's bound of the f32
+/// product, and within f32 summation noise of the product over the 8-bit activations.
+#[allow(clippy::too_many_arguments)]
+fn check_q8_product(
+    what: &str,
+    y: &[f32],
+    wf: &[f32],
+    x: &[f32],
+    cpu: &[([i8; 32], f32, f32)],
+    rows: usize,
+    cols: usize,
+    ntok: usize,
+) {
+    for t in 0..ntok {
+        for r in 0..rows {
+            let wr = &wf[r * cols..(r + 1) * cols];
+            let xt = &x[t * cols..(t + 1) * cols];
+            let got = y[t * rows + r] as f64;
+            // 1. The f32 product: each x differs from its 8-bit value d q by at most half a
+            // step, d / 2 = max |x of its block| / 254, so the product by at most sum over
+            // blocks of that times sum |w| of the block (and a hair for d's own rounding),
+            // plus f32 summation noise.
+            let (mut exact, mut mag, mut bound) = (0f64, 0f64, 0f64);
+            for (wb, xb) in wr.chunks(32).zip(xt.chunks(32)) {
+                let amax = xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+                let wabs: f64 = wb.iter().map(|v| v.abs() as f64).sum();
+                bound += amax / 254.0 * wabs * (1.0 + 1e-6);
+                for (a, v) in wb.iter().zip(xb) {
+                    exact += *a as f64 * *v as f64;
+                    mag += (*a as f64 * *v as f64).abs();
                 }
+            }
+            assert!(
+                (got - exact).abs() <= bound + 1e-5 * mag + 1e-6,
+                "{what} token {t} row {r}: kernel {got}, f32 product {exact}, activation \
+                 rounding bound {bound}"
+            );
+            // 2. The CPU's 8-bit activations (same quants: the test above): the same product
+            // up to f32 summation noise.
+            let (mut near, mut mag2) = (0f64, 0f64);
+            for (b, wb) in wr.chunks(32).enumerate() {
+                let (q, d, _) = cpu[t * cols / 32 + b];
+                for (a, qv) in wb.iter().zip(q) {
+                    let p = *a as f64 * (d as f64 * qv as f64);
+                    near += p;
+                    mag2 += p.abs();
+                }
+            }
+            assert!(
+                (got - near).abs() <= 1e-5 * mag2 + 1e-6,
+                "{what} token {t} row {r}: kernel {got}, product with the CPU's 8-bit \
+                 activations {near}"
+            );
+        }
+    }
+}
+
+/// The int8 tensor-core products of long passes (`mmq_*`, the emulated `mma.sync` fragments)
+/// for every int8 type: the same bounds as the int8 matvecs, at row counts that leave a
+/// block's warps and a warp's 16 rows partly empty (37, 70) and token counts around the
+/// block's 64-token tile (33, 64, 65, 130), columns that are not a whole number of staged
+/// chunks of 4 blocks (96, 160, 800; 768 for the 256-value types); every output written once
+/// (NaN elsewhere would fail).
+#[test]
+fn int8_tensor_core_products_match_the_product_within_the_activation_rounding() {
+    for (i, &(dtype, name, shapes)) in Q8_CASES.iter().enumerate() {
+        let f = crate::common::sym::<crate::common::MmqFn>(&format!("run_mmq_{name}"));
+        for &cols in shapes {
+            for (rows, ntok) in [(37usize, 33usize), (70, 64), (37, 65), (16, 130)] {
+                let w = weight(dtype, rows, cols, 900 + i as u64 + cols as u64);
+                let wf = dequant_ref(dtype, &w, rows * cols);
+                let x = act_rows(ntok, cols, 17 + ntok as u64 + cols as u64);
+                let xq = quantize_q8(&x);
+                let cpu = cpu_q8(&x, cols);
+                let mut y = vec![f32::NAN; ntok * rows];
+                // SAFETY: w holds rows*cols elements of dtype, xq ntok*cols/32 blocks, y
+                // ntok*rows f32.
+                unsafe {
+                    f(
+                        xq.as_ptr() as *const u8,
+                        cols as i32,
+                        ntok as i32,
+                        w.as_ptr(),
+                        y.as_mut_ptr(),
+                        rows as i32,
+                    )
+                };
+                let what = format!("mmq {dtype} rows {rows} cols {cols} ntok {ntok}");
+                check_q8_product(&what, &y, &wf, &x, &cpu, rows, cols, ntok);
             }
         }
     }

@@ -565,6 +565,91 @@ fn int8_activations_give_the_cpu_q8_greedy_tokens() {
     assert_eq!(gpu, greedy_cpu_q8(&dir, &prompt, steps), "gpt-oss MXFP4");
 }
 
+/// The long passes' int8 tensor-core products (`mmq_*`, what `GDS_CUDA_MMQ=1` turns on):
+/// a prompt of GEMM length with 8-bit activations goes through them instead of the
+/// dequantized tiles (no GEMM at all), gives the logits of the same prompt through the int8
+/// matvecs (the same 8-bit arithmetic, summed in another order) and the CPU's q8 greedy
+/// tokens, resident (and streamed for Q4_0): the llama of three 32-value types, Q4_K and
+/// Q6_K, and llama.cpp's IQ4_XS (its head Q6_K, the split half-block products).
+#[test]
+fn tensor_core_products_of_a_long_prompt_give_the_int8_matvecs_logits() {
+    let prompt: Vec<u32> = (0..40u32).map(|i| 1 + (i * 37 + 11) % 300).collect();
+    let steps = 3;
+    let run = |dir: &Path, budget: u64, mmq: bool, gemm_min: usize| {
+        let (graph, rope) = CudaGraph::open(dir, CTX).unwrap();
+        let opts = StreamOptions {
+            q8_activations: true,
+            gemm: GemmType::F16,
+            gemm_min_tokens: gemm_min,
+            ..options(budget, rope, MAX_BATCH)
+        };
+        let mut vram = EmuVram::new(dir);
+        vram.dev.mmq = mmq;
+        let mut s = Streamer::with_vram(dir, &opts, vram, Box::new(graph)).unwrap();
+        let mut logits = vec![0f32; s.layout().shape.vocab];
+        let (mut input, mut pos, mut out, mut first) = (prompt.clone(), 0, Vec::new(), None);
+        for _ in 0..steps {
+            s.forward(&mut logits, &input, pos).unwrap();
+            first.get_or_insert_with(|| logits.clone());
+            pos += input.len();
+            let next = argmax(&logits);
+            out.push(next);
+            input = vec![next];
+        }
+        let dev = &s.vram().dev;
+        (first.unwrap(), out, dev.gemms, dev.mmqs)
+    };
+    let mut dirs = Vec::new();
+    for dtype in [
+        DType::Q4_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q6K,
+    ] {
+        let (tmp, dir) = model(dtype);
+        dirs.push((format!("llama {dtype}"), dir, tmp));
+    }
+    let (tmp, dir) = gds_tests::converted_fixture("tiny-llama-iq4_xs.gguf");
+    dirs.push(("tiny-llama-iq4_xs.gguf".into(), dir, tmp));
+    for (name, dir, _keep) in &dirs {
+        let (min, all) = bounds(dir);
+        // streamed (the minimum budget) for one model: the emulation takes seconds a run
+        let budgets = if name == "llama Q4_0" {
+            vec![all, min]
+        } else {
+            vec![all]
+        };
+        for budget in budgets {
+            let gemm_min = gds_cuda::forward::GEMM_MIN_TOKENS_Q8;
+            let (l_mmq, t_mmq, gemms, mmqs) = run(dir, budget, true, gemm_min);
+            let (l_vec, t_vec, _, none) = run(dir, budget, false, usize::MAX);
+            assert_eq!(gemms, 0, "{name}: a GEMM beside the tensor-core products");
+            // 7 products per block of the prompt's pass (its head takes the last token
+            // only: an int8 matvec)
+            let blocks = gds_cuda::plan::Layout::read(dir).unwrap().shape.n_layers;
+            assert_eq!(mmqs, blocks * 7, "{name}");
+            assert_eq!(none, 0, "{name}");
+            let scale = l_vec.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let diff = l_mmq
+                .iter()
+                .zip(&l_vec)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            // The same int8 sums in another order: f32 noise, which may move an activation
+            // of a later layer across a rounding boundary of its 8-bit quantization (one step,
+            // ~1 % of its block's range: the Q8_0 llama's logits then differ by ~1 %, and the
+            // CPU's, summed as these kernels sum, agree with the tensor cores' to 1e-6). A
+            // wrong fragment or scale is off by the whole product.
+            assert!(
+                diff <= 0.05 * scale.max(1.0),
+                "{name} budget {budget}: max |logit diff| {diff} (scale {scale})"
+            );
+            assert_eq!(t_mmq, t_vec, "{name} budget {budget}");
+            assert_eq!(t_mmq, greedy_cpu_q8(dir, &prompt, steps), "{name}");
+        }
+    }
+}
+
 /// Fused launches (`StreamOptions::fuse`, on by default: a norm into the projections'
 /// input and the gated activation quantize their output for the int8 products in the same
 /// launch, RoPE runs with the KV store, Q/K/V and gate/up go out in one int8 launch each)

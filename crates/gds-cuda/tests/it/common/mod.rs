@@ -159,6 +159,11 @@ pub struct Emu {
     pub f16_gemms: usize,
     /// int8 matvec calls so far.
     pub q8: usize,
+    /// Offer the int8 tensor-core products of long passes (`mmq_*`; the CUDA executor's
+    /// `GDS_CUDA_MMQ=1`), instead of the dequantized tiles and GEMMs.
+    pub mmq: bool,
+    /// `mmq_*` calls so far.
+    pub mmqs: usize,
     /// Launches so far of the kernels blocks run (matvecs, quantizations, norms, RoPE, KV
     /// stores, attention, gated activations, biases, residual adds; not the embedding's
     /// dequantization, copies or GEMMs).
@@ -206,6 +211,8 @@ pub type RopeKvFn = unsafe extern "C" fn(
 );
 /// `run_matvec_q8_*`: w, xq, y, rows, cols, ntok.
 pub type MatvecQ8Fn = unsafe extern "C" fn(*const u8, *const u8, *mut f32, i32, i32, i32);
+/// `run_mmq_*`: xq, cols, ntok, w, y, rows.
+pub type MmqFn = unsafe extern "C" fn(*const u8, i32, i32, *const u8, *mut f32, i32);
 /// `run_quantize_q8`: x, xq, nblocks.
 pub type QuantizeQ8Fn = unsafe extern "C" fn(*const f32, *mut u8, i32);
 
@@ -276,6 +283,28 @@ impl Device for Emu {
             )
         };
         self.q8 += 1;
+        self.launches += 1;
+        Ok(())
+    }
+    fn offers_mmq(&self) -> bool {
+        self.mmq
+    }
+    fn mmq(
+        &mut self,
+        suffix: &str,
+        xq: u64,
+        out: Q8Out,
+        cols: i32,
+        ntok: i32,
+    ) -> Result<(), GpuError> {
+        assert!(
+            self.mmq,
+            "mmq_{suffix} called where the device does not offer it"
+        );
+        let f = sym::<MmqFn>(&format!("run_mmq_{suffix}"));
+        // SAFETY: addresses are host buffers sized by the forward pass's contract.
+        unsafe { f(p(xq), cols, ntok, p(out.w), p(out.y), out.rows) };
+        self.mmqs += 1;
         self.launches += 1;
         Ok(())
     }
