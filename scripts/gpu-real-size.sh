@@ -31,7 +31,8 @@
 #     the blocks in VRAM, decode through `--io gds`, `direct` and `mmap`: t/s, bytes read per
 #     token, and the bound (O_DIRECT read bandwidth of the layer files / bytes per token);
 #     batched decode through the engine (`gdsrun batch`, B = 1, 4, 16, 64 requests at once;
-#     resident also with GDS_GEMM_MIN_TOKENS=128, the matvec/GEMM crossover, B >= 4: one
+#     resident also with GDS_GEMM_MIN_TOKENS=128, the matvec/GEMM crossover, and through the
+#     tensor-core products from 16 tokens (GDS_CUDA_MMQ=1 GDS_GEMM_MIN_TOKENS=16), B >= 4: one
 #     token per pass never reaches the crossover),
 #     all resident and at the quarter budget;
 #     the server on the GPU against llama-server (scripts/gpu-serve-bench.py, concurrency
@@ -299,6 +300,9 @@ EOF
     # the GEMM crossover: passes of fewer tokens than this stay on the matvec kernels (default
     # 32 with 8-bit activations, 8 with f32)
     GDS_GEMM_MIN_TOKENS=128 BS="4 16 64" sweep "$shape resident, GDS_GEMM_MIN_TOKENS=128" "$M" 32
+    # batched decode of 16 and 64 sequences through the int8 tensor-core products
+    # (GDS_CUDA_MMQ=1, from 16 tokens a pass): where the crossover goes with them
+    GDS_CUDA_MMQ=1 GDS_GEMM_MIN_TOKENS=16 BS="16 64" sweep "$shape resident, GDS_CUDA_MMQ=1 GDS_GEMM_MIN_TOKENS=16" "$M" 32
     sweep "$shape quarter direct" "$M" 8 --vram-budget "$((Q + KVB * 1048576))" --io direct
   fi
   n=16; [ "$shape" = llama-7b ] && n=8
