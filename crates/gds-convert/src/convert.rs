@@ -1087,6 +1087,14 @@ fn tokenizer_files(
                     ),
                 });
             }
+            // its regular expressions are code from the input: one that backtracks would make
+            // every prompt slow wherever the model runs
+            gds_format::tokenizer_speed::check(&t, json.as_bytes()).map_err(|e| {
+                ConvertError::BadInput {
+                    path: tok_path(),
+                    msg: format!("the tokenizer is refused: {e}"),
+                }
+            })?;
         }
     }
     if let Some(cfg) = &files.tokenizer_config_json {

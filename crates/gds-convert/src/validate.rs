@@ -210,6 +210,9 @@ fn check_tokenizer(dir: &Path, m: &Manifest<'_>, r: &mut Report) {
                 path.display()
             )),
             Ok(t) => {
+                if let Err(e) = gds_format::tokenizer_speed::check(&t, &bytes) {
+                    r.errors.push(format!("{}: refused: {e}", path.display()));
+                }
                 if let Ok(v) = m.get_u64("model.vocab_size") {
                     let n = token_ids_end(&t);
                     if n > v {

@@ -8,6 +8,7 @@ pub mod quiet_panic;
 pub mod raw;
 pub mod reader;
 pub mod render_memory;
+pub mod tokenizer_speed;
 pub mod validate;
 pub mod vocab;
 pub mod writer;

@@ -286,6 +286,11 @@ impl TextTokenizer {
         let tok = gds_io::read_model_file(dir, &m, "tokenizer.json", MAX_TOKENIZER_BYTES)?
             .ok_or_else(|| RuntimeError::Tokenizer(format!("{} is missing", path.display())))?;
         let inner = guarded(&path.display().to_string(), || parse_tokenizer(&tok.bytes))?;
+        // its regular expressions are code from the model's files, checked for backtracking
+        // as `gdsconv convert` checks them (a model converted before that check, or edited)
+        gds_format::tokenizer_speed::check(&inner, &tok.bytes).map_err(|e| {
+            RuntimeError::Tokenizer(format!("{}: the tokenizer is refused: {e}", path.display()))
+        })?;
         drop(tok);
         release_freed_heap();
         let tc = crate::model_dir::tokenizer_config(dir, &m)?.unwrap_or(serde_json::Value::Null);

@@ -225,6 +225,29 @@ fn every_file_of_the_directory_is_covered() {
         "{r}"
     );
     assert_refused(&gdsrun(&dir, home.path(), &[]), &["chat template"]);
+    // A forged tokenizer.json whose pre-tokenizer backtracks on common text (runs of word
+    // characters before a "!": over the time limit at 128 letters, its time growing faster
+    // than the text on printable ASCII) is refused by validate and by gdsrun, as convert
+    // refuses it.
+    let (_t, dir) = copy_model();
+    let tok = dir.join("tokenizer.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&tok).unwrap()).unwrap();
+    v["pre_tokenizer"] = serde_json::json!({"type": "Split",
+        "pattern": {"Regex": r"\w*\w*\w*!"}, "behavior": "Isolated", "invert": false});
+    forge_file(&dir, "tokenizer.json", v.to_string().as_bytes());
+    let (code, r) = validate(&dir, true);
+    assert_eq!(code, 1, "{r}");
+    let errors = r["errors"].to_string();
+    assert!(
+        errors.contains("tokenizer.json") && errors.contains("backtracks"),
+        "{r}"
+    );
+    let o = gdsrun(&dir, home.path(), &[]);
+    assert_refused(
+        &o,
+        &["tokenizer.json", "refused", "the limit is", "backtracks"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     // A tokenizer_config.json the manifest does not list is not part of the model.
     let (_t, dir) = copy_model();
     std::fs::write(dir.join("generation_config.json"), "not json").unwrap();

@@ -928,6 +928,34 @@ fn convert_refuses_a_tokenizer_with_ids_past_the_embedding() {
     assert_eq!(fs::read_dir(out_parent.path()).unwrap().count(), 0);
 }
 
+/// A tokenizer is code from the input: a pre-tokenizer pattern whose time grows faster than
+/// the text (`\w*\w*\w*!`: every split of three runs of word characters is tried before
+/// each "!"), or that backtracks without end (`(\w+\s?)*$`), was converted, and every prompt
+/// of the model would have been slow wherever it ran. Convert refuses both, naming
+/// tokenizer.json, and leaves nothing; the fixture's own pattern converts (the other tests).
+#[test]
+fn convert_refuses_a_tokenizer_whose_patterns_backtrack() {
+    for (pattern, want) in [
+        (r"\w*\w*\w*!", "backtracks, and a long prompt would take minutes"),
+        (r"(\w+\s?)*$", "backtracks without end"),
+    ] {
+        let (r, out_parent) = convert_edited(|d| {
+            edit_json(&d.join("tokenizer.json"), |v| {
+                v["pre_tokenizer"] = serde_json::json!({"type": "Split",
+                    "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false})
+            })
+        });
+        let e = r.expect_err("refused");
+        let text = e.to_string();
+        assert_eq!(e.kind(), gds_convert::ErrorKind::Input, "{text}");
+        assert!(
+            text.contains("tokenizer.json") && text.contains("refused") && text.contains(want),
+            "{pattern}: {text}"
+        );
+        assert_eq!(fs::read_dir(out_parent.path()).unwrap().count(), 0);
+    }
+}
+
 /// Regression (issue 33): a config.json hyperparameter of the wrong type or sign was
 /// reported as "internal error … the written model is invalid" naming a temporary manifest.
 /// It is an input error naming config.json and the key.
