@@ -110,6 +110,10 @@ def test_ctrl_c_interrupts_generate_and_a_waiting_stream(smollm2_dir):
     p = run_py(
         f"""
         import gdsllm, os, signal, threading, time
+        # Python's own Ctrl-C handler, also where this process was started with SIGINT
+        # ignored (a shell's background job: the test command run with `&`), which Python
+        # then leaves ignored, and the kill below would do nothing
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         e = gdsllm.Engine({str(smollm2_dir)!r}, threads=2, temperature=0)
         full = e.generate({LONG!r}, max_tokens=8, details=True)
         per_token = full["metrics"]["decode_ms"] / 1000 / 7

@@ -936,7 +936,10 @@ fn convert_refuses_a_tokenizer_with_ids_past_the_embedding() {
 #[test]
 fn convert_refuses_a_tokenizer_whose_patterns_backtrack() {
     for (pattern, want) in [
-        (r"\w*\w*\w*!", "backtracks, and a long prompt would take minutes"),
+        (
+            r"\w*\w*\w*!",
+            "backtracks, and a long prompt would take minutes",
+        ),
         (r"(\w+\s?)*$", "backtracks without end"),
     ] {
         let (r, out_parent) = convert_edited(|d| {
