@@ -243,10 +243,7 @@ fn every_file_of_the_directory_is_covered() {
         "{r}"
     );
     let o = gdsrun(&dir, home.path(), &[]);
-    assert_refused(
-        &o,
-        &["tokenizer.json", "refused", "the limit is", "backtracks"],
-    );
+    assert_refused(&o, &["tokenizer.json", "refused", "backtracks"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     // A tokenizer_config.json the manifest does not list is not part of the model.
     let (_t, dir) = copy_model();
