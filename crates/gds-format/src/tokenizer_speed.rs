@@ -15,10 +15,10 @@
 //! character, or when its time a character grows more than [`GROWTH`]-fold from one length to
 //! the next (a time that grows with the square of the length or faster). Times are the
 //! thread's CPU time, measured at least twice and up to [`TRIES`] times when over a bound, the
-//! least counting, so that a busy machine does not refuse a good tokenizer. (The printable ASCII probe matters most:
-//! Oniguruma skips at once a text that lacks a character the pattern requires, so a slow
-//! pattern is slow only on texts that have its characters.) Real tokenizers pass in about
-//! 0.1 s, once per process and file.
+//! least counting, so that a busy machine does not refuse a good tokenizer. (The printable
+//! ASCII characters matter most: Oniguruma skips at once a text that lacks a character the
+//! pattern requires, so a slow pattern is slow only on texts that have its characters.) Real
+//! tokenizers pass in about 0.1 s, once per process and file.
 //!
 //! What it cannot see: a pattern that is slow only on a text unlike every probe (one that
 //! requires a character no probe has). That one still ends (Oniguruma's limit bounds each
