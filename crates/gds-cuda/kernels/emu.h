@@ -42,8 +42,9 @@ static dim3 blockDim;
 static dim3 gridDim;
 
 namespace emu {
-// One launch at a time per process: the fibers, blockDim and the shuffle slots are global
-// (tests call kernels from several threads).
+// One launch at a time per loaded library: the fibers, blockDim and the shuffle slots are
+// global (tests call kernels from several threads, and load one copy of the library per
+// core to emulate side by side: tests/it/common/mod.rs).
 static std::mutex launch_lock;
 static float shuffle_slots[1024];
 inline unsigned linear_tid() {

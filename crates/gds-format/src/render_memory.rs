@@ -13,8 +13,15 @@
 //! abandoned with it. After [`MAX_ABANDONED`] such threads every bounded run is refused, so
 //! what a hostile file can take is bounded too.
 //!
-//! In a program that does not install [`TemplateAllocator`] the work runs unbounded (and
-//! [`bounded`] says so).
+//! In a program that does not install [`TemplateAllocator`] the work runs unbounded in memory
+//! (and [`bounded`] says so).
+//!
+//! Time is bounded the same way: fuel counts instructions, but one instruction's time grows
+//! with the values it reads (`big | length`, `x in big`, `big.find(..)` over a string the
+//! template built: 2 million of them over a 1.6 MB string took hours). A run still going
+//! after [`MAX_RUN_SECONDS`] is given up on: the caller gets an error, the thread's priority
+//! drops to the lowest (nice 19), and its next allocation parks it for good, as over the
+//! memory bound; it counts towards [`MAX_ABANDONED`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -25,9 +32,29 @@ use std::time::Duration;
 /// Most bytes a bounded run may hold at once (a real chat template's render holds a few
 /// times its messages and output; the output is capped at 16 MiB).
 pub const MAX_RENDER_BYTES: usize = 64 << 20;
-/// Runs that went over the bound (their threads parked, their memory abandoned) before every
-/// bounded run is refused.
+/// Runs that went over the bound (their threads parked, their memory abandoned) or past the
+/// time limit before every bounded run is refused.
 pub const MAX_ABANDONED: usize = 8;
+/// The longest a chat template's compile or render may take, in seconds of wall time, unless
+/// `GDS_TEMPLATE_SECONDS` says otherwise ([`run_limit`]; a real chat template renders in
+/// milliseconds, a conversation of thousands of messages in well under a second).
+pub const MAX_RUN_SECONDS: u64 = 10;
+
+/// The time limit of a chat template's runs: `GDS_TEMPLATE_SECONDS` (seconds, fractions
+/// allowed, more than 0) when set and valid, else [`MAX_RUN_SECONDS`].
+pub fn run_limit() -> Duration {
+    static LIMIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("GDS_TEMPLATE_SECONDS")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
+            .map_or(
+                Duration::from_secs(MAX_RUN_SECONDS),
+                Duration::from_secs_f64,
+            )
+    })
+}
 
 /// The bound in force ([`MAX_RENDER_BYTES`] unless [`set_bound`] changed it).
 static BOUND: AtomicUsize = AtomicUsize::new(MAX_RENDER_BYTES);
@@ -49,6 +76,10 @@ pub fn bound() -> usize {
 struct Budget {
     live: AtomicUsize,
     over: AtomicBool,
+    /// Past its time: parked at its next allocation.
+    late: AtomicBool,
+    /// The thread's kernel id (0 until it has started).
+    tid: std::sync::atomic::AtomicI32,
 }
 
 thread_local! {
@@ -75,13 +106,21 @@ fn budget() -> Option<&'static Budget> {
 /// when that takes a bounded run past its [`bound`].
 fn charge(n: usize) {
     let Some(b) = budget() else { return };
+    if b.late.load(Ordering::Relaxed) {
+        park();
+    }
     let live = b.live.fetch_add(n, Ordering::Relaxed).saturating_add(n);
     if live > bound() {
         b.over.store(true, Ordering::Release);
-        // (sleeping allocates nothing; the waiting caller sees `over` and gives up on us)
-        loop {
-            std::thread::sleep(Duration::from_secs(3600));
-        }
+        // (the waiting caller sees `over` and gives up on us)
+        park();
+    }
+}
+
+/// Parks this thread for good (sleeping allocates nothing).
+fn park() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
     }
 }
 
@@ -148,6 +187,8 @@ pub enum RunError {
     Memory,
     /// [`MAX_ABANDONED`] runs went over before: no more are started.
     Exhausted,
+    /// It ran past [`MAX_RUN_SECONDS`] (the limit it was given) and was abandoned.
+    Time(Duration),
     /// Its thread could not be started (the reason).
     Spawn(String),
     /// It panicked.
@@ -164,7 +205,12 @@ impl std::fmt::Display for RunError {
             ),
             RunError::Exhausted => write!(
                 f,
-                "{MAX_ABANDONED} chat template runs went past their memory bound in this process; no more are run (restart it)"
+                "{MAX_ABANDONED} chat template runs went past their memory or time bound in this process; no more are run (restart it)"
+            ),
+            RunError::Time(limit) => write!(
+                f,
+                "it ran longer than {} s (a loop over a large value) and was stopped",
+                limit.as_secs_f64()
             ),
             RunError::Spawn(e) => write!(f, "cannot start a thread for it: {e}"),
             RunError::Panicked => f.write_str("it panicked"),
@@ -173,12 +219,15 @@ impl std::fmt::Display for RunError {
 }
 
 /// Runs `f` on a thread of its own with a `stack` byte stack, holding at most
-/// [`MAX_RENDER_BYTES`] at once (see the module docs).
+/// [`MAX_RENDER_BYTES`] at once and for at most `limit` (see the module docs;
+/// [`MAX_RUN_SECONDS`] for chat templates).
 pub fn run_bounded<T: Send + 'static>(
     name: &str,
     stack: usize,
+    limit: Duration,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, RunError> {
+    let deadline = std::time::Instant::now() + limit;
     if ABANDONED.load(Ordering::Relaxed) >= MAX_ABANDONED {
         return Err(RunError::Exhausted);
     }
@@ -197,6 +246,8 @@ pub fn run_bounded<T: Send + 'static>(
                 }
             }
             let (mine, tx, f) = (mine, tx, f);
+            // SAFETY: gettid takes no argument and cannot fail.
+            mine.tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
             BUDGET.with(|b| b.set(Arc::as_ptr(&mine)));
             // (declared after `mine`, so dropped before it)
             let _clear = Clear;
@@ -216,7 +267,40 @@ pub fn run_bounded<T: Send + 'static>(
                     ABANDONED.fetch_add(1, Ordering::Relaxed);
                     return Err(RunError::Memory);
                 }
+                if std::time::Instant::now() >= deadline {
+                    budget.late.store(true, Ordering::Relaxed);
+                    let tid = budget.tid.load(Ordering::Relaxed);
+                    if tid > 0 {
+                        // SAFETY: setpriority reads its three integer arguments only; on Linux
+                        // PRIO_PROCESS with a thread id sets that thread's nice value (an
+                        // error, e.g. the thread already gone, changes nothing).
+                        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19) };
+                    }
+                    ABANDONED.fetch_add(1, Ordering::Relaxed);
+                    return Err(RunError::Time(limit));
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run past its limit is given up on: an error naming the limit, at once; the work
+    /// left behind ends by itself here (without the allocator installed nothing parks it).
+    #[test]
+    fn a_run_past_its_time_is_abandoned_with_an_error() {
+        let limit = Duration::from_millis(100);
+        let r = run_bounded("slow", 1 << 20, limit, || {
+            std::thread::sleep(Duration::from_secs(2));
+            7
+        });
+        let e = r.expect_err("past its time");
+        assert_eq!(e, RunError::Time(limit));
+        assert!(e.to_string().contains("longer than 0.1 s"), "{e}");
+        // a quick run under the same limit gives its result
+        assert_eq!(run_bounded("quick", 1 << 20, limit, || 7), Ok(7));
     }
 }

@@ -1733,3 +1733,33 @@ fn fifos_named_by_flags_are_refused_at_once() {
     }
     assert!(!std::path::Path::new(im).exists());
 }
+
+/// A chat template whose every instruction reads a large string it built (fuel counts the
+/// instructions, not their time: this one took hours) is refused when it is loaded, after
+/// the time limit (`GDS_TEMPLATE_SECONDS`, 1 s here; 10 s by default): exit 2 (a flag's
+/// file), naming the file and the limit, and the process ends (the render's thread does not
+/// keep it alive).
+#[test]
+fn a_chat_template_that_runs_for_hours_is_refused_at_its_time_limit() {
+    let (tmp, model) = gds_tests::converted_fixture("tiny-llama3.gguf");
+    let t = tmp.path().join("slow.jinja");
+    std::fs::write(
+        &t,
+        "{%- set big = 'abcdefgh' * 200000 -%}{%- for i in range(10000) -%}\
+         {%- for j in range(10000) -%}{%- set n = big | length -%}{%- endfor -%}\
+         {%- endfor -%}{% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gdsrun"));
+    c.env("GDS_TEMPLATE_SECONDS", "1")
+        .arg(&model)
+        .args(["-p", "hi", "-n", "1", "--chat-template-file"])
+        .arg(&t);
+    let o = gds_tests::output_within(c, std::time::Duration::from_secs(60), "gdsrun");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("slow.jinja") && err.contains("longer than 1 s"),
+        "{err}"
+    );
+}

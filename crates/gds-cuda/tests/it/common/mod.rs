@@ -17,22 +17,45 @@ pub fn lib() -> &'static Library {
 
 /// [`lib`] compiled with the definitions `defines` (e.g. `-DMMQ8_WARPS=8`: the int8
 /// kernels at another block shape), once per test run and set of definitions.
+///
+/// The emulation runs one launch at a time per loaded library (its fibers, `__shared__`
+/// arrays and block indices are the library's statics, kernels/emu.h), so the library is
+/// loaded once per core, from copies of the file (the loader would hand back the same
+/// library for the same file), and each thread uses one of them in turn: the tests' threads
+/// emulate side by side instead of queueing for one lock with a core idle (the emulation
+/// tests took ~200 s of one core while the other waited). Two threads given the same copy
+/// take turns on its lock, as all did before; no state outlives a launch, so the threads of
+/// one test may use different copies.
 pub fn lib_with(defines: &[&str]) -> &'static Library {
     use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
-    static LIBS: OnceLock<Mutex<HashMap<String, &'static Library>>> = OnceLock::new();
-    let key = defines.join(" ");
-    let mut libs = LIBS.get_or_init(Default::default).lock().unwrap();
-    if let Some(l) = libs.get(&key) {
-        return l;
+    type Copies = &'static OnceLock<Vec<&'static Library>>;
+    static LIBS: OnceLock<Mutex<HashMap<String, Copies>>> = OnceLock::new();
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
+    let slot = SLOT.with(|s| *s);
+    // the map's lock is not held while a library compiles: only the threads that want the
+    // same definitions wait for it
+    let copies: Copies = *(LIBS.get_or_init(Default::default).lock().unwrap())
+        .entry(defines.join(" "))
+        .or_insert_with(|| Box::leak(Box::default()));
+    let copies = copies.get_or_init(|| build(defines));
+    copies[slot % copies.len()]
+}
+
+/// Compiles tests/emu/launch.cpp with `defines` and loads one copy per core ([`lib_with`]).
+fn build(defines: &[&str]) -> Vec<&'static Library> {
+    static BUILT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gds-cuda-emu");
     std::fs::create_dir_all(&out).unwrap();
     let so = out.join(format!(
         "libkernels-emu-{}-{}.so",
         std::process::id(),
-        libs.len()
+        BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let target = env!("GDS_CUDA_TARGET");
     let tool = cc::Build::new()
@@ -50,6 +73,10 @@ pub fn lib_with(defines: &[&str]) -> &'static Library {
         .arg("-pthread")
         .arg("-Wall")
         .arg("-Wno-unused-function")
+        // each copy keeps its own statics: GCC makes a static of a template (attention's
+        // `__shared__` scratch) a unique symbol, which the loader shares between copies
+        .args(tool.is_like_gnu().then_some("-fno-gnu-unique"))
+        .arg("-Wl,-Bsymbolic")
         .args(defines)
         .arg("-I")
         .arg(root.join("kernels"))
@@ -62,15 +89,30 @@ pub fn lib_with(defines: &[&str]) -> &'static Library {
         "compiling the kernels as C++ failed:\n{}",
         String::from_utf8_lossy(&res.stderr)
     );
-    // SAFETY: the library is ours, built just above; its initialisers only set up the
-    // emulation's statics.
-    let lib: &'static Library = Box::leak(Box::new(
-        unsafe { Library::new(&so) }.expect("loading the emulated kernels"),
-    ));
-    // Loaded: the file is no longer needed (runs do not pile up copies).
-    let _ = std::fs::remove_file(&so);
-    libs.insert(key, lib);
-    lib
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    // every copy is made before any is loaded or removed: a removed file's inode may be
+    // reused by the next copy, which the loader would take for the library already loaded
+    let files: Vec<PathBuf> = (0..n)
+        .map(|i| {
+            let f = so.with_extension(format!("{i}.so"));
+            std::fs::copy(&so, &f).expect("copying the emulated kernels");
+            f
+        })
+        .collect();
+    let copies: Vec<&'static Library> = files
+        .iter()
+        .map(|f| {
+            // SAFETY: the library is ours, built just above; its initialisers only set up
+            // the emulation's statics, which are each copy's own.
+            let lib = unsafe { Library::new(f) }.expect("loading the emulated kernels");
+            &*Box::leak(Box::new(lib))
+        })
+        .collect();
+    // Loaded: the files are no longer needed (runs do not pile up copies).
+    for f in files.iter().chain([&so]) {
+        let _ = std::fs::remove_file(f);
+    }
+    copies
 }
 
 /// `run_attention` of tests/emu/launch.cpp: q, kc, vc (f32 or f16), att (scratch), out,
