@@ -8,6 +8,7 @@ use gds_cuda::GpuError;
 use libloading::{Library, Symbol};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Builds tests/emu/launch.cpp into a shared library once per test run and loads it.
@@ -28,7 +29,6 @@ pub fn lib() -> &'static Library {
 /// one test may use different copies.
 pub fn lib_with(defines: &[&str]) -> &'static Library {
     use std::collections::HashMap;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
     type Copies = &'static OnceLock<Vec<&'static Library>>;
     static LIBS: OnceLock<Mutex<HashMap<String, Copies>>> = OnceLock::new();
@@ -48,14 +48,14 @@ pub fn lib_with(defines: &[&str]) -> &'static Library {
 
 /// Compiles tests/emu/launch.cpp with `defines` and loads one copy per core ([`lib_with`]).
 fn build(defines: &[&str]) -> Vec<&'static Library> {
-    static BUILT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static BUILT: AtomicUsize = AtomicUsize::new(0);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gds-cuda-emu");
     std::fs::create_dir_all(&out).unwrap();
     let so = out.join(format!(
         "libkernels-emu-{}-{}.so",
         std::process::id(),
-        BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        BUILT.fetch_add(1, Ordering::Relaxed)
     ));
     let target = env!("GDS_CUDA_TARGET");
     let tool = cc::Build::new()
