@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # every step prints the time since the start (docs/testing.md records a fresh machine's run)
 step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-trap 'rc=$?; for p in ${build_pid:-} ${cuda_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
+trap 'rc=$?; for p in ${build_pid:-} ${cuda_pid:-} ${py_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
 # Waits for the background job whose pid is in the variable named $1, prints its log $2 and
 # ends the script when the job failed, naming $3. The variable is cleared first: the EXIT
 # trap kills the jobs still listed.
@@ -74,7 +74,7 @@ step "module import circles (scripts/check-module-cycles.py: no new ones)"
 python3 scripts/check-module-cycles.py
 step "waiting for the background Rust build (fmt, clippy, test binaries)"
 finish_job build_pid "$build_log" "cargo fmt --check, clippy or the test build"
-step "cargo test (tier 1 and tier 2, the emulated CUDA kernels, the doctests; the --features cuda checks beside them)"
+step "cargo test (tier 1 and tier 2, the emulated CUDA kernels, the doctests); beside it the --features cuda checks and the Python package"
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
 # Python packages or NVRTC: --include-ignored runs both tiers in one pass over one build.
@@ -82,12 +82,19 @@ step "cargo test (tier 1 and tier 2, the emulated CUDA kernels, the doctests; th
 # targets): cargo unifies features over the packages selected, so `-p gds-cuda` or
 # `--exclude X` compiled ~80 dependencies again with other features, and `--lib` the Python
 # extension (a cdylib with no tests) with PyO3 (docs/testing.md, 2026-12-02). gds-cuda's
-# tests run the kernels emulated on the CPU (~20 s of one core); the doctests are the
-# crates' README examples.
-# A background job runs beside them, its output printed after theirs: the GPU backend's own
-# checks (--features cuda: clippy over the workspace, reusing the check above for every crate
-# that does not depend on gds-cuda; the probe and the kernels compiled by NVRTC, the one
-# test target built with the feature; scripts/gpu-pack.sh builds the binary).
+# tests run the kernels emulated on the CPU; the doctests are the crates' README examples.
+# Two background jobs run beside it, their output printed after its own:
+# - the GPU backend's own checks (--features cuda: clippy over the workspace, reusing the
+#   check above for every crate that does not depend on gds-cuda; the probe and the kernels
+#   compiled by NVRTC, the one test target built with the feature; scripts/gpu-pack.sh builds
+#   the binary);
+# - the Python package: `pip install .` (maturin, profile ci: reuses the build above) and its
+#   pytest tests, then the package built with CUDA (Model.load(device="cuda:N")) and, on this
+#   machine without a GPU, its refusal (test_cuda.py's GPU tests run where a GPU is,
+#   scripts/gpu-python.sh; here they are reported as skipped). It used to run after the Rust
+#   tests, on one core while the other sat idle; cargo test leaves about a core's worth idle
+#   too (one server at a time, a binary's last long tests alone). The builds take cargo's
+#   lock on target/ in turn; the running tests hold none.
 cuda_log=$(mktemp)
 (
   set -e
@@ -99,23 +106,30 @@ cuda_log=$(mktemp)
   step "background job done"
 ) >"$cuda_log" 2>&1 &
 cuda_pid=$!
-cargo test --workspace --profile ci -- --include-ignored
-step "Python package gdsllm: pip install . (maturin, profile ci: reuses the build above) and its tests"
-# a failed install or test fails the script (pipefail; only pip's root warning is filtered)
-python3 -m pip install -q --disable-pip-version-check . 2>&1 \
-  | { grep -vi "running pip as the 'root' user" || true; }
-python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm
-step "waiting for the background job (the GPU backend's checks)"
+py_log=$(mktemp)
+(
+  set -eo pipefail
+  step "Python package gdsllm: pip install . and its tests"
+  # a failed install or test fails the job (pipefail; only pip's root warning is filtered)
+  python3 -m pip install -q --disable-pip-version-check . 2>&1 \
+    | { grep -vi "running pip as the 'root' user" || true; }
+  python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm
+  step "Python package built with CUDA: on this machine without a GPU, its refusal"
+  python3 -m pip install -q --disable-pip-version-check . --config-settings=build-args="--features cuda" 2>&1 \
+    | { grep -vi "running pip as the 'root' user" || true; }
+  # (test_tensors.py again, for the CUDA build's CPU tensors, without its two comparisons of
+  # every tensor with gguf-py: ~45 s, and the same reader code as the first run's)
+  python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm/test_cuda.py tests/py/gdsllm/test_tensors.py \
+    -k "not test_every_gemma3_tensor and not test_every_smollm2_tensor"
+  step "Python job done"
+) >"$py_log" 2>&1 &
+py_pid=$!
+tests_rc=0
+cargo test --workspace --profile ci -- --include-ignored || tests_rc=$?
+step "waiting for the background jobs (the GPU backend's checks, the Python package)"
 finish_job cuda_pid "$cuda_log" "the --features cuda checks"
-step "Python package built with CUDA (Model.load(device=\"cuda:N\")): on this machine without a GPU, its refusal"
-# after the background job: both builds use target/ (profile ci); test_cuda.py's GPU tests
-# run where a GPU is (scripts/gpu-python.sh), here they are reported as skipped
-python3 -m pip install -q --disable-pip-version-check . --config-settings=build-args="--features cuda" 2>&1 \
-  | { grep -vi "running pip as the 'root' user" || true; }
-# (test_tensors.py again, for the CUDA build's CPU tensors, without its two comparisons of
-# every tensor with gguf-py: ~45 s, and the same reader code as the first run's)
-python3 -m pytest -q -p no:cacheprovider tests/py/gdsllm/test_cuda.py tests/py/gdsllm/test_tensors.py \
-  -k "not test_every_gemma3_tensor and not test_every_smollm2_tensor"
+finish_job py_pid "$py_log" "the Python package's install or tests"
+[ "$tests_rc" = 0 ] || { echo "cargo test failed (its output above the background jobs')" >&2; exit 1; }
 # (the fuzz seeds and regression inputs were replayed above: crates/gds-fuzz/tests/replay.rs)
 # Short fuzz runs are opt-in (FUZZ_SECONDS=20 ./scripts/test.sh; needs nightly + cargo-fuzz):
 # building the fuzz crate with nightly takes minutes, and the replay above already runs every
