@@ -22,7 +22,7 @@ fn template(name: &str) -> String {
 #[test]
 #[ignore = "tier 2: needs the fetched models and the ollama package (scripts/test.sh)"]
 fn ollama_api_through_the_ollama_client() {
-    let _one = serial();
+    // no lock: much of its time is the Python client's start (see common::SERIAL)
     let tools = start(&["--chat-template-file", &template("qwen2.5-instruct.jinja")]);
     let thinking = start(&["--chat-template-file", &template("qwen3.jinja")]);
     let out = Command::new("python3")

@@ -36,7 +36,7 @@ fn smollm_with_qwen_template(dir: &std::path::Path) -> std::path::PathBuf {
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn tool_calls_round_trip_through_the_openai_client() {
-    let _one = serial();
+    // no lock: much of its time is the Python client's start (see common::SERIAL)
     let tmp = tempfile::tempdir().unwrap();
     let model = smollm_with_qwen_template(tmp.path());
     let s = start_model(&model, &[]);
@@ -185,7 +185,7 @@ fn tool_calls_round_trip_through_the_openai_client() {
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn responses_api_through_the_openai_client() {
-    let _one = serial();
+    // no lock: much of its time is the Python client's start (see common::SERIAL)
     let tmp = tempfile::tempdir().unwrap();
     let model = smollm_with_qwen_template(tmp.path());
     let s = start_model(&model, &[]);
@@ -334,7 +334,7 @@ fn responses_api_through_the_openai_client() {
 #[test]
 #[ignore = "tier 2: needs the fetched models and the anthropic package (scripts/test.sh)"]
 fn messages_api_through_the_anthropic_client() {
-    let _one = serial();
+    // no lock: much of its time is the Python client's start (see common::SERIAL)
     let tmp = tempfile::tempdir().unwrap();
     let model = smollm_with_qwen_template(tmp.path());
     let s = start_model(&model, &["--api-key", "sekrit"]);

@@ -7,8 +7,11 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The tests of a test binary each start a server (and the load test measures throughput):
-/// one at a time.
+/// The tests of a test binary each start a server: one at a time, except the tests driving
+/// a Python client (openai, anthropic, ollama, lm-eval), which take no lock: their server
+/// waits for the client's start for much of the time, and under the lock that left a core
+/// idle (gds-serve's tests kept 1.6 of 2 cores busy, bench/runs/2026-12-05-ci-time.md). At
+/// most two tests run at once on a 2-core machine (libtest's threads).
 pub static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Holds the one-at-a-time lock.
