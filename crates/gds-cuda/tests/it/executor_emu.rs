@@ -690,7 +690,7 @@ fn fused_launches_give_the_logits_of_unfused_ones_bit_for_bit() {
         let (min, all) = bounds(dir);
         // every pairing for the llama, whose launch counts are checked; for the others each
         // activation type once and each budget once (fusing changes the launches of a
-        // layer, not where its weights are: 43 s of one core for the three pairings)
+        // layer, not where its weights are: 34 s of one core for the three pairings)
         let cases = if name == "llama Q4_0" {
             vec![(all, true), (all, false), (min, true)]
         } else {

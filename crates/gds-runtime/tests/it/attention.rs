@@ -2,11 +2,11 @@
 //! keys on several threads and merges them (flash-decoding), while a prompt pass runs each
 //! (token, KV head) unit's pieces one after the other. The arithmetic is the same, so the
 //! logits must be bit-equal (batch invariance: speculative verification and server batches
-//! give a position what a lone decode step gives it): the last
-//! position of a long sequence is computed once inside one prompt pass and once as a decode
-//! step over the keys that pass stored, on the real SmolLM2 (9 query heads on 3 KV heads: grouped) and the
-//! real Gemma 3 270M (one KV head, window 512 on 15 layers: the pieces cover the window
-//! only), with f32 and f16 caches.
+//! give a position what a lone decode step gives it): the last position of a long sequence
+//! is computed once inside one prompt pass and once as a decode step over the keys that pass
+//! stored, on the real SmolLM2 (9 query heads on 3 KV heads: grouped) and the real Gemma 3
+//! 270M (one KV head, window 512 on 15 layers: the pieces cover the window only), with f32
+//! and f16 caches.
 
 use gds_runtime::{Batch, KvCache, KvDtype, Model, Plan, PlanOptions, RunState};
 use std::path::Path;
@@ -20,9 +20,9 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Logits of the last of `tokens`: (one pass over all of them, a decode step of the last
 /// one after it). The decode step reads the keys and values the pass stored for the others
-/// (and stores its own again over the pass's), so the two differ only in how attention ran:
-/// one pass, not two (a prompt pass of all but the last and then the step gave the same
-/// check at twice the work).
+/// (and stores its own again over the pass's), so the two differ only in how attention ran.
+/// (It used to run a second prompt pass of all but the last token before the step: twice
+/// the work, and it also compared that shorter pass's keys with the long one's.)
 fn both_ways(m: &Model, ctx: usize, tokens: &[u32], dtype: KvDtype) -> (Vec<f32>, Vec<f32>) {
     let c = &m.config;
     let n = tokens.len();

@@ -829,8 +829,7 @@ fn bad_connection_flags_are_usage_errors() {
 /// 2xx or a 4xx in its API's error shape, none may hang (180 s without an answer: a hang, not
 /// a speed check; a reply run to the end of the context beside the other clients took over
 /// 60 s on a loaded 2-core machine), the plain request must keep its text, and the server must
-/// end healthy. `GDS_FUZZ_SEED` picks another seed
-/// (the script prints each failing body).
+/// end healthy. `GDS_FUZZ_SEED` picks another seed (the script prints each failing body).
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn request_fuzzing_never_fails_the_server_or_another_client() {

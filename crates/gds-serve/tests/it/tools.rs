@@ -517,10 +517,9 @@ fn required_calls_in_each_tagged_syntax() {
     ] {
         let template = gds_tests::fixture(&format!("templates/{file}"));
         // Command R7B's prompt is long (1.4 K tokens): a context to hold it (and Hunyuan 3's
-        // tags are many tokens each in SmolLM2's vocabulary: room for its call)
-        // (a KV pool that keeps the prompt's blocks: the streamed request and the round
-        // trip after the first take the shared prefix from the cache instead of computing
-        // it again, 9 s of Command R7B's 1.4 K-token prompt each on two cores)
+        // tags are many tokens each in SmolLM2's vocabulary: room for its call), and a KV
+        // pool that keeps the prompt's blocks, so the streamed request and the round trip
+        // take the shared prefix from the cache (Command R7B's prompt: 9 s each on two cores)
         let s = start(&[
             "--chat-template-file",
             template.to_str().unwrap(),
