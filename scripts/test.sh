@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # every step prints the time since the start (docs/testing.md records a fresh machine's run)
 step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-trap 'rc=$?; for p in ${build_pid:-} ${cuda_pid:-} ${py_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
+trap 'rc=$?; for p in ${build_pid:-} ${torch_pid:-} ${cuda_pid:-} ${py_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
 # Waits for the background job whose pid is in the variable named $1, prints its log $2 and
 # ends the script when the job failed, naming $3. The variable is cleared first: the EXIT
 # trap kills the jobs still listed.
@@ -37,27 +37,42 @@ build_log=$(mktemp)
 build_pid=$!
 step "in the background: cargo fmt --check, cargo clippy, the test build (log printed below when done)"
 step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, anthropic, ollama, jsonschema, lm-eval, pytest)"
-python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic "ollama==0.6.3" jsonschema "lm-eval[api]==0.4.13" pytest 2>&1 | grep -v "running pip as the 'root' user" || true
-step "PyTorch for the Python package's torch tests (PyPI's torch==2.9.1 and its CUDA libraries, ~7 GB: the CPU index is not reachable; skipped with GDS_NO_TORCH=1 or under 20 GB free)"
-# Best effort: without torch its tests are reported as skipped, and a failed or partial install
-# must not fail the run (tests/py/gdsllm/test_torch.py skips on any import error). The
-# download overlaps the background Rust build.
-if [ "${GDS_NO_TORCH:-0}" = 0 ] && ! python3 -c "import torch" >/dev/null 2>&1; then
-  free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
-  if [ "${free_kb:-0}" -ge $((20 * 1024 * 1024)) ]; then
-    timeout 900 python3 -m pip install -q --disable-pip-version-check "torch==2.9.1" 2>&1 \
-      | { grep -v "running pip as the 'root' user" || true; } || true
-    python3 -c "import torch" >/dev/null 2>&1 \
-      || echo "warning: torch does not import after its install; its tests will be skipped"
-  else
-    echo "warning: under 20 GB free; torch not installed, its tests will be skipped"
+python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic "ollama==0.6.3" jsonschema "lm-eval[api]==0.4.13" pytest 2>&1 | grep -vi "running pip as the 'root' user" || true
+# PyTorch (PyPI's torch==2.9.1 and its CUDA libraries, ~7 GB: the CPU index is not reachable)
+# is needed by the Python package's torch tests alone, so it installs in the background while
+# everything else goes on, and only the Python job waits for it: a slow download no longer holds
+# the Rust tests. Best effort: without torch its tests are reported as skipped, and a failed or
+# partial install must not fail the run (tests/py/gdsllm/test_torch.py skips on any import
+# error). Skipped with GDS_NO_TORCH=1 or under 20 GB free. It starts after the install above, so
+# the two never write the same packages at once; NVRTC below goes to a folder of its own.
+torch_log=$(mktemp) torch_done=$(mktemp -u)
+(
+  trap 'touch "$torch_done"' EXIT
+  step "PyTorch for the Python package's torch tests (background)"
+  if [ "${GDS_NO_TORCH:-0}" = 0 ] && ! python3 -c "import torch" >/dev/null 2>&1; then
+    free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
+    if [ "${free_kb:-0}" -ge $((20 * 1024 * 1024)) ]; then
+      timeout 900 python3 -m pip install -q --disable-pip-version-check "torch==2.9.1" 2>&1 \
+        | { grep -vi "running pip as the 'root' user" || true; } || true
+      python3 -c "import torch" >/dev/null 2>&1 \
+        || echo "warning: torch does not import after its install; its tests will be skipped"
+    else
+      echo "warning: under 20 GB free; torch not installed, its tests will be skipped"
+    fi
   fi
+  step "PyTorch done"
+) >"$torch_log" 2>&1 &
+torch_pid=$!
+step "in the background: PyTorch for the Python package (its log printed with the Python job's)"
+step "NVRTC and ptxas from PyPI (compile the CUDA kernels to PTX and assemble it for sm_90 in tests; no GPU needed), in .cache/cuda-tools: torch pins other versions of the same packages"
+CT=$PWD/.cache/cuda-tools/12.9.86
+if [ ! -x "$CT/nvidia/cuda_nvcc/bin/ptxas" ] || [ ! -d "$CT/nvidia/cuda_nvrtc/lib" ]; then
+  rm -rf "$CT"
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$CT" \
+    "nvidia-cuda-nvrtc-cu12==12.9.86" "nvidia-cuda-nvcc-cu12==12.9.86" 2>&1 \
+    | { grep -vi "running pip as the 'root' user" || true; }
 fi
-step "NVRTC and ptxas from PyPI (compile the CUDA kernels to PTX and assemble it for sm_90 in tests; no GPU needed)"
-python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86" \
-  "nvidia-cuda-nvcc-cu12==12.9.86" 2>&1 | grep -v "running pip as the 'root' user" || true
-GDS_NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], "lib"))')"
-GDS_PTXAS="$(python3 -c 'import nvidia.cuda_nvcc as m, os; print(os.path.join(list(m.__path__)[0], "bin", "ptxas"))')"
+GDS_NVRTC_LIB=$CT/nvidia/cuda_nvrtc/lib GDS_PTXAS=$CT/nvidia/cuda_nvcc/bin/ptxas
 export GDS_NVRTC_LIB GDS_PTXAS
 step "registry tools for the distribution tests (docker-registry, skopeo)"
 if ! command -v docker-registry >/dev/null || ! command -v skopeo >/dev/null; then
@@ -109,6 +124,10 @@ cuda_pid=$!
 py_log=$(mktemp)
 (
   set -eo pipefail
+  step "Python package gdsllm: waiting for PyTorch's install"
+  while [ ! -e "$torch_done" ]; do sleep 2; done
+  cat "$torch_log"
+  rm -f "$torch_log" "$torch_done"
   step "Python package gdsllm: pip install . and its tests"
   # a failed install or test fails the job (pipefail; only pip's root warning is filtered)
   python3 -m pip install -q --disable-pip-version-check . 2>&1 \
