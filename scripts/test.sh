@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # every step prints the time since the start (docs/testing.md records a fresh machine's run)
 step() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-trap 'rc=$?; for p in ${build_pid:-} ${torch_pid:-} ${cuda_pid:-} ${py_pid:-}; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done; step "done (exit $rc)"' EXIT
+# (errexit holds in the trap too: a job already ended must not fail it, hence `|| true`)
+trap 'rc=$?; for p in ${build_pid:-} ${torch_pid:-} ${cuda_pid:-} ${py_pid:-}; do pkill -P "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done; step "done (exit $rc)"' EXIT
 # Waits for the background job whose pid is in the variable named $1, prints its log $2 and
 # ends the script when the job failed, naming $3. The variable is cleared first: the EXIT
 # trap kills the jobs still listed.

@@ -19,6 +19,24 @@ fn nvrtc_here() -> bool {
     }
 }
 
+/// The whole library's PTX at the default block shape for `arch` (compute_70 or
+/// compute_90), compiled once for the tests that read it: a compile takes ~8 s of one core,
+/// and three tests read each.
+fn default_library(arch: &str) -> &'static str {
+    static LIBS: [std::sync::OnceLock<String>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    let slot = match arch {
+        nvrtc::DEFAULT_ARCH => &LIBS[0],
+        "compute_90" => &LIBS[1],
+        _ => panic!("no cached library for {arch}"),
+    };
+    slot.get_or_init(|| {
+        nvrtc::compile_library(arch, kernels::Mmq8Shape::default(), &[])
+            .unwrap_or_else(|e| panic!("{arch}: {e}"))
+            .to_src()
+    })
+}
+
 #[test]
 fn every_kernel_file_compiles_to_ptx_defining_its_entry_points() {
     if !nvrtc_here() {
@@ -33,9 +51,7 @@ fn every_kernel_file_compiles_to_ptx_defining_its_entry_points() {
                 "{name}: no kernel in the PTX"
             );
         }
-        let ptx = nvrtc::compile_library(arch, kernels::Mmq8Shape::default(), &[])
-            .unwrap_or_else(|e| panic!("{arch}: {e}"));
-        let src = ptx.to_src();
+        let src = default_library(arch);
         let target = arch.replace("compute_", "sm_");
         assert!(src.contains(&format!(".target {target}")), "{arch}");
         for k in kernels::KERNEL_NAMES {
@@ -66,9 +82,7 @@ fn the_library_assembles_for_sm_90_with_its_tensor_core_instructions() {
         }
         _ => panic!("GDS_PTXAS names no ptxas (set GDS_SKIP_NVRTC=1 to skip the NVRTC tests)"),
     };
-    let src = nvrtc::compile_library("compute_90", kernels::Mmq8Shape::default(), &[])
-        .unwrap()
-        .to_src();
+    let src = default_library("compute_90");
     assert!(
         src.contains("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32")
             && src.contains("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32"),
@@ -76,7 +90,7 @@ fn the_library_assembles_for_sm_90_with_its_tensor_core_instructions() {
     );
     let dir = tempfile::tempdir().unwrap();
     let (ptx, cubin) = (dir.path().join("k.ptx"), dir.path().join("k.cubin"));
-    std::fs::write(&ptx, &src).unwrap();
+    std::fs::write(&ptx, src).unwrap();
     let out = std::process::Command::new(&ptxas)
         .args(["-arch=sm_90", "-v", "-o"])
         .arg(&cubin)
@@ -101,10 +115,7 @@ fn the_library_assembles_for_sm_90_with_its_tensor_core_instructions() {
     }
     // and the compute_70 library has no such instruction (Volta has none; the executor
     // never launches mmq_* there)
-    let old = nvrtc::compile_library(nvrtc::DEFAULT_ARCH, kernels::Mmq8Shape::default(), &[])
-        .unwrap()
-        .to_src();
-    assert!(!old.contains("mma.sync"));
+    assert!(!default_library(nvrtc::DEFAULT_ARCH).contains("mma.sync"));
 }
 
 /// The int8 kernels compile at the block shapes `GDS_CUDA_MMQ8` may ask for (a sweep on the
@@ -145,7 +156,7 @@ fn the_per_lane_dequantization_compiles() {
     assert!(per_lane.contains(".entry dequant16_q4_0("));
     // the staged stores' shared array, `stage[8][32][33]` floats
     let stage = "_ZZ14dequant16_q4_0E5stage[33792];";
-    assert!(src(&[]).contains(stage));
+    assert!(default_library("compute_90").contains(stage));
     assert!(!per_lane.contains(stage));
 }
 

@@ -85,13 +85,15 @@ struct BpeModelJson {
     byte_fallback: bool,
     #[serde(default)]
     ignore_merges: bool,
-    vocab: std::collections::HashMap<String, u32>,
+    /// (the library's own map type: read straight into it, not into a map rebuilt after)
+    vocab: tokenizers::models::bpe::Vocab,
     merges: Vec<MergeJson>,
 }
 
-/// A merge: `"a b"` (the older layout) or `["a", "b"]`.
+/// A merge: `"a b"` (the older layout) or `["a", "b"]`, as its two tokens; a string without
+/// a space is kept whole for the error that names it.
 enum MergeJson {
-    Joined(String),
+    NotTwo(String),
     Pair(String, String),
 }
 
@@ -107,13 +109,10 @@ impl<'de> serde::Deserialize<'de> for MergeJson {
                 f.write_str(r#"a merge: "a b" or ["a", "b"]"#)
             }
             fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<MergeJson, E> {
-                Ok(MergeJson::Joined(s.to_string()))
-            }
-            fn visit_string<E: serde::de::Error>(
-                self,
-                s: String,
-            ) -> std::result::Result<MergeJson, E> {
-                Ok(MergeJson::Joined(s))
+                Ok(match s.split_once(' ') {
+                    Some((a, b)) => MergeJson::Pair(a.to_string(), b.to_string()),
+                    None => MergeJson::NotTwo(s.to_string()),
+                })
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
@@ -190,19 +189,11 @@ pub fn parse_tokenizer(bytes: &[u8]) -> std::result::Result<tokenizers::Tokenize
         .into_iter()
         .map(|m| match m {
             MergeJson::Pair(a, b) => Ok((a, b)),
-            MergeJson::Joined(s) => match s.split_once(' ') {
-                Some((a, b)) => Ok((a.to_string(), b.to_string())),
-                None => Err(format!("merge {s:?} is not two tokens")),
-            },
+            MergeJson::NotTwo(s) => Err(format!("merge {s:?} is not two tokens")),
         })
         .collect::<std::result::Result<_, _>>()?;
     let mut b = tokenizers::models::bpe::BPE::builder()
-        .vocab_and_merges(
-            bpe.vocab
-                .into_iter()
-                .collect::<tokenizers::models::bpe::Vocab>(),
-            merges,
-        )
+        .vocab_and_merges(bpe.vocab, merges)
         .fuse_unk(bpe.fuse_unk)
         .byte_fallback(bpe.byte_fallback)
         .ignore_merges(bpe.ignore_merges);
