@@ -45,7 +45,9 @@ python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safet
 # the Rust tests. Best effort: without torch its tests are reported as skipped, and a failed or
 # partial install must not fail the run (tests/py/gdsllm/test_torch.py skips on any import
 # error). Skipped with GDS_NO_TORCH=1 or under 20 GB free. It starts after the install above, so
-# the two never write the same packages at once; NVRTC below goes to a folder of its own.
+# the two never write the same packages at once; NVRTC below goes to a folder of its own. The
+# Python drivers of the Rust tests must not import torch meanwhile (lm-eval would, to seed it:
+# tests/py/lm_eval_check.py gives it no torch seed).
 torch_log=$(mktemp) torch_done=$(mktemp -u)
 (
   trap 'touch "$torch_done"' EXIT
