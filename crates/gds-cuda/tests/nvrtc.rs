@@ -147,12 +147,10 @@ fn the_per_lane_dequantization_compiles() {
     if !nvrtc_here() {
         return;
     }
-    let src = |extra: &[String]| {
-        nvrtc::compile_library("compute_90", kernels::Mmq8Shape::default(), extra)
-            .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
-            .to_src()
-    };
-    let per_lane = src(&kernels::variant_defines(Some("1")));
+    let extra = kernels::variant_defines(Some("1"));
+    let per_lane = nvrtc::compile_library("compute_90", kernels::Mmq8Shape::default(), &extra)
+        .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+        .to_src();
     assert!(per_lane.contains(".entry dequant16_q4_0("));
     // the staged stores' shared array, `stage[8][32][33]` floats
     let stage = "_ZZ14dequant16_q4_0E5stage[33792];";

@@ -1126,17 +1126,13 @@ mod tests {
                     |t: &tokenizers::Tokenizer| t.encode(text, false).unwrap().get_ids().to_vec();
                 assert_eq!(ids(&lean), ids(&lib), "{merges}: {text}");
             }
-            assert_eq!(ids_end_of(&lean), 5);
+            assert_eq!(ids_end(&lean), 5);
         }
         let one = bpe_json(vocab, r#"["ab"]"#, "[]");
         let e = parse_tokenizer(one.as_bytes()).unwrap_err();
         assert!(e.contains("is not two tokens"), "{e}");
         let three = bpe_json(vocab, r#"[["a","b","c"]]"#, "[]");
         assert!(parse_tokenizer(three.as_bytes()).is_err());
-    }
-
-    fn ids_end_of(t: &tokenizers::Tokenizer) -> u64 {
-        ids_end(t)
     }
 
     /// One past the largest id, as the whole vocabulary's map says: a vocabulary with a gap
@@ -1162,7 +1158,7 @@ mod tests {
             (r#"{"a":0,"b":1,"bb":2}"#, added("<x>"), 4),
         ] {
             let t = parse_tokenizer(bpe_json(vocab, "[]", &added).as_bytes()).unwrap();
-            assert_eq!(ids_end_of(&t), end, "{vocab} {added}");
+            assert_eq!(ids_end(&t), end, "{vocab} {added}");
             assert_eq!(by_map(&t), end, "{vocab} {added}");
         }
     }
