@@ -119,8 +119,12 @@ cuda_log=$(mktemp)
   step "GPU backend (--features cuda): clippy"
   cargo clippy --workspace --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda,gdsllm-py/cuda -- -D warnings
   step "GPU backend (--features cuda): the probe, the kernels through NVRTC and ptxas"
+  # gds-runtime/cuda too: gds-cuda's test targets share its dev-dependencies (gds-runtime,
+  # gds-serve), built here with the features the Python package's CUDA build below asks for,
+  # which then reuses them (with gds-cuda/cuda alone both compiled them, ~110 s of CPU on a
+  # fresh machine; bench/runs/2026-12-05-ci-time.md, fortieth session)
   LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --workspace --profile ci --features gds-cuda/cuda --test nvrtc -- --include-ignored
+    cargo test --workspace --profile ci --features gds-cuda/cuda,gds-runtime/cuda --test nvrtc -- --include-ignored
   step "background job done"
 ) >"$cuda_log" 2>&1 &
 cuda_pid=$!
