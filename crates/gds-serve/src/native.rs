@@ -900,7 +900,24 @@ async fn infill_body(st: &Arc<ServerState>, body: &Bytes) -> Result<Bytes, ApiEr
     // Only the prefix's last tokens, the suffix's first and the extra chunks' last are used:
     // texts longer than twice what those tokens can take (a whole file as the prefix) are cut
     // there first, so their tokenizing is bounded; the cut's tokens are dropped anyway.
-    let per = tok.max_token_bytes().max(1);
+    // The bound a token's bytes decodes every token on its first use (a third of a second
+    // for a 262k vocabulary): taken on the blocking pool, and only when a text is longer than
+    // what a bound of one byte a token keeps (otherwise nothing is cut either way).
+    let extra_bytes: usize = chunks.iter().map(|(f, t)| f.len() + t.len()).sum();
+    let per = if text_bytes(&prefix) > 2 * (3 * (n_batch / 4))
+        || text_bytes(&suffix) > 2 * (n_batch / 4)
+        || extra_bytes >= 2 * (n_ctx + 2)
+    {
+        let t = tok.clone();
+        let server_error =
+            |e: String| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e);
+        tokio::task::spawn_blocking(move || t.max_token_bytes())
+            .await
+            .map_err(|e| server_error(format!("tokenization failed: {e}")))?
+            .map_err(|e| server_error(e.to_string()))?
+    } else {
+        1
+    };
     let (mut prefix, mut suffix) = (prefix, suffix);
     cut_parts(
         &mut prefix,

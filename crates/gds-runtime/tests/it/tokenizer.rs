@@ -122,6 +122,31 @@ fn text_that_cannot_fit_is_refused_before_tokenizing() {
     assert!(matches!(e, RuntimeError::TextTooLong { .. }), "{e}");
 }
 
+/// The length bound is the longest token's text plus one byte (a decoder may drop a leading
+/// space), worked out on the first text that needs it: text up to one byte a token of the
+/// context is taken without it, and text is refused exactly past the context times the bound.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn the_length_bound_is_the_longest_token_and_refuses_only_past_it() {
+    let t = tokenizer();
+    let vocab = t.inner().get_vocab_size(true) as u32;
+    let longest = (0..vocab)
+        .map(|id| t.inner().decode(&[id], false).map_or(0, |s| s.len()))
+        .max()
+        .unwrap();
+    let per = t.max_token_bytes().unwrap();
+    assert_eq!(per, longest + 1);
+    for ctx in [1, 7, 64, 4096] {
+        for bytes in [0, 1, ctx, ctx + 1, ctx * per - 1, ctx * per, ctx * per + 1] {
+            assert_eq!(
+                t.check_fits(bytes, ctx).is_ok(),
+                bytes <= ctx * per,
+                "{bytes} bytes in {ctx} tokens of at most {per} bytes"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn the_length_bound_never_refuses_text_that_fits() {
