@@ -448,6 +448,84 @@ pub(crate) struct Started {
     pub(crate) summary: String,
 }
 
+/// The model's tokenizer, with `--chat-template-file`'s template when given.
+fn load_tokenizer(plan: &Plan) -> Result<TextTokenizer, RuntimeError> {
+    let mut tokenizer = TextTokenizer::load_for_model(&plan.model_dir, &plan.model)?;
+    if let Some(src) = &plan.chat_template_override {
+        tokenizer.set_chat_template(src)?;
+    }
+    Ok(tokenizer)
+}
+
+/// The KV cache sized from `--kv-budget` (`kv_bytes`), the pool's sizes, and the executor
+/// on the plan's backend (`start`'s part that needs no tokenizer). Budget errors are usage
+/// errors.
+fn open_engine_parts(
+    e: &EngineArgs,
+    plan: &Plan,
+    kv_dtype: KvDtype,
+    kv_bytes: usize,
+    metrics: &ServerMetrics,
+) -> anyhow::Result<(KvCache, kvpool::KvPool, Box<dyn BatchExecutor>)> {
+    let bad = |m: String| Err(RuntimeError::Usage(m).into());
+    let c = &plan.model;
+    let pool = kvpool::KvPool::size(&kvpool::KvPoolArgs {
+        dtype: kv_dtype,
+        windows: (0..c.n_layers).map(|l| c.window(l)).collect(),
+        kv_dim: c.kv_dim(),
+        block: e.kv_block,
+        ctx: plan.ctx,
+        max_batch: e.max_batch,
+        step: plan.batch,
+        budget: kv_bytes,
+    });
+    let pool = match pool {
+        Ok(p) => p,
+        Err(err) => return bad(format!("--kv-budget {} MiB {err}", e.kv_budget)),
+    };
+    // the CUDA backend holds the rows in VRAM and drops the host's
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    let mut kv = match KvCache::try_paged_windowed(
+        kv_dtype,
+        &pool.windows,
+        e.max_batch,
+        plan.ctx,
+        c.kv_dim(),
+        e.kv_block,
+        pool.n_blocks,
+        pool.n_window_blocks,
+    ) {
+        Ok(kv) => kv,
+        Err(err) => return bad(format!("--kv-budget {} MiB: {err}", e.kv_budget)),
+    };
+    let _ = metrics.backend.set(plan.backend.as_str());
+    let outputs = scheduler::max_outputs(&EngineConfig {
+        max_batch: e.max_batch,
+        step_tokens: plan.batch,
+        ctx: plan.ctx,
+    });
+    let exec: Box<dyn BatchExecutor> = match plan.backend {
+        Backend::Cpu => Box::new(CpuBatchExecutor::new(
+            Model::open(plan)?,
+            plan.batch,
+            outputs,
+            plan.ctx,
+        )),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => Box::new(gds_runtime::gpu::open_batch(
+            plan, &mut kv, plan.batch, outputs,
+        )?),
+        #[cfg(not(feature = "cuda"))]
+        Backend::Cuda => {
+            return Err(RuntimeError::Backend(
+                "--backend cuda: this gdsrun was built without the `cuda` feature".into(),
+            )
+            .into())
+        }
+    };
+    Ok((kv, pool, exec))
+}
+
 /// Checks the engine's flags, opens the model and starts the engine thread (`who` names the
 /// command in messages). Flag errors are usage errors (exit 2).
 pub(crate) fn start(
@@ -514,42 +592,25 @@ pub(crate) fn start(
         ..Default::default()
     }))?;
     let kv_dtype = plan.kv_dtype;
-    let mut tokenizer = TextTokenizer::load_for_model(&plan.model_dir, &plan.model)?;
-    if let Some(src) = &plan.chat_template_override {
-        tokenizer.set_chat_template(src)?;
-    }
-    let tokenizer = Arc::new(tokenizer);
-    let c = &plan.model;
-    let pool = kvpool::KvPool::size(&kvpool::KvPoolArgs {
-        dtype: kv_dtype,
-        windows: (0..c.n_layers).map(|l| c.window(l)).collect(),
-        kv_dim: c.kv_dim(),
-        block: e.kv_block,
-        ctx: plan.ctx,
-        max_batch: e.max_batch,
-        step: plan.batch,
-        budget: kv_bytes,
-    });
-    let pool = match pool {
-        Ok(p) => p,
-        Err(err) => return bad(format!("--kv-budget {} MiB {err}", e.kv_budget)),
-    };
-    // the CUDA backend holds the rows in VRAM and drops the host's
-    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-    let mut kv = match KvCache::try_paged_windowed(
-        kv_dtype,
-        &pool.windows,
-        e.max_batch,
-        plan.ctx,
-        c.kv_dim(),
-        e.kv_block,
-        pool.n_blocks,
-        pool.n_window_blocks,
-    ) {
-        Ok(kv) => kv,
-        Err(err) => return bad(format!("--kv-budget {} MiB: {err}", e.kv_budget)),
-    };
     let metrics = Arc::new(ServerMetrics::default());
+    // The tokenizer loads on a thread of its own while the KV cache is sized and the model
+    // opens (a large vocabulary takes most of a second of one core: Gemma 3's 262k tokens and
+    // 515k merges); its error is reported first, as when it loaded before them.
+    let (tokenizer, opened) = std::thread::scope(|s| {
+        let thread = std::thread::Builder::new()
+            .name("gds-tokenizer-load".into())
+            .spawn_scoped(s, || load_tokenizer(&plan));
+        let opened = open_engine_parts(e, &plan, kv_dtype, kv_bytes, &metrics);
+        let tokenizer = match thread {
+            Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            // no thread to be had: in turn
+            Err(_) => load_tokenizer(&plan),
+        };
+        (tokenizer, opened)
+    });
+    let tokenizer = Arc::new(tokenizer?);
+    let (kv, pool, exec) = opened?;
+    let c = &plan.model;
     let model_name = e.alias.clone().unwrap_or_else(|| {
         model_dir
             .file_stem()
@@ -562,27 +623,6 @@ pub(crate) fn start(
         max_batch: e.max_batch,
         step_tokens: plan.batch,
         ctx: plan.ctx,
-    };
-    let _ = metrics.backend.set(plan.backend.as_str());
-    let outputs = scheduler::max_outputs(&cfg);
-    let exec: Box<dyn BatchExecutor> = match plan.backend {
-        Backend::Cpu => Box::new(CpuBatchExecutor::new(
-            Model::open(&plan)?,
-            plan.batch,
-            outputs,
-            plan.ctx,
-        )),
-        #[cfg(feature = "cuda")]
-        Backend::Cuda => Box::new(gds_runtime::gpu::open_batch(
-            &plan, &mut kv, plan.batch, outputs,
-        )?),
-        #[cfg(not(feature = "cuda"))]
-        Backend::Cuda => {
-            return Err(RuntimeError::Backend(
-                "--backend cuda: this gdsrun was built without the `cuda` feature".into(),
-            )
-            .into())
-        }
     };
     let pooling = match &e.pooling {
         Some(p) => p
