@@ -131,16 +131,6 @@ pub struct Engine {
     keep: Vec<u32>,
 }
 
-/// The tokenizer of the model in `dir`, for the model's configuration as its manifest gives
-/// it (what every executor derives its own from: the tokenizer reads the family, the
-/// BOS/EOS ids and the vocabulary size).
-fn load_tokenizer(dir: &std::path::Path) -> Result<TextTokenizer> {
-    let bytes = gds_io::read_manifest(dir)?;
-    let m = crate::model_dir::parse_manifest(dir, &bytes)?;
-    let cfg = Config::from_manifest(&m).map_err(|e| crate::model_dir::with_dir(e, dir))?;
-    TextTokenizer::load_for_model(dir, &cfg)
-}
-
 impl Engine {
     /// Why the energy used cannot be measured (no RAPL counter readable, and no GPU's), or
     /// `None` when it can: a `--max-joules` limit is then not enforced.
@@ -162,16 +152,17 @@ impl Engine {
         // resident weights): a large vocabulary takes most of a second of one core (Gemma 3's
         // 262k tokens and 515k merges), a time the process's first token no longer waits for
         // in full. An executor that fails is reported first, as when the two ran in turn.
-        let dir = plan.model_dir.as_path();
+        // (the plan's configuration is the manifest's, as every executor's)
+        let load_tokenizer = || TextTokenizer::load_for_model(&plan.model_dir, &plan.model);
         let (exec, tokenizer) = std::thread::scope(|s| {
             let tok = std::thread::Builder::new()
                 .name("gds-tokenizer-load".into())
-                .spawn_scoped(s, || load_tokenizer(dir));
+                .spawn_scoped(s, load_tokenizer);
             let exec = crate::exec::open(&plan, plan.batch, outputs);
             let tok = match tok {
                 Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
                 // no thread to be had: in turn
-                Err(_) => load_tokenizer(dir),
+                Err(_) => load_tokenizer(),
             };
             (exec, tok)
         });
