@@ -151,8 +151,8 @@ impl Engine {
         // The tokenizer loads on a thread of its own while the executor opens (reading the
         // resident weights): a large vocabulary takes most of a second of one core (Gemma 3's
         // 262k tokens and 515k merges), a time the process's first token no longer waits for
-        // in full. An executor that fails is reported first, as when the two ran in turn.
-        // (the plan's configuration is the manifest's, as every executor's)
+        // in full. An executor that fails is reported first, as when the two ran in turn. The
+        // plan's configuration is the manifest's, as every executor's.
         let load_tokenizer = || TextTokenizer::load_for_model(&plan.model_dir, &plan.model);
         let (exec, tokenizer) = std::thread::scope(|s| {
             let tok = std::thread::Builder::new()

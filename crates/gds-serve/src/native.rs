@@ -900,9 +900,9 @@ async fn infill_body(st: &Arc<ServerState>, body: &Bytes) -> Result<Bytes, ApiEr
     // Only the prefix's last tokens, the suffix's first and the extra chunks' last are used:
     // texts longer than twice what those tokens can take (a whole file as the prefix) are cut
     // there first, so their tokenizing is bounded; the cut's tokens are dropped anyway.
-    // The bound a token's bytes decodes every token on its first use (a third of a second
-    // for a 262k vocabulary): taken on the blocking pool, and only when a text is longer than
-    // what a bound of one byte a token keeps (otherwise nothing is cut either way).
+    // The bound on a token's bytes decodes every token on its first use (a third of a
+    // second for a 262k vocabulary): worked out on the blocking pool, and only when a text
+    // is longer than a bound of one byte a token keeps (otherwise nothing is cut either way).
     let extra_bytes: usize = chunks.iter().map(|(f, t)| f.len() + t.len()).sum();
     let per = if text_bytes(&prefix) > 2 * (3 * (n_batch / 4))
         || text_bytes(&suffix) > 2 * (n_batch / 4)
