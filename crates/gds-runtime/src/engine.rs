@@ -131,6 +131,29 @@ pub struct Engine {
     keep: Vec<u32>,
 }
 
+/// Loads the tokenizer of `plan`'s model for the plan's configuration (the manifest's, as
+/// every executor's) on a thread of its own while `open` runs on this one, and gives both
+/// results, for the caller to report their errors in its order. A large vocabulary takes
+/// most of a second of one core (Gemma 3's 262k tokens and 515k merges), which opening the
+/// executor (reading the resident weights) now hides. Without a thread to be had, in turn.
+pub fn load_tokenizer_beside<T>(
+    plan: &Plan,
+    open: impl FnOnce() -> T,
+) -> (Result<TextTokenizer>, T) {
+    let load = || TextTokenizer::load_for_model(&plan.model_dir, &plan.model);
+    std::thread::scope(|s| {
+        let thread = std::thread::Builder::new()
+            .name("gds-tokenizer-load".into())
+            .spawn_scoped(s, load);
+        let opened = open();
+        let tokenizer = match thread {
+            Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err(_) => load(),
+        };
+        (tokenizer, opened)
+    })
+}
+
 impl Engine {
     /// Why the energy used cannot be measured (no RAPL counter readable, and no GPU's), or
     /// `None` when it can: a `--max-joules` limit is then not enforced.
@@ -148,24 +171,10 @@ impl Engine {
             .as_ref()
             .map_or(0, |d| d.max_tokens)
             .saturating_add(1);
-        // The tokenizer loads on a thread of its own while the executor opens (reading the
-        // resident weights): a large vocabulary takes most of a second of one core (Gemma 3's
-        // 262k tokens and 515k merges), a time the process's first token no longer waits for
-        // in full. An executor that fails is reported first, as when the two ran in turn. The
-        // plan's configuration is the manifest's, as every executor's.
-        let load_tokenizer = || TextTokenizer::load_for_model(&plan.model_dir, &plan.model);
-        let (exec, tokenizer) = std::thread::scope(|s| {
-            let tok = std::thread::Builder::new()
-                .name("gds-tokenizer-load".into())
-                .spawn_scoped(s, load_tokenizer);
-            let exec = crate::exec::open(&plan, plan.batch, outputs);
-            let tok = match tok {
-                Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                // no thread to be had: in turn
-                Err(_) => load_tokenizer(),
-            };
-            (exec, tok)
-        });
+        // The tokenizer loads beside the executor; an executor that fails is reported
+        // first, as when the two ran in turn.
+        let (tokenizer, exec) =
+            load_tokenizer_beside(&plan, || crate::exec::open(&plan, plan.batch, outputs));
         let exec = exec?;
         let mut tokenizer = tokenizer?;
         let draft_model = match plan.draft.as_ref().and_then(|d| d.model_plan.as_deref()) {

@@ -448,15 +448,6 @@ pub(crate) struct Started {
     pub(crate) summary: String,
 }
 
-/// The model's tokenizer, with `--chat-template-file`'s template when given.
-fn load_tokenizer(plan: &Plan) -> Result<TextTokenizer, RuntimeError> {
-    let mut tokenizer = TextTokenizer::load_for_model(&plan.model_dir, &plan.model)?;
-    if let Some(src) = &plan.chat_template_override {
-        tokenizer.set_chat_template(src)?;
-    }
-    Ok(tokenizer)
-}
-
 /// The KV cache sized from `--kv-budget` (`kv_bytes`), the pool's sizes, and the executor
 /// on the plan's backend (`start`'s part that needs no tokenizer). Budget errors are usage
 /// errors.
@@ -593,22 +584,16 @@ pub(crate) fn start(
     }))?;
     let kv_dtype = plan.kv_dtype;
     let metrics = Arc::new(ServerMetrics::default());
-    // The tokenizer loads on a thread of its own while the KV cache is sized and the model
-    // opens (a large vocabulary takes most of a second of one core: Gemma 3's 262k tokens and
-    // 515k merges); its error is reported first, as when it loaded before them.
-    let (tokenizer, opened) = std::thread::scope(|s| {
-        let thread = std::thread::Builder::new()
-            .name("gds-tokenizer-load".into())
-            .spawn_scoped(s, || load_tokenizer(&plan));
-        let opened = open_engine_parts(e, &plan, kv_dtype, kv_bytes, &metrics);
-        let tokenizer = match thread {
-            Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-            // no thread to be had: in turn
-            Err(_) => load_tokenizer(&plan),
-        };
-        (tokenizer, opened)
+    // The tokenizer loads beside the KV cache's sizing and the model's open; its error
+    // (and its template's) is reported first, as when it loaded before them.
+    let (tokenizer, opened) = gds_runtime::engine::load_tokenizer_beside(&plan, || {
+        open_engine_parts(e, &plan, kv_dtype, kv_bytes, &metrics)
     });
-    let tokenizer = Arc::new(tokenizer?);
+    let mut tokenizer = tokenizer?;
+    if let Some(src) = &plan.chat_template_override {
+        tokenizer.set_chat_template(src)?;
+    }
+    let tokenizer = Arc::new(tokenizer);
     let (kv, pool, exec) = opened?;
     let c = &plan.model;
     let model_name = e.alias.clone().unwrap_or_else(|| {

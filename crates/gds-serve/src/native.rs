@@ -903,10 +903,13 @@ async fn infill_body(st: &Arc<ServerState>, body: &Bytes) -> Result<Bytes, ApiEr
     // The bound on a token's bytes decodes every token on its first use (a third of a
     // second for a 262k vocabulary): worked out on the blocking pool, and only when a text
     // is longer than a bound of one byte a token keeps (otherwise nothing is cut either way).
+    // (the three limits at one byte a token)
+    let (prefix_max, suffix_max, extra_max) =
+        (2 * (3 * (n_batch / 4)), 2 * (n_batch / 4), 2 * (n_ctx + 2));
     let extra_bytes: usize = chunks.iter().map(|(f, t)| f.len() + t.len()).sum();
-    let per = if text_bytes(&prefix) > 2 * (3 * (n_batch / 4))
-        || text_bytes(&suffix) > 2 * (n_batch / 4)
-        || extra_bytes >= 2 * (n_ctx + 2)
+    let per = if text_bytes(&prefix) > prefix_max
+        || text_bytes(&suffix) > suffix_max
+        || extra_bytes >= extra_max
     {
         let t = tok.clone();
         let server_error =
@@ -919,14 +922,9 @@ async fn infill_body(st: &Arc<ServerState>, body: &Bytes) -> Result<Bytes, ApiEr
         1
     };
     let (mut prefix, mut suffix) = (prefix, suffix);
-    cut_parts(
-        &mut prefix,
-        2 * (3 * (n_batch / 4)) * per,
-        true,
-        "input_prefix",
-    )?;
-    cut_parts(&mut suffix, 2 * (n_batch / 4) * per, false, "input_suffix")?;
-    let mut budget = 2 * (n_ctx + 2) * per;
+    cut_parts(&mut prefix, prefix_max * per, true, "input_prefix")?;
+    cut_parts(&mut suffix, suffix_max * per, false, "input_suffix")?;
+    let mut budget = extra_max * per;
     let mut kept = Vec::new();
     for (filename, mut text) in chunks.into_iter().rev() {
         if budget == 0 {
