@@ -14,6 +14,11 @@ fmt:
 lint:
     cargo clippy --workspace --all-targets --profile ci -- -D warnings
 
+# clippy over every target built with the CUDA features (scripts/test.sh lints gdsrun's CUDA
+# build, the GPU bench example and the NVRTC tests as it builds them; this covers the rest)
+lint-cuda:
+    cargo clippy --workspace --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda,gdsllm-py/cuda -- -D warnings
+
 # conversion throughput (SmolLM2, Gemma 3) next to a plain copy of the same bytes, and peak RSS
 bench-convert runs="3":
     ./scripts/bench-convert.sh {{runs}}

