@@ -50,7 +50,8 @@ def gguf_reader(path):
     mapping is a plain ndarray instead of an `np.memmap`: the reader slices the mapping once
     per part of every field (~1 M slices for Gemma 3's 262k-token vocabulary) and each slice of
     a memmap pays for the subclass's bookkeeping (`__array_finalize__`): Gemma 3's reader took
-    26.8 s of CPU, 9.5 s with the plain array (2-core VM, 2026-12-06)."""
+    ~28 s of CPU, ~14 s with the plain array (2-core VM, 2026-12-06,
+    bench/runs/2026-12-06-ci-time.md)."""
     from gguf import gguf_reader as module
 
     plain = module.np
