@@ -4,7 +4,7 @@
 //! whether a kernel waits for memory or for arithmetic. Compare with a plain read loop's
 //! bandwidth on the same machine.
 //!
-//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0, each also with x16, or iq4_nl|iq4_xs [TOKENS]]`
+//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0, each also with x16, or iq4_nl|iq4_xs|f16|bf16|f32 [TOKENS]]`
 //! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch;
 //! `DECODE_BW_SHAPE=ROWSxCOLSxCOPIES` times another shape, e.g. a mixture of experts'
 //! `768x2048x512`, and `DECODE_BW_REPS` the passes over the copies per round)
@@ -55,6 +55,9 @@ fn run() {
         "q8_0" => DType::Q8_0,
         "iq4_nl" => DType::Iq4Nl,
         "iq4_xs" => DType::Iq4Xs,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        "f32" => DType::F32,
         o => panic!("unknown type {o}"),
     };
     // `-- TYPE N`: N tokens a call (a prompt batch) instead of one, at the 7B width
@@ -128,13 +131,14 @@ fn run() {
             best = best.min(t.elapsed().as_secs_f64() / (reps * copies) as f64);
         }
         println!(
-            "{} {n} token(s), {} rows x {cols} ({:.2} MB, {} matrices): {:.1} us, {:.2} GB/s",
+            "{} {n} token(s), {} rows x {cols} ({:.2} MB, {} matrices): {:.1} us, {:.2} GB/s, {:.1} GFLOP/s",
             dtype.name(),
             rows,
             bytes as f64 / 1e6,
             copies,
             best * 1e6,
-            bytes as f64 / best / 1e9
+            bytes as f64 / best / 1e9,
+            2.0 * (rows * cols * n) as f64 / best / 1e9
         );
     }
 }

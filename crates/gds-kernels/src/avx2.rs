@@ -24,6 +24,7 @@ use crate::act::{inv_scale, ActQ8, ActQ8K};
 use crate::blocks::*;
 use std::arch::x86_64::*;
 
+mod float;
 mod q40;
 mod q4k;
 mod q6k;
@@ -1554,9 +1555,26 @@ fn rows_q32<B: q80::Q32>(
 public_rows!(rows_q4_k, ActQ8K, kquant);
 public_rows!(rows_q5_k, ActQ8K, kquant);
 public_rows!(rows_q6_k, ActQ8K, kquant);
-public_rows!(rows_f32, f32);
-public_rows!(rows_f16, f32);
-public_rows!(rows_bf16, f32);
+
+macro_rules! float_rows_pub {
+    ($name:ident, $by_row:ident, $tiles:ident) => {
+        #[doc = concat!("AVX2 twin of `scalar::", stringify!($name), "`: tiles of rows and tokens \
+            (AVX-512's when the token has it; `float.rs`), bit for bit [`", stringify!($by_row), "`].")]
+        pub fn $name(t: Avx2, w: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
+            float::$tiles::rows(t, w, rb, acts, out)
+        }
+
+        #[doc = concat!("The row-at-a-time kernel that [`", stringify!($name), "`] replaced \
+            (one row, four tokens at a time): the reference its tiles equal bit for bit.")]
+        pub fn $by_row(_: Avx2, w: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
+            // SAFETY: an `Avx2` token exists only when AVX2, FMA and F16C were detected.
+            unsafe { other::$name(w, rb, acts, out) }
+        }
+    };
+}
+float_rows_pub!(rows_f32, rows_f32_by_row, f32s);
+float_rows_pub!(rows_f16, rows_f16_by_row, f16s);
+float_rows_pub!(rows_bf16, rows_bf16_by_row, bf16s);
 // ---------------------------------------------------------------------------------------
 // Activation quantization (bit-identical to the scalar reference in `act.rs`).
 

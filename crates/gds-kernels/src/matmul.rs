@@ -305,17 +305,21 @@ fn run_rows(be: Backend, dtype: DType, w: &[u8], rb: usize, acts: &ActRows<'_>, 
         (F16, ActRows::F32(a)) => go!(rows_f16, a),
         (BF16, ActRows::F32(a)) => go!(rows_bf16, a),
         (_, ActRows::F32(a)) => {
-            // Types without a dedicated kernel: dequantize each row, then the f32 kernel.
+            // Types without a dedicated kernel: dequantize some rows, then the f32 kernel
+            // over them (several rows at once: its tiles take several rows per token).
+            const ROWS: usize = 16;
             let nt = a.len();
             let cols = a.first().map_or(0, |x| x.len());
-            let mut row = vec![0f32; cols];
-            for (wr, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(nt)) {
-                dequantize(dtype, wr, &mut row).expect("validated row");
-                let bytes = row.as_bytes();
+            let mut rows = vec![0f32; ROWS * cols];
+            for (wr, o) in w.chunks(ROWS * rb).zip(out.chunks_mut(ROWS * nt)) {
+                let f = &mut rows[..wr.len() / rb * cols];
+                dequantize(dtype, wr, f).expect("validated rows");
+                let bytes = f.as_bytes();
+                let frb = cols * size_of::<f32>();
                 match be {
-                    Backend::Scalar => scalar::rows_f32(bytes, bytes.len(), a, o),
+                    Backend::Scalar => scalar::rows_f32(bytes, frb, a, o),
                     #[cfg(target_arch = "x86_64")]
-                    Backend::Avx2(t) => avx2::rows_f32(t, bytes, bytes.len(), a, o),
+                    Backend::Avx2(t) => avx2::rows_f32(t, bytes, frb, a, o),
                 }
             }
         }

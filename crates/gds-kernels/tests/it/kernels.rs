@@ -640,6 +640,63 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
     }
 }
 
+/// Float weights (F32, F16, BF16) through the tiles of rows and tokens, on one long task as
+/// the matmul driver hands it over: every token count up to two whole AVX-512 tiles and past
+/// them (each remainder shape of both instruction sets), rows in chunks (9 000 columns of
+/// F32: a chunk of eight rows) with short last tiles of rows, columns that end on a last
+/// eight and then single elements (16 k + 8 + 5), give the row-at-a-time kernel's bits, on
+/// plain AVX2 and AVX-512 alike, and each token what it gives alone.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn float_tiles_equal_the_row_at_a_time_kernel() {
+    use gds_kernels::avx2::{self, Avx2};
+    let tokens: Vec<Avx2> = [Avx2::detect(), Avx2::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
+    if tokens.is_empty() {
+        eprintln!("AVX2 not available; nothing to compare");
+        return;
+    }
+    type Rows = fn(Avx2, &[u8], usize, &[&[f32]], &mut [f32]);
+    let kernels: [(DType, Rows, Rows); 3] = [
+        (DType::F32, avx2::rows_f32, avx2::rows_f32_by_row),
+        (DType::F16, avx2::rows_f16, avx2::rows_f16_by_row),
+        (DType::BF16, avx2::rows_bf16, avx2::rows_bf16_by_row),
+    ];
+    let mut rng = Rng(0xf1);
+    for (dtype, tiles, by_row) in kernels {
+        for (rows, cols) in [(23, 16 * 40 + 8 + 5), (19, 9000), (5, 7)] {
+            let data = weight(&mut rng, dtype, rows, cols);
+            let rb = data.len() / rows;
+            for n in [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 17] {
+                let x = rng.vec(n * cols, 2.0);
+                let acts: Vec<&[f32]> = x.chunks(cols).collect();
+                let mut want = vec![f32::NAN; rows * n];
+                by_row(tokens[0], &data, rb, &acts, &mut want);
+                for &t in &tokens {
+                    let mut got = vec![f32::NAN; rows * n];
+                    tiles(t, &data, rb, &acts, &mut got);
+                    for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{dtype} {rows}x{cols} n={n} row {} token {}: {a} vs {b} ({t:?})",
+                            i / n,
+                            i % n
+                        );
+                    }
+                    let mut alone = vec![f32::NAN; rows];
+                    tiles(t, &data, rb, &acts[n - 1..], &mut alone);
+                    for r in 0..rows {
+                        assert_eq!(alone[r].to_bits(), got[r * n + n - 1].to_bits());
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Q4_0, Q4_K and Q6_K rows interleaved sixteen at a time give the bits of the same rows in file
 /// order, on every instruction set (AVX-512 reads the layout directly; the others put each
 /// group back into rows), for decode tiles (1 to 4 tokens; the K-quants' 5 to 8 in two) and
