@@ -25,6 +25,7 @@ use crate::blocks::*;
 use std::arch::x86_64::*;
 
 mod float;
+mod q23k;
 mod q40;
 mod q4k;
 mod q6k;
@@ -1206,9 +1207,24 @@ mod kquant512 {
 }
 
 mod other {
+    use super::q23k::{dot_q2_k, dot_q3_k};
     pub(super) use super::q4k::plain::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::plain::rows_q6_k;
     use super::*;
+    rows_driver!(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        rows_q2_k,
+        dot_q2_k,
+        BlockQ2K,
+        ActQ8K
+    );
+    rows_driver!(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        rows_q3_k,
+        dot_q3_k,
+        BlockQ3K,
+        ActQ8K
+    );
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
         rows_f32,
@@ -1555,6 +1571,8 @@ fn rows_q32<B: q80::Q32>(
 public_rows!(rows_q4_k, ActQ8K, kquant);
 public_rows!(rows_q5_k, ActQ8K, kquant);
 public_rows!(rows_q6_k, ActQ8K, kquant);
+public_rows!(rows_q2_k, ActQ8K);
+public_rows!(rows_q3_k, ActQ8K);
 
 macro_rules! float_rows_pub {
     ($name:ident, $by_row:ident, $tiles:ident) => {

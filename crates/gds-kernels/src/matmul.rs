@@ -139,9 +139,9 @@ enum ActKind {
 fn act_kind(dtype: DType) -> Result<ActKind, KernelError> {
     use DType::*;
     Ok(match dtype {
-        F32 | F16 | BF16 | Q2K | Q3K | Q8_1 | Q8K => ActKind::F32,
+        F32 | F16 | BF16 | Q8_1 | Q8K => ActKind::F32,
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | MXFP4 | Iq4Nl | Iq4Xs => ActKind::Q8,
-        Q4K | Q5K | Q6K => ActKind::Q8K,
+        Q2K | Q3K | Q4K | Q5K | Q6K => ActKind::Q8K,
         _ => {
             return Err(KernelError::Unsupported {
                 op: "matmul",
@@ -298,6 +298,8 @@ fn run_rows(be: Backend, dtype: DType, w: &[u8], rb: usize, acts: &ActRows<'_>, 
         (MXFP4, ActRows::Q8(a)) => go!(rows_mxfp4, a),
         (Iq4Nl, ActRows::Q8(a)) => go!(rows_iq4_nl, a),
         (Iq4Xs, ActRows::Q8(a)) => go!(rows_iq4_xs, a),
+        (Q2K, ActRows::Q8K(a)) => go!(rows_q2_k, a),
+        (Q3K, ActRows::Q8K(a)) => go!(rows_q3_k, a),
         (Q4K, ActRows::Q8K(a)) => go!(rows_q4_k, a),
         (Q5K, ActRows::Q8K(a)) => go!(rows_q5_k, a),
         (Q6K, ActRows::Q8K(a)) => go!(rows_q6_k, a),

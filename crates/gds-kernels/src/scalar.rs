@@ -154,6 +154,51 @@ fn dot_iq4_xs(w: &[BlockIq4Xs], a: &[ActQ8]) -> f32 {
     acc
 }
 
+/// Q2_K: `x = d * sc * q - dmin * m` per 16 elements, `q` in 0..4. As ggml's
+/// `vec_dot_q2_K_q8_K`: the integer sums of `sc * q * a` and of `m * bsum`, each scaled once.
+fn dot_q2_k(w: &[BlockQ2K], a: &[ActQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.iter().zip(a) {
+        let (mut isum, mut msum) = (0i32, 0i32);
+        for sub in 0..16 {
+            let sc = b.scales[sub];
+            let s: i32 = (sub * 16..sub * 16 + 16)
+                .map(|e| {
+                    let (half, shift, l) = (e / 128, (e / 32) % 4, e % 32);
+                    ((b.qs[half * 32 + l] >> (2 * shift)) & 3) as i32 * x.qs[e] as i32
+                })
+                .sum();
+            isum += (sc & 0xF) as i32 * s;
+            msum += (sc >> 4) as i32 * x.bsums[sub] as i32;
+        }
+        acc += b.d() * x.d * isum as f32 - b.dmin() * x.d * msum as f32;
+    }
+    acc
+}
+
+/// Q3_K: `x = d * sc * q` per 16 elements, `q` in -4..4 (two low bits, minus 4 where the
+/// high bit is clear), `sc` 6-bit signed. The integer sum of `sc * q * a`, scaled once.
+fn dot_q3_k(w: &[BlockQ3K], a: &[ActQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.iter().zip(a) {
+        let scales = q3k_scales(&b.scales);
+        let mut isum = 0i32;
+        for (sub, &sc) in scales.iter().enumerate() {
+            let s: i32 = (sub * 16..sub * 16 + 16)
+                .map(|e| {
+                    let (half, shift, l) = (e / 128, (e / 32) % 4, e % 32);
+                    let low = ((b.qs[half * 32 + l] >> (2 * shift)) & 3) as i32;
+                    let high = ((b.hmask[l] >> (e / 32)) & 1) as i32;
+                    (low - ((high ^ 1) << 2)) * x.qs[e] as i32
+                })
+                .sum();
+            isum += sc as i32 * s;
+        }
+        acc += b.d() * x.d * isum as f32;
+    }
+    acc
+}
+
 fn dot_q4_k(w: &[BlockQ4K], a: &[ActQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (b, x) in w.iter().zip(a) {
@@ -264,6 +309,14 @@ pub fn rows_iq4_nl(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
 /// IQ4_XS rows.
 pub fn rows_iq4_xs(w: &[u8], rb: usize, acts: &[&[ActQ8]], out: &mut [f32]) {
     rows(w, rb, acts, out, dot_iq4_xs)
+}
+/// Q2_K rows.
+pub fn rows_q2_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    rows(w, rb, acts, out, dot_q2_k)
+}
+/// Q3_K rows.
+pub fn rows_q3_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    rows(w, rb, acts, out, dot_q3_k)
 }
 /// Q4_K rows.
 pub fn rows_q4_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {

@@ -105,20 +105,17 @@ fn reference(w: &WeightView<'_>, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Ve
                 .map(|(a, b)| *a as f64 * *b as f64)
                 .sum::<f64>() as f32;
             // Worst-case error of 8-bit activation quantization: |w| * (block amax / 254).
-            let bs = if matches!(w.dtype, DType::Q4K | DType::Q5K | DType::Q6K) {
+            let bs = if matches!(
+                w.dtype,
+                DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K
+            ) {
                 256
             } else {
                 32
             };
             let quantized = !matches!(
                 w.dtype,
-                DType::F32
-                    | DType::F16
-                    | DType::BF16
-                    | DType::Q2K
-                    | DType::Q3K
-                    | DType::Q8_1
-                    | DType::Q8K
+                DType::F32 | DType::F16 | DType::BF16 | DType::Q8_1 | DType::Q8K
             );
             let mut m = 0f32;
             let mut total = 0f32;
@@ -635,6 +632,65 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
                     "n={n} row {r} token {k}: four-row {a}, by-row {b}, scalar {c} (tol {tol})"
                 );
                 assert_eq!(alone[r].to_bits(), a.to_bits(), "n={n} row {r} token {k}");
+            }
+        }
+    }
+}
+
+/// Q2_K and Q3_K (ggml's vec_dot over 8-bit activations since 2026-12-06): the AVX2 kernels
+/// give the scalar kernels' bits (the same exact integer sums, the same float expression),
+/// for quantized weights and for random quant bytes (every scale, min and high-bit pattern),
+/// activations up to the full 8-bit range, 1 to 9 tokens (tiles of four and their rest).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q2_k_and_q3_k_simd_equal_scalar_bit_for_bit() {
+    let Some(t) = gds_kernels::avx2::Avx2::detect() else {
+        eprintln!("AVX2 not available; nothing to compare");
+        return;
+    };
+    type Rows = fn(gds_kernels::avx2::Avx2, &[u8], usize, &[&[ActQ8K]], &mut [f32]);
+    type Scalar = fn(&[u8], usize, &[&[ActQ8K]], &mut [f32]);
+    let kernels: [(DType, Rows, Scalar); 2] = [
+        (
+            DType::Q2K,
+            gds_kernels::avx2::rows_q2_k,
+            gds_kernels::scalar::rows_q2_k,
+        ),
+        (
+            DType::Q3K,
+            gds_kernels::avx2::rows_q3_k,
+            gds_kernels::scalar::rows_q3_k,
+        ),
+    ];
+    let mut rng = Rng(0x23);
+    for (dtype, simd, scalar) in kernels {
+        let (rows, cols) = (7, 768);
+        let quantized = weight(&mut rng, dtype, rows, cols);
+        let mut random = rng.bytes(quantized.len());
+        for b in random.chunks_exact_mut(dtype.type_size()) {
+            // finite super-block scales (the quant bytes stay random)
+            let ts = b.len();
+            b[ts - 2..].copy_from_slice(&f16b(rng.f() * 0.01));
+            if dtype == DType::Q2K {
+                b[ts - 4..ts - 2].copy_from_slice(&f16b(rng.f() * 0.01));
+            }
+        }
+        for data in [quantized, random] {
+            let rb = data.len() / rows;
+            for n in [1, 2, 3, 4, 5, 9] {
+                let x = rng.vec(n * cols, 3.0);
+                let per = cols / 256;
+                let mut q = vec![ActQ8K::default(); n * per];
+                for (xr, qr) in x.chunks(cols).zip(q.chunks_mut(per)) {
+                    quantize_act_q8k_scalar(xr, qr);
+                }
+                let acts: Vec<&[ActQ8K]> = q.chunks(per).collect();
+                let (mut a, mut b) = (vec![f32::NAN; rows * n], vec![f32::NAN; rows * n]);
+                simd(t, &data, rb, &acts, &mut a);
+                scalar(&data, rb, &acts, &mut b);
+                for (i, (u, v)) in a.iter().zip(&b).enumerate() {
+                    assert_eq!(u.to_bits(), v.to_bits(), "{dtype} n={n} [{i}]: {u} vs {v}");
+                }
             }
         }
     }
