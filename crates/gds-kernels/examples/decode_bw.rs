@@ -4,7 +4,7 @@
 //! whether a kernel waits for memory or for arithmetic. Compare with a plain read loop's
 //! bandwidth on the same machine.
 //!
-//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0, each also with x16, or iq4_nl|iq4_xs|f16|bf16|f32 [TOKENS]]`
+//! `RAYON_NUM_THREADS=2 cargo run --profile ci -p gds-kernels --example decode_bw [-- q4_k|q5_k|q6_k|q4_0|q5_0|q4_1|q8_0, each also with x16, or iq4_nl|iq4_xs|q2_k|q3_k|f16|bf16|f32 [TOKENS]]`
 //! (TOKENS > 1: four 4096 x 4096 matrices, a 7B projection, against a prompt batch;
 //! `DECODE_BW_SHAPE=ROWSxCOLSxCOPIES` times another shape, e.g. a mixture of experts'
 //! `768x2048x512`, and `DECODE_BW_REPS` the passes over the copies per round)
@@ -46,6 +46,8 @@ fn run() {
     };
     let dtype = match name {
         "mxfp4" => DType::MXFP4,
+        "q2_k" => DType::Q2K,
+        "q3_k" => DType::Q3K,
         "q4_k" => DType::Q4K,
         "q5_k" => DType::Q5K,
         "q6_k" => DType::Q6K,

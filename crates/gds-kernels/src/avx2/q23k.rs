@@ -20,12 +20,80 @@ fn low2(q: __m256i, g: usize) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi8(3))
 }
 
-/// Sixteen i16 lanes: `lo` in the first eight (the group's first sub-block, whose pairs of
-/// products `maddubs` puts in the low 128 bits), `hi` in the last eight.
+/// The sixteen 6-bit scales of a Q3_K block as bytes 0..64 (the signed scale plus 32), by
+/// ggml's word arithmetic (`kmask1`, `kmask2`); [`q3k_scales`] is the reference.
+#[inline(always)]
+fn q3k_scales_biased(s: &[u8; 12]) -> [u8; 16] {
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, tmp) = (w(0), w(1), w(2));
+    let (k1, k2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+    let words = [
+        (a0 & k2) | ((tmp & k1) << 4),
+        (a1 & k2) | (((tmp >> 2) & k1) << 4),
+        ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+        ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4),
+    ];
+    let mut out = [0u8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+/// The sixteen i16 scales of a block (one per 16-element sub-block) with each 128-bit half
+/// holding the same eight: `[0]` scales 0..8, `[1]` 8..16 (`pshufb` works within halves).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scale_pair(lo: i16, hi: i16) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+fn scale_halves(s: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_permute2x128_si256::<0x00>(s, s),
+        _mm256_permute2x128_si256::<0x11>(s, s),
+    ]
+}
+
+/// What `madd` needs for group `j` (elements `32 j .. 32 j + 32`): sub-block `2 j`'s scale in
+/// the low eight lanes and `2 j + 1`'s in the high eight (the halves `maddubs` gives the
+/// group's two sub-blocks).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_pair(halves: &[__m256i; 2], j: usize) -> __m256i {
+    let k = (j % 4) as i8;
+    let (a, b) = (4 * k, 4 * k + 2);
+    let m = _mm256_setr_epi8(
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        a,
+        a + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+        b,
+        b + 1,
+    );
+    _mm256_shuffle_epi8(halves[j / 4], m)
 }
 
 /// Q3_K rows for `N` tokens.
@@ -39,7 +107,12 @@ pub(super) fn dot_q3_k<const N: usize>(w: &[BlockQ3K], x: [&[ActQ8K]; N]) -> [f3
     let four = _mm256_set1_epi8(4);
     let mut acc = [0f32; N];
     for (k, b) in w.iter().enumerate() {
-        let scales = q3k_scales(&b.scales);
+        let biased = q3k_scales_biased(&b.scales);
+        let sc16 = _mm256_sub_epi16(
+            _mm256_cvtepu8_epi16(ld_u8x16(&biased)),
+            _mm256_set1_epi16(32),
+        );
+        let scs = scale_halves(sc16);
         let hm = ld_u8x32(&b.hmask);
         let mut isum = [zero; N];
         for half in 0..2 {
@@ -51,7 +124,7 @@ pub(super) fn dot_q3_k<const N: usize>(w: &[BlockQ3K], x: [&[ActQ8K]; N]) -> [f3
                 let bit = _mm256_set1_epi8((1u8 << j) as i8);
                 let clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), zero);
                 let minus = _mm256_and_si256(clear, four);
-                let sc = scale_pair(scales[2 * j] as i16, scales[2 * j + 1] as i16);
+                let sc = scale_pair(&scs, j);
                 for t in 0..N {
                     let a = ld_i8x32(&x[t][k].qs[32 * j..]);
                     let p = _mm256_sub_epi16(
@@ -79,18 +152,16 @@ pub(super) fn dot_q2_k<const N: usize>(w: &[BlockQ2K], x: [&[ActQ8K]; N]) -> [f3
     let zero = _mm256_setzero_si256();
     let mut acc = [0f32; N];
     for (k, b) in w.iter().enumerate() {
-        let mins: [i16; 16] = std::array::from_fn(|s| (b.scales[s] >> 4) as i16);
-        let mins = ld_i16x16(&mins);
+        let packed = _mm256_cvtepu8_epi16(ld_u8x16(&b.scales));
+        let mins = _mm256_srli_epi16::<4>(packed);
+        let scs = scale_halves(_mm256_and_si256(packed, _mm256_set1_epi16(0xF)));
         let mut isum = [zero; N];
         for half in 0..2 {
             let q = ld_u8x32(&b.qs[32 * half..]);
             for g in 0..4 {
                 let j = 4 * half + g;
                 let low = low2(q, g);
-                let sc = scale_pair(
-                    (b.scales[2 * j] & 0xF) as i16,
-                    (b.scales[2 * j + 1] & 0xF) as i16,
-                );
+                let sc = scale_pair(&scs, j);
                 for t in 0..N {
                     let a = ld_i8x32(&x[t][k].qs[32 * j..]);
                     let p = _mm256_maddubs_epi16(low, a);
@@ -105,4 +176,26 @@ pub(super) fn dot_q2_k<const N: usize>(w: &[BlockQ2K], x: [&[ActQ8K]; N]) -> [f3
         }
     }
     acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q3k_scales_by_words_equal_the_reference() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            let mut s = [0u8; 12];
+            for b in &mut s {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                *b = state as u8;
+            }
+            let want = q3k_scales(&s);
+            let got = q3k_scales_biased(&s).map(|v| v as i8 - 32);
+            assert_eq!(got, want, "{s:?}");
+        }
+    }
 }
