@@ -54,43 +54,34 @@ macro_rules! float_rows {
                 s
             }
 
-            /// `R` rows × `T` tokens on plain AVX2: two accumulators each.
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            fn tile8<const R: usize, const T: usize>(
-                w: [&[$elem]; R],
-                x: [&[f32]; T],
-            ) -> [[f32; T]; R] {
+            /// The common length of a tile's rows (each token has at least as many values).
+            #[inline(always)]
+            fn check<const R: usize, const T: usize>(w: &[&[$elem]; R], x: &[&[f32]; T]) -> usize {
                 let n = w[0].len();
-                for r in &w {
+                for r in w {
                     assert_eq!(r.len(), n);
                 }
-                for t in &x {
+                for t in x {
                     assert!(t.len() >= n);
                 }
-                let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-                let mut i = 0;
-                while i + 16 <= n {
-                    for h in 0..2 {
-                        // In bounds: i + 16 <= n, every row has n elements and every token
-                        // at least n (asserted above).
-                        let mut wv = [_mm256_setzero_ps(); R];
-                        for r in 0..R {
-                            // SAFETY: in bounds (above).
-                            wv[r] = unsafe { $ld8(w[r].as_ptr().add(i + 8 * h)) };
-                        }
-                        for t in 0..T {
-                            // SAFETY: as above.
-                            let xv = unsafe { _mm256_loadu_ps(x[t].as_ptr().add(i + 8 * h)) };
-                            for r in 0..R {
-                                acc[r][t][h] = _mm256_fmadd_ps(wv[r], xv, acc[r][t][h]);
-                            }
-                        }
-                    }
-                    i += 16;
-                }
+                n
+            }
+
+            /// The end of every tile's chains, from element `i` (the first past the whole
+            /// sixteens): one more FMA into `acc0` for a last whole eight, `hsum(acc0 +
+            /// acc1)`, then the remaining elements one by one.
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn finish<const R: usize, const T: usize>(
+                w: [&[$elem]; R],
+                x: [&[f32]; T],
+                mut i: usize,
+                mut acc: [[[__m256; 2]; T]; R],
+            ) -> [[f32; T]; R] {
+                let n = check(&w, &x);
                 if i + 8 <= n {
-                    // In bounds: i + 8 <= n (as above).
+                    // In bounds: i + 8 <= n, every row has n elements and every token at
+                    // least n (checked above).
                     let mut wv = [_mm256_setzero_ps(); R];
                     for r in 0..R {
                         // SAFETY: in bounds (above).
@@ -115,6 +106,38 @@ macro_rules! float_rows {
                 res
             }
 
+            /// `R` rows × `T` tokens on plain AVX2: two accumulators each.
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn tile8<const R: usize, const T: usize>(
+                w: [&[$elem]; R],
+                x: [&[f32]; T],
+            ) -> [[f32; T]; R] {
+                let n = check(&w, &x);
+                let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+                let mut i = 0;
+                while i + 16 <= n {
+                    for h in 0..2 {
+                        // In bounds: i + 16 <= n, every row has n elements and every token
+                        // at least n (asserted above).
+                        let mut wv = [_mm256_setzero_ps(); R];
+                        for r in 0..R {
+                            // SAFETY: in bounds (above).
+                            wv[r] = unsafe { $ld8(w[r].as_ptr().add(i + 8 * h)) };
+                        }
+                        for t in 0..T {
+                            // SAFETY: as above.
+                            let xv = unsafe { _mm256_loadu_ps(x[t].as_ptr().add(i + 8 * h)) };
+                            for r in 0..R {
+                                acc[r][t][h] = _mm256_fmadd_ps(wv[r], xv, acc[r][t][h]);
+                            }
+                        }
+                    }
+                    i += 16;
+                }
+                finish(w, x, i, acc)
+            }
+
             /// `R` rows × `T` tokens with AVX-512: one 16-lane accumulator each, `acc0` in
             /// its low half and `acc1` in its high half.
             #[inline]
@@ -123,13 +146,7 @@ macro_rules! float_rows {
                 w: [&[$elem]; R],
                 x: [&[f32]; T],
             ) -> [[f32; T]; R] {
-                let n = w[0].len();
-                for r in &w {
-                    assert_eq!(r.len(), n);
-                }
-                for t in &x {
-                    assert!(t.len() >= n);
-                }
+                let n = check(&w, &x);
                 let mut acc = [[_mm512_setzero_ps(); T]; R];
                 let mut i = 0;
                 while i + 16 <= n {
@@ -161,30 +178,7 @@ macro_rules! float_rows {
                         ];
                     }
                 }
-                if i + 8 <= n {
-                    // In bounds: i + 8 <= n (as above).
-                    let mut wv = [_mm256_setzero_ps(); R];
-                    for r in 0..R {
-                        // SAFETY: in bounds (above).
-                        wv[r] = unsafe { $ld8(w[r].as_ptr().add(i)) };
-                    }
-                    for t in 0..T {
-                        // SAFETY: as above.
-                        let xv = unsafe { _mm256_loadu_ps(x[t].as_ptr().add(i)) };
-                        for r in 0..R {
-                            halves[r][t][0] = _mm256_fmadd_ps(wv[r], xv, halves[r][t][0]);
-                        }
-                    }
-                    i += 8;
-                }
-                let mut res = [[0f32; T]; R];
-                for r in 0..R {
-                    for t in 0..T {
-                        let [a0, a1] = halves[r][t];
-                        res[r][t] = tail(w[r], x[t], i, hsum_ps(_mm256_add_ps(a0, a1)));
-                    }
-                }
-                res
+                finish(w, x, i, halves)
             }
 
             /// Rows `r0..r1` of `w` (row `r` at `row(r)`) against tokens `t0..t1`, in tiles
