@@ -890,8 +890,8 @@ macro_rules! rows_driver {
         #[$attr]
         pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
             let nt = acts.len();
-            let chunk = (ROWS_CHUNK_BYTES / rb.max(1)).max(1) * rb;
-            for (wc, oc) in w.chunks(chunk).zip(out.chunks_mut(chunk / rb.max(1) * nt)) {
+            let per = (ROWS_CHUNK_BYTES / rb.max(1)).max(1);
+            for (wc, oc) in w.chunks(per * rb).zip(out.chunks_mut(per * nt)) {
                 let mut t0 = 0;
                 while t0 < nt {
                     let n = (nt - t0).min(4);

@@ -317,11 +317,31 @@ impl BlockQ8_0 {
 impl BlockQ8_1 {
     half_getters!(d, s);
 }
+/// Element `e`'s two low bits in the 2-bit planes `qs` of Q2_K and Q3_K: byte `32 (e / 128) +
+/// e % 32`, shifted by `2 ((e / 32) % 4)`.
+#[inline(always)]
+fn low2_of(qs: &[u8; QK_K / 4], e: usize) -> u8 {
+    (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3
+}
+
 impl BlockQ2K {
     half_getters!(d, dmin);
+
+    /// Element `e`'s quant, 0..4.
+    #[inline(always)]
+    pub fn q(&self, e: usize) -> u8 {
+        low2_of(&self.qs, e)
+    }
 }
 impl BlockQ3K {
     half_getters!(d);
+
+    /// Element `e`'s quant, -4..4: the two low bits, minus 4 where the high bit is clear.
+    #[inline(always)]
+    pub fn q(&self, e: usize) -> i8 {
+        let high = (self.hmask[e % 32] >> (e / 32)) & 1;
+        low2_of(&self.qs, e) as i8 - (((high ^ 1) << 2) as i8)
+    }
 }
 impl BlockQ4K {
     half_getters!(d, dmin);

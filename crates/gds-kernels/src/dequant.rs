@@ -134,8 +134,7 @@ impl Dequant for BlockQ2K {
     fn dequant(&self, out: &mut [f32]) {
         let (d, dmin) = (self.d(), self.dmin());
         for (e, o) in out[..QK_K].iter_mut().enumerate() {
-            let (half, shift, l) = (e / 128, (e / 32) % 4, e % 32);
-            let q = (self.qs[half * 32 + l] >> (2 * shift)) & 3;
+            let q = self.q(e);
             let sc = self.scales[e / 16];
             let dl = d * (sc & 0xF) as f32;
             let ml = dmin * (sc >> 4) as f32;
@@ -151,10 +150,7 @@ impl Dequant for BlockQ3K {
         let d = self.d();
         let scales = q3k_scales(&self.scales);
         for (e, o) in out[..QK_K].iter_mut().enumerate() {
-            let (half, shift, l) = (e / 128, (e / 32) % 4, e % 32);
-            let low = ((self.qs[half * 32 + l] >> (2 * shift)) & 3) as i32;
-            let high = ((self.hmask[l] >> (e / 32)) & 1) as i32;
-            let q = low - ((high ^ 1) << 2);
+            let q = self.q(e);
             let dl = d * scales[e / 16] as f32;
             *o = dl * q as f32;
         }

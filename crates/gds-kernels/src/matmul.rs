@@ -312,12 +312,12 @@ fn run_rows(be: Backend, dtype: DType, w: &[u8], rb: usize, acts: &ActRows<'_>, 
             const ROWS: usize = 16;
             let nt = a.len();
             let cols = a.first().map_or(0, |x| x.len());
+            let frb = cols * size_of::<f32>();
             let mut rows = vec![0f32; ROWS * cols];
             for (wr, o) in w.chunks(ROWS * rb).zip(out.chunks_mut(ROWS * nt)) {
                 let f = &mut rows[..wr.len() / rb * cols];
                 dequantize(dtype, wr, f).expect("validated rows");
                 let bytes = f.as_bytes();
-                let frb = cols * size_of::<f32>();
                 match be {
                     Backend::Scalar => scalar::rows_f32(bytes, frb, a, o),
                     #[cfg(target_arch = "x86_64")]

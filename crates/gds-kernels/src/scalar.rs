@@ -163,10 +163,7 @@ fn dot_q2_k(w: &[BlockQ2K], a: &[ActQ8K]) -> f32 {
         for sub in 0..16 {
             let sc = b.scales[sub];
             let s: i32 = (sub * 16..sub * 16 + 16)
-                .map(|e| {
-                    let (half, shift, l) = (e / 128, (e / 32) % 4, e % 32);
-                    ((b.qs[half * 32 + l] >> (2 * shift)) & 3) as i32 * x.qs[e] as i32
-                })
+                .map(|e| b.q(e) as i32 * x.qs[e] as i32)
                 .sum();
             isum += (sc & 0xF) as i32 * s;
             msum += (sc >> 4) as i32 * x.bsums[sub] as i32;
@@ -185,12 +182,7 @@ fn dot_q3_k(w: &[BlockQ3K], a: &[ActQ8K]) -> f32 {
         let mut isum = 0i32;
         for (sub, &sc) in scales.iter().enumerate() {
             let s: i32 = (sub * 16..sub * 16 + 16)
-                .map(|e| {
-                    let (half, shift, l) = (e / 128, (e / 32) % 4, e % 32);
-                    let low = ((b.qs[half * 32 + l] >> (2 * shift)) & 3) as i32;
-                    let high = ((b.hmask[l] >> (e / 32)) & 1) as i32;
-                    (low - ((high ^ 1) << 2)) * x.qs[e] as i32
-                })
+                .map(|e| b.q(e) as i32 * x.qs[e] as i32)
                 .sum();
             isum += sc as i32 * s;
         }

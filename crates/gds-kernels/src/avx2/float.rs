@@ -181,8 +181,8 @@ macro_rules! float_rows {
                 finish(w, x, i, halves)
             }
 
-            /// Rows `r0..r1` of `w` (row `r` at `row(r)`) against tokens `t0..t1`, in tiles
-            /// of `R` × `T`, written to `out[r * nt + t]`.
+            /// Rows `r0..r1` of `rows` against tokens `t0..t1`, in tiles of `R` × `T`,
+            /// written to `out[r * nt + t]`.
             #[allow(clippy::too_many_arguments)]
             #[inline(always)]
             fn run<const R: usize, const T: usize>(

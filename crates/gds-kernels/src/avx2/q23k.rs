@@ -57,42 +57,10 @@ fn scale_halves(s: __m256i) -> [__m256i; 2] {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scale_pair(halves: &[__m256i; 2], j: usize) -> __m256i {
-    let k = (j % 4) as i8;
-    let (a, b) = (4 * k, 4 * k + 2);
-    let m = _mm256_setr_epi8(
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-    );
+    // the byte pair of scale `2 (j % 4)` eight times in the low half, of the next in the high
+    let pair = |i: i16| (2 * i) | ((2 * i + 1) << 8);
+    let k = 2 * (j % 4) as i16;
+    let m = _mm256_set_m128i(_mm_set1_epi16(pair(k + 1)), _mm_set1_epi16(pair(k)));
     _mm256_shuffle_epi8(halves[j / 4], m)
 }
 
