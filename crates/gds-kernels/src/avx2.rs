@@ -1206,25 +1206,71 @@ mod quad {
 /// vector registers (Gemma 3 270M prompt processing ~900 -> ~1000 t/s with Q4_K's) and
 /// `vpdpbusd` in Q4_K's/Q5_K's prompt kernel.
 mod kquant512 {
+    use super::q23k::{gemm_q2_k16, gemm_q3_k16, Q23K_LANES_MIN};
     pub(super) use super::q4k::wide::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::wide::rows_q6_k;
+    use super::*;
+    q23k_rows!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+        rows_q2_k,
+        rows_q2_k_by_row,
+        gemm_q2_k16,
+        Q23K_LANES_MIN.1
+    );
+    q23k_rows!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+        rows_q3_k,
+        rows_q3_k_by_row,
+        gemm_q3_k16,
+        Q23K_LANES_MIN.1
+    );
 }
 
+/// Q2_K/Q3_K rows: a row at a time (the row driver `$by_row`) for fewer than `$min` tokens,
+/// chunks of rows repacked into vector lanes (`$gemm`) for more; the same bits either way.
+macro_rules! q23k_rows {
+    ($feat:literal, $name:ident, $by_row:ident, $gemm:ident, $min:expr) => {
+        #[target_feature(enable = $feat)]
+        pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+            if acts.len() >= $min && w.len() >= rb {
+                $gemm(w, rb, acts, out)
+            } else {
+                super::other::$by_row(w, rb, acts, out)
+            }
+        }
+    };
+}
+use q23k_rows;
+
 mod other {
-    use super::q23k::{dot_q2_k, dot_q3_k};
+    use super::q23k::{dot_q2_k, dot_q3_k, gemm_q2_k8, gemm_q3_k8, Q23K_LANES_MIN};
     pub(super) use super::q4k::plain::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::plain::rows_q6_k;
     use super::*;
+    q23k_rows!(
+        "avx2,fma,f16c",
+        rows_q2_k,
+        rows_q2_k_by_row,
+        gemm_q2_k8,
+        Q23K_LANES_MIN.0
+    );
+    q23k_rows!(
+        "avx2,fma,f16c",
+        rows_q3_k,
+        rows_q3_k_by_row,
+        gemm_q3_k8,
+        Q23K_LANES_MIN.0
+    );
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
-        rows_q2_k,
+        rows_q2_k_by_row,
         dot_q2_k,
         BlockQ2K,
         ActQ8K
     );
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
-        rows_q3_k,
+        rows_q3_k_by_row,
         dot_q3_k,
         BlockQ3K,
         ActQ8K
@@ -1575,8 +1621,8 @@ fn rows_q32<B: q80::Q32>(
 public_rows!(rows_q4_k, ActQ8K, kquant);
 public_rows!(rows_q5_k, ActQ8K, kquant);
 public_rows!(rows_q6_k, ActQ8K, kquant);
-public_rows!(rows_q2_k, ActQ8K);
-public_rows!(rows_q3_k, ActQ8K);
+public_rows!(rows_q2_k, ActQ8K, kquant);
+public_rows!(rows_q3_k, ActQ8K, kquant);
 
 macro_rules! float_rows_pub {
     ($name:ident, $by_row:ident, $tiles:ident) => {

@@ -9,6 +9,8 @@
 //! then the float kernel — Llama-3.2-1B's shape in Q3_K_M decoded at 1.3 t/s where
 //! llama.cpp decoded at 33.
 
+use super::q4k::transpose8;
+use super::q6k::{lanes_rows16, lanes_rows8, spread_scales8, Packed16, Packed8, Q2, Q3};
 use super::*;
 
 /// The two bits of each element of group `j` (elements `32 j .. 32 j + 32`) as bytes:
@@ -145,6 +147,125 @@ pub(super) fn dot_q2_k<const N: usize>(w: &[BlockQ2K], x: [&[ActQ8K]; N]) -> [f3
     }
     acc
 }
+
+// ---------------------------------------------------------------------------------------
+// Prompt batches: chunks of rows repacked eight (AVX2) or sixteen (AVX-512) at a time, a row
+// per 32-bit lane, into `super::q6k`'s layout (both types have sixteen 16-element
+// sub-blocks), and every tile of tokens against them. The quants are stored unsigned — Q3_K's
+// plus 4, its offset then taken once per block from the activation sums — and each block
+// ends in its row kernel's float expression, so a row's result is the same bits on every path.
+
+/// The 32 quants of each group `4 half + g` of a Q3_K block, plus 4 (0..8), as bytes: the
+/// two low bits, and 4 where the high bit is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q3_groups(b: &BlockQ3K, half: usize) -> [__m256i; 4] {
+    let q = ld_u8x32(&b.qs[32 * half..]);
+    let hm = ld_u8x32(&b.hmask);
+    let four = _mm256_set1_epi8(4);
+    let mut out = [_mm256_setzero_si256(); 4];
+    for (g, o) in out.iter_mut().enumerate() {
+        let bit = _mm256_set1_epi8((1u8 << (4 * half + g)) as i8);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+        *o = _mm256_or_si256(low2(q, g), _mm256_and_si256(set, four));
+    }
+    out
+}
+
+/// The 32 quants (0..4) of each group `j = 4 half + g` of a Q2_K block times their
+/// sub-block's 4-bit scale (`2j` for the first sixteen, `2j + 1` for the rest), as bytes: a
+/// table `[0, s, 2s, 3s]` per 128-bit half looked up by the quant.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q2_scaled(b: &BlockQ2K, half: usize) -> [__m256i; 4] {
+    let q = ld_u8x32(&b.qs[32 * half..]);
+    let table = |s: u8| {
+        let s = s & 0xF;
+        i32::from_le_bytes([0, s, 2 * s, 3 * s])
+    };
+    let mut out = [_mm256_setzero_si256(); 4];
+    for (g, o) in out.iter_mut().enumerate() {
+        let j = 4 * half + g;
+        let t = _mm256_setr_m128i(
+            _mm_set1_epi32(table(b.scales[2 * j])),
+            _mm_set1_epi32(table(b.scales[2 * j + 1])),
+        );
+        *o = _mm256_shuffle_epi8(t, low2(q, g));
+    }
+    out
+}
+
+/// `Packed8::q` of eight rows from each row's groups (`groups(row, half)`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn transposed(groups: impl Fn(usize, usize) -> [__m256i; 4], p: &mut Packed8) {
+    for h in 0..2 {
+        let v: [[__m256i; 4]; 8] = std::array::from_fn(|r| groups(r, h));
+        for c in 0..4 {
+            p.q[4 * h + c] = transpose8(std::array::from_fn(|r| v[r][c]));
+        }
+    }
+}
+
+/// Repacks block `i` of eight Q3_K rows into `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn repack8_q3(rows: &[&[BlockQ3K]; 8], i: usize, p: &mut Packed8) {
+    transposed(|r, h| q3_groups(&rows[r][i], h), p);
+    let s =
+        std::array::from_fn(|r| q3k_scales_biased(&rows[r][i].scales).map(|v| v.wrapping_sub(32)));
+    (p.sc, p.scp) = spread_scales8(&s);
+    p.d = f16x8(|r| i16::from_le_bytes(rows[r][i].d));
+}
+
+/// Repacks block `i` of eight Q2_K rows into `p`: each quant times its sub-block's scale
+/// (0..46, so `maddubs` pairs and `vpdpbusd` stay exact) with the scales all 1, `scp` the mins.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn repack8_q2(rows: &[&[BlockQ2K]; 8], i: usize, p: &mut Packed8) {
+    transposed(|r, h| q2_scaled(&rows[r][i], h), p);
+    p.sc = [_mm256_set1_epi16(1); 16];
+    p.scp = spread_scales8(&std::array::from_fn(|r| rows[r][i].scales.map(|v| v >> 4))).1;
+    p.d = f16x8(|r| i16::from_le_bytes(rows[r][i].d));
+    p.dmin = f16x8(|r| i16::from_le_bytes(rows[r][i].dmin));
+}
+
+/// Q3_K prompt batches on plain AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemm_q3_k8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    lanes_rows8::<BlockQ3K, Q3>(w, rb, acts, out, |rows, i, p| repack8_q3(rows, i, p));
+}
+
+/// Q2_K prompt batches on plain AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn gemm_q2_k8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    lanes_rows8::<BlockQ2K, Q2>(w, rb, acts, out, |rows, i, p| repack8_q2(rows, i, p));
+}
+
+/// Q3_K prompt batches on AVX-512: sixteen rows a vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn gemm_q3_k16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let mut half = [Packed8::zero(); 2];
+    lanes_rows16::<BlockQ3K, Q3>(w, rb, acts, out, |lo, hi, i, p| {
+        repack8_q3(lo, i, &mut half[0]);
+        repack8_q3(hi, i, &mut half[1]);
+        Packed16::join(&half[0], &half[1], p);
+    });
+}
+
+/// Q2_K prompt batches on AVX-512: sixteen rows a vector.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn gemm_q2_k16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    let mut half = [Packed8::zero(); 2];
+    lanes_rows16::<BlockQ2K, Q2>(w, rb, acts, out, |lo, hi, i, p| {
+        repack8_q2(lo, i, &mut half[0]);
+        repack8_q2(hi, i, &mut half[1]);
+        Packed16::join(&half[0], &half[1], p);
+    });
+}
+
+/// Tokens from which Q2_K and Q3_K rows are repacked (AVX2, AVX-512); below, the row kernels.
+pub(super) const Q23K_LANES_MIN: (usize, usize) = (5, 5);
 
 #[cfg(test)]
 mod tests {

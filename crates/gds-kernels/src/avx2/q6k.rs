@@ -5,6 +5,11 @@
 //! whichever path computed it. Fewer than eight tokens: rows in their stored layout, eight
 //! side by side, the row-at-a-time integer sums folded by an `hadd` tree ([`rows8`]); more:
 //! chunks of rows repacked once ([`Packed8`]) and every tile of tokens against them.
+//!
+//! The repacked layout and its products serve every K-quant of sixteen 16-element sub-blocks
+//! with unsigned quants after an offset: Q6_K (`q + 32`), Q3_K (`q + 4`) and Q2_K (`q`, with
+//! a min per sub-block); only the block end differs ([`Sub16`]), and `super::q23k` repacks
+//! its two types into the same [`Packed8`].
 
 use super::q4k::{
     bcast4, bcast4x16, by_tile, chunked, group8, join, join_ps, lanes16, lanes8, put8, put_halves,
@@ -13,18 +18,36 @@ use super::q4k::{
 use super::*;
 use crate::interleave::GROUP;
 
-/// Eight rows of one Q6_K block, repacked with row `r` in 32-bit lane `r`.
+/// How a block of a [`Packed8`] ends, per row: from its integer sum `I` (the repacked
+/// quants' products, each sub-block's scaled) and `P`, the sum over sub-blocks of
+/// [`Packed8::scp`]'s value times the activation sum, with `dx` the activations' scale:
+/// - `Q6` (Q6_K): `acc = fma(d * dx, I - 32 P, acc)`;
+/// - `Q3` (Q3_K): `acc + (d * dx) * (I - 4 P)`;
+/// - `Q2` (Q2_K, `P` from the mins): `acc + ((d * dx) * I - (dmin * dx) * P)`;
+///
+/// each the float expression of its type's row-at-a-time kernel, so every path gives a row
+/// the same bits.
+pub(super) type Sub16 = u8;
+pub(super) const Q6: Sub16 = 6;
+pub(super) const Q3: Sub16 = 3;
+pub(super) const Q2: Sub16 = 2;
+
+/// Eight rows of one sixteen-sub-block K-quant block, repacked with row `r` in 32-bit lane `r`.
 #[derive(Clone, Copy)]
 pub(super) struct Packed8 {
-    /// Quants (0..63) of elements `32j + 4g..32j + 4g + 4` of row `r` in bytes `4r..4r + 4` of
-    /// `q[j][g]` (sub-block `2j` in groups 0..4, `2j + 1` in 4..8).
-    q: [[__m256i; 8]; 8],
+    /// Unsigned quants (Q6_K 0..63, Q3_K 0..7, Q2_K 0..3) of elements `32j + 4g..32j + 4g + 4`
+    /// of row `r` in bytes `4r..4r + 4` of `q[j][g]` (sub-block `2j` in groups 0..4, `2j + 1`
+    /// in 4..8).
+    pub(super) q: [[__m256i; 8]; 8],
     /// The scale of sub-block `s` of row `r` in 16-bit lanes `2r` and `2r + 1`.
-    sc: [__m256i; 16],
-    /// The scales of sub-blocks `2k` and `2k + 1` of row `r` in 16-bit lanes `2r`, `2r + 1`.
-    scp: [__m256i; 8],
+    pub(super) sc: [__m256i; 16],
+    /// The scales (Q6_K, Q3_K) or mins (Q2_K) of sub-blocks `2k` and `2k + 1` of row `r` in
+    /// 16-bit lanes `2r`, `2r + 1`.
+    pub(super) scp: [__m256i; 8],
     /// `d` of each row.
-    d: __m256,
+    pub(super) d: __m256,
+    /// `dmin` of each row (Q2_K; zero for the others).
+    pub(super) dmin: __m256,
 }
 
 /// `pshufb` masks that put bytes `a` and `b` of each 32-bit lane in the high bytes of its
@@ -55,15 +78,18 @@ const PAIR_SCALES: [[u8; 32]; 2] = [high_bytes(0, 1), high_bytes(2, 3)];
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales8(rows: &[&[BlockQ6K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
-    // the sixteen scales of the eight rows, four a 32-bit word, row `r` in lane `r` of
-    // `words[k]`; spread into 16-bit lanes with byte shuffles and sign-extended by a shift
+    spread_scales8(&std::array::from_fn(|r| rows[r][i].scales.map(|b| b as u8)))
+}
+
+/// Sixteen signed byte scales of each of eight rows (`s[r]`) as `Packed8::sc` and
+/// `Packed8::scp`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn spread_scales8(s: &[[u8; 16]; 8]) -> ([__m256i; 16], [__m256i; 8]) {
+    // four scales a 32-bit word, row `r` in lane `r` of `words[k]`; spread into 16-bit lanes
+    // with byte shuffles and sign-extended by a shift
     let words: [__m256i; 4] = std::array::from_fn(|k| {
-        let w = |r: usize| {
-            let s = &rows[r][i].scales;
-            i32::from_le_bytes(
-                [s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]].map(|b| b as u8),
-            )
-        };
+        let w = |r: usize| i32::from_le_bytes(s[r][4 * k..4 * k + 4].try_into().expect("4"));
         _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
     });
     let spread =
@@ -85,13 +111,14 @@ fn quants8(rows: &[&[BlockQ6K]; 8], i: usize, h: usize) -> [[__m256i; 8]; 4] {
 impl Packed8 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn zero() -> Packed8 {
+    pub(super) fn zero() -> Packed8 {
         let z = _mm256_setzero_si256();
         Packed8 {
             q: [[z; 8]; 8],
             sc: [z; 16],
             scp: [z; 8],
             d: _mm256_setzero_ps(),
+            dmin: _mm256_setzero_ps(),
         }
     }
 }
@@ -119,14 +146,17 @@ fn d8(rows: &[&[BlockQ6K]; 8], i: usize) -> __m256 {
 /// Eight repacked rows (block `i` in `p[i]`) against `N` tokens: each token's eight row sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn gemm8<const N: usize>(p: &[Packed8], xs: [&[ActQ8K]; N]) -> [__m256; N] {
-    gemm8_by(p, |u| u, xs)
+pub(super) fn gemm8<const K: Sub16, const N: usize>(
+    p: &[Packed8],
+    xs: [&[ActQ8K]; N],
+) -> [__m256; N] {
+    gemm8_by::<K, _, N>(p, |u| u, xs)
 }
 
 /// [`gemm8`] over the eight-row parts `part(p[i])` of block `i`'s repacked rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn gemm8_by<P, const N: usize>(
+pub(super) fn gemm8_by<const K: Sub16, P, const N: usize>(
     p: &[P],
     part: impl Fn(&P) -> &Packed8,
     xs: [&[ActQ8K]; N],
@@ -161,25 +191,46 @@ fn gemm8_by<P, const N: usize>(
             }
         }
         for t in 0..N {
-            acc[t] = finish8(acc[t], isum[t], &u.scp, u.d, &xs[t][i]);
+            acc[t] = finish8::<K>(acc[t], isum[t], &u.scp, (u.d, u.dmin), &xs[t][i]);
         }
     }
     acc
 }
 
-/// The block end of [`gemm8`]: the scaled sums less 32 times the scaled activation sums,
-/// then `acc = fma(d * dx, I, acc)`.
+/// The block end of [`gemm8`] ([`Sub16`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn finish8(acc: __m256, isum: __m256i, scp: &[__m256i; 8], d: __m256, x: &ActQ8K) -> __m256 {
+fn finish8<const K: Sub16>(
+    acc: __m256,
+    isum: __m256i,
+    scp: &[__m256i; 8],
+    (d, dmin): (__m256, __m256),
+    x: &ActQ8K,
+) -> __m256 {
     let mut off = _mm256_setzero_si256();
     for (k, scp) in scp.iter().enumerate() {
         let pair = bsum_pair(&x.bsums, k);
         off = _mm256_add_epi32(off, _mm256_madd_epi16(*scp, _mm256_set1_epi32(pair)));
     }
-    let it = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(off));
     let dx = _mm256_set1_ps(x.d);
-    _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it), acc)
+    match K {
+        Q6 => {
+            let it = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(off));
+            _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it), acc)
+        }
+        Q3 => {
+            let it = _mm256_sub_epi32(isum, _mm256_slli_epi32::<2>(off));
+            _mm256_add_ps(
+                acc,
+                _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it)),
+            )
+        }
+        _ => {
+            let i = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(isum));
+            let m = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(off));
+            _mm256_add_ps(acc, _mm256_sub_ps(i, m))
+        }
+    }
 }
 
 /// Activation sums `2k` (low 16 bits) and `2k + 1` as one dword.
@@ -272,23 +323,44 @@ fn tile_rows<const N: usize>(
 /// 8..16 of 512-bit vectors.
 #[derive(Clone, Copy)]
 pub(super) struct Packed16 {
-    q: [[__m512i; 8]; 8],
-    sc: [__m512i; 16],
-    scp: [__m512i; 8],
-    d: __m512,
+    pub(super) q: [[__m512i; 8]; 8],
+    pub(super) sc: [__m512i; 16],
+    pub(super) scp: [__m512i; 8],
+    pub(super) d: __m512,
+    pub(super) dmin: __m512,
 }
 
 impl Packed16 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-    fn zero() -> Packed16 {
+    pub(super) fn zero() -> Packed16 {
         let z = _mm512_setzero_si512();
         Packed16 {
             q: [[z; 8]; 8],
             sc: [z; 16],
             scp: [z; 8],
             d: _mm512_setzero_ps(),
+            dmin: _mm512_setzero_ps(),
         }
+    }
+
+    /// Rows 0..8 from `lo` and 8..16 from `hi`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    pub(super) fn join(lo: &Packed8, hi: &Packed8, p: &mut Packed16) {
+        for j in 0..8 {
+            for g in 0..8 {
+                p.q[j][g] = join(lo.q[j][g], hi.q[j][g]);
+            }
+        }
+        for s in 0..16 {
+            p.sc[s] = join(lo.sc[s], hi.sc[s]);
+        }
+        for k in 0..8 {
+            p.scp[k] = join(lo.scp[k], hi.scp[k]);
+        }
+        p.d = join_ps(lo.d, hi.d);
+        p.dmin = join_ps(lo.dmin, hi.dmin);
     }
 }
 
@@ -316,7 +388,10 @@ fn repack16(lo: &[&[BlockQ6K]; 8], hi: &[&[BlockQ6K]; 8], i: usize, p: &mut Pack
 /// [`gemm8`] on sixteen rows: the same arithmetic per lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8K]; N]) -> [__m512; N] {
+pub(super) fn gemm16<const K: Sub16, const N: usize>(
+    p: &[Packed16],
+    xs: [&[ActQ8K]; N],
+) -> [__m512; N] {
     let mut acc = [_mm512_setzero_ps(); N];
     for (i, u) in p.iter().enumerate() {
         let mut isum = [_mm512_setzero_si512(); N];
@@ -344,7 +419,52 @@ fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8K]; N]) -> [__m512; N] {
             }
         }
         for t in 0..N {
-            acc[t] = finish16(acc[t], isum[t], &u.scp, u.d, &xs[t][i]);
+            acc[t] = finish16::<K>(acc[t], isum[t], &u.scp, (u.d, u.dmin), &xs[t][i]);
+        }
+    }
+    acc
+}
+
+/// [`gemm16`] with VNNI for Q3_K and Q2_K: each sub-block's sixteen products summed by
+/// `vpdpbusd` (exact), then for Q3_K scaled by one `madd` (the sum fits 16 bits: 16 x 7 x 128,
+/// so the scale in the low half of each 32-bit lane and zero in the high half multiply it
+/// exactly); Q2_K's quants carry their scales already (`super::q23k`), so its products go
+/// straight into the block's sum. The same integer sums as [`gemm16`] and [`gemm8`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub(super) fn gemm16_dp<const K: Sub16, const N: usize>(
+    p: &[Packed16],
+    xs: [&[ActQ8K]; N],
+) -> [__m512; N] {
+    debug_assert!(K == Q3 || K == Q2);
+    let low = _mm512_set1_epi32(0xFFFF);
+    let mut acc = [_mm512_setzero_ps(); N];
+    for (i, u) in p.iter().enumerate() {
+        let mut isum = [_mm512_setzero_si512(); N];
+        for j in 0..8 {
+            for h in 0..2 {
+                let mut s = [_mm512_setzero_si512(); N];
+                for g in 4 * h..4 * h + 4 {
+                    let w = u.q[j][g];
+                    for t in 0..N {
+                        let a = bcast4x16(&xs[t][i].qs[32 * j + 4 * g..]);
+                        if K == Q2 {
+                            isum[t] = _mm512_dpbusd_epi32(isum[t], w, a);
+                        } else {
+                            s[t] = _mm512_dpbusd_epi32(s[t], w, a);
+                        }
+                    }
+                }
+                if K == Q3 {
+                    let sc = _mm512_and_si512(u.sc[2 * j + h], low);
+                    for t in 0..N {
+                        isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s[t], sc));
+                    }
+                }
+            }
+        }
+        for t in 0..N {
+            acc[t] = finish16::<K>(acc[t], isum[t], &u.scp, (u.d, u.dmin), &xs[t][i]);
         }
     }
     acc
@@ -353,21 +473,39 @@ fn gemm16<const N: usize>(p: &[Packed16], xs: [&[ActQ8K]; N]) -> [__m512; N] {
 /// Q6_K prompt batches on plain AVX2: groups of eight rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ6K>(),
-    );
+    lanes_rows8::<BlockQ6K, Q6>(w, rb, acts, out, |rows, i, p| repack8(rows, i, p));
+}
+
+/// Q6_K prompt batches on AVX-512: groups of sixteen rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+    lanes_rows16::<BlockQ6K, Q6>(w, rb, acts, out, |lo, hi, i, p| repack16(lo, hi, i, p));
+}
+
+/// Prompt batches of a sixteen-sub-block K-quant `B` on plain AVX2: chunks of rows repacked
+/// eight a group by `repack(rows, block, into)`, then every tile of tokens against them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn lanes_rows8<B, const K: Sub16>(
+    w: &[u8],
+    rb: usize,
+    acts: &[&[ActQ8K]],
+    out: &mut [f32],
+    mut repack: impl FnMut(&[&[B]; 8], usize, &mut Packed8),
+) where
+    B: zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned,
+{
+    let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / std::mem::size_of::<B>());
     chunked(
         w,
         rb,
         (nb, 8, nt),
         Packed8::zero(),
-        |r| group8(w, rb, r, nrows),
-        |rows, i, p| repack8(rows, i, p),
+        |r| group8::<B>(w, rb, r, nrows),
+        |rows, i, p| repack(rows, i, p),
         |p: &[Packed8], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm8(p, xs).map(|v| lanes8(v)),
+                gemm8::<K, _>(p, xs).map(|v| lanes8(v)),
                 r,
                 nrows,
                 out,
@@ -378,30 +516,41 @@ fn gemm_rows8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
     );
 }
 
-/// Q6_K prompt batches on AVX-512: groups of sixteen rows.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
-fn gemm_rows16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-    let (nt, nrows, nb) = (
-        acts.len(),
-        w.len() / rb,
-        rb / std::mem::size_of::<BlockQ6K>(),
-    );
+/// [`lanes_rows8`] on AVX-512: groups of sixteen rows, `repack(rows 0..8, rows 8..16, block,
+/// into)`; Q6_K's products by [`gemm16`], Q3_K's and Q2_K's by [`gemm16_dp`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(super) fn lanes_rows16<B, const K: Sub16>(
+    w: &[u8],
+    rb: usize,
+    acts: &[&[ActQ8K]],
+    out: &mut [f32],
+    mut repack: impl FnMut(&[&[B]; 8], &[&[B]; 8], usize, &mut Packed16),
+) where
+    B: zerocopy::FromBytes + zerocopy::Immutable + zerocopy::KnownLayout + zerocopy::Unaligned,
+{
+    let (nt, nrows, nb) = (acts.len(), w.len() / rb, rb / std::mem::size_of::<B>());
     chunked(
         w,
         rb,
         (nb, 16, nt),
         Packed16::zero(),
-        |r| (group8(w, rb, r, nrows), group8(w, rb, r + 8, nrows)),
-        |(lo, hi), i, p| repack16(lo, hi, i, p),
+        |r| {
+            (
+                group8::<B>(w, rb, r, nrows),
+                group8::<B>(w, rb, r + 8, nrows),
+            )
+        },
+        |(lo, hi), i, p| repack(lo, hi, i, p),
         |p: &[Packed16], r, t0| {
-            by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16(p, xs).map(|v| lanes16(v)),
-                r,
-                nrows,
-                out,
-                nt,
-                t0
-            ))
+            by_tile!(&acts[t0..], |xs| {
+                let v = if K == Q6 {
+                    gemm16::<K, _>(p, xs)
+                } else {
+                    gemm16_dp::<K, _>(p, xs)
+                };
+                put_rows(v.map(|v| lanes16(v)), r, nrows, out, nt, t0)
+            })
         },
     );
 }
@@ -442,11 +591,11 @@ pub(super) mod plain {
     q6k_rows!("avx2,fma,f16c", gemm_rows8, Q6K_LANES_MIN.0);
 }
 
-/// AVX-512 VL/BW: sixteen rows a vector for prompt batches, 32 registers.
+/// AVX-512 VL/BW/VNNI: sixteen rows a vector for prompt batches, 32 registers.
 pub(super) mod wide {
     use super::*;
     q6k_rows!(
-        "avx2,fma,f16c,avx512f,avx512vl,avx512bw",
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
         gemm_rows16,
         Q6K_LANES_MIN.1
     );
@@ -527,19 +676,40 @@ fn unpack_x16(group: &[u8], i: usize, p: &mut Packed16) {
     p.d = d_x16(b);
 }
 
-/// The block end of [`gemm16`]: the scaled sums less 32 times the scaled activation sums,
-/// then `acc = fma(d * dx, I, acc)`.
+/// The block end of [`gemm16`]: [`finish8`]'s, sixteen lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-fn finish16(acc: __m512, isum: __m512i, scp: &[__m512i; 8], d: __m512, x: &ActQ8K) -> __m512 {
+fn finish16<const K: Sub16>(
+    acc: __m512,
+    isum: __m512i,
+    scp: &[__m512i; 8],
+    (d, dmin): (__m512, __m512),
+    x: &ActQ8K,
+) -> __m512 {
     let mut off = _mm512_setzero_si512();
     for (k, scp) in scp.iter().enumerate() {
         let pair = bsum_pair(&x.bsums, k);
         off = _mm512_add_epi32(off, _mm512_madd_epi16(*scp, _mm512_set1_epi32(pair)));
     }
-    let it = _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(off));
     let dx = _mm512_set1_ps(x.d);
-    _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(it), acc)
+    match K {
+        Q6 => {
+            let it = _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(off));
+            _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(it), acc)
+        }
+        Q3 => {
+            let it = _mm512_sub_epi32(isum, _mm512_slli_epi32::<2>(off));
+            _mm512_add_ps(
+                acc,
+                _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(it)),
+            )
+        }
+        _ => {
+            let i = _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum));
+            let m = _mm512_mul_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(off));
+            _mm512_add_ps(acc, _mm512_sub_ps(i, m))
+        }
+    }
 }
 
 /// [`gemm16`]'s arithmetic on a group of sixteen interleaved rows read as it goes (decode:
@@ -574,7 +744,7 @@ fn gemv_x16<const N: usize>(group: &[u8], nb: usize, xs: [&[ActQ8K]; N], pf: &[u
         }
         let d = d_x16(b);
         for t in 0..N {
-            acc[t] = finish16(acc[t], isum[t], &scp, d, &xs[t][i]);
+            acc[t] = finish16::<Q6>(acc[t], isum[t], &scp, (d, d), &xs[t][i]);
         }
     }
     acc
@@ -611,7 +781,7 @@ pub(super) fn rows_x16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32])
         |group, i, p| unpack_x16(group, i, p),
         |p: &[Packed16], r, t0| {
             by_tile!(&acts[t0..], |xs| put_rows(
-                gemm16(p, xs).map(|v| lanes16(v)),
+                gemm16::<Q6, _>(p, xs).map(|v| lanes16(v)),
                 r,
                 nrows,
                 out,
@@ -730,7 +900,7 @@ fn gemv_x8<const N: usize>(
             }
             let d = d_x8(b, half);
             for t in 0..N {
-                acc[t] = finish8(acc[t], isum[t], &scp, d, &xs[t][i]);
+                acc[t] = finish8::<Q6>(acc[t], isum[t], &scp, (d, d), &xs[t][i]);
             }
         }
     }
@@ -767,7 +937,7 @@ pub(super) fn rows_x16_avx2(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [
         |p: &[[Packed8; 2]], r, t0| {
             by_tile!(&acts[t0..], |xs| {
                 for half in 0..2 {
-                    let v = gemm8_by(p, |u| &u[half], xs);
+                    let v = gemm8_by::<Q6, _, _>(p, |u| &u[half], xs);
                     put_rows(v.map(|v| lanes8(v)), r + 8 * half, nrows, out, nt, t0);
                 }
             })

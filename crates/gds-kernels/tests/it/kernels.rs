@@ -637,59 +637,68 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
     }
 }
 
-/// Q2_K and Q3_K (ggml's vec_dot over 8-bit activations since 2026-12-06): the AVX2 kernels
-/// give the scalar kernels' bits (the same exact integer sums, the same float expression),
-/// for quantized weights and for random quant bytes (every scale, min and high-bit pattern),
-/// activations up to the full 8-bit range, 1 to 9 tokens (tiles of four and their rest).
+/// Q2_K and Q3_K (ggml's vec_dot over 8-bit activations since 2026-12-06; prompt batches
+/// repacked a row per vector lane since 2026-12-07): the AVX2 and AVX-512 kernels give the
+/// scalar kernels' bits (the same exact integer sums, the same float expression), for
+/// quantized weights and for random quant bytes (every scale, min and high-bit pattern),
+/// activations up to the full 8-bit range, 1 to 17 tokens (the row kernel's tiles of four
+/// and their rest, the repacked kernel's from 5 on), 7 rows (a part of a group of eight) and
+/// 203 (groups of eight and sixteen, a last part group, several chunks of repacked rows).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn q2_k_and_q3_k_simd_equal_scalar_bit_for_bit() {
-    let Some(t) = gds_kernels::avx2::Avx2::detect() else {
+    use gds_kernels::avx2::{self, Avx2};
+    let isas: Vec<Avx2> = [Avx2::detect(), Avx2::detect_avx512()]
+        .into_iter()
+        .flatten()
+        .collect();
+    if isas.is_empty() {
         eprintln!("AVX2 not available; nothing to compare");
         return;
-    };
-    type Rows = fn(gds_kernels::avx2::Avx2, &[u8], usize, &[&[ActQ8K]], &mut [f32]);
+    }
+    type Rows = fn(Avx2, &[u8], usize, &[&[ActQ8K]], &mut [f32]);
     type Scalar = fn(&[u8], usize, &[&[ActQ8K]], &mut [f32]);
     let kernels: [(DType, Rows, Scalar); 2] = [
-        (
-            DType::Q2K,
-            gds_kernels::avx2::rows_q2_k,
-            gds_kernels::scalar::rows_q2_k,
-        ),
-        (
-            DType::Q3K,
-            gds_kernels::avx2::rows_q3_k,
-            gds_kernels::scalar::rows_q3_k,
-        ),
+        (DType::Q2K, avx2::rows_q2_k, gds_kernels::scalar::rows_q2_k),
+        (DType::Q3K, avx2::rows_q3_k, gds_kernels::scalar::rows_q3_k),
     ];
     let mut rng = Rng(0x23);
     for (dtype, simd, scalar) in kernels {
-        let (rows, cols) = (7, 768);
-        let quantized = weight(&mut rng, dtype, rows, cols);
-        let mut random = rng.bytes(quantized.len());
-        for b in random.chunks_exact_mut(dtype.type_size()) {
-            // finite super-block scales (the quant bytes stay random)
-            let ts = b.len();
-            b[ts - 2..].copy_from_slice(&f16b(rng.f() * 0.01));
-            if dtype == DType::Q2K {
-                b[ts - 4..ts - 2].copy_from_slice(&f16b(rng.f() * 0.01));
-            }
-        }
-        for data in [quantized, random] {
-            let rb = data.len() / rows;
-            for n in [1, 2, 3, 4, 5, 9] {
-                let x = rng.vec(n * cols, 3.0);
-                let per = cols / 256;
-                let mut q = vec![ActQ8K::default(); n * per];
-                for (xr, qr) in x.chunks(cols).zip(q.chunks_mut(per)) {
-                    quantize_act_q8k_scalar(xr, qr);
+        for rows in [7, 203] {
+            let cols = 768;
+            let quantized = weight(&mut rng, dtype, rows, cols);
+            let mut random = rng.bytes(quantized.len());
+            for b in random.chunks_exact_mut(dtype.type_size()) {
+                // finite super-block scales (the quant bytes stay random)
+                let ts = b.len();
+                b[ts - 2..].copy_from_slice(&f16b(rng.f() * 0.01));
+                if dtype == DType::Q2K {
+                    b[ts - 4..ts - 2].copy_from_slice(&f16b(rng.f() * 0.01));
                 }
-                let acts: Vec<&[ActQ8K]> = q.chunks(per).collect();
-                let (mut a, mut b) = (vec![f32::NAN; rows * n], vec![f32::NAN; rows * n]);
-                simd(t, &data, rb, &acts, &mut a);
-                scalar(&data, rb, &acts, &mut b);
-                for (i, (u, v)) in a.iter().zip(&b).enumerate() {
-                    assert_eq!(u.to_bits(), v.to_bits(), "{dtype} n={n} [{i}]: {u} vs {v}");
+            }
+            for data in [quantized, random] {
+                let rb = data.len() / rows;
+                for n in [1, 2, 3, 4, 5, 8, 9, 13, 17] {
+                    let x = rng.vec(n * cols, 3.0);
+                    let per = cols / 256;
+                    let mut q = vec![ActQ8K::default(); n * per];
+                    for (xr, qr) in x.chunks(cols).zip(q.chunks_mut(per)) {
+                        quantize_act_q8k_scalar(xr, qr);
+                    }
+                    let acts: Vec<&[ActQ8K]> = q.chunks(per).collect();
+                    let mut want = vec![f32::NAN; rows * n];
+                    scalar(&data, rb, &acts, &mut want);
+                    for &t in &isas {
+                        let mut got = vec![f32::NAN; rows * n];
+                        simd(t, &data, rb, &acts, &mut got);
+                        for (i, (u, v)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                u.to_bits(),
+                                v.to_bits(),
+                                "{dtype} {t:?} rows={rows} n={n} [{i}]: {u} vs {v}"
+                            );
+                        }
+                    }
                 }
             }
         }
