@@ -201,8 +201,8 @@ fn q2_scaled(b: &BlockQ2K, half: usize) -> [__m256i; 4] {
 fn transposed(groups: impl Fn(usize, usize) -> [__m256i; 4], p: &mut Packed8) {
     for h in 0..2 {
         let v: [[__m256i; 4]; 8] = std::array::from_fn(|r| groups(r, h));
-        for c in 0..4 {
-            p.q[4 * h + c] = transpose8(std::array::from_fn(|r| v[r][c]));
+        for (c, q) in p.q[4 * h..4 * h + 4].iter_mut().enumerate() {
+            *q = transpose8(std::array::from_fn(|r| v[r][c]));
         }
     }
 }
