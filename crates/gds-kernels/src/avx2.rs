@@ -1206,7 +1206,7 @@ mod quad {
 /// vector registers (Gemma 3 270M prompt processing ~900 -> ~1000 t/s with Q4_K's) and
 /// `vpdpbusd` in Q4_K's/Q5_K's prompt kernel.
 mod kquant512 {
-    use super::q23k::{gemm_q2_k16, gemm_q3_k16, Q23K_LANES_MIN};
+    use super::q23k::{gemm_q2_k16, gemm_q3_k16, Q2K_LANES_MIN, Q3K_LANES_MIN};
     pub(super) use super::q4k::wide::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::wide::rows_q6_k;
     use super::*;
@@ -1215,14 +1215,14 @@ mod kquant512 {
         rows_q2_k,
         rows_q2_k_by_row,
         gemm_q2_k16,
-        Q23K_LANES_MIN.1
+        Q2K_LANES_MIN.1
     );
     q23k_rows!(
         "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
         rows_q3_k,
         rows_q3_k_by_row,
         gemm_q3_k16,
-        Q23K_LANES_MIN.1
+        Q3K_LANES_MIN.1
     );
 }
 
@@ -1243,7 +1243,7 @@ macro_rules! q23k_rows {
 use q23k_rows;
 
 mod other {
-    use super::q23k::{dot_q2_k, dot_q3_k, gemm_q2_k8, gemm_q3_k8, Q23K_LANES_MIN};
+    use super::q23k::{dot_q2_k, dot_q3_k, gemm_q2_k8, gemm_q3_k8, Q2K_LANES_MIN, Q3K_LANES_MIN};
     pub(super) use super::q4k::plain::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::plain::rows_q6_k;
     use super::*;
@@ -1252,14 +1252,14 @@ mod other {
         rows_q2_k,
         rows_q2_k_by_row,
         gemm_q2_k8,
-        Q23K_LANES_MIN.0
+        Q2K_LANES_MIN.0
     );
     q23k_rows!(
         "avx2,fma,f16c",
         rows_q3_k,
         rows_q3_k_by_row,
         gemm_q3_k8,
-        Q23K_LANES_MIN.0
+        Q3K_LANES_MIN.0
     );
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]

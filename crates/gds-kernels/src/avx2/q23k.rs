@@ -9,8 +9,8 @@
 //! then the float kernel — Llama-3.2-1B's shape in Q3_K_M decoded at 1.3 t/s where
 //! llama.cpp decoded at 33.
 
-use super::q4k::transpose8;
-use super::q6k::{lanes_rows16, lanes_rows8, spread_scales8, Packed16, Packed8, Q2, Q3};
+use super::q4k::{join, join_ps, transpose16, transpose8};
+use super::q6k::{lanes_rows16, lanes_rows8, rows_word8, spread_words8, Packed16, Packed8, Q2, Q3};
 use super::*;
 
 /// The two bits of each element of group `j` (elements `32 j .. 32 j + 32`) as bytes:
@@ -152,82 +152,207 @@ pub(super) fn dot_q2_k<const N: usize>(w: &[BlockQ2K], x: [&[ActQ8K]; N]) -> [f3
 // Prompt batches: chunks of rows repacked eight (AVX2) or sixteen (AVX-512) at a time, a row
 // per 32-bit lane, into `super::q6k`'s layout (both types have sixteen 16-element
 // sub-blocks), and every tile of tokens against them. The quants are stored unsigned — Q3_K's
-// plus 4, its offset then taken once per block from the activation sums — and each block
-// ends in its row kernel's float expression, so a row's result is the same bits on every path.
+// plus 4, its offset then taken once per block from the activation sums; Q2_K's times their
+// sub-block's scale — and each block ends in its row kernel's float expression, so a row's
+// result is the same bits on every path. The raw bytes are transposed first (a row per lane)
+// and the bits taken apart afterwards, one vector serving eight or sixteen rows.
 
-/// The 32 quants of each group `4 half + g` of a Q3_K block, plus 4 (0..8), as bytes: the
-/// two low bits, and 4 where the high bit is set.
+/// 32 bytes of each of eight rows (`piece(r)`), transposed: `[c]` holds bytes `4c..4c + 4`
+/// of every row, row `r` in 32-bit lane `r`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q3_groups(b: &BlockQ3K, half: usize) -> [__m256i; 4] {
-    let q = ld_u8x32(&b.qs[32 * half..]);
-    let hm = ld_u8x32(&b.hmask);
-    let four = _mm256_set1_epi8(4);
-    let mut out = [_mm256_setzero_si256(); 4];
-    for (g, o) in out.iter_mut().enumerate() {
-        let bit = _mm256_set1_epi8((1u8 << (4 * half + g)) as i8);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
-        *o = _mm256_or_si256(low2(q, g), _mm256_and_si256(set, four));
-    }
-    out
+fn raw8(piece: impl Fn(usize) -> __m256i) -> [__m256i; 8] {
+    transpose8(std::array::from_fn(piece))
 }
 
-/// The 32 quants (0..4) of each group `j = 4 half + g` of a Q2_K block times their
-/// sub-block's 4-bit scale (`2j` for the first sixteen, `2j + 1` for the rest), as bytes: a
-/// table `[0, s, 2s, 3s]` per 128-bit half looked up by the quant.
+/// [`raw8`] of rows 0..8 (`lo`) and 8..16 (`hi`), joined: row `r` in lane `r`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn raw16(lo: impl Fn(usize) -> __m256i, hi: impl Fn(usize) -> __m256i) -> [__m512i; 8] {
+    transpose16(std::array::from_fn(lo), std::array::from_fn(hi))
+}
+
+/// Bit `j` of each byte of `hm` as 4 (a Q3_K quant's high bit: set means no `-4`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q2_scaled(b: &BlockQ2K, half: usize) -> [__m256i; 4] {
-    let q = ld_u8x32(&b.qs[32 * half..]);
-    let table = |s: u8| {
-        let s = s & 0xF;
-        i32::from_le_bytes([0, s, 2 * s, 3 * s])
+fn high4(hm: __m256i, j: usize) -> __m256i {
+    let v = if j >= 2 {
+        _mm256_srl_epi16(hm, _mm_cvtsi32_si128(j as i32 - 2))
+    } else {
+        _mm256_sll_epi16(hm, _mm_cvtsi32_si128(2 - j as i32))
     };
-    let mut out = [_mm256_setzero_si256(); 4];
-    for (g, o) in out.iter_mut().enumerate() {
-        let j = 4 * half + g;
-        let t = _mm256_setr_m128i(
-            _mm_set1_epi32(table(b.scales[2 * j])),
-            _mm_set1_epi32(table(b.scales[2 * j + 1])),
-        );
-        *o = _mm256_shuffle_epi8(t, low2(q, g));
-    }
-    out
+    _mm256_and_si256(v, _mm256_set1_epi8(4))
 }
 
-/// `Packed8::q` of eight rows from each row's groups (`groups(row, half)`).
+/// [`low2`] on sixteen rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn low2x16(q: __m512i, g: usize) -> __m512i {
+    let shifted = _mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * g as i32));
+    _mm512_and_si512(shifted, _mm512_set1_epi8(3))
+}
+
+/// [`high4`] on sixteen rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn high4x16(hm: __m512i, j: usize) -> __m512i {
+    let v = if j >= 2 {
+        _mm512_srl_epi16(hm, _mm_cvtsi32_si128(j as i32 - 2))
+    } else {
+        _mm512_sll_epi16(hm, _mm_cvtsi32_si128(2 - j as i32))
+    };
+    _mm512_and_si512(v, _mm512_set1_epi8(4))
+}
+
+/// The sixteen scales of block `i` of eight Q3_K rows as `Packed8::sc` and `Packed8::scp`:
+/// [`q3k_scales_biased`]'s word arithmetic on eight rows at once (row `r` in lane `r`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn transposed(groups: impl Fn(usize, usize) -> [__m256i; 4], p: &mut Packed8) {
-    for h in 0..2 {
-        let v: [[__m256i; 4]; 8] = std::array::from_fn(|r| groups(r, h));
-        for (c, q) in p.q[4 * h..4 * h + 4].iter_mut().enumerate() {
-            *q = transpose8(std::array::from_fn(|r| v[r][c]));
-        }
-    }
+fn scales8_q3(rows: &[&[BlockQ3K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
+    let w = |k: usize| {
+        rows_word8(|r| {
+            let s = &rows[r][i].scales;
+            [s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]]
+        })
+    };
+    let (a0, a1, tmp) = (w(0), w(1), w(2));
+    let (k1, k2) = (
+        _mm256_set1_epi32(0x0303_0303),
+        _mm256_set1_epi32(0x0f0f_0f0f),
+    );
+    let hi = |t: __m256i| _mm256_slli_epi32::<4>(_mm256_and_si256(t, k1));
+    let words = [
+        _mm256_or_si256(_mm256_and_si256(a0, k2), hi(tmp)),
+        _mm256_or_si256(_mm256_and_si256(a1, k2), hi(_mm256_srli_epi32::<2>(tmp))),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi32::<4>(a0), k2),
+            hi(_mm256_srli_epi32::<4>(tmp)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi32::<4>(a1), k2),
+            hi(_mm256_srli_epi32::<6>(tmp)),
+        ),
+    ];
+    let bias = _mm256_set1_epi8(32);
+    spread_words8(words.map(|v| _mm256_sub_epi8(v, bias)))
 }
 
-/// Repacks block `i` of eight Q3_K rows into `p`.
+/// The scales (low nibbles) and mins (high nibbles) of block `i` of eight Q2_K rows as
+/// `Packed8::sc` and `Packed8::scp`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales8_q2(rows: &[&[BlockQ2K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
+    let words: [__m256i; 4] = std::array::from_fn(|k| {
+        rows_word8(|r| {
+            let s = &rows[r][i].scales;
+            [s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]]
+        })
+    });
+    let k4 = _mm256_set1_epi32(0x0f0f_0f0f);
+    let sc = spread_words8(words.map(|w| _mm256_and_si256(w, k4))).0;
+    let mins = spread_words8(words.map(|w| _mm256_and_si256(_mm256_srli_epi32::<4>(w), k4))).1;
+    (sc, mins)
+}
+
+/// `d` (or `dmin`) of block `i` of eight rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16s8<B>(rows: &[&[B]; 8], i: usize, f: impl Fn(&B) -> [u8; 2]) -> __m256 {
+    f16x8(|r| i16::from_le_bytes(f(&rows[r][i])))
+}
+
+/// Repacks block `i` of eight Q3_K rows into `p`: quants plus 4 (the two low bits, and 4
+/// where the high bit is set).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn repack8_q3(rows: &[&[BlockQ3K]; 8], i: usize, p: &mut Packed8) {
-    transposed(|r, h| q3_groups(&rows[r][i], h), p);
-    let s =
-        std::array::from_fn(|r| q3k_scales_biased(&rows[r][i].scales).map(|v| v.wrapping_sub(32)));
-    (p.sc, p.scp) = spread_scales8(&s);
-    p.d = f16x8(|r| i16::from_le_bytes(rows[r][i].d));
+    let hm = raw8(|r| ld_u8x32(&rows[r][i].hmask));
+    for h in 0..2 {
+        let qs = raw8(|r| ld_u8x32(&rows[r][i].qs[32 * h..]));
+        for g in 0..4 {
+            let j = 4 * h + g;
+            for c in 0..8 {
+                p.q[j][c] = _mm256_or_si256(low2(qs[c], g), high4(hm[c], j));
+            }
+        }
+    }
+    (p.sc, p.scp) = scales8_q3(rows, i);
+    p.d = f16s8(rows, i, |b| b.d);
 }
 
 /// Repacks block `i` of eight Q2_K rows into `p`: each quant times its sub-block's scale
-/// (0..46, so `maddubs` pairs and `vpdpbusd` stay exact) with the scales all 1, `scp` the mins.
+/// (0..46, so `maddubs` pairs and `vpdpbusd` stay exact; a 16-bit multiply gives both bytes
+/// of a lane their products, each under 256) with the scales all 1, `scp` the mins.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn repack8_q2(rows: &[&[BlockQ2K]; 8], i: usize, p: &mut Packed8) {
-    transposed(|r, h| q2_scaled(&rows[r][i], h), p);
+    let (sc, mins) = scales8_q2(rows, i);
+    for h in 0..2 {
+        let qs = raw8(|r| ld_u8x32(&rows[r][i].qs[32 * h..]));
+        for g in 0..4 {
+            let j = 4 * h + g;
+            for c in 0..8 {
+                p.q[j][c] = _mm256_mullo_epi16(low2(qs[c], g), sc[2 * j + c / 4]);
+            }
+        }
+    }
     p.sc = [_mm256_set1_epi16(1); 16];
-    p.scp = spread_scales8(&std::array::from_fn(|r| rows[r][i].scales.map(|v| v >> 4))).1;
-    p.d = f16x8(|r| i16::from_le_bytes(rows[r][i].d));
-    p.dmin = f16x8(|r| i16::from_le_bytes(rows[r][i].dmin));
+    p.scp = mins;
+    p.d = f16s8(rows, i, |b| b.d);
+    p.dmin = f16s8(rows, i, |b| b.dmin);
+}
+
+/// [`repack8_q3`] of sixteen rows (`lo`: lanes 0..8, `hi`: 8..16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn repack16_q3(lo: &[&[BlockQ3K]; 8], hi: &[&[BlockQ3K]; 8], i: usize, p: &mut Packed16) {
+    let hm = raw16(|r| ld_u8x32(&lo[r][i].hmask), |r| ld_u8x32(&hi[r][i].hmask));
+    for h in 0..2 {
+        let qs = raw16(
+            |r| ld_u8x32(&lo[r][i].qs[32 * h..]),
+            |r| ld_u8x32(&hi[r][i].qs[32 * h..]),
+        );
+        for g in 0..4 {
+            let j = 4 * h + g;
+            for c in 0..8 {
+                p.q[j][c] = _mm512_or_si512(low2x16(qs[c], g), high4x16(hm[c], j));
+            }
+        }
+    }
+    let ((asc, ascp), (bsc, bscp)) = (scales8_q3(lo, i), scales8_q3(hi, i));
+    for (s, v) in p.sc.iter_mut().enumerate() {
+        *v = join(asc[s], bsc[s]);
+    }
+    for (k, v) in p.scp.iter_mut().enumerate() {
+        *v = join(ascp[k], bscp[k]);
+    }
+    p.d = join_ps(f16s8(lo, i, |b| b.d), f16s8(hi, i, |b| b.d));
+}
+
+/// [`repack8_q2`] of sixteen rows (`lo`: lanes 0..8, `hi`: 8..16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+fn repack16_q2(lo: &[&[BlockQ2K]; 8], hi: &[&[BlockQ2K]; 8], i: usize, p: &mut Packed16) {
+    let ((asc, amin), (bsc, bmin)) = (scales8_q2(lo, i), scales8_q2(hi, i));
+    for h in 0..2 {
+        let qs = raw16(
+            |r| ld_u8x32(&lo[r][i].qs[32 * h..]),
+            |r| ld_u8x32(&hi[r][i].qs[32 * h..]),
+        );
+        for g in 0..4 {
+            let j = 4 * h + g;
+            let sc = [2 * j, 2 * j + 1].map(|s| join(asc[s], bsc[s]));
+            for (c, (q, x)) in p.q[j].iter_mut().zip(qs).enumerate() {
+                *q = _mm512_mullo_epi16(low2x16(x, g), sc[c / 4]);
+            }
+        }
+    }
+    p.sc = [_mm512_set1_epi16(1); 16];
+    for (k, v) in p.scp.iter_mut().enumerate() {
+        *v = join(amin[k], bmin[k]);
+    }
+    p.d = join_ps(f16s8(lo, i, |b| b.d), f16s8(hi, i, |b| b.d));
+    p.dmin = join_ps(f16s8(lo, i, |b| b.dmin), f16s8(hi, i, |b| b.dmin));
 }
 
 /// Q3_K prompt batches on plain AVX2.
@@ -245,27 +370,26 @@ pub(super) fn gemm_q2_k8(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32
 /// Q3_K prompt batches on AVX-512: sixteen rows a vector.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn gemm_q3_k16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-    let mut half = [Packed8::zero(); 2];
-    lanes_rows16::<BlockQ3K, Q3>(w, rb, acts, out, |lo, hi, i, p| {
-        repack8_q3(lo, i, &mut half[0]);
-        repack8_q3(hi, i, &mut half[1]);
-        Packed16::join(&half[0], &half[1], p);
-    });
+    lanes_rows16::<BlockQ3K, Q3>(w, rb, acts, out, |lo, hi, i, p| repack16_q3(lo, hi, i, p));
 }
 
 /// Q2_K prompt batches on AVX-512: sixteen rows a vector.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(super) fn gemm_q2_k16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-    let mut half = [Packed8::zero(); 2];
-    lanes_rows16::<BlockQ2K, Q2>(w, rb, acts, out, |lo, hi, i, p| {
-        repack8_q2(lo, i, &mut half[0]);
-        repack8_q2(hi, i, &mut half[1]);
-        Packed16::join(&half[0], &half[1], p);
-    });
+    lanes_rows16::<BlockQ2K, Q2>(w, rb, acts, out, |lo, hi, i, p| repack16_q2(lo, hi, i, p));
 }
 
-/// Tokens from which Q2_K and Q3_K rows are repacked (AVX2, AVX-512); below, the row kernels.
-pub(super) const Q23K_LANES_MIN: (usize, usize) = (5, 5);
+/// Tokens from which Q3_K rows are repacked (AVX2, AVX-512); below, the row kernels. Where
+/// the times cross (2048 x 2048 x 4 matrices, 2 threads, `decode_bw q3_k N`, the row kernel
+/// against this one with the threshold at 1, best of three, us; AMD EPYC Zen 4 VM, plain AVX2
+/// by `GDS_ISA=avx2`): AVX2 2 tokens 149 rows / 144 repacked, 3: 216 / 164, 4: 274 / 192;
+/// AVX-512 2: 158 / 172, 3: 211 / 183, 4: 271 / 193.
+pub(super) const Q3K_LANES_MIN: (usize, usize) = (3, 3);
+
+/// [`Q3K_LANES_MIN`] for Q2_K, measured the same way (its row kernel, without high bits, is
+/// faster): AVX2 4 tokens 206 rows / 249 repacked, 5: 270 / 276, 6: 318 / 294, 8: 409 / 333;
+/// AVX-512 4: 206 / 216, 5: 286 / 257.
+pub(super) const Q2K_LANES_MIN: (usize, usize) = (6, 5);
 
 #[cfg(test)]
 mod tests {

@@ -86,12 +86,33 @@ fn scales8(rows: &[&[BlockQ6K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn spread_scales8(s: &[[u8; 16]; 8]) -> ([__m256i; 16], [__m256i; 8]) {
-    // four scales a 32-bit word, row `r` in lane `r` of `words[k]`; spread into 16-bit lanes
-    // with byte shuffles and sign-extended by a shift
-    let words: [__m256i; 4] = std::array::from_fn(|k| {
-        let w = |r: usize| i32::from_le_bytes(s[r][4 * k..4 * k + 4].try_into().expect("4"));
-        _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
-    });
+    // four scales a 32-bit word, row `r` in lane `r` of `words[k]`
+    spread_words8(std::array::from_fn(|k| {
+        rows_word8(|r| {
+            [
+                s[r][4 * k],
+                s[r][4 * k + 1],
+                s[r][4 * k + 2],
+                s[r][4 * k + 3],
+            ]
+        })
+    }))
+}
+
+/// Eight rows' four-byte words (`word(r)`), row `r` in 32-bit lane `r`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rows_word8(word: impl Fn(usize) -> [u8; 4]) -> __m256i {
+    let w = |r: usize| i32::from_le_bytes(word(r));
+    _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+}
+
+/// Sixteen signed byte scales of eight rows, four a 32-bit word (`words[k]`: scales
+/// `4k..4k + 4`, row `r` in lane `r`), as `Packed8::sc` and `Packed8::scp`: spread into
+/// 16-bit lanes with byte shuffles and sign-extended by a shift.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn spread_words8(words: [__m256i; 4]) -> ([__m256i; 16], [__m256i; 8]) {
     let spread =
         |w: __m256i, m: &[u8; 32]| _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w, ld_u8x32(m)));
     (
@@ -342,25 +363,6 @@ impl Packed16 {
             d: _mm512_setzero_ps(),
             dmin: _mm512_setzero_ps(),
         }
-    }
-
-    /// Rows 0..8 from `lo` and 8..16 from `hi`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-    pub(super) fn join(lo: &Packed8, hi: &Packed8, p: &mut Packed16) {
-        for j in 0..8 {
-            for g in 0..8 {
-                p.q[j][g] = join(lo.q[j][g], hi.q[j][g]);
-            }
-        }
-        for s in 0..16 {
-            p.sc[s] = join(lo.sc[s], hi.sc[s]);
-        }
-        for k in 0..8 {
-            p.scp[k] = join(lo.scp[k], hi.scp[k]);
-        }
-        p.d = join_ps(lo.d, hi.d);
-        p.dmin = join_ps(lo.dmin, hi.dmin);
     }
 }
 
