@@ -638,7 +638,7 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
 }
 
 /// Q2_K and Q3_K (ggml's vec_dot over 8-bit activations since 2026-12-06; prompt batches
-/// repacked a row per vector lane since 2026-12-07): the AVX2 and AVX-512 kernels give the
+/// repacked a row per vector lane since the same day): the AVX2 and AVX-512 kernels give the
 /// scalar kernels' bits (the same exact integer sums, the same float expression), for
 /// quantized weights and for random quant bytes (every scale, min and high-bit pattern),
 /// activations up to the full 8-bit range, 1 to 17 tokens (the row kernel's tiles of four
