@@ -887,62 +887,23 @@ fn ahead(w: &[u8], at: usize, len: usize) -> &[u8] {
 /// third of an 8192-row projection).
 macro_rules! rows_driver {
     (#[$attr:meta] $name:ident, $dot:ident, $blk:ty, $act:ty) => {
-        rows_driver!(
-            #[$attr]
-            $name,
-            |b, a, _pf| $dot(b, a),
-            $blk,
-            $act
-        );
-    };
-    (#[$attr:meta] $name:ident, prefetch $dot:ident, $blk:ty, $act:ty) => {
-        rows_driver!(
-            #[$attr]
-            $name,
-            |b, a, pf| $dot(b, a, pf),
-            $blk,
-            $act
-        );
-    };
-    (#[$attr:meta] $name:ident, |$b:ident, $a:ident, $pf:ident| $call:expr, $blk:ty, $act:ty) => {
         #[$attr]
         pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[$act]], out: &mut [f32]) {
             let nt = acts.len();
             let per = (ROWS_CHUNK_BYTES / rb.max(1)).max(1);
-            for (c, (wc, oc)) in w.chunks(per * rb).zip(out.chunks_mut(per * nt)).enumerate() {
+            for (wc, oc) in w.chunks(per * rb).zip(out.chunks_mut(per * nt)) {
                 let mut t0 = 0;
                 while t0 < nt {
                     let n = (nt - t0).min(4);
                     let a = &acts[t0..t0 + n];
-                    for (k, (row, o)) in
-                        wc.chunks_exact(rb).zip(oc.chunks_exact_mut(nt)).enumerate()
-                    {
-                        let $b = cast::<$blk>(row).expect("weight rows are whole blocks");
-                        // the rows ahead (from DRAM) while this one runs: the first tile's
-                        // pass over a chunk (later tiles find it in L2)
-                        let $pf = if t0 == 0 {
-                            ahead(w, (c * per + k) * rb, rb)
-                        } else {
-                            &[]
-                        };
+                    for (row, o) in wc.chunks_exact(rb).zip(oc.chunks_exact_mut(nt)) {
+                        let b = cast::<$blk>(row).expect("weight rows are whole blocks");
                         let o = &mut o[t0..t0 + n];
                         match n {
-                            1 => o.copy_from_slice(&{
-                                let $a = [a[0]];
-                                $call
-                            }),
-                            2 => o.copy_from_slice(&{
-                                let $a = [a[0], a[1]];
-                                $call
-                            }),
-                            3 => o.copy_from_slice(&{
-                                let $a = [a[0], a[1], a[2]];
-                                $call
-                            }),
-                            _ => o.copy_from_slice(&{
-                                let $a = [a[0], a[1], a[2], a[3]];
-                                $call
-                            }),
+                            1 => o.copy_from_slice(&$dot::<1>(b, [a[0]])),
+                            2 => o.copy_from_slice(&$dot::<2>(b, [a[0], a[1]])),
+                            3 => o.copy_from_slice(&$dot::<3>(b, [a[0], a[1], a[2]])),
+                            _ => o.copy_from_slice(&$dot::<4>(b, [a[0], a[1], a[2], a[3]])),
                         }
                     }
                     t0 += n;
@@ -1252,14 +1213,14 @@ mod kquant512 {
     q23k_rows!(
         "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
         rows_q2_k,
-        rows_q2_k_by_row,
+        decode_q2_k,
         gemm_q2_k16,
         Q2K_LANES_MIN.1
     );
     q23k_rows!(
         "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
         rows_q3_k,
-        rows_q3_k_by_row,
+        decode_q3_k,
         gemm_q3_k16,
         Q3K_LANES_MIN.1
     );
@@ -1274,7 +1235,7 @@ macro_rules! q23k_rows {
             if acts.len() >= $min && w.len() >= rb {
                 $gemm(w, rb, acts, out)
             } else {
-                super::other::$by_row(w, rb, acts, out)
+                super::q23k::$by_row(w, rb, acts, out)
             }
         }
     };
@@ -1282,37 +1243,23 @@ macro_rules! q23k_rows {
 use q23k_rows;
 
 mod other {
-    use super::q23k::{dot_q2_k, dot_q3_k, gemm_q2_k8, gemm_q3_k8, Q2K_LANES_MIN, Q3K_LANES_MIN};
+    use super::q23k::{gemm_q2_k8, gemm_q3_k8, Q2K_LANES_MIN, Q3K_LANES_MIN};
     pub(super) use super::q4k::plain::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::plain::rows_q6_k;
     use super::*;
     q23k_rows!(
         "avx2,fma,f16c",
         rows_q2_k,
-        rows_q2_k_by_row,
+        decode_q2_k,
         gemm_q2_k8,
         Q2K_LANES_MIN.0
     );
     q23k_rows!(
         "avx2,fma,f16c",
         rows_q3_k,
-        rows_q3_k_by_row,
+        decode_q3_k,
         gemm_q3_k8,
         Q3K_LANES_MIN.0
-    );
-    rows_driver!(
-        #[target_feature(enable = "avx2,fma,f16c")]
-        rows_q2_k_by_row,
-        prefetch dot_q2_k,
-        BlockQ2K,
-        ActQ8K
-    );
-    rows_driver!(
-        #[target_feature(enable = "avx2,fma,f16c")]
-        rows_q3_k_by_row,
-        prefetch dot_q3_k,
-        BlockQ3K,
-        ActQ8K
     );
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]

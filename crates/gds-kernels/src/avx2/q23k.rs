@@ -13,7 +13,7 @@
 //! llama.cpp decoded at 33. The row kernels alone left prompts at 0.45-0.72x llama.cpp's;
 //! the repacked ones (later the same day) run them at 1.5-2.4x.
 
-use super::q4k::{join, join_ps, transpose16, transpose8};
+use super::q4k::{by_tile, group8, join, join_ps, lanes8, put_rows, transpose16, transpose8};
 use super::q6k::{lanes_rows16, lanes_rows8, rows_word8, spread_words8, Packed16, Packed8, Q2, Q3};
 use super::*;
 
@@ -70,89 +70,191 @@ fn scale_pair(halves: &[__m256i; 2], j: usize) -> __m256i {
     _mm256_shuffle_epi8(halves[j / 4], m)
 }
 
-/// Q3_K rows for `N` tokens, `pf` (the rows ahead) prefetched a few lines a block.
+/// One Q3_K row's block against `N` tokens' blocks `x`: the integer sum of the scaled
+/// products, in eight partial lanes a token. The quants plus 4 (unsigned for `maddubs`)
+/// against the activations, less 4 times each sub-block's scale times its activation sum
+/// (ggml subtracts a second product of the high bits instead; the sum is the same integer).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q3_k<const N: usize>(w: &[BlockQ3K], x: [&[ActQ8K]; N], pf: &[u8]) -> [f32; N] {
-    for t in &x {
-        assert!(t.len() >= w.len());
-    }
+fn sums_q3<const N: usize>(b: &BlockQ3K, x: &[&ActQ8K; N]) -> [__m256i; N] {
+    let biased = q3k_scales_biased(&b.scales);
+    let sc16 = _mm256_sub_epi16(
+        _mm256_cvtepu8_epi16(ld_u8x16(&biased)),
+        _mm256_set1_epi16(32),
+    );
+    let scs = scale_halves(sc16);
+    let hm = ld_u8x32(&b.hmask);
     let zero = _mm256_setzero_si256();
-    let four = _mm256_set1_epi8(4);
-    let mut acc = [0f32; N];
-    for (k, b) in w.iter().enumerate() {
-        prefetch_l2(pf, k, w.len());
-        let biased = q3k_scales_biased(&b.scales);
-        let sc16 = _mm256_sub_epi16(
-            _mm256_cvtepu8_epi16(ld_u8x16(&biased)),
-            _mm256_set1_epi16(32),
-        );
-        let scs = scale_halves(sc16);
-        let hm = ld_u8x32(&b.hmask);
-        let mut isum = [zero; N];
-        for half in 0..2 {
-            let q = ld_u8x32(&b.qs[32 * half..]);
-            for g in 0..4 {
-                let j = 4 * half + g;
-                let low = low2(q, g);
-                // 4 where the element's high bit is clear (its value is `low - 4`)
-                let bit = _mm256_set1_epi8((1u8 << j) as i8);
-                let clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), zero);
-                let minus = _mm256_and_si256(clear, four);
-                let sc = scale_pair(&scs, j);
-                for t in 0..N {
-                    let a = ld_i8x32(&x[t][k].qs[32 * j..]);
-                    let p = _mm256_sub_epi16(
-                        _mm256_maddubs_epi16(low, a),
-                        _mm256_maddubs_epi16(minus, a),
-                    );
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
-                }
+    let mut isum = [zero; N];
+    for t in 0..N {
+        let off = _mm256_madd_epi16(ld_i16x16(&x[t].bsums), sc16);
+        isum[t] = _mm256_sub_epi32(zero, _mm256_slli_epi32::<2>(off));
+    }
+    for half in 0..2 {
+        let q = ld_u8x32(&b.qs[32 * half..]);
+        for g in 0..4 {
+            let j = 4 * half + g;
+            let u = _mm256_or_si256(low2(q, g), high4(hm, j));
+            let sc = scale_pair(&scs, j);
+            for t in 0..N {
+                let a = ld_i8x32(&x[t].qs[32 * j..]);
+                let p = _mm256_maddubs_epi16(u, a);
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
             }
         }
+    }
+    isum
+}
+
+/// One Q2_K row's block against `N` tokens' blocks `x`: the integer sums of the scaled
+/// products and of the mins times the activation sums, in eight partial lanes a token.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sums_q2<const N: usize>(b: &BlockQ2K, x: &[&ActQ8K; N]) -> ([__m256i; N], [__m256i; N]) {
+    let packed = _mm256_cvtepu8_epi16(ld_u8x16(&b.scales));
+    let mins = _mm256_srli_epi16::<4>(packed);
+    let scs = scale_halves(_mm256_and_si256(packed, _mm256_set1_epi16(0xF)));
+    let mut isum = [_mm256_setzero_si256(); N];
+    for half in 0..2 {
+        let q = ld_u8x32(&b.qs[32 * half..]);
+        for g in 0..4 {
+            let j = 4 * half + g;
+            let low = low2(q, g);
+            let sc = scale_pair(&scs, j);
+            for t in 0..N {
+                let a = ld_i8x32(&x[t].qs[32 * j..]);
+                let p = _mm256_maddubs_epi16(low, a);
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
+            }
+        }
+    }
+    let mut msum = [_mm256_setzero_si256(); N];
+    for t in 0..N {
+        msum[t] = _mm256_madd_epi16(ld_i16x16(&x[t].bsums), mins);
+    }
+    (isum, msum)
+}
+
+/// Rows `2p`, `2p + 1` of eight partial-lane sums pairwise added:
+/// `[r(0-1) r(2-3) r'(0-1) r'(2-3) | r(4-5) r(6-7) r'(4-5) r'(6-7)]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair<const N: usize>(u0: [__m256i; N], u1: [__m256i; N]) -> [__m256i; N] {
+    let mut w = u0;
+    for t in 0..N {
+        w[t] = _mm256_hadd_epi32(u0[t], u1[t]);
+    }
+    w
+}
+
+/// Rows 0..4 ([`pair`]s `w0`, `w1`) and 4..8 (`w2`, `w3`) folded: lane `r` the sum of row
+/// `r`'s eight partial lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fold(w0: __m256i, w1: __m256i, w2: __m256i, w3: __m256i) -> __m256i {
+    // [r0(0-3) r1(0-3) r2(0-3) r3(0-3) | r0(4-7) ...]
+    let lo = _mm256_hadd_epi32(w0, w1);
+    let hi = _mm256_hadd_epi32(w2, w3);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
+    )
+}
+
+/// Eight Q3_K rows in their stored layout against `N` tokens: each token's eight results, row
+/// `r` in lane `r` — the rows' integer sums ([`sums_q3`]) folded by an `hadd` tree, then the
+/// scalar kernel's float expression in lanes. `pf` (the rows ahead) is prefetched a few
+/// lines a block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows8_q3<const N: usize>(rows: &[&[BlockQ3K]; 8], a: &[&[ActQ8K]; N], pf: &[u8]) -> [__m256; N] {
+    let nb = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= nb));
+    let mut acc = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        prefetch_l2(pf, i, nb);
+        let x: [&ActQ8K; N] = std::array::from_fn(|t| &a[t][i]);
+        let p = |k: usize| {
+            pair(
+                sums_q3(&rows[2 * k][i], &x),
+                sums_q3(&rows[2 * k + 1][i], &x),
+            )
+        };
+        let (w0, w1) = (p(0), p(1));
+        let (w2, w3) = (p(2), p(3));
+        let d = f16s8(rows, i, |b| b.d);
         for t in 0..N {
-            acc[t] += b.d() * x[t][k].d * hsum_epi32(isum[t]) as f32;
+            let it = fold(w0[t], w1[t], w2[t], w3[t]);
+            let dx = _mm256_set1_ps(x[t].d);
+            let v = _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it));
+            acc[t] = _mm256_add_ps(acc[t], v);
         }
     }
     acc
 }
 
-/// Q2_K rows for `N` tokens, `pf` (the rows ahead) prefetched a few lines a block.
+/// [`rows8_q3`] for Q2_K: two sums folded, the scaled products and the mins.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q2_k<const N: usize>(w: &[BlockQ2K], x: [&[ActQ8K]; N], pf: &[u8]) -> [f32; N] {
-    for t in &x {
-        assert!(t.len() >= w.len());
-    }
-    let zero = _mm256_setzero_si256();
-    let mut acc = [0f32; N];
-    for (k, b) in w.iter().enumerate() {
-        prefetch_l2(pf, k, w.len());
-        let packed = _mm256_cvtepu8_epi16(ld_u8x16(&b.scales));
-        let mins = _mm256_srli_epi16::<4>(packed);
-        let scs = scale_halves(_mm256_and_si256(packed, _mm256_set1_epi16(0xF)));
-        let mut isum = [zero; N];
-        for half in 0..2 {
-            let q = ld_u8x32(&b.qs[32 * half..]);
-            for g in 0..4 {
-                let j = 4 * half + g;
-                let low = low2(q, g);
-                let sc = scale_pair(&scs, j);
-                for t in 0..N {
-                    let a = ld_i8x32(&x[t][k].qs[32 * j..]);
-                    let p = _mm256_maddubs_epi16(low, a);
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
-                }
-            }
-        }
+fn rows8_q2<const N: usize>(rows: &[&[BlockQ2K]; 8], a: &[&[ActQ8K]; N], pf: &[u8]) -> [__m256; N] {
+    let nb = rows[0].len();
+    assert!(rows.iter().all(|r| r.len() == nb) && a.iter().all(|x| x.len() >= nb));
+    let mut acc = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        prefetch_l2(pf, i, nb);
+        let x: [&ActQ8K; N] = std::array::from_fn(|t| &a[t][i]);
+        let p = |k: usize| {
+            let ((i0, m0), (i1, m1)) = (
+                sums_q2(&rows[2 * k][i], &x),
+                sums_q2(&rows[2 * k + 1][i], &x),
+            );
+            (pair(i0, i1), pair(m0, m1))
+        };
+        let ((w0, v0), (w1, v1)) = (p(0), p(1));
+        let ((w2, v2), (w3, v3)) = (p(2), p(3));
+        let (d, dmin) = (f16s8(rows, i, |b| b.d), f16s8(rows, i, |b| b.dmin));
         for t in 0..N {
-            let xk = &x[t][k];
-            let msum = hsum_epi32(_mm256_madd_epi16(ld_i16x16(&xk.bsums), mins));
-            acc[t] += b.d() * xk.d * hsum_epi32(isum[t]) as f32 - b.dmin() * xk.d * msum as f32;
+            let it = fold(w0[t], w1[t], w2[t], w3[t]);
+            let mt = fold(v0[t], v1[t], v2[t], v3[t]);
+            let dx = _mm256_set1_ps(x[t].d);
+            let v = _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it)),
+                _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(mt)),
+            );
+            acc[t] = _mm256_add_ps(acc[t], v);
         }
     }
     acc
 }
+
+/// Generates the decode kernel `$name` (fewer tokens than the repacking pays for): every
+/// eight rows in their stored layout through `$rows8` for each tile of up to four tokens.
+macro_rules! decode_rows {
+    ($name:ident, $rows8:ident, $blk:ty) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+            let nt = acts.len();
+            if nt == 0 || w.len() < rb {
+                return;
+            }
+            let nrows = w.len() / rb;
+            let mut t0 = 0;
+            while t0 < nt {
+                by_tile!(&acts[t0..], |xs| {
+                    for r in (0..nrows).step_by(8) {
+                        let pf = ahead(w, r * rb, 8 * rb);
+                        let acc = $rows8(&group8::<$blk>(w, rb, r, nrows), &xs, pf);
+                        put_rows(acc.map(|v| lanes8(v)), r, nrows, out, nt, t0);
+                    }
+                });
+                t0 += (nt - t0).min(4);
+            }
+        }
+    };
+}
+
+decode_rows!(decode_q3_k, rows8_q3, BlockQ3K);
+decode_rows!(decode_q2_k, rows8_q2, BlockQ2K);
 
 // ---------------------------------------------------------------------------------------
 // Prompt batches: chunks of rows repacked eight (AVX2) or sixteen (AVX-512) at a time, a row
