@@ -880,11 +880,11 @@ fn ahead(w: &[u8], at: usize, len: usize) -> &[u8] {
     &w[s..(s + len).min(w.len())]
 }
 
-/// The row-at-a-time driver (Q2_K, Q3_K; and the float weights' former kernel, kept as the
-/// tests' reference): every row against each tile of up to four tokens, the rows in chunks of
-/// about [`ROWS_CHUNK_BYTES`] so that a prompt batch's tiles find them in L2 (walking a whole
-/// task's rows per tile read them from L3 at the larger shapes: over 1 MiB of Q3_K for a
-/// third of an 8192-row projection).
+/// The row-at-a-time driver (the float weights' former kernel, kept as the tests' reference;
+/// Q2_K's and Q3_K's until their eight-row and repacked kernels): every row against each
+/// tile of up to four tokens, the rows in chunks of about [`ROWS_CHUNK_BYTES`] so that a
+/// prompt batch's tiles find them in L2 (walking a whole task's rows per tile read them from
+/// L3 at the larger shapes: over 1 MiB of Q3_K for a third of an 8192-row projection).
 macro_rules! rows_driver {
     (#[$attr:meta] $name:ident, $dot:ident, $blk:ty, $act:ty) => {
         #[$attr]
@@ -1226,16 +1226,16 @@ mod kquant512 {
     );
 }
 
-/// Q2_K/Q3_K rows: a row at a time (the row driver `$by_row`) for fewer than `$min` tokens,
+/// Q2_K/Q3_K rows: eight stored rows at a time (`$decode`) for fewer than `$min` tokens,
 /// chunks of rows repacked into vector lanes (`$gemm`) for more; the same bits either way.
 macro_rules! q23k_rows {
-    ($feat:literal, $name:ident, $by_row:ident, $gemm:ident, $min:expr) => {
+    ($feat:literal, $name:ident, $decode:ident, $gemm:ident, $min:expr) => {
         #[target_feature(enable = $feat)]
         pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
             if acts.len() >= $min && w.len() >= rb {
                 $gemm(w, rb, acts, out)
             } else {
-                super::q23k::$by_row(w, rb, acts, out)
+                super::q23k::$decode(w, rb, acts, out)
             }
         }
     };

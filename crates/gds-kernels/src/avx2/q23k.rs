@@ -1,17 +1,19 @@
-//! Q2_K and Q3_K rows against 8-bit activations (`ActQ8K`). Decode (a few tokens): a row at
-//! a time for up to four tokens, as ggml's `vec_dot_q2_K_q8_K` / `vec_dot_q3_K_q8_K` on AVX2:
-//! the quants of each 32-element group unpacked to bytes once per block and multiplied with
-//! every token's activation bytes (`maddubs`), each 16-element sub-block's scale applied in
-//! integers (`madd`). Prompt batches ([`Q3K_LANES_MIN`], [`Q2K_LANES_MIN`] tokens and more):
-//! chunks of rows repacked a row per 32-bit lane into `super::q6k`'s layout, eight rows a
-//! 256-bit vector or sixteen a 512-bit one (`vpdpbusd` there). Either way the sums are the
+//! Q2_K and Q3_K rows against 8-bit activations (`ActQ8K`). Decode (a few tokens): eight
+//! rows in their stored layout side by side for up to four tokens, each row as ggml's
+//! `vec_dot_q2_K_q8_K` / `vec_dot_q3_K_q8_K` on AVX2 — the quants of each 32-element group
+//! unpacked to bytes once per block and multiplied with every token's activation bytes
+//! (`maddubs`), each 16-element sub-block's scale applied in integers (`madd`) — and the
+//! eight rows' partial sums folded by an `hadd` tree, so the block's float end runs in lanes.
+//! Prompt batches ([`Q3K_LANES_MIN`], [`Q2K_LANES_MIN`] tokens and more): chunks of rows
+//! repacked a row per 32-bit lane into `super::q6k`'s layout, eight rows a 256-bit vector or
+//! sixteen a 512-bit one (`vpdpbusd` there). Either way the sums are the
 //! scalar kernels' exact integers, scaled by the same float expression, so the results are
 //! theirs bit for bit (and every instruction set's, at every batch size).
 //!
 //! Until these kernels (2026-12-06) Q2_K and Q3_K ran through f32: each row dequantized,
 //! then the float kernel — Llama-3.2-1B's shape in Q3_K_M decoded at 1.3 t/s where
-//! llama.cpp decoded at 33. The row kernels alone left prompts at 0.45-0.72x llama.cpp's;
-//! the repacked ones (later the same day) run them at 1.5-2.4x.
+//! llama.cpp decoded at 33. A row at a time against four tokens left prompts at 0.45-0.72x
+//! llama.cpp's; the repacked rows (later the same day) run them at 1.5-2.6x.
 
 use super::q4k::{by_tile, group8, join, join_ps, lanes8, put_rows, transpose16, transpose8};
 use super::q6k::{lanes_rows16, lanes_rows8, rows_word8, spread_words8, Packed16, Packed8, Q2, Q3};
@@ -487,17 +489,18 @@ pub(super) fn gemm_q2_k16(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f3
     lanes_rows16::<BlockQ2K, Q2>(w, rb, acts, out, |lo, hi, i, p| repack16_q2(lo, hi, i, p));
 }
 
-/// Tokens from which Q3_K rows are repacked (AVX2, AVX-512); below, the row kernels. Where
-/// the times cross (2048 x 2048 x 4 matrices, 2 threads, `decode_bw q3_k N`, the row kernel
-/// against this one with the threshold at 1, best of three, us; AMD EPYC Zen 4 VM, plain AVX2
-/// by `GDS_ISA=avx2`): AVX2 2 tokens 149 rows / 144 repacked, 3: 216 / 164, 4: 274 / 192;
-/// AVX-512 2: 158 / 172, 3: 211 / 183, 4: 271 / 193.
-pub(super) const Q3K_LANES_MIN: (usize, usize) = (3, 3);
+/// Tokens from which Q3_K rows are repacked (AVX2, AVX-512); below, eight stored rows at a
+/// time ([`rows8_q3`]). Where the times cross (2048 x 2048 x 4 matrices, 2 threads, `decode_bw
+/// q3_k N` with the threshold at 99 and at 1, best of three, us; AMD EPYC Zen 4 VM, plain
+/// AVX2 by `GDS_ISA=avx2`): AVX2 3 tokens 136 stored / 164 repacked, 4: 163 / 184, 5: 241 /
+/// 215; AVX-512 3: 132 / 177, 4: 165 / 194, 5: 236 / 222. (Against the row-at-a-time kernel
+/// these replaced, the repacked rows paid from 3 tokens.)
+pub(super) const Q3K_LANES_MIN: (usize, usize) = (5, 5);
 
-/// [`Q3K_LANES_MIN`] for Q2_K, measured the same way (its row kernel, without high bits, is
-/// faster): AVX2 4 tokens 206 rows / 249 repacked, 5: 270 / 276, 6: 318 / 294, 8: 409 / 333;
-/// AVX-512 4: 206 / 216, 5: 286 / 257.
-pub(super) const Q2K_LANES_MIN: (usize, usize) = (6, 5);
+/// [`Q3K_LANES_MIN`] for Q2_K, measured the same way (its stored-row kernel, without high
+/// bits, is faster): AVX2 8 tokens 274 stored / 329 repacked, 9: 326 / 302, 12: 406 / 333;
+/// AVX-512 8: 266 / 274, 9: 323 / 302, 12: 407 / 351.
+pub(super) const Q2K_LANES_MIN: (usize, usize) = (9, 9);
 
 #[cfg(test)]
 mod tests {

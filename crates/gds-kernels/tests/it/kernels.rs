@@ -641,9 +641,10 @@ fn four_rows_against_by_row(t: gds_kernels::avx2::Avx2) {
 /// repacked a row per vector lane since the same day): the AVX2 and AVX-512 kernels give the
 /// scalar kernels' bits (the same exact integer sums, the same float expression), for
 /// quantized weights and for random quant bytes (every scale, min and high-bit pattern),
-/// activations up to the full 8-bit range, 1 to 17 tokens (the row kernel's tiles of four
-/// and their rest, the repacked kernel's from 5 on), 7 rows (a part of a group of eight) and
-/// 203 (groups of eight and sixteen, a last part group, several chunks of repacked rows).
+/// activations up to the full 8-bit range, 1 to 17 tokens (the stored-row kernels' tiles of
+/// four and their rest, the repacked kernels' from 5 (Q3_K) and 9 (Q2_K) tokens on), 7 rows
+/// (a part of a group of eight) and 203 (groups of eight and sixteen, a last part group,
+/// several chunks of repacked rows).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn q2_k_and_q3_k_simd_equal_scalar_bit_for_bit() {
