@@ -8,9 +8,10 @@
 //! the block scales in with one FMA. The 32-block types work on two blocks per register
 //! (see [`ActQ8`]); K-quants on a 256-block with its sub-block scales applied in integers.
 //! A weight block is unpacked once and used for up to four tokens, and rows are
-//! software-prefetched (into L2) a few KiB ahead. Prompt batches of Q4_0..Q8_0 and Q4_K..Q6_K
+//! software-prefetched (into L2) a few KiB ahead. Prompt batches of Q4_0..Q8_0 and Q2_K..Q6_K
 //! repack a chunk of rows with one row per 32-bit vector lane (eight rows a 256-bit vector,
-//! sixteen a 512-bit one: `q40` for Q4_0, `q4k` for Q4_K and Q5_K, `q6k`, `q80` for
+//! sixteen a 512-bit one: `q40` for Q4_0, `q4k` for Q4_K and Q5_K, `q6k` for Q6_K (and the
+//! layout `q23k` repacks Q2_K and Q3_K into), `q80` for
 //! Q8_0, Q5_0, Q4_1, Q5_1, IQ4_NL and IQ4_XS), so four broadcast activation bytes multiply eight or sixteen
 //! rows at once and no horizontal sums remain; small batches (decode) run the rows in their
 //! stored layout (Q4_0 four rows at a time, the others eight side by side), and each path
