@@ -319,12 +319,7 @@ fn high4x16(hm: __m512i, j: usize) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales8_q3(rows: &[&[BlockQ3K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
-    let w = |k: usize| {
-        rows_word8(|r| {
-            let s = &rows[r][i].scales;
-            [s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]]
-        })
-    };
+    let w = |k: usize| rows_word8(|r| &rows[r][i].scales[..], k);
     let (a0, a1, tmp) = (w(0), w(1), w(2));
     let (k1, k2) = (
         _mm256_set1_epi32(0x0303_0303),
@@ -352,12 +347,7 @@ fn scales8_q3(rows: &[&[BlockQ3K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales8_q2(rows: &[&[BlockQ2K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
-    let words: [__m256i; 4] = std::array::from_fn(|k| {
-        rows_word8(|r| {
-            let s = &rows[r][i].scales;
-            [s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]]
-        })
-    });
+    let words: [__m256i; 4] = std::array::from_fn(|k| rows_word8(|r| &rows[r][i].scales[..], k));
     let k4 = _mm256_set1_epi32(0x0f0f_0f0f);
     let sc = spread_words8(words.map(|w| _mm256_and_si256(w, k4))).0;
     let mins = spread_words8(words.map(|w| _mm256_and_si256(_mm256_srli_epi32::<4>(w), k4))).1;

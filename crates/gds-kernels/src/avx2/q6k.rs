@@ -87,23 +87,18 @@ fn scales8(rows: &[&[BlockQ6K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn spread_scales8(s: &[[u8; 16]; 8]) -> ([__m256i; 16], [__m256i; 8]) {
     // four scales a 32-bit word, row `r` in lane `r` of `words[k]`
-    spread_words8(std::array::from_fn(|k| {
-        rows_word8(|r| {
-            [
-                s[r][4 * k],
-                s[r][4 * k + 1],
-                s[r][4 * k + 2],
-                s[r][4 * k + 3],
-            ]
-        })
-    }))
+    spread_words8(std::array::from_fn(|k| rows_word8(|r| &s[r][..], k)))
 }
 
-/// Eight rows' four-byte words (`word(r)`), row `r` in 32-bit lane `r`.
+/// Bytes `4k..4k + 4` of each of eight rows' bytes (`bytes(r)`) as a 32-bit word, row `r` in
+/// lane `r`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn rows_word8(word: impl Fn(usize) -> [u8; 4]) -> __m256i {
-    let w = |r: usize| i32::from_le_bytes(word(r));
+pub(super) fn rows_word8<'a>(bytes: impl Fn(usize) -> &'a [u8], k: usize) -> __m256i {
+    let w = |r: usize| {
+        let b = bytes(r);
+        i32::from_le_bytes([b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]])
+    };
     _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
 }
 
