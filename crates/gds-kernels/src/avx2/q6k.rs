@@ -85,7 +85,7 @@ fn scales8(rows: &[&[BlockQ6K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
 /// `Packed8::scp`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn spread_scales8(s: &[[u8; 16]; 8]) -> ([__m256i; 16], [__m256i; 8]) {
+fn spread_scales8(s: &[[u8; 16]; 8]) -> ([__m256i; 16], [__m256i; 8]) {
     // four scales a 32-bit word, row `r` in lane `r` of `words[k]`
     spread_words8(std::array::from_fn(|k| rows_word8(|r| &s[r][..], k)))
 }
@@ -127,7 +127,7 @@ fn quants8(rows: &[&[BlockQ6K]; 8], i: usize, h: usize) -> [[__m256i; 8]; 4] {
 impl Packed8 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn zero() -> Packed8 {
+    fn zero() -> Packed8 {
         let z = _mm256_setzero_si256();
         Packed8 {
             q: [[z; 8]; 8],
@@ -162,17 +162,14 @@ fn d8(rows: &[&[BlockQ6K]; 8], i: usize) -> __m256 {
 /// Eight repacked rows (block `i` in `p[i]`) against `N` tokens: each token's eight row sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn gemm8<const K: Sub16, const N: usize>(
-    p: &[Packed8],
-    xs: [&[ActQ8K]; N],
-) -> [__m256; N] {
+fn gemm8<const K: Sub16, const N: usize>(p: &[Packed8], xs: [&[ActQ8K]; N]) -> [__m256; N] {
     gemm8_by::<K, _, N>(p, |u| u, xs)
 }
 
 /// [`gemm8`] over the eight-row parts `part(p[i])` of block `i`'s repacked rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn gemm8_by<const K: Sub16, P, const N: usize>(
+fn gemm8_by<const K: Sub16, P, const N: usize>(
     p: &[P],
     part: impl Fn(&P) -> &Packed8,
     xs: [&[ActQ8K]; N],
@@ -349,7 +346,7 @@ pub(super) struct Packed16 {
 impl Packed16 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-    pub(super) fn zero() -> Packed16 {
+    fn zero() -> Packed16 {
         let z = _mm512_setzero_si512();
         Packed16 {
             q: [[z; 8]; 8],
@@ -391,10 +388,7 @@ fn repack16(lo: &[&[BlockQ6K]; 8], hi: &[&[BlockQ6K]; 8], i: usize, p: &mut Pack
 /// (`decode_bw q6_k 16|64`, 2048 x 2048 x 4, Zen 4: 493 / 1422 us against 446 / 1217).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-pub(super) fn gemm16<const K: Sub16, const N: usize>(
-    p: &[Packed16],
-    xs: [&[ActQ8K]; N],
-) -> [__m512; N] {
+fn gemm16<const K: Sub16, const N: usize>(p: &[Packed16], xs: [&[ActQ8K]; N]) -> [__m512; N] {
     let low = _mm512_set1_epi32(0xFFFF);
     let mut acc = [_mm512_setzero_ps(); N];
     for (i, u) in p.iter().enumerate() {
