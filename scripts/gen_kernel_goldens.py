@@ -11,7 +11,8 @@ It writes, under fixtures/kernels/ (all little-endian, no headers):
   q_<type>.in.f32    f32 input to quantize (random values plus edge blocks)
   q_<type>.out.bin   gguf.quants.quantize(input, type) bytes
   dq_<type>.in.bin   raw blocks (random quants, sane f16 scales, no NaN/inf)
-  dq_<type>.out.f32  gguf.quants.dequantize(blocks, type)  (also IQ4_NL and IQ4_XS)
+  dq_<type>.out.f32  gguf.quants.dequantize(blocks, type)  (also IQ4_NL and IQ4_XS, and the
+                     grid i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
 
 gguf-py has no Q8_K at all, and its Q8_1 size (40 bytes) predates ggml's 36-byte block
 with f16 d/s, so for those two the dequantize goldens are computed here with numpy as
@@ -98,6 +99,13 @@ def random_blocks(qtype: T, n: int) -> np.ndarray:
         put(2, sane_scales(n, 0.01))
     elif qtype in (T.IQ4_NL, T.IQ4_XS):
         put(0, sane_scales(n))  # random nibbles (and IQ4_XS's random 6-bit sub-block scales)
+    elif qtype in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S):
+        put(0, sane_scales(n))  # random grid indices, signs and sub-block scales
+    elif qtype == T.IQ1_M:
+        # the f16 scale is the top nibbles of the four u16 scale words (bytes 48..56)
+        bits = f16_bytes(sane_scales(n)).copy().view(np.uint16).reshape(n)
+        for i in range(4):
+            b[:, 49 + 2 * i] = (b[:, 49 + 2 * i] & 0x0F) | (((bits >> (4 * i)) & 0xF) << 4).astype(np.uint8)
     else:
         raise ValueError(qtype)
     return b
@@ -187,6 +195,10 @@ def main() -> None:
     # IQ4_NL and IQ4_XS (llama.cpp's non-linear 4-bit types), after MXFP4 so that the draws
     # above are unchanged
     for qtype in [T.IQ4_NL, T.IQ4_XS]:
+        dequant_golden(qtype)
+
+    # the grid i-quants, last again
+    for qtype in [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]:
         dequant_golden(qtype)
 
     total = sum(p.stat().st_size for p in OUT.iterdir())

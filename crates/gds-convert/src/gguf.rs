@@ -797,17 +797,10 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     })
 }
 
-/// Why a tensor of ggml type `id` cannot be converted: its name where ggml has one (the IQ
-/// and ternary types have no quantizer or kernel here), and what can be.
+/// Why a tensor of ggml type `id` cannot be converted: its name where ggml has one (the
+/// ternary types have no kernel here), and what can be.
 fn unsupported_type(id: u32) -> String {
     let name = match id {
-        16 => "IQ2_XXS",
-        17 => "IQ2_XS",
-        18 => "IQ3_XXS",
-        19 => "IQ1_S",
-        21 => "IQ3_S",
-        22 => "IQ2_S",
-        29 => "IQ1_M",
         34 => "TQ1_0",
         35 => "TQ2_0",
         _ => "",
@@ -818,8 +811,9 @@ fn unsupported_type(id: u32) -> String {
     };
     format!(
         "{what} is not supported by GdsLLM format v1 (it has F32, F16, BF16, Q4_0, Q4_1, \
-         Q5_0, Q5_1, Q8_0, the K-quants Q2_K..Q6_K, IQ4_NL, IQ4_XS and MXFP4; requantize the \
-         model to one of them with llama-quantize, or convert its float checkpoint)"
+         Q5_0, Q5_1, Q8_0, the K-quants Q2_K..Q6_K, the i-quants IQ1_S, IQ1_M, IQ2_XXS, \
+         IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, and MXFP4; requantize the model to one \
+         of them with llama-quantize, or convert its float checkpoint)"
     )
 }
 
@@ -864,7 +858,7 @@ mod tests {
         assert!(prescan(&one_tensor(40, 32))
             .unwrap_err()
             .contains("type id 40"));
-        // an IQ type without kernels here is refused by its ggml name, saying what is taken
+        // a ternary type (no kernels here) is refused by its ggml name, saying what is taken
         let e = prescan(&one_tensor(21, 256)).unwrap_err();
         assert!(e.contains("IQ3_S (id 21)") && e.contains("IQ4_XS"), "{e}");
     }

@@ -188,6 +188,13 @@ pub const WEIGHT_DTYPES: &[DType] = &[
     DType::MXFP4,
     DType::Iq4Nl,
     DType::Iq4Xs,
+    DType::Iq2Xxs,
+    DType::Iq2Xs,
+    DType::Iq2S,
+    DType::Iq3Xxs,
+    DType::Iq3S,
+    DType::Iq1S,
+    DType::Iq1M,
 ];
 
 /// How RoPE frequencies are stretched for long contexts.

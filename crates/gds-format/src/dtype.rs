@@ -36,9 +36,28 @@ pub enum DType {
     Q6K = 14,
     /// 256-weight super-block, f32 scale, 8-bit quants and block sums.
     Q8K = 15,
+    /// 256-weight super-block (llama.cpp's i-quants, 2.06 bits a weight): f16 scale, 32
+    /// u16 words; each 32 weights four 8-bit indices into a grid of 256 eight-value rows
+    /// (`iq2xxs_grid`), four 7-bit sign indices and a 4-bit scale.
+    Iq2Xxs = 16,
+    /// 256-weight super-block (2.31 bits): f16 scale, 32 u16 words (a 9-bit index into the
+    /// 512-row `iq2xs_grid`, a 7-bit sign index), eight bytes of two 4-bit scales.
+    Iq2Xs = 17,
+    /// 256-weight super-block (3.06 bits): f16 scale, 64 8-bit indices into the 256-row
+    /// four-value `iq3xxs_grid`, eight u32 of four 7-bit sign indices and a 4-bit scale.
+    Iq3Xxs = 18,
+    /// 256-weight super-block (1.56 bits): f16 scale, 32 index bytes, eight u16 of index
+    /// high bits, a 3-bit scale and a shift sign; values from the 2048-row `iq1s_grid`.
+    Iq1S = 19,
     /// 32 weights: f16 scale, 16 bytes of 4-bit indices into a non-linear table of 16 int8
     /// values (ggml's `kvalues_iq4nl`).
     Iq4Nl = 20,
+    /// 256-weight super-block (3.44 bits): f16 scale, 64 index bytes, 8 bytes of index high
+    /// bits (512-row four-value `iq3s_grid`), 32 sign bytes, four bytes of two 4-bit scales.
+    Iq3S = 21,
+    /// 256-weight super-block (2.5 bits): f16 scale, 32 index bytes, 32 sign bytes, 8 bytes of
+    /// index high bits (1024-row `iq2s_grid`), eight bytes of two 4-bit scales.
+    Iq2S = 22,
     /// 256-weight super-block: f16 scale, eight 6-bit sub-block scales stored plus 32 (their
     /// 2 high bits in a u16, their 4 low bits in 4 bytes), 128 bytes of IQ4_NL indices.
     Iq4Xs = 23,
@@ -52,6 +71,9 @@ pub enum DType {
     I64 = 27,
     /// IEEE-754 binary64.
     F64 = 28,
+    /// 256-weight super-block (1.75 bits): 32 index bytes, 16 bytes of index high bits and
+    /// shift signs, eight bytes of 3-bit scales whose top nibbles hold the f16 scale.
+    Iq1M = 29,
     /// bfloat16.
     BF16 = 30,
     /// 32 weights: an E8M0 power-of-two scale byte, 16 bytes of 4-bit E2M1 values (OCP
@@ -60,7 +82,7 @@ pub enum DType {
 }
 
 /// All dtypes this version of the format defines, in id order.
-pub const ALL_DTYPES: [DType; 23] = [
+pub const ALL_DTYPES: [DType; 30] = [
     DType::F32,
     DType::F16,
     DType::Q4_0,
@@ -75,13 +97,20 @@ pub const ALL_DTYPES: [DType; 23] = [
     DType::Q5K,
     DType::Q6K,
     DType::Q8K,
+    DType::Iq2Xxs,
+    DType::Iq2Xs,
+    DType::Iq3Xxs,
+    DType::Iq1S,
     DType::Iq4Nl,
+    DType::Iq3S,
+    DType::Iq2S,
     DType::Iq4Xs,
     DType::I8,
     DType::I16,
     DType::I32,
     DType::I64,
     DType::F64,
+    DType::Iq1M,
     DType::BF16,
     DType::MXFP4,
 ];
@@ -103,7 +132,8 @@ impl DType {
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | MXFP4 | Iq4Nl => 32,
-            Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | Iq4Xs => 256,
+            Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | Iq4Xs | Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S
+            | Iq1S | Iq1M => 256,
         }
     }
 
@@ -130,6 +160,13 @@ impl DType {
             MXFP4 => 17,
             Iq4Nl => 18,
             Iq4Xs => 136,
+            Iq2Xxs => 66,
+            Iq2Xs => 74,
+            Iq2S => 82,
+            Iq3Xxs => 98,
+            Iq3S => 110,
+            Iq1S => 50,
+            Iq1M => 56,
         }
     }
 
@@ -170,6 +207,13 @@ impl DType {
             MXFP4 => "mxfp4",
             Iq4Nl => "iq4_nl",
             Iq4Xs => "iq4_xs",
+            Iq2Xxs => "iq2_xxs",
+            Iq2Xs => "iq2_xs",
+            Iq2S => "iq2_s",
+            Iq3Xxs => "iq3_xxs",
+            Iq3S => "iq3_s",
+            Iq1S => "iq1_s",
+            Iq1M => "iq1_m",
         }
     }
 

@@ -26,6 +26,7 @@ use crate::blocks::*;
 use std::arch::x86_64::*;
 
 mod float;
+mod iq;
 mod q23k;
 mod q40;
 mod q4k;
@@ -1262,6 +1263,32 @@ mod other {
         gemm_q3_k8,
         Q3K_LANES_MIN.0
     );
+    /// A grid i-quant type's row kernel, and its rows through [`rows_driver`].
+    macro_rules! iq_rows {
+        ($($name:ident, $dot:ident, $blk:ty;)*) => {$(
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn $dot<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N]) -> [f32; N] {
+                super::iq::dot_iq::<$blk, N>(w, a)
+            }
+            rows_driver!(
+                #[target_feature(enable = "avx2,fma,f16c")]
+                $name,
+                $dot,
+                $blk,
+                ActQ8K
+            );
+        )*};
+    }
+    iq_rows! {
+        rows_iq2_xxs, dot_iq2_xxs, BlockIq2Xxs;
+        rows_iq2_xs, dot_iq2_xs, BlockIq2Xs;
+        rows_iq2_s, dot_iq2_s, BlockIq2S;
+        rows_iq3_xxs, dot_iq3_xxs, BlockIq3Xxs;
+        rows_iq3_s, dot_iq3_s, BlockIq3S;
+        rows_iq1_s, dot_iq1_s, BlockIq1S;
+        rows_iq1_m, dot_iq1_m, BlockIq1M;
+    }
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
         rows_f32,
@@ -1610,6 +1637,13 @@ public_rows!(rows_q5_k, ActQ8K, kquant);
 public_rows!(rows_q6_k, ActQ8K, kquant);
 public_rows!(rows_q2_k, ActQ8K, kquant);
 public_rows!(rows_q3_k, ActQ8K, kquant);
+public_rows!(rows_iq2_xxs, ActQ8K);
+public_rows!(rows_iq2_xs, ActQ8K);
+public_rows!(rows_iq2_s, ActQ8K);
+public_rows!(rows_iq3_xxs, ActQ8K);
+public_rows!(rows_iq3_s, ActQ8K);
+public_rows!(rows_iq1_s, ActQ8K);
+public_rows!(rows_iq1_m, ActQ8K);
 
 macro_rules! float_rows_pub {
     ($name:ident, $by_row:ident, $tiles:ident) => {

@@ -283,6 +283,117 @@ impl BlockIq4Xs {
     }
 }
 
+/// IQ2_XXS (llama.cpp's 2.06-bit i-quant): eight groups of 32, group `g` in the u16 words
+/// `qs[4g..4g + 4]` read as two u32: the first's four bytes index `IQ2XXS_GRID` (eight
+/// values each), the second holds four 7-bit sign indices (`KSIGNS_IQ2XS`) and, in its top 4
+/// bits, the scale `s`: `x = d * (0.5 + s) / 4 * grid * sign`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq2Xxs {
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+    /// 32 little-endian u16 words.
+    pub qs: [u8; QK_K / 4],
+}
+
+/// IQ2_XS (2.31 bits): word `i` of `qs` (u16) is a 9-bit index into `IQ2XS_GRID` and a 7-bit
+/// sign index for elements `8i..8i + 8`; byte `g` of `scales` holds the 4-bit scales of
+/// elements `32g..32g + 16` (low) and `32g + 16..32g + 32` (high).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq2Xs {
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+    /// 32 little-endian u16 words.
+    pub qs: [u8; QK_K / 4],
+    /// Two 4-bit scales per 32 elements.
+    pub scales: [u8; QK_K / 32],
+}
+
+/// IQ2_S (2.5 bits): `qs[i]` plus bits `2(i % 4)..` of `qh[i / 4]` (as bits 8 and 9) index
+/// `IQ2S_GRID` for elements `8i..8i + 8`, whose signs are the bits of `qs[32 + i]`;
+/// `scales` as [`BlockIq2Xs`]'s.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq2S {
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+    /// 32 grid index bytes, then 32 sign bytes.
+    pub qs: [u8; QK_K / 4],
+    /// Two index high bits per 8 elements.
+    pub qh: [u8; QK_K / 32],
+    /// Two 4-bit scales per 32 elements.
+    pub scales: [u8; QK_K / 32],
+}
+
+/// IQ3_XXS (3.06 bits): `qs[0..64]` index `IQ3XXS_GRID` (four values each), `qs[64..96]`
+/// eight u32, one per 32 elements: four 7-bit sign indices and a 4-bit scale `s` on top,
+/// `x = d * (0.5 + s) / 2 * grid * sign`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq3Xxs {
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+    /// 64 grid indices, then 8 little-endian u32 of signs and scales.
+    pub qs: [u8; 3 * QK_K / 8],
+}
+
+/// IQ3_S (3.44 bits): `qs[i]` with bit `i % 8` of `qh[i / 8]` as bit 8 indexes `IQ3S_GRID`
+/// (four values) for elements `4i..4i + 4`; the signs are the bits of `signs`; the 4-bit
+/// scale `s` of 32 elements (low nibble of `scales[g / 2]` for even `g`, high for odd) gives
+/// `x = d * (1 + 2s) * grid * sign`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq3S {
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+    /// 64 grid index bytes.
+    pub qs: [u8; QK_K / 4],
+    /// Index bit 8, one bit per 4 elements.
+    pub qh: [u8; QK_K / 32],
+    /// One sign bit per element.
+    pub signs: [u8; QK_K / 8],
+    /// Two 4-bit scales per 64 elements.
+    pub scales: [u8; QK_K / 64],
+}
+
+/// IQ1_S (1.56 bits): `qs[i]` plus three bits of `qh[i / 4]` (bits `3(i % 4)..`) index
+/// `IQ1S_GRID` (eight values in -1..=1) for elements `8i..8i + 8`; bits 12..15 of `qh[g]`
+/// are the 3-bit scale `s` of 32 elements and bit 15 the sign of their shift:
+/// `x = d * (2s + 1) * (grid ± 1/8)`.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq1S {
+    /// Super-block scale (f16).
+    pub d: [u8; 2],
+    /// Grid index low bytes.
+    pub qs: [u8; QK_K / 8],
+    /// Eight little-endian u16: index high bits, scale and shift sign per 32 elements.
+    pub qh: [u8; QK_K / 16],
+}
+
+/// IQ1_M (1.75 bits): as [`BlockIq1S`]'s grid, the index high bits (3) and the shift sign
+/// (bit 3) of each 8 elements in a nibble of `qh`; 3-bit scales per 16 elements in
+/// `scales` (four u16, four scales each in bits 0..12), whose top nibbles together are the
+/// f16 super-block scale.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct BlockIq1M {
+    /// Grid index low bytes.
+    pub qs: [u8; QK_K / 8],
+    /// A nibble per 8 elements: index high bits 0..3, shift sign bit 3.
+    pub qh: [u8; QK_K / 16],
+    /// Four little-endian u16 of 3-bit scales; their top nibbles form the f16 scale.
+    pub scales: [u8; QK_K / 32],
+}
+
+const _: () = assert!(size_of::<BlockIq2Xxs>() == 66);
+const _: () = assert!(size_of::<BlockIq2Xs>() == 74);
+const _: () = assert!(size_of::<BlockIq2S>() == 82);
+const _: () = assert!(size_of::<BlockIq3Xxs>() == 98);
+const _: () = assert!(size_of::<BlockIq3S>() == 110);
+const _: () = assert!(size_of::<BlockIq1S>() == 50);
+const _: () = assert!(size_of::<BlockIq1M>() == 56);
 const _: () = assert!(size_of::<BlockMxfp4>() == 17);
 const _: () = assert!(size_of::<BlockQ4_0>() == 18);
 const _: () = assert!(size_of::<BlockQ4_1>() == 20);

@@ -64,6 +64,28 @@ impl Dequant for BlockIq4Xs {
     }
 }
 
+/// The grid i-quants (`iquant.rs`).
+macro_rules! iq_dequant {
+    ($($blk:ty),*) => {$(
+        impl Dequant for $blk {
+            const N: usize = QK_K;
+            #[inline]
+            fn dequant(&self, out: &mut [f32]) {
+                crate::iquant::dequant_block(self, out)
+            }
+        }
+    )*};
+}
+iq_dequant!(
+    BlockIq2Xxs,
+    BlockIq2Xs,
+    BlockIq2S,
+    BlockIq3Xxs,
+    BlockIq3S,
+    BlockIq1S,
+    BlockIq1M
+);
+
 impl Dequant for BlockQ4_1 {
     const N: usize = QK;
     #[inline]

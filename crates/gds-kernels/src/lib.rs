@@ -6,6 +6,9 @@ pub mod avx2;
 pub mod blocks;
 mod dequant;
 mod interleave;
+#[rustfmt::skip]
+mod iq_grids;
+mod iquant;
 mod matmul;
 mod quant;
 mod quant_k;
@@ -153,8 +156,9 @@ fn par_elementwise(src: &[u8], dst: &mut [f32], width: usize, f: fn(&[u8], &mut 
 /// (`dst.len()` elements).
 ///
 /// Results are bit-identical to gguf-py's `gguf.quants.dequantize` for every dtype it
-/// supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4, IQ4_NL, IQ4_XS); Q8_1 and Q8_K follow
-/// ggml (`x = d * q`).
+/// supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4, IQ4_NL, IQ4_XS,
+/// IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S); Q8_1 and Q8_K follow ggml
+/// (`x = d * q`).
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
     check_len(dtype, dst.len(), src.len())?;
     match dtype {
@@ -176,6 +180,13 @@ pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
         DType::MXFP4 => dequant_typed::<BlockMxfp4>(src, dst),
         DType::Iq4Nl => dequant_typed::<BlockIq4Nl>(src, dst),
         DType::Iq4Xs => dequant_typed::<BlockIq4Xs>(src, dst),
+        DType::Iq2Xxs => dequant_typed::<BlockIq2Xxs>(src, dst),
+        DType::Iq2Xs => dequant_typed::<BlockIq2Xs>(src, dst),
+        DType::Iq2S => dequant_typed::<BlockIq2S>(src, dst),
+        DType::Iq3Xxs => dequant_typed::<BlockIq3Xxs>(src, dst),
+        DType::Iq3S => dequant_typed::<BlockIq3S>(src, dst),
+        DType::Iq1S => dequant_typed::<BlockIq1S>(src, dst),
+        DType::Iq1M => dequant_typed::<BlockIq1M>(src, dst),
         _ => {
             return Err(KernelError::Unsupported {
                 op: "dequantize",

@@ -141,7 +141,9 @@ fn act_kind(dtype: DType) -> Result<ActKind, KernelError> {
     Ok(match dtype {
         F32 | F16 | BF16 | Q8_1 | Q8K => ActKind::F32,
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | MXFP4 | Iq4Nl | Iq4Xs => ActKind::Q8,
-        Q2K | Q3K | Q4K | Q5K | Q6K => ActKind::Q8K,
+        Q2K | Q3K | Q4K | Q5K | Q6K | Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S | Iq1M => {
+            ActKind::Q8K
+        }
         _ => {
             return Err(KernelError::Unsupported {
                 op: "matmul",
@@ -303,6 +305,13 @@ fn run_rows(be: Backend, dtype: DType, w: &[u8], rb: usize, acts: &ActRows<'_>, 
         (Q4K, ActRows::Q8K(a)) => go!(rows_q4_k, a),
         (Q5K, ActRows::Q8K(a)) => go!(rows_q5_k, a),
         (Q6K, ActRows::Q8K(a)) => go!(rows_q6_k, a),
+        (Iq2Xxs, ActRows::Q8K(a)) => go!(rows_iq2_xxs, a),
+        (Iq2Xs, ActRows::Q8K(a)) => go!(rows_iq2_xs, a),
+        (Iq2S, ActRows::Q8K(a)) => go!(rows_iq2_s, a),
+        (Iq3Xxs, ActRows::Q8K(a)) => go!(rows_iq3_xxs, a),
+        (Iq3S, ActRows::Q8K(a)) => go!(rows_iq3_s, a),
+        (Iq1S, ActRows::Q8K(a)) => go!(rows_iq1_s, a),
+        (Iq1M, ActRows::Q8K(a)) => go!(rows_iq1_m, a),
         (F32, ActRows::F32(a)) => go!(rows_f32, a),
         (F16, ActRows::F32(a)) => go!(rows_f16, a),
         (BF16, ActRows::F32(a)) => go!(rows_bf16, a),

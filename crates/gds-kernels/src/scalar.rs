@@ -310,6 +310,33 @@ pub fn rows_q2_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
 pub fn rows_q3_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
     rows(w, rb, acts, out, dot_q3_k)
 }
+/// A grid i-quant row (`iquant.rs`): each block's exact integer sum, scaled once.
+fn dot_iq<B: crate::iquant::IqBlock>(w: &[B], a: &[ActQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, x) in w.iter().zip(a) {
+        acc += b.d() * x.d * crate::iquant::block_isum(b, &x.qs) as f32;
+    }
+    B::K * acc
+}
+
+macro_rules! iq_rows {
+    ($($name:ident: $blk:ty, $what:literal;)*) => {$(
+        #[doc = concat!($what, " rows.")]
+        pub fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+            rows(w, rb, acts, out, dot_iq::<$blk>)
+        }
+    )*};
+}
+iq_rows! {
+    rows_iq2_xxs: BlockIq2Xxs, "IQ2_XXS";
+    rows_iq2_xs: BlockIq2Xs, "IQ2_XS";
+    rows_iq2_s: BlockIq2S, "IQ2_S";
+    rows_iq3_xxs: BlockIq3Xxs, "IQ3_XXS";
+    rows_iq3_s: BlockIq3S, "IQ3_S";
+    rows_iq1_s: BlockIq1S, "IQ1_S";
+    rows_iq1_m: BlockIq1M, "IQ1_M";
+}
+
 /// Q4_K rows.
 pub fn rows_q4_k(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
     rows(w, rb, acts, out, dot_q4_k)

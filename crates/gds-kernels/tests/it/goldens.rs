@@ -65,6 +65,13 @@ fn dequantize_matches_gguf_py_bitwise() {
         DType::MXFP4,
         DType::Iq4Nl,
         DType::Iq4Xs,
+        DType::Iq2Xxs,
+        DType::Iq2Xs,
+        DType::Iq2S,
+        DType::Iq3Xxs,
+        DType::Iq3S,
+        DType::Iq1S,
+        DType::Iq1M,
     ] {
         let src = fixture(&format!("dq_{}.in.bin", dtype.name()));
         let want = f32s(&fixture(&format!("dq_{}.out.f32", dtype.name())));

@@ -28,7 +28,7 @@ impl Rng {
     }
 }
 
-const ALL: [DType; 18] = [
+const ALL: [DType; 25] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -47,6 +47,24 @@ const ALL: [DType; 18] = [
     DType::MXFP4,
     DType::Iq4Nl,
     DType::Iq4Xs,
+    DType::Iq2Xxs,
+    DType::Iq2Xs,
+    DType::Iq2S,
+    DType::Iq3Xxs,
+    DType::Iq3S,
+    DType::Iq1S,
+    DType::Iq1M,
+];
+
+/// llama.cpp's grid i-quants (256-blocks against Q8_K activations, row kernels).
+const GRID_IQ: [DType; 7] = [
+    DType::Iq2Xxs,
+    DType::Iq2Xs,
+    DType::Iq2S,
+    DType::Iq3Xxs,
+    DType::Iq3S,
+    DType::Iq1S,
+    DType::Iq1M,
 ];
 
 fn f16b(v: f32) -> [u8; 2] {
@@ -81,6 +99,21 @@ fn weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u8> {
             DType::MXFP4 => b[0] = 119 + (rng.next() % 8) as u8,
             // random nibbles (and IQ4_XS's random 6-bit sub-block scales)
             DType::Iq4Nl | DType::Iq4Xs => b[0..2].copy_from_slice(&s1),
+            // random grid indices, signs and sub-block scales
+            DType::Iq2Xxs
+            | DType::Iq2Xs
+            | DType::Iq2S
+            | DType::Iq3Xxs
+            | DType::Iq3S
+            | DType::Iq1S => b[0..2].copy_from_slice(&s1),
+            // IQ1_M's f16 scale is the top nibbles of its four scale words (bytes 48..56)
+            DType::Iq1M => {
+                let bits = u16::from_le_bytes(s1);
+                for i in 0..4 {
+                    let hi = 49 + 2 * i;
+                    b[hi] = (b[hi] & 0x0F) | ((((bits >> (4 * i)) & 0xF) as u8) << 4);
+                }
+            }
             _ => unreachable!("{dtype}"),
         }
     }
@@ -108,7 +141,8 @@ fn reference(w: &WeightView<'_>, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Ve
             let bs = if matches!(
                 w.dtype,
                 DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K
-            ) {
+            ) || GRID_IQ.contains(&w.dtype)
+            {
                 256
             } else {
                 32
@@ -861,4 +895,49 @@ fn interleaved_rows_equal_rows_in_file_order() {
         cols: 32,
     };
     assert!(matmul(&bad, &[0.5; 32], 1, &mut y[..8]).is_err());
+}
+
+/// The grid i-quants' SIMD kernels give the scalar kernels' bits (the same exact integer sum
+/// per block, the same float expression), on every ISA, for 1..=9 tokens (tiles of four and
+/// their remainders), random blocks (every grid row, sign pattern and scale drawn) and
+/// activations of one magnitude (the largest integer sums: 127 against every magnitude).
+#[test]
+fn grid_iquants_simd_equal_scalar_bit_for_bit() {
+    let simd: Vec<Isa> = [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    let mut rng = Rng(0x1d2c_3b4a);
+    for dtype in GRID_IQ {
+        let (rows, cols) = (7, 768);
+        let data = weight(&mut rng, dtype, rows, cols);
+        let w = WeightView {
+            layout: gds_kernels::Layout::Rows,
+            dtype,
+            data: &data,
+            rows,
+            cols,
+        };
+        for n in [1, 2, 3, 4, 5, 9] {
+            for x in [
+                rng.vec(n * cols, 2.0),
+                vec![1.0; n * cols],
+                vec![-1.0; n * cols],
+            ] {
+                let mut want = vec![0f32; n * rows];
+                matmul_with(Isa::Scalar, &w, &x, n, &mut want).unwrap();
+                assert!(want.iter().all(|v| v.is_finite()), "{dtype}");
+                for &isa in &simd {
+                    let mut y = vec![f32::NAN; n * rows];
+                    matmul_with(isa, &w, &x, n, &mut y).unwrap();
+                    let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{dtype} n={n} {}: {y:?} vs scalar {want:?}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
 }

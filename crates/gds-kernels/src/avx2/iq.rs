@@ -1,0 +1,108 @@
+//! The grid i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) against 8-bit
+//! activations: a row at a time against up to four tokens (`rows_driver`'s tiles).
+//!
+//! Each 32-weight group is looked up once per block and tile as two vectors (`iquant.rs`):
+//! the magnitudes (four grid rows, `_mm256_set_epi64x`) and the sign carriers (a byte table
+//! of the stored sign bits; IQ1's values `8 * grid + shift` made by one `sign` and one `add`
+//! from its grid rows); every token then takes `maddubs(mag, sign(act, sgn))` and a `madd`
+//! with the group's two sub-block multipliers. The block's integer sum is the scalar
+//! kernel's exactly (no overflow: magnitudes ≤ 62, multipliers ≤ 31), and the float end is
+//! its expression, so both give the same bits.
+
+use super::*;
+use crate::iquant::IqBlock;
+
+/// Group `g` of `b` as vectors: magnitudes, sign carriers, and the multipliers as 16-bit
+/// lanes (elements 0..16's in the low eight, 16..32's in the high eight, as `maddubs`
+/// pairs them).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn group_vecs<B: IqBlock>(b: &B, g: usize) -> (__m256i, __m256i, __m256i) {
+    let r = b.raw(g);
+    let w = |x: [u64; 4]| _mm256_set_epi64x(x[3] as i64, x[2] as i64, x[1] as i64, x[0] as i64);
+    let ls = _mm256_set_m128i(
+        _mm_set1_epi16(r.ls[1] as i16),
+        _mm_set1_epi16(r.ls[0] as i16),
+    );
+    if B::EIGHTHS {
+        // v = 8 * grid + shift
+        let v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), w(r.mag)), w(r.sgn));
+        (_mm256_abs_epi8(v), v, ls)
+    } else {
+        (w(r.mag), w(r.sgn), ls)
+    }
+}
+
+/// One row's dot products with `N` tokens (`N` ≤ 4).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot_iq<B: IqBlock, const N: usize>(w: &[B], a: [&[ActQ8K]; N]) -> [f32; N] {
+    let mut acc = [0f32; N];
+    for (k, b) in w.iter().enumerate() {
+        let mut s = [_mm256_setzero_si256(); N];
+        for g in 0..QK_K / QK {
+            let (mag, sgn, ls) = group_vecs(b, g);
+            for t in 0..N {
+                let x = ld_i8x32(&a[t][k].qs[QK * g..]);
+                let p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, sgn));
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(p, ls));
+            }
+        }
+        let d = b.d();
+        for t in 0..N {
+            acc[t] += d * a[t][k].d * hsum_epi32(s[t]) as f32;
+        }
+    }
+    acc.map(|x| B::K * x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iquant::group;
+
+    /// `group_vecs` and the scalar `group` agree on every byte of every group.
+    #[test]
+    fn vectors_equal_the_scalar_groups() {
+        let Some(_) = Avx2::detect() else { return };
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut bytes = vec![0u8; 110 * 64];
+        for b in bytes.iter_mut() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *b = state as u8;
+        }
+        fn check<B: IqBlock>(bytes: &[u8]) {
+            let n = bytes.len() / size_of::<B>();
+            let blocks = cast::<B>(&bytes[..n * size_of::<B>()]).unwrap();
+            for b in blocks {
+                for g in 0..8 {
+                    let want = group(b, g);
+                    // SAFETY: AVX2, FMA and F16C were detected above.
+                    let (m, s, l) = unsafe { group_vecs(b, g) };
+                    let (mut mb, mut sb, mut lb) = ([0u8; 32], [0u8; 32], [0i16; 16]);
+                    // SAFETY: 32-byte buffers, unaligned stores.
+                    unsafe {
+                        _mm256_storeu_si256(mb.as_mut_ptr().cast(), m);
+                        _mm256_storeu_si256(sb.as_mut_ptr().cast(), s);
+                        _mm256_storeu_si256(lb.as_mut_ptr().cast(), l);
+                    }
+                    for j in 0..32 {
+                        let v = mb[j] as i32 * (sb[j] as i8).signum() as i32;
+                        assert_eq!(v, want.v(j), "group {g} element {j}");
+                    }
+                    assert!(lb[..8].iter().all(|&x| x as i32 == want.ls[0]));
+                    assert!(lb[8..].iter().all(|&x| x as i32 == want.ls[1]));
+                }
+            }
+        }
+        check::<BlockIq2Xxs>(&bytes);
+        check::<BlockIq2Xs>(&bytes);
+        check::<BlockIq2S>(&bytes);
+        check::<BlockIq3Xxs>(&bytes);
+        check::<BlockIq3S>(&bytes);
+        check::<BlockIq1S>(&bytes);
+        check::<BlockIq1M>(&bytes);
+    }
+}

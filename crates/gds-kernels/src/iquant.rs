@@ -1,0 +1,364 @@
+//! llama.cpp's grid i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): every
+//! 32-weight group of a 256-weight block as small integers, the one form that the scalar and
+//! SIMD dot products and the dequantization all read.
+//!
+//! A group's weight `j` is `unit * ls[j / 16] * v[j]`, where `v[j] = mag[j] * sign(sgn[j])`
+//! is an integer (a grid value, or for IQ1 `8 * grid ± 1`, the shift folded in), `ls` the
+//! odd sub-block multiplier `2s + 1` and `unit` the block's scale times the type's constant
+//! ([`IqBlock::K`]: 1/8 for the IQ2 and IQ1 types, 1/4 for IQ3_XXS, 1 for IQ3_S). The
+//! magnitudes are at most 62 and the multipliers at most 31, so a dot product against 8-bit
+//! activations is an exact `i32` per block, in any order, and every kernel gives the same
+//! bits: `acc += (d * d_act) * isum` per block, `K * acc` at the end.
+//!
+//! The grids and the sign table are ggml's (`iq_grids.rs`, generated). Sign bytes are `0x01`
+//! (positive) or `0xFF` (negative), so that `_mm256_sign_epi8(act, sgn)` applies them; IQ1's
+//! `sgn` is `v` itself (never zero).
+
+use crate::blocks::*;
+use crate::iq_grids::*;
+use zerocopy::{FromBytes, Immutable, KnownLayout, Unaligned};
+
+/// `SIGN_BYTES[b]`: byte `j` is `0xFF` when bit `j` of `b` is set, else `0x01`.
+static SIGN_BYTES: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut v = 0u64;
+        let mut j = 0;
+        while j < 8 {
+            let byte = if (b >> j) & 1 == 1 { 0xFFu64 } else { 0x01 };
+            v |= byte << (8 * j);
+            j += 1;
+        }
+        t[b] = v;
+        b += 1;
+    }
+    t
+};
+
+/// The sign bytes of a 7-bit sign index (`KSIGNS_IQ2XS`: the 8th sign is the parity).
+#[inline(always)]
+pub(crate) fn signs7(i: u32) -> u64 {
+    SIGN_BYTES[KSIGNS_IQ2XS[(i & 127) as usize] as usize]
+}
+
+/// The sign bytes of 8 stored sign bits.
+#[inline(always)]
+pub(crate) fn signs8(b: u8) -> u64 {
+    SIGN_BYTES[b as usize]
+}
+
+/// One 32-weight group: magnitudes and sign carriers, 8 bytes per word (element `8l + j` in
+/// byte `j` of word `l`), and the multipliers of elements 0..16 and 16..32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Group {
+    pub mag: [u64; 4],
+    pub sgn: [u64; 4],
+    pub ls: [i32; 2],
+}
+
+impl Group {
+    /// Element `e`'s integer value `v`.
+    #[inline(always)]
+    pub fn v(&self, e: usize) -> i32 {
+        let m = (self.mag[e / 8] >> (8 * (e % 8))) as u8 as i32;
+        let s = (self.sgn[e / 8] >> (8 * (e % 8))) as u8 as i8;
+        m * (s.signum() as i32)
+    }
+}
+
+#[inline(always)]
+fn u16_at(b: &[u8], i: usize) -> u32 {
+    u16::from_le_bytes([b[i], b[i + 1]]) as u32
+}
+
+#[inline(always)]
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// A grid i-quant block.
+pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync {
+    /// The dot product's constant factor (see the module's comment).
+    const K: f32;
+    /// The super-block scale.
+    fn d(&self) -> f32;
+    /// Group `g` (elements `32g..32g + 32`), `g < 8`, as stored: for IQ1 ([`Self::EIGHTHS`])
+    /// `mag` holds the grid rows (bytes -1, 0, 1) and `sgn` the shift of each 8 elements
+    /// (bytes 1 or -1); [`group`] makes a [`Group`] of them.
+    fn raw(&self, g: usize) -> Group;
+    /// Group `g`'s 4-bit (IQ1: 3-bit) stored scales of elements 0..16 and 16..32.
+    fn raw_scales(&self, g: usize) -> [u32; 2];
+    /// The float factor of a weight of sub-block scale `s` as gguf-py and ggml compute it
+    /// from the super-block scale `d` (the weight is this times `v`, or `v / 8` for IQ1).
+    fn dequant_scale(d: f32, s: u32) -> f32;
+    /// True for IQ1_S/IQ1_M, whose `v` is eight times the weight's grid value plus shift.
+    const EIGHTHS: bool = false;
+}
+
+impl IqBlock for BlockIq2Xxs {
+    const K: f32 = 0.125;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_bytes_to_f32(self.d)
+    }
+    #[inline(always)]
+    fn raw(&self, g: usize) -> Group {
+        let (a0, a1) = (u32_at(&self.qs, 8 * g), u32_at(&self.qs, 8 * g + 4));
+        let ls = 2 * (a1 >> 28) as i32 + 1;
+        Group {
+            mag: std::array::from_fn(|l| IQ2XXS_GRID[((a0 >> (8 * l)) & 0xFF) as usize]),
+            sgn: std::array::from_fn(|l| signs7(a1 >> (7 * l))),
+            ls: [ls, ls],
+        }
+    }
+    fn raw_scales(&self, g: usize) -> [u32; 2] {
+        let s = u32_at(&self.qs, 8 * g + 4) >> 28;
+        [s, s]
+    }
+    fn dequant_scale(d: f32, s: u32) -> f32 {
+        d * (0.5 + s as f32) * 0.25
+    }
+}
+
+/// The two 4-bit scales of IQ2_XS/IQ2_S group `g`.
+#[inline(always)]
+fn nibble_scales(scales: &[u8; QK_K / 32], g: usize) -> [u32; 2] {
+    [(scales[g] & 0xF) as u32, (scales[g] >> 4) as u32]
+}
+
+impl IqBlock for BlockIq2Xs {
+    const K: f32 = 0.125;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_bytes_to_f32(self.d)
+    }
+    #[inline(always)]
+    fn raw(&self, g: usize) -> Group {
+        let w = |l: usize| u16_at(&self.qs, 8 * g + 2 * l);
+        let s = nibble_scales(&self.scales, g);
+        Group {
+            mag: std::array::from_fn(|l| IQ2XS_GRID[(w(l) & 511) as usize]),
+            sgn: std::array::from_fn(|l| signs7(w(l) >> 9)),
+            ls: s.map(|s| 2 * s as i32 + 1),
+        }
+    }
+    fn raw_scales(&self, g: usize) -> [u32; 2] {
+        nibble_scales(&self.scales, g)
+    }
+    fn dequant_scale(d: f32, s: u32) -> f32 {
+        d * (0.5 + s as f32) * 0.25
+    }
+}
+
+impl IqBlock for BlockIq2S {
+    const K: f32 = 0.125;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_bytes_to_f32(self.d)
+    }
+    #[inline(always)]
+    fn raw(&self, g: usize) -> Group {
+        let qh = self.qh[g] as usize;
+        let s = nibble_scales(&self.scales, g);
+        Group {
+            mag: std::array::from_fn(|l| {
+                IQ2S_GRID[self.qs[4 * g + l] as usize | ((qh << (8 - 2 * l)) & 0x300)]
+            }),
+            sgn: std::array::from_fn(|l| signs8(self.qs[QK_K / 8 + 4 * g + l])),
+            ls: s.map(|s| 2 * s as i32 + 1),
+        }
+    }
+    fn raw_scales(&self, g: usize) -> [u32; 2] {
+        nibble_scales(&self.scales, g)
+    }
+    fn dequant_scale(d: f32, s: u32) -> f32 {
+        d * (0.5 + s as f32) * 0.25
+    }
+}
+
+impl IqBlock for BlockIq3Xxs {
+    const K: f32 = 0.25;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_bytes_to_f32(self.d)
+    }
+    #[inline(always)]
+    fn raw(&self, g: usize) -> Group {
+        let q = &self.qs[8 * g..8 * g + 8];
+        let aux = u32_at(&self.qs, QK_K / 4 + 4 * g);
+        let ls = 2 * (aux >> 28) as i32 + 1;
+        Group {
+            mag: std::array::from_fn(|l| {
+                IQ3XXS_GRID[q[2 * l] as usize] as u64
+                    | (IQ3XXS_GRID[q[2 * l + 1] as usize] as u64) << 32
+            }),
+            sgn: std::array::from_fn(|l| signs7(aux >> (7 * l))),
+            ls: [ls, ls],
+        }
+    }
+    fn raw_scales(&self, g: usize) -> [u32; 2] {
+        let s = u32_at(&self.qs, QK_K / 4 + 4 * g) >> 28;
+        [s, s]
+    }
+    fn dequant_scale(d: f32, s: u32) -> f32 {
+        d * (0.5 + s as f32) * 0.5
+    }
+}
+
+impl IqBlock for BlockIq3S {
+    const K: f32 = 1.0;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_bytes_to_f32(self.d)
+    }
+    #[inline(always)]
+    fn raw(&self, g: usize) -> Group {
+        let q = &self.qs[8 * g..8 * g + 8];
+        let qh = self.qh[g] as usize;
+        let s = self.raw_scales(g)[0];
+        let ls = 2 * s as i32 + 1;
+        Group {
+            mag: std::array::from_fn(|l| {
+                let i1 = q[2 * l] as usize | ((qh << (8 - 2 * l)) & 256);
+                let i2 = q[2 * l + 1] as usize | ((qh << (7 - 2 * l)) & 256);
+                IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32
+            }),
+            sgn: std::array::from_fn(|l| signs8(self.signs[4 * g + l])),
+            ls: [ls, ls],
+        }
+    }
+    fn raw_scales(&self, g: usize) -> [u32; 2] {
+        let s = ((self.scales[g / 2] >> (4 * (g % 2))) & 0xF) as u32;
+        [s, s]
+    }
+    fn dequant_scale(d: f32, s: u32) -> f32 {
+        d * (1 + 2 * s) as f32
+    }
+}
+
+/// Eight shift bytes: 1, or -1 when `neg`.
+#[inline(always)]
+fn shift_bytes(neg: bool) -> u64 {
+    if neg {
+        u64::MAX
+    } else {
+        0x0101_0101_0101_0101
+    }
+}
+
+/// Group `g` of `b` in the integer form (IQ1's `8 * grid + shift` made from its raw words).
+#[inline(always)]
+pub(crate) fn group<B: IqBlock>(b: &B, g: usize) -> Group {
+    let r = b.raw(g);
+    if !B::EIGHTHS {
+        return r;
+    }
+    let (mut mag, mut sgn) = ([0u64; 4], [0u64; 4]);
+    for l in 0..4 {
+        for j in 0..8 {
+            let v = (r.mag[l] >> (8 * j)) as u8 as i8 * 8 + (r.sgn[l] >> (8 * j)) as u8 as i8;
+            mag[l] |= (v.unsigned_abs() as u64) << (8 * j);
+            sgn[l] |= (v as u8 as u64) << (8 * j);
+        }
+    }
+    Group { mag, sgn, ls: r.ls }
+}
+
+impl IqBlock for BlockIq1S {
+    const K: f32 = 0.125;
+    const EIGHTHS: bool = true;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_bytes_to_f32(self.d)
+    }
+    #[inline(always)]
+    fn raw(&self, g: usize) -> Group {
+        let qh = u16_at(&self.qh, 2 * g) as usize;
+        let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+        Group {
+            mag: std::array::from_fn(|l| {
+                IQ1S_GRID[self.qs[4 * g + l] as usize | (((qh >> (3 * l)) & 7) << 8)]
+            }),
+            sgn: [shift_bytes(qh & 0x8000 != 0); 4],
+            ls: [ls, ls],
+        }
+    }
+    fn raw_scales(&self, g: usize) -> [u32; 2] {
+        let s = (u16_at(&self.qh, 2 * g) >> 12) & 7;
+        [s, s]
+    }
+    fn dequant_scale(d: f32, s: u32) -> f32 {
+        d * (2 * s + 1) as f32
+    }
+}
+
+impl BlockIq1M {
+    /// The four u16 scale words.
+    #[inline(always)]
+    fn sc(&self, i: usize) -> u32 {
+        u16_at(&self.scales, 2 * i)
+    }
+}
+
+impl IqBlock for BlockIq1M {
+    const K: f32 = 0.125;
+    const EIGHTHS: bool = true;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        let bits = (self.sc(0) >> 12)
+            | ((self.sc(1) >> 8) & 0x00F0)
+            | ((self.sc(2) >> 4) & 0x0F00)
+            | (self.sc(3) & 0xF000);
+        f16_bytes_to_f32((bits as u16).to_le_bytes())
+    }
+    #[inline(always)]
+    fn raw(&self, g: usize) -> Group {
+        let qh = |l: usize| self.qh[2 * g + l / 2] as usize;
+        Group {
+            mag: std::array::from_fn(|l| {
+                IQ1S_GRID[self.qs[4 * g + l] as usize | ((qh(l) << (8 - 4 * (l % 2))) & 0x700)]
+            }),
+            sgn: std::array::from_fn(|l| shift_bytes(qh(l) & (0x08 << (4 * (l % 2))) != 0)),
+            ls: self.raw_scales(g).map(|s| 2 * s as i32 + 1),
+        }
+    }
+    fn raw_scales(&self, g: usize) -> [u32; 2] {
+        let w = self.sc(g / 2) >> (6 * (g % 2));
+        [w & 7, (w >> 3) & 7]
+    }
+    fn dequant_scale(d: f32, s: u32) -> f32 {
+        d * (2 * s + 1) as f32
+    }
+}
+
+/// Dequantizes one block (256 weights) as gguf-py does (and ggml: the same float
+/// expressions): `dequant_scale(d, s) * v`, or `* (v / 8)` for IQ1.
+#[inline]
+pub(crate) fn dequant_block<B: IqBlock>(b: &B, out: &mut [f32]) {
+    let d = b.d();
+    for (g, o) in out[..QK_K].chunks_exact_mut(QK).enumerate() {
+        let grp = group(b, g);
+        let s = b.raw_scales(g).map(|s| B::dequant_scale(d, s));
+        for (j, y) in o.iter_mut().enumerate() {
+            let v = grp.v(j) as f32;
+            *y = s[j / 16] * if B::EIGHTHS { v * 0.125 } else { v };
+        }
+    }
+}
+
+/// The block's exact integer sum `sum_j ls[j / 16] * v[j] * a[j]` against 8-bit activations.
+#[inline(always)]
+pub(crate) fn block_isum<B: IqBlock>(b: &B, a: &[i8; QK_K]) -> i32 {
+    let mut isum = 0i32;
+    for g in 0..QK_K / QK {
+        let grp = group(b, g);
+        for h in 0..2 {
+            let s: i32 = (16 * h..16 * h + 16)
+                .map(|j| grp.v(j) * a[QK * g + j] as i32)
+                .sum();
+            isum += grp.ls[h] * s;
+        }
+    }
+    isum
+}
