@@ -108,10 +108,61 @@ hf_and_gguf! {
 /// IQ4_NL, whose activation blocks are llama.cpp's, 1.5 for IQ4_XS).
 #[test]
 fn iq4_types_match_transformers_and_llama_cpp() {
-    let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture("reference/iq4-llamacpp.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden_json("reference/iq4-llamacpp.json");
+    for (file, dtype) in [
+        ("tiny-llama-iq4_xs.gguf", "iq4_xs"),
+        ("tiny-llama-iq4_nl.gguf", "iq4_nl"),
+    ] {
+        let g = &golden["files"][file];
+        let n = quantized_reference_check(&golden, g, file, |d| d == dtype, 0.05);
+        assert!(n >= 7 * 2, "{file}: {n} {dtype} tensors");
+    }
+}
+
+/// llama.cpp's grid i-quants, one per kind of matrix (fixtures/make_iq_grid_fixtures.py:
+/// `llama-quantize` with `llama-imatrix`'s importance matrix; attn_q IQ2_XXS, attn_k IQ2_XS,
+/// attn_v IQ2_S, attn_output IQ3_XXS, ffn_gate IQ3_S, ffn_up IQ1_S, ffn_down IQ1_M, the
+/// embedding IQ3_S, looked up row by row; the head Q6_K): with f32
+/// activations the logits are transformers' over gguf-py's dequantization of the same file;
+/// with the default 8-bit activations (Q8_K blocks, as llama.cpp's) every greedy token is
+/// transformers' and llama.cpp's, the logits within the activations' rounding.
+#[test]
+fn iq_grid_types_match_transformers_and_llama_cpp() {
+    let golden = golden_json("reference/iq-grid-llamacpp.json");
+    let file = "tiny-llama-iq-grid.gguf";
+    let grid = [
+        "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
+    ];
+    let n = quantized_reference_check(&golden, &golden, file, |d| grid.contains(&d), 0.05);
+    // every layer's seven matrices, and the embedding (llama-quantize's base type, IQ3_S)
+    let in_file = golden["tensor_types"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|t| grid.contains(&t.as_str().unwrap().to_lowercase().as_str()))
+        .count();
+    assert_eq!(
+        (n, in_file),
+        (7 * 2 + 1, 7 * 2 + 1),
+        "{file}: grid i-quant tensors"
+    );
+}
+
+fn golden_json(rel: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(rel)).unwrap()).unwrap()
+}
+
+/// Converts fixture `file`, checks that it holds tensors of the dtypes `wanted` picks, and
+/// compares its logits with `g`'s `transformers_logits` (exact with f32 activations: 5e-4;
+/// with 8-bit activations within `q8_share` of the logits' range) and greedy tokens with
+/// those and with llama.cpp's `logprobs`. Returns the number of `wanted` tensors.
+fn quantized_reference_check(
+    golden: &serde_json::Value,
+    g: &serde_json::Value,
+    file: &str,
+    wanted: impl Fn(&str) -> bool,
+    q8_share: f64,
+) -> usize {
     let tokens: Vec<u32> = golden["tokens"]
         .as_array()
         .unwrap()
@@ -137,56 +188,48 @@ fn iq4_types_match_transformers_and_llama_cpp() {
             .fold((0, f64::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
             .0
     };
-    for (file, dtype) in [
-        ("tiny-llama-iq4_xs.gguf", "iq4_xs"),
-        ("tiny-llama-iq4_nl.gguf", "iq4_nl"),
-    ] {
-        let llama_cpp = floats(&golden["files"][file]["logprobs"]);
-        let exact = floats(&golden["files"][file]["transformers_logits"]);
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("m.gds");
-        convert(&fixture(file), &out);
-        let bytes = gds_io::read_manifest(&out).unwrap();
-        let n = gds_format::Manifest::parse(&bytes)
-            .unwrap()
-            .tensors()
-            .filter(|t| t.dtype.name() == dtype)
-            .count();
-        assert!(n >= 7 * 2, "{file}: {n} {dtype} tensors");
-        for f32_act in [true, false] {
-            let rows: Vec<Vec<f64>> = logits_with(&out, &tokens, f32_act)
-                .iter()
-                .map(|r| r.iter().map(|&v| v as f64).collect())
-                .collect();
-            let (mut vs_exact, mut vs_llama_cpp) = (0f64, 0f64);
-            for (p, row) in rows.iter().enumerate() {
-                assert_eq!(argmax(row), argmax(&exact[p]), "{file} position {p}");
-                assert_eq!(argmax(row), argmax(&llama_cpp[p]), "{file} position {p}");
-                let max = row.iter().fold(f64::MIN, |a, &v| a.max(v));
-                let lse = max + row.iter().map(|&v| (v - max).exp()).sum::<f64>().ln();
-                for ((v, e), l) in row.iter().zip(&exact[p]).zip(&llama_cpp[p]) {
-                    vs_exact = vs_exact.max((v - e).abs());
-                    if *l > -10.0 {
-                        vs_llama_cpp = vs_llama_cpp.max((v - lse - l).abs());
-                    }
+    let llama_cpp = floats(&g["logprobs"]);
+    let exact = floats(&g["transformers_logits"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.gds");
+    convert(&fixture(file), &out);
+    let bytes = gds_io::read_manifest(&out).unwrap();
+    let n = gds_format::Manifest::parse(&bytes)
+        .unwrap()
+        .tensors()
+        .filter(|t| wanted(t.dtype.name()))
+        .count();
+    for f32_act in [true, false] {
+        let rows: Vec<Vec<f64>> = logits_with(&out, &tokens, f32_act)
+            .iter()
+            .map(|r| r.iter().map(|&v| v as f64).collect())
+            .collect();
+        let (mut vs_exact, mut vs_llama_cpp) = (0f64, 0f64);
+        for (p, row) in rows.iter().enumerate() {
+            assert_eq!(argmax(row), argmax(&exact[p]), "{file} position {p}");
+            assert_eq!(argmax(row), argmax(&llama_cpp[p]), "{file} position {p}");
+            let max = row.iter().fold(f64::MIN, |a, &v| a.max(v));
+            let lse = max + row.iter().map(|&v| (v - max).exp()).sum::<f64>().ln();
+            for ((v, e), l) in row.iter().zip(&exact[p]).zip(&llama_cpp[p]) {
+                vs_exact = vs_exact.max((v - e).abs());
+                if *l > -10.0 {
+                    vs_llama_cpp = vs_llama_cpp.max((v - lse - l).abs());
                 }
             }
-            eprintln!(
-                "{file} (f32 activations: {f32_act}): max |logit diff| vs transformers \
-                 {vs_exact:.2e}; max |logprob diff| vs llama.cpp (its log-probs > -10) \
-                 {vs_llama_cpp:.2e}; logits up to {:.1}",
-                exact.iter().flatten().fold(0f64, |m, v| m.max(v.abs()))
-            );
-            // 8-bit activations: within 5 % of the logits' range (measured 2.5 % and 3.7 %; the
-            // CPU's int8 products on the other weight types move these sharp logits alike)
-            let scale = exact.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
-            let bound = if f32_act { 5e-4 } else { 0.05 * scale };
-            assert!(
-                vs_exact < bound,
-                "{file} (f32 activations {f32_act}): {vs_exact} (logits up to {scale})"
-            );
         }
+        let scale = exact.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
+        eprintln!(
+            "{file} (f32 activations: {f32_act}): max |logit diff| vs transformers \
+             {vs_exact:.2e}; max |logprob diff| vs llama.cpp (its log-probs > -10) \
+             {vs_llama_cpp:.2e}; logits up to {scale:.1}"
+        );
+        let bound = if f32_act { 5e-4 } else { q8_share * scale };
+        assert!(
+            vs_exact < bound,
+            "{file} (f32 activations {f32_act}): {vs_exact} (logits up to {scale})"
+        );
     }
+    n
 }
 
 /// Qwen 3's mixture of experts (4 experts, 2 per token, probabilities renormalized): the
