@@ -289,7 +289,7 @@ impl Layout {
             let is_matrix = t.n_dims >= 2;
             if is_matrix && kernel_suffix(t.dtype).is_none() {
                 return Err(model_err(format!(
-                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K MXFP4 F16 BF16 F32)",
+                    "{}: no GPU kernel for {} weights (supported: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K MXFP4 IQ4_NL IQ4_XS F16 BF16 F32; Q2_K, Q3_K and IQ1_S..IQ3_S run with --backend cpu)",
                     t.name, t.dtype
                 )));
             }

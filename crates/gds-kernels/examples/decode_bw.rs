@@ -57,6 +57,13 @@ fn run() {
         "q8_0" => DType::Q8_0,
         "iq4_nl" => DType::Iq4Nl,
         "iq4_xs" => DType::Iq4Xs,
+        "iq2_xxs" => DType::Iq2Xxs,
+        "iq2_xs" => DType::Iq2Xs,
+        "iq2_s" => DType::Iq2S,
+        "iq3_xxs" => DType::Iq3Xxs,
+        "iq3_s" => DType::Iq3S,
+        "iq1_s" => DType::Iq1S,
+        "iq1_m" => DType::Iq1M,
         "f16" => DType::F16,
         "bf16" => DType::BF16,
         "f32" => DType::F32,
@@ -94,7 +101,16 @@ fn run() {
         let mats: Vec<Vec<u8>> = (0..copies)
             .map(|c| {
                 let mut m = match dtype {
-                    DType::Iq4Nl | DType::Iq4Xs => table_blocks(dtype, rows * cols, c as u64 + 1),
+                    // random blocks (IQ1_M's scale, in its scale words' top nibbles, random too)
+                    DType::Iq4Nl
+                    | DType::Iq4Xs
+                    | DType::Iq2Xxs
+                    | DType::Iq2Xs
+                    | DType::Iq2S
+                    | DType::Iq3Xxs
+                    | DType::Iq3S
+                    | DType::Iq1S
+                    | DType::Iq1M => table_blocks(dtype, rows * cols, c as u64 + 1),
                     _ => quantize(dtype, &values(rows * cols, c as u64 + 1)).unwrap(),
                 };
                 if layout == gds_kernels::Layout::Interleaved16 {

@@ -1226,6 +1226,29 @@ mod kquant512 {
         gemm_q3_k16,
         Q3K_LANES_MIN.1
     );
+    /// The grid i-quants: `other`'s row-at-a-time decode, prompt batches sixteen rows a
+    /// vector.
+    macro_rules! iq_rows512 {
+        ($($name:ident, $decode:ident, $blk:ty;)*) => {$(
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+            pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+                if acts.len() >= super::iq::lanes_min::<$blk>() && w.len() >= rb {
+                    super::iq::gemm16::<$blk>(w, rb, acts, out)
+                } else {
+                    super::other::$decode(w, rb, acts, out)
+                }
+            }
+        )*};
+    }
+    iq_rows512! {
+        rows_iq2_xxs, decode_iq2_xxs, BlockIq2Xxs;
+        rows_iq2_xs, decode_iq2_xs, BlockIq2Xs;
+        rows_iq2_s, decode_iq2_s, BlockIq2S;
+        rows_iq3_xxs, decode_iq3_xxs, BlockIq3Xxs;
+        rows_iq3_s, decode_iq3_s, BlockIq3S;
+        rows_iq1_s, decode_iq1_s, BlockIq1S;
+        rows_iq1_m, decode_iq1_m, BlockIq1M;
+    }
 }
 
 /// Q2_K/Q3_K rows: eight stored rows at a time (`$decode`) for fewer than `$min` tokens,
@@ -1263,9 +1286,10 @@ mod other {
         gemm_q3_k8,
         Q3K_LANES_MIN.0
     );
-    /// A grid i-quant type's row kernel, and its rows through [`rows_driver`].
+    /// A grid i-quant type's rows: a row at a time through [`rows_driver`] (`$decode`) for
+    /// fewer than `iq::lanes_min` tokens, repacked into vector lanes for more; the same bits.
     macro_rules! iq_rows {
-        ($($name:ident, $dot:ident, $blk:ty;)*) => {$(
+        ($($name:ident, $decode:ident, $dot:ident, $blk:ty;)*) => {$(
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             fn $dot<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N]) -> [f32; N] {
@@ -1273,21 +1297,29 @@ mod other {
             }
             rows_driver!(
                 #[target_feature(enable = "avx2,fma,f16c")]
-                $name,
+                $decode,
                 $dot,
                 $blk,
                 ActQ8K
             );
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+                if acts.len() >= super::iq::lanes_min::<$blk>() && w.len() >= rb {
+                    super::iq::gemm8::<$blk>(w, rb, acts, out)
+                } else {
+                    $decode(w, rb, acts, out)
+                }
+            }
         )*};
     }
     iq_rows! {
-        rows_iq2_xxs, dot_iq2_xxs, BlockIq2Xxs;
-        rows_iq2_xs, dot_iq2_xs, BlockIq2Xs;
-        rows_iq2_s, dot_iq2_s, BlockIq2S;
-        rows_iq3_xxs, dot_iq3_xxs, BlockIq3Xxs;
-        rows_iq3_s, dot_iq3_s, BlockIq3S;
-        rows_iq1_s, dot_iq1_s, BlockIq1S;
-        rows_iq1_m, dot_iq1_m, BlockIq1M;
+        rows_iq2_xxs, decode_iq2_xxs, dot_iq2_xxs, BlockIq2Xxs;
+        rows_iq2_xs, decode_iq2_xs, dot_iq2_xs, BlockIq2Xs;
+        rows_iq2_s, decode_iq2_s, dot_iq2_s, BlockIq2S;
+        rows_iq3_xxs, decode_iq3_xxs, dot_iq3_xxs, BlockIq3Xxs;
+        rows_iq3_s, decode_iq3_s, dot_iq3_s, BlockIq3S;
+        rows_iq1_s, decode_iq1_s, dot_iq1_s, BlockIq1S;
+        rows_iq1_m, decode_iq1_m, dot_iq1_m, BlockIq1M;
     }
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -1637,13 +1669,13 @@ public_rows!(rows_q5_k, ActQ8K, kquant);
 public_rows!(rows_q6_k, ActQ8K, kquant);
 public_rows!(rows_q2_k, ActQ8K, kquant);
 public_rows!(rows_q3_k, ActQ8K, kquant);
-public_rows!(rows_iq2_xxs, ActQ8K);
-public_rows!(rows_iq2_xs, ActQ8K);
-public_rows!(rows_iq2_s, ActQ8K);
-public_rows!(rows_iq3_xxs, ActQ8K);
-public_rows!(rows_iq3_s, ActQ8K);
-public_rows!(rows_iq1_s, ActQ8K);
-public_rows!(rows_iq1_m, ActQ8K);
+public_rows!(rows_iq2_xxs, ActQ8K, kquant);
+public_rows!(rows_iq2_xs, ActQ8K, kquant);
+public_rows!(rows_iq2_s, ActQ8K, kquant);
+public_rows!(rows_iq3_xxs, ActQ8K, kquant);
+public_rows!(rows_iq3_s, ActQ8K, kquant);
+public_rows!(rows_iq1_s, ActQ8K, kquant);
+public_rows!(rows_iq1_m, ActQ8K, kquant);
 
 macro_rules! float_rows_pub {
     ($name:ident, $by_row:ident, $tiles:ident) => {

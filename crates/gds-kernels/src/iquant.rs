@@ -36,10 +36,22 @@ static SIGN_BYTES: [u64; 256] = {
     t
 };
 
-/// The sign bytes of a 7-bit sign index (`KSIGNS_IQ2XS`: the 8th sign is the parity).
+/// `SIGNS7[i]`: the sign bytes of the 7-bit sign index `i` (`KSIGNS_IQ2XS`: the 8th sign is
+/// the parity), one lookup.
+static SIGNS7: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        t[i] = SIGN_BYTES[KSIGNS_IQ2XS[i] as usize];
+        i += 1;
+    }
+    t
+};
+
+/// The sign bytes of a 7-bit sign index (the low 7 bits of `i`).
 #[inline(always)]
 pub(crate) fn signs7(i: u32) -> u64 {
-    SIGN_BYTES[KSIGNS_IQ2XS[(i & 127) as usize] as usize]
+    SIGNS7[(i & 127) as usize]
 }
 
 /// The sign bytes of 8 stored sign bits.
@@ -67,14 +79,16 @@ impl Group {
     }
 }
 
+/// The little-endian u16 at byte `i` (one load: a slice of two, not two byte loads).
 #[inline(always)]
 fn u16_at(b: &[u8], i: usize) -> u32 {
-    u16::from_le_bytes([b[i], b[i + 1]]) as u32
+    u16::from_le_bytes(b[i..i + 2].try_into().expect("two bytes")) as u32
 }
 
+/// The little-endian u32 at byte `i`.
 #[inline(always)]
 fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("four bytes"))
 }
 
 /// A grid i-quant block.

@@ -96,6 +96,20 @@ def test_iq4_tensors_equal_gguf_py(kind, tmp_path):
     assert kind in m.quantization
 
 
+def test_grid_iquant_tensors_equal_gguf_py(tmp_path):
+    """llama.cpp's grid i-quants, one per kind of matrix (fixtures/make_iq_grid_fixtures.py:
+    IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S by llama-quantize): every tensor's
+    bytes and gguf-py's dequantization through the Python API."""
+    import pathlib
+
+    gguf_path = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "tiny-llama-iq-grid.gguf"
+    out = tmp_path / "iq-grid.gds"
+    gdsllm.convert(str(gguf_path), str(out))
+    m = check_every_tensor(out, gguf_path)
+    kinds = {m[n].dtype for n in m.keys()}
+    assert {"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"} <= kinds, kinds
+
+
 def test_layers_and_tensor_records(smollm2_dir):
     m = gdsllm.open(str(smollm2_dir))
     layers = m.layers

@@ -24,6 +24,9 @@ use crate::interleave::GROUP;
 /// - `Q6` (Q6_K): `acc = fma(d * dx, I - 32 P, acc)`;
 /// - `Q3` (Q3_K): `acc + (d * dx) * (I - 4 P)`;
 /// - `Q2` (Q2_K, `P` from the mins): `acc + ((d * dx) * I - (dmin * dx) * P)`;
+/// - `IQ` (the grid i-quants, `super::iq`: values `v + 64`, 2..=126, scales the odd
+///   multipliers): `acc + (d * dx) * (I - 64 P)`, the row kernel's expression (its type's
+///   constant factor applied to the row's sum after);
 ///
 /// each the float expression of its type's row-at-a-time kernel, so every path gives a row
 /// the same bits.
@@ -31,6 +34,7 @@ pub(super) type Sub16 = u8;
 pub(super) const Q6: Sub16 = 6;
 pub(super) const Q3: Sub16 = 3;
 pub(super) const Q2: Sub16 = 2;
+pub(super) const IQ: Sub16 = 1;
 
 /// Eight rows of one sixteen-sub-block K-quant block, repacked with row `r` in 32-bit lane `r`.
 #[derive(Clone, Copy)]
@@ -85,7 +89,7 @@ fn scales8(rows: &[&[BlockQ6K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]) {
 /// `Packed8::scp`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn spread_scales8(s: &[[u8; 16]; 8]) -> ([__m256i; 16], [__m256i; 8]) {
+pub(super) fn spread_scales8(s: &[[u8; 16]; 8]) -> ([__m256i; 16], [__m256i; 8]) {
     // four scales a 32-bit word, row `r` in lane `r` of `words[k]`
     spread_words8(std::array::from_fn(|k| rows_word8(|r| &s[r][..], k)))
 }
@@ -185,6 +189,15 @@ fn gemm8_by<const K: Sub16, P, const N: usize>(
                 let sc = u.sc[2 * j + h];
                 for t in 0..N {
                     let x = &xs[t][i].qs[32 * j + 16 * h..];
+                    if K == IQ {
+                        // u7 x i8: one `maddubs` pair is < 2^15, two might not be: each
+                        // scaled into 32 bits on its own
+                        for g in 4 * h..4 * h + 4 {
+                            let p = _mm256_maddubs_epi16(u.q[j][g], bcast4(&x[4 * (g % 4)..]));
+                            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc));
+                        }
+                        continue;
+                    }
                     let mut sum = [_mm256_setzero_si256(); 2];
                     for (k, sum) in sum.iter_mut().enumerate() {
                         let g = 4 * h + 2 * k;
@@ -233,6 +246,13 @@ fn finish8<const K: Sub16>(
         }
         Q3 => {
             let it = _mm256_sub_epi32(isum, _mm256_slli_epi32::<2>(off));
+            _mm256_add_ps(
+                acc,
+                _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it)),
+            )
+        }
+        IQ => {
+            let it = _mm256_sub_epi32(isum, _mm256_slli_epi32::<6>(off));
             _mm256_add_ps(
                 acc,
                 _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(it)),
@@ -381,7 +401,7 @@ fn repack16(lo: &[&[BlockQ6K]; 8], hi: &[&[BlockQ6K]; 8], i: usize, p: &mut Pack
 
 /// [`gemm8`]'s integer sums on sixteen rows with VNNI: each sub-block's sixteen products
 /// summed by `vpdpbusd` (exact, as `maddubs` pairs summed in 16 bits are), then scaled: Q6_K's
-/// by a 32-bit multiply; Q3_K's by one `madd` (its sum fits 16 bits: 16 x 7 x 128, so the
+/// (and the grid i-quants') by a 32-bit multiply; Q3_K's by one `madd` (its sum fits 16 bits: 16 x 7 x 128, so the
 /// scale in the low half of each 32-bit lane and zero in the high half multiply it exactly).
 /// Q2_K's quants carry their scales already (`super::q23k`), so its products go straight
 /// into the block's sum. With `maddubs` pairs as [`gemm8`] Q6_K's prompts took 14-17 % longer
@@ -412,7 +432,7 @@ fn gemm16<const K: Sub16, const N: usize>(p: &[Packed16], xs: [&[ActQ8K]; N]) ->
                     for t in 0..N {
                         isum[t] = _mm512_add_epi32(isum[t], _mm512_madd_epi16(s[t], sc));
                     }
-                } else if K == Q6 {
+                } else if K == Q6 || K == IQ {
                     let sc = _mm512_srai_epi32::<16>(u.sc[2 * j + h]);
                     for t in 0..N {
                         isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(s[t], sc));
@@ -652,6 +672,13 @@ fn finish16<const K: Sub16>(
         }
         Q3 => {
             let it = _mm512_sub_epi32(isum, _mm512_slli_epi32::<2>(off));
+            _mm512_add_ps(
+                acc,
+                _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(it)),
+            )
+        }
+        IQ => {
+            let it = _mm512_sub_epi32(isum, _mm512_slli_epi32::<6>(off));
             _mm512_add_ps(
                 acc,
                 _mm512_mul_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(it)),

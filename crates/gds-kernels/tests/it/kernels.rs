@@ -898,9 +898,11 @@ fn interleaved_rows_equal_rows_in_file_order() {
 }
 
 /// The grid i-quants' SIMD kernels give the scalar kernels' bits (the same exact integer sum
-/// per block, the same float expression), on every ISA, for 1..=9 tokens (tiles of four and
-/// their remainders), random blocks (every grid row, sign pattern and scale drawn) and
-/// activations of one magnitude (the largest integer sums: 127 against every magnitude).
+/// per block, the same float expression), on every ISA: decode a row at a time (1..=3
+/// tokens), prompt batches repacked into vector lanes (4 tokens and more: tiles of four and
+/// their remainders; 7 rows, a part group, and 203 rows, several repacked chunks); random
+/// blocks (every grid row, sign pattern and scale drawn) and activations of one magnitude
+/// (the largest integer sums: 127 against every value).
 #[test]
 fn grid_iquants_simd_equal_scalar_bit_for_bit() {
     let simd: Vec<Isa> = [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
@@ -908,8 +910,10 @@ fn grid_iquants_simd_equal_scalar_bit_for_bit() {
         .filter(|i| i.available())
         .collect();
     let mut rng = Rng(0x1d2c_3b4a);
-    for dtype in GRID_IQ {
-        let (rows, cols) = (7, 768);
+    for (dtype, (rows, cols)) in GRID_IQ
+        .into_iter()
+        .flat_map(|d| [(d, (7, 768)), (d, (203, 512))])
+    {
         let data = weight(&mut rng, dtype, rows, cols);
         let w = WeightView {
             layout: gds_kernels::Layout::Rows,
@@ -918,7 +922,7 @@ fn grid_iquants_simd_equal_scalar_bit_for_bit() {
             rows,
             cols,
         };
-        for n in [1, 2, 3, 4, 5, 9] {
+        for n in [1, 2, 3, 4, 5, 9, 17] {
             for x in [
                 rng.vec(n * cols, 2.0),
                 vec![1.0; n * cols],
