@@ -36,6 +36,10 @@ fn group_vecs<B: IqBlock>(b: &B, g: usize) -> (__m256i, __m256i, __m256i) {
         // v = 8 * grid + shift
         let v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), w(r.mag)), w(r.sgn));
         (_mm256_abs_epi8(v), v, ls)
+    } else if let Some(g4) = b.grid4(g) {
+        let g4 = g4.map(|x| x as i32);
+        let mag = _mm256_setr_epi32(g4[0], g4[1], g4[2], g4[3], g4[4], g4[5], g4[6], g4[7]);
+        (mag, w(r.sgn), ls)
     } else {
         (w(r.mag), w(r.sgn), ls)
     }
