@@ -342,7 +342,7 @@ impl IqBlock for BlockIq1M {
     fn raw(&self, g: usize) -> Group {
         // nibble `l` of the group's two `qh` bytes: index bits 8..11, shift sign bit 3
         let h = u16_at(&self.qh, 2 * g);
-        let idx = |l: usize| (self.qs[4 * g + l] as usize | (((h >> (4 * l)) & 7) << 8) as usize);
+        let idx = |l: usize| self.qs[4 * g + l] as usize | (((h >> (4 * l)) & 7) << 8) as usize;
         let sgn = |l: usize| shift_bytes(h >> (4 * l + 3));
         Group {
             mag: [0, 1, 2, 3].map(|l| IQ1S_GRID[idx(l) & 2047]),
