@@ -110,12 +110,23 @@ pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync
     fn dequant_scale(d: f32, s: u32) -> f32;
     /// True for IQ1_S/IQ1_M, whose `v` is eight times the weight's grid value plus shift.
     const EIGHTHS: bool = false;
-    /// IQ3_XXS: group `g`'s magnitudes as their eight four-value grid rows (what
+    /// The IQ3 types: group `g`'s magnitudes as their eight four-value grid rows (what
     /// [`Self::raw`]'s `mag` packs two to a word), for a SIMD kernel to insert one by one
-    /// (22 % faster there; IQ3_S's, whose indices take a bit from `qh` each, ran 1.8x slower
-    /// so, and keeps the packed words).
+    /// (IQ3_XXS's kernel 22 % faster so).
     #[inline(always)]
     fn grid4(&self, _g: usize) -> Option<[u32; 8]> {
+        None
+    }
+    /// IQ2_S, IQ3_S: group `g`'s 32 sign bits as stored (bit `j` set: element `j` negative),
+    /// which a SIMD kernel spreads to bytes itself rather than by four table lookups.
+    #[inline(always)]
+    fn sign_bits(&self, _g: usize) -> Option<u32> {
+        None
+    }
+    /// IQ1_M: group `g`'s four `qh` nibbles as one word (the shift of elements `8l..8l + 8`
+    /// negative where bit `4l + 3` is set).
+    #[inline(always)]
+    fn shift_nibbles(&self, _g: usize) -> Option<u32> {
         None
     }
 }
@@ -193,6 +204,10 @@ impl IqBlock for BlockIq2S {
             ls: s.map(|s| 2 * s as i32 + 1),
         }
     }
+    #[inline(always)]
+    fn sign_bits(&self, g: usize) -> Option<u32> {
+        Some(u32_at(&self.qs, QK_K / 8 + 4 * g))
+    }
     fn raw_scales(&self, g: usize) -> [u32; 2] {
         nibble_scales(&self.scales, g)
     }
@@ -257,6 +272,26 @@ impl IqBlock for BlockIq3S {
             sgn: std::array::from_fn(|l| signs8(self.signs[4 * g + l])),
             ls: [ls, ls],
         }
+    }
+    #[inline(always)]
+    fn sign_bits(&self, g: usize) -> Option<u32> {
+        Some(u32_at(&self.signs, 4 * g))
+    }
+    #[inline(always)]
+    fn grid4(&self, g: usize) -> Option<[u32; 8]> {
+        // (an array literal: constant shifts; built by a closure over `k` it ran 1.8x slower)
+        let (q, qh) = (&self.qs[8 * g..8 * g + 8], self.qh[g] as usize);
+        let row = |k: usize| IQ3S_GRID[(q[k] as usize | ((qh << (8 - k)) & 256)) & 511];
+        Some([
+            row(0),
+            row(1),
+            row(2),
+            row(3),
+            row(4),
+            row(5),
+            row(6),
+            row(7),
+        ])
     }
     fn raw_scales(&self, g: usize) -> [u32; 2] {
         let s = ((self.scales[g / 2] >> (4 * (g % 2))) & 0xF) as u32;
@@ -349,6 +384,10 @@ impl IqBlock for BlockIq1M {
             sgn: [sgn(0), sgn(1), sgn(2), sgn(3)],
             ls: self.raw_scales(g).map(|s| 2 * s as i32 + 1),
         }
+    }
+    #[inline(always)]
+    fn shift_nibbles(&self, g: usize) -> Option<u32> {
+        Some(u16_at(&self.qh, 2 * g))
     }
     fn raw_scales(&self, g: usize) -> [u32; 2] {
         let w = self.sc(g / 2) >> (6 * (g % 2));

@@ -20,6 +20,18 @@ use super::q6k::{lanes_rows16, lanes_rows8, spread_scales8, Packed16, Packed8, I
 use super::*;
 use crate::iquant::IqBlock;
 
+/// Byte `j` of a 32-bit word broadcast to every lane, to byte `8j..8j + 8` of a vector.
+static SIGN_SPREAD: [u8; 32] = {
+    let mut m = [0u8; 32];
+    let mut j = 0;
+    while j < 32 {
+        // within each 128-bit half: bytes 0..4 of the half hold the word's bytes
+        m[j] = (j / 8) as u8;
+        j += 1;
+    }
+    m
+};
+
 /// Group `g` of `b` as vectors: magnitudes, sign carriers, and the multipliers as 16-bit
 /// lanes (elements 0..16's in the low eight, 16..32's in the high eight, as `maddubs`
 /// pairs them).
@@ -32,17 +44,45 @@ fn group_vecs<B: IqBlock>(b: &B, g: usize) -> (__m256i, __m256i, __m256i) {
         _mm_set1_epi16(r.ls[1] as i16),
         _mm_set1_epi16(r.ls[0] as i16),
     );
+    let one = _mm256_set1_epi8(1);
     if B::EIGHTHS {
+        let shift = match b.shift_nibbles(g) {
+            // bit 4l + 3 of the nibbles to all of 64-bit lane l, then -1 or 1 a byte
+            Some(h) => {
+                let bit = _mm256_srlv_epi64(
+                    _mm256_set1_epi64x(h as i64),
+                    _mm256_setr_epi64x(3, 7, 11, 15),
+                );
+                let neg = _mm256_sub_epi64(
+                    _mm256_setzero_si256(),
+                    _mm256_and_si256(bit, _mm256_set1_epi64x(1)),
+                );
+                _mm256_or_si256(neg, one)
+            }
+            None => w(r.sgn),
+        };
         // v = 8 * grid + shift
-        let v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), w(r.mag)), w(r.sgn));
-        (_mm256_abs_epi8(v), v, ls)
-    } else if let Some(g4) = b.grid4(g) {
-        let g4 = g4.map(|x| x as i32);
-        let mag = _mm256_setr_epi32(g4[0], g4[1], g4[2], g4[3], g4[4], g4[5], g4[6], g4[7]);
-        (mag, w(r.sgn), ls)
-    } else {
-        (w(r.mag), w(r.sgn), ls)
+        let v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), w(r.mag)), shift);
+        return (_mm256_abs_epi8(v), v, ls);
     }
+    let mag = match b.grid4(g) {
+        Some(g4) => {
+            let g4 = g4.map(|x| x as i32);
+            _mm256_setr_epi32(g4[0], g4[1], g4[2], g4[3], g4[4], g4[5], g4[6], g4[7])
+        }
+        None => w(r.mag),
+    };
+    let sgn = match b.sign_bits(g) {
+        // byte j of the word's byte j / 8 to byte j, its bit j % 8 tested: -1 where set, else 1
+        Some(bits) => {
+            let spread =
+                _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), ld_u8x32(&SIGN_SPREAD));
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), one)
+        }
+        None => w(r.sgn),
+    };
+    (mag, sgn, ls)
 }
 
 /// One row's dot products with `N` tokens (`N` ≤ 4).
