@@ -32,57 +32,69 @@ static SIGN_SPREAD: [u8; 32] = {
     m
 };
 
-/// Group `g` of `b` as vectors: magnitudes, sign carriers, and the multipliers as 16-bit
-/// lanes (elements 0..16's in the low eight, 16..32's in the high eight, as `maddubs`
-/// pairs them).
+/// Group `$g` of block `$b` (type `$B`) as vectors: magnitudes, sign carriers, and the
+/// multipliers as 16-bit lanes (elements 0..16's in the low eight, 16..32's in the high
+/// eight, as `maddubs` pairs them). A macro, expanded in the target-feature function that
+/// uses it: as an `#[inline]` function one type's instance stayed a call in the decode loop
+/// (IQ3_S), and `#[inline(always)]` cannot go with `#[target_feature]`.
+macro_rules! group_vecs {
+    ($B:ty, $b:expr, $g:expr) => {{
+        let (b, g): (&$B, usize) = ($b, $g);
+        let r = b.raw(g);
+        let w = |x: [u64; 4]| _mm256_set_epi64x(x[3] as i64, x[2] as i64, x[1] as i64, x[0] as i64);
+        let ls = _mm256_set_m128i(
+            _mm_set1_epi16(r.ls[1] as i16),
+            _mm_set1_epi16(r.ls[0] as i16),
+        );
+        let one = _mm256_set1_epi8(1);
+        if <$B as IqBlock>::EIGHTHS {
+            let shift = match b.shift_nibbles(g) {
+                // bit 4l + 3 of the nibbles to all of 64-bit lane l, then -1 or 1 a byte
+                Some(h) => {
+                    let bit = _mm256_srlv_epi64(
+                        _mm256_set1_epi64x(h as i64),
+                        _mm256_setr_epi64x(3, 7, 11, 15),
+                    );
+                    let neg = _mm256_sub_epi64(
+                        _mm256_setzero_si256(),
+                        _mm256_and_si256(bit, _mm256_set1_epi64x(1)),
+                    );
+                    _mm256_or_si256(neg, one)
+                }
+                None => w(r.sgn),
+            };
+            // v = 8 * grid + shift
+            let v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), w(r.mag)), shift);
+            (_mm256_abs_epi8(v), v, ls)
+        } else {
+            let mag = match b.grid4(g) {
+                Some(g4) => {
+                    let g4 = g4.map(|x| x as i32);
+                    _mm256_setr_epi32(g4[0], g4[1], g4[2], g4[3], g4[4], g4[5], g4[6], g4[7])
+                }
+                None => w(r.mag),
+            };
+            let sgn = match b.sign_bits(g) {
+                // byte j of the word's byte j / 8 to byte j, its bit j % 8 tested: -1 where
+                // set, else 1
+                Some(bits) => {
+                    let spread =
+                        _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), ld_u8x32(&SIGN_SPREAD));
+                    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                    _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), one)
+                }
+                None => w(r.sgn),
+            };
+            (mag, sgn, ls)
+        }
+    }};
+}
+
+/// [`group_vecs!`] as a function (the repacking and the tests).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn group_vecs<B: IqBlock>(b: &B, g: usize) -> (__m256i, __m256i, __m256i) {
-    let r = b.raw(g);
-    let w = |x: [u64; 4]| _mm256_set_epi64x(x[3] as i64, x[2] as i64, x[1] as i64, x[0] as i64);
-    let ls = _mm256_set_m128i(
-        _mm_set1_epi16(r.ls[1] as i16),
-        _mm_set1_epi16(r.ls[0] as i16),
-    );
-    let one = _mm256_set1_epi8(1);
-    if B::EIGHTHS {
-        let shift = match b.shift_nibbles(g) {
-            // bit 4l + 3 of the nibbles to all of 64-bit lane l, then -1 or 1 a byte
-            Some(h) => {
-                let bit = _mm256_srlv_epi64(
-                    _mm256_set1_epi64x(h as i64),
-                    _mm256_setr_epi64x(3, 7, 11, 15),
-                );
-                let neg = _mm256_sub_epi64(
-                    _mm256_setzero_si256(),
-                    _mm256_and_si256(bit, _mm256_set1_epi64x(1)),
-                );
-                _mm256_or_si256(neg, one)
-            }
-            None => w(r.sgn),
-        };
-        // v = 8 * grid + shift
-        let v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), w(r.mag)), shift);
-        return (_mm256_abs_epi8(v), v, ls);
-    }
-    let mag = match b.grid4(g) {
-        Some(g4) => {
-            let g4 = g4.map(|x| x as i32);
-            _mm256_setr_epi32(g4[0], g4[1], g4[2], g4[3], g4[4], g4[5], g4[6], g4[7])
-        }
-        None => w(r.mag),
-    };
-    let sgn = match b.sign_bits(g) {
-        // byte j of the word's byte j / 8 to byte j, its bit j % 8 tested: -1 where set, else 1
-        Some(bits) => {
-            let spread =
-                _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), ld_u8x32(&SIGN_SPREAD));
-            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-            _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), one)
-        }
-        None => w(r.sgn),
-    };
-    (mag, sgn, ls)
+    group_vecs!(B, b, g)
 }
 
 /// One row's dot products with `N` tokens (`N` ≤ 4).
@@ -93,7 +105,7 @@ pub(super) fn dot_iq<B: IqBlock, const N: usize>(w: &[B], a: [&[ActQ8K]; N]) -> 
     for (k, b) in w.iter().enumerate() {
         let mut s = [_mm256_setzero_si256(); N];
         for g in 0..QK_K / QK {
-            let (mag, sgn, ls) = group_vecs(b, g);
+            let (mag, sgn, ls) = group_vecs!(B, b, g);
             for t in 0..N {
                 let x = ld_i8x32(&a[t][k].qs[QK * g..]);
                 let p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, sgn));
