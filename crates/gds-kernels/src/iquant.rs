@@ -123,6 +123,13 @@ pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync
     fn sign_bits(&self, _g: usize) -> Option<u32> {
         None
     }
+    /// IQ2_XS, IQ2_S: the block's eight scale bytes (two 4-bit scales each, sub-block `2g`
+    /// in the low nibble of byte `g`), which a SIMD kernel spreads to multipliers once a
+    /// block rather than once a group.
+    #[inline(always)]
+    fn nibble_scales(&self) -> Option<u64> {
+        None
+    }
     /// IQ1_M: group `g`'s four `qh` nibbles as one word (the shift of elements `8l..8l + 8`
     /// negative where bit `4l + 3` is set).
     #[inline(always)]
@@ -181,6 +188,10 @@ impl IqBlock for BlockIq2Xs {
     fn raw_scales(&self, g: usize) -> [u32; 2] {
         nibble_scales(&self.scales, g)
     }
+    #[inline(always)]
+    fn nibble_scales(&self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.scales))
+    }
     fn dequant_scale(d: f32, s: u32) -> f32 {
         d * (0.5 + s as f32) * 0.25
     }
@@ -210,6 +221,10 @@ impl IqBlock for BlockIq2S {
     }
     fn raw_scales(&self, g: usize) -> [u32; 2] {
         nibble_scales(&self.scales, g)
+    }
+    #[inline(always)]
+    fn nibble_scales(&self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.scales))
     }
     fn dequant_scale(d: f32, s: u32) -> f32 {
         d * (0.5 + s as f32) * 0.25

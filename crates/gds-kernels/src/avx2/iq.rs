@@ -90,6 +90,38 @@ macro_rules! group_vecs {
     }};
 }
 
+/// `LS_SPREAD[g]`: multipliers `2g` and `2g + 1` of sixteen bytes (broadcast to both
+/// halves) to the low and high eight 16-bit lanes.
+static LS_SPREAD: [[u8; 32]; 8] = {
+    let mut m = [[0x80u8; 32]; 8];
+    let mut g = 0;
+    while g < 8 {
+        let mut k = 0;
+        while k < 8 {
+            m[g][2 * k] = (2 * g) as u8;
+            m[g][16 + 2 * k] = (2 * g + 1) as u8;
+            k += 1;
+        }
+        g += 1;
+    }
+    m
+};
+
+/// The sixteen multipliers `2s + 1` of a block's eight nibble-scale bytes, in both halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn spread_nibbles(bytes: u64) -> __m256i {
+    let v = _mm_cvtsi64_si128(bytes as i64);
+    let m = _mm_set1_epi8(0xF);
+    // byte 2g: the low nibble of byte g, 2g + 1 its high one
+    let s = _mm_unpacklo_epi8(
+        _mm_and_si128(v, m),
+        _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+    );
+    let ls = _mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1));
+    _mm256_broadcastsi128_si256(ls)
+}
+
 /// [`group_vecs!`] as a function (the repacking and the tests).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -104,8 +136,13 @@ pub(super) fn dot_iq<B: IqBlock, const N: usize>(w: &[B], a: [&[ActQ8K]; N]) -> 
     let mut acc = [0f32; N];
     for (k, b) in w.iter().enumerate() {
         let mut s = [_mm256_setzero_si256(); N];
-        for g in 0..QK_K / QK {
+        let block_ls = b.nibble_scales().map(|n| spread_nibbles(n));
+        for (g, spread) in LS_SPREAD.iter().enumerate() {
             let (mag, sgn, ls) = group_vecs!(B, b, g);
+            let ls = match block_ls {
+                Some(v) => _mm256_shuffle_epi8(v, ld_u8x32(spread)),
+                None => ls,
+            };
             for t in 0..N {
                 let x = ld_i8x32(&a[t][k].qs[QK * g..]);
                 let p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, sgn));
