@@ -257,11 +257,19 @@ fn bad_gguf_inputs_fail_cleanly() {
         ),
         ("empty.gguf", vec![], "too short"),
     ];
-    // a dtype id the format lacks (IQ1_S) in the first tensor info (token_embd.weight, 2 dims)
+    // a dtype id the format lacks (TQ1_0) in the first tensor info (token_embd.weight, 2 dims)
     let pos = find(&src, b"token_embd.weight").unwrap() + "token_embd.weight".len() + 4 + 16;
     let mut d = src[..src.len()].to_vec();
+    d[pos..pos + 4].copy_from_slice(&34u32.to_le_bytes());
+    cases.push(("dtype.gguf", d, "ggml type TQ1_0 (id 34) is not supported"));
+    // a type it has (IQ1_S) whose 256-element blocks do not divide the rows (576 wide)
+    let mut d = src[..src.len()].to_vec();
     d[pos..pos + 4].copy_from_slice(&19u32.to_le_bytes());
-    cases.push(("dtype.gguf", d, "ggml type IQ1_S (id 19) is not supported"));
+    cases.push((
+        "dtype-rows.gguf",
+        d,
+        "shape [49152, 576] is not a whole number of iq1_s blocks",
+    ));
     for (name, bytes, needle) in cases {
         let input = tmp.path().join(name);
         std::fs::write(&input, &bytes).unwrap();
