@@ -115,6 +115,18 @@ pub const ALL_DTYPES: [DType; 30] = [
     DType::MXFP4,
 ];
 
+/// llama.cpp's grid i-quants (IQ1_S … IQ3_S): 256-element blocks whose values index grid
+/// tables (SPEC.md §4).
+pub const IQ_GRID_DTYPES: [DType; 7] = [
+    DType::Iq2Xxs,
+    DType::Iq2Xs,
+    DType::Iq2S,
+    DType::Iq3Xxs,
+    DType::Iq3S,
+    DType::Iq1S,
+    DType::Iq1M,
+];
+
 impl DType {
     /// The dtype with ggml id `id`, if the format defines it.
     pub fn from_id(id: u32) -> Option<DType> {

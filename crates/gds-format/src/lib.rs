@@ -13,7 +13,7 @@ pub mod validate;
 pub mod vocab;
 pub mod writer;
 
-pub use dtype::{DType, ALL_DTYPES};
+pub use dtype::{DType, ALL_DTYPES, IQ_GRID_DTYPES};
 pub use error::FormatError;
 pub use raw::file_role;
 pub use raw::{layer_kind, ALIGNMENT, MANIFEST_FILE, MAX_DIMS};

@@ -169,12 +169,29 @@ fn nibble_scales(scales: &[u8; QK_K / 32], g: usize) -> [u32; 2] {
     [(scales[g] & 0xF) as u32, (scales[g] >> 4) as u32]
 }
 
+/// What IQ2_XS and IQ2_S share: an f16 `d`, the IQ2 factor 1/8, two 4-bit scales a byte of
+/// `scales` (sub-block `2g` low), `x = d * (0.5 + s) / 4 * v`.
+macro_rules! iq2_nibble_scaled {
+    () => {
+        const K: f32 = 0.125;
+        #[inline(always)]
+        fn d(&self) -> f32 {
+            f16_bytes_to_f32(self.d)
+        }
+        fn raw_scales(&self, g: usize) -> [u32; 2] {
+            nibble_scales(&self.scales, g)
+        }
+        #[inline(always)]
+        fn nibble_scales(&self) -> Option<u64> {
+            Some(u64::from_le_bytes(self.scales))
+        }
+        fn dequant_scale(d: f32, s: u32) -> f32 {
+            d * (0.5 + s as f32) * 0.25
+        }
+    };
+}
+
 impl IqBlock for BlockIq2Xs {
-    const K: f32 = 0.125;
-    #[inline(always)]
-    fn d(&self) -> f32 {
-        f16_bytes_to_f32(self.d)
-    }
     #[inline(always)]
     fn raw(&self, g: usize) -> Group {
         let w = |l: usize| u16_at(&self.qs, 8 * g + 2 * l);
@@ -185,24 +202,10 @@ impl IqBlock for BlockIq2Xs {
             ls: s.map(|s| 2 * s as i32 + 1),
         }
     }
-    fn raw_scales(&self, g: usize) -> [u32; 2] {
-        nibble_scales(&self.scales, g)
-    }
-    #[inline(always)]
-    fn nibble_scales(&self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.scales))
-    }
-    fn dequant_scale(d: f32, s: u32) -> f32 {
-        d * (0.5 + s as f32) * 0.25
-    }
+    iq2_nibble_scaled!();
 }
 
 impl IqBlock for BlockIq2S {
-    const K: f32 = 0.125;
-    #[inline(always)]
-    fn d(&self) -> f32 {
-        f16_bytes_to_f32(self.d)
-    }
     #[inline(always)]
     fn raw(&self, g: usize) -> Group {
         let qh = self.qh[g] as usize;
@@ -219,16 +222,7 @@ impl IqBlock for BlockIq2S {
     fn sign_bits(&self, g: usize) -> Option<u32> {
         Some(u32_at(&self.qs, QK_K / 8 + 4 * g))
     }
-    fn raw_scales(&self, g: usize) -> [u32; 2] {
-        nibble_scales(&self.scales, g)
-    }
-    #[inline(always)]
-    fn nibble_scales(&self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.scales))
-    }
-    fn dequant_scale(d: f32, s: u32) -> f32 {
-        d * (0.5 + s as f32) * 0.25
-    }
+    iq2_nibble_scaled!();
 }
 
 impl IqBlock for BlockIq3Xxs {

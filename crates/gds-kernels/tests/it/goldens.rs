@@ -65,14 +65,10 @@ fn dequantize_matches_gguf_py_bitwise() {
         DType::MXFP4,
         DType::Iq4Nl,
         DType::Iq4Xs,
-        DType::Iq2Xxs,
-        DType::Iq2Xs,
-        DType::Iq2S,
-        DType::Iq3Xxs,
-        DType::Iq3S,
-        DType::Iq1S,
-        DType::Iq1M,
-    ] {
+    ]
+    .into_iter()
+    .chain(gds_format::IQ_GRID_DTYPES)
+    {
         let src = fixture(&format!("dq_{}.in.bin", dtype.name()));
         let want = f32s(&fixture(&format!("dq_{}.out.f32", dtype.name())));
         let mut got = vec![f32::NAN; want.len()];

@@ -47,25 +47,17 @@ const ALL: [DType; 25] = [
     DType::MXFP4,
     DType::Iq4Nl,
     DType::Iq4Xs,
-    DType::Iq2Xxs,
-    DType::Iq2Xs,
-    DType::Iq2S,
-    DType::Iq3Xxs,
-    DType::Iq3S,
-    DType::Iq1S,
-    DType::Iq1M,
+    GRID_IQ[0],
+    GRID_IQ[1],
+    GRID_IQ[2],
+    GRID_IQ[3],
+    GRID_IQ[4],
+    GRID_IQ[5],
+    GRID_IQ[6],
 ];
 
-/// llama.cpp's grid i-quants (256-blocks against Q8_K activations, row kernels).
-const GRID_IQ: [DType; 7] = [
-    DType::Iq2Xxs,
-    DType::Iq2Xs,
-    DType::Iq2S,
-    DType::Iq3Xxs,
-    DType::Iq3S,
-    DType::Iq1S,
-    DType::Iq1M,
-];
+/// llama.cpp's grid i-quants (256-blocks against Q8_K activations).
+const GRID_IQ: [DType; 7] = gds_format::IQ_GRID_DTYPES;
 
 fn f16b(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_le_bytes()
