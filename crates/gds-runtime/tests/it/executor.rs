@@ -305,3 +305,39 @@ fn auto_takes_a_usable_gpu_and_falls_back_to_the_cpu_with_the_reason() {
     assert_eq!(p.backend, gds_runtime::backend::Backend::Cuda);
     assert_eq!(p.activations, gds_runtime::plan::Activations::Q8);
 }
+
+/// A model in weight types without GPU kernels (llama.cpp's grid i-quants: the tiny fixture
+/// with every kind of matrix in another one): `auto` with a usable GPU plans the CPU and says
+/// why, naming the type; `--backend cuda` refuses with the same reason.
+#[test]
+fn auto_keeps_grid_iquants_on_the_cpu_and_says_why() {
+    use gds_runtime::backend::{Backend, BackendChoice};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m.gds");
+    gds_convert::convert(
+        &gds_tests::fixture("tiny-llama-iq-grid.gguf"),
+        &dir,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .unwrap();
+    let gpu_choice = || BackendChoice {
+        name: Backend::Cuda,
+        reason: "auto: usable GPU found (Test GPU)".into(),
+        gpu: Some(offer(false, true).0),
+    };
+    let opts = |backend: Option<&str>| PlanOptions {
+        model_dir: dir.clone(),
+        backend: backend.map(str::to_string),
+        ..Default::default()
+    };
+    let p = Plan::build_for(&opts(None), gpu_choice()).unwrap();
+    assert_eq!(p.backend, Backend::Cpu);
+    assert!(
+        p.backend_reason.contains("Test GPU") && p.backend_reason.contains("iq"),
+        "{}",
+        p.backend_reason
+    );
+    let e = Plan::build_for(&opts(Some("cuda")), gpu_choice()).unwrap_err();
+    assert!(e.to_string().contains("iq"), "{e}");
+}
