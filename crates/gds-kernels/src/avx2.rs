@@ -1212,17 +1212,17 @@ mod kquant512 {
     pub(super) use super::q4k::wide::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::wide::rows_q6_k;
     use super::*;
-    q23k_rows!(
+    lanes_or_rows!(
         "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
         rows_q2_k,
-        decode_q2_k,
+        super::q23k::decode_q2_k,
         gemm_q2_k16,
         Q2K_LANES_MIN.1
     );
-    q23k_rows!(
+    lanes_or_rows!(
         "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
         rows_q3_k,
-        decode_q3_k,
+        super::q23k::decode_q3_k,
         gemm_q3_k16,
         Q3K_LANES_MIN.1
     );
@@ -1230,14 +1230,13 @@ mod kquant512 {
     /// vector.
     macro_rules! iq_rows512 {
         ($($name:ident, $decode:ident, $blk:ty;)*) => {$(
-            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-            pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-                if acts.len() >= super::iq::lanes_min::<$blk>() && w.len() >= rb {
-                    super::iq::gemm16::<$blk>(w, rb, acts, out)
-                } else {
-                    super::other::$decode(w, rb, acts, out)
-                }
-            }
+            lanes_or_rows!(
+                "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+                $name,
+                super::other::$decode,
+                super::iq::gemm16::<$blk>,
+                super::iq::lanes_min::<$blk>()
+            );
         )*};
     }
     iq_rows512! {
@@ -1251,38 +1250,39 @@ mod kquant512 {
     }
 }
 
-/// Q2_K/Q3_K rows: eight stored rows at a time (`$decode`) for fewer than `$min` tokens,
-/// chunks of rows repacked into vector lanes (`$gemm`) for more; the same bits either way.
-macro_rules! q23k_rows {
-    ($feat:literal, $name:ident, $decode:ident, $gemm:ident, $min:expr) => {
+/// The rows of a type with two kernels (Q2_K, Q3_K, the grid i-quants): its stored-row kernel
+/// (`$decode`) for fewer than `$min` tokens, chunks of rows repacked into vector lanes
+/// (`$gemm`) for more; the same bits either way.
+macro_rules! lanes_or_rows {
+    ($feat:literal, $name:ident, $decode:expr, $gemm:expr, $min:expr) => {
         #[target_feature(enable = $feat)]
         pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
             if acts.len() >= $min && w.len() >= rb {
                 $gemm(w, rb, acts, out)
             } else {
-                super::q23k::$decode(w, rb, acts, out)
+                $decode(w, rb, acts, out)
             }
         }
     };
 }
-use q23k_rows;
+use lanes_or_rows;
 
 mod other {
     use super::q23k::{gemm_q2_k8, gemm_q3_k8, Q2K_LANES_MIN, Q3K_LANES_MIN};
     pub(super) use super::q4k::plain::{rows_q4_k, rows_q5_k};
     pub(super) use super::q6k::plain::rows_q6_k;
     use super::*;
-    q23k_rows!(
+    lanes_or_rows!(
         "avx2,fma,f16c",
         rows_q2_k,
-        decode_q2_k,
+        super::q23k::decode_q2_k,
         gemm_q2_k8,
         Q2K_LANES_MIN.0
     );
-    q23k_rows!(
+    lanes_or_rows!(
         "avx2,fma,f16c",
         rows_q3_k,
-        decode_q3_k,
+        super::q23k::decode_q3_k,
         gemm_q3_k8,
         Q3K_LANES_MIN.0
     );
@@ -1302,14 +1302,13 @@ mod other {
                 $blk,
                 ActQ8K
             );
-            #[target_feature(enable = "avx2,fma,f16c")]
-            pub(super) fn $name(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
-                if acts.len() >= super::iq::lanes_min::<$blk>() && w.len() >= rb {
-                    super::iq::gemm8::<$blk>(w, rb, acts, out)
-                } else {
-                    $decode(w, rb, acts, out)
-                }
-            }
+            lanes_or_rows!(
+                "avx2,fma,f16c",
+                $name,
+                $decode,
+                super::iq::gemm8::<$blk>,
+                super::iq::lanes_min::<$blk>()
+            );
         )*};
     }
     iq_rows! {

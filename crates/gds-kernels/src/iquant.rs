@@ -97,8 +97,13 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync {
     /// The dot product's constant factor (see the module's comment).
     const K: f32;
+    /// The super-block scale's f16 bytes.
+    fn d_bits(&self) -> [u8; 2];
     /// The super-block scale.
-    fn d(&self) -> f32;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_bytes_to_f32(self.d_bits())
+    }
     /// Group `g` (elements `32g..32g + 32`), `g < 8`, as stored: for IQ1 ([`Self::EIGHTHS`])
     /// `mag` holds the grid rows (bytes -1, 0, 1) and `sgn` the shift of each 8 elements
     /// (bytes 1 or -1); [`group`] makes a [`Group`] of them.
@@ -141,8 +146,8 @@ pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync
 impl IqBlock for BlockIq2Xxs {
     const K: f32 = 0.125;
     #[inline(always)]
-    fn d(&self) -> f32 {
-        f16_bytes_to_f32(self.d)
+    fn d_bits(&self) -> [u8; 2] {
+        self.d
     }
     #[inline(always)]
     fn raw(&self, g: usize) -> Group {
@@ -175,8 +180,8 @@ macro_rules! iq2_nibble_scaled {
     () => {
         const K: f32 = 0.125;
         #[inline(always)]
-        fn d(&self) -> f32 {
-            f16_bytes_to_f32(self.d)
+        fn d_bits(&self) -> [u8; 2] {
+            self.d
         }
         fn raw_scales(&self, g: usize) -> [u32; 2] {
             nibble_scales(&self.scales, g)
@@ -228,8 +233,8 @@ impl IqBlock for BlockIq2S {
 impl IqBlock for BlockIq3Xxs {
     const K: f32 = 0.25;
     #[inline(always)]
-    fn d(&self) -> f32 {
-        f16_bytes_to_f32(self.d)
+    fn d_bits(&self) -> [u8; 2] {
+        self.d
     }
     #[inline(always)]
     fn raw(&self, g: usize) -> Group {
@@ -263,8 +268,8 @@ impl IqBlock for BlockIq3Xxs {
 impl IqBlock for BlockIq3S {
     const K: f32 = 1.0;
     #[inline(always)]
-    fn d(&self) -> f32 {
-        f16_bytes_to_f32(self.d)
+    fn d_bits(&self) -> [u8; 2] {
+        self.d
     }
     #[inline(always)]
     fn raw(&self, g: usize) -> Group {
@@ -339,8 +344,8 @@ impl IqBlock for BlockIq1S {
     const K: f32 = 0.125;
     const EIGHTHS: bool = true;
     #[inline(always)]
-    fn d(&self) -> f32 {
-        f16_bytes_to_f32(self.d)
+    fn d_bits(&self) -> [u8; 2] {
+        self.d
     }
     #[inline(always)]
     fn raw(&self, g: usize) -> Group {
@@ -375,12 +380,12 @@ impl IqBlock for BlockIq1M {
     const K: f32 = 0.125;
     const EIGHTHS: bool = true;
     #[inline(always)]
-    fn d(&self) -> f32 {
+    fn d_bits(&self) -> [u8; 2] {
         let bits = (self.sc(0) >> 12)
             | ((self.sc(1) >> 8) & 0x00F0)
             | ((self.sc(2) >> 4) & 0x0F00)
             | (self.sc(3) & 0xF000);
-        f16_bytes_to_f32((bits as u16).to_le_bytes())
+        (bits as u16).to_le_bytes()
     }
     #[inline(always)]
     fn raw(&self, g: usize) -> Group {

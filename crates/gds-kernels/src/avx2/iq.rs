@@ -15,6 +15,7 @@
 //! kernel's exactly (no overflow: magnitudes ≤ 62, multipliers ≤ 31), and the float end is
 //! its expression, so both give the same bits.
 
+use super::q23k::f16s8;
 use super::q4k::{join, join_ps, transpose16, transpose8};
 use super::q6k::{lanes_rows16, lanes_rows8, spread_scales8, Packed16, Packed8, IQ};
 use super::*;
@@ -172,17 +173,7 @@ fn scales8<B: IqBlock>(rows: &[&[B]; 8], i: usize) -> (([__m256i; 16], [__m256i;
     let ls: [[u8; 16]; 8] = std::array::from_fn(|r| {
         std::array::from_fn(|s| (2 * rows[r][i].raw_scales(s / 2)[s % 2] + 1) as u8)
     });
-    let d = _mm256_setr_ps(
-        rows[0][i].d(),
-        rows[1][i].d(),
-        rows[2][i].d(),
-        rows[3][i].d(),
-        rows[4][i].d(),
-        rows[5][i].d(),
-        rows[6][i].d(),
-        rows[7][i].d(),
-    );
-    (spread_scales8(&ls), d)
+    (spread_scales8(&ls), f16s8(rows, i, |b| b.d_bits()))
 }
 
 /// Repacks block `i` of eight rows into `p`.

@@ -357,7 +357,7 @@ fn scales8_q2(rows: &[&[BlockQ2K]; 8], i: usize) -> ([__m256i; 16], [__m256i; 8]
 /// `d` (or `dmin`) of block `i` of eight rows.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16s8<B>(rows: &[&[B]; 8], i: usize, f: impl Fn(&B) -> [u8; 2]) -> __m256 {
+pub(super) fn f16s8<B>(rows: &[&[B]; 8], i: usize, f: impl Fn(&B) -> [u8; 2]) -> __m256 {
     f16x8(|r| i16::from_le_bytes(f(&rows[r][i])))
 }
 
