@@ -60,6 +60,42 @@ pub(crate) fn signs8(b: u8) -> u64 {
     SIGN_BYTES[b as usize]
 }
 
+/// `IQ1_VALUES[i]`: IQ1's eight values `8 * grid + shift` (bytes, `i8`) of grid row
+/// `i & 2047`, the shift 1, or -1 where bit 11 of `i` is set: the stored index and the
+/// shift's sign bit make one 12-bit index, and a row of values is one lookup (the shift
+/// made apart and added cost IQ1_M's decode kernel about a quarter of its time).
+static IQ1_VALUES: [u64; 4096] = {
+    let mut t = [0u64; 4096];
+    let mut i = 0;
+    while i < 4096 {
+        let (row, shift) = (IQ1S_GRID[i & 2047], if i & 2048 != 0 { -1i8 } else { 1 });
+        let mut v = 0u64;
+        let mut j = 0;
+        while j < 8 {
+            let x = 8 * ((row >> (8 * j)) as u8 as i8) + shift;
+            v |= (x as u8 as u64) << (8 * j);
+            j += 1;
+        }
+        t[i] = v;
+        i += 1;
+    }
+    t
+};
+
+/// An IQ1 row of values by its 12-bit index (see [`IQ1_VALUES`]).
+#[inline(always)]
+fn iq1_values(i: usize) -> u64 {
+    IQ1_VALUES[i & 4095]
+}
+
+/// The absolute values of eight signed bytes in `-127..=127` (SWAR: a negative byte's
+/// complement plus one, which carries into no other byte).
+#[inline(always)]
+fn abs_bytes(v: u64) -> u64 {
+    let neg = (v >> 7) & 0x0101_0101_0101_0101;
+    (v ^ neg.wrapping_mul(0xFF)) + neg
+}
+
 /// One 32-weight group: magnitudes and sign carriers, 8 bytes per word (element `8l + j` in
 /// byte `j` of word `l`), and the multipliers of elements 0..16 and 16..32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,9 +140,9 @@ pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync
     fn d(&self) -> f32 {
         f16_bytes_to_f32(self.d_bits())
     }
-    /// Group `g` (elements `32g..32g + 32`), `g < 8`, as stored: for IQ1 ([`Self::EIGHTHS`])
-    /// `mag` holds the grid rows (bytes -1, 0, 1) and `sgn` the shift of each 8 elements
-    /// (bytes 1 or -1); [`group`] makes a [`Group`] of them.
+    /// Group `g` (elements `32g..32g + 32`), `g < 8`; for IQ1 ([`Self::EIGHTHS`]) `sgn` is
+    /// the values `v` themselves (as [`IQ1_VALUES`] holds them; a SIMD kernel takes their
+    /// absolute values itself, and the compiler drops `mag`'s).
     fn raw(&self, g: usize) -> Group;
     /// Group `g`'s 4-bit (IQ1: 3-bit) stored scales of elements 0..16 and 16..32.
     fn raw_scales(&self, g: usize) -> [u32; 2];
@@ -115,6 +151,10 @@ pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync
     fn dequant_scale(d: f32, s: u32) -> f32;
     /// True for IQ1_S/IQ1_M, whose `v` is eight times the weight's grid value plus shift.
     const EIGHTHS: bool = false;
+    /// Keep the SIMD decode kernel's loop over a block's eight groups rolled (IQ1_M: LLVM
+    /// unrolls it and spills registers, 1.43x slower; the other types run 3-10 % faster
+    /// unrolled).
+    const ROLLED: bool = false;
     /// The IQ3 types: group `g`'s magnitudes as their eight four-value grid rows (what
     /// [`Self::raw`]'s `mag` packs two to a word), for a SIMD kernel to insert one by one
     /// (IQ3_XXS's kernel 22 % faster so).
@@ -135,10 +175,19 @@ pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync
     fn nibble_scales(&self) -> Option<u64> {
         None
     }
-    /// IQ1_M: group `g`'s four `qh` nibbles as one word (the shift of elements `8l..8l + 8`
-    /// negative where bit `4l + 3` is set).
+    /// IQ1_S: group `g`'s four grid rows (bytes -1, 0, 1) and whether its one shift is
+    /// negative, from which a SIMD kernel makes the values itself: one shift a group costs
+    /// less than lookups in [`IQ1_VALUES`], twice the grid's size (IQ1_S's kernel 6 % slower
+    /// with them; IQ1_M's, a shift every eight elements, 13 % faster).
     #[inline(always)]
-    fn shift_nibbles(&self, _g: usize) -> Option<u32> {
+    fn grid_rows(&self, _g: usize) -> Option<([u64; 4], bool)> {
+        None
+    }
+    /// IQ1_M: the block's four scale words as one (group `g`'s 3-bit scales at bits
+    /// `16 * (g / 2) + 6 * (g % 2)` and 3 above), which a SIMD kernel spreads to multipliers
+    /// once a block rather than once a group.
+    #[inline(always)]
+    fn scale_words(&self) -> Option<u64> {
         None
     }
 }
@@ -316,28 +365,20 @@ impl IqBlock for BlockIq3S {
     }
 }
 
-/// Eight shift bytes: 1, or -1 when `neg` (bit 0) is set; no branch.
-#[inline(always)]
-fn shift_bytes(neg: u32) -> u64 {
-    0x0101_0101_0101_0101u64.wrapping_mul(1 + 254 * (neg & 1) as u64)
-}
-
-/// Group `g` of `b` in the integer form (IQ1's `8 * grid + shift` made from its raw words).
+/// Group `g` of `b` in the integer form.
 #[inline(always)]
 pub(crate) fn group<B: IqBlock>(b: &B, g: usize) -> Group {
-    let r = b.raw(g);
-    if !B::EIGHTHS {
-        return r;
+    b.raw(g)
+}
+
+/// An IQ1 group of its four rows of values.
+#[inline(always)]
+fn iq1_group(v: [u64; 4], ls: [i32; 2]) -> Group {
+    Group {
+        mag: v.map(abs_bytes),
+        sgn: v,
+        ls,
     }
-    let (mut mag, mut sgn) = ([0u64; 4], [0u64; 4]);
-    for l in 0..4 {
-        for j in 0..8 {
-            let v = (r.mag[l] >> (8 * j)) as u8 as i8 * 8 + (r.sgn[l] >> (8 * j)) as u8 as i8;
-            mag[l] |= (v.unsigned_abs() as u64) << (8 * j);
-            sgn[l] |= (v as u8 as u64) << (8 * j);
-        }
-    }
-    Group { mag, sgn, ls: r.ls }
 }
 
 impl IqBlock for BlockIq1S {
@@ -351,13 +392,20 @@ impl IqBlock for BlockIq1S {
     fn raw(&self, g: usize) -> Group {
         let qh = u16_at(&self.qh, 2 * g) as usize;
         let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
-        Group {
-            mag: std::array::from_fn(|l| {
-                IQ1S_GRID[(self.qs[4 * g + l] as usize | (((qh >> (3 * l)) & 7) << 8)) & 2047]
-            }),
-            sgn: [shift_bytes((qh >> 15) as u32); 4],
-            ls: [ls, ls],
-        }
+        // index bits 8..11 of row `l`: bits 3l..3l + 3 of `qh`; the shift's sign: bit 15
+        let shift = (qh >> 15) << 11;
+        let v = std::array::from_fn(|l| {
+            iq1_values(self.qs[4 * g + l] as usize | (((qh >> (3 * l)) & 7) << 8) | shift)
+        });
+        iq1_group(v, [ls, ls])
+    }
+    #[inline(always)]
+    fn grid_rows(&self, g: usize) -> Option<([u64; 4], bool)> {
+        let qh = u16_at(&self.qh, 2 * g) as usize;
+        let rows = std::array::from_fn(|l| {
+            IQ1S_GRID[(self.qs[4 * g + l] as usize | (((qh >> (3 * l)) & 7) << 8)) & 2047]
+        });
+        Some((rows, qh >> 15 != 0))
     }
     fn raw_scales(&self, g: usize) -> [u32; 2] {
         let s = (u16_at(&self.qh, 2 * g) >> 12) & 7;
@@ -379,6 +427,7 @@ impl BlockIq1M {
 impl IqBlock for BlockIq1M {
     const K: f32 = 0.125;
     const EIGHTHS: bool = true;
+    const ROLLED: bool = true;
     #[inline(always)]
     fn d_bits(&self) -> [u8; 2] {
         let bits = (self.sc(0) >> 12)
@@ -389,19 +438,20 @@ impl IqBlock for BlockIq1M {
     }
     #[inline(always)]
     fn raw(&self, g: usize) -> Group {
-        // nibble `l` of the group's two `qh` bytes: index bits 8..11, shift sign bit 3
-        let h = u16_at(&self.qh, 2 * g);
-        let idx = |l: usize| self.qs[4 * g + l] as usize | (((h >> (4 * l)) & 7) << 8) as usize;
-        let sgn = |l: usize| shift_bytes(h >> (4 * l + 3));
-        Group {
-            mag: [0, 1, 2, 3].map(|l| IQ1S_GRID[idx(l) & 2047]),
-            sgn: [sgn(0), sgn(1), sgn(2), sgn(3)],
-            ls: self.raw_scales(g).map(|s| 2 * s as i32 + 1),
-        }
+        // nibble `l` of the group's two `qh` bytes: index bits 8..11 and the shift's sign,
+        // as `IQ1_VALUES` takes them
+        let h = u16_at(&self.qh, 2 * g) as usize;
+        // (`from_fn`, not `[0, 1, 2, 3].map`: with `map` the words went through the stack
+        // and the SIMD kernel loaded them back as one vector, a failed store forwarding that
+        // made the IQ1_M decode kernel 3.2x slower)
+        let v = std::array::from_fn(|l| {
+            iq1_values(self.qs[4 * g + l] as usize | (((h >> (4 * l)) & 0xF) << 8))
+        });
+        iq1_group(v, self.raw_scales(g).map(|s| 2 * s as i32 + 1))
     }
     #[inline(always)]
-    fn shift_nibbles(&self, g: usize) -> Option<u32> {
-        Some(u16_at(&self.qh, 2 * g))
+    fn scale_words(&self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.scales))
     }
     fn raw_scales(&self, g: usize) -> [u32; 2] {
         let w = self.sc(g / 2) >> (6 * (g % 2));

@@ -9,8 +9,9 @@
 //!
 //! Each 32-weight group is looked up once per block and tile as two vectors (`iquant.rs`):
 //! the magnitudes (four grid rows, `_mm256_set_epi64x`) and the sign carriers (a byte table
-//! of the stored sign bits; IQ1's values `8 * grid + shift` made by one `sign` and one `add`
-//! from its grid rows); every token then takes `maddubs(mag, sign(act, sgn))` and a `madd`
+//! of the stored sign bits; IQ1's values `8 * grid + shift`: IQ1_S's made by one `sign` and
+//! one `add` from its grid rows, IQ1_M's, a shift every eight elements, looked up whole in
+//! `IQ1_VALUES`); every token then takes `maddubs(mag, sign(act, sgn))` and a `madd`
 //! with the group's two sub-block multipliers. The block's integer sum is the scalar
 //! kernel's exactly (no overflow: magnitudes ≤ 62, multipliers ≤ 31), and the float end is
 //! its expression, so both give the same bits.
@@ -47,25 +48,15 @@ macro_rules! group_vecs {
             _mm_set1_epi16(r.ls[1] as i16),
             _mm_set1_epi16(r.ls[0] as i16),
         );
-        let one = _mm256_set1_epi8(1);
         if <$B as IqBlock>::EIGHTHS {
-            let shift = match b.shift_nibbles(g) {
-                // bit 4l + 3 of the nibbles to all of 64-bit lane l, then -1 or 1 a byte
-                Some(h) => {
-                    let bit = _mm256_srlv_epi64(
-                        _mm256_set1_epi64x(h as i64),
-                        _mm256_setr_epi64x(3, 7, 11, 15),
-                    );
-                    let neg = _mm256_sub_epi64(
-                        _mm256_setzero_si256(),
-                        _mm256_and_si256(bit, _mm256_set1_epi64x(1)),
-                    );
-                    _mm256_or_si256(neg, one)
-                }
+            // IQ1: `8 * grid + shift` of the grid rows (IQ1_S), or `sgn`, the values (IQ1_M)
+            let v = match b.grid_rows(g) {
+                Some((rows, neg)) => _mm256_add_epi8(
+                    _mm256_sign_epi8(_mm256_set1_epi8(8), w(rows)),
+                    _mm256_set1_epi8(if neg { -1 } else { 1 }),
+                ),
                 None => w(r.sgn),
             };
-            // v = 8 * grid + shift
-            let v = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), w(r.mag)), shift);
             (_mm256_abs_epi8(v), v, ls)
         } else {
             let mag = match b.grid4(g) {
@@ -82,7 +73,10 @@ macro_rules! group_vecs {
                     let spread =
                         _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), ld_u8x32(&SIGN_SPREAD));
                     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-                    _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), one)
+                    _mm256_or_si256(
+                        _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                        _mm256_set1_epi8(1),
+                    )
                 }
                 None => w(r.sgn),
             };
@@ -123,6 +117,37 @@ fn spread_nibbles(bytes: u64) -> __m256i {
     _mm256_broadcastsi128_si256(ls)
 }
 
+/// `WORD_SPREAD[g]`: 16-bit lane `(g % 2) * 4 + g / 2` of each half to all eight of it
+/// (where [`spread_scale_words`] puts group `g`'s multipliers).
+static WORD_SPREAD: [[u8; 32]; 8] = {
+    let mut m = [[0u8; 32]; 8];
+    let mut g = 0;
+    while g < 8 {
+        let lane = (g % 2) * 4 + g / 2;
+        let mut k = 0;
+        while k < 32 {
+            m[g][k] = (2 * lane + k % 2) as u8;
+            k += 1;
+        }
+        g += 1;
+    }
+    m
+};
+
+/// IQ1_M's sixteen multipliers `2s + 1` from its four scale words, as 16-bit lanes: group
+/// `g`'s of elements 0..16 at lane `(g % 2) * 4 + g / 2` of the low half, of 16..32 at the
+/// same lane of the high half (llama.cpp's arrangement: one variable shift a 64-bit lane).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn spread_scale_words(words: u64) -> __m256i {
+    let s = _mm256_srlv_epi64(
+        _mm256_set1_epi64x(words as i64),
+        _mm256_setr_epi64x(0, 6, 3, 9),
+    );
+    let s = _mm256_and_si256(s, _mm256_set1_epi16(7));
+    _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1))
+}
+
 /// [`group_vecs!`] as a function (the repacking and the tests).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -137,11 +162,23 @@ pub(super) fn dot_iq<B: IqBlock, const N: usize>(w: &[B], a: [&[ActQ8K]; N]) -> 
     let mut acc = [0f32; N];
     for (k, b) in w.iter().enumerate() {
         let mut s = [_mm256_setzero_si256(); N];
-        let block_ls = b.nibble_scales().map(|n| spread_nibbles(n));
-        for (g, spread) in LS_SPREAD.iter().enumerate() {
+        // a block's multipliers spread once and shuffled into place per group, where the
+        // type's layout allows it (IQ2_XS/IQ2_S: 1.15-1.2x faster kernels, IQ1_M 1.4x)
+        let block_ls = match (b.nibble_scales(), b.scale_words()) {
+            (Some(n), _) => Some((spread_nibbles(n), &LS_SPREAD)),
+            (None, Some(w)) => Some((spread_scale_words(w), &WORD_SPREAD)),
+            (None, None) => None,
+        };
+        // (an opaque trip count keeps the loop rolled: `IqBlock::ROLLED`)
+        let groups = if B::ROLLED {
+            std::hint::black_box(QK_K / QK).min(QK_K / QK)
+        } else {
+            QK_K / QK
+        };
+        for g in 0..groups {
             let (mag, sgn, ls) = group_vecs!(B, b, g);
             let ls = match block_ls {
-                Some(v) => _mm256_shuffle_epi8(v, ld_u8x32(spread)),
+                Some((v, spread)) => _mm256_shuffle_epi8(v, ld_u8x32(&spread[g])),
                 None => ls,
             };
             for t in 0..N {
