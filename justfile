@@ -51,6 +51,14 @@ bench *args:
 bench-quant *args:
     ./scripts/bench-quant.py {{args}}
 
+# the CPU kernels of every weight type on one thread, each against Q4_0's time in the same run
+# (one token, then a 16-token prompt batch): run after a kernel change and compare the ratios
+# with the last table in bench/runs/ (GDS_ISA=avx2 for the AVX2 kernels)
+bench-kernels tokens="16":
+    cargo build --release -p gds-kernels --example decode_bw
+    RAYON_NUM_THREADS=1 target/release/examples/decode_bw all 1
+    RAYON_NUM_THREADS=1 target/release/examples/decode_bw all {{tokens}}
+
 # layer streaming: O_DIRECT bandwidth (fio), bytes/token, decode t/s vs the bandwidth bound at
 # several --mem-budget values, and mmap (ours and llama.cpp's) under the same memory cgroup
 bench-stream *args:

@@ -183,6 +183,13 @@ pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync
     fn grid_rows(&self, _g: usize) -> Option<([u64; 4], bool)> {
         None
     }
+    /// IQ1_S: the block's eight `qh` words (group `g`'s multiplier in bits 12..15, its
+    /// shift's sign in bit 15), from which a decode kernel takes the shifts' part of a dot
+    /// product from the activations' sums, `ls * shift * sum(x)` a group, once a block.
+    #[inline(always)]
+    fn qh_words(&self) -> Option<&[u8; 16]> {
+        None
+    }
     /// IQ1_M: the block's four scale words as one (group `g`'s 3-bit scales at bits
     /// `16 * (g / 2) + 6 * (g % 2)` and 3 above), which a SIMD kernel spreads to multipliers
     /// once a block rather than once a group.
@@ -384,6 +391,7 @@ fn iq1_group(v: [u64; 4], ls: [i32; 2]) -> Group {
 impl IqBlock for BlockIq1S {
     const K: f32 = 0.125;
     const EIGHTHS: bool = true;
+    const ROLLED: bool = true;
     #[inline(always)]
     fn d_bits(&self) -> [u8; 2] {
         self.d
@@ -406,6 +414,10 @@ impl IqBlock for BlockIq1S {
             IQ1S_GRID[(self.qs[4 * g + l] as usize | (((qh >> (3 * l)) & 7) << 8)) & 2047]
         });
         Some((rows, qh >> 15 != 0))
+    }
+    #[inline(always)]
+    fn qh_words(&self) -> Option<&[u8; 16]> {
+        Some(&self.qh)
     }
     fn raw_scales(&self, g: usize) -> [u32; 2] {
         let s = (u16_at(&self.qh, 2 * g) >> 12) & 7;

@@ -40,49 +40,62 @@ static SIGN_SPREAD: [u8; 32] = {
 /// uses it: as an `#[inline]` function one type's instance stayed a call in the decode loop
 /// (IQ3_S), and `#[inline(always)]` cannot go with `#[target_feature]`.
 macro_rules! group_vecs {
-    ($B:ty, $b:expr, $g:expr) => {{
-        let (b, g): (&$B, usize) = ($b, $g);
-        let r = b.raw(g);
-        let w = |x: [u64; 4]| _mm256_set_epi64x(x[3] as i64, x[2] as i64, x[1] as i64, x[0] as i64);
-        let ls = _mm256_set_m128i(
-            _mm_set1_epi16(r.ls[1] as i16),
-            _mm_set1_epi16(r.ls[0] as i16),
-        );
-        if <$B as IqBlock>::EIGHTHS {
-            // IQ1: `8 * grid + shift` of the grid rows (IQ1_S), or `sgn`, the values (IQ1_M)
-            let v = match b.grid_rows(g) {
-                Some((rows, neg)) => _mm256_add_epi8(
-                    _mm256_sign_epi8(_mm256_set1_epi8(8), w(rows)),
-                    _mm256_set1_epi8(if neg { -1 } else { 1 }),
-                ),
-                None => w(r.sgn),
-            };
-            (_mm256_abs_epi8(v), v, ls)
-        } else {
-            let mag = match b.grid4(g) {
-                Some(g4) => {
-                    let g4 = g4.map(|x| x as i32);
-                    _mm256_setr_epi32(g4[0], g4[1], g4[2], g4[3], g4[4], g4[5], g4[6], g4[7])
-                }
-                None => w(r.mag),
-            };
-            let sgn = match b.sign_bits(g) {
-                // byte j of the word's byte j / 8 to byte j, its bit j % 8 tested: -1 where
-                // set, else 1
-                Some(bits) => {
-                    let spread =
-                        _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), ld_u8x32(&SIGN_SPREAD));
-                    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-                    _mm256_or_si256(
-                        _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
-                        _mm256_set1_epi8(1),
-                    )
-                }
-                None => w(r.sgn),
-            };
-            (mag, sgn, ls)
+    ($B:ty, $b:expr, $g:expr) => {
+        group_vecs!($B, $b, $g, false)
+    };
+    // `shifts_apart`: IQ1_S's values without their shift (`8 * grid`, magnitudes 8 and the
+    // grid rows as signs), the caller adding the shifts' part from the activation sums
+    ($B:ty, $b:expr, $g:expr, $shifts_apart:expr) => {
+        'group: {
+            let (b, g): (&$B, usize) = ($b, $g);
+            let r = b.raw(g);
+            let w =
+                |x: [u64; 4]| _mm256_set_epi64x(x[3] as i64, x[2] as i64, x[1] as i64, x[0] as i64);
+            let ls = _mm256_set_m128i(
+                _mm_set1_epi16(r.ls[1] as i16),
+                _mm_set1_epi16(r.ls[0] as i16),
+            );
+            if <$B as IqBlock>::EIGHTHS {
+                // IQ1: `8 * grid + shift` of the grid rows (IQ1_S), or `sgn`, the values (IQ1_M)
+                let v = match (b.grid_rows(g), $shifts_apart) {
+                    // `8 * grid` as magnitudes 8 and the grid rows as signs (`sign` by a row's
+                    // -1, 0, 1 is the product with it)
+                    (Some((rows, _)), true) => break 'group (_mm256_set1_epi8(8), w(rows), ls),
+                    (Some((rows, neg)), false) => _mm256_add_epi8(
+                        _mm256_sign_epi8(_mm256_set1_epi8(8), w(rows)),
+                        _mm256_set1_epi8(if neg { -1 } else { 1 }),
+                    ),
+                    (None, _) => w(r.sgn),
+                };
+                (_mm256_abs_epi8(v), v, ls)
+            } else {
+                let mag = match b.grid4(g) {
+                    Some(g4) => {
+                        let g4 = g4.map(|x| x as i32);
+                        _mm256_setr_epi32(g4[0], g4[1], g4[2], g4[3], g4[4], g4[5], g4[6], g4[7])
+                    }
+                    None => w(r.mag),
+                };
+                let sgn = match b.sign_bits(g) {
+                    // byte j of the word's byte j / 8 to byte j, its bit j % 8 tested: -1 where
+                    // set, else 1
+                    Some(bits) => {
+                        let spread = _mm256_shuffle_epi8(
+                            _mm256_set1_epi32(bits as i32),
+                            ld_u8x32(&SIGN_SPREAD),
+                        );
+                        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                        _mm256_or_si256(
+                            _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                            _mm256_set1_epi8(1),
+                        )
+                    }
+                    None => w(r.sgn),
+                };
+                (mag, sgn, ls)
+            }
         }
-    }};
+    };
 }
 
 /// `LS_SPREAD[g]`: multipliers `2g` and `2g + 1` of sixteen bytes (broadcast to both
@@ -148,6 +161,24 @@ fn spread_scale_words(words: u64) -> __m256i {
     _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1))
 }
 
+/// IQ1_S's shifts as coefficients of the activations' 16-element sums: lanes `2g` and
+/// `2g + 1` hold group `g`'s `ls * shift` (its multiplier, negative where the shift is), so
+/// `madd(bsums, coefs)` is the shifts' part of a block's integer sum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn shift_coefs(qh: &[u8; 16]) -> __m256i {
+    // SAFETY: 16 readable bytes; no alignment requirement.
+    let q = unsafe { _mm_loadu_si128(qh.as_ptr().cast()) };
+    // 2 * ((q >> 12) & 7) + 1, negated where bit 15 is set
+    let ls = _mm_or_si128(
+        _mm_and_si128(_mm_srli_epi16::<11>(q), _mm_set1_epi16(0xE)),
+        _mm_set1_epi16(1),
+    );
+    let neg = _mm_srai_epi16::<15>(q);
+    let c = _mm_sub_epi16(_mm_xor_si128(ls, neg), neg);
+    _mm256_set_m128i(_mm_unpackhi_epi16(c, c), _mm_unpacklo_epi16(c, c))
+}
+
 /// [`group_vecs!`] as a function (the repacking and the tests).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -176,7 +207,7 @@ pub(super) fn dot_iq<B: IqBlock, const N: usize>(w: &[B], a: [&[ActQ8K]; N]) -> 
             QK_K / QK
         };
         for g in 0..groups {
-            let (mag, sgn, ls) = group_vecs!(B, b, g);
+            let (mag, sgn, ls) = group_vecs!(B, b, g, true);
             let ls = match block_ls {
                 Some((v, spread)) => _mm256_shuffle_epi8(v, ld_u8x32(&spread[g])),
                 None => ls,
@@ -185,6 +216,13 @@ pub(super) fn dot_iq<B: IqBlock, const N: usize>(w: &[B], a: [&[ActQ8K]; N]) -> 
                 let x = ld_i8x32(&a[t][k].qs[QK * g..]);
                 let p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, sgn));
                 s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(p, ls));
+            }
+        }
+        // IQ1_S: the shifts' part, left out of the groups above
+        if let Some(qh) = b.qh_words() {
+            let c = shift_coefs(qh);
+            for t in 0..N {
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(ld_i16x16(&a[t][k].bsums), c));
             }
         }
         let d = b.d();
