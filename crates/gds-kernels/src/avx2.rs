@@ -1289,7 +1289,7 @@ mod other {
     /// A grid i-quant type's rows: a row at a time through [`rows_driver`] (`$decode`) for
     /// fewer than `iq::lanes_min` tokens, repacked into vector lanes for more; the same bits.
     macro_rules! iq_rows {
-        ($($name:ident, $decode:ident, $dot:ident, $blk:ty;)*) => {$(
+        ($($name:ident, $decode:ident, $tiles:ident, $dot:ident, $blk:ty;)*) => {$(
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             fn $dot<const N: usize>(w: &[$blk], a: [&[ActQ8K]; N]) -> [f32; N] {
@@ -1297,11 +1297,22 @@ mod other {
             }
             rows_driver!(
                 #[target_feature(enable = "avx2,fma,f16c")]
-                $decode,
+                $tiles,
                 $dot,
                 $blk,
                 ActQ8K
             );
+            /// One token: rows two at a time (`IqBlock::PAIRS`); more: a row at a time against
+            /// tiles of four.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) fn $decode(w: &[u8], rb: usize, acts: &[&[ActQ8K]], out: &mut [f32]) {
+                match acts {
+                    [a] if <$blk as crate::iquant::IqBlock>::PAIRS => {
+                        super::iq::decode_pairs::<$blk>(w, rb, a, out)
+                    }
+                    _ => $tiles(w, rb, acts, out),
+                }
+            }
             lanes_or_rows!(
                 "avx2,fma,f16c",
                 $name,
@@ -1312,13 +1323,13 @@ mod other {
         )*};
     }
     iq_rows! {
-        rows_iq2_xxs, decode_iq2_xxs, dot_iq2_xxs, BlockIq2Xxs;
-        rows_iq2_xs, decode_iq2_xs, dot_iq2_xs, BlockIq2Xs;
-        rows_iq2_s, decode_iq2_s, dot_iq2_s, BlockIq2S;
-        rows_iq3_xxs, decode_iq3_xxs, dot_iq3_xxs, BlockIq3Xxs;
-        rows_iq3_s, decode_iq3_s, dot_iq3_s, BlockIq3S;
-        rows_iq1_s, decode_iq1_s, dot_iq1_s, BlockIq1S;
-        rows_iq1_m, decode_iq1_m, dot_iq1_m, BlockIq1M;
+        rows_iq2_xxs, decode_iq2_xxs, tiles_iq2_xxs, dot_iq2_xxs, BlockIq2Xxs;
+        rows_iq2_xs, decode_iq2_xs, tiles_iq2_xs, dot_iq2_xs, BlockIq2Xs;
+        rows_iq2_s, decode_iq2_s, tiles_iq2_s, dot_iq2_s, BlockIq2S;
+        rows_iq3_xxs, decode_iq3_xxs, tiles_iq3_xxs, dot_iq3_xxs, BlockIq3Xxs;
+        rows_iq3_s, decode_iq3_s, tiles_iq3_s, dot_iq3_s, BlockIq3S;
+        rows_iq1_s, decode_iq1_s, tiles_iq1_s, dot_iq1_s, BlockIq1S;
+        rows_iq1_m, decode_iq1_m, tiles_iq1_m, dot_iq1_m, BlockIq1M;
     }
     rows_driver!(
         #[target_feature(enable = "avx2,fma,f16c")]
