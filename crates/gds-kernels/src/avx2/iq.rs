@@ -220,6 +220,16 @@ fn groups<B: IqBlock>() -> usize {
     }
 }
 
+/// A block's scale by `vcvtph2ps` (exact, as `IqBlock::d`, without its run-time dispatch on
+/// every block).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_scale<B: IqBlock>(b: &B) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+        u16::from_le_bytes(b.d_bits()) as i32,
+    )))
+}
+
 /// One row's dot products with `N` tokens (`N` ≤ 4).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -244,7 +254,7 @@ pub(super) fn dot_iq<B: IqBlock, const N: usize>(w: &[B], a: [&[ActQ8K]; N]) -> 
                 s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(ld_i16x16(&a[t][k].bsums), c));
             }
         }
-        let d = b.d();
+        let d = f16_scale(b);
         for t in 0..N {
             acc[t] += d * a[t][k].d * hsum_epi32(s[t]) as f32;
         }
@@ -257,7 +267,9 @@ pub(super) fn dot_iq<B: IqBlock, const N: usize>(w: &[B], a: [&[ActQ8K]; N]) -> 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_iq_pair<B: IqBlock>(w: [&[B]; 2], a: &[ActQ8K]) -> [f32; 2] {
-    let mut acc = [0f32; 2];
+    // lanes 0 and 1: the two rows' sums (the scalar kernel's `acc += d * ad * sum`, lane by
+    // lane: the same bits)
+    let mut acc = _mm_setzero_ps();
     for (k, (b0, b1)) in w[0].iter().zip(w[1]).enumerate() {
         let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         let (l0, l1) = (block_multipliers(b0), block_multipliers(b1));
@@ -279,11 +291,13 @@ fn dot_iq_pair<B: IqBlock>(w: [&[B]; 2], a: &[ActQ8K]) -> [f32; 2] {
         let h = _mm256_hadd_epi32(s0, s1);
         let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
         let h = _mm_hadd_epi32(h, h);
-        let ad = a[k].d;
-        acc[0] += b0.d() * ad * _mm_cvtsi128_si32(h) as f32;
-        acc[1] += b1.d() * ad * _mm_extract_epi32::<1>(h) as f32;
+        // both rows' f16 scales converted at once (exact, as the scalar conversion)
+        let d = |b: &B| u16::from_le_bytes(b.d_bits()) as i32;
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(d(b0) | d(b1) << 16));
+        let dd = _mm_mul_ps(d, _mm_set1_ps(a[k].d));
+        acc = _mm_add_ps(acc, _mm_mul_ps(dd, _mm_cvtepi32_ps(h)));
     }
-    acc.map(|x| B::K * x)
+    [_mm_cvtss_f32(acc), _mm_cvtss_f32(_mm_movehdup_ps(acc))].map(|x| B::K * x)
 }
 
 /// Decode (one token): rows two at a time through [`dot_iq_pair`].
