@@ -1,6 +1,7 @@
 //! The grid i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) against 8-bit
-//! activations: a row at a time against up to four tokens (`rows_driver`'s tiles) for
-//! decode, and for prompt batches chunks of rows repacked into Q6_K's rows-in-lanes layout
+//! activations: for one token two rows at a time (`decode_pairs`; IQ2_S and IQ1_M a row at
+//! a time, `IqBlock::PAIRS`), for two to four a row at a time against them (`rows_driver`'s
+//! tiles), and for prompt batches chunks of rows repacked into Q6_K's rows-in-lanes layout
 //! (`super::q6k`, block end `IQ`): each group's values plus 64 (2..=126, unsigned for
 //! `maddubs`/`vpdpbusd`; the offset taken back from the activation sums), the sub-block
 //! multipliers as its scales. Looking a group up costs more than multiplying it, so a
