@@ -162,6 +162,36 @@ fn spread_scale_words(words: u64) -> __m256i {
     _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1))
 }
 
+/// `QH_SPREAD[g]`: 16-bit lane `g` of each half to all eight of it (IQ1_S's multipliers,
+/// one a group, from [`spread_qh_scales`]).
+static QH_SPREAD: [[u8; 32]; 8] = {
+    let mut m = [[0u8; 32]; 8];
+    let mut g = 0;
+    while g < 8 {
+        let mut k = 0;
+        while k < 32 {
+            m[g][k] = (2 * g + k % 2) as u8;
+            k += 1;
+        }
+        g += 1;
+    }
+    m
+};
+
+/// IQ1_S's eight multipliers `2s + 1` (its `qh` words' bits 12..15), group `g`'s at 16-bit
+/// lane `g` of both halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn spread_qh_scales(qh: &[u8; 16]) -> __m256i {
+    // SAFETY: 16 readable bytes; no alignment requirement.
+    let q = unsafe { _mm_loadu_si128(qh.as_ptr().cast()) };
+    let ls = _mm_or_si128(
+        _mm_and_si128(_mm_srli_epi16::<11>(q), _mm_set1_epi16(0xE)),
+        _mm_set1_epi16(1),
+    );
+    _mm256_broadcastsi128_si256(ls)
+}
+
 /// IQ1_S's shifts as coefficients of the activations' 16-element sums: lanes `2g` and
 /// `2g + 1` hold group `g`'s `ls * shift` (its multiplier, negative where the shift is), so
 /// `madd(bsums, coefs)` is the shifts' part of a block's integer sum.
@@ -189,14 +219,15 @@ fn group_vecs<B: IqBlock>(b: &B, g: usize) -> (__m256i, __m256i, __m256i) {
 
 /// A block's sixteen multipliers spread once, and the per-group shuffles that put a group's
 /// two in place, where the type's layout allows it (IQ2_XS/IQ2_S: 1.15-1.2x faster
-/// kernels than making them a group at a time, IQ1_M 1.4x).
+/// kernels than making them a group at a time, IQ1_M 1.4x; IQ1_S: its one a group).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn block_multipliers<B: IqBlock>(b: &B) -> Option<(__m256i, &'static [[u8; 32]; 8])> {
-    match (b.nibble_scales(), b.scale_words()) {
-        (Some(n), _) => Some((spread_nibbles(n), &LS_SPREAD)),
-        (None, Some(w)) => Some((spread_scale_words(w), &WORD_SPREAD)),
-        (None, None) => None,
+    match (b.nibble_scales(), b.scale_words(), b.qh_words()) {
+        (Some(n), _, _) => Some((spread_nibbles(n), &LS_SPREAD)),
+        (None, Some(w), _) => Some((spread_scale_words(w), &WORD_SPREAD)),
+        (None, None, Some(qh)) => Some((spread_qh_scales(qh), &QH_SPREAD)),
+        (None, None, None) => None,
     }
 }
 
