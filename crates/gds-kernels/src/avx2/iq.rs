@@ -133,20 +133,22 @@ fn spread_nibbles(bytes: u64) -> __m256i {
 
 /// `WORD_SPREAD[g]`: 16-bit lane `(g % 2) * 4 + g / 2` of each half to all eight of it
 /// (where [`spread_scale_words`] puts group `g`'s multipliers).
-static WORD_SPREAD: [[u8; 32]; 8] = {
+static WORD_SPREAD: [[u8; 32]; 8] = lane_spread([0, 4, 1, 5, 2, 6, 3, 7]);
+
+/// Shuffles that put 16-bit lane `lanes[g]` of each half in all eight of it, for each `g`.
+const fn lane_spread(lanes: [usize; 8]) -> [[u8; 32]; 8] {
     let mut m = [[0u8; 32]; 8];
     let mut g = 0;
     while g < 8 {
-        let lane = (g % 2) * 4 + g / 2;
         let mut k = 0;
         while k < 32 {
-            m[g][k] = (2 * lane + k % 2) as u8;
+            m[g][k] = (2 * lanes[g] + k % 2) as u8;
             k += 1;
         }
         g += 1;
     }
     m
-};
+}
 
 /// IQ1_M's sixteen multipliers `2s + 1` from its four scale words, as 16-bit lanes: group
 /// `g`'s of elements 0..16 at lane `(g % 2) * 4 + g / 2` of the low half, of 16..32 at the
@@ -164,32 +166,27 @@ fn spread_scale_words(words: u64) -> __m256i {
 
 /// `QH_SPREAD[g]`: 16-bit lane `g` of each half to all eight of it (IQ1_S's multipliers,
 /// one a group, from [`spread_qh_scales`]).
-static QH_SPREAD: [[u8; 32]; 8] = {
-    let mut m = [[0u8; 32]; 8];
-    let mut g = 0;
-    while g < 8 {
-        let mut k = 0;
-        while k < 32 {
-            m[g][k] = (2 * g + k % 2) as u8;
-            k += 1;
-        }
-        g += 1;
-    }
-    m
-};
+static QH_SPREAD: [[u8; 32]; 8] = lane_spread([0, 1, 2, 3, 4, 5, 6, 7]);
 
 /// IQ1_S's eight multipliers `2s + 1` (its `qh` words' bits 12..15), group `g`'s at 16-bit
 /// lane `g` of both halves.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn spread_qh_scales(qh: &[u8; 16]) -> __m256i {
+    _mm256_broadcastsi128_si256(qh_multipliers(qh).1)
+}
+
+/// IQ1_S's `qh` words and their multipliers `2 * ((q >> 12) & 7) + 1`, a 16-bit lane a group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn qh_multipliers(qh: &[u8; 16]) -> (__m128i, __m128i) {
     // SAFETY: 16 readable bytes; no alignment requirement.
     let q = unsafe { _mm_loadu_si128(qh.as_ptr().cast()) };
     let ls = _mm_or_si128(
         _mm_and_si128(_mm_srli_epi16::<11>(q), _mm_set1_epi16(0xE)),
         _mm_set1_epi16(1),
     );
-    _mm256_broadcastsi128_si256(ls)
+    (q, ls)
 }
 
 /// IQ1_S's shifts as coefficients of the activations' 16-element sums: lanes `2g` and
@@ -198,13 +195,8 @@ fn spread_qh_scales(qh: &[u8; 16]) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn shift_coefs(qh: &[u8; 16]) -> __m256i {
-    // SAFETY: 16 readable bytes; no alignment requirement.
-    let q = unsafe { _mm_loadu_si128(qh.as_ptr().cast()) };
-    // 2 * ((q >> 12) & 7) + 1, negated where bit 15 is set
-    let ls = _mm_or_si128(
-        _mm_and_si128(_mm_srli_epi16::<11>(q), _mm_set1_epi16(0xE)),
-        _mm_set1_epi16(1),
-    );
+    // the multipliers, negated where bit 15 is set
+    let (q, ls) = qh_multipliers(qh);
     let neg = _mm_srai_epi16::<15>(q);
     let c = _mm_sub_epi16(_mm_xor_si128(ls, neg), neg);
     _mm256_set_m128i(_mm_unpackhi_epi16(c, c), _mm_unpacklo_epi16(c, c))
