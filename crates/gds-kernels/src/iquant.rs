@@ -186,7 +186,7 @@ pub(crate) trait IqBlock: FromBytes + Immutable + KnownLayout + Unaligned + Sync
     fn grid_rows(&self, _g: usize) -> Option<([u64; 4], bool)> {
         None
     }
-    /// IQ1_S: the block's eight `qh` words (group `g`'s multiplier in bits 12..15, its
+    /// IQ1_S: the block's eight `qh` words (group `g`'s scale in bits 12..14, its
     /// shift's sign in bit 15), from which a decode kernel takes the shifts' part of a dot
     /// product from the activations' sums, `ls * shift * sum(x)` a group, once a block.
     #[inline(always)]
@@ -376,12 +376,6 @@ impl IqBlock for BlockIq3S {
     }
 }
 
-/// Group `g` of `b` in the integer form.
-#[inline(always)]
-pub(crate) fn group<B: IqBlock>(b: &B, g: usize) -> Group {
-    b.raw(g)
-}
-
 /// An IQ1 group of its four rows of values.
 #[inline(always)]
 fn iq1_group(v: [u64; 4], ls: [i32; 2]) -> Group {
@@ -485,7 +479,7 @@ impl IqBlock for BlockIq1M {
 pub(crate) fn dequant_block<B: IqBlock>(b: &B, out: &mut [f32]) {
     let d = b.d();
     for (g, o) in out[..QK_K].chunks_exact_mut(QK).enumerate() {
-        let grp = group(b, g);
+        let grp = b.raw(g);
         let s = b.raw_scales(g).map(|s| B::dequant_scale(d, s));
         for (j, y) in o.iter_mut().enumerate() {
             let v = grp.v(j) as f32;
@@ -499,7 +493,7 @@ pub(crate) fn dequant_block<B: IqBlock>(b: &B, out: &mut [f32]) {
 pub(crate) fn block_isum<B: IqBlock>(b: &B, a: &[i8; QK_K]) -> i32 {
     let mut isum = 0i32;
     for g in 0..QK_K / QK {
-        let grp = group(b, g);
+        let grp = b.raw(g);
         for h in 0..2 {
             let s: i32 = (16 * h..16 * h + 16)
                 .map(|j| grp.v(j) * a[QK * g + j] as i32)

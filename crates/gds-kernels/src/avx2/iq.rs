@@ -168,7 +168,7 @@ fn spread_scale_words(words: u64) -> __m256i {
 /// one a group, from [`spread_qh_scales`]).
 static QH_SPREAD: [[u8; 32]; 8] = lane_spread([0, 1, 2, 3, 4, 5, 6, 7]);
 
-/// IQ1_S's eight multipliers `2s + 1` (its `qh` words' bits 12..15), group `g`'s at 16-bit
+/// IQ1_S's eight multipliers `2s + 1` (`s`: its `qh` words' bits 12..14), group `g`'s at 16-bit
 /// lane `g` of both halves.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -437,9 +437,8 @@ pub(super) fn lanes_min<B: IqBlock>() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iquant::group;
 
-    /// `group_vecs` and the scalar `group` agree on every byte of every group.
+    /// `group_vecs` and the scalar `IqBlock::raw` agree on every byte of every group.
     #[test]
     fn vectors_equal_the_scalar_groups() {
         let Some(_) = Avx2::detect() else { return };
@@ -456,7 +455,7 @@ mod tests {
             let blocks = cast::<B>(&bytes[..n * size_of::<B>()]).unwrap();
             for b in blocks {
                 for g in 0..8 {
-                    let want = group(b, g);
+                    let want = b.raw(g);
                     // SAFETY: AVX2, FMA and F16C were detected above.
                     let (m, s, l) = unsafe { group_vecs(b, g) };
                     let (mut mb, mut sb, mut lb) = ([0u8; 32], [0u8; 32], [0i16; 16]);
