@@ -756,6 +756,73 @@ impl TextTokenizer {
         self.encode_chat_full(messages, tools, None, ctx, ChatEnd::Reply)
     }
 
+    /// [`TextTokenizer::encode_chat_full`] for a conversation that may not fit a context of
+    /// `ctx` tokens: where the whole does not (its tokens are `ctx` or more, or its text is
+    /// refused as too long), the oldest messages are left out, as few as make the rest fit,
+    /// the system (and developer) messages among them kept; what is kept starts at a user
+    /// message or is the last message alone (Ollama's `truncate`, the Responses API's
+    /// `truncation: "auto"`, `gdsrun run`'s chat). Returns the tokens and how many messages
+    /// were left out; the last message alone too long gives its tokens (the caller refuses
+    /// them) or its error. A binary search over where the kept messages start: a few
+    /// renderings, however long the conversation.
+    pub fn encode_chat_fitting(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        vars: Option<&serde_json::Map<String, serde_json::Value>>,
+        ctx: usize,
+        end: ChatEnd,
+    ) -> Result<(Vec<u32>, usize)> {
+        let render = |from: usize| -> Result<Vec<u32>> {
+            let system = |m: &&Message| matches!(m.role.as_str(), "system" | "developer");
+            let kept: Vec<Message> = messages[..from]
+                .iter()
+                .filter(system)
+                .chain(&messages[from..])
+                .cloned()
+                .collect();
+            self.encode_chat_full(&kept, tools, vars, ctx, end)
+        };
+        let fits = |r: &Result<Vec<u32>>| matches!(r, Ok(t) if t.len() < ctx);
+        let whole = render(0);
+        let too_long = match &whole {
+            Ok(t) => t.len() >= ctx,
+            Err(e) => matches!(e, RuntimeError::TextTooLong { .. }),
+        };
+        let Some(last) = messages.len().checked_sub(1).filter(|&l| too_long && l > 0) else {
+            return whole.map(|t| (t, 0));
+        };
+        // where the kept part may start: a user message (a conversation does not start with
+        // an orphaned reply or tool result), or the last message
+        let starts: Vec<usize> = (1..last)
+            .filter(|&i| messages[i].role == "user")
+            .chain([last])
+            .collect();
+        let mut best = render(last);
+        if !fits(&best) {
+            return best.map(|t| (t, last));
+        }
+        // the first start that fits: fewer messages, fewer tokens (a start whose rendering
+        // fails counts as not fitting)
+        let (mut lo, mut hi) = (0, starts.len() - 1);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let r = render(starts[mid]);
+            if fits(&r) {
+                hi = mid;
+                best = r;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        let from = starts[hi];
+        let dropped = messages[..from]
+            .iter()
+            .filter(|m| !matches!(m.role.as_str(), "system" | "developer"))
+            .count();
+        best.map(|t| (t, dropped))
+    }
+
     /// [`TextTokenizer::encode_chat_with_tools`], the conversation ending as `end` says:
     /// with the assistant's turn opened (the template's generation prompt), closed as it is
     /// (`add_generation_prompt: false`), or with the last message (an assistant's, the start

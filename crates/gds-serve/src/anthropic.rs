@@ -364,6 +364,7 @@ fn chat_request(body: &Bytes, counting: bool) -> Result<(ChatBody, Common), ApiE
         },
         reasoning_format: None,
         reasoning_effort: None,
+        drop_oldest: false,
     };
     if !counting && common.max_tokens.is_none() {
         return Err(bad("field required", "max_tokens"));

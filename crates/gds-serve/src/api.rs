@@ -4,7 +4,7 @@
 pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
 use crate::reasoning::{CountedSplit, Reasoning};
-use crate::scheduler::{Done, Event, Finish, Prefill, Request, TokenLogprobs};
+use crate::scheduler::{Done, Event, Finish, Prefill, Request, Shift, TokenLogprobs};
 use crate::tools::Tools;
 use crate::ServerState;
 use axum::body::Bytes;
@@ -146,6 +146,23 @@ pub(crate) struct Common {
     /// Extension (llama-server's): every streamed chunk carries `timings` so far.
     #[serde(default)]
     pub(crate) timings_per_token: Option<bool>,
+    /// Extension (llama-server's): with `--context-shift`, the prompt tokens a shift keeps
+    /// (after the BOS; -1: the whole prompt). Default 0.
+    #[serde(default)]
+    pub(crate) n_keep: Option<i64>,
+    /// Extension (llama-server's): with `--context-shift`, the tokens a shift drops after the
+    /// kept ones (0: half of them). Default 0.
+    #[serde(default)]
+    pub(crate) n_discard: Option<i64>,
+    /// Ollama's `shift` (set by its endpoints, not read from OpenAI bodies): whether this
+    /// request shifts, whatever `--context-shift` says.
+    #[serde(skip)]
+    pub(crate) shift: Option<bool>,
+    /// Ollama's `truncate` of a prompt (set by its endpoints): where the request shifts, a
+    /// prompt over the context is cut as a shift would cut it (its kept start, then its
+    /// latest tokens) instead of refused.
+    #[serde(skip)]
+    pub(crate) truncate: bool,
 }
 
 /// OpenAI fields that change what is answered and that gdsrun does not do: refused with a
@@ -413,6 +430,11 @@ pub(crate) struct ChatBody {
     /// template's `reasoning_effort` variable (gpt-oss's), and `none` switches thinking off.
     #[serde(default)]
     pub(crate) reasoning_effort: Option<String>,
+    /// A conversation over the context loses its oldest messages, system messages kept
+    /// ([`TextTokenizer::encode_chat_fitting`]), instead of being refused: Ollama's
+    /// `truncate`, the Responses API's `truncation: "auto"` (set by those endpoints).
+    #[serde(skip)]
+    pub(crate) drop_oldest: bool,
 }
 
 /// Most `chat_template_kwargs` one request may give.
@@ -476,6 +498,8 @@ fn template_tool_calls(v: &Value) -> Result<Value, ApiError> {
 /// A validated generation job.
 pub(crate) struct Job {
     pub(crate) prompt: Vec<u32>,
+    /// Whether and how the reply goes on past the context (`--context-shift`).
+    pub(crate) shift: Option<Shift>,
     pub(crate) sampler: SamplerConfig,
     pub(crate) max_tokens: usize,
     pub(crate) stop: Vec<String>,
@@ -676,6 +700,11 @@ pub(crate) fn job(
         return Err(ApiError::bad("the prompt is empty").param("prompt"));
     }
     let ctx = st.ctx;
+    let shift = shift_request(st, &c, prompt.len())?;
+    let prompt = match shift {
+        Some(sh) if c.truncate => truncate_prompt(prompt, sh.keep, ctx),
+        _ => prompt,
+    };
     if prompt.len() >= ctx {
         // OpenAI's answer to a prompt over the context: this code, on the field that holds it
         return Err(ApiError::bad(format!(
@@ -717,7 +746,10 @@ pub(crate) fn job(
                 ApiError::bad(format!("{field} {n} must be at least 1{echo_note}")).param(field),
             );
         }
-        Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(room),
+        // a request that shifts may ask for more than the context holds
+        Some(n) => usize::try_from(n)
+            .unwrap_or(usize::MAX)
+            .min(if shift.is_some() { usize::MAX } else { room }),
         None => default_max.min(room),
     };
     let d = &st.default_sampler;
@@ -835,7 +867,57 @@ pub(crate) fn job(
         n,
         copy: 0,
         group: None,
+        shift,
     })
+}
+
+/// Whether a request shifts its context ([`Shift`]: its own `shift` (Ollama's endpoints),
+/// else `--context-shift`), and how: `n_keep` prompt tokens kept after the BOS (-1: the
+/// whole prompt), `n_discard` dropped at each shift (0: half), as llama-server reads them.
+fn shift_request(
+    st: &ServerState,
+    c: &Common,
+    prompt_len: usize,
+) -> Result<Option<Shift>, ApiError> {
+    if !c.shift.unwrap_or(st.context_shift) {
+        return Ok(None);
+    }
+    let keep = match c.n_keep.unwrap_or(0) {
+        -1 => prompt_len,
+        k if k >= 0 => usize::try_from(k)
+            .unwrap_or(usize::MAX)
+            .saturating_add(usize::from(st.tokenizer.add_bos())),
+        k => {
+            return Err(
+                ApiError::bad(format!("n_keep {k} must be -1 (the whole prompt) or more"))
+                    .param("n_keep"),
+            )
+        }
+    };
+    let discard = match c.n_discard.unwrap_or(0) {
+        d if d >= 0 => usize::try_from(d).unwrap_or(usize::MAX),
+        d => {
+            return Err(
+                ApiError::bad(format!("n_discard {d} must be 0 (half) or more")).param("n_discard"),
+            )
+        }
+    };
+    Ok(Some(Shift { keep, discard }))
+}
+
+/// A prompt over a context of `ctx` cut as Ollama cuts it where it shifts: its first `keep`
+/// tokens (at most `ctx - 1`), then its latest ones, half of the context after `keep` left
+/// free for the reply (as a first shift would leave it). A prompt that fits is unchanged.
+pub(crate) fn truncate_prompt(prompt: Vec<u32>, keep: usize, ctx: usize) -> Vec<u32> {
+    if prompt.len() < ctx || ctx < 2 {
+        return prompt;
+    }
+    let keep = keep.min(ctx - 1);
+    let limit = ctx - ((ctx - keep) / 2).max(1);
+    let tail = limit.saturating_sub(keep);
+    let mut out = prompt[..keep].to_vec();
+    out.extend_from_slice(&prompt[prompt.len() - tail..]);
+    out
 }
 
 /// Compiles `job`'s grammar (off the async threads: a large schema takes a while, and the
@@ -916,6 +998,7 @@ pub(crate) fn submit(
         echo: job.echo,
         embed: None,
         constraint,
+        shift: job.shift,
         group: job.group,
         tx,
         received: Instant::now(),
@@ -2319,8 +2402,16 @@ pub(crate) async fn chat_prompt(
     let (vars, thinking_off) = chat_vars(st, b)?;
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
     let list = tools.as_ref().map(|t| t.list.clone());
+    let drop_oldest = b.drop_oldest;
     let mut prompt = tokenize(
-        move || tok.encode_chat_full(&msgs, list.as_ref(), vars.as_ref(), ctx, end),
+        move || {
+            if drop_oldest {
+                tok.encode_chat_fitting(&msgs, list.as_ref(), vars.as_ref(), ctx, end)
+                    .map(|(t, _)| t)
+            } else {
+                tok.encode_chat_full(&msgs, list.as_ref(), vars.as_ref(), ctx, end)
+            }
+        },
         "messages",
     )
     .await?;
@@ -2528,6 +2619,23 @@ pub async fn not_found() -> Response {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_prompt_over_the_context_keeps_its_start_and_its_latest_tokens() {
+        use super::truncate_prompt;
+        let p: Vec<u32> = (0..300).collect();
+        let t = truncate_prompt(p.clone(), 4, 128);
+        // 4 kept, then the latest up to 128 - (128 - 4) / 2 = 66
+        assert_eq!(t.len(), 66);
+        assert_eq!(&t[..4], &[0, 1, 2, 3]);
+        assert_eq!(&t[4..], &p[300 - 62..]);
+        // a prompt that fits is left as it is; a kept start over the context is cut to it
+        assert_eq!(truncate_prompt(p[..127].to_vec(), 4, 128), &p[..127]);
+        let t = truncate_prompt(p.clone(), 1000, 128);
+        assert_eq!(t.len(), 127);
+        assert_eq!(t, &p[..127]);
+    }
+
     use super::*;
 
     /// A field of the wrong type is named by its path (`param` and the message); bad JSON

@@ -222,6 +222,7 @@ async fn embed_one(
         echo: false,
         embed: Some(pooling),
         constraint: None,
+        shift: None,
         group: None,
         tx,
         received: Instant::now(),

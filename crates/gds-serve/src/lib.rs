@@ -126,6 +126,13 @@ pub struct EngineArgs {
     /// Most requests waiting for admission; more get 429 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue_limit: usize,
+    /// A reply that fills the context before its token limit goes on (llama-server's
+    /// `--context-shift`): the tokens after the kept start (a request's `n_keep`, default
+    /// none but the BOS) are halved (`n_discard`) and the rest computed again. Off: the reply
+    /// ends at the context (`finish_reason: length`). Ollama's endpoints shift unless a
+    /// request says `"shift": false`, as Ollama does.
+    #[arg(long)]
+    pub context_shift: bool,
     /// KV cache pool size, MiB (fixed-size blocks preallocated at start).
     #[arg(long, default_value_t = 512)]
     pub kv_budget: usize,
@@ -285,6 +292,9 @@ pub struct ServerState {
     reasoning_format: reasoning::Format,
     /// `--reasoning`: the default `enable_thinking` (false for off).
     thinking: bool,
+    /// `--context-shift`: replies go on past the context (Ollama's endpoints: unless the
+    /// request says otherwise).
+    context_shift: bool,
     model_name: String,
     /// `system_fingerprint` of every completion: the engine build and configuration the model
     /// runs with (changes when the model, backend, activations or KV type change).
@@ -633,6 +643,7 @@ pub(crate) fn start(
         reasoning_format: reasoning::Format::parse(&e.reasoning_format)
             .map_err(RuntimeError::Usage)?,
         thinking: e.reasoning != "off",
+        context_shift: e.context_shift,
         model_name,
         fingerprint,
         ctx: plan.ctx,

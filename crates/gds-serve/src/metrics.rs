@@ -38,6 +38,8 @@ pub struct ServerMetrics {
     pub cancelled: AtomicU64,
     /// Preemptions (a running request sent back to the queue for lack of KV blocks).
     pub preemptions: AtomicU64,
+    /// Context shifts (a reply that filled the context dropped tokens and went on).
+    pub context_shifts: AtomicU64,
     /// Requests waiting for admission.
     pub queue_depth: AtomicI64,
     /// Requests admitted (prefilling or decoding).
@@ -293,6 +295,12 @@ impl ServerMetrics {
             "counter",
             "Running requests requeued for lack of KV blocks.",
             g(&self.preemptions).to_string(),
+        );
+        put(
+            "context_shifts_total",
+            "counter",
+            "Replies that filled the context, dropped tokens after their kept start and went on.",
+            g(&self.context_shifts).to_string(),
         );
         put(
             "queue_depth",

@@ -332,6 +332,12 @@ fn common(o: &Map<String, Value>, model: String) -> Result<(Common, Option<i64>)
         grammar: string(o, "grammar")?,
         regex: string(o, "regex")?,
         logit_bias: given(o, "logit_bias").cloned(),
+        // Ollama's context shift: on unless the request says `"shift": false`, keeping
+        // `num_keep` tokens (Ollama's default 4); a prompt over the context is cut the same
+        // way unless `"truncate": false`
+        shift: Some(boolean(o, "shift")?.unwrap_or(true)),
+        n_keep: Some(int("num_keep")?.unwrap_or(4)),
+        truncate: boolean(o, "truncate")?.unwrap_or(true),
         ..Default::default()
     };
     Ok((c, int("repeat_last_n")?))
@@ -539,6 +545,9 @@ async fn chat_turn(
         chat_template_kwargs: vars,
         reasoning_format: string(o, "reasoning_format")?,
         reasoning_effort: thinking.and_then(|(_, level)| level),
+        // Ollama's `truncate` (default true): the oldest messages go where the
+        // conversation is over the context
+        drop_oldest: boolean(o, "truncate")?.unwrap_or(true),
     };
     chat_job(st, chat, common).await
 }
@@ -628,6 +637,7 @@ pub async fn generate(State(st): State<Arc<ServerState>>, body: Bytes) -> Respon
             return Ok(load_answer(Endpoint::Generate, &model, unloads(&o)));
         }
         let (common, last_n) = common(&o, model.clone())?;
+        let truncate = common.truncate;
         let (mut j, returned) = if !suffix.is_empty() {
             (fill_in(&st, &o, &prompt, &suffix, &context, common).await?, None)
         } else if raw {
@@ -651,6 +661,9 @@ pub async fn generate(State(st): State<Arc<ServerState>>, body: Bytes) -> Respon
                 let mut ids = context.clone();
                 ids.extend_from_slice(turn);
                 crate::api::in_vocabulary(&st, &ids, "context")?;
+                if let (Some(sh), true) = (j.shift, truncate) {
+                    ids = crate::api::truncate_prompt(ids, sh.keep, st.ctx);
+                }
                 if ids.len() >= st.ctx {
                     return Err(bad(
                         format!(
@@ -661,7 +674,9 @@ pub async fn generate(State(st): State<Arc<ServerState>>, body: Bytes) -> Respon
                         "context",
                     ));
                 }
-                j.max_tokens = j.max_tokens.min(st.ctx - ids.len());
+                if j.shift.is_none() {
+                    j.max_tokens = j.max_tokens.min(st.ctx - ids.len());
+                }
                 j.prompt = ids;
             }
             let p = j.prompt.clone();

@@ -169,6 +169,10 @@ struct ResponsesBody {
     /// the rest is not produced (encrypted reasoning and the like) and ignored.
     #[serde(default)]
     include: Option<Value>,
+    /// `auto`: input over the context loses its oldest items (instructions and system
+    /// messages kept); `disabled` (the default): such input is refused.
+    #[serde(default)]
+    truncation: Option<String>,
 }
 
 /// OpenAI's limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values
@@ -476,6 +480,16 @@ async fn responses_job(
         Some(t) => response_format(t)?,
         None => None,
     };
+    let truncation = match r.truncation.as_deref() {
+        None | Some("disabled") => "disabled",
+        Some("auto") => "auto",
+        Some(t) => {
+            return Err(bad(
+                format!("truncation {t:?}: expected \"auto\" or \"disabled\""),
+                "truncation",
+            ))
+        }
+    };
     let echoed = json!({
         "instructions": r.instructions,
         "max_output_tokens": r.max_output_tokens,
@@ -489,6 +503,7 @@ async fn responses_job(
         "text": r.text.clone().unwrap_or(json!({"format": {"type": "text"}})),
         "store": r.store != Some(false),
         "previous_response_id": r.previous_response_id,
+        "truncation": truncation,
     });
     let chat = ChatBody {
         messages: messages(r.instructions, &Value::Array(items.clone()))?,
@@ -505,6 +520,7 @@ async fn responses_job(
             .and_then(|v| v.get("effort"))
             .and_then(Value::as_str)
             .map(str::to_string),
+        drop_oldest: truncation == "auto",
     };
     if chat.messages.is_empty() {
         return Err(bad("input must not be empty", "input"));

@@ -156,6 +156,10 @@ pub struct Request {
     /// and sent as [`Event::Embedding`]; nothing is generated (`max_tokens` is 0). Mean and
     /// first-token pooling compute the whole prompt (no prefix sharing).
     pub embed: Option<Pooling>,
+    /// Context shift (llama-server's `--context-shift`, Ollama's `shift`): when the reply
+    /// fills the context before `max_tokens`, tokens after the kept start are dropped and
+    /// generation goes on (`None`: it ends there, `Finish::Length`).
+    pub shift: Option<Shift>,
     /// The choices of one prompt (`n` > 1) share a group: while one of them prefills the
     /// prompt, the others wait in the queue, then start from its cached blocks instead of
     /// computing the same prompt again.
@@ -170,6 +174,38 @@ pub struct Request {
     /// Its client's place in the engine (dropped with the request), where it came from a
     /// connection.
     pub client: Option<crate::client::ClientSlot>,
+}
+
+/// How a reply that fills the context goes on: the first `keep` tokens stay, the next
+/// `discard` (0: half of those after `keep`) are dropped, and the rest is computed again
+/// from there, its positions closed up. Computing again (instead of moving the cached keys
+/// to their new positions, as llama.cpp does) costs about one prompt token per token
+/// generated past the context, and gives exactly the state the shortened text has: what
+/// follows is what a fresh request with that text would give, and the prefix cache stays
+/// true.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shift {
+    /// Tokens at the start that always stay (the prompt's start: a system prompt, the BOS).
+    pub keep: usize,
+    /// Tokens dropped after them at each shift (0: half of what follows `keep`).
+    pub discard: usize,
+}
+
+impl Shift {
+    /// The span `keep..keep + discard` to drop from a sequence of `len` tokens (the last one
+    /// not yet cached) in a context of `ctx`, as llama-server computes it: `keep` at most
+    /// `ctx - 4`, `discard` at most what leaves the tokens after `keep` one; `None` where
+    /// nothing can be dropped.
+    pub fn span(self, len: usize, ctx: usize) -> Option<(usize, usize)> {
+        let keep = self.keep.min(ctx.saturating_sub(4));
+        let left = len.saturating_sub(1).saturating_sub(keep);
+        let discard = match self.discard {
+            0 => left / 2,
+            d => d,
+        }
+        .min(left.saturating_sub(1));
+        (discard > 0).then_some((keep, discard))
+    }
 }
 
 impl Request {
@@ -193,6 +229,17 @@ pub struct EngineConfig {
 /// position, so at least 64.
 pub fn max_outputs(cfg: &EngineConfig) -> usize {
     cfg.max_batch.max(64).min(cfg.step_tokens.max(1))
+}
+
+/// How a running sequence leaves the running set at the end of a step.
+enum Exit {
+    /// It ended.
+    Done(Finish),
+    /// It failed.
+    Fault(Fault),
+    /// Its context is full and it shifts: back to the queue's front, to compute what it
+    /// keeps again.
+    Shift,
 }
 
 /// Why a request failed in a step.
@@ -227,6 +274,8 @@ struct Seq {
     guesses: Vec<u32>,
     /// With embed: the pooled hidden states so far (a sum for mean pooling).
     pooled: Vec<f32>,
+    /// Where the context filled and the request shifts: the span of `tokens` to drop.
+    shift_span: Option<(usize, usize)>,
 }
 
 impl Seq {
@@ -368,6 +417,7 @@ impl Engine {
             queue_ms: 0.0,
             guesses: Vec::new(),
             pooled: Vec::new(),
+            shift_span: None,
             req,
         });
     }
@@ -439,6 +489,22 @@ impl Engine {
         self.release(&mut seq);
         self.metrics.finished.fetch_add(1, Ordering::Relaxed);
         self.metrics.tokens_max.fetch_max(len, Ordering::Relaxed);
+    }
+
+    /// Shifts `seq`'s full context ([`Shift`]): what its cache holds goes to the prefix tree
+    /// (the kept start is found there again), its blocks and slot are released, the span is
+    /// dropped from its tokens, and it goes to the queue's front, admitted again before any
+    /// new request, to compute the rest as a prompt and sample on from its last token.
+    fn shift(&mut self, mut seq: Seq) {
+        let Some((keep, discard)) = seq.shift_span.take() else {
+            return self.finish(seq, Finish::Length);
+        };
+        self.index(&seq, seq.n_cached);
+        self.release(&mut seq);
+        seq.tokens.drain(keep..keep + discard);
+        self.metrics.context_shifts.fetch_add(1, Ordering::Relaxed);
+        self.metrics.queue_depth_add(1);
+        self.waiting.push_front(seq);
     }
 
     /// Offers the full blocks of `seq`'s first `n` tokens to the prefix tree.
@@ -889,6 +955,7 @@ impl Engine {
         let vocab = self.exec.config().vocab_size;
         let now = Instant::now();
         let mut done: Vec<(usize, Finish)> = Vec::new();
+        let mut shifts: Vec<usize> = Vec::new();
         // embeddings whose prompt is all in: the pooled vector, and the end
         for (i, s) in self.running.iter_mut().enumerate() {
             let Some(pooling) = s.req.embed else {
@@ -1019,8 +1086,19 @@ impl Engine {
             {
                 // the grammar is complete: nothing may follow
                 done.push((i, Finish::Eos));
-            } else if s.generated >= s.req.max_tokens || s.tokens.len() >= self.cfg.ctx {
+            } else if s.generated >= s.req.max_tokens {
                 done.push((i, Finish::Length));
+            } else if s.tokens.len() >= self.cfg.ctx {
+                // the context is full: shift where the request asked for it (never an echo's,
+                // whose scores go by prompt position), else the end
+                let span = s.req.shift.filter(|_| !s.req.echo);
+                match span.and_then(|sh| sh.span(s.tokens.len(), self.cfg.ctx)) {
+                    Some(span) => {
+                        s.shift_span = Some(span);
+                        shifts.push(i);
+                    }
+                    None => done.push((i, Finish::Length)),
+                }
             } else if spec && s.guesses.get(r) == Some(&tok) {
                 // the guess was right: its K/V are in the cache, and the next row holds
                 // the logits after it
@@ -1055,17 +1133,19 @@ impl Engine {
             }
         }
         // remove finished ones, highest index first so indices stay valid
-        let mut ended: Vec<(usize, Result<Finish, Fault>)> = done
+        let mut ended: Vec<(usize, Exit)> = done
             .into_iter()
-            .map(|(i, f)| (i, Ok(f)))
-            .chain(failed.into_iter().map(|(i, e)| (i, Err(e))))
+            .map(|(i, f)| (i, Exit::Done(f)))
+            .chain(failed.into_iter().map(|(i, e)| (i, Exit::Fault(e))))
+            .chain(shifts.into_iter().map(|i| (i, Exit::Shift)))
             .collect();
         ended.sort_by_key(|d| std::cmp::Reverse(d.0));
         for (i, f) in ended {
             let mut s = self.running.remove(i);
             match f {
-                Ok(f) => self.finish(s, f),
-                Err(e) => {
+                Exit::Done(f) => self.finish(s, f),
+                Exit::Shift => self.shift(s),
+                Exit::Fault(e) => {
                     let ev = match e {
                         Fault::Grammar(e) => Event::GrammarError(e),
                         Fault::Engine(e) => Event::Error(e),
@@ -1141,5 +1221,33 @@ impl Engine {
         m.kv_window_blocks_free
             .store(self.kv.window_free_blocks() as u64, Ordering::Relaxed);
         m.set_io(self.exec.io_stats());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shift;
+
+    #[test]
+    fn a_shift_drops_half_of_what_follows_the_kept_start_as_llama_server() {
+        // 128 positions full (the last token not cached yet): 127 cached, 3 kept, 62 dropped
+        let s = Shift {
+            keep: 3,
+            discard: 0,
+        };
+        assert_eq!(s.span(128, 128), Some((3, 62)));
+        // a given discard, at most what leaves one token after the kept ones
+        let d = |discard| Shift { keep: 3, discard }.span(128, 128);
+        assert_eq!(d(10), Some((3, 10)));
+        assert_eq!(d(1000), Some((3, 123)));
+        // the kept start is at most ctx - 4, so a shift always frees room
+        let all = Shift {
+            keep: 500,
+            discard: 0,
+        };
+        assert_eq!(all.span(128, 128), Some((124, 1)));
+        // nothing cached after the kept start: nothing to drop
+        assert_eq!(all.span(125, 128), None);
+        assert_eq!(all.span(126, 128), None);
     }
 }

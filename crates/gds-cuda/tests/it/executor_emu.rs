@@ -1561,6 +1561,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 echo: false,
                 embed: embed[i],
                 constraint: None,
+                shift: None,
                 group: None,
                 tx: etx,
                 ended_by_front: Default::default(),

@@ -2,6 +2,7 @@
 //! instead of one per file).
 
 mod common;
+mod context;
 mod embeddings;
 
 mod hardening;

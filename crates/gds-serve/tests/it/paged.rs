@@ -316,6 +316,7 @@ fn run_engine_with(
             echo: *echo,
             embed: embed.get(k).copied().flatten(),
             constraint: None,
+            shift: None,
             group: None,
             tx: etx,
             ended_by_front: Default::default(),
