@@ -129,6 +129,10 @@ pub struct Engine {
     draft_model: Option<crate::draft::ModelDraft>,
     /// Special tokens the reply's text keeps (a chat turn's thinking markers).
     keep: Vec<u32>,
+    /// Chat turns that do not fit leave out the oldest messages ([`Self::set_drop_oldest`]).
+    drop_oldest: bool,
+    /// Messages left out so far.
+    dropped: usize,
 }
 
 /// Loads the tokenizer of `plan`'s model for the plan's configuration (the manifest's, as
@@ -224,6 +228,8 @@ impl Engine {
             draft_model,
             grammar,
             keep: Vec::new(),
+            drop_oldest: false,
+            dropped: 0,
         })
     }
 
@@ -311,7 +317,26 @@ impl Engine {
     ) -> Result<GenerateOutput> {
         let t0 = Instant::now();
         self.messages.push(Message::new("user", user));
-        let tokens = self.tokenizer.encode_chat(&self.messages, self.plan.ctx);
+        let ctx = self.plan.ctx;
+        let tokens = if self.drop_oldest {
+            // room for the reply: a quarter of the context, or max_tokens where smaller
+            let reply = (ctx / 4).min(self.plan.limits.max_tokens.unwrap_or(usize::MAX));
+            let fit = ctx - reply.clamp(1, ctx / 2);
+            let end = crate::tokenizer::ChatEnd::Reply;
+            match self
+                .tokenizer
+                .encode_chat_fitting(&self.messages, None, None, fit, end)
+            {
+                Ok((t, _)) if t.len() >= ctx => Ok(t), // refused below, nothing forgotten
+                Ok((t, dropped)) => {
+                    self.forget_oldest(dropped);
+                    Ok(t)
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            self.tokenizer.encode_chat(&self.messages, ctx)
+        };
         let out = tokens.and_then(|t| self.generate_chat_tokens(&t, t0, on_reasoning, on_text));
         match &out {
             Ok(o) => {
@@ -425,12 +450,38 @@ impl Engine {
         Ok(())
     }
 
+    /// Whether a chat turn whose conversation does not fit the context forgets its oldest
+    /// messages (the system prompt stays; what is kept starts at a user message), as few as
+    /// leave a quarter of the context (at most half, at least `max_tokens` where set and
+    /// smaller) for the reply, instead of failing with [`RuntimeError::PromptTooLong`]: the
+    /// interactive chat's way (Ollama's `truncate`). Off by default.
+    pub fn set_drop_oldest(&mut self, on: bool) {
+        self.drop_oldest = on;
+    }
+
+    /// Messages the chat has forgotten so far to fit the context ([`Self::set_drop_oldest`]).
+    pub fn dropped_messages(&self) -> usize {
+        self.dropped
+    }
+
     /// Forgets the conversation (the system prompt stays).
     pub fn reset_chat(&mut self) {
         self.messages
             .truncate(usize::from(self.plan.system.is_some()));
         self.cached.clear();
         self.written = 0;
+    }
+
+    /// Forgets the `n` oldest messages that are not system messages.
+    fn forget_oldest(&mut self, n: usize) {
+        let mut left = n;
+        self.messages.retain(|m| {
+            let system = matches!(m.role.as_str(), "system" | "developer");
+            let forget = left > 0 && !system;
+            left -= usize::from(forget);
+            !forget
+        });
+        self.dropped += n;
     }
 
     fn check_interrupt(&self) -> bool {

@@ -798,9 +798,15 @@ impl TextTokenizer {
             .filter(|&i| messages[i].role == "user")
             .chain([last])
             .collect();
+        let left_out = |from: usize| {
+            messages[..from]
+                .iter()
+                .filter(|m| !matches!(m.role.as_str(), "system" | "developer"))
+                .count()
+        };
         let mut best = render(last);
         if !fits(&best) {
-            return best.map(|t| (t, last));
+            return best.map(|t| (t, left_out(last)));
         }
         // the first start that fits: fewer messages, fewer tokens (a start whose rendering
         // fails counts as not fitting)
@@ -815,12 +821,7 @@ impl TextTokenizer {
                 lo = mid + 1;
             }
         }
-        let from = starts[hi];
-        let dropped = messages[..from]
-            .iter()
-            .filter(|m| !matches!(m.role.as_str(), "system" | "developer"))
-            .count();
-        best.map(|t| (t, dropped))
+        best.map(|t| (t, left_out(starts[hi])))
     }
 
     /// [`TextTokenizer::encode_chat_with_tools`], the conversation ending as `end` says:

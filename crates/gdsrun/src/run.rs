@@ -292,6 +292,9 @@ pub fn run(a: RunArgs) -> Result<()> {
                     }
                 );
             }
+            // a conversation that outgrows the context forgets its oldest messages (the
+            // system prompt stays), as Ollama's chat does, rather than refusing every turn
+            engine.set_drop_oldest(true);
             let mut lines = stdin.lock();
             loop {
                 if interactive {
@@ -313,7 +316,16 @@ pub fn run(a: RunArgs) -> Result<()> {
                     engine.reset_chat();
                     continue;
                 }
-                match turn(&mut engine, msg) {
+                let forgotten = engine.dropped_messages();
+                let r = turn(&mut engine, msg);
+                let n = engine.dropped_messages() - forgotten;
+                if n > 0 {
+                    errln!(
+                        "gdsrun: the conversation outgrew the context ({} tokens): its {n} oldest messages were forgotten",
+                        engine.plan().ctx
+                    );
+                }
+                match r {
                     // a turn that does not fit is reported; the chat goes on
                     Err(e)
                         if matches!(

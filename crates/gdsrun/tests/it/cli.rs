@@ -411,6 +411,59 @@ fn chat_from_piped_stdin_keeps_the_kv_cache() {
     );
 }
 
+/// A chat that outgrows the context forgets its oldest messages (the system prompt stays)
+/// and goes on, each turn leaving the reply its room, where it used to refuse every turn
+/// after the context filled.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn chat_that_outgrows_the_context_forgets_its_oldest_messages() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args([
+            model(),
+            "--temp",
+            "0",
+            "--max-tokens",
+            "40",
+            "--ctx",
+            "256",
+            "--json",
+        ])
+        .args(["--system", "You are terse."])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let lines: String = (1..=8)
+        .map(|i| format!("Tell me a long story about the number {i} and the sea.\n"))
+        .collect();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("error"), "{err}");
+    let turns: Vec<Value> = text(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(turns.len(), 8, "{err}");
+    for t in &turns {
+        assert!(
+            t["metrics"]["prompt_tokens"].as_u64().unwrap() <= 256 - 40,
+            "{t}"
+        );
+    }
+    // eight turns of ~70 tokens each in 256: the conversation was cut at least twice
+    let notices = err.matches("oldest messages were forgotten").count();
+    assert!(notices >= 2, "{err}");
+}
+
 /// A thinking model in the CLI's chat (gpt-oss's harmony template, the reply held to an
 /// analysis and a final message by a grammar): each turn's `text` is the answer and its
 /// `reasoning` apart; the second turn renders (gpt-oss's template refuses a history whose
