@@ -6,6 +6,19 @@
 use crate::error::{Result, RuntimeError};
 pub use gds_format::chat_template::{strftime, Message};
 
+/// The conversation `messages` from `from` on, the system (and developer) messages before
+/// `from` kept in front: what is left when the oldest messages are left out to fit a context
+/// ([`crate::TextTokenizer::encode_chat_fitting`]).
+pub fn without_oldest(messages: &[Message], from: usize) -> Vec<Message> {
+    let system = |m: &&Message| matches!(m.role.as_str(), "system" | "developer");
+    messages[..from]
+        .iter()
+        .filter(system)
+        .chain(&messages[from..])
+        .cloned()
+        .collect()
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate(gds_format::chat_template::ChatTemplate);
 

@@ -321,15 +321,17 @@ impl Engine {
         let tokens = if self.drop_oldest {
             // room for the reply: a quarter of the context, or max_tokens where smaller
             let reply = (ctx / 4).min(self.plan.limits.max_tokens.unwrap_or(usize::MAX));
-            let fit = ctx - reply.clamp(1, ctx / 2);
+            let fit = ctx - reply.clamp(1, (ctx / 2).max(1));
             let end = crate::tokenizer::ChatEnd::Reply;
             match self
                 .tokenizer
                 .encode_chat_fitting(&self.messages, None, None, fit, end)
             {
                 Ok((t, _)) if t.len() >= ctx => Ok(t), // refused below, nothing forgotten
-                Ok((t, dropped)) => {
-                    self.forget_oldest(dropped);
+                Ok((t, from)) => {
+                    let before = self.messages.len();
+                    self.messages = crate::chat::without_oldest(&self.messages, from);
+                    self.dropped += before - self.messages.len();
                     Ok(t)
                 }
                 Err(e) => Err(e),
@@ -470,18 +472,6 @@ impl Engine {
             .truncate(usize::from(self.plan.system.is_some()));
         self.cached.clear();
         self.written = 0;
-    }
-
-    /// Forgets the `n` oldest messages that are not system messages.
-    fn forget_oldest(&mut self, n: usize) {
-        let mut left = n;
-        self.messages.retain(|m| {
-            let system = matches!(m.role.as_str(), "system" | "developer");
-            let forget = left > 0 && !system;
-            left -= usize::from(forget);
-            !forget
-        });
-        self.dropped += n;
     }
 
     fn check_interrupt(&self) -> bool {

@@ -761,8 +761,9 @@ impl TextTokenizer {
     /// refused as too long), the oldest messages are left out, as few as make the rest fit,
     /// the system (and developer) messages among them kept; what is kept starts at a user
     /// message or is the last message alone (Ollama's `truncate`, the Responses API's
-    /// `truncation: "auto"`, `gdsrun run`'s chat). Returns the tokens and how many messages
-    /// were left out; the last message alone too long gives its tokens (the caller refuses
+    /// `truncation: "auto"`, `gdsrun run`'s chat). Returns the tokens and where the kept
+    /// messages start (0: all kept; [`crate::chat::without_oldest`] gives the conversation
+    /// they render); the last message alone too long gives its tokens (the caller refuses
     /// them) or its error. A binary search over where the kept messages start: a few
     /// renderings, however long the conversation.
     pub fn encode_chat_fitting(
@@ -773,14 +774,8 @@ impl TextTokenizer {
         ctx: usize,
         end: ChatEnd,
     ) -> Result<(Vec<u32>, usize)> {
-        let render = |from: usize| -> Result<Vec<u32>> {
-            let system = |m: &&Message| matches!(m.role.as_str(), "system" | "developer");
-            let kept: Vec<Message> = messages[..from]
-                .iter()
-                .filter(system)
-                .chain(&messages[from..])
-                .cloned()
-                .collect();
+        let render = |from: usize| {
+            let kept = crate::chat::without_oldest(messages, from);
             self.encode_chat_full(&kept, tools, vars, ctx, end)
         };
         let fits = |r: &Result<Vec<u32>>| matches!(r, Ok(t) if t.len() < ctx);
@@ -798,15 +793,9 @@ impl TextTokenizer {
             .filter(|&i| messages[i].role == "user")
             .chain([last])
             .collect();
-        let left_out = |from: usize| {
-            messages[..from]
-                .iter()
-                .filter(|m| !matches!(m.role.as_str(), "system" | "developer"))
-                .count()
-        };
         let mut best = render(last);
         if !fits(&best) {
-            return best.map(|t| (t, left_out(last)));
+            return best.map(|t| (t, last));
         }
         // the first start that fits: fewer messages, fewer tokens (a start whose rendering
         // fails counts as not fitting)
@@ -821,7 +810,7 @@ impl TextTokenizer {
                 lo = mid + 1;
             }
         }
-        best.map(|t| (t, left_out(starts[hi])))
+        best.map(|t| (t, starts[hi]))
     }
 
     /// [`TextTokenizer::encode_chat_with_tools`], the conversation ending as `end` says:

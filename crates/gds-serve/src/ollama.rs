@@ -547,7 +547,7 @@ async fn chat_turn(
         reasoning_effort: thinking.and_then(|(_, level)| level),
         // Ollama's `truncate` (default true): the oldest messages go where the
         // conversation is over the context
-        drop_oldest: boolean(o, "truncate")?.unwrap_or(true),
+        drop_oldest: common.truncate,
     };
     chat_job(st, chat, common).await
 }

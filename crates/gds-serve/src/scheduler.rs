@@ -237,9 +237,9 @@ enum Exit {
     Done(Finish),
     /// It failed.
     Fault(Fault),
-    /// Its context is full and it shifts: back to the queue's front, to compute what it
-    /// keeps again.
-    Shift,
+    /// Its context is full and it shifts ([`Shift::span`]: the tokens to drop): back to the
+    /// queue's front, to compute what it keeps again.
+    Shift(usize, usize),
 }
 
 /// Why a request failed in a step.
@@ -274,8 +274,6 @@ struct Seq {
     guesses: Vec<u32>,
     /// With embed: the pooled hidden states so far (a sum for mean pooling).
     pooled: Vec<f32>,
-    /// Where the context filled and the request shifts: the span of `tokens` to drop.
-    shift_span: Option<(usize, usize)>,
 }
 
 impl Seq {
@@ -417,7 +415,6 @@ impl Engine {
             queue_ms: 0.0,
             guesses: Vec::new(),
             pooled: Vec::new(),
-            shift_span: None,
             req,
         });
     }
@@ -495,10 +492,7 @@ impl Engine {
     /// (the kept start is found there again), its blocks and slot are released, the span is
     /// dropped from its tokens, and it goes to the queue's front, admitted again before any
     /// new request, to compute the rest as a prompt and sample on from its last token.
-    fn shift(&mut self, mut seq: Seq) {
-        let Some((keep, discard)) = seq.shift_span.take() else {
-            return self.finish(seq, Finish::Length);
-        };
+    fn shift(&mut self, mut seq: Seq, keep: usize, discard: usize) {
         self.index(&seq, seq.n_cached);
         self.release(&mut seq);
         seq.tokens.drain(keep..keep + discard);
@@ -955,7 +949,7 @@ impl Engine {
         let vocab = self.exec.config().vocab_size;
         let now = Instant::now();
         let mut done: Vec<(usize, Finish)> = Vec::new();
-        let mut shifts: Vec<usize> = Vec::new();
+        let mut shifts: Vec<(usize, (usize, usize))> = Vec::new();
         // embeddings whose prompt is all in: the pooled vector, and the end
         for (i, s) in self.running.iter_mut().enumerate() {
             let Some(pooling) = s.req.embed else {
@@ -1093,10 +1087,7 @@ impl Engine {
                 // whose scores go by prompt position), else the end
                 let span = s.req.shift.filter(|_| !s.req.echo);
                 match span.and_then(|sh| sh.span(s.tokens.len(), self.cfg.ctx)) {
-                    Some(span) => {
-                        s.shift_span = Some(span);
-                        shifts.push(i);
-                    }
+                    Some(span) => shifts.push((i, span)),
                     None => done.push((i, Finish::Length)),
                 }
             } else if spec && s.guesses.get(r) == Some(&tok) {
@@ -1137,14 +1128,14 @@ impl Engine {
             .into_iter()
             .map(|(i, f)| (i, Exit::Done(f)))
             .chain(failed.into_iter().map(|(i, e)| (i, Exit::Fault(e))))
-            .chain(shifts.into_iter().map(|i| (i, Exit::Shift)))
+            .chain(shifts.into_iter().map(|(i, (k, d))| (i, Exit::Shift(k, d))))
             .collect();
         ended.sort_by_key(|d| std::cmp::Reverse(d.0));
         for (i, f) in ended {
             let mut s = self.running.remove(i);
             match f {
                 Exit::Done(f) => self.finish(s, f),
-                Exit::Shift => self.shift(s),
+                Exit::Shift(keep, discard) => self.shift(s, keep, discard),
                 Exit::Fault(e) => {
                     let ev = match e {
                         Fault::Grammar(e) => Event::GrammarError(e),
