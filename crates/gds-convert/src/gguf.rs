@@ -520,6 +520,17 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     if let Some(name) = meta.get("general.name").and_then(Value::as_str) {
         metadata.insert("general.name".into(), MetaValue::Str(name.into()));
     }
+    // a reranker's prompt (llama.cpp's converter writes Qwen3-Reranker's as a named chat
+    // template): kept under the format's own key, which the runtime reads
+    if let Some(t) = meta
+        .get("tokenizer.chat_template.rerank")
+        .and_then(Value::as_str)
+    {
+        metadata.insert(
+            gds_format::RERANK_TEMPLATE_KEY.into(),
+            MetaValue::Str(t.into()),
+        );
+    }
     metadata.insert(
         "general.source_architecture".into(),
         MetaValue::Str(gguf_arch.clone()),

@@ -183,6 +183,9 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
     if let Some(lr) = &longrope {
         longrope_tensors(&cfg, spec, &metadata, lr, &mut tensors)?;
     }
+    if spec.family == "qwen3" && is_qwen3_reranker(dir, &config)? {
+        qwen3_reranker(dir, &tokenizer, &mut metadata, &mut tensors)?;
+    }
     let hparam_origin = [
         ("model.n_layers", "num_hidden_layers"),
         ("model.n_embd", "hidden_size"),
@@ -214,6 +217,125 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         pending_tokenizer: None,
         warnings,
     })
+}
+
+/// llama.cpp's rerank prompt for Qwen3-Reranker (its converter's `rerank` chat template).
+pub const QWEN3_RERANK_TEMPLATE: &str = "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+
+/// Whether a Qwen 3 checkpoint is a Qwen3-Reranker, found as llama.cpp's converter finds
+/// one: its model card's title (`# Qwen3-Reranker…` in README.md) or a name (the directory,
+/// `_name_or_path`, `model_type`, the architecture) containing `qwen3-reranker`.
+fn is_qwen3_reranker(dir: &Path, config: &Map<String, Value>) -> Result<bool> {
+    const MARK: &str = "qwen3-reranker";
+    let named = |v: Option<&str>| v.is_some_and(|s| s.to_lowercase().contains(MARK));
+    let dir_name = std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let arch = config
+        .get("architectures")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str);
+    if named(dir_name.as_deref())
+        || named(config.get("_name_or_path").and_then(Value::as_str))
+        || named(config.get("model_type").and_then(Value::as_str))
+        || named(arch)
+    {
+        return Ok(true);
+    }
+    // a model card is text of any size: its first megabyte is enough for a title
+    let card = read_text_opt(&dir.join("README.md"), 1 << 20).unwrap_or(None);
+    Ok(card.is_some_and(|c| c.to_lowercase().contains(&format!("# {MARK}"))))
+}
+
+/// A Qwen3-Reranker's classifier head as llama.cpp's converter makes it: `cls.output.weight`
+/// `[2, n_embd]`, the LM head's rows of the tokens "yes" and "no" (in that order; the head
+/// is `lm_head`, or the embedding when tied), and its rerank prompt. The LM head stays, so
+/// the model still generates.
+fn qwen3_reranker(
+    dir: &Path,
+    tokenizer: &TokenizerFiles,
+    metadata: &mut Metadata,
+    tensors: &mut Vec<SourceTensor>,
+) -> Result<()> {
+    let tok_path = dir.join("tokenizer.json");
+    let bad = |reason: String| SafetensorsError::Config {
+        path: tok_path.clone(),
+        reason,
+    };
+    let text = tokenizer.tokenizer_json.as_deref().ok_or_else(|| {
+        bad("a Qwen3-Reranker needs its tokenizer (the ids of \"yes\" and \"no\")".into())
+    })?;
+    let tok = parse_json_object(&tok_path, text)?;
+    // as transformers' convert_tokens_to_ids: an added token, else the model's vocabulary
+    let id = |token: &str| -> Result<u64> {
+        let added = tok
+            .get("added_tokens")
+            .and_then(Value::as_array)
+            .and_then(|a| {
+                a.iter()
+                    .find(|t| t.get("content").and_then(Value::as_str) == Some(token))
+            })
+            .and_then(|t| t.get("id"))
+            .and_then(Value::as_u64);
+        added
+            .or_else(|| {
+                tok.get("model")
+                    .and_then(|m| m.get("vocab"))
+                    .and_then(|v| v.get(token))
+                    .and_then(Value::as_u64)
+            })
+            .ok_or_else(|| {
+                bad(format!(
+                    "a Qwen3-Reranker's vocabulary has no token {token:?}"
+                ))
+            })
+    };
+    let (yes, no) = (id("yes")?, id("no")?);
+    let head = tensors
+        .iter()
+        .find(|t| t.name == "output.weight")
+        .or_else(|| tensors.iter().find(|t| t.name == "token_embd.weight"))
+        .ok_or_else(|| bad("a Qwen3-Reranker without an LM head".into()))?;
+    let (rows, d) = match head.shape[..] {
+        [rows, d] => (rows, d),
+        _ => return Err(bad(format!("its LM head has shape {:?}", head.shape))),
+    };
+    if yes >= rows || no >= rows {
+        return Err(bad(format!(
+            "the tokens \"yes\" ({yes}) and \"no\" ({no}) are not rows of its LM head ({rows})"
+        )));
+    }
+    let row = head
+        .dtype
+        .tensor_bytes(&[1, d])
+        .filter(|_| {
+            matches!(head.layout, Layout::Plain) && matches!(head.transform, Transform::None)
+        })
+        .ok_or_else(|| {
+            bad(format!(
+                "its LM head ({}) cannot be cut into rows",
+                head.dtype
+            ))
+        })?;
+    let cls = SourceTensor {
+        name: gds_format::arch::CLS_OUTPUT.into(),
+        source_name: format!("{} rows {yes} (yes) and {no} (no)", head.source_name),
+        dtype: head.dtype,
+        shape: vec![2, d],
+        file: head.file.clone(),
+        offset: head.offset + yes * row,
+        nbytes: 2 * row,
+        transform: Transform::None,
+        layout: Layout::Stacked(vec![(head.file.clone(), head.offset + no * row)]),
+    };
+    tensors.push(cls);
+    sort_tensors(tensors);
+    metadata.insert(
+        gds_format::RERANK_TEMPLATE_KEY.into(),
+        MetaValue::Str(QWEN3_RERANK_TEMPLATE.into()),
+    );
+    Ok(())
 }
 
 /// LongRoPE's factors as the tensors llama.cpp's converter writes

@@ -167,6 +167,10 @@ pub const KNOWN_ARCHS: &[&str] = &[
 /// Largest value accepted for a dimension or count hyperparameter (2^24).
 pub const MAX_DIM: u64 = 1 << 24;
 
+/// A reranker's classifier head, `[labels, n_embd]` (llama.cpp's name; optional in every
+/// family; see `tokenizer.rerank_template`).
+pub const CLS_OUTPUT: &str = "cls.output.weight";
+
 /// Element types a weight of a known architecture may have: the float and block-quantized
 /// types the kernels compute with. Integer and F64 tensors are not weights.
 pub const WEIGHT_DTYPES: &[DType] = &[

@@ -16,7 +16,7 @@ pub mod writer;
 pub use dtype::{DType, ALL_DTYPES, IQ_GRID_DTYPES};
 pub use error::FormatError;
 pub use raw::file_role;
-pub use raw::{layer_kind, ALIGNMENT, MANIFEST_FILE, MAX_DIMS};
+pub use raw::{layer_kind, ALIGNMENT, MANIFEST_FILE, MAX_DIMS, RERANK_TEMPLATE_KEY};
 pub use reader::{FileInfo, LayerInfo, Manifest, TensorInfo, Value};
 pub use writer::{align_up, layout, LayerLayout, LayerRecord, ManifestBuilder, TensorSpec};
 

@@ -17,6 +17,10 @@ pub const VERSION_MAJOR: u16 = 1;
 pub const VERSION_MINOR: u16 = 1;
 /// File name of the manifest inside a model directory.
 pub const MANIFEST_FILE: &str = "manifest.gdsm";
+
+/// The metadata key of a reranker's prompt: `{query}` and `{document}` are replaced by the
+/// texts (llama.cpp's `tokenizer.chat_template.rerank`).
+pub const RERANK_TEMPLATE_KEY: &str = "tokenizer.rerank_template";
 /// Alignment of every tensor offset and of every data file length.
 pub const ALIGNMENT: u64 = 4096;
 /// Largest manifest a reader accepts (64 MiB): a cap checked before anything is sized by it.

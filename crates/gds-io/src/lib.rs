@@ -13,7 +13,7 @@ pub use direct::{
     ReadBench,
 };
 pub use error::IoError;
-pub use mmap::{read_manifest, verify_layer_files, MmapBackend};
+pub use mmap::{read_layer_span, read_manifest, verify_layer_files, MmapBackend};
 pub use verify::{
     open_in_dir, open_regular, open_user_file, read_model_file, Verifier, VerifyMode, VerifyStats,
 };

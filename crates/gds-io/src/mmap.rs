@@ -98,42 +98,50 @@ pub(crate) fn layer_files(
     manifest: &Manifest<'_>,
     flags: i32,
 ) -> Result<Vec<LayerFile>, IoError> {
-    let mut out = Vec::with_capacity(manifest.n_layers());
-    for i in 0..manifest.n_layers() {
-        let info = manifest.layer(i).map_err(|error| IoError::Manifest {
-            path: dir.join(gds_format::MANIFEST_FILE),
-            error,
-        })?;
-        if !gds_format::validate::is_safe_relative_path(info.file) {
-            return Err(IoError::BadPath {
-                layer: i,
-                file: info.file.to_string(),
-            });
-        }
-        let path = dir.join(info.file);
-        let file = open_in_dir(dir, info.file, flags)?;
-        let actual = file
-            .metadata()
-            .map_err(|error| IoError::File {
-                path: path.clone(),
-                error,
-            })?
-            .len();
-        if actual != info.file_size {
-            return Err(IoError::LengthMismatch {
-                path,
-                expected: info.file_size,
-                actual,
-            });
-        }
-        out.push(LayerFile {
-            path,
-            file,
-            size: actual,
-            hash: info.content_hash,
+    (0..manifest.n_layers())
+        .map(|i| layer_file(dir, manifest, i, flags))
+        .collect()
+}
+
+/// Opens layer `i`'s file (see [`layer_files`]).
+fn layer_file(
+    dir: &Path,
+    manifest: &Manifest<'_>,
+    i: usize,
+    flags: i32,
+) -> Result<LayerFile, IoError> {
+    let info = manifest.layer(i).map_err(|error| IoError::Manifest {
+        path: dir.join(gds_format::MANIFEST_FILE),
+        error,
+    })?;
+    if !gds_format::validate::is_safe_relative_path(info.file) {
+        return Err(IoError::BadPath {
+            layer: i,
+            file: info.file.to_string(),
         });
     }
-    Ok(out)
+    let path = dir.join(info.file);
+    let file = open_in_dir(dir, info.file, flags)?;
+    let actual = file
+        .metadata()
+        .map_err(|error| IoError::File {
+            path: path.clone(),
+            error,
+        })?
+        .len();
+    if actual != info.file_size {
+        return Err(IoError::LengthMismatch {
+            path,
+            expected: info.file_size,
+            actual,
+        });
+    }
+    Ok(LayerFile {
+        path,
+        file,
+        size: actual,
+        hash: info.content_hash,
+    })
 }
 
 impl LayerSource for MmapBackend {
@@ -240,6 +248,44 @@ pub fn verify_layer_files(
     Ok(())
 }
 
+/// Reads `len` bytes at `offset` of layer `layer`'s file, after checking the whole file
+/// against the manifest's hash unless `verifier` vouches for it (a file the executor already
+/// checked costs nothing): for the few small tensors a front end reads apart from the
+/// executor (a reranker's classifier head). Fails, naming the file, as
+/// [`MmapBackend::open`] does, and when the range is not inside the file.
+pub fn read_layer_span(
+    dir: &Path,
+    manifest: &Manifest<'_>,
+    layer: usize,
+    offset: u64,
+    len: u64,
+    verifier: &Verifier,
+) -> Result<Vec<u8>, IoError> {
+    let l = layer_file(dir, manifest, layer, 0)?;
+    match offset.checked_add(len) {
+        Some(end) if end <= l.size && usize::try_from(len).is_ok() => {}
+        _ => {
+            return Err(IoError::OutOfRange {
+                path: l.path,
+                offset,
+                len,
+                size: l.size,
+            })
+        }
+    }
+    if !verifier.is_verified(&l.file, &l.hash) {
+        verifier.check_file(&l.path, &l.file, &l.hash)?;
+    }
+    let mut buf = vec![0u8; len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&l.file, &mut buf, offset).map_err(|error| {
+        IoError::File {
+            path: l.path,
+            error,
+        }
+    })?;
+    Ok(buf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,5 +373,29 @@ mod tests {
         let m = Manifest::parse(&bytes).unwrap();
         let err = MmapBackend::open(dir.path(), &m).err().expect("must fail");
         assert!(err.to_string().contains("embed.bin"), "{err}");
+    }
+
+    #[test]
+    fn a_span_is_read_after_its_file_is_checked() {
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        let (dir, bytes) = model_dir(&data, 4096);
+        let m = Manifest::parse(&bytes).unwrap();
+        let v = Verifier::with_cache(VerifyMode::Hash, None);
+        let got = read_layer_span(dir.path(), &m, 0, 100, 28, &v).unwrap();
+        assert_eq!(got, &data[100..128]);
+        assert_eq!(v.stats().files_hashed, 1);
+        // out of the file, or of the layer table: errors, not panics
+        for (layer, off, len) in [(0, 4090, 7), (0, u64::MAX, 2), (1, 0, 1)] {
+            assert!(read_layer_span(dir.path(), &m, layer, off, len, &v).is_err());
+        }
+        // a changed byte anywhere in the file (not only in the span) fails the read
+        let mut bad = data.clone();
+        bad[4000] ^= 1;
+        std::fs::write(dir.path().join("embed.bin"), &bad).unwrap();
+        let err = read_layer_span(dir.path(), &m, 0, 100, 28, &v).unwrap_err();
+        assert!(err.to_string().contains("embed.bin"), "{err}");
+        // unless verification is off
+        let off = Verifier::with_cache(VerifyMode::Off, None);
+        assert!(read_layer_span(dir.path(), &m, 0, 100, 28, &off).is_ok());
     }
 }

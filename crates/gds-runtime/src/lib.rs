@@ -26,6 +26,7 @@ pub mod model_dir;
 pub mod ops;
 pub mod perplexity;
 pub mod plan;
+pub mod rank;
 pub mod reasoning;
 pub mod reply;
 pub mod rope;

@@ -70,7 +70,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
     let model = b.model.unwrap_or_else(|| st.model_name.clone());
     let prompts = inputs(st, b.input).await?;
     let tokens: usize = prompts.iter().map(Vec::len).sum();
-    let vectors = embed_all(st, prompts).await?;
+    let vectors = embed_all(st, prompts, pooling(st)?, "input").await?;
     let data: Vec<Value> = vectors
         .into_iter()
         .enumerate()
@@ -133,7 +133,7 @@ async fn native_answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, 
     let input = b.input.or(b.content).ok_or_else(|| {
         ApiError::bad("\"input\" or \"content\" must be provided").param("content")
     })?;
-    let vectors = embed_all(st, inputs(st, input).await?).await?;
+    let vectors = embed_all(st, inputs(st, input).await?, pooling(st)?, "input").await?;
     let out: Vec<Value> = vectors
         .into_iter()
         .enumerate()
@@ -162,7 +162,7 @@ pub(crate) fn dimensions(st: &ServerState, asked: Option<&Value>) -> Result<usiz
 }
 
 /// How this server pools hidden states, or the error saying it gives none.
-fn pooling(st: &ServerState) -> Result<Pooling, ApiError> {
+pub(crate) fn pooling(st: &ServerState) -> Result<Pooling, ApiError> {
     st.pooling.ok_or_else(|| {
         ApiError::bad(format!(
             "embeddings are not available on the {} backend (it does not give hidden states); serve with --backend cpu",
@@ -172,15 +172,16 @@ fn pooling(st: &ServerState) -> Result<Pooling, ApiError> {
     })
 }
 
-/// The pooled (not yet normalized) hidden states of `prompts`, each checked against the
-/// context and the vocabulary; a window of them in the engine at a time, as a request's
-/// choices (batched with whatever runs; a list of thousands neither fills the queue nor
-/// holds others back).
+/// The hidden states of `prompts` pooled by `pooling` (not normalized), each checked
+/// against the context and the vocabulary (errors name `param`); a window of them in the
+/// engine at a time, as a request's choices (batched with whatever runs; a list of thousands
+/// neither fills the queue nor holds others back).
 pub(crate) async fn embed_all(
     st: &ServerState,
     prompts: Vec<Vec<u32>>,
+    pooling: Pooling,
+    param: &'static str,
 ) -> Result<Vec<Vec<f32>>, ApiError> {
-    let pooling = pooling(st)?;
     for p in &prompts {
         // (nothing is generated: an input may fill the context)
         if p.len() > st.ctx {
@@ -189,10 +190,10 @@ pub(crate) async fn embed_all(
                 p.len(),
                 st.ctx
             ))
-            .param("input")
+            .param(param)
             .code("context_length_exceeded"));
         }
-        in_vocabulary(st, p, "input")?;
+        in_vocabulary(st, p, param)?;
     }
     let runs: Vec<_> = prompts
         .into_iter()

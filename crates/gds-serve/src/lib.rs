@@ -14,6 +14,7 @@ pub mod net;
 mod ollama;
 pub mod prefix;
 pub mod reasoning;
+mod rerank;
 mod responses;
 pub mod scheduler;
 mod tokenize;
@@ -328,6 +329,8 @@ pub struct ServerState {
     client_share: usize,
     /// How `/v1/embeddings` pools; `None` where the backend gives no hidden states.
     pooling: Option<scheduler::Pooling>,
+    /// A reranker's head and prompt (`/rerank`); `None`: the model has none.
+    rank: Option<Arc<gds_runtime::rank::RankHead>>,
     /// Width of the hidden states (the embeddings' dimensions).
     n_embd: usize,
     /// Most sequences the engine runs together (`--max-batch`).
@@ -626,6 +629,7 @@ pub(crate) fn start(
         None => model_pooling(&plan.model_dir).unwrap_or(scheduler::Pooling::Mean),
     };
     let pooling = exec.gives_hidden().then_some(pooling);
+    let rank = gds_runtime::rank::RankHead::load(&plan.model_dir, !e.no_verify)?.map(Arc::new);
     let n_embd = c.n_embd;
     let (tx, rx) = mpsc::unbounded_channel();
     let engine = Engine::new(exec, kv, cfg, eog, metrics.clone());
@@ -667,6 +671,7 @@ pub(crate) fn start(
             .min(e.queue_limit + e.max_batch)
             .max(1),
         pooling,
+        rank,
         n_embd,
         step_tokens: plan.batch,
         max_batch: e.max_batch,
@@ -853,12 +858,16 @@ fn router(state: Arc<ServerState>) -> axum::Router {
             .route(
                 &format!("{prefix}/embeddings"),
                 post(embeddings::embeddings),
-            );
+            )
+            .route(&format!("{prefix}/rerank"), post(rerank::rerank))
+            .route(&format!("{prefix}/reranking"), post(rerank::rerank));
     }
     // llama-server's own endpoints (`/completions` stays OpenAI's, as vLLM serves it)
     r.route("/completion", post(native::completion))
         .route("/embedding", post(embeddings::embedding_native))
         .route("/infill", post(native::infill))
+        // Cohere's API version 2 (vLLM serves it too)
+        .route("/v2/rerank", post(rerank::rerank))
         .route("/props", get(native::props).post(native::post_props))
         .route("/slots", get(native::slots))
         .route("/slots/{id}", post(native::slot_action))

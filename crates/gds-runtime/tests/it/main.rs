@@ -6,6 +6,7 @@ mod attention;
 mod constraint;
 mod executor;
 mod reference;
+mod rerank;
 mod sampling;
 mod speculative;
 mod streaming;
