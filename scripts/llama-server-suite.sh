@@ -24,6 +24,10 @@ MODEL=${MODEL:-.cache/smollm2.gds}
 if [ ! -f "$MODEL/manifest.gdsm" ]; then
   "$(dirname "$GDSRUN")/gdsconv" convert "$(./scripts/fetch-model.sh)" "$MODEL" --force >/dev/null
 fi
+RERANK_MODEL=.cache/tiny-qwen3-reranker.gds
+if [ ! -f "$RERANK_MODEL/manifest.gdsm" ]; then
+  "$(dirname "$GDSRUN")/gdsconv" convert fixtures/tiny-qwen3-reranker.gguf "$RERANK_MODEL" --force >/dev/null
+fi
 files=() extra=()
 while [ $# -gt 0 ]; do
   if [ "$1" = -- ]; then shift; extra=("$@"); break; fi
@@ -41,5 +45,6 @@ cd "$work/tools/server/tests"
 LLAMA_SERVER_BIN_PATH="$ROOT/tests/py/llama_server_suite/llama-server" \
 GDS_SUITE_GDSRUN="$(realpath "$ROOT/$GDSRUN" 2>/dev/null || realpath "$GDSRUN")" \
 GDS_SUITE_MODEL="$(realpath "$ROOT/$MODEL" 2>/dev/null || realpath "$MODEL")" \
+GDS_SUITE_RERANK_MODEL="$ROOT/$RERANK_MODEL" \
 PYTHONPATH="$ROOT/tests/py/llama_server_suite" \
   python3 -m pytest -p gds_plugin -p no:cacheprovider -q --tb=line -rfE "${files[@]}" "${extra[@]}"

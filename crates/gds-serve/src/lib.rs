@@ -206,9 +206,14 @@ pub struct EngineArgs {
     /// How /v1/embeddings makes one vector of a text's final-normed hidden states: mean
     /// (over every token), last (the last token's: decoder embedding models such as
     /// e5-mistral, gte-Qwen2, Qwen3-Embedding) or cls (the first token's); then normalized.
-    /// Default: the pooling a GGUF input named (`<arch>.pooling_type`), else mean.
-    #[arg(long, value_parser = ["mean", "last", "cls"])]
+    /// Default: the pooling a GGUF input named (`<arch>.pooling_type`), else mean. `rank`
+    /// (llama-server's name) is `--reranking`.
+    #[arg(long, value_parser = ["mean", "last", "cls", "rank"])]
     pub pooling: Option<String>,
+    /// Require reranking (`/rerank`): refuse to start unless the model is a reranker (a
+    /// classifier head, `cls.output.weight`). A reranker answers `/rerank` without it.
+    #[arg(long, alias = "rerank")]
+    pub reranking: bool,
     /// Chat replies of a thinking model (a template with `<think>` tags: Qwen 3, QwQ,
     /// DeepSeek-R1, GLM 4.5+; `[THINK]`: Magistral): `auto` (= `deepseek`) gives the
     /// reasoning apart as `reasoning_content` (Anthropic: a `thinking` block), `none` the
@@ -622,7 +627,7 @@ pub(crate) fn start(
         step_tokens: plan.batch,
         ctx: plan.ctx,
     };
-    let pooling = match &e.pooling {
+    let pooling = match e.pooling.as_deref().filter(|&p| p != "rank") {
         Some(p) => p
             .parse::<scheduler::Pooling>()
             .map_err(RuntimeError::Usage)?,
@@ -630,6 +635,14 @@ pub(crate) fn start(
     };
     let pooling = exec.gives_hidden().then_some(pooling);
     let rank = gds_runtime::rank::RankHead::load(&plan.model_dir, !e.no_verify)?.map(Arc::new);
+    if rank.is_none() && (e.reranking || e.pooling.as_deref() == Some("rank")) {
+        return Err(RuntimeError::Usage(format!(
+            "{}: --reranking: this model is not a reranker (it has no classifier head, {})",
+            plan.model_dir.display(),
+            gds_runtime::rank::HEAD_TENSOR
+        ))
+        .into());
+    }
     let n_embd = c.n_embd;
     let (tx, rx) = mpsc::unbounded_channel();
     let engine = Engine::new(exec, kv, cfg, eog, metrics.clone());

@@ -12,4 +12,5 @@ mod ollama;
 mod openai;
 mod paged;
 mod reasoning;
+mod rerank;
 mod tools;
