@@ -103,3 +103,26 @@ fn models_without_a_head_have_none() {
     let (_t, dir) = gds_tests::converted_fixture("tiny-qwen3-hf");
     assert!(RankHead::load(&dir, true).unwrap().is_none());
 }
+
+#[test]
+fn a_head_of_the_wrong_shape_is_an_error_naming_it() {
+    let (_t, dir) = gds_tests::converted_fixture("tiny-qwen3-reranker.gguf");
+    // the head's record, [2, 32], made [1, 64] (the same bytes), re-sealed as a forger would:
+    // a well-formed manifest whose head does not fit the model
+    let p = dir.join(gds_format::MANIFEST_FILE);
+    let mut b = std::fs::read(&p).unwrap();
+    let shape = |dims: [u64; 4]| -> Vec<u8> { dims.iter().flat_map(|d| d.to_le_bytes()).collect() };
+    let (from, to) = (shape([2, 32, 0, 0]), shape([1, 64, 0, 0]));
+    let at: Vec<usize> = (0..b.len() - from.len())
+        .filter(|&i| b[i..i + from.len()] == from[..])
+        .collect();
+    assert_eq!(at.len(), 1, "one [2, 32] tensor: the head");
+    b[at[0]..at[0] + to.len()].copy_from_slice(&to);
+    gds_tests::reseal(&mut b);
+    std::fs::write(&p, b).unwrap();
+    let err = RankHead::load(&dir, true).unwrap_err().to_string();
+    assert!(
+        err.contains(HEAD_TENSOR) && err.contains("[1, 64]"),
+        "{err}"
+    );
+}
