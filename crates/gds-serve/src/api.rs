@@ -2601,7 +2601,18 @@ pub async fn health() -> Response {
 /// `GET /metrics`.
 pub async fn metrics(State(st): State<Arc<ServerState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4".to_string(),
+            ),
+            // llama-server's: when the server started (Unix seconds), so a scraper sees a
+            // restart (its counters back at zero) for what it is
+            (
+                header::HeaderName::from_static("process-start-time-unix"),
+                st.created.to_string(),
+            ),
+        ],
         st.metrics.render(),
     )
         .into_response()

@@ -79,8 +79,10 @@ pub struct ServeArgs {
     /// `GET /slots` answers 501 (llama-server's `--no-slots`; it is on by default).
     #[arg(long)]
     pub no_slots: bool,
-    /// Allow browser pages from this origin (e.g. `http://localhost:3000`; `*`: any) to call
-    /// the server (CORS); repeatable. Default: no CORS headers.
+    /// Allow browser pages from this origin (e.g. `http://localhost:3000`; `*`: any;
+    /// `localhost`: any page of this machine, http or https at localhost, 127.0.0.1 or [::1]
+    /// on any port, as llama-server's keyword) to call the server (CORS); repeatable.
+    /// Default: no CORS headers.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
     /// Most open connections; more are answered 503 (Retry-After: 1) and closed.
@@ -762,12 +764,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .strip_prefix("http://")
             .or_else(|| o.strip_prefix("https://"));
         let valid = o == "*"
+            || o == net::LOCALHOST
             || host.is_some_and(|h| {
                 !h.is_empty() && !h.contains('/') && h.bytes().all(|b| b.is_ascii_graphic())
             });
         if !valid {
             return bad(format!(
-                "--cors-origin {o:?}: expected `*` or an origin such as https://example.com"
+                "--cors-origin {o:?}: expected `*`, `localhost` or an origin such as https://example.com"
             ));
         }
         cors_origins.push(o.to_string());

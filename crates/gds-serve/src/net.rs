@@ -399,6 +399,43 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
+/// `--cors-origin localhost`: any origin of this machine.
+pub const LOCALHOST: &str = "localhost";
+
+/// Whether the `Origin` header `origin` is allowed by the configured `allowed` entry: `*`,
+/// the same origin, or for [`LOCALHOST`] an `http` or `https` origin whose host is
+/// `localhost`, `127.0.0.1` or `[::1]`, with or without a port (not `localhost.evil.com`,
+/// not `notlocalhost`).
+pub fn origin_allowed(allowed: &str, origin: &[u8]) -> bool {
+    if allowed == "*" || allowed.as_bytes() == origin {
+        return true;
+    }
+    if allowed != LOCALHOST {
+        return false;
+    }
+    let Ok(o) = std::str::from_utf8(origin) else {
+        return false;
+    };
+    let Some(rest) = o
+        .strip_prefix("http://")
+        .or_else(|| o.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let host = ["localhost", "127.0.0.1", "[::1]"]
+        .into_iter()
+        .find(|h| rest.starts_with(h));
+    let Some(host) = host else {
+        return false;
+    };
+    match &rest[host.len()..] {
+        "" => true,
+        port => port.strip_prefix(':').is_some_and(|p| {
+            !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
+        }),
+    }
+}
+
 /// Middleware: CORS (`--cors-origin`). A preflight (`OPTIONS` with `Origin` and
 /// `Access-Control-Request-Method`) from an allowed origin is answered 204 with the origin
 /// echoed, the methods, the headers it asked for (else `authorization, content-type, x-api-key, anthropic-version`) and a
@@ -413,7 +450,7 @@ pub async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) 
         .filter(|o| {
             st.cors_origins
                 .iter()
-                .any(|a| a == "*" || a.as_bytes() == o.as_bytes())
+                .any(|a| origin_allowed(a, o.as_bytes()))
         })
         .cloned();
     if req.method() == axum::http::Method::OPTIONS {
@@ -471,6 +508,44 @@ pub async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_localhost_keyword_allows_this_machines_pages_only() {
+        // llama.cpp's test_cors_origins_localhost_reflects and _rejects
+        for o in [
+            "http://localhost",
+            "http://localhost:8080",
+            "http://127.0.0.1",
+            "http://127.0.0.1:3000",
+            "http://[::1]",
+            "http://[::1]:3000",
+            "https://localhost:443",
+        ] {
+            assert!(origin_allowed(LOCALHOST, o.as_bytes()), "{o}");
+        }
+        for o in [
+            "http://web.mydomain.fr",
+            "http://evil.com",
+            "http://notlocalhost",
+            "http://localhost.evil.com",
+            "http://127.0.0.1.evil.com",
+            "http://localhost:80x",
+            "http://localhost:",
+            "http://localhost/",
+            "ftp://localhost",
+            "http://[::1]@evil.com",
+        ] {
+            assert!(!origin_allowed(LOCALHOST, o.as_bytes()), "{o}");
+        }
+        // other entries: exact, or any
+        assert!(origin_allowed("http://a.example", b"http://a.example"));
+        assert!(!origin_allowed("http://a.example", b"http://a.example:1"));
+        assert!(origin_allowed("*", b"http://anything"));
+        assert!(!origin_allowed(
+            "http://localhost:3000",
+            b"http://localhost:3001"
+        ));
+    }
 
     #[test]
     fn health_request_lines() {

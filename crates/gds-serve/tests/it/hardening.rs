@@ -595,6 +595,8 @@ fn cors_preflight_and_paths_without_v1() {
         "http://app.example",
         "--cors-origin",
         "https://other.example/",
+        "--cors-origin",
+        "localhost",
     ]);
     let key = ("Authorization", "Bearer sesame");
     let json_ct = ("Content-Type", "application/json");
@@ -602,6 +604,9 @@ fn cors_preflight_and_paths_without_v1() {
     for (origin, path) in [
         ("http://app.example", "/v1/chat/completions"),
         ("https://other.example", "/chat/completions"),
+        // the `localhost` keyword: this machine's pages, any port
+        ("http://127.0.0.1:3000", "/v1/chat/completions"),
+        ("http://localhost:8080", "/v1/chat/completions"),
     ] {
         let (status, head, _) = request(
             &s.addr,
@@ -631,19 +636,32 @@ fn cors_preflight_and_paths_without_v1() {
             );
         }
     }
+    // /metrics says when the server started, as llama-server's (a scraper tells a restart)
+    let (status, head, _) = request(&s.addr, "GET", "/metrics", &[key], b"");
+    assert_eq!(status, 200, "{head}");
+    let started: u64 = head
+        .split("\r\nprocess-start-time-unix: ")
+        .nth(1)
+        .and_then(|v| v.split("\r\n").next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no start time in {head}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(started <= now && started + 600 > now, "{started} vs {now}");
     // an origin not allowed gets no CORS headers
-    let (status, head, _) = request(
-        &s.addr,
-        "OPTIONS",
-        "/v1/chat/completions",
-        &[
-            ("Origin", "http://evil.example"),
-            ("Access-Control-Request-Method", "POST"),
-        ],
-        b"",
-    );
-    assert_eq!(status, 204);
-    assert!(!head.contains("access-control-allow"), "{head}");
+    for evil in ["http://evil.example", "http://localhost.evil.com"] {
+        let (status, head, _) = request(
+            &s.addr,
+            "OPTIONS",
+            "/v1/chat/completions",
+            &[("Origin", evil), ("Access-Control-Request-Method", "POST")],
+            b"",
+        );
+        assert_eq!(status, 204);
+        assert!(!head.contains("access-control-allow"), "{evil}: {head}");
+    }
     // the actual requests: the allowed origin is echoed, on a 401 too
     let (status, head, _) = request(&s.addr, "GET", "/v1/models", &[app], b"");
     assert_eq!(status, 401);
