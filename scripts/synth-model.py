@@ -19,6 +19,10 @@ model (the same tensors, the same bytes); the text is noise. SHAPE:
   smollm3-3b  SmolLM3-3B: hidden 2048, 36 layers, ffn 11008, 16/4 heads of 128, every 4th
               layer without RoPE (NoPE), tied, RoPE theta 5e6 (3.1B parameters with its
               128k vocabulary; 2.9B with SmolLM2's)
+  qwen3-reranker-0.6b  Qwen3-Reranker-0.6B (Qwen3-0.6B's body): hidden 1024, 28 layers, ffn
+              3072, 16/8 heads of 128, tied, RoPE theta 1e6; name OUT_DIR so that it contains
+              `qwen3-reranker` and both converters make it a reranker (the head of the
+              tokenizer's "yes" and "no" rows, the rerank prompt)
   qwen3-30b-a3b  Qwen3-30B-A3B (mixture of experts): hidden 2048, 48 layers, 32/4 heads of
               128, 128 experts of width 768, 8 per token, untied, RoPE theta 1e6 (30.5B
               parameters, 3.3B active; `--layers 4` makes a 2.7B slice of it, every layer real)
@@ -83,6 +87,10 @@ SHAPES = {
     "qwen2-7b": dict(arch="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                      num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False,
                      rope_theta=1000000.0, max_position_embeddings=32768, use_sliding_window=False),
+    "qwen3-reranker-0.6b": dict(arch="qwen3", hidden_size=1024, intermediate_size=3072,
+                                num_hidden_layers=28, num_attention_heads=16,
+                                num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                                rope_theta=1000000.0, max_position_embeddings=40960),
     "qwen3-30b-a3b": dict(arch="qwen3moe", hidden_size=2048, intermediate_size=6144,
                           moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                           norm_topk_prob=True, num_hidden_layers=48, num_attention_heads=32,
@@ -175,6 +183,10 @@ def main():
     if arch == "llama":
         cfg = transformers.LlamaConfig(head_dim=shape["hidden_size"] // shape["num_attention_heads"],
                                        **common, **shape)
+    elif arch == "qwen3":
+        theta = shape.pop("rope_theta")
+        cfg = transformers.Qwen3Config(**common, **shape,
+                                       rope_parameters={"rope_type": "default", "rope_theta": theta})
     elif arch == "qwen3moe":
         theta = shape.pop("rope_theta")
         cfg = transformers.Qwen3MoeConfig(**common, **shape,

@@ -4,7 +4,7 @@
 pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
 use crate::reasoning::{CountedSplit, Reasoning};
-use crate::scheduler::{Done, Event, Finish, Prefill, Request, Shift, TokenLogprobs};
+use crate::scheduler::{Done, Event, Finish, Prefill, Progress, Request, Shift, TokenLogprobs};
 use crate::tools::Tools;
 use crate::ServerState;
 use axum::body::Bytes;
@@ -146,6 +146,10 @@ pub(crate) struct Common {
     /// Extension (llama-server's): every streamed chunk carries `timings` so far.
     #[serde(default)]
     pub(crate) timings_per_token: Option<bool>,
+    /// Extension (llama-server's): a streamed reply first sends chunks saying how far the
+    /// prompt has gone in (`prompt_progress`).
+    #[serde(default)]
+    pub(crate) return_progress: Option<bool>,
     /// Extension (llama-server's): with `--context-shift`, the prompt tokens a shift keeps
     /// (after the BOS; -1: the whole prompt). Default 0.
     #[serde(default)]
@@ -517,6 +521,9 @@ pub(crate) struct Job {
     pub(crate) post_sampling: bool,
     /// Streamed chunks carry `timings` so far (llama-server's `timings_per_token`).
     pub(crate) timings_per_token: bool,
+    /// Streamed: chunks say how far the prompt has gone in (llama-server's
+    /// `return_progress`).
+    pub(crate) progress: bool,
     /// Completions: the prompt is part of the answer (text, and log-probabilities).
     pub(crate) echo: bool,
     /// With echo: how many of the prompt's first tokens the server added (a BOS the model's
@@ -858,6 +865,7 @@ pub(crate) fn job(
         logprobs,
         post_sampling: false,
         timings_per_token: c.timings_per_token == Some(true),
+        progress: c.stream == Some(true) && c.return_progress == Some(true),
         echo,
         echo_from: 0,
         grammar,
@@ -1000,6 +1008,7 @@ pub(crate) fn submit(
         constraint,
         shift: job.shift,
         group: job.group,
+        progress: job.progress,
         tx,
         received: Instant::now(),
         client: None,
@@ -1065,6 +1074,27 @@ pub(crate) enum Piece {
     Text(String),
     End(End),
     Error(ApiError),
+}
+
+/// llama-server's `prompt_progress`: `{"total", "cache", "processed", "time_ms"}` (whole ms).
+pub(crate) fn progress_json(p: &Progress) -> Value {
+    json!({"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": p.time_ms as u64})
+}
+
+/// The `timings` of a prompt still going in: the tokens computed so far and the time.
+pub(crate) fn progress_timings(p: &Progress) -> Value {
+    let so_far = Prefill {
+        cached_tokens: p.cache,
+        prompt_ms: p.time_ms,
+        queue_ms: 0.0,
+    };
+    timing_fields(p.processed, &so_far, 0.0, 0)
+}
+
+/// What [`Gen::next_or_progress`] gives.
+pub(crate) enum Next {
+    Piece(Piece),
+    Progress(Progress),
 }
 
 pub(crate) struct End {
@@ -1293,6 +1323,17 @@ impl Gen {
 
     /// The next piece, or `None` once the end was reported.
     pub(crate) async fn next(&mut self) -> Option<Piece> {
+        loop {
+            // (how far the prompt has gone in: for the front ends that asked, below)
+            if let Next::Piece(p) = self.next_or_progress().await? {
+                return Some(p);
+            }
+        }
+    }
+
+    /// The next piece or, for a request that asked for it (`return_progress`), how far its
+    /// prompt has gone in; `None` once the end was reported.
+    pub(crate) async fn next_or_progress(&mut self) -> Option<Next> {
         if self.ended {
             return None;
         }
@@ -1315,7 +1356,7 @@ impl Gen {
                     self.tokens.push(id);
                     let piece = match self.decode_step(id) {
                         Ok(p) => p,
-                        Err(e) => return Some(self.fail(e)),
+                        Err(e) => return Some(Next::Piece(self.fail(e))),
                     };
                     if let Some(p) = piece {
                         if self.reply.push(&p) {
@@ -1324,10 +1365,10 @@ impl Gen {
                             self.ended_by_front.store(true, Ordering::Relaxed);
                             self.rx.close();
                             let done = self.done_here();
-                            return Some(self.end("stop", done));
+                            return Some(Next::Piece(self.end("stop", done)));
                         }
                         if let Some(s) = self.reply.take_shown(false) {
-                            return Some(Piece::Text(s));
+                            return Some(Next::Piece(Piece::Text(s)));
                         }
                     }
                 }
@@ -1339,17 +1380,24 @@ impl Gen {
                     } else {
                         "length"
                     };
-                    return Some(self.end(finish, Some(d)));
+                    return Some(Next::Piece(self.end(finish, Some(d))));
                 }
-                Some(Event::Error(e)) => return Some(self.fail(e)),
+                Some(Event::Error(e)) => return Some(Next::Piece(self.fail(e))),
+                Some(Event::Progress(p)) => return Some(Next::Progress(p)),
                 // only embedding requests get one
                 Some(Event::Embedding(_)) => {}
                 Some(Event::GrammarError(e)) => {
                     // the request's grammar went past the grammar engine's limits
                     self.ended = true;
-                    return Some(Piece::Error(ApiError::bad(e).code("grammar_error")));
+                    return Some(Next::Piece(Piece::Error(
+                        ApiError::bad(e).code("grammar_error"),
+                    )));
                 }
-                None => return Some(self.fail("the engine dropped the request".into())),
+                None => {
+                    return Some(Next::Piece(
+                        self.fail("the engine dropped the request".into()),
+                    ))
+                }
             }
         }
     }
@@ -1693,8 +1741,8 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         if include_usage {
             v["usage"] = Value::Null;
         }
-        if let Some(t) = t {
-            v["timings"] = t;
+        if let (Some(Value::Object(extra)), Some(o)) = (t, v.as_object_mut()) {
+            o.extend(extra);
         }
         SseEvent::default().data(v.to_string())
     });
@@ -1921,6 +1969,7 @@ struct ChoiceInfo {
     timings_per_token: bool,
 }
 
+/// A chunk of one choice, with more top-level fields (`timings`, `prompt_progress`).
 type Chunk = Arc<dyn Fn(Value, Option<Value>) -> SseEvent + Send + Sync>;
 
 /// One choice's chunks (chat: the role first), each item the events of one piece of
@@ -1968,10 +2017,31 @@ fn choice_stream(
             let tools = info.tools.as_deref();
             let so_far = |g: &Gen| {
                 info.timings_per_token
-                    .then(|| g.timings_so_far(info.prompt_tokens))
+                    .then(|| json!({"timings": g.timings_so_far(info.prompt_tokens)}))
             };
             let mut out = Vec::new();
-            let mut piece = g.next().await;
+            let mut piece = match g.next_or_progress().await {
+                Some(Next::Progress(p)) => {
+                    // llama-server's: an empty choice (chat: the role) and how far the
+                    // prompt has gone in, with the timings so far where asked
+                    let mut extra = json!({"prompt_progress": progress_json(&p)});
+                    if info.timings_per_token {
+                        extra["timings"] = progress_timings(&p);
+                    }
+                    let choice = match kind {
+                        Kind::Completion => {
+                            json!({"text": "", "index": index, "logprobs": null, "finish_reason": null})
+                        }
+                        Kind::Chat => {
+                            json!({"index": index, "delta": {"role": "assistant", "content": null}, "logprobs": null, "finish_reason": null})
+                        }
+                    };
+                    out.push(chunk(choice, Some(extra)));
+                    return Some(((out, false), Some((g, held, plain, calling, echo, split))));
+                }
+                Some(Next::Piece(p)) => Some(p),
+                None => None,
+            };
             if let (Some(Piece::Text(t)), Some(sp)) = (&mut piece, &mut split) {
                 let (r, answer) = sp.push(t, g.generated());
                 if !r.is_empty() {
@@ -2065,7 +2135,10 @@ fn choice_stream(
                             json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish})
                         }
                     };
-                    out.push(chunk(fin, Some(timings(&e, info.prompt_tokens))));
+                    out.push(chunk(
+                        fin,
+                        Some(json!({"timings": timings(&e, info.prompt_tokens)})),
+                    ));
                     let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
                     t.completion += e.completion_tokens;
                     t.reasoning += split.as_ref().map_or(0, |sp| sp.tokens());

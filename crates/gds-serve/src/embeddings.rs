@@ -225,6 +225,7 @@ async fn embed_one(
         constraint: None,
         shift: None,
         group: None,
+        progress: false,
         tx,
         received: Instant::now(),
         client: None,

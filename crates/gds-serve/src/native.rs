@@ -25,9 +25,9 @@
 //! up in the shared prefix cache whatever slot it names.
 
 use crate::api::{
-    collect_choices, encode_text, expand, finish, parse, refused, run_to_end, stream_choices,
-    timings, tokenize, window, ApiError, ChatBody, Common, End, Gen, Job, Kind, Piece, Stop,
-    MAX_PROMPTS, MAX_TOP_LOGPROBS,
+    collect_choices, encode_text, expand, finish, parse, progress_json, progress_timings, refused,
+    run_to_end, stream_choices, timings, tokenize, window, ApiError, ChatBody, Common, End, Gen,
+    Job, Kind, Next, Piece, Stop, MAX_PROMPTS, MAX_TOP_LOGPROBS,
 };
 use crate::scheduler::TokenLogprobs;
 use crate::tools::Tools;
@@ -758,7 +758,22 @@ fn choice_events(
                 }
                 event(v)
             };
-            match gen.next().await {
+            let piece = match gen.next_or_progress().await {
+                Some(Next::Progress(p)) => {
+                    // llama-server's: no text, how far the prompt has gone in
+                    let mut v = json!({"index": index, "content": "", "tokens": [],
+                        "stop": false, "id_slot": -1, "tokens_predicted": 0,
+                        "tokens_evaluated": j.prompt.len(),
+                        "prompt_progress": progress_json(&p)});
+                    if j.timings_per_token {
+                        v["timings"] = progress_timings(&p);
+                    }
+                    return Some(((vec![event(v)], false), Some((gen, sent, new_line))));
+                }
+                Some(Next::Piece(p)) => Some(p),
+                None => None,
+            };
+            match piece {
                 Some(Piece::Text(t)) => {
                     let tokens = gen.take_tokens();
                     let ev = partial(&mut gen, t, tokens);

@@ -43,6 +43,9 @@ pub enum Event {
     /// With [`Request::embed`]: the prompt's pooled final-normed hidden state (not
     /// normalized), sent just before [`Event::Done`].
     Embedding(Vec<f32>),
+    /// With [`Request::progress`]: how far the prompt has gone in (at admission, then after
+    /// every pass that fed prompt tokens).
+    Progress(Progress),
     /// Generation failed.
     Error(String),
     /// The request's grammar failed mid-generation (it went past the grammar engine's
@@ -123,6 +126,19 @@ pub struct Prefill {
     pub queue_ms: f64,
 }
 
+/// How far a prompt has gone into the cache (llama-server's `prompt_progress`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Progress {
+    /// The prompt's tokens.
+    pub total: usize,
+    /// Of them, those the prefix cache gave.
+    pub cache: usize,
+    /// Of them, those in the cache now (the cached ones included).
+    pub processed: usize,
+    /// Since admission, ms.
+    pub time_ms: f64,
+}
+
 /// A request handed to the engine.
 pub struct Request {
     /// Prompt tokens (not empty, shorter than the context).
@@ -164,6 +180,8 @@ pub struct Request {
     /// prompt, the others wait in the queue, then start from its cached blocks instead of
     /// computing the same prompt again.
     pub group: Option<u64>,
+    /// Send [`Event::Progress`] as the prompt goes in (llama-server's `return_progress`).
+    pub progress: bool,
     /// Where events go; dropping the receiver cancels the request.
     pub tx: mpsc::UnboundedSender<Event>,
     /// Set by the front end when it ends the request itself (a stop string matched) before
@@ -279,6 +297,18 @@ struct Seq {
 impl Seq {
     fn decoding(&self) -> bool {
         self.n_cached + 1 == self.tokens.len() && self.generated > 0
+    }
+
+    /// How far its prompt has gone in, at `now`.
+    fn progress(&self, now: Instant) -> Progress {
+        Progress {
+            total: self.n_prompt,
+            cache: self.cached_tokens,
+            processed: self.n_cached.min(self.n_prompt),
+            time_ms: self.admitted.map_or(0.0, |a| {
+                now.saturating_duration_since(a).as_secs_f64() * 1000.0
+            }),
+        }
     }
 
     /// With echo: the prompt token whose log-probability the logits at position `p`
@@ -625,6 +655,9 @@ impl Engine {
                 self.metrics
                     .prompt_tokens_cached
                     .fetch_add(seq.cached_tokens as u64, Ordering::Relaxed);
+                if seq.req.progress {
+                    Self::send(&seq, Event::Progress(seq.progress(now)));
+                }
             }
             self.metrics.queue_depth_sub(1);
             self.running.push(seq);
@@ -941,8 +974,13 @@ impl Engine {
         }
         // the K/V of every token of the batch are now in the cache
         // (a sequence's guesses count once the token sampled before each equals it)
+        let now = Instant::now();
         for (s, &n) in self.running.iter_mut().zip(&self.fed) {
+            let before = s.n_cached;
             s.n_cached += n - s.guesses.len();
+            if s.req.progress && n > 0 && before < s.n_prompt {
+                Self::send(s, Event::Progress(s.progress(now)));
+            }
         }
 
         // sample every sequence that got logits

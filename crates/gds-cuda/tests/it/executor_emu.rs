@@ -1562,6 +1562,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 embed: embed[i],
                 constraint: None,
                 shift: None,
+                progress: false,
                 group: None,
                 tx: etx,
                 ended_by_front: Default::default(),

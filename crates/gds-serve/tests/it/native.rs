@@ -915,3 +915,115 @@ fn the_end_of_generation_token_is_listed_and_streamed_as_llama_server_does() {
     assert_eq!(text, whole["content"].as_str().unwrap(), "{st}");
     assert_eq!(events.last().unwrap()["stop_type"], "eos", "{st}");
 }
+
+/// The `data:` events of a streamed answer (`[DONE]` left out).
+fn events(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+/// llama-server's `return_progress` (its test_metrics_timings_on_prompt_progress and more): a
+/// streamed reply first says how far the prompt has gone in, from the first update (nothing
+/// computed yet) to the whole prompt, pass by pass, in `/completion`'s, the completions' and
+/// the chat's chunks; the prefix cache's share shows as `cache`; without the field, or not
+/// streamed, nothing changes.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn return_progress_reports_the_prompt_going_in() {
+    let _one = serial();
+    // passes of 32 tokens: a 73-token prompt goes in three
+    let s = crate::common::start(&["--step-tokens", "32", "--ctx", "512"]);
+    let prompt = "the quick brown fox jumps over the lazy dog ".repeat(8);
+    let post = |path: &str, body: Value| {
+        let (code, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
+        assert_eq!(code, 200, "{text}");
+        text
+    };
+    let body = json!({"prompt": prompt, "n_predict": 4, "stream": true,
+        "timings_per_token": true, "return_progress": true, "cache_prompt": true});
+    for round in 0..2 {
+        let ev = events(&post("/completion", body.clone()));
+        let progress: Vec<&Value> = ev
+            .iter()
+            .take_while(|e| e.get("prompt_progress").is_some())
+            .collect();
+        assert!(progress.len() > 1, "round {round}: {ev:?}");
+        assert!(
+            ev[progress.len()..]
+                .iter()
+                .all(|e| e.get("prompt_progress").is_none()),
+            "progress only before the text"
+        );
+        let total = ev[0]["tokens_evaluated"].as_u64().unwrap();
+        let first = &progress[0]["prompt_progress"];
+        let cache = first["cache"].as_u64().unwrap();
+        // the first update: before anything is computed (the cached part aside)
+        assert_eq!(first["processed"], cache, "{first}");
+        assert_eq!(first["total"], total);
+        assert_eq!(progress[0]["timings"]["prompt_n"], 0);
+        assert_eq!(progress[0]["timings"]["prompt_ms"], 0.0);
+        assert_eq!(progress[0]["timings"]["predicted_n"], 0);
+        if round == 0 {
+            assert_eq!(cache, 0);
+        } else {
+            // the same prompt again: its whole blocks come from the cache
+            assert!(cache >= 64, "{first}");
+        }
+        let mut last = (0u64, 0.0f64);
+        for p in &progress {
+            assert_eq!(p["content"], "");
+            let (n, ms) = (
+                p["prompt_progress"]["processed"].as_u64().unwrap(),
+                p["timings"]["prompt_ms"].as_f64().unwrap(),
+            );
+            assert!(n >= last.0 && ms >= last.1, "{progress:?}");
+            assert_eq!(p["timings"]["prompt_n"].as_u64().unwrap(), n - cache, "{p}");
+            last = (n, ms);
+        }
+        assert_eq!(last.0, total, "the last update: the whole prompt");
+        assert!(last.1 > 0.0);
+    }
+    // the OpenAI chunks carry it at their top level: an empty text, or the chat's role
+    let ev = events(&post(
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 2, "stream": true, "return_progress": true}),
+    ));
+    let p: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e.get("prompt_progress").is_some())
+        .collect();
+    assert!(
+        !p.is_empty() && p.iter().all(|e| e["choices"][0]["text"] == ""),
+        "{ev:?}"
+    );
+    let ev = events(&post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "stream": true, "return_progress": true}),
+    ));
+    let p: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e.get("prompt_progress").is_some())
+        .collect();
+    assert!(p.len() > 1, "{ev:?}");
+    for e in &p {
+        assert_eq!(e["object"], "chat.completion.chunk");
+        assert_eq!(e["choices"][0]["delta"]["role"], "assistant");
+        assert!(e.get("timings").is_none(), "timings only where asked");
+    }
+    // not asked, or not streamed: no progress
+    let ev = events(&post(
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 2, "stream": true}),
+    ));
+    assert!(ev.iter().all(|e| e.get("prompt_progress").is_none()));
+    let r: Value = serde_json::from_str(&post(
+        "/completion",
+        json!({"prompt": prompt, "n_predict": 2, "return_progress": true}),
+    ))
+    .unwrap();
+    assert!(r.get("prompt_progress").is_none(), "{r}");
+    assert_eq!(r["tokens_predicted"], 2);
+}

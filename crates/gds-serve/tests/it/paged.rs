@@ -317,6 +317,7 @@ fn run_engine_with(
             embed: embed.get(k).copied().flatten(),
             constraint: None,
             shift: None,
+            progress: false,
             group: None,
             tx: etx,
             ended_by_front: Default::default(),
