@@ -881,7 +881,8 @@ pub(crate) fn job(
 
 /// Whether a request shifts its context ([`Shift`]: its own `shift` (Ollama's endpoints),
 /// else `--context-shift`), and how: `n_keep` prompt tokens kept after the BOS (-1: the
-/// whole prompt), `n_discard` dropped at each shift (0: half), as llama-server reads them.
+/// whole prompt; default `--keep`), `n_discard` dropped at each shift (0: half), as
+/// llama-server reads them.
 fn shift_request(
     st: &ServerState,
     c: &Common,
@@ -890,7 +891,7 @@ fn shift_request(
     if !c.shift.unwrap_or(st.context_shift) {
         return Ok(None);
     }
-    let keep = match c.n_keep.unwrap_or(0) {
+    let keep = match c.n_keep.unwrap_or(st.keep) {
         -1 => prompt_len,
         k if k >= 0 => usize::try_from(k)
             .unwrap_or(usize::MAX)

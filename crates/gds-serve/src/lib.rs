@@ -136,6 +136,10 @@ pub struct EngineArgs {
     /// request says `"shift": false`, as Ollama does.
     #[arg(long)]
     pub context_shift: bool,
+    /// With --context-shift, the prompt tokens a shift keeps after the BOS where a request
+    /// does not say (its `n_keep`; llama-server's `--keep`): -1 the whole prompt.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    pub keep: i64,
     /// KV cache pool size, MiB (fixed-size blocks preallocated at start).
     #[arg(long, default_value_t = 512)]
     pub kv_budget: usize,
@@ -303,6 +307,8 @@ pub struct ServerState {
     /// `--context-shift`: replies go on past the context (Ollama's endpoints: unless the
     /// request says otherwise).
     context_shift: bool,
+    /// `--keep`: the default `n_keep`.
+    keep: i64,
     model_name: String,
     /// `system_fingerprint` of every completion: the engine build and configuration the model
     /// runs with (changes when the model, backend, activations or KV type change).
@@ -663,6 +669,7 @@ pub(crate) fn start(
             .map_err(RuntimeError::Usage)?,
         thinking: e.reasoning != "off",
         context_shift: e.context_shift,
+        keep: e.keep,
         model_name,
         fingerprint,
         ctx: plan.ctx,

@@ -109,7 +109,11 @@ pub async fn serve(
                 let mut builder = http1::Builder::new();
                 builder
                     .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_timeout);
+                    .header_read_timeout(limits.header_timeout)
+                    // `Content-Type`, as llama-server, vLLM and most servers write them: a
+                    // client that looks a header up case-sensitively (a plain dict of
+                    // `requests`' headers, as llama.cpp's own tests make) finds it
+                    .title_case_headers(true);
                 let conn =
                     builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
                 let mut conn = std::pin::pin!(conn);
@@ -399,6 +403,10 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
+/// The methods the API takes (DELETE: `/v1/responses/{id}`, Ollama's `/api/delete`), what
+/// `OPTIONS` answers in `Allow` and a preflight in `Access-Control-Allow-Methods`.
+const METHODS: &str = "GET, POST, DELETE, OPTIONS";
+
 /// `--cors-origin localhost`: any origin of this machine.
 pub const LOCALHOST: &str = "localhost";
 
@@ -437,10 +445,10 @@ pub fn origin_allowed(allowed: &str, origin: &[u8]) -> bool {
 }
 
 /// Middleware: CORS (`--cors-origin`). A preflight (`OPTIONS` with `Origin` and
-/// `Access-Control-Request-Method`) from an allowed origin is answered 204 with the origin
+/// `Access-Control-Request-Method`) from an allowed origin is answered 200 with the origin
 /// echoed, the methods, the headers it asked for (else `authorization, content-type, x-api-key, anthropic-version`) and a
 /// max age; other responses to an allowed origin carry `Access-Control-Allow-Origin`. With
-/// no origin configured no CORS header is sent. `OPTIONS` is answered 204 with `Allow` either
+/// no origin configured no CORS header is sent. `OPTIONS` is answered 200 (as llama-server) with `Allow` either
 /// way, and needs no API key.
 pub async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
     let on = !st.cors_origins.is_empty();
@@ -454,12 +462,9 @@ pub async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) 
         })
         .cloned();
     if req.method() == axum::http::Method::OPTIONS {
-        let mut r = StatusCode::NO_CONTENT.into_response();
+        let mut r = StatusCode::OK.into_response();
         let h = r.headers_mut();
-        h.insert(
-            header::ALLOW,
-            HeaderValue::from_static("GET, POST, OPTIONS"),
-        );
+        h.insert(header::ALLOW, HeaderValue::from_static(METHODS));
         if on {
             h.insert(
                 header::VARY,
@@ -484,7 +489,7 @@ pub async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) 
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_METHODS,
-                HeaderValue::from_static("GET, POST, OPTIONS"),
+                HeaderValue::from_static(METHODS),
             );
             h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
             h.insert(

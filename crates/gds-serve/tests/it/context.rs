@@ -30,19 +30,24 @@ fn ids(v: &Value) -> Vec<u64> {
 fn context_shift_goes_on_past_the_context_as_a_fresh_request_on_the_shortened_text() {
     let _one = serial();
     let ctx = CTX.to_string();
-    let shifting = start(&["--ctx", &ctx, "--context-shift"]);
+    // (`--keep 3`: the kept start of the requests that name none)
+    let shifting = start(&["--ctx", &ctx, "--context-shift", "--keep", "3"]);
     let plain = start(&["--ctx", &ctx]);
     let prompt = "Once upon a time, in a small village by the sea,";
-    let body = |n: usize, keep: i64| {
-        json!({"prompt": prompt, "n_predict": n, "ignore_eos": true, "temperature": 0,
-               "n_keep": keep, "return_tokens": true})
+    let body = |n: usize, keep: Option<i64>| {
+        let mut b = json!({"prompt": prompt, "n_predict": n, "ignore_eos": true,
+                           "temperature": 0, "return_tokens": true});
+        if let Some(k) = keep {
+            b["n_keep"] = json!(k);
+        }
+        b
     };
     // the prompt's tokens (no BOS: SmolLM2 adds none)
     let (code, t) = post(&plain, "/tokenize", &json!({"content": prompt}));
     assert_eq!(code, 200, "{t}");
     let p = ids(&t["tokens"]);
 
-    let (code, r) = post(&shifting, "/completion", &body(300, 3));
+    let (code, r) = post(&shifting, "/completion", &body(300, None));
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["tokens_predicted"], 300, "{r}");
     assert_eq!(r["truncated"], true, "{r}");
@@ -70,13 +75,13 @@ fn context_shift_goes_on_past_the_context_as_a_fresh_request_on_the_shortened_te
     assert_eq!(ids(&fresh["tokens"]), after, "after the first shift");
 
     // without the flag: the reply ends where prompt + reply fill the context
-    let (code, r) = post(&plain, "/completion", &body(300, 3));
+    let (code, r) = post(&plain, "/completion", &body(300, Some(3)));
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["tokens_predicted"], CTX - p.len(), "{r}");
     assert_eq!(r["truncated"], true, "{r}");
     // and the bad values
     for (k, v) in [("n_keep", -2), ("n_discard", -1)] {
-        let mut b = body(4, 0);
+        let mut b = body(4, Some(0));
         b[k] = json!(v);
         let (code, e) = post(&shifting, "/completion", &b);
         assert_eq!(code, 400, "{k}: {e}");
