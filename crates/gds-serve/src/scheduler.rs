@@ -978,7 +978,9 @@ impl Engine {
         for (s, &n) in self.running.iter_mut().zip(&self.fed) {
             let before = s.n_cached;
             s.n_cached += n - s.guesses.len();
-            if s.req.progress && n > 0 && before < s.n_prompt {
+            // (the prompt going in the first time: not a preempted or shifted reply's
+            // text computed again)
+            if s.req.progress && n > 0 && before < s.n_prompt && s.first_token.is_none() {
                 Self::send(s, Event::Progress(s.progress(now)));
             }
         }
