@@ -38,6 +38,8 @@ ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/me
              "/completion", "/apply-template", "/v1/responses/input_tokens",
              "/v1/chat/completions/input_tokens", "/infill",
              "/api/chat", "/api/generate", "/api/embed", "/api/show"]
+# a reranker's (--endpoints): a model without a head answers them 501
+RERANK = ["/v1/rerank", "/rerank", "/v2/rerank"]
 OLLAMA = {"/api/chat", "/api/generate", "/api/embed", "/api/show"}
 
 
@@ -81,6 +83,11 @@ def base_body(path, rng):
         return {"model": "m", "input": rng.choice([words, [words, "second"]])}
     if path == "/api/show":
         return {"model": "m"}
+    if path in RERANK:
+        docs = rng.choice([["Paris is in France.", words], [words] * 3,
+                           [{"text": words}, "second"]])
+        key = "texts" if path == "/rerank" and rng.random() < 0.3 else "documents"
+        return {"query": words, key: docs, "top_n": rng.choice([1, 2, 5])}
     if path == "/apply-template":
         return {"messages": [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": words}]}
@@ -105,6 +112,9 @@ OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens",
             "add_generation_prompt", "timings_per_token", "reasoning_format", "reasoning_effort",
             # llama-server's /infill
             "input_prefix", "input_suffix", "input_extra",
+            # rerankers'
+            "query", "documents", "texts", "top_n", "return_documents", "return_text",
+            "return_progress",
             # Ollama's
             "options", "format", "think", "raw", "context", "keep_alive", "images", "template",
             "truncate", "tool_name", "tool_calls"]
@@ -344,8 +354,8 @@ def check_error_shape(path, v):
 
 
 def check_answer(path, status, ctype, raw):
-    if path == "/infill" and status == 501 and b"not_supported_error" in raw:
-        return  # a model without fill-in-the-middle tokens, as llama-server answers
+    if path in ["/infill"] + RERANK and status == 501 and b"not_supported_error" in raw:
+        return  # a model without fill-in-the-middle tokens or a rerank head, as llama-server answers
     if status >= 500:
         raise Failure(f"HTTP {status}: {raw[:300]!r}")
     if "application/x-ndjson" in ctype:
@@ -437,7 +447,17 @@ def main():
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--request-timeout", type=float, default=60)
     ap.add_argument("--api-key", default=None)
+    ap.add_argument("--endpoints", help="comma-separated paths to fuzz (default: every POST "
+                    "endpoint but the reranker's; `rerank`: those)")
     a = ap.parse_args()
+    endpoints = ENDPOINTS
+    if a.endpoints == "rerank":
+        endpoints = RERANK
+    elif a.endpoints:
+        endpoints = a.endpoints.split(",")
+        unknown = [p for p in endpoints if p not in ENDPOINTS + RERANK]
+        if unknown:
+            sys.exit(f"unknown endpoints {unknown}")
     if a.batch_input:
         with open(a.batch_input, "wb") as f:
             f.write(batch_lines(a.requests, random.Random(a.seed)))
@@ -461,7 +481,7 @@ def main():
         rng = random.Random(a.seed * 1000 + ci)
         i = ci
         while i < a.requests:
-            path = ENDPOINTS[rng.randrange(len(ENDPOINTS))]
+            path = endpoints[rng.randrange(len(endpoints))]
             body = mutate(base_body(path, rng), rng) if rng.random() < 0.95 else base_body(path, rng)
             if path in OLLAMA and isinstance(body.get("options"), dict) and rng.random() < 0.9:
                 body["options"].setdefault("num_predict", 16)
@@ -481,7 +501,7 @@ def main():
                 if hang_up:
                     # (a hang-up reads the status line only: /infill's 501 on a model without
                     # fill-in-the-middle tokens is an answer, as check_answer says)
-                    if status >= 500 and not (path == "/infill" and status == 501):
+                    if status >= 500 and not (path in ["/infill"] + RERANK and status == 501):
                         raise Failure(f"HTTP {status}")
                 else:
                     check_answer(path, status, rtype, raw)

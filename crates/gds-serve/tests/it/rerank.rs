@@ -289,3 +289,32 @@ fn a_batch_line_reranks_as_the_server_does() {
     let bad = row("bad");
     assert_eq!(bad["response"]["status_code"], 400, "{bad}");
 }
+
+/// Request-body fuzzing of the rerank paths (tests/py/serve_fuzz.py `--endpoints rerank`:
+/// valid bodies mutated, hostile values, raw-byte damage, clients hanging up) from three
+/// clients while a fourth repeats one greedy chat request: every answer a 2xx or a 4xx in
+/// OpenAI's error shape, the chat's text unchanged, the server healthy at the end.
+#[test]
+#[ignore = "tier 2: starts gdsrun serve (scripts/test.sh)"]
+fn rerank_fuzzing_never_fails_the_server_or_another_client() {
+    let _one = serial();
+    let (_t, dir) = gds_tests::converted_fixture("tiny-qwen3-reranker.gguf");
+    let s = start_model(&dir, &["--ctx", "2048", "--max-batch", "8"]);
+    let out = std::process::Command::new("python3")
+        .arg(gds_tests::root().join("tests/py/serve_fuzz.py"))
+        .args(["--url", &format!("http://{}", s.addr)])
+        .args(["--endpoints", "rerank", "--requests", "2000", "--seed", "1"])
+        .output()
+        .expect("python3 runs");
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "rerank fuzzing found failures: {summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(summary.trim()).expect("one JSON summary");
+    assert!(v["by_status"]["200"].as_u64().unwrap() > 500, "{v}");
+    assert!(v["by_status"]["400"].as_u64().unwrap() > 300, "{v}");
+    assert!(v["sentinel_requests"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(http(&s.addr, "GET", "/health", None).0, 200);
+}
