@@ -245,7 +245,9 @@ fn server_error(e: String) -> ApiError {
 }
 
 /// The inputs as token lists: a string, a list of strings, a list of token ids (one input),
-/// or a list of token-id lists.
+/// or a list of token-id lists; and llama-server's forms: texts and token ids mixed in one
+/// list (a list holding a token id is one input), `{"prompt_string": ...}` and
+/// `{"content": [{"type": "text", "text": ...}]}` objects.
 async fn inputs(st: &ServerState, input: Value) -> Result<Vec<Vec<u32>>, ApiError> {
     let shape = "input must be a string, a list of strings, a list of token ids or a list of token-id lists";
     let bad = |m: String| Err(ApiError::bad(m).param("input"));
@@ -257,12 +259,22 @@ async fn inputs(st: &ServerState, input: Value) -> Result<Vec<Vec<u32>>, ApiErro
         // special-token texts parsed, as llama-server (and transformers' tokenizers) do
         encode_text(st, s, true, true, "input").await
     };
+    // llama-server's: texts and ids in one list, or an object (its `/completion` prompts)
+    let mixed = |v: Value| async move {
+        let parts = crate::native::sub_prompt(&v).map_err(|e| e.param("input"))?;
+        crate::native::encode_parts(st, parts)
+            .await
+            .map_err(|e| e.param("input"))
+    };
     let mut out = Vec::new();
     match input {
         Value::String(s) => out.push(text(s).await?),
         Value::Array(v) if v.is_empty() => return bad("input is an empty list".into()),
         // one input of token ids (the context bounds it, not the count of inputs)
         Value::Array(v) if v.iter().all(Value::is_number) => out.push(ids(&v)?),
+        Value::Array(v) if v.iter().any(Value::is_number) => {
+            out.push(mixed(Value::Array(v)).await?)
+        }
         Value::Array(v) if v.len() > MAX_INPUTS => {
             return bad(format!("{} inputs; at most {MAX_INPUTS}", v.len()))
         }
@@ -270,12 +282,20 @@ async fn inputs(st: &ServerState, input: Value) -> Result<Vec<Vec<u32>>, ApiErro
             for (i, x) in v.into_iter().enumerate() {
                 match x {
                     Value::String(s) => out.push(text(s).await?),
-                    Value::Array(t) if !t.is_empty() => out.push(ids(&t)?),
+                    Value::Array(t) if !t.is_empty() && t.iter().all(Value::is_number) => {
+                        out.push(ids(&t)?)
+                    }
+                    Value::Array(_) | Value::Object(_)
+                        if x.as_array().is_none_or(|t| !t.is_empty()) =>
+                    {
+                        out.push(mixed(x).await?)
+                    }
                     Value::Array(_) => return bad(format!("input[{i}] is an empty list")),
                     _ => return bad(format!("input[{i}]: {shape}")),
                 }
             }
         }
+        Value::Object(_) => out.push(mixed(input).await?),
         _ => return bad(shape.into()),
     }
     if out.iter().any(Vec::is_empty) {

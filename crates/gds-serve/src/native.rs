@@ -136,14 +136,14 @@ impl NativeBody {
 }
 
 /// One part of a prompt: text (tokenized) or token ids (as given).
-enum Part {
+pub(crate) enum Part {
     Text(String),
     Ids(Vec<u32>),
 }
 
 fn bad_prompt() -> ApiError {
     ApiError::bad(
-        "prompt elements must be a string, a list of token ids, a list of strings and token ids, or {\"prompt_string\": ...}",
+        "prompt elements must be a string, a list of token ids, a list of strings and token ids, {\"prompt_string\": ...} or {\"content\": [text parts]}",
     )
     .param("prompt")
 }
@@ -152,8 +152,10 @@ fn token_id(v: &Value) -> Option<u32> {
     v.as_u64().and_then(|t| u32::try_from(t).ok())
 }
 
-/// One prompt: a string, token ids, or strings and token ids mixed.
-fn sub_prompt(v: &Value) -> Result<Vec<Part>, ApiError> {
+/// One prompt: a string, token ids, strings and token ids mixed, `{"prompt_string": ...}`,
+/// or llama-server's multimodal form with text parts only, `{"content": [{"type": "text",
+/// "text": ...}, ...]}` (the texts joined as one).
+pub(crate) fn sub_prompt(v: &Value) -> Result<Vec<Part>, ApiError> {
     match v {
         Value::String(s) => Ok(vec![Part::Text(s.clone())]),
         Value::Array(items) => {
@@ -187,8 +189,23 @@ fn sub_prompt(v: &Value) -> Result<Vec<Part>, ApiError> {
                         .param("prompt"),
                 );
             }
-            match o.get("prompt_string") {
-                Some(p @ (Value::String(_) | Value::Array(_))) => sub_prompt(p),
+            match (o.get("prompt_string"), o.get("content")) {
+                (Some(p @ (Value::String(_) | Value::Array(_))), _) => sub_prompt(p),
+                (None, Some(Value::Array(parts))) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                            (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::bad(
+                                    "content parts must be {\"type\": \"text\", \"text\": ...}: this server's models take text only",
+                                )
+                                .param("prompt"))
+                            }
+                        }
+                    }
+                    Ok(vec![Part::Text(text)])
+                }
                 _ => Err(bad_prompt()),
             }
         }
@@ -219,7 +236,7 @@ fn prompts(v: &Value) -> Result<Vec<Vec<Part>>, ApiError> {
 
 /// A prompt's token ids: texts tokenized with special-token texts parsed, BOS before a
 /// first part that is text (when the model adds one).
-async fn encode_parts(st: &ServerState, parts: Vec<Part>) -> Result<Vec<u32>, ApiError> {
+pub(crate) async fn encode_parts(st: &ServerState, parts: Vec<Part>) -> Result<Vec<u32>, ApiError> {
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
     tokenize(
         move || {

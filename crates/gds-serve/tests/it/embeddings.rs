@@ -102,8 +102,29 @@ fn inputs_encodings_dimensions_and_errors() {
     let ids = t["tokens"].clone();
     let by_ids = one(json!({"input": ids}));
     assert_eq!(floats(&by_ids["data"][0]["embedding"]), alone);
-    let nested = one(json!({"input": [ids.clone(), ids]}));
+    let nested = one(json!({"input": [ids.clone(), ids.clone()]}));
     assert_eq!(nested["data"].as_array().unwrap().len(), 2);
+    // llama-server's forms: an object of the text, text parts joined, texts and ids in one
+    // list (a list holding an id is one input; in a list of inputs, one of them)
+    let vector = |r: &Value, i: usize| floats(&r["data"][i]["embedding"]);
+    let forms = one(json!({"input": [
+        {"prompt_string": text},
+        {"content": [{"type": "text", "text": "The sky "}, {"type": "text", "text": "is blue."}]},
+    ]}));
+    assert_eq!(vector(&forms, 0), alone);
+    assert_eq!(vector(&forms, 1), alone);
+    let (_, head) = post(&s.addr, "/tokenize", &json!({"content": "The sky"}));
+    let mut mixed: Vec<Value> = head["tokens"].as_array().unwrap().clone();
+    mixed.push(json!(" is blue."));
+    let (_, tail) = post(&s.addr, "/tokenize", &json!({"content": " is blue."}));
+    let mut joined = head["tokens"].as_array().unwrap().clone();
+    joined.extend(tail["tokens"].as_array().unwrap().iter().cloned());
+    let m = one(json!({"input": mixed.clone()}));
+    assert_eq!(m["data"].as_array().unwrap().len(), 1);
+    assert_eq!(vector(&m, 0), vector(&one(json!({"input": joined})), 0));
+    let m2 = one(json!({"input": [text, mixed]}));
+    assert_eq!(vector(&m2, 0), alone);
+    assert_eq!(vector(&m2, 1), vector(&m, 0));
     // base64: the same floats, little-endian
     let b = one(json!({"input": text, "encoding_format": "base64"}));
     let bytes = base64::engine::general_purpose::STANDARD
@@ -129,6 +150,11 @@ fn inputs_encodings_dimensions_and_errors() {
         (json!({"input": []}), "input"),
         (json!({"input": [text, 5.5]}), "input"),
         (json!({"input": {"text": text}}), "input"),
+        (
+            json!({"input": {"content": [{"type": "image_url"}]}}),
+            "input",
+        ),
+        (json!({"input": [["a", "b"]]}), "input"),
         (json!({"input": [49152]}), "input"),
         (json!({"input": "word ".repeat(400)}), "input"),
         (json!({"input": text, "dimensions": 0}), "dimensions"),
