@@ -183,7 +183,9 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
     if let Some(lr) = &longrope {
         longrope_tensors(&cfg, spec, &metadata, lr, &mut tensors)?;
     }
-    if spec.family == "qwen3" && is_qwen3_reranker(dir, &config)? {
+    let name_or_path = config.get("_name_or_path").and_then(Value::as_str);
+    let names = [name_or_path, model_type.as_deref(), hf_arch.as_deref()];
+    if spec.family == "qwen3" && is_qwen3_reranker(dir, names) {
         qwen3_reranker(dir, &tokenizer, &mut metadata, &mut tensors)?;
     }
     let hparam_origin = [
@@ -224,28 +226,22 @@ pub const QWEN3_RERANK_TEMPLATE: &str = "<|im_start|>system\nJudge whether the D
 
 /// Whether a Qwen 3 checkpoint is a Qwen3-Reranker, found as llama.cpp's converter finds
 /// one: its model card's title (`# Qwen3-Reranker…` in README.md) or a name (the directory,
-/// `_name_or_path`, `model_type`, the architecture) containing `qwen3-reranker`.
-fn is_qwen3_reranker(dir: &Path, config: &Map<String, Value>) -> Result<bool> {
+/// or `names`: `_name_or_path`, `model_type`, the architecture) containing `qwen3-reranker`.
+fn is_qwen3_reranker(dir: &Path, names: [Option<&str>; 3]) -> bool {
     const MARK: &str = "qwen3-reranker";
-    let named = |v: Option<&str>| v.is_some_and(|s| s.to_lowercase().contains(MARK));
     let dir_name = std::fs::canonicalize(dir)
         .ok()
         .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
-    let arch = config
-        .get("architectures")
-        .and_then(Value::as_array)
-        .and_then(|a| a.first())
-        .and_then(Value::as_str);
-    if named(dir_name.as_deref())
-        || named(config.get("_name_or_path").and_then(Value::as_str))
-        || named(config.get("model_type").and_then(Value::as_str))
-        || named(arch)
+    if names
+        .into_iter()
+        .chain([dir_name.as_deref()])
+        .any(|v| v.is_some_and(|s| s.to_lowercase().contains(MARK)))
     {
-        return Ok(true);
+        return true;
     }
     // a model card is text of any size: its first megabyte is enough for a title
     let card = read_text_opt(&dir.join("README.md"), 1 << 20).unwrap_or(None);
-    Ok(card.is_some_and(|c| c.to_lowercase().contains(&format!("# {MARK}"))))
+    card.is_some_and(|c| c.to_lowercase().contains(&format!("# {MARK}")))
 }
 
 /// A Qwen3-Reranker's classifier head as llama.cpp's converter makes it: `cls.output.weight`
@@ -266,30 +262,15 @@ fn qwen3_reranker(
     let text = tokenizer.tokenizer_json.as_deref().ok_or_else(|| {
         bad("a Qwen3-Reranker needs its tokenizer (the ids of \"yes\" and \"no\")".into())
     })?;
-    let tok = parse_json_object(&tok_path, text)?;
     // as transformers' convert_tokens_to_ids: an added token, else the model's vocabulary
+    let tok = <tokenizers::Tokenizer as std::str::FromStr>::from_str(text)
+        .map_err(|e| bad(format!("does not load: {e}")))?;
     let id = |token: &str| -> Result<u64> {
-        let added = tok
-            .get("added_tokens")
-            .and_then(Value::as_array)
-            .and_then(|a| {
-                a.iter()
-                    .find(|t| t.get("content").and_then(Value::as_str) == Some(token))
-            })
-            .and_then(|t| t.get("id"))
-            .and_then(Value::as_u64);
-        added
-            .or_else(|| {
-                tok.get("model")
-                    .and_then(|m| m.get("vocab"))
-                    .and_then(|v| v.get(token))
-                    .and_then(Value::as_u64)
-            })
-            .ok_or_else(|| {
-                bad(format!(
-                    "a Qwen3-Reranker's vocabulary has no token {token:?}"
-                ))
-            })
+        tok.token_to_id(token).map(u64::from).ok_or_else(|| {
+            bad(format!(
+                "a Qwen3-Reranker's vocabulary has no token {token:?}"
+            ))
+        })
     };
     let (yes, no) = (id("yes")?, id("no")?);
     let head = tensors

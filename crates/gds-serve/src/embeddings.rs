@@ -282,15 +282,11 @@ async fn inputs(st: &ServerState, input: Value) -> Result<Vec<Vec<u32>>, ApiErro
             for (i, x) in v.into_iter().enumerate() {
                 match x {
                     Value::String(s) => out.push(text(s).await?),
-                    Value::Array(t) if !t.is_empty() && t.iter().all(Value::is_number) => {
-                        out.push(ids(&t)?)
+                    Value::Array(t) if t.is_empty() => {
+                        return bad(format!("input[{i}] is an empty list"))
                     }
-                    Value::Array(_) | Value::Object(_)
-                        if x.as_array().is_none_or(|t| !t.is_empty()) =>
-                    {
-                        out.push(mixed(x).await?)
-                    }
-                    Value::Array(_) => return bad(format!("input[{i}] is an empty list")),
+                    Value::Array(t) if t.iter().all(Value::is_number) => out.push(ids(&t)?),
+                    Value::Array(_) | Value::Object(_) => out.push(mixed(x).await?),
                     _ => return bad(format!("input[{i}]: {shape}")),
                 }
             }
