@@ -91,8 +91,33 @@ impl RankHead {
     /// The score of a final-normed hidden state (`n_embd` values): the head's first output,
     /// after a softmax over the outputs where the family has one.
     pub fn score(&self, hidden: &[f32]) -> f32 {
-        let z: Vec<f64> = self
-            .rows
+        let z = self.outputs(hidden);
+        if !self.softmax {
+            return z[0] as f32;
+        }
+        let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = z.iter().map(|&x| (x - top).exp()).sum();
+        ((z[0] - top).exp() / sum) as f32
+    }
+
+    /// The score before its activation (vLLM's `use_activation: false`): where the family
+    /// softmaxes, the log-odds of the first output (`z₀ − log Σ_{j>0} e^{z_j}`: for two
+    /// outputs, "yes" − "no", whose sigmoid is [`RankHead::score`], as vLLM's Qwen3-Reranker
+    /// gives), else the first output itself.
+    pub fn logit(&self, hidden: &[f32]) -> f32 {
+        let z = self.outputs(hidden);
+        if !self.softmax || z.len() < 2 {
+            return z[0] as f32;
+        }
+        let rest = &z[1..];
+        let top = rest.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = top + rest.iter().map(|&x| (x - top).exp()).sum::<f64>().ln();
+        (z[0] - lse) as f32
+    }
+
+    /// The head's outputs for a hidden state.
+    fn outputs(&self, hidden: &[f32]) -> Vec<f64> {
+        self.rows
             .chunks_exact(self.n_embd)
             .map(|row| {
                 row.iter()
@@ -100,13 +125,7 @@ impl RankHead {
                     .map(|(&w, &h)| w as f64 * h as f64)
                     .sum()
             })
-            .collect();
-        if !self.softmax {
-            return z[0] as f32;
-        }
-        let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = z.iter().map(|&x| (x - top).exp()).sum();
-        ((z[0] - top).exp() / sum) as f32
+            .collect()
     }
 
     /// The rerank template, if the model has one.
@@ -170,6 +189,11 @@ mod tests {
         let want = 1.0 / (1.0 + (0.5f64 - 2.0).exp());
         assert!((p as f64 - want).abs() < 1e-7, "{p} {want}");
         assert_eq!(head(false).score(&h), 2.0);
+        // the log-odds: its sigmoid is the score; without softmax the output itself
+        let l = head(true).logit(&h) as f64;
+        assert!((l - 1.5).abs() < 1e-6, "{l}");
+        assert!((1.0 / (1.0 + (-l).exp()) - want).abs() < 1e-7);
+        assert_eq!(head(false).logit(&h), 2.0);
         // no overflow for large outputs
         assert!((head(true).score(&[1000.0, 0.0]) - 1.0).abs() < 1e-7);
     }

@@ -43,13 +43,14 @@ pub const MAX_LINE_BYTES: usize = 16 << 20;
 pub const MAX_REPLY_BYTES: usize = 256 << 20;
 
 /// The endpoints a batch line may name.
-const URLS: [&str; 6] = [
+const URLS: [&str; 7] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
     "/v1/messages",
     "/v1/embeddings",
     "/v1/rerank",
+    "/v1/score",
 ];
 
 /// `gdsrun batch` flags.

@@ -29,6 +29,10 @@ use std::time::Instant;
 /// Most inputs in one request (OpenAI's limit).
 pub(crate) const MAX_INPUTS: usize = 2048;
 
+/// Most values in one answer of per-token embeddings (`--pooling none`): 64 MiB of f32,
+/// some 200 MB of JSON (4096 tokens of a 4096-wide model).
+pub(crate) const MAX_TOKEN_VALUES: usize = 16 << 20;
+
 #[derive(Deserialize)]
 struct EmbeddingsBody {
     input: Value,
@@ -44,6 +48,11 @@ struct EmbeddingsBody {
     user: Option<String>,
     #[serde(default)]
     embd_normalize: Option<i64>,
+    /// vLLM's: keep this many tokens of each input ([`Truncation`]).
+    #[serde(default)]
+    truncate_prompt_tokens: Option<Value>,
+    #[serde(default)]
+    truncation_side: Option<String>,
 }
 
 /// `POST /v1/embeddings`.
@@ -54,7 +63,7 @@ pub async fn embeddings(State(st): State<Arc<ServerState>>, body: Bytes) -> Resp
 
 async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiError> {
     let b: EmbeddingsBody = parse(body)?;
-    pooling(st)?;
+    let pooling = one_vector(st)?;
     let base64 = match b.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -67,10 +76,16 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
     };
     let keep = dimensions(st, b.dimensions.map(Value::from).as_ref())?;
     let norm = embd_normalize(b.embd_normalize)?;
+    let truncate = Truncation::parse(
+        st,
+        b.truncate_prompt_tokens.as_ref(),
+        b.truncation_side.as_deref(),
+    )?;
     let model = b.model.unwrap_or_else(|| st.model_name.clone());
-    let prompts = inputs(st, b.input).await?;
+    let mut prompts = inputs(st, b.input).await?;
+    Truncation::apply(truncate, &mut prompts);
     let tokens: usize = prompts.iter().map(Vec::len).sum();
-    let vectors = embed_all(st, prompts, pooling(st)?, "input").await?;
+    let vectors = embed_all(st, prompts, pooling, "input").await?;
     let data: Vec<Value> = vectors
         .into_iter()
         .enumerate()
@@ -119,8 +134,8 @@ struct NativeBody {
 
 /// `POST /embedding`: llama-server's own (legacy) embeddings endpoint. `content` (or
 /// `input`) in the shapes `/v1/embeddings` takes; the answer is llama-server's list, one
-/// `{"index", "embedding": [vector]}` per input (its pooled vector inside a list, where
-/// pooling `none` would list one per token).
+/// `{"index", "embedding": [vector]}` per input (its pooled vector inside a list; with
+/// `--pooling none` one vector per token, not normalized, as llama-server gives them).
 pub async fn embedding_native(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = native_answer(&st, &body).await;
     finish(&st, r)
@@ -128,21 +143,99 @@ pub async fn embedding_native(State(st): State<Arc<ServerState>>, body: Bytes) -
 
 async fn native_answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiError> {
     let b: NativeBody = parse(body)?;
-    pooling(st)?;
+    let pooling = pooling(st)?;
     let norm = embd_normalize(b.embd_normalize)?;
     let input = b.input.or(b.content).ok_or_else(|| {
         ApiError::bad("\"input\" or \"content\" must be provided").param("content")
     })?;
-    let vectors = embed_all(st, inputs(st, input).await?, pooling(st)?, "input").await?;
+    let prompts = inputs(st, input).await?;
+    if pooling == Pooling::None {
+        // a vector per token: bounded by what the answer may hold
+        let values = prompts.iter().map(Vec::len).sum::<usize>() * st.n_embd;
+        if values > MAX_TOKEN_VALUES {
+            return Err(ApiError::bad(format!(
+                "{} tokens of {} values each ({values}) is more than one answer of per-token \
+                 embeddings holds ({MAX_TOKEN_VALUES}); send fewer or shorter inputs",
+                values / st.n_embd,
+                st.n_embd
+            ))
+            .param("input"));
+        }
+    }
+    let vectors = embed_all(st, prompts, pooling, "input").await?;
     let out: Vec<Value> = vectors
         .into_iter()
         .enumerate()
         .map(|(index, mut v)| {
+            if pooling == Pooling::None {
+                // every token's state, as llama-server gives it: not normalized
+                let rows: Vec<&[f32]> = v.chunks_exact(st.n_embd).collect();
+                return json!({"index": index, "embedding": rows});
+            }
             normalize(&mut v, norm);
             json!({"index": index, "embedding": [v]})
         })
         .collect();
     Ok(Json(Value::Array(out)).into_response())
+}
+
+/// vLLM's `truncate_prompt_tokens` (with its `truncation_side`): how many tokens of each
+/// input to keep, and from which end. `k ≥ 1` keeps `k` of them — the last `k` (vLLM's
+/// pooling parameters: "k for last k tokens") unless `truncation_side` is `"right"`, which
+/// keeps the first —, `-1` the context's length; absent or null, no truncation (an input
+/// longer than the context is a 400).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Truncation {
+    keep: usize,
+    /// Keep the first tokens (`truncation_side: "right"`) instead of the last.
+    first: bool,
+}
+
+impl Truncation {
+    /// The request's truncation, checked.
+    pub(crate) fn parse(
+        st: &ServerState,
+        k: Option<&Value>,
+        side: Option<&str>,
+    ) -> Result<Option<Truncation>, ApiError> {
+        let first = match side {
+            None | Some("left") => false,
+            Some("right") => true,
+            Some(s) => {
+                return Err(ApiError::bad(format!(
+                "truncation_side {s:?}: \"left\" (keep the last tokens) or \"right\" (the first)"
+            ))
+                .param("truncation_side"))
+            }
+        };
+        let keep = match k {
+            None | Some(Value::Null) => return Ok(None),
+            Some(v) => match v.as_i64() {
+                Some(-1) => st.ctx,
+                Some(n) if n >= 1 => (n as u64).min(st.ctx as u64) as usize,
+                _ => {
+                    return Err(ApiError::bad(format!(
+                        "truncate_prompt_tokens {v}: a count of tokens to keep, 1 or more, or -1 (the context)"
+                    ))
+                    .param("truncate_prompt_tokens"))
+                }
+            },
+        };
+        Ok(Some(Truncation { keep, first }))
+    }
+
+    /// Cuts each prompt to the tokens it keeps.
+    pub(crate) fn apply(t: Option<Truncation>, prompts: &mut [Vec<u32>]) {
+        let Some(t) = t else { return };
+        for p in prompts {
+            if p.len() > t.keep {
+                if !t.first {
+                    p.drain(..p.len() - t.keep);
+                }
+                p.truncate(t.keep);
+            }
+        }
+    }
 }
 
 /// How many of an embedding's first dimensions `dimensions` keeps (Matryoshka-trained
@@ -158,6 +251,20 @@ pub(crate) fn dimensions(st: &ServerState, asked: Option<&Value>) -> Result<usiz
             ))
             .param("dimensions")),
         },
+    }
+}
+
+/// How this server pools hidden states into one vector an input, or the error saying it
+/// gives none: with `--pooling none` (a vector per token) only llama-server's `/embedding`
+/// answers, as llama-server refuses its OpenAI endpoint then.
+pub(crate) fn one_vector(st: &ServerState) -> Result<Pooling, ApiError> {
+    match pooling(st)? {
+        Pooling::None => Err(ApiError::bad(
+            "this server pools nothing (--pooling none: a vector per token), which is not \
+             OpenAI-compatible; use /embedding, or serve with another --pooling",
+        )
+        .code("unsupported")),
+        p => Ok(p),
     }
 }
 
@@ -244,6 +351,20 @@ fn server_error(e: String) -> ApiError {
     ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e)
 }
 
+/// One text input as tokens, as `/v1/embeddings` makes them: BOS where the model adds one,
+/// special-token texts parsed (as llama-server and transformers' tokenizers do); an empty
+/// text is an error naming `param`.
+pub(crate) async fn encode_input(
+    st: &ServerState,
+    s: String,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    if s.is_empty() {
+        return Err(ApiError::bad(format!("an {param} is an empty string")).param(param));
+    }
+    encode_text(st, s, true, true, param).await
+}
+
 /// The inputs as token lists: a string, a list of strings, a list of token ids (one input),
 /// or a list of token-id lists; and llama-server's forms: texts and token ids mixed in one
 /// list (a list holding a token id is one input), `{"prompt_string": ...}` and
@@ -252,13 +373,7 @@ async fn inputs(st: &ServerState, input: Value) -> Result<Vec<Vec<u32>>, ApiErro
     let shape = "input must be a string, a list of strings, a list of token ids or a list of token-id lists";
     let bad = |m: String| Err(ApiError::bad(m).param("input"));
     let ids = |v: &[Value]| token_ids(v, "input");
-    let text = |s: String| async move {
-        if s.is_empty() {
-            return Err(ApiError::bad("an input is an empty string").param("input"));
-        }
-        // special-token texts parsed, as llama-server (and transformers' tokenizers) do
-        encode_text(st, s, true, true, "input").await
-    };
+    let text = |s: String| encode_input(st, s, "input");
     // llama-server's: texts and ids in one list, or an object (its `/completion` prompts)
     let mixed = |v: Value| async move {
         let parts = crate::native::sub_prompt(&v).map_err(|e| e.param("input"))?;

@@ -17,6 +17,7 @@ pub mod reasoning;
 mod rerank;
 mod responses;
 pub mod scheduler;
+mod score;
 mod tokenize;
 pub mod tools;
 
@@ -212,9 +213,11 @@ pub struct EngineArgs {
     /// How /v1/embeddings makes one vector of a text's final-normed hidden states: mean
     /// (over every token), last (the last token's: decoder embedding models such as
     /// e5-mistral, gte-Qwen2, Qwen3-Embedding) or cls (the first token's); then normalized.
+    /// none: every token's state, not normalized, from /embedding only (llama-server's
+    /// per-token embeddings; /v1/embeddings and Ollama's answer 400).
     /// Default: the pooling a GGUF input named (`<arch>.pooling_type`), else mean. `rank`
     /// (llama-server's name) is `--reranking`.
-    #[arg(long, value_parser = ["mean", "last", "cls", "rank"])]
+    #[arg(long, value_parser = ["mean", "last", "cls", "none", "rank"])]
     pub pooling: Option<String>,
     /// Require reranking (`/rerank`): refuse to start unless the model is a reranker (a
     /// classifier head, `cls.output.weight`). A reranker answers `/rerank` without it.
@@ -882,6 +885,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
                 &format!("{prefix}/embeddings"),
                 post(embeddings::embeddings),
             )
+            .route(&format!("{prefix}/score"), post(score::score))
             .route(&format!("{prefix}/rerank"), post(rerank::rerank))
             .route(&format!("{prefix}/reranking"), post(rerank::rerank));
     }

@@ -990,7 +990,7 @@ pub async fn embed(State(st): State<Arc<ServerState>>, body: Bytes) -> Response 
             prompts.push(ids);
         }
         let tokens: usize = prompts.iter().map(Vec::len).sum();
-        let vectors = crate::embeddings::embed_all(&st, prompts, crate::embeddings::pooling(&st)?, "input").await?;
+        let vectors = crate::embeddings::embed_all(&st, prompts, crate::embeddings::one_vector(&st)?, "input").await?;
         let embeddings: Vec<Value> = vectors
             .into_iter()
             .map(|mut v| {
@@ -1023,9 +1023,13 @@ pub async fn embeddings(State(st): State<Arc<ServerState>>, body: Bytes) -> Resp
             return Ok(Json(json!({"embedding": []})).into_response());
         }
         let ids = encode_text(&st, prompt, true, false, "prompt").await?;
-        let v =
-            crate::embeddings::embed_all(&st, vec![ids], crate::embeddings::pooling(&st)?, "input")
-                .await?;
+        let v = crate::embeddings::embed_all(
+            &st,
+            vec![ids],
+            crate::embeddings::one_vector(&st)?,
+            "input",
+        )
+        .await?;
         Ok(Json(json!({"embedding": v.into_iter().next().unwrap_or_default()})).into_response())
     }
     .await;
@@ -1086,7 +1090,7 @@ pub async fn show(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
         if matches!(st.tokenizer.fim(), [Some(_), Some(_), Some(_), ..]) {
             caps.push("insert");
         }
-        if st.pooling.is_some() {
+        if st.pooling.is_some_and(|p| p != crate::scheduler::Pooling::None) {
             caps.push("embedding");
         }
         let d = &st.default_sampler;

@@ -12,7 +12,7 @@
 //! `top_n`.
 
 use crate::api::{encode_text, finish, parse, ApiError};
-use crate::embeddings::embed_all;
+use crate::embeddings::{embed_all, Truncation};
 use crate::error::random_seed;
 use crate::scheduler::Pooling;
 use crate::ServerState;
@@ -46,6 +46,22 @@ struct RerankBody {
     /// Echoed in the answer.
     #[serde(default)]
     model: Option<String>,
+    /// vLLM's: keep this many tokens of each document's prompt
+    /// ([`crate::embeddings::Truncation`]).
+    #[serde(default)]
+    truncate_prompt_tokens: Option<Value>,
+    #[serde(default)]
+    truncation_side: Option<String>,
+    /// vLLM's `false`: each score before its activation ([`RankHead::logit`]);
+    /// `softmax` and `activation` are its older names.
+    ///
+    /// [`RankHead::logit`]: gds_runtime::rank::RankHead::logit
+    #[serde(default)]
+    use_activation: Option<bool>,
+    #[serde(default)]
+    softmax: Option<bool>,
+    #[serde(default)]
+    activation: Option<bool>,
 }
 
 /// `POST /rerank` and its aliases.
@@ -104,13 +120,34 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
             }
         },
     };
+    let truncate = Truncation::parse(
+        st,
+        b.truncate_prompt_tokens.as_ref(),
+        b.truncation_side.as_deref(),
+    )?;
+    let activation = b
+        .use_activation
+        .or(b.activation)
+        .or(b.softmax)
+        .unwrap_or(true);
     let mut prompts = Vec::with_capacity(docs.len());
     for d in &docs {
         prompts.push(prompt(st, head.template(), &query, d).await?);
     }
+    Truncation::apply(truncate, &mut prompts);
     let tokens: usize = prompts.iter().map(Vec::len).sum();
     let hidden = embed_all(st, prompts, Pooling::Last, "documents").await?;
-    let mut scored: Vec<(usize, f32)> = hidden.iter().map(|h| head.score(h)).enumerate().collect();
+    let mut scored: Vec<(usize, f32)> = hidden
+        .iter()
+        .map(|h| {
+            if activation {
+                head.score(h)
+            } else {
+                head.logit(h)
+            }
+        })
+        .enumerate()
+        .collect();
     // highest first; a NaN (a broken head) last, never a panic
     scored.sort_by(|a, b| {
         let key = |s: f32| if s.is_nan() { f32::NEG_INFINITY } else { s };
@@ -184,7 +221,7 @@ fn documents(field: &'static str, list: Value) -> Result<Vec<String>, ApiError> 
 
 /// One document's prompt as tokens: the template with the texts put in (special-token
 /// texts parsed, as llama-server and transformers' tokenizers do), else llama.cpp's form.
-async fn prompt(
+pub(crate) async fn prompt(
     st: &ServerState,
     template: Option<&str>,
     query: &str,

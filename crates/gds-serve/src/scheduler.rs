@@ -62,13 +62,16 @@ pub enum Pooling {
     Last,
     /// The first prompt token's.
     Cls,
+    /// None: every prompt token's state, in order (llama-server's `--pooling none`;
+    /// [`Event::Embedding`] then holds `n_prompt × n_embd` values).
+    None,
 }
 
 impl Pooling {
     /// Whether the state of prompt position `p` of `n` takes part.
     fn wants(self, p: usize, n: usize) -> bool {
         match self {
-            Pooling::Mean => true,
+            Pooling::Mean | Pooling::None => true,
             Pooling::Last => p + 1 == n,
             Pooling::Cls => p == 0,
         }
@@ -82,7 +85,8 @@ impl std::str::FromStr for Pooling {
             "mean" => Ok(Pooling::Mean),
             "last" => Ok(Pooling::Last),
             "cls" => Ok(Pooling::Cls),
-            _ => Err(format!("unknown pooling {s:?}: mean, last or cls")),
+            "none" => Ok(Pooling::None),
+            _ => Err(format!("unknown pooling {s:?}: mean, last, cls or none")),
         }
     }
 }
@@ -290,7 +294,8 @@ struct Seq {
     queue_ms: f64,
     /// This step's guesses (fed after its last token, with logits at each).
     guesses: Vec<u32>,
-    /// With embed: the pooled hidden states so far (a sum for mean pooling).
+    /// With embed: the pooled hidden states so far (a sum for mean pooling, every
+    /// position's in order for none).
     pooled: Vec<f32>,
 }
 
@@ -965,6 +970,11 @@ impl Engine {
                 None => self.exec.hidden(h),
             };
             let s = &mut self.running[i];
+            if s.req.embed == Some(Pooling::None) {
+                // (a sequence's rows come in the order of its positions)
+                s.pooled.extend_from_slice(row);
+                continue;
+            }
             if s.pooled.is_empty() {
                 s.pooled = vec![0.0; d];
             }

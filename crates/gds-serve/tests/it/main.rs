@@ -13,4 +13,5 @@ mod openai;
 mod paged;
 mod reasoning;
 mod rerank;
+mod score;
 mod tools;

@@ -2,7 +2,7 @@
 //! by llama.cpp's converter): the scores of transformers and of llama-server on the same
 //! file (fixtures/reference/rerank-tiny-qwen3.json) and llama-server's token counts, under
 //! every path; Jina's and TEI's answers, `top_n`, the documents returned; the errors; a
-//! model without a head; a `gdsrun batch` line.
+//! model without a head; `gdsrun batch` lines (`/v1/rerank`, `/v1/score`).
 
 use crate::common::{http, serial, start_model};
 use serde_json::{json, Value};
@@ -258,6 +258,7 @@ fn a_batch_line_reranks_as_the_server_does() {
     let lines = [
         json!({"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": case}),
         json!({"custom_id": "bad", "method": "POST", "url": "/v1/rerank", "body": {"query": "q", "documents": []}}),
+        json!({"custom_id": "s", "method": "POST", "url": "/v1/score", "body": {"text_1": case["query"], "text_2": case["documents"]}}),
     ];
     let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
     std::fs::write(&input, text).unwrap();
@@ -288,6 +289,15 @@ fn a_batch_line_reranks_as_the_server_does() {
     assert_eq!(body["usage"], served["usage"]);
     let bad = row("bad");
     assert_eq!(bad["response"]["status_code"], 400, "{bad}");
+    // vLLM's batch runner takes /v1/score too
+    let scored = row("s");
+    assert_eq!(scored["response"]["status_code"], 200, "{scored}");
+    let (_, served) = post(
+        &s.addr,
+        "/v1/score",
+        &json!({"text_1": case["query"], "text_2": case["documents"]}),
+    );
+    assert_eq!(scored["response"]["body"]["data"], served["data"]);
 }
 
 /// Request-body fuzzing of the rerank paths (tests/py/serve_fuzz.py `--endpoints rerank`:
