@@ -37,9 +37,11 @@ ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/me
              "/v1/messages/count_tokens", "/v1/embeddings", "/tokenize", "/detokenize",
              "/completion", "/apply-template", "/v1/responses/input_tokens",
              "/v1/chat/completions/input_tokens", "/infill",
-             "/api/chat", "/api/generate", "/api/embed", "/api/show"]
-# a reranker's (--endpoints): a model without a head answers them 501
-RERANK = ["/v1/rerank", "/rerank", "/v2/rerank"]
+             "/api/chat", "/api/generate", "/api/embed", "/api/show", "/score", "/embedding"]
+# a reranker's (--endpoints): a model without a head answers them 501 (/score answers any
+# model: a reranker's pair scores, else the cosine of embeddings)
+RERANK = ["/v1/rerank", "/rerank", "/v2/rerank", "/v1/score"]
+SCORE = {"/score", "/v1/score"}
 OLLAMA = {"/api/chat", "/api/generate", "/api/embed", "/api/show"}
 
 
@@ -59,6 +61,8 @@ def base_body(path, rng):
         return {"model": "m", "messages": [{"role": "user", "content": words}]}
     if path == "/v1/embeddings":
         return {"input": rng.choice([words, [words, "second"], [1, 2, 3]])}
+    if path == "/embedding":
+        return {"content": rng.choice([words, [words, "second"], [1, 2, words]])}
     if path == "/tokenize":
         return {"content": words}
     if path == "/detokenize":
@@ -83,6 +87,13 @@ def base_body(path, rng):
         return {"model": "m", "input": rng.choice([words, [words, "second"]])}
     if path == "/api/show":
         return {"model": "m"}
+    if path in SCORE:
+        one, two = rng.choice([("text_1", "text_2"), ("queries", "documents"),
+                               ("queries", "items"), ("data_1", "data_2")])
+        return {one: rng.choice([words, [words], [words, "Paris"]]),
+                two: rng.choice([["Paris is in France.", words], words, [words, "b"]]),
+                rng.choice(["truncate_prompt_tokens", "use_activation", "model"]):
+                    rng.choice([4, -1, False, "m"])}
     if path in RERANK:
         docs = rng.choice([["Paris is in France.", words], [words] * 3,
                            [{"text": words}, "second"]])
@@ -114,7 +125,9 @@ OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens",
             "input_prefix", "input_suffix", "input_extra",
             # rerankers'
             "query", "documents", "texts", "top_n", "return_documents", "return_text",
-            "return_progress",
+            "return_progress", "truncate_prompt_tokens", "truncation_side", "use_activation",
+            # vLLM's /score
+            "text_1", "text_2", "queries", "items", "data_1", "data_2",
             # Ollama's
             "options", "format", "think", "raw", "context", "keep_alive", "images", "template",
             "truncate", "tool_name", "tool_calls"]
@@ -417,7 +430,7 @@ def batch_lines(n, rng):
     lines = []
     for i in range(n):
         path = rng.choice(["/v1/chat/completions", "/v1/completions"] * 2
-                          + ["/v1/responses", "/v1/embeddings", "/v1/moderations"])
+                          + ["/v1/responses", "/v1/embeddings", "/v1/score", "/v1/moderations"])
         body = mutate(base_body("/v1/completions" if path == "/v1/moderations" else path, rng), rng)
         line = {"custom_id": f"r{i}", "method": "POST", "url": path, "body": body}
         r = rng.random()
