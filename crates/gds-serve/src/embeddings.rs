@@ -61,6 +61,16 @@ pub async fn embeddings(State(st): State<Arc<ServerState>>, body: Bytes) -> Resp
     finish(&st, r)
 }
 
+/// `POST /embeddings` (no `/v1`): OpenAI's answer, for clients whose base URL lacks `/v1`
+/// (as vLLM serves it), but llama-server's (its `/embedding`) with `--pooling none`, where
+/// llama-server's own `/embeddings` gives every token's vector and OpenAI's form cannot.
+pub async fn embeddings_bare(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    if st.pooling == Some(Pooling::None) {
+        return embedding_native(State(st), body).await;
+    }
+    embeddings(State(st), body).await
+}
+
 async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiError> {
     let b: EmbeddingsBody = parse(body)?;
     let pooling = one_vector(st)?;

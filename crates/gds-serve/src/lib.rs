@@ -883,7 +883,13 @@ fn router(state: Arc<ServerState>) -> axum::Router {
             .route(&format!("{prefix}/models/{{*id}}"), get(api::model))
             .route(
                 &format!("{prefix}/embeddings"),
-                post(embeddings::embeddings),
+                // llama-server's `/embeddings` is its own endpoint; here OpenAI's, but with
+                // `--pooling none` (which OpenAI's cannot answer) llama-server's
+                if prefix.is_empty() {
+                    post(embeddings::embeddings_bare)
+                } else {
+                    post(embeddings::embeddings)
+                },
             )
             .route(&format!("{prefix}/score"), post(score::score))
             .route(&format!("{prefix}/rerank"), post(rerank::rerank))

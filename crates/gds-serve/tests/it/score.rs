@@ -317,6 +317,12 @@ fn pooling_none_gives_every_token_state() {
         tokens as u64,
         g["pooling"]["mean"]["prompt_tokens"].as_u64().unwrap()
     );
+    // llama-server's `/embeddings` is its `/embedding` (here OpenAI's, except with none)
+    let one = json!({"content": texts[1]});
+    assert_eq!(
+        post(&s.addr, "/embeddings", &one),
+        post(&s.addr, "/embedding", &one)
+    );
     // the endpoints of one vector an input refuse it (llama-server's
     // test_embedding_pooling_none_oai), and the server still answers
     for (path, body) in [
