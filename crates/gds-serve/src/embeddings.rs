@@ -29,9 +29,16 @@ use std::time::Instant;
 /// Most inputs in one request (OpenAI's limit).
 pub(crate) const MAX_INPUTS: usize = 2048;
 
-/// Most values in one answer of per-token embeddings (`--pooling none`): 64 MiB of f32,
-/// some 200 MB of JSON (4096 tokens of a 4096-wide model).
-pub(crate) const MAX_TOKEN_VALUES: usize = 16 << 20;
+/// Most values in one answer of per-token embeddings (`--pooling none`): 32 MiB of f32,
+/// some 100 MB of JSON (2048 tokens of a 4096-wide model).
+pub(crate) const MAX_TOKEN_VALUES: usize = 8 << 20;
+
+/// One input's answer of per-token embeddings.
+#[derive(serde::Serialize)]
+struct TokenRows<'a> {
+    index: usize,
+    embedding: Vec<&'a [f32]>,
+}
 
 #[derive(Deserialize)]
 struct EmbeddingsBody {
@@ -172,19 +179,27 @@ async fn native_answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, 
             .param("input"));
         }
     }
-    let vectors = embed_all(st, prompts, pooling, "input").await?;
+    let mut vectors = embed_all(st, prompts, pooling, "input").await?;
+    if pooling == Pooling::None {
+        // every token's state, as llama-server gives it: not normalized (serialized
+        // straight from the floats, no JSON tree of millions of values)
+        let out: Vec<TokenRows> = vectors
+            .iter()
+            .enumerate()
+            .map(|(index, v)| TokenRows {
+                index,
+                embedding: v.chunks_exact(st.n_embd).collect(),
+            })
+            .collect();
+        return Ok(Json(out).into_response());
+    }
+    for v in &mut vectors {
+        normalize(v, norm);
+    }
     let out: Vec<Value> = vectors
         .into_iter()
         .enumerate()
-        .map(|(index, mut v)| {
-            if pooling == Pooling::None {
-                // every token's state, as llama-server gives it: not normalized
-                let rows: Vec<&[f32]> = v.chunks_exact(st.n_embd).collect();
-                return json!({"index": index, "embedding": rows});
-            }
-            normalize(&mut v, norm);
-            json!({"index": index, "embedding": [v]})
-        })
+        .map(|(index, v)| json!({"index": index, "embedding": [v]}))
         .collect();
     Ok(Json(Value::Array(out)).into_response())
 }

@@ -334,7 +334,7 @@ fn pooling_none_gives_every_token_state() {
         assert_eq!(code, 400, "{path}: {r}");
         assert!(r.to_string().contains("--pooling none"), "{path}: {r}");
     }
-    // an answer bounded: 2048 inputs of 16 tokens × 576 values is past 16 M values
+    // an answer bounded: 2048 inputs of 16 tokens × 576 values is past 8 M values
     let many = vec![json!("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"); 2048];
     let (code, r) = post(&s.addr, "/embedding", &json!({"content": many}));
     assert_eq!(code, 400, "{r}");
