@@ -211,6 +211,19 @@ out["embeddings"] = {"n": len(vecs), "dims": [len(v) for v in vecs],
                      "other": sum(a * b for a, b in zip(vecs[0], vecs[1])),
                      "usage": e.usage.model_dump()}
 
+# predicted outputs: the client's typed `prediction`; the same text, the guesses counted in
+# usage.completion_tokens_details
+kw = dict(model=model, max_tokens=24, temperature=0,
+          messages=[{"role": "user", "content": "Count from one to ten in words."}])
+plain = client.chat.completions.create(**kw)
+predicted = client.chat.completions.create(
+    prediction={"type": "content", "content": plain.choices[0].message.content}, **kw)
+d = predicted.usage.completion_tokens_details
+out["prediction"] = {"same": predicted.choices[0].message.content == plain.choices[0].message.content,
+                     "accepted": d.accepted_prediction_tokens,
+                     "rejected": d.rejected_prediction_tokens,
+                     "completion_tokens": predicted.usage.completion_tokens}
+
 # the Models API: the served model retrieved, another a 404 with OpenAI's code
 got = client.models.retrieve(model)
 try:

@@ -52,6 +52,119 @@ pub fn ngram(history: &[u32], n_max: usize, n_min: usize, max: usize) -> Vec<u32
     Vec::new()
 }
 
+/// Predicted outputs (OpenAI's `prediction`): a text the reply is expected to mostly repeat
+/// (a file being edited), whose tokens are the guesses. The reply is followed through the
+/// prediction: while it keeps to it, the guesses are the prediction's next tokens; where it
+/// departs (an edit), the last [`Prediction::ALIGN_MAX`]…[`Prediction::ALIGN_MIN`] tokens
+/// of the reply are looked up in the prediction again, the first occurrence at or after
+/// where the reply was expected winning over an earlier one (text repeats: a closing brace,
+/// a `return`), and the guesses go on from there. Nothing is guessed while the reply's end
+/// is nowhere in the prediction. Guesses never change the reply (each is checked against
+/// the token sampled at its place); a good prediction makes it take fewer passes.
+///
+/// How many it guesses adapts as the speculative passes of the CLI do: all of the last
+/// guesses right (the reply still on the prediction), twice as many next time; the reply
+/// departed from them, half as many (at least [`Prediction::ALIGN_MIN`]), so that a
+/// prediction wrong in many places does not cost a pass of wasted guesses at each.
+#[derive(Clone, Debug)]
+pub struct Prediction {
+    tokens: Vec<u32>,
+    /// The prediction's index of the token after the reply's end, as of `at`.
+    cursor: Option<usize>,
+    /// The reply's length when `cursor` was set.
+    at: usize,
+    /// How many to guess next (before the caller's maximum).
+    run: usize,
+}
+
+impl Prediction {
+    /// Most reply tokens looked up to find the reply in the prediction again.
+    pub const ALIGN_MAX: usize = 8;
+    /// Fewest (a single token recurs too often to place the reply).
+    pub const ALIGN_MIN: usize = 2;
+
+    /// The prediction's tokens.
+    pub fn new(tokens: Vec<u32>) -> Prediction {
+        Prediction {
+            tokens,
+            cursor: None,
+            at: 0,
+            run: usize::MAX,
+        }
+    }
+
+    /// Up to `max` guesses of the tokens after `reply` (the tokens generated so far).
+    pub fn propose(&mut self, reply: &[u32], max: usize) -> Vec<u32> {
+        let p = &self.tokens;
+        let n = reply.len();
+        let from = if n == 0 {
+            // the reply begins where the prediction does
+            Some(0)
+        } else {
+            // where the reply's end should be if it kept to the prediction since
+            // (a context shift can shorten the reply: then it is looked up afresh)
+            let expected = self
+                .cursor
+                .filter(|_| n >= self.at)
+                .map(|c| c + (n - self.at));
+            // kept to it: what came since is the prediction's tokens from the cursor
+            let kept = expected.filter(|&e| {
+                let c = e - (n - self.at);
+                e <= p.len() && p[c..e] == reply[self.at..]
+            });
+            match kept {
+                // every guess right: guess more
+                Some(e) => {
+                    if n > self.at {
+                        self.run = self.run.saturating_mul(2);
+                    }
+                    Some(e)
+                }
+                None => {
+                    if self.cursor.is_some() {
+                        // the reply left the prediction where it was expected: guess less
+                        self.run = (self.run.min(max) / 2).max(Self::ALIGN_MIN);
+                    }
+                    self.find(reply, expected.unwrap_or(0))
+                }
+            }
+        };
+        let Some(from) = from else {
+            self.cursor = None;
+            return Vec::new();
+        };
+        self.cursor = Some(from);
+        self.at = n;
+        let k = max.min(self.run);
+        p[from.min(p.len())..(from + k).min(p.len())].to_vec()
+    }
+
+    /// The prediction's index just past an occurrence of the reply's last tokens (the
+    /// longest suffix found, from [`Self::ALIGN_MAX`] down): the first at or after `near`,
+    /// else the last before it.
+    fn find(&self, reply: &[u32], near: usize) -> Option<usize> {
+        let p = &self.tokens;
+        for m in (Self::ALIGN_MIN..=Self::ALIGN_MAX.min(reply.len())).rev() {
+            let tail = &reply[reply.len() - m..];
+            if m > p.len() {
+                continue;
+            }
+            let ends = (m..=p.len()).filter(|&e| &p[e - m..e] == tail);
+            let mut before = None;
+            for e in ends {
+                if e >= near {
+                    return Some(e);
+                }
+                before = Some(e);
+            }
+            if before.is_some() {
+                return before;
+            }
+        }
+        None
+    }
+}
+
 /// Whether guessing pays, measured as the run goes: with every weight in memory a guess
 /// costs compute (its row of every matrix and of the output head, and a draft model's own
 /// pass), so guessing pays only if the tokens a guessing pass yields per millisecond beat a
@@ -215,6 +328,76 @@ pub fn self_draft(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prediction_is_followed_through_edits() {
+        // the prediction: 0..40; the reply keeps to it, then replaces 10..13 with 100, 101
+        let pred: Vec<u32> = (0..40).collect();
+        let mut p = Prediction::new(pred.clone());
+        assert_eq!(p.propose(&[], 4), [0, 1, 2, 3]);
+        let mut reply: Vec<u32> = (0..4).collect();
+        assert_eq!(p.propose(&reply, 4), [4, 5, 6, 7]);
+        reply.extend(4..10);
+        assert_eq!(p.propose(&reply, 3), [10, 11, 12]);
+        // the edit: nothing matches its tokens
+        reply.push(100);
+        assert!(p.propose(&reply, 3).is_empty());
+        reply.push(101);
+        assert!(p.propose(&reply, 3).is_empty());
+        // back on the prediction after the edit: found by its last two tokens (two guesses,
+        // half of the three before the miss, then more as they come right)
+        reply.extend([13, 14]);
+        assert_eq!(p.propose(&reply, 3), [15, 16]);
+        reply.extend([15, 16, 17]);
+        assert_eq!(p.propose(&reply, 3), [18, 19, 20]);
+        reply.extend(18..21);
+        assert_eq!(p.propose(&reply, 3), [21, 22, 23]);
+        // the end of the prediction: what is left, then nothing
+        reply.extend(21..38);
+        assert_eq!(p.propose(&reply, 5), [38, 39]);
+        reply.extend([38, 39]);
+        assert!(p.propose(&reply, 5).is_empty());
+    }
+
+    #[test]
+    fn a_prediction_guesses_fewer_after_a_miss_and_more_after_a_hit() {
+        let pred: Vec<u32> = (0..100).collect();
+        let mut p = Prediction::new(pred);
+        assert_eq!(p.propose(&[], 8).len(), 8);
+        // a miss after 3 of the 8: the reply departs (token 500), then comes back
+        let mut reply: Vec<u32> = vec![0, 1, 2, 500];
+        assert!(p.propose(&reply, 8).is_empty());
+        reply.extend([4, 5]);
+        assert_eq!(p.propose(&reply, 8), [6, 7, 8, 9]);
+        // all four right (and the sampled token): eight next
+        reply.extend([6, 7, 8, 9, 10]);
+        assert_eq!(p.propose(&reply, 8).len(), 8);
+        // never under ALIGN_MIN
+        for bad in 0..5 {
+            reply.extend([600 + bad, 11 + 2 * bad, 12 + 2 * bad]);
+            let _ = p.propose(&reply[..reply.len() - 2], 8);
+            assert!(p.propose(&reply, 8).len() >= Prediction::ALIGN_MIN);
+        }
+    }
+
+    #[test]
+    fn a_repeated_line_is_placed_after_where_the_reply_was() {
+        // "a b } c d } e f": the reply departs, then writes "x }" — the brace after where
+        // it was expected wins over the first one
+        let (a, b, br, c, d, e, f, x) = (1, 2, 9, 3, 4, 5, 6, 7);
+        let mut p = Prediction::new(vec![a, b, br, c, d, br, e, f]);
+        assert_eq!(p.propose(&[a, b, br, c], 2), [d, br]);
+        // departs at d; "c x" is nowhere
+        assert!(p.propose(&[a, b, br, c, x], 2).is_empty());
+        // "x }" is nowhere either: the one-token "}" is too short to place it
+        assert!(p.propose(&[a, b, br, c, x, br], 2).is_empty());
+        // "} e" places it after the second brace
+        assert_eq!(p.propose(&[a, b, br, c, x, br, e], 2), [f]);
+        // a suffix found only before the expected place is still used
+        let mut p = Prediction::new(vec![a, b, c, d, e, f]);
+        assert_eq!(p.propose(&[a, b, c, d, e], 1), [f]);
+        assert_eq!(p.propose(&[a, b, c, d, e, a, b], 2), [c, d]);
+    }
 
     #[test]
     fn a_gate_turned_off_by_the_plan_always_guesses() {

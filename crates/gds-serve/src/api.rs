@@ -122,6 +122,10 @@ pub(crate) struct Common {
     /// Most tokens guessed per step (1..=32, default 10).
     #[serde(default)]
     pub(crate) draft_max: Option<i64>,
+    /// Chat: OpenAI's predicted outputs, `{"type": "content", "content": text or text
+    /// parts}`: a text the reply is expected to mostly repeat, used as speculative guesses.
+    #[serde(default)]
+    pub(crate) prediction: Option<Value>,
     /// Chat: a bool; completions: how many top alternatives (an integer).
     #[serde(default)]
     pub(crate) logprobs: Option<Value>,
@@ -546,6 +550,8 @@ pub(crate) struct Job {
     /// Shared by the `n` choices of one prompt: the engine prefills the prompt once and the
     /// others start from its cached blocks.
     pub(crate) group: Option<u64>,
+    /// Predicted outputs: the prediction's tokens ([`Request::prediction`]).
+    pub(crate) prediction: Option<Arc<[u32]>>,
 }
 
 /// One job per choice: `n` copies of each job, the `i`-th sampling with seed + `i` (so
@@ -566,6 +572,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 tools: j.tools.clone(),
                 reasoning: j.reasoning.clone(),
                 keep: j.keep.clone(),
+                prediction: j.prediction.clone(),
                 copy,
                 group,
                 ..j
@@ -876,6 +883,7 @@ pub(crate) fn job(
         copy: 0,
         group: None,
         shift,
+        prediction: None,
     })
 }
 
@@ -1002,6 +1010,10 @@ pub(crate) fn submit(
         max_tokens: job.max_tokens,
         ignore_eos: job.ignore_eos,
         draft_max: job.draft_max,
+        prediction: job
+            .prediction
+            .as_ref()
+            .map(|p| gds_runtime::draft::Prediction::new(p.to_vec())),
         logprobs: job.logprobs,
         post_sampling: job.post_sampling,
         echo: job.echo,
@@ -1416,6 +1428,9 @@ impl Gen {
             prompt_ms: p.prompt_ms,
             decode_ms: first.elapsed().as_secs_f64() * 1000.0,
             queue_ms: p.queue_ms,
+            // (the engine's counts are not known here)
+            predicted_accepted: 0,
+            predicted_rejected: 0,
         })
     }
 
@@ -1488,19 +1503,32 @@ fn timing_fields(prompt_tokens: usize, p: &Prefill, decode_ms: f64, n: usize) ->
     })
 }
 
+/// OpenAI's `usage`; `predicted` is predicted outputs' (accepted, rejected) guesses.
 pub(crate) fn usage(
     prompt_tokens: usize,
     completion: usize,
     cached: usize,
     reasoning: usize,
+    predicted: (usize, usize),
 ) -> Value {
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {"reasoning_tokens": reasoning},
+        "completion_tokens_details": {
+            "reasoning_tokens": reasoning,
+            "accepted_prediction_tokens": predicted.0,
+            "rejected_prediction_tokens": predicted.1,
+        },
     })
+}
+
+/// The (accepted, rejected) guesses of a choice's prediction.
+fn predicted(end: &End) -> (usize, usize) {
+    end.done
+        .as_ref()
+        .map_or((0, 0), |d| (d.predicted_accepted, d.predicted_rejected))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1687,6 +1715,10 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             .sum();
         let n_completion: usize = results.iter().map(|(_, e)| e.completion_tokens).sum();
         let n_reasoning: usize = results.iter().map(|(_, e)| e.reasoning_tokens).sum();
+        let guessed = results
+            .iter()
+            .map(|(_, e)| predicted(e))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         let cached: usize = jobs
             .iter()
             .zip(&results)
@@ -1708,7 +1740,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             model: &model,
             system_fingerprint: &st.fingerprint,
             choices: results.into_iter().map(|(c, _)| c).collect(),
-            usage: usage(n_prompt, n_completion, cached, n_reasoning),
+            usage: usage(n_prompt, n_completion, cached, n_reasoning, guessed),
             timings,
         };
         return Ok(Json(body).into_response());
@@ -1785,6 +1817,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                 t.completion,
                 t.cached,
                 t.reasoning,
+                t.predicted,
             )));
         }
         out.push(SseEvent::default().data("[DONE]"));
@@ -1949,6 +1982,8 @@ struct StreamTotals {
     cached: usize,
     /// Of `completion`, the thinking's.
     reasoning: usize,
+    /// Predicted outputs' (accepted, rejected) guesses.
+    predicted: (usize, usize),
     /// A choice ended in an error: the stream ends there.
     failed: bool,
 }
@@ -2143,6 +2178,8 @@ fn choice_stream(
                     let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
                     t.completion += e.completion_tokens;
                     t.reasoning += split.as_ref().map_or(0, |sp| sp.tokens());
+                    let (a, r) = predicted(&e);
+                    t.predicted = (t.predicted.0 + a, t.predicted.1 + r);
                     if info.first_copy {
                         t.prompt += info.prompt_tokens;
                         t.cached += e.done.as_ref().map_or(0, |d| d.cached_tokens);
@@ -2375,10 +2412,62 @@ pub(crate) async fn chat_job(
 ) -> Result<Job, ApiError> {
     let (prompt, tools) = chat_prompt(st, &b).await?;
     let reasoning = reasoning_of(st, b.reasoning_format.as_deref(), &prompt)?;
+    let prediction = common.prediction.clone();
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
+    j.prediction = prediction_tokens(st, prediction).await?;
     with_tools(&mut j, tools)?;
     with_reasoning(st, &mut j, reasoning);
     Ok(j)
+}
+
+/// OpenAI's `prediction` (predicted outputs): `{"type": "content", "content": ...}`, the
+/// content a string or a list of text parts (joined), as tokens (special-token texts kept as
+/// text, as in a message); `None` when absent, null or empty.
+pub(crate) async fn prediction_tokens(
+    st: &ServerState,
+    v: Option<Value>,
+) -> Result<Option<Arc<[u32]>>, ApiError> {
+    let bad = |m: &str| {
+        Err(ApiError::bad(format!(
+            "prediction {m}: expected {{\"type\": \"content\", \"content\": a string or text parts}}"
+        ))
+        .param("prediction"))
+    };
+    let o = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return bad("is not an object"),
+    };
+    match o.get("type") {
+        Some(Value::String(t)) if t == "content" => {}
+        Some(t) => return bad(&format!("type {t}")),
+        None => return bad("has no type"),
+    }
+    let text = match o.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for p in parts {
+                match (p.get("type"), p.get("text")) {
+                    (Some(Value::String(t)), Some(Value::String(x))) if t == "text" => {
+                        text.push_str(x)
+                    }
+                    _ => {
+                        return bad(
+                            "content: a part that is not {\"type\": \"text\", \"text\": ...}",
+                        )
+                    }
+                }
+            }
+            text
+        }
+        _ => return bad("content is not a string or a list of text parts"),
+    };
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let ids = encode_text(st, text, false, false, "prediction").await?;
+    Ok((!ids.is_empty()).then(|| ids.into()))
 }
 
 /// Gives a chat job its reasoning split; a reply that starts inside the thinking keeps the

@@ -350,6 +350,7 @@ async fn embed_one(
         max_tokens: 0,
         ignore_eos: false,
         draft_max: 0,
+        prediction: None,
         logprobs: None,
         post_sampling: false,
         echo: false,

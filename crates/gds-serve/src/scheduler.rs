@@ -53,6 +53,10 @@ pub enum Event {
     GrammarError(String),
 }
 
+/// Most guesses a step from a request's prediction ([`Request::prediction`]) when it did
+/// not ask for more (`draft_max`).
+pub const PREDICTED_MAX: usize = 16;
+
 /// How an embedding request's token states become one vector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pooling {
@@ -117,6 +121,11 @@ pub struct Done {
     pub decode_ms: f64,
     /// Time spent queued, ms.
     pub queue_ms: f64,
+    /// Guesses of its prediction that were right (each one a token the pass after it did
+    /// not have to compute).
+    pub predicted_accepted: usize,
+    /// Guesses of its prediction that were wrong (computed and thrown away).
+    pub predicted_rejected: usize,
 }
 
 /// What a request's prompt cost, known at its first token.
@@ -157,6 +166,10 @@ pub struct Request {
     /// guesses per step, checked in the same forward pass; 0 = off. The output is unchanged
     /// (every token is sampled from the logits at its position).
     pub draft_max: usize,
+    /// Predicted outputs (OpenAI's `prediction`): the guesses come from this text the reply
+    /// is expected to repeat, up to `draft_max` or [`PREDICTED_MAX`] a step (the
+    /// prompt-lookup draft's where it gives none and `draft_max` asked for it).
+    pub prediction: Option<gds_runtime::draft::Prediction>,
     /// Report each token's log-probability and this many top alternatives (`None`: none).
     pub logprobs: Option<usize>,
     /// The log-probabilities reported are after the sampling chain (llama-server's
@@ -294,6 +307,11 @@ struct Seq {
     queue_ms: f64,
     /// This step's guesses (fed after its last token, with logits at each).
     guesses: Vec<u32>,
+    /// Whether this step's guesses come from the request's prediction.
+    predicted: bool,
+    /// The prediction's guesses so far, and those that were right.
+    predicted_guesses: usize,
+    predicted_accepted: usize,
     /// With embed: the pooled hidden states so far (a sum for mean pooling, every
     /// position's in order for none).
     pooled: Vec<f32>,
@@ -449,6 +467,9 @@ impl Engine {
             first_token: None,
             queue_ms: 0.0,
             guesses: Vec::new(),
+            predicted: false,
+            predicted_guesses: 0,
+            predicted_accepted: 0,
             pooled: Vec::new(),
             req,
         });
@@ -515,6 +536,8 @@ impl Engine {
                 .map_or(0.0, |a| (first - a).as_secs_f64() * 1000.0),
             decode_ms: (now - first).as_secs_f64() * 1000.0,
             queue_ms: seq.queue_ms,
+            predicted_accepted: seq.predicted_accepted,
+            predicted_rejected: seq.predicted_guesses - seq.predicted_accepted,
         };
         let len = (done.prompt_tokens + done.generated) as u64;
         let _ = Self::send(&seq, Event::Done(done));
@@ -781,27 +804,41 @@ impl Engine {
             // speculative decoding: guesses ride along in the same pass, each with logits,
             // where budget, output rows, context and KV blocks allow (never at another
             // sequence's expense)
-            let s = &self.running[i];
             let rows_left = max_out.saturating_sub(self.out_rows.len() + self.running.len() - i);
-            let k = s
-                .req
-                .draft_max
+            let s = &mut self.running[i];
+            // (a prediction guesses without asking for the prompt-lookup draft)
+            let most = match s.req.prediction {
+                Some(_) => s.req.draft_max.max(PREDICTED_MAX),
+                None => s.req.draft_max,
+            };
+            let k = most
                 .min(budget - 1)
                 .min(rows_left)
                 .min(self.cfg.ctx.saturating_sub(pos + 1))
                 .min(s.req.max_tokens.saturating_sub(s.generated + 1));
-            let mut guesses = if k > 0 && s.req.constraint.is_none() {
-                gds_runtime::draft::ngram(
-                    &s.tokens,
-                    gds_runtime::draft::NGRAM_MAX,
-                    gds_runtime::draft::NGRAM_MIN,
-                    k,
-                )
-            } else {
-                Vec::new()
-            };
+            let mut guesses = Vec::new();
+            s.predicted = false;
+            if k > 0 && s.req.constraint.is_none() {
+                if let Some(p) = s.req.prediction.as_mut() {
+                    guesses = p.propose(&s.tokens[s.n_prompt.min(s.tokens.len())..], k);
+                    s.predicted = !guesses.is_empty();
+                }
+                if guesses.is_empty() && s.req.draft_max > 0 {
+                    guesses = gds_runtime::draft::ngram(
+                        &s.tokens,
+                        gds_runtime::draft::NGRAM_MAX,
+                        gds_runtime::draft::NGRAM_MIN,
+                        k,
+                    );
+                }
+            }
             if !guesses.is_empty() && !self.reserve(i, pos + 1 + guesses.len()) {
                 guesses.clear();
+                self.running[i].predicted = false;
+            }
+            let s = &mut self.running[i];
+            if s.predicted {
+                s.predicted_guesses += guesses.len();
             }
             let s = &self.running[i];
             self.batch.push(s.tokens[pos], pos, s.slot, true);
@@ -1145,6 +1182,9 @@ impl Engine {
                 // the logits after it
                 s.n_cached += 1;
                 chain_ended[i] = false;
+                if s.predicted {
+                    s.predicted_accepted += 1;
+                }
                 self.metrics.draft_accepted.fetch_add(1, Ordering::Relaxed);
             }
         }

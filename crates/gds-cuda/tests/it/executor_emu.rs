@@ -1556,6 +1556,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 max_tokens: if embed[i].is_some() { 0 } else { 6 + i },
                 ignore_eos: true,
                 draft_max: 0,
+                prediction: None,
                 logprobs: None,
                 post_sampling: false,
                 echo: false,

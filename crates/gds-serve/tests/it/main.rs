@@ -11,6 +11,7 @@ mod native;
 mod ollama;
 mod openai;
 mod paged;
+mod predicted;
 mod reasoning;
 mod rerank;
 mod score;

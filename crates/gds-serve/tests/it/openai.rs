@@ -47,6 +47,12 @@ fn openai_client_end_to_end() {
     assert_eq!(c["finish"], "length");
     assert!(c["usage"]["prompt_tokens"].as_u64().unwrap() >= 5);
 
+    // predicted outputs through the client's typed parameter and usage fields
+    let p = &r["prediction"];
+    assert_eq!(p["same"], true, "{p}");
+    assert!(p["accepted"].as_u64().unwrap() > 0, "{p}");
+    assert!(p["rejected"].as_u64().is_some(), "{p}");
+
     let chat = &r["chat"];
     assert_eq!(chat["role"], "assistant");
     assert!(!chat["text"].as_str().unwrap().is_empty());

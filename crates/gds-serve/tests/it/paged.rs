@@ -311,6 +311,7 @@ fn run_engine_with(
             max_tokens: *max_tokens,
             ignore_eos: false,
             draft_max: 0,
+            prediction: None,
             logprobs: echo.then_some(1),
             post_sampling: false,
             echo: *echo,
