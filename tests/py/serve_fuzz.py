@@ -48,9 +48,14 @@ OLLAMA = {"/api/chat", "/api/generate", "/api/embed", "/api/show"}
 def base_body(path, rng):
     words = rng.choice(["Hi", "What is 2+2?", "Name a colour.", "Tell me about the sea."])
     if path in ("/v1/chat/completions", "/v1/chat/completions/input_tokens"):
-        return {"messages": [{"role": "system", "content": "Be brief."},
-                             {"role": "user", "content": words}],
-                "max_tokens": 8, "temperature": 0}
+        b = {"messages": [{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": words}],
+             "max_tokens": 8, "temperature": 0}
+        if rng.random() < 0.2:
+            # OpenAI's predicted outputs
+            b["prediction"] = {"type": "content", "content": rng.choice(
+                [words, "The answer is four.", [{"type": "text", "text": words}], ""])}
+        return b
     if path == "/v1/completions":
         return {"prompt": words, "max_tokens": 8, "temperature": 0}
     if path in ("/v1/responses", "/v1/responses/input_tokens"):
@@ -115,7 +120,7 @@ OPTIONAL = ["model", "max_tokens", "max_completion_tokens", "max_output_tokens",
             "parallel_tool_calls", "continue_final_message", "parse_special", "suffix", "user",
             "system", "metadata", "thinking", "instructions", "text", "previous_response_id",
             "add_special", "with_pieces", "tokens", "content", "prompt", "messages", "input",
-            "reasoning", "store", "truncation", "best_of", "chat_template_kwargs",
+            "reasoning", "store", "truncation", "best_of", "chat_template_kwargs", "prediction",
             # llama-server's /completion
             "n_predict", "n_probs", "n_cmpl", "return_tokens", "response_fields", "samplers",
             "post_sampling_probs", "mirostat", "typical_p", "repeat_last_n", "cache_prompt",
