@@ -75,6 +75,9 @@ pub struct Prediction {
     at: usize,
     /// How many to guess next (before the caller's maximum).
     run: usize,
+    /// The reply starts where the text does (a prediction), or only somewhere in it (a
+    /// prompt the reply may quote: nothing is guessed before the reply has tokens to find).
+    starts_reply: bool,
 }
 
 impl Prediction {
@@ -90,6 +93,16 @@ impl Prediction {
             cursor: None,
             at: 0,
             run: usize::MAX,
+            starts_reply: true,
+        }
+    }
+
+    /// A text the reply may quote (a prompt holding the file to edit, the passage to cite):
+    /// followed as a prediction is once the reply's last tokens are found in it.
+    pub fn quoted(tokens: Vec<u32>) -> Prediction {
+        Prediction {
+            starts_reply: false,
+            ..Prediction::new(tokens)
         }
     }
 
@@ -99,7 +112,7 @@ impl Prediction {
         let n = reply.len();
         let from = if n == 0 {
             // the reply begins where the prediction does
-            Some(0)
+            self.starts_reply.then_some(0)
         } else {
             // where the reply's end should be if it kept to the prediction since
             // (a context shift can shorten the reply: then it is looked up afresh)
@@ -357,6 +370,14 @@ mod tests {
         assert_eq!(p.propose(&reply, 5), [38, 39]);
         reply.extend([38, 39]);
         assert!(p.propose(&reply, 5).is_empty());
+    }
+
+    #[test]
+    fn a_quoted_text_is_followed_once_the_reply_is_found_in_it() {
+        let mut p = Prediction::quoted((0..20).collect());
+        assert!(p.propose(&[], 4).is_empty());
+        assert!(p.propose(&[50], 4).is_empty());
+        assert_eq!(p.propose(&[50, 7, 8], 4), [9, 10, 11, 12]);
     }
 
     #[test]

@@ -307,6 +307,9 @@ struct Seq {
     queue_ms: f64,
     /// This step's guesses (fed after its last token, with logits at each).
     guesses: Vec<u32>,
+    /// With the prompt-lookup draft: the prompt followed as a text the reply may quote
+    /// (made at the first guess).
+    quoted: Option<gds_runtime::draft::Prediction>,
     /// Whether this step's guesses come from the request's prediction.
     predicted: bool,
     /// The prediction's guesses so far, and those that were right.
@@ -467,6 +470,7 @@ impl Engine {
             first_token: None,
             queue_ms: 0.0,
             guesses: Vec::new(),
+            quoted: None,
             predicted: false,
             predicted_guesses: 0,
             predicted_accepted: 0,
@@ -824,12 +828,22 @@ impl Engine {
                     s.predicted = !guesses.is_empty();
                 }
                 if guesses.is_empty() && s.req.draft_max > 0 {
-                    guesses = gds_runtime::draft::ngram(
-                        &s.tokens,
-                        gds_runtime::draft::NGRAM_MAX,
-                        gds_runtime::draft::NGRAM_MIN,
-                        k,
-                    );
+                    // prompt lookup: where the reply quotes the prompt, the prompt followed
+                    // from there; else the latest earlier occurrence of the last tokens
+                    let n_prompt = s.n_prompt.min(s.tokens.len());
+                    let (prompt, reply) = s.tokens.split_at(n_prompt);
+                    let quoted = s.quoted.get_or_insert_with(|| {
+                        gds_runtime::draft::Prediction::quoted(prompt.to_vec())
+                    });
+                    guesses = quoted.propose(reply, k);
+                    if guesses.is_empty() {
+                        guesses = gds_runtime::draft::ngram(
+                            &s.tokens,
+                            gds_runtime::draft::NGRAM_MAX,
+                            gds_runtime::draft::NGRAM_MIN,
+                            k,
+                        );
+                    }
                 }
             }
             if !guesses.is_empty() && !self.reserve(i, pos + 1 + guesses.len()) {
