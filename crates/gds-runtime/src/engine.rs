@@ -572,6 +572,9 @@ impl Engine {
             Some(_) => prompt.to_vec(),
             None => Vec::new(),
         };
+        // prompt lookup follows the prompt where the reply quotes it (as the server's does)
+        let n_prompt = history.len();
+        let mut quoted = crate::draft::Prediction::quoted(history.clone());
         // With every weight in memory a guess costs compute (its row of every matrix and of
         // the output head), so the guesses per pass adapt to how the last ones fared (none
         // right: half as many; all right: twice as many, up to the plan's maximum; else one
@@ -699,7 +702,17 @@ impl Engine {
                                     ctx,
                                 )?,
                                 None => {
-                                    crate::draft::ngram(&history, d.ngram_max, d.ngram_min, room)
+                                    let g = quoted.propose(&history[n_prompt..], room);
+                                    if g.is_empty() {
+                                        crate::draft::ngram(
+                                            &history,
+                                            d.ngram_max,
+                                            d.ngram_min,
+                                            room,
+                                        )
+                                    } else {
+                                        g
+                                    }
                                 }
                             },
                             (None, _) => Vec::new(),
