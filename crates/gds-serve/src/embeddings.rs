@@ -55,11 +55,9 @@ struct EmbeddingsBody {
     user: Option<String>,
     #[serde(default)]
     embd_normalize: Option<i64>,
-    /// vLLM's: keep this many tokens of each input ([`Truncation`]).
-    #[serde(default)]
-    truncate_prompt_tokens: Option<Value>,
-    #[serde(default)]
-    truncation_side: Option<String>,
+    /// vLLM's: keep this many tokens of each input.
+    #[serde(flatten)]
+    truncate: TruncateFields,
 }
 
 /// `POST /v1/embeddings`.
@@ -93,11 +91,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
     };
     let keep = dimensions(st, b.dimensions.map(Value::from).as_ref())?;
     let norm = embd_normalize(b.embd_normalize)?;
-    let truncate = Truncation::parse(
-        st,
-        b.truncate_prompt_tokens.as_ref(),
-        b.truncation_side.as_deref(),
-    )?;
+    let truncate = b.truncate.parse(st)?;
     let model = b.model.unwrap_or_else(|| st.model_name.clone());
     let mut prompts = inputs(st, b.input).await?;
     Truncation::apply(truncate, &mut prompts);
@@ -216,9 +210,55 @@ pub(crate) struct Truncation {
     first: bool,
 }
 
+/// vLLM's request fields of [`Truncation`] (`truncate_prompt_tokens`, `truncation_side`),
+/// flattened into the bodies that take them.
+#[derive(Deserialize, Default)]
+pub(crate) struct TruncateFields {
+    #[serde(default)]
+    truncate_prompt_tokens: Option<Value>,
+    #[serde(default)]
+    truncation_side: Option<String>,
+}
+
+impl TruncateFields {
+    /// The request's truncation, checked.
+    pub(crate) fn parse(&self, st: &ServerState) -> Result<Option<Truncation>, ApiError> {
+        Truncation::parse(
+            st,
+            self.truncate_prompt_tokens.as_ref(),
+            self.truncation_side.as_deref(),
+        )
+    }
+}
+
+/// vLLM's `use_activation` (and its older names `activation` and `softmax`): `false` asks
+/// for a reranker's scores before their activation ([`RankHead::logit`]).
+///
+/// [`RankHead::logit`]: gds_runtime::rank::RankHead::logit
+#[derive(Deserialize, Default)]
+pub(crate) struct ActivationFields {
+    #[serde(default)]
+    use_activation: Option<bool>,
+    #[serde(default)]
+    activation: Option<bool>,
+    #[serde(default)]
+    softmax: Option<bool>,
+}
+
+impl ActivationFields {
+    /// The score of a last-token hidden state through `head`, with or without its
+    /// activation as asked (with, by default).
+    pub(crate) fn score(&self, head: &gds_runtime::rank::RankHead, hidden: &[f32]) -> f32 {
+        match self.use_activation.or(self.activation).or(self.softmax) {
+            Some(false) => head.logit(hidden),
+            _ => head.score(hidden),
+        }
+    }
+}
+
 impl Truncation {
     /// The request's truncation, checked.
-    pub(crate) fn parse(
+    fn parse(
         st: &ServerState,
         k: Option<&Value>,
         side: Option<&str>,

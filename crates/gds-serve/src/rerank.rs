@@ -12,7 +12,7 @@
 //! `top_n`.
 
 use crate::api::{encode_text, finish, parse, ApiError};
-use crate::embeddings::{embed_all, Truncation};
+use crate::embeddings::{embed_all, ActivationFields, TruncateFields, Truncation};
 use crate::error::random_seed;
 use crate::scheduler::Pooling;
 use crate::ServerState;
@@ -46,22 +46,12 @@ struct RerankBody {
     /// Echoed in the answer.
     #[serde(default)]
     model: Option<String>,
-    /// vLLM's: keep this many tokens of each document's prompt
-    /// ([`crate::embeddings::Truncation`]).
-    #[serde(default)]
-    truncate_prompt_tokens: Option<Value>,
-    #[serde(default)]
-    truncation_side: Option<String>,
-    /// vLLM's `false`: each score before its activation ([`RankHead::logit`]);
-    /// `softmax` and `activation` are its older names.
-    ///
-    /// [`RankHead::logit`]: gds_runtime::rank::RankHead::logit
-    #[serde(default)]
-    use_activation: Option<bool>,
-    #[serde(default)]
-    softmax: Option<bool>,
-    #[serde(default)]
-    activation: Option<bool>,
+    /// vLLM's: keep this many tokens of each document's prompt.
+    #[serde(flatten)]
+    truncate: TruncateFields,
+    /// vLLM's `use_activation`.
+    #[serde(flatten)]
+    activation: ActivationFields,
 }
 
 /// `POST /rerank` and its aliases.
@@ -120,16 +110,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
             }
         },
     };
-    let truncate = Truncation::parse(
-        st,
-        b.truncate_prompt_tokens.as_ref(),
-        b.truncation_side.as_deref(),
-    )?;
-    let activation = b
-        .use_activation
-        .or(b.activation)
-        .or(b.softmax)
-        .unwrap_or(true);
+    let truncate = b.truncate.parse(st)?;
     let mut prompts = Vec::with_capacity(docs.len());
     for d in &docs {
         prompts.push(prompt(st, head.template(), &query, d).await?);
@@ -139,13 +120,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
     let hidden = embed_all(st, prompts, Pooling::Last, "documents").await?;
     let mut scored: Vec<(usize, f32)> = hidden
         .iter()
-        .map(|h| {
-            if activation {
-                head.score(h)
-            } else {
-                head.logit(h)
-            }
-        })
+        .map(|h| b.activation.score(&head, h))
         .enumerate()
         .collect();
     // highest first; a NaN (a broken head) last, never a panic

@@ -13,7 +13,9 @@
 //! `/v1/embeddings` pools them).
 
 use crate::api::{finish, parse, ApiError};
-use crate::embeddings::{embed_all, encode_input, one_vector, Truncation, MAX_INPUTS};
+use crate::embeddings::{
+    embed_all, encode_input, one_vector, ActivationFields, TruncateFields, Truncation, MAX_INPUTS,
+};
 use crate::error::random_seed;
 use crate::rerank::prompt;
 use crate::scheduler::Pooling;
@@ -43,19 +45,12 @@ struct ScoreBody {
     text_1: Option<Value>,
     #[serde(default)]
     text_2: Option<Value>,
-    /// Keep this many tokens of each prompt ([`Truncation`]).
-    #[serde(default)]
-    truncate_prompt_tokens: Option<Value>,
-    #[serde(default)]
-    truncation_side: Option<String>,
-    /// `false`: a reranker's score before its activation (vLLM's; `softmax` and
-    /// `activation` are its older names).
-    #[serde(default)]
-    use_activation: Option<bool>,
-    #[serde(default)]
-    softmax: Option<bool>,
-    #[serde(default)]
-    activation: Option<bool>,
+    /// Keep this many tokens of each prompt.
+    #[serde(flatten)]
+    truncate: TruncateFields,
+    /// `use_activation: false`: a reranker's scores before their activation.
+    #[serde(flatten)]
+    activation: ActivationFields,
     /// Echoed in the answer.
     #[serde(default)]
     model: Option<String>,
@@ -87,16 +82,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         ))
         .param(n1));
     }
-    let truncate = Truncation::parse(
-        st,
-        b.truncate_prompt_tokens.as_ref(),
-        b.truncation_side.as_deref(),
-    )?;
-    let activation = b
-        .use_activation
-        .or(b.activation)
-        .or(b.softmax)
-        .unwrap_or(true);
+    let truncate = b.truncate.parse(st)?;
     let pair = |i: usize| (&first[if first.len() == 1 { 0 } else { i }], &second[i]);
     let (scores, tokens) = if let Some(head) = st.rank.clone() {
         // a reranker: each pair's prompt through the head
@@ -110,13 +96,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         let hidden = embed_all(st, prompts, Pooling::Last, n2).await?;
         let scores: Vec<f32> = hidden
             .iter()
-            .map(|h| {
-                if activation {
-                    head.score(h)
-                } else {
-                    head.logit(h)
-                }
-            })
+            .map(|h| b.activation.score(&head, h))
             .collect();
         (scores, tokens)
     } else {
