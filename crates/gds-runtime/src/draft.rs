@@ -66,9 +66,11 @@ pub fn ngram(history: &[u32], n_max: usize, n_min: usize, max: usize) -> Vec<u32
 /// guesses right (the reply still on the prediction), twice as many next time; the reply
 /// departed from them, half as many (at least [`Prediction::ALIGN_MIN`]), so that a
 /// prediction wrong in many places does not cost a pass of wasted guesses at each.
+///
+/// This is the following's state; the text is the caller's, given at each
+/// [`Prediction::propose`] (the same text each time).
 #[derive(Clone, Debug)]
 pub struct Prediction {
-    tokens: Vec<u32>,
     /// The prediction's index of the token after the reply's end, as of `at`.
     cursor: Option<usize>,
     /// The reply's length when `cursor` was set.
@@ -80,16 +82,21 @@ pub struct Prediction {
     starts_reply: bool,
 }
 
+impl Default for Prediction {
+    fn default() -> Prediction {
+        Prediction::new()
+    }
+}
+
 impl Prediction {
     /// Most reply tokens looked up to find the reply in the prediction again.
     pub const ALIGN_MAX: usize = 8;
     /// Fewest (a single token recurs too often to place the reply).
     pub const ALIGN_MIN: usize = 2;
 
-    /// The prediction's tokens.
-    pub fn new(tokens: Vec<u32>) -> Prediction {
+    /// A prediction: the reply is expected to start where it does.
+    pub fn new() -> Prediction {
         Prediction {
-            tokens,
             cursor: None,
             at: 0,
             run: usize::MAX,
@@ -99,16 +106,16 @@ impl Prediction {
 
     /// A text the reply may quote (a prompt holding the file to edit, the passage to cite):
     /// followed as a prediction is once the reply's last tokens are found in it.
-    pub fn quoted(tokens: Vec<u32>) -> Prediction {
+    pub fn quoted() -> Prediction {
         Prediction {
             starts_reply: false,
-            ..Prediction::new(tokens)
+            ..Prediction::new()
         }
     }
 
-    /// Up to `max` guesses of the tokens after `reply` (the tokens generated so far).
-    pub fn propose(&mut self, reply: &[u32], max: usize) -> Vec<u32> {
-        let p = &self.tokens;
+    /// Up to `max` guesses, from the text `p`, of the tokens after `reply` (the tokens
+    /// generated so far).
+    pub fn propose(&mut self, p: &[u32], reply: &[u32], max: usize) -> Vec<u32> {
         let n = reply.len();
         let from = if n == 0 {
             // the reply begins where the prediction does
@@ -138,7 +145,7 @@ impl Prediction {
                         // the reply left the prediction where it was expected: guess less
                         self.run = (self.run.min(max) / 2).max(Self::ALIGN_MIN);
                     }
-                    self.find(reply, expected.unwrap_or(0))
+                    Self::find(p, reply, expected.unwrap_or(0))
                 }
             }
         };
@@ -152,11 +159,10 @@ impl Prediction {
         p[from.min(p.len())..(from + k).min(p.len())].to_vec()
     }
 
-    /// The prediction's index just past an occurrence of the reply's last tokens (the
-    /// longest suffix found, from [`Self::ALIGN_MAX`] down): the first at or after `near`,
-    /// else the last before it.
-    fn find(&self, reply: &[u32], near: usize) -> Option<usize> {
-        let p = &self.tokens;
+    /// The index in `p` just past an occurrence of the reply's last tokens (the longest
+    /// suffix found, from [`Self::ALIGN_MAX`] down): the first at or after `near`, else the
+    /// last before it.
+    fn find(p: &[u32], reply: &[u32], near: usize) -> Option<usize> {
         for m in (Self::ALIGN_MIN..=Self::ALIGN_MAX.min(reply.len())).rev() {
             let tail = &reply[reply.len() - m..];
             if m > p.len() {
@@ -346,58 +352,59 @@ mod tests {
     fn a_prediction_is_followed_through_edits() {
         // the prediction: 0..40; the reply keeps to it, then replaces 10..13 with 100, 101
         let pred: Vec<u32> = (0..40).collect();
-        let mut p = Prediction::new(pred.clone());
-        assert_eq!(p.propose(&[], 4), [0, 1, 2, 3]);
+        let mut p = Prediction::new();
+        assert_eq!(p.propose(&pred, &[], 4), [0, 1, 2, 3]);
         let mut reply: Vec<u32> = (0..4).collect();
-        assert_eq!(p.propose(&reply, 4), [4, 5, 6, 7]);
+        assert_eq!(p.propose(&pred, &reply, 4), [4, 5, 6, 7]);
         reply.extend(4..10);
-        assert_eq!(p.propose(&reply, 3), [10, 11, 12]);
+        assert_eq!(p.propose(&pred, &reply, 3), [10, 11, 12]);
         // the edit: nothing matches its tokens
         reply.push(100);
-        assert!(p.propose(&reply, 3).is_empty());
+        assert!(p.propose(&pred, &reply, 3).is_empty());
         reply.push(101);
-        assert!(p.propose(&reply, 3).is_empty());
+        assert!(p.propose(&pred, &reply, 3).is_empty());
         // back on the prediction after the edit: found by its last two tokens (two guesses,
         // half of the three before the miss, then more as they come right)
         reply.extend([13, 14]);
-        assert_eq!(p.propose(&reply, 3), [15, 16]);
+        assert_eq!(p.propose(&pred, &reply, 3), [15, 16]);
         reply.extend([15, 16, 17]);
-        assert_eq!(p.propose(&reply, 3), [18, 19, 20]);
+        assert_eq!(p.propose(&pred, &reply, 3), [18, 19, 20]);
         reply.extend(18..21);
-        assert_eq!(p.propose(&reply, 3), [21, 22, 23]);
+        assert_eq!(p.propose(&pred, &reply, 3), [21, 22, 23]);
         // the end of the prediction: what is left, then nothing
         reply.extend(21..38);
-        assert_eq!(p.propose(&reply, 5), [38, 39]);
+        assert_eq!(p.propose(&pred, &reply, 5), [38, 39]);
         reply.extend([38, 39]);
-        assert!(p.propose(&reply, 5).is_empty());
+        assert!(p.propose(&pred, &reply, 5).is_empty());
     }
 
     #[test]
     fn a_quoted_text_is_followed_once_the_reply_is_found_in_it() {
-        let mut p = Prediction::quoted((0..20).collect());
-        assert!(p.propose(&[], 4).is_empty());
-        assert!(p.propose(&[50], 4).is_empty());
-        assert_eq!(p.propose(&[50, 7, 8], 4), [9, 10, 11, 12]);
+        let pred: Vec<u32> = (0..20).collect();
+        let mut p = Prediction::quoted();
+        assert!(p.propose(&pred, &[], 4).is_empty());
+        assert!(p.propose(&pred, &[50], 4).is_empty());
+        assert_eq!(p.propose(&pred, &[50, 7, 8], 4), [9, 10, 11, 12]);
     }
 
     #[test]
     fn a_prediction_guesses_fewer_after_a_miss_and_more_after_a_hit() {
         let pred: Vec<u32> = (0..100).collect();
-        let mut p = Prediction::new(pred);
-        assert_eq!(p.propose(&[], 8).len(), 8);
+        let mut p = Prediction::new();
+        assert_eq!(p.propose(&pred, &[], 8).len(), 8);
         // a miss after 3 of the 8: the reply departs (token 500), then comes back
         let mut reply: Vec<u32> = vec![0, 1, 2, 500];
-        assert!(p.propose(&reply, 8).is_empty());
+        assert!(p.propose(&pred, &reply, 8).is_empty());
         reply.extend([4, 5]);
-        assert_eq!(p.propose(&reply, 8), [6, 7, 8, 9]);
+        assert_eq!(p.propose(&pred, &reply, 8), [6, 7, 8, 9]);
         // all four right (and the sampled token): eight next
         reply.extend([6, 7, 8, 9, 10]);
-        assert_eq!(p.propose(&reply, 8).len(), 8);
+        assert_eq!(p.propose(&pred, &reply, 8).len(), 8);
         // never under ALIGN_MIN
         for bad in 0..5 {
             reply.extend([600 + bad, 11 + 2 * bad, 12 + 2 * bad]);
-            let _ = p.propose(&reply[..reply.len() - 2], 8);
-            assert!(p.propose(&reply, 8).len() >= Prediction::ALIGN_MIN);
+            let _ = p.propose(&pred, &reply[..reply.len() - 2], 8);
+            assert!(p.propose(&pred, &reply, 8).len() >= Prediction::ALIGN_MIN);
         }
     }
 
@@ -406,18 +413,20 @@ mod tests {
         // "a b } c d } e f": the reply departs, then writes "x }" — the brace after where
         // it was expected wins over the first one
         let (a, b, br, c, d, e, f, x) = (1, 2, 9, 3, 4, 5, 6, 7);
-        let mut p = Prediction::new(vec![a, b, br, c, d, br, e, f]);
-        assert_eq!(p.propose(&[a, b, br, c], 2), [d, br]);
+        let pred = [a, b, br, c, d, br, e, f];
+        let mut p = Prediction::new();
+        assert_eq!(p.propose(&pred, &[a, b, br, c], 2), [d, br]);
         // departs at d; "c x" is nowhere
-        assert!(p.propose(&[a, b, br, c, x], 2).is_empty());
+        assert!(p.propose(&pred, &[a, b, br, c, x], 2).is_empty());
         // "x }" is nowhere either: the one-token "}" is too short to place it
-        assert!(p.propose(&[a, b, br, c, x, br], 2).is_empty());
+        assert!(p.propose(&pred, &[a, b, br, c, x, br], 2).is_empty());
         // "} e" places it after the second brace
-        assert_eq!(p.propose(&[a, b, br, c, x, br, e], 2), [f]);
+        assert_eq!(p.propose(&pred, &[a, b, br, c, x, br, e], 2), [f]);
         // a suffix found only before the expected place is still used
-        let mut p = Prediction::new(vec![a, b, c, d, e, f]);
-        assert_eq!(p.propose(&[a, b, c, d, e], 1), [f]);
-        assert_eq!(p.propose(&[a, b, c, d, e, a, b], 2), [c, d]);
+        let pred = [a, b, c, d, e, f];
+        let mut p = Prediction::new();
+        assert_eq!(p.propose(&pred, &[a, b, c, d, e], 1), [f]);
+        assert_eq!(p.propose(&pred, &[a, b, c, d, e, a, b], 2), [c, d]);
     }
 
     #[test]

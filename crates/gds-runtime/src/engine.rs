@@ -574,7 +574,7 @@ impl Engine {
         };
         // prompt lookup follows the prompt where the reply quotes it (as the server's does)
         let n_prompt = history.len();
-        let mut quoted = crate::draft::Prediction::quoted(history.clone());
+        let mut quoted = crate::draft::Prediction::quoted();
         // With every weight in memory a guess costs compute (its row of every matrix and of
         // the output head), so the guesses per pass adapt to how the last ones fared (none
         // right: half as many; all right: twice as many, up to the plan's maximum; else one
@@ -702,7 +702,8 @@ impl Engine {
                                     ctx,
                                 )?,
                                 None => {
-                                    let g = quoted.propose(&history[n_prompt..], room);
+                                    let (prompt, reply) = history.split_at(n_prompt);
+                                    let g = quoted.propose(prompt, reply, room);
                                     if g.is_empty() {
                                         crate::draft::ngram(
                                             &history,

@@ -1010,10 +1010,7 @@ pub(crate) fn submit(
         max_tokens: job.max_tokens,
         ignore_eos: job.ignore_eos,
         draft_max: job.draft_max,
-        prediction: job
-            .prediction
-            .as_ref()
-            .map(|p| gds_runtime::draft::Prediction::new(p.to_vec())),
+        prediction: job.prediction.clone(),
         logprobs: job.logprobs,
         post_sampling: job.post_sampling,
         echo: job.echo,
@@ -2445,22 +2442,10 @@ pub(crate) async fn prediction_tokens(
     }
     let text = match o.get("content") {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for p in parts {
-                match (p.get("type"), p.get("text")) {
-                    (Some(Value::String(t)), Some(Value::String(x))) if t == "text" => {
-                        text.push_str(x)
-                    }
-                    _ => {
-                        return bad(
-                            "content: a part that is not {\"type\": \"text\", \"text\": ...}",
-                        )
-                    }
-                }
-            }
-            text
-        }
+        Some(Value::Array(parts)) => match text_parts(parts) {
+            Some(text) => text,
+            None => return bad("content: a part that is not {\"type\": \"text\", \"text\": ...}"),
+        },
         _ => return bad("content is not a string or a list of text parts"),
     };
     if text.is_empty() {
@@ -2468,6 +2453,21 @@ pub(crate) async fn prediction_tokens(
     }
     let ids = encode_text(st, text, false, false, "prediction").await?;
     Ok((!ids.is_empty()).then(|| ids.into()))
+}
+
+/// The texts of parts `[{"type": "text", "text": ...}, ...]` joined with nothing between
+/// them, or `None` when a part is not a text part.
+pub(crate) fn text_parts(parts: &[Value]) -> Option<String> {
+    parts
+        .iter()
+        .map(
+            |p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                (Some("text"), Some(Value::String(t))) => Some(t.as_str()),
+                _ => None,
+            },
+        )
+        .collect::<Option<Vec<&str>>>()
+        .map(|texts| texts.concat())
 }
 
 /// Gives a chat job its reasoning split; a reply that starts inside the thinking keeps the

@@ -212,7 +212,7 @@ pub(crate) struct Truncation {
 
 /// vLLM's request fields of [`Truncation`] (`truncate_prompt_tokens`, `truncation_side`),
 /// flattened into the bodies that take them.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 pub(crate) struct TruncateFields {
     #[serde(default)]
     truncate_prompt_tokens: Option<Value>,
@@ -223,47 +223,7 @@ pub(crate) struct TruncateFields {
 impl TruncateFields {
     /// The request's truncation, checked.
     pub(crate) fn parse(&self, st: &ServerState) -> Result<Option<Truncation>, ApiError> {
-        Truncation::parse(
-            st,
-            self.truncate_prompt_tokens.as_ref(),
-            self.truncation_side.as_deref(),
-        )
-    }
-}
-
-/// vLLM's `use_activation` (and its older names `activation` and `softmax`): `false` asks
-/// for a reranker's scores before their activation ([`RankHead::logit`]).
-///
-/// [`RankHead::logit`]: gds_runtime::rank::RankHead::logit
-#[derive(Deserialize, Default)]
-pub(crate) struct ActivationFields {
-    #[serde(default)]
-    use_activation: Option<bool>,
-    #[serde(default)]
-    activation: Option<bool>,
-    #[serde(default)]
-    softmax: Option<bool>,
-}
-
-impl ActivationFields {
-    /// The score of a last-token hidden state through `head`, with or without its
-    /// activation as asked (with, by default).
-    pub(crate) fn score(&self, head: &gds_runtime::rank::RankHead, hidden: &[f32]) -> f32 {
-        match self.use_activation.or(self.activation).or(self.softmax) {
-            Some(false) => head.logit(hidden),
-            _ => head.score(hidden),
-        }
-    }
-}
-
-impl Truncation {
-    /// The request's truncation, checked.
-    fn parse(
-        st: &ServerState,
-        k: Option<&Value>,
-        side: Option<&str>,
-    ) -> Result<Option<Truncation>, ApiError> {
-        let first = match side {
+        let first = match self.truncation_side.as_deref() {
             None | Some("left") => false,
             Some("right") => true,
             Some(s) => {
@@ -273,7 +233,7 @@ impl Truncation {
                 .param("truncation_side"))
             }
         };
-        let keep = match k {
+        let keep = match &self.truncate_prompt_tokens {
             None | Some(Value::Null) => return Ok(None),
             Some(v) => match v.as_i64() {
                 Some(-1) => st.ctx,
@@ -288,7 +248,9 @@ impl Truncation {
         };
         Ok(Some(Truncation { keep, first }))
     }
+}
 
+impl Truncation {
     /// Cuts each prompt to the tokens it keeps.
     pub(crate) fn apply(t: Option<Truncation>, prompts: &mut [Vec<u32>]) {
         let Some(t) = t else { return };

@@ -191,21 +191,13 @@ pub(crate) fn sub_prompt(v: &Value) -> Result<Vec<Part>, ApiError> {
             }
             match (o.get("prompt_string"), o.get("content")) {
                 (Some(p @ (Value::String(_) | Value::Array(_))), _) => sub_prompt(p),
-                (None, Some(Value::Array(parts))) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                            (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                            _ => {
-                                return Err(ApiError::bad(
-                                    "content parts must be {\"type\": \"text\", \"text\": ...}: this server's models take text only",
-                                )
-                                .param("prompt"))
-                            }
-                        }
-                    }
-                    Ok(vec![Part::Text(text)])
-                }
+                (None, Some(Value::Array(parts))) => match crate::api::text_parts(parts) {
+                    Some(text) => Ok(vec![Part::Text(text)]),
+                    None => Err(ApiError::bad(
+                        "content parts must be {\"type\": \"text\", \"text\": ...}: this server's models take text only",
+                    )
+                    .param("prompt")),
+                },
                 _ => Err(bad_prompt()),
             }
         }

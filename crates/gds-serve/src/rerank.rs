@@ -12,7 +12,7 @@
 //! `top_n`.
 
 use crate::api::{encode_text, finish, parse, ApiError};
-use crate::embeddings::{embed_all, ActivationFields, TruncateFields, Truncation};
+use crate::embeddings::{embed_all, TruncateFields, Truncation};
 use crate::error::random_seed;
 use crate::scheduler::Pooling;
 use crate::ServerState;
@@ -52,6 +52,31 @@ struct RerankBody {
     /// vLLM's `use_activation`.
     #[serde(flatten)]
     activation: ActivationFields,
+}
+
+/// vLLM's `use_activation` (and its older names `activation` and `softmax`): `false` asks
+/// for a reranker's scores before their activation ([`RankHead::logit`]).
+///
+/// [`RankHead::logit`]: gds_runtime::rank::RankHead::logit
+#[derive(Deserialize)]
+pub(crate) struct ActivationFields {
+    #[serde(default)]
+    use_activation: Option<bool>,
+    #[serde(default)]
+    activation: Option<bool>,
+    #[serde(default)]
+    softmax: Option<bool>,
+}
+
+impl ActivationFields {
+    /// The score of a last-token hidden state through `head`, with or without its
+    /// activation as asked (with, by default).
+    pub(crate) fn score(&self, head: &gds_runtime::rank::RankHead, hidden: &[f32]) -> f32 {
+        match self.use_activation.or(self.activation).or(self.softmax) {
+            Some(false) => head.logit(hidden),
+            _ => head.score(hidden),
+        }
+    }
 }
 
 /// `POST /rerank` and its aliases.

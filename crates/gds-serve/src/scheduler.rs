@@ -169,7 +169,7 @@ pub struct Request {
     /// Predicted outputs (OpenAI's `prediction`): the guesses come from this text the reply
     /// is expected to repeat, up to `draft_max` or [`PREDICTED_MAX`] a step (the
     /// prompt-lookup draft's where it gives none and `draft_max` asked for it).
-    pub prediction: Option<gds_runtime::draft::Prediction>,
+    pub prediction: Option<Arc<[u32]>>,
     /// Report each token's log-probability and this many top alternatives (`None`: none).
     pub logprobs: Option<usize>,
     /// The log-probabilities reported are after the sampling chain (llama-server's
@@ -307,9 +307,11 @@ struct Seq {
     queue_ms: f64,
     /// This step's guesses (fed after its last token, with logits at each).
     guesses: Vec<u32>,
-    /// With the prompt-lookup draft: the prompt followed as a text the reply may quote
-    /// (made at the first guess).
-    quoted: Option<gds_runtime::draft::Prediction>,
+    /// Where the reply is in the request's prediction.
+    following: gds_runtime::draft::Prediction,
+    /// With the prompt-lookup draft: where the reply is in the prompt, followed as a text
+    /// the reply may quote.
+    quoted: gds_runtime::draft::Prediction,
     /// Whether this step's guesses come from the request's prediction.
     predicted: bool,
     /// The prediction's guesses so far, and those that were right.
@@ -470,7 +472,8 @@ impl Engine {
             first_token: None,
             queue_ms: 0.0,
             guesses: Vec::new(),
-            quoted: None,
+            following: gds_runtime::draft::Prediction::new(),
+            quoted: gds_runtime::draft::Prediction::quoted(),
             predicted: false,
             predicted_guesses: 0,
             predicted_accepted: 0,
@@ -823,19 +826,15 @@ impl Engine {
             let mut guesses = Vec::new();
             s.predicted = false;
             if k > 0 && s.req.constraint.is_none() {
-                if let Some(p) = s.req.prediction.as_mut() {
-                    guesses = p.propose(&s.tokens[s.n_prompt.min(s.tokens.len())..], k);
+                let (prompt, reply) = s.tokens.split_at(s.n_prompt.min(s.tokens.len()));
+                if let Some(p) = &s.req.prediction {
+                    guesses = s.following.propose(p, reply, k);
                     s.predicted = !guesses.is_empty();
                 }
                 if guesses.is_empty() && s.req.draft_max > 0 {
                     // prompt lookup: where the reply quotes the prompt, the prompt followed
                     // from there; else the latest earlier occurrence of the last tokens
-                    let n_prompt = s.n_prompt.min(s.tokens.len());
-                    let (prompt, reply) = s.tokens.split_at(n_prompt);
-                    let quoted = s.quoted.get_or_insert_with(|| {
-                        gds_runtime::draft::Prediction::quoted(prompt.to_vec())
-                    });
-                    guesses = quoted.propose(reply, k);
+                    guesses = s.quoted.propose(prompt, reply, k);
                     if guesses.is_empty() {
                         guesses = gds_runtime::draft::ngram(
                             &s.tokens,
@@ -848,11 +847,6 @@ impl Engine {
             }
             if !guesses.is_empty() && !self.reserve(i, pos + 1 + guesses.len()) {
                 guesses.clear();
-                self.running[i].predicted = false;
-            }
-            let s = &mut self.running[i];
-            if s.predicted {
-                s.predicted_guesses += guesses.len();
             }
             let s = &self.running[i];
             self.batch.push(s.tokens[pos], pos, s.slot, true);
@@ -869,7 +863,11 @@ impl Engine {
             if !guesses.is_empty() {
                 self.metrics.drafts.fetch_add(1, Ordering::Relaxed);
             }
-            self.running[i].guesses = guesses;
+            let s = &mut self.running[i];
+            if s.predicted {
+                s.predicted_guesses += guesses.len();
+            }
+            s.guesses = guesses;
             i += 1;
         }
         let n_decode = self.batch.len();

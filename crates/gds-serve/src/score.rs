@@ -14,10 +14,10 @@
 
 use crate::api::{finish, parse, ApiError};
 use crate::embeddings::{
-    embed_all, encode_input, one_vector, ActivationFields, TruncateFields, Truncation, MAX_INPUTS,
+    embed_all, encode_input, one_vector, TruncateFields, Truncation, MAX_INPUTS,
 };
 use crate::error::random_seed;
-use crate::rerank::prompt;
+use crate::rerank::{prompt, ActivationFields};
 use crate::scheduler::Pooling;
 use crate::ServerState;
 use axum::body::Bytes;
