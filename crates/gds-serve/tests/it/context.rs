@@ -204,8 +204,13 @@ fn ollama_generate_truncates_and_shifts_unless_told_not_to() {
     let gen = |extra: Value| {
         let mut b = json!({"model": "m", "raw": true, "stream": false,
                            "options": {"temperature": 0}});
+        // (`options` merged, not replaced: a request's own options keep `temperature: 0`;
+        // replacing them sampled the count, which then ended now and then)
         for (k, v) in extra.as_object().unwrap() {
-            b[k] = v.clone();
+            match (k.as_str(), v.as_object()) {
+                ("options", Some(o)) => o.iter().for_each(|(k, v)| b["options"][k] = v.clone()),
+                _ => b[k] = v.clone(),
+            }
         }
         post(&s, "/api/generate", &b)
     };
@@ -222,6 +227,13 @@ fn ollama_generate_truncates_and_shifts_unless_told_not_to() {
     let (code, r) = gen(json!({"prompt": count, "options": {"num_predict": 200}}));
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["eval_count"], 200, "{r}");
+    assert!(
+        r["response"]
+            .as_str()
+            .unwrap()
+            .starts_with(" 7, 8, 9, 10, 11, 12,"),
+        "{r}"
+    );
     let (code, r) = gen(json!({"prompt": count, "shift": false,
                                "options": {"num_predict": 200}}));
     assert_eq!(code, 200, "{r}");
