@@ -987,6 +987,108 @@ impl KvCache {
     }
 }
 
+impl KvData {
+    /// Elements `range` as bytes (the element type's, in the machine's order).
+    fn bytes_of(&self, range: std::ops::Range<usize>) -> &[u8] {
+        match self {
+            KvData::F32(v) => bytemuck::cast_slice(&v[range]),
+            KvData::F16(v) => bytemuck::cast_slice(&v[range]),
+        }
+    }
+
+    /// Elements `range` as bytes to write.
+    fn bytes_of_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+        match self {
+            KvData::F32(v) => bytemuck::cast_slice_mut(&mut v[range]),
+            KvData::F16(v) => bytemuck::cast_slice_mut(&mut v[range]),
+        }
+    }
+}
+
+/// Copying whole blocks in and out, for saving a prefix to a file and reading it back
+/// (the server's slot save and restore).
+impl KvCache {
+    /// Whether layer `l` keeps its rows in the window pool.
+    fn in_window_pool(&self, l: usize) -> bool {
+        self.window.is_some() && self.layers[l].ring
+    }
+
+    /// The element ranges of block `main` (main-pool layers) and `window` (window-pool
+    /// layers, skipped where [`NO_BLOCK`]), layer by layer; an error where a block is
+    /// outside its pool or the cache cannot copy blocks (no rows, or window rings).
+    fn block_ranges(&self, main: u32, window: u32) -> Result<Vec<std::ops::Range<usize>>, String> {
+        if !self.rows {
+            return Err("the KV cache's rows are held by the backend, not here".into());
+        }
+        if self.ring.is_some() {
+            return Err("a KV cache with window rings has no whole blocks to copy".into());
+        }
+        let mut out = Vec::with_capacity(self.n_layers);
+        for l in 0..self.n_layers {
+            let g = self.layers[l];
+            let (b, n) = if self.in_window_pool(l) {
+                if window == NO_BLOCK {
+                    continue;
+                }
+                (window, self.window_n_blocks())
+            } else {
+                (main, self.n_blocks)
+            };
+            if b as usize >= n {
+                return Err(format!("block {b} is outside its pool ({n} blocks)"));
+            }
+            let len = g.block * self.kv_dim;
+            let start = g.base + b as usize * len;
+            out.push(start..start + len);
+        }
+        Ok(out)
+    }
+
+    /// Bytes one block's image takes ([`KvCache::export_block`]): the keys and values of the
+    /// main pool's layers and, with `window`, of the window pool's.
+    pub fn block_image_len(&self, window: bool) -> usize {
+        let layers = (0..self.n_layers)
+            .filter(|&l| window || !self.in_window_pool(l))
+            .count();
+        2 * layers * self.block * self.kv_dim * self.dtype.size()
+    }
+
+    /// Appends the image of the positions that block `main` (and, unless [`NO_BLOCK`],
+    /// window-pool block `window`) hold to `out`: for each layer in order, its keys, then its
+    /// values, as the cache stores them ([`KvCache::dtype`], the machine's byte order).
+    pub fn export_block(&self, main: u32, window: u32, out: &mut Vec<u8>) -> Result<(), String> {
+        for r in self.block_ranges(main, window)? {
+            out.extend_from_slice(self.k.bytes_of(r.clone()));
+            out.extend_from_slice(self.v.bytes_of(r));
+        }
+        Ok(())
+    }
+
+    /// Writes an image [`KvCache::export_block`] made into block `main` (and `window`):
+    /// `data` must be exactly [`KvCache::block_image_len`] long.
+    pub fn import_block(&mut self, main: u32, window: u32, data: &[u8]) -> Result<(), String> {
+        let want = self.block_image_len(window != NO_BLOCK);
+        if data.len() != want {
+            return Err(format!(
+                "a block image of {} bytes where this cache's takes {want}",
+                data.len()
+            ));
+        }
+        let mut at = 0;
+        for r in self.block_ranges(main, window)? {
+            let n = self.k.bytes_of(r.clone()).len();
+            self.k
+                .bytes_of_mut(r.clone())
+                .copy_from_slice(&data[at..at + n]);
+            self.v
+                .bytes_of_mut(r)
+                .copy_from_slice(&data[at + n..at + 2 * n]);
+            at += 2 * n;
+        }
+        Ok(())
+    }
+}
+
 /// `n_layers` layers of `layer_len` elements each, in blocks of `block` positions.
 fn uniform(n_layers: usize, layer_len: usize, block: usize) -> Vec<LayerGeo> {
     (0..n_layers)
@@ -1001,6 +1103,72 @@ fn uniform(n_layers: usize, layer_len: usize, block: usize) -> Vec<LayerGeo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_block_image_goes_into_another_cache_and_block_unchanged() {
+        // layer 0 windowed, layers 1 and 2 global; blocks of 4 positions, kv_dim 6
+        let windows = [Some(8), None, None];
+        let make = || KvCache::paged_windowed(KvDtype::F16, &windows, 2, 64, 6, 4, 5, 5);
+        let mut a = make();
+        let fill = |d: &mut KvData, salt: f32| {
+            if let KvData::F16(v) = d {
+                for (i, x) in v.iter_mut().enumerate() {
+                    *x = f16::from_f32(i as f32 * 0.25 + salt);
+                }
+            }
+        };
+        fill(&mut a.k, 0.0);
+        fill(&mut a.v, 1000.0);
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        a.export_block(3, 1, &mut with).unwrap();
+        a.export_block(3, NO_BLOCK, &mut without).unwrap();
+        assert_eq!(with.len(), a.block_image_len(true));
+        assert_eq!(with.len(), 2 * 3 * 4 * 6 * 2);
+        assert_eq!(without.len(), a.block_image_len(false));
+        assert_eq!(without.len(), 2 * 2 * 4 * 6 * 2);
+
+        let mut b = make();
+        b.import_block(0, 4, &with).unwrap();
+        // every layer's rows of the block, keys and values, equal the source's
+        for l in 0..3 {
+            let (src, dst) = if l == 0 { (1, 4) } else { (3, 0) };
+            let g = a.layers[l];
+            let n = g.block * a.kv_dim;
+            let (sa, sb) = (g.base + src * n, g.base + dst * n);
+            assert_eq!(
+                a.k.bytes_of(sa..sa + n),
+                b.k.bytes_of(sb..sb + n),
+                "K of layer {l}"
+            );
+            assert_eq!(
+                a.v.bytes_of(sa..sa + n),
+                b.v.bytes_of(sb..sb + n),
+                "V of layer {l}"
+            );
+        }
+        let mut again = Vec::new();
+        b.export_block(0, 4, &mut again).unwrap();
+        assert_eq!(again, with);
+
+        // wrong sizes, blocks outside the pools, a cache without rows: errors, not panics
+        assert!(b
+            .import_block(0, NO_BLOCK, &with)
+            .unwrap_err()
+            .contains("bytes"));
+        assert!(b
+            .export_block(5, NO_BLOCK, &mut Vec::new())
+            .unwrap_err()
+            .contains("outside"));
+        assert!(b
+            .export_block(0, 9, &mut Vec::new())
+            .unwrap_err()
+            .contains("outside"));
+        b.drop_rows();
+        assert!(b.export_block(0, NO_BLOCK, &mut Vec::new()).is_err());
+        let ring = KvCache::with_window_ring(KvDtype::F32, 1, 256, 6, &windows, 4);
+        assert!(ring.ring.is_some());
+        assert!(ring.export_block(0, NO_BLOCK, &mut Vec::new()).is_err());
+    }
 
     #[test]
     fn contiguous_cache_maps_like_the_old_layout() {

@@ -4,7 +4,9 @@
 pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
 use crate::reasoning::{CountedSplit, Reasoning};
-use crate::scheduler::{Done, Event, Finish, Prefill, Progress, Request, Shift, TokenLogprobs};
+use crate::scheduler::{
+    Done, Event, Finish, Msg, Prefill, Progress, Request, Shift, TokenLogprobs,
+};
 use crate::tools::Tools;
 use crate::ServerState;
 use axum::body::Bytes;
@@ -154,6 +156,10 @@ pub(crate) struct Common {
     /// prompt has gone in (`prompt_progress`).
     #[serde(default)]
     pub(crate) return_progress: Option<bool>,
+    /// Extension (llama-server's): the slot whose last tokens this request's become (for
+    /// `POST /slots/{id}?action=save`); -1 or absent: the one it runs in.
+    #[serde(default)]
+    pub(crate) id_slot: Option<i64>,
     /// Extension (llama-server's): with `--context-shift`, the prompt tokens a shift keeps
     /// (after the BOS; -1: the whole prompt). Default 0.
     #[serde(default)]
@@ -552,6 +558,8 @@ pub(crate) struct Job {
     pub(crate) group: Option<u64>,
     /// Predicted outputs: the prediction's tokens ([`Request::prediction`]).
     pub(crate) prediction: Option<Arc<[u32]>>,
+    /// The slot it names (`id_slot`, [`Request::slot`]).
+    pub(crate) slot: Option<usize>,
 }
 
 /// One job per choice: `n` copies of each job, the `i`-th sampling with seed + `i` (so
@@ -573,6 +581,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 reasoning: j.reasoning.clone(),
                 keep: j.keep.clone(),
                 prediction: j.prediction.clone(),
+                slot: j.slot,
                 copy,
                 group,
                 ..j
@@ -584,7 +593,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
 
 /// A request body, or a 400 naming the field at fault by its path (`messages[2].content`)
 /// where the JSON is well formed but a field's type is not.
-pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+pub(crate) fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
         return Err(ApiError::bad(
             "invalid JSON body: the body is a list; a request is a JSON object",
@@ -840,6 +849,17 @@ pub(crate) fn job(
             )
         }
     };
+    let slot = match c.id_slot {
+        None | Some(-1) => None,
+        Some(i) if (0..st.max_batch as i64).contains(&i) => Some(i as usize),
+        Some(i) => {
+            return Err(ApiError::bad(format!(
+                "id_slot {i}: this server's slots are 0..={} (-1: any)",
+                st.max_batch.saturating_sub(1)
+            ))
+            .param("id_slot"))
+        }
+    };
     let include_usage = match &c.stream_options {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => match o.get("include_usage") {
@@ -884,6 +904,7 @@ pub(crate) fn job(
         group: None,
         shift,
         prediction: None,
+        slot,
     })
 }
 
@@ -1019,6 +1040,7 @@ pub(crate) fn submit(
         shift: job.shift,
         group: job.group,
         progress: job.progress,
+        slot: job.slot,
         tx,
         received: Instant::now(),
         client: None,
@@ -1067,7 +1089,7 @@ pub(crate) fn enqueue(
     let mut req = make(tx, ended.clone());
     req.client = client;
     m.queue_depth_add(1);
-    if st.engine.send(req).is_err() {
+    if st.engine.send(Msg::from(req)).is_err() {
         m.queue_depth_sub(1);
         return Err(ApiError::status(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -414,6 +414,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
             api_keys: Vec::new(),
             metrics_public: false,
             slots: false,
+            slot_save_path: None,
             cors_origins: Vec::new(),
             limits: NetLimits {
                 max_connections: 1,

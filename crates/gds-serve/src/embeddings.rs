@@ -361,6 +361,7 @@ async fn embed_one(
         shift: None,
         group: None,
         progress: false,
+        slot: None,
         tx,
         received: Instant::now(),
         client: None,

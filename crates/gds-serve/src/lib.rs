@@ -18,6 +18,7 @@ mod rerank;
 mod responses;
 pub mod scheduler;
 mod score;
+mod slots;
 mod tokenize;
 pub mod tools;
 
@@ -34,7 +35,7 @@ use gds_runtime::{
 };
 use metrics::ServerMetrics;
 use net::NetLimits;
-use scheduler::{Engine, EngineConfig, Request};
+use scheduler::{Engine, EngineConfig, Msg};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -80,6 +81,11 @@ pub struct ServeArgs {
     /// `GET /slots` answers 501 (llama-server's `--no-slots`; it is on by default).
     #[arg(long)]
     pub no_slots: bool,
+    /// Directory where `POST /slots/{id}?action=save` writes a slot's cached prefix (its
+    /// KV blocks) and `action=restore` reads it back, as llama-server's --slot-save-path.
+    /// Without it those actions answer 501.
+    #[arg(long, value_name = "DIR")]
+    pub slot_save_path: Option<PathBuf>,
     /// Allow browser pages from this origin (e.g. `http://localhost:3000`; `*`: any;
     /// `localhost`: any page of this machine, http or https at localhost, 127.0.0.1 or [::1]
     /// on any port, as llama-server's keyword) to call the server (CORS); repeatable.
@@ -297,7 +303,7 @@ impl SamplingArgs {
 
 /// What the handlers share.
 pub struct ServerState {
-    engine: mpsc::UnboundedSender<Request>,
+    engine: mpsc::UnboundedSender<Msg>,
     tokenizer: Arc<TextTokenizer>,
     metrics: Arc<ServerMetrics>,
     default_sampler: SamplerConfig,
@@ -325,6 +331,13 @@ pub struct ServerState {
     metrics_public: bool,
     /// `GET /slots` answers.
     slots: bool,
+    /// Where slots are saved to and restored from (`--slot-save-path`).
+    slot_save_path: Option<PathBuf>,
+    /// The KV cache's element type and positions per block (a saved slot's).
+    kv_dtype: KvDtype,
+    kv_block: usize,
+    /// Bytes of one KV block's image, window rows included (the most a saved block takes).
+    block_image: usize,
     /// Origins allowed by CORS (`*`: any); empty: CORS off.
     cors_origins: Vec<String>,
     created: u64,
@@ -465,6 +478,8 @@ pub(crate) struct Frontend {
     pub(crate) metrics_public: bool,
     /// `GET /slots` answers (llama-server's `--slots`).
     pub(crate) slots: bool,
+    /// `--slot-save-path`.
+    pub(crate) slot_save_path: Option<PathBuf>,
     pub(crate) cors_origins: Vec<String>,
     pub(crate) limits: NetLimits,
 }
@@ -656,6 +671,7 @@ pub(crate) fn start(
     }
     let n_embd = c.n_embd;
     let (tx, rx) = mpsc::unbounded_channel();
+    let block_image = kv.block_image_len(true);
     let engine = Engine::new(exec, kv, cfg, eog, metrics.clone());
     let engine_thread = std::thread::Builder::new()
         .name("gds-engine".into())
@@ -681,6 +697,10 @@ pub(crate) fn start(
         api_keys: front.api_keys,
         metrics_public: front.metrics_public,
         slots: front.slots,
+        slot_save_path: front.slot_save_path,
+        kv_dtype,
+        kv_block: e.kv_block,
+        block_image,
         cors_origins: front.cors_origins,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -785,6 +805,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         cors_origins.push(o.to_string());
     }
+    if let Some(dir) = &args.slot_save_path {
+        // (made where missing, as llama-server does)
+        std::fs::create_dir_all(dir)
+            .map_err(|e| RuntimeError::Usage(format!("--slot-save-path {}: {e}", dir.display())))?;
+    }
     let api_keys = api_keys(args.api_key.as_deref(), args.api_key_file.as_deref())?;
     let Ok(max_body) = usize::try_from(args.max_body) else {
         return bad(format!("--max-body {} is too large", args.max_body));
@@ -813,6 +838,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             api_keys,
             metrics_public: args.metrics_public,
             slots: !args.no_slots,
+            slot_save_path: args.slot_save_path.clone(),
             cors_origins,
             limits,
         },
@@ -903,7 +929,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .route("/v2/rerank", post(rerank::rerank))
         .route("/props", get(native::props).post(native::post_props))
         .route("/slots", get(native::slots))
-        .route("/slots/{id}", post(native::slot_action))
+        .route("/slots/{id}", post(slots::action))
         .route("/apply-template", post(native::apply_template))
         .route("/v1/health", get(api::health))
         .route("/tokenize", post(tokenize::tokenize_handler))

@@ -21,8 +21,9 @@
 //! Samplers gdsrun does not have (mirostat, DRY, XTC, locally typical, dynamic temperature,
 //! top-n-sigma, adaptive-p), LoRA, indentation and time limits are refused with a 400 naming
 //! the field when a request switches them on, rather than ignored; at their defaults they
-//! are accepted. `id_slot` and `cache_prompt` are accepted: every request's prompt is looked
-//! up in the shared prefix cache whatever slot it names.
+//! are accepted. `cache_prompt` is accepted (every prompt is looked up in the shared prefix
+//! cache whatever slot it names); `id_slot` names the slot whose last tokens the request's
+//! become (`crate::slots`).
 
 use crate::api::{
     collect_choices, encode_text, expand, finish, parse, progress_json, progress_timings, refused,
@@ -1181,17 +1182,6 @@ pub async fn slots(
         .map(|id| json!({"id": id, "n_ctx": st.ctx, "speculative": false, "is_processing": id < running}))
         .collect();
     Json(list).into_response()
-}
-
-/// `POST /slots/{id}?action=save|restore|erase`: not supported (a slot's KV cache is not
-/// kept apart from the shared prefix cache), 501 as llama-server without `--slot-save-path`.
-pub async fn slot_action() -> Response {
-    ApiError::status(
-        StatusCode::NOT_IMPLEMENTED,
-        "not_supported_error",
-        "saving, restoring and erasing slots is not supported (the engine keeps one shared prefix cache)",
-    )
-    .into_response()
 }
 
 /// `POST /props`: changing the server's settings is not supported (llama-server's answer

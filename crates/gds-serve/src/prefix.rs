@@ -175,6 +175,38 @@ impl PrefixCache {
         freed
     }
 
+    /// Drops the blocks of `tokens`' indexed prefix that nothing else needs: from its last
+    /// block back, each one no other prefix continues and no sequence references (a slot's
+    /// erase). Returns how many were freed.
+    pub fn erase(&mut self, tokens: &[u32], kv: &mut KvCache) -> usize {
+        let mut path = Vec::new();
+        let mut at = 0;
+        for chunk in tokens.chunks_exact(self.block) {
+            let Some(&next) = self.node(at).children.get(chunk) else {
+                break;
+            };
+            path.push(next);
+            at = next;
+        }
+        let mut freed = 0;
+        for id in path.into_iter().rev() {
+            let n = self.node(id);
+            if !n.children.is_empty() || kv.refcount(n.block) != 1 {
+                break;
+            }
+            let node = self.nodes[id].take().expect("live node");
+            self.node_mut(node.parent).children.remove(&node.key);
+            self.free_ids.push(id);
+            self.len -= 1;
+            kv.release(node.block);
+            if node.window != NO_BLOCK {
+                kv.release_window(node.window);
+            }
+            freed += 1;
+        }
+        freed
+    }
+
     /// Window-pool blocks that [`PrefixCache::evict_window`] could release now.
     pub fn evictable_window(&self, kv: &KvCache) -> usize {
         self.nodes
@@ -274,6 +306,46 @@ mod tests {
         assert_eq!(t.evict(&mut kv, 8), 1);
         assert!(t.is_empty());
         assert_eq!(kv.free_blocks(), 8);
+    }
+
+    #[test]
+    fn erase_frees_a_prefix_back_to_what_others_share() {
+        let mut kv = KvCache::paged(KvDtype::F32, 1, 2, 64, 4, 4, 8);
+        let mut t = PrefixCache::new(4);
+        // two prompts sharing their first block
+        let a: Vec<u32> = (0..12).collect();
+        let mut b: Vec<u32> = (0..4).collect();
+        b.extend(100..104);
+        for (seq, p) in [(0, &a), (1, &b)] {
+            for i in 0..p.len() / 4 {
+                let blk = match (seq, i) {
+                    (1, 0) => kv.table(0)[0],
+                    _ => kv.alloc().unwrap(),
+                };
+                if (seq, i) == (1, 0) {
+                    kv.retain(blk);
+                }
+                kv.push_block(seq, blk);
+            }
+            let table = kv.table(seq).to_vec();
+            t.insert(p, &table, &[], &mut kv);
+        }
+        assert_eq!(t.len(), 4);
+        // while a sequence holds them nothing goes
+        assert_eq!(t.erase(&a, &mut kv), 0);
+        kv.release_seq(0);
+        kv.release_seq(1);
+        let free = kv.free_blocks();
+        // a's own two blocks go; the first, which b continues, stays
+        assert_eq!(t.erase(&a, &mut kv), 2);
+        assert_eq!((t.len(), kv.free_blocks()), (2, free + 2));
+        assert_eq!(t.lookup(&a, 8).len(), 1);
+        assert_eq!(t.lookup(&b, 8).len(), 2);
+        // then b's, and the shared one with it
+        assert_eq!(t.erase(&b, &mut kv), 2);
+        assert!(t.is_empty());
+        assert_eq!(kv.free_blocks(), 8);
+        assert_eq!(t.erase(&b, &mut kv), 0);
     }
 
     #[test]

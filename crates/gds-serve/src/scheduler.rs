@@ -199,6 +199,9 @@ pub struct Request {
     pub group: Option<u64>,
     /// Send [`Event::Progress`] as the prompt goes in (llama-server's `return_progress`).
     pub progress: bool,
+    /// The slot it names (llama-server's `id_slot`): its tokens become that slot's for
+    /// [`SlotAction`]s (`None`: the engine slot it ran in).
+    pub slot: Option<usize>,
     /// Where events go; dropping the receiver cancels the request.
     pub tx: mpsc::UnboundedSender<Event>,
     /// Set by the front end when it ends the request itself (a stop string matched) before
@@ -209,6 +212,59 @@ pub struct Request {
     /// Its client's place in the engine (dropped with the request), where it came from a
     /// connection.
     pub client: Option<crate::client::ClientSlot>,
+}
+
+/// What the engine takes: a request to run, or an action on a slot's cached prefix.
+pub enum Msg {
+    Run(Box<Request>),
+    Slot(SlotOp),
+}
+
+impl From<Request> for Msg {
+    fn from(r: Request) -> Msg {
+        Msg::Run(Box::new(r))
+    }
+}
+
+/// llama-server's slot actions, on the slots' last tokens (the prompt and reply of the last
+/// request each ran, or restored into it) and what the prefix cache holds of them.
+pub struct SlotOp {
+    /// The slot, below `max_batch`.
+    pub id: usize,
+    pub action: SlotAction,
+    pub reply: tokio::sync::oneshot::Sender<Result<SlotDone, String>>,
+}
+
+/// What to do with a slot.
+pub enum SlotAction {
+    /// Copy out the blocks the prefix cache holds of its tokens.
+    Save,
+    /// Put a saved prefix into the prefix cache (as far as the pool allows) and make it the
+    /// slot's tokens.
+    Restore(SlotImage),
+    /// Forget its tokens and drop their blocks from the prefix cache where nothing else
+    /// uses them.
+    Erase,
+}
+
+/// A prefix in whole KV blocks: its tokens (a whole number of blocks), whether each block
+/// holds its window layers' rows too (models with sliding-window layers), and the blocks'
+/// images one after another ([`KvCache::export_block`]).
+#[derive(Debug, Default)]
+pub struct SlotImage {
+    pub tokens: Vec<u32>,
+    pub windows: Vec<bool>,
+    pub data: Vec<u8>,
+}
+
+/// What a slot action did.
+#[derive(Debug)]
+pub enum SlotDone {
+    Saved(SlotImage),
+    /// Tokens restored (whole blocks; fewer than the image's when the pool ran short).
+    Restored(usize),
+    /// Tokens the slot held.
+    Erased(usize),
 }
 
 /// How a reply that fills the context goes on: the first `keep` tokens stay, the next
@@ -382,6 +438,8 @@ pub struct Engine {
     /// When each client address (`None`: requests from no connection) last had a request
     /// admitted, by `admissions`: the fewer recent turns, the sooner its next.
     turns: HashMap<Option<IpAddr>, u64>,
+    /// Each slot's last tokens (see [`SlotOp`]).
+    slot_tokens: Vec<Vec<u32>>,
 }
 
 impl Engine {
@@ -395,11 +453,12 @@ impl Engine {
         eog: Vec<u32>,
         metrics: Arc<ServerMetrics>,
     ) -> Engine {
+        let max_batch = cfg.max_batch;
         let engine = Engine {
             exec,
             batch: Batch::with_capacity(cfg.step_tokens),
             prefix: PrefixCache::new(kv.block_size()),
-            free_slots: (0..cfg.max_batch).rev().collect(),
+            free_slots: (0..max_batch).rev().collect(),
             kv,
             cfg,
             eog,
@@ -411,25 +470,26 @@ impl Engine {
             hidden_rows: Vec::new(),
             admissions: 0,
             turns: HashMap::new(),
+            slot_tokens: vec![Vec::new(); max_batch],
         };
         engine.publish();
         engine
     }
 
     /// Runs until every sender of `rx` is gone and no work is left.
-    pub fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>) {
+    pub fn run<M: Into<Msg>>(mut self, mut rx: mpsc::UnboundedReceiver<M>) {
         let mut open = true;
         loop {
             // take new requests; block only when there is nothing to do
             if self.running.is_empty() && self.waiting.is_empty() {
                 match rx.blocking_recv() {
-                    Some(r) => self.enqueue(r),
+                    Some(m) => self.take(m.into()),
                     None => return,
                 }
             }
             while open {
                 match rx.try_recv() {
-                    Ok(r) => self.enqueue(r),
+                    Ok(m) => self.take(m.into()),
                     Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => open = false,
                 }
@@ -439,6 +499,150 @@ impl Engine {
             }
             self.step();
         }
+    }
+
+    fn take(&mut self, m: Msg) {
+        match m {
+            Msg::Run(r) => self.enqueue(*r),
+            Msg::Slot(op) => {
+                let done = if op.id >= self.slot_tokens.len() {
+                    Err(format!(
+                        "invalid slot id {} (0..{})",
+                        op.id,
+                        self.slot_tokens.len()
+                    ))
+                } else {
+                    match op.action {
+                        SlotAction::Save => self.save_slot(op.id).map(SlotDone::Saved),
+                        SlotAction::Restore(img) => {
+                            self.restore_slot(op.id, img).map(SlotDone::Restored)
+                        }
+                        SlotAction::Erase => {
+                            let tokens = std::mem::take(&mut self.slot_tokens[op.id]);
+                            self.prefix.erase(&tokens, &mut self.kv);
+                            Ok(SlotDone::Erased(tokens.len()))
+                        }
+                    }
+                };
+                self.publish();
+                let _ = op.reply.send(done);
+            }
+        }
+    }
+
+    /// The blocks the prefix cache holds of slot `id`'s tokens, copied out.
+    fn save_slot(&mut self, id: usize) -> Result<SlotImage, String> {
+        let tokens = &self.slot_tokens[id];
+        let block = self.kv.block_size();
+        let found = self.prefix.lookup(tokens, tokens.len() / block);
+        let mut img = SlotImage {
+            tokens: tokens[..found.len() * block].to_vec(),
+            windows: found.iter().map(|&(_, w)| w != NO_BLOCK).collect(),
+            data: Vec::new(),
+        };
+        let len: usize = img
+            .windows
+            .iter()
+            .map(|&w| self.kv.block_image_len(w))
+            .sum();
+        img.data
+            .try_reserve_exact(len)
+            .map_err(|e| format!("{len} bytes: {e}"))?;
+        for (b, w) in found {
+            self.kv.export_block(b, w, &mut img.data)?;
+        }
+        Ok(img)
+    }
+
+    /// Puts the blocks of `img` into the prefix cache, after those of its prefix already
+    /// there, while the pool has blocks (free or only the tree's; never a running
+    /// sequence's), and makes its tokens slot `id`'s. Returns the tokens now cached.
+    fn restore_slot(&mut self, id: usize, img: SlotImage) -> Result<usize, String> {
+        let block = self.kv.block_size();
+        let n = img.windows.len();
+        if img.tokens.len() != n * block {
+            return Err(format!(
+                "{} tokens in {n} blocks of {block} positions",
+                img.tokens.len()
+            ));
+        }
+        if img.tokens.len() > self.cfg.ctx {
+            return Err(format!(
+                "{} tokens do not fit the context ({})",
+                img.tokens.len(),
+                self.cfg.ctx
+            ));
+        }
+        if img.windows.iter().any(|&w| w) && self.kv.pool_window().is_none() {
+            return Err("window-layer rows for a model without window layers".into());
+        }
+        let lens: Vec<usize> = img
+            .windows
+            .iter()
+            .map(|&w| self.kv.block_image_len(w))
+            .collect();
+        if img.data.len() != lens.iter().sum::<usize>() {
+            return Err(format!(
+                "{} bytes of blocks where {n} blocks of this cache take {}",
+                img.data.len(),
+                lens.iter().sum::<usize>()
+            ));
+        }
+        // the blocks already cached, held while the pool is searched for the rest
+        let mut have = self.prefix.lookup(&img.tokens, n);
+        for &(b, w) in &have {
+            self.kv.retain(b);
+            if w != NO_BLOCK {
+                self.kv.retain_window(w);
+            }
+        }
+        let mut at: usize = lens[..have.len()].iter().sum();
+        let mut failed = None;
+        for (&window, &len) in img.windows.iter().zip(&lens).skip(have.len()) {
+            let Some(b) = self.kv.alloc().or_else(|| {
+                (self.prefix.evict(&mut self.kv, 1) > 0)
+                    .then(|| self.kv.alloc())
+                    .flatten()
+            }) else {
+                break;
+            };
+            let w = if window {
+                match self.kv.alloc_window().or_else(|| {
+                    (self.prefix.evict_window(&mut self.kv, 1) > 0)
+                        .then(|| self.kv.alloc_window())
+                        .flatten()
+                }) {
+                    Some(w) => w,
+                    None => {
+                        self.kv.release(b);
+                        break;
+                    }
+                }
+            } else {
+                NO_BLOCK
+            };
+            have.push((b, w));
+            if let Err(e) = self.kv.import_block(b, w, &img.data[at..at + len]) {
+                failed = Some(e);
+                break;
+            }
+            at += len;
+        }
+        let m = if failed.is_some() { 0 } else { have.len() };
+        let (blocks, windows): (Vec<u32>, Vec<u32>) = have.iter().copied().unzip();
+        self.prefix
+            .insert(&img.tokens[..m * block], &blocks, &windows, &mut self.kv);
+        for (b, w) in have {
+            self.kv.release(b);
+            if w != NO_BLOCK {
+                self.kv.release_window(w);
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        self.slot_tokens[id] = img.tokens[..m * block].to_vec();
+        Ok(m * block)
     }
 
     fn enqueue(&mut self, req: Request) {
@@ -529,8 +733,22 @@ impl Engine {
         seq.req.tx.send(ev).is_ok()
     }
 
+    /// Keeps what `seq` computed: its cached tokens go to the prefix tree and become its
+    /// slot's last tokens.
+    fn keep_cached(&mut self, seq: &Seq) {
+        self.index(seq, seq.n_cached);
+        if seq.slot == usize::MAX || seq.req.embed.is_some() {
+            return;
+        }
+        let id = seq.req.slot.unwrap_or(seq.slot);
+        if let Some(t) = self.slot_tokens.get_mut(id) {
+            t.clear();
+            t.extend_from_slice(&seq.tokens[..seq.n_cached.min(seq.tokens.len())]);
+        }
+    }
+
     fn finish(&mut self, mut seq: Seq, finish: Finish) {
-        self.index(&seq, seq.n_cached);
+        self.keep_cached(&seq);
         let now = Instant::now();
         let first = seq.first_token.unwrap_or(now);
         let done = Done {
@@ -603,6 +821,8 @@ impl Engine {
             if self.running[i].req.tx.is_closed() {
                 let mut s = self.running.remove(i);
                 count(&s);
+                // (a reply a stop string ended stays in the prefix cache, as a finished one)
+                self.keep_cached(&s);
                 self.release(&mut s);
             } else {
                 i += 1;

@@ -1564,6 +1564,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 constraint: None,
                 shift: None,
                 progress: false,
+                slot: None,
                 group: None,
                 tx: etx,
                 ended_by_front: Default::default(),

@@ -15,4 +15,5 @@ mod predicted;
 mod reasoning;
 mod rerank;
 mod score;
+mod slots;
 mod tools;

@@ -319,6 +319,7 @@ fn run_engine_with(
             constraint: None,
             shift: None,
             progress: false,
+            slot: None,
             group: None,
             tx: etx,
             ended_by_front: Default::default(),
