@@ -440,6 +440,8 @@ pub struct Engine {
     turns: HashMap<Option<IpAddr>, u64>,
     /// Each slot's last tokens (see [`SlotOp`]).
     slot_tokens: Vec<Vec<u32>>,
+    /// Slot actions waiting for their slot's request to end.
+    slot_ops: Vec<SlotOp>,
 }
 
 impl Engine {
@@ -471,6 +473,7 @@ impl Engine {
             admissions: 0,
             turns: HashMap::new(),
             slot_tokens: vec![Vec::new(); max_batch],
+            slot_ops: Vec::new(),
         };
         engine.publish();
         engine
@@ -480,6 +483,7 @@ impl Engine {
     pub fn run<M: Into<Msg>>(mut self, mut rx: mpsc::UnboundedReceiver<M>) {
         let mut open = true;
         loop {
+            self.slot_actions();
             // take new requests; block only when there is nothing to do
             if self.running.is_empty() && self.waiting.is_empty() {
                 match rx.blocking_recv() {
@@ -494,6 +498,7 @@ impl Engine {
                     Err(mpsc::error::TryRecvError::Disconnected) => open = false,
                 }
             }
+            self.slot_actions();
             if !open && self.running.is_empty() && self.waiting.is_empty() {
                 return;
             }
@@ -501,33 +506,57 @@ impl Engine {
         }
     }
 
+    /// Runs the slot actions whose slot no request in the engine is using (as llama-server
+    /// defers them while their slot is processing), after dropping the requests whose
+    /// client left (so an action right after a reply a stop string ended sees its tokens).
+    fn slot_actions(&mut self) {
+        if self.slot_ops.is_empty() {
+            return;
+        }
+        self.reap_cancelled();
+        let busy: Vec<usize> = self
+            .running
+            .iter()
+            .map(|s| s.req.slot.unwrap_or(s.slot))
+            .chain(self.waiting.iter().filter_map(|s| s.req.slot))
+            .collect();
+        let (now, later): (Vec<SlotOp>, Vec<SlotOp>) = std::mem::take(&mut self.slot_ops)
+            .into_iter()
+            .partition(|op| !busy.contains(&op.id));
+        self.slot_ops = later;
+        for op in now {
+            self.slot_action(op);
+        }
+    }
+
     fn take(&mut self, m: Msg) {
         match m {
             Msg::Run(r) => self.enqueue(*r),
-            Msg::Slot(op) => {
-                let done = if op.id >= self.slot_tokens.len() {
-                    Err(format!(
-                        "invalid slot id {} (0..{})",
-                        op.id,
-                        self.slot_tokens.len()
-                    ))
-                } else {
-                    match op.action {
-                        SlotAction::Save => self.save_slot(op.id).map(SlotDone::Saved),
-                        SlotAction::Restore(img) => {
-                            self.restore_slot(op.id, img).map(SlotDone::Restored)
-                        }
-                        SlotAction::Erase => {
-                            let tokens = std::mem::take(&mut self.slot_tokens[op.id]);
-                            self.prefix.erase(&tokens, &mut self.kv);
-                            Ok(SlotDone::Erased(tokens.len()))
-                        }
-                    }
-                };
-                self.publish();
-                let _ = op.reply.send(done);
-            }
+            Msg::Slot(op) => self.slot_ops.push(op),
         }
+    }
+
+    /// Runs one slot action and answers it.
+    fn slot_action(&mut self, op: SlotOp) {
+        let done = if op.id >= self.slot_tokens.len() {
+            Err(format!(
+                "invalid slot id {} (0..{})",
+                op.id,
+                self.slot_tokens.len()
+            ))
+        } else {
+            match op.action {
+                SlotAction::Save => self.save_slot(op.id).map(SlotDone::Saved),
+                SlotAction::Restore(img) => self.restore_slot(op.id, img).map(SlotDone::Restored),
+                SlotAction::Erase => {
+                    let tokens = std::mem::take(&mut self.slot_tokens[op.id]);
+                    self.prefix.erase(&tokens, &mut self.kv);
+                    Ok(SlotDone::Erased(tokens.len()))
+                }
+            }
+        };
+        self.publish();
+        let _ = op.reply.send(done);
     }
 
     /// The blocks the prefix cache holds of slot `id`'s tokens, copied out.

@@ -164,6 +164,18 @@ fn a_saved_slot_spares_another_server_its_tokens() {
     );
     // the server goes on as before
     assert_eq!(complete(&b.addr, prompt, 24, -1).3, text);
+    // a reply a stop string ends is kept as a finished one: its slot holds its tokens
+    let word = text.split_whitespace().nth(5).unwrap();
+    let (code, r) = post(
+        &b.addr,
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 24, "temperature": 0, "id_slot": 7,
+                "stop": [word]}),
+    );
+    assert_eq!((code, r["stop_type"].as_str()), (200, Some("word")), "{r}");
+    let (code, r) = slot(&b.addr, "7", "erase", None);
+    assert_eq!(code, 200, "{r}");
+    assert!(r["n_erased"].as_u64().unwrap() > p, "{r}");
 
     // a server whose keys and values are of another type refuses the file by its fingerprint
     let f32 = start(&["--slot-save-path", d, "--kv-type", "f32"]);
