@@ -2,7 +2,9 @@
 """Request-body fuzzing of a running `gdsrun serve` (or any OpenAI/Anthropic-compatible server).
 
 Seeded and reproducible: starts from valid bodies of every POST endpoint (chat, completions,
-responses, messages, count_tokens, tokenize, detokenize) and sends mutations of them: fields
+responses, messages, count_tokens, tokenize, detokenize, ..., llama-server's slot actions:
+with --slot-save-path their files are saved and restored while the rest runs) and sends
+mutations of them: fields
 deleted, set to hostile values (wrong types, huge and negative numbers, long or odd strings,
 deep nesting), optional fields added with random values, message lists reshaped, and raw-byte
 damage (truncated JSON, invalid UTF-8, duplicate keys). Several clients fuzz at once while a
@@ -37,7 +39,8 @@ ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/me
              "/v1/messages/count_tokens", "/v1/embeddings", "/tokenize", "/detokenize",
              "/completion", "/apply-template", "/v1/responses/input_tokens",
              "/v1/chat/completions/input_tokens", "/infill",
-             "/api/chat", "/api/generate", "/api/embed", "/api/show", "/score", "/embedding"]
+             "/api/chat", "/api/generate", "/api/embed", "/api/show", "/score", "/embedding",
+             "/slots"]
 # a reranker's (--endpoints): a model without a head answers them 501 (/score answers any
 # model: a reranker's pair scores, else the cosine of embeddings)
 RERANK = ["/v1/rerank", "/rerank", "/v2/rerank", "/v1/score"]
@@ -104,6 +107,10 @@ def base_body(path, rng):
                            [{"text": words}, "second"]])
         key = "texts" if path == "/rerank" and rng.random() < 0.3 else "documents"
         return {"query": words, key: docs, "top_n": rng.choice([1, 2, 5])}
+    if path == "/slots":
+        # llama-server's slot actions (the id and action go in the URL, see slot_path)
+        return {"filename": rng.choice(["a.bin", "b.bin", "a.bin", "../a.bin", "", ".a", "a/b",
+                                        "x" * 300, "missing.bin"])}
     if path == "/apply-template":
         return {"messages": [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": words}]}
@@ -371,8 +378,16 @@ def check_error_shape(path, v):
         raise Failure(f"error body without the API's error shape: {json.dumps(v)[:300]}")
 
 
+def slot_path(rng):
+    """A `/slots/{id}?action=...` URL: ids in and out of range, actions known and not."""
+    sid = rng.choice([0, 0, 1, 3, 7, 0, 1, -1, 8, "x", 10 ** 20])
+    action = rng.choice(["save", "restore", "erase", "save", "restore", "save", "restore",
+                         "load", ""])
+    return f"/slots/{sid}?action={action}"
+
+
 def check_answer(path, status, ctype, raw):
-    if path in ["/infill"] + RERANK and status == 501 and b"not_supported_error" in raw:
+    if path in ["/infill", "/slots"] + RERANK and status == 501 and b"not_supported_error" in raw:
         return  # a model without fill-in-the-middle tokens or a rerank head, as llama-server answers
     if status >= 500:
         raise Failure(f"HTTP {status}: {raw[:300]!r}")
@@ -500,26 +515,30 @@ def main():
         i = ci
         while i < a.requests:
             path = endpoints[rng.randrange(len(endpoints))]
-            body = mutate(base_body(path, rng), rng) if rng.random() < 0.95 else base_body(path, rng)
+            # (a slot action's body is one field: mutated less, so that files are written)
+            damage = 0.5 if path == "/slots" else 0.95
+            body = mutate(base_body(path, rng), rng) if rng.random() < damage else base_body(path, rng)
             if path in OLLAMA and isinstance(body.get("options"), dict) and rng.random() < 0.9:
                 body["options"].setdefault("num_predict", 16)
             data = json.dumps(body).encode()
+            url = slot_path(rng) if path == "/slots" else path
             ctype = "application/json"
             if rng.random() < 0.12:
                 data = raw_damage(data, rng)
             if rng.random() < 0.03:
                 ctype = rng.choice(["text/plain", "application/x-www-form-urlencoded", ""])
             hang_up = rng.random() < 0.05
-            case = {"path": path, "body": data[:2000].decode("utf-8", "replace"),
+            case = {"path": url, "body": data[:2000].decode("utf-8", "replace"),
                     "content_type": ctype, "index": i, "hang_up": hang_up}
             t0 = time.time()
             try:
-                status, rtype, raw = request(host, port, path, data, a.request_timeout,
+                status, rtype, raw = request(host, port, url, data, a.request_timeout,
                                              a.api_key, ctype, hang_up)
                 if hang_up:
                     # (a hang-up reads the status line only: /infill's 501 on a model without
                     # fill-in-the-middle tokens is an answer, as check_answer says)
-                    if status >= 500 and not (path in ["/infill"] + RERANK and status == 501):
+                    if status >= 500 and not (path in ["/infill", "/slots"] + RERANK
+                                              and status == 501):
                         raise Failure(f"HTTP {status}")
                 else:
                     check_answer(path, status, rtype, raw)

@@ -859,6 +859,8 @@ fn bad_connection_flags_are_usage_errors() {
 fn request_fuzzing_never_fails_the_server_or_another_client() {
     let _one = serial();
     let template = gds_tests::fixture("templates/qwen2.5-instruct.jinja");
+    // (slot files saved and restored among the requests)
+    let slots = tempfile::tempdir().unwrap();
     let s = start(&[
         "--ctx",
         "512",
@@ -866,6 +868,8 @@ fn request_fuzzing_never_fails_the_server_or_another_client() {
         "8",
         "--chat-template-file",
         template.to_str().unwrap(),
+        "--slot-save-path",
+        slots.path().to_str().unwrap(),
     ]);
     let seed = std::env::var("GDS_FUZZ_SEED").unwrap_or_else(|_| "1".into());
     let out = std::process::Command::new("python3")
