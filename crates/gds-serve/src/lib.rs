@@ -336,8 +336,9 @@ pub struct ServerState {
     /// The KV cache's element type and positions per block (a saved slot's).
     kv_dtype: KvDtype,
     kv_block: usize,
-    /// Bytes of one KV block's image, window rows included (the most a saved block takes).
-    block_image: usize,
+    /// Bytes of one KV block's image without and with its window layers' rows (a saved
+    /// slot's blocks).
+    block_image: [usize; 2],
     /// Origins allowed by CORS (`*`: any); empty: CORS off.
     cors_origins: Vec<String>,
     created: u64,
@@ -671,7 +672,7 @@ pub(crate) fn start(
     }
     let n_embd = c.n_embd;
     let (tx, rx) = mpsc::unbounded_channel();
-    let block_image = kv.block_image_len(true);
+    let block_image = [kv.block_image_len(false), kv.block_image_len(true)];
     let engine = Engine::new(exec, kv, cfg, eog, metrics.clone());
     let engine_thread = std::thread::Builder::new()
         .name("gds-engine".into())

@@ -246,7 +246,8 @@ fn write(path: &std::path::Path, header: &Header, img: &SlotImage) -> std::io::R
         out.write_all(h.finalize().as_bytes())?;
         out.flush()?;
     }
-    tmp.as_file().sync_all()?;
+    // (no fsync: a file a crash cut short fails its length or hash check on restore, and
+    // saving stays a page-cache write, as llama-server's)
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(n + HASH as u64)
 }
@@ -258,44 +259,40 @@ struct Limits {
     block: usize,
     ctx: usize,
     vocab: usize,
-    /// Bytes of one block's image with its window rows (the most a block takes).
-    block_image: usize,
+    /// Bytes of one block's image without and with its window layers' rows.
+    block_image: [usize; 2],
 }
 
-/// Reads and checks a slot file: the image and the bytes read.
+/// Reads and checks a slot file: the image and the bytes read. The header is read first and
+/// decides how long the file must be (a file of another length is refused before its blocks
+/// are read); the hash, over everything, is checked before the image is handed on.
 fn read(path: &std::path::Path, lim: &Limits) -> Result<(SlotImage, u64), String> {
-    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let len = f.metadata().map_err(|e| e.to_string())?.len();
-    let blocks = lim.ctx / lim.block.max(1);
-    let most = (16 + MAX_HEADER + HASH + lim.ctx * 4 + blocks * lim.block_image) as u64;
-    if len > most {
-        return Err(format!(
-            "{len} bytes, more than a slot of this server's context takes ({most})"
-        ));
-    }
-    let mut bytes = Vec::new();
-    f.take(most + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    let n = bytes.len() as u64;
-    if bytes.len() < 16 + HASH || &bytes[..8] != MAGIC {
+    let short = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => "cut short".to_string(),
+        _ => e.to_string(),
+    };
+    let mut h = blake3::Hasher::new();
+    let mut head = [0u8; 16];
+    f.read_exact(&mut head)
+        .map_err(|_| "not a gdsrun slot file".to_string())?;
+    if &head[..8] != MAGIC {
         return Err("not a gdsrun slot file".into());
     }
-    let (body, hash) = bytes.split_at(bytes.len() - HASH);
-    if blake3::hash(body).as_bytes() != hash {
-        return Err("its hash does not match its contents (damaged or cut short)".into());
-    }
-    let u32_at = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().expect("4 bytes"));
-    let version = u32_at(8);
+    h.update(&head);
+    let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
     if version != VERSION {
         return Err(format!("version {version}; this server reads {VERSION}"));
     }
-    let hlen = u32_at(12) as usize;
-    if hlen > MAX_HEADER || 16 + hlen > body.len() {
-        return Err(format!("a header of {hlen} bytes"));
+    let hlen = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
+    if hlen > MAX_HEADER || (16 + hlen) as u64 > len {
+        return Err(format!("a header of {hlen} bytes in a file of {len}"));
     }
-    let header: Header =
-        serde_json::from_slice(&body[16..16 + hlen]).map_err(|e| format!("its header: {e}"))?;
+    let mut hbytes = vec![0u8; hlen];
+    f.read_exact(&mut hbytes).map_err(short)?;
+    h.update(&hbytes);
+    let header: Header = serde_json::from_slice(&hbytes).map_err(|e| format!("its header: {e}"))?;
     if header.fingerprint != lim.fingerprint {
         return Err(format!(
             "saved by a server with system_fingerprint {} (model {:?}); this one is {}: the \
@@ -316,11 +313,36 @@ fn read(path: &std::path::Path, lim: &Limits) -> Result<(SlotImage, u64), String
             lim.ctx
         ));
     }
-    let rest = &body[16 + hlen..];
-    if rest.len() < n_tokens * 4 {
-        return Err(format!("{} bytes for {n_tokens} tokens", rest.len()));
+    let data_len: usize = header
+        .windows
+        .iter()
+        .map(|&w| lim.block_image[usize::from(w)])
+        .sum();
+    let want = (16 + hlen + n_tokens * 4 + data_len + HASH) as u64;
+    if len != want {
+        return Err(format!(
+            "{len} bytes where its header makes {want} (damaged or cut short)"
+        ));
     }
-    let (toks, data) = rest.split_at(n_tokens * 4);
+    let mut toks = vec![0u8; n_tokens * 4];
+    f.read_exact(&mut toks).map_err(short)?;
+    h.update(&toks);
+    let mut data = Vec::new();
+    data.try_reserve_exact(data_len)
+        .map_err(|e| format!("{data_len} bytes: {e}"))?;
+    (&mut f)
+        .take(data_len as u64)
+        .read_to_end(&mut data)
+        .map_err(|e| e.to_string())?;
+    if data.len() != data_len {
+        return Err("cut short".into());
+    }
+    h.update(&data);
+    let mut hash = [0u8; HASH];
+    f.read_exact(&mut hash).map_err(short)?;
+    if h.finalize().as_bytes() != &hash {
+        return Err("its hash does not match its contents (damaged)".into());
+    }
     let tokens: Vec<u32> = toks
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
@@ -331,14 +353,13 @@ fn read(path: &std::path::Path, lim: &Limits) -> Result<(SlotImage, u64), String
             lim.vocab
         ));
     }
-    // (the engine checks the blocks' bytes against its cache's geometry)
     Ok((
         SlotImage {
             tokens,
             windows: header.windows,
-            data: data.to_vec(),
+            data,
         },
-        n,
+        len,
     ))
 }
 
@@ -353,7 +374,7 @@ mod tests {
             block: 4,
             ctx: 64,
             vocab: 100,
-            block_image: 8,
+            block_image: [8, 12],
         }
     }
 
@@ -398,9 +419,13 @@ mod tests {
         };
         // a flipped byte, a cut, another format, an empty file
         let mut flipped = good.clone();
-        flipped[40] ^= 1;
+        let at = good.len() - 40;
+        flipped[at] ^= 1;
         assert!(refused(&flipped, &limits()).contains("hash"));
-        assert!(refused(&good[..good.len() - 1], &limits()).contains("hash"));
+        assert!(refused(&good[..good.len() - 1], &limits()).contains("cut short"));
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(refused(&longer, &limits()).contains("header makes"));
         assert!(refused(
             b"GGUF and more bytes than sixteen, then a hash of 32 bytes",
             &limits()
@@ -440,7 +465,7 @@ mod tests {
             data: vec![0; 8],
         };
         write(&path, &header(vec![false; 9]), &img).unwrap();
-        assert!(read(&path, &limits()).unwrap_err().contains("bytes for"));
+        assert!(read(&path, &limits()).unwrap_err().contains("header makes"));
         // a header length past the file
         let mut body = MAGIC.to_vec();
         body.extend(VERSION.to_le_bytes());

@@ -143,7 +143,7 @@ fn a_saved_slot_spares_another_server_its_tokens() {
     std::fs::write(dir.path().join("bad.bin"), &bytes).unwrap();
     refused(&b.addr, "0", "restore", Some("bad.bin"), "hash");
     std::fs::write(dir.path().join("cut.bin"), &second[..second.len() / 3]).unwrap();
-    refused(&b.addr, "0", "restore", Some("cut.bin"), "hash");
+    refused(&b.addr, "0", "restore", Some("cut.bin"), "cut short");
     std::fs::write(dir.path().join("other.bin"), b"GGUF\x03\0\0\0").unwrap();
     refused(
         &b.addr,
