@@ -1064,6 +1064,29 @@ impl KvCache {
         Ok(())
     }
 
+    /// Copies every main-pool layer's rows of block `src` into block `dst` (a follower
+    /// taking the cached start of a partly filled block, then writing its own rows after
+    /// them). Window-pool layers are not copied: a cache with a window pool does not share
+    /// partial blocks.
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), String> {
+        let from = self.block_ranges(src, NO_BLOCK)?;
+        let to = self.block_ranges(dst, NO_BLOCK)?;
+        for (f, t) in from.into_iter().zip(to) {
+            match (&mut self.k, &mut self.v) {
+                (KvData::F32(k), KvData::F32(v)) => {
+                    k.copy_within(f.clone(), t.start);
+                    v.copy_within(f, t.start);
+                }
+                (KvData::F16(k), KvData::F16(v)) => {
+                    k.copy_within(f.clone(), t.start);
+                    v.copy_within(f, t.start);
+                }
+                _ => unreachable!("K and V share one element type"),
+            }
+        }
+        Ok(())
+    }
+
     /// Writes an image [`KvCache::export_block`] made into block `main` (and `window`):
     /// `data` must be exactly [`KvCache::block_image_len`] long.
     pub fn import_block(&mut self, main: u32, window: u32, data: &[u8]) -> Result<(), String> {
@@ -1165,6 +1188,22 @@ mod tests {
             .contains("outside"));
         b.drop_rows();
         assert!(b.export_block(0, NO_BLOCK, &mut Vec::new()).is_err());
+        // a block copied within a cache: every layer's rows, keys and values
+        let mut c = KvCache::paged(KvDtype::F32, 2, 1, 64, 6, 4, 5);
+        if let (KvData::F32(k), KvData::F32(v)) = (&mut c.k, &mut c.v) {
+            for (i, (a, b)) in k.iter_mut().zip(v.iter_mut()).enumerate() {
+                (*a, *b) = (i as f32, -(i as f32));
+            }
+        }
+        c.copy_block(1, 3).unwrap();
+        let (mut one, mut three) = (Vec::new(), Vec::new());
+        c.export_block(1, NO_BLOCK, &mut one).unwrap();
+        c.export_block(3, NO_BLOCK, &mut three).unwrap();
+        assert_eq!(one, three);
+        let mut zero = Vec::new();
+        c.export_block(0, NO_BLOCK, &mut zero).unwrap();
+        assert_ne!(zero, one, "the others untouched");
+        assert!(c.copy_block(1, 5).is_err());
         let ring = KvCache::with_window_ring(KvDtype::F32, 1, 256, 6, &windows, 4);
         assert!(ring.ring.is_some());
         assert!(ring.export_block(0, NO_BLOCK, &mut Vec::new()).is_err());

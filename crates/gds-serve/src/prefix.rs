@@ -3,9 +3,16 @@
 //! Every node stands for one full block of prompt tokens, reached from the root by the
 //! blocks before it, and holds one reference on the KV block that stores their keys and
 //! values. A new request walks the tree with its prompt and starts with the blocks it
-//! finds (retained, never written again: only full blocks are indexed), so a repeated
+//! finds (retained, never written again: only full blocks are shared), so a repeated
 //! system prompt is prefilled once. Blocks that only the tree still references are evicted
 //! least recently used first, leaves before their parents, when the pool runs dry.
+//!
+//! A sequence's last, partly filled block is indexed too, as a leaf whose key is shorter
+//! than a block (without a window pool): its first rows are final, while its owner may go
+//! on writing the rows after them. A request whose prompt goes on from the shared blocks
+//! with some of the same tokens as a child's key ([`PrefixCache::partial`]: a partial leaf,
+//! or a full block its prompt leaves mid-way) copies that block and starts after the common
+//! tokens, so a repeated prompt computes only its last token, as llama-server's slots do.
 //!
 //! With a window pool (sliding-window layers in blocks of their own, released behind the
 //! window) a node also holds the window-layer block of its positions while the sequence
@@ -105,6 +112,7 @@ impl PrefixCache {
         let mut at = 0;
         for (i, (chunk, &b)) in tokens.chunks_exact(self.block).zip(blocks).enumerate() {
             let w = windows.get(i).copied().unwrap_or(NO_BLOCK);
+            self.drop_covered_tails(at, chunk, kv);
             let next = match self.node(at).children.get(chunk) {
                 Some(&next) => {
                     let n = self.node_mut(next);
@@ -127,24 +135,77 @@ impl PrefixCache {
                         children: HashMap::new(),
                         last_used: now,
                     };
-                    let id = match self.free_ids.pop() {
-                        Some(id) => {
-                            self.nodes[id] = Some(node);
-                            id
-                        }
-                        None => {
-                            self.nodes.push(Some(node));
-                            self.nodes.len() - 1
-                        }
-                    };
-                    self.node_mut(at).children.insert(chunk.to_vec(), id);
-                    self.len += 1;
-                    id
+                    self.add(node)
                 }
             };
             self.node_mut(next).last_used = now;
             at = next;
         }
+        // the partly filled last block, as a leaf, where no child already holds its tokens
+        // (a window pool's blocks are released by position: no partial blocks there)
+        let full = tokens.len() / self.block;
+        let tail = &tokens[full * self.block..];
+        // (`blocks` holding the tail's block: the loop above went through every full one)
+        let Some(&b) = blocks.get(full) else { return };
+        if tail.is_empty() || kv.pool_window().is_some() {
+            return;
+        }
+        if !self.node(at).children.keys().any(|k| k.starts_with(tail)) {
+            kv.retain(b);
+            self.add(Node {
+                block: b,
+                window: NO_BLOCK,
+                parent: at,
+                key: tail.to_vec(),
+                children: HashMap::new(),
+                last_used: now,
+            });
+        }
+    }
+
+    /// Drops the partly filled blocks under `at` whose tokens start the full block `chunk`
+    /// (it holds them now; a leftover would keep its parent from being evicted or erased).
+    fn drop_covered_tails(&mut self, at: usize, chunk: &[u32], kv: &mut KvCache) {
+        let covered: Vec<usize> = self
+            .node(at)
+            .children
+            .iter()
+            .filter(|(k, _)| k.len() < self.block && chunk.starts_with(k))
+            .map(|(_, &id)| id)
+            .collect();
+        for id in covered {
+            self.remove(id, kv);
+        }
+    }
+
+    /// Takes leaf `id` out of the tree, releasing its blocks.
+    fn remove(&mut self, id: usize, kv: &mut KvCache) {
+        let node = self.nodes[id].take().expect("live node");
+        self.node_mut(node.parent).children.remove(&node.key);
+        self.free_ids.push(id);
+        self.len -= 1;
+        kv.release(node.block);
+        if node.window != NO_BLOCK {
+            kv.release_window(node.window);
+        }
+    }
+
+    /// Puts `node` in the tree under its parent; its id.
+    fn add(&mut self, node: Node) -> usize {
+        let (parent, key) = (node.parent, node.key.clone());
+        let id = match self.free_ids.pop() {
+            Some(id) => {
+                self.nodes[id] = Some(node);
+                id
+            }
+            None => {
+                self.nodes.push(Some(node));
+                self.nodes.len() - 1
+            }
+        };
+        self.node_mut(parent).children.insert(key, id);
+        self.len += 1;
+        id
     }
 
     /// Evicts up to `want` blocks that nothing but the tree references (leaves, least
@@ -162,14 +223,7 @@ impl PrefixCache {
                 .min_by_key(|(_, n)| n.last_used)
                 .map(|(id, _)| id);
             let Some(id) = victim else { break };
-            let node = self.nodes[id].take().expect("live node");
-            self.node_mut(node.parent).children.remove(&node.key);
-            self.free_ids.push(id);
-            self.len -= 1;
-            kv.release(node.block);
-            if node.window != NO_BLOCK {
-                kv.release_window(node.window);
-            }
+            self.remove(id, kv);
             freed += 1;
         }
         freed
@@ -181,12 +235,21 @@ impl PrefixCache {
     pub fn erase(&mut self, tokens: &[u32], kv: &mut KvCache) -> usize {
         let mut path = Vec::new();
         let mut at = 0;
+        let mut whole = true;
         for chunk in tokens.chunks_exact(self.block) {
             let Some(&next) = self.node(at).children.get(chunk) else {
+                whole = false;
                 break;
             };
             path.push(next);
             at = next;
+        }
+        // its partly filled last block first (a leaf)
+        let tail = &tokens[path.len() * self.block..];
+        if whole && !tail.is_empty() {
+            if let Some(&id) = self.node(at).children.get(tail) {
+                path.push(id);
+            }
         }
         let mut freed = 0;
         for id in path.into_iter().rev() {
@@ -194,17 +257,39 @@ impl PrefixCache {
             if !n.children.is_empty() || kv.refcount(n.block) != 1 {
                 break;
             }
-            let node = self.nodes[id].take().expect("live node");
-            self.node_mut(node.parent).children.remove(&node.key);
-            self.free_ids.push(id);
-            self.len -= 1;
-            kv.release(node.block);
-            if node.window != NO_BLOCK {
-                kv.release_window(node.window);
-            }
+            self.remove(id, kv);
             freed += 1;
         }
         freed
+    }
+
+    /// After the first `n_full` blocks of `tokens` (indexed: [`PrefixCache::lookup`] found
+    /// them), the child whose key shares the longest start with the tokens that follow: its
+    /// block and how many tokens it shares (at least one), or `None`.
+    pub fn partial(&mut self, tokens: &[u32], n_full: usize) -> Option<(u32, usize)> {
+        let mut at = 0;
+        for chunk in tokens.chunks_exact(self.block).take(n_full) {
+            at = *self.node(at).children.get(chunk)?;
+        }
+        let rest = tokens.get(n_full * self.block..)?;
+        let (common, id) = self
+            .node(at)
+            .children
+            .values()
+            .map(|&c| {
+                let key = &self.node(c).key;
+                let n = key.iter().zip(rest).take_while(|(a, b)| a == b).count();
+                (n, c)
+            })
+            .max_by_key(|&(n, c)| (n, self.node(c).last_used))?;
+        if common == 0 {
+            return None;
+        }
+        self.clock += 1;
+        let now = self.clock;
+        let n = self.node_mut(id);
+        n.last_used = now;
+        Some((n.block, common))
     }
 
     /// Window-pool blocks that [`PrefixCache::evict_window`] could release now.
@@ -277,9 +362,22 @@ mod tests {
         }
         let table = kv.table(0).to_vec();
         t.insert(&prompt, &table, &[], &mut kv);
-        assert_eq!(t.len(), 2, "only the full blocks are indexed");
+        assert_eq!(t.len(), 3, "the full blocks and the partial one");
         assert_eq!(kv.refcount(table[0]), 2);
-        assert_eq!(kv.refcount(table[2]), 1);
+        assert_eq!(kv.refcount(table[2]), 2);
+        // the partial block's two tokens: a prompt going on from them shares them, one that
+        // leaves them after one shares one, and one that leaves the second block mid-way
+        // shares that block's start
+        let mut longer = prompt.clone();
+        longer.extend([50, 51]);
+        assert_eq!(t.partial(&longer, 2), Some((table[2], 2)));
+        assert_eq!(
+            t.partial(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 77, 78], 2),
+            Some((table[2], 1))
+        );
+        assert_eq!(t.partial(&[0, 1, 2, 3, 4, 5, 99], 1), Some((table[1], 2)));
+        assert_eq!(t.partial(&[0, 1, 2, 3, 9], 1), None);
+        assert_eq!(t.partial(&[5, 1, 2, 3, 4], 1), None, "no such first block");
 
         // the same first 9 tokens, then something else: two blocks shared
         let mut other: Vec<u32> = (0..9).collect();
@@ -294,10 +392,11 @@ mod tests {
         assert_eq!(t.evictable(&kv), 0);
         assert_eq!(t.evict(&mut kv, 8), 0);
         kv.release_seq(0);
-        assert_eq!(t.evictable(&kv), 2);
+        assert_eq!(t.evictable(&kv), 3);
         let free = kv.free_blocks();
-        assert_eq!(t.evict(&mut kv, 1), 1);
-        assert_eq!(kv.free_blocks(), free + 1);
+        // the partial leaf (used least recently), then the second block
+        assert_eq!(t.evict(&mut kv, 2), 2);
+        assert_eq!(kv.free_blocks(), free + 2);
         assert_eq!(
             main(t.lookup(&prompt, 8)),
             table[..1].to_vec(),
@@ -306,6 +405,36 @@ mod tests {
         assert_eq!(t.evict(&mut kv, 8), 1);
         assert!(t.is_empty());
         assert_eq!(kv.free_blocks(), 8);
+    }
+
+    #[test]
+    fn a_partial_block_gives_way_to_the_full_block_that_holds_its_tokens() {
+        let mut kv = KvCache::paged(KvDtype::F32, 1, 2, 64, 4, 4, 8);
+        let mut t = PrefixCache::new(4);
+        let prompt: Vec<u32> = (0..10).collect();
+        for _ in 0..3 {
+            let b = kv.alloc().unwrap();
+            kv.push_block(0, b);
+        }
+        let table = kv.table(0).to_vec();
+        // the prompt indexed when it went in (its last block partly filled) ...
+        t.insert(&prompt, &table, &[], &mut kv);
+        assert_eq!((t.len(), kv.refcount(table[2])), (3, 2));
+        // ... then the whole sequence, its third block full: the partial entry goes
+        let all: Vec<u32> = (0..12).collect();
+        t.insert(&all, &table, &[], &mut kv);
+        assert_eq!((t.len(), kv.refcount(table[2])), (3, 2));
+        assert_eq!(t.partial(&prompt, 2), Some((table[2], 2)));
+        // and erasing the sequence frees all of it
+        kv.release_seq(0);
+        assert_eq!(t.erase(&all, &mut kv), 3);
+        assert!(t.is_empty());
+        // a cache with a window pool indexes whole blocks only
+        let mut kv = KvCache::paged_windowed(KvDtype::F32, &[Some(4), None], 1, 64, 4, 4, 8, 8);
+        let mut t = PrefixCache::new(4);
+        let (b0, b1) = (kv.alloc().unwrap(), kv.alloc().unwrap());
+        t.insert(&prompt[..6], &[b0, b1], &[], &mut kv);
+        assert_eq!(t.len(), 1);
     }
 
     #[test]

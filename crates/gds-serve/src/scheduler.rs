@@ -247,9 +247,9 @@ pub enum SlotAction {
     Erase,
 }
 
-/// A prefix in whole KV blocks: its tokens (a whole number of blocks), whether each block
-/// holds its window layers' rows too (models with sliding-window layers), and the blocks'
-/// images one after another ([`KvCache::export_block`]).
+/// A prefix in KV blocks: its tokens (the last block may be partly filled), whether each
+/// block holds its window layers' rows too (models with sliding-window layers), and the
+/// blocks' images one after another ([`KvCache::export_block`]).
 #[derive(Debug, Default)]
 pub struct SlotImage {
     pub tokens: Vec<u32>,
@@ -261,7 +261,7 @@ pub struct SlotImage {
 #[derive(Debug)]
 pub enum SlotDone {
     Saved(SlotImage),
-    /// Tokens restored (whole blocks; fewer than the image's when the pool ran short).
+    /// Tokens restored (fewer than the image's when the pool ran short).
     Restored(usize),
     /// Tokens the slot held.
     Erased(usize),
@@ -559,13 +559,21 @@ impl Engine {
         let _ = op.reply.send(done);
     }
 
-    /// The blocks the prefix cache holds of slot `id`'s tokens, copied out.
+    /// The blocks the prefix cache holds of slot `id`'s tokens, copied out (the last one
+    /// partly filled, where the cache has it).
     fn save_slot(&mut self, id: usize) -> Result<SlotImage, String> {
         let tokens = &self.slot_tokens[id];
         let block = self.kv.block_size();
-        let found = self.prefix.lookup(tokens, tokens.len() / block);
+        let mut found = self.prefix.lookup(tokens, tokens.len() / block);
+        let mut n = found.len() * block;
+        if found.len() == tokens.len() / block && self.kv.pool_window().is_none() {
+            if let Some((b, common)) = self.prefix.partial(tokens, found.len()) {
+                found.push((b, NO_BLOCK));
+                n += common.min(tokens.len() - n);
+            }
+        }
         let mut img = SlotImage {
-            tokens: tokens[..found.len() * block].to_vec(),
+            tokens: tokens[..n].to_vec(),
             windows: found.iter().map(|&(_, w)| w != NO_BLOCK).collect(),
             data: Vec::new(),
         };
@@ -589,11 +597,14 @@ impl Engine {
     fn restore_slot(&mut self, id: usize, img: SlotImage) -> Result<usize, String> {
         let block = self.kv.block_size();
         let n = img.windows.len();
-        if img.tokens.len() != n * block {
+        if img.tokens.len() > n * block || img.tokens.len() + block <= n * block {
             return Err(format!(
                 "{} tokens in {n} blocks of {block} positions",
                 img.tokens.len()
             ));
+        }
+        if img.tokens.len() < n * block && self.kv.pool_window().is_some() {
+            return Err("a partly filled block for a model with window layers".into());
         }
         if img.tokens.len() > self.cfg.ctx {
             return Err(format!(
@@ -658,9 +669,10 @@ impl Engine {
             at += len;
         }
         let m = if failed.is_some() { 0 } else { have.len() };
+        let upto = (m * block).min(img.tokens.len());
         let (blocks, windows): (Vec<u32>, Vec<u32>) = have.iter().copied().unzip();
         self.prefix
-            .insert(&img.tokens[..m * block], &blocks, &windows, &mut self.kv);
+            .insert(&img.tokens[..upto], &blocks, &windows, &mut self.kv);
         for (b, w) in have {
             self.kv.release(b);
             if w != NO_BLOCK {
@@ -670,8 +682,8 @@ impl Engine {
         if let Some(e) = failed {
             return Err(e);
         }
-        self.slot_tokens[id] = img.tokens[..m * block].to_vec();
-        Ok(m * block)
+        self.slot_tokens[id] = img.tokens[..upto].to_vec();
+        Ok(upto)
     }
 
     fn enqueue(&mut self, req: Request) {
@@ -896,6 +908,17 @@ impl Engine {
                 }
                 shared.pop();
             }
+            // then a block the prompt goes on into part of the way: its start is copied
+            // (not where the rows are the backend's, or a window pool's)
+            let room = len - 1 - shared.len() * block;
+            let partial =
+                if whole || room == 0 || !self.kv.has_rows() || self.kv.pool_window().is_some() {
+                    None
+                } else {
+                    self.prefix
+                        .partial(&front.tokens, shared.len())
+                        .map(|(b, n)| (b, n.min(room)))
+                };
             let need = self.blocks_for(len + 1) - shared.len();
             let available = self.kv.free_blocks() + self.prefix.evictable(&self.kv);
             // the window pool: a sequence holds about its window there, never more
@@ -931,6 +954,19 @@ impl Engine {
                 }
             }
             seq.n_cached = shared.len() * block;
+            if let Some((src, n)) = partial {
+                // (held while a block is found, which may evict)
+                self.kv.retain(src);
+                if let Some((dst, _)) = self.alloc() {
+                    if self.kv.copy_block(src, dst).is_ok() {
+                        self.kv.push_block(slot, dst);
+                        seq.n_cached += n;
+                    } else {
+                        self.kv.release(dst);
+                    }
+                }
+                self.kv.release(src);
+            }
             if seq.admitted.is_none() {
                 let now = Instant::now();
                 seq.admitted = Some(now);

@@ -2,10 +2,9 @@
 //! `--slot-save-path DIR`.
 //!
 //! A slot here is a name for the last tokens of the requests that ran in it (or named it
-//! with `id_slot`), not a KV cache of its own: every request shares one prefix cache of
-//! whole KV blocks. Saving writes the blocks the prefix cache still holds of a slot's
-//! tokens (a whole number of blocks: the last partial block is not cached, so it is not
-//! saved) to a file; restoring puts them back into the prefix cache, so any later request
+//! with `id_slot`), not a KV cache of its own: every request shares one prefix cache of KV
+//! blocks. Saving writes the blocks the prefix cache still holds of a slot's tokens (its
+//! last block partly filled) to a file; restoring puts them back into the prefix cache, so any later request
 //! that starts with those tokens skips computing them, on this server or another one
 //! running the same model with the same backend, activations, KV type and block size (the
 //! file names them by the server's `system_fingerprint`). Erasing forgets the slot's tokens
@@ -51,6 +50,8 @@ struct Header {
     dtype: String,
     /// Positions per block.
     block: usize,
+    /// Tokens saved (the last block may be partly filled).
+    tokens: usize,
     /// Whether each block holds its window layers' rows too.
     windows: Vec<bool>,
 }
@@ -106,6 +107,7 @@ async fn run(
                 model: st.model_name.clone(),
                 dtype: st.kv_dtype.name().to_string(),
                 block: st.kv_block,
+                tokens: n,
                 windows: img.windows.clone(),
             };
             let path = dir.join(&name);
@@ -306,7 +308,14 @@ fn read(path: &std::path::Path, lim: &Limits) -> Result<(SlotImage, u64), String
             header.block, header.dtype, lim.block, lim.dtype
         ));
     }
-    let n_tokens = header.windows.len() * lim.block;
+    let n_tokens = header.tokens;
+    let blocks = header.windows.len();
+    if n_tokens > blocks * lim.block || n_tokens + lim.block <= blocks * lim.block {
+        return Err(format!(
+            "{n_tokens} tokens in {blocks} blocks of {} positions",
+            lim.block
+        ));
+    }
     if n_tokens > lim.ctx {
         return Err(format!(
             "{n_tokens} tokens, more than the context ({})",
@@ -392,6 +401,7 @@ mod tests {
             model: "m".into(),
             dtype: "f16".into(),
             block: 4,
+            tokens: windows.len() * 4,
             windows,
         }
     }

@@ -62,14 +62,15 @@ fn a_saved_slot_spares_another_server_its_tokens() {
                   wooden screw press into a system that could produce books quickly. Before him,";
     let (p, cached, g, text) = complete(&a.addr, prompt, 24, 1);
     assert_eq!(cached, 0);
-    // the slot holds what was computed: the prompt and the reply but its last token; the
-    // prefix cache, and so the file, its whole blocks
+    // the slot holds what was computed: the prompt and the reply but its last token, all in
+    // the prefix cache (the last block partly filled), and so in the file
     let held = p + g - 1;
     let (code, r) = slot(&a.addr, "1", "save", Some("s1.bin"));
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["id_slot"], 1);
     assert_eq!(r["filename"], "s1.bin");
-    assert_eq!(r["n_saved"], held / BLOCK * BLOCK, "{r}");
+    assert_eq!(r["n_saved"], held, "{r}");
+    assert_ne!(held % BLOCK, 0, "(the last block partly filled)");
     let size = std::fs::metadata(dir.path().join("s1.bin")).unwrap().len();
     assert_eq!(r["n_written"], size);
     assert!(r["timings"]["save_ms"].as_f64().unwrap() >= 0.0);
@@ -87,22 +88,18 @@ fn a_saved_slot_spares_another_server_its_tokens() {
         (Some(saved), Some(size))
     );
     let (p2, cached, _, again) = complete(&b.addr, prompt, 24, -1);
-    assert_eq!(p2 + cached, p);
-    assert_eq!(
-        cached,
-        (p - 1) / BLOCK * BLOCK,
-        "every whole block of the prompt"
-    );
+    assert_eq!((p2, cached), (1, p - 1), "all but the last token");
     assert_eq!(again, text);
     // the reply's blocks came too: the conversation going on finds all of them
     let (_, cached, _, _) = complete(&b.addr, &format!("{prompt}{text} And"), 4, -1);
     assert_eq!(cached, saved);
-    // the slot restored into (the requests since ran in the engine's slot 0) saves the
-    // same file again, byte for byte
+    // the slot restored into (the requests since ran in the engine's slot 0) saves its
+    // tokens again (the same size: the partly filled block's rows after its tokens may now
+    // come from the conversation's longer block)
     let (code, r) = slot(&b.addr, "3", "save", Some("s3.bin"));
-    assert_eq!(code, 200, "{r}");
+    assert_eq!((code, r["n_saved"].as_u64()), (200, Some(saved)), "{r}");
     let second = std::fs::read(dir.path().join("s3.bin")).unwrap();
-    assert!(second == std::fs::read(dir.path().join("s1.bin")).unwrap());
+    assert_eq!(second.len() as u64, size);
 
     // erase: the slot's tokens are forgotten and their blocks dropped
     let (code, r) = slot(&a.addr, "1", "erase", None);
@@ -223,6 +220,7 @@ fn a_slot_of_a_sliding_window_model_round_trips() {
     let (code, r) = slot(&b.addr, "0", "restore", Some("g.bin"));
     assert_eq!(code, 200, "{r}");
     let (p2, cached, _, again) = complete(&b.addr, &prompt, 16, -1);
+    // (a model with window layers shares whole blocks only)
     assert_eq!((p2 + cached, cached), (p, (p - 1) / BLOCK * BLOCK));
     assert_eq!(again, text);
     // a SmolLM2 server refuses Gemma's file
