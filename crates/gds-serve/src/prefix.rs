@@ -151,6 +151,8 @@ impl PrefixCache {
             return;
         }
         if !self.node(at).children.keys().any(|k| k.starts_with(tail)) {
+            // (a shorter tail of the same tokens, the same sequence's earlier, goes)
+            self.drop_covered_tails(at, tail, kv);
             kv.retain(b);
             self.add(Node {
                 block: b,
@@ -163,14 +165,15 @@ impl PrefixCache {
         }
     }
 
-    /// Drops the partly filled blocks under `at` whose tokens start the full block `chunk`
-    /// (it holds them now; a leftover would keep its parent from being evicted or erased).
+    /// Drops the partly filled blocks under `at` whose tokens start `chunk` (a full block, or
+    /// a longer partly filled one, holds them now: a leftover would keep its parent from
+    /// being evicted or erased, and hold a block for nothing).
     fn drop_covered_tails(&mut self, at: usize, chunk: &[u32], kv: &mut KvCache) {
         let covered: Vec<usize> = self
             .node(at)
             .children
             .iter()
-            .filter(|(k, _)| k.len() < self.block && chunk.starts_with(k))
+            .filter(|(k, _)| k.len() < self.block && k.len() < chunk.len() && chunk.starts_with(k))
             .map(|(_, &id)| id)
             .collect();
         for id in covered {
@@ -417,9 +420,13 @@ mod tests {
             kv.push_block(0, b);
         }
         let table = kv.table(0).to_vec();
-        // the prompt indexed when it went in (its last block partly filled) ...
+        // the prompt indexed when it went in (its last block partly filled), then with one
+        // token more: the longer tail replaces the shorter one ...
+        t.insert(&prompt[..9], &table, &[], &mut kv);
+        assert_eq!((t.len(), kv.refcount(table[2])), (3, 2));
         t.insert(&prompt, &table, &[], &mut kv);
         assert_eq!((t.len(), kv.refcount(table[2])), (3, 2));
+        assert_eq!(t.partial(&prompt, 2), Some((table[2], 2)));
         // ... then the whole sequence, its third block full: the partial entry goes
         let all: Vec<u32> = (0..12).collect();
         t.insert(&all, &table, &[], &mut kv);
