@@ -24,7 +24,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import free_port, stop, wait_healthy  # noqa: E402
+from benchlib import free_port, stop, synth_model, wait_healthy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
@@ -37,16 +37,7 @@ ap.add_argument("--quant", default="Q8_0")
 ap.add_argument("--bin", default="target/release/gdsrun")
 a = ap.parse_args()
 
-hf = ".cache/synth/qwen3-reranker-0.6b"
-gguf = f".cache/synth/qwen3-reranker-0.6b-{a.quant}.gguf"
-gds = f".cache/synth/qwen3-reranker-0.6b-{a.quant}-gguf.gds"
-if not os.path.exists(gguf):
-    args = ["--reuse"] if os.path.exists(os.path.join(hf, "config.json")) else []
-    subprocess.check_call([sys.executable, "scripts/synth-model.py", "qwen3-reranker-0.6b", hf,
-                           "--gguf", gguf, "--quant", a.quant, *args])
-if not os.path.exists(os.path.join(gds, "manifest.gdsm")):
-    subprocess.check_call([os.path.join(os.path.dirname(a.bin), "gdsconv"), "convert", gguf, gds,
-                           "--force"])
+gguf, gds = synth_model("qwen3-reranker-0.6b", a.quant, os.path.join(os.path.dirname(a.bin), "gdsconv"))
 
 rng = random.Random(7)
 WORDS = ("model memory layer stream disk cache token query answer search index vector "

@@ -21,6 +21,22 @@ def fio_bandwidth(files):
     return json.loads(out)["jobs"][0]["read"]["bw_bytes"]
 
 
+def synth_model(shape, quant, gdsconv):
+    """A random-weight model of a real shape (scripts/synth-model.py SHAPE: its Hugging Face
+    directory in .cache/synth/SHAPE, a GGUF by llama.cpp's converter and llama-quantize) and
+    the GGUF converted by `gdsconv` for gdsrun, each made once: (gguf path, gds directory)."""
+    hf = f".cache/synth/{shape}"
+    gguf = f".cache/synth/{shape}-{quant}.gguf"
+    gds = f".cache/synth/{shape}-{quant}-gguf.gds"
+    if not os.path.exists(gguf):
+        args = ["--reuse"] if os.path.exists(os.path.join(hf, "config.json")) else []
+        subprocess.check_call([sys.executable, "scripts/synth-model.py", shape, hf,
+                               "--gguf", gguf, "--quant", quant, *args])
+    if not os.path.exists(os.path.join(gds, "manifest.gdsm")):
+        subprocess.check_call([gdsconv, "convert", gguf, gds, "--force"])
+    return gguf, gds
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
