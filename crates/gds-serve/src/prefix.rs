@@ -353,17 +353,21 @@ mod tests {
     use super::*;
     use gds_runtime::KvDtype;
 
-    #[test]
-    fn shares_full_blocks_and_evicts_only_unreferenced_leaves() {
+    /// A pool of 8 blocks of 4 positions, an empty tree, and sequence 0 holding 3 blocks for
+    /// the prompt 0..10 (two full blocks, one partial): (cache, tree, prompt, its table).
+    fn ten_tokens() -> (KvCache, PrefixCache, Vec<u32>, Vec<u32>) {
         let mut kv = KvCache::paged(KvDtype::F32, 1, 2, 64, 4, 4, 8);
-        let mut t = PrefixCache::new(4);
-        let prompt: Vec<u32> = (0..10).collect();
-        // sequence 0 computed 3 blocks (10 tokens: two full blocks, one partial)
         for _ in 0..3 {
             let b = kv.alloc().unwrap();
             kv.push_block(0, b);
         }
         let table = kv.table(0).to_vec();
+        (kv, PrefixCache::new(4), (0..10).collect(), table)
+    }
+
+    #[test]
+    fn shares_full_blocks_and_evicts_only_unreferenced_leaves() {
+        let (mut kv, mut t, prompt, table) = ten_tokens();
         t.insert(&prompt, &table, &[], &mut kv);
         assert_eq!(t.len(), 3, "the full blocks and the partial one");
         assert_eq!(kv.refcount(table[0]), 2);
@@ -412,14 +416,7 @@ mod tests {
 
     #[test]
     fn a_partial_block_gives_way_to_the_full_block_that_holds_its_tokens() {
-        let mut kv = KvCache::paged(KvDtype::F32, 1, 2, 64, 4, 4, 8);
-        let mut t = PrefixCache::new(4);
-        let prompt: Vec<u32> = (0..10).collect();
-        for _ in 0..3 {
-            let b = kv.alloc().unwrap();
-            kv.push_block(0, b);
-        }
-        let table = kv.table(0).to_vec();
+        let (mut kv, mut t, prompt, table) = ten_tokens();
         // the prompt indexed when it went in (its last block partly filled), then with one
         // token more: the longer tail replaces the shorter one ...
         t.insert(&prompt[..9], &table, &[], &mut kv);

@@ -4,7 +4,7 @@
 //! generates from them is what the first generated; erase drops them; bad names, damaged
 //! files and files from another configuration are refused without harm.
 
-use crate::common::{http, serial, start, start_model};
+use crate::common::{http, metric, serial, start, start_model};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -202,17 +202,24 @@ fn a_slot_of_a_sliding_window_model_round_trips() {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let args = ["--slot-save-path", d, "--ctx", "4096", "--kv-budget", "128"];
+    // (a budget over what the whole context takes: the window layers get their own pool)
+    let args = ["--slot-save-path", d, "--ctx", "4096", "--kv-budget", "256"];
     let gemma = gds_tests::gemma_converted();
     let a = start_model(gemma, &args);
-    let prompt: String = (0..60)
+    let prompt: String = (0..61)
         .map(|i| {
             let colour = ["red", "green", "blue", "small", "large"][i % 5];
             format!("Item {i}: the {colour} box holds {} marbles. ", i * 7 % 13)
         })
         .collect();
+    let (_, m) = http(&a.addr, "GET", "/metrics", None);
+    assert!(
+        metric(&m, "gds_kv_window_blocks_total") > 0.0,
+        "a window pool: {m}"
+    );
     let (p, _, _, text) = complete(&a.addr, &prompt, 16, 2);
     assert!(p > 600, "longer than the 512-position window: {p}");
+    assert_ne!(p % BLOCK, 1, "(a prompt that ends inside a block: {p})");
     let (code, r) = slot(&a.addr, "2", "save", Some("g.bin"));
     assert_eq!(code, 200, "{r}");
     drop(a);
