@@ -26,7 +26,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import free_port, stop, synth_model, wait_healthy  # noqa: E402
+from benchlib import WORDS, free_port, stop, synth_model, wait_healthy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.chdir(ROOT)
@@ -41,9 +41,6 @@ a = ap.parse_args()
 gguf, gds = synth_model("llama-1b", a.quant, os.path.join(os.path.dirname(a.bin), "gdsconv"))
 
 rng = random.Random(11)
-WORDS = ("model memory layer stream disk cache token query answer search index vector "
-         "document rank score server engine batch prompt weight tensor quantize block read "
-         "write page file network registry package install machine learning data").split()
 PROMPT = " ".join(rng.choice(WORDS) for _ in range(a.words)).capitalize() + "."
 CTX = 4096
 

@@ -21,6 +21,12 @@ def fio_bandwidth(files):
     return json.loads(out)["jobs"][0]["read"]["bw_bytes"]
 
 
+# words of made-up prompts and documents (random-weight models: the text is noise anyway)
+WORDS = ("model memory layer stream disk cache token query answer search index vector "
+         "document rank score server engine batch prompt weight tensor quantize block read "
+         "write page file network registry package install machine learning data").split()
+
+
 def synth_model(shape, quant, gdsconv):
     """A random-weight model of a real shape (scripts/synth-model.py SHAPE: its Hugging Face
     directory in .cache/synth/SHAPE, a GGUF by llama.cpp's converter and llama-quantize) and
