@@ -88,15 +88,26 @@ impl PrefixCache {
     pub fn lookup(&mut self, tokens: &[u32], max_blocks: usize) -> Vec<(u32, u32)> {
         self.clock += 1;
         let now = self.clock;
+        self.path(tokens, max_blocks)
+            .into_iter()
+            .map(|id| {
+                let n = self.node_mut(id);
+                n.last_used = now;
+                (n.block, n.window)
+            })
+            .collect()
+    }
+
+    /// The nodes of the longest indexed prefix of `tokens`' full blocks, at most
+    /// `max_blocks` of them, from the root's child on.
+    fn path(&self, tokens: &[u32], max_blocks: usize) -> Vec<usize> {
         let mut at = 0;
         let mut out = Vec::new();
         for chunk in tokens.chunks_exact(self.block).take(max_blocks) {
             let Some(&next) = self.node(at).children.get(chunk) else {
                 break;
             };
-            let n = self.node_mut(next);
-            n.last_used = now;
-            out.push((n.block, n.window));
+            out.push(next);
             at = next;
         }
         out
@@ -112,7 +123,6 @@ impl PrefixCache {
         let mut at = 0;
         for (i, (chunk, &b)) in tokens.chunks_exact(self.block).zip(blocks).enumerate() {
             let w = windows.get(i).copied().unwrap_or(NO_BLOCK);
-            self.drop_covered_tails(at, chunk, kv);
             let next = match self.node(at).children.get(chunk) {
                 Some(&next) => {
                     let n = self.node_mut(next);
@@ -123,6 +133,9 @@ impl PrefixCache {
                     next
                 }
                 None => {
+                    // (a partly filled block of these tokens was indexed before this full
+                    // one existed: with it there, no other is)
+                    self.drop_covered_tails(at, chunk, kv);
                     kv.retain(b);
                     if w != NO_BLOCK {
                         kv.retain_window(w);
@@ -236,20 +249,11 @@ impl PrefixCache {
     /// block back, each one no other prefix continues and no sequence references (a slot's
     /// erase). Returns how many were freed.
     pub fn erase(&mut self, tokens: &[u32], kv: &mut KvCache) -> usize {
-        let mut path = Vec::new();
-        let mut at = 0;
-        let mut whole = true;
-        for chunk in tokens.chunks_exact(self.block) {
-            let Some(&next) = self.node(at).children.get(chunk) else {
-                whole = false;
-                break;
-            };
-            path.push(next);
-            at = next;
-        }
+        let mut path = self.path(tokens, usize::MAX);
         // its partly filled last block first (a leaf)
         let tail = &tokens[path.len() * self.block..];
-        if whole && !tail.is_empty() {
+        if path.len() == tokens.len() / self.block && !tail.is_empty() {
+            let at = path.last().copied().unwrap_or(0);
             if let Some(&id) = self.node(at).children.get(tail) {
                 path.push(id);
             }
@@ -270,10 +274,11 @@ impl PrefixCache {
     /// them), the child whose key shares the longest start with the tokens that follow: its
     /// block and how many tokens it shares (at least one), or `None`.
     pub fn partial(&mut self, tokens: &[u32], n_full: usize) -> Option<(u32, usize)> {
-        let mut at = 0;
-        for chunk in tokens.chunks_exact(self.block).take(n_full) {
-            at = *self.node(at).children.get(chunk)?;
+        let path = self.path(tokens, n_full);
+        if path.len() < n_full {
+            return None;
         }
+        let at = path.last().copied().unwrap_or(0);
         let rest = tokens.get(n_full * self.block..)?;
         let (common, id) = self
             .node(at)

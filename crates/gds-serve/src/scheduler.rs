@@ -639,27 +639,8 @@ impl Engine {
         let mut at: usize = lens[..have.len()].iter().sum();
         let mut failed = None;
         for (&window, &len) in img.windows.iter().zip(&lens).skip(have.len()) {
-            let Some(b) = self.kv.alloc().or_else(|| {
-                (self.prefix.evict(&mut self.kv, 1) > 0)
-                    .then(|| self.kv.alloc())
-                    .flatten()
-            }) else {
+            let Some((b, w)) = self.alloc_pair(window) else {
                 break;
-            };
-            let w = if window {
-                match self.kv.alloc_window().or_else(|| {
-                    (self.prefix.evict_window(&mut self.kv, 1) > 0)
-                        .then(|| self.kv.alloc_window())
-                        .flatten()
-                }) {
-                    Some(w) => w,
-                    None => {
-                        self.kv.release(b);
-                        break;
-                    }
-                }
-            } else {
-                NO_BLOCK
             };
             have.push((b, w));
             if let Err(e) = self.kv.import_block(b, w, &img.data[at..at + len]) {
@@ -735,12 +716,17 @@ impl Engine {
     /// Takes a free block, evicting from the prefix tree when the pool is dry; with a
     /// window pool, also a window-pool block (the pair, or nothing).
     fn alloc(&mut self) -> Option<(u32, u32)> {
+        self.alloc_pair(self.kv.pool_window().is_some())
+    }
+
+    /// [`Engine::alloc`]'s main block, and a window-pool block only `with_window`.
+    fn alloc_pair(&mut self, with_window: bool) -> Option<(u32, u32)> {
         let b = match self.kv.alloc() {
             Some(b) => b,
             None if self.prefix.evict(&mut self.kv, 1) > 0 => self.kv.alloc()?,
             None => return None,
         };
-        if self.kv.pool_window().is_none() {
+        if !with_window {
             return Some((b, NO_BLOCK));
         }
         let w = match self.kv.alloc_window() {
