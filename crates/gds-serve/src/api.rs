@@ -1001,13 +1001,7 @@ pub(crate) async fn constrain(
         })
     })
     .await
-    .map_err(|e| {
-        ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            format!("compiling the grammar failed: {e}"),
-        )
-    })?;
+    .map_err(|e| ApiError::server(format!("compiling the grammar failed: {e}")))?;
     st.metrics.record_grammar(t0.elapsed());
     compiled
         .map(Some)
@@ -1091,11 +1085,7 @@ pub(crate) fn enqueue(
     m.queue_depth_add(1);
     if st.engine.send(Msg::from(req)).is_err() {
         m.queue_depth_sub(1);
-        return Err(ApiError::status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_unavailable",
-            "the engine has stopped",
-        ));
+        return Err(ApiError::engine_stopped());
     }
     m.requests.fetch_add(1, Ordering::Relaxed);
     Ok((rx, ended))
@@ -1455,11 +1445,7 @@ impl Gen {
 
     fn fail(&mut self, e: String) -> Piece {
         self.ended = true;
-        Piece::Error(ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            e,
-        ))
+        Piece::Error(ApiError::server(e))
     }
 
     fn end(&mut self, finish: &'static str, done: Option<Done>) -> Piece {
@@ -1586,13 +1572,7 @@ pub(crate) async fn run_to_end(
                 })
             }
             // only after an end or an error, both handled above
-            None => {
-                return Err(ApiError::status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    "generation ended without a result",
-                ))
-            }
+            None => return Err(ApiError::server("generation ended without a result")),
         }
     };
     let rest = gen.rest().unwrap_or_default();
@@ -1680,13 +1660,8 @@ pub(crate) async fn collect_choices<T>(
     let (mut out, mut bytes) = (Vec::new(), 0usize);
     while let Some(r) = done.next().await {
         let (v, t) = r?;
-        let raw = serde_json::value::to_raw_value(&v).map_err(|e| {
-            ApiError::status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e.to_string(),
-            )
-        })?;
+        let raw =
+            serde_json::value::to_raw_value(&v).map_err(|e| ApiError::server(e.to_string()))?;
         bytes += raw.get().len();
         if bytes > limit {
             st.metrics.replies_too_large.fetch_add(1, Ordering::Relaxed);
@@ -2685,13 +2660,9 @@ pub(crate) async fn tokenize(
     f: impl FnOnce() -> gds_runtime::Result<Vec<u32>> + Send + 'static,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
-    let r = tokio::task::spawn_blocking(f).await.map_err(|e| {
-        ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            format!("tokenization failed: {e}"),
-        )
-    })?;
+    let r = tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::server(format!("tokenization failed: {e}")))?;
     r.map_err(|e| {
         let too_long = matches!(e, RuntimeError::TextTooLong { .. });
         let message = match e {

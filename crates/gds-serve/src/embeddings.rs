@@ -15,7 +15,6 @@ use crate::scheduler::{Event, Pooling, Request};
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
@@ -369,15 +368,11 @@ async fn embed_one(
     loop {
         match rx.recv().await {
             Some(Event::Embedding(v)) => return Ok(v),
-            Some(Event::Error(e)) => return Err(server_error(e)),
+            Some(Event::Error(e)) => return Err(ApiError::server(e)),
             Some(_) => {}
-            None => return Err(server_error("the engine dropped the request".into())),
+            None => return Err(ApiError::server("the engine dropped the request")),
         }
     }
-}
-
-fn server_error(e: String) -> ApiError {
-    ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e)
 }
 
 /// One text input as tokens, as `/v1/embeddings` makes them: BOS where the model adds one,

@@ -47,6 +47,20 @@ impl ApiError {
         self
     }
 
+    /// 500 with `server_error`: the server failed, not the request.
+    pub(crate) fn server(message: impl Into<String>) -> ApiError {
+        ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// 503 `server_unavailable`: the engine thread has stopped.
+    pub(crate) fn engine_stopped() -> ApiError {
+        ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_unavailable",
+            "the engine has stopped",
+        )
+    }
+
     /// An error with its own status and type.
     pub(crate) fn status(
         status: StatusCode,

@@ -937,12 +937,10 @@ async fn infill_body(st: &Arc<ServerState>, body: &Bytes) -> Result<Bytes, ApiEr
         || extra_bytes >= extra_max
     {
         let t = tok.clone();
-        let server_error =
-            |e: String| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e);
         tokio::task::spawn_blocking(move || t.max_token_bytes())
             .await
-            .map_err(|e| server_error(format!("tokenization failed: {e}")))?
-            .map_err(|e| server_error(e.to_string()))?
+            .map_err(|e| ApiError::server(format!("tokenization failed: {e}")))?
+            .map_err(|e| ApiError::server(e.to_string()))?
     } else {
         1
     };
@@ -1238,13 +1236,7 @@ pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> 
             t.render_with(&msgs, add_generation_prompt, list.as_ref(), vars.as_ref())
         })
         .await
-        .map_err(|e| {
-            ApiError::status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                format!("rendering failed: {e}"),
-            )
-        })?
+        .map_err(|e| ApiError::server(format!("rendering failed: {e}")))?
         .map_err(|e| ApiError::bad(format!("chat template: {e}")).param("messages"))?;
         let mut rendered = rendered;
         if thinking_off && add_generation_prompt {

@@ -113,8 +113,8 @@ async fn run(
             let path = dir.join(&name);
             let written = tokio::task::spawn_blocking(move || write(&path, &header, &img))
                 .await
-                .map_err(|e| server(format!("saving the slot: {e}")))?
-                .map_err(|e| server(format!("Unable to save slot to {name}: {e}")))?;
+                .map_err(|e| ApiError::server(format!("saving the slot: {e}")))?
+                .map_err(|e| ApiError::server(format!("Unable to save slot to {name}: {e}")))?;
             Ok(json!({
                 "id_slot": id, "filename": name, "n_saved": n, "n_written": written,
                 "timings": {"save_ms": ms(t0)},
@@ -133,7 +133,7 @@ async fn run(
             };
             let (img, read) = tokio::task::spawn_blocking(move || read(&path, &limits))
                 .await
-                .map_err(|e| server(format!("reading the slot file: {e}")))?
+                .map_err(|e| ApiError::server(format!("reading the slot file: {e}")))?
                 .map_err(|e| {
                     ApiError::bad(format!("Unable to restore slot: {name}: {e}")).param("filename")
                 })?;
@@ -162,33 +162,22 @@ fn ms(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1000.0
 }
 
-fn server(m: String) -> ApiError {
-    ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", m)
-}
-
 fn unexpected(d: SlotDone) -> ApiError {
-    server(format!("the engine answered {d:?}"))
+    ApiError::server(format!("the engine answered {d:?}"))
 }
 
 /// Hands the action to the engine and waits for its answer.
 async fn engine(st: &ServerState, id: usize, action: SlotAction) -> Result<SlotDone, ApiError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let gone = || {
-        ApiError::status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_unavailable",
-            "the engine has stopped",
-        )
-    };
     st.engine
         .send(Msg::Slot(SlotOp {
             id,
             action,
             reply: tx,
         }))
-        .map_err(|_| gone())?;
+        .map_err(|_| ApiError::engine_stopped())?;
     rx.await
-        .map_err(|_| gone())?
+        .map_err(|_| ApiError::engine_stopped())?
         .map_err(|e| ApiError::bad(format!("slot {id}: {e}")))
 }
 

@@ -14,7 +14,6 @@ use crate::api::{chat_messages, encode_text, finish, parse, tokenize, ApiError, 
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -148,13 +147,7 @@ pub async fn detokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes)
         let tok = st.tokenizer.clone();
         let text = tokio::task::spawn_blocking(move || tok.inner().decode(&ids, false))
             .await
-            .map_err(|e| {
-                ApiError::status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    format!("decoding failed: {e}"),
-                )
-            })?
+            .map_err(|e| ApiError::server(format!("decoding failed: {e}")))?
             .map_err(|e| ApiError::bad(format!("decoding failed: {e}")).param("tokens"))?;
         Ok(Json(json!({"prompt": text, "content": text})).into_response())
     }
