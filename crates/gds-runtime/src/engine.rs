@@ -22,6 +22,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// `cfg` with DRY's breakers as the tokenizer's tokens, where DRY is on.
+pub fn with_dry_table(mut cfg: SamplerConfig, tok: &TextTokenizer) -> SamplerConfig {
+    if cfg.extra.dry_on() && cfg.extra.dry_table.is_none() {
+        cfg.extra.dry_table = Some(tok.dry_breakers(&cfg.extra.dry_sequence_breakers));
+    }
+    cfg
+}
+
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -191,7 +199,10 @@ impl Engine {
         if let Some(src) = &plan.chat_template_override {
             tokenizer.set_chat_template(src)?;
         }
-        let sampler = Sampler::new(plan.sampler.clone(), exec.config().vocab_size);
+        let sampler = Sampler::new(
+            with_dry_table(plan.sampler.clone(), &tokenizer),
+            exec.config().vocab_size,
+        );
         let grammar = match &plan.grammar {
             Some(g) => {
                 let c =
@@ -412,7 +423,10 @@ impl Engine {
         if limits.stop.iter().any(String::is_empty) {
             return Err(RuntimeError::Usage("stop strings must not be empty".into()));
         }
-        self.sampler = Sampler::new(sampler.clone(), self.exec.config().vocab_size);
+        self.sampler = Sampler::new(
+            with_dry_table(sampler.clone(), &self.tokenizer),
+            self.exec.config().vocab_size,
+        );
         self.plan.sampler = sampler;
         self.plan.limits = limits;
         Ok(())

