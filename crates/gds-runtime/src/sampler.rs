@@ -127,9 +127,51 @@ impl Stage {
         })
     }
 
+    /// A chain's order from llama.cpp's `--samplers` (names separated by `;` or `,`) or,
+    /// where it is one word of sampler letters only, `--sampler-seq` (`edskypmxt`).
+    pub fn parse_order(s: &str) -> Result<Vec<Stage>, String> {
+        let s = s.trim();
+        let names: Vec<&str> = s
+            .split([';', ','])
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        let order: Vec<Stage> = if names.len() == 1 && Stage::from_name(names[0]).is_none() {
+            s.chars()
+                .map(|c| {
+                    Stage::from_letter(c).ok_or_else(|| format!("unknown sampler letter {c:?}"))
+                })
+                .collect::<Result<_, _>>()?
+        } else {
+            names
+                .iter()
+                .map(|n| {
+                    Stage::from_name(n).ok_or_else(|| {
+                        format!("{n:?} is not a sampler (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p)")
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        if let Some(i) = (1..order.len()).find(|&i| order[..i].contains(&order[i])) {
+            return Err(format!("{:?} is listed twice", order[i]));
+        }
+        Ok(order)
+    }
+
     /// Penalties and DRY move logits and drop nothing; the others choose candidates.
     fn is_penalty(self) -> bool {
         matches!(self, Stage::Penalties | Stage::Dry)
+    }
+}
+
+/// A chain's order as a command line gives it ([`Stage::parse_order`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Order(pub Vec<Stage>);
+
+impl std::str::FromStr for Order {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Order, String> {
+        Stage::parse_order(s).map(Order)
     }
 }
 
@@ -715,17 +757,23 @@ impl Sampler {
     /// Applies the logit bias, then the repeat penalty (once per distinct recent token),
     /// then the frequency and presence penalties (`logit -= count * frequency + (count >
     /// 0) * presence`, over the generated tokens), then DRY, to the whole vocabulary's
-    /// logits. A token at -inf (masked) stays there.
+    /// logits, each where the chain's order has it. A token at -inf (masked) stays there.
     pub fn apply_penalty(&self, logits: &mut [f32]) {
         self.apply_bias(logits);
-        for (tok, f) in self.penalties() {
-            if let Some(l) = logits.get_mut(tok as usize) {
-                *l = f.apply(*l);
-            }
+        if self.cfg.extra.order.contains(&Stage::Penalties) {
+            self.apply_penalties_only(logits);
         }
         for (tok, d) in self.dry_penalties() {
             if let Some(l) = logits.get_mut(tok as usize) {
                 *l -= d;
+            }
+        }
+    }
+
+    fn apply_penalties_only(&self, logits: &mut [f32]) {
+        for (tok, f) in self.penalties() {
+            if let Some(l) = logits.get_mut(tok as usize) {
+                *l = f.apply(*l);
             }
         }
     }
@@ -881,7 +929,11 @@ impl Sampler {
     /// adaptive-p.
     fn greedy_shortcut(&self) -> bool {
         let x = &self.cfg.extra;
-        if self.cfg.temp > 0.0 || x.dynatemp_range > 0.0 || x.mirostat != 0 {
+        if self.cfg.temp > 0.0
+            || x.dynatemp_range > 0.0
+            || x.mirostat != 0
+            || !x.order.contains(&Stage::Temperature)
+        {
             return false;
         }
         let mut filtered = false;
@@ -1952,6 +2004,23 @@ mod tests {
             assert_eq!(Stage::from_name(n), Some(s));
         }
         assert_eq!(Stage::from_name("mirostat"), None);
+        assert_eq!(
+            Stage::parse_order("top_k;temperature").unwrap(),
+            [Stage::TopK, Stage::Temperature]
+        );
+        assert_eq!(
+            Stage::parse_order("kt").unwrap(),
+            [Stage::TopK, Stage::Temperature]
+        );
+        assert_eq!(
+            Stage::parse_order("dry, min_p").unwrap(),
+            [Stage::Dry, Stage::MinP]
+        );
+        assert!(Stage::parse_order("kk").unwrap_err().contains("twice"));
+        assert!(Stage::parse_order("top_k;bogus")
+            .unwrap_err()
+            .contains("bogus"));
+        assert!(Stage::parse_order("kz").unwrap_err().contains("'z'"));
         let mut twice = SamplerConfig::default();
         twice.extra.order = vec![Stage::TopK, Stage::TopK];
         assert_eq!(twice.check().unwrap_err().field, "samplers");

@@ -20,6 +20,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use futures_util::FutureExt;
 use gds_runtime::chat::Message;
 use gds_runtime::reply::Reply;
+use gds_runtime::sampler::Stage;
 use gds_runtime::{ChatEnd, Constraint, Grammar, RuntimeError, SamplerConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -168,6 +169,11 @@ pub(crate) struct Common {
     /// kept ones (0: half of them). Default 0.
     #[serde(default)]
     pub(crate) n_discard: Option<i64>,
+    /// llama.cpp's samplers (llama-server takes them on every generation endpoint):
+    /// locally typical, top-n-sigma, XTC, dynamic temperature, Mirostat, DRY, adaptive-p,
+    /// `min_keep`, the chain's order (`samplers`) and the repeat penalty's window.
+    #[serde(flatten)]
+    pub(crate) llama: LlamaSampling,
     /// Ollama's `shift` (set by its endpoints, not read from OpenAI bodies): whether this
     /// request shifts, whatever `--context-shift` says.
     #[serde(skip)]
@@ -177,6 +183,52 @@ pub(crate) struct Common {
     /// latest tokens) instead of refused.
     #[serde(skip)]
     pub(crate) truncate: bool,
+}
+
+/// llama.cpp's sampler fields ([`Common::llama`]); each left out keeps the server's default.
+#[derive(Deserialize, Debug, Default, Clone)]
+pub(crate) struct LlamaSampling {
+    #[serde(default)]
+    pub(crate) typical_p: Option<f64>,
+    #[serde(default)]
+    pub(crate) top_n_sigma: Option<f64>,
+    #[serde(default)]
+    pub(crate) xtc_probability: Option<f64>,
+    #[serde(default)]
+    pub(crate) xtc_threshold: Option<f64>,
+    #[serde(default)]
+    pub(crate) dynatemp_range: Option<f64>,
+    #[serde(default)]
+    pub(crate) dynatemp_exponent: Option<f64>,
+    #[serde(default)]
+    pub(crate) mirostat: Option<f64>,
+    #[serde(default)]
+    pub(crate) mirostat_tau: Option<f64>,
+    #[serde(default)]
+    pub(crate) mirostat_eta: Option<f64>,
+    #[serde(default)]
+    pub(crate) dry_multiplier: Option<f64>,
+    #[serde(default)]
+    pub(crate) dry_base: Option<f64>,
+    #[serde(default)]
+    pub(crate) dry_allowed_length: Option<f64>,
+    #[serde(default)]
+    pub(crate) dry_penalty_last_n: Option<f64>,
+    #[serde(default)]
+    pub(crate) dry_sequence_breakers: Option<Value>,
+    #[serde(default)]
+    pub(crate) adaptive_target: Option<f64>,
+    #[serde(default)]
+    pub(crate) adaptive_decay: Option<f64>,
+    #[serde(default)]
+    pub(crate) min_keep: Option<f64>,
+    /// The chain's order: names (`["top_k", "temperature"]`) or llama.cpp's letters
+    /// (`"kt"`); a sampler left out does not run.
+    #[serde(default)]
+    pub(crate) samplers: Option<Value>,
+    /// Tokens the repeat penalty looks back over (-1: the context, 0: off).
+    #[serde(default)]
+    pub(crate) repeat_last_n: Option<f64>,
 }
 
 /// OpenAI fields that change what is answered and that gdsrun does not do: refused with a
@@ -808,7 +860,10 @@ pub(crate) fn job(
             .map_or(d.frequency_penalty, |p| p as f32),
         presence_penalty: c.presence_penalty.map_or(d.presence_penalty, |p| p as f32),
         logit_bias,
+        extra: d.extra.clone(),
     };
+    let mut sampler = sampler;
+    llama_sampling(st, &c.llama, &mut sampler)?;
     sampler.check().map_err(|e| {
         // the request's name of the setting, not the command line's
         let param = match e.field {
@@ -956,6 +1011,161 @@ pub(crate) fn truncate_prompt(prompt: Vec<u32>, keep: usize, ctx: usize) -> Vec<
     let mut out = prompt[..keep].to_vec();
     out.extend_from_slice(&prompt[prompt.len() - tail..]);
     out
+}
+
+/// llama.cpp's `repeat_last_n` as the tokens the repeat penalty looks back over: -1 is the
+/// context, 0 off; `None` below -1.
+pub(crate) fn repeat_window(st: &ServerState, n: i64) -> Option<usize> {
+    match n {
+        -1 => Some(st.ctx),
+        n => usize::try_from(n).ok(),
+    }
+}
+
+/// Sets `s`'s llama.cpp samplers from a request's fields (llama-server's names and rules:
+/// a `dry_base` under 1 is the default, -1 windows are the context), builds DRY's breakers
+/// for this vocabulary where DRY is on, and refuses what is out of range naming the field.
+fn llama_sampling(
+    st: &ServerState,
+    l: &LlamaSampling,
+    s: &mut SamplerConfig,
+) -> Result<(), ApiError> {
+    let x = &mut s.extra;
+    let f = |v: Option<f64>, d: f32| v.map_or(d, |v| v as f32);
+    x.typical_p = f(l.typical_p, x.typical_p);
+    x.top_n_sigma = f(l.top_n_sigma, x.top_n_sigma);
+    x.xtc_probability = f(l.xtc_probability, x.xtc_probability);
+    x.xtc_threshold = f(l.xtc_threshold, x.xtc_threshold);
+    x.dynatemp_range = f(l.dynatemp_range, x.dynatemp_range);
+    x.dynatemp_exponent = f(l.dynatemp_exponent, x.dynatemp_exponent);
+    x.mirostat_tau = f(l.mirostat_tau, x.mirostat_tau);
+    x.mirostat_eta = f(l.mirostat_eta, x.mirostat_eta);
+    x.dry_multiplier = f(l.dry_multiplier, x.dry_multiplier);
+    if let Some(b) = l.dry_base {
+        // llama-server's rule: a base under 1 means the default
+        x.dry_base = if b >= 1.0 { b as f32 } else { 1.75 };
+    }
+    x.adaptive_target = f(l.adaptive_target, x.adaptive_target);
+    x.adaptive_decay = f(l.adaptive_decay, x.adaptive_decay);
+    // integers, whole and in range, or a 400 naming them
+    let int = |v: f64, name: &'static str, lo: f64, what: &str| -> Result<i64, ApiError> {
+        if v.fract() == 0.0 && v >= lo && v <= i32::MAX as f64 {
+            Ok(v as i64)
+        } else {
+            Err(ApiError::bad(format!("{name} {v} must be {what}")).param(name))
+        }
+    };
+    if let Some(m) = l.mirostat {
+        x.mirostat = match int(m, "mirostat", 0.0, "0, 1 or 2")? {
+            m @ 0..=2 => m as u8,
+            _ => {
+                return Err(
+                    ApiError::bad(format!("mirostat {m} must be 0, 1 or 2")).param("mirostat")
+                )
+            }
+        };
+    }
+    if let Some(n) = l.dry_allowed_length {
+        x.dry_allowed_length = int(n, "dry_allowed_length", 0.0, "an integer >= 0")? as usize;
+    }
+    if let Some(n) = l.dry_penalty_last_n {
+        let n = int(
+            n,
+            "dry_penalty_last_n",
+            -1.0,
+            "-1 (the context) or an integer >= 0",
+        )?;
+        x.dry_penalty_last_n = repeat_window(st, n).unwrap_or(0);
+    }
+    if let Some(n) = l.min_keep {
+        x.min_keep = int(n, "min_keep", 0.0, "an integer >= 0")? as usize;
+    }
+    if let Some(n) = l.repeat_last_n {
+        let n = int(
+            n,
+            "repeat_last_n",
+            -1.0,
+            "-1 (the context) or an integer >= 0",
+        )?;
+        s.repeat_last_n = repeat_window(st, n).unwrap_or(0);
+    }
+    let x = &mut s.extra;
+    match &l.dry_sequence_breakers {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a))
+            if !a.is_empty() && a.len() <= gds_runtime::sampler::MAX_DRY_BREAKERS =>
+        {
+            x.dry_sequence_breakers = a
+                .iter()
+                .map(|b| b.as_str().map(str::to_string))
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| {
+                    ApiError::bad("dry_sequence_breakers must be a list of strings")
+                        .param("dry_sequence_breakers")
+                })?;
+        }
+        Some(_) => {
+            return Err(ApiError::bad(format!(
+                "dry_sequence_breakers must be a non-empty list of at most {} strings",
+                gds_runtime::sampler::MAX_DRY_BREAKERS
+            ))
+            .param("dry_sequence_breakers"))
+        }
+    }
+    if let Some(order) = samplers_order(l.samplers.as_ref())? {
+        x.order = order;
+    }
+    if x.dry_on() {
+        // the vocabulary's breakers: read on first need (off the async threads' work: the
+        // first list scans every token), then kept
+        let breakers = x.dry_sequence_breakers.clone();
+        let tok = st.tokenizer.clone();
+        x.dry_table = Some(tokio::task::block_in_place(move || {
+            tok.dry_breakers(&breakers)
+        }));
+    }
+    Ok(())
+}
+
+/// A request's `samplers`: names (llama.cpp's and their aliases) or one string of its
+/// letters (`"edkypmxt"`); each at most once. `None` where the request gives none.
+fn samplers_order(v: Option<&Value>) -> Result<Option<Vec<Stage>>, ApiError> {
+    let bad = |m: String| ApiError::bad(m).param("samplers");
+    let order: Vec<Stage> = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(letters)) => letters
+            .chars()
+            .map(|c| {
+                Stage::from_letter(c).ok_or_else(|| bad(format!("samplers: unknown sampler letter {c:?}")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(l)) if l.len() <= 16 => l
+            .iter()
+            .map(|n| {
+                let n = n
+                    .as_str()
+                    .ok_or_else(|| bad(format!("samplers entry {n} must be a string")))?;
+                Stage::from_name(n).ok_or_else(|| {
+                    bad(format!(
+                        "samplers: {n:?} is not a sampler (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p)"
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(bad(format!(
+                "samplers {other} must be a list of sampler names or a string of their letters"
+            )))
+        }
+    };
+    if let Some(s) = order
+        .iter()
+        .enumerate()
+        .find(|(i, s)| order[..*i].contains(s))
+    {
+        return Err(bad(format!("samplers: {:?} is listed twice", s.1)));
+    }
+    Ok(Some(order))
 }
 
 /// Compiles `job`'s grammar (off the async threads: a large schema takes a while, and the

@@ -281,6 +281,69 @@ pub struct SamplingArgs {
     /// random seed per request).
     #[arg(long, short = 's')]
     pub seed: Option<u64>,
+    /// Locally typical sampling's mass, 1 disables [default: 1.0].
+    #[arg(long, visible_alias = "typical-p")]
+    pub typical: Option<f32>,
+    /// Keep tokens within N standard deviations of the largest logit, <= 0 disables
+    /// [default: -1].
+    #[arg(long, visible_alias = "top-n-sigma", allow_negative_numbers = true)]
+    pub top_nsigma: Option<f32>,
+    /// XTC: the chance per token of excluding the top choices, 0 disables [default: 0].
+    #[arg(long)]
+    pub xtc_probability: Option<f32>,
+    /// XTC: tokens at least this likely are top choices, > 0.5 disables [default: 0.1].
+    #[arg(long)]
+    pub xtc_threshold: Option<f32>,
+    /// Dynamic temperature: the temperature moves within temp ± this with the entropy, 0
+    /// disables [default: 0].
+    #[arg(long)]
+    pub dynatemp_range: Option<f32>,
+    /// Dynamic temperature's exponent [default: 1.0].
+    #[arg(long, visible_alias = "dynatemp-exponent")]
+    pub dynatemp_exp: Option<f32>,
+    /// Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces the other samplers, as in
+    /// llama.cpp) [default: 0].
+    #[arg(long)]
+    pub mirostat: Option<u8>,
+    /// Mirostat's learning rate, eta [default: 0.1].
+    #[arg(long, visible_alias = "mirostat-eta")]
+    pub mirostat_lr: Option<f32>,
+    /// Mirostat's target entropy, tau [default: 5.0].
+    #[arg(long, visible_alias = "mirostat-tau")]
+    pub mirostat_ent: Option<f32>,
+    /// DRY: multiplier of the penalty on tokens that extend a repeat, 0 disables [default: 0].
+    #[arg(long)]
+    pub dry_multiplier: Option<f32>,
+    /// DRY's base (>= 1) [default: 1.75].
+    #[arg(long)]
+    pub dry_base: Option<f32>,
+    /// DRY: repeats up to this long go unpunished [default: 2].
+    #[arg(long)]
+    pub dry_allowed_length: Option<usize>,
+    /// DRY: how many recent tokens it looks at, 0 disables [default: 64].
+    #[arg(long)]
+    pub dry_penalty_last_n: Option<usize>,
+    /// DRY: a text that ends a repeat (repeatable; replaces the defaults "\n", ":", "\"",
+    /// "*"; "none" for none).
+    #[arg(long = "dry-sequence-breaker", visible_alias = "dry-sequence-breakers")]
+    pub dry_sequence_breaker: Vec<String>,
+    /// Adaptive-p's target probability, < 0 disables (runs where --samplers lists
+    /// adaptive_p) [default: -1].
+    #[arg(long, allow_negative_numbers = true)]
+    pub adaptive_target: Option<f32>,
+    /// Adaptive-p's decay, 0..=0.99 [default: 0.9].
+    #[arg(long)]
+    pub adaptive_decay: Option<f32>,
+    /// Top-p, min-p, typical and XTC keep at least this many tokens [default: 0].
+    #[arg(long)]
+    pub min_keep: Option<usize>,
+    /// The samplers and their order, names separated by ';' [default:
+    /// penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature].
+    #[arg(long)]
+    pub samplers: Option<gds_runtime::sampler::Order>,
+    /// The samplers and their order as llama.cpp's letters [default: edskypmxt].
+    #[arg(long, visible_alias = "sampling-seq", conflicts_with = "samplers")]
+    pub sampler_seq: Option<gds_runtime::sampler::Order>,
 }
 
 impl SamplingArgs {
@@ -296,7 +359,42 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
             seed: self.seed,
+            extra_sampling: self.extra(),
             ..base
+        }
+    }
+
+    /// llama.cpp's other samplers as given (each left out at its default).
+    fn extra(&self) -> gds_runtime::sampler::ExtraSamplers {
+        let d = gds_runtime::sampler::ExtraSamplers::default();
+        gds_runtime::sampler::ExtraSamplers {
+            typical_p: self.typical.unwrap_or(d.typical_p),
+            top_n_sigma: self.top_nsigma.unwrap_or(d.top_n_sigma),
+            xtc_probability: self.xtc_probability.unwrap_or(d.xtc_probability),
+            xtc_threshold: self.xtc_threshold.unwrap_or(d.xtc_threshold),
+            dynatemp_range: self.dynatemp_range.unwrap_or(d.dynatemp_range),
+            dynatemp_exponent: self.dynatemp_exp.unwrap_or(d.dynatemp_exponent),
+            mirostat: self.mirostat.unwrap_or(d.mirostat),
+            mirostat_tau: self.mirostat_ent.unwrap_or(d.mirostat_tau),
+            mirostat_eta: self.mirostat_lr.unwrap_or(d.mirostat_eta),
+            dry_multiplier: self.dry_multiplier.unwrap_or(d.dry_multiplier),
+            dry_base: self.dry_base.unwrap_or(d.dry_base),
+            dry_allowed_length: self.dry_allowed_length.unwrap_or(d.dry_allowed_length),
+            dry_penalty_last_n: self.dry_penalty_last_n.unwrap_or(d.dry_penalty_last_n),
+            dry_sequence_breakers: match self.dry_sequence_breaker.as_slice() {
+                [] => d.dry_sequence_breakers,
+                [none] if none == "none" => Vec::new(),
+                given => given.to_vec(),
+            },
+            adaptive_target: self.adaptive_target.unwrap_or(d.adaptive_target),
+            adaptive_decay: self.adaptive_decay.unwrap_or(d.adaptive_decay),
+            min_keep: self.min_keep.unwrap_or(d.min_keep),
+            order: self
+                .samplers
+                .clone()
+                .or_else(|| self.sampler_seq.clone())
+                .map_or(d.order, |o| o.0),
+            dry_table: None,
         }
     }
 }

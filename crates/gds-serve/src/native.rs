@@ -18,10 +18,11 @@
 //! with `stop: false`, the new text and its token ids; the last has `stop: true` and the rest,
 //! and no `[DONE]` follows (as llama-server streams this endpoint).
 //!
-//! Samplers gdsrun does not have (mirostat, DRY, XTC, locally typical, dynamic temperature,
-//! top-n-sigma, adaptive-p), LoRA, indentation and time limits are refused with a 400 naming
-//! the field when a request switches them on, rather than ignored; at their defaults they
-//! are accepted. `cache_prompt` is accepted (every prompt is looked up in the shared prefix
+//! llama.cpp's samplers (Mirostat, DRY, XTC, locally typical, dynamic temperature,
+//! top-n-sigma, adaptive-p, `min_keep`, `samplers` in any order) are read as on every
+//! generation endpoint ([`crate::api::LlamaSampling`]). LoRA, indentation and time limits are
+//! refused with a 400 naming the field when a request switches them on, rather than ignored;
+//! at their defaults they are accepted. `cache_prompt` is accepted (every prompt is looked up in the shared prefix
 //! cache whatever slot it names); `id_slot` names the slot whose last tokens the request's
 //! become (`crate::slots`).
 
@@ -70,27 +71,7 @@ struct NativeBody {
     return_tokens: Option<bool>,
     #[serde(default)]
     response_fields: Option<Vec<String>>,
-    #[serde(default)]
-    samplers: Option<Value>,
-    #[serde(default)]
-    repeat_last_n: Option<i64>,
     // switched off by default; refused when switched on
-    #[serde(default)]
-    mirostat: Option<f64>,
-    #[serde(default)]
-    dry_multiplier: Option<f64>,
-    #[serde(default)]
-    xtc_probability: Option<f64>,
-    #[serde(default)]
-    xtc_threshold: Option<f64>,
-    #[serde(default)]
-    typical_p: Option<f64>,
-    #[serde(default)]
-    dynatemp_range: Option<f64>,
-    #[serde(default)]
-    top_n_sigma: Option<f64>,
-    #[serde(default)]
-    adaptive_target: Option<f64>,
     #[serde(default)]
     n_indent: Option<i64>,
     #[serde(default)]
@@ -102,18 +83,7 @@ struct NativeBody {
 impl NativeBody {
     /// A 400 naming the first field that switches on what gdsrun does not do.
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        let f = |v: Option<f64>, on: fn(f64) -> bool| v.is_some_and(on);
-        let checks: [(&'static str, bool); 10] = [
-            ("mirostat", f(self.mirostat, |x| x != 0.0)),
-            ("dry_multiplier", f(self.dry_multiplier, |x| x != 0.0)),
-            (
-                "xtc_probability",
-                f(self.xtc_probability, |x| x > 0.0) && self.xtc_threshold.unwrap_or(0.1) <= 0.5,
-            ),
-            ("typical_p", f(self.typical_p, |x| x < 1.0)),
-            ("dynatemp_range", f(self.dynatemp_range, |x| x > 0.0)),
-            ("top_n_sigma", f(self.top_n_sigma, |x| x >= 0.0)),
-            ("adaptive_target", f(self.adaptive_target, |x| x >= 0.0)),
+        let checks: [(&'static str, bool); 3] = [
             ("n_indent", self.n_indent.is_some_and(|x| x > 0)),
             (
                 "t_max_predict_ms",
@@ -128,7 +98,7 @@ impl NativeBody {
         ];
         if let Some((name, _)) = checks.iter().find(|(_, on)| *on) {
             return Err(ApiError::bad(format!(
-                "{name} is not supported by this server (it samples with penalties, logit bias, top-k, top-p, min-p and temperature, no adapters); leave it at its default"
+                "{name} is not supported by this server (no adapters, indentation or time limits); leave it at its default"
             ))
             .param(name));
         }
@@ -330,106 +300,6 @@ async fn logit_bias(st: &ServerState, v: Option<&Value>) -> Result<Vec<(u32, f32
     Ok(out)
 }
 
-/// `samplers` (names, or llama.cpp's letters): the filters this server has must come in its
-/// order (penalties, top_k, top_p, min_p, temperature); one left out is switched off (a
-/// missing temperature samples at 1). Names of samplers it does not have are accepted where
-/// their own fields leave them off (checked apart).
-fn apply_samplers(v: Option<&Value>, s: &mut SamplerConfig) -> Result<(), ApiError> {
-    let bad = |m: String| ApiError::bad(m).param("samplers");
-    let names: Vec<String> = match v {
-        None | Some(Value::Null) => return Ok(()),
-        Some(Value::String(chars)) => chars
-            .chars()
-            .map(|c| match c {
-                'd' => Ok("dry"),
-                'k' => Ok("top_k"),
-                'y' => Ok("typ_p"),
-                'p' => Ok("top_p"),
-                's' => Ok("top_n_sigma"),
-                'm' => Ok("min_p"),
-                't' => Ok("temperature"),
-                'x' => Ok("xtc"),
-                'e' => Ok("penalties"),
-                'i' => Ok("infill"),
-                'a' => Ok("adaptive_p"),
-                c => Err(bad(format!("samplers: unknown sampler letter {c:?}"))),
-            })
-            .map(|r| r.map(str::to_string))
-            .collect::<Result<_, _>>()?,
-        Some(Value::Array(l)) => l
-            .iter()
-            .map(|x| {
-                x.as_str()
-                    .map(|n| n.to_ascii_lowercase().replace('-', "_"))
-                    .ok_or_else(|| bad(format!("samplers entry {x} must be a string")))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(other) => {
-            return Err(bad(format!(
-                "samplers {other} must be a list of sampler names"
-            )))
-        }
-    };
-    // ours, in the order they run
-    let order = ["penalties", "top_k", "top_p", "min_p", "temperature"];
-    let mut at = Vec::new();
-    for n in &names {
-        let canonical = match n.as_str() {
-            "topk" => "top_k",
-            "topp" | "nucleus" => "top_p",
-            "minp" => "min_p",
-            "temp" => "temperature",
-            "typ" | "typp" | "typ_p" | "typical_p" => "typ_p",
-            "topnsigma" => "top_n_sigma",
-            other => other,
-        };
-        if let Some(i) = order.iter().position(|&o| o == canonical) {
-            if at.contains(&i) {
-                return Err(bad(format!("samplers: {canonical} is listed twice")));
-            }
-            at.push(i);
-        } else if !["dry", "typ_p", "xtc", "top_n_sigma"].contains(&canonical) {
-            return Err(bad(format!(
-                "samplers: {n:?} is not a sampler this server has (penalties, top_k, top_p, min_p, temperature; dry, typ_p, xtc and top_n_sigma while switched off)"
-            )));
-        }
-    }
-    if at.windows(2).any(|w| w[0] > w[1]) {
-        return Err(bad(format!(
-            "samplers: this server runs them in the order {}; {names:?} reorders them",
-            order.join(", ")
-        )));
-    }
-    let has = |i: usize| at.contains(&i);
-    if !has(0) {
-        s.repeat_penalty = 1.0;
-        s.frequency_penalty = 0.0;
-        s.presence_penalty = 0.0;
-    }
-    if !has(1) {
-        s.top_k = 0;
-    }
-    if !has(2) {
-        s.top_p = 1.0;
-    }
-    if !has(3) {
-        s.min_p = 0.0;
-    }
-    if !has(4) {
-        s.temp = 1.0;
-    }
-    Ok(())
-}
-
-/// llama.cpp's `repeat_last_n` as the tokens the repeat penalty looks back over: -1 is the
-/// context, 0 off; `None` below -1.
-pub(crate) fn repeat_window(st: &ServerState, n: i64) -> Option<usize> {
-    match n {
-        -1 => Some(st.ctx),
-        n => usize::try_from(n).ok(),
-    }
-}
-
 /// What a native request asks for beyond its jobs.
 struct Asked {
     /// `n_predict` as given (-1: up to the context).
@@ -500,15 +370,6 @@ async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), 
         }
         j.post_sampling = b.post_sampling_probs == Some(true);
         j.sampler.logit_bias.extend_from_slice(&bias);
-        if let Some(n) = b.repeat_last_n {
-            j.sampler.repeat_last_n = repeat_window(st, n).ok_or_else(|| {
-                ApiError::bad(format!(
-                    "repeat_last_n {n} must be -1 (the context) or more"
-                ))
-                .param("repeat_last_n")
-            })?;
-        }
-        apply_samplers(b.samplers.as_ref(), &mut j.sampler)?;
         out.push(j);
     }
     let response_fields = b.response_fields.unwrap_or_default();
@@ -529,37 +390,38 @@ async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), 
     Ok((out, asked))
 }
 
-/// The settings a request ran with (`generation_settings`; `/props`' defaults): llama-server's
-/// names, the samplers this server lacks at their "off" values.
+/// The settings a request ran with (`generation_settings`; `/props`' defaults), by
+/// llama-server's names.
 fn settings(s: &SamplerConfig, n_predict: i64, stop: &[String], extra: Value) -> Value {
+    let x = &s.extra;
     let mut v = json!({
         "n_predict": n_predict,
         "max_tokens": n_predict,
         "seed": s.seed,
         "temperature": s.temp,
-        "dynatemp_range": 0.0,
-        "dynatemp_exponent": 1.0,
+        "dynatemp_range": x.dynatemp_range,
+        "dynatemp_exponent": x.dynatemp_exponent,
         "top_k": s.top_k,
         "top_p": s.top_p,
         "min_p": s.min_p,
-        "top_n_sigma": -1.0,
-        "xtc_probability": 0.0,
-        "xtc_threshold": 0.1,
-        "typical_p": 1.0,
+        "top_n_sigma": x.top_n_sigma,
+        "xtc_probability": x.xtc_probability,
+        "xtc_threshold": x.xtc_threshold,
+        "typical_p": x.typical_p,
         "repeat_last_n": s.repeat_last_n,
         "repeat_penalty": s.repeat_penalty,
         "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty,
-        "dry_multiplier": 0.0,
-        "dry_base": 1.75,
-        "dry_allowed_length": 2,
-        "dry_penalty_last_n": s.repeat_last_n,
-        "dry_sequence_breakers": ["\n", ":", "\"", "*"],
-        "mirostat": 0,
-        "mirostat_tau": 5.0,
-        "mirostat_eta": 0.1,
-        "adaptive_target": -1.0,
-        "adaptive_decay": 0.9,
+        "dry_multiplier": x.dry_multiplier,
+        "dry_base": x.dry_base,
+        "dry_allowed_length": x.dry_allowed_length,
+        "dry_penalty_last_n": x.dry_penalty_last_n,
+        "dry_sequence_breakers": x.dry_sequence_breakers,
+        "mirostat": x.mirostat,
+        "mirostat_tau": x.mirostat_tau,
+        "mirostat_eta": x.mirostat_eta,
+        "adaptive_target": x.adaptive_target,
+        "adaptive_decay": x.adaptive_decay,
         "stop": stop,
         // JSON has no -inf: a banned token's bias is null, as llama-server writes it
         "logit_bias": s.logit_bias.iter().map(|&(t, b)| {
@@ -572,9 +434,9 @@ fn settings(s: &SamplerConfig, n_predict: i64, stop: &[String], extra: Value) ->
         "timings_per_token": false,
         "backend_sampling": false,
         "lora": [],
-        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "samplers": x.order,
         "n_keep": 0,
-        "min_keep": 0,
+        "min_keep": x.min_keep,
     });
     if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
         m.extend(e);

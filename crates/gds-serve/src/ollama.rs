@@ -10,8 +10,9 @@
 //!   give the sampling (`temperature`, `top_k`, `top_p`, `min_p`, `num_predict`, `stop`,
 //!   `seed`, `repeat_penalty`, `repeat_last_n`, `presence_penalty`, `frequency_penalty`);
 //!   options that only size or place a model as Ollama loads it (`num_ctx`, `num_gpu`,
-//!   `num_thread`, `use_mmap`, ...) are accepted and left to the server's own flags; samplers
-//!   gdsrun lacks (`mirostat`, `typical_p`, `tfs_z`) are refused when switched on. `format`
+//!   `num_thread`, `use_mmap`, ...) are accepted and left to the server's own flags;
+//!   `mirostat`, `mirostat_tau`, `mirostat_eta` and `typical_p` are llama.cpp's samplers;
+//!   `tfs_z` (which llama.cpp dropped) is refused when switched on. `format`
 //!   (`"json"` or a JSON schema) constrains the reply; `think` (`true`, `false`, `"low"`,
 //!   `"medium"`, `"high"`) sets the template's thinking and the reply's reasoning comes apart
 //!   as `thinking`; `logprobs`/`top_logprobs`; `tools`, with calls answered as
@@ -265,21 +266,12 @@ fn common(o: &Map<String, Value>, model: String) -> Result<(Common, Option<i64>)
             Some(_) => Err(bad(format!("option {k:?} must be an integer"), "options")),
         }
     };
-    // samplers gdsrun does not have, refused when switched on (off: mirostat 0, 1.0 for
-    // the others: Ollama's defaults)
-    if int("mirostat")?.is_some_and(|m| m != 0) {
+    // tail-free sampling: llama.cpp dropped it, so refused when switched on (1.0 is off)
+    if num("tfs_z")?.is_some_and(|p| p != 1.0) {
         return Err(bad(
-            "option \"mirostat\" is not supported: this server has no Mirostat sampler (use temperature, top_k, top_p, min_p)",
+            "option \"tfs_z\" is not supported: llama.cpp removed tail-free sampling (leave it at 1.0; min_p or typical_p do a similar job)",
             "options",
         ));
-    }
-    for k in ["typical_p", "tfs_z"] {
-        if num(k)?.is_some_and(|p| p != 1.0) {
-            return Err(bad(
-                format!("option {k:?} is not supported: this server has no such sampler (leave it at 1.0)"),
-                "options",
-            ));
-        }
     }
     let stop = opts
         .get("stop")
@@ -338,6 +330,14 @@ fn common(o: &Map<String, Value>, model: String) -> Result<(Common, Option<i64>)
         shift: Some(boolean(o, "shift")?.unwrap_or(true)),
         n_keep: Some(int("num_keep")?.unwrap_or(4)),
         truncate: boolean(o, "truncate")?.unwrap_or(true),
+        // the samplers Ollama's options share with llama.cpp
+        llama: crate::api::LlamaSampling {
+            mirostat: int("mirostat")?.map(|m| m as f64),
+            mirostat_tau: num("mirostat_tau")?,
+            mirostat_eta: num("mirostat_eta")?,
+            typical_p: num("typical_p")?,
+            ..Default::default()
+        },
         ..Default::default()
     };
     Ok((c, int("repeat_last_n")?))
@@ -555,7 +555,7 @@ async fn chat_turn(
 /// Sets `repeat_last_n` (-1: the context, 0: off).
 fn repeat_last_n(st: &ServerState, j: &mut Job, n: Option<i64>) -> Result<(), ApiError> {
     if let Some(n) = n {
-        j.sampler.repeat_last_n = crate::native::repeat_window(st, n).ok_or_else(|| {
+        j.sampler.repeat_last_n = crate::api::repeat_window(st, n).ok_or_else(|| {
             bad(
                 format!("option \"repeat_last_n\" {n} must be -1 (the context) or more"),
                 "options",
@@ -1257,9 +1257,21 @@ mod tests {
         assert_eq!(c.logprobs, Some(Value::Bool(true)));
         assert_eq!(c.top_logprobs, Some(2));
         assert_eq!(last_n, None);
+        // llama.cpp's samplers that Ollama's options name
+        let o = json!({"options": {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2, "typical_p": 0.7}});
+        let (c, _) = common(o.as_object().unwrap(), "m".into()).unwrap();
+        assert_eq!(
+            (
+                c.llama.mirostat,
+                c.llama.mirostat_tau,
+                c.llama.mirostat_eta,
+                c.llama.typical_p
+            ),
+            (Some(2.0), Some(3.0), Some(0.2), Some(0.7))
+        );
         for (opts, named) in [
-            (json!({"mirostat": 2}), "mirostat"),
-            (json!({"typical_p": 0.5}), "typical_p"),
+            (json!({"tfs_z": 0.5}), "tfs_z"),
+            (json!({"mirostat": "on"}), "mirostat"),
             (json!({"temperature": "hot"}), "temperature"),
             (json!({"stop": [1]}), "stop"),
         ] {
