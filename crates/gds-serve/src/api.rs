@@ -186,49 +186,52 @@ pub(crate) struct Common {
 }
 
 /// llama.cpp's sampler fields ([`Common::llama`]); each left out keeps the server's default.
+/// Numbers are read as JSON values (a flattened struct buffers them, and serde_json's
+/// arbitrary-precision numbers then reach an `f64` field as a map) and checked in
+/// `llama_sampling`, which names the field of one that is not a number.
 #[derive(Deserialize, Debug, Default, Clone)]
 pub(crate) struct LlamaSampling {
     #[serde(default)]
-    pub(crate) typical_p: Option<f64>,
+    pub(crate) typical_p: Option<Value>,
     #[serde(default)]
-    pub(crate) top_n_sigma: Option<f64>,
+    pub(crate) top_n_sigma: Option<Value>,
     #[serde(default)]
-    pub(crate) xtc_probability: Option<f64>,
+    pub(crate) xtc_probability: Option<Value>,
     #[serde(default)]
-    pub(crate) xtc_threshold: Option<f64>,
+    pub(crate) xtc_threshold: Option<Value>,
     #[serde(default)]
-    pub(crate) dynatemp_range: Option<f64>,
+    pub(crate) dynatemp_range: Option<Value>,
     #[serde(default)]
-    pub(crate) dynatemp_exponent: Option<f64>,
+    pub(crate) dynatemp_exponent: Option<Value>,
     #[serde(default)]
-    pub(crate) mirostat: Option<f64>,
+    pub(crate) mirostat: Option<Value>,
     #[serde(default)]
-    pub(crate) mirostat_tau: Option<f64>,
+    pub(crate) mirostat_tau: Option<Value>,
     #[serde(default)]
-    pub(crate) mirostat_eta: Option<f64>,
+    pub(crate) mirostat_eta: Option<Value>,
     #[serde(default)]
-    pub(crate) dry_multiplier: Option<f64>,
+    pub(crate) dry_multiplier: Option<Value>,
     #[serde(default)]
-    pub(crate) dry_base: Option<f64>,
+    pub(crate) dry_base: Option<Value>,
     #[serde(default)]
-    pub(crate) dry_allowed_length: Option<f64>,
+    pub(crate) dry_allowed_length: Option<Value>,
     #[serde(default)]
-    pub(crate) dry_penalty_last_n: Option<f64>,
+    pub(crate) dry_penalty_last_n: Option<Value>,
     #[serde(default)]
     pub(crate) dry_sequence_breakers: Option<Value>,
     #[serde(default)]
-    pub(crate) adaptive_target: Option<f64>,
+    pub(crate) adaptive_target: Option<Value>,
     #[serde(default)]
-    pub(crate) adaptive_decay: Option<f64>,
+    pub(crate) adaptive_decay: Option<Value>,
     #[serde(default)]
-    pub(crate) min_keep: Option<f64>,
+    pub(crate) min_keep: Option<Value>,
     /// The chain's order: names (`["top_k", "temperature"]`) or llama.cpp's letters
     /// (`"kt"`); a sampler left out does not run.
     #[serde(default)]
     pub(crate) samplers: Option<Value>,
     /// Tokens the repeat penalty looks back over (-1: the context, 0: off).
     #[serde(default)]
-    pub(crate) repeat_last_n: Option<f64>,
+    pub(crate) repeat_last_n: Option<Value>,
 }
 
 /// OpenAI fields that change what is answered and that gdsrun does not do: refused with a
@@ -1030,6 +1033,35 @@ fn llama_sampling(
     l: &LlamaSampling,
     s: &mut SamplerConfig,
 ) -> Result<(), ApiError> {
+    let n = |v: &Option<Value>, name: &'static str| -> Result<Option<f64>, ApiError> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                ApiError::bad(format!("{name} must be a number, not {v}")).param(name)
+            }),
+        }
+    };
+    let l = LlamaNumbers {
+        typical_p: n(&l.typical_p, "typical_p")?,
+        top_n_sigma: n(&l.top_n_sigma, "top_n_sigma")?,
+        xtc_probability: n(&l.xtc_probability, "xtc_probability")?,
+        xtc_threshold: n(&l.xtc_threshold, "xtc_threshold")?,
+        dynatemp_range: n(&l.dynatemp_range, "dynatemp_range")?,
+        dynatemp_exponent: n(&l.dynatemp_exponent, "dynatemp_exponent")?,
+        mirostat: n(&l.mirostat, "mirostat")?,
+        mirostat_tau: n(&l.mirostat_tau, "mirostat_tau")?,
+        mirostat_eta: n(&l.mirostat_eta, "mirostat_eta")?,
+        dry_multiplier: n(&l.dry_multiplier, "dry_multiplier")?,
+        dry_base: n(&l.dry_base, "dry_base")?,
+        dry_allowed_length: n(&l.dry_allowed_length, "dry_allowed_length")?,
+        dry_penalty_last_n: n(&l.dry_penalty_last_n, "dry_penalty_last_n")?,
+        adaptive_target: n(&l.adaptive_target, "adaptive_target")?,
+        adaptive_decay: n(&l.adaptive_decay, "adaptive_decay")?,
+        min_keep: n(&l.min_keep, "min_keep")?,
+        repeat_last_n: n(&l.repeat_last_n, "repeat_last_n")?,
+        dry_sequence_breakers: &l.dry_sequence_breakers,
+        samplers: &l.samplers,
+    };
     let x = &mut s.extra;
     let f = |v: Option<f64>, d: f32| v.map_or(d, |v| v as f32);
     x.typical_p = f(l.typical_p, x.typical_p);
@@ -1090,7 +1122,7 @@ fn llama_sampling(
         s.repeat_last_n = repeat_window(st, n).unwrap_or(0);
     }
     let x = &mut s.extra;
-    match &l.dry_sequence_breakers {
+    match l.dry_sequence_breakers {
         None | Some(Value::Null) => {}
         Some(Value::Array(a))
             if !a.is_empty() && a.len() <= gds_runtime::sampler::MAX_DRY_BREAKERS =>
@@ -1125,6 +1157,29 @@ fn llama_sampling(
         }));
     }
     Ok(())
+}
+
+/// [`LlamaSampling`]'s numbers, read.
+struct LlamaNumbers<'a> {
+    typical_p: Option<f64>,
+    top_n_sigma: Option<f64>,
+    xtc_probability: Option<f64>,
+    xtc_threshold: Option<f64>,
+    dynatemp_range: Option<f64>,
+    dynatemp_exponent: Option<f64>,
+    mirostat: Option<f64>,
+    mirostat_tau: Option<f64>,
+    mirostat_eta: Option<f64>,
+    dry_multiplier: Option<f64>,
+    dry_base: Option<f64>,
+    dry_allowed_length: Option<f64>,
+    dry_penalty_last_n: Option<f64>,
+    adaptive_target: Option<f64>,
+    adaptive_decay: Option<f64>,
+    min_keep: Option<f64>,
+    repeat_last_n: Option<f64>,
+    dry_sequence_breakers: &'a Option<Value>,
+    samplers: &'a Option<Value>,
 }
 
 /// A request's `samplers`: names (llama.cpp's and their aliases) or one string of its

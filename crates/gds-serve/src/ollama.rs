@@ -332,10 +332,10 @@ fn common(o: &Map<String, Value>, model: String) -> Result<(Common, Option<i64>)
         truncate: boolean(o, "truncate")?.unwrap_or(true),
         // the samplers Ollama's options share with llama.cpp
         llama: crate::api::LlamaSampling {
-            mirostat: int("mirostat")?.map(|m| m as f64),
-            mirostat_tau: num("mirostat_tau")?,
-            mirostat_eta: num("mirostat_eta")?,
-            typical_p: num("typical_p")?,
+            mirostat: int("mirostat")?.map(|m| json!(m)),
+            mirostat_tau: num("mirostat_tau")?.map(|v| json!(v)),
+            mirostat_eta: num("mirostat_eta")?.map(|v| json!(v)),
+            typical_p: num("typical_p")?.map(|v| json!(v)),
             ..Default::default()
         },
         ..Default::default()

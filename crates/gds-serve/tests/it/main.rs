@@ -14,6 +14,7 @@ mod paged;
 mod predicted;
 mod reasoning;
 mod rerank;
+mod samplers;
 mod score;
 mod slots;
 mod tools;

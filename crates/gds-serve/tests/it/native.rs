@@ -393,9 +393,9 @@ fn native_api_answers_as_llama_server_on_gemma3() {
     check_model(gds_tests::gemma_converted(), "gemma3", false);
 }
 
-/// What llama-server's clients send beyond the goldens: the samplers and fields this server
-/// refuses by name, `samplers` lists, a template-less model's `/apply-template`, and the
-/// choices of `n_cmpl`.
+/// What llama-server's clients send beyond the goldens: sampler values out of range and the
+/// fields this server refuses by name, `samplers` lists, a template-less model's
+/// `/apply-template`, and the choices of `n_cmpl`.
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn native_fields_are_honoured_or_refused_by_name() {
@@ -403,19 +403,25 @@ fn native_fields_are_honoured_or_refused_by_name() {
     let s = start_model(gds_tests::smollm_converted(), &["--ctx", "512"]);
     let p = "I believe the meaning of life is";
     for (field, value) in [
-        ("mirostat", json!(2)),
-        ("dry_multiplier", json!(0.8)),
-        ("xtc_probability", json!(0.5)),
-        ("typical_p", json!(0.5)),
-        ("dynatemp_range", json!(0.5)),
-        ("top_n_sigma", json!(1.0)),
+        ("mirostat", json!(3)),
+        ("mirostat", json!(1.5)),
+        ("xtc_probability", json!(1.5)),
+        ("dry_allowed_length", json!(-1)),
+        ("dry_penalty_last_n", json!(-2)),
+        ("dry_sequence_breakers", json!([])),
+        ("dry_sequence_breakers", json!(["a", 1])),
+        ("dry_sequence_breakers", json!(vec!["x"; 33])),
+        ("min_keep", json!(0.5)),
+        ("adaptive_decay", json!(1.0)),
+        ("typical_p", json!(1e39)),
         ("n_indent", json!(4)),
         ("t_max_predict_ms", json!(100)),
         ("lora", json!([{"id": 0, "scale": 1.0}])),
         ("n_probs", json!(1000)),
         ("n_predict", json!(-2)),
-        ("samplers", json!(["temperature", "top_k"])),
+        ("samplers", json!(["top_k", "temperature", "top_k"])),
         ("samplers", json!(["top_k", "mirror"])),
+        ("samplers", json!("kq")),
         ("logit_bias", json!([[99999999, 1.0]])),
         ("logit_bias", json!([["a", "b"]])),
         ("logit_bias", json!(vec![json!(["", 1.0]); 5000])),
