@@ -1397,7 +1397,7 @@ fn temperature(c: &mut [Candidate], t: f32) {
 
 /// llama.cpp's dynamic temperature: `temp ± range`, placed by the candidates' entropy over
 /// the largest it could be (`min + (max - min) * (H / ln n)^exponent`).
-fn dynamic_temperature(c: &mut Vec<Candidate>, temp: f32, range: f32, exponent: f32) {
+fn dynamic_temperature(c: &mut [Candidate], temp: f32, range: f32, exponent: f32) {
     if c.len() <= 1 {
         return;
     }

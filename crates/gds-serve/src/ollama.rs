@@ -1267,7 +1267,12 @@ mod tests {
                 c.llama.mirostat_eta,
                 c.llama.typical_p
             ),
-            (Some(2.0), Some(3.0), Some(0.2), Some(0.7))
+            (
+                Some(json!(2)),
+                Some(json!(3.0)),
+                Some(json!(0.2)),
+                Some(json!(0.7))
+            )
         );
         for (opts, named) in [
             (json!({"tfs_z": 0.5}), "tfs_z"),
