@@ -765,7 +765,11 @@ impl Sampler {
         }
         for (tok, d) in self.dry_penalties() {
             if let Some(l) = logits.get_mut(tok as usize) {
-                *l -= d;
+                *l = Penalty {
+                    repeat: 1.0,
+                    minus: d,
+                }
+                .apply(*l);
             }
         }
     }
@@ -916,7 +920,10 @@ impl Sampler {
                 if max_exp > 0 && e > max_exp {
                     e = max_exp;
                 }
-                (tok, x.dry_multiplier * x.dry_base.powi(e as i32))
+                // (finite, whatever the multiplier: an infinite one would take a logit to
+                // NaN or +inf)
+                let p = x.dry_multiplier * x.dry_base.powi(e as i32);
+                (tok, p.clamp(-f32::MAX, f32::MAX))
             })
             .collect();
         out.sort_unstable_by_key(|&(t, _)| t);
@@ -1098,12 +1105,14 @@ impl Sampler {
         let eps = s_hat - 1.0;
         let k =
             ((eps * 2f32.powf(self.mu)) / (1.0 - (self.vocab as f32).powf(-eps))).powf(1.0 / s_hat);
-        // (a NaN k, from a single candidate or flat probabilities, keeps one as llama.cpp's
-        // int cast of it does not promise to; here it is 1)
-        let k = if k.is_finite() && k >= 1.0 {
-            (k as usize).min(self.cands.len())
-        } else {
+        // (llama.cpp casts k to an int whatever it is; here a NaN k, from a single
+        // candidate or flat probabilities, keeps one, and one past the candidates all)
+        let k = if k.is_nan() || k < 1.0 {
             1
+        } else if k >= self.cands.len() as f32 {
+            self.cands.len()
+        } else {
+            k as usize
         };
         self.cands.truncate(k.max(1));
         softmax(&mut self.cands);
@@ -1224,6 +1233,10 @@ struct Penalty {
 
 impl Penalty {
     fn apply(self, l: f32) -> f32 {
+        if l == f32::NEG_INFINITY {
+            // masked stays masked (-inf - -inf would be NaN)
+            return l;
+        }
         let l = if self.repeat == 1.0 {
             l
         } else if l > 0.0 {
@@ -1390,7 +1403,10 @@ fn temperature(c: &mut [Candidate], t: f32) {
     let max = c.iter().map(|x| x.logit).fold(f32::NEG_INFINITY, f32::max);
     if max.is_finite() {
         for x in c.iter_mut() {
-            x.logit = (x.logit - max) / t;
+            // a masked token stays masked whatever the temperature (-inf / inf is NaN)
+            if x.logit != f32::NEG_INFINITY {
+                x.logit = (x.logit - max) / t;
+            }
         }
     }
 }
@@ -1411,7 +1427,8 @@ fn dynamic_temperature(c: &mut [Candidate], temp: f32, range: f32, exponent: f32
         .map(|x| -x.p * x.p.ln())
         .sum();
     let t = lo + (hi - lo) * (entropy / max_entropy).powf(exponent);
-    temperature(c, t);
+    // (a negative exponent of a zero entropy is infinite: the range's top)
+    temperature(c, if t.is_finite() { t.clamp(lo, hi) } else { hi });
 }
 
 fn softmax(c: &mut [Candidate]) {
@@ -2068,5 +2085,70 @@ mod tests {
         let back: SamplerConfig =
             serde_json::from_value(serde_json::to_value(&c).unwrap()).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn masked_tokens_are_never_drawn_whatever_the_samplers() {
+        // a grammar's mask (-inf) against every stage at odd settings
+        let mut l: Vec<f32> = (0..32).map(|i| (i % 7) as f32 * 0.5).collect();
+        for i in (0..32).filter(|i| i % 3 != 0) {
+            l[i] = f32::NEG_INFINITY;
+        }
+        let settings: Vec<Box<dyn Fn(&mut SamplerConfig)>> = vec![
+            Box::new(|c| c.extra.dynatemp_range = 5.0),
+            Box::new(|c| {
+                c.extra.dynatemp_range = 1.0;
+                c.extra.dynatemp_exponent = -3.0;
+            }),
+            Box::new(|c| c.extra.typical_p = -1.0),
+            Box::new(|c| c.extra.top_n_sigma = 1e30),
+            Box::new(|c| {
+                c.extra.xtc_probability = 1.0;
+                c.extra.xtc_threshold = 0.0;
+            }),
+            Box::new(|c| {
+                c.extra.mirostat = 1;
+                c.extra.mirostat_tau = 1e30;
+            }),
+            Box::new(|c| {
+                c.extra.mirostat = 2;
+                c.extra.mirostat_eta = 1e30;
+            }),
+            Box::new(|c| {
+                c.extra.dry_multiplier = -1e30;
+                c.extra.dry_base = 1e30;
+                c.extra.dry_allowed_length = 0;
+            }),
+            Box::new(|c| {
+                c.extra.order = vec![Stage::Temperature, Stage::AdaptiveP];
+                c.extra.adaptive_target = 0.0;
+            }),
+            Box::new(|c| c.temp = 1e30),
+        ];
+        for (n, f) in settings.iter().enumerate() {
+            for temp in [0.0, 0.7] {
+                let mut c = SamplerConfig {
+                    temp,
+                    seed: n as u64,
+                    ..SamplerConfig::default()
+                };
+                f(&mut c);
+                assert!(c.check().is_ok(), "setting {n}");
+                let mut s = Sampler::new(c, 32);
+                for t in [0, 3, 0, 3, 6, 0, 3] {
+                    s.accept(t);
+                }
+                for _ in 0..50 {
+                    let t = s.sample(&mut l.clone());
+                    assert_eq!(t % 3, 0, "setting {n}, temperature {temp}: drew masked {t}");
+                    s.accept_generated(t);
+                }
+                // one token left by the mask (zero entropy: a negative dynamic-temperature
+                // exponent made the temperature infinite and the masked logits NaN)
+                let mut one = vec![f32::NEG_INFINITY; 32];
+                one[9] = 1.0;
+                assert_eq!(s.sample(&mut one), 9, "setting {n}, temperature {temp}");
+            }
+        }
     }
 }
