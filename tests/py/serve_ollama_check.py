@@ -255,7 +255,7 @@ errors = {}
 for key, path, body in [
     ("no_model", "/api/chat", {"messages": ASK}),
     ("image", "/api/generate", {"model": name, "prompt": "x", "images": ["aGVsbG8="]}),
-    ("mirostat", "/api/generate", {"model": name, "prompt": "x", "options": {"mirostat": 2}}),
+    ("tfs_z", "/api/generate", {"model": name, "prompt": "x", "options": {"tfs_z": 0.5}}),
     ("template", "/api/generate", {"model": name, "prompt": "x", "template": "{{ .Prompt }}"}),
     ("bad_json", "/api/chat", b"{not json"),
     ("bad_role", "/api/chat", {"model": name, "messages": [{"role": "robot", "content": "x"}]}),
@@ -275,7 +275,7 @@ for key, path, body in [
 status, text, _ = http(tools_url, "/api/delete", {"model": name}, method="DELETE")
 errors["delete"] = {"status": status, "body": json.loads(text)}
 try:
-    client.chat(model=name, messages=ASK, options={"typical_p": 0.5})
+    client.chat(model=name, messages=ASK, options={"tfs_z": 0.5})
     errors["client"] = None
 except ollama.ResponseError as ex:
     errors["client"] = {"status": ex.status_code, "error": ex.error}

@@ -262,7 +262,7 @@ fn ollama_api_through_the_ollama_client() {
     for (key, status) in [
         ("no_model", 400),
         ("image", 400),
-        ("mirostat", 400),
+        ("tfs_z", 400),
         ("template", 400),
         ("bad_json", 400),
         ("bad_role", 400),
@@ -279,10 +279,10 @@ fn ollama_api_through_the_ollama_client() {
         assert_eq!(body.len(), 1, "{key}: Ollama's shape: {e}");
         assert!(!body["error"].as_str().unwrap().is_empty(), "{key}: {e}");
     }
-    assert!(errors["mirostat"]["body"]["error"]
+    assert!(errors["tfs_z"]["body"]["error"]
         .as_str()
         .unwrap()
-        .contains("mirostat"));
+        .contains("tfs_z"));
     assert!(errors["insert"]["body"]["error"]
         .as_str()
         .unwrap()
