@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Regenerates fixtures/reference/llama-server-samplers.json: llama-server's sampler chain on
 SmolLM2-135M-Instruct Q4_1 (the model gdsrun's tests fetch) — locally typical, top-n-sigma,
-XTC, dynamic temperature, Mirostat 1 and 2, DRY (with its default and custom sequence
-breakers), min_keep and a reordered chain — as `POST /completion` answers:
+XTC, dynamic temperature, Mirostat 1 and 2, adaptive-p, DRY (with its default and custom
+sequence breakers), min_keep and a reordered chain — as `POST /completion` answers:
 
 - `dist` entries: one token with `n_probs` 20 and `post_sampling_probs`, so the answer holds
   the first position's probabilities after the whole chain (they depend on the prompt and
@@ -53,6 +53,8 @@ def requests():
                            "samplers": ["top_p", "top_k", "temperature"]}),
         ("dist", "letters", {"prompt": P, **dist, "top_k": 5, "min_p": 0.1, "samplers": "mkt"}),
         ("dist", "min_keep", {"prompt": P, **dist, "top_p": 0.2, "min_keep": 6}),
+        ("dist", "adaptive_p", {"prompt": P, **dist, "top_k": 20, "adaptive_target": 0.05,
+                                "samplers": ["top_k", "temperature", "adaptive_p"]}),
         ("dist", "dry", {"prompt": REPEAT, **dist, **dry}),
         ("dist", "dry_off", {"prompt": REPEAT, **dist}),
         ("dist", "dry_breakers", {"prompt": BREAK, **dist, **dry}),

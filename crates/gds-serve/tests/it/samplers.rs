@@ -1,5 +1,5 @@
 //! llama.cpp's samplers (locally typical, top-n-sigma, XTC, dynamic temperature, Mirostat 1
-//! and 2, DRY with its sequence breakers, min_keep, the chain's order) against llama-server's
+//! and 2, adaptive-p, DRY with its sequence breakers, min_keep, the chain's order) against llama-server's
 //! answers to the same `/completion` requests on the same GGUF
 //! (fixtures/reference/llama-server-samplers.json, made by scripts/gen_sampler_goldens.py),
 //! and on the other endpoints that take them (OpenAI's chat, Ollama's options).
@@ -140,6 +140,7 @@ fn samplers_match_llama_server() {
         "mirostat1",
         "order",
         "min_keep",
+        "adaptive_p",
     ] {
         assert_ne!(&dists[name], plain, "{name}");
     }
