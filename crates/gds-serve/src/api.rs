@@ -1033,7 +1033,7 @@ fn llama_sampling(
     l: &LlamaSampling,
     s: &mut SamplerConfig,
 ) -> Result<(), ApiError> {
-    let n = |v: &Option<Value>, name: &'static str| -> Result<Option<f64>, ApiError> {
+    let num = |v: &Option<Value>, name: &'static str| -> Result<Option<f64>, ApiError> {
         match v {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v.as_f64().map(Some).ok_or_else(|| {
@@ -1041,88 +1041,63 @@ fn llama_sampling(
             }),
         }
     };
-    let l = LlamaNumbers {
-        typical_p: n(&l.typical_p, "typical_p")?,
-        top_n_sigma: n(&l.top_n_sigma, "top_n_sigma")?,
-        xtc_probability: n(&l.xtc_probability, "xtc_probability")?,
-        xtc_threshold: n(&l.xtc_threshold, "xtc_threshold")?,
-        dynatemp_range: n(&l.dynatemp_range, "dynatemp_range")?,
-        dynatemp_exponent: n(&l.dynatemp_exponent, "dynatemp_exponent")?,
-        mirostat: n(&l.mirostat, "mirostat")?,
-        mirostat_tau: n(&l.mirostat_tau, "mirostat_tau")?,
-        mirostat_eta: n(&l.mirostat_eta, "mirostat_eta")?,
-        dry_multiplier: n(&l.dry_multiplier, "dry_multiplier")?,
-        dry_base: n(&l.dry_base, "dry_base")?,
-        dry_allowed_length: n(&l.dry_allowed_length, "dry_allowed_length")?,
-        dry_penalty_last_n: n(&l.dry_penalty_last_n, "dry_penalty_last_n")?,
-        adaptive_target: n(&l.adaptive_target, "adaptive_target")?,
-        adaptive_decay: n(&l.adaptive_decay, "adaptive_decay")?,
-        min_keep: n(&l.min_keep, "min_keep")?,
-        repeat_last_n: n(&l.repeat_last_n, "repeat_last_n")?,
-        dry_sequence_breakers: &l.dry_sequence_breakers,
-        samplers: &l.samplers,
-    };
     let x = &mut s.extra;
-    let f = |v: Option<f64>, d: f32| v.map_or(d, |v| v as f32);
-    x.typical_p = f(l.typical_p, x.typical_p);
-    x.top_n_sigma = f(l.top_n_sigma, x.top_n_sigma);
-    x.xtc_probability = f(l.xtc_probability, x.xtc_probability);
-    x.xtc_threshold = f(l.xtc_threshold, x.xtc_threshold);
-    x.dynatemp_range = f(l.dynatemp_range, x.dynatemp_range);
-    x.dynatemp_exponent = f(l.dynatemp_exponent, x.dynatemp_exponent);
-    x.mirostat_tau = f(l.mirostat_tau, x.mirostat_tau);
-    x.mirostat_eta = f(l.mirostat_eta, x.mirostat_eta);
-    x.dry_multiplier = f(l.dry_multiplier, x.dry_multiplier);
-    if let Some(b) = l.dry_base {
+    // the fields taken as they are (their ranges are `SamplerConfig::check`'s)
+    macro_rules! take {
+        ($($field:ident),*) => {$(
+            if let Some(v) = num(&l.$field, stringify!($field))? {
+                x.$field = v as f32;
+            }
+        )*};
+    }
+    take!(
+        typical_p,
+        top_n_sigma,
+        xtc_probability,
+        xtc_threshold,
+        dynatemp_range,
+        dynatemp_exponent,
+        mirostat_tau,
+        mirostat_eta,
+        dry_multiplier,
+        adaptive_target,
+        adaptive_decay
+    );
+    if let Some(b) = num(&l.dry_base, "dry_base")? {
         // llama-server's rule: a base under 1 means the default
         x.dry_base = if b >= 1.0 { b as f32 } else { 1.75 };
     }
-    x.adaptive_target = f(l.adaptive_target, x.adaptive_target);
-    x.adaptive_decay = f(l.adaptive_decay, x.adaptive_decay);
-    // integers, whole and in range, or a 400 naming them
-    let int = |v: f64, name: &'static str, lo: f64, what: &str| -> Result<i64, ApiError> {
-        if v.fract() == 0.0 && v >= lo && v <= i32::MAX as f64 {
-            Ok(v as i64)
-        } else {
-            Err(ApiError::bad(format!("{name} {v} must be {what}")).param(name))
-        }
-    };
-    if let Some(m) = l.mirostat {
-        x.mirostat = match int(m, "mirostat", 0.0, "0, 1 or 2")? {
-            m @ 0..=2 => m as u8,
-            _ => {
-                return Err(
-                    ApiError::bad(format!("mirostat {m} must be 0, 1 or 2")).param("mirostat")
-                )
-            }
+    // integers, whole and within lo..=hi, or a 400 naming them
+    let whole =
+        |v: &Option<Value>, name: &'static str, lo: f64, hi: f64, what: &str| match num(v, name)? {
+            None => Ok(None),
+            Some(v) if v.fract() == 0.0 && (lo..=hi).contains(&v) => Ok(Some(v as i64)),
+            Some(v) => Err(ApiError::bad(format!("{name} {v} must be {what}")).param(name)),
         };
+    const MAX: f64 = i32::MAX as f64;
+    let (count, window) = ("an integer >= 0", "-1 (the context) or an integer >= 0");
+    if let Some(m) = whole(&l.mirostat, "mirostat", 0.0, 2.0, "0, 1 or 2")? {
+        x.mirostat = m as u8;
     }
-    if let Some(n) = l.dry_allowed_length {
-        x.dry_allowed_length = int(n, "dry_allowed_length", 0.0, "an integer >= 0")? as usize;
+    if let Some(n) = whole(&l.dry_allowed_length, "dry_allowed_length", 0.0, MAX, count)? {
+        x.dry_allowed_length = n as usize;
     }
-    if let Some(n) = l.dry_penalty_last_n {
-        let n = int(
-            n,
-            "dry_penalty_last_n",
-            -1.0,
-            "-1 (the context) or an integer >= 0",
-        )?;
+    if let Some(n) = whole(
+        &l.dry_penalty_last_n,
+        "dry_penalty_last_n",
+        -1.0,
+        MAX,
+        window,
+    )? {
         x.dry_penalty_last_n = repeat_window(st, n).unwrap_or(0);
     }
-    if let Some(n) = l.min_keep {
-        x.min_keep = int(n, "min_keep", 0.0, "an integer >= 0")? as usize;
+    if let Some(n) = whole(&l.min_keep, "min_keep", 0.0, MAX, count)? {
+        x.min_keep = n as usize;
     }
-    if let Some(n) = l.repeat_last_n {
-        let n = int(
-            n,
-            "repeat_last_n",
-            -1.0,
-            "-1 (the context) or an integer >= 0",
-        )?;
+    if let Some(n) = whole(&l.repeat_last_n, "repeat_last_n", -1.0, MAX, window)? {
         s.repeat_last_n = repeat_window(st, n).unwrap_or(0);
     }
-    let x = &mut s.extra;
-    match l.dry_sequence_breakers {
+    match &l.dry_sequence_breakers {
         None | Some(Value::Null) => {}
         Some(Value::Array(a))
             if !a.is_empty() && a.len() <= gds_runtime::sampler::MAX_DRY_BREAKERS =>
@@ -1157,29 +1132,6 @@ fn llama_sampling(
         }));
     }
     Ok(())
-}
-
-/// [`LlamaSampling`]'s numbers, read.
-struct LlamaNumbers<'a> {
-    typical_p: Option<f64>,
-    top_n_sigma: Option<f64>,
-    xtc_probability: Option<f64>,
-    xtc_threshold: Option<f64>,
-    dynatemp_range: Option<f64>,
-    dynatemp_exponent: Option<f64>,
-    mirostat: Option<f64>,
-    mirostat_tau: Option<f64>,
-    mirostat_eta: Option<f64>,
-    dry_multiplier: Option<f64>,
-    dry_base: Option<f64>,
-    dry_allowed_length: Option<f64>,
-    dry_penalty_last_n: Option<f64>,
-    adaptive_target: Option<f64>,
-    adaptive_decay: Option<f64>,
-    min_keep: Option<f64>,
-    repeat_last_n: Option<f64>,
-    dry_sequence_breakers: &'a Option<Value>,
-    samplers: &'a Option<Value>,
 }
 
 /// A request's `samplers`: names (llama.cpp's and their aliases) or one string of its
