@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_native_goldens import ROOT, call, serve  # noqa: E402
+from gen_native_goldens import ROOT, call, serve, write_golden  # noqa: E402
 
 SRC = os.path.join(ROOT, ".cache/llama.cpp/src/llama.cpp")
 PLAIN = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -82,10 +82,7 @@ def main():
     finally:
         p.terminate()
         p.wait()
-    with open(OUT, "w") as f:
-        json.dump(out, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    print(f"wrote {OUT}")
+    write_golden(OUT, out)
 
 
 if __name__ == "__main__":

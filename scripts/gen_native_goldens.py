@@ -112,6 +112,14 @@ CONVERSATION = [{"role": "system", "content": " Be brief. "},
                 {"role": "user", "content": "What is 2+2?"}]
 
 
+def write_golden(path, out):
+    """Writes a golden file as the generators keep them (indented, UTF-8 as is)."""
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print("wrote", path)
+
+
 def serve(port, gguf, *extra):
     p = subprocess.Popen([SERVER, "-m", os.path.join(ROOT, gguf), "--port", str(port),
                           "-t", "2", "-c", "2048", "-np", "4", *(extra or ["--jinja"])],
@@ -153,10 +161,7 @@ def main():
         finally:
             p.terminate()
             p.wait()
-    with open(OUT, "w") as f:
-        json.dump(out, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    print(f"wrote {OUT}")
+    write_golden(OUT, out)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_native_goldens import MODELS, ROOT, call, serve  # noqa: E402
+from gen_native_goldens import MODELS, ROOT, call, serve, write_golden  # noqa: E402
 
 OUT = os.path.join(ROOT, "fixtures/reference/llama-server-samplers.json")
 P = "My favourite food is"
@@ -93,10 +93,7 @@ def main():
     finally:
         p.terminate()
         p.wait()
-    with open(OUT, "w") as f:
-        json.dump(out, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    print("wrote", OUT)
+    write_golden(OUT, out)
 
 
 if __name__ == "__main__":

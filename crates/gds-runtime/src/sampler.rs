@@ -1121,7 +1121,6 @@ impl Sampler {
     /// Mirostat (v1): estimates the distribution's Zipf exponent from the 100 most likely
     /// tokens, keeps the top k that targets surprise mu, draws, moves mu toward tau.
     fn mirostat_v1(&mut self) -> u32 {
-        let (tau, eta) = (self.cfg.extra.mirostat_tau, self.cfg.extra.mirostat_eta);
         softmax(&mut self.cands);
         sort_by_p(&mut self.cands);
         let m = 100usize;
@@ -1146,7 +1145,14 @@ impl Sampler {
         } else {
             k as usize
         };
-        self.cands.truncate(k.max(1));
+        self.mirostat_draw(k)
+    }
+
+    /// Mirostat's end (both versions): the first `keep` candidates renormalized, a draw,
+    /// and mu moved by eta times the drawn token's surprise over tau.
+    fn mirostat_draw(&mut self, keep: usize) -> u32 {
+        let (tau, eta) = (self.cfg.extra.mirostat_tau, self.cfg.extra.mirostat_eta);
+        self.cands.truncate(keep.max(1));
         softmax(&mut self.cands);
         let i = pick(&self.cands, self.rng.next_f64() as f32);
         let surprise = -self.cands[i].p.log2();
@@ -1156,7 +1162,6 @@ impl Sampler {
 
     /// Mirostat 2.0: keeps the tokens whose surprise is at most mu, draws, moves mu.
     fn mirostat_v2(&mut self) -> u32 {
-        let (tau, eta) = (self.cfg.extra.mirostat_tau, self.cfg.extra.mirostat_eta);
         softmax(&mut self.cands);
         sort_by_p(&mut self.cands);
         let mu = self.mu;
@@ -1164,14 +1169,8 @@ impl Sampler {
             .cands
             .iter()
             .position(|c| -c.p.log2() > mu)
-            .unwrap_or(self.cands.len())
-            .max(1);
-        self.cands.truncate(keep);
-        softmax(&mut self.cands);
-        let i = pick(&self.cands, self.rng.next_f64() as f32);
-        let surprise = -self.cands[i].p.log2();
-        self.mu -= eta * (surprise - tau);
-        self.cands[i].id
+            .unwrap_or(self.cands.len());
+        self.mirostat_draw(keep)
     }
 
     /// Adaptive-p: moves the logits so that tokens near the (moving) target probability
