@@ -1369,17 +1369,22 @@ fn top_n_sigma(c: &mut [Candidate], n: f32) {
     }
 }
 
+/// Sorts the candidates (most likely first), gives them probabilities, and returns their
+/// entropy in nats (tokens of probability 0 add nothing).
+fn sorted_entropy(c: &mut [Candidate]) -> f32 {
+    sort_by_logit(c);
+    softmax(c);
+    c.iter()
+        .filter(|x| x.p > 0.0)
+        .map(|x| -x.p * x.p.ln())
+        .sum()
+}
+
 fn typical(c: &mut Vec<Candidate>, p: f32, min_keep: usize) {
     if p >= 1.0 || c.is_empty() {
         return;
     }
-    sort_by_logit(c);
-    softmax(c);
-    let entropy: f32 = c
-        .iter()
-        .filter(|x| x.p > 0.0)
-        .map(|x| -x.p * x.p.ln())
-        .sum();
+    let entropy = sorted_entropy(c);
     let mut idx: Vec<(f32, usize)> = c
         .iter()
         .enumerate()
@@ -1508,13 +1513,7 @@ fn dynamic_temperature(c: &mut [Candidate], temp: f32, range: f32, exponent: f32
     }
     let (lo, hi) = ((temp - range).max(0.0), temp + range);
     let max_entropy = (c.len() as f32).ln();
-    sort_by_logit(c);
-    softmax(c);
-    let entropy: f32 = c
-        .iter()
-        .filter(|x| x.p > 0.0)
-        .map(|x| -x.p * x.p.ln())
-        .sum();
+    let entropy = sorted_entropy(c);
     let t = lo + (hi - lo) * (entropy / max_entropy).powf(exponent);
     // (a negative exponent of a zero entropy is infinite: the range's top)
     temperature(c, if t.is_finite() { t.clamp(lo, hi) } else { hi });
