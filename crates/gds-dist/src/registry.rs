@@ -2177,7 +2177,9 @@ mod tests {
             e.msg.contains("no answer") && e.msg.contains("registry r: up"),
             "{e}"
         );
-        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        // (failed, not waiting for ever: the allowance is 0.4 s; the bound leaves a loaded
+        // test run room)
+        assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
         // an upload that stops half-way fails at the end of the window, as before
         let sent = std::sync::atomic::AtomicU64::new(0);
         let mut pace = Pace::new(&limits(1000, 100), None, "registry r: up".into());
