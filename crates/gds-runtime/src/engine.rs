@@ -22,12 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// `cfg` with DRY's breakers as the tokenizer's tokens, where DRY is on.
-pub fn with_dry_table(mut cfg: SamplerConfig, tok: &TextTokenizer) -> SamplerConfig {
-    if cfg.extra.dry_on() && cfg.extra.dry_table.is_none() {
+/// Gives `cfg` DRY's breakers as the tokenizer's tokens (for its breakers: the tokenizer
+/// keeps the last lists'), where DRY is on.
+pub fn attach_dry_table(cfg: &mut SamplerConfig, tok: &TextTokenizer) {
+    if cfg.extra.dry_on() {
         cfg.extra.dry_table = Some(tok.dry_breakers(&cfg.extra.dry_sequence_breakers));
     }
-    cfg
 }
 
 /// Why generation ended.
@@ -199,10 +199,9 @@ impl Engine {
         if let Some(src) = &plan.chat_template_override {
             tokenizer.set_chat_template(src)?;
         }
-        let sampler = Sampler::new(
-            with_dry_table(plan.sampler.clone(), &tokenizer),
-            exec.config().vocab_size,
-        );
+        let mut cfg = plan.sampler.clone();
+        attach_dry_table(&mut cfg, &tokenizer);
+        let sampler = Sampler::new(cfg, exec.config().vocab_size);
         let grammar = match &plan.grammar {
             Some(g) => {
                 let c =
@@ -423,10 +422,9 @@ impl Engine {
         if limits.stop.iter().any(String::is_empty) {
             return Err(RuntimeError::Usage("stop strings must not be empty".into()));
         }
-        self.sampler = Sampler::new(
-            with_dry_table(sampler.clone(), &self.tokenizer),
-            self.exec.config().vocab_size,
-        );
+        let mut cfg = sampler.clone();
+        attach_dry_table(&mut cfg, &self.tokenizer);
+        self.sampler = Sampler::new(cfg, self.exec.config().vocab_size);
         self.plan.sampler = sampler;
         self.plan.limits = limits;
         Ok(())

@@ -127,6 +127,35 @@ impl Stage {
         })
     }
 
+    /// [`Stage::from_name`], or the error naming what is not a sampler.
+    pub fn named(name: &str) -> Result<Stage, String> {
+        Stage::from_name(name).ok_or_else(|| {
+            format!("{name:?} is not a sampler (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p)")
+        })
+    }
+
+    /// [`Stage::from_letter`] over every letter of `letters`, or the error naming the one
+    /// that is not a sampler's.
+    pub fn lettered(letters: &str) -> Result<Vec<Stage>, String> {
+        letters
+            .chars()
+            .map(|c| Stage::from_letter(c).ok_or_else(|| format!("unknown sampler letter {c:?}")))
+            .collect()
+    }
+
+    /// An order naming each stage once, or the error naming the first one listed twice.
+    pub fn once(order: Vec<Stage>) -> Result<Vec<Stage>, String> {
+        match Stage::repeated_at(&order) {
+            Some(i) => Err(format!("{:?} is listed twice", order[i])),
+            None => Ok(order),
+        }
+    }
+
+    /// Where `order` first names a stage it named before.
+    fn repeated_at(order: &[Stage]) -> Option<usize> {
+        (1..order.len()).find(|&i| order[..i].contains(&order[i]))
+    }
+
     /// A chain's order from llama.cpp's `--samplers` (names separated by `;` or `,`) or,
     /// where it is one word of sampler letters only, `--sampler-seq` (`edskypmxt`).
     pub fn parse_order(s: &str) -> Result<Vec<Stage>, String> {
@@ -136,26 +165,16 @@ impl Stage {
             .map(str::trim)
             .filter(|n| !n.is_empty())
             .collect();
-        let order: Vec<Stage> = if names.len() == 1 && Stage::from_name(names[0]).is_none() {
-            s.chars()
-                .map(|c| {
-                    Stage::from_letter(c).ok_or_else(|| format!("unknown sampler letter {c:?}"))
-                })
-                .collect::<Result<_, _>>()?
-        } else {
-            names
-                .iter()
-                .map(|n| {
-                    Stage::from_name(n).ok_or_else(|| {
-                        format!("{n:?} is not a sampler (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p)")
-                    })
-                })
-                .collect::<Result<_, _>>()?
-        };
-        if let Some(i) = (1..order.len()).find(|&i| order[..i].contains(&order[i])) {
-            return Err(format!("{:?} is listed twice", order[i]));
-        }
-        Ok(order)
+        Stage::once(
+            if names.len() == 1 && Stage::from_name(names[0]).is_none() {
+                Stage::lettered(s)?
+            } else {
+                names
+                    .iter()
+                    .map(|n| Stage::named(n))
+                    .collect::<Result<_, _>>()?
+            },
+        )
     }
 
     /// Penalties and DRY move logits and drop nothing; the others choose candidates.
@@ -594,7 +613,7 @@ impl SamplerConfig {
                 "at most 32 strings",
             );
         }
-        if let Some(i) = (1..x.order.len()).find(|&i| x.order[..i].contains(&x.order[i])) {
+        if let Some(i) = Stage::repeated_at(&x.order) {
             return bad("samplers", i as f32, "a list naming each sampler once");
         }
         Ok(())
@@ -760,25 +779,17 @@ impl Sampler {
     /// logits, each where the chain's order has it. A token at -inf (masked) stays there.
     pub fn apply_penalty(&self, logits: &mut [f32]) {
         self.apply_bias(logits);
-        if self.cfg.extra.order.contains(&Stage::Penalties) {
-            self.apply_penalties_only(logits);
-        }
-        for (tok, d) in self.dry_penalties() {
-            if let Some(l) = logits.get_mut(tok as usize) {
-                *l = Penalty {
-                    repeat: 1.0,
-                    minus: d,
-                }
-                .apply(*l);
-            }
+        for &s in self.cfg.extra.order.iter().filter(|s| s.is_penalty()) {
+            penalize(logits, &self.changes(s));
         }
     }
 
-    fn apply_penalties_only(&self, logits: &mut [f32]) {
-        for (tok, f) in self.penalties() {
-            if let Some(l) = logits.get_mut(tok as usize) {
-                *l = f.apply(*l);
-            }
+    /// What penalty stage `s` does to the logits, token by token (nothing for the others).
+    fn changes(&self, s: Stage) -> Vec<(u32, Penalty)> {
+        match s {
+            Stage::Penalties => self.penalties(),
+            Stage::Dry => self.dry_penalties(),
+            _ => Vec::new(),
         }
     }
 
@@ -822,7 +833,7 @@ impl Sampler {
     /// DRY's penalties as (token, amount off its logit), as llama.cpp's `llama_sampler_dry`
     /// computes them (a port of koboldcpp's: restart at breakers, repeats found by the Z
     /// algorithm over the window read backwards).
-    fn dry_penalties(&self) -> Vec<(u32, f32)> {
+    fn dry_penalties(&self) -> Vec<(u32, Penalty)> {
         let x = &self.cfg.extra;
         if !x.dry_on() {
             return Vec::new();
@@ -908,7 +919,7 @@ impl Sampler {
         } else {
             0
         };
-        let mut out: Vec<(u32, f32)> = longest
+        let mut out: Vec<(u32, Penalty)> = longest
             .into_iter()
             .filter(|(tok, _)| {
                 !heads
@@ -923,7 +934,8 @@ impl Sampler {
                 // (finite, whatever the multiplier: an infinite one would take a logit to
                 // NaN or +inf)
                 let p = x.dry_multiplier * x.dry_base.powi(e as i32);
-                (tok, p.clamp(-f32::MAX, f32::MAX))
+                let minus = p.clamp(-f32::MAX, f32::MAX);
+                (tok, Penalty { repeat: 1.0, minus })
             })
             .collect();
         out.sort_unstable_by_key(|&(t, _)| t);
@@ -949,8 +961,7 @@ impl Sampler {
                 Stage::Penalties | Stage::Dry if filtered => return false,
                 Stage::Penalties | Stage::Dry => {}
                 Stage::TopNSigma | Stage::TopK | Stage::TopP | Stage::MinP => filtered = true,
-                Stage::TypP if x.typical_p < 1.0 => return false,
-                Stage::Xtc if x.xtc_probability > 0.0 && x.xtc_threshold <= 0.5 => return false,
+                Stage::TypP | Stage::Xtc if self.active(s) => return false,
                 Stage::AdaptiveP => return false,
                 Stage::TypP | Stage::Xtc | Stage::Temperature => {}
             }
@@ -981,8 +992,8 @@ impl Sampler {
         let order = self.cfg.extra.order.clone();
         // penalties first in the order (the default) change the logits in place
         let lead = order.iter().take_while(|s| s.is_penalty()).count();
-        for s in &order[..lead] {
-            self.logit_stage(*s, Some(logits));
+        for &s in &order[..lead] {
+            penalize(logits, &self.changes(s));
         }
         // where top-k is the first stage that does anything (the default chain), its k
         // tokens come straight from the logits in one pass, not through a sort of every
@@ -1000,7 +1011,7 @@ impl Sampler {
         };
         for &s in &order[from..] {
             if s.is_penalty() {
-                self.logit_stage(s, None);
+                self.penalize_candidates(s);
                 continue;
             }
             let (x, c) = (&self.cfg.extra, &mut self.cands);
@@ -1058,42 +1069,15 @@ impl Sampler {
             }));
     }
 
-    /// Penalties or DRY: on the vocabulary's `logits` where given, else on the candidates.
-    fn logit_stage(&mut self, s: Stage, logits: Option<&mut [f32]>) {
-        let changes: Vec<(u32, Penalty)> = match s {
-            Stage::Penalties => self.penalties(),
-            _ => self
-                .dry_penalties()
-                .into_iter()
-                .map(|(t, d)| {
-                    (
-                        t,
-                        Penalty {
-                            repeat: 1.0,
-                            minus: d,
-                        },
-                    )
-                })
-                .collect(),
-        };
-        if changes.is_empty() {
+    /// Penalties or DRY on the candidates (after a stage that chose them).
+    fn penalize_candidates(&mut self, s: Stage) {
+        let by: HashMap<u32, Penalty> = self.changes(s).into_iter().collect();
+        if by.is_empty() {
             return;
         }
-        match logits {
-            Some(l) => {
-                for (tok, f) in changes {
-                    if let Some(x) = l.get_mut(tok as usize) {
-                        *x = f.apply(*x);
-                    }
-                }
-            }
-            None => {
-                let by: HashMap<u32, Penalty> = changes.into_iter().collect();
-                for c in &mut self.cands {
-                    if let Some(f) = by.get(&c.id) {
-                        c.logit = f.apply(c.logit);
-                    }
-                }
+        for c in &mut self.cands {
+            if let Some(f) = by.get(&c.id) {
+                c.logit = f.apply(c.logit);
             }
         }
     }
@@ -1276,6 +1260,15 @@ impl Penalty {
             l * self.repeat
         };
         l - self.minus
+    }
+}
+
+/// `changes` applied to the whole vocabulary's logits (ids past them are skipped).
+fn penalize(logits: &mut [f32], changes: &[(u32, Penalty)]) {
+    for &(tok, f) in changes {
+        if let Some(l) = logits.get_mut(tok as usize) {
+            *l = f.apply(*l);
+        }
     }
 }
 

@@ -713,10 +713,12 @@ impl TextTokenizer {
             .dry_tables
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(i) = kept.iter().position(|(b, _)| b == breakers) {
-            let hit = kept.remove(i);
-            let t = hit.1.clone();
-            kept.insert(0, hit);
+        let hit = |kept: &mut Vec<(Vec<String>, _)>| {
+            let i = kept.iter().position(|(b, _)| b == breakers)?;
+            kept[..=i].rotate_right(1);
+            Some(std::sync::Arc::clone(&kept[0].1))
+        };
+        if let Some(t) = hit(&mut kept) {
             return t;
         }
         drop(kept);
@@ -735,6 +737,10 @@ impl TextTokenizer {
             .dry_tables
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // (another request may have built the same list meanwhile: one entry a list)
+        if let Some(t) = hit(&mut kept) {
+            return t;
+        }
         kept.insert(0, (breakers.to_vec(), t.clone()));
         kept.truncate(DRY_TABLES_KEPT);
         t

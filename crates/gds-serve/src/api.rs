@@ -1125,11 +1125,7 @@ fn llama_sampling(
     if x.dry_on() {
         // the vocabulary's breakers: read on first need (off the async threads' work: the
         // first list scans every token), then kept
-        let breakers = x.dry_sequence_breakers.clone();
-        let tok = st.tokenizer.clone();
-        x.dry_table = Some(tokio::task::block_in_place(move || {
-            tok.dry_breakers(&breakers)
-        }));
+        tokio::task::block_in_place(|| gds_runtime::engine::attach_dry_table(s, &st.tokenizer));
     }
     Ok(())
 }
@@ -1138,25 +1134,17 @@ fn llama_sampling(
 /// letters (`"edkypmxt"`); each at most once. `None` where the request gives none.
 fn samplers_order(v: Option<&Value>) -> Result<Option<Vec<Stage>>, ApiError> {
     let bad = |m: String| ApiError::bad(m).param("samplers");
+    let stage = |e: String| bad(format!("samplers: {e}"));
     let order: Vec<Stage> = match v {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(letters)) => letters
-            .chars()
-            .map(|c| {
-                Stage::from_letter(c).ok_or_else(|| bad(format!("samplers: unknown sampler letter {c:?}")))
-            })
-            .collect::<Result<_, _>>()?,
+        Some(Value::String(letters)) => Stage::lettered(letters).map_err(stage)?,
         Some(Value::Array(l)) if l.len() <= 16 => l
             .iter()
             .map(|n| {
                 let n = n
                     .as_str()
                     .ok_or_else(|| bad(format!("samplers entry {n} must be a string")))?;
-                Stage::from_name(n).ok_or_else(|| {
-                    bad(format!(
-                        "samplers: {n:?} is not a sampler (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p)"
-                    ))
-                })
+                Stage::named(n).map_err(stage)
             })
             .collect::<Result<_, _>>()?,
         Some(other) => {
@@ -1165,14 +1153,7 @@ fn samplers_order(v: Option<&Value>) -> Result<Option<Vec<Stage>>, ApiError> {
             )))
         }
     };
-    if let Some(s) = order
-        .iter()
-        .enumerate()
-        .find(|(i, s)| order[..*i].contains(s))
-    {
-        return Err(bad(format!("samplers: {:?} is listed twice", s.1)));
-    }
-    Ok(Some(order))
+    Stage::once(order).map(Some).map_err(stage)
 }
 
 /// Compiles `job`'s grammar (off the async threads: a large schema takes a while, and the
