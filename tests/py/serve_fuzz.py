@@ -62,7 +62,14 @@ def base_body(path, rng):
     if path == "/v1/completions":
         return {"prompt": words, "max_tokens": 8, "temperature": 0}
     if path in ("/v1/responses", "/v1/responses/input_tokens"):
-        return {"input": words, "max_output_tokens": 8, "temperature": 0}
+        b = {"input": words, "max_output_tokens": 8, "temperature": 0}
+        if rng.random() < 0.2:
+            # run in the background (answered queued; streamed, followed as it runs)
+            b["background"] = rng.choice([True, True, False, None, "yes"])
+        if rng.random() < 0.2:
+            b["include"] = rng.choice([["message.output_text.logprobs"], [], "all", [7]])
+            b["top_logprobs"] = rng.choice([0, 3, 20, 21, -1, 2.5, None])
+        return b
     if path == "/v1/messages":
         return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": words}]}
     if path == "/v1/messages/count_tokens":

@@ -17,6 +17,15 @@ template, Hermes `<tool_call>` syntax).
 - kept responses: `previous_response_id` continues a conversation (the same prompt tokens and
   text as sending its items, `instructions` not carried over), streamed too; `retrieve`,
   `input_items.list`, `delete`; a response made with `store=False` is not kept;
+- background: `background=True` answers `queued` at once, `retrieve` polls it to `completed`
+  with the foreground text; `cancel` stops one that is generating (`cancelled`, the engine's
+  running requests back to 0, cancelling again answers it as it is, a completed or foreground
+  response is a 400); streamed, the client leaves after a few events and follows again with
+  `retrieve(stream=True, starting_after=N)`: the events go on from N + 1, the deltas add up to
+  the final text; `store=False` with it is a 400;
+- log-probabilities: `include=["message.output_text.logprobs"]` with `top_logprobs`: one
+  entry per output token, equal to the chat endpoint's for the same conversation, streamed in
+  the deltas too;
 - refusals: an unknown `previous_response_id`, an image part, a non-function tool (400 naming
   the field).
 Prints one JSON object; crates/gds-serve/tests/it/tools.rs asserts on it.
@@ -174,6 +183,127 @@ out["kept"] = {
     "input_item_fields": [[bool(i.id), i.status, i.content[0].text] for i in items.data],
     "deleted_status": deleted,
     "not_kept": refused(input="hi", previous_response_id=whole.id),
+}
+
+# background responses
+import time
+import urllib.request
+
+ROOT = sys.argv[1].rsplit("/v1", 1)[0]
+
+
+def running():
+    text = urllib.request.urlopen(ROOT + "/metrics", timeout=30).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(("gds_requests_running ", "gds_queue_depth ")))
+
+
+def wait_end(rid, limit=120):
+    end = time.time() + limit
+    while True:
+        r = client.responses.retrieve(rid)
+        if r.status not in ("queued", "in_progress") or time.time() > end:
+            return r
+        time.sleep(0.1)
+
+
+fg = client.responses.create(model=model, input="Name three colors.", temperature=0,
+                             max_output_tokens=24)
+b = client.responses.create(model=model, input="Name three colors.", temperature=0,
+                            max_output_tokens=24, background=True)
+done = wait_end(b.id)
+long_kw = dict(model=model, input="Write a very long story about a dragon.", temperature=0,
+               max_output_tokens=2000, extra_body={"ignore_eos": True})
+lb = client.responses.create(background=True, **long_kw)
+seen = []
+while len(seen) < 50 and lb.status in ("queued", "in_progress"):
+    lb = client.responses.retrieve(lb.id)
+    seen.append(lb.status)
+    if lb.status == "in_progress":
+        break
+    time.sleep(0.05)
+time.sleep(0.3)
+cancelled = client.responses.cancel(lb.id)
+drained = None
+for _ in range(100):
+    if running() == 0:
+        drained = True
+        break
+    time.sleep(0.1)
+
+
+def status_of(call):
+    try:
+        return {"status": 200, "value": call().status}
+    except openai.APIStatusError as e:
+        return {"status": e.status_code, "message": e.response.json().get("error", {}).get("message")}
+
+
+# streamed: leave after a few events, follow again from the last one seen
+first, last_seq, bid = [], None, None
+s = client.responses.create(model=model, input="Name three colors.", temperature=0,
+                            max_output_tokens=24, background=True, stream=True)
+for ev in s:
+    first.append(ev.type)
+    last_seq = ev.sequence_number
+    bid = bid or ev.response.id
+    if ev.type == "response.output_text.delta":
+        break
+s.close()
+rest, seqs, final = [], [], None
+# (the delta seen before leaving: the text's start)
+deltas = [ev.delta] if first[-1] == "response.output_text.delta" else []
+for ev in client.responses.retrieve(bid, stream=True, starting_after=last_seq):
+    rest.append(ev.type)
+    seqs.append(ev.sequence_number)
+    if ev.type == "response.output_text.delta":
+        deltas.append(ev.delta)
+    if ev.type in ("response.completed", "response.incomplete"):
+        final = ev.response
+again = [ev.sequence_number for ev in client.responses.retrieve(bid, stream=True)]
+out["background"] = {
+    "created": b.status, "background": b.background, "done": done.status,
+    "text": done.output_text, "fg_text": fg.output_text,
+    "usage": done.usage.output_tokens, "fg_usage": fg.usage.output_tokens,
+    "long_seen": seen, "cancelled": cancelled.status,
+    "after_cancel": client.responses.retrieve(lb.id).status, "drained": drained,
+    "cancel_again": status_of(lambda: client.responses.cancel(lb.id)),
+    "cancel_done": status_of(lambda: client.responses.cancel(b.id)),
+    "cancel_foreground": status_of(lambda: client.responses.cancel(fg.id)),
+    "no_store": refused(input="hi", background=True, store=False),
+    "continue_cancelled": refused(input="hi", previous_response_id=lb.id),
+    "continue_done": client.responses.create(
+        model=model, input="And one more?", previous_response_id=b.id, temperature=0,
+        max_output_tokens=4).status,
+    "stream_first": first, "last_seq": last_seq, "stream_rest": rest, "stream_seqs": seqs,
+    "stream_text": "".join(deltas), "stream_final": final.output_text if final else None,
+    "stream_all": again,
+}
+
+# log-probabilities of the output text
+lr = client.responses.create(model=model, input="Name three colors.", temperature=0,
+                             max_output_tokens=12, include=["message.output_text.logprobs"],
+                             top_logprobs=3)
+lc = client.chat.completions.create(model=model, temperature=0, max_tokens=12, logprobs=True,
+                                    top_logprobs=3,
+                                    messages=[{"role": "user", "content": "Name three colors."}])
+part = lr.output[0].content[0]
+slp = []
+with client.responses.create(model=model, input="Name three colors.", temperature=0,
+                             max_output_tokens=12, include=["message.output_text.logprobs"],
+                             top_logprobs=3, stream=True) as s:
+    for ev in s:
+        if ev.type == "response.output_text.delta":
+            slp += [[x.token, x.logprob] for x in ev.logprobs]
+out["logprobs"] = {
+    "tokens": [x.token for x in part.logprobs], "lp": [x.logprob for x in part.logprobs],
+    "top": [len(x.top_logprobs) for x in part.logprobs],
+    "chat_tokens": [x.token for x in lc.choices[0].logprobs.content],
+    "chat_lp": [x.logprob for x in lc.choices[0].logprobs.content],
+    "output_tokens": lr.usage.output_tokens, "streamed": slp,
+    "top_logprobs": lr.top_logprobs,
+    "plain": [c.logprobs for c in fg.output[0].content],
+    "bad_top": refused(input="hi", top_logprobs=21, include=["message.output_text.logprobs"]),
 }
 
 out["refused"] = {

@@ -283,6 +283,13 @@ fn check(line: u64, bytes: &[u8], seen: &mut HashSet<String>) -> Result<Checked,
                     "a batch request cannot be streamed (stream: true)".into()
                 ));
             }
+            // (a batch line is answered whole: a response run in the background of a
+            // job would be written `queued` and lost with the process)
+            if url == "/v1/responses" && o.get("background") == Some(&Value::Bool(true)) {
+                return Err(bad(
+                    "a batch request cannot run in the background (background: true)".into(),
+                ));
+            }
             serde_json::to_vec(b).map_err(|e| bad(e.to_string()))?
         }
         _ => return Err(bad("body must be a JSON object".into())),
@@ -644,6 +651,7 @@ mod tests {
             (br#"{"custom_id": "b", "method": "GET", "url": "/v1/completions", "body": {}}"#, "invalid_request", "POST"),
             (br#"{"custom_id": "c", "method": "POST", "url": "/v1/moderations", "body": {}}"#, "invalid_request", "url"),
             (br#"{"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": {"stream": true}}"#, "invalid_request", "streamed"),
+            (br#"{"custom_id": "f", "method": "POST", "url": "/v1/responses", "body": {"input": "x", "background": true}}"#, "invalid_request", "background"),
             (br#"{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": []}"#, "invalid_request", "object"),
         ] {
             let line: Value = serde_json::from_str(&check(7, bytes, &mut seen).unwrap_err()).unwrap();

@@ -999,6 +999,10 @@ fn router(state: Arc<ServerState>) -> axum::Router {
                 &format!("{prefix}/responses/{{id}}/input_items"),
                 get(responses::input_items),
             )
+            .route(
+                &format!("{prefix}/responses/{{id}}/cancel"),
+                post(responses::cancel_response),
+            )
             .route(&format!("{prefix}/messages"), post(anthropic::messages))
             .route(
                 &format!("{prefix}/messages/count_tokens"),

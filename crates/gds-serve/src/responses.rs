@@ -13,6 +13,11 @@
 //! `previous_response_id` continues that conversation (its input and output items, not its
 //! `instructions`, as OpenAI's), and `GET`/`DELETE /v1/responses/{id}` and
 //! `GET /v1/responses/{id}/input_items` read and delete them. Nothing outlives the process.
+//!
+//! `background: true` keeps the response `queued` at once and runs it in a task of its own
+//! ([`Background`]): polled by `GET`, cancelled by `POST /v1/responses/{id}/cancel`, its
+//! events kept so that `GET /v1/responses/{id}?stream=true&starting_after=N` follows it again.
+//! `include: ["message.output_text.logprobs"]` lists the output text's log-probabilities.
 
 use crate::api::{
     chat_job, complete, constrain, finish, now_secs, parse, random_seed, sse, submit, ApiError,
@@ -51,6 +56,136 @@ struct Stored {
     outputs: usize,
     response: Box<str>,
     bytes: usize,
+    /// Run in the background: its events and state ([`Background`]).
+    bg: Option<Arc<Background>>,
+}
+
+impl Stored {
+    /// Whether the response ended with its output (completed, or cut at its limit): what
+    /// `previous_response_id` can continue. A background response that is still running,
+    /// failed or was cancelled has no output to continue from.
+    fn ready(&self) -> bool {
+        self.bg.as_ref().is_none_or(|b| b.state().has_output())
+    }
+
+    /// Whether it is a background response still running (never dropped for room).
+    fn running(&self) -> bool {
+        self.bg.as_ref().is_some_and(|b| b.state().running())
+    }
+}
+
+/// A background response's state, as its `status` says.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum BgState {
+    Queued,
+    InProgress,
+    /// Ended with its output: `completed` or `incomplete`.
+    Done,
+    Failed,
+    Cancelled,
+}
+
+impl BgState {
+    fn running(self) -> bool {
+        matches!(self, BgState::Queued | BgState::InProgress)
+    }
+
+    fn has_output(self) -> bool {
+        self == BgState::Done
+    }
+}
+
+/// A response run in the background (`background: true`): the task that runs it and every
+/// event it made, so that a client can follow it, or follow it again after losing the
+/// connection (`GET /v1/responses/{id}?stream=true&starting_after=N`), whether or not it
+/// was created streamed. Its events' sequence numbers are their places in `events`.
+pub(crate) struct Background {
+    log: std::sync::Mutex<BgLog>,
+    /// Wakes the clients that follow the events.
+    more: tokio::sync::Notify,
+    /// Stops the task (cancel, delete): dropping its generator ends the request in the engine.
+    abort: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+struct BgLog {
+    events: Vec<Ev>,
+    bytes: usize,
+    /// No more events will come.
+    ended: bool,
+    state: BgState,
+}
+
+impl Background {
+    fn new() -> Background {
+        Background {
+            log: std::sync::Mutex::new(BgLog {
+                events: Vec::new(),
+                bytes: 0,
+                ended: false,
+                state: BgState::Queued,
+            }),
+            more: tokio::sync::Notify::new(),
+            abort: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BgLog> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn state(&self) -> BgState {
+        self.lock().state
+    }
+
+    fn push(&self, ev: Ev) {
+        {
+            let mut log = self.lock();
+            log.bytes += ev.kind.len() + ev.data.len();
+            log.events.push(ev);
+        }
+        self.more.notify_waiters();
+    }
+
+    /// No more events: the clients following it see their stream end.
+    fn end(&self) {
+        self.lock().ended = true;
+        self.more.notify_waiters();
+    }
+
+    /// Stops the task running it (nothing when it has ended).
+    fn stop(&self) {
+        if let Some(a) = self.abort.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            a.abort();
+        }
+        self.end();
+    }
+
+    /// The events after the first `from`, as they come, until the response ends.
+    fn follow(self: Arc<Self>, from: usize) -> impl futures_util::Stream<Item = Ev> + Send {
+        stream::unfold((self, from), |(bg, next)| async move {
+            loop {
+                // registered before the log is read: an event pushed meanwhile wakes it
+                let waker = bg.clone();
+                let more = waker.more.notified();
+                tokio::pin!(more);
+                more.as_mut().enable();
+                {
+                    let log = bg.lock();
+                    if next < log.events.len() {
+                        let batch = log.events[next..].to_vec();
+                        let next = log.events.len();
+                        drop(log);
+                        return Some((batch, (bg, next)));
+                    }
+                    if log.ended {
+                        return None;
+                    }
+                }
+                more.await;
+            }
+        })
+        .flat_map(stream::iter)
+    }
 }
 
 /// A kept response's items from their text (which the store wrote from values).
@@ -67,7 +202,38 @@ pub(crate) struct ResponseStore {
 }
 
 impl ResponseStore {
+    /// Keeps `response` (replacing a background response's entry, whose events and task it
+    /// keeps; not one that was cancelled meanwhile).
     fn put(&mut self, id: String, items: Vec<Value>, input_from: usize, response: Value) {
+        let bg = match self.map.get(&id) {
+            Some(old) => {
+                if old
+                    .bg
+                    .as_ref()
+                    .is_some_and(|b| b.state() == BgState::Cancelled)
+                {
+                    return;
+                }
+                let bg = old.bg.clone();
+                self.remove(&id);
+                bg
+            }
+            None => None,
+        };
+        if let Some(b) = &bg {
+            b.lock().state = BgState::Done;
+        }
+        self.insert(id, items, input_from, response, bg);
+    }
+
+    fn insert(
+        &mut self,
+        id: String,
+        items: Vec<Value>,
+        input_from: usize,
+        response: Value,
+        bg: Option<Arc<Background>>,
+    ) {
         let outputs = output_len(&response);
         let (items, response) = (
             Arc::<str>::from(Value::Array(items).to_string()),
@@ -77,14 +243,7 @@ impl ResponseStore {
         if bytes > STORE_BYTES {
             return;
         }
-        while self.map.len() >= STORE_ENTRIES || self.bytes + bytes > STORE_BYTES {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(o) = self.map.remove(&old) {
-                self.bytes -= o.bytes;
-            }
-        }
+        self.make_room(bytes);
         self.bytes += bytes;
         self.order.push_back(id.clone());
         let stored = Stored {
@@ -93,8 +252,56 @@ impl ResponseStore {
             outputs,
             response,
             bytes,
+            bg,
         };
         self.map.insert(id, stored);
+    }
+
+    /// Drops the oldest responses until `bytes` more fit, past the count and the bytes;
+    /// background responses still running are kept (their number is bounded by the
+    /// engine's queue).
+    fn make_room(&mut self, bytes: usize) {
+        let mut running = Vec::new();
+        while self.map.len() >= STORE_ENTRIES + running.len() || self.bytes + bytes > STORE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.get(&old).is_some_and(Stored::running) {
+                running.push(old);
+                continue;
+            }
+            if let Some(o) = self.map.remove(&old) {
+                self.bytes -= o.bytes;
+            }
+        }
+        for id in running.into_iter().rev() {
+            self.order.push_front(id);
+        }
+    }
+
+    /// A background response's events count in its bytes once it has ended.
+    fn count_events(&mut self, id: &str, bytes: usize) {
+        let Some(s) = self.map.get_mut(id) else {
+            return;
+        };
+        s.bytes += bytes;
+        self.bytes += bytes;
+        self.make_room(0);
+    }
+
+    /// Changes a kept response object in place (a background response's status).
+    fn update(&mut self, id: &str, f: impl FnOnce(&mut Value)) {
+        let Some(s) = self.map.get_mut(id) else {
+            return;
+        };
+        let Ok(mut r) = serde_json::from_str::<Value>(&s.response) else {
+            return;
+        };
+        f(&mut r);
+        let text = r.to_string().into_boxed_str();
+        self.bytes = self.bytes - s.response.len() + text.len();
+        s.bytes = s.bytes - s.response.len() + text.len();
+        s.response = text;
     }
 
     fn remove(&mut self, id: &str) -> bool {
@@ -129,6 +336,21 @@ impl Keep {
         let mut store = self.st.responses.lock().unwrap_or_else(|e| e.into_inner());
         store.put(id.to_string(), items, self.input_from, r.clone());
     }
+
+    /// Keeps a background response as it starts (`queued`, no output yet), with its events.
+    fn start(&self, r: &Value, bg: Arc<Background>) {
+        let Some(id) = r["id"].as_str() else {
+            return;
+        };
+        let mut store = self.st.responses.lock().unwrap_or_else(|e| e.into_inner());
+        store.insert(
+            id.to_string(),
+            self.items.clone(),
+            self.input_from,
+            r.clone(),
+            Some(bg),
+        );
+    }
 }
 
 /// The Responses API's own fields (the sampling fields it shares with chat are read as
@@ -162,11 +384,14 @@ struct ResponsesBody {
     /// A stored conversation (OpenAI's Conversations API): not kept here, refused.
     #[serde(default)]
     conversation: Option<Value>,
-    /// Run in the background: not done here (`true` is refused).
+    /// Run in the background: kept at once as `queued`, run by a task of its own, read with
+    /// `GET /v1/responses/{id}` (streamed again with `?stream=true&starting_after=N`),
+    /// cancelled with `POST /v1/responses/{id}/cancel`. Needs `store`.
     #[serde(default)]
     background: Option<bool>,
-    /// Extra output to include; the output text's log-probabilities are not given (refused),
-    /// the rest is not produced (encrypted reasoning and the like) and ignored.
+    /// Extra output to include: `message.output_text.logprobs` (with `top_logprobs`
+    /// alternatives) is given; the rest is not produced here (encrypted reasoning and the
+    /// like) and ignored.
     #[serde(default)]
     include: Option<Value>,
     /// `auto`: input over the context loses its oldest items (instructions and system
@@ -205,21 +430,10 @@ fn refuse_unsupported(r: &ResponsesBody) -> Result<(), ApiError> {
             "conversation",
         ));
     }
-    if r.background == Some(true) {
+    if r.background == Some(true) && r.store == Some(false) {
         return Err(bad(
-            "background is not supported: responses are answered while the request waits (or streamed)",
+            "background needs store: true (a background response is kept to be read, followed or cancelled)",
             "background",
-        ));
-    }
-    let wants_logprobs = r
-        .include
-        .as_ref()
-        .and_then(Value::as_array)
-        .is_some_and(|l| l.iter().any(|i| i == "message.output_text.logprobs"));
-    if wants_logprobs {
-        return Err(bad(
-            "include message.output_text.logprobs is not supported (the chat endpoint gives logprobs)",
-            "include",
         ));
     }
     Ok(())
@@ -422,12 +636,20 @@ fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
     }
 }
 
-/// The request rewritten as a chat job, the fields echoed back in the response, and what
-/// keeping it takes (`None` with `store: false`).
-async fn responses_job(
-    st: &Arc<ServerState>,
-    body: &Bytes,
-) -> Result<(Job, Value, Option<Keep>), ApiError> {
+/// A Responses request ready to run.
+struct Prepared {
+    /// The request rewritten as a chat job.
+    job: Job,
+    /// The fields echoed back in the response.
+    echoed: Value,
+    /// What keeping it takes (`None` with `store: false`).
+    keep: Option<Keep>,
+    background: bool,
+    /// The output text's log-probabilities were asked for (`include`).
+    logprobs: bool,
+}
+
+async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, ApiError> {
     let r: ResponsesBody = parse(body)?;
     let mut common: Common = parse(body)?;
     refuse_unsupported(&r)?;
@@ -444,10 +666,19 @@ async fn responses_job(
         Some(Value::String(prev)) => {
             let kept = {
                 let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-                store.map.get(prev).map(|s| s.items.clone())
+                store
+                    .map
+                    .get(prev)
+                    .map(|s| (s.items.clone(), s.ready(), status_of(&s.response)))
             };
             match kept {
-                Some(text) => parse_items(&text),
+                Some((text, true, _)) => parse_items(&text),
+                Some((_, false, status)) => {
+                    return Err(bad(
+                        format!("response {prev:?} is {status}: only a response that ended with its output continues a conversation"),
+                        "previous_response_id",
+                    ))
+                }
                 None => {
                     return Err(bad(
                         format!("no stored response {prev:?} (kept: the last {STORE_ENTRIES}, in memory, unless store was false)"),
@@ -474,7 +705,25 @@ async fn responses_job(
     // (refused where its reply has no place for what they ask — top_logprobs included:
     // no log-probabilities on this endpoint —; logit_bias and the penalties, not OpenAI's
     // fields here, are honoured as on the chat endpoint)
+    // the output text's log-probabilities: asked for by `include`, with `top_logprobs`
+    // alternatives (a field of the request here, not chat's switch)
+    let logprobs = r
+        .include
+        .as_ref()
+        .and_then(Value::as_array)
+        .is_some_and(|l| l.iter().any(|i| i == "message.output_text.logprobs"));
+    let top = common.top_logprobs.take();
+    if let Some(k) = top.filter(|k| !(0..=20).contains(k)) {
+        return Err(bad(
+            format!("top_logprobs {k} must be from 0 to 20"),
+            "top_logprobs",
+        ));
+    }
     common.refuse_chat_only("the Responses API (/v1/responses)")?;
+    if logprobs {
+        common.logprobs = Some(json!(true));
+        common.top_logprobs = top;
+    }
     common.max_tokens = r.max_output_tokens;
     common.response_format = match &r.text {
         Some(t) => response_format(t)?,
@@ -504,6 +753,8 @@ async fn responses_job(
         "store": r.store != Some(false),
         "previous_response_id": r.previous_response_id,
         "truncation": truncation,
+        "background": r.background == Some(true),
+        "top_logprobs": top.unwrap_or(0),
     });
     let chat = ChatBody {
         messages: messages(r.instructions, &Value::Array(items.clone()))?,
@@ -531,15 +782,21 @@ async fn responses_job(
         items,
         input_from,
     });
-    Ok((job, echoed, keep))
+    Ok(Prepared {
+        job,
+        echoed,
+        keep,
+        background: r.background == Some(true),
+        logprobs,
+    })
 }
 
 /// `POST /v1/responses/input_tokens` (OpenAI's): the prompt tokens a Responses request
 /// would have (the earlier response's items included), nothing generated or kept.
 pub async fn count_input_tokens(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
-        let (job, _, _) = responses_job(&st, &body).await?;
-        Ok(crate::api::input_tokens(job.prompt.len()))
+        let p = responses_job(&st, &body).await?;
+        Ok(crate::api::input_tokens(p.job.prompt.len()))
     }
     .await;
     finish(&st, r)
@@ -611,13 +868,14 @@ fn item_status(end: &End) -> &'static str {
     }
 }
 
-fn message_item(id: &str, text: &str, status: &str) -> Value {
+/// A message item; `logprobs`: its text's tokens' (empty unless asked for with `include`).
+fn message_item(id: &str, text: &str, status: &str, logprobs: Vec<Value>) -> Value {
     json!({
         "type": "message",
         "id": id,
         "status": status,
         "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}],
     })
 }
 
@@ -637,28 +895,52 @@ fn call_item(call: &Value) -> Value {
 /// `POST /v1/responses`.
 pub async fn responses(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
-        let (job, echoed, keep) = responses_job(&st, &body).await?;
+        let p = responses_job(&st, &body).await?;
         let id = format!("resp_{:016x}", random_seed());
         let msg_id = format!("msg_{:016x}", random_seed());
         let created = now_secs();
-        if job.stream {
-            return stream_response(st.clone(), job, echoed, keep, (id, msg_id, created)).await;
+        if p.background {
+            return background(st.clone(), p, (id, msg_id, created)).await;
         }
-        let (choice, end) = complete(&st, &job, Kind::Chat, 0).await?;
+        if p.job.stream {
+            let events = response_events(st.clone(), p, (id, msg_id, created), false).await?;
+            return Ok(sse(events.map(Ev::sse)));
+        }
+        let Prepared {
+            job, echoed, keep, ..
+        } = p;
+        let (mut choice, end) = complete(&st, &job, Kind::Chat, 0).await?;
+        // the output text's log-probabilities (the chat form's; a thinking model's thinking
+        // comes first and is not the output text)
+        let lps: Vec<Value> = match choice["logprobs"]["content"].take() {
+            Value::Array(a) => a.into_iter().skip(end.reasoning_tokens).collect(),
+            _ => Vec::new(),
+        };
         let m = &choice["message"];
         let mut output = Vec::new();
         if let Some(r) = m["reasoning_content"].as_str() {
             output.push(reasoning_item(&rs_id(&msg_id), r, "completed"));
         }
         let status = item_status(&end);
+        let mut lps = Some(lps);
         if let Some(text) = m["content"].as_str().filter(|t| !t.is_empty()) {
-            output.push(message_item(&msg_id, text, status));
+            output.push(message_item(
+                &msg_id,
+                text,
+                status,
+                lps.take().unwrap_or_default(),
+            ));
         }
         for c in m["tool_calls"].as_array().into_iter().flatten() {
             output.push(call_item(c));
         }
         if output.iter().all(|i| i["type"] == "reasoning") {
-            output.push(message_item(&msg_id, "", status));
+            output.push(message_item(
+                &msg_id,
+                "",
+                status,
+                lps.take().unwrap_or_default(),
+            ));
         }
         let r = response_object(
             &id,
@@ -678,17 +960,33 @@ pub async fn responses(State(st): State<Arc<ServerState>>, body: Bytes) -> Respo
     finish(&st, r)
 }
 
+/// One event of a streamed response: its name and its data (JSON text).
+#[derive(Clone)]
+struct Ev {
+    kind: String,
+    data: String,
+}
+
+impl Ev {
+    fn sse(self) -> Result<SseEvent, Infallible> {
+        Ok(SseEvent::default().event(self.kind).data(self.data))
+    }
+}
+
 /// Numbers the events of one streamed response (`sequence_number`) and names them.
 struct Events {
     seq: u64,
 }
 
 impl Events {
-    fn event(&mut self, kind: &str, mut data: Value) -> SseEvent {
+    fn event(&mut self, kind: &str, mut data: Value) -> Ev {
         data["type"] = json!(kind);
         data["sequence_number"] = json!(self.seq);
         self.seq += 1;
-        SseEvent::default().event(kind).data(data.to_string())
+        Ev {
+            kind: kind.to_string(),
+            data: data.to_string(),
+        }
     }
 }
 
@@ -699,7 +997,7 @@ fn rs_id(msg_id: &str) -> String {
 
 /// Opens the message item (at `index` of the output): `response.output_item.added`,
 /// `response.content_part.added`.
-fn open_message(ev: &mut Events, msg_id: &str, index: usize, out: &mut Vec<SseEvent>) {
+fn open_message(ev: &mut Events, msg_id: &str, index: usize, out: &mut Vec<Ev>) {
     out.push(ev.event(
         "response.output_item.added",
         json!({"output_index": index, "item": {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}}),
@@ -715,8 +1013,8 @@ fn text_delta(
     ev: &mut Events,
     opened: &mut bool,
     (msg_id, index): (&str, usize),
-    delta: &str,
-    out: &mut Vec<SseEvent>,
+    (delta, logprobs): (&str, Vec<Value>),
+    out: &mut Vec<Ev>,
 ) {
     if !*opened {
         open_message(ev, msg_id, index, out);
@@ -724,7 +1022,7 @@ fn text_delta(
     }
     out.push(ev.event(
         "response.output_text.delta",
-        json!({"item_id": msg_id, "output_index": index, "content_index": 0, "delta": delta, "logprobs": []}),
+        json!({"item_id": msg_id, "output_index": index, "content_index": 0, "delta": delta, "logprobs": logprobs}),
     ));
 }
 
@@ -739,7 +1037,7 @@ struct Thinking {
 }
 
 impl Thinking {
-    fn delta(&mut self, ev: &mut Events, id: &str, t: &str, out: &mut Vec<SseEvent>) {
+    fn delta(&mut self, ev: &mut Events, id: &str, t: &str, out: &mut Vec<Ev>) {
         if t.is_empty() || self.done.is_some() {
             return;
         }
@@ -761,7 +1059,7 @@ impl Thinking {
         ));
     }
 
-    fn close(&mut self, ev: &mut Events, id: &str, out: &mut Vec<SseEvent>) {
+    fn close(&mut self, ev: &mut Events, id: &str, out: &mut Vec<Ev>) {
         if !self.open || self.done.is_some() {
             return;
         }
@@ -787,196 +1085,478 @@ impl Thinking {
     }
 }
 
-/// The streamed form: text deltas as they come; with tools the reply is held until the end
-/// (a call may be starting) and then sent as a message item or as function-call items.
-async fn stream_response(
+/// The log-probabilities of a streamed reply's output text: those not yet sent with a
+/// delta, and all of them (for the message item at the end).
+#[derive(Default)]
+struct Lps {
+    on: bool,
+    pending: Vec<Value>,
+    all: Vec<Value>,
+}
+
+impl Lps {
+    /// The log-probabilities `g` has not handed out yet, as the chat form lists them.
+    fn take(&mut self, g: &mut Gen) -> Vec<Value> {
+        if !self.on {
+            return Vec::new();
+        }
+        match g.take_logprobs(Kind::Chat)["content"].take() {
+            Value::Array(a) => a,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Those pending, to go with the delta being sent.
+    fn send(&mut self) -> Vec<Value> {
+        let sent = std::mem::take(&mut self.pending);
+        self.all.extend(sent.iter().cloned());
+        sent
+    }
+}
+
+/// What a streamed response carries from one step to the next.
+struct Streaming {
+    g: Gen,
+    /// The answer's text so far (the reasoning's is in `think`).
+    text: String,
+    /// The message item was opened.
+    opened: bool,
+    ev: Events,
+    think: Thinking,
+    split: Option<CountedSplit>,
+    /// `response.in_progress` was sent (a background response is `queued` until its first
+    /// output).
+    started: bool,
+    lps: Lps,
+}
+
+/// The identity of a response: its id, its message item's id, when it was created.
+type Ids = (String, String, u64);
+
+/// The events of a response, streamed: text deltas as they come; with tools the reply is
+/// held until the end (a call may be starting) and then sent as a message item or as
+/// function-call items. `background`: the response starts `queued` (`response.created`,
+/// `response.queued`) and is `in_progress` from its first output.
+async fn response_events(
     st: Arc<ServerState>,
-    job: Job,
-    echoed: Value,
-    keep: Option<Keep>,
-    (id, msg_id, created): (String, String, u64),
-) -> Result<Response, ApiError> {
+    p: Prepared,
+    (id, msg_id, created): Ids,
+    background: bool,
+) -> Result<impl futures_util::Stream<Item = Ev> + Send + 'static, ApiError> {
+    let Prepared {
+        job,
+        echoed,
+        keep,
+        logprobs,
+        ..
+    } = p;
     let constraint = constrain(&st, &job).await?;
     let submitted = submit(&st, &job, constraint)?;
-    let gen = Gen::new(st.clone(), submitted, &job, false);
+    let gen = Gen::new(st.clone(), submitted, &job, logprobs);
     let tools = job.tools.clone().filter(|t| t.parses());
     let mut ev = Events { seq: 0 };
     let who = (job.model.clone(), job.prompt.len());
+    let shell = |status: &str| {
+        response_object(&id, created, (&who.0, who.1), &echoed, status, vec![], None)
+    };
+    let first = if background {
+        vec![
+            ev.event("response.created", json!({ "response": shell("queued") })),
+            ev.event("response.queued", json!({ "response": shell("queued") })),
+        ]
+    } else {
+        vec![
+            ev.event(
+                "response.created",
+                json!({ "response": shell("in_progress") }),
+            ),
+            ev.event(
+                "response.in_progress",
+                json!({ "response": shell("in_progress") }),
+            ),
+        ]
+    };
+    let in_progress = shell("in_progress");
+    let state = Streaming {
+        g: gen,
+        text: String::new(),
+        opened: false,
+        ev,
+        think: Thinking::default(),
+        split: job.reasoning.as_ref().map(CountedSplit::new),
+        started: !background,
+        lps: Lps {
+            on: logprobs,
+            ..Lps::default()
+        },
+    };
+    let rs = rs_id(&msg_id);
+    let body = stream::unfold(Some(state), move |state| {
+        let (who, echoed, id, msg_id, tools, keep, rs, in_progress) = (
+            who.clone(),
+            echoed.clone(),
+            id.clone(),
+            msg_id.clone(),
+            tools.clone(),
+            keep.clone(),
+            rs.clone(),
+            in_progress.clone(),
+        );
+        async move {
+            let mut s = state?;
+            let piece = s.g.next().await?;
+            let mut out = Vec::new();
+            if !s.started {
+                s.started = true;
+                out.push(
+                    s.ev
+                        .event("response.in_progress", json!({ "response": in_progress })),
+                );
+            }
+            let Streaming {
+                g,
+                text,
+                opened,
+                ev,
+                think,
+                split,
+                lps,
+                ..
+            } = &mut s;
+            match piece {
+                Piece::Text(t) => {
+                    let lp = lps.take(g);
+                    let t = match split {
+                        Some(sp) => {
+                            let (r, answer) = sp.push(&t, g.generated());
+                            think.delta(ev, &rs, &r, &mut out);
+                            if !answer.is_empty() {
+                                think.close(ev, &rs, &mut out);
+                            }
+                            answer
+                        }
+                        None => t,
+                    };
+                    // the thinking's tokens are not the output text's
+                    if !t.is_empty() || split.is_none() {
+                        lps.pending.extend(lp);
+                    }
+                    text.push_str(&t);
+                    if tools.is_none() && !t.is_empty() {
+                        let at = (msg_id.as_str(), think.next_index());
+                        text_delta(ev, opened, at, (&t, lps.send()), &mut out);
+                    }
+                    Some((out, Some(s)))
+                }
+                Piece::End(mut end) => {
+                    let mut rest = g.rest();
+                    let lp = lps.take(g);
+                    if let Some(sp) = split {
+                        let (r, answer) =
+                            sp.end(&rest.take().unwrap_or_default(), end.completion_tokens);
+                        end.reasoning_tokens = sp.tokens();
+                        think.delta(ev, &rs, &r, &mut out);
+                        think.close(ev, &rs, &mut out);
+                        rest = (!answer.is_empty()).then_some(answer);
+                    }
+                    lps.pending.extend(lp);
+                    let at = (msg_id.as_str(), think.next_index());
+                    if let Some(rest) = rest {
+                        text.push_str(&rest);
+                        if tools.is_none() {
+                            text_delta(ev, opened, at, (&rest, lps.send()), &mut out);
+                        }
+                    }
+                    let (content, calls) = match tools.as_deref() {
+                        Some(t) => t.parse_end(text, end.finish),
+                        None => (Some(text.clone()), Vec::new()),
+                    };
+                    let content = content.unwrap_or_default();
+                    let mut items: Vec<Value> = think.done.take().into_iter().collect();
+                    if !content.is_empty() || calls.is_empty() {
+                        if !*opened {
+                            // held (tools) or empty: one delta with all of it, if any
+                            open_message(ev, &msg_id, at.1, &mut out);
+                            if !content.is_empty() {
+                                text_delta(ev, &mut true, at, (&content, lps.send()), &mut out);
+                            }
+                        }
+                        // (what no delta took: tokens whose text a stop string held back)
+                        lps.send();
+                        let lp = std::mem::take(&mut lps.all);
+                        let item = message_item(&msg_id, &content, item_status(&end), lp);
+                        out.push(ev.event(
+                            "response.output_text.done",
+                            json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "text": content, "logprobs": item["content"][0]["logprobs"]}),
+                        ));
+                        out.push(ev.event(
+                            "response.content_part.done",
+                            json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "part": item["content"][0]}),
+                        ));
+                        out.push(ev.event(
+                            "response.output_item.done",
+                            json!({"output_index": at.1, "item": item}),
+                        ));
+                        items.push(item);
+                    }
+                    for c in &calls {
+                        let item = call_item(c);
+                        let index = items.len();
+                        let mut added = item.clone();
+                        added["arguments"] = json!("");
+                        added["status"] = json!("in_progress");
+                        out.push(ev.event(
+                            "response.output_item.added",
+                            json!({"output_index": index, "item": added}),
+                        ));
+                        out.push(ev.event(
+                            "response.function_call_arguments.delta",
+                            json!({"item_id": item["id"], "output_index": index, "delta": item["arguments"]}),
+                        ));
+                        out.push(ev.event(
+                            "response.function_call_arguments.done",
+                            json!({"item_id": item["id"], "output_index": index, "arguments": item["arguments"]}),
+                        ));
+                        out.push(ev.event(
+                            "response.output_item.done",
+                            json!({"output_index": index, "item": item}),
+                        ));
+                        items.push(item);
+                    }
+                    let r = response_object(
+                        &id,
+                        created,
+                        (&who.0, who.1),
+                        &echoed,
+                        "completed",
+                        items,
+                        Some(&end),
+                    );
+                    if let Some(k) = keep {
+                        k.put(&r);
+                    }
+                    let kind = if r["status"] == "incomplete" {
+                        "response.incomplete"
+                    } else {
+                        "response.completed"
+                    };
+                    out.push(ev.event(kind, json!({ "response": r })));
+                    Some((out, None))
+                }
+                Piece::Error(e) => {
+                    let body = e.body();
+                    out.push(ev.event(
+                        "error",
+                        json!({"code": body["error"]["code"], "message": body["error"]["message"], "param": body["error"]["param"]}),
+                    ));
+                    Some((out, None))
+                }
+            }
+        }
+    })
+    .flat_map(stream::iter);
+    Ok(stream::iter(first).chain(body))
+}
+
+/// Runs a background response to its end: its events kept for the clients that follow
+/// it, its status kept up to date (`in_progress` from its first output; `failed` with the
+/// error where it fails; `cancelled` is set by the cancel).
+async fn run_background(
+    st: Arc<ServerState>,
+    bg: Arc<Background>,
+    id: String,
+    events: impl futures_util::Stream<Item = Ev>,
+) {
+    let fail = |message: &Value, code: &Value| {
+        let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+        let failed = {
+            let mut log = bg.lock();
+            let running = log.state.running();
+            if running {
+                log.state = BgState::Failed;
+            }
+            running
+        };
+        if failed {
+            store.update(&id, |r| {
+                r["status"] = json!("failed");
+                r["error"] = json!({"code": code, "message": message});
+            });
+        }
+    };
+    futures_util::pin_mut!(events);
+    while let Some(ev) = events.next().await {
+        match ev.kind.as_str() {
+            "response.in_progress" => {
+                let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+                let started = {
+                    let mut log = bg.lock();
+                    let queued = log.state == BgState::Queued;
+                    if queued {
+                        log.state = BgState::InProgress;
+                    }
+                    queued
+                };
+                if started {
+                    store.update(&id, |r| r["status"] = json!("in_progress"));
+                }
+            }
+            "error" => {
+                let e: Value = serde_json::from_str(&ev.data).unwrap_or_default();
+                let code = match &e["code"] {
+                    Value::Null => json!("server_error"),
+                    c => c.clone(),
+                };
+                fail(&e["message"], &code);
+            }
+            _ => {}
+        }
+        bg.push(ev);
+    }
+    // a generator that ended without a reply (the engine stopped)
+    fail(
+        &json!("the engine ended the response without a reply"),
+        &json!("server_error"),
+    );
+    let bytes = bg.lock().bytes;
+    bg.end();
+    let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+    store.count_events(&id, bytes);
+}
+
+/// A background response: kept `queued` at once and run by a task of its own, which the
+/// request's connection does not hold (a client that leaves does not cancel it; `POST
+/// /v1/responses/{id}/cancel` does). Streamed, the request follows its events as they come.
+async fn background(st: Arc<ServerState>, p: Prepared, ids: Ids) -> Result<Response, ApiError> {
+    let Some(keep) = p.keep.clone() else {
+        return Err(bad("background needs store: true", "store"));
+    };
+    let stream = p.job.stream;
     let shell = response_object(
-        &id,
-        created,
-        (&who.0, who.1),
-        &echoed,
-        "in_progress",
+        &ids.0,
+        ids.2,
+        (&p.job.model, p.job.prompt.len()),
+        &p.echoed,
+        "queued",
         vec![],
         None,
     );
-    let first = vec![
-        ev.event("response.created", json!({ "response": shell.clone() })),
-        ev.event("response.in_progress", json!({ "response": shell })),
-    ];
-    // state: the generator, the text so far, whether the message item was opened, the
-    // reasoning item and the split of a thinking model's reply
-    let split = job.reasoning.as_ref().map(CountedSplit::new);
-    let rs = rs_id(&msg_id);
-    let body = stream::unfold(
-        Some((gen, String::new(), false, ev, Thinking::default(), split)),
-        move |state| {
-            let (who, echoed, id, msg_id, tools, keep, rs) = (
-                who.clone(),
-                echoed.clone(),
-                id.clone(),
-                msg_id.clone(),
-                tools.clone(),
-                keep.clone(),
-                rs.clone(),
-            );
-            async move {
-                let (mut g, mut text, mut opened, mut ev, mut think, mut split) = state?;
-                match g.next().await {
-                    Some(Piece::Text(t)) => {
-                        let mut out = Vec::new();
-                        let t = match &mut split {
-                            Some(sp) => {
-                                let (r, answer) = sp.push(&t, g.generated());
-                                think.delta(&mut ev, &rs, &r, &mut out);
-                                if !answer.is_empty() {
-                                    think.close(&mut ev, &rs, &mut out);
-                                }
-                                answer
-                            }
-                            None => t,
-                        };
-                        text.push_str(&t);
-                        if tools.is_none() && !t.is_empty() {
-                            let at = (msg_id.as_str(), think.next_index());
-                            text_delta(&mut ev, &mut opened, at, &t, &mut out);
-                        }
-                        Some((out, Some((g, text, opened, ev, think, split))))
-                    }
-                    Some(Piece::End(mut end)) => {
-                        let mut out = Vec::new();
-                        let mut rest = g.rest();
-                        if let Some(sp) = &mut split {
-                            let (r, answer) =
-                                sp.end(&rest.take().unwrap_or_default(), end.completion_tokens);
-                            end.reasoning_tokens = sp.tokens();
-                            think.delta(&mut ev, &rs, &r, &mut out);
-                            think.close(&mut ev, &rs, &mut out);
-                            rest = (!answer.is_empty()).then_some(answer);
-                        }
-                        let at = (msg_id.as_str(), think.next_index());
-                        if let Some(rest) = rest {
-                            text.push_str(&rest);
-                            if tools.is_none() {
-                                text_delta(&mut ev, &mut opened, at, &rest, &mut out);
-                            }
-                        }
-                        let (content, calls) = match tools.as_deref() {
-                            Some(t) => t.parse_end(&text, end.finish),
-                            None => (Some(text.clone()), Vec::new()),
-                        };
-                        let content = content.unwrap_or_default();
-                        let mut items: Vec<Value> = think.done.take().into_iter().collect();
-                        if !content.is_empty() || calls.is_empty() {
-                            if !opened {
-                                // held (tools) or empty: one delta with all of it, if any
-                                open_message(&mut ev, &msg_id, at.1, &mut out);
-                                if !content.is_empty() {
-                                    text_delta(&mut ev, &mut true, at, &content, &mut out);
-                                }
-                            }
-                            let item = message_item(&msg_id, &content, item_status(&end));
-                            out.push(ev.event(
-                                "response.output_text.done",
-                                json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "text": content, "logprobs": []}),
-                            ));
-                            out.push(ev.event(
-                                "response.content_part.done",
-                                json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "part": item["content"][0]}),
-                            ));
-                            out.push(ev.event(
-                                "response.output_item.done",
-                                json!({"output_index": at.1, "item": item}),
-                            ));
-                            items.push(item);
-                        }
-                        for c in &calls {
-                            let item = call_item(c);
-                            let index = items.len();
-                            let mut added = item.clone();
-                            added["arguments"] = json!("");
-                            added["status"] = json!("in_progress");
-                            out.push(ev.event(
-                                "response.output_item.added",
-                                json!({"output_index": index, "item": added}),
-                            ));
-                            out.push(ev.event(
-                                "response.function_call_arguments.delta",
-                                json!({"item_id": item["id"], "output_index": index, "delta": item["arguments"]}),
-                            ));
-                            out.push(ev.event(
-                                "response.function_call_arguments.done",
-                                json!({"item_id": item["id"], "output_index": index, "arguments": item["arguments"]}),
-                            ));
-                            out.push(ev.event(
-                                "response.output_item.done",
-                                json!({"output_index": index, "item": item}),
-                            ));
-                            items.push(item);
-                        }
-                        let r = response_object(
-                            &id,
-                            created,
-                            (&who.0, who.1),
-                            &echoed,
-                            "completed",
-                            items,
-                            Some(&end),
-                        );
-                        if let Some(k) = keep {
-                            k.put(&r);
-                        }
-                        let kind = if r["status"] == "incomplete" {
-                            "response.incomplete"
-                        } else {
-                            "response.completed"
-                        };
-                        out.push(ev.event(kind, json!({ "response": r })));
-                        Some((out, None))
-                    }
-                    Some(Piece::Error(e)) => {
-                        let body = e.body();
-                        let out = vec![ev.event(
-                            "error",
-                            json!({"code": body["error"]["code"], "message": body["error"]["message"], "param": body["error"]["param"]}),
-                        )];
-                        Some((out, None))
-                    }
-                    None => None,
-                }
-            }
-        },
-    )
-    .flat_map(stream::iter);
-    let all = stream::iter(first).chain(body).map(Ok::<_, Infallible>);
-    Ok(sse(all))
+    let events = response_events(st.clone(), p, ids.clone(), true).await?;
+    let bg = Arc::new(Background::new());
+    keep.start(&shell, bg.clone());
+    let task = tokio::spawn(run_background(st.clone(), bg.clone(), ids.0, events));
+    *bg.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+    if stream {
+        Ok(sse(bg.follow(0).map(Ev::sse)))
+    } else {
+        Ok(Json(shell).into_response())
+    }
 }
 
-/// `GET /v1/responses/{id}`: a kept response.
+/// A response object's `status` (from its kept text).
+fn status_of(response: &str) -> String {
+    serde_json::from_str::<Value>(response)
+        .ok()
+        .and_then(|r| r["status"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// `GET /v1/responses/{id}`: a kept response; a background one as it is now (`queued`,
+/// `in_progress`, then `completed`, `incomplete`, `failed` or `cancelled`). With
+/// `stream=true`, a background response's events (`starting_after=N`: those after
+/// sequence number N), then the ones still to come.
 pub async fn get_response(
     State(st): State<Arc<ServerState>>,
     axum::extract::Path(id): axum::extract::Path<String>,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
 ) -> Response {
+    let streamed = match q.get("stream").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => {
+            return ApiError::bad(format!("stream {v:?}: expected true or false"))
+                .param("stream")
+                .into_response()
+        }
+    };
     let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-    match store.map.get(&id) {
-        Some(s) => (
+    let Some(s) = store.map.get(&id) else {
+        return not_kept(&id).into_response();
+    };
+    if !streamed {
+        return (
             [(axum::http::header::CONTENT_TYPE, "application/json")],
             s.response.to_string(),
         )
-            .into_response(),
-        None => not_kept(&id).into_response(),
+            .into_response();
     }
+    let Some(bg) = s.bg.clone() else {
+        return ApiError::bad(format!(
+            "response {id:?} was not made in the background: only a background response's events are kept to stream again"
+        ))
+        .param("stream")
+        .into_response();
+    };
+    drop(store);
+    let from = match q.get("starting_after").map(|n| n.parse::<usize>()) {
+        None => 0,
+        Some(Ok(n)) => n.saturating_add(1),
+        Some(Err(_)) => {
+            return ApiError::bad("starting_after must be a sequence number (0 or more)")
+                .param("starting_after")
+                .into_response()
+        }
+    };
+    sse(bg.follow(from).map(Ev::sse))
+}
+
+/// `POST /v1/responses/{id}/cancel`: stops a background response that is queued or in
+/// progress (its request leaves the engine at once) and answers it, `cancelled`; a
+/// response already cancelled is answered as it is. Other responses cannot be cancelled.
+pub async fn cancel_response(
+    State(st): State<Arc<ServerState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(bg) = store.map.get(&id).map(|s| s.bg.clone()) else {
+        return not_kept(&id).into_response();
+    };
+    let Some(bg) = bg else {
+        return ApiError::bad(format!(
+            "response {id:?} was not made in the background: only a background response can be cancelled"
+        ))
+        .into_response();
+    };
+    let state = {
+        let mut log = bg.lock();
+        let was = log.state;
+        if was.running() {
+            log.state = BgState::Cancelled;
+        }
+        was
+    };
+    match state {
+        BgState::Queued | BgState::InProgress => {
+            store.update(&id, |r| r["status"] = json!("cancelled"));
+        }
+        BgState::Cancelled => {}
+        BgState::Done | BgState::Failed => {
+            let status = store.map.get(&id).map(|s| status_of(&s.response));
+            return ApiError::bad(format!(
+                "response {id:?} has ended ({}): only a queued or in-progress response can be cancelled",
+                status.unwrap_or_default()
+            ))
+            .into_response();
+        }
+    }
+    let text = store.map.get(&id).map(|s| s.response.to_string());
+    drop(store);
+    bg.stop();
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        text.unwrap_or_default(),
+    )
+        .into_response()
 }
 
 /// `GET /v1/responses/{id}/input_items`: the items given as a kept response's input, in
@@ -1079,7 +1659,23 @@ pub async fn delete_response(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
+    let bg = store.map.get(&id).and_then(|s| s.bg.clone());
     if store.remove(&id) {
+        drop(store);
+        // a background response still running stops with it
+        if let Some(bg) = bg {
+            let cancelled = {
+                let mut log = bg.lock();
+                let running = log.state.running();
+                if running {
+                    log.state = BgState::Cancelled;
+                }
+                running
+            };
+            if cancelled {
+                bg.stop();
+            }
+        }
         Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
     } else {
         not_kept(&id).into_response()

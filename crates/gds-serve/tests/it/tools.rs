@@ -181,7 +181,9 @@ fn tool_calls_round_trip_through_the_openai_client() {
 /// `/v1/responses` through the official client (tests/py/serve_responses_check.py): text
 /// equal to the chat endpoint's for the same conversation, the output limit, the streamed
 /// event sequence, `responses.parse` with a pydantic model, function calls and their
-/// round trip as input items, a named call streamed, and refusals naming the field.
+/// round trip as input items, a named call streamed, background responses (polled, cancelled,
+/// a stream left and followed again), the output text's log-probabilities, and refusals
+/// naming the field.
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn responses_api_through_the_openai_client() {
@@ -313,6 +315,91 @@ fn responses_api_through_the_openai_client() {
     assert_eq!(k["deleted_status"], 404, "{k}");
     assert_eq!(k["not_kept"]["status"], 400, "{k}");
     assert_eq!(k["not_kept"]["param"], "previous_response_id", "{k}");
+    // background: queued at once, then the foreground's text; a cancel stops the engine's
+    // request; a client that leaves a streamed one follows it again from where it left
+    let b = &r["background"];
+    assert_eq!(b["created"], "queued", "{b}");
+    assert_eq!(b["background"], true, "{b}");
+    assert_eq!(b["done"], "completed", "{b}");
+    assert_eq!(b["text"], b["fg_text"], "{b}");
+    assert_eq!(b["usage"], b["fg_usage"], "{b}");
+    assert_eq!(b["cancelled"], "cancelled", "{b}");
+    assert_eq!(b["after_cancel"], "cancelled", "{b}");
+    assert_eq!(
+        b["drained"], true,
+        "the cancelled request left the engine: {b}"
+    );
+    assert_eq!(
+        b["cancel_again"],
+        serde_json::json!({"status": 200, "value": "cancelled"}),
+        "{b}"
+    );
+    assert_eq!(b["cancel_done"]["status"], 400, "{b}");
+    assert_eq!(b["cancel_foreground"]["status"], 400, "{b}");
+    assert_eq!(b["no_store"]["status"], 400, "{b}");
+    assert_eq!(b["no_store"]["param"], "background", "{b}");
+    assert_eq!(b["continue_cancelled"]["status"], 400, "{b}");
+    assert_eq!(
+        b["continue_cancelled"]["param"], "previous_response_id",
+        "{b}"
+    );
+    assert_eq!(b["continue_done"], "incomplete", "{b}");
+    let first: Vec<&str> = b["stream_first"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(first[..2], ["response.created", "response.queued"], "{b}");
+    assert!(first.contains(&"response.in_progress"), "{b}");
+    let last = b["last_seq"].as_u64().unwrap();
+    let seqs: Vec<u64> = b["stream_seqs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs.first(), Some(&(last + 1)), "{b}");
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{b}");
+    assert_eq!(
+        b["stream_rest"].as_array().unwrap().last(),
+        Some(&Value::from("response.completed")),
+        "{b}"
+    );
+    assert_eq!(b["stream_text"], b["stream_final"], "{b}");
+    assert_eq!(b["stream_final"], b["fg_text"], "{b}");
+    let all: Vec<u64> = (0..=*seqs.last().unwrap()).collect();
+    assert_eq!(b["stream_all"], serde_json::json!(all), "{b}");
+    // the output text's log-probabilities: the chat endpoint's, a token each (not the end of
+    // generation), top_logprobs alternatives each, the same streamed; none unless asked
+    let l = &r["logprobs"];
+    assert_eq!(l["tokens"], l["chat_tokens"], "{l}");
+    let close = |a: &Value, b: &Value| {
+        let (a, b) = (a.as_array().unwrap(), b.as_array().unwrap());
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| (x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-4)
+    };
+    assert!(close(&l["lp"], &l["chat_lp"]), "{l}");
+    let n = l["tokens"].as_array().unwrap().len();
+    assert!(n > 0, "{l}");
+    assert!(
+        n as u64 + 1 >= l["output_tokens"].as_u64().unwrap(),
+        "a token each: {l}"
+    );
+    assert!(l["top"].as_array().unwrap().iter().all(|k| k == 3), "{l}");
+    let streamed: Vec<Value> = l["streamed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].clone())
+        .collect();
+    assert!(close(&Value::from(streamed), &l["lp"]), "{l}");
+    assert_eq!(l["top_logprobs"], 3, "{l}");
+    assert_eq!(l["plain"], serde_json::json!([[]]), "{l}");
+    assert_eq!(l["bad_top"]["status"], 400, "{l}");
+    assert_eq!(l["bad_top"]["param"], "top_logprobs", "{l}");
     for (name, param) in [
         ("previous_response_id", "previous_response_id"),
         ("image", "input"),
