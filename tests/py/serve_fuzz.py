@@ -40,7 +40,7 @@ ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/me
              "/completion", "/apply-template", "/v1/responses/input_tokens",
              "/v1/chat/completions/input_tokens", "/infill",
              "/api/chat", "/api/generate", "/api/embed", "/api/show", "/score", "/embedding",
-             "/slots"]
+             "/slots", "/v1/conversations"]
 # a reranker's (--endpoints): a model without a head answers them 501 (/score answers any
 # model: a reranker's pair scores, else the cosine of embeddings)
 RERANK = ["/v1/rerank", "/rerank", "/v2/rerank", "/v1/score"]
@@ -66,10 +66,18 @@ def base_body(path, rng):
         if rng.random() < 0.2:
             # run in the background (answered queued; streamed, followed as it runs)
             b["background"] = rng.choice([True, True, False, None, "yes"])
+        if rng.random() < 0.1:
+            # a conversation (none kept by that id: a 400), or a malformed one
+            b["conversation"] = rng.choice(["conv_0", {"id": "conv_0"}, {"id": 5}, 7, None])
         if rng.random() < 0.2:
             b["include"] = rng.choice([["message.output_text.logprobs"], [], "all", [7]])
             b["top_logprobs"] = rng.choice([0, 3, 20, 21, -1, 2.5, None])
         return b
+    if path == "/v1/conversations":
+        return {"items": [{"role": "user", "content": words},
+                          {"type": "message", "role": "assistant",
+                           "content": [{"type": "output_text", "text": words}]}],
+                "metadata": {"k": words[:64]}}
     if path == "/v1/messages":
         return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": words}]}
     if path == "/v1/messages/count_tokens":

@@ -26,6 +26,11 @@ template, Hermes `<tool_call>` syntax).
 - log-probabilities: `include=["message.output_text.logprobs"]` with `top_logprobs`: one
   entry per output token, equal to the chat endpoint's for the same conversation, streamed in
   the deltas too;
+- conversations (OpenAI's Conversations API): a conversation made with an item and metadata,
+  two responses through it (the second's text and prompt tokens equal to the same
+  conversation sent whole), one streamed, its items listed in order and by page, an item added,
+  read and deleted, its metadata changed, the conversation deleted (then a 404, and a 400 for
+  a response naming it); refusals (with `previous_response_id`, an image item, 21 items);
 - refusals: an unknown `previous_response_id`, an image part, a non-function tool (400 naming
   the field).
 Prints one JSON object; crates/gds-serve/tests/it/tools.rs asserts on it.
@@ -304,6 +309,76 @@ out["logprobs"] = {
     "top_logprobs": lr.top_logprobs,
     "plain": [c.logprobs for c in fg.output[0].content],
     "bad_top": refused(input="hi", top_logprobs=21, include=["message.output_text.logprobs"]),
+}
+
+# conversations
+conv = client.conversations.create(items=[{"type": "message", "role": "user",
+                                           "content": "My name is Ada."}],
+                                   metadata={"topic": "names"})
+c1 = client.responses.create(model=model, conversation=conv.id, input="Say hello.",
+                             max_output_tokens=12, temperature=0)
+c2 = client.responses.create(model=model, conversation={"id": conv.id}, input="What is my name?",
+                             max_output_tokens=12, temperature=0)
+cwhole = client.responses.create(model=model, store=False, max_output_tokens=12, temperature=0,
+                                 input=[{"role": "user", "content": "My name is Ada."},
+                                        {"role": "user", "content": "Say hello."},
+                                        {"role": "assistant", "content": c1.output_text},
+                                        {"role": "user", "content": "What is my name?"}])
+asc = client.conversations.items.list(conv.id, order="asc")
+page1 = client.conversations.items.list(conv.id, limit=2)
+page2 = client.conversations.items.list(conv.id, limit=2, after=page1.last_id)
+cstream = None
+for ev in client.responses.create(model=model, conversation=conv.id, input="Thanks.",
+                                  max_output_tokens=6, temperature=0, stream=True):
+    if ev.type in ("response.completed", "response.incomplete"):
+        cstream = ev.response
+after_stream = client.conversations.items.list(conv.id, order="asc", limit=100)
+added = client.conversations.items.create(conv.id, items=[
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "An aside."}]}])
+got_item = client.conversations.items.retrieve(added.data[0].id, conversation_id=conv.id)
+client.conversations.items.delete(added.data[0].id, conversation_id=conv.id)
+after_delete = client.conversations.items.list(conv.id, limit=100)
+updated = client.conversations.update(conv.id, metadata={"topic": "greetings"})
+retrieved = client.conversations.retrieve(conv.id)
+other = client.conversations.create()
+both = refused(input="hi", conversation=other.id, previous_response_id=c1.id)
+deleted = client.conversations.delete(conv.id)
+try:
+    client.conversations.retrieve(conv.id)
+    gone = None
+except openai.NotFoundError as e:
+    gone = e.status_code
+
+
+def conv_refused(**kw):
+    try:
+        client.conversations.create(**kw)
+        return {"status": 200}
+    except openai.APIStatusError as e:
+        body = e.response.json().get("error", {})
+        return {"status": e.status_code, "param": body.get("param")}
+
+
+out["conversations"] = {
+    "object": conv.object, "id": conv.id, "metadata": conv.metadata,
+    "c2": {"text": c2.output_text, "input_tokens": c2.usage.input_tokens,
+           "conversation": c2.conversation.id if c2.conversation else None},
+    "whole": {"text": cwhole.output_text, "input_tokens": cwhole.usage.input_tokens},
+    "items": [[i.type, getattr(i, "role", None), i.content[0].text if getattr(i, "content", None) else None]
+              for i in asc.data],
+    "ids": [i.id for i in asc.data],
+    "page1": [i.id for i in page1.data], "page1_more": page1.has_more,
+    "page2": [i.id for i in page2.data],
+    "stream_status": cstream.status if cstream else None,
+    "after_stream": len(after_stream.data),
+    "added": [added.object, len(added.data), bool(added.data[0].id)],
+    "got_item": got_item.content[0].text, "after_delete": len(after_delete.data),
+    "updated": updated.metadata, "retrieved": retrieved.metadata,
+    "both": both, "deleted": [deleted.object, deleted.deleted], "gone": gone,
+    "respond_gone": refused(input="hi", conversation=conv.id),
+    "image": conv_refused(items=[{"role": "user", "content": [
+        {"type": "input_image", "image_url": "http://127.0.0.1/x.png"}]}]),
+    "too_many": conv_refused(items=[{"role": "user", "content": "x"}] * 21),
 }
 
 out["refused"] = {

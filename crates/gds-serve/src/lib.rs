@@ -7,6 +7,7 @@ mod embeddings;
 mod error;
 pub use gds_runtime::harmony;
 pub mod client;
+mod conversations;
 pub mod kvpool;
 pub mod metrics;
 mod native;
@@ -468,6 +469,8 @@ pub struct ServerState {
     step_tokens: usize,
     /// Responses kept for `previous_response_id` and retrieval.
     responses: std::sync::Mutex<responses::ResponseStore>,
+    /// Conversations kept for the Conversations API and `conversation` in responses.
+    conversations: std::sync::Mutex<conversations::ConversationStore>,
     /// The model as Ollama's API describes it (`/api/tags`, `/api/show`).
     card: ollama::ModelCard,
 }
@@ -820,6 +823,7 @@ pub(crate) fn start(
         step_tokens: plan.batch,
         max_batch: e.max_batch,
         responses: Default::default(),
+        conversations: Default::default(),
         card: ollama::ModelCard::of(&plan),
     });
     // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
@@ -1002,6 +1006,24 @@ fn router(state: Arc<ServerState>) -> axum::Router {
             .route(
                 &format!("{prefix}/responses/{{id}}/cancel"),
                 post(responses::cancel_response),
+            )
+            .route(
+                &format!("{prefix}/conversations"),
+                post(conversations::create),
+            )
+            .route(
+                &format!("{prefix}/conversations/{{id}}"),
+                get(conversations::retrieve)
+                    .post(conversations::update)
+                    .delete(conversations::delete),
+            )
+            .route(
+                &format!("{prefix}/conversations/{{id}}/items"),
+                get(conversations::list_items).post(conversations::add_items),
+            )
+            .route(
+                &format!("{prefix}/conversations/{{id}}/items/{{item}}"),
+                get(conversations::get_item).delete(conversations::delete_item),
             )
             .route(&format!("{prefix}/messages"), post(anthropic::messages))
             .route(

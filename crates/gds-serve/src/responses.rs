@@ -323,18 +323,28 @@ pub(crate) struct Keep {
     st: Arc<ServerState>,
     items: Vec<Value>,
     input_from: usize,
+    /// The response is kept (`store`, the default).
+    store: bool,
+    /// A conversation the input and output are added to.
+    conversation: Option<String>,
 }
 
 impl Keep {
-    /// Keeps the response `r` with its output items after the conversation's.
+    /// Keeps the response `r` with its output items after the conversation's, and adds its
+    /// input and output to its conversation.
     fn put(self, r: &Value) {
         let Some(id) = r["id"].as_str() else {
             return;
         };
         let mut items = self.items;
         items.extend(r["output"].as_array().into_iter().flatten().cloned());
-        let mut store = self.st.responses.lock().unwrap_or_else(|e| e.into_inner());
-        store.put(id.to_string(), items, self.input_from, r.clone());
+        if let Some(c) = &self.conversation {
+            crate::conversations::add_response_items(&self.st, c, &items[self.input_from..]);
+        }
+        if self.store {
+            let mut store = self.st.responses.lock().unwrap_or_else(|e| e.into_inner());
+            store.put(id.to_string(), items, self.input_from, r.clone());
+        }
     }
 
     /// Keeps a background response as it starts (`queued`, no output yet), with its events.
@@ -381,7 +391,8 @@ struct ResponsesBody {
     /// Up to 16 string pairs, echoed and kept with the response.
     #[serde(default)]
     metadata: Option<Value>,
-    /// A stored conversation (OpenAI's Conversations API): not kept here, refused.
+    /// A kept conversation (OpenAI's Conversations API: its id, or `{"id"}`): its items come
+    /// before the input, and the input and output are added to it when the response ends.
     #[serde(default)]
     conversation: Option<Value>,
     /// Run in the background: kept at once as `queued`, run by a task of its own, read with
@@ -402,7 +413,7 @@ struct ResponsesBody {
 
 /// OpenAI's limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values
 /// up to 512.
-fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
+pub(crate) fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
     let m = match v {
         None | Some(Value::Null) => return Ok(json!({})),
         Some(Value::Object(m)) => m,
@@ -424,12 +435,6 @@ fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
 /// The request fields that would change the answer in a way this server does not do:
 /// refused by name rather than ignored.
 fn refuse_unsupported(r: &ResponsesBody) -> Result<(), ApiError> {
-    if r.conversation.as_ref().is_some_and(|c| !c.is_null()) {
-        return Err(bad(
-            "conversation is not supported (no Conversations API here): send the items, or previous_response_id",
-            "conversation",
-        ));
-    }
     if r.background == Some(true) && r.store == Some(false) {
         return Err(bad(
             "background needs store: true (a background response is kept to be read, followed or cancelled)",
@@ -437,6 +442,11 @@ fn refuse_unsupported(r: &ResponsesBody) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// Checks input items as a request's `input` (a conversation's items are).
+pub(crate) fn check_items(list: &[Value]) -> Result<(), ApiError> {
+    messages(None, &Value::Array(list.to_vec())).map(drop)
 }
 
 /// The text of a message item's `content`: a string, or parts of type `input_text`,
@@ -660,8 +670,51 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
             "max_output_tokens",
         ));
     }
-    // the conversation: an earlier response's items, then this input's
+    // a kept conversation's id (`"conv_..."` or `{"id": "conv_..."}`)
+    let conversation = match &r.conversation {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) => Some(c.clone()),
+        Some(Value::Object(o)) if o.get("id").is_some_and(Value::is_string) => {
+            o["id"].as_str().map(str::to_string)
+        }
+        Some(_) => {
+            return Err(bad(
+                "conversation must be a conversation id or {\"id\": ...}",
+                "conversation",
+            ))
+        }
+    };
+    if conversation.is_some()
+        && r.previous_response_id
+            .as_ref()
+            .is_some_and(|p| !p.is_null())
+    {
+        return Err(bad(
+            "conversation and previous_response_id cannot both be given",
+            "conversation",
+        ));
+    }
+    // the conversation: an earlier response's items (or a kept conversation's), then this
+    // input's
     let mut items = match &r.previous_response_id {
+        None | Some(Value::Null) if conversation.is_some() => {
+            let c = conversation.as_deref().unwrap_or_default();
+            let kept = st
+                .conversations
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .items(c);
+            kept.ok_or_else(|| {
+                bad(
+                    format!(
+                        "no conversation {c:?} (kept in memory: the last {} used)",
+                        crate::conversations::CONV_ENTRIES
+                    ),
+                    "conversation",
+                )
+                .code("conversation_not_found")
+            })?
+        }
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(prev)) => {
             let kept = {
@@ -755,6 +808,7 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         "truncation": truncation,
         "background": r.background == Some(true),
         "top_logprobs": top.unwrap_or(0),
+        "conversation": conversation.as_ref().map(|c| json!({"id": c})),
     });
     let chat = ChatBody {
         messages: messages(r.instructions, &Value::Array(items.clone()))?,
@@ -777,10 +831,13 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         return Err(bad("input must not be empty", "input"));
     }
     let job = chat_job(st, chat, common).await?;
-    let keep = (r.store != Some(false)).then(|| Keep {
+    let store = r.store != Some(false);
+    let keep = (store || conversation.is_some()).then(|| Keep {
         st: st.clone(),
         items,
         input_from,
+        store,
+        conversation,
     });
     Ok(Prepared {
         job,
@@ -1428,7 +1485,7 @@ async fn run_background(
 /// request's connection does not hold (a client that leaves does not cancel it; `POST
 /// /v1/responses/{id}/cancel` does). Streamed, the request follows its events as they come.
 async fn background(st: Arc<ServerState>, p: Prepared, ids: Ids) -> Result<Response, ApiError> {
-    let Some(keep) = p.keep.clone() else {
+    let Some(keep) = p.keep.clone().filter(|k| k.store) else {
         return Err(bad("background needs store: true", "store"));
     };
     let stream = p.job.stream;

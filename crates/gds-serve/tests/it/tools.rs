@@ -182,8 +182,8 @@ fn tool_calls_round_trip_through_the_openai_client() {
 /// equal to the chat endpoint's for the same conversation, the output limit, the streamed
 /// event sequence, `responses.parse` with a pydantic model, function calls and their
 /// round trip as input items, a named call streamed, background responses (polled, cancelled,
-/// a stream left and followed again), the output text's log-probabilities, and refusals
-/// naming the field.
+/// a stream left and followed again), the output text's log-probabilities, conversations
+/// (OpenAI's Conversations API, and responses through them), and refusals naming the field.
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn responses_api_through_the_openai_client() {
@@ -400,6 +400,65 @@ fn responses_api_through_the_openai_client() {
     assert_eq!(l["plain"], serde_json::json!([[]]), "{l}");
     assert_eq!(l["bad_top"]["status"], 400, "{l}");
     assert_eq!(l["bad_top"]["param"], "top_logprobs", "{l}");
+    // conversations: responses through one equal the same conversation sent whole; its
+    // items in order (the first item, then each response's input and output), paged; added,
+    // read, deleted; metadata; deleted; refusals naming the field
+    let c = &r["conversations"];
+    assert_eq!(c["object"], "conversation", "{c}");
+    assert!(c["id"].as_str().unwrap().starts_with("conv_"), "{c}");
+    assert_eq!(c["metadata"], serde_json::json!({"topic": "names"}), "{c}");
+    assert_eq!(c["c2"]["text"], c["whole"]["text"], "{c}");
+    assert_eq!(c["c2"]["input_tokens"], c["whole"]["input_tokens"], "{c}");
+    assert_eq!(c["c2"]["conversation"], c["id"], "{c}");
+    let roles: Vec<&Value> = c["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i[1])
+        .collect();
+    assert_eq!(
+        roles,
+        ["user", "user", "assistant", "user", "assistant"],
+        "{c}"
+    );
+    assert_eq!(c["items"][3][2], "What is my name?", "{c}");
+    assert_eq!(c["items"][4][2], c["c2"]["text"], "{c}");
+    let ids: Vec<Value> = c["ids"].as_array().unwrap().to_vec();
+    assert_eq!(
+        c["page1"],
+        serde_json::json!([ids[4], ids[3]]),
+        "newest first: {c}"
+    );
+    assert_eq!(c["page1_more"], true, "{c}");
+    assert_eq!(c["page2"], serde_json::json!([ids[2], ids[1]]), "{c}");
+    assert_eq!(
+        c["after_stream"], 7,
+        "a streamed response adds its two: {c}"
+    );
+    assert_eq!(c["added"], serde_json::json!(["list", 1, true]), "{c}");
+    assert_eq!(c["got_item"], "An aside.", "{c}");
+    assert_eq!(c["after_delete"], 7, "{c}");
+    assert_eq!(
+        c["updated"],
+        serde_json::json!({"topic": "greetings"}),
+        "{c}"
+    );
+    assert_eq!(c["retrieved"], c["updated"], "{c}");
+    assert_eq!(
+        c["deleted"],
+        serde_json::json!(["conversation.deleted", true]),
+        "{c}"
+    );
+    assert_eq!(c["gone"], 404, "{c}");
+    for (name, param) in [
+        ("both", "conversation"),
+        ("respond_gone", "conversation"),
+        ("image", "items"),
+        ("too_many", "items"),
+    ] {
+        assert_eq!(c[name]["status"], 400, "{name}: {c}");
+        assert_eq!(c[name]["param"], param, "{name}: {c}");
+    }
     for (name, param) in [
         ("previous_response_id", "previous_response_id"),
         ("image", "input"),

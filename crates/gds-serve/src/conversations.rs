@@ -1,0 +1,473 @@
+//! OpenAI's Conversations API (`/v1/conversations`): a conversation is a list of items kept
+//! by the server, which a Responses request names with `conversation` (its items come before
+//! the request's input, and the input and the response's output are added to it when the
+//! response ends). Kept in memory like responses ([`ConversationStore`]: the
+//! [`CONV_ENTRIES`] conversations used last within [`CONV_BYTES`] of JSON); nothing outlives
+//! the process.
+//!
+//! - `POST /v1/conversations` (`items`, up to 20, and `metadata`), `GET`, `POST` (new
+//!   `metadata`) and `DELETE /v1/conversations/{id}`;
+//! - `POST` (up to 20 `items`) and `GET /v1/conversations/{id}/items` (OpenAI's list:
+//!   `limit`, `order`, `after`), `GET` and `DELETE /v1/conversations/{id}/items/{item_id}`.
+
+use crate::api::{now_secs, parse, random_seed, ApiError};
+use crate::ServerState;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Most conversations kept.
+pub(crate) const CONV_ENTRIES: usize = 1024;
+/// Most bytes of JSON kept, items of every conversation together (kept as text: what they
+/// cost).
+pub(crate) const CONV_BYTES: usize = 64 << 20;
+/// Most items one call adds (OpenAI's limit).
+const ADD_MAX: usize = 20;
+
+struct Conv {
+    created_at: u64,
+    metadata: Value,
+    /// Each item's id and JSON text, oldest first.
+    items: Vec<(String, Box<str>)>,
+    bytes: usize,
+}
+
+impl Conv {
+    fn object(&self, id: &str) -> Value {
+        json!({"id": id, "object": "conversation", "created_at": self.created_at, "metadata": self.metadata})
+    }
+}
+
+/// The conversations kept, the one used last at the back.
+#[derive(Default)]
+pub(crate) struct ConversationStore {
+    map: HashMap<String, Conv>,
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl ConversationStore {
+    /// Moves `id` to the back (used last).
+    fn touch(&mut self, id: &str) {
+        if let Some(at) = self.order.iter().position(|k| k == id) {
+            let k = self.order.remove(at).expect("at is in the order");
+            self.order.push_back(k);
+        }
+    }
+
+    /// Drops the conversations used longest ago until `bytes` more fit (never `keep`).
+    fn make_room(&mut self, bytes: usize, keep: &str) {
+        while self.map.len() > CONV_ENTRIES || self.bytes + bytes > CONV_BYTES {
+            let Some(at) = self.order.iter().position(|k| k != keep) else {
+                break;
+            };
+            let old = self.order.remove(at).expect("at is in the order");
+            if let Some(c) = self.map.remove(&old) {
+                self.bytes -= c.bytes;
+            }
+        }
+    }
+
+    /// Adds items (already checked and given ids) to conversation `id`; false where it is
+    /// not kept (any more).
+    fn append(&mut self, id: &str, items: Vec<(String, Box<str>)>) -> Result<bool, ApiError> {
+        let bytes: usize = items.iter().map(|(k, t)| k.len() + t.len()).sum();
+        let Some(c) = self.map.get(id) else {
+            return Ok(false);
+        };
+        if c.bytes + bytes > CONV_BYTES {
+            return Err(ApiError::bad(format!(
+                "conversation {id:?} would pass {} MiB of items: start another",
+                CONV_BYTES >> 20
+            ))
+            .param("items"));
+        }
+        self.touch(id);
+        self.make_room(bytes, id);
+        let c = self.map.get_mut(id).expect("kept by make_room");
+        c.items.extend(items);
+        c.bytes += bytes;
+        self.bytes += bytes;
+        Ok(true)
+    }
+
+    /// The items of conversation `id` (`None`: not kept), as the Responses API takes them.
+    pub(crate) fn items(&mut self, id: &str) -> Option<Vec<Value>> {
+        let c = self.map.get(id)?;
+        let items = c
+            .items
+            .iter()
+            .map(|(_, t)| serde_json::from_str(t).unwrap_or(Value::Null))
+            .collect();
+        self.touch(id);
+        Some(items)
+    }
+}
+
+/// Adds the items of a response (its input's and its output's) to conversation `id` when the
+/// response ends; a conversation deleted meanwhile takes nothing.
+pub(crate) fn add_response_items(st: &ServerState, id: &str, items: &[Value]) {
+    let items = items.iter().map(normalize).collect();
+    let mut store = st.conversations.lock().unwrap_or_else(|e| e.into_inner());
+    // (over its size: the response stands, the conversation stops growing)
+    let _ = store.append(id, items);
+}
+
+/// An item as the conversation keeps and lists it: a `type` (`message` where none), an `id`
+/// (its own, else a new one), a `status`; a message's string content as a part
+/// (`input_text`, an assistant's `output_text`).
+fn normalize(item: &Value) -> (String, Box<str>) {
+    let mut it = item.clone();
+    if let Some(o) = it.as_object_mut() {
+        let kind = o
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message")
+            .to_string();
+        let prefix = match kind.as_str() {
+            "message" => "msg",
+            "function_call" => "fc",
+            "function_call_output" => "fco",
+            "reasoning" => "rs",
+            _ => "item",
+        };
+        o.entry("id")
+            .or_insert_with(|| json!(format!("{prefix}_{:016x}", random_seed())));
+        o.insert("type".into(), json!(kind));
+        o.entry("status").or_insert_with(|| json!("completed"));
+        if kind == "message" {
+            if let Some(Value::String(text)) = o.get("content") {
+                let part = if o.get("role").and_then(Value::as_str) == Some("assistant") {
+                    json!({"type": "output_text", "text": text, "annotations": []})
+                } else {
+                    json!({"type": "input_text", "text": text})
+                };
+                o.insert("content".into(), json!([part]));
+            }
+        }
+    }
+    let id = it["id"].as_str().unwrap_or_default().to_string();
+    (id, it.to_string().into_boxed_str())
+}
+
+/// Items of a request body, checked as the Responses API reads them (so that a conversation
+/// never holds an item a response would refuse), at most [`ADD_MAX`].
+fn checked_items(items: Option<&Value>) -> Result<Vec<(String, Box<str>)>, ApiError> {
+    let list = match items {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(l)) => l,
+        Some(_) => return Err(ApiError::bad("items must be a list of items").param("items")),
+    };
+    if list.len() > ADD_MAX {
+        return Err(ApiError::bad(format!(
+            "items holds {} items: at most {ADD_MAX} a call",
+            list.len()
+        ))
+        .param("items"));
+    }
+    crate::responses::check_items(list).map_err(|e| e.param("items"))?;
+    Ok(list.iter().map(normalize).collect())
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::status(
+        axum::http::StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no conversation {id:?}"),
+    )
+}
+
+fn lock(st: &ServerState) -> std::sync::MutexGuard<'_, ConversationStore> {
+    st.conversations.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Deserialize)]
+struct CreateBody {
+    #[serde(default)]
+    items: Option<Value>,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+/// `POST /v1/conversations`.
+pub async fn create(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    let r = (|| {
+        let b: CreateBody = if body.iter().all(u8::is_ascii_whitespace) {
+            CreateBody {
+                items: None,
+                metadata: None,
+            }
+        } else {
+            parse(&body)?
+        };
+        let metadata = crate::responses::metadata(b.metadata.as_ref())?;
+        let items = checked_items(b.items.as_ref())?;
+        let id = format!("conv_{:016x}{:016x}", random_seed(), random_seed());
+        let conv = Conv {
+            created_at: now_secs(),
+            metadata,
+            items: Vec::new(),
+            bytes: 0,
+        };
+        let object = conv.object(&id);
+        let mut store = lock(&st);
+        store.map.insert(id.clone(), conv);
+        store.order.push_back(id.clone());
+        store.make_room(0, &id);
+        store.append(&id, items)?;
+        Ok(Json(object).into_response())
+    })();
+    crate::api::finish(&st, r)
+}
+
+/// `GET /v1/conversations/{id}`.
+pub async fn retrieve(State(st): State<Arc<ServerState>>, Path(id): Path<String>) -> Response {
+    let store = lock(&st);
+    match store.map.get(&id) {
+        Some(c) => Json(c.object(&id)).into_response(),
+        None => not_found(&id).into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct UpdateBody {
+    metadata: Option<Value>,
+}
+
+/// `POST /v1/conversations/{id}`: new `metadata`.
+pub async fn update(
+    State(st): State<Arc<ServerState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let r = (|| {
+        let b: UpdateBody = parse(&body)?;
+        let metadata = crate::responses::metadata(b.metadata.as_ref())?;
+        let mut store = lock(&st);
+        let c = store.map.get_mut(&id).ok_or_else(|| not_found(&id))?;
+        c.metadata = metadata;
+        Ok(Json(c.object(&id)).into_response())
+    })();
+    crate::api::finish(&st, r)
+}
+
+/// `DELETE /v1/conversations/{id}`.
+pub async fn delete(State(st): State<Arc<ServerState>>, Path(id): Path<String>) -> Response {
+    let mut store = lock(&st);
+    match store.map.remove(&id) {
+        Some(c) => {
+            store.bytes -= c.bytes;
+            store.order.retain(|k| k != &id);
+            Json(json!({"id": id, "object": "conversation.deleted", "deleted": true}))
+                .into_response()
+        }
+        None => not_found(&id).into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct ItemsBody {
+    items: Option<Value>,
+}
+
+/// OpenAI's list shape.
+fn list(data: Vec<Value>, has_more: bool) -> Value {
+    json!({
+        "object": "list",
+        "data": data,
+        "first_id": data.first().map(|d| d["id"].clone()),
+        "last_id": data.last().map(|d| d["id"].clone()),
+        "has_more": has_more,
+    })
+}
+
+/// `POST /v1/conversations/{id}/items`: adds up to 20 items; answers them as listed.
+pub async fn add_items(
+    State(st): State<Arc<ServerState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let r = (|| {
+        let b: ItemsBody = parse(&body)?;
+        if b.items.is_none() {
+            return Err(ApiError::bad("items is required").param("items"));
+        }
+        let items = checked_items(b.items.as_ref())?;
+        let data: Vec<Value> = items
+            .iter()
+            .map(|(_, t)| serde_json::from_str(t).unwrap_or(Value::Null))
+            .collect();
+        if !lock(&st).append(&id, items)? {
+            return Err(not_found(&id));
+        }
+        Ok(Json(list(data, false)).into_response())
+    })();
+    crate::api::finish(&st, r)
+}
+
+/// `GET /v1/conversations/{id}/items`: a page of items (`order`: `desc`, the default, newest
+/// first; `after` an item id; `limit` 1 to 100, 20).
+pub async fn list_items(
+    State(st): State<Arc<ServerState>>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
+        None => 20,
+        Some(Ok(n)) if (1..=100).contains(&n) => n,
+        Some(_) => {
+            return ApiError::bad("limit must be a number from 1 to 100")
+                .param("limit")
+                .into_response()
+        }
+    };
+    let desc = match q.get("order").map(String::as_str) {
+        None | Some("desc") => true,
+        Some("asc") => false,
+        Some(o) => {
+            return ApiError::bad(format!("order {o:?}: expected \"asc\" or \"desc\""))
+                .param("order")
+                .into_response()
+        }
+    };
+    let store = lock(&st);
+    let Some(c) = store.map.get(&id) else {
+        return not_found(&id).into_response();
+    };
+    let ordered: Vec<&(String, Box<str>)> = if desc {
+        c.items.iter().rev().collect()
+    } else {
+        c.items.iter().collect()
+    };
+    let from = match q.get("after") {
+        None => 0,
+        Some(a) => match ordered.iter().position(|(k, _)| k == a) {
+            Some(i) => i + 1,
+            None => {
+                return ApiError::bad(format!("no item {a:?} in conversation {id:?}"))
+                    .param("after")
+                    .into_response()
+            }
+        },
+    };
+    let has_more = ordered.len() > from + limit;
+    let page: Vec<Value> = ordered
+        .into_iter()
+        .skip(from)
+        .take(limit)
+        .map(|(_, t)| serde_json::from_str(t).unwrap_or(Value::Null))
+        .collect();
+    drop(store);
+    Json(list(page, has_more)).into_response()
+}
+
+/// `GET /v1/conversations/{id}/items/{item_id}`.
+pub async fn get_item(
+    State(st): State<Arc<ServerState>>,
+    Path((id, item)): Path<(String, String)>,
+) -> Response {
+    let store = lock(&st);
+    let Some(c) = store.map.get(&id) else {
+        return not_found(&id).into_response();
+    };
+    match c.items.iter().find(|(k, _)| *k == item) {
+        Some((_, t)) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            t.to_string(),
+        )
+            .into_response(),
+        None => item_not_found(&id, &item).into_response(),
+    }
+}
+
+fn item_not_found(id: &str, item: &str) -> ApiError {
+    ApiError::status(
+        axum::http::StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no item {item:?} in conversation {id:?}"),
+    )
+}
+
+/// `DELETE /v1/conversations/{id}/items/{item_id}`: answers the conversation.
+pub async fn delete_item(
+    State(st): State<Arc<ServerState>>,
+    Path((id, item)): Path<(String, String)>,
+) -> Response {
+    let mut store = lock(&st);
+    let Some(c) = store.map.get_mut(&id) else {
+        return not_found(&id).into_response();
+    };
+    let Some(at) = c.items.iter().position(|(k, _)| *k == item) else {
+        return item_not_found(&id, &item).into_response();
+    };
+    let (k, t) = c.items.remove(at);
+    let freed = k.len() + t.len();
+    c.bytes -= freed;
+    let object = c.object(&id);
+    store.bytes -= freed;
+    Json(object).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(text: &str) -> (String, Box<str>) {
+        normalize(&json!({"role": "user", "content": text}))
+    }
+
+    #[test]
+    fn items_get_ids_and_parts_and_the_store_keeps_its_bounds() {
+        let (id, text) = item("hi");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert!(id.starts_with("msg_") && v["id"] == id.as_str(), "{v}");
+        assert_eq!(v["type"], "message");
+        assert_eq!(v["status"], "completed");
+        assert_eq!(v["content"], json!([{"type": "input_text", "text": "hi"}]));
+        let a = normalize(&json!({"role": "assistant", "content": "yo", "id": "msg_x"}));
+        assert_eq!(a.0, "msg_x");
+        assert!(a.1.contains("output_text"), "{}", a.1);
+
+        let mut s = ConversationStore::default();
+        let conv = |s: &mut ConversationStore, id: &str| {
+            s.map.insert(
+                id.to_string(),
+                Conv {
+                    created_at: 0,
+                    metadata: json!({}),
+                    items: Vec::new(),
+                    bytes: 0,
+                },
+            );
+            s.order.push_back(id.to_string());
+            s.make_room(0, id);
+        };
+        conv(&mut s, "a");
+        conv(&mut s, "b");
+        assert!(s.append("a", vec![item("one"), item("two")]).unwrap());
+        assert!(!s.append("zz", vec![item("x")]).unwrap());
+        let total: usize = s.map.values().map(|c| c.bytes).sum();
+        assert_eq!(s.bytes, total);
+        // "a" was used last: past the count, "b" goes first
+        for i in 0..CONV_ENTRIES - 1 {
+            conv(&mut s, &format!("c{i}"));
+        }
+        assert_eq!(s.map.len(), CONV_ENTRIES);
+        assert!(s.map.contains_key("a") && !s.map.contains_key("b"));
+        // ... then "a", the oldest used
+        conv(&mut s, "d");
+        assert!(!s.map.contains_key("a"));
+        let total: usize = s.map.values().map(|c| c.bytes).sum();
+        assert_eq!(s.bytes, total);
+        // one conversation cannot pass the bytes
+        let big = "x".repeat(CONV_BYTES / 2);
+        assert!(s.append("d", vec![item(&big)]).unwrap());
+        assert!(s.append("d", vec![item(&big)]).is_err());
+        assert_eq!(s.items("d").unwrap().len(), 1);
+    }
+}
