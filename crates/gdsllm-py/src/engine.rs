@@ -7,6 +7,7 @@ use crate::{err, fork_guard, path_arg};
 use gds_runtime::chat::Message;
 use gds_runtime::engine::GenerateOutput;
 use gds_runtime::plan::{Limits, Mode};
+use gds_runtime::sampler::ExtraSamplers;
 use gds_runtime::{Grammar, KvDtype, Plan, PlanOptions, SamplerConfig};
 use gds_serve::tools::{assistant_message, Tools};
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
@@ -87,6 +88,94 @@ fn json_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<serde_json::Value> {
             .extract()?
     };
     serde_json::from_str(&text).map_err(|e| PyValueError::new_err(format!("{what}: not JSON: {e}")))
+}
+
+/// llama.cpp's samplers a `samplers` dict may set (llama-server's request fields).
+const EXTRA_SAMPLERS: [&str; 18] = [
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "adaptive_target",
+    "adaptive_decay",
+    "min_keep",
+    "samplers",
+];
+
+/// `base` with a `samplers` dict's settings over it: llama-server's field names
+/// ([`EXTRA_SAMPLERS`]), `samplers` the chain's order (a list of stage names, or a string of
+/// their letters as `--sampler-seq`). An unknown key or a value of the wrong type is a
+/// ValueError naming it; ranges are checked with the rest of the sampling.
+fn extra_samplers(base: &ExtraSamplers, d: Option<&Bound<'_, PyAny>>) -> PyResult<ExtraSamplers> {
+    let Some(d) = d else {
+        return Ok(base.clone());
+    };
+    let serde_json::Value::Object(map) = json_arg(d, "samplers")? else {
+        return Err(PyTypeError::new_err(
+            "samplers must be a dict of llama.cpp's sampler settings",
+        ));
+    };
+    let mut out = base.clone();
+    for (k, v) in map {
+        if !EXTRA_SAMPLERS.contains(&k.as_str()) {
+            return Err(PyValueError::new_err(format!(
+                "samplers: unknown setting {k:?} (known: {})",
+                EXTRA_SAMPLERS.join(", ")
+            )));
+        }
+        if k == "samplers" {
+            let text = match &v {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Array(l) if l.iter().all(|n| n.is_string()) => l
+                    .iter()
+                    .filter_map(|n| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(";"),
+                _ => {
+                    return Err(PyValueError::new_err(
+                        "samplers[\"samplers\"] must be a list of stage names or a string of their letters",
+                    ))
+                }
+            };
+            out.order = gds_runtime::sampler::Stage::parse_order(&text)
+                .map_err(|e| PyValueError::new_err(format!("samplers[\"samplers\"]: {e}")))?;
+            continue;
+        }
+        // one key at a time: an error names it
+        let one: ExtraSamplers = serde_json::from_value(serde_json::json!({ &k: v }))
+            .map_err(|e| PyValueError::new_err(format!("samplers[{k:?}]: {e}")))?;
+        match k.as_str() {
+            "typical_p" => out.typical_p = one.typical_p,
+            "top_n_sigma" => out.top_n_sigma = one.top_n_sigma,
+            "xtc_probability" => out.xtc_probability = one.xtc_probability,
+            "xtc_threshold" => out.xtc_threshold = one.xtc_threshold,
+            "dynatemp_range" => out.dynatemp_range = one.dynatemp_range,
+            "dynatemp_exponent" => out.dynatemp_exponent = one.dynatemp_exponent,
+            "mirostat" => out.mirostat = one.mirostat,
+            "mirostat_tau" => out.mirostat_tau = one.mirostat_tau,
+            "mirostat_eta" => out.mirostat_eta = one.mirostat_eta,
+            "dry_multiplier" => out.dry_multiplier = one.dry_multiplier,
+            "dry_base" => out.dry_base = one.dry_base,
+            "dry_allowed_length" => out.dry_allowed_length = one.dry_allowed_length,
+            "dry_penalty_last_n" => out.dry_penalty_last_n = one.dry_penalty_last_n,
+            "dry_sequence_breakers" => out.dry_sequence_breakers = one.dry_sequence_breakers,
+            "adaptive_target" => out.adaptive_target = one.adaptive_target,
+            "adaptive_decay" => out.adaptive_decay = one.adaptive_decay,
+            "min_keep" => out.min_keep = one.min_keep,
+            _ => unreachable!("checked against EXTRA_SAMPLERS"),
+        }
+    }
+    Ok(out)
 }
 
 /// Runs `job` on `e`: a string prompt as `gdsrun run --prompt` runs it (one chat turn with
@@ -244,7 +333,7 @@ fn prompt_arg(p: &Bound<'_, PyAny>) -> PyResult<Result<String, Vec<Message>>> {
 /// (`threads`, `ctx`, `batch`, `kv_type`, `backend`, `io`, `mem_budget`, `activations`,
 /// `verify`, `isa`, `raw`, `system`, `draft`, `chat_template_file`, `chat_template`, ... and the sampling
 /// defaults `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`, `seed`,
-/// `max_tokens`, `stop`).
+/// `max_tokens`, `stop`, and `samplers`: llama.cpp's samplers by llama-server's names).
 #[pyclass(module = "gdsllm._gdsllm", frozen)]
 pub struct Engine {
     engine: Arc<Mutex<gds_runtime::Engine>>,
@@ -288,10 +377,12 @@ impl Engine {
         repeat_penalty: Option<f32>,
         seed: Option<u64>,
         stop: Option<Vec<String>>,
+        samplers: Option<&Bound<'_, PyAny>>,
         c: Constraints<'_>,
         t: ToolArgs<'_>,
     ) -> PyResult<Job> {
         let mut s = self.sampler.clone();
+        s.extra = extra_samplers(&s.extra, samplers)?;
         s.temp = temperature.unwrap_or(s.temp);
         s.top_k = top_k.unwrap_or(s.top_k);
         s.top_p = top_p.unwrap_or(s.top_p);
@@ -338,7 +429,7 @@ impl Engine {
         draft_max=None, temperature=None, top_k=None, top_p=None, min_p=None,
         repeat_penalty=None, repeat_last_n=None, frequency_penalty=None,
         presence_penalty=None, seed=None, max_tokens=None, stop=None, chat_template_file=None,
-        chat_template=None, plain_http=false))]
+        chat_template=None, samplers=None, plain_http=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -372,6 +463,7 @@ impl Engine {
         stop: Option<Vec<String>>,
         chat_template_file: Option<std::path::PathBuf>,
         chat_template: Option<String>,
+        samplers: Option<Bound<'_, PyAny>>,
         plain_http: bool,
     ) -> PyResult<Engine> {
         fork_guard("Engine")?;
@@ -381,6 +473,7 @@ impl Engine {
             // the sampling defaults' ranges, named as the Python arguments
             let d = SamplerConfig::default();
             check_sampler(&SamplerConfig {
+                extra: extra_samplers(&d.extra, samplers.as_ref())?,
                 temp: temperature.unwrap_or(d.temp),
                 top_p: top_p.unwrap_or(d.top_p),
                 min_p: min_p.unwrap_or(d.min_p),
@@ -442,6 +535,7 @@ impl Engine {
             stop: stop.unwrap_or_default(),
             chat_template_file,
             chat_template,
+            extra_sampling: extra_samplers(&Default::default(), samplers.as_ref())?,
             ..Default::default()
         };
         let engine = py
@@ -487,12 +581,14 @@ impl Engine {
     /// calls are parsed out of the reply: with `tools` the result is the assistant message
     /// (`{"role": "assistant", "content", "tool_calls": [{"id", "type", "function": {"name",
     /// "arguments"}}]}`); messages may carry an assistant's `tool_calls` and `role: "tool"`
-    /// results (`tool_call_id`). The details always hold that `message`. The GIL is released
-    /// while the engine works.
+    /// results (`tool_call_id`). The details always hold that `message`. `samplers`: a dict
+    /// of llama.cpp's samplers by llama-server's names (`dry_multiplier`, `mirostat`,
+    /// `typical_p`, `xtc_probability`, ..., `samplers` the chain's order), over the engine's.
+    /// The GIL is released while the engine works.
     #[pyo3(signature = (prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None,
         min_p=None, repeat_penalty=None, seed=None, stop=None, grammar=None, json_schema=None,
         regex=None, logprobs=false, top_logprobs=None, tools=None, tool_choice=None,
-        parallel_tool_calls=None, details=false))]
+        parallel_tool_calls=None, samplers=None, details=false))]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         &self,
@@ -514,6 +610,7 @@ impl Engine {
         tools: Option<Bound<'py, PyAny>>,
         tool_choice: Option<Bound<'py, PyAny>>,
         parallel_tool_calls: Option<bool>,
+        samplers: Option<Bound<'py, PyAny>>,
         details: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.check_process("Engine.generate")?;
@@ -528,6 +625,7 @@ impl Engine {
             repeat_penalty,
             seed,
             stop,
+            samplers.as_ref(),
             Constraints {
                 grammar,
                 json_schema,
@@ -573,7 +671,7 @@ impl Engine {
     #[pyo3(signature = (prompt, *, max_tokens=None, temperature=None, top_k=None, top_p=None,
         min_p=None, repeat_penalty=None, seed=None, stop=None, grammar=None, json_schema=None,
         regex=None, logprobs=false, top_logprobs=None, tools=None, tool_choice=None,
-        parallel_tool_calls=None))]
+        parallel_tool_calls=None, samplers=None))]
     #[allow(clippy::too_many_arguments)]
     fn stream<'py>(
         &self,
@@ -595,6 +693,7 @@ impl Engine {
         tools: Option<Bound<'py, PyAny>>,
         tool_choice: Option<Bound<'py, PyAny>>,
         parallel_tool_calls: Option<bool>,
+        samplers: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Stream> {
         self.check_process("Engine.stream")?;
         let job = self.job(
@@ -608,6 +707,7 @@ impl Engine {
             repeat_penalty,
             seed,
             stop,
+            samplers.as_ref(),
             Constraints {
                 grammar,
                 json_schema,

@@ -88,6 +88,60 @@ def test_bad_sampling_settings_are_refused(engine):
         engine.generate(42)
 
 
+REPEAT = "Repeat after me ten times: red blue, red blue, red blue"
+DRY = ["--dry-multiplier", "2", "--dry-allowed-length", "1"]
+
+
+def test_llama_cpp_samplers_equal_gdsruns(engine, smollm2_dir):
+    # `samplers` takes llama-server's names for what gdsrun's flags set: the same replies
+    want = gdsrun_text(smollm2_dir, "-p", REPEAT, "-n", "24", *DRY)
+    plain = gdsrun_text(smollm2_dir, "-p", REPEAT, "-n", "24")
+    assert want["text"] != plain["text"], "DRY changes this greedy reply"
+    dry = {"dry_multiplier": 2, "dry_allowed_length": 1}
+    assert engine.generate(REPEAT, max_tokens=24, temperature=0, samplers=dry) == want["text"]
+    # per call: the next call without it is the plain reply again
+    assert engine.generate(REPEAT, max_tokens=24, temperature=0) == plain["text"]
+    # Mirostat 2 with a seed
+    _, out, _ = run_gdsrun("run", smollm2_dir, "-t", "2", "--json", "-p", REPEAT, "-n", "24",
+                           "--mirostat", "2", "--temp", "0.8", "--seed", "5")
+    miro = engine.generate(REPEAT, max_tokens=24, temperature=0.8, seed=5,
+                           samplers={"mirostat": 2})
+    assert miro == json.loads(out)["text"]
+    # streamed, the chain's order as letters
+    chain = {"samplers": "kt", "typical_p": 0.5}
+    pieces = "".join(engine.stream(REPEAT, max_tokens=12, temperature=0, samplers=chain))
+    assert pieces == engine.generate(REPEAT, max_tokens=12, temperature=0, samplers=chain)
+
+
+def test_engine_samplers_are_defaults_and_in_the_plan(smollm2_dir):
+    e = gdsllm.Engine(str(smollm2_dir), threads=2, temperature=0, seed=7,
+                      samplers={"dry_multiplier": 2, "dry_allowed_length": 1,
+                                "samplers": ["penalties", "dry", "top_k", "temperature"]})
+    _, out, _ = run_gdsrun("run", smollm2_dir, "-t", "2", "--temp", "0", "--seed", "7", *DRY,
+                           "--samplers", "penalties;dry;top_k;temperature", "--plan")
+    assert e.plan["sampler"] == json.loads(out)["sampler"]
+    assert e.plan["sampler"]["dry_multiplier"] == 2
+    want = gdsrun_text(smollm2_dir, "-p", REPEAT, "-n", "24", *DRY)
+    assert e.generate(REPEAT, max_tokens=24) == want["text"]
+
+
+def test_bad_samplers_are_refused(engine):
+    with pytest.raises(ValueError, match='unknown setting "tfs_z"'):
+        engine.generate(PROMPT, samplers={"tfs_z": 0.5})
+    with pytest.raises(ValueError, match="mirostat"):
+        engine.generate(PROMPT, samplers={"mirostat": "two"})
+    with pytest.raises(ValueError, match="samplers"):
+        engine.generate(PROMPT, samplers={"samplers": "kq"})
+    with pytest.raises(TypeError):
+        engine.generate(PROMPT, samplers=["dry"])
+    with pytest.raises(gdsllm.GdsError, match="mirostat 3 must be 0, 1 or 2"):
+        engine.generate(PROMPT, samplers={"mirostat": 3})
+    with pytest.raises(gdsllm.GdsError, match="xtc_probability"):
+        engine.generate(PROMPT, samplers={"xtc_probability": 1.5})
+    with pytest.raises(gdsllm.GdsError):
+        gdsllm.Engine("/nonexistent", samplers={"xtc_threshold": -1})
+
+
 def test_convert_reports_what_it_wrote(smollm2_gguf, tmp_path):
     s = gdsllm.convert(str(smollm2_gguf), str(tmp_path / "m"))
     assert s["arch"] == "llama" and s["tensors"] == 272 and s["runnable"]
