@@ -170,7 +170,7 @@ fn checked_items(items: Option<&Value>) -> Result<Vec<(String, Box<str>)>, ApiEr
         ))
         .param("items"));
     }
-    crate::responses::check_items(list).map_err(|e| e.param("items"))?;
+    crate::items::check_items(list).map_err(|e| e.param("items"))?;
     Ok(list.iter().map(normalize).collect())
 }
 
@@ -205,7 +205,7 @@ pub async fn create(State(st): State<Arc<ServerState>>, body: Bytes) -> Response
         } else {
             parse(&body)?
         };
-        let metadata = crate::responses::metadata(b.metadata.as_ref())?;
+        let metadata = crate::items::metadata(b.metadata.as_ref())?;
         let items = checked_items(b.items.as_ref())?;
         let id = format!("conv_{:016x}{:016x}", random_seed(), random_seed());
         let conv = Conv {
@@ -247,7 +247,7 @@ pub async fn update(
 ) -> Response {
     let r = (|| {
         let b: UpdateBody = parse(&body)?;
-        let metadata = crate::responses::metadata(b.metadata.as_ref())?;
+        let metadata = crate::items::metadata(b.metadata.as_ref())?;
         let mut store = lock(&st);
         let c = store.map.get_mut(&id).ok_or_else(|| not_found(&id))?;
         c.metadata = metadata;

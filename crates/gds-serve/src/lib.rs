@@ -8,6 +8,7 @@ mod error;
 pub use gds_runtime::harmony;
 pub mod client;
 mod conversations;
+mod items;
 pub mod kvpool;
 pub mod metrics;
 mod native;
