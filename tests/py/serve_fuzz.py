@@ -60,7 +60,11 @@ def base_body(path, rng):
                 [words, "The answer is four.", [{"type": "text", "text": words}], ""])}
         return b
     if path == "/v1/completions":
-        return {"prompt": words, "max_tokens": 8, "temperature": 0}
+        b = {"prompt": words, "max_tokens": 8, "temperature": 0}
+        if rng.random() < 0.1:
+            # fill in the middle (a model without the tokens: a 400)
+            b["suffix"] = rng.choice([words, "", None, 5, [words]])
+        return b
     if path in ("/v1/responses", "/v1/responses/input_tokens"):
         b = {"input": words, "max_output_tokens": 8, "temperature": 0}
         if rng.random() < 0.2:

@@ -235,11 +235,9 @@ pub(crate) struct LlamaSampling {
 }
 
 /// OpenAI fields that change what is answered and that gdsrun does not do: refused with a
-/// 400 naming them rather than ignored (an ignored `suffix` gave a plain completion).
+/// 400 naming them rather than ignored (an ignored `best_of` would rank nothing).
 #[derive(Deserialize, Default)]
 struct Unsupported {
-    #[serde(default)]
-    suffix: Option<Value>,
     #[serde(default)]
     best_of: Option<Value>,
     #[serde(default)]
@@ -287,12 +285,6 @@ impl Unsupported {
     fn check(body: &Bytes, n: Option<i64>) -> Result<(), ApiError> {
         let u: Unsupported = parse(body)?;
         let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
-        if u.suffix.as_ref().is_some_and(|v| !v.is_null() && v != "") {
-            return Err(ApiError::bad(
-                "suffix (inserting between a prompt and a suffix) is not supported: this server does not fill in the middle",
-            )
-            .param("suffix"));
-        }
         if let Some(b) = u.best_of.as_ref().filter(|v| !v.is_null()) {
             if b.as_i64() != Some(n.unwrap_or(1)) {
                 return Err(ApiError::bad(format!(
@@ -468,6 +460,36 @@ struct CompletionBody {
     prompt: Value,
     #[serde(default)]
     parse_special: Option<bool>,
+    /// The text after the completion: the prompt is laid out for fill-in-the-middle
+    /// ([`fim_prompt`]); a model without the tokens is refused.
+    #[serde(default)]
+    suffix: Option<Value>,
+}
+
+/// A fill-in-the-middle prompt as the model's FIM tokens lay it out (prefix, suffix, middle:
+/// llama-server's `/infill` and Ollama's `suffix` lay it out so): the model's BOS where `bos`
+/// and it adds one, the prefix token, `prefix`, the suffix token, `suffix`'s tokens, the
+/// middle token. `None`: the vocabulary has no such tokens.
+pub(crate) async fn fim_prompt(
+    st: &ServerState,
+    prefix: Vec<u32>,
+    suffix: &str,
+    bos: bool,
+) -> Result<Option<Vec<u32>>, ApiError> {
+    let [pre, suf, mid, ..] = st.tokenizer.fim();
+    let (Some(pre), Some(suf), Some(mid)) = (pre, suf, mid) else {
+        return Ok(None);
+    };
+    let mut ids = Vec::with_capacity(prefix.len() + 4);
+    if bos && st.tokenizer.add_bos() {
+        ids.extend(st.tokenizer.bos());
+    }
+    ids.push(pre);
+    ids.extend(prefix);
+    ids.push(suf);
+    ids.extend(encode_text(st, suffix.to_string(), false, false, "suffix").await?);
+    ids.push(mid);
+    Ok(Some(ids))
 }
 
 #[derive(Deserialize, Debug)]
@@ -2406,10 +2428,47 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
         Unsupported::check(&body, common.n)?;
         let one = "prompt must be a string, a list of token ids, or a list of either";
         let special = b.parse_special.unwrap_or(false);
+        // fill in the middle: each prompt the prefix, before `suffix`
+        let suffix = match &b.suffix {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(ApiError::bad("suffix must be a string").param("suffix")),
+        };
+        if suffix.is_some() {
+            if common.echo == Some(true) {
+                return Err(ApiError::bad(
+                    "echo cannot be used with suffix (the prompt is laid out for fill-in-the-middle)",
+                )
+                .param("echo"));
+            }
+            if st.tokenizer.fim()[..3].iter().any(Option::is_none) {
+                return Err(ApiError::bad(format!(
+                    "suffix needs a model with fill-in-the-middle tokens (a code model's: Qwen2.5-Coder, StarCoder 2, CodeLlama, ...); {}'s vocabulary has none",
+                    st.model_name
+                ))
+                .param("suffix"));
+            }
+        }
+        // a text prompt's tokens (a fill-in-the-middle prefix takes no BOS: the layout
+        // starts with it)
+        let encode = |s: String| {
+            let st = &st;
+            let fim = suffix.is_some();
+            async move {
+                if fim {
+                    encode_text(st, s, false, special, "prompt").await
+                } else {
+                    encode(st, s, special).await
+                }
+            }
+        };
         let ids = |v: &[Value]| token_ids(v, "prompt");
         let mut prompts = Vec::new();
-        // per prompt: a BOS the tokenizer put before a text prompt (not echoed)
+        // per prompt: a BOS the tokenizer put before a text prompt (not echoed), and whether
+        // it was text
         let mut bos_added = Vec::new();
+        let mut texts = Vec::new();
         let bos = st.tokenizer.bos().filter(|_| st.tokenizer.add_bos());
         let added = |text: &str, ids: &[u32]| {
             bos.is_some_and(|b| {
@@ -2426,26 +2485,30 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
         };
         match b.prompt {
             Value::String(s) => {
-                let p = encode(&st, s.clone(), special).await?;
+                let p = encode(s.clone()).await?;
                 bos_added.push(added(&s, &p));
                 prompts.push(p);
+                texts.push(true);
             }
             Value::Array(v) if !v.is_empty() && v.iter().all(Value::is_number) => {
                 prompts.push(ids(&v)?);
                 bos_added.push(false);
+                texts.push(false);
             }
             // a batch: strings, or token-id lists (what evaluation harnesses send)
             Value::Array(v) if !v.is_empty() && v.len() <= MAX_PROMPTS => {
                 for p in v {
                     match p {
                         Value::String(s) => {
-                            let p = encode(&st, s.clone(), special).await?;
+                            let p = encode(s.clone()).await?;
                             bos_added.push(added(&s, &p));
                             prompts.push(p);
+                            texts.push(true);
                         }
                         Value::Array(t) => {
                             prompts.push(ids(&t)?);
                             bos_added.push(false);
+                            texts.push(false);
                         }
                         _ => return Err(ApiError::bad(one).param("prompt")),
                     }
@@ -2459,6 +2522,18 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
                 .param("prompt"))
             }
             _ => return Err(ApiError::bad(one).param("prompt")),
+        }
+        if let Some(suffix) = &suffix {
+            let mut laid_out = Vec::with_capacity(prompts.len());
+            for (p, text) in prompts.into_iter().zip(&texts) {
+                // (a text prompt's BOS leads the layout; token ids are taken as given)
+                let ids = fim_prompt(&st, p, suffix, *text)
+                    .await?
+                    .expect("checked: the model has fill-in-the-middle tokens");
+                laid_out.push(ids);
+            }
+            prompts = laid_out;
+            bos_added.iter_mut().for_each(|b| *b = false);
         }
         let mut jobs = prompts
             .into_iter()

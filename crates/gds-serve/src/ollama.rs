@@ -37,8 +37,8 @@
 //! Ollama's Go `template` override (400: the model's own template is used).
 
 use crate::api::{
-    chat_job, encode_text, finish, job, parse, run_to_end, start_gen, ApiError, ChatBody,
-    ChatMessage, Common, End, Gen, Job, Kind, Piece, Stop,
+    chat_job, encode_text, fim_prompt, finish, job, parse, run_to_end, start_gen, ApiError,
+    ChatBody, ChatMessage, Common, End, Gen, Job, Kind, Piece, Stop,
 };
 use crate::error::bad;
 use crate::reasoning::Split;
@@ -710,8 +710,8 @@ async fn fill_in(
     context: &[u32],
     common: Common,
 ) -> Result<Job, ApiError> {
-    let [pre, suf, mid, ..] = st.tokenizer.fim();
-    let (Some(pre), Some(suf), Some(mid)) = (pre, suf, mid) else {
+    let prefix = encode_text(st, prompt.to_string(), false, false, "prompt").await?;
+    let Some(laid_out) = fim_prompt(st, prefix, suffix, context.is_empty()).await? else {
         return Err(bad(
             format!(
                 "{:?} does not support insert: its vocabulary has no fill-in-the-middle tokens",
@@ -721,14 +721,7 @@ async fn fill_in(
         ));
     };
     let mut ids = context.to_vec();
-    if context.is_empty() && st.tokenizer.add_bos() {
-        ids.extend(st.tokenizer.bos());
-    }
-    ids.push(pre);
-    ids.extend(encode_text(st, prompt.to_string(), false, false, "prompt").await?);
-    ids.push(suf);
-    ids.extend(encode_text(st, suffix.to_string(), false, false, "suffix").await?);
-    ids.push(mid);
+    ids.extend(laid_out);
     job(st, common, ids, usize::MAX, Kind::Chat)
 }
 

@@ -292,7 +292,8 @@ fn ollama_api_through_the_ollama_client() {
 
 /// `/api/generate` with a `suffix`, on SmolLM2 given fill-in-the-middle tokens: the prompt is
 /// the prefix token, the prompt, the suffix token, the suffix and the middle token, so the
-/// reply is `/v1/completions`' on those token ids (greedy).
+/// reply is `/v1/completions`' on those token ids (greedy); OpenAI's `suffix` on
+/// `/v1/completions` lays it out the same (text prompts, token prompts, a batch of both).
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn ollama_suffix_fills_in_the_middle() {
@@ -342,4 +343,58 @@ fn ollama_suffix_fills_in_the_middle() {
     assert_eq!(o["response"], c["choices"][0]["text"], "{o} vs {c}");
     assert_eq!(o["eval_count"], c["usage"]["completion_tokens"], "{o}");
     assert!(o.get("context").is_none(), "{o}");
+    // OpenAI's suffix: the same layout, the same reply; a token-id prompt is the prefix's
+    // tokens as given, a batch lays out each prompt
+    let f = post(
+        "/v1/completions",
+        json!({"prompt": prefix, "suffix": suffix, "temperature": 0, "max_tokens": 12}),
+    );
+    assert_eq!(f["choices"][0]["text"], c["choices"][0]["text"], "{f}");
+    assert_eq!(f["usage"]["prompt_tokens"], json!(layout.len()), "{f}");
+    let other = "def mul(a, b):\n    ";
+    let batch = post(
+        "/v1/completions",
+        json!({"prompt": [ids(prefix), other], "suffix": suffix, "temperature": 0,
+               "max_tokens": 12}),
+    );
+    let mut other_layout = vec![special("<gh_stars>")];
+    other_layout.extend(ids(other));
+    other_layout.extend(
+        layout[layout.len() - ids(suffix).len() - 2..]
+            .iter()
+            .cloned(),
+    );
+    let alone = post(
+        "/v1/completions",
+        json!({"prompt": other_layout, "temperature": 0, "max_tokens": 12}),
+    );
+    let texts: Vec<&Value> = batch["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["text"])
+        .collect();
+    assert_eq!(
+        texts,
+        [&c["choices"][0]["text"], &alone["choices"][0]["text"]],
+        "{batch}"
+    );
+    // echo has no place in the layout; a suffix that is not text is refused
+    for (body, param) in [
+        (
+            json!({"prompt": prefix, "suffix": suffix, "echo": true}),
+            "echo",
+        ),
+        (json!({"prompt": prefix, "suffix": 5}), "suffix"),
+    ] {
+        let (code, text) = http(
+            &s.addr,
+            "POST",
+            "/v1/completions",
+            Some(body.to_string().as_bytes()),
+        );
+        assert_eq!(code, 400, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
 }

@@ -186,7 +186,7 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         b"{\"prompt\": \"hi\", \"n\": 17}",
         b"{\"prompt\": \"hi\", \"n\": 0}",
         // OpenAI fields that change the answer and that gdsrun does not do are refused,
-        // not ignored
+        // not ignored (a suffix where the model has no fill-in-the-middle tokens)
         b"{\"prompt\": \"def f(\", \"suffix\": \"return x\"}",
         b"{\"prompt\": \"hi\", \"best_of\": 3}",
         b"{\"prompt\": [4000000000]}",
@@ -1833,10 +1833,14 @@ fn fields_hold_what_the_apis_say() {
             json!({"input": "hi", "conversation": "conv_1"}),
             "conversation",
         ),
-        (json!({"input": "hi", "background": true}), "background"),
+        // (run in the background only where kept; top_logprobs within OpenAI's 0..=20)
         (
-            json!({"input": "hi", "include": ["message.output_text.logprobs"]}),
-            "include",
+            json!({"input": "hi", "background": true, "store": false}),
+            "background",
+        ),
+        (
+            json!({"input": "hi", "include": ["message.output_text.logprobs"], "top_logprobs": 21}),
+            "top_logprobs",
         ),
         (
             json!({"input": "hi", "max_output_tokens": 0}),
@@ -1849,7 +1853,7 @@ fn fields_hold_what_the_apis_say() {
         ),
         // chat's fields its reply has no place for (ignored until 2026-12-05)
         (json!({"input": "hi", "n": 2}), "n"),
-        (json!({"input": "hi", "top_logprobs": 3}), "top_logprobs"),
+        (json!({"input": "hi", "logprobs": true}), "logprobs"),
         (json!({"input": "hi", "echo": true}), "echo"),
     ] {
         let (status, text) = post("/v1/responses", body.clone());
