@@ -48,7 +48,29 @@ SCORE = {"/score", "/v1/score"}
 OLLAMA = {"/api/chat", "/api/generate", "/api/embed", "/api/show"}
 
 
+def vllm_extras(b, rng):
+    """vLLM's extra parameters, sensible and extreme (`extra_body` of vLLM's clients)."""
+    r = rng.random()
+    if r < 0.05:
+        b["guided_choice"] = rng.choice([["yes", "no"], [], ["a" * 300] * 3, [1], "yes"])
+    elif r < 0.08:
+        b["structured_outputs"] = rng.choice([{"regex": "[a-z]{1,5}"}, {"json_object": True},
+                                              {"choice": ["x"], "json": {}}, {"grammar": "root ::= ("},
+                                              {"json": "{\"type\": \"object\"}"}, []])
+    elif r < 0.11:
+        b["min_tokens"] = rng.choice([0, 4, 10 ** 9, -3, "x"])
+        b["stop_token_ids"] = rng.choice([[2], [], [10 ** 10], list(range(300)), None])
+    elif r < 0.13:
+        b["repetition_penalty"] = rng.choice([1.1, 0.0, -1, 1e30, None])
+    return b
+
+
 def base_body(path, rng):
+    return vllm_extras(plain_body(path, rng), rng) if path in (
+        "/v1/chat/completions", "/v1/completions") else plain_body(path, rng)
+
+
+def plain_body(path, rng):
     words = rng.choice(["Hi", "What is 2+2?", "Name a colour.", "Tell me about the sea."])
     if path in ("/v1/chat/completions", "/v1/chat/completions/input_tokens"):
         b = {"messages": [{"role": "system", "content": "Be brief."},

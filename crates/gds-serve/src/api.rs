@@ -97,6 +97,31 @@ pub(crate) struct Common {
     pub(crate) min_p: Option<f64>,
     #[serde(default)]
     pub(crate) repeat_penalty: Option<f64>,
+    /// vLLM's `repetition_penalty`: llama.cpp's `repeat_penalty` over the whole context
+    /// (vLLM's looks at the prompt and the output).
+    #[serde(default)]
+    pub(crate) repetition_penalty: Option<f64>,
+    /// vLLM's `min_tokens`: end-of-generation tokens (and `stop_token_ids`) are masked until
+    /// this many were generated (not with a grammar, which decides where it may end).
+    #[serde(default)]
+    pub(crate) min_tokens: Option<i64>,
+    /// vLLM's `stop_token_ids`: generating one of these ends the reply (`finish_reason:
+    /// "stop"`; its text is part of the reply unless it is a special token).
+    #[serde(default)]
+    pub(crate) stop_token_ids: Option<Value>,
+    /// vLLM's structured outputs: `structured_outputs` (`{"json" | "regex" | "choice" |
+    /// "grammar" | "json_object": ...}`) and its older `guided_json`, `guided_regex`,
+    /// `guided_choice`, `guided_grammar`.
+    #[serde(default)]
+    pub(crate) structured_outputs: Option<Value>,
+    #[serde(default)]
+    pub(crate) guided_json: Option<Value>,
+    #[serde(default)]
+    pub(crate) guided_regex: Option<Value>,
+    #[serde(default)]
+    pub(crate) guided_choice: Option<Value>,
+    #[serde(default)]
+    pub(crate) guided_grammar: Option<Value>,
     /// `logit -= count * frequency_penalty` over the generated tokens (-2..=2).
     #[serde(default)]
     pub(crate) frequency_penalty: Option<f64>,
@@ -240,6 +265,19 @@ pub(crate) struct LlamaSampling {
 struct Unsupported {
     #[serde(default)]
     best_of: Option<Value>,
+    // vLLM's extra parameters not done here (refused where they ask for something)
+    #[serde(default)]
+    use_beam_search: Option<Value>,
+    #[serde(default)]
+    prompt_logprobs: Option<Value>,
+    #[serde(default)]
+    bad_words: Option<Value>,
+    #[serde(default)]
+    allowed_token_ids: Option<Value>,
+    #[serde(default)]
+    include_stop_str_in_output: Option<Value>,
+    #[serde(default)]
+    skip_special_tokens: Option<Value>,
     #[serde(default)]
     functions: Option<Value>,
     #[serde(default)]
@@ -306,6 +344,53 @@ impl Unsupported {
         }
         if set(&u.audio) {
             return Err(ApiError::bad("audio output is not supported").param("audio"));
+        }
+        // vLLM's: each a 400 where it asks for what is not done (its default passes)
+        let asks = |v: &Option<Value>, default: Value| {
+            v.as_ref()
+                .is_some_and(|v| !v.is_null() && *v != default && *v != json!([]))
+        };
+        for (field, v, default, why) in [
+            (
+                "use_beam_search",
+                &u.use_beam_search,
+                json!(false),
+                "beam search is not done here",
+            ),
+            (
+                "prompt_logprobs",
+                &u.prompt_logprobs,
+                Value::Null,
+                "the prompt's log-probabilities come with echo and logprobs on /v1/completions",
+            ),
+            (
+                "bad_words",
+                &u.bad_words,
+                Value::Null,
+                "send logit_bias of -100 for their tokens",
+            ),
+            (
+                "allowed_token_ids",
+                &u.allowed_token_ids,
+                Value::Null,
+                "use a grammar (regex, guided_choice) instead",
+            ),
+            (
+                "include_stop_str_in_output",
+                &u.include_stop_str_in_output,
+                json!(false),
+                "the stop string is left out of the reply",
+            ),
+            (
+                "skip_special_tokens",
+                &u.skip_special_tokens,
+                json!(true),
+                "special tokens are left out of the reply text",
+            ),
+        ] {
+            if asks(v, default) {
+                return Err(ApiError::bad(format!("{field} is not supported: {why}")).param(field));
+            }
         }
         if let Some(m) = u.modalities.as_ref().filter(|v| !v.is_null()) {
             if m.as_array().is_none_or(|l| l.iter().any(|x| x != "text")) {
@@ -377,6 +462,49 @@ fn logprobs_request(c: &Common, kind: Kind) -> Result<Option<usize>, ApiError> {
     }
 }
 
+/// A constraint in vLLM's form: `kind` `json` (a schema, or its JSON text), `regex`,
+/// `choice` (a list of strings: the output is one of them), `grammar` (GBNF, as vLLM's
+/// xgrammar takes it, or Lark) or `json_object` (`true`: any JSON object).
+fn vllm_grammar(kind: &str, v: &Value, param: &'static str) -> Result<Grammar, ApiError> {
+    let bad = |m: String| ApiError::bad(m).param(param);
+    match (kind, v) {
+        ("json", Value::Object(_) | Value::Bool(_)) => Ok(Grammar::JsonSchema(v.clone())),
+        ("json", Value::String(text)) => match serde_json::from_str::<Value>(text) {
+            Ok(s @ (Value::Object(_) | Value::Bool(_))) => Ok(Grammar::JsonSchema(s)),
+            _ => Err(bad(format!(
+                "{param}: the JSON schema text is not a JSON object"
+            ))),
+        },
+        ("regex", Value::String(r)) => Ok(Grammar::Regex(r.clone())),
+        ("choice", Value::Array(l))
+            if !l.is_empty() && l.len() <= 1024 && l.iter().all(Value::is_string) =>
+        {
+            let alts: Vec<String> = l
+                .iter()
+                .filter_map(Value::as_str)
+                .map(regex::escape)
+                .collect();
+            Ok(Grammar::Regex(format!("({})", alts.join("|"))))
+        }
+        ("grammar", Value::String(g)) => Grammar::from_text(g).map_err(bad),
+        ("json_object", Value::Bool(true)) => Ok(Grammar::JsonSchema(json!({"type": "object"}))),
+        ("choice", _) => Err(bad(format!(
+            "{param}: choice must be a list of 1 to 1024 strings"
+        ))),
+        ("json" | "regex" | "grammar" | "json_object", _) => Err(bad(format!(
+            "{param}: {kind} must be {}",
+            match kind {
+                "json" => "a JSON schema (an object or its text)",
+                "json_object" => "true",
+                _ => "a string",
+            }
+        ))),
+        _ => Err(bad(format!(
+            "{param}: {kind:?} is not one of json, regex, choice, grammar, json_object"
+        ))),
+    }
+}
+
 /// The grammar a request holds its output to, and the field that gave it (for errors).
 fn grammar_request(c: &Common) -> Result<Option<(Grammar, &'static str)>, ApiError> {
     let mut found = Vec::new();
@@ -435,10 +563,51 @@ fn grammar_request(c: &Common) -> Result<Option<(Grammar, &'static str)>, ApiErr
     if let Some(r) = &c.regex {
         found.push((Grammar::Regex(r.clone()), "regex"));
     }
+    for (field, v) in [
+        ("guided_json", &c.guided_json),
+        ("guided_regex", &c.guided_regex),
+        ("guided_choice", &c.guided_choice),
+        ("guided_grammar", &c.guided_grammar),
+    ] {
+        if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
+            let kind = field.trim_start_matches("guided_");
+            found.push((vllm_grammar(kind, v, field)?, field));
+        }
+    }
+    if let Some(so) = c.structured_outputs.as_ref().filter(|v| !v.is_null()) {
+        let param = "structured_outputs";
+        let Value::Object(o) = so else {
+            return Err(ApiError::bad("structured_outputs must be an object").param(param));
+        };
+        // (vLLM's options beside the constraint: no effect on what is allowed here)
+        let given: Vec<(&String, &Value)> = o
+            .iter()
+            .filter(|(k, v)| {
+                !v.is_null()
+                    && !matches!(
+                        k.as_str(),
+                        "disable_fallback"
+                            | "disable_any_whitespace"
+                            | "disable_additional_properties"
+                            | "whitespace_pattern"
+                            | "backend"
+                    )
+            })
+            .collect();
+        match given[..] {
+            [(k, v)] => found.push((vllm_grammar(k, v, param)?, param)),
+            _ => {
+                return Err(ApiError::bad(
+                    "structured_outputs takes one of json, regex, choice, grammar, json_object",
+                )
+                .param(param))
+            }
+        }
+    }
     if found.len() > 1 {
         let names: Vec<&str> = found.iter().map(|(_, p)| *p).collect();
         return Err(ApiError::bad(format!(
-            "give one of response_format (json), json_schema, grammar, regex; this request has {}",
+            "give one of response_format (json), json_schema, grammar, regex (or vLLM's structured_outputs, guided_*); this request has {}",
             names.join(", ")
         ))
         .param(found[1].1));
@@ -598,6 +767,10 @@ pub(crate) struct Job {
     /// Streamed: `usage` in its own last chunk (`stream_options.include_usage`).
     pub(crate) include_usage: bool,
     pub(crate) ignore_eos: bool,
+    /// End-of-generation (and `stop_ids`) masked until this many tokens (vLLM's).
+    pub(crate) min_tokens: usize,
+    /// Tokens that end the reply (vLLM's `stop_token_ids`).
+    pub(crate) stop_ids: Vec<u32>,
     /// Speculative decoding's guesses per step (0: off).
     pub(crate) draft_max: usize,
     pub(crate) model: String,
@@ -658,6 +831,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 reasoning: j.reasoning.clone(),
                 keep: j.keep.clone(),
                 prediction: j.prediction.clone(),
+                stop_ids: j.stop_ids.clone(),
                 slot: j.slot,
                 copy,
                 group,
@@ -799,6 +973,33 @@ pub(crate) fn job(
     if prompt.is_empty() {
         return Err(ApiError::bad("the prompt is empty").param("prompt"));
     }
+    if c.repeat_penalty.is_some() && c.repetition_penalty.is_some() {
+        return Err(ApiError::bad(
+            "give one of repeat_penalty (llama.cpp's) and repetition_penalty (vLLM's)",
+        )
+        .param("repetition_penalty"));
+    }
+    let min_tokens = match c.min_tokens {
+        None => 0,
+        Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(n) => {
+            return Err(ApiError::bad(format!("min_tokens {n} must be >= 0")).param("min_tokens"))
+        }
+    };
+    let stop_ids = match &c.stop_token_ids {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(v)) if v.len() <= 256 => {
+            let ids = token_ids(v, "stop_token_ids")?;
+            in_vocabulary(st, &ids, "stop_token_ids")?;
+            ids
+        }
+        Some(_) => {
+            return Err(
+                ApiError::bad("stop_token_ids must be a list of up to 256 token ids")
+                    .param("stop_token_ids"),
+            )
+        }
+    };
     let ctx = st.ctx;
     let shift = shift_request(st, &c, prompt.len())?;
     let prompt = match shift {
@@ -868,8 +1069,16 @@ pub(crate) fn job(
         top_k,
         top_p: c.top_p.map_or(d.top_p, |p| p as f32),
         min_p: c.min_p.map_or(d.min_p, |p| p as f32),
-        repeat_penalty: c.repeat_penalty.map_or(d.repeat_penalty, |p| p as f32),
-        repeat_last_n: d.repeat_last_n,
+        repeat_penalty: c
+            .repeat_penalty
+            .or(c.repetition_penalty)
+            .map_or(d.repeat_penalty, |p| p as f32),
+        // vLLM's repetition penalty looks at the whole sequence
+        repeat_last_n: if c.repetition_penalty.is_some() {
+            st.ctx
+        } else {
+            d.repeat_last_n
+        },
         // a seed the server picks is 32-bit, as llama-server's: reported in
         // `generation_settings` and sent back by clients whose numbers are doubles (a
         // JavaScript UI) exactly
@@ -967,6 +1176,8 @@ pub(crate) fn job(
         stream: c.stream.unwrap_or(false),
         include_usage,
         ignore_eos: c.ignore_eos.unwrap_or(false),
+        min_tokens,
+        stop_ids,
         draft_max,
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
         logprobs,
@@ -1244,6 +1455,8 @@ pub(crate) fn submit(
         sampler: job.sampler.clone(),
         max_tokens: job.max_tokens,
         ignore_eos: job.ignore_eos,
+        min_tokens: job.min_tokens,
+        stop_ids: job.stop_ids.clone(),
         draft_max: job.draft_max,
         prediction: job.prediction.clone(),
         logprobs: job.logprobs,

@@ -350,6 +350,8 @@ async fn embed_one(
         sampler: st.default_sampler.clone(),
         max_tokens: 0,
         ignore_eos: false,
+        min_tokens: 0,
+        stop_ids: Vec::new(),
         draft_max: 0,
         prediction: None,
         logprobs: None,

@@ -162,6 +162,13 @@ pub struct Request {
     pub max_tokens: usize,
     /// Never stop at end-of-generation tokens.
     pub ignore_eos: bool,
+    /// End-of-generation tokens (and `stop_ids`) are masked until this many tokens were
+    /// generated (vLLM's `min_tokens`; not with a `constraint`, which decides where the
+    /// output may end).
+    pub min_tokens: usize,
+    /// Generating one of these ends the reply (vLLM's `stop_token_ids`): the token is part
+    /// of it, and the request ends as at an end-of-generation token.
+    pub stop_ids: Vec<u32>,
     /// Speculative decoding: most tokens the prompt-lookup draft (`gds_runtime::draft`)
     /// guesses per step, checked in the same forward pass; 0 = off. The output is unchanged
     /// (every token is sampled from the logits at its position).
@@ -1393,8 +1400,10 @@ impl Engine {
                     failed.push((i, Fault::Grammar(e.to_string())));
                     continue;
                 }
-            } else if s.req.ignore_eos {
-                for &e in &self.eog {
+            } else if s.req.ignore_eos || s.generated < s.req.min_tokens {
+                let early = s.generated < s.req.min_tokens;
+                let stops = s.req.stop_ids.iter().filter(|_| early);
+                for &e in self.eog.iter().chain(stops) {
                     if let Some(l) = logits.get_mut(e as usize) {
                         *l = f32::NEG_INFINITY;
                     }
@@ -1443,7 +1452,11 @@ impl Engine {
             if !Self::send(s, Event::Token(tok, lp)) {
                 continue; // reaped next step
             }
-            if s.req
+            if s.req.stop_ids.contains(&tok) {
+                // a stop token (vLLM's `stop_token_ids`): the reply ends with it
+                done.push((i, Finish::Eos));
+            } else if s
+                .req
                 .constraint
                 .as_ref()
                 .is_some_and(Constraint::is_finished)

@@ -1555,6 +1555,8 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 },
                 max_tokens: if embed[i].is_some() { 0 } else { 6 + i },
                 ignore_eos: true,
+                min_tokens: 0,
+                stop_ids: Vec::new(),
                 draft_max: 0,
                 prediction: None,
                 logprobs: None,

@@ -18,3 +18,4 @@ mod samplers;
 mod score;
 mod slots;
 mod tools;
+mod vllm;

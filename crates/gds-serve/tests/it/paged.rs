@@ -310,6 +310,8 @@ fn run_engine_with(
             },
             max_tokens: *max_tokens,
             ignore_eos: false,
+            min_tokens: 0,
+            stop_ids: Vec::new(),
             draft_max: 0,
             prediction: None,
             logprobs: echo.then_some(1),

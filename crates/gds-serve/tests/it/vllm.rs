@@ -1,0 +1,223 @@
+//! vLLM's extra parameters on the OpenAI endpoints (what clients written for `vllm serve`
+//! send in `extra_body`): structured outputs (`structured_outputs`, `guided_json`,
+//! `guided_regex`, `guided_choice`, `guided_grammar`), `min_tokens`, `stop_token_ids`,
+//! `repetition_penalty`; and the ones not done refused by name, where they were ignored.
+
+use crate::common::{http, serial, start, Server};
+use serde_json::{json, Value};
+
+fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
+    let (code, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
+    (code, v)
+}
+
+fn ok(s: &Server, path: &str, body: &Value) -> Value {
+    let (code, v) = post(s, path, body);
+    assert_eq!(code, 200, "{body}: {v}");
+    v
+}
+
+fn chat(s: &Server, extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "Is the sky blue? Answer."}],
+        "max_tokens": 40, "temperature": 0.9, "seed": 3});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    ok(s, "/v1/chat/completions", &body)
+}
+
+fn content(v: &Value) -> &str {
+    v["choices"][0]["message"]["content"].as_str().unwrap()
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_structured_outputs_hold_the_reply() {
+    let _one = serial();
+    let s = start(&[]);
+    let choices = ["yes", "no", "it depends (mostly)"];
+    for seed in 1..=4 {
+        // the old and the new form: the same constraint, the same reply
+        let old = chat(&s, json!({"guided_choice": choices, "seed": seed}));
+        let new = chat(
+            &s,
+            json!({"structured_outputs": {"choice": choices}, "seed": seed}),
+        );
+        assert!(choices.contains(&content(&old)), "{old}");
+        assert_eq!(content(&old), content(&new), "seed {seed}");
+    }
+    let digits = chat(&s, json!({"guided_regex": "[0-9]{3}-[a-z]{2}"}));
+    let d = content(&digits).as_bytes();
+    assert!(
+        d.len() == 6 && d[..3].iter().all(u8::is_ascii_digit) && d[3] == b'-',
+        "{digits}"
+    );
+    let schema = json!({"type": "object", "properties": {"answer": {"type": "boolean"},
+        "why": {"type": "string", "maxLength": 30}}, "required": ["answer", "why"]});
+    for extra in [
+        json!({"guided_json": schema}),
+        json!({"guided_json": schema.to_string()}),
+        json!({"structured_outputs": {"json": schema}}),
+    ] {
+        let v = chat(&s, extra.clone());
+        let parsed: Value =
+            serde_json::from_str(content(&v)).unwrap_or_else(|e| panic!("{extra}: {e}: {v}"));
+        assert!(
+            parsed["answer"].is_boolean() && parsed["why"].is_string(),
+            "{parsed}"
+        );
+    }
+    let any = chat(&s, json!({"structured_outputs": {"json_object": true}}));
+    assert!(
+        serde_json::from_str::<Value>(content(&any))
+            .unwrap()
+            .is_object(),
+        "{any}"
+    );
+    // GBNF, as vLLM's xgrammar takes it; on /v1/completions too
+    let g = "root ::= \"The answer is \" (\"yes\" | \"no\") \".\"";
+    let v = ok(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "Q: Is fire hot?\nA:", "guided_grammar": g, "max_tokens": 12}),
+    );
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        ["The answer is yes.", "The answer is no."].contains(&text),
+        "{v}"
+    );
+    // one constraint a request; malformed ones named
+    for (body, param) in [
+        (
+            json!({"guided_choice": ["a"], "regex": "a"}),
+            "guided_choice",
+        ),
+        (
+            json!({"structured_outputs": {"choice": ["a"], "regex": "a"}}),
+            "structured_outputs",
+        ),
+        (
+            json!({"structured_outputs": {"xml": "a"}}),
+            "structured_outputs",
+        ),
+        (json!({"guided_choice": []}), "guided_choice"),
+        (json!({"guided_choice": [1, 2]}), "guided_choice"),
+        (json!({"guided_json": "{not json"}), "guided_json"),
+        (json!({"guided_regex": 5}), "guided_regex"),
+        (json!({"guided_grammar": "root ::= ("}), "guided_grammar"),
+    ] {
+        let mut b = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+        for (k, v) in body.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = post(&s, "/v1/chat/completions", &b);
+        assert_eq!(code, 400, "{b}: {v}");
+        assert_eq!(v["error"]["param"], param, "{b}: {v}");
+    }
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
+    let _one = serial();
+    let s = start(&[]);
+    let prompt = "The capital of France is";
+    let greedy = |extra: Value| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        ok(&s, "/v1/completions", &body)
+    };
+    // the greedy reply's token ids (llama-server's `/completion` lists them)
+    let native = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 24, "temperature": 0, "return_tokens": true}),
+    );
+    let ids: Vec<u64> = native["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let plain = greedy(json!({}));
+    assert_eq!(plain["choices"][0]["text"], native["content"], "{plain}");
+    // the 4th token stops it (first seen there): four tokens, their text, finish stop
+    let at = 3;
+    let first = ids.iter().position(|&t| t == ids[at]).unwrap();
+    let stopped = greedy(json!({"stop_token_ids": [ids[at]]}));
+    assert_eq!(
+        stopped["usage"]["completion_tokens"],
+        first + 1,
+        "{stopped}"
+    );
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop", "{stopped}");
+    let (_, text) = post(&s, "/detokenize", &json!({"tokens": ids[..=first]}));
+    assert_eq!(stopped["choices"][0]["text"], text["content"], "{stopped}");
+    // ... unless min_tokens holds it back
+    let held = greedy(json!({"stop_token_ids": [ids[at]], "min_tokens": first + 2}));
+    assert!(
+        held["usage"]["completion_tokens"].as_u64().unwrap() > first as u64 + 1,
+        "{held}"
+    );
+    // a reply that ends early goes on to min_tokens
+    let short = ok(
+        &s,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 64,
+                "temperature": 0}),
+    );
+    let n = short["usage"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(short["choices"][0]["finish_reason"], "stop", "{short}");
+    let longer = ok(
+        &s,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 64,
+                "temperature": 0, "min_tokens": n + 10}),
+    );
+    assert!(
+        longer["usage"]["completion_tokens"].as_u64().unwrap() >= n + 10,
+        "{short} vs {longer}"
+    );
+    // vLLM's repetition_penalty: llama.cpp's repeat_penalty over the whole context
+    let vllm = greedy(json!({"repetition_penalty": 1.5}));
+    let llama = greedy(json!({"repeat_penalty": 1.5, "repeat_last_n": -1}));
+    assert_eq!(vllm["choices"][0]["text"], llama["choices"][0]["text"]);
+    assert_ne!(
+        vllm["choices"][0]["text"], plain["choices"][0]["text"],
+        "the penalty changes this reply"
+    );
+    // refusals: both penalties, and what is not done here (a default passes)
+    for (body, param) in [
+        (
+            json!({"repetition_penalty": 1.2, "repeat_penalty": 1.1}),
+            "repetition_penalty",
+        ),
+        (json!({"min_tokens": -1}), "min_tokens"),
+        (json!({"stop_token_ids": [99999999]}), "stop_token_ids"),
+        (json!({"use_beam_search": true}), "use_beam_search"),
+        (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
+        (json!({"skip_special_tokens": false}), "skip_special_tokens"),
+        (
+            json!({"include_stop_str_in_output": true}),
+            "include_stop_str_in_output",
+        ),
+        (json!({"bad_words": ["Paris"]}), "bad_words"),
+        (json!({"allowed_token_ids": [1, 2]}), "allowed_token_ids"),
+    ] {
+        let mut b = json!({"prompt": prompt, "max_tokens": 4});
+        for (k, v) in body.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = post(&s, "/v1/completions", &b);
+        assert_eq!(code, 400, "{b}: {v}");
+        assert_eq!(v["error"]["param"], param, "{b}: {v}");
+    }
+    let defaults = greedy(
+        json!({"use_beam_search": false, "skip_special_tokens": true,
+        "include_stop_str_in_output": false, "bad_words": [], "prompt_logprobs": null}),
+    );
+    assert_eq!(defaults["choices"][0]["text"], plain["choices"][0]["text"]);
+}
