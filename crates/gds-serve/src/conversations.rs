@@ -122,35 +122,7 @@ pub(crate) fn add_response_items(st: &ServerState, id: &str, items: &[Value]) {
 /// (its own, else a new one), a `status`; a message's string content as a part
 /// (`input_text`, an assistant's `output_text`).
 fn normalize(item: &Value) -> (String, Box<str>) {
-    let mut it = item.clone();
-    if let Some(o) = it.as_object_mut() {
-        let kind = o
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("message")
-            .to_string();
-        let prefix = match kind.as_str() {
-            "message" => "msg",
-            "function_call" => "fc",
-            "function_call_output" => "fco",
-            "reasoning" => "rs",
-            _ => "item",
-        };
-        o.entry("id")
-            .or_insert_with(|| json!(format!("{prefix}_{:016x}", random_seed())));
-        o.insert("type".into(), json!(kind));
-        o.entry("status").or_insert_with(|| json!("completed"));
-        if kind == "message" {
-            if let Some(Value::String(text)) = o.get("content") {
-                let part = if o.get("role").and_then(Value::as_str) == Some("assistant") {
-                    json!({"type": "output_text", "text": text, "annotations": []})
-                } else {
-                    json!({"type": "input_text", "text": text})
-                };
-                o.insert("content".into(), json!([part]));
-            }
-        }
-    }
+    let it = crate::items::listed(item, |prefix| format!("{prefix}_{:016x}", random_seed()));
     let id = it["id"].as_str().unwrap_or_default().to_string();
     (id, it.to_string().into_boxed_str())
 }
@@ -317,53 +289,20 @@ pub async fn list_items(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
-        None => 20,
-        Some(Ok(n)) if (1..=100).contains(&n) => n,
-        Some(_) => {
-            return ApiError::bad("limit must be a number from 1 to 100")
-                .param("limit")
-                .into_response()
-        }
-    };
-    let desc = match q.get("order").map(String::as_str) {
-        None | Some("desc") => true,
-        Some("asc") => false,
-        Some(o) => {
-            return ApiError::bad(format!("order {o:?}: expected \"asc\" or \"desc\""))
-                .param("order")
-                .into_response()
-        }
-    };
     let store = lock(&st);
     let Some(c) = store.map.get(&id) else {
         return not_found(&id).into_response();
     };
-    let ordered: Vec<&(String, Box<str>)> = if desc {
-        c.items.iter().rev().collect()
-    } else {
-        c.items.iter().collect()
-    };
-    let from = match q.get("after") {
-        None => 0,
-        Some(a) => match ordered.iter().position(|(k, _)| k == a) {
-            Some(i) => i + 1,
-            None => {
-                return ApiError::bad(format!("no item {a:?} in conversation {id:?}"))
-                    .param("after")
-                    .into_response()
-            }
-        },
-    };
-    let has_more = ordered.len() > from + limit;
-    let page: Vec<Value> = ordered
-        .into_iter()
-        .skip(from)
-        .take(limit)
+    let items: Vec<Value> = c
+        .items
+        .iter()
         .map(|(_, t)| serde_json::from_str(t).unwrap_or(Value::Null))
         .collect();
     drop(store);
-    Json(list(page, has_more)).into_response()
+    match crate::items::page(items, &q, &format!("conversation {id:?}")) {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// `GET /v1/conversations/{id}/items/{item_id}`.

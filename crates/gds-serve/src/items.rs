@@ -4,6 +4,86 @@
 use crate::api::{ApiError, ChatMessage};
 use crate::error::bad;
 use serde_json::{json, Value};
+use std::collections::HashMap;
+
+/// An item as OpenAI lists it (a response's input items, a conversation's): a `type`
+/// (`message` where none), an `id` (its own, else `new_id` of its kind's prefix: `msg`,
+/// `fc`, `fco`, `rs`, `item`), a `status`; a message's string content as a part
+/// (`input_text`, an assistant's `output_text`).
+pub(crate) fn listed(item: &Value, new_id: impl FnOnce(&str) -> String) -> Value {
+    let mut it = item.clone();
+    let Some(o) = it.as_object_mut() else {
+        return it;
+    };
+    let kind = o
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message")
+        .to_string();
+    let prefix = match kind.as_str() {
+        "message" => "msg",
+        "function_call" => "fc",
+        "function_call_output" => "fco",
+        "reasoning" => "rs",
+        _ => "item",
+    };
+    o.entry("id").or_insert_with(|| json!(new_id(prefix)));
+    o.insert("type".into(), json!(kind));
+    o.entry("status").or_insert_with(|| json!("completed"));
+    if kind == "message" {
+        if let Some(Value::String(text)) = o.get("content") {
+            let part = if o.get("role").and_then(Value::as_str) == Some("assistant") {
+                json!({"type": "output_text", "text": text, "annotations": []})
+            } else {
+                json!({"type": "input_text", "text": text})
+            };
+            o.insert("content".into(), json!([part]));
+        }
+    }
+    it
+}
+
+/// A page of `items` (oldest first) as OpenAI lists them: `order` (`desc`, the default,
+/// newest first, or `asc`), after the item whose id is `after`, `limit` of them (1 to 100,
+/// 20); the list object, or a 400 naming the query parameter (`what` names the list).
+pub(crate) fn page(
+    mut items: Vec<Value>,
+    q: &HashMap<String, String>,
+    what: &str,
+) -> Result<Value, ApiError> {
+    let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
+        None => 20,
+        Some(Ok(n)) if (1..=100).contains(&n) => n,
+        Some(_) => return Err(ApiError::bad("limit must be a number from 1 to 100").param("limit")),
+    };
+    match q.get("order").map(String::as_str) {
+        None | Some("desc") => items.reverse(),
+        Some("asc") => {}
+        Some(o) => {
+            return Err(
+                ApiError::bad(format!("order {o:?}: expected \"asc\" or \"desc\"")).param("order"),
+            )
+        }
+    }
+    let from = match q.get("after") {
+        None => 0,
+        Some(a) => match items.iter().position(|d| d["id"] == a.as_str()) {
+            Some(i) => i + 1,
+            None => {
+                return Err(ApiError::bad(format!("no item {a:?} in {what}")).param("after"));
+            }
+        },
+    };
+    let has_more = items.len() > from + limit;
+    let data: Vec<Value> = items.into_iter().skip(from).take(limit).collect();
+    Ok(json!({
+        "object": "list",
+        "first_id": data.first().map(|d| d["id"].clone()),
+        "last_id": data.last().map(|d| d["id"].clone()),
+        "has_more": has_more,
+        "data": data,
+    }))
+}
 
 /// OpenAI's limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values
 /// up to 512.

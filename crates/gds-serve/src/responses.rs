@@ -1466,84 +1466,25 @@ pub async fn input_items(
     let (text, input_from, outputs) = (s.items.clone(), s.input_from, s.outputs);
     drop(store);
     let items = parse_items(&text);
-    let mut data: Vec<Value> = items
+    let data: Vec<Value> = items
         .iter()
         .skip(input_from)
         .take(items.len().saturating_sub(input_from + outputs))
         .enumerate()
         .map(|(i, item)| input_item(&id, i, item))
         .collect();
-    if q.get("order").map(String::as_str) != Some("asc") {
-        data.reverse();
+    match crate::items::page(data, &q, &format!("{id:?}")) {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => e.into_response(),
     }
-    // a page: after the item `after` (in this order), `limit` of them (1 to 100, 20)
-    let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
-        None => 20,
-        Some(Ok(n)) if (1..=100).contains(&n) => n,
-        Some(_) => {
-            return ApiError::bad("limit must be a number from 1 to 100")
-                .param("limit")
-                .into_response()
-        }
-    };
-    let from = match q.get("after") {
-        None => 0,
-        Some(a) => match data.iter().position(|d| d["id"] == a.as_str()) {
-            Some(i) => i + 1,
-            None => {
-                return ApiError::bad(format!("no input item {a:?} in {id:?}"))
-                    .param("after")
-                    .into_response()
-            }
-        },
-    };
-    let has_more = data.len() > from + limit;
-    let page: Vec<Value> = data.into_iter().skip(from).take(limit).collect();
-    Json(json!({
-        "object": "list",
-        "data": page,
-        "first_id": page.first().map(|d| d["id"].clone()),
-        "last_id": page.last().map(|d| d["id"].clone()),
-        "has_more": has_more,
-    }))
-    .into_response()
 }
 
 /// Input item `i` of response `id` as OpenAI lists it: an `id` (the item's own, else one
 /// made from the response's and the index), a `type`, a `status`; a message's content as
 /// parts (`input_text`, an assistant's `output_text`) where it was a string.
 fn input_item(id: &str, i: usize, item: &Value) -> Value {
-    let mut it = item.clone();
-    let Some(o) = it.as_object_mut() else {
-        return it;
-    };
-    let kind = o
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("message")
-        .to_string();
     let stem = id.strip_prefix("resp_").unwrap_or(id);
-    let prefix = match kind.as_str() {
-        "message" => "msg",
-        "function_call" => "fc",
-        "function_call_output" => "fco",
-        _ => "item",
-    };
-    o.entry("id")
-        .or_insert_with(|| json!(format!("{prefix}_{stem}_{i}")));
-    o.insert("type".into(), json!(kind));
-    o.entry("status").or_insert_with(|| json!("completed"));
-    if kind == "message" {
-        if let Some(Value::String(text)) = o.get("content") {
-            let part = if o.get("role").and_then(Value::as_str) == Some("assistant") {
-                json!({"type": "output_text", "text": text, "annotations": []})
-            } else {
-                json!({"type": "input_text", "text": text})
-            };
-            o.insert("content".into(), json!([part]));
-        }
-    }
-    it
+    crate::items::listed(item, |prefix| format!("{prefix}_{stem}_{i}"))
 }
 
 /// `DELETE /v1/responses/{id}`.
