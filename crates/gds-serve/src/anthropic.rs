@@ -349,6 +349,8 @@ fn chat_request(body: &Bytes, counting: bool) -> Result<(ChatBody, Common), ApiE
         parallel_tool_calls: parallel,
         continue_final_message: Some(prefill),
         add_generation_prompt: None,
+        documents: None,
+        chat_template: None,
         chat_template_kwargs: match m.thinking.as_ref() {
             None | Some(Value::Null) => None,
             Some(t) => match t.get("type").and_then(Value::as_str) {

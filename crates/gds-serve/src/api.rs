@@ -682,6 +682,14 @@ pub(crate) struct ChatBody {
     /// `enable_thinking`, ...).
     #[serde(default)]
     pub(crate) chat_template_kwargs: Option<Value>,
+    /// vLLM's `documents`: retrieved documents (objects of strings: `title`, `text`, ...)
+    /// for templates that lay them out (Command R's, Granite's): the template's `documents`.
+    #[serde(default)]
+    pub(crate) documents: Option<Value>,
+    /// vLLM's per-request `chat_template`: refused (the server's template renders every
+    /// request; vLLM too refuses it unless started to trust it).
+    #[serde(default)]
+    pub(crate) chat_template: Option<Value>,
     /// llama-server's `reasoning_format`: `auto`/`deepseek` (a thinking model's reasoning
     /// apart, as `reasoning_content`) or `none` (the reply whole); default `--reasoning-format`.
     #[serde(default)]
@@ -699,14 +707,42 @@ pub(crate) struct ChatBody {
 
 /// Most `chat_template_kwargs` one request may give.
 const MAX_TEMPLATE_VARS: usize = 64;
+/// Most `documents` one request may give.
+const MAX_DOCUMENTS: usize = 256;
 
 impl ChatBody {
     /// `chat_template_kwargs`, checked: an object of at most [`MAX_TEMPLATE_VARS`] variables,
     /// none of the names the server sets itself.
     pub(crate) fn template_vars(&self) -> Result<Option<serde_json::Map<String, Value>>, ApiError> {
+        if self.chat_template.as_ref().is_some_and(|t| !t.is_null()) {
+            return Err(ApiError::bad(
+                "a request's chat_template is not taken: the server renders every request with its model's template (start it with --chat-template-file FILE or --chat-template NAME)",
+            )
+            .param("chat_template"));
+        }
+        let docs = match &self.documents {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(d))
+                if d.len() <= MAX_DOCUMENTS
+                    && d.iter().all(|x| {
+                        x.as_object()
+                            .is_some_and(|o| o.values().all(Value::is_string))
+                    }) =>
+            {
+                Some(Value::Array(d.clone()))
+            }
+            Some(_) => {
+                return Err(ApiError::bad(format!(
+                    "documents must be a list of up to {MAX_DOCUMENTS} objects of strings (title, text, ...)"
+                ))
+                .param("documents"))
+            }
+        };
         let bad = |m: String| ApiError::bad(m).param("chat_template_kwargs");
         let map = match &self.chat_template_kwargs {
-            None | Some(Value::Null) => return Ok(None),
+            None | Some(Value::Null) => {
+                return Ok(docs.map(|d| [("documents".to_string(), d)].into_iter().collect()))
+            }
             Some(Value::Object(m)) => m,
             Some(v) => return Err(bad(format!("chat_template_kwargs {v} must be an object"))),
         };
@@ -728,7 +764,17 @@ impl ChatBody {
                 "chat_template_kwargs cannot set {k:?}: the server sets it (send it as its own field)"
             )));
         }
-        Ok(Some(map.clone()))
+        let mut map = map.clone();
+        if let Some(d) = docs {
+            if map.contains_key("documents") {
+                return Err(ApiError::bad(
+                    "documents is given twice (as a field and in chat_template_kwargs)",
+                )
+                .param("documents"));
+            }
+            map.insert("documents".into(), d);
+        }
+        Ok(Some(map))
     }
 }
 

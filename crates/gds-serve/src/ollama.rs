@@ -542,6 +542,8 @@ async fn chat_turn(
         parallel_tool_calls: boolean(o, "parallel_tool_calls")?,
         continue_final_message: Some(prefill),
         add_generation_prompt: None,
+        documents: None,
+        chat_template: None,
         chat_template_kwargs: vars,
         reasoning_format: string(o, "reasoning_format")?,
         reasoning_effort: thinking.and_then(|(_, level)| level),

@@ -653,6 +653,8 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         parallel_tool_calls: r.parallel_tool_calls,
         continue_final_message: None,
         add_generation_prompt: None,
+        documents: None,
+        chat_template: None,
         chat_template_kwargs: None,
         reasoning_format: None,
         reasoning_effort: r

@@ -1,7 +1,8 @@
 //! vLLM's extra parameters on the OpenAI endpoints (what clients written for `vllm serve`
 //! send in `extra_body`): structured outputs (`structured_outputs`, `guided_json`,
 //! `guided_regex`, `guided_choice`, `guided_grammar`), `min_tokens`, `stop_token_ids`,
-//! `repetition_penalty`; and the ones not done refused by name, where they were ignored.
+//! `repetition_penalty`, `documents`; and the ones not done refused by name, where they
+//! were ignored.
 
 use crate::common::{http, serial, start, Server};
 use serde_json::{json, Value};
@@ -220,4 +221,62 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
         "include_stop_str_in_output": false, "bad_words": [], "prompt_logprobs": null}),
     );
     assert_eq!(defaults["choices"][0]["text"], plain["choices"][0]["text"]);
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_documents_reach_the_template() {
+    let _one = serial();
+    // Command R7B's template lays documents out in a turn of their own
+    let template = gds_tests::fixture("templates/command-r7b.jinja");
+    let s = start(&[
+        "--chat-template-file",
+        template.to_str().unwrap(),
+        "--ctx",
+        "2048",
+    ]);
+    let messages = json!([{"role": "user", "content": "What is the secret?"}]);
+    let docs = json!([{"title": "notes", "text": "The secret is 4217."}]);
+    let render = |extra: Value| {
+        let mut body = json!({"messages": messages});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        post(&s, "/apply-template", &body)
+    };
+    let (_, plain) = render(json!({}));
+    let (_, with) = render(json!({"documents": docs}));
+    let (_, kwargs) = render(json!({"chat_template_kwargs": {"documents": docs}}));
+    let p = |v: &Value| v["prompt"].as_str().unwrap().to_string();
+    assert!(!p(&plain).contains("4217"), "{plain}");
+    assert!(p(&with).contains("The secret is 4217."), "{with}");
+    assert_eq!(p(&with), p(&kwargs));
+    // the chat path renders them too: more prompt tokens
+    let count = |extra: Value| {
+        let mut body = json!({"messages": messages});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        ok(&s, "/v1/chat/completions/input_tokens", &body)["input_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(count(json!({"documents": docs})) > count(json!({})) + 5);
+    for (body, param) in [
+        (json!({"documents": "The secret"}), "documents"),
+        (json!({"documents": [{"text": 5}]}), "documents"),
+        (
+            json!({"documents": docs, "chat_template_kwargs": {"documents": docs}}),
+            "documents",
+        ),
+        (json!({"chat_template": "{{ messages }}"}), "chat_template"),
+    ] {
+        let mut b = json!({"messages": messages, "max_tokens": 2});
+        for (k, v) in body.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = post(&s, "/v1/chat/completions", &b);
+        assert_eq!(code, 400, "{b}: {v}");
+        assert_eq!(v["error"]["param"], param, "{b}: {v}");
+    }
 }
