@@ -311,6 +311,27 @@ out["logprobs"] = {
     "bad_top": refused(input="hi", top_logprobs=21, include=["message.output_text.logprobs"]),
 }
 
+# llama-server's telemetry on the Responses stream: prompt progress on response.in_progress
+# events, timings on each text delta and on the last event
+req = urllib.request.Request(
+    sys.argv[1] + "/responses", method="POST", headers={"Content-Type": "application/json"},
+    data=json.dumps({"input": "This is a test " * 20, "max_output_tokens": 8, "stream": True,
+                     "timings_per_token": True, "return_progress": True}).encode())
+tele = {"progress": [], "delta_timings": 0, "deltas": 0, "last": None}
+with urllib.request.urlopen(req, timeout=120) as f:
+    for line in f.read().decode().splitlines():
+        if not line.startswith("data: "):
+            continue
+        d = json.loads(line[6:])
+        if "prompt_progress" in d:
+            tele["progress"].append([d["type"], d["prompt_progress"]["total"],
+                                     d["prompt_progress"]["processed"], "timings" in d])
+        if d["type"] == "response.output_text.delta":
+            tele["deltas"] += 1
+            tele["delta_timings"] += "predicted_per_second" in d.get("timings", {})
+        tele["last"] = [d["type"], "timings" in d]
+out["telemetry"] = tele
+
 # conversations
 conv = client.conversations.create(items=[{"type": "message", "role": "user",
                                            "content": "My name is Ada."}],

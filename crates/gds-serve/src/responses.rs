@@ -20,8 +20,8 @@
 //! `include: ["message.output_text.logprobs"]` lists the output text's log-probabilities.
 
 use crate::api::{
-    chat_job, complete, constrain, finish, now_secs, parse, random_seed, sse, submit, ApiError,
-    ChatBody, Common, End, Gen, Job, Kind, Piece,
+    chat_job, complete, constrain, finish, now_secs, parse, progress_json, progress_timings,
+    random_seed, sse, submit, ApiError, ChatBody, Common, End, Gen, Job, Kind, Next, Piece,
 };
 use crate::error::bad;
 use crate::items::{messages, metadata};
@@ -871,12 +871,21 @@ impl Ev {
 /// Numbers the events of one streamed response (`sequence_number`) and names them.
 struct Events {
     seq: u64,
+    /// llama-server's `timings_per_token`: the timings so far, put on each text delta.
+    timings: Option<Value>,
 }
 
 impl Events {
     fn event(&mut self, kind: &str, mut data: Value) -> Ev {
         data["type"] = json!(kind);
         data["sequence_number"] = json!(self.seq);
+        if let Some(t) = self
+            .timings
+            .as_ref()
+            .filter(|_| kind == "response.output_text.delta")
+        {
+            data["timings"] = t.clone();
+        }
         self.seq += 1;
         Ev {
             kind: kind.to_string(),
@@ -1049,8 +1058,12 @@ async fn response_events(
     let submitted = submit(&st, &job, constraint)?;
     let gen = Gen::new(st.clone(), submitted, &job, logprobs);
     let tools = job.tools.clone().filter(|t| t.parses());
-    let mut ev = Events { seq: 0 };
+    let mut ev = Events {
+        seq: 0,
+        timings: None,
+    };
     let who = (job.model.clone(), job.prompt.len());
+    let (timings, progress) = (job.timings_per_token, job.progress);
     let shell = |status: &str| {
         response_object(&id, created, (&who.0, who.1), &echoed, status, vec![], None)
     };
@@ -1099,7 +1112,29 @@ async fn response_events(
         );
         async move {
             let mut s = state?;
-            let piece = s.g.next().await?;
+            // llama-server's `return_progress`: how far the prompt has gone in, on
+            // `response.in_progress` events (`timings` too with `timings_per_token`)
+            let piece = loop {
+                match if progress {
+                    s.g.next_or_progress().await?
+                } else {
+                    Next::Piece(s.g.next().await?)
+                } {
+                    Next::Piece(p) => break p,
+                    Next::Progress(p) => {
+                        s.started = true;
+                        let mut data = json!({"response": in_progress, "prompt_progress": progress_json(&p)});
+                        if timings {
+                            data["timings"] = progress_timings(&p);
+                        }
+                        let out = vec![s.ev.event("response.in_progress", data)];
+                        return Some((out, Some(s)));
+                    }
+                }
+            };
+            if timings {
+                s.ev.timings = Some(s.g.timings_so_far(who.1));
+            }
             let mut out = Vec::new();
             if !s.started {
                 s.started = true;
@@ -1235,7 +1270,11 @@ async fn response_events(
                     } else {
                         "response.completed"
                     };
-                    out.push(ev.event(kind, json!({ "response": r })));
+                    let mut data = json!({ "response": r });
+                    if timings {
+                        data["timings"] = g.timings_so_far(who.1);
+                    }
+                    out.push(ev.event(kind, data));
                     Some((out, None))
                 }
                 Piece::Error(e) => {

@@ -400,6 +400,18 @@ fn responses_api_through_the_openai_client() {
     assert_eq!(l["plain"], serde_json::json!([[]]), "{l}");
     assert_eq!(l["bad_top"]["status"], 400, "{l}");
     assert_eq!(l["bad_top"]["param"], "top_logprobs", "{l}");
+    // llama-server's telemetry: prompt progress on in_progress events, timings on every
+    // delta and on the last event
+    let t = &r["telemetry"];
+    let progress = t["progress"].as_array().unwrap();
+    assert!(!progress.is_empty(), "{t}");
+    for p in progress {
+        assert_eq!(p[0], "response.in_progress", "{t}");
+        assert!(p[1].as_u64().unwrap() > 0 && p[3] == true, "{t}");
+    }
+    assert!(t["deltas"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["delta_timings"], t["deltas"], "{t}");
+    assert_eq!(t["last"][1], true, "{t}");
     // conversations: responses through one equal the same conversation sent whole; its
     // items in order (the first item, then each response's input and output), paged; added,
     // read, deleted; metadata; deleted; refusals naming the field
