@@ -1114,22 +1114,21 @@ async fn response_events(
             let mut s = state?;
             // llama-server's `return_progress`: how far the prompt has gone in, on
             // `response.in_progress` events (`timings` too with `timings_per_token`)
-            let piece = loop {
-                match if progress {
-                    s.g.next_or_progress().await?
-                } else {
-                    Next::Piece(s.g.next().await?)
-                } {
-                    Next::Piece(p) => break p,
-                    Next::Progress(p) => {
-                        s.started = true;
-                        let mut data = json!({"response": in_progress, "prompt_progress": progress_json(&p)});
-                        if timings {
-                            data["timings"] = progress_timings(&p);
-                        }
-                        let out = vec![s.ev.event("response.in_progress", data)];
-                        return Some((out, Some(s)));
+            let next = if progress {
+                s.g.next_or_progress().await?
+            } else {
+                Next::Piece(s.g.next().await?)
+            };
+            let piece = match next {
+                Next::Piece(p) => p,
+                Next::Progress(p) => {
+                    s.started = true;
+                    let mut data = json!({"response": in_progress, "prompt_progress": progress_json(&p)});
+                    if timings {
+                        data["timings"] = progress_timings(&p);
                     }
+                    let out = vec![s.ev.event("response.in_progress", data)];
+                    return Some((out, Some(s)));
                 }
             };
             if timings {
