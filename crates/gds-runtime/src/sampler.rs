@@ -177,6 +177,33 @@ impl Stage {
         )
     }
 
+    /// A chain's order as llama-server's `samplers` request field gives it: names
+    /// (llama.cpp's and their aliases, at most 16) or one string of their letters
+    /// (`"edkypmxt"`); each at most once. `None` for null. The error is the message to show.
+    pub fn from_json(v: &serde_json::Value) -> Result<Option<Vec<Stage>>, String> {
+        use serde_json::Value;
+        let stage = |e: String| format!("samplers: {e}");
+        let order: Vec<Stage> = match v {
+            Value::Null => return Ok(None),
+            Value::String(letters) => Stage::lettered(letters).map_err(stage)?,
+            Value::Array(l) if l.len() <= 16 => l
+                .iter()
+                .map(|n| {
+                    let n = n
+                        .as_str()
+                        .ok_or_else(|| format!("samplers entry {n} must be a string"))?;
+                    Stage::named(n).map_err(stage)
+                })
+                .collect::<Result<_, _>>()?,
+            other => {
+                return Err(format!(
+                    "samplers {other} must be a list of sampler names or a string of their letters"
+                ))
+            }
+        };
+        Stage::once(order).map(Some).map_err(stage)
+    }
+
     /// Penalties and DRY move logits and drop nothing; the others choose candidates.
     fn is_penalty(self) -> bool {
         matches!(self, Stage::Penalties | Stage::Dry)

@@ -1398,7 +1398,8 @@ fn llama_sampling(
             .param("dry_sequence_breakers"))
         }
     }
-    if let Some(order) = samplers_order(l.samplers.as_ref())? {
+    let order = l.samplers.as_ref().map_or(Ok(None), Stage::from_json);
+    if let Some(order) = order.map_err(|m| ApiError::bad(m).param("samplers"))? {
         x.order = order;
     }
     if x.dry_on() {
@@ -1407,32 +1408,6 @@ fn llama_sampling(
         tokio::task::block_in_place(|| gds_runtime::engine::attach_dry_table(s, &st.tokenizer));
     }
     Ok(())
-}
-
-/// A request's `samplers`: names (llama.cpp's and their aliases) or one string of its
-/// letters (`"edkypmxt"`); each at most once. `None` where the request gives none.
-fn samplers_order(v: Option<&Value>) -> Result<Option<Vec<Stage>>, ApiError> {
-    let bad = |m: String| ApiError::bad(m).param("samplers");
-    let stage = |e: String| bad(format!("samplers: {e}"));
-    let order: Vec<Stage> = match v {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(letters)) => Stage::lettered(letters).map_err(stage)?,
-        Some(Value::Array(l)) if l.len() <= 16 => l
-            .iter()
-            .map(|n| {
-                let n = n
-                    .as_str()
-                    .ok_or_else(|| bad(format!("samplers entry {n} must be a string")))?;
-                Stage::named(n).map_err(stage)
-            })
-            .collect::<Result<_, _>>()?,
-        Some(other) => {
-            return Err(bad(format!(
-                "samplers {other} must be a list of sampler names or a string of their letters"
-            )))
-        }
-    };
-    Stage::once(order).map(Some).map_err(stage)
 }
 
 /// Compiles `job`'s grammar (off the async threads: a large schema takes a while, and the
@@ -3258,7 +3233,7 @@ pub async fn model(
             "the model {id:?} does not exist; this server serves {:?}",
             st.model_name
         );
-        return ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", message)
+        return ApiError::not_found(message)
             .param("model")
             .code("model_not_found")
             .into_response();
@@ -3308,12 +3283,7 @@ pub async fn metrics(State(st): State<Arc<ServerState>>) -> Response {
 
 /// Anything else: 404 in OpenAI's format.
 pub async fn not_found() -> Response {
-    ApiError::status(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "no such endpoint",
-    )
-    .into_response()
+    ApiError::not_found("no such endpoint").into_response()
 }
 
 #[cfg(test)]

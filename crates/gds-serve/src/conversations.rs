@@ -43,6 +43,14 @@ impl Conv {
     }
 }
 
+/// Kept items' values from their text (which the store wrote from values).
+fn parsed(items: &[(String, Box<str>)]) -> Vec<Value> {
+    items
+        .iter()
+        .map(|(_, t)| serde_json::from_str(t).unwrap_or(Value::Null))
+        .collect()
+}
+
 /// The conversations kept, the one used last at the back.
 #[derive(Default)]
 pub(crate) struct ConversationStore {
@@ -52,6 +60,26 @@ pub(crate) struct ConversationStore {
 }
 
 impl ConversationStore {
+    /// Keeps a new conversation (used last), dropping the ones used longest ago past the
+    /// count.
+    fn insert(&mut self, id: String, conv: Conv) {
+        self.bytes += conv.bytes;
+        self.map.insert(id.clone(), conv);
+        self.order.push_back(id.clone());
+        self.make_room(0, &id);
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        match self.map.remove(id) {
+            Some(c) => {
+                self.bytes -= c.bytes;
+                self.order.retain(|k| k != id);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Moves `id` to the back (used last).
     fn touch(&mut self, id: &str) {
         if let Some(at) = self.order.iter().position(|k| k == id) {
@@ -98,12 +126,7 @@ impl ConversationStore {
 
     /// The items of conversation `id` (`None`: not kept), as the Responses API takes them.
     pub(crate) fn items(&mut self, id: &str) -> Option<Vec<Value>> {
-        let c = self.map.get(id)?;
-        let items = c
-            .items
-            .iter()
-            .map(|(_, t)| serde_json::from_str(t).unwrap_or(Value::Null))
-            .collect();
+        let items = parsed(&self.map.get(id)?.items);
         self.touch(id);
         Some(items)
     }
@@ -147,11 +170,7 @@ fn checked_items(items: Option<&Value>) -> Result<Vec<(String, Box<str>)>, ApiEr
 }
 
 fn not_found(id: &str) -> ApiError {
-    ApiError::status(
-        axum::http::StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        format!("no conversation {id:?}"),
-    )
+    ApiError::not_found(format!("no conversation {id:?}"))
 }
 
 fn lock(st: &ServerState) -> std::sync::MutexGuard<'_, ConversationStore> {
@@ -188,9 +207,7 @@ pub async fn create(State(st): State<Arc<ServerState>>, body: Bytes) -> Response
         };
         let object = conv.object(&id);
         let mut store = lock(&st);
-        store.map.insert(id.clone(), conv);
-        store.order.push_back(id.clone());
-        store.make_room(0, &id);
+        store.insert(id.clone(), conv);
         store.append(&id, items)?;
         Ok(Json(object).into_response())
     })();
@@ -230,32 +247,16 @@ pub async fn update(
 
 /// `DELETE /v1/conversations/{id}`.
 pub async fn delete(State(st): State<Arc<ServerState>>, Path(id): Path<String>) -> Response {
-    let mut store = lock(&st);
-    match store.map.remove(&id) {
-        Some(c) => {
-            store.bytes -= c.bytes;
-            store.order.retain(|k| k != &id);
-            Json(json!({"id": id, "object": "conversation.deleted", "deleted": true}))
-                .into_response()
-        }
-        None => not_found(&id).into_response(),
+    if lock(&st).remove(&id) {
+        Json(json!({"id": id, "object": "conversation.deleted", "deleted": true})).into_response()
+    } else {
+        not_found(&id).into_response()
     }
 }
 
 #[derive(Deserialize)]
 struct ItemsBody {
     items: Option<Value>,
-}
-
-/// OpenAI's list shape.
-fn list(data: Vec<Value>, has_more: bool) -> Value {
-    json!({
-        "object": "list",
-        "data": data,
-        "first_id": data.first().map(|d| d["id"].clone()),
-        "last_id": data.last().map(|d| d["id"].clone()),
-        "has_more": has_more,
-    })
 }
 
 /// `POST /v1/conversations/{id}/items`: adds up to 20 items; answers them as listed.
@@ -270,14 +271,11 @@ pub async fn add_items(
             return Err(ApiError::bad("items is required").param("items"));
         }
         let items = checked_items(b.items.as_ref())?;
-        let data: Vec<Value> = items
-            .iter()
-            .map(|(_, t)| serde_json::from_str(t).unwrap_or(Value::Null))
-            .collect();
+        let data = parsed(&items);
         if !lock(&st).append(&id, items)? {
             return Err(not_found(&id));
         }
-        Ok(Json(list(data, false)).into_response())
+        Ok(Json(crate::items::list(data, false)).into_response())
     })();
     crate::api::finish(&st, r)
 }
@@ -293,11 +291,7 @@ pub async fn list_items(
     let Some(c) = store.map.get(&id) else {
         return not_found(&id).into_response();
     };
-    let items: Vec<Value> = c
-        .items
-        .iter()
-        .map(|(_, t)| serde_json::from_str(t).unwrap_or(Value::Null))
-        .collect();
+    let items = parsed(&c.items);
     drop(store);
     match crate::items::page(items, &q, &format!("conversation {id:?}")) {
         Ok(list) => Json(list).into_response(),
@@ -315,21 +309,13 @@ pub async fn get_item(
         return not_found(&id).into_response();
     };
     match c.items.iter().find(|(k, _)| *k == item) {
-        Some((_, t)) => (
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
-            t.to_string(),
-        )
-            .into_response(),
+        Some((_, t)) => crate::items::json_text(t.to_string()),
         None => item_not_found(&id, &item).into_response(),
     }
 }
 
 fn item_not_found(id: &str, item: &str) -> ApiError {
-    ApiError::status(
-        axum::http::StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        format!("no item {item:?} in conversation {id:?}"),
-    )
+    ApiError::not_found(format!("no item {item:?} in conversation {id:?}"))
 }
 
 /// `DELETE /v1/conversations/{id}/items/{item_id}`: answers the conversation.
@@ -374,17 +360,13 @@ mod tests {
 
         let mut s = ConversationStore::default();
         let conv = |s: &mut ConversationStore, id: &str| {
-            s.map.insert(
-                id.to_string(),
-                Conv {
-                    created_at: 0,
-                    metadata: json!({}),
-                    items: Vec::new(),
-                    bytes: 0,
-                },
-            );
-            s.order.push_back(id.to_string());
-            s.make_room(0, id);
+            let c = Conv {
+                created_at: 0,
+                metadata: json!({}),
+                items: Vec::new(),
+                bytes: 0,
+            };
+            s.insert(id.to_string(), c);
         };
         conv(&mut s, "a");
         conv(&mut s, "b");
@@ -403,6 +385,8 @@ mod tests {
         assert!(!s.map.contains_key("a"));
         let total: usize = s.map.values().map(|c| c.bytes).sum();
         assert_eq!(s.bytes, total);
+        assert!(s.remove("d") && !s.remove("d") && !s.map.contains_key("d"));
+        conv(&mut s, "d");
         // one conversation cannot pass the bytes
         let big = "x".repeat(CONV_BYTES / 2);
         assert!(s.append("d", vec![item(&big)]).unwrap());

@@ -61,6 +61,11 @@ impl ApiError {
         )
     }
 
+    /// 404 with `invalid_request_error`: what the request names is not here.
+    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", message)
+    }
+
     /// An error with its own status and type.
     pub(crate) fn status(
         status: StatusCode,

@@ -3,8 +3,29 @@
 
 use crate::api::{ApiError, ChatMessage};
 use crate::error::bad;
+use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::collections::HashMap;
+
+/// A kept object's JSON text (a stored response, a conversation's item), answered as it is.
+pub(crate) fn json_text(text: String) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        text,
+    )
+        .into_response()
+}
+
+/// OpenAI's list object around `data` (a page of it: `has_more` says whether more follow).
+pub(crate) fn list(data: Vec<Value>, has_more: bool) -> Value {
+    json!({
+        "object": "list",
+        "first_id": data.first().map(|d| d["id"].clone()),
+        "last_id": data.last().map(|d| d["id"].clone()),
+        "has_more": has_more,
+        "data": data,
+    })
+}
 
 /// An item as OpenAI lists it (a response's input items, a conversation's): a `type`
 /// (`message` where none), an `id` (its own, else `new_id` of its kind's prefix: `msg`,
@@ -75,14 +96,10 @@ pub(crate) fn page(
         },
     };
     let has_more = items.len() > from + limit;
-    let data: Vec<Value> = items.into_iter().skip(from).take(limit).collect();
-    Ok(json!({
-        "object": "list",
-        "first_id": data.first().map(|d| d["id"].clone()),
-        "last_id": data.last().map(|d| d["id"].clone()),
-        "has_more": has_more,
-        "data": data,
-    }))
+    Ok(list(
+        items.into_iter().skip(from).take(limit).collect(),
+        has_more,
+    ))
 }
 
 /// OpenAI's limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values

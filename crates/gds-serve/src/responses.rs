@@ -22,9 +22,10 @@
 use crate::api::{
     chat_job, complete, constrain, finish, now_secs, parse, progress_json, progress_timings,
     random_seed, sse, submit, ApiError, ChatBody, Common, End, Gen, Job, Kind, Next, Piece,
+    MAX_TOP_LOGPROBS,
 };
 use crate::error::bad;
-use crate::items::{messages, metadata};
+use crate::items::{json_text, messages, metadata};
 use crate::reasoning::CountedSplit;
 use crate::ServerState;
 use axum::body::Bytes;
@@ -136,6 +137,16 @@ impl Background {
 
     fn state(&self) -> BgState {
         self.lock().state
+    }
+
+    /// Moves to `to` where the state is one `from` accepts; the state it was in.
+    fn transition(&self, from: impl Fn(BgState) -> bool, to: BgState) -> BgState {
+        let mut log = self.lock();
+        let was = log.state;
+        if from(was) {
+            log.state = to;
+        }
+        was
     }
 
     fn push(&self, ev: Ev) {
@@ -555,14 +566,16 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         Some(Value::String(prev)) => {
             let kept = {
                 let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-                store
-                    .map
-                    .get(prev)
-                    .map(|s| (s.items.clone(), s.ready(), status_of(&s.response)))
+                store.map.get(prev).map(|s| {
+                    (
+                        s.items.clone(),
+                        (!s.ready()).then(|| status_of(&s.response)),
+                    )
+                })
             };
             match kept {
-                Some((text, true, _)) => parse_items(&text),
-                Some((_, false, status)) => {
+                Some((text, None)) => parse_items(&text),
+                Some((_, Some(status))) => {
                     return Err(bad(
                         format!("response {prev:?} is {status}: only a response that ended with its output continues a conversation"),
                         "previous_response_id",
@@ -591,9 +604,9 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         _ => return Err(bad("input must be a string or a list of items", "input")),
     }
     // the chat fields the Responses API names differently or does not have
-    // (refused where its reply has no place for what they ask — top_logprobs included:
-    // no log-probabilities on this endpoint —; logit_bias and the penalties, not OpenAI's
-    // fields here, are honoured as on the chat endpoint)
+    // (refused where its reply has no place for what they ask — chat's `logprobs` switch,
+    // `n`, `echo` —; logit_bias and the penalties, not OpenAI's fields here, are honoured
+    // as on the chat endpoint)
     // the output text's log-probabilities: asked for by `include`, with `top_logprobs`
     // alternatives (a field of the request here, not chat's switch)
     let logprobs = r
@@ -602,9 +615,9 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         .and_then(Value::as_array)
         .is_some_and(|l| l.iter().any(|i| i == "message.output_text.logprobs"));
     let top = common.top_logprobs.take();
-    if let Some(k) = top.filter(|k| !(0..=20).contains(k)) {
+    if let Some(k) = top.filter(|k| !(0..=MAX_TOP_LOGPROBS).contains(k)) {
         return Err(bad(
-            format!("top_logprobs {k} must be from 0 to 20"),
+            format!("top_logprobs {k} must be from 0 to {MAX_TOP_LOGPROBS}"),
             "top_logprobs",
         ));
     }
@@ -1032,6 +1045,24 @@ struct Streaming {
     /// output).
     started: bool,
     lps: Lps,
+    /// What keeping the response takes (taken at its end).
+    keep: Option<Keep>,
+}
+
+/// What every step of a streamed response reads and none changes (shared, not copied a
+/// step: the echoed fields can be large).
+struct Fixed {
+    id: String,
+    msg_id: String,
+    /// Its reasoning item's id.
+    rs: String,
+    created: u64,
+    /// The model's name and the prompt's tokens.
+    who: (String, usize),
+    echoed: Value,
+    /// The response object while it runs (`in_progress`, no output).
+    in_progress: Value,
+    tools: Option<Arc<crate::tools::Tools>>,
 }
 
 /// The identity of a response: its id, its message item's id, when it was created.
@@ -1084,7 +1115,16 @@ async fn response_events(
             ),
         ]
     };
-    let in_progress = shell("in_progress");
+    let fixed = Arc::new(Fixed {
+        in_progress: shell("in_progress"),
+        rs: rs_id(&msg_id),
+        id,
+        msg_id,
+        created,
+        who,
+        echoed,
+        tools,
+    });
     let state = Streaming {
         g: gen,
         text: String::new(),
@@ -1097,19 +1137,10 @@ async fn response_events(
             on: logprobs,
             ..Lps::default()
         },
+        keep,
     };
-    let rs = rs_id(&msg_id);
     let body = stream::unfold(Some(state), move |state| {
-        let (who, echoed, id, msg_id, tools, keep, rs, in_progress) = (
-            who.clone(),
-            echoed.clone(),
-            id.clone(),
-            msg_id.clone(),
-            tools.clone(),
-            keep.clone(),
-            rs.clone(),
-            in_progress.clone(),
-        );
+        let f = fixed.clone();
         async move {
             let mut s = state?;
             // llama-server's `return_progress`: how far the prompt has gone in, on
@@ -1123,7 +1154,7 @@ async fn response_events(
                 Next::Piece(p) => p,
                 Next::Progress(p) => {
                     s.started = true;
-                    let mut data = json!({"response": in_progress, "prompt_progress": progress_json(&p)});
+                    let mut data = json!({"response": f.in_progress, "prompt_progress": progress_json(&p)});
                     if timings {
                         data["timings"] = progress_timings(&p);
                     }
@@ -1132,14 +1163,14 @@ async fn response_events(
                 }
             };
             if timings {
-                s.ev.timings = Some(s.g.timings_so_far(who.1));
+                s.ev.timings = Some(s.g.timings_so_far(f.who.1));
             }
             let mut out = Vec::new();
             if !s.started {
                 s.started = true;
                 out.push(
                     s.ev
-                        .event("response.in_progress", json!({ "response": in_progress })),
+                        .event("response.in_progress", json!({ "response": f.in_progress })),
                 );
             }
             let Streaming {
@@ -1150,6 +1181,7 @@ async fn response_events(
                 think,
                 split,
                 lps,
+                keep,
                 ..
             } = &mut s;
             match piece {
@@ -1158,9 +1190,9 @@ async fn response_events(
                     let t = match split {
                         Some(sp) => {
                             let (r, answer) = sp.push(&t, g.generated());
-                            think.delta(ev, &rs, &r, &mut out);
+                            think.delta(ev, &f.rs, &r, &mut out);
                             if !answer.is_empty() {
-                                think.close(ev, &rs, &mut out);
+                                think.close(ev, &f.rs, &mut out);
                             }
                             answer
                         }
@@ -1171,8 +1203,8 @@ async fn response_events(
                         lps.pending.extend(lp);
                     }
                     text.push_str(&t);
-                    if tools.is_none() && !t.is_empty() {
-                        let at = (msg_id.as_str(), think.next_index());
+                    if f.tools.is_none() && !t.is_empty() {
+                        let at = (f.msg_id.as_str(), think.next_index());
                         text_delta(ev, opened, at, (&t, lps.send()), &mut out);
                     }
                     Some((out, Some(s)))
@@ -1184,19 +1216,19 @@ async fn response_events(
                         let (r, answer) =
                             sp.end(&rest.take().unwrap_or_default(), end.completion_tokens);
                         end.reasoning_tokens = sp.tokens();
-                        think.delta(ev, &rs, &r, &mut out);
-                        think.close(ev, &rs, &mut out);
+                        think.delta(ev, &f.rs, &r, &mut out);
+                        think.close(ev, &f.rs, &mut out);
                         rest = (!answer.is_empty()).then_some(answer);
                     }
                     lps.pending.extend(lp);
-                    let at = (msg_id.as_str(), think.next_index());
+                    let at = (f.msg_id.as_str(), think.next_index());
                     if let Some(rest) = rest {
                         text.push_str(&rest);
-                        if tools.is_none() {
+                        if f.tools.is_none() {
                             text_delta(ev, opened, at, (&rest, lps.send()), &mut out);
                         }
                     }
-                    let (content, calls) = match tools.as_deref() {
+                    let (content, calls) = match f.tools.as_deref() {
                         Some(t) => t.parse_end(text, end.finish),
                         None => (Some(text.clone()), Vec::new()),
                     };
@@ -1205,7 +1237,7 @@ async fn response_events(
                     if !content.is_empty() || calls.is_empty() {
                         if !*opened {
                             // held (tools) or empty: one delta with all of it, if any
-                            open_message(ev, &msg_id, at.1, &mut out);
+                            open_message(ev, &f.msg_id, at.1, &mut out);
                             if !content.is_empty() {
                                 text_delta(ev, &mut true, at, (&content, lps.send()), &mut out);
                             }
@@ -1213,14 +1245,14 @@ async fn response_events(
                         // (what no delta took: tokens whose text a stop string held back)
                         lps.send();
                         let lp = std::mem::take(&mut lps.all);
-                        let item = message_item(&msg_id, &content, item_status(&end), lp);
+                        let item = message_item(&f.msg_id, &content, item_status(&end), lp);
                         out.push(ev.event(
                             "response.output_text.done",
-                            json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "text": content, "logprobs": item["content"][0]["logprobs"]}),
+                            json!({"item_id": f.msg_id, "output_index": at.1, "content_index": 0, "text": content, "logprobs": item["content"][0]["logprobs"]}),
                         ));
                         out.push(ev.event(
                             "response.content_part.done",
-                            json!({"item_id": msg_id, "output_index": at.1, "content_index": 0, "part": item["content"][0]}),
+                            json!({"item_id": f.msg_id, "output_index": at.1, "content_index": 0, "part": item["content"][0]}),
                         ));
                         out.push(ev.event(
                             "response.output_item.done",
@@ -1253,15 +1285,15 @@ async fn response_events(
                         items.push(item);
                     }
                     let r = response_object(
-                        &id,
-                        created,
-                        (&who.0, who.1),
-                        &echoed,
+                        &f.id,
+                        f.created,
+                        (&f.who.0, f.who.1),
+                        &f.echoed,
                         "completed",
                         items,
                         Some(&end),
                     );
-                    if let Some(k) = keep {
+                    if let Some(k) = keep.take() {
                         k.put(&r);
                     }
                     let kind = if r["status"] == "incomplete" {
@@ -1271,7 +1303,7 @@ async fn response_events(
                     };
                     let mut data = json!({ "response": r });
                     if timings {
-                        data["timings"] = g.timings_so_far(who.1);
+                        data["timings"] = g.timings_so_far(f.who.1);
                     }
                     out.push(ev.event(kind, data));
                     Some((out, None))
@@ -1302,15 +1334,7 @@ async fn run_background(
 ) {
     let fail = |message: &Value, code: &Value| {
         let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-        let failed = {
-            let mut log = bg.lock();
-            let running = log.state.running();
-            if running {
-                log.state = BgState::Failed;
-            }
-            running
-        };
-        if failed {
+        if bg.transition(BgState::running, BgState::Failed).running() {
             store.update(&id, |r| {
                 r["status"] = json!("failed");
                 r["error"] = json!({"code": code, "message": message});
@@ -1322,15 +1346,8 @@ async fn run_background(
         match ev.kind.as_str() {
             "response.in_progress" => {
                 let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-                let started = {
-                    let mut log = bg.lock();
-                    let queued = log.state == BgState::Queued;
-                    if queued {
-                        log.state = BgState::InProgress;
-                    }
-                    queued
-                };
-                if started {
+                let queued = |s| s == BgState::Queued;
+                if queued(bg.transition(queued, BgState::InProgress)) {
                     store.update(&id, |r| r["status"] = json!("in_progress"));
                 }
             }
@@ -1417,11 +1434,7 @@ pub async fn get_response(
         return not_kept(&id).into_response();
     };
     if !streamed {
-        return (
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
-            s.response.to_string(),
-        )
-            .into_response();
+        return json_text(s.response.to_string());
     }
     let Some(bg) = s.bg.clone() else {
         return ApiError::bad(format!(
@@ -1460,15 +1473,7 @@ pub async fn cancel_response(
         ))
         .into_response();
     };
-    let state = {
-        let mut log = bg.lock();
-        let was = log.state;
-        if was.running() {
-            log.state = BgState::Cancelled;
-        }
-        was
-    };
-    match state {
+    match bg.transition(BgState::running, BgState::Cancelled) {
         BgState::Queued | BgState::InProgress => {
             store.update(&id, |r| r["status"] = json!("cancelled"));
         }
@@ -1485,11 +1490,7 @@ pub async fn cancel_response(
     let text = store.map.get(&id).map(|s| s.response.to_string());
     drop(store);
     bg.stop();
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        text.unwrap_or_default(),
-    )
-        .into_response()
+    json_text(text.unwrap_or_default())
 }
 
 /// `GET /v1/responses/{id}/input_items`: the items given as a kept response's input, in
@@ -1538,15 +1539,10 @@ pub async fn delete_response(
         drop(store);
         // a background response still running stops with it
         if let Some(bg) = bg {
-            let cancelled = {
-                let mut log = bg.lock();
-                let running = log.state.running();
-                if running {
-                    log.state = BgState::Cancelled;
-                }
-                running
-            };
-            if cancelled {
+            if bg
+                .transition(BgState::running, BgState::Cancelled)
+                .running()
+            {
                 bg.stop();
             }
         }
@@ -1561,11 +1557,7 @@ fn output_len(response: &Value) -> usize {
 }
 
 fn not_kept(id: &str) -> ApiError {
-    ApiError::status(
-        axum::http::StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        format!("no stored response {id:?}"),
-    )
+    ApiError::not_found(format!("no stored response {id:?}"))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use crate::{err, fork_guard, path_arg};
 use gds_runtime::chat::Message;
 use gds_runtime::engine::GenerateOutput;
 use gds_runtime::plan::{Limits, Mode};
-use gds_runtime::sampler::ExtraSamplers;
+use gds_runtime::sampler::{ExtraSamplers, Stage};
 use gds_runtime::{Grammar, KvDtype, Plan, PlanOptions, SamplerConfig};
 use gds_serve::tools::{assistant_message, Tools};
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
@@ -125,7 +125,10 @@ fn extra_samplers(base: &ExtraSamplers, d: Option<&Bound<'_, PyAny>>) -> PyResul
             "samplers must be a dict of llama.cpp's sampler settings",
         ));
     };
-    let mut out = base.clone();
+    // the settings over `base`'s (its serialized form leaves defaults out, which read back
+    // as defaults): one deserialization of the whole
+    let mut merged = serde_json::to_value(base).map_err(err)?;
+    let mut order = None;
     for (k, v) in map {
         if !EXTRA_SAMPLERS.contains(&k.as_str()) {
             return Err(PyValueError::new_err(format!(
@@ -134,46 +137,17 @@ fn extra_samplers(base: &ExtraSamplers, d: Option<&Bound<'_, PyAny>>) -> PyResul
             )));
         }
         if k == "samplers" {
-            let text = match &v {
-                serde_json::Value::String(s) => s.clone(),
-                serde_json::Value::Array(l) if l.iter().all(|n| n.is_string()) => l
-                    .iter()
-                    .filter_map(|n| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(";"),
-                _ => {
-                    return Err(PyValueError::new_err(
-                        "samplers[\"samplers\"] must be a list of stage names or a string of their letters",
-                    ))
-                }
-            };
-            out.order = gds_runtime::sampler::Stage::parse_order(&text)
-                .map_err(|e| PyValueError::new_err(format!("samplers[\"samplers\"]: {e}")))?;
+            order = Stage::from_json(&v).map_err(PyValueError::new_err)?;
             continue;
         }
-        // one key at a time: an error names it
-        let one: ExtraSamplers = serde_json::from_value(serde_json::json!({ &k: v }))
+        // each key read alone first: a value of the wrong type is named
+        serde_json::from_value::<ExtraSamplers>(serde_json::json!({ &k: &v }))
             .map_err(|e| PyValueError::new_err(format!("samplers[{k:?}]: {e}")))?;
-        match k.as_str() {
-            "typical_p" => out.typical_p = one.typical_p,
-            "top_n_sigma" => out.top_n_sigma = one.top_n_sigma,
-            "xtc_probability" => out.xtc_probability = one.xtc_probability,
-            "xtc_threshold" => out.xtc_threshold = one.xtc_threshold,
-            "dynatemp_range" => out.dynatemp_range = one.dynatemp_range,
-            "dynatemp_exponent" => out.dynatemp_exponent = one.dynatemp_exponent,
-            "mirostat" => out.mirostat = one.mirostat,
-            "mirostat_tau" => out.mirostat_tau = one.mirostat_tau,
-            "mirostat_eta" => out.mirostat_eta = one.mirostat_eta,
-            "dry_multiplier" => out.dry_multiplier = one.dry_multiplier,
-            "dry_base" => out.dry_base = one.dry_base,
-            "dry_allowed_length" => out.dry_allowed_length = one.dry_allowed_length,
-            "dry_penalty_last_n" => out.dry_penalty_last_n = one.dry_penalty_last_n,
-            "dry_sequence_breakers" => out.dry_sequence_breakers = one.dry_sequence_breakers,
-            "adaptive_target" => out.adaptive_target = one.adaptive_target,
-            "adaptive_decay" => out.adaptive_decay = one.adaptive_decay,
-            "min_keep" => out.min_keep = one.min_keep,
-            _ => unreachable!("checked against EXTRA_SAMPLERS"),
-        }
+        merged[&k] = v;
+    }
+    let mut out: ExtraSamplers = serde_json::from_value(merged).map_err(err)?;
+    if let Some(order) = order {
+        out.order = order;
     }
     Ok(out)
 }
