@@ -62,6 +62,16 @@ def vllm_extras(b, rng):
         b["stop_token_ids"] = rng.choice([[2], [], [10 ** 10], list(range(300)), None])
     elif r < 0.13:
         b["repetition_penalty"] = rng.choice([1.1, 0.0, -1, 1e30, None])
+    elif r < 0.16:
+        b["allowed_token_ids"] = rng.choice([[2], [], [10 ** 10], list(range(3000)), [0, 0, 0],
+                                             "1", None])
+        b["bad_words"] = rng.choice([["a"], [""], [" "], ["x" * 5000], [5], "word",
+                                     ["word"] * 500, None])
+    elif r < 0.19:
+        b["prompt_logprobs"] = rng.choice([0, 5, 20, 21, -1, 1.5, "2", None])
+        b["include_stop_str_in_output"] = rng.choice([True, False, 1, None])
+        b["skip_special_tokens"] = rng.choice([True, False, "no", None])
+        b["stop"] = rng.choice([["."], [" "], None])
     return b
 
 

@@ -20,6 +20,12 @@ pub struct Reply {
     max_stop: usize,
     generated: usize,
     stopped_by: Option<String>,
+    /// The stop string stays in the text (vLLM's `include_stop_str_in_output`).
+    keep_stop: bool,
+    /// Stop strings must end past this byte of the text: what the first `min_tokens`
+    /// tokens wrote is not searched (vLLM's `min_tokens`).
+    floor: usize,
+    min_tokens: usize,
 }
 
 impl Reply {
@@ -32,7 +38,24 @@ impl Reply {
             stops,
             generated: 0,
             stopped_by: None,
+            keep_stop: false,
+            floor: 0,
+            min_tokens: 0,
         }
+    }
+
+    /// The stop string that ends the reply stays in its text, and text that may start one
+    /// is not held back (vLLM's `include_stop_str_in_output`).
+    pub fn keeping_stop(mut self, keep: bool) -> Reply {
+        self.keep_stop = keep;
+        self
+    }
+
+    /// No stop string ends the reply inside the text of its first `n` tokens (one may
+    /// straddle their end), as vLLM's `min_tokens` holds stop strings back.
+    pub fn stops_after(mut self, n: usize) -> Reply {
+        self.min_tokens = n;
+        self
     }
 
     /// Counts one sampled token (text or end-of-generation).
@@ -47,20 +70,36 @@ impl Reply {
             return true;
         }
         self.text.push_str(piece);
+        if self.generated <= self.min_tokens && self.min_tokens > 0 {
+            // (within min_tokens: searched once a later piece comes)
+            self.floor = self.text.len();
+            return false;
+        }
         // a stop string may straddle pieces: search the tail that could hold one
         let from = self.text.len().saturating_sub(piece.len() + self.max_stop);
         let from = (0..=from)
             .rev()
             .find(|&i| self.text.is_char_boundary(i))
             .unwrap_or(0);
+        // (one ending inside the text of the first min_tokens tokens does not count)
+        let start = |s: &str| {
+            let lo = (self.floor + 1).saturating_sub(s.len()).max(from);
+            (lo..=self.text.len())
+                .find(|&i| self.text.is_char_boundary(i))
+                .unwrap_or(self.text.len())
+        };
         if let Some((at, s)) = self
             .stops
             .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)))
+            .filter_map(|s| {
+                let lo = start(s);
+                self.text[lo..].find(s.as_str()).map(|i| (lo + i, s))
+            })
             .min_by_key(|&(at, _)| at)
         {
+            let end = if self.keep_stop { at + s.len() } else { at };
             self.stopped_by = Some(s.clone());
-            self.text.truncate(at);
+            self.text.truncate(end);
             return true;
         }
         false
@@ -82,7 +121,7 @@ impl Reply {
     /// The text not shown yet that can be shown now: all of it with `all` (the reply
     /// ended) or once a stop string was found, else all but what may start a stop string.
     pub fn take_shown(&mut self, all: bool) -> Option<String> {
-        let safe = if all || self.stopped_by.is_some() {
+        let safe = if all || self.stopped_by.is_some() || self.keep_stop {
             self.text.len()
         } else {
             self.text.len() - held_back(&self.text, &self.stops)
@@ -185,6 +224,34 @@ mod tests {
         let mut r = Reply::new(vec!["b".into(), "a".into()]);
         assert!(r.push("xxab"));
         assert_eq!((r.text(), r.stop_string()), ("xx", Some("a")));
+    }
+
+    #[test]
+    fn a_kept_stop_string_stays_and_min_tokens_holds_stop_strings_back() {
+        // include_stop_str_in_output: the text ends with the stop string, nothing after it,
+        // and text that may start one is shown at once
+        let mut r = Reply::new(vec!["END".into()]).keeping_stop(true);
+        assert!(!r.push("one E"));
+        assert_eq!(r.take_shown(false).as_deref(), Some("one E"));
+        assert!(r.push("ND two"));
+        assert_eq!((r.text(), r.stop_string()), ("one END", Some("END")));
+        // min_tokens 2: a stop string in the first two tokens' text is not one
+        let mut r = Reply::new(vec!["ab".into()]).stops_after(2);
+        for piece in ["ab", "xa"] {
+            r.token();
+            assert!(!r.push(piece), "{piece}");
+        }
+        // one straddling the end of the second token's text counts
+        r.token();
+        assert!(r.push("b!"));
+        assert_eq!(r.text(), "abx");
+        // ... and one wholly after it
+        let mut r = Reply::new(vec!["ab".into()]).stops_after(1);
+        r.token();
+        assert!(!r.push("ab"));
+        r.token();
+        assert!(r.push("-ab"));
+        assert_eq!(r.text(), "ab-");
     }
 
     #[test]

@@ -1587,9 +1587,28 @@ impl TokenLogprobs {
     }
 }
 
+/// The rank of token `tok` by its logit in `logits` (1: the most likely; ties share the
+/// better rank), as vLLM reports a prompt token's.
+pub fn rank(logits: &[f32], tok: u32) -> usize {
+    let Some(&l) = logits.get(tok as usize) else {
+        return logits.len() + 1;
+    };
+    1 + logits.iter().filter(|&&x| x > l).count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tokens_rank_counts_the_more_likely_ones() {
+        let logits = [0.5, 2.0, -1.0, 2.0, 1.0];
+        assert_eq!(rank(&logits, 1), 1);
+        assert_eq!(rank(&logits, 3), 1);
+        assert_eq!(rank(&logits, 4), 3);
+        assert_eq!(rank(&logits, 2), 5);
+        assert_eq!(rank(&logits, 9), 6);
+    }
 
     fn cfg(temp: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplerConfig {
         SamplerConfig {

@@ -924,6 +924,7 @@ mod tests {
             completion_tokens: 3,
             reasoning_tokens: 0,
             done: None,
+            prompt_logprobs: None,
         };
         assert_eq!(stop_reason(&end("stop", None), false), ("end_turn", None));
         assert_eq!(

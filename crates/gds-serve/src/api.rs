@@ -5,7 +5,7 @@ pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
 use crate::reasoning::{CountedSplit, Reasoning};
 use crate::scheduler::{
-    Done, Event, Finish, Msg, Prefill, Progress, Request, Shift, TokenLogprobs,
+    Done, Event, Finish, Msg, Prefill, Progress, Request, Shift, TokenLogprobs, TokenMasks,
 };
 use crate::tools::Tools;
 use crate::ServerState;
@@ -106,9 +106,30 @@ pub(crate) struct Common {
     #[serde(default)]
     pub(crate) min_tokens: Option<i64>,
     /// vLLM's `stop_token_ids`: generating one of these ends the reply (`finish_reason:
-    /// "stop"`; its text is part of the reply unless it is a special token).
+    /// "stop"`; its text left out, as the end-of-generation token's, unless
+    /// `include_stop_str_in_output`).
     #[serde(default)]
     pub(crate) stop_token_ids: Option<Value>,
+    /// vLLM's `include_stop_str_in_output`: the stop string (or stop token) that ends the
+    /// reply stays in its text.
+    #[serde(default)]
+    pub(crate) include_stop_str_in_output: Option<bool>,
+    /// vLLM's `skip_special_tokens` (default true): `false` keeps every special token's text
+    /// in the reply.
+    #[serde(default)]
+    pub(crate) skip_special_tokens: Option<bool>,
+    /// vLLM's `allowed_token_ids`: only these tokens may be generated.
+    #[serde(default)]
+    pub(crate) allowed_token_ids: Option<Value>,
+    /// vLLM's `bad_words`: words the reply may not contain (as tokenized at the start of
+    /// the text and after a space, their last token masked where the others were just
+    /// generated).
+    #[serde(default)]
+    pub(crate) bad_words: Option<Value>,
+    /// vLLM's `prompt_logprobs`: the prompt tokens' log-probabilities, with this many top
+    /// alternatives, listed in vLLM's form (`prompt_logprobs`).
+    #[serde(default)]
+    pub(crate) prompt_logprobs: Option<Value>,
     /// vLLM's structured outputs: `structured_outputs` (`{"json" | "regex" | "choice" |
     /// "grammar" | "json_object": ...}`) and its older `guided_json`, `guided_regex`,
     /// `guided_choice`, `guided_grammar`.
@@ -269,16 +290,6 @@ struct Unsupported {
     #[serde(default)]
     use_beam_search: Option<Value>,
     #[serde(default)]
-    prompt_logprobs: Option<Value>,
-    #[serde(default)]
-    bad_words: Option<Value>,
-    #[serde(default)]
-    allowed_token_ids: Option<Value>,
-    #[serde(default)]
-    include_stop_str_in_output: Option<Value>,
-    #[serde(default)]
-    skip_special_tokens: Option<Value>,
-    #[serde(default)]
     functions: Option<Value>,
     #[serde(default)]
     function_call: Option<Value>,
@@ -306,6 +317,10 @@ impl Common {
             (
                 "max_completion_tokens",
                 self.max_completion_tokens.is_some(),
+            ),
+            (
+                "prompt_logprobs",
+                self.prompt_logprobs.as_ref().is_some_and(|v| !v.is_null()),
             ),
         ];
         match asked.iter().find(|(_, set)| *set) {
@@ -345,52 +360,15 @@ impl Unsupported {
         if set(&u.audio) {
             return Err(ApiError::bad("audio output is not supported").param("audio"));
         }
-        // vLLM's: each a 400 where it asks for what is not done (its default passes)
-        let asks = |v: &Option<Value>, default: Value| {
-            v.as_ref()
-                .is_some_and(|v| !v.is_null() && *v != default && *v != json!([]))
-        };
-        for (field, v, default, why) in [
-            (
-                "use_beam_search",
-                &u.use_beam_search,
-                json!(false),
-                "beam search is not done here",
-            ),
-            (
-                "prompt_logprobs",
-                &u.prompt_logprobs,
-                Value::Null,
-                "the prompt's log-probabilities come with echo and logprobs on /v1/completions",
-            ),
-            (
-                "bad_words",
-                &u.bad_words,
-                Value::Null,
-                "send logit_bias of -100 for their tokens",
-            ),
-            (
-                "allowed_token_ids",
-                &u.allowed_token_ids,
-                Value::Null,
-                "use a grammar (regex, guided_choice) instead",
-            ),
-            (
-                "include_stop_str_in_output",
-                &u.include_stop_str_in_output,
-                json!(false),
-                "the stop string is left out of the reply",
-            ),
-            (
-                "skip_special_tokens",
-                &u.skip_special_tokens,
-                json!(true),
-                "special tokens are left out of the reply text",
-            ),
-        ] {
-            if asks(v, default) {
-                return Err(ApiError::bad(format!("{field} is not supported: {why}")).param(field));
-            }
+        // vLLM's beam search: a 400 where it is asked for (its default passes)
+        if u.use_beam_search
+            .as_ref()
+            .is_some_and(|v| *v != json!(false) && !v.is_null())
+        {
+            return Err(ApiError::bad(
+                "use_beam_search is not supported: beam search is not done here",
+            )
+            .param("use_beam_search"));
         }
         if let Some(m) = u.modalities.as_ref().filter(|v| !v.is_null()) {
             if m.as_array().is_none_or(|l| l.iter().any(|x| x != "text")) {
@@ -817,6 +795,17 @@ pub(crate) struct Job {
     pub(crate) min_tokens: usize,
     /// Tokens that end the reply (vLLM's `stop_token_ids`).
     pub(crate) stop_ids: Vec<u32>,
+    /// The stop string or token that ends the reply stays in its text (vLLM's
+    /// `include_stop_str_in_output`).
+    pub(crate) include_stop: bool,
+    /// Every special token's text stays in the reply (vLLM's `skip_special_tokens:
+    /// false`).
+    pub(crate) show_special: bool,
+    /// Tokens it may or may not generate (vLLM's `allowed_token_ids`, `bad_words`).
+    pub(crate) masks: TokenMasks,
+    /// The prompt scored, each token with this many alternatives, and listed in vLLM's
+    /// `prompt_logprobs` (not echoed).
+    pub(crate) prompt_logprobs: Option<usize>,
     /// Speculative decoding's guesses per step (0: off).
     pub(crate) draft_max: usize,
     pub(crate) model: String,
@@ -878,6 +867,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 keep: j.keep.clone(),
                 prediction: j.prediction.clone(),
                 stop_ids: j.stop_ids.clone(),
+                masks: j.masks.clone(),
                 slot: j.slot,
                 copy,
                 group,
@@ -1046,6 +1036,34 @@ pub(crate) fn job(
             )
         }
     };
+    let masks = token_masks(st, &c)?;
+    let prompt_logprobs = match &c.prompt_logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_i64() {
+            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as usize),
+            _ => {
+                return Err(ApiError::bad(format!(
+                    "prompt_logprobs {v} must be an integer in 0..={MAX_TOP_LOGPROBS}"
+                ))
+                .param("prompt_logprobs"))
+            }
+        },
+    };
+    if prompt_logprobs.is_some() {
+        // (vLLM's refusal, and ours: one prompt scored once, listed once)
+        let clash = if c.stream == Some(true) {
+            Some("prompt_logprobs are not available when stream is true")
+        } else if c.n.is_some_and(|n| n != 1) {
+            Some("prompt_logprobs takes n = 1")
+        } else if echo {
+            Some("give prompt_logprobs or echo (which lists the prompt's log-probabilities with the reply's), not both")
+        } else {
+            None
+        };
+        if let Some(m) = clash {
+            return Err(ApiError::bad(m).param("prompt_logprobs"));
+        }
+    }
     let ctx = st.ctx;
     let shift = shift_request(st, &c, prompt.len())?;
     let prompt = match shift {
@@ -1224,6 +1242,10 @@ pub(crate) fn job(
         ignore_eos: c.ignore_eos.unwrap_or(false),
         min_tokens,
         stop_ids,
+        include_stop: c.include_stop_str_in_output.unwrap_or(false),
+        show_special: c.skip_special_tokens == Some(false),
+        masks,
+        prompt_logprobs,
         draft_max,
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
         logprobs,
@@ -1242,6 +1264,75 @@ pub(crate) fn job(
         shift,
         prediction: None,
         slot,
+    })
+}
+
+/// Most `bad_words` a request may send, and most bytes in one.
+const MAX_BAD_WORDS: usize = 128;
+const MAX_BAD_WORD_BYTES: usize = 1024;
+
+/// vLLM's `allowed_token_ids` (a list of token ids, not empty) and `bad_words` (a list of
+/// strings: each tokenized as it is, without its leading spaces, and after one space where
+/// that gives as many tokens but another first one, as vLLM tokenizes them).
+fn token_masks(st: &ServerState, c: &Common) -> Result<TokenMasks, ApiError> {
+    let allowed = match &c.allowed_token_ids {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(v)) if !v.is_empty() => {
+            let mut ids = token_ids(v, "allowed_token_ids")?;
+            in_vocabulary(st, &ids, "allowed_token_ids")?;
+            ids.sort_unstable();
+            ids.dedup();
+            Some(Arc::from(ids))
+        }
+        Some(_) => {
+            return Err(
+                ApiError::bad("allowed_token_ids must be a list of token ids, not empty")
+                    .param("allowed_token_ids"),
+            )
+        }
+    };
+    let bad = |m: String| ApiError::bad(m).param("bad_words");
+    let words: Vec<&str> = match &c.bad_words {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(v)) if v.len() <= MAX_BAD_WORDS => v
+            .iter()
+            .map(|w| w.as_str().filter(|w| w.len() <= MAX_BAD_WORD_BYTES))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                bad(format!(
+                    "bad_words must be strings of up to {MAX_BAD_WORD_BYTES} bytes"
+                ))
+            })?,
+        Some(_) => {
+            return Err(bad(format!(
+                "bad_words must be a list of up to {MAX_BAD_WORDS} strings"
+            )))
+        }
+    };
+    let mut banned: Vec<Vec<u32>> = Vec::new();
+    for w in words {
+        let encode = |text: &str| {
+            st.tokenizer
+                .encode(text, false, false)
+                .map_err(|e| bad(format!("bad_words {w:?}: {e}")))
+        };
+        let plain = encode(w.trim_start())?;
+        let Some(&first) = plain.first() else {
+            return Err(bad(format!(
+                "bad_words {w:?} is no token (entries must tokenize to at least one)"
+            )));
+        };
+        // the word in the middle of a text (after a space): where its tokens differ
+        let spaced = encode(&format!(" {}", w.trim_start()))?;
+        let other = spaced.len() == plain.len() && spaced.first() != Some(&first);
+        banned.push(plain);
+        if other {
+            banned.push(spaced);
+        }
+    }
+    Ok(TokenMasks {
+        allowed,
+        banned: banned.into(),
     })
 }
 
@@ -1478,11 +1569,13 @@ pub(crate) fn submit(
         ignore_eos: job.ignore_eos,
         min_tokens: job.min_tokens,
         stop_ids: job.stop_ids.clone(),
+        masks: job.masks.clone(),
         draft_max: job.draft_max,
         prediction: job.prediction.clone(),
         logprobs: job.logprobs,
         post_sampling: job.post_sampling,
-        echo: job.echo,
+        echo: job.echo || job.prompt_logprobs.is_some(),
+        prompt_top: job.prompt_logprobs,
         embed: None,
         constraint,
         shift: job.shift,
@@ -1581,6 +1674,8 @@ pub(crate) struct End {
     /// Of `completion_tokens`, the thinking's (where a split counted them).
     pub(crate) reasoning_tokens: usize,
     pub(crate) done: Option<Done>,
+    /// Chat with vLLM's `prompt_logprobs`: the prompt's, listed beside the choices.
+    pub(crate) prompt_logprobs: Option<Value>,
 }
 
 /// Turns the engine's token events into text: UTF-8 held back until whole, stop strings
@@ -1600,8 +1695,9 @@ pub(crate) struct Gen {
     lps: Vec<(u32, TokenLogprobs)>,
     lps_taken: usize,
     want_logprobs: bool,
-    /// With echo: the prompt tokens' log-probabilities (from the second token on).
-    prompt_lps: Vec<TokenLogprobs>,
+    /// With echo (or vLLM's `prompt_logprobs`): the prompt tokens' log-probabilities (from
+    /// the second token on), each with its rank.
+    prompt_lps: Vec<(TokenLogprobs, usize)>,
     /// With echo: the prompt, listed before the first generated token's entry.
     echo_prompt: Option<Vec<u32>>,
     /// With echo: the first prompt token listed ([`Job::echo_from`]).
@@ -1618,6 +1714,13 @@ pub(crate) struct Gen {
     prefill: Option<(Prefill, Instant)>,
     /// Special tokens whose text the reply keeps ([`Job::keep`]).
     keep: Arc<[u32]>,
+    /// Every special token's text is kept ([`Job::show_special`]).
+    show_special: bool,
+    /// The token that ends the reply (end of generation, a stop id) adds its text
+    /// ([`Job::include_stop`]).
+    include_stop: bool,
+    /// Tokens that end the reply besides end-of-generation ones ([`Job::stop_ids`]).
+    stop_ids: Vec<u32>,
     /// Prompt tokens (a reply the front end ends reports them as the engine would).
     prompt_len: usize,
 }
@@ -1633,6 +1736,9 @@ impl Gen {
     ) -> Gen {
         Gen {
             keep: job.keep.clone(),
+            show_special: job.show_special,
+            include_stop: job.include_stop,
+            stop_ids: job.stop_ids.clone(),
             prompt_len: job.prompt.len(),
             rx,
             ended_by_front,
@@ -1640,7 +1746,9 @@ impl Gen {
             ids: Vec::new(),
             prefix: String::new(),
             prefix_index: 0,
-            reply: Reply::new(job.stop.clone()),
+            reply: Reply::new(job.stop.clone())
+                .keeping_stop(job.include_stop)
+                .stops_after(job.min_tokens),
             ended: false,
             lps: Vec::new(),
             lps_taken: 0,
@@ -1747,7 +1855,8 @@ impl Gen {
                 };
                 // echo: the prompt's tokens first, the first without a log-probability
                 let prompt = self.echo_prompt.take().unwrap_or_default();
-                let prompt_lps = std::iter::once(None).chain(self.prompt_lps.iter().map(Some));
+                let prompt_lps =
+                    std::iter::once(None).chain(self.prompt_lps.iter().map(|(l, _)| Some(l)));
                 let entries = prompt
                     .iter()
                     .zip(prompt_lps)
@@ -1771,7 +1880,7 @@ impl Gen {
     /// The text `id` adds: special tokens other than the kept ones add none (they never
     /// enter the decoded ids, so the rest decodes with special tokens as text).
     fn decode_step(&mut self, id: u32) -> Result<Option<String>, String> {
-        if !self.st.tokenizer.shows(id, &self.keep) {
+        if !self.show_special && !self.st.tokenizer.shows(id, &self.keep) {
             return Ok(None);
         }
         tokenizers::step_decode_stream(
@@ -1816,20 +1925,25 @@ impl Gen {
         loop {
             let ev = self.rx.recv().await;
             match ev {
-                Some(Event::PromptLogprobs(lp)) => self.prompt_lps.push(lp),
+                Some(Event::PromptLogprobs(lp, rank)) => self.prompt_lps.push((lp, rank)),
                 Some(Event::Prefilled(p)) => self.prefill = Some((p, Instant::now())),
                 Some(Event::Token(id, lp)) => {
                     self.reply.token();
                     if let Some(lp) = lp {
                         self.lps.push((id, lp));
                     }
-                    if self.st.tokenizer.is_eog(id) {
-                        // the token that ends the reply: counted and scored, never text
-                        // (whether or not the vocabulary marks it special)
+                    let eog = self.st.tokenizer.is_eog(id);
+                    if eog {
                         self.eog = Some(id);
+                    } else {
+                        self.tokens.push(id);
+                    }
+                    if (eog || self.stop_ids.contains(&id)) && !self.include_stop {
+                        // the token that ends the reply: counted and scored, not text
+                        // (whether or not the vocabulary marks it special), as in vLLM
+                        // unless include_stop_str_in_output
                         continue;
                     }
-                    self.tokens.push(id);
                     let piece = match self.decode_step(id) {
                         Ok(p) => p,
                         Err(e) => return Some(Next::Piece(self.fail(e))),
@@ -1862,12 +1976,11 @@ impl Gen {
                 Some(Event::Progress(p)) => return Some(Next::Progress(p)),
                 // only embedding requests get one
                 Some(Event::Embedding(_)) => {}
-                Some(Event::GrammarError(e)) => {
-                    // the request's grammar went past the grammar engine's limits
+                Some(Event::RequestFault(e, code)) => {
+                    // the request's grammar went past the grammar engine's limits, or its
+                    // masks left no token
                     self.ended = true;
-                    return Some(Next::Piece(Piece::Error(
-                        ApiError::bad(e).code("grammar_error"),
-                    )));
+                    return Some(Next::Piece(Piece::Error(ApiError::bad(e).code(code))));
                 }
                 None => {
                     return Some(Next::Piece(
@@ -1910,7 +2023,37 @@ impl Gen {
             completion_tokens: self.reply.generated(),
             reasoning_tokens: 0,
             done,
+            prompt_logprobs: None,
         })
+    }
+
+    /// vLLM's `prompt_logprobs` of `prompt`: `null` for its first token, then for each the
+    /// token's and its most likely alternatives' `{logprob, rank, decoded_token}` by id.
+    pub(crate) fn vllm_prompt_logprobs(&self, prompt: &[u32]) -> Value {
+        let tok = &self.st.tokenizer;
+        let entry = |id: u32, logprob: f32, rank: usize| {
+            // (a logprob that is not a number is listed as vLLM clamps it)
+            let logprob = if logprob.is_finite() {
+                logprob
+            } else {
+                -9999.0
+            };
+            json!({"logprob": logprob, "rank": rank, "decoded_token": token_text(&tok.token_bytes(id))})
+        };
+        let scored = prompt
+            .iter()
+            .skip(1)
+            .zip(&self.prompt_lps)
+            .map(|(&id, (l, rank))| {
+                let mut m = serde_json::Map::new();
+                m.insert(id.to_string(), entry(id, l.logprob, *rank));
+                for (r, &(alt, p)) in l.top.iter().enumerate() {
+                    m.entry(alt.to_string())
+                        .or_insert_with(|| entry(alt, p, r + 1));
+                }
+                Value::Object(m)
+            });
+        Value::Array(std::iter::once(Value::Null).chain(scored).collect())
     }
 
     /// Tokens generated so far.
@@ -2061,14 +2204,21 @@ pub(crate) async fn complete(
     kind: Kind,
     index: usize,
 ) -> Result<(Value, End), ApiError> {
-    let (mut gen, reasoning, mut text, end) = run_to_end(st, job).await?;
+    let (mut gen, reasoning, mut text, mut end) = run_to_end(st, job).await?;
     let logprobs = gen.take_logprobs(kind);
     if let Some(prompt) = job.echo_text(st) {
         text.insert_str(0, &prompt);
     }
+    let prompt_logprobs = job
+        .prompt_logprobs
+        .map(|_| gen.vllm_prompt_logprobs(&job.prompt));
     let choice = match kind {
         Kind::Completion => {
-            json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": end.finish})
+            let mut c = json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": end.finish});
+            if let Some(p) = prompt_logprobs {
+                c["prompt_logprobs"] = p;
+            }
+            c
         }
         Kind::Chat => {
             let (mut message, calls) =
@@ -2076,6 +2226,8 @@ pub(crate) async fn complete(
             if let Some(r) = reasoning {
                 message["reasoning_content"] = json!(r);
             }
+            // (vLLM lists a chat prompt's beside the choices)
+            end.prompt_logprobs = prompt_logprobs;
             json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(end.finish, calls)})
         }
     };
@@ -2094,6 +2246,9 @@ struct Completion<'a> {
     usage: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     timings: Option<Value>,
+    /// Chat with vLLM's `prompt_logprobs` (completions list them in each choice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Value>,
 }
 
 /// The choices of a non-streamed reply, from `runs` in order (at most `window` in flight; the
@@ -2154,7 +2309,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             .map(|(i, j)| complete(&st, j, kind, i).boxed())
             .collect();
         let window = window(&st, jobs.first().map_or(1, |j| j.n));
-        let results = collect_choices(&st, runs, window).await?;
+        let mut results = collect_choices(&st, runs, window).await?;
         // a prompt counts once, however many choices it has
         let n_prompt: usize = jobs
             .iter()
@@ -2177,6 +2332,9 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             [(_, end)] => Some(timings(end, n_prompt)),
             _ => None,
         };
+        let prompt_logprobs = results
+            .first_mut()
+            .and_then(|(_, e)| e.prompt_logprobs.take());
         let body = Completion {
             id: &id,
             object: if kind == Kind::Chat {
@@ -2190,6 +2348,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             choices: results.into_iter().map(|(c, _)| c).collect(),
             usage: usage(n_prompt, n_completion, cached, n_reasoning, guessed),
             timings,
+            prompt_logprobs,
         };
         return Ok(Json(body).into_response());
     }

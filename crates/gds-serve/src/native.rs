@@ -315,6 +315,12 @@ async fn jobs(st: &Arc<ServerState>, body: &Bytes) -> Result<(Vec<Job>, Asked), 
     let b: NativeBody = parse(body)?;
     let mut c: Common = parse(body)?;
     b.refuse_unsupported()?;
+    if c.prompt_logprobs.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad(
+            "prompt_logprobs is not a field of /completion (vLLM's: /v1/completions and /v1/chat/completions take it)",
+        )
+        .param("prompt_logprobs"));
+    }
     let n_predict = b
         .n_predict
         .or(c.max_tokens)

@@ -36,8 +36,9 @@ pub enum Event {
     /// with its log-probabilities when the request asked for them.
     Token(u32, Option<TokenLogprobs>),
     /// With [`Request::echo`]: the log-probabilities of the next prompt token (from the
-    /// second on, in order), computed from the logits of the position before it.
-    PromptLogprobs(TokenLogprobs),
+    /// second on, in order), computed from the logits of the position before it, and its
+    /// rank among them (1: the most likely).
+    PromptLogprobs(TokenLogprobs, usize),
     /// Generation ended.
     Done(Done),
     /// With [`Request::embed`]: the prompt's pooled final-normed hidden state (not
@@ -48,9 +49,10 @@ pub enum Event {
     Progress(Progress),
     /// Generation failed.
     Error(String),
-    /// The request's grammar failed mid-generation (it went past the grammar engine's
-    /// limits): the request's fault, not the server's.
-    GrammarError(String),
+    /// The request failed mid-generation by its own fault, not the server's: its grammar
+    /// went past the grammar engine's limits (code `grammar_error`), or its token masks
+    /// left no token to generate (`invalid_request_error`). The message, and that code.
+    RequestFault(String, &'static str),
 }
 
 /// Most guesses a step from a request's prediction ([`Request::prediction`]) when it did
@@ -169,6 +171,9 @@ pub struct Request {
     /// Generating one of these ends the reply (vLLM's `stop_token_ids`): the token is part
     /// of it, and the request ends as at an end-of-generation token.
     pub stop_ids: Vec<u32>,
+    /// Tokens the request may or may not generate (vLLM's `allowed_token_ids`,
+    /// `bad_words`), applied after the other masks.
+    pub masks: TokenMasks,
     /// Speculative decoding: most tokens the prompt-lookup draft (`gds_runtime::draft`)
     /// guesses per step, checked in the same forward pass; 0 = off. The output is unchanged
     /// (every token is sampled from the logits at its position).
@@ -184,9 +189,12 @@ pub struct Request {
     /// (penalties, masks, top-k/p, min-p and temperature applied), not the model's.
     pub post_sampling: bool,
     /// Score the prompt too: every prompt token from the second gets a
-    /// [`Event::PromptLogprobs`] (with `logprobs` alternatives). Such a prompt is computed
-    /// in full (no prefix sharing), a few dozen positions per step.
+    /// [`Event::PromptLogprobs`] (with `prompt_top`, else `logprobs`, alternatives). Such a
+    /// prompt is computed in full (no prefix sharing), a few dozen positions per step.
     pub echo: bool,
+    /// With `echo`: the alternatives listed for each prompt token, where they differ from
+    /// the generated tokens' (vLLM's `prompt_logprobs`).
+    pub prompt_top: Option<usize>,
     /// The grammar the output must follow (compiled, nothing accepted yet). Its mask is
     /// computed while the step's forward pass runs; generation ends when the grammar is
     /// complete, and end-of-generation tokens are allowed only where it may end
@@ -219,6 +227,49 @@ pub struct Request {
     /// Its client's place in the engine (dropped with the request), where it came from a
     /// connection.
     pub client: Option<crate::client::ClientSlot>,
+}
+
+/// A request's own token masks (vLLM's `allowed_token_ids` and `bad_words`).
+#[derive(Clone, Debug, Default)]
+pub struct TokenMasks {
+    /// Only these tokens (sorted, no repeats) may be generated; `None`: any.
+    pub allowed: Option<Arc<[u32]>>,
+    /// Token sequences the reply may not contain: the last token of one is masked where
+    /// the reply's last tokens are the others (a one-token sequence always).
+    pub banned: Arc<[Vec<u32>]>,
+}
+
+impl TokenMasks {
+    /// Whether either mask is set.
+    pub fn any(&self) -> bool {
+        self.allowed.is_some() || !self.banned.is_empty()
+    }
+
+    /// Masks `logits` for a reply whose generated tokens so far are `out`; false when no
+    /// token is left.
+    fn apply(&self, logits: &mut [f32], out: &[u32]) -> bool {
+        if let Some(a) = &self.allowed {
+            let kept: Vec<(usize, f32)> = a
+                .iter()
+                .filter_map(|&t| logits.get(t as usize).map(|&l| (t as usize, l)))
+                .collect();
+            logits.fill(f32::NEG_INFINITY);
+            for (t, l) in kept {
+                logits[t] = l;
+            }
+        }
+        for seq in self.banned.iter() {
+            let Some((&last, prefix)) = seq.split_last() else {
+                continue;
+            };
+            if out.ends_with(prefix) {
+                if let Some(l) = logits.get_mut(last as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        logits.iter().any(|&l| l > f32::NEG_INFINITY)
+    }
 }
 
 /// What the engine takes: a request to run, or an action on a slot's cached prefix.
@@ -344,6 +395,8 @@ enum Exit {
 enum Fault {
     /// Its grammar went past the grammar engine's limits.
     Grammar(String),
+    /// Its token masks left no token to generate.
+    Masked(String),
     /// The forward pass of its own tokens failed.
     Engine(String),
 }
@@ -1368,10 +1421,12 @@ impl Engine {
                 None => self.exec.logits_mut(row),
             };
             if let Some(j) = score {
-                let k = s.req.logprobs.unwrap_or(0);
-                let lp = TokenLogprobs::of(logits, s.tokens[j], k);
+                let k = s.req.prompt_top.or(s.req.logprobs).unwrap_or(0);
+                let tok = s.tokens[j];
+                let lp = TokenLogprobs::of(logits, tok, k);
+                let rank = gds_runtime::sampler::rank(logits, tok);
                 s.scored = j + 1;
-                let _ = Self::send(s, Event::PromptLogprobs(lp));
+                let _ = Self::send(s, Event::PromptLogprobs(lp, rank));
                 continue;
             }
             if s.req.max_tokens == 0 {
@@ -1407,6 +1462,16 @@ impl Engine {
                     if let Some(l) = logits.get_mut(e as usize) {
                         *l = f32::NEG_INFINITY;
                     }
+                }
+            }
+            if s.req.masks.any() {
+                // (the reply's tokens so far: vLLM's bad words look at the output only)
+                let out = &s.tokens[s.tokens.len() - s.generated.min(s.tokens.len())..];
+                if !s.req.masks.apply(logits, out) {
+                    let why = "allowed_token_ids and bad_words (with the reply's other limits: \
+                               min_tokens, its grammar) leave no token to generate here";
+                    failed.push((i, Fault::Masked(why.into())));
+                    continue;
                 }
             }
             let tok = s.sampler.sample(logits);
@@ -1524,7 +1589,8 @@ impl Engine {
                 Exit::Shift(keep, discard) => self.shift(s, keep, discard),
                 Exit::Fault(e) => {
                     let ev = match e {
-                        Fault::Grammar(e) => Event::GrammarError(e),
+                        Fault::Grammar(e) => Event::RequestFault(e, "grammar_error"),
+                        Fault::Masked(e) => Event::RequestFault(e, "invalid_request_error"),
                         Fault::Engine(e) => Event::Error(e),
                     };
                     let _ = Self::send(&s, ev);

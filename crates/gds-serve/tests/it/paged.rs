@@ -312,11 +312,13 @@ fn run_engine_with(
             ignore_eos: false,
             min_tokens: 0,
             stop_ids: Vec::new(),
+            masks: Default::default(),
             draft_max: 0,
             prediction: None,
             logprobs: echo.then_some(1),
             post_sampling: false,
             echo: *echo,
+            prompt_top: None,
             embed: embed.get(k).copied().flatten(),
             constraint: None,
             shift: None,
@@ -363,12 +365,12 @@ fn echo_prompt_beside_other_requests_never_overflows_the_output_rows() {
     for (k, (evs, (prompt, is_echo, max_tokens))) in outs.iter().zip(&reqs).enumerate() {
         let errors: Vec<_> = evs
             .iter()
-            .filter(|e| matches!(e, Event::Error(_) | Event::GrammarError(_)))
+            .filter(|e| matches!(e, Event::Error(_) | Event::RequestFault(..)))
             .collect();
         assert!(errors.is_empty(), "request {k}: {errors:?}");
         let scored = evs
             .iter()
-            .filter(|e| matches!(e, Event::PromptLogprobs(_)))
+            .filter(|e| matches!(e, Event::PromptLogprobs(..)))
             .count();
         let tokens = evs.iter().filter(|e| matches!(e, Event::Token(..))).count();
         assert_eq!(scored, if *is_echo { prompt.len() - 1 } else { 0 }, "{k}");

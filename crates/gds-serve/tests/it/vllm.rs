@@ -1,8 +1,9 @@
 //! vLLM's extra parameters on the OpenAI endpoints (what clients written for `vllm serve`
 //! send in `extra_body`): structured outputs (`structured_outputs`, `guided_json`,
 //! `guided_regex`, `guided_choice`, `guided_grammar`), `min_tokens`, `stop_token_ids`,
-//! `repetition_penalty`, `documents`; and the ones not done refused by name, where they
-//! were ignored.
+//! `include_stop_str_in_output`, `skip_special_tokens`, `allowed_token_ids`, `bad_words`,
+//! `prompt_logprobs`, `repetition_penalty`, `documents`; and the ones not done refused by
+//! name, where they were ignored.
 
 use crate::common::{http, serial, start, Server};
 use serde_json::{json, Value};
@@ -145,7 +146,8 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
         .collect();
     let plain = greedy(json!({}));
     assert_eq!(plain["choices"][0]["text"], native["content"], "{plain}");
-    // the 4th token stops it (first seen there): four tokens, their text, finish stop
+    // the 4th token stops it (first seen there): four tokens, finish stop, the text of the
+    // three before it (vLLM leaves the stop token's out) ...
     let at = 3;
     let first = ids.iter().position(|&t| t == ids[at]).unwrap();
     let stopped = greedy(json!({"stop_token_ids": [ids[at]]}));
@@ -155,8 +157,16 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
         "{stopped}"
     );
     assert_eq!(stopped["choices"][0]["finish_reason"], "stop", "{stopped}");
-    let (_, text) = post(&s, "/detokenize", &json!({"tokens": ids[..=first]}));
-    assert_eq!(stopped["choices"][0]["text"], text["content"], "{stopped}");
+    let detok = |t: &[u64]| post(&s, "/detokenize", &json!({ "tokens": t })).1["content"].clone();
+    assert_eq!(
+        stopped["choices"][0]["text"],
+        detok(&ids[..first]),
+        "{stopped}"
+    );
+    // ... and with include_stop_str_in_output its text too
+    let kept = greedy(json!({"stop_token_ids": [ids[at]], "include_stop_str_in_output": true}));
+    assert_eq!(kept["choices"][0]["text"], detok(&ids[..=first]), "{kept}");
+    assert_eq!(kept["usage"], stopped["usage"]);
     // ... unless min_tokens holds it back
     let held = greedy(json!({"stop_token_ids": [ids[at]], "min_tokens": first + 2}));
     assert!(
@@ -199,14 +209,6 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
         (json!({"min_tokens": -1}), "min_tokens"),
         (json!({"stop_token_ids": [99999999]}), "stop_token_ids"),
         (json!({"use_beam_search": true}), "use_beam_search"),
-        (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
-        (json!({"skip_special_tokens": false}), "skip_special_tokens"),
-        (
-            json!({"include_stop_str_in_output": true}),
-            "include_stop_str_in_output",
-        ),
-        (json!({"bad_words": ["Paris"]}), "bad_words"),
-        (json!({"allowed_token_ids": [1, 2]}), "allowed_token_ids"),
     ] {
         let mut b = json!({"prompt": prompt, "max_tokens": 4});
         for (k, v) in body.as_object().unwrap() {
@@ -218,9 +220,250 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
     }
     let defaults = greedy(
         json!({"use_beam_search": false, "skip_special_tokens": true,
-        "include_stop_str_in_output": false, "bad_words": [], "prompt_logprobs": null}),
+        "include_stop_str_in_output": false, "bad_words": [], "prompt_logprobs": null,
+        "allowed_token_ids": null}),
     );
     assert_eq!(defaults["choices"][0]["text"], plain["choices"][0]["text"]);
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_token_masks_stop_strings_special_tokens_and_prompt_logprobs() {
+    let _one = serial();
+    let s = start(&[]);
+    let prompt = "The capital of France is";
+    let completion = |extra: Value| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        post(&s, "/v1/completions", &body)
+    };
+    let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+    let tokenize = |t: &str| -> Vec<u64> {
+        let (_, v) = post(&s, "/tokenize", &json!({ "content": t }));
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    let detok = |t: &[u64]| {
+        post(&s, "/detokenize", &json!({ "tokens": t })).1["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let native = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 16, "temperature": 0, "return_tokens": true}),
+    );
+    let ids: Vec<u64> = native["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let (_, plain) = completion(json!({}));
+    assert_eq!(text(&plain), detok(&ids), "{plain}");
+
+    // bad_words: two tokens of the reply that make a word (tokenized back to themselves):
+    // the greedy reply keeps the tokens before the second, then takes another
+    let at = (2..ids.len() - 1)
+        .find(|&i| {
+            let w = detok(&ids[i..i + 2]);
+            !w.trim().is_empty() && tokenize(w.trim_start()) == ids[i..i + 2]
+        })
+        .expect("two tokens that make a word");
+    let word = detok(&ids[at..at + 2]);
+    let (code, banned) = completion(json!({ "bad_words": [word] }));
+    assert_eq!(code, 200, "{banned}");
+    let t = text(&banned);
+    assert!(
+        t.starts_with(&detok(&ids[..at + 1])),
+        "{word:?}: {t:?} vs {plain}"
+    );
+    assert!(!t.starts_with(&detok(&ids[..at + 2])), "{word:?}: {t:?}");
+    // a one-token word is never generated, as it is nor after a space (llama-server's API
+    // lists the reply's token ids)
+    let the = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": "Here is a short story about a cat.", "n_predict": 48,
+                "temperature": 0, "return_tokens": true, "bad_words": ["The"]}),
+    );
+    let free = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": "Here is a short story about a cat.", "n_predict": 48,
+                "temperature": 0, "return_tokens": true}),
+    );
+    let forms = [tokenize("The"), tokenize(" The")];
+    assert!(forms.iter().all(|f| f.len() == 1), "{forms:?}");
+    let has = |v: &Value| {
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| forms.iter().any(|f| f[0] == t.as_u64().unwrap()))
+    };
+    assert!(has(&free), "the reply without the ban has the word: {free}");
+    assert!(!has(&the), "{the}");
+
+    // allowed_token_ids: only those tokens (and no end of generation: max_tokens reached)
+    let allowed = tokenize(" yes no maybe.");
+    let (code, v) = completion(json!({"allowed_token_ids": allowed, "temperature": 0.9,
+        "seed": 5, "max_tokens": 12, "logprobs": 0}));
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 12, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    let texts: Vec<String> = allowed.iter().map(|&t| detok(&[t])).collect();
+    for t in v["choices"][0]["logprobs"]["tokens"].as_array().unwrap() {
+        assert!(
+            texts.contains(&t.as_str().unwrap().to_string()),
+            "{t} of {v}"
+        );
+    }
+
+    // include_stop_str_in_output: the stop string stays; min_tokens holds stop strings back
+    let reply = text(&plain);
+    let stop = reply.split_whitespace().nth(1).unwrap().to_string();
+    let (_, cut) = completion(json!({ "stop": [stop] }));
+    let (_, kept) = completion(json!({"stop": [stop], "include_stop_str_in_output": true}));
+    assert!(!text(&cut).contains(&stop), "{cut}");
+    assert_eq!(text(&kept), format!("{}{stop}", text(&cut)), "{kept}");
+    assert_eq!(kept["choices"][0]["finish_reason"], "stop");
+    let (_, held) = completion(json!({"stop": [stop], "min_tokens": 12}));
+    assert!(text(&held).contains(&stop), "{held}");
+
+    // skip_special_tokens: false keeps a special token's text; with
+    // include_stop_str_in_output the end-of-generation token's too
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 48, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        ok(&s, "/v1/chat/completions", &body)
+    };
+    let hi = chat(json!({}));
+    assert_eq!(hi["choices"][0]["finish_reason"], "stop", "{hi}");
+    let both = chat(json!({"skip_special_tokens": false, "include_stop_str_in_output": true}));
+    assert_eq!(
+        content(&both),
+        format!("{}<|im_end|>", content(&hi)),
+        "{both}"
+    );
+    assert_eq!(
+        content(&chat(json!({"include_stop_str_in_output": true}))),
+        content(&hi)
+    );
+    let special = tokenize("<|im_start|>");
+    assert_eq!(special.len(), 1, "{special:?}");
+    for (skip, want) in [(true, ""), (false, "<|im_start|><|im_start|>")] {
+        let (_, v) = completion(json!({"allowed_token_ids": special, "max_tokens": 2,
+            "skip_special_tokens": skip}));
+        assert_eq!(text(&v), want, "{v}");
+    }
+
+    // masks that leave nothing: a 400 naming the request's fault
+    let eos = tokenize("<|im_end|>");
+    let (code, v) = completion(json!({"allowed_token_ids": eos, "min_tokens": 3}));
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("allowed_token_ids"),
+        "{v}"
+    );
+
+    // prompt_logprobs: vLLM's list, the first null; the same values as echo + logprobs
+    let (code, scored) = completion(json!({"prompt_logprobs": 2, "max_tokens": 1}));
+    assert_eq!(code, 200, "{scored}");
+    let (_, echoed) = completion(json!({"echo": true, "logprobs": 2, "max_tokens": 1}));
+    let pl = scored["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    let n_prompt = scored["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(pl.len(), n_prompt, "{scored}");
+    assert!(pl[0].is_null());
+    let prompt_ids = tokenize(prompt);
+    let lp = echoed["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
+    for (i, entry) in pl.iter().enumerate().skip(1) {
+        let own = &entry[prompt_ids[i].to_string()];
+        let want = lp[i].as_f64().unwrap();
+        assert!(
+            (own["logprob"].as_f64().unwrap() - want).abs() < 1e-4,
+            "{i}: {entry}"
+        );
+        let rank = own["rank"].as_u64().unwrap();
+        assert!(rank >= 1, "{entry}");
+        assert_eq!(own["decoded_token"], detok(&[prompt_ids[i]]));
+        // the top two (ranks 1 and 2) and the token itself
+        let ranks: Vec<u64> = entry
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|e| e["rank"].as_u64().unwrap())
+            .collect();
+        assert!(
+            ranks.contains(&1) && (rank <= 2 || ranks.len() == 3),
+            "{entry}"
+        );
+        let best = entry
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|e| e["logprob"].as_f64().unwrap());
+        assert!(best.fold(f64::MIN, f64::max) >= own["logprob"].as_f64().unwrap());
+    }
+    assert_eq!(text(&scored), text(&echoed).strip_prefix(prompt).unwrap());
+    // on chat, beside the choices
+    let c = chat(json!({"prompt_logprobs": 0, "max_tokens": 2}));
+    let n = c["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(c["prompt_logprobs"].as_array().unwrap().len(), n, "{c}");
+    assert!(c["choices"][0].get("prompt_logprobs").is_none());
+    for (body, param) in [
+        (
+            json!({"prompt_logprobs": 2, "stream": true}),
+            "prompt_logprobs",
+        ),
+        (json!({"prompt_logprobs": 2, "n": 2}), "prompt_logprobs"),
+        (
+            json!({"prompt_logprobs": 2, "echo": true}),
+            "prompt_logprobs",
+        ),
+        (json!({"prompt_logprobs": 21}), "prompt_logprobs"),
+        (json!({"allowed_token_ids": []}), "allowed_token_ids"),
+        (
+            json!({"allowed_token_ids": [99999999]}),
+            "allowed_token_ids",
+        ),
+        (json!({"bad_words": "Paris"}), "bad_words"),
+        (json!({"bad_words": [""]}), "bad_words"),
+    ] {
+        let (code, v) = completion(body.clone());
+        assert_eq!(code, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+    let (code, v) = post(
+        &s,
+        "/v1/messages",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "prompt_logprobs": 1}),
+    );
+    // (Anthropic's error names no field: its message does)
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("prompt_logprobs"),
+        "{v}"
+    );
 }
 
 #[test]
