@@ -35,6 +35,30 @@ SUFFIX = "}\n"
 PROMPT = "    int n_threads = llama_"
 
 
+LLAMA_VIM = {
+    "input_prefix": "int add(int a, int b) {\n    int c = a + b;\n",
+    "input_suffix": "\n}\n",
+    "input_extra": [{"text": "int sub(int a, int b);\n", "time": 1733000000.5,
+                     "filename": "math.h"}],
+    "prompt": "    ",
+    "n_predict": 24,
+    "n_indent": 4,
+    "top_k": 40,
+    "top_p": 0.99,
+    "stream": False,
+    "samplers": ["top_k", "top_p", "infill"],
+    "cache_prompt": True,
+    "t_max_prompt_ms": 500,
+    "t_max_predict_ms": 60000,
+    "seed": 42,
+    "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms",
+                        "timings/prompt_per_token_ms", "timings/prompt_per_second",
+                        "timings/predicted_n", "timings/predicted_ms",
+                        "timings/predicted_per_token_ms", "timings/predicted_per_second",
+                        "truncated", "tokens_cached"],
+}
+
+
 def requests():
     plain = {"n_predict": 8, "temperature": 0, "seed": 42, "return_tokens": True}
     base = {"input_prefix": PREFIX, "prompt": PROMPT, "input_suffix": SUFFIX, **plain}
@@ -50,6 +74,13 @@ def requests():
         ("bad_extra_filename", {**base, "input_extra": [{"filename": 123, "text": "abc"}]}),
         ("bad_extra_text", {**base, "input_extra": [{"filename": "ok", "text": 456}]}),
         ("bad_extra_type", {**base, "input_extra": {"filename": "a", "text": "b"}}),
+        # what llama.vim sends (its fim_on_... request, 2025): the infill sampler, the cursor
+        # line's indentation as n_indent, time limits, extra chunks with a time, and the
+        # fields it reads back by path; drawn (seeded), so only the layout compares
+        ("llama_vim", LLAMA_VIM),
+        # the same, greedy after the infill stage: the text and where n_indent cut it too
+        ("llama_vim_greedy", {**LLAMA_VIM, "temperature": 0,
+                              "samplers": ["top_k", "top_p", "infill", "temperature"]}),
     ]
 
 

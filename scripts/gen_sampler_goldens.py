@@ -9,7 +9,12 @@ sequence breakers), min_keep and a reordered chain — as `POST /completion` ans
   the settings only, not on the draw);
 - `greedy` entries: temperature 0 with a sampler that changes the most likely token (DRY,
   XTC, typical), 24 tokens, with and without it, on prompts whose plain greedy runs of
-  llama.cpp and gdsrun agree for a dozen tokens (a near tie parts them sooner elsewhere).
+  llama.cpp and gdsrun agree for a dozen tokens (a near tie parts them sooner elsewhere);
+- the infill sampler (`samplers` with "infill", as llama.vim and llama.vscode send it) on
+  prompts where it merges, keeps two, falls back on the end-of-turn token or keeps only the
+  end of generation; and the line limits code editors send, `n_indent` and
+  `t_max_predict_ms`, on `/completion` and `/infill` (greedy, the whole text and its
+  `stop_type` kept).
 
 Read by crates/gds-serve/tests/it/samplers.rs, which sends gdsrun the same requests and
 compares the surviving tokens and their probabilities, and the greedy tokens.
@@ -32,6 +37,10 @@ P = "My favourite food is"
 REPEAT = "one two three four five six. one two three four five six. one two three four"
 # a repeat across DRY's breakers (":" and the newline): "Name: Ann" is not followed through
 BREAK = "Name: Ann\nAge: 30\nName: Ann\nAge:"
+CODE = "def add(a, b):\n    return"
+CLASS = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+         "    def push(self, x):\n        self.items.append(x)\n\n    def pop(self):\n")
+CHAT_END = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello! How can I help you today?"
 
 
 def requests():
@@ -60,6 +69,16 @@ def requests():
         ("dist", "dry_breakers", {"prompt": BREAK, **dist, **dry}),
         ("dist", "dry_custom_breakers", {"prompt": BREAK, **dist, **dry,
                                          "dry_sequence_breakers": ["\n"]}),
+        ("dist", "infill_merged", {"prompt": P, **dist, "samplers": ["top_k", "infill"]}),
+        # (prompts whose tokens sit away from the stage's thresholds in both runtimes: their
+        # probabilities differ by a few per cent, which moves a token at 0.2 or 1/3 across)
+        ("dist", "infill_two", {"prompt": "The answer is", **dist,
+                                "samplers": ["top_k", "infill"]}),
+        ("dist", "infill_llama_vim", {"prompt": "def ", **dist, "top_p": 0.99,
+                                      "samplers": ["top_k", "top_p", "infill"]}),
+        ("dist", "infill_fallback", {"prompt": "My name is", **dist,
+                                     "samplers": ["top_k", "infill"]}),
+        ("dist", "infill_eog", {"prompt": CHAT_END, **dist, "samplers": ["top_k", "infill"]}),
         ("greedy", "plain_repeat", {"prompt": REPEAT, **greedy}),
         ("greedy", "dry_repeat", {"prompt": REPEAT, **greedy, **dry}),
         ("greedy", "xtc_repeat", {"prompt": REPEAT, **greedy, "xtc_probability": 1.0,
@@ -68,6 +87,12 @@ def requests():
                                       "top_k": 40}),
         ("greedy", "dry_repeat_breakers", {"prompt": BREAK, **greedy, **dry}),
         ("greedy", "plain_breakers", {"prompt": BREAK, **greedy}),
+        ("greedy", "indent_off", {"prompt": CODE, **greedy, "n_predict": 32}),
+        ("greedy", "indent", {"prompt": CODE, **greedy, "n_predict": 32, "n_indent": 8,
+                              "t_max_predict_ms": 60000}),
+        ("greedy", "indent_class", {"prompt": CLASS, **greedy, "n_predict": 48, "n_indent": 8}),
+        ("greedy", "t_max_predict", {"prompt": CODE, **greedy, "n_predict": 32,
+                                     "t_max_predict_ms": 1}),
     ]
 
 
@@ -79,7 +104,9 @@ def main():
     p = serve(port, MODELS["smollm2"])
     try:
         for kind, name, body in requests():
-            status, answer = call(port, "POST", "/completion", body)
+            path = body.get("endpoint", "/completion")
+            sent = {k: v for k, v in body.items() if k != "endpoint"}
+            status, answer = call(port, "POST", path, sent)
             assert status == 200, (name, status, answer)
             e = {"kind": kind, "name": name, "body": body}
             if kind == "dist":
@@ -88,6 +115,7 @@ def main():
             else:
                 e["tokens"] = answer["tokens"]
                 e["content"] = answer["content"]
+                e["stop_type"] = answer["stop_type"]
             out["entries"].append(e)
             print(kind, name, e.get("top", e.get("content"))[:6] if kind == "dist" else repr(e["content"]))
     finally:

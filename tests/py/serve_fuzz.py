@@ -299,6 +299,11 @@ SENSIBLE = [
     ("input", ["a", "b", "c"]), ("input", [[1, 2], [3, 4, 5]]),
     ("n_probs", 3), ("n_cmpl", 2), ("return_tokens", True), ("response_fields", ["content", "a/b"]),
     ("samplers", ["top_k", "temperature"]), ("samplers", "kt"), ("repeat_last_n", -1),
+    # llama.vim's and llama.vscode's: the infill stage (over a whole vocabulary without
+    # top-k too), line limits
+    ("samplers", ["top_k", "top_p", "infill"]), ("samplers", ["infill", "temperature"]),
+    ("samplers", "ikt"), ("n_indent", 4), ("n_indent", -3), ("n_indent", 10 ** 12),
+    ("t_max_predict_ms", 1), ("t_max_predict_ms", -1), ("t_max_prompt_ms", 500),
     # llama.cpp's samplers, sensible and extreme (each a setting the server must survive)
     ("mirostat", 2), ("mirostat", 1), ("mirostat_tau", 0.01), ("mirostat_eta", 1e30),
     ("typical_p", 0.3), ("typical_p", -5), ("top_n_sigma", 0.5), ("top_n_sigma", 1e30),

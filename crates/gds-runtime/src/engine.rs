@@ -22,11 +22,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Gives `cfg` DRY's breakers as the tokenizer's tokens (for its breakers: the tokenizer
-/// keeps the last lists'), where DRY is on.
-pub fn attach_dry_table(cfg: &mut SamplerConfig, tok: &TextTokenizer) {
+/// Gives `cfg` what its stages read of the vocabulary: DRY's breakers as the tokenizer's
+/// tokens (for its breakers: the tokenizer keeps the last lists'), where DRY is on, and the
+/// infill stage's tables, where it is listed.
+pub fn attach_vocab_tables(cfg: &mut SamplerConfig, tok: &TextTokenizer) {
     if cfg.extra.dry_on() {
         cfg.extra.dry_table = Some(tok.dry_breakers(&cfg.extra.dry_sequence_breakers));
+    }
+    if cfg.extra.order.contains(&crate::sampler::Stage::Infill) {
+        cfg.extra.infill_table = Some(tok.infill_vocab());
     }
 }
 
@@ -200,7 +204,7 @@ impl Engine {
             tokenizer.set_chat_template(src)?;
         }
         let mut cfg = plan.sampler.clone();
-        attach_dry_table(&mut cfg, &tokenizer);
+        attach_vocab_tables(&mut cfg, &tokenizer);
         let sampler = Sampler::new(cfg, exec.config().vocab_size);
         let grammar = match &plan.grammar {
             Some(g) => {
@@ -423,7 +427,7 @@ impl Engine {
             return Err(RuntimeError::Usage("stop strings must not be empty".into()));
         }
         let mut cfg = sampler.clone();
-        attach_dry_table(&mut cfg, &self.tokenizer);
+        attach_vocab_tables(&mut cfg, &self.tokenizer);
         self.sampler = Sampler::new(cfg, self.exec.config().vocab_size);
         self.plan.sampler = sampler;
         self.plan.limits = limits;

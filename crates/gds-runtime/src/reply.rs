@@ -26,6 +26,8 @@ pub struct Reply {
     /// tokens wrote is not searched (vLLM's `min_tokens`).
     floor: usize,
     min_tokens: usize,
+    /// Text from this byte is held back (a limit may still cut it: `n_indent`).
+    hold: Option<usize>,
 }
 
 impl Reply {
@@ -41,6 +43,7 @@ impl Reply {
             keep_stop: false,
             floor: 0,
             min_tokens: 0,
+            hold: None,
         }
     }
 
@@ -121,16 +124,34 @@ impl Reply {
     /// The text not shown yet that can be shown now: all of it with `all` (the reply
     /// ended) or once a stop string was found, else all but what may start a stop string.
     pub fn take_shown(&mut self, all: bool) -> Option<String> {
-        let safe = if all || self.stopped_by.is_some() || self.keep_stop {
+        let mut safe = if all || self.stopped_by.is_some() || self.keep_stop {
             self.text.len()
         } else {
             self.text.len() - held_back(&self.text, &self.stops)
         };
+        if let Some(h) = self.hold.filter(|_| !all && self.stopped_by.is_none()) {
+            safe = safe.min(h.max(self.shown));
+        }
         (safe > self.shown).then(|| {
             let s = self.text[self.shown..safe].to_string();
             self.shown = safe;
             s
         })
+    }
+
+    /// Holds the text from byte `at` back (`None`: nothing) until the reply ends or this
+    /// is moved: text a limit may still cut (llama-server's `n_indent`).
+    pub fn hold_from(&mut self, at: Option<usize>) {
+        self.hold = at;
+    }
+
+    /// Cuts the text at byte `at` (a character boundary), keeping what was shown: where a
+    /// limit ends the reply inside its last line (llama-server's `n_indent`).
+    pub fn cut(&mut self, at: usize) {
+        let at = at.max(self.shown).min(self.text.len());
+        if self.text.is_char_boundary(at) {
+            self.text.truncate(at);
+        }
     }
 
     /// Tokens generated, the end-of-generation token included.

@@ -74,6 +74,10 @@ pub enum Stage {
     /// Adaptive-p: draws tokens near a target probability (in place of the plain draw; only
     /// where listed).
     AdaptiveP,
+    /// llama.cpp's infill sampler, for fill-in-the-middle after top-k/top-p (only where
+    /// listed, as llama.vim and llama.vscode list it): the end of generation where it is
+    /// likely enough, else tokens whose text starts another's merged, the unlikely dropped.
+    Infill,
 }
 
 impl Stage {
@@ -105,6 +109,7 @@ impl Stage {
             "xtc" => Stage::Xtc,
             "temperature" | "temp" => Stage::Temperature,
             "adaptive_p" => Stage::AdaptiveP,
+            "infill" => Stage::Infill,
             _ => return None,
         })
     }
@@ -123,6 +128,7 @@ impl Stage {
             'x' => Stage::Xtc,
             't' => Stage::Temperature,
             'a' => Stage::AdaptiveP,
+            'i' => Stage::Infill,
             _ => return None,
         })
     }
@@ -130,7 +136,7 @@ impl Stage {
     /// [`Stage::from_name`], or the error naming what is not a sampler.
     pub fn named(name: &str) -> Result<Stage, String> {
         Stage::from_name(name).ok_or_else(|| {
-            format!("{name:?} is not a sampler (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p)")
+            format!("{name:?} is not a sampler (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature, adaptive_p, infill)")
         })
     }
 
@@ -299,6 +305,11 @@ pub struct ExtraSamplers {
     /// it DRY runs with no breakers.
     #[serde(skip)]
     pub dry_table: Option<Arc<DryBreakers>>,
+    /// What the infill stage reads of the vocabulary
+    /// ([`crate::tokenizer::TextTokenizer::infill_vocab`]); not part of the plan. Without
+    /// it the stage does nothing.
+    #[serde(skip)]
+    pub infill_table: Option<Arc<InfillVocab>>,
 }
 
 fn is_one(x: &f32) -> bool {
@@ -366,6 +377,7 @@ impl Default for ExtraSamplers {
             min_keep: 0,
             order: default_order(),
             dry_table: None,
+            infill_table: None,
         }
     }
 }
@@ -475,8 +487,142 @@ impl DryBreakers {
     }
 }
 
+/// Most candidates the infill stage compares pairwise (llama.cpp compares them all, n^2
+/// pairs: a chain without top-k before it would take minutes over a whole vocabulary); past
+/// this the likeliest are kept first.
+pub const INFILL_MAX_CANDIDATES: usize = 1024;
+
+/// What llama.cpp's infill sampler reads of the vocabulary: each token's text as
+/// `token_to_piece` gives it without special tokens (a special token's is empty), the
+/// end-of-generation tokens, and the token it ends with where nothing else is left (the
+/// end-of-turn token, else EOS).
+#[derive(Clone, PartialEq, Default)]
+pub struct InfillVocab {
+    pieces: Arc<TokenPieces>,
+    /// Sorted.
+    special: Vec<u32>,
+    /// Sorted.
+    eog: Vec<u32>,
+    fallback: u32,
+}
+
+impl std::fmt::Debug for InfillVocab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InfillVocab({} tokens)", self.pieces.len())
+    }
+}
+
+impl InfillVocab {
+    /// From the tokens' texts, the special and end-of-generation tokens (any order), and
+    /// the token the stage falls back on.
+    pub fn new(
+        pieces: Arc<TokenPieces>,
+        mut special: Vec<u32>,
+        mut eog: Vec<u32>,
+        fallback: u32,
+    ) -> InfillVocab {
+        special.sort_unstable();
+        eog.sort_unstable();
+        InfillVocab {
+            pieces,
+            special,
+            eog,
+            fallback,
+        }
+    }
+
+    fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+
+    /// The token's text (empty for a special token or one past the vocabulary's texts).
+    fn piece(&self, id: u32) -> &[u8] {
+        if (id as usize) >= self.pieces.len() || self.special.binary_search(&id).is_ok() {
+            return &[];
+        }
+        self.pieces.get(id as usize)
+    }
+}
+
+/// llama.cpp's infill stage (`llama_sampler_infill_apply`), step for step: over the
+/// candidates by probability, (1) where 3 x P(end of generation) x their number passes the
+/// text tokens' probability, only the end-of-generation tokens stay; else (2) a token whose
+/// text starts another's is merged with it into the likelier of the two, (3) text tokens
+/// under 0.2 are dropped — none left: the fallback token alone —, (4) those under 1 / (text
+/// tokens + 1) of what is left are dropped. The draw then weighs what stays by its logits,
+/// as llama.cpp's does.
+fn infill(c: &mut Vec<Candidate>, v: &InfillVocab) {
+    softmax(c);
+    sort_by_p(c);
+    c.truncate(INFILL_MAX_CANDIDATES);
+    let (mut p_txt, mut p_eog) = (0.0f32, 0.0f32);
+    for x in c.iter() {
+        if v.is_eog(x.id) {
+            p_eog += x.p;
+        } else {
+            p_txt += x.p;
+        }
+    }
+    if 3.0 * p_eog * c.len() as f32 > p_txt {
+        c.retain(|x| v.is_eog(x.id));
+        normalize(c);
+        return;
+    }
+    let n = c.len();
+    for i0 in 0..n {
+        for i1 in 0..n {
+            if c[i0].logit == f32::NEG_INFINITY {
+                break;
+            }
+            if i0 == i1 || c[i1].logit == f32::NEG_INFINITY {
+                continue;
+            }
+            let (a, b) = (v.piece(c[i0].id), v.piece(c[i1].id));
+            if !a.is_empty() && b.starts_with(a) {
+                let (dst, src) = if c[i1].p > c[i0].p {
+                    (i1, i0)
+                } else {
+                    (i0, i1)
+                };
+                c[dst].p += c[src].p;
+                c[src].logit = f32::NEG_INFINITY;
+                c[src].p = 0.0;
+            }
+        }
+    }
+    let mut text = 0usize;
+    c.retain(|x| {
+        let eog = v.is_eog(x.id);
+        text += usize::from(!eog && x.p >= 0.2);
+        eog || x.p >= 0.2
+    });
+    if text == 0 {
+        c.clear();
+        c.push(Candidate {
+            id: v.fallback,
+            logit: 1.0,
+            p: 1.0,
+        });
+        return;
+    }
+    normalize(c);
+    let thold = 1.0 / (text + 1) as f32;
+    c.retain(|x| x.p >= thold || v.is_eog(x.id));
+    normalize(c);
+}
+
+/// Scales the candidates' probabilities to sum to 1.
+fn normalize(c: &mut [Candidate]) {
+    let sum: f32 = c.iter().map(|x| x.p).sum();
+    if sum > 0.0 {
+        for x in c.iter_mut() {
+            x.p /= sum;
+        }
+    }
+}
+
 /// Every token's bytes, in one buffer (DRY's breakers are looked for in them).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TokenPieces {
     bytes: Vec<u8>,
     ends: Vec<u32>,
@@ -989,7 +1135,7 @@ impl Sampler {
                 Stage::Penalties | Stage::Dry => {}
                 Stage::TopNSigma | Stage::TopK | Stage::TopP | Stage::MinP => filtered = true,
                 Stage::TypP | Stage::Xtc if self.active(s) => return false,
-                Stage::AdaptiveP => return false,
+                Stage::AdaptiveP | Stage::Infill => return false,
                 Stage::TypP | Stage::Xtc | Stage::Temperature => {}
             }
         }
@@ -1062,6 +1208,11 @@ impl Sampler {
                 }
                 Stage::Temperature => temperature(c, self.cfg.temp),
                 Stage::AdaptiveP => {}
+                Stage::Infill => {
+                    if let Some(v) = &x.infill_table {
+                        infill(c, v);
+                    }
+                }
             }
         }
     }
@@ -1082,6 +1233,7 @@ impl Sampler {
             Stage::Xtc => x.xtc_probability > 0.0 && x.xtc_threshold <= 0.5,
             Stage::Temperature => true,
             Stage::AdaptiveP => false,
+            Stage::Infill => x.infill_table.is_some(),
         }
     }
 
@@ -1599,6 +1751,73 @@ pub fn rank(logits: &[f32], tok: u32) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sampler of only llama.cpp's infill stage over a six-token vocabulary: "a", "ab",
+    /// "c", an end-of-generation special token (3), "abc", "d".
+    fn infill_sampler() -> Sampler {
+        let pieces =
+            TokenPieces::new(["a", "ab", "c", "<eos>", "abc", "d"].map(|p| p.as_bytes().to_vec()));
+        let v = InfillVocab::new(Arc::new(pieces), vec![3], vec![3], 3);
+        let mut cfg = cfg(1.0, 0, 1.0, 0.0);
+        cfg.extra.order = vec![Stage::Infill];
+        cfg.extra.infill_table = Some(Arc::new(v));
+        Sampler::new(cfg, 6)
+    }
+
+    fn kept(s: &mut Sampler, probs: [f32; 6]) -> Vec<u32> {
+        let logits = probs.map(f32::ln);
+        let mut ids: Vec<u32> = s.filter(&logits).iter().map(|c| c.id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn the_infill_stage_does_what_llama_cpps_does() {
+        assert_eq!(Stage::named("infill"), Ok(Stage::Infill));
+        assert_eq!(Stage::lettered("ki"), Ok(vec![Stage::TopK, Stage::Infill]));
+        let mut s = infill_sampler();
+        // the end of generation likely enough (3 x 0.2 x 6 > 0.8): only it
+        assert_eq!(kept(&mut s, [0.3, 0.2, 0.1, 0.2, 0.1, 0.1]), vec![3]);
+        // "ab" and "abc" merge into "a" (0.65), "c" (0.25 of 0.9) falls under 1/3 once
+        // "d" is dropped under 0.2; the end of generation always stays
+        assert_eq!(
+            kept(&mut s, [0.3, 0.25, 0.25, 1e-4, 0.1, 0.0999]),
+            vec![0, 3]
+        );
+        // merged into the likelier: "ab" takes "abc" and then "a" (0.7), "c" (0.25 of 0.95)
+        // falls under 1/2
+        assert_eq!(
+            kept(&mut s, [0.1, 0.5, 0.25, 1e-4, 0.1, 0.0499]),
+            vec![1, 3]
+        );
+        // ... and two text tokens over 1/3 both stay
+        assert_eq!(
+            kept(&mut s, [0.05, 0.5, 0.4, 1e-4, 0.05, 0.0]),
+            vec![1, 2, 3]
+        );
+        // no text token reaches 0.2 (ten unrelated ones): the end-of-turn token alone
+        let texts = (0..10).map(|i| format!("x{i}").into_bytes());
+        let pieces = TokenPieces::new(texts.chain([b"</s>".to_vec()]));
+        let mut c = cfg(1.0, 0, 1.0, 0.0);
+        c.extra.order = vec![Stage::Infill];
+        c.extra.infill_table = Some(Arc::new(InfillVocab::new(
+            Arc::new(pieces),
+            vec![10],
+            vec![10],
+            10,
+        )));
+        let mut flat = vec![0.0f32; 11];
+        flat[10] = -12.0;
+        for seed in 0..4 {
+            c.seed = seed;
+            assert_eq!(Sampler::new(c.clone(), 11).sample(&mut flat.clone()), 10);
+        }
+        // without the vocabulary's tables the stage does nothing
+        let mut c = cfg(1.0, 0, 1.0, 0.0);
+        c.extra.order = vec![Stage::Infill];
+        let mut plain = Sampler::new(c, 6);
+        assert_eq!(kept(&mut plain, [0.3, 0.2, 0.1, 0.2, 0.1, 0.1]).len(), 6);
+    }
 
     #[test]
     fn a_tokens_rank_counts_the_more_likely_ones() {

@@ -50,7 +50,8 @@ pub struct TextTokenizer {
     /// context fits without it.
     max_token_bytes: std::sync::OnceLock<usize>,
     /// Every token's bytes, read on first need (DRY's sequence breakers are found in them).
-    pieces: std::sync::OnceLock<crate::sampler::TokenPieces>,
+    pieces: std::sync::OnceLock<std::sync::Arc<crate::sampler::TokenPieces>>,
+    infill: std::sync::OnceLock<std::sync::Arc<crate::sampler::InfillVocab>>,
     /// The last few DRY breaker lists' tables, most recent first.
     dry_tables: std::sync::Mutex<Vec<(Vec<String>, std::sync::Arc<crate::sampler::DryBreakers>)>>,
     bos: Option<u32>,
@@ -501,6 +502,7 @@ impl TextTokenizer {
             fim,
             max_token_bytes: std::sync::OnceLock::new(),
             pieces: std::sync::OnceLock::new(),
+            infill: std::sync::OnceLock::new(),
             dry_tables: std::sync::Mutex::new(Vec::new()),
             literal: std::sync::OnceLock::new(),
             special,
@@ -708,7 +710,6 @@ impl TextTokenizer {
     /// cores), a new list then costs ~30 ms; the tables of the last [`DRY_TABLES_KEPT`]
     /// lists are kept.
     pub fn dry_breakers(&self, breakers: &[String]) -> std::sync::Arc<crate::sampler::DryBreakers> {
-        use rayon::prelude::*;
         let mut kept = self
             .dry_tables
             .lock()
@@ -722,15 +723,8 @@ impl TextTokenizer {
             return t;
         }
         drop(kept);
-        let pieces = self.pieces.get_or_init(|| {
-            let n = u32::try_from(self.ids_end()).unwrap_or(u32::MAX);
-            let all: Vec<Vec<u8>> = (0..n)
-                .into_par_iter()
-                .map(|id| self.token_bytes(id))
-                .collect();
-            crate::sampler::TokenPieces::new(all)
-        });
-        let t = std::sync::Arc::new(crate::sampler::DryBreakers::build(pieces, breakers, |s| {
+        let pieces = self.token_pieces();
+        let t = std::sync::Arc::new(crate::sampler::DryBreakers::build(&pieces, breakers, |s| {
             self.encode(s, false, false).unwrap_or_default()
         }));
         let mut kept = self
@@ -744,6 +738,43 @@ impl TextTokenizer {
         kept.insert(0, (breakers.to_vec(), t.clone()));
         kept.truncate(DRY_TABLES_KEPT);
         t
+    }
+
+    /// Every token's bytes ([`Self::token_bytes`]), read on the first call (in parallel).
+    fn token_pieces(&self) -> std::sync::Arc<crate::sampler::TokenPieces> {
+        use rayon::prelude::*;
+        self.pieces
+            .get_or_init(|| {
+                let n = u32::try_from(self.ids_end()).unwrap_or(u32::MAX);
+                let all: Vec<Vec<u8>> = (0..n)
+                    .into_par_iter()
+                    .map(|id| self.token_bytes(id))
+                    .collect();
+                std::sync::Arc::new(crate::sampler::TokenPieces::new(all))
+            })
+            .clone()
+    }
+
+    /// What llama.cpp's infill sampler reads of this vocabulary (its tokens' texts, special
+    /// and end-of-generation tokens, and the token it falls back on: the end-of-turn one
+    /// llama.cpp finds by its text, else EOS), built on the first call.
+    pub fn infill_vocab(&self) -> std::sync::Arc<crate::sampler::InfillVocab> {
+        self.infill
+            .get_or_init(|| {
+                let text = |id: &u32| self.inner.id_to_token(*id).unwrap_or_default();
+                let eot = self
+                    .eog
+                    .iter()
+                    .find(|id| gds_format::vocab::END_OF_TURN_TEXTS.contains(&text(id).as_str()));
+                let fallback = eot.or(self.eos.as_ref()).or(self.eog.first()).copied();
+                std::sync::Arc::new(crate::sampler::InfillVocab::new(
+                    self.token_pieces(),
+                    self.special.clone(),
+                    self.eog.clone(),
+                    fallback.unwrap_or(0),
+                ))
+            })
+            .clone()
     }
 
     /// True when tokenization prepends BOS.

@@ -130,6 +130,15 @@ pub(crate) struct Common {
     /// alternatives, listed in vLLM's form (`prompt_logprobs`).
     #[serde(default)]
     pub(crate) prompt_logprobs: Option<Value>,
+    /// llama-server's `n_indent` (code editors send the cursor line's): once the reply has
+    /// a new line, a line indented by fewer spaces or tabs ends it, cut before its first
+    /// character (0 or less: off).
+    #[serde(default)]
+    pub(crate) n_indent: Option<i64>,
+    /// llama-server's `t_max_predict_ms`: once the reply has a new line, a new line after
+    /// this many milliseconds of generation ends it (0 or less: off).
+    #[serde(default)]
+    pub(crate) t_max_predict_ms: Option<i64>,
     /// vLLM's structured outputs: `structured_outputs` (`{"json" | "regex" | "choice" |
     /// "grammar" | "json_object": ...}`) and its older `guided_json`, `guided_regex`,
     /// `guided_choice`, `guided_grammar`.
@@ -806,6 +815,10 @@ pub(crate) struct Job {
     /// The prompt scored, each token with this many alternatives, and listed in vLLM's
     /// `prompt_logprobs` (not echoed).
     pub(crate) prompt_logprobs: Option<usize>,
+    /// Lines indented less end the reply (llama-server's `n_indent`; 0: off).
+    pub(crate) n_indent: usize,
+    /// A new line past this much generation time ends the reply (`t_max_predict_ms`).
+    pub(crate) t_max_predict: Option<std::time::Duration>,
     /// Speculative decoding's guesses per step (0: off).
     pub(crate) draft_max: usize,
     pub(crate) model: String,
@@ -1246,6 +1259,14 @@ pub(crate) fn job(
         show_special: c.skip_special_tokens == Some(false),
         masks,
         prompt_logprobs,
+        n_indent: c
+            .n_indent
+            .filter(|&n| n > 0)
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        t_max_predict: c
+            .t_max_predict_ms
+            .filter(|&t| t > 0)
+            .map(|t| std::time::Duration::from_millis(t as u64)),
         draft_max,
         model: c.model.unwrap_or_else(|| st.model_name.clone()),
         logprobs,
@@ -1493,10 +1514,10 @@ fn llama_sampling(
     if let Some(order) = order.map_err(|m| ApiError::bad(m).param("samplers"))? {
         x.order = order;
     }
-    if x.dry_on() {
-        // the vocabulary's breakers: read on first need (off the async threads' work: the
-        // first list scans every token), then kept
-        tokio::task::block_in_place(|| gds_runtime::engine::attach_dry_table(s, &st.tokenizer));
+    if x.dry_on() || x.order.contains(&Stage::Infill) {
+        // DRY's breakers and the infill stage's tables: read on first need (off the async
+        // threads' work: the first scans every token), then kept
+        tokio::task::block_in_place(|| gds_runtime::engine::attach_vocab_tables(s, &st.tokenizer));
     }
     Ok(())
 }
@@ -1721,6 +1742,13 @@ pub(crate) struct Gen {
     include_stop: bool,
     /// Tokens that end the reply besides end-of-generation ones ([`Job::stop_ids`]).
     stop_ids: Vec<u32>,
+    /// llama-server's line limits ([`Job::n_indent`], [`Job::t_max_predict`]), and where
+    /// they are: whether the reply has a new line, and where the line after the last one
+    /// looked at starts.
+    n_indent: usize,
+    t_max_predict: Option<std::time::Duration>,
+    has_new_line: bool,
+    last_nl_pos: usize,
     /// Prompt tokens (a reply the front end ends reports them as the engine would).
     prompt_len: usize,
 }
@@ -1739,6 +1767,10 @@ impl Gen {
             show_special: job.show_special,
             include_stop: job.include_stop,
             stop_ids: job.stop_ids.clone(),
+            n_indent: job.n_indent,
+            t_max_predict: job.t_max_predict,
+            has_new_line: false,
+            last_nl_pos: 0,
             prompt_len: job.prompt.len(),
             rx,
             ended_by_front,
@@ -1957,6 +1989,15 @@ impl Gen {
                             let done = self.done_here();
                             return Some(Next::Piece(self.end("stop", done)));
                         }
+                        if self.line_limits(&p) {
+                            // llama-server's indentation or time limit: the same, "length"
+                            self.ended_by_front.store(true, Ordering::Relaxed);
+                            self.rx.close();
+                            let done = self.done_here();
+                            return Some(Next::Piece(self.end("length", done)));
+                        }
+                        let hold = self.indent_hold();
+                        self.reply.hold_from(hold);
                         if let Some(s) = self.reply.take_shown(false) {
                             return Some(Next::Piece(Piece::Text(s)));
                         }
@@ -1988,6 +2029,69 @@ impl Gen {
                     ))
                 }
             }
+        }
+    }
+
+    /// llama-server's line limits after the piece `p` was added, as its `process_token`
+    /// checks them: once the reply has a new line, `n_indent` looks at the line after the
+    /// last one it looked at (one a token) and, where it has a character after fewer spaces
+    /// or tabs, cuts the text there and ends the reply; a piece with a new line past
+    /// `t_max_predict` of generation ends it. True where one ended it.
+    fn line_limits(&mut self, p: &str) -> bool {
+        let mut end = false;
+        if self.has_new_line && self.n_indent > 0 {
+            let text = self.reply.text();
+            let b = text.as_bytes();
+            let mut cut = None;
+            if self.last_nl_pos > 0 {
+                let mut pos = self.last_nl_pos;
+                while pos < b.len() && (b[pos] == b' ' || b[pos] == b'\t') {
+                    pos += 1;
+                }
+                if pos < b.len() && pos - self.last_nl_pos < self.n_indent {
+                    cut = Some(pos);
+                }
+            }
+            if let Some(i) = text.get(self.last_nl_pos..).and_then(|t| t.find('\n')) {
+                self.last_nl_pos += i + 1;
+            }
+            if let Some(at) = cut {
+                self.reply.cut(at);
+                end = true;
+            }
+        }
+        if p.contains('\n') {
+            self.has_new_line = true;
+            let late = |t: std::time::Duration| self.prefill.is_some_and(|(_, f)| f.elapsed() > t);
+            end |= self.t_max_predict.is_some_and(late);
+        }
+        end
+    }
+
+    /// With `n_indent`: where the text a later check may cut starts (held back until then):
+    /// the first line from the next one checked whose indentation is not yet known to be
+    /// enough, from the end of its leading spaces. Lines are checked one a token, so one
+    /// may be checked a token after its first character came; held back, it is cut as
+    /// llama-server cuts its text.
+    fn indent_hold(&self) -> Option<usize> {
+        if self.n_indent == 0 {
+            return None;
+        }
+        let t = self.reply.text().as_bytes();
+        let mut line = match self.last_nl_pos {
+            0 => t.iter().position(|&b| b == b'\n')? + 1,
+            at => at,
+        };
+        loop {
+            let mut pos = line;
+            while pos < t.len() && (t[pos] == b' ' || t[pos] == b'\t') {
+                pos += 1;
+            }
+            if pos >= t.len() || pos - line < self.n_indent {
+                return Some(pos.min(t.len()));
+            }
+            // indented enough: the next line
+            line += t.get(line..)?.iter().position(|&b| b == b'\n')? + 1;
         }
     }
 

@@ -397,6 +397,7 @@ impl SamplingArgs {
                 .or_else(|| self.sampler_seq.clone())
                 .map_or(d.order, |o| o.0),
             dry_table: None,
+            infill_table: None,
         }
     }
 }

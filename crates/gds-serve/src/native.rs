@@ -73,34 +73,21 @@ struct NativeBody {
     response_fields: Option<Vec<String>>,
     // switched off by default; refused when switched on
     #[serde(default)]
-    n_indent: Option<i64>,
-    #[serde(default)]
-    t_max_predict_ms: Option<i64>,
-    #[serde(default)]
     lora: Option<Value>,
 }
 
 impl NativeBody {
-    /// A 400 naming the first field that switches on what gdsrun does not do.
+    /// A 400 where `lora` switches on what gdsrun does not do (adapters).
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        let checks: [(&'static str, bool); 3] = [
-            ("n_indent", self.n_indent.is_some_and(|x| x > 0)),
-            (
-                "t_max_predict_ms",
-                self.t_max_predict_ms.is_some_and(|x| x > 0),
-            ),
-            (
-                "lora",
-                self.lora
-                    .as_ref()
-                    .is_some_and(|l| l.as_array().is_none_or(|l| !l.is_empty())),
-            ),
-        ];
-        if let Some((name, _)) = checks.iter().find(|(_, on)| *on) {
-            return Err(ApiError::bad(format!(
-                "{name} is not supported by this server (no adapters, indentation or time limits); leave it at its default"
-            ))
-            .param(name));
+        let on = self
+            .lora
+            .as_ref()
+            .is_some_and(|l| l.as_array().is_none_or(|l| !l.is_empty()));
+        if on {
+            return Err(ApiError::bad(
+                "lora is not supported by this server (no adapters); leave it at its default",
+            )
+            .param("lora"));
         }
         Ok(())
     }

@@ -801,6 +801,16 @@ fn infill_lays_out_the_prompt_as_llama_server() {
         for f in ["prompt", "tokens_evaluated", "stop_type"] {
             assert_eq!(got[f], want[f], "{what}: {f}");
         }
+        if what.starts_with("llama_vim") {
+            // llama.vim's request (the infill sampler, n_indent, time limits, fields by
+            // path): the same prompt, and the same answer (the infill stage keeps only the
+            // end of generation here)
+            for f in ["content", "tokens_cached", "timings/prompt_n", "truncated"] {
+                if f != "timings/prompt_n" || what == "llama_vim" {
+                    assert_eq!(got[f], want[f], "{what}: {f}: {got}");
+                }
+            }
+        }
     }
 }
 
