@@ -96,6 +96,11 @@ def plain_body(path, rng):
         if rng.random() < 0.1:
             # fill in the middle (a model without the tokens: a 400)
             b["suffix"] = rng.choice([words, "", None, 5, [words]])
+        if rng.random() < 0.1:
+            # OpenAI's best_of (with n, stream and echo: some refused)
+            b["best_of"] = rng.choice([1, 3, 16, 17, 0, -1, "2", None, 2.5])
+            b["n"] = rng.choice([1, 2, 4, None])
+            b["temperature"] = rng.choice([0, 1.0])
         return b
     if path in ("/v1/responses", "/v1/responses/input_tokens"):
         b = {"input": words, "max_output_tokens": 8, "temperature": 0}

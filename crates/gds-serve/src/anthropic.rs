@@ -925,6 +925,7 @@ mod tests {
             reasoning_tokens: 0,
             done: None,
             prompt_logprobs: None,
+            mean_logprob: None,
         };
         assert_eq!(stop_reason(&end("stop", None), false), ("end_turn", None));
         assert_eq!(

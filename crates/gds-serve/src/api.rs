@@ -344,13 +344,18 @@ impl Common {
 }
 
 impl Unsupported {
-    fn check(body: &Bytes, n: Option<i64>) -> Result<(), ApiError> {
+    /// `kind`: the endpoint (`best_of` is a field of completions, read there).
+    fn check(body: &Bytes, n: Option<i64>, kind: Kind) -> Result<(), ApiError> {
         let u: Unsupported = parse(body)?;
         let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
-        if let Some(b) = u.best_of.as_ref().filter(|v| !v.is_null()) {
+        if let Some(b) = u
+            .best_of
+            .as_ref()
+            .filter(|v| !v.is_null() && kind == Kind::Chat)
+        {
             if b.as_i64() != Some(n.unwrap_or(1)) {
                 return Err(ApiError::bad(format!(
-                    "best_of {b} is not supported (choices are not ranked); ask for n choices instead"
+                    "best_of {b} is a field of /v1/completions (chat choices are not ranked); ask for n choices instead"
                 ))
                 .param("best_of"));
             }
@@ -620,6 +625,10 @@ struct CompletionBody {
     /// ([`fim_prompt`]); a model without the tokens is refused.
     #[serde(default)]
     suffix: Option<Value>,
+    /// OpenAI's `best_of`: this many choices made of each prompt, the `n` likeliest (by
+    /// log-probability a token) returned.
+    #[serde(default)]
+    best_of: Option<Value>,
 }
 
 /// A fill-in-the-middle prompt as the model's FIM tokens lay it out (prefix, suffix, middle:
@@ -849,6 +858,9 @@ pub(crate) struct Job {
     pub(crate) keep: Arc<[u32]>,
     /// Choices asked for this prompt (`n`); [`expand`] makes one job per choice.
     pub(crate) n: usize,
+    /// Choices made of this prompt (`best_of`, at least `n`): the `n` likeliest are
+    /// answered.
+    pub(crate) best_of: usize,
     /// Which of the `n` choices this job is (0 for the first).
     pub(crate) copy: usize,
     /// Shared by the `n` choices of one prompt: the engine prefills the prompt once and the
@@ -865,8 +877,9 @@ pub(crate) struct Job {
 pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
     let mut out = Vec::new();
     for j in jobs {
-        let group = (j.n > 1).then(random_seed);
-        for copy in 0..j.n {
+        let copies = j.n.max(j.best_of);
+        let group = (copies > 1).then(random_seed);
+        for copy in 0..copies {
             let mut sampler = j.sampler.clone();
             sampler.seed = sampler.seed.wrapping_add(copy as u64);
             out.push(Job {
@@ -1280,6 +1293,7 @@ pub(crate) fn job(
         reasoning: None,
         keep: Arc::from([]),
         n,
+        best_of: n,
         copy: 0,
         group: None,
         shift,
@@ -1593,7 +1607,8 @@ pub(crate) fn submit(
         masks: job.masks.clone(),
         draft_max: job.draft_max,
         prediction: job.prediction.clone(),
-        logprobs: job.logprobs,
+        // (best_of ranks the choices by their tokens' log-probabilities)
+        logprobs: job.logprobs.or((job.best_of > job.n).then_some(0)),
         post_sampling: job.post_sampling,
         echo: job.echo || job.prompt_logprobs.is_some(),
         prompt_top: job.prompt_logprobs,
@@ -1697,6 +1712,9 @@ pub(crate) struct End {
     pub(crate) done: Option<Done>,
     /// Chat with vLLM's `prompt_logprobs`: the prompt's, listed beside the choices.
     pub(crate) prompt_logprobs: Option<Value>,
+    /// The reply's log-probability a token, where the engine gave them (`best_of` ranks by
+    /// it).
+    pub(crate) mean_logprob: Option<f64>,
 }
 
 /// Turns the engine's token events into text: UTF-8 held back until whole, stop strings
@@ -2128,6 +2146,13 @@ impl Gen {
             reasoning_tokens: 0,
             done,
             prompt_logprobs: None,
+            mean_logprob: (!self.lps.is_empty()).then(|| {
+                self.lps
+                    .iter()
+                    .map(|(_, l)| f64::from(l.logprob))
+                    .sum::<f64>()
+                    / self.lps.len() as f64
+            }),
         })
     }
 
@@ -2390,6 +2415,60 @@ pub(crate) async fn collect_choices<T>(
     Ok(out)
 }
 
+/// OpenAI's `best_of` (completions): an integer from `n` (default 1) to 16; more than `n`
+/// cannot be streamed nor echo the prompt (`None`: not given).
+fn best_of_request(v: Option<&Value>, c: &Common) -> Result<Option<usize>, ApiError> {
+    let n = c.n.unwrap_or(1);
+    let b = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => match v.as_i64() {
+            Some(b) if (n..=MAX_N as i64).contains(&b) => b as usize,
+            _ => {
+                return Err(ApiError::bad(format!(
+                    "best_of {v} must be an integer from n ({n}) to {MAX_N}"
+                ))
+                .param("best_of"))
+            }
+        },
+    };
+    if b as i64 > n {
+        if c.stream == Some(true) {
+            return Err(ApiError::bad("best_of choices cannot be streamed").param("best_of"));
+        }
+        if c.echo == Some(true) {
+            return Err(ApiError::bad("echo takes best_of 1").param("best_of"));
+        }
+    }
+    Ok(Some(b))
+}
+
+/// The `n` likeliest of each prompt's `per_prompt` choices (by log-probability a token,
+/// the first made first among equals), numbered again in that order.
+fn best_choices(
+    results: Vec<(Box<RawValue>, End)>,
+    per_prompt: usize,
+    n: usize,
+) -> Result<Vec<(Box<RawValue>, End)>, ApiError> {
+    let mut out = Vec::with_capacity(results.len() / per_prompt * n);
+    let mut it = results.into_iter();
+    loop {
+        let mut group: Vec<_> = it.by_ref().take(per_prompt).collect();
+        if group.is_empty() {
+            return Ok(out);
+        }
+        let score = |e: &End| e.mean_logprob.unwrap_or(f64::NEG_INFINITY);
+        group.sort_by(|a, b| score(&b.1).total_cmp(&score(&a.1)));
+        for (raw, end) in group.into_iter().take(n) {
+            let mut v: Value =
+                serde_json::from_str(raw.get()).map_err(|e| ApiError::server(e.to_string()))?;
+            v["index"] = json!(out.len());
+            let raw =
+                serde_json::value::to_raw_value(&v).map_err(|e| ApiError::server(e.to_string()))?;
+            out.push((raw, end));
+        }
+    }
+}
+
 /// Runs `jobs` (several: the prompts of one completions request and `n` choices of each,
 /// admitted together, one choice each in that order, streamed or not) and answers in the
 /// format of `kind`.
@@ -2412,7 +2491,8 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             .enumerate()
             .map(|(i, j)| complete(&st, j, kind, i).boxed())
             .collect();
-        let window = window(&st, jobs.first().map_or(1, |j| j.n));
+        let per_prompt = jobs.first().map_or(1, |j| j.n.max(j.best_of));
+        let window = window(&st, per_prompt);
         let mut results = collect_choices(&st, runs, window).await?;
         // a prompt counts once, however many choices it has
         let n_prompt: usize = jobs
@@ -2432,6 +2512,12 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             .filter(|(j, _)| j.copy == 0)
             .map(|(_, (_, e))| e.done.as_ref().map_or(0, |d| d.cached_tokens))
             .sum();
+        // best_of: each prompt's n likeliest choices, in that order (every choice made counts
+        // in the usage, as OpenAI bills them)
+        let n = jobs.first().map_or(1, |j| j.n);
+        if per_prompt > n {
+            results = best_choices(results, per_prompt, n)?;
+        }
         let timings = match &results[..] {
             [(_, end)] => Some(timings(end, n_prompt)),
             _ => None,
@@ -2922,7 +3008,8 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
     let r = async {
         let b: CompletionBody = parse(&body)?;
         let common: Common = parse(&body)?;
-        Unsupported::check(&body, common.n)?;
+        Unsupported::check(&body, common.n, Kind::Completion)?;
+        let best_of = best_of_request(b.best_of.as_ref(), &common)?;
         let one = "prompt must be a string, a list of token ids, or a list of either";
         let special = b.parse_special.unwrap_or(false);
         // fill in the middle: each prompt the prefix, before `suffix`
@@ -3038,6 +3125,7 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
             .collect::<Result<Vec<_>, _>>()?;
         for (j, added) in jobs.iter_mut().zip(&bos_added) {
             j.echo_from = usize::from(*added);
+            j.best_of = best_of.unwrap_or(j.n).max(j.n);
         }
         respond(st.clone(), jobs, Kind::Completion).await
     }
@@ -3141,7 +3229,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
         let b: ChatBody = parse(&body)?;
         let common: Common = parse(&body)?;
-        Unsupported::check(&body, common.n)?;
+        Unsupported::check(&body, common.n, Kind::Chat)?;
         let j = chat_job(&st, b, common).await?;
         respond(st.clone(), vec![j], Kind::Chat).await
     }

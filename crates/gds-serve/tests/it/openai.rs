@@ -188,7 +188,10 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         // OpenAI fields that change the answer and that gdsrun does not do are refused,
         // not ignored (a suffix where the model has no fill-in-the-middle tokens)
         b"{\"prompt\": \"def f(\", \"suffix\": \"return x\"}",
-        b"{\"prompt\": \"hi\", \"best_of\": 3}",
+        b"{\"prompt\": \"hi\", \"best_of\": 17}",
+        b"{\"prompt\": \"hi\", \"best_of\": 2, \"n\": 3}",
+        b"{\"prompt\": \"hi\", \"best_of\": 3, \"stream\": true}",
+        b"{\"prompt\": \"hi\", \"best_of\": 3, \"echo\": true}",
         b"{\"prompt\": [4000000000]}",
         b"{\"prompt\": [1, 2, 99999999]}",
         b"{\"prompt\": \"hi\", \"seed\": \"x\"}",
@@ -1994,4 +1997,81 @@ fn fields_hold_what_the_apis_say() {
             );
         }
     }
+}
+
+/// OpenAI's `best_of` on `/v1/completions`: of `best_of` choices made of a prompt, the `n`
+/// with the highest log-probability a token, likeliest first, numbered again; every choice
+/// made counts in the usage; log-probabilities listed only where asked for. The same
+/// request's choices (`n` = `best_of`, seeded) give the ranking to check against.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn best_of_returns_the_likeliest_choices() {
+    let _one = serial();
+    let s = start(&[]);
+    let post = |body: Value| {
+        let (code, text) = http(
+            &s.addr,
+            "POST",
+            "/v1/completions",
+            Some(body.to_string().as_bytes()),
+        );
+        assert_eq!(code, 200, "{body}: {text}");
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    let base = json!({"prompt": "My favourite food is", "max_tokens": 12, "temperature": 1.0,
+                      "seed": 11});
+    let mut all = base.clone();
+    all["n"] = json!(4);
+    all["logprobs"] = json!(0);
+    let all = post(all);
+    let mut made: Vec<(f64, String)> = all["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let lp: Vec<f64> = c["logprobs"]["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            (
+                lp.iter().sum::<f64>() / lp.len() as f64,
+                c["text"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    made.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let texts: std::collections::HashSet<&String> = made.iter().map(|m| &m.1).collect();
+    assert!(texts.len() >= 3, "the choices differ: {all}");
+    let mut best = base.clone();
+    best["n"] = json!(2);
+    best["best_of"] = json!(4);
+    let best = post(best);
+    let got = best["choices"].as_array().unwrap();
+    assert_eq!(got.len(), 2, "{best}");
+    for (i, c) in got.iter().enumerate() {
+        assert_eq!(c["index"], i, "{best}");
+        assert_eq!(c["text"], made[i].1.as_str(), "{i}: {best} vs {made:?}");
+        assert!(c["logprobs"].is_null(), "{best}");
+    }
+    assert_eq!(
+        best["usage"]["completion_tokens"],
+        all["usage"]["completion_tokens"]
+    );
+    // with log-probabilities asked for: the best one's, and best_of = n changes nothing
+    let mut one = base.clone();
+    one["best_of"] = json!(4);
+    one["logprobs"] = json!(1);
+    let one = post(one);
+    assert_eq!(one["choices"][0]["text"], made[0].1.as_str(), "{one}");
+    assert!(
+        one["choices"][0]["logprobs"]["token_logprobs"].is_array(),
+        "{one}"
+    );
+    let mut same = base.clone();
+    same["best_of"] = json!(1);
+    let mut plain = base.clone();
+    plain["n"] = json!(1);
+    assert_eq!(post(same)["choices"], post(plain)["choices"]);
 }
