@@ -414,8 +414,6 @@ fn native_fields_are_honoured_or_refused_by_name() {
         ("min_keep", json!(0.5)),
         ("adaptive_decay", json!(1.0)),
         ("typical_p", json!(1e39)),
-        ("n_indent", json!(4)),
-        ("t_max_predict_ms", json!(100)),
         ("lora", json!([{"id": 0, "scale": 1.0}])),
         ("n_probs", json!(1000)),
         ("n_predict", json!(-2)),
