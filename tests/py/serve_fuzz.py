@@ -72,6 +72,17 @@ def vllm_extras(b, rng):
         b["include_stop_str_in_output"] = rng.choice([True, False, 1, None])
         b["skip_special_tokens"] = rng.choice([True, False, "no", None])
         b["stop"] = rng.choice([["."], [" "], None])
+    elif r < 0.23:
+        b["return_token_ids"] = rng.choice([True, False, "yes", None])
+        b["return_tokens_as_token_ids"] = rng.choice([True, None, 3])
+        b["logprobs"] = rng.choice([True, 2, None])
+        b["stream"] = rng.choice([True, False])
+        b["stream_options"] = rng.choice([{"include_usage": True, "continuous_usage_stats": True},
+                                          {"continuous_usage_stats": "x"}, None])
+    elif r < 0.26:
+        b["cache_salt"] = rng.choice(["a", "", "x" * 2000, 5, None, "\u00e9\ud83e\udd17"])
+        b["request_id"] = rng.choice(["r1", "", "a\nb", "x" * 300, 7, None])
+        b["priority"] = rng.choice([0, 1, -5, "high", None])
     return b
 
 

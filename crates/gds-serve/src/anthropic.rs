@@ -924,8 +924,8 @@ mod tests {
             completion_tokens: 3,
             reasoning_tokens: 0,
             done: None,
-            prompt_logprobs: None,
             mean_logprob: None,
+            beside: None,
         };
         assert_eq!(stop_reason(&end("stop", None), false), ("end_turn", None));
         assert_eq!(

@@ -167,9 +167,25 @@ pub(crate) struct Common {
     pub(crate) seed: Option<i64>,
     #[serde(default)]
     pub(crate) stream: Option<bool>,
-    /// `{"include_usage": true}`: a streamed answer ends with a chunk carrying `usage`.
+    /// `{"include_usage": true}`: a streamed answer ends with a chunk carrying `usage`;
+    /// vLLM's `"continuous_usage_stats": true` with it: every chunk carries its choice's.
     #[serde(default)]
     pub(crate) stream_options: Option<Value>,
+    /// vLLM's `return_token_ids`: the prompt's and each choice's token ids beside the text
+    /// (`prompt_token_ids`, `token_ids`; streamed, the prompt's in the first chunk and each
+    /// chunk's own).
+    #[serde(default)]
+    pub(crate) return_token_ids: Option<bool>,
+    /// vLLM's `return_tokens_as_token_ids`: log-probabilities name tokens `token_id:N`.
+    #[serde(default)]
+    pub(crate) return_tokens_as_token_ids: Option<bool>,
+    /// vLLM's `request_id`: the answer's id is made of it (`chatcmpl-ID`, `cmpl-ID`).
+    #[serde(default)]
+    pub(crate) request_id: Option<String>,
+    /// vLLM's `cache_salt`: cached prompt blocks are shared only among requests with the
+    /// same salt (another tenant cannot learn a prompt from how fast its own comes back).
+    #[serde(default)]
+    pub(crate) cache_salt: Option<String>,
     #[serde(default)]
     pub(crate) n: Option<i64>,
     #[serde(default)]
@@ -299,6 +315,8 @@ struct Unsupported {
     #[serde(default)]
     use_beam_search: Option<Value>,
     #[serde(default)]
+    priority: Option<Value>,
+    #[serde(default)]
     functions: Option<Value>,
     #[serde(default)]
     function_call: Option<Value>,
@@ -373,6 +391,17 @@ impl Unsupported {
         }
         if set(&u.audio) {
             return Err(ApiError::bad("audio output is not supported").param("audio"));
+        }
+        // vLLM's priority: another than 0 is an error unless vLLM was started to schedule
+        // by priority, which gdsrun does not do (it shares the engine by client)
+        if u.priority
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && *v != json!(0))
+        {
+            return Err(ApiError::bad(
+                "priority other than 0 is not supported: requests are not scheduled by priority (the engine is shared by client)",
+            )
+            .param("priority"));
         }
         // vLLM's beam search: a 400 where it is asked for (its default passes)
         if u.use_beam_search
@@ -808,6 +837,17 @@ pub(crate) struct Job {
     pub(crate) stream: bool,
     /// Streamed: `usage` in its own last chunk (`stream_options.include_usage`).
     pub(crate) include_usage: bool,
+    /// Streamed: every chunk carries its choice's usage so far (vLLM's
+    /// `stream_options.continuous_usage_stats`, with `include_usage`).
+    pub(crate) continuous_usage: bool,
+    /// The prompt's and the reply's token ids are answered (vLLM's `return_token_ids`).
+    pub(crate) token_ids: bool,
+    /// Log-probabilities name tokens `token_id:N` (vLLM's `return_tokens_as_token_ids`).
+    pub(crate) ids_as_text: bool,
+    /// The answer's id is made of this (vLLM's `request_id`).
+    pub(crate) request_id: Option<String>,
+    /// The prefix cache's salt (vLLM's `cache_salt`, hashed: [`Request::salt`]).
+    pub(crate) salt: Option<u64>,
     pub(crate) ignore_eos: bool,
     /// End-of-generation (and `stop_ids`) masked until this many tokens (vLLM's).
     pub(crate) min_tokens: usize,
@@ -894,6 +934,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 prediction: j.prediction.clone(),
                 stop_ids: j.stop_ids.clone(),
                 masks: j.masks.clone(),
+                request_id: j.request_id.clone(),
                 slot: j.slot,
                 copy,
                 group,
@@ -1239,25 +1280,45 @@ pub(crate) fn job(
             .param("id_slot"))
         }
     };
-    let include_usage = match &c.stream_options {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => match o.get("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => {
-                return Err(ApiError::bad(format!(
-                    "stream_options.include_usage {v} must be a boolean"
-                ))
-                .param("stream_options"))
-            }
-        },
-        Some(v) => {
-            return Err(
-                ApiError::bad(format!("stream_options {v} must be an object"))
+    let stream_option = |name: &str| match &c.stream_options {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(o)) => match o.get(name) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(
+                ApiError::bad(format!("stream_options.{name} {v} must be a boolean"))
                     .param("stream_options"),
+            ),
+        },
+        Some(v) => Err(
+            ApiError::bad(format!("stream_options {v} must be an object")).param("stream_options"),
+        ),
+    };
+    let include_usage = stream_option("include_usage")?;
+    let continuous_usage = include_usage && stream_option("continuous_usage_stats")?;
+    let salt = match &c.cache_salt {
+        None => None,
+        Some(s) if !s.is_empty() && s.len() <= 1024 => {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            s.hash(&mut h);
+            Some(h.finish())
+        }
+        Some(_) => {
+            return Err(
+                ApiError::bad("cache_salt must be a string of 1 to 1024 bytes").param("cache_salt"),
             )
         }
     };
+    if let Some(r) = &c.request_id {
+        // (it becomes part of the answer's id: printable, bounded)
+        if r.is_empty() || r.len() > 256 || r.chars().any(|ch| ch.is_control()) {
+            return Err(
+                ApiError::bad("request_id must be 1 to 256 bytes of printable text")
+                    .param("request_id"),
+            );
+        }
+    }
     Ok(Job {
         prompt,
         sampler,
@@ -1265,6 +1326,11 @@ pub(crate) fn job(
         stop,
         stream: c.stream.unwrap_or(false),
         include_usage,
+        continuous_usage,
+        token_ids: c.return_token_ids == Some(true),
+        ids_as_text: c.return_tokens_as_token_ids == Some(true),
+        request_id: c.request_id.clone(),
+        salt,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         min_tokens,
         stop_ids,
@@ -1612,6 +1678,7 @@ pub(crate) fn submit(
         post_sampling: job.post_sampling,
         echo: job.echo || job.prompt_logprobs.is_some(),
         prompt_top: job.prompt_logprobs,
+        salt: job.salt,
         embed: None,
         constraint,
         shift: job.shift,
@@ -1710,11 +1777,21 @@ pub(crate) struct End {
     /// Of `completion_tokens`, the thinking's (where a split counted them).
     pub(crate) reasoning_tokens: usize,
     pub(crate) done: Option<Done>,
-    /// Chat with vLLM's `prompt_logprobs`: the prompt's, listed beside the choices.
-    pub(crate) prompt_logprobs: Option<Value>,
     /// The reply's log-probability a token, where the engine gave them (`best_of` ranks by
     /// it).
     pub(crate) mean_logprob: Option<f64>,
+    /// What a chat answer lists beside its choices, where asked for.
+    pub(crate) beside: Option<Box<Beside>>,
+}
+
+/// What a chat answer lists beside its choices (vLLM's fields; completions list them in
+/// each choice).
+#[derive(Default)]
+pub(crate) struct Beside {
+    /// `prompt_logprobs`.
+    pub(crate) prompt_logprobs: Option<Value>,
+    /// `return_token_ids`: the prompt's.
+    pub(crate) prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// Turns the engine's token events into text: UTF-8 held back until whole, stop strings
@@ -1755,6 +1832,8 @@ pub(crate) struct Gen {
     keep: Arc<[u32]>,
     /// Every special token's text is kept ([`Job::show_special`]).
     show_special: bool,
+    /// Log-probabilities name tokens `token_id:N` ([`Job::ids_as_text`]).
+    ids_as_text: bool,
     /// The token that ends the reply (end of generation, a stop id) adds its text
     /// ([`Job::include_stop`]).
     include_stop: bool,
@@ -1783,6 +1862,7 @@ impl Gen {
         Gen {
             keep: job.keep.clone(),
             show_special: job.show_special,
+            ids_as_text: job.ids_as_text,
             include_stop: job.include_stop,
             stop_ids: job.stop_ids.clone(),
             n_indent: job.n_indent,
@@ -1833,6 +1913,14 @@ impl Gen {
         self.tokens[from..].to_vec()
     }
 
+    /// The generated tokens not handed out yet, the end-of-generation token last once the
+    /// reply ended with one (vLLM's `token_ids`).
+    pub(crate) fn take_all_tokens(&mut self) -> Vec<u32> {
+        let mut t = self.take_tokens();
+        t.extend(self.take_eog());
+        t
+    }
+
     /// The end-of-generation token the reply ended with, once (llama-server lists it
     /// last in `/completion`'s `tokens`, and streams it in an event of its own).
     pub(crate) fn take_eog(&mut self) -> Option<u32> {
@@ -1871,13 +1959,27 @@ impl Gen {
         let from = self.lps_taken;
         self.lps_taken = self.lps.len();
         let tok = &self.st.tokenizer;
-        let text = |id: u32| token_text(&tok.token_bytes(id));
+        // a token's name: its text, or (vLLM's return_tokens_as_token_ids) `token_id:N`
+        let ids_as_text = self.ids_as_text;
+        let name = |id: u32, b: &[u8]| {
+            if ids_as_text {
+                format!("token_id:{id}")
+            } else {
+                token_text(b)
+            }
+        };
+        let text = |id: u32| name(id, &tok.token_bytes(id));
         let lps = &self.lps[from..];
         match kind {
             Kind::Chat => {
                 let entry = |id: u32, lp: f32| {
-                    let b = tok.token_bytes(id);
-                    json!({"token": token_text(&b), "logprob": lp, "bytes": b})
+                    let t = text(id);
+                    let b: Vec<u8> = if ids_as_text {
+                        t.as_bytes().to_vec()
+                    } else {
+                        tok.token_bytes(id)
+                    };
+                    json!({"token": t, "logprob": lp, "bytes": b})
                 };
                 let content: Vec<Value> = lps
                     .iter()
@@ -1918,7 +2020,7 @@ impl Gen {
                     // points at it, the characters counted as they complete)
                     offsets.push(self.lp_chars.chars);
                     self.lp_chars.push(&b);
-                    tokens.push(token_text(&b));
+                    tokens.push(name(*id, &b));
                     lp.push(l.map_or(Value::Null, |l| json!(l.logprob)));
                     top.push(l.map_or(Value::Null, |l| alts(*id, l)));
                 }
@@ -2145,7 +2247,7 @@ impl Gen {
             completion_tokens: self.reply.generated(),
             reasoning_tokens: 0,
             done,
-            prompt_logprobs: None,
+            beside: None,
             mean_logprob: (!self.lps.is_empty()).then(|| {
                 self.lps
                     .iter()
@@ -2341,11 +2443,17 @@ pub(crate) async fn complete(
     let prompt_logprobs = job
         .prompt_logprobs
         .map(|_| gen.vllm_prompt_logprobs(&job.prompt));
+    // vLLM's return_token_ids: the reply's tokens, its end of generation too
+    let token_ids = job.token_ids.then(|| gen.take_all_tokens());
     let choice = match kind {
         Kind::Completion => {
             let mut c = json!({"text": text, "index": index, "logprobs": logprobs, "finish_reason": end.finish});
             if let Some(p) = prompt_logprobs {
                 c["prompt_logprobs"] = p;
+            }
+            if let Some(ids) = token_ids {
+                c["prompt_token_ids"] = json!(job.prompt);
+                c["token_ids"] = json!(ids);
             }
             c
         }
@@ -2356,8 +2464,18 @@ pub(crate) async fn complete(
                 message["reasoning_content"] = json!(r);
             }
             // (vLLM lists a chat prompt's beside the choices)
-            end.prompt_logprobs = prompt_logprobs;
-            json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(end.finish, calls)})
+            let mut c = json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(end.finish, calls)});
+            let prompt_token_ids = token_ids.map(|ids| {
+                c["token_ids"] = json!(ids);
+                job.prompt.clone()
+            });
+            if prompt_logprobs.is_some() || prompt_token_ids.is_some() {
+                end.beside = Some(Box::new(Beside {
+                    prompt_logprobs,
+                    prompt_token_ids,
+                }));
+            }
+            c
         }
     };
     Ok((choice, end))
@@ -2378,6 +2496,9 @@ struct Completion<'a> {
     /// Chat with vLLM's `prompt_logprobs` (completions list them in each choice).
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_logprobs: Option<Value>,
+    /// Chat with vLLM's `return_token_ids` (completions list them in each choice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// The choices of a non-streamed reply, from `runs` in order (at most `window` in flight; the
@@ -2474,15 +2595,15 @@ fn best_choices(
 /// format of `kind`.
 async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Response, ApiError> {
     let jobs = expand(jobs);
-    let id = format!(
-        "{}-{:016x}",
-        if kind == Kind::Chat {
-            "chatcmpl"
-        } else {
-            "cmpl"
-        },
-        random_seed()
-    );
+    let kind_id = if kind == Kind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    let id = match jobs.first().and_then(|j| j.request_id.as_deref()) {
+        Some(r) => format!("{kind_id}-{r}"),
+        None => format!("{kind_id}-{:016x}", random_seed()),
+    };
     let created = now_secs();
     if !jobs.first().is_some_and(|j| j.stream) {
         let model = jobs.first().map(|j| j.model.clone()).unwrap_or_default();
@@ -2522,9 +2643,10 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             [(_, end)] => Some(timings(end, n_prompt)),
             _ => None,
         };
-        let prompt_logprobs = results
+        let beside = results
             .first_mut()
-            .and_then(|(_, e)| e.prompt_logprobs.take());
+            .and_then(|(_, e)| e.beside.take())
+            .map_or_else(Beside::default, |b| *b);
         let body = Completion {
             id: &id,
             object: if kind == Kind::Chat {
@@ -2538,7 +2660,8 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             choices: results.into_iter().map(|(c, _)| c).collect(),
             usage: usage(n_prompt, n_completion, cached, n_reasoning, guessed),
             timings,
-            prompt_logprobs,
+            prompt_logprobs: beside.prompt_logprobs,
+            prompt_token_ids: beside.prompt_token_ids,
         };
         return Ok(Json(body).into_response());
     }
@@ -2592,6 +2715,9 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
                 .filter(|t| t.parses() && kind == Kind::Chat),
             reasoning: job.reasoning.clone().filter(|_| kind == Kind::Chat),
             timings_per_token: job.timings_per_token,
+            continuous_usage: job.continuous_usage,
+            prompt_ids: job.token_ids.then(|| job.prompt.clone()),
+            prompt_pending: AtomicBool::new(job.token_ids),
         };
         match g {
             Ok(g) => choice_stream(info, g, chunk.clone(), totals2.clone()).boxed(),
@@ -2800,6 +2926,12 @@ struct ChoiceInfo {
     reasoning: Option<Reasoning>,
     /// Every chunk carries `timings` so far.
     timings_per_token: bool,
+    /// Every chunk carries its choice's usage so far (vLLM's `continuous_usage_stats`).
+    continuous_usage: bool,
+    /// vLLM's `return_token_ids`: the prompt's ids (the first chunk: chat's beside the
+    /// choice, completions' in it, until sent) and each chunk's own.
+    prompt_ids: Option<Vec<u32>>,
+    prompt_pending: AtomicBool,
 }
 
 /// A chunk of one choice, with more top-level fields (`timings`, `prompt_progress`).
@@ -2824,11 +2956,24 @@ fn choice_stream(
         }
     };
     let first = (kind == Kind::Chat).then(|| {
+        // (vLLM's: the prompt's token ids beside the first chunk's choice, the usage so far)
+        let mut extra = serde_json::Map::new();
+        if let Some(ids) = &info.prompt_ids {
+            info.prompt_pending.store(false, Ordering::Relaxed);
+            extra.insert("prompt_token_ids".into(), json!(ids));
+        }
+        if info.continuous_usage {
+            extra.insert(
+                "usage".into(),
+                usage(info.prompt_tokens, 0, 0, 0, (0, 0)),
+            );
+        }
+        let mut role = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        if info.prompt_ids.is_some() {
+            role["token_ids"] = json!([]);
+        }
         (
-            vec![chunk(
-                json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
-                None,
-            )],
+            vec![chunk(role, (!extra.is_empty()).then_some(Value::Object(extra)))],
             false,
         )
     });
@@ -2848,9 +2993,33 @@ fn choice_stream(
         async move {
             let (mut g, mut held, mut plain, mut calling, mut echo, mut split) = g?;
             let tools = info.tools.as_deref();
+            // a chunk's top-level extras: timings so far (llama-server's
+            // timings_per_token), the choice's usage so far (vLLM's continuous usage)
             let so_far = |g: &Gen| {
-                info.timings_per_token
-                    .then(|| json!({"timings": g.timings_so_far(info.prompt_tokens)}))
+                let mut e = serde_json::Map::new();
+                if info.timings_per_token {
+                    e.insert("timings".into(), g.timings_so_far(info.prompt_tokens));
+                }
+                if info.continuous_usage {
+                    e.insert(
+                        "usage".into(),
+                        usage(info.prompt_tokens, g.generated(), 0, 0, (0, 0)),
+                    );
+                }
+                (!e.is_empty()).then_some(Value::Object(e))
+            };
+            // vLLM's return_token_ids: the chunk's own token ids (and, in a completion's
+            // first, the prompt's)
+            let tag = |mut v: Value, g: &mut Gen| {
+                if let Some(ids) = &info.prompt_ids {
+                    v["token_ids"] = json!(g.take_all_tokens());
+                    if kind == Kind::Completion
+                        && info.prompt_pending.swap(false, Ordering::Relaxed)
+                    {
+                        v["prompt_token_ids"] = json!(ids);
+                    }
+                }
+                v
             };
             let mut out = Vec::new();
             let mut piece = match g.next_or_progress().await {
@@ -2879,7 +3048,8 @@ fn choice_stream(
                 let (r, answer) = sp.push(t, g.generated());
                 if !r.is_empty() {
                     let lp = g.take_logprobs(kind);
-                    out.push(chunk(reasoning_choice(r, lp), so_far(&g)));
+                    let c = tag(reasoning_choice(r, lp), &mut g);
+                    out.push(chunk(c, so_far(&g)));
                 }
                 *t = answer;
             }
@@ -2895,7 +3065,8 @@ fn choice_stream(
                         if n > 0 {
                             let text: String = held.drain(..n).collect();
                             let lp = g.take_logprobs(kind);
-                            out.push(chunk(text_choice(text, lp), so_far(&g)));
+                            let c = tag(text_choice(text, lp), &mut g);
+                            out.push(chunk(c, so_far(&g)));
                         }
                     }
                     Some(((out, false), Some((g, held, plain, calling, echo, split))))
@@ -2905,7 +3076,8 @@ fn choice_stream(
                         t.insert_str(0, &e);
                     }
                     let lp = g.take_logprobs(kind);
-                    out.push(chunk(text_choice(t, lp), so_far(&g)));
+                    let c = tag(text_choice(t, lp), &mut g);
+                    out.push(chunk(c, so_far(&g)));
                     Some(((out, false), Some((g, held, plain, calling, echo, split))))
                 }
                 (Some(Piece::End(e)), _) => {
@@ -2916,7 +3088,8 @@ fn choice_stream(
                         let (r, answer) =
                             sp.end(&rest.take().unwrap_or_default(), e.completion_tokens);
                         if !r.is_empty() {
-                            out.push(chunk(reasoning_choice(r, g.take_logprobs(kind)), None));
+                            let c = tag(reasoning_choice(r, g.take_logprobs(kind)), &mut g);
+                            out.push(chunk(c, so_far(&g)));
                         }
                         rest = (!answer.is_empty()).then_some(answer);
                     }
@@ -2935,7 +3108,8 @@ fn choice_stream(
                         if calls.is_empty() {
                             let text = content.unwrap_or_default();
                             if !text.is_empty() || pending {
-                                out.push(chunk(text_choice(text, lp), None));
+                                let c = tag(text_choice(text, lp), &mut g);
+                                out.push(chunk(c, so_far(&g)));
                             }
                         } else {
                             finish = finish_reason(e.finish, true);
@@ -2947,10 +3121,11 @@ fn choice_stream(
                                     c
                                 })
                                 .collect();
-                            out.push(chunk(
+                            let c = tag(
                                 json!({"index": index, "delta": {"content": content, "tool_calls": deltas}, "logprobs": lp, "finish_reason": null}),
-                                None,
-                            ));
+                                &mut g,
+                            );
+                            out.push(chunk(c, so_far(&g)));
                         }
                     } else if rest.is_some() || echo.is_some() || g.has_pending_logprobs(kind) {
                         // held-back text (the echoed prompt when nothing came before), and
@@ -2958,7 +3133,8 @@ fn choice_stream(
                         let mut text = echo.take().unwrap_or_default();
                         text.push_str(&rest.unwrap_or_default());
                         let lp = g.take_logprobs(kind);
-                        out.push(chunk(text_choice(text, lp), None));
+                        let c = tag(text_choice(text, lp), &mut g);
+                        out.push(chunk(c, so_far(&g)));
                     }
                     let fin = match kind {
                         Kind::Completion => {
@@ -2968,10 +3144,14 @@ fn choice_stream(
                             json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish})
                         }
                     };
-                    out.push(chunk(
-                        fin,
-                        Some(json!({"timings": timings(&e, info.prompt_tokens)})),
-                    ));
+                    // (the last chunk: the end-of-generation token's id, the final usage)
+                    let fin = tag(fin, &mut g);
+                    let mut extra = json!({"timings": timings(&e, info.prompt_tokens)});
+                    if info.continuous_usage {
+                        extra["usage"] =
+                            usage(info.prompt_tokens, e.completion_tokens, 0, 0, (0, 0));
+                    }
+                    out.push(chunk(fin, Some(extra)));
                     let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
                     t.completion += e.completion_tokens;
                     t.reasoning += split.as_ref().map_or(0, |sp| sp.tokens());

@@ -353,6 +353,7 @@ async fn embed_one(
         min_tokens: 0,
         stop_ids: Vec::new(),
         masks: Default::default(),
+        salt: None,
         draft_max: 0,
         prediction: None,
         logprobs: None,

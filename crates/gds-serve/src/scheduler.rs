@@ -217,6 +217,9 @@ pub struct Request {
     /// The slot it names (llama-server's `id_slot`): its tokens become that slot's for
     /// [`SlotAction`]s (`None`: the engine slot it ran in).
     pub slot: Option<usize>,
+    /// vLLM's `cache_salt`, hashed: the request shares cached prompt blocks only with
+    /// requests of the same salt ([`salted`]); `None`: with the unsalted ones.
+    pub salt: Option<u64>,
     /// Where events go; dropping the receiver cancels the request.
     pub tx: mpsc::UnboundedSender<Event>,
     /// Set by the front end when it ends the request itself (a stop string matched) before
@@ -270,6 +273,32 @@ impl TokenMasks {
         }
         logits.iter().any(|&l| l > f32::NEG_INFINITY)
     }
+}
+
+/// The prefix cache's keys of `tokens` for a request salted with `salt` (vLLM's
+/// `cache_salt`): each token id XORed with 31 bits drawn from the salt and its position, the
+/// top bit set. Under one salt the map is one to one (a prompt never takes another's
+/// blocks); keys of different salts, or of unsalted requests (token ids under 2^31), do not
+/// meet, and a request without the salt cannot tell which of its prompts a salted one has
+/// cached.
+pub fn salted(tokens: &[u32], salt: Option<u64>) -> std::borrow::Cow<'_, [u32]> {
+    let Some(salt) = salt else {
+        return std::borrow::Cow::Borrowed(tokens);
+    };
+    let mix = |i: usize| {
+        // splitmix64 of the salt and the position
+        let mut z = salt ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) as u32) & 0x7fff_ffff
+    };
+    std::borrow::Cow::Owned(
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (t ^ mix(i)) | 0x8000_0000)
+            .collect(),
+    )
 }
 
 /// What the engine takes: a request to run, or an action on a slot's cached prefix.
@@ -879,8 +908,8 @@ impl Engine {
         let n = n.min(seq.n_cached);
         let table = self.kv.table(seq.slot).to_vec();
         let windows = self.kv.window_table(seq.slot).to_vec();
-        self.prefix
-            .insert(&seq.tokens[..n], &table, &windows, &mut self.kv);
+        let keys = salted(&seq.tokens[..n], seq.req.salt);
+        self.prefix.insert(&keys, &table, &windows, &mut self.kv);
     }
 
     /// Drops requests whose receiver is gone, wherever they are: cancelled when the client
@@ -939,10 +968,11 @@ impl Engine {
             // a scored prompt needs the logits of every position, a mean or first-token
             // embedding the states of every position: nothing shared
             let whole = front.req.echo || front.req.embed.is_some_and(|e| e != Pooling::Last);
+            let keys = salted(&front.tokens, front.req.salt);
             let mut shared = if whole {
                 Vec::new()
             } else {
-                self.prefix.lookup(&front.tokens, max_shared)
+                self.prefix.lookup(&keys, max_shared)
             };
             // with a window pool, only a prefix whose window blocks are all held
             while !shared.is_empty() {
@@ -962,7 +992,7 @@ impl Engine {
                     None
                 } else {
                     self.prefix
-                        .partial(&front.tokens, shared.len())
+                        .partial(&keys, shared.len())
                         .map(|(b, n)| (b, n.min(room)))
                 };
             let need = self.blocks_for(len + 1) - shared.len();
@@ -1569,7 +1599,7 @@ impl Engine {
                 let (n, slot) = (s.n_prompt, s.slot);
                 let table = self.kv.table(slot).to_vec();
                 let windows = self.kv.window_table(slot).to_vec();
-                let toks = s.tokens[..n].to_vec();
+                let toks = salted(&s.tokens[..n], s.req.salt).into_owned();
                 self.prefix.insert(&toks, &table, &windows, &mut self.kv);
                 self.running[k].indexed = true;
             }

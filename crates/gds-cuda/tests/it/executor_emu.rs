@@ -1558,6 +1558,7 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
                 min_tokens: 0,
                 stop_ids: Vec::new(),
                 masks: Default::default(),
+                salt: None,
                 draft_max: 0,
                 prediction: None,
                 logprobs: None,

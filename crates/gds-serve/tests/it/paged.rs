@@ -313,6 +313,7 @@ fn run_engine_with(
             min_tokens: 0,
             stop_ids: Vec::new(),
             masks: Default::default(),
+            salt: None,
             draft_max: 0,
             prediction: None,
             logprobs: echo.then_some(1),

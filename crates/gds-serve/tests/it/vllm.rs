@@ -523,3 +523,201 @@ fn vllm_documents_reach_the_template() {
         assert_eq!(v["error"]["param"], param, "{b}: {v}");
     }
 }
+
+/// The JSON events of a streamed answer (`[DONE]` left out).
+fn events(s: &Server, path: &str, body: &Value) -> Vec<Value> {
+    let (code, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
+    assert_eq!(code, 200, "{body}: {text}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_token_ids_usage_stats_cache_salt_request_id_and_priority() {
+    let _one = serial();
+    let s = start(&[]);
+    let detok = |t: &[u64]| {
+        post(&s, "/detokenize", &json!({ "tokens": t })).1["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let im_end = post(
+        &s,
+        "/tokenize",
+        &json!({"content": "<|im_end|>", "parse_special": true}),
+    )
+    .1["tokens"][0]
+        .as_u64()
+        .unwrap();
+    // completions: the prompt's ids and the reply's in the choice
+    let c = json!({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
+                   "return_token_ids": true});
+    let done = ok(&s, "/v1/completions", &c);
+    let ch = &done["choices"][0];
+    let reply = ids(&ch["token_ids"]);
+    assert_eq!(
+        ch["prompt_token_ids"].as_array().unwrap().len() as u64,
+        done["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{done}"
+    );
+    assert_eq!(
+        reply.len() as u64,
+        done["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(detok(&reply), ch["text"].as_str().unwrap(), "{done}");
+    // streamed: the prompt's in the first chunk, each chunk's own adding up to the same
+    let mut streamed = c.clone();
+    streamed["stream"] = json!(true);
+    let ev = events(&s, "/v1/completions", &streamed);
+    assert_eq!(
+        ev[0]["choices"][0]["prompt_token_ids"],
+        ch["prompt_token_ids"]
+    );
+    assert!(ev[1..]
+        .iter()
+        .all(|e| e["choices"][0].get("prompt_token_ids").is_none()));
+    let joined: Vec<u64> = ev
+        .iter()
+        .flat_map(|e| ids(&e["choices"][0]["token_ids"]))
+        .collect();
+    assert_eq!(joined, reply);
+    // chat: the prompt's beside the choices, the reply's ending with its end of turn
+    let chat = json!({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 48,
+                      "temperature": 0, "return_token_ids": true});
+    let done = ok(&s, "/v1/chat/completions", &chat);
+    assert_eq!(done["choices"][0]["finish_reason"], "stop", "{done}");
+    let reply = ids(&done["choices"][0]["token_ids"]);
+    assert_eq!(reply.last(), Some(&im_end), "{done}");
+    assert_eq!(detok(&reply[..reply.len() - 1]), content(&done));
+    let prompt = ids(&done["prompt_token_ids"]);
+    assert_eq!(
+        prompt.len() as u64,
+        done["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
+    let ev = events(&s, "/v1/chat/completions", &streamed);
+    assert_eq!(ids(&ev[0]["prompt_token_ids"]), prompt);
+    let with_choice: Vec<&Value> = ev.iter().filter(|e| !e["choices"][0].is_null()).collect();
+    let joined: Vec<u64> = with_choice
+        .iter()
+        .flat_map(|e| ids(&e["choices"][0]["token_ids"]))
+        .collect();
+    assert_eq!(joined, reply);
+    // continuous usage: every chunk's, growing to the final count
+    let counts: Vec<u64> = ev
+        .iter()
+        .map(|e| {
+            e["usage"]["completion_tokens"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{e}"))
+        })
+        .collect();
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+    assert_eq!(counts.last(), Some(&(reply.len() as u64)));
+    assert!(ev
+        .iter()
+        .all(|e| e["usage"]["prompt_tokens"] == done["usage"]["prompt_tokens"]));
+    // log-probabilities naming tokens by id
+    let mut named = c.clone();
+    named["logprobs"] = json!(2);
+    named["return_tokens_as_token_ids"] = json!(true);
+    let v = ok(&s, "/v1/completions", &named);
+    let want: Vec<String> = ids(&v["choices"][0]["token_ids"])
+        .iter()
+        .map(|t| format!("token_id:{t}"))
+        .collect();
+    let got: Vec<&str> = v["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(got, want, "{v}");
+    for alts in v["choices"][0]["logprobs"]["top_logprobs"]
+        .as_array()
+        .unwrap()
+    {
+        assert!(
+            alts.as_object()
+                .unwrap()
+                .keys()
+                .all(|k| k.starts_with("token_id:")),
+            "{alts}"
+        );
+    }
+    let mut named_chat = chat.clone();
+    named_chat["logprobs"] = json!(true);
+    named_chat["return_tokens_as_token_ids"] = json!(true);
+    let v = ok(&s, "/v1/chat/completions", &named_chat);
+    let first = &v["choices"][0]["logprobs"]["content"][0];
+    assert_eq!(first["token"], format!("token_id:{}", reply[0]), "{v}");
+    assert_eq!(
+        first["bytes"],
+        json!(format!("token_id:{}", reply[0]).into_bytes())
+    );
+    // cache_salt: cached prompt blocks are shared only under the same salt
+    let system = "You answer in one word. ".repeat(12);
+    let cached = |salt: Option<&str>| {
+        let mut b = json!({"messages": [{"role": "system", "content": system},
+            {"role": "user", "content": "Colour of the sky?"}], "max_tokens": 1,
+            "temperature": 0});
+        if let Some(salt) = salt {
+            b["cache_salt"] = json!(salt);
+        }
+        let v = ok(&s, "/v1/chat/completions", &b);
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(cached(Some("tenant-a")), 0);
+    assert!(cached(Some("tenant-a")) > 32, "the same salt shares");
+    assert_eq!(cached(Some("tenant-b")), 0, "another salt does not");
+    // (a request without one shares the chat template's first tokens with this test's
+    // earlier requests, not the salted ones' blocks)
+    assert!(cached(None) < 16, "nor a request without one");
+    assert!(cached(None) > 32);
+    assert!(cached(Some("tenant-b")) > 32);
+    // request_id names the answer; priority other than 0 is refused
+    let mut named = chat.clone();
+    named["request_id"] = json!("job-42");
+    assert_eq!(
+        ok(&s, "/v1/chat/completions", &named)["id"],
+        "chatcmpl-job-42"
+    );
+    let mut p0 = c.clone();
+    p0["priority"] = json!(0);
+    ok(&s, "/v1/completions", &p0);
+    for (extra, param) in [
+        (json!({"priority": 1}), "priority"),
+        (json!({"request_id": "a\nb"}), "request_id"),
+        (json!({"request_id": ""}), "request_id"),
+        (json!({"cache_salt": ""}), "cache_salt"),
+        (
+            json!({"stream_options": {"include_usage": true, "continuous_usage_stats": 1}}),
+            "stream_options",
+        ),
+    ] {
+        let mut b = c.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (code, v) = post(&s, "/v1/completions", &b);
+        assert_eq!(code, 400, "{b}: {v}");
+        assert_eq!(v["error"]["param"], param, "{b}: {v}");
+    }
+}
