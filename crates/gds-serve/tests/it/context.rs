@@ -2,23 +2,13 @@
 //! (`n_keep`, `n_discard`, `truncated`), Ollama's `shift` and `truncate`, the Responses
 //! API's `truncation`. On SmolLM2 with a context of 128 tokens.
 
-use crate::common::{http, metric, serial, start, Server};
+use crate::common::{http, ids, metric, post_json, serial, start, Server};
 use serde_json::{json, Value};
 
 const CTX: usize = 128;
 
 fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let (code, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
-    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text:?}"));
-    (code, v)
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list: {v}"))
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
+    post_json(&s.addr, path, body)
 }
 
 /// With `--context-shift` a reply goes past the context (the tokens after the kept start

@@ -932,11 +932,7 @@ fn the_end_of_generation_token_is_listed_and_streamed_as_llama_server_does() {
 
 /// The `data:` events of a streamed answer (`[DONE]` left out).
 fn events(body: &str) -> Vec<Value> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
-        .collect()
+    crate::common::sse_events(body)
 }
 
 /// llama-server's `return_progress` (its test_metrics_timings_on_prompt_progress and more): a

@@ -27,11 +27,7 @@ fn json_of(s: &Server, path: &str, body: &Value) -> Value {
 fn events(s: &Server, path: &str, body: &Value) -> Vec<Value> {
     let (code, text) = post(s, path, body);
     assert_eq!(code, 200, "{path}: {text}");
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
+    crate::common::sse_events(&text)
 }
 
 #[test]

@@ -5,13 +5,11 @@
 //! `prompt_logprobs`, `repetition_penalty`, `documents`; and the ones not done refused by
 //! name, where they were ignored.
 
-use crate::common::{http, serial, start, Server};
+use crate::common::{http, ids, post_json, serial, sse_events, start, with, Server};
 use serde_json::{json, Value};
 
 fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
-    let (code, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
-    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
-    (code, v)
+    post_json(&s.addr, path, body)
 }
 
 fn ok(s: &Server, path: &str, body: &Value) -> Value {
@@ -21,12 +19,24 @@ fn ok(s: &Server, path: &str, body: &Value) -> Value {
 }
 
 fn chat(s: &Server, extra: Value) -> Value {
-    let mut body = json!({"messages": [{"role": "user", "content": "Is the sky blue? Answer."}],
-        "max_tokens": 40, "temperature": 0.9, "seed": 3});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
+    let body = with(
+        &json!({"messages": [{"role": "user", "content": "Is the sky blue? Answer."}],
+        "max_tokens": 40, "temperature": 0.9, "seed": 3}),
+        &extra,
+    );
     ok(s, "/v1/chat/completions", &body)
+}
+
+/// The greedy reply to `prompt` through llama-server's `/completion` (which lists its token
+/// ids), and its token ids.
+fn greedy_ids(s: &Server, prompt: &str, n: usize) -> (Value, Vec<u64>) {
+    let native = ok(
+        s,
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": n, "temperature": 0, "return_tokens": true}),
+    );
+    let ids = ids(&native["tokens"]);
+    (native, ids)
 }
 
 fn content(v: &Value) -> &str {
@@ -109,10 +119,10 @@ fn vllm_structured_outputs_hold_the_reply() {
         (json!({"guided_regex": 5}), "guided_regex"),
         (json!({"guided_grammar": "root ::= ("}), "guided_grammar"),
     ] {
-        let mut b = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
-        for (k, v) in body.as_object().unwrap() {
-            b[k] = v.clone();
-        }
+        let b = with(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+            &body,
+        );
         let (code, v) = post(&s, "/v1/chat/completions", &b);
         assert_eq!(code, 400, "{b}: {v}");
         assert_eq!(v["error"]["param"], param, "{b}: {v}");
@@ -126,24 +136,14 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
     let s = start(&[]);
     let prompt = "The capital of France is";
     let greedy = |extra: Value| {
-        let mut body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
+        let body = with(
+            &json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}),
+            &extra,
+        );
         ok(&s, "/v1/completions", &body)
     };
     // the greedy reply's token ids (llama-server's `/completion` lists them)
-    let native = ok(
-        &s,
-        "/completion",
-        &json!({"prompt": prompt, "n_predict": 24, "temperature": 0, "return_tokens": true}),
-    );
-    let ids: Vec<u64> = native["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
+    let (native, ids) = greedy_ids(&s, prompt, 24);
     let plain = greedy(json!({}));
     assert_eq!(plain["choices"][0]["text"], native["content"], "{plain}");
     // the 4th token stops it (first seen there): four tokens, finish stop, the text of the
@@ -210,10 +210,7 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
         (json!({"stop_token_ids": [99999999]}), "stop_token_ids"),
         (json!({"use_beam_search": true}), "use_beam_search"),
     ] {
-        let mut b = json!({"prompt": prompt, "max_tokens": 4});
-        for (k, v) in body.as_object().unwrap() {
-            b[k] = v.clone();
-        }
+        let b = with(&json!({"prompt": prompt, "max_tokens": 4}), &body);
         let (code, v) = post(&s, "/v1/completions", &b);
         assert_eq!(code, 400, "{b}: {v}");
         assert_eq!(v["error"]["param"], param, "{b}: {v}");
@@ -233,10 +230,10 @@ fn vllm_token_masks_stop_strings_special_tokens_and_prompt_logprobs() {
     let s = start(&[]);
     let prompt = "The capital of France is";
     let completion = |extra: Value| {
-        let mut body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
+        let body = with(
+            &json!({"prompt": prompt, "max_tokens": 16, "temperature": 0}),
+            &extra,
+        );
         post(&s, "/v1/completions", &body)
     };
     let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
@@ -255,17 +252,7 @@ fn vllm_token_masks_stop_strings_special_tokens_and_prompt_logprobs() {
             .unwrap()
             .to_string()
     };
-    let native = ok(
-        &s,
-        "/completion",
-        &json!({"prompt": prompt, "n_predict": 16, "temperature": 0, "return_tokens": true}),
-    );
-    let ids: Vec<u64> = native["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
+    let (_, ids) = greedy_ids(&s, prompt, 16);
     let (_, plain) = completion(json!({}));
     assert_eq!(text(&plain), detok(&ids), "{plain}");
 
@@ -341,11 +328,11 @@ fn vllm_token_masks_stop_strings_special_tokens_and_prompt_logprobs() {
     // skip_special_tokens: false keeps a special token's text; with
     // include_stop_str_in_output the end-of-generation token's too
     let chat = |extra: Value| {
-        let mut body = json!({"messages": [{"role": "user", "content": "Say hi."}],
-            "max_tokens": 48, "temperature": 0});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
+        let body = with(
+            &json!({"messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 48, "temperature": 0}),
+            &extra,
+        );
         ok(&s, "/v1/chat/completions", &body)
     };
     let hi = chat(json!({}));
@@ -481,25 +468,19 @@ fn vllm_documents_reach_the_template() {
     let messages = json!([{"role": "user", "content": "What is the secret?"}]);
     let docs = json!([{"title": "notes", "text": "The secret is 4217."}]);
     let render = |extra: Value| {
-        let mut body = json!({"messages": messages});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
+        let body = with(&json!({"messages": messages}), &extra);
         post(&s, "/apply-template", &body)
     };
     let (_, plain) = render(json!({}));
-    let (_, with) = render(json!({"documents": docs}));
+    let (_, given) = render(json!({"documents": docs}));
     let (_, kwargs) = render(json!({"chat_template_kwargs": {"documents": docs}}));
     let p = |v: &Value| v["prompt"].as_str().unwrap().to_string();
     assert!(!p(&plain).contains("4217"), "{plain}");
-    assert!(p(&with).contains("The secret is 4217."), "{with}");
-    assert_eq!(p(&with), p(&kwargs));
+    assert!(p(&given).contains("The secret is 4217."), "{given}");
+    assert_eq!(p(&given), p(&kwargs));
     // the chat path renders them too: more prompt tokens
     let count = |extra: Value| {
-        let mut body = json!({"messages": messages});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
+        let body = with(&json!({"messages": messages}), &extra);
         ok(&s, "/v1/chat/completions/input_tokens", &body)["input_tokens"]
             .as_u64()
             .unwrap()
@@ -514,10 +495,7 @@ fn vllm_documents_reach_the_template() {
         ),
         (json!({"chat_template": "{{ messages }}"}), "chat_template"),
     ] {
-        let mut b = json!({"messages": messages, "max_tokens": 2});
-        for (k, v) in body.as_object().unwrap() {
-            b[k] = v.clone();
-        }
+        let b = with(&json!({"messages": messages, "max_tokens": 2}), &body);
         let (code, v) = post(&s, "/v1/chat/completions", &b);
         assert_eq!(code, 400, "{b}: {v}");
         assert_eq!(v["error"]["param"], param, "{b}: {v}");
@@ -528,19 +506,7 @@ fn vllm_documents_reach_the_template() {
 fn events(s: &Server, path: &str, body: &Value) -> Vec<Value> {
     let (code, text) = http(&s.addr, "POST", path, Some(body.to_string().as_bytes()));
     assert_eq!(code, 200, "{body}: {text}");
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list: {v}"))
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect()
+    sse_events(&text)
 }
 
 #[test]
@@ -712,10 +678,7 @@ fn vllm_token_ids_usage_stats_cache_salt_request_id_and_priority() {
             "stream_options",
         ),
     ] {
-        let mut b = c.clone();
-        for (k, v) in extra.as_object().unwrap() {
-            b[k] = v.clone();
-        }
+        let b = with(&c, &extra);
         let (code, v) = post(&s, "/v1/completions", &b);
         assert_eq!(code, 400, "{b}: {v}");
         assert_eq!(v["error"]["param"], param, "{b}: {v}");

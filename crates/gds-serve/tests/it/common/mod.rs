@@ -111,3 +111,38 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
 }
+
+/// POSTs `body` as JSON: the status and the answer, parsed (a panic naming the path where it
+/// is not JSON).
+pub fn post_json(addr: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let (code, text) = http(addr, "POST", path, Some(body.to_string().as_bytes()));
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text:?}"));
+    (code, v)
+}
+
+/// A JSON list of token ids.
+pub fn ids(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+/// The `data:` events of a streamed answer, as JSON (`[DONE]` left out).
+pub fn sse_events(body: &str) -> Vec<serde_json::Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+/// `base` with the fields of `extra` (an object) set over it.
+pub fn with(base: &serde_json::Value, extra: &serde_json::Value) -> serde_json::Value {
+    let mut v = base.clone();
+    for (k, x) in extra.as_object().expect("an object of fields") {
+        v[k] = x.clone();
+    }
+    v
+}
