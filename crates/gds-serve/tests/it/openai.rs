@@ -1275,12 +1275,7 @@ fn logit_bias_and_openai_penalties_steer_sampling() {
             "/tokenize",
             serde_json::json!({"prompt": text, "add_special_tokens": false}),
         );
-        v["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap())
-            .collect()
+        crate::common::ids(&v["tokens"])
     };
     let most_repeated = |ids: &[u64]| -> usize {
         ids.iter()

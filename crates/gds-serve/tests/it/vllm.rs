@@ -237,15 +237,7 @@ fn vllm_token_masks_stop_strings_special_tokens_and_prompt_logprobs() {
         post(&s, "/v1/completions", &body)
     };
     let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
-    let tokenize = |t: &str| -> Vec<u64> {
-        let (_, v) = post(&s, "/tokenize", &json!({ "content": t }));
-        v["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap())
-            .collect()
-    };
+    let tokenize = |t: &str| ids(&post(&s, "/tokenize", &json!({ "content": t })).1["tokens"]);
     let detok = |t: &[u64]| {
         post(&s, "/detokenize", &json!({ "tokens": t })).1["content"]
             .as_str()
