@@ -83,6 +83,9 @@ def vllm_extras(b, rng):
         b["cache_salt"] = rng.choice(["a", "", "x" * 2000, 5, None, "\u00e9\ud83e\udd17"])
         b["request_id"] = rng.choice(["r1", "", "a\nb", "x" * 300, 7, None])
         b["priority"] = rng.choice([0, 1, -5, "high", None])
+    elif r < 0.29:
+        b["truncate_prompt_tokens"] = rng.choice([1, 3, -1, 0, -7, 10 ** 12, "2", None])
+        b["truncation_side"] = rng.choice(["left", "right", "up", None])
     return b
 
 

@@ -245,6 +245,10 @@ pub(crate) struct Common {
     /// `min_keep`, the chain's order (`samplers`) and the repeat penalty's window.
     #[serde(flatten)]
     pub(crate) llama: LlamaSampling,
+    /// vLLM's `truncate_prompt_tokens` and `truncation_side`: the prompt cut to that many
+    /// tokens (at most the context less one, room for the reply) instead of refused.
+    #[serde(flatten)]
+    pub(crate) truncation: crate::truncation::TruncateFields,
     /// Ollama's `shift` (set by its endpoints, not read from OpenAI bodies): whether this
     /// request shifts, whatever `--context-shift` says.
     #[serde(skip)]
@@ -846,6 +850,8 @@ pub(crate) struct Job {
     pub(crate) ids_as_text: bool,
     /// The answer's id is made of this (vLLM's `request_id`).
     pub(crate) request_id: Option<String>,
+    /// Tokens `truncate_prompt_tokens` dropped from the prompt.
+    pub(crate) prompt_cut: usize,
     /// The prefix cache's salt (vLLM's `cache_salt`, hashed: [`Request::salt`]).
     pub(crate) salt: Option<u64>,
     pub(crate) ignore_eos: bool,
@@ -1132,6 +1138,19 @@ pub(crate) fn job(
         }
     }
     let ctx = st.ctx;
+    // vLLM's truncate_prompt_tokens: the prompt cut (by default its last tokens kept),
+    // leaving the reply a token at least
+    let before = prompt.len();
+    let prompt = match c.truncation.parse(st)? {
+        Some(t) => {
+            let mut one = [prompt];
+            crate::truncation::Truncation::apply(Some(t.at_most(ctx - 1)), &mut one);
+            let [p] = one;
+            p
+        }
+        None => prompt,
+    };
+    let prompt_cut = before - prompt.len();
     let shift = shift_request(st, &c, prompt.len())?;
     let prompt = match shift {
         Some(sh) if c.truncate => truncate_prompt(prompt, sh.keep, ctx),
@@ -1330,6 +1349,7 @@ pub(crate) fn job(
         token_ids: c.return_token_ids == Some(true),
         ids_as_text: c.return_tokens_as_token_ids == Some(true),
         request_id: c.request_id.clone(),
+        prompt_cut,
         salt,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         min_tokens,
@@ -3304,7 +3324,8 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
             .map(|p| job(&st, common.clone(), p, 16, Kind::Completion))
             .collect::<Result<Vec<_>, _>>()?;
         for (j, added) in jobs.iter_mut().zip(&bos_added) {
-            j.echo_from = usize::from(*added);
+            // (a BOS the tokenizer added is not echoed, unless truncation cut it already)
+            j.echo_from = usize::from(*added && j.prompt_cut == 0);
             j.best_of = best_of.unwrap_or(j.n).max(j.n);
         }
         respond(st.clone(), jobs, Kind::Completion).await

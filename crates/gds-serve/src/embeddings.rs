@@ -12,6 +12,7 @@
 
 use crate::api::{encode_text, enqueue, finish, in_vocabulary, parse, token_ids, window, ApiError};
 use crate::scheduler::{Event, Pooling, Request};
+pub(crate) use crate::truncation::{TruncateFields, Truncation};
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -195,73 +196,6 @@ async fn native_answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, 
         .map(|(index, v)| json!({"index": index, "embedding": [v]}))
         .collect();
     Ok(Json(Value::Array(out)).into_response())
-}
-
-/// vLLM's `truncate_prompt_tokens` (with its `truncation_side`): how many tokens of each
-/// input to keep, and from which end. `k ≥ 1` keeps `k` of them — the last `k` (vLLM's
-/// pooling parameters: "k for last k tokens") unless `truncation_side` is `"right"`, which
-/// keeps the first —, `-1` the context's length; absent or null, no truncation (an input
-/// longer than the context is a 400).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Truncation {
-    keep: usize,
-    /// Keep the first tokens (`truncation_side: "right"`) instead of the last.
-    first: bool,
-}
-
-/// vLLM's request fields of [`Truncation`] (`truncate_prompt_tokens`, `truncation_side`),
-/// flattened into the bodies that take them.
-#[derive(Deserialize)]
-pub(crate) struct TruncateFields {
-    #[serde(default)]
-    truncate_prompt_tokens: Option<Value>,
-    #[serde(default)]
-    truncation_side: Option<String>,
-}
-
-impl TruncateFields {
-    /// The request's truncation, checked.
-    pub(crate) fn parse(&self, st: &ServerState) -> Result<Option<Truncation>, ApiError> {
-        let first = match self.truncation_side.as_deref() {
-            None | Some("left") => false,
-            Some("right") => true,
-            Some(s) => {
-                return Err(ApiError::bad(format!(
-                "truncation_side {s:?}: \"left\" (keep the last tokens) or \"right\" (the first)"
-            ))
-                .param("truncation_side"))
-            }
-        };
-        let keep = match &self.truncate_prompt_tokens {
-            None | Some(Value::Null) => return Ok(None),
-            Some(v) => match v.as_i64() {
-                Some(-1) => st.ctx,
-                Some(n) if n >= 1 => (n as u64).min(st.ctx as u64) as usize,
-                _ => {
-                    return Err(ApiError::bad(format!(
-                        "truncate_prompt_tokens {v}: a count of tokens to keep, 1 or more, or -1 (the context)"
-                    ))
-                    .param("truncate_prompt_tokens"))
-                }
-            },
-        };
-        Ok(Some(Truncation { keep, first }))
-    }
-}
-
-impl Truncation {
-    /// Cuts each prompt to the tokens it keeps.
-    pub(crate) fn apply(t: Option<Truncation>, prompts: &mut [Vec<u32>]) {
-        let Some(t) = t else { return };
-        for p in prompts {
-            if p.len() > t.keep {
-                if !t.first {
-                    p.drain(..p.len() - t.keep);
-                }
-                p.truncate(t.keep);
-            }
-        }
-    }
 }
 
 /// How many of an embedding's first dimensions `dimensions` keeps (Matryoshka-trained

@@ -23,6 +23,7 @@ mod score;
 mod slots;
 mod tokenize;
 pub mod tools;
+mod truncation;
 
 pub use api::openai_messages;
 pub use error::ApiError;

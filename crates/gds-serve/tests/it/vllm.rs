@@ -676,3 +676,76 @@ fn vllm_token_ids_usage_stats_cache_salt_request_id_and_priority() {
         assert_eq!(v["error"]["param"], param, "{b}: {v}");
     }
 }
+
+/// vLLM's `truncate_prompt_tokens` (and `truncation_side`) on completions and chat: the
+/// prompt cut to its last (or first) tokens, the reply the one the cut prompt gives; `-1`
+/// fits a prompt longer than the context, which is otherwise refused.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_truncate_prompt_tokens_cuts_the_prompt() {
+    let _one = serial();
+    let s = start(&[]);
+    let text = "The capital of France is Paris. The capital of Germany is";
+    let all = ids(&post(&s, "/tokenize", &json!({ "content": text })).1["tokens"]);
+    let complete = |body: Value| {
+        ok(
+            &s,
+            "/v1/completions",
+            &with(&json!({"max_tokens": 8, "temperature": 0}), &body),
+        )
+    };
+    for (side, kept) in [("left", &all[all.len() - 4..]), ("right", &all[..4])] {
+        let cut = complete(json!({"prompt": text, "truncate_prompt_tokens": 4,
+                                  "truncation_side": side}));
+        assert_eq!(cut["usage"]["prompt_tokens"], 4, "{cut}");
+        let given = complete(json!({ "prompt": kept }));
+        assert_eq!(
+            cut["choices"][0]["text"], given["choices"][0]["text"],
+            "{side}"
+        );
+    }
+    let chat = ok(
+        &s,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": text}], "max_tokens": 2,
+                "truncate_prompt_tokens": 6}),
+    );
+    assert_eq!(chat["usage"]["prompt_tokens"], 6, "{chat}");
+    // -1: a prompt longer than the context fits it, a token left for the reply
+    let long = "hello ".repeat(1100);
+    let (code, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": long, "max_tokens": 2}),
+    );
+    assert_eq!(
+        (code, &v["error"]["code"]),
+        (400, &json!("context_length_exceeded"))
+    );
+    let fit = complete(json!({"prompt": long, "max_tokens": 2, "truncate_prompt_tokens": -1}));
+    assert_eq!(fit["usage"]["prompt_tokens"], 1023, "{fit}");
+    assert_eq!(fit["usage"]["completion_tokens"], 1, "{fit}");
+    for (extra, param) in [
+        (
+            json!({"truncate_prompt_tokens": 0}),
+            "truncate_prompt_tokens",
+        ),
+        (
+            json!({"truncate_prompt_tokens": -2}),
+            "truncate_prompt_tokens",
+        ),
+        (
+            json!({"truncate_prompt_tokens": "4"}),
+            "truncate_prompt_tokens",
+        ),
+        (
+            json!({"truncate_prompt_tokens": 4, "truncation_side": "middle"}),
+            "truncation_side",
+        ),
+    ] {
+        let b = with(&json!({ "prompt": text }), &extra);
+        let (code, v) = post(&s, "/v1/completions", &b);
+        assert_eq!(code, 400, "{b}: {v}");
+        assert_eq!(v["error"]["param"], param, "{b}: {v}");
+    }
+}
