@@ -86,6 +86,7 @@ def vllm_extras(b, rng):
     elif r < 0.29:
         b["truncate_prompt_tokens"] = rng.choice([1, 3, -1, 0, -7, 10 ** 12, "2", None])
         b["truncation_side"] = rng.choice(["left", "right", "up", None])
+        b["add_special_tokens"] = rng.choice([True, False, "no", None])
     return b
 
 

@@ -662,6 +662,10 @@ struct CompletionBody {
     /// log-probability a token) returned.
     #[serde(default)]
     best_of: Option<Value>,
+    /// vLLM's `add_special_tokens` (default true): `false` tokenizes a text prompt without
+    /// the BOS the model's tokenizer adds.
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
 }
 
 /// A fill-in-the-middle prompt as the model's FIM tokens lay it out (prefix, suffix, middle:
@@ -3236,11 +3240,12 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
         }
         // a text prompt's tokens (a fill-in-the-middle prefix takes no BOS: the layout
         // starts with it)
+        let add_bos = b.add_special_tokens.unwrap_or(true);
         let encode = |s: String| {
             let st = &st;
             let fim = suffix.is_some();
             async move {
-                if fim {
+                if fim || !add_bos {
                     encode_text(st, s, false, special, "prompt").await
                 } else {
                     encode(st, s, special).await
@@ -3311,7 +3316,7 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
             let mut laid_out = Vec::with_capacity(prompts.len());
             for (p, text) in prompts.into_iter().zip(&texts) {
                 // (a text prompt's BOS leads the layout; token ids are taken as given)
-                let ids = fim_prompt(&st, p, suffix, *text)
+                let ids = fim_prompt(&st, p, suffix, *text && add_bos)
                     .await?
                     .expect("checked: the model has fill-in-the-middle tokens");
                 laid_out.push(ids);

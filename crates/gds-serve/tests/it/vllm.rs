@@ -5,7 +5,7 @@
 //! `prompt_logprobs`, `repetition_penalty`, `documents`; and the ones not done refused by
 //! name, where they were ignored.
 
-use crate::common::{http, ids, post_json, serial, sse_events, start, with, Server};
+use crate::common::{http, ids, post_json, serial, sse_events, start, start_model, with, Server};
 use serde_json::{json, Value};
 
 fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
@@ -748,4 +748,26 @@ fn vllm_truncate_prompt_tokens_cuts_the_prompt() {
         assert_eq!(code, 400, "{b}: {v}");
         assert_eq!(v["error"]["param"], param, "{b}: {v}");
     }
+}
+
+/// vLLM's `add_special_tokens: false` on `/v1/completions`: a text prompt tokenized without
+/// the BOS the model adds (Gemma 3's), the rest the same tokens; the default adds it.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_add_special_tokens_false_leaves_the_bos_out() {
+    let _one = serial();
+    let s = start_model(gds_tests::gemma_converted(), &["--ctx", "512"]);
+    let prompt = |extra: Value| {
+        let body = with(
+            &json!({"prompt": "The capital of France is", "max_tokens": 1,
+                    "return_token_ids": true}),
+            &extra,
+        );
+        ids(&ok(&s, "/v1/completions", &body)["choices"][0]["prompt_token_ids"])
+    };
+    let with_bos = prompt(json!({}));
+    let bos = ids(&post(&s, "/tokenize", &json!({"content": "<bos>"})).1["tokens"]);
+    assert_eq!(with_bos[..1], bos[..], "{with_bos:?}");
+    assert_eq!(prompt(json!({ "add_special_tokens": true })), with_bos);
+    assert_eq!(prompt(json!({"add_special_tokens": false})), with_bos[1..]);
 }
