@@ -439,17 +439,20 @@ pub(crate) const MAX_TOP_LOGPROBS: i64 = 20;
 
 /// The log-probabilities a request asks for: `None`, or `Some(k)` top alternatives per
 /// token. Chat: `logprobs: true` and `top_logprobs: k`; completions: `logprobs: k`.
+/// A count of top alternatives (`logprobs`, `top_logprobs`, `prompt_logprobs`): 0 up to
+/// [`MAX_TOP_LOGPROBS`], or a 400 naming `param`.
+fn alternatives(k: i64, param: &'static str) -> Result<usize, ApiError> {
+    if (0..=MAX_TOP_LOGPROBS).contains(&k) {
+        Ok(k as usize)
+    } else {
+        Err(ApiError::bad(format!(
+            "{param} {k} must be an integer in 0..={MAX_TOP_LOGPROBS}"
+        ))
+        .param(param))
+    }
+}
+
 fn logprobs_request(c: &Common, kind: Kind) -> Result<Option<usize>, ApiError> {
-    let range = |k: i64, param: &'static str| {
-        if (0..=MAX_TOP_LOGPROBS).contains(&k) {
-            Ok(k as usize)
-        } else {
-            Err(ApiError::bad(format!(
-                "{param} {k} must be an integer in 0..={MAX_TOP_LOGPROBS}"
-            ))
-            .param(param))
-        }
-    };
     if c.echo == Some(true) && kind == Kind::Chat {
         return Err(ApiError::bad("echo applies to /v1/completions").param("echo"));
     }
@@ -469,13 +472,13 @@ fn logprobs_request(c: &Common, kind: Kind) -> Result<Option<usize>, ApiError> {
                     Err(ApiError::bad("top_logprobs needs logprobs: true").param("top_logprobs"))
                 }
                 (false, None) => Ok(None),
-                (true, k) => Ok(Some(range(k.unwrap_or(0), "top_logprobs")?)),
+                (true, k) => Ok(Some(alternatives(k.unwrap_or(0), "top_logprobs")?)),
             }
         }
         Kind::Completion => match &c.logprobs {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Number(n)) => match n.as_i64() {
-                Some(k) => Ok(Some(range(k, "logprobs")?)),
+                Some(k) => Ok(Some(alternatives(k, "logprobs")?)),
                 None => {
                     Err(ApiError::bad(format!("logprobs {n} must be an integer")).param("logprobs"))
                 }
@@ -1117,8 +1120,8 @@ pub(crate) fn job(
     let prompt_logprobs = match &c.prompt_logprobs {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_i64() {
-            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as usize),
-            _ => {
+            Some(k) => Some(alternatives(k, "prompt_logprobs")?),
+            None => {
                 return Err(ApiError::bad(format!(
                     "prompt_logprobs {v} must be an integer in 0..={MAX_TOP_LOGPROBS}"
                 ))
@@ -1146,12 +1149,7 @@ pub(crate) fn job(
     // leaving the reply a token at least
     let before = prompt.len();
     let prompt = match c.truncation.parse(st)? {
-        Some(t) => {
-            let mut one = [prompt];
-            crate::truncation::Truncation::apply(Some(t.at_most(ctx - 1)), &mut one);
-            let [p] = one;
-            p
-        }
+        Some(t) => t.at_most(ctx - 1).cut(prompt),
         None => prompt,
     };
     let prompt_cut = before - prompt.len();
@@ -1765,6 +1763,17 @@ pub(crate) fn enqueue(
     Ok((rx, ended))
 }
 
+/// Where the spaces and tabs that start the line at byte `line` of `text` end (llama-server's
+/// indentation, `n_indent`).
+fn indent_end(text: &[u8], line: usize) -> usize {
+    line + text
+        .get(line..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count()
+}
+
 /// What generation hands to the response writers.
 pub(crate) enum Piece {
     Text(String),
@@ -1997,11 +2006,12 @@ impl Gen {
         match kind {
             Kind::Chat => {
                 let entry = |id: u32, lp: f32| {
-                    let t = text(id);
-                    let b: Vec<u8> = if ids_as_text {
+                    let b = tok.token_bytes(id);
+                    let t = name(id, &b);
+                    let b = if ids_as_text {
                         t.as_bytes().to_vec()
                     } else {
-                        tok.token_bytes(id)
+                        b
                     };
                     json!({"token": t, "logprob": lp, "bytes": b})
                 };
@@ -2188,10 +2198,7 @@ impl Gen {
             let b = text.as_bytes();
             let mut cut = None;
             if self.last_nl_pos > 0 {
-                let mut pos = self.last_nl_pos;
-                while pos < b.len() && (b[pos] == b' ' || b[pos] == b'\t') {
-                    pos += 1;
-                }
+                let pos = indent_end(b, self.last_nl_pos);
                 if pos < b.len() && pos - self.last_nl_pos < self.n_indent {
                     cut = Some(pos);
                 }
@@ -2227,10 +2234,7 @@ impl Gen {
             at => at,
         };
         loop {
-            let mut pos = line;
-            while pos < t.len() && (t[pos] == b' ' || t[pos] == b'\t') {
-                pos += 1;
-            }
+            let pos = indent_end(t, line);
             if pos >= t.len() || pos - line < self.n_indent {
                 return Some(pos.min(t.len()));
             }
@@ -2958,6 +2962,13 @@ struct ChoiceInfo {
     prompt_pending: AtomicBool,
 }
 
+impl ChoiceInfo {
+    /// The choice's usage after `completion` tokens (vLLM's continuous usage).
+    fn usage_at(&self, completion: usize) -> Value {
+        usage(self.prompt_tokens, completion, 0, 0, (0, 0))
+    }
+}
+
 /// A chunk of one choice, with more top-level fields (`timings`, `prompt_progress`).
 type Chunk = Arc<dyn Fn(Value, Option<Value>) -> SseEvent + Send + Sync>;
 
@@ -2987,10 +2998,7 @@ fn choice_stream(
             extra.insert("prompt_token_ids".into(), json!(ids));
         }
         if info.continuous_usage {
-            extra.insert(
-                "usage".into(),
-                usage(info.prompt_tokens, 0, 0, 0, (0, 0)),
-            );
+            extra.insert("usage".into(), info.usage_at(0));
         }
         let mut role = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
         if info.prompt_ids.is_some() {
@@ -3025,10 +3033,7 @@ fn choice_stream(
                     e.insert("timings".into(), g.timings_so_far(info.prompt_tokens));
                 }
                 if info.continuous_usage {
-                    e.insert(
-                        "usage".into(),
-                        usage(info.prompt_tokens, g.generated(), 0, 0, (0, 0)),
-                    );
+                    e.insert("usage".into(), info.usage_at(g.generated()));
                 }
                 (!e.is_empty()).then_some(Value::Object(e))
             };
@@ -3172,8 +3177,7 @@ fn choice_stream(
                     let fin = tag(fin, &mut g);
                     let mut extra = json!({"timings": timings(&e, info.prompt_tokens)});
                     if info.continuous_usage {
-                        extra["usage"] =
-                            usage(info.prompt_tokens, e.completion_tokens, 0, 0, (0, 0));
+                        extra["usage"] = info.usage_at(e.completion_tokens);
                     }
                     out.push(chunk(fin, Some(extra)));
                     let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());

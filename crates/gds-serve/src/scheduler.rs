@@ -37,7 +37,7 @@ pub enum Event {
     Token(u32, Option<TokenLogprobs>),
     /// With [`Request::echo`]: the log-probabilities of the next prompt token (from the
     /// second on, in order), computed from the logits of the position before it, and its
-    /// rank among them (1: the most likely).
+    /// rank among them (1: the most likely; 0 where [`Request::prompt_top`] is not set).
     PromptLogprobs(TokenLogprobs, usize),
     /// Generation ended.
     Done(Done),
@@ -1454,7 +1454,11 @@ impl Engine {
                 let k = s.req.prompt_top.or(s.req.logprobs).unwrap_or(0);
                 let tok = s.tokens[j];
                 let lp = TokenLogprobs::of(logits, tok, k);
-                let rank = gds_runtime::sampler::rank(logits, tok);
+                // (a pass over the vocabulary: only where vLLM's prompt_logprobs lists it)
+                let rank = s
+                    .req
+                    .prompt_top
+                    .map_or(0, |_| gds_runtime::sampler::rank(logits, tok));
                 s.scored = j + 1;
                 let _ = Self::send(s, Event::PromptLogprobs(lp, rank));
                 continue;

@@ -72,12 +72,22 @@ impl Truncation {
     pub(crate) fn apply(t: Option<Truncation>, prompts: &mut [Vec<u32>]) {
         let Some(t) = t else { return };
         for p in prompts {
-            if p.len() > t.keep {
-                if !t.first {
-                    p.drain(..p.len() - t.keep);
-                }
-                p.truncate(t.keep);
+            t.cut_in_place(p);
+        }
+    }
+
+    /// `prompt` cut to the tokens it keeps.
+    pub(crate) fn cut(self, mut prompt: Vec<u32>) -> Vec<u32> {
+        self.cut_in_place(&mut prompt);
+        prompt
+    }
+
+    fn cut_in_place(self, p: &mut Vec<u32>) {
+        if p.len() > self.keep {
+            if !self.first {
+                p.drain(..p.len() - self.keep);
             }
+            p.truncate(self.keep);
         }
     }
 }
