@@ -87,6 +87,15 @@ def vllm_extras(b, rng):
         b["truncate_prompt_tokens"] = rng.choice([1, 3, -1, 0, -7, 10 ** 12, "2", None])
         b["truncation_side"] = rng.choice(["left", "right", "up", None])
         b["add_special_tokens"] = rng.choice([True, False, "no", None])
+    elif r < 0.33:
+        # beam search (a few steps of n one-token requests; what it would not honour refused)
+        b["use_beam_search"] = rng.choice([True, True, False, "yes", 1, None])
+        b["n"] = rng.choice([1, 2, 4, 16, 17, 0, None])
+        b["length_penalty"] = rng.choice([1.0, 0.0, -2.5, 10, 11, 1e308, "x", None])
+        if rng.random() < 0.5:
+            b["ignore_eos"] = rng.choice([True, False])
+            b["logprobs"] = rng.choice([True, 3, 20, None])
+            b["stream"] = rng.choice([True, False])
     return b
 
 

@@ -317,8 +317,6 @@ struct Unsupported {
     best_of: Option<Value>,
     // vLLM's extra parameters not done here (refused where they ask for something)
     #[serde(default)]
-    use_beam_search: Option<Value>,
-    #[serde(default)]
     priority: Option<Value>,
     #[serde(default)]
     functions: Option<Value>,
@@ -406,16 +404,6 @@ impl Unsupported {
                 "priority other than 0 is not supported: requests are not scheduled by priority (the engine is shared by client)",
             )
             .param("priority"));
-        }
-        // vLLM's beam search: a 400 where it is asked for (its default passes)
-        if u.use_beam_search
-            .as_ref()
-            .is_some_and(|v| *v != json!(false) && !v.is_null())
-        {
-            return Err(ApiError::bad(
-                "use_beam_search is not supported: beam search is not done here",
-            )
-            .param("use_beam_search"));
         }
         if let Some(m) = u.modalities.as_ref().filter(|v| !v.is_null()) {
             if m.as_array().is_none_or(|l| l.iter().any(|x| x != "text")) {
@@ -923,6 +911,9 @@ pub(crate) struct Job {
     pub(crate) prediction: Option<Arc<[u32]>>,
     /// The slot it names (`id_slot`, [`Request::slot`]).
     pub(crate) slot: Option<usize>,
+    /// vLLM's beam search (`use_beam_search`): shared by the `n` choices of the prompt,
+    /// each the search's beam of its `copy`.
+    pub(crate) beam: Option<Arc<crate::beam::BeamSearch>>,
 }
 
 /// One job per choice: `n` copies of each job, the `i`-th sampling with seed + `i` (so
@@ -949,6 +940,7 @@ pub(crate) fn expand(jobs: Vec<Job>) -> Vec<Job> {
                 masks: j.masks.clone(),
                 request_id: j.request_id.clone(),
                 slot: j.slot,
+                beam: j.beam.clone(),
                 copy,
                 group,
                 ..j
@@ -1387,6 +1379,7 @@ pub(crate) fn job(
         shift,
         prediction: None,
         slot,
+        beam: None,
     })
 }
 
@@ -2915,7 +2908,17 @@ impl Job {
 /// Submits `job` and makes the generator of its text (with echo, the prompt first).
 pub(crate) async fn start_gen(st: &Arc<ServerState>, job: &Job) -> Result<Gen, ApiError> {
     let constraint = constrain(st, job).await?;
-    let submitted = submit(st, job, constraint)?;
+    let submitted = match &job.beam {
+        Some(_) if constraint.is_some() => {
+            // (refused before: beam::make)
+            return Err(
+                ApiError::bad("a grammar cannot be used with use_beam_search")
+                    .param("use_beam_search"),
+            );
+        }
+        Some(b) => b.start(st, job).await?,
+        None => submit(st, job, constraint)?,
+    };
     let mut g = Gen::new(st.clone(), submitted, job, job.logprobs.is_some());
     if job.echo {
         g.echo_prompt = Some(job.prompt.clone());
@@ -3217,6 +3220,7 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
         let b: CompletionBody = parse(&body)?;
         let common: Common = parse(&body)?;
         Unsupported::check(&body, common.n, Kind::Completion)?;
+        let beam = crate::beam::request(&body)?;
         let best_of = best_of_request(b.best_of.as_ref(), &common)?;
         let one = "prompt must be a string, a list of token ids, or a list of either";
         let special = b.parse_special.unwrap_or(false);
@@ -3336,6 +3340,9 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
             // (a BOS the tokenizer added is not echoed, unless truncation cut it already)
             j.echo_from = usize::from(*added && j.prompt_cut == 0);
             j.best_of = best_of.unwrap_or(j.n).max(j.n);
+            if let Some(penalty) = beam {
+                crate::beam::make(&common, j, penalty)?;
+            }
         }
         respond(st.clone(), jobs, Kind::Completion).await
     }
@@ -3440,7 +3447,12 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
         let b: ChatBody = parse(&body)?;
         let common: Common = parse(&body)?;
         Unsupported::check(&body, common.n, Kind::Chat)?;
-        let j = chat_job(&st, b, common).await?;
+        let beam = crate::beam::request(&body)?;
+        let beam_fields = beam.map(|_| common.clone());
+        let mut j = chat_job(&st, b, common).await?;
+        if let (Some(penalty), Some(c)) = (beam, &beam_fields) {
+            crate::beam::make(c, &mut j, penalty)?;
+        }
         respond(st.clone(), vec![j], Kind::Chat).await
     }
     .await;

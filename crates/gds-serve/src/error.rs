@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// An error answered in OpenAI's format.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApiError {
     pub(crate) status: StatusCode,
     kind: &'static str,

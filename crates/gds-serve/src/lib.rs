@@ -3,6 +3,7 @@
 mod anthropic;
 mod api;
 pub mod batch;
+mod beam;
 mod embeddings;
 mod error;
 pub use gds_runtime::harmony;

@@ -2,10 +2,12 @@
 //! send in `extra_body`): structured outputs (`structured_outputs`, `guided_json`,
 //! `guided_regex`, `guided_choice`, `guided_grammar`), `min_tokens`, `stop_token_ids`,
 //! `include_stop_str_in_output`, `skip_special_tokens`, `allowed_token_ids`, `bad_words`,
-//! `prompt_logprobs`, `repetition_penalty`, `documents`; and the ones not done refused by
-//! name, where they were ignored.
+//! `prompt_logprobs`, `repetition_penalty`, `documents`, beam search (`use_beam_search`,
+//! `length_penalty`); and the ones not done refused by name, where they were ignored.
 
-use crate::common::{http, ids, post_json, serial, sse_events, start, start_model, with, Server};
+use crate::common::{
+    http, ids, metric, post_json, serial, sse_events, start, start_model, with, Server,
+};
 use serde_json::{json, Value};
 
 fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {
@@ -208,7 +210,6 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
         ),
         (json!({"min_tokens": -1}), "min_tokens"),
         (json!({"stop_token_ids": [99999999]}), "stop_token_ids"),
-        (json!({"use_beam_search": true}), "use_beam_search"),
     ] {
         let b = with(&json!({"prompt": prompt, "max_tokens": 4}), &body);
         let (code, v) = post(&s, "/v1/completions", &b);
@@ -770,4 +771,303 @@ fn vllm_add_special_tokens_false_leaves_the_bos_out() {
     assert_eq!(with_bos[..1], bos[..], "{with_bos:?}");
     assert_eq!(prompt(json!({ "add_special_tokens": true })), with_bos);
     assert_eq!(prompt(json!({"add_special_tokens": false})), with_bos[1..]);
+}
+
+/// A beam: its token ids (an end-of-generation one last where it ended), its cumulative
+/// log-probability, and whether an end-of-generation token ended it.
+#[derive(Debug, Clone)]
+struct RefBeam {
+    tokens: Vec<u64>,
+    cum: f64,
+    ended: bool,
+}
+
+/// vLLM's published beam search (`vllm/entrypoints/openai/serving_engine.py`, `beam_search`),
+/// written again here from its description and run through the server's plain one-token
+/// completions (`logprobs: 2w`): each step every running beam's 2w likeliest next tokens;
+/// an end-of-generation one ends a beam, the w likeliest others go on; at the end the
+/// ended and running beams ranked by cumulative log-probability over (prompt + text
+/// tokens) ^ length_penalty, the best w kept.
+fn reference_beams(
+    s: &Server,
+    prompt: &[u64],
+    w: usize,
+    max_tokens: usize,
+    penalty: f64,
+    eog: &[u64],
+) -> Vec<RefBeam> {
+    let mut running = vec![RefBeam {
+        tokens: Vec::new(),
+        cum: 0.0,
+        ended: false,
+    }];
+    let mut ended = Vec::new();
+    for _ in 0..max_tokens {
+        let mut next: Vec<(f64, usize, u64)> = Vec::new();
+        for (i, b) in running.iter().enumerate() {
+            let full: Vec<u64> = prompt.iter().chain(&b.tokens).copied().collect();
+            let v = ok(
+                s,
+                "/v1/completions",
+                &json!({"prompt": full, "max_tokens": 1, "temperature": 0, "ignore_eos": true,
+                        "logprobs": 2 * w, "return_tokens_as_token_ids": true}),
+            );
+            let mut top: Vec<(u64, f64)> = v["choices"][0]["logprobs"]["top_logprobs"][0]
+                .as_object()
+                .unwrap_or_else(|| panic!("{v}"))
+                .iter()
+                .map(|(k, lp)| {
+                    let id = k.strip_prefix("token_id:").unwrap().parse().unwrap();
+                    (id, lp.as_f64().unwrap())
+                })
+                .collect();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            for &(t, lp) in top.iter().take(2 * w) {
+                let mut tokens = b.tokens.clone();
+                tokens.push(t);
+                if eog.contains(&t) {
+                    ended.push(RefBeam {
+                        tokens,
+                        cum: b.cum + lp,
+                        ended: true,
+                    });
+                } else {
+                    next.push((b.cum + lp, i, t));
+                }
+            }
+        }
+        next.sort_by(|a, b| b.0.total_cmp(&a.0));
+        running = next
+            .iter()
+            .take(w)
+            .map(|&(cum, i, t)| {
+                let mut tokens = running[i].tokens.clone();
+                tokens.push(t);
+                RefBeam {
+                    tokens,
+                    cum,
+                    ended: false,
+                }
+            })
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+    }
+    ended.extend(running);
+    let score = |b: &RefBeam| {
+        let len = prompt.len() + b.tokens.len() - usize::from(b.ended);
+        b.cum / (len as f64).powf(penalty)
+    };
+    ended.sort_by(|a, b| score(b).total_cmp(&score(a)));
+    ended.truncate(w);
+    ended
+}
+
+/// The choices' token ids and the sums of their `token_logprobs` (a completions answer
+/// with `return_token_ids` and `logprobs`).
+fn beams_of(v: &Value) -> Vec<(Vec<u64>, f64)> {
+    v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let cum = c["logprobs"]["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l.as_f64().unwrap())
+                .sum();
+            (ids(&c["token_ids"]), cum)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_beam_search_ranks_whole_sequences() {
+    let _one = serial();
+    let s = start(&[]);
+    let info = s_get(&s, "/tokenizer_info");
+    let eog = ids(&info["end_of_generation_ids"]);
+    // a chat prompt (its special tokens parsed), which the model ends on its own
+    let text = "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n";
+    let prompt = ids(&post(
+        &s,
+        "/tokenize",
+        &json!({"prompt": text, "add_special_tokens": false}),
+    )
+    .1["tokens"]);
+    let beam = |w: usize, max: usize, extra: Value| {
+        ok(
+            &s,
+            "/v1/completions",
+            &with(
+                &json!({"prompt": prompt, "use_beam_search": true, "n": w, "max_tokens": max,
+                        "logprobs": 2 * w, "return_token_ids": true}),
+                &extra,
+            ),
+        )
+    };
+    // the beams and their order are vLLM's algorithm's over the same model's
+    // log-probabilities, with and without the end-of-generation tokens ending beams, at
+    // the default and another length penalty
+    for (w, max, extra, penalty) in [
+        (3, 10, json!({}), 1.0),
+        (2, 12, json!({"length_penalty": 0.0}), 0.0),
+        (
+            3,
+            6,
+            json!({"ignore_eos": true, "length_penalty": 2.0}),
+            2.0,
+        ),
+    ] {
+        let ignore = extra["ignore_eos"] == true;
+        let requests = || {
+            metric(
+                &http(&s.addr, "GET", "/metrics", None).1,
+                "gds_requests_total",
+            )
+        };
+        let r0 = requests();
+        let got = beam(w, max, extra.clone());
+        let r1 = requests();
+        let want = reference_beams(
+            &s,
+            &prompt,
+            w,
+            max,
+            penalty,
+            if ignore { &[] } else { &eog },
+        );
+        // each step a request a beam; the search ends early where nothing can change (at
+        // no length penalty, once the best ended beams are likelier than every running one)
+        let (ours, theirs) = (r1 - r0, requests() - r1);
+        assert!(
+            ours <= theirs,
+            "{ours} steps against the reference's {theirs}"
+        );
+        if penalty == 0.0 {
+            assert!(
+                ours < theirs,
+                "{ours} steps against the reference's {theirs}"
+            );
+        }
+        let found = beams_of(&got);
+        assert_eq!(found.len(), w, "{got}");
+        for (i, ((tokens, cum), r)) in found.iter().zip(&want).enumerate() {
+            assert_eq!(
+                tokens, &r.tokens,
+                "beam {i} of {extra}: {got}\nreference {want:?}"
+            );
+            assert!((cum - r.cum).abs() < 1e-3, "beam {i}: {cum} vs {}", r.cum);
+            let c = &got["choices"][i];
+            let finish = if r.ended { "stop" } else { "length" };
+            assert_eq!(c["finish_reason"], finish, "beam {i}: {c}");
+            assert_eq!(c["index"], i);
+        }
+        // (the ended beams are ranked with the running ones where the model ends its reply)
+        assert_eq!(want.iter().any(|b| b.ended), !ignore, "{got}");
+        let distinct: std::collections::HashSet<_> = found.iter().map(|b| &b.0).collect();
+        assert_eq!(distinct.len(), w, "the beams differ: {got}");
+        // usage: the prompt once, every beam's tokens
+        let n: usize = found.iter().map(|b| b.0.len()).sum();
+        assert_eq!(got["usage"]["completion_tokens"], n);
+        assert_eq!(got["usage"]["prompt_tokens"], prompt.len());
+    }
+    // one beam never ending is greedy decoding
+    let one = beam(1, 12, json!({"ignore_eos": true}));
+    let greedy = ok(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+                "return_token_ids": true}),
+    );
+    assert_eq!(
+        one["choices"][0]["token_ids"],
+        greedy["choices"][0]["token_ids"]
+    );
+    assert_eq!(one["choices"][0]["text"], greedy["choices"][0]["text"]);
+    // streamed: the same choices (each in chunks of its index)
+    let plain = beam(2, 8, json!({}));
+    let chunks = events(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": prompt, "use_beam_search": true, "n": 2, "max_tokens": 8,
+                "stream": true}),
+    );
+    for i in 0..2 {
+        let streamed: String = chunks
+            .iter()
+            .flat_map(|c| c["choices"].as_array().unwrap().iter())
+            .filter(|c| c["index"] == i)
+            .map(|c| c["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            streamed,
+            plain["choices"][i]["text"].as_str().unwrap(),
+            "{chunks:?}"
+        );
+    }
+    // chat: n beams as n choices
+    let chat = ok(
+        &s,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Name a colour."}],
+                "use_beam_search": true, "n": 2, "max_tokens": 16}),
+    );
+    let choices = chat["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2, "{chat}");
+    let reply = |c: &Value| (c["message"]["content"].clone(), c["finish_reason"].clone());
+    assert_ne!(reply(&choices[0]), reply(&choices[1]), "{chat}");
+    for c in choices {
+        assert!(
+            ["stop", "length"].contains(&c["finish_reason"].as_str().unwrap()),
+            "{c}"
+        );
+    }
+    // refused by name: what beam search would not honour, and bad values
+    let base = json!({"prompt": "Hello", "use_beam_search": true, "n": 2, "max_tokens": 4});
+    for (extra, param) in [
+        (json!({"stop": ["\n"]}), "stop"),
+        (json!({"logit_bias": {"11": 5}}), "logit_bias"),
+        (json!({"presence_penalty": 0.5}), "presence_penalty"),
+        (json!({"echo": true, "n": 1}), "echo"),
+        (json!({"best_of": 3}), "best_of"),
+        (json!({"min_tokens": 2}), "min_tokens"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"use_beam_search": "yes"}), "use_beam_search"),
+        (json!({"length_penalty": 100}), "length_penalty"),
+        (json!({"length_penalty": "long"}), "length_penalty"),
+    ] {
+        let b = with(&base, &extra);
+        let (code, v) = post(&s, "/v1/completions", &b);
+        assert_eq!(code, 400, "{b}: {v}");
+        assert_eq!(v["error"]["param"], param, "{b}: {v}");
+    }
+    // chat: a grammar is refused by the field that gave it
+    let (code, v) = post(
+        &s,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "use_beam_search": true,
+                "guided_json": {"type": "object"}, "max_tokens": 4}),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["param"], "guided_json", "{v}");
+    // without use_beam_search, length_penalty is taken and has no effect (as vLLM)
+    let (code, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2, "length_penalty": 3.0}),
+    );
+    assert_eq!(code, 200, "{v}");
+}
+
+fn s_get(s: &Server, path: &str) -> Value {
+    let (code, text) = http(&s.addr, "GET", path, None);
+    assert_eq!(code, 200, "{path}: {text}");
+    serde_json::from_str(&text).unwrap()
 }
