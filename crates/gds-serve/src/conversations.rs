@@ -11,6 +11,7 @@
 //!   `limit`, `order`, `after`), `GET` and `DELETE /v1/conversations/{id}/items/{item_id}`.
 
 use crate::api::{now_secs, parse, random_seed, ApiError};
+use crate::kept::Kept;
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -18,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Most conversations kept.
@@ -32,15 +33,19 @@ const ADD_MAX: usize = 20;
 struct Conv {
     created_at: u64,
     metadata: Value,
-    /// Each item's id and JSON text, oldest first.
+    /// Each item's id and JSON text, oldest first (their bytes are its cost in the store).
     items: Vec<(String, Box<str>)>,
-    bytes: usize,
 }
 
 impl Conv {
     fn object(&self, id: &str) -> Value {
         json!({"id": id, "object": "conversation", "created_at": self.created_at, "metadata": self.metadata})
     }
+}
+
+/// What items cost in the store: their ids and JSON texts.
+fn cost(items: &[(String, Box<str>)]) -> usize {
+    items.iter().map(|(k, t)| k.len() + t.len()).sum()
 }
 
 /// Kept items' values from their text (which the store wrote from values).
@@ -51,83 +56,58 @@ fn parsed(items: &[(String, Box<str>)]) -> Vec<Value> {
         .collect()
 }
 
-/// The conversations kept, the one used last at the back.
-#[derive(Default)]
-pub(crate) struct ConversationStore {
-    map: HashMap<String, Conv>,
-    order: VecDeque<String>,
-    bytes: usize,
+/// The conversations kept: at most [`CONV_ENTRIES`] and [`CONV_BYTES`] of items, the one
+/// used longest ago dropped first.
+pub(crate) struct ConversationStore(Kept<Conv>);
+
+impl Default for ConversationStore {
+    fn default() -> Self {
+        ConversationStore(Kept::new(CONV_ENTRIES, CONV_BYTES))
+    }
 }
 
 impl ConversationStore {
     /// Keeps a new conversation (used last), dropping the ones used longest ago past the
     /// count.
     fn insert(&mut self, id: String, conv: Conv) {
-        self.bytes += conv.bytes;
-        self.map.insert(id.clone(), conv);
-        self.order.push_back(id.clone());
-        self.make_room(0, &id);
+        let bytes = cost(&conv.items);
+        self.0.insert(id, conv, bytes, |_, _| false);
     }
 
     fn remove(&mut self, id: &str) -> bool {
-        match self.map.remove(id) {
-            Some(c) => {
-                self.bytes -= c.bytes;
-                self.order.retain(|k| k != id);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Moves `id` to the back (used last).
-    fn touch(&mut self, id: &str) {
-        if let Some(at) = self.order.iter().position(|k| k == id) {
-            let k = self.order.remove(at).expect("at is in the order");
-            self.order.push_back(k);
-        }
-    }
-
-    /// Drops the conversations used longest ago until `bytes` more fit (never `keep`).
-    fn make_room(&mut self, bytes: usize, keep: &str) {
-        while self.map.len() > CONV_ENTRIES || self.bytes + bytes > CONV_BYTES {
-            let Some(at) = self.order.iter().position(|k| k != keep) else {
-                break;
-            };
-            let old = self.order.remove(at).expect("at is in the order");
-            if let Some(c) = self.map.remove(&old) {
-                self.bytes -= c.bytes;
-            }
-        }
+        self.0.remove(id).is_some()
     }
 
     /// Adds items (already checked and given ids) to conversation `id`; false where it is
     /// not kept (any more).
     fn append(&mut self, id: &str, items: Vec<(String, Box<str>)>) -> Result<bool, ApiError> {
-        let bytes: usize = items.iter().map(|(k, t)| k.len() + t.len()).sum();
-        let Some(c) = self.map.get(id) else {
+        let bytes = cost(&items);
+        let Some(now) = self.0.cost(id) else {
             return Ok(false);
         };
-        if c.bytes + bytes > CONV_BYTES {
+        if now + bytes > CONV_BYTES {
             return Err(ApiError::bad(format!(
                 "conversation {id:?} would pass {} MiB of items: start another",
                 CONV_BYTES >> 20
             ))
             .param("items"));
         }
-        self.touch(id);
-        self.make_room(bytes, id);
-        let c = self.map.get_mut(id).expect("kept by make_room");
-        c.items.extend(items);
-        c.bytes += bytes;
-        self.bytes += bytes;
-        Ok(true)
+        self.0.touch(id);
+        // (room made at the others' cost)
+        self.0.make_room(0, bytes, |k, _| k == id);
+        Ok(self
+            .0
+            .update(id, |c, now| {
+                c.items.extend(items);
+                ((), now + bytes)
+            })
+            .is_some())
     }
 
     /// The items of conversation `id` (`None`: not kept), as the Responses API takes them.
     pub(crate) fn items(&mut self, id: &str) -> Option<Vec<Value>> {
-        let items = parsed(&self.map.get(id)?.items);
-        self.touch(id);
+        let items = parsed(&self.0.get(id)?.items);
+        self.0.touch(id);
         Some(items)
     }
 }
@@ -203,7 +183,6 @@ pub async fn create(State(st): State<Arc<ServerState>>, body: Bytes) -> Response
             created_at: now_secs(),
             metadata,
             items: Vec::new(),
-            bytes: 0,
         };
         let object = conv.object(&id);
         let mut store = lock(&st);
@@ -217,7 +196,7 @@ pub async fn create(State(st): State<Arc<ServerState>>, body: Bytes) -> Response
 /// `GET /v1/conversations/{id}`.
 pub async fn retrieve(State(st): State<Arc<ServerState>>, Path(id): Path<String>) -> Response {
     let store = lock(&st);
-    match store.map.get(&id) {
+    match store.0.get(&id) {
         Some(c) => Json(c.object(&id)).into_response(),
         None => not_found(&id).into_response(),
     }
@@ -238,9 +217,11 @@ pub async fn update(
         let b: UpdateBody = parse(&body)?;
         let metadata = crate::items::metadata(b.metadata.as_ref())?;
         let mut store = lock(&st);
-        let c = store.map.get_mut(&id).ok_or_else(|| not_found(&id))?;
-        c.metadata = metadata;
-        Ok(Json(c.object(&id)).into_response())
+        let object = store.0.update(&id, |c, now| {
+            c.metadata = metadata;
+            (c.object(&id), now)
+        });
+        Ok(Json(object.ok_or_else(|| not_found(&id))?).into_response())
     })();
     crate::api::finish(&st, r)
 }
@@ -288,7 +269,7 @@ pub async fn list_items(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     let store = lock(&st);
-    let Some(c) = store.map.get(&id) else {
+    let Some(c) = store.0.get(&id) else {
         return not_found(&id).into_response();
     };
     let items = parsed(&c.items);
@@ -305,7 +286,7 @@ pub async fn get_item(
     Path((id, item)): Path<(String, String)>,
 ) -> Response {
     let store = lock(&st);
-    let Some(c) = store.map.get(&id) else {
+    let Some(c) = store.0.get(&id) else {
         return not_found(&id).into_response();
     };
     match c.items.iter().find(|(k, _)| *k == item) {
@@ -324,18 +305,21 @@ pub async fn delete_item(
     Path((id, item)): Path<(String, String)>,
 ) -> Response {
     let mut store = lock(&st);
-    let Some(c) = store.map.get_mut(&id) else {
-        return not_found(&id).into_response();
-    };
-    let Some(at) = c.items.iter().position(|(k, _)| *k == item) else {
-        return item_not_found(&id, &item).into_response();
-    };
-    let (k, t) = c.items.remove(at);
-    let freed = k.len() + t.len();
-    c.bytes -= freed;
-    let object = c.object(&id);
-    store.bytes -= freed;
-    Json(object).into_response()
+    let found = store.0.update(&id, |c, now| {
+        match c.items.iter().position(|(k, _)| *k == item) {
+            Some(at) => {
+                let freed = cost(&c.items[at..=at]);
+                c.items.remove(at);
+                (Some(c.object(&id)), now - freed)
+            }
+            None => (None, now),
+        }
+    });
+    match found {
+        Some(Some(object)) => Json(object).into_response(),
+        Some(None) => item_not_found(&id, &item).into_response(),
+        None => not_found(&id).into_response(),
+    }
 }
 
 #[cfg(test)]
@@ -364,7 +348,6 @@ mod tests {
                 created_at: 0,
                 metadata: json!({}),
                 items: Vec::new(),
-                bytes: 0,
             };
             s.insert(id.to_string(), c);
         };
@@ -372,20 +355,20 @@ mod tests {
         conv(&mut s, "b");
         assert!(s.append("a", vec![item("one"), item("two")]).unwrap());
         assert!(!s.append("zz", vec![item("x")]).unwrap());
-        let total: usize = s.map.values().map(|c| c.bytes).sum();
-        assert_eq!(s.bytes, total);
+        let total: usize = s.0.entries().map(|(_, c, _)| cost(&c.items)).sum();
+        assert_eq!(s.0.bytes(), total);
         // "a" was used last: past the count, "b" goes first
         for i in 0..CONV_ENTRIES - 1 {
             conv(&mut s, &format!("c{i}"));
         }
-        assert_eq!(s.map.len(), CONV_ENTRIES);
-        assert!(s.map.contains_key("a") && !s.map.contains_key("b"));
+        assert_eq!(s.0.len(), CONV_ENTRIES);
+        assert!(s.0.get("a").is_some() && s.0.get("b").is_none());
         // ... then "a", the oldest used
         conv(&mut s, "d");
-        assert!(!s.map.contains_key("a"));
-        let total: usize = s.map.values().map(|c| c.bytes).sum();
-        assert_eq!(s.bytes, total);
-        assert!(s.remove("d") && !s.remove("d") && !s.map.contains_key("d"));
+        assert!(s.0.get("a").is_none());
+        let total: usize = s.0.entries().map(|(_, c, _)| cost(&c.items)).sum();
+        assert_eq!(s.0.bytes(), total);
+        assert!(s.remove("d") && !s.remove("d") && s.0.get("d").is_none());
         conv(&mut s, "d");
         // one conversation cannot pass the bytes
         let big = "x".repeat(CONV_BYTES / 2);

@@ -10,6 +10,7 @@ pub use gds_runtime::harmony;
 pub mod client;
 mod conversations;
 mod items;
+mod kept;
 pub mod kvpool;
 pub mod metrics;
 mod native;

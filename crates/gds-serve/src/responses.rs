@@ -26,6 +26,7 @@ use crate::api::{
 };
 use crate::error::bad;
 use crate::items::{json_text, messages, metadata};
+use crate::kept::Kept;
 use crate::reasoning::CountedSplit;
 use crate::ServerState;
 use axum::body::Bytes;
@@ -36,7 +37,7 @@ use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -57,7 +58,6 @@ struct Stored {
     /// Of the items, the response's output (the last ones).
     outputs: usize,
     response: Box<str>,
-    bytes: usize,
     /// Run in the background: its events and state ([`Background`]).
     bg: Option<Arc<Background>>,
 }
@@ -205,19 +205,32 @@ fn parse_items(text: &str) -> Vec<Value> {
     serde_json::from_str(text).unwrap_or_default()
 }
 
-/// The responses kept for `previous_response_id` and the retrieval endpoints.
-#[derive(Default)]
-pub(crate) struct ResponseStore {
-    map: HashMap<String, Stored>,
-    order: VecDeque<String>,
-    bytes: usize,
+/// The responses kept for `previous_response_id` and the retrieval endpoints: the last
+/// [`STORE_ENTRIES`], at most [`STORE_BYTES`] of JSON text (a background response's events
+/// counted once it ends), the oldest dropped first but never a background response still
+/// running (their number is bounded by the engine's queue).
+pub(crate) struct ResponseStore(Kept<Stored>);
+
+impl Default for ResponseStore {
+    fn default() -> Self {
+        ResponseStore(Kept::new(STORE_ENTRIES, STORE_BYTES))
+    }
+}
+
+/// Kept for room: a background response still running.
+fn pinned(_: &str, s: &Stored) -> bool {
+    s.running()
 }
 
 impl ResponseStore {
+    fn get(&self, id: &str) -> Option<&Stored> {
+        self.0.get(id)
+    }
+
     /// Keeps `response` (replacing a background response's entry, whose events and task it
     /// keeps; not one that was cancelled meanwhile).
     fn put(&mut self, id: String, items: Vec<Value>, input_from: usize, response: Value) {
-        let bg = match self.map.get(&id) {
+        let bg = match self.0.get(&id) {
             Some(old) => {
                 if old
                     .bg
@@ -227,7 +240,8 @@ impl ResponseStore {
                     return;
                 }
                 let bg = old.bg.clone();
-                self.remove(&id);
+                // (gone, not left as it was, where the response is too big to keep)
+                self.0.remove(&id);
                 bg
             }
             None => None,
@@ -252,79 +266,39 @@ impl ResponseStore {
             response.to_string().into_boxed_str(),
         );
         let bytes = items.len() + response.len();
-        if bytes > STORE_BYTES {
-            return;
-        }
-        self.make_room(bytes);
-        self.bytes += bytes;
-        self.order.push_back(id.clone());
         let stored = Stored {
             items,
             input_from,
             outputs,
             response,
-            bytes,
             bg,
         };
-        self.map.insert(id, stored);
-    }
-
-    /// Drops the oldest responses until `bytes` more fit, past the count and the bytes;
-    /// background responses still running are kept (their number is bounded by the
-    /// engine's queue).
-    fn make_room(&mut self, bytes: usize) {
-        let mut running = Vec::new();
-        while self.map.len() >= STORE_ENTRIES + running.len() || self.bytes + bytes > STORE_BYTES {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if self.map.get(&old).is_some_and(Stored::running) {
-                running.push(old);
-                continue;
-            }
-            if let Some(o) = self.map.remove(&old) {
-                self.bytes -= o.bytes;
-            }
-        }
-        for id in running.into_iter().rev() {
-            self.order.push_front(id);
-        }
+        self.0.insert(id, stored, bytes, pinned);
     }
 
     /// A background response's events count in its bytes once it has ended.
     fn count_events(&mut self, id: &str, bytes: usize) {
-        let Some(s) = self.map.get_mut(id) else {
-            return;
-        };
-        s.bytes += bytes;
-        self.bytes += bytes;
-        self.make_room(0);
+        if self.0.update(id, |_, now| ((), now + bytes)).is_some() {
+            self.0.make_room(0, 0, pinned);
+        }
     }
 
     /// Changes a kept response object in place (a background response's status).
     fn update(&mut self, id: &str, f: impl FnOnce(&mut Value)) {
-        let Some(s) = self.map.get_mut(id) else {
-            return;
-        };
-        let Ok(mut r) = serde_json::from_str::<Value>(&s.response) else {
-            return;
-        };
-        f(&mut r);
-        let text = r.to_string().into_boxed_str();
-        self.bytes = self.bytes - s.response.len() + text.len();
-        s.bytes = s.bytes - s.response.len() + text.len();
-        s.response = text;
+        self.0.update(id, |s, now| {
+            let Ok(mut r) = serde_json::from_str::<Value>(&s.response) else {
+                return ((), now);
+            };
+            f(&mut r);
+            let text = r.to_string().into_boxed_str();
+            let now = now - s.response.len() + text.len();
+            s.response = text;
+            ((), now)
+        });
     }
 
     fn remove(&mut self, id: &str) -> bool {
-        match self.map.remove(id) {
-            Some(o) => {
-                self.bytes -= o.bytes;
-                self.order.retain(|k| k != id);
-                true
-            }
-            None => false,
-        }
+        self.0.remove(id).is_some()
     }
 }
 
@@ -566,7 +540,7 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         Some(Value::String(prev)) => {
             let kept = {
                 let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-                store.map.get(prev).map(|s| {
+                store.get(prev).map(|s| {
                     (
                         s.items.clone(),
                         (!s.ready()).then(|| status_of(&s.response)),
@@ -1430,7 +1404,7 @@ pub async fn get_response(
         }
     };
     let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(s) = store.map.get(&id) else {
+    let Some(s) = store.get(&id) else {
         return not_kept(&id).into_response();
     };
     if !streamed {
@@ -1464,7 +1438,7 @@ pub async fn cancel_response(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(bg) = store.map.get(&id).map(|s| s.bg.clone()) else {
+    let Some(bg) = store.get(&id).map(|s| s.bg.clone()) else {
         return not_kept(&id).into_response();
     };
     let Some(bg) = bg else {
@@ -1479,7 +1453,7 @@ pub async fn cancel_response(
         }
         BgState::Cancelled => {}
         BgState::Done | BgState::Failed => {
-            let status = store.map.get(&id).map(|s| status_of(&s.response));
+            let status = store.get(&id).map(|s| status_of(&s.response));
             return ApiError::bad(format!(
                 "response {id:?} has ended ({}): only a queued or in-progress response can be cancelled",
                 status.unwrap_or_default()
@@ -1487,7 +1461,7 @@ pub async fn cancel_response(
             .into_response();
         }
     }
-    let text = store.map.get(&id).map(|s| s.response.to_string());
+    let text = store.get(&id).map(|s| s.response.to_string());
     drop(store);
     bg.stop();
     json_text(text.unwrap_or_default())
@@ -1501,7 +1475,7 @@ pub async fn input_items(
     axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
 ) -> Response {
     let store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(s) = store.map.get(&id) else {
+    let Some(s) = store.get(&id) else {
         return not_kept(&id).into_response();
     };
     let (text, input_from, outputs) = (s.items.clone(), s.input_from, s.outputs);
@@ -1534,7 +1508,7 @@ pub async fn delete_response(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     let mut store = st.responses.lock().unwrap_or_else(|e| e.into_inner());
-    let bg = store.map.get(&id).and_then(|s| s.bg.clone());
+    let bg = store.get(&id).and_then(|s| s.bg.clone());
     if store.remove(&id) {
         drop(store);
         // a background response still running stops with it
@@ -1570,22 +1544,28 @@ mod tests {
         for i in 0..STORE_ENTRIES + 3 {
             s.put(format!("r{i}"), vec![json!({"i": i})], 0, json!({"id": i}));
         }
-        assert_eq!(s.map.len(), STORE_ENTRIES);
-        assert!(!s.map.contains_key("r0") && !s.map.contains_key("r2"));
-        assert!(s.map.contains_key("r3") && s.map.contains_key(&format!("r{}", STORE_ENTRIES + 2)));
-        let total: usize = s.map.values().map(|v| v.bytes).sum();
-        assert_eq!(s.bytes, total);
+        assert_eq!(s.0.len(), STORE_ENTRIES);
+        assert!(s.get("r0").is_none() && s.get("r2").is_none());
+        assert!(s.get("r3").is_some() && s.get(&format!("r{}", STORE_ENTRIES + 2)).is_some());
         // kept as their JSON text, which is what they cost
-        let r3 = &s.map["r3"];
+        let cost = |s: &ResponseStore| -> usize {
+            s.0.entries()
+                .map(|(_, v, b)| {
+                    assert_eq!(b, v.items.len() + v.response.len());
+                    b
+                })
+                .sum()
+        };
+        assert_eq!(s.0.bytes(), cost(&s));
+        let r3 = s.get("r3").unwrap();
         assert_eq!(parse_items(&r3.items), vec![json!({"i": 3})]);
-        assert_eq!(r3.bytes, r3.items.len() + r3.response.len());
         assert_eq!(&*r3.response, r#"{"id":3}"#);
         // one large entry pushes out as many as its bytes need
         let big = "x".repeat(STORE_BYTES / 2);
         s.put("big".into(), vec![json!(big)], 0, json!({}));
         s.put("big2".into(), vec![json!(big)], 0, json!({}));
-        assert!(s.bytes <= STORE_BYTES);
-        assert!(!s.map.contains_key("big") && s.map.contains_key("big2"));
+        assert!(s.0.bytes() <= STORE_BYTES);
+        assert!(s.get("big").is_none() && s.get("big2").is_some());
         // an entry over the whole budget is not kept
         s.put(
             "huge".into(),
@@ -1593,9 +1573,8 @@ mod tests {
             0,
             json!({}),
         );
-        assert!(!s.map.contains_key("huge"));
+        assert!(s.get("huge").is_none());
         assert!(s.remove("big2") && !s.remove("big2"));
-        let total: usize = s.map.values().map(|v| v.bytes).sum();
-        assert_eq!(s.bytes, total);
+        assert_eq!(s.0.bytes(), cost(&s));
     }
 }
