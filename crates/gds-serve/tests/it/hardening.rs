@@ -448,8 +448,9 @@ fn kv_budget_too_large_is_a_usage_error() {
     }
 }
 
-/// Issue 33, item 4: with `--api-key` only `/health` answers without the key (`/metrics` too
-/// with `--metrics-public`); the check runs before any handler, for every path. Item 6,
+/// Issue 33, item 4: with `--api-key` only `/health` (and `/v1/health`, and `GET /`, as
+/// llama-server and Ollama's probe) answers without the key (`/metrics` too with
+/// `--metrics-public`); the check runs before any handler, for every path. Item 6,
 /// default off: no CORS header, and `OPTIONS` is a 200, not a 405.
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
@@ -470,6 +471,7 @@ fn api_key_guards_every_endpoint_but_health() {
         ("POST", "/v1/completions", completion),
         ("POST", "/v1/chat/completions", b"{}"),
         ("POST", "/v1/responses", b"{}"),
+        ("POST", "/", b"{}"),
     ];
     for &(method, path, body) in guarded {
         for h in [&[][..], &wrong[..]] {
@@ -478,7 +480,13 @@ fn api_key_guards_every_endpoint_but_health() {
             assert_eq!(v["error"]["type"], "authentication_error", "{v}");
         }
     }
-    assert_eq!(request(&s.addr, "GET", "/health", &[], b"").0, 200);
+    // (Ollama's paths answer in Ollama's error shape)
+    let (status, _, v) = request(&s.addr, "GET", "/api/tags", &[], b"");
+    assert_eq!(status, 401, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("API key")), "{v}");
+    for path in ["/health", "/v1/health", "/"] {
+        assert_eq!(request(&s.addr, "GET", path, &[], b"").0, 200, "{path}");
+    }
     for path in ["/v1/models", "/metrics", "/tokenizer_info"] {
         assert_eq!(request(&s.addr, "GET", path, &key, b"").0, 200, "{path}");
     }
