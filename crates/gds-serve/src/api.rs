@@ -3799,7 +3799,7 @@ pub async fn model(
     headers: HeaderMap,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    if id != st.model_name {
+    if !st.aliases.contains(&id) {
         // OpenAI's shape here; Anthropic's, with `anthropic-version`, by the middleware
         // that shapes the Messages API's errors
         let message = format!(
@@ -3819,7 +3819,8 @@ pub async fn model(
 }
 
 fn openai_model(st: &ServerState) -> Value {
-    json!({"id": st.model_name, "object": "model", "created": st.created, "owned_by": "gdsllm", "meta": {"n_ctx": st.ctx, "n_vocab": st.vocab}})
+    json!({"id": st.model_name, "object": "model", "created": st.created, "owned_by": "gdsllm",
+           "aliases": st.aliases, "tags": st.tags, "meta": {"n_ctx": st.ctx, "n_vocab": st.vocab}})
 }
 
 fn anthropic_model(st: &ServerState) -> Value {

@@ -182,9 +182,14 @@ pub struct EngineArgs {
     /// Most bytes of weights held in memory, streaming buffers included (e.g. 200MB).
     #[arg(long, value_parser = gds_runtime::ioplan::parse_size)]
     pub mem_budget: Option<u64>,
-    /// Model name reported by /v1/models (default: the directory's name).
+    /// Model name reported by /v1/models (default: the directory's name); several, comma
+    /// separated, are the model's aliases, as llama-server's: requests may name any, and
+    /// the first in alphabetical order is its id.
     #[arg(long)]
     pub alias: Option<String>,
+    /// Tags listed with the model in /v1/models (comma separated; llama-server's `--tags`).
+    #[arg(long)]
+    pub tags: Option<String>,
     /// Trust the layer files: skip checking their BLAKE3 content hashes before first use.
     #[arg(long)]
     pub no_verify: bool,
@@ -423,6 +428,10 @@ pub struct ServerState {
     /// `--keep`: the default `n_keep`.
     keep: i64,
     model_name: String,
+    /// Every name of the model (`--alias`), sorted; `model_name` is the first.
+    aliases: Vec<String>,
+    /// `--tags`.
+    tags: Vec<String>,
     /// `system_fingerprint` of every completion: the engine build and configuration the model
     /// runs with (changes when the model, backend, activations or KV type change).
     fingerprint: String,
@@ -747,12 +756,19 @@ pub(crate) fn start(
     let tokenizer = Arc::new(tokenizer);
     let (kv, pool, exec) = opened?;
     let c = &plan.model;
-    let model_name = e.alias.clone().unwrap_or_else(|| {
+    let aliases = name_list(e.alias.as_deref());
+    let tags = name_list(e.tags.as_deref());
+    let model_name = aliases.first().cloned().unwrap_or_else(|| {
         model_dir
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
+    let aliases = if aliases.is_empty() {
+        vec![model_name.clone()]
+    } else {
+        aliases
+    };
     let vocab = c.vocab_size;
     let eog = tokenizer.eog_ids().to_vec();
     let cfg = EngineConfig {
@@ -797,6 +813,8 @@ pub(crate) fn start(
         context_shift: e.context_shift,
         keep: e.keep,
         model_name,
+        aliases,
+        tags,
         fingerprint,
         ctx: plan.ctx,
         vocab,
@@ -1096,6 +1114,21 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .layer(axum::middleware::from_fn(ollama::ollama_errors))
         .layer(from_fn_with_state(state.clone(), net::cors))
         .with_state(state)
+}
+
+/// A comma-separated list of names (`--alias`, `--tags`): trimmed, the empty ones left out,
+/// sorted, each once.
+fn name_list(v: Option<&str>) -> Vec<String> {
+    let mut names: Vec<String> = v
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 #[cfg(test)]

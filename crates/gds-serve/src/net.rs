@@ -324,7 +324,10 @@ pub async fn require_key(State(st): State<Arc<ServerState>>, req: Request, next:
     let path = req.uri().path();
     // (as llama-server: its health paths; `/`, Ollama's "is running" probe, which says no
     // more than they do)
-    let probe = matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+    let probe = matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
     let public = path == "/health"
         || path == "/v1/health"
         || (path == "/" && probe)

@@ -1031,10 +1031,10 @@ pub async fn embeddings(State(st): State<Arc<ServerState>>, body: Bytes) -> Resp
     finish(&st, r)
 }
 
-/// The served model's entry in `/api/tags`.
-fn listed(st: &ServerState) -> Value {
+/// The served model's entry in `/api/tags` under `name`.
+fn listed(st: &ServerState, name: &str) -> Value {
     let c = &st.card;
-    let name = tagged(&st.model_name);
+    let name = tagged(name);
     json!({
         "name": name,
         "model": name,
@@ -1045,14 +1045,16 @@ fn listed(st: &ServerState) -> Value {
     })
 }
 
-/// `GET /api/tags`: the served model.
+/// `GET /api/tags`: the served model, under each of its names (`--alias`), as Ollama lists
+/// a model copied to other names.
 pub async fn tags(State(st): State<Arc<ServerState>>) -> Response {
-    Json(json!({"models": [listed(&st)]})).into_response()
+    let models: Vec<Value> = st.aliases.iter().map(|a| listed(&st, a)).collect();
+    Json(json!({ "models": models })).into_response()
 }
 
 /// `GET /api/ps`: the served model, loaded for as long as the server runs.
 pub async fn ps(State(st): State<Arc<ServerState>>) -> Response {
-    let mut m = listed(&st);
+    let mut m = listed(&st, &st.model_name);
     let o = m.as_object_mut().expect("an object");
     o.remove("modified_at");
     o.insert("expires_at".into(), json!("2318-08-16T00:00:00Z"));
@@ -1139,7 +1141,7 @@ pub async fn pull(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
         let o = object(&body)?;
         let name = model(&o)?;
-        if tagged(&name) != tagged(&st.model_name) {
+        if !st.aliases.iter().any(|a| tagged(a) == tagged(&name)) {
             return Err(not_managed(&st, "pulling another model"));
         }
         let status = json!({"status": "success"});

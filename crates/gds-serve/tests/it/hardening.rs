@@ -483,7 +483,10 @@ fn api_key_guards_every_endpoint_but_health() {
     // (Ollama's paths answer in Ollama's error shape)
     let (status, _, v) = request(&s.addr, "GET", "/api/tags", &[], b"");
     assert_eq!(status, 401, "{v}");
-    assert!(v["error"].as_str().is_some_and(|e| e.contains("API key")), "{v}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("API key")),
+        "{v}"
+    );
     for path in ["/health", "/v1/health", "/"] {
         assert_eq!(request(&s.addr, "GET", path, &[], b"").0, 200, "{path}");
     }

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{http, metric, serial, start, start_model, Server};
+use crate::common::{http, metric, post_json, serial, start, start_model, Server};
 use gds_serve::scheduler::TokenLogprobs;
 
 fn python(script: &str, args: &[&str]) -> Value {
@@ -2069,4 +2069,54 @@ fn best_of_returns_the_likeliest_choices() {
     let mut plain = base.clone();
     plain["n"] = json!(1);
     assert_eq!(post(same)["choices"], post(plain)["choices"]);
+}
+
+/// `--alias` with several names (llama-server's): the model is listed under the first in
+/// alphabetical order with every alias and `--tags`, found by any name (`/v1/models/{id}`,
+/// Ollama's `/api/pull`), and listed once a name in Ollama's `/api/tags`.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn models_list_every_alias_and_tag() {
+    let _one = serial();
+    let s = start(&["--alias", "tiny-b, code,tiny-b,", "--tags", "chat,small"]);
+    let get = |path: &str| {
+        let (code, text) = http(&s.addr, "GET", path, None);
+        (
+            code,
+            serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+        )
+    };
+    let (code, list) = get("/v1/models");
+    assert_eq!(code, 200, "{list}");
+    let m = &list["data"][0];
+    assert_eq!(m["id"], "code", "{list}");
+    assert_eq!(m["aliases"], json!(["code", "tiny-b"]), "{list}");
+    assert_eq!(m["tags"], json!(["chat", "small"]), "{list}");
+    for name in ["code", "tiny-b"] {
+        let (code, v) = get(&format!("/v1/models/{name}"));
+        assert_eq!((code, &v["id"]), (200, &json!("code")), "{v}");
+    }
+    assert_eq!(get("/v1/models/other").0, 404);
+    let (_, tags) = get("/api/tags");
+    let names: Vec<&str> = tags["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["code:latest", "tiny-b:latest"], "{tags}");
+    let (code, v) = post_json(
+        &s.addr,
+        "/api/pull",
+        &json!({"model": "tiny-b", "stream": false}),
+    );
+    assert_eq!((code, &v["status"]), (200, &json!("success")), "{v}");
+    // without --alias: the directory's name, listed alone
+    drop(s);
+    let s = start(&[]);
+    let (_, text) = http(&s.addr, "GET", "/v1/models", None);
+    let list: Value = serde_json::from_str(&text).unwrap();
+    let id = list["data"][0]["id"].clone();
+    assert_eq!(list["data"][0]["aliases"], json!([id]), "{list}");
+    assert_eq!(list["data"][0]["tags"], json!([]), "{list}");
 }
