@@ -110,6 +110,12 @@ def plain_body(path, rng):
         b = {"messages": [{"role": "system", "content": "Be brief."},
                           {"role": "user", "content": words}],
              "max_tokens": 8, "temperature": 0}
+        if rng.random() < 0.1:
+            # stored completions (kept, streamed or not; metadata over its limits refused)
+            b["store"] = rng.choice([True, True, False, "yes", None])
+            b["metadata"] = rng.choice([{"k": "v"}, {}, {"k": 5}, {str(i): "v" for i in range(17)},
+                                        "x", None])
+            b["stream"] = rng.choice([True, False])
         if rng.random() < 0.2:
             # OpenAI's predicted outputs
             b["prediction"] = {"type": "content", "content": rng.choice(

@@ -3448,12 +3448,17 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
         let common: Common = parse(&body)?;
         Unsupported::check(&body, common.n, Kind::Chat)?;
         let beam = crate::beam::request(&body)?;
+        let keep = crate::stored::request(&st, &body)?;
         let beam_fields = beam.map(|_| common.clone());
         let mut j = chat_job(&st, b, common).await?;
         if let (Some(penalty), Some(c)) = (beam, &beam_fields) {
             crate::beam::make(c, &mut j, penalty)?;
         }
-        respond(st.clone(), vec![j], Kind::Chat).await
+        let r = respond(st.clone(), vec![j], Kind::Chat).await?;
+        Ok(match keep {
+            Some(k) => k.answer(r).await,
+            None => r,
+        })
     }
     .await;
     finish(&st, r)

@@ -109,6 +109,11 @@ impl<V> Kept<V> {
         }
     }
 
+    /// The ids, the one used longest ago (or put first) first.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = &String> {
+        self.order.iter()
+    }
+
     /// The bytes of every entry together.
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {

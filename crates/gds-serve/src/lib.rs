@@ -23,6 +23,7 @@ mod responses;
 pub mod scheduler;
 mod score;
 mod slots;
+mod stored;
 mod tokenize;
 pub mod tools;
 mod truncation;
@@ -485,6 +486,8 @@ pub struct ServerState {
     responses: std::sync::Mutex<responses::ResponseStore>,
     /// Conversations kept for the Conversations API and `conversation` in responses.
     conversations: std::sync::Mutex<conversations::ConversationStore>,
+    /// Chat completions kept by `store: true` (OpenAI's stored completions).
+    chat_store: std::sync::Mutex<stored::ChatStore>,
     /// The model as Ollama's API describes it (`/api/tags`, `/api/show`).
     card: ollama::ModelCard,
 }
@@ -847,6 +850,7 @@ pub(crate) fn start(
         max_batch: e.max_batch,
         responses: Default::default(),
         conversations: Default::default(),
+        chat_store: Default::default(),
         card: ollama::ModelCard::of(&plan),
     });
     // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
@@ -1008,7 +1012,20 @@ fn router(state: Arc<ServerState>) -> axum::Router {
     for prefix in ["/v1", "", "/engines/v1", "/engines/llama.cpp/v1"] {
         r = r
             .route(&format!("{prefix}/completions"), post(api::completions))
-            .route(&format!("{prefix}/chat/completions"), post(api::chat))
+            .route(
+                &format!("{prefix}/chat/completions"),
+                post(api::chat).get(stored::list),
+            )
+            .route(
+                &format!("{prefix}/chat/completions/{{id}}"),
+                get(stored::retrieve)
+                    .post(stored::update)
+                    .delete(stored::delete),
+            )
+            .route(
+                &format!("{prefix}/chat/completions/{{id}}/messages"),
+                get(stored::messages),
+            )
             .route(&format!("{prefix}/responses"), post(responses::responses))
             .route(
                 &format!("{prefix}/responses/input_tokens"),

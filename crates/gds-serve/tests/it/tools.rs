@@ -846,3 +846,28 @@ fn a_syntax_s_special_tokens_stay_in_the_reply() {
     let v = post("/v1/completions", serde_json::json!({"prompt": "Weather"}));
     assert_eq!(v["choices"][0]["text"], "", "{v}");
 }
+
+/// OpenAI's stored chat completions through the official client
+/// (tests/py/serve_stored_chat_check.py): `store` and `metadata`, a streamed completion and a
+/// streamed tool call kept as their chunks add up, `list` with its filters and pages, `update`,
+/// `messages.list`, `delete`, refusals.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn stored_chat_completions_through_the_openai_client() {
+    // no lock: much of its time is the Python client's start (see common::SERIAL)
+    let template = gds_tests::fixture("templates/qwen2.5-instruct.jinja");
+    let s = start(&["--chat-template-file", template.to_str().unwrap()]);
+    let out = Command::new("python3")
+        .arg(gds_tests::root().join("tests/py/serve_stored_chat_check.py"))
+        .arg(format!("http://{}/v1", s.addr))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "serve_stored_chat_check.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    eprintln!("{r}");
+    assert_eq!(r["kept"], 3, "{r}");
+}
