@@ -339,7 +339,7 @@ impl Engine {
             let end = crate::tokenizer::ChatEnd::Reply;
             match self
                 .tokenizer
-                .encode_chat_fitting(&self.messages, None, None, fit, end)
+                .encode_chat_fitting(&self.messages, None, None, fit, end, None)
             {
                 Ok((t, _)) if t.len() >= ctx => Ok(t), // refused below, nothing forgotten
                 Ok((t, from)) => {

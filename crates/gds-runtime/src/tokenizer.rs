@@ -797,6 +797,15 @@ impl TextTokenizer {
         self.template.is_some()
     }
 
+    /// Compiles a chat template given at run time (a request's own, vLLM's
+    /// `--trust-request-chat-template`), held to the bounds a model's template is held to
+    /// ([`gds_format::chat_template::check`]), with this vocabulary's BOS and EOS texts.
+    pub fn compile_template(&self, src: &str) -> Result<ChatTemplate> {
+        gds_format::chat_template::check(src)
+            .map_err(|e| RuntimeError::Template(format!("the chat template is refused: {e}")))?;
+        ChatTemplate::new(src, &self.bos_text, &self.eos_text)
+    }
+
     fn template(&self) -> Result<&ChatTemplate> {
         self.template.as_ref().ok_or_else(|| {
             RuntimeError::Template(
@@ -837,7 +846,7 @@ impl TextTokenizer {
         tools: Option<&serde_json::Value>,
         ctx: usize,
     ) -> Result<Vec<u32>> {
-        self.encode_chat_full(messages, tools, None, ctx, ChatEnd::Reply)
+        self.encode_chat_full(messages, tools, None, ctx, ChatEnd::Reply, None)
     }
 
     /// [`TextTokenizer::encode_chat_full`] for a conversation that may not fit a context of
@@ -857,10 +866,11 @@ impl TextTokenizer {
         vars: Option<&serde_json::Map<String, serde_json::Value>>,
         ctx: usize,
         end: ChatEnd,
+        template: Option<&ChatTemplate>,
     ) -> Result<(Vec<u32>, usize)> {
         let render = |from: usize| {
             let kept = crate::chat::without_oldest(messages, from);
-            self.encode_chat_full(&kept, tools, vars, ctx, end)
+            self.encode_chat_full(&kept, tools, vars, ctx, end, template)
         };
         let fits = |r: &Result<Vec<u32>>| matches!(r, Ok(t) if t.len() < ctx);
         let whole = render(0);
@@ -904,7 +914,8 @@ impl TextTokenizer {
     /// than closed: rendered without a generation prompt and cut right after that message's
     /// text, so the template's end-of-turn marker is not in the prompt. `vars`: more template
     /// variables (a request's `chat_template_kwargs`); special-token texts in them are plain
-    /// text, as in contents.
+    /// text, as in contents. `template`: another than the model's (a request's own,
+    /// [`TextTokenizer::compile_template`]).
     pub fn encode_chat_full(
         &self,
         messages: &[Message],
@@ -912,9 +923,13 @@ impl TextTokenizer {
         vars: Option<&serde_json::Map<String, serde_json::Value>>,
         ctx: usize,
         end: ChatEnd,
+        template: Option<&ChatTemplate>,
     ) -> Result<Vec<u32>> {
         let continue_final = end == ChatEnd::ContinueFinal;
-        let template = self.template()?;
+        let template = match template {
+            Some(t) => t,
+            None => self.template()?,
+        };
         // the tool calls and tools as text: their length counts, and the marker must not
         // occur in them
         let json_texts: Vec<String> = messages

@@ -460,8 +460,8 @@ fn usage_of(prompt: usize, cached: usize, output: usize) -> Value {
 
 async fn messages_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Job, ApiError> {
     let (chat, common) = chat_request(body, false)?;
-    let (prompt, tools) = chat_prompt(st, &chat).await?;
-    let reasoning = crate::api::reasoning_of(st, None, &prompt)?;
+    let (prompt, tools, own) = chat_prompt(st, &chat).await?;
+    let reasoning = crate::api::reasoning_of(st, own.as_deref(), None, &prompt)?;
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
     crate::api::with_tools(&mut j, tools)?;
     crate::api::with_reasoning(st, &mut j, reasoning);
@@ -511,7 +511,7 @@ pub async fn messages(State(st): State<Arc<ServerState>>, body: Bytes) -> Respon
 pub async fn count_tokens(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
         let (chat, _) = chat_request(&body, true)?;
-        let (prompt, _) = chat_prompt(&st, &chat).await?;
+        let (prompt, ..) = chat_prompt(&st, &chat).await?;
         Ok(Json(json!({ "input_tokens": prompt.len() })).into_response())
     }
     .await;

@@ -3,7 +3,6 @@
 mod anthropic;
 mod api;
 pub mod batch;
-mod beam;
 mod embeddings;
 mod error;
 pub use gds_runtime::harmony;
@@ -191,6 +190,10 @@ pub struct EngineArgs {
     /// Tags listed with the model in /v1/models (comma separated; llama-server's `--tags`).
     #[arg(long)]
     pub tags: Option<String>,
+    /// Take a chat request's own `chat_template` (vLLM's flag): rendered by the same bounded
+    /// template engine as a model's template; without it such a request is refused.
+    #[arg(long)]
+    pub trust_request_chat_template: bool,
     /// Trust the layer files: skip checking their BLAKE3 content hashes before first use.
     #[arg(long)]
     pub no_verify: bool,
@@ -433,6 +436,11 @@ pub struct ServerState {
     aliases: Vec<String>,
     /// `--tags`.
     tags: Vec<String>,
+    /// `--trust-request-chat-template`.
+    trust_request_template: bool,
+    /// Request templates compiled lately, each with its source, the most recent last
+    /// ([`api::request_template`]).
+    templates: std::sync::Mutex<Vec<(String, Arc<gds_runtime::chat::ChatTemplate>)>>,
     /// `system_fingerprint` of every completion: the engine build and configuration the model
     /// runs with (changes when the model, backend, activations or KV type change).
     fingerprint: String,
@@ -818,6 +826,8 @@ pub(crate) fn start(
         model_name,
         aliases,
         tags,
+        trust_request_template: e.trust_request_chat_template,
+        templates: Default::default(),
         fingerprint,
         ctx: plan.ctx,
         vocab,
@@ -1014,7 +1024,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
             .route(&format!("{prefix}/completions"), post(api::completions))
             .route(
                 &format!("{prefix}/chat/completions"),
-                post(api::chat).get(stored::list),
+                post(stored::chat).get(stored::list),
             )
             .route(
                 &format!("{prefix}/chat/completions/{{id}}"),

@@ -1100,7 +1100,7 @@ pub async fn apply_template(State(st): State<Arc<ServerState>>, body: Bytes) -> 
                 from -= 1;
             }
             let tail = &rendered[from..];
-            if let Some(tag) = crate::api::unclosed_thinking(&st, tail) {
+            if let Some(tag) = crate::api::unclosed_thinking(&st, None, tail) {
                 rendered.push_str(tag);
             }
         }

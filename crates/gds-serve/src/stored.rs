@@ -66,6 +66,21 @@ fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("no stored chat completion {id:?}")).param("completion_id")
 }
 
+/// `POST /v1/chat/completions`: the chat endpoint ([`crate::api::chat`]), its completion kept
+/// where the request says `store: true`.
+pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
+    match request(&st, &body) {
+        Ok(keep) => {
+            let r = crate::api::chat(State(st), body).await;
+            match keep {
+                Some(k) => k.answer(r).await,
+                None => r,
+            }
+        }
+        Err(e) => crate::api::finish(&st, Err(e)),
+    }
+}
+
 /// What `store: true` keeps of a request beside its completion.
 pub(crate) struct Keep {
     st: Arc<ServerState>,

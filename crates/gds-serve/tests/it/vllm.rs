@@ -1071,3 +1071,71 @@ fn s_get(s: &Server, path: &str) -> Value {
     assert_eq!(code, 200, "{path}: {text}");
     serde_json::from_str(&text).unwrap()
 }
+
+/// vLLM's per-request `chat_template`, taken with `--trust-request-chat-template` (refused
+/// without it: `vllm_documents_reach_the_template`): a Jinja template or a built-in format's
+/// name renders the request's prompt (its token count that of the text it renders, its reply
+/// that of the same prompt sent as a completion); a template that does not compile or is not
+/// a string is a 400 naming the field; the server's own template renders the others.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_request_chat_template_renders_the_prompt_where_trusted() {
+    let _one = serial();
+    let s = start(&["--trust-request-chat-template"]);
+    let messages = json!([{"role": "user", "content": "Name a colour."}]);
+    let tokens = |text: &str| {
+        ids(&ok(
+            &s,
+            "/tokenize",
+            &json!({"prompt": text, "add_special_tokens": false}),
+        )["tokens"])
+    };
+    let count = |extra: Value| {
+        let body = with(&json!({"messages": messages}), &extra);
+        ok(&s, "/v1/chat/completions/input_tokens", &body)["input_tokens"]
+            .as_u64()
+            .unwrap() as usize
+    };
+    let jinja = "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}\
+                 {% if add_generation_prompt %}### assistant:{% endif %}";
+    let rendered = "### user: Name a colour.\n### assistant:";
+    assert_eq!(
+        count(json!({"chat_template": jinja})),
+        tokens(rendered).len()
+    );
+    // llama.cpp's built-in chatml (SmolLM2's own template adds a system prompt)
+    let chatml = "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(
+        count(json!({"chat_template": "chatml"})),
+        tokens(chatml).len()
+    );
+    assert!(
+        count(json!({})) > tokens(chatml).len(),
+        "the server's template is another"
+    );
+    // the reply is the one of that prompt
+    let chat = ok(
+        &s,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "chat_template": jinja, "max_tokens": 8, "temperature": 0}),
+    );
+    let completion = ok(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": tokens(rendered), "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(
+        chat["choices"][0]["message"]["content"],
+        completion["choices"][0]["text"]
+    );
+    for template in [
+        json!("{% for m in messages %}"),
+        json!(5),
+        json!("no jinja here"),
+    ] {
+        let body = json!({"messages": messages, "chat_template": template, "max_tokens": 2});
+        let (code, v) = post(&s, "/v1/chat/completions", &body);
+        assert_eq!(code, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], "chat_template", "{body}: {v}");
+    }
+}

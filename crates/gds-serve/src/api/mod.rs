@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API: request parsing and validation, the handlers, and the
 //! response and server-sent-event formats.
 
+mod beam;
 pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
 use crate::reasoning::{CountedSplit, Reasoning};
@@ -18,7 +19,7 @@ use axum::Json;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, Stream, StreamExt};
 use futures_util::FutureExt;
-use gds_runtime::chat::Message;
+use gds_runtime::chat::{ChatTemplate, Message};
 use gds_runtime::reply::Reply;
 use gds_runtime::sampler::Stage;
 use gds_runtime::{ChatEnd, Constraint, Grammar, RuntimeError, SamplerConfig};
@@ -738,12 +739,6 @@ impl ChatBody {
     /// `chat_template_kwargs`, checked: an object of at most [`MAX_TEMPLATE_VARS`] variables,
     /// none of the names the server sets itself.
     pub(crate) fn template_vars(&self) -> Result<Option<serde_json::Map<String, Value>>, ApiError> {
-        if self.chat_template.as_ref().is_some_and(|t| !t.is_null()) {
-            return Err(ApiError::bad(
-                "a request's chat_template is not taken: the server renders every request with its model's template (start it with --chat-template-file FILE or --chat-template NAME)",
-            )
-            .param("chat_template"));
-        }
         let docs = match &self.documents {
             None | Some(Value::Null) => None,
             Some(Value::Array(d))
@@ -913,7 +908,7 @@ pub(crate) struct Job {
     pub(crate) slot: Option<usize>,
     /// vLLM's beam search (`use_beam_search`): shared by the `n` choices of the prompt,
     /// each the search's beam of its `copy`.
-    pub(crate) beam: Option<Arc<crate::beam::BeamSearch>>,
+    pub(crate) beam: Option<Arc<beam::BeamSearch>>,
 }
 
 /// One job per choice: `n` copies of each job, the `i`-th sampling with seed + `i` (so
@@ -3220,7 +3215,7 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
         let b: CompletionBody = parse(&body)?;
         let common: Common = parse(&body)?;
         Unsupported::check(&body, common.n, Kind::Completion)?;
-        let beam = crate::beam::request(&body)?;
+        let beam = beam::request(&body)?;
         let best_of = best_of_request(b.best_of.as_ref(), &common)?;
         let one = "prompt must be a string, a list of token ids, or a list of either";
         let special = b.parse_special.unwrap_or(false);
@@ -3341,7 +3336,7 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
             j.echo_from = usize::from(*added && j.prompt_cut == 0);
             j.best_of = best_of.unwrap_or(j.n).max(j.n);
             if let Some(penalty) = beam {
-                crate::beam::make(&common, j, penalty)?;
+                beam::make(&common, j, penalty)?;
             }
         }
         respond(st.clone(), jobs, Kind::Completion).await
@@ -3447,18 +3442,13 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
         let b: ChatBody = parse(&body)?;
         let common: Common = parse(&body)?;
         Unsupported::check(&body, common.n, Kind::Chat)?;
-        let beam = crate::beam::request(&body)?;
-        let keep = crate::stored::request(&st, &body)?;
+        let beam = beam::request(&body)?;
         let beam_fields = beam.map(|_| common.clone());
         let mut j = chat_job(&st, b, common).await?;
         if let (Some(penalty), Some(c)) = (beam, &beam_fields) {
-            crate::beam::make(c, &mut j, penalty)?;
+            beam::make(c, &mut j, penalty)?;
         }
-        let r = respond(st.clone(), vec![j], Kind::Chat).await?;
-        Ok(match keep {
-            Some(k) => k.answer(r).await,
-            None => r,
-        })
+        respond(st.clone(), vec![j], Kind::Chat).await
     }
     .await;
     finish(&st, r)
@@ -3469,7 +3459,7 @@ pub async fn chat(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
 pub async fn chat_input_tokens(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
     let r = async {
         let b: ChatBody = parse(&body)?;
-        let (prompt, _) = chat_prompt(&st, &b).await?;
+        let (prompt, ..) = chat_prompt(&st, &b).await?;
         Ok(input_tokens(prompt.len()))
     }
     .await;
@@ -3489,8 +3479,8 @@ pub(crate) async fn chat_job(
     b: ChatBody,
     common: Common,
 ) -> Result<Job, ApiError> {
-    let (prompt, tools) = chat_prompt(st, &b).await?;
-    let reasoning = reasoning_of(st, b.reasoning_format.as_deref(), &prompt)?;
+    let (prompt, tools, own) = chat_prompt(st, &b).await?;
+    let reasoning = reasoning_of(st, own.as_deref(), b.reasoning_format.as_deref(), &prompt)?;
     let prediction = common.prediction.clone();
     let mut j = job(st, common, prompt, usize::MAX, Kind::Chat)?;
     j.prediction = prediction_tokens(st, prediction).await?;
@@ -3581,12 +3571,13 @@ pub(crate) fn with_reasoning(st: &ServerState, j: &mut Job, reasoning: Option<Re
 /// `reasoning_format` (else the server's) is `none` or the model's template does not think.
 pub(crate) fn reasoning_of(
     st: &ServerState,
+    own: Option<&ChatTemplate>,
     format: Option<&str>,
     prompt: &[u32],
 ) -> Result<Option<Reasoning>, ApiError> {
     let split = crate::reasoning::Format::of_request(format, st.reasoning_format)?
         == crate::reasoning::Format::Split;
-    let Some(template) = st.tokenizer.chat_template() else {
+    let Some(template) = own.or(st.tokenizer.chat_template()) else {
         return Ok(None);
     };
     // the prompt's end: does it leave the thinking open?
@@ -3609,14 +3600,85 @@ pub(crate) fn with_tools(j: &mut Job, tools: Option<Arc<Tools>>) -> Result<(), A
     Ok(())
 }
 
+/// A chat request's prompt: its tokens, its tools, and its own template where it gave one
+/// (`chat_template`; `None`: the server's).
+pub(crate) type ChatPrompt = (Vec<u32>, Option<Arc<Tools>>, Option<Arc<ChatTemplate>>);
+
+/// Request templates compiled lately (each with its source), the most recent last.
+pub(crate) const TEMPLATES_KEPT: usize = 8;
+
+/// vLLM's per-request `chat_template`, taken where the server was started with
+/// `--trust-request-chat-template` (as vLLM takes it): a Jinja template, or one of llama.cpp's
+/// built-in formats by name (`chatml`, `llama3`, ...), compiled on the blocking pool and held
+/// to the bounds a model's template is held to, or found among the last
+/// [`TEMPLATES_KEPT`] compiled. `None` without one.
+pub(crate) async fn request_template(
+    st: &Arc<ServerState>,
+    b: &ChatBody,
+) -> Result<Option<Arc<ChatTemplate>>, ApiError> {
+    let bad = |m: String| ApiError::bad(m).param("chat_template");
+    let src = match &b.chat_template {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s,
+        Some(_) => {
+            return Err(bad(
+                "chat_template must be a string: a Jinja template or a built-in format's name"
+                    .into(),
+            ))
+        }
+    };
+    if !st.trust_request_template {
+        return Err(bad(
+            "a request's chat_template is not taken unless the server is started with --trust-request-chat-template (as vLLM's); without it every request is rendered with the server's template (--chat-template-file FILE or --chat-template NAME set it)".into(),
+        ));
+    }
+    let src = match gds_format::chat_template::builtin(src) {
+        Some(b) => b.to_string(),
+        None if src.contains("{{") || src.contains("{%") => src.clone(),
+        None => {
+            let names: Vec<&str> = gds_format::chat_template::BUILTIN
+                .iter()
+                .map(|(n, _)| *n)
+                .collect();
+            return Err(bad(format!(
+                "chat_template is neither Jinja (it holds no {{{{ or {{%) nor a built-in format ({})",
+                names.join(", ")
+            )));
+        }
+    };
+    {
+        let mut kept = st.templates.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = kept.iter().position(|(s, _)| *s == src) {
+            let hit = kept.remove(at);
+            let t = hit.1.clone();
+            kept.push(hit);
+            return Ok(Some(t));
+        }
+    }
+    let (tok, s) = (st.tokenizer.clone(), src.clone());
+    let t = tokio::task::spawn_blocking(move || tok.compile_template(&s))
+        .await
+        .map_err(|e| ApiError::server(format!("compiling the chat template failed: {e}")))?
+        .map_err(|e| bad(e.to_string()))?;
+    let t = Arc::new(t);
+    let mut kept = st.templates.lock().unwrap_or_else(|e| e.into_inner());
+    if kept.len() == TEMPLATES_KEPT {
+        kept.remove(0);
+    }
+    kept.push((src, t.clone()));
+    Ok(Some(t))
+}
+
 /// A chat request's prompt: its messages (and tools) rendered by the model's chat template
 /// and tokenized; and its tools, checked.
 pub(crate) async fn chat_prompt(
     st: &Arc<ServerState>,
     b: &ChatBody,
-) -> Result<(Vec<u32>, Option<Arc<Tools>>), ApiError> {
+) -> Result<ChatPrompt, ApiError> {
     let mut msgs = chat_turn_messages(&b.messages)?;
-    if let Some(t) = st.tokenizer.chat_template() {
+    let own = request_template(st, b).await?;
+    let template = own.as_deref().or(st.tokenizer.chat_template());
+    if let Some(t) = template {
         crate::tools::mistral_ids(t.source(), &mut msgs);
     }
     let continue_final = b.continue_final_message == Some(true);
@@ -3641,27 +3703,30 @@ pub(crate) async fn chat_prompt(
         b.tools.as_ref(),
         b.tool_choice.as_ref(),
         b.parallel_tool_calls,
-        st.tokenizer.chat_template(),
+        template,
     )?
     .map(Arc::new);
     let (vars, thinking_off) = chat_vars(st, b)?;
     let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
     let list = tools.as_ref().map(|t| t.list.clone());
     let drop_oldest = b.drop_oldest;
+    let own2 = own.clone();
     let mut prompt = tokenize(
         move || {
+            let t = own2.as_deref();
             if drop_oldest {
-                tok.encode_chat_fitting(&msgs, list.as_ref(), vars.as_ref(), ctx, end)
+                tok.encode_chat_fitting(&msgs, list.as_ref(), vars.as_ref(), ctx, end, t)
                     .map(|(t, _)| t)
             } else {
-                tok.encode_chat_full(&msgs, list.as_ref(), vars.as_ref(), ctx, end)
+                tok.encode_chat_full(&msgs, list.as_ref(), vars.as_ref(), ctx, end, t)
             }
         },
         "messages",
     )
     .await?;
     if thinking_off && end == ChatEnd::Reply {
-        if let Some(tag) = unclosed_thinking(st, &st.tokenizer.prompt_tail(&prompt)) {
+        let tail = st.tokenizer.prompt_tail(&prompt);
+        if let Some(tag) = unclosed_thinking(st, own.as_deref(), &tail) {
             let ids = st
                 .tokenizer
                 .encode(tag, false, true)
@@ -3669,7 +3734,7 @@ pub(crate) async fn chat_prompt(
             prompt.extend(ids);
         }
     }
-    Ok((prompt, tools))
+    Ok((prompt, tools, own))
 }
 
 /// A chat request's template variables: its `chat_template_kwargs`, with `enable_thinking`
@@ -3703,8 +3768,12 @@ pub(crate) fn chat_vars(
 /// With thinking off: the tag that closes the thinking a prompt (`tail`: its end, special
 /// tokens as text) leaves open — DeepSeek-R1's and QwQ's templates open it whatever
 /// `enable_thinking` says; llama-server closes it.
-pub(crate) fn unclosed_thinking(st: &ServerState, tail: &str) -> Option<&'static str> {
-    let t = st.tokenizer.chat_template()?;
+pub(crate) fn unclosed_thinking(
+    st: &ServerState,
+    own: Option<&ChatTemplate>,
+    tail: &str,
+) -> Option<&'static str> {
+    let t = own.or(st.tokenizer.chat_template())?;
     Reasoning::of_template(t.source(), tail)
         .filter(Reasoning::open)
         .map(|r| r.end_tag())

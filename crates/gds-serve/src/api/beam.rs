@@ -18,7 +18,7 @@
 //! is replayed as the engine's events, so text, `logprobs` (the beam's tokens with their
 //! alternatives), token ids, usage, streaming and the chat parsers are the same code.
 
-use crate::api::{enqueue, window, ApiError, Common, Job, Submitted};
+use super::{enqueue, window, ApiError, Common, Job, Submitted};
 use crate::scheduler::{Done, Event, Finish, Prefill, Request, TokenMasks};
 use crate::ServerState;
 use gds_runtime::sampler::{SamplerConfig, TokenLogprobs};
@@ -55,7 +55,7 @@ pub(crate) struct Params {
 /// number in -10..=10; read only with beam search, as vLLM takes and ignores it otherwise)
 /// of a chat or completions body; `None` without beam search.
 pub(crate) fn request(body: &[u8]) -> Result<Option<f64>, ApiError> {
-    let f: Fields = crate::api::parse(body)?;
+    let f: Fields = super::parse(body)?;
     match f.use_beam_search {
         None | Some(Value::Null) | Some(Value::Bool(false)) => return Ok(None),
         Some(Value::Bool(true)) => {}
