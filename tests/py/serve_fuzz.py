@@ -110,6 +110,17 @@ def plain_body(path, rng):
         b = {"messages": [{"role": "system", "content": "Be brief."},
                           {"role": "user", "content": words}],
              "max_tokens": 8, "temperature": 0}
+        if rng.random() < 0.05:
+            # a request's own template (the test's server trusts them): built-in names, Jinja,
+            # broken and hostile ones (unbounded loops, growth, recursion: bounded, a 400)
+            b["chat_template"] = rng.choice([
+                "chatml", "llama3", "nope", 5, None, "{% for m in messages %}",
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+                "{% for i in range(1000000000) %}x{% endfor %}",
+                "{% set ns = namespace(s='a') %}{% for i in range(64) %}"
+                "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+                "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+                "{{ raise_exception('no') }}"])
         if rng.random() < 0.1:
             # stored completions (kept, streamed or not; metadata over its limits refused)
             b["store"] = rng.choice([True, True, False, "yes", None])

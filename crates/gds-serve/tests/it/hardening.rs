@@ -860,11 +860,12 @@ fn bad_connection_flags_are_usage_errors() {
 /// Request-body fuzzing (tests/py/serve_fuzz.py): valid bodies of every POST endpoint mutated
 /// (hostile values, wrong types, deep nesting, odd field combinations, raw-byte damage,
 /// clients hanging up mid-answer) from three clients at once, with a tool-calling template so
-/// the tool paths run too, while a fourth repeats one greedy request. Every answer must be a
-/// 2xx or a 4xx in its API's error shape, none may hang (180 s without an answer: a hang, not
-/// a speed check; a reply run to the end of the context beside the other clients took over
-/// 60 s on a loaded 2-core machine), the plain request must keep its text, and the server must
-/// end healthy. `GDS_FUZZ_SEED` picks another seed (the script prints each failing body).
+/// the tool paths run too, and requests' own templates trusted (hostile ones among them),
+/// while a fourth repeats one greedy request. Every answer must be a 2xx or a 4xx in its API's
+/// error shape, none may hang (180 s without an answer: a hang, not a speed check; a reply run
+/// to the end of the context beside the other clients took over 60 s on a loaded 2-core
+/// machine), the plain request must keep its text, and the server must end healthy.
+/// `GDS_FUZZ_SEED` picks another seed (the script prints each failing body).
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn request_fuzzing_never_fails_the_server_or_another_client() {
@@ -881,6 +882,7 @@ fn request_fuzzing_never_fails_the_server_or_another_client() {
         template.to_str().unwrap(),
         "--slot-save-path",
         slots.path().to_str().unwrap(),
+        "--trust-request-chat-template",
     ]);
     let seed = std::env::var("GDS_FUZZ_SEED").unwrap_or_else(|_| "1".into());
     let out = std::process::Command::new("python3")
