@@ -202,11 +202,6 @@ pub async fn retrieve(State(st): State<Arc<ServerState>>, Path(id): Path<String>
     }
 }
 
-#[derive(Deserialize)]
-struct UpdateBody {
-    metadata: Option<Value>,
-}
-
 /// `POST /v1/conversations/{id}`: new `metadata`.
 pub async fn update(
     State(st): State<Arc<ServerState>>,
@@ -214,8 +209,7 @@ pub async fn update(
     body: Bytes,
 ) -> Response {
     let r = (|| {
-        let b: UpdateBody = parse(&body)?;
-        let metadata = crate::items::metadata(b.metadata.as_ref())?;
+        let metadata = crate::items::metadata_update(&body)?;
         let mut store = lock(&st);
         let object = store.0.update(&id, |c, now| {
             c.metadata = metadata;

@@ -24,7 +24,6 @@ use futures_util::FutureExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Most inputs in one request (OpenAI's limit).
 pub(crate) const MAX_INPUTS: usize = 2048;
@@ -279,30 +278,8 @@ async fn embed_one(
     pooling: Pooling,
 ) -> Result<Vec<f32>, ApiError> {
     let (mut rx, _ended) = enqueue(st, |tx, ended| Request {
-        ended_by_front: ended,
-        prompt,
-        sampler: st.default_sampler.clone(),
-        max_tokens: 0,
-        ignore_eos: false,
-        min_tokens: 0,
-        stop_ids: Vec::new(),
-        masks: Default::default(),
-        salt: None,
-        draft_max: 0,
-        prediction: None,
-        logprobs: None,
-        post_sampling: false,
-        echo: false,
-        prompt_top: None,
         embed: Some(pooling),
-        constraint: None,
-        shift: None,
-        group: None,
-        progress: false,
-        slot: None,
-        tx,
-        received: Instant::now(),
-        client: None,
+        ..Request::plain(prompt, st.default_sampler.clone(), tx, ended)
     })?;
     loop {
         match rx.recv().await {

@@ -123,6 +123,20 @@ pub(crate) fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
     Ok(Value::Object(m.clone()))
 }
 
+/// The new `metadata` of an update body (`{"metadata": {...}}`: the conversations' and the
+/// stored chat completions'), required and checked.
+pub(crate) fn metadata_update(body: &[u8]) -> Result<Value, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Update {
+        metadata: Option<Value>,
+    }
+    let b: Update = crate::api::parse(body)?;
+    if b.metadata.is_none() {
+        return Err(bad("metadata is required", "metadata"));
+    }
+    metadata(b.metadata.as_ref())
+}
+
 /// Checks input items as a request's `input` (a conversation's items are).
 pub(crate) fn check_items(list: &[Value]) -> Result<(), ApiError> {
     messages(None, &Value::Array(list.to_vec())).map(drop)

@@ -387,6 +387,43 @@ impl Shift {
 }
 
 impl Request {
+    /// A request of `prompt` that asks for nothing yet: no token generated (`max_tokens`
+    /// 0), no log-probabilities, mask, grammar, draft, shift or group; the fields a caller
+    /// needs are set over it.
+    pub fn plain(
+        prompt: Vec<u32>,
+        sampler: SamplerConfig,
+        tx: mpsc::UnboundedSender<Event>,
+        ended_by_front: Arc<AtomicBool>,
+    ) -> Request {
+        Request {
+            prompt,
+            sampler,
+            max_tokens: 0,
+            ignore_eos: false,
+            min_tokens: 0,
+            stop_ids: Vec::new(),
+            masks: TokenMasks::default(),
+            draft_max: 0,
+            prediction: None,
+            logprobs: None,
+            post_sampling: false,
+            echo: false,
+            prompt_top: None,
+            constraint: None,
+            embed: None,
+            shift: None,
+            group: None,
+            progress: false,
+            slot: None,
+            salt: None,
+            tx,
+            ended_by_front,
+            received: Instant::now(),
+            client: None,
+        }
+    }
+
     /// The client address it came from (`None`: from no connection, e.g. `gdsrun batch`).
     fn client_ip(&self) -> Option<IpAddr> {
         self.client.as_ref().map(|c| c.ip())

@@ -335,11 +335,6 @@ pub async fn retrieve(State(st): State<Arc<ServerState>>, Path(id): Path<String>
     }
 }
 
-#[derive(Deserialize)]
-struct UpdateBody {
-    metadata: Option<Value>,
-}
-
 /// `POST /v1/chat/completions/{id}`: new `metadata` (the only field that changes).
 pub async fn update(
     State(st): State<Arc<ServerState>>,
@@ -347,11 +342,7 @@ pub async fn update(
     body: Bytes,
 ) -> Response {
     let r = (|| {
-        let b: UpdateBody = parse(&body)?;
-        if b.metadata.is_none() {
-            return Err(ApiError::bad("metadata is required").param("metadata"));
-        }
-        let metadata = crate::items::metadata(b.metadata.as_ref())?;
+        let metadata = crate::items::metadata_update(&body)?;
         let mut store = lock(&st);
         let done = store.0.update(&id, |s, cost| {
             let Ok(mut c) = serde_json::from_str::<Value>(&s.completion) else {

@@ -19,7 +19,7 @@
 //! alternatives), token ids, usage, streaming and the chat parsers are the same code.
 
 use super::{enqueue, window, ApiError, Common, Job, Submitted};
-use crate::scheduler::{Done, Event, Finish, Prefill, Request, TokenMasks};
+use crate::scheduler::{Done, Event, Finish, Prefill, Request};
 use crate::ServerState;
 use gds_runtime::sampler::{SamplerConfig, TokenLogprobs};
 use serde::Deserialize;
@@ -337,42 +337,24 @@ async fn step(
     let mut prompt = Vec::with_capacity(job.prompt.len() + b.tokens.len());
     prompt.extend_from_slice(&job.prompt);
     prompt.extend_from_slice(&b.tokens);
+    // (the model's log-probabilities: no penalty, bias or mask changes them)
+    let greedy = SamplerConfig {
+        temp: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+        logit_bias: Vec::new(),
+        ..SamplerConfig::default()
+    };
     let (mut rx, _ended): Submitted = enqueue(st, |tx, ended| Request {
-        ended_by_front: ended,
-        prompt,
-        // (the model's log-probabilities: no penalty, bias or mask changes them)
-        sampler: SamplerConfig {
-            temp: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            logit_bias: Vec::new(),
-            ..SamplerConfig::default()
-        },
         max_tokens: 1,
         ignore_eos: true,
-        min_tokens: 0,
-        stop_ids: Vec::new(),
-        masks: TokenMasks::default(),
-        draft_max: 0,
-        prediction: None,
         logprobs: Some(k),
-        post_sampling: false,
-        echo: false,
-        prompt_top: None,
         salt: job.salt,
-        embed: None,
-        constraint: None,
-        shift: None,
-        group: None,
-        progress: false,
-        slot: None,
-        tx,
-        received: Instant::now(),
-        client: None,
+        ..Request::plain(prompt, greedy, tx, ended)
     })?;
     let (mut prefill, mut top) = (Prefill::default(), None);
     while let Some(ev) = rx.recv().await {
