@@ -1547,34 +1547,15 @@ fn the_servers_scheduler_runs_on_the_emulated_gpu_executor_as_on_the_cpu() {
         let mut outs = Vec::new();
         for (i, p) in prompts.iter().enumerate() {
             let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+            let greedy = gds_runtime::sampler::SamplerConfig {
+                temp: 0.0,
+                ..Default::default()
+            };
             tx.send(Request {
-                prompt: p.clone(),
-                sampler: gds_runtime::sampler::SamplerConfig {
-                    temp: 0.0,
-                    ..Default::default()
-                },
                 max_tokens: if embed[i].is_some() { 0 } else { 6 + i },
                 ignore_eos: true,
-                min_tokens: 0,
-                stop_ids: Vec::new(),
-                masks: Default::default(),
-                salt: None,
-                draft_max: 0,
-                prediction: None,
-                logprobs: None,
-                post_sampling: false,
-                echo: false,
-                prompt_top: None,
                 embed: embed[i],
-                constraint: None,
-                shift: None,
-                progress: false,
-                slot: None,
-                group: None,
-                tx: etx,
-                ended_by_front: Default::default(),
-                received: std::time::Instant::now(),
-                client: None,
+                ..Request::plain(p.clone(), greedy, etx, Default::default())
             })
             .unwrap();
             outs.push(erx);

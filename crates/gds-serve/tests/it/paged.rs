@@ -302,34 +302,16 @@ fn run_engine_with(
     let mut outs = Vec::new();
     for (k, (prompt, echo, max_tokens)) in reqs.iter().enumerate() {
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+        let greedy = gds_runtime::sampler::SamplerConfig {
+            temp: 0.0,
+            ..Default::default()
+        };
         tx.send(Request {
-            prompt: prompt.clone(),
-            sampler: gds_runtime::sampler::SamplerConfig {
-                temp: 0.0,
-                ..Default::default()
-            },
             max_tokens: *max_tokens,
-            ignore_eos: false,
-            min_tokens: 0,
-            stop_ids: Vec::new(),
-            masks: Default::default(),
-            salt: None,
-            draft_max: 0,
-            prediction: None,
             logprobs: echo.then_some(1),
-            post_sampling: false,
             echo: *echo,
-            prompt_top: None,
             embed: embed.get(k).copied().flatten(),
-            constraint: None,
-            shift: None,
-            progress: false,
-            slot: None,
-            group: None,
-            tx: etx,
-            ended_by_front: Default::default(),
-            received: std::time::Instant::now(),
-            client: None,
+            ..Request::plain(prompt.clone(), greedy, etx, Default::default())
         })
         .unwrap();
         outs.push(erx);
