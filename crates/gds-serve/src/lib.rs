@@ -1010,6 +1010,44 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `GET /version` (vLLM's): this server's version.
+async fn version() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// `POST /invocations` (vLLM's, for SageMaker): the body goes to the endpoint its fields name,
+/// in vLLM's order: `messages` chat, `prompt` completions, `input` embeddings, `query` with
+/// `documents` rerank, `text_1` score; another body is a 400 saying so.
+async fn invocations(
+    axum::extract::State(st): axum::extract::State<Arc<ServerState>>,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    use axum::extract::State;
+    use axum::response::IntoResponse;
+    let v: serde_json::Value = match api::parse(&body) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let has = |k: &str| v.get(k).is_some_and(|x| !x.is_null());
+    if has("messages") {
+        stored::chat(State(st), body).await
+    } else if has("prompt") {
+        api::completions(State(st), body).await
+    } else if has("input") {
+        embeddings::embeddings(State(st), body).await
+    } else if has("query") && has("documents") {
+        rerank::rerank(State(st), body).await
+    } else if has("text_1") {
+        score::score(State(st), body).await
+    } else {
+        api::ApiError::bad(
+            "/invocations takes a chat body (messages), a completion (prompt), embeddings (input), a rerank (query and documents) or a score (text_1 and text_2)",
+        )
+        .into_response()
+    }
+}
+
 /// The routes: the OpenAI endpoints under `/v1`, without it (as llama-server and vLLM serve
 /// them) and under Docker Model Runner's `/engines/v1` and `/engines/llama.cpp/v1`, llama-server's and Ollama's own, inside the middleware (outermost
 /// first): CORS, Ollama's and Anthropic's error shapes on their paths, OpenAI-shaped errors,
@@ -1112,6 +1150,10 @@ fn router(state: Arc<ServerState>) -> axum::Router {
         .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
+        // vLLM's (and SageMaker's): the health probe, the version, one endpoint for all
+        .route("/ping", get(api::health).post(api::health))
+        .route("/version", get(version))
+        .route("/invocations", post(invocations))
         // Ollama's API
         .route("/", get(ollama::root).head(ollama::root))
         .route("/api/generate", post(ollama::generate))

@@ -322,14 +322,15 @@ fn closing(e: ApiError) -> Response {
 /// `--metrics-public`. (CORS preflights are answered before this, without a key.)
 pub async fn require_key(State(st): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    // (as llama-server: its health paths; `/`, Ollama's "is running" probe, which says no
-    // more than they do)
+    // (as llama-server: its health paths; vLLM's `/ping` (SageMaker's health check); `/`,
+    // Ollama's "is running" probe, which says no more than they do)
     let probe = matches!(
         *req.method(),
         axum::http::Method::GET | axum::http::Method::HEAD
     );
     let public = path == "/health"
         || path == "/v1/health"
+        || path == "/ping"
         || (path == "/" && probe)
         || (st.metrics_public && path == "/metrics");
     if !public {

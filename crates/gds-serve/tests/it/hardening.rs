@@ -472,6 +472,8 @@ fn api_key_guards_every_endpoint_but_health() {
         ("POST", "/v1/chat/completions", b"{}"),
         ("POST", "/v1/responses", b"{}"),
         ("POST", "/", b"{}"),
+        ("POST", "/invocations", completion),
+        ("GET", "/version", b""),
     ];
     for &(method, path, body) in guarded {
         for h in [&[][..], &wrong[..]] {
@@ -487,7 +489,7 @@ fn api_key_guards_every_endpoint_but_health() {
         v["error"].as_str().is_some_and(|e| e.contains("API key")),
         "{v}"
     );
-    for path in ["/health", "/v1/health", "/"] {
+    for path in ["/health", "/v1/health", "/", "/ping"] {
         assert_eq!(request(&s.addr, "GET", path, &[], b"").0, 200, "{path}");
     }
     for path in ["/v1/models", "/metrics", "/tokenizer_info"] {

@@ -1139,3 +1139,42 @@ fn vllm_request_chat_template_renders_the_prompt_where_trusted() {
         assert_eq!(v["error"]["param"], "chat_template", "{body}: {v}");
     }
 }
+
+/// vLLM's SageMaker endpoints: `/ping` (health), `/version`, and `/invocations`, which answers
+/// a body as the endpoint its fields name (chat, completions, embeddings), the same answer.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_invocations_route_by_the_body() {
+    let _one = serial();
+    let s = start(&[]);
+    assert_eq!(http(&s.addr, "GET", "/ping", None).0, 200);
+    assert_eq!(http(&s.addr, "POST", "/ping", Some(b"{}")).0, 200);
+    let (code, v) = http(&s.addr, "GET", "/version", None);
+    let v: Value = serde_json::from_str(&v).unwrap();
+    assert_eq!(code, 200);
+    assert!(v["version"].as_str().is_some_and(|x| !x.is_empty()), "{v}");
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
+                      "temperature": 0});
+    let completion = json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0});
+    let embedding = json!({"input": "a cat"});
+    for (body, path, object) in [
+        (&chat, "/v1/chat/completions", "chat.completion"),
+        (&completion, "/v1/completions", "text_completion"),
+        (&embedding, "/v1/embeddings", "list"),
+    ] {
+        let via = ok(&s, "/invocations", body);
+        let direct = ok(&s, path, body);
+        assert_eq!(via["object"], object, "{via}");
+        let content = |v: &Value| {
+            let c = &v["choices"][0];
+            (
+                c["message"]["content"].clone(),
+                c["text"].clone(),
+                v["data"][0]["embedding"].clone(),
+            )
+        };
+        assert_eq!(content(&via), content(&direct), "{body}");
+    }
+    let (code, v) = post(&s, "/invocations", &json!({"model": "m"}));
+    assert_eq!(code, 400, "{v}");
+}
