@@ -447,6 +447,7 @@ fn chat_tool_choice(choice: &Value) -> Value {
 
 /// `text.format` as chat's `response_format`.
 fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
+    crate::api::verbosity(text.get("verbosity"), "text")?;
     let Some(f) = text.get("format").filter(|f| !f.is_null()) else {
         return Ok(None);
     };

@@ -327,6 +327,24 @@ struct Unsupported {
     audio: Option<Value>,
     #[serde(default)]
     modalities: Option<Value>,
+    #[serde(default)]
+    web_search_options: Option<Value>,
+    #[serde(default)]
+    verbosity: Option<Value>,
+}
+
+/// OpenAI's `verbosity` (GPT-5's; the Responses API's `text.verbosity`): the model is not
+/// asked to be terser or wordier, so only `medium`, the default, is taken (another is a 400
+/// naming `param`).
+pub(crate) fn verbosity(v: Option<&Value>, param: &'static str) -> Result<(), ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if v == "medium" => Ok(()),
+        Some(v) => Err(ApiError::bad(format!(
+            "verbosity {v} is not supported: only \"medium\" (the model is not told to be terser or wordier)"
+        ))
+        .param(param)),
+    }
 }
 
 impl Common {
@@ -395,6 +413,13 @@ impl Unsupported {
         if set(&u.audio) {
             return Err(ApiError::bad("audio output is not supported").param("audio"));
         }
+        if set(&u.web_search_options) {
+            return Err(ApiError::bad(
+                "web_search_options is not supported: this server does not search the web",
+            )
+            .param("web_search_options"));
+        }
+        verbosity(u.verbosity.as_ref(), "verbosity")?;
         // vLLM's priority: another than 0 is an error unless vLLM was started to schedule
         // by priority, which gdsrun does not do (it shares the engine by client)
         if u.priority

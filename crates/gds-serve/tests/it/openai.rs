@@ -227,11 +227,35 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         b"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
         b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"functions\": [{\"name\": \"f\"}]}",
         b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"modalities\": [\"text\", \"audio\"]}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"web_search_options\": {}}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"verbosity\": \"low\"}",
     ];
     for body in chats {
         let (status, text) = http(&s.addr, "POST", "/v1/chat/completions", Some(body));
         assert_eq!(status, 400, "{}: {text}", String::from_utf8_lossy(body));
     }
+    // GPT-5's verbosity: the default is taken (on chat, and the Responses API's text.verbosity)
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            &b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"verbosity\": \"medium\"}"[..],
+        ),
+        (
+            "/v1/responses",
+            &b"{\"input\": \"hi\", \"max_output_tokens\": 2, \"text\": {\"verbosity\": \"medium\"}}"[..],
+        ),
+    ] {
+        let (status, text) = http(&s.addr, "POST", path, Some(body));
+        assert_eq!(status, 200, "{path}: {text}");
+    }
+    let (status, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/responses",
+        Some(b"{\"input\": \"hi\", \"text\": {\"verbosity\": \"high\"}}"),
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("\"param\":\"text\""), "{text}");
     assert_eq!(http(&s.addr, "GET", "/nope", None).0, 404);
 
     // overload: one running, one queued, the rest refused with 429 and Retry-After.
