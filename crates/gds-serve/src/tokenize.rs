@@ -10,7 +10,7 @@
 //! vLLM and llama-server do, and as Hugging Face tokenizers do): it is a tool for seeing token
 //! ids, and what a client then sends as ids is scored exactly as given.
 
-use crate::api::{chat_messages, encode_text, finish, parse, tokenize, ApiError, ChatMessage};
+use crate::api::{chat_prompt, encode_text, finish, parse, ApiError, ChatBody, ChatMessage};
 use crate::ServerState;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -28,8 +28,10 @@ struct TokenizeBody {
     /// The text (llama-server's name).
     #[serde(default)]
     content: Option<String>,
-    /// A chat instead of text: rendered with the model's chat template (with the assistant
-    /// turn opened), as `/v1/chat/completions` would.
+    /// A chat instead of text: the body read as a chat request's and rendered as
+    /// `/v1/chat/completions` renders it (vLLM's fields: `add_generation_prompt`,
+    /// `continue_final_message`, `tools`, `chat_template_kwargs`, `documents`,
+    /// `chat_template`), the tokens it would prefill.
     #[serde(default)]
     messages: Option<Vec<ChatMessage>>,
     /// Prepend BOS when the model adds one (default true with `prompt`, false with
@@ -65,12 +67,11 @@ pub async fn tokenize_handler(State(st): State<Arc<ServerState>>, body: Bytes) -
             .or(b.add_special)
             .unwrap_or(b.content.is_none());
         let special = b.parse_special.unwrap_or(true);
-        let (tok, ctx) = (st.tokenizer.clone(), st.ctx);
         let ids = match (b.prompt.or(b.content), b.messages) {
             (Some(text), None) => encode_text(&st, text, add_bos, special, "prompt").await?,
-            (None, Some(messages)) => {
-                let msgs = chat_messages(&messages)?;
-                tokenize(move || tok.encode_chat(&msgs, ctx), "messages").await?
+            (None, Some(_)) => {
+                let chat: ChatBody = parse(&body)?;
+                chat_prompt(&st, &chat).await?.0
             }
             (Some(_), Some(_)) => {
                 return Err(ApiError::bad("give prompt or messages, not both").param("messages"))

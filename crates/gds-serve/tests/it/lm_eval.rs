@@ -137,6 +137,36 @@ fn the_tokenizer_is_served() {
     assert_eq!(chat.first(), Some(&1), "<|im_start|> opens the chat");
     // the message's special-token text stays text: two <|im_end|> (system and user turns)
     assert_eq!(chat.iter().filter(|&&t| t == 2).count(), 2, "{chat:?}");
+    // vLLM's chat fields, as the chat endpoint takes them: the same tokens it counts
+    let messages = serde_json::json!([{"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "Hello, I"}]);
+    for extra in [
+        serde_json::json!({}),
+        serde_json::json!({"add_generation_prompt": false}),
+        serde_json::json!({"continue_final_message": true}),
+        serde_json::json!({"chat_template_kwargs": {"enable_thinking": false}}),
+    ] {
+        let mut body = extra.clone();
+        body["messages"] = messages.clone();
+        let (st, t) = post(&s.addr, "/tokenize", body.clone());
+        assert_eq!(st, 200, "{t}");
+        let (_, n) = post(&s.addr, "/v1/chat/completions/input_tokens", body);
+        assert_eq!(t["count"], n["input_tokens"], "{extra}");
+    }
+    let count = |extra: serde_json::Value| {
+        let mut body = extra;
+        body["messages"] = messages.clone();
+        post(&s.addr, "/tokenize", body).1["count"]
+            .as_u64()
+            .unwrap()
+    };
+    let closed = count(serde_json::json!({"add_generation_prompt": false}));
+    let opened = count(serde_json::json!({}));
+    let continued = count(serde_json::json!({"continue_final_message": true}));
+    assert!(
+        closed < opened && continued < closed,
+        "{closed} {opened} {continued}"
+    );
 
     // bad input: 400 naming the field
     for (path, body, param) in [
