@@ -329,6 +329,13 @@ struct Unsupported {
     modalities: Option<Value>,
     #[serde(default)]
     web_search_options: Option<Value>,
+    // vLLM's: embeddings as the prompt, server-side logits processors, stopping on repeats
+    #[serde(default)]
+    prompt_embeds: Option<Value>,
+    #[serde(default)]
+    logits_processors: Option<Value>,
+    #[serde(default)]
+    repetition_detection: Option<Value>,
     #[serde(default)]
     verbosity: Option<Value>,
 }
@@ -420,6 +427,27 @@ impl Unsupported {
             .param("web_search_options"));
         }
         verbosity(u.verbosity.as_ref(), "verbosity")?;
+        for (field, v, why) in [
+            (
+                "prompt_embeds",
+                &u.prompt_embeds,
+                "prompts are text or token ids here",
+            ),
+            (
+                "logits_processors",
+                &u.logits_processors,
+                "no logits processors are loaded by name (use logit_bias, allowed_token_ids, bad_words or a grammar)",
+            ),
+            (
+                "repetition_detection",
+                &u.repetition_detection,
+                "replies are not stopped on repeats (use repetition_penalty or DRY)",
+            ),
+        ] {
+            if set(v) {
+                return Err(ApiError::bad(format!("{field} is not supported: {why}")).param(field));
+            }
+        }
         // vLLM's priority: another than 0 is an error unless vLLM was started to schedule
         // by priority, which gdsrun does not do (it shares the engine by client)
         if u.priority

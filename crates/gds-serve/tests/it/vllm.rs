@@ -210,6 +210,12 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
         ),
         (json!({"min_tokens": -1}), "min_tokens"),
         (json!({"stop_token_ids": [99999999]}), "stop_token_ids"),
+        (json!({"prompt_embeds": "AAAA"}), "prompt_embeds"),
+        (json!({"logits_processors": ["x"]}), "logits_processors"),
+        (
+            json!({"repetition_detection": {"max_pattern_size": 4}}),
+            "repetition_detection",
+        ),
     ] {
         let b = with(&json!({"prompt": prompt, "max_tokens": 4}), &body);
         let (code, v) = post(&s, "/v1/completions", &b);
@@ -219,7 +225,8 @@ fn vllm_min_tokens_stop_token_ids_and_repetition_penalty() {
     let defaults = greedy(
         json!({"use_beam_search": false, "skip_special_tokens": true,
         "include_stop_str_in_output": false, "bad_words": [], "prompt_logprobs": null,
-        "allowed_token_ids": null}),
+        "allowed_token_ids": null, "prompt_embeds": null, "vllm_xargs": {"a": 1},
+        "kv_transfer_params": null}),
     );
     assert_eq!(defaults["choices"][0]["text"], plain["choices"][0]["text"]);
 }
