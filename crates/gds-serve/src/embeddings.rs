@@ -91,7 +91,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
     let keep = dimensions(st, b.dimensions.map(Value::from).as_ref())?;
     let norm = embd_normalize(b.embd_normalize)?;
     let truncate = b.truncate.parse(st)?;
-    let model = b.model.unwrap_or_else(|| st.model_name.clone());
+    let model = b.model.unwrap_or_else(|| st.model_name().to_string());
     let mut prompts = inputs(st, b.input).await?;
     Truncation::apply(truncate, &mut prompts);
     let tokens: usize = prompts.iter().map(Vec::len).sum();

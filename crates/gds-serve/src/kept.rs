@@ -132,6 +132,24 @@ impl<V> Kept<V> {
     }
 }
 
+/// Changes a value kept as JSON text by `f` (nothing where the text is not JSON, which the
+/// stores never write): the value as changed, and `cost`, the entry's, with the text's change
+/// in length (for [`Kept::update`]).
+pub(crate) fn edit_json(
+    text: &mut Box<str>,
+    cost: usize,
+    f: impl FnOnce(&mut serde_json::Value),
+) -> (Option<serde_json::Value>, usize) {
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(text) else {
+        return (None, cost);
+    };
+    f(&mut v);
+    let new = v.to_string().into_boxed_str();
+    let cost = cost - text.len() + new.len();
+    *text = new;
+    (Some(v), cost)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

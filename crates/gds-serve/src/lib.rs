@@ -431,8 +431,8 @@ pub struct ServerState {
     context_shift: bool,
     /// `--keep`: the default `n_keep`.
     keep: i64,
-    model_name: String,
-    /// Every name of the model (`--alias`), sorted; `model_name` is the first.
+    /// Every name of the model (`--alias`, else the directory's name), sorted, not empty:
+    /// the first is its id ([`ServerState::model_name`]).
     aliases: Vec<String>,
     /// `--tags`.
     tags: Vec<String>,
@@ -501,6 +501,11 @@ pub struct ServerState {
 }
 
 impl ServerState {
+    /// The model's id: the first of its names in alphabetical order (llama-server's).
+    fn model_name(&self) -> &str {
+        &self.aliases[0]
+    }
+
     /// The grammar compiler, built on first use (indexing the vocabulary takes from tens of
     /// milliseconds to a second): an error when this model's tokenizer cannot be indexed.
     fn grammar_compiler(&self) -> Result<Arc<GrammarCompiler>, String> {
@@ -767,19 +772,16 @@ pub(crate) fn start(
     let tokenizer = Arc::new(tokenizer);
     let (kv, pool, exec) = opened?;
     let c = &plan.model;
-    let aliases = name_list(e.alias.as_deref());
+    let mut aliases = name_list(e.alias.as_deref());
+    if aliases.is_empty() {
+        aliases.push(
+            model_dir
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into()),
+        );
+    }
     let tags = name_list(e.tags.as_deref());
-    let model_name = aliases.first().cloned().unwrap_or_else(|| {
-        model_dir
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    });
-    let aliases = if aliases.is_empty() {
-        vec![model_name.clone()]
-    } else {
-        aliases
-    };
     let vocab = c.vocab_size;
     let eog = tokenizer.eog_ids().to_vec();
     let cfg = EngineConfig {
@@ -823,7 +825,6 @@ pub(crate) fn start(
         thinking: e.reasoning != "off",
         context_shift: e.context_shift,
         keep: e.keep,
-        model_name,
         aliases,
         tags,
         trust_request_template: e.trust_request_chat_template,
@@ -877,7 +878,7 @@ pub(crate) fn start(
     }
     let summary = format!(
         "model {} | backend {} | ctx {} | threads {} | max batch {} | KV {} ({})",
-        state.model_name,
+        state.model_name(),
         plan.backend,
         plan.ctx,
         plan.threads,

@@ -983,7 +983,7 @@ pub async fn props(State(st): State<Arc<ServerState>>) -> Response {
     Json(json!({
         "default_generation_settings": {"n_ctx": st.ctx, "params": params},
         "total_slots": st.max_batch,
-        "model_alias": st.model_name,
+        "model_alias": st.model_name(),
         "model_path": st.model_dir.display().to_string(),
         "modalities": {"vision": false, "video": false, "audio": false},
         "endpoint_slots": st.slots,

@@ -1054,7 +1054,7 @@ pub async fn tags(State(st): State<Arc<ServerState>>) -> Response {
 
 /// `GET /api/ps`: the served model, loaded for as long as the server runs.
 pub async fn ps(State(st): State<Arc<ServerState>>) -> Response {
-    let mut m = listed(&st, &st.model_name);
+    let mut m = listed(&st, st.model_name());
     let o = m.as_object_mut().expect("an object");
     o.remove("modified_at");
     o.insert("expires_at".into(), json!("2318-08-16T00:00:00Z"));
@@ -1165,7 +1165,7 @@ fn not_managed(st: &ServerState, what: &str) -> ApiError {
         "not_supported_error",
         format!(
             "{what} is not supported: this server serves one model ({}); fetch models with `gdsconv pull REF DIR` and serve them with `gdsrun serve`",
-            tagged(&st.model_name)
+            tagged(st.model_name())
         ),
     )
 }

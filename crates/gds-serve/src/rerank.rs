@@ -179,7 +179,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
     }
     Ok(Json(json!({
         "id": format!("rerank-{:016x}", random_seed()),
-        "model": b.model.unwrap_or_else(|| st.model_name.clone()),
+        "model": b.model.unwrap_or_else(|| st.model_name().to_string()),
         "object": "list",
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         "results": results,

@@ -285,16 +285,8 @@ impl ResponseStore {
 
     /// Changes a kept response object in place (a background response's status).
     fn update(&mut self, id: &str, f: impl FnOnce(&mut Value)) {
-        self.0.update(id, |s, now| {
-            let Ok(mut r) = serde_json::from_str::<Value>(&s.response) else {
-                return ((), now);
-            };
-            f(&mut r);
-            let text = r.to_string().into_boxed_str();
-            let now = now - s.response.len() + text.len();
-            s.response = text;
-            ((), now)
-        });
+        self.0
+            .update(id, |s, now| crate::kept::edit_json(&mut s.response, now, f));
     }
 
     fn remove(&mut self, id: &str) -> bool {

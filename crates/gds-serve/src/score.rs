@@ -131,7 +131,7 @@ async fn answer(st: &Arc<ServerState>, body: &Bytes) -> Result<Response, ApiErro
         "created": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        "model": b.model.unwrap_or_else(|| st.model_name.clone()),
+        "model": b.model.unwrap_or_else(|| st.model_name().to_string()),
         "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }))

@@ -104,7 +104,7 @@ async fn run(
             let n = img.tokens.len();
             let header = Header {
                 fingerprint: st.fingerprint.clone(),
-                model: st.model_name.clone(),
+                model: st.model_name().to_string(),
                 dtype: st.kv_dtype.name().to_string(),
                 block: st.kv_block,
                 tokens: n,

@@ -345,14 +345,7 @@ pub async fn update(
         let metadata = crate::items::metadata_update(&body)?;
         let mut store = lock(&st);
         let done = store.0.update(&id, |s, cost| {
-            let Ok(mut c) = serde_json::from_str::<Value>(&s.completion) else {
-                return (None, cost);
-            };
-            c["metadata"] = metadata;
-            let text = c.to_string().into_boxed_str();
-            let cost = cost - s.completion.len() + text.len();
-            s.completion = text;
-            (Some(c), cost)
+            crate::kept::edit_json(&mut s.completion, cost, |c| c["metadata"] = metadata)
         });
         // (the size changed a little: the others make room)
         store.0.make_room(0, 0, |_, _| false);

@@ -420,14 +420,13 @@ impl Unsupported {
         if set(&u.audio) {
             return Err(ApiError::bad("audio output is not supported").param("audio"));
         }
-        if set(&u.web_search_options) {
-            return Err(ApiError::bad(
-                "web_search_options is not supported: this server does not search the web",
-            )
-            .param("web_search_options"));
-        }
         verbosity(u.verbosity.as_ref(), "verbosity")?;
         for (field, v, why) in [
+            (
+                "web_search_options",
+                &u.web_search_options,
+                "this server does not search the web",
+            ),
             (
                 "prompt_embeds",
                 &u.prompt_embeds,
@@ -479,8 +478,6 @@ const MAX_N: usize = 16;
 /// Most alternatives per token a request may ask for (OpenAI's limit for chat).
 pub(crate) const MAX_TOP_LOGPROBS: i64 = 20;
 
-/// The log-probabilities a request asks for: `None`, or `Some(k)` top alternatives per
-/// token. Chat: `logprobs: true` and `top_logprobs: k`; completions: `logprobs: k`.
 /// A count of top alternatives (`logprobs`, `top_logprobs`, `prompt_logprobs`): 0 up to
 /// [`MAX_TOP_LOGPROBS`], or a 400 naming `param`.
 fn alternatives(k: i64, param: &'static str) -> Result<usize, ApiError> {
@@ -494,6 +491,8 @@ fn alternatives(k: i64, param: &'static str) -> Result<usize, ApiError> {
     }
 }
 
+/// The log-probabilities a request asks for: `None`, or `Some(k)` top alternatives per
+/// token. Chat: `logprobs: true` and `top_logprobs: k`; completions: `logprobs: k`.
 fn logprobs_request(c: &Common, kind: Kind) -> Result<Option<usize>, ApiError> {
     if c.echo == Some(true) && kind == Kind::Chat {
         return Err(ApiError::bad("echo applies to /v1/completions").param("echo"));
@@ -1409,7 +1408,7 @@ pub(crate) fn job(
             .filter(|&t| t > 0)
             .map(|t| std::time::Duration::from_millis(t as u64)),
         draft_max,
-        model: c.model.unwrap_or_else(|| st.model_name.clone()),
+        model: c.model.unwrap_or_else(|| st.model_name().to_string()),
         logprobs,
         post_sampling: false,
         timings_per_token: c.timings_per_token == Some(true),
@@ -2955,17 +2954,10 @@ impl Job {
 
 /// Submits `job` and makes the generator of its text (with echo, the prompt first).
 pub(crate) async fn start_gen(st: &Arc<ServerState>, job: &Job) -> Result<Gen, ApiError> {
-    let constraint = constrain(st, job).await?;
     let submitted = match &job.beam {
-        Some(_) if constraint.is_some() => {
-            // (refused before: beam::make)
-            return Err(
-                ApiError::bad("a grammar cannot be used with use_beam_search")
-                    .param("use_beam_search"),
-            );
-        }
+        // (a beam search has no grammar: beam::make refuses one)
         Some(b) => b.start(st, job).await?,
-        None => submit(st, job, constraint)?,
+        None => submit(st, job, constrain(st, job).await?)?,
     };
     let mut g = Gen::new(st.clone(), submitted, job, job.logprobs.is_some());
     if job.echo {
@@ -3289,7 +3281,7 @@ pub async fn completions(State(st): State<Arc<ServerState>>, body: Bytes) -> Res
             if st.tokenizer.fim()[..3].iter().any(Option::is_none) {
                 return Err(ApiError::bad(format!(
                     "suffix needs a model with fill-in-the-middle tokens (a code model's: Qwen2.5-Coder, StarCoder 2, CodeLlama, ...); {}'s vocabulary has none",
-                    st.model_name
+                    st.model_name()
                 ))
                 .param("suffix"));
             }
@@ -3912,7 +3904,7 @@ pub(crate) fn finish(st: &ServerState, r: Result<Response, ApiError>) -> Respons
 pub async fn models(State(st): State<Arc<ServerState>>, headers: HeaderMap) -> Response {
     if headers.contains_key("anthropic-version") {
         let m = anthropic_model(&st);
-        return Json(json!({"data": [m], "has_more": false, "first_id": st.model_name, "last_id": st.model_name}))
+        return Json(json!({"data": [m], "has_more": false, "first_id": st.model_name(), "last_id": st.model_name()}))
             .into_response();
     }
     Json(json!({"object": "list", "data": [openai_model(&st)]})).into_response()
@@ -3931,7 +3923,7 @@ pub async fn model(
         // that shapes the Messages API's errors
         let message = format!(
             "the model {id:?} does not exist; this server serves {:?}",
-            st.model_name
+            st.model_name()
         );
         return ApiError::not_found(message)
             .param("model")
@@ -3946,7 +3938,7 @@ pub async fn model(
 }
 
 fn openai_model(st: &ServerState) -> Value {
-    json!({"id": st.model_name, "object": "model", "created": st.created, "owned_by": "gdsllm",
+    json!({"id": st.model_name(), "object": "model", "created": st.created, "owned_by": "gdsllm",
            "aliases": st.aliases, "tags": st.tags, "meta": {"n_ctx": st.ctx, "n_vocab": st.vocab}})
 }
 
@@ -3954,7 +3946,7 @@ fn anthropic_model(st: &ServerState) -> Value {
     let created = chrono::DateTime::from_timestamp(st.created as i64, 0)
         .unwrap_or_default()
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    json!({"type": "model", "id": st.model_name, "display_name": st.model_name, "created_at": created, "max_input_tokens": st.ctx})
+    json!({"type": "model", "id": st.model_name(), "display_name": st.model_name(), "created_at": created, "max_input_tokens": st.ctx})
 }
 
 /// `GET /health`.
