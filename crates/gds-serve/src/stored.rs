@@ -227,10 +227,7 @@ impl Chunks {
                 m["role"] = json!(role);
             }
             for field in ["content", "reasoning_content", "refusal"] {
-                if let Some(t) = d[field].as_str() {
-                    let so_far = m[field].as_str().unwrap_or_default();
-                    m[field] = json!(format!("{so_far}{t}"));
-                }
+                append(&mut m[field], &d[field]);
             }
             for call in d["tool_calls"].as_array().into_iter().flatten() {
                 add_call(m, call);
@@ -284,10 +281,16 @@ fn add_call(m: &mut Value, call: &Value) {
         slot["type"] = json!(t);
     }
     for field in ["name", "arguments"] {
-        if let Some(t) = call["function"][field].as_str() {
-            let so_far = slot["function"][field].as_str().unwrap_or_default();
-            slot["function"][field] = json!(format!("{so_far}{t}"));
-        }
+        append(&mut slot["function"][field], &call["function"][field]);
+    }
+}
+
+/// A streamed text's piece `piece` (where it is a string) added to the text so far at `to`
+/// (`null`: none yet).
+fn append(to: &mut Value, piece: &Value) {
+    if let Some(t) = piece.as_str() {
+        let text = format!("{}{t}", to.as_str().unwrap_or_default());
+        *to = Value::String(text);
     }
 }
 
