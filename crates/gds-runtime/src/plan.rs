@@ -170,9 +170,16 @@ fn read_chat_template(p: &Path) -> Result<String> {
     Ok(src)
 }
 
-/// `--chat-template`'s template: a built-in's source by name, or the value itself when it is
-/// Jinja (it holds `{{` or `{%`), checked as a model's template is.
+/// `--chat-template`'s template ([`chat_template_source`]).
 fn named_chat_template(t: &str) -> Result<&str> {
+    chat_template_source(t).map_err(|why| RuntimeError::Usage(format!("--chat-template: {why}")))
+}
+
+/// A chat template given by name or as text (`--chat-template`, a request's `chat_template`):
+/// a built-in's source by name, or the text itself where it is Jinja (it holds `{{` or `{%`),
+/// at most [`MAX_CHAT_TEMPLATE_BYTES`] and checked as a model's template is; otherwise why
+/// not.
+pub fn chat_template_source(t: &str) -> std::result::Result<&str, String> {
     if let Some(src) = gds_format::chat_template::builtin(t) {
         return Ok(src);
     }
@@ -181,21 +188,16 @@ fn named_chat_template(t: &str) -> Result<&str> {
             .iter()
             .map(|(n, _)| *n)
             .collect();
-        return Err(RuntimeError::Usage(format!(
-            "--chat-template {t:?}: not a built-in template ({}) nor a Jinja template",
+        return Err(format!(
+            "not a built-in template ({}) nor a Jinja template (it holds no {{{{ or {{%)",
             names.join(", ")
-        )));
+        ));
     }
     if t.len() > MAX_CHAT_TEMPLATE_BYTES as usize {
-        return Err(RuntimeError::Usage(format!(
-            "--chat-template: more than {MAX_CHAT_TEMPLATE_BYTES} bytes"
-        )));
+        return Err(format!("more than {MAX_CHAT_TEMPLATE_BYTES} bytes"));
     }
-    gds_format::chat_template::check(t).map_err(|e| {
-        RuntimeError::Usage(format!(
-            "--chat-template: the chat template is refused: {e}"
-        ))
-    })?;
+    gds_format::chat_template::check(t)
+        .map_err(|e| format!("the chat template is refused: {e}"))?;
     Ok(t)
 }
 

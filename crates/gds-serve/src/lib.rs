@@ -438,7 +438,8 @@ pub struct ServerState {
     tags: Vec<String>,
     /// `--trust-request-chat-template`.
     trust_request_template: bool,
-    /// Request templates compiled lately, each with its source, the most recent last
+    /// Request templates compiled lately, each with the text its request gave (a name or
+    /// Jinja), the most recent last
     /// ([`api::request_template`]).
     templates: std::sync::Mutex<Vec<(String, Arc<gds_runtime::chat::ChatTemplate>)>>,
     /// `system_fingerprint` of every completion: the engine build and configuration the model

@@ -3649,7 +3649,7 @@ pub(crate) fn with_tools(j: &mut Job, tools: Option<Arc<Tools>>) -> Result<(), A
 /// (`chat_template`; `None`: the server's).
 pub(crate) type ChatPrompt = (Vec<u32>, Option<Arc<Tools>>, Option<Arc<ChatTemplate>>);
 
-/// Request templates compiled lately (each with its source), the most recent last.
+/// Request templates kept compiled (each with the text its request gave), the most recent last.
 pub(crate) const TEMPLATES_KEPT: usize = 8;
 
 /// vLLM's per-request `chat_template`, taken where the server was started with
@@ -3677,23 +3677,9 @@ pub(crate) async fn request_template(
             "a request's chat_template is not taken unless the server is started with --trust-request-chat-template (as vLLM's); without it every request is rendered with the server's template (--chat-template-file FILE or --chat-template NAME set it)".into(),
         ));
     }
-    let src = match gds_format::chat_template::builtin(src) {
-        Some(b) => b.to_string(),
-        None if src.contains("{{") || src.contains("{%") => src.clone(),
-        None => {
-            let names: Vec<&str> = gds_format::chat_template::BUILTIN
-                .iter()
-                .map(|(n, _)| *n)
-                .collect();
-            return Err(bad(format!(
-                "chat_template is neither Jinja (it holds no {{{{ or {{%) nor a built-in format ({})",
-                names.join(", ")
-            )));
-        }
-    };
     {
         let mut kept = st.templates.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(at) = kept.iter().position(|(s, _)| *s == src) {
+        if let Some(at) = kept.iter().position(|(s, _)| s == src) {
             let hit = kept.remove(at);
             let t = hit.1.clone();
             kept.push(hit);
@@ -3701,16 +3687,21 @@ pub(crate) async fn request_template(
         }
     }
     let (tok, s) = (st.tokenizer.clone(), src.clone());
-    let t = tokio::task::spawn_blocking(move || tok.compile_template(&s))
-        .await
-        .map_err(|e| ApiError::server(format!("compiling the chat template failed: {e}")))?
-        .map_err(|e| bad(e.to_string()))?;
+    // (resolved and checked as --chat-template is, on the blocking pool: the check renders it)
+    let t = tokio::task::spawn_blocking(move || {
+        let src = gds_runtime::plan::chat_template_source(&s)
+            .map_err(|why| format!("chat_template: {why}"))?;
+        tok.compile_template(src).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| ApiError::server(format!("compiling the chat template failed: {e}")))?
+    .map_err(bad)?;
     let t = Arc::new(t);
     let mut kept = st.templates.lock().unwrap_or_else(|e| e.into_inner());
     if kept.len() == TEMPLATES_KEPT {
         kept.remove(0);
     }
-    kept.push((src, t.clone()));
+    kept.push((src.clone(), t.clone()));
     Ok(Some(t))
 }
 
