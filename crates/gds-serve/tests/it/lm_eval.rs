@@ -8,10 +8,9 @@
 //! which these tests also check directly.
 
 use serde_json::Value;
-use std::process::Command;
 
 use crate::common;
-use crate::common::{http, serial, start_model};
+use crate::common::{http, python, serial, start_model};
 
 /// SmolLM2 from the F16 Hugging Face directory the reference ran on, converted into `dir`.
 fn smollm_f16(dir: &std::path::Path) -> std::path::PathBuf {
@@ -40,19 +39,13 @@ fn lm_eval_scores_like_the_transformers_backend() {
     // float activations: the reference's arithmetic (F16 weights are multiplied in f32
     // either way; named so that the comparison does not hang on that default)
     let s = start_model(&model, &["--activations", "f32"]);
-    let out = Command::new("python3")
-        .arg(gds_tests::root().join("tests/py/lm_eval_check.py"))
-        .arg(format!("http://{}/v1", s.addr))
-        .arg(gds_tests::fixture("lm-eval/hf-smollm2-f32.json"))
-        .current_dir(gds_tests::root())
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "lm_eval_check.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = python(
+        "lm_eval_check.py",
+        &[
+            &format!("http://{}/v1", s.addr),
+            &gds_tests::fixture("lm-eval/hf-smollm2-f32.json").to_string_lossy(),
+        ],
     );
-    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     eprintln!("{r:#}");
     assert_eq!(r["n_mc"], 40);
     assert_eq!(r["n_loglik"], 160);

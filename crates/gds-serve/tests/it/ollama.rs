@@ -4,9 +4,8 @@
 //! `suffix` laid out for fill-in-the-middle.
 
 use serde_json::{json, Value};
-use std::process::Command;
 
-use crate::common::{http, serial, start, start_model};
+use crate::common::{http, python, serial, start, start_model};
 
 fn template(name: &str) -> String {
     gds_tests::fixture(&format!("templates/{name}"))
@@ -25,18 +24,13 @@ fn ollama_api_through_the_ollama_client() {
     // no lock: much of its time is the Python client's start (see common::SERIAL)
     let tools = start(&["--chat-template-file", &template("qwen2.5-instruct.jinja")]);
     let thinking = start(&["--chat-template-file", &template("qwen3.jinja")]);
-    let out = Command::new("python3")
-        .arg(gds_tests::root().join("tests/py/serve_ollama_check.py"))
-        .arg(format!("http://{}", tools.addr))
-        .arg(format!("http://{}", thinking.addr))
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "serve_ollama_check.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = python(
+        "serve_ollama_check.py",
+        &[
+            &format!("http://{}", tools.addr),
+            &format!("http://{}", thinking.addr),
+        ],
     );
-    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     eprintln!("{r:#}");
     let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"));
 

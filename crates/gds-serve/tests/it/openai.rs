@@ -8,29 +8,8 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{http, metric, post_json, serial, start, start_model, Server};
+use crate::common::{http, metric, post_json, python, serial, start, start_model, Server};
 use gds_serve::scheduler::TokenLogprobs;
-
-fn python(script: &str, args: &[&str]) -> Value {
-    let path = gds_tests::root().join("tests/py").join(script);
-    let out = Command::new("python3")
-        .arg(&path)
-        .args(args)
-        .output()
-        .expect("python3 runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("`openai` is missing"),
-        "the Python package `openai` is needed: pip install openai (scripts/test.sh installs it)"
-    );
-    assert!(out.status.success(), "{script} failed:\n{stderr}");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{script} printed no JSON ({e}):\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
 
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]

@@ -7,9 +7,8 @@
 //! `tool_choice` is `none`).
 
 use serde_json::Value;
-use std::process::Command;
 
-use crate::common::{http, serial, start, start_model};
+use crate::common::{http, python, serial, start, start_model};
 
 /// SmolLM2 (F16 safetensors) with Qwen2.5-Instruct's template, converted into `dir`.
 fn smollm_with_qwen_template(dir: &std::path::Path) -> std::path::PathBuf {
@@ -40,17 +39,7 @@ fn tool_calls_round_trip_through_the_openai_client() {
     let tmp = tempfile::tempdir().unwrap();
     let model = smollm_with_qwen_template(tmp.path());
     let s = start_model(&model, &[]);
-    let out = Command::new("python3")
-        .arg(gds_tests::root().join("tests/py/serve_tools_check.py"))
-        .arg(format!("http://{}/v1", s.addr))
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "serve_tools_check.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let r = python("serve_tools_check.py", &[&format!("http://{}/v1", s.addr)]);
     eprintln!("{r:#}");
     let valid_calls = |v: &Value, names: &[&str]| {
         let calls = v["calls"].as_array().unwrap();
@@ -191,17 +180,10 @@ fn responses_api_through_the_openai_client() {
     let tmp = tempfile::tempdir().unwrap();
     let model = smollm_with_qwen_template(tmp.path());
     let s = start_model(&model, &[]);
-    let out = Command::new("python3")
-        .arg(gds_tests::root().join("tests/py/serve_responses_check.py"))
-        .arg(format!("http://{}/v1", s.addr))
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "serve_responses_check.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = python(
+        "serve_responses_check.py",
+        &[&format!("http://{}/v1", s.addr)],
     );
-    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     eprintln!("{r:#}");
     // the same job as chat: the same text and token counts
     let t = &r["text"];
@@ -496,18 +478,10 @@ fn messages_api_through_the_anthropic_client() {
     let tmp = tempfile::tempdir().unwrap();
     let model = smollm_with_qwen_template(tmp.path());
     let s = start_model(&model, &["--api-key", "sekrit"]);
-    let out = Command::new("python3")
-        .arg(gds_tests::root().join("tests/py/serve_anthropic_check.py"))
-        .arg(format!("http://{}", s.addr))
-        .arg("sekrit")
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "serve_anthropic_check.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = python(
+        "serve_anthropic_check.py",
+        &[&format!("http://{}", s.addr), "sekrit"],
     );
-    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     eprintln!("{r:#}");
     let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"));
     // the Models API in Anthropic's shape: the served model listed and retrieved, another a
@@ -857,17 +831,10 @@ fn stored_chat_completions_through_the_openai_client() {
     // no lock: much of its time is the Python client's start (see common::SERIAL)
     let template = gds_tests::fixture("templates/qwen2.5-instruct.jinja");
     let s = start(&["--chat-template-file", template.to_str().unwrap()]);
-    let out = Command::new("python3")
-        .arg(gds_tests::root().join("tests/py/serve_stored_chat_check.py"))
-        .arg(format!("http://{}/v1", s.addr))
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "serve_stored_chat_check.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = python(
+        "serve_stored_chat_check.py",
+        &[&format!("http://{}/v1", s.addr)],
     );
-    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     eprintln!("{r}");
     assert_eq!(r["kept"], 3, "{r}");
 }

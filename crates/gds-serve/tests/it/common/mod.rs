@@ -104,6 +104,30 @@ pub fn http(addr: &str, method: &str, path: &str, body: Option<&[u8]>) -> (u16, 
     (status, body)
 }
 
+/// Runs `tests/py/SCRIPT ARGS...` from the repository's root and parses what it printed: one
+/// JSON value (a failed run, or a missing Python package, panics with its stderr).
+pub fn python(script: &str, args: &[&str]) -> serde_json::Value {
+    let path = gds_tests::root().join("tests/py").join(script);
+    let out = Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .current_dir(gds_tests::root())
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("`openai` is missing"),
+        "the Python package `openai` is needed: pip install openai (scripts/test.sh installs it)"
+    );
+    assert!(out.status.success(), "{script} failed:\n{stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{script} printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
 /// The value of a metric in Prometheus text.
 pub fn metric(text: &str, name: &str) -> f64 {
     text.lines()
