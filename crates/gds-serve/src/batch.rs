@@ -43,7 +43,7 @@ pub const MAX_LINE_BYTES: usize = 16 << 20;
 pub const MAX_REPLY_BYTES: usize = 256 << 20;
 
 /// The endpoints a batch line may name.
-const URLS: [&str; 7] = [
+pub(crate) const URLS: [&str; 7] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
@@ -219,8 +219,26 @@ fn request_id() -> String {
     format!("{:016x}", crate::error::random_seed())
 }
 
-/// The output line for an input line that is not a valid request.
-fn invalid(line: u64, custom_id: Option<&str>, code: &str, message: String) -> String {
+/// Why an input line is not a valid request.
+#[derive(Debug)]
+pub(crate) struct LineError {
+    pub(crate) custom_id: Option<String>,
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+}
+
+impl LineError {
+    fn new(custom_id: Option<&str>, code: &'static str, message: String) -> LineError {
+        LineError {
+            custom_id: custom_id.map(str::to_string),
+            code,
+            message,
+        }
+    }
+}
+
+/// The output line for input line `line`, which is not a valid request.
+fn invalid(line: u64, e: &LineError) -> String {
     // (a struct, not json!: the fields in the order every output line has, the id first)
     #[derive(Serialize)]
     struct Invalid<'a> {
@@ -230,10 +248,10 @@ fn invalid(line: u64, custom_id: Option<&str>, code: &str, message: String) -> S
         response: Option<()>,
         error: Value,
     }
-    let error = json!({"code": code, "message": format!("line {line}: {message}")});
+    let error = json!({"code": e.code, "message": format!("line {line}: {}", e.message)});
     serde_json::to_string(&Invalid {
         id: format!("batch_req_{}", request_id()),
-        custom_id,
+        custom_id: e.custom_id.as_deref(),
         line,
         response: None,
         error,
@@ -244,15 +262,18 @@ fn invalid(line: u64, custom_id: Option<&str>, code: &str, message: String) -> S
 /// A checked request: (custom_id, url, body).
 type Checked = (String, String, Vec<u8>);
 
-/// Checks one input line; `Err(output line)` when it is not a valid request.
-fn check(line: u64, bytes: &[u8], seen: &mut HashSet<String>) -> Result<Checked, String> {
+/// Checks one input line (the batch API's: `url` must be `endpoint` where one is given).
+pub(crate) fn check(
+    bytes: &[u8],
+    seen: &mut HashSet<String>,
+    endpoint: Option<&str>,
+) -> Result<Checked, LineError> {
     let v: Value = serde_json::from_slice(bytes)
-        .map_err(|e| invalid(line, None, "invalid_json", format!("not JSON: {e}")))?;
+        .map_err(|e| LineError::new(None, "invalid_json", format!("not JSON: {e}")))?;
     let id = match v.get("custom_id") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         _ => {
-            return Err(invalid(
-                line,
+            return Err(LineError::new(
                 None,
                 "invalid_request",
                 "custom_id must be a non-empty string".into(),
@@ -260,21 +281,22 @@ fn check(line: u64, bytes: &[u8], seen: &mut HashSet<String>) -> Result<Checked,
         }
     };
     if !seen.insert(id.clone()) {
-        return Err(invalid(
-            line,
+        return Err(LineError::new(
             Some(&id),
             "duplicate_custom_id",
             format!("custom_id {id:?} appears on an earlier line"),
         ));
     }
-    let bad = |m: String| invalid(line, Some(&id), "invalid_request", m);
+    let bad = |m: String| LineError::new(Some(&id), "invalid_request", m);
     match v.get("method").and_then(Value::as_str) {
         Some("POST") => {}
         m => return Err(bad(format!("method must be \"POST\", not {m:?}"))),
     }
-    let url = match v.get("url").and_then(Value::as_str) {
-        Some(u) if URLS.contains(&u) => u.to_string(),
-        u => return Err(bad(format!("url {u:?} is not one of {}", URLS.join(", ")))),
+    let url = match (v.get("url").and_then(Value::as_str), endpoint) {
+        (Some(u), Some(e)) if u == e => u.to_string(),
+        (u, Some(e)) => return Err(bad(format!("url {u:?} is not the batch's endpoint {e:?}"))),
+        (Some(u), None) if URLS.contains(&u) => u.to_string(),
+        (u, None) => return Err(bad(format!("url {u:?} is not one of {}", URLS.join(", ")))),
     };
     let body = match v.get("body") {
         Some(b @ Value::Object(o)) => {
@@ -297,23 +319,117 @@ fn check(line: u64, bytes: &[u8], seen: &mut HashSet<String>) -> Result<Checked,
     Ok((id, url, body))
 }
 
-/// Tokens a response body generated (chat/completions' `completion_tokens`, responses' and
-/// messages' `output_tokens`), read from its text without building the rest.
-fn generated(body: &RawValue) -> u64 {
-    #[derive(Deserialize)]
-    struct Body {
-        usage: Option<Usage>,
+/// The tokens a response body counts in its `usage` (chat/completions' `prompt_tokens` and
+/// `completion_tokens`, responses' and messages' `input_tokens` and `output_tokens`), read
+/// from its text without building the rest.
+#[derive(Default, Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Tokens {
+    pub(crate) input: u64,
+    pub(crate) output: u64,
+    /// Prompt tokens the prefix cache held.
+    pub(crate) cached: u64,
+    pub(crate) reasoning: u64,
+}
+
+impl Tokens {
+    pub(crate) fn of(body: &RawValue) -> Tokens {
+        #[derive(Deserialize)]
+        struct Body {
+            usage: Option<Usage>,
+        }
+        #[derive(Deserialize)]
+        struct Usage {
+            prompt_tokens: Option<u64>,
+            completion_tokens: Option<u64>,
+            input_tokens: Option<u64>,
+            output_tokens: Option<u64>,
+            prompt_tokens_details: Option<Details>,
+            input_tokens_details: Option<Details>,
+            completion_tokens_details: Option<Details>,
+            output_tokens_details: Option<Details>,
+            // (Anthropic's)
+            cache_read_input_tokens: Option<u64>,
+        }
+        #[derive(Deserialize)]
+        struct Details {
+            cached_tokens: Option<u64>,
+            reasoning_tokens: Option<u64>,
+        }
+        let Some(u) = serde_json::from_str::<Body>(body.get())
+            .ok()
+            .and_then(|b| b.usage)
+        else {
+            return Tokens::default();
+        };
+        let input = u.prompt_tokens_details.or(u.input_tokens_details);
+        let output = u.completion_tokens_details.or(u.output_tokens_details);
+        Tokens {
+            input: u.prompt_tokens.or(u.input_tokens).unwrap_or(0),
+            output: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
+            cached: input
+                .and_then(|d| d.cached_tokens)
+                .or(u.cache_read_input_tokens)
+                .unwrap_or(0),
+            reasoning: output.and_then(|d| d.reasoning_tokens).unwrap_or(0),
+        }
     }
-    #[derive(Deserialize)]
-    struct Usage {
-        completion_tokens: Option<u64>,
-        output_tokens: Option<u64>,
+
+    pub(crate) fn add(&mut self, o: Tokens) {
+        self.input += o.input;
+        self.output += o.output;
+        self.cached += o.cached;
+        self.reasoning += o.reasoning;
     }
-    serde_json::from_str::<Body>(body.get())
-        .ok()
-        .and_then(|b| b.usage)
-        .and_then(|u| u.completion_tokens.or(u.output_tokens))
-        .unwrap_or(0)
+}
+
+/// Answers one request body at `url` through `app` (the server's routes): the status and the
+/// body (its JSON text; one that is not JSON as a string).
+pub(crate) async fn call(app: axum::Router, url: &str, body: Vec<u8>) -> (u16, Box<RawValue>) {
+    let req = axum::http::Request::post(url)
+        .header("content-type", "application/json")
+        .extension(crate::client::Internal)
+        .body(Body::from(body));
+    let (status, body) = match req {
+        Ok(req) => match app.oneshot(req).await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                    .await
+                    .unwrap_or_default();
+                let body = serde_json::from_slice::<Box<RawValue>>(&bytes)
+                    .ok()
+                    .or_else(|| {
+                        serde_json::value::to_raw_value(&String::from_utf8_lossy(&bytes)).ok()
+                    });
+                (status, body)
+            }
+            Err(e) => match e {},
+        },
+        Err(e) => (
+            400,
+            serde_json::value::to_raw_value(
+                &json!({"error": {"message": e.to_string(), "type": "invalid_request_error"}}),
+            )
+            .ok(),
+        ),
+    };
+    (status, body.unwrap_or_else(|| RawValue::NULL.to_owned()))
+}
+
+/// The output line of request `custom_id` (input line `line`) answered `status` with `body`.
+pub(crate) fn answer_line(custom_id: &str, line: u64, status: u16, body: Box<RawValue>) -> String {
+    let answer = Answer {
+        id: format!("batch_req_{}", request_id()),
+        custom_id,
+        line,
+        response: AnswerBody {
+            status_code: status,
+            request_id: request_id(),
+            body,
+        },
+        error: None,
+    };
+    serde_json::to_string(&answer).unwrap_or_default()
 }
 
 /// One request's line of the output (its body kept as the text the server wrote: a reply
@@ -431,6 +547,8 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
                 max_body: MAX_LINE_BYTES,
                 max_reply: MAX_REPLY_BYTES,
             },
+            file_storage: 0,
+            batch_concurrency: None,
         },
         "gdsrun batch",
     )?;
@@ -504,8 +622,8 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
             if tx.is_closed() {
                 break; // the writer failed
             }
-            let next = next_line(&mut reader, &mut buf)
-                .map_err(|e| RuntimeError::file(&input_path, e))?;
+            let next =
+                next_line(&mut reader, &mut buf).map_err(|e| RuntimeError::file(&input_path, e))?;
             let Some(next) = next else { break };
             line += 1;
             if done.lines.contains(&line) {
@@ -514,7 +632,8 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
             }
             if let Err(len) = next {
                 let msg = format!("{len} bytes, more than {MAX_LINE_BYTES}");
-                let _ = tx.send((invalid(line, None, "line_too_long", msg), None));
+                let e = LineError::new(None, "line_too_long", msg);
+                let _ = tx.send((invalid(line, &e), None));
                 continue;
             }
             if buf.iter().all(u8::is_ascii_whitespace) {
@@ -522,10 +641,10 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
                 bar.inc(1);
                 continue;
             }
-            let (id, url, body) = match check(line, &buf, &mut seen) {
+            let (id, url, body) = match check(&buf, &mut seen, None) {
                 Ok(c) => c,
-                Err(out_line) => {
-                    let _ = tx.send((out_line, None));
+                Err(e) => {
+                    let _ = tx.send((invalid(line, &e), None));
                     continue;
                 }
             };
@@ -543,49 +662,10 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
             let (app, tx) = (app.clone(), tx.clone());
             tasks.spawn(async move {
                 let _permit = permit;
-                let req = axum::http::Request::post(url.as_str())
-                    .header("content-type", "application/json")
-                    .body(Body::from(body));
-                let (status, body) = match req {
-                    Ok(req) => match app.oneshot(req).await {
-                        Ok(resp) => {
-                            let status = resp.status().as_u16();
-                            let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-                                .await
-                                .unwrap_or_default();
-                            let body = serde_json::from_slice::<Box<RawValue>>(&bytes)
-                                .ok()
-                                .or_else(|| {
-                                    serde_json::value::to_raw_value(&String::from_utf8_lossy(
-                                        &bytes,
-                                    ))
-                                    .ok()
-                                });
-                            (status, body)
-                        }
-                        Err(e) => match e {},
-                    },
-                    Err(e) => (
-                        400,
-                        serde_json::value::to_raw_value(&json!({"error": {"message": e.to_string(), "type": "invalid_request_error"}})).ok(),
-                    ),
-                };
-                let body = body.unwrap_or_else(|| RawValue::NULL.to_owned());
+                let (status, body) = call(app, &url, body).await;
                 let ok = (200..300).contains(&status);
-                let tokens = generated(&body);
-                let answer = Answer {
-                    id: format!("batch_req_{}", request_id()),
-                    custom_id: &id,
-                    line,
-                    response: AnswerBody {
-                        status_code: status,
-                        request_id: request_id(),
-                        body,
-                    },
-                    error: None,
-                };
-                let out_line = serde_json::to_string(&answer).unwrap_or_default();
-                let _ = tx.send((out_line, Some((ok, tokens))));
+                let tokens = Tokens::of(&body).output;
+                let _ = tx.send((answer_line(&id, line, status, body), Some((ok, tokens))));
             });
         }
         if tx.is_closed() {
@@ -642,7 +722,7 @@ mod tests {
     fn lines_are_checked_and_named() {
         let mut seen = HashSet::new();
         let ok = br#"{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}"#;
-        let (id, url, _) = check(3, ok, &mut seen).unwrap();
+        let (id, url, _) = check(ok, &mut seen, None).unwrap();
         assert_eq!((id.as_str(), url.as_str()), ("a", "/v1/completions"));
         for (bytes, code, words) in [
             (&ok[..], "duplicate_custom_id", "earlier line"),
@@ -654,7 +734,7 @@ mod tests {
             (br#"{"custom_id": "f", "method": "POST", "url": "/v1/responses", "body": {"input": "x", "background": true}}"#, "invalid_request", "background"),
             (br#"{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": []}"#, "invalid_request", "object"),
         ] {
-            let line: Value = serde_json::from_str(&check(7, bytes, &mut seen).unwrap_err()).unwrap();
+            let line: Value = serde_json::from_str(&invalid(7, &check(bytes, &mut seen, None).unwrap_err())).unwrap();
             assert_eq!(line["error"]["code"], code, "{line}");
             let msg = line["error"]["message"].as_str().unwrap();
             assert!(msg.starts_with("line 7: ") && msg.contains(words), "{msg}");

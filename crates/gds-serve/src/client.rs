@@ -12,6 +12,12 @@ tokio::task_local! {
     pub(crate) static CLIENT: IpAddr;
 }
 
+/// The mark of a request made by a batch job (`gdsrun batch`, the server's Batch API) rather
+/// than sent by a client: the API key is not asked of it (its batch's creator was asked), and
+/// no client address holds it. A request extension, which nothing from the network can set.
+#[derive(Clone, Copy)]
+pub(crate) struct Internal;
+
 /// What each client address holds (open connections in `net`; requests in the engine,
 /// queued or running, in `api`), against a cap per address: one client cannot take every
 /// connection, nor fill the queue and leave every other client waiting behind it or refused.

@@ -68,14 +68,29 @@ pub(crate) fn listed(item: &Value, new_id: impl FnOnce(&str) -> String) -> Value
 /// newest first, or `asc`), after the item whose id is `after`, `limit` of them (1 to 100,
 /// 20); the list object, or a 400 naming the query parameter (`what` names the list).
 pub(crate) fn page(
-    mut items: Vec<Value>,
+    items: Vec<Value>,
     q: &HashMap<String, String>,
     what: &str,
 ) -> Result<Value, ApiError> {
+    page_of(items, q, what, 20, 100)
+}
+
+/// [`page`] with another default and largest `limit` (the files' are 10000).
+pub(crate) fn page_of(
+    mut items: Vec<Value>,
+    q: &HashMap<String, String>,
+    what: &str,
+    default: usize,
+    max: usize,
+) -> Result<Value, ApiError> {
     let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
-        None => 20,
-        Some(Ok(n)) if (1..=100).contains(&n) => n,
-        Some(_) => return Err(ApiError::bad("limit must be a number from 1 to 100").param("limit")),
+        None => default,
+        Some(Ok(n)) if (1..=max).contains(&n) => n,
+        Some(_) => {
+            return Err(
+                ApiError::bad(format!("limit must be a number from 1 to {max}")).param("limit"),
+            )
+        }
     };
     match q.get("order").map(String::as_str) {
         None | Some("desc") => items.reverse(),

@@ -3,8 +3,10 @@
 mod anthropic;
 mod api;
 pub mod batch;
+mod batches;
 mod embeddings;
 mod error;
+mod files;
 pub use gds_runtime::harmony;
 pub mod client;
 mod conversations;
@@ -121,6 +123,17 @@ pub struct ServeArgs {
     /// cancelled. Streamed replies go out as they are made and have no such limit.
     #[arg(long, default_value = "256MiB", value_parser = gds_runtime::ioplan::parse_size)]
     pub max_reply: u64,
+    /// Memory for the Files API (e.g. 1GiB): uploaded batch inputs and batch results together;
+    /// an upload that does not fit is refused (413), nothing is dropped for room. An upload
+    /// may be this large whatever --max-body says. 0: no uploads.
+    #[arg(long, default_value = "512MiB", value_parser = gds_runtime::ioplan::parse_size)]
+    pub file_storage: u64,
+    /// Most requests of the Batch API (`/v1/batches`) in the engine at once, all batches
+    /// together (default: twice --max-batch, at most --queue-limit). The engine shares its
+    /// batch between the batches and each client either way; lower it to leave more of the
+    /// queue to clients.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_concurrency: Option<u64>,
 }
 
 /// The engine's flags, shared by `gdsrun serve` and `gdsrun batch`.
@@ -497,6 +510,14 @@ pub struct ServerState {
     conversations: std::sync::Mutex<conversations::ConversationStore>,
     /// Chat completions kept by `store: true` (OpenAI's stored completions).
     chat_store: std::sync::Mutex<stored::ChatStore>,
+    /// The Files API's files (uploads and batch results), and their budget
+    /// (`--file-storage`).
+    files: std::sync::Mutex<files::FileStore>,
+    file_storage: usize,
+    /// The Batch API's batches.
+    batches: std::sync::Mutex<batches::BatchStore>,
+    /// Batch requests in the engine at once, all batches together (`--batch-concurrency`).
+    batch_slots: Arc<tokio::sync::Semaphore>,
     /// The model as Ollama's API describes it (`/api/tags`, `/api/show`).
     card: ollama::ModelCard,
 }
@@ -615,6 +636,10 @@ pub(crate) struct Frontend {
     pub(crate) slot_save_path: Option<PathBuf>,
     pub(crate) cors_origins: Vec<String>,
     pub(crate) limits: NetLimits,
+    /// `--file-storage` (bytes).
+    pub(crate) file_storage: usize,
+    /// `--batch-concurrency`.
+    pub(crate) batch_concurrency: Option<usize>,
 }
 
 /// An engine running on a model, and the state its handlers share.
@@ -863,6 +888,15 @@ pub(crate) fn start(
         responses: Default::default(),
         conversations: Default::default(),
         chat_store: Default::default(),
+        files: std::sync::Mutex::new(files::FileStore::new(front.file_storage)),
+        file_storage: front.file_storage,
+        batches: Default::default(),
+        batch_slots: Arc::new(tokio::sync::Semaphore::new(
+            front
+                .batch_concurrency
+                .unwrap_or(2 * e.max_batch)
+                .clamp(1, e.queue_limit.max(1)),
+        )),
         card: ollama::ModelCard::of(&plan),
     });
     // index the vocabulary for constrained decoding in the background (Gemma's 262k tokens
@@ -961,6 +995,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(n) => n,
         Err(_) => return bad(format!("--max-reply {} is too large", args.max_reply)),
     };
+    let Ok(file_storage) = usize::try_from(args.file_storage) else {
+        return bad(format!("--file-storage {} is too large", args.file_storage));
+    };
     let limits = NetLimits {
         max_connections: args.max_connections,
         max_client_connections,
@@ -983,6 +1020,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             slot_save_path: args.slot_save_path.clone(),
             cors_origins,
             limits,
+            file_storage,
+            batch_concurrency: args.batch_concurrency.map(|n| n as usize),
         },
         "gdsrun serve",
     )?;
@@ -1131,6 +1170,27 @@ fn router(state: Arc<ServerState>) -> axum::Router {
                 } else {
                     post(embeddings::embeddings)
                 },
+            )
+            .route(
+                &format!("{prefix}/files"),
+                post(files::upload).get(files::list),
+            )
+            .route(
+                &format!("{prefix}/files/{{id}}"),
+                get(files::retrieve).delete(files::delete),
+            )
+            .route(
+                &format!("{prefix}/files/{{id}}/content"),
+                get(files::content),
+            )
+            .route(
+                &format!("{prefix}/batches"),
+                post(batches::create).get(batches::list),
+            )
+            .route(&format!("{prefix}/batches/{{id}}"), get(batches::retrieve))
+            .route(
+                &format!("{prefix}/batches/{{id}}/cancel"),
+                post(batches::cancel),
             )
             .route(&format!("{prefix}/score"), post(score::score))
             .route(&format!("{prefix}/rerank"), post(rerank::rerank))

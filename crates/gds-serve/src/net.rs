@@ -254,14 +254,21 @@ async fn refuse(stream: TcpStream, why: Refusal) {
 /// Middleware: refuses a body over the limit (413) from its Content-Length before reading
 /// it, and otherwise reads it whole within the body timeout (408) and the limit (413).
 pub async fn read_body(State(st): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
-    let limit = st.limits.max_body;
+    // (a Files API upload may be as large as the file storage)
+    let upload =
+        req.method() == axum::http::Method::POST && crate::files::is_upload(req.uri().path());
+    let limit = if upload {
+        st.limits.max_body.max(crate::files::max_upload(&st))
+    } else {
+        st.limits.max_body
+    };
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return too_large(&st, declared);
+        return too_large(&st, declared, limit, upload);
     }
     let (parts, body) = req.into_parts();
     let read = tokio::time::timeout(st.limits.body_timeout, axum::body::to_bytes(body, limit));
@@ -270,7 +277,7 @@ pub async fn read_body(State(st): State<Arc<ServerState>>, req: Request, next: N
         Ok(Err(e)) => {
             let e = e.into_inner();
             if e.is::<http_body_util::LengthLimitError>() {
-                return too_large(&st, None);
+                return too_large(&st, None, limit, upload);
             }
             st.metrics.rejected_bad.fetch_add(1, Ordering::Relaxed);
             return ApiError::bad(format!("reading the request body: {e}")).into_response();
@@ -293,18 +300,20 @@ pub async fn read_body(State(st): State<Arc<ServerState>>, req: Request, next: N
         .await
 }
 
-fn too_large(st: &ServerState, declared: Option<u64>) -> Response {
+fn too_large(st: &ServerState, declared: Option<u64>, limit: usize, upload: bool) -> Response {
     st.metrics
         .rejected_too_large
         .fetch_add(1, Ordering::Relaxed);
     let size = declared.map_or_else(|| "the request body".into(), |n| format!("{n} bytes"));
+    let flag = if upload {
+        "--file-storage"
+    } else {
+        "--max-body"
+    };
     let e = ApiError::status(
         StatusCode::PAYLOAD_TOO_LARGE,
         "invalid_request_error",
-        format!(
-            "{size} is over this server's limit of {} bytes (--max-body)",
-            st.limits.max_body
-        ),
+        format!("{size} is over this server's limit of {limit} bytes ({flag})"),
     )
     .code("request_too_large");
     closing(e)
@@ -333,7 +342,8 @@ pub async fn require_key(State(st): State<Arc<ServerState>>, req: Request, next:
         || path == "/ping"
         || (path == "/" && probe)
         || (st.metrics_public && path == "/metrics");
-    if !public {
+    let internal = req.extensions().get::<crate::client::Internal>().is_some();
+    if !public && !internal {
         if let Err(e) = crate::api::authorize(&st, req.headers()) {
             return e.into_response();
         }

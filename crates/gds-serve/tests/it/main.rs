@@ -1,6 +1,7 @@
 //! gds-serve: the integration tests, one test binary (each file a module; one link
 //! instead of one per file).
 
+mod batches;
 mod common;
 mod context;
 mod embeddings;

@@ -1,0 +1,63 @@
+//! OpenAI's Files and Batch APIs on the server (`/v1/files`, `/v1/batches`).
+
+use crate::common::{http, python, start};
+
+/// The official `openai` client uploads, runs, follows, cancels and lists batches; each
+/// result equals the same request sent directly (`tests/py/serve_batch_check.py`, which
+/// names every check), through a server with an API key and one with a small file storage.
+#[test]
+fn batches_through_the_openai_client() {
+    // no lock: much of its time is the Python client's start (see common::SERIAL)
+    let s = start(&["--api-key", "secret", "--max-batch", "4"]);
+    let small = start(&["--file-storage", "4KiB"]);
+    let r = python(
+        "serve_batch_check.py",
+        &[
+            &format!("http://{}/v1", s.addr),
+            "secret",
+            &format!("http://{}/v1", small.addr),
+        ],
+    );
+    eprintln!("{r}");
+    assert_eq!(r["chat"], 5, "{r}");
+    assert_eq!(r["completions"], 3, "{r}");
+    assert_eq!(r["bad_lines"], 3, "{r}");
+}
+
+/// An upload that is not a multipart form, or has no file, is a 400 in OpenAI's shape; a
+/// batch body with an unknown field or a bad `output_expires_after` names it.
+#[test]
+fn bad_uploads_and_batch_bodies_are_named() {
+    let s = start(&[]);
+    let (status, body) = http(&s.addr, "POST", "/v1/files", Some(b"{\"file\": 1}"));
+    assert_eq!(status, 400, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(v["error"]["message"].as_str().is_some(), "{body}");
+    for (body, words) in [
+        (
+            r#"{"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h", "extra": 1}"#,
+            "extra",
+        ),
+        (
+            r#"{"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h", "output_expires_after": {"anchor": "created_at", "seconds": 5}}"#,
+            "output_expires_after",
+        ),
+        (
+            r#"{"endpoint": "/v1/completions", "completion_window": "24h"}"#,
+            "input_file_id",
+        ),
+        (r#"[]"#, ""),
+    ] {
+        let (status, text) = http(&s.addr, "POST", "/v1/batches", Some(body.as_bytes()));
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(words), "{body}: {text}");
+    }
+    for path in [
+        "/v1/batches/batch_nope",
+        "/v1/files/file-nope",
+        "/v1/files/file-nope/content",
+    ] {
+        let (status, text) = http(&s.addr, "GET", path, None);
+        assert_eq!(status, 404, "{path}: {text}");
+    }
+}
