@@ -347,8 +347,9 @@ impl Tokens {
             input_tokens_details: Option<Details>,
             completion_tokens_details: Option<Details>,
             output_tokens_details: Option<Details>,
-            // (Anthropic's)
+            // (Anthropic's: the prompt tokens the cache held and made, beside `input_tokens`)
             cache_read_input_tokens: Option<u64>,
+            cache_creation_input_tokens: Option<u64>,
         }
         #[derive(Deserialize)]
         struct Details {
@@ -363,8 +364,10 @@ impl Tokens {
         };
         let input = u.prompt_tokens_details.or(u.input_tokens_details);
         let output = u.completion_tokens_details.or(u.output_tokens_details);
+        let anthropic =
+            u.cache_read_input_tokens.unwrap_or(0) + u.cache_creation_input_tokens.unwrap_or(0);
         Tokens {
-            input: u.prompt_tokens.or(u.input_tokens).unwrap_or(0),
+            input: u.prompt_tokens.or(u.input_tokens).unwrap_or(0) + anthropic,
             output: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
             cached: input
                 .and_then(|d| d.cached_tokens)
@@ -740,6 +743,47 @@ mod tests {
             assert!(msg.starts_with("line 7: ") && msg.contains(words), "{msg}");
             assert!(line["response"].is_null() && line["line"] == 7, "{line}");
         }
+    }
+
+    #[test]
+    fn usage_is_read_from_every_api_shape() {
+        let of = |v: Value| Tokens::of(&serde_json::value::to_raw_value(&v).unwrap());
+        let openai = json!({"usage": {"prompt_tokens": 9, "completion_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 3},
+            "completion_tokens_details": {"reasoning_tokens": 2}}});
+        let want = Tokens {
+            input: 9,
+            output: 4,
+            cached: 3,
+            reasoning: 2,
+        };
+        assert_eq!(of(openai), want);
+        let responses = json!({"usage": {"input_tokens": 9, "output_tokens": 4,
+            "input_tokens_details": {"cached_tokens": 3},
+            "output_tokens_details": {"reasoning_tokens": 2}}});
+        assert_eq!(of(responses), want);
+        // Anthropic's input_tokens leave out what the cache read
+        let anthropic = json!({"usage": {"input_tokens": 6, "output_tokens": 4,
+            "cache_read_input_tokens": 3, "cache_creation_input_tokens": 0}});
+        assert_eq!(
+            of(anthropic),
+            Tokens {
+                reasoning: 0,
+                ..want
+            }
+        );
+        assert_eq!(of(json!({"error": {}})), Tokens::default());
+        let mut sum = want;
+        sum.add(want);
+        assert_eq!(
+            sum,
+            Tokens {
+                input: 18,
+                output: 8,
+                cached: 6,
+                reasoning: 4
+            }
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -339,9 +340,35 @@ async fn run(
         }
     }
     let mut stop = job.stop.subscribe();
+    let requests = lines.into_iter().filter_map(|(n, range)| {
+        // (checked whole before: a line that passed then passes now)
+        let (id, url, body) = batch::check(&input[range], &mut HashSet::new(), None).ok()?;
+        Some((id, n, url, body))
+    });
+    let recorder = {
+        let (st, job) = (st.clone(), job.clone());
+        move |id: &str, n: u64, status: u16, reply: Box<RawValue>| {
+            record(&st, &job, id, n, status, reply)
+        }
+    };
+    drive(&st, &mut stop, requests, recorder).await;
+    finish(&st, &job, out_expiry);
+}
+
+/// Sends a batch's requests (`custom_id`, its number, the url, the body) through the
+/// server's routes, at most `--batch-concurrency` of all batches' at once, each answer handed
+/// to `record`; a request the full queue refuses (429) is sent again. Ends when every request
+/// is answered, or at once when `stop` is set: nothing more is started and the requests
+/// running are dropped (the engine then stops them), unrecorded.
+pub(crate) async fn drive(
+    st: &Arc<ServerState>,
+    stop: &mut watch::Receiver<bool>,
+    requests: impl Iterator<Item = (String, u64, String, Vec<u8>)> + Send,
+    record: impl Fn(&str, u64, u16, Box<RawValue>) + Clone + Send + Sync + 'static,
+) {
     let app = crate::router(st.clone());
     let mut tasks = tokio::task::JoinSet::new();
-    for (n, range) in lines {
+    for (id, n, url, body) in requests {
         let permit = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => break,
@@ -354,11 +381,7 @@ async fn run(
             break;
         }
         while tasks.try_join_next().is_some() {}
-        // (checked whole before: a line that passed then passes now)
-        let Ok((id, url, body)) = batch::check(&input[range], &mut HashSet::new(), None) else {
-            continue;
-        };
-        let (st, job, app) = (st.clone(), job.clone(), app.clone());
+        let (app, record) = (app.clone(), record.clone());
         tasks.spawn(async move {
             let _permit = permit;
             let mut wait = RETRY_FIRST;
@@ -369,17 +392,15 @@ async fn run(
                     wait = (wait * 2).min(Duration::from_secs(1));
                     continue;
                 }
-                record(&st, &job, &id, n, status, reply);
+                record(&id, n, status, reply);
                 break;
             }
         });
     }
     if *stop.borrow() {
-        // (cancelled: the requests running are dropped, so the engine stops them)
         tasks.abort_all();
     }
     while tasks.join_next().await.is_some() {}
-    finish(&st, &job, out_expiry);
 }
 
 /// Adds a request's result line to its batch's output (2xx) or error file.

@@ -33,7 +33,7 @@ const PURPOSES: [&str; 6] = [
 pub(crate) const EXPIRY_SECONDS: std::ops::RangeInclusive<u64> = 3600..=2_592_000;
 
 /// A file's object, as OpenAI answers it.
-#[derive(Serialize, Clone)]
+#[derive(Serialize, Clone, Debug)]
 pub(crate) struct FileObject {
     pub(crate) id: String,
     object: &'static str,
@@ -105,6 +105,11 @@ impl FileStore {
         true
     }
 
+    /// Gives back `n` bytes counted by [`FileStore::reserve`].
+    pub(crate) fn release(&mut self, n: usize) {
+        self.used -= n.min(self.used);
+    }
+
     /// Keeps `content` as a new file; `reserved`: its bytes are counted already
     /// ([`FileStore::reserve`]), else they must fit.
     pub(crate) fn add(
@@ -171,21 +176,21 @@ pub(crate) fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("no file {id:?}")).param("file_id")
 }
 
-/// The largest upload body: the whole storage and room for the multipart framing (a larger
+/// The largest body of an upload or a message batch: the whole storage and room for the multipart framing (a larger
 /// one is refused from its Content-Length before it is read).
 pub(crate) fn max_upload(st: &ServerState) -> usize {
     st.file_storage.saturating_add(64 << 10)
 }
 
-/// Whether `POST path` is an upload (the Files API under any of the OpenAI prefixes).
-pub(crate) fn is_upload(path: &str) -> bool {
-    [
-        "/v1/files",
-        "/files",
-        "/engines/v1/files",
-        "/engines/llama.cpp/v1/files",
-    ]
-    .contains(&path)
+/// Whether `POST path` sends what the file storage keeps (a Files API upload, an Anthropic
+/// message batch), under any of the API prefixes: its body may be as large as the storage.
+pub(crate) fn takes_storage(path: &str) -> bool {
+    ["/v1", "", "/engines/v1", "/engines/llama.cpp/v1"]
+        .iter()
+        .any(|p| {
+            path.strip_prefix(p)
+                .is_some_and(|rest| rest == "/files" || rest == "/messages/batches")
+        })
 }
 
 /// `expires_after` of an upload or a batch's `output_expires_after`: `anchor` `created_at`,
@@ -341,9 +346,9 @@ mod tests {
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
         assert!(e.text().contains("60 of 100 bytes"), "{}", e.text());
         assert!(s.reserve(40) && !s.reserve(1));
+        s.release(40);
         assert!(s.remove(&a.id).is_some());
-        assert_eq!(s.used, 40);
-        s.used = 0;
+        assert_eq!(s.used, 0);
         // an expired file is gone, its bytes with it
         let b = s
             .add(

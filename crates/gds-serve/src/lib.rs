@@ -14,6 +14,7 @@ mod items;
 mod kept;
 pub mod kvpool;
 pub mod metrics;
+mod msgbatches;
 mod native;
 pub mod net;
 mod ollama;
@@ -514,8 +515,9 @@ pub struct ServerState {
     /// (`--file-storage`).
     files: std::sync::Mutex<files::FileStore>,
     file_storage: usize,
-    /// The Batch API's batches.
+    /// The Batch API's batches, and Anthropic's message batches.
     batches: std::sync::Mutex<batches::BatchStore>,
+    msg_batches: std::sync::Mutex<msgbatches::MsgBatchStore>,
     /// Batch requests in the engine at once, all batches together (`--batch-concurrency`).
     batch_slots: Arc<tokio::sync::Semaphore>,
     /// The model as Ollama's API describes it (`/api/tags`, `/api/show`).
@@ -891,6 +893,7 @@ pub(crate) fn start(
         files: std::sync::Mutex::new(files::FileStore::new(front.file_storage)),
         file_storage: front.file_storage,
         batches: Default::default(),
+        msg_batches: Default::default(),
         batch_slots: Arc::new(tokio::sync::Semaphore::new(
             front
                 .batch_concurrency
@@ -1158,6 +1161,22 @@ fn router(state: Arc<ServerState>) -> axum::Router {
             .route(
                 &format!("{prefix}/messages/count_tokens"),
                 post(anthropic::count_tokens),
+            )
+            .route(
+                &format!("{prefix}/messages/batches"),
+                post(msgbatches::create).get(msgbatches::list),
+            )
+            .route(
+                &format!("{prefix}/messages/batches/{{id}}"),
+                get(msgbatches::retrieve).delete(msgbatches::delete),
+            )
+            .route(
+                &format!("{prefix}/messages/batches/{{id}}/cancel"),
+                post(msgbatches::cancel),
+            )
+            .route(
+                &format!("{prefix}/messages/batches/{{id}}/results"),
+                get(msgbatches::results),
             )
             .route(&format!("{prefix}/models"), get(api::models))
             .route(&format!("{prefix}/models/{{*id}}"), get(api::model))

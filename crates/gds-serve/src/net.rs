@@ -254,9 +254,9 @@ async fn refuse(stream: TcpStream, why: Refusal) {
 /// Middleware: refuses a body over the limit (413) from its Content-Length before reading
 /// it, and otherwise reads it whole within the body timeout (408) and the limit (413).
 pub async fn read_body(State(st): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
-    // (a Files API upload may be as large as the file storage)
+    // (an upload, or a message batch, may be as large as the file storage)
     let upload =
-        req.method() == axum::http::Method::POST && crate::files::is_upload(req.uri().path());
+        req.method() == axum::http::Method::POST && crate::files::takes_storage(req.uri().path());
     let limit = if upload {
         st.limits.max_body.max(crate::files::max_upload(&st))
     } else {

@@ -6,6 +6,7 @@ use crate::common::{http, python, start};
 /// result equals the same request sent directly (`tests/py/serve_batch_check.py`, which
 /// names every check), through a server with an API key and one with a small file storage.
 #[test]
+#[ignore = "tier 2: needs the fetched models and the openai package (scripts/test.sh)"]
 fn batches_through_the_openai_client() {
     // no lock: much of its time is the Python client's start (see common::SERIAL)
     let s = start(&["--api-key", "secret", "--max-batch", "4"]);
@@ -27,6 +28,7 @@ fn batches_through_the_openai_client() {
 /// An upload that is not a multipart form, or has no file, is a 400 in OpenAI's shape; a
 /// batch body with an unknown field or a bad `output_expires_after` names it.
 #[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn bad_uploads_and_batch_bodies_are_named() {
     let s = start(&[]);
     let (status, body) = http(&s.addr, "POST", "/v1/files", Some(b"{\"file\": 1}"));
@@ -60,4 +62,22 @@ fn bad_uploads_and_batch_bodies_are_named() {
         let (status, text) = http(&s.addr, "GET", path, None);
         assert_eq!(status, 404, "{path}: {text}");
     }
+}
+
+/// Anthropic's Message Batches API through the official `anthropic` client
+/// (`tests/py/serve_msgbatch_check.py`, which names every check): results equal to the same
+/// requests sent to `/v1/messages`, errored requests with Anthropic's error, cancel, delete,
+/// list pages, refusals, through a server with an API key.
+#[test]
+#[ignore = "tier 2: needs the fetched models and the anthropic package (scripts/test.sh)"]
+fn message_batches_through_the_anthropic_client() {
+    let s = start(&["--api-key", "secret", "--max-batch", "4"]);
+    let r = python(
+        "serve_msgbatch_check.py",
+        &[&format!("http://{}", s.addr), "secret"],
+    );
+    eprintln!("{r}");
+    assert_eq!(r["succeeded"], 3, "{r}");
+    assert_eq!(r["errored"], 1, "{r}");
+    assert!(r["canceled"].as_u64().unwrap() > 0, "{r}");
 }
