@@ -17,6 +17,8 @@ It fails (exit 1, listing each case with its body) when:
 - a request takes longer than --request-timeout or the connection breaks;
 - a sentinel request fails or its text differs from its first answer (one client's request
   must never fail or change another's);
+- a batch the fuzzing started (OpenAI's or Anthropic's) does not end, or one of its requests
+  is answered 5xx;
 - the server is not alive and healthy at the end.
 
 Prints one JSON summary (requests by status, by endpoint). Refuses non-loopback URLs.
@@ -34,13 +36,15 @@ import threading
 import time
 from urllib.parse import urlparse
 
-ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
+ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens", "/v1/messages/batches"}
 ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
              "/v1/messages/count_tokens", "/v1/embeddings", "/tokenize", "/detokenize",
              "/completion", "/apply-template", "/v1/responses/input_tokens",
              "/v1/chat/completions/input_tokens", "/infill",
              "/api/chat", "/api/generate", "/api/embed", "/api/show", "/score", "/embedding",
-             "/slots", "/v1/conversations"]
+             "/slots", "/v1/conversations", "/v1/files", "/v1/batches", "/v1/messages/batches"]
+# files uploaded at the start (a clean batch input, a damaged one), for /v1/batches bodies
+FILE_IDS = []
 # a reranker's (--endpoints): a model without a head answers them 501 (/score answers any
 # model: a reranker's pair scores, else the cosine of embeddings)
 RERANK = ["/v1/rerank", "/rerank", "/v2/rerank", "/v1/score"]
@@ -155,6 +159,19 @@ def plain_body(path, rng):
             b["include"] = rng.choice([["message.output_text.logprobs"], [], "all", [7]])
             b["top_logprobs"] = rng.choice([0, 3, 20, 21, -1, 2.5, None])
         return b
+    if path == "/v1/batches":
+        # OpenAI's Batch API: the uploaded inputs (clean and damaged) and ids that are not
+        return {"input_file_id": rng.choice(FILE_IDS + ["file-nope"]),
+                "endpoint": rng.choice(["/v1/chat/completions"] * 3 + ["/v1/completions", "/v1/moderations"]),
+                "completion_window": "24h", "metadata": {"fuzz": "1"}}
+    if path == "/v1/messages/batches":
+        return {"requests": [{"custom_id": f"q{i}", "params": plain_body("/v1/messages", rng)}
+                             for i in range(rng.randint(1, 3))]}
+    if path == "/v1/files":
+        # (sent as a multipart form: see multipart())
+        return {"purpose": rng.choice(["batch", "batch", "vision", "nope", ""]),
+                "filename": rng.choice(["in.jsonl", "", "a\u0000b", "x" * 300]),
+                "content": rng.choice(["", "{}\n", "x" * 5000])}
     if path == "/v1/conversations":
         return {"items": [{"role": "user", "content": words},
                           {"type": "message", "role": "assistant",
@@ -479,6 +496,93 @@ def request(host, port, path, data, timeout, api_key=None, content_type="applica
         c.close()
 
 
+def multipart(fields, rng):
+    """A multipart/form-data body of `fields` (an upload's: `file` from `content`, the rest as
+    text fields, mutated values as their JSON text): (content type, bytes)."""
+    boundary = "fuzz%016x" % rng.getrandbits(64)
+    out = b""
+    for k, v in fields.items():
+        text = v if isinstance(v, str) else json.dumps(v)
+        if k == "content":
+            name = fields.get("filename")
+            name = name if isinstance(name, str) else "f"
+            out += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+                    f'filename="{name}"\r\nContent-Type: application/octet-stream\r\n\r\n').encode()
+        elif k == "filename":
+            continue
+        else:
+            out += f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n'.encode()
+        out += text.encode("utf-8", "replace") + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    return f"multipart/form-data; boundary={boundary}", out
+
+
+def upload(host, port, data, api_key):
+    """Uploads `data` as a batch input file: its id."""
+    ctype, body = multipart({"purpose": "batch", "filename": "in.jsonl",
+                             "content": data.decode("utf-8", "replace")}, random.Random(0))
+    status, _, raw = request(host, port, "/v1/files", body, 60, api_key, ctype)
+    if status != 200:
+        raise Failure(f"uploading a batch input: HTTP {status}: {raw[:300]!r}")
+    return json.loads(raw)["id"]
+
+
+def get(host, port, path, api_key):
+    c = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        c.request("GET", path, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def check_batches(host, port, api_key, record, timeout=300):
+    """Waits for the batches the fuzzing made to end; fails where one did not, where a
+    request of one was answered 5xx, or an Anthropic batch's request errored as the server's
+    fault (`api_error`). The number of result lines read."""
+    t0 = time.time()
+    n = 0
+    while True:
+        _, raw = get(host, port, "/v1/batches?limit=100", api_key)
+        openai_batches = json.loads(raw)["data"]
+        _, raw = get(host, port, "/v1/messages/batches?limit=1000", api_key)
+        msg_batches = json.loads(raw)["data"]
+        running = ([b["id"] for b in openai_batches
+                    if b["status"] not in ("completed", "failed", "cancelled")]
+                   + [b["id"] for b in msg_batches if b["processing_status"] != "ended"])
+        if not running:
+            break
+        if time.time() - t0 > timeout:
+            record({"path": "batches"}, f"still running after {timeout} s: {running}")
+            return n
+        time.sleep(0.5)
+    for b in openai_batches:
+        errors = (b.get("errors") or {}).get("data") or []
+        if any(e.get("code") == "server_error" for e in errors):
+            record({"path": "/v1/batches", "batch": b["id"]}, f"failed: {errors}")
+        for fid in (b.get("output_file_id"), b.get("error_file_id")):
+            if not fid:
+                continue
+            status, raw = get(host, port, f"/v1/files/{fid}/content", api_key)
+            for line in raw.decode("utf-8", "replace").splitlines():
+                n += 1
+                r = json.loads(line)
+                code = (r.get("response") or {}).get("status_code", 0)
+                if code >= 500:
+                    record({"path": "/v1/batches", "batch": b["id"], "line": line[:2000]},
+                           f"a batch request answered {code}")
+    for b in msg_batches:
+        status, raw = get(host, port, f"/v1/messages/batches/{b['id']}/results", api_key)
+        for line in raw.decode("utf-8", "replace").splitlines():
+            n += 1
+            r = json.loads(line)["result"]
+            if r["type"] == "errored" and r["error"]["error"]["type"] == "api_error":
+                record({"path": "/v1/messages/batches", "batch": b["id"], "line": line[:2000]},
+                       "a batch request failed as the server's fault")
+    return n
+
+
 def check_error_shape(path, v):
     if path in OLLAMA:
         ok = isinstance(v, dict) and isinstance(v.get("error"), str)
@@ -621,6 +725,14 @@ def main():
     failures, lock = [], threading.Lock()
     counts, by_path = {}, {}
     done = threading.Event()
+    if "/v1/batches" in endpoints:
+        rng = random.Random(a.seed)
+        clean = b"\n".join(json.dumps({"custom_id": f"c{i}", "method": "POST",
+                                        "url": "/v1/chat/completions",
+                                        "body": plain_body("/v1/chat/completions", rng)}).encode()
+                           for i in range(4))
+        FILE_IDS.extend([upload(host, port, clean, a.api_key),
+                         upload(host, port, batch_lines(20, rng), a.api_key)])
 
     def record(case, err):
         with lock:
@@ -632,13 +744,16 @@ def main():
         while i < a.requests:
             path = endpoints[rng.randrange(len(endpoints))]
             # (a slot action's body is one field: mutated less, so that files are written)
-            damage = 0.5 if path == "/slots" else 0.95
+            # (and a batch's, so that batches run beside the rest)
+            damage = 0.5 if path in ("/slots", "/v1/batches", "/v1/messages/batches", "/v1/files") else 0.95
             body = mutate(base_body(path, rng), rng) if rng.random() < damage else base_body(path, rng)
             if path in OLLAMA and isinstance(body.get("options"), dict) and rng.random() < 0.9:
                 body["options"].setdefault("num_predict", 16)
             data = json.dumps(body).encode()
             url = slot_path(rng) if path == "/slots" else path
             ctype = "application/json"
+            if path == "/v1/files" and isinstance(body, dict):
+                ctype, data = multipart(body, rng)
             if rng.random() < 0.12:
                 data = raw_damage(data, rng)
             if rng.random() < 0.03:
@@ -700,6 +815,9 @@ def main():
         t.join()
     done.set()
     w.join()
+    batch_results = 0
+    if "/v1/batches" in endpoints or "/v1/messages/batches" in endpoints:
+        batch_results = check_batches(host, port, a.api_key, record)
     try:
         c = http.client.HTTPConnection(host, port, timeout=10)
         c.request("GET", "/health")
@@ -712,7 +830,8 @@ def main():
                "by_status": {str(k): v for k, v in sorted(counts.items())},
                "by_path": {p: {str(k): v for k, v in sorted(s.items())}
                            for p, s in sorted(by_path.items())},
-               "sentinel_requests": sentinel_n[0], "failures": len(failures)}
+               "sentinel_requests": sentinel_n[0], "batch_results_checked": batch_results,
+               "failures": len(failures)}
     print(json.dumps(summary))
     for f in failures[:20]:
         print(json.dumps(f)[:3000], file=sys.stderr)
