@@ -176,10 +176,12 @@ pub(crate) fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("no file {id:?}")).param("file_id")
 }
 
-/// The largest body of an upload or a message batch: the whole storage and room for the multipart framing (a larger
-/// one is refused from its Content-Length before it is read).
+/// The largest body of an upload or a message batch: the storage free now and room for the
+/// multipart framing (a larger one is refused from its Content-Length before it is read).
 pub(crate) fn max_upload(st: &ServerState) -> usize {
-    st.file_storage.saturating_add(64 << 10)
+    let mut s = lock(st);
+    s.purge(now_secs());
+    s.budget.saturating_sub(s.used).saturating_add(64 << 10)
 }
 
 /// Whether `POST path` sends what the file storage keeps (a Files API upload, an Anthropic

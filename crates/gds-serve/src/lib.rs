@@ -511,10 +511,9 @@ pub struct ServerState {
     conversations: std::sync::Mutex<conversations::ConversationStore>,
     /// Chat completions kept by `store: true` (OpenAI's stored completions).
     chat_store: std::sync::Mutex<stored::ChatStore>,
-    /// The Files API's files (uploads and batch results), and their budget
+    /// The Files API's files (uploads and batch results) under their budget
     /// (`--file-storage`).
     files: std::sync::Mutex<files::FileStore>,
-    file_storage: usize,
     /// The Batch API's batches, and Anthropic's message batches.
     batches: std::sync::Mutex<batches::BatchStore>,
     msg_batches: std::sync::Mutex<msgbatches::MsgBatchStore>,
@@ -891,7 +890,6 @@ pub(crate) fn start(
         conversations: Default::default(),
         chat_store: Default::default(),
         files: std::sync::Mutex::new(files::FileStore::new(front.file_storage)),
-        file_storage: front.file_storage,
         batches: Default::default(),
         msg_batches: Default::default(),
         batch_slots: Arc::new(tokio::sync::Semaphore::new(

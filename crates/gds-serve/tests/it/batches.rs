@@ -25,12 +25,49 @@ fn batches_through_the_openai_client() {
     assert_eq!(r["bad_lines"], 3, "{r}");
 }
 
-/// An upload that is not a multipart form, or has no file, is a 400 in OpenAI's shape; a
-/// batch body with an unknown field or a bad `output_expires_after` names it.
+/// An upload that is not a multipart form, or has no file, is a 400 in OpenAI's shape; one
+/// whose Content-Length passes the free file storage is a 413 before its body is read (the
+/// same for an Anthropic message batch); a batch body with an unknown field or a bad
+/// `output_expires_after` names it.
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn bad_uploads_and_batch_bodies_are_named() {
-    let s = start(&[]);
+    let s = start(&["--file-storage", "1MiB", "--max-body", "64KiB"]);
+    for path in ["/v1/files", "/v1/messages/batches"] {
+        // (the head alone: the answer comes without the body being sent)
+        let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: {}\r\n\r\n",
+            2 << 20
+        );
+        std::io::Write::write_all(&mut c, head.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut c, &mut answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(answer.contains("--file-storage"), "{path}: {answer}");
+    }
+    // (an upload may pass --max-body where the storage has room)
+    let boundary = "XyZ";
+    let content = "x".repeat(200 << 10);
+    let form = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n\r\n{content}\r\n--{boundary}--\r\n"
+    );
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    let head = format!(
+        "POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        form.len()
+    );
+    std::io::Write::write_all(&mut c, head.as_bytes()).unwrap();
+    std::io::Write::write_all(&mut c, form.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = std::io::Read::read_to_string(&mut c, &mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains(&format!("\"bytes\":{}", 200 << 10)),
+        "{answer}"
+    );
     let (status, body) = http(&s.addr, "POST", "/v1/files", Some(b"{\"file\": 1}"));
     assert_eq!(status, 400, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
