@@ -356,8 +356,9 @@ async fn run(
 }
 
 /// Sends a batch's requests (`custom_id`, its number, the url, the body) through the
-/// server's routes, at most `--batch-concurrency` of all batches' at once, each answer handed
-/// to `record`; a request the full queue refuses (429) is sent again. Ends when every request
+/// server's routes, at most `--batch-concurrency` of all batches' at once, each yielding to
+/// clients' requests in the engine ([`crate::scheduler::Request::background`]), each answer
+/// handed to `record`; a request the full queue refuses (429) is sent again. Ends when every request
 /// is answered, or at once when `stop` is set: nothing more is started and the requests
 /// running are dropped (the engine then stops them), unrecorded.
 pub(crate) async fn drive(
@@ -386,7 +387,8 @@ pub(crate) async fn drive(
             let _permit = permit;
             let mut wait = RETRY_FIRST;
             loop {
-                let (status, reply) = batch::call(app.clone(), &url, body.clone()).await;
+                let call = batch::call(app.clone(), &url, body.clone());
+                let (status, reply) = crate::client::BACKGROUND.scope(true, call).await;
                 if status == 429 {
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(1));

@@ -10,6 +10,9 @@ tokio::task_local! {
     /// The address of the client whose connection the current task serves (`net::serve` runs
     /// each connection, its requests and their streamed bodies in one task).
     pub(crate) static CLIENT: IpAddr;
+    /// Set where the current task runs a request of the Batch APIs (`batches::drive`): its
+    /// requests in the engine yield to clients' ([`crate::scheduler::Request::background`]).
+    pub(crate) static BACKGROUND: bool;
 }
 
 /// The mark of a request made by a batch job (`gdsrun batch`, the server's Batch API) rather

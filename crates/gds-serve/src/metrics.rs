@@ -293,7 +293,7 @@ impl ServerMetrics {
         put(
             "preemptions_total",
             "counter",
-            "Running requests requeued for lack of KV blocks.",
+            "Running requests requeued for lack of KV blocks (or, a batch job's, for a client's request).",
             g(&self.preemptions).to_string(),
         );
         put(

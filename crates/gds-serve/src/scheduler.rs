@@ -230,6 +230,10 @@ pub struct Request {
     /// Its client's place in the engine (dropped with the request), where it came from a
     /// connection.
     pub client: Option<crate::client::ClientSlot>,
+    /// A request of the Batch APIs: it yields to every other request, admitted after them
+    /// and, where the batch is full, preempted for them (recomputed later from the prefix
+    /// cache, as a request preempted for KV blocks).
+    pub background: bool,
 }
 
 /// A request's own token masks (vLLM's `allowed_token_ids` and `bad_words`).
@@ -421,6 +425,7 @@ impl Request {
             ended_by_front,
             received: Instant::now(),
             client: None,
+            background: false,
         }
     }
 
@@ -995,10 +1000,17 @@ impl Engine {
         for s in &self.running {
             *running.entry(s.req.client_ip()).or_default() += 1;
         }
-        while self.running.len() < self.cfg.max_batch {
+        loop {
             let Some(next) = self.next_waiting(&running) else {
                 break;
             };
+            if self.running.len() >= self.cfg.max_batch {
+                // a full batch makes room for a client's request by preempting a batch job's
+                if self.waiting[next].req.background || !self.yield_background(&mut running) {
+                    break;
+                }
+                continue;
+            }
             let front = &self.waiting[next];
             let len = front.tokens.len();
             let max_shared = (len - 1) / block;
@@ -1103,14 +1115,44 @@ impl Engine {
         }
     }
 
-    /// The waiting request to admit next (its index in `waiting`): a preempted one first (it
-    /// was running); else the oldest request of the client address with the fewest requests
-    /// in `running` (counts by address), ties going to the client whose last admission is the
+    /// Preempts the newest running request of a batch job, for a client's request to take
+    /// its place: what it computed goes to the prefix tree first, so it is recomputed from
+    /// there when it is admitted again. False where none runs.
+    fn yield_background(&mut self, running: &mut HashMap<Option<IpAddr>, usize>) -> bool {
+        let Some(i) = self.running.iter().rposition(|s| s.req.background) else {
+            return false;
+        };
+        let mut s = self.running.remove(i);
+        self.index(&s, s.n_cached);
+        self.release(&mut s);
+        if let Some(n) = running.get_mut(&s.req.client_ip()) {
+            *n = n.saturating_sub(1);
+        }
+        self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.metrics.queue_depth_add(1);
+        self.waiting.push_front(s);
+        true
+    }
+
+    /// The waiting request to admit next (its index in `waiting`): clients' requests before
+    /// batch jobs' ([`Request::background`]); among each, a preempted one first (it was
+    /// running); else the oldest request of the client address with the fewest requests in
+    /// `running` (counts by address), ties going to the client whose last admission is the
     /// oldest. A choice whose sibling (`group`) is still prefilling their shared prompt waits
     /// for it, to start from its cached blocks.
     fn next_waiting(&self, running: &HashMap<Option<IpAddr>, usize>) -> Option<usize> {
-        if self.waiting.front()?.admitted.is_some() {
-            return Some(0);
+        self.next_of(running, false)
+            .or_else(|| self.next_of(running, true))
+    }
+
+    /// [`Engine::next_waiting`] among the requests whose `background` is `background`.
+    fn next_of(&self, running: &HashMap<Option<IpAddr>, usize>, background: bool) -> Option<usize> {
+        if let Some(i) = self
+            .waiting
+            .iter()
+            .position(|s| s.admitted.is_some() && s.req.background == background)
+        {
+            return Some(i);
         }
         let prefilling: HashSet<u64> = self
             .running
@@ -1121,7 +1163,9 @@ impl Engine {
         let mut seen = HashSet::new();
         let mut best: Option<((usize, u64), usize)> = None;
         for (i, s) in self.waiting.iter().enumerate() {
-            if s.req.group.is_some_and(|g| prefilling.contains(&g)) {
+            if s.req.background != background
+                || s.req.group.is_some_and(|g| prefilling.contains(&g))
+            {
                 continue;
             }
             let from = s.req.client_ip();

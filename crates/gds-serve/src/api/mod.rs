@@ -1750,6 +1750,7 @@ pub(crate) fn submit(
         tx,
         received: Instant::now(),
         client: None,
+        background: false,
     })
 }
 
@@ -1794,6 +1795,7 @@ pub(crate) fn enqueue(
     let ended = Arc::new(AtomicBool::new(false));
     let mut req = make(tx, ended.clone());
     req.client = client;
+    req.background = crate::client::BACKGROUND.try_with(|b| *b).unwrap_or(false);
     m.queue_depth_add(1);
     if st.engine.send(Msg::from(req)).is_err() {
         m.queue_depth_sub(1);

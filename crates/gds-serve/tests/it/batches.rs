@@ -1,6 +1,142 @@
 //! OpenAI's Files and Batch APIs on the server (`/v1/files`, `/v1/batches`).
 
-use crate::common::{http, python, start};
+use crate::common::{http, metric, python, serial, start};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// Uploads `content` to the Files API (purpose `batch`): the file's id.
+fn upload(addr: &str, content: &str) -> String {
+    use std::io::{Read, Write};
+    let b = "bOuNdArY";
+    let form = format!(
+        "--{b}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{b}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n{content}\r\n--{b}--\r\n"
+    );
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary={b}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        form.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(form.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    let body = answer.split_once("\r\n\r\n").map_or("", |x| x.1);
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    v["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_string()
+}
+
+fn get(addr: &str, path: &str) -> Value {
+    let (status, text) = http(addr, "GET", path, None);
+    assert_eq!(status, 200, "{path}: {text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A batch job's requests yield to a client's: with one sequence at a time (`--max-batch
+/// 1`), a client's short request sent while a batch's long one runs is answered before that
+/// one ends — the batch's is preempted (`gds_preemptions_total`) and recomputed after it —
+/// and each of the batch's answers is still the one the same request gets directly.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_batch_yields_to_a_clients_request() {
+    let _one = serial();
+    let s = start(&["--max-batch", "1", "--ctx", "512"]);
+    let bodies: Vec<Value> = (0..2)
+        .map(|i| json!({"prompt": format!("Story {i}: once upon a time"), "max_tokens": 160, "ignore_eos": true, "temperature": 0}))
+        .collect();
+    let lines: String = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/completions", "body": b})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    let file = upload(&s.addr, &lines);
+    let create =
+        json!({"input_file_id": file, "endpoint": "/v1/completions", "completion_window": "24h"});
+    let (status, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/batches",
+        Some(create.to_string().as_bytes()),
+    );
+    assert_eq!(status, 200, "{text}");
+    let id = serde_json::from_str::<Value>(&text).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // the batch's first request in the engine, a few tokens made
+    let t0 = Instant::now();
+    loop {
+        let m = http(&s.addr, "GET", "/metrics", None).1;
+        if metric(&m, "gds_requests_running") >= 1.0
+            && metric(&m, "gds_generated_tokens_total") >= 8.0
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the batch never ran: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mine = json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true});
+    let (status, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(mine.to_string().as_bytes()),
+    );
+    assert_eq!(status, 200, "{text}");
+    let b = get(&s.addr, &format!("/v1/batches/{id}"));
+    assert_eq!(
+        b["request_counts"]["completed"], 0,
+        "the client waited for the batch: {b}"
+    );
+    let m = http(&s.addr, "GET", "/metrics", None).1;
+    assert!(metric(&m, "gds_preemptions_total") >= 1.0, "{m}");
+    // the batch goes on to the same answers
+    let t0 = Instant::now();
+    let b = loop {
+        let b = get(&s.addr, &format!("/v1/batches/{id}"));
+        if b["status"] == "completed" {
+            break b;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "{b}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (_, out) = http(
+        &s.addr,
+        "GET",
+        &format!(
+            "/v1/files/{}/content",
+            b["output_file_id"].as_str().unwrap()
+        ),
+        None,
+    );
+    let out: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(out.len(), 2, "{out:?}");
+    for line in &out {
+        let i: usize = line["custom_id"].as_str().unwrap()[1..].parse().unwrap();
+        let (_, direct) = http(
+            &s.addr,
+            "POST",
+            "/v1/completions",
+            Some(bodies[i].to_string().as_bytes()),
+        );
+        let direct: Value = serde_json::from_str(&direct).unwrap();
+        let got = &line["response"]["body"]["choices"][0]["text"];
+        assert_eq!(got, &direct["choices"][0]["text"], "{line}");
+        assert_eq!(line["response"]["body"]["usage"]["completion_tokens"], 160);
+    }
+}
 
 /// The official `openai` client uploads, runs, follows, cancels and lists batches; each
 /// result equals the same request sent directly (`tests/py/serve_batch_check.py`, which
