@@ -137,6 +137,13 @@ pub struct ServeArgs {
     pub batch_concurrency: Option<u64>,
 }
 
+/// `--scheduling-policy`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulingPolicy {
+    Fcfs,
+    Priority,
+}
+
 /// The engine's flags, shared by `gdsrun serve` and `gdsrun batch`.
 #[derive(Args, Debug)]
 pub struct EngineArgs {
@@ -155,6 +162,13 @@ pub struct EngineArgs {
     /// Most requests waiting for admission; more get 429 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue_limit: usize,
+    /// How waiting requests are admitted (vLLM's flag): `fcfs`, first come first served,
+    /// shared fairly between client addresses (a request's `priority` must be 0); `priority`,
+    /// by each request's `priority` (lower first; the same fair order among equals), a full
+    /// batch preempting a running request of a higher value for one of a lower. Either way
+    /// the Batch APIs' requests yield to every other.
+    #[arg(long, value_enum, default_value = "fcfs")]
+    pub scheduling_policy: SchedulingPolicy,
     /// A reply that fills the context before its token limit goes on (llama-server's
     /// `--context-shift`): the tokens after the kept start (a request's `n_keep`, default
     /// none but the BOS) are halved (`n_discard`) and the rest computed again. Off: the reply
@@ -452,6 +466,8 @@ pub struct ServerState {
     tags: Vec<String>,
     /// `--trust-request-chat-template`.
     trust_request_template: bool,
+    /// `--scheduling-policy priority`: requests' `priority` is honoured.
+    priority_scheduling: bool,
     /// Request templates compiled lately, each with the text its request gave (a name or
     /// Jinja), the most recent last
     /// ([`api::request_template`]).
@@ -855,6 +871,7 @@ pub(crate) fn start(
         aliases,
         tags,
         trust_request_template: e.trust_request_chat_template,
+        priority_scheduling: e.scheduling_policy == SchedulingPolicy::Priority,
         templates: Default::default(),
         fingerprint,
         ctx: plan.ctx,

@@ -234,6 +234,10 @@ pub struct Request {
     /// and, where the batch is full, preempted for them (recomputed later from the prefix
     /// cache, as a request preempted for KV blocks).
     pub background: bool,
+    /// vLLM's `priority` (`--scheduling-policy priority`; else always 0): among requests
+    /// alike in `background`, lower values are admitted first, and where the batch is full a
+    /// running request of a higher value is preempted for one of a lower.
+    pub priority: i64,
 }
 
 /// A request's own token masks (vLLM's `allowed_token_ids` and `bad_words`).
@@ -426,7 +430,14 @@ impl Request {
             received: Instant::now(),
             client: None,
             background: false,
+            priority: 0,
         }
+    }
+
+    /// The order of admission (lower first): clients' requests before the batch jobs', then
+    /// by `priority`.
+    fn rank(&self) -> (bool, i64) {
+        (self.background, self.priority)
     }
 
     /// The client address it came from (`None`: from no connection, e.g. `gdsrun batch`).
@@ -1000,13 +1011,12 @@ impl Engine {
         for s in &self.running {
             *running.entry(s.req.client_ip()).or_default() += 1;
         }
-        loop {
-            let Some(next) = self.next_waiting(&running) else {
-                break;
-            };
+        while let Some(next) = self.next_waiting(&running) {
             if self.running.len() >= self.cfg.max_batch {
-                // a full batch makes room for a client's request by preempting a batch job's
-                if self.waiting[next].req.background || !self.yield_background(&mut running) {
+                // a full batch makes room by preempting a request that ranks after this one
+                // (a batch job's for a client's; a higher priority value for a lower)
+                let rank = self.waiting[next].req.rank();
+                if !self.preempt_for(rank, &mut running) {
                     break;
                 }
                 continue;
@@ -1115,11 +1125,23 @@ impl Engine {
         }
     }
 
-    /// Preempts the newest running request of a batch job, for a client's request to take
-    /// its place: what it computed goes to the prefix tree first, so it is recomputed from
-    /// there when it is admitted again. False where none runs.
-    fn yield_background(&mut self, running: &mut HashMap<Option<IpAddr>, usize>) -> bool {
-        let Some(i) = self.running.iter().rposition(|s| s.req.background) else {
+    /// Preempts the running request that ranks last ([`Request::rank`]; the newest of them),
+    /// where it ranks after `rank`, for a request of that rank to take its place: what it
+    /// computed goes to the prefix tree first, so it is recomputed from there when it is
+    /// admitted again. False where none ranks after it.
+    fn preempt_for(
+        &mut self,
+        rank: (bool, i64),
+        running: &mut HashMap<Option<IpAddr>, usize>,
+    ) -> bool {
+        let last = self
+            .running
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, s)| (s.req.rank(), *i))
+            .filter(|(_, s)| s.req.rank() > rank)
+            .map(|(i, _)| i);
+        let Some(i) = last else {
             return false;
         };
         let mut s = self.running.remove(i);
@@ -1134,23 +1156,29 @@ impl Engine {
         true
     }
 
-    /// The waiting request to admit next (its index in `waiting`): clients' requests before
-    /// batch jobs' ([`Request::background`]); among each, a preempted one first (it was
-    /// running); else the oldest request of the client address with the fewest requests in
-    /// `running` (counts by address), ties going to the client whose last admission is the
-    /// oldest. A choice whose sibling (`group`) is still prefilling their shared prompt waits
-    /// for it, to start from its cached blocks.
+    /// The waiting request to admit next (its index in `waiting`): the first in
+    /// [`Request::rank`] (clients' before batch jobs', then by priority); among those, a
+    /// preempted one first (it was running); else the oldest request of the client address
+    /// with the fewest requests in `running` (counts by address), ties going to the client
+    /// whose last admission is the oldest. A choice whose sibling (`group`) is still
+    /// prefilling their shared prompt waits for it, to start from its cached blocks.
     fn next_waiting(&self, running: &HashMap<Option<IpAddr>, usize>) -> Option<usize> {
-        self.next_of(running, false)
-            .or_else(|| self.next_of(running, true))
+        let mut ranks: Vec<(bool, i64)> = self.waiting.iter().map(|s| s.req.rank()).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks.into_iter().find_map(|r| self.next_of(running, r))
     }
 
-    /// [`Engine::next_waiting`] among the requests whose `background` is `background`.
-    fn next_of(&self, running: &HashMap<Option<IpAddr>, usize>, background: bool) -> Option<usize> {
+    /// [`Engine::next_waiting`] among the requests of rank `rank`.
+    fn next_of(
+        &self,
+        running: &HashMap<Option<IpAddr>, usize>,
+        rank: (bool, i64),
+    ) -> Option<usize> {
         if let Some(i) = self
             .waiting
             .iter()
-            .position(|s| s.admitted.is_some() && s.req.background == background)
+            .position(|s| s.admitted.is_some() && s.req.rank() == rank)
         {
             return Some(i);
         }
@@ -1163,21 +1191,19 @@ impl Engine {
         let mut seen = HashSet::new();
         let mut best: Option<((usize, u64), usize)> = None;
         for (i, s) in self.waiting.iter().enumerate() {
-            if s.req.background != background
-                || s.req.group.is_some_and(|g| prefilling.contains(&g))
-            {
+            if s.req.rank() != rank || s.req.group.is_some_and(|g| prefilling.contains(&g)) {
                 continue;
             }
             let from = s.req.client_ip();
             if !seen.insert(from) {
                 continue;
             }
-            let rank = (
+            let turn = (
                 running.get(&from).copied().unwrap_or(0),
                 self.turns.get(&from).copied().unwrap_or(0),
             );
-            if best.is_none_or(|(r, _)| rank < r) {
-                best = Some((rank, i));
+            if best.is_none_or(|(r, _)| turn < r) {
+                best = Some((turn, i));
             }
         }
         best.map(|(_, i)| i)

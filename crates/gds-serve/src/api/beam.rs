@@ -354,6 +354,7 @@ async fn step(
         ignore_eos: true,
         logprobs: Some(k),
         salt: job.salt,
+        priority: job.priority,
         ..Request::plain(prompt, greedy, tx, ended)
     })?;
     let (mut prefill, mut top) = (Prefill::default(), None);

@@ -187,6 +187,10 @@ pub(crate) struct Common {
     /// same salt (another tenant cannot learn a prompt from how fast its own comes back).
     #[serde(default)]
     pub(crate) cache_salt: Option<String>,
+    /// vLLM's `priority`: with `--scheduling-policy priority`, lower values are admitted
+    /// first and a full batch preempts a higher one for it; otherwise only 0.
+    #[serde(default)]
+    pub(crate) priority: Option<i64>,
     #[serde(default)]
     pub(crate) n: Option<i64>,
     #[serde(default)]
@@ -318,8 +322,6 @@ struct Unsupported {
     best_of: Option<Value>,
     // vLLM's extra parameters not done here (refused where they ask for something)
     #[serde(default)]
-    priority: Option<Value>,
-    #[serde(default)]
     functions: Option<Value>,
     #[serde(default)]
     function_call: Option<Value>,
@@ -446,17 +448,6 @@ impl Unsupported {
             if set(v) {
                 return Err(ApiError::bad(format!("{field} is not supported: {why}")).param(field));
             }
-        }
-        // vLLM's priority: another than 0 is an error unless vLLM was started to schedule
-        // by priority, which gdsrun does not do (it shares the engine by client)
-        if u.priority
-            .as_ref()
-            .is_some_and(|v| !v.is_null() && *v != json!(0))
-        {
-            return Err(ApiError::bad(
-                "priority other than 0 is not supported: requests are not scheduled by priority (the engine is shared by client)",
-            )
-            .param("priority"));
         }
         if let Some(m) = u.modalities.as_ref().filter(|v| !v.is_null()) {
             if m.as_array().is_none_or(|l| l.iter().any(|x| x != "text")) {
@@ -896,6 +887,8 @@ pub(crate) struct Job {
     pub(crate) prompt_cut: usize,
     /// The prefix cache's salt (vLLM's `cache_salt`, hashed: [`Request::salt`]).
     pub(crate) salt: Option<u64>,
+    /// vLLM's `priority` ([`Request::priority`]).
+    pub(crate) priority: i64,
     pub(crate) ignore_eos: bool,
     /// End-of-generation (and `stop_ids`) masked until this many tokens (vLLM's).
     pub(crate) min_tokens: usize,
@@ -1370,6 +1363,15 @@ pub(crate) fn job(
             )
         }
     };
+    let priority = c.priority.unwrap_or(0);
+    if priority != 0 && !st.priority_scheduling {
+        // (vLLM's answer where it was not started to schedule by priority)
+        return Err(ApiError::bad(
+            "priority other than 0 needs the server started with --scheduling-policy priority \
+             (else it shares the engine by client, first come first served)",
+        )
+        .param("priority"));
+    }
     if let Some(r) = &c.request_id {
         // (it becomes part of the answer's id: printable, bounded)
         if r.is_empty() || r.len() > 256 || r.chars().any(|ch| ch.is_control()) {
@@ -1392,6 +1394,7 @@ pub(crate) fn job(
         request_id: c.request_id.clone(),
         prompt_cut,
         salt,
+        priority,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         min_tokens,
         stop_ids,
@@ -1741,6 +1744,7 @@ pub(crate) fn submit(
         echo: job.echo || job.prompt_logprobs.is_some(),
         prompt_top: job.prompt_logprobs,
         salt: job.salt,
+        priority: job.priority,
         embed: None,
         constraint,
         shift: job.shift,

@@ -1185,3 +1185,87 @@ fn vllm_invocations_route_by_the_body() {
     let (code, v) = post(&s, "/invocations", &json!({"model": "m"}));
     assert_eq!(code, 400, "{v}");
 }
+
+/// vLLM's priority scheduling (`--scheduling-policy priority`), one sequence at a time
+/// (`--max-batch 1`): a request of priority 0 sent while one of 5 runs preempts it and ends
+/// first; one of 10 sent before it waits for both (it ranks after the running one, so it
+/// preempts nothing); the preempted request's text is the one it gives alone (greedy, its
+/// sampler state kept). A `priority` that is not an integer is a 400.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn vllm_priority_scheduling_admits_lower_values_first() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    let _one = serial();
+    let s = start(&[
+        "--scheduling-policy",
+        "priority",
+        "--max-batch",
+        "1",
+        "--ctx",
+        "512",
+    ]);
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 160, "ignore_eos": true,
+                      "temperature": 0, "priority": 5});
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let send = |name: &'static str, body: Value| {
+        let (addr, done) = (s.addr.clone(), done.clone());
+        std::thread::spawn(move || {
+            let r = http(
+                &addr,
+                "POST",
+                "/v1/completions",
+                Some(body.to_string().as_bytes()),
+            );
+            done.lock().unwrap().push(name);
+            r
+        })
+    };
+    let wait = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let t0 = Instant::now();
+        loop {
+            let m = http(&s.addr, "GET", "/metrics", None).1;
+            if ok(&m) {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "{what}: {m}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let a = send("a5", long.clone());
+    wait("a never ran", &|m| {
+        metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_generated_tokens_total") >= 8.0
+    });
+    let b = send(
+        "b10",
+        json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true, "priority": 10}),
+    );
+    wait("b never queued", &|m| metric(m, "gds_queue_depth") >= 1.0);
+    let (code, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(
+            json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true, "priority": -3})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!(code, 200, "{text}");
+    done.lock().unwrap().push("c-3");
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!(a.0, 200, "{}", a.1);
+    assert_eq!(b.0, 200, "{}", b.1);
+    assert_eq!(*done.lock().unwrap(), ["c-3", "a5", "b10"]);
+    let m = http(&s.addr, "GET", "/metrics", None).1;
+    assert_eq!(metric(&m, "gds_preemptions_total"), 1.0, "{m}");
+    let alone = ok(&s, "/v1/completions", &long);
+    let a: Value = serde_json::from_str(&a.1).unwrap();
+    assert_eq!(a["choices"][0]["text"], alone["choices"][0]["text"]);
+    let (code, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "x", "priority": "high"}),
+    );
+    assert_eq!(code, 400, "{v}");
+}
