@@ -11,7 +11,11 @@
 //! others behind it until it does). When the KV pool runs dry, blocks only the prefix tree holds are evicted first,
 //! then the newest running request is preempted: its blocks are released and it goes back
 //! to the front of the queue to be recomputed later (its sampler state kept), rather than
-//! failing.
+//! failing. Requests rank by [`Request::rank`] (clients' before the Batch APIs', then vLLM's
+//! `priority`): the running ones are kept in that order (admission order among equals), so
+//! the step serves the first ranks first and a dry pool preempts the last; a waiting request
+//! is admitted before any of a later rank, and a full batch preempts one of a later rank
+//! for it.
 
 use crate::metrics::ServerMetrics;
 use crate::prefix::PrefixCache;
@@ -1115,7 +1119,15 @@ impl Engine {
                 }
             }
             self.metrics.queue_depth_sub(1);
-            self.running.push(seq);
+            // `running` stays in rank order, admission order among equals: the step serves
+            // it from the front, and a dry KV pool preempts from the back
+            let rank = seq.req.rank();
+            let at = self
+                .running
+                .iter()
+                .rposition(|s| s.req.rank() <= rank)
+                .map_or(0, |p| p + 1);
+            self.running.insert(at, seq);
         }
         // the turns of clients with nothing waiting are forgotten now and then (one that
         // comes back starts afresh, as a new client would)
@@ -1209,7 +1221,8 @@ impl Engine {
         best.map(|(_, i)| i)
     }
 
-    /// Preempts the newest running sequence: back to the front of the queue.
+    /// Preempts the newest running sequence of the last rank (`running` is kept in rank order):
+    /// back to the front of the queue.
     fn preempt_newest(&mut self) -> bool {
         let Some(mut s) = self.running.pop() else {
             return false;

@@ -460,3 +460,110 @@ fn embeddings_are_the_same_alone_beside_others_and_after_a_failed_pass() {
         assert_eq!(tokens(&failed[0]), tokens(&gen_alone[0]), "{pooling:?}");
     }
 }
+
+/// A KV pool that runs dry preempts a Batch API request (`background`), never a client's that
+/// came after it: two background requests of 100 tokens run, a client's of 40 joins them
+/// halfway, and the pool (16 blocks of 16 positions) runs dry before the client's ends; it
+/// ends first (preempted as the newest, it would wait for both), and the background one
+/// preempted and recomputed makes the same greedy tokens as alone.
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_dry_pool_preempts_a_batch_request_before_a_clients() {
+    use gds_serve::scheduler::{Engine, EngineConfig, Event, Request};
+    use std::sync::atomic::Ordering;
+    let plan = Plan::build(&PlanOptions {
+        model_dir: gds_tests::smollm_converted().to_path_buf(),
+        ctx: Some(512),
+        threads: Some(2),
+        batch: Some(256),
+        backend: Some("cpu".into()),
+        raw: true,
+        ..Default::default()
+    })
+    .expect("plan");
+    let run = |reqs: Vec<(Vec<u32>, usize, bool)>, late: usize, after: u64| {
+        let m = Model::open(&plan).expect("model");
+        let c = &m.config;
+        let kv = KvCache::paged(KvDtype::F32, c.n_layers, 16, plan.ctx, c.kv_dim(), 16, 16);
+        let cfg = EngineConfig {
+            max_batch: 16,
+            step_tokens: 256,
+            ctx: plan.ctx,
+        };
+        let metrics = std::sync::Arc::new(gds_serve::metrics::ServerMetrics::default());
+        let exec = gds_runtime::exec::CpuBatchExecutor::new(
+            m,
+            cfg.step_tokens,
+            gds_serve::scheduler::max_outputs(&cfg),
+            cfg.ctx,
+        );
+        let engine = Engine::new(Box::new(exec), kv, cfg, Vec::new(), metrics.clone());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let thread = std::thread::spawn(move || engine.run(rx));
+        // (the order requests end in, and each one's tokens)
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let mut waits = Vec::new();
+        for (k, (prompt, max_tokens, background)) in reqs.into_iter().enumerate() {
+            if k == late {
+                // the late one joins once the others are decoding
+                while metrics.generated.load(Ordering::Relaxed) < after {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            }
+            let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+            let greedy = gds_runtime::sampler::SamplerConfig {
+                temp: 0.0,
+                ..Default::default()
+            };
+            tx.send(Request {
+                max_tokens,
+                ignore_eos: true,
+                background,
+                ..Request::plain(prompt, greedy, etx, Default::default())
+            })
+            .unwrap();
+            let done_tx = done_tx.clone();
+            waits.push(std::thread::spawn(move || {
+                let mut tokens = Vec::new();
+                while let Some(e) = erx.blocking_recv() {
+                    match e {
+                        Event::Token(t, _) => tokens.push(t),
+                        Event::Done(_) => break,
+                        e @ (Event::Error(_) | Event::RequestFault(..)) => panic!("{k}: {e:?}"),
+                        _ => {}
+                    }
+                }
+                done_tx.send(k).unwrap();
+                tokens
+            }));
+        }
+        drop(tx);
+        let tokens: Vec<Vec<u32>> = waits.into_iter().map(|w| w.join().unwrap()).collect();
+        thread.join().unwrap();
+        drop(done_tx);
+        let order: Vec<usize> = done_rx.iter().collect();
+        (tokens, order, metrics.preemptions.load(Ordering::Relaxed))
+    };
+    let prompt =
+        |seed: u32| -> Vec<u32> { (0..16).map(|i| 300 + (i * 41 + seed * 7) % 5000).collect() };
+    // the background ones grow to 116 positions, 8 blocks each: the whole pool; the client's
+    // joins when they are at ~66 (5 blocks each) and holds 4 by its end at 56, when they
+    // are at ~106 (7 each): 18 blocks
+    let reqs = vec![
+        (prompt(1), 100, true),
+        (prompt(2), 100, true),
+        (prompt(3), 40, false),
+    ];
+    let (tokens, order, preemptions) = run(reqs.clone(), 2, 100);
+    assert!(preemptions >= 1, "the pool never ran dry");
+    let at = |k| order.iter().position(|&x| x == k).unwrap();
+    assert!(
+        at(2) < at(0) && at(2) < at(1),
+        "the client's request was preempted for a batch's: {order:?}"
+    );
+    // the preempted one's tokens are its tokens alone
+    let (alone, _, _) = run(vec![reqs[1].clone()], usize::MAX, 0);
+    assert_eq!(tokens[1], alone[0]);
+    let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
+    assert_eq!(lens, [100, 100, 40]);
+}
