@@ -203,7 +203,7 @@ out["refused"] = {
     "image": refused(messages=[{"role": "user", "content": [
         {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/x.png"}}]}]),
     "server_tool": refused(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
-    "unknown_path": raw("/v1/messages/batches", {}),
+    "unknown_path": raw("/v1/messages/nope", {}),
 }
 # the Models API in Anthropic's shape (the client sends anthropic-version)
 listed = client.models.list()

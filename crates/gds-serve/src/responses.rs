@@ -387,6 +387,14 @@ struct ResponsesBody {
     /// messages kept); `disabled` (the default): such input is refused.
     #[serde(default)]
     truncation: Option<String>,
+    /// Refused by name ([`refuse_unsupported`]): a moderation model's policy, server-side
+    /// compaction, a prompt template kept at OpenAI.
+    #[serde(default)]
+    moderation: Option<Value>,
+    #[serde(default)]
+    context_management: Option<Value>,
+    #[serde(default)]
+    prompt: Option<Value>,
 }
 
 /// The request fields that would change the answer in a way this server does not do:
@@ -397,6 +405,31 @@ fn refuse_unsupported(r: &ResponsesBody) -> Result<(), ApiError> {
             "background needs store: true (a background response is kept to be read, followed or cancelled)",
             "background",
         ));
+    }
+    let set = |v: &Option<Value>| {
+        v.as_ref()
+            .is_some_and(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()))
+    };
+    for (field, v, why) in [
+        (
+            "moderation",
+            &r.moderation,
+            "this server runs no moderation model (its policy would not be applied)",
+        ),
+        (
+            "context_management",
+            &r.context_management,
+            "the context is not compacted here (truncation: auto drops the oldest items instead)",
+        ),
+        (
+            "prompt",
+            &r.prompt,
+            "prompt templates are kept at OpenAI, not here (send instructions and input)",
+        ),
+    ] {
+        if set(v) {
+            return Err(bad(format!("{field} is not supported: {why}"), field));
+        }
     }
     Ok(())
 }

@@ -331,6 +331,8 @@ struct Unsupported {
     modalities: Option<Value>,
     #[serde(default)]
     web_search_options: Option<Value>,
+    #[serde(default)]
+    moderation: Option<Value>,
     // vLLM's: embeddings as the prompt, server-side logits processors, stopping on repeats
     #[serde(default)]
     prompt_embeds: Option<Value>,
@@ -428,6 +430,11 @@ impl Unsupported {
                 "web_search_options",
                 &u.web_search_options,
                 "this server does not search the web",
+            ),
+            (
+                "moderation",
+                &u.moderation,
+                "this server runs no moderation model (its policy would not be applied)",
             ),
             (
                 "prompt_embeds",

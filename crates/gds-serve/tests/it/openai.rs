@@ -207,6 +207,7 @@ fn bad_requests_get_openai_errors_and_never_crash() {
         b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"functions\": [{\"name\": \"f\"}]}",
         b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"modalities\": [\"text\", \"audio\"]}",
         b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"web_search_options\": {}}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"moderation\": {\"model\": \"omni-moderation-latest\"}}",
         b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"verbosity\": \"low\"}",
     ];
     for body in chats {
@@ -235,6 +236,27 @@ fn bad_requests_get_openai_errors_and_never_crash() {
     );
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("\"param\":\"text\""), "{text}");
+    // the Responses API's fields that would change the answer in a way not done here: a
+    // moderation policy, server-side compaction, a stored prompt template (an empty list
+    // of context management asks for nothing)
+    for (field, value) in [
+        ("moderation", r#"{"model": "omni-moderation-latest"}"#),
+        (
+            "context_management",
+            r#"[{"type": "compaction", "compact_threshold": 1000}]"#,
+        ),
+        ("prompt", r#"{"id": "pmpt_1", "variables": {}}"#),
+        ("context_management", "[]"),
+    ] {
+        let body = format!(r#"{{"input": "hi", "max_output_tokens": 2, "{field}": {value}}}"#);
+        let (status, text) = http(&s.addr, "POST", "/v1/responses", Some(body.as_bytes()));
+        if value == "[]" {
+            assert_eq!(status, 200, "{body}: {text}");
+            continue;
+        }
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(&format!("\"param\":\"{field}\"")), "{text}");
+    }
     assert_eq!(http(&s.addr, "GET", "/nope", None).0, 404);
 
     // overload: one running, one queued, the rest refused with 429 and Retry-After.
