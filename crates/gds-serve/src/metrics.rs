@@ -42,6 +42,8 @@ pub struct ServerMetrics {
     pub context_shifts: AtomicU64,
     /// Requests waiting for admission.
     pub queue_depth: AtomicI64,
+    /// Of those, the Batch APIs' (which never make a client's request find the queue full).
+    pub queue_depth_batch: AtomicI64,
     /// Requests admitted (prefilling or decoding).
     pub running: AtomicU64,
     /// Prompt tokens evaluated.
@@ -105,14 +107,22 @@ struct Timing {
 }
 
 impl ServerMetrics {
-    /// Adds `n` to the queue depth.
-    pub fn queue_depth_add(&self, n: usize) {
+    /// Adds `n` requests to the queue depth (`background`: the Batch APIs').
+    pub fn queue_depth_add(&self, n: usize, background: bool) {
         self.queue_depth.fetch_add(n as i64, Ordering::Relaxed);
+        if background {
+            self.queue_depth_batch
+                .fetch_add(n as i64, Ordering::Relaxed);
+        }
     }
 
-    /// Takes `n` from the queue depth.
-    pub fn queue_depth_sub(&self, n: usize) {
+    /// Takes `n` requests from the queue depth (`background`: the Batch APIs').
+    pub fn queue_depth_sub(&self, n: usize, background: bool) {
         self.queue_depth.fetch_sub(n as i64, Ordering::Relaxed);
+        if background {
+            self.queue_depth_batch
+                .fetch_sub(n as i64, Ordering::Relaxed);
+        }
     }
 
     /// Records `n` grammar masks computed in `busy`, and the step's `wait` for them after
@@ -307,6 +317,15 @@ impl ServerMetrics {
             "gauge",
             "Requests waiting for admission.",
             self.queue_depth.load(Ordering::Relaxed).max(0).to_string(),
+        );
+        put(
+            "queue_depth_batch",
+            "gauge",
+            "Of the requests waiting for admission, the Batch APIs' (they yield to clients').",
+            self.queue_depth_batch
+                .load(Ordering::Relaxed)
+                .max(0)
+                .to_string(),
         );
         put(
             "requests_running",

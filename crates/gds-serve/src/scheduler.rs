@@ -822,7 +822,7 @@ impl Engine {
             );
             let _ = req.tx.send(Event::Error(why));
             self.metrics.failed.fetch_add(1, Ordering::Relaxed);
-            self.metrics.queue_depth_sub(1);
+            self.metrics.queue_depth_sub(1, req.background);
             return;
         }
         let vocab = self.exec.config().vocab_size;
@@ -953,7 +953,7 @@ impl Engine {
         self.release(&mut seq);
         seq.tokens.drain(keep..keep + discard);
         self.metrics.context_shifts.fetch_add(1, Ordering::Relaxed);
-        self.metrics.queue_depth_add(1);
+        self.metrics.queue_depth_add(1, seq.req.background);
         self.waiting.push_front(seq);
     }
 
@@ -980,15 +980,18 @@ impl Engine {
                 cancelled += 1;
             }
         };
-        let before = self.waiting.len();
+        let (mut gone, mut gone_batch) = (0, 0);
         self.waiting.retain(|s| {
-            let gone = s.req.tx.is_closed();
-            if gone {
+            let closed = s.req.tx.is_closed();
+            if closed {
                 count(s);
+                gone += 1;
+                gone_batch += usize::from(s.req.background);
             }
-            !gone
+            !closed
         });
-        self.metrics.queue_depth_sub(before - self.waiting.len());
+        self.metrics.queue_depth_sub(gone - gone_batch, false);
+        self.metrics.queue_depth_sub(gone_batch, true);
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].req.tx.is_closed() {
@@ -1118,7 +1121,7 @@ impl Engine {
                     Self::send(&seq, Event::Progress(seq.progress(now)));
                 }
             }
-            self.metrics.queue_depth_sub(1);
+            self.metrics.queue_depth_sub(1, seq.req.background);
             // `running` stays in rank order, admission order among equals: the step serves
             // it from the front, and a dry KV pool preempts from the back
             let rank = seq.req.rank();
@@ -1163,7 +1166,7 @@ impl Engine {
             *n = n.saturating_sub(1);
         }
         self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
-        self.metrics.queue_depth_add(1);
+        self.metrics.queue_depth_add(1, s.req.background);
         self.waiting.push_front(s);
         true
     }
@@ -1229,7 +1232,7 @@ impl Engine {
         };
         self.release(&mut s);
         self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
-        self.metrics.queue_depth_add(1);
+        self.metrics.queue_depth_add(1, s.req.background);
         self.waiting.push_front(s);
         true
     }

@@ -1772,7 +1772,14 @@ pub(crate) fn enqueue(
     make: impl FnOnce(mpsc::UnboundedSender<Event>, Arc<AtomicBool>) -> Request,
 ) -> Result<Submitted, ApiError> {
     let m = &st.metrics;
-    if m.queue_depth.load(Ordering::Relaxed) >= st.queue_limit as i64 {
+    // (a client's request counts the queue without the Batch APIs' requests in it: a batch
+    // never makes a client's request find the queue full)
+    let background = crate::client::BACKGROUND.try_with(|b| *b).unwrap_or(false);
+    let mut queued = m.queue_depth.load(Ordering::Relaxed);
+    if !background {
+        queued -= m.queue_depth_batch.load(Ordering::Relaxed);
+    }
+    if queued >= st.queue_limit as i64 {
         m.rejected_busy.fetch_add(1, Ordering::Relaxed);
         return Err(ApiError::status(
             StatusCode::TOO_MANY_REQUESTS,
@@ -1806,10 +1813,10 @@ pub(crate) fn enqueue(
     let ended = Arc::new(AtomicBool::new(false));
     let mut req = make(tx, ended.clone());
     req.client = client;
-    req.background = crate::client::BACKGROUND.try_with(|b| *b).unwrap_or(false);
-    m.queue_depth_add(1);
+    req.background = background;
+    m.queue_depth_add(1, background);
     if st.engine.send(Msg::from(req)).is_err() {
-        m.queue_depth_sub(1);
+        m.queue_depth_sub(1, background);
         return Err(ApiError::engine_stopped());
     }
     m.requests.fetch_add(1, Ordering::Relaxed);

@@ -254,3 +254,85 @@ fn message_batches_through_the_anthropic_client() {
     assert_eq!(r["errored"], 1, "{r}");
     assert!(r["canceled"].as_u64().unwrap() > 0, "{r}");
 }
+
+/// A batch never makes a client's request find the queue full: one sequence at a time
+/// (`--max-batch 1`), a queue of 2, a batch keeping 2 requests in the engine; a client's
+/// long request preempts the running one (both batch requests then wait: the queue holds 2),
+/// and a second client's request is still taken (the queue's batch requests do not count
+/// for it; `gds_queue_depth_batch` shows them).
+#[test]
+#[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
+fn a_batch_never_fills_the_queue_for_clients() {
+    let _one = serial();
+    let s = start(&[
+        "--max-batch",
+        "1",
+        "--queue-limit",
+        "2",
+        "--batch-concurrency",
+        "2",
+        "--ctx",
+        "512",
+    ]);
+    let lines: String = (0..4)
+        .map(|i| {
+            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/completions",
+                   "body": {"prompt": format!("Story {i}"), "max_tokens": 200, "ignore_eos": true}})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let file = upload(&s.addr, &lines);
+    let create =
+        json!({"input_file_id": file, "endpoint": "/v1/completions", "completion_window": "24h"});
+    let (status, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/batches",
+        Some(create.to_string().as_bytes()),
+    );
+    assert_eq!(status, 200, "{text}");
+    let wait = |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let t0 = Instant::now();
+        loop {
+            let m = http(&s.addr, "GET", "/metrics", None).1;
+            if ok(&m) {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "{what}: {m}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait("the batch never filled the engine", &|m| {
+        metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_queue_depth_batch") >= 1.0
+    });
+    let addr = s.addr.clone();
+    let first = std::thread::spawn(move || {
+        let long = json!({"prompt": "Hello", "max_tokens": 64, "ignore_eos": true});
+        http(
+            &addr,
+            "POST",
+            "/v1/completions",
+            Some(long.to_string().as_bytes()),
+        )
+    });
+    wait("the client's request never preempted the batch's", &|m| {
+        metric(m, "gds_queue_depth_batch") >= 2.0 && metric(m, "gds_queue_depth") >= 2.0
+    });
+    let (status, text) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(
+            json!({"prompt": "Hi", "max_tokens": 2})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!(
+        status, 200,
+        "a client found the queue full of batch requests: {text}"
+    );
+    let (status, text) = first.join().unwrap();
+    assert_eq!(status, 200, "{text}");
+}
