@@ -114,12 +114,74 @@ fn finished(status: &str) -> bool {
     matches!(status, "completed" | "failed" | "cancelled" | "expired")
 }
 
-/// The batches, by id, in the order they were made.
-#[derive(Default)]
-pub(crate) struct BatchStore {
-    jobs: HashMap<String, Arc<Job>>,
+/// Batches by id, in the order they were made (OpenAI's and Anthropic's each keep one): at
+/// most [`MAX_BATCHES`], the oldest that has ended dropped for a new one.
+pub(crate) struct Jobs<J> {
+    jobs: HashMap<String, Arc<J>>,
     order: Vec<String>,
 }
+
+impl<J> Default for Jobs<J> {
+    fn default() -> Self {
+        Jobs {
+            jobs: HashMap::new(),
+            order: Vec::new(),
+        }
+    }
+}
+
+impl<J> Jobs<J> {
+    /// Keeps `job` as the newest; where [`MAX_BATCHES`] are kept, the oldest one `ended`
+    /// says has ended is dropped (and returned). `Err` (429) where none has: nothing kept.
+    pub(crate) fn insert(
+        &mut self,
+        id: String,
+        job: Arc<J>,
+        ended: impl Fn(&J) -> bool,
+    ) -> Result<Option<Arc<J>>, ApiError> {
+        let mut dropped = None;
+        if self.jobs.len() >= MAX_BATCHES {
+            let jobs = &self.jobs;
+            let Some(at) = self
+                .order
+                .iter()
+                .position(|id| jobs.get(id).is_none_or(|j| ended(j)))
+            else {
+                return Err(ApiError::status(
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    "server_busy",
+                    format!("{MAX_BATCHES} batches are running; retry when one has ended"),
+                ));
+            };
+            let old = self.order.remove(at);
+            dropped = self.jobs.remove(&old);
+        }
+        self.order.push(id.clone());
+        self.jobs.insert(id, job);
+        Ok(dropped)
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<J>> {
+        self.jobs.get(id).cloned()
+    }
+
+    pub(crate) fn remove(&mut self, id: &str) -> Option<Arc<J>> {
+        self.order.retain(|k| k != id);
+        self.jobs.remove(id)
+    }
+
+    /// The batches, newest first.
+    pub(crate) fn newest_first(&self) -> Vec<(String, Arc<J>)> {
+        self.order
+            .iter()
+            .rev()
+            .filter_map(|id| self.jobs.get(id).map(|j| (id.clone(), j.clone())))
+            .collect()
+    }
+}
+
+/// OpenAI's batches.
+pub(crate) type BatchStore = Jobs<Job>;
 
 fn lock(st: &ServerState) -> std::sync::MutexGuard<'_, BatchStore> {
     st.batches.lock().unwrap_or_else(|e| e.into_inner())
@@ -231,27 +293,9 @@ fn start(st: &Arc<ServerState>, body: &[u8]) -> Result<BatchObject, ApiError> {
         }),
         stop: watch::channel(false).0,
     });
-    {
-        let mut s = lock(st);
-        if s.jobs.len() >= MAX_BATCHES {
-            let old = s.order.iter().position(|id| {
-                s.jobs
-                    .get(id)
-                    .is_none_or(|j| finished(j.lock().object.status))
-            });
-            let Some(at) = old else {
-                return Err(ApiError::status(
-                    axum::http::StatusCode::TOO_MANY_REQUESTS,
-                    "server_busy",
-                    format!("{MAX_BATCHES} batches are running; retry when one has ended"),
-                ));
-            };
-            let id = s.order.remove(at);
-            s.jobs.remove(&id);
-        }
-        s.order.push(object.id.clone());
-        s.jobs.insert(object.id.clone(), job.clone());
-    }
+    lock(st).insert(object.id.clone(), job.clone(), |j| {
+        finished(j.lock().object.status)
+    })?;
     tokio::spawn(run(st.clone(), job, input, c.endpoint, out_expiry));
     Ok(object)
 }
@@ -489,7 +533,7 @@ fn not_found(id: &str) -> ApiError {
 }
 
 fn job(st: &ServerState, id: &str) -> Result<Arc<Job>, ApiError> {
-    lock(st).jobs.get(id).cloned().ok_or_else(|| not_found(id))
+    lock(st).get(id).ok_or_else(|| not_found(id))
 }
 
 /// `GET /v1/batches/{id}`.
@@ -530,14 +574,10 @@ pub async fn list(
     State(st): State<Arc<ServerState>>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let jobs: Vec<Arc<Job>> = {
-        let s = lock(&st);
-        s.order
-            .iter()
-            .filter_map(|id| s.jobs.get(id).cloned())
-            .collect()
-    };
-    let data = jobs.iter().map(|j| json!(j.object())).collect();
+    let mut jobs = lock(&st).newest_first();
+    // (oldest first, as items::page takes them)
+    jobs.reverse();
+    let data = jobs.iter().map(|(_, j)| json!(j.object())).collect();
     match crate::items::page(data, &q, "the batches") {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
@@ -547,6 +587,34 @@ pub async fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_store_drops_the_oldest_ended_batch_and_never_a_running_one() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut jobs: Jobs<AtomicBool> = Jobs::default();
+        let ended = |j: &AtomicBool| j.load(Ordering::Relaxed);
+        for i in 0..MAX_BATCHES {
+            let j = Arc::new(AtomicBool::new(false));
+            assert!(jobs.insert(format!("b{i}"), j, ended).unwrap().is_none());
+        }
+        let e = jobs
+            .insert("new".into(), Arc::new(AtomicBool::new(false)), ended)
+            .unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+        jobs.get("b7").unwrap().store(true, Ordering::Relaxed);
+        jobs.get("b9").unwrap().store(true, Ordering::Relaxed);
+        let dropped = jobs
+            .insert("new".into(), Arc::new(AtomicBool::new(false)), ended)
+            .unwrap();
+        assert!(dropped.is_some() && jobs.get("b7").is_none() && jobs.get("b9").is_some());
+        let newest = jobs.newest_first();
+        assert_eq!(newest.len(), MAX_BATCHES);
+        assert_eq!(
+            (newest[0].0.as_str(), newest[1].0.as_str()),
+            ("new", "b1023")
+        );
+        assert!(jobs.remove("b9").is_some() && jobs.newest_first().len() == MAX_BATCHES - 1);
+    }
 
     #[test]
     fn a_file_is_checked_whole_and_every_bad_line_named() {

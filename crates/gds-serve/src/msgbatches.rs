@@ -11,7 +11,7 @@
 //! last [`crate::batches::MAX_BATCHES`] batches, gone when the server stops.
 
 use crate::api::ApiError;
-use crate::batches::{drive, MAX_BATCHES};
+use crate::batches::drive;
 use crate::files;
 use crate::ServerState;
 use axum::body::Bytes;
@@ -87,12 +87,8 @@ impl MsgJob {
     }
 }
 
-/// The batches, in the order they were made.
-#[derive(Default)]
-pub(crate) struct MsgBatchStore {
-    jobs: HashMap<String, Arc<MsgJob>>,
-    order: Vec<String>,
-}
+/// Anthropic's message batches.
+pub(crate) type MsgBatchStore = crate::batches::Jobs<MsgJob>;
 
 fn lock(st: &ServerState) -> std::sync::MutexGuard<'_, MsgBatchStore> {
     st.msg_batches.lock().unwrap_or_else(|e| e.into_inner())
@@ -218,34 +214,14 @@ pub async fn create(
         stop: watch::channel(false).0,
     });
     let id = job.lock().id.clone();
-    let dropped = {
-        let mut s = lock(&st);
-        let mut dropped = None;
-        if s.jobs.len() >= MAX_BATCHES {
-            let old = s.order.iter().position(|id| {
-                s.jobs
-                    .get(id)
-                    .is_none_or(|j| j.lock().processing_status == "ended")
-            });
-            let Some(at) = old else {
-                drop(s);
-                files::lock(&st).release(held);
-                return ApiError::status(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    format!("{MAX_BATCHES} batches are running; retry when one has ended"),
-                )
-                .into_response();
-            };
-            let old = s.order.remove(at);
-            dropped = s.jobs.remove(&old);
+    let kept = lock(&st).insert(id, job.clone(), |j| j.lock().processing_status == "ended");
+    match kept {
+        Ok(Some(old)) => files::lock(&st).release(old.lock().reserved),
+        Ok(None) => {}
+        Err(e) => {
+            files::lock(&st).release(held);
+            return e.into_response();
         }
-        s.order.push(id.clone());
-        s.jobs.insert(id, job.clone());
-        dropped
-    };
-    if let Some(old) = dropped {
-        files::lock(&st).release(old.lock().reserved);
     }
     let object = job.object(&results_base(&headers, &uri));
     tokio::spawn(run(st, job, c.requests, held));
@@ -331,7 +307,7 @@ fn not_found(id: &str) -> ApiError {
 }
 
 fn job(st: &ServerState, id: &str) -> Result<Arc<MsgJob>, ApiError> {
-    lock(st).jobs.get(id).cloned().ok_or_else(|| not_found(id))
+    lock(st).get(id).ok_or_else(|| not_found(id))
 }
 
 /// `GET /v1/messages/batches/{id}`.
@@ -383,11 +359,7 @@ pub async fn delete(State(st): State<Arc<ServerState>>, Path(id): Path<String>) 
         ))
         .into_response();
     }
-    {
-        let mut s = lock(&st);
-        s.jobs.remove(&id);
-        s.order.retain(|k| *k != id);
-    }
+    lock(&st).remove(&id);
     files::lock(&st).release(j.lock().reserved);
     Json(json!({"id": id, "type": "message_batch_deleted"})).into_response()
 }
@@ -422,14 +394,7 @@ pub async fn list(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    let jobs: Vec<(String, Arc<MsgJob>)> = {
-        let s = lock(&st);
-        s.order
-            .iter()
-            .rev()
-            .filter_map(|id| s.jobs.get(id).map(|j| (id.clone(), j.clone())))
-            .collect()
-    };
+    let jobs = lock(&st).newest_first();
     let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
         None => 20,
         Some(Ok(n)) if (1..=1000).contains(&n) => n,
