@@ -658,6 +658,7 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         "background": r.background == Some(true),
         "top_logprobs": top.unwrap_or(0),
         "conversation": conversation.as_ref().map(|c| json!({"id": c})),
+        "service_tier": crate::api::service_tier(common.service_tier.as_deref())?.1.unwrap_or("default"),
     });
     let chat = ChatBody {
         messages: messages(r.instructions, &Value::Array(items.clone()))?,

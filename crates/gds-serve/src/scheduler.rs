@@ -239,9 +239,23 @@ pub struct Request {
     /// cache, as a request preempted for KV blocks).
     pub background: bool,
     /// vLLM's `priority` (`--scheduling-policy priority`; else always 0): among requests
-    /// alike in `background`, lower values are admitted first, and where the batch is full a
-    /// running request of a higher value is preempted for one of a lower.
+    /// of a tier, lower values are admitted first, and where the batch is full a running
+    /// request of a higher value is preempted for one of a lower.
     pub priority: i64,
+    /// OpenAI's `service_tier`: `priority` before `default`, `flex` after (with the Batch
+    /// APIs' requests, whatever this says).
+    pub tier: Tier,
+}
+
+/// The service tiers, in the order they are served ([`Request::tier`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    /// OpenAI's `priority` (and `fast`).
+    Priority,
+    #[default]
+    Default,
+    /// OpenAI's `flex`; the Batch APIs' requests.
+    Flex,
 }
 
 /// A request's own token masks (vLLM's `allowed_token_ids` and `bad_words`).
@@ -435,13 +449,19 @@ impl Request {
             client: None,
             background: false,
             priority: 0,
+            tier: Tier::Default,
         }
     }
 
-    /// The order of admission (lower first): clients' requests before the batch jobs', then
-    /// by `priority`.
-    fn rank(&self) -> (bool, i64) {
-        (self.background, self.priority)
+    /// The order of admission (lower first): by service tier (the Batch APIs' requests are
+    /// `flex`), then by `priority`.
+    fn rank(&self) -> (Tier, i64) {
+        let tier = if self.background {
+            Tier::Flex
+        } else {
+            self.tier
+        };
+        (tier, self.priority)
     }
 
     /// The client address it came from (`None`: from no connection, e.g. `gdsrun batch`).
@@ -1146,7 +1166,7 @@ impl Engine {
     /// admitted again. False where none ranks after it.
     fn preempt_for(
         &mut self,
-        rank: (bool, i64),
+        rank: (Tier, i64),
         running: &mut HashMap<Option<IpAddr>, usize>,
     ) -> bool {
         let last = self
@@ -1178,7 +1198,7 @@ impl Engine {
     /// whose last admission is the oldest. A choice whose sibling (`group`) is still
     /// prefilling their shared prompt waits for it, to start from its cached blocks.
     fn next_waiting(&self, running: &HashMap<Option<IpAddr>, usize>) -> Option<usize> {
-        let mut ranks: Vec<(bool, i64)> = self.waiting.iter().map(|s| s.req.rank()).collect();
+        let mut ranks: Vec<(Tier, i64)> = self.waiting.iter().map(|s| s.req.rank()).collect();
         ranks.sort_unstable();
         ranks.dedup();
         ranks.into_iter().find_map(|r| self.next_of(running, r))
@@ -1188,7 +1208,7 @@ impl Engine {
     fn next_of(
         &self,
         running: &HashMap<Option<IpAddr>, usize>,
-        rank: (bool, i64),
+        rank: (Tier, i64),
     ) -> Option<usize> {
         if let Some(i) = self
             .waiting

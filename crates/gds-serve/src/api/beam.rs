@@ -355,6 +355,7 @@ async fn step(
         logprobs: Some(k),
         salt: job.salt,
         priority: job.priority,
+        tier: job.tier,
         ..Request::plain(prompt, greedy, tx, ended)
     })?;
     let (mut prefill, mut top) = (Prefill::default(), None);

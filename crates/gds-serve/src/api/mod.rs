@@ -6,7 +6,7 @@ pub(crate) use crate::error::random_seed;
 pub use crate::error::ApiError;
 use crate::reasoning::{CountedSplit, Reasoning};
 use crate::scheduler::{
-    Done, Event, Finish, Msg, Prefill, Progress, Request, Shift, TokenLogprobs, TokenMasks,
+    Done, Event, Finish, Msg, Prefill, Progress, Request, Shift, Tier, TokenLogprobs, TokenMasks,
 };
 use crate::tools::Tools;
 use crate::ServerState;
@@ -191,6 +191,10 @@ pub(crate) struct Common {
     /// first and a full batch preempts a higher one for it; otherwise only 0.
     #[serde(default)]
     pub(crate) priority: Option<i64>,
+    /// OpenAI's `service_tier`: `priority` (or `fast`) requests are admitted before the
+    /// others, `flex` ones after them (with the Batch APIs'); the answer names the tier.
+    #[serde(default)]
+    pub(crate) service_tier: Option<String>,
     #[serde(default)]
     pub(crate) n: Option<i64>,
     #[serde(default)]
@@ -896,6 +900,10 @@ pub(crate) struct Job {
     pub(crate) salt: Option<u64>,
     /// vLLM's `priority` ([`Request::priority`]).
     pub(crate) priority: i64,
+    /// OpenAI's `service_tier` ([`Request::tier`]) and the name the answer gives it (where
+    /// the request named one).
+    pub(crate) tier: Tier,
+    pub(crate) tier_name: Option<&'static str>,
     pub(crate) ignore_eos: bool,
     /// End-of-generation (and `stop_ids`) masked until this many tokens (vLLM's).
     pub(crate) min_tokens: usize,
@@ -1379,6 +1387,7 @@ pub(crate) fn job(
         )
         .param("priority"));
     }
+    let (tier, tier_name) = service_tier(c.service_tier.as_deref())?;
     if let Some(r) = &c.request_id {
         // (it becomes part of the answer's id: printable, bounded)
         if r.is_empty() || r.len() > 256 || r.chars().any(|ch| ch.is_control()) {
@@ -1402,6 +1411,8 @@ pub(crate) fn job(
         prompt_cut,
         salt,
         priority,
+        tier,
+        tier_name,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         min_tokens,
         stop_ids,
@@ -1752,6 +1763,7 @@ pub(crate) fn submit(
         prompt_top: job.prompt_logprobs,
         salt: job.salt,
         priority: job.priority,
+        tier: job.tier,
         embed: None,
         constraint,
         shift: job.shift,
@@ -2569,6 +2581,24 @@ pub(crate) async fn complete(
     Ok((choice, end))
 }
 
+/// OpenAI's `service_tier`: the tier a request runs in and the name its answer gives it
+/// (`auto` and `scale` run as `default`, `fast` as `priority`, as OpenAI names them; none
+/// where the request named none); another value is a 400.
+pub(crate) fn service_tier(v: Option<&str>) -> Result<(Tier, Option<&'static str>), ApiError> {
+    Ok(match v {
+        None => (Tier::Default, None),
+        Some("auto" | "default" | "scale") => (Tier::Default, Some("default")),
+        Some("priority" | "fast") => (Tier::Priority, Some("priority")),
+        Some("flex") => (Tier::Flex, Some("flex")),
+        Some(t) => {
+            return Err(ApiError::bad(format!(
+                "service_tier {t:?} is not one of auto, default, flex, scale, priority, fast"
+            ))
+            .param("service_tier"))
+        }
+    })
+}
+
 /// A non-streamed chat or text completion: its choices kept as JSON text.
 #[derive(Serialize)]
 struct Completion<'a> {
@@ -2577,6 +2607,8 @@ struct Completion<'a> {
     created: u64,
     model: &'a str,
     system_fingerprint: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_tier: Option<&'static str>,
     choices: Vec<Box<RawValue>>,
     usage: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -2693,6 +2725,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
         None => format!("{kind_id}-{:016x}", random_seed()),
     };
     let created = now_secs();
+    let tier_name = jobs.first().and_then(|j| j.tier_name);
     if !jobs.first().is_some_and(|j| j.stream) {
         let model = jobs.first().map(|j| j.model.clone()).unwrap_or_default();
         let runs: Vec<_> = jobs
@@ -2745,6 +2778,7 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
             created,
             model: &model,
             system_fingerprint: &st.fingerprint,
+            service_tier: tier_name,
             choices: results.into_iter().map(|(c, _)| c).collect(),
             usage: usage(n_prompt, n_completion, cached, n_reasoning, guessed),
             timings,
@@ -2768,8 +2802,11 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     let include_usage = jobs.first().is_some_and(|j| j.include_usage);
     let fingerprint = st.fingerprint.clone();
     let usage_chunk = {
-        let v = json!({"id": id, "object": object, "created": created, "model": model,
-                       "system_fingerprint": fingerprint, "choices": []});
+        let mut v = json!({"id": id, "object": object, "created": created, "model": model,
+                           "system_fingerprint": fingerprint, "choices": []});
+        if let Some(t) = tier_name {
+            v["service_tier"] = json!(t);
+        }
         move |u: Value| {
             let mut v = v.clone();
             v["usage"] = u;
@@ -2779,6 +2816,9 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     let chunk = Arc::new(move |choice: Value, t: Option<Value>| {
         let mut v = json!({"id": id, "object": object, "created": created, "model": model,
                            "system_fingerprint": fingerprint, "choices": [choice]});
+        if let Some(t) = tier_name {
+            v["service_tier"] = json!(t);
+        }
         if include_usage {
             v["usage"] = Value::Null;
         }
