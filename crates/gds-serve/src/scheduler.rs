@@ -11,8 +11,8 @@
 //! others behind it until it does). When the KV pool runs dry, blocks only the prefix tree holds are evicted first,
 //! then the newest running request is preempted: its blocks are released and it goes back
 //! to the front of the queue to be recomputed later (its sampler state kept), rather than
-//! failing. Requests rank by [`Request::rank`] (clients' before the Batch APIs', then vLLM's
-//! `priority`): the running ones are kept in that order (admission order among equals), so
+//! failing. Requests rank by [`Request::rank`] (OpenAI's service tier — the Batch APIs'
+//! requests are `flex` — then vLLM's `priority`): the running ones are kept in that order (admission order among equals), so
 //! the step serves the first ranks first and a dry pool preempts the last; a waiting request
 //! is admitted before any of a later rank, and a full batch preempts one of a later rank
 //! for it.
@@ -234,9 +234,10 @@ pub struct Request {
     /// Its client's place in the engine (dropped with the request), where it came from a
     /// connection.
     pub client: Option<crate::client::ClientSlot>,
-    /// A request of the Batch APIs: it yields to every other request, admitted after them
-    /// and, where the batch is full, preempted for them (recomputed later from the prefix
-    /// cache, as a request preempted for KV blocks).
+    /// A request of the Batch APIs: it runs in the `flex` tier whatever [`Request::tier`]
+    /// says — admitted after the other tiers' requests and, where the batch is full,
+    /// preempted for them (recomputed later from the prefix cache, as a request preempted
+    /// for KV blocks) — and, waiting, never counts toward a client's queue limit.
     pub background: bool,
     /// vLLM's `priority` (`--scheduling-policy priority`; else always 0): among requests
     /// of a tier, lower values are admitted first, and where the batch is full a running
