@@ -1,6 +1,6 @@
 //! OpenAI's Files and Batch APIs on the server (`/v1/files`, `/v1/batches`).
 
-use crate::common::{http, metric, python, serial, start};
+use crate::common::{get_ok, http, metric, python, serial, start, wait_for_metrics};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -26,12 +26,6 @@ fn upload(addr: &str, content: &str) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("{v}"))
         .to_string()
-}
-
-fn get(addr: &str, path: &str) -> Value {
-    let (status, text) = http(addr, "GET", path, None);
-    assert_eq!(status, 200, "{path}: {text}");
-    serde_json::from_str(&text).unwrap()
 }
 
 /// A batch job's requests yield to a client's: with one sequence at a time (`--max-batch
@@ -70,20 +64,9 @@ fn a_batch_yields_to_a_clients_request() {
         .unwrap()
         .to_string();
     // the batch's first request in the engine, a few tokens made
-    let t0 = Instant::now();
-    loop {
-        let m = http(&s.addr, "GET", "/metrics", None).1;
-        if metric(&m, "gds_requests_running") >= 1.0
-            && metric(&m, "gds_generated_tokens_total") >= 8.0
-        {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the batch never ran: {m}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_metrics(&s.addr, "the batch never ran", |m| {
+        metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_generated_tokens_total") >= 8.0
+    });
     let mine = json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true});
     let (status, text) = http(
         &s.addr,
@@ -92,7 +75,7 @@ fn a_batch_yields_to_a_clients_request() {
         Some(mine.to_string().as_bytes()),
     );
     assert_eq!(status, 200, "{text}");
-    let b = get(&s.addr, &format!("/v1/batches/{id}"));
+    let b = get_ok(&s.addr, &format!("/v1/batches/{id}"));
     assert_eq!(
         b["request_counts"]["completed"], 0,
         "the client waited for the batch: {b}"
@@ -102,7 +85,7 @@ fn a_batch_yields_to_a_clients_request() {
     // the batch goes on to the same answers
     let t0 = Instant::now();
     let b = loop {
-        let b = get(&s.addr, &format!("/v1/batches/{id}"));
+        let b = get_ok(&s.addr, &format!("/v1/batches/{id}"));
         if b["status"] == "completed" {
             break b;
         }
@@ -292,18 +275,7 @@ fn a_batch_never_fills_the_queue_for_clients() {
         Some(create.to_string().as_bytes()),
     );
     assert_eq!(status, 200, "{text}");
-    let wait = |what: &str, ok: &dyn Fn(&str) -> bool| {
-        let t0 = Instant::now();
-        loop {
-            let m = http(&s.addr, "GET", "/metrics", None).1;
-            if ok(&m) {
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "{what}: {m}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
-    wait("the batch never filled the engine", &|m| {
+    wait_for_metrics(&s.addr, "the batch never filled the engine", |m| {
         metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_queue_depth_batch") >= 1.0
     });
     let addr = s.addr.clone();
@@ -316,9 +288,11 @@ fn a_batch_never_fills_the_queue_for_clients() {
             Some(long.to_string().as_bytes()),
         )
     });
-    wait("the client's request never preempted the batch's", &|m| {
-        metric(m, "gds_queue_depth_batch") >= 2.0 && metric(m, "gds_queue_depth") >= 2.0
-    });
+    wait_for_metrics(
+        &s.addr,
+        "the client's request never preempted the batch's",
+        |m| metric(m, "gds_queue_depth_batch") >= 2.0 && metric(m, "gds_queue_depth") >= 2.0,
+    );
     let (status, text) = http(
         &s.addr,
         "POST",

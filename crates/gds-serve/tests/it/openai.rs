@@ -2154,8 +2154,8 @@ fn models_list_every_alias_and_tag() {
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn service_tiers_are_served_in_order_and_named() {
+    use crate::common::wait_for_metrics;
     use std::sync::{Arc, Mutex};
-    use std::time::Instant;
     let _one = serial();
     let s = start(&["--max-batch", "1", "--ctx", "512"]);
     let done = Arc::new(Mutex::new(Vec::new()));
@@ -2167,29 +2167,18 @@ fn service_tiers_are_served_in_order_and_named() {
             r
         })
     };
-    let wait = |what: &str, ok: &dyn Fn(&str) -> bool| {
-        let t0 = Instant::now();
-        loop {
-            let m = http(&s.addr, "GET", "/metrics", None).1;
-            if ok(&m) {
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "{what}: {m}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
     let default = send(
         "default",
         json!({"prompt": "Once upon a time", "max_tokens": 160, "ignore_eos": true}),
     );
-    wait("the default request never ran", &|m| {
+    wait_for_metrics(&s.addr, "the default request never ran", |m| {
         metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_generated_tokens_total") >= 8.0
     });
     let flex = send(
         "flex",
         json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true, "service_tier": "flex"}),
     );
-    wait("the flex request never queued", &|m| {
+    wait_for_metrics(&s.addr, "the flex request never queued", |m| {
         metric(m, "gds_queue_depth") >= 1.0
     });
     let (code, fast) = post_json(

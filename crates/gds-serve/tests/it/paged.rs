@@ -259,19 +259,16 @@ fn window_pool_releases_behind_the_window_and_keeps_the_logits() {
     }
 }
 
-/// Runs the server's engine (`gds_serve::scheduler`) in process on SmolLM2 with the
-/// server's default batch shape (16 sequences, 256 tokens and so 64 output rows per step),
-/// hands it `reqs` at once (prompt, echo, max_tokens) and returns each request's events.
-fn run_engine(reqs: &[(Vec<u32>, bool, usize)]) -> Vec<Vec<gds_serve::scheduler::Event>> {
-    run_engine_with(reqs, &[])
-}
-
-/// [`run_engine`], request `k` an embedding pooled by `embed[k]` where given.
-fn run_engine_with(
-    reqs: &[(Vec<u32>, bool, usize)],
-    embed: &[Option<gds_serve::scheduler::Pooling>],
-) -> Vec<Vec<gds_serve::scheduler::Event>> {
-    use gds_serve::scheduler::{Engine, EngineConfig, Request};
+/// The server's engine (`gds_serve::scheduler`) in process on SmolLM2 with the server's
+/// default batch shape (16 sequences, 256 tokens and so 64 output rows per step) and a pool
+/// of `n_blocks` KV blocks of 16 positions; its metrics beside it.
+fn smollm_engine(
+    n_blocks: usize,
+) -> (
+    gds_serve::scheduler::Engine,
+    std::sync::Arc<gds_serve::metrics::ServerMetrics>,
+) {
+    use gds_serve::scheduler::{Engine, EngineConfig};
     let plan = Plan::build(&PlanOptions {
         model_dir: gds_tests::smollm_converted().to_path_buf(),
         ctx: Some(512),
@@ -284,7 +281,15 @@ fn run_engine_with(
     .expect("plan");
     let m = Model::open(&plan).expect("model");
     let c = &m.config;
-    let kv = KvCache::paged(KvDtype::F32, c.n_layers, 16, plan.ctx, c.kv_dim(), 16, 64);
+    let kv = KvCache::paged(
+        KvDtype::F32,
+        c.n_layers,
+        16,
+        plan.ctx,
+        c.kv_dim(),
+        16,
+        n_blocks,
+    );
     let cfg = EngineConfig {
         max_batch: 16,
         step_tokens: 256,
@@ -297,7 +302,24 @@ fn run_engine_with(
         gds_serve::scheduler::max_outputs(&cfg),
         cfg.ctx,
     );
-    let engine = Engine::new(Box::new(exec), kv, cfg, Vec::new(), metrics);
+    let engine = Engine::new(Box::new(exec), kv, cfg, Vec::new(), metrics.clone());
+    (engine, metrics)
+}
+
+/// Runs the server's engine (`gds_serve::scheduler`) in process on SmolLM2 with the
+/// server's default batch shape (16 sequences, 256 tokens and so 64 output rows per step),
+/// hands it `reqs` at once (prompt, echo, max_tokens) and returns each request's events.
+fn run_engine(reqs: &[(Vec<u32>, bool, usize)]) -> Vec<Vec<gds_serve::scheduler::Event>> {
+    run_engine_with(reqs, &[])
+}
+
+/// [`run_engine`], request `k` an embedding pooled by `embed[k]` where given.
+fn run_engine_with(
+    reqs: &[(Vec<u32>, bool, usize)],
+    embed: &[Option<gds_serve::scheduler::Pooling>],
+) -> Vec<Vec<gds_serve::scheduler::Event>> {
+    use gds_serve::scheduler::Request;
+    let (engine, _) = smollm_engine(64);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut outs = Vec::new();
     for (k, (prompt, echo, max_tokens)) in reqs.iter().enumerate() {
@@ -469,35 +491,10 @@ fn embeddings_are_the_same_alone_beside_others_and_after_a_failed_pass() {
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn a_dry_pool_preempts_a_batch_request_before_a_clients() {
-    use gds_serve::scheduler::{Engine, EngineConfig, Event, Request};
+    use gds_serve::scheduler::{Event, Request};
     use std::sync::atomic::Ordering;
-    let plan = Plan::build(&PlanOptions {
-        model_dir: gds_tests::smollm_converted().to_path_buf(),
-        ctx: Some(512),
-        threads: Some(2),
-        batch: Some(256),
-        backend: Some("cpu".into()),
-        raw: true,
-        ..Default::default()
-    })
-    .expect("plan");
     let run = |reqs: Vec<(Vec<u32>, usize, bool)>, late: usize, after: u64| {
-        let m = Model::open(&plan).expect("model");
-        let c = &m.config;
-        let kv = KvCache::paged(KvDtype::F32, c.n_layers, 16, plan.ctx, c.kv_dim(), 16, 16);
-        let cfg = EngineConfig {
-            max_batch: 16,
-            step_tokens: 256,
-            ctx: plan.ctx,
-        };
-        let metrics = std::sync::Arc::new(gds_serve::metrics::ServerMetrics::default());
-        let exec = gds_runtime::exec::CpuBatchExecutor::new(
-            m,
-            cfg.step_tokens,
-            gds_serve::scheduler::max_outputs(&cfg),
-            cfg.ctx,
-        );
-        let engine = Engine::new(Box::new(exec), kv, cfg, Vec::new(), metrics.clone());
+        let (engine, metrics) = smollm_engine(16);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let thread = std::thread::spawn(move || engine.run(rx));
         // (the order requests end in, and each one's tokens)

@@ -6,7 +6,8 @@
 //! `length_penalty`); and the ones not done refused by name, where they were ignored.
 
 use crate::common::{
-    http, ids, metric, post_json, serial, sse_events, start, start_model, with, Server,
+    get_ok, http, ids, metric, post_json, serial, sse_events, start, start_model, wait_for_metrics,
+    with, Server,
 };
 use serde_json::{json, Value};
 
@@ -895,7 +896,7 @@ fn beams_of(v: &Value) -> Vec<(Vec<u64>, f64)> {
 fn vllm_beam_search_ranks_whole_sequences() {
     let _one = serial();
     let s = start(&[]);
-    let info = s_get(&s, "/tokenizer_info");
+    let info = get_ok(&s.addr, "/tokenizer_info");
     let eog = ids(&info["end_of_generation_ids"]);
     // a chat prompt (its special tokens parsed), which the model ends on its own
     let text = "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n";
@@ -1073,12 +1074,6 @@ fn vllm_beam_search_ranks_whole_sequences() {
     assert_eq!(code, 200, "{v}");
 }
 
-fn s_get(s: &Server, path: &str) -> Value {
-    let (code, text) = http(&s.addr, "GET", path, None);
-    assert_eq!(code, 200, "{path}: {text}");
-    serde_json::from_str(&text).unwrap()
-}
-
 /// vLLM's per-request `chat_template`, taken with `--trust-request-chat-template` (refused
 /// without it: `vllm_documents_reach_the_template`): a Jinja template or a built-in format's
 /// name renders the request's prompt (its token count that of the text it renders, its reply
@@ -1195,7 +1190,6 @@ fn vllm_invocations_route_by_the_body() {
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn vllm_priority_scheduling_admits_lower_values_first() {
     use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
     let _one = serial();
     let s = start(&[
         "--scheduling-policy",
@@ -1221,26 +1215,17 @@ fn vllm_priority_scheduling_admits_lower_values_first() {
             r
         })
     };
-    let wait = |what: &str, ok: &dyn Fn(&str) -> bool| {
-        let t0 = Instant::now();
-        loop {
-            let m = http(&s.addr, "GET", "/metrics", None).1;
-            if ok(&m) {
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "{what}: {m}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
     let a = send("a5", long.clone());
-    wait("a never ran", &|m| {
+    wait_for_metrics(&s.addr, "a never ran", |m| {
         metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_generated_tokens_total") >= 8.0
     });
     let b = send(
         "b10",
         json!({"prompt": "Hi", "max_tokens": 4, "ignore_eos": true, "priority": 10}),
     );
-    wait("b never queued", &|m| metric(m, "gds_queue_depth") >= 1.0);
+    wait_for_metrics(&s.addr, "b never queued", |m| {
+        metric(m, "gds_queue_depth") >= 1.0
+    });
     let (code, text) = http(
         &s.addr,
         "POST",

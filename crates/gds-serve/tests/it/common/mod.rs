@@ -128,6 +128,27 @@ pub fn python(script: &str, args: &[&str]) -> serde_json::Value {
     })
 }
 
+/// `GET path`, which must answer 200: its body, parsed.
+pub fn get_ok(addr: &str, path: &str) -> serde_json::Value {
+    let (code, text) = http(addr, "GET", path, None);
+    assert_eq!(code, 200, "{path}: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
+}
+
+/// Waits (up to a minute; `what` names a failure) until `ok` holds for the server's
+/// `/metrics` text.
+pub fn wait_for_metrics(addr: &str, what: &str, ok: impl Fn(&str) -> bool) {
+    let t0 = Instant::now();
+    loop {
+        let m = http(addr, "GET", "/metrics", None).1;
+        if ok(&m) {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{what}: {m}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// The value of a metric in Prometheus text.
 pub fn metric(text: &str, name: &str) -> f64 {
     text.lines()
