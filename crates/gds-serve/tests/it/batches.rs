@@ -28,6 +28,32 @@ fn upload(addr: &str, content: &str) -> String {
         .to_string()
 }
 
+/// Uploads `bodies` as `/v1/completions` lines (`custom_id` `r0`, `r1`, ...) and starts a
+/// batch of them: its id.
+fn start_batch(addr: &str, bodies: &[Value]) -> String {
+    let lines: String = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/completions", "body": b})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    let file = upload(addr, &lines);
+    let create =
+        json!({"input_file_id": file, "endpoint": "/v1/completions", "completion_window": "24h"});
+    let (status, text) = http(
+        addr,
+        "POST",
+        "/v1/batches",
+        Some(create.to_string().as_bytes()),
+    );
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["id"].as_str().unwrap().to_string()
+}
+
 /// A batch job's requests yield to a client's: with one sequence at a time (`--max-batch
 /// 1`), a client's short request sent while a batch's long one runs is answered before that
 /// one ends — the batch's is preempted (`gds_preemptions_total`) and recomputed after it —
@@ -40,29 +66,7 @@ fn a_batch_yields_to_a_clients_request() {
     let bodies: Vec<Value> = (0..2)
         .map(|i| json!({"prompt": format!("Story {i}: once upon a time"), "max_tokens": 160, "ignore_eos": true, "temperature": 0}))
         .collect();
-    let lines: String = bodies
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/completions", "body": b})
-                .to_string()
-                + "\n"
-        })
-        .collect();
-    let file = upload(&s.addr, &lines);
-    let create =
-        json!({"input_file_id": file, "endpoint": "/v1/completions", "completion_window": "24h"});
-    let (status, text) = http(
-        &s.addr,
-        "POST",
-        "/v1/batches",
-        Some(create.to_string().as_bytes()),
-    );
-    assert_eq!(status, 200, "{text}");
-    let id = serde_json::from_str::<Value>(&text).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = start_batch(&s.addr, &bodies);
     // the batch's first request in the engine, a few tokens made
     wait_for_metrics(&s.addr, "the batch never ran", |m| {
         metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_generated_tokens_total") >= 8.0
@@ -257,24 +261,10 @@ fn a_batch_never_fills_the_queue_for_clients() {
         "--ctx",
         "512",
     ]);
-    let lines: String = (0..4)
-        .map(|i| {
-            json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/completions",
-                   "body": {"prompt": format!("Story {i}"), "max_tokens": 200, "ignore_eos": true}})
-            .to_string()
-                + "\n"
-        })
+    let bodies: Vec<Value> = (0..4)
+        .map(|i| json!({"prompt": format!("Story {i}"), "max_tokens": 200, "ignore_eos": true}))
         .collect();
-    let file = upload(&s.addr, &lines);
-    let create =
-        json!({"input_file_id": file, "endpoint": "/v1/completions", "completion_window": "24h"});
-    let (status, text) = http(
-        &s.addr,
-        "POST",
-        "/v1/batches",
-        Some(create.to_string().as_bytes()),
-    );
-    assert_eq!(status, 200, "{text}");
+    start_batch(&s.addr, &bodies);
     wait_for_metrics(&s.addr, "the batch never filled the engine", |m| {
         metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_queue_depth_batch") >= 1.0
     });
