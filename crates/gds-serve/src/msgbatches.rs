@@ -53,6 +53,9 @@ struct BatchState {
     cancel_initiated_at: Option<String>,
     /// The result lines so far (JSONL).
     results: Vec<u8>,
+    /// Once the batch has ended, its results, shared by every read (a large batch's are not
+    /// copied for each client that reads them).
+    ended_results: Bytes,
     /// Bytes of `results` counted in the file storage.
     reserved: usize,
 }
@@ -209,6 +212,7 @@ pub async fn create(
             ended_at: None,
             cancel_initiated_at: None,
             results: Vec::new(),
+            ended_results: Bytes::new(),
             reserved: 0,
         }),
         stop: watch::channel(false).0,
@@ -298,6 +302,7 @@ async fn run(st: Arc<ServerState>, job: Arc<MsgJob>, items: Vec<Item>, held: usi
             s.counts.errored += 1;
         }
     }
+    s.ended_results = Bytes::from(std::mem::take(&mut s.results));
     s.processing_status = "ended";
     s.ended_at = Some(now());
 }
@@ -381,7 +386,7 @@ pub async fn results(State(st): State<Arc<ServerState>>, Path(id): Path<String>)
     }
     (
         [(header::CONTENT_TYPE, "application/x-jsonl")],
-        s.results.clone(),
+        s.ended_results.clone(),
     )
         .into_response()
 }
