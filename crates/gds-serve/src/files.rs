@@ -187,12 +187,10 @@ pub(crate) fn max_upload(st: &ServerState) -> usize {
 /// Whether `POST path` sends what the file storage keeps (a Files API upload, an Anthropic
 /// message batch), under any of the API prefixes: its body may be as large as the storage.
 pub(crate) fn takes_storage(path: &str) -> bool {
-    ["/v1", "", "/engines/v1", "/engines/llama.cpp/v1"]
-        .iter()
-        .any(|p| {
-            path.strip_prefix(p)
-                .is_some_and(|rest| rest == "/files" || rest == "/messages/batches")
-        })
+    crate::API_PREFIXES.iter().any(|p| {
+        path.strip_prefix(p)
+            .is_some_and(|rest| rest == "/files" || rest == "/messages/batches")
+    })
 }
 
 /// `expires_after` of an upload or a batch's `output_expires_after`: `anchor` `created_at`,

@@ -1107,6 +1107,11 @@ async fn invocations(
     }
 }
 
+/// The path prefixes the OpenAI and Anthropic endpoints are served under: `/v1`, none (as
+/// llama-server and vLLM serve them), and Docker Model Runner's `/engines/v1` and
+/// `/engines/llama.cpp/v1`.
+pub(crate) const API_PREFIXES: [&str; 4] = ["/v1", "", "/engines/v1", "/engines/llama.cpp/v1"];
+
 /// The routes: the OpenAI endpoints under `/v1`, without it (as llama-server and vLLM serve
 /// them) and under Docker Model Runner's `/engines/v1` and `/engines/llama.cpp/v1`, llama-server's and Ollama's own, inside the middleware (outermost
 /// first): CORS, Ollama's and Anthropic's error shapes on their paths, OpenAI-shaped errors,
@@ -1116,7 +1121,7 @@ fn router(state: Arc<ServerState>) -> axum::Router {
     use axum::routing::{get, post};
     let mut r = axum::Router::new();
     // (`/engines/v1` and `/engines/llama.cpp/v1`: Docker Model Runner's OpenAI base URLs)
-    for prefix in ["/v1", "", "/engines/v1", "/engines/llama.cpp/v1"] {
+    for prefix in API_PREFIXES {
         r = r
             .route(&format!("{prefix}/completions"), post(api::completions))
             .route(

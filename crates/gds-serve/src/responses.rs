@@ -641,7 +641,7 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
             ))
         }
     };
-    let echoed = json!({
+    let mut echoed = json!({
         "instructions": r.instructions,
         "max_output_tokens": r.max_output_tokens,
         // what the sampler uses: the request's, else the server's defaults
@@ -658,7 +658,6 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         "background": r.background == Some(true),
         "top_logprobs": top.unwrap_or(0),
         "conversation": conversation.as_ref().map(|c| json!({"id": c})),
-        "service_tier": crate::api::service_tier(common.service_tier.as_deref())?.1.unwrap_or("default"),
     });
     let chat = ChatBody {
         messages: messages(r.instructions, &Value::Array(items.clone()))?,
@@ -683,6 +682,7 @@ async fn responses_job(st: &Arc<ServerState>, body: &Bytes) -> Result<Prepared, 
         return Err(bad("input must not be empty", "input"));
     }
     let job = chat_job(st, chat, common).await?;
+    echoed["service_tier"] = json!(job.tier_name.unwrap_or("default"));
     let store = r.store != Some(false);
     let keep = (store || conversation.is_some()).then(|| Keep {
         st: st.clone(),

@@ -1161,34 +1161,24 @@ impl Engine {
         }
     }
 
-    /// Preempts the running request that ranks last ([`Request::rank`]; the newest of them),
-    /// where it ranks after `rank`, for a request of that rank to take its place: what it
-    /// computed goes to the prefix tree first, so it is recomputed from there when it is
-    /// admitted again. False where none ranks after it.
+    /// Preempts the running request that ranks last ([`Request::rank`]; `running` is kept
+    /// in rank order, so the last one), where it ranks after `rank`, for a request of that
+    /// rank to take its place: what it computed goes to the prefix tree first, so it is
+    /// recomputed from there when it is admitted again. False where none ranks after it.
     fn preempt_for(
         &mut self,
         rank: (Tier, i64),
         running: &mut HashMap<Option<IpAddr>, usize>,
     ) -> bool {
-        let last = self
-            .running
-            .iter()
-            .enumerate()
-            .max_by_key(|(i, s)| (s.req.rank(), *i))
-            .filter(|(_, s)| s.req.rank() > rank)
-            .map(|(i, _)| i);
-        let Some(i) = last else {
+        if self.running.last().is_none_or(|s| s.req.rank() <= rank) {
             return false;
-        };
-        let mut s = self.running.remove(i);
+        }
+        let s = self.running.pop().expect("a last one ranks after rank");
         self.index(&s, s.n_cached);
-        self.release(&mut s);
         if let Some(n) = running.get_mut(&s.req.client_ip()) {
             *n = n.saturating_sub(1);
         }
-        self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
-        self.metrics.queue_depth_add(1, s.req.background);
-        self.waiting.push_front(s);
+        self.requeue(s);
         true
     }
 
@@ -1248,14 +1238,19 @@ impl Engine {
     /// Preempts the newest running sequence of the last rank (`running` is kept in rank order):
     /// back to the front of the queue.
     fn preempt_newest(&mut self) -> bool {
-        let Some(mut s) = self.running.pop() else {
+        let Some(s) = self.running.pop() else {
             return false;
         };
+        self.requeue(s);
+        true
+    }
+
+    /// A preempted sequence back to the front of the queue, its blocks released.
+    fn requeue(&mut self, mut s: Seq) {
         self.release(&mut s);
         self.metrics.preemptions.fetch_add(1, Ordering::Relaxed);
         self.metrics.queue_depth_add(1, s.req.background);
         self.waiting.push_front(s);
-        true
     }
 
     /// Makes sure sequence `i` has blocks for positions `0..n`; false when the pool is dry.

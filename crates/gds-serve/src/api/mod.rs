@@ -2800,25 +2800,23 @@ async fn respond(st: Arc<ServerState>, jobs: Vec<Job>, kind: Kind) -> Result<Res
     // and one more chunk, with no choices, carries the usage before `[DONE]`; without it no
     // chunk has `usage`. Each choice's last chunk carries llama.cpp-style `timings`.
     let include_usage = jobs.first().is_some_and(|j| j.include_usage);
-    let fingerprint = st.fingerprint.clone();
+    // (every chunk's fields but its choices, made once)
+    let mut head = json!({"id": id, "object": object, "created": created, "model": model,
+                          "system_fingerprint": st.fingerprint, "choices": []});
+    if let Some(t) = tier_name {
+        head["service_tier"] = json!(t);
+    }
     let usage_chunk = {
-        let mut v = json!({"id": id, "object": object, "created": created, "model": model,
-                           "system_fingerprint": fingerprint, "choices": []});
-        if let Some(t) = tier_name {
-            v["service_tier"] = json!(t);
-        }
+        let head = head.clone();
         move |u: Value| {
-            let mut v = v.clone();
+            let mut v = head.clone();
             v["usage"] = u;
             SseEvent::default().data(v.to_string())
         }
     };
     let chunk = Arc::new(move |choice: Value, t: Option<Value>| {
-        let mut v = json!({"id": id, "object": object, "created": created, "model": model,
-                           "system_fingerprint": fingerprint, "choices": [choice]});
-        if let Some(t) = tier_name {
-            v["service_tier"] = json!(t);
-        }
+        let mut v = head.clone();
+        v["choices"] = json!([choice]);
         if include_usage {
             v["usage"] = Value::Null;
         }
