@@ -2154,19 +2154,11 @@ fn models_list_every_alias_and_tag() {
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn service_tiers_are_served_in_order_and_named() {
-    use crate::common::wait_for_metrics;
-    use std::sync::{Arc, Mutex};
+    use crate::common::{post_in_thread, wait_for_metrics, Finished};
     let _one = serial();
     let s = start(&["--max-batch", "1", "--ctx", "512"]);
-    let done = Arc::new(Mutex::new(Vec::new()));
-    let send = |name: &'static str, body: Value| {
-        let (addr, done) = (s.addr.clone(), done.clone());
-        std::thread::spawn(move || {
-            let r = post_json(&addr, "/v1/completions", &body);
-            done.lock().unwrap().push(name);
-            r
-        })
-    };
+    let done = Finished::default();
+    let send = |name, body| post_in_thread(&s.addr, "/v1/completions", body, name, &done);
     let default = send(
         "default",
         json!({"prompt": "Once upon a time", "max_tokens": 160, "ignore_eos": true}),

@@ -1189,7 +1189,7 @@ fn vllm_invocations_route_by_the_body() {
 #[test]
 #[ignore = "tier 2: needs the fetched models (scripts/test.sh)"]
 fn vllm_priority_scheduling_admits_lower_values_first() {
-    use std::sync::{Arc, Mutex};
+    use crate::common::{post_in_thread, Finished};
     let _one = serial();
     let s = start(&[
         "--scheduling-policy",
@@ -1201,20 +1201,8 @@ fn vllm_priority_scheduling_admits_lower_values_first() {
     ]);
     let long = json!({"prompt": "Once upon a time", "max_tokens": 160, "ignore_eos": true,
                       "temperature": 0, "priority": 5});
-    let done = Arc::new(Mutex::new(Vec::new()));
-    let send = |name: &'static str, body: Value| {
-        let (addr, done) = (s.addr.clone(), done.clone());
-        std::thread::spawn(move || {
-            let r = http(
-                &addr,
-                "POST",
-                "/v1/completions",
-                Some(body.to_string().as_bytes()),
-            );
-            done.lock().unwrap().push(name);
-            r
-        })
-    };
+    let done = Finished::default();
+    let send = |name, body| post_in_thread(&s.addr, "/v1/completions", body, name, &done);
     let a = send("a5", long.clone());
     wait_for_metrics(&s.addr, "a never ran", |m| {
         metric(m, "gds_requests_running") >= 1.0 && metric(m, "gds_generated_tokens_total") >= 8.0
@@ -1245,8 +1233,7 @@ fn vllm_priority_scheduling_admits_lower_values_first() {
     let m = http(&s.addr, "GET", "/metrics", None).1;
     assert_eq!(metric(&m, "gds_preemptions_total"), 1.0, "{m}");
     let alone = ok(&s, "/v1/completions", &long);
-    let a: Value = serde_json::from_str(&a.1).unwrap();
-    assert_eq!(a["choices"][0]["text"], alone["choices"][0]["text"]);
+    assert_eq!(a.1["choices"][0]["text"], alone["choices"][0]["text"]);
     let (code, v) = post(
         &s,
         "/v1/completions",

@@ -135,6 +135,26 @@ pub fn get_ok(addr: &str, path: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
 }
 
+/// The order requests ended in: each one's name, pushed when its answer came.
+pub type Finished = std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>;
+
+/// POSTs `body` as JSON to `path` from a thread of its own, `name` pushed into `done` when the
+/// answer has come: the thread, giving the status and the answer, parsed.
+pub fn post_in_thread(
+    addr: &str,
+    path: &'static str,
+    body: serde_json::Value,
+    name: &'static str,
+    done: &Finished,
+) -> std::thread::JoinHandle<(u16, serde_json::Value)> {
+    let (addr, done) = (addr.to_string(), done.clone());
+    std::thread::spawn(move || {
+        let r = post_json(&addr, path, &body);
+        done.lock().unwrap().push(name);
+        r
+    })
+}
+
 /// Waits (up to a minute; `what` names a failure) until `ok` holds for the server's
 /// `/metrics` text.
 pub fn wait_for_metrics(addr: &str, what: &str, ok: impl Fn(&str) -> bool) {
