@@ -4,11 +4,11 @@
 # 2 threads) with EXTRA flags, a warm-up of 16 requests, then 32 requests of 16 tokens at
 # concurrency 16 (tests/py/serve_load.py, loopback); prints t/s, the server's user/sys CPU
 # ticks over the measured part, and its I/O and step counters from /metrics.
-# usage: scripts/probe-serve-stream.sh BINARY [EXTRA...]   e.g. target/ci/gdsrun --io direct --mem-budget 150MiB
+# usage: [MODEL=DIR] scripts/probe-serve-stream.sh BINARY [EXTRA...]   e.g. target/ci/gdsrun --io direct --mem-budget 150MiB
 set -euo pipefail
 B=$1; shift
 PORT=18555
-$B serve .cache/synth/llama-1b-Q4_0-gguf.gds --port $PORT --threads 2 --ctx 256 --max-batch 16 "$@" > /tmp/probe-serve.log 2>&1 &
+$B serve "${MODEL:-.cache/synth/llama-1b-Q4_0-gguf.gds}" --port $PORT --threads 2 --ctx 256 --max-batch 16 "$@" > /tmp/probe-serve.log 2>&1 &
 PID=$!
 for i in $(seq 1 120); do curl -s localhost:$PORT/health >/dev/null && break; sleep 1; done
 python3 tests/py/serve_load.py --url http://127.0.0.1:$PORT --concurrency 16 --requests-per-level 16 --max-tokens 16 --time-limit 300 > /dev/null

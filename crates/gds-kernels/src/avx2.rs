@@ -130,6 +130,31 @@ fn nibbles8(v: [__m256i; 4]) -> [__m256i; 8] {
     })
 }
 
+/// Sixteen nibble bytes of each of eight rows (`qs(r)`: a block's quants) as the interleaved
+/// layout holds them: `[g]` bytes `4g..4g + 4` of row `r` in 32-bit lane `r` (so
+/// [`nibbles8`] takes them apart as it does the interleaved layout's). The packed bytes are transposed before the nibbles are
+/// split, so the transpose moves four vectors, not eight: rows `k` and `k + 4` share a
+/// vector, and a 4 × 4 transpose in each 128-bit half puts the rows in lane order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quad_rows8<'a>(qs: impl Fn(usize) -> &'a [u8; 16]) -> [__m256i; 4] {
+    let x: [__m256i; 4] =
+        std::array::from_fn(|k| _mm256_set_m128i(ld_u8x16(qs(k + 4)), ld_u8x16(qs(k))));
+    // [r0d0 r1d0 r0d1 r1d1 | r4d0 r5d0 r4d1 r5d1], [r0d2 r1d2 r0d3 r1d3 | …], rows 2, 3 likewise
+    let t = [
+        _mm256_unpacklo_epi32(x[0], x[1]),
+        _mm256_unpackhi_epi32(x[0], x[1]),
+        _mm256_unpacklo_epi32(x[2], x[3]),
+        _mm256_unpackhi_epi32(x[2], x[3]),
+    ];
+    [
+        _mm256_unpacklo_epi64(t[0], t[2]),
+        _mm256_unpackhi_epi64(t[0], t[2]),
+        _mm256_unpacklo_epi64(t[1], t[3]),
+        _mm256_unpackhi_epi64(t[1], t[3]),
+    ]
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 fn ld_u8x64(p: &[u8]) -> __m512i {

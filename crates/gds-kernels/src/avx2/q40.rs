@@ -8,7 +8,7 @@
 
 use super::q4k::{
     bcast4, bcast4x16, by_tile, chunked, group8, join_ps, lanes16, lanes8, put_halves, put_rows,
-    transpose16, transpose8, x16_chunked, x16_shape, x16_tiles,
+    transpose16, x16_chunked, x16_shape, x16_tiles,
 };
 use super::*;
 use crate::interleave::GROUP;
@@ -30,12 +30,12 @@ pub(super) struct Packed8 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn repack8(rows: &[&[BlockQ4_0]; 8], i: usize) -> Packed8 {
     Packed8 {
-        q: transpose8(nibble_rows(rows, i)),
+        q: nibbles8(quad_rows8(|r| &rows[r][i].qs)),
         d: scales8(rows, i),
     }
 }
 
-/// Block `i` of each of eight rows as 32 quant bytes (before [`transpose8`]).
+/// Block `i` of each of eight rows as 32 quant bytes (before [`transpose16`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn nibble_rows(rows: &[&[BlockQ4_0]; 8], i: usize) -> [__m256i; 8] {
@@ -492,7 +492,7 @@ fn e8m0x16(e: &[u8; 16]) -> __m512 {
     _mm512_castsi512_ps(_mm512_mask_blend_epi32(m, normal, small))
 }
 
-/// Block `i` of each of eight MXFP4 rows as 32 value bytes (+16), before [`transpose8`] or
+/// Block `i` of each of eight MXFP4 rows as 32 value bytes (+16), before
 /// [`transpose16`] (MXFP4's [`nibble_rows`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -581,8 +581,9 @@ fn e8m0x8(e: &[u8]) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn repack8_mxfp4(rows: &[&[BlockMxfp4]; 8], i: usize) -> Packed8 {
     let e: [u8; 8] = std::array::from_fn(|r| rows[r][i].e);
+    let lut = mxfp4_lut();
     Packed8 {
-        q: transpose8(value_rows_mxfp4(rows, i)),
+        q: nibbles8(quad_rows8(|r| &rows[r][i].qs)).map(|n| _mm256_shuffle_epi8(lut, n)),
         d: e8m0x8(&e),
     }
 }

@@ -683,30 +683,36 @@ macro_rules! q80_lanes8 {
         #[inline]
         #[target_feature(enable = $feat)]
         fn repack8<B: Q32>(rows: &[&[B]; 8], i: usize, p: &mut Packed8) {
+            let dm = scales_mins8(rows, i);
+            if !B::QH && B::q8(&rows[0][i]).is_none() {
+                // nibbles alone (Q4_1, IQ4_NL): the packed bytes transposed, then split
+                let nib = |r: usize| rows[r][i].nibbles().expect("a nibble block").0;
+                let t = nibbles8(quad_rows8(nib));
+                return fill8_t::<B>(if B::LUT { t.map(|v| lookup(v)) } else { t }, dm, p);
+            }
             let mut v = [_mm256_setzero_si256(); 8];
             for r in 0..8 {
                 v[r] = elements(&rows[r][i]);
             }
-            fill8::<B>(v, scales_mins8(rows, i), p)
+            fill8_t::<B>(transpose8(v), dm, p)
         }
 
         /// Repacks sub-block `i` of eight IQ4_XS rows, whose scales are `d`, into `p`.
         #[inline]
         #[target_feature(enable = $feat)]
         fn repack8_xs(rows: &[&[BlockIq4Xs]; 8], i: usize, d: __m256, p: &mut Packed8) {
-            let mut v = [_mm256_setzero_si256(); 8];
-            for r in 0..8 {
-                v[r] = xs_elements(rows[r], i);
-            }
-            fill8::<BlockIq4Nl>(v, (d, _mm256_setzero_ps()), p)
+            let j = i % XS_SUB;
+            let t = nibbles8(quad_rows8(|r| {
+                &rows[r][i / XS_SUB].qs.as_chunks::<16>().0[j]
+            }));
+            fill8_t::<BlockIq4Nl>(t.map(|v| lookup(v)), (d, _mm256_setzero_ps()), p)
         }
 
-        /// `p` from eight rows' elements of a block (`v[r]`: row `r`'s, in element order)
-        /// and their scales and mins.
+        /// `p` from eight rows' elements of a block, transposed (`t[g]`: elements
+        /// `4g..4g + 4` of row `r` in lane `r`), and their scales and mins.
         #[inline]
         #[target_feature(enable = $feat)]
-        fn fill8<B: Q32>(v: [__m256i; 8], (d, m): (__m256, __m256), p: &mut Packed8) {
-            let t = transpose8(v);
+        fn fill8_t<B: Q32>(t: [__m256i; 8], (d, m): (__m256, __m256), p: &mut Packed8) {
             for g in 0..8 {
                 p.q[g] = weight_bytes::<B>(t[g], $vnni);
                 if signed_products::<B>($vnni) {
