@@ -408,34 +408,53 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         path: path.to_path_buf(),
         msg,
     };
-    let file = std::fs::File::open(path).map_err(io(path))?;
-    // SAFETY: the file is opened read-only and the mapping is only read. A concurrent writer
-    // truncating the file could fault; that is the documented contract of converting from mmap
-    // (same as llama.cpp and safetensors' loaders).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
-    let hidden = prescan(&map).map_err(&bad)?;
-    let file = Arc::new(MappedFile {
-        path: path.to_path_buf(),
-        map,
-        anon: false,
-    });
-    let model = {
-        // gguf-rs reads field by field from the mapping, after the magic (the prescan checked
-        // it, little-endian), the vocabulary arrays hidden (see `VocabArray`); buffered, as
-        // its ~100k small reads were once most of the conversion time.
-        let reader = HidingReader {
-            file: file.clone(),
-            pos: 4,
-            hidden: hidden.clone(),
-        };
-        let reader = std::io::BufReader::with_capacity(1 << 20, reader);
-        let mut container =
-            gguf_rs::GGUFContainer::new(gguf_rs::ByteOrder::LE, Box::new(reader), u64::MAX);
-        container.decode().map_err(|e| bad(format!("{e:#}")))?
-    };
+    let first = open_shard(path)?;
+    let shards = shard_paths_of(path, first.model.metadata())?;
+    let mut tensors = Vec::with_capacity(first.model.tensors().len());
+    shard_tensors(path, &first, &mut tensors)?;
+    // the other shards of a split GGUF: their tensors, the metadata is the first's
+    for (i, p) in shards.iter().enumerate().skip(1) {
+        let shard = open_shard(p)?;
+        let no = num_u64(shard.model.metadata().get(SPLIT_NO));
+        let count = num_u64(shard.model.metadata().get(SPLIT_COUNT));
+        if (no, count) != (Some(i as u64), Some(shards.len() as u64)) {
+            return Err(ConvertError::BadInput {
+                path: p.clone(),
+                msg: format!(
+                    "shard {} of {} by its name, but its metadata says split.no {no:?} of split.count {count:?} (shards of different splits mixed?)",
+                    i + 1,
+                    shards.len()
+                ),
+            });
+        }
+        shard_tensors(p, &shard, &mut tensors)?;
+    }
+    if shards.len() > 1 {
+        if let Some(n) = num_u64(first.model.metadata().get(SPLIT_TENSORS)) {
+            if n != tensors.len() as u64 {
+                return Err(bad(format!(
+                    "split.tensors.count is {n}, the {} shards hold {} tensors",
+                    shards.len(),
+                    tensors.len()
+                )));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(t) = tensors.iter().find(|t| !seen.insert(t.name.as_str())) {
+            return Err(ConvertError::BadTensor {
+                path: t.file.path.clone(),
+                tensor: t.name.clone(),
+                msg: "the tensor is in more than one shard".into(),
+            });
+        }
+    }
+    let Shard {
+        file,
+        hidden,
+        model,
+        ..
+    } = first;
     let meta = model.metadata();
-    let data_offset = model.data_offset();
-    let file_len = file.map.len() as u64;
 
     let gguf_arch = meta
         .get("general.architecture")
@@ -456,61 +475,16 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
     let mut warnings = Vec::new();
     let mut hparam_origin = std::collections::BTreeMap::new();
 
-    let mut tensors = Vec::with_capacity(model.tensors().len());
-    for t in model.tensors() {
-        let dtype = DType::from_id(t.kind).ok_or_else(|| ConvertError::BadTensor {
-            path: path.to_path_buf(),
-            tensor: t.name.clone(),
-            msg: unsupported_type(t.kind),
-        })?;
-        let shape: Vec<u64> = t.shape.iter().rev().copied().collect();
-        let tbad = |msg: String| ConvertError::BadTensor {
-            path: path.to_path_buf(),
-            tensor: t.name.clone(),
-            msg,
-        };
-        if shape.contains(&0) {
-            return Err(tbad(format!("shape {shape:?} has a zero dimension")));
-        }
-        let nbytes = dtype.tensor_bytes(&shape).ok_or_else(|| {
-            tbad(format!(
-                "shape {shape:?} is not a whole number of {dtype} blocks"
-            ))
-        })?;
-        if t.offset % model.alignment() != 0 {
-            return Err(tbad(format!(
-                "data offset {} is not a multiple of the file's alignment {}",
-                t.offset,
-                model.alignment()
-            )));
-        }
-        let offset = data_offset
-            .checked_add(t.offset)
-            .ok_or_else(|| tbad("offset overflows".into()))?;
-        match offset.checked_add(nbytes) {
-            Some(end) if end <= file_len => {}
-            _ => return Err(tbad(format!("data at bytes {offset}..{offset}+{nbytes} is out of bounds (file has {file_len} bytes)"))),
-        }
-        tensors.push(SourceTensor {
-            name: t.name.clone(),
-            source_name: t.name.clone(),
-            dtype,
-            shape,
-            file: file.clone(),
-            offset,
-            nbytes,
-            transform: Transform::None,
-            layout: Layout::Plain,
-        });
-    }
-
     if family == Some("mixtral") {
         stack_expert_tensors(path, &mut tensors)?;
     }
 
     let mut metadata = Metadata::new();
     for (k, v) in meta {
-        if k.starts_with("tokenizer.ggml.") || k == "tokenizer.chat_template" {
+        if k.starts_with("tokenizer.ggml.")
+            || k == "tokenizer.chat_template"
+            || k.starts_with("split.")
+        {
             continue;
         }
         if let Some(mv) = json_to_meta(v) {
@@ -806,6 +780,181 @@ pub fn read_gguf(path: &Path) -> Result<Source, ConvertError> {
         pending_tokenizer,
         warnings,
     })
+}
+
+/// llama.cpp's split keys (`llama-gguf-split`, `convert_hf_to_gguf.py --split-max-size`).
+const SPLIT_NO: &str = "split.no";
+const SPLIT_COUNT: &str = "split.count";
+const SPLIT_TENSORS: &str = "split.tensors.count";
+/// More shards than any model is split into (llama.cpp's names have five digits).
+const MAX_SHARDS: u64 = 99_999;
+
+/// One GGUF file mapped and decoded.
+struct Shard {
+    file: Arc<MappedFile>,
+    hidden: Vec<VocabArray>,
+    model: gguf_rs::GGUFModel,
+}
+
+fn open_shard(path: &Path) -> Result<Shard, ConvertError> {
+    let bad = |msg: String| ConvertError::BadInput {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let file = std::fs::File::open(path).map_err(io(path))?;
+    // SAFETY: the file is opened read-only and the mapping is only read. A concurrent writer
+    // truncating the file could fault; that is the documented contract of converting from mmap
+    // (same as llama.cpp and safetensors' loaders).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
+    let hidden = prescan(&map).map_err(&bad)?;
+    let file = Arc::new(MappedFile {
+        path: path.to_path_buf(),
+        map,
+        anon: false,
+    });
+    let model = {
+        // gguf-rs reads field by field from the mapping, after the magic (the prescan checked
+        // it, little-endian), the vocabulary arrays hidden (see `VocabArray`); buffered, as
+        // its ~100k small reads were once most of the conversion time.
+        let reader = HidingReader {
+            file: file.clone(),
+            pos: 4,
+            hidden: hidden.clone(),
+        };
+        let reader = std::io::BufReader::with_capacity(1 << 20, reader);
+        let mut container =
+            gguf_rs::GGUFContainer::new(gguf_rs::ByteOrder::LE, Box::new(reader), u64::MAX);
+        container.decode().map_err(|e| bad(format!("{e:#}")))?
+    };
+    Ok(Shard {
+        file,
+        hidden,
+        model,
+    })
+}
+
+/// The files of the GGUF `path` names: itself, or, when it is the first shard of a split
+/// model (`split.count` > 1 in its metadata), every shard by llama.cpp's naming
+/// (`PREFIX-00001-of-00003.gguf`, …), which must all sit beside it. Naming another shard
+/// than the first, or a first shard whose name does not follow the pattern, is an error
+/// that says which file to name.
+pub fn gguf_shards(path: &Path) -> Result<Vec<std::path::PathBuf>, ConvertError> {
+    let shard = open_shard(path)?;
+    shard_paths_of(path, shard.model.metadata())
+}
+
+fn shard_paths_of(
+    path: &Path,
+    meta: &std::collections::BTreeMap<String, Value>,
+) -> Result<Vec<std::path::PathBuf>, ConvertError> {
+    let bad = |msg: String| ConvertError::BadInput {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let count = match meta.get(SPLIT_COUNT) {
+        None => return Ok(vec![path.to_path_buf()]),
+        Some(v) => {
+            num_u64(Some(v)).ok_or_else(|| bad(format!("{SPLIT_COUNT} is not an integer: {v}")))?
+        }
+    };
+    let no = num_u64(meta.get(SPLIT_NO)).unwrap_or(0);
+    if count <= 1 {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    if count > MAX_SHARDS {
+        return Err(bad(format!("{SPLIT_COUNT} {count} is over {MAX_SHARDS}")));
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let tail = format!("-{:05}-of-{count:05}.gguf", no + 1);
+    let prefix = name
+        .len()
+        .checked_sub(tail.len())
+        .filter(|&n| name[n..].eq_ignore_ascii_case(&tail))
+        .map(|n| &name[..n]);
+    let Some(prefix) = prefix else {
+        return Err(bad(format!(
+            "shard {} of a model split in {count} (split.no {no}), but its name does not end in {tail:?}, so the other shards cannot be found (rename the shards as llama.cpp names them)",
+            no + 1
+        )));
+    };
+    if no != 0 {
+        return Err(bad(format!(
+            "shard {} of a model split in {count}: name the first, {prefix}-00001-of-{count:05}.gguf",
+            no + 1
+        )));
+    }
+    let ext = &name[name.len() - 5..];
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let paths: Vec<_> = (1..=count)
+        .map(|i| dir.join(format!("{prefix}-{i:05}-of-{count:05}{ext}")))
+        .collect();
+    if let Some(missing) = paths.iter().find(|p| !p.is_file()) {
+        return Err(bad(format!(
+            "shard {} of {count} is missing: {}",
+            paths.iter().position(|p| p == missing).unwrap_or(0) + 1,
+            missing.display()
+        )));
+    }
+    Ok(paths)
+}
+
+/// The tensors of one shard, each checked against its own file.
+fn shard_tensors(
+    path: &Path,
+    shard: &Shard,
+    tensors: &mut Vec<SourceTensor>,
+) -> Result<(), ConvertError> {
+    let model = &shard.model;
+    let data_offset = model.data_offset();
+    let file_len = shard.file.map.len() as u64;
+    for t in model.tensors() {
+        let dtype = DType::from_id(t.kind).ok_or_else(|| ConvertError::BadTensor {
+            path: path.to_path_buf(),
+            tensor: t.name.clone(),
+            msg: unsupported_type(t.kind),
+        })?;
+        let shape: Vec<u64> = t.shape.iter().rev().copied().collect();
+        let tbad = |msg: String| ConvertError::BadTensor {
+            path: path.to_path_buf(),
+            tensor: t.name.clone(),
+            msg,
+        };
+        if shape.contains(&0) {
+            return Err(tbad(format!("shape {shape:?} has a zero dimension")));
+        }
+        let nbytes = dtype.tensor_bytes(&shape).ok_or_else(|| {
+            tbad(format!(
+                "shape {shape:?} is not a whole number of {dtype} blocks"
+            ))
+        })?;
+        if t.offset % model.alignment() != 0 {
+            return Err(tbad(format!(
+                "data offset {} is not a multiple of the file's alignment {}",
+                t.offset,
+                model.alignment()
+            )));
+        }
+        let offset = data_offset
+            .checked_add(t.offset)
+            .ok_or_else(|| tbad("offset overflows".into()))?;
+        match offset.checked_add(nbytes) {
+            Some(end) if end <= file_len => {}
+            _ => return Err(tbad(format!("data at bytes {offset}..{offset}+{nbytes} is out of bounds (file has {file_len} bytes)"))),
+        }
+        tensors.push(SourceTensor {
+            name: t.name.clone(),
+            source_name: t.name.clone(),
+            dtype,
+            shape,
+            file: shard.file.clone(),
+            offset,
+            nbytes,
+            transform: Transform::None,
+            layout: Layout::Plain,
+        });
+    }
+
+    Ok(())
 }
 
 /// Why a tensor of ggml type `id` cannot be converted: its name where ggml has one (the

@@ -61,18 +61,29 @@ fn is_gguf(p: &Path) -> bool {
 }
 
 /// A `.gguf` converted once into the store, keyed by the file's identity (path, device,
-/// inode, size, modification time): converting again happens only when the file changes.
+/// inode, size, modification time) and, for the first shard of a split GGUF, every shard's:
+/// converting again happens only when a file changes.
 fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Result<PathBuf> {
     let abs = std::fs::canonicalize(path).map_err(|e| DistError::io(path, e))?;
-    let key = format!(
-        "{}\0{}\0{}\0{}\0{}.{}",
-        abs.display(),
-        meta.dev(),
-        meta.ino(),
-        meta.len(),
-        meta.mtime(),
-        meta.mtime_nsec()
-    );
+    let identity = |p: &Path, m: &std::fs::Metadata| {
+        format!(
+            "{}\0{}\0{}\0{}\0{}.{}",
+            p.display(),
+            m.dev(),
+            m.ino(),
+            m.len(),
+            m.mtime(),
+            m.mtime_nsec()
+        )
+    };
+    let mut key = identity(&abs, meta);
+    // the other shards (a file that cannot be read as a GGUF: the conversion says why)
+    let shards = gds_convert::gguf::gguf_shards(path).unwrap_or_default();
+    for s in shards.iter().skip(1) {
+        let m = std::fs::metadata(s).map_err(|e| DistError::io(s, e))?;
+        key.push('\n');
+        key.push_str(&identity(s, &m));
+    }
     let id = format!("gguf:{}", &blake3::hash(key.as_bytes()).to_hex()[..32]);
     let reference = abs.display().to_string();
     let store = Store::open_default()?;

@@ -57,3 +57,105 @@ fn a_missing_expert_is_named() {
         "{e}"
     );
 }
+
+/// The split fixture (fixtures/make_split_gguf.py: gguf-py's writer, four shards, the first
+/// holding only metadata) read from its first shard: the unsplit file's tensors, byte for
+/// byte, and its metadata without llama.cpp's `split.*` keys.
+#[test]
+fn a_split_gguf_reads_as_the_whole_file() {
+    let whole = read_gguf(&fixtures().join("tiny-llama.gguf")).unwrap();
+    let first = fixtures().join("split/tiny-llama-00001-of-00004.gguf");
+    let shards = gds_convert::gguf::gguf_shards(&first).unwrap();
+    let names: Vec<_> = shards
+        .iter()
+        .map(|p| p.file_name().unwrap().to_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        (1..=4)
+            .map(|i| format!("tiny-llama-{i:05}-of-00004.gguf"))
+            .collect::<Vec<_>>()
+    );
+    let split = read_gguf(&first).unwrap();
+    assert_eq!((split.arch.as_str(), split.runnable), ("llama", true));
+    assert_eq!(split.tensors.len(), whole.tensors.len());
+    let files: std::collections::BTreeSet<_> =
+        split.tensors.iter().map(|t| t.file.path.clone()).collect();
+    assert_eq!(files.len(), 3, "tensors from shards 2-4");
+    for t in &whole.tensors {
+        let s = split.tensors.iter().find(|s| s.name == t.name).unwrap();
+        assert_eq!((s.dtype, &s.shape), (t.dtype, &t.shape), "{}", t.name);
+        assert!(s.bytes() == t.bytes(), "{} differs", t.name);
+    }
+    assert_eq!(split.metadata, whole.metadata);
+    assert!(!split.metadata.keys().any(|k| k.contains("split.")));
+    // a whole file is its only shard
+    let one = gds_convert::gguf::gguf_shards(&fixtures().join("tiny-llama.gguf")).unwrap();
+    assert_eq!(one, vec![fixtures().join("tiny-llama.gguf")]);
+}
+
+/// What can go wrong with shards, each an error naming the file and what to do: another
+/// shard than the first named, a shard missing, a first shard renamed, a shard of another
+/// split in the place of one, a tensor count that the shards do not add up to.
+#[test]
+fn split_gguf_mistakes_are_named() {
+    let src = fixtures().join("split");
+    let shard = |i: usize| format!("tiny-llama-{i:05}-of-00004.gguf");
+    let copy = |dir: &Path, skip: &[usize]| {
+        for i in 1..=4 {
+            if !skip.contains(&i) {
+                std::fs::copy(src.join(shard(i)), dir.join(shard(i))).unwrap();
+            }
+        }
+    };
+    let err = |p: &Path| read_gguf(p).err().expect("an error").to_string();
+
+    let e = err(&src.join(shard(2)));
+    assert!(
+        e.contains(&shard(2)) && e.contains("name the first") && e.contains(&shard(1)),
+        "{e}"
+    );
+
+    let d = tempfile::tempdir().unwrap();
+    copy(d.path(), &[3]);
+    let e = err(&d.path().join(shard(1)));
+    assert!(
+        e.contains("shard 3 of 4 is missing") && e.contains(&shard(3)),
+        "{e}"
+    );
+
+    let d = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join(shard(1)), d.path().join("model.gguf")).unwrap();
+    let e = err(&d.path().join("model.gguf"));
+    assert!(
+        e.contains("model.gguf") && e.contains("-00001-of-00004.gguf"),
+        "{e}"
+    );
+
+    // shard 3 replaced by shard 4's bytes: its split.no is 3, not 2
+    let d = tempfile::tempdir().unwrap();
+    copy(d.path(), &[3]);
+    std::fs::copy(src.join(shard(4)), d.path().join(shard(3))).unwrap();
+    let e = err(&d.path().join(shard(1)));
+    assert!(
+        e.contains(&shard(3)) && e.contains("split.no Some(3)"),
+        "{e}"
+    );
+
+    // the first shard's split.tensors.count changed from 21 to 20
+    let d = tempfile::tempdir().unwrap();
+    copy(d.path(), &[]);
+    let mut b = std::fs::read(d.path().join(shard(1))).unwrap();
+    let key = b"split.tensors.count";
+    let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // the value follows its type (an i32 as gguf-py writes it: 21)
+    let ty = u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    assert_eq!(ty, 5, "gguf-py writes split.tensors.count as an i32");
+    b[at + 4..at + 8].copy_from_slice(&20i32.to_le_bytes());
+    std::fs::write(d.path().join(shard(1)), &b).unwrap();
+    let e = err(&d.path().join(shard(1)));
+    assert!(
+        e.contains("split.tensors.count is 20") && e.contains("hold 21 tensors"),
+        "{e}"
+    );
+}

@@ -1816,3 +1816,43 @@ fn a_chat_template_that_runs_for_minutes_is_refused_at_its_time_limit() {
         "{err}"
     );
 }
+
+/// `gdsrun FIRST-SHARD.gguf` on a split GGUF (fixtures/make_split_gguf.py) converts the
+/// shards together into the store once, and runs as the whole file does; a shard replaced
+/// afterwards is a new model, converted again (the store's key holds every shard).
+#[test]
+fn a_split_gguf_runs_from_its_first_shard() {
+    let home = tempfile::tempdir().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let src = gds_tests::fixture("split");
+    let shard = |i: usize| format!("tiny-llama-{i:05}-of-00004.gguf");
+    for i in 1..=4 {
+        std::fs::copy(src.join(shard(i)), d.path().join(shard(i))).unwrap();
+    }
+    let run = |model: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+            .args(["-p", "Hello", "-n", "6", "--temp", "0"])
+            .arg(model)
+            .env("GDSLLM_HOME", home.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        (text(&o.stdout), text(&o.stderr))
+    };
+    let first = d.path().join(shard(1));
+    let (whole, _) = run(&gds_tests::fixture("tiny-llama.gguf"));
+    let (out, err) = run(&first);
+    assert!(!whole.is_empty());
+    assert_eq!(out, whole);
+    assert!(err.contains("converting"), "{err}");
+    let (_, err) = run(&first);
+    assert!(!err.contains("converting"), "converted once: {err}");
+    // shard 4 rewritten (a new file, the same bytes): converted again
+    let p4 = d.path().join(shard(4));
+    let bytes = std::fs::read(&p4).unwrap();
+    std::fs::remove_file(&p4).unwrap();
+    std::fs::write(&p4, bytes).unwrap();
+    let (out, err) = run(&first);
+    assert!(err.contains("converting"), "{err}");
+    assert_eq!(out, whole);
+}
