@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod error;
+pub mod foreign;
 pub mod json;
 pub mod layout;
 pub mod package;

@@ -407,8 +407,9 @@ pub struct Layer {
     pub media_type: String,
     /// Safe relative path.
     pub path: String,
-    /// BLAKE3 the package declares.
-    pub blake3: [u8; 32],
+    /// BLAKE3 the package declares (a GdsLLM package always does; another tool's model,
+    /// [`crate::foreign`], never).
+    pub blake3: Option<[u8; 32]>,
 }
 
 /// A parsed, checked image manifest.
@@ -543,7 +544,7 @@ pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<ParsedManifest> {
             .ok_or_else(|| lb(format!("no valid {BLAKE3_ANNOTATION} annotation")))?;
         // layers sharing a blob ship the same bytes: the same size and BLAKE3
         if let Some(o) = by_digest.get(&digest).map(|&j| &out[j]) {
-            if o.size != size || o.blake3 != blake3 {
+            if o.size != size || o.blake3 != Some(blake3) {
                 return Err(lb(format!(
                     "{path:?} shares its blob with {:?} but declares another {}: one of them is not the file its layer says",
                     o.path,
@@ -561,7 +562,7 @@ pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<ParsedManifest> {
             size,
             media_type,
             path: path.to_string(),
-            blake3,
+            blake3: Some(blake3),
         });
     }
     if !out.iter().any(|l| l.path == MANIFEST_FILE) {
@@ -601,7 +602,7 @@ pub fn artifact_from_manifest(
                 size: l.size,
                 media_type: l.media_type,
                 path: Some(l.path),
-                blake3: Some(l.blake3),
+                blake3: l.blake3,
             })
         })
         .collect::<Result<_>>()?;

@@ -31,6 +31,7 @@
 //! bearer-token challenge gets the token request of the distribution spec's token protocol.
 
 use crate::error::{DistError, Result};
+use crate::foreign::{parse_foreign, ForeignModel, Role};
 use crate::layout::Staged;
 use crate::package::{
     hex, parse_manifest, sha256_digest, Artifact, BlobRef, BlobSource, Layer, ParsedManifest,
@@ -834,11 +835,9 @@ impl Remote {
         Ok(s)
     }
 
-    /// Fetches and checks the image manifest: (bytes, digest, parsed).
-    async fn manifest(
-        &self,
-        auth: &ReqAuth,
-    ) -> Result<(Vec<u8>, String, crate::package::ParsedManifest)> {
+    /// Fetches and checks the image manifest: (bytes, digest, parsed) — a GdsLLM package
+    /// by every rule of [`parse_manifest`], another tool's model by [`parse_foreign`].
+    async fn manifest(&self, auth: &ReqAuth) -> Result<(Vec<u8>, String, Parsed)> {
         let r = &self.reference;
         let url = self.url(
             "manifests",
@@ -850,7 +849,7 @@ impl Remote {
                 self.get_small(
                     auth,
                     &url,
-                    Some(MANIFEST_MEDIA_TYPE),
+                    Some(crate::foreign::ACCEPT_MANIFESTS),
                     cap,
                     "fetching the manifest",
                 )
@@ -865,7 +864,14 @@ impl Remote {
                 )));
             }
         }
-        let parsed = parse_manifest(&bytes, &format!("{} ({digest})", r.whole()))?;
+        let what = format!("{} ({digest})", r.whole());
+        let ours = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .map_or(true, |v| crate::foreign::is_gdsllm_package(&v));
+        let parsed = if ours {
+            Parsed::Ours(parse_manifest(&bytes, &what)?)
+        } else {
+            Parsed::Foreign(parse_foreign(&bytes, &what)?)
+        };
         Ok((bytes, digest, parsed))
     }
 
@@ -903,8 +909,12 @@ impl Remote {
     ) -> Result<PullSummary> {
         let lock = store.lock(false)?;
         let auth = self.pull_auth().await?;
-        let (_, digest, p) = self.manifest(&auth).await?;
+        let (_, digest, parsed) = self.manifest(&auth).await?;
         let what = format!("{} ({digest})", self.reference.whole());
+        let n_blobs = match &parsed {
+            Parsed::Ours(p) => p.layers.len() + 1,
+            Parsed::Foreign(m) => m.files.len() + 1,
+        };
         // into the store: one pull per model, a concurrent one waits and then finds it there
         let _entry = match out {
             Some(_) => None,
@@ -921,9 +931,9 @@ impl Remote {
                     return Ok(PullSummary {
                         reference: self.reference.whole(),
                         manifest_digest: digest,
-                        blobs: p.layers.len() + 1,
+                        blobs: n_blobs,
                         downloaded_blobs: 0,
-                        reused_blobs: p.layers.len() + 1,
+                        reused_blobs: n_blobs,
                         downloaded_bytes: 0,
                         resumed_bytes: 0,
                         output: o,
@@ -933,9 +943,30 @@ impl Remote {
             }
         };
         let mut added = Added::default();
-        let r = self
-            .pull_steps(store, &auth, &p, &digest, &what, &out, force, &mut added)
-            .await;
+        let r = match &parsed {
+            Parsed::Ours(p) => {
+                self.pull_steps(store, &auth, p, &digest, &what, &out, force, &mut added)
+                    .await
+            }
+            Parsed::Foreign(m) => {
+                let into_store = out == store.model_dir(&digest);
+                let r = self
+                    .pull_foreign(store, &auth, m, &digest, &what, &out, force, &mut added)
+                    .await;
+                if r.is_ok() {
+                    if into_store {
+                        // share identical files with every other model in the store
+                        for f in crate::store::walk_files(&out) {
+                            store.ingest(&f)?;
+                        }
+                    }
+                    // the other tool's files were only the conversion's input: nothing
+                    // links them, so they leave the store now (gc would remove them)
+                    remove_added(&lock, &added);
+                }
+                r
+            }
+        };
         match r {
             Ok(s) => {
                 if let Some(r) = record {
@@ -1092,6 +1123,119 @@ impl Remote {
         staged.commit()?;
         // the config stays in the store while the model does (gc)
         let _ = store.keep_config(digest, &p.config_digest);
+        Ok(s)
+    }
+
+    /// Another tool's model ([`crate::foreign`]): its config checked, the files the
+    /// conversion reads fetched into the store (each checked against its digest, resumable
+    /// as any blob), assembled under their names in a staging directory beside the store's
+    /// partial downloads, and converted into `out` as `gdsconv convert` would (`force` as
+    /// its). What entered the store is in `added`.
+    #[allow(clippy::too_many_arguments)]
+    async fn pull_foreign(
+        &self,
+        store: &Store,
+        auth: &ReqAuth,
+        m: &ForeignModel,
+        digest: &str,
+        what: &str,
+        out: &Path,
+        force: bool,
+        added: &mut Added,
+    ) -> Result<PullSummary> {
+        let (config, config_fetched) = self
+            .fetch_small(auth, store, &m.config_digest, m.config_size, added)
+            .await?;
+        crate::foreign::check_config(m, &config, what)?;
+        if let Some(t) = &self.opts.on_total {
+            t(m.total_bytes());
+        }
+        // room for the missing blobs and the converted model (about as large)
+        let need: u64 = m
+            .files
+            .iter()
+            .filter(|f| !store.has_blob(&f.layer.digest, f.layer.size))
+            .map(|f| f.layer.size)
+            .sum::<u64>()
+            + m.total_bytes();
+        if let Ok(st) = rustix::fs::statvfs(store.root()) {
+            let free = st.f_bavail.saturating_mul(st.f_frsize);
+            if need > free {
+                return Err(DistError::usage(format!(
+                    "{what}: needs {need} bytes in {} (the download and its conversion), only {free} are free",
+                    store.root().display()
+                )));
+            }
+        }
+        eprintln!(
+            "{what}: {}, converted as it arrives{}",
+            m.origin.name(),
+            if m.skipped.is_empty() {
+                String::new()
+            } else {
+                format!("; left out: {}", m.skipped.join(", "))
+            }
+        );
+        let mut s = PullSummary {
+            reference: self.reference.whole(),
+            manifest_digest: digest.to_string(),
+            blobs: m.files.len() + 1,
+            downloaded_blobs: usize::from(config_fetched),
+            reused_blobs: usize::from(!config_fetched),
+            downloaded_bytes: if config_fetched { m.config_size } else { 0 },
+            resumed_bytes: 0,
+            output: out.to_path_buf(),
+        };
+        let mut flusher = Flusher::new(store);
+        let mut seen = std::collections::HashSet::new();
+        for f in m.files.iter().filter(|f| seen.insert(&f.layer.digest)) {
+            self.obtain(auth, store, &f.layer, what, &mut s, &mut flusher, added)
+                .await?;
+        }
+        flusher.finish(added)?;
+        // the files under their names, beside the store's partial downloads (the same file
+        // system: hard links), removed whatever the conversion does
+        let src = store
+            .partial_path(digest)?
+            .with_extension(format!("src-{}", crate::store::unique_suffix()));
+        struct Remove<'a>(&'a Path);
+        impl Drop for Remove<'_> {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(self.0);
+            }
+        }
+        let _src_guard = Remove(&src);
+        std::fs::create_dir_all(&src).map_err(|e| DistError::io(&src, e))?;
+        for f in &m.files {
+            let blob = store.blob_path(&f.layer.digest)?;
+            if f.role == Role::ConfigTar {
+                crate::foreign::unpack_config_tar(&blob, &src, what)?;
+                continue;
+            }
+            let to = src.join(&f.layer.path);
+            if let Some(p) = to.parent() {
+                std::fs::create_dir_all(p).map_err(|e| DistError::io(p, e))?;
+            }
+            link_or_copy(&blob, &to)?;
+        }
+        let input = src.join(m.entry());
+        let copts = gds_convert::ConvertOptions {
+            force,
+            ..Default::default()
+        };
+        struct Quiet;
+        impl gds_convert::Progress for Quiet {}
+        let staging = format!("{}/", src.display());
+        gds_convert::convert(&input, out, &copts, &Quiet).map_err(|e| {
+            // name the artifact, not the staging directory
+            let msg = format!("{what}: {}", e.to_string().replace(&staging, ""));
+            match e.kind() {
+                gds_convert::ErrorKind::Input | gds_convert::ErrorKind::Internal => {
+                    DistError::invalid(msg)
+                }
+                _ => DistError::usage(msg),
+            }
+        })?;
         Ok(s)
     }
 
@@ -1346,7 +1490,7 @@ impl Remote {
             let hash = *b3.finalize().as_bytes();
             let why = if got != l.digest {
                 format!("the content's digest is {got}: the blob was altered or corrupted")
-            } else if hash != l.blake3 {
+            } else if l.blake3.is_some_and(|b| b != hash) {
                 format!(
                     "the content does not match the BLAKE3 the package declares ({BLAKE3_ANNOTATION})"
                 )
@@ -1401,6 +1545,12 @@ enum Got {
 
 /// What a pull brought into the store: the blobs it stored (that were not there before)
 /// and its partial downloads.
+/// An image manifest, read: a GdsLLM package or another tool's model.
+enum Parsed {
+    Ours(ParsedManifest),
+    Foreign(ForeignModel),
+}
+
 #[derive(Default)]
 struct Added {
     blobs: Vec<PathBuf>,
@@ -1526,7 +1676,7 @@ fn check_layer(
     what: &str,
 ) -> Result<()> {
     match verified.get(&l.digest) {
-        Some(h) if *h == l.blake3 => Ok(()),
+        Some(h) if l.blake3 == Some(*h) => Ok(()),
         Some(_) => Err(DistError::invalid(format!(
             "{what}: blob {} ({}): the content does not match the BLAKE3 this layer declares ({BLAKE3_ANNOTATION}); nothing was kept",
             l.digest, l.path
@@ -1571,7 +1721,7 @@ fn check_listing(
     expected.extend(m.files().map(|f| (f.path, f.content_hash)));
     for (path, hash) in &expected {
         match by_path.get(path) {
-            Some(l) if l.blake3 == *hash => {}
+            Some(l) if l.blake3 == Some(*hash) => {}
             Some(l) => {
                 return Err(DistError::invalid(format!(
                     "{what}: blob {} ({path}) is not the file the model manifest hashes",

@@ -2134,3 +2134,119 @@ fn pack_refuses_an_output_that_is_not_a_regular_file() {
         .is_fifo());
     assert_eq!(entries(env.tmp.path()), ["docker-config", "fifo", "home"]);
 }
+
+/// Pushes `files` to `reg` as another tool lays its model out (tests/py/foreign_oci.py
+/// KIND): the reference.
+fn push_foreign(reg: &Registry, repo: &str, kind: &str, files: &[&Path]) -> String {
+    let o = Command::new("python3")
+        .arg(root().join("tests/py/foreign_oci.py"))
+        .args([&reg.host(), repo, "v1", kind])
+        .args(files)
+        .output()
+        .unwrap();
+    ok(&o, &format!("tests/py/foreign_oci.py {kind}"));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["reference"].as_str().unwrap().to_string()
+}
+
+/// The files of a converted model that carry its content: every layer file and the
+/// tokenizer files, by path (the manifest also records the input's file name).
+fn model_content(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    walk_files(dir)
+        .into_iter()
+        .filter(|(k, _)| k != "manifest.gdsm")
+        .map(|(k, p)| (k, std::fs::read(p).unwrap()))
+        .collect()
+}
+
+/// Models other tools publish (Docker Model Runner's artifacts, GGUF split or whole, with
+/// and without file annotations, a Hugging Face directory layer by layer and with its config
+/// files in a tar; a modctl ModelPack of a Hugging Face directory; Ollama's Docker v2
+/// manifest with its Go template, parameters and license): `gdsconv pull REF OUT` converts
+/// each into the model `gdsconv convert` makes of the same files, `gdsrun REF` runs it
+/// (the same greedy text) from the store, keeping only the converted model there; what
+/// cannot be run (a LoRA adapter, an archived layer, a diffusion model) is refused by name,
+/// exit 1, nothing left.
+#[test]
+#[ignore = "tier 2: needs docker-registry and skopeo (scripts/test.sh)"]
+fn other_tools_models_pull_convert_and_run() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let fx = |p: &str| gds_tests::fixture(p);
+    let gguf = fx("tiny-llama.gguf");
+    let hf = fx("tiny-llama-hf");
+    let shards: Vec<PathBuf> = (1..=4)
+        .map(|i| fx(&format!("split/tiny-llama-{i:05}-of-00004.gguf")))
+        .collect();
+    let license = env.path("LICENSE");
+    std::fs::write(&license, "Apache-2.0\n").unwrap();
+    let convert = |input: &Path, name: &str| {
+        let out = env.path(name);
+        ok(
+            &env.run("gdsconv", &["convert", s(input), s(&out)]),
+            "gdsconv convert",
+        );
+        out
+    };
+    let from_gguf = convert(&gguf, "conv-gguf");
+    let from_hf = convert(&hf, "conv-hf");
+    let text = |model: &str| {
+        let o = generate(&env, model, &["--plain-http"]);
+        ok(&o, &format!("gdsrun {model}"));
+        stdout(&o)
+    };
+    let gguf_text = text(s(&from_gguf));
+    let hf_text = text(s(&from_hf));
+    assert!(!gguf_text.trim().is_empty() && !hf_text.trim().is_empty());
+
+    let mut shard_args: Vec<&Path> = shards.iter().map(PathBuf::as_path).collect();
+    shard_args.push(&license);
+    let cases: Vec<(&str, Vec<&Path>, &Path, &str)> = vec![
+        ("dmr-gguf", vec![&gguf, &license], &from_gguf, &gguf_text),
+        ("dmr-gguf", shard_args.clone(), &from_gguf, &gguf_text),
+        ("dmr-gguf-bare", shard_args.clone(), &from_gguf, &gguf_text),
+        ("dmr-dir", vec![&hf], &from_hf, &hf_text),
+        ("dmr-config-tar", vec![&hf], &from_hf, &hf_text),
+        ("modelpack", vec![&hf], &from_hf, &hf_text),
+        ("ollama", vec![&gguf], &from_gguf, &gguf_text),
+    ];
+    for (i, (kind, files, want, want_text)) in cases.into_iter().enumerate() {
+        let r = push_foreign(&reg, &format!("foreign/{kind}-{i}"), kind, &files);
+        let out = env.path(&format!("pulled-{i}"));
+        let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http"]);
+        ok(&o, &format!("gdsconv pull of {kind} ({i})"));
+        validate(&out);
+        assert!(
+            model_content(&out) == model_content(want),
+            "{kind} ({i}): not the model gdsconv convert makes of its files"
+        );
+        assert_eq!(text(&r), *want_text, "gdsrun {r} ({kind})");
+    }
+    // the store keeps the converted models, not the other tools' files
+    let blobs = store_blobs(&env.store());
+    for f in [&gguf, &shards[1]] {
+        let d = format!("sha256:{}", sha256_file(f));
+        assert!(
+            !blobs.contains_key(&d),
+            "{} is still in the store",
+            f.display()
+        );
+    }
+    assert_store_consistent(&env.store());
+
+    for (kind, files, names) in [
+        ("ollama-adapter", vec![gguf.as_path()], "LoRA adapter"),
+        ("modelpack-tar", vec![hf.as_path()], "archived layer"),
+        ("dmr-dduf", vec![gguf.as_path()], "diffusion model"),
+    ] {
+        let r = push_foreign(&reg, &format!("refused/{kind}"), kind, &files);
+        let out = env.path(&format!("refused-{kind}"));
+        let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http"]);
+        assert_eq!(o.status.code(), Some(1), "{kind}: {}", stderr(&o));
+        assert!(stderr(&o).contains(names), "{kind}: {}", stderr(&o));
+        assert!(!out.exists(), "{kind}: {} exists", out.display());
+        let g = generate(&env, &r, &["--plain-http"]);
+        assert_eq!(g.status.code(), Some(1), "gdsrun {kind}: {}", stderr(&g));
+    }
+    assert_store_consistent(&env.store());
+}
