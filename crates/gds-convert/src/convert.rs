@@ -1149,8 +1149,10 @@ fn check_hparams(source: &Source, input: &Path) -> Result<(), ConvertError> {
 /// The chat templates of the output's `tokenizer_config.json` are code from the model file:
 /// each must pass [`gds_format::chat_template::check`] (compiles within its bounds, renders
 /// a sample conversation within its fuel and output limits), or the conversion fails naming
-/// the input's `tokenizer_config.json` (a directory) or GGUF key `tokenizer.chat_template`.
-/// A config that is not JSON is left to the self-check's message.
+/// where the template came from: a directory's `chat_template.jinja` or
+/// `additional_chat_templates/NAME.jinja` where there is one, else its
+/// `tokenizer_config.json`, or GGUF key `tokenizer.chat_template`. A config that is not JSON
+/// is left to the self-check's message.
 fn check_chat_templates(input: &Path, config: &str) -> Result<(), ConvertError> {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(config) else {
         return Ok(());
@@ -1160,13 +1162,24 @@ fn check_chat_templates(input: &Path, config: &str) -> Result<(), ConvertError> 
     } else {
         (input.to_path_buf(), "tokenizer.chat_template: ")
     };
-    let bad = |msg: String| ConvertError::BadInput {
-        path: path.clone(),
+    let bad = |path: &Path, msg: String| ConvertError::BadInput {
+        path: path.to_path_buf(),
         msg: format!("{key}{msg}"),
     };
-    for (name, src) in crate::validate::chat_templates(&v).map_err(bad)? {
+    for (name, src) in crate::validate::chat_templates(&v).map_err(|m| bad(&path, m))? {
+        let file = match name.as_str() {
+            "default" => input.join("chat_template.jinja"),
+            n => input
+                .join("additional_chat_templates")
+                .join(format!("{n}.jinja")),
+        };
+        let from = if input.is_dir() && file.is_file() {
+            file
+        } else {
+            path.clone()
+        };
         gds_format::chat_template::check(&src)
-            .map_err(|e| bad(format!("chat template {name:?} is refused: {e}")))?;
+            .map_err(|e| bad(&from, format!("chat template {name:?} is refused: {e}")))?;
     }
     Ok(())
 }

@@ -99,6 +99,7 @@ pub fn read_safetensors(input: &Path) -> Result<Source> {
         )?,
         built: false,
     };
+    chat_template_files(dir, &mut tokenizer)?;
     if tokenizer.tokenizer_json.is_none() {
         warnings.push(format!(
             "{} has no tokenizer.json; the converted model will have no tokenizer",
@@ -934,6 +935,96 @@ impl Config<'_> {
         };
         Ok((!ids.is_empty()).then_some(ids))
     }
+}
+
+/// Most templates a directory's `additional_chat_templates/` may hold.
+const MAX_CHAT_TEMPLATE_FILES: usize = 64;
+
+/// The chat templates transformers keeps beside `tokenizer_config.json` since 4.5x
+/// (`save_pretrained` writes `chat_template.jinja`, and named ones as
+/// `additional_chat_templates/NAME.jinja`, and takes them out of the config): put into the
+/// output's `tokenizer_config.json`, where gdsrun reads templates. As transformers loads
+/// them, the files take priority over the config's entries of the same name; the config's
+/// other templates are kept. One template named `default` is the plain string, several the
+/// list of `{name, template}`. Each file is capped as the JSON side files are.
+fn chat_template_files(dir: &Path, tok: &mut TokenizerFiles) -> Result<()> {
+    let mut files: Vec<(String, String)> = Vec::new();
+    if let Some(t) = read_text_opt(&dir.join("chat_template.jinja"), MAX_CONFIG_BYTES)? {
+        files.push(("default".into(), t));
+    }
+    let extra = dir.join("additional_chat_templates");
+    if extra.is_dir() {
+        let mut names: Vec<_> = std::fs::read_dir(&extra)
+            .map_err(|source| SafetensorsError::Io {
+                path: extra.clone(),
+                source,
+            })?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jinja"))
+            .collect();
+        names.sort();
+        if names.len() > MAX_CHAT_TEMPLATE_FILES {
+            return Err(SafetensorsError::Config {
+                path: extra,
+                reason: format!(
+                    "{} templates, over the limit of {MAX_CHAT_TEMPLATE_FILES}",
+                    names.len()
+                ),
+            });
+        }
+        for p in names {
+            let name = p
+                .file_stem()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string();
+            if let Some(t) = read_text_opt(&p, MAX_CONFIG_BYTES)? {
+                files.retain(|(n, _)| *n != name);
+                files.push((name, t));
+            }
+        }
+    }
+    if files.is_empty() {
+        return Ok(());
+    }
+    let tc_path = dir.join("tokenizer_config.json");
+    let mut config = match tok.tokenizer_config_json.as_deref() {
+        Some(t) => parse_json_object(&tc_path, t)?,
+        None => Map::new(),
+    };
+    // the config's own templates, then the files' over them by name
+    let mut templates: Vec<(String, Value)> = match config.get("chat_template") {
+        Some(Value::String(t)) => vec![("default".into(), Value::String(t.clone()))],
+        Some(Value::Array(list)) => list
+            .iter()
+            .filter_map(|e| {
+                Some((
+                    e.get("name")?.as_str()?.to_string(),
+                    e.get("template")?.clone(),
+                ))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    for (name, t) in files {
+        templates.retain(|(n, _)| *n != name);
+        templates.push((name, Value::String(t)));
+    }
+    let value = match templates.as_slice() {
+        [(name, t)] if name == "default" => t.clone(),
+        _ => Value::Array(
+            templates
+                .into_iter()
+                .map(|(name, template)| serde_json::json!({"name": name, "template": template}))
+                .collect(),
+        ),
+    };
+    config.insert("chat_template".into(), value);
+    let mut text = serde_json::to_string_pretty(&config).expect("a JSON object serializes");
+    text.push('\n');
+    tok.tokenizer_config_json = Some(text);
+    Ok(())
 }
 
 /// BOS/EOS ids from config.json, else generation_config.json, plus `add_bos_token` from

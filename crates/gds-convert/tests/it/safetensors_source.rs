@@ -1320,3 +1320,81 @@ fn yarn_rope_scaling_is_read_with_truncate() {
         "{text}"
     );
 }
+
+/// transformers' `save_pretrained` (4.5x on) keeps chat templates beside the config:
+/// `chat_template.jinja`, named ones in `additional_chat_templates/NAME.jinja`, and takes
+/// them out of `tokenizer_config.json`. They come back into the output's config, taking
+/// priority over the config's own of the same name as transformers loads them; a hostile one
+/// fails the conversion naming its file.
+#[test]
+fn chat_template_files_beside_the_config_are_kept() {
+    let original: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(hf_dir().join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    let template = original["chat_template"].as_str().unwrap().to_string();
+    let dir = copy_fixture();
+    let tc = dir.path().join("tokenizer_config.json");
+    let mut cfg = original.clone();
+    cfg.as_object_mut().unwrap().remove("chat_template");
+    fs::write(&tc, serde_json::to_string(&cfg).unwrap()).unwrap();
+    fs::write(dir.path().join("chat_template.jinja"), &template).unwrap();
+    let out_cfg = |s: &Source| -> serde_json::Value {
+        serde_json::from_str(s.tokenizer.tokenizer_config_json.as_deref().unwrap()).unwrap()
+    };
+    let s = read_safetensors(dir.path()).unwrap();
+    let got = out_cfg(&s);
+    assert_eq!(got["chat_template"], serde_json::json!(template));
+    // the rest of the config as it was
+    for (k, v) in cfg.as_object().unwrap() {
+        assert_eq!(&got[k], v, "{k}");
+    }
+
+    // a named template beside it, and the config's own default overridden by the file
+    cfg["chat_template"] = serde_json::json!("{{ 'old' }}");
+    fs::write(&tc, serde_json::to_string(&cfg).unwrap()).unwrap();
+    fs::create_dir(dir.path().join("additional_chat_templates")).unwrap();
+    fs::write(
+        dir.path().join("additional_chat_templates/tool_use.jinja"),
+        "{{ 'tools' }}",
+    )
+    .unwrap();
+    let got = out_cfg(&read_safetensors(dir.path()).unwrap());
+    assert_eq!(
+        got["chat_template"],
+        serde_json::json!([
+            {"name": "default", "template": template},
+            {"name": "tool_use", "template": "{{ 'tools' }}"},
+        ])
+    );
+
+    // through the whole conversion: the template the output's config holds, and a hostile
+    // file refused by its own name
+    let out = tempfile::tempdir().unwrap();
+    let model = out.path().join("m");
+    struct Quiet;
+    impl gds_convert::Progress for Quiet {}
+    gds_convert::convert(dir.path(), &model, &Default::default(), &Quiet).unwrap();
+    let written: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(model.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(written["chat_template"], got["chat_template"]);
+    fs::write(
+        dir.path().join("additional_chat_templates/tool_use.jinja"),
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    )
+    .unwrap();
+    let e = gds_convert::convert(
+        dir.path(),
+        &out.path().join("m2"),
+        &Default::default(),
+        &Quiet,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .expect("a hostile template is refused");
+    assert!(
+        e.contains("additional_chat_templates/tool_use.jinja") && e.contains("\"tool_use\""),
+        "{e}"
+    );
+    assert!(!out.path().join("m2").exists());
+}
