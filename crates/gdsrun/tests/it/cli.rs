@@ -1856,3 +1856,94 @@ fn a_split_gguf_runs_from_its_first_shard() {
     assert!(err.contains("converting"), "{err}");
     assert_eq!(out, whole);
 }
+
+/// `gdsrun ollama:NAME[:TAG]` runs a model Ollama has pulled, from its own directory
+/// (`OLLAMA_MODELS`; manifests/HOST/NAMESPACE/MODEL/TAG, blobs/sha256-HEX, as Ollama lays them
+/// out): the GGUF blob converted once into the store, the same text as the file; a blob path
+/// (no `.gguf` extension) runs too. A model Ollama has not got, a manifest with a LoRA
+/// adapter and a missing blob are errors naming them.
+#[test]
+fn an_ollama_model_runs_from_ollamas_own_directory() {
+    use sha2::{Digest, Sha256};
+    let home = tempfile::tempdir().unwrap();
+    let ollama = tempfile::tempdir().unwrap();
+    let gguf = std::fs::read(gds_tests::fixture("tiny-llama.gguf")).unwrap();
+    let digest = |b: &[u8]| {
+        Sha256::digest(b)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<String>()
+    };
+    let blobs = ollama.path().join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let blob = blobs.join(format!("sha256-{}", digest(&gguf)));
+    std::fs::write(&blob, &gguf).unwrap();
+    let cfg = br#"{"model_format":"gguf","model_family":"llama"}"#;
+    std::fs::write(blobs.join(format!("sha256-{}", digest(cfg))), cfg).unwrap();
+    let manifest = |name: &str, extra: &str| {
+        let m = format!(
+            r#"{{"schemaVersion":2,"mediaType":"application/vnd.docker.distribution.manifest.v2+json","config":{{"mediaType":"application/vnd.docker.container.image.v1+json","digest":"sha256:{}","size":{}}},"layers":[{{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:{}","size":{}}},{{"mediaType":"application/vnd.ollama.image.template","digest":"sha256:{}","size":5}}{extra}]}}"#,
+            digest(cfg),
+            cfg.len(),
+            digest(&gguf),
+            gguf.len(),
+            "0".repeat(64)
+        );
+        let p = ollama
+            .path()
+            .join("manifests/registry.ollama.ai")
+            .join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, m).unwrap();
+    };
+    manifest("library/tiny/latest", "");
+    manifest("someone/tiny/q4", "");
+    manifest(
+        "library/tiny/lora",
+        &format!(
+            r#",{{"mediaType":"application/vnd.ollama.image.adapter","digest":"sha256:{}","size":9}}"#,
+            "1".repeat(64)
+        ),
+    );
+    let run = |model: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+            .args(["-p", "Hello", "-n", "6", "--temp", "0"])
+            .arg(model)
+            .env("GDSLLM_HOME", home.path())
+            .env("OLLAMA_MODELS", ollama.path())
+            .output()
+            .unwrap()
+    };
+    let good = |model: &str| {
+        let o = run(model);
+        assert!(o.status.success(), "{model}: {}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let whole = good(gds_tests::fixture("tiny-llama.gguf").to_str().unwrap());
+    assert!(!whole.is_empty());
+    assert_eq!(good("ollama:tiny"), whole);
+    assert_eq!(good("ollama:tiny:latest"), whole);
+    assert_eq!(good("ollama:registry.ollama.ai/someone/tiny:q4"), whole);
+    assert_eq!(good(blob.to_str().unwrap()), whole);
+    for (model, code, want) in [
+        (
+            "ollama:absent:7b",
+            2,
+            "manifests/registry.ollama.ai/library/absent/7b",
+        ),
+        ("ollama:tiny:lora", 1, "LoRA adapter"),
+        ("ollama:../x", 2, "not an Ollama model name"),
+    ] {
+        let o = run(model);
+        let e = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{model}: {e}");
+        assert!(e.contains(want), "{model}: {e}");
+    }
+    std::fs::remove_file(&blob).unwrap();
+    let o = run("ollama:someone/tiny:q4");
+    assert!(
+        text(&o.stderr).contains("are missing"),
+        "{}",
+        text(&o.stderr)
+    );
+}
