@@ -19,6 +19,11 @@ pub struct ResolveOptions {
 /// The model directory `spec` names, pulling or converting it into the store first when
 /// needed.
 pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
+    if let Some(name) = spec.strip_prefix("hf:") {
+        let p = hf_snapshot(name)?;
+        let m = std::fs::metadata(&p).map_err(|e| DistError::io(&p, e))?;
+        return converted(&p, &m, opts);
+    }
     if let Some(name) = spec.strip_prefix("ollama:") {
         let blob = ollama_blob(name)?;
         let m = std::fs::metadata(&blob).map_err(|e| DistError::io(&blob, e))?;
@@ -74,6 +79,138 @@ fn is_gguf(p: &Path) -> bool {
     gds_io::open_user_file(p)
         .and_then(|mut f| f.read_exact(&mut magic))
         .is_ok_and(|_| &magic == b"GGUF")
+}
+
+/// The Hugging Face hub's cache, as `huggingface_hub` finds it: `$HF_HUB_CACHE`, else
+/// `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`.
+fn hf_cache() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("HF_HUB_CACHE")
+        .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
+        .or_else(|| var("XDG_CACHE_HOME").map(|c| c.join("huggingface/hub")))
+        .or_else(|| var("HOME").map(|h| h.join(".cache/huggingface/hub")))
+}
+
+/// What `hf:ORG/NAME[:QUANT]` names in the Hugging Face cache (a model `huggingface-cli
+/// download`, transformers or vLLM fetched): the snapshot `refs/main` points to (or the only
+/// one), and in it the GGUF whose file name holds QUANT (any case; the first shard of a
+/// split one), the only GGUF, or else the directory itself (a safetensors checkpoint).
+/// Nothing is downloaded; what is missing or ambiguous is an error saying what there is.
+fn hf_snapshot(name: &str) -> Result<PathBuf> {
+    let usage = |why: String| DistError::usage(format!("hf:{name}: {why}"));
+    let (repo, quant) = match name.rsplit_once(':') {
+        Some((r, q)) if !q.contains('/') => (r, Some(q)),
+        _ => (name, None),
+    };
+    let safe = |c: &str| !c.is_empty() && c != "." && c != ".." && !c.contains(['\\', '\0']);
+    let Some((org, model)) = repo
+        .split_once('/')
+        .filter(|(o, m)| safe(o) && safe(m) && !m.contains('/'))
+    else {
+        return Err(usage(
+            "not a Hugging Face model id (hf:ORG/NAME[:QUANT])".into(),
+        ));
+    };
+    let cache = hf_cache()
+        .ok_or_else(|| usage("no Hugging Face cache (set HF_HUB_CACHE or HOME)".into()))?;
+    let folder = cache.join(format!("models--{org}--{model}"));
+    let missing = || {
+        usage(format!(
+            "not in the Hugging Face cache {} (`huggingface-cli download {repo}` fetches it; HF_HUB_CACHE names another cache)",
+            cache.display()
+        ))
+    };
+    if !folder.is_dir() {
+        return Err(missing());
+    }
+    let snapshots = folder.join("snapshots");
+    let commit = match std::fs::read_to_string(folder.join("refs/main")) {
+        Ok(c) if safe(c.trim()) && !c.trim().contains('/') => c.trim().to_string(),
+        _ => {
+            let all: Vec<String> = std::fs::read_dir(&snapshots)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            match all.as_slice() {
+                [one] => one.clone(),
+                [] => return Err(missing()),
+                _ => {
+                    return Err(usage(format!(
+                        "no refs/main, and {} snapshots in {}",
+                        all.len(),
+                        snapshots.display()
+                    )))
+                }
+            }
+        }
+    };
+    let snap = snapshots.join(&commit);
+    if !snap.is_dir() {
+        return Err(missing());
+    }
+    let ggufs: Vec<PathBuf> = dir_files(&snap)
+        .into_iter()
+        .filter(|p| {
+            let n = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_ascii_lowercase();
+            n.ends_with(".gguf") && !n.starts_with("mmproj")
+        })
+        .collect();
+    let rel = |p: &Path| p.strip_prefix(&snap).unwrap_or(p).display().to_string();
+    let chosen: Vec<&PathBuf> = match quant {
+        Some(q) => {
+            let q = q.to_ascii_lowercase();
+            ggufs
+                .iter()
+                .filter(|p| rel(p).to_ascii_lowercase().contains(&q))
+                .collect()
+        }
+        None => ggufs.iter().collect(),
+    };
+    // a split GGUF is its first shard
+    let firsts: Vec<&PathBuf> = chosen
+        .iter()
+        .copied()
+        .filter(|p| {
+            let n = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            !n.contains("-of-") || n.contains("-00001-of-")
+        })
+        .collect();
+    match (firsts.as_slice(), quant) {
+        ([one], _) => Ok((*one).clone()),
+        ([], None) if snap.join("config.json").is_file() => Ok(snap),
+        ([], _) => Err(usage(format!(
+            "{} in {}",
+            match quant {
+                Some(q) => format!(
+                    "no GGUF whose name holds {q:?} (there are: {})",
+                    ggufs.iter().map(|p| rel(p)).collect::<Vec<_>>().join(", ")
+                ),
+                None => "neither a GGUF nor a config.json".into(),
+            },
+            snap.display()
+        ))),
+        (many, _) => Err(usage(format!(
+            "{} GGUFs in {}: name one as hf:{repo}:QUANT ({})",
+            many.len(),
+            snap.display(),
+            many.iter().map(|p| rel(p)).collect::<Vec<_>>().join(", ")
+        ))),
+    }
 }
 
 /// Where Ollama keeps its models: `$OLLAMA_MODELS`, else `~/.ollama/models`, else the Linux
@@ -166,9 +303,10 @@ fn ollama_blob(name: &str) -> Result<PathBuf> {
     Ok(blob)
 }
 
-/// A `.gguf` converted once into the store, keyed by the file's identity (path, device,
-/// inode, size, modification time) and, for the first shard of a split GGUF, every shard's:
-/// converting again happens only when a file changes.
+/// A `.gguf` (or a Hugging Face directory, [`hf_snapshot`]) converted once into the store,
+/// keyed by the file's identity (path, device, inode, size, modification time) and, for the
+/// first shard of a split GGUF, every shard's, for a directory every file's (links
+/// followed): converting again happens only when a file changes.
 fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Result<PathBuf> {
     let abs = std::fs::canonicalize(path).map_err(|e| DistError::io(path, e))?;
     let identity = |p: &Path, m: &std::fs::Metadata| {
@@ -183,9 +321,14 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
         )
     };
     let mut key = identity(&abs, meta);
-    // the other shards (a file that cannot be read as a GGUF: the conversion says why)
-    let shards = gds_convert::gguf::gguf_shards(path).unwrap_or_default();
-    for s in shards.iter().skip(1) {
+    let others = if meta.is_dir() {
+        dir_files(path)
+    } else {
+        // the other shards (a file that cannot be read as a GGUF: the conversion says why)
+        let shards = gds_convert::gguf::gguf_shards(path).unwrap_or_default();
+        shards.into_iter().skip(1).collect()
+    };
+    for s in &others {
         let m = std::fs::metadata(s).map_err(|e| DistError::io(s, e))?;
         key.push('\n');
         key.push_str(&identity(s, &m));
@@ -233,6 +376,34 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
     for f in crate::store::walk_files(&out) {
         store.ingest(&f)?;
     }
-    store.set_ref(&reference, &id, "gguf")?;
+    store.set_ref(&reference, &id, if meta.is_dir() { "hf" } else { "gguf" })?;
     Ok(out)
+}
+
+/// The files under `dir`, links followed, in name order (at most 4096 files in 256
+/// directories, which bounds a link that loops: a model directory has a few dozen).
+fn dir_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    let mut visited = 0;
+    while let Some(d) = stack.pop() {
+        visited += 1;
+        if visited > 256 {
+            break;
+        }
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten().take(1024) {
+            let p = e.path();
+            match std::fs::metadata(&p) {
+                Ok(m) if m.is_dir() => stack.push(p),
+                Ok(m) if m.is_file() => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out.sort();
+    out.truncate(4096);
+    out
 }

@@ -1947,3 +1947,87 @@ fn an_ollama_model_runs_from_ollamas_own_directory() {
         text(&o.stderr)
     );
 }
+
+/// `gdsrun hf:ORG/NAME[:QUANT]` runs a model from the Hugging Face cache (`HF_HUB_CACHE`,
+/// laid out as `huggingface_hub` writes it: `models--ORG--NAME/refs/main`, `snapshots/REV/`
+/// of links into `blobs/`) without downloading: a safetensors checkpoint converted as a
+/// directory, a GGUF chosen by QUANT (a split one by its first shard); several GGUFs and no
+/// QUANT, or a model not in the cache, are errors saying what there is.
+#[test]
+fn a_hugging_face_cache_model_runs_without_a_download() {
+    let home = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    // a repository of the cache: its files as blobs, the snapshot as links to them
+    let repo = |name: &str, rev: &str, refs_main: bool, files: &[(&str, PathBuf)]| {
+        let folder = cache.path().join(format!("models--org--{name}"));
+        let blobs = folder.join("blobs");
+        let snap = folder.join("snapshots").join(rev);
+        std::fs::create_dir_all(&blobs).unwrap();
+        for (i, (rel, src)) in files.iter().enumerate() {
+            let blob = blobs.join(format!("blob{i}"));
+            std::fs::copy(src, &blob).unwrap();
+            let link = snap.join(rel);
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(&blob, &link).unwrap();
+        }
+        if refs_main {
+            std::fs::create_dir_all(folder.join("refs")).unwrap();
+            std::fs::write(folder.join("refs/main"), rev).unwrap();
+        }
+    };
+    let hf: Vec<(String, PathBuf)> = std::fs::read_dir(gds_tests::fixture("tiny-llama-hf"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), e.path())
+        })
+        .collect();
+    let hf: Vec<(&str, PathBuf)> = hf.iter().map(|(n, p)| (n.as_str(), p.clone())).collect();
+    repo("tiny-hf", "0123abcd", true, &hf);
+    let gguf = gds_tests::fixture("tiny-llama.gguf");
+    let mut ggufs: Vec<(String, PathBuf)> = vec![
+        ("tiny.Q8_0.gguf".into(), gguf.clone()),
+        ("tiny.F16.gguf".into(), gguf.clone()),
+        ("mmproj-tiny.gguf".into(), gguf.clone()),
+    ];
+    for i in 1..=4 {
+        let n = format!("tiny-llama-{i:05}-of-00004.gguf");
+        ggufs.push((
+            format!("split/{n}"),
+            gds_tests::fixture(&format!("split/{n}")),
+        ));
+    }
+    let ggufs: Vec<(&str, PathBuf)> = ggufs.iter().map(|(n, p)| (n.as_str(), p.clone())).collect();
+    repo("tiny-gguf", "feedbeef", false, &ggufs);
+    let run = |model: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+            .args(["-p", "Hello", "-n", "6", "--temp", "0"])
+            .arg(model)
+            .env("GDSLLM_HOME", home.path())
+            .env("HF_HUB_CACHE", cache.path())
+            .output()
+            .unwrap()
+    };
+    let good = |model: &str| {
+        let o = run(model);
+        assert!(o.status.success(), "{model}: {}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let from_gguf = good(gguf.to_str().unwrap());
+    let (_tmp, converted) = gds_tests::converted_fixture("tiny-llama-hf");
+    let from_hf = good(converted.to_str().unwrap());
+    assert_eq!(good("hf:org/tiny-hf"), from_hf);
+    assert_eq!(good("hf:org/tiny-gguf:f16"), from_gguf);
+    assert_eq!(good("hf:org/tiny-gguf:split"), from_gguf);
+    for (model, want) in [
+        ("hf:org/tiny-gguf", "3 GGUFs"),
+        ("hf:org/tiny-gguf:q2_k", "no GGUF whose name holds \"q2_k\""),
+        ("hf:org/absent", "huggingface-cli download org/absent"),
+        ("hf:tiny", "not a Hugging Face model id"),
+    ] {
+        let o = run(model);
+        let e = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{model}: {e}");
+        assert!(e.contains(want), "{model}: {e}");
+    }
+}
