@@ -1,5 +1,7 @@
 //! What `gdsrun MODEL` accepts: a model directory, an OCI reference (pulled into the store
-//! on first use), or a `.gguf` file (converted into the store on first use).
+//! on first use), a `.gguf` file (converted into the store on first use), or a model another
+//! program has fetched: `hf:ORG/NAME[:QUANT]` from the Hugging Face cache, `ollama:NAME[:TAG]`
+//! from Ollama's directory (converted on first use; nothing downloaded).
 
 use crate::error::{DistError, Result};
 use crate::registry::{looks_like_reference, Remote, RemoteOptions};
@@ -19,16 +21,6 @@ pub struct ResolveOptions {
 /// The model directory `spec` names, pulling or converting it into the store first when
 /// needed.
 pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
-    if let Some(name) = spec.strip_prefix("hf:") {
-        let p = hf_snapshot(name)?;
-        let m = std::fs::metadata(&p).map_err(|e| DistError::io(&p, e))?;
-        return converted(&p, &m, opts);
-    }
-    if let Some(name) = spec.strip_prefix("ollama:") {
-        let blob = ollama_blob(name)?;
-        let m = std::fs::metadata(&blob).map_err(|e| DistError::io(&blob, e))?;
-        return converted(&blob, &m, opts);
-    }
     let path = Path::new(spec);
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => return Ok(path.to_path_buf()),
@@ -40,9 +32,20 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
         }
         Err(_) => {}
     }
+    // another program's cache (a path of that name, above, comes first)
+    if let Some(name) = spec.strip_prefix("hf:") {
+        let p = hf_snapshot(name)?;
+        let m = std::fs::metadata(&p).map_err(|e| DistError::io(&p, e))?;
+        return converted(&p, &m, opts);
+    }
+    if let Some(name) = spec.strip_prefix("ollama:") {
+        let blob = ollama_blob(name)?;
+        let m = std::fs::metadata(&blob).map_err(|e| DistError::io(&blob, e))?;
+        return converted(&blob, &m, opts);
+    }
     if !looks_like_reference(spec) {
         return Err(DistError::usage(format!(
-            "{spec}: No such file or directory (MODEL is a model directory, a .gguf file, or a registry reference REGISTRY/REPOSITORY:TAG or @sha256:…)"
+            "{spec}: No such file or directory (MODEL is a model directory, a .gguf file, a registry reference REGISTRY/REPOSITORY:TAG or @sha256:…, hf:ORG/NAME[:QUANT] or ollama:NAME[:TAG])"
         )));
     }
     let store = Store::open_default()?;
