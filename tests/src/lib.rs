@@ -1,6 +1,7 @@
 //! Shared helpers for the end-to-end tests in `tests/e2e/`: paths of the built binaries, the
 //! fixtures, and the real model (fetched into `.cache/` by `scripts/fetch-model.sh`).
 
+pub mod caches;
 pub mod registry;
 
 use std::path::{Path, PathBuf};

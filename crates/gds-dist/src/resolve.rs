@@ -33,15 +33,10 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
         Err(_) => {}
     }
     // another program's cache (a path of that name, above, comes first)
-    if let Some(name) = spec.strip_prefix("hf:") {
-        let p = hf_snapshot(name)?;
+    if let Some(p) = other_programs_model(spec) {
+        let p = p?;
         let m = std::fs::metadata(&p).map_err(|e| DistError::io(&p, e))?;
         return converted(&p, &m, opts);
-    }
-    if let Some(name) = spec.strip_prefix("ollama:") {
-        let blob = ollama_blob(name)?;
-        let m = std::fs::metadata(&blob).map_err(|e| DistError::io(&blob, e))?;
-        return converted(&blob, &m, opts);
     }
     if !looks_like_reference(spec) {
         return Err(DistError::usage(format!(
@@ -65,6 +60,16 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
         );
     }
     Ok(s.output)
+}
+
+/// The file or directory `hf:ORG/NAME[:QUANT]` ([`hf_snapshot`]) or `ollama:NAME[:TAG]`
+/// ([`ollama_blob`]) names in that program's cache, as it lies there (what `gdsconv convert`
+/// takes as its input); `None` for any other spec.
+pub fn other_programs_model(spec: &str) -> Option<Result<PathBuf>> {
+    if let Some(name) = spec.strip_prefix("hf:") {
+        return Some(hf_snapshot(name));
+    }
+    spec.strip_prefix("ollama:").map(ollama_blob)
 }
 
 /// A `.gguf`, or a file that starts with GGUF's magic (Ollama's and Docker Model Runner's

@@ -26,7 +26,7 @@ struct Cli {
 enum Cmd {
     /// Convert a .gguf file, a .safetensors file, a model.safetensors.index.json or a Hugging Face directory.
     Convert {
-        /// The input model.
+        /// The input model: a .gguf (a split one's first shard), a .safetensors, a model.safetensors.index.json, a Hugging Face directory, or one another program fetched: hf:ORG/NAME[:QUANT] (the Hugging Face cache) or ollama:NAME[:TAG] (Ollama's directory).
         input: PathBuf,
         /// The output directory (must not exist, unless --force).
         out_dir: PathBuf,
@@ -207,6 +207,16 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 Bar(Some(b))
             } else {
                 Bar(None)
+            };
+            // a model in the Hugging Face cache or Ollama's directory, unless a path has
+            // that name
+            let input = match input.to_str().and_then(|s| {
+                (!input.exists())
+                    .then(|| gds_dist::resolve::other_programs_model(s))
+                    .flatten()
+            }) {
+                Some(p) => p?,
+                None => input,
             };
             let opts = ConvertOptions {
                 quant,

@@ -1864,53 +1864,21 @@ fn a_split_gguf_runs_from_its_first_shard() {
 /// adapter and a missing blob are errors naming them.
 #[test]
 fn an_ollama_model_runs_from_ollamas_own_directory() {
-    use sha2::{Digest, Sha256};
     let home = tempfile::tempdir().unwrap();
-    let ollama = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ollama = gds_tests::caches::Ollama::new(dir.path());
     let gguf = std::fs::read(gds_tests::fixture("tiny-llama.gguf")).unwrap();
-    let digest = |b: &[u8]| {
-        Sha256::digest(b)
-            .iter()
-            .map(|x| format!("{x:02x}"))
-            .collect::<String>()
-    };
-    let blobs = ollama.path().join("blobs");
-    std::fs::create_dir_all(&blobs).unwrap();
-    let blob = blobs.join(format!("sha256-{}", digest(&gguf)));
-    std::fs::write(&blob, &gguf).unwrap();
-    let cfg = br#"{"model_format":"gguf","model_family":"llama"}"#;
-    std::fs::write(blobs.join(format!("sha256-{}", digest(cfg))), cfg).unwrap();
-    let manifest = |name: &str, extra: &str| {
-        let m = format!(
-            r#"{{"schemaVersion":2,"mediaType":"application/vnd.docker.distribution.manifest.v2+json","config":{{"mediaType":"application/vnd.docker.container.image.v1+json","digest":"sha256:{}","size":{}}},"layers":[{{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:{}","size":{}}},{{"mediaType":"application/vnd.ollama.image.template","digest":"sha256:{}","size":5}}{extra}]}}"#,
-            digest(cfg),
-            cfg.len(),
-            digest(&gguf),
-            gguf.len(),
-            "0".repeat(64)
-        );
-        let p = ollama
-            .path()
-            .join("manifests/registry.ollama.ai")
-            .join(name);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, m).unwrap();
-    };
-    manifest("library/tiny/latest", "");
-    manifest("someone/tiny/q4", "");
-    manifest(
-        "library/tiny/lora",
-        &format!(
-            r#",{{"mediaType":"application/vnd.ollama.image.adapter","digest":"sha256:{}","size":9}}"#,
-            "1".repeat(64)
-        ),
-    );
+    let blob = ollama.model("library/tiny/latest", &gguf, &[]);
+    ollama.model("someone/tiny/q4", &gguf, &[]);
+    let adapter = serde_json::json!({"mediaType": "application/vnd.ollama.image.adapter",
+        "digest": format!("sha256:{}", "1".repeat(64)), "size": 9});
+    ollama.model("library/tiny/lora", &gguf, &[adapter]);
     let run = |model: &str| {
         Command::new(env!("CARGO_BIN_EXE_gdsrun"))
             .args(["-p", "Hello", "-n", "6", "--temp", "0"])
             .arg(model)
             .env("GDSLLM_HOME", home.path())
-            .env("OLLAMA_MODELS", ollama.path())
+            .env("OLLAMA_MODELS", &ollama.dir)
             .output()
             .unwrap()
     };
@@ -1957,33 +1925,8 @@ fn an_ollama_model_runs_from_ollamas_own_directory() {
 fn a_hugging_face_cache_model_runs_without_a_download() {
     let home = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    // a repository of the cache: its files as blobs, the snapshot as links to them
-    let repo = |name: &str, rev: &str, refs_main: bool, files: &[(&str, PathBuf)]| {
-        let folder = cache.path().join(format!("models--org--{name}"));
-        let blobs = folder.join("blobs");
-        let snap = folder.join("snapshots").join(rev);
-        std::fs::create_dir_all(&blobs).unwrap();
-        for (i, (rel, src)) in files.iter().enumerate() {
-            let blob = blobs.join(format!("blob{i}"));
-            std::fs::copy(src, &blob).unwrap();
-            let link = snap.join(rel);
-            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
-            std::os::unix::fs::symlink(&blob, &link).unwrap();
-        }
-        if refs_main {
-            std::fs::create_dir_all(folder.join("refs")).unwrap();
-            std::fs::write(folder.join("refs/main"), rev).unwrap();
-        }
-    };
-    let hf: Vec<(String, PathBuf)> = std::fs::read_dir(gds_tests::fixture("tiny-llama-hf"))
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (e.file_name().to_string_lossy().into_owned(), e.path())
-        })
-        .collect();
-    let hf: Vec<(&str, PathBuf)> = hf.iter().map(|(n, p)| (n.as_str(), p.clone())).collect();
-    repo("tiny-hf", "0123abcd", true, &hf);
+    let hf = gds_tests::caches::dir_entries(&gds_tests::fixture("tiny-llama-hf"));
+    gds_tests::caches::hf_repo(cache.path(), "org/tiny-hf", "0123abcd", true, &hf);
     let gguf = gds_tests::fixture("tiny-llama.gguf");
     let mut ggufs: Vec<(String, PathBuf)> = vec![
         ("tiny.Q8_0.gguf".into(), gguf.clone()),
@@ -1997,8 +1940,7 @@ fn a_hugging_face_cache_model_runs_without_a_download() {
             gds_tests::fixture(&format!("split/{n}")),
         ));
     }
-    let ggufs: Vec<(&str, PathBuf)> = ggufs.iter().map(|(n, p)| (n.as_str(), p.clone())).collect();
-    repo("tiny-gguf", "feedbeef", false, &ggufs);
+    gds_tests::caches::hf_repo(cache.path(), "org/tiny-gguf", "feedbeef", false, &ggufs);
     let run = |model: &str| {
         Command::new(env!("CARGO_BIN_EXE_gdsrun"))
             .args(["-p", "Hello", "-n", "6", "--temp", "0"])
