@@ -240,28 +240,7 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
             "the config's mediaType is {config_mt:?}: not a model this pull knows (a GdsLLM package, a ModelPack, Docker Model Runner or Ollama model)"
         )));
     };
-    let config_digest =
-        s(config, "digest").ok_or_else(|| bad("the config has no digest".into()))?;
-    digest_hex(&config_digest).map_err(|e| bad(e.msg))?;
-    let config_size = config
-        .get("size")
-        .and_then(Value::as_u64)
-        .unwrap_or(u64::MAX);
-    if config_size > MAX_CONFIG_BYTES {
-        return Err(bad(format!(
-            "the config blob {config_digest} declares {config_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit"
-        )));
-    }
-    let layers = v
-        .get("layers")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("no layers".into()))?;
-    if layers.len() > MAX_LAYERS {
-        return Err(bad(format!(
-            "{} layers, over the limit of {MAX_LAYERS}",
-            layers.len()
-        )));
-    }
+    let (config_digest, config_size, layers) = crate::package::config_and_layers(&v, &bad)?;
     let what_is = origin.name();
     let mut files: Vec<ForeignFile> = Vec::new();
     let mut skipped = Vec::new();

@@ -423,6 +423,42 @@ pub struct ParsedManifest {
     pub layers: Vec<Layer>,
 }
 
+/// An image manifest's config digest and declared size (at most [`MAX_CONFIG_BYTES`]) and
+/// its layers (at most [`MAX_LAYERS`]): what every manifest a pull reads must have, ours or
+/// another tool's ([`crate::foreign`]). `bad` makes the error.
+pub(crate) fn config_and_layers<'v>(
+    v: &'v Value,
+    bad: &dyn Fn(String) -> DistError,
+) -> Result<(String, u64, &'v Vec<Value>)> {
+    let config = v.get("config").ok_or_else(|| bad("no config".into()))?;
+    let config_digest = config
+        .get("digest")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("the config has no digest".into()))?
+        .to_string();
+    digest_hex(&config_digest).map_err(|e| bad(e.msg))?;
+    let config_size = config
+        .get("size")
+        .and_then(Value::as_u64)
+        .unwrap_or(u64::MAX);
+    if config_size > MAX_CONFIG_BYTES {
+        return Err(bad(format!(
+            "the config blob {config_digest} declares {config_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit"
+        )));
+    }
+    let layers = v
+        .get("layers")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("no layers".into()))?;
+    if layers.len() > MAX_LAYERS {
+        return Err(bad(format!(
+            "{} layers, over the limit of {MAX_LAYERS}",
+            layers.len()
+        )));
+    }
+    Ok((config_digest, config_size, layers))
+}
+
 /// Checks an image manifest from a registry or a layout against every rule a GdsLLM package
 /// follows, before anything is downloaded: media types, digests, sizes, counts, and paths
 /// (portable, relative, no `..`, unique even ignoring case, no file inside another, regular
@@ -458,28 +494,7 @@ pub fn parse_manifest(bytes: &[u8], what: &str) -> Result<ParsedManifest> {
             )));
         }
     }
-    let config_digest =
-        s(config, "digest").ok_or_else(|| bad("the config has no digest".into()))?;
-    digest_hex(&config_digest).map_err(|e| bad(e.msg))?;
-    let config_size = config
-        .get("size")
-        .and_then(Value::as_u64)
-        .unwrap_or(u64::MAX);
-    if config_size > MAX_CONFIG_BYTES {
-        return Err(bad(format!(
-            "the config blob {config_digest} declares {config_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit"
-        )));
-    }
-    let layers = v
-        .get("layers")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("no layers".into()))?;
-    if layers.len() > MAX_LAYERS {
-        return Err(bad(format!(
-            "{} layers, over the limit of {MAX_LAYERS}",
-            layers.len()
-        )));
-    }
+    let (config_digest, config_size, layers) = config_and_layers(&v, &bad)?;
     let mut paths = PathSet::default();
     let mut out: Vec<Layer> = Vec::with_capacity(layers.len());
     let mut by_digest: std::collections::HashMap<String, usize> = Default::default();

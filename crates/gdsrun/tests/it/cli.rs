@@ -1817,6 +1817,29 @@ fn a_chat_template_that_runs_for_minutes_is_refused_at_its_time_limit() {
     );
 }
 
+/// `gdsrun MODEL -p Hello -n 6 --temp 0` with the environment `env` (`GDSLLM_HOME` and the
+/// caches the tests lay out).
+fn hello(model: impl AsRef<std::ffi::OsStr>, env: &[(&str, &Path)]) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gdsrun"));
+    c.args(["-p", "Hello", "-n", "6", "--temp", "0"]).arg(model);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// [`hello`], which must succeed: its stdout.
+fn hello_ok(model: impl AsRef<std::ffi::OsStr>, env: &[(&str, &Path)]) -> String {
+    let o = hello(&model, env);
+    assert!(
+        o.status.success(),
+        "{}: {}",
+        model.as_ref().to_string_lossy(),
+        text(&o.stderr)
+    );
+    text(&o.stdout)
+}
+
 /// `gdsrun FIRST-SHARD.gguf` on a split GGUF (fixtures/make_split_gguf.py) converts the
 /// shards together into the store once, and runs as the whole file does; a shard replaced
 /// afterwards is a new model, converted again (the store's key holds every shard).
@@ -1830,12 +1853,7 @@ fn a_split_gguf_runs_from_its_first_shard() {
         std::fs::copy(src.join(shard(i)), d.path().join(shard(i))).unwrap();
     }
     let run = |model: &Path| {
-        let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
-            .args(["-p", "Hello", "-n", "6", "--temp", "0"])
-            .arg(model)
-            .env("GDSLLM_HOME", home.path())
-            .output()
-            .unwrap();
+        let o = hello(model, &[("GDSLLM_HOME", home.path())]);
         assert!(o.status.success(), "{}", text(&o.stderr));
         (text(&o.stdout), text(&o.stderr))
     };
@@ -1873,20 +1891,9 @@ fn an_ollama_model_runs_from_ollamas_own_directory() {
     let adapter = serde_json::json!({"mediaType": "application/vnd.ollama.image.adapter",
         "digest": format!("sha256:{}", "1".repeat(64)), "size": 9});
     ollama.model("library/tiny/lora", &gguf, &[adapter]);
-    let run = |model: &str| {
-        Command::new(env!("CARGO_BIN_EXE_gdsrun"))
-            .args(["-p", "Hello", "-n", "6", "--temp", "0"])
-            .arg(model)
-            .env("GDSLLM_HOME", home.path())
-            .env("OLLAMA_MODELS", &ollama.dir)
-            .output()
-            .unwrap()
-    };
-    let good = |model: &str| {
-        let o = run(model);
-        assert!(o.status.success(), "{model}: {}", text(&o.stderr));
-        text(&o.stdout)
-    };
+    let env = [("GDSLLM_HOME", home.path()), ("OLLAMA_MODELS", &ollama.dir)];
+    let run = |model: &str| hello(model, &env);
+    let good = |model: &str| hello_ok(model, &env);
     let whole = good(gds_tests::fixture("tiny-llama.gguf").to_str().unwrap());
     assert!(!whole.is_empty());
     assert_eq!(good("ollama:tiny"), whole);
@@ -1941,20 +1948,9 @@ fn a_hugging_face_cache_model_runs_without_a_download() {
         ));
     }
     gds_tests::caches::hf_repo(cache.path(), "org/tiny-gguf", "feedbeef", false, &ggufs);
-    let run = |model: &str| {
-        Command::new(env!("CARGO_BIN_EXE_gdsrun"))
-            .args(["-p", "Hello", "-n", "6", "--temp", "0"])
-            .arg(model)
-            .env("GDSLLM_HOME", home.path())
-            .env("HF_HUB_CACHE", cache.path())
-            .output()
-            .unwrap()
-    };
-    let good = |model: &str| {
-        let o = run(model);
-        assert!(o.status.success(), "{model}: {}", text(&o.stderr));
-        text(&o.stdout)
-    };
+    let env = [("GDSLLM_HOME", home.path()), ("HF_HUB_CACHE", cache.path())];
+    let run = |model: &str| hello(model, &env);
+    let good = |model: &str| hello_ok(model, &env);
     let from_gguf = good(gguf.to_str().unwrap());
     let (_tmp, converted) = gds_tests::converted_fixture("tiny-llama-hf");
     let from_hf = good(converted.to_str().unwrap());
