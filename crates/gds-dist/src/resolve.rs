@@ -341,7 +341,8 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
         key.push('\n');
         key.push_str(&identity(s, &m));
     }
-    let id = format!("gguf:{}", &blake3::hash(key.as_bytes()).to_hex()[..32]);
+    let kind = if meta.is_dir() { "hf" } else { "gguf" };
+    let id = format!("{kind}:{}", &blake3::hash(key.as_bytes()).to_hex()[..32]);
     let reference = abs.display().to_string();
     let store = Store::open_default()?;
     if let Some(e) = store.get_ref(&reference) {
@@ -384,7 +385,7 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
     for f in crate::store::walk_files(&out) {
         store.ingest(&f)?;
     }
-    store.set_ref(&reference, &id, if meta.is_dir() { "hf" } else { "gguf" })?;
+    store.set_ref(&reference, &id, kind)?;
     Ok(out)
 }
 
