@@ -2165,8 +2165,8 @@ fn model_content(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 /// manifest with its Go template, parameters and license): `gdsconv pull REF OUT` converts
 /// each into the model `gdsconv convert` makes of the same files, `gdsrun REF` runs it
 /// (the same greedy text) from the store, keeping only the converted model there; what
-/// cannot be run (a LoRA adapter, an archived layer, a diffusion model) is refused by name,
-/// exit 1, nothing left.
+/// cannot be run (a LoRA adapter, an archived layer, a diffusion model, a truncated GGUF) is
+/// refused by name, exit 1, nothing left.
 #[test]
 #[ignore = "tier 2: needs docker-registry and skopeo (scripts/test.sh)"]
 fn other_tools_models_pull_convert_and_run() {
@@ -2234,10 +2234,18 @@ fn other_tools_models_pull_convert_and_run() {
     }
     assert_store_consistent(&env.store());
 
+    // a damaged GGUF: the conversion's error, naming the file in the artifact
+    let truncated = env.path("truncated.gguf");
+    std::fs::write(&truncated, &std::fs::read(&gguf).unwrap()[..5000]).unwrap();
     for (kind, files, names) in [
         ("ollama-adapter", vec![gguf.as_path()], "LoRA adapter"),
         ("modelpack-tar", vec![hf.as_path()], "archived layer"),
         ("dmr-dduf", vec![gguf.as_path()], "diffusion model"),
+        (
+            "dmr-gguf",
+            vec![truncated.as_path()],
+            "model.gguf: truncated",
+        ),
     ] {
         let r = push_foreign(&reg, &format!("refused/{kind}"), kind, &files);
         let out = env.path(&format!("refused-{kind}"));
