@@ -62,8 +62,8 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
     Ok(s.output)
 }
 
-/// The file or directory `hf:ORG/NAME[:QUANT]` ([`hf_snapshot`]) or `ollama:NAME[:TAG]`
-/// ([`ollama_blob`]) names in that program's cache, as it lies there (what `gdsconv convert`
+/// The file or directory `hf:ORG/NAME[:QUANT]` (the Hugging Face cache) or `ollama:NAME[:TAG]`
+/// (Ollama's directory) names in that program's cache, as it lies there (what `gdsconv convert`
 /// takes as its input); `None` for any other spec.
 pub fn other_programs_model(spec: &str) -> Option<Result<PathBuf>> {
     if let Some(name) = spec.strip_prefix("hf:") {
