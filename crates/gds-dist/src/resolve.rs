@@ -23,6 +23,14 @@ pub struct ResolveOptions {
 pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
     let path = Path::new(spec);
     match std::fs::metadata(path) {
+        // a Hugging Face checkpoint (no model manifest, a config.json): converted on first
+        // use, as a .gguf is
+        Ok(m) if m.is_dir()
+            && !path.join(gds_format::MANIFEST_FILE).exists()
+            && path.join("config.json").is_file() =>
+        {
+            return converted(path, &m, opts)
+        }
         Ok(m) if m.is_dir() => return Ok(path.to_path_buf()),
         Ok(m) if m.is_file() && is_gguf(path) => return converted(path, &m, opts),
         Ok(_) => {

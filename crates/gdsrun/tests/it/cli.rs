@@ -1927,7 +1927,8 @@ fn an_ollama_model_runs_from_ollamas_own_directory() {
 /// laid out as `huggingface_hub` writes it: `models--ORG--NAME/refs/main`, `snapshots/REV/`
 /// of links into `blobs/`) without downloading: a safetensors checkpoint converted as a
 /// directory, a GGUF chosen by QUANT (a split one by its first shard); several GGUFs and no
-/// QUANT, or a model not in the cache, are errors saying what there is.
+/// QUANT, or a model not in the cache, are errors saying what there is. A checkpoint
+/// directory named as a path converts on first use the same way.
 #[test]
 fn a_hugging_face_cache_model_runs_without_a_download() {
     let home = tempfile::tempdir().unwrap();
@@ -1955,6 +1956,9 @@ fn a_hugging_face_cache_model_runs_without_a_download() {
     let (_tmp, converted) = gds_tests::converted_fixture("tiny-llama-hf");
     let from_hf = good(converted.to_str().unwrap());
     assert_eq!(good("hf:org/tiny-hf"), from_hf);
+    // the checkpoint directory itself converts on first use too
+    let dir = gds_tests::fixture("tiny-llama-hf");
+    assert_eq!(good(dir.to_str().unwrap()), from_hf);
     assert_eq!(good("hf:org/tiny-gguf:f16"), from_gguf);
     assert_eq!(good("hf:org/tiny-gguf:split"), from_gguf);
     for (model, want) in [
