@@ -25,9 +25,10 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
     match std::fs::metadata(path) {
         // a Hugging Face checkpoint (no model manifest, a config.json): converted on first
         // use, as a .gguf is
-        Ok(m) if m.is_dir()
-            && !path.join(gds_format::MANIFEST_FILE).exists()
-            && path.join("config.json").is_file() =>
+        Ok(m)
+            if m.is_dir()
+                && !path.join(gds_format::MANIFEST_FILE).exists()
+                && path.join("config.json").is_file() =>
         {
             return converted(path, &m, opts)
         }
@@ -68,6 +69,51 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
         );
     }
     Ok(s.output)
+}
+
+/// The name a model `spec` resolved into the store goes by (the server's model name where
+/// no `--alias` is given), from what the user wrote rather than the store's directory:
+/// `hf:ORG/NAME[:QUANT]` → `NAME[:QUANT]`, `ollama:NAME[:TAG]` and a registry reference →
+/// the last path component with its tag (`smollm2:135m`), a GGUF → its file stem (a split
+/// one's without `-00001-of-0000N`), a directory → its name.
+pub fn display_name(spec: &str) -> String {
+    let last = |s: &str| {
+        s.trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(s)
+            .to_string()
+    };
+    if let Some(n) = spec
+        .strip_prefix("hf:")
+        .or_else(|| spec.strip_prefix("ollama:"))
+    {
+        return last(n);
+    }
+    let path = Path::new(spec);
+    if path.exists() {
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let stem = if path.is_dir() {
+            path.file_name()
+                .map_or(stem, |n| n.to_string_lossy().into_owned())
+        } else {
+            stem
+        };
+        // NAME-00001-of-00003 -> NAME
+        return match stem.rsplit_once("-of-") {
+            Some((head, tail)) if tail.len() == 5 && tail.bytes().all(|b| b.is_ascii_digit()) => {
+                head.rsplit_once('-')
+                    .filter(|(_, n)| n.len() == 5 && n.bytes().all(|b| b.is_ascii_digit()))
+                    .map_or(stem.clone(), |(h, _)| h.to_string())
+            }
+            _ => stem,
+        };
+    }
+    // a registry reference: REPO:TAG's last component (a digest dropped)
+    last(spec.split('@').next().unwrap_or(spec))
 }
 
 /// The file or directory `hf:ORG/NAME[:QUANT]` (the Hugging Face cache) or `ollama:NAME[:TAG]`
@@ -423,4 +469,42 @@ fn dir_files(dir: &Path) -> Vec<PathBuf> {
     out.sort();
     out.truncate(4096);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::display_name;
+
+    #[test]
+    fn display_names_come_from_what_the_user_wrote() {
+        assert_eq!(
+            display_name("hf:bartowski/Llama-3.2-1B-GGUF:Q4_K_M"),
+            "Llama-3.2-1B-GGUF:Q4_K_M"
+        );
+        assert_eq!(display_name("hf:org/tiny"), "tiny");
+        assert_eq!(display_name("ollama:smollm2:135m"), "smollm2:135m");
+        assert_eq!(
+            display_name("ollama:registry.ollama.ai/someone/tiny"),
+            "tiny"
+        );
+        assert_eq!(
+            display_name("registry.example.com/models/smollm2:latest"),
+            "smollm2:latest"
+        );
+        assert_eq!(
+            display_name("localhost:5000/ai/smollm2@sha256:00"),
+            "smollm2"
+        );
+        let d = tempfile::tempdir().unwrap();
+        let f = |n: &str| {
+            let p = d.path().join(n);
+            std::fs::write(&p, b"GGUF").unwrap();
+            p.to_str().unwrap().to_string()
+        };
+        assert_eq!(display_name(&f("Qwen3-8B-Q8_0.gguf")), "Qwen3-8B-Q8_0");
+        assert_eq!(display_name(&f("big-00001-of-00003.gguf")), "big");
+        let dir = d.path().join("SmolLM2-135M");
+        std::fs::create_dir(&dir).unwrap();
+        assert_eq!(display_name(dir.to_str().unwrap()), "SmolLM2-135M");
+    }
 }

@@ -41,6 +41,19 @@ fn with_default_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::O
     args
 }
 
+/// A model that resolves into the store (a reference, a `.gguf`, `hf:`, `ollama:`, a
+/// checkpoint directory) is served under a name from what was written, not the store
+/// directory's, unless `--alias` names it.
+fn named_after_spec(spec: &std::path::Path, alias: &mut Option<String>) {
+    let Some(s) = spec.to_str() else {
+        return;
+    };
+    let a_model_dir = spec.is_dir() && spec.join(gds_format::MANIFEST_FILE).exists();
+    if alias.is_none() && !a_model_dir {
+        *alias = Some(gds_dist::resolve::display_name(s));
+    }
+}
+
 /// Exit code for a registry or network failure while pulling MODEL.
 const EXIT_REGISTRY: i32 = 5;
 
@@ -83,8 +96,14 @@ fn main() {
         Command::Perplexity(a) => resolve(&mut a.common.model_dir, ph),
         Command::Imatrix(a) => resolve(&mut a.common.model_dir, ph),
         Command::Bench(a) => resolve(&mut a.common.model_dir, ph),
-        Command::Serve(a) => resolve(&mut a.model_dir, ph),
-        Command::Batch(a) => resolve(&mut a.model_dir, ph),
+        Command::Serve(a) => {
+            named_after_spec(&a.model_dir, &mut a.engine.alias);
+            resolve(&mut a.model_dir, ph)
+        }
+        Command::Batch(a) => {
+            named_after_spec(&a.model_dir, &mut a.engine.alias);
+            resolve(&mut a.model_dir, ph)
+        }
         Command::Doctor(a) => {
             if let Some(d) = a.model_dir.as_mut() {
                 resolve(d, ph)

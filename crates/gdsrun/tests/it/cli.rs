@@ -1878,8 +1878,9 @@ fn a_split_gguf_runs_from_its_first_shard() {
 /// `gdsrun ollama:NAME[:TAG]` runs a model Ollama has pulled, from its own directory
 /// (`OLLAMA_MODELS`; manifests/HOST/NAMESPACE/MODEL/TAG, blobs/sha256-HEX, as Ollama lays them
 /// out): the GGUF blob converted once into the store, the same text as the file; a blob path
-/// (no `.gguf` extension) runs too. A model Ollama has not got, a manifest with a LoRA
-/// adapter and a missing blob are errors naming them.
+/// (no `.gguf` extension) runs too, and a server or batch job names the model as written
+/// (`tiny:latest`). A model Ollama has not got, a manifest with a LoRA adapter and a missing
+/// blob are errors naming them.
 #[test]
 fn an_ollama_model_runs_from_ollamas_own_directory() {
     let home = tempfile::tempdir().unwrap();
@@ -1914,6 +1915,26 @@ fn an_ollama_model_runs_from_ollamas_own_directory() {
         assert_eq!(o.status.code(), Some(code), "{model}: {e}");
         assert!(e.contains(want), "{model}: {e}");
     }
+    // served (here: a batch job's answers) under the name written, not the store's
+    let input = home.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        r#"{"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":"Hi","max_tokens":2}}"#,
+    )
+    .unwrap();
+    let output = home.path().join("out.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(["batch", "ollama:tiny:latest", "--quiet", "-i"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&output)
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let line: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&output).unwrap().trim()).unwrap();
+    assert_eq!(line["response"]["body"]["model"], "tiny:latest", "{line}");
     std::fs::remove_file(&blob).unwrap();
     let o = run("ollama:someone/tiny:q4");
     assert!(
