@@ -27,17 +27,27 @@ def main():
     ap.add_argument("type", choices=sorted(TYPES))
     ap.add_argument("value")
     a = ap.parse_args()
-    r = GGUFReader(a.src)
+    vtype, conv = TYPES[a.type]
+    rewrite(a.src, a.dst, {a.key: (conv(a.value), vtype)})
+
+
+def rewrite(src, dst, extra=None, **writer_args):
+    """Writes the GGUF `src` again as `dst` with gguf-py's GGUFWriter: every key/value but
+    those `extra` ({key: (value, GGUFValueType)}) sets, then `extra`'s, and every tensor as
+    it was. `writer_args` go to GGUFWriter (split_max_tensors=, small_first_shard=: the
+    shards of a split GGUF). Returns the writer (closed)."""
+    extra = extra or {}
+    r = GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
-    w = GGUFWriter(a.dst, arch=arch)
+    w = GGUFWriter(dst, arch=arch, **writer_args)
     for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", a.key):
+        if name.startswith("GGUF.") or name == "general.architecture" or name in extra:
             continue
         vtype = f.types[0]
         sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
         w.add_key_value(name, f.contents(), vtype, sub_type=sub)
-    vtype, conv = TYPES[a.type]
-    w.add_key_value(a.key, conv(a.value), vtype)
+    for key, (value, vtype) in extra.items():
+        w.add_key_value(key, value, vtype)
     for t in r.tensors:
         w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
     w.write_header_to_file()
@@ -46,6 +56,7 @@ def main():
     for t in r.tensors:
         w.write_tensor_data(t.data)
     w.close()
+    return w
 
 
 if __name__ == "__main__":
