@@ -212,6 +212,45 @@ def test_gguf_path_resolves_as_gdsrun(smollm2_gguf):
     assert m.path == gdsllm.resolve(str(smollm2_gguf))
 
 
+def test_other_programs_caches_resolve_as_gdsrun(smollm2_gguf, tmp_path, monkeypatch):
+    # the same GGUF as an Ollama blob (its manifest naming it) and in the Hugging Face cache
+    # (a snapshot linking into blobs/): converted into the store as gdsrun does, the same model
+    import hashlib
+    import json
+
+    data = smollm2_gguf.read_bytes()
+    hexd = hashlib.sha256(data).hexdigest()
+    ollama = tmp_path / "ollama"
+    (ollama / "blobs").mkdir(parents=True)
+    (ollama / "blobs" / f"sha256-{hexd}").write_bytes(data)
+    cfg = b'{"model_format":"gguf"}'
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                   "digest": "sha256:" + hashlib.sha256(cfg).hexdigest(), "size": len(cfg)},
+        "layers": [{"mediaType": "application/vnd.ollama.image.model",
+                    "digest": f"sha256:{hexd}", "size": len(data)}],
+    }
+    m = ollama / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "135m"
+    m.parent.mkdir(parents=True)
+    m.write_text(json.dumps(manifest))
+    repo = tmp_path / "hf" / "models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF"
+    (repo / "snapshots" / "rev1").mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / hexd).symlink_to(smollm2_gguf)
+    (repo / "snapshots" / "rev1" / "smollm2-135m-instruct-q4_1.gguf").symlink_to(repo / "blobs" / hexd)
+    monkeypatch.setenv("OLLAMA_MODELS", str(ollama))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    whole = gdsllm.open(str(smollm2_gguf))
+    for spec in ["ollama:smollm2:135m", "hf:HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1"]:
+        got = gdsllm.open(spec)
+        assert got.architecture == "llama" and len(got) == len(whole), spec
+        assert got.path == gdsllm.resolve(spec)
+    with pytest.raises(gdsllm.GdsError, match="Ollama has no such model"):
+        gdsllm.open("ollama:absent")
+
+
 def test_load_arguments_are_checked_before_anything_is_read(smollm2_dir):
     m = gdsllm.open(str(smollm2_dir))
     for bad in ["gpu", "cuda:x", "cuda:-1", "CUDA:0"]:
