@@ -1195,9 +1195,11 @@ impl Remote {
         flusher.finish(added)?;
         // the files under their names, beside the store's partial downloads (the same file
         // system: hard links), removed whatever the conversion does
-        let src = store
-            .partial_path(digest)?
-            .with_extension(format!("src-{}", crate::store::unique_suffix()));
+        let src = store.partial_path(digest)?.with_extension(format!(
+            "{}{}",
+            &crate::store::FOREIGN_SRC[1..],
+            crate::store::unique_suffix()
+        ));
         struct Remove<'a>(&'a Path);
         impl Drop for Remove<'_> {
             fn drop(&mut self) {

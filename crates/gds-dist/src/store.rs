@@ -96,6 +96,9 @@ pub(crate) fn unique_suffix() -> String {
 
 /// The suffix of the temporary hard links [`Store::ingest`] renames over a model's file.
 pub const INGEST_TMP_SUFFIX: &str = ".ingest-tmp";
+/// In the name of the directory under `partial/` where a pull assembles another tool's
+/// files for their conversion (hard links of their blobs); a killed pull's goes at `gc`.
+pub const FOREIGN_SRC: &str = ".src-";
 
 impl Store {
     /// The store under `$GDSLLM_HOME` (or the user's cache directory), created if missing.
@@ -413,6 +416,18 @@ impl Store {
             let model = name.strip_suffix(".config").unwrap_or("");
             if model.is_empty() || !self.root.join("models").join(model).is_dir() {
                 fs::remove_file(&p).map_err(|e| DistError::io(&p, e))?;
+            }
+        }
+        // another tool's files assembled for a conversion that was killed (no pull runs
+        // now): their links go before the blobs are counted
+        for d in fs::read_dir(self.root.join("partial"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let p = d.path();
+            if d.file_name().to_string_lossy().contains(FOREIGN_SRC) && p.is_dir() {
+                fs::remove_dir_all(&p).map_err(|e| DistError::io(&p, e))?;
             }
         }
         for d in fs::read_dir(self.root.join("blobs/sha256"))

@@ -221,3 +221,25 @@ fn concurrent_ingests_of_the_same_bytes_all_succeed() {
         }
     }
 }
+
+/// A killed pull of another tool's model leaves its assembled files (`partial/*.src-*`,
+/// hard links of blobs): `gc` removes them and, in the same run, the blobs only they held.
+#[test]
+fn gc_removes_a_killed_conversions_files_and_their_blobs() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let f = t.path().join("model.gguf");
+    std::fs::write(&f, b"GGUF and more").unwrap();
+    let digest = store.ingest(&f).unwrap();
+    std::fs::remove_file(&f).unwrap();
+    let src = t
+        .path()
+        .join("store/partial")
+        .join(format!("abc{}1234", gds_dist::store::FOREIGN_SRC));
+    std::fs::create_dir_all(&src).unwrap();
+    link_or_copy(&store.blob_path(&digest).unwrap(), &src.join("model.gguf")).unwrap();
+    let s = store.gc().unwrap();
+    assert!(!src.exists());
+    assert_eq!((s.removed_blobs, s.removed_bytes), (1, 13));
+    assert!(!store.blob_path(&digest).unwrap().exists());
+}
