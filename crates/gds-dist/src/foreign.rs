@@ -246,6 +246,7 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
     let mut skipped = Vec::new();
     let mut ggufs = Vec::new();
     let mut unnamed = Vec::new();
+    let mut gguf_names: Vec<Option<String>> = Vec::new();
     for (i, l) in layers.iter().enumerate() {
         let digest = s(l, "digest").ok_or_else(|| bad(format!("layer {i} has no digest")))?;
         digest_hex(&digest).map_err(|e| bad(format!("layer {i}: {}", e.msg)))?;
@@ -299,6 +300,7 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
             Kind::Gguf => {
                 // named by its order below
                 ggufs.push(files.len());
+                gguf_names.push(named.map(str::to_string));
                 files.push(ForeignFile {
                     layer: layer(String::new()),
                     role: Role::Gguf,
@@ -331,8 +333,19 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
         }
     }
     // GGUF files by their order: one is `model.gguf`, several the shards of one split model
-    // (the converter checks each shard's split.no against its place)
+    // (the converter checks each shard's split.no against its place) — where every layer
+    // names its file, names of one split's shards (several quantizations of a model in
+    // one artifact are not one model)
     let n = ggufs.len();
+    if n > 1 {
+        let named: Vec<&str> = gguf_names.iter().flatten().map(String::as_str).collect();
+        if named.len() == n && !one_split(&named) {
+            return Err(bad(format!(
+                "{what_is} with {n} GGUF files that are not the shards of one split model ({}): which one is the model is ambiguous",
+                named.join(", ")
+            )));
+        }
+    }
     for (k, &j) in ggufs.iter().enumerate() {
         files[j].layer.path = if n == 1 {
             "model.gguf".to_string()
@@ -392,6 +405,22 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
         files,
         skipped,
     })
+}
+
+/// Whether `names` (each a path) are the shards of one split GGUF, in order:
+/// `PREFIX-00001-of-0000N.gguf` … `PREFIX-0000N-of-0000N.gguf`, N the number of names.
+fn one_split(names: &[&str]) -> bool {
+    let n = names.len();
+    let Some(prefix) = names[0]
+        .strip_suffix(&format!("-{:05}-of-{n:05}.gguf", 1))
+        .map(str::to_string)
+    else {
+        return false;
+    };
+    names
+        .iter()
+        .enumerate()
+        .all(|(k, name)| *name == format!("{prefix}-{:05}-of-{n:05}.gguf", k + 1))
 }
 
 /// Checks another tool's config blob where it says what the model is: Docker Model Runner's
@@ -528,6 +557,28 @@ mod tests {
         assert_eq!(m.entry(), "model-00001-of-00002.gguf");
         assert_eq!(m.total_bytes(), 1001 + 1003);
         assert_eq!(m.skipped.len(), 2, "{:?}", m.skipped);
+        // several quantizations in one artifact are refused, named shards in order taken
+        let e = dmr(vec![
+            layer(1, gguf, Some("m-Q4_K_M.gguf")),
+            layer(2, gguf, Some("m-Q8_0.gguf")),
+        ])
+        .expect_err("two quantizations")
+        .to_string();
+        assert!(
+            e.contains("m-Q4_K_M.gguf, m-Q8_0.gguf") && e.contains("ambiguous"),
+            "{e}"
+        );
+        let m = dmr(vec![
+            layer(1, gguf, Some("big-00001-of-00002.gguf")),
+            layer(2, gguf, Some("big-00002-of-00002.gguf")),
+        ])
+        .unwrap();
+        assert_eq!(m.entry(), "model-00001-of-00002.gguf");
+        assert!(dmr(vec![
+            layer(1, gguf, Some("big-00002-of-00002.gguf")),
+            layer(2, gguf, Some("big-00001-of-00002.gguf")),
+        ])
+        .is_err());
         let one = dmr(vec![layer(1, gguf, None)]).unwrap();
         assert_eq!(paths(&one), ["model.gguf"]);
         assert!(one.files.iter().all(|f| f.layer.blake3.is_none()));
