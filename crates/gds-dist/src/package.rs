@@ -363,6 +363,83 @@ pub fn package_dir(dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifa
     })
 }
 
+/// A GGUF file (or, from its first shard, a split GGUF's every shard) as a CNCF ModelPack
+/// artifact of other tools' kind, not a GdsLLM package: one raw `weight` layer per file,
+/// named by `org.cncf.model.filepath` (its file name), the config's `format` `gguf`. Docker
+/// Model Runner, modctl's and gdsrun's pulls ([`crate::foreign`]) read it; nothing is
+/// converted. Deterministic (no creation time).
+pub fn package_gguf(path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifact> {
+    let shards = gds_convert::gguf::gguf_shards(path)
+        .map_err(|e| DistError::invalid(format!("{}: {e}", path.display())))?;
+    let mut layers = Vec::with_capacity(shards.len());
+    for p in &shards {
+        let mut f = gds_io::open_user_file(p).map_err(|e| DistError::io(p, e))?;
+        let (digest, _, size) = hash_file(p, &mut f)?;
+        progress(size);
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| DistError::usage(format!("{}: not a UTF-8 file name", p.display())))?
+            .to_string();
+        layers.push(BlobRef {
+            digest,
+            size,
+            media_type: WEIGHT_MEDIA_TYPE.into(),
+            path: Some(name),
+            blake3: None,
+            source: BlobSource::File {
+                path: p.clone(),
+                offset: 0,
+            },
+        });
+    }
+    let stem = |p: &Path| {
+        p.file_stem()
+            .and_then(|n| n.to_str())
+            .unwrap_or("model")
+            .to_string()
+    };
+    let name = match stem(path).rsplit_once("-00001-of-") {
+        Some((head, _)) => head.to_string(),
+        None => stem(path),
+    };
+    let config = canonical(&json!({
+        "descriptor": { "name": name },
+        "config": { "format": "gguf" },
+        "modelfs": { "type": "layers", "diffIds": layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>() },
+    }));
+    let config = BlobRef {
+        digest: sha256_digest(&config),
+        size: config.len() as u64,
+        media_type: CONFIG_MEDIA_TYPE.into(),
+        path: None,
+        blake3: None,
+        source: BlobSource::Memory(Arc::new(config)),
+    };
+    let layer = |b: &BlobRef| {
+        json!({
+            "mediaType": b.media_type,
+            "digest": b.digest,
+            "size": b.size,
+            "annotations": { FILEPATH_ANNOTATION: b.path, TITLE_ANNOTATION: b.path },
+        })
+    };
+    let manifest = canonical(&json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "artifactType": ARTIFACT_TYPE,
+        "config": { "mediaType": config.media_type, "digest": config.digest, "size": config.size },
+        "layers": layers.iter().map(layer).collect::<Vec<Value>>(),
+        "annotations": { "org.opencontainers.image.title": name },
+    }));
+    Ok(Artifact {
+        manifest_digest: sha256_digest(&manifest),
+        manifest,
+        config,
+        layers,
+    })
+}
+
 fn manifest_json(
     config: &BlobRef,
     layers: &[BlobRef],

@@ -4,7 +4,7 @@
 use crate::{human, Failure};
 use clap::Args;
 use gds_dist::layout::{read_layout, write_layout_dir, write_tar};
-use gds_dist::package::package_dir;
+use gds_dist::package::{package_dir, package_gguf};
 use gds_dist::registry::{Remote, RemoteOptions};
 use gds_dist::store::Store;
 use gds_dist::Artifact;
@@ -164,12 +164,43 @@ fn model_dir_arg(dir: &Path) -> Result<(), Failure> {
     }
 }
 
+/// A GGUF file (by its extension or its magic; a split one's first shard): packaged as a
+/// ModelPack artifact of the GGUF itself ([`package_gguf`]).
+fn is_gguf_file(p: &Path) -> bool {
+    use std::io::Read;
+    if !p.is_file() {
+        return false;
+    }
+    if p.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return true;
+    }
+    let mut magic = [0u8; 4];
+    // a regular file (checked above): the open cannot block
+    std::fs::File::open(p)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|_| &magic == b"GGUF")
+}
+
 pub fn pack(a: PackArgs) -> Result<ExitCode, Failure> {
-    model_dir_arg(&a.dir)?;
+    let gguf = is_gguf_file(&a.dir);
+    if !gguf {
+        model_dir_arg(&a.dir)?;
+    }
     let t0 = Instant::now();
-    let b = bar(dir_size(&a.dir) * 2, a.json);
+    let size = if gguf {
+        std::fs::metadata(&a.dir).map_or(0, |m| m.len())
+    } else {
+        dir_size(&a.dir)
+    };
+    let b = bar(size * 2, a.json);
     let p = progress_fn(&b);
-    let art = package_dir(&a.dir, &|n| p(n))?;
+    let art = if gguf {
+        package_gguf(&a.dir, &|n| p(n))?
+    } else {
+        package_dir(&a.dir, &|n| p(n))?
+    };
     let (out, n) = match (&a.output, &a.layout) {
         (Some(o), _) => (o.clone(), write_tar(&art, o, &a.tag, &|n| p(n))?),
         (None, Some(l)) => (l.clone(), write_layout_dir(&art, l, &a.tag, &|n| p(n))?),
@@ -251,10 +282,14 @@ fn remote(
     )?)
 }
 
-/// The artifact in `src`: a model directory (packaged in memory), a layout directory or a tar.
+/// The artifact in `src`: a model directory (packaged in memory), a GGUF (packaged as itself),
+/// a layout directory or a tar.
 fn source(src: &Path, tag: Option<&str>) -> Result<Artifact, Failure> {
     if src.join(gds_format::MANIFEST_FILE).exists() {
         return Ok(package_dir(src, &|_| {})?);
+    }
+    if is_gguf_file(src) {
+        return Ok(package_gguf(src, &|_| {})?);
     }
     match std::fs::metadata(src) {
         Err(_) => {

@@ -2258,3 +2258,61 @@ fn other_tools_models_pull_convert_and_run() {
     }
     assert_store_consistent(&env.store());
 }
+
+/// `gdsconv push FILE.gguf REF` (and `pack FILE.gguf`) publish the GGUF itself as a ModelPack
+/// artifact of the kind other tools read (one raw weight layer per file named by
+/// `org.cncf.model.filepath`, `config.format` `gguf`; a split GGUF's every shard): skopeo
+/// reads the manifest, `gdsconv pull` and `gdsrun REF` convert it as the file converts, and a
+/// second `pack` gives the same bytes.
+#[test]
+#[ignore = "tier 2: needs docker-registry and skopeo (scripts/test.sh)"]
+fn a_gguf_is_published_as_a_modelpack_artifact() {
+    let reg = Registry::start();
+    let env = Env::new();
+    let gguf = gds_tests::fixture("tiny-llama.gguf");
+    let first = gds_tests::fixture("split/tiny-llama-00001-of-00004.gguf");
+    let conv = env.path("conv");
+    ok(
+        &env.run("gdsconv", &["convert", s(&gguf), s(&conv)]),
+        "gdsconv convert",
+    );
+    for (i, (file, layers)) in [(&gguf, 1), (&first, 4)].into_iter().enumerate() {
+        let r = reg.reference("gguf", &format!("v{i}"));
+        env.push(file, &r);
+        let o = Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{r}"))
+            .output()
+            .unwrap();
+        ok(&o, "skopeo inspect");
+        let m: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let ls = m["layers"].as_array().unwrap();
+        assert_eq!(ls.len(), layers, "{m}");
+        assert!(ls.iter().all(|l| l["mediaType"] == WEIGHT_MT
+            && l["annotations"][FILEPATH]
+                .as_str()
+                .unwrap()
+                .ends_with(".gguf")));
+        assert_eq!(
+            m["artifactType"],
+            "application/vnd.cncf.model.manifest.v1+json"
+        );
+        let out = env.path(&format!("pulled-{i}"));
+        env.pull(&r, &out);
+        assert!(model_content(&out) == model_content(&conv), "{r}");
+        let g = generate(&env, &r, &["--plain-http"]);
+        ok(&g, &format!("gdsrun {r}"));
+    }
+    let tar = |n: &str| {
+        let t = env.path(n);
+        ok(
+            &env.run("gdsconv", &["pack", s(&first), "-o", s(&t)]),
+            "gdsconv pack",
+        );
+        std::fs::read(t).unwrap()
+    };
+    assert!(
+        tar("a.tar") == tar("b.tar"),
+        "pack of a GGUF is deterministic"
+    );
+}
