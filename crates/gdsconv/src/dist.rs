@@ -17,7 +17,7 @@ use std::time::Instant;
 /// `gdsconv pack`.
 #[derive(Args)]
 pub struct PackArgs {
-    /// The model directory (must validate).
+    /// The model directory (must validate), or a GGUF file (a split one's first shard), packed as itself.
     dir: PathBuf,
     /// Write an OCI image-layout tar (`skopeo copy oci-archive:FILE:TAG …` reads it).
     #[arg(
@@ -67,7 +67,7 @@ pub struct RegistryFlags {
 /// `gdsconv push`.
 #[derive(Args)]
 pub struct PushArgs {
-    /// A model directory, an OCI image-layout directory, or an OCI image-layout tar.
+    /// A model directory, an OCI image-layout directory, an OCI image-layout tar, or a GGUF file (a split one's first shard) published as itself.
     src: PathBuf,
     /// Where to: REGISTRY/REPOSITORY:TAG.
     reference: String,
