@@ -667,14 +667,7 @@ pub(crate) mod tests {
         Artifact {
             manifest_digest: sha256_digest(&manifest),
             manifest,
-            config: BlobRef {
-                digest: sha256_digest(&config),
-                size: config.len() as u64,
-                media_type: CONFIG_MEDIA_TYPE.into(),
-                path: None,
-                blake3: None,
-                source: BlobSource::Memory(Arc::new(config)),
-            },
+            config: BlobRef::config(config),
             layers: vec![layer],
         }
     }

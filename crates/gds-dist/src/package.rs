@@ -53,6 +53,20 @@ pub struct BlobRef {
     pub source: BlobSource,
 }
 
+impl BlobRef {
+    /// A ModelPack config blob held in memory.
+    pub fn config(bytes: Vec<u8>) -> BlobRef {
+        BlobRef {
+            digest: sha256_digest(&bytes),
+            size: bytes.len() as u64,
+            media_type: CONFIG_MEDIA_TYPE.into(),
+            path: None,
+            blake3: None,
+            source: BlobSource::Memory(Arc::new(bytes)),
+        }
+    }
+}
+
 /// An artifact: the image manifest, its config and its layers.
 #[derive(Clone, Debug)]
 pub struct Artifact {
@@ -331,14 +345,7 @@ pub fn package_dir(dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifa
         "config": model_config,
         "modelfs": { "type": "layers", "diffIds": digests },
     }));
-    let config = BlobRef {
-        digest: sha256_digest(&config),
-        size: config.len() as u64,
-        media_type: CONFIG_MEDIA_TYPE.into(),
-        path: None,
-        blake3: None,
-        source: BlobSource::Memory(Arc::new(config)),
-    };
+    let config = BlobRef::config(config);
     let layers: Vec<BlobRef> = files
         .iter()
         .zip(digests)
@@ -408,14 +415,7 @@ pub fn package_gguf(path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Arti
         "config": { "format": "gguf" },
         "modelfs": { "type": "layers", "diffIds": layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>() },
     }));
-    let config = BlobRef {
-        digest: sha256_digest(&config),
-        size: config.len() as u64,
-        media_type: CONFIG_MEDIA_TYPE.into(),
-        path: None,
-        blake3: None,
-        source: BlobSource::Memory(Arc::new(config)),
-    };
+    let config = BlobRef::config(config);
     let layer = |b: &BlobRef| {
         json!({
             "mediaType": b.media_type,
