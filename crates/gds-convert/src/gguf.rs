@@ -833,6 +833,50 @@ fn open_shard(path: &Path) -> Result<Shard, ConvertError> {
     })
 }
 
+/// llama.cpp's name of one shard of a split GGUF, `PREFIX-00002-of-00003.gguf` (the
+/// extension and `-of-` in any case): `(PREFIX, shard number from 1, shard count)`.
+pub fn split_name(file_name: &str) -> Option<(&str, u64, u64)> {
+    let lower = file_name.to_ascii_lowercase();
+    let stem = lower.strip_suffix(".gguf")?;
+    // "-NNNNN-of-NNNNN"
+    let tail = stem.get(stem.len().checked_sub(15)?..)?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    let (no, count) = (&tail[1..6], &tail[10..15]);
+    if !tail.starts_with('-') || &tail[6..10] != "-of-" || !digits(no) || !digits(count) {
+        return None;
+    }
+    // ASCII lowercasing keeps every byte where it was
+    let prefix = &file_name[..stem.len() - 15];
+    Some((prefix, no.parse().ok()?, count.parse().ok()?))
+}
+
+/// llama.cpp's file name of shard `no` (from 1) of `count`: `PREFIX-0000N-of-0000C` and
+/// `ext` (`.gguf`).
+pub fn shard_file_name(prefix: &str, no: u64, count: u64, ext: &str) -> String {
+    format!("{prefix}-{no:05}-of-{count:05}{ext}")
+}
+
+/// A GGUF file: a regular file (links followed) whose name ends in `.gguf` or which starts
+/// with GGUF's magic (Ollama's and Docker Model Runner's blobs have no extension).
+pub fn is_gguf_file(path: &Path) -> bool {
+    if !path.is_file() {
+        return false;
+    }
+    if path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return true;
+    }
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    // a regular file (checked above), opened as the converter opens one
+    gds_io::open_user_file(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|_| &magic == GGUF_MAGIC)
+}
+
 /// The files of the GGUF `path` names: itself, or, when it is the first shard of a split
 /// model (`split.count` > 1 in its metadata), every shard by llama.cpp's naming
 /// (`PREFIX-00001-of-00003.gguf`, …), which must all sit beside it. Naming another shard
@@ -866,11 +910,9 @@ fn shard_paths_of(
     }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let tail = format!("-{:05}-of-{count:05}.gguf", no + 1);
-    let prefix = name
-        .len()
-        .checked_sub(tail.len())
-        .filter(|&n| name[n..].eq_ignore_ascii_case(&tail))
-        .map(|n| &name[..n]);
+    let prefix = split_name(name)
+        .filter(|&(_, n, c)| (n, c) == (no + 1, count))
+        .map(|(p, _, _)| p);
     let Some(prefix) = prefix else {
         return Err(bad(format!(
             "shard {} of a model split in {count} (split.no {no}), but its name does not end in {tail:?}, so the other shards cannot be found (rename the shards as llama.cpp names them)",
@@ -879,14 +921,15 @@ fn shard_paths_of(
     };
     if no != 0 {
         return Err(bad(format!(
-            "shard {} of a model split in {count}: name the first, {prefix}-00001-of-{count:05}.gguf",
-            no + 1
+            "shard {} of a model split in {count}: name the first, {}",
+            no + 1,
+            shard_file_name(prefix, 1, count, ".gguf")
         )));
     }
     let ext = &name[name.len() - 5..];
     let dir = path.parent().unwrap_or(Path::new(""));
     let paths: Vec<_> = (1..=count)
-        .map(|i| dir.join(format!("{prefix}-{i:05}-of-{count:05}{ext}")))
+        .map(|i| dir.join(shard_file_name(prefix, i, count, ext)))
         .collect();
     if let Some(missing) = paths.iter().find(|p| !p.is_file()) {
         return Err(bad(format!(

@@ -350,7 +350,7 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
         files[j].layer.path = if n == 1 {
             "model.gguf".to_string()
         } else {
-            format!("model-{:05}-of-{n:05}.gguf", k + 1)
+            gds_convert::gguf::shard_file_name("model", k as u64 + 1, n as u64, ".gguf")
         };
     }
     // unnamed safetensors shards likewise
@@ -410,17 +410,14 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
 /// Whether `names` (each a path) are the shards of one split GGUF, in order:
 /// `PREFIX-00001-of-0000N.gguf` … `PREFIX-0000N-of-0000N.gguf`, N the number of names.
 fn one_split(names: &[&str]) -> bool {
-    let n = names.len();
-    let Some(prefix) = names[0]
-        .strip_suffix(&format!("-{:05}-of-{n:05}.gguf", 1))
-        .map(str::to_string)
-    else {
+    let n = names.len() as u64;
+    let Some((prefix, _, _)) = gds_convert::gguf::split_name(names[0]) else {
         return false;
     };
     names
         .iter()
-        .enumerate()
-        .all(|(k, name)| *name == format!("{prefix}-{:05}-of-{n:05}.gguf", k + 1))
+        .zip(1..)
+        .all(|(name, k)| *name == gds_convert::gguf::shard_file_name(prefix, k, n, ".gguf"))
 }
 
 /// Checks another tool's config blob where it says what the model is: Docker Model Runner's

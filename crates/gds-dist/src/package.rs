@@ -400,15 +400,14 @@ pub fn package_gguf(path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Arti
             },
         });
     }
-    let stem = |p: &Path| {
-        p.file_stem()
+    let file = path.file_name().and_then(|n| n.to_str()).unwrap_or("model");
+    let name = match gds_convert::gguf::split_name(file) {
+        Some((prefix, _, _)) => prefix.to_string(),
+        None => path
+            .file_stem()
             .and_then(|n| n.to_str())
             .unwrap_or("model")
-            .to_string()
-    };
-    let name = match stem(path).rsplit_once("-00001-of-") {
-        Some((head, _)) => head.to_string(),
-        None => stem(path),
+            .to_string(),
     };
     let config = canonical(&json!({
         "descriptor": { "name": name },

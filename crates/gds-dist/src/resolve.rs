@@ -33,7 +33,9 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
             return converted(path, &m, opts)
         }
         Ok(m) if m.is_dir() => return Ok(path.to_path_buf()),
-        Ok(m) if m.is_file() && is_gguf(path) => return converted(path, &m, opts),
+        Ok(m) if m.is_file() && gds_convert::gguf::is_gguf_file(path) => {
+            return converted(path, &m, opts)
+        }
         Ok(_) => {
             return Err(DistError::usage(format!(
                 "{spec}: not a model directory, a .gguf file or a registry reference"
@@ -103,14 +105,8 @@ pub fn display_name(spec: &str) -> String {
             stem
         };
         // NAME-00001-of-00003 -> NAME
-        return match stem.rsplit_once("-of-") {
-            Some((head, tail)) if tail.len() == 5 && tail.bytes().all(|b| b.is_ascii_digit()) => {
-                head.rsplit_once('-')
-                    .filter(|(_, n)| n.len() == 5 && n.bytes().all(|b| b.is_ascii_digit()))
-                    .map_or(stem.clone(), |(h, _)| h.to_string())
-            }
-            _ => stem,
-        };
+        let shard = format!("{stem}.gguf");
+        return gds_convert::gguf::split_name(&shard).map_or(stem.clone(), |(p, _, _)| p.into());
     }
     // a registry reference: REPO:TAG's last component (a digest dropped)
     last(spec.split('@').next().unwrap_or(spec))
@@ -124,23 +120,6 @@ pub fn other_programs_model(spec: &str) -> Option<Result<PathBuf>> {
         return Some(hf_snapshot(name));
     }
     spec.strip_prefix("ollama:").map(ollama_blob)
-}
-
-/// A `.gguf`, or a file that starts with GGUF's magic (Ollama's and Docker Model Runner's
-/// blobs have no extension).
-fn is_gguf(p: &Path) -> bool {
-    if p.extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-    {
-        return true;
-    }
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    // a FIFO in the file's place must not block
-    gds_io::open_user_file(p)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|_| &magic == b"GGUF")
 }
 
 /// The Hugging Face hub's cache, as `huggingface_hub` finds it: `$HF_HUB_CACHE`, else
@@ -244,12 +223,8 @@ fn hf_snapshot(name: &str) -> Result<PathBuf> {
         .iter()
         .copied()
         .filter(|p| {
-            let n = p
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .to_string();
-            !n.contains("-of-") || n.contains("-00001-of-")
+            let n = p.file_name().unwrap_or_default().to_string_lossy();
+            gds_convert::gguf::split_name(&n).is_none_or(|(_, no, _)| no == 1)
         })
         .collect();
     match (firsts.as_slice(), quant) {
@@ -386,9 +361,7 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
     let others = if meta.is_dir() {
         dir_files(path)
     } else {
-        // the other shards (a file that cannot be read as a GGUF: the conversion says why)
-        let shards = gds_convert::gguf::gguf_shards(path).unwrap_or_default();
-        shards.into_iter().skip(1).collect()
+        shard_siblings(path)
     };
     for s in &others {
         let m = std::fs::metadata(s).map_err(|e| DistError::io(s, e))?;
@@ -441,6 +414,23 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
     }
     store.set_ref(&reference, &id, kind)?;
     Ok(out)
+}
+
+/// The other shards of a split GGUF whose first shard is `path`, by llama.cpp's naming (a
+/// first shard must be named so for the conversion to find them; the conversion checks
+/// them against the metadata): found from the name alone, so that a run of a converted
+/// GGUF does not read the file before it finds the conversion. Only those that exist.
+fn shard_siblings(path: &Path) -> Vec<PathBuf> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let Some((prefix, 1, count)) = gds_convert::gguf::split_name(name) else {
+        return Vec::new();
+    };
+    let ext = &name[name.len() - 5..];
+    let dir = path.parent().unwrap_or(Path::new(""));
+    (2..=count)
+        .map(|i| dir.join(gds_convert::gguf::shard_file_name(prefix, i, count, ext)))
+        .filter(|p| p.is_file())
+        .collect()
 }
 
 /// The files under `dir`, links followed, in name order (at most 4096 files in 256

@@ -164,27 +164,8 @@ fn model_dir_arg(dir: &Path) -> Result<(), Failure> {
     }
 }
 
-/// A GGUF file (by its extension or its magic; a split one's first shard): packaged as a
-/// ModelPack artifact of the GGUF itself ([`package_gguf`]).
-fn is_gguf_file(p: &Path) -> bool {
-    use std::io::Read;
-    if !p.is_file() {
-        return false;
-    }
-    if p.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-    {
-        return true;
-    }
-    let mut magic = [0u8; 4];
-    // a regular file (checked above): the open cannot block
-    std::fs::File::open(p)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|_| &magic == b"GGUF")
-}
-
 pub fn pack(a: PackArgs) -> Result<ExitCode, Failure> {
-    let gguf = is_gguf_file(&a.dir);
+    let gguf = gds_convert::gguf::is_gguf_file(&a.dir);
     if !gguf {
         model_dir_arg(&a.dir)?;
     }
@@ -288,7 +269,7 @@ fn source(src: &Path, tag: Option<&str>) -> Result<Artifact, Failure> {
     if src.join(gds_format::MANIFEST_FILE).exists() {
         return Ok(package_dir(src, &|_| {})?);
     }
-    if is_gguf_file(src) {
+    if gds_convert::gguf::is_gguf_file(src) {
         return Ok(package_gguf(src, &|_| {})?);
     }
     match std::fs::metadata(src) {

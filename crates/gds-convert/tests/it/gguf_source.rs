@@ -89,6 +89,25 @@ fn a_split_gguf_reads_as_the_whole_file() {
     }
     assert_eq!(split.metadata, whole.metadata);
     assert!(!split.metadata.keys().any(|k| k.contains("split.")));
+    // llama.cpp's shard names, read and written by one pair of functions
+    use gds_convert::gguf::{shard_file_name, split_name};
+    assert_eq!(split_name("big-00002-of-00003.gguf"), Some(("big", 2, 3)));
+    assert_eq!(
+        split_name("a/Big-00001-OF-00003.GGUF"),
+        Some(("a/Big", 1, 3))
+    );
+    for not in [
+        "big.gguf",
+        "big-0001-of-00003.gguf",
+        "big-00001-of-00003.bin",
+        "00001-of-00003.gguf",
+    ] {
+        assert_eq!(split_name(not), None, "{not}");
+    }
+    assert_eq!(
+        shard_file_name("big", 2, 3, ".gguf"),
+        "big-00002-of-00003.gguf"
+    );
     // a whole file is its only shard
     let one = gds_convert::gguf::gguf_shards(&fixtures().join("tiny-llama.gguf")).unwrap();
     assert_eq!(one, vec![fixtures().join("tiny-llama.gguf")]);
