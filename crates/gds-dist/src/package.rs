@@ -361,7 +361,14 @@ pub fn package_dir(dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Artifa
             },
         })
         .collect();
-    let manifest = manifest_json(&config, &layers, name, major, minor);
+    let manifest = manifest_json(
+        &config,
+        &layers,
+        json!({
+            "org.opencontainers.image.title": name,
+            "io.gdsllm.format.version": format!("{major}.{minor}"),
+        }),
+    );
     Ok(Artifact {
         manifest_digest: sha256_digest(&manifest),
         manifest,
@@ -415,22 +422,11 @@ pub fn package_gguf(path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Arti
         "modelfs": { "type": "layers", "diffIds": layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>() },
     }));
     let config = BlobRef::config(config);
-    let layer = |b: &BlobRef| {
-        json!({
-            "mediaType": b.media_type,
-            "digest": b.digest,
-            "size": b.size,
-            "annotations": { FILEPATH_ANNOTATION: b.path, TITLE_ANNOTATION: b.path },
-        })
-    };
-    let manifest = canonical(&json!({
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_MEDIA_TYPE,
-        "artifactType": ARTIFACT_TYPE,
-        "config": { "mediaType": config.media_type, "digest": config.digest, "size": config.size },
-        "layers": layers.iter().map(layer).collect::<Vec<Value>>(),
-        "annotations": { "org.opencontainers.image.title": name },
-    }));
+    let manifest = manifest_json(
+        &config,
+        &layers,
+        json!({ "org.opencontainers.image.title": name }),
+    );
     Ok(Artifact {
         manifest_digest: sha256_digest(&manifest),
         manifest,
@@ -439,24 +435,24 @@ pub fn package_gguf(path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<Arti
     })
 }
 
-fn manifest_json(
-    config: &BlobRef,
-    layers: &[BlobRef],
-    name: &str,
-    major: u16,
-    minor: u16,
-) -> Vec<u8> {
+/// The canonical image manifest of a ModelPack artifact: each layer annotated with its file
+/// path (and its BLAKE3 where it has one: a GdsLLM package's layers), the manifest with
+/// `annotations`.
+fn manifest_json(config: &BlobRef, layers: &[BlobRef], annotations: Value) -> Vec<u8> {
     let layer = |b: &BlobRef| {
+        let mut a = json!({
+            FILEPATH_ANNOTATION: b.path,
+            // what ORAS and CRI-O's artifact volumes name a layer's file by
+            TITLE_ANNOTATION: b.path,
+        });
+        if let Some(h) = b.blake3 {
+            a[BLAKE3_ANNOTATION] = json!(hex(&h));
+        }
         json!({
             "mediaType": b.media_type,
             "digest": b.digest,
             "size": b.size,
-            "annotations": {
-                FILEPATH_ANNOTATION: b.path,
-                // what ORAS and CRI-O's artifact volumes name a layer's file by
-                TITLE_ANNOTATION: b.path,
-                BLAKE3_ANNOTATION: b.blake3.map(|h| hex(&h)),
-            },
+            "annotations": a,
         })
     };
     canonical(&json!({
@@ -465,10 +461,7 @@ fn manifest_json(
         "artifactType": ARTIFACT_TYPE,
         "config": { "mediaType": config.media_type, "digest": config.digest, "size": config.size },
         "layers": layers.iter().map(layer).collect::<Vec<Value>>(),
-        "annotations": {
-            "org.opencontainers.image.title": name,
-            "io.gdsllm.format.version": format!("{major}.{minor}"),
-        },
+        "annotations": annotations,
     }))
 }
 

@@ -1051,20 +1051,7 @@ impl Remote {
             .filter(|l| seen.insert(l.digest.clone()))
             .collect();
         // room for what is missing
-        let need: u64 = unique
-            .iter()
-            .filter(|l| !store.has_blob(&l.digest, l.size))
-            .map(|l| l.size)
-            .sum();
-        if let Ok(st) = rustix::fs::statvfs(store.root()) {
-            let free = st.f_bavail.saturating_mul(st.f_frsize);
-            if need > free {
-                return Err(DistError::usage(format!(
-                    "{what}: needs {need} bytes in {}, only {free} are free",
-                    store.root().display()
-                )));
-            }
-        }
+        check_room(store, unique.iter().copied(), 0, what, "")?;
         let mut s = PullSummary {
             reference: self.reference.whole(),
             manifest_digest: digest.to_string(),
@@ -1151,22 +1138,13 @@ impl Remote {
             t(m.total_bytes());
         }
         // room for the missing blobs and the converted model (about as large)
-        let need: u64 = m
-            .files
-            .iter()
-            .filter(|f| !store.has_blob(&f.layer.digest, f.layer.size))
-            .map(|f| f.layer.size)
-            .sum::<u64>()
-            + m.total_bytes();
-        if let Ok(st) = rustix::fs::statvfs(store.root()) {
-            let free = st.f_bavail.saturating_mul(st.f_frsize);
-            if need > free {
-                return Err(DistError::usage(format!(
-                    "{what}: needs {need} bytes in {} (the download and its conversion), only {free} are free",
-                    store.root().display()
-                )));
-            }
-        }
+        check_room(
+            store,
+            m.files.iter().map(|f| &f.layer),
+            m.total_bytes(),
+            what,
+            " (the download and its conversion)",
+        )?;
         eprintln!(
             "{what}: {}, converted as it arrives{}",
             m.origin.name(),
@@ -1547,6 +1525,34 @@ enum Got {
 
 /// What a pull brought into the store: the blobs it stored (that were not there before)
 /// and its partial downloads.
+/// Refuses a pull (usage error) when the store's file system has less room than the
+/// `layers` the store lacks (each blob once) plus `extra` bytes; `why` follows the byte
+/// count in the message. A file system that cannot say is not checked.
+fn check_room<'l>(
+    store: &Store,
+    layers: impl Iterator<Item = &'l Layer>,
+    extra: u64,
+    what: &str,
+    why: &str,
+) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    let need: u64 = layers
+        .filter(|l| seen.insert(&l.digest) && !store.has_blob(&l.digest, l.size))
+        .map(|l| l.size)
+        .sum::<u64>()
+        + extra;
+    if let Ok(st) = rustix::fs::statvfs(store.root()) {
+        let free = st.f_bavail.saturating_mul(st.f_frsize);
+        if need > free {
+            return Err(DistError::usage(format!(
+                "{what}: needs {need} bytes in {}{why}, only {free} are free",
+                store.root().display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// An image manifest, read: a GdsLLM package or another tool's model.
 enum Parsed {
     Ours(ParsedManifest),
