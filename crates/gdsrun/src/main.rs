@@ -41,16 +41,16 @@ fn with_default_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::O
     args
 }
 
-/// A model that resolves into the store (a reference, a `.gguf`, `hf:`, `ollama:`, a
-/// checkpoint directory) is served under a name from what was written, not the store
-/// directory's, unless `--alias` names it.
-fn named_after_spec(spec: &std::path::Path, alias: &mut Option<String>) {
-    let Some(s) = spec.to_str() else {
-        return;
-    };
-    let a_model_dir = spec.is_dir() && spec.join(gds_format::MANIFEST_FILE).exists();
-    if alias.is_none() && !a_model_dir {
-        *alias = Some(gds_dist::resolve::display_name(s));
+/// [`resolve`], and a model that resolved into the store (a reference, a `.gguf`, `hf:`,
+/// `ollama:`, a checkpoint directory: any path but its own) is served under a name from what
+/// was written, not the store directory's, unless `--alias` names it.
+fn resolve_named(p: &mut std::path::PathBuf, alias: &mut Option<String>, plain_http: bool) {
+    let spec = p.clone();
+    resolve(p, plain_http);
+    if let (None, Some(s)) = (&alias, spec.to_str()) {
+        if *p != spec {
+            *alias = Some(gds_dist::resolve::display_name(s));
+        }
     }
 }
 
@@ -96,14 +96,8 @@ fn main() {
         Command::Perplexity(a) => resolve(&mut a.common.model_dir, ph),
         Command::Imatrix(a) => resolve(&mut a.common.model_dir, ph),
         Command::Bench(a) => resolve(&mut a.common.model_dir, ph),
-        Command::Serve(a) => {
-            named_after_spec(&a.model_dir, &mut a.engine.alias);
-            resolve(&mut a.model_dir, ph)
-        }
-        Command::Batch(a) => {
-            named_after_spec(&a.model_dir, &mut a.engine.alias);
-            resolve(&mut a.model_dir, ph)
-        }
+        Command::Serve(a) => resolve_named(&mut a.model_dir, &mut a.engine.alias, ph),
+        Command::Batch(a) => resolve_named(&mut a.model_dir, &mut a.engine.alias, ph),
         Command::Doctor(a) => {
             if let Some(d) = a.model_dir.as_mut() {
                 resolve(d, ph)
