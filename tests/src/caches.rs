@@ -4,7 +4,8 @@
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-fn sha256_hex(b: &[u8]) -> String {
+/// Lowercase hex of `b`'s sha256 (an OCI digest without its `sha256:`).
+pub fn sha256_hex(b: &[u8]) -> String {
     Sha256::digest(b)
         .iter()
         .map(|x| format!("{x:02x}"))

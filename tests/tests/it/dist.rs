@@ -8,10 +8,10 @@
 //! scripts/test.sh does) and python3 with gguf-py for the second model (tests/py/perturb_gguf.py)
 //! and the hostile packages (tests/py/hostile_oci.py).
 
+use gds_tests::caches::sha256_hex;
 use gds_tests::registry::{Registry, PASSWORD, USER};
 use gds_tests::*;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -114,11 +114,6 @@ fn st<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key]
         .as_str()
         .unwrap_or_else(|| panic!("no string {key:?} in {v}"))
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    let d = Sha256::digest(bytes);
-    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn sha256_file(p: &Path) -> String {
