@@ -28,6 +28,7 @@ pub mod perplexity;
 pub mod plan;
 pub mod rank;
 pub mod reasoning;
+pub mod recommended;
 pub mod reply;
 pub mod rope;
 pub mod sampler;

@@ -70,6 +70,11 @@ pub struct PlanOptions {
     /// llama.cpp's other samplers (Mirostat, DRY, XTC, typical, top-n-sigma, dynamic
     /// temperature, adaptive-p) and the chain's order; off by default.
     pub extra_sampling: crate::sampler::ExtraSamplers,
+    /// Which of `extra_sampling`'s settings the user gave (the model's recommended settings,
+    /// [`crate::recommended`], fill the others).
+    pub extra_given: crate::recommended::ExtraGiven,
+    /// Where the model's recommended sampling settings come from (`--generation-config`).
+    pub generation_config: crate::recommended::Source,
     /// Random seed.
     pub seed: Option<u64>,
     /// Most tokens to generate per reply.
@@ -466,6 +471,10 @@ pub struct Plan {
     pub kv_window_ring_positions: Option<usize>,
     /// Sampler settings (the seed is fixed here even when the user gave none).
     pub sampler: SamplerConfig,
+    /// What the model's files recommend and what of it was taken ([`crate::recommended`]);
+    /// `None`: they recommend nothing (or `--generation-config none`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recommended_sampling: Option<crate::recommended::Report>,
     /// Stop conditions.
     pub limits: Limits,
     /// The grammar every reply follows (constrained decoding), if any.
@@ -708,7 +717,7 @@ impl Plan {
             return plan_err("--stop strings must not be empty".into());
         }
         let d = SamplerConfig::default();
-        let sampler = SamplerConfig {
+        let mut sampler = SamplerConfig {
             temp: opts.temp.unwrap_or(d.temp),
             top_k: opts.top_k.unwrap_or(d.top_k),
             top_p: opts.top_p.unwrap_or(d.top_p),
@@ -724,6 +733,29 @@ impl Plan {
         sampler
             .check()
             .map_err(|e| RuntimeError::Usage(e.to_string()))?;
+        // the model's recommendation fills what the user left unset
+        let mut max_tokens = opts.max_tokens;
+        let mut stop = opts.stop.clone();
+        let recommended_sampling =
+            crate::recommended::Recommended::read(dir, &m, &opts.generation_config)?.apply(
+                crate::recommended::Apply {
+                    given: crate::recommended::Given {
+                        temp: opts.temp.is_some(),
+                        top_k: opts.top_k.is_some(),
+                        top_p: opts.top_p.is_some(),
+                        min_p: opts.min_p.is_some(),
+                        repeat_penalty: opts.repeat_penalty.is_some(),
+                        repeat_last_n: opts.repeat_last_n.is_some(),
+                        max_tokens: opts.max_tokens.is_some(),
+                        stop: !opts.stop.is_empty(),
+                        extra: opts.extra_given,
+                    },
+                    sampler: &mut sampler,
+                    max_tokens: &mut max_tokens,
+                    stop: &mut stop,
+                    ctx,
+                },
+            );
         let own_template = tokenizer_config(dir, &m)?
             .is_some_and(|v| v.get("chat_template").is_some_and(|t| !t.is_null()));
         let chat_template_override = match (&opts.chat_template_file, &opts.chat_template) {
@@ -1038,9 +1070,10 @@ impl Plan {
             kv_full_context_bytes,
             kv_window_ring_positions,
             sampler,
+            recommended_sampling,
             limits: Limits {
-                max_tokens: opts.max_tokens,
-                stop: opts.stop.clone(),
+                max_tokens,
+                stop,
                 max_joules: opts.max_joules,
             },
             grammar: opts.grammar.clone(),

@@ -386,6 +386,12 @@ pub struct SamplingArgs {
     /// The samplers and their order as llama.cpp's letters [default: edskypmxt].
     #[arg(long, visible_alias = "sampling-seq", conflicts_with = "samplers")]
     pub sampler_seq: Option<gds_runtime::sampler::Order>,
+    /// The model's recommended sampling settings (its generation_config.json, else its
+    /// GGUF's general.sampling.*) are the defaults of what the flags above leave unset:
+    /// `auto`; `none` for gdsrun's own defaults; or another generation_config.json (a file
+    /// or the directory holding it) in place of the model's [default: auto].
+    #[arg(long, value_name = "auto|none|FILE")]
+    pub generation_config: Option<gds_runtime::recommended::Source>,
 }
 
 impl SamplingArgs {
@@ -402,6 +408,15 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             seed: self.seed,
             extra_sampling: self.extra(),
+            extra_given: gds_runtime::recommended::ExtraGiven {
+                xtc_probability: self.xtc_probability.is_some(),
+                xtc_threshold: self.xtc_threshold.is_some(),
+                mirostat: self.mirostat.is_some(),
+                mirostat_tau: self.mirostat_ent.is_some(),
+                mirostat_eta: self.mirostat_lr.is_some(),
+                order: self.samplers.is_some() || self.sampler_seq.is_some(),
+            },
+            generation_config: self.generation_config.clone().unwrap_or_default(),
             ..base
         }
     }
@@ -448,6 +463,11 @@ pub struct ServerState {
     tokenizer: Arc<TextTokenizer>,
     metrics: Arc<ServerMetrics>,
     default_sampler: SamplerConfig,
+    /// Most tokens of a reply whose request sets none, as the model recommends
+    /// (`max_new_tokens` of its generation_config.json); `None`: until the context is full.
+    default_max_tokens: Option<usize>,
+    /// Stop strings of a request that gives none, as the model recommends.
+    default_stop: Vec<String>,
     /// `--seed`: the seed of requests that name none (else a random one each).
     default_seed: Option<u64>,
     /// `--reasoning-format`: requests' default.
@@ -862,6 +882,8 @@ pub(crate) fn start(
         tokenizer,
         metrics,
         default_sampler: plan.sampler.clone(),
+        default_max_tokens: plan.limits.max_tokens,
+        default_stop: plan.limits.stop.clone(),
         default_seed: e.sampling.seed,
         reasoning_format: reasoning::Format::parse(&e.reasoning_format)
             .map_err(RuntimeError::Usage)?,
@@ -928,6 +950,17 @@ pub(crate) fn start(
                     eprintln!("{who}: constrained decoding unavailable: {e}");
                 }
             });
+    }
+    if let Some(r) = &plan.recommended_sampling {
+        if !r.applied.is_empty() {
+            eprintln!(
+                "{who}: the model's recommended sampling: {} (requests' own settings win; --generation-config none for gdsrun's defaults)",
+                r.summary()
+            );
+        }
+        for i in &r.ignored {
+            eprintln!("{who}: left out of the model's recommended sampling: {i}");
+        }
     }
     let summary = format!(
         "model {} | backend {} | ctx {} | threads {} | max batch {} | KV {} ({})",

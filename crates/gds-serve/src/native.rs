@@ -976,8 +976,9 @@ pub async fn props(State(st): State<Arc<ServerState>>) -> Response {
     let template = tok.chat_template();
     let params = settings(
         &st.default_sampler,
-        -1,
-        &[],
+        st.default_max_tokens
+            .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+        &st.default_stop,
         json!({"ignore_eos": false, "stream": false, "n_probs": 0, "post_sampling_probs": false, "grammar": ""}),
     );
     Json(json!({

@@ -1091,10 +1091,17 @@ pub async fn show(State(st): State<Arc<ServerState>>, body: Bytes) -> Response {
             caps.push("embedding");
         }
         let d = &st.default_sampler;
-        let parameters = format!(
+        let mut parameters = format!(
             "temperature {}\ntop_k {}\ntop_p {}\nmin_p {}\nrepeat_penalty {}\nrepeat_last_n {}\nnum_ctx {}",
             d.temp, d.top_k, d.top_p, d.min_p, d.repeat_penalty, d.repeat_last_n, st.ctx
         );
+        // the model's recommended most tokens and stop strings (Ollama lists its own so)
+        if let Some(n) = st.default_max_tokens {
+            parameters.push_str(&format!("\nnum_predict {n}"));
+        }
+        for stop in &st.default_stop {
+            parameters.push_str(&format!("\nstop {}", Value::String(stop.clone())));
+        }
         let modelfile = format!(
             "# served by gdsrun {}\nFROM {}\n{}\n",
             env!("CARGO_PKG_VERSION"),

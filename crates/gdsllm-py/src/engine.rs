@@ -403,7 +403,7 @@ impl Engine {
         draft_max=None, temperature=None, top_k=None, top_p=None, min_p=None,
         repeat_penalty=None, repeat_last_n=None, frequency_penalty=None,
         presence_penalty=None, seed=None, max_tokens=None, stop=None, chat_template_file=None,
-        chat_template=None, samplers=None, plain_http=false))]
+        chat_template=None, samplers=None, generation_config=None, plain_http=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -438,10 +438,18 @@ impl Engine {
         chat_template_file: Option<std::path::PathBuf>,
         chat_template: Option<String>,
         samplers: Option<Bound<'_, PyAny>>,
+        generation_config: Option<Bound<'_, PyAny>>,
         plain_http: bool,
     ) -> PyResult<Engine> {
         fork_guard("Engine")?;
         let model = path_arg(model, "model")?;
+        // "auto" (the model's recommended sampling), "none", or a generation_config.json
+        let generation_config = match generation_config {
+            None => gds_runtime::recommended::Source::Auto,
+            Some(g) => path_arg(&g, "generation_config")?
+                .parse()
+                .map_err(|e: String| PyValueError::new_err(format!("generation_config: {e}")))?,
+        };
         let draft = draft.map(|d| path_arg(&d, "draft")).transpose()?;
         {
             // the sampling defaults' ranges, named as the Python arguments
@@ -509,7 +517,12 @@ impl Engine {
             stop: stop.unwrap_or_default(),
             chat_template_file,
             chat_template,
+            extra_given: gds_runtime::recommended::ExtraGiven {
+                order: samplers.is_some(),
+                ..Default::default()
+            },
             extra_sampling: extra_samplers(&Default::default(), samplers.as_ref())?,
+            generation_config,
             ..Default::default()
         };
         let engine = py

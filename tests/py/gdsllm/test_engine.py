@@ -67,6 +67,28 @@ def test_plan_equals_gdsruns(smollm2_dir):
     assert e.plan["sampler"]["temp"] == 0 and e.plan["limits"]["max_tokens"] == 2
 
 
+def test_recommended_sampling_equals_gdsruns(smollm2_dir, tmp_path):
+    # a generation_config.json in place of the model's (--generation-config FILE): the same
+    # plan as gdsrun's, its max_new_tokens the length of a reply that sets none
+    gen = tmp_path / "generation_config.json"
+    gen.write_text(json.dumps({"temperature": 0.0, "top_k": 9, "max_new_tokens": 3}))
+    e = gdsllm.Engine(str(smollm2_dir), threads=2, seed=7, generation_config=gen)
+    _, out, _ = run_gdsrun("run", smollm2_dir, "-t", "2", "--seed", "7",
+                           "--generation-config", str(gen), "--plan")
+    plan, want = dict(e.plan), json.loads(out)
+    plan.pop("backend_reason"), want.pop("backend_reason")
+    assert plan == want
+    assert plan["recommended_sampling"]["applied"] == {"max_tokens": 3, "temp": 0.0, "top_k": 9}
+    d = e.generate(PROMPT, details=True)
+    assert len(d["tokens"]) <= 3 and (len(d["tokens"]) == 3 or d["stop_reason"] != "max_tokens")
+    assert e.generate(PROMPT, max_tokens=5, details=True)["text"].startswith(d["text"])
+    off = gdsllm.Engine(str(smollm2_dir), threads=2, generation_config="none")
+    assert "recommended_sampling" not in off.plan and off.plan["sampler"]["top_k"] == 40
+    with pytest.raises(gdsllm.GdsError, match="not a JSON object"):
+        gen.write_text("[]")
+        gdsllm.Engine(str(smollm2_dir), generation_config=gen)
+
+
 def test_a_builtin_chat_template_equals_gdsruns(smollm2_dir):
     # --chat-template NAME: the same plan and the same greedy reply as gdsrun's
     e = gdsllm.Engine(str(smollm2_dir), threads=2, chat_template="zephyr", temperature=0)

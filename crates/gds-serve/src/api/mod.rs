@@ -1250,7 +1250,10 @@ pub(crate) fn job(
         Some(n) => usize::try_from(n)
             .unwrap_or(usize::MAX)
             .min(if shift.is_some() { usize::MAX } else { room }),
-        None => default_max.min(room),
+        // the model's recommended most (its max_new_tokens) where the request sets none
+        None => default_max
+            .min(room)
+            .min(st.default_max_tokens.unwrap_or(usize::MAX)),
     };
     let d = &st.default_sampler;
     let temp = c.temperature.map_or(d.temp, |t| t as f32);
@@ -1306,7 +1309,8 @@ pub(crate) fn job(
         ApiError::bad(format!("{param} {} must be {}", e.value, e.expected)).param(param)
     })?;
     let stop = match c.stop {
-        None => Vec::new(),
+        // the model's recommended stop strings where the request gives none
+        None => st.default_stop.clone(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };

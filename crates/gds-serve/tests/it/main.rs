@@ -14,6 +14,7 @@ mod openai;
 mod paged;
 mod predicted;
 mod reasoning;
+mod recommended;
 mod rerank;
 mod samplers;
 mod score;

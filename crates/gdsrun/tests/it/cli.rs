@@ -1994,3 +1994,123 @@ fn a_hugging_face_cache_model_runs_without_a_download() {
         assert!(e.contains(want), "{model}: {e}");
     }
 }
+
+/// A checkpoint's `generation_config.json` recommends the sampling of every run that does
+/// not set it (`--plan` says which settings and from where); the command line wins, a
+/// setting out of its range is left out and named, `--generation-config none` turns the
+/// recommendation off and `--generation-config FILE` reads another file. The reply stops at
+/// the recommended `max_new_tokens`.
+#[test]
+fn a_checkpoints_recommended_sampling_is_the_runs_default() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tmp.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for e in std::fs::read_dir(gds_tests::fixture("tiny-llama-hf")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
+    }
+    std::fs::write(
+        hf.join("generation_config.json"),
+        r#"{"bos_token_id": 1, "eos_token_id": 2, "do_sample": true, "temperature": 0.6,
+            "top_k": 20, "top_p": 0.9, "max_new_tokens": 5, "mirostat": 7}"#,
+    )
+    .unwrap();
+    let out = tmp.path().join("m.gds");
+    gds_convert::convert(
+        &hf,
+        &out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .expect("convert");
+    let m = out.to_str().unwrap();
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["run", m, "--prompt", "hi", "--plan"];
+        args.extend_from_slice(extra);
+        ok_json(&args)
+    };
+    let p = plan(&[]);
+    let s = &p["sampler"];
+    assert_eq!(
+        (s["temp"].as_f64(), s["top_k"].as_u64(), s["top_p"].as_f64()),
+        (Some(0.6), Some(20), Some(0.9)),
+        "{p}"
+    );
+    assert_eq!(p["limits"]["max_tokens"], 5);
+    let r = &p["recommended_sampling"];
+    assert_eq!(r["source"], "generation_config.json", "{r}");
+    assert!(
+        r["ignored"][0].as_str().unwrap().contains("mirostat 7"),
+        "{r}"
+    );
+    assert!(s.get("mirostat").is_none(), "{p}");
+    // the command line wins
+    let p = plan(&["--temp", "0", "--max-tokens", "9"]);
+    assert_eq!(
+        (
+            p["sampler"]["temp"].as_f64(),
+            p["sampler"]["top_k"].as_u64()
+        ),
+        (Some(0.0), Some(20))
+    );
+    assert_eq!(p["limits"]["max_tokens"], 9);
+    assert_eq!(
+        p["recommended_sampling"]["overridden"],
+        serde_json::json!(["max_tokens", "temp"])
+    );
+    // off: gdsrun's own defaults
+    let p = plan(&["--generation-config", "none"]);
+    assert_eq!(
+        (p["sampler"]["top_k"].as_u64(), &p["limits"]["max_tokens"]),
+        (Some(40), &Value::Null)
+    );
+    assert!(p.get("recommended_sampling").is_none(), "{p}");
+    // another file in place of the model's
+    let other = tmp.path().join("other.json");
+    std::fs::write(&other, r#"{"top_k": 3}"#).unwrap();
+    let p = plan(&["--generation-config", other.to_str().unwrap()]);
+    assert_eq!(
+        (p["sampler"]["top_k"].as_u64(), &p["limits"]["max_tokens"]),
+        (Some(3), &Value::Null)
+    );
+    // or the directory holding one (the model's own, copied by the conversion)
+    let p = plan(&["--generation-config", m]);
+    assert_eq!(p["limits"]["max_tokens"], 5);
+    // one that cannot be read or is not a JSON object: an error naming it
+    let o = gdsrun(&[
+        "run",
+        m,
+        "-p",
+        "hi",
+        "--generation-config",
+        "/nonexistent/g.json",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("/nonexistent/g.json"),
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::write(&other, "[1]").unwrap();
+    let o = gdsrun(&[
+        "run",
+        m,
+        "-p",
+        "hi",
+        "--generation-config",
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("not a JSON object"),
+        "{}",
+        text(&o.stderr)
+    );
+    // a run stops at the recommended length (unless the model ends its reply first)
+    let j = ok_json(&["run", m, "--prompt", "hi", "--json"]);
+    let n = j["tokens"].as_array().unwrap().len();
+    assert!(n <= 5, "{j}");
+    if j["stop_reason"] == "max_tokens" {
+        assert_eq!(n, 5, "{j}");
+    }
+}

@@ -1,0 +1,154 @@
+//! A model's recommended sampling — its `generation_config.json`, a GGUF's
+//! `general.sampling.*` — is the default of every request that leaves a setting unset, as
+//! llama-server and vLLM take it; a request's own setting wins, and `--generation-config
+//! none` gives gdsrun's own defaults.
+
+use crate::common::{get_ok, post_json, serial, start_model};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// The tiny llama checkpoint with `gen` as its `generation_config.json`, converted into
+/// `tmp`.
+fn checkpoint_recommending(tmp: &Path, gen: &Value) -> PathBuf {
+    let hf = tmp.join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for e in std::fs::read_dir(gds_tests::fixture("tiny-llama-hf")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
+    }
+    std::fs::write(hf.join("generation_config.json"), gen.to_string()).unwrap();
+    let out = tmp.join("model.gds");
+    gds_convert::convert(
+        &hf,
+        &out,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .expect("convert");
+    out
+}
+
+fn chat(addr: &str, extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "Tell me a story."}]});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let (code, r) = post_json(addr, "/v1/chat/completions", &body);
+    assert_eq!(code, 200, "{r}");
+    r
+}
+
+fn text(r: &Value) -> String {
+    r["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+#[ignore = "tier 2: starts a server (scripts/test.sh)"]
+fn a_checkpoints_recommended_sampling_is_the_servers_default() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    // greedy, at most 6 tokens a reply: what a request that sets neither gets
+    let model = checkpoint_recommending(
+        tmp.path(),
+        &json!({"bos_token_id": 1, "eos_token_id": 2, "do_sample": true,
+                "temperature": 0.0, "top_k": 7, "max_new_tokens": 6}),
+    );
+    let s = start_model(&model, &["--ctx", "256"]);
+    let props = get_ok(&s.addr, "/props");
+    let p = &props["default_generation_settings"]["params"];
+    assert_eq!(
+        (
+            p["temperature"].as_f64(),
+            p["top_k"].as_u64(),
+            p["n_predict"].as_i64()
+        ),
+        (Some(0.0), Some(7), Some(6)),
+        "{props}"
+    );
+    // two seeds, the same greedy reply of at most six tokens
+    let a = chat(&s.addr, json!({"seed": 1}));
+    let b = chat(&s.addr, json!({"seed": 2}));
+    assert_eq!(text(&a), text(&b));
+    let n = a["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(n <= 6, "{a}");
+    if n == 6 {
+        assert_eq!(a["choices"][0]["finish_reason"], "length", "{a}");
+    }
+    // the request's own settings win: a longer greedy reply, then sampled ones
+    let long = chat(&s.addr, json!({"max_tokens": 12}));
+    assert!(text(&long).starts_with(&text(&a)), "{long} vs {a}");
+    if n == 6 {
+        assert!(
+            long["usage"]["completion_tokens"].as_u64().unwrap() > 6,
+            "{long}"
+        );
+    }
+    let x = chat(
+        &s.addr,
+        json!({"max_tokens": 12, "temperature": 1.0, "seed": 1}),
+    );
+    let y = chat(
+        &s.addr,
+        json!({"max_tokens": 12, "temperature": 1.0, "seed": 2}),
+    );
+    assert_ne!(text(&x), text(&y), "temperature 1 with two seeds");
+    drop(s);
+
+    // --generation-config none: gdsrun's own defaults (llama.cpp's), sampled
+    let s = start_model(&model, &["--ctx", "256", "--generation-config", "none"]);
+    let props = get_ok(&s.addr, "/props");
+    let p = &props["default_generation_settings"]["params"];
+    assert_eq!(
+        (p["top_k"].as_u64(), p["n_predict"].as_i64()),
+        (Some(40), Some(-1)),
+        "{props}"
+    );
+    assert!(p["temperature"].as_f64().unwrap() > 0.5, "{props}");
+    drop(s);
+
+    // the server's flag wins over the model's
+    let s = start_model(&model, &["--ctx", "256", "--top-k", "3"]);
+    let p = get_ok(&s.addr, "/props")["default_generation_settings"]["params"].clone();
+    assert_eq!(
+        (p["top_k"].as_u64(), p["temperature"].as_f64()),
+        (Some(3), Some(0.0))
+    );
+}
+
+#[test]
+#[ignore = "tier 2: needs the gguf Python package (scripts/test.sh)"]
+fn a_ggufs_general_sampling_keys_are_the_servers_default() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("sampling.gguf");
+    let st = std::process::Command::new("python3")
+        .arg(gds_tests::root().join("tests/py/gguf_add_key.py"))
+        .arg(gds_tests::fixture("tiny-llama.gguf"))
+        .arg(&gguf)
+        .args(["general.sampling.top_k", "int32", "5"])
+        .status()
+        .expect("python3 runs");
+    assert!(st.success());
+    let dir = tmp.path().join("sampling.gds");
+    gds_convert::convert(
+        &gguf,
+        &dir,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .expect("convert");
+    let s = start_model(&dir, &["--ctx", "64"]);
+    let id = get_ok(&s.addr, "/v1/models")["data"][0]["id"].clone();
+    let (code, show) = post_json(&s.addr, "/api/show", &json!({"model": id}));
+    assert_eq!(code, 200, "{show}");
+    let p = get_ok(&s.addr, "/props")["default_generation_settings"]["params"].clone();
+    assert_eq!(p["top_k"].as_u64(), Some(5), "{p}");
+    // Ollama's /api/show lists it among the model's parameters
+    assert!(
+        show["parameters"].as_str().unwrap().contains("top_k 5"),
+        "{show}"
+    );
+}
