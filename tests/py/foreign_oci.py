@@ -188,7 +188,9 @@ def main() -> None:
         ol = "application/vnd.ollama.image."
         ls = [layer(p, read(files[0]), ol + "model"),
               layer(p, b"{{ .System }}\n{{ .Prompt }}", ol + "template"),
-              layer(p, json.dumps({"stop": ["<|im_end|>"]}).encode(), ol + "params"),
+              layer(p, json.dumps({"stop": ["<|im_end|>"], "temperature": 0.7,
+                                   "num_predict": 64, "num_ctx": 8192}).encode(),
+                    ol + "params"),
               layer(p, b"Apache License 2.0", ol + "license")]
         if kind == "ollama-adapter":
             ls.append(layer(p, b"GGUF lora", ol + "adapter"))

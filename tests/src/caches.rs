@@ -39,6 +39,14 @@ impl Ollama {
         p
     }
 
+    /// Stores Ollama's parameters `json` (what a Modelfile's `PARAMETER` lines become) as a
+    /// blob: its layer descriptor, for [`Ollama::model`]'s `extra`.
+    pub fn params(&self, json: &[u8]) -> serde_json::Value {
+        self.blob(json);
+        serde_json::json!({"mediaType": "application/vnd.ollama.image.params",
+            "digest": format!("sha256:{}", sha256_hex(json)), "size": json.len()})
+    }
+
     /// `NAMESPACE/MODEL/TAG`'s manifest: the GGUF `gguf` (stored as a blob), a Go template
     /// layer, and `extra` layer descriptors. Returns the GGUF's blob path.
     pub fn model(&self, name: &str, gguf: &[u8], extra: &[serde_json::Value]) -> PathBuf {

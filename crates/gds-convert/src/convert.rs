@@ -468,6 +468,10 @@ pub struct ConvertOptions {
     pub imatrix: Option<PathBuf>,
     /// `--quant-override`s, in the order given (the first that matches a matrix decides).
     pub overrides: Vec<QuantOverride>,
+    /// A `generation_config.json` (its text) for an input that carries none: another
+    /// tool's recommended sampling translated (Ollama's parameters), written into the
+    /// output as a checkpoint's own would be.
+    pub generation_config: Option<String>,
 }
 
 impl Default for ConvertOptions {
@@ -479,6 +483,7 @@ impl Default for ConvertOptions {
             tokenizer: None,
             imatrix: None,
             overrides: Vec::new(),
+            generation_config: None,
         }
     }
 }
@@ -1501,7 +1506,14 @@ pub fn convert(
     }
 
     // the tokenizer thread writes its files too (written back while the layers are made)
-    let aux_job = || tokenizer_job().and_then(|t| write_aux(&tmp, t));
+    let aux_job = || {
+        tokenizer_job().and_then(|mut t| {
+            if t.generation.is_none() {
+                t.generation.clone_from(&opts.generation_config);
+            }
+            write_aux(&tmp, t)
+        })
+    };
     let (written, tok) = std::thread::scope(|sc| {
         let tok = sc.spawn(aux_job);
         let written = write_layers(

@@ -7,9 +7,10 @@
 //!   `application/vnd.docker.ai.model.file`, and the config files of older safetensors
 //!   packages in one uncompressed tar (`application/vnd.docker.ai.vllm.config.tar`).
 //! * **Ollama's registry** (`registry.ollama.ai/library/NAME:TAG`): a Docker v2 manifest whose
-//!   one `application/vnd.ollama.image.model` layer is the GGUF; its Go template, system
-//!   prompt, parameters and license layers are not used (the GGUF carries its own Jinja
-//!   template).
+//!   one `application/vnd.ollama.image.model` layer is the GGUF; its parameters layer
+//!   (`application/vnd.ollama.image.params`) becomes the model's recommended sampling
+//!   ([`ollama_generation_config`]); its Go template, system prompt and license layers are
+//!   not used (the GGUF carries its own Jinja template).
 //! * **CNCF ModelPack** artifacts of other tools (modctl, KitOps, AIKit): one raw layer per
 //!   file (`application/vnd.cncf.model.weight.v1.raw`, `…weight.config.v1.raw`, `…doc.v1.raw`),
 //!   each named by `org.cncf.model.filepath`: a GGUF (or its shards) or a Hugging Face
@@ -26,6 +27,7 @@ use crate::package::{digest_hex, Layer};
 use crate::*;
 use gds_format::validate::{check_path, PathSet};
 use serde_json::Value;
+use std::path::Path;
 
 /// The Docker registry's image manifest (Ollama's manifests are of this type).
 pub const DOCKER_MANIFEST_MEDIA_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
@@ -39,6 +41,8 @@ const DMR_CONFIG: [&str; 2] = [
 const OLLAMA_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
 /// The largest blob of another tool's model: one GGUF file can hold a whole model.
 pub const MAX_FOREIGN_BLOB_BYTES: u64 = 1 << 40;
+/// The largest Ollama parameters layer taken (Ollama's library's are a few hundred bytes).
+pub const MAX_PARAMS_BYTES: u64 = 64 << 10;
 
 /// The tool whose format a manifest is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +76,9 @@ pub enum Role {
     /// An uncompressed tar of a directory's config files (Docker Model Runner's older
     /// safetensors packages), unpacked into the directory.
     ConfigTar,
+    /// Ollama's parameters (a JSON object: `temperature`, `stop`, `num_predict`, ...),
+    /// translated into the output's `generation_config.json` ([`ollama_generation_config`]).
+    Params,
 }
 
 /// One layer the conversion needs, under the name it takes in the source directory.
@@ -144,6 +151,7 @@ enum Kind {
     /// A side file (config, tokenizer) named by its annotation.
     Side,
     ConfigTar,
+    Params,
     /// Left out, with why.
     Skip(&'static str),
     /// Refused, with why.
@@ -193,9 +201,7 @@ fn kind_of(origin: Origin, mt: &str) -> Kind {
             "application/vnd.ollama.image.template" | "application/vnd.ollama.image.prompt",
         ) => Kind::Skip("a Go template, the GGUF's own Jinja template is used"),
         (Origin::Ollama, "application/vnd.ollama.image.system") => Kind::Skip("a system prompt"),
-        (Origin::Ollama, "application/vnd.ollama.image.params") => {
-            Kind::Skip("sampling parameters")
-        }
+        (Origin::Ollama, "application/vnd.ollama.image.params") => Kind::Params,
         (Origin::Ollama, "application/vnd.ollama.image.messages") => Kind::Skip("example messages"),
         (Origin::Ollama, "application/vnd.ollama.image.license") => Kind::Skip("a license"),
         (Origin::Ollama, "application/vnd.ollama.image.embed") => Kind::Skip("a deprecated layer"),
@@ -310,6 +316,14 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
                 layer: layer(format!(".config-{i}.tar")),
                 role: Role::ConfigTar,
             }),
+            // a few hundred bytes in Ollama's library; a larger one is no parameters file
+            Kind::Params if size > MAX_PARAMS_BYTES => skipped.push(format!(
+                "sampling parameters of {size} bytes, over the {MAX_PARAMS_BYTES}-byte limit"
+            )),
+            Kind::Params => files.push(ForeignFile {
+                layer: layer(format!(".params-{i}.json")),
+                role: Role::Params,
+            }),
             Kind::Safetensors | Kind::Side | Kind::Weight => {
                 let path = match named {
                     Some(n) => n.to_string(),
@@ -374,15 +388,18 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
         )));
     }
     if n > 0 {
-        // a GGUF is the whole model: the side files are not read
-        for f in files.iter().filter(|f| f.role != Role::Gguf) {
+        // a GGUF is the whole model: the side files are not read (Ollama's parameters are
+        // no file of the model)
+        let kept = |f: &ForeignFile| matches!(f.role, Role::Gguf | Role::Params);
+        for f in files.iter().filter(|f| !kept(f)) {
             skipped.push(format!("a file beside the GGUF ({})", f.layer.path));
         }
-        files.retain(|f| f.role == Role::Gguf);
+        files.retain(kept);
     }
     let mut paths = PathSet::default();
     for f in &files {
-        if f.role == Role::ConfigTar {
+        // (not linked into the directory under a name)
+        if matches!(f.role, Role::ConfigTar | Role::Params) {
             continue;
         }
         let p = &f.layer.path;
@@ -405,6 +422,86 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
         files,
         skipped,
     })
+}
+
+/// Ollama's parameters (the JSON object of an `application/vnd.ollama.image.params` layer,
+/// what a Modelfile's `PARAMETER` lines become) as a `generation_config.json`: the sampling
+/// settings gdsrun takes as the model's recommendation ([`gds_runtime`]'s `recommended`
+/// module reads them) — `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`
+/// (`repetition_penalty`), `repeat_last_n` (`penalty_last_n`), `mirostat`, `mirostat_tau`,
+/// `mirostat_eta`, `num_predict` (`max_new_tokens`, when above 0) and `stop`
+/// (`stop_strings`) — and one line per parameter left out (`num_ctx 8192`: the context is
+/// `--ctx`'s; the runner's own settings such as `num_gpu`). `None` when nothing is taken;
+/// an error only for bytes that are not a JSON object. Values are copied as Ollama wrote
+/// them; the runtime checks each as it checks a checkpoint's.
+pub fn ollama_generation_config(
+    bytes: &[u8],
+) -> std::result::Result<(Option<String>, Vec<String>), String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let Value::Object(o) = v else {
+        return Err("not a JSON object".into());
+    };
+    const TAKEN: &[(&str, &str)] = &[
+        ("temperature", "temperature"),
+        ("top_k", "top_k"),
+        ("top_p", "top_p"),
+        ("min_p", "min_p"),
+        ("repeat_penalty", "repetition_penalty"),
+        ("repeat_last_n", "penalty_last_n"),
+        ("mirostat", "mirostat"),
+        ("mirostat_tau", "mirostat_tau"),
+        ("mirostat_eta", "mirostat_eta"),
+        ("stop", "stop_strings"),
+    ];
+    let mut out = serde_json::Map::new();
+    let mut left = Vec::new();
+    for (k, v) in &o {
+        if let Some((_, to)) = TAKEN.iter().find(|(from, _)| from == k) {
+            out.insert(to.to_string(), v.clone());
+        } else if k == "num_predict" {
+            // -1 (or -2): no limit
+            if v.as_i64().is_some_and(|n| n > 0) {
+                out.insert("max_new_tokens".into(), v.clone());
+            }
+        } else {
+            let mut shown = v.to_string();
+            if shown.chars().count() > 80 {
+                shown = format!("{}…", shown.chars().take(80).collect::<String>());
+            }
+            left.push(format!("{k} {shown}"));
+        }
+    }
+    let text = (!out.is_empty()).then(|| Value::Object(out).to_string());
+    Ok((text, left))
+}
+
+/// Ollama's parameters layer stored at `blob` as a `generation_config.json`
+/// ([`ollama_generation_config`]), saying on stderr what it takes and what it leaves out;
+/// `what` names the model (`quiet`: nothing said). Parameters that are not a JSON object are
+/// left out, said so.
+pub fn params_blob(blob: &Path, what: &str, quiet: bool) -> Result<Option<String>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    gds_io::open_user_file(blob)
+        .and_then(|f| f.take(MAX_PARAMS_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| DistError::io(blob, e))?;
+    match ollama_generation_config(&bytes) {
+        Ok((g, left)) => {
+            if let (Some(g), false) = (&g, quiet) {
+                eprintln!("{what}: Ollama's parameters are the model's recommended sampling: {g}");
+            }
+            if !left.is_empty() && !quiet {
+                eprintln!("{what}: Ollama's parameters left out: {}", left.join(", "));
+            }
+            Ok(g)
+        }
+        Err(why) => {
+            if !quiet {
+                eprintln!("{what}: Ollama's parameters left out: {why}");
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// Whether `names` (each a path) are the shards of one split GGUF, in order:
@@ -654,8 +751,37 @@ mod tests {
             "m",
         )
         .unwrap();
-        assert_eq!((m.origin, paths(&m)), (Origin::Ollama, vec!["model.gguf"]));
-        assert_eq!(m.skipped.len(), 4);
+        // the parameters are read apart (the model's recommended sampling), not a file
+        assert_eq!(
+            (m.origin, paths(&m)),
+            (Origin::Ollama, vec!["model.gguf", ".params-2.json"])
+        );
+        assert_eq!((m.entry(), m.files[1].role), ("model.gguf", Role::Params));
+        assert_eq!(m.skipped.len(), 3);
+    }
+
+    /// Ollama's parameters as a generation_config.json: its sampling settings under
+    /// transformers' and llama.cpp's names, `num_predict` only above 0, the rest named.
+    #[test]
+    fn ollamas_parameters_become_the_recommended_sampling() {
+        let (g, left) = ollama_generation_config(
+            br#"{"stop": ["<|start_header_id|>", "<|eot_id|>"], "temperature": 0.6,
+                 "top_p": 0.9, "repeat_penalty": 1.1, "repeat_last_n": -1, "num_ctx": 8192,
+                 "num_predict": 128, "num_gpu": 99}"#,
+        )
+        .unwrap();
+        let g: Value = serde_json::from_str(&g.unwrap()).unwrap();
+        assert_eq!(
+            g,
+            serde_json::json!({"stop_strings": ["<|start_header_id|>", "<|eot_id|>"],
+                "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.1,
+                "penalty_last_n": -1, "max_new_tokens": 128})
+        );
+        assert_eq!(left, ["num_ctx 8192", "num_gpu 99"]);
+        let (g, left) = ollama_generation_config(br#"{"num_predict": -1}"#).unwrap();
+        assert_eq!((g, left.len()), (None, 0));
+        assert!(ollama_generation_config(b"[1]").is_err());
+        assert!(ollama_generation_config(b"PARAMETER temperature 1").is_err());
     }
 
     /// Each refusal names what is wrong.

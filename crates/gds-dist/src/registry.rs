@@ -1186,10 +1186,15 @@ impl Remote {
         }
         let _src_guard = Remove(&src);
         std::fs::create_dir_all(&src).map_err(|e| DistError::io(&src, e))?;
+        let mut generation_config = None;
         for f in &m.files {
             let blob = store.blob_path(&f.layer.digest)?;
             if f.role == Role::ConfigTar {
                 crate::foreign::unpack_config_tar(&blob, &src, what)?;
+                continue;
+            }
+            if f.role == Role::Params {
+                generation_config = crate::foreign::params_blob(&blob, what, false)?;
                 continue;
             }
             let to = src.join(&f.layer.path);
@@ -1201,6 +1206,7 @@ impl Remote {
         let input = src.join(m.entry());
         let copts = gds_convert::ConvertOptions {
             force,
+            generation_config,
             ..Default::default()
         };
         struct Quiet;

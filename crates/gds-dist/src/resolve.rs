@@ -46,8 +46,8 @@ pub fn resolve_model(spec: &str, opts: &ResolveOptions) -> Result<PathBuf> {
     // another program's cache (a path of that name, above, comes first)
     if let Some(p) = other_programs_model(spec) {
         let p = p?;
-        let m = std::fs::metadata(&p).map_err(|e| DistError::io(&p, e))?;
-        return converted(&p, &m, opts);
+        let m = std::fs::metadata(&p.path).map_err(|e| DistError::io(&p.path, e))?;
+        return converted_with(&p.path, &m, opts, p.params.as_deref());
     }
     if !looks_like_reference(spec) {
         return Err(DistError::usage(format!(
@@ -112,12 +112,32 @@ pub fn display_name(spec: &str) -> String {
     last(spec.split('@').next().unwrap_or(spec))
 }
 
-/// The file or directory `hf:ORG/NAME[:QUANT]` (the Hugging Face cache) or `ollama:NAME[:TAG]`
-/// (Ollama's directory) names in that program's cache, as it lies there (what `gdsconv convert`
-/// takes as its input); `None` for any other spec.
-pub fn other_programs_model(spec: &str) -> Option<Result<PathBuf>> {
+/// A model in another program's cache, as it lies there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OtherModel {
+    /// The file or directory to convert (what `gdsconv convert` takes as its input).
+    pub path: PathBuf,
+    /// An Ollama model's parameters layer (its recommended sampling,
+    /// [`crate::foreign::ollama_generation_config`]), when it has one.
+    pub params: Option<PathBuf>,
+}
+
+impl OtherModel {
+    /// The `generation_config.json` its conversion writes (an Ollama model's parameters),
+    /// said on stderr unless `quiet`.
+    pub fn generation_config(&self, what: &str, quiet: bool) -> Result<Option<String>> {
+        match &self.params {
+            Some(p) => crate::foreign::params_blob(p, what, quiet),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The model `hf:ORG/NAME[:QUANT]` (the Hugging Face cache) or `ollama:NAME[:TAG]` (Ollama's
+/// directory) names in that program's cache; `None` for any other spec.
+pub fn other_programs_model(spec: &str) -> Option<Result<OtherModel>> {
     if let Some(name) = spec.strip_prefix("hf:") {
-        return Some(hf_snapshot(name));
+        return Some(hf_snapshot(name).map(|path| OtherModel { path, params: None }));
     }
     spec.strip_prefix("ollama:").map(ollama_blob)
 }
@@ -267,9 +287,9 @@ fn ollama_dirs() -> Vec<PathBuf> {
 /// The GGUF blob of a model Ollama has pulled (`ollama:NAME[:TAG]`, Ollama's own names:
 /// `[HOST/][NAMESPACE/]MODEL[:TAG]`, by default `registry.ollama.ai`, `library`, `latest`),
 /// found through its manifest in Ollama's model directory: run in place of downloading it
-/// again. The manifest is read as a pulled one is ([`crate::foreign::parse_foreign`]): a LoRA
-/// adapter and the like are refused by name.
-fn ollama_blob(name: &str) -> Result<PathBuf> {
+/// again, with its parameters layer when it has one. The manifest is read as a pulled one is
+/// ([`crate::foreign::parse_foreign`]): a LoRA adapter and the like are refused by name.
+fn ollama_blob(name: &str) -> Result<OtherModel> {
     let usage = |why: String| DistError::usage(format!("ollama:{name}: {why}"));
     let (path, tag) = match name.rsplit_once(':') {
         Some((p, t)) if !t.contains('/') => (p, t),
@@ -329,15 +349,27 @@ fn ollama_blob(name: &str) -> Result<PathBuf> {
         .iter()
         .find(|f| f.role == crate::foreign::Role::Gguf)
         .ok_or_else(|| DistError::invalid(format!("{what}: no GGUF layer")))?;
-    let hex = crate::package::digest_hex(&gguf.layer.digest)?;
-    let blob = dir.join("blobs").join(format!("sha256-{hex}"));
+    let blob_of = |l: &crate::package::Layer| -> Result<PathBuf> {
+        let hex = crate::package::digest_hex(&l.digest)?;
+        Ok(dir.join("blobs").join(format!("sha256-{hex}")))
+    };
+    let blob = blob_of(&gguf.layer)?;
     if !blob.is_file() {
         return Err(usage(format!(
             "its weights {} are missing (an interrupted pull? `ollama pull {name}` again)",
             blob.display()
         )));
     }
-    Ok(blob)
+    // its parameters, where Ollama has them (a missing blob: none, as Ollama would fail)
+    let params = match m
+        .files
+        .iter()
+        .find(|f| f.role == crate::foreign::Role::Params)
+    {
+        Some(f) => Some(blob_of(&f.layer)?).filter(|p| p.is_file()),
+        None => None,
+    };
+    Ok(OtherModel { path: blob, params })
 }
 
 /// A `.gguf` (or a Hugging Face directory, [`hf_snapshot`]) converted once into the store,
@@ -345,6 +377,18 @@ fn ollama_blob(name: &str) -> Result<PathBuf> {
 /// first shard of a split GGUF, every shard's, for a directory every file's (links
 /// followed): converting again happens only when a file changes.
 fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Result<PathBuf> {
+    converted_with(path, meta, opts, None)
+}
+
+/// [`converted`], with another program's parameters file `params` (an Ollama model's: its
+/// recommended sampling, written into the conversion; part of the key, so that new
+/// parameters convert again).
+fn converted_with(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    opts: &ResolveOptions,
+    params: Option<&Path>,
+) -> Result<PathBuf> {
     let abs = std::fs::canonicalize(path).map_err(|e| DistError::io(path, e))?;
     let identity = |p: &Path, m: &std::fs::Metadata| {
         format!(
@@ -358,11 +402,12 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
         )
     };
     let mut key = identity(&abs, meta);
-    let others = if meta.is_dir() {
+    let mut others = if meta.is_dir() {
         dir_files(path)
     } else {
         shard_siblings(path)
     };
+    others.extend(params.map(Path::to_path_buf));
     for s in &others {
         let m = std::fs::metadata(s).map_err(|e| DistError::io(s, e))?;
         key.push('\n');
@@ -393,8 +438,13 @@ fn converted(path: &Path, meta: &std::fs::Metadata, opts: &ResolveOptions) -> Re
             out.display()
         );
     }
+    let generation_config = match params {
+        Some(p) => crate::foreign::params_blob(p, &path.display().to_string(), opts.quiet)?,
+        None => None,
+    };
     let copts = gds_convert::ConvertOptions {
         force: true,
+        generation_config,
         ..Default::default()
     };
     struct Quiet;

@@ -202,7 +202,7 @@ impl Recommended {
                 let bytes = {
                     use std::io::Read;
                     let mut v = Vec::new();
-                    crate::plan::open_user_file(&path)
+                    gds_io::open_user_file(&path)
                         .and_then(|f| f.take(MAX_GENERATION_CONFIG_BYTES + 1).read_to_end(&mut v))
                         .map_err(|e| RuntimeError::file(&path, e))?;
                     v

@@ -210,13 +210,19 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             };
             // a model in the Hugging Face cache or Ollama's directory, unless a path has
             // that name
-            let input = match input.to_str().and_then(|s| {
+            let (input, generation_config) = match input.to_str().and_then(|s| {
                 (!input.exists())
                     .then(|| gds_dist::resolve::other_programs_model(s))
                     .flatten()
+                    .map(|p| (s.to_string(), p))
             }) {
-                Some(p) => p?,
-                None => input,
+                Some((spec, p)) => {
+                    let p = p?;
+                    // an Ollama model's parameters: its recommended sampling
+                    let g = p.generation_config(&spec, false)?;
+                    (p.path, g)
+                }
+                None => (input, None),
             };
             let opts = ConvertOptions {
                 quant,
@@ -225,6 +231,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 tokenizer,
                 imatrix,
                 overrides: quant_override,
+                generation_config,
             };
             let s = convert(&input, &out_dir, &opts, &bar).inspect_err(|_e| {
                 bar.finish();

@@ -76,6 +76,15 @@ fn hf_and_ollama_models_convert_from_their_caches() {
         content(&out("c")) == content(&out("d")),
         "ollama: not the GGUF's model"
     );
+    // Ollama's parameters: the model's recommended sampling, in its generation_config.json
+    let params = ollama.params(br#"{"temperature": 0.5, "num_ctx": 2048}"#);
+    let gguf_bytes = std::fs::read(&gguf).unwrap();
+    ollama.model("library/tiny/params", &gguf_bytes, &[params]);
+    convert("ollama:tiny:params", &out("p"));
+    let g: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out("p").join("generation_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(g, serde_json::json!({"temperature": 0.5}));
     // a directory named like it (relative to the working directory) is what is converted
     std::fs::create_dir(t.path().join("hf:org")).unwrap();
     std::os::unix::fs::symlink(

@@ -2211,8 +2211,26 @@ fn other_tools_models_pull_convert_and_run() {
         let o = env.run("gdsconv", &["pull", &r, s(&out), "--plain-http"]);
         ok(&o, &format!("gdsconv pull of {kind} ({i})"));
         validate(&out);
+        let mut got = model_content(&out);
+        if kind == "ollama" {
+            // Ollama's parameters, the model's recommended sampling; num_ctx left out, said
+            let g = got
+                .remove("generation_config.json")
+                .expect("Ollama's parameters");
+            let g: serde_json::Value = serde_json::from_slice(&g).unwrap();
+            assert_eq!(
+                g,
+                serde_json::json!({"stop_strings": ["<|im_end|>"], "temperature": 0.7,
+                    "max_new_tokens": 64}),
+            );
+            assert!(
+                stderr(&o).contains("left out: num_ctx 8192"),
+                "{}",
+                stderr(&o)
+            );
+        }
         assert!(
-            model_content(&out) == model_content(want),
+            got == model_content(want),
             "{kind} ({i}): not the model gdsconv convert makes of its files"
         );
         assert_eq!(text(&r), *want_text, "gdsrun {r} ({kind})");

@@ -1915,6 +1915,34 @@ fn an_ollama_model_runs_from_ollamas_own_directory() {
         assert_eq!(o.status.code(), Some(code), "{model}: {e}");
         assert!(e.contains(want), "{model}: {e}");
     }
+    // Ollama's parameters are the model's recommended sampling (num_ctx is --ctx's: left out)
+    let params = ollama.params(
+        br#"{"temperature":0.25,"top_k":9,"num_predict":3,"stop":["\n\n"],"num_ctx":8192}"#,
+    );
+    ollama.model("library/tiny/params", &gguf, &[params]);
+    let o = Command::new(env!("CARGO_BIN_EXE_gdsrun"))
+        .args(["run", "ollama:tiny:params", "-p", "Hello", "--plan"])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("left out: num_ctx 8192"),
+        "{}",
+        text(&o.stderr)
+    );
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (&plan["sampler"]["temp"], &plan["sampler"]["top_k"]),
+        (&serde_json::json!(0.25), &serde_json::json!(9)),
+        "{plan}"
+    );
+    assert_eq!(plan["limits"]["max_tokens"], 3);
+    assert_eq!(plan["limits"]["stop"], serde_json::json!(["\n\n"]));
+    assert_eq!(
+        plan["recommended_sampling"]["source"],
+        "generation_config.json"
+    );
     // served (here: a batch job's answers) under the name written, not the store's
     let input = home.path().join("in.jsonl");
     std::fs::write(
