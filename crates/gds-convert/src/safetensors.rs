@@ -28,7 +28,10 @@
 //! cannot be inferred from tensor shapes, so the tensors are kept under their original names
 //! and the model is not runnable, with a warning saying so.
 //!
-//! **EOS lists**: when `eos_token_id` is a list, `tokenizer.eos_token_id` is its first entry
+//! **EOS lists**: `eos_token_id` is config.json's followed by generation_config.json's
+//! others (transformers' `generate` stops at generation_config.json's list: Llama 3
+//! Instruct's config names `<|end_of_text|>`, its generation config adds `<|eot_id|>`); when
+//! that is a list, `tokenizer.eos_token_id` is its first entry
 //! and, if the list has more than one entry, `"eos_token_ids": [...]` is added to
 //! `tokenizer_config.json` (inserted textually, so the rest of the file stays verbatim;
 //! created if the input has none) unless that key is already there.
@@ -1060,7 +1063,22 @@ fn token_ids(cfg: &Config, dir: &Path, tok: &mut TokenizerFiles, md: &mut Metada
             md.insert("tokenizer.add_bos".into(), MetaValue::Bool(b));
         }
     }
-    if let Some(eos) = pick("eos_token_id")? {
+    // config.json's ids, then generation_config.json's others: generation stops at either
+    // (generation_config.json's list is an error of the input only where config.json has
+    // none, as before it was read)
+    let gen_eos = || gen.as_ref().map_or(Ok(None), |g| g.ids_opt("eos_token_id"));
+    let eos = match cfg.ids_opt("eos_token_id")? {
+        Some(mut c) => {
+            for id in gen_eos().ok().flatten().unwrap_or_default() {
+                if !c.contains(&id) {
+                    c.push(id);
+                }
+            }
+            Some(c)
+        }
+        None => gen_eos()?,
+    };
+    if let Some(eos) = eos {
         md.insert("tokenizer.eos_token_id".into(), MetaValue::U64(eos[0]));
         if eos.len() > 1 && !tc.as_ref().is_some_and(|m| m.contains_key("eos_token_ids")) {
             let list = serde_json::to_string(&eos).expect("a list of integers serializes");

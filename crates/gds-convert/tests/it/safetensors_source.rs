@@ -600,6 +600,32 @@ fn tied_embeddings() {
     assert_eq!(tensor(&s, "output.weight").source_name, "lm_head.weight");
 }
 
+/// transformers' `generate` stops at generation_config.json's `eos_token_id` (Llama 3
+/// Instruct's config.json names `<|end_of_text|>`, its generation config adds `<|eot_id|>`):
+/// its others follow config.json's in the EOS list; a generation config's malformed list is
+/// not the input's error where config.json names the EOS.
+#[test]
+fn generation_configs_eos_tokens_join_the_configs() {
+    let dir = copy_fixture();
+    fs::write(
+        dir.path().join("generation_config.json"),
+        r#"{"bos_token_id": 1, "eos_token_id": [2, 5, 2], "temperature": 0.6}"#,
+    )
+    .unwrap();
+    let s = read_safetensors(dir.path()).unwrap();
+    assert_eq!(u64_meta(&s, "tokenizer.eos_token_id"), 2);
+    let tc: serde_json::Value =
+        serde_json::from_str(s.tokenizer.tokenizer_config_json.as_deref().unwrap()).unwrap();
+    assert_eq!(tc["eos_token_ids"], serde_json::json!([2, 5]));
+    fs::write(
+        dir.path().join("generation_config.json"),
+        r#"{"eos_token_id": "x"}"#,
+    )
+    .unwrap();
+    let s = read_safetensors(dir.path()).unwrap();
+    assert_eq!(u64_meta(&s, "tokenizer.eos_token_id"), 2);
+}
+
 #[test]
 fn config_defaults_eos_list_and_rope_scaling() {
     let dir = copy_fixture();
