@@ -206,6 +206,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let Some(w) = raw_warning(&a) {
         errln!("gdsrun: warning: {w}");
     }
+    for i in plan.recommended_sampling.iter().flat_map(|r| &r.ignored) {
+        errln!("gdsrun: warning: left out of the model's recommended sampling: {i}");
+    }
     let mut engine = match Engine::load(plan) {
         Ok(e) => e,
         // the user's grammar, not the model: named by its flag

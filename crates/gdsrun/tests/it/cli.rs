@@ -2134,8 +2134,17 @@ fn a_checkpoints_recommended_sampling_is_the_runs_default() {
         "{}",
         text(&o.stderr)
     );
-    // a run stops at the recommended length (unless the model ends its reply first)
-    let j = ok_json(&["run", m, "--prompt", "hi", "--json"]);
+    // a run stops at the recommended length (unless the model ends its reply first), and
+    // warns of what it left out
+    let o = gdsrun(&["run", m, "--prompt", "hi", "--json"]);
+    assert!(
+        text(&o.stderr).contains(
+            "left out of the model's recommended sampling: generation_config.json: mirostat 7"
+        ),
+        "{}",
+        text(&o.stderr)
+    );
+    let j: Value = serde_json::from_slice(&o.stdout).unwrap();
     let n = j["tokens"].as_array().unwrap().len();
     assert!(n <= 5, "{j}");
     if j["stop_reason"] == "max_tokens" {
