@@ -79,6 +79,9 @@ pub struct PlanOptions {
     pub seed: Option<u64>,
     /// Most tokens to generate per reply.
     pub max_tokens: Option<usize>,
+    /// The user asked for no limit (`gdsrun serve -n -1`): a model's recommended
+    /// `max_new_tokens` is not taken either.
+    pub unlimited_tokens: bool,
     /// Strings that end generation.
     pub stop: Vec<String>,
     /// Energy budget per reply, joules.
@@ -746,7 +749,7 @@ impl Plan {
                         min_p: opts.min_p.is_some(),
                         repeat_penalty: opts.repeat_penalty.is_some(),
                         repeat_last_n: opts.repeat_last_n.is_some(),
-                        max_tokens: opts.max_tokens.is_some(),
+                        max_tokens: opts.max_tokens.is_some() || opts.unlimited_tokens,
                         stop: !opts.stop.is_empty(),
                         extra: opts.extra_given,
                     },

@@ -150,6 +150,16 @@ pub struct EngineArgs {
     /// Worker threads of the forward pass (default: physical cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
+    /// Most tokens of a reply whose request sets none (llama-server's -n); -1: until the
+    /// context is full [default: the model's recommended max_new_tokens, else -1].
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        visible_alias = "max-tokens",
+        allow_negative_numbers = true,
+        value_name = "N"
+    )]
+    pub n_predict: Option<i64>,
     /// Context length per request (prompt + completion).
     #[arg(short, long)]
     pub ctx: Option<usize>,
@@ -800,8 +810,20 @@ pub(crate) fn start(
             ))
         ));
     };
+    let max_tokens = match e.n_predict {
+        None | Some(-1) => None,
+        Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(n) => {
+            return Err(RuntimeError::Usage(format!(
+                "--n-predict {n} must be -1 (until the context is full) or at least 1"
+            ))
+            .into())
+        }
+    };
     let plan = Plan::build(&e.sampling.options(PlanOptions {
         model_dir: model_dir.to_path_buf(),
+        max_tokens,
+        unlimited_tokens: e.n_predict == Some(-1),
         ctx: e.ctx,
         threads: e.threads,
         batch: Some(e.step_tokens.max(e.max_batch)),

@@ -109,13 +109,35 @@ fn a_checkpoints_recommended_sampling_is_the_servers_default() {
     assert!(p["temperature"].as_f64().unwrap() > 0.5, "{props}");
     drop(s);
 
-    // the server's flag wins over the model's
-    let s = start_model(&model, &["--ctx", "256", "--top-k", "3"]);
+    // the server's flags win over the model's (llama-server's -n: -1 for no limit)
+    let s = start_model(&model, &["--ctx", "256", "--top-k", "3", "-n", "3"]);
     let p = get_ok(&s.addr, "/props")["default_generation_settings"]["params"].clone();
     assert_eq!(
-        (p["top_k"].as_u64(), p["temperature"].as_f64()),
-        (Some(3), Some(0.0))
+        (
+            p["top_k"].as_u64(),
+            p["temperature"].as_f64(),
+            p["n_predict"].as_i64()
+        ),
+        (Some(3), Some(0.0), Some(3))
     );
+    let r = chat(&s.addr, json!({}));
+    assert!(
+        r["usage"]["completion_tokens"].as_u64().unwrap() <= 3,
+        "{r}"
+    );
+    drop(s);
+    let s = start_model(&model, &["--ctx", "256", "--n-predict", "-1"]);
+    let p = get_ok(&s.addr, "/props")["default_generation_settings"]["params"].clone();
+    assert_eq!(p["n_predict"].as_i64(), Some(-1));
+    drop(s);
+    let o = std::process::Command::new(gds_tests::bin("gdsrun"))
+        .arg("serve")
+        .arg(&model)
+        .args(["-n", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--n-predict 0 must be"));
 }
 
 #[test]
