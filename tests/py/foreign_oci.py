@@ -13,6 +13,8 @@ KIND:
   dmr-gguf          Docker Model Runner, config v0.1: the GGUF files (a split model's shards
                     in order) as application/vnd.docker.ai.gguf.v3, each annotated with its
                     file name, and a license layer; FILE... are GGUFs then optional LICENSE
+                    and optional *.jinja (a chat template layer, docker model package
+                    --chat-template)
   dmr-gguf-bare     the same without any layer annotation (packages made before 2025-11)
   dmr-dir           Docker Model Runner, config v0.2: a Hugging Face directory (FILE is the
                     directory), one layer per file annotated with its path: *.safetensors as
@@ -132,7 +134,10 @@ def main() -> None:
             ann = None if kind == "dmr-gguf-bare" else annotated(os.path.basename(f), data)
             ls.append(layer(p, data, "application/vnd.docker.ai.gguf.v3", ann))
         for f in files:
-            if not f.endswith(".gguf"):
+            if f.endswith(".jinja"):
+                # docker model package --chat-template: the template its runtime uses
+                ls.append(layer(p, read(f), "application/vnd.docker.ai.chat.template.jinja"))
+            elif not f.endswith(".gguf"):
                 ls.append(layer(p, read(f), "application/vnd.docker.ai.license"))
         if kind == "dmr-dduf":
             ls.append(layer(p, b"PK\x03\x04dduf", "application/vnd.docker.ai.dduf"))

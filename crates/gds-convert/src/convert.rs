@@ -472,6 +472,10 @@ pub struct ConvertOptions {
     /// tool's recommended sampling translated (Ollama's parameters), written into the
     /// output as a checkpoint's own would be.
     pub generation_config: Option<String>,
+    /// A Jinja chat template that replaces the input's default one in the output's
+    /// `tokenizer_config.json` (its named templates kept), checked as the input's are
+    /// (`gdsconv convert --chat-template-file`; Docker Model Runner's template layer).
+    pub chat_template_file: Option<PathBuf>,
 }
 
 impl Default for ConvertOptions {
@@ -484,6 +488,7 @@ impl Default for ConvertOptions {
             imatrix: None,
             overrides: Vec::new(),
             generation_config: None,
+            chat_template_file: None,
         }
     }
 }
@@ -1025,6 +1030,7 @@ struct TokenizerOut {
 fn tokenizer_files(
     input: &Path,
     user: Option<&Path>,
+    template: Option<&Path>,
     given: crate::source::TokenizerFiles,
     pending: Option<crate::source::PendingTokenizer>,
     mut why: Vec<String>,
@@ -1102,12 +1108,16 @@ fn tokenizer_files(
             })?;
         }
     }
-    if let Some(cfg) = &files.tokenizer_config_json {
+    let mut config = files.tokenizer_config_json;
+    if let Some(p) = template {
+        config = Some(with_chat_template(config.as_deref(), p)?);
+    }
+    if let Some(cfg) = &config {
         check_chat_templates(input, cfg)?;
     }
     Ok(TokenizerOut {
         json,
-        config: files.tokenizer_config_json,
+        config,
         generation: files.generation_config_json,
         warnings,
     })
@@ -1158,6 +1168,48 @@ fn check_hparams(source: &Source, input: &Path) -> Result<(), ConvertError> {
 /// `additional_chat_templates/NAME.jinja` where there is one, else its
 /// `tokenizer_config.json`, or GGUF key `tokenizer.chat_template`. A config that is not JSON
 /// is left to the self-check's message.
+/// `config` (a `tokenizer_config.json`'s text, or none) with the Jinja template in the file
+/// `p` as its default chat template: the `chat_template` string replaced, or in a list of
+/// named templates the `default` one (added where the list has none). The file is read as
+/// the input's side files are, at most [`gds_format::chat_template::MAX_SOURCE_BYTES`], and
+/// checked as a model's template is; errors name it.
+fn with_chat_template(config: Option<&str>, p: &Path) -> Result<String, ConvertError> {
+    let cap = gds_format::chat_template::MAX_SOURCE_BYTES as u64;
+    let bad = |msg: String| ConvertError::BadInput {
+        path: p.to_path_buf(),
+        msg,
+    };
+    let src = match read_text(p, cap) {
+        Ok(Some(t)) => t,
+        Ok(None) => return Err(io(p)(std::io::Error::from_raw_os_error(libc::ENOENT))),
+        Err(ReadTextError::Io(e)) => return Err(io(p)(e)),
+        Err(e) => return Err(bad(e.describe(cap))),
+    };
+    gds_format::chat_template::check(&src)
+        .map_err(|e| bad(format!("the chat template is refused: {e}")))?;
+    let mut v = match config.map(serde_json::from_str::<serde_json::Value>) {
+        Some(Ok(v @ serde_json::Value::Object(_))) => v,
+        // the input's own is checked (and named) by its reader; an unreadable one is replaced
+        _ => serde_json::json!({}),
+    };
+    let src = serde_json::Value::String(src);
+    match v.get_mut("chat_template") {
+        Some(serde_json::Value::Array(list)) => {
+            match list
+                .iter_mut()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            {
+                Some(t) => t["template"] = src,
+                None => list.push(serde_json::json!({"name": "default", "template": src})),
+            }
+        }
+        _ => v["chat_template"] = src,
+    }
+    let mut text = serde_json::to_string_pretty(&v).expect("a JSON value serializes");
+    text.push('\n');
+    Ok(text)
+}
+
 fn check_chat_templates(input: &Path, config: &str) -> Result<(), ConvertError> {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(config) else {
         return Ok(());
@@ -1384,8 +1436,19 @@ pub fn convert(
             .cloned()
             .collect();
         let user = opts.tokenizer.clone();
+        let template = opts.chat_template_file.clone();
         let vocab = meta_u64(&source.metadata, "model.vocab_size");
-        move || tokenizer_files(input, user.as_deref(), given, pending, why, vocab)
+        move || {
+            tokenizer_files(
+                input,
+                user.as_deref(),
+                template.as_deref(),
+                given,
+                pending,
+                why,
+                vocab,
+            )
+        }
     };
 
     // group into layers, deterministic order: by name, a block's routed experts last (one

@@ -79,6 +79,9 @@ pub enum Role {
     /// Ollama's parameters (a JSON object: `temperature`, `stop`, `num_predict`, ...),
     /// translated into the output's `generation_config.json` ([`ollama_generation_config`]).
     Params,
+    /// Docker Model Runner's Jinja chat template (`docker model package --chat-template`),
+    /// which its runtime uses in place of the model's: the converted model's template.
+    ChatTemplate,
 }
 
 /// One layer the conversion needs, under the name it takes in the source directory.
@@ -152,6 +155,7 @@ enum Kind {
     Side,
     ConfigTar,
     Params,
+    ChatTemplate,
     /// Left out, with why.
     Skip(&'static str),
     /// Refused, with why.
@@ -187,9 +191,7 @@ fn kind_of(origin: Origin, mt: &str) -> Kind {
         (_, "application/vnd.docker.ai.mmproj" | "application/vnd.docker.ai.gguf.v3.mmproj") => {
             Kind::Skip("a multimodal projector, images are not supported")
         }
-        (_, "application/vnd.docker.ai.chat.template.jinja") => {
-            Kind::Skip("a chat template, the model's own is used")
-        }
+        (_, "application/vnd.docker.ai.chat.template.jinja") => Kind::ChatTemplate,
         (_, "application/vnd.docker.ai.dduf") => Kind::Refuse("a diffusion model (DDUF)"),
         (_, "application/vnd.docker.ai.dir.tar") => {
             Kind::Refuse("a directory archive (application/vnd.docker.ai.dir.tar)")
@@ -324,6 +326,16 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
                 layer: layer(format!(".params-{i}.json")),
                 role: Role::Params,
             }),
+            Kind::ChatTemplate if size > gds_format::chat_template::MAX_SOURCE_BYTES as u64 => {
+                return Err(lb(format!(
+                    "a chat template of {size} bytes, over the {}-byte limit of a template",
+                    gds_format::chat_template::MAX_SOURCE_BYTES
+                )))
+            }
+            Kind::ChatTemplate => files.push(ForeignFile {
+                layer: layer(format!(".template-{i}.jinja")),
+                role: Role::ChatTemplate,
+            }),
             Kind::Safetensors | Kind::Side | Kind::Weight => {
                 let path = match named {
                     Some(n) => n.to_string(),
@@ -390,7 +402,8 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
     if n > 0 {
         // a GGUF is the whole model: the side files are not read (Ollama's parameters are
         // no file of the model)
-        let kept = |f: &ForeignFile| matches!(f.role, Role::Gguf | Role::Params);
+        let kept =
+            |f: &ForeignFile| matches!(f.role, Role::Gguf | Role::Params | Role::ChatTemplate);
         for f in files.iter().filter(|f| !kept(f)) {
             skipped.push(format!("a file beside the GGUF ({})", f.layer.path));
         }
@@ -399,7 +412,7 @@ pub fn parse_foreign(bytes: &[u8], what: &str) -> Result<ForeignModel> {
     let mut paths = PathSet::default();
     for f in &files {
         // (not linked into the directory under a name)
-        if matches!(f.role, Role::ConfigTar | Role::Params) {
+        if matches!(f.role, Role::ConfigTar | Role::Params | Role::ChatTemplate) {
             continue;
         }
         let p = &f.layer.path;
@@ -631,6 +644,28 @@ mod tests {
 
     fn paths(m: &ForeignModel) -> Vec<&str> {
         m.files.iter().map(|f| f.layer.path.as_str()).collect()
+    }
+
+    /// Docker Model Runner's chat template layer is the converted model's template (its
+    /// runtime uses it in place of the GGUF's); one over a template's size limit is refused.
+    #[test]
+    fn a_docker_model_runner_template_layer_is_kept() {
+        let gguf = "application/vnd.docker.ai.gguf.v3";
+        let jinja = "application/vnd.docker.ai.chat.template.jinja";
+        let m = dmr(vec![layer(1, gguf, None), layer(2, jinja, None)]).unwrap();
+        assert_eq!(paths(&m), ["model.gguf", ".template-1.jinja"]);
+        assert_eq!(
+            (m.entry(), m.files[1].role),
+            ("model.gguf", Role::ChatTemplate)
+        );
+        assert!(m.skipped.is_empty(), "{:?}", m.skipped);
+        let mut big = layer(2, jinja, None);
+        big["size"] = json!(2 << 20);
+        let e = dmr(vec![layer(1, gguf, None), big]).unwrap_err().msg;
+        assert!(
+            e.contains("over the 1048576-byte limit of a template"),
+            "{e}"
+        );
     }
 
     #[test]

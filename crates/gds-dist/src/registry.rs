@@ -1187,6 +1187,7 @@ impl Remote {
         let _src_guard = Remove(&src);
         std::fs::create_dir_all(&src).map_err(|e| DistError::io(&src, e))?;
         let mut generation_config = None;
+        let mut chat_template_file = None;
         for f in &m.files {
             let blob = store.blob_path(&f.layer.digest)?;
             if f.role == Role::ConfigTar {
@@ -1195,6 +1196,10 @@ impl Remote {
             }
             if f.role == Role::Params {
                 generation_config = crate::foreign::params_blob(&blob, what, false)?;
+                continue;
+            }
+            if f.role == Role::ChatTemplate {
+                chat_template_file = Some(blob);
                 continue;
             }
             let to = src.join(&f.layer.path);
@@ -1207,6 +1212,7 @@ impl Remote {
         let copts = gds_convert::ConvertOptions {
             force,
             generation_config,
+            chat_template_file,
             ..Default::default()
         };
         struct Quiet;

@@ -45,6 +45,10 @@ enum Cmd {
         /// Use this tokenizer.json instead of the input's.
         #[arg(long)]
         tokenizer: Option<PathBuf>,
+        /// Use this Jinja chat template instead of the input's (for a model whose template is
+        /// missing or wrong; checked as a model's template is).
+        #[arg(long, value_name = "FILE")]
+        chat_template_file: Option<PathBuf>,
         /// Weigh the quantization with this importance matrix (llama.cpp's llama-imatrix output: GGUF or legacy .dat), as llama-quantize --imatrix does: for q4_0, q4_1, q5_0, q5_1 and q2_k .. q6_k (and the mixes), byte-identical to llama-quantize.
         #[arg(long, value_name = "FILE")]
         imatrix: Option<PathBuf>,
@@ -179,6 +183,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             requantize,
             force,
             tokenizer,
+            chat_template_file,
             imatrix,
             threads,
             json,
@@ -232,6 +237,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 imatrix,
                 overrides: quant_override,
                 generation_config,
+                chat_template_file,
             };
             let s = convert(&input, &out_dir, &opts, &bar).inspect_err(|_e| {
                 bar.finish();

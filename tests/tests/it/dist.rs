@@ -2185,6 +2185,28 @@ fn other_tools_models_pull_convert_and_run() {
     };
     let from_gguf = convert(&gguf, "conv-gguf");
     let from_hf = convert(&hf, "conv-hf");
+    // Docker Model Runner's chat template layer: the model's template, as
+    // `gdsconv convert --chat-template-file` makes it
+    let template = env.path("template.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] ",
+    )
+    .unwrap();
+    let from_templated = env.path("conv-templated");
+    ok(
+        &env.run(
+            "gdsconv",
+            &[
+                "convert",
+                s(&gguf),
+                s(&from_templated),
+                "--chat-template-file",
+                s(&template),
+            ],
+        ),
+        "gdsconv convert --chat-template-file",
+    );
     let text = |model: &str| {
         let o = generate(&env, model, &["--plain-http"]);
         ok(&o, &format!("gdsrun {model}"));
@@ -2192,6 +2214,15 @@ fn other_tools_models_pull_convert_and_run() {
     };
     let gguf_text = text(s(&from_gguf));
     let hf_text = text(s(&from_hf));
+    let templated_text = text(s(&from_templated));
+    let tc: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(from_templated.join("tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        tc["chat_template"].as_str(),
+        Some(std::fs::read_to_string(&template).unwrap().as_str())
+    );
     assert!(!gguf_text.trim().is_empty() && !hf_text.trim().is_empty());
 
     let mut shard_args: Vec<&Path> = shards.iter().map(PathBuf::as_path).collect();
@@ -2204,6 +2235,12 @@ fn other_tools_models_pull_convert_and_run() {
         ("dmr-config-tar", vec![&hf], &from_hf, &hf_text),
         ("modelpack", vec![&hf], &from_hf, &hf_text),
         ("ollama", vec![&gguf], &from_gguf, &gguf_text),
+        (
+            "dmr-gguf",
+            vec![&gguf, &license, &template],
+            &from_templated,
+            &templated_text,
+        ),
     ];
     for (i, (kind, files, want, want_text)) in cases.into_iter().enumerate() {
         let r = push_foreign(&reg, &format!("foreign/{kind}-{i}"), kind, &files);

@@ -1424,3 +1424,75 @@ fn chat_template_files_beside_the_config_are_kept() {
     );
     assert!(!out.path().join("m2").exists());
 }
+
+/// `gdsconv convert --chat-template-file FILE` (and Docker Model Runner's template layer):
+/// the file replaces the input's default template — the `chat_template` string, or the
+/// `default` entry of a list of named ones, the others kept; a template from a GGUF (no
+/// config of its own) likewise; a hostile file refused by its own name, nothing written.
+#[test]
+fn a_chat_template_file_replaces_the_inputs_default() {
+    let dir = copy_fixture();
+    fs::create_dir(dir.path().join("additional_chat_templates")).unwrap();
+    fs::write(
+        dir.path().join("additional_chat_templates/tool_use.jinja"),
+        "{{ 'tools' }}",
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mine = out.path().join("mine.jinja");
+    fs::write(&mine, "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
+    let opts = gds_convert::ConvertOptions {
+        chat_template_file: Some(mine.clone()),
+        ..Default::default()
+    };
+    let written = |model: &Path| -> serde_json::Value {
+        serde_json::from_str(&fs::read_to_string(model.join("tokenizer_config.json")).unwrap())
+            .unwrap()
+    };
+    let model = out.path().join("hf");
+    gds_convert::convert(dir.path(), &model, &opts, &gds_convert::NoProgress).unwrap();
+    let tc = written(&model);
+    assert_eq!(
+        tc["chat_template"],
+        serde_json::json!([
+            {"name": "default", "template": "{% for m in messages %}{{ m.content }}{% endfor %}"},
+            {"name": "tool_use", "template": "{{ 'tools' }}"},
+        ])
+    );
+    // the rest of the config kept
+    assert!(
+        tc.get("bos_token").is_some() || tc.get("eos_token").is_some(),
+        "{tc}"
+    );
+    // a GGUF's
+    let model = out.path().join("gguf");
+    let gguf = hf_dir().join("../tiny-llama.gguf");
+    gds_convert::convert(&gguf, &model, &opts, &gds_convert::NoProgress).unwrap();
+    assert_eq!(
+        written(&model)["chat_template"],
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    );
+    // hostile, or absent: named, nothing left
+    fs::write(
+        &mine,
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    )
+    .unwrap();
+    let bad = out.path().join("bad");
+    let e = gds_convert::convert(dir.path(), &bad, &opts, &gds_convert::NoProgress)
+        .err()
+        .expect("a hostile template is refused")
+        .to_string();
+    assert!(e.contains("mine.jinja") && e.contains("refused"), "{e}");
+    assert!(!bad.exists());
+    let absent = gds_convert::ConvertOptions {
+        chat_template_file: Some(out.path().join("absent.jinja")),
+        ..Default::default()
+    };
+    let e = gds_convert::convert(dir.path(), &bad, &absent, &gds_convert::NoProgress)
+        .err()
+        .expect("an absent template is an error")
+        .to_string();
+    assert!(e.contains("absent.jinja"), "{e}");
+    assert!(!bad.exists());
+}
