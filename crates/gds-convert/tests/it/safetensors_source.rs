@@ -1481,8 +1481,8 @@ fn a_chat_template_file_replaces_the_inputs_default() {
     let bad = out.path().join("bad");
     let e = gds_convert::convert(dir.path(), &bad, &opts, &gds_convert::NoProgress)
         .err()
-        .expect("a hostile template is refused")
-        .to_string();
+        .map(|e| e.to_string())
+        .expect("a hostile template is refused");
     assert!(e.contains("mine.jinja") && e.contains("refused"), "{e}");
     assert!(!bad.exists());
     let absent = gds_convert::ConvertOptions {
@@ -1491,8 +1491,8 @@ fn a_chat_template_file_replaces_the_inputs_default() {
     };
     let e = gds_convert::convert(dir.path(), &bad, &absent, &gds_convert::NoProgress)
         .err()
-        .expect("an absent template is an error")
-        .to_string();
+        .map(|e| e.to_string())
+        .expect("an absent template is an error");
     assert!(e.contains("absent.jinja"), "{e}");
     assert!(!bad.exists());
 }
