@@ -56,9 +56,8 @@ pub(crate) const URLS: [&str; 7] = [
 /// `gdsrun batch` flags.
 #[derive(Args, Debug)]
 pub struct BatchArgs {
-    /// The model: a directory (made by `gdsconv convert` or `gdsconv pull`), a registry
-    /// reference (REGISTRY/REPO:TAG or @sha256:…, pulled into the store on first use), or a
-    /// .gguf file (converted into the store on first use).
+    /// The model ([`MODEL_HELP`]).
+    #[arg(help = crate::MODEL_HELP)]
     pub model_dir: PathBuf,
     /// Requests, one JSON object per line: {"custom_id", "method": "POST", "url", "body"}.
     #[arg(long, short)]

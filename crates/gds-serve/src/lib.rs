@@ -58,12 +58,14 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// What MODEL may be, in `gdsrun run`, `serve` and `batch`'s help.
+pub const MODEL_HELP: &str = "The model: a directory (made by `gdsconv convert` or `gdsconv pull`), a registry reference (REGISTRY/REPO:TAG or @sha256:…, pulled into the store on first use; Docker Model Runner's and Ollama's models too), a .gguf file (a split one by its first shard) or a Hugging Face checkpoint directory (converted into the store on first use), or hf:ORG/NAME[:QUANT] / ollama:NAME[:TAG] (a model the Hugging Face cache or Ollama's directory holds)";
+
 /// `gdsrun serve` flags.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// The model: a directory (made by `gdsconv convert` or `gdsconv pull`), a registry
-    /// reference (REGISTRY/REPO:TAG or @sha256:…, pulled into the store on first use), or a
-    /// .gguf file (converted into the store on first use).
+    /// The model ([`MODEL_HELP`]).
+    #[arg(help = MODEL_HELP)]
     pub model_dir: PathBuf,
 
     #[command(flatten)]

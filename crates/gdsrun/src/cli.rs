@@ -6,7 +6,7 @@ use std::path::PathBuf;
 /// Run GdsLLM models on the CPU, or on CUDA GPUs in a build with the `cuda` feature: one-shot
 /// prompts, interactive chat, an HTTP server, batch jobs, perplexity and benchmarks.
 #[derive(Parser, Debug)]
-#[command(name = "gdsrun", version, long_about = None, after_help = "`gdsrun MODEL ...` is short for `gdsrun run MODEL ...`. MODEL is a model directory, a registry reference (REGISTRY/REPO:TAG, pulled into $GDSLLM_HOME/store on first use) or a .gguf file (converted there on first use).")]
+#[command(name = "gdsrun", version, long_about = None, after_help = "`gdsrun MODEL ...` is short for `gdsrun run MODEL ...`. MODEL is a model directory, a registry reference (REGISTRY/REPO:TAG, pulled into $GDSLLM_HOME/store on first use; Docker Model Runner's and Ollama's models too), a .gguf file (a split one by its first shard) or a Hugging Face checkpoint directory (converted there on first use), or a model another program has fetched: hf:ORG/NAME[:QUANT] (the Hugging Face cache) or ollama:NAME[:TAG] (Ollama's directory).")]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -43,9 +43,8 @@ pub enum Command {
 /// Settings shared by every subcommand.
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// The model: a directory (made by `gdsconv convert` or `gdsconv pull`), a registry
-    /// reference (REGISTRY/REPO:TAG or @sha256:…, pulled into the store on first use), or a
-    /// .gguf file (converted into the store on first use).
+    /// The model ([`MODEL_HELP`]).
+    #[arg(help = gds_serve::MODEL_HELP)]
     pub model_dir: PathBuf,
     /// Worker threads (default: physical cores).
     #[arg(long, short = 't')]
