@@ -173,15 +173,61 @@ pub fn fixture(rel: &str) -> PathBuf {
 /// `fixtures/<input>` converted (default options) into a temporary directory, kept while the
 /// guard lives.
 pub fn converted_fixture(input: &str) -> (tempfile::TempDir, PathBuf) {
+    converted_fixture_with(input, &[])
+}
+
+/// [`converted_fixture`] of a checkpoint directory with `files` (name, text) written over its
+/// own first (a copy: the fixture stays as it is).
+pub fn converted_fixture_with(input: &str, files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("m.gds");
+    let src = if files.is_empty() {
+        fixture(input)
+    } else {
+        let src = tmp.path().join("src");
+        copy_dir(&fixture(input), &src);
+        for (name, text) in files {
+            std::fs::write(src.join(name), text).unwrap();
+        }
+        src
+    };
     gds_convert::convert(
-        &fixture(input),
+        &src,
         &dir,
         &gds_convert::ConvertOptions::default(),
         &gds_convert::NoProgress,
     )
     .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+    (tmp, dir)
+}
+
+/// `fixtures/<gguf>` with one more key/value (`tests/py/gguf_add_key.py`, gguf-py's writer:
+/// `ty` is `uint32`, `int32`, `float32`, `bool` or `string`), converted (default options)
+/// into a temporary directory. Needs python3 with gguf-py (tier 2).
+pub fn converted_gguf_with_key(
+    gguf: &str,
+    key: &str,
+    ty: &str,
+    value: &str,
+) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let with = tmp.path().join("with-key.gguf");
+    let st = std::process::Command::new("python3")
+        .arg(root().join("tests/py/gguf_add_key.py"))
+        .arg(fixture(gguf))
+        .arg(&with)
+        .args([key, ty, value])
+        .status()
+        .expect("python3 runs");
+    assert!(st.success(), "gguf_add_key.py {key}");
+    let dir = tmp.path().join("m.gds");
+    gds_convert::convert(
+        &with,
+        &dir,
+        &gds_convert::ConvertOptions::default(),
+        &gds_convert::NoProgress,
+    )
+    .unwrap_or_else(|e| panic!("convert {gguf} with {key}: {e}"));
     (tmp, dir)
 }
 

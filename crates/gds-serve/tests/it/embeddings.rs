@@ -279,25 +279,8 @@ fn embeddings_beside_a_generation_leave_its_text_alone() {
 #[ignore = "tier 2: needs the gguf Python package (scripts/test.sh)"]
 fn a_gguf_pooling_type_is_the_default() {
     let _one = serial();
-    let tmp = tempfile::tempdir().unwrap();
-    let gguf = tmp.path().join("pooled.gguf");
-    let st = std::process::Command::new("python3")
-        .arg(gds_tests::root().join("tests/py/gguf_add_key.py"))
-        .arg(gds_tests::fixture("tiny-llama.gguf"))
-        .arg(&gguf)
-        .args(["llama.pooling_type", "uint32", "3"])
-        .status()
-        .expect("python3 runs");
-    assert!(st.success());
-    let dir = tmp.path().join("pooled.gds");
-    let st = std::process::Command::new(gds_tests::bin("gdsconv"))
-        .arg("convert")
-        .arg(&gguf)
-        .arg(&dir)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let (_tmp, dir) =
+        gds_tests::converted_gguf_with_key("tiny-llama.gguf", "llama.pooling_type", "uint32", "3");
     let vector = |flags: &[&str]| -> Vec<f32> {
         let mut all = vec!["--ctx", "64"];
         all.extend_from_slice(flags);

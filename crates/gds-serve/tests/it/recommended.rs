@@ -5,28 +5,6 @@
 
 use crate::common::{get_ok, post_json, serial, start_model};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-
-/// The tiny llama checkpoint with `gen` as its `generation_config.json`, converted into
-/// `tmp`.
-fn checkpoint_recommending(tmp: &Path, gen: &Value) -> PathBuf {
-    let hf = tmp.join("hf");
-    std::fs::create_dir(&hf).unwrap();
-    for e in std::fs::read_dir(gds_tests::fixture("tiny-llama-hf")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
-    }
-    std::fs::write(hf.join("generation_config.json"), gen.to_string()).unwrap();
-    let out = tmp.join("model.gds");
-    gds_convert::convert(
-        &hf,
-        &out,
-        &gds_convert::ConvertOptions::default(),
-        &gds_convert::NoProgress,
-    )
-    .expect("convert");
-    out
-}
 
 fn chat(addr: &str, extra: Value) -> Value {
     let mut body = json!({"messages": [{"role": "user", "content": "Tell me a story."}]});
@@ -49,12 +27,12 @@ fn text(r: &Value) -> String {
 #[ignore = "tier 2: starts a server (scripts/test.sh)"]
 fn a_checkpoints_recommended_sampling_is_the_servers_default() {
     let _one = serial();
-    let tmp = tempfile::tempdir().unwrap();
     // greedy, at most 6 tokens a reply: what a request that sets neither gets
-    let model = checkpoint_recommending(
-        tmp.path(),
-        &json!({"bos_token_id": 1, "eos_token_id": 2, "do_sample": true,
-                "temperature": 0.0, "top_k": 7, "max_new_tokens": 6}),
+    let gen = json!({"bos_token_id": 1, "eos_token_id": 2, "do_sample": true,
+                     "temperature": 0.0, "top_k": 7, "max_new_tokens": 6});
+    let (_tmp, model) = gds_tests::converted_fixture_with(
+        "tiny-llama-hf",
+        &[("generation_config.json", &gen.to_string())],
     );
     let s = start_model(&model, &["--ctx", "256"]);
     let props = get_ok(&s.addr, "/props");
@@ -144,24 +122,12 @@ fn a_checkpoints_recommended_sampling_is_the_servers_default() {
 #[ignore = "tier 2: needs the gguf Python package (scripts/test.sh)"]
 fn a_ggufs_general_sampling_keys_are_the_servers_default() {
     let _one = serial();
-    let tmp = tempfile::tempdir().unwrap();
-    let gguf = tmp.path().join("sampling.gguf");
-    let st = std::process::Command::new("python3")
-        .arg(gds_tests::root().join("tests/py/gguf_add_key.py"))
-        .arg(gds_tests::fixture("tiny-llama.gguf"))
-        .arg(&gguf)
-        .args(["general.sampling.top_k", "int32", "5"])
-        .status()
-        .expect("python3 runs");
-    assert!(st.success());
-    let dir = tmp.path().join("sampling.gds");
-    gds_convert::convert(
-        &gguf,
-        &dir,
-        &gds_convert::ConvertOptions::default(),
-        &gds_convert::NoProgress,
-    )
-    .expect("convert");
+    let (_tmp, dir) = gds_tests::converted_gguf_with_key(
+        "tiny-llama.gguf",
+        "general.sampling.top_k",
+        "int32",
+        "5",
+    );
     let s = start_model(&dir, &["--ctx", "64"]);
     let id = get_ok(&s.addr, "/v1/models")["data"][0]["id"].clone();
     let (code, show) = post_json(&s.addr, "/api/show", &json!({"model": id}));

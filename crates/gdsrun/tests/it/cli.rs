@@ -2030,27 +2030,14 @@ fn a_hugging_face_cache_model_runs_without_a_download() {
 /// the recommended `max_new_tokens`.
 #[test]
 fn a_checkpoints_recommended_sampling_is_the_runs_default() {
-    let tmp = tempfile::tempdir().unwrap();
-    let hf = tmp.path().join("hf");
-    std::fs::create_dir(&hf).unwrap();
-    for e in std::fs::read_dir(gds_tests::fixture("tiny-llama-hf")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
-    }
-    std::fs::write(
-        hf.join("generation_config.json"),
-        r#"{"bos_token_id": 1, "eos_token_id": 2, "do_sample": true, "temperature": 0.6,
-            "top_k": 20, "top_p": 0.9, "max_new_tokens": 5, "mirostat": 7}"#,
-    )
-    .unwrap();
-    let out = tmp.path().join("m.gds");
-    gds_convert::convert(
-        &hf,
-        &out,
-        &gds_convert::ConvertOptions::default(),
-        &gds_convert::NoProgress,
-    )
-    .expect("convert");
+    let (tmp, out) = gds_tests::converted_fixture_with(
+        "tiny-llama-hf",
+        &[(
+            "generation_config.json",
+            r#"{"bos_token_id": 1, "eos_token_id": 2, "do_sample": true, "temperature": 0.6,
+                "top_k": 20, "top_p": 0.9, "max_new_tokens": 5, "mirostat": 7}"#,
+        )],
+    );
     let m = out.to_str().unwrap();
     let plan = |extra: &[&str]| {
         let mut args = vec!["run", m, "--prompt", "hi", "--plan"];
