@@ -29,13 +29,16 @@ impl Ollama {
         }
     }
 
-    /// Stores `bytes` as a blob: its path.
+    /// Stores `bytes` as a blob: its path. A blob already there is left as it is (its name
+    /// is its content), as Ollama leaves it.
     pub fn blob(&self, bytes: &[u8]) -> PathBuf {
         let p = self
             .dir
             .join("blobs")
             .join(format!("sha256-{}", sha256_hex(bytes)));
-        std::fs::write(&p, bytes).unwrap();
+        if !p.exists() {
+            std::fs::write(&p, bytes).unwrap();
+        }
         p
     }
 

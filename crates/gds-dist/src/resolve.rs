@@ -415,7 +415,12 @@ fn converted_with(
     }
     let kind = if meta.is_dir() { "hf" } else { "gguf" };
     let id = format!("{kind}:{}", &blake3::hash(key.as_bytes()).to_hex()[..32]);
-    let reference = abs.display().to_string();
+    // (the same GGUF blob under Ollama tags with other parameters: one reference each, so
+    // that running them in turn does not convert each again)
+    let reference = match params.and_then(Path::file_name) {
+        Some(p) => format!("{}#{}", abs.display(), p.to_string_lossy()),
+        None => abs.display().to_string(),
+    };
     let store = Store::open_default()?;
     if let Some(e) = store.get_ref(&reference) {
         if e.digest == id {

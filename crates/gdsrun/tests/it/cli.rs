@@ -1943,6 +1943,16 @@ fn an_ollama_model_runs_from_ollamas_own_directory() {
         plan["recommended_sampling"]["source"],
         "generation_config.json"
     );
+    // the same GGUF blob under both tags: each conversion kept, neither made again in turn
+    for model in ["ollama:tiny", "ollama:tiny:params"] {
+        let o = run(model);
+        assert!(o.status.success(), "{model}: {}", text(&o.stderr));
+        assert!(
+            !text(&o.stderr).contains("converting"),
+            "{model}: {}",
+            text(&o.stderr)
+        );
+    }
     // served (here: a batch job's answers) under the name written, not the store's
     let input = home.path().join("in.jsonl");
     std::fs::write(
