@@ -77,7 +77,9 @@ def direct_bandwidth():
 doctor, doctor_bw = doctor_bandwidth()
 bw = direct_bandwidth()
 weights = run_json([GDSRUN, model, "--plan", "--io", "direct"])["io_plan"]["weight_bytes"]
-minimum = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget", str(weights // 4)])["io_plan"]["min_budget_bytes"]
+# (the plan at any budget it accepts reports the minimum; a model of few large layers, such
+# as a slice of a 70B, needs more than a quarter of its weights)
+minimum = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget", str(weights)])["io_plan"]["min_budget_bytes"]
 
 print(f"{model} ({weights / MiB:.1f} MiB of layer files), threads={a.t}, tg{a.n}, best of -r {a.r}")
 print(f"disk: {doctor['model']['filesystem']}, O_DIRECT read bandwidth {bw / 1e6:.0f} MB/s (fio: 2 MiB reads, 4 in flight, libaio), {doctor_bw / 1e6:.0f} MB/s (gdsrun doctor's probe)")
@@ -89,6 +91,9 @@ rows = []
 wanted = a.budgets.split(",")
 for label, budget in (("all resident", weights), ("half", weights // 2), ("quarter", weights // 4), ("minimum", minimum)):
     if label.split()[0] not in wanted:
+        continue
+    if budget < minimum:
+        print(f"{label}: {budget / MiB:.1f} MiB is below the minimum working set ({minimum / MiB:.1f} MiB: two buffers of the largest layer): no row")
         continue
     plan = run_json([GDSRUN, model, "--plan", "--io", "direct", "--mem-budget", str(budget)])["io_plan"]
     cmd = [GDSRUN, "bench", model, "-p", "0", "-n", str(a.n), "-r", str(a.r), "-t", str(a.t), "--io", "direct", "--mem-budget", str(budget), "--json"]

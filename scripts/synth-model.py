@@ -14,6 +14,9 @@ model (the same tensors, the same bytes); the text is noise. SHAPE:
               embeddings, RoPE theta 500000 with Llama 3's scaling
   llama-1.5b  the same with 24 layers (the 1.56B shape the CPU issue measured)
   llama-7b    Llama 2 7B: hidden 4096, 32 layers, ffn 11008, 32/32 heads, untied
+  llama-70b   Llama-3.1-70B: hidden 8192, 80 layers, ffn 28672, 64/8 heads, untied, RoPE
+              theta 500000 with Llama 3's scaling (70.6B parameters with its 128k vocabulary;
+              `--layers 2` makes a 2.5B slice, its two blocks the real model's size)
   qwen2-7b    Qwen2-7B: hidden 3584, 28 layers, ffn 18944, 28/4 heads, QKV bias, untied,
               RoPE theta 1e6
   smollm3-3b  SmolLM3-3B: hidden 2048, 36 layers, ffn 11008, 16/4 heads of 128, every 4th
@@ -84,6 +87,15 @@ SHAPES = {
     "llama-7b": dict(arch="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                      num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False,
                      rope_theta=10000.0, max_position_embeddings=4096),
+    # Llama-3.1-70B: 80 layers of 855M parameters each (`--layers 2` or 4: a slice whose
+    # layers are the real model's, for what streaming one of them costs)
+    "llama-70b": dict(arch="llama", hidden_size=8192, intermediate_size=28672,
+                      num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                      tie_word_embeddings=False, rope_theta=500000.0,
+                      max_position_embeddings=131072,
+                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192}),
     "qwen2-7b": dict(arch="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                      num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False,
                      rope_theta=1000000.0, max_position_embeddings=32768, use_sliding_window=False),
