@@ -145,41 +145,47 @@ impl Report {
     }
 }
 
-/// The keys a `generation_config.json` may give, with the plan's name of each.
-const FILE_KEYS: &[(&str, &str)] = &[
-    ("temperature", "temp"),
-    ("top_k", "top_k"),
-    ("top_p", "top_p"),
-    ("min_p", "min_p"),
-    ("repetition_penalty", "repeat_penalty"),
-    ("penalty_repeat", "repeat_penalty"),
-    ("penalty_last_n", "repeat_last_n"),
-    ("xtc_probability", "xtc_probability"),
-    ("xtc_threshold", "xtc_threshold"),
-    ("mirostat", "mirostat"),
-    ("mirostat_tau", "mirostat_tau"),
-    ("mirostat_eta", "mirostat_eta"),
-    ("sequence", "samplers"),
-    ("max_new_tokens", "max_tokens"),
-    ("stop_strings", "stop"),
+/// A setting's plan name, its `generation_config.json` keys and its GGUF keys.
+type Row = (
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+/// Each setting: the plan's name, the `generation_config.json` keys that give it (a later one
+/// over an earlier, as llama.cpp's converter reads them) and its GGUF key
+/// (`general.sampling.<key>`; none for vLLM's and transformers' own).
+const KEYS: &[Row] = &[
+    ("temp", &["temperature"], &["temp"]),
+    ("top_k", &["top_k"], &["top_k"]),
+    ("top_p", &["top_p"], &["top_p"]),
+    ("min_p", &["min_p"], &["min_p"]),
+    (
+        "repeat_penalty",
+        &["repetition_penalty", "penalty_repeat"],
+        &["penalty_repeat"],
+    ),
+    ("repeat_last_n", &["penalty_last_n"], &["penalty_last_n"]),
+    (
+        "xtc_probability",
+        &["xtc_probability"],
+        &["xtc_probability"],
+    ),
+    ("xtc_threshold", &["xtc_threshold"], &["xtc_threshold"]),
+    ("mirostat", &["mirostat"], &["mirostat"]),
+    ("mirostat_tau", &["mirostat_tau"], &["mirostat_tau"]),
+    ("mirostat_eta", &["mirostat_eta"], &["mirostat_eta"]),
+    ("samplers", &["sequence"], &["sequence"]),
+    ("max_tokens", &["max_new_tokens"], &[]),
+    ("stop", &["stop_strings"], &[]),
 ];
 
-/// The GGUF's `general.sampling.*` keys (as `gdsconv convert` keeps them), with the plan's
-/// name of each.
-const GGUF_KEYS: &[(&str, &str)] = &[
-    ("temp", "temp"),
-    ("top_k", "top_k"),
-    ("top_p", "top_p"),
-    ("min_p", "min_p"),
-    ("penalty_repeat", "repeat_penalty"),
-    ("penalty_last_n", "repeat_last_n"),
-    ("xtc_probability", "xtc_probability"),
-    ("xtc_threshold", "xtc_threshold"),
-    ("mirostat", "mirostat"),
-    ("mirostat_tau", "mirostat_tau"),
-    ("mirostat_eta", "mirostat_eta"),
-    ("sequence", "samplers"),
-];
+/// Which of [`KEYS`]' columns a source is read by.
+#[derive(Clone, Copy)]
+enum Keys {
+    File,
+    Gguf,
+}
 
 /// The prefix `gdsconv convert` keeps a GGUF's sampling keys under.
 const GGUF_PREFIX: &str = "gguf.general.sampling.";
@@ -225,7 +231,7 @@ impl Recommended {
                         gguf.insert(name.to_string(), meta_json(v));
                     }
                 }
-                r.take(&gguf, GGUF_KEYS, "the GGUF's general.sampling.*");
+                r.take(&gguf, Keys::Gguf, "the GGUF's general.sampling.*");
                 let name = "generation_config.json";
                 if let Some(f) = gds_io::read_model_file(dir, m, name, MAX_GENERATION_CONFIG_BYTES)?
                 {
@@ -243,13 +249,20 @@ impl Recommended {
     }
 
     fn take_file(&mut self, o: &Map<String, Value>, what: &str) {
-        self.take(o, FILE_KEYS, what);
+        self.take(o, Keys::File, what);
     }
 
-    /// Takes every key of `keys` that `o` has, over what an earlier source gave.
-    fn take(&mut self, o: &Map<String, Value>, keys: &[(&str, &'static str)], what: &str) {
+    /// Takes every setting `o` gives under `keys`' names, over what an earlier source gave.
+    fn take(&mut self, o: &Map<String, Value>, keys: Keys, what: &str) {
         let mut any = false;
-        for &(key, name) in keys {
+        let named = KEYS.iter().flat_map(|&(name, file, gguf)| {
+            let here = match keys {
+                Keys::File => file,
+                Keys::Gguf => gguf,
+            };
+            here.iter().map(move |&key| (key, name))
+        });
+        for (key, name) in named {
             let Some(v) = o.get(key) else { continue };
             if v.is_null() {
                 continue;
@@ -582,7 +595,7 @@ mod tests {
         let g = json!({"temp": 0.7, "top_k": 64, "top_p": 0.9});
         r.take(
             g.as_object().unwrap(),
-            GGUF_KEYS,
+            Keys::Gguf,
             "the GGUF's general.sampling.*",
         );
         r.take_file(
