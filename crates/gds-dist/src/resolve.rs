@@ -145,15 +145,11 @@ pub fn other_programs_model(spec: &str) -> Option<Result<OtherModel>> {
 /// The Hugging Face hub's cache, as `huggingface_hub` finds it: `$HF_HUB_CACHE`, else
 /// `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`.
 fn hf_cache() -> Option<PathBuf> {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    var("HF_HUB_CACHE")
-        .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
-        .or_else(|| var("XDG_CACHE_HOME").map(|c| c.join("huggingface/hub")))
-        .or_else(|| var("HOME").map(|h| h.join(".cache/huggingface/hub")))
+    use gds_io::verify::env_path;
+    env_path("HF_HUB_CACHE")
+        .or_else(|| env_path("HF_HOME").map(|h| h.join("hub")))
+        .or_else(|| env_path("XDG_CACHE_HOME").map(|c| c.join("huggingface/hub")))
+        .or_else(|| env_path("HOME").map(|h| h.join(".cache/huggingface/hub")))
 }
 
 /// What `hf:ORG/NAME[:QUANT]` names in the Hugging Face cache (a model `huggingface-cli
@@ -273,12 +269,12 @@ fn hf_snapshot(name: &str) -> Result<PathBuf> {
 /// Where Ollama keeps its models: `$OLLAMA_MODELS`, else `~/.ollama/models`, else the Linux
 /// service's `/usr/share/ollama/.ollama/models`.
 fn ollama_dirs() -> Vec<PathBuf> {
-    if let Some(d) = std::env::var_os("OLLAMA_MODELS").filter(|d| !d.is_empty()) {
-        return vec![PathBuf::from(d)];
+    if let Some(d) = gds_io::verify::env_path("OLLAMA_MODELS") {
+        return vec![d];
     }
     let mut v = Vec::new();
-    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        v.push(Path::new(&h).join(".ollama/models"));
+    if let Some(h) = gds_io::verify::env_path("HOME") {
+        v.push(h.join(".ollama/models"));
     }
     v.push(PathBuf::from("/usr/share/ollama/.ollama/models"));
     v

@@ -303,17 +303,20 @@ pub struct Verifier {
     files_cached: AtomicU64,
 }
 
+/// The environment variable `key` as a path, when it is set and not empty (an empty one
+/// counts as unset, as in the XDG rules and the programs whose caches GdsLLM reads).
+pub fn env_path(key: &str) -> Option<PathBuf> {
+    std::env::var_os(key)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 /// The directory GdsLLM keeps per-user state in: `$GDSLLM_HOME`, else
 /// `$XDG_CACHE_HOME/gdsllm`, else `$HOME/.cache/gdsllm`.
 pub fn gdsllm_home() -> Option<PathBuf> {
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    env("GDSLLM_HOME")
-        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("gdsllm")))
-        .or_else(|| env("HOME").map(|p| p.join(".cache").join("gdsllm")))
+    env_path("GDSLLM_HOME")
+        .or_else(|| env_path("XDG_CACHE_HOME").map(|p| p.join("gdsllm")))
+        .or_else(|| env_path("HOME").map(|p| p.join(".cache").join("gdsllm")))
 }
 
 impl Verifier {
