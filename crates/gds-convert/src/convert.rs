@@ -1047,17 +1047,7 @@ fn tokenizer_files(
             .cloned(),
     );
     let json = match user {
-        Some(p) => match read_text(p, MAX_TOKENIZER_BYTES) {
-            Ok(Some(t)) => t,
-            Ok(None) => return Err(io(p)(std::io::Error::from_raw_os_error(libc::ENOENT))),
-            Err(ReadTextError::Io(e)) => return Err(io(p)(e)),
-            Err(e) => {
-                return Err(ConvertError::BadInput {
-                    path: p.into(),
-                    msg: e.describe(MAX_TOKENIZER_BYTES),
-                })
-            }
-        },
+        Some(p) => read_user_text(p, MAX_TOKENIZER_BYTES)?,
         None => files.tokenizer_json.ok_or_else(|| ConvertError::BadInput {
             path: input.into(),
             msg: format!(
@@ -1168,25 +1158,32 @@ fn check_hparams(source: &Source, input: &Path) -> Result<(), ConvertError> {
 /// `additional_chat_templates/NAME.jinja` where there is one, else its
 /// `tokenizer_config.json`, or GGUF key `tokenizer.chat_template`. A config that is not JSON
 /// is left to the self-check's message.
+/// A file the user named (`--tokenizer`, `--chat-template-file`) read whole, at most `cap`
+/// bytes of UTF-8: missing or unreadable is an I/O error, too large or not UTF-8 the file's
+/// error, each naming it.
+fn read_user_text(p: &Path, cap: u64) -> Result<String, ConvertError> {
+    match read_text(p, cap) {
+        Ok(Some(t)) => Ok(t),
+        Ok(None) => Err(io(p)(std::io::Error::from_raw_os_error(libc::ENOENT))),
+        Err(ReadTextError::Io(e)) => Err(io(p)(e)),
+        Err(e) => Err(ConvertError::BadInput {
+            path: p.into(),
+            msg: e.describe(cap),
+        }),
+    }
+}
+
 /// `config` (a `tokenizer_config.json`'s text, or none) with the Jinja template in the file
 /// `p` as its default chat template: the `chat_template` string replaced, or in a list of
 /// named templates the `default` one (added where the list has none). The file is read as
 /// the input's side files are, at most [`gds_format::chat_template::MAX_SOURCE_BYTES`], and
 /// checked as a model's template is; errors name it.
 fn with_chat_template(config: Option<&str>, p: &Path) -> Result<String, ConvertError> {
-    let cap = gds_format::chat_template::MAX_SOURCE_BYTES as u64;
-    let bad = |msg: String| ConvertError::BadInput {
+    let src = read_user_text(p, gds_format::chat_template::MAX_SOURCE_BYTES as u64)?;
+    gds_format::chat_template::check(&src).map_err(|e| ConvertError::BadInput {
         path: p.to_path_buf(),
-        msg,
-    };
-    let src = match read_text(p, cap) {
-        Ok(Some(t)) => t,
-        Ok(None) => return Err(io(p)(std::io::Error::from_raw_os_error(libc::ENOENT))),
-        Err(ReadTextError::Io(e)) => return Err(io(p)(e)),
-        Err(e) => return Err(bad(e.describe(cap))),
-    };
-    gds_format::chat_template::check(&src)
-        .map_err(|e| bad(format!("the chat template is refused: {e}")))?;
+        msg: format!("the chat template is refused: {e}"),
+    })?;
     let mut v = match config.map(serde_json::from_str::<serde_json::Value>) {
         Some(Ok(v @ serde_json::Value::Object(_))) => v,
         // the input's own is checked (and named) by its reader; an unreadable one is replaced
