@@ -134,14 +134,20 @@ fn convert_once(gguf: &Path, name: &str) -> PathBuf {
     if out.join("manifest.gdsm").is_file() {
         return out;
     }
+    convert_default(gguf, &out);
+    out
+}
+
+/// `input` converted into `out` with the default options (as `gdsconv convert INPUT OUT`);
+/// a failure panics naming the input.
+pub fn convert_default(input: &Path, out: &Path) {
     gds_convert::convert(
-        gguf,
-        &out,
+        input,
+        out,
         &gds_convert::ConvertOptions::default(),
         &gds_convert::NoProgress,
     )
-    .unwrap_or_else(|e| panic!("convert {}: {e}", gguf.display()));
-    out
+    .unwrap_or_else(|e| panic!("convert {}: {e}", input.display()));
 }
 
 /// Gemma 3 270M, converted once (see [`models_dir`]).
@@ -191,13 +197,7 @@ pub fn converted_fixture_with(input: &str, files: &[(&str, &str)]) -> (tempfile:
         }
         src
     };
-    gds_convert::convert(
-        &src,
-        &dir,
-        &gds_convert::ConvertOptions::default(),
-        &gds_convert::NoProgress,
-    )
-    .unwrap_or_else(|e| panic!("convert {input}: {e}"));
+    convert_default(&src, &dir);
     (tmp, dir)
 }
 
@@ -221,13 +221,7 @@ pub fn converted_gguf_with_key(
         .expect("python3 runs");
     assert!(st.success(), "gguf_add_key.py {key}");
     let dir = tmp.path().join("m.gds");
-    gds_convert::convert(
-        &with,
-        &dir,
-        &gds_convert::ConvertOptions::default(),
-        &gds_convert::NoProgress,
-    )
-    .unwrap_or_else(|e| panic!("convert {gguf} with {key}: {e}"));
+    convert_default(&with, &dir);
     (tmp, dir)
 }
 
